@@ -1,0 +1,1 @@
+"""Deployment: contracts to an EVM RPC, CometBFT networks, local set-up scripts."""

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Installs everything Planet needs, from nothing, into the repository (idempotent, quick when done):
+#   .venv/            Python 3.11 virtualenv with the project installed editable (+ dev tools)
+#   node_modules/     Hardhat, solc-js, OpenZeppelin, anvil (npm lockfile)
+#   .tools/bin/       cometbft v0.38.25 (built with `go install`; Go fetched if missing/too old)
+# Each step keeps a stamp of its inputs and is skipped when they did not change.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TOOLS=$ROOT/.tools
+mkdir -p "$TOOLS/bin" "$TOOLS/stamps"
+say() { printf '[setup] %s\n' "$*" >&2; }
+stamp_of() { cat "$@" 2>/dev/null | sha256sum | cut -c1-16; }
+
+# --- Python ------------------------------------------------------------------------------------
+PY=${PLANET_PYTHON:-}
+if [ -z "$PY" ]; then
+  for candidate in python3.11 python3; do
+    if command -v "$candidate" >/dev/null && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+      PY=$(command -v "$candidate"); break
+    fi
+  done
+fi
+if [ -z "$PY" ]; then
+  say "Python 3.11 not found: installing it from Debian"
+  apt-get update -qq && apt-get install -y -qq python3.11 python3.11-venv >/dev/null
+  PY=$(command -v python3.11)
+fi
+want=$(stamp_of pyproject.toml)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$TOOLS/stamps/python" 2>/dev/null)" != "$want" ]; then
+  say "python: installing the project into .venv (torch is large: a few minutes the first time)"
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e ".[dev]"
+  echo "$want" > "$TOOLS/stamps/python"
+else
+  say "python: up to date"
+fi
+
+# --- npm (Hardhat, solc-js, OpenZeppelin, anvil) -----------------------------------------------
+if [ -f package.json ]; then
+  want=$(stamp_of package.json package-lock.json)
+  if [ ! -d node_modules ] || [ "$(cat "$TOOLS/stamps/npm" 2>/dev/null)" != "$want" ]; then
+    say "npm: installing Hardhat, solc, OpenZeppelin, anvil"
+    if [ -f package-lock.json ]; then npm ci --no-audit --no-fund --loglevel=error; else npm install --no-audit --no-fund --loglevel=error; fi
+    echo "$want" > "$TOOLS/stamps/npm"
+  else
+    say "npm: up to date"
+  fi
+fi
+
+# --- CometBFT ----------------------------------------------------------------------------------
+COMETBFT_VERSION=0.38.25
+GO_FALLBACK=1.24.6
+if [ "$("$TOOLS/bin/cometbft" version 2>/dev/null)" != "$COMETBFT_VERSION" ]; then
+  GO=$(command -v go || true)
+  go_ok() { "$1" version 2>/dev/null | grep -Eq 'go1\.(2[2-9]|[3-9][0-9])'; }
+  if [ -z "$GO" ] || ! go_ok "$GO"; then
+    if [ ! -x "$TOOLS/go/bin/go" ]; then
+      say "go: none recent enough; fetching go$GO_FALLBACK from the Go module proxy"
+      zip=$TOOLS/go.zip
+      curl -fsSL -o "$zip" "https://proxy.golang.org/golang.org/toolchain/@v/v0.0.1-go$GO_FALLBACK.linux-amd64.zip"
+      rm -rf "$TOOLS/go-unpack" && mkdir -p "$TOOLS/go-unpack"
+      (cd "$TOOLS/go-unpack" && "$PY" -m zipfile -e "$zip" .)
+      mv "$TOOLS/go-unpack/golang.org/toolchain@v0.0.1-go$GO_FALLBACK.linux-amd64" "$TOOLS/go"
+      chmod +x "$TOOLS/go/bin/"* "$TOOLS/go/pkg/tool/"*/* 2>/dev/null || true
+      rm -rf "$TOOLS/go-unpack" "$zip"
+    fi
+    GO=$TOOLS/go/bin/go
+  fi
+  say "cometbft: building v$COMETBFT_VERSION with $("$GO" version | cut -d' ' -f3) (about a minute)"
+  GOBIN="$TOOLS/bin" GOFLAGS=-mod=mod "$GO" install "github.com/cometbft/cometbft/cmd/cometbft@v$COMETBFT_VERSION"
+else
+  say "cometbft: v$COMETBFT_VERSION up to date"
+fi
+
+say "ready"

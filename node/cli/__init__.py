@@ -1,0 +1,1 @@
+"""The `planet` command line."""

@@ -1,0 +1,80 @@
+"""`planet`: the one command line for users, node operators and verifier operators.
+
+Each command group lives in its own module under `node.cli` and exposes
+`register(subparsers)`, which adds its sub-parser and sets `handler=<callable(args) -> int>`.
+Errors: a `PlanetError` becomes `error: ...` / `hint: ...` on stderr and its exit status;
+Ctrl-C exits 130; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from protocol.errors import PlanetError
+
+# Command groups, in the order `planet --help` lists them.
+COMMAND_MODULES: tuple[str, ...] = (
+)
+
+EPILOG = """\
+examples:
+  planet model prepare --parts 3 --quant int8     split the default model into 3 shards
+  planet local up --nodes 3                       start 3 shard nodes on loopback
+  planet ask "What is the capital of France?"     ask through the running nodes
+  planet local down                               stop them
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="planet",
+        description="Planet: open LLMs served by a network of compute nodes holding layer shards.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs on stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def _configure_logging(verbosity: int) -> None:
+    level = logging.WARNING - 10 * min(verbosity, 2)
+    level = int(os.environ.get("PLANET_LOG_LEVEL", level)) if os.environ.get(
+        "PLANET_LOG_LEVEL", ""
+    ).isdigit() else level
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.verbose)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except PlanetError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        if error.hint:
+            print(f"hint: {error.hint}", file=sys.stderr)
+        return error.exit_status
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

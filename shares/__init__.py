@@ -1,0 +1,1 @@
+"""The share-chain: contributions, share weights, epoch payouts and Merkle proofs (pure, deterministic)."""
