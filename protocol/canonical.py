@@ -28,7 +28,9 @@ def _reject_floats(value: Any, path: str = "$") -> None:
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise ProtocolError(f"canonical JSON keys must be strings (found {key!r} at {path})")
+                raise ProtocolError(
+                    f"canonical JSON keys must be strings (found {key!r} at {path})"
+                )
             _reject_floats(item, f"{path}.{key}")
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):

@@ -19,6 +19,7 @@ from protocol.errors import PlanetError
 
 # Command groups, in the order `planet --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
+    "node.cli.committee",
 )
 
 EPILOG = """\
@@ -45,10 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _configure_logging(verbosity: int) -> None:
-    level = logging.WARNING - 10 * min(verbosity, 2)
-    level = int(os.environ.get("PLANET_LOG_LEVEL", level)) if os.environ.get(
-        "PLANET_LOG_LEVEL", ""
-    ).isdigit() else level
+    """-v info, -vv debug; PLANET_LOG_LEVEL (a level name) wins when set."""
+    level = os.environ.get("PLANET_LOG_LEVEL", "").upper() or (
+        logging.WARNING - 10 * min(verbosity, 2)
+    )
     logging.basicConfig(
         level=level,
         stream=sys.stderr,

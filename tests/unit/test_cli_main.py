@@ -1,0 +1,51 @@
+"""The CLI edge: user mistakes become one-line errors with hints and exit codes, not tracebacks."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from node.cli import main as cli
+from protocol.errors import IntegrityError, UsageError
+
+pytestmark = pytest.mark.unit
+
+
+def _parser_with(handler) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="planet")
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("boom").set_defaults(handler=handler)
+    return parser
+
+
+def test_main_planet_error_prints_message_and_hint_and_exit_status(monkeypatch, capsys) -> None:
+    def handler(_args: argparse.Namespace) -> int:
+        raise UsageError("no such file: x.json", hint="run `planet local up` first")
+
+    monkeypatch.setattr(cli, "build_parser", lambda: _parser_with(handler))
+    assert cli.main(["boom"]) == UsageError.exit_status
+    err = capsys.readouterr().err
+    assert "error: no such file: x.json" in err
+    assert "hint: run `planet local up` first" in err
+    assert "Traceback" not in err
+
+
+def test_main_error_without_hint_prints_only_the_error_line(monkeypatch, capsys) -> None:
+    def handler(_args: argparse.Namespace) -> int:
+        raise IntegrityError("hash mismatch")
+
+    monkeypatch.setattr(cli, "build_parser", lambda: _parser_with(handler))
+    assert cli.main(["boom"]) == IntegrityError.exit_status
+    assert capsys.readouterr().err.strip() == "error: hash mismatch"
+
+
+def test_main_no_command_prints_help_and_exits_2(capsys) -> None:
+    assert cli.main([]) == 2
+    assert "usage: planet" in capsys.readouterr().err
+
+
+def test_main_handler_return_value_is_the_exit_status(monkeypatch) -> None:
+    monkeypatch.setattr(cli, "build_parser", lambda: _parser_with(lambda _a: 3))
+    assert cli.main(["boom"]) == 3
