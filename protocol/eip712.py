@@ -92,9 +92,12 @@ def as_address(value: str | bytes, field: str = "address") -> str:
         if len(value) != 20:
             raise ProtocolError(f"{field}: expected 20 bytes, got {len(value)}")
         return to_checksum_address(bytes(value))
-    # is_address also rejects a mixed-case spelling whose checksum is wrong.
     if not isinstance(value, str) or not is_address(value):
-        raise ProtocolError(f"{field}: not an address (or bad checksum): {value!r}")
+        raise ProtocolError(f"{field}: not an address: {value!r}")
+    body = value[2:]
+    mixed_case = body not in (body.lower(), body.upper())
+    if mixed_case and to_checksum_address(value) != value:
+        raise ProtocolError(f"{field}: bad address checksum: {value!r}")
     return to_checksum_address(value)
 
 
