@@ -1,0 +1,309 @@
+"""PipelineClient: prefill and decode through a fixed circuit of shard nodes.
+
+Topology: a star with zero-copy relay. The client posts the frame to node 0, takes the answer
+frame's body as is, re-heads it for node 1 (`with_header`: no decode, no re-quantization), and
+so on; only the last node's answer is decoded, and the last node returns only the last position
+(`last_only`). Each node is reached over one keep-alive TCP connection for the whole generation.
+Nodes never talk to each other and never learn who asked: a frame carries a random session id,
+positions and activations only (they can still read the prompt from the activations — layer
+sharding is not privacy).
+
+Sessions: one random id per generation; each node opens its KV cache at position 0 and grows it
+only by the next contiguous positions; the client deletes the session on every node at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+import numpy as np
+
+from node.client.sampling import SamplingConfig, sample
+from protocol.errors import BusyError, ConfigError, RemoteError, UnavailableError
+from protocol.frames import Frame, make_frame, parse_frame, with_header
+
+log = logging.getLogger(__name__)
+
+FRAME_CONTENT_TYPE = "application/x-planet-frame"
+COMPUTE_MS_HEADER = "X-Planet-Compute-Ms"
+
+
+class Head(Protocol):
+    """The client's part of the model (node.model.ClientHead), numpy at this boundary."""
+
+    eos_token_ids: frozenset[int]
+
+    def embed_np(self, ids: Sequence[int]) -> np.ndarray: ...  # [1, T, H] float32
+
+    def logits_np(self, hidden_last: np.ndarray) -> np.ndarray: ...  # [V] float32
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    url: str
+    shard: int
+
+
+@dataclass
+class Timings:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefill_ms: float = 0.0  # prompt in → first token chosen
+    decode_ms: float = 0.0  # first token chosen → last token chosen
+    decode_steps: int = 0  # forward passes in decode_ms (one per token after the first)
+    node_compute_ms: list[float] = field(default_factory=list)  # per hop, summed over steps
+    wire_bytes_sent: int = 0
+    wire_bytes_received: int = 0
+
+    @property
+    def decode_tok_s(self) -> float:
+        steps = self.decode_steps
+        return steps / (self.decode_ms / 1000) if steps > 0 and self.decode_ms > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "prefill_ms": round(self.prefill_ms, 2),
+            "decode_ms": round(self.decode_ms, 2),
+            "decode_tok_s": round(self.decode_tok_s, 2),
+            "node_compute_ms": [round(v, 2) for v in self.node_compute_ms],
+            "wire_bytes_sent": self.wire_bytes_sent,
+            "wire_bytes_received": self.wire_bytes_received,
+        }
+
+
+def new_session_id() -> str:
+    """A random session id: 128 bits, URL-safe; it links nothing but one KV cache per node."""
+    return secrets.token_urlsafe(16)
+
+
+class PipelineClient:
+    """Keep-alive HTTP to every node of one circuit. Use as `async with`."""
+
+    def __init__(
+        self,
+        hops: Sequence[Hop],
+        *,
+        codec: str = "raw",
+        dtype: str = "float32",
+        request_timeout_s: float = 120.0,
+        prefill_chunk: int = 2048,
+    ) -> None:
+        if not hops:
+            raise ConfigError("a circuit needs at least one node")
+        self.hops = tuple(hops)
+        self.codec = codec
+        self.dtype = dtype
+        self.request_timeout_s = request_timeout_s
+        self.prefill_chunk = prefill_chunk
+        self._http: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> PipelineClient:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=300)
+        self._http = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
+            skip_auto_headers=("User-Agent",),
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            raise RuntimeError("PipelineClient used outside `async with`")
+        return self._http
+
+    # ------------------------------------------------------------------------------- requests
+    async def _raise_for_answer(self, hop: Hop, answer: aiohttp.ClientResponse) -> None:
+        try:
+            body = await answer.json(content_type=None)
+            code, message = str(body["code"]), str(body["message"])
+        except (ValueError, KeyError, TypeError, aiohttp.ContentTypeError):
+            code, message = "http_error", f"HTTP {answer.status}"
+        if code == "busy":
+            raise BusyError(
+                f"node {hop.url} (shard {hop.shard}) is busy: {message}",
+                hint="retry in a moment, or add nodes for this shard",
+            )
+        raise RemoteError(
+            f"node {hop.url} (shard {hop.shard})", code, message, http_status=answer.status
+        )
+
+    async def _post(self, hop: Hop, payload: bytes) -> tuple[bytes, float]:
+        try:
+            async with self.http.post(
+                f"{hop.url}/v1/forward",
+                data=payload,
+                headers={"Content-Type": FRAME_CONTENT_TYPE},
+            ) as answer:
+                if answer.status != 200:
+                    await self._raise_for_answer(hop, answer)
+                body = await answer.read()
+                compute_ms = float(answer.headers.get(COMPUTE_MS_HEADER, "0") or 0)
+                return body, compute_ms
+        except (aiohttp.ClientConnectionError, TimeoutError) as error:
+            raise UnavailableError(
+                f"node {hop.url} (shard {hop.shard}) is not reachable: "
+                f"{type(error).__name__} {error}".rstrip(),
+                hint="check `planet local status`, or start nodes with `planet local up`",
+            ) from None
+
+    async def info(self) -> list[dict[str, Any]]:
+        """GET /info from every node (concurrently)."""
+
+        async def one(hop: Hop) -> dict[str, Any]:
+            try:
+                async with self.http.get(f"{hop.url}/info") as answer:
+                    if answer.status != 200:
+                        await self._raise_for_answer(hop, answer)
+                    return dict(await answer.json())
+            except (aiohttp.ClientConnectionError, TimeoutError) as error:
+                raise UnavailableError(
+                    f"node {hop.url} (shard {hop.shard}) is not reachable: {type(error).__name__}",
+                    hint="check `planet local status`, or start nodes with `planet local up`",
+                ) from None
+
+        return list(await asyncio.gather(*(one(hop) for hop in self.hops)))
+
+    async def check_circuit(self, model_hash: str, total_layers: int) -> list[dict[str, Any]]:
+        """Every node serves the expected shard of this model; the layers chain 0..total."""
+        infos = await self.info()
+        expected_start = 0
+        for hop, info in zip(self.hops, infos, strict=True):
+            if info.get("model_hash") != model_hash:
+                raise ConfigError(
+                    f"node {hop.url} serves model {info.get('model_hash')}, "
+                    f"the manifest says {model_hash}",
+                    hint="the nodes file and the running nodes disagree; run `planet local up`",
+                )
+            if info.get("shard") != hop.shard:
+                raise ConfigError(
+                    f"node {hop.url} serves shard {info.get('shard')}, expected {hop.shard}"
+                )
+            layers = info.get("layers", [None, None])
+            if layers[0] != expected_start:
+                raise ConfigError(
+                    f"node {hop.url} starts at layer {layers[0]}, expected {expected_start}"
+                )
+            expected_start = layers[1]
+        if expected_start != total_layers:
+            raise ConfigError(f"circuit covers layers 0-{expected_start}, model has {total_layers}")
+        return infos
+
+    async def run_layers(
+        self,
+        session: str,
+        step: int,
+        start: int,
+        hidden: np.ndarray,
+        timings: Timings | None = None,
+        last_only: bool = True,
+    ) -> np.ndarray:
+        """hidden [1, T, H] at positions start.. through every hop → the last hop's output
+        ([1, 1, H] if last_only, else [1, T, H]) as float32."""
+        last = len(self.hops) - 1
+        payload = make_frame(
+            hidden,
+            session=session,
+            step=step,
+            start=start,
+            shard=self.hops[0].shard,
+            dtype=self.dtype,
+            codec=self.codec,
+            last_only=last_only and last == 0,
+        )
+        frame: Frame | None = None
+        for index, hop in enumerate(self.hops):
+            if frame is not None:
+                payload = with_header(frame, shard=hop.shard, last_only=last_only and index == last)
+            body, compute_ms = await self._post(hop, payload)
+            frame = parse_frame(body)
+            if frame.header.session != session or frame.header.start < start:
+                raise RemoteError(f"node {hop.url}", "bad_answer", "answer frame does not match")
+            if timings is not None:
+                timings.wire_bytes_sent += len(payload)
+                timings.wire_bytes_received += len(body)
+                timings.node_compute_ms[index] += compute_ms
+        assert frame is not None  # the loop ran at least once (hops is non-empty)
+        return frame.array()
+
+    async def close_session(self, session: str) -> None:
+        """DELETE the session on every node (best effort; failures are logged)."""
+
+        async def one(hop: Hop) -> None:
+            try:
+                async with self.http.delete(
+                    f"{hop.url}/v1/sessions/{session}", timeout=aiohttp.ClientTimeout(total=5)
+                ) as answer:
+                    await answer.read()
+            except (aiohttp.ClientError, TimeoutError) as error:
+                log.warning(
+                    "session cleanup failed node=%s session=%s error=%s", hop.url, session, error
+                )
+
+        await asyncio.gather(*(one(hop) for hop in self.hops))
+
+    # ------------------------------------------------------------------------------- generate
+    async def generate(
+        self,
+        head: Head,
+        prompt_ids: Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        timings: Timings | None = None,
+    ) -> AsyncIterator[int]:
+        """Yield new token ids as they are chosen; stops on EOS (not yielded) or the limit."""
+        sampling = (sampling or SamplingConfig()).validate()
+        rng = sampling.rng()
+        timings = timings if timings is not None else Timings()
+        timings.prompt_tokens = len(prompt_ids)
+        timings.node_compute_ms = [0.0] * len(self.hops)
+        if not prompt_ids:
+            raise ConfigError("empty prompt")
+        session = new_session_id()
+        t0 = time.perf_counter()
+        t_first = t0
+        try:
+            # prefill, in chunks of at most prefill_chunk positions
+            position = 0
+            out: np.ndarray | None = None
+            for begin in range(0, len(prompt_ids), self.prefill_chunk):
+                chunk = list(prompt_ids[begin : begin + self.prefill_chunk])
+                out = await self.run_layers(session, 0, position, head.embed_np(chunk), timings)
+                position += len(chunk)
+            assert out is not None
+            for step in range(1, max_new_tokens + 1):
+                token = sample(head.logits_np(out[0, -1]), sampling, rng)
+                now = time.perf_counter()
+                if step == 1:
+                    t_first = now
+                    timings.prefill_ms = (now - t0) * 1000
+                else:
+                    timings.decode_ms = (now - t_first) * 1000
+                if token in head.eos_token_ids:
+                    break
+                timings.new_tokens += 1
+                yield token
+                if step == max_new_tokens:
+                    break
+                out = await self.run_layers(
+                    session, step, position, head.embed_np([token]), timings
+                )
+                timings.decode_steps += 1
+                position += 1
+        finally:
+            await self.close_session(session)

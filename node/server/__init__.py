@@ -1,0 +1,14 @@
+"""Compute node server: serves one layer shard over HTTP (binary activation frames in and out).
+
+config.py    ServerConfig (frozen, units in field names)
+sessions.py  per-session KV caches: open, advance, evict idle, caps
+backend.py   what the server needs from a shard (ShardBackend) and the real one (node.model)
+app.py       aiohttp app factory, thin handlers, error middleware
+run.py       `serve(config)`: load the shard, set torch threads, run the app
+launcher.py  start/stop shard node processes on loopback (`planet local`, tests, bench)
+"""
+
+from node.server.app import create_app
+from node.server.config import ServerConfig
+
+__all__ = ["ServerConfig", "create_app"]

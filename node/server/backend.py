@@ -1,0 +1,65 @@
+"""What the server needs from a shard, and the real implementation on top of `node.model`.
+
+The server speaks numpy at this boundary ([1, T, H] float32 in and out, positions int64), so
+handlers and tests stay torch-free; `ModelShardBackend` converts to torch on the worker thread.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class ShardBackend(Protocol):
+    shard_id: int
+    hidden_size: int
+    layers: tuple[int, int]
+    model_id: str
+    model_hash: str
+    quant: str
+    device: str
+
+    def new_cache(self) -> Any: ...
+
+    def forward(self, hidden: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
+        """hidden [1, T, H] float32, positions [T] int64 → [1, T, H] float32."""
+        ...
+
+    def cache_bytes(self, cache: Any) -> int: ...
+
+
+class ModelShardBackend:
+    """A hash-checked shard from a manifest (node.model.ShardModel), run with torch."""
+
+    def __init__(self, manifest_path: Path, shard_id: int, device: str = "auto") -> None:
+        import torch
+
+        from node.model import Manifest, ShardModel
+        from node.model import cache_bytes as _cache_bytes
+
+        self._torch = torch
+        self._cache_bytes = _cache_bytes
+        manifest = Manifest.load(manifest_path)
+        self.model = ShardModel.load(manifest_path, shard_id, device=device)
+        entry = next(s for s in manifest.shards if s.shard_id == shard_id)
+        self.shard_id = shard_id
+        self.hidden_size = int(self.model.hidden_size)
+        self.layers = tuple(self.model.layers)
+        self.model_id = manifest.model_id
+        self.model_hash = manifest.model_hash
+        self.quant = entry.quant
+        self.device = str(self.model.device)
+
+    def new_cache(self) -> Any:
+        return self.model.new_cache()
+
+    def forward(self, hidden: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
+        torch = self._torch
+        with torch.inference_mode():
+            out = self.model.forward(torch.from_numpy(hidden), torch.from_numpy(positions), cache)
+        return out.numpy()
+
+    def cache_bytes(self, cache: Any) -> int:
+        return int(self._cache_bytes(cache))

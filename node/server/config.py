@@ -1,0 +1,57 @@
+"""The compute node's configuration: one frozen dataclass, validated once at start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Everything `planet node serve` needs. Units are in the field names."""
+
+    manifest_path: Path
+    shard_id: int
+    host: str = "127.0.0.1"
+    port: int = 18100
+    device: str = "auto"
+    # sessions idle longer than this are evicted (their KV cache freed)
+    idle_timeout_s: float = 300.0
+    # how often the evictor looks for idle sessions
+    evict_interval_s: float = 15.0
+    # at most this many open sessions; more → 503 busy
+    max_sessions: int = 64
+    # at most this much KV cache over all sessions; more → 503 busy
+    max_cache_bytes: int = 2 * 1024**3
+    # largest request body accepted (a frame); more → 413 too_large
+    max_request_bytes: int = 32 * 1024**2
+    # most positions per frame (prefill chunk)
+    max_tokens_per_frame: int = 4096
+    # torch intra-op threads for the forward pass (0 = leave torch's default)
+    torch_threads: int = 0
+
+    def validate(self) -> ServerConfig:
+        problems = []
+        if self.shard_id < 0:
+            problems.append("shard must be >= 0")
+        if not 0 <= self.port <= 65535:
+            problems.append("port must be in 0..65535")
+        if self.idle_timeout_s <= 0:
+            problems.append("idle timeout must be > 0 seconds")
+        if self.evict_interval_s <= 0:
+            problems.append("evict interval must be > 0 seconds")
+        if self.max_sessions < 1:
+            problems.append("max sessions must be >= 1")
+        if self.max_cache_bytes < 1:
+            problems.append("max cache must be > 0 bytes")
+        if self.max_request_bytes < 1024:
+            problems.append("max request size must be >= 1 KiB")
+        if self.max_tokens_per_frame < 1:
+            problems.append("max tokens per frame must be >= 1")
+        if self.torch_threads < 0:
+            problems.append("torch threads must be >= 0")
+        if problems:
+            raise ConfigError("invalid node config: " + "; ".join(problems))
+        return self

@@ -1,0 +1,205 @@
+"""Start and stop shard node processes on loopback (`planet local`, integration tests, bench).
+
+Each node is a separate detached process (`python -m node.cli.main node serve ...`) with its log
+and pid file in a run directory. `wait_healthy` polls `/health`; on failure it names the node and
+its log. `stop_pid` sends SIGTERM, then SIGKILL after a grace period, and only ever signals a
+pid whose command line is a Planet node (pids get reused).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.errors import UnavailableError
+
+NODE_MARKER = "node.cli.main"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeProcess:
+    shard: int
+    port: int
+    pid: int
+    log_path: Path
+    pid_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int, start: int, end: int) -> list[int]:
+    """`count` ports in [start, end) that are free to bind right now, lowest first."""
+    ports = [p for p in range(start, end) if port_is_free(p)][:count]
+    if len(ports) < count:
+        raise UnavailableError(
+            f"only {len(ports)} free ports in {start}-{end - 1}, need {count}",
+            hint="stop other nodes (`planet local down`) or pick another --base-port",
+        )
+    return ports
+
+
+def node_env() -> dict[str, str]:
+    """Environment for node processes: idle OpenMP threads sleep instead of spinning, so nodes
+    sharing cores do not steal time from the one that is computing."""
+    env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def start_node(
+    *,
+    manifest: Path,
+    shard: int,
+    port: int,
+    run_dir: Path,
+    extra_args: Sequence[str] = (),
+) -> NodeProcess:
+    """Spawn one detached node process; returns at once (see wait_healthy)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / f"node-{shard}.log"
+    pid_path = run_dir / f"node-{shard}.pid"
+    cmd = [
+        sys.executable,
+        "-m",
+        NODE_MARKER,
+        "-v",
+        "node",
+        "serve",
+        "--manifest",
+        str(manifest),
+        "--shard",
+        str(shard),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        *extra_args,
+    ]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=node_env(),
+        )
+    pid_path.write_text(json.dumps({"pid": proc.pid, "port": port, "shard": shard}))
+    return NodeProcess(shard=shard, port=port, pid=proc.pid, log_path=log_path, pid_path=pid_path)
+
+
+def pid_alive(pid: int) -> bool:
+    """True if `pid` runs and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def is_planet_node(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, PermissionError):
+        return False
+    return NODE_MARKER.encode() in cmdline and b"serve" in cmdline
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def stop_pid(pid: int, grace_s: float = 10.0) -> bool:
+    """SIGTERM, wait up to `grace_s`, then SIGKILL. False if it was not a running Planet node."""
+    if not pid_alive(pid) or not is_planet_node(pid):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        _reap(pid)
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        _reap(pid)
+        if not pid_alive(pid):
+            break
+        time.sleep(0.05)
+    return True
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1.0) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return False
+
+
+def _log_tail(path: Path, lines: int = 5) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def wait_healthy(
+    nodes: Sequence[NodeProcess],
+    *,
+    timeout_s: float = 120.0,
+    on_ready: Callable[[NodeProcess, float], None] | None = None,
+) -> None:
+    """Poll each node's /health until all answer; raise UnavailableError naming the first
+    node that exited or did not answer in time (with its log path and last log lines)."""
+    t0 = time.monotonic()
+    pending = list(nodes)
+    while pending:
+        for node in list(pending):
+            if _healthy(node.url):
+                pending.remove(node)
+                if on_ready:
+                    on_ready(node, time.monotonic() - t0)
+            elif not pid_alive(node.pid):
+                _reap(node.pid)
+                raise UnavailableError(
+                    f"node for shard {node.shard} (pid {node.pid}, port {node.port}) exited "
+                    f"during start-up; log: {node.log_path}\n{_log_tail(node.log_path)}",
+                    hint=f"read {node.log_path}",
+                )
+        if pending and time.monotonic() - t0 > timeout_s:
+            node = pending[0]
+            raise UnavailableError(
+                f"node for shard {node.shard} (port {node.port}) not healthy after "
+                f"{timeout_s:.0f} s; log: {node.log_path}",
+                hint=f"read {node.log_path}",
+            )
+        if pending:
+            time.sleep(0.2)

@@ -1,0 +1,53 @@
+"""`serve(config)`: load the shard (hash-checked), set torch threads, run until signalled."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from aiohttp import web
+
+from node.server.app import create_app
+from node.server.backend import ModelShardBackend
+from node.server.config import ServerConfig
+from protocol.errors import UnavailableError
+
+log = logging.getLogger(__name__)
+
+
+def configure_torch_threads(threads: int) -> int:
+    """Set torch's intra-op threads (0 = one per core, at most 4). Returns the value used."""
+    import torch
+
+    if threads <= 0:
+        threads = max(1, min(4, os.cpu_count() or 1))
+    torch.set_num_threads(threads)
+    return threads
+
+
+def serve(config: ServerConfig) -> None:
+    """Blocks until SIGINT/SIGTERM. Raises IntegrityError/ConfigError before binding the port."""
+    config.validate()
+    threads = configure_torch_threads(config.torch_threads)
+    backend = ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)
+    log.info(
+        "shard loaded shard=%d layers=%s quant=%s device=%s torch_threads=%d",
+        backend.shard_id,
+        backend.layers,
+        backend.quant,
+        backend.device,
+        threads,
+    )
+    app = create_app(config, backend)
+    print(
+        f"planet node: shard {backend.shard_id} layers {backend.layers[0]}-{backend.layers[1]} "
+        f"of {backend.model_id} on http://{config.host}:{config.port} ({backend.device})",
+        flush=True,
+    )
+    try:
+        web.run_app(app, host=config.host, port=config.port, print=None, access_log=None)
+    except OSError as error:
+        raise UnavailableError(
+            f"cannot listen on {config.host}:{config.port}: {error.strerror or error}",
+            hint="pick another --port or stop what uses it",
+        ) from None

@@ -1,0 +1,417 @@
+"""Binary activation frames: the bytes that carry hidden states between a client and shard nodes.
+
+Layout (all integers big-endian):
+
+    offset  size  field
+    0       4     magic  b"PLAF"
+    4       2     version (1)
+    6       4     header length L (bytes, <= MAX_HEADER_BYTES)
+    10      L     header: canonical JSON (protocol.canonical), see FrameHeader
+    10+L    ...   body: the tensor, encoded by the header's codec
+
+Header fields: session (random id, never a user or query id), step (the client's step counter),
+positions {"start", "count"} (absolute positions of the T rows; a list form [s, s+1, ...] is
+accepted when contiguous), dtype ("float32" | "float16": what the receiver gets back),
+shape [1, T, H], codec, shard (the shard this frame is for / came from), last_only (ask the node
+to return only the last position).
+
+Codecs (the body):
+- "raw": the tensor in `dtype`, little-endian, C order.
+- "int8": blockwise absmax int8 (Nesa sec. 4). The flattened tensor is cut in blocks of
+  INT8_BLOCK values; each block stores one float32 scale (absmax / 127) and one int8 per value:
+  body = scales (n_blocks x float32 LE) + codes (N x int8). 68 bytes per 64 values = 26.6 % of
+  fp32. Blocks never mix large and small rows much because H (576) is a multiple of the block.
+
+Validation is strict and every rejection is a typed `FrameError` with a stable `code`, so a node
+answers a 4xx JSON `{code, message}` and keeps serving. Pure numpy; no torch, no aiohttp here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+import numpy as np
+
+from protocol.canonical import canonical_json
+from protocol.errors import ProtocolError
+
+MAGIC: Final = b"PLAF"
+VERSION: Final = 1
+_PREFIX = struct.Struct(">4sHI")
+PREFIX_BYTES: Final = _PREFIX.size  # 10
+MAX_HEADER_BYTES: Final = 4096
+INT8_BLOCK: Final = 64
+_FP16_MAX: Final = 65504.0
+
+DTYPES: Final[dict[str, np.dtype]] = {
+    "float32": np.dtype("<f4"),
+    "float16": np.dtype("<f2"),
+}
+CODECS: Final = ("raw", "int8")
+_SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+_HEADER_KEYS: Final = frozenset(
+    {"session", "step", "positions", "dtype", "shape", "codec", "shard", "last_only"}
+)
+
+
+# --------------------------------------------------------------------------------------- errors
+class FrameError(ProtocolError):
+    """A frame (or the session it names) was rejected. `code` names the reason."""
+
+    code = "bad_frame"
+    http_status = 400
+
+
+class BadMagicError(FrameError):
+    code = "bad_magic"
+
+
+class BadVersionError(FrameError):
+    code = "bad_version"
+
+
+class BadHeaderError(FrameError):
+    code = "bad_header"
+
+
+class BadSessionIdError(FrameError):
+    code = "bad_session_id"
+
+
+class BadDtypeError(FrameError):
+    code = "bad_dtype"
+
+
+class BadCodecError(FrameError):
+    code = "bad_codec"
+
+
+class BadShapeError(FrameError):
+    code = "bad_shape"
+
+
+class BadPositionsError(FrameError):
+    code = "bad_positions"
+
+
+class BadBodyError(FrameError):
+    code = "bad_body"
+
+
+class NonFiniteError(FrameError):
+    code = "non_finite"
+
+
+class TooLargeError(FrameError):
+    code = "too_large"
+    http_status = 413
+
+
+class UnknownSessionError(FrameError):
+    code = "unknown_session"
+    http_status = 404
+
+    def __init__(self, session: str) -> None:
+        super().__init__(
+            f"session {session} is not open on this node; start it at position 0",
+            hint="open a new session (positions.start = 0)",
+        )
+
+
+class SessionExpiredError(FrameError):
+    code = "session_expired"
+    http_status = 410
+
+    def __init__(self, session: str) -> None:
+        super().__init__(
+            f"session {session} was evicted (idle too long or deleted); its KV cache is gone",
+            hint="start a new session from position 0",
+        )
+
+
+class WrongShardError(FrameError):
+    code = "wrong_shard"
+    http_status = 409
+
+    def __init__(self, got: int, served: int) -> None:
+        super().__init__(f"frame is for shard {got} but this node serves shard {served}")
+
+
+# --------------------------------------------------------------------------------------- types
+@dataclass(frozen=True, slots=True)
+class FrameLimits:
+    """What a receiver accepts. hidden_size None = any; sizes in tokens and bytes."""
+
+    hidden_size: int | None = None
+    max_tokens: int = 8192
+    max_body_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class FrameHeader:
+    session: str
+    step: int
+    start: int
+    count: int
+    dtype: str
+    shape: tuple[int, int, int]
+    codec: str
+    shard: int
+    last_only: bool = False
+
+    @property
+    def positions(self) -> range:
+        return range(self.start, self.start + self.count)
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "session": self.session,
+            "step": self.step,
+            "positions": {"start": self.start, "count": self.count},
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "codec": self.codec,
+            "shard": self.shard,
+        }
+        if self.last_only:
+            body["last_only"] = True
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A parsed frame: header plus the encoded body (kept for zero-copy relaying)."""
+
+    header: FrameHeader
+    body: memoryview
+
+    def array(self) -> np.ndarray:
+        """The tensor as a writable float32 array of `header.shape`."""
+        return decode_body(self.header, self.body)
+
+
+# --------------------------------------------------------------------------------------- codecs
+def _encode_int8(values: np.ndarray) -> bytes:
+    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    n = flat.size
+    n_blocks = -(-n // INT8_BLOCK)
+    padded = np.zeros(n_blocks * INT8_BLOCK, dtype=np.float32)
+    padded[:n] = flat
+    blocks = padded.reshape(n_blocks, INT8_BLOCK)
+    absmax = np.abs(blocks).max(axis=1)
+    scales = (absmax / 127.0).astype(np.float32)
+    safe = np.where(scales > 0, scales, np.float32(1.0))
+    codes = np.rint(blocks / safe[:, None]).clip(-127, 127).astype(np.int8).reshape(-1)[:n]
+    return scales.astype("<f4").tobytes() + codes.tobytes()
+
+
+def _decode_int8(body: memoryview, n: int) -> np.ndarray:
+    n_blocks = -(-n // INT8_BLOCK)
+    expected = n_blocks * 4 + n
+    if len(body) != expected:
+        raise BadBodyError(f"int8 body is {len(body)} bytes, expected {expected}")
+    scales = np.frombuffer(body, dtype="<f4", count=n_blocks)
+    if not np.isfinite(scales).all():
+        raise NonFiniteError("int8 block scales contain NaN or Inf")
+    codes = np.frombuffer(body, dtype=np.int8, offset=n_blocks * 4, count=n)
+    padded = np.zeros(n_blocks * INT8_BLOCK, dtype=np.float32)
+    padded[:n] = codes
+    out = padded.reshape(n_blocks, INT8_BLOCK) * scales.astype(np.float32)[:, None]
+    return out.reshape(-1)[:n]
+
+
+def body_size(dtype: str, codec: str, n_values: int) -> int:
+    """Bytes of a body holding `n_values` values."""
+    if codec == "int8":
+        return -(-n_values // INT8_BLOCK) * 4 + n_values
+    return n_values * DTYPES[dtype].itemsize
+
+
+def encode_body(array: np.ndarray, dtype: str, codec: str) -> bytes:
+    if codec == "int8":
+        return _encode_int8(array)
+    if dtype == "float16" and array.size and float(np.abs(array).max()) > _FP16_MAX:
+        raise NonFiniteError("activations overflow float16; send float32 or int8")
+    return np.ascontiguousarray(array, dtype=DTYPES[dtype]).tobytes()
+
+
+def decode_body(header: FrameHeader, body: memoryview | bytes) -> np.ndarray:
+    """Decode `body` to a writable float32 array of `header.shape` (checks NaN/Inf)."""
+    n = int(np.prod(header.shape))
+    view = memoryview(body)
+    if header.codec == "int8":
+        out = _decode_int8(view, n)
+    else:
+        dt = DTYPES[header.dtype]
+        if len(view) != n * dt.itemsize:
+            raise BadBodyError(f"body is {len(view)} bytes, expected {n * dt.itemsize}")
+        out = np.frombuffer(view, dtype=dt, count=n).astype(np.float32)
+        if not np.isfinite(out).all():
+            raise NonFiniteError("activations contain NaN or Inf")
+    return out.reshape(header.shape)
+
+
+# --------------------------------------------------------------------------------------- encode
+def encode_frame(header: FrameHeader, body: bytes | memoryview) -> bytes:
+    """Frame bytes from a header and an already-encoded body."""
+    head = canonical_json(header.to_json())
+    return b"".join((_PREFIX.pack(MAGIC, VERSION, len(head)), head, body))
+
+
+def make_frame(
+    array: np.ndarray,
+    *,
+    session: str,
+    step: int,
+    start: int,
+    shard: int,
+    dtype: str = "float32",
+    codec: str = "raw",
+    last_only: bool = False,
+) -> bytes:
+    """Encode a [1, T, H] float array as a frame (validates what the sender controls)."""
+    if dtype not in DTYPES:
+        raise BadDtypeError(f"unsupported dtype {dtype!r}; use one of {sorted(DTYPES)}")
+    if codec not in CODECS:
+        raise BadCodecError(f"unsupported codec {codec!r}; use one of {list(CODECS)}")
+    if array.ndim != 3 or array.shape[0] != 1 or array.shape[1] < 1:
+        raise BadShapeError(f"activations must be [1, T, H], got {list(array.shape)}")
+    shape = (1, int(array.shape[1]), int(array.shape[2]))
+    header = FrameHeader(
+        session=session,
+        step=step,
+        start=start,
+        count=shape[1],
+        dtype=dtype,
+        shape=shape,
+        codec=codec,
+        shard=shard,
+        last_only=last_only,
+    )
+    return encode_frame(header, encode_body(array, dtype, codec))
+
+
+def with_header(frame: Frame, **changes: Any) -> bytes:
+    """Re-frame an existing body under a changed header (no decode, no re-quantization)."""
+    return encode_frame(replace(frame.header, **changes), frame.body)
+
+
+# --------------------------------------------------------------------------------------- decode
+def _int(value: Any, name: str, error: type[FrameError], minimum: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise error(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _parse_positions(raw: Any) -> tuple[int, int]:
+    if isinstance(raw, dict):
+        if set(raw) != {"start", "count"}:
+            raise BadPositionsError(f"positions needs exactly start and count, got {sorted(raw)}")
+        start = _int(raw["start"], "positions.start", BadPositionsError)
+        count = _int(raw["count"], "positions.count", BadPositionsError, minimum=1)
+        return start, count
+    if isinstance(raw, list) and raw:
+        items = [_int(v, "positions[i]", BadPositionsError) for v in raw]
+        if items != list(range(items[0], items[0] + len(items))):
+            raise BadPositionsError("positions must be contiguous and increasing")
+        return items[0], len(items)
+    raise BadPositionsError("positions must be {start, count} or a non-empty list")
+
+
+def _parse_header(raw: Any) -> FrameHeader:
+    if not isinstance(raw, dict):
+        raise BadHeaderError("frame header must be a JSON object")
+    missing = _HEADER_KEYS - {"last_only"} - set(raw)
+    if missing:
+        raise BadHeaderError(f"frame header misses {sorted(missing)}")
+    extra = set(raw) - _HEADER_KEYS
+    if extra:
+        raise BadHeaderError(f"frame header has unknown fields {sorted(extra)}")
+    session = raw["session"]
+    if not isinstance(session, str) or not _SESSION_RE.match(session):
+        raise BadSessionIdError("session must be 8-64 characters of [A-Za-z0-9_-]")
+    step = _int(raw["step"], "step", BadHeaderError)
+    start, count = _parse_positions(raw["positions"])
+    dtype = raw["dtype"]
+    if dtype not in DTYPES:
+        raise BadDtypeError(f"unsupported dtype {dtype!r}; accepted: {sorted(DTYPES)}")
+    codec = raw["codec"]
+    if codec not in CODECS:
+        raise BadCodecError(f"unsupported codec {codec!r}; accepted: {list(CODECS)}")
+    shape = raw["shape"]
+    if (
+        not isinstance(shape, list)
+        or len(shape) != 3
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape)
+        or shape[0] != 1
+    ):
+        raise BadShapeError(f"shape must be [1, T, H] of positive integers, got {shape!r}")
+    if shape[1] != count:
+        raise BadShapeError(f"shape has {shape[1]} rows but positions count is {count}")
+    shard = _int(raw["shard"], "shard", BadHeaderError)
+    last_only = raw.get("last_only", False)
+    if not isinstance(last_only, bool):
+        raise BadHeaderError("last_only must be a boolean")
+    return FrameHeader(
+        session=session,
+        step=step,
+        start=start,
+        count=count,
+        dtype=dtype,
+        shape=(1, shape[1], shape[2]),
+        codec=codec,
+        shard=shard,
+        last_only=last_only,
+    )
+
+
+def parse_frame(data: bytes | bytearray | memoryview, limits: FrameLimits | None = None) -> Frame:
+    """Parse and validate a frame's envelope, header and body size (not the values).
+
+    Call `Frame.array()` to decode the body, which also rejects NaN/Inf.
+    """
+    limits = limits or FrameLimits()
+    view = memoryview(data)
+    if len(view) < PREFIX_BYTES:
+        raise BadMagicError(
+            f"frame is {len(view)} bytes, shorter than its {PREFIX_BYTES}-byte prefix"
+        )
+    magic, version, header_len = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise BadMagicError(f"not an activation frame (magic {bytes(magic)!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise BadVersionError(
+            f"frame version {version} is not supported (this node speaks {VERSION})"
+        )
+    if header_len > MAX_HEADER_BYTES or PREFIX_BYTES + header_len > len(view):
+        raise BadHeaderError(f"header length {header_len} is out of bounds")
+    try:
+        raw = json.loads(bytes(view[PREFIX_BYTES : PREFIX_BYTES + header_len]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BadHeaderError(f"frame header is not JSON: {error}") from None
+    header = _parse_header(raw)
+    if limits.hidden_size is not None and header.shape[2] != limits.hidden_size:
+        raise BadShapeError(
+            f"hidden size {header.shape[2]} does not match this model's {limits.hidden_size}"
+        )
+    if header.count > limits.max_tokens:
+        raise TooLargeError(f"{header.count} positions exceed the limit of {limits.max_tokens}")
+    body = view[PREFIX_BYTES + header_len :]
+    if len(body) > limits.max_body_bytes:
+        raise TooLargeError(f"body of {len(body)} bytes exceeds {limits.max_body_bytes}")
+    expected = body_size(header.dtype, header.codec, header.count * header.shape[2])
+    if len(body) != expected:
+        raise BadBodyError(f"body is {len(body)} bytes, expected {expected} for {header.shape}")
+    return Frame(header=header, body=body)
+
+
+def decode_frame(
+    data: bytes | bytearray | memoryview, limits: FrameLimits | None = None
+) -> tuple[FrameHeader, np.ndarray]:
+    """Parse, validate and decode a frame to (header, float32 array)."""
+    frame = parse_frame(data, limits)
+    return frame.header, frame.array()

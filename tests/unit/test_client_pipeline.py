@@ -1,0 +1,181 @@
+"""Pipeline client against in-process fake nodes (real HTTP on loopback, fake shards), and
+sampling determinism."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from node.client.nodesfile import NodeRef, NodesFile
+from node.client.pipeline import Hop, PipelineClient, Timings
+from node.client.sampling import SamplingConfig, sample
+from node.server.app import STATE_KEY, create_app
+from node.server.config import ServerConfig
+from node.server.fake import FakeShard
+from protocol.errors import BusyError, ConfigError, RemoteError, UnavailableError, UsageError
+
+pytestmark = pytest.mark.unit
+
+H = 8
+V = 50
+
+
+class FakeHead:
+    """embed(id) = id in every channel; logits peak at round(h[0]) mod V; EOS = V - 1."""
+
+    eos_token_ids = frozenset({V - 1})
+
+    def embed_np(self, ids: Sequence[int]) -> np.ndarray:
+        return np.repeat(np.asarray(ids, dtype=np.float32)[None, :, None], H, axis=2)
+
+    def logits_np(self, hidden_last: np.ndarray) -> np.ndarray:
+        logits = np.zeros(V, dtype=np.float32)
+        logits[round(float(hidden_last[0])) % V] = 10.0
+        return logits
+
+
+async def _nodes(aiohttp_server, count: int, **config: object):
+    servers = []
+    for shard in range(count):
+        backend = FakeShard(shard_id=shard, hidden_size=H, layers=(shard * 2, shard * 2 + 2))
+        app = create_app(ServerConfig(manifest_path=Path("x"), shard_id=shard, **config), backend)  # type: ignore[arg-type]
+        servers.append(await aiohttp_server(app))
+    hops = [Hop(url=str(s.make_url("")).rstrip("/"), shard=i) for i, s in enumerate(servers)]
+    return servers, hops
+
+
+async def _collect(client: PipelineClient, prompt: list[int], n: int, **kw) -> list[int]:
+    return [t async for t in client.generate(FakeHead(), prompt, max_new_tokens=n, **kw)]
+
+
+@pytest.mark.parametrize("codec", ["raw", "int8"])
+async def test_pipeline_three_fake_nodes_greedy_chain_of_shard_offsets(aiohttp_server, codec):
+    servers, hops = await _nodes(aiohttp_server, 3)
+    timings = Timings()
+    async with PipelineClient(hops, codec=codec) as client:
+        tokens = await _collect(client, [1, 2, 3], 5, timings=timings)
+    # each pass adds 1 + 2 + 3 = 6 to the last token's id
+    assert tokens == [9, 15, 21, 27, 33]
+    assert timings.new_tokens == 5 and timings.decode_steps == 4
+    assert len(timings.node_compute_ms) == 3 and timings.wire_bytes_sent > 0
+    for server in servers:  # the session was deleted on every node at the end
+        assert len(server.app[STATE_KEY].store) == 0
+
+
+async def test_pipeline_stops_on_eos_without_yielding_it(aiohttp_server):
+    _, hops = await _nodes(aiohttp_server, 3)
+    async with PipelineClient(hops) as client:
+        tokens = await _collect(client, [31], 10)
+    assert tokens == [37, 43]  # next would be 49 = EOS
+
+
+async def test_pipeline_long_prompt_prefilled_in_chunks(aiohttp_server):
+    servers, hops = await _nodes(aiohttp_server, 2)
+    async with PipelineClient(hops, prefill_chunk=4) as client:
+        tokens = await _collect(client, list(range(10)), 2)
+    assert tokens == [12, 15]
+    assert servers[0].app[STATE_KEY].backend.calls == 3 + 1  # 3 prefill chunks + 1 decode
+
+
+async def test_pipeline_check_circuit_accepts_matching_nodes(aiohttp_server):
+    _, hops = await _nodes(aiohttp_server, 2)
+    async with PipelineClient(hops) as client:
+        infos = await client.check_circuit("sha256:" + "0" * 64, total_layers=4)
+    assert [i["shard"] for i in infos] == [0, 1]
+
+
+async def test_pipeline_check_circuit_wrong_model_or_gap_raises_config_error(aiohttp_server):
+    _, hops = await _nodes(aiohttp_server, 2)
+    async with PipelineClient(hops) as client:
+        with pytest.raises(ConfigError, match="manifest says"):
+            await client.check_circuit("sha256:" + "1" * 64, total_layers=4)
+        with pytest.raises(ConfigError, match="model has 6"):
+            await client.check_circuit("sha256:" + "0" * 64, total_layers=6)
+    async with PipelineClient(list(reversed(hops))) as client:
+        with pytest.raises(ConfigError):
+            await client.check_circuit("sha256:" + "0" * 64, total_layers=4)
+
+
+async def test_pipeline_node_down_raises_unavailable_naming_node():
+    hop = Hop(url="http://127.0.0.1:1", shard=0)
+    async with PipelineClient([hop]) as client:
+        with pytest.raises(UnavailableError, match=r"127\.0\.0\.1:1"):
+            await _collect(client, [1], 2)
+
+
+async def test_pipeline_busy_node_raises_busy_error(aiohttp_server):
+    servers, hops = await _nodes(aiohttp_server, 2, max_sessions=1)
+    # occupy node 1's only session slot
+    servers[1].app[STATE_KEY].store.open("other-session", cache=None)
+    async with PipelineClient(hops) as client:
+        with pytest.raises(BusyError, match="shard 1"):
+            await _collect(client, [1], 2)
+    assert len(servers[0].app[STATE_KEY].store) == 0  # cleaned up on the other node too
+
+
+async def test_pipeline_swapped_hops_wrong_shard_remote_error(aiohttp_server):
+    _, hops = await _nodes(aiohttp_server, 2)
+    swapped = [Hop(url=hops[1].url, shard=0), Hop(url=hops[0].url, shard=1)]
+    async with PipelineClient(swapped) as client:
+        with pytest.raises(RemoteError) as caught:
+            await _collect(client, [1], 2)
+    assert caught.value.code == "wrong_shard" and caught.value.http_status == 409
+
+
+def test_sample_greedy_is_argmax():
+    logits = np.array([0.1, 3.0, 2.9, -1.0], dtype=np.float32)
+    assert sample(logits, SamplingConfig(), np.random.default_rng(0)) == 1
+
+
+def test_sample_same_seed_same_tokens_different_seed_differs():
+    logits = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
+    config = SamplingConfig(temperature=1.0, top_p=0.95, seed=7)
+
+    def draw(cfg: SamplingConfig) -> list[int]:
+        rng = cfg.rng()
+        return [sample(logits, cfg, rng) for _ in range(50)]
+
+    assert draw(config) == draw(config)
+    assert draw(config) != draw(SamplingConfig(temperature=1.0, top_p=0.95, seed=8))
+
+
+def test_sample_small_top_p_keeps_only_the_top_token():
+    logits = np.array([0.0, 5.0, 4.0, 1.0], dtype=np.float32)
+    config = SamplingConfig(temperature=1.0, top_p=0.01, seed=3)
+    rng = config.rng()
+    assert {sample(logits, config, rng) for _ in range(20)} == {1}
+
+
+def test_sample_top_p_never_picks_outside_nucleus():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float64)).astype(np.float32)
+    config = SamplingConfig(temperature=1.0, top_p=0.8, seed=0)
+    rng = config.rng()
+    assert {sample(logits, config, rng) for _ in range(300)} == {0, 1}
+
+
+@pytest.mark.parametrize("bad", [{"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}])
+def test_sampling_config_out_of_range_is_usage_error(bad):
+    with pytest.raises(UsageError):
+        SamplingConfig(**bad).validate()
+
+
+def test_nodes_file_roundtrip_and_missing_file_hint(tmp_path):
+    path = tmp_path / "nodes.json"
+    nodes = NodesFile(
+        manifest=tmp_path / "m.json", nodes=(NodeRef("http://127.0.0.1:18100", 0, (0, 15)),)
+    )
+    nodes.save(path)
+    assert NodesFile.load(path) == nodes
+    with pytest.raises(UsageError) as caught:
+        NodesFile.load(tmp_path / "missing.json")
+    assert "planet local up" in (caught.value.hint or "")
+
+
+def test_nodes_file_malformed_is_config_error(tmp_path):
+    path = tmp_path / "nodes.json"
+    path.write_text('{"manifest": "m", "nodes": [{"url": 1}]}')
+    with pytest.raises(ConfigError):
+        NodesFile.load(path)
