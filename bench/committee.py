@@ -1,0 +1,396 @@
+"""Committee chain throughput: committed tx/s, block time, broadcast-to-commit latency (one JSON).
+
+For each app (the Planet ABCI app, then CometBFT's built-in `kvstore` as the ceiling of
+CometBFT itself on this machine), in the same run:
+
+1. `init` + `start` a fresh N-validator network on loopback (temporary directory, ports from
+   --base-port), exactly as `planet committee init/up` do.
+2. Planet only: register one compute node per load worker (ed25519 node key + EVM key) and wait
+   until the registrations are committed.
+3. Load for --duration seconds: --concurrency workers, each sending unique txs with
+   `broadcast_tx_sync` to one RPC port (workers spread over all validators), one at a time.
+   Planet txs are `commit` batches of --batch commitments; kvstore txs are `key=value` of the
+   same size class. A websocket `NewBlock` subscription on validator 0 timestamps every block.
+4. Drain (bounded), check `block_results` codes, stop the network, delete the directory.
+
+Metrics (per app, suffixed `_kvstore` for the ceiling): committed_tx_s (txs accepted by CheckTx
+that landed in a block during the load window / window), commitments_s, block_time_ms (mean
+interval between NewBlock events under load), broadcast_to_commit_ms_p50/_p99 (send start →
+NewBlock event carrying the tx), lost_txs (accepted but never in a block), failed_in_block_txs.
+
+    .venv/bin/python bench/committee.py                   # ~2 minutes
+    .venv/bin/python bench/committee.py --skip-kvstore --duration 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import importlib.metadata
+import itertools
+import json
+import logging
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from deploy import committee
+from node.chain.committee_rpc import CommitteeRpc, decode_block_txs, tx_hash
+
+log = logging.getLogger("bench.committee")
+
+
+# -- tx factories ------------------------------------------------------------------------------
+
+
+class KvstoreTxs:
+    """Unique `key=value` txs for CometBFT's kvstore (about `size` bytes each)."""
+
+    name = "kvstore"
+    commitments_per_tx = 0
+
+    def __init__(self, size: int = 100) -> None:
+        self.size = size
+
+    async def prepare(self, rpcs: list[CommitteeRpc], workers: int) -> None:
+        return None
+
+    def make(self, worker: int, seq: int) -> bytes:
+        key = f"w{worker}-{seq}".encode()
+        return key + b"=" + b"v" * max(1, self.size - len(key) - 1)
+
+
+class PlanetTxs:
+    """Signed `commit` batches from one registered compute node per worker."""
+
+    name = "planet"
+
+    def __init__(self, batch: int, run_id: str) -> None:
+        from nacl.signing import SigningKey
+
+        self.batch = batch
+        self.commitments_per_tx = batch
+        self.run_id = run_id
+        self._keys: list[SigningKey] = []
+        self._signing_key = SigningKey
+
+    async def prepare(self, rpcs: list[CommitteeRpc], workers: int) -> None:
+        from eth_account import Account
+
+        from protocol import committee as txs
+
+        registrations = []
+        for worker in range(workers):
+            seed = hashlib.sha256(f"{self.run_id}/node/{worker}".encode()).digest()
+            key = self._signing_key(seed)
+            self._keys.append(key)
+            evm = Account.from_key(hashlib.sha256(seed + b"/evm").digest())
+            node_hex = key.verify_key.encode().hex()
+            body = txs.RegisterNode(
+                evm_address=evm.address,
+                evm_signature=txs.sign_registration(evm.key, node_hex),
+                role="compute",
+                model="smollm2-135m",
+                shards=(worker % 3,),
+                endpoint=f"http://127.0.0.1:{20000 + worker}",
+                capacity=8,
+            )
+            registrations.append(txs.sign(body, key, 1).encode())
+        sent = await asyncio.gather(
+            *(rpcs[i % len(rpcs)].broadcast_tx_sync(tx) for i, tx in enumerate(registrations))
+        )
+        results = await asyncio.gather(*(rpcs[0].wait_for_tx(r.hash, timeout_s=60) for r in sent))
+        failed = [r for r in results if r.code != 0]
+        if failed:
+            raise RuntimeError(f"{len(failed)} registrations failed: {failed[0].log}")
+        log.info("registered nodes=%d", workers)
+
+    def make(self, worker: int, seq: int) -> bytes:
+        from protocol import committee as txs
+
+        records = []
+        for item in range(self.batch):
+            digest = hashlib.sha256(f"{self.run_id}/{worker}/{seq}/{item}".encode()).hexdigest()
+            records.append(
+                txs.CommitmentRecord(
+                    session="0x" + hashlib.sha256(f"{self.run_id}/s/{worker}".encode()).hexdigest(),
+                    step=seq * self.batch + item,
+                    shard=worker % 3,
+                    commitment="0x" + digest,
+                )
+            )
+        return txs.sign(txs.CommitBatch(tuple(records)), self._keys[worker], seq + 2).encode()
+
+
+# -- the load ----------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadResult:
+    start: float = 0.0
+    end: float = 0.0
+    sent: dict[str, float] = field(default_factory=dict)  # accepted tx hash -> send time
+    rejected: int = 0
+    reject_logs: list[str] = field(default_factory=list)
+    errors: int = 0
+    blocks: list[tuple[int, float, list[str]]] = field(default_factory=list)  # height, t, hashes
+
+
+async def _watch_blocks(rpc: CommitteeRpc, result: LoadResult, stop: asyncio.Event) -> None:
+    async with rpc.subscribe("tm.event='NewBlock'") as events:
+        async for event in events:
+            now = time.monotonic()
+            block = event["data"]["value"]["block"]
+            hashes = [tx_hash(tx) for tx in decode_block_txs(block)]
+            result.blocks.append((int(block["header"]["height"]), now, hashes))
+            if stop.is_set():
+                return
+
+
+async def _worker(
+    rpc: CommitteeRpc, worker: int, make: Callable[[int, int], bytes], result: LoadResult
+) -> None:
+    seq = 0
+    while time.monotonic() < result.end:
+        tx = make(worker, seq)
+        seq += 1
+        started = time.monotonic()
+        try:
+            answer = await rpc.broadcast_tx_sync(tx, check=False)
+        except Exception as error:  # counted: a load generator keeps going
+            result.errors += 1
+            log.warning("broadcast failed worker=%d error=%s", worker, error)
+            await asyncio.sleep(0.05)
+            continue
+        if answer.code == 0:
+            result.sent[answer.hash] = started
+        else:
+            result.rejected += 1
+            if len(result.reject_logs) < 5:
+                result.reject_logs.append(f"{answer.code}: {answer.log}")
+
+
+async def run_load(
+    network: committee.Network,
+    factory: Any,
+    *,
+    duration_s: float,
+    concurrency: int,
+    drain_s: float,
+) -> dict[str, Any]:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        rpcs = [CommitteeRpc(v.rpc_url, session=session, timeout_s=20) for v in network.validators]
+        await factory.prepare(rpcs, concurrency)
+        result = LoadResult()
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(_watch_blocks(rpcs[0], result, stop))
+        await asyncio.sleep(0.5)
+        result.start = time.monotonic()
+        result.end = result.start + duration_s
+        await asyncio.gather(
+            *(_worker(rpcs[w % len(rpcs)], w, factory.make, result) for w in range(concurrency))
+        )
+        sent_done = time.monotonic()
+        deadline = sent_done + drain_s
+        while time.monotonic() < deadline:
+            seen = {h for _, _, hashes in result.blocks for h in hashes}
+            if all(h in seen for h in result.sent):
+                break
+            await asyncio.sleep(0.2)
+        stop.set()
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(watcher, timeout=5)
+        watcher.cancel()
+        failed_in_block = await _failed_in_block(rpcs[0], result)
+    return _metrics(result, factory, duration_s, failed_in_block, sent_done)
+
+
+async def _failed_in_block(rpc: CommitteeRpc, result: LoadResult) -> int:
+    """Txs of ours that are in blocks but whose FinalizeBlock code is not 0."""
+    ours = set(result.sent)
+    failed = 0
+    for height, _t, hashes in result.blocks:
+        if not any(h in ours for h in hashes):
+            continue
+        answer = await rpc.block_results(height)
+        for h, tx_result in zip(hashes, answer.get("txs_results") or [], strict=False):
+            if h in ours and int(tx_result.get("code") or 0) != 0:
+                failed += 1
+    return failed
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _metrics(
+    result: LoadResult, factory: Any, duration_s: float, failed_in_block: int, sent_done: float
+) -> dict[str, Any]:
+    committed_at: dict[str, float] = {}
+    for _height, at, hashes in result.blocks:
+        for h in hashes:
+            if h in result.sent and h not in committed_at:
+                committed_at[h] = at
+    in_window = sum(1 for at in committed_at.values() if result.start <= at <= result.end)
+    window_blocks = [at for _h, at, _x in result.blocks if result.start <= at <= result.end]
+    intervals = [b - a for a, b in itertools.pairwise(window_blocks)]
+    latencies = [(committed_at[h] - result.sent[h]) * 1000 for h in committed_at]
+    committed_tx_s = in_window / duration_s
+    return {
+        "committed_tx_s": round(committed_tx_s, 1),
+        "commitments_s": round(committed_tx_s * factory.commitments_per_tx, 1),
+        "block_time_ms": round(statistics.fmean(intervals) * 1000, 1) if intervals else None,
+        "block_time_ms_max": round(max(intervals) * 1000, 1) if intervals else None,
+        "broadcast_to_commit_ms_p50": round(_percentile(latencies, 0.5), 1),
+        "broadcast_to_commit_ms_p99": round(_percentile(latencies, 0.99), 1),
+        "accepted_txs": len(result.sent),
+        "committed_txs": len(committed_at),
+        "lost_txs": len(result.sent) - len(committed_at),
+        "failed_in_block_txs": failed_in_block,
+        "rejected_by_checktx": result.rejected,
+        "broadcast_errors": result.errors,
+        "blocks_in_window": len(window_blocks),
+        "txs_per_block_max": max((len(x) for _h, _t, x in result.blocks), default=0),
+        "reject_logs": result.reject_logs,
+    }
+
+
+# -- one network -------------------------------------------------------------------------------
+
+
+def bench_app(app: str, args: argparse.Namespace, base_port: int) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix=f"planet-bench-committee-{app}-"))
+    network = committee.init_network(
+        committee.InitOptions(
+            directory=workdir,
+            validators=args.validators,
+            base_port=base_port,
+            timeout_commit=args.timeout_commit,
+            app=app,
+            epoch_length=args.epoch_length,
+        )
+    )
+    try:
+        committee.start_network(
+            network, timeout_s=90, progress=lambda line: log.info("%s: %s", app, line)
+        )
+        factory = (
+            PlanetTxs(args.batch, run_id=os.urandom(8).hex())
+            if app == "planet"
+            else KvstoreTxs(args.kv_tx_bytes)
+        )
+        log.info("%s: load for %.0f s with %d workers", app, args.duration, args.concurrency)
+        return asyncio.run(
+            run_load(
+                network,
+                factory,
+                duration_s=args.duration,
+                concurrency=args.concurrency,
+                drain_s=args.drain,
+            )
+        )
+    finally:
+        committee.stop_network(network)
+        if args.keep:
+            log.info("kept %s", workdir)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _machine() -> dict[str, Any]:
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    try:
+        torch_version: str | None = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "gpu": None,
+        "torch": torch_version,
+        "device": "cpu",
+        "cometbft": committee.COMETBFT_VERSION,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--validators", type=int, default=4)
+    parser.add_argument("--duration", type=float, default=20.0, help="load seconds per app")
+    parser.add_argument("--concurrency", type=int, default=64, help="concurrent broadcasters")
+    parser.add_argument("--batch", type=int, default=16, help="commitments per Planet tx")
+    parser.add_argument("--kv-tx-bytes", type=int, default=100)
+    parser.add_argument("--timeout-commit", default="300ms")
+    parser.add_argument("--epoch-length", type=int, default=100)
+    parser.add_argument("--drain", type=float, default=20.0, help="max seconds to drain")
+    parser.add_argument("--base-port", type=int, default=27200)
+    parser.add_argument("--skip-kvstore", action="store_true")
+    parser.add_argument("--skip-planet", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="keep the network directories")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("PLANET_LOG_LEVEL", "INFO"),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+
+    metrics: dict[str, Any] = {}
+    if not args.skip_planet:
+        metrics.update(bench_app("planet", args, args.base_port))
+    if not args.skip_kvstore:
+        kv = bench_app("kvstore", args, args.base_port + 100)
+        metrics.update({f"{k}_kvstore": v for k, v in kv.items()})
+        if "committed_tx_s" in metrics and kv["committed_tx_s"]:
+            metrics["ratio_committed_tx_s_planet_vs_kvstore"] = round(
+                metrics["committed_tx_s"] / kv["committed_tx_s"], 3
+            )
+    print(
+        json.dumps(
+            {
+                "bench": "committee",
+                "machine": _machine(),
+                "config": {
+                    "validators": args.validators,
+                    "duration_s": args.duration,
+                    "concurrency": args.concurrency,
+                    "batch": args.batch,
+                    "kv_tx_bytes": args.kv_tx_bytes,
+                    "timeout_commit": args.timeout_commit,
+                    "load": "broadcast_tx_sync, one tx in flight per worker, workers spread over "
+                    "all validators' RPC ports; NewBlock websocket on validator 0",
+                },
+                "metrics": metrics,
+                "targets": {
+                    "committed_tx_s": {"op": ">=", "value": 500},
+                    "block_time_ms": {"op": "<=", "value": 1000},
+                },
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
