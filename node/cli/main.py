@@ -20,7 +20,6 @@ from protocol.errors import PlanetError
 # Command groups, in the order `planet --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "node.cli.committee",
-    "node.cli.committee",
 )
 
 EPILOG = """\
