@@ -20,6 +20,9 @@ from protocol.errors import PlanetError
 # Command groups, in the order `planet --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "node.cli.committee",
+    "node.cli.node",
+    "node.cli.local",
+    "node.cli.ask",
 )
 
 EPILOG = """\
