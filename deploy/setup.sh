@@ -54,22 +54,24 @@ COMETBFT_VERSION=0.38.25
 GO_FALLBACK=1.24.6
 if [ "$("$TOOLS/bin/cometbft" version 2>/dev/null)" != "$COMETBFT_VERSION" ]; then
   GO=$(command -v go || true)
-  go_ok() { "$1" version 2>/dev/null | grep -Eq 'go1\.(2[2-9]|[3-9][0-9])'; }
+  # cometbft v0.38.25's go.mod asks for go >= 1.22.11: accept 1.23 and later as they are.
+  go_ok() { "$1" version 2>/dev/null | grep -Eq 'go1\.(2[3-9]|[3-9][0-9])'; }
   if [ -z "$GO" ] || ! go_ok "$GO"; then
     if [ ! -x "$TOOLS/go/bin/go" ]; then
       say "go: none recent enough; fetching go$GO_FALLBACK from the Go module proxy"
+      case "$(uname -m)" in aarch64|arm64) GOARCH_=arm64 ;; *) GOARCH_=amd64 ;; esac
       zip=$TOOLS/go.zip
-      curl -fsSL -o "$zip" "https://proxy.golang.org/golang.org/toolchain/@v/v0.0.1-go$GO_FALLBACK.linux-amd64.zip"
+      curl -fsSL -o "$zip" "https://proxy.golang.org/golang.org/toolchain/@v/v0.0.1-go$GO_FALLBACK.linux-$GOARCH_.zip"
       rm -rf "$TOOLS/go-unpack" && mkdir -p "$TOOLS/go-unpack"
       (cd "$TOOLS/go-unpack" && "$PY" -m zipfile -e "$zip" .)
-      mv "$TOOLS/go-unpack/golang.org/toolchain@v0.0.1-go$GO_FALLBACK.linux-amd64" "$TOOLS/go"
+      mv "$TOOLS/go-unpack/golang.org/toolchain@v0.0.1-go$GO_FALLBACK.linux-$GOARCH_" "$TOOLS/go"
       chmod +x "$TOOLS/go/bin/"* "$TOOLS/go/pkg/tool/"*/* 2>/dev/null || true
       rm -rf "$TOOLS/go-unpack" "$zip"
     fi
     GO=$TOOLS/go/bin/go
   fi
   say "cometbft: building v$COMETBFT_VERSION with $("$GO" version | cut -d' ' -f3) (about a minute)"
-  GOBIN="$TOOLS/bin" GOFLAGS=-mod=mod "$GO" install "github.com/cometbft/cometbft/cmd/cometbft@v$COMETBFT_VERSION"
+  GOBIN="$TOOLS/bin" GOFLAGS=-mod=mod GOTOOLCHAIN=local "$GO" install "github.com/cometbft/cometbft/cmd/cometbft@v$COMETBFT_VERSION"
 else
   say "cometbft: v$COMETBFT_VERSION up to date"
 fi
