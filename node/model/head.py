@@ -1,0 +1,137 @@
+"""The client's end of the model: tokenizer, token embeddings, final norm and LM head.
+
+These stay with the client (as in Petals), so compute nodes only ever see hidden states.
+`client.safetensors` holds `model.embed_tokens.weight`, `model.norm.weight` and, when the model
+does not tie them to the embeddings, `lm_head.weight`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from node.model.device import resolve_device
+from node.model.family import family_for, load_config
+from node.model.manifest import (
+    CLIENT_FILE,
+    TOKENIZER_DIR,
+    Manifest,
+    manifest_path,
+    verify_file,
+)
+from protocol.errors import ConfigError, UsageError
+
+EMBED_KEY = "model.embed_tokens.weight"
+NORM_KEY = "model.norm.weight"
+LM_HEAD_KEY = "lm_head.weight"
+
+
+def client_tensors(state: Mapping[str, torch.Tensor], tied: bool) -> dict[str, torch.Tensor]:
+    """The client's tensors out of a full model's state dict (fp32, contiguous, CPU)."""
+    keys = [EMBED_KEY, NORM_KEY] + ([] if tied else [LM_HEAD_KEY])
+    missing = [key for key in keys if key not in state]
+    if missing:
+        raise ConfigError(f"model weights lack {', '.join(missing)}")
+    return {key: state[key].detach().to("cpu", torch.float32).contiguous() for key in keys}
+
+
+class ClientHead:
+    """Tokenizer + embeddings + final norm + LM head of a prepared model."""
+
+    def __init__(
+        self, config: Any, tokenizer: Any, tensors: Mapping[str, torch.Tensor], device: torch.device
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.device = device
+        self.hidden_size: int = config.hidden_size
+        embed = tensors[EMBED_KEY].to(device, torch.float32)
+        self._embed = embed  # [V, H]
+        self._norm = family_for(config).rms_norm(config.hidden_size, eps=config.rms_norm_eps)
+        self._norm.weight = nn.Parameter(
+            tensors[NORM_KEY].to(device, torch.float32), requires_grad=False
+        )
+        self._norm.to(device).eval()
+        head = tensors.get(LM_HEAD_KEY)
+        self._lm_head = embed if head is None else head.to(device, torch.float32)  # [V, H]
+        self.vocab_size: int = int(self._lm_head.shape[0])
+        self.eos_token_ids: frozenset[int] = _eos_ids(config, tokenizer)
+
+    @classmethod
+    def load(
+        cls, manifest: str | Path, device: str | torch.device = "auto", *, verify: bool = True
+    ) -> ClientHead:
+        from safetensors.torch import load_file
+        from transformers import AutoTokenizer
+
+        path = manifest_path(manifest)
+        parsed = Manifest.load(path)
+        directory = path.parent
+        client_file = directory / CLIENT_FILE
+        if verify:
+            verify_file(client_file, parsed.client_hash)
+        config = load_config(directory)
+        tokenizer = AutoTokenizer.from_pretrained(str(directory / TOKENIZER_DIR))
+        tensors = load_file(str(client_file), device="cpu")
+        return cls(config, tokenizer, tensors, resolve_device(device))
+
+    # ---- text <-> ids --------------------------------------------------------------------
+    def chat_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Token ids of a chat (list of {role, content}) with the generation prompt appended."""
+        if not messages:
+            raise UsageError("a chat needs at least one message")
+        ids = self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        return [int(i) for i in ids]
+
+    def encode(self, text: str) -> list[int]:
+        """Plain token ids of `text` (no chat template, no special tokens added)."""
+        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    # ---- tensors -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def embed(self, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """[1, T, H] float32 (on CPU) for token ids [T]."""
+        index = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(-1)
+        if index.numel() == 0:
+            raise UsageError("no tokens to embed")
+        if int(index.min()) < 0 or int(index.max()) >= self._embed.shape[0]:
+            raise UsageError(f"token id outside the vocabulary [0, {self._embed.shape[0]})")
+        return self._embed[index].unsqueeze(0).to("cpu")
+
+    @torch.inference_mode()
+    def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
+        """[V] float32 logits for the last position of `hidden_last` ([H], [1, H] or
+        [1, T, H])."""
+        last = hidden_last.reshape(-1, self.hidden_size)[-1]
+        return self.all_logits(last.reshape(1, 1, -1))[0]
+
+    @torch.inference_mode()
+    def all_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[T, V] float32 logits for every position of `hidden` [1, T, H] (CPU)."""
+        states = hidden.to(self.device, torch.float32).reshape(1, -1, self.hidden_size)
+        # F.linear, as the model's nn.Linear head does, so argmax ties break the same way.
+        return nn.functional.linear(self._norm(states), self._lm_head)[0].to("cpu")
+
+
+def _eos_ids(config: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    configured = getattr(config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif isinstance(configured, list | tuple):
+        ids.update(int(i) for i in configured)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
