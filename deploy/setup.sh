@@ -76,4 +76,21 @@ else
   say "cometbft: v$COMETBFT_VERSION up to date"
 fi
 
+# --- ABCI protobuf classes (generated from the Go module cache's .proto files, never committed) --
+want=$(stamp_of abci_app/proto/build.py; echo "$COMETBFT_VERSION")
+if [ ! -f abci_app/proto/gen/tendermint/abci/types_pb2.py ] || [ "$(cat "$TOOLS/stamps/abci-proto" 2>/dev/null)" != "$want" ]; then
+  GO=$(command -v go || echo "$TOOLS/go/bin/go")
+  MODCACHE=$("$GO" env GOMODCACHE)
+  if [ ! -f "$MODCACHE/github.com/cometbft/cometbft@v$COMETBFT_VERSION/proto/tendermint/abci/types.proto" ] \
+     || [ ! -f "$MODCACHE/github.com/cosmos/gogoproto@v1.7.0/gogoproto/gogo.proto" ]; then
+    say "abci protos: fetching the cometbft v$COMETBFT_VERSION module sources"
+    (cd "$TOOLS" && GOFLAGS=-mod=mod "$GO" mod download "github.com/cometbft/cometbft@v$COMETBFT_VERSION" github.com/cosmos/gogoproto@v1.7.0)
+  fi
+  say "abci protos: generating abci_app/proto/gen"
+  .venv/bin/python -m abci_app.proto.build --modcache "$MODCACHE"
+  echo "$want" > "$TOOLS/stamps/abci-proto"
+else
+  say "abci protos: up to date"
+fi
+
 say "ready"

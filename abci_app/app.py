@@ -1,0 +1,218 @@
+"""Thin ABCI 2.0 adapters: protobuf requests in, `State` calls, protobuf responses out.
+
+Nothing here decides anything the chain agrees on; it converts between CometBFT's messages and
+the pure state machine (`state.py`), and reads the validator's local reputation scores for
+ExtendVote from `<home>/reputation_scores.json`:
+
+    {"epoch": 3, "scores": {"<node key hex>": 812345, ...}}   # C at 10**6; "epoch" optional
+
+A missing or invalid file yields an empty extension (logged), never a failed vote.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from abci_app import extensions
+from abci_app.codes import CODESPACE, Code
+from abci_app.proto import abci_pb
+from abci_app.queries import query as run_query
+from abci_app.state import State, TxResult
+from protocol.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+APP_VERSION = 1
+SCORES_FILE = "reputation_scores.json"
+
+pb = abci_pb()
+
+
+def _events(result: TxResult) -> list[Any]:
+    return [
+        pb.Event(
+            type=kind,
+            attributes=[pb.EventAttribute(key=k, value=v, index=True) for k, v in attributes],
+        )
+        for kind, attributes in result.events
+    ]
+
+
+class CommitteeApp:
+    """The ABCI application: one per process, shared by CometBFT's four connections."""
+
+    def __init__(self, state: State, home: Path | None = None) -> None:
+        self.state = state
+        self.home = home
+        self.handlers: dict[str, Callable[[Any], Any]] = {
+            "echo": lambda r: pb.ResponseEcho(message=r.message),
+            "flush": lambda r: pb.ResponseFlush(),
+            "info": self.info,
+            "init_chain": self.init_chain,
+            "query": self.query,
+            "check_tx": self.check_tx,
+            "commit": self.commit,
+            "list_snapshots": lambda r: pb.ResponseListSnapshots(),
+            "offer_snapshot": lambda r: pb.ResponseOfferSnapshot(
+                result=pb.ResponseOfferSnapshot.REJECT
+            ),
+            "load_snapshot_chunk": lambda r: pb.ResponseLoadSnapshotChunk(),
+            "apply_snapshot_chunk": lambda r: pb.ResponseApplySnapshotChunk(
+                result=pb.ResponseApplySnapshotChunk.ABORT
+            ),
+            "prepare_proposal": self.prepare_proposal,
+            "process_proposal": self.process_proposal,
+            "extend_vote": self.extend_vote,
+            "verify_vote_extension": self.verify_vote_extension,
+            "finalize_block": self.finalize_block,
+        }
+
+    def handle(self, request: Any) -> Any:
+        """One Request → one Response (both `tendermint.abci` protobuf messages)."""
+        method = request.WhichOneof("value")
+        if method is None:
+            return pb.Response(exception=pb.ResponseException(error="empty request"))
+        response = self.handlers[method](getattr(request, method))
+        return pb.Response(**{method: response})
+
+    # --- info and genesis ---------------------------------------------------------------------
+
+    def info(self, req: Any) -> Any:
+        return pb.ResponseInfo(
+            data="planet-committee",
+            version="0.1.0",
+            app_version=APP_VERSION,
+            last_block_height=self.state.height,
+            last_block_app_hash=self.state.app_hash,
+        )
+
+    def init_chain(self, req: Any) -> Any:
+        validators = []
+        for update in req.validators:
+            kind = update.pub_key.WhichOneof("sum")
+            if kind != "ed25519":
+                raise ProtocolError(f"validator key type {kind} is not supported (ed25519 only)")
+            validators.append((update.pub_key.ed25519, update.power))
+        enable = req.consensus_params.abci.vote_extensions_enable_height
+        app_hash = self.state.init_chain(req.chain_id, validators, req.app_state_bytes, enable)
+        return pb.ResponseInitChain(app_hash=app_hash)
+
+    # --- mempool ------------------------------------------------------------------------------
+
+    def check_tx(self, req: Any) -> Any:
+        result = self.state.check_tx(req.tx)
+        return pb.ResponseCheckTx(
+            code=result.code, log=result.log, codespace=_space(result.code), gas_wanted=1
+        )
+
+    # --- proposals and vote extensions --------------------------------------------------------
+
+    def prepare_proposal(self, req: Any) -> Any:
+        vx = None
+        if self.state.vx_required(req.height):
+            commit = req.local_last_commit
+            vx = extensions.ExtendedCommit(
+                height=req.height - 1,
+                round=commit.round,
+                votes=tuple(
+                    extensions.ExtVote(
+                        address=vote.validator.address.hex().upper(),
+                        power=vote.validator.power,
+                        extension=vote.vote_extension,
+                        signature=vote.extension_signature,
+                        flag=vote.block_id_flag,
+                    )
+                    for vote in commit.votes
+                ),
+            ).encode()
+        txs = self.state.prepare_proposal(req.height, list(req.txs), req.max_tx_bytes, vx)
+        return pb.ResponsePrepareProposal(txs=txs)
+
+    def process_proposal(self, req: Any) -> Any:
+        ok, reason = self.state.process_proposal(req.height, list(req.txs))
+        if not ok:
+            log.warning("process_proposal rejected height=%d reason=%s", req.height, reason)
+        status = pb.ResponseProcessProposal.ACCEPT if ok else pb.ResponseProcessProposal.REJECT
+        return pb.ResponseProcessProposal(status=status)
+
+    def extend_vote(self, req: Any) -> Any:
+        length = self.state.genesis.epoch_length
+        if req.height % length != 0:
+            return pb.ResponseExtendVote(vote_extension=b"")
+        epoch = req.height // length
+        scores = self._local_scores(epoch)
+        return pb.ResponseExtendVote(vote_extension=extensions.encode_extension(epoch, scores))
+
+    def _local_scores(self, epoch: int) -> dict[str, int]:
+        if self.home is None:
+            return {}
+        path = self.home / SCORES_FILE
+        if not path.exists():
+            return {}
+        try:
+            doc = json.loads(path.read_text())
+            if not isinstance(doc, dict):
+                raise extensions.VoteExtensionError("expected an object")
+            if "epoch" in doc and doc["epoch"] != epoch:
+                log.info(
+                    "scores file is for epoch %s, not %d: extending with none", doc["epoch"], epoch
+                )
+                return {}
+            return extensions.parse_scores(doc.get("scores", {}))
+        except (OSError, ValueError, extensions.VoteExtensionError) as error:
+            log.warning("ignoring invalid %s: %s", path, error)
+            return {}
+
+    def verify_vote_extension(self, req: Any) -> Any:
+        try:
+            extensions.parse_extension(
+                req.vote_extension, req.height, self.state.genesis.epoch_length
+            )
+        except extensions.VoteExtensionError as error:
+            log.warning(
+                "vote extension rejected height=%d validator=%s reason=%s",
+                req.height,
+                req.validator_address.hex().upper(),
+                error.message,
+            )
+            return pb.ResponseVerifyVoteExtension(status=pb.ResponseVerifyVoteExtension.REJECT)
+        return pb.ResponseVerifyVoteExtension(status=pb.ResponseVerifyVoteExtension.ACCEPT)
+
+    # --- blocks -------------------------------------------------------------------------------
+
+    def finalize_block(self, req: Any) -> Any:
+        state = self.state
+        state.begin_block(req.height, req.hash)
+        results = []
+        for index, tx in enumerate(req.txs):
+            result = state.deliver_tx(tx, index)
+            results.append(
+                pb.ExecTxResult(
+                    code=result.code,
+                    log=result.log,
+                    codespace=_space(result.code),
+                    events=_events(result),
+                    gas_wanted=1,
+                    gas_used=1,
+                )
+            )
+        app_hash = state.end_block()
+        return pb.ResponseFinalizeBlock(tx_results=results, app_hash=app_hash)
+
+    def commit(self, req: Any) -> Any:
+        self.state.commit()
+        return pb.ResponseCommit(retain_height=0)
+
+    def query(self, req: Any) -> Any:
+        code, value, message = run_query(self.state, req.path, req.data)
+        return pb.ResponseQuery(
+            code=code, value=value, log=message, height=self.state.height, codespace=_space(code)
+        )
+
+
+def _space(code: int) -> str:
+    return "" if code == Code.OK else CODESPACE

@@ -1,0 +1,51 @@
+"""Every ABCI result code the committee app returns, named in one place (codespace "planet").
+
+CheckTx / FinalizeBlock tx results and Query answers use these; 0 is success. Codes are part
+of the chain's observable behaviour (clients branch on them): never renumber, only append.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+CODESPACE = "planet"
+
+
+class Code(IntEnum):
+    OK = 0
+    # decoding and authentication (CheckTx rejects these)
+    MALFORMED_TX = 1
+    BAD_SIGNATURE = 2
+    BAD_NONCE = 3
+    BAD_EVM_SIGNATURE = 4
+    RESERVED_TX = 5  # the vote-extension tx may only be injected by a proposer
+    # state rules (FinalizeBlock)
+    UNKNOWN_NODE = 10
+    ALREADY_REGISTERED = 11
+    EVM_ADDRESS_TAKEN = 12
+    WRONG_ROLE = 13
+    NOT_VALIDATOR = 14
+    INVALID_LIFECYCLE = 15
+    DUPLICATE_COMMITMENT = 16
+    UNKNOWN_COMMITMENT = 17
+    ALREADY_REVEALED = 18
+    BAD_SHARE_BLOCK = 19
+    BAD_VERDICT_SIGNATURE = 20
+    DUPLICATE_VOTE = 21
+    VERDICTS_DISABLED = 22
+    BAD_VOTE_EXTENSIONS = 23
+    # queries
+    UNKNOWN_QUERY = 40
+    BAD_QUERY = 41
+    NOT_FOUND = 42
+    # the app itself failed (a bug): logged with context
+    INTERNAL = 99
+
+
+class Rejected(Exception):
+    """A tx broke a state rule: raised by handlers with its `code`; nothing it wrote is kept."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message

@@ -1,0 +1,114 @@
+"""Height-driven rules: heartbeat timeouts, epochs (leader, challenge list), reputation updates.
+
+- Epoch e covers heights (e−1)·L+1 … e·L (L = genesis `epoch_length`).
+- Epoch 1's leader is drawn from sha256("planet/leader" ‖ chain_id ‖ 1). At the last block of
+  epoch e (height e·L) the committee fixes epoch e+1 from that block's hash H:
+  leader = validators sorted by address, index sha256("planet/leader" ‖ H ‖ e+1) mod n;
+  challenge list = SERVING compute nodes ordered by sha256("planet/challenge" ‖ H ‖ node key),
+  the first `challenges_per_epoch` of them (all when 0), each with
+  prompt_seed = sha256("planet/prompt" ‖ H ‖ node key ‖ e+1) — the verifier derives the prompt
+  from the seed, so no two nodes get the same prompt and the leader cannot choose.
+- A node in JOIN/SERVING whose last heartbeat is more than `heartbeat_timeout` blocks old is
+  DOWN, checked at the exact height it becomes overdue (`hbdue/<height>` index).
+- Reputation: the agreed C(T) of epoch e (from vote extensions) updates R per reputation.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+from abci_app import reputation
+from abci_app.handlers import DOWN, JOIN, SERVING
+
+if TYPE_CHECKING:
+    from abci_app.state import State
+
+
+def _sha(*parts: bytes) -> bytes:
+    return hashlib.sha256(b"".join(parts)).digest()
+
+
+def _epoch_record(state: State, epoch: int, seed: bytes) -> dict[str, Any]:
+    length = state.genesis.epoch_length
+    addresses = [v["address"] for v in state.validators]
+    tag = epoch.to_bytes(8, "big")
+    leader = None
+    if addresses:
+        leader = addresses[
+            int.from_bytes(_sha(b"planet/leader", seed, tag), "big") % len(addresses)
+        ]
+    serving = []
+    for key in state.keys("node"):
+        node = state.get("node", key)
+        if node["status"] == SERVING and node["role"] == "compute":
+            serving.append(key)
+    serving.sort(key=lambda k: _sha(b"planet/challenge", seed, bytes.fromhex(k)))
+    limit = state.genesis.challenges_per_epoch
+    chosen = serving[:limit] if limit else serving
+    challenges = [
+        {"node": key, "prompt_seed": _sha(b"planet/prompt", seed, bytes.fromhex(key), tag).hex()}
+        for key in sorted(chosen)
+    ]
+    return {
+        "epoch": epoch,
+        "start_height": (epoch - 1) * length + 1,
+        "end_height": epoch * length,
+        "seed": seed.hex(),
+        "leader": leader,
+        "challenges": challenges,
+        "reputation_applied": None,
+    }
+
+
+def open_first_epoch(state: State) -> None:
+    seed = _sha(b"planet/genesis", state.chain_id.encode())
+    state.put("epoch", "1", _epoch_record(state, 1, seed))
+    state.put("meta", "current_epoch", 1)
+
+
+def close_epoch(state: State, height: int, block_hash: bytes) -> None:
+    """At height e·L: fix epoch e+1's leader and challenge list from this block's hash."""
+    following = height // state.genesis.epoch_length + 1
+    state.put("epoch", str(following), _epoch_record(state, following, block_hash))
+    state.put("meta", "current_epoch", following)
+    state.emit("planet.epoch", epoch=following)
+
+
+def expire_heartbeats(state: State, height: int) -> None:
+    due = state.get("hbdue", str(height))
+    if due is None:
+        return
+    timeout = state.genesis.heartbeat_timeout
+    for key in due:
+        node = state.get("node", key)
+        if node and node["status"] in (JOIN, SERVING) and node["last_heartbeat"] + timeout < height:
+            state.put("node", key, {**node, "status": DOWN, "status_height": height})
+            state.emit("planet.node", node=key, status=DOWN)
+    state.delete("hbdue", str(height))
+
+
+def apply_reputation(state: State, epoch: int, agreed: dict[str, int]) -> int:
+    """Apply the agreed credibilities of `epoch`; returns how many nodes were updated."""
+    params = state.genesis.reputation
+    applied = 0
+    for key in sorted(agreed):
+        record = state.get("rep", key)
+        if record is None or record["last_epoch"] >= epoch:
+            continue
+        value, window = reputation.update(record["r"], tuple(record["window"]), agreed[key], params)
+        state.put(
+            "rep",
+            key,
+            {
+                "r": value,
+                "window": list(window),
+                "epochs": record["epochs"] + 1,
+                "last_epoch": epoch,
+            },
+        )
+        applied += 1
+    entry = state.get("epoch", str(epoch))
+    if entry is not None:
+        state.put("epoch", str(epoch), {**entry, "reputation_applied": applied})
+    return applied

@@ -1,0 +1,248 @@
+"""Vote extensions carrying each validator's locally computed reputation scores (pure).
+
+Flow (ABCI 2.0, CometBFT v0.38):
+
+1. ExtendVote at height h: when h closes epoch e (h % epoch_length == 0) the validator attaches
+   `canonical_json({"epoch": e, "scores": {node key hex: C at 10**6}})` read from
+   `<home>/reputation_scores.json` (written by its verifier); at other heights the extension is
+   empty. VerifyVoteExtension checks only this format.
+2. PrepareProposal at h+1: the proposer injects the extended commit it received as the special
+   first tx `VX_PREFIX + canonical_json({"height", "round", "votes": [...]})`.
+3. ProcessProposal at h+1 (every validator): the tx must be present exactly when required, each
+   vote's ed25519 signature must verify over CometBFT's vote-extension sign bytes
+   (`CanonicalVoteExtension{extension=1 bytes, height=2 sfixed64, round=3 sfixed64,
+   chain_id=4 string}`, uvarint length-delimited — `types.VoteExtensionSignBytes`) under the
+   validator's key, and the signed votes must carry ≥ 2/3 of the voting power.
+4. FinalizeBlock at h+1 applies, per node, the power-weighted lower median of the reported
+   scores, when validators with ≥ 2/3 of the power reported that node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from nacl.exceptions import BadSignatureError
+from nacl.signing import VerifyKey
+
+from abci_app.reputation import SCALE
+from protocol.canonical import canonical_json
+from protocol.errors import ProtocolError
+
+VX_PREFIX = b"\x00planet-vx/v1\n"
+MAX_SCORES = 10_000
+BLOCK_ID_FLAG_COMMIT = 2
+_NODE = re.compile(r"^[0-9a-f]{64}$")
+
+
+class VoteExtensionError(ProtocolError):
+    """A vote extension or the injected extended-commit tx is invalid."""
+
+    code = "bad_vote_extension"
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _sfixed64(value: int) -> bytes:
+    return struct.pack("<q", value)
+
+
+def vote_extension_sign_bytes(chain_id: str, height: int, round_: int, extension: bytes) -> bytes:
+    """CometBFT v0.38 `VoteExtensionSignBytes`: the length-delimited protobuf encoding of
+    `CanonicalVoteExtension` (proto3: zero/empty fields are omitted)."""
+    body = bytearray()
+    if extension:
+        body += b"\x0a" + _uvarint(len(extension)) + extension
+    if height:
+        body += b"\x11" + _sfixed64(height)
+    if round_:
+        body += b"\x19" + _sfixed64(round_)
+    chain = chain_id.encode()
+    if chain:
+        body += b"\x22" + _uvarint(len(chain)) + chain
+    return _uvarint(len(body)) + bytes(body)
+
+
+# --- the extension itself -----------------------------------------------------------------------
+
+
+def encode_extension(epoch: int, scores: dict[str, int]) -> bytes:
+    return canonical_json({"epoch": epoch, "scores": dict(sorted(scores.items()))})
+
+
+def parse_scores(doc: Any) -> dict[str, int]:
+    """Validate a `{node key hex: C at 10**6}` mapping."""
+    if not isinstance(doc, dict) or len(doc) > MAX_SCORES:
+        raise VoteExtensionError(f"scores: expected an object of ≤ {MAX_SCORES} entries")
+    for node, value in doc.items():
+        if not _NODE.match(node):
+            raise VoteExtensionError(f"scores: bad node key {node!r}"[:120])
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SCALE:
+            raise VoteExtensionError(f"scores[{node}]: expected an integer in [0, {SCALE}]")
+    return doc
+
+
+def parse_extension(raw: bytes, height: int, epoch_length: int) -> dict[str, int]:
+    """The scores in a vote extension made at `height`; `{}` for an empty extension.
+    Non-empty extensions are only valid at epoch-closing heights, for that epoch."""
+    if not raw:
+        return {}
+    if height % epoch_length != 0:
+        raise VoteExtensionError(
+            f"height {height} does not close an epoch: extension must be empty"
+        )
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise VoteExtensionError(f"not JSON ({error})") from None
+    if not isinstance(doc, dict) or set(doc) != {"epoch", "scores"}:
+        raise VoteExtensionError("expected {epoch, scores}")
+    if doc["epoch"] != height // epoch_length:
+        raise VoteExtensionError(f"epoch {doc['epoch']!r} is not {height // epoch_length}")
+    scores = parse_scores(doc["scores"])
+    if canonical_json(doc) != raw:
+        raise VoteExtensionError("extension is not canonical JSON")
+    return scores
+
+
+# --- the injected extended-commit tx ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExtVote:
+    """One validator's vote in the extended commit of the previous height."""
+
+    address: str  # CometBFT validator address, uppercase hex
+    power: int
+    extension: bytes
+    signature: bytes
+    flag: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "address": self.address,
+            "extension": self.extension.hex(),
+            "flag": self.flag,
+            "power": self.power,
+            "signature": self.signature.hex(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendedCommit:
+    height: int  # the height whose votes these are (block height − 1)
+    round: int
+    votes: tuple[ExtVote, ...]
+
+    def encode(self) -> bytes:
+        return VX_PREFIX + canonical_json(
+            {"height": self.height, "round": self.round, "votes": [v.to_json() for v in self.votes]}
+        )
+
+
+def is_vx_tx(raw: bytes) -> bool:
+    return raw.startswith(VX_PREFIX)
+
+
+def decode_vx_tx(raw: bytes) -> ExtendedCommit:
+    if not is_vx_tx(raw):
+        raise VoteExtensionError("not an extended-commit tx")
+    try:
+        doc = json.loads(raw[len(VX_PREFIX) :])
+        votes = tuple(
+            ExtVote(
+                address=str(v["address"]),
+                power=int(v["power"]),
+                extension=bytes.fromhex(v["extension"]),
+                signature=bytes.fromhex(v["signature"]),
+                flag=int(v["flag"]),
+            )
+            for v in doc["votes"]
+        )
+        commit = ExtendedCommit(height=int(doc["height"]), round=int(doc["round"]), votes=votes)
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise VoteExtensionError(f"malformed extended-commit tx ({error!r})") from None
+    if commit.encode() != raw:
+        raise VoteExtensionError("extended-commit tx is not canonical")
+    return commit
+
+
+def verify_extended_commit(
+    commit: ExtendedCommit,
+    chain_id: str,
+    validators: dict[str, tuple[bytes, int]],
+    epoch_length: int,
+) -> dict[str, dict[str, int]]:
+    """Check every vote's signature and format, and ≥ 2/3 of the power; returns
+    {validator address: scores} of the signed votes. `validators`: address → (pubkey, power)."""
+    total = sum(power for _, power in validators.values())
+    seen: set[str] = set()
+    signed_power = 0
+    scores: dict[str, dict[str, int]] = {}
+    for vote in commit.votes:
+        if vote.address in seen:
+            raise VoteExtensionError(f"validator {vote.address} appears twice")
+        seen.add(vote.address)
+        if vote.address not in validators:
+            raise VoteExtensionError(f"unknown validator {vote.address}")
+        pubkey, power = validators[vote.address]
+        if vote.power != power:
+            raise VoteExtensionError(f"validator {vote.address}: power {vote.power} != {power}")
+        if vote.flag != BLOCK_ID_FLAG_COMMIT:
+            if vote.extension or vote.signature:
+                raise VoteExtensionError(f"validator {vote.address}: extension without a commit")
+            continue
+        sign_bytes = vote_extension_sign_bytes(
+            chain_id, commit.height, commit.round, vote.extension
+        )
+        try:
+            VerifyKey(pubkey).verify(sign_bytes, vote.signature)
+        except (BadSignatureError, ValueError):
+            raise VoteExtensionError(f"validator {vote.address}: bad extension signature") from None
+        scores[vote.address] = parse_extension(vote.extension, commit.height, epoch_length)
+        signed_power += power
+    if 3 * signed_power < 2 * total:
+        raise VoteExtensionError(f"signed power {signed_power} of {total} is below 2/3")
+    return scores
+
+
+def weighted_lower_median(values: list[tuple[int, int]]) -> int:
+    """The smallest value v such that the power of values ≤ v is at least half the total
+    (ties broken by value only, so the input order never matters)."""
+    if not values:
+        raise ValueError("weighted_lower_median of nothing")
+    ordered = sorted(values)
+    total = sum(power for _, power in ordered)
+    running = 0
+    for value, power in ordered:
+        running += power
+        if 2 * running >= total:
+            return value
+    return ordered[-1][0]  # pragma: no cover - unreachable (running reaches total)
+
+
+def agreed_scores(
+    reports: dict[str, dict[str, int]], powers: dict[str, int], total_power: int
+) -> dict[str, int]:
+    """Per node, the weighted lower median of the reported scores, only for nodes reported by
+    validators holding ≥ 2/3 of `total_power`."""
+    per_node: dict[str, list[tuple[int, int]]] = {}
+    for validator, scores in reports.items():
+        for node, value in scores.items():
+            per_node.setdefault(node, []).append((value, powers[validator]))
+    agreed: dict[str, int] = {}
+    for node in sorted(per_node):
+        values = per_node[node]
+        if 3 * sum(power for _, power in values) >= 2 * total_power:
+            agreed[node] = weighted_lower_median(values)
+    return agreed

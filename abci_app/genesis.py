@@ -1,0 +1,146 @@
+"""Genesis parameters of the committee chain, parsed once from InitChain's `app_state` JSON.
+
+    {
+      "epoch_length": 20,                 # blocks per epoch (epoch e = heights (e-1)·L+1 .. e·L)
+      "heartbeat_timeout": 30,            # a JOIN/SERVING node whose last heartbeat is more than
+                                          #   this many blocks old becomes DOWN
+      "challenges_per_epoch": 0,          # nodes challenged per epoch (0 = every SERVING node)
+      "min_stake": {"compute": "1000000000000000000", "verifier": "500000000000000000"},  # wei
+      "reputation": {"tau": 300000, "untrusted_below": 400000, "initial": 500000,
+                     "alpha": 400000, "beta": 600000, "window": 5,
+                     "gamma_num": 1, "gamma_den": 5},  # integers at 10**6, see reputation.py
+      "models": {"smollm2-135m": {"shards": 3}},              # optional: shard count per model
+      "evm": {"chain_id": 31337, "committee_address": "0x…"},  # EIP-712 domain of verdicts
+      "validators": {"<validator address hex | base64 pub_key>": "0x<operator EVM address>"}
+    }
+
+Every field is optional (defaults above; without `evm`, verdict votes are refused). Unknown
+keys are rejected so a typo cannot silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from abci_app.reputation import ReputationParams
+from protocol.errors import ConfigError
+
+_KEYS = {
+    "epoch_length",
+    "heartbeat_timeout",
+    "challenges_per_epoch",
+    "min_stake",
+    "reputation",
+    "models",
+    "evm",
+    "validators",
+}
+DEFAULT_MIN_STAKE = {"compute": 10**18, "verifier": 5 * 10**17}
+
+
+def _int(doc: dict[str, Any], key: str, default: int, lo: int = 0) -> int:
+    value = doc.get(key, default)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ConfigError(f"genesis app_state.{key}: expected an integer ≥ {lo}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Genesis:
+    epoch_length: int = 20
+    heartbeat_timeout: int = 30
+    challenges_per_epoch: int = 0
+    min_stake: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_MIN_STAKE))
+    reputation: ReputationParams = field(default_factory=ReputationParams)
+    models: dict[str, int] = field(default_factory=dict)
+    evm_chain_id: int | None = None
+    committee_address: str | None = None
+    operators: dict[str, str] = field(default_factory=dict)  # raw key → operator address
+
+    @classmethod
+    def parse(cls, app_state: bytes) -> Genesis:
+        if not app_state.strip():
+            return cls()
+        try:
+            doc = json.loads(app_state)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ConfigError(f"genesis app_state is not JSON ({error})") from None
+        if not isinstance(doc, dict):
+            raise ConfigError("genesis app_state: expected an object")
+        unknown = set(doc) - _KEYS
+        if unknown:
+            raise ConfigError(f"genesis app_state: unknown keys {sorted(unknown)}")
+        rep = doc.get("reputation", {})
+        try:
+            reputation = ReputationParams(**rep)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"genesis app_state.reputation: {error}") from None
+        min_stake = dict(DEFAULT_MIN_STAKE)
+        for role, amount in doc.get("min_stake", {}).items():
+            if role not in min_stake or not str(amount).isdigit():
+                raise ConfigError(f"genesis app_state.min_stake.{role}: bad entry {amount!r}")
+            min_stake[role] = int(amount)
+        models: dict[str, int] = {}
+        for model, spec in doc.get("models", {}).items():
+            shards = spec.get("shards") if isinstance(spec, dict) else None
+            if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+                raise ConfigError(
+                    f"genesis app_state.models.{model}.shards: expected an integer ≥ 1"
+                )
+            models[model] = shards
+        evm = doc.get("evm") or {}
+        chain_id = evm.get("chain_id")
+        committee = evm.get("committee_address")
+        if evm and (not isinstance(chain_id, int) or not isinstance(committee, str)):
+            raise ConfigError("genesis app_state.evm: expected {chain_id: int, committee_address}")
+        operators: dict[str, str] = {}
+        for key, value in (doc.get("validators") or {}).items():
+            operator = value.get("operator") if isinstance(value, dict) else value
+            if (
+                not isinstance(operator, str)
+                or not operator.startswith("0x")
+                or len(operator) != 42
+            ):
+                raise ConfigError(f"genesis app_state.validators.{key}: expected an EVM address")
+            operators[key] = operator
+        return cls(
+            epoch_length=_int(doc, "epoch_length", 20, 1),
+            heartbeat_timeout=_int(doc, "heartbeat_timeout", 30, 1),
+            challenges_per_epoch=_int(doc, "challenges_per_epoch", 0),
+            min_stake=min_stake,
+            reputation=reputation,
+            models=models,
+            evm_chain_id=chain_id,
+            committee_address=committee,
+            operators=operators,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The parsed parameters as stored in state (and answered by the `/params` query)."""
+        rep = self.reputation
+        return {
+            "epoch_length": self.epoch_length,
+            "heartbeat_timeout": self.heartbeat_timeout,
+            "challenges_per_epoch": self.challenges_per_epoch,
+            "min_stake": {role: str(amount) for role, amount in sorted(self.min_stake.items())},
+            "reputation": {name: getattr(rep, name) for name in rep.__dataclass_fields__},
+            "models": {model: {"shards": n} for model, n in sorted(self.models.items())},
+            "evm": (
+                {"chain_id": self.evm_chain_id, "committee_address": self.committee_address}
+                if self.committee_address
+                else None
+            ),
+            "validators": dict(sorted(self.operators.items())),
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Genesis:
+        """Inverse of `to_json` (used when the app restarts from its store)."""
+        stored = dict(doc)
+        if stored.get("evm") is None:
+            stored.pop("evm", None)
+        return cls.parse(json.dumps(stored).encode())

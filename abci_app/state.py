@@ -1,0 +1,397 @@
+"""The committee chain's deterministic state machine (no I/O besides its `Store`).
+
+State is a set of namespaced JSON entries (`ns`, `key`) → value, all integers/strings/lists/
+objects (no floats). Reads go through three layers: the current tx's writes, the current block's
+writes, then the committed state. A tx's writes are merged into the block only when it succeeds
+(every handler is atomic); its nonce is consumed as soon as signature and nonce are valid.
+
+App hash (computed incrementally, never by rehashing all state):
+
+    app_hash(0) = sha256("planet-committee/genesis" ‖ digest(InitChain writes))
+    app_hash(h) = sha256(app_hash(h−1) ‖ uint64_be(h) ‖ digest(block h's writes))
+    digest(W)   = sha256 over the writes sorted by (ns, key) of
+                  ns ‖ 0x00 ‖ key ‖ 0x00 ‖ (canonical JSON value | 0xff for a deletion) ‖ 0x01
+
+Block lifecycle: `begin_block` → `deliver_tx`… → `end_block` (heartbeat timeouts, epoch
+change; returns the app hash) → `commit` (one SQLite transaction). CheckTx is `check_tx`:
+decode, ed25519 (and EIP-191 for registrations) signature and nonce against committed state only.
+Decoded, verified txs are cached by their bytes so ProcessProposal and FinalizeBlock do not
+verify twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from abci_app import epochs, extensions, handlers
+from abci_app.codes import Code, Rejected
+from abci_app.genesis import Genesis
+from abci_app.store import Store
+from protocol.committee import (
+    RegisterNode,
+    SignedTx,
+    TxDecodeError,
+    TxSignatureError,
+    decode,
+    recover_registration,
+)
+from protocol.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+_DELETED = object()
+_CACHE_LIMIT = 200_000
+
+
+def validator_address(pubkey: bytes) -> str:
+    """CometBFT's ed25519 validator address: first 20 bytes of sha256(pubkey), uppercase hex."""
+    return hashlib.sha256(pubkey).digest()[:20].hex().upper()
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TxResult:
+    code: Code
+    log: str = ""
+    events: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    data: bytes = b""
+
+
+class State:
+    """The committee state machine over a `Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.height, self.app_hash, self.db = store.load()
+        self.block_height = 0
+        self.block_hash = b""
+        self._block: dict[tuple[str, str], Any] = {}
+        self._tx: dict[tuple[str, str], Any] | None = None
+        self._unpersisted: list[tuple[str, str, str | None]] = []
+        self._events: list[tuple[str, tuple[tuple[str, str], ...]]] = []
+        self._cache: dict[bytes, SignedTx] = {}
+        self._load_meta()
+
+    def _load_meta(self) -> None:
+        meta = self.db.get("meta", {})
+        self.chain_id: str = meta.get("chain_id", "")
+        self.ve_enable_height: int = meta.get("ve_enable_height", 0)
+        self.genesis = Genesis.from_json(meta["genesis"]) if "genesis" in meta else Genesis()
+        self.validators: list[dict[str, Any]] = meta.get("validators", [])
+        self.by_address = {v["address"]: v for v in self.validators}
+        self.by_pubkey = {v["pub_key"]: v for v in self.validators}
+        self.total_power = sum(v["power"] for v in self.validators)
+
+    # --- reads and writes ---------------------------------------------------------------------
+
+    def get(self, ns: str, key: str) -> Any:
+        """Current value (tx → block → committed); None when absent. Never mutate the result."""
+        item = (ns, key)
+        if self._tx is not None and item in self._tx:
+            value = self._tx[item]
+            return None if value is _DELETED else value
+        if item in self._block:
+            value = self._block[item]
+            return None if value is _DELETED else value
+        return self.db.get(ns, {}).get(key)
+
+    def committed(self, ns: str, key: str) -> Any:
+        return self.db.get(ns, {}).get(key)
+
+    def put(self, ns: str, key: str, value: Any) -> None:
+        target = self._tx if self._tx is not None else self._block
+        target[(ns, key)] = value
+
+    def delete(self, ns: str, key: str) -> None:
+        target = self._tx if self._tx is not None else self._block
+        target[(ns, key)] = _DELETED
+
+    def keys(self, ns: str) -> list[str]:
+        """Sorted keys of `ns` as the current block sees them (committed + staged)."""
+        keys = set(self.db.get(ns, {}))
+        for layer in (self._block, self._tx or {}):
+            for (n, k), value in layer.items():
+                if n == ns:
+                    if value is _DELETED:
+                        keys.discard(k)
+                    else:
+                        keys.add(k)
+        return sorted(keys)
+
+    def committed_items(self, ns: str) -> Iterator[tuple[str, Any]]:
+        return iter(sorted(self.db.get(ns, {}).items()))
+
+    def emit(self, kind: str, **attributes: Any) -> None:
+        self._events.append((kind, tuple((k, str(v)) for k, v in sorted(attributes.items()))))
+
+    # --- validators ---------------------------------------------------------------------------
+
+    def validator_by_signer(self, signer: str) -> dict[str, Any] | None:
+        return self.by_pubkey.get(signer)
+
+    def has_two_thirds(self, power: int) -> bool:
+        return 3 * power >= 2 * self.total_power
+
+    def validator_keys(self) -> dict[str, tuple[bytes, int]]:
+        return {v["address"]: (bytes.fromhex(v["pub_key"]), v["power"]) for v in self.validators}
+
+    # --- genesis ------------------------------------------------------------------------------
+
+    def init_chain(
+        self,
+        chain_id: str,
+        validators: list[tuple[bytes, int]],
+        app_state: bytes,
+        ve_enable_height: int,
+    ) -> bytes:
+        """Install genesis; returns app_hash(0). The writes persist with the first Commit."""
+        genesis = Genesis.parse(app_state)
+        records = []
+        for pubkey, power in validators:
+            address = validator_address(pubkey)
+            operator = (
+                genesis.operators.get(address)
+                or genesis.operators.get(address.lower())
+                or genesis.operators.get(base64.b64encode(pubkey).decode())
+            )
+            records.append(
+                {"address": address, "pub_key": pubkey.hex(), "power": power, "operator": operator}
+            )
+        records.sort(key=lambda v: v["address"])
+        self._block = {}
+        self.put("meta", "chain_id", chain_id)
+        self.put("meta", "ve_enable_height", ve_enable_height)
+        self.put("meta", "genesis", genesis.to_json())
+        self.put("meta", "validators", records)
+        for (ns, key), value in self._block.items():
+            self.db.setdefault(ns, {})[key] = value
+        self._load_meta()
+        epochs.open_first_epoch(self)
+        digest, writes = self._digest_block()
+        self._apply_block()
+        self._unpersisted = writes
+        self.app_hash = hashlib.sha256(b"planet-committee/genesis" + digest).digest()
+        log.info(
+            "init_chain chain_id=%s validators=%d app_hash=%s",
+            chain_id,
+            len(records),
+            self.app_hash.hex(),
+        )
+        return self.app_hash
+
+    # --- stateless checks (CheckTx, proposals) ------------------------------------------------
+
+    def decode_verified(self, raw: bytes) -> SignedTx:
+        """Decode and check signatures (cached by bytes); raises ProtocolError subclasses."""
+        tx = self._cache.get(raw)
+        if tx is not None:
+            return tx
+        tx = decode(raw)
+        tx.verify()
+        if isinstance(tx.body, RegisterNode):
+            try:
+                signer = recover_registration(tx.signer, tx.body.evm_signature)
+            except ProtocolError as error:
+                raise RegistrationSignatureError(str(error)) from None
+            if signer.lower() != tx.body.evm_address.lower():
+                raise RegistrationSignatureError(f"recovered {signer}, not {tx.body.evm_address}")
+        if len(self._cache) >= _CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[raw] = tx
+        return tx
+
+    def check_tx(self, raw: bytes) -> TxResult:
+        """Mempool admission: format, signatures, nonce vs committed state."""
+        if extensions.is_vx_tx(raw):
+            return TxResult(
+                Code.RESERVED_TX, "the extended-commit tx is injected by proposers only"
+            )
+        try:
+            tx = self.decode_verified(raw)
+        except ProtocolError as error:
+            return TxResult(_code_of(error), error.message)
+        last = self.committed("acct", tx.signer) or 0
+        if tx.nonce <= last:
+            return TxResult(Code.BAD_NONCE, f"nonce {tx.nonce} ≤ last committed nonce {last}")
+        return TxResult(Code.OK)
+
+    # --- proposals ----------------------------------------------------------------------------
+
+    def vx_required(self, height: int) -> bool:
+        """Whether block `height` must start with the extended-commit tx: the previous height
+        closed an epoch and had vote extensions enabled."""
+        previous = height - 1
+        return (
+            self.ve_enable_height > 0
+            and previous >= self.ve_enable_height
+            and previous >= 1
+            and previous % self.genesis.epoch_length == 0
+        )
+
+    def prepare_proposal(
+        self, height: int, txs: list[bytes], max_bytes: int, vx: bytes | None
+    ) -> list[bytes]:
+        out: list[bytes] = []
+        size = 0
+        if vx is not None and self.vx_required(height):
+            out.append(vx)
+            size += len(vx)
+        for raw in txs:
+            if extensions.is_vx_tx(raw):
+                continue
+            try:
+                self.decode_verified(raw)
+            except ProtocolError:
+                continue
+            if size + len(raw) > max_bytes:
+                break
+            out.append(raw)
+            size += len(raw)
+        return out
+
+    def process_proposal(self, height: int, txs: list[bytes]) -> tuple[bool, str]:
+        """Accept only well-formed, correctly signed txs, with the extended-commit tx exactly
+        where required (first) and carrying ≥ 2/3 power of valid extension signatures."""
+        body = txs
+        if self.vx_required(height):
+            if not txs or not extensions.is_vx_tx(txs[0]):
+                return False, "missing extended-commit tx"
+            try:
+                commit = extensions.decode_vx_tx(txs[0])
+                if commit.height != height - 1:
+                    return False, f"extended commit is for height {commit.height}"
+                extensions.verify_extended_commit(
+                    commit, self.chain_id, self.validator_keys(), self.genesis.epoch_length
+                )
+            except extensions.VoteExtensionError as error:
+                return False, error.message
+            body = txs[1:]
+        for index, raw in enumerate(body):
+            if extensions.is_vx_tx(raw):
+                return False, f"tx {index}: unexpected extended-commit tx"
+            try:
+                self.decode_verified(raw)
+            except ProtocolError as error:
+                return False, f"tx {index}: {error.message}"
+        return True, ""
+
+    # --- blocks -------------------------------------------------------------------------------
+
+    def begin_block(self, height: int, block_hash: bytes) -> None:
+        if height != self.height + 1:
+            log.warning("begin_block height=%d after committed height=%d", height, self.height)
+        self.block_height = height
+        self.block_hash = block_hash
+        self._block = {}
+
+    def deliver_tx(self, raw: bytes, index: int) -> TxResult:
+        """Execute one tx of the current block."""
+        self._events = []
+        if extensions.is_vx_tx(raw):
+            return self._deliver_vx(raw, index)
+        try:
+            tx = self.decode_verified(raw)
+        except ProtocolError as error:
+            return TxResult(_code_of(error), error.message)
+        last = self.get("acct", tx.signer) or 0
+        if tx.nonce <= last:
+            return TxResult(Code.BAD_NONCE, f"nonce {tx.nonce} ≤ last nonce {last}")
+        self.put("acct", tx.signer, tx.nonce)
+        self._cache.pop(raw, None)
+        handler: Callable[[State, SignedTx], None] = handlers.HANDLERS[tx.type]
+        self._tx = {}
+        try:
+            handler(self, tx)
+        except Rejected as rejected:
+            self._tx = None
+            return TxResult(rejected.code, rejected.message)
+        writes, self._tx = self._tx, None
+        self._block.update(writes)
+        events = (("planet.tx", (("signer", tx.signer), ("type", tx.type))), *self._events)
+        return TxResult(Code.OK, "", tuple(events))
+
+    def _deliver_vx(self, raw: bytes, index: int) -> TxResult:
+        if index != 0 or not self.vx_required(self.block_height):
+            return TxResult(Code.BAD_VOTE_EXTENSIONS, "extended-commit tx not allowed here")
+        try:
+            commit = extensions.decode_vx_tx(raw)
+            reports = extensions.verify_extended_commit(
+                commit, self.chain_id, self.validator_keys(), self.genesis.epoch_length
+            )
+        except extensions.VoteExtensionError as error:
+            return TxResult(Code.BAD_VOTE_EXTENSIONS, error.message)
+        powers = {v["address"]: v["power"] for v in self.validators}
+        agreed = extensions.agreed_scores(reports, powers, self.total_power)
+        epoch = commit.height // self.genesis.epoch_length
+        applied = epochs.apply_reputation(self, epoch, agreed)
+        self.emit("planet.reputation", epoch=epoch, applied=applied, reporters=len(reports))
+        return TxResult(Code.OK, "", tuple(self._events))
+
+    def end_block(self) -> bytes:
+        """Deterministic end-of-block rules, then the new app hash (not yet persisted)."""
+        self._events = []
+        epochs.expire_heartbeats(self, self.block_height)
+        if self.block_height % self.genesis.epoch_length == 0:
+            epochs.close_epoch(self, self.block_height, self.block_hash)
+        digest, writes = self._digest_block()
+        self._pending_writes = writes
+        self._pending_hash = hashlib.sha256(
+            self.app_hash + self.block_height.to_bytes(8, "big") + digest
+        ).digest()
+        return self._pending_hash
+
+    def commit(self) -> None:
+        """Make the finalized block the committed state and persist it (one transaction)."""
+        writes = self._pending_writes
+        self._apply_block()
+        self.height = self.block_height
+        self.app_hash = self._pending_hash
+        self.store.commit(self.height, self.app_hash, self._unpersisted + writes)
+        self._unpersisted = []
+        self._block = {}
+        self._pending_writes = []
+
+    def _digest_block(self) -> tuple[bytes, list[tuple[str, str, str | None]]]:
+        digest = hashlib.sha256()
+        writes: list[tuple[str, str, str | None]] = []
+        for ns, key in sorted(self._block):
+            value = self._block[(ns, key)]
+            text = None if value is _DELETED else _json(value)
+            writes.append((ns, key, text))
+            digest.update(ns.encode() + b"\x00" + key.encode() + b"\x00")
+            digest.update(b"\xff" if text is None else text.encode())
+            digest.update(b"\x01")
+        return digest.digest(), writes
+
+    def _apply_block(self) -> None:
+        for (ns, key), value in self._block.items():
+            if value is _DELETED:
+                self.db.get(ns, {}).pop(key, None)
+            else:
+                self.db.setdefault(ns, {})[key] = value
+        self._block = {}
+
+
+class RegistrationSignatureError(ProtocolError):
+    """The EIP-191 signature of a registration does not recover to its EVM address."""
+
+    code = "bad_evm_signature"
+
+
+def _code_of(error: ProtocolError) -> Code:
+    if isinstance(error, TxSignatureError):
+        return Code.BAD_SIGNATURE
+    if isinstance(error, RegistrationSignatureError):
+        return Code.BAD_EVM_SIGNATURE
+    if isinstance(error, TxDecodeError):
+        return Code.MALFORMED_TX
+    return Code.MALFORMED_TX

@@ -1,0 +1,531 @@
+"""Committee-chain transactions: the shared vocabulary of the ABCI app and its clients.
+
+Wire format (one CometBFT tx = the UTF-8 bytes of one canonical JSON object, see
+`protocol.canonical`: sorted keys, no whitespace, no floats):
+
+    {"body": {...}, "nonce": 7, "sig": "<128 hex>", "signer": "<64 hex>", "type": "heartbeat"}
+
+- `signer`: the ed25519 public key (32 bytes, lowercase hex) of a node key or a validator's
+  CometBFT consensus key. It is also the account id (nonces are per signer).
+- `nonce`: strictly greater than the signer's last committed nonce (gaps allowed), < 2**63.
+- `sig`: ed25519 signature over `SIGN_DOMAIN + canonical_json({body, nonce, signer, type})`.
+- `body`: the type's fields (below). Integers that may exceed 2**53 (`amount`) are decimal
+  strings; 32-byte values are `0x`-hex; EVM addresses are 0x-hex (checksum spelling on output).
+- A tx whose bytes are not exactly the canonical encoding is rejected (no malleable tx hashes).
+
+Tx types (`type` → dataclass):
+
+    register_node   RegisterNode   node key + EVM address (EIP-191 signature) + role + model/shards
+    heartbeat       Heartbeat      keeps a node SERVING (JOIN/DOWN → SERVING)
+    leave           Leave          SERVING/JOIN/DOWN → LEFT (final)
+    attest_stake    AttestStake    a validator saw `amount` wei staked by `node` on the EVM chain
+    commit          CommitBatch    many (session, step, shard, commitment) records
+    reveal          RevealBatch    many (session, step, shard, output_hash, salt) openings
+    share_block     ShareBlockTx   one share-chain block (`shares.block.ShareBlock`)
+    verdict_vote    VerdictVote    a validator's EIP-712 signature over a `Verdict`
+
+`TxDecodeError` (malformed bytes or fields) and `TxSignatureError` (bad ed25519 signature) are
+typed `ProtocolError`s; the ABCI app maps them to named result codes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from nacl.exceptions import BadSignatureError
+from nacl.signing import SigningKey, VerifyKey
+
+from protocol.canonical import canonical_json
+from protocol.errors import ProtocolError
+from shares.block import ShareBlock
+
+SIGN_DOMAIN = b"planet-committee-tx/v1\n"
+EIP191_REGISTER_PREFIX = "Planet node registration\nnode key: "
+MAX_TX_BYTES = 64 * 1024
+MAX_BATCH = 1024
+MAX_NONCE = (1 << 63) - 1
+ROLES = ("compute", "verifier")
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX32_0X = re.compile(r"^0x[0-9a-f]{64}$")
+_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
+_SIG65 = re.compile(r"^0x[0-9a-f]{130}$")
+_NAME = re.compile(r"^[A-Za-z0-9._:/@+-]{1,128}$")
+
+
+class TxDecodeError(ProtocolError):
+    """The tx bytes are not a well-formed committee tx; `reason` says which rule failed."""
+
+    code = "tx_malformed"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"malformed committee tx: {reason}")
+        self.reason = reason
+
+
+class TxSignatureError(ProtocolError):
+    """The ed25519 signature does not verify under the tx's `signer`."""
+
+    code = "tx_bad_signature"
+
+    def __init__(self, signer: str) -> None:
+        super().__init__(f"bad ed25519 signature for signer {signer}")
+        self.signer = signer
+
+
+# --- field checks -------------------------------------------------------------------------------
+
+
+def _obj(value: Any, where: str, keys: set[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TxDecodeError(f"{where}: expected an object")
+    if set(value) != keys:
+        raise TxDecodeError(f"{where}: expected keys {sorted(keys)}, got {sorted(value)}")
+    return value
+
+
+def _int(value: Any, where: str, lo: int = 0, hi: int = MAX_NONCE) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise TxDecodeError(f"{where}: expected an integer in [{lo}, {hi}]")
+    return value
+
+
+def _str(value: Any, where: str, pattern: re.Pattern[str], max_len: int = 256) -> str:
+    if not isinstance(value, str) or len(value) > max_len or not pattern.match(value):
+        raise TxDecodeError(f"{where}: bad value {value!r}"[:200])
+    return value
+
+
+def _uint256_str(value: Any, where: str) -> int:
+    if not isinstance(value, str) or not value.isdigit() or len(value) > 78:
+        raise TxDecodeError(f"{where}: expected a decimal string")
+    if value != str(int(value)):
+        raise TxDecodeError(f"{where}: leading zeros")
+    number = int(value)
+    if number >= 1 << 256:
+        raise TxDecodeError(f"{where}: exceeds uint256")
+    return number
+
+
+def _list(value: Any, where: str, max_len: int = MAX_BATCH) -> list[Any]:
+    if not isinstance(value, list) or not 0 < len(value) <= max_len:
+        raise TxDecodeError(f"{where}: expected a list of 1..{max_len} items")
+    return value
+
+
+# --- tx bodies ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterNode:
+    """Register the signer's node key, bound to `evm_address` by an EIP-191 signature over
+    `registration_message(signer)` made with that address's key."""
+
+    evm_address: str
+    evm_signature: str
+    role: str
+    model: str
+    shards: tuple[int, ...]
+    endpoint: str
+    capacity: int
+
+    TYPE: ClassVar[str] = "register_node"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "capacity": self.capacity,
+            "endpoint": self.endpoint,
+            "evm_address": self.evm_address,
+            "evm_signature": self.evm_signature,
+            "model": self.model,
+            "role": self.role,
+            "shards": list(self.shards),
+        }
+
+    @classmethod
+    def from_json(cls, body: Any) -> RegisterNode:
+        keys = {"capacity", "endpoint", "evm_address", "evm_signature", "model", "role", "shards"}
+        b = _obj(body, "body", keys)
+        role = b["role"]
+        if role not in ROLES:
+            raise TxDecodeError(f"body.role: expected one of {ROLES}")
+        shards = tuple(
+            _int(s, "body.shards[]", 0, 65535) for s in _list(b["shards"], "shards", 256)
+        )
+        if list(shards) != sorted(set(shards)):
+            raise TxDecodeError("body.shards: must be strictly ascending")
+        endpoint = b["endpoint"]
+        if (
+            not isinstance(endpoint, str)
+            or not 0 < len(endpoint) <= 256
+            or not endpoint.isprintable()
+        ):
+            raise TxDecodeError("body.endpoint: expected a printable string of 1..256 chars")
+        return cls(
+            evm_address=_str(b["evm_address"], "body.evm_address", _ADDRESS),
+            evm_signature=_str(b["evm_signature"], "body.evm_signature", _SIG65),
+            role=role,
+            model=_str(b["model"], "body.model", _NAME),
+            shards=shards,
+            endpoint=endpoint,
+            capacity=_int(b["capacity"], "body.capacity", 1, 1_000_000),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The node is alive and serving (no fields)."""
+
+    TYPE: ClassVar[str] = "heartbeat"
+
+    def to_json(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_json(cls, body: Any) -> Heartbeat:
+        _obj(body, "body", set())
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """The node leaves for good (LEFT is final)."""
+
+    TYPE: ClassVar[str] = "leave"
+
+    def to_json(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_json(cls, body: Any) -> Leave:
+        _obj(body, "body", set())
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class AttestStake:
+    """A validator attests that `node`'s EVM address has `amount` wei staked."""
+
+    node: str
+    amount: int
+
+    TYPE: ClassVar[str] = "attest_stake"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"amount": str(self.amount), "node": self.node}
+
+    @classmethod
+    def from_json(cls, body: Any) -> AttestStake:
+        b = _obj(body, "body", {"amount", "node"})
+        return cls(
+            node=_str(b["node"], "body.node", _HEX64), amount=_uint256_str(b["amount"], "amount")
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CommitmentRecord:
+    """One commitment: `commitment = keccak256(abi.encode(session, step, shard, output_hash,
+    salt))` (see `protocol.eip712.commitment_value`)."""
+
+    session: str
+    step: int
+    shard: int
+    commitment: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "commitment": self.commitment,
+            "session": self.session,
+            "shard": self.shard,
+            "step": self.step,
+        }
+
+    @classmethod
+    def from_json(cls, item: Any) -> CommitmentRecord:
+        b = _obj(item, "commitment", {"commitment", "session", "shard", "step"})
+        return cls(
+            session=_str(b["session"], "session", _HEX32_0X),
+            step=_int(b["step"], "step", 0, (1 << 64) - 1),
+            shard=_int(b["shard"], "shard", 0, (1 << 32) - 1),
+            commitment=_str(b["commitment"], "commitment", _HEX32_0X),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CommitBatch:
+    """Many commitments in one tx (no two for the same session/step/shard)."""
+
+    commitments: tuple[CommitmentRecord, ...]
+
+    TYPE: ClassVar[str] = "commit"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"commitments": [c.to_json() for c in self.commitments]}
+
+    @classmethod
+    def from_json(cls, body: Any) -> CommitBatch:
+        b = _obj(body, "body", {"commitments"})
+        items = tuple(CommitmentRecord.from_json(i) for i in _list(b["commitments"], "commitments"))
+        if len({(c.session, c.step, c.shard) for c in items}) != len(items):
+            raise TxDecodeError("body.commitments: duplicate (session, step, shard)")
+        return cls(items)
+
+
+@dataclass(frozen=True, slots=True)
+class RevealRecord:
+    """The opening of one commitment."""
+
+    session: str
+    step: int
+    shard: int
+    output_hash: str
+    salt: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "output_hash": self.output_hash,
+            "salt": self.salt,
+            "session": self.session,
+            "shard": self.shard,
+            "step": self.step,
+        }
+
+    @classmethod
+    def from_json(cls, item: Any) -> RevealRecord:
+        b = _obj(item, "reveal", {"output_hash", "salt", "session", "shard", "step"})
+        return cls(
+            session=_str(b["session"], "session", _HEX32_0X),
+            step=_int(b["step"], "step", 0, (1 << 64) - 1),
+            shard=_int(b["shard"], "shard", 0, (1 << 32) - 1),
+            output_hash=_str(b["output_hash"], "output_hash", _HEX32_0X),
+            salt=_str(b["salt"], "salt", _HEX32_0X),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RevealBatch:
+    """Many reveals in one tx; each must match a commitment by the same node."""
+
+    reveals: tuple[RevealRecord, ...]
+
+    TYPE: ClassVar[str] = "reveal"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reveals": [r.to_json() for r in self.reveals]}
+
+    @classmethod
+    def from_json(cls, body: Any) -> RevealBatch:
+        b = _obj(body, "body", {"reveals"})
+        items = tuple(RevealRecord.from_json(i) for i in _list(b["reveals"], "reveals"))
+        if len({(r.session, r.step, r.shard) for r in items}) != len(items):
+            raise TxDecodeError("body.reveals: duplicate (session, step, shard)")
+        return cls(items)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareBlockTx:
+    """Append one block to the share-chain."""
+
+    block: ShareBlock
+
+    TYPE: ClassVar[str] = "share_block"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"block": self.block.to_json()}
+
+    @classmethod
+    def from_json(cls, body: Any) -> ShareBlockTx:
+        b = _obj(body, "body", {"block"})
+        try:
+            return cls(ShareBlock.from_json(b["block"]))
+        except ProtocolError as error:
+            raise TxDecodeError(f"body.block: {error.message}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictVote:
+    """A validator's vote for `Verdict(node, offence, evidenceHash, challenger, nonce)`:
+    `signature` is its operator key's EIP-712 signature (65 bytes r‖s‖v, 0x-hex) under the
+    "Planet Committee" domain from genesis."""
+
+    node: str
+    offence: int
+    evidence_hash: str
+    challenger: str
+    verdict_nonce: int
+    signature: str
+
+    TYPE: ClassVar[str] = "verdict_vote"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "challenger": self.challenger,
+            "evidence_hash": self.evidence_hash,
+            "node": self.node,
+            "offence": self.offence,
+            "signature": self.signature,
+            "verdict_nonce": self.verdict_nonce,
+        }
+
+    @classmethod
+    def from_json(cls, body: Any) -> VerdictVote:
+        keys = {"challenger", "evidence_hash", "node", "offence", "signature", "verdict_nonce"}
+        b = _obj(body, "body", keys)
+        return cls(
+            node=_str(b["node"], "body.node", _ADDRESS),
+            offence=_int(b["offence"], "body.offence", 1, 5),
+            evidence_hash=_str(b["evidence_hash"], "body.evidence_hash", _HEX32_0X),
+            challenger=_str(b["challenger"], "body.challenger", _ADDRESS),
+            verdict_nonce=_int(b["verdict_nonce"], "body.verdict_nonce", 0, (1 << 64) - 1),
+            signature=_str(b["signature"], "body.signature", _SIG65),
+        )
+
+
+TxBody = (
+    RegisterNode
+    | Heartbeat
+    | Leave
+    | AttestStake
+    | CommitBatch
+    | RevealBatch
+    | ShareBlockTx
+    | VerdictVote
+)
+BODY_TYPES: dict[str, Any] = {
+    cls.TYPE: cls
+    for cls in (
+        RegisterNode,
+        Heartbeat,
+        Leave,
+        AttestStake,
+        CommitBatch,
+        RevealBatch,
+        ShareBlockTx,
+        VerdictVote,
+    )
+}
+
+
+# --- the signed envelope ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SignedTx:
+    """A tx body with its signer, nonce and ed25519 signature (`sig` empty until signed)."""
+
+    body: Any
+    signer: str
+    nonce: int
+    sig: str = ""
+    raw: bytes = field(default=b"", compare=False, repr=False)
+
+    @property
+    def type(self) -> str:
+        return self.body.TYPE
+
+    def unsigned_json(self) -> dict[str, Any]:
+        return {
+            "body": self.body.to_json(),
+            "nonce": self.nonce,
+            "signer": self.signer,
+            "type": self.type,
+        }
+
+    def sign_bytes(self) -> bytes:
+        """What the signer signs: `SIGN_DOMAIN + canonical_json(envelope without sig)`."""
+        return SIGN_DOMAIN + canonical_json(self.unsigned_json())
+
+    def encode(self) -> bytes:
+        """The tx bytes sent to CometBFT (canonical JSON with `sig`)."""
+        if not self.sig:
+            raise ProtocolError("encode: tx is not signed")
+        return canonical_json({**self.unsigned_json(), "sig": self.sig})
+
+    def verify(self) -> None:
+        """Check the ed25519 signature; raises `TxSignatureError`."""
+        try:
+            VerifyKey(bytes.fromhex(self.signer)).verify(self.sign_bytes(), bytes.fromhex(self.sig))
+        except (BadSignatureError, ValueError):
+            raise TxSignatureError(self.signer) from None
+
+
+def sign(body: Any, key: SigningKey, nonce: int) -> SignedTx:
+    """Build and sign a tx: `signer` is `key`'s public key."""
+    if type(body).TYPE not in BODY_TYPES:
+        raise ProtocolError(f"sign: unknown body type {type(body).__name__}")
+    _int(nonce, "nonce", 1)
+    unsigned = SignedTx(body=body, signer=key.verify_key.encode().hex(), nonce=nonce)
+    sig = key.sign(unsigned.sign_bytes()).signature.hex()
+    signed = SignedTx(body=body, signer=unsigned.signer, nonce=nonce, sig=sig)
+    return replace(signed, raw=signed.encode())
+
+
+def encode(tx: SignedTx) -> bytes:
+    """Canonical tx bytes (same as `tx.encode()`)."""
+    return tx.encode()
+
+
+def decode(raw: bytes) -> SignedTx:
+    """Parse and validate tx bytes (no signature check: call `.verify()`); raises
+    `TxDecodeError`."""
+    if not isinstance(raw, bytes | bytearray):
+        raise TxDecodeError("expected bytes")
+    if len(raw) > MAX_TX_BYTES:
+        raise TxDecodeError(f"tx is {len(raw)} bytes, over the {MAX_TX_BYTES}-byte limit")
+    if raw[:1] != b"{":
+        raise TxDecodeError("not a JSON object")
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise TxDecodeError(f"invalid JSON ({error})") from None
+    envelope = _obj(doc, "tx", {"body", "nonce", "sig", "signer", "type"})
+    kind = envelope["type"]
+    body_cls = BODY_TYPES.get(kind) if isinstance(kind, str) else None
+    if body_cls is None:
+        raise TxDecodeError(f"unknown tx type {kind!r}"[:120])
+    tx = SignedTx(
+        body=body_cls.from_json(envelope["body"]),
+        signer=_str(envelope["signer"], "signer", _HEX64),
+        nonce=_int(envelope["nonce"], "nonce", 1),
+        sig=_str(envelope["sig"], "sig", re.compile(r"^[0-9a-f]{128}$")),
+        raw=bytes(raw),
+    )
+    try:
+        canonical = tx.encode()
+    except ProtocolError as error:
+        raise TxDecodeError(error.message) from None
+    if canonical != raw:
+        raise TxDecodeError("bytes are not the canonical encoding")
+    return tx
+
+
+def registration_message(node_key_hex: str) -> str:
+    """The EIP-191 (personal_sign) text an EVM key signs to bind itself to a node key."""
+    return EIP191_REGISTER_PREFIX + node_key_hex
+
+
+def sign_registration(evm_private_key: bytes | str, node_key_hex: str) -> str:
+    """0x-hex 65-byte EIP-191 signature binding an EVM key to `node_key_hex` (eth-account)."""
+    from eth_account import Account
+    from eth_account.messages import encode_defunct
+
+    signed = Account.sign_message(
+        encode_defunct(text=registration_message(node_key_hex)), evm_private_key
+    )
+    return "0x" + bytes(signed.signature).hex()
+
+
+def recover_registration(node_key_hex: str, signature_hex: str) -> str:
+    """The checksummed EVM address that signed `registration_message(node_key_hex)`;
+    raises `ProtocolError` when the signature does not recover."""
+    from eth_account.messages import encode_defunct
+    from eth_utils import keccak
+
+    from protocol.eip712 import recover_digest
+
+    message = encode_defunct(text=registration_message(node_key_hex))
+    digest = keccak(b"\x19" + message.version + message.header + message.body)
+    return recover_digest(digest, bytes.fromhex(signature_hex[2:]))
