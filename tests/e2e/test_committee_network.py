@@ -1,0 +1,398 @@
+"""The committee chain end to end: 4 real CometBFT validators, each with its own Planet ABCI app
+process, driven only through `planet committee …` (subprocesses) and CometBFT's RPC.
+
+The tests run in file order on one network (module fixture) and build on each other:
+
+1. start-up: all 8 processes alive (kill -0), peers connected, blocks committed;
+2. signed txs (node registrations, batched commitments) committed and visible through queries;
+3. one validator killed (cometbft and app, SIGKILL) under load: blocks keep coming and every tx
+   that CheckTx accepted on a surviving node is in a block with code 0 (a crashed node's own
+   mempool is volatile: load goes to the survivors);
+4. a second validator killed: the chain halts (2 of 4 < 2/3) and the survivors agree on every
+   block hash (no fork);
+5. `planet committee up` restarts both: they catch up and every app reports the same app hash
+   as the chain's headers at the same height;
+6. one app process killed: its cometbft stops with it (CometBFT cannot reconnect to a new app),
+   `up` restarts both, the app replays from its SQLite state to the same app hash.
+
+Ports 27100-27139. Every wait is bounded; the fixture stops every process even on failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eth_account import Account
+from nacl.signing import SigningKey
+
+from abci_app.codes import Code
+from node.chain.committee_rpc import CommitteeRpc, TxRejectedError
+from protocol import committee as txs
+
+pytestmark = pytest.mark.e2e
+
+BASE_PORT = 27100
+VALIDATORS = 4
+EPOCH_LENGTH = 10  # epochs close (and vote extensions are injected) every ~4 s
+
+
+def _planet_command() -> list[str]:
+    script = Path(sys.executable).parent / "planet"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "node.cli.main"]
+
+
+def planet(directory: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `planet committee <args> --dir <directory>`; fails the test with its stderr."""
+    command = [*_planet_command(), "committee", *args, "--dir", str(directory)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{done.stderr}"
+    return done
+
+
+def status(directory: Path) -> dict[str, Any]:
+    return json.loads(planet(directory, "status", "--json", timeout=30).stdout)
+
+
+def alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X")
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid), f"pid {pid} survived SIGKILL"
+
+
+def rpc_url(index: int) -> str:
+    return f"http://127.0.0.1:{BASE_PORT + 10 * index + 1}"
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+@dataclass
+class Account_:
+    """A registered compute node: its ed25519 key and next nonce."""
+
+    key: SigningKey
+    nonce: int = 1
+    steps: int = 0
+    session: str = field(default_factory=lambda: "0x" + os.urandom(32).hex())
+
+    @property
+    def hex(self) -> str:
+        return self.key.verify_key.encode().hex()
+
+    def next_nonce(self) -> int:
+        self.nonce += 1
+        return self.nonce
+
+    def registration(self, index: int) -> bytes:
+        evm = Account.from_key(hashlib.sha256(self.key.encode() + b"/evm").digest())
+        body = txs.RegisterNode(
+            evm_address=evm.address,
+            evm_signature=txs.sign_registration(evm.key, self.hex),
+            role="compute",
+            model="smollm2-135m",
+            shards=(index % 3,),
+            endpoint=f"http://127.0.0.1:{28000 + index}",
+            capacity=4,
+        )
+        return txs.sign(body, self.key, 1).encode()
+
+    def commit_batch(self, size: int) -> bytes:
+        records = []
+        for _ in range(size):
+            self.steps += 1
+            digest = hashlib.sha256(f"{self.session}/{self.steps}".encode()).hexdigest()
+            records.append(
+                txs.CommitmentRecord(
+                    session=self.session, step=self.steps, shard=0, commitment="0x" + digest
+                )
+            )
+        return txs.sign(txs.CommitBatch(tuple(records)), self.key, self.next_nonce()).encode()
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    directory = tmp_path_factory.mktemp("committee") / "net"
+    try:
+        planet(
+            directory,
+            "init",
+            "--validators",
+            str(VALIDATORS),
+            "--base-port",
+            str(BASE_PORT),
+            "--timeout-commit",
+            "300ms",
+            "--epoch-length",
+            str(EPOCH_LENGTH),
+        )
+        planet(directory, "up", "--timeout", "90", timeout=150)
+        yield directory
+    finally:
+        subprocess.run(
+            [*_planet_command(), "committee", "down", "--dir", str(directory)],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        for pid_file in (directory / "run").glob("*.pid"):  # belt and braces
+            try:
+                pid = int(pid_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if alive(pid) and str(directory) in Path(f"/proc/{pid}/cmdline").read_text():
+                os.kill(pid, signal.SIGKILL)
+        logs = directory / "logs"
+        if logs.is_dir():
+            keep = Path(os.environ.get("PLANET_TEST_ARTIFACTS", "test-artifacts")) / "committee"
+            shutil.rmtree(keep, ignore_errors=True)
+            shutil.copytree(logs, keep)
+
+
+@pytest.fixture(scope="module")
+def accounts() -> list[Account_]:
+    return [Account_(SigningKey(os.urandom(32))) for _ in range(6)]
+
+
+async def _heights() -> list[int | None]:
+    async def one(index: int) -> int | None:
+        async with CommitteeRpc(rpc_url(index), timeout_s=2) as rpc:
+            try:
+                return (await rpc.status()).latest_block_height
+            except Exception:
+                return None
+
+    return list(await asyncio.gather(*(one(i) for i in range(VALIDATORS))))
+
+
+async def _wait_height(indexes: list[int], height: int, timeout_s: float) -> None:
+    for index in indexes:
+        async with CommitteeRpc(rpc_url(index), timeout_s=3) as rpc:
+            await rpc.wait_for_height(height, timeout_s=timeout_s)
+
+
+async def _assert_all_committed(hashes: list[str], via: int, timeout_s: float) -> None:
+    """Every hash is in a block with code 0, looked up (indexed txs) on validator `via`."""
+    found: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    async with CommitteeRpc(rpc_url(via), timeout_s=10) as rpc:
+        while True:
+            missing = [h for h in hashes if h not in found]
+            for start in range(0, len(missing), 50):
+                chunk = missing[start : start + 50]
+                for h, result in zip(
+                    chunk, await asyncio.gather(*(rpc.tx(h) for h in chunk)), strict=True
+                ):
+                    if result is not None:
+                        found[h] = result
+            if len(found) == len(hashes) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+    lost = [h for h in hashes if h not in found]
+    assert not lost, f"{len(lost)} of {len(hashes)} accepted txs never committed, e.g. {lost[0]}"
+    failed = [r for r in found.values() if r.code != 0]
+    assert not failed, f"{len(failed)} txs failed in blocks, first: {failed[0]}"
+
+
+async def _app_hash_matches_chain(index: int, reference: int, timeout_s: float = 30) -> int:
+    """The app of validator `index` reports (h, hash); the chain's header h+1 (from validator
+    `reference`) must carry the same app hash. Returns h."""
+    async with (
+        CommitteeRpc(rpc_url(index), timeout_s=5) as rpc,
+        CommitteeRpc(rpc_url(reference), timeout_s=5) as ref,
+    ):
+        info = await rpc.abci_info()
+        height = info["last_block_height"]
+        await ref.wait_for_height(height + 1, timeout_s=timeout_s)
+        header = (await ref.block(height + 1))["block"]["header"]
+    assert header["app_hash"] == info["last_block_app_hash"], (
+        f"validator{index}'s app has app hash {info['last_block_app_hash']} at height {height}, "
+        f"the chain says {header['app_hash']}"
+    )
+    return height
+
+
+def test_committee_up_all_processes_alive_and_connected(net: Path) -> None:
+    body = status(net)
+    assert len(body["validators"]) == VALIDATORS
+    for row in body["validators"]:
+        assert alive(row["app_pid"]), f"app of validator{row['validator']} is not running"
+        assert alive(row["cometbft_pid"]), f"cometbft of validator{row['validator']} is down"
+        assert row["error"] is None
+        assert row["height"] >= 1
+        assert row["peers"] == VALIDATORS - 1
+        assert row["catching_up"] is False
+    run(_wait_height(list(range(VALIDATORS)), max(r["height"] for r in body["validators"]) + 2, 20))
+
+
+def test_committee_txs_registration_and_commit_batches_committed(
+    net: Path, accounts: list[Account_]
+) -> None:
+    async def scenario() -> None:
+        rpcs = [CommitteeRpc(rpc_url(i), timeout_s=10) for i in range(VALIDATORS)]
+        try:
+            sent = [
+                await rpcs[i % VALIDATORS].broadcast_tx_sync(a.registration(i))
+                for i, a in enumerate(accounts)
+            ]
+            await _assert_all_committed([s.hash for s in sent], via=0, timeout_s=30)
+            batches = [
+                await rpcs[i % VALIDATORS].broadcast_tx_sync(a.commit_batch(8))
+                for i, a in enumerate(accounts)
+            ]
+            await _assert_all_committed([b.hash for b in batches], via=1, timeout_s=30)
+            node = await rpcs[2].abci_query(f"/node?key={accounts[0].hex}")
+            assert (node["key"], node["role"], node["status"]) == (
+                accounts[0].hex,
+                "compute",
+                "JOIN",
+            )
+            recorded = await rpcs[3].abci_query(
+                f"/commitments?node={accounts[1].hex}&session={accounts[1].session}"
+            )
+            assert len(recorded["commitments"]) == 8
+            # a tx reusing a committed nonce is refused by CheckTx
+            stale = txs.sign(txs.Heartbeat(), accounts[0].key, 1).encode()
+            with pytest.raises(TxRejectedError) as raised:
+                await rpcs[0].broadcast_tx_sync(stale)
+            assert raised.value.tx_code == Code.BAD_NONCE
+        finally:
+            for rpc in rpcs:
+                await rpc.close()
+
+    run(scenario())
+
+
+async def _load(
+    accounts: list[Account_], targets: list[int], stop_at: float, accepted: list[str]
+) -> int:
+    """Each account sends commit batches, one at a time, to its target validator."""
+    rejected = 0
+
+    async def worker(account: Account_, target: int) -> None:
+        nonlocal rejected
+        async with CommitteeRpc(rpc_url(target), timeout_s=10) as rpc:
+            while time.monotonic() < stop_at:
+                answer = await rpc.broadcast_tx_sync(account.commit_batch(4), check=False)
+                if answer.code == 0:
+                    accepted.append(answer.hash)
+                else:
+                    rejected += 1
+
+    await asyncio.gather(*(worker(a, targets[i % len(targets)]) for i, a in enumerate(accounts)))
+    return rejected
+
+
+def test_committee_one_validator_killed_under_load_keeps_committing_no_tx_lost(
+    net: Path, accounts: list[Account_]
+) -> None:
+    victim = status(net)["validators"][3]
+    accepted: list[str] = []
+
+    async def scenario() -> tuple[int, int, int]:
+        start = time.monotonic()
+        load = asyncio.create_task(_load(accounts, [0, 1, 2], start + 8.0, accepted))
+        await asyncio.sleep(2.5)
+        kill(victim["cometbft_pid"])
+        kill(victim["app_pid"])
+        after_kill = max(h for h in await _heights() if h is not None)
+        rejected = await load
+        await _wait_height([0, 1, 2], after_kill + 3, timeout_s=30)
+        return after_kill, rejected, len(accepted)
+
+    after_kill, rejected, count = run(scenario())
+    assert count > 20, f"only {count} txs accepted under load"
+    assert rejected == 0
+    run(_assert_all_committed(accepted, via=0, timeout_s=40))
+    rows = status(net)["validators"]
+    assert not rows[3]["cometbft_alive"] and not rows[3]["app_alive"]
+    assert all(rows[i]["height"] >= after_kill + 3 for i in range(3))
+
+
+def test_committee_two_validators_killed_halts_without_fork(net: Path) -> None:
+    victim = status(net)["validators"][2]
+    kill(victim["cometbft_pid"])
+    kill(victim["app_pid"])
+    time.sleep(3.0)  # let a block that was already in flight finish
+    before = run(_heights())
+    time.sleep(5.0)
+    after = run(_heights())
+    assert before[:2] == after[:2], (
+        f"heights moved with 2 of 4 validators down: {before} -> {after}"
+    )
+    assert after[2] is None and after[3] is None
+
+    async def hashes() -> tuple[dict[int, str], dict[int, str]]:
+        async with (
+            CommitteeRpc(rpc_url(0), timeout_s=10) as a,
+            CommitteeRpc(rpc_url(1), timeout_s=10) as b,
+        ):
+            top = min(h for h in after[:2] if h is not None)
+            return await a.block_hashes(1, top), await b.block_hashes(1, top)
+
+    first, second = run(hashes())
+    assert len(first) == min(h for h in after[:2] if h is not None)
+    assert first == second
+
+
+def test_committee_restarted_validators_catch_up_with_identical_app_hash(net: Path) -> None:
+    halted = max(h for h in run(_heights()) if h is not None)
+    planet(net, "up", "--timeout", "90", timeout=150)
+    rows = status(net)["validators"]
+    assert all(alive(r["app_pid"]) and alive(r["cometbft_pid"]) for r in rows)
+    run(_wait_height(list(range(VALIDATORS)), halted + 3, timeout_s=60))
+    for index in range(VALIDATORS):
+        run(_app_hash_matches_chain(index, reference=(index + 1) % VALIDATORS))
+
+    async def common_block() -> set[str]:
+        hashes = set()
+        for index in range(VALIDATORS):
+            async with CommitteeRpc(rpc_url(index), timeout_s=5) as rpc:
+                hashes.add((await rpc.block(halted + 2))["block_id"]["hash"])
+        return hashes
+
+    assert len(run(common_block())) == 1
+
+
+def test_committee_app_killed_and_restarted_replays_to_same_app_hash(net: Path) -> None:
+    row = status(net)["validators"][1]
+    before = run(_app_hash_matches_chain(1, reference=0))
+    kill(row["app_pid"])
+    deadline = time.monotonic() + 20
+    while alive(row["cometbft_pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    cometbft_stopped_by_itself = not alive(row["cometbft_pid"])
+    planet(net, "up", "--timeout", "90", timeout=150)
+    rows = status(net)["validators"]
+    assert rows[1]["app_pid"] != row["app_pid"] and alive(rows[1]["app_pid"])
+    assert rows[1]["cometbft_pid"] != row["cometbft_pid"] and alive(rows[1]["cometbft_pid"])
+    run(_wait_height([1], before + 3, timeout_s=60))
+    after = run(_app_hash_matches_chain(1, reference=0))
+    assert after > before
+    assert cometbft_stopped_by_itself, "cometbft kept running without its app"
