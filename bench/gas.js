@@ -1,0 +1,104 @@
+// Gas of Planet's money paths, measured on Hardhat's in-process network (fresh deployments, first
+// touch of every storage slot, i.e. the worst realistic case). Prints ONE JSON object on stdout in
+// the /work/shared/BENCHMARKS.md shape; everything else goes to stderr.
+//   npx hardhat compile && npx hardhat run bench/gas.js
+const hre = require("hardhat");
+const os = require("os");
+const { ethers } = hre;
+const h = require("../tests/contracts/helpers");
+
+async function gasOf(txPromise) {
+  const receipt = await (await txPromise).wait();
+  return Number(receipt.gasUsed);
+}
+
+async function settleGas(nSigners) {
+  const members = h.wallets(nSigners, `bench-${nSigners}`);
+  const env = await h.deployAll({ members });
+  const [, user] = await ethers.getSigners();
+  const queryId = ethers.id(`q-settle-${nSigners}`);
+  await env.escrow.connect(user).deposit(queryId, ethers.id("model"), { value: h.ONE / 100n });
+  const fee = h.ONE / 200n;
+  const epoch = 1n;
+  const tree = h.merkleTree([{ epoch, account: user.address, amount: fee }]);
+  const qh = h.queriesHash([queryId], [fee]);
+  const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { epoch, root: tree.root, total: fee, queriesHash: qh });
+  return gasOf(env.escrow.postPayoutRoot(epoch, tree.root, fee, [queryId], [fee], sigs));
+}
+
+async function main() {
+  const [, node, user, challenger, operator] = await ethers.getSigners();
+  const env = await h.deployAll();
+  const m = {};
+
+  m.stake_gas = await gasOf(env.staking.connect(node).stake(h.Role.Compute, { value: h.ONE }));
+  m.deposit_gas = await gasOf(env.escrow.connect(user).deposit(ethers.id("q1"), ethers.id("model"), { value: h.ONE / 100n }));
+  m.settle_4_signers_gas = await settleGas(4);
+  m.settle_16_signers_gas = await settleGas(16);
+  m.settle_64_signers_gas = await settleGas(64);
+
+  // claim: one account out of a 16-leaf epoch tree, after the challenge window.
+  const fee = h.ONE / 100n;
+  const entries = [{ epoch: 7n, account: operator.address, amount: fee / 2n }];
+  for (let i = 1; i < 16; i++) entries.push({ epoch: 7n, account: ethers.Wallet.createRandom().address, amount: fee / 32n });
+  const tree = h.merkleTree(entries);
+  const qh = h.queriesHash([ethers.id("q1")], [fee]);
+  const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { epoch: 7n, root: tree.root, total: fee, queriesHash: qh });
+  await (await env.escrow.postPayoutRoot(7n, tree.root, fee, [ethers.id("q1")], [fee], sigs)).wait();
+  await hre.network.provider.send("evm_increaseTime", [Number(h.DEFAULTS.challengeWindow)]);
+  await hre.network.provider.send("evm_mine", []);
+  m.claim_gas = await gasOf(env.escrow.connect(operator).claim(7n, operator.address, fee / 2n, tree.proof(0)));
+
+  // fraud proofs: a node that signed a commitment and a non-matching reveal / a second commitment.
+  const nodeKey = new ethers.Wallet(ethers.id("bench-node"), ethers.provider);
+  await (await node.sendTransaction({ to: nodeKey.address, value: h.ONE * 5n })).wait();
+  await (await env.staking.connect(nodeKey).stake(h.Role.Compute, { value: h.ONE * 2n })).wait();
+  const session = ethers.id("session");
+  const out = ethers.id("output");
+  const salt = ethers.id("salt");
+  const c1 = { session, step: 1n, shard: 0, commitment: h.commitmentValue(session, 1n, 0, out, salt) };
+  const r1 = { session, step: 1n, shard: 0, outputHash: ethers.id("other output"), salt };
+  const [sigC1] = await h.signAll([nodeKey], env.fraudDomain, "Commitment", c1);
+  const [sigR1] = await h.signAll([nodeKey], env.fraudDomain, "Reveal", r1);
+  m.slash_gas = await gasOf(env.fraudProofs.connect(challenger).proveRevealMismatch(c1, sigC1, r1, sigR1));
+
+  await (await env.staking.connect(nodeKey).stake(h.Role.Compute, { value: h.ONE * 2n })).wait();
+  const a = { session, step: 2n, shard: 0, commitment: ethers.id("a") };
+  const b = { session, step: 2n, shard: 0, commitment: ethers.id("b") };
+  const [sigA] = await h.signAll([nodeKey], env.fraudDomain, "Commitment", a);
+  const [sigB] = await h.signAll([nodeKey], env.fraudDomain, "Commitment", b);
+  m.fraud_proof_gas = await gasOf(env.fraudProofs.connect(challenger).proveEquivocation(a, sigA, b, sigB));
+
+  const [, , , , , verdictNode] = await ethers.getSigners();
+  await (await env.staking.connect(verdictNode).stake(h.Role.Verifier, { value: h.ONE })).wait();
+  const verdict = { node: verdictNode.address, offence: h.Offence.Timeout, evidenceHash: ethers.id("late"), challenger: challenger.address, nonce: 1n };
+  const vsigs = await h.signAll(env.members, env.committeeDomain, "Verdict", verdict);
+  m.verdict_slash_4_signers_gas = await gasOf(env.fraudProofs.slashByVerdict(verdict, vsigs));
+
+  const result = {
+    bench: "gas",
+    machine: { cpu: os.cpus()[0]?.model ?? "unknown", cores: os.cpus().length, gpu: null, device: "hardhat-edr" },
+    config: {
+      solc: hre.config.solidity.compilers[0].version,
+      optimizer_runs: hre.config.solidity.compilers[0].settings.optimizer.runs,
+      evm_version: hre.config.solidity.compilers[0].settings.evmVersion,
+      hardfork: hre.config.networks.hardhat.hardfork,
+      settle_queries: 1,
+      claim_tree_leaves: 16,
+      notes: "first-time storage writes; slash_gas = proveRevealMismatch (100 % slash + burn), fraud_proof_gas = proveEquivocation",
+    },
+    metrics: m,
+    targets: {
+      stake_gas: { op: "<=", value: 70000 },
+      deposit_gas: { op: "<=", value: 60000 },
+      claim_gas: { op: "<=", value: 90000 },
+      settle_4_signers_gas: { op: "<=", value: 120000 },
+    },
+  };
+  process.stdout.write(JSON.stringify(result) + "\n");
+}
+
+main().catch((err) => {
+  console.error(err);
+  process.exitCode = 1;
+});

@@ -1,0 +1,110 @@
+// Golden vectors shared with the Python side (tests/vectors/*.json, written by
+// tests/vectors/generate.py): the Solidity type hashes, struct hashes, domain separators, digests,
+// ECDSA recovery and Merkle leaves/proofs must match them exactly.
+// Runs last (alphabetical) and resets the network so that the first deployment lands at the
+// vectors' verifyingContract (0x5FbDB…, deployer account 0 at nonce 0).
+const { expect } = require("chai");
+const { ethers, network } = require("hardhat");
+const fs = require("fs");
+const path = require("path");
+
+const VECTORS = path.join(__dirname, "..", "vectors");
+// JSON numbers above 2^53 (uint64 nonces, epochs) would lose precision in JSON.parse: quote them.
+const readJson = (name) =>
+  JSON.parse(
+    fs.readFileSync(path.join(VECTORS, name), "utf8").replace(/([:\[,]\s*)(\d{16,})(?=\s*[,\]}])/g, '$1"$2"'),
+  );
+const eip712 = readJson("eip712.json");
+const merkle = readJson("merkle.json");
+
+const TYPE_INDEX = { CommitteeUpdate: 0, Verdict: 1, PayoutRoot: 2, ModelRegistration: 3, Commitment: 4, Reveal: 5 };
+
+async function structHash(harness, primaryType, m) {
+  switch (primaryType) {
+    case "CommitteeUpdate":
+      return harness.committeeUpdateHash(m.signers, m.powers.map(BigInt), BigInt(m.nonce));
+    case "Verdict":
+      return harness.verdictHash({ ...m, nonce: BigInt(m.nonce) });
+    case "PayoutRoot":
+      return harness.payoutRootHash(BigInt(m.epoch), m.root, BigInt(m.total), m.queriesHash);
+    case "ModelRegistration":
+      return harness.modelRegistrationHash(m.modelId, m.manifestHash, m.shardHashes, BigInt(m.nonce));
+    case "Commitment":
+      return harness.commitmentHash({ ...m, step: BigInt(m.step) });
+    case "Reveal":
+      return harness.revealHash({ ...m, step: BigInt(m.step) });
+    default:
+      throw new Error(`unknown primary type ${primaryType}`);
+  }
+}
+
+describe("golden vectors (tests/vectors)", function () {
+  let harness;
+  let committee;
+  before(async function () {
+    await network.provider.send("hardhat_reset", []);
+    // First deployment on the fresh network: lands at the vectors' Committee address.
+    const cm = eip712.committee;
+    committee = await (await ethers.getContractFactory("Committee")).deploy(
+      cm.signers_sorted,
+      cm.signers_sorted.map(() => 1n),
+    );
+    harness = await (await ethers.getContractFactory("EIP712Harness")).deploy();
+  });
+
+  it("vectors_cover_every_typed_struct", async function () {
+    const covered = new Set(eip712.cases.map((c) => c.primaryType));
+    expect([...covered].sort()).to.deep.equal(Object.keys(TYPE_INDEX).sort());
+  });
+
+  for (const c of eip712.cases) {
+    it(`eip712_${c.name}_matches_solidity`, async function () {
+      const typeHashes = await harness.typeHashes();
+      expect(typeHashes[TYPE_INDEX[c.primaryType]]).to.equal(c.type_hash);
+      if (c.type_string) expect(ethers.id(c.type_string)).to.equal(c.type_hash);
+      const d = c.domain;
+      const separator = await harness.domainSeparator(d.name, d.version, d.chainId, d.verifyingContract);
+      if (c.domain_separator) expect(separator).to.equal(c.domain_separator);
+      expect(await structHash(harness, c.primaryType, c.message)).to.equal(c.struct_hash);
+      expect(await harness.digest(separator, c.struct_hash)).to.equal(c.digest);
+      // ethers' independent EIP-712 implementation agrees as well.
+      expect(ethers.TypedDataEncoder.hash(d, c.types, c.message)).to.equal(c.digest);
+      expect(await harness.recover(c.digest, c.signature)).to.equal(eip712.signer_address);
+    });
+  }
+
+  it("eip712_commitment_value_matches_solidity", async function () {
+    const v = eip712.helpers.commitment_value;
+    expect(await harness.commitmentValue({ ...v, step: BigInt(v.step) })).to.equal(v.value);
+  });
+
+  it("eip712_queries_hash_matches_solidity", async function () {
+    const v = eip712.helpers.queries_hash;
+    expect(await harness.queriesHash(v.queryIds, v.fees.map(BigInt))).to.equal(v.value);
+  });
+
+  it("committee_contract_accepts_python_committee_signatures", async function () {
+    const cm = eip712.committee;
+    const c = eip712.cases.find((x) => x.name === cm.case);
+    expect(await committee.getAddress()).to.equal(c.domain.verifyingContract);
+    expect(await committee.domainSeparator()).to.equal(ethers.TypedDataEncoder.hashDomain(c.domain));
+    const derived = cm.private_keys.map((k) => new ethers.Wallet(k).address);
+    expect([...derived].sort()).to.deep.equal([...cm.signers_sorted].sort());
+    expect(await committee.verify(c.struct_hash, cm.signatures_sorted)).to.equal(4n);
+  });
+
+  it("merkle_leaves_root_and_proofs_match_openzeppelin", async function () {
+    expect(merkle.leaves.length).to.equal(merkle.leaf_hashes.length);
+    expect(merkle.leaves.length).to.equal(merkle.proofs.length);
+    let total = 0n;
+    for (const [i, leaf] of merkle.leaves.entries()) {
+      const h = await harness.payoutLeaf(BigInt(leaf.epoch), leaf.account, BigInt(leaf.amount));
+      expect(h).to.equal(merkle.leaf_hashes[i]);
+      expect(await harness.verifyProof(merkle.proofs[i], merkle.root, h)).to.equal(true);
+      total += BigInt(leaf.amount);
+    }
+    if (merkle.total !== undefined) expect(total).to.equal(BigInt(merkle.total));
+    // A proof for one leaf does not prove another.
+    expect(await harness.verifyProof(merkle.proofs[0], merkle.root, merkle.leaf_hashes[1])).to.equal(false);
+  });
+});
