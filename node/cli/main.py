@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "node.cli.node",
     "node.cli.local",
     "node.cli.ask",
+    "node.cli.contracts",
 )
 
 EPILOG = """\

@@ -1,0 +1,490 @@
+"""The settlement contracts on a real anvil, driven from Python only.
+
+One anvil (port 18545) for the module: the compiled Hardhat artifacts are deployed by
+`deploy.evm.deploy_all` with a 4-member committee whose keys sign in Python
+(`protocol.eip712`); payout trees come from `shares.merkle`. Every test uses fresh, funded
+accounts (anvil_setBalance) and its own ids/epochs, so tests do not depend on each other;
+time travel is `evm_increaseTime` + `evm_mine`. The CLI test starts its own anvil on 18546.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from itertools import count
+from pathlib import Path
+
+import pytest
+from eth_utils import keccak
+
+from deploy.anvil import ANVIL_DEV_KEY, REPO_ROOT, Anvil, rpc_call, start_anvil
+from deploy.evm import DeployConfig, compile_contracts, deploy_all
+from node.chain.evm import (
+    AlreadyClaimed,
+    AlreadyProven,
+    BelowMinimum,
+    ChallengeWindowOpen,
+    ContractRevert,
+    Deployment,
+    InsufficientPower,
+    InvalidClaim,
+    PlanetChain,
+    QueryExists,
+    QueryNotFunded,
+    SignersNotSorted,
+    UnbondingNotElapsed,
+)
+from protocol.eip712 import (
+    OFFENCE_FAILED_VERIFICATION,
+    ROLE_COMPUTE,
+    ROLE_VERIFIER,
+    Commitment,
+    ModelRegistration,
+    PayoutRoot,
+    Reveal,
+    Verdict,
+    address_of,
+    commitment_value,
+    committee_signatures,
+    queries_hash,
+)
+from protocol.errors import ConfigError, UnavailableError
+from shares.merkle import PayoutTree
+
+pytestmark = pytest.mark.integration
+
+ETHER = 10**18
+MILLI = 10**15
+PORT = 18545
+CLI_PORT = 18546
+UNUSED_PORT = 18559
+CHALLENGE_WINDOW_S = 60
+BURN_ADDRESS = "0x000000000000000000000000000000000000dEaD"
+COMMITTEE_KEYS = [keccak(text=f"planet integration committee {i}") for i in range(4)]
+_labels = count()
+
+
+@pytest.fixture(scope="module")
+def anvil() -> Iterator[Anvil]:
+    compile_contracts()  # a no-op when artifacts are newer than every source
+    with start_anvil(PORT) as node:
+        yield node
+
+
+@pytest.fixture(scope="module")
+def deployment(anvil: Anvil, tmp_path_factory: pytest.TempPathFactory) -> Deployment:
+    config = DeployConfig.devnet(
+        committee=[(address_of(k), 1) for k in COMMITTEE_KEYS],
+        challenge_window_s=CHALLENGE_WINDOW_S,
+    )
+    deployed = deploy_all(anvil.rpc_url, ANVIL_DEV_KEY, config, expected_chain_id=31337)
+    deployed.save(tmp_path_factory.mktemp("evm") / "deployment.json")
+    return deployed
+
+
+def account(anvil: Anvil, deployment: Deployment, label: str) -> PlanetChain:
+    """A fresh key (unique per call) with 100 ether, as a client."""
+    key = keccak(text=f"planet integration {label} {next(_labels)} {time.time_ns()}")
+    rpc_call(anvil.rpc_url, "anvil_setBalance", [address_of(key), hex(100 * ETHER)])
+    return PlanetChain(deployment, key)
+
+
+def travel(anvil: Anvil, seconds: int) -> None:
+    rpc_call(anvil.rpc_url, "evm_increaseTime", [seconds])
+    rpc_call(anvil.rpc_url, "evm_mine", [])
+
+
+def new_id(label: str) -> bytes:
+    return keccak(text=f"{label} {next(_labels)} {time.time_ns()}")
+
+
+def test_deploy_all_contracts_wired_together(deployment: Deployment, anvil: Anvil) -> None:
+    chain = account(anvil, deployment, "reader")
+    assert set(deployment.contracts) == {
+        "Committee",
+        "Staking",
+        "FraudProofs",
+        "QueryEscrow",
+        "ModelRegistry",
+    }
+    members = sorted((address_of(k) for k in COMMITTEE_KEYS), key=lambda a: int(a, 16))
+    assert chain.committee_members() == members
+    assert chain.call("Staking", "fraudProofs") == deployment.address("FraudProofs")
+    assert chain.call("FraudProofs", "staking") == deployment.address("Staking")
+    assert chain.call("QueryEscrow", "challengeWindow") == CHALLENGE_WINDOW_S
+    assert chain.call("Staking", "unstakeDelay") == CHALLENGE_WINDOW_S + 1
+    assert chain.call("ModelRegistry", "devOwner") == deployment.deployer
+    # The Python domains are the ones the contracts sign under.
+    assert chain.call("Committee", "domainSeparator") == chain.domain_committee().separator()
+    assert chain.call("FraudProofs", "domainSeparator") == chain.domain_fraud_proofs().separator()
+
+
+def test_settlement_stake_deposit_post_claim_balances_exact(
+    deployment: Deployment, anvil: Anvil
+) -> None:
+    compute = account(anvil, deployment, "compute")
+    verifier = account(anvil, deployment, "verifier")
+    user = account(anvil, deployment, "user")
+    relayer = account(anvil, deployment, "relayer")
+
+    compute.stake(ROLE_COMPUTE, 1 * ETHER)
+    verifier.stake(ROLE_VERIFIER, ETHER // 2)
+    assert (compute.stake_of(), compute.role_of(), compute.status_of()) == (ETHER, 1, 1)
+    assert (verifier.stake_of(), verifier.role_of()) == (ETHER // 2, 2)
+    assert compute.is_eligible() and verifier.is_eligible()
+
+    queries = [new_id("query"), new_id("query")]
+    model = keccak(text="SmolLM2-135M-Instruct")
+    for query in queries:
+        deposited = user.deposit(query, model, 10 * MILLI)
+        assert deposited.event("Deposited")["amount"] == 10 * MILLI
+        assert user.is_funded(query)
+
+    fees = [6 * MILLI, 9 * MILLI]
+    epoch = 1_000 + next(_labels)
+    tree = PayoutTree.for_epoch(epoch, {compute.address: 12 * MILLI, verifier.address: 3 * MILLI})
+    assert tree.total == sum(fees)
+    statement = PayoutRoot(epoch, tree.root, tree.total, queries_hash(queries, fees))
+    # 3 of 4 equal powers: 3·3 ≥ 2·4.
+    sigs = committee_signatures(statement, COMMITTEE_KEYS[:3], relayer.domain_committee())
+    posted = relayer.post_payout_root(statement, queries, fees, sigs)
+    assert posted.event("PayoutRootPosted")["epoch"] == epoch
+    assert not user.is_funded(queries[0]) and not user.is_funded(queries[1])
+
+    payout, proof = tree.proof_for(epoch, compute.address)
+    with pytest.raises(ChallengeWindowOpen) as early:
+        relayer.claim(epoch, payout.account, payout.amount, proof)
+    assert early.value.named_args["epoch"] == epoch
+
+    travel(anvil, CHALLENGE_WINDOW_S + 1)
+
+    # A relayer submits the compute node's claim: the node receives exactly its amount.
+    before = compute.balance()
+    relayer.claim(epoch, payout.account, payout.amount, proof)
+    assert compute.balance() - before == 12 * MILLI
+    # The verifier claims its own: amount minus exactly the fee it paid.
+    payout, proof = tree.proof_for(epoch, verifier.address)
+    before = verifier.balance()
+    claimed = verifier.claim(epoch, payout.account, payout.amount, proof)
+    assert verifier.balance() - before == 3 * MILLI - claimed.fee_wei
+    assert claimed.event("Claimed") == {
+        "epoch": epoch,
+        "account": verifier.address,
+        "amount": 3 * MILLI,
+    }
+    assert verifier.epoch_of(epoch)["unclaimed"] == 0
+    assert verifier.is_claimed(epoch, verifier.address)
+
+    with pytest.raises(AlreadyClaimed):
+        verifier.claim(epoch, payout.account, payout.amount, proof)
+    with pytest.raises(InvalidClaim):  # a leaf the tree does not hold
+        relayer.claim(epoch, relayer.address, 1, proof)
+
+    # The user takes back what each settled query did not spend.
+    before = user.balance()
+    paid = sum(user.refund(q).fee_wei for q in queries)
+    assert user.balance() - before == (10 * MILLI - 6 * MILLI) + (10 * MILLI - 9 * MILLI) - paid
+    assert user.deposit_of(queries[0])["amount"] == 0
+
+
+def test_fraud_reveal_mismatch_slashes_all_rewards_half_burns_half(
+    deployment: Deployment, anvil: Anvil
+) -> None:
+    node = account(anvil, deployment, "cheater")
+    challenger = account(anvil, deployment, "challenger")
+    node.stake(ROLE_COMPUTE, 2 * ETHER)
+    domain = node.domain_fraud_proofs()
+    session, salt = new_id("session"), new_id("salt")
+    committed = Commitment(
+        session, 4, 1, commitment_value(session, 4, 1, keccak(text="honest output"), salt)
+    )
+    revealed = Reveal(session, 4, 1, keccak(text="other output"), salt)
+    burned_before = challenger.total_burned()
+    dead_before = challenger.balance(BURN_ADDRESS)
+
+    result = challenger.prove_reveal_mismatch(
+        committed,
+        committed.sign(node.account.key, domain),
+        revealed,
+        revealed.sign(node.account.key, domain),
+    )
+
+    slashed = result.event("Slashed")
+    assert slashed["node"] == node.address and slashed["offence"] == 1
+    assert (slashed["amount"], slashed["reward"], slashed["burned"]) == (2 * ETHER, ETHER, ETHER)
+    assert node.stake_of() == 0 and node.status_of() == 0
+    assert challenger.credit_of() == ETHER
+    assert challenger.total_burned() - burned_before == ETHER
+    assert challenger.balance(BURN_ADDRESS) - dead_before == ETHER
+
+    before = challenger.balance()
+    pulled = challenger.claim_credit()
+    assert challenger.balance() - before == ETHER - pulled.fee_wei
+    assert challenger.credit_of() == 0
+
+    with pytest.raises(AlreadyProven):
+        challenger.prove_reveal_mismatch(
+            committed,
+            committed.sign(node.account.key, domain),
+            revealed,
+            revealed.sign(node.account.key, domain),
+        )
+
+
+def test_fraud_honest_reveal_is_not_a_fault(deployment: Deployment, anvil: Anvil) -> None:
+    node = account(anvil, deployment, "honest")
+    node.stake(ROLE_COMPUTE, ETHER)
+    domain = node.domain_fraud_proofs()
+    session, salt, output = new_id("session"), new_id("salt"), keccak(text="output")
+    revealed = Reveal(session, 1, 0, output, salt)
+    committed = Commitment(session, 1, 0, revealed.commitment_value())
+    with pytest.raises(ContractRevert) as caught:
+        node.prove_reveal_mismatch(
+            committed,
+            committed.sign(node.account.key, domain),
+            revealed,
+            revealed.sign(node.account.key, domain),
+        )
+    assert caught.value.error_name == "NotAFault"
+    assert node.stake_of() == ETHER
+
+
+def test_fraud_equivocation_slashes_all(deployment: Deployment, anvil: Anvil) -> None:
+    node = account(anvil, deployment, "equivocator")
+    challenger = account(anvil, deployment, "watcher")
+    node.stake(ROLE_VERIFIER, ETHER)
+    domain = node.domain_fraud_proofs()
+    session = new_id("session")
+    first = Commitment(session, 9, 2, keccak(text="a"))
+    second = Commitment(session, 9, 2, keccak(text="b"))
+    result = challenger.prove_equivocation(
+        first, first.sign(node.account.key, domain), second, second.sign(node.account.key, domain)
+    )
+    slashed = result.event("Slashed")
+    assert (slashed["offence"], slashed["amount"], slashed["reward"]) == (2, ETHER, ETHER // 2)
+    assert node.stake_of() == 0
+    assert challenger.credit_of() == ETHER // 2
+
+
+def test_fraud_signature_by_another_key_is_rejected(deployment: Deployment, anvil: Anvil) -> None:
+    node = account(anvil, deployment, "victim")
+    framer = account(anvil, deployment, "framer")
+    node.stake(ROLE_COMPUTE, ETHER)
+    domain = node.domain_fraud_proofs()
+    session = new_id("session")
+    first = Commitment(session, 1, 0, keccak(text="a"))
+    forged = Commitment(session, 1, 0, keccak(text="b"))
+    with pytest.raises(ContractRevert) as caught:
+        framer.prove_equivocation(
+            first,
+            first.sign(node.account.key, domain),
+            forged,
+            forged.sign(framer.account.key, domain),
+        )
+    assert caught.value.error_name == "SignerMismatch"
+    assert caught.value.args == (node.address, framer.address)
+    assert node.stake_of() == ETHER
+
+
+def test_verdict_committee_signed_slashes_half(deployment: Deployment, anvil: Anvil) -> None:
+    node = account(anvil, deployment, "judged")
+    challenger = account(anvil, deployment, "reporter")
+    relayer = account(anvil, deployment, "relayer")
+    node.stake(ROLE_COMPUTE, 4 * ETHER)
+    domain = relayer.domain_committee()
+    nonce = 10_000 + next(_labels)
+    verdict = Verdict(
+        node.address, OFFENCE_FAILED_VERIFICATION, new_id("evidence"), challenger.address, nonce
+    )
+
+    with pytest.raises(InsufficientPower) as weak:  # 2 of 4: 3·2 < 2·4
+        relayer.slash_by_verdict(verdict, committee_signatures(verdict, COMMITTEE_KEYS[:2], domain))
+    assert weak.value.named_args == {"signed": 2, "total": 4}
+    ordered = committee_signatures(verdict, COMMITTEE_KEYS, domain)
+    with pytest.raises(SignersNotSorted):
+        relayer.slash_by_verdict(verdict, list(reversed(ordered)))
+
+    result = relayer.slash_by_verdict(verdict, ordered)
+    slashed = result.event("Slashed")
+    assert (slashed["offence"], slashed["amount"]) == (OFFENCE_FAILED_VERIFICATION, 2 * ETHER)
+    assert (slashed["challenger"], slashed["reward"]) == (challenger.address, ETHER)
+    assert node.stake_of() == 2 * ETHER
+    assert challenger.credit_of() == ETHER
+    with pytest.raises(ContractRevert) as reused:
+        relayer.slash_by_verdict(verdict, ordered)
+    assert reused.value.error_name == "VerdictNonceUsed"
+
+
+def test_unstake_withdraw_only_after_delay(deployment: Deployment, anvil: Anvil) -> None:
+    node = account(anvil, deployment, "leaver")
+    node.stake(ROLE_VERIFIER, ETHER)
+    node.request_unstake()
+    assert node.status_of() == 2 and node.unbonding_at() > 0
+    with pytest.raises(UnbondingNotElapsed):
+        node.withdraw()
+    travel(anvil, CHALLENGE_WINDOW_S + 2)
+    before = node.balance()
+    result = node.withdraw()
+    assert node.balance() - before == ETHER - result.fee_wei
+    assert node.stake_of() == 0
+
+
+def test_dispute_second_signed_root_freezes_epoch_and_refunds_fees(
+    deployment: Deployment, anvil: Anvil
+) -> None:
+    user = account(anvil, deployment, "user")
+    watcher = account(anvil, deployment, "watcher")
+    query = new_id("query")
+    user.deposit(query, keccak(text="model"), 10 * MILLI)
+    epoch = 5_000 + next(_labels)
+    tree = PayoutTree.for_epoch(epoch, {watcher.address: 4 * MILLI})
+    domain = user.domain_committee()
+    posted = PayoutRoot(epoch, tree.root, 4 * MILLI, queries_hash([query], [4 * MILLI]))
+    posted_sigs = committee_signatures(posted, COMMITTEE_KEYS, domain)
+    watcher.post_payout_root(posted, [query], [4 * MILLI], posted_sigs)
+    other = PayoutRoot(epoch, keccak(text="other root"), 4 * MILLI, posted.queries_hash)
+    result = watcher.dispute_root(
+        epoch,
+        [query],
+        [4 * MILLI],
+        posted_sigs,
+        other,
+        committee_signatures(other, COMMITTEE_KEYS, domain),
+    )
+    assert result.event("RootDisputed")["otherRoot"] == other.root
+    assert watcher.epoch_of(epoch)["status"] == 2
+    assert user.deposit_of(query)["amount"] == 10 * MILLI  # the whole deposit is back
+    before = user.balance()
+    refunded = user.refund(query)
+    assert user.balance() - before == 10 * MILLI - refunded.fee_wei
+
+
+def test_revert_decoding_typed_errors_with_arguments(deployment: Deployment, anvil: Anvil) -> None:
+    user = account(anvil, deployment, "user")
+    query = new_id("query")
+    user.deposit(query, keccak(text="m"), MILLI)
+    with pytest.raises(QueryExists) as twice:
+        user.deposit(query, keccak(text="m"), MILLI)
+    assert twice.value.error_name == "QueryExists"
+    assert twice.value.args == (query,)
+    assert twice.value.contract == "QueryEscrow" and twice.value.function == "deposit"
+    assert "QueryExists(queryId=0x" in str(twice.value) and twice.value.hint
+
+    with pytest.raises(BelowMinimum) as low:
+        user.stake(ROLE_COMPUTE, ETHER // 10)
+    assert low.value.named_args["amount"] == ETHER // 10
+    assert low.value.named_args["minimum"] == ETHER
+
+    unknown = new_id("query")
+    epoch = 900_000 + next(_labels)
+    statement = PayoutRoot(epoch, keccak(text="r"), 1, queries_hash([unknown], [1]))
+    sigs = committee_signatures(statement, COMMITTEE_KEYS, user.domain_committee())
+    with pytest.raises(QueryNotFunded) as unfunded:
+        user.post_payout_root(statement, [unknown], [1], sigs)
+    assert unfunded.value.args == (unknown,)
+
+
+def test_model_registration_committee_signed_and_dev_shortcut(
+    deployment: Deployment, anvil: Anvil
+) -> None:
+    relayer = account(anvil, deployment, "relayer")
+    model, manifest = new_id("model"), keccak(text="manifest")
+    shards = (keccak(text="s0"), keccak(text="s1"), keccak(text="s2"))
+    registration = ModelRegistration(model, manifest, shards, relayer.registry_nonce())
+    sigs = committee_signatures(registration, COMMITTEE_KEYS, relayer.domain_committee())
+    relayer.register_model(registration, sigs)
+    assert relayer.manifest_hash_of(model) == manifest
+    assert relayer.shard_hashes_of(model) == list(shards)
+
+    with pytest.raises(ContractRevert) as not_owner:
+        relayer.dev_register_model(new_id("model"), manifest, shards)
+    assert not_owner.value.error_name == "NotDevOwner"
+    owner = PlanetChain(deployment, ANVIL_DEV_KEY)
+    dev_model = new_id("model")
+    owner.dev_register_model(dev_model, manifest, shards[:1])
+    assert owner.shard_hashes_of(dev_model) == [shards[0]]
+
+
+def test_client_unreachable_rpc_is_unavailable_with_hint(deployment: Deployment) -> None:
+    with pytest.raises(UnavailableError) as caught:
+        PlanetChain(deployment, ANVIL_DEV_KEY, rpc_url=f"http://127.0.0.1:{UNUSED_PORT}")
+    assert caught.value.hint
+
+
+def test_client_wrong_chain_is_config_error(deployment: Deployment, anvil: Anvil) -> None:
+    other = Deployment(
+        chain_id=1,
+        rpc_url=anvil.rpc_url,
+        deployer=deployment.deployer,
+        block=0,
+        contracts=deployment.contracts,
+    )
+    with pytest.raises(ConfigError, match="chain 31337"):
+        PlanetChain(other, ANVIL_DEV_KEY)
+
+
+def test_cli_deploy_own_anvil_serves_until_sigterm(tmp_path: Path, anvil: Anvil) -> None:
+    out = tmp_path / "deployment.json"
+    env = {**os.environ, "PLANET_LOG_LEVEL": "WARNING"}
+    command = [
+        sys.executable,
+        "-m",
+        "node.cli.main",
+        "contracts",
+        "deploy",
+        "--port",
+        str(CLI_PORT),
+        "--out",
+        str(out),
+        "--json",
+    ]
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        summary = json.loads(process.stdout.readline())  # printed once deployed
+        assert summary["chain_id"] == 31337 and out.is_file()
+        assert summary["rpc_url"] == f"http://127.0.0.1:{CLI_PORT}"
+        written = Deployment.load(out)
+        assert {n: c.address for n, c in written.contracts.items()} == summary["contracts"]
+        client = PlanetChain(written, ANVIL_DEV_KEY)
+        assert client.committee_members() == [written.deployer]  # default committee
+        assert client.call("QueryEscrow", "challengeWindow") == 60
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 0, stderr
+    assert "starting anvil" in stderr and "wrote" in stderr
+    with pytest.raises(UnavailableError):
+        PlanetChain(written, ANVIL_DEV_KEY)  # the anvil it started is gone
+
+
+def test_cli_deploy_unreachable_rpc_exits_with_hint(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "node.cli.main",
+            "contracts",
+            "deploy",
+            "--rpc",
+            f"http://127.0.0.1:{UNUSED_PORT}",
+            "--out",
+            str(tmp_path / "d.json"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == UnavailableError.exit_status
+    assert "error:" in result.stderr and "hint:" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "d.json").exists()
