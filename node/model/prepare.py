@@ -51,6 +51,19 @@ from protocol.errors import PlanetError, UsageError
 
 log = logging.getLogger(__name__)
 
+# Files a Hugging Face tokenizer may consist of; those present are copied into tokenizer/.
+TOKENIZER_FILES: tuple[str, ...] = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+
 
 def split_layers(
     total: int, parts: int, split: Sequence[int] | None = None
@@ -184,13 +197,11 @@ def _write(
     progress: Progress,
 ) -> None:
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer
 
     progress(f"loading {source.model_id} from {source.directory} ...")
     state, tied = _load_full_state(source)
     shutil.copyfile(source.directory / CONFIG_FILE, staging / CONFIG_FILE)
-    tokenizer = AutoTokenizer.from_pretrained(str(source.directory))
-    tokenizer.save_pretrained(str(staging / TOKENIZER_DIR))
+    _copy_tokenizer(source.directory, staging / TOKENIZER_DIR)
     save_file(client_tensors(state, tied), str(staging / CLIENT_FILE), metadata={"format": "pt"})
     shards: list[ShardEntry] = []
     for shard_id, layers in enumerate(ranges):
@@ -222,6 +233,22 @@ def _write(
         shards=tuple(shards),
     )
     manifest.save(staging / MANIFEST_NAME)
+
+
+def _copy_tokenizer(source: Path, target: Path) -> None:
+    """Copy the tokenizer's own files verbatim (no re-serialisation, so nothing drifts)."""
+    target.mkdir()
+    copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+    if (
+        "tokenizer.json" not in copied
+        and "tokenizer.model" not in copied
+        and ("vocab.json" not in copied)
+    ):
+        raise UsageError(
+            f"{source} has no tokenizer files (tokenizer.json, tokenizer.model or vocab.json)"
+        )
+    for name in copied:
+        shutil.copyfile(source / name, target / name)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
