@@ -191,8 +191,8 @@ def _json_value(value: Any, solidity_type: str) -> Any:
         return [_json_value(item, solidity_type[:-2]) for item in value]
     if isinstance(value, bytes):
         return _hex(value)
-    if solidity_type == "uint256":
-        return str(value)
+    if solidity_type in ("uint64", "uint256"):
+        return str(value)  # may exceed 2^53: JavaScript's JSON.parse would round it
     return value
 
 
@@ -237,7 +237,8 @@ class TypedStruct:
         return out
 
     def to_json_message(self) -> dict[str, Any]:
-        """Like `to_message`, with uint256 values as decimal strings (JSON-safe)."""
+        """Like `to_message`, with uint64/uint256 values as decimal strings (JSON-safe: they
+        can exceed 2^53, which JavaScript numbers cannot hold exactly)."""
         return {
             name: _json_value(getattr(self, attr), solidity_type)
             for name, attr, solidity_type in self.FIELDS
