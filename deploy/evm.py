@@ -62,6 +62,7 @@ class DeployConfig:
     unstake_delay_s: int | None = None  # None: challenge window + 1 (must be strictly greater)
     refund_timeout_s: int = 600
     dev_owner: str | None = None  # ModelRegistry dev owner; only honoured on chain 31337
+    fault_verifier: str | None = None  # IComputationFaultVerifier (ZK hook); None disables it
 
     def __post_init__(self) -> None:
         if not self.committee:
@@ -255,7 +256,7 @@ def _parameter_values(
     values: dict[str, Any] = {
         "signers": signers,
         "powers": powers,
-        "faultverifier": ZERO_ADDRESS,  # the ZK verifier hook: none deployed yet
+        "faultverifier": to_checksum_address(config.fault_verifier or ZERO_ADDRESS),
         "mincompute": config.compute_min_stake_wei,
         "mincomputestake": config.compute_min_stake_wei,
         "minverifier": config.verifier_min_stake_wei,

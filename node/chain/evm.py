@@ -643,6 +643,15 @@ class PlanetChain:
             second_signature,
         )
 
+    def prove_computation_fault(
+        self, reveal: Reveal, reveal_signature: bytes, proof: bytes
+    ) -> TxResult:
+        """Slash FailedVerification (50 %) when the deployment's fault verifier (ZK hook) accepts
+        `proof` against the node-signed reveal's output hash."""
+        return self.transact(
+            "FraudProofs", "proveComputationFault", _reveal_tuple(reveal), reveal_signature, proof
+        )
+
     def slash_by_verdict(self, verdict: Verdict, signatures: Sequence[bytes]) -> TxResult:
         """Slash on a committee-signed verdict (the verdict's challenger earns the reward)."""
         return self.transact(

@@ -23,7 +23,7 @@ import pytest
 from eth_utils import keccak
 
 from deploy.anvil import ANVIL_DEV_KEY, REPO_ROOT, Anvil, rpc_call, start_anvil
-from deploy.evm import DeployConfig, compile_contracts, deploy_all
+from deploy.evm import DeployConfig, compile_contracts, deploy_all, load_artifact
 from node.chain.evm import (
     AlreadyClaimed,
     AlreadyProven,
@@ -53,7 +53,7 @@ from protocol.eip712 import (
     committee_signatures,
     queries_hash,
 )
-from protocol.errors import ConfigError, UnavailableError
+from protocol.errors import ConfigError, PlanetError, UnavailableError
 from shares.merkle import PayoutTree
 
 pytestmark = pytest.mark.integration
@@ -320,6 +320,50 @@ def test_verdict_committee_signed_slashes_half(deployment: Deployment, anvil: An
     assert reused.value.error_name == "VerdictNonceUsed"
 
 
+def test_fault_verifier_hook_accepted_proof_slashes_half(
+    deployment: Deployment, anvil: Anvil
+) -> None:
+    """A deployment wired to a fault verifier (here the test-only MockFaultVerifier, which
+    accepts exactly keccak256(outputHash)) slashes FailedVerification on an accepted proof."""
+    owner = PlanetChain(deployment, ANVIL_DEV_KEY)
+    artifact = load_artifact("MockFaultVerifier")
+    factory = owner.w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
+    signed = owner.account.sign_transaction(
+        factory.constructor().build_transaction(
+            {
+                "from": owner.address,
+                "nonce": owner.w3.eth.get_transaction_count(owner.address, "pending"),
+            }
+        )
+    )
+    receipt = owner.w3.eth.wait_for_transaction_receipt(
+        owner.w3.eth.send_raw_transaction(signed.raw_transaction)
+    )
+    config = DeployConfig.devnet(
+        committee=[(address_of(k), 1) for k in COMMITTEE_KEYS],
+        fault_verifier=receipt["contractAddress"],
+    )
+    with_hook = deploy_all(anvil.rpc_url, ANVIL_DEV_KEY, config)
+    node = account(anvil, with_hook, "wrong output")
+    challenger = account(anvil, with_hook, "prover")
+    node.stake(ROLE_COMPUTE, 2 * ETHER)
+    revealed = Reveal(new_id("session"), 3, 1, keccak(text="wrong"), new_id("salt"))
+    signature = revealed.sign(node.account.key, node.domain_fraud_proofs())
+    with pytest.raises(ContractRevert) as rejected:
+        challenger.prove_computation_fault(revealed, signature, b"not a proof")
+    assert rejected.value.error_name == "NotAFault"
+
+    result = challenger.prove_computation_fault(revealed, signature, keccak(revealed.output_hash))
+    slashed = result.event("Slashed")
+    assert (slashed["offence"], slashed["amount"], slashed["reward"]) == (3, ETHER, ETHER // 2)
+    assert node.stake_of() == ETHER
+    # The module's deployment has no verifier: the hook is off there.
+    plain = account(anvil, deployment, "prover")
+    with pytest.raises(ContractRevert) as disabled:
+        plain.prove_computation_fault(revealed, signature, b"")
+    assert disabled.value.error_name == "FaultVerifierDisabled"
+
+
 def test_unstake_withdraw_only_after_delay(deployment: Deployment, anvil: Anvil) -> None:
     node = account(anvil, deployment, "leaver")
     node.stake(ROLE_VERIFIER, ETHER)
@@ -426,6 +470,15 @@ def test_client_wrong_chain_is_config_error(deployment: Deployment, anvil: Anvil
     )
     with pytest.raises(ConfigError, match="chain 31337"):
         PlanetChain(other, ANVIL_DEV_KEY)
+
+
+def test_deploy_wrong_chain_and_unfunded_deployer_are_refused(anvil: Anvil) -> None:
+    config = DeployConfig.devnet(committee=[(address_of(COMMITTEE_KEYS[0]), 1)])
+    with pytest.raises(ConfigError, match="expected 1"):
+        deploy_all(anvil.rpc_url, ANVIL_DEV_KEY, config, expected_chain_id=1)
+    with pytest.raises(PlanetError) as broke:
+        deploy_all(anvil.rpc_url, keccak(text="planet unfunded deployer"), config)
+    assert broke.value.code == "insufficient_funds" and broke.value.hint
 
 
 def test_cli_deploy_own_anvil_serves_until_sigterm(tmp_path: Path, anvil: Anvil) -> None:
