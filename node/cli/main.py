@@ -19,6 +19,7 @@ from protocol.errors import PlanetError
 
 # Command groups, in the order `planet --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
+    "node.cli.model",
     "node.cli.committee",
     "node.cli.node",
     "node.cli.local",

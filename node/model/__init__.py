@@ -16,7 +16,12 @@ Names are imported lazily so that `import node.model.manifest` does not pull in 
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
+
+# torchao (imported by transformers and by our int8 path) registers pytree constants at import
+# and torch logs a deprecation warning for each; they say nothing about Planet.
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 _EXPORTS: dict[str, str] = {
     "Manifest": "node.model.manifest",

@@ -44,7 +44,8 @@ def check_quant(quant: str) -> str:
 
 
 def _import_torchao() -> None:
-    # torchao registers pytree constants at import and torch logs a deprecation for each.
+    # torchao registers pytree constants at import and torch logs a deprecation for each
+    # (node.model's __init__ quiets that logger too; this keeps quant.py self-contained).
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 
