@@ -84,6 +84,9 @@ class PlanetTxs:
         self.commitments_per_tx = batch
         self.run_id = run_id
         self._keys: list[SigningKey] = []
+        self._signers: list[str] = []
+        self._sessions: list[str] = []
+        self._domain = b""
         self._signing_key = SigningKey
 
     async def prepare(self, rpcs: list[CommitteeRpc], workers: int) -> None:
@@ -116,22 +119,52 @@ class PlanetTxs:
         if failed:
             raise RuntimeError(f"{len(failed)} registrations failed: {failed[0].log}")
         log.info("registered nodes=%d", workers)
+        self._domain = txs.SIGN_DOMAIN
+        self._signers = [key.verify_key.encode().hex() for key in self._keys]
+        self._sessions = [
+            "0x" + hashlib.sha256(f"{self.run_id}/s/{w}".encode()).hexdigest()
+            for w in range(workers)
+        ]
+        if self.make(0, 10**6) != self.make_reference(0, 10**6):
+            raise RuntimeError("the load generator's tx bytes differ from protocol.committee's")
 
     def make(self, worker: int, seq: int) -> bytes:
+        """A signed `commit` tx, its canonical JSON written out by hand with the keys in sorted
+        order (the load generator must be cheap); `prepare` checks that the bytes equal
+        `protocol.committee`'s own encoding."""
+        session = self._sessions[worker]
+        shard = worker % 3
+        prefix = f"{self.run_id}/{worker}/{seq}/"
+        records = ",".join(
+            '{{"commitment":"0x{}","session":"{}","shard":{},"step":{}}}'.format(
+                hashlib.sha256(f"{prefix}{item}".encode()).hexdigest(),
+                session,
+                shard,
+                seq * self.batch + item,
+            )
+            for item in range(self.batch)
+        )
+        head = f'{{"body":{{"commitments":[{records}]}},"nonce":{seq + 2}'
+        signer = f'"signer":"{self._signers[worker]}","type":"commit"}}'
+        message = self._domain + f"{head},{signer}".encode()
+        signature = self._keys[worker].sign(message).signature.hex()
+        return f'{head},"sig":"{signature}",{signer}'.encode()
+
+    def make_reference(self, worker: int, seq: int) -> bytes:
+        """The same tx through `protocol.committee`'s dataclasses (slow; for the check)."""
         from protocol import committee as txs
 
-        records = []
-        for item in range(self.batch):
-            digest = hashlib.sha256(f"{self.run_id}/{worker}/{seq}/{item}".encode()).hexdigest()
-            records.append(
-                txs.CommitmentRecord(
-                    session="0x" + hashlib.sha256(f"{self.run_id}/s/{worker}".encode()).hexdigest(),
-                    step=seq * self.batch + item,
-                    shard=worker % 3,
-                    commitment="0x" + digest,
-                )
+        records = tuple(
+            txs.CommitmentRecord(
+                session=self._sessions[worker],
+                step=seq * self.batch + item,
+                shard=worker % 3,
+                commitment="0x"
+                + hashlib.sha256(f"{self.run_id}/{worker}/{seq}/{item}".encode()).hexdigest(),
             )
-        return txs.sign(txs.CommitBatch(tuple(records)), self._keys[worker], seq + 2).encode()
+            for item in range(self.batch)
+        )
+        return txs.sign(txs.CommitBatch(records), self._keys[worker], seq + 2).encode()
 
 
 # -- the load ----------------------------------------------------------------------------------
@@ -198,12 +231,14 @@ async def run_load(
         stop = asyncio.Event()
         watcher = asyncio.create_task(_watch_blocks(rpcs[0], result, stop))
         await asyncio.sleep(0.5)
+        cpu_before = _cpu_seconds(network)
         result.start = time.monotonic()
         result.end = result.start + duration_s
         await asyncio.gather(
             *(_worker(rpcs[w % len(rpcs)], w, factory.make, result) for w in range(concurrency))
         )
         sent_done = time.monotonic()
+        cpu_after = _cpu_seconds(network)
         deadline = sent_done + drain_s
         while time.monotonic() < deadline:
             seen = {h for _, _, hashes in result.blocks for h in hashes}
@@ -215,7 +250,25 @@ async def run_load(
             await asyncio.wait_for(watcher, timeout=5)
         watcher.cancel()
         failed_in_block = await _failed_in_block(rpcs[0], result)
-    return _metrics(result, factory, duration_s, failed_in_block, sent_done)
+    metrics = _metrics(result, factory, duration_s, failed_in_block, sent_done)
+    window_txs = max(1, metrics["committed_tx_s"] * duration_s)
+    for group in ("app", "cometbft", "loadgen"):
+        used = cpu_after[group] - cpu_before[group]
+        metrics[f"cpu_ms_per_tx_{group}"] = round(used * 1000 / window_txs, 3)
+        metrics[f"cpu_cores_busy_{group}"] = round(used / duration_s, 2)
+    return metrics
+
+
+def _cpu_seconds(network: committee.Network) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the apps, the cometbft nodes and this process."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = {"app": 0.0, "cometbft": 0.0}
+    for name, pid in committee.running_processes(network).items():
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            used[name.rstrip("0123456789")] += (int(fields[11]) + int(fields[12])) / ticks
+    own = os.times()
+    return {**used, "loadgen": own.user + own.system}
 
 
 async def _failed_in_block(rpc: CommitteeRpc, result: LoadResult) -> int:
@@ -326,6 +379,7 @@ def _machine() -> dict[str, Any]:
     except importlib.metadata.PackageNotFoundError:
         torch_version = None
     return {
+        "loadavg_1m_at_start": round(os.getloadavg()[0], 2),
         "cpu": cpu,
         "cores": os.cpu_count(),
         "gpu": None,
@@ -356,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
 
+    machine = _machine()  # before the bench loads the machine (loadavg: others' load)
     metrics: dict[str, Any] = {}
     if not args.skip_planet:
         metrics.update(bench_app("planet", args, args.base_port))
@@ -370,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "bench": "committee",
-                "machine": _machine(),
+                "machine": machine,
                 "config": {
                     "validators": args.validators,
                     "duration_s": args.duration,
