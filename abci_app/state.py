@@ -130,8 +130,8 @@ class State:
     def committed_items(self, ns: str) -> Iterator[tuple[str, Any]]:
         return iter(sorted(self.db.get(ns, {}).items()))
 
-    def emit(self, kind: str, **attributes: Any) -> None:
-        self._events.append((kind, tuple((k, str(v)) for k, v in sorted(attributes.items()))))
+    def emit(self, event_type: str, /, **attributes: Any) -> None:
+        self._events.append((event_type, tuple((k, str(v)) for k, v in sorted(attributes.items()))))
 
     # --- validators ---------------------------------------------------------------------------
 

@@ -414,7 +414,8 @@ BODY_TYPES: dict[str, Any] = {
 
 @dataclass(frozen=True, slots=True)
 class SignedTx:
-    """A tx body with its signer, nonce and ed25519 signature (`sig` empty until signed)."""
+    """A tx body with its signer, nonce and ed25519 signature (`sig` empty until signed).
+    `raw` is the canonical tx bytes, set only by `decode` and `sign`."""
 
     body: Any
     signer: str
@@ -436,6 +437,11 @@ class SignedTx:
 
     def sign_bytes(self) -> bytes:
         """What the signer signs: `SIGN_DOMAIN + canonical_json(envelope without sig)`."""
+        if self.raw and self.sig:
+            # `raw` is always the canonical encoding (set only by `decode` and `sign`), where the
+            # signature is the one `"sig"` member: dropping it gives the unsigned canonical form
+            # without re-encoding.
+            return SIGN_DOMAIN + self.raw.replace(b',"sig":"' + self.sig.encode() + b'"', b"", 1)
         return SIGN_DOMAIN + canonical_json(self.unsigned_json())
 
     def encode(self) -> bytes:
@@ -493,11 +499,10 @@ def decode(raw: bytes) -> SignedTx:
         sig=_str(envelope["sig"], "sig", re.compile(r"^[0-9a-f]{128}$")),
         raw=bytes(raw),
     )
-    try:
-        canonical = tx.encode()
-    except ProtocolError as error:
-        raise TxDecodeError(error.message) from None
-    if canonical != raw:
+    # The schema checks above admit only strings, integers and lists/objects of them (no
+    # floats), so plain sorted compact json.dumps is the canonical encoding here.
+    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if canonical.encode() != raw:
         raise TxDecodeError("bytes are not the canonical encoding")
     return tx
 

@@ -1,0 +1,156 @@
+"""An in-process committee chain for tests and benchmarks (no sockets, no CometBFT).
+
+`Chain` owns a `State` over a SQLite store, deterministic ed25519 validator keys and secp256k1
+operator keys, and runs blocks the way CometBFT drives the app: PrepareProposal →
+ProcessProposal → FinalizeBlock → Commit. Keys come from fixed seeds so every run (and every
+test) sees the same addresses and hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nacl.signing import SigningKey
+
+from abci_app import extensions
+from abci_app.state import State, TxResult, validator_address
+from abci_app.store import Store
+from protocol.committee import SignedTx, sign
+from protocol.eip712 import address_of
+
+CHAIN_ID = "planet-test"
+COMMITTEE_ADDRESS = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+EVM_CHAIN_ID = 31337
+
+
+def seeded_key(label: str) -> SigningKey:
+    """A deterministic ed25519 key from a label."""
+    return SigningKey(hashlib.sha256(b"planet-test-key/" + label.encode()).digest())
+
+
+def seeded_evm_key(label: str) -> bytes:
+    """A deterministic secp256k1 private key (32 bytes) from a label."""
+    return hashlib.sha256(b"planet-test-evm/" + label.encode()).digest()
+
+
+@dataclass
+class Validator:
+    key: SigningKey
+    operator_key: bytes
+    power: int
+
+    @property
+    def pubkey(self) -> bytes:
+        return self.key.verify_key.encode()
+
+    @property
+    def address(self) -> str:
+        return validator_address(self.pubkey)
+
+    @property
+    def operator(self) -> str:
+        return address_of(self.operator_key)
+
+
+@dataclass
+class Chain:
+    """A committee chain in one process; `db` is a path or ":memory:"."""
+
+    db: str | Path = ":memory:"
+    powers: tuple[int, ...] = (10, 10, 10, 10)
+    genesis: dict[str, Any] = field(default_factory=dict)
+    ve_enable_height: int = 1
+    validators: list[Validator] = field(init=False)
+    state: State = field(init=False)
+    nonces: dict[str, int] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validators = [
+            Validator(seeded_key(f"validator-{i}"), seeded_evm_key(f"operator-{i}"), power)
+            for i, power in enumerate(self.powers)
+        ]
+        self.state = State(Store(self.db))
+        if self.state.height == 0 and not self.state.chain_id:
+            app_state = {
+                "epoch_length": 5,
+                "heartbeat_timeout": 4,
+                "evm": {"chain_id": EVM_CHAIN_ID, "committee_address": COMMITTEE_ADDRESS},
+                "validators": {v.address: v.operator for v in self.validators},
+                **self.genesis,
+            }
+            self.state.init_chain(
+                CHAIN_ID,
+                [(v.pubkey, v.power) for v in self.validators],
+                json.dumps(app_state).encode(),
+                self.ve_enable_height,
+            )
+
+    def reopen(self) -> Chain:
+        """A new `Chain` over the same database file (simulates a restarted app)."""
+        self.state.store.close()
+        return Chain(db=self.db, powers=self.powers, genesis=self.genesis)
+
+    def tx(self, body: Any, key: SigningKey, nonce: int | None = None) -> bytes:
+        """Sign `body` with `key`, using the next nonce for that key unless given."""
+        signer = key.verify_key.encode().hex()
+        if nonce is None:
+            nonce = self.nonces.get(signer, 0) + 1
+        self.nonces[signer] = max(nonce, self.nonces.get(signer, 0))
+        signed: SignedTx = sign(body, key, nonce)
+        return signed.encode()
+
+    def extended_commit(
+        self, height: int, scores: dict[int, dict[str, int]] | None = None
+    ) -> bytes:
+        """The extended-commit tx a proposer injects at `height + 1`, every validator signing
+        `scores[validator index]` (empty extension when absent)."""
+        epoch_length = self.state.genesis.epoch_length
+        votes = []
+        for index, validator in enumerate(self.validators):
+            extension = b""
+            if height % epoch_length == 0:
+                extension = extensions.encode_extension(
+                    height // epoch_length, (scores or {}).get(index, {})
+                )
+            sign_bytes = extensions.vote_extension_sign_bytes(CHAIN_ID, height, 0, extension)
+            votes.append(
+                extensions.ExtVote(
+                    address=validator.address,
+                    power=validator.power,
+                    extension=extension,
+                    signature=validator.key.sign(sign_bytes).signature,
+                    flag=extensions.BLOCK_ID_FLAG_COMMIT,
+                )
+            )
+        votes.sort(key=lambda v: v.address)
+        return extensions.ExtendedCommit(height=height, round=0, votes=tuple(votes)).encode()
+
+    def block(
+        self,
+        txs: list[bytes] | None = None,
+        scores: dict[int, dict[str, int]] | None = None,
+        block_hash: bytes | None = None,
+    ) -> list[TxResult]:
+        """Propose, validate, finalize and commit the next block; returns the tx results."""
+        height = self.state.height + 1
+        vx = self.extended_commit(height - 1, scores) if self.state.vx_required(height) else None
+        proposal = self.state.prepare_proposal(height, list(txs or []), 1 << 22, vx)
+        ok, reason = self.state.process_proposal(height, proposal)
+        if not ok:
+            raise AssertionError(f"proposal rejected at height {height}: {reason}")
+        digest = block_hash or hashlib.sha256(b"block/%d" % height).digest()
+        self.state.begin_block(height, digest)
+        results = [self.state.deliver_tx(raw, i) for i, raw in enumerate(proposal)]
+        self.state.end_block()
+        self.state.commit()
+        if vx is not None:
+            results = results[1:]
+        return results
+
+    def advance_to(self, height: int) -> None:
+        while self.state.height < height:
+            self.block()

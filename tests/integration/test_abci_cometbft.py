@@ -1,0 +1,279 @@
+"""One real CometBFT v0.38 validator driving the committee app over the ABCI socket.
+
+Registers a node, runs commit-reveal (one mismatch → evidence) and a verdict vote through
+`broadcast_tx_sync`, reads everything back through CometBFT's `abci_query` RPC, checks that
+reputation scores travel through vote extensions, then kills the app with SIGKILL, restarts it
+and checks that CometBFT's handshake accepts its height and app hash and the chain continues.
+Ports: picked free in 26600-26689.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nacl.signing import SigningKey
+
+from abci_app.reputation import ReputationParams, update
+from abci_app.testing import seeded_evm_key, seeded_key
+from protocol.committee import (
+    CommitBatch,
+    CommitmentRecord,
+    Heartbeat,
+    RegisterNode,
+    RevealBatch,
+    RevealRecord,
+    VerdictVote,
+    sign,
+    sign_registration,
+)
+from protocol.eip712 import Verdict, address_of, commitment_value, committee_domain
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+COMETBFT = ROOT / ".tools" / "bin" / "cometbft"
+COMMITTEE = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+EVM_CHAIN_ID = 31337
+SESSION = "0x" + "0a" * 32
+OPERATOR_KEY = seeded_evm_key("integration-operator")
+
+
+def free_ports(count: int) -> list[int]:
+    found = []
+    for port in range(26600, 26690):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    pytest.skip("not enough free ports in 26600-26689")
+
+
+@dataclass
+class Net:
+    home: Path
+    rpc: str
+    proxy: str
+    validator_address: str
+    logs: Path
+    app: subprocess.Popen[bytes] | None = None
+    node: subprocess.Popen[bytes] | None = None
+
+    def start_app(self) -> None:
+        log = open(self.logs / f"app-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115
+        self.app = subprocess.Popen(
+            [sys.executable, "-m", "abci_app", "--home", str(self.home), "--listen", self.proxy],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        host, port = self.proxy[len("tcp://") :].rsplit(":", 1)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert self.app.poll() is None, f"app exited early: {log.name}"
+            with socket.socket() as probe:
+                if probe.connect_ex((host, int(port))) == 0:
+                    return
+            time.sleep(0.05)
+        raise TimeoutError("abci app did not listen within 20 s")
+
+    def start_node(self) -> None:
+        log = open(self.logs / f"cometbft-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115
+        self.node = subprocess.Popen(
+            [str(COMETBFT), "start", "--home", str(self.home)], stdout=log, stderr=subprocess.STDOUT
+        )
+
+    def stop(self, process: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
+        if process is not None and process.poll() is None:
+            process.send_signal(sig)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+    def call(self, method: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.rpc}/{method}?{query}", timeout=10) as response:
+            body = json.load(response)
+        assert "error" not in body, body
+        return body["result"]
+
+    def height(self) -> int:
+        try:
+            return int(self.call("status")["sync_info"]["latest_block_height"])
+        except OSError:
+            return 0
+
+    def wait_height(self, target: int, timeout: float = 30) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            height = self.height()
+            if height >= target:
+                return height
+            time.sleep(0.1)
+        raise TimeoutError(f"height {target} not reached (at {self.height()})")
+
+    def submit(self, raw: bytes) -> dict[str, Any]:
+        """broadcast_tx_sync, then wait for the tx's FinalizeBlock result."""
+        checked = self.call("broadcast_tx_sync", tx="0x" + raw.hex())
+        assert checked["code"] == 0, checked
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                return self.call("tx", hash="0x" + checked["hash"])["tx_result"]
+            except (AssertionError, OSError):
+                time.sleep(0.1)
+        raise TimeoutError(f"tx {checked['hash']} not committed")
+
+    def query(self, path: str) -> Any:
+        response = self.call("abci_query", path=json.dumps(path))["response"]
+        assert response.get("code", 0) == 0, response
+        return json.loads(base64.b64decode(response["value"]))
+
+
+@pytest.fixture
+def net(tmp_path: Path) -> Iterator[Net]:
+    if not COMETBFT.exists():
+        pytest.fail(f"{COMETBFT} missing: run bash deploy/setup.sh")
+    home = tmp_path / "validator"
+    subprocess.run([str(COMETBFT), "init", "--home", str(home)], check=True, capture_output=True)
+    p2p, rpc, proxy = free_ports(3)
+    genesis_path = home / "config" / "genesis.json"
+    genesis = json.loads(genesis_path.read_text())
+    address = genesis["validators"][0]["address"]
+    genesis["consensus_params"]["abci"] = {"vote_extensions_enable_height": "1"}
+    genesis["app_state"] = {
+        "epoch_length": 5,
+        "heartbeat_timeout": 1000,
+        "evm": {"chain_id": EVM_CHAIN_ID, "committee_address": COMMITTEE},
+        "validators": {address: address_of(OPERATOR_KEY)},
+    }
+    genesis_path.write_text(json.dumps(genesis, indent=1))
+    config_path = home / "config" / "config.toml"
+    config = config_path.read_text()
+    for old, new in [
+        ('proxy_app = "tcp://127.0.0.1:26658"', f'proxy_app = "tcp://127.0.0.1:{proxy}"'),
+        ('laddr = "tcp://127.0.0.1:26657"', f'laddr = "tcp://127.0.0.1:{rpc}"'),
+        ('laddr = "tcp://0.0.0.0:26656"', f'laddr = "tcp://127.0.0.1:{p2p}"'),
+        ('timeout_commit = "1s"', 'timeout_commit = "150ms"'),
+    ]:
+        assert old in config, old
+        config = config.replace(old, new)
+    config_path.write_text(config)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    network = Net(home, f"http://127.0.0.1:{rpc}", f"tcp://127.0.0.1:{proxy}", address, logs)
+    try:
+        yield network
+    finally:
+        network.stop(network.node)
+        network.stop(network.app)
+        if os.environ.get("PLANET_KEEP_LOGS"):
+            print(f"logs in {logs}", file=sys.stderr)
+
+
+def validator_key(home: Path) -> SigningKey:
+    doc = json.loads((home / "config" / "priv_validator_key.json").read_text())
+    return SigningKey(base64.b64decode(doc["priv_key"]["value"])[:32])
+
+
+def test_abci_cometbft_register_commit_reveal_query_and_restart(net: Net) -> None:
+    node_key = seeded_key("integration-node")
+    node = node_key.verify_key.encode().hex()
+    evm = seeded_evm_key("integration-node")
+    (net.home / "reputation_scores.json").write_text(json.dumps({"scores": {node: 900_000}}))
+    net.start_app()
+    net.start_node()
+    net.wait_height(2)
+
+    body = RegisterNode(
+        evm_address=address_of(evm),
+        evm_signature=sign_registration(evm, node),
+        role="compute",
+        model="smollm2-135m",
+        shards=(0, 1),
+        endpoint="http://127.0.0.1:8100",
+        capacity=4,
+    )
+    assert net.submit(sign(body, node_key, 1).encode()).get("code", 0) == 0
+    assert net.submit(sign(Heartbeat(), node_key, 2).encode()).get("code", 0) == 0
+    [listed] = net.query("/nodes?model=smollm2-135m&shard=1")["nodes"]
+    assert listed["key"] == node and listed["status"] == "SERVING"
+
+    # commit-reveal: two commitments in one tx, one honest reveal, one mismatching reveal
+    output, salt = "0x" + "0b" * 32, "0x" + "0c" * 32
+    good = "0x" + commitment_value(SESSION, 1, 0, output, salt).hex()
+    records = (CommitmentRecord(SESSION, 1, 0, good), CommitmentRecord(SESSION, 2, 0, good))
+    assert net.submit(sign(CommitBatch(records), node_key, 3).encode()).get("code", 0) == 0
+    reveals = (RevealRecord(SESSION, 1, 0, output, salt), RevealRecord(SESSION, 2, 0, output, salt))
+    assert net.submit(sign(RevealBatch(reveals), node_key, 4).encode()).get("code", 0) == 0
+    commitments = net.query(f"/commitments?node={node}")["commitments"]
+    assert [c["match"] for c in commitments] == [True, False]
+    [evidence] = net.query("/evidence")["evidence"]
+    assert evidence["kind"] == "reveal_mismatch" and evidence["step"] == 2
+
+    # a verdict on that evidence, signed by the single validator's operator key (100 % power)
+    verdict = Verdict(
+        node=address_of(evm),
+        offence=1,
+        evidence_hash=bytes.fromhex(evidence["id"][2:]),
+        challenger=address_of(OPERATOR_KEY),
+        nonce=1,
+    )
+    signature = verdict.sign(OPERATOR_KEY, committee_domain(EVM_CHAIN_ID, COMMITTEE))
+    vote = VerdictVote(
+        node=verdict.node,
+        offence=1,
+        evidence_hash=evidence["id"],
+        challenger=verdict.challenger,
+        verdict_nonce=1,
+        signature="0x" + signature.hex(),
+    )
+    assert net.submit(sign(vote, validator_key(net.home), 1).encode()).get("code", 0) == 0
+    [confirmed] = net.query("/verdicts?confirmed=true")["verdicts"]
+    assert confirmed["signers"] == [address_of(OPERATOR_KEY)]
+    assert confirmed["signatures"] == ["0x" + signature.hex()]
+
+    # reputation scores reach the chain through vote extensions at epoch boundaries
+    registered = listed["registered_height"]
+    net.wait_height(-(-registered // 5) * 5 + 1)  # the block after the next epoch close
+    record = net.query("/reputations")["reputations"][node]
+    assert record["epochs"] >= 1
+    expected, window = ReputationParams().initial, ()
+    for _ in range(record["epochs"]):
+        expected, window = update(expected, window, 900_000, ReputationParams())
+    assert record["r"] == expected and record["window"] == list(window)
+
+    # kill the app mid-run; CometBFT stops with it; both restart and agree on the app hash
+    params_before = net.query("/params")
+    net.stop(net.app, signal.SIGKILL)
+    net.stop(net.node)
+    net.start_app()
+    net.start_node()
+    restarted_at = net.wait_height(params_before["height"] + 1)
+    net.wait_height(restarted_at + 3)
+    after = net.query("/params")
+    assert after["height"] > params_before["height"]
+    header = net.call("block", height=str(params_before["height"] + 1))["block"]["header"]
+    assert header["app_hash"].lower() == params_before["app_hash"]
+    assert net.query(f"/node?key={node}")["status"] == "SERVING"
+    assert net.app is not None and net.app.poll() is None
+    assert net.node is not None and net.node.poll() is None
