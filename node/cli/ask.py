@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str, Any]:
     from node.client.head import NumpyHead
     from node.client.pipeline import Hop, PipelineClient, Timings
-    from node.model import Manifest
+    from node.model.manifest import Manifest
 
     manifest = Manifest.load(nodes.manifest)
     head = NumpyHead(nodes.manifest)

@@ -117,7 +117,8 @@ def _running(run_dir: Path) -> list[dict[str, int]]:
 
 def _up(args: argparse.Namespace) -> int:
     from node.client.nodesfile import NodeRef, NodesFile, default_nodes_path, local_run_dir
-    from node.model import Manifest, prepare
+    from node.model.manifest import Manifest
+    from node.model.prepare import prepare
     from node.server.launcher import NodeProcess, free_ports, start_node, stop_pid, wait_healthy
 
     if not 1 <= args.nodes <= 30:

@@ -16,7 +16,7 @@ class NumpyHead:
     def __init__(self, manifest_path: Path, device: str = "cpu") -> None:
         import torch
 
-        from node.model import ClientHead
+        from node.model.head import ClientHead
 
         self._torch = torch
         self.head = ClientHead.load(manifest_path, device=device)

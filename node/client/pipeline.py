@@ -265,8 +265,10 @@ class PipelineClient:
         max_new_tokens: int,
         sampling: SamplingConfig | None = None,
         timings: Timings | None = None,
+        stop_on_eos: bool = True,
     ) -> AsyncIterator[int]:
-        """Yield new token ids as they are chosen; stops on EOS (not yielded) or the limit."""
+        """Yield new token ids as they are chosen; stops on EOS (not yielded) or the limit.
+        `stop_on_eos=False` (benchmarks) always runs `max_new_tokens` steps."""
         sampling = (sampling or SamplingConfig()).validate()
         rng = sampling.rng()
         timings = timings if timings is not None else Timings()
@@ -294,7 +296,7 @@ class PipelineClient:
                     timings.prefill_ms = (now - t0) * 1000
                 else:
                     timings.decode_ms = (now - t_first) * 1000
-                if token in head.eos_token_ids:
+                if stop_on_eos and token in head.eos_token_ids:
                     break
                 timings.new_tokens += 1
                 yield token

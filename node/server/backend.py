@@ -36,8 +36,9 @@ class ModelShardBackend:
     def __init__(self, manifest_path: Path, shard_id: int, device: str = "auto") -> None:
         import torch
 
-        from node.model import Manifest, ShardModel
-        from node.model import cache_bytes as _cache_bytes
+        from node.model.manifest import Manifest
+        from node.model.shard import ShardModel
+        from node.model.shard import cache_bytes as _cache_bytes
 
         self._torch = torch
         self._cache_bytes = _cache_bytes

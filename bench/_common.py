@@ -1,0 +1,49 @@
+"""Shared bits of the bench scripts: the machine block and small statistics helpers."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    """The machine block of a benchmark's JSON (BENCHMARKS.md)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    gpu = None
+    torch_version = None
+    device = "cpu"
+    try:
+        import torch
+
+        torch_version = torch.__version__
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+            device = "cuda"
+    except ImportError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "gpu": gpu,
+        "torch": torch_version,
+        "device": device,
+    }
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def spread(values: list[float], digits: int = 2) -> list[float]:
+    """[min, max] of the repeats, rounded."""
+    return [round(min(values), digits), round(max(values), digits)] if values else []

@@ -1,0 +1,357 @@
+"""Pipeline benchmark: monolithic vs 2/3/5-node pipelines on loopback, shard sizes, perplexity
+per quant, activation bytes on the wire raw vs int8 — one JSON object on stdout, logs on stderr.
+
+    python bench/pipeline.py            # 64 new tokens, 3 repeats
+    python bench/pipeline.py --quick    # 32 new tokens, 2 repeats, shorter perplexity text
+
+Everything is measured in one run, side by side and interleaved (the machine is shared):
+- monolithic: transformers `generate` on the whole fp32 model in this process (the reference a
+  user would run), and the same ShardModel code path chained in-process (no HTTP), which
+  isolates what the network hops cost;
+- pipeline_K: K node processes on loopback started as `planet local up` starts them, driven by
+  the real PipelineClient (star with zero-copy relay, keep-alive connections).
+Decode rate counts forward steps after the first token; EOS is ignored so every run decodes
+the same number of tokens. Prefill = prompt in → first token chosen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import machine, median, spread
+
+log = logging.getLogger("bench.pipeline")
+
+SPEED_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+CHECK_PROMPTS: list[list[dict[str, str]]] = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Explain in a few sentences how a bicycle works."}],
+    [{"role": "user", "content": "List three fruits and say what colour each one is."}],
+    [
+        {"role": "user", "content": "Give me a name for a black cat."},
+        {"role": "assistant", "content": "How about Midnight?"},
+        {"role": "user", "content": "Nice. Now one for a white dog, and say why."},
+    ],
+]
+PORTS = (18100, 18300)
+
+
+class _Stamps:
+    """A generate() streamer that timestamps every put (first = the prompt)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: Any) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def bench_monolithic_generate(model: Any, ids: list[int], new_tokens: int) -> tuple[float, float]:
+    """(prefill_ms, decode_tok_s) of transformers generate, EOS ignored."""
+    import torch
+
+    stamps = _Stamps()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            streamer=stamps,
+        )
+    tokens = stamps.times[1:]  # the first put is the prompt
+    prefill_ms = (tokens[0] - t0) * 1000
+    decode_tok_s = (len(tokens) - 1) / (tokens[-1] - tokens[0])
+    return prefill_ms, decode_tok_s
+
+
+def bench_inprocess_shards(
+    head: Any, shards: list[Any], ids: list[int], new_tokens: int
+) -> tuple[float, float]:
+    """The pipeline's own code path (ClientHead + ShardModel.forward) without HTTP."""
+    import torch
+
+    caches = [s.new_cache() for s in shards]
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        hidden = torch.from_numpy(head.embed_np(ids))
+        positions = torch.arange(len(ids), dtype=torch.long)
+        times = []
+        position = len(ids)
+        for _ in range(new_tokens):
+            for shard, cache in zip(shards, caches, strict=True):
+                hidden = shard.forward(hidden, positions, cache)
+            token = int(np.argmax(head.logits_np(hidden[0, -1].numpy())))
+            times.append(time.perf_counter())
+            hidden = torch.from_numpy(head.embed_np([token]))
+            positions = torch.tensor([position], dtype=torch.long)
+            position += 1
+    return (times[0] - t0) * 1000, (len(times) - 1) / (times[-1] - times[0])
+
+
+async def _pipeline_run(
+    hops: list[Any],
+    head: Any,
+    ids: list[int],
+    new_tokens: int,
+    codec: str = "raw",
+    stop_on_eos: bool = False,
+) -> tuple[list[int], Any]:
+    from node.client.pipeline import PipelineClient, Timings
+
+    timings = Timings()
+    async with PipelineClient(hops, codec=codec) as client:
+        tokens = [
+            t
+            async for t in client.generate(
+                head, ids, max_new_tokens=new_tokens, timings=timings, stop_on_eos=stop_on_eos
+            )
+        ]
+    return tokens, timings
+
+
+def start_circuit(parts: int, run_dir: Path) -> tuple[Path, list[Any]]:
+    from node.model.prepare import prepare
+    from node.server.launcher import free_ports, start_node
+
+    manifest = Path(prepare(parts=parts, quant="none", progress=lambda m: log.info("%s", m)))
+    nodes = [
+        start_node(manifest=manifest, shard=shard, port=port, run_dir=run_dir / f"{parts}p")
+        for shard, port in enumerate(free_ports(parts, *PORTS))
+    ]
+    return manifest, nodes
+
+
+def shard_sizes(progress: Any) -> dict[str, int]:
+    from node.model.manifest import Manifest
+    from node.model.prepare import prepare
+
+    sizes = {}
+    for quant, name in (("none", "fp32"), ("int8", "int8"), ("int4", "int4")):
+        manifest = Manifest.load(prepare(parts=3, quant=quant, progress=progress))
+        sizes[name] = sum(entry.size for entry in manifest.shards)
+    return sizes
+
+
+def perplexities(max_tokens: int, progress: Any) -> dict[str, float]:
+    from node.model.evaluate import perplexity
+
+    from node.model.prepare import prepare
+
+    out = {}
+    for quant, name in (("none", "fp32"), ("int8", "int8"), ("int4", "int4")):
+        manifest = prepare(parts=3, quant=quant, progress=progress)
+        out[name] = float(perplexity(manifest, max_tokens=max_tokens))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats")
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--parts", default="2,3,5", help="pipelines to run (default 2,3,5)")
+    parser.add_argument("--ppl-tokens", type=int, default=None, help="tokens for perplexity")
+    parser.add_argument("--skip-ppl", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
+    )
+    new_tokens = args.max_new_tokens or (32 if args.quick else 64)
+    repeats = args.repeats or (2 if args.quick else 3)
+    ppl_tokens = args.ppl_tokens or (512 if args.quick else 2048)
+    parts_list = [int(p) for p in args.parts.split(",")]
+    progress = lambda message: log.info("%s", message)  # noqa: E731
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from node.client.head import NumpyHead
+    from node.client.pipeline import Hop
+    from node.model.manifest import Manifest
+    from node.model.shard import ShardModel
+    from node.model.source import resolve_source
+    from node.server.launcher import stop_pid, wait_healthy
+    from node.server.run import configure_torch_threads
+    from protocol.frames import make_frame
+
+    threads = configure_torch_threads(0)
+    metrics: dict[str, Any] = {}
+    run_dir = Path(tempfile.mkdtemp(prefix="planet-bench-"))
+    circuits: dict[int, tuple[Path, list[Any]]] = {}
+    try:
+        log.info("starting node processes for %s-part circuits", parts_list)
+        for parts in parts_list:
+            circuits[parts] = start_circuit(parts, run_dir)
+        directory = resolve_source("default", progress=progress).directory
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+        manifest3 = Path(next(iter(circuits.values()))[0])
+        manifest3 = Path(circuits[3][0]) if 3 in circuits else manifest3
+        head = NumpyHead(manifest3)
+        inproc = [
+            ShardModel.load(manifest3, e.shard_id, device="cpu")
+            for e in Manifest.load(manifest3).shards
+        ]
+        ids = head.chat_ids([{"role": "user", "content": SPEED_PROMPT}])
+        for parts, (_, nodes) in circuits.items():
+            wait_healthy(nodes, timeout_s=300)
+            log.info("%d-part circuit healthy", parts)
+        hops = {
+            parts: [Hop(url=n.url, shard=n.shard) for n in nodes]
+            for parts, (_, nodes) in circuits.items()
+        }
+        # warm-up: one short run of each (first-call allocations, connection set-up)
+        bench_monolithic_generate(model, ids, 4)
+        bench_inprocess_shards(head, inproc, ids, 4)
+        for parts in parts_list:
+            asyncio.run(_pipeline_run(hops[parts], head, ids, 4))
+
+        runs: dict[str, list[tuple[float, float]]] = {}
+        compute_share: dict[int, list[float]] = {p: [] for p in parts_list}
+        for repeat in range(repeats):
+            log.info("repeat %d/%d", repeat + 1, repeats)
+            runs.setdefault("monolithic", []).append(
+                bench_monolithic_generate(model, ids, new_tokens)
+            )
+            runs.setdefault("monolithic_inprocess", []).append(
+                bench_inprocess_shards(head, inproc, ids, new_tokens)
+            )
+            for parts in parts_list:
+                _, timings = asyncio.run(_pipeline_run(hops[parts], head, ids, new_tokens))
+                runs.setdefault(f"pipeline_{parts}", []).append(
+                    (timings.prefill_ms, timings.decode_tok_s)
+                )
+                total_ms = timings.prefill_ms + timings.decode_ms
+                compute_share[parts].append(sum(timings.node_compute_ms) / total_ms)
+            log.info("  %s", {k: [round(x, 2) for x in v[-1]] for k, v in runs.items()})
+        for name, values in runs.items():
+            prefill = [v[0] for v in values]
+            decode = [v[1] for v in values]
+            metrics[f"decode_tok_s_{name}"] = round(median(decode), 2)
+            metrics[f"decode_tok_s_{name}_spread"] = spread(decode)
+            metrics[f"prefill_ms_{name}"] = round(median(prefill), 1)
+            metrics[f"prefill_ms_{name}_spread"] = spread(prefill, 1)
+        mono = metrics["decode_tok_s_monolithic"]
+        inp = metrics["decode_tok_s_monolithic_inprocess"]
+        for parts in parts_list:
+            rate = metrics[f"decode_tok_s_pipeline_{parts}"]
+            metrics[f"ratio_decode_pipeline_{parts}_vs_monolithic"] = round(rate / mono, 3)
+            metrics[f"ratio_decode_pipeline_{parts}_vs_inprocess"] = round(rate / inp, 3)
+            metrics[f"hop_overhead_ms_per_token_pipeline_{parts}"] = round(
+                (1000 / rate - 1000 / inp) / parts, 3
+            )
+            metrics[f"node_compute_share_pipeline_{parts}"] = round(median(compute_share[parts]), 3)
+
+        # ---- activations on the wire, and greedy tokens with int8 compression -----------
+        one = np.asarray(head.embed_np([ids[-1]]))
+        prompt = np.asarray(head.embed_np(ids))
+        raw_tok = make_frame(one, session="bench-session", step=1, start=len(ids), shard=0)
+        int8_tok = make_frame(
+            one, session="bench-session", step=1, start=len(ids), shard=0, codec="int8"
+        )
+        metrics["activation_bytes_per_token_raw"] = len(raw_tok)
+        metrics["activation_bytes_per_token_compressed"] = len(int8_tok)
+        metrics["ratio_activation_bytes_compressed_vs_raw"] = round(len(int8_tok) / len(raw_tok), 4)
+        metrics["activation_body_bytes_per_token_raw"] = one.size * 4
+        metrics["activation_body_bytes_per_token_compressed"] = len(int8_tok) - (
+            len(raw_tok) - one.size * 4
+        )
+        raw_prompt = make_frame(prompt, session="bench-session", step=0, start=0, shard=0)
+        int8_prompt = make_frame(
+            prompt, session="bench-session", step=0, start=0, shard=0, codec="int8"
+        )
+        metrics[f"activation_bytes_prefill_{len(ids)}_tokens_raw"] = len(raw_prompt)
+        metrics[f"activation_bytes_prefill_{len(ids)}_tokens_compressed"] = len(int8_prompt)
+        check_parts = 3 if 3 in hops else parts_list[-1]
+        unchanged = []
+        first_divergence = []
+        for messages in CHECK_PROMPTS:
+            prompt_ids = head.chat_ids(messages)
+            raw_tokens, _ = asyncio.run(
+                _pipeline_run(hops[check_parts], head, prompt_ids, 32, stop_on_eos=True)
+            )
+            int8_tokens, _ = asyncio.run(
+                _pipeline_run(
+                    hops[check_parts], head, prompt_ids, 32, codec="int8", stop_on_eos=True
+                )
+            )
+            unchanged.append(raw_tokens == int8_tokens)
+            diverge = next(
+                (
+                    i
+                    for i, (a, b) in enumerate(zip(raw_tokens, int8_tokens, strict=False))
+                    if a != b
+                ),
+                None,
+            )
+            first_divergence.append(diverge)
+        metrics["greedy_tokens_unchanged_compressed"] = all(unchanged)
+        metrics["compressed_prompts_checked"] = len(unchanged)
+        metrics["compressed_prompts_unchanged"] = sum(unchanged)
+        metrics["compressed_first_divergence_step"] = first_divergence
+    finally:
+        for _, nodes in circuits.values():
+            for node in nodes:
+                stop_pid(node.pid, grace_s=5)
+
+    sizes = shard_sizes(progress)
+    for name, size in sizes.items():
+        metrics[f"shard_bytes_{name}"] = size
+    metrics["ratio_shard_bytes_int8_vs_fp32"] = round(sizes["int8"] / sizes["fp32"], 4)
+    metrics["ratio_shard_bytes_int4_vs_fp32"] = round(sizes["int4"] / sizes["fp32"], 4)
+    if not args.skip_ppl:
+        ppl = perplexities(ppl_tokens, progress)
+        for name, value in ppl.items():
+            metrics[f"ppl_{name}"] = round(value, 3)
+        metrics["ratio_ppl_int8_vs_fp32"] = round(ppl["int8"] / ppl["fp32"], 4)
+        metrics["ratio_ppl_int4_vs_fp32"] = round(ppl["int4"] / ppl["fp32"], 4)
+
+    result = {
+        "bench": "pipeline",
+        "machine": machine(),
+        "config": {
+            "model": "smollm2-135m",
+            "max_new_tokens": new_tokens,
+            "repeats": repeats,
+            "parts": parts_list,
+            "prompt_tokens": len(ids),
+            "torch_threads": threads,
+            "topology": "star, zero-copy relay, keep-alive HTTP/1.1 on loopback",
+            "monolithic": "transformers generate, fp32, same process",
+            "ppl_tokens": None if args.skip_ppl else ppl_tokens,
+            "quick": args.quick,
+        },
+        "metrics": metrics,
+        "targets": {
+            "ratio_decode_pipeline_3_vs_monolithic": {"op": ">=", "value": 0.9},
+            "ratio_shard_bytes_int8_vs_fp32": {"op": "<=", "value": 0.30},
+            "ratio_shard_bytes_int4_vs_fp32": {"op": "<=", "value": 0.18},
+            "ratio_ppl_int8_vs_fp32": {"op": "<=", "value": 1.02},
+            "ratio_ppl_int4_vs_fp32": {"op": "<=", "value": 1.10},
+            "ratio_activation_bytes_compressed_vs_raw": {"op": "<=", "value": 0.30},
+            "greedy_tokens_unchanged_compressed": {"op": "==", "value": True},
+        },
+    }
+    import json
+
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Distributed greedy decoding over real node processes (HTTP, loopback) equals monolithic
+transformers `generate`, token for token, with unquantized shards of the real SmolLM2.
+
+Circuits: 2, 3 and 5 even parts and one uneven split. Node processes start once per circuit
+(module-scoped fixture) and the prepared model cache is reused across runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.client.head import NumpyHead
+from node.client.pipeline import Hop, PipelineClient, Timings
+from node.server.launcher import (
+    NodeProcess,
+    free_ports,
+    pid_alive,
+    start_node,
+    stop_pid,
+    wait_healthy,
+)
+
+pytestmark = pytest.mark.integration
+
+MAX_NEW_TOKENS = 24
+PORTS = (18100, 18200)  # this module's share of the test port range
+
+LONG_TEXT = (
+    "The river starts as snow high in the mountains. In spring the snow melts, and small "
+    "streams run down the rocks, join each other and grow into a fast, cold river. It cuts a "
+    "deep valley, turns mills in old villages, and slows down when it reaches the plain, where "
+    "farmers use its water for their fields. Near the sea it splits into many arms, builds a "
+    "delta of mud and sand, and finally disappears into the salt water. Birds rest in the "
+    "delta on their long trips between the north and the south, and fishermen have lived "
+    "there for thousands of years. "
+) * 3
+CONVERSATIONS: dict[str, list[dict[str, str]]] = {
+    "short": [{"role": "user", "content": "What is the capital of France?"}],
+    "long": [{"role": "user", "content": LONG_TEXT + "\nSummarize this text in two sentences."}],
+    "multi_turn": [
+        {"role": "user", "content": "Give me a name for a black cat."},
+        {"role": "assistant", "content": "How about Midnight?"},
+        {"role": "user", "content": "Nice. Now one for a white dog, and say why."},
+    ],
+}
+# (id, parts, split): split = layers per shard, handed to node.model.prepare
+CIRCUITS: list[tuple[str, int, list[int] | None]] = [
+    ("2p", 2, None),
+    ("3p", 3, None),
+    ("5p", 5, None),
+    ("uneven", 3, [4, 17, 9]),
+]
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, tuple[list[int], list[int]]]:
+    """prompt ids and the greedy continuation from the whole model (transformers generate)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from node.model.source import resolve_source
+
+    directory = resolve_source("default").directory
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    eos = set(
+        model.generation_config.eos_token_id
+        if isinstance(model.generation_config.eos_token_id, list)
+        else [model.generation_config.eos_token_id]
+    )
+    out: dict[str, tuple[list[int], list[int]]] = {}
+    for name, messages in CONVERSATIONS.items():
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        ids = [int(i) for i in ids]
+        with torch.inference_mode():
+            generated = model.generate(
+                torch.tensor([ids]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False
+            )[0, len(ids) :].tolist()
+        new: list[int] = []
+        for token in generated:
+            if token in eos:
+                break
+            new.append(int(token))
+        out[name] = (ids, new)
+    return out
+
+
+def _prepare(parts: int, split: list[int] | None) -> Path:
+    from node.model.prepare import prepare
+
+    kwargs: dict[str, Any] = {"parts": parts, "quant": "none", "progress": lambda _msg: None}
+    if split is not None:
+        kwargs["split"] = split
+    return Path(prepare(**kwargs))
+
+
+@pytest.fixture(scope="module", params=CIRCUITS, ids=[c[0] for c in CIRCUITS])
+def circuit(request, tmp_path_factory) -> Iterator[tuple[Path, list[NodeProcess]]]:
+    name, parts, split = request.param
+    manifest = _prepare(parts, split)
+    run_dir = tmp_path_factory.mktemp(f"nodes-{name}")
+    nodes: list[NodeProcess] = []
+    try:
+        for shard, port in enumerate(free_ports(parts, *PORTS)):
+            nodes.append(start_node(manifest=manifest, shard=shard, port=port, run_dir=run_dir))
+        wait_healthy(nodes, timeout_s=240)
+        yield manifest, nodes
+    finally:
+        for node in nodes:
+            stop_pid(node.pid, grace_s=5)
+
+
+@pytest.fixture(scope="module")
+def heads() -> dict[Path, NumpyHead]:
+    return {}
+
+
+def _generate(
+    manifest: Path, nodes: list[NodeProcess], head: NumpyHead, ids: list[int], codec: str = "raw"
+) -> tuple[list[int], Timings]:
+    async def run() -> tuple[list[int], Timings]:
+        hops = [Hop(url=n.url, shard=n.shard) for n in nodes]
+        timings = Timings()
+        async with PipelineClient(hops, codec=codec) as client:
+            from node.model.manifest import Manifest
+
+            m = Manifest.load(manifest)
+            await client.check_circuit(m.model_hash, m.total_layers)
+            tokens = [
+                t
+                async for t in client.generate(
+                    head, ids, max_new_tokens=MAX_NEW_TOKENS, timings=timings
+                )
+            ]
+            infos = await client.info()
+        assert all(info["sessions"] == 0 for info in infos), "sessions left open on a node"
+        return tokens, timings
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("prompt", list(CONVERSATIONS))
+def test_pipeline_http_greedy_equals_transformers_generate(circuit, reference, heads, prompt):
+    manifest, nodes = circuit
+    head = heads.setdefault(manifest, NumpyHead(manifest))
+    ids, expected = reference[prompt]
+    assert head.chat_ids(CONVERSATIONS[prompt]) == ids  # the client's chat template
+    tokens, timings = _generate(manifest, nodes, head, ids)
+    assert tokens == expected
+    assert timings.prompt_tokens == len(ids) and timings.new_tokens == len(expected)
+    assert all(pid_alive(n.pid) for n in nodes)
+
+
+def test_node_serve_corrupted_shard_refuses_to_start_naming_both_hashes(tmp_path):
+    from node.model.manifest import Manifest
+
+    manifest_path = _prepare(2, None)
+    source = manifest_path.parent
+    target = tmp_path / "model"
+    target.mkdir()
+    for item in source.iterdir():
+        (target / item.name).symlink_to(item)
+    entry = Manifest.load(manifest_path).shards[1]
+    (target / entry.file).unlink()
+    shutil.copyfile(source / entry.file, target / entry.file)
+    with open(target / entry.file, "r+b") as handle:
+        handle.seek(-1, 2)
+        last = handle.read(1)
+        handle.seek(-1, 2)
+        handle.write(bytes([last[0] ^ 0xFF]))
+    (port,) = free_ports(1, *PORTS)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "node.cli.main",
+            "node",
+            "serve",
+            "--manifest",
+            str(target / manifest_path.name),
+            "--shard",
+            "1",
+            "--port",
+            str(port),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert entry.hash in done.stderr  # the manifest's hash …
+    assert done.stderr.count("sha256:") >= 2  # … and the file's actual one
+    assert done.stderr.startswith("error:") or "\nerror:" in done.stderr
