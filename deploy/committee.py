@@ -66,7 +66,7 @@ class PortBusyError(UnavailableError):
     def __init__(self, port: int, what: str) -> None:
         super().__init__(
             f"port {port} ({what}) is already in use",
-            hint="stop what uses it (`ss -ltnp | grep PORT`), or init with another --base-port",
+            hint=f"stop what uses it (`ss -ltnp | grep :{port}`), or init with another --base-port",
         )
         self.port = port
 
@@ -599,26 +599,39 @@ def start_network(
     timeout_s: float = 60.0,
     progress: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, int]:
-    """Start every process of the network that is not running; returns {name: pid} started.
+    """Start every validator of the network that is not running; returns {name: pid} started.
 
-    A validator whose app is dead but whose cometbft still runs gets its cometbft restarted too
-    (CometBFT cannot reconnect to a new app process). With `wait`, returns once every node's RPC
-    answers, none is catching up, and all have committed a block after the start.
-    On failure, the processes started by this call are stopped again.
+    A validator is its app process and its cometbft process: when only one of them runs, it is
+    stopped and both are started again (CometBFT cannot reconnect to a new app process, and a
+    fresh app replays from its store during CometBFT's handshake). All needed ports are checked
+    before anything starts. With `wait`, returns once every node's RPC answers, none is catching
+    up, and all have committed a block after the start. On failure, the processes started by
+    this call are stopped again.
     """
     indexes = sorted(set(only)) if only is not None else [v.index for v in network.validators]
+    processes = ("app", "cometbft") if network.app == "planet" else ("cometbft",)
+    planned: list[Validator] = []
+    for index in indexes:
+        pids = {f"{p}{index}": read_pid(network, p, index) for p in processes}
+        live = {name: pid for name, pid in pids.items() if pid is not None}
+        if len(live) == len(processes):
+            continue
+        if live:
+            progress(f"validator{index}: {', '.join(live)} still running alone; restarting it")
+            _stop_pids(live, timeout_s=10)
+        planned.append(network.validators[index])
+    ports: dict[int, str] = {}
+    for validator in planned:
+        ports[validator.p2p_port] = f"p2p of validator{validator.index}"
+        ports[validator.rpc_port] = f"rpc of validator{validator.index}"
+        if network.app == "planet":
+            ports[validator.abci_port] = f"app of validator{validator.index}"
+    _require_ports(ports)
     started: dict[str, int] = {}
     try:
-        for index in indexes:
-            validator = network.validators[index]
-            app_pid = read_pid(network, "app", index) if network.app == "planet" else None
-            cometbft_pid = read_pid(network, "cometbft", index)
-            if network.app == "planet" and app_pid is None and cometbft_pid is not None:
-                progress(f"validator{index}: app is down; restarting its cometbft too")
-                _stop_pids({f"cometbft{index}": cometbft_pid}, timeout_s=10)
-                cometbft_pid = None
-            if network.app == "planet" and app_pid is None:
-                _require_ports({validator.abci_port: f"app of validator{index}"})
+        for validator in planned:
+            index = validator.index
+            if network.app == "planet":
                 pid = _spawn(network, "app", index, app_command(validator))
                 started[f"app{index}"] = pid
                 _wait_port_open(
@@ -628,17 +641,10 @@ def start_network(
                     network.log_path("app", index),
                     timeout_s=min(timeout_s, 60),
                 )
-            if cometbft_pid is None:
-                _require_ports(
-                    {
-                        validator.p2p_port: f"p2p of validator{index}",
-                        validator.rpc_port: f"rpc of validator{index}",
-                    }
-                )
-                started[f"cometbft{index}"] = _spawn(
-                    network, "cometbft", index, cometbft_command(network, validator)
-                )
-            progress(f"validator{index}: running")
+            started[f"cometbft{index}"] = _spawn(
+                network, "cometbft", index, cometbft_command(network, validator)
+            )
+            progress(f"validator{index}: started")
         if wait:
             asyncio.run(_wait_committing(network, started, timeout_s, progress))
     except BaseException:
@@ -759,6 +765,16 @@ async def network_status(network: Network, *, timeout_s: float = 3.0) -> list[di
             row[f"{process}_alive"] = read_pid(network, process, validator.index) is not None
         if network.app != "planet":
             row["app_alive"] = row["cometbft_alive"]
+        if not row["cometbft_alive"]:
+            row.update(
+                height=None,
+                app_hash=None,
+                block_hash=None,
+                catching_up=None,
+                peers=None,
+                error="cometbft is not running",
+            )
+            return row
         async with CommitteeRpc(validator.rpc_url, timeout_s=timeout_s) as rpc:
             try:
                 status = await rpc.status()
