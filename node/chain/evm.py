@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from web3.exceptions import (
     TimeExhausted,
     Web3RPCError,
 )
+from web3.types import RPCEndpoint
 
 from protocol.eip712 import (
     Commitment,
@@ -56,6 +58,7 @@ from protocol.errors import ConfigError, PlanetError, UnavailableError
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+TIP_REFRESH_S = 60.0
 
 ERROR_STRING_SELECTOR = bytes.fromhex("08c379a0")  # Error(string)
 PANIC_SELECTOR = bytes.fromhex("4e487b71")  # Panic(uint256)
@@ -327,8 +330,17 @@ class TxResult:
 
 
 def connect(rpc_url: str, timeout_s: float = 10.0) -> Web3:
-    """A web3 HTTP connection that is known to answer (UnavailableError otherwise)."""
-    w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": timeout_s}))
+    """A web3 HTTP connection that is known to answer (UnavailableError otherwise).
+
+    The chain id is cached by the provider (web3 would otherwise ask for it twice per
+    transaction while validating and signing)."""
+    provider = Web3.HTTPProvider(
+        rpc_url,
+        request_kwargs={"timeout": timeout_s},
+        cache_allowed_requests=True,
+        cacheable_requests={RPCEndpoint("eth_chainId")},
+    )
+    w3 = Web3(provider)
     rpc_guard(lambda: w3.eth.chain_id, rpc_url)
     return w3
 
@@ -385,6 +397,7 @@ class PlanetChain:
         }
         self.decoder = RevertDecoder(c.abi for c in deployment.contracts.values())
         self._nonce: int | None = None
+        self._tip: tuple[int, float] | None = None  # (wei, monotonic time it was fetched)
 
     @classmethod
     def from_file(
@@ -407,6 +420,15 @@ class PlanetChain:
 
     def domain_fraud_proofs(self) -> Domain:
         return fraud_proofs_domain(self.chain_id, self.deployment.address("FraudProofs"))
+
+    def _fees(self) -> dict[str, int]:
+        """EIP-1559 fees as web3 would pick them (2 × base fee + tip), with the tip fetched at
+        most once a minute instead of once per transaction."""
+        now = time.monotonic()
+        if self._tip is None or now - self._tip[1] > TIP_REFRESH_S:
+            self._tip = (self._rpc(lambda: self.w3.eth.max_priority_fee), now)
+        base_fee = self._rpc(lambda: self.w3.eth.get_block("latest"))["baseFeePerGas"]
+        return {"maxPriorityFeePerGas": self._tip[0], "maxFeePerGas": 2 * base_fee + self._tip[0]}
 
     def call(self, contract: str, function: str, *args: Any) -> Any:
         """A view call; reverts become ContractRevert."""
@@ -434,6 +456,7 @@ class PlanetChain:
                         "value": value,
                         "nonce": self._nonce,
                         "chainId": self.chain_id,
+                        **self._fees(),
                     }
                 )
             )

@@ -1,0 +1,118 @@
+"""Python-side settlement costs on a real anvil: deploy time, client tx throughput, settlement.
+
+Starts its own anvil (port 18547), deploys every contract with `deploy.evm.deploy_all`, then
+drives the typed client `node.chain.evm.PlanetChain`: sequential deposits (each waits for its
+receipt), one committee-signed payout root over N queries, and the claims of its payout tree.
+Prints one JSON object (BENCHMARKS.md); logs go to stderr.
+
+    .venv/bin/python bench/evm_client.py [--deposits 100] [--payees 16] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from eth_utils import keccak
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import machine, median, spread
+from deploy.anvil import ANVIL_DEV_KEY, rpc_call, start_anvil
+from deploy.evm import DeployConfig, compile_contracts, deploy_all
+from node.chain.evm import PlanetChain
+from protocol.eip712 import PayoutRoot, address_of, committee_signatures, queries_hash
+from shares.merkle import PayoutTree
+
+log = logging.getLogger("bench.evm_client")
+PORT = 18547
+ETHER = 10**18
+COMMITTEE_KEYS = [keccak(text=f"bench committee {i}") for i in range(4)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deposits", type=int, default=100, help="sequential deposits per repeat")
+    parser.add_argument("--payees", type=int, default=16, help="leaves of the payout tree")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    compile_contracts()
+
+    deploy_s: list[float] = []
+    deposit_tx_s: list[float] = []
+    post_root_s: list[float] = []
+    claim_tx_s: list[float] = []
+    gas: dict[str, int] = {}
+    with start_anvil(PORT) as anvil:
+        for repeat in range(args.repeats):
+            config = DeployConfig.devnet(committee=[(address_of(k), 1) for k in COMMITTEE_KEYS])
+            started = time.perf_counter()
+            deployment = deploy_all(anvil.rpc_url, ANVIL_DEV_KEY, config, progress=log.debug)
+            deploy_s.append(time.perf_counter() - started)
+
+            user_key = keccak(text=f"bench user {repeat}")
+            rpc_call(anvil.rpc_url, "anvil_setBalance", [address_of(user_key), hex(10**6 * ETHER)])
+            user = PlanetChain(deployment, user_key)
+            queries = [keccak(text=f"bench query {repeat} {i}") for i in range(args.deposits)]
+            started = time.perf_counter()
+            for query in queries:
+                result = user.deposit(query, keccak(text="model"), 10**15)
+            deposit_tx_s.append(args.deposits / (time.perf_counter() - started))
+            gas["deposit_gas"] = result.gas_used
+
+            fees = [10**15] * len(queries)
+            payees = {address_of(keccak(text=f"payee {i}")): 0 for i in range(args.payees)}
+            share, rest = divmod(sum(fees), args.payees)
+            amounts = {a: share + (rest if i == 0 else 0) for i, a in enumerate(payees)}
+            epoch = repeat + 1
+            tree = PayoutTree.for_epoch(epoch, amounts)
+            statement = PayoutRoot(epoch, tree.root, tree.total, queries_hash(queries, fees))
+            sigs = committee_signatures(statement, COMMITTEE_KEYS, user.domain_committee())
+            started = time.perf_counter()
+            posted = user.post_payout_root(statement, queries, fees, sigs)
+            post_root_s.append(time.perf_counter() - started)
+            gas[f"settle_{args.deposits}_queries_4_signers_gas"] = posted.gas_used
+
+            rpc_call(anvil.rpc_url, "evm_increaseTime", [61])
+            rpc_call(anvil.rpc_url, "evm_mine", [])
+            started = time.perf_counter()
+            for i, payout in enumerate(tree.payouts):
+                claimed = user.claim(epoch, payout.account, payout.amount, tree.proof(i))
+            claim_tx_s.append(args.payees / (time.perf_counter() - started))
+            gas[f"claim_gas_{args.payees}_leaves"] = claimed.gas_used
+
+    print(
+        json.dumps(
+            {
+                "bench": "evm_client",
+                "machine": machine(),
+                "config": {
+                    "deposits": args.deposits,
+                    "payees": args.payees,
+                    "repeats": args.repeats,
+                    "committee": len(COMMITTEE_KEYS),
+                    "chain": "anvil (npm @foundry-rs/anvil-linux-amd64), instant mining",
+                },
+                "metrics": {
+                    "deploy_s": round(median(deploy_s), 3),
+                    "deploy_s_spread": spread(deploy_s, 3),
+                    "deposit_tx_s": round(median(deposit_tx_s), 1),
+                    "deposit_tx_s_spread": spread(deposit_tx_s, 1),
+                    "post_payout_root_s": round(median(post_root_s), 3),
+                    "claim_tx_s": round(median(claim_tx_s), 1),
+                    **gas,
+                },
+                "targets": {},
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
