@@ -1,0 +1,222 @@
+// Staking: roles and minimums, unbonding strictly longer than the challenge window, pull credits,
+// slash access control, and hostile receivers.
+const { expect } = require("chai");
+const { ethers } = require("hardhat");
+const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
+const h = require("./helpers");
+
+describe("Staking", function () {
+  async function fixture() {
+    const env = await h.deployAll();
+    const [deployer, node, other, challenger] = await ethers.getSigners();
+    const receiver = await (await ethers.getContractFactory("ReentrantReceiver")).deploy();
+    return { ...env, deployer, node, other, challenger, receiver };
+  }
+
+  describe("constructor", function () {
+    it("constructor_delayNotLongerThanWindow_reverts", async function () {
+      const F = await ethers.getContractFactory("Staking");
+      const c = ethers.Wallet.createRandom().address;
+      await expect(F.deploy(c, ethers.ZeroAddress, h.ONE, h.ONE, 60n, 60n))
+        .to.be.revertedWithCustomError(F, "UnstakeDelayTooShort")
+        .withArgs(60n, 60n);
+    });
+    it("constructor_zeroMinimum_reverts", async function () {
+      const F = await ethers.getContractFactory("Staking");
+      const c = ethers.Wallet.createRandom().address;
+      await expect(F.deploy(c, ethers.ZeroAddress, 0n, h.ONE, 60n, 61n)).to.be.revertedWithCustomError(F, "ZeroAmount");
+    });
+    it("constructor_deploysFraudProofsBoundToItself", async function () {
+      const { staking, fraudProofs, committee } = await loadFixture(fixture);
+      expect(await fraudProofs.staking()).to.equal(await staking.getAddress());
+      expect(await fraudProofs.committee()).to.equal(await committee.getAddress());
+      expect(await fraudProofs.faultVerifier()).to.equal(ethers.ZeroAddress);
+      expect(await staking.minimumStake(h.Role.Compute)).to.equal(h.ONE);
+      expect(await staking.minimumStake(h.Role.Verifier)).to.equal(h.ONE / 2n);
+      expect(await staking.minimumStake(h.Role.None)).to.equal(0n);
+      expect(await staking.unstakeDelay()).to.be.greaterThan(await staking.challengeWindow());
+    });
+  });
+
+  describe("stake", function () {
+    it("stake_computeAtMinimum_activates", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await expect(staking.connect(node).stake(h.Role.Compute, { value: h.ONE }))
+        .to.emit(staking, "Staked")
+        .withArgs(node.address, h.Role.Compute, h.ONE, h.ONE);
+      expect(await staking.stakeOf(node.address)).to.equal(h.ONE);
+      expect(await staking.roleOf(node.address)).to.equal(h.Role.Compute);
+      expect(await staking.statusOf(node.address)).to.equal(1n);
+      expect(await staking.isEligible(node.address)).to.equal(true);
+      expect(await staking.totalStaked()).to.equal(h.ONE);
+    });
+    it("stake_verifierAtMinimum_activates", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Verifier, { value: h.ONE / 2n });
+      expect(await staking.roleOf(node.address)).to.equal(h.Role.Verifier);
+    });
+    it("stake_belowMinimum_reverts", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await expect(staking.connect(node).stake(h.Role.Compute, { value: h.ONE - 1n }))
+        .to.be.revertedWithCustomError(staking, "BelowMinimum")
+        .withArgs(h.Role.Compute, h.ONE - 1n, h.ONE);
+      await expect(staking.connect(node).stake(h.Role.Verifier, { value: h.ONE / 2n - 1n }))
+        .to.be.revertedWithCustomError(staking, "BelowMinimum")
+        .withArgs(h.Role.Verifier, h.ONE / 2n - 1n, h.ONE / 2n);
+    });
+    it("stake_roleNone_reverts", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await expect(staking.connect(node).stake(h.Role.None, { value: h.ONE }))
+        .to.be.revertedWithCustomError(staking, "InvalidRole")
+        .withArgs(0);
+      await expect(staking.connect(node).stake(3, { value: h.ONE })).to.be.reverted;
+    });
+    it("stake_zeroValue_reverts", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await expect(staking.connect(node).stake(h.Role.Compute)).to.be.revertedWithCustomError(staking, "ZeroAmount");
+    });
+    it("stake_topUpSameRole_adds", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
+      await expect(staking.connect(node).stake(h.Role.Compute, { value: 5n }))
+        .to.emit(staking, "Staked")
+        .withArgs(node.address, h.Role.Compute, 5n, h.ONE + 5n);
+    });
+    it("stake_otherRole_reverts", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
+      await expect(staking.connect(node).stake(h.Role.Verifier, { value: h.ONE }))
+        .to.be.revertedWithCustomError(staking, "RoleMismatch")
+        .withArgs(h.Role.Compute, h.Role.Verifier);
+    });
+    it("stake_whileUnbonding_reverts", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
+      await staking.connect(node).requestUnstake();
+      const at = await staking.unbondingAt(node.address);
+      await expect(staking.connect(node).stake(h.Role.Compute, { value: h.ONE }))
+        .to.be.revertedWithCustomError(staking, "AlreadyUnbonding")
+        .withArgs(node.address, at);
+    });
+  });
+
+  describe("unstake and withdraw", function () {
+    it("requestUnstake_notStaked_reverts", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await expect(staking.connect(node).requestUnstake()).to.be.revertedWithCustomError(staking, "NotStaked").withArgs(node.address);
+    });
+    it("requestUnstake_twice_reverts", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
+      await staking.connect(node).requestUnstake();
+      await expect(staking.connect(node).requestUnstake()).to.be.revertedWithCustomError(staking, "AlreadyUnbonding");
+    });
+    it("withdraw_afterDelay_paysAndClears", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
+      const tx = staking.connect(node).requestUnstake();
+      const now = BigInt(await time.latest()) + 1n;
+      await expect(tx).to.emit(staking, "UnstakeRequested").withArgs(node.address, h.ONE, now + h.DEFAULTS.unstakeDelay);
+      expect(await staking.statusOf(node.address)).to.equal(2n);
+      expect(await staking.isEligible(node.address)).to.equal(false);
+      await time.increaseTo(now + h.DEFAULTS.unstakeDelay - 1n);
+      await expect(staking.connect(node).withdraw()).to.changeEtherBalances([node, staking], [h.ONE, -h.ONE]);
+      expect(await staking.statusOf(node.address)).to.equal(0n);
+      expect(await staking.roleOf(node.address)).to.equal(h.Role.None);
+      expect(await staking.totalStaked()).to.equal(0n);
+    });
+    it("withdraw_atChallengeWindowEnd_reverts", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
+      await staking.connect(node).requestUnstake();
+      const at = await staking.unbondingAt(node.address);
+      await time.increaseTo(at - 2n); // challenge window fully elapsed, unstake delay not yet
+      await expect(staking.connect(node).withdraw())
+        .to.be.revertedWithCustomError(staking, "UnbondingNotElapsed")
+        .withArgs(node.address, at);
+    });
+    it("withdraw_notUnbonding_reverts", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await expect(staking.connect(node).withdraw()).to.be.revertedWithCustomError(staking, "NotUnbonding").withArgs(node.address);
+      await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
+      await expect(staking.connect(node).withdraw()).to.be.revertedWithCustomError(staking, "NotUnbonding");
+    });
+    it("withdraw_emitsWithdrawn", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
+      await staking.connect(node).requestUnstake();
+      await time.increase(h.DEFAULTS.unstakeDelay);
+      await expect(staking.connect(node).withdraw()).to.emit(staking, "Withdrawn").withArgs(node.address, h.ONE);
+    });
+    it("withdraw_receiverReentersWithdraw_blockedAndPaidOnce", async function () {
+      const { staking, receiver } = await loadFixture(fixture);
+      const r = await receiver.getAddress();
+      await receiver.act(await staking.getAddress(), h.ONE, staking.interface.encodeFunctionData("stake", [h.Role.Compute]), { value: h.ONE });
+      await receiver.act(await staking.getAddress(), 0, staking.interface.encodeFunctionData("requestUnstake"));
+      await time.increase(h.DEFAULTS.unstakeDelay);
+      await receiver.arm(await staking.getAddress(), staking.interface.encodeFunctionData("withdraw"));
+      await receiver.act(await staking.getAddress(), 0, staking.interface.encodeFunctionData("withdraw"));
+      expect(await receiver.reentryAttempts()).to.equal(1n);
+      expect(await receiver.reentrySuccesses()).to.equal(0n);
+      const err = staking.interface.parseError(await receiver.lastReentryError());
+      expect(err.name).to.equal("ReentrancyGuardReentrantCall");
+      expect(await ethers.provider.getBalance(r)).to.equal(h.ONE);
+      expect(await ethers.provider.getBalance(await staking.getAddress())).to.equal(0n);
+    });
+    it("withdraw_receiverRejects_revertsTransferFailed", async function () {
+      const { staking, receiver } = await loadFixture(fixture);
+      const r = await receiver.getAddress();
+      await receiver.act(await staking.getAddress(), h.ONE, staking.interface.encodeFunctionData("stake", [h.Role.Compute]), { value: h.ONE });
+      await receiver.act(await staking.getAddress(), 0, staking.interface.encodeFunctionData("requestUnstake"));
+      await time.increase(h.DEFAULTS.unstakeDelay);
+      await receiver.setRejectPayments(true);
+      await expect(receiver.act(await staking.getAddress(), 0, staking.interface.encodeFunctionData("withdraw")))
+        .to.be.revertedWithCustomError(staking, "TransferFailed")
+        .withArgs(r, h.ONE);
+      expect(await staking.stakeOf(r)).to.equal(h.ONE); // nothing lost: the stake is still there
+    });
+  });
+
+  describe("slash access and credits", function () {
+    it("slash_notFraudProofs_reverts", async function () {
+      const { staking, node, other } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
+      await expect(staking.connect(other).slash(node.address, h.Offence.Equivocation, other.address))
+        .to.be.revertedWithCustomError(staking, "NotFraudProofs")
+        .withArgs(other.address);
+    });
+    it("claimCredit_nothing_reverts", async function () {
+      const { staking, other } = await loadFixture(fixture);
+      await expect(staking.connect(other).claimCredit()).to.be.revertedWithCustomError(staking, "NothingToClaim").withArgs(other.address);
+    });
+    it("claimCredit_afterSlash_paysOnceAndReentryBlocked", async function () {
+      const { staking, fraudProofs, fraudDomain, node, receiver } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
+      const a = { session: ethers.id("s"), step: 1n, shard: 0, commitment: ethers.id("a") };
+      const b = { ...a, commitment: ethers.id("b") };
+      const [sa] = await h.signAll([node], fraudDomain, "Commitment", a);
+      const [sb] = await h.signAll([node], fraudDomain, "Commitment", b);
+      const r = await receiver.getAddress();
+      await receiver.act(await fraudProofs.getAddress(), 0, fraudProofs.interface.encodeFunctionData("proveEquivocation", [a, sa, b, sb]));
+      expect(await staking.creditOf(r)).to.equal(h.ONE / 2n);
+      await receiver.arm(await staking.getAddress(), staking.interface.encodeFunctionData("claimCredit"));
+      await receiver.act(await staking.getAddress(), 0, staking.interface.encodeFunctionData("claimCredit"));
+      expect(await receiver.reentrySuccesses()).to.equal(0n);
+      expect(await ethers.provider.getBalance(r)).to.equal(h.ONE / 2n);
+      expect(await staking.creditOf(r)).to.equal(0n);
+      expect(await staking.totalCredits()).to.equal(0n);
+    });
+    it("claimCredit_emitsCreditClaimed", async function () {
+      const { staking, fraudProofs, fraudDomain, node, challenger } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
+      const a = { session: ethers.id("s"), step: 1n, shard: 0, commitment: ethers.id("a") };
+      const b = { ...a, commitment: ethers.id("b") };
+      const [sa] = await h.signAll([node], fraudDomain, "Commitment", a);
+      const [sb] = await h.signAll([node], fraudDomain, "Commitment", b);
+      await fraudProofs.connect(challenger).proveEquivocation(a, sa, b, sb);
+      const tx = staking.connect(challenger).claimCredit();
+      await expect(tx).to.emit(staking, "CreditClaimed").withArgs(challenger.address, h.ONE / 2n);
+      await expect(tx).to.changeEtherBalance(challenger, h.ONE / 2n);
+    });
+  });
+});
