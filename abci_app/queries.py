@@ -8,8 +8,8 @@ the request's `data`. Every answer is canonical JSON; unknown paths answer `UNKN
     /pool_health  ?model ?shards                per-shard routable counts and status
                                                 (healthy: every shard ≥ 3; degraded: some 1–2;
                                                  incomplete: some 0)
-    /commitments  ?node ?session                commit-reveal records
-    /evidence     ?node                         reveal mismatches and equivocations
+    /commitments  ?node ?session ?limit         commit-reveal records (at most 1000)
+    /evidence     ?node ?limit                  reveal mismatches and equivocations
     /reputations                                R, window, untrusted per node
     /epochs       ?epoch                        leader, challenge list (default: current + next)
     /verdicts     ?id ?confirmed                votes and the signatures sorted by operator address
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from abci_app.state import State
 
 HEALTHY_MIN = 3
+MAX_ITEMS = 1000  # most records one list query answers (?limit lowers it)
 
 
 class QueryError(Exception):
@@ -129,15 +130,22 @@ def _pool_health(state: State, params: dict[str, Any]) -> Any:
     return {"pools": [pool_health(state, model) for model in models]}
 
 
+def _limit(params: dict[str, Any]) -> int:
+    return max(1, min(_int_param(params, "limit", MAX_ITEMS) or MAX_ITEMS, MAX_ITEMS))
+
+
 def _commitments(state: State, params: dict[str, Any]) -> Any:
     prefix = params.get("node", "")
-    out = []
+    limit = _limit(params)
+    out: list[dict[str, Any]] = []
     for key, record in state.committed_items("commit"):
         node, session, step, shard = key.split("/")
         if prefix and node != prefix:
             continue
         if "session" in params and session != params["session"]:
             continue
+        if len(out) == limit:
+            break
         out.append(
             {"node": node, "session": session, "step": int(step), "shard": int(shard), **record}
         )
@@ -150,7 +158,7 @@ def _evidence(state: State, params: dict[str, Any]) -> Any:
         for _, r in state.committed_items("evidence")
         if params.get("node", r["node"]) == r["node"]
     ]
-    return {"evidence": items}
+    return {"evidence": items[: _limit(params)]}
 
 
 def _reputations(state: State, params: dict[str, Any]) -> Any:

@@ -46,7 +46,7 @@ from protocol.errors import ProtocolError
 log = logging.getLogger(__name__)
 
 _DELETED = object()
-_CACHE_LIMIT = 200_000
+_CACHE_LIMIT = 50_000
 
 
 def validator_address(pubkey: bytes) -> str:
@@ -244,7 +244,7 @@ class State:
         size = 0
         if vx is not None and self.vx_required(height):
             out.append(vx)
-            size += len(vx)
+            size += _proto_size(vx)
         for raw in txs:
             if extensions.is_vx_tx(raw):
                 continue
@@ -252,10 +252,10 @@ class State:
                 self.decode_verified(raw)
             except ProtocolError:
                 continue
-            if size + len(raw) > max_bytes:
+            if size + _proto_size(raw) > max_bytes:
                 break
             out.append(raw)
-            size += len(raw)
+            size += _proto_size(raw)
         return out
 
     def process_proposal(self, height: int, txs: list[bytes]) -> tuple[bool, str]:
@@ -385,6 +385,17 @@ class RegistrationSignatureError(ProtocolError):
     """The EIP-191 signature of a registration does not recover to its EVM address."""
 
     code = "bad_evm_signature"
+
+
+def _proto_size(tx: bytes) -> int:
+    """Bytes a tx takes in the block's `Data` message (CometBFT's `ComputeProtoSizeForTxs`):
+    field tag + uvarint length + the tx; PrepareProposal must stay within `max_tx_bytes`."""
+    length = len(tx)
+    prefix = 1
+    while length >= 0x80:
+        length >>= 7
+        prefix += 1
+    return 1 + prefix + len(tx)
 
 
 def _code_of(error: ProtocolError) -> Code:

@@ -27,6 +27,10 @@ COMMITTEE_ADDRESS = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
 EVM_CHAIN_ID = 31337
 
 
+class ProposalRejected(Exception):
+    """ProcessProposal refused a block the harness proposed (a bug in the app or the test)."""
+
+
 def seeded_key(label: str) -> SigningKey:
     """A deterministic ed25519 key from a label."""
     return SigningKey(hashlib.sha256(b"planet-test-key/" + label.encode()).digest())
@@ -141,7 +145,7 @@ class Chain:
         proposal = self.state.prepare_proposal(height, list(txs or []), 1 << 22, vx)
         ok, reason = self.state.process_proposal(height, proposal)
         if not ok:
-            raise AssertionError(f"proposal rejected at height {height}: {reason}")
+            raise ProposalRejected(f"proposal rejected at height {height}: {reason}")
         digest = block_hash or hashlib.sha256(b"block/%d" % height).digest()
         self.state.begin_block(height, digest)
         results = [self.state.deliver_tx(raw, i) for i, raw in enumerate(proposal)]

@@ -277,3 +277,7 @@ def test_abci_cometbft_register_commit_reveal_query_and_restart(net: Net) -> Non
     assert net.query(f"/node?key={node}")["status"] == "SERVING"
     assert net.app is not None and net.app.poll() is None
     assert net.node is not None and net.node.poll() is None
+    # clean shutdown: SIGTERM ends the app with status 0
+    net.stop(net.node)
+    net.app.send_signal(signal.SIGTERM)
+    assert net.app.wait(10) == 0

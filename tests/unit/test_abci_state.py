@@ -293,6 +293,7 @@ def test_abci_commit_reveal_match_recorded() -> None:
     assert chain.block([chain.tx(reveal, key)])[0].code == Code.OK
     answer = ask(chain, f"/commitments?node={hexkey(key)}")["commitments"]
     assert len(answer) == 2
+    assert len(ask(chain, f"/commitments?node={hexkey(key)}&limit=1")["commitments"]) == 1
     assert answer[0]["match"] is True and answer[0]["output_hash"] == OUTPUT
     assert "match" not in answer[1]
     assert ask(chain, "/evidence")["evidence"] == []
@@ -546,3 +547,16 @@ def test_abci_query_unknown_path_and_bad_params() -> None:
     assert query(chain.state, "/node?key=00", b"")[0] == Code.NOT_FOUND
     code, value, _ = query(chain.state, "/nodes", b'{"model": "m"}')
     assert code == Code.OK and json.loads(value) == {"nodes": []}
+
+
+def test_abci_prepare_proposal_respects_max_bytes_with_proto_overhead() -> None:
+    chain = Chain()
+    txs = [chain.tx(Heartbeat(), seeded_key(f"k{i}")) for i in range(3)]
+    # each tx costs tag (1) + uvarint length + bytes inside the block's Data message
+    cost = [1 + (1 if len(t) < 128 else 2) + len(t) for t in txs]
+    assert chain.state.prepare_proposal(1, txs, cost[0] + cost[1], None) == txs[:2]
+    assert chain.state.prepare_proposal(1, txs, cost[0] + cost[1] - 1, None) == txs[:1]
+    chain.advance_to(5)
+    vx = chain.extended_commit(5)
+    vx_cost = 1 + 2 + len(vx)
+    assert chain.state.prepare_proposal(6, txs, vx_cost + cost[0], vx) == [vx, txs[0]]
