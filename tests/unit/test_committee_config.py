@@ -206,3 +206,42 @@ def test_app_state_is_accepted_by_the_app_genesis_reader() -> None:
     assert genesis.operators == operators
     assert genesis.evm_chain_id == committee.DEFAULT_EVM_CHAIN_ID
     assert genesis.committee_address == "0x" + "cd" * 20
+
+
+def _network(directory: Path) -> committee.Network:
+    return committee.Network(
+        dir=str(directory),
+        chain_id="c",
+        app="planet",
+        base_port=27000,
+        timeout_commit="300ms",
+        epoch_length=5,
+        validators=tuple(
+            committee.Validator(**{**v.__dict__, "home": str(directory / f"node{v.index}")})
+            for v in _validators(2)
+        ),
+    )
+
+
+def test_read_pid_foreign_process_is_not_ours(tmp_path: Path) -> None:
+    network = _network(tmp_path)
+    network.pid_path("app", 0).parent.mkdir(parents=True)
+    network.pid_path("app", 0).write_text(f"{os.getpid()}\n")  # alive, but not validator 0's
+    network.pid_path("cometbft", 1).write_text("999999999\n")  # no such process
+    assert committee.read_pid(network, "app", 0) is None
+    assert committee.read_pid(network, "cometbft", 1) is None
+    assert committee.running_processes(network) == {}
+    assert committee.stop_network(network) == []  # idempotent, and kills nothing foreign
+    assert not network.pid_path("app", 0).exists()
+
+
+def test_cli_status_uninitialised_dir_exits_2_with_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from node.cli.main import main
+
+    status = main(["committee", "status", "--dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "no committee network" in err
+    assert "hint: create one: `planet committee init" in err
