@@ -41,7 +41,8 @@ from node.chain.evm import (
     rpc_error,
     rpc_guard,
 )
-from protocol.errors import ConfigError, PlanetError, UsageError
+from protocol.eip712 import as_address
+from protocol.errors import ConfigError, PlanetError, ProtocolError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,10 @@ class DeployConfig:
     def __post_init__(self) -> None:
         if not self.committee:
             raise UsageError("the committee needs at least one member")
-        members = [to_checksum_address(a) for a, _ in self.committee]
+        try:
+            members = [as_address(a, "committee member") for a, _ in self.committee]
+        except ProtocolError as error:
+            raise UsageError(error.message) from None
         if len(set(members)) != len(members):
             raise UsageError("a committee member is listed twice")
         if any(p <= 0 or p >= 2**64 for _, p in self.committee):
@@ -112,10 +116,12 @@ def parse_committee(values: Sequence[str]) -> tuple[tuple[str, int], ...]:
     members: list[tuple[str, int]] = []
     for value in values:
         address, _, power = value.partition(":")
-        if not Web3.is_address(address):
-            raise UsageError(f"--committee {value!r}: not an address", hint="use ADDR:POWER")
         try:
-            members.append((to_checksum_address(address), int(power or "1")))
+            checked = as_address(address, "member")
+        except ProtocolError as error:
+            raise UsageError(f"--committee {value!r}: {error.message}", hint="ADDR:POWER") from None
+        try:
+            members.append((checked, int(power or "1")))
         except ValueError:
             raise UsageError(f"--committee {value!r}: POWER must be an integer") from None
     return tuple(members)
