@@ -266,7 +266,12 @@ def test_committee_txs_registration_and_commit_batches_committed(
                 await rpcs[i % VALIDATORS].broadcast_tx_sync(a.commit_batch(8))
                 for i, a in enumerate(accounts)
             ]
-            await _assert_all_committed([b.hash for b in batches], via=1, timeout_s=30)
+            # websocket path: one Tx-event subscription per hash on validator 1
+            committed = await asyncio.gather(
+                *(rpcs[1].wait_for_tx(b.hash, timeout_s=30) for b in batches)
+            )
+            assert [c.code for c in committed] == [0] * len(batches)
+            assert all(c.height > 0 for c in committed)
             node = await rpcs[2].abci_query(f"/node?key={accounts[0].hex}")
             assert (node["key"], node["role"], node["status"]) == (
                 accounts[0].hex,
