@@ -260,3 +260,17 @@ def test_private_key_out_of_range_is_rejected() -> None:
         address_of(b"\x00" * 32)
     with pytest.raises(ProtocolError, match="range"):
         address_of(SECP256K1_N.to_bytes(32, "big"))
+
+
+def test_vectors_generator_reproduces_committed_files_byte_for_byte() -> None:
+    """generate.py is deterministic and the committed files are its current output."""
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "vectors" / "generate.py"
+    spec = importlib.util.spec_from_file_location("planet_vectors_generate", path)
+    assert spec is not None and spec.loader is not None
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    vectors = path.parent
+    assert generate.render(generate.eip712_vectors()) == (vectors / "eip712.json").read_text()
+    assert generate.render(generate.merkle_vectors()) == (vectors / "merkle.json").read_text()
