@@ -256,9 +256,9 @@ class Deployment:
     chain_id: int
     rpc_url: str
     deployer: str
-    block: int
+    block: int  # first block of the deployment: where event scans start
     contracts: dict[str, DeployedContract]
-    config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # DeployConfig.to_json() (wei, seconds)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -359,7 +359,11 @@ def rpc_guard(call: Callable[[], T], rpc_url: str) -> T:
 
 
 class PlanetChain:
-    """Signs and sends transactions to the Planet contracts as one account."""
+    """Signs and sends transactions to the Planet contracts as one account.
+
+    Keeps its own nonce counter (one RPC less per transaction), so use one instance per
+    account and thread; after a rejected send it re-reads the nonce from the chain.
+    """
 
     CONTRACT_NAMES: ClassVar[tuple[str, ...]] = (
         "Committee",
