@@ -3,7 +3,8 @@ process, driven only through `planet committee …` (subprocesses) and CometBFT'
 
 The tests run in file order on one network (module fixture) and build on each other:
 
-1. start-up: all 8 processes alive (kill -0), peers connected, blocks committed;
+1. start-up: all 8 processes alive (kill -0), peers connected, blocks committed; vote
+   extensions are on (the block after an epoch's end starts with the extended-commit tx);
 2. signed txs (node registrations, batched commitments) committed and visible through queries;
 3. one validator killed (cometbft and app, SIGKILL) under load: blocks keep coming and every tx
    that CheckTx accepted on a surviving node is in a block with code 0 (a crashed node's own
@@ -39,7 +40,8 @@ from eth_account import Account
 from nacl.signing import SigningKey
 
 from abci_app.codes import Code
-from node.chain.committee_rpc import CommitteeRpc, TxRejectedError
+from abci_app.extensions import VX_PREFIX
+from node.chain.committee_rpc import CommitteeRpc, TxRejectedError, decode_block_txs
 from protocol import committee as txs
 
 pytestmark = pytest.mark.e2e
@@ -249,6 +251,17 @@ def test_committee_up_all_processes_alive_and_connected(net: Path) -> None:
         assert row["peers"] == VALIDATORS - 1
         assert row["catching_up"] is False
     run(_wait_height(list(range(VALIDATORS)), max(r["height"] for r in body["validators"]) + 2, 20))
+
+
+def test_committee_vote_extensions_enabled_extended_commit_follows_epoch_end(net: Path) -> None:
+    async def first_txs() -> list[bytes]:
+        async with CommitteeRpc(rpc_url(0), timeout_s=5) as rpc:
+            await rpc.wait_for_height(EPOCH_LENGTH + 1, timeout_s=30)
+            return decode_block_txs((await rpc.block(EPOCH_LENGTH + 1))["block"])
+
+    block_txs = run(first_txs())
+    assert block_txs, "the block after the first epoch's end has no txs"
+    assert block_txs[0].startswith(VX_PREFIX)
 
 
 def test_committee_txs_registration_and_commit_batches_committed(
