@@ -4,9 +4,11 @@ Nothing here decides anything the chain agrees on; it converts between CometBFT'
 the pure state machine (`state.py`), and reads the validator's local reputation scores for
 ExtendVote from `<home>/reputation_scores.json`:
 
-    {"epoch": 3, "scores": {"<node key hex>": 812345, ...}}   # C at 10**6; "epoch" optional
+    {"epoch": 3, "scores": {"<node key hex>": 812345, ...}, "invalid": ["<node key hex>"]}
 
-A missing or invalid file yields an empty extension (logged), never a failed vote.
+`scores`: C(T) at 10**6 per node; `invalid`: nodes that did not answer their challenge (or
+answered with a bad signature); `epoch` and `invalid` are optional. A missing or invalid file
+yields an empty report (logged), never a failed vote.
 """
 
 from __future__ import annotations
@@ -144,15 +146,16 @@ class CommitteeApp:
         if req.height % length != 0:
             return pb.ResponseExtendVote(vote_extension=b"")
         epoch = req.height // length
-        scores = self._local_scores(epoch)
-        return pb.ResponseExtendVote(vote_extension=extensions.encode_extension(epoch, scores))
+        report = self._local_report(epoch)
+        extension = extensions.encode_extension(epoch, report.scores, report.invalid)
+        return pb.ResponseExtendVote(vote_extension=extension)
 
-    def _local_scores(self, epoch: int) -> dict[str, int]:
+    def _local_report(self, epoch: int) -> extensions.Report:
         if self.home is None:
-            return {}
+            return extensions.EMPTY_REPORT
         path = self.home / SCORES_FILE
         if not path.exists():
-            return {}
+            return extensions.EMPTY_REPORT
         try:
             doc = json.loads(path.read_text())
             if not isinstance(doc, dict):
@@ -161,11 +164,14 @@ class CommitteeApp:
                 log.info(
                     "scores file is for epoch %s, not %d: extending with none", doc["epoch"], epoch
                 )
-                return {}
-            return extensions.parse_scores(doc.get("scores", {}))
-        except (OSError, ValueError, extensions.VoteExtensionError) as error:
+                return extensions.EMPTY_REPORT
+            invalid = doc.get("invalid", [])
+            if isinstance(invalid, list):
+                invalid = sorted(set(invalid))
+            return extensions.parse_report(doc.get("scores", {}), invalid)
+        except (OSError, ValueError, TypeError, extensions.VoteExtensionError) as error:
             log.warning("ignoring invalid %s: %s", path, error)
-            return {}
+            return extensions.EMPTY_REPORT
 
     def verify_vote_extension(self, req: Any) -> Any:
         try:

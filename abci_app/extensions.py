@@ -3,9 +3,11 @@
 Flow (ABCI 2.0, CometBFT v0.38):
 
 1. ExtendVote at height h: when h closes epoch e (h % epoch_length == 0) the validator attaches
-   `canonical_json({"epoch": e, "scores": {node key hex: C at 10**6}})` read from
-   `<home>/reputation_scores.json` (written by its verifier); at other heights the extension is
-   empty. VerifyVoteExtension checks only this format.
+   `canonical_json({"epoch": e, "invalid": [node key hex, ...], "scores": {node key hex: C at
+   10**6}})` read from `<home>/reputation_scores.json` (written by its verifier): `scores` are
+   its credibility values, `invalid` the nodes whose challenge response was missing or wrongly
+   signed (a node is in at most one of the two). At other heights the extension is empty.
+   VerifyVoteExtension checks only this format.
 2. PrepareProposal at h+1: the proposer injects the extended commit it received as the special
    first tx `VX_PREFIX + canonical_json({"height", "round", "votes": [...]})`.
 3. ProcessProposal at h+1 (every validator): the tx must be present exactly when required, each
@@ -13,8 +15,10 @@ Flow (ABCI 2.0, CometBFT v0.38):
    (`CanonicalVoteExtension{extension=1 bytes, height=2 sfixed64, round=3 sfixed64,
    chain_id=4 string}`, uvarint length-delimited — `types.VoteExtensionSignBytes`) under the
    validator's key, and the signed votes must carry ≥ 2/3 of the voting power.
-4. FinalizeBlock at h+1 applies, per node, the power-weighted lower median of the reported
-   scores, when validators with ≥ 2/3 of the power reported that node.
+4. FinalizeBlock at h+1 applies, per node: C = 0 when validators with more than 1/3 of the
+   power reported it invalid (PlanetServe: one leader's report alone never lowers a node);
+   otherwise the power-weighted lower median of the reported scores, when validators with
+   ≥ 2/3 of the power reported a score for it; otherwise nothing.
 """
 
 from __future__ import annotations
@@ -76,8 +80,37 @@ def vote_extension_sign_bytes(chain_id: str, height: int, round_: int, extension
 # --- the extension itself -----------------------------------------------------------------------
 
 
-def encode_extension(epoch: int, scores: dict[str, int]) -> bytes:
-    return canonical_json({"epoch": epoch, "scores": dict(sorted(scores.items()))})
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One validator's view of an epoch: credibility per node, and nodes that did not answer
+    (or answered with a bad signature)."""
+
+    scores: dict[str, int]
+    invalid: tuple[str, ...] = ()
+
+
+EMPTY_REPORT = Report({}, ())
+
+
+def encode_extension(epoch: int, scores: dict[str, int], invalid: tuple[str, ...] = ()) -> bytes:
+    return canonical_json(
+        {"epoch": epoch, "invalid": sorted(set(invalid)), "scores": dict(sorted(scores.items()))}
+    )
+
+
+def parse_report(scores: Any, invalid: Any) -> Report:
+    """Validate a report's `scores` mapping and `invalid` list (sorted, unique, disjoint)."""
+    checked = parse_scores(scores)
+    if not isinstance(invalid, list) or len(invalid) > MAX_SCORES:
+        raise VoteExtensionError(f"invalid: expected a list of ≤ {MAX_SCORES} node keys")
+    for node in invalid:
+        if not isinstance(node, str) or not _NODE.match(node):
+            raise VoteExtensionError(f"invalid: bad node key {node!r}"[:120])
+    if invalid != sorted(set(invalid)):
+        raise VoteExtensionError("invalid: node keys must be sorted and unique")
+    if set(invalid) & set(checked):
+        raise VoteExtensionError("a node is both scored and reported invalid")
+    return Report(checked, tuple(invalid))
 
 
 def parse_scores(doc: Any) -> dict[str, int]:
@@ -92,11 +125,11 @@ def parse_scores(doc: Any) -> dict[str, int]:
     return doc
 
 
-def parse_extension(raw: bytes, height: int, epoch_length: int) -> dict[str, int]:
-    """The scores in a vote extension made at `height`; `{}` for an empty extension.
+def parse_extension(raw: bytes, height: int, epoch_length: int) -> Report:
+    """The report in a vote extension made at `height` (empty for an empty extension).
     Non-empty extensions are only valid at epoch-closing heights, for that epoch."""
     if not raw:
-        return {}
+        return EMPTY_REPORT
     if height % epoch_length != 0:
         raise VoteExtensionError(
             f"height {height} does not close an epoch: extension must be empty"
@@ -105,14 +138,14 @@ def parse_extension(raw: bytes, height: int, epoch_length: int) -> dict[str, int
         doc = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise VoteExtensionError(f"not JSON ({error})") from None
-    if not isinstance(doc, dict) or set(doc) != {"epoch", "scores"}:
-        raise VoteExtensionError("expected {epoch, scores}")
+    if not isinstance(doc, dict) or set(doc) != {"epoch", "invalid", "scores"}:
+        raise VoteExtensionError("expected {epoch, invalid, scores}")
     if doc["epoch"] != height // epoch_length:
         raise VoteExtensionError(f"epoch {doc['epoch']!r} is not {height // epoch_length}")
-    scores = parse_scores(doc["scores"])
+    report = parse_report(doc["scores"], doc["invalid"])
     if canonical_json(doc) != raw:
         raise VoteExtensionError("extension is not canonical JSON")
-    return scores
+    return report
 
 
 # --- the injected extended-commit tx ------------------------------------------------------------
@@ -182,13 +215,13 @@ def verify_extended_commit(
     chain_id: str,
     validators: dict[str, tuple[bytes, int]],
     epoch_length: int,
-) -> dict[str, dict[str, int]]:
+) -> dict[str, Report]:
     """Check every vote's signature and format, and ≥ 2/3 of the power; returns
-    {validator address: scores} of the signed votes. `validators`: address → (pubkey, power)."""
+    {validator address: report} of the signed votes. `validators`: address → (pubkey, power)."""
     total = sum(power for _, power in validators.values())
     seen: set[str] = set()
     signed_power = 0
-    scores: dict[str, dict[str, int]] = {}
+    reports: dict[str, Report] = {}
     for vote in commit.votes:
         if vote.address in seen:
             raise VoteExtensionError(f"validator {vote.address} appears twice")
@@ -209,11 +242,11 @@ def verify_extended_commit(
             VerifyKey(pubkey).verify(sign_bytes, vote.signature)
         except (BadSignatureError, ValueError):
             raise VoteExtensionError(f"validator {vote.address}: bad extension signature") from None
-        scores[vote.address] = parse_extension(vote.extension, commit.height, epoch_length)
+        reports[vote.address] = parse_extension(vote.extension, commit.height, epoch_length)
         signed_power += power
     if 3 * signed_power < 2 * total:
         raise VoteExtensionError(f"signed power {signed_power} of {total} is below 2/3")
-    return scores
+    return reports
 
 
 def weighted_lower_median(values: list[tuple[int, int]]) -> int:
@@ -232,17 +265,24 @@ def weighted_lower_median(values: list[tuple[int, int]]) -> int:
 
 
 def agreed_scores(
-    reports: dict[str, dict[str, int]], powers: dict[str, int], total_power: int
+    reports: dict[str, Report], powers: dict[str, int], total_power: int
 ) -> dict[str, int]:
-    """Per node, the weighted lower median of the reported scores, only for nodes reported by
-    validators holding ≥ 2/3 of `total_power`."""
+    """Per node: 0 when validators with > 1/3 of `total_power` reported it invalid; else the
+    weighted lower median of the reported scores when validators holding ≥ 2/3 of
+    `total_power` reported one; nodes meeting neither rule are left out."""
     per_node: dict[str, list[tuple[int, int]]] = {}
-    for validator, scores in reports.items():
-        for node, value in scores.items():
+    invalid_power: dict[str, int] = {}
+    for validator, report in reports.items():
+        for node, value in report.scores.items():
             per_node.setdefault(node, []).append((value, powers[validator]))
+        for node in report.invalid:
+            invalid_power[node] = invalid_power.get(node, 0) + powers[validator]
     agreed: dict[str, int] = {}
-    for node in sorted(per_node):
-        values = per_node[node]
-        if 3 * sum(power for _, power in values) >= 2 * total_power:
+    for node in sorted(set(per_node) | set(invalid_power)):
+        if 3 * invalid_power.get(node, 0) > total_power:
+            agreed[node] = 0
+            continue
+        values = per_node.get(node, [])
+        if values and 3 * sum(power for _, power in values) >= 2 * total_power:
             agreed[node] = weighted_lower_median(values)
     return agreed

@@ -108,17 +108,22 @@ class Chain:
         return signed.encode()
 
     def extended_commit(
-        self, height: int, scores: dict[int, dict[str, int]] | None = None
+        self,
+        height: int,
+        scores: dict[int, dict[str, int]] | None = None,
+        invalid: dict[int, tuple[str, ...]] | None = None,
     ) -> bytes:
         """The extended-commit tx a proposer injects at `height + 1`, every validator signing
-        `scores[validator index]` (empty extension when absent)."""
+        `scores[validator index]` and `invalid[validator index]` (empty report when absent)."""
         epoch_length = self.state.genesis.epoch_length
         votes = []
         for index, validator in enumerate(self.validators):
             extension = b""
             if height % epoch_length == 0:
                 extension = extensions.encode_extension(
-                    height // epoch_length, (scores or {}).get(index, {})
+                    height // epoch_length,
+                    (scores or {}).get(index, {}),
+                    (invalid or {}).get(index, ()),
                 )
             sign_bytes = extensions.vote_extension_sign_bytes(CHAIN_ID, height, 0, extension)
             votes.append(
@@ -138,10 +143,13 @@ class Chain:
         txs: list[bytes] | None = None,
         scores: dict[int, dict[str, int]] | None = None,
         block_hash: bytes | None = None,
+        invalid: dict[int, tuple[str, ...]] | None = None,
     ) -> list[TxResult]:
         """Propose, validate, finalize and commit the next block; returns the tx results."""
         height = self.state.height + 1
-        vx = self.extended_commit(height - 1, scores) if self.state.vx_required(height) else None
+        vx = None
+        if self.state.vx_required(height):
+            vx = self.extended_commit(height - 1, scores, invalid)
         proposal = self.state.prepare_proposal(height, list(txs or []), 1 << 22, vx)
         ok, reason = self.state.process_proposal(height, proposal)
         if not ok:

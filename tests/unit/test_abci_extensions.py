@@ -43,20 +43,50 @@ def test_extensions_weighted_lower_median() -> None:
 
 def test_extensions_agreed_scores_need_two_thirds_reporting_power() -> None:
     powers = {"A": 10, "B": 10, "C": 10, "D": 10}
-    reports = {"A": {"n": 1, "m": 5}, "B": {"n": 2}, "C": {"n": 3}, "D": {}}
+    report = extensions.Report
+    reports = {
+        "A": report({"n": 1, "m": 5}),
+        "B": report({"n": 2}),
+        "C": report({"n": 3}),
+        "D": report({}),
+    }
     assert extensions.agreed_scores(reports, powers, 40) == {"n": 2}
 
 
+def test_extensions_invalid_reports_zero_only_above_one_third() -> None:
+    powers = {"A": 10, "B": 10, "C": 10, "D": 10}
+    report = extensions.Report
+    # only the leader reports "x" invalid: ignored, the others' scores stand
+    one = {
+        "A": report({}, ("x",)),
+        "B": report({"x": 9}),
+        "C": report({"x": 9}),
+        "D": report({"x": 9}),
+    }
+    assert extensions.agreed_scores(one, powers, 40) == {"x": 9}
+    # two of four (> 1/3 of the power) report it invalid: C = 0 for the epoch
+    two = {
+        "A": report({}, ("x",)),
+        "B": report({}, ("x",)),
+        "C": report({"x": 9}),
+        "D": report({"x": 9}),
+    }
+    assert extensions.agreed_scores(two, powers, 40) == {"x": 0}
+
+
 def test_extensions_parse_rejects_bad_format() -> None:
-    ok = extensions.encode_extension(2, {"ab" * 32: 5})
-    assert extensions.parse_extension(ok, 10, 5) == {"ab" * 32: 5}
-    assert extensions.parse_extension(b"", 7, 5) == {}
+    ok = extensions.encode_extension(2, {"ab" * 32: 5}, ("cd" * 32,))
+    assert extensions.parse_extension(ok, 10, 5) == extensions.Report({"ab" * 32: 5}, ("cd" * 32,))
+    assert extensions.parse_extension(b"", 7, 5) == extensions.EMPTY_REPORT
     bad = [
         (ok, 11),  # not an epoch-closing height
         (extensions.encode_extension(3, {}), 10),  # wrong epoch
-        (b'{"epoch":2,"scores":{"zz":1}}', 10),
-        (b'{"epoch":2,"scores":{"' + b"ab" * 32 + b'":1000001}}', 10),
-        (b'{"epoch": 2, "scores": {}}', 10),  # not canonical
+        (b'{"epoch":2,"invalid":[],"scores":{"zz":1}}', 10),
+        (b'{"epoch":2,"invalid":[],"scores":{"' + b"ab" * 32 + b'":1000001}}', 10),
+        (b'{"epoch":2,"invalid":["' + b"ab" * 32 + b'"],"scores":{"' + b"ab" * 32 + b'":1}}', 10),
+        (b'{"epoch":2,"invalid":["' + b"cd" * 32 + b'","' + b"ab" * 32 + b'"],"scores":{}}', 10),
+        (b'{"epoch":2,"scores":{}}', 10),  # no invalid list
+        (b'{"epoch": 2, "invalid": [], "scores": {}}', 10),  # not canonical
         (b"nope", 10),
     ]
     for raw, height in bad:
@@ -138,6 +168,15 @@ def test_extensions_median_scores_update_reputation_at_epoch_start() -> None:
     assert epoch["reputation_applied"] == 1
 
 
+def test_extensions_invalid_by_two_validators_counts_as_zero_credibility() -> None:
+    chain = Chain()
+    node = register_compute(chain, "n1")
+    chain.advance_to(5)
+    chain.block(scores={2: {node: 900_000}, 3: {node: 900_000}}, invalid={0: (node,), 1: (node,)})
+    reps = json.loads(query(chain.state, "/reputations", b"")[1])["reputations"]
+    assert reps[node]["r"] == 200_000 and reps[node]["window"] == [0]  # 0.4·0.5 + 0.6·0
+
+
 def test_extensions_repeated_low_scores_mark_node_untrusted() -> None:
     chain = Chain()
     node = register_compute(chain, "n1")
@@ -157,25 +196,21 @@ def test_extensions_app_extend_vote_reads_local_scores_file(tmp_path: Path) -> N
     pb = abci_pb()
     chain = Chain()
     app = CommitteeApp(chain.state, tmp_path)
-    node = "ab" * 32
-    assert (
-        app.extend_vote(pb.RequestExtendVote(height=5)).vote_extension == b'{"epoch":1,"scores":{}}'
-    )
-    (tmp_path / "reputation_scores.json").write_text(json.dumps({"epoch": 1, "scores": {node: 7}}))
+    node, other = "ab" * 32, "cd" * 32
+    empty = b'{"epoch":1,"invalid":[],"scores":{}}'
+    assert app.extend_vote(pb.RequestExtendVote(height=5)).vote_extension == empty
+    doc = {"epoch": 1, "scores": {node: 7}, "invalid": [other]}
+    (tmp_path / "reputation_scores.json").write_text(json.dumps(doc))
     extension = app.extend_vote(pb.RequestExtendVote(height=5)).vote_extension
-    assert extensions.parse_extension(extension, 5, 5) == {node: 7}
+    assert extensions.parse_extension(extension, 5, 5) == extensions.Report({node: 7}, (other,))
     assert app.extend_vote(pb.RequestExtendVote(height=4)).vote_extension == b""
     # a file for another epoch or a broken file gives an empty (still valid) extension
-    assert (
-        extensions.parse_extension(
-            app.extend_vote(pb.RequestExtendVote(height=10)).vote_extension, 10, 5
-        )
-        == {}
-    )
+    later = app.extend_vote(pb.RequestExtendVote(height=10)).vote_extension
+    assert extensions.parse_extension(later, 10, 5) == extensions.EMPTY_REPORT
     (tmp_path / "reputation_scores.json").write_text("{broken")
-    assert (
-        app.extend_vote(pb.RequestExtendVote(height=5)).vote_extension == b'{"epoch":1,"scores":{}}'
-    )
+    assert app.extend_vote(pb.RequestExtendVote(height=5)).vote_extension == empty
+    (tmp_path / "reputation_scores.json").write_text(json.dumps({"scores": {node: 2.5}}))
+    assert app.extend_vote(pb.RequestExtendVote(height=5)).vote_extension == empty
 
 
 def test_extensions_app_verify_vote_extension_checks_format() -> None:
