@@ -79,6 +79,8 @@ class State:
         self._unpersisted: list[tuple[str, str, str | None]] = []
         self._events: list[tuple[str, tuple[tuple[str, str], ...]]] = []
         self._cache: dict[bytes, SignedTx] = {}
+        self._pending_writes: list[tuple[str, str, str | None]] = []
+        self._pending_hash = b""
         self._load_meta()
 
     def _load_meta(self) -> None:
@@ -311,11 +313,11 @@ class State:
         self._tx = {}
         try:
             handler(self, tx)
+            self._block.update(self._tx)
         except Rejected as rejected:
-            self._tx = None
             return TxResult(rejected.code, rejected.message)
-        writes, self._tx = self._tx, None
-        self._block.update(writes)
+        finally:
+            self._tx = None
         events = (("planet.tx", (("signer", tx.signer), ("type", tx.type))), *self._events)
         return TxResult(Code.OK, "", tuple(events))
 
