@@ -1,1 +1,24 @@
-"""The committee chain: an ABCI 2.0 application behind real CometBFT validators."""
+"""The committee chain: an ABCI 2.0 application behind real CometBFT validators.
+
+    python -m abci_app --home <validator home> --listen tcp://127.0.0.1:26658
+
+    __main__.py    entry point: args, logging, signals
+    server.py      asyncio ABCI socket server (uvarint-framed protobuf, 4 connections)
+    app.py         thin adapters: protobuf Request → State call → protobuf Response
+    state.py       the deterministic state machine: tx pipeline, nonces, block lifecycle, app hash
+    handlers.py    one function per tx type (registry, lifecycle, stake, commit-reveal,
+                   share-chain, verdicts)
+    epochs.py      height-driven rules: heartbeat timeouts, epoch leader + challenge list,
+                   reputation application
+    reputation.py  PlanetServe sec. 3.4 in fixed point (exact integer rules)
+    extensions.py  vote extensions: reputation reports, extended-commit tx, signature checks
+    queries.py     path-based JSON queries
+    genesis.py     genesis app_state parameters
+    store.py       SQLite persistence (one transaction per block)
+    codes.py       every result code
+    proto/         CometBFT protobuf classes, generated at build time (never committed)
+    testing.py     an in-process chain for tests and benchmarks
+
+Tx format: `protocol.committee`. Share-chain blocks: `shares.block`. Genesis must set
+`consensus_params.abci.vote_extensions_enable_height` (the devnet uses "1").
+"""
