@@ -8,6 +8,8 @@ Wire format (one CometBFT tx = the UTF-8 bytes of one canonical JSON object, see
 - `signer`: the ed25519 public key (32 bytes, lowercase hex) of a node key or a validator's
   CometBFT consensus key. It is also the account id (nonces are per signer).
 - `nonce`: strictly greater than the signer's last committed nonce (gaps allowed), < 2**63.
+  A tx that passes decoding, signature and nonce checks consumes its nonce even when a state
+  rule then rejects it (so its bytes can never be replayed later).
 - `sig`: ed25519 signature over `SIGN_DOMAIN + canonical_json({body, nonce, signer, type})`.
 - `body`: the type's fields (below). Integers that may exceed 2**53 (`amount`) are decimal
   strings; 32-byte values are `0x`-hex; EVM addresses are 0x-hex (checksum spelling on output).
