@@ -56,6 +56,7 @@ VOTE_EXTENSIONS_ENABLE_HEIGHT = 1
 APPS = ("planet", "kvstore")
 MANIFEST = "network.json"
 OPERATOR_KEY_FILE = "operator_key.json"
+START_MARKER = "=== start "
 
 
 class PortBusyError(UnavailableError):
@@ -521,7 +522,7 @@ def _spawn(network: Network, process: str, index: int, argv: list[str]) -> int:
     network.pid_path(process, index).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
         log_file.write(
-            f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} start: {' '.join(argv)}\n".encode()
+            f"\n{START_MARKER}{time.strftime('%Y-%m-%dT%H:%M:%S')}: {' '.join(argv)}\n".encode()
         )
         log_file.flush()
         child = subprocess.Popen(
@@ -558,10 +559,13 @@ def cometbft_command(network: Network, validator: Validator) -> list[str]:
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines a process wrote since its latest start (see `_spawn`'s marker)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        text = path.read_text(errors="replace")
     except OSError:
         return "(no log)"
+    since_start = text.rsplit(START_MARKER, 1)[-1].split("\n", 1)[-1]
+    return "\n".join(since_start.splitlines()[-lines:]) or "(no output)"
 
 
 class ProcessDiedError(UnavailableError):

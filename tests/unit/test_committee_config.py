@@ -245,3 +245,13 @@ def test_cli_status_uninitialised_dir_exits_2_with_hint(
     assert status == 2
     assert "no committee network" in err
     assert "hint: create one: `planet committee init" in err
+
+
+def test_log_tail_shows_only_the_latest_start(tmp_path: Path) -> None:
+    log = tmp_path / "app0.log"
+    log.write_text(
+        f"\n{committee.START_MARKER}t1: app\nold failure\n"
+        f"\n{committee.START_MARKER}t2: app\nnew line 1\nnew line 2\n"
+    )
+    assert committee.log_tail(log) == "new line 1\nnew line 2"
+    assert committee.log_tail(tmp_path / "missing.log") == "(no log)"
