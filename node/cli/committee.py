@@ -233,8 +233,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up = sub.add_parser(
         "up",
         help="start the network's processes (detached) and wait for blocks",
-        description="Start every process that is not running (restarts a validator's cometbft "
-        "when its app died) and wait until all nodes commit blocks.",
+        description="Start every validator that is not running (its app, then its cometbft; "
+        "when only one of the pair survived, both are restarted) and wait until all nodes "
+        "commit blocks. Logs: DIR/logs/<process><i>.log.",
         epilog="examples:\n  planet committee up\n  planet committee up --only 1 --only 3",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
