@@ -134,15 +134,22 @@ def artifacts_dir(root: Path = REPO_ROOT) -> Path:
     return root / "artifacts" / "contracts"
 
 
+COMPILE_STAMP = ".planet-compiled"  # in artifacts/: when `hardhat compile` last succeeded
+
+
 def _artifacts_stale(root: Path) -> bool:
-    """True when some contracts/**/X.sol has no artifact newer than itself."""
+    """True when some contracts/**/X.sol changed after both its artifacts and the last
+    successful compile (hardhat skips content-identical files, so a touched file keeps its
+    old artifact: the stamp keeps that from forcing a compile on every deploy)."""
     sources = list((root / "contracts").rglob("*.sol"))
     if not sources:
         raise ConfigError(f"no Solidity sources under {root / 'contracts'}")
+    stamp = root / "artifacts" / COMPILE_STAMP
+    stamp_time = stamp.stat().st_mtime if stamp.is_file() else 0.0
     for source in sources:
         built = artifacts_dir(root) / source.relative_to(root / "contracts")
         times = [p.stat().st_mtime for p in built.glob("*.json")] if built.is_dir() else []
-        if not times or max(times) < source.stat().st_mtime:
+        if not times or max(*times, stamp_time) < source.stat().st_mtime:
             return True
     return False
 
@@ -173,6 +180,7 @@ def compile_contracts(root: Path = REPO_ROOT, *, force: bool = False) -> None:
         raise ConfigError(
             f"`npx hardhat compile` failed:\n{(result.stderr or result.stdout).strip()[-3000:]}"
         )
+    (root / "artifacts" / COMPILE_STAMP).touch()
     log.info("contracts compiled in %.1f s", time.monotonic() - started)
 
 
@@ -309,9 +317,8 @@ def deploy_all(
     progress: Progress = lambda line: log.info("%s", line),
     root: Path = REPO_ROOT,
 ) -> Deployment:
-    """Compile if needed, deploy every contract in order, return the deployment (not saved)."""
-    compile_contracts(root)
-    artifacts = {name: load_artifact(name, root) for name in DEPLOY_ORDER}
+    """Check the chain and the deployer's funds, compile if needed, deploy every contract in
+    order, and return the deployment (not saved)."""
     w3 = connect(rpc_url)
     key = Account.from_key(deployer_key)
     chain_id, balance, block = rpc_guard(
@@ -328,6 +335,8 @@ def deploy_all(
             hint="fund it, or pass --key for a funded account",
             code="insufficient_funds",
         )
+    compile_contracts(root)  # after the cheap checks: a wrong RPC fails before any compile
+    artifacts = {name: load_artifact(name, root) for name in DEPLOY_ORDER}
     progress(f"deploying to {rpc_url} (chain {chain_id}) from {key.address}")
     deployer = _Deployer(w3, rpc_url, key, chain_id, progress)
     deployer.nonce = rpc_guard(

@@ -158,32 +158,33 @@ def test_settlement_stake_deposit_post_claim_balances_exact(
 
     payout, proof = tree.proof_for(epoch, compute.address)
     with pytest.raises(ChallengeWindowOpen) as early:
-        relayer.claim(epoch, payout.account, payout.amount, proof)
+        compute.claim(epoch, payout.amount, proof)
     assert early.value.named_args["epoch"] == epoch
 
     travel(anvil, CHALLENGE_WINDOW_S + 1)
 
-    # A relayer submits the compute node's claim: the node receives exactly its amount.
-    before = compute.balance()
-    relayer.claim(epoch, payout.account, payout.amount, proof)
-    assert compute.balance() - before == 12 * MILLI
-    # The verifier claims its own: amount minus exactly the fee it paid.
-    payout, proof = tree.proof_for(epoch, verifier.address)
-    before = verifier.balance()
-    claimed = verifier.claim(epoch, payout.account, payout.amount, proof)
-    assert verifier.balance() - before == 3 * MILLI - claimed.fee_wei
-    assert claimed.event("Claimed") == {
-        "epoch": epoch,
-        "account": verifier.address,
-        "amount": 3 * MILLI,
-    }
+    # Only the payee may claim (the escrow pays the caller).
+    with pytest.raises(ContractRevert) as relayed:
+        relayer.transact("QueryEscrow", "claim", epoch, payout.account, payout.amount, proof)
+    assert relayed.value.error_name == "NotPayee"
+    # Each payee receives exactly its amount, minus exactly the fee it paid.
+    for node, amount in ((compute, 12 * MILLI), (verifier, 3 * MILLI)):
+        payout, proof = tree.proof_for(epoch, node.address)
+        before = node.balance()
+        claimed = node.claim(epoch, payout.amount, proof)
+        assert node.balance() - before == amount - claimed.fee_wei
+        assert claimed.event("Claimed") == {
+            "epoch": epoch,
+            "account": node.address,
+            "amount": amount,
+        }
+        assert node.is_claimed(epoch, node.address)
     assert verifier.epoch_of(epoch)["unclaimed"] == 0
-    assert verifier.is_claimed(epoch, verifier.address)
 
     with pytest.raises(AlreadyClaimed):
-        verifier.claim(epoch, payout.account, payout.amount, proof)
+        verifier.claim(epoch, payout.amount, proof)
     with pytest.raises(InvalidClaim):  # a leaf the tree does not hold
-        relayer.claim(epoch, relayer.address, 1, proof)
+        relayer.claim(epoch, 1, proof)
 
     # The user takes back what each settled query did not spend.
     before = user.balance()

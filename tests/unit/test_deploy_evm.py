@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from deploy.evm import (
+    COMPILE_STAMP,
     ZERO_ADDRESS,
     DeployConfig,
     _artifacts_stale,
@@ -115,6 +116,13 @@ def test_artifacts_stale_when_missing_or_older_than_source(tmp_path: Path) -> No
     os.utime(source, (1_000, 1_000))
     assert not _artifacts_stale(tmp_path)
     os.utime(built, (500, 500))
+    assert _artifacts_stale(tmp_path)
+    # A successful compile that found nothing to rebuild leaves a newer stamp.
+    stamp = tmp_path / "artifacts" / COMPILE_STAMP
+    stamp.touch()
+    os.utime(stamp, (2_000, 2_000))
+    assert not _artifacts_stale(tmp_path)
+    os.utime(source, (3_000, 3_000))
     assert _artifacts_stale(tmp_path)
 
 
