@@ -148,8 +148,9 @@ def _artifacts_stale(root: Path) -> bool:
     stamp_time = stamp.stat().st_mtime if stamp.is_file() else 0.0
     for source in sources:
         built = artifacts_dir(root) / source.relative_to(root / "contracts")
+        # A file with only structs/enums (no contract) has no artifact: the stamp decides.
         times = [p.stat().st_mtime for p in built.glob("*.json")] if built.is_dir() else []
-        if not times or max(*times, stamp_time) < source.stat().st_mtime:
+        if max([*times, stamp_time]) < source.stat().st_mtime:
             return True
     return False
 

@@ -126,6 +126,19 @@ def test_artifacts_stale_when_missing_or_older_than_source(tmp_path: Path) -> No
     assert _artifacts_stale(tmp_path)
 
 
+def test_artifacts_stale_source_without_contract_uses_the_stamp(tmp_path: Path) -> None:
+    """Hardhat writes no artifact for a file of structs/enums only."""
+    source = tmp_path / "contracts" / "Types.sol"
+    source.parent.mkdir()
+    source.write_text("// struct only")
+    os.utime(source, (1_000, 1_000))
+    assert _artifacts_stale(tmp_path)
+    stamp = tmp_path / "artifacts" / COMPILE_STAMP
+    stamp.parent.mkdir()
+    stamp.touch()
+    assert not _artifacts_stale(tmp_path)
+
+
 def test_artifacts_stale_without_sources_is_config_error(tmp_path: Path) -> None:
     (tmp_path / "contracts").mkdir()
     with pytest.raises(ConfigError, match="no Solidity sources"):
