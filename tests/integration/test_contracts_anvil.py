@@ -38,12 +38,14 @@ from node.chain.evm import (
     QueryNotFunded,
     SignersNotSorted,
     UnbondingNotElapsed,
+    UnknownSigner,
 )
 from protocol.eip712 import (
     OFFENCE_FAILED_VERIFICATION,
     ROLE_COMPUTE,
     ROLE_VERIFIER,
     Commitment,
+    CommitteeUpdate,
     ModelRegistration,
     PayoutRoot,
     Reveal,
@@ -363,6 +365,33 @@ def test_fault_verifier_hook_accepted_proof_slashes_half(
     with pytest.raises(ContractRevert) as disabled:
         plain.prove_computation_fault(revealed, signature, b"")
     assert disabled.value.error_name == "FaultVerifierDisabled"
+
+
+def test_committee_update_signed_by_old_committee_hands_over_power(anvil: Anvil) -> None:
+    """On a deployment of its own (the module's committee must stay as it is)."""
+    config = DeployConfig.devnet(committee=[(address_of(k), 1) for k in COMMITTEE_KEYS])
+    fresh = deploy_all(anvil.rpc_url, ANVIL_DEV_KEY, config)
+    relayer = account(anvil, fresh, "relayer")
+    new_keys = [keccak(text=f"planet integration new committee {i}") for i in range(3)]
+    members = sorted((address_of(k) for k in new_keys), key=lambda a: int(a, 16))
+    update = CommitteeUpdate(tuple(members), (5, 1, 1), relayer.committee_nonce())
+    domain = relayer.domain_committee()
+    result = relayer.update_committee(update, committee_signatures(update, COMMITTEE_KEYS, domain))
+    assert result.event("CommitteeUpdated")["totalPower"] == 7
+    assert relayer.committee_members() == members and relayer.committee_nonce() == 1
+
+    with pytest.raises(ContractRevert) as replayed:  # the consumed nonce cannot be reused
+        relayer.update_committee(update, committee_signatures(update, new_keys, domain))
+    assert replayed.value.error_name == "InvalidNonce"
+    registration = ModelRegistration(new_id("model"), keccak(text="m"), (keccak(text="s"),), 0)
+    with pytest.raises(UnknownSigner):  # the old members have no power any more
+        relayer.register_model(
+            registration, committee_signatures(registration, COMMITTEE_KEYS, domain)
+        )
+    # The member with power 5 of 7 alone is enough (3·5 ≥ 2·7).
+    heavy = next(k for k in new_keys if address_of(k) == members[0])
+    relayer.register_model(registration, committee_signatures(registration, [heavy], domain))
+    assert relayer.manifest_hash_of(registration.model_id) == keccak(text="m")
 
 
 def test_unstake_withdraw_only_after_delay(deployment: Deployment, anvil: Anvil) -> None:
