@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from itertools import count
 from pathlib import Path
@@ -91,7 +90,7 @@ def deployment(anvil: Anvil, tmp_path_factory: pytest.TempPathFactory) -> Deploy
 
 def account(anvil: Anvil, deployment: Deployment, label: str) -> PlanetChain:
     """A fresh key (unique per call) with 100 ether, as a client."""
-    key = keccak(text=f"planet integration {label} {next(_labels)} {time.time_ns()}")
+    key = keccak(text=f"planet integration {label} {next(_labels)}")
     rpc_call(anvil.rpc_url, "anvil_setBalance", [address_of(key), hex(100 * ETHER)])
     return PlanetChain(deployment, key)
 
@@ -102,7 +101,7 @@ def travel(anvil: Anvil, seconds: int) -> None:
 
 
 def new_id(label: str) -> bytes:
-    return keccak(text=f"{label} {next(_labels)} {time.time_ns()}")
+    return keccak(text=f"{label} {next(_labels)}")
 
 
 def test_deploy_all_contracts_wired_together(deployment: Deployment, anvil: Anvil) -> None:
