@@ -31,7 +31,10 @@ async function main() {
   const env = await h.deployAll();
   const m = {};
 
+  // The very first stake also initialises the contract's totals slot: the worst case.
   m.stake_gas = await gasOf(env.staking.connect(node).stake(h.Role.Compute, { value: h.ONE }));
+  const [, , , , , , second] = await ethers.getSigners();
+  m.stake_typical_gas = await gasOf(env.staking.connect(second).stake(h.Role.Verifier, { value: h.ONE / 2n }));
   m.deposit_gas = await gasOf(env.escrow.connect(user).deposit(ethers.id("q1"), ethers.id("model"), { value: h.ONE / 100n }));
   m.settle_4_signers_gas = await settleGas(4);
   m.settle_16_signers_gas = await settleGas(16);
@@ -69,7 +72,7 @@ async function main() {
   const [sigB] = await h.signAll([nodeKey], env.fraudDomain, "Commitment", b);
   m.fraud_proof_gas = await gasOf(env.fraudProofs.connect(challenger).proveEquivocation(a, sigA, b, sigB));
 
-  const [, , , , , verdictNode] = await ethers.getSigners();
+  const [, , , , , verdictNode] = await ethers.getSigners(); // not `second` (index 6)
   await (await env.staking.connect(verdictNode).stake(h.Role.Verifier, { value: h.ONE })).wait();
   const verdict = { node: verdictNode.address, offence: h.Offence.Timeout, evidenceHash: ethers.id("late"), challenger: challenger.address, nonce: 1n };
   const vsigs = await h.signAll(env.members, env.committeeDomain, "Verdict", verdict);
@@ -85,7 +88,7 @@ async function main() {
       hardfork: hre.config.networks.hardhat.hardfork,
       settle_queries: 1,
       claim_tree_leaves: 16,
-      notes: "first-time storage writes; slash_gas = proveRevealMismatch (100 % slash + burn), fraud_proof_gas = proveEquivocation",
+      notes: "fresh deployment, first touch of each storage slot (stake_gas is the first stake ever, stake_typical_gas the next node's); slash_gas = proveRevealMismatch (100 % slash + burn), fraud_proof_gas = proveEquivocation",
     },
     metrics: m,
     targets: {

@@ -47,8 +47,15 @@ contract Committee is ICommittee, EIP712 {
     /// @notice Verifies committee signatures over `structHash` (see contract docs); reverts on failure.
     /// @param structHash EIP-712 struct hash of the signed message.
     /// @param sigs 65-byte r||s||v signatures, ordered by ascending signer address.
-    /// @return signedPower Sum of the signers' powers.
-    function verify(bytes32 structHash, bytes[] calldata sigs) external view returns (uint256 signedPower) {
+    function verify(bytes32 structHash, bytes[] calldata sigs) external view {
+        _verify(structHash, sigs);
+    }
+
+    /// @notice Like `verify`, and returns the signers' summed power (for tooling).
+    /// @param structHash EIP-712 struct hash of the signed message.
+    /// @param sigs 65-byte r||s||v signatures, ordered by ascending signer address.
+    /// @return Sum of the signers' powers.
+    function signedPower(bytes32 structHash, bytes[] calldata sigs) external view returns (uint256) {
         return _verify(structHash, sigs);
     }
 
@@ -67,6 +74,7 @@ contract Committee is ICommittee, EIP712 {
         _verify(PlanetHashes.committeeUpdate(signers, powers, nonce_), sigs);
         _nonce = expected + 1;
         address[] memory old = _members;
+        // Bounded by MAX_MEMBERS (slither "costly-loop", informational).
         for (uint256 i = 0; i < old.length; ++i) {
             delete _powerOf[old[i]];
         }
@@ -104,9 +112,9 @@ contract Committee is ICommittee, EIP712 {
         address previous = address(0);
         uint256 n = sigs.length;
         for (uint256 i = 0; i < n; ++i) {
-            (address signer, ECDSA.RecoverError err,) = ECDSA.tryRecoverCalldata(digest, sigs[i]);
-            // INVARIANT: only well-formed, non-malleable signatures count.
-            if (err != ECDSA.RecoverError.NoError) revert InvalidSignature(i);
+            (address signer, ECDSA.RecoverError err, bytes32 errArg) = ECDSA.tryRecoverCalldata(digest, sigs[i]);
+            // INVARIANT: only well-formed, non-malleable signatures count (any error detail fails).
+            if (err != ECDSA.RecoverError.NoError || errArg != bytes32(0)) revert InvalidSignature(i);
             // INVARIANT: strictly ascending signers, so nobody's power is counted twice.
             if (signer <= previous) revert SignersNotSorted(i);
             uint256 power = _powerOf[signer];

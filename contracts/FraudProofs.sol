@@ -152,12 +152,16 @@ contract FraudProofs is EIP712 {
         if (proven[id]) revert AlreadyProven(id);
         proven[id] = true;
         slashed = staking.slash(node, offence, challenger);
+        // Accepted slither "reentrancy-events" (low): the event needs the slashed amount returned by
+        // Staking, a fixed trusted contract (this contract's deployer) that re-enters nothing.
         emit FaultProven(id, node, offence, challenger, slashed);
     }
 
     function _recover(bytes32 structHash, bytes calldata sig, uint256 index) private view returns (address signer) {
         ECDSA.RecoverError err;
-        (signer, err,) = ECDSA.tryRecoverCalldata(_hashTypedDataV4(structHash), sig);
-        if (err != ECDSA.RecoverError.NoError) revert InvalidNodeSignature(index);
+        bytes32 errArg;
+        (signer, err, errArg) = ECDSA.tryRecoverCalldata(_hashTypedDataV4(structHash), sig);
+        // INVARIANT: only well-formed, non-malleable signatures identify a node (any error detail fails).
+        if (err != ECDSA.RecoverError.NoError || errArg != bytes32(0)) revert InvalidNodeSignature(index);
     }
 }

@@ -41,6 +41,7 @@ contract ModelRegistry {
     /// @param devOwner_ Devnet owner (zero disables `devRegister`).
     constructor(ICommittee committee_, address devOwner_) {
         committee = committee_;
+        // Accepted slither "missing-zero-check" (low): zero is meaningful, it disables devRegister.
         devOwner = devOwner_;
     }
 

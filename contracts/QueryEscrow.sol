@@ -20,6 +20,14 @@ import {PayoutStatement} from "./libraries/PlanetTypes.sol";
 ///
 /// Storage is packed for gas (one slot per query, two per epoch): a deposit is at most
 /// 2^64 - 1 wei (~18.4 ether) and the model id is recorded in the `Deposited` event only.
+///
+/// Payments are pull-only, to the caller, after all state changes, under nonReentrant, with a plain
+/// call forwarding all gas (slither "low-level-calls" is informational).
+///
+/// Accepted slither "timestamp" findings (low): the refund timeout and the challenge window are
+/// minutes (devnet) to hours (production); the few seconds a block producer can shift
+/// `block.timestamp` cannot open a window early in any meaningful way. The detector also flags
+/// ordinary comparisons on fields packed next to timestamps (status, tags).
 contract QueryEscrow is ReentrancyGuardTransient {
     /// @notice Where a query id stands.
     enum QueryStatus {
@@ -94,6 +102,7 @@ contract QueryEscrow is ReentrancyGuardTransient {
     error ChallengeWindowClosed(uint64 epoch, uint256 claimableAt);
     error AlreadyClaimed(uint64 epoch, address account);
     error InvalidClaim(uint64 epoch, address account, uint256 amount);
+    error NotPayee(address account, address caller);
     error ExceedsUnclaimed(uint64 epoch, uint256 amount, uint256 unclaimed);
     error SameStatement(uint64 epoch);
     error QueryNotSettled(bytes32 queryId);
@@ -143,7 +152,8 @@ contract QueryEscrow is ReentrancyGuardTransient {
         if (d.amount == 0) revert NothingToRefund(queryId);
         _deposits[queryId] = Deposit({user: d.user, amount: 0, tag: tag});
         emit Refunded(queryId, d.user, d.amount);
-        _send(d.user, d.amount);
+        (bool ok,) = payable(msg.sender).call{value: d.amount}(""); // the caller is d.user
+        if (!ok) revert TransferFailed(msg.sender, d.amount);
     }
 
     /// @notice Posts epoch `epoch`'s payout root, signed by the committee over
@@ -189,19 +199,21 @@ contract QueryEscrow is ReentrancyGuardTransient {
         emit PayoutRootPosted(epoch, root, total, queriesHash, claimableAt);
     }
 
-    /// @notice Pays `account` its payout for `epoch` once the challenge window has passed.
+    /// @notice Pays `account` its payout for `epoch` once the challenge window has passed; only
+    /// `account` itself may claim (pull payment to the caller).
     /// @param epoch The epoch.
-    /// @param account Payee (the leaf's account; anyone may submit).
+    /// @param account Payee: the leaf's account, must be the caller.
     /// @param amount The leaf's amount (wei).
     /// @param proof OpenZeppelin Merkle proof of the leaf.
     function claim(uint64 epoch, address account, uint256 amount, bytes32[] calldata proof) external nonReentrant {
+        if (msg.sender != account) revert NotPayee(account, msg.sender);
         EpochInfo memory e = _epochs[epoch];
         if (e.status != EpochStatus.Posted) revert EpochNotPosted(epoch);
         // INVARIANT: fees are released only after the challenge window.
         if (block.timestamp < e.claimableAt) revert ChallengeWindowOpen(epoch, e.claimableAt);
         if (claimed[epoch][account]) revert AlreadyClaimed(epoch, account);
         bytes32 leaf = PlanetHashes.payoutLeaf(epoch, account, amount);
-        if (amount == 0 || account == address(0) || !MerkleProof.verifyCalldata(proof, rootOf[epoch], leaf)) {
+        if (amount == 0 || !MerkleProof.verifyCalldata(proof, rootOf[epoch], leaf)) {
             revert InvalidClaim(epoch, account, amount);
         }
         // INVARIANT: an epoch never pays more than the fees it charged.
@@ -209,7 +221,8 @@ contract QueryEscrow is ReentrancyGuardTransient {
         claimed[epoch][account] = true;
         _epochs[epoch].unclaimed = uint128(e.unclaimed - amount);
         emit Claimed(epoch, account, amount);
-        _send(account, amount);
+        (bool ok,) = payable(msg.sender).call{value: amount}(""); // the caller is account
+        if (!ok) revert TransferFailed(msg.sender, amount);
     }
 
     /// @notice Proves committee equivocation on `epoch` within its challenge window: the posted
@@ -258,15 +271,16 @@ contract QueryEscrow is ReentrancyGuardTransient {
         Deposit memory d = _deposits[queryId];
         user = d.user;
         amount = d.amount;
+        // Tags are ordered: Refunded 0 < Settled 1 < Reclaimed 2 < deposit times (Funded).
         if (d.user == address(0)) {
             status = QueryStatus.None;
         } else if (d.tag >= TAG_FIRST_TIME) {
             status = QueryStatus.Funded;
             depositedAt = d.tag;
-        } else if (d.tag == TAG_SETTLED) {
-            status = QueryStatus.Settled;
-        } else if (d.tag == TAG_RECLAIMED) {
+        } else if (d.tag > TAG_SETTLED) {
             status = QueryStatus.Reclaimed;
+        } else if (d.tag > TAG_REFUNDED) {
+            status = QueryStatus.Settled;
         } else {
             status = QueryStatus.Refunded;
         }
@@ -295,9 +309,12 @@ contract QueryEscrow is ReentrancyGuardTransient {
         bytes32 posted = PlanetHashes.payoutRoot(epoch, rootOf[epoch], postedTotal, postedQueriesHash);
         bytes32 conflicting = PlanetHashes.payoutRoot(epoch, other.root, other.total, other.queriesHash);
         // INVARIANT: equivocation needs two different signed statements.
-        if (posted == conflicting) revert SameStatement(epoch);
-        committee.verify(posted, postedSigs);
-        committee.verify(conflicting, otherSigs);
+        if (posted != conflicting) {
+            committee.verify(posted, postedSigs);
+            committee.verify(conflicting, otherSigs);
+            return;
+        }
+        revert SameStatement(epoch);
     }
 
     /// @dev Gives every listed settled query its fee back; returns the sum of fees.
@@ -310,10 +327,5 @@ contract QueryEscrow is ReentrancyGuardTransient {
             d.tag = TAG_RECLAIMED;
             sum += fees[i];
         }
-    }
-
-    function _send(address to, uint256 amount) private {
-        (bool ok,) = payable(to).call{value: amount}("");
-        if (!ok) revert TransferFailed(to, amount);
     }
 }

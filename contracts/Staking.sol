@@ -16,6 +16,13 @@ import {FraudProofs} from "./FraudProofs.sol";
 /// `FraudProofs` contract this contract deploys in its constructor (no admin can rewire it): half of
 /// a slash is credited to the challenger (pull via `claimCredit`), the rest is sent to
 /// `BURN_ADDRESS` and counted in `totalBurned`.
+///
+/// Payments are pull-only, to the caller, after all state changes, under nonReentrant, with a plain
+/// call forwarding all gas (slither "low-level-calls" is informational).
+///
+/// Accepted slither "timestamp" findings (low): the unbonding delay is longer than the challenge
+/// window (minutes to a day); a block producer's few seconds of timestamp drift do not matter. The
+/// detector also flags comparisons on fields packed next to `withdrawableAt` (amount, role).
 contract Staking is IStaking, ReentrancyGuardTransient {
     /// @notice Unspendable address receiving burned stake.
     address public constant BURN_ADDRESS = 0x000000000000000000000000000000000000dEaD;
@@ -143,7 +150,8 @@ contract Staking is IStaking, ReentrancyGuardTransient {
         delete _stakes[msg.sender];
         totalStaked -= s.amount;
         emit Withdrawn(msg.sender, s.amount);
-        _send(msg.sender, s.amount);
+        (bool ok,) = payable(msg.sender).call{value: s.amount}("");
+        if (!ok) revert TransferFailed(msg.sender, s.amount);
     }
 
     /// @notice Pays out the caller's challenger credits.
@@ -153,7 +161,8 @@ contract Staking is IStaking, ReentrancyGuardTransient {
         creditOf[msg.sender] = 0;
         totalCredits -= uint128(amount);
         emit CreditClaimed(msg.sender, amount);
-        _send(msg.sender, amount);
+        (bool ok,) = payable(msg.sender).call{value: amount}("");
+        if (!ok) revert TransferFailed(msg.sender, amount);
     }
 
     /// @inheritdoc IStaking
@@ -185,7 +194,10 @@ contract Staking is IStaking, ReentrancyGuardTransient {
         creditOf[challenger] += reward;
         totalCredits += uint128(reward);
         emit Slashed(node, offence, slashed, challenger, reward, burned);
-        if (burned != 0) _send(BURN_ADDRESS, burned);
+        if (burned != 0) {
+            (bool ok,) = payable(BURN_ADDRESS).call{value: burned}("");
+            if (!ok) revert TransferFailed(BURN_ADDRESS, burned);
+        }
     }
 
     /// @notice Everything ever slashed (wei): rewarded plus burned.
@@ -206,8 +218,8 @@ contract Staking is IStaking, ReentrancyGuardTransient {
     /// @notice None, Active or Unbonding.
     function statusOf(address node) public view returns (Status) {
         StakeInfo memory s = _stakes[node];
-        if (s.amount == 0) return Status.None;
-        return s.withdrawableAt == 0 ? Status.Active : Status.Unbonding;
+        if (s.amount != 0) return s.withdrawableAt != 0 ? Status.Unbonding : Status.Active;
+        return Status.None;
     }
 
     /// @notice Time `withdraw` opens for `node` (0 unless unbonding).
@@ -218,18 +230,13 @@ contract Staking is IStaking, ReentrancyGuardTransient {
     /// @notice True when `node` is active with at least its role's minimum (may serve or verify).
     function isEligible(address node) external view returns (bool) {
         StakeInfo memory s = _stakes[node];
-        return s.withdrawableAt == 0 && s.role != Role.None && s.amount >= minimumStake(s.role);
+        if (s.withdrawableAt != 0) return false; // unbonding
+        return s.amount != 0 && s.amount >= minimumStake(s.role); // amount != 0 implies a role
     }
 
     /// @notice Minimum stake for `role` (0 for None).
     function minimumStake(Role role) public view returns (uint256) {
-        if (role == Role.Compute) return minComputeStake;
-        if (role == Role.Verifier) return minVerifierStake;
-        return 0;
-    }
-
-    function _send(address to, uint256 amount) private {
-        (bool ok,) = payable(to).call{value: amount}("");
-        if (!ok) revert TransferFailed(to, amount);
+        if (role != Role.Compute && role != Role.Verifier) return 0;
+        return role != Role.Verifier ? minComputeStake : minVerifierStake;
     }
 }

@@ -49,6 +49,18 @@ if [ -f package.json ]; then
   fi
 fi
 
+# --- slither (static analysis of contracts/, own virtualenv: it needs web3 < 8) ---------------
+SLITHER_PINS="slither-analyzer==0.11.6 crytic-compile==0.4.2 web3==7.16.0"
+if [ ! -x "$TOOLS/slither-venv/bin/slither" ] || [ "$(cat "$TOOLS/stamps/slither" 2>/dev/null)" != "$SLITHER_PINS" ]; then
+  say "slither: installing $SLITHER_PINS into .tools/slither-venv"
+  [ -x "$TOOLS/slither-venv/bin/python" ] || "$PY" -m venv "$TOOLS/slither-venv"
+  # shellcheck disable=SC2086 # word splitting of the pins is intended
+  "$TOOLS/slither-venv/bin/pip" install -q $SLITHER_PINS
+  echo "$SLITHER_PINS" > "$TOOLS/stamps/slither"
+else
+  say "slither: up to date"
+fi
+
 # --- CometBFT ----------------------------------------------------------------------------------
 COMETBFT_VERSION=0.38.25
 GO_FALLBACK=1.24.6

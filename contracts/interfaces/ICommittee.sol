@@ -13,6 +13,6 @@ interface ICommittee {
     error InsufficientPower(uint256 signed, uint256 total);
 
     /// @notice Reverts unless `sigs` carry >= 2/3 of the committee's power over the EIP-712 digest of
-    /// `structHash` in the committee's domain; returns the signed power.
-    function verify(bytes32 structHash, bytes[] calldata sigs) external view returns (uint256 signedPower);
+    /// `structHash` in the committee's domain.
+    function verify(bytes32 structHash, bytes[] calldata sigs) external view;
 }

@@ -38,12 +38,12 @@ library PlanetHashes {
         return keccak256(abi.encode(VERDICT_TYPEHASH, v.node, v.offence, v.evidenceHash, v.challenger, v.nonce));
     }
 
-    function payoutRoot(uint64 epoch, bytes32 root, uint256 total, bytes32 queriesHash)
+    function payoutRoot(uint64 epoch, bytes32 root, uint256 total, bytes32 queriesHash_)
         internal
         pure
         returns (bytes32)
     {
-        return keccak256(abi.encode(PAYOUT_ROOT_TYPEHASH, epoch, root, total, queriesHash));
+        return keccak256(abi.encode(PAYOUT_ROOT_TYPEHASH, epoch, root, total, queriesHash_));
     }
 
     function modelRegistration(bytes32 modelId, bytes32 manifestHash, bytes32[] memory shardHashes, uint64 nonce)

@@ -259,47 +259,58 @@ describe("QueryEscrow", function () {
       const env = await loadFixture(settledFixture);
       const amount = (FEE_CAP * 3n) / 8n;
       await time.increaseTo((await env.escrow.epochOf(1n)).claimableAt);
-      const tx = env.escrow.connect(env.stranger).claim(1n, env.op1.address, amount, env.s.tree.proof(0));
+      const tx = env.escrow.connect(env.op1).claim(1n, env.op1.address, amount, env.s.tree.proof(0));
       await expect(tx).to.emit(env.escrow, "Claimed").withArgs(1n, env.op1.address, amount);
       await expect(tx).to.changeEtherBalances([env.op1, env.escrow], [amount, -amount]);
       expect(await env.escrow.claimed(1n, env.op1.address)).to.equal(true);
       expect((await env.escrow.epochOf(1n)).unclaimed).to.equal((FEE_CAP * 3n) / 4n - amount);
-      await expect(env.escrow.claim(1n, env.op1.address, amount, env.s.tree.proof(0)))
+      await expect(env.escrow.connect(env.op1).claim(1n, env.op1.address, amount, env.s.tree.proof(0)))
         .to.be.revertedWithCustomError(env.escrow, "AlreadyClaimed")
         .withArgs(1n, env.op1.address);
-      await env.escrow.claim(1n, env.op2.address, amount, env.s.tree.proof(1));
+      await env.escrow.connect(env.op2).claim(1n, env.op2.address, amount, env.s.tree.proof(1));
       expect((await env.escrow.epochOf(1n)).unclaimed).to.equal(0n);
     });
     it("claim_withinWindow_reverts", async function () {
       const env = await loadFixture(settledFixture);
       const { claimableAt } = await env.escrow.epochOf(1n);
       await time.increaseTo(claimableAt - 2n);
-      await expect(env.escrow.claim(1n, env.op1.address, (FEE_CAP * 3n) / 8n, env.s.tree.proof(0)))
+      await expect(env.escrow.connect(env.op1).claim(1n, env.op1.address, (FEE_CAP * 3n) / 8n, env.s.tree.proof(0)))
         .to.be.revertedWithCustomError(env.escrow, "ChallengeWindowOpen")
         .withArgs(1n, claimableAt);
     });
     it("claim_unpostedEpoch_reverts", async function () {
       const env = await loadFixture(settledFixture);
-      await expect(env.escrow.claim(9n, env.op1.address, 1n, [])).to.be.revertedWithCustomError(env.escrow, "EpochNotPosted").withArgs(9n);
+      await expect(env.escrow.connect(env.op1).claim(9n, env.op1.address, 1n, [])).to.be.revertedWithCustomError(env.escrow, "EpochNotPosted").withArgs(9n);
+    });
+    it("claim_forSomeoneElse_revertsNotPayee", async function () {
+      const env = await loadFixture(settledFixture);
+      await time.increase(h.DEFAULTS.challengeWindow);
+      await expect(env.escrow.connect(env.stranger).claim(1n, env.op1.address, (FEE_CAP * 3n) / 8n, env.s.tree.proof(0)))
+        .to.be.revertedWithCustomError(env.escrow, "NotPayee")
+        .withArgs(env.op1.address, env.stranger.address);
     });
     it("claim_badProofOrAmountOrAccount_revertsInvalidClaim", async function () {
       const env = await loadFixture(settledFixture);
       await time.increase(h.DEFAULTS.challengeWindow);
       const amount = (FEE_CAP * 3n) / 8n;
-      await expect(env.escrow.claim(1n, env.op1.address, amount + 1n, env.s.tree.proof(0)))
+      const op1 = env.escrow.connect(env.op1);
+      await expect(op1.claim(1n, env.op1.address, amount + 1n, env.s.tree.proof(0)))
         .to.be.revertedWithCustomError(env.escrow, "InvalidClaim")
         .withArgs(1n, env.op1.address, amount + 1n);
-      await expect(env.escrow.claim(1n, env.op1.address, amount, env.s.tree.proof(1))).to.be.revertedWithCustomError(env.escrow, "InvalidClaim");
-      await expect(env.escrow.claim(1n, env.stranger.address, amount, env.s.tree.proof(0))).to.be.revertedWithCustomError(env.escrow, "InvalidClaim");
-      await expect(env.escrow.claim(1n, ethers.ZeroAddress, 0n, [])).to.be.revertedWithCustomError(env.escrow, "InvalidClaim");
+      await expect(op1.claim(1n, env.op1.address, amount, env.s.tree.proof(1))).to.be.revertedWithCustomError(env.escrow, "InvalidClaim");
+      await expect(env.escrow.connect(env.stranger).claim(1n, env.stranger.address, amount, env.s.tree.proof(0))).to.be.revertedWithCustomError(
+        env.escrow,
+        "InvalidClaim",
+      );
+      await expect(op1.claim(1n, env.op1.address, 0n, [])).to.be.revertedWithCustomError(env.escrow, "InvalidClaim");
     });
-    it("claim_zeroAddressOrZeroAmountLeaf_revertsInvalidClaim", async function () {
+    it("claim_zeroAmountLeaf_revertsInvalidClaim", async function () {
       const env = await loadFixture(fixture);
       const s = await statement(
         env,
         4n,
         [
-          { account: ethers.ZeroAddress, amount: 1n },
+          { account: env.op2.address, amount: 1n },
           { account: env.op1.address, amount: 0n },
         ],
         [env.q1],
@@ -307,8 +318,8 @@ describe("QueryEscrow", function () {
       );
       await post(env, s);
       await time.increase(h.DEFAULTS.challengeWindow);
-      await expect(env.escrow.claim(4n, ethers.ZeroAddress, 1n, s.tree.proof(0))).to.be.revertedWithCustomError(env.escrow, "InvalidClaim");
-      await expect(env.escrow.claim(4n, env.op1.address, 0n, s.tree.proof(1))).to.be.revertedWithCustomError(env.escrow, "InvalidClaim");
+      await expect(env.escrow.connect(env.op1).claim(4n, env.op1.address, 0n, s.tree.proof(1))).to.be.revertedWithCustomError(env.escrow, "InvalidClaim");
+      await env.escrow.connect(env.op2).claim(4n, env.op2.address, 1n, s.tree.proof(0));
     });
     it("claim_leavesAboveTotal_neverPaysMoreThanEpochHolds", async function () {
       const env = await loadFixture(fixture);
@@ -325,8 +336,8 @@ describe("QueryEscrow", function () {
       );
       await post(env, s);
       await time.increase(h.DEFAULTS.challengeWindow);
-      await env.escrow.claim(3n, env.op1.address, FEE_CAP, s.tree.proof(0));
-      await expect(env.escrow.claim(3n, env.op2.address, FEE_CAP, s.tree.proof(1)))
+      await env.escrow.connect(env.op1).claim(3n, env.op1.address, FEE_CAP, s.tree.proof(0));
+      await expect(env.escrow.connect(env.op2).claim(3n, env.op2.address, FEE_CAP, s.tree.proof(1)))
         .to.be.revertedWithCustomError(env.escrow, "ExceedsUnclaimed")
         .withArgs(3n, FEE_CAP, 0n);
     });
@@ -361,11 +372,11 @@ describe("QueryEscrow", function () {
       await post(env, s);
       await time.increase(h.DEFAULTS.challengeWindow);
       await env.receiver.setRejectPayments(true);
-      await expect(env.escrow.claim(6n, r, FEE_CAP, s.tree.proof(0)))
-        .to.be.revertedWithCustomError(env.escrow, "TransferFailed")
-        .withArgs(r, FEE_CAP);
+      const e = await env.escrow.getAddress();
+      const data = env.escrow.interface.encodeFunctionData("claim", [6n, r, FEE_CAP, s.tree.proof(0)]);
+      await expect(env.receiver.act(e, 0, data)).to.be.revertedWithCustomError(env.escrow, "TransferFailed").withArgs(r, FEE_CAP);
       await env.receiver.setRejectPayments(false);
-      await env.escrow.claim(6n, r, FEE_CAP, s.tree.proof(0));
+      await env.receiver.act(e, 0, data);
       expect(await ethers.provider.getBalance(r)).to.equal(FEE_CAP);
     });
   });
@@ -395,7 +406,7 @@ describe("QueryEscrow", function () {
         await expect(env.escrow.connect(u).refund(q)).to.changeEtherBalance(u, FEE_CAP);
       }
       await time.increase(h.DEFAULTS.challengeWindow);
-      await expect(env.escrow.claim(1n, env.op1.address, (FEE_CAP * 3n) / 8n, env.s.tree.proof(0))).to.be.revertedWithCustomError(
+      await expect(env.escrow.connect(env.op1).claim(1n, env.op1.address, (FEE_CAP * 3n) / 8n, env.s.tree.proof(0))).to.be.revertedWithCustomError(
         env.escrow,
         "EpochNotPosted",
       );

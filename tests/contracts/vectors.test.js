@@ -90,7 +90,8 @@ describe("golden vectors (tests/vectors)", function () {
     expect(await committee.domainSeparator()).to.equal(ethers.TypedDataEncoder.hashDomain(c.domain));
     const derived = cm.private_keys.map((k) => new ethers.Wallet(k).address);
     expect([...derived].sort()).to.deep.equal([...cm.signers_sorted].sort());
-    expect(await committee.verify(c.struct_hash, cm.signatures_sorted)).to.equal(4n);
+    expect(await committee.signedPower(c.struct_hash, cm.signatures_sorted)).to.equal(4n);
+    await committee.verify(c.struct_hash, cm.signatures_sorted); // does not revert
   });
 
   it("merkle_leaves_root_and_proofs_match_openzeppelin", async function () {
