@@ -239,6 +239,7 @@ async def run_load(
         )
         sent_done = time.monotonic()
         cpu_after = _cpu_seconds(network)
+        rss = _rss_mb(network)
         deadline = sent_done + drain_s
         while time.monotonic() < deadline:
             seen = {h for _, _, hashes in result.blocks for h in hashes}
@@ -251,12 +252,25 @@ async def run_load(
         watcher.cancel()
         failed_in_block = await _failed_in_block(rpcs[0], result)
     metrics = _metrics(result, factory, duration_s, failed_in_block, sent_done)
+    metrics.update(rss)
     window_txs = max(1, metrics["committed_tx_s"] * duration_s)
     for group in ("app", "cometbft", "loadgen"):
         used = cpu_after[group] - cpu_before[group]
         metrics[f"cpu_ms_per_tx_{group}"] = round(used * 1000 / window_txs, 3)
         metrics[f"cpu_cores_busy_{group}"] = round(used / duration_s, 2)
     return metrics
+
+
+def _rss_mb(network: committee.Network) -> dict[str, float]:
+    """Largest resident memory (MB) among the apps and among the cometbft nodes right now."""
+    out = {"rss_mb_max_app": 0.0, "rss_mb_max_cometbft": 0.0}
+    for name, pid in committee.running_processes(network).items():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    key = f"rss_mb_max_{name.rstrip('0123456789')}"
+                    out[key] = max(out[key], round(int(line.split()[1]) / 1024, 1))
+    return out
 
 
 def _cpu_seconds(network: committee.Network) -> dict[str, float]:
