@@ -9,17 +9,21 @@ CometBFT itself on this machine), in the same run:
    until the registrations are committed.
 3. Load for --duration seconds: --concurrency workers, each sending unique txs with
    `broadcast_tx_sync` to one RPC port (workers spread over all validators), one at a time.
-   Planet txs are `commit` batches of --batch commitments; kvstore txs are `key=value` of the
-   same size class. A websocket `NewBlock` subscription on validator 0 timestamps every block.
+   Planet txs are `commit` batches of --batch commitments (a sweep: 16, 4, 1 by default, one
+   fresh network each); kvstore txs are 100-byte `key=value`. A websocket `NewBlock`
+   subscription on validator 0 timestamps every block.
 4. Drain (bounded), check `block_results` codes, stop the network, delete the directory.
 
 Metrics (per app, suffixed `_kvstore` for the ceiling): committed_tx_s (txs accepted by CheckTx
 that landed in a block during the load window / window), commitments_s, block_time_ms (mean
 interval between NewBlock events under load), broadcast_to_commit_ms_p50/_p99 (send start →
-NewBlock event carrying the tx), lost_txs (accepted but never in a block), failed_in_block_txs.
+NewBlock event carrying the tx), lost_txs (accepted but never in a block), failed_in_block_txs,
+cpu_ms_per_tx_{app,cometbft,loadgen} and cpu_cores_busy_* (from /proc during the window),
+rss_mb_max_*. `_batch_<n>` metrics repeat the main ones for each batch size of the sweep.
+machine.loadavg_1m_at_start tells how busy the (shared) machine was when the run began.
 
-    .venv/bin/python bench/committee.py                   # ~2 minutes
-    .venv/bin/python bench/committee.py --skip-kvstore --duration 10
+    .venv/bin/python bench/committee.py                   # ~4 minutes
+    .venv/bin/python bench/committee.py --batch 16 --skip-kvstore --duration 10
 """
 
 from __future__ import annotations
@@ -342,7 +346,7 @@ def _metrics(
 # -- one network -------------------------------------------------------------------------------
 
 
-def bench_app(app: str, args: argparse.Namespace, base_port: int) -> dict[str, Any]:
+def bench_app(app: str, args: argparse.Namespace, base_port: int, batch: int = 1) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"planet-bench-committee-{app}-"))
     network = committee.init_network(
         committee.InitOptions(
@@ -359,7 +363,7 @@ def bench_app(app: str, args: argparse.Namespace, base_port: int) -> dict[str, A
             network, timeout_s=90, progress=lambda line: log.info("%s: %s", app, line)
         )
         factory = (
-            PlanetTxs(args.batch, run_id=os.urandom(8).hex())
+            PlanetTxs(batch, run_id=os.urandom(8).hex())
             if app == "planet"
             else KvstoreTxs(args.kv_tx_bytes)
         )
@@ -408,7 +412,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--validators", type=int, default=4)
     parser.add_argument("--duration", type=float, default=20.0, help="load seconds per app")
     parser.add_argument("--concurrency", type=int, default=64, help="concurrent broadcasters")
-    parser.add_argument("--batch", type=int, default=16, help="commitments per Planet tx")
+    parser.add_argument(
+        "--batch",
+        default="16,4,1",
+        help="commitments per Planet tx, comma-separated for a sweep; the first one gives the "
+        "unsuffixed metrics, each gets `_batch_<n>` metrics (default %(default)s)",
+    )
     parser.add_argument("--kv-tx-bytes", type=int, default=100)
     parser.add_argument("--timeout-commit", default="300ms")
     parser.add_argument("--epoch-length", type=int, default=100)
@@ -424,10 +433,24 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
 
-    machine = _machine()  # before the bench loads the machine (loadavg: others' load)
+    batches = [int(b) for b in str(args.batch).split(",") if b.strip()]
+    machine = _machine()  # before this bench loads the machine
     metrics: dict[str, Any] = {}
     if not args.skip_planet:
-        metrics.update(bench_app("planet", args, args.base_port))
+        for index, batch in enumerate(batches):
+            result = bench_app("planet", args, args.base_port, batch)
+            if index == 0:
+                metrics.update(result)
+            for key in (
+                "committed_tx_s",
+                "commitments_s",
+                "block_time_ms",
+                "broadcast_to_commit_ms_p50",
+                "broadcast_to_commit_ms_p99",
+                "lost_txs",
+                "cpu_ms_per_tx_app",
+            ):
+                metrics[f"{key}_batch_{batch}"] = result[key]
     if not args.skip_kvstore:
         kv = bench_app("kvstore", args, args.base_port + 100)
         metrics.update({f"{k}_kvstore": v for k, v in kv.items()})
@@ -444,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
                     "validators": args.validators,
                     "duration_s": args.duration,
                     "concurrency": args.concurrency,
-                    "batch": args.batch,
+                    "batch": batches,
                     "kv_tx_bytes": args.kv_tx_bytes,
                     "timeout_commit": args.timeout_commit,
                     "load": "broadcast_tx_sync, one tx in flight per worker, workers spread over "
