@@ -22,7 +22,7 @@ cpu_ms_per_tx_{app,cometbft,loadgen} and cpu_cores_busy_* (from /proc during the
 rss_mb_max_*. `_batch_<n>` metrics repeat the main ones for each batch size of the sweep.
 machine.loadavg_1m_at_start tells how busy the (shared) machine was when the run began.
 
-    .venv/bin/python bench/committee.py                   # ~4 minutes
+    .venv/bin/python bench/committee.py                   # ~2 minutes
     .venv/bin/python bench/committee.py --batch 16 --skip-kvstore --duration 10
 """
 
