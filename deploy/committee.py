@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol.errors import ConfigError, UnavailableError, UsageError
+from protocol.errors import ConfigError, PlanetError, UnavailableError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -665,39 +665,47 @@ async def _wait_committing(
     timeout_s: float,
     progress: Callable[[str], None],
 ) -> None:
-    """Until every node answers, is caught up, and has a block above the start height."""
+    """Until every running node answers, is connected to all other running nodes, is caught
+    up, and has a block above the height seen when they all first answered."""
     from node.chain.committee_rpc import CommitteeRpc
 
-    clients = [CommitteeRpc(v.rpc_url, timeout_s=2) for v in network.validators]
+    running = [v for v in network.validators if read_pid(network, "cometbft", v.index) is not None]
+    clients = [CommitteeRpc(v.rpc_url, timeout_s=2) for v in running]
     deadline = time.monotonic() + timeout_s
     target: int | None = None
     last_line = ""
+
+    async def probe(client: CommitteeRpc) -> tuple[int, bool, int] | None:
+        try:
+            status = await client.status()
+            peers = int((await client.net_info()).get("n_peers") or 0)
+        except PlanetError:
+            return None
+        return status.latest_block_height, status.catching_up, peers
+
     try:
         while True:
             for name, pid in started.items():
                 if not pid_alive(pid):
                     raise ProcessDiedError(name, network.log_path(*_split_name(name)))
-            results = await asyncio.gather(*(c.status() for c in clients), return_exceptions=True)
-            heights = [
-                r.latest_block_height if not isinstance(r, BaseException) else None for r in results
-            ]
+            results = await asyncio.gather(*(probe(c) for c in clients))
+            heights = [r[0] if r is not None else None for r in results]
             answering = [h for h in heights if h is not None]
             if len(answering) == len(clients) and target is None:
-                target = max(answering) + 1
+                target = max(answering, default=0) + 1
             ready = target is not None and all(
-                not isinstance(r, BaseException)
-                and not r.catching_up
-                and r.latest_block_height >= target
+                r is not None and not r[1] and r[0] >= target and r[2] >= len(clients) - 1
                 for r in results
             )
             line = "heights " + " ".join("-" if h is None else str(h) for h in heights)
+            line += "  peers " + " ".join("-" if r is None else str(r[2]) for r in results)
             if line != last_line:
                 progress(line)
                 last_line = line
             if ready:
                 return
             if time.monotonic() > deadline:
-                silent = [network.validators[i].name for i, h in enumerate(heights) if h is None]
+                silent = [running[i].name for i, h in enumerate(heights) if h is None]
                 raise UnavailableError(
                     f"the network did not commit blocks within {timeout_s:g} s ({line}"
                     + (f"; not answering: {', '.join(silent)}" if silent else "")
