@@ -1,0 +1,165 @@
+"""How much quantization costs: perplexity on held-out text, shard bytes, decode latency.
+
+`perplexity(head, shards, text)` is teacher-forced: the whole text goes through the shard chain
+in one forward pass (in-process, fresh caches), and the client head scores every next token.
+`quant_report()` prepares the same split for each quant and returns flat metrics in the
+BENCHMARKS.md naming (`ppl_fp32`, `shard_bytes_int8`, `ratio_shard_bytes_int4_vs_fp32`, ...).
+
+    python -m node.model.evaluate [--model default] [--parts 3]   # prints one JSON object
+
+The held-out text (`data/heldout.txt`) is original prose written for this repository, so no
+model could have trained on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from node.model.head import ClientHead
+from node.model.manifest import Manifest
+from node.model.prepare import prepare
+from node.model.shard import ShardModel
+from protocol.errors import UsageError
+
+# Metric-name spelling of each quant ("none" is the fp32 baseline).
+QUANT_LABEL = {"none": "fp32", "int8": "int8", "int4": "int4"}
+
+
+def heldout_text() -> str:
+    """The repository's held-out English text (~575 words)."""
+    return resources.files("node.model").joinpath("data/heldout.txt").read_text(encoding="utf-8")
+
+
+@torch.inference_mode()
+def perplexity(head: ClientHead, shards: Sequence[ShardModel], text: str) -> float:
+    """exp(mean next-token cross-entropy) of `text` through the shard chain (teacher forced)."""
+    ids = head.encode(text)
+    if len(ids) < 2:
+        raise UsageError("perplexity needs a text of at least two tokens")
+    hidden = head.embed(ids)
+    positions = torch.arange(len(ids))
+    for shard in shards:
+        hidden = shard.forward(hidden, positions, shard.new_cache())
+    logits = head.all_logits(hidden)[:-1]  # [T-1, V]: position t predicts token t+1
+    targets = torch.tensor(ids[1:], dtype=torch.long)
+    loss = torch.nn.functional.cross_entropy(logits.float(), targets)
+    return math.exp(float(loss))
+
+
+@torch.inference_mode()
+def decode_latency_ms(
+    shard: ShardModel, *, prompt_tokens: int = 32, steps: int = 16, seed: int = 0
+) -> float:
+    """Median milliseconds of one single-token decode step of `shard` after a prefill of
+    `prompt_tokens` random hidden states (what a node does per generated token)."""
+    generator = torch.Generator().manual_seed(seed)
+    cache = shard.new_cache()
+    prompt = torch.randn(1, prompt_tokens, shard.hidden_size, generator=generator)
+    shard.forward(prompt, torch.arange(prompt_tokens), cache)
+    times = []
+    for step in range(steps):
+        token = torch.randn(1, 1, shard.hidden_size, generator=generator)
+        started = time.perf_counter()
+        shard.forward(token, torch.tensor([prompt_tokens + step]), cache)
+        times.append((time.perf_counter() - started) * 1000.0)
+    return statistics.median(times)
+
+
+def quant_report(
+    model: str | Path = "default",
+    parts: int = 3,
+    quants: Sequence[str] = ("none", "int8", "int4"),
+    *,
+    text: str | None = None,
+    device: str = "auto",
+    latency_steps: int = 16,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Flat metrics per quant: `ppl_<q>`, `shard_bytes_<q>` (shard 0's file), `shard_layers`,
+    `decode_ms_per_shard_<q>` (median over the shards of each shard's median step), ratios
+    vs fp32, and the manifests used."""
+    text = heldout_text() if text is None else text
+    metrics: dict[str, Any] = {}
+    manifests: dict[str, str] = {}
+    for quant in quants:
+        label = QUANT_LABEL[quant]
+        kwargs = {} if progress is None else {"progress": progress}
+        path = prepare(model=model, parts=parts, quant=quant, **kwargs)
+        manifests[label] = str(path)
+        manifest = Manifest.load(path)
+        head = ClientHead.load(path, device=device)
+        shards = [ShardModel.load(path, k, device=device) for k in range(parts)]
+        metrics[f"ppl_{label}"] = round(perplexity(head, shards, text), 4)
+        metrics["heldout_tokens"] = len(head.encode(text))
+        metrics[f"shard_bytes_{label}"] = manifest.shards[0].size
+        metrics["shard_layers"] = manifest.shards[0].num_layers
+        per_shard = [decode_latency_ms(s, steps=latency_steps) for s in shards]
+        metrics[f"decode_ms_per_shard_{label}"] = round(statistics.median(per_shard), 2)
+        del shards, head
+    if "fp32" in {QUANT_LABEL[q] for q in quants}:
+        for label in ("int8", "int4"):
+            if f"shard_bytes_{label}" in metrics:
+                metrics[f"ratio_shard_bytes_{label}_vs_fp32"] = round(
+                    metrics[f"shard_bytes_{label}"] / metrics["shard_bytes_fp32"], 4
+                )
+                metrics[f"ratio_ppl_{label}_vs_fp32"] = round(
+                    metrics[f"ppl_{label}"] / metrics["ppl_fp32"], 4
+                )
+    return {"metrics": metrics, "manifests": manifests}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m node.model.evaluate",
+        description="Perplexity, shard bytes and decode latency of fp32 / int8 / int4 shards "
+        "(one JSON object on stdout).",
+    )
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--parts", type=int, default=3)
+    parser.add_argument("--quants", default="none,int8,int4")
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args(argv)
+    quants = [q.strip() for q in args.quants.split(",") if q.strip()]
+    started = time.monotonic()
+    report = quant_report(args.model, args.parts, quants, device=args.device)
+    import platform
+
+    from node.model.device import resolve_device
+
+    device = resolve_device(args.device)
+    body = {
+        "bench": "quant",
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+            "torch": torch.__version__,
+            "device": device.type,
+        },
+        "config": {"model": args.model, "parts": args.parts, "quants": quants},
+        "metrics": {**report["metrics"], "wall_s": round(time.monotonic() - started, 1)},
+        "targets": {
+            "ratio_shard_bytes_int8_vs_fp32": {"op": "<=", "value": 0.30},
+            "ratio_shard_bytes_int4_vs_fp32": {"op": "<=", "value": 0.18},
+            "ratio_ppl_int8_vs_fp32": {"op": "<=", "value": 1.02},
+            "ratio_ppl_int4_vs_fp32": {"op": "<=", "value": 1.10},
+        },
+        "manifests": report["manifests"],
+    }
+    print(json.dumps(body))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
