@@ -39,7 +39,7 @@ from protocol.errors import ProtocolError
 VX_PREFIX = b"\x00planet-vx/v1\n"
 MAX_SCORES = 10_000
 BLOCK_ID_FLAG_COMMIT = 2
-_NODE = re.compile(r"^[0-9a-f]{64}$")
+_NODE = re.compile(r"[0-9a-f]{64}\Z")
 
 
 class VoteExtensionError(ProtocolError):

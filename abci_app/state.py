@@ -54,8 +54,9 @@ def validator_address(pubkey: bytes) -> str:
     return hashlib.sha256(pubkey).digest()[:20].hex().upper()
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+# One encoder instance: json.dumps(**non-default options) would build a new one per call.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_json = _ENCODER.encode
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,11 +51,17 @@ MAX_BATCH = 1024
 MAX_NONCE = (1 << 63) - 1
 ROLES = ("compute", "verifier")
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_HEX32_0X = re.compile(r"^0x[0-9a-f]{64}$")
-_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
-_SIG65 = re.compile(r"^0x[0-9a-f]{130}$")
-_NAME = re.compile(r"^[A-Za-z0-9._:/@+-]{1,128}$")
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_HEX32_0X = re.compile(r"0x[0-9a-f]{64}\Z")
+_U64 = (1 << 64) - 1
+_U32 = (1 << 32) - 1
+_COMMITMENT_KEYS = {"commitment": 0, "session": 0, "shard": 0, "step": 0}.keys()
+# One encoder instance: json.dumps(**non-default options) would build a new one per call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}\Z")
+_SIG65 = re.compile(r"0x[0-9a-f]{130}\Z")
+_HEX128 = re.compile(r"[0-9a-f]{128}\Z")
+_NAME = re.compile(r"[A-Za-z0-9._:/@+-]{1,128}\Z")
 
 
 class TxDecodeError(ProtocolError):
@@ -247,11 +253,26 @@ class CommitmentRecord:
 
     @classmethod
     def from_json(cls, item: Any) -> CommitmentRecord:
-        b = _obj(item, "commitment", {"commitment", "session", "shard", "step"})
-        return cls(
+        # the hot path of the busiest tx type: plain type checks, one regex per hex field
+        if type(item) is dict and item.keys() == _COMMITMENT_KEYS:
+            session, step = item["session"], item["step"]
+            shard, value = item["shard"], item["commitment"]
+            if (
+                type(session) is str
+                and type(value) is str
+                and type(step) is int
+                and type(shard) is int
+                and 0 <= step <= _U64
+                and 0 <= shard <= _U32
+                and _HEX32_0X.match(session)
+                and _HEX32_0X.match(value)
+            ):
+                return cls(session, step, shard, value)
+        b = _obj(item, "commitment", set(_COMMITMENT_KEYS))
+        return cls(  # one of these raises with the precise reason
             session=_str(b["session"], "session", _HEX32_0X),
-            step=_int(b["step"], "step", 0, (1 << 64) - 1),
-            shard=_int(b["shard"], "shard", 0, (1 << 32) - 1),
+            step=_int(b["step"], "step", 0, _U64),
+            shard=_int(b["shard"], "shard", 0, _U32),
             commitment=_str(b["commitment"], "commitment", _HEX32_0X),
         )
 
@@ -498,13 +519,12 @@ def decode(raw: bytes) -> SignedTx:
         body=body_cls.from_json(envelope["body"]),
         signer=_str(envelope["signer"], "signer", _HEX64),
         nonce=_int(envelope["nonce"], "nonce", 1),
-        sig=_str(envelope["sig"], "sig", re.compile(r"^[0-9a-f]{128}$")),
+        sig=_str(envelope["sig"], "sig", _HEX128),
         raw=bytes(raw),
     )
     # The schema checks above admit only strings, integers and lists/objects of them (no
     # floats), so plain sorted compact json.dumps is the canonical encoding here.
-    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    if canonical.encode() != raw:
+    if _CANONICAL.encode(doc).encode() != raw:
         raise TxDecodeError("bytes are not the canonical encoding")
     return tx
 

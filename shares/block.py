@@ -29,8 +29,8 @@ GENESIS_PREV_HASH = "sha256:" + "0" * 64
 MAX_CONTRIBUTIONS = 4096
 MAX_OPERATIONS = (1 << 63) - 1
 
-_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
-_NODE = re.compile(r"^[0-9a-f]{64}$")
+_HASH = re.compile(r"sha256:[0-9a-f]{64}\Z")
+_NODE = re.compile(r"[0-9a-f]{64}\Z")
 
 
 class ShareBlockError(ProtocolError):

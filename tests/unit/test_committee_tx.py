@@ -191,3 +191,14 @@ def test_share_block_hash_is_sha256_of_canonical_json() -> None:
 def test_share_block_bad_contributions_rejected(contributions: tuple) -> None:
     with pytest.raises(ShareBlockError):
         ShareBlock(GENESIS_PREV_HASH, 1, 0, contributions)
+
+
+def test_committee_tx_trailing_newline_in_hex_field_rejected() -> None:
+    with pytest.raises(TxDecodeError):
+        AttestStake.from_json({"node": NODE + "\n", "amount": "1"})
+    with pytest.raises(TxDecodeError):
+        CommitmentRecord.from_json(
+            {"session": H32 + "\n", "step": 1, "shard": 0, "commitment": H32}
+        )
+    with pytest.raises(ShareBlockError):
+        ShareBlock(GENESIS_PREV_HASH + "\n", 1, 0, ())
