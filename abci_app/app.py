@@ -34,11 +34,22 @@ SCORES_FILE = "reputation_scores.json"
 pb = abci_pb()
 
 
+# Events CometBFT's tx indexer should index (searchable with tx_search). The per-tx
+# bookkeeping events of the busy tx types (planet.tx, planet.commit, planet.reveal) are not
+# indexed: indexing every attribute of every tx costs CometBFT real CPU under load.
+INDEXED_EVENTS = frozenset(
+    {"planet.node", "planet.stake", "planet.evidence", "planet.verdict", "planet.share_block"}
+)
+
+
 def _events(result: TxResult) -> list[Any]:
     return [
         pb.Event(
             type=kind,
-            attributes=[pb.EventAttribute(key=k, value=v, index=True) for k, v in attributes],
+            attributes=[
+                pb.EventAttribute(key=k, value=v, index=kind in INDEXED_EVENTS)
+                for k, v in attributes
+            ],
         )
         for kind, attributes in result.events
     ]
