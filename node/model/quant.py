@@ -85,13 +85,18 @@ def _hqq_from_linear(linear: nn.Linear) -> nn.Module:
             f"int4 needs in_features divisible by {INT4_GROUP_SIZE}, got {linear.in_features}"
         )
     weight = linear.weight.detach()
-    return HQQLinear(
+    layer = HQQLinear(
         linear,
         _hqq_quant_config(),
         del_orig=True,
         compute_dtype=torch.float32,
         device=str(weight.device),
     )
+    # The file stores scale and zero as fp16; round them now so the layer in memory is
+    # exactly what a node will load.
+    for key in ("scale", "zero"):
+        layer.meta[key] = layer.meta[key].to(torch.float16).to(layer.meta[key].dtype)
+    return layer
 
 
 def _set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:

@@ -1,0 +1,102 @@
+"""Weight-only int8 (torchao) / int4 (hqq) shards: safetensors round trip, accuracy, file size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from node.model.family import load_config
+from node.model.quant import quantized_tensors
+from node.model.shard import ShardModel
+from node.model.testing import make_tiny_model
+from protocol.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+LAYERS = (1, 3)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, dict[str, torch.Tensor]]:
+    root = tmp_path_factory.mktemp("quant")
+    model = make_tiny_model(root / "src", layers=4, hidden=128, tied=True, init_std=0.05)
+    config = load_config(root / "src")
+    return root, config, dict(model.state_dict())
+
+
+def _write(root: Path, config: Any, state: dict, quant: str) -> tuple[ShardModel, Path]:
+    shard = ShardModel.from_state_dict(config, LAYERS, state, device="cpu", quant=quant)
+    tensors, metadata = quantized_tensors(shard.module, quant)
+    path = root / f"shard-{quant}.safetensors"
+    save_file(tensors, str(path), metadata={"format": "pt", **metadata})
+    return shard, path
+
+
+def _run(shard: ShardModel, hidden: torch.Tensor) -> torch.Tensor:
+    return shard.forward(hidden, torch.arange(hidden.shape[1]), shard.new_cache())
+
+
+def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize(
+    ("quant", "max_rel_error", "max_size_ratio"), [("int8", 0.02, 0.30), ("int4", 0.15, 0.19)]
+)
+def test_quant_safetensors_round_trip_matches_and_is_small(
+    tiny, quant, max_rel_error, max_size_ratio
+) -> None:
+    root, config, state = tiny
+    fp32, fp32_path = _write(root, config, state, "none")
+    quantized, path = _write(root, config, state, quant)
+    hidden = torch.randn(1, 9, config.hidden_size, generator=torch.Generator().manual_seed(1))
+    reference = _run(fp32, hidden)
+    in_memory = _run(quantized, hidden)
+    runtime = "packed" if quant == "int4" else "auto"
+    reloaded = ShardModel.from_file(config, LAYERS, path, device="cpu", int4_runtime=runtime)
+    assert reloaded.quant == quant
+    # the file holds exactly what was quantized
+    torch.testing.assert_close(_run(reloaded, hidden), in_memory, rtol=0, atol=0)
+    assert 0 < _rel_error(in_memory, reference) < max_rel_error
+    assert path.stat().st_size / fp32_path.stat().st_size < max_size_ratio
+
+
+def test_quant_int4_dequantized_runtime_equals_packed(tiny) -> None:
+    root, config, state = tiny
+    _, path = _write(root, config, state, "int4")
+    packed = ShardModel.from_file(config, LAYERS, path, device="cpu", int4_runtime="packed")
+    dequantized = ShardModel.from_file(config, LAYERS, path, device="cpu")  # auto on CPU
+    assert not any(type(m).__name__ == "HQQLinear" for m in dequantized.module.modules())
+    assert any(type(m).__name__ == "HQQLinear" for m in packed.module.modules())
+    hidden = torch.randn(1, 5, config.hidden_size, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(
+        _run(dequantized, hidden), _run(packed, hidden), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_quant_fp32_round_trip_is_exact(tiny) -> None:
+    root, config, state = tiny
+    fp32, path = _write(root, config, state, "none")
+    reloaded = ShardModel.from_file(config, LAYERS, path, device="cpu")
+    hidden = torch.randn(1, 4, config.hidden_size)
+    torch.testing.assert_close(_run(reloaded, hidden), _run(fp32, hidden), rtol=0, atol=0)
+
+
+def test_quant_unknown_scheme_raises_config_error(tiny) -> None:
+    root, config, state = tiny
+    with pytest.raises(ConfigError, match="unknown quant"):
+        ShardModel.from_state_dict(config, LAYERS, state, device="cpu", quant="int3")
+    _, path = _write(root, config, state, "int4")
+    with pytest.raises(ConfigError, match="int4 runtime"):
+        ShardModel.from_file(config, LAYERS, path, device="cpu", int4_runtime="fast")
+
+
+def test_quant_file_for_other_layers_raises_config_error(tiny) -> None:
+    root, config, state = tiny
+    _, path = _write(root, config, state, "int8")
+    with pytest.raises(ConfigError, match="not part of layers"):
+        ShardModel.from_file(config, (0, 2), path, device="cpu")
