@@ -148,16 +148,78 @@ def shard_sizes(progress: Any) -> dict[str, int]:
     return sizes
 
 
-def perplexities(max_tokens: int, progress: Any) -> dict[str, float]:
-    from node.model.evaluate import perplexity
-
+def perplexities(progress: Any) -> tuple[dict[str, float], int]:
+    """Teacher-forced perplexity of the held-out text through 3 shards, per quant
+    (node.model.evaluate), and the text's token count."""
+    from node.model.evaluate import heldout_text, perplexity
+    from node.model.head import ClientHead
+    from node.model.manifest import Manifest
     from node.model.prepare import prepare
+    from node.model.shard import ShardModel
 
+    text = heldout_text()
     out = {}
+    tokens = 0
     for quant, name in (("none", "fp32"), ("int8", "int8"), ("int4", "int4")):
         manifest = prepare(parts=3, quant=quant, progress=progress)
-        out[name] = float(perplexity(manifest, max_tokens=max_tokens))
-    return out
+        head = ClientHead.load(manifest, device="cpu")
+        shards = [
+            ShardModel.load(manifest, e.shard_id, device="cpu")
+            for e in Manifest.load(manifest).shards
+        ]
+        out[name] = float(perplexity(head, shards, text))
+        tokens = len(head.encode(text))
+    return out, tokens
+
+
+def monolithic_worker(manifest: Path, new_tokens: int, warmup: bool) -> None:
+    """Child process (default OpenMP wait policy, as a user's own process would run):
+    one measurement of transformers generate and of the in-process shard chain, as JSON."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from node.client.head import NumpyHead
+    from node.model.manifest import Manifest
+    from node.model.shard import ShardModel
+    from node.model.source import resolve_source
+    from node.server.run import configure_torch_threads
+
+    configure_torch_threads(0)
+    directory = resolve_source("default").directory
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    head = NumpyHead(manifest)
+    shards = [
+        ShardModel.load(manifest, e.shard_id, device="cpu") for e in Manifest.load(manifest).shards
+    ]
+    ids = head.chat_ids([{"role": "user", "content": SPEED_PROMPT}])
+    bench_monolithic_generate(model, ids, 4)
+    bench_inprocess_shards(head, shards, ids, 4)
+    print(
+        json.dumps(
+            {
+                "monolithic": bench_monolithic_generate(model, ids, new_tokens),
+                "monolithic_inprocess": bench_inprocess_shards(head, shards, ids, new_tokens),
+            }
+        )
+    )
+
+
+def run_monolithic(manifest: Path, new_tokens: int) -> dict[str, tuple[float, float]]:
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    done = subprocess.run(
+        [sys.executable, __file__, "--monolithic-worker", str(manifest), str(new_tokens)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return {k: tuple(v) for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,29 +228,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--parts", default="2,3,5", help="pipelines to run (default 2,3,5)")
-    parser.add_argument("--ppl-tokens", type=int, default=None, help="tokens for perplexity")
     parser.add_argument("--skip-ppl", action="store_true")
+    parser.add_argument(
+        "--monolithic-worker", nargs=2, metavar=("MANIFEST", "TOKENS"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
+    if args.monolithic_worker:
+        monolithic_worker(Path(args.monolithic_worker[0]), int(args.monolithic_worker[1]), True)
+        return 0
+    # This process is the pipeline client: idle OpenMP threads must sleep, not spin, while
+    # the nodes compute (the nodes get the same setting from the launcher).
+    import os
+
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
     new_tokens = args.max_new_tokens or (32 if args.quick else 64)
     repeats = args.repeats or (2 if args.quick else 3)
-    ppl_tokens = args.ppl_tokens or (512 if args.quick else 2048)
     parts_list = [int(p) for p in args.parts.split(",")]
     progress = lambda message: log.info("%s", message)  # noqa: E731
 
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from node.client.head import NumpyHead
     from node.client.pipeline import Hop
-    from node.model.manifest import Manifest
-    from node.model.shard import ShardModel
-    from node.model.source import resolve_source
     from node.server.launcher import stop_pid, wait_healthy
     from node.server.run import configure_torch_threads
-    from protocol.frames import make_frame
+    from protocol.frames import COMPRESSED_CODEC, body_size, make_frame
 
     threads = configure_torch_threads(0)
     metrics: dict[str, Any] = {}
@@ -198,15 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         log.info("starting node processes for %s-part circuits", parts_list)
         for parts in parts_list:
             circuits[parts] = start_circuit(parts, run_dir)
-        directory = resolve_source("default", progress=progress).directory
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
         manifest3 = Path(next(iter(circuits.values()))[0])
         manifest3 = Path(circuits[3][0]) if 3 in circuits else manifest3
         head = NumpyHead(manifest3)
-        inproc = [
-            ShardModel.load(manifest3, e.shard_id, device="cpu")
-            for e in Manifest.load(manifest3).shards
-        ]
         ids = head.chat_ids([{"role": "user", "content": SPEED_PROMPT}])
         for parts, (_, nodes) in circuits.items():
             wait_healthy(nodes, timeout_s=300)
@@ -216,8 +275,6 @@ def main(argv: list[str] | None = None) -> int:
             for parts, (_, nodes) in circuits.items()
         }
         # warm-up: one short run of each (first-call allocations, connection set-up)
-        bench_monolithic_generate(model, ids, 4)
-        bench_inprocess_shards(head, inproc, ids, 4)
         for parts in parts_list:
             asyncio.run(_pipeline_run(hops[parts], head, ids, 4))
 
@@ -225,12 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         compute_share: dict[int, list[float]] = {p: [] for p in parts_list}
         for repeat in range(repeats):
             log.info("repeat %d/%d", repeat + 1, repeats)
-            runs.setdefault("monolithic", []).append(
-                bench_monolithic_generate(model, ids, new_tokens)
-            )
-            runs.setdefault("monolithic_inprocess", []).append(
-                bench_inprocess_shards(head, inproc, ids, new_tokens)
-            )
+            for name, value in run_monolithic(manifest3, new_tokens).items():
+                runs.setdefault(name, []).append(value)
             for parts in parts_list:
                 _, timings = asyncio.run(_pipeline_run(hops[parts], head, ids, new_tokens))
                 runs.setdefault(f"pipeline_{parts}", []).append(
@@ -257,53 +310,49 @@ def main(argv: list[str] | None = None) -> int:
             )
             metrics[f"node_compute_share_pipeline_{parts}"] = round(median(compute_share[parts]), 3)
 
-        # ---- activations on the wire, and greedy tokens with int8 compression -----------
+        # ---- activations on the wire, and greedy tokens with compression ------------------
+        # "compressed" = COMPRESSED_CODEC (hq9, what `planet ask --compress` uses); plain
+        # blockwise int8 is measured beside it as the Nesa baseline.
         one = np.asarray(head.embed_np([ids[-1]]))
         prompt = np.asarray(head.embed_np(ids))
-        raw_tok = make_frame(one, session="bench-session", step=1, start=len(ids), shard=0)
-        int8_tok = make_frame(
-            one, session="bench-session", step=1, start=len(ids), shard=0, codec="int8"
-        )
-        metrics["activation_bytes_per_token_raw"] = len(raw_tok)
-        metrics["activation_bytes_per_token_compressed"] = len(int8_tok)
-        metrics["ratio_activation_bytes_compressed_vs_raw"] = round(len(int8_tok) / len(raw_tok), 4)
-        metrics["activation_body_bytes_per_token_raw"] = one.size * 4
-        metrics["activation_body_bytes_per_token_compressed"] = len(int8_tok) - (
-            len(raw_tok) - one.size * 4
-        )
-        raw_prompt = make_frame(prompt, session="bench-session", step=0, start=0, shard=0)
-        int8_prompt = make_frame(
-            prompt, session="bench-session", step=0, start=0, shard=0, codec="int8"
-        )
-        metrics[f"activation_bytes_prefill_{len(ids)}_tokens_raw"] = len(raw_prompt)
-        metrics[f"activation_bytes_prefill_{len(ids)}_tokens_compressed"] = len(int8_prompt)
+        n_tok, n_prompt = one.size, prompt.size
+        raw_frame = make_frame(one, session="bench-session", step=1, start=len(ids), shard=0)
+        header_bytes = len(raw_frame) - n_tok * 4
+        metrics["activation_bytes_per_token_raw"] = body_size("float32", "raw", n_tok)
+        metrics["frame_header_bytes_per_hop"] = header_bytes
+        for codec, label in ((COMPRESSED_CODEC, "compressed"), ("int8", "int8")):
+            body = body_size("float32", codec, n_tok)
+            metrics[f"activation_bytes_per_token_{label}"] = body
+            metrics[f"ratio_activation_bytes_{label}_vs_raw"] = round(body / (n_tok * 4), 4)
+            metrics[f"ratio_frame_bytes_{label}_vs_raw_per_token"] = round(
+                (body + header_bytes) / len(raw_frame), 4
+            )
+            metrics[f"activation_bytes_prefill_{len(ids)}_tokens_{label}"] = body_size(
+                "float32", codec, n_prompt
+            )
+        metrics[f"activation_bytes_prefill_{len(ids)}_tokens_raw"] = n_prompt * 4
         check_parts = 3 if 3 in hops else parts_list[-1]
-        unchanged = []
-        first_divergence = []
-        for messages in CHECK_PROMPTS:
-            prompt_ids = head.chat_ids(messages)
-            raw_tokens, _ = asyncio.run(
-                _pipeline_run(hops[check_parts], head, prompt_ids, 32, stop_on_eos=True)
-            )
-            int8_tokens, _ = asyncio.run(
-                _pipeline_run(
-                    hops[check_parts], head, prompt_ids, 32, codec="int8", stop_on_eos=True
+        for codec, label in ((COMPRESSED_CODEC, "compressed"), ("int8", "int8")):
+            unchanged = []
+            first_divergence = []
+            for messages in CHECK_PROMPTS:
+                prompt_ids = head.chat_ids(messages)
+                raw_tokens, _ = asyncio.run(
+                    _pipeline_run(hops[check_parts], head, prompt_ids, 32, stop_on_eos=True)
                 )
-            )
-            unchanged.append(raw_tokens == int8_tokens)
-            diverge = next(
-                (
-                    i
-                    for i, (a, b) in enumerate(zip(raw_tokens, int8_tokens, strict=False))
-                    if a != b
-                ),
-                None,
-            )
-            first_divergence.append(diverge)
-        metrics["greedy_tokens_unchanged_compressed"] = all(unchanged)
-        metrics["compressed_prompts_checked"] = len(unchanged)
-        metrics["compressed_prompts_unchanged"] = sum(unchanged)
-        metrics["compressed_first_divergence_step"] = first_divergence
+                packed_tokens, _ = asyncio.run(
+                    _pipeline_run(
+                        hops[check_parts], head, prompt_ids, 32, codec=codec, stop_on_eos=True
+                    )
+                )
+                unchanged.append(raw_tokens == packed_tokens)
+                pairs = zip(raw_tokens, packed_tokens, strict=False)
+                first_divergence.append(next((i for i, (a, b) in enumerate(pairs) if a != b), None))
+            metrics[f"greedy_tokens_unchanged_{label}"] = all(unchanged)
+            metrics[f"{label}_prompts_checked"] = len(unchanged)
+            metrics[f"{label}_prompts_unchanged"] = sum(unchanged)
+            metrics[f"{label}_first_divergence_step"] = first_divergence
+        metrics["compressed_codec"] = COMPRESSED_CODEC
     finally:
         for _, nodes in circuits.values():
             for node in nodes:
@@ -315,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     metrics["ratio_shard_bytes_int8_vs_fp32"] = round(sizes["int8"] / sizes["fp32"], 4)
     metrics["ratio_shard_bytes_int4_vs_fp32"] = round(sizes["int4"] / sizes["fp32"], 4)
     if not args.skip_ppl:
-        ppl = perplexities(ppl_tokens, progress)
+        ppl, ppl_tokens = perplexities(progress)
+        metrics["ppl_heldout_tokens"] = ppl_tokens
         for name, value in ppl.items():
             metrics[f"ppl_{name}"] = round(value, 3)
         metrics["ratio_ppl_int8_vs_fp32"] = round(ppl["int8"] / ppl["fp32"], 4)
@@ -332,8 +382,9 @@ def main(argv: list[str] | None = None) -> int:
             "prompt_tokens": len(ids),
             "torch_threads": threads,
             "topology": "star, zero-copy relay, keep-alive HTTP/1.1 on loopback",
-            "monolithic": "transformers generate, fp32, same process",
-            "ppl_tokens": None if args.skip_ppl else ppl_tokens,
+            "monolithic": "transformers generate, fp32, one process (fresh per repeat)",
+            "client_omp_wait_policy": "PASSIVE",
+            "ppl_text": "node/model/data/heldout.txt (teacher forced, 3 shards)",
             "quick": args.quick,
         },
         "metrics": metrics,

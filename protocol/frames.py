@@ -17,6 +17,11 @@ to return only the last position).
 
 Codecs (the body):
 - "raw": the tensor in `dtype`, little-endian, C order.
+- "hq9" (what `--compress` uses): each block of 64 values is rotated by the orthonormal
+  Walsh-Hadamard matrix (spreads outlier channels over the block), then quantized absmax to
+  9-bit signed codes [-255, 255]: body = scales (n_blocks x float32 LE) + low bytes of the
+  codes + 1 packed bit per value (bit 8). 76 bytes per 64 values = 29.7 % of fp32; relative
+  error ~0.25 % per hop, measured to keep greedy tokens unchanged where plain int8 did not.
 - "int8": blockwise absmax int8 (Nesa sec. 4). The flattened tensor is cut in blocks of
   INT8_BLOCK values; each block stores one float32 scale (absmax / 127) and one int8 per value:
   body = scales (n_blocks x float32 LE) + codes (N x int8). 68 bytes per 64 values = 26.6 % of
@@ -51,7 +56,8 @@ DTYPES: Final[dict[str, np.dtype]] = {
     "float32": np.dtype("<f4"),
     "float16": np.dtype("<f2"),
 }
-CODECS: Final = ("raw", "int8")
+CODECS: Final = ("raw", "int8", "hq9")
+COMPRESSED_CODEC: Final = "hq9"  # what clients use when asked to compress
 _SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 _HEADER_KEYS: Final = frozenset(
     {"session", "step", "positions", "dtype", "shape", "codec", "shard", "last_only"}
@@ -224,16 +230,72 @@ def _decode_int8(body: memoryview, n: int) -> np.ndarray:
     return out.reshape(-1)[:n]
 
 
+def _hadamard(n: int) -> np.ndarray:
+    """Orthonormal, symmetric Walsh-Hadamard matrix (n a power of two): H @ H = I."""
+    h = np.ones((1, 1), dtype=np.float64)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return (h / np.sqrt(n)).astype(np.float32)
+
+
+_H64: Final = _hadamard(INT8_BLOCK)
+_HQ9_MAX: Final = 255
+
+
+def _encode_hq9(values: np.ndarray) -> bytes:
+    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    n = flat.size
+    n_blocks = -(-n // INT8_BLOCK)
+    padded = np.zeros(n_blocks * INT8_BLOCK, dtype=np.float32)
+    padded[:n] = flat
+    rotated = padded.reshape(n_blocks, INT8_BLOCK) @ _H64
+    scales = (np.abs(rotated).max(axis=1) / _HQ9_MAX).astype(np.float32)
+    safe = np.where(scales > 0, scales, np.float32(1.0))
+    codes = np.rint(rotated / safe[:, None]).clip(-_HQ9_MAX, _HQ9_MAX).astype(np.int16)
+    unsigned = (codes.reshape(-1) + _HQ9_MAX).astype(np.uint16)  # [0, 510]
+    low = (unsigned & 0xFF).astype(np.uint8)
+    high = np.packbits((unsigned >> 8).astype(np.uint8), bitorder="little")
+    return scales.astype("<f4").tobytes() + low.tobytes() + high.tobytes()
+
+
+def _decode_hq9(body: memoryview, n: int) -> np.ndarray:
+    n_blocks = -(-n // INT8_BLOCK)
+    padded_n = n_blocks * INT8_BLOCK
+    expected = body_size("float32", "hq9", n)
+    if len(body) != expected:
+        raise BadBodyError(f"hq9 body is {len(body)} bytes, expected {expected}")
+    scales = np.frombuffer(body, dtype="<f4", count=n_blocks)
+    if not np.isfinite(scales).all():
+        raise NonFiniteError("hq9 block scales contain NaN or Inf")
+    low = np.frombuffer(body, dtype=np.uint8, offset=n_blocks * 4, count=padded_n)
+    high = np.unpackbits(
+        np.frombuffer(body, dtype=np.uint8, offset=n_blocks * 4 + padded_n),
+        count=padded_n,
+        bitorder="little",
+    )
+    unsigned = low.astype(np.int32) | (high.astype(np.int32) << 8)
+    if unsigned.max(initial=0) > 2 * _HQ9_MAX:
+        raise BadBodyError("hq9 code out of range")
+    codes = (unsigned - _HQ9_MAX).astype(np.float32).reshape(n_blocks, INT8_BLOCK)
+    out = (codes * scales.astype(np.float32)[:, None]) @ _H64
+    return out.reshape(-1)[:n]
+
+
 def body_size(dtype: str, codec: str, n_values: int) -> int:
     """Bytes of a body holding `n_values` values."""
     if codec == "int8":
         return -(-n_values // INT8_BLOCK) * 4 + n_values
+    if codec == "hq9":
+        n_blocks = -(-n_values // INT8_BLOCK)
+        return n_blocks * 4 + n_blocks * INT8_BLOCK + n_blocks * INT8_BLOCK // 8
     return n_values * DTYPES[dtype].itemsize
 
 
 def encode_body(array: np.ndarray, dtype: str, codec: str) -> bytes:
     if codec == "int8":
         return _encode_int8(array)
+    if codec == "hq9":
+        return _encode_hq9(array)
     if dtype == "float16" and array.size and float(np.abs(array).max()) > _FP16_MAX:
         raise NonFiniteError("activations overflow float16; send float32 or int8")
     return np.ascontiguousarray(array, dtype=DTYPES[dtype]).tobytes()
@@ -245,6 +307,8 @@ def decode_body(header: FrameHeader, body: memoryview | bytes) -> np.ndarray:
     view = memoryview(body)
     if header.codec == "int8":
         out = _decode_int8(view, n)
+    elif header.codec == "hq9":
+        out = _decode_hq9(view, n)
     else:
         dt = DTYPES[header.dtype]
         if len(view) != n * dt.itemsize:

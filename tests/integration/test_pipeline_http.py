@@ -1,7 +1,7 @@
 """Distributed greedy decoding over real node processes (HTTP, loopback) equals monolithic
 transformers `generate`, token for token, with unquantized shards of the real SmolLM2.
 
-Circuits: 2, 3 and 5 even parts and one uneven split. Node processes start once per circuit
+Circuits: 2 and 5 even parts and 3 uneven ones (4/17/9 layers). Nodes start once per circuit
 (module-scoped fixture) and the prepared model cache is reused across runs.
 """
 
@@ -52,11 +52,11 @@ CONVERSATIONS: dict[str, list[dict[str, str]]] = {
     ],
 }
 # (id, parts, split): split = layers per shard, handed to node.model.prepare
+# (3 even parts run in tests/e2e/test_local_cli.py through `planet local up` and `planet ask`)
 CIRCUITS: list[tuple[str, int, list[int] | None]] = [
     ("2p", 2, None),
-    ("3p", 3, None),
+    ("3p-uneven", 3, [4, 17, 9]),
     ("5p", 5, None),
-    ("uneven", 3, [4, 17, 9]),
 ]
 
 

@@ -78,6 +78,13 @@ def test_frame_roundtrip_each_dtype_codec_preserves_header_and_values(dtype: str
     assert y.dtype == np.float32 and y.shape == x.shape
     if codec == "raw" and dtype == "float32":
         np.testing.assert_array_equal(y, x)
+    elif codec == "hq9":
+        # rotated blocks: error bounded by the block's L2 norm / 255 per value (orthonormal)
+        blocks = x.reshape(-1, INT8_BLOCK)
+        bound = np.linalg.norm(blocks, axis=1, keepdims=True) / 255 + 1e-5
+        assert (np.abs(y.reshape(-1, INT8_BLOCK) - blocks) <= bound).all()
+        rel = np.linalg.norm(y[0, 1:] - x[0, 1:]) / np.linalg.norm(x[0, 1:])
+        assert rel < 0.004
     else:
         # error bounded per block: int8 → absmax/254, fp16 → 2^-11 relative
         blocks = x.reshape(-1, INT8_BLOCK)
@@ -93,6 +100,41 @@ def test_frame_int8_size_is_under_30_percent_of_fp32():
     packed = make_frame(x, session=SESSION, step=0, start=0, shard=0, codec="int8")
     assert body_size("float32", "int8", x.size) / (x.size * 4) < 0.27
     assert len(packed) / len(raw) <= 0.30
+
+
+def test_frame_hq9_size_is_under_30_percent_of_fp32_body():
+    x = _hidden(294)
+    assert body_size("float32", "hq9", x.size) / (x.size * 4) <= 0.30
+    body = parse_frame(make_frame(x, session=SESSION, step=0, start=0, shard=0, codec="hq9")).body
+    assert len(body) == body_size("float32", "hq9", x.size)
+
+
+def test_frame_hq9_more_accurate_than_int8_with_outlier_channel():
+    x = np.random.default_rng(3).standard_normal((1, 16, 576)).astype(np.float32)
+    x[..., 7] = 140.0  # an outlier channel, as real hidden states have
+
+    def error(codec: str) -> float:
+        _, y = decode_frame(make_frame(x, session=SESSION, step=0, start=0, shard=0, codec=codec))
+        return float(np.linalg.norm(y - x) / np.linalg.norm(x))
+
+    assert error("hq9") < error("int8") / 3
+
+
+def test_frame_hq9_out_of_range_code_is_bad_body():
+    n = 64
+    body = np.ones(1, dtype="<f4").tobytes() + bytes([0xFF]) * n + bytes([0xFF]) * (n // 8)
+    data = _raw_frame(
+        _header(codec="hq9", shape=[1, 16, 4], positions={"start": 0, "count": 16}), body
+    )
+    with pytest.raises(BadBodyError):
+        decode_frame(data)
+
+
+@pytest.mark.parametrize("codec", ["int8", "hq9"])
+def test_frame_compressed_odd_length_pads_last_block(codec: str):
+    x = np.linspace(-1, 1, 1 * 3 * 50, dtype=np.float32).reshape(1, 3, 50)
+    _, y = decode_frame(make_frame(x, session=SESSION, step=0, start=0, shard=0, codec=codec))
+    assert np.abs(y - x).max() <= 8 / 254 + 1e-6
 
 
 def test_frame_int8_odd_length_pads_last_block():
