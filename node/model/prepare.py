@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from node.model.family import load_config
+from node.model.files import save_safetensors
 from node.model.head import client_tensors
 from node.model.manifest import (
     CLIENT_FILE,
@@ -196,20 +197,18 @@ def _write(
     quant: str,
     progress: Progress,
 ) -> None:
-    from safetensors.torch import save_file
-
     progress(f"loading {source.model_id} from {source.directory} ...")
     state, tied = _load_full_state(source)
     shutil.copyfile(source.directory / CONFIG_FILE, staging / CONFIG_FILE)
     _copy_tokenizer(source.directory, staging / TOKENIZER_DIR)
-    save_file(client_tensors(state, tied), str(staging / CLIENT_FILE), metadata={"format": "pt"})
+    save_safetensors(client_tensors(state, tied), staging / CLIENT_FILE, {"format": "pt"})
     shards: list[ShardEntry] = []
     for shard_id, layers in enumerate(ranges):
         progress(f"shard {shard_id}: layers [{layers[0]}, {layers[1]}) quant={quant} ...")
         shard = ShardModel.from_state_dict(config, layers, state, device="cpu", quant=quant)
         tensors, metadata = quantized_tensors(shard.module, quant)
         name = f"shard-{shard_id}.safetensors"
-        save_file(tensors, str(staging / name), metadata={"format": "pt", **metadata})
+        save_safetensors(tensors, staging / name, {"format": "pt", **metadata})
         path = staging / name
         shards.append(
             ShardEntry(

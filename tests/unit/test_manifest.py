@@ -199,3 +199,12 @@ def test_prepare_bad_inputs_raise_usage_errors(tmp_path: Path, prepared: Path) -
     with pytest.raises(ConfigError, match="unknown quant"):
         prepare(source, parts=2, quant="int3", out=tmp_path / "o", progress=lambda _: None)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_prepare_same_inputs_give_same_model_hash(tmp_path: Path, prepared: Path, quant) -> None:
+    source = prepared.parent.parent / "src"
+    first = prepare(source, parts=2, quant=quant, out=tmp_path / "a", progress=lambda _: None)
+    second = prepare(source, parts=2, quant=quant, out=tmp_path / "b", progress=lambda _: None)
+    assert Manifest.load(first).model_hash == Manifest.load(second).model_hash
+    assert Manifest.load(first).model_hash != Manifest.load(prepared).model_hash
