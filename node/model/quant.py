@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 QUANT_NONE, QUANT_INT8, QUANT_INT4 = "none", "int8", "int4"
 QUANTS: tuple[str, ...] = (QUANT_NONE, QUANT_INT8, QUANT_INT4)
 INT4_GROUP_SIZE = 32
-INT4_RUNTIMES: tuple[str, ...] = ("auto", "packed", "dequantized")
+RUNTIMES: tuple[str, ...] = ("auto", "packed", "dequantized")
 _FORMAT_KEY = "planet_quant"
 _INT4_LAYERS_KEY = "planet_int4_layers"
 
@@ -170,22 +170,23 @@ def load_into(
     tensors: dict[str, torch.Tensor],
     metadata: Mapping[str, str] | None,
     device: torch.device,
-    int4_runtime: str = "auto",
+    runtime: str = "auto",
 ) -> None:
     """Load a shard file's tensors into `root` (built on the meta device or CPU), in place.
 
-    `int4_runtime` (int4 files only): "packed" keeps hqq's `HQQLinear` (weights stay 4-bit in
-    memory, de-quantized by hqq in every forward); "dequantized" lets hqq de-quantize each
-    weight once at load into a plain fp32 Linear (fp32 memory, fp32 speed); "auto" = packed on
-    CUDA, dequantized on CPU, where hqq's per-call unpacking costs ~1.4 s per 10-layer decode
-    step on 2 cores against 24 ms for fp32.
+    `runtime` (quantized files only): "packed" keeps the library's quantized weights in memory
+    (torchao `Int8Tensor`, hqq `HQQLinear`; the library de-quantizes in every forward);
+    "dequantized" lets the library de-quantize each weight once at load into a plain fp32
+    Linear (fp32 memory and speed, same values); "auto" = packed on CUDA, dequantized on CPU,
+    where the per-call de-quantization dominates a decode step (measured on 2 cores, one
+    10-layer SmolLM2 shard: hqq int4 packed ~0.4-1.4 s, torchao int8 packed 30-600 ms, fp32
+    ~25-80 ms). On CPU the quantized formats thus save disk and transfer, not RAM.
 
     Raises `ConfigError` when keys are missing or unexpected, so a wrong file never runs.
     """
-    if int4_runtime not in INT4_RUNTIMES:
-        raise ConfigError(
-            f"unknown int4 runtime {int4_runtime!r}", hint=f"use {', '.join(INT4_RUNTIMES)}"
-        )
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"unknown quant runtime {runtime!r}", hint=f"use {', '.join(RUNTIMES)}")
+    dequantize = runtime == "dequantized" or (runtime == "auto" and device.type != "cuda")
     quant = file_quant(metadata)
     if quant == QUANT_NONE:
         state = {k: v.to(device) for k, v in tensors.items()}
@@ -202,13 +203,24 @@ def load_into(
     else:
         rest = _load_int4_layers(root, tensors, metadata or {}, device)
         _assign_plain(root, rest)
-        if int4_runtime == "dequantized" or (int4_runtime == "auto" and device.type != "cuda"):
+        if dequantize:
             dequantize_int4(root)
         return
     try:
         root.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as error:  # strict: missing / unexpected keys or wrong shapes
         raise ConfigError(f"shard file does not fit the model: {error}") from error
+    if quant == QUANT_INT8 and dequantize:
+        dequantize_int8(root)
+
+
+def dequantize_int8(root: nn.Module) -> None:
+    """Replace every torchao `Int8Tensor` Linear weight under `root` by torchao's de-quantized
+    fp32 tensor."""
+    for module in root.modules():
+        if isinstance(module, nn.Linear) and hasattr(module.weight, "qdata"):
+            weight = module.weight.dequantize(torch.float32)  # (qdata - zero_point) * scale
+            module.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
 
 
 def dequantize_int4(root: nn.Module) -> None:

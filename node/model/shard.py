@@ -92,10 +92,10 @@ class ShardModel:
         device: str | torch.device = "auto",
         *,
         verify: bool = True,
-        int4_runtime: str = "auto",
+        runtime: str = "auto",
     ) -> ShardModel:
         """Load shard `shard_id` of a prepared model; the file's hash is checked first
-        (`IntegrityError` naming both hashes). `int4_runtime`: see `quant.load_into`."""
+        (`IntegrityError` naming both hashes). `runtime`: see `quant.load_into`."""
         path = manifest_path(manifest)
         parsed = Manifest.load(path)
         entry = parsed.shard(shard_id)
@@ -109,9 +109,7 @@ class ShardModel:
                 f"{directory / CONFIG_FILE} has {config.num_hidden_layers} layers, "
                 f"the manifest {parsed.total_layers}"
             )
-        return cls.from_file(
-            config, entry.layers, shard_file, device=device, int4_runtime=int4_runtime
-        )
+        return cls.from_file(config, entry.layers, shard_file, device=device, runtime=runtime)
 
     @classmethod
     def from_file(
@@ -120,7 +118,7 @@ class ShardModel:
         layers: tuple[int, int],
         shard_file: Path,
         device: str | torch.device = "auto",
-        int4_runtime: str = "auto",
+        runtime: str = "auto",
     ) -> ShardModel:
         """Load a shard file (no hash check) for layers [start, end)."""
         target = resolve_device(device)
@@ -128,7 +126,7 @@ class ShardModel:
         quant = file_quant(metadata)
         _check_keys_in_range(tensors, layers, shard_file)
         root = build_layers(config, *layers, device="meta")
-        load_into(root, tensors, metadata, target, int4_runtime=int4_runtime)
+        load_into(root, tensors, metadata, target, runtime=runtime)
         return cls(config, layers, root, target, quant)
 
     @classmethod

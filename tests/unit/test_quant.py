@@ -56,8 +56,7 @@ def test_quant_safetensors_round_trip_matches_and_is_small(
     hidden = torch.randn(1, 9, config.hidden_size, generator=torch.Generator().manual_seed(1))
     reference = _run(fp32, hidden)
     in_memory = _run(quantized, hidden)
-    runtime = "packed" if quant == "int4" else "auto"
-    reloaded = ShardModel.from_file(config, LAYERS, path, device="cpu", int4_runtime=runtime)
+    reloaded = ShardModel.from_file(config, LAYERS, path, device="cpu", runtime="packed")
     assert reloaded.quant == quant
     # the file holds exactly what was quantized
     torch.testing.assert_close(_run(reloaded, hidden), in_memory, rtol=0, atol=0)
@@ -65,13 +64,21 @@ def test_quant_safetensors_round_trip_matches_and_is_small(
     assert path.stat().st_size / fp32_path.stat().st_size < max_size_ratio
 
 
-def test_quant_int4_dequantized_runtime_equals_packed(tiny) -> None:
+@pytest.mark.parametrize(("quant", "packed_type"), [("int8", "Int8Tensor"), ("int4", "HQQLinear")])
+def test_quant_dequantized_runtime_equals_packed(tiny, quant, packed_type) -> None:
     root, config, state = tiny
-    _, path = _write(root, config, state, "int4")
-    packed = ShardModel.from_file(config, LAYERS, path, device="cpu", int4_runtime="packed")
+    _, path = _write(root, config, state, quant)
+    packed = ShardModel.from_file(config, LAYERS, path, device="cpu", runtime="packed")
     dequantized = ShardModel.from_file(config, LAYERS, path, device="cpu")  # auto on CPU
-    assert not any(type(m).__name__ == "HQQLinear" for m in dequantized.module.modules())
-    assert any(type(m).__name__ == "HQQLinear" for m in packed.module.modules())
+
+    def library_types(shard: ShardModel) -> set[str]:
+        modules = {type(m).__name__ for m in shard.module.modules()}
+        weights = {type(p).__name__ for p in shard.module.parameters()}
+        weights |= {type(p.data).__name__ for p in shard.module.parameters()}
+        return modules | weights
+
+    assert packed_type in library_types(packed)
+    assert packed_type not in library_types(dequantized)
     hidden = torch.randn(1, 5, config.hidden_size, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(
         _run(dequantized, hidden), _run(packed, hidden), rtol=1e-5, atol=1e-5
@@ -91,8 +98,8 @@ def test_quant_unknown_scheme_raises_config_error(tiny) -> None:
     with pytest.raises(ConfigError, match="unknown quant"):
         ShardModel.from_state_dict(config, LAYERS, state, device="cpu", quant="int3")
     _, path = _write(root, config, state, "int4")
-    with pytest.raises(ConfigError, match="int4 runtime"):
-        ShardModel.from_file(config, LAYERS, path, device="cpu", int4_runtime="fast")
+    with pytest.raises(ConfigError, match="quant runtime"):
+        ShardModel.from_file(config, LAYERS, path, device="cpu", runtime="fast")
 
 
 def test_quant_file_for_other_layers_raises_config_error(tiny) -> None:
