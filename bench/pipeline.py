@@ -172,7 +172,7 @@ def perplexities(progress: Any) -> tuple[dict[str, float], int]:
     return out, tokens
 
 
-def monolithic_worker(manifest: Path, new_tokens: int, warmup: bool) -> None:
+def monolithic_worker(manifest: Path, new_tokens: int, threads: int) -> None:
     """Child process (default OpenMP wait policy, as a user's own process would run):
     one measurement of transformers generate and of the in-process shard chain, as JSON."""
     import json
@@ -186,7 +186,7 @@ def monolithic_worker(manifest: Path, new_tokens: int, warmup: bool) -> None:
     from node.model.source import resolve_source
     from node.server.run import configure_torch_threads
 
-    configure_torch_threads(0)
+    configure_torch_threads(threads)
     directory = resolve_source("default").directory
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     head = NumpyHead(manifest)
@@ -206,14 +206,21 @@ def monolithic_worker(manifest: Path, new_tokens: int, warmup: bool) -> None:
     )
 
 
-def run_monolithic(manifest: Path, new_tokens: int) -> dict[str, tuple[float, float]]:
+def run_monolithic(manifest: Path, new_tokens: int, threads: int) -> dict[str, tuple[float, float]]:
     import json
     import os
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     done = subprocess.run(
-        [sys.executable, __file__, "--monolithic-worker", str(manifest), str(new_tokens)],
+        [
+            sys.executable,
+            __file__,
+            "--monolithic-worker",
+            str(manifest),
+            str(new_tokens),
+            str(threads),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -230,11 +237,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="2,3,5", help="pipelines to run (default 2,3,5)")
     parser.add_argument("--skip-ppl", action="store_true")
     parser.add_argument(
-        "--monolithic-worker", nargs=2, metavar=("MANIFEST", "TOKENS"), help=argparse.SUPPRESS
+        "--monolithic-worker",
+        nargs=3,
+        metavar=("MANIFEST", "TOKENS", "THREADS"),
+        help=argparse.SUPPRESS,
     )
     args = parser.parse_args(argv)
     if args.monolithic_worker:
-        monolithic_worker(Path(args.monolithic_worker[0]), int(args.monolithic_worker[1]), True)
+        manifest, tokens, threads = args.monolithic_worker
+        monolithic_worker(Path(manifest), int(tokens), int(threads))
         return 0
     # This process is the pipeline client: idle OpenMP threads must sleep, not spin, while
     # the nodes compute (the nodes get the same setting from the launcher).
@@ -282,8 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         compute_share: dict[int, list[float]] = {p: [] for p in parts_list}
         for repeat in range(repeats):
             log.info("repeat %d/%d", repeat + 1, repeats)
-            for name, value in run_monolithic(manifest3, new_tokens).items():
-                runs.setdefault(name, []).append(value)
+            # transformers generate with 1 and with 2 threads; the faster one is "monolithic"
+            for mono_threads in (1, 2):
+                for name, value in run_monolithic(manifest3, new_tokens, mono_threads).items():
+                    runs.setdefault(f"{name}_{mono_threads}t", []).append(value)
             for parts in parts_list:
                 _, timings = asyncio.run(_pipeline_run(hops[parts], head, ids, new_tokens))
                 runs.setdefault(f"pipeline_{parts}", []).append(
@@ -299,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
             metrics[f"decode_tok_s_{name}_spread"] = spread(decode)
             metrics[f"prefill_ms_{name}"] = round(median(prefill), 1)
             metrics[f"prefill_ms_{name}_spread"] = spread(prefill, 1)
+        best = max((1, 2), key=lambda t: metrics[f"decode_tok_s_monolithic_{t}t"])
+        metrics["monolithic_best_threads"] = best
+        for key in ("decode_tok_s", "prefill_ms"):
+            metrics[f"{key}_monolithic"] = metrics[f"{key}_monolithic_{best}t"]
+            metrics[f"{key}_monolithic_inprocess"] = metrics[f"{key}_monolithic_inprocess_{best}t"]
         mono = metrics["decode_tok_s_monolithic"]
         inp = metrics["decode_tok_s_monolithic_inprocess"]
         for parts in parts_list:
@@ -382,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
             "prompt_tokens": len(ids),
             "torch_threads": threads,
             "topology": "star, zero-copy relay, keep-alive HTTP/1.1 on loopback",
-            "monolithic": "transformers generate, fp32, one process (fresh per repeat)",
+            "monolithic": "transformers generate, fp32, own process per repeat, 1 and 2 torch "
+            "threads measured, the faster one compared",
             "client_omp_wait_policy": "PASSIVE",
             "ppl_text": "node/model/data/heldout.txt (teacher forced, 3 shards)",
             "quick": args.quick,

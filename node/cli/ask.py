@@ -81,9 +81,11 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
     from node.client.head import NumpyHead
     from node.client.pipeline import Hop, PipelineClient, Timings
     from node.model.manifest import Manifest
+    from node.server.run import configure_torch_threads
     from protocol.frames import COMPRESSED_CODEC
 
     manifest = Manifest.load(nodes.manifest)
+    configure_torch_threads(0)
     head = NumpyHead(nodes.manifest)
     prompt_ids = head.chat_ids([{"role": "user", "content": args.prompt}])
     hops = [Hop(url=n.url, shard=n.shard) for n in nodes.nodes]

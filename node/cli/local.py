@@ -65,7 +65,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="nodes evict sessions idle this long (default 300)",
     )
     up.add_argument(
-        "--threads", type=int, default=0, help="torch threads per node (default: cores, at most 4)"
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads per node (default: half the cores, 1 to 4)",
     )
     up.add_argument(
         "--timeout",

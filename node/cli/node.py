@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--threads",
         type=int,
         default=0,
-        help="torch threads for the forward pass (default: cores, at most 4)",
+        help="torch threads for the forward pass (default: half the cores, 1 to 4)",
     )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(handler=lambda args: _no_subcommand(parser))
