@@ -227,6 +227,10 @@ class ShardModel:
         total = 0
         for tensor in list(self._root.parameters()) + list(self._root.buffers()):
             total += _tensor_bytes(tensor)
+        for module in self._root.modules():  # hqq keeps scale/zero in a plain dict
+            meta = getattr(module, "meta", None)
+            if isinstance(meta, dict):
+                total += sum(_tensor_bytes(v) for v in meta.values() if torch.is_tensor(v))
         return total
 
 

@@ -145,8 +145,11 @@ def ensure_default_fp32(progress: Progress = stderr_progress) -> Path:
         with _ticker(progress, "  still converting", started):
             convert_gguf(gguf, staging)
         (staging / _DONE_MARKER).write_text("ok\n", encoding="utf-8")
+        if (target / _DONE_MARKER).is_file():  # another process finished first: keep its copy
+            return target
         if target.exists():
             shutil.rmtree(target)
+        staging.chmod(0o755)
         staging.rename(target)
     finally:
         if staging.exists():

@@ -79,6 +79,7 @@ def test_quant_dequantized_runtime_equals_packed(tiny, quant, packed_type) -> No
 
     assert packed_type in library_types(packed)
     assert packed_type not in library_types(dequantized)
+    assert packed.parameter_bytes() < 0.35 * dequantized.parameter_bytes()
     hidden = torch.randn(1, 5, config.hidden_size, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(
         _run(dequantized, hidden), _run(packed, hidden), rtol=1e-5, atol=1e-5
