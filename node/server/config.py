@@ -29,7 +29,7 @@ class ServerConfig:
     max_request_bytes: int = 32 * 1024**2
     # most positions per frame (prefill chunk)
     max_tokens_per_frame: int = 4096
-    # torch intra-op threads for the forward pass (0 = leave torch's default)
+    # torch intra-op threads for the forward pass (0 = half the cores, 1 to 4)
     torch_threads: int = 0
 
     def validate(self) -> ServerConfig:
