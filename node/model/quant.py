@@ -6,12 +6,15 @@ Two schemes, each a maintained library's format and kernels, chosen by measureme
 - int8: torchao `Int8WeightOnlyConfig` (per-row symmetric int8, `Int8Tensor`). Stored with
   torchao's own `flatten_tensor_state_dict` (tensor data + JSON metadata in the safetensors
   header), bit-exact on reload; torchao's kernels run it on CPU and CUDA.
-- int4: hqq 4-bit, group 32 along the input dimension, float (not rounded) zero-point. For the
-  default model this is the grid of its Q4_1 GGUF source, so it is nearly lossless where
-  bitsandbytes nf4 and quanto qint4 lose 25-90 % perplexity. hqq's packed format is not a
-  safetensors format, so we store its packed `W_q` (uint8, two weights a byte) with scale and
-  zero as fp16 (as GGUF does) and the rest of hqq's meta in the header; loading rebuilds an
-  `HQQLinear` through its own `load_state_dict`, and hqq de-quantizes on the fly in forward.
+- int4: hqq 4-bit, group 32 along the input dimension, min-max affine with a float (not
+  rounded) zero-point. For the default model this is the grid of its Q4_1 GGUF source, so it
+  is lossless up to fp32 rounding (relative weight error ~1e-7) where bitsandbytes nf4 and
+  quanto qint4 lose 25-90 % perplexity. hqq's proximal optimisation (`optimize=True`) gave the
+  same error on this model at ~8x the preparation time, so it is off. hqq's packed format is
+  not a safetensors format, so we store its packed `W_q` (uint8, two weights a byte), scale
+  as fp16 and zero as fp32 (an fp16 zero moves every weight by up to 8e-4 here: 0.05 % of
+  relative error, enough to flip near-tied greedy tokens) and the rest of hqq's meta in the
+  header; loading rebuilds an `HQQLinear` through its own `load_state_dict`.
 
 Norm weights (and any non-Linear tensor) stay fp32. The same code runs on CUDA when the module
 is there: both libraries pick their device from the tensors.
@@ -74,6 +77,7 @@ def _hqq_quant_config() -> dict:
 
     config = BaseQuantizeConfig(nbits=4, group_size=INT4_GROUP_SIZE, axis=1)
     config["weight_quant_params"]["round_zero"] = False  # float zero-point: the GGUF's grid
+    config["weight_quant_params"]["optimize"] = False  # min-max: same error here, 8x faster
     return config
 
 
@@ -92,10 +96,9 @@ def _hqq_from_linear(linear: nn.Linear) -> nn.Module:
         compute_dtype=torch.float32,
         device=str(weight.device),
     )
-    # The file stores scale and zero as fp16; round them now so the layer in memory is
-    # exactly what a node will load.
-    for key in ("scale", "zero"):
-        layer.meta[key] = layer.meta[key].to(torch.float16).to(layer.meta[key].dtype)
+    # The file stores the scale as fp16; round it now so the layer in memory is exactly what
+    # a node will load.
+    layer.meta["scale"] = layer.meta["scale"].to(torch.float16).to(layer.meta["scale"].dtype)
     return layer
 
 
@@ -137,9 +140,9 @@ def _int4_tensors(root: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, s
         hqq_names.add(name)
         meta = module.meta
         tensors[f"{name}.W_q"] = module.W_q.detach().cpu().contiguous()
-        # fp16 scale and zero, as in GGUF Q4_1: 4 bytes per 32 weights instead of 8.
+        # fp16 scale + fp32 zero: 6 bytes per 32 weights (fp32 both: 8).
         tensors[f"{name}.scale"] = meta["scale"].detach().cpu().to(torch.float16).contiguous()
-        tensors[f"{name}.zero"] = meta["zero"].detach().cpu().to(torch.float16).contiguous()
+        tensors[f"{name}.zero"] = meta["zero"].detach().cpu().to(torch.float32).contiguous()
         if module.bias is not None:
             tensors[f"{name}.bias"] = module.bias.detach().cpu().float().contiguous()
         layers[name] = {
@@ -310,7 +313,7 @@ def _load_int4_layers(
             "axis": info["axis"],
             "packing": info["packing"],
             "channel_wise": True,
-            "optimize": True,
+            "optimize": False,
             "round_zero": False,
             "view_as_float": False,
             "quant_scale": False,
