@@ -33,6 +33,7 @@ from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
 from abci_app.reputation import SCALE
+from abci_app.server import encode_uvarint
 from protocol.canonical import canonical_json
 from protocol.errors import ProtocolError
 
@@ -48,15 +49,6 @@ class VoteExtensionError(ProtocolError):
     code = "bad_vote_extension"
 
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _sfixed64(value: int) -> bytes:
     return struct.pack("<q", value)
 
@@ -66,15 +58,15 @@ def vote_extension_sign_bytes(chain_id: str, height: int, round_: int, extension
     `CanonicalVoteExtension` (proto3: zero/empty fields are omitted)."""
     body = bytearray()
     if extension:
-        body += b"\x0a" + _uvarint(len(extension)) + extension
+        body += b"\x0a" + encode_uvarint(len(extension)) + extension
     if height:
         body += b"\x11" + _sfixed64(height)
     if round_:
         body += b"\x19" + _sfixed64(round_)
     chain = chain_id.encode()
     if chain:
-        body += b"\x22" + _uvarint(len(chain)) + chain
-    return _uvarint(len(body)) + bytes(body)
+        body += b"\x22" + encode_uvarint(len(chain)) + chain
+    return encode_uvarint(len(body)) + bytes(body)
 
 
 # --- the extension itself -----------------------------------------------------------------------

@@ -42,6 +42,7 @@ class FramingError(ProtocolError):
 
 
 def encode_uvarint(value: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative integer (ABCI's length prefix)."""
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)

@@ -13,6 +13,7 @@ from abci_app.app import CommitteeApp
 from abci_app.codes import Code
 from abci_app.proto import abci_pb, canonical_pb
 from abci_app.queries import query
+from abci_app.server import encode_uvarint
 from abci_app.testing import CHAIN_ID, Chain, seeded_evm_key, seeded_key
 from protocol.committee import RegisterNode, sign_registration
 from protocol.eip712 import address_of
@@ -31,7 +32,7 @@ def test_extensions_sign_bytes_match_cometbft_canonical_proto(
         extension=extension, height=height, round=round_, chain_id=chain_id
     )
     body = message.SerializeToString(deterministic=True)
-    expected = extensions._uvarint(len(body)) + body
+    expected = encode_uvarint(len(body)) + body
     assert extensions.vote_extension_sign_bytes(chain_id, height, round_, extension) == expected
 
 
