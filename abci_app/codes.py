@@ -38,7 +38,9 @@ class Code(IntEnum):
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41
     NOT_FOUND = 42
-    # the app itself failed (a bug): logged with context
+    # reserved: an unexpected exception in a handler is a bug; the server answers
+    # ResponseException and CometBFT stops that node (halting is safer than diverging), so no
+    # tx result carries this code today
     INTERNAL = 99
 
 

@@ -1,7 +1,8 @@
 """Height-driven rules: heartbeat timeouts, epochs (leader, challenge list), reputation updates.
 
 - Epoch e covers heights (e−1)·L+1 … e·L (L = genesis `epoch_length`).
-- Epoch 1's leader is drawn from sha256("planet/leader" ‖ chain_id ‖ 1). At the last block of
+- Epoch 1 uses the seed sha256("planet/genesis" ‖ chain_id) where later epochs use H below
+  (same leader, challenge-list and prompt-seed rules). At the last block of
   epoch e (height e·L) the committee fixes epoch e+1 from that block's hash H:
   leader = validators sorted by address, index sha256("planet/leader" ‖ H ‖ e+1) mod n;
   challenge list = SERVING compute nodes ordered by sha256("planet/challenge" ‖ H ‖ node key),

@@ -11,7 +11,7 @@ the request's `data`. Every answer is canonical JSON; unknown paths answer `UNKN
     /commitments  ?node ?session ?limit         commit-reveal records (at most 1000)
     /evidence     ?node ?limit                  reveal mismatches and equivocations
     /reputations                                R, window, untrusted per node
-    /epochs       ?epoch                        leader, challenge list (default: current + next)
+    /epochs       ?epoch                        leader, challenge list (default: the current epoch)
     /verdicts     ?id ?confirmed                votes and the signatures sorted by operator address
     /nonce        ?account                      last committed nonce (next must be greater)
     /share_blocks ?from ?limit                  share-chain blocks and the tip

@@ -17,7 +17,7 @@ a JSON-RPC error), `TxRejectedError` (CheckTx or DeliverTx answered a non-zero c
     async with CommitteeRpc("http://127.0.0.1:27001") as rpc:
         result = await rpc.broadcast_tx_sync(tx_bytes)   # raises TxRejectedError on code != 0
         committed = await rpc.wait_for_tx(result.hash, timeout_s=10)
-        answer = await rpc.abci_query("/node", b'{"id":"..."}')
+        answer = await rpc.abci_query("/node", b'{"key":"..."}')
 """
 
 from __future__ import annotations
