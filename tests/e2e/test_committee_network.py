@@ -285,6 +285,11 @@ def test_committee_txs_registration_and_commit_batches_committed(
             )
             assert [c.code for c in committed] == [0] * len(batches)
             assert all(c.height > 0 for c in committed)
+            # validators commit each block on their own clock: the ones queried below may be a
+            # block behind validator 1, so wait until they have committed the last batch's block
+            top = max(c.height for c in committed)
+            for rpc in rpcs[2:]:
+                await rpc.wait_for_height(top, timeout_s=30)
             node = await rpcs[2].abci_query(f"/node?key={accounts[0].hex}")
             assert (node["key"], node["role"], node["status"]) == (
                 accounts[0].hex,
