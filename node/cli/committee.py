@@ -170,7 +170,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.set_defaults(handler=lambda _args: (parser.print_help(sys.stderr), 2)[1])
+    parser.set_defaults(help_parser=parser)
     sub = parser.add_subparsers(dest="committee_command", metavar="ACTION")
 
     init = sub.add_parser(

@@ -76,12 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     deploy.add_argument("--json", action="store_true", help="print the summary as JSON")
     deploy.set_defaults(handler=deploy_command)
-    group.set_defaults(handler=lambda _args: _usage(group))
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
+    group.set_defaults(help_parser=group)
 
 
 def _say(message: str) -> None:

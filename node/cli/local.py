@@ -83,12 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status = sub.add_parser("status", help="what runs where")
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.set_defaults(handler=_status)
-    parser.set_defaults(handler=lambda args: _help(parser))
-
-
-def _help(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
+    parser.set_defaults(help_parser=parser)
 
 
 def _err(line: str) -> None:

@@ -1,7 +1,9 @@
 """`planet`: the one command line for users, node operators and verifier operators.
 
 Each command group lives in its own module under `node.cli` and exposes
-`register(subparsers)`, which adds its sub-parser and sets `handler=<callable(args) -> int>`.
+`register(subparsers)`, which adds its sub-parser and sets `handler=<callable(args) -> int>` on
+each leaf command. A group with sub-commands sets `help_parser=<its parser>` instead: `planet
+GROUP` alone prints that group's help and exits 2.
 Errors: a `PlanetError` becomes `error: ...` / `hint: ...` on stderr and its exit status;
 Ctrl-C exits 130; anything else is a bug and keeps its traceback.
 """
@@ -68,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     handler = getattr(args, "handler", None)
     if handler is None:
-        parser.print_help(sys.stderr)
+        getattr(args, "help_parser", parser).print_help(sys.stderr)
         return 2
     try:
         return int(handler(args) or 0)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Prepare a model as K layer shards (plus a client file) and inspect them.",
     )
     sub = parser.add_subparsers(dest="model_command", metavar="SUBCOMMAND")
-    parser.set_defaults(handler=lambda _args: _missing_subcommand(parser))
+    parser.set_defaults(help_parser=parser)
 
     prepare = sub.add_parser(
         "prepare",
@@ -84,11 +83,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info.add_argument("--verify", action="store_true", help="re-hash every file")
     info.add_argument("--json", action="store_true", help="print the manifest as JSON")
     info.set_defaults(handler=run_info)
-
-
-def _missing_subcommand(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
 
 
 def run_prepare(args: argparse.Namespace) -> int:

@@ -63,12 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="torch threads for the forward pass (default: half the cores, 1 to 4)",
     )
     serve.set_defaults(handler=_serve)
-    parser.set_defaults(handler=lambda args: _no_subcommand(parser))
-
-
-def _no_subcommand(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
+    parser.set_defaults(help_parser=parser)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -46,6 +46,25 @@ def test_main_no_command_prints_help_and_exits_2(capsys) -> None:
     assert "usage: planet" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("group", "leaf"),
+    [
+        ("model", "prepare"),
+        ("committee", "init"),
+        ("node", "serve"),
+        ("local", "up"),
+        ("contracts", "deploy"),
+    ],
+)
+def test_main_group_without_subcommand_prints_its_help_and_exits_2(
+    capsys, group: str, leaf: str
+) -> None:
+    assert cli.main([group]) == 2
+    err = capsys.readouterr().err
+    assert f"usage: planet {group}" in err
+    assert leaf in err
+
+
 def test_main_handler_return_value_is_the_exit_status(monkeypatch) -> None:
     monkeypatch.setattr(cli, "build_parser", lambda: _parser_with(lambda _a: 3))
     assert cli.main(["boom"]) == 3
