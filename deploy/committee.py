@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from node.net import port_is_free
 from protocol.errors import ConfigError, PlanetError, UnavailableError, UsageError
 
 log = logging.getLogger(__name__)
@@ -494,19 +495,9 @@ def running_processes(network: Network) -> dict[str, int]:
     return found
 
 
-def port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _require_ports(ports: dict[int, str]) -> None:
     for port, what in ports.items():
-        if not port_free(port):
+        if not port_is_free(port):
             raise PortBusyError(port, what)
 
 

@@ -150,6 +150,13 @@ class CommitteeRpc:
             )
         return self._session
 
+    def _rpc_error(self, err: Any, what: str) -> RemoteError:
+        """A JSON-RPC `error` member as a RemoteError coded `rpc_<code>`."""
+        if not isinstance(err, dict):
+            return RemoteError(self.url, "rpc_error", f"{what}: {err}")
+        detail = err.get("data") or err.get("message") or str(err)
+        return RemoteError(self.url, f"rpc_{err.get('code', 'error')}", f"{what}: {detail}")
+
     async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         """One JSON-RPC call; returns `result`, raises RemoteError/UnavailableError."""
         body = {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params or {}}
@@ -178,9 +185,7 @@ class CommitteeRpc:
         if not isinstance(answer, dict):
             raise RemoteError(self.url, "bad_json", f"{method}: answer is not an object")
         if answer.get("error"):
-            err = answer["error"]
-            detail = err.get("data") or err.get("message") or str(err)
-            raise RemoteError(self.url, f"rpc_{err.get('code', 'error')}", f"{method}: {detail}")
+            raise self._rpc_error(answer["error"], method)
         if "result" not in answer:
             raise RemoteError(self.url, "bad_json", f"{method}: answer has no result")
         return answer["result"]
@@ -369,12 +374,7 @@ class CommitteeRpc:
             ) from error
         try:
             if ack.get("error"):
-                err = ack["error"]
-                raise RemoteError(
-                    self.url,
-                    f"rpc_{err.get('code', 'error')}",
-                    f"subscribe {query!r}: {err.get('data') or err.get('message')}",
-                )
+                raise self._rpc_error(ack["error"], f"subscribe {query!r}")
             yield self._events(ws, query)
         finally:
             await ws.close()
@@ -389,12 +389,7 @@ class CommitteeRpc:
                 continue
             payload = json.loads(message.data)
             if payload.get("error"):
-                err = payload["error"]
-                raise RemoteError(
-                    self.url,
-                    f"rpc_{err.get('code', 'error')}",
-                    f"subscription {query!r}: {err.get('data') or err}",
-                )
+                raise self._rpc_error(payload["error"], f"subscription {query!r}")
             result = payload.get("result") or {}
             if result.get("data"):
                 yield result

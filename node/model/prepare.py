@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,7 +43,9 @@ from node.model.source import (
     ModelSource,
     Progress,
     models_dir,
+    replace_dir,
     resolve_source,
+    staging_dir,
     stderr_progress,
 )
 from protocol.canonical import hash_file
@@ -141,17 +142,9 @@ def prepare(
             hint="choose an empty or new directory",
         )
     started = time.monotonic()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+    with staging_dir(target) as staging:
         _write(staging, source, config, ranges, quant, progress)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.chmod(0o755)
-        staging.rename(target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        replace_dir(staging, target)
     progress(f"prepared {len(ranges)} shard(s) in {time.monotonic() - started:.1f} s -> {target}")
     return target / MANIFEST_NAME
 

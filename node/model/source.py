@@ -11,6 +11,7 @@ Any local Hugging Face directory of a Llama- or Qwen2-family causal LM works too
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import logging
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,6 +128,27 @@ def check_model_dir(directory: Path) -> dict:
     return config
 
 
+@contextlib.contextmanager
+def staging_dir(target: Path) -> Iterator[Path]:
+    """A fresh hidden directory beside `target` (same filesystem, so `replace_dir` is a rename),
+    removed on exit unless it was moved into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        yield staging
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def replace_dir(staging: Path, target: Path) -> None:
+    """Put a finished `staging` directory in place of `target` (readers never see half a copy)."""
+    if target.exists():
+        shutil.rmtree(target)
+    staging.chmod(0o755)
+    staging.rename(target)
+
+
 def default_fp32_dir() -> Path:
     return models_dir() / f"{DEFAULT_MODEL_ID}-fp32"
 
@@ -139,21 +161,13 @@ def ensure_default_fp32(progress: Progress = stderr_progress) -> Path:
     gguf = locate_gguf()
     progress(f"converting {gguf.name} to fp32 (one time, about a minute) ...")
     started = time.monotonic()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".fp32-", dir=target.parent))
-    try:
+    with staging_dir(target) as staging:
         with _ticker(progress, "  still converting", started):
             convert_gguf(gguf, staging)
         (staging / _DONE_MARKER).write_text("ok\n", encoding="utf-8")
         if (target / _DONE_MARKER).is_file():  # another process finished first: keep its copy
             return target
-        if target.exists():
-            shutil.rmtree(target)
-        staging.chmod(0o755)
-        staging.rename(target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        replace_dir(staging, target)
     progress(f"converted in {time.monotonic() - started:.1f} s -> {target}")
     return target
 

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from node.net import port_is_free
 from protocol.errors import UnavailableError
 
 NODE_MARKER = "node.cli.main"
@@ -38,15 +38,6 @@ class NodeProcess:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def free_ports(count: int, start: int, end: int) -> list[int]:
