@@ -58,7 +58,7 @@ DTYPES: Final[dict[str, np.dtype]] = {
 }
 CODECS: Final = ("raw", "int8", "hq9")
 COMPRESSED_CODEC: Final = "hq9"  # what clients use when asked to compress
-_SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+_SESSION_RE = re.compile(r"[A-Za-z0-9_-]{8,64}")
 _HEADER_KEYS: Final = frozenset(
     {"session", "step", "positions", "dtype", "shape", "codec", "shard", "last_only"}
 )
@@ -395,9 +395,7 @@ def _parse_header(raw: Any) -> FrameHeader:
     extra = set(raw) - _HEADER_KEYS
     if extra:
         raise BadHeaderError(f"frame header has unknown fields {sorted(extra)}")
-    session = raw["session"]
-    if not isinstance(session, str) or not _SESSION_RE.match(session):
-        raise BadSessionIdError("session must be 8-64 characters of [A-Za-z0-9_-]")
+    session = check_session_id(raw["session"])
     step = _int(raw["step"], "step", BadHeaderError)
     start, count = _parse_positions(raw["positions"])
     dtype = raw["dtype"]
@@ -431,6 +429,13 @@ def _parse_header(raw: Any) -> FrameHeader:
         shard=shard,
         last_only=last_only,
     )
+
+
+def check_session_id(value: object) -> str:
+    """`value` if it is a session id (8-64 characters of [A-Za-z0-9_-]), else BadSessionIdError."""
+    if not isinstance(value, str) or not _SESSION_RE.fullmatch(value):
+        raise BadSessionIdError("session must be 8-64 characters of [A-Za-z0-9_-]")
+    return value
 
 
 def parse_frame(data: bytes | bytearray | memoryview, limits: FrameLimits | None = None) -> Frame:

@@ -28,13 +28,13 @@ from node.server.sessions import Session, SessionStore
 from protocol.errors import PlanetError
 from protocol.frames import (
     VERSION,
-    BadSessionIdError,
     Frame,
     FrameError,
     FrameLimits,
     SessionExpiredError,
     TooLargeError,
     WrongShardError,
+    check_session_id,
     encode_body,
     encode_frame,
     parse_frame,
@@ -181,9 +181,7 @@ async def forward(request: web.Request) -> web.Response:
 
 async def delete_session(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    session_id = request.match_info["session"]
-    if not 8 <= len(session_id) <= 64:
-        raise BadSessionIdError("session must be 8-64 characters of [A-Za-z0-9_-]")
+    session_id = check_session_id(request.match_info["session"])
     closed = state.store.close(session_id)
     if closed:
         log.info("session closed session=%s sessions=%d", session_id, len(state.store))

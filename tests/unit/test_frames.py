@@ -192,6 +192,11 @@ def test_frame_float16_overflow_refused_at_sender():
         (_raw_frame(_header(last_only="yes"), bytes(32)), BadHeaderError, "bad_header"),
         (_raw_frame(_header(session="short"), bytes(32)), BadSessionIdError, "bad_session_id"),
         (
+            _raw_frame(_header(session="a-good-id\n"), bytes(32)),
+            BadSessionIdError,
+            "bad_session_id",
+        ),
+        (
             _raw_frame(_header(session="../../etc/pw"), bytes(32)),
             BadSessionIdError,
             "bad_session_id",

@@ -196,6 +196,8 @@ async def test_unknown_route_is_json_404(client):
 async def test_delete_malformed_session_id_is_400(client):
     answer = await client.delete("/v1/sessions/x")
     assert answer.status == 400 and await _error(answer) == "bad_session_id"
+    answer = await client.delete("/v1/sessions/long-enough%20but%20spaced")
+    assert answer.status == 400 and await _error(answer) == "bad_session_id"
 
 
 def test_server_config_invalid_values_raise_config_error():
