@@ -31,8 +31,8 @@ CLIENT_FILE = "client.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
 QUANTS: tuple[str, ...] = ("none", "int8", "int4")
-_HASH_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HASH_RE = re.compile(r"sha256:[0-9a-f]{64}")
+_FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class ShardIntegrityError(IntegrityError):
@@ -200,7 +200,7 @@ class Manifest:
                 raise ConfigError(f"{where}: unknown quant {shard.quant!r}")
             if shard.size < 0:
                 raise ConfigError(f"{where}: negative size")
-            if not _FILE_RE.match(shard.file):
+            if not _FILE_RE.fullmatch(shard.file):
                 raise ConfigError(f"{where}: file name {shard.file!r} is not a plain file name")
             _check_hash(shard.hash, f"{where}: hash")
         if position != self.total_layers:
@@ -331,7 +331,7 @@ def _typed(body: dict[str, Any], key: str, kind: type, source: str) -> Any:
 
 
 def _check_hash(value: str, where: str) -> None:
-    if not _HASH_RE.match(value):
+    if not _HASH_RE.fullmatch(value):
         raise ConfigError(f"{where}: {value!r} is not a {HASH_PREFIX}<64 hex> hash")
 
 

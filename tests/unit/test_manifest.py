@@ -140,6 +140,8 @@ def test_manifest_edited_field_raises_integrity_error(tmp_path: Path, prepared: 
         (lambda m: m["shards"][1].update(layers=[2, 3]), "cover layers"),
         (lambda m: m.update(config_hash="sha256:xyz"), "hash"),
         (lambda m: m["shards"][0].update(file="../escape.safetensors"), "plain file name"),
+        (lambda m: m["shards"][0].update(file="shard-0.safetensors\n"), "plain file name"),
+        (lambda m: m.update(config_hash=m["config_hash"] + "\n"), "hash"),
         (lambda m: m["shards"][0].update(quant="int3"), "unknown quant"),
     ],
 )
