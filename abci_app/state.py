@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from abci_app import epochs, extensions, handlers
 from abci_app.codes import Code, Rejected
 from abci_app.genesis import Genesis
 from abci_app.store import Store
+from protocol.canonical import canonical_text
 from protocol.committee import (
     RegisterNode,
     SignedTx,
@@ -52,11 +52,6 @@ _CACHE_LIMIT = 50_000
 def validator_address(pubkey: bytes) -> str:
     """CometBFT's ed25519 validator address: first 20 bytes of sha256(pubkey), uppercase hex."""
     return hashlib.sha256(pubkey).digest()[:20].hex().upper()
-
-
-# One encoder instance: json.dumps(**non-default options) would build a new one per call.
-_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-_json = _ENCODER.encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,7 +363,7 @@ class State:
         writes: list[tuple[str, str, str | None]] = []
         for ns, key in sorted(self._block):
             value = self._block[(ns, key)]
-            text = None if value is _DELETED else _json(value)
+            text = None if value is _DELETED else canonical_text(value)
             writes.append((ns, key, text))
             digest.update(ns.encode() + b"\x00" + key.encode() + b"\x00")
             digest.update(b"\xff" if text is None else text.encode())

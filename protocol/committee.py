@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
-from protocol.canonical import canonical_json
+from protocol.canonical import canonical_json, canonical_text
 from protocol.errors import ProtocolError
 from shares.block import ShareBlock
 
@@ -56,8 +56,6 @@ _HEX32_0X = re.compile(r"0x[0-9a-f]{64}\Z")
 _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
 _COMMITMENT_KEYS = {"commitment": 0, "session": 0, "shard": 0, "step": 0}.keys()
-# One encoder instance: json.dumps(**non-default options) would build a new one per call.
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}\Z")
 _SIG65 = re.compile(r"0x[0-9a-f]{130}\Z")
 _HEX128 = re.compile(r"[0-9a-f]{128}\Z")
@@ -524,7 +522,7 @@ def decode(raw: bytes) -> SignedTx:
     )
     # The schema checks above admit only strings, integers and lists/objects of them (no
     # floats), so plain sorted compact json.dumps is the canonical encoding here.
-    if _CANONICAL.encode(doc).encode() != raw:
+    if canonical_text(doc).encode() != raw:
         raise TxDecodeError("bytes are not the canonical encoding")
     return tx
 
