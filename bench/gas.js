@@ -22,7 +22,7 @@ async function settleGas(nSigners) {
   const epoch = 1n;
   const tree = h.merkleTree([{ epoch, account: user.address, amount: fee }]);
   const qh = h.queriesHash([queryId], [fee]);
-  const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { epoch, root: tree.root, total: fee, queriesHash: qh });
+  const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch, root: tree.root, total: fee, queriesHash: qh });
   return gasOf(env.escrow.postPayoutRoot(epoch, tree.root, fee, [queryId], [fee], sigs));
 }
 
@@ -46,7 +46,7 @@ async function main() {
   for (let i = 1; i < 16; i++) entries.push({ epoch: 7n, account: ethers.Wallet.createRandom().address, amount: fee / 32n });
   const tree = h.merkleTree(entries);
   const qh = h.queriesHash([ethers.id("q1")], [fee]);
-  const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { epoch: 7n, root: tree.root, total: fee, queriesHash: qh });
+  const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch: 7n, root: tree.root, total: fee, queriesHash: qh });
   await (await env.escrow.postPayoutRoot(7n, tree.root, fee, [ethers.id("q1")], [fee], sigs)).wait();
   await hre.network.provider.send("evm_increaseTime", [Number(h.DEFAULTS.challengeWindow)]);
   await hre.network.provider.send("evm_mine", []);

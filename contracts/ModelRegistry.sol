@@ -6,7 +6,8 @@ import {PlanetHashes} from "./libraries/PlanetHashes.sol";
 
 /// @title ModelRegistry: model id → manifest hash and shard hashes.
 /// @notice Registration needs committee signatures over `ModelRegistration(bytes32 modelId,
-/// bytes32 manifestHash,bytes32[] shardHashes,uint64 nonce)` with `nonce == nonce()`. A devnet may
+/// bytes32 manifestHash,bytes32[] shardHashes,uint64 nonce,address consumer)` with
+/// `nonce == nonce()` and `consumer` this registry. A devnet may
 /// construct it with a non-zero `devOwner`, who can then register without signatures
 /// (`devRegister`); with a zero `devOwner` (the default elsewhere) that shortcut is disabled for
 /// good. Hashes are raw 32-byte sha256 digests of Planet manifests and shards. Entries are immutable.
@@ -61,7 +62,10 @@ contract ModelRegistry {
         uint64 expected = nonce;
         // INVARIANT: each signed registration is single-use.
         if (nonce_ != expected) revert InvalidNonce(expected, nonce_);
-        committee.verify(PlanetHashes.modelRegistration(modelId, manifestHash, shardHashes, nonce_), sigs);
+        // INVARIANT: the registration names this registry as its consumer (no replay elsewhere).
+        committee.verify(
+            PlanetHashes.modelRegistration(modelId, manifestHash, shardHashes, nonce_, address(this)), sigs
+        );
         nonce = expected + 1;
         _register(modelId, manifestHash, shardHashes, false);
     }

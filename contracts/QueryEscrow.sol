@@ -157,8 +157,9 @@ contract QueryEscrow is ReentrancyGuardTransient {
     }
 
     /// @notice Posts epoch `epoch`'s payout root, signed by the committee over
-    /// `PayoutRoot(uint64 epoch,bytes32 root,uint256 total,bytes32 queriesHash)` with
-    /// `queriesHash = keccak256(abi.encode(queryIds, fees))`, and charges every listed query its fee.
+    /// `PayoutRoot(uint64 epoch,bytes32 root,uint256 total,bytes32 queriesHash,address consumer)`
+    /// with `queriesHash = keccak256(abi.encode(queryIds, fees))` and `consumer` this escrow, and
+    /// charges every listed query its fee.
     /// @param epoch Epoch number (one root per epoch).
     /// @param root Merkle root of (uint64 epoch, address account, uint256 amount) leaves.
     /// @param total Sum of `fees`; the most the epoch can ever pay out.
@@ -177,7 +178,8 @@ contract QueryEscrow is ReentrancyGuardTransient {
         if (root == bytes32(0)) revert ZeroRoot();
         if (queryIds.length != fees.length) revert LengthMismatch(queryIds.length, fees.length);
         bytes32 queriesHash = PlanetHashes.queriesHash(queryIds, fees);
-        committee.verify(PlanetHashes.payoutRoot(epoch, root, total, queriesHash), sigs);
+        // INVARIANT: the statement names this escrow as its consumer (no replay on another deployment).
+        committee.verify(PlanetHashes.payoutRoot(epoch, root, total, queriesHash, address(this)), sigs);
         uint256 sum = 0;
         for (uint256 i = 0; i < queryIds.length; ++i) {
             Deposit storage d = _deposits[queryIds[i]];
@@ -306,8 +308,9 @@ contract QueryEscrow is ReentrancyGuardTransient {
         PayoutStatement calldata other,
         bytes[] calldata otherSigs
     ) private view {
-        bytes32 posted = PlanetHashes.payoutRoot(epoch, rootOf[epoch], postedTotal, postedQueriesHash);
-        bytes32 conflicting = PlanetHashes.payoutRoot(epoch, other.root, other.total, other.queriesHash);
+        bytes32 posted = PlanetHashes.payoutRoot(epoch, rootOf[epoch], postedTotal, postedQueriesHash, address(this));
+        bytes32 conflicting =
+            PlanetHashes.payoutRoot(epoch, other.root, other.total, other.queriesHash, address(this));
         // INVARIANT: equivocation needs two different signed statements.
         if (posted != conflicting) {
             committee.verify(posted, postedSigs);

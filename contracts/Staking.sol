@@ -11,8 +11,11 @@ import {Offence, Role} from "./libraries/PlanetTypes.sol";
 import {FraudProofs} from "./FraudProofs.sol";
 
 /// @title Staking: operators bond native currency to serve (compute) or check (verifier) work.
-/// @notice Unbonding takes `unstakeDelay`, strictly longer than the challenge window, so a node
-/// cannot withdraw before fraud about its last work can be proven. Slashing is reserved to the
+/// @notice A node can never withdraw while fraud about its work is still provable: unbonding takes
+/// `unstakeDelay`, strictly longer than the challenge window (an unbonding node is not eligible
+/// for new work), and any node-signed work recorded through `FraudProofs.recordCommitment` /
+/// `recordReveal` keeps the stake until `signedAt + challengeWindow + 1` (`lockedUntil`), so work
+/// a node signs while unbonding stays slashable for a full window too. Slashing is reserved to the
 /// `FraudProofs` contract this contract deploys in its constructor (no admin can rewire it): half of
 /// a slash is credited to the challenger (pull via `claimCredit`), the rest is sent to
 /// `BURN_ADDRESS` and counted in `totalBurned`.
@@ -53,6 +56,8 @@ contract Staking is IStaking, ReentrancyGuardTransient {
     address public immutable fraudProofs;
 
     mapping(address node => StakeInfo) private _stakes;
+    /// @dev Earliest withdrawal time set by recorded work (0: none).
+    mapping(address node => uint256) private _lockedUntil;
     /// @notice Challenger rewards waiting to be pulled with `claimCredit`.
     mapping(address account => uint256) public creditOf;
 
@@ -72,6 +77,7 @@ contract Staking is IStaking, ReentrancyGuardTransient {
         address indexed node, Offence offence, uint256 amount, address indexed challenger, uint256 reward, uint256 burned
     );
     event CreditClaimed(address indexed account, uint256 amount);
+    event WithdrawLocked(address indexed node, uint256 lockedUntil);
 
     error InvalidRole(Role role);
     error ZeroAmount();
@@ -87,6 +93,9 @@ contract Staking is IStaking, ReentrancyGuardTransient {
     error ZeroChallenger();
     error TransferFailed(address to, uint256 amount);
     error UnstakeDelayTooShort(uint256 unstakeDelay, uint256 challengeWindow);
+    error InvalidBps(uint256 bps);
+    error FraudWindowOpen(address node, uint256 lockedUntil);
+    error WorkAlreadyCovered(address node, uint256 lockedUntil);
 
     /// @param committee Committee whose verdicts `FraudProofs` accepts.
     /// @param faultVerifier ZK fault verifier hook for `FraudProofs` (zero disables that proof kind).
@@ -109,7 +118,7 @@ contract Staking is IStaking, ReentrancyGuardTransient {
         minVerifierStake = minVerifier;
         challengeWindow = challengeWindow_;
         unstakeDelay = unstakeDelay_;
-        fraudProofs = address(new FraudProofs(IStaking(address(this)), committee, faultVerifier));
+        fraudProofs = address(new FraudProofs(IStaking(address(this)), committee, faultVerifier, challengeWindow_));
     }
 
     /// @notice Stakes `msg.value` for `role`, or tops up an active stake of the same role.
@@ -141,13 +150,18 @@ contract Staking is IStaking, ReentrancyGuardTransient {
         emit UnstakeRequested(msg.sender, amount, at);
     }
 
-    /// @notice Pays out the caller's unbonded stake once `unstakeDelay` has passed.
+    /// @notice Pays out the caller's unbonded stake once `unstakeDelay` has passed and no recorded
+    /// work's fraud window is open.
     function withdraw() external nonReentrant {
         StakeInfo memory s = _stakes[msg.sender];
         if (s.withdrawableAt == 0) revert NotUnbonding(msg.sender);
         // INVARIANT: the delay (> challenge window) has fully elapsed.
         if (block.timestamp < s.withdrawableAt) revert UnbondingNotElapsed(msg.sender, s.withdrawableAt);
+        uint256 locked = _lockedUntil[msg.sender];
+        // INVARIANT: fraud about recorded work stays provable for its whole window.
+        if (block.timestamp < locked) revert FraudWindowOpen(msg.sender, locked);
         delete _stakes[msg.sender];
+        if (locked != 0) delete _lockedUntil[msg.sender];
         totalStaked -= s.amount;
         emit Withdrawn(msg.sender, s.amount);
         (bool ok,) = payable(msg.sender).call{value: s.amount}("");
@@ -166,7 +180,7 @@ contract Staking is IStaking, ReentrancyGuardTransient {
     }
 
     /// @inheritdoc IStaking
-    function slash(address node, Offence offence, address challenger)
+    function slash(address node, Offence offence, uint256 bps, address challenger)
         external
         nonReentrant
         returns (uint256 slashed)
@@ -174,7 +188,7 @@ contract Staking is IStaking, ReentrancyGuardTransient {
         // INVARIANT: only on-chain proofs or committee verdicts (checked by FraudProofs) can slash.
         if (msg.sender != fraudProofs) revert NotFraudProofs(msg.sender);
         if (challenger == address(0)) revert ZeroChallenger();
-        uint256 bps = Offences.slashBps(offence);
+        if (bps == 0 || bps > Offences.BPS) revert InvalidBps(bps);
         StakeInfo storage s = _stakes[node];
         uint256 amount = s.amount;
         if (amount == 0) revert NothingToSlash(node);
@@ -198,6 +212,23 @@ contract Staking is IStaking, ReentrancyGuardTransient {
             (bool ok,) = payable(BURN_ADDRESS).call{value: burned}("");
             if (!ok) revert TransferFailed(BURN_ADDRESS, burned);
         }
+    }
+
+    /// @inheritdoc IStaking
+    function lockUntil(address node, uint256 until) external returns (uint256) {
+        if (msg.sender != fraudProofs) revert NotFraudProofs(msg.sender);
+        if (_stakes[node].amount == 0) revert NotStaked(node);
+        uint256 current = _lockedUntil[node];
+        // INVARIANT: a lock only ever grows (an old record cannot shorten a newer window).
+        if (until <= current) revert WorkAlreadyCovered(node, current);
+        _lockedUntil[node] = until;
+        emit WithdrawLocked(node, until);
+        return until;
+    }
+
+    /// @notice Earliest time recorded work lets `node` withdraw (0: no recorded work).
+    function lockedUntil(address node) external view returns (uint256) {
+        return _lockedUntil[node];
     }
 
     /// @notice Everything ever slashed (wei): rewarded plus burned.

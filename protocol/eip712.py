@@ -10,11 +10,20 @@ tests, so the Python signers and the Solidity verifiers cannot drift.
 
     TypedStruct (frozen dataclasses, one per primary type)
     ├── CommitteeUpdate(address[] signers,uint256[] powers,uint64 nonce)
-    ├── Verdict(address node,uint8 offence,bytes32 evidenceHash,address challenger,uint64 nonce)
-    ├── PayoutRoot(uint64 epoch,bytes32 root,uint256 total,bytes32 queriesHash)
-    ├── ModelRegistration(bytes32 modelId,bytes32 manifestHash,bytes32[] shardHashes,uint64 nonce)
-    ├── Commitment(bytes32 session,uint64 step,uint32 shard,bytes32 commitment)
-    └── Reveal(bytes32 session,uint64 step,uint32 shard,bytes32 outputHash,bytes32 salt)
+    ├── Verdict(address node,uint8 offence,bytes32 evidenceHash,address challenger,uint64 nonce,
+    │           address consumer)                                    consumer = FraudProofs
+    ├── PayoutRoot(uint64 epoch,bytes32 root,uint256 total,bytes32 queriesHash,address consumer)
+    │                                                                consumer = QueryEscrow
+    ├── ModelRegistration(bytes32 modelId,bytes32 manifestHash,bytes32[] shardHashes,uint64 nonce,
+    │                     address consumer)                          consumer = ModelRegistry
+    ├── Commitment(bytes32 session,uint64 step,uint32 shard,bytes32 commitment,uint64 signedAt)
+    └── Reveal(bytes32 session,uint64 step,uint32 shard,bytes32 manifestHash,bytes32 inputHash,
+               bytes32 outputHash,bytes32 salt,uint64 signedAt)
+
+Every committee-signed struct names the contract that consumes it (`consumer`; a
+`CommitteeUpdate` is consumed by the `Committee`, its domain's verifyingContract), so a second
+deployment sharing the committee refuses old signatures. Node-signed structs carry `signedAt`
+(unix seconds) and a reveal carries the model and input the node claims it computed on.
 
 Encoding (EIP-712 `encodeData`): each atomic field is its 32-byte ABI word; an array field is
 `keccak256` of the concatenated 32-byte words of its elements. `struct_hash = keccak256(typeHash
@@ -325,13 +334,15 @@ class CommitteeUpdate(TypedStruct):
 
 @dataclass(frozen=True, slots=True)
 class Verdict(TypedStruct):
-    """A committee's decision that `node` committed `offence` (single-use `nonce`)."""
+    """A committee's decision that `node` committed `offence` (single-use `nonce`), for the
+    `FraudProofs` contract `consumer`."""
 
     node: str
     offence: int
     evidence_hash: bytes
     challenger: str
     nonce: int
+    consumer: str
 
     PRIMARY_TYPE: ClassVar[str] = "Verdict"
     FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
@@ -340,17 +351,20 @@ class Verdict(TypedStruct):
         ("evidenceHash", "evidence_hash", "bytes32"),
         ("challenger", "challenger", "address"),
         ("nonce", "nonce", "uint64"),
+        ("consumer", "consumer", "address"),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class PayoutRoot(TypedStruct):
-    """The Merkle root of an epoch's payouts, their total and the settled queries' hash."""
+    """The Merkle root of an epoch's payouts, their total and the settled queries' hash, for the
+    `QueryEscrow` contract `consumer`."""
 
     epoch: int
     root: bytes
     total: int
     queries_hash: bytes
+    consumer: str
 
     PRIMARY_TYPE: ClassVar[str] = "PayoutRoot"
     FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
@@ -358,17 +372,20 @@ class PayoutRoot(TypedStruct):
         ("root", "root", "bytes32"),
         ("total", "total", "uint256"),
         ("queriesHash", "queries_hash", "bytes32"),
+        ("consumer", "consumer", "address"),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class ModelRegistration(TypedStruct):
-    """A model id bound to its manifest hash and shard hashes (registry nonce)."""
+    """A model id bound to its manifest hash and shard hashes (registry nonce), for the
+    `ModelRegistry` contract `consumer`."""
 
     model_id: bytes
     manifest_hash: bytes
     shard_hashes: tuple[bytes, ...]
     nonce: int
+    consumer: str
 
     PRIMARY_TYPE: ClassVar[str] = "ModelRegistration"
     FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
@@ -376,17 +393,20 @@ class ModelRegistration(TypedStruct):
         ("manifestHash", "manifest_hash", "bytes32"),
         ("shardHashes", "shard_hashes", "bytes32[]"),
         ("nonce", "nonce", "uint64"),
+        ("consumer", "consumer", "address"),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class Commitment(TypedStruct):
-    """A node's signed commitment to one (session, step, shard) output."""
+    """A node's signed commitment to one (session, step, shard) output, signed at `signed_at`
+    (unix seconds)."""
 
     session: bytes
     step: int
     shard: int
     commitment: bytes
+    signed_at: int
 
     PRIMARY_TYPE: ClassVar[str] = "Commitment"
     FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
@@ -394,26 +414,35 @@ class Commitment(TypedStruct):
         ("step", "step", "uint64"),
         ("shard", "shard", "uint32"),
         ("commitment", "commitment", "bytes32"),
+        ("signedAt", "signed_at", "uint64"),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class Reveal(TypedStruct):
-    """A node's signed opening of a commitment: the output hash and the salt."""
+    """A node's signed opening of a commitment and its claim about the computation: shard
+    `shard` of the model with manifest hash `manifest_hash` turned the input hashing to
+    `input_hash` into the output hashing to `output_hash`."""
 
     session: bytes
     step: int
     shard: int
+    manifest_hash: bytes
+    input_hash: bytes
     output_hash: bytes
     salt: bytes
+    signed_at: int
 
     PRIMARY_TYPE: ClassVar[str] = "Reveal"
     FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
         ("session", "session", "bytes32"),
         ("step", "step", "uint64"),
         ("shard", "shard", "uint32"),
+        ("manifestHash", "manifest_hash", "bytes32"),
+        ("inputHash", "input_hash", "bytes32"),
         ("outputHash", "output_hash", "bytes32"),
         ("salt", "salt", "bytes32"),
+        ("signedAt", "signed_at", "uint64"),
     )
 
     def commitment_value(self) -> bytes:
@@ -452,6 +481,52 @@ def commitment_value(
                 as_uint(step, 64, "step"),
                 as_uint(shard, 32, "shard"),
                 as_bytes32(output_hash, "outputHash"),
+                as_bytes32(salt, "salt"),
+            ],
+        )
+    )
+
+
+def evidence_id(node: str, session: bytes | str, step: int, shard: int) -> bytes:
+    """`FraudProofs.evidenceId`: `keccak256(abi.encode(address node, bytes32 session,
+    uint64 step, uint32 shard))`."""
+    return keccak(
+        abi_encode(
+            ["address", "bytes32", "uint64", "uint32"],
+            [
+                as_address(node, "node"),
+                as_bytes32(session, "session"),
+                as_uint(step, 64, "step"),
+                as_uint(shard, 32, "shard"),
+            ],
+        )
+    )
+
+
+def verdict_evidence_id(node: str, evidence_hash: bytes | str) -> bytes:
+    """`FraudProofs.verdictEvidenceId`: `keccak256(abi.encode(address node, bytes32 hash))`."""
+    return keccak(
+        abi_encode(
+            ["address", "bytes32"],
+            [as_address(node, "node"), as_bytes32(evidence_hash, "evidenceHash")],
+        )
+    )
+
+
+def challenge_commitment(
+    challenger: str, evidence: bytes | str, offence: int, salt: bytes | str
+) -> bytes:
+    """`FraudProofs.challengeCommitment`: `keccak256(abi.encode(address challenger,
+    bytes32 evidenceId, uint8 offence, bytes32 salt))`, committed a block before the proof."""
+    if offence not in SLASH_BPS:
+        raise ProtocolError(f"offence: expected 1..5, got {offence!r}")
+    return keccak(
+        abi_encode(
+            ["address", "bytes32", "uint8", "bytes32"],
+            [
+                as_address(challenger, "challenger"),
+                as_bytes32(evidence, "evidenceId"),
+                offence,
                 as_bytes32(salt, "salt"),
             ],
         )

@@ -22,30 +22,40 @@ enum Offence {
 }
 
 /// @notice Node-signed commitment to an output: `commitment = keccak256(abi.encode(session, step,
-/// shard, outputHash, salt))`.
+/// shard, outputHash, salt))`. `signedAt` (unix seconds, the node's clock) starts the window in
+/// which fraud about this work must stay provable (see `FraudProofs.recordWork`).
 struct Commitment {
     bytes32 session;
     uint64 step;
     uint32 shard;
     bytes32 commitment;
+    uint64 signedAt;
 }
 
-/// @notice Node-signed opening of a commitment.
+/// @notice Node-signed opening of a commitment, and the node's claim about the computation: on the
+/// model whose manifest hashes to `manifestHash`, shard `shard` turned the input hashing to
+/// `inputHash` into the output hashing to `outputHash`. The computation-fault hook judges exactly
+/// this claim.
 struct Reveal {
     bytes32 session;
     uint64 step;
     uint32 shard;
+    bytes32 manifestHash;
+    bytes32 inputHash;
     bytes32 outputHash;
     bytes32 salt;
+    uint64 signedAt;
 }
 
-/// @notice Committee-signed judgement that `node` committed `offence`; `nonce` is single-use.
+/// @notice Committee-signed judgement that `node` committed `offence`; `nonce` is single-use;
+/// `consumer` is the `FraudProofs` contract the verdict is for (no other deployment accepts it).
 struct Verdict {
     address node;
     uint8 offence;
     bytes32 evidenceHash;
     address challenger;
     uint64 nonce;
+    address consumer;
 }
 
 /// @notice A committee-signed payout statement for one epoch, as needed to prove equivocation.

@@ -46,20 +46,22 @@ contract EIP712Harness {
         return PlanetHashes.verdict(v);
     }
 
-    function payoutRootHash(uint64 epoch, bytes32 root, uint256 total, bytes32 queriesHash_)
+    function payoutRootHash(uint64 epoch, bytes32 root, uint256 total, bytes32 queriesHash_, address consumer)
         external
         pure
         returns (bytes32)
     {
-        return PlanetHashes.payoutRoot(epoch, root, total, queriesHash_);
+        return PlanetHashes.payoutRoot(epoch, root, total, queriesHash_, consumer);
     }
 
-    function modelRegistrationHash(bytes32 modelId, bytes32 manifestHash, bytes32[] calldata shardHashes, uint64 nonce)
-        external
-        pure
-        returns (bytes32)
-    {
-        return PlanetHashes.modelRegistration(modelId, manifestHash, shardHashes, nonce);
+    function modelRegistrationHash(
+        bytes32 modelId,
+        bytes32 manifestHash,
+        bytes32[] calldata shardHashes,
+        uint64 nonce,
+        address consumer
+    ) external pure returns (bytes32) {
+        return PlanetHashes.modelRegistration(modelId, manifestHash, shardHashes, nonce, consumer);
     }
 
     function commitmentHash(Commitment calldata c) external pure returns (bytes32) {

@@ -25,7 +25,7 @@ describe("Committee", function () {
     const members = h.wallets(3, "committee-weighted");
     return { members, ...(await deployCommittee(members, [1n, 2n, 3n])) };
   }
-  const msg = { epoch: 1n, root: ethers.id("root"), total: 5n, queriesHash: ethers.id("q") };
+  const msg = { epoch: 1n, root: ethers.id("root"), total: 5n, queriesHash: ethers.id("q"), consumer: "0x000000000000000000000000000000000000c0de" };
   const structHash = ethers.TypedDataEncoder.hashStruct("PayoutRoot", { PayoutRoot: h.TYPES.PayoutRoot }, msg);
   const sign = (ws, dom, keepOrder = false) => h.signAll(ws, dom, "PayoutRoot", msg, keepOrder);
 

@@ -27,7 +27,7 @@ describe("QueryEscrow", function () {
     const tree = h.merkleTree(entries.map((e) => ({ epoch, ...e })));
     const total = fees.reduce((a, b) => a + b, 0n);
     const qh = h.queriesHash(queryIds, fees);
-    const sigs = await h.signAll(signers, env.committeeDomain, "PayoutRoot", { epoch, root: tree.root, total, queriesHash: qh });
+    const sigs = await h.signAll(signers, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch, root: tree.root, total, queriesHash: qh });
     return { epoch, tree, total, qh, sigs, queryIds, fees };
   }
   const post = (env, s) => env.escrow.postPayoutRoot(s.epoch, s.tree.root, s.total, s.queryIds, s.fees, s.sigs);
@@ -234,7 +234,7 @@ describe("QueryEscrow", function () {
     it("postPayoutRoot_totalNotSumOfFees_reverts", async function () {
       const env = await loadFixture(fixture);
       const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n }], [env.q1], [5n]);
-      const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { epoch: 1n, root: s.tree.root, total: 6n, queriesHash: s.qh });
+      const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch: 1n, root: s.tree.root, total: 6n, queriesHash: s.qh });
       await expect(env.escrow.postPayoutRoot(1n, s.tree.root, 6n, [env.q1], [5n], sigs))
         .to.be.revertedWithCustomError(env.escrow, "TotalMismatch")
         .withArgs(6n, 5n);
@@ -384,7 +384,7 @@ describe("QueryEscrow", function () {
   describe("disputeRoot", function () {
     async function conflicting(env) {
       const other = { epoch: 1n, root: ethers.id("other root"), total: env.s.total, queriesHash: env.s.qh };
-      const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", other);
+      const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { ...other, consumer: await env.escrow.getAddress() });
       return { other: { root: other.root, total: other.total, queriesHash: other.queriesHash }, sigs };
     }
     it("disputeRoot_equivocation_freezesEpochAndReturnsFees", async function () {
@@ -415,7 +415,7 @@ describe("QueryEscrow", function () {
     it("disputeRoot_differentQueriesHashOnly_isEquivocation", async function () {
       const env = await loadFixture(settledFixture);
       const other = { epoch: 1n, root: env.s.tree.root, total: env.s.total, queriesHash: ethers.id("other list") };
-      const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", other);
+      const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { ...other, consumer: await env.escrow.getAddress() });
       await env.escrow.disputeRoot(1n, env.s.queryIds, env.s.fees, env.s.sigs, { root: other.root, total: other.total, queriesHash: other.queriesHash }, sigs);
       expect((await env.escrow.epochOf(1n)).status).to.equal(EpochStatus.Disputed);
     });
@@ -454,7 +454,7 @@ describe("QueryEscrow", function () {
     it("disputeRoot_otherNotCommitteeSigned_reverts", async function () {
       const env = await loadFixture(settledFixture);
       const { other } = await conflicting(env);
-      const forged = await h.signAll(h.wallets(3, "forgers"), env.committeeDomain, "PayoutRoot", { epoch: 1n, ...other });
+      const forged = await h.signAll(h.wallets(3, "forgers"), env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch: 1n, ...other });
       await expect(env.escrow.disputeRoot(1n, env.s.queryIds, env.s.fees, env.s.sigs, other, forged)).to.be.revertedWithCustomError(
         env.committee,
         "UnknownSigner",
@@ -477,7 +477,7 @@ describe("QueryEscrow", function () {
       await post(env, s);
       const altQh = h.queriesHash([env.q2], [5n]);
       const alt = { epoch: 1n, root: s.tree.root, total: 5n, queriesHash: altQh };
-      const altSigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", alt);
+      const altSigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { ...alt, consumer: await env.escrow.getAddress() });
       await expect(env.escrow.disputeRoot(1n, [env.q2], [5n], altSigs, { root: s.tree.root, total: 5n, queriesHash: s.qh }, s.sigs))
         .to.be.revertedWithCustomError(env.escrow, "QueryNotSettled")
         .withArgs(env.q2);
@@ -487,7 +487,7 @@ describe("QueryEscrow", function () {
       const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n }], [env.q1], [5n]);
       await post(env, s);
       const alt = { epoch: 1n, root: s.tree.root, total: 5n, queriesHash: h.queriesHash([env.q1], [4n]) };
-      const altSigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", alt);
+      const altSigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { ...alt, consumer: await env.escrow.getAddress() });
       await expect(env.escrow.disputeRoot(1n, [env.q1], [4n], altSigs, { root: s.tree.root, total: 5n, queriesHash: s.qh }, s.sigs))
         .to.be.revertedWithCustomError(env.escrow, "TotalMismatch")
         .withArgs(5n, 4n);

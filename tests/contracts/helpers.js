@@ -27,31 +27,38 @@ const TYPES = {
     { name: "evidenceHash", type: "bytes32" },
     { name: "challenger", type: "address" },
     { name: "nonce", type: "uint64" },
+    { name: "consumer", type: "address" },
   ],
   PayoutRoot: [
     { name: "epoch", type: "uint64" },
     { name: "root", type: "bytes32" },
     { name: "total", type: "uint256" },
     { name: "queriesHash", type: "bytes32" },
+    { name: "consumer", type: "address" },
   ],
   ModelRegistration: [
     { name: "modelId", type: "bytes32" },
     { name: "manifestHash", type: "bytes32" },
     { name: "shardHashes", type: "bytes32[]" },
     { name: "nonce", type: "uint64" },
+    { name: "consumer", type: "address" },
   ],
   Commitment: [
     { name: "session", type: "bytes32" },
     { name: "step", type: "uint64" },
     { name: "shard", type: "uint32" },
     { name: "commitment", type: "bytes32" },
+    { name: "signedAt", type: "uint64" },
   ],
   Reveal: [
     { name: "session", type: "bytes32" },
     { name: "step", type: "uint64" },
     { name: "shard", type: "uint32" },
+    { name: "manifestHash", type: "bytes32" },
+    { name: "inputHash", type: "bytes32" },
     { name: "outputHash", type: "bytes32" },
     { name: "salt", type: "bytes32" },
+    { name: "signedAt", type: "uint64" },
   ],
 };
 
@@ -86,6 +93,20 @@ function commitmentValue(session, step, shard, outputHash, salt) {
   return ethers.keccak256(
     coder.encode(["bytes32", "uint64", "uint32", "bytes32", "bytes32"], [session, step, shard, outputHash, salt]),
   );
+}
+
+function evidenceId(node, session, step, shard) {
+  return ethers.keccak256(coder.encode(["address", "bytes32", "uint64", "uint32"], [node, session, step, shard]));
+}
+
+function challengeCommitment(challenger, id, offence, salt) {
+  return ethers.keccak256(coder.encode(["address", "bytes32", "uint8", "bytes32"], [challenger, id, offence, salt]));
+}
+
+/** Commits `challenger`'s challenge of evidence `id` for `offence` and mines it; returns the salt. */
+async function commitChallenge(fraudProofs, challenger, id, offence, salt = ethers.id(`salt/${challenger.address}/${id}/${offence}`)) {
+  await (await fraudProofs.connect(challenger).commitChallenge(challengeCommitment(challenger.address, id, offence, salt))).wait();
+  return salt;
 }
 
 function payoutLeaf(epoch, account, amount) {
@@ -178,6 +199,9 @@ module.exports = {
   signAll,
   queriesHash,
   commitmentValue,
+  evidenceId,
+  challengeCommitment,
+  commitChallenge,
   payoutLeaf,
   merkleTree,
   deployAll,

@@ -1,7 +1,9 @@
 // Randomized sequences (seeded PRNG) of stake / unstake / withdraw / slash / deposit / settle /
-// claim / refund / dispute / credit claims / time travel, checked against a plain JS model. After
-// every step: every contract balance equals what it owes (stakes + credits; deposits + unclaimed
-// payouts), a slash never exceeds the stake, and burned + rewarded == slashed.
+// claim / refund / dispute / credit claims / time travel / ZK fault proofs / recorded work, checked
+// against a plain JS model. After every step: every contract balance equals what it owes (stakes +
+// credits; deposits + unclaimed payouts), a slash never exceeds the stake, burned + rewarded ==
+// slashed, every piece of evidence has cost its node exactly its highest proven share (top-ups), and
+// no node withdraws while a recorded work window is open.
 const { expect } = require("chai");
 const { ethers } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
@@ -23,7 +25,8 @@ const SEEDS = [1, 7, 2026];
 
 describe("invariants under random sequences", function () {
   async function fixture() {
-    const env = await h.deployAll();
+    const verifier = await (await ethers.getContractFactory("MockFaultVerifier")).deploy();
+    const env = await h.deployAll({ faultVerifier: await verifier.getAddress() });
     const signers = await ethers.getSigners();
     return {
       ...env,
@@ -55,19 +58,28 @@ describe("invariants under random sequences", function () {
       let nextVerdictNonce = 1n;
       const burnStart = await ethers.provider.getBalance(h.BURN_ADDRESS);
       const counts = {};
+      const penalties = new Map(); // evidence id -> highest share applied (bps)
+      let saltCounter = 0;
+      const locks = new Map(); // node address -> lockedUntil
+      const slots = []; // [{node, slot}] with a lying reveal signed, for repeated proofs
+      const BPS = { 1: 10000n, 2: 10000n, 3: 5000n, 4: 500n, 5: 10000n };
 
       async function now() {
         return BigInt(await time.latest());
       }
       const minFor = (role) => (role === h.Role.Compute ? h.ONE : h.ONE / 2n);
 
-      async function applySlash(node, offence, challenger, send) {
+      async function applySlash(node, id, offence, challenger, send) {
         const s = stakes.get(node.address);
-        const bps = { 1: 10000n, 2: 10000n, 3: 5000n, 4: 500n, 5: 10000n }[offence];
-        if (!s || s.amount === 0n) {
+        const target = BPS[offence];
+        const applied = penalties.get(id) ?? 0n;
+        if (!s || s.amount === 0n || target <= applied) {
           await expect(send()).to.be.reverted;
           return;
         }
+        // A larger offence on already-slashed evidence takes ceil((new - old) / (100 % - old)) of the rest.
+        const bps = ((target - applied) * 10000n + (10000n - applied) - 1n) / (10000n - applied);
+        penalties.set(id, target);
         const amount = (s.amount * bps) / 10000n;
         const reward = amount / 2n;
         await expect(send())
@@ -106,29 +118,65 @@ describe("invariants under random sequences", function () {
           const s = stakes.get(node.address);
           const t = (await now()) + 1n;
           const tx = staking.connect(node).withdraw();
-          if (!s || s.withdrawableAt === 0n || t < s.withdrawableAt) return expect(tx).to.be.reverted;
+          const lock = locks.get(node.address) ?? 0n;
+          if (!s || s.withdrawableAt === 0n || t < s.withdrawableAt || t < lock) return expect(tx).to.be.reverted;
           await expect(tx).to.changeEtherBalance(node, s.amount);
           stakes.delete(node.address);
+          locks.delete(node.address);
         },
         async equivocate() {
           const node = pick(env.nodes);
           const challenger = pick(env.challengers);
-          const slot = { session: ethers.id(`s${seed}`), step: nextSlot++, shard: 0 };
-          const a = { ...slot, commitment: ethers.id("a") };
-          const b = { ...slot, commitment: ethers.id("b") };
-          const [sa] = await h.signAll([node], fraudDomain, "Commitment", a);
-          const [sb] = await h.signAll([node], fraudDomain, "Commitment", b);
-          await applySlash(node, h.Offence.Equivocation, challenger.address, () =>
-            fraudProofs.connect(challenger).proveEquivocation(a, sa, b, sb),
+          // Half of the time on a slot already proven as a (50 %) computation fault: a top-up.
+          const reuse = slots.length > 0 && rnd() < 0.5 ? pick(slots) : null;
+          const owner = reuse ? reuse.node : node;
+          const slot = reuse ? reuse.slot : { session: ethers.id(`s${seed}`), step: nextSlot++, shard: 0 };
+          const a = { ...slot, commitment: ethers.id("a"), signedAt: 1n };
+          const b = { ...slot, commitment: ethers.id("b"), signedAt: 2n };
+          const [sa] = await h.signAll([owner], fraudDomain, "Commitment", a);
+          const [sb] = await h.signAll([owner], fraudDomain, "Commitment", b);
+          const id = h.evidenceId(owner.address, slot.session, slot.step, slot.shard);
+          const salt = await h.commitChallenge(fraudProofs, challenger, id, h.Offence.Equivocation, ethers.id(`eq${saltCounter++}`));
+          await applySlash(owner, id, h.Offence.Equivocation, challenger.address, () =>
+            fraudProofs.connect(challenger).proveEquivocation(a, sa, b, sb, salt),
           );
+        },
+        async fault() {
+          const node = pick(env.nodes);
+          const challenger = pick(env.challengers);
+          const slot = { session: ethers.id(`f${seed}`), step: nextSlot++, shard: 1 };
+          const r = { ...slot, manifestHash: ethers.id("m"), inputHash: ethers.id("i"), outputHash: ethers.id("wrong"), salt: ethers.id("s"), signedAt: 3n };
+          const [rs] = await h.signAll([node], fraudDomain, "Reveal", r);
+          const id = h.evidenceId(node.address, slot.session, slot.step, slot.shard);
+          const salt = await h.commitChallenge(fraudProofs, challenger, id, h.Offence.FailedVerification, ethers.id(`f${saltCounter++}`));
+          await applySlash(node, id, h.Offence.FailedVerification, challenger.address, () =>
+            fraudProofs.connect(challenger).proveComputationFault(r, rs, ethers.toUtf8Bytes("fault"), salt),
+          );
+          slots.push({ node, slot });
+        },
+        async recordWork() {
+          const node = pick(env.nodes);
+          const signedAt = (await now()) - BigInt(Math.floor(rnd() * 90));
+          const c = { session: ethers.id(`w${seed}`), step: nextSlot++, shard: 0, commitment: ethers.id("w"), signedAt };
+          const [cs] = await h.signAll([node], fraudDomain, "Commitment", c);
+          const until = signedAt + h.DEFAULTS.challengeWindow + 1n;
+          const tx = fraudProofs.recordCommitment(c, cs);
+          const s = stakes.get(node.address);
+          if (!s || until <= (locks.get(node.address) ?? 0n)) return expect(tx).to.be.reverted;
+          await expect(tx).to.emit(staking, "WithdrawLocked").withArgs(node.address, until);
+          locks.set(node.address, until);
         },
         async verdict() {
           const node = pick(env.nodes);
           const challenger = pick(env.challengers);
-          const offence = pick([h.Offence.FailedVerification, h.Offence.Timeout]);
-          const v = { node: node.address, offence, evidenceHash: ethers.id(`e${nextVerdictNonce}`), challenger: challenger.address, nonce: nextVerdictNonce++ };
+          const offence = pick([h.Offence.FailedVerification, h.Offence.Timeout, h.Offence.Collusion]);
+          // A small pool of evidence hashes, so verdicts repeat, top up and hit AlreadyProven.
+          const evidenceHash = ethers.id(`e${Math.floor(rnd() * 3)}`);
+          const consumer = await fraudProofs.getAddress();
+          const v = { node: node.address, offence, evidenceHash, challenger: challenger.address, nonce: nextVerdictNonce++, consumer };
           const sigs = await h.signAll(members.slice(0, 3), committeeDomain, "Verdict", v);
-          await applySlash(node, offence, challenger.address, () => fraudProofs.slashByVerdict(v, sigs));
+          const id = await fraudProofs.verdictEvidenceId(node.address, evidenceHash);
+          await applySlash(node, id, offence, challenger.address, () => fraudProofs.slashByVerdict(v, sigs));
         },
         async claimCredit() {
           const c = pick(env.challengers);
@@ -161,7 +209,7 @@ describe("invariants under random sequences", function () {
           const tree = h.merkleTree(entries);
           const qh = h.queriesHash(queryIds, fees);
           const epoch = nextEpoch++;
-          const sigs = await h.signAll(members, committeeDomain, "PayoutRoot", { epoch, root: tree.root, total, queriesHash: qh });
+          const sigs = await h.signAll(members, committeeDomain, "PayoutRoot", { consumer: await escrow.getAddress(), epoch, root: tree.root, total, queriesHash: qh });
           await escrow.postPayoutRoot(epoch, tree.root, total, queryIds, fees, sigs);
           chosen.forEach(([, d], i) => {
             d.amount -= fees[i];
@@ -216,7 +264,7 @@ describe("invariants under random sequences", function () {
           const epoch = pick(open);
           const e = epochs.get(epoch);
           const other = { root: ethers.id(`other-${epoch}`), total: e.total, queriesHash: e.qh };
-          const sigs = await h.signAll(members, committeeDomain, "PayoutRoot", { epoch, ...other });
+          const sigs = await h.signAll(members, committeeDomain, "PayoutRoot", { consumer: await escrow.getAddress(), epoch, ...other });
           await escrow.disputeRoot(epoch, e.queryIds, e.fees, e.sigs, other, sigs);
           e.queryIds.forEach((q, i) => {
             const d = deposits.get(q);
@@ -235,6 +283,8 @@ describe("invariants under random sequences", function () {
         ["requestUnstake", 1],
         ["withdraw", 1],
         ["equivocate", 1],
+        ["fault", 1],
+        ["recordWork", 1],
         ["verdict", 1],
         ["claimCredit", 1],
         ["deposit", 4],
@@ -265,7 +315,9 @@ describe("invariants under random sequences", function () {
         expect((await ethers.provider.getBalance(h.BURN_ADDRESS)) - burnStart, ctx).to.equal(burned);
         for (const node of env.nodes) {
           expect(await staking.stakeOf(node.address), ctx).to.equal(stakes.get(node.address)?.amount ?? 0n);
+          expect(await staking.lockedUntil(node.address), ctx).to.equal(locks.get(node.address) ?? 0n);
         }
+        for (const [id, bps] of penalties) expect(await fraudProofs.penaltyOf(id), ctx).to.equal(bps);
         // Escrow: balance == what queries still hold + every epoch's unclaimed fees.
         let held = 0n;
         for (const [q, d] of deposits) {

@@ -19,7 +19,8 @@ describe("ModelRegistry", function () {
   const modelId = ethers.id("smollm2-135m");
   const manifestHash = ethers.sha256(ethers.toUtf8Bytes("manifest"));
   const shards = [ethers.sha256("0x01"), ethers.sha256("0x02"), ethers.sha256("0x03")];
-  const signReg = (env, value, signers = env.members) => h.signAll(signers, env.committeeDomain, "ModelRegistration", value);
+  const signReg = async (env, value, signers = env.members) =>
+    h.signAll(signers, env.committeeDomain, "ModelRegistration", { consumer: await env.registry.getAddress(), ...value });
 
   it("register_committeeSigned_storesModelAndBumpsNonce", async function () {
     const env = await loadFixture(fixture);

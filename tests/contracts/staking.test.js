@@ -1,7 +1,7 @@
 // Staking: roles and minimums, unbonding strictly longer than the challenge window, pull credits,
 // slash access control, and hostile receivers.
 const { expect } = require("chai");
-const { ethers } = require("hardhat");
+const { ethers, network } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
 const h = require("./helpers");
 
@@ -31,6 +31,7 @@ describe("Staking", function () {
       expect(await fraudProofs.staking()).to.equal(await staking.getAddress());
       expect(await fraudProofs.committee()).to.equal(await committee.getAddress());
       expect(await fraudProofs.faultVerifier()).to.equal(ethers.ZeroAddress);
+      expect(await fraudProofs.challengeWindow()).to.equal(await staking.challengeWindow());
       expect(await staking.minimumStake(h.Role.Compute)).to.equal(h.ONE);
       expect(await staking.minimumStake(h.Role.Verifier)).to.equal(h.ONE / 2n);
       expect(await staking.minimumStake(h.Role.None)).to.equal(0n);
@@ -181,9 +182,27 @@ describe("Staking", function () {
     it("slash_notFraudProofs_reverts", async function () {
       const { staking, node, other } = await loadFixture(fixture);
       await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
-      await expect(staking.connect(other).slash(node.address, h.Offence.Equivocation, other.address))
+      await expect(staking.connect(other).slash(node.address, h.Offence.Equivocation, 10000n, other.address))
         .to.be.revertedWithCustomError(staking, "NotFraudProofs")
         .withArgs(other.address);
+      await expect(staking.connect(other).lockUntil(node.address, 1n << 40n))
+        .to.be.revertedWithCustomError(staking, "NotFraudProofs")
+        .withArgs(other.address);
+    });
+    it("slash_invalidBpsFromFraudProofs_reverts", async function () {
+      const { staking, fraudProofs, node, other } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
+      // FraudProofs never sends these; impersonate it to pin Staking's own guard.
+      const fp = await fraudProofs.getAddress();
+      await network.provider.send("hardhat_impersonateAccount", [fp]);
+      await network.provider.send("hardhat_setBalance", [fp, "0xde0b6b3a7640000"]);
+      const asFraudProofs = await ethers.getSigner(fp);
+      for (const bps of [0n, 10001n]) {
+        await expect(staking.connect(asFraudProofs).slash(node.address, h.Offence.Timeout, bps, other.address))
+          .to.be.revertedWithCustomError(staking, "InvalidBps")
+          .withArgs(bps);
+      }
+      await network.provider.send("hardhat_stopImpersonatingAccount", [fp]);
     });
     it("claimCredit_nothing_reverts", async function () {
       const { staking, other } = await loadFixture(fixture);
@@ -192,12 +211,16 @@ describe("Staking", function () {
     it("claimCredit_afterSlash_paysOnceAndReentryBlocked", async function () {
       const { staking, fraudProofs, fraudDomain, node, receiver } = await loadFixture(fixture);
       await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
-      const a = { session: ethers.id("s"), step: 1n, shard: 0, commitment: ethers.id("a") };
+      const a = { session: ethers.id("s"), step: 1n, shard: 0, commitment: ethers.id("a"), signedAt: 1n };
       const b = { ...a, commitment: ethers.id("b") };
       const [sa] = await h.signAll([node], fraudDomain, "Commitment", a);
       const [sb] = await h.signAll([node], fraudDomain, "Commitment", b);
       const r = await receiver.getAddress();
-      await receiver.act(await fraudProofs.getAddress(), 0, fraudProofs.interface.encodeFunctionData("proveEquivocation", [a, sa, b, sb]));
+      const salt = ethers.id("receiver salt");
+      const id = h.evidenceId(node.address, a.session, a.step, a.shard);
+      const commitment = h.challengeCommitment(r, id, h.Offence.Equivocation, salt);
+      await receiver.act(await fraudProofs.getAddress(), 0, fraudProofs.interface.encodeFunctionData("commitChallenge", [commitment]));
+      await receiver.act(await fraudProofs.getAddress(), 0, fraudProofs.interface.encodeFunctionData("proveEquivocation", [a, sa, b, sb, salt]));
       expect(await staking.creditOf(r)).to.equal(h.ONE / 2n);
       await receiver.arm(await staking.getAddress(), staking.interface.encodeFunctionData("claimCredit"));
       await receiver.act(await staking.getAddress(), 0, staking.interface.encodeFunctionData("claimCredit"));
@@ -209,11 +232,12 @@ describe("Staking", function () {
     it("claimCredit_emitsCreditClaimed", async function () {
       const { staking, fraudProofs, fraudDomain, node, challenger } = await loadFixture(fixture);
       await staking.connect(node).stake(h.Role.Compute, { value: h.ONE });
-      const a = { session: ethers.id("s"), step: 1n, shard: 0, commitment: ethers.id("a") };
+      const a = { session: ethers.id("s"), step: 1n, shard: 0, commitment: ethers.id("a"), signedAt: 1n };
       const b = { ...a, commitment: ethers.id("b") };
       const [sa] = await h.signAll([node], fraudDomain, "Commitment", a);
       const [sb] = await h.signAll([node], fraudDomain, "Commitment", b);
-      await fraudProofs.connect(challenger).proveEquivocation(a, sa, b, sb);
+      const salt = await h.commitChallenge(fraudProofs, challenger, h.evidenceId(node.address, a.session, a.step, a.shard), h.Offence.Equivocation);
+      await fraudProofs.connect(challenger).proveEquivocation(a, sa, b, sb, salt);
       const tx = staking.connect(challenger).claimCredit();
       await expect(tx).to.emit(staking, "CreditClaimed").withArgs(challenger.address, h.ONE / 2n);
       await expect(tx).to.changeEtherBalance(challenger, h.ONE / 2n);

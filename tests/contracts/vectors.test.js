@@ -26,13 +26,13 @@ async function structHash(harness, primaryType, m) {
     case "Verdict":
       return harness.verdictHash({ ...m, nonce: BigInt(m.nonce) });
     case "PayoutRoot":
-      return harness.payoutRootHash(BigInt(m.epoch), m.root, BigInt(m.total), m.queriesHash);
+      return harness.payoutRootHash(BigInt(m.epoch), m.root, BigInt(m.total), m.queriesHash, m.consumer);
     case "ModelRegistration":
-      return harness.modelRegistrationHash(m.modelId, m.manifestHash, m.shardHashes, BigInt(m.nonce));
+      return harness.modelRegistrationHash(m.modelId, m.manifestHash, m.shardHashes, BigInt(m.nonce), m.consumer);
     case "Commitment":
-      return harness.commitmentHash({ ...m, step: BigInt(m.step) });
+      return harness.commitmentHash({ ...m, step: BigInt(m.step), signedAt: BigInt(m.signedAt) });
     case "Reveal":
-      return harness.revealHash({ ...m, step: BigInt(m.step) });
+      return harness.revealHash({ ...m, step: BigInt(m.step), signedAt: BigInt(m.signedAt) });
     default:
       throw new Error(`unknown primary type ${primaryType}`);
   }
@@ -75,7 +75,24 @@ describe("golden vectors (tests/vectors)", function () {
 
   it("eip712_commitment_value_matches_solidity", async function () {
     const v = eip712.helpers.commitment_value;
-    expect(await harness.commitmentValue({ ...v, step: BigInt(v.step) })).to.equal(v.value);
+    // The commitment value covers (session, step, shard, outputHash, salt) only: the reveal's other
+    // fields (model, input, signing time) do not change it.
+    const reveal = { ...v, step: BigInt(v.step), manifestHash: ethers.ZeroHash, inputHash: ethers.ZeroHash, signedAt: 0n };
+    expect(await harness.commitmentValue(reveal)).to.equal(v.value);
+    expect(await harness.commitmentValue({ ...reveal, manifestHash: ethers.id("m"), signedAt: 5n })).to.equal(v.value);
+  });
+
+  it("eip712_evidence_id_and_challenge_commitment_match_solidity", async function () {
+    const fp = await (await ethers.getContractFactory("FraudProofs")).deploy(
+      ethers.ZeroAddress,
+      ethers.ZeroAddress,
+      ethers.ZeroAddress,
+      60n,
+    );
+    const e = eip712.helpers.evidence_id;
+    expect(await fp.evidenceId(e.node, e.session, BigInt(e.step), e.shard)).to.equal(e.value);
+    const c = eip712.helpers.challenge_commitment;
+    expect(await fp.challengeCommitment(c.challenger, c.evidenceId, c.offence, c.salt)).to.equal(c.value);
   });
 
   it("eip712_queries_hash_matches_solidity", async function () {

@@ -29,9 +29,11 @@ from protocol.eip712 import (  # noqa: E402
     TypedStruct,
     Verdict,
     address_of,
+    challenge_commitment,
     commitment_value,
     committee_domain,
     committee_signatures,
+    evidence_id,
     fraud_proofs_domain,
     queries_hash,
 )
@@ -42,6 +44,9 @@ CHAIN_ID = 31337
 # The first two contract addresses anvil's default deployer gets (fixed, not the real deployment).
 COMMITTEE_ADDRESS = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
 FRAUD_PROOFS_ADDRESS = "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512"
+ESCROW_ADDRESS = "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0"
+REGISTRY_ADDRESS = "0xCf7Ed3AccA5a467e9e704C703E8D87F634fB0Fc9"
+SIGNED_AT = 1_767_225_600  # 2026-01-01T00:00:00Z
 
 
 def key(label: str) -> bytes:
@@ -67,31 +72,52 @@ def structs() -> list[tuple[str, TypedStruct, Domain]]:
     members = sorted((address_of(k) for k in COMMITTEE_KEYS), key=lambda a: int(a, 16))
     session, step, shard = b32("session 1"), 7, 2
     output_hash, salt = b32("output 1"), b32("salt 1")
-    reveal = Reveal(session, step, shard, output_hash, salt)
+    reveal = Reveal(
+        session, step, shard, b32("manifest"), b32("input 1"), output_hash, salt, SIGNED_AT + 1
+    )
     ids = [b32("query 1"), b32("query 2"), b32("query 3")]
     fees = [10**15, 2 * 10**15, 3 * 10**15 + 1]
     return [
         ("committee_update", CommitteeUpdate(tuple(members), (1, 1, 2, 3), 0), committee),
         (
             "verdict",
-            Verdict(address_of(key("node")), 3, b32("evidence"), address_of(key("challenger")), 5),
-            committee,
-        ),
-        ("payout_root", PayoutRoot(1, b32("root"), sum(fees), queries_hash(ids, fees)), committee),
-        (
-            "model_registration",
-            ModelRegistration(
-                b32("model"), b32("manifest"), (b32("shard 0"), b32("shard 1"), b32("shard 2")), 0
+            Verdict(
+                address_of(key("node")),
+                3,
+                b32("evidence"),
+                address_of(key("challenger")),
+                5,
+                FRAUD_PROOFS_ADDRESS,
             ),
             committee,
         ),
-        ("commitment", Commitment(session, step, shard, reveal.commitment_value()), fraud),
+        (
+            "payout_root",
+            PayoutRoot(1, b32("root"), sum(fees), queries_hash(ids, fees), ESCROW_ADDRESS),
+            committee,
+        ),
+        (
+            "model_registration",
+            ModelRegistration(
+                b32("model"),
+                b32("manifest"),
+                (b32("shard 0"), b32("shard 1"), b32("shard 2")),
+                0,
+                REGISTRY_ADDRESS,
+            ),
+            committee,
+        ),
+        (
+            "commitment",
+            Commitment(session, step, shard, reveal.commitment_value(), SIGNED_AT),
+            fraud,
+        ),
         ("reveal", reveal, fraud),
         # Edge values: an empty array and maximal integers.
         ("committee_update_empty", CommitteeUpdate((), (), 2**64 - 1), committee),
         (
             "payout_root_max",
-            PayoutRoot(2**64 - 1, b"\xff" * 32, 2**256 - 1, b"\x00" * 32),
+            PayoutRoot(2**64 - 1, b"\xff" * 32, 2**256 - 1, b"\x00" * 32, ESCROW_ADDRESS),
             committee,
         ),
     ]
@@ -140,6 +166,27 @@ def eip712_vectors() -> dict[str, Any]:
                 "outputHash": hexs(output_hash),
                 "salt": hexs(salt),
                 "value": hexs(commitment_value(session, 7, 2, output_hash, salt)),
+            },
+            "evidence_id": {
+                "node": address_of(key("node")),
+                "session": hexs(session),
+                "step": 7,
+                "shard": 2,
+                "value": hexs(evidence_id(address_of(key("node")), session, 7, 2)),
+            },
+            "challenge_commitment": {
+                "challenger": address_of(key("challenger")),
+                "evidenceId": hexs(evidence_id(address_of(key("node")), session, 7, 2)),
+                "offence": 1,
+                "salt": hexs(b32("challenge salt")),
+                "value": hexs(
+                    challenge_commitment(
+                        address_of(key("challenger")),
+                        evidence_id(address_of(key("node")), session, 7, 2),
+                        1,
+                        b32("challenge salt"),
+                    )
+                ),
             },
             "queries_hash": {
                 "queryIds": [hexs(q) for q in ids],
