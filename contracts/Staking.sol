@@ -217,7 +217,8 @@ contract Staking is IStaking, ReentrancyGuardTransient {
     /// @inheritdoc IStaking
     function lockUntil(address node, uint256 until) external returns (uint256) {
         if (msg.sender != fraudProofs) revert NotFraudProofs(msg.sender);
-        if (_stakes[node].amount == 0) revert NotStaked(node);
+        // A lock only matters while there is a stake to withdraw.
+        if (statusOf(node) == Status.None) revert NotStaked(node);
         uint256 current = _lockedUntil[node];
         // INVARIANT: a lock only ever grows (an old record cannot shorten a newer window).
         if (until <= current) revert WorkAlreadyCovered(node, current);

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,17 +45,23 @@ from web3.providers.rpc.utils import ExceptionRetryConfiguration
 from web3.types import RPCEndpoint
 
 from protocol.eip712 import (
+    OFFENCE_COMMIT_REVEAL_MISMATCH,
+    OFFENCE_EQUIVOCATION,
+    OFFENCE_FAILED_VERIFICATION,
     Commitment,
     CommitteeUpdate,
     Domain,
     ModelRegistration,
     PayoutRoot,
     Reveal,
+    TypedStruct,
     Verdict,
+    challenge_commitment,
     committee_domain,
+    evidence_id,
     fraud_proofs_domain,
 )
-from protocol.errors import ConfigError, PlanetError, UnavailableError
+from protocol.errors import ConfigError, PlanetError, ProtocolError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +153,19 @@ InvalidSignature = _typed("InvalidSignature", "signatures are 65-byte r||s||v wi
 InsufficientPower = _typed("InsufficientPower", "collect signatures for at least 2/3 power")
 SignersNotSorted = _typed("SignersNotSorted", "sort signatures by ascending signer address")
 UnknownSigner = _typed("UnknownSigner", "a signer is not in the current committee")
+FraudWindowOpen = _typed(
+    "FraudWindowOpen", "recorded work keeps the stake until its challenge window closes"
+)
+ChallengeNotCommitted = _typed(
+    "ChallengeNotCommitted", "commit the challenge (commitChallenge) in an earlier block first"
+)
+ChallengeNotMatured = _typed(
+    "ChallengeNotMatured", "send the proof in a later block than its commitment"
+)
+WrongConsumer = _typed("WrongConsumer", "the committee signed this for another deployment")
+WorkAlreadyCovered = _typed(
+    "WorkAlreadyCovered", "a later piece of the node's work is already recorded"
+)
 
 
 class InsufficientFunds(PlanetError):
@@ -565,6 +585,10 @@ class PlanetChain:
     def credit_of(self, account: str | None = None) -> int:
         return self.call("Staking", "creditOf", account or self.address)
 
+    def locked_until(self, node: str | None = None) -> int:
+        """Earliest withdrawal time set by recorded work (0: none)."""
+        return self.call("Staking", "lockedUntil", node or self.address)
+
     def total_burned(self) -> int:
         return self.call("Staking", "totalBurned")
 
@@ -595,7 +619,9 @@ class PlanetChain:
         fees: Sequence[int],
         signatures: Sequence[bytes],
     ) -> TxResult:
-        """Post a committee-signed epoch statement (its queriesHash must match ids and fees)."""
+        """Post a committee-signed epoch statement (its queriesHash must match ids and fees, its
+        consumer must be this deployment's QueryEscrow)."""
+        self._check_consumer(statement, "QueryEscrow")
         return self.transact(
             "QueryEscrow",
             "postPayoutRoot",
@@ -622,6 +648,7 @@ class PlanetChain:
         other_signatures: Sequence[bytes],
     ) -> TxResult:
         """Freeze `epoch` with a second, different committee-signed statement for it."""
+        self._check_consumer(other, "QueryEscrow")
         return self.transact(
             "QueryEscrow",
             "disputeRoot",
@@ -647,6 +674,29 @@ class PlanetChain:
         return self.call("QueryEscrow", "claimed", epoch, account)
 
     # --- FraudProofs ----------------------------------------------------------------------------
+    #
+    # Node-signed proofs are two transactions: `commitChallenge(challengeCommitment(self, evidence
+    # id, offence, salt))`, mined, then the proof with the salt in a later block, so nobody who
+    # copies the proof from the mempool can take the reward. The prove_* methods do both (a random
+    # salt unless one is given); `commit_challenge` alone lets a caller commit early.
+
+    def commit_challenge(self, commitment: bytes) -> TxResult:
+        """Commit to a challenge (see `protocol.eip712.challenge_commitment`)."""
+        return self.transact("FraudProofs", "commitChallenge", commitment)
+
+    def _commit_for(
+        self, struct: TypedStruct, signature: bytes, offence: int, salt: bytes | None
+    ) -> bytes:
+        """Commit this account's challenge of the slot `struct` is about; returns the salt.
+        A signature that does not recover is left for the contract to reject (no commitment)."""
+        salt = salt if salt is not None else os.urandom(32)
+        try:
+            node = struct.recover(signature, self.domain_fraud_proofs())
+        except ProtocolError:
+            return salt
+        slot = evidence_id(node, struct.session, struct.step, struct.shard)  # type: ignore[attr-defined]
+        self.commit_challenge(challenge_commitment(self.address, slot, offence, salt))
+        return salt
 
     def prove_reveal_mismatch(
         self,
@@ -654,8 +704,14 @@ class PlanetChain:
         commitment_signature: bytes,
         reveal: Reveal,
         reveal_signature: bytes,
+        *,
+        salt: bytes | None = None,
     ) -> TxResult:
-        """Slash the node whose signed reveal does not open its signed commitment (100 %)."""
+        """Slash the node whose signed reveal does not open its signed commitment (100 %):
+        commits the challenge, then proves it in the next block."""
+        salt = self._commit_for(
+            commitment, commitment_signature, OFFENCE_COMMIT_REVEAL_MISMATCH, salt
+        )
         return self.transact(
             "FraudProofs",
             "proveRevealMismatch",
@@ -663,12 +719,20 @@ class PlanetChain:
             commitment_signature,
             _reveal_tuple(reveal),
             reveal_signature,
+            salt,
         )
 
     def prove_equivocation(
-        self, first: Commitment, first_signature: bytes, second: Commitment, second_signature: bytes
+        self,
+        first: Commitment,
+        first_signature: bytes,
+        second: Commitment,
+        second_signature: bytes,
+        *,
+        salt: bytes | None = None,
     ) -> TxResult:
         """Slash the node that signed two different commitments for one slot (100 %)."""
+        salt = self._commit_for(first, first_signature, OFFENCE_EQUIVOCATION, salt)
         return self.transact(
             "FraudProofs",
             "proveEquivocation",
@@ -676,19 +740,37 @@ class PlanetChain:
             first_signature,
             _commitment_tuple(second),
             second_signature,
+            salt,
         )
 
     def prove_computation_fault(
-        self, reveal: Reveal, reveal_signature: bytes, proof: bytes
+        self, reveal: Reveal, reveal_signature: bytes, proof: bytes, *, salt: bytes | None = None
     ) -> TxResult:
         """Slash FailedVerification (50 %) when the deployment's fault verifier (ZK hook) accepts
-        `proof` against the node-signed reveal's output hash."""
+        `proof` against the node-signed reveal (slot, model, input and output as signed)."""
+        salt = self._commit_for(reveal, reveal_signature, OFFENCE_FAILED_VERIFICATION, salt)
         return self.transact(
-            "FraudProofs", "proveComputationFault", _reveal_tuple(reveal), reveal_signature, proof
+            "FraudProofs",
+            "proveComputationFault",
+            _reveal_tuple(reveal),
+            reveal_signature,
+            proof,
+            salt,
         )
 
+    def record_commitment(self, commitment: Commitment, signature: bytes) -> TxResult:
+        """Keep the signing node's stake until `signed_at + challengeWindow + 1`."""
+        return self.transact(
+            "FraudProofs", "recordCommitment", _commitment_tuple(commitment), signature
+        )
+
+    def record_reveal(self, reveal: Reveal, signature: bytes) -> TxResult:
+        """Like `record_commitment`, for a signed reveal."""
+        return self.transact("FraudProofs", "recordReveal", _reveal_tuple(reveal), signature)
+
     def slash_by_verdict(self, verdict: Verdict, signatures: Sequence[bytes]) -> TxResult:
-        """Slash on a committee-signed verdict (the verdict's challenger earns the reward)."""
+        """Slash on a committee-signed verdict (the verdict's challenger earns the reward; its
+        consumer must be this deployment's FraudProofs)."""
         return self.transact(
             "FraudProofs",
             "slashByVerdict",
@@ -698,12 +780,26 @@ class PlanetChain:
                 verdict.evidence_hash,
                 verdict.challenger,
                 verdict.nonce,
+                verdict.consumer,
             ),
             list(signatures),
         )
 
     def is_proven(self, evidence_id: bytes) -> bool:
         return self.call("FraudProofs", "proven", evidence_id)
+
+    def penalty_of(self, evidence_id: bytes) -> int:
+        """Highest share (basis points) the evidence has cost its node so far."""
+        return self.call("FraudProofs", "penaltyOf", evidence_id)
+
+    def _check_consumer(self, struct: PayoutRoot | ModelRegistration, contract: str) -> None:
+        expected = self.deployment.address(contract)
+        if struct.consumer != expected:
+            raise ConfigError(
+                f"the {struct.PRIMARY_TYPE} names consumer {struct.consumer}, not this "
+                f"deployment's {contract} {expected}",
+                hint=f"build it with consumer=deployment.address({contract!r})",
+            )
 
     # --- Committee and ModelRegistry ------------------------------------------------------------
 
@@ -729,7 +825,9 @@ class PlanetChain:
     def register_model(
         self, registration: ModelRegistration, signatures: Sequence[bytes]
     ) -> TxResult:
-        """Register a model on committee signatures (`registration.nonce` = `registry_nonce()`)."""
+        """Register a model on committee signatures (`registration.nonce` = `registry_nonce()`,
+        `registration.consumer` = this deployment's ModelRegistry)."""
+        self._check_consumer(registration, "ModelRegistry")
         return self.transact(
             "ModelRegistry",
             "register",
@@ -755,12 +853,21 @@ class PlanetChain:
         return [bytes(h) for h in self.call("ModelRegistry", "shardHashesOf", model_id)]
 
 
-def _commitment_tuple(c: Commitment) -> tuple[bytes, int, int, bytes]:
-    return (c.session, c.step, c.shard, c.commitment)
+def _commitment_tuple(c: Commitment) -> tuple[bytes, int, int, bytes, int]:
+    return (c.session, c.step, c.shard, c.commitment, c.signed_at)
 
 
-def _reveal_tuple(r: Reveal) -> tuple[bytes, int, int, bytes, bytes]:
-    return (r.session, r.step, r.shard, r.output_hash, r.salt)
+def _reveal_tuple(r: Reveal) -> tuple[bytes, int, int, bytes, bytes, bytes, bytes, int]:
+    return (
+        r.session,
+        r.step,
+        r.shard,
+        r.manifest_hash,
+        r.input_hash,
+        r.output_hash,
+        r.salt,
+        r.signed_at,
+    )
 
 
 def rpc_error(error: Web3RPCError, rpc_url: str, what: str) -> PlanetError:

@@ -24,9 +24,11 @@ from protocol.eip712 import (
     Verdict,
     address_of,
     as_bytes32,
+    challenge_commitment,
     commitment_value,
     committee_domain,
     committee_signatures,
+    evidence_id,
     fraud_proofs_domain,
     queries_hash,
     recover_digest,
@@ -35,12 +37,14 @@ from protocol.eip712 import (
 from protocol.errors import ProtocolError
 
 pytestmark = pytest.mark.unit
+ZERO = "0x" + "00" * 20
 
 VECTORS = json.loads((Path(__file__).parents[1] / "vectors" / "eip712.json").read_text())
 CASES = {case["name"]: case for case in VECTORS["cases"]}
 BY_TYPE = {cls.PRIMARY_TYPE: cls for cls in STRUCT_TYPES}
 KEY = bytes.fromhex(VECTORS["signer_private_key"][2:])
 DOMAIN = committee_domain(31337, "0x5FbDB2315678afecb367f032d93F642f64180aa3")
+ESCROW = "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0"
 
 
 def struct_of(case: dict[str, Any]) -> TypedStruct:
@@ -53,7 +57,7 @@ def domain_of(case: dict[str, Any]) -> Domain:
 
 
 def payout_root() -> PayoutRoot:
-    return PayoutRoot(1, keccak(text="root"), 10, keccak(text="q"))
+    return PayoutRoot(1, keccak(text="root"), 10, keccak(text="q"), ESCROW)
 
 
 def test_vectors_cover_every_struct_type() -> None:
@@ -104,6 +108,11 @@ def test_vector_helpers_reproduce() -> None:
     c = helpers["commitment_value"]
     value = commitment_value(c["session"], c["step"], c["shard"], c["outputHash"], c["salt"])
     assert "0x" + value.hex() == c["value"]
+    e = helpers["evidence_id"]
+    assert "0x" + evidence_id(e["node"], e["session"], e["step"], e["shard"]).hex() == e["value"]
+    ch = helpers["challenge_commitment"]
+    value = challenge_commitment(ch["challenger"], ch["evidenceId"], ch["offence"], ch["salt"])
+    assert "0x" + value.hex() == ch["value"]
     q = helpers["queries_hash"]
     assert "0x" + queries_hash(q["queryIds"], [int(f) for f in q["fees"]]).hex() == q["value"]
 
@@ -142,7 +151,26 @@ def test_commitment_value_matches_manual_abi_encoding() -> None:
         )
     )
     assert commitment_value(session, 9, 3, out, salt) == manual
-    assert Reveal(session, 9, 3, out, salt).commitment_value() == manual
+    # The reveal's model, input and signing time are signed but not part of the commitment value.
+    reveal = Reveal(session, 9, 3, keccak(text="m"), keccak(text="i"), out, salt, 123)
+    assert reveal.commitment_value() == manual
+
+
+def test_challenge_commitment_binds_challenger_and_offence() -> None:
+    slot = evidence_id(address_of(KEY), keccak(text="s"), 1, 0)
+    salt = keccak(text="salt")
+    base = challenge_commitment(address_of(KEY), slot, 1, salt)
+    assert base != challenge_commitment(address_of(keccak(text="other")), slot, 1, salt)
+    assert base != challenge_commitment(address_of(KEY), slot, 2, salt)
+    with pytest.raises(ProtocolError, match="offence"):
+        challenge_commitment(address_of(KEY), slot, 0, salt)
+
+
+def test_committee_structs_are_bound_to_their_consumer() -> None:
+    struct = payout_root()
+    signature = struct.sign(KEY, DOMAIN)
+    elsewhere = PayoutRoot(1, struct.root, 10, struct.queries_hash, address_of(keccak(text="x")))
+    assert elsewhere.recover(signature, DOMAIN) != address_of(KEY)
 
 
 def test_queries_hash_length_mismatch_is_rejected() -> None:
@@ -199,7 +227,7 @@ def test_recover_wrong_length_is_rejected(length: int) -> None:
 def test_recover_other_struct_gives_other_signer() -> None:
     struct = payout_root()
     signature = struct.sign(KEY, DOMAIN)
-    changed = PayoutRoot(2, struct.root, struct.total, struct.queries_hash)
+    changed = PayoutRoot(2, struct.root, struct.total, struct.queries_hash, struct.consumer)
     assert changed.recover(signature, DOMAIN) != address_of(KEY)
 
 
@@ -215,14 +243,16 @@ def test_recover_other_domain_gives_other_signer() -> None:
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: Commitment(b"\x00" * 31, 0, 0, b"\x00" * 32), "32 bytes"),
-        (lambda: Commitment(b"\x00" * 32, -1, 0, b"\x00" * 32), "uint64"),
-        (lambda: Commitment(b"\x00" * 32, 0, 2**32, b"\x00" * 32), "uint32"),
-        (lambda: Commitment(b"\x00" * 32, True, 0, b"\x00" * 32), "integer"),
-        (lambda: Verdict("0x1234", 1, b"\x00" * 32, "0x" + "00" * 20, 0), "address"),
-        (lambda: Verdict("0x" + "00" * 20, 256, b"\x00" * 32, "0x" + "00" * 20, 0), "uint8"),
-        (lambda: CommitteeUpdate("0x" + "00" * 20, (1,), 0), "sequence"),
-        (lambda: PayoutRoot(0, "0xzz", 0, b"\x00" * 32), "hex"),
+        (lambda: Commitment(b"\x00" * 31, 0, 0, b"\x00" * 32, 0), "32 bytes"),
+        (lambda: Commitment(b"\x00" * 32, -1, 0, b"\x00" * 32, 0), "uint64"),
+        (lambda: Commitment(b"\x00" * 32, 0, 2**32, b"\x00" * 32, 0), "uint32"),
+        (lambda: Commitment(b"\x00" * 32, True, 0, b"\x00" * 32, 0), "integer"),
+        (lambda: Commitment(b"\x00" * 32, 0, 0, b"\x00" * 32, 2**64), "uint64"),
+        (lambda: Verdict("0x1234", 1, b"\x00" * 32, ZERO, 0, ZERO), "address"),
+        (lambda: Verdict(ZERO, 256, b"\x00" * 32, ZERO, 0, ZERO), "uint8"),
+        (lambda: Verdict(ZERO, 1, b"\x00" * 32, ZERO, 0, "0x12"), "address"),
+        (lambda: CommitteeUpdate(ZERO, (1,), 0), "sequence"),
+        (lambda: PayoutRoot(0, "0xzz", 0, b"\x00" * 32, ZERO), "hex"),
     ],
 )
 def test_struct_invalid_field_is_rejected(build: Any, message: str) -> None:
@@ -235,12 +265,12 @@ def test_struct_bad_checksum_address_is_rejected() -> None:
     bad = good[:2] + good[2:].swapcase()  # the signer address has letters of both cases
     assert bad != good
     with pytest.raises(ProtocolError, match="address"):
-        Verdict(bad, 1, b"\x00" * 32, good, 0)
+        Verdict(bad, 1, b"\x00" * 32, good, 0, good)
 
 
 def test_struct_lowercase_address_is_checksummed() -> None:
     lower = address_of(KEY).lower()
-    verdict = Verdict(lower, 1, b"\x00" * 32, lower, 0)
+    verdict = Verdict(lower, 1, b"\x00" * 32, lower, 0, lower)
     assert verdict.node == address_of(KEY)
 
 
