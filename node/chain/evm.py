@@ -471,8 +471,13 @@ class PlanetChain:
                 revert_data(error), contract=contract, function=function
             ) from None
 
-    def transact(self, contract: str, function: str, *args: Any, value: int = 0) -> TxResult:
-        """Sign, send and wait for one transaction; reverts become ContractRevert."""
+    def transact(
+        self, contract: str, function: str, *args: Any, value: int = 0, next_block: bool = False
+    ) -> TxResult:
+        """Sign, send and wait for one transaction; reverts become ContractRevert.
+
+        `next_block`: estimate gas in the pending block (for calls that must run in a later block
+        than the previous transaction, e.g. a proof after its challenge commitment)."""
         instance = self._contract(contract)
         fn = getattr(instance.functions, function)(*args)
         try:
@@ -480,17 +485,20 @@ class PlanetChain:
                 self._nonce = self._rpc(
                     lambda: self.w3.eth.get_transaction_count(self.address, "pending")
                 )
-            tx = self._rpc(
-                lambda: fn.build_transaction(
-                    {
-                        "from": self.address,
-                        "value": value,
-                        "nonce": self._nonce,
-                        "chainId": self.chain_id,
-                        **self._fees(),
-                    }
+            params: dict[str, Any] = {
+                "from": self.address,
+                "value": value,
+                "nonce": self._nonce,
+                "chainId": self.chain_id,
+                **self._fees(),
+            }
+            if next_block:
+                params["gas"] = self._rpc(
+                    lambda: fn.estimate_gas(
+                        {"from": self.address, "value": value}, block_identifier="pending"
+                    )
                 )
-            )
+            tx = self._rpc(lambda: fn.build_transaction(params))
         except ContractLogicError as error:  # eth_estimateGas reverted
             raise self.decoder.exception(
                 revert_data(error), contract=contract, function=function
@@ -720,6 +728,7 @@ class PlanetChain:
             _reveal_tuple(reveal),
             reveal_signature,
             salt,
+            next_block=True,
         )
 
     def prove_equivocation(
@@ -741,6 +750,7 @@ class PlanetChain:
             _commitment_tuple(second),
             second_signature,
             salt,
+            next_block=True,
         )
 
     def prove_computation_fault(
@@ -756,6 +766,7 @@ class PlanetChain:
             reveal_signature,
             proof,
             salt,
+            next_block=True,
         )
 
     def record_commitment(self, commitment: Commitment, signature: bytes) -> TxResult:

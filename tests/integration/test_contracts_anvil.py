@@ -19,6 +19,7 @@ from itertools import count
 from pathlib import Path
 
 import pytest
+from eth_abi import encode as abi_encode
 from eth_utils import keccak
 
 from deploy.anvil import ANVIL_DEV_KEY, REPO_ROOT, Anvil, rpc_call, start_anvil
@@ -27,9 +28,11 @@ from node.chain.evm import (
     AlreadyClaimed,
     AlreadyProven,
     BelowMinimum,
+    ChallengeNotCommitted,
     ChallengeWindowOpen,
     ContractRevert,
     Deployment,
+    FraudWindowOpen,
     InsufficientPower,
     InvalidClaim,
     PlanetChain,
@@ -38,6 +41,7 @@ from node.chain.evm import (
     SignersNotSorted,
     UnbondingNotElapsed,
     UnknownSigner,
+    WrongConsumer,
 )
 from protocol.eip712 import (
     OFFENCE_FAILED_VERIFICATION,
@@ -52,6 +56,7 @@ from protocol.eip712 import (
     address_of,
     commitment_value,
     committee_signatures,
+    evidence_id,
     queries_hash,
 )
 from protocol.errors import ConfigError, PlanetError, UnavailableError
@@ -66,6 +71,7 @@ CLI_PORT = 18546
 UNUSED_PORT = 18559
 CHALLENGE_WINDOW_S = 60
 BURN_ADDRESS = "0x000000000000000000000000000000000000dEaD"
+ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 COMMITTEE_KEYS = [keccak(text=f"planet integration committee {i}") for i in range(4)]
 _labels = count()
 
@@ -102,6 +108,14 @@ def travel(anvil: Anvil, seconds: int) -> None:
 
 def new_id(label: str) -> bytes:
     return keccak(text=f"{label} {next(_labels)}")
+
+
+def chain_time(anvil: Anvil) -> int:
+    return int(rpc_call(anvil.rpc_url, "eth_getBlockByNumber", ["latest", False])["timestamp"], 16)
+
+
+MANIFEST = keccak(text="manifest")
+INPUT = keccak(text="input")
 
 
 def test_deploy_all_contracts_wired_together(deployment: Deployment, anvil: Anvil) -> None:
@@ -150,7 +164,9 @@ def test_settlement_stake_deposit_post_claim_balances_exact(
     epoch = 1_000 + next(_labels)
     tree = PayoutTree.for_epoch(epoch, {compute.address: 12 * MILLI, verifier.address: 3 * MILLI})
     assert tree.total == sum(fees)
-    statement = PayoutRoot(epoch, tree.root, tree.total, queries_hash(queries, fees))
+    statement = PayoutRoot(
+        epoch, tree.root, tree.total, queries_hash(queries, fees), deployment.address("QueryEscrow")
+    )
     # 3 of 4 equal powers: 3·3 ≥ 2·4.
     sigs = committee_signatures(statement, COMMITTEE_KEYS[:3], relayer.domain_committee())
     posted = relayer.post_payout_root(statement, queries, fees, sigs)
@@ -203,9 +219,9 @@ def test_fraud_reveal_mismatch_slashes_all_rewards_half_burns_half(
     domain = node.domain_fraud_proofs()
     session, salt = new_id("session"), new_id("salt")
     committed = Commitment(
-        session, 4, 1, commitment_value(session, 4, 1, keccak(text="honest output"), salt)
+        session, 4, 1, commitment_value(session, 4, 1, keccak(text="honest output"), salt), 100
     )
-    revealed = Reveal(session, 4, 1, keccak(text="other output"), salt)
+    revealed = Reveal(session, 4, 1, MANIFEST, INPUT, keccak(text="other output"), salt, 101)
     burned_before = challenger.total_burned()
     dead_before = challenger.balance(BURN_ADDRESS)
 
@@ -243,8 +259,8 @@ def test_fraud_honest_reveal_is_not_a_fault(deployment: Deployment, anvil: Anvil
     node.stake(ROLE_COMPUTE, ETHER)
     domain = node.domain_fraud_proofs()
     session, salt, output = new_id("session"), new_id("salt"), keccak(text="output")
-    revealed = Reveal(session, 1, 0, output, salt)
-    committed = Commitment(session, 1, 0, revealed.commitment_value())
+    revealed = Reveal(session, 1, 0, MANIFEST, INPUT, output, salt, 11)
+    committed = Commitment(session, 1, 0, revealed.commitment_value(), 10)
     with pytest.raises(ContractRevert) as caught:
         node.prove_reveal_mismatch(
             committed,
@@ -262,8 +278,8 @@ def test_fraud_equivocation_slashes_all(deployment: Deployment, anvil: Anvil) ->
     node.stake(ROLE_VERIFIER, ETHER)
     domain = node.domain_fraud_proofs()
     session = new_id("session")
-    first = Commitment(session, 9, 2, keccak(text="a"))
-    second = Commitment(session, 9, 2, keccak(text="b"))
+    first = Commitment(session, 9, 2, keccak(text="a"), 1)
+    second = Commitment(session, 9, 2, keccak(text="b"), 2)
     result = challenger.prove_equivocation(
         first, first.sign(node.account.key, domain), second, second.sign(node.account.key, domain)
     )
@@ -279,8 +295,8 @@ def test_fraud_signature_by_another_key_is_rejected(deployment: Deployment, anvi
     node.stake(ROLE_COMPUTE, ETHER)
     domain = node.domain_fraud_proofs()
     session = new_id("session")
-    first = Commitment(session, 1, 0, keccak(text="a"))
-    forged = Commitment(session, 1, 0, keccak(text="b"))
+    first = Commitment(session, 1, 0, keccak(text="a"), 1)
+    forged = Commitment(session, 1, 0, keccak(text="b"), 1)
     with pytest.raises(ContractRevert) as caught:
         framer.prove_equivocation(
             first,
@@ -301,7 +317,12 @@ def test_verdict_committee_signed_slashes_half(deployment: Deployment, anvil: An
     domain = relayer.domain_committee()
     nonce = 10_000 + next(_labels)
     verdict = Verdict(
-        node.address, OFFENCE_FAILED_VERIFICATION, new_id("evidence"), challenger.address, nonce
+        node.address,
+        OFFENCE_FAILED_VERIFICATION,
+        new_id("evidence"),
+        challenger.address,
+        nonce,
+        deployment.address("FraudProofs"),
     )
 
     with pytest.raises(InsufficientPower) as weak:  # 2 of 4: 3·2 < 2·4
@@ -325,8 +346,9 @@ def test_verdict_committee_signed_slashes_half(deployment: Deployment, anvil: An
 def test_fault_verifier_hook_accepted_proof_slashes_half(
     deployment: Deployment, anvil: Anvil
 ) -> None:
-    """A deployment wired to a fault verifier (here the test-only MockFaultVerifier, which
-    accepts exactly keccak256(outputHash)) slashes FailedVerification on an accepted proof."""
+    """A deployment wired to a fault verifier (here the test-only MockFaultVerifier, a sound
+    verifier of a toy model whose output is keccak256(abi.encode(manifestHash, shard,
+    inputHash))) slashes FailedVerification only for a reveal the node signed wrongly."""
     owner = PlanetChain(deployment, ANVIL_DEV_KEY)
     artifact = load_artifact("MockFaultVerifier")
     factory = owner.w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
@@ -349,13 +371,19 @@ def test_fault_verifier_hook_accepted_proof_slashes_half(
     node = account(anvil, with_hook, "wrong output")
     challenger = account(anvil, with_hook, "prover")
     node.stake(ROLE_COMPUTE, 2 * ETHER)
-    revealed = Reveal(new_id("session"), 3, 1, keccak(text="wrong"), new_id("salt"))
-    signature = revealed.sign(node.account.key, node.domain_fraud_proofs())
+    session, domain = new_id("session"), node.domain_fraud_proofs()
+    right = keccak(abi_encode(["bytes32", "uint32", "bytes32"], [MANIFEST, 1, INPUT]))
+    honest = Reveal(session, 2, 1, MANIFEST, INPUT, right, new_id("salt"), 5)
+    with pytest.raises(ContractRevert) as sound:
+        challenger.prove_computation_fault(honest, honest.sign(node.account.key, domain), b"fault")
+    assert sound.value.error_name == "NotAFault"
+    revealed = Reveal(session, 3, 1, MANIFEST, INPUT, keccak(text="wrong"), new_id("salt"), 6)
+    signature = revealed.sign(node.account.key, domain)
     with pytest.raises(ContractRevert) as rejected:
         challenger.prove_computation_fault(revealed, signature, b"not a proof")
     assert rejected.value.error_name == "NotAFault"
 
-    result = challenger.prove_computation_fault(revealed, signature, keccak(revealed.output_hash))
+    result = challenger.prove_computation_fault(revealed, signature, b"fault")
     slashed = result.event("Slashed")
     assert (slashed["offence"], slashed["amount"], slashed["reward"]) == (3, ETHER, ETHER // 2)
     assert node.stake_of() == ETHER
@@ -382,7 +410,9 @@ def test_committee_update_signed_by_old_committee_hands_over_power(anvil: Anvil)
     with pytest.raises(ContractRevert) as replayed:  # the consumed nonce cannot be reused
         relayer.update_committee(update, committee_signatures(update, new_keys, domain))
     assert replayed.value.error_name == "InvalidNonce"
-    registration = ModelRegistration(new_id("model"), keccak(text="m"), (keccak(text="s"),), 0)
+    registration = ModelRegistration(
+        new_id("model"), keccak(text="m"), (keccak(text="s"),), 0, fresh.address("ModelRegistry")
+    )
     with pytest.raises(UnknownSigner):  # the old members have no power any more
         relayer.register_model(
             registration, committee_signatures(registration, COMMITTEE_KEYS, domain)
@@ -417,10 +447,11 @@ def test_dispute_second_signed_root_freezes_epoch_and_refunds_fees(
     epoch = 5_000 + next(_labels)
     tree = PayoutTree.for_epoch(epoch, {watcher.address: 4 * MILLI})
     domain = user.domain_committee()
-    posted = PayoutRoot(epoch, tree.root, 4 * MILLI, queries_hash([query], [4 * MILLI]))
+    escrow = deployment.address("QueryEscrow")
+    posted = PayoutRoot(epoch, tree.root, 4 * MILLI, queries_hash([query], [4 * MILLI]), escrow)
     posted_sigs = committee_signatures(posted, COMMITTEE_KEYS, domain)
     watcher.post_payout_root(posted, [query], [4 * MILLI], posted_sigs)
-    other = PayoutRoot(epoch, keccak(text="other root"), 4 * MILLI, posted.queries_hash)
+    other = PayoutRoot(epoch, keccak(text="other root"), 4 * MILLI, posted.queries_hash, escrow)
     result = watcher.dispute_root(
         epoch,
         [query],
@@ -455,7 +486,9 @@ def test_revert_decoding_typed_errors_with_arguments(deployment: Deployment, anv
 
     unknown = new_id("query")
     epoch = 900_000 + next(_labels)
-    statement = PayoutRoot(epoch, keccak(text="r"), 1, queries_hash([unknown], [1]))
+    statement = PayoutRoot(
+        epoch, keccak(text="r"), 1, queries_hash([unknown], [1]), deployment.address("QueryEscrow")
+    )
     sigs = committee_signatures(statement, COMMITTEE_KEYS, user.domain_committee())
     with pytest.raises(QueryNotFunded) as unfunded:
         user.post_payout_root(statement, [unknown], [1], sigs)
@@ -468,7 +501,9 @@ def test_model_registration_committee_signed_and_dev_shortcut(
     relayer = account(anvil, deployment, "relayer")
     model, manifest = new_id("model"), keccak(text="manifest")
     shards = (keccak(text="s0"), keccak(text="s1"), keccak(text="s2"))
-    registration = ModelRegistration(model, manifest, shards, relayer.registry_nonce())
+    registration = ModelRegistration(
+        model, manifest, shards, relayer.registry_nonce(), deployment.address("ModelRegistry")
+    )
     sigs = committee_signatures(registration, COMMITTEE_KEYS, relayer.domain_committee())
     relayer.register_model(registration, sigs)
     assert relayer.manifest_hash_of(model) == manifest
@@ -481,6 +516,69 @@ def test_model_registration_committee_signed_and_dev_shortcut(
     dev_model = new_id("model")
     owner.dev_register_model(dev_model, manifest, shards[:1])
     assert owner.shard_hashes_of(dev_model) == [shards[0]]
+
+
+def test_recorded_work_keeps_stake_until_its_window_closes(
+    deployment: Deployment, anvil: Anvil
+) -> None:
+    """Issue 13 (e): work a node signs while unbonding keeps its stake slashable for a full
+    challenge window after the work's signedAt, even past the unstake delay."""
+    node = account(anvil, deployment, "late worker")
+    verifier = account(anvil, deployment, "recorder")
+    node.stake(ROLE_COMPUTE, ETHER)
+    node.request_unstake()
+    withdrawable_at = node.unbonding_at()
+    travel(anvil, CHALLENGE_WINDOW_S // 2)
+    signed_at = chain_time(anvil)
+    work = Commitment(new_id("session"), 1, 0, keccak(text="late"), signed_at)
+    recorded = verifier.record_commitment(
+        work, work.sign(node.account.key, node.domain_fraud_proofs())
+    )
+    locked_until = signed_at + CHALLENGE_WINDOW_S + 1
+    assert recorded.event("WithdrawLocked") == {"node": node.address, "lockedUntil": locked_until}
+    assert node.locked_until() == locked_until > withdrawable_at
+    travel(anvil, withdrawable_at - chain_time(anvil))
+    with pytest.raises(FraudWindowOpen) as locked:
+        node.withdraw()
+    assert locked.value.named_args["lockedUntil"] == locked_until
+    travel(anvil, locked_until - chain_time(anvil))
+    before = node.balance()
+    paid = node.withdraw()
+    assert node.balance() - before == ETHER - paid.fee_wei
+
+
+def test_challenge_needs_own_earlier_commitment_and_consumer_binding(
+    deployment: Deployment, anvil: Anvil
+) -> None:
+    """Issue 13 (c, d): a proof sent without its sender's commitment is refused; a verdict
+    signed for another FraudProofs is refused."""
+    node = account(anvil, deployment, "cheater")
+    copier = account(anvil, deployment, "copier")
+    node.stake(ROLE_COMPUTE, ETHER)
+    domain = node.domain_fraud_proofs()
+    session = new_id("session")
+    first = Commitment(session, 2, 0, keccak(text="a"), 1)
+    second = Commitment(session, 2, 0, keccak(text="b"), 1)
+    sig_a, sig_b = first.sign(node.account.key, domain), second.sign(node.account.key, domain)
+    tuple_a = (first.session, first.step, first.shard, first.commitment, first.signed_at)
+    tuple_b = (second.session, second.step, second.shard, second.commitment, second.signed_at)
+    with pytest.raises(ChallengeNotCommitted):
+        copier.transact(
+            "FraudProofs", "proveEquivocation", tuple_a, sig_a, tuple_b, sig_b, b"\x00" * 32
+        )
+    assert node.stake_of() == ETHER
+    copier.prove_equivocation(first, sig_a, second, sig_b)  # commits, then proves
+    assert copier.credit_of() == ETHER // 2
+    assert copier.penalty_of(evidence_id(node.address, session, 2, 0)) == 10_000
+
+    other = account(anvil, deployment, "other")
+    verdict = Verdict(
+        other.address, 4, new_id("evidence"), copier.address, 77_000 + next(_labels), ZERO_ADDRESS
+    )
+    with pytest.raises(WrongConsumer):
+        copier.slash_by_verdict(
+            verdict, committee_signatures(verdict, COMMITTEE_KEYS, copier.domain_committee())
+        )
 
 
 def test_client_unreachable_rpc_is_unavailable_with_hint(deployment: Deployment) -> None:
