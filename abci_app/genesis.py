@@ -10,11 +10,13 @@
                      "alpha": 400000, "beta": 600000, "window": 5,
                      "gamma_num": 1, "gamma_den": 5},  # integers at 10**6, see reputation.py
       "models": {"smollm2-135m": {"shards": 3}},              # optional: shard count per model
-      "evm": {"chain_id": 31337, "committee_address": "0x…"},  # EIP-712 domain of verdicts
+      "evm": {"chain_id": 31337, "committee_address": "0x…",  # EIP-712 domain of verdicts
+              "fraud_proofs_address": "0x…"},  # the verdicts' consumer (FraudProofs)
       "validators": {"<validator address hex | base64 pub_key>": "0x<operator EVM address>"}
     }
 
-Every field is optional (defaults above; without `evm`, verdict votes are refused). Unknown
+Every field is optional (defaults above; without `evm` and its `fraud_proofs_address`, verdict
+votes are refused). Unknown
 keys are rejected so a typo cannot silently fall back to a default.
 """
 
@@ -59,6 +61,7 @@ class Genesis:
     models: dict[str, int] = field(default_factory=dict)
     evm_chain_id: int | None = None
     committee_address: str | None = None
+    fraud_proofs_address: str | None = None  # Verdict.consumer
     operators: dict[str, str] = field(default_factory=dict)  # raw key → operator address
 
     @classmethod
@@ -97,6 +100,14 @@ class Genesis:
         committee = evm.get("committee_address")
         if evm and (not isinstance(chain_id, int) or not isinstance(committee, str)):
             raise ConfigError("genesis app_state.evm: expected {chain_id: int, committee_address}")
+        fraud_proofs = evm.get("fraud_proofs_address")
+        if fraud_proofs is not None and not (
+            isinstance(fraud_proofs, str)
+            and len(fraud_proofs) == 42
+            and fraud_proofs.startswith("0x")
+            and all(c in "0123456789abcdefABCDEF" for c in fraud_proofs[2:])
+        ):
+            raise ConfigError("genesis app_state.evm.fraud_proofs_address: expected an EVM address")
         operators: dict[str, str] = {}
         for key, value in (doc.get("validators") or {}).items():
             operator = value.get("operator") if isinstance(value, dict) else value
@@ -116,6 +127,7 @@ class Genesis:
             models=models,
             evm_chain_id=chain_id,
             committee_address=committee,
+            fraud_proofs_address=fraud_proofs,
             operators=operators,
         )
 
@@ -130,7 +142,15 @@ class Genesis:
             "reputation": {name: getattr(rep, name) for name in rep.__dataclass_fields__},
             "models": {model: {"shards": n} for model, n in sorted(self.models.items())},
             "evm": (
-                {"chain_id": self.evm_chain_id, "committee_address": self.committee_address}
+                {
+                    "chain_id": self.evm_chain_id,
+                    "committee_address": self.committee_address,
+                    **(
+                        {"fraud_proofs_address": self.fraud_proofs_address}
+                        if self.fraud_proofs_address
+                        else {}
+                    ),
+                }
                 if self.committee_address
                 else None
             ),

@@ -288,8 +288,15 @@ def verdict_vote(state: State, tx: SignedTx) -> None:
     if validator is None:
         _reject(Code.NOT_VALIDATOR, f"signer {tx.signer} is not a validator")
     genesis = state.genesis
-    if genesis.committee_address is None or genesis.evm_chain_id is None:
-        _reject(Code.VERDICTS_DISABLED, "genesis has no evm {chain_id, committee_address}")
+    if (
+        genesis.committee_address is None
+        or genesis.evm_chain_id is None
+        or genesis.fraud_proofs_address is None
+    ):
+        _reject(
+            Code.VERDICTS_DISABLED,
+            "genesis has no evm {chain_id, committee_address, fraud_proofs_address}",
+        )
     operator = validator.get("operator")
     if not operator:
         _reject(
@@ -302,6 +309,7 @@ def verdict_vote(state: State, tx: SignedTx) -> None:
             evidence_hash=bytes.fromhex(body.evidence_hash[2:]),
             challenger=body.challenger,
             nonce=body.verdict_nonce,
+            consumer=genesis.fraud_proofs_address,
         )
         domain = committee_domain(genesis.evm_chain_id, genesis.committee_address)
         recovered = recover_digest(verdict.digest(domain), bytes.fromhex(body.signature[2:]))

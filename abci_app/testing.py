@@ -24,6 +24,7 @@ from protocol.eip712 import address_of
 
 CHAIN_ID = "planet-test"
 COMMITTEE_ADDRESS = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+FRAUD_PROOFS_ADDRESS = "0xa16E02E87b7454126E5E10d957A927A7F5B5d2be"
 EVM_CHAIN_ID = 31337
 
 
@@ -82,7 +83,11 @@ class Chain:
             app_state = {
                 "epoch_length": 5,
                 "heartbeat_timeout": 4,
-                "evm": {"chain_id": EVM_CHAIN_ID, "committee_address": COMMITTEE_ADDRESS},
+                "evm": {
+                    "chain_id": EVM_CHAIN_ID,
+                    "committee_address": COMMITTEE_ADDRESS,
+                    "fraud_proofs_address": FRAUD_PROOFS_ADDRESS,
+                },
                 "validators": {v.address: v.operator for v in self.validators},
                 **self.genesis,
             }

@@ -47,6 +47,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 COMETBFT = ROOT / ".tools" / "bin" / "cometbft"
 COMMITTEE = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+FRAUD_PROOFS = "0xa16E02E87b7454126E5E10d957A927A7F5B5d2be"
 EVM_CHAIN_ID = 31337
 SESSION = "0x" + "0a" * 32
 OPERATOR_KEY = seeded_evm_key("integration-operator")
@@ -163,7 +164,11 @@ def net(tmp_path: Path) -> Iterator[Net]:
     genesis["app_state"] = {
         "epoch_length": 5,
         "heartbeat_timeout": 1000,
-        "evm": {"chain_id": EVM_CHAIN_ID, "committee_address": COMMITTEE},
+        "evm": {
+            "chain_id": EVM_CHAIN_ID,
+            "committee_address": COMMITTEE,
+            "fraud_proofs_address": FRAUD_PROOFS,
+        },
         "validators": {address: address_of(OPERATOR_KEY)},
     }
     genesis_path.write_text(json.dumps(genesis, indent=1))
@@ -237,6 +242,7 @@ def test_abci_cometbft_register_commit_reveal_query_and_restart(net: Net) -> Non
         evidence_hash=bytes.fromhex(evidence["id"][2:]),
         challenger=address_of(OPERATOR_KEY),
         nonce=1,
+        consumer=FRAUD_PROOFS,
     )
     signature = verdict.sign(OPERATOR_KEY, committee_domain(EVM_CHAIN_ID, COMMITTEE))
     vote = VerdictVote(

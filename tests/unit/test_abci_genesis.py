@@ -96,3 +96,16 @@ def test_abci_init_chain_rejects_non_ed25519_validators() -> None:
     )
     with pytest.raises(ProtocolError, match="ed25519"):
         CommitteeApp(State(Store(":memory:"))).init_chain(request)
+
+
+def test_abci_genesis_fraud_proofs_address_parsed_and_checked() -> None:
+    """The verdicts' consumer (FraudProofs) comes from genesis; a malformed one is refused."""
+    evm = {"chain_id": 31337, "committee_address": "0x" + "ab" * 20}
+    with_consumer = {"evm": {**evm, "fraud_proofs_address": "0x" + "cd" * 20}}
+    genesis = Genesis.parse(json.dumps(with_consumer).encode())
+    assert genesis.fraud_proofs_address == "0x" + "cd" * 20
+    assert genesis.to_json()["evm"]["fraud_proofs_address"] == "0x" + "cd" * 20
+    assert Genesis.parse(json.dumps({"evm": evm}).encode()).fraud_proofs_address is None
+    for bad in ("0x12", 5, "0x" + "zz" * 20):
+        with pytest.raises(ConfigError, match="fraud_proofs_address"):
+            Genesis.parse(json.dumps({"evm": {**evm, "fraud_proofs_address": bad}}).encode())

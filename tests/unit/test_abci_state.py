@@ -10,7 +10,14 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.queries import query
-from abci_app.testing import COMMITTEE_ADDRESS, EVM_CHAIN_ID, Chain, seeded_evm_key, seeded_key
+from abci_app.testing import (
+    COMMITTEE_ADDRESS,
+    EVM_CHAIN_ID,
+    FRAUD_PROOFS_ADDRESS,
+    Chain,
+    seeded_evm_key,
+    seeded_key,
+)
 from protocol.committee import (
     AttestStake,
     CommitBatch,
@@ -428,6 +435,7 @@ VERDICT = Verdict(
     evidence_hash=b"\x42" * 32,
     challenger=address_of(seeded_evm_key("challenger")),
     nonce=1,
+    consumer=FRAUD_PROOFS_ADDRESS,
 )
 
 
@@ -478,6 +486,32 @@ def test_abci_verdict_vote_by_non_validator_rejected() -> None:
 def test_abci_verdict_without_evm_genesis_disabled() -> None:
     chain = Chain(genesis={"evm": None})
     assert chain.block([verdict_vote(chain, 0, VERDICT)])[0].code == Code.VERDICTS_DISABLED
+
+
+def test_abci_verdict_without_consumer_in_genesis_disabled() -> None:
+    """A verdict names the FraudProofs contract it is for: no consumer, no verdicts."""
+    chain = Chain(
+        genesis={"evm": {"chain_id": EVM_CHAIN_ID, "committee_address": COMMITTEE_ADDRESS}}
+    )
+    assert chain.block([verdict_vote(chain, 0, VERDICT)])[0].code == Code.VERDICTS_DISABLED
+
+
+def test_abci_verdict_signed_for_other_consumer_rejected() -> None:
+    chain = Chain()
+    other = dataclasses.replace(VERDICT, consumer=address_of(seeded_evm_key("elsewhere")))
+    validator = chain.validators[0]
+    signature = other.sign(
+        validator.operator_key, committee_domain(EVM_CHAIN_ID, COMMITTEE_ADDRESS)
+    )
+    body = VerdictVote(
+        node=VERDICT.node,
+        offence=VERDICT.offence,
+        evidence_hash="0x" + VERDICT.evidence_hash.hex(),
+        challenger=VERDICT.challenger,
+        verdict_nonce=VERDICT.nonce,
+        signature="0x" + signature.hex(),
+    )
+    assert chain.block([chain.tx(body, validator.key)])[0].code == Code.BAD_VERDICT_SIGNATURE
 
 
 # --- epochs and pool health ---------------------------------------------------------------------
