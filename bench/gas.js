@@ -53,30 +53,49 @@ async function main() {
   m.claim_gas = await gasOf(env.escrow.connect(operator).claim(7n, operator.address, fee / 2n, tree.proof(0)));
 
   // fraud proofs: a node that signed a commitment and a non-matching reveal / a second commitment.
+  // Each proof is two transactions: the challenger's commitment, then the proof a block later.
   const nodeKey = new ethers.Wallet(ethers.id("bench-node"), ethers.provider);
-  await (await node.sendTransaction({ to: nodeKey.address, value: h.ONE * 5n })).wait();
+  await (await node.sendTransaction({ to: nodeKey.address, value: h.ONE * 10n })).wait();
   await (await env.staking.connect(nodeKey).stake(h.Role.Compute, { value: h.ONE * 2n })).wait();
   const session = ethers.id("session");
   const out = ethers.id("output");
   const salt = ethers.id("salt");
-  const c1 = { session, step: 1n, shard: 0, commitment: h.commitmentValue(session, 1n, 0, out, salt) };
-  const r1 = { session, step: 1n, shard: 0, outputHash: ethers.id("other output"), salt };
+  const c1 = { session, step: 1n, shard: 0, commitment: h.commitmentValue(session, 1n, 0, out, salt), signedAt: 1n };
+  const r1 = { session, step: 1n, shard: 0, manifestHash: ethers.id("m"), inputHash: ethers.id("i"), outputHash: ethers.id("other output"), salt, signedAt: 2n };
   const [sigC1] = await h.signAll([nodeKey], env.fraudDomain, "Commitment", c1);
   const [sigR1] = await h.signAll([nodeKey], env.fraudDomain, "Reveal", r1);
-  m.slash_gas = await gasOf(env.fraudProofs.connect(challenger).proveRevealMismatch(c1, sigC1, r1, sigR1));
+  const id1 = h.evidenceId(nodeKey.address, session, 1n, 0);
+  const s1 = ethers.id("challenge salt 1");
+  m.commit_challenge_gas = await gasOf(
+    env.fraudProofs.connect(challenger).commitChallenge(h.challengeCommitment(challenger.address, id1, h.Offence.CommitRevealMismatch, s1)),
+  );
+  m.slash_gas = await gasOf(env.fraudProofs.connect(challenger).proveRevealMismatch(c1, sigC1, r1, sigR1, s1));
 
   await (await env.staking.connect(nodeKey).stake(h.Role.Compute, { value: h.ONE * 2n })).wait();
-  const a = { session, step: 2n, shard: 0, commitment: ethers.id("a") };
-  const b = { session, step: 2n, shard: 0, commitment: ethers.id("b") };
+  const a = { session, step: 2n, shard: 0, commitment: ethers.id("a"), signedAt: 1n };
+  const b = { session, step: 2n, shard: 0, commitment: ethers.id("b"), signedAt: 1n };
   const [sigA] = await h.signAll([nodeKey], env.fraudDomain, "Commitment", a);
   const [sigB] = await h.signAll([nodeKey], env.fraudDomain, "Commitment", b);
-  m.fraud_proof_gas = await gasOf(env.fraudProofs.connect(challenger).proveEquivocation(a, sigA, b, sigB));
+  const s2 = await h.commitChallenge(env.fraudProofs, challenger, h.evidenceId(nodeKey.address, session, 2n, 0), h.Offence.Equivocation);
+  m.fraud_proof_gas = await gasOf(env.fraudProofs.connect(challenger).proveEquivocation(a, sigA, b, sigB, s2));
+
+  // recording work a node signed (keeps its stake until signedAt + window + 1)
+  await (await env.staking.connect(nodeKey).stake(h.Role.Compute, { value: h.ONE })).wait();
+  const latest = BigInt((await ethers.provider.getBlock("latest")).timestamp);
+  const w = { session, step: 3n, shard: 0, commitment: ethers.id("w"), signedAt: latest };
+  const [sigW] = await h.signAll([nodeKey], env.fraudDomain, "Commitment", w);
+  m.record_work_gas = await gasOf(env.fraudProofs.connect(challenger).recordCommitment(w, sigW));
 
   const [, , , , , verdictNode] = await ethers.getSigners(); // not `second` (index 6)
   await (await env.staking.connect(verdictNode).stake(h.Role.Verifier, { value: h.ONE })).wait();
-  const verdict = { node: verdictNode.address, offence: h.Offence.Timeout, evidenceHash: ethers.id("late"), challenger: challenger.address, nonce: 1n };
+  const consumer = await env.fraudProofs.getAddress();
+  const verdict = { node: verdictNode.address, offence: h.Offence.Timeout, evidenceHash: ethers.id("late"), challenger: challenger.address, nonce: 1n, consumer };
   const vsigs = await h.signAll(env.members, env.committeeDomain, "Verdict", verdict);
   m.verdict_slash_4_signers_gas = await gasOf(env.fraudProofs.slashByVerdict(verdict, vsigs));
+  // a larger offence on the same evidence tops the slash up
+  const topUp = { ...verdict, offence: h.Offence.FailedVerification, nonce: 2n };
+  const tsigs = await h.signAll(env.members, env.committeeDomain, "Verdict", topUp);
+  m.verdict_top_up_4_signers_gas = await gasOf(env.fraudProofs.slashByVerdict(topUp, tsigs));
 
   const result = {
     bench: "gas",
@@ -88,7 +107,7 @@ async function main() {
       hardfork: hre.config.networks.hardhat.hardfork,
       settle_queries: 1,
       claim_tree_leaves: 16,
-      notes: "fresh deployment, first touch of each storage slot (stake_gas is the first stake ever, stake_typical_gas the next node's); slash_gas = proveRevealMismatch (100 % slash + burn), fraud_proof_gas = proveEquivocation",
+      notes: "fresh deployment, first touch of each storage slot (stake_gas is the first stake ever, stake_typical_gas the next node's); slash_gas = proveRevealMismatch (100 % slash + burn), fraud_proof_gas = proveEquivocation, each after its commit_challenge_gas transaction; record_work_gas = recordCommitment; verdict_top_up = a larger verdict on slashed evidence",
     },
     metrics: m,
     targets: {
