@@ -73,7 +73,13 @@ def main() -> int:
             amounts = {a: share + (rest if i == 0 else 0) for i, a in enumerate(payee_keys)}
             epoch = repeat + 1
             tree = PayoutTree.for_epoch(epoch, amounts)
-            statement = PayoutRoot(epoch, tree.root, tree.total, queries_hash(queries, fees))
+            statement = PayoutRoot(
+                epoch,
+                tree.root,
+                tree.total,
+                queries_hash(queries, fees),
+                user.deployment.address("QueryEscrow"),
+            )
             sigs = committee_signatures(statement, COMMITTEE_KEYS, user.domain_committee())
             started = time.perf_counter()
             posted = user.post_payout_root(statement, queries, fees, sigs)
