@@ -165,6 +165,23 @@ describe("QueryEscrow", function () {
   });
 
   describe("postPayoutRoot", function () {
+    it("postPayoutRoot_signedForAnotherEscrowSharingTheCommittee_reverts", async function () {
+      const env = await loadFixture(fixture);
+      // A second escrow on the same committee, with the same query funded there.
+      const escrow2 = await (await ethers.getContractFactory("QueryEscrow")).deploy(
+        await env.committee.getAddress(),
+        h.DEFAULTS.challengeWindow,
+        h.DEFAULTS.refundTimeout,
+      );
+      await escrow2.connect(env.user).deposit(env.q1, ethers.id("model"), { value: FEE_CAP });
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n }], [env.q1], [5n]);
+      await expect(escrow2.postPayoutRoot(1n, s.tree.root, 5n, [env.q1], [5n], s.sigs)).to.be.revertedWithCustomError(
+        env.committee,
+        "UnknownSigner",
+      );
+      await post(env, s); // the escrow it names accepts it
+      expect(await escrow2.isFunded(env.q1)).to.equal(true);
+    });
     it("postPayoutRoot_signed_settlesQueriesAndOpensWindow", async function () {
       const env = await loadFixture(fixture);
       const fees = [FEE_CAP, 1n];

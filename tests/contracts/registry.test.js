@@ -33,6 +33,14 @@ describe("ModelRegistry", function () {
     expect(await env.registry.shardHashesOf(modelId)).to.deep.equal(shards);
     expect(await env.registry.nonce()).to.equal(1n);
   });
+  it("register_signedForAnotherRegistrySharingTheCommittee_reverts", async function () {
+    const env = await loadFixture(fixture);
+    const registry2 = await (await ethers.getContractFactory("ModelRegistry")).deploy(await env.committee.getAddress(), ethers.ZeroAddress);
+    const sigs = await signReg(env, { modelId, manifestHash, shardHashes: shards, nonce: 0n });
+    await expect(registry2.register(modelId, manifestHash, shards, 0n, sigs)).to.be.revertedWithCustomError(env.committee, "UnknownSigner");
+    await env.registry.register(modelId, manifestHash, shards, 0n, sigs);
+    expect(await registry2.isRegistered(modelId)).to.equal(false);
+  });
   it("register_replayedOrFutureNonce_reverts", async function () {
     const env = await loadFixture(fixture);
     const value = { modelId, manifestHash, shardHashes: shards, nonce: 0n };

@@ -169,3 +169,30 @@ def test_deployment_malformed_file_is_config_error(tmp_path: Any) -> None:
     path.write_text('{"chain_id": 1}')
     with pytest.raises(ConfigError, match="not a Planet deployment"):
         Deployment.load(path)
+
+
+def test_issue13_reverts_decode_from_the_compiled_abis_into_typed_classes() -> None:
+    """The new FraudProofs/Staking errors are in the artifacts and map to typed classes with a
+    hint (skipped when the contracts are not compiled)."""
+    from deploy.evm import load_artifact
+
+    try:
+        decoder = RevertDecoder(
+            [load_artifact("FraudProofs")["abi"], load_artifact("Staking")["abi"]]
+        )
+    except ConfigError:
+        pytest.skip("contracts not compiled")
+    node = "0x" + "12" * 20
+    commitment = keccak(text="c")
+    cases = [
+        ("FraudWindowOpen(address,uint256)", ["address", "uint256"], [node, 99]),
+        ("WorkAlreadyCovered(address,uint256)", ["address", "uint256"], [node, 99]),
+        ("ChallengeNotCommitted(bytes32)", ["bytes32"], [commitment]),
+        ("ChallengeNotMatured(bytes32,uint256)", ["bytes32", "uint256"], [commitment, 7]),
+        ("WrongConsumer(address)", ["address"], [node]),
+    ]
+    for signature, types, values in cases:
+        error = decoder.exception(error_data(signature, types, values))
+        name = signature.split("(")[0]
+        assert type(error) is REVERT_TYPES[name] and error.error_name == name
+        assert error.hint
