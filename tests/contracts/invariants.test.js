@@ -22,6 +22,37 @@ function mulberry32(seed) {
 
 const STEPS = 70;
 const SEEDS = [1, 7, 2026];
+// Slashing-heavy sequences: stakes, proofs, verdicts on a small evidence pool, recorded work and
+// withdrawals dominate, so top-ups, AlreadyProven and FraudWindowOpen are all reached.
+const SLASHING_SEEDS = [11, 42];
+const MIXED_WEIGHTS = [
+  ["stake", 4],
+  ["requestUnstake", 1],
+  ["withdraw", 1],
+  ["equivocate", 1],
+  ["fault", 1],
+  ["recordWork", 1],
+  ["verdict", 1],
+  ["claimCredit", 1],
+  ["deposit", 4],
+  ["settle", 2],
+  ["claim", 3],
+  ["refund", 2],
+  ["dispute", 0.5],
+  ["wait", 2],
+];
+const SLASHING_WEIGHTS = [
+  ["stake", 6],
+  ["requestUnstake", 1],
+  ["withdraw", 2],
+  ["equivocate", 3],
+  ["fault", 3],
+  ["recordWork", 2],
+  ["verdict", 4],
+  ["claimCredit", 1],
+  ["deposit", 1],
+  ["wait", 1],
+];
 
 describe("invariants under random sequences", function () {
   async function fixture() {
@@ -37,8 +68,12 @@ describe("invariants under random sequences", function () {
     };
   }
 
-  for (const seed of SEEDS) {
-    it(`randomSequence_seed${seed}_preservesAccounting`, async function () {
+  const runs = [
+    ...SEEDS.map((seed) => ({ seed, weights: MIXED_WEIGHTS, name: `randomSequence_seed${seed}_preservesAccounting` })),
+    ...SLASHING_SEEDS.map((seed) => ({ seed, weights: SLASHING_WEIGHTS, name: `slashingSequence_seed${seed}_topUpsLocksAndAccounting` })),
+  ];
+  for (const { seed, weights, name: testName } of runs) {
+    it(testName, async function () {
       const env = await loadFixture(fixture);
       const { staking, fraudProofs, escrow, members, committeeDomain, fraudDomain } = env;
       const rnd = mulberry32(seed);
@@ -75,11 +110,12 @@ describe("invariants under random sequences", function () {
         const applied = penalties.get(id) ?? 0n;
         if (!s || s.amount === 0n || target <= applied) {
           await expect(send()).to.be.reverted;
-          return;
+          return false;
         }
         // A larger offence on already-slashed evidence takes ceil((new - old) / (100 % - old)) of the rest.
         const bps = ((target - applied) * 10000n + (10000n - applied) - 1n) / (10000n - applied);
         penalties.set(id, target);
+        if (applied > 0n) counts.topUp = (counts.topUp ?? 0) + 1;
         const amount = (s.amount * bps) / 10000n;
         const reward = amount / 2n;
         await expect(send())
@@ -90,6 +126,7 @@ describe("invariants under random sequences", function () {
         if (s.amount === 0n) stakes.delete(node.address);
         credits.set(challenger, (credits.get(challenger) ?? 0n) + reward);
         slashedTotal += amount;
+        return true;
       }
 
       const actions = {
@@ -128,7 +165,7 @@ describe("invariants under random sequences", function () {
           const node = pick(env.nodes);
           const challenger = pick(env.challengers);
           // Half of the time on a slot already proven as a (50 %) computation fault: a top-up.
-          const reuse = slots.length > 0 && rnd() < 0.5 ? pick(slots) : null;
+          const reuse = slots.length > 0 && rnd() < 0.7 ? pick(slots) : null;
           const owner = reuse ? reuse.node : node;
           const slot = reuse ? reuse.slot : { session: ethers.id(`s${seed}`), step: nextSlot++, shard: 0 };
           const a = { ...slot, commitment: ethers.id("a"), signedAt: 1n };
@@ -142,17 +179,19 @@ describe("invariants under random sequences", function () {
           );
         },
         async fault() {
-          const node = pick(env.nodes);
+          // Mostly a node that has stake, so the slot can be topped up later.
+          const staked = env.nodes.filter((n) => stakes.has(n.address));
+          const node = staked.length > 0 && rnd() < 0.8 ? pick(staked) : pick(env.nodes);
           const challenger = pick(env.challengers);
           const slot = { session: ethers.id(`f${seed}`), step: nextSlot++, shard: 1 };
           const r = { ...slot, manifestHash: ethers.id("m"), inputHash: ethers.id("i"), outputHash: ethers.id("wrong"), salt: ethers.id("s"), signedAt: 3n };
           const [rs] = await h.signAll([node], fraudDomain, "Reveal", r);
           const id = h.evidenceId(node.address, slot.session, slot.step, slot.shard);
           const salt = await h.commitChallenge(fraudProofs, challenger, id, h.Offence.FailedVerification, ethers.id(`f${saltCounter++}`));
-          await applySlash(node, id, h.Offence.FailedVerification, challenger.address, () =>
+          const slashed = await applySlash(node, id, h.Offence.FailedVerification, challenger.address, () =>
             fraudProofs.connect(challenger).proveComputationFault(r, rs, ethers.toUtf8Bytes("fault"), salt),
           );
-          slots.push({ node, slot });
+          if (slashed) slots.push({ node, slot });
         },
         async recordWork() {
           const node = pick(env.nodes);
@@ -278,22 +317,6 @@ describe("invariants under random sequences", function () {
           await time.increase(Math.floor(rnd() * 120));
         },
       };
-      const weights = [
-        ["stake", 4],
-        ["requestUnstake", 1],
-        ["withdraw", 1],
-        ["equivocate", 1],
-        ["fault", 1],
-        ["recordWork", 1],
-        ["verdict", 1],
-        ["claimCredit", 1],
-        ["deposit", 4],
-        ["settle", 2],
-        ["claim", 3],
-        ["refund", 2],
-        ["dispute", 0.5],
-        ["wait", 2],
-      ];
       const totalWeight = weights.reduce((a, [, w]) => a + w, 0);
       const choose = () => {
         let r = rnd() * totalWeight;
@@ -351,6 +374,7 @@ describe("invariants under random sequences", function () {
       for (const [q, d] of deposits) if (d.amount > 0n) await escrow.connect(d.user).refund(q);
       expect(await ethers.provider.getBalance(await escrow.getAddress())).to.equal(0n);
       expect(Object.keys(counts).length).to.be.greaterThan(6); // the sequence exercised most actions
+      if (weights === SLASHING_WEIGHTS) expect(counts.topUp ?? 0, JSON.stringify(counts)).to.be.greaterThan(0);
     });
   }
 });
