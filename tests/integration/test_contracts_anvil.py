@@ -1,10 +1,11 @@
 """The settlement contracts on a real anvil, driven from Python only.
 
-One anvil (port 18545) for the module: the compiled Hardhat artifacts are deployed by
+One anvil (on a free port) for the module: the compiled Hardhat artifacts are deployed by
 `deploy.evm.deploy_all` with a 4-member committee whose keys sign in Python
 (`protocol.eip712`); payout trees come from `shares.merkle`. Every test uses fresh, funded
 accounts (anvil_setBalance) and its own ids/epochs, so tests do not depend on each other;
-time travel is `evm_increaseTime` + `evm_mine`. The CLI test starts its own anvil on 18546.
+time travel is `evm_increaseTime` + `evm_mine`. The CLI test starts its own anvil on another
+free port.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -66,9 +68,18 @@ pytestmark = pytest.mark.integration
 
 ETHER = 10**18
 MILLI = 10**15
-PORT = 18545
-CLI_PORT = 18546
-UNUSED_PORT = 18559
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (never a fixed one: engineers share this machine)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+PORT = free_port()
+CLI_PORT = free_port()
+UNUSED_PORT = free_port()
 CHALLENGE_WINDOW_S = 60
 BURN_ADDRESS = "0x000000000000000000000000000000000000dEaD"
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
