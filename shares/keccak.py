@@ -39,6 +39,7 @@ def _fast_hasher() -> Hasher:
         c_size_t,
         c_ubyte,
         create_string_buffer,
+        ffi,
     )
 
     if backend != "cffi":
@@ -50,12 +51,13 @@ def _fast_hasher() -> Hasher:
     owner = SmartPointer(state.get(), lib.keccak_destroy)  # frees the state with the hasher
     raw = owner.get()
     out = create_string_buffer(32)
+    view = ffi.buffer(out)  # slicing a buffer view copies 32 bytes; bytes(out) walks the items
     reset, absorb, digest = lib.keccak_reset, lib.keccak_absorb, lib.keccak_digest
 
     def hasher(data: bytes) -> bytes:
         if reset(raw) or absorb(raw, data, len(data)) or digest(raw, out, 32, _KECCAK_PADDING):
             raise RuntimeError("pycryptodome keccak failed")
-        return bytes(out)
+        return view[:]
 
     hasher.owner = owner  # type: ignore[attr-defined]  # keep the state alive
     return hasher

@@ -36,7 +36,8 @@ The split (all integers, exact; `shares.weights` gives the shares):
    of accounts) go one each to the `r` accounts with the largest `(P · s_i) mod S`, ties broken by
    account ascending (lowercase hex, i.e. by address as a number).
 5. An account's payout is its compute amount plus its verifier amount; accounts whose payout is
-   0 get no row (the escrow refuses zero claims). Rows are sorted by account ascending.
+   0 get no row (the escrow refuses zero claims). Rows are sorted by account ascending. The
+   table also keeps, per account, the eligible shares and each pool's amount (read-only maps).
 
 The result does not depend on the order of any input list. Pure and deterministic: integers and
 strings only; imports only the standard library and `shares`.
@@ -47,6 +48,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from shares.errors import (
     AccountError,
@@ -216,17 +218,17 @@ class EpochWork:
 
 @dataclass(frozen=True, slots=True)
 class PayoutTable:
-    """One epoch's split. Every tuple of `(account, value)` rows is sorted by account."""
+    """One epoch's split: read-only per-account mappings, and the payout rows sorted by account."""
 
     epoch: int
     fees: int  # Σ query fees == Σ payouts
     compute_pool: int  # after the fold of step 3
     verifier_pool: int
-    compute_shares: tuple[tuple[str, int], ...]  # eligible accounts only
-    verification_shares: tuple[tuple[str, int], ...]
-    compute_payouts: tuple[tuple[str, int], ...]  # zero amounts included
-    verifier_payouts: tuple[tuple[str, int], ...]
-    payouts: tuple[tuple[str, int], ...]  # merged, amounts > 0: the Merkle leaves
+    compute_shares: Mapping[str, int]  # eligible accounts only
+    verification_shares: Mapping[str, int]
+    compute_payouts: Mapping[str, int]  # per eligible account, zero amounts included
+    verifier_payouts: Mapping[str, int]
+    payouts: tuple[tuple[str, int], ...]  # merged, amounts > 0, ascending: the Merkle leaves
 
     @property
     def total(self) -> int:
@@ -261,14 +263,20 @@ def split_pro_rata(pool: int, shares: Mapping[str, int]) -> dict[str, int]:
 def eligible_shares(work: EpochWork) -> tuple[dict[str, int], dict[str, int]]:
     """Compute and verification shares per eligible account (unslashed, shares > 0)."""
     slashed = set(work.slashed)
-    routable = {(h.model, h.shard): h.routable_nodes for h in work.health}
+    # Shares per layer-token on each shard, bonus included (`compute_shares` for one layer and
+    # one token); the counts themselves were range-checked when `work` was built.
+    rate = {
+        (h.model, h.shard): compute_shares(1, 1, h.routable_nodes)
+        for h in work.health
+        if h.routable_nodes
+    }
     compute: dict[str, int] = {}
     for w in work.compute:
-        if w.account in slashed:
+        if w.account in slashed or not w.tokens:
             continue
-        shares = compute_shares(w.layers, w.tokens, routable[(w.model, w.shard)])
-        if shares:
-            compute[w.account] = compute.get(w.account, 0) + shares
+        compute[w.account] = (
+            compute.get(w.account, 0) + w.layers * w.tokens * rate[(w.model, w.shard)]
+        )
     verification: dict[str, int] = {}
     for v in work.verification:
         if v.account in slashed:
@@ -303,14 +311,9 @@ def payout_table(work: EpochWork) -> PayoutTable:
         fees=fees,
         compute_pool=compute_pool,
         verifier_pool=verifier_pool,
-        compute_shares=_rows(compute),
-        verification_shares=_rows(verification),
-        compute_payouts=_rows(compute_amounts),
-        verifier_payouts=_rows(verifier_amounts),
+        compute_shares=MappingProxyType(compute),
+        verification_shares=MappingProxyType(verification),
+        compute_payouts=MappingProxyType(compute_amounts),
+        verifier_payouts=MappingProxyType(verifier_amounts),
         payouts=tuple((a, merged[a]) for a in sorted(merged) if merged[a] > 0),
     )
-
-
-def _rows(values: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
-    """`(account, value)` rows, accounts ascending (keys are unique: sort the strings only)."""
-    return tuple((account, values[account]) for account in sorted(values))

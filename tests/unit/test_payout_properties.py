@@ -151,8 +151,8 @@ def check_sum_exact(epoch: Epoch) -> None:
     assert table.fees == sum(q.fee for q in work.queries)
     assert sum(amount for _, amount in table.payouts) == table.fees
     assert table.compute_pool + table.verifier_pool == table.fees
-    assert sum(a for _, a in table.compute_payouts) == table.compute_pool
-    assert sum(a for _, a in table.verifier_payouts) == table.verifier_pool
+    assert sum(table.compute_payouts.values()) == table.compute_pool
+    assert sum(table.verifier_payouts.values()) == table.verifier_pool
 
 
 def check_never_negative(epoch: Epoch) -> None:
@@ -160,7 +160,8 @@ def check_never_negative(epoch: Epoch) -> None:
     if table is None:
         return
     assert all(amount > 0 for _, amount in table.payouts)
-    assert all(a >= 0 for _, a in table.compute_payouts + table.verifier_payouts)
+    assert all(a >= 0 for a in table.compute_payouts.values())
+    assert all(a >= 0 for a in table.verifier_payouts.values())
 
 
 def check_order_invariant(epoch: Epoch) -> None:
@@ -193,8 +194,8 @@ def check_slashed_get_nothing(epoch: Epoch) -> None:
     paid = dict(table.payouts)
     for account in work.slashed:
         assert account not in paid
-        assert account not in dict(table.compute_shares)
-        assert account not in dict(table.verification_shares)
+        assert account not in table.compute_shares
+        assert account not in table.verification_shares
 
 
 def _within_one_wei(pool: int, shares: Mapping[str, int], amounts: Mapping[str, int]) -> None:
@@ -224,9 +225,9 @@ def check_verifier_cut(epoch: Epoch) -> None:
     else:
         assert (table.compute_pool, table.verifier_pool) == (0, table.fees)
     if compute:
-        _within_one_wei(table.compute_pool, compute, dict(table.compute_payouts))
+        _within_one_wei(table.compute_pool, compute, table.compute_payouts)
     if verification:
-        _within_one_wei(table.verifier_pool, verification, dict(table.verifier_payouts))
+        _within_one_wei(table.verifier_pool, verification, table.verifier_payouts)
 
 
 def check_root_deterministic(epoch: Epoch) -> None:

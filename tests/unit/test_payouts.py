@@ -64,13 +64,13 @@ def example(**changes: object) -> EpochWork:
 def test_payout_table_worked_example_exact_amounts() -> None:
     table = payout_table(example())
     assert (table.fees, table.compute_pool, table.verifier_pool) == (1_001, 901, 100)
-    assert table.compute_shares == ((A, 800), (B, 400), (C, 200))
-    assert table.verification_shares == ((V1, 2), (V2, 1))
+    assert table.compute_shares == {A: 800, B: 400, C: 200}
+    assert table.verification_shares == {V1: 2, V2: 1}
     # 901·800/1400 = 514 r 1200; 901·400/1400 = 257 r 600; 901·200/1400 = 128 r 1000:
     # 899 handed out, 2 wei left → A (1200) and C (1000), the two largest remainders.
-    assert table.compute_payouts == ((A, 515), (B, 257), (C, 129))
+    assert table.compute_payouts == {A: 515, B: 257, C: 129}
     # 100·2/3 = 66 r 2; 100·1/3 = 33 r 1: 1 wei left → V1.
-    assert table.verifier_payouts == ((V1, 67), (V2, 33))
+    assert table.verifier_payouts == {V1: 67, V2: 33}
     assert table.payouts == ((V1, 67), (V2, 33), (A, 515), (B, 257), (C, 129))
     assert table.total == 1_001
 
@@ -78,14 +78,14 @@ def test_payout_table_worked_example_exact_amounts() -> None:
 def test_payout_table_slashed_account_earns_nothing_and_others_share_its_part() -> None:
     table = payout_table(example(slashed=("0x" + "B" * 40,)))
     # S = 1000: A 901·800/1000 = 720 r 800, C 901·200/1000 = 180 r 200: 1 wei left → A.
-    assert table.compute_payouts == ((A, 721), (C, 180))
+    assert table.compute_payouts == {A: 721, C: 180}
     assert B not in dict(table.payouts)
     assert table.total == 1_001
 
 
 def test_payout_table_slashed_verifier_leaves_the_whole_verifier_pool_to_the_other() -> None:
     table = payout_table(example(slashed=(V1,)))
-    assert table.verifier_payouts == ((V2, 100),)
+    assert table.verifier_payouts == {V2: 100}
 
 
 def test_split_ties_go_to_the_smaller_account_whatever_the_input_order() -> None:
@@ -106,8 +106,8 @@ def test_split_larger_remainder_beats_smaller_account() -> None:
 def test_payout_table_no_verifier_gives_the_compute_pool_everything() -> None:
     table = payout_table(example(verification=()))
     assert (table.compute_pool, table.verifier_pool) == (1_001, 0)
-    assert table.verifier_payouts == ()
-    assert sum(amount for _, amount in table.compute_payouts) == 1_001
+    assert table.verifier_payouts == {}
+    assert sum(table.compute_payouts.values()) == 1_001
 
 
 def test_payout_table_all_compute_slashed_gives_the_verifiers_everything() -> None:
@@ -119,8 +119,8 @@ def test_payout_table_all_compute_slashed_gives_the_verifiers_everything() -> No
 
 def test_payout_table_account_that_computes_and_verifies_gets_one_merged_row() -> None:
     table = payout_table(example(verification=(VerificationWork(A, 2), VerificationWork(V2, 1))))
-    assert dict(table.compute_payouts)[A] == 515
-    assert dict(table.verifier_payouts)[A] == 67
+    assert table.compute_payouts[A] == 515
+    assert table.verifier_payouts[A] == 67
     assert dict(table.payouts)[A] == 582
     assert [account for account, _ in table.payouts] == sorted({A, B, C, V2})
 
@@ -132,7 +132,7 @@ def test_payout_table_zero_amount_gets_no_row() -> None:
         verification=(),
     )
     table = payout_table(work)
-    assert table.compute_payouts == ((A, 1), (B, 0))
+    assert table.compute_payouts == {A: 1, B: 0}
     assert table.payouts == ((A, 1),)
 
 
@@ -144,7 +144,7 @@ def test_payout_table_scarcity_bonus_doubles_under_three_nodes() -> None:
         queries=(SettledQuery(Q1, 300),),
     )
     table = payout_table(work)
-    assert table.compute_shares == ((A, 400), (B, 800))
+    assert table.compute_shares == {A: 400, B: 800}
     assert table.payouts == ((A, 100), (B, 200))
 
 
