@@ -112,7 +112,7 @@ def build_tree(leaves: Sequence[bytes]) -> tuple[tuple[bytes, ...], tuple[int, .
         raise ProtocolError("a Merkle tree needs at least one leaf")
     if any(len(leaf) != 32 for leaf in leaves):
         raise ProtocolError("every Merkle leaf is 32 bytes")
-    order = sorted(range(len(leaves)), key=lambda i: leaves[i])
+    order = sorted(range(len(leaves)), key=leaves.__getitem__)
     size = 2 * len(leaves) - 1
     tree: list[bytes] = [b""] * size
     index_of = [0] * len(leaves)
