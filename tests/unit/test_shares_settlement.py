@@ -137,3 +137,19 @@ def test_bulk_keccak_equals_eth_keccak() -> None:
     hasher = bulk_keccak256()
     for data in (b"", b"abc", bytes(range(256)) * 5, bytes(135), bytes(136), bytes(137)):
         assert hasher(data) == eth_keccak(data) == keccak256(data)
+
+
+def test_bulk_keccak_falls_back_to_eth_hash_when_the_fast_binding_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import shares.keccak as keccak_module
+
+    def missing() -> object:
+        raise ImportError("no cffi binding")
+
+    monkeypatch.setattr(keccak_module, "_fast_ok", None)
+    monkeypatch.setattr(keccak_module, "_fast_hasher", missing)
+    assert keccak_module.bulk_keccak256() is keccak_module.keccak256
+    assert keccak_module._fast_ok is False
+    rows = [(A, 5), (B, 7)]
+    assert payout_leaf_hashes(3, rows) == [leaf_hash(3, a, amount) for a, amount in rows]
