@@ -246,18 +246,21 @@ def split_pro_rata(pool: int, shares: Mapping[str, int]) -> dict[str, int]:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise CountError(f"shares[{account}]", count, 1, 1 << 256)
         total += count
-    amounts: dict[str, int] = {}
-    remainders: dict[str, int] = {}
-    for account, count in shares.items():
-        amounts[account], remainders[account] = divmod(pool * count, total)
-    left = pool - sum(amounts.values())
+    accounts = sorted(shares)  # ascending: the tie order of the remainder rule
+    amounts: list[int] = []
+    remainders: list[int] = []
+    for account in accounts:
+        amount, remainder = divmod(pool * shares[account], total)
+        amounts.append(amount)
+        remainders.append(remainder)
+    left = pool - sum(amounts)
     if left:
-        # Accounts ascending, then a stable sort by remainder, largest first: equal remainders
-        # keep the ascending account order (the sort stays stable with reverse=True).
-        ranked = sorted(sorted(remainders), key=remainders.__getitem__, reverse=True)
-        for account in ranked[:left]:
-            amounts[account] += 1
-    return amounts
+        # A stable sort by remainder, largest first (sort stability holds with reverse=True):
+        # equal remainders keep the ascending account order.
+        ranked = sorted(range(len(accounts)), key=remainders.__getitem__, reverse=True)
+        for i in ranked[:left]:
+            amounts[i] += 1
+    return dict(zip(accounts, amounts, strict=True))
 
 
 def eligible_shares(work: EpochWork) -> tuple[dict[str, int], dict[str, int]]:
