@@ -228,7 +228,8 @@ async def _forward(
     # No await between lookup and open: a new session is claimed atomically.
     session = state.store.lookup(tag, h.start)
     new = session is None
-    for victim in state.store.reserve(h.count, new_session=new, peer=peer):
+    owner = peer if session is None else session.peer  # who is charged for the positions
+    for victim in state.store.reserve(h.count, new_session=new, peer=owner):
         log.info("session reclaimed for another caller session=%s", short_tag(victim))
     if session is None:
         session = state.store.open(tag, state.backend.new_cache(), peer=peer)
