@@ -222,13 +222,14 @@ class PipelineClient:
         for hop, info in zip(self.hops, infos, strict=True):
             if info.get("model_hash") != model_hash:
                 raise ConfigError(
-                    f"node {hop.url} serves model {info.get('model_hash')}, "
+                    f"node {hop.url} serves model {str(info.get('model_hash'))[:80]}, "
                     f"the manifest says {model_hash}",
                     hint="the nodes file and the running nodes disagree; run `planet local up`",
                 )
             if info.get("shard") != hop.shard:
                 raise ConfigError(
-                    f"node {hop.url} serves shard {info.get('shard')}, expected {hop.shard}"
+                    f"node {hop.url} serves shard {str(info.get('shard'))[:20]}, "
+                    f"expected {hop.shard}"
                 )
             layers = info.get("layers")
             if (
