@@ -480,6 +480,8 @@ def session_tag(capability: str) -> str:
 def _check_depth(text: bytes) -> None:
     """BadHeaderError if JSON `text` nests arrays/objects deeper than MAX_HEADER_DEPTH (checked
     before json.loads, so a deeply nested header costs no recursion)."""
+    if text.count(b"[") + text.count(b"{") <= MAX_HEADER_DEPTH:
+        return  # depth is at most the number of opening brackets
     depth = 0
     in_string = escaped = False
     for byte in text:

@@ -1,8 +1,8 @@
 """PipelineClient: prefill and decode through a fixed circuit of shard nodes.
 
 Topology: a star with zero-copy relay. The client posts the frame to node 0, takes the answer
-frame's body as is, re-heads it for node 1 (`with_header`: no decode, no re-quantization), and
-so on; only the last node's answer is decoded, and the last node returns only the last position
+frame's body as is, re-heads it for node 1 (`encode_frame` with a replaced header: no decode,
+no re-quantization), and so on; only the last node's answer is decoded, and the last node returns only the last position
 (`last_only`). Each node is reached over one keep-alive TCP connection for the whole generation.
 Nodes never talk to each other and never learn who asked: a frame carries a random session id,
 positions and activations only (they can still read the prompt from the activations — layer
@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import aiohttp
@@ -42,7 +42,7 @@ from node.client.answers import (
 from node.client.capabilities import hop_capability, hop_tag, new_session_id
 from node.client.sampling import SamplingConfig, sample
 from protocol.errors import BusyError, ConfigError, RemoteError, UnavailableError
-from protocol.frames import Frame, make_frame, parse_frame, session_tag, with_header
+from protocol.frames import Frame, FrameHeader, encode_frame, make_frame, session_tag
 
 log = logging.getLogger(__name__)
 
@@ -273,17 +273,28 @@ class PipelineClient:
             codec=self.codec,
             last_only=last_only and last == 0,
         )
-        request = parse_frame(payload).header
+        count = int(hidden.shape[1])
+        request = FrameHeader(
+            session=capabilities[0],
+            step=step,
+            start=start,
+            count=count,
+            dtype=self.dtype,
+            shape=(1, count, int(hidden.shape[2])),
+            codec=self.codec,
+            shard=self.hops[0].shard,
+            last_only=last_only and last == 0,
+        )
         frame: Frame | None = None
         for index, hop in enumerate(self.hops):
             if frame is not None:
-                payload = with_header(
-                    frame,
+                request = replace(
+                    frame.header,
                     session=capabilities[index],
                     shard=hop.shard,
                     last_only=last_only and index == last,
                 )
-                request = parse_frame(payload).header
+                payload = encode_frame(request, frame.body)
             body, compute_ms = await self._post(hop, payload, answer_frame_limit(request))
             frame = parse_answer_frame(body, request, hop.shard, hop.url)
             if timings is not None:
