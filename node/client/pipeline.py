@@ -2,11 +2,11 @@
 
 Topology: a star with zero-copy relay. The client posts the frame to node 0, takes the answer
 frame's body as is, re-heads it for node 1 (`encode_frame` with a replaced header: no decode,
-no re-quantization), and so on; only the last node's answer is decoded, and the last node returns only the last position
-(`last_only`). Each node is reached over one keep-alive TCP connection for the whole generation.
-Nodes never talk to each other and never learn who asked: a frame carries a random session id,
-positions and activations only (they can still read the prompt from the activations — layer
-sharding is not privacy).
+no re-quantization), and so on; only the last node's answer is decoded, and the last node
+returns only the last position (`last_only`). Each node is reached over one keep-alive TCP
+connection for the whole generation. Nodes never talk to each other and never learn who asked:
+a frame carries that hop's session capability, positions and activations only (they can still
+read the prompt from the activations; layer sharding is not privacy).
 
 Sessions: one random secret per generation stays on the client; each hop gets its own
 capability derived from it (node/client/capabilities.py), so no node can act on another hop's
