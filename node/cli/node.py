@@ -104,6 +104,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the caller holding the most (default 30)",
     )
     serve.add_argument(
+        "--request-read-timeout",
+        type=_finite,
+        default=30.0,
+        metavar="SECONDS",
+        help="a frame's body must arrive within this time, else 408 slow_request (default 30)",
+    )
+    serve.add_argument(
         "--max-request-mb", type=_finite, default=32.0, help="largest accepted frame (default 32)"
     )
     serve.add_argument(
@@ -140,6 +147,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_inflight_per_peer=args.max_inflight_per_peer,
         max_session_age_s=args.max_session_age,
         reclaim_idle_s=args.reclaim_idle,
+        request_read_timeout_s=args.request_read_timeout,
         torch_threads=args.threads,
     ).validate()
     serve(config)

@@ -53,6 +53,13 @@ FRAME_CONTENT_TYPE = "application/x-planet-frame"
 COMPUTE_MS_HEADER = "X-Planet-Compute-Ms"
 
 
+class SlowRequestError(FrameError):
+    """The request body did not arrive within the node's read timeout."""
+
+    code = "slow_request"
+    http_status = 408
+
+
 class ComputeError(PlanetError):
     """The shard failed on a valid frame; the session is dropped (its cache may be partial)."""
 
@@ -220,7 +227,14 @@ async def _forward(
         raise TooLargeError(
             f"request of {request.content_length} bytes exceeds {config.max_request_bytes}"
         )
-    frame = parse_frame(await request.read(), state.limits)
+    try:
+        async with asyncio.timeout(config.request_read_timeout_s):
+            data = await request.read()
+    except TimeoutError:
+        raise SlowRequestError(
+            f"request body did not arrive within {config.request_read_timeout_s:g} s"
+        ) from None
+    frame = parse_frame(data, state.limits)
     h = frame.header
     if h.shard != state.backend.shard_id:
         raise WrongShardError(h.shard, state.backend.shard_id)

@@ -38,6 +38,9 @@ class ServerConfig:
     # when the node is full, a session idle this long may be reclaimed for another caller
     # from the caller that holds the most
     reclaim_idle_s: float = 30.0
+    # a request body must arrive within this time once its handler starts; else 408 slow_request
+    # (a stranger trickling bytes holds a connection and one of its in-flight slots, no longer)
+    request_read_timeout_s: float = 30.0
     # largest request body accepted (a frame); more → 413 too_large
     max_request_bytes: int = 32 * 1024**2
     # most positions per frame (prefill chunk)
@@ -69,6 +72,8 @@ class ServerConfig:
             problems.append("max session age must be > 0 seconds")
         if self.reclaim_idle_s < 0:
             problems.append("reclaim idle time must be >= 0 seconds")
+        if not self.request_read_timeout_s > 0:
+            problems.append("request read timeout must be > 0 seconds")
         if self.max_request_bytes < 1024:
             problems.append("max request size must be >= 1 KiB")
         if self.max_tokens_per_frame < 1:

@@ -79,6 +79,7 @@ NAMED_CODES = frozenset(
         "session_expired",
         "wrong_shard",
         "busy",
+        "slow_request",
         "not_found",
         "method_not_allowed",
     }

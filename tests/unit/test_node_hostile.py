@@ -237,6 +237,22 @@ async def test_answer_rejected_after_compute_closes_session_instead_of_desyncing
     assert answer.status == 410 and (await answer.json())["code"] == "session_expired"
 
 
+async def test_body_trickled_slower_than_read_timeout_gets_named_408(aiohttp_server):
+    import asyncio
+
+    server = await aiohttp_server(_app(request_read_timeout_s=0.3))
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"POST /v1/forward HTTP/1.1\r\nHost: n\r\nContent-Length: 1000\r\n\r\nPLAF")
+    await writer.drain()
+    status = await asyncio.wait_for(reader.readline(), 10)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    body = json.loads(await reader.readexactly(length))
+    writer.close()
+    assert b" 408 " in status and body["code"] == "slow_request"
+    assert len(server.app[STATE_KEY].peer_in_flight) == 0  # the slot is given back
+
+
 # ------------------------------------------------------------------------- client bounds
 def _hostile_node(respond) -> web.Application:
     app = web.Application()
