@@ -2,6 +2,7 @@
 
 config.py    ServerConfig (frozen, units in field names)
 sessions.py  per-session KV caches keyed by capability tag: open, advance, evict, fair shares
+fairness.py  the forward slot, granted round-robin across callers
 peers.py     who a caller is (peer address, IPv6 /64) for per-caller limits
 backend.py   what the server needs from a shard (ShardBackend) and the real one (node.model)
 app.py       aiohttp app factory, thin handlers, error middleware

@@ -28,6 +28,7 @@ from aiohttp import web
 
 from node.server.backend import ShardBackend
 from node.server.config import ServerConfig
+from node.server.fairness import FairSlot
 from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, SessionStore, short_tag
 from protocol.errors import PlanetError
@@ -73,6 +74,7 @@ class NodeState:
     store: SessionStore
     limits: FrameLimits
     executor: ThreadPoolExecutor
+    slot: FairSlot = field(default_factory=FairSlot)
     started_s: float = field(default_factory=time.monotonic)
     in_flight: int = 0
     peer_in_flight: dict[str, int] = field(default_factory=dict)
@@ -153,7 +155,9 @@ def _answer(
     return encode_frame(out_header, body), backend.cache_bytes(cache), compute_s
 
 
-async def _run_forward(state: NodeState, session: Session, frame: Frame, new: bool) -> web.Response:
+async def _run_forward(
+    state: NodeState, session: Session, frame: Frame, new: bool, peer: str
+) -> web.Response:
     h = frame.header
     store = state.store
     tag = session.tag
@@ -164,9 +168,12 @@ async def _run_forward(state: NodeState, session: Session, frame: Frame, new: bo
         store.check_start(session, h.start)
         state.in_flight += 1
         try:
-            answer, cache_bytes, compute_s = await loop.run_in_executor(
-                state.executor, _compute, state.backend, frame, session.cache
-            )
+            async with state.slot.held(peer):
+                if session.cache is None:  # evicted while we waited for the slot
+                    raise SessionExpiredError(short_tag(tag))
+                answer, cache_bytes, compute_s = await loop.run_in_executor(
+                    state.executor, _compute, state.backend, frame, session.cache
+                )
         except FrameError:
             if new:
                 store.close(tag, remember=False)
@@ -250,7 +257,7 @@ async def _forward(
         log.info(
             "session opened session=%s peer=%s sessions=%d", short_tag(tag), peer, len(state.store)
         )
-    return await _run_forward(state, session, frame, new)
+    return await _run_forward(state, session, frame, new, peer)
 
 
 async def delete_session(request: web.Request) -> web.Response:

@@ -237,6 +237,47 @@ async def test_answer_rejected_after_compute_closes_session_instead_of_desyncing
     assert answer.status == 410 and (await answer.json())["code"] == "session_expired"
 
 
+class _SlowShard(FakeShard):
+    """Records who was computed (the first value of the frame) and takes 50 ms per frame."""
+
+    def __init__(self) -> None:
+        super().__init__(shard_id=0, hidden_size=H, layers=(0, 2))
+        self.order: list[float] = []
+
+    def forward(self, hidden, positions, cache):
+        import time
+
+        self.order.append(float(hidden[0, 0, 0]))
+        time.sleep(0.05)
+        return super().forward(hidden, positions, cache)
+
+
+async def test_flooding_caller_does_not_starve_another_callers_frame(aiohttp_server):
+    import asyncio
+
+    shard = _SlowShard()
+    app = create_app(ServerConfig(manifest_path=Path("x"), shard_id=0), shard)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("/v1/forward"))
+
+    def frame(value: float, session: str) -> bytes:
+        x = np.full((1, 1, H), value, dtype=np.float32)
+        return make_frame(x, session=session, step=0, start=0, shard=0)
+
+    async with _session_for("127.0.0.1") as attacker, _session_for("127.0.0.2") as honest:
+        flood = [
+            asyncio.ensure_future(attacker.post(url, data=frame(1.0, f"{CAP}-flood{i}")))
+            for i in range(6)
+        ]
+        while not shard.order:  # the flood is queued and computing
+            await asyncio.sleep(0.01)
+        answer = await honest.post(url, data=frame(7.0, f"{CAP}-honest"))
+        assert answer.status == 200
+        assert all(a.status == 200 for a in await asyncio.gather(*flood))
+    # served right after the frame computing when it arrived, not behind the whole flood
+    assert shard.order.index(7.0) <= 2, shard.order
+
+
 async def test_body_trickled_slower_than_read_timeout_gets_named_408(aiohttp_server):
     import asyncio
 
