@@ -139,3 +139,37 @@ def test_store_session_older_than_age_cap_evicted_even_if_used():
         clock.now = now
         store.touch(session)
     assert store.evict_idle() == ["tag-old"]
+
+
+def test_peer_key_groups_ipv6_by_64_and_unwraps_mapped_ipv4():
+    from node.server.peers import UNKNOWN_PEER, peer_key
+
+    assert peer_key("2001:db8::1") == peer_key("2001:db8::ffff:1") == "2001:db8::/64"
+    assert peer_key("2001:db8:0:1::1") != peer_key("2001:db8::1")
+    assert peer_key("::ffff:10.0.0.1") == "10.0.0.1" == peer_key("10.0.0.1")
+    assert peer_key(None) == peer_key("") == peer_key("not-an-ip") == UNKNOWN_PEER
+
+
+def test_malformed_http_log_record_becomes_one_info_line():
+    import logging
+    import sys
+
+    from aiohttp.http_exceptions import BadHttpMessage
+
+    from node.server.run import MalformedHttpLogFilter
+
+    try:
+        raise BadHttpMessage("Invalid method encountered:\n\n  b'BREW / HTTP/1.1'")
+    except BadHttpMessage:
+        record = logging.LogRecord(
+            "aiohttp.server",
+            logging.ERROR,
+            __file__,
+            1,
+            "Error handling request",
+            (),
+            sys.exc_info(),
+        )
+    assert MalformedHttpLogFilter().filter(record)
+    assert record.levelno == logging.INFO and record.exc_info is None
+    assert "\n" not in record.getMessage() and "BadHttpMessage" in record.getMessage()
