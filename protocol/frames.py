@@ -529,7 +529,7 @@ def parse_frame(data: bytes | bytearray | memoryview, limits: FrameLimits | None
     text = bytes(view[PREFIX_BYTES : PREFIX_BYTES + header_len])
     _check_depth(text)
     try:
-        raw = json.loads(text, parse_constant=_reject_constant)
+        raw = json.loads(text.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise BadHeaderError(f"frame header is not JSON: {error}") from None
     header = _parse_header(raw)

@@ -204,6 +204,7 @@ MALFORMED = {
     "short_session": (_raw(_header(session="abcdefgh"), bytes(32)), "bad_session_id"),
     "null_session": (_raw(_header(session=None), bytes(32)), "bad_session_id"),
     "non_utf8_header": (_raw(None, raw_header=b'{"s\xff": 1}'), "bad_header"),
+    "utf16_header": (_raw(None, raw_header=json.dumps(_header()).encode("utf-16")), "bad_header"),
     "truncated_body": (_raw(_header(), bytes(31)), "bad_body"),
     "oversize_body": (_raw(_header(), bytes(33)), "bad_body"),
     "header_longer_than_frame": (struct.pack(">4sHI", MAGIC, 1, 4000) + b"{}", "bad_header"),
