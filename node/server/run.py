@@ -6,6 +6,7 @@ import logging
 import os
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from node.server.app import create_app
 from node.server.backend import ModelShardBackend
@@ -33,6 +34,30 @@ def configure_torch_threads(threads: int) -> int:
     return threads
 
 
+class MalformedHttpLogFilter(logging.Filter):
+    """aiohttp logs every request it cannot parse with a full traceback at ERROR; strangers
+    could fill the log with them. Such records become one INFO line without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            text = str(getattr(error, "message", "") or error)
+            first = next((line for line in text.splitlines() if line.strip()), "")
+            record.msg = "malformed HTTP refused: %s: %s"
+            record.args = (type(error).__name__, first[:120])
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+def quiet_malformed_http_logs() -> None:
+    """Install MalformedHttpLogFilter on aiohttp's server logger (once)."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedHttpLogFilter) for f in server_log.filters):
+        server_log.addFilter(MalformedHttpLogFilter())
+
+
 def serve(config: ServerConfig) -> None:
     """Blocks until SIGINT/SIGTERM. Raises IntegrityError/ConfigError before binding the port."""
     config.validate()
@@ -47,6 +72,7 @@ def serve(config: ServerConfig) -> None:
         threads,
     )
     app = create_app(config, backend)
+    quiet_malformed_http_logs()
     print(
         f"planet node: shard {backend.shard_id} layers {backend.layers[0]}-{backend.layers[1]} "
         f"of {backend.model_id} on http://{config.host}:{config.port} ({backend.device})",
