@@ -16,7 +16,8 @@ Three rules, all scheduled by height or epoch (never a scan of all entries):
    `prune_per_block` records per block (genesis, default 10 000) in index order, so a backlog
    is drained over the following blocks.
 3. **Old epoch records go too:** closing epoch e (which writes `epoch/<e+1>`) deletes
-   `epoch/<e+1-retention_epochs-1>`.
+   `epoch/<e-retention_epochs-1>`: the current record and the `retention_epochs + 1` before it
+   stay.
 """
 
 from __future__ import annotations
@@ -97,6 +98,6 @@ def prune(state: State, height: int) -> None:
 
 def prune_epoch_record(state: State, following: int) -> None:
     """Called when epoch `following` is fixed: forget the record that left the window."""
-    old = following - state.genesis.retention_epochs - 1
+    old = following - state.genesis.retention_epochs - 2
     if old >= 1:
         state.delete("epoch", str(old))
