@@ -51,20 +51,25 @@ class JsonInputError(ProtocolError):
     code = "bad_json"
 
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 _DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
-def json_depth(raw: bytes) -> int:
+def json_depth(raw: bytes, limit: int | None = None) -> int:
     """Deepest nesting of `[`/`{` in `raw`, ignoring brackets inside strings (linear, no
-    recursion). For malformed JSON the value is an upper bound that the parser then refutes."""
+    recursion); stops counting once `limit` is exceeded. For malformed JSON the value is an
+    upper bound that the parser then refutes."""
+    if limit is not None and len(raw.translate(None, _NOT_BRACKET)) <= limit:
+        return limit  # at most `limit` brackets at all: an upper bound, nothing to walk
     brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
     depth = deepest = 0
     for byte in brackets:
         depth += _DEPTH_STEP[byte]
         if depth > deepest:
             deepest = depth
+            if limit is not None and deepest > limit:
+                break
     return deepest
 
 
@@ -111,9 +116,8 @@ def parse_json(raw: bytes, *, max_bytes: int, max_depth: int, max_int_digits: in
         text = bytes(raw).decode("utf-8")
     except UnicodeDecodeError:
         raise JsonInputError("not UTF-8") from None
-    depth = json_depth(bytes(raw))
-    if depth > max_depth:
-        raise JsonInputError(f"nested {depth} deep, over the limit of {max_depth}")
+    if json_depth(bytes(raw), max_depth) > max_depth:
+        raise JsonInputError(f"nested more than {max_depth} deep")
 
     def bounded_int(digits: str) -> int:
         if len(digits.lstrip("-")) > max_int_digits:

@@ -125,21 +125,27 @@ def test_abci_hostile_byzantine_float_extension_in_extended_commit_rejects_propo
 
 
 @pytest.mark.parametrize(
-    "doc",
+    ("field", "value"),
     [
-        {"height": 5, "round": 1 << 40, "votes": []},
-        {"height": 5, "round": 0, "votes": [{"address": 1}]},
-        {"height": "5", "round": 0, "votes": []},
-        {"height": 5, "round": 0, "votes": {}},
+        ("round", 1 << 70),  # overflowed the sfixed64 sign bytes (struct.error) before
+        ("round", -1),
+        ("height", "5"),
+        ("votes", {}),
+        ("votes", [{"address": 1}]),
+        ("votes", [[]] * 3),
     ],
 )
-def test_abci_hostile_malformed_extended_commit_rejected(doc: dict[str, Any]) -> None:
+def test_abci_hostile_malformed_extended_commit_rejected(field: str, value: Any) -> None:
     chain = Chain()
     chain.advance_to(5)
     app = CommitteeApp(chain.state)
-    vx = extensions.VX_PREFIX + json.dumps(doc).encode()
+    doc = json.loads(chain.extended_commit(5)[len(extensions.VX_PREFIX) :])
+    doc[field] = value
+    vx = extensions.VX_PREFIX + canonical_json(doc)
     answer = handle(app, "process_proposal", height=6, txs=[vx])
     assert answer.status == pb.ResponseProcessProposal.REJECT
+    done = handle(app, "finalize_block", height=6, hash=b"\x01" * 32, txs=[vx])
+    assert done.tx_results[0].code == Code.BAD_VOTE_EXTENSIONS
 
 
 # --- query parameters of the wrong type ---------------------------------------------------------
