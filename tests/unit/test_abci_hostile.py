@@ -246,3 +246,28 @@ def test_abci_hostile_tx_cache_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch)
         assert len(raw) > 50_000
         assert chain.state.check_tx(raw).code == Code.OK
     assert 0 < chain.state.tx_cache_bytes <= 1 << 20
+
+
+# --- the Byzantine test mode cannot be switched on by accident -----------------------------------
+
+
+def test_abci_hostile_byzantine_mode_needs_hidden_flag_and_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from abci_app import hostile
+    from abci_app.__main__ import parse_args
+    from protocol.errors import ConfigError
+
+    monkeypatch.delenv(hostile.ENV, raising=False)
+    assert hostile.check_armed(parse_args(["--home", "x"]).byzantine_test_mode) is False
+    with pytest.raises(ConfigError):
+        hostile.check_armed(parse_args(["--home", "x", hostile.FLAG]).byzantine_test_mode)
+    monkeypatch.setenv(hostile.ENV, "1")
+    with pytest.raises(ConfigError):
+        hostile.check_armed(True)
+    monkeypatch.setenv(hostile.ENV, hostile.ARMED_VALUE)
+    with pytest.raises(ConfigError):
+        hostile.check_armed(False)
+    assert hostile.check_armed(True) is True
+    proposal = hostile.Byzantine().proposal(7, [b"ok"], 1 << 20)
+    assert proposal[0] == b"ok" and len(proposal) == 2
