@@ -142,7 +142,7 @@ class CommitteeApp:
         vx = None
         if self.state.vx_required(req.height):
             commit = req.local_last_commit
-            vx = extensions.ExtendedCommit(
+            local = extensions.ExtendedCommit(
                 height=req.height - 1,
                 round=commit.round,
                 votes=tuple(
@@ -155,6 +155,12 @@ class CommitteeApp:
                     )
                     for vote in commit.votes
                 ),
+            )
+            vx = extensions.without_invalid_extensions(
+                local,
+                self.state.chain_id,
+                self.state.validator_keys(),
+                self.state.genesis.epoch_length,
             ).encode()
         txs = self.state.prepare_proposal(req.height, list(req.txs), req.max_tx_bytes, vx)
         if self.hostile is not None:

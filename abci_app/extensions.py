@@ -42,6 +42,7 @@ MAX_SCORES = 10_000
 MAX_EXTENSION_BYTES = 2 * 1024 * 1024
 MAX_VOTES = 1_000  # validators in one extended commit (the devnet has 4; CometBFT caps sets)
 MAX_VX_BYTES = MAX_VOTES * (2 * MAX_EXTENSION_BYTES + 512)
+BLOCK_ID_FLAG_ABSENT = 1
 BLOCK_ID_FLAG_COMMIT = 2
 MAX_INT64 = (1 << 63) - 1
 MAX_ROUND = (1 << 31) - 1  # CometBFT rounds are int32
@@ -243,6 +244,48 @@ def decode_vx_tx(raw: bytes) -> ExtendedCommit:
     if commit.encode() != raw:
         raise VoteExtensionError("extended-commit tx is not canonical")
     return commit
+
+
+def _vote_valid(
+    vote: ExtVote,
+    chain_id: str,
+    height: int,
+    round_: int,
+    validators: dict[str, tuple[bytes, int]],
+    epoch_length: int,
+) -> bool:
+    if vote.address not in validators or validators[vote.address][1] != vote.power:
+        return False
+    sign_bytes = vote_extension_sign_bytes(chain_id, height, round_, vote.extension)
+    try:
+        VerifyKey(validators[vote.address][0]).verify(sign_bytes, vote.signature)
+        parse_extension(vote.extension, height, epoch_length)
+    except (BadSignatureError, ValueError, VoteExtensionError):
+        return False
+    return True
+
+
+def without_invalid_extensions(
+    commit: ExtendedCommit,
+    chain_id: str,
+    validators: dict[str, tuple[bytes, int]],
+    epoch_length: int,
+) -> ExtendedCommit:
+    """The proposer's filter of its `local_last_commit`: a COMMIT vote whose extension does not
+    verify (bad signature, junk, floats …) is turned into an absent vote (flag 1, no extension).
+    CometBFT v0.38 adds *late* precommits of the previous height to that commit without calling
+    VerifyVoteExtension, so a Byzantine validator's junk would otherwise make every honest
+    proposal fail ProcessProposal and stop the chain."""
+    if not 0 <= commit.height <= MAX_INT64 or not 0 <= commit.round <= MAX_ROUND:
+        return commit
+    votes = []
+    for vote in commit.votes:
+        if vote.flag == BLOCK_ID_FLAG_COMMIT and not _vote_valid(
+            vote, chain_id, commit.height, commit.round, validators, epoch_length
+        ):
+            vote = ExtVote(vote.address, vote.power, b"", b"", BLOCK_ID_FLAG_ABSENT)
+        votes.append(vote)
+    return ExtendedCommit(commit.height, commit.round, tuple(votes))
 
 
 def verify_extended_commit(

@@ -271,3 +271,34 @@ def test_abci_hostile_byzantine_mode_needs_hidden_flag_and_env(
     assert hostile.check_armed(True) is True
     proposal = hostile.Byzantine().proposal(7, [b"ok"], 1 << 20)
     assert proposal[0] == b"ok" and len(proposal) == 2
+
+
+def test_abci_hostile_late_junk_vote_in_local_commit_is_dropped_by_the_proposer() -> None:
+    """CometBFT adds late precommits to the last commit without VerifyVoteExtension: an honest
+    proposer must drop a Byzantine validator's junk extension so its proposal is accepted (the
+    e2e chain stopped at the first epoch end before this)."""
+    chain = Chain()
+    chain.advance_to(5)
+    app = CommitteeApp(chain.state)
+    bad = b'{"epoch":1.5,"invalid":[],"scores":{}}'
+    votes = []
+    for index, validator in enumerate(chain.validators):
+        extension = bad if index == 3 else extensions.encode_extension(1, {})
+        sign_bytes = extensions.vote_extension_sign_bytes(CHAIN_ID, 5, 0, extension)
+        votes.append(
+            pb.ExtendedVoteInfo(
+                validator=pb.Validator(address=bytes.fromhex(validator.address), power=10),
+                vote_extension=extension,
+                extension_signature=validator.key.sign(sign_bytes).signature,
+                block_id_flag=2,
+            )
+        )
+    commit = pb.ExtendedCommitInfo(round=0, votes=votes)
+    proposal = handle(
+        app, "prepare_proposal", height=6, max_tx_bytes=1 << 20, local_last_commit=commit
+    )
+    [vx] = proposal.txs
+    flags = [v.flag for v in extensions.decode_vx_tx(vx).votes]
+    assert sorted(flags) == [1, 2, 2, 2]
+    answer = handle(app, "process_proposal", height=6, txs=[vx])
+    assert answer.status == pb.ResponseProcessProposal.ACCEPT
