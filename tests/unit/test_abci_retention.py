@@ -5,6 +5,7 @@ costs")."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from nacl.signing import SigningKey
@@ -246,3 +247,18 @@ def test_abci_retention_lasting_bytes_per_staked_node_within_bound() -> None:
     reference.advance_to(end)
     lasting = staked.state.store.size_bytes() - reference.state.store.size_bytes()
     assert 0 < lasting <= LASTING_PER_STAKED_NODE + STAKE_PER_VALIDATOR * len(staked.validators)
+
+
+def test_abci_retention_state_is_read_through_sqlite_not_loaded_whole(tmp_path: Path) -> None:
+    c = Chain(db=tmp_path / "app.sqlite")
+    keys = [register(c, f"n{i}") for i in range(5)]
+    c.block([c.tx(CommitBatch(commit_records(1, 300)), keys[0])])
+    assert c.state.store.size_bytes() > 60_000
+    reopened = c.reopen()
+    store = reopened.state.store
+    assert store.load() == (reopened.state.height, reopened.state.app_hash)
+    assert store.cache_bytes < 4096  # only the meta entries read at start
+    assert (
+        len(answer(reopened, f"/commitments?node={hexkey(keys[0])}&limit=10")["commitments"]) == 10
+    )
+    assert len(answer(reopened, "/nodes")["nodes"]) == 5
