@@ -28,9 +28,11 @@ import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -50,6 +52,7 @@ pytestmark = pytest.mark.integration
 SEED = int(os.environ.get("PLANET_FUZZ_SEED", "1313"))
 CASES = int(os.environ.get("PLANET_FUZZ_CASES", "10000"))
 NAMED = {int(code) for code in Code} - {int(Code.INTERNAL)}
+RPC_WORKERS = 3
 pb = abci_pb()
 
 
@@ -408,14 +411,28 @@ def assert_alive_and_committing(network: Net) -> None:
     network.wait_height(network.height() + 3, timeout=30)
 
 
+def over_rpc(url: str, calls: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """Send `calls` ((method, params) or ("GET", target)) over RPC_WORKERS keep-alive
+    connections; answers in order."""
+    local = threading.local()
+
+    def one(call: tuple[str, Any]) -> dict[str, Any]:
+        if not hasattr(local, "rpc"):
+            local.rpc = Rpc(url)
+        method, params = call
+        return local.rpc.get(params) if method == "GET" else local.rpc.post(method, params)
+
+    with ThreadPoolExecutor(RPC_WORKERS) as pool:
+        return list(pool.map(one, calls, chunksize=64))
+
+
 def test_abci_fuzz_check_tx_through_cometbft_rpc(chain_net: Net) -> None:
     grammar = seeded("check_tx")
-    rpc = Rpc(chain_net.rpc)
+    txs = [grammar.tx() for _ in range(CASES)]
+    calls = [("broadcast_tx_sync", {"tx": base64.b64encode(raw).decode()}) for raw in txs]
     answered: dict[int, int] = {}
     refused_by_cometbft = 0
-    for case in range(CASES):
-        raw = grammar.tx()
-        reply = rpc.post("broadcast_tx_sync", {"tx": base64.b64encode(raw).decode()})
+    for case, (raw, reply) in enumerate(zip(txs, over_rpc(chain_net.rpc, calls), strict=True)):
         if "error" in reply:  # CometBFT's own refusals (e.g. an empty tx); never the app's
             refused_by_cometbft += 1
             continue
@@ -436,16 +453,22 @@ def test_abci_fuzz_check_tx_through_cometbft_rpc(chain_net: Net) -> None:
 
 def test_abci_fuzz_query_through_cometbft_rpc(chain_net: Net) -> None:
     grammar = seeded("query")
-    rpc = Rpc(chain_net.rpc)
-    answered: dict[int, int] = {}
-    refused_by_cometbft = 0
+    cases: list[tuple[str, bytes]] = []
+    calls: list[tuple[str, Any]] = []
     for case in range(CASES):
         path, data = grammar.query()
         if case % 50 == 0:  # raw bytes in the path through the URI form (not UTF-8)
             junk = urllib.parse.quote(grammar.raw_bytes()[:40], safe="")
-            reply = rpc.get(f'/abci_query?path="/nodes%3F{junk}"')
+            path = f'/abci_query?path="/nodes%3F{junk}"'
+            calls.append(("GET", path))
         else:
-            reply = rpc.post("abci_query", {"path": path, "data": data.hex()})
+            calls.append(("abci_query", {"path": path, "data": data.hex()}))
+        cases.append((path, data))
+    answered: dict[int, int] = {}
+    refused_by_cometbft = 0
+    for case, ((path, data), reply) in enumerate(
+        zip(cases, over_rpc(chain_net.rpc, calls), strict=True)
+    ):
         if "error" in reply:
             refused_by_cometbft += 1
             continue
