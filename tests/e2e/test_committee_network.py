@@ -16,7 +16,8 @@ The tests run in file order on one network (module fixture) and build on each ot
 6. one app process killed: its cometbft stops with it (CometBFT cannot reconnect to a new app),
    `up` restarts both, the app replays from its SQLite state to the same app hash.
 
-Ports 27100-27139. Every wait is bounded; the fixture stops every process even on failure.
+Ports: the first free block of 40 from 27100 on (step 100). Every wait is bounded; the fixture
+stops every process even on failure.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -46,7 +48,25 @@ from protocol import committee as txs
 
 pytestmark = pytest.mark.e2e
 
-BASE_PORT = 27100
+
+def _free_base_port(first: int = 27100, last: int = 29900, span: int = 40) -> int:
+    """The first base port (step 100) whose `span` ports are all free (other engineers' and
+    CI's devnets use 27000-27139 too)."""
+    for base in range(first, last, 100):
+        free = True
+        for port in range(base, base + span):
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    free = False
+                    break
+        if free:
+            return base
+    raise RuntimeError("no free block of 40 ports in 27100-29939")
+
+
+BASE_PORT = _free_base_port()
 VALIDATORS = 4
 EPOCH_LENGTH = 10  # epochs close (and vote extensions are injected) every ~4 s
 
@@ -275,6 +295,15 @@ def test_committee_txs_registration_and_commit_batches_committed(
                 for i, a in enumerate(accounts)
             ]
             await _assert_all_committed([s.hash for s in sent], via=0, timeout_s=30)
+            # the validators attest the nodes' stake (as their stake watchers would): unstaked
+            # registrations expire after registration_ttl blocks (docs/committee.md)
+            attestations = [
+                await rpcs[v].broadcast_tx_sync(tx)
+                for v, tx in _stake_attestations(net, [a.hex for a in accounts])
+            ]
+            await _assert_all_committed([s.hash for s in attestations], via=0, timeout_s=30)
+            node = await rpcs[1].abci_query(f"/node?key={accounts[0].hex}")
+            assert node["stake"] == str(10**18)
             batches = [
                 await rpcs[i % VALIDATORS].broadcast_tx_sync(a.commit_batch(8))
                 for i, a in enumerate(accounts)
@@ -310,6 +339,22 @@ def test_committee_txs_registration_and_commit_batches_committed(
                 await rpc.close()
 
     run(scenario())
+
+
+def _stake_attestations(directory: Path, nodes: list[str]) -> list[tuple[int, bytes]]:
+    """(validator index, attest_stake tx of 10**18 wei) for each node from validators 0-2."""
+    import base64
+
+    out = []
+    for index in range(3):
+        doc = json.loads(
+            (directory / f"node{index}" / "config" / "priv_validator_key.json").read_text()
+        )
+        key = SigningKey(base64.b64decode(doc["priv_key"]["value"])[:32])
+        for nonce, node in enumerate(nodes, start=1_000):
+            body = txs.AttestStake(node=node, amount=10**18)
+            out.append((index, txs.sign(body, key, nonce).encode()))
+    return out
 
 
 async def _load(
