@@ -14,7 +14,10 @@ The tests run in file order on one network (module fixture) and build on each ot
 5. `planet committee up` restarts both: they catch up and every app reports the same app hash
    as the chain's headers at the same height;
 6. one app process killed: its cometbft stops with it (CometBFT cannot reconnect to a new app),
-   `up` restarts both, the app replays from its SQLite state to the same app hash.
+   `up` restarts both, the app replays from its SQLite state to the same app hash;
+7. grammar junk txs (issue #13) sent to every validator: named codes, one app hash;
+8. validator 3 restarted in the test-only Byzantine mode (junk proposals, junk vote
+   extensions): the other three keep committing across epoch ends with one app hash.
 
 Ports: the first free block of 40 from 27100 on (step 100). Every wait is bounded; the fixture
 stops every process even on failure.
@@ -23,6 +26,7 @@ stops every process even on failure.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import os
@@ -69,6 +73,7 @@ def _free_base_port(first: int = 27100, last: int = 29900, span: int = 40) -> in
 BASE_PORT = _free_base_port()
 VALIDATORS = 4
 EPOCH_LENGTH = 10  # epochs close (and vote extensions are injected) every ~4 s
+HOSTILE_TXS_PER_VALIDATOR = 250
 
 
 def _planet_command() -> list[str]:
@@ -343,8 +348,6 @@ def test_committee_txs_registration_and_commit_batches_committed(
 
 def _stake_attestations(directory: Path, nodes: list[str]) -> list[tuple[int, bytes]]:
     """(validator index, attest_stake tx of 10**18 wei) for each node from validators 0-2."""
-    import base64
-
     out = []
     for index in range(3):
         doc = json.loads(
@@ -464,6 +467,29 @@ def test_committee_app_killed_and_restarted_replays_to_same_app_hash(net: Path) 
     after = run(_app_hash_matches_chain(1, reference=0))
     assert after > before
     assert cometbft_stopped_by_itself, "cometbft kept running without its app"
+
+
+def test_committee_hostile_txs_to_every_validator_keep_one_app_hash(net: Path) -> None:
+    """Grammar junk (tests/integration/test_abci_fuzz.py) sent to all 4 validators' RPC: every
+    answer is a named code, all processes stay up, and the 4 apps keep one app hash."""
+    from abci_app.codes import Code as Codes
+    from tests.integration.test_abci_fuzz import NAMED, Grammar, over_rpc
+
+    grammar = Grammar(1313)
+    for index in range(VALIDATORS):
+        calls = [
+            ("broadcast_tx_sync", {"tx": base64.b64encode(grammar.tx()).decode()})
+            for _ in range(HOSTILE_TXS_PER_VALIDATOR)
+        ]
+        for reply in over_rpc(rpc_url(index), calls):
+            if "error" not in reply:  # CometBFT's own refusals never reach the app
+                assert reply["result"]["code"] in NAMED - {int(Codes.OK)}, reply
+    start = max(h for h in run(_heights()) if h is not None)
+    run(_wait_height(list(range(VALIDATORS)), start + 3, timeout_s=60))
+    for index in range(VALIDATORS):
+        run(_app_hash_matches_chain(index, reference=(index + 1) % VALIDATORS))
+    rows = status(net)["validators"]
+    assert all(alive(r["app_pid"]) and alive(r["cometbft_pid"]) for r in rows)
 
 
 def _spawn_byzantine(directory: Path, index: int) -> None:
