@@ -10,14 +10,16 @@
                    share-chain, verdicts)
     epochs.py      height-driven rules: heartbeat timeouts, epoch leader + challenge list,
                    reputation application
+    retention.py   what state costs: unstaked registrations expire, settled records pruned
     reputation.py  PlanetServe sec. 3.4 in fixed point (exact integer rules)
     extensions.py  vote extensions: reputation reports, extended-commit tx, signature checks
     queries.py     path-based JSON queries
     genesis.py     genesis app_state parameters
-    store.py       SQLite persistence (one transaction per block)
+    store.py       SQLite persistence (one transaction per block; reads, never loaded whole)
     codes.py       every result code
     proto/         CometBFT protobuf classes, generated at build time (never committed)
     testing.py     an in-process chain for tests and benchmarks
+    hostile.py     TEST-ONLY Byzantine mode (hidden flag + environment variable, both required)
 
 Tx format: `protocol.committee`. Share-chain blocks: `shares.block`. Genesis must set
 `consensus_params.abci.vote_extensions_enable_height` (the devnet uses "1").

@@ -14,19 +14,25 @@ The tests run in file order on one network (module fixture) and build on each ot
 5. `planet committee up` restarts both: they catch up and every app reports the same app hash
    as the chain's headers at the same height;
 6. one app process killed: its cometbft stops with it (CometBFT cannot reconnect to a new app),
-   `up` restarts both, the app replays from its SQLite state to the same app hash.
+   `up` restarts both, the app replays from its SQLite state to the same app hash;
+7. grammar junk txs (issue #13) sent to every validator: named codes, one app hash;
+8. validator 3 restarted in the test-only Byzantine mode (junk proposals, junk vote
+   extensions): the other three keep committing across epoch ends with one app hash.
 
-Ports 27100-27139. Every wait is bounded; the fixture stops every process even on failure.
+Ports: the first free block of 40 from 27100 on (step 100). Every wait is bounded; the fixture
+stops every process even on failure.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -46,9 +52,28 @@ from protocol import committee as txs
 
 pytestmark = pytest.mark.e2e
 
-BASE_PORT = 27100
+
+def _free_base_port(first: int = 27100, last: int = 29900, span: int = 40) -> int:
+    """The first base port (step 100) whose `span` ports are all free (other engineers' and
+    CI's devnets use 27000-27139 too)."""
+    for base in range(first, last, 100):
+        free = True
+        for port in range(base, base + span):
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    free = False
+                    break
+        if free:
+            return base
+    raise RuntimeError("no free block of 40 ports in 27100-29939")
+
+
+BASE_PORT = _free_base_port()
 VALIDATORS = 4
 EPOCH_LENGTH = 10  # epochs close (and vote extensions are injected) every ~4 s
+HOSTILE_TXS_PER_VALIDATOR = 250
 
 
 def _planet_command() -> list[str]:
@@ -275,6 +300,15 @@ def test_committee_txs_registration_and_commit_batches_committed(
                 for i, a in enumerate(accounts)
             ]
             await _assert_all_committed([s.hash for s in sent], via=0, timeout_s=30)
+            # the validators attest the nodes' stake (as their stake watchers would): unstaked
+            # registrations expire after registration_ttl blocks (docs/committee.md)
+            attestations = [
+                await rpcs[v].broadcast_tx_sync(tx)
+                for v, tx in _stake_attestations(net, [a.hex for a in accounts])
+            ]
+            await _assert_all_committed([s.hash for s in attestations], via=0, timeout_s=30)
+            node = await rpcs[1].abci_query(f"/node?key={accounts[0].hex}")
+            assert node["stake"] == str(10**18)
             batches = [
                 await rpcs[i % VALIDATORS].broadcast_tx_sync(a.commit_batch(8))
                 for i, a in enumerate(accounts)
@@ -310,6 +344,20 @@ def test_committee_txs_registration_and_commit_batches_committed(
                 await rpc.close()
 
     run(scenario())
+
+
+def _stake_attestations(directory: Path, nodes: list[str]) -> list[tuple[int, bytes]]:
+    """(validator index, attest_stake tx of 10**18 wei) for each node from validators 0-2."""
+    out = []
+    for index in range(3):
+        doc = json.loads(
+            (directory / f"node{index}" / "config" / "priv_validator_key.json").read_text()
+        )
+        key = SigningKey(base64.b64decode(doc["priv_key"]["value"])[:32])
+        for nonce, node in enumerate(nodes, start=1_000):
+            body = txs.AttestStake(node=node, amount=10**18)
+            out.append((index, txs.sign(body, key, nonce).encode()))
+    return out
 
 
 async def _load(
@@ -419,3 +467,87 @@ def test_committee_app_killed_and_restarted_replays_to_same_app_hash(net: Path) 
     after = run(_app_hash_matches_chain(1, reference=0))
     assert after > before
     assert cometbft_stopped_by_itself, "cometbft kept running without its app"
+
+
+def test_committee_hostile_txs_to_every_validator_keep_one_app_hash(net: Path) -> None:
+    """Grammar junk (tests/integration/test_abci_fuzz.py) sent to all 4 validators' RPC: every
+    answer is a named code, all processes stay up, and the 4 apps keep one app hash."""
+    from abci_app.codes import Code as Codes
+    from tests.integration.test_abci_fuzz import NAMED, Grammar, over_rpc
+
+    grammar = Grammar(1313)
+    for index in range(VALIDATORS):
+        calls = [
+            ("broadcast_tx_sync", {"tx": base64.b64encode(grammar.tx()).decode()})
+            for _ in range(HOSTILE_TXS_PER_VALIDATOR)
+        ]
+        for reply in over_rpc(rpc_url(index), calls):
+            if "error" not in reply:  # CometBFT's own refusals never reach the app
+                assert reply["result"]["code"] in NAMED - {int(Codes.OK)}, reply
+    start = max(h for h in run(_heights()) if h is not None)
+    run(_wait_height(list(range(VALIDATORS)), start + 3, timeout_s=60))
+    for index in range(VALIDATORS):
+        run(_app_hash_matches_chain(index, reference=(index + 1) % VALIDATORS))
+    rows = status(net)["validators"]
+    assert all(alive(r["app_pid"]) and alive(r["cometbft_pid"]) for r in rows)
+
+
+def _spawn_byzantine(directory: Path, index: int) -> None:
+    """Restart validator `index` with its app in the test-only Byzantine mode (junk proposals
+    and junk vote extensions); pid files let `planet committee down` stop it as usual."""
+    from abci_app import hostile
+    from deploy.committee import app_command, cometbft_command, load_network
+
+    network = load_network(directory)
+    validator = network.validators[index]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", hostile.ENV: hostile.ARMED_VALUE}
+    if os.environ.get("PLANET_BYZANTINE_PYTHONPATH"):  # to run the attacker from other code
+        env["PYTHONPATH"] = os.environ["PLANET_BYZANTINE_PYTHONPATH"]
+    commands = [
+        ("app", [*app_command(validator), hostile.FLAG]),
+        ("cometbft", cometbft_command(network, validator)),
+    ]
+    for process, argv in commands:
+        with open(network.log_path(process, index), "ab") as log_file:
+            log_file.write(b"\n=== byzantine start\n")
+            log_file.flush()
+            child = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=validator.home,
+                start_new_session=True,
+                env=env,
+            )
+        network.pid_path(process, index).write_text(f"{child.pid}\n")
+        if process == "app":
+            time.sleep(2.0)  # let the app listen before cometbft connects
+
+
+def _rejections(directory: Path, index: int) -> tuple[int, int]:
+    text = (directory / "logs" / f"app{index}.log").read_text(errors="replace")
+    return text.count("process_proposal rejected"), text.count("vote extension rejected")
+
+
+def test_committee_one_byzantine_validator_cannot_stop_or_fork_the_others(net: Path) -> None:
+    """Validator 3 proposes junk txs and extends junk votes (floats, deep nesting, NaN,
+    duplicate keys, bad UTF-8) at every height: the other three reject them and keep
+    committing, across epoch ends (extended commits), with one app hash."""
+    planet(net, "down", "--only", "3", timeout=60)
+    _spawn_byzantine(net, 3)
+    rows = status(net)["validators"]
+    assert alive(rows[3]["app_pid"]) and alive(rows[3]["cometbft_pid"])
+    start = max(h for h in run(_heights())[:3] if h is not None)
+    before = [_rejections(net, i) for i in range(3)]
+    # long enough for validator 3 to propose (round robin) and to cross an epoch end
+    run(_wait_height([0, 1, 2], start + 2 * EPOCH_LENGTH + 2, timeout_s=150))
+    after = [_rejections(net, i) for i in range(3)]
+    assert sum(a[1] - b[1] for a, b in zip(after, before, strict=True)) > 0, "no junk extension"
+    assert sum(a[0] - b[0] for a, b in zip(after, before, strict=True)) > 0, "no junk proposal"
+    for index in range(3):
+        run(_app_hash_matches_chain(index, reference=(index + 1) % 3))
+    # the Byzantine validator's own app still executes the agreed blocks to the same hash
+    run(_app_hash_matches_chain(3, reference=0))
+    rows = status(net)["validators"]
+    assert all(alive(rows[i]["app_pid"]) and alive(rows[i]["cometbft_pid"]) for i in range(4))
