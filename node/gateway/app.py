@@ -114,8 +114,9 @@ async def error_middleware(
         if status >= 500:
             log.warning("request failed path=%s code=%s %s", request.path, error.code, error)
         return _json_error(status, body)
-    except web.HTTPRequestEntityTooLarge as error:
-        message = f"the request body is larger than {error.max_size} bytes"  # type: ignore[attr-defined]
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[GATEWAY_KEY].config.max_body_bytes
+        message = f"the request body is larger than {limit} bytes"
         return _json_error(413, error_body(413, "body_too_large", message))
     except web.HTTPException as error:
         if error.status < 400:
