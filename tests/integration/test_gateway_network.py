@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,7 +23,7 @@ import pytest
 from node.client.pipeline import Hop, PipelineClient
 from node.client.sampling import SamplingConfig
 from protocol.payment import payment_domain, verify_receipt_json
-from tests.integration.gateway_net import ETHER, PRICE, GatewayNet, http_json
+from tests.integration.gateway_net import ETHER, PRICE, GatewayNet, ephemeral_port, http_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -244,6 +247,79 @@ def test_gateway_routes_only_staked_nodes_and_drops_a_node_that_left(
     used = _nodes_used(net, user, 6)
     assert b.public not in used and c.public not in used
     assert used == {a.public, d.public}
+
+
+def _planet(net: GatewayNet, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PLANET_HOME": str(home), "PLANET_PASSWORD": "pw"}
+    return subprocess.run(
+        [sys.executable, "-m", "node.cli.main", "ask", "--pay", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_planet_ask_pay_deposits_streams_and_prints_the_receipt(
+    net: GatewayNet, tmp_path: Path
+) -> None:
+    from node.keys import create_wallet
+
+    assert net.anvil is not None
+    payer = net.account("cli-user")
+    wallet = tmp_path / "wallet.json"
+    create_wallet(wallet, "pw", bytes(payer.account.key))
+    common = ["--deployment", str(net.deployment_path), "--evm-rpc", net.anvil.rpc_url]
+    done = _planet(
+        net,
+        tmp_path,
+        "What is the capital of France?",
+        "--gateway",
+        net.gateway_url,
+        "--max-tokens",
+        "8",
+        "--json",
+        *common,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert "Paris" in result["text"]
+    receipt = check_receipt(net, result["receipt"], bytes.fromhex(result["query_id"][2:]))
+    assert receipt.fee <= int(result["deposit_wei"])
+    assert "deposit" in done.stderr and "(verified)" in done.stderr
+    # the deposit's unused part stays in the escrow for the payer
+    assert payer.deposit_of(bytes.fromhex(result["query_id"][2:]))["user"] == payer.address
+
+    # user mistakes: one error line, one hint line, no traceback
+    closed = f"http://127.0.0.1:{ephemeral_port()}"
+    unreachable = _planet(net, tmp_path, "Hi", "--gateway", closed, *common)
+    assert unreachable.returncode == 6 and "unreachable" in unreachable.stderr
+    poor = tmp_path / "poor.json"
+    create_wallet(poor, "pw", bytes.fromhex("5" * 64))
+    broke = _planet(
+        net, tmp_path, "Hi", "--gateway", net.gateway_url, "--wallet", str(poor), *common
+    )
+    assert broke.returncode == 8 and "needs" in broke.stderr
+    other = json.loads(net.deployment_path.read_text())
+    other["chain_id"] = 1
+    wrong = tmp_path / "other-chain.json"
+    wrong.write_text(json.dumps(other))
+    mismatch = _planet(
+        net,
+        tmp_path,
+        "Hi",
+        "--gateway",
+        net.gateway_url,
+        "--wallet",
+        str(wallet),
+        "--deployment",
+        str(wrong),
+        "--evm-rpc",
+        net.anvil.rpc_url,
+    )
+    assert mismatch.returncode == 2 and "chain" in mismatch.stderr
+    for failed in (unreachable, broke, mismatch):
+        assert "Traceback" not in failed.stderr and "hint:" in failed.stderr
 
 
 def test_gateway_node_killed_mid_question_gives_clear_error_and_no_charge(
