@@ -16,6 +16,7 @@ Logs stay in the run directory (PLANET_KEEP_LOGS=1 prints where).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
@@ -39,7 +40,14 @@ from deploy.anvil import ANVIL_DEV_ADDRESS, ANVIL_DEV_KEY, Anvil, rpc_call, star
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
 from node.chain.evm import PlanetChain
 from node.model.manifest import Manifest
-from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
+from node.server.launcher import (
+    NodeProcess,
+    is_planet_node,
+    pid_alive,
+    start_node,
+    stop_pid,
+    wait_healthy,
+)
 from protocol.committee import AttestStake, Heartbeat, Leave, RegisterNode, sign, sign_registration
 from protocol.eip712 import ROLE_COMPUTE, address_of, as_bytes32
 from protocol.payment import QueryPayment, payment_domain, sign_payment
@@ -254,7 +262,7 @@ class GatewayNet:
         rpc_call(self.anvil.rpc_url, "anvil_setBalance", [address_of(key), hex(ether * ETHER)])
         return PlanetChain(self.deployment, key)
 
-    def start_nodes(self, shards: list[int]) -> list[Compute]:
+    def start_nodes(self, shards: list[int], *, wait: bool = True) -> list[Compute]:
         started = []
         for index, shard in enumerate(shards):
             process = start_node(
@@ -268,7 +276,8 @@ class GatewayNet:
                 Compute(process, SigningKey.generate(), keccak(text=secrets.token_hex(16)))
             )
         self.nodes.extend(started)
-        wait_healthy([c.process for c in started], timeout_s=240)
+        if wait:
+            wait_healthy([c.process for c in started], timeout_s=240)
         return started
 
     def register(self, node: Compute, *, stake: bool) -> None:
@@ -371,10 +380,12 @@ class GatewayNet:
     def start(cls, run_dir: Path, manifest: Path, staked: list[int], unstaked: list[int]) -> Any:
         net = cls(run_dir, manifest)
         try:
+            # nodes load their shards while the chains start
+            staked_nodes = net.start_nodes(staked, wait=False)
+            unstaked_nodes = net.start_nodes(unstaked, wait=False)
             net.start_chain()
             net.committee = start_committee(run_dir, address_of(net.operator_key))
-            staked_nodes = net.start_nodes(staked)
-            unstaked_nodes = net.start_nodes(unstaked)
+            wait_healthy([c.process for c in net.nodes], timeout_s=240)
             for node in staked_nodes:
                 net.register(node, stake=True)
             for node in unstaked_nodes:
@@ -422,6 +433,10 @@ class GatewayNet:
                 self.gateway.wait(10)
             except subprocess.TimeoutExpired:
                 self.gateway.kill()
+        for node in self.nodes:  # SIGTERM all first (our own node pids only), then wait
+            if pid_alive(node.process.pid) and is_planet_node(node.process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(node.process.pid, signal.SIGTERM)
         for node in self.nodes:
             stop_pid(node.process.pid, grace_s=3)
         if self.committee is not None:
