@@ -5,7 +5,7 @@
     GET  /v1/pools                   pool health per shard (committee) and the price per token
     POST /v1/chat/completions        chat, streamed (SSE) or not
     POST /v1/completions             plain completion, streamed (SSE) or not
-    GET  /v1/receipts/{query_id}     the signed receipt of a served query
+    GET  /v1/receipts/{query_id}     the signed receipt of a served query (its payer's key)
 
 Handlers stay thin: the body goes through `requests` (400 on any broken rule), the API key
 through `protocol.payment.parse_api_key` and `PaymentDesk.reserve` (402), the question through
@@ -240,9 +240,14 @@ async def receipt(request: web.Request) -> web.Response:
     match = _QUERY_ID.match(request.match_info["query_id"])
     if match is None:
         raise InvalidRequest("invalid_value", "a query id is 0x + 64 hex", param="query_id")
-    doc = gateway.desk.receipt(bytes.fromhex(match[2]))
-    if doc is None:
-        raise NotFound("receipt_not_found", "no receipt for this query id at this gateway")
+    proof = bearer_proof(request)
+    doc = gateway.desk.receipt_for(proof)
+    if doc is None or doc["query_id"] != "0x" + match[2].lower():
+        raise NotFound(
+            "receipt_not_found",
+            "no receipt for this query id at this gateway for this API key "
+            "(send the payment proof that paid it as the API key)",
+        )
     return web.json_response(doc)
 
 

@@ -22,6 +22,8 @@ file when one is configured (reloaded at start, so a restart does not serve an i
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import threading
@@ -120,6 +122,7 @@ class PaymentDesk:
         self.receipts_path = receipts_path
         self._in_flight: set[bytes] = set()
         self._receipts: dict[bytes, dict[str, Any]] = {}
+        self._holders: dict[bytes, bytes] = {}  # query id → holder_digest of the proof used
         self._file_lock = threading.Lock()
         if receipts_path is not None and receipts_path.exists():
             self._load(receipts_path)
@@ -127,8 +130,11 @@ class PaymentDesk:
     def _load(self, path: Path) -> None:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             try:
-                doc = json.loads(line)
-                self._receipts[bytes.fromhex(doc["query_id"][2:])] = doc
+                entry = json.loads(line)
+                doc, holder = entry["receipt"], bytes.fromhex(entry["holder"])
+                query = bytes.fromhex(doc["query_id"][2:])
+                self._receipts[query] = doc
+                self._holders[query] = holder
             except (ValueError, KeyError, TypeError):
                 log.warning("skipping a damaged receipt line=%d file=%s", number, path)
 
@@ -218,13 +224,34 @@ class PaymentDesk:
         )
         signature = sign_digest(self._key, receipt.digest(self.domain))
         doc = receipt_json(receipt, signature, node_keys)
+        holder = holder_digest(ticket.proof)
         self._receipts[ticket.proof.query_id] = doc
+        self._holders[ticket.proof.query_id] = holder
         self._in_flight.discard(ticket.proof.query_id)
         if self.receipts_path is not None:
+            line = json.dumps({"receipt": doc, "holder": holder.hex()}, separators=(",", ":"))
             with self._file_lock, open(self.receipts_path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(doc, separators=(",", ":")) + "\n")
+                handle.write(line + "\n")
         log.info("served query=%s fee=%d tokens=%d", ticket.query_hex[:18], fee, completion_tokens)
         return doc
 
     def receipt(self, query_id: bytes) -> dict[str, Any] | None:
         return self._receipts.get(query_id)
+
+    def receipt_for(self, proof: PaymentProof | PaymentKeyError) -> dict[str, Any] | None:
+        """The receipt of the query this proof paid, only for the holder of that proof (a
+        receipt links a query id, public on chain, to the circuit's nodes: strangers get
+        nothing)."""
+        if isinstance(proof, PaymentKeyError):
+            return None
+        holder = self._holders.get(proof.query_id)
+        if holder is None or not hmac.compare_digest(holder, holder_digest(proof)):
+            return None
+        return self._receipts.get(proof.query_id)
+
+
+def holder_digest(proof: PaymentProof) -> bytes:
+    """sha256 over the proof that paid a query (what `GET /v1/receipts` asks for again)."""
+    return hashlib.sha256(
+        proof.query_id + proof.fee_cap.to_bytes(32, "big") + proof.signature
+    ).digest()

@@ -67,10 +67,24 @@ def check_receipt(net: GatewayNet, doc: dict[str, Any], query_id: bytes) -> Any:
 
 
 def ask(net: GatewayNet, user: Any, **kwargs: Any) -> tuple[Any, bytes]:
+    answer, query_id, _ = ask_with_key(net, user, **kwargs)
+    return answer, query_id
+
+
+def ask_with_key(net: GatewayNet, user: Any, **kwargs: Any) -> tuple[Any, bytes, str]:
     key, query_id = net.pay(user, DEPOSIT)
     params = {"model": model_name(net), "messages": QUESTION, "max_tokens": 16, "temperature": 0}
     params.update(kwargs)
-    return client(net, key).chat.completions.create(**params), query_id
+    return client(net, key).chat.completions.create(**params), query_id, key
+
+
+def get_receipt(net: GatewayNet, query_id: bytes, key: str) -> Any:
+    request = urllib.request.Request(
+        f"{net.gateway_url}/v1/receipts/0x{query_id.hex()}",
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
 
 
 def test_gateway_models_and_pools_list_model_price_and_shard_health(net: GatewayNet) -> None:
@@ -86,7 +100,7 @@ def test_gateway_models_and_pools_list_model_price_and_shard_health(net: Gateway
 def test_gateway_chat_non_streaming_answer_usage_logprobs_and_receipt(
     net: GatewayNet, user: Any
 ) -> None:
-    answer, query_id = ask(net, user, logprobs=True, top_logprobs=3)
+    answer, query_id, key = ask_with_key(net, user, logprobs=True, top_logprobs=3)
     choice = answer.choices[0]
     assert answer.object == "chat.completion"
     assert "Paris" in choice.message.content
@@ -105,7 +119,7 @@ def test_gateway_chat_non_streaming_answer_usage_logprobs_and_receipt(
     assert receipt.completion_tokens == usage.completion_tokens
     assert receipt.prompt_tokens == usage.prompt_tokens
     assert len(doc["nodes"]) == 2
-    assert http_json(f"{net.gateway_url}/v1/receipts/0x{query_id.hex()}") == doc
+    assert get_receipt(net, query_id, key) == doc
 
 
 def test_gateway_chat_streaming_same_text_as_whole_with_usage_chunk(
@@ -343,7 +357,7 @@ def test_gateway_node_killed_mid_question_gives_clear_error_and_no_charge(
     assert len(received) >= 2
     assert "node" in str(caught.value.message) and "nothing was charged" in caught.value.message
     with pytest.raises(urllib.error.HTTPError) as missing:
-        urllib.request.urlopen(f"{net.gateway_url}/v1/receipts/0x{query_id.hex()}", timeout=5)
+        get_receipt(net, query_id, key)
     assert missing.value.code == 404
     assert user.deposit_of(query_id)["status"] == 1  # still funded: refundable after timeout
     # the next question finds no live node for shard 1: 503, not a hang, not a charge

@@ -187,8 +187,12 @@ async def test_gateway_chat_whole_answer_usage_receipt(env) -> None:
     receipt, signer = verify_receipt_json(body["planet_receipt"], DOMAIN)
     assert signer == address_of(GATEWAY_KEY) and receipt.fee == 7 * PRICE
     assert body["planet_receipt"]["nodes"] == NODE_KEYS
-    again = await client.get(f"/v1/receipts/0x{query.hex()}")
+    again = await client.get(f"/v1/receipts/0x{query.hex()}", headers=headers)
     assert await again.json() == body["planet_receipt"]
+    # strangers (no key, or another payer's key) cannot link the query id to its nodes
+    await _error(await client.get(f"/v1/receipts/0x{query.hex()}"), 404)
+    other, _ = pay(escrow)
+    await _error(await client.get(f"/v1/receipts/0x{query.hex()}", headers=other), 404)
 
 
 async def test_gateway_chat_stream_sse_framing_usage_and_done(env) -> None:
@@ -318,7 +322,7 @@ async def test_gateway_dead_node_is_503_no_receipt_and_the_deposit_stays_usable(
 
     # the first circuit fails, the retry finds shard 1's only node cooled down: no circuit
     assert (await ask())["code"] == "no_routable_node"
-    await _error(await client.get(f"/v1/receipts/0x{query.hex()}"), 404)
+    await _error(await client.get(f"/v1/receipts/0x{query.hex()}", headers=headers), 404)
     # the query id was released, not burnt: the same proof fails the same way, not payment_used
     assert (await ask())["code"] == "no_routable_node"
     source.entries = []
@@ -340,7 +344,7 @@ async def test_gateway_node_error_after_retries_is_502_and_charges_nothing(
     )
     error = await _error(answer, 502)
     assert error["code"] == "node_failed" and "nothing was charged" in error["message"]
-    await _error(await client.get(f"/v1/receipts/0x{query.hex()}"), 404)
+    await _error(await client.get(f"/v1/receipts/0x{query.hex()}", headers=headers), 404)
 
 
 async def test_gateway_pools_and_models(env) -> None:
