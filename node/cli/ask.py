@@ -64,7 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     paying.add_argument("--gateway", default=None, help="gateway URL (default: the devnet's)")
     paying.add_argument(
-        "--wallet", type=Path, default=None, help="your keystore (default $PLANET_HOME/wallet.json)"
+        "--wallet",
+        type=Path,
+        default=None,
+        help="your keystore (default $PLANET_HOME/wallet.json, else the devnet's user wallet)",
     )
     paying.add_argument(
         "--password-file",
@@ -176,12 +179,22 @@ def _pay_defaults(args: argparse.Namespace) -> dict[str, Any]:
             "--pay needs the contract deployment file",
             hint="pass --deployment FILE, or start a devnet with `planet devnet up`",
         )
+    accounts = [a for a in devnet.get("accounts") or [] if isinstance(a, dict)]
+    wallet, password_file = args.wallet, args.password_file
+    if wallet is None:
+        wallet = planet_home() / "wallet.json"
+        users = [a for a in accounts if a.get("name") == "user" and a.get("keystore")]
+        if not wallet.exists() and users:  # the devnet's funded user wallet
+            wallet = Path(users[0]["keystore"])
+            if password_file is None and "PLANET_PASSWORD" not in os.environ:
+                password_file = devnet.get("password_file")
     return {
         "gateway": str(gateway).rstrip("/"),
         "evm_rpc": args.evm_rpc or devnet.get("evm_rpc") or "http://127.0.0.1:8545",
         "deployment": Path(deployment),
-        "wallet": args.wallet or planet_home() / "wallet.json",
-        "accounts": devnet.get("accounts") or devnet.get("funded_accounts") or [],
+        "wallet": Path(wallet),
+        "password_file": Path(password_file) if password_file else None,
+        "accounts": accounts,
     }
 
 
@@ -195,7 +208,7 @@ def _open_wallet(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
         if any(known):
             hint = f"the devnet funded these keystores: {', '.join(map(str, filter(None, known)))}"
         raise UsageError(f"no wallet at {wallet}", hint=hint)
-    return load_wallet(wallet, PasswordSource(file=args.password_file).read())
+    return load_wallet(wallet, PasswordSource(file=settings["password_file"]).read())
 
 
 def _say(text: str) -> None:
