@@ -33,7 +33,9 @@ from protocol.errors import PlanetError
 log = logging.getLogger(__name__)
 
 VERIFY_TTL_S = 60.0
+VERIFY_TIMEOUT_S = 3.0
 COOLDOWN_S = 30.0
+MAX_TRIES_PER_SHARD = 4  # unverified candidates probed per shard for one circuit
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
 
 
@@ -151,7 +153,7 @@ class Router:
         if checked is not None and time.monotonic() - checked < VERIFY_TTL_S:
             return True
         try:
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(VERIFY_TIMEOUT_S):
                 async with self.http.get(f"{node.endpoint}/info") as answer:
                     info = await answer.json(content_type=None) if answer.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
@@ -178,16 +180,23 @@ class Router:
         for shard in range(self.shard_count):
             candidates = [n for n in routable.get(shard, []) if not self._cooling(n)]
             self._random.shuffle(candidates)
+            probes = 0  # unverified candidates probed: a few, so dead registrations cannot stall
+            found: RoutableNode | None = None
             for node in candidates:
+                if node not in self._verified:
+                    probes += 1
+                    if probes > MAX_TRIES_PER_SHARD:
+                        break
                 if await self._verify(node):
-                    chosen.append(node)
+                    found = node
                     break
-            else:
+            if found is None:
                 raise NoCircuit(
                     "no_routable_node",
                     f"no routable compute node serves shard {shard} of {self.shard_count} "
                     "right now; try again later",
                 )
+            chosen.append(found)
         return Circuit(tuple(chosen))
 
     async def probe(self, circuit: Circuit) -> None:

@@ -100,3 +100,27 @@ async def test_router_picks_at_random_among_eligible_nodes() -> None:
     assert chosen == set(keys)  # 4 nodes, 64 draws: every one is used
     router.mark_failed(RoutableNode(keys[0], "http://127.0.0.1:9000", 0))
     assert keys[0] not in {(await router.circuit()).keys[0] for _ in range(32)}
+
+
+async def test_router_probes_few_dead_registrations_then_gives_up_with_503() -> None:
+    from node.gateway.errors import NoCircuit
+    from node.gateway.router import MAX_TRIES_PER_SHARD
+
+    keys = [f"{i:02x}" * 32 for i in range(10)]
+    router = Router(
+        Source([entry(key=k) for k in keys]),
+        model_hash="sha256:" + "0" * 64,
+        shard_layers=[(0, 30)],
+        http=None,  # type: ignore[arg-type]
+        refresh_s=0,
+    )
+    probed: list[str] = []
+
+    async def dead(node: RoutableNode) -> bool:
+        probed.append(node.key)
+        return False
+
+    router._verify = dead  # type: ignore[method-assign]
+    with pytest.raises(NoCircuit):
+        await router.circuit()
+    assert len(probed) == MAX_TRIES_PER_SHARD
