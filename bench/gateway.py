@@ -190,10 +190,9 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-    from node.model.prepare import prepare
-    from tests.integration.gateway_net import GatewayNet
+    from tests.integration.gateway_net import GatewayNet, prepared_manifest
 
-    manifest = Path(prepare(parts=2, quant="int8", progress=lambda _m: None))
+    manifest = prepared_manifest(parts=2, quant="int8")
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as run_dir:
         net = GatewayNet.start(Path(run_dir), manifest, staked=[0, 1], unstaked=[])
         try:

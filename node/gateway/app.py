@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -325,8 +326,6 @@ async def _whole(
 
 
 def _dumps(value: Any) -> str:
-    import json
-
     return json.dumps(value, ensure_ascii=False)
 
 

@@ -60,6 +60,19 @@ PASSWORD = "gateway-test-password"
 _NONCE_LOCK = threading.Lock()
 
 
+def prepared_manifest(parts: int = 2, quant: str = "int8") -> Path:
+    """The prepared SmolLM2 shards' manifest: the cached one when present (each node re-checks
+    its shard file's hash at start), else `node.model.prepare`."""
+    from node.model.source import models_dir
+
+    cached = models_dir() / f"smollm2-135m-{parts}p-{quant}" / "manifest.json"
+    if cached.exists():
+        return cached
+    from node.model.prepare import prepare
+
+    return Path(prepare(parts=parts, quant=quant, progress=lambda _m: None))
+
+
 def ephemeral_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -23,7 +23,14 @@ import pytest
 from node.client.pipeline import Hop, PipelineClient
 from node.client.sampling import SamplingConfig
 from protocol.payment import payment_domain, verify_receipt_json
-from tests.integration.gateway_net import ETHER, PRICE, GatewayNet, ephemeral_port, http_json
+from tests.integration.gateway_net import (
+    ETHER,
+    PRICE,
+    GatewayNet,
+    ephemeral_port,
+    http_json,
+    prepared_manifest,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,9 +40,7 @@ DEPOSIT = ETHER // 100  # far above price × (prompt + max_tokens) for these que
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayNet]:
-    from node.model.prepare import prepare
-
-    manifest = Path(prepare(parts=2, quant="int8", progress=lambda _m: None))
+    manifest = prepared_manifest(parts=2, quant="int8")
     run_dir = tmp_path_factory.mktemp("gateway-net")
     network = GatewayNet.start(run_dir, manifest, staked=[0, 0, 1], unstaked=[0])
     try:
