@@ -69,6 +69,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--receipts", type=Path, default=None, help="receipt log (default: next to the wallet)"
     )
+    serve.add_argument(
+        "--max-sessions-per-node",
+        type=int,
+        default=8,
+        help="questions at once on one node from this gateway; more wait (default 8, the "
+        "nodes' default per-caller in-flight quota)",
+    )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
 
@@ -90,6 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         receipts=args.receipts,
+        max_sessions_per_node=args.max_sessions_per_node,
     ).validate()
     password = PasswordSource(file=args.password_file).read(confirm=not args.wallet.exists())
     serve(config, password)

@@ -26,11 +26,14 @@ class GatewayConfig:
     node_timeout_s: float = 60.0  # one HTTP exchange with a node (seconds)
     routing_refresh_s: float = 2.0  # how stale the routable-node list may be (seconds)
     attempts: int = 2  # circuits tried per question before the first token reached the user
+    max_sessions_per_node: int = 8  # questions at once on one node from this gateway (queue after)
     limits: Limits = field(default_factory=Limits)
 
     def validate(self) -> GatewayConfig:
         if not 0 < self.price_wei_per_token < 1 << 64:
             raise UsageError("--price-wei-per-token must be between 1 and 2^64-1")
+        if not 0 < self.max_sessions_per_node <= 4096:
+            raise UsageError("--max-sessions-per-node must be 1..4096")
         if not 0 < self.port < 65536:
             raise UsageError(f"--port must be 1..65535, got {self.port}")
         if not self.manifest.exists():

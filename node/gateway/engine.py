@@ -13,6 +13,7 @@ built, up to `attempts` times. After the first event reached the user a failure 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -129,7 +130,7 @@ class Generation:
             hops = [Hop(url=n.endpoint, shard=n.shard) for n in circuit.nodes]
             recorder = RecordingHead(self.head)
             try:
-                async with SharedPipeline(hops, self.http) as client:
+                async with self.router.hold(circuit), SharedPipeline(hops, self.http) as client:
                     tokens = client.generate(
                         recorder,
                         self.prompt_ids,
@@ -150,7 +151,10 @@ class Generation:
                     [n.key[:12] for n in circuit.nodes],
                     error,
                 )
-                await self.router.probe(circuit)
+                if isinstance(error, BusyError):
+                    await asyncio.sleep(0.5 * attempt)  # a full node: wait a little, retry
+                else:
+                    await self.router.probe(circuit)
                 if self.delivered or attempt == self.attempts:
                     raise NodeFailed(
                         "node_failed",

@@ -16,12 +16,13 @@ committee marks them DOWN).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import secrets
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -44,6 +45,7 @@ class RoutableNode:
     key: str  # ed25519 node key, 64 hex
     endpoint: str  # base URL
     shard: int
+    capacity: int = field(default=0, compare=False)  # registered max sessions (0: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +103,11 @@ def routable_by_shard(entries: Iterable[Any], shard_count: int) -> dict[int, lis
         if not isinstance(shards, list) or len(shards) != 1:
             continue
         shard = shards[0]
+        capacity = entry.get("capacity")
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            capacity = 0
         if isinstance(shard, int) and not isinstance(shard, bool) and 0 <= shard < shard_count:
-            out[shard].append(RoutableNode(key, endpoint, shard))
+            out[shard].append(RoutableNode(key, endpoint, shard, capacity))
     return out
 
 
@@ -115,6 +120,8 @@ class Router:
         shard_layers: Sequence[tuple[int, int]],
         http: aiohttp.ClientSession,
         refresh_s: float = 2.0,
+        max_sessions_per_node: int = 8,
+        slot_wait_s: float = 60.0,
     ) -> None:
         self.source = source
         self.model_hash = model_hash
@@ -126,6 +133,9 @@ class Router:
         self._verified: dict[RoutableNode, float] = {}
         self._cooldown: dict[str, float] = {}
         self._random = secrets.SystemRandom()
+        self.max_sessions_per_node = max_sessions_per_node
+        self.slot_wait_s = slot_wait_s
+        self._slots: dict[str, asyncio.Semaphore] = {}
 
     @property
     def shard_count(self) -> int:
@@ -173,6 +183,45 @@ class Router:
         self._verified[node] = time.monotonic()
         return True
 
+    def _slot(self, node: RoutableNode) -> asyncio.Semaphore:
+        slot = self._slots.get(node.key)
+        if slot is None:
+            size = self.max_sessions_per_node
+            if node.capacity > 0:
+                size = min(size, node.capacity)
+            slot = self._slots[node.key] = asyncio.Semaphore(size)
+        return slot
+
+    @contextlib.asynccontextmanager
+    async def hold(self, circuit: Circuit) -> AsyncIterator[None]:
+        """Hold one session slot on every node of `circuit` (at most `max_sessions_per_node`
+        questions per node at once from this gateway: nodes count a gateway as one caller with
+        a per-caller quota, so going over it would only earn 429s). Waiting questions queue;
+        slots are taken in shard order, so two circuits can never wait on each other."""
+        held: list[asyncio.Semaphore] = []
+        try:
+            async with asyncio.timeout(self.slot_wait_s):
+                for node in circuit.nodes:
+                    slot = self._slot(node)
+                    await slot.acquire()
+                    held.append(slot)
+        except TimeoutError:
+            for slot in held:
+                slot.release()
+            raise NoCircuit(
+                "nodes_busy",
+                f"every routable node is busy; no session slot within {self.slot_wait_s:g} s",
+            ) from None
+        except BaseException:
+            for slot in held:
+                slot.release()
+            raise
+        try:
+            yield
+        finally:
+            for slot in held:
+                slot.release()
+
     async def circuit(self) -> Circuit:
         """One random eligible, verified node per shard; NoCircuit names the first empty shard."""
         routable = await self.routable()
@@ -180,6 +229,7 @@ class Router:
         for shard in range(self.shard_count):
             candidates = [n for n in routable.get(shard, []) if not self._cooling(n)]
             self._random.shuffle(candidates)
+            candidates.sort(key=lambda n: self._slot(n).locked())  # free ones first, still random
             probes = 0  # unverified candidates probed: a few, so dead registrations cannot stall
             found: RoutableNode | None = None
             for node in candidates:

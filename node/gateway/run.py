@@ -111,6 +111,8 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         shard_layers=[tuple(s.layers) for s in manifest.shards],
         http=http,
         refresh_s=config.routing_refresh_s,
+        max_sessions_per_node=config.max_sessions_per_node,
+        slot_wait_s=config.node_timeout_s,
     )
     escrow = chain.deployment.address("QueryEscrow")
     desk = PaymentDesk(

@@ -124,3 +124,42 @@ async def test_router_probes_few_dead_registrations_then_gives_up_with_503() -> 
     with pytest.raises(NoCircuit):
         await router.circuit()
     assert len(probed) == MAX_TRIES_PER_SHARD
+
+
+async def test_router_hold_queues_questions_beyond_the_per_node_limit() -> None:
+    import asyncio
+
+    from node.gateway.errors import NoCircuit
+    from node.gateway.router import Circuit
+
+    router = Router(
+        Source([]),
+        model_hash="sha256:" + "0" * 64,
+        shard_layers=[(0, 15), (15, 30)],
+        http=None,  # type: ignore[arg-type]
+        max_sessions_per_node=2,
+        slot_wait_s=0.2,
+    )
+    a = RoutableNode("aa" * 32, "http://127.0.0.1:1", 0)
+    b = RoutableNode("bb" * 32, "http://127.0.0.1:2", 1, capacity=1)  # registered capacity 1
+    circuit = Circuit((a, b))
+    inside = 0
+    most = 0
+
+    async def question() -> None:
+        nonlocal inside, most
+        async with router.hold(circuit):
+            inside += 1
+            most = max(most, inside)
+            await asyncio.sleep(0.01)
+            inside -= 1
+
+    await asyncio.gather(*(question() for _ in range(5)))
+    assert most == 1  # min(per-node limit 2, b's capacity 1)
+    async with router.hold(circuit):
+        with pytest.raises(NoCircuit) as caught:
+            async with router.hold(circuit):
+                pass
+    assert caught.value.code == "nodes_busy"
+    async with router.hold(circuit):  # every slot came back
+        pass
