@@ -27,6 +27,7 @@ class GatewayConfig:
     routing_refresh_s: float = 2.0  # how stale the routable-node list may be (seconds)
     attempts: int = 2  # circuits tried per question before the first token reached the user
     max_sessions_per_node: int = 8  # questions at once on one node from this gateway (queue after)
+    slot_wait_s: float = 120.0  # longest a question queues for node slots before 503 (seconds)
     limits: Limits = field(default_factory=Limits)
 
     def validate(self) -> GatewayConfig:

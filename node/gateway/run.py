@@ -112,7 +112,7 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         http=http,
         refresh_s=config.routing_refresh_s,
         max_sessions_per_node=config.max_sessions_per_node,
-        slot_wait_s=config.node_timeout_s,
+        slot_wait_s=config.slot_wait_s,
     )
     escrow = chain.deployment.address("QueryEscrow")
     desk = PaymentDesk(
