@@ -1,0 +1,277 @@
+"""Circuits from the committee chain's routable nodes.
+
+The committee answers `/nodes?model=<model_hash>&role=compute`; only entries with `routable`
+true (SERVING, agreed stake >= minimum, reputation >= 0.4, computed by the app) are used, grouped
+by shard. A circuit takes one node per shard, chosen at random (system randomness) among the
+eligible ones, so no node holds a fixed position for a user; the gateway keeps it for one
+session (one question: the nodes hold its KV cache).
+
+Entries are untrusted: an endpoint must be a plain `http(s)://host:port` URL, a node key 64 hex;
+anything else is skipped. Before a node is used the first time (and again after `VERIFY_TTL_S`)
+its `/info` must name this model's hash, the shard and the shard's layers from the manifest.
+Nodes that failed a question sit out `COOLDOWN_S` locally (they stay on chain until the
+committee marks them DOWN).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from node.gateway.errors import NoCircuit
+from protocol.errors import PlanetError
+
+log = logging.getLogger(__name__)
+
+VERIFY_TTL_S = 60.0
+VERIFY_TIMEOUT_S = 3.0
+COOLDOWN_S = 30.0
+MAX_TRIES_PER_SHARD = 4  # unverified candidates probed per shard for one circuit
+_KEY = re.compile(r"[0-9a-f]{64}\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutableNode:
+    key: str  # ed25519 node key, 64 hex
+    endpoint: str  # base URL
+    shard: int
+    capacity: int = field(default=0, compare=False)  # registered max sessions (0: unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class Circuit:
+    nodes: tuple[RoutableNode, ...]  # one per shard, in shard order
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(n.key for n in self.nodes)
+
+
+class NodeSource(Protocol):
+    async def compute_nodes(self) -> list[dict[str, Any]]: ...
+
+
+class CommitteeNodes:
+    """`/nodes?model=...&role=compute` from one validator's RPC."""
+
+    def __init__(self, rpc: Any, model_hash: str) -> None:
+        self.rpc = rpc
+        self.model_hash = model_hash
+
+    async def compute_nodes(self) -> list[dict[str, Any]]:
+        answer = await self.rpc.abci_query(f"/nodes?model={self.model_hash}&role=compute")
+        nodes = answer.get("nodes") if isinstance(answer, dict) else None
+        return nodes if isinstance(nodes, list) else []
+
+
+def clean_endpoint(value: Any) -> str | None:
+    """`http(s)://host:port` with nothing else, or None."""
+    if not isinstance(value, str) or not 0 < len(value) <= 256:
+        return None
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        return None
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        return None
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def routable_by_shard(entries: Iterable[Any], shard_count: int) -> dict[int, list[RoutableNode]]:
+    """Routable, well-formed entries grouped by shard (only shards 0..shard_count-1)."""
+    out: dict[int, list[RoutableNode]] = {s: [] for s in range(shard_count)}
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("routable") is not True:
+            continue
+        key, endpoint = entry.get("key"), clean_endpoint(entry.get("endpoint"))
+        shards = entry.get("shards")
+        if not isinstance(key, str) or not _KEY.match(key) or endpoint is None:
+            continue
+        if not isinstance(shards, list) or len(shards) != 1:
+            continue
+        shard = shards[0]
+        capacity = entry.get("capacity")
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            capacity = 0
+        if isinstance(shard, int) and not isinstance(shard, bool) and 0 <= shard < shard_count:
+            out[shard].append(RoutableNode(key, endpoint, shard, capacity))
+    return out
+
+
+class Router:
+    def __init__(
+        self,
+        source: NodeSource,
+        *,
+        model_hash: str,
+        shard_layers: Sequence[tuple[int, int]],
+        http: aiohttp.ClientSession,
+        refresh_s: float = 2.0,
+        max_sessions_per_node: int = 8,
+        slot_wait_s: float = 60.0,
+    ) -> None:
+        self.source = source
+        self.model_hash = model_hash
+        self.shard_layers = tuple(shard_layers)
+        self.http = http
+        self.refresh_s = refresh_s
+        self._cache: tuple[float, dict[int, list[RoutableNode]]] | None = None
+        self._lock = asyncio.Lock()
+        self._verified: dict[RoutableNode, float] = {}
+        self._cooldown: dict[str, float] = {}
+        self._random = secrets.SystemRandom()
+        self.max_sessions_per_node = max_sessions_per_node
+        self.slot_wait_s = slot_wait_s
+        self._slots: dict[str, asyncio.Semaphore] = {}
+
+    @property
+    def shard_count(self) -> int:
+        return len(self.shard_layers)
+
+    async def routable(self) -> dict[int, list[RoutableNode]]:
+        async with self._lock:
+            now = time.monotonic()
+            if self._cache is None or now - self._cache[0] > self.refresh_s:
+                entries = await self.source.compute_nodes()
+                self._cache = (time.monotonic(), routable_by_shard(entries, self.shard_count))
+            return self._cache[1]
+
+    def mark_failed(self, node: RoutableNode) -> None:
+        log.warning("node failed; cooling down node=%s endpoint=%s", node.key[:16], node.endpoint)
+        self._cooldown[node.key] = time.monotonic() + COOLDOWN_S
+        self._verified.pop(node, None)
+
+    def _cooling(self, node: RoutableNode) -> bool:
+        until = self._cooldown.get(node.key)
+        return until is not None and until > time.monotonic()
+
+    async def _verify(self, node: RoutableNode) -> bool:
+        checked = self._verified.get(node)
+        if checked is not None and time.monotonic() - checked < VERIFY_TTL_S:
+            return True
+        try:
+            async with asyncio.timeout(VERIFY_TIMEOUT_S):
+                async with self.http.get(f"{node.endpoint}/info") as answer:
+                    info = await answer.json(content_type=None) if answer.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            log.warning("node unreachable endpoint=%s error=%s", node.endpoint, error)
+            self.mark_failed(node)
+            return False
+        expected = list(self.shard_layers[node.shard])
+        if (
+            not isinstance(info, dict)
+            or info.get("model_hash") != self.model_hash
+            or info.get("shard") != node.shard
+            or info.get("layers") != expected
+        ):
+            log.warning("node serves something else endpoint=%s", node.endpoint)
+            self.mark_failed(node)
+            return False
+        self._verified[node] = time.monotonic()
+        return True
+
+    def _slot(self, node: RoutableNode) -> asyncio.Semaphore:
+        slot = self._slots.get(node.key)
+        if slot is None:
+            size = self.max_sessions_per_node
+            if node.capacity > 0:
+                size = min(size, node.capacity)
+            slot = self._slots[node.key] = asyncio.Semaphore(size)
+        return slot
+
+    @contextlib.asynccontextmanager
+    async def hold(self, circuit: Circuit) -> AsyncIterator[None]:
+        """Hold one session slot on every node of `circuit` (at most `max_sessions_per_node`
+        questions per node at once from this gateway: nodes count a gateway as one caller with
+        a per-caller quota, so going over it would only earn 429s). Waiting questions queue;
+        slots are taken in shard order, so two circuits can never wait on each other."""
+        held: list[asyncio.Semaphore] = []
+        try:
+            async with asyncio.timeout(self.slot_wait_s):
+                for node in circuit.nodes:
+                    slot = self._slot(node)
+                    await slot.acquire()
+                    held.append(slot)
+        except TimeoutError:
+            for slot in held:
+                slot.release()
+            raise NoCircuit(
+                "nodes_busy",
+                f"every routable node is busy; no session slot within {self.slot_wait_s:g} s",
+            ) from None
+        except BaseException:
+            for slot in held:
+                slot.release()
+            raise
+        try:
+            yield
+        finally:
+            for slot in held:
+                slot.release()
+
+    async def circuit(self) -> Circuit:
+        """One random eligible, verified node per shard; NoCircuit names the first empty shard."""
+        routable = await self.routable()
+        chosen: list[RoutableNode] = []
+        for shard in range(self.shard_count):
+            candidates = [n for n in routable.get(shard, []) if not self._cooling(n)]
+            self._random.shuffle(candidates)
+            candidates.sort(key=lambda n: self._slot(n).locked())  # free ones first, still random
+            probes = 0  # unverified candidates probed: a few, so dead registrations cannot stall
+            found: RoutableNode | None = None
+            for node in candidates:
+                if node not in self._verified:
+                    probes += 1
+                    if probes > MAX_TRIES_PER_SHARD:
+                        break
+                if await self._verify(node):
+                    found = node
+                    break
+            if found is None:
+                raise NoCircuit(
+                    "no_routable_node",
+                    f"no routable compute node serves shard {shard} of {self.shard_count} "
+                    "right now; try again later",
+                )
+            chosen.append(found)
+        return Circuit(tuple(chosen))
+
+    async def probe(self, circuit: Circuit) -> None:
+        """After a failed question: put every node of `circuit` that does not answer /health
+        in cooldown."""
+
+        async def one(node: RoutableNode) -> None:
+            try:
+                async with asyncio.timeout(2):
+                    async with self.http.get(f"{node.endpoint}/health") as answer:
+                        if answer.status == 200:
+                            return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            self.mark_failed(node)
+
+        await asyncio.gather(*(one(n) for n in circuit.nodes))
+
+
+async def pool_view(rpc: Any, model_hash: str, shard_count: int) -> dict[str, Any]:
+    """The committee's /pool_health for this model (routable per shard, status)."""
+    try:
+        answer = await rpc.abci_query(f"/pool_health?model={model_hash}&shards={shard_count}")
+    except PlanetError as error:
+        raise NoCircuit(
+            "committee_unavailable", f"the committee chain is unreachable: {error}"
+        ) from None
+    return answer if isinstance(answer, dict) else {}
