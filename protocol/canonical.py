@@ -11,6 +11,12 @@ Untrusted JSON is read only through `parse_json`: a size limit before parsing, a
 limit checked on the raw bytes before the recursive parser runs (deep nesting would otherwise
 raise RecursionError), integers bounded in digits, and no floats, NaN/Infinity, duplicate keys,
 invalid UTF-8 or lone surrogates. Every failure is one typed `JsonInputError`.
+
+Untrusted JSON that is not consensus data (HTTP bodies with floats such as `temperature`, RPC
+answers, files a user names) is read through `loads_bounded`: the same depth check on the raw
+bytes, then the standard parser. The depth check matters more than it looks: importing web3
+raises the interpreter's recursion limit to 100,000, so in any process that imports it a
+deeply nested document overflows the C stack (a segfault) instead of raising RecursionError.
 """
 
 from __future__ import annotations
@@ -138,6 +144,25 @@ def parse_json(raw: bytes, *, max_bytes: int, max_depth: int, max_int_digits: in
         raise JsonInputError("nested too deep") from None
     _check_strings(value)
     return value
+
+
+MAX_UNTRUSTED_DEPTH = 64
+
+
+class JsonTooDeepError(ValueError):
+    """Untrusted JSON nested deeper than the caller's limit (a ValueError, like the parser's own
+    errors, so existing `except ValueError` handlers name it)."""
+
+
+def loads_bounded(
+    raw: str | bytes | bytearray, *, max_depth: int = MAX_UNTRUSTED_DEPTH, **kwargs: Any
+) -> Any:
+    """`json.loads` for untrusted text whose nesting is first checked on the raw bytes (no
+    recursion), so depth can never reach the parser's recursion; `kwargs` go to `json.loads`."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
+    if json_depth(data, max_depth) > max_depth:
+        raise JsonTooDeepError(f"JSON nested more than {max_depth} deep")
+    return json.loads(raw, **kwargs)
 
 
 def canonical_json(value: Any) -> bytes:

@@ -27,7 +27,6 @@ import base64
 import contextlib
 import hashlib
 import itertools
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from typing import Any, Self
 
 import aiohttp
 
+from protocol.canonical import loads_bounded
 from protocol.errors import RemoteError, UnavailableError
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ class CommitteeRpc:
                 f"{self.url}: {method} failed: {error}", hint=UNAVAILABLE_HINT
             ) from error
         try:
-            answer = json.loads(text)
+            answer = loads_bounded(text)
         except ValueError as error:
             raise RemoteError(
                 self.url,
@@ -253,7 +253,7 @@ class CommitteeRpc:
         if not value:
             return None
         try:
-            return json.loads(value)
+            return loads_bounded(value)
         except ValueError as error:
             raise RemoteError(
                 self.url, "bad_json", f"abci_query {path}: value is not JSON: {value[:100]!r}"
@@ -387,7 +387,16 @@ class CommitteeRpc:
                 if message.type in (aiohttp.WSMsgType.ERROR, aiohttp.WSMsgType.CLOSED):
                     break
                 continue
-            payload = json.loads(message.data)
+            try:
+                payload = loads_bounded(message.data)
+            except ValueError as error:
+                raise RemoteError(
+                    self.url, "bad_json", f"subscription {query!r}: event is not JSON"
+                ) from error
+            if not isinstance(payload, dict):
+                raise RemoteError(
+                    self.url, "bad_json", f"subscription {query!r}: event is not an object"
+                )
             if payload.get("error"):
                 raise self._rpc_error(payload["error"], f"subscription {query!r}")
             result = payload.get("result") or {}

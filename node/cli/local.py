@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from protocol.canonical import loads_bounded
 from protocol.errors import UsageError
 
 EXAMPLES = """\
@@ -205,7 +206,7 @@ def _down(args: argparse.Namespace) -> int:
 def _probe(port: int) -> dict[str, Any] | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/info", timeout=2.0) as answer:
-            return dict(json.loads(answer.read()))
+            return dict(loads_bounded(answer.read()))
     except (urllib.error.URLError, OSError, ValueError):
         return None
 

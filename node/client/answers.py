@@ -14,13 +14,13 @@ A node is a stranger to the client too. Everything it sends back goes through he
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Any
 
 import aiohttp
 
+from protocol.canonical import loads_bounded
 from protocol.errors import ProtocolError
 from protocol.frames import (
     MAX_HEADER_BYTES,
@@ -126,7 +126,7 @@ def parse_compute_ms(value: str | None, peer: str) -> float:
 def parse_error_body(body: bytes) -> tuple[str, str]:
     """(code, message) of a node's JSON error body; ("http_error", "") if it is not one."""
     try:
-        raw = json.loads(body)
+        raw = loads_bounded(body)
     except (ValueError, RecursionError):
         return "http_error", ""
     if not isinstance(raw, dict):
@@ -143,7 +143,7 @@ def parse_error_body(body: bytes) -> tuple[str, str]:
 def parse_json_object(body: bytes, peer: str) -> dict[str, Any]:
     """A JSON object answer (e.g. /info) or BadAnswerError."""
     try:
-        raw = json.loads(body)
+        raw = loads_bounded(body)
     except (ValueError, RecursionError):
         raise BadAnswerError(peer, "answer is not JSON") from None
     if not isinstance(raw, dict):

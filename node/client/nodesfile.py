@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from protocol.canonical import loads_bounded
 from protocol.errors import ConfigError, UsageError
 
 
@@ -107,7 +108,7 @@ def _read_json(path: Path) -> Any:
             f"nodes file {path} is larger than {MAX_NODES_FILE_BYTES} bytes", hint=_SHAPE_HINT
         )
     try:
-        return json.loads(data.decode("utf-8"))
+        return loads_bounded(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"nodes file {path} is not UTF-8 text", hint=_SHAPE_HINT) from None
     except (ValueError, RecursionError) as error:

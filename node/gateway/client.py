@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -19,7 +18,14 @@ from typing import Any
 
 import aiohttp
 
-from protocol.errors import ConfigError, PlanetError, RemoteError, UnavailableError
+from protocol.canonical import loads_bounded
+from protocol.errors import (
+    ConfigError,
+    PlanetError,
+    ProtocolError,
+    RemoteError,
+    UnavailableError,
+)
 from protocol.payment import QueryPayment, payment_domain, sign_payment, verify_receipt_json
 
 TEMPLATE_ALLOWANCE = 64  # tokens the chat template may add around one user message
@@ -118,7 +124,13 @@ async def stream_chat(
                 data = line[len("data: ") :]
                 if data == "[DONE]":
                     return
-                chunk = json.loads(data)
+                try:
+                    chunk = loads_bounded(data)
+                except ValueError:
+                    raise ProtocolError(
+                        f"the gateway {gateway} sent a stream event that is not JSON",
+                        hint="check --gateway names a Planet gateway",
+                    ) from None
                 if isinstance(chunk, dict) and chunk.get("error"):
                     raise GatewayRefused(502, chunk["error"])
                 yield chunk

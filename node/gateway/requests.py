@@ -13,12 +13,12 @@ bounded ranges (OpenAI's: temperature [0, 2], top_p [0, 1], top_logprobs [0, 20]
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from node.gateway.errors import InvalidRequest
+from protocol.canonical import JsonTooDeepError, loads_bounded
 
 ROLES = frozenset({"system", "developer", "user", "assistant"})
 MAX_STOP = 4
@@ -95,10 +95,12 @@ def _depth(value: Any, level: int = 0) -> None:
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object."""
     try:
-        doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        doc = loads_bounded(
+            raw.decode("utf-8"), max_depth=MAX_DEPTH, parse_constant=_reject_constant
+        )
     except UnicodeDecodeError:
         raise _bad("invalid_json", "the body is not UTF-8") from None
-    except RecursionError:
+    except (JsonTooDeepError, RecursionError):
         raise _bad("invalid_body", f"the body nests deeper than {MAX_DEPTH} levels") from None
     except ValueError as error:  # JSONDecodeError, NaN, integers longer than 4300 digits
         raise _bad("invalid_json", f"the body is not valid JSON: {error}"[:300]) from None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from protocol.canonical import loads_bounded
+
 DONE = b"data: [DONE]\n\n"
 
 
@@ -25,5 +27,5 @@ def parse_events(body: bytes) -> list[Any]:
             continue
         data = [line[len("data: ") :] for line in block.split("\n") if line.startswith("data: ")]
         text = "\n".join(data)
-        out.append(text if text == "[DONE]" else json.loads(text))
+        out.append(text if text == "[DONE]" else loads_bounded(text))
     return out
