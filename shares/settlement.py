@@ -12,8 +12,8 @@
                         sorted arrays (the rule of `protocol.eip712.queries_hash`, encoded here
                         word by word for speed; a test holds the two equal), so it depends only
                         on the set of settled queries, never on the order they were recorded in
-        .statement()    `PayoutRoot(epoch, root, total, queriesHash)`, the EIP-712 struct every
-                        validator signs with its operator key
+        .statement(escrow)  `PayoutRoot(epoch, root, total, queriesHash, consumer)`: the
+                        EIP-712 struct every validator signs with its operator key
         .proof(account) (amount, sibling hashes) for `QueryEscrow.claim`
 
 Every validator that runs `close_epoch` on the same `EpochWork` gets byte-identical results.
@@ -45,10 +45,15 @@ class EpochSettlement:
     node_of: tuple[int, ...] = field(repr=False, compare=False)  # tree node of each row
     row_of: dict[str, int] = field(repr=False, compare=False)  # account → row of table.payouts
 
-    def statement(self) -> PayoutRoot:
-        """The `PayoutRoot` struct the committee signs for this epoch."""
+    def statement(self, escrow: str) -> PayoutRoot:
+        """The `PayoutRoot` struct the committee signs for this epoch, bound to the `QueryEscrow`
+        at `escrow` that will consume it (a root signed for one escrow is refused by another)."""
         return PayoutRoot(
-            epoch=self.epoch, root=self.root, total=self.total, queries_hash=self.queries_hash
+            epoch=self.epoch,
+            root=self.root,
+            total=self.total,
+            queries_hash=self.queries_hash,
+            consumer=escrow,
         )
 
     def amount_of(self, account: str) -> int:

@@ -64,8 +64,10 @@ def test_close_epoch_root_is_the_payout_tree_root_and_every_proof_verifies() -> 
 
 def test_close_epoch_statement_is_the_signed_payout_root_struct() -> None:
     settlement = close_epoch(work())
-    statement = settlement.statement()
+    escrow = "0x" + "ab" * 20
+    statement = settlement.statement(escrow)
     assert isinstance(statement, PayoutRoot)
+    assert statement.consumer.lower() == escrow
     assert (statement.epoch, statement.root, statement.total) == (9, settlement.root, 1_001)
     assert statement.queries_hash == settlement.queries_hash
 
