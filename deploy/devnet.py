@@ -137,6 +137,13 @@ def _free_port(start: int, end: int) -> int:
     raise UnavailableError(f"no free port in {start}-{end - 1}")
 
 
+def _free_ports(count: int, start: int, end: int) -> list[int]:
+    ports = [p for p in range(start, end) if port_is_free(p)][:count]
+    if len(ports) < count:
+        raise UnavailableError(f"not {count} free ports in {start}-{end - 1}")
+    return ports
+
+
 def _free_block(count: int, start: int = 27000, end: int = 60000) -> int:
     """A base port with `count` consecutive free ports (the committee's 10 per validator)."""
     for base in range(start, end, 100):
@@ -483,11 +490,14 @@ def _run_operator_commands(
         for i, home in enumerate(homes)
     ]
     _run_parallel(stake, 120, progress, "planet stake")
+    ports = _free_ports(len(homes), 18100, 19000)
     join = [
         (
             f"node{i}",
             _planet(
                 "join",
+                "--port",
+                str(ports[i]),
                 "--model",
                 state["manifest"],
                 "--shard",

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # FinalizeBlock codes the agent acts on (abci_app/codes.py)
 OK, BAD_EVM_SIGNATURE, ALREADY_REGISTERED, EVM_ADDRESS_TAKEN, INVALID_LIFECYCLE = 0, 4, 11, 12, 15
 LEFT = "LEFT"
+# What a validator may answer while it is overloaded, restarting or catching up: retried.
+TRANSIENT = (UnavailableError, RemoteError)
 
 
 class FatalAgentError(PlanetError):
@@ -97,19 +99,28 @@ class NodeAgent:
                 raise UnavailableError(f"compute node {self.config.endpoint} is not healthy yet")
             return True
 
-        await retry(probe, "reach the compute node", self.backoff, stop)
+        # The node is local and cheap to probe: look often while its shard loads.
+        await retry(probe, "reach the compute node", Backoff(0.25, 2.0, 2.0), stop)
 
     async def heartbeat_interval(self, stop: asyncio.Event) -> int:
         if self.config.heartbeat_every > 0:
             return self.config.heartbeat_every
-        params = await retry(self.link.params, "read chain params", self.backoff, stop)
+        params = await retry(
+            self.link.params, "read chain params", self.backoff, stop, transient=TRANSIENT
+        )
         timeout = int((params.get("genesis") or {}).get("heartbeat_timeout") or 30)
         return max(1, timeout // 3)
 
     async def ensure_registered(self, stop: asyncio.Event) -> dict[str, Any]:
         """Register unless the key already is; returns the committee's view of the node."""
         while True:
-            view = await retry(lambda: self.link.node(self.key), "read node", self.backoff, stop)
+            view = await retry(
+                lambda: self.link.node(self.key),
+                "read node",
+                self.backoff,
+                stop,
+                transient=TRANSIENT,
+            )
             if view is not None:
                 if view.get("status") == LEFT:
                     raise FatalAgentError(
@@ -160,7 +171,7 @@ class NodeAgent:
                 submitted.hash, timeout_s=self.config.commit_timeout_s
             )
 
-        return await retry(once, f"send {body.TYPE}", self.backoff, stop)
+        return await retry(once, f"send {body.TYPE}", self.backoff, stop, transient=TRANSIENT)
 
     def _note_status(self, view: dict[str, Any]) -> None:
         status = view.get("status")
@@ -205,7 +216,7 @@ class NodeAgent:
                         )
                     except TxRejectedError as error:
                         code, text = error.tx_code, error.log_text
-                    except UnavailableError as error:
+                    except TRANSIENT as error:
                         log.warning("leave: %s; retrying", error.message)
                         await asyncio.sleep(self.backoff.next_delay())
                         continue

@@ -26,7 +26,7 @@ from urllib.parse import urlencode
 
 from nacl.signing import SigningKey
 
-from node.chain.committee_rpc import CommitteeRpc, TxRejectedError
+from node.chain.committee_rpc import CommitteeRpc, TxRejectedError, tx_hash
 from protocol.committee import sign
 from protocol.errors import RemoteError, UnavailableError
 
@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 BAD_NONCE = 3
 NOT_FOUND_QUERY = "query_42"
+# CometBFT's answer when the same tx bytes are already in its mempool cache: an earlier try
+# (whose answer was lost to a timeout) got through, which is success for the sender.
+IN_CACHE = "tx already exists in cache"
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class CommitteeLink:
     """Signed submissions and queries over a list of validator RPC URLs (failover in order)."""
 
     def __init__(
-        self, urls: Sequence[str], key: SigningKey | None = None, *, timeout_s: float = 5.0
+        self, urls: Sequence[str], key: SigningKey | None = None, *, timeout_s: float = 10.0
     ) -> None:
         if not urls:
             raise ValueError("at least one committee RPC URL is needed")
@@ -138,6 +141,12 @@ class CommitteeLink:
                     self._next_nonce = None
                     continue
                 raise
+            except RemoteError as error:
+                if IN_CACHE not in error.message:
+                    raise
+                log.info("tx %s was already in the mempool (an earlier try landed)", body.TYPE)
+                self._next_nonce = nonce + 1
+                return Submitted(hash=tx_hash(raw), nonce=nonce)
             except UnavailableError:
                 self._next_nonce = None  # it may or may not have landed: read it again
                 raise

@@ -69,6 +69,8 @@ def parse_eth(text: str) -> int:
     wei = value * ETHER
     if wei != wei.to_integral_value():
         raise UsageError(f"--amount {text!r} has more than 18 decimals")
+    if wei >= 2**128:  # the Staking contract keeps amounts as uint128
+        raise UsageError(f"--amount {text!r} is more ETH than exists")
     return int(wei)
 
 
