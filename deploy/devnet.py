@@ -16,6 +16,7 @@
 
 Run directory `$PLANET_HOME/devnet/`:
 
+    nodes.json         a nodes file over the joined nodes (`planet ask --nodes`, unpaid)
     devnet.json        what runs where (evm_rpc, chain_id, deployment, committee_rpc list,
                        gateway_url, model_hash, manifest, accounts, contracts, pids)
     password           the devnet keystores' password (dev only, mode 0600)
@@ -251,10 +252,9 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
     # 1. model
     _step(progress, 1, f"model: default in {options.nodes} shards, quant {options.quant}")
     from node.model.manifest import Manifest
-    from node.model.prepare import prepare
 
     shards = min(options.nodes, 3)  # 3 shards (SmolLM2's 30 layers as 10+10+10), or fewer nodes
-    manifest_file = Path(prepare(parts=shards, quant=options.quant, progress=progress)).resolve()
+    manifest_file = _prepared_model(shards, options.quant, progress)
     manifest = Manifest.load(manifest_file)
     state.update(manifest=str(manifest_file), model_hash=manifest.model_hash, shards=shards)
     done(f"model {manifest.model_hash[:19]}…")
@@ -338,12 +338,34 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
     _step(progress, 6, f"compute nodes: {options.nodes} operators `planet stake` + `planet join`")
     operators = _fund_operators(options, state, registrar, network, progress)
     _run_operator_commands(options, state, operators, progress)
+    _write_nodes_file(options, state, manifest)
     done(f"{options.nodes} nodes routable")
 
     # 7. gateway
     _step(progress, 7, "gateway")
     _start_gateway(options, state, progress)
     done("gateway " + ("at " + state["gateway_url"] if state.get("gateway_url") else "skipped"))
+
+
+def _prepared_model(shards: int, quant: str, progress: Progress) -> Path:
+    """The default model's manifest in `shards` parts: the cached copy when every hash in it
+    re-derives (no torch import needed), else `planet model prepare`'s code path."""
+    from node.model.manifest import Manifest, verify_directory
+    from node.model.source import DEFAULT_MODEL_ID, models_dir
+
+    cached = models_dir() / f"{DEFAULT_MODEL_ID}-{shards}p-{quant}" / "manifest.json"
+    if cached.is_file():
+        try:
+            manifest = Manifest.load(cached)
+            if len(manifest.shards) == shards and all(s.quant == quant for s in manifest.shards):
+                verify_directory(manifest, cached.parent)
+                progress(f"      reusing {cached.parent} (hashes verified)")
+                return cached.resolve()
+        except PlanetError as error:
+            progress(f"      not reusing {cached.parent}: {error.message}")
+    from node.model.prepare import prepare  # imports torch: only when there is work to do
+
+    return Path(prepare(parts=shards, quant=quant, progress=progress)).resolve()
 
 
 def _fund_operators(
@@ -514,6 +536,28 @@ def _run_operator_commands(
         for i, home in enumerate(homes)
     ]
     _run_parallel(join, options.join_timeout_s + 30, progress, "planet join")
+
+
+def _write_nodes_file(options: DevnetOptions, state: dict[str, Any], manifest: Any) -> None:
+    """A nodes file (`planet ask --nodes`) with one joined node per shard, for unpaid questions
+    straight to the nodes (the gateway is the paid path)."""
+    from node.agent.launch import read_joined
+    from node.client.nodesfile import NodeRef, NodesFile
+
+    by_shard: dict[int, str] = {}
+    for home in state["operators"]:
+        joined = read_joined(Path(home) / "run")
+        if joined is not None:
+            by_shard.setdefault(joined.shard, joined.endpoint)
+    if sorted(by_shard) != list(range(len(manifest.shards))):
+        return
+    refs = tuple(
+        NodeRef(url=by_shard[s.shard_id], shard=s.shard_id, layers=tuple(s.layers))
+        for s in manifest.shards
+    )
+    path = options.dir / "nodes.json"
+    NodesFile(manifest=Path(state["manifest"]), nodes=refs).save(path)
+    state["nodes_file"] = str(path)
 
 
 def gateway_available() -> bool:

@@ -111,6 +111,8 @@ def _summary(state: dict[str, Any]) -> None:
     for name, address in sorted(state.get("contracts", {}).items()):
         print(f"  {name:<14} {address}")
     print(f"  password file  {state['password_file']} (dev keystores)")
+    if state.get("nodes_file"):
+        print(f"  nodes file     {state['nodes_file']}")
     for account in state.get("accounts", []):
         print(f"  {account['name']:<14} {account['address']}  home {account['home']}")
 

@@ -221,6 +221,11 @@ def _stake(args: argparse.Namespace) -> int:
             hint=f"stake at least {format_eth(minimum - current)}: "
             f"planet stake --role {args.role} --amount {format_eth(minimum - current)[:-4]}",
         )
+    if chain.status_of() == 2:
+        raise UsageError(
+            f"{chain.address}'s stake is unbonding: it cannot be topped up",
+            hint="`planet withdraw` once the delay has passed, then stake again",
+        )
     current_role = chain.role_of()
     if current and current_role != role:
         raise UsageError(
@@ -392,13 +397,19 @@ async def _wait_routable(config: Any, joined: Any, timeout_s: float) -> None:
         await link.close()
 
 
+def _reputation(value: Any) -> str:
+    """The chain's reputation integer (scale 10^6) as a decimal (0.5)."""
+    return f"{int(value) / 1_000_000:.3f}" if isinstance(value, int) else str(value)
+
+
 def _progress_line(view: dict[str, Any] | None) -> str:
     if view is None:
         return "waiting for the node to load its shard and register"
     stake = view.get("stake")
     stake_text = format_eth(int(stake)) if stake is not None else "not yet agreed"
     return (
-        f"{view.get('status')}, stake {stake_text}, reputation {view.get('reputation')}, "
+        f"{view.get('status')}, stake {stake_text}, "
+        f"reputation {_reputation(view.get('reputation'))}, "
         f"routable {bool(view.get('routable'))}"
     )
 
