@@ -14,7 +14,8 @@ planet devnet up --detach
 # The paid question through the gateway (deposit from the CLI wallet, signed receipt): once
 # `planet ask --pay` is in this checkout, this line replaces the unpaid one below.
 if planet ask --help 2>/dev/null | grep -q -- "--pay"; then
-  planet ask --pay "$QUESTION"
+  planet ask --pay --wallet "$PLANET_HOME/devnet/user/wallet.json" \
+    --password-file "$PLANET_HOME/devnet/password" "$QUESTION"
 else
   planet ask --nodes "$PLANET_HOME/devnet/nodes.json" "$QUESTION"
 fi

@@ -26,6 +26,7 @@ Run directory `$PLANET_HOME/devnet/`:
     operators/node<i>/ an operator home: wallet.json, node_key.json, config.toml, stake.log,
                        join.log, run/ (node-<K>.log, agent.log, joined.json)
     gateway/           the gateway's wallet
+    user/wallet.json   a wallet funded with 100 ETH for paid questions (`planet ask --pay`)
 
 A failed step raises a `PlanetError` naming the process and its log; `up` then stops what it
 started. `down` stops everything (agents first, so they send `leave`) and is idempotent.
@@ -72,6 +73,7 @@ from protocol.errors import PlanetError, UnavailableError, UsageError
 Progress = Callable[[str], None]
 STATE_FILE = "devnet.json"
 OPERATOR_FUNDS_WEI = 10 * ETHER
+USER_FUNDS_WEI = 100 * ETHER
 COMPUTE_STAKE_ETH = "1"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -384,6 +386,20 @@ def _fund_operators(
     w3 = registrar.w3
     nonce = w3.eth.get_transaction_count(ANVIL_DEV_ADDRESS, "pending")
     hashes = []
+
+    def send(to: str, value: int, nonce: int) -> Any:
+        block = w3.eth.get_block("latest")
+        tx = {
+            "to": to,
+            "value": value,
+            "gas": 21_000,
+            "nonce": nonce,
+            "chainId": DEVNET_CHAIN_ID,
+            "maxFeePerGas": 2 * block["baseFeePerGas"] + 10**9,
+            "maxPriorityFeePerGas": 10**9,
+        }
+        return w3.eth.send_raw_transaction(registrar.account.sign_transaction(tx).raw_transaction)
+
     for index in range(options.nodes):
         home = options.dir / "operators" / f"node{index}"
         validator = network.validators[index % len(network.validators)]
@@ -397,18 +413,7 @@ def _fund_operators(
             },
         )
         wallet = create_wallet(home / "wallet.json", password)
-        block = w3.eth.get_block("latest")
-        tx = {
-            "to": wallet.address,
-            "value": OPERATOR_FUNDS_WEI,
-            "gas": 21_000,
-            "nonce": nonce,
-            "chainId": DEVNET_CHAIN_ID,
-            "maxFeePerGas": 2 * block["baseFeePerGas"] + 10**9,
-            "maxPriorityFeePerGas": 10**9,
-        }
-        signed = registrar.account.sign_transaction(tx)
-        hashes.append(w3.eth.send_raw_transaction(signed.raw_transaction))
+        hashes.append(send(wallet.address, OPERATOR_FUNDS_WEI, nonce))
         nonce += 1
         homes.append(home)
         accounts.append(
@@ -419,13 +424,20 @@ def _fund_operators(
                 "home": str(home),
             }
         )
+    # A user wallet for paid questions (`planet ask --pay --wallet …`).
+    user = create_wallet(options.dir / "user" / "wallet.json", password)
+    hashes.append(send(user.address, USER_FUNDS_WEI, nonce))
+    accounts.append(
+        {"name": "user", "address": user.address,
+         "keystore": str(options.dir / "user" / "wallet.json"), "home": None}
+    )  # fmt: skip
     for tx_hash in hashes:
         w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30, poll_latency=0.02)
     state["accounts"] = accounts
     state["operators"] = [str(h) for h in homes]
     _write_state(options.dir, state)
     progress(
-        f"      funded {len(homes)} operator wallets with 10 ETH each from {ANVIL_DEV_ADDRESS}"
+        f"      funded {len(homes)} operator wallets (10 ETH) and a user wallet (100 ETH)"
     )
     return homes
 

@@ -114,7 +114,8 @@ def _summary(state: dict[str, Any]) -> None:
     if state.get("nodes_file"):
         print(f"  nodes file     {state['nodes_file']}")
     for account in state.get("accounts", []):
-        print(f"  {account['name']:<14} {account['address']}  home {account['home']}")
+        where = f"home {account['home']}" if account.get("home") else account["keystore"]
+        print(f"  {account['name']:<14} {account['address']}  {where}")
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -138,6 +138,7 @@ def test_devnet_status_lists_validators_routable_nodes_pool_and_contracts(env, d
         assert status["contracts"][name].startswith("0x")
     for local in status["local_nodes"]:
         assert local["node_alive"] and local["agent_alive"]
+    assert [a["name"] for a in status["accounts"]] == ["node0", "node1", "node2", "user"]
     for account in status["accounts"]:
         assert Path(account["keystore"]).is_file()
 
