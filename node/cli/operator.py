@@ -319,7 +319,11 @@ def _join(args: argparse.Namespace) -> int:
             "this node key has LEFT the network (final on the committee chain)",
             hint="join again from a new home (new wallet and node key)",
         )
-    port = args.port or free_ports(1, 18100, 18999)[0]
+    previous = read_joined(config.run_dir)
+    if not args.port and previous is not None and previous.shard == args.shard:
+        port = previous.port  # the endpoint on chain names this port
+    else:
+        port = args.port or free_ports(1, 18100, 18999)[0]
     _say(f"starting the compute node on port {port} and its agent…")
     joined = start_node_and_agent(
         home=config.home,
@@ -340,6 +344,25 @@ def _join(args: argparse.Namespace) -> int:
     asyncio.run(_wait_routable(config, joined, args.timeout))
     print(f"routable: shard {args.shard} of {model_hash} at {joined.endpoint}; node key {key_hex}")
     return 0
+
+
+async def _send_leave(config: Any, key: str) -> dict[str, Any] | None:
+    from node.chain.committee_link import CommitteeLink
+    from node.keys import load_node_key
+    from protocol.committee import Leave
+
+    node_key = load_node_key(config.node_key_path, _password(config))
+    if node_key.verify_key.encode().hex() != key:
+        raise UsageError(f"{config.node_key_path} is not the key of the joined node {key[:16]}…")
+    link = CommitteeLink([config.committee_rpc], node_key)
+    try:
+        submitted = await link.submit(Leave())
+        code, text = await link.committed_code(submitted.hash, timeout_s=20)
+        if code not in (0, 15):
+            raise PlanetError(f"the committee refused `leave` (code {code}: {text})")
+        return await link.node(key)
+    finally:
+        await link.close()
 
 
 def _committee_view(config: Any, key: str) -> dict[str, Any] | None:
@@ -428,6 +451,11 @@ def _leave(args: argparse.Namespace) -> int:
         view = _committee_view(config, joined.node_key)
     except PlanetError:
         view = None
+    if view is not None and view.get("status") != "LEFT":
+        # The agent was not running (crashed, killed) or could not get `leave` committed:
+        # send it from here with the same node key.
+        _say("the chain does not list the node as LEFT yet; sending `leave` from here…")
+        view = asyncio.run(_send_leave(config, joined.node_key))
     status = view.get("status") if view else "unknown (committee unreachable)"
     print(
         f"left: agent {'stopped' if stopped['agent'] else 'was not running'}, node "
