@@ -12,7 +12,8 @@
 6. per compute node an operator home funded from anvil's dev account, then the SAME commands an
    operator types, as subprocesses: `planet stake --role compute --amount 1` and
    `planet join --model M --shard K` (which waits until the node is routable);
-7. the gateway (`planet gateway serve`), when this checkout has it.
+7. the gateway (`planet gateway serve`), when this checkout has it (started before the joins,
+   so it loads its part of the model meanwhile; ready when `/health` answers).
 
 Run directory `$PLANET_HOME/devnet/`:
 
@@ -338,6 +339,7 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
 
     # 6. operators: fund, stake, join — the operator's own commands
     _step(progress, 6, f"compute nodes: {options.nodes} operators `planet stake` + `planet join`")
+    _start_gateway(options, state, progress)  # loads its client model while the nodes join
     operators = _fund_operators(options, state, registrar, network, progress)
     _run_operator_commands(options, state, operators, progress)
     _write_nodes_file(options, state, manifest)
@@ -345,7 +347,8 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
 
     # 7. gateway
     _step(progress, 7, "gateway")
-    _start_gateway(options, state, progress)
+    _await_gateway(state)
+    _write_state(directory, state)
     done("gateway " + ("at " + state["gateway_url"] if state.get("gateway_url") else "skipped"))
 
 
@@ -436,9 +439,7 @@ def _fund_operators(
     state["accounts"] = accounts
     state["operators"] = [str(h) for h in homes]
     _write_state(options.dir, state)
-    progress(
-        f"      funded {len(homes)} operator wallets (10 ETH) and a user wallet (100 ETH)"
-    )
+    progress(f"      funded {len(homes)} operator wallets (10 ETH) and a user wallet (100 ETH)")
     return homes
 
 
@@ -598,11 +599,19 @@ def _start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Prog
     )  # fmt: skip
     pid = _spawn(argv, log_path)
     state["pids"]["gateway"] = pid
+    state["gateway_pending"] = {"url": f"http://127.0.0.1:{port}", "log": str(log_path)}
     _write_state(options.dir, state)
-    url = f"http://127.0.0.1:{port}"
-    _wait_http(f"{url}/health", pid, "gateway", log_path, 180)
+    progress(f"      gateway: loading in the background (pid {pid}, log {log_path})")
+
+
+def _await_gateway(state: dict[str, Any]) -> None:
+    """Wait until the gateway started by `_start_gateway` answers /health."""
+    pending = state.pop("gateway_pending", None)
+    if pending is None:
+        return
+    url = pending["url"]
+    _wait_http(f"{url}/health", state["pids"]["gateway"], "gateway", Path(pending["log"]), 240)
     state["gateway_url"] = url
-    _write_state(options.dir, state)
 
 
 # -- status and down -----------------------------------------------------------------------------
