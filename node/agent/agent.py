@@ -37,6 +37,22 @@ LEFT = "LEFT"
 TRANSIENT = (UnavailableError, RemoteError)
 
 
+DEFAULT_HEARTBEAT_TIMEOUT = 30  # blocks (docs/committee.md)
+
+
+def heartbeat_interval(params: Any) -> int:
+    """A third of the chain's `heartbeat_timeout` (from `/params`), at least 1 block; the
+    default timeout when the answer does not carry a sane one."""
+    genesis = params.get("genesis") if isinstance(params, dict) else None
+    timeout = genesis.get("heartbeat_timeout") if isinstance(genesis, dict) else None
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or not 0 < timeout < 2**31:
+        log.warning(
+            "no usable heartbeat_timeout in /params; assuming %d blocks", DEFAULT_HEARTBEAT_TIMEOUT
+        )
+        timeout = DEFAULT_HEARTBEAT_TIMEOUT
+    return max(1, timeout // 3)
+
+
 class FatalAgentError(PlanetError):
     """A chain fact that retrying cannot change (the process exits with this message)."""
 
@@ -108,8 +124,7 @@ class NodeAgent:
         params = await retry(
             self.link.params, "read chain params", self.backoff, stop, transient=TRANSIENT
         )
-        timeout = int((params.get("genesis") or {}).get("heartbeat_timeout") or 30)
-        return max(1, timeout // 3)
+        return heartbeat_interval(params)
 
     async def ensure_registered(self, stop: asyncio.Event) -> dict[str, Any]:
         """Register unless the key already is; returns the committee's view of the node."""
@@ -259,6 +274,10 @@ class NodeAgent:
                     delay = self.backoff.next_delay()
                     log.warning("committee: %s; retry_in_s=%.1f", error.message, delay)
                     force = True  # a heartbeat may have been missed meanwhile
+                except (KeyError, TypeError, ValueError) as error:  # an odd answer: never fatal
+                    delay = self.backoff.next_delay()
+                    log.warning("committee answered oddly: %r; retry_in_s=%.1f", error, delay)
+                    force = True
                 await sleep_or_stop(stop, delay)
         except Stopped:
             pass

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,7 @@ from urllib.parse import urlencode
 from nacl.signing import SigningKey
 
 from node.chain.committee_rpc import CommitteeRpc, TxRejectedError, tx_hash
-from protocol.committee import sign
+from protocol.committee import ROLES, sign
 from protocol.errors import RemoteError, UnavailableError
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,16 @@ class CommitteeLink:
             raise
 
     async def nodes(self, **filters: Any) -> list[dict[str, Any]]:
+        """`/nodes` entries that have the shape the committee app writes (others are dropped
+        with a warning: a validator RPC is a peer, not a trusted source of well-formed data)."""
         answer = await self.query("/nodes", **filters)
-        return list(answer.get("nodes", [])) if isinstance(answer, dict) else []
+        entries = answer.get("nodes") if isinstance(answer, dict) else None
+        if not isinstance(entries, list):
+            raise RemoteError(self.urls[self._current], "bad_answer", "/nodes: no node list")
+        valid = [e for e in entries if well_formed_node(e)]
+        if len(valid) != len(entries):
+            log.warning("dropped %d malformed /nodes entries", len(entries) - len(valid))
+        return valid
 
     async def params(self) -> dict[str, Any]:
         return dict(await self.query("/params"))
@@ -160,6 +169,24 @@ class CommitteeLink:
             f"tx {tx_hash[:12]}", lambda c: c.wait_for_tx(tx_hash, timeout_s=timeout_s)
         )
         return result.code, result.log
+
+
+_KEY = re.compile(r"[0-9a-f]{64}\Z")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}\Z")
+STATUSES = ("JOIN", "SERVING", "DOWN", "LEFT")
+
+
+def well_formed_node(entry: Any) -> bool:
+    """A node view with a hex key, an EVM address, a known status and role."""
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("key"), str)
+        and bool(_KEY.match(entry["key"]))
+        and isinstance(entry.get("evm_address"), str)
+        and bool(_ADDRESS.match(entry["evm_address"]))
+        and entry.get("status") in STATUSES
+        and entry.get("role") in ROLES
+    )
 
 
 def describe(view: dict[str, Any] | None) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from node.agent.agent import AgentConfig, FatalAgentError, NodeAgent
+from node.agent.agent import AgentConfig, FatalAgentError, NodeAgent, heartbeat_interval
 from node.chain.committee_rpc import TxRejectedError
 from node.retry import Backoff, Stopped, retry
 from protocol.committee import Heartbeat, Leave, RegisterNode
@@ -220,3 +220,35 @@ def test_backoff_doubles_up_to_the_cap_and_resets() -> None:
     assert [backoff.next_delay() for _ in range(5)] == [0.5, 1.0, 2.0, 3, 3]
     backoff.reset()
     assert backoff.next_delay() == 0.5
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"genesis": {"heartbeat_timeout": 30}}, 10),
+        ({"genesis": {"heartbeat_timeout": 2}}, 1),
+        ({"genesis": {"heartbeat_timeout": "30"}}, 10),  # not an int: the default (30)
+        ({"genesis": {"heartbeat_timeout": -5}}, 10),
+        ({"genesis": None}, 10),
+        ([], 10),
+    ],
+)
+def test_heartbeat_interval_is_a_third_of_a_sane_timeout(params: Any, expected: int) -> None:
+    assert heartbeat_interval(params) == expected
+
+
+async def test_agent_odd_height_answer_is_retried_not_fatal() -> None:
+    committee = FakeCommittee()
+    real_height = committee.height
+    odd = {"n": 2}
+
+    async def height() -> int:
+        if odd["n"] > 0:
+            odd["n"] -= 1
+            raise ValueError("invalid literal for int()")
+        return await real_height()
+
+    committee.height = height  # type: ignore[method-assign]
+    agent = _agent(committee)
+    await _run_until(agent, lambda: agent.heartbeats >= 2)
+    assert odd["n"] == 0

@@ -105,3 +105,39 @@ async def test_link_other_rejections_reach_the_caller() -> None:
 
 async def test_link_unknown_node_is_none() -> None:
     assert await _link(FakeRpc("http://a")).node("ab" * 32) is None
+
+
+async def test_link_nodes_drops_malformed_entries_from_a_peer() -> None:
+    good = {
+        "key": "ab" * 32,
+        "evm_address": "0x" + "11" * 20,
+        "status": "SERVING",
+        "role": "compute",
+    }
+    hostile = [
+        "not an object",
+        {**good, "key": "AB" * 32},
+        {**good, "key": "ab" * 31},
+        {**good, "evm_address": "0x12"},
+        {**good, "status": "ROUTABLE"},
+        {**good, "role": "admin"},
+        {k: v for k, v in good.items() if k != "evm_address"},
+    ]
+    rpc = FakeRpc("http://a")
+
+    async def nodes_answer(path: str, data: bytes = b"") -> Any:
+        return {"nodes": [good, *hostile]}
+
+    rpc.abci_query = nodes_answer  # type: ignore[method-assign]
+    assert await _link(rpc).nodes() == [good]
+
+
+async def test_link_nodes_without_a_list_is_a_remote_error() -> None:
+    rpc = FakeRpc("http://a")
+
+    async def odd(path: str, data: bytes = b"") -> Any:
+        return {"nodes": "all of them"}
+
+    rpc.abci_query = odd  # type: ignore[method-assign]
+    with pytest.raises(RemoteError):
+        await _link(rpc).nodes()
