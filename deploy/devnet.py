@@ -19,7 +19,8 @@ Run directory `$PLANET_HOME/devnet/`:
 
     nodes.json         a nodes file over the joined nodes (`planet ask --nodes`, unpaid)
     devnet.json        what runs where (evm_rpc, chain_id, deployment, committee_rpc list,
-                       gateway_url, model_hash, manifest, accounts, contracts, pids)
+                       gateway_url, model_hash, manifest, accounts, contracts, pids), and
+                       startup_s / steps_s (seconds from the start when each step finished)
     password           the devnet keystores' password (dev only, mode 0600)
     deployment.json    contract addresses and ABIs
     logs/              anvil.log, gateway.log
@@ -249,8 +250,12 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
     directory = options.dir
     t0 = time.monotonic()
 
+    steps = state.setdefault("steps_s", {})  # step → seconds since the start, in order
+
     def done(what: str) -> None:
-        progress(f"      {what} ({time.monotonic() - t0:.1f} s)")
+        elapsed = time.monotonic() - t0
+        steps[str(len(steps) + 1)] = round(elapsed, 1)
+        progress(f"      {what} ({elapsed:.1f} s)")
 
     # 1. model
     _step(progress, 1, f"model: default in {options.nodes} shards, quant {options.quant}")
