@@ -2,7 +2,7 @@
 compute node + agent background processes with their pid and log files.
 
 Files in `<home>/run/`: `node-<K>.log|.pid` (the compute node, `node.server.launcher`),
-`agent.log`, and `joined.json` `{shard, port, endpoint, model, manifest, node_pid, agent_pid,
+`agent.log|.pid`, and `joined.json` `{shard, port, endpoint, model, manifest, node_pid, agent_pid,
 node_key}` — what `planet leave` and `planet status` read.
 """
 
@@ -190,6 +190,7 @@ def start_node_and_agent(
         node_log=str(node.log_path),
         agent_log=str(agent_log),
     )
+    (run_dir / "agent.pid").write_text(f"{agent.pid}\n")
     (run_dir / JOINED_FILE).write_text(json.dumps(asdict(joined), indent=1) + "\n")
     return joined
 
@@ -218,6 +219,6 @@ def stop_joined(run_dir: Path) -> dict[str, Any]:
     if joined is None:
         return {"agent": False, "node": False}
     stopped = {"agent": stop_agent(joined.agent_pid), "node": stop_pid(joined.node_pid, 5.0)}
-    (run_dir / JOINED_FILE).unlink(missing_ok=True)
-    Path(run_dir / f"node-{joined.shard}.pid").unlink(missing_ok=True)
+    for name in (JOINED_FILE, "agent.pid", f"node-{joined.shard}.pid"):
+        (run_dir / name).unlink(missing_ok=True)
     return stopped
