@@ -386,7 +386,7 @@ def _fund_operators(
     progress: Progress,
 ) -> list[Path]:
     from node.config import write_config_file
-    from node.keys import create_wallet
+    from node.keys import create_dev_wallet
 
     password = Path(state["password_file"]).read_text()
     homes = []
@@ -420,7 +420,7 @@ def _fund_operators(
                 "deployment": state["deployment"],
             },
         )
-        wallet = create_wallet(home / "wallet.json", password)
+        wallet = create_dev_wallet(home / "wallet.json", password)
         hashes.append(send(wallet.address, OPERATOR_FUNDS_WEI, nonce))
         nonce += 1
         homes.append(home)
@@ -433,7 +433,7 @@ def _fund_operators(
             }
         )
     # A user wallet for paid questions (`planet ask --pay --wallet …`).
-    user = create_wallet(options.dir / "user" / "wallet.json", password)
+    user = create_dev_wallet(options.dir / "user" / "wallet.json", password)
     hashes.append(send(user.address, USER_FUNDS_WEI, nonce))
     accounts.append(
         {"name": "user", "address": user.address,
@@ -591,6 +591,10 @@ def _start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Prog
         return
     port = _free_port(8000, 8999)
     log_path = options.dir / "logs" / "gateway.log"
+    from node.keys import create_dev_wallet
+
+    password = Path(state["password_file"]).read_text()
+    create_dev_wallet(options.dir / "gateway" / "wallet.json", password)  # a devnet key
     argv = _planet(
         "gateway", "serve",
         "--evm-rpc", state["evm_rpc"],
