@@ -767,12 +767,15 @@ def set_genesis_evm(
     *,
     committee_address: str,
     evm_chain_id: int = DEFAULT_EVM_CHAIN_ID,
+    fraud_proofs_address: str | None = None,
     models: dict[str, int] | None = None,
 ) -> None:
-    """Write the deployed Committee address, the EVM chain id and the served models
-    ({model: shard count}) into every validator's genesis. Only before the first start."""
-    if not re.fullmatch(r"0x[0-9a-fA-F]{40}", committee_address):
-        raise UsageError(f"not an EVM address: {committee_address!r}")
+    """Write the deployed Committee address (and FraudProofs, the verdicts' consumer), the EVM
+    chain id and the served models ({model: shard count}) into every validator's genesis.
+    Only before the first start."""
+    for address in (committee_address, fraud_proofs_address or committee_address):
+        if not re.fullmatch(r"0x[0-9a-fA-F]{40}", address):
+            raise UsageError(f"not an EVM address: {address!r}")
     for validator in network.validators:
         if (Path(validator.home) / "app.sqlite").exists():
             raise UsageError(
@@ -784,6 +787,8 @@ def set_genesis_evm(
         genesis = json.loads(path.read_text())
         state = genesis.setdefault("app_state", {})
         state["evm"] = {"chain_id": evm_chain_id, "committee_address": committee_address}
+        if fraud_proofs_address is not None:
+            state["evm"]["fraud_proofs_address"] = fraud_proofs_address
         if models:
             state["models"] = {name: {"shards": n} for name, n in sorted(models.items())}
         path.write_text(json.dumps(genesis, indent=2) + "\n")

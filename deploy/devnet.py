@@ -322,6 +322,7 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
     set_genesis_evm(
         network,
         committee_address=deployment.address("Committee"),
+        fraud_proofs_address=deployment.address("FraudProofs"),
         evm_chain_id=DEVNET_CHAIN_ID,
         models={manifest.model_hash: len(manifest.shards)},
     )

@@ -81,7 +81,11 @@ def world(tmp_path_factory) -> Iterator[World]:
             anvil.rpc_url, ANVIL_DEV_KEY, DeployConfig.devnet(committee_members(network))
         )
         deployment_path = deployment.save(root / "deployment.json")
-        set_genesis_evm(network, committee_address=deployment.address("Committee"))
+        set_genesis_evm(
+            network,
+            committee_address=deployment.address("Committee"),
+            fraud_proofs_address=deployment.address("FraudProofs"),
+        )
         start_network(network, timeout_s=90)
         start_watchers(network, deployment=deployment_path, evm_rpc=anvil.rpc_url)
         home = root / "operator"
