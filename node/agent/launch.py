@@ -22,7 +22,7 @@ from typing import Any
 from node.agent.__main__ import AGENT_MARKER
 from node.model.manifest import Manifest, manifest_path, verify_file
 from node.server.launcher import pid_alive, start_node, stop_pid
-from protocol.errors import ConfigError, IntegrityError, UsageError
+from protocol.errors import ConfigError, IntegrityError, PlanetError, UsageError
 
 JOINED_FILE = "joined.json"
 AGENT_LOG = "agent.log"
@@ -60,7 +60,7 @@ def resolve_manifest(model: str, models_dir: Path) -> Path:
     for candidate in sorted(models_dir.glob("*/manifest.json")):
         try:
             manifest = Manifest.load(candidate)
-        except Exception:  # a broken directory in the cache is not this model
+        except PlanetError:  # a broken directory in the cache is not this model
             continue
         if model in (manifest.model_hash, candidate.parent.name, manifest.model_id):
             matches.append(candidate.resolve())
