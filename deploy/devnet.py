@@ -233,8 +233,10 @@ def up(options: DevnetOptions, progress: Progress) -> dict[str, Any]:
         _up_steps(options, state, progress)
     except BaseException:
         progress("start-up failed; stopping what was started…")
-        with contextlib.suppress(Exception):
+        try:
             down(options.home, progress=lambda _line: None)
+        except Exception as error:  # the start-up error below is the one to report
+            progress(f"clean-up incomplete ({error!r}); run `planet devnet down`")
         raise
     state["status"] = "up"
     state["startup_s"] = round(time.monotonic() - started, 1)
