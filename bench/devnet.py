@@ -78,6 +78,7 @@ def main() -> int:
             raise SystemExit(1)
         state = json.loads((home / "devnet" / "devnet.json").read_text())
         metrics["devnet_up_s"] = state["startup_s"]
+        metrics["gateway_started"] = bool(state.get("gateway_url"))
         metrics["devnet_up_wall_s"] = round(wall, 1)
         previous = 0.0
         for name, (_, at) in zip(STEPS, sorted(state["steps_s"].items(), key=lambda x: int(x[0])),
@@ -111,7 +112,7 @@ def main() -> int:
                 "config": {
                     "validators": args.validators,
                     "nodes": args.nodes,
-                    "gateway": not args.no_gateway,
+                    "gateway": bool(metrics.pop("gateway_started", False)),
                     "quant": "int8",
                 },
                 "metrics": metrics,
