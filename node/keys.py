@@ -116,6 +116,16 @@ def create_wallet(
     return account
 
 
+def create_dev_wallet(path: Path, password: str) -> LocalAccount:
+    """A fresh keystore with a cheap KDF (PBKDF2, 1,000 rounds) instead of scrypt's ~2 s: only
+    for throwaway accounts on a local devnet, whose keys guard nothing of value. Opens with
+    `load_wallet` like any other keystore; never overwrites a file."""
+    account = Account.create()
+    keystore = Account.encrypt(account.key, password, kdf="pbkdf2", iterations=1000)
+    _write_new(path, json.dumps(keystore))
+    return account
+
+
 def load_or_create_wallet(path: Path, password: str) -> LocalAccount:
     return load_wallet(path, password) if path.exists() else create_wallet(path, password)
 
