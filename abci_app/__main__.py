@@ -29,10 +29,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tcp://HOST:PORT or unix://PATH (default tcp://127.0.0.1:26658)",
     )
     parser.add_argument("--log-level", default=os.environ.get("PLANET_LOG_LEVEL", "INFO"))
+    # test-only, hidden: see abci_app.hostile (also needs its environment variable)
+    parser.add_argument(
+        "--byzantine-test-mode", action="store_true", default=False, help=argparse.SUPPRESS
+    )
     return parser.parse_args(argv)
 
 
-async def serve(home: Path, listen: str) -> None:
+async def serve(home: Path, listen: str, byzantine: bool = False) -> None:
     from abci_app.app import CommitteeApp
     from abci_app.server import AbciServer
     from abci_app.state import State
@@ -41,7 +45,13 @@ async def serve(home: Path, listen: str) -> None:
     home.mkdir(parents=True, exist_ok=True)
     store = Store(home / "app.sqlite")
     state = State(store)
-    server = AbciServer(CommitteeApp(state, home), listen)
+    hostile = None
+    if byzantine:
+        from abci_app.hostile import Byzantine
+
+        hostile = Byzantine()
+        logging.getLogger("abci_app").warning("BYZANTINE TEST MODE: proposing and voting junk")
+    server = AbciServer(CommitteeApp(state, home, hostile), listen)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -66,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     try:
-        asyncio.run(serve(args.home, args.listen))
+        from abci_app.hostile import check_armed
+
+        byzantine = check_armed(args.byzantine_test_mode)
+        asyncio.run(serve(args.home, args.listen, byzantine))
     except PlanetError as error:
         print(f"error: {error.message}", file=sys.stderr)
         if error.hint:

@@ -13,7 +13,6 @@ yields an empty report (logged), never a failed vote.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -24,12 +23,21 @@ from abci_app.codes import CODESPACE, Code
 from abci_app.proto import abci_pb
 from abci_app.queries import query as run_query
 from abci_app.state import State, TxResult
+from protocol.canonical import JsonInputError, parse_json
 from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
 APP_VERSION = 1
 SCORES_FILE = "reputation_scores.json"
+MAX_SCORES_FILE_BYTES = 4 * 1024 * 1024
+MAX_LOG_CHARS = 512
+
+
+def safe_log(text: str) -> str:
+    """A result log CometBFT can carry: bounded, and encodable as UTF-8 (no lone surrogates)."""
+    return text[:MAX_LOG_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
+
 
 pb = abci_pb()
 
@@ -58,9 +66,11 @@ def _events(result: TxResult) -> list[Any]:
 class CommitteeApp:
     """The ABCI application: one per process, shared by CometBFT's four connections."""
 
-    def __init__(self, state: State, home: Path | None = None) -> None:
+    def __init__(self, state: State, home: Path | None = None, hostile: Any = None) -> None:
         self.state = state
         self.home = home
+        # test-only Byzantine behaviour (`abci_app.hostile`); None for every real validator
+        self.hostile = hostile
         self.handlers: dict[str, Callable[[Any], Any]] = {
             "echo": lambda r: pb.ResponseEcho(message=r.message),
             "flush": lambda r: pb.ResponseFlush(),
@@ -117,9 +127,13 @@ class CommitteeApp:
     # --- mempool ------------------------------------------------------------------------------
 
     def check_tx(self, req: Any) -> Any:
-        result = self.state.check_tx(req.tx)
+        try:
+            result = self.state.check_tx(req.tx)
+        except Exception:  # CheckTx decides nothing the chain agrees on: a bug must not halt
+            log.exception("check_tx failed on %d bytes", len(req.tx))
+            result = TxResult(Code.INTERNAL, "internal error while checking the tx")
         return pb.ResponseCheckTx(
-            code=result.code, log=result.log, codespace=_space(result.code), gas_wanted=1
+            code=result.code, log=safe_log(result.log), codespace=_space(result.code), gas_wanted=1
         )
 
     # --- proposals and vote extensions --------------------------------------------------------
@@ -128,7 +142,7 @@ class CommitteeApp:
         vx = None
         if self.state.vx_required(req.height):
             commit = req.local_last_commit
-            vx = extensions.ExtendedCommit(
+            local = extensions.ExtendedCommit(
                 height=req.height - 1,
                 round=commit.round,
                 votes=tuple(
@@ -141,20 +155,32 @@ class CommitteeApp:
                     )
                     for vote in commit.votes
                 ),
+            )
+            vx = extensions.without_invalid_extensions(
+                local,
+                self.state.chain_id,
+                self.state.validator_keys(),
+                self.state.genesis.epoch_length,
             ).encode()
         txs = self.state.prepare_proposal(req.height, list(req.txs), req.max_tx_bytes, vx)
+        if self.hostile is not None:
+            txs = self.hostile.proposal(req.height, txs, req.max_tx_bytes)
         return pb.ResponsePrepareProposal(txs=txs)
 
     def process_proposal(self, req: Any) -> Any:
         ok, reason = self.state.process_proposal(req.height, list(req.txs))
         if not ok:
-            log.warning("process_proposal rejected height=%d reason=%s", req.height, reason)
+            log.warning(
+                "process_proposal rejected height=%d reason=%s", req.height, safe_log(reason)[:200]
+            )
         status = pb.ResponseProcessProposal.ACCEPT if ok else pb.ResponseProcessProposal.REJECT
         return pb.ResponseProcessProposal(status=status)
 
     def extend_vote(self, req: Any) -> Any:
+        if self.hostile is not None:
+            return pb.ResponseExtendVote(vote_extension=self.hostile.extension(req.height))
         length = self.state.genesis.epoch_length
-        if req.height % length != 0:
+        if req.height < 1 or req.height % length != 0:
             return pb.ResponseExtendVote(vote_extension=b"")
         epoch = req.height // length
         report = self._local_report(epoch)
@@ -168,19 +194,23 @@ class CommitteeApp:
         if not path.exists():
             return extensions.EMPTY_REPORT
         try:
-            doc = json.loads(path.read_text())
+            with path.open("rb") as handle:
+                raw = handle.read(MAX_SCORES_FILE_BYTES + 1)
+            doc = parse_json(raw, max_bytes=MAX_SCORES_FILE_BYTES, max_depth=2)
             if not isinstance(doc, dict):
                 raise extensions.VoteExtensionError("expected an object")
             if "epoch" in doc and doc["epoch"] != epoch:
                 log.info(
-                    "scores file is for epoch %s, not %d: extending with none", doc["epoch"], epoch
+                    "scores file is for epoch %s, not %d: extending with none",
+                    ascii(doc["epoch"])[:40],
+                    epoch,
                 )
                 return extensions.EMPTY_REPORT
             invalid = doc.get("invalid", [])
-            if isinstance(invalid, list):
+            if isinstance(invalid, list) and all(isinstance(i, str) for i in invalid):
                 invalid = sorted(set(invalid))
             return extensions.parse_report(doc.get("scores", {}), invalid)
-        except (OSError, ValueError, TypeError, extensions.VoteExtensionError) as error:
+        except (OSError, JsonInputError, extensions.VoteExtensionError) as error:
             log.warning("ignoring invalid %s: %s", path, error)
             return extensions.EMPTY_REPORT
 
@@ -193,8 +223,8 @@ class CommitteeApp:
             log.warning(
                 "vote extension rejected height=%d validator=%s reason=%s",
                 req.height,
-                req.validator_address.hex().upper(),
-                error.message,
+                req.validator_address.hex().upper()[:80],
+                safe_log(error.message)[:200],
             )
             return pb.ResponseVerifyVoteExtension(status=pb.ResponseVerifyVoteExtension.REJECT)
         return pb.ResponseVerifyVoteExtension(status=pb.ResponseVerifyVoteExtension.ACCEPT)
@@ -210,7 +240,7 @@ class CommitteeApp:
             results.append(
                 pb.ExecTxResult(
                     code=result.code,
-                    log=result.log,
+                    log=safe_log(result.log),
                     codespace=_space(result.code),
                     events=_events(result),
                     gas_wanted=1,
@@ -225,9 +255,17 @@ class CommitteeApp:
         return pb.ResponseCommit(retain_height=0)
 
     def query(self, req: Any) -> Any:
-        code, value, message = run_query(self.state, req.path, req.data)
+        try:
+            code, value, message = run_query(self.state, req.path, req.data)
+        except Exception:  # a query reads committed state only: a bug must not stop the node
+            log.exception("query failed path=%s", ascii(req.path)[:200])
+            code, value, message = Code.INTERNAL, b"", "internal error while answering the query"
         return pb.ResponseQuery(
-            code=code, value=value, log=message, height=self.state.height, codespace=_space(code)
+            code=code,
+            value=value,
+            log=safe_log(message),
+            height=self.state.height,
+            codespace=_space(code),
         )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any
 
-from abci_app import reputation
+from abci_app import reputation, retention
 from abci_app.handlers import DOWN, JOIN, SERVING
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ def close_epoch(state: State, height: int, block_hash: bytes) -> None:
     following = height // state.genesis.epoch_length + 1
     state.put("epoch", str(following), _epoch_record(state, following, block_hash))
     state.put("meta", "current_epoch", following)
+    retention.prune_epoch_record(state, following)
     state.emit("planet.epoch", epoch=following)
 
 

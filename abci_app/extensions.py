@@ -23,7 +23,6 @@ Flow (ABCI 2.0, CometBFT v0.38):
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from dataclasses import dataclass
@@ -34,13 +33,36 @@ from nacl.signing import VerifyKey
 
 from abci_app.reputation import SCALE
 from abci_app.server import encode_uvarint
-from protocol.canonical import canonical_json
+from protocol.canonical import JsonInputError, canonical_json, canonical_text, parse_json
 from protocol.errors import ProtocolError
 
 VX_PREFIX = b"\x00planet-vx/v1\n"
 MAX_SCORES = 10_000
+# a full report: 10 000 scores (~78 bytes each) + 10 000 invalid keys (~67 bytes each)
+MAX_EXTENSION_BYTES = 2 * 1024 * 1024
+MAX_VOTES = 1_000  # validators in one extended commit (the devnet has 4; CometBFT caps sets)
+MAX_VX_BYTES = MAX_VOTES * (2 * MAX_EXTENSION_BYTES + 512)
+BLOCK_ID_FLAG_ABSENT = 1
 BLOCK_ID_FLAG_COMMIT = 2
+MAX_INT64 = (1 << 63) - 1
+MAX_ROUND = (1 << 31) - 1  # CometBFT rounds are int32
 _NODE = re.compile(r"[0-9a-f]{64}\Z")
+_ADDRESS = re.compile(r"[0-9A-F]{40}\Z")
+_HEX = re.compile(r"(?:[0-9a-f]{2})*\Z")
+_SIGNATURE_HEX = re.compile(r"(?:[0-9a-f]{128})?\Z")
+
+
+def _int_field(doc: dict[str, Any], name: str, lo: int, hi: int) -> int:
+    value = doc[name]
+    if type(value) is not int or not lo <= value <= hi:
+        raise VoteExtensionError(f"{name}: expected an integer in [{lo}, {hi}]")
+    return value
+
+
+def _exact_keys(doc: Any, keys: set[str], where: str) -> dict[str, Any]:
+    if not isinstance(doc, dict) or set(doc) != keys:
+        raise VoteExtensionError(f"{where}: expected an object with keys {sorted(keys)}")
+    return doc
 
 
 class VoteExtensionError(ProtocolError):
@@ -97,7 +119,7 @@ def parse_report(scores: Any, invalid: Any) -> Report:
         raise VoteExtensionError(f"invalid: expected a list of ≤ {MAX_SCORES} node keys")
     for node in invalid:
         if not isinstance(node, str) or not _NODE.match(node):
-            raise VoteExtensionError(f"invalid: bad node key {node!r}"[:120])
+            raise VoteExtensionError(f"invalid: bad node key {ascii(node)[:80]}")
     if invalid != sorted(set(invalid)):
         raise VoteExtensionError("invalid: node keys must be sorted and unique")
     if set(invalid) & set(checked):
@@ -110,9 +132,9 @@ def parse_scores(doc: Any) -> dict[str, int]:
     if not isinstance(doc, dict) or len(doc) > MAX_SCORES:
         raise VoteExtensionError(f"scores: expected an object of ≤ {MAX_SCORES} entries")
     for node, value in doc.items():
-        if not _NODE.match(node):
-            raise VoteExtensionError(f"scores: bad node key {node!r}"[:120])
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SCALE:
+        if not isinstance(node, str) or not _NODE.match(node):
+            raise VoteExtensionError(f"scores: bad node key {ascii(node)[:80]}")
+        if type(value) is not int or not 0 <= value <= SCALE:
             raise VoteExtensionError(f"scores[{node}]: expected an integer in [0, {SCALE}]")
     return doc
 
@@ -122,20 +144,21 @@ def parse_extension(raw: bytes, height: int, epoch_length: int) -> Report:
     Non-empty extensions are only valid at epoch-closing heights, for that epoch."""
     if not raw:
         return EMPTY_REPORT
-    if height % epoch_length != 0:
+    if height < 1 or height % epoch_length != 0:
         raise VoteExtensionError(
             f"height {height} does not close an epoch: extension must be empty"
         )
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise VoteExtensionError(f"not JSON ({error})") from None
-    if not isinstance(doc, dict) or set(doc) != {"epoch", "invalid", "scores"}:
-        raise VoteExtensionError("expected {epoch, invalid, scores}")
-    if doc["epoch"] != height // epoch_length:
-        raise VoteExtensionError(f"epoch {doc['epoch']!r} is not {height // epoch_length}")
+        doc = parse_json(raw, max_bytes=MAX_EXTENSION_BYTES, max_depth=2, max_int_digits=20)
+    except JsonInputError as error:
+        raise VoteExtensionError(error.message) from None
+    _exact_keys(doc, {"epoch", "invalid", "scores"}, "extension")
+    epoch = _int_field(doc, "epoch", 0, MAX_INT64)
+    if epoch != height // epoch_length:
+        raise VoteExtensionError(f"epoch {epoch} is not {height // epoch_length}")
     report = parse_report(doc["scores"], doc["invalid"])
-    if canonical_json(doc) != raw:
+    # every value is now a validated int, str, list or object: canonical_text is exact
+    if canonical_text(doc).encode() != raw:
         raise VoteExtensionError("extension is not canonical JSON")
     return report
 
@@ -179,27 +202,90 @@ def is_vx_tx(raw: bytes) -> bool:
     return raw.startswith(VX_PREFIX)
 
 
+def _vote(doc: Any) -> ExtVote:
+    v = _exact_keys(doc, {"address", "extension", "flag", "power", "signature"}, "vote")
+    for name, pattern in (
+        ("address", _ADDRESS),
+        ("extension", _HEX),
+        ("signature", _SIGNATURE_HEX),
+    ):
+        if not isinstance(v[name], str) or not pattern.match(v[name]):
+            raise VoteExtensionError(f"vote.{name}: bad value")
+    if len(v["extension"]) > 2 * MAX_EXTENSION_BYTES:
+        raise VoteExtensionError("vote.extension: too long")
+    return ExtVote(
+        address=v["address"],
+        power=_int_field(v, "power", 0, MAX_INT64),
+        extension=bytes.fromhex(v["extension"]),
+        signature=bytes.fromhex(v["signature"]),
+        flag=_int_field(v, "flag", 0, 3),
+    )
+
+
 def decode_vx_tx(raw: bytes) -> ExtendedCommit:
+    """Strictly typed parse of the extended-commit tx; raises `VoteExtensionError` only."""
     if not is_vx_tx(raw):
         raise VoteExtensionError("not an extended-commit tx")
     try:
-        doc = json.loads(raw[len(VX_PREFIX) :])
-        votes = tuple(
-            ExtVote(
-                address=str(v["address"]),
-                power=int(v["power"]),
-                extension=bytes.fromhex(v["extension"]),
-                signature=bytes.fromhex(v["signature"]),
-                flag=int(v["flag"]),
-            )
-            for v in doc["votes"]
+        doc = parse_json(
+            raw[len(VX_PREFIX) :], max_bytes=MAX_VX_BYTES, max_depth=3, max_int_digits=20
         )
-        commit = ExtendedCommit(height=int(doc["height"]), round=int(doc["round"]), votes=votes)
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise VoteExtensionError(f"malformed extended-commit tx ({error!r})") from None
+    except JsonInputError as error:
+        raise VoteExtensionError(f"malformed extended-commit tx ({error.message})") from None
+    _exact_keys(doc, {"height", "round", "votes"}, "extended commit")
+    votes = doc["votes"]
+    if not isinstance(votes, list) or len(votes) > MAX_VOTES:
+        raise VoteExtensionError(f"votes: expected a list of ≤ {MAX_VOTES}")
+    commit = ExtendedCommit(
+        height=_int_field(doc, "height", 0, MAX_INT64),
+        round=_int_field(doc, "round", 0, MAX_ROUND),
+        votes=tuple(_vote(v) for v in votes),
+    )
     if commit.encode() != raw:
         raise VoteExtensionError("extended-commit tx is not canonical")
     return commit
+
+
+def _vote_valid(
+    vote: ExtVote,
+    chain_id: str,
+    height: int,
+    round_: int,
+    validators: dict[str, tuple[bytes, int]],
+    epoch_length: int,
+) -> bool:
+    if vote.address not in validators or validators[vote.address][1] != vote.power:
+        return False
+    sign_bytes = vote_extension_sign_bytes(chain_id, height, round_, vote.extension)
+    try:
+        VerifyKey(validators[vote.address][0]).verify(sign_bytes, vote.signature)
+        parse_extension(vote.extension, height, epoch_length)
+    except (BadSignatureError, ValueError, VoteExtensionError):
+        return False
+    return True
+
+
+def without_invalid_extensions(
+    commit: ExtendedCommit,
+    chain_id: str,
+    validators: dict[str, tuple[bytes, int]],
+    epoch_length: int,
+) -> ExtendedCommit:
+    """The proposer's filter of its `local_last_commit`: a COMMIT vote whose extension does not
+    verify (bad signature, junk, floats …) is turned into an absent vote (flag 1, no extension).
+    CometBFT v0.38 adds *late* precommits of the previous height to that commit without calling
+    VerifyVoteExtension, so a Byzantine validator's junk would otherwise make every honest
+    proposal fail ProcessProposal and stop the chain."""
+    if not 0 <= commit.height <= MAX_INT64 or not 0 <= commit.round <= MAX_ROUND:
+        return commit
+    votes = []
+    for vote in commit.votes:
+        if vote.flag == BLOCK_ID_FLAG_COMMIT and not _vote_valid(
+            vote, chain_id, commit.height, commit.round, validators, epoch_length
+        ):
+            vote = ExtVote(vote.address, vote.power, b"", b"", BLOCK_ID_FLAG_ABSENT)
+        votes.append(vote)
+    return ExtendedCommit(commit.height, commit.round, tuple(votes))
 
 
 def verify_extended_commit(

@@ -5,6 +5,9 @@
       "heartbeat_timeout": 30,            # a JOIN/SERVING node whose last heartbeat is more than
                                           #   this many blocks old becomes DOWN
       "challenges_per_epoch": 0,          # nodes challenged per epoch (0 = every SERVING node)
+      "registration_ttl": 100,            # blocks an unstaked registration lives (retention.py)
+      "retention_epochs": 10,             # settled epochs whose records stay before pruning
+      "prune_per_block": 10000,           # most records pruned in one block
       "min_stake": {"compute": "1000000000000000000", "verifier": "500000000000000000"},  # wei
       "reputation": {"tau": 300000, "untrusted_below": 400000, "initial": 500000,
                      "alpha": 400000, "beta": 600000, "window": 5,
@@ -23,16 +26,21 @@ keys are rejected so a typo cannot silently fall back to a default.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from abci_app.reputation import ReputationParams
+from protocol.canonical import JsonInputError, parse_json
 from protocol.errors import ConfigError
 
 _KEYS = {
     "epoch_length",
     "heartbeat_timeout",
     "challenges_per_epoch",
+    "registration_ttl",
+    "retention_epochs",
+    "prune_per_block",
     "min_stake",
     "reputation",
     "models",
@@ -40,14 +48,19 @@ _KEYS = {
     "validators",
 }
 DEFAULT_MIN_STAKE = {"compute": 10**18, "verifier": 5 * 10**17}
+MAX_PARAM = (1 << 63) - 1
+MAX_SHARDS = 65536  # register_node shard indexes are 0 … 65535
+_DECIMAL = re.compile(r"[0-9]{1,78}\Z")  # ASCII only: str.isdigit accepts other scripts
 
 
-def _int(doc: dict[str, Any], key: str, default: int, lo: int = 0) -> int:
+def _int(doc: dict[str, Any], key: str, default: int, lo: int = 0, hi: int = MAX_PARAM) -> int:
     value = doc.get(key, default)
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and _DECIMAL.match(value):
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ConfigError(f"genesis app_state.{key}: expected an integer ≥ {lo}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(
+            f"genesis app_state.{key}: expected an integer in [{lo}, {hi}], got {value!a}"
+        )
     return value
 
 
@@ -56,6 +69,9 @@ class Genesis:
     epoch_length: int = 20
     heartbeat_timeout: int = 30
     challenges_per_epoch: int = 0
+    registration_ttl: int = 100
+    retention_epochs: int = 10
+    prune_per_block: int = 10_000
     min_stake: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_MIN_STAKE))
     reputation: ReputationParams = field(default_factory=ReputationParams)
     models: dict[str, int] = field(default_factory=dict)
@@ -69,9 +85,9 @@ class Genesis:
         if not app_state.strip():
             return cls()
         try:
-            doc = json.loads(app_state)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ConfigError(f"genesis app_state is not JSON ({error})") from None
+            doc = parse_json(app_state, max_bytes=16 * 1024 * 1024, max_depth=8)
+        except JsonInputError as error:
+            raise ConfigError(f"genesis app_state is not JSON ({error.message})") from None
         if not isinstance(doc, dict):
             raise ConfigError("genesis app_state: expected an object")
         unknown = set(doc) - _KEYS
@@ -79,23 +95,36 @@ class Genesis:
             raise ConfigError(f"genesis app_state: unknown keys {sorted(unknown)}")
         rep = doc.get("reputation", {})
         try:
+            if not isinstance(rep, dict):
+                raise TypeError("expected an object")
             reputation = ReputationParams(**rep)
         except (TypeError, ValueError) as error:
             raise ConfigError(f"genesis app_state.reputation: {error}") from None
         min_stake = dict(DEFAULT_MIN_STAKE)
-        for role, amount in doc.get("min_stake", {}).items():
-            if role not in min_stake or not str(amount).isdigit():
+        stakes = doc.get("min_stake", {})
+        if not isinstance(stakes, dict):
+            raise ConfigError("genesis app_state.min_stake: expected an object")
+        for role, amount in stakes.items():
+            if role not in min_stake or not _DECIMAL.match(str(amount)):
                 raise ConfigError(f"genesis app_state.min_stake.{role}: bad entry {amount!r}")
             min_stake[role] = int(amount)
         models: dict[str, int] = {}
-        for model, spec in doc.get("models", {}).items():
+        specs = doc.get("models", {})
+        if not isinstance(specs, dict):
+            raise ConfigError("genesis app_state.models: expected an object")
+        for model, spec in specs.items():
             shards = spec.get("shards") if isinstance(spec, dict) else None
-            if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            if isinstance(shards, bool) or not isinstance(shards, int):
+                shards = 0
+            if not 1 <= shards <= MAX_SHARDS:
                 raise ConfigError(
-                    f"genesis app_state.models.{model}.shards: expected an integer ≥ 1"
+                    f"genesis app_state.models.{model}.shards: expected an integer in "
+                    f"[1, {MAX_SHARDS}]"
                 )
             models[model] = shards
         evm = doc.get("evm") or {}
+        if not isinstance(evm, dict):
+            raise ConfigError("genesis app_state.evm: expected an object")
         chain_id = evm.get("chain_id")
         committee = evm.get("committee_address")
         if evm and (not isinstance(chain_id, int) or not isinstance(committee, str)):
@@ -109,7 +138,10 @@ class Genesis:
         ):
             raise ConfigError("genesis app_state.evm.fraud_proofs_address: expected an EVM address")
         operators: dict[str, str] = {}
-        for key, value in (doc.get("validators") or {}).items():
+        operator_map = doc.get("validators") or {}
+        if not isinstance(operator_map, dict):
+            raise ConfigError("genesis app_state.validators: expected an object")
+        for key, value in operator_map.items():
             operator = value.get("operator") if isinstance(value, dict) else value
             if (
                 not isinstance(operator, str)
@@ -122,6 +154,9 @@ class Genesis:
             epoch_length=_int(doc, "epoch_length", 20, 1),
             heartbeat_timeout=_int(doc, "heartbeat_timeout", 30, 1),
             challenges_per_epoch=_int(doc, "challenges_per_epoch", 0),
+            registration_ttl=_int(doc, "registration_ttl", 100, 1),
+            retention_epochs=_int(doc, "retention_epochs", 10, 1),
+            prune_per_block=_int(doc, "prune_per_block", 10_000, 1),
             min_stake=min_stake,
             reputation=reputation,
             models=models,
@@ -138,6 +173,9 @@ class Genesis:
             "epoch_length": self.epoch_length,
             "heartbeat_timeout": self.heartbeat_timeout,
             "challenges_per_epoch": self.challenges_per_epoch,
+            "registration_ttl": self.registration_ttl,
+            "retention_epochs": self.retention_epochs,
+            "prune_per_block": self.prune_per_block,
             "min_stake": {role: str(amount) for role, amount in sorted(self.min_stake.items())},
             "reputation": {name: getattr(rep, name) for name in rep.__dataclass_fields__},
             "models": {model: {"shards": n} for model, n in sorted(self.models.items())},

@@ -7,7 +7,9 @@ success, so a rejected tx changes nothing but its signer's nonce).
 Namespaces written here: `node/<key>` (registry + lifecycle), `evm/<address>` (EVM binding),
 `stake/<key>` (attestations and the agreed amount), `commit/<key>/<session>/<step>/<shard>`,
 `evidence/<id>`, `share/<height>` + `meta/share_tip`, `contrib/<key>` (operation totals),
-`rep/<key>` (reputation), `verdict/<id>`, `hbdue/<height>` (heartbeat deadlines).
+`rep/<key>` (reputation), `verdict/<id>`, `hbdue/<height>` (heartbeat deadlines),
+`regdue/<height>` (registration expiry checks) and `gc/<epoch>/<ns>/<key>` (the pruning index
+of commitments, evidence and share blocks; see `retention.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from abci_app import retention
 from abci_app.codes import Code, Rejected
 from protocol.canonical import canonical_json
 from protocol.committee import (
@@ -67,6 +70,7 @@ def _store_evidence(state: State, record: dict[str, Any]) -> str:
     ident = evidence_id(record)
     if state.get("evidence", ident) is None:
         state.put("evidence", ident, {**record, "id": ident, "height": state.block_height})
+        retention.track(state, "evidence", ident)
     state.emit("planet.evidence", id=ident, kind=record["kind"], node=record["node"])
     return ident
 
@@ -103,6 +107,7 @@ def register_node(state: State, tx: SignedTx) -> None:
     rep = state.genesis.reputation
     state.put("rep", tx.signer, {"r": rep.initial, "window": [], "epochs": 0, "last_epoch": 0})
     schedule_heartbeat_check(state, tx.signer, height)
+    retention.schedule_registration_check(state, tx.signer, height)
     state.emit("planet.node", node=tx.signer, status=JOIN)
 
 
@@ -136,7 +141,7 @@ def attest_stake(state: State, tx: SignedTx) -> None:
     validator = state.validator_by_signer(tx.signer)
     if validator is None:
         _reject(Code.NOT_VALIDATOR, f"signer {tx.signer} is not a validator")
-    _node(state, body.node)
+    node = _node(state, body.node)
     record = state.get("stake", body.node) or {"attestations": {}, "agreed": None, "height": 0}
     attestations = {**record["attestations"], validator["address"]: str(body.amount)}
     power_by_amount: dict[str, int] = {}
@@ -151,6 +156,8 @@ def attest_stake(state: State, tx: SignedTx) -> None:
     state.put(
         "stake", body.node, {"attestations": attestations, "agreed": agreed, "height": height}
     )
+    if agreed != record["agreed"] and not retention.is_staked(state, node, body.node):
+        retention.schedule_registration_check(state, body.node, state.block_height)
 
 
 # --- commit-reveal ------------------------------------------------------------------------------
@@ -191,6 +198,7 @@ def commit(state: State, tx: SignedTx) -> None:
             )
     for key, value in fresh:
         state.put("commit", key, {"commitment": value, "height": state.block_height})
+        retention.track(state, "commit", key)
     state.emit("planet.commit", node=tx.signer, count=len(fresh))
 
 
@@ -273,6 +281,7 @@ def share_block(state: State, tx: SignedTx) -> None:
             "included_height": state.block_height,
         },
     )
+    retention.track(state, "share", str(block.height))
     state.put("meta", "share_tip", {"height": block.height, "hash": block_hash})
     for node_key, operations in block.contributions:
         state.put("contrib", node_key, (state.get("contrib", node_key) or 0) + operations)

@@ -20,20 +20,32 @@ the request's `data`. Every answer is canonical JSON; unknown paths answer `UNKN
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
 from abci_app.codes import Code
 from abci_app.handlers import SERVING
-from protocol.canonical import canonical_json
+from protocol.canonical import JsonInputError, canonical_json, parse_json
 
 if TYPE_CHECKING:
     from abci_app.state import State
 
 HEALTHY_MIN = 3
 MAX_ITEMS = 1000  # most records one list query answers (?limit lowers it)
+MAX_PATH = 4096  # characters of path + query string
+MAX_DATA = 4096  # bytes of the JSON `data` object
+MAX_PARAMS = 32
+MAX_SHARDS = 65536  # shard indexes are 0 … 65535 (register_node)
+MAX_INT = (1 << 63) - 1
+MAX_STR = 256
+
+NODE_KEY = re.compile(r"[0-9a-f]{64}\Z")
+HASH32 = re.compile(r"0x[0-9a-f]{64}\Z")
+NAME = re.compile(r"[A-Za-z0-9._:/@+-]{1,128}\Z")
+WORD = re.compile(r"[A-Za-z_]{1,32}\Z")
+DIGITS = re.compile(r"[0-9]{1,19}\Z")  # ASCII only: str.isdigit/int accept other scripts
 
 
 class QueryError(Exception):
@@ -43,13 +55,41 @@ class QueryError(Exception):
         self.message = message
 
 
-def _int_param(params: dict[str, Any], name: str, default: int | None = None) -> int | None:
-    value = params.get(name, default)
-    if value is None or isinstance(value, int):
+def _int_param(
+    params: dict[str, Any], name: str, default: int | None = None, lo: int = 0, hi: int = MAX_INT
+) -> int | None:
+    """An integer parameter: a JSON integer or ASCII digits, within [lo, hi]."""
+    value = params.get(name)
+    if value is None:
+        return default
+    if isinstance(value, str) and DIGITS.match(value):
+        value = int(value)
+    if type(value) is not int or not lo <= value <= hi:
+        raise QueryError(Code.BAD_QUERY, f"{name}: expected an integer in [{lo}, {hi}]")
+    return value
+
+
+def _str_param(
+    params: dict[str, Any], name: str, pattern: re.Pattern[str] | None = None
+) -> str | None:
+    """A string parameter (≤ 256 chars, matching `pattern` when given)."""
+    value = params.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_STR:
+        raise QueryError(Code.BAD_QUERY, f"{name}: expected a string of ≤ {MAX_STR} chars")
+    if pattern is not None and not pattern.match(value):
+        raise QueryError(Code.BAD_QUERY, f"{name}: bad value {ascii(value)[:80]}")
+    return value
+
+
+def _bool_param(params: dict[str, Any], name: str) -> bool | None:
+    value = params.get(name)
+    if value is None or isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    raise QueryError(Code.BAD_QUERY, f"{name}: expected an integer")
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise QueryError(Code.BAD_QUERY, f"{name}: expected true or false")
 
 
 def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
@@ -71,30 +111,34 @@ def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
 
 
 def _nodes(state: State, params: dict[str, Any]) -> Any:
-    shard = _int_param(params, "shard")
+    shard = _int_param(params, "shard", hi=MAX_SHARDS - 1)
+    model = _str_param(params, "model")
+    status = _str_param(params, "status")
+    role = _str_param(params, "role")
     out = []
     for key, node in state.committed_items("node"):
-        if "model" in params and node["model"] != params["model"]:
+        if model is not None and node["model"] != model:
             continue
         if shard is not None and shard not in node["shards"]:
             continue
-        if "status" in params and node["status"] != params["status"].upper():
+        if status is not None and node["status"] != status.upper():
             continue
-        if "role" in params and node["role"] != params["role"]:
+        if role is not None and node["role"] != role:
             continue
         out.append(node_view(state, key, node))
     return {"nodes": out}
 
 
 def _node(state: State, params: dict[str, Any]) -> Any:
-    key = params.get("key", "")
-    node = state.committed("node", key)
+    key = _str_param(params, "key") or ""
+    node = state.committed("node", key) if NODE_KEY.match(key) else None
     if node is None:
-        raise QueryError(Code.NOT_FOUND, f"node {key!r} is not registered")
+        raise QueryError(Code.NOT_FOUND, f"node {ascii(key)[:80]} is not registered")
     return node_view(state, key, node)
 
 
 def pool_health(state: State, model: str, shard_count: int | None = None) -> dict[str, Any]:
+    """`shard_count` ≤ MAX_SHARDS (the answer lists one count per shard)."""
     """Routable compute nodes per shard and the pool status (UNFED AI pool health)."""
     counts: dict[int, int] = {}
     highest = -1
@@ -105,7 +149,7 @@ def pool_health(state: State, model: str, shard_count: int | None = None) -> dic
         if node_view(state, key, node)["routable"]:
             for shard in node["shards"]:
                 counts[shard] = counts.get(shard, 0) + 1
-    total = shard_count or state.genesis.models.get(model) or highest + 1
+    total = min(shard_count or state.genesis.models.get(model) or highest + 1, MAX_SHARDS)
     per_shard = [counts.get(shard, 0) for shard in range(total)]
     if not per_shard or min(per_shard) == 0:
         status = "incomplete"
@@ -122,8 +166,10 @@ def pool_health(state: State, model: str, shard_count: int | None = None) -> dic
 
 
 def _pool_health(state: State, params: dict[str, Any]) -> Any:
-    if "model" in params:
-        return pool_health(state, params["model"], _int_param(params, "shards"))
+    model = _str_param(params, "model")
+    shards = _int_param(params, "shards", lo=1, hi=MAX_SHARDS)
+    if model is not None:
+        return pool_health(state, model, shards)
     models = sorted(
         {node["model"] for _, node in state.committed_items("node")} | set(state.genesis.models)
     )
@@ -131,18 +177,26 @@ def _pool_health(state: State, params: dict[str, Any]) -> Any:
 
 
 def _limit(params: dict[str, Any]) -> int:
-    return max(1, min(_int_param(params, "limit", MAX_ITEMS) or MAX_ITEMS, MAX_ITEMS))
+    """`limit`: 1 … MAX_ITEMS (larger values are capped, as before; 0 means the maximum)."""
+    value = _int_param(params, "limit", MAX_ITEMS) or MAX_ITEMS
+    return max(1, min(value, MAX_ITEMS))
 
 
 def _commitments(state: State, params: dict[str, Any]) -> Any:
-    prefix = params.get("node", "")
+    prefix = _str_param(params, "node", NODE_KEY)
+    session_filter = _str_param(params, "session", HASH32)
     limit = _limit(params)
     out: list[dict[str, Any]] = []
-    for key, record in state.committed_items("commit"):
+    if prefix is None:
+        items: Iterator[tuple[str, Any]] = state.committed_items("commit")
+    elif session_filter is None:
+        items = state.committed_items("commit", prefix + "/", prefix + "0")
+    else:
+        lower = f"{prefix}/{session_filter}/"
+        items = state.committed_items("commit", lower, lower[:-1] + "0")
+    for key, record in items:
         node, session, step, shard = key.split("/")
-        if prefix and node != prefix:
-            continue
-        if "session" in params and session != params["session"]:
+        if session_filter is not None and session != session_filter:
             continue
         if len(out) == limit:
             break
@@ -153,12 +207,16 @@ def _commitments(state: State, params: dict[str, Any]) -> Any:
 
 
 def _evidence(state: State, params: dict[str, Any]) -> Any:
-    items = [
-        r
-        for _, r in state.committed_items("evidence")
-        if params.get("node", r["node"]) == r["node"]
-    ]
-    return {"evidence": items[: _limit(params)]}
+    node = _str_param(params, "node", NODE_KEY)
+    limit = _limit(params)
+    items: list[dict[str, Any]] = []
+    for _, record in state.committed_items("evidence"):
+        if node is not None and record["node"] != node:
+            continue
+        items.append(record)
+        if len(items) == limit:
+            break
+    return {"evidence": items}
 
 
 def _reputations(state: State, params: dict[str, Any]) -> Any:
@@ -195,28 +253,30 @@ def verdict_view(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _verdicts(state: State, params: dict[str, Any]) -> Any:
-    if "id" in params:
-        record = state.committed("verdict", params["id"])
+    ident = _str_param(params, "id")
+    if ident is not None:
+        record = state.committed("verdict", ident) if HASH32.match(ident) else None
         if record is None:
-            raise QueryError(Code.NOT_FOUND, f"verdict {params['id']!r} not found")
+            raise QueryError(Code.NOT_FOUND, f"verdict {ascii(ident)[:80]} not found")
         return verdict_view(record)
-    confirmed = params.get("confirmed")
+    confirmed = _bool_param(params, "confirmed")
     out = []
     for _, record in state.committed_items("verdict"):
-        if confirmed is not None and str(record["confirmed"]).lower() != str(confirmed).lower():
+        if confirmed is not None and record["confirmed"] != confirmed:
             continue
         out.append(verdict_view(record))
     return {"verdicts": out}
 
 
 def _nonce(state: State, params: dict[str, Any]) -> Any:
-    account = params.get("account", "")
-    return {"account": account, "nonce": state.committed("acct", account) or 0}
+    account = _str_param(params, "account") or ""
+    nonce = state.committed("acct", account) if NODE_KEY.match(account) else None
+    return {"account": account, "nonce": nonce or 0}
 
 
 def _share_blocks(state: State, params: dict[str, Any]) -> Any:
     start = _int_param(params, "from", 1) or 1
-    limit = min(_int_param(params, "limit", 100) or 100, 1000)
+    limit = max(1, min(_int_param(params, "limit", 100) or 100, MAX_ITEMS))
     tip = state.committed("meta", "share_tip") or {"height": 0, "hash": None}
     blocks = []
     for height in range(start, min(tip["height"], start + limit - 1) + 1):
@@ -252,26 +312,39 @@ ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
 }
 
 
-def query(state: State, path: str, data: bytes) -> tuple[Code, bytes, str]:
-    """(code, canonical JSON answer, log) for one ABCI query."""
-    parts = urlsplit(path)
-    route = ROUTES.get(parts.path.rstrip("/") or "/")
-    if route is None:
-        return (
-            Code.UNKNOWN_QUERY,
-            b"",
-            f"unknown query path {parts.path!r}; known: {sorted(ROUTES)}",
-        )
-    params: dict[str, Any] = dict(parse_qsl(parts.query))
+def parse_params(path: str, data: bytes) -> tuple[str, dict[str, Any]]:
+    """(route path, parameters) from the query path and JSON `data`; raises QueryError."""
+    if len(path) > MAX_PATH:
+        raise QueryError(Code.BAD_QUERY, f"query path over {MAX_PATH} characters")
+    try:
+        parts = urlsplit(path)
+        params: dict[str, Any] = dict(parse_qsl(parts.query, max_num_fields=MAX_PARAMS))
+    except ValueError:
+        raise QueryError(Code.BAD_QUERY, "bad query string") from None
     if data:
         try:
-            extra = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return Code.BAD_QUERY, b"", "query data must be a JSON object"
-        if not isinstance(extra, dict):
-            return Code.BAD_QUERY, b"", "query data must be a JSON object"
+            extra = parse_json(data, max_bytes=MAX_DATA, max_depth=1, max_int_digits=19)
+        except JsonInputError as error:
+            raise QueryError(Code.BAD_QUERY, f"query data: {error.message}") from None
+        if not isinstance(extra, dict) or len(extra) > MAX_PARAMS:
+            raise QueryError(Code.BAD_QUERY, "query data must be a JSON object")
         params.update(extra)
+    return parts.path.rstrip("/") or "/", params
+
+
+def query(state: State, path: str, data: bytes) -> tuple[Code, bytes, str]:
+    """(code, canonical JSON answer, log) for one ABCI query. Parameters are typed per route
+    (strings ≤ 256 chars, integers as JSON integers or ASCII digits within bounds); a
+    parameter of the wrong type or out of range answers BAD_QUERY; unknown names are ignored."""
     try:
+        route_path, params = parse_params(path, data)
+        route = ROUTES.get(route_path)
+        if route is None:
+            return (
+                Code.UNKNOWN_QUERY,
+                b"",
+                f"unknown query path {ascii(route_path)[:80]}; known: {sorted(ROUTES)}",
+            )
         return Code.OK, canonical_json(route(state, params)), ""
     except QueryError as error:
         return error.code, b"", error.message

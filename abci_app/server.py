@@ -181,13 +181,36 @@ class AbciServer:
             try:
                 request.ParseFromString(bytes(buf[start:end]))
             except Exception as error:  # protobuf raises DecodeError (not a public base class)
-                raise FramingError(f"undecodable request ({error})") from None
+                # CometBFT kills itself when the app closes a connection or answers
+                # ResponseException, and Go does not check UTF-8 when it encodes a string: a
+                # query path from a stranger with invalid UTF-8 must get a normal answer
+                answer = self._undecodable_query(bytes(buf[start:end]))
+                if answer is None:
+                    raise FramingError(f"undecodable request ({error})") from None
+                pos = end
+                out += frame(answer)
+                continue
             pos = end
             response = self._dispatch(request, conn)
             out += frame(response)
             if request.WhichOneof("value") == "flush":
                 flush = True
         return out, flush, pos
+
+    def _undecodable_query(self, data: bytes) -> Any:
+        """A BAD_QUERY answer when `data` is a Request whose one field is a Query (a path that
+        is not UTF-8); None for anything else."""
+        number = self.pb.Request.DESCRIPTOR.fields_by_name["query"].number
+        header = decode_uvarint(data, 0)
+        if header is None or header[0] != (number << 3) | 2:
+            return None
+        size = decode_uvarint(data, header[1])
+        if size is None or size[1] + size[0] != len(data):
+            return None
+        log.warning("query with a non-UTF-8 path or data field answered BAD_QUERY")
+        return self.pb.Response(
+            query=self.pb.ResponseQuery(code=41, log="query path is not UTF-8", codespace="planet")
+        )
 
     def _dispatch(self, request: Any, conn: int) -> Any:
         try:

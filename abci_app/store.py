@@ -5,6 +5,10 @@ Layout: `kv(ns, key, value)` holds every state entry as canonical JSON text; `me
 which blocks to replay after a crash. One SQLite transaction per block (`commit`) writes the
 block's changed entries and the new height/app hash together, so a process killed at any point
 restarts at a consistent committed height. WAL mode, `synchronous=NORMAL`.
+
+The state is never loaded whole: `get` is a point lookup and `items` an ordered range scan
+(keyset-paged, so a caller that stops early reads little). Parsed values are kept in a read
+cache bounded in bytes of their JSON text (`READ_CACHE_BYTES`), updated by `commit`.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +28,10 @@ CREATE TABLE IF NOT EXISTS kv (ns TEXT NOT NULL, key TEXT NOT NULL, value TEXT N
                                PRIMARY KEY (ns, key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) WITHOUT ROWID;
 """
+
+
+READ_CACHE_BYTES = 16 * 1024 * 1024
+_PAGE = 256
 
 
 class Store:
@@ -36,22 +45,76 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self._cache: OrderedDict[tuple[str, str], tuple[Any, int]] = OrderedDict()
+        self._cache_bytes = 0
 
-    def load(self) -> tuple[int, bytes, dict[str, dict[str, Any]]]:
-        """(height, app hash, {ns: {key: value}}) of the last committed block (0, b"", {})."""
+    def load(self) -> tuple[int, bytes]:
+        """(height, app hash) of the last committed block ((0, b"") for a new store)."""
         meta = dict(self._db.execute("SELECT k, v FROM meta"))
-        data: dict[str, dict[str, Any]] = {}
-        for ns, key, value in self._db.execute("SELECT ns, key, value FROM kv"):
-            data.setdefault(ns, {})[key] = json.loads(value)
         height = int(meta.get("height", "0"))
         app_hash = bytes.fromhex(meta.get("app_hash", ""))
-        log.info(
-            "state loaded path=%s height=%d entries=%d",
-            self.path,
-            height,
-            sum(map(len, data.values())),
-        )
-        return height, app_hash, data
+        log.info("state opened path=%s height=%d", self.path, height)
+        return height, app_hash
+
+    def get(self, ns: str, key: str) -> Any:
+        """The committed value of (ns, key), or None. Never mutate the result (it is cached)."""
+        item = (ns, key)
+        cached = self._cache.get(item)
+        if cached is not None:
+            self._cache.move_to_end(item)
+            return cached[0]
+        row = self._db.execute("SELECT value FROM kv WHERE ns = ? AND key = ?", item).fetchone()
+        if row is None:
+            return None
+        value = json.loads(row[0])
+        self._remember(item, value, len(row[0]))
+        return value
+
+    def _remember(self, item: tuple[str, str], value: Any, size: int) -> None:
+        size += len(item[0]) + len(item[1]) + 64
+        if size > READ_CACHE_BYTES // 16:
+            return
+        old = self._cache.pop(item, None)
+        if old is not None:
+            self._cache_bytes -= old[1]
+        self._cache[item] = (value, size)
+        self._cache_bytes += size
+        while self._cache_bytes > READ_CACHE_BYTES:
+            _, (_, dropped) = self._cache.popitem(last=False)
+            self._cache_bytes -= dropped
+
+    @property
+    def cache_bytes(self) -> int:
+        return self._cache_bytes
+
+    def items(self, ns: str, start: str = "", stop: str | None = None) -> Iterator[tuple[str, Any]]:
+        """Committed (key, value) of `ns` with start ≤ key < stop, in key order, read lazily."""
+        lower, inclusive = start, True
+        while True:
+            op = ">=" if inclusive else ">"
+            if stop is None:
+                rows = self._db.execute(
+                    f"SELECT key, value FROM kv WHERE ns = ? AND key {op} ? ORDER BY key LIMIT ?",
+                    (ns, lower, _PAGE),
+                ).fetchall()
+            else:
+                rows = self._db.execute(
+                    f"SELECT key, value FROM kv WHERE ns = ? AND key {op} ? AND key < ? "
+                    "ORDER BY key LIMIT ?",
+                    (ns, lower, stop, _PAGE),
+                ).fetchall()
+            for key, text in rows:
+                yield key, json.loads(text)
+            if len(rows) < _PAGE:
+                return
+            lower, inclusive = rows[-1][0], False
+
+    def size_bytes(self) -> int:
+        """Bytes of every committed entry (ns + key + value text): what the state costs."""
+        row = self._db.execute(
+            "SELECT COALESCE(SUM(length(ns) + length(key) + length(value)), 0) FROM kv"
+        ).fetchone()
+        return int(row[0])
 
     def commit(
         self, height: int, app_hash: bytes, writes: Iterable[tuple[str, str, str | None]]
@@ -60,6 +123,9 @@ class Store:
         upserts: list[tuple[str, str, str]] = []
         deletes: list[tuple[str, str]] = []
         for ns, key, text in writes:
+            old = self._cache.pop((ns, key), None)
+            if old is not None:
+                self._cache_bytes -= old[1]
             if text is None:
                 deletes.append((ns, key))
             else:

@@ -61,6 +61,14 @@ class Validator:
         return address_of(self.operator_key)
 
 
+def seeded_validators(powers: tuple[int, ...]) -> list[Validator]:
+    """The deterministic validator set `Chain` uses (also for tests that drive a real app)."""
+    return [
+        Validator(seeded_key(f"validator-{i}"), seeded_evm_key(f"operator-{i}"), power)
+        for i, power in enumerate(powers)
+    ]
+
+
 @dataclass
 class Chain:
     """A committee chain in one process; `db` is a path or ":memory:"."""
@@ -74,10 +82,7 @@ class Chain:
     nonces: dict[str, int] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.validators = [
-            Validator(seeded_key(f"validator-{i}"), seeded_evm_key(f"operator-{i}"), power)
-            for i, power in enumerate(self.powers)
-        ]
+        self.validators = seeded_validators(self.powers)
         self.state = State(Store(self.db))
         if self.state.height == 0 and not self.state.chain_id:
             app_state = {

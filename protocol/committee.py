@@ -32,7 +32,6 @@ typed `ProtocolError`s; the ABCI app maps them to named result codes.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -40,7 +39,7 @@ from typing import Any, ClassVar
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
-from protocol.canonical import canonical_json, canonical_text
+from protocol.canonical import JsonInputError, canonical_json, canonical_text, parse_json
 from protocol.errors import ProtocolError
 from shares.block import ShareBlock
 
@@ -49,6 +48,7 @@ EIP191_REGISTER_PREFIX = "Planet node registration\nnode key: "
 MAX_TX_BYTES = 64 * 1024
 MAX_BATCH = 1024
 MAX_NONCE = (1 << 63) - 1
+MAX_TX_DEPTH = 8  # deepest valid tx: envelope → body → block → contributions → pair (5)
 ROLES = ("compute", "verifier")
 
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
@@ -60,6 +60,8 @@ _ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}\Z")
 _SIG65 = re.compile(r"0x[0-9a-f]{130}\Z")
 _HEX128 = re.compile(r"[0-9a-f]{128}\Z")
 _NAME = re.compile(r"[A-Za-z0-9._:/@+-]{1,128}\Z")
+# wei amounts: ASCII digits only (str.isdigit/int accept other scripts' digits), no leading zero
+_UINT_DEC = re.compile(r"(?:0|[1-9][0-9]{0,77})\Z")
 
 
 class TxDecodeError(ProtocolError):
@@ -89,7 +91,8 @@ def _obj(value: Any, where: str, keys: set[str]) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise TxDecodeError(f"{where}: expected an object")
     if set(value) != keys:
-        raise TxDecodeError(f"{where}: expected keys {sorted(keys)}, got {sorted(value)}")
+        got = ascii(sorted(value))[:200]
+        raise TxDecodeError(f"{where}: expected keys {sorted(keys)}, got {got}")
     return value
 
 
@@ -101,15 +104,13 @@ def _int(value: Any, where: str, lo: int = 0, hi: int = MAX_NONCE) -> int:
 
 def _str(value: Any, where: str, pattern: re.Pattern[str], max_len: int = 256) -> str:
     if not isinstance(value, str) or len(value) > max_len or not pattern.match(value):
-        raise TxDecodeError(f"{where}: bad value {value!r}"[:200])
+        raise TxDecodeError(f"{where}: bad value {ascii(value)[:120]}")
     return value
 
 
 def _uint256_str(value: Any, where: str) -> int:
-    if not isinstance(value, str) or not value.isdigit() or len(value) > 78:
-        raise TxDecodeError(f"{where}: expected a decimal string")
-    if value != str(int(value)):
-        raise TxDecodeError(f"{where}: leading zeros")
+    if not isinstance(value, str) or not _UINT_DEC.match(value):
+        raise TxDecodeError(f"{where}: expected an ASCII decimal string without leading zeros")
     number = int(value)
     if number >= 1 << 256:
         raise TxDecodeError(f"{where}: exceeds uint256")
@@ -505,14 +506,14 @@ def decode(raw: bytes) -> SignedTx:
     if raw[:1] != b"{":
         raise TxDecodeError("not a JSON object")
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise TxDecodeError(f"invalid JSON ({error})") from None
+        doc = parse_json(raw, max_bytes=MAX_TX_BYTES, max_depth=MAX_TX_DEPTH, max_int_digits=20)
+    except JsonInputError as error:
+        raise TxDecodeError(error.message) from None
     envelope = _obj(doc, "tx", {"body", "nonce", "sig", "signer", "type"})
     kind = envelope["type"]
     body_cls = BODY_TYPES.get(kind) if isinstance(kind, str) else None
     if body_cls is None:
-        raise TxDecodeError(f"unknown tx type {kind!r}"[:120])
+        raise TxDecodeError(f"unknown tx type {ascii(kind)[:80]}")
     tx = SignedTx(
         body=body_cls.from_json(envelope["body"]),
         signer=_str(envelope["signer"], "signer", _HEX64),

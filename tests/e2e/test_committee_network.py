@@ -419,3 +419,64 @@ def test_committee_app_killed_and_restarted_replays_to_same_app_hash(net: Path) 
     after = run(_app_hash_matches_chain(1, reference=0))
     assert after > before
     assert cometbft_stopped_by_itself, "cometbft kept running without its app"
+
+
+def _spawn_byzantine(directory: Path, index: int) -> None:
+    """Restart validator `index` with its app in the test-only Byzantine mode (junk proposals
+    and junk vote extensions); pid files let `planet committee down` stop it as usual."""
+    from abci_app import hostile
+    from deploy.committee import app_command, cometbft_command, load_network
+
+    network = load_network(directory)
+    validator = network.validators[index]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", hostile.ENV: hostile.ARMED_VALUE}
+    if os.environ.get("PLANET_BYZANTINE_PYTHONPATH"):  # to run the attacker from other code
+        env["PYTHONPATH"] = os.environ["PLANET_BYZANTINE_PYTHONPATH"]
+    commands = [
+        ("app", [*app_command(validator), hostile.FLAG]),
+        ("cometbft", cometbft_command(network, validator)),
+    ]
+    for process, argv in commands:
+        with open(network.log_path(process, index), "ab") as log_file:
+            log_file.write(b"\n=== byzantine start\n")
+            log_file.flush()
+            child = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=validator.home,
+                start_new_session=True,
+                env=env,
+            )
+        network.pid_path(process, index).write_text(f"{child.pid}\n")
+        if process == "app":
+            time.sleep(2.0)  # let the app listen before cometbft connects
+
+
+def _rejections(directory: Path, index: int) -> tuple[int, int]:
+    text = (directory / "logs" / f"app{index}.log").read_text(errors="replace")
+    return text.count("process_proposal rejected"), text.count("vote extension rejected")
+
+
+def test_committee_one_byzantine_validator_cannot_stop_or_fork_the_others(net: Path) -> None:
+    """Validator 3 proposes junk txs and extends junk votes (floats, deep nesting, NaN,
+    duplicate keys, bad UTF-8) at every height: the other three reject them and keep
+    committing, across epoch ends (extended commits), with one app hash."""
+    planet(net, "down", "--only", "3", timeout=60)
+    _spawn_byzantine(net, 3)
+    rows = status(net)["validators"]
+    assert alive(rows[3]["app_pid"]) and alive(rows[3]["cometbft_pid"])
+    start = max(h for h in run(_heights())[:3] if h is not None)
+    before = [_rejections(net, i) for i in range(3)]
+    # long enough for validator 3 to propose (round robin) and to cross an epoch end
+    run(_wait_height([0, 1, 2], start + 2 * EPOCH_LENGTH + 2, timeout_s=150))
+    after = [_rejections(net, i) for i in range(3)]
+    assert sum(a[1] - b[1] for a, b in zip(after, before, strict=True)) > 0, "no junk extension"
+    assert sum(a[0] - b[0] for a, b in zip(after, before, strict=True)) > 0, "no junk proposal"
+    for index in range(3):
+        run(_app_hash_matches_chain(index, reference=(index + 1) % 3))
+    # the Byzantine validator's own app still executes the agreed blocks to the same hash
+    run(_app_hash_matches_chain(3, reference=0))
+    rows = status(net)["validators"]
+    assert all(alive(rows[i]["app_pid"]) and alive(rows[i]["cometbft_pid"]) for i in range(4))

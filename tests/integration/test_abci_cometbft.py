@@ -10,6 +10,7 @@ Ports: picked free in 26600-26689.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -150,8 +151,10 @@ class Net:
         return json.loads(base64.b64decode(response["value"]))
 
 
-@pytest.fixture
-def net(tmp_path: Path) -> Iterator[Net]:
+@contextlib.contextmanager
+def open_net(tmp_path: Path, app_state: dict[str, Any] | None = None) -> Iterator[Net]:
+    """A configured (not yet started) single-validator network under `tmp_path`; stops every
+    process it started on exit. Also used by test_abci_fuzz.py."""
     if not COMETBFT.exists():
         pytest.fail(f"{COMETBFT} missing: run bash deploy/setup.sh")
     home = tmp_path / "validator"
@@ -161,7 +164,7 @@ def net(tmp_path: Path) -> Iterator[Net]:
     genesis = json.loads(genesis_path.read_text())
     address = genesis["validators"][0]["address"]
     genesis["consensus_params"]["abci"] = {"vote_extensions_enable_height": "1"}
-    genesis["app_state"] = {
+    genesis["app_state"] = app_state or {
         "epoch_length": 5,
         "heartbeat_timeout": 1000,
         "evm": {
@@ -193,6 +196,12 @@ def net(tmp_path: Path) -> Iterator[Net]:
         network.stop(network.app)
         if os.environ.get("PLANET_KEEP_LOGS"):
             print(f"logs in {logs}", file=sys.stderr)
+
+
+@pytest.fixture
+def net(tmp_path: Path) -> Iterator[Net]:
+    with open_net(tmp_path) as network:
+        yield network
 
 
 def validator_key(home: Path) -> SigningKey:

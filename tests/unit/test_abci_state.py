@@ -153,10 +153,11 @@ def test_abci_replayed_nonce_rejected_in_check_and_block() -> None:
 
 def test_abci_nonce_gaps_allowed_and_consumed_by_rejected_tx() -> None:
     chain = Chain()
-    key = seeded_key("ghost")
+    key = register(chain, "n1")
+    chain.block([chain.tx(Leave(), key, nonce=5)])
     [result] = chain.block([chain.tx(Heartbeat(), key, nonce=10)])
-    assert result.code == Code.UNKNOWN_NODE
-    # the nonce is spent even though the tx failed: the same bytes cannot be replayed later
+    assert result.code == Code.INVALID_LIFECYCLE
+    # a known account's refused tx spends its nonce: the same bytes cannot be replayed later
     assert ask(chain, f"/nonce?account={hexkey(key)}")["nonce"] == 10
     assert chain.state.check_tx(chain.tx(Heartbeat(), key, nonce=10)).code == Code.BAD_NONCE
 
