@@ -9,7 +9,9 @@ Layout (all integers big-endian):
     10      L     header: canonical JSON (protocol.canonical), see FrameHeader
     10+L    ...   body: the tensor, encoded by the header's codec
 
-Header fields: session (random id, never a user or query id), step (the client's step counter),
+Header fields: session (the hop's session capability: a random secret the client drew for this
+node alone; the node keys the session by `session_tag(capability)` and never learns another
+hop's capability; never a user or query id), step (the client's step counter),
 positions {"start", "count"} (absolute positions of the T rows; a list form [s, s+1, ...] is
 accepted when contiguous), dtype ("float32" | "float16": what the receiver gets back),
 shape [1, T, H], codec, shard (the shard this frame is for / came from), last_only (ask the node
@@ -33,6 +35,7 @@ answers a 4xx JSON `{code, message}` and keeps serving. Pure numpy; no torch, no
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import struct
@@ -58,7 +61,14 @@ DTYPES: Final[dict[str, np.dtype]] = {
 }
 CODECS: Final = ("raw", "int8", "hq9")
 COMPRESSED_CODEC: Final = "hq9"  # what clients use when asked to compress
-_SESSION_RE = re.compile(r"[A-Za-z0-9_-]{8,64}")
+SESSION_MIN_CHARS: Final = 22  # 22 base64url characters carry >= 128 bits
+SESSION_MAX_CHARS: Final = 64
+_SESSION_RE = re.compile(rf"[A-Za-z0-9_-]{{{SESSION_MIN_CHARS},{SESSION_MAX_CHARS}}}")
+_SESSION_TAG_DOMAIN: Final = b"planet/session-tag/v1\x00"
+MAX_HEADER_DEPTH: Final = 3  # {header: {positions: ...}, shape: [...]} nests 2 deep
+_MAX_STEP: Final = 2**53
+_MAX_POSITION: Final = 2**31 - 1
+_MAX_SHARD: Final = 2**16
 _HEADER_KEYS: Final = frozenset(
     {"session", "step", "positions", "dtype", "shape", "codec", "shard", "last_only"}
 )
@@ -365,20 +375,34 @@ def with_header(frame: Frame, **changes: Any) -> bytes:
 
 
 # --------------------------------------------------------------------------------------- decode
-def _int(value: Any, name: str, error: type[FrameError], minimum: int = 0) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise error(f"{name} must be an integer >= {minimum}, got {value!r}")
+def _int(
+    value: Any,
+    name: str,
+    error: type[FrameError],
+    minimum: int = 0,
+    maximum: int = _MAX_POSITION,
+) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
+        raise error(f"{name} must be an integer in {minimum}..{maximum}, got {_short(value)}")
     return value
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """repr of an untrusted value, cut to `limit` characters (messages stay small)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**40 else "<huge int>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _parse_positions(raw: Any) -> tuple[int, int]:
     if isinstance(raw, dict):
         if set(raw) != {"start", "count"}:
-            raise BadPositionsError(f"positions needs exactly start and count, got {sorted(raw)}")
+            raise BadPositionsError(
+                f"positions needs exactly start and count, got {_short(sorted(raw))}"
+            )
         start = _int(raw["start"], "positions.start", BadPositionsError)
         count = _int(raw["count"], "positions.count", BadPositionsError, minimum=1)
         return start, count
-    if isinstance(raw, list) and raw:
+    if isinstance(raw, list) and 0 < len(raw) <= _MAX_POSITION:
         items = [_int(v, "positions[i]", BadPositionsError) for v in raw]
         if items != list(range(items[0], items[0] + len(items))):
             raise BadPositionsError("positions must be contiguous and increasing")
@@ -391,30 +415,33 @@ def _parse_header(raw: Any) -> FrameHeader:
         raise BadHeaderError("frame header must be a JSON object")
     missing = _HEADER_KEYS - {"last_only"} - set(raw)
     if missing:
-        raise BadHeaderError(f"frame header misses {sorted(missing)}")
+        raise BadHeaderError(f"frame header misses {_short(sorted(missing))}")
     extra = set(raw) - _HEADER_KEYS
     if extra:
-        raise BadHeaderError(f"frame header has unknown fields {sorted(extra)}")
+        raise BadHeaderError(f"frame header has unknown fields {_short(sorted(extra))}")
     session = check_session_id(raw["session"])
-    step = _int(raw["step"], "step", BadHeaderError)
+    step = _int(raw["step"], "step", BadHeaderError, maximum=_MAX_STEP)
     start, count = _parse_positions(raw["positions"])
     dtype = raw["dtype"]
-    if dtype not in DTYPES:
-        raise BadDtypeError(f"unsupported dtype {dtype!r}; accepted: {sorted(DTYPES)}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise BadDtypeError(f"unsupported dtype {_short(dtype)}; accepted: {sorted(DTYPES)}")
     codec = raw["codec"]
-    if codec not in CODECS:
-        raise BadCodecError(f"unsupported codec {codec!r}; accepted: {list(CODECS)}")
+    if not isinstance(codec, str) or codec not in CODECS:
+        raise BadCodecError(f"unsupported codec {_short(codec)}; accepted: {list(CODECS)}")
     shape = raw["shape"]
     if (
         not isinstance(shape, list)
         or len(shape) != 3
-        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape)
+        or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= _MAX_POSITION
+            for d in shape
+        )
         or shape[0] != 1
     ):
-        raise BadShapeError(f"shape must be [1, T, H] of positive integers, got {shape!r}")
+        raise BadShapeError(f"shape must be [1, T, H] of positive integers, got {_short(shape)}")
     if shape[1] != count:
         raise BadShapeError(f"shape has {shape[1]} rows but positions count is {count}")
-    shard = _int(raw["shard"], "shard", BadHeaderError)
+    shard = _int(raw["shard"], "shard", BadHeaderError, maximum=_MAX_SHARD)
     last_only = raw.get("last_only", False)
     if not isinstance(last_only, bool):
         raise BadHeaderError("last_only must be a boolean")
@@ -432,10 +459,51 @@ def _parse_header(raw: Any) -> FrameHeader:
 
 
 def check_session_id(value: object) -> str:
-    """`value` if it is a session id (8-64 characters of [A-Za-z0-9_-]), else BadSessionIdError."""
+    """`value` if it is a session capability (22-64 characters of [A-Za-z0-9_-]), else
+    BadSessionIdError."""
     if not isinstance(value, str) or not _SESSION_RE.fullmatch(value):
-        raise BadSessionIdError("session must be 8-64 characters of [A-Za-z0-9_-]")
+        raise BadSessionIdError(
+            f"session must be {SESSION_MIN_CHARS}-{SESSION_MAX_CHARS} characters of [A-Za-z0-9_-]"
+        )
     return value
+
+
+def session_tag(capability: str) -> str:
+    """The public name of a hop's session: sha256 over a domain prefix and the capability, hex.
+
+    A node keys its sessions by the tag and logs only the tag; the tag can be shown to a third
+    party (a verifier, a commitment) without giving it the power to act on the session, and no
+    tag reveals its capability or any other hop's."""
+    return hashlib.sha256(_SESSION_TAG_DOMAIN + check_session_id(capability).encode()).hexdigest()
+
+
+def _check_depth(text: bytes) -> None:
+    """BadHeaderError if JSON `text` nests arrays/objects deeper than MAX_HEADER_DEPTH (checked
+    before json.loads, so a deeply nested header costs no recursion)."""
+    if text.count(b"[") + text.count(b"{") <= MAX_HEADER_DEPTH:
+        return  # depth is at most the number of opening brackets
+    depth = 0
+    in_string = escaped = False
+    for byte in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > MAX_HEADER_DEPTH:
+                raise BadHeaderError(f"frame header nests deeper than {MAX_HEADER_DEPTH} levels")
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+
+
+def _reject_constant(name: str) -> Any:
+    raise BadHeaderError(f"frame header contains {name}, which is not JSON")
 
 
 def parse_frame(data: bytes | bytearray | memoryview, limits: FrameLimits | None = None) -> Frame:
@@ -458,8 +526,10 @@ def parse_frame(data: bytes | bytearray | memoryview, limits: FrameLimits | None
         )
     if header_len > MAX_HEADER_BYTES or PREFIX_BYTES + header_len > len(view):
         raise BadHeaderError(f"header length {header_len} is out of bounds")
+    text = bytes(view[PREFIX_BYTES : PREFIX_BYTES + header_len])
+    _check_depth(text)
     try:
-        raw = json.loads(bytes(view[PREFIX_BYTES : PREFIX_BYTES + header_len]))
+        raw = json.loads(text, parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise BadHeaderError(f"frame header is not JSON: {error}") from None
     header = _parse_header(raw)

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     # nodes need while they compute (same setting the local nodes get).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     nodes = NodesFile.load(args.nodes or default_nodes_path())
-    if not nodes.manifest.exists():
+    if not nodes.manifest.is_file():
         raise UsageError(
             f"the nodes file names a manifest that does not exist: {nodes.manifest}",
             hint="run `planet local up` again",

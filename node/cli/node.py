@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from protocol.errors import UsageError
@@ -11,7 +12,19 @@ EXAMPLES = """\
 examples:
   planet node serve --manifest ~/.cache/planet/models/smollm2-135m-3p-none/manifest.json --shard 0
   planet node serve --manifest M --shard 2 --port 18102 --idle-timeout 60 --max-cache-mb 512
+  planet node serve --manifest M --shard 0 --max-sessions-per-peer 64   # behind a gateway
 """
+
+
+def _finite(text: str) -> float:
+    """argparse type: a finite, non-negative number (nan, inf and negatives are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (default auto)")
     serve.add_argument(
         "--idle-timeout",
-        type=float,
+        type=_finite,
         default=300.0,
         metavar="SECONDS",
         help="evict sessions idle this long (default 300)",
@@ -49,12 +62,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--max-cache-mb",
-        type=float,
+        type=_finite,
         default=2048.0,
         help="KV cache over all sessions before answering busy (default 2048)",
     )
     serve.add_argument(
-        "--max-request-mb", type=float, default=32.0, help="largest accepted frame (default 32)"
+        "--max-sessions-per-peer",
+        type=int,
+        default=16,
+        metavar="N",
+        help="sessions one caller (peer address, IPv6 /64) may hold; raise it for a gateway "
+        "(default 16)",
+    )
+    serve.add_argument(
+        "--max-cache-mb-per-peer",
+        type=_finite,
+        default=512.0,
+        metavar="MB",
+        help="KV cache one caller may hold (default 512)",
+    )
+    serve.add_argument(
+        "--max-inflight-per-peer",
+        type=int,
+        default=8,
+        metavar="N",
+        help="frames one caller may have queued or computing (default 8)",
+    )
+    serve.add_argument(
+        "--max-session-age",
+        type=_finite,
+        default=3600.0,
+        metavar="SECONDS",
+        help="evict sessions older than this even if used (default 3600)",
+    )
+    serve.add_argument(
+        "--reclaim-idle",
+        type=_finite,
+        default=30.0,
+        metavar="SECONDS",
+        help="when full, a session idle this long may be reclaimed for another caller from "
+        "the caller holding the most (default 30)",
+    )
+    serve.add_argument(
+        "--max-request-mb", type=_finite, default=32.0, help="largest accepted frame (default 32)"
     )
     serve.add_argument(
         "--threads",
@@ -85,6 +135,11 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         max_cache_bytes=int(args.max_cache_mb * 1024 * 1024),
         max_request_bytes=int(args.max_request_mb * 1024 * 1024),
+        max_sessions_per_peer=args.max_sessions_per_peer,
+        max_cache_bytes_per_peer=int(args.max_cache_mb_per_peer * 1024 * 1024),
+        max_inflight_per_peer=args.max_inflight_per_peer,
+        max_session_age_s=args.max_session_age,
+        reclaim_idle_s=args.reclaim_idle,
         torch_threads=args.threads,
     ).validate()
     serve(config)

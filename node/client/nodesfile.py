@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from protocol.errors import ConfigError, UsageError
 
@@ -59,27 +60,100 @@ class NodesFile:
 
     @classmethod
     def load(cls, path: Path) -> NodesFile:
-        if not path.exists():
-            raise UsageError(
-                f"no nodes file at {path}",
-                hint="start local nodes with `planet local up --nodes 3`, or pass --nodes FILE",
-            )
+        """Read and check a nodes file; every user mistake is a UsageError/ConfigError."""
+        raw = _read_json(path)
         try:
-            raw = json.loads(path.read_text())
-            manifest = Path(raw["manifest"])
-            nodes = tuple(
-                NodeRef(
-                    url=str(n["url"]).rstrip("/"),
-                    shard=int(n["shard"]),
-                    layers=(int(n["layers"][0]), int(n["layers"][1])),
-                )
-                for n in raw["nodes"]
-            )
-        except (ValueError, KeyError, TypeError, IndexError) as error:
+            manifest = _text(raw["manifest"], "manifest")
+            nodes = tuple(_node(n, i) for i, n in enumerate(_list(raw["nodes"], "nodes")))
+        except (KeyError, TypeError) as error:
             raise ConfigError(
-                f"nodes file {path} is malformed: {error}",
-                hint='expected {"manifest": PATH, "nodes": [{"url", "shard", "layers"}, ...]}',
+                f"nodes file {path} is malformed: {_reason(error)}", hint=_SHAPE_HINT
+            ) from None
+        except ValueError as error:
+            raise ConfigError(
+                f"nodes file {path} is malformed: {error}", hint=_SHAPE_HINT
             ) from None
         if not nodes:
-            raise ConfigError(f"nodes file {path} lists no nodes")
-        return cls(manifest=manifest, nodes=nodes)
+            raise ConfigError(f"nodes file {path} lists no nodes", hint=_SHAPE_HINT)
+        return cls(manifest=Path(manifest), nodes=nodes)
+
+
+_SHAPE_HINT = 'expected {"manifest": PATH, "nodes": [{"url", "shard", "layers"}, ...]}'
+MAX_NODES_FILE_BYTES = 1024 * 1024
+MAX_NODES = 1024
+
+
+def _read_json(path: Path) -> Any:
+    if path.is_dir():
+        raise UsageError(
+            f"{path} is a directory, not a nodes file",
+            hint=f"pass the JSON file itself, e.g. --nodes {path / 'nodes.json'}",
+        )
+    if not path.exists():
+        raise UsageError(
+            f"no nodes file at {path}",
+            hint="start local nodes with `planet local up --nodes 3`, or pass --nodes FILE",
+        )
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_NODES_FILE_BYTES + 1)
+    except OSError as error:
+        raise UsageError(
+            f"cannot read nodes file {path}: {error.strerror or error}",
+            hint="check the path and its permissions",
+        ) from None
+    if len(data) > MAX_NODES_FILE_BYTES:
+        raise ConfigError(
+            f"nodes file {path} is larger than {MAX_NODES_FILE_BYTES} bytes", hint=_SHAPE_HINT
+        )
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"nodes file {path} is not UTF-8 text", hint=_SHAPE_HINT) from None
+    except (ValueError, RecursionError) as error:
+        raise ConfigError(
+            f"nodes file {path} is not JSON: {str(error)[:120]}", hint=_SHAPE_HINT
+        ) from None
+
+
+def _reason(error: Exception) -> str:
+    return f"missing field {error}" if isinstance(error, KeyError) else str(error)
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > 4096 or "\x00" in value:
+        raise ValueError(f"{name} must be a non-empty string")
+    return value
+
+
+def _list(value: Any, name: str) -> list[Any]:
+    if not isinstance(value, list) or len(value) > MAX_NODES:
+        raise ValueError(f"{name} must be a list of at most {MAX_NODES} entries")
+    return value
+
+
+def _int(value: Any, name: str) -> int:
+    if type(value) is not int or not 0 <= value < 2**31:
+        raise ValueError(f"{name} must be an integer >= 0, got {str(value)[:40]!r}")
+    return value
+
+
+def _node(raw: Any, index: int) -> NodeRef:
+    if not isinstance(raw, dict):
+        raise ValueError(f"nodes[{index}] must be an object")
+    url = _text(raw["url"], f"nodes[{index}].url").rstrip("/")
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.query:
+        raise ValueError(f"nodes[{index}].url must be http(s)://HOST:PORT, got {url[:80]!r}")
+    try:
+        parsed.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError(f"nodes[{index}].url has a bad port: {url[:80]!r}") from None
+    layers = _list(raw["layers"], f"nodes[{index}].layers")
+    if len(layers) != 2:
+        raise ValueError(f"nodes[{index}].layers must be [start, end]")
+    return NodeRef(
+        url=url,
+        shard=_int(raw["shard"], f"nodes[{index}].shard"),
+        layers=(_int(layers[0], "layers[0]"), _int(layers[1], "layers[1]")),
+    )

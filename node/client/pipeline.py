@@ -1,33 +1,48 @@
 """PipelineClient: prefill and decode through a fixed circuit of shard nodes.
 
 Topology: a star with zero-copy relay. The client posts the frame to node 0, takes the answer
-frame's body as is, re-heads it for node 1 (`with_header`: no decode, no re-quantization), and
-so on; only the last node's answer is decoded, and the last node returns only the last position
-(`last_only`). Each node is reached over one keep-alive TCP connection for the whole generation.
-Nodes never talk to each other and never learn who asked: a frame carries a random session id,
-positions and activations only (they can still read the prompt from the activations — layer
-sharding is not privacy).
+frame's body as is, re-heads it for node 1 (`encode_frame` with a replaced header: no decode,
+no re-quantization), and so on; only the last node's answer is decoded, and the last node
+returns only the last position (`last_only`). Each node is reached over one keep-alive TCP
+connection for the whole generation. Nodes never talk to each other and never learn who asked:
+a frame carries that hop's session capability, positions and activations only (they can still
+read the prompt from the activations; layer sharding is not privacy).
 
-Sessions: one random id per generation; each node opens its KV cache at position 0 and grows it
-only by the next contiguous positions; the client deletes the session on every node at the end.
+Sessions: one random secret per generation stays on the client; each hop gets its own
+capability derived from it (node/client/capabilities.py), so no node can act on another hop's
+session. Each node opens its KV cache at position 0 and grows it only by the next contiguous
+positions; the client deletes the session on every node at the end.
+
+Answers are read through node/client/answers.py: bounded by what was asked, checked against the
+request, malformed ones raise BadAnswerError (a ProtocolError).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import aiohttp
 import numpy as np
 
+from node.client.answers import (
+    MAX_JSON_ANSWER_BYTES,
+    BadAnswerError,
+    answer_frame_limit,
+    parse_answer_frame,
+    parse_compute_ms,
+    parse_error_body,
+    parse_json_object,
+    read_bounded,
+)
+from node.client.capabilities import hop_capability, hop_tag, new_session_id
 from node.client.sampling import SamplingConfig, sample
 from protocol.errors import BusyError, ConfigError, RemoteError, UnavailableError
-from protocol.frames import Frame, make_frame, parse_frame, with_header
+from protocol.frames import Frame, FrameHeader, encode_frame, make_frame, session_tag
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +95,14 @@ class Timings:
         }
 
 
-def new_session_id() -> str:
-    """A random session id: 128 bits, URL-safe; it links nothing but one KV cache per node."""
-    return secrets.token_urlsafe(16)
+__all__ = [
+    "BadAnswerError",
+    "Head",
+    "Hop",
+    "PipelineClient",
+    "Timings",
+    "new_session_id",
+]
 
 
 class PipelineClient:
@@ -127,12 +147,21 @@ class PipelineClient:
         return self._http
 
     # ------------------------------------------------------------------------------- requests
+    def capabilities(self, session: str) -> list[str]:
+        """The capability each hop gets for `session` (the client's secret), in circuit order."""
+        return [hop_capability(session, i, h.shard, h.url) for i, h in enumerate(self.hops)]
+
+    def session_tags(self, session: str) -> list[str]:
+        """The public tag of `session` on each hop (what nodes key, log and may commit to)."""
+        return [hop_tag(session, i, h.shard, h.url) for i, h in enumerate(self.hops)]
+
     async def _raise_for_answer(self, hop: Hop, answer: aiohttp.ClientResponse) -> None:
         try:
-            body = await answer.json(content_type=None)
-            code, message = str(body["code"]), str(body["message"])
-        except (ValueError, KeyError, TypeError, aiohttp.ContentTypeError):
-            code, message = "http_error", f"HTTP {answer.status}"
+            body = await read_bounded(answer, MAX_JSON_ANSWER_BYTES, hop.url)
+        except BadAnswerError:
+            body = b""
+        code, message = parse_error_body(body)
+        message = message or f"HTTP {answer.status}"
         if code == "busy":
             raise BusyError(
                 f"node {hop.url} (shard {hop.shard}) is busy: {message}",
@@ -142,7 +171,8 @@ class PipelineClient:
             f"node {hop.url} (shard {hop.shard})", code, message, http_status=answer.status
         )
 
-    async def _post(self, hop: Hop, payload: bytes) -> tuple[bytes, float]:
+    async def _post(self, hop: Hop, payload: bytes, limit: int) -> tuple[bytes, float]:
+        """POST a frame; the answer body (at most `limit` bytes) and the node's compute ms."""
         try:
             async with self.http.post(
                 f"{hop.url}/v1/forward",
@@ -151,9 +181,13 @@ class PipelineClient:
             ) as answer:
                 if answer.status != 200:
                     await self._raise_for_answer(hop, answer)
-                body = await answer.read()
-                compute_ms = float(answer.headers.get(COMPUTE_MS_HEADER, "0") or 0)
+                if answer.content_type != FRAME_CONTENT_TYPE:
+                    raise BadAnswerError(hop.url, f"content type {answer.content_type[:60]!r}")
+                compute_ms = parse_compute_ms(answer.headers.get(COMPUTE_MS_HEADER), hop.url)
+                body = await read_bounded(answer, limit, hop.url)
                 return body, compute_ms
+        except (aiohttp.ClientPayloadError, aiohttp.ClientResponseError) as error:
+            raise BadAnswerError(hop.url, f"malformed HTTP answer: {error}"[:200]) from None
         except (aiohttp.ClientConnectionError, TimeoutError) as error:
             raise UnavailableError(
                 f"node {hop.url} (shard {hop.shard}) is not reachable: "
@@ -169,7 +203,10 @@ class PipelineClient:
                 async with self.http.get(f"{hop.url}/info") as answer:
                     if answer.status != 200:
                         await self._raise_for_answer(hop, answer)
-                    return dict(await answer.json())
+                    body = await read_bounded(answer, MAX_JSON_ANSWER_BYTES, hop.url)
+                    return parse_json_object(body, hop.url)
+            except (aiohttp.ClientPayloadError, aiohttp.ClientResponseError) as error:
+                raise BadAnswerError(hop.url, f"malformed HTTP answer: {error}"[:200]) from None
             except (aiohttp.ClientConnectionError, TimeoutError) as error:
                 raise UnavailableError(
                     f"node {hop.url} (shard {hop.shard}) is not reachable: {type(error).__name__}",
@@ -185,15 +222,22 @@ class PipelineClient:
         for hop, info in zip(self.hops, infos, strict=True):
             if info.get("model_hash") != model_hash:
                 raise ConfigError(
-                    f"node {hop.url} serves model {info.get('model_hash')}, "
+                    f"node {hop.url} serves model {str(info.get('model_hash'))[:80]}, "
                     f"the manifest says {model_hash}",
                     hint="the nodes file and the running nodes disagree; run `planet local up`",
                 )
             if info.get("shard") != hop.shard:
                 raise ConfigError(
-                    f"node {hop.url} serves shard {info.get('shard')}, expected {hop.shard}"
+                    f"node {hop.url} serves shard {str(info.get('shard'))[:20]}, "
+                    f"expected {hop.shard}"
                 )
-            layers = info.get("layers", [None, None])
+            layers = info.get("layers")
+            if (
+                not isinstance(layers, list)
+                or len(layers) != 2
+                or not all(type(v) is int for v in layers)
+            ):
+                raise BadAnswerError(hop.url, f"/info layers is not [start, end]: {layers!r:.60}")
             if layers[0] != expected_start:
                 raise ConfigError(
                     f"node {hop.url} starts at layer {layers[0]}, expected {expected_start}"
@@ -213,11 +257,15 @@ class PipelineClient:
         last_only: bool = True,
     ) -> np.ndarray:
         """hidden [1, T, H] at positions start.. through every hop → the last hop's output
-        ([1, 1, H] if last_only, else [1, T, H]) as float32."""
+        ([1, 1, H] if last_only, else [1, T, H]) as float32.
+
+        `session` is the client's secret for this generation (`new_session_id()`); each hop
+        receives only its own capability derived from it."""
         last = len(self.hops) - 1
+        capabilities = self.capabilities(session)
         payload = make_frame(
             hidden,
-            session=session,
+            session=capabilities[0],
             step=step,
             start=start,
             shard=self.hops[0].shard,
@@ -225,14 +273,30 @@ class PipelineClient:
             codec=self.codec,
             last_only=last_only and last == 0,
         )
+        count = int(hidden.shape[1])
+        request = FrameHeader(
+            session=capabilities[0],
+            step=step,
+            start=start,
+            count=count,
+            dtype=self.dtype,
+            shape=(1, count, int(hidden.shape[2])),
+            codec=self.codec,
+            shard=self.hops[0].shard,
+            last_only=last_only and last == 0,
+        )
         frame: Frame | None = None
         for index, hop in enumerate(self.hops):
             if frame is not None:
-                payload = with_header(frame, shard=hop.shard, last_only=last_only and index == last)
-            body, compute_ms = await self._post(hop, payload)
-            frame = parse_frame(body)
-            if frame.header.session != session or frame.header.start < start:
-                raise RemoteError(f"node {hop.url}", "bad_answer", "answer frame does not match")
+                request = replace(
+                    frame.header,
+                    session=capabilities[index],
+                    shard=hop.shard,
+                    last_only=last_only and index == last,
+                )
+                payload = encode_frame(request, frame.body)
+            body, compute_ms = await self._post(hop, payload, answer_frame_limit(request))
+            frame = parse_answer_frame(body, request, hop.shard, hop.url)
             if timings is not None:
                 timings.wire_bytes_sent += len(payload)
                 timings.wire_bytes_received += len(body)
@@ -241,20 +305,26 @@ class PipelineClient:
         return frame.array()
 
     async def close_session(self, session: str) -> None:
-        """DELETE the session on every node (best effort; failures are logged)."""
+        """DELETE the session on every node, each with its own capability (best effort;
+        failures are logged with the hop's public tag, never a capability)."""
 
-        async def one(hop: Hop) -> None:
+        async def one(hop: Hop, capability: str) -> None:
             try:
                 async with self.http.delete(
-                    f"{hop.url}/v1/sessions/{session}", timeout=aiohttp.ClientTimeout(total=5)
+                    f"{hop.url}/v1/sessions/{capability}", timeout=aiohttp.ClientTimeout(total=5)
                 ) as answer:
-                    await answer.read()
-            except (aiohttp.ClientError, TimeoutError) as error:
+                    await read_bounded(answer, MAX_JSON_ANSWER_BYTES, hop.url)
+            except (aiohttp.ClientError, TimeoutError, BadAnswerError) as error:
                 log.warning(
-                    "session cleanup failed node=%s session=%s error=%s", hop.url, session, error
+                    "session cleanup failed node=%s session=%s error=%s",
+                    hop.url,
+                    session_tag(capability)[:16],
+                    error,
                 )
 
-        await asyncio.gather(*(one(hop) for hop in self.hops))
+        await asyncio.gather(
+            *(one(hop, cap) for hop, cap in zip(self.hops, self.capabilities(session), strict=True))
+        )
 
     # ------------------------------------------------------------------------------- generate
     async def generate(
@@ -276,7 +346,7 @@ class PipelineClient:
         timings.node_compute_ms = [0.0] * len(self.hops)
         if not prompt_ids:
             raise ConfigError("empty prompt")
-        session = new_session_id()
+        session = new_session_id()  # the secret stays here; hops get derived capabilities
         t0 = time.perf_counter()
         t_first = t0
         try:

@@ -1,7 +1,8 @@
 """Compute node server: serves one layer shard over HTTP (binary activation frames in and out).
 
 config.py    ServerConfig (frozen, units in field names)
-sessions.py  per-session KV caches: open, advance, evict idle, caps
+sessions.py  per-session KV caches keyed by capability tag: open, advance, evict, fair shares
+peers.py     who a caller is (peer address, IPv6 /64) for per-caller limits
 backend.py   what the server needs from a shard (ShardBackend) and the real one (node.model)
 app.py       aiohttp app factory, thin handlers, error middleware
 run.py       `serve(config)`: load the shard, set torch threads, run the app

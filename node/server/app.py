@@ -1,12 +1,16 @@
 """aiohttp app factory for a compute node. Handlers are thin: parse → check → compute → answer.
 
     POST   /v1/forward          binary frame in, binary frame out (same codec and dtype)
-    DELETE /v1/sessions/{id}    free a session's KV cache (idempotent)
+    DELETE /v1/sessions/{cap}   free the session this capability opened (idempotent)
     GET    /info                model, shard, layers, quant, device, load, sessions, cache bytes
     GET    /health              {"status": "ok"} once the shard is loaded
 
 Every refusal is JSON `{code, message}` with a 4xx/503 status (error middleware); the node keeps
-serving. The forward pass runs on one worker thread, off the event loop.
+serving; only a failure of the shard itself on a valid frame is a 500 (`compute_failed`).
+A frame's `session` is the client's capability for this node; sessions are keyed by its tag
+(`protocol.frames.session_tag`), so only its holder can append to, read through or close it.
+Per-caller shares (node/server/sessions.py, node/server/peers.py) keep one caller from taking
+every slot. The forward pass runs on one worker thread, off the event loop.
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ from aiohttp import web
 
 from node.server.backend import ShardBackend
 from node.server.config import ServerConfig
-from node.server.sessions import Session, SessionStore
+from node.server.peers import peer_key
+from node.server.sessions import PeerQuotaError, Session, SessionStore, short_tag
 from protocol.errors import PlanetError
 from protocol.frames import (
     VERSION,
     Frame,
     FrameError,
     FrameLimits,
+    NonFiniteError,
     SessionExpiredError,
     TooLargeError,
     WrongShardError,
@@ -38,6 +44,7 @@ from protocol.frames import (
     encode_body,
     encode_frame,
     parse_frame,
+    session_tag,
 )
 
 log = logging.getLogger(__name__)
@@ -61,6 +68,7 @@ class NodeState:
     executor: ThreadPoolExecutor
     started_s: float = field(default_factory=time.monotonic)
     in_flight: int = 0
+    peer_in_flight: dict[str, int] = field(default_factory=dict)
     forwards: int = 0
     compute_s: float = 0.0
 
@@ -99,14 +107,35 @@ async def error_middleware(
 
 
 # ----------------------------------------------------------------------------------- compute
+class _AnswerRejected(Exception):
+    """The answer could not be encoded after the cache already advanced (e.g. float16 overflow)."""
+
+    def __init__(self, error: FrameError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 def _compute(backend: ShardBackend, frame: Frame, cache: object) -> tuple[bytes, int, float]:
-    """Worker thread: decode, run the layers, encode the answer. Returns (frame, cache bytes, s)."""
+    """Worker thread: decode, run the layers, encode the answer. Returns (frame, cache bytes, s).
+    A FrameError before the forward pass leaves the cache untouched; after it, _AnswerRejected."""
     h = frame.header
     hidden = frame.array()  # rejects NaN/Inf
     positions = np.arange(h.start, h.start + h.count, dtype=np.int64)
     t0 = time.perf_counter()
     out = backend.forward(hidden, positions, cache)
     compute_s = time.perf_counter() - t0
+    try:
+        return _answer(backend, frame, out, cache, compute_s)
+    except FrameError as error:
+        raise _AnswerRejected(error) from None
+
+
+def _answer(
+    backend: ShardBackend, frame: Frame, out: np.ndarray, cache: object, compute_s: float
+) -> tuple[bytes, int, float]:
+    h = frame.header
+    if not np.isfinite(out).all():
+        raise NonFiniteError("the layers' output is not finite (activations too large?)")
     out_header = replace(h, shard=backend.shard_id)
     if h.last_only and h.count > 1:
         out = out[:, -1:, :]
@@ -120,10 +149,11 @@ def _compute(backend: ShardBackend, frame: Frame, cache: object) -> tuple[bytes,
 async def _run_forward(state: NodeState, session: Session, frame: Frame, new: bool) -> web.Response:
     h = frame.header
     store = state.store
+    tag = session.tag
     loop = asyncio.get_running_loop()
     async with session.lock:
         if session.cache is None:  # closed while we waited
-            raise SessionExpiredError(h.session)
+            raise SessionExpiredError(short_tag(tag))
         store.check_start(session, h.start)
         state.in_flight += 1
         try:
@@ -132,11 +162,14 @@ async def _run_forward(state: NodeState, session: Session, frame: Frame, new: bo
             )
         except FrameError:
             if new:
-                store.close(h.session, remember=False)
+                store.close(tag, remember=False)
             raise
+        except _AnswerRejected as rejected:  # the cache holds positions the client never got
+            store.close(tag)
+            raise rejected.error from None
         except Exception as error:
-            store.close(h.session, remember=False)
-            log.exception("forward failed session=%s start=%d", h.session, h.start)
+            store.close(tag, remember=False)
+            log.exception("forward failed session=%s start=%d", short_tag(tag), h.start)
             raise ComputeError(f"forward failed: {type(error).__name__}: {error}") from None
         finally:
             state.in_flight -= 1
@@ -145,7 +178,7 @@ async def _run_forward(state: NodeState, session: Session, frame: Frame, new: bo
     state.compute_s += compute_s
     log.debug(
         "forward session=%s start=%d count=%d compute_ms=%.2f",
-        h.session,
+        short_tag(tag),
         h.start,
         h.count,
         compute_s * 1000,
@@ -161,6 +194,28 @@ async def _run_forward(state: NodeState, session: Session, frame: Frame, new: bo
 async def forward(request: web.Request) -> web.Response:
     config = request.app[CONFIG_KEY]
     state = request.app[STATE_KEY]
+    peer = peer_key(request.remote)
+    queued = state.peer_in_flight.get(peer, 0)
+    if queued >= config.max_inflight_per_peer:
+        raise PeerQuotaError(
+            f"this address has {queued} frames in flight "
+            f"(per-caller limit {config.max_inflight_per_peer})",
+            hint="wait for answers before sending more frames",
+        )
+    state.peer_in_flight[peer] = queued + 1
+    try:
+        return await _forward(request, config, state, peer)
+    finally:
+        left = state.peer_in_flight[peer] - 1
+        if left:
+            state.peer_in_flight[peer] = left
+        else:
+            del state.peer_in_flight[peer]
+
+
+async def _forward(
+    request: web.Request, config: ServerConfig, state: NodeState, peer: str
+) -> web.Response:
     if request.content_length is not None and request.content_length > config.max_request_bytes:
         raise TooLargeError(
             f"request of {request.content_length} bytes exceeds {config.max_request_bytes}"
@@ -169,23 +224,29 @@ async def forward(request: web.Request) -> web.Response:
     h = frame.header
     if h.shard != state.backend.shard_id:
         raise WrongShardError(h.shard, state.backend.shard_id)
-    # No await between lookup and open: a new session id is claimed atomically.
-    session = state.store.lookup(h.session, h.start)
+    tag = session_tag(h.session)
+    # No await between lookup and open: a new session is claimed atomically.
+    session = state.store.lookup(tag, h.start)
     new = session is None
-    state.store.reserve(h.count, new_session=new)
+    owner = peer if session is None else session.peer  # who is charged for the positions
+    for victim in state.store.reserve(h.count, new_session=new, peer=owner):
+        log.info("session reclaimed for another caller session=%s", short_tag(victim))
     if session is None:
-        session = state.store.open(h.session, state.backend.new_cache())
-        log.info("session opened session=%s sessions=%d", h.session, len(state.store))
+        session = state.store.open(tag, state.backend.new_cache(), peer=peer)
+        log.info(
+            "session opened session=%s peer=%s sessions=%d", short_tag(tag), peer, len(state.store)
+        )
     return await _run_forward(state, session, frame, new)
 
 
 async def delete_session(request: web.Request) -> web.Response:
+    """Only the capability closes a session: its tag names nothing a stranger can act on."""
     state = request.app[STATE_KEY]
-    session_id = check_session_id(request.match_info["session"])
-    closed = state.store.close(session_id)
+    tag = session_tag(check_session_id(request.match_info["session"]))
+    closed = state.store.close(tag)
     if closed:
-        log.info("session closed session=%s sessions=%d", session_id, len(state.store))
-    return web.json_response({"session": session_id, "closed": closed})
+        log.info("session closed session=%s sessions=%d", short_tag(tag), len(state.store))
+    return web.json_response({"session": tag, "closed": closed})
 
 
 async def info(request: web.Request) -> web.Response:
@@ -205,8 +266,12 @@ async def info(request: web.Request) -> web.Response:
             "protocol_version": VERSION,
             "sessions": len(state.store),
             "cache_bytes": state.store.total_cache_bytes,
+            "peers": state.store.peers(),
             "max_sessions": config.max_sessions,
             "max_cache_bytes": config.max_cache_bytes,
+            "max_sessions_per_peer": state.store.max_sessions_per_peer,
+            "max_cache_bytes_per_peer": state.store.max_cache_bytes_per_peer,
+            "max_inflight_per_peer": config.max_inflight_per_peer,
             "idle_timeout_s": config.idle_timeout_s,
             "load": {
                 "in_flight": state.in_flight,
@@ -231,8 +296,8 @@ async def _evictor(app: web.Application) -> AsyncIterator[None]:
     async def loop() -> None:
         while True:
             await asyncio.sleep(config.evict_interval_s)
-            for session_id in store.evict_idle():
-                log.info("session evicted (idle) session=%s", session_id)
+            for tag in store.evict_idle():
+                log.info("session evicted (idle or too old) session=%s", short_tag(tag))
 
     task = asyncio.create_task(loop())
     yield
@@ -257,6 +322,10 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
             max_sessions=config.max_sessions,
             max_cache_bytes=config.max_cache_bytes,
             idle_timeout_s=config.idle_timeout_s,
+            max_sessions_per_peer=config.max_sessions_per_peer,
+            max_cache_bytes_per_peer=config.max_cache_bytes_per_peer,
+            max_session_age_s=config.max_session_age_s,
+            reclaim_idle_s=config.reclaim_idle_s,
         ),
         limits=FrameLimits(
             hidden_size=backend.hidden_size,

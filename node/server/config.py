@@ -25,6 +25,19 @@ class ServerConfig:
     max_sessions: int = 64
     # at most this much KV cache over all sessions; more → 503 busy
     max_cache_bytes: int = 2 * 1024**3
+    # per-caller caps (a caller is a peer address, an IPv6 /64; see node/server/peers.py) are
+    # clamped to the node-wide caps above
+    # one caller holds at most this many sessions; more → 429 busy
+    max_sessions_per_peer: int = 16
+    # one caller holds at most this much KV cache over its sessions; more → 429 busy
+    max_cache_bytes_per_peer: int = 512 * 1024**2
+    # one caller has at most this many frames queued or computing; more → 429 busy
+    max_inflight_per_peer: int = 8
+    # a session older than this is evicted even if it is used (its client starts over)
+    max_session_age_s: float = 3600.0
+    # when the node is full, a session idle this long may be reclaimed for another caller
+    # from the caller that holds the most
+    reclaim_idle_s: float = 30.0
     # largest request body accepted (a frame); more → 413 too_large
     max_request_bytes: int = 32 * 1024**2
     # most positions per frame (prefill chunk)
@@ -46,6 +59,16 @@ class ServerConfig:
             problems.append("max sessions must be >= 1")
         if self.max_cache_bytes < 1:
             problems.append("max cache must be > 0 bytes")
+        if self.max_sessions_per_peer < 1:
+            problems.append("max sessions per peer must be >= 1")
+        if self.max_cache_bytes_per_peer < 1:
+            problems.append("max cache per peer must be > 0 bytes")
+        if self.max_inflight_per_peer < 1:
+            problems.append("max in-flight frames per peer must be >= 1")
+        if self.max_session_age_s <= 0:
+            problems.append("max session age must be > 0 seconds")
+        if self.reclaim_idle_s < 0:
+            problems.append("reclaim idle time must be >= 0 seconds")
         if self.max_request_bytes < 1024:
             problems.append("max request size must be >= 1 KiB")
         if self.max_tokens_per_frame < 1:

@@ -1,8 +1,19 @@
-"""Per-session KV caches on a node: open at position 0, advance contiguously, evict when idle.
+"""Per-session KV caches on a node: open at position 0, advance contiguously, evict, share fairly.
 
-A session id is random (chosen by the client); it names one KV cache on this node and nothing
-else: no user, wallet or query id travels with it. The circuit is fixed per session: a session
-lives on the node that opened it and only ever grows by the positions right after its cache.
+A session is named by the client's capability for this hop (a random secret the client drew for
+this node alone). The store never keeps the capability: it keys sessions by
+`protocol.frames.session_tag(capability)` and logs only a prefix of that tag, so neither a log
+nor a memory dump of one node lets anyone act on a session, and nothing a node sees lets it name
+another hop's session. No user, wallet or query id travels with a session.
+
+Fair share ("caller" = the peer address that opened the session; see node/server/peers.py):
+- a caller holds at most `max_sessions_per_peer` sessions and `max_cache_bytes_per_peer` bytes
+  of KV cache (429 busy), under the node-wide caps `max_sessions` / `max_cache_bytes` (503 busy);
+- a session idle longer than `idle_timeout_s`, or older than `max_session_age_s`, is evicted;
+- when the node is full, a newcomer may reclaim one session idle at least `reclaim_idle_s` from
+  the caller holding the most (only if that caller holds more than the newcomer), so keeping
+  slots with a 1-token frame every few minutes does not keep other callers out.
+Evicted sessions answer `session_expired` (410) to their client, who can start over.
 
 The store is plain Python (clock injectable) so eviction and caps are unit-testable.
 """
@@ -11,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,21 +30,35 @@ from typing import Any
 from protocol.errors import BusyError
 from protocol.frames import BadPositionsError, SessionExpiredError, UnknownSessionError
 
-_EXPIRED_MEMORY = 4096  # how many evicted ids we remember, to answer session_expired
+_EXPIRED_MEMORY = 4096  # how many evicted tags we remember, to answer session_expired
+_BUSY_HINT = "retry later or use another node for this shard"
+
+
+class PeerQuotaError(BusyError):
+    """One caller (peer address) reached its share of the node; others still get sessions."""
+
+    http_status = 429
+
+
+def short_tag(tag: str) -> str:
+    """What logs and messages show of a session tag."""
+    return tag[:16]
 
 
 @dataclass(eq=False)
 class Session:
-    id: str
+    tag: str  # session_tag(capability): the key, never the capability itself
     cache: Any
+    peer: str = ""  # the caller charged for this session's slot and cache bytes
     length: int = 0  # positions held in the cache: the next frame must start here
     cache_bytes: int = 0
+    opened_s: float = 0.0
     last_used_s: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class SessionStore:
-    """Open sessions, their caps, and the ids of recently evicted ones."""
+    """Open sessions keyed by tag, their caps and per-caller shares, recently evicted tags."""
 
     def __init__(
         self,
@@ -41,11 +66,21 @@ class SessionStore:
         max_sessions: int,
         max_cache_bytes: int,
         idle_timeout_s: float,
+        max_sessions_per_peer: int | None = None,
+        max_cache_bytes_per_peer: int | None = None,
+        max_session_age_s: float = float("inf"),
+        reclaim_idle_s: float = float("inf"),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_sessions = max_sessions
         self.max_cache_bytes = max_cache_bytes
         self.idle_timeout_s = idle_timeout_s
+        self.max_sessions_per_peer = min(max_sessions_per_peer or max_sessions, max_sessions)
+        self.max_cache_bytes_per_peer = min(
+            max_cache_bytes_per_peer or max_cache_bytes, max_cache_bytes
+        )
+        self.max_session_age_s = max_session_age_s
+        self.reclaim_idle_s = reclaim_idle_s
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         self._expired: OrderedDict[str, None] = OrderedDict()
@@ -54,21 +89,30 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def __contains__(self, session_id: object) -> bool:
-        return session_id in self._sessions
+    def __contains__(self, tag: object) -> bool:
+        return tag in self._sessions
 
     @property
     def total_cache_bytes(self) -> int:
         return sum(s.cache_bytes for s in self._sessions.values())
 
-    def lookup(self, session_id: str, start: int) -> Session | None:
+    def peer_sessions(self, peer: str) -> int:
+        return sum(1 for s in self._sessions.values() if s.peer == peer)
+
+    def peer_cache_bytes(self, peer: str) -> int:
+        return sum(s.cache_bytes for s in self._sessions.values() if s.peer == peer)
+
+    def peers(self) -> int:
+        return len({s.peer for s in self._sessions.values()})
+
+    def lookup(self, tag: str, start: int) -> Session | None:
         """The session a frame at `start` continues, or None if the frame opens a new one."""
-        session = self._sessions.get(session_id)
+        session = self._sessions.get(tag)
         if session is None:
-            if session_id in self._expired:
-                raise SessionExpiredError(session_id)
+            if tag in self._expired:
+                raise SessionExpiredError(short_tag(tag))
             if start != 0:
-                raise UnknownSessionError(session_id)
+                raise UnknownSessionError(short_tag(tag))
             return None
         self.check_start(session, start)
         return session
@@ -77,29 +121,87 @@ class SessionStore:
     def check_start(session: Session, start: int) -> None:
         if start != session.length:
             raise BadPositionsError(
-                f"session {session.id} holds {session.length} positions; "
+                f"session {short_tag(session.tag)} holds {session.length} positions; "
                 f"the next frame must start at {session.length}, not {start}"
             )
 
-    def reserve(self, new_positions: int, *, new_session: bool) -> None:
-        """Raise BusyError if `new_positions` more (in a new session or not) would exceed a cap."""
-        self.evict_idle()
-        if new_session and len(self._sessions) >= self.max_sessions:
-            raise BusyError(
-                f"node holds {len(self._sessions)} sessions (cap {self.max_sessions})",
-                hint="retry later or use another node for this shard",
-            )
-        needed = self.total_cache_bytes + new_positions * self._bytes_per_position
-        if needed > self.max_cache_bytes:
-            raise BusyError(
-                f"KV cache would reach {needed} bytes (cap {self.max_cache_bytes})",
-                hint="retry later or use another node for this shard",
-            )
+    # ------------------------------------------------------------------------------ capacity
+    def reserve(self, new_positions: int, *, new_session: bool, peer: str = "") -> list[str]:
+        """Make room for `new_positions` more positions (in a new session of `peer` or not).
 
-    def open(self, session_id: str, cache: Any) -> Session:
-        session = Session(id=session_id, cache=cache, last_used_s=self._clock())
-        self._sessions[session_id] = session
-        self._expired.pop(session_id, None)
+        Returns the tags of sessions reclaimed from other callers to make room; raises
+        PeerQuotaError (429) when `peer` is over its own share, BusyError (503) when the node
+        is full and nothing can be reclaimed."""
+        self.evict_idle()
+        reclaimed: list[str] = []
+        if new_session:
+            held = self.peer_sessions(peer)
+            # a quota equal to the node's cap is the node's cap: answered 503 below
+            if held >= self.max_sessions_per_peer < self.max_sessions:
+                raise PeerQuotaError(
+                    f"this address holds {held} sessions on the node "
+                    f"(per-caller quota {self.max_sessions_per_peer})",
+                    hint="close finished sessions, or ask the node operator to raise "
+                    "max_sessions_per_peer for a gateway",
+                )
+            while len(self._sessions) >= self.max_sessions:
+                victim = self._reclaimable(peer, by_bytes=False)
+                if victim is None:
+                    raise BusyError(
+                        f"node holds {len(self._sessions)} sessions (cap {self.max_sessions})",
+                        hint=_BUSY_HINT,
+                    )
+                self.close(victim)
+                reclaimed.append(victim)
+        extra = new_positions * self._bytes_per_position
+        peer_bytes = self.peer_cache_bytes(peer)
+        if peer_bytes + extra > self.max_cache_bytes_per_peer < self.max_cache_bytes:
+            raise PeerQuotaError(
+                f"this address's KV cache would reach {peer_bytes + extra} bytes "
+                f"(per-caller quota {self.max_cache_bytes_per_peer})",
+                hint="close finished sessions or send shorter prompts",
+            )
+        while self.total_cache_bytes + extra > self.max_cache_bytes:
+            victim = self._reclaimable(peer, by_bytes=True)
+            if victim is None:
+                raise BusyError(
+                    f"KV cache would reach {self.total_cache_bytes + extra} bytes "
+                    f"(cap {self.max_cache_bytes})",
+                    hint=_BUSY_HINT,
+                )
+            self.close(victim)
+            reclaimed.append(victim)
+        return reclaimed
+
+    def _reclaimable(self, peer: str, *, by_bytes: bool) -> str | None:
+        """A session `peer` may take over: the longest-idle session (idle >= reclaim_idle_s,
+        not computing) of the caller holding the most (sessions or bytes), if that caller holds
+        more than `peer` does."""
+        usage: Counter[str] = Counter()
+        for s in self._sessions.values():
+            usage[s.peer] += s.cache_bytes if by_bytes else 1
+        now = self._clock()
+        mine = usage.get(peer, 0)
+        for owner, amount in usage.most_common():
+            if owner == peer or amount <= mine:
+                continue
+            idle = [
+                s
+                for s in self._sessions.values()
+                if s.peer == owner
+                and not s.lock.locked()
+                and now - s.last_used_s >= self.reclaim_idle_s
+            ]
+            if idle:
+                return min(idle, key=lambda s: s.last_used_s).tag
+        return None
+
+    # ------------------------------------------------------------------------------ life cycle
+    def open(self, tag: str, cache: Any, peer: str = "") -> Session:
+        now = self._clock()
+        session = Session(tag=tag, cache=cache, peer=peer, opened_s=now, last_used_s=now)
+        self._sessions[tag] = session
+        self._expired.pop(tag, None)
         return session
 
     def advance(self, session: Session, count: int, cache_bytes: int) -> None:
@@ -112,26 +214,31 @@ class SessionStore:
     def touch(self, session: Session) -> None:
         session.last_used_s = self._clock()
 
-    def close(self, session_id: str, *, remember: bool = True) -> bool:
-        """Drop a session; True if it was open. Remembered ids answer session_expired."""
-        session = self._sessions.pop(session_id, None)
+    def close(self, tag: str, *, remember: bool = True) -> bool:
+        """Drop a session; True if it was open. Remembered tags answer session_expired."""
+        session = self._sessions.pop(tag, None)
         if session is None:
             return False
         session.cache = None
         if remember:
-            self._expired[session_id] = None
+            self._expired[tag] = None
             while len(self._expired) > _EXPIRED_MEMORY:
                 self._expired.popitem(last=False)
         return True
 
     def evict_idle(self) -> list[str]:
-        """Close sessions idle longer than the timeout (skipping busy ones); their ids."""
+        """Close sessions idle longer than the timeout or older than the age cap (skipping busy
+        ones); their tags."""
         now = self._clock()
         stale = [
-            s.id
+            s.tag
             for s in self._sessions.values()
-            if now - s.last_used_s > self.idle_timeout_s and not s.lock.locked()
+            if not s.lock.locked()
+            and (
+                now - s.last_used_s > self.idle_timeout_s
+                or now - s.opened_s > self.max_session_age_s
+            )
         ]
-        for session_id in stale:
-            self.close(session_id)
+        for tag in stale:
+            self.close(tag)
         return stale

@@ -36,7 +36,7 @@ from protocol.frames import (
 
 pytestmark = pytest.mark.unit
 
-SESSION = "abcdEFGH1234_-xy"
+SESSION = "abcdEFGH1234_-xy-capability"
 H = 576
 
 

@@ -17,7 +17,7 @@ from protocol.frames import decode_frame, make_frame
 pytestmark = pytest.mark.unit
 
 H = 8
-SID = "session-0001"
+SID = "session-0001-capability-a"
 
 
 def _config(**over: object) -> ServerConfig:
@@ -135,11 +135,11 @@ async def test_idle_session_evicted_then_session_expired(aiohttp_client, shard):
 async def test_forward_max_sessions_reached_busy_503(aiohttp_client, shard):
     client = await aiohttp_client(create_app(_config(max_sessions=1), shard))
     assert (await _post(client, _frame(0, 1))).status == 200
-    answer = await _post(client, _frame(0, 1, session="session-0002"))
+    answer = await _post(client, _frame(0, 1, session="session-0002-capability-b"))
     assert answer.status == 503 and await _error(answer) == "busy"
     assert (await _post(client, _frame(1, 1))).status == 200  # the open session goes on
     await client.delete(f"/v1/sessions/{SID}")
-    assert (await _post(client, _frame(0, 1, session="session-0002"))).status == 200
+    assert (await _post(client, _frame(0, 1, session="session-0002-capability-b"))).status == 200
 
 
 async def test_forward_cache_cap_reached_busy_503(aiohttp_client, shard):

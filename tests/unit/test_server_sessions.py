@@ -96,3 +96,46 @@ def test_store_close_forgets_when_asked():
     assert store.close("s-00000001", remember=False)
     assert store.lookup("s-00000001", 0) is None
     assert not store.close("s-00000001")
+
+
+def test_store_peer_quota_refuses_one_caller_not_another():
+    from node.server.sessions import PeerQuotaError
+
+    store = _store(Clock(), max_sessions=4, max_sessions_per_peer=2)
+    for i in range(2):
+        store.reserve(1, new_session=True, peer="10.0.0.1")
+        store.open(f"tag-a{i}", cache=object(), peer="10.0.0.1")
+    with pytest.raises(PeerQuotaError) as caught:
+        store.reserve(1, new_session=True, peer="10.0.0.1")
+    assert caught.value.code == "busy" and caught.value.http_status == 429
+    assert store.reserve(1, new_session=True, peer="10.0.0.2") == []
+
+
+def test_store_full_node_reclaims_idle_session_of_biggest_caller_only():
+    clock = Clock()
+    store = _store(clock, max_sessions=3, reclaim_idle_s=30.0)
+    store.open("tag-a0", cache=object(), peer="a")
+    clock.now = 10.0
+    store.open("tag-a1", cache=object(), peer="a")
+    store.open("tag-b0", cache=object(), peer="b")
+    clock.now = 20.0
+    with pytest.raises(BusyError):  # nothing idle for 30 s yet
+        store.reserve(1, new_session=True, peer="c")
+    clock.now = 35.0
+    assert store.reserve(1, new_session=True, peer="c") == ["tag-a0"]  # a holds the most
+    store.open("tag-c0", cache=object(), peer="c")
+    clock.now = 100.0
+    with pytest.raises(BusyError):  # a, b and c hold one each: no one holds more than c
+        store.reserve(1, new_session=True, peer="c")
+    with pytest.raises(SessionExpiredError):
+        store.lookup("tag-a0", 1)
+
+
+def test_store_session_older_than_age_cap_evicted_even_if_used():
+    clock = Clock()
+    store = _store(clock, max_session_age_s=100.0)
+    session = store.open("tag-old", cache=object())
+    for now in (50.0, 99.0, 101.0):
+        clock.now = now
+        store.touch(session)
+    assert store.evict_idle() == ["tag-old"]
