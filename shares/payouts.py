@@ -1,0 +1,316 @@
+"""The epoch payout table: the fees of the queries settled in an epoch, split by shares.
+
+Input (`EpochWork`, frozen, validated when built; any bad value raises a `shares.errors`
+subclass of `ProtocolError`):
+
+- `queries`: the settled queries, `SettledQuery(query_id, fee)`: bytes32 id, fee in wei
+  (0 … 2^64 − 1, the escrow's deposit cap); ids unique.
+- `compute`: `ComputeWork(account, model, shard, layers, tokens)`: an account ran `layers`
+  decoder layers of shard `shard` of `model` over `tokens` tokens this epoch; one item per
+  (account, model, shard).
+- `verification`: `VerificationWork(account, spot_checks)`: one item per verifier account.
+- `health`: `ShardHealth(model, shard, routable_nodes)`: nodes routable on that shard in the
+  epoch; one item per (model, shard); every served shard needs one, with a count no smaller than
+  the number of accounts that served it.
+- `slashed`: accounts slashed in this epoch (unique).
+- `verifier_cut_bps`: the verifiers' part of the fees in basis points (0 … 10,000; default 1,000).
+
+Accounts are EVM addresses, `0x` + 40 hex digits in any case; they are compared and returned in
+lowercase (the registry checked their checksums when the node registered).
+
+The split (all integers, exact; `shares.weights` gives the shares):
+
+1. `fees = Σ query fees`: everything is distributed, nothing is kept, created or lost;
+   `Σ payouts == fees` always.
+2. A slashed account earns nothing for the epoch: its compute and verification shares are
+   removed before the split, so the pools are divided among the other accounts only (its part
+   goes to them, pro rata). An account with zero shares (zero tokens or spot checks) is not
+   eligible either.
+3. `verifier_pool = ⌊fees · verifier_cut_bps / 10,000⌋`, `compute_pool = fees − verifier_pool`
+   (the rounding wei goes to the compute pool). If no verifier is eligible the verifier pool is
+   added to the compute pool; if no compute account is eligible the compute pool is added to the
+   verifier pool; if neither, or `fees == 0`, there is nothing to pay (`NothingToPayError`: the
+   caller posts no root and leaves the queries unsettled).
+4. Each pool `P` is split over its eligible accounts by shares `s_i` (`S = Σ s_i`), largest
+   remainder: account i first gets `⌊P · s_i / S⌋`; the `r = P − Σ ⌊…⌋` wei left (`r` < number
+   of accounts) go one each to the `r` accounts with the largest `(P · s_i) mod S`, ties broken by
+   account ascending (lowercase hex, i.e. by address as a number).
+5. An account's payout is its compute amount plus its verifier amount; accounts whose payout is
+   0 get no row (the escrow refuses zero claims). Rows are sorted by account ascending.
+
+The result does not depend on the order of any input list. Pure and deterministic: integers and
+strings only; imports only the standard library and `shares`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from shares.errors import (
+    AccountError,
+    BasisPointsError,
+    CountError,
+    DuplicateError,
+    NothingToPayError,
+    PoolHealthError,
+    QueryIdError,
+    ShareInputError,
+)
+from shares.weights import MAX_COUNT, MAX_LAYERS, check_int, compute_shares, verification_shares
+
+BPS_DENOMINATOR = 10_000
+DEFAULT_VERIFIER_CUT_BPS = 1_000
+MAX_FEE = (1 << 64) - 1
+MAX_EPOCH = (1 << 64) - 1
+MAX_SHARD = (1 << 32) - 1
+
+_ACCOUNT = re.compile(r"0x[0-9a-fA-F]{40}\Z")
+_QUERY_ID = re.compile(r"0x[0-9a-fA-F]{64}\Z")
+_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}\Z")
+
+
+def normalize_account(value: object, field: str = "account") -> str:
+    """The lowercase spelling of an EVM address `0x` + 40 hex, else `AccountError`."""
+    if not isinstance(value, str) or not _ACCOUNT.match(value):
+        raise AccountError(field, value)
+    return "0x" + value[2:].lower()
+
+
+def _set(obj: object, name: str, value: object) -> None:
+    object.__setattr__(obj, name, value)
+
+
+def _model(value: object, field: str) -> str:
+    if not isinstance(value, str) or not _MODEL.match(value):
+        raise ShareInputError(field, f"expected a model id [A-Za-z0-9._:/-]{{1,64}}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class SettledQuery:
+    """A query settled this epoch: its bytes32 id (lowercase `0x` hex) and its fee in wei."""
+
+    query_id: str
+    fee: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.query_id, str) or not _QUERY_ID.match(self.query_id):
+            raise QueryIdError("query_id", self.query_id)
+        _set(self, "query_id", "0x" + self.query_id[2:].lower())
+        check_int(self.fee, "fee", 0, MAX_FEE)
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeWork:
+    """`account` ran `layers` decoder layers of (`model`, `shard`) over `tokens` tokens."""
+
+    account: str
+    model: str
+    shard: int
+    layers: int
+    tokens: int
+
+    def __post_init__(self) -> None:
+        _set(self, "account", normalize_account(self.account))
+        _model(self.model, "model")
+        check_int(self.shard, "shard", 0, MAX_SHARD)
+        check_int(self.layers, "layers", 1, MAX_LAYERS)
+        check_int(self.tokens, "tokens", 0, MAX_COUNT)
+
+
+@dataclass(frozen=True, slots=True)
+class VerificationWork:
+    """`account` completed `spot_checks` spot checks this epoch."""
+
+    account: str
+    spot_checks: int
+
+    def __post_init__(self) -> None:
+        _set(self, "account", normalize_account(self.account))
+        check_int(self.spot_checks, "spot_checks", 0, MAX_COUNT)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardHealth:
+    """How many distinct nodes were routable on (`model`, `shard`) during the epoch."""
+
+    model: str
+    shard: int
+    routable_nodes: int
+
+    def __post_init__(self) -> None:
+        _model(self.model, "model")
+        check_int(self.shard, "shard", 0, MAX_SHARD)
+        check_int(self.routable_nodes, "routable_nodes", 0, MAX_COUNT)
+
+
+def _items(value: object, kind: type, field: str) -> tuple:
+    if not isinstance(value, tuple):
+        raise ShareInputError(field, f"expected a tuple, got {type(value).__name__}")
+    for item in value:
+        if not isinstance(item, kind):
+            raise ShareInputError(field, f"expected {kind.__name__} items, got {item!r}"[:200])
+    return value
+
+
+def _unique(keys: Iterable[object], field: str) -> None:
+    seen: set[object] = set()
+    for key in keys:
+        if key in seen:
+            raise DuplicateError(field, key)
+        seen.add(key)
+
+
+@dataclass(frozen=True, slots=True)
+class EpochWork:
+    """Everything one epoch's payout table is computed from (see the module docstring)."""
+
+    epoch: int
+    queries: tuple[SettledQuery, ...]
+    compute: tuple[ComputeWork, ...]
+    verification: tuple[VerificationWork, ...] = ()
+    health: tuple[ShardHealth, ...] = ()
+    slashed: tuple[str, ...] = ()
+    verifier_cut_bps: int = DEFAULT_VERIFIER_CUT_BPS
+
+    def __post_init__(self) -> None:
+        check_int(self.epoch, "epoch", 0, MAX_EPOCH)
+        if (
+            isinstance(self.verifier_cut_bps, bool)
+            or not isinstance(self.verifier_cut_bps, int)
+            or not 0 <= self.verifier_cut_bps <= BPS_DENOMINATOR
+        ):
+            raise BasisPointsError("verifier_cut_bps", self.verifier_cut_bps)
+        _items(self.queries, SettledQuery, "queries")
+        _items(self.compute, ComputeWork, "compute")
+        _items(self.verification, VerificationWork, "verification")
+        _items(self.health, ShardHealth, "health")
+        _items(self.slashed, str, "slashed")
+        _set(self, "slashed", tuple(normalize_account(a, "slashed") for a in self.slashed))
+        _unique((q.query_id for q in self.queries), "queries")
+        _unique(((w.account, w.model, w.shard) for w in self.compute), "compute")
+        _unique((w.account for w in self.verification), "verification")
+        _unique(((h.model, h.shard) for h in self.health), "health")
+        _unique(self.slashed, "slashed")
+        routable = {(h.model, h.shard): h.routable_nodes for h in self.health}
+        served: dict[tuple[str, int], int] = {}
+        for w in self.compute:
+            key = (w.model, w.shard)
+            served[key] = served.get(key, 0) + 1
+        for key, accounts in served.items():
+            if key not in routable:
+                raise PoolHealthError("health", f"no routable-node count for shard {key!r}")
+            if routable[key] < accounts:
+                raise PoolHealthError(
+                    "health",
+                    f"shard {key!r}: {routable[key]} routable nodes but {accounts} accounts served",
+                )
+
+    @property
+    def fees(self) -> int:
+        """Σ fees of the settled queries: what the epoch distributes."""
+        return sum(q.fee for q in self.queries)
+
+
+@dataclass(frozen=True, slots=True)
+class PayoutTable:
+    """One epoch's split. Every tuple of `(account, value)` rows is sorted by account."""
+
+    epoch: int
+    fees: int  # Σ query fees == Σ payouts
+    compute_pool: int  # after the fold of step 3
+    verifier_pool: int
+    compute_shares: tuple[tuple[str, int], ...]  # eligible accounts only
+    verification_shares: tuple[tuple[str, int], ...]
+    compute_payouts: tuple[tuple[str, int], ...]  # zero amounts included
+    verifier_payouts: tuple[tuple[str, int], ...]
+    payouts: tuple[tuple[str, int], ...]  # merged, amounts > 0: the Merkle leaves
+
+    @property
+    def total(self) -> int:
+        return sum(amount for _, amount in self.payouts)
+
+
+def split_pro_rata(pool: int, shares: Mapping[str, int]) -> dict[str, int]:
+    """Split `pool` wei over accounts by `shares` (all > 0), largest remainder, ties by account
+    ascending: the amounts sum to `pool` exactly, each within 1 wei of the exact proportion."""
+    check_int(pool, "pool", 0, 1 << 256)
+    if not shares:
+        raise ShareInputError("shares", "nothing to split over")
+    total = 0
+    for account, count in shares.items():
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise CountError(f"shares[{account}]", count, 1, 1 << 256)
+        total += count
+    amounts: dict[str, int] = {}
+    remainders: dict[str, int] = {}
+    for account, count in shares.items():
+        amounts[account], remainders[account] = divmod(pool * count, total)
+    left = pool - sum(amounts.values())
+    if left:
+        # Accounts ascending, then a stable sort by remainder, largest first: equal remainders
+        # keep the ascending account order (the sort stays stable with reverse=True).
+        ranked = sorted(sorted(remainders), key=remainders.__getitem__, reverse=True)
+        for account in ranked[:left]:
+            amounts[account] += 1
+    return amounts
+
+
+def eligible_shares(work: EpochWork) -> tuple[dict[str, int], dict[str, int]]:
+    """Compute and verification shares per eligible account (unslashed, shares > 0)."""
+    slashed = set(work.slashed)
+    routable = {(h.model, h.shard): h.routable_nodes for h in work.health}
+    compute: dict[str, int] = {}
+    for w in work.compute:
+        if w.account in slashed:
+            continue
+        shares = compute_shares(w.layers, w.tokens, routable[(w.model, w.shard)])
+        if shares:
+            compute[w.account] = compute.get(w.account, 0) + shares
+    verification: dict[str, int] = {}
+    for v in work.verification:
+        if v.account in slashed:
+            continue
+        shares = verification_shares(v.spot_checks)
+        if shares:
+            verification[v.account] = shares
+    return compute, verification
+
+
+def payout_table(work: EpochWork) -> PayoutTable:
+    """The epoch's payout table (the module docstring states every rule)."""
+    fees = work.fees
+    if fees == 0:
+        raise NothingToPayError(work.epoch, "the settled queries carry no fees")
+    compute, verification = eligible_shares(work)
+    if not compute and not verification:
+        raise NothingToPayError(work.epoch, "no unslashed account has any share")
+    verifier_pool = fees * work.verifier_cut_bps // BPS_DENOMINATOR
+    compute_pool = fees - verifier_pool
+    if not verification:
+        compute_pool, verifier_pool = fees, 0
+    elif not compute:
+        compute_pool, verifier_pool = 0, fees
+    compute_amounts = split_pro_rata(compute_pool, compute) if compute else {}
+    verifier_amounts = split_pro_rata(verifier_pool, verification) if verification else {}
+    merged = dict(compute_amounts)
+    for account, amount in verifier_amounts.items():
+        merged[account] = merged.get(account, 0) + amount
+    return PayoutTable(
+        epoch=work.epoch,
+        fees=fees,
+        compute_pool=compute_pool,
+        verifier_pool=verifier_pool,
+        compute_shares=_rows(compute),
+        verification_shares=_rows(verification),
+        compute_payouts=_rows(compute_amounts),
+        verifier_payouts=_rows(verifier_amounts),
+        payouts=tuple((a, merged[a]) for a in sorted(merged) if merged[a] > 0),
+    )
+
+
+def _rows(values: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """`(account, value)` rows, accounts ascending (keys are unique: sort the strings only)."""
+    return tuple((account, values[account]) for account in sorted(values))
