@@ -1,4 +1,9 @@
-"""`planet ask PROMPT`: run a prompt through the shard nodes of a nodes file, stream the answer."""
+"""`planet ask PROMPT`: run a prompt through the shard nodes of a nodes file, stream the answer.
+
+`planet ask --pay PROMPT` asks a gateway instead and pays for the question from the CLI wallet:
+a QueryEscrow deposit, a signed payment proof as the API key, the answer streamed through the
+OpenAI-shaped API, then the gateway's signed receipt (see node/gateway/client.py).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,9 @@ examples:
   planet ask "What is the capital of France?"
   planet ask "Write a haiku about rivers" --temperature 0.8 --top-p 0.9 --seed 7
   planet ask "Hello" --nodes my-nodes.json --max-tokens 32 --json
+  planet ask --pay "What is the capital of France?"       (defaults from planet devnet up)
+  planet ask --pay "Hi" --gateway http://127.0.0.1:8000 --deployment deployment.json \\
+      --evm-rpc http://127.0.0.1:8545 --wallet ~/.cache/planet/wallet.json
 note: nodes see the activations of your prompt and could read it back; they never see who
 asked (no account, wallet or query id is sent with the activations).
 """
@@ -50,6 +58,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object (text, tokens, timings, circuit)"
     )
+    paying = parser.add_argument_group("paying a gateway (--pay)")
+    paying.add_argument(
+        "--pay", action="store_true", help="ask a gateway, paying from your wallet (QueryEscrow)"
+    )
+    paying.add_argument("--gateway", default=None, help="gateway URL (default: the devnet's)")
+    paying.add_argument(
+        "--wallet", type=Path, default=None, help="your keystore (default $PLANET_HOME/wallet.json)"
+    )
+    paying.add_argument(
+        "--password-file",
+        type=Path,
+        default=None,
+        help="wallet password file (else $PLANET_PASSWORD)",
+    )
+    paying.add_argument("--evm-rpc", default=None, help="EVM RPC URL (default: the devnet's)")
+    paying.add_argument(
+        "--deployment", type=Path, default=None, help="contract deployment JSON (default: devnet's)"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -62,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise UsageError("the prompt is empty")
     sampling = SamplingConfig(args.temperature, args.top_p, args.seed).validate()
+    if args.pay:
+        result = asyncio.run(_ask_paid(args, _pay_defaults(args)))
+        if args.json:
+            print(json.dumps(result, ensure_ascii=False))
+        return 0
     # Before torch loads: our idle OpenMP threads sleep instead of spinning on the cores the
     # nodes need while they compute (same setting the local nodes get).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -119,4 +150,126 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
         ],
         "model": manifest.model_id,
         "codec": codec,
+    }
+
+
+# --- paying a gateway ---------------------------------------------------------------------------
+
+
+def _pay_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """Gateway URL, EVM RPC, deployment and wallet: flags, else devnet.json, else defaults."""
+    from node.client.nodesfile import planet_home
+
+    devnet: dict[str, Any] = {}
+    devnet_file = planet_home() / "devnet" / "devnet.json"
+    if devnet_file.exists():
+        try:
+            devnet = json.loads(devnet_file.read_text())
+        except ValueError:
+            raise UsageError(
+                f"{devnet_file} is not JSON", hint="run `planet devnet up` again"
+            ) from None
+    deployment = args.deployment or devnet.get("deployment") or devnet.get("deployment_file")
+    gateway = args.gateway or devnet.get("gateway_url") or "http://127.0.0.1:8000"
+    if deployment is None:
+        raise UsageError(
+            "--pay needs the contract deployment file",
+            hint="pass --deployment FILE, or start a devnet with `planet devnet up`",
+        )
+    return {
+        "gateway": str(gateway).rstrip("/"),
+        "evm_rpc": args.evm_rpc or devnet.get("evm_rpc") or "http://127.0.0.1:8545",
+        "deployment": Path(deployment),
+        "wallet": args.wallet or planet_home() / "wallet.json",
+        "accounts": devnet.get("accounts") or devnet.get("funded_accounts") or [],
+    }
+
+
+def _open_wallet(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
+    from node.keys import PasswordSource, load_wallet
+
+    wallet = settings["wallet"]
+    if not wallet.exists():
+        known = [a.get("keystore") for a in settings["accounts"] if isinstance(a, dict)]
+        hint = "create one with a funded key, or pass --wallet FILE"
+        if any(known):
+            hint = f"the devnet funded these keystores: {', '.join(map(str, filter(None, known)))}"
+        raise UsageError(f"no wallet at {wallet}", hint=hint)
+    return load_wallet(wallet, PasswordSource(file=args.password_file).read())
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+async def _ask_paid(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+    import aiohttp
+
+    from node.chain.evm import Deployment, InsufficientFunds, PlanetChain
+    from node.gateway import client as gw
+
+    gateway = settings["gateway"]
+    if not settings["deployment"].exists():
+        raise UsageError(f"no deployment file at {settings['deployment']}")
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        pool = await gw.fetch_pool(http, gateway)
+        account = _open_wallet(args, settings)
+        deployment = Deployment.load(settings["deployment"])
+        chain = await asyncio.to_thread(
+            PlanetChain, deployment, bytes(account.key), rpc_url=settings["evm_rpc"]
+        )
+        gw.check_chain(pool, chain.chain_id, deployment.address("QueryEscrow"))
+        quote = gw.quote(pool, args.prompt, args.max_tokens)
+        balance = await asyncio.to_thread(chain.balance)
+        _say(
+            f"price {quote.price} wei/token × (≤ {quote.prompt_bound} prompt + "
+            f"{quote.max_tokens} max tokens) = deposit {quote.amount} wei "
+            f"({quote.amount / 10**18:.6f} ETH) from {account.address}; unused wei stay refundable"
+        )
+        if balance < quote.amount:
+            raise InsufficientFunds(
+                f"{account.address} holds {balance} wei, the deposit needs {quote.amount} wei",
+                hint="fund the wallet, or ask with a smaller --max-tokens",
+            )
+        query_id = gw.new_query_id()
+        model_id = bytes.fromhex(str(pool["model_id"])[2:])
+        tx = await asyncio.to_thread(chain.deposit, query_id, model_id, quote.amount)
+        _say(f"deposited: query 0x{query_id.hex()} (tx {tx.tx_hash}, gas fee {tx.fee_wei} wei)")
+        key = gw.api_key_for(pool, query_id, quote.amount, bytes(account.key))
+        body = {
+            "model": pool["model"],
+            "messages": [{"role": "user", "content": args.prompt}],
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "stream_options": {"include_usage": True},
+        }
+        if args.seed is not None:
+            body["seed"] = args.seed
+        text, receipt = "", None
+        async for chunk in gw.stream_chat(http, gateway, key, body):
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content") or ""
+                text += piece
+                if piece and not args.json:
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+            receipt = chunk.get("planet_receipt") or receipt
+        if not args.json:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+    if receipt is None:
+        raise UsageError("the gateway sent no receipt", hint="ask the gateway operator")
+    checked = gw.check_receipt(pool, receipt, query_id)
+    _say(
+        f"receipt: {checked.prompt_tokens} prompt + {checked.completion_tokens} completion tokens, "
+        f"fee {checked.fee} wei of {quote.amount} deposited, circuit of {len(receipt['nodes'])} "
+        f"nodes, signed by gateway {pool['gateway']} (verified)"
+    )
+    return {
+        "text": text,
+        "query_id": "0x" + query_id.hex(),
+        "deposit_wei": str(quote.amount),
+        "receipt": receipt,
     }

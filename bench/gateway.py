@@ -1,0 +1,230 @@
+"""Gateway benchmark: what the gateway costs per token against the bare pipeline client, and
+how it holds 8 and 32 concurrent paid questions — one JSON object on stdout, logs on stderr.
+
+    python bench/gateway.py             # 48 tokens × 3 repeats; 8 and 32 concurrent × 32 tokens
+    python bench/gateway.py --quick     # 24 tokens × 2 repeats; 8 concurrent only
+
+The network is real (tests/integration/gateway_net.py): anvil with the contracts, one CometBFT
+validator with the committee app, one int8 SmolLM2 node per shard (2 shards; so the gateway's
+circuit and the bare client's are the same two nodes), the gateway as its own process. Every
+gateway question is paid by its own QueryEscrow deposit (made before the clock starts).
+
+- overhead per token: decode time per token (first token → last token, / tokens − 1) of the
+  bare PipelineClient in this process vs a streamed gateway answer measured at the HTTP client,
+  same prompt, greedy, interleaved repeats, medians;
+- concurrency: N streamed questions at once; aggregate completion tok/s over the wall time,
+  first-token latency p50/p99 (request sent → first content chunk), failed requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import machine, median, spread
+
+log = logging.getLogger("bench.gateway")
+
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+MESSAGES = [{"role": "user", "content": PROMPT}]
+DEPOSIT = 10**16
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else 0.0
+
+
+async def bare_per_token_ms(head: Any, urls: list[str], tokens: int) -> float:
+    from node.client.pipeline import Hop, PipelineClient
+
+    stamps: list[float] = []
+    hops = [Hop(url, shard) for shard, url in enumerate(urls)]
+    async with PipelineClient(hops) as client:
+        ids = head.chat_ids(MESSAGES)
+        async for _ in client.generate(head, ids, max_new_tokens=tokens, stop_on_eos=False):
+            stamps.append(time.perf_counter())
+    return (stamps[-1] - stamps[0]) * 1000 / (len(stamps) - 1)
+
+
+async def ask(
+    http: Any, url: str, key: str, model: str, tokens: int
+) -> tuple[bool, float, list[float], int]:
+    """(ok, first-token latency ms, content chunk times, completion tokens) of one question."""
+    body = {
+        "model": model,
+        "messages": MESSAGES,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sent = time.perf_counter()
+    chunk_times: list[float] = []
+    completion = 0
+    ok = False
+    async with http.post(
+        f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    ) as answer:
+        if answer.status != 200:
+            log.warning("question refused status=%d body=%s", answer.status, await answer.text())
+            return False, 0.0, [], 0
+        async for raw in answer.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: ") :]
+            if data == "[DONE]":
+                ok = True
+                break
+            chunk = json.loads(data)
+            if chunk.get("error"):
+                log.warning("question failed mid-stream: %s", chunk["error"])
+                return False, 0.0, chunk_times, 0
+            if chunk.get("usage"):
+                completion = int(chunk["usage"]["completion_tokens"])
+            for choice in chunk.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    chunk_times.append(time.perf_counter())
+    first = (chunk_times[0] - sent) * 1000 if chunk_times else 0.0
+    return ok, first, chunk_times, completion
+
+
+def gateway_per_token_ms(chunk_times: list[float], tokens: int) -> float:
+    # one content chunk per token unless text was held back; use the token count for the rate
+    return (chunk_times[-1] - chunk_times[0]) * 1000 / max(1, tokens - 1)
+
+
+async def concurrent(net: Any, keys: list[str], model: str, tokens: int) -> dict[str, float]:
+    import aiohttp
+
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=600), connector=aiohttp.TCPConnector(limit=0)
+    ) as http:
+        start = time.perf_counter()
+        results = await asyncio.gather(
+            *(ask(http, net.gateway_url, key, model, tokens) for key in keys),
+            return_exceptions=True,
+        )
+        wall = time.perf_counter() - start
+    good = [r for r in results if not isinstance(r, BaseException) and r[0]]
+    failed = len(results) - len(good)
+    for r in results:
+        if isinstance(r, BaseException):
+            log.warning("question raised %r", r)
+    firsts = [r[1] for r in good]
+    total = sum(r[3] for r in good)
+    return {
+        "aggregate_tok_s": round(total / wall, 2),
+        "first_token_ms_p50": round(percentile(firsts, 50), 1),
+        "first_token_ms_p99": round(percentile(firsts, 99), 1),
+        "failed_requests": failed,
+        "wall_s": round(wall, 2),
+        "completion_tokens": total,
+    }
+
+
+async def run(net: Any, args: argparse.Namespace) -> dict[str, Any]:
+    import aiohttp
+
+    from node.client.head import NumpyHead
+    from node.server.run import configure_torch_threads
+
+    configure_torch_threads(1)
+    head = NumpyHead(net.manifest_path)
+    urls = [node.process.url for node in net.nodes]
+    model = net.manifest.model_id
+    user = net.account("bench-user", ether=1000)
+    counts = [8] if args.quick else [8, 32]
+    keys = [net.pay(user, DEPOSIT)[0] for _ in range(args.repeats + sum(counts))]
+    log.info("made %d deposits", len(keys))
+    bare, gateway = [], []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+        await bare_per_token_ms(head, urls, 4)  # warm-up: connections, caches
+        for repeat in range(args.repeats):
+            bare.append(await bare_per_token_ms(head, urls, args.tokens))
+            ok, _, times, completion = await ask(
+                http, net.gateway_url, keys.pop(), model, args.tokens
+            )
+            if not ok or completion < args.tokens:
+                raise RuntimeError(f"the gateway answered {completion} of {args.tokens} tokens")
+            gateway.append(gateway_per_token_ms(times, completion))
+            log.info("repeat %d bare=%.2f ms gateway=%.2f ms", repeat, bare[-1], gateway[-1])
+    metrics: dict[str, Any] = {
+        "decode_ms_per_token_bare": round(median(bare), 2),
+        "decode_ms_per_token_gateway": round(median(gateway), 2),
+        "decode_ms_per_token_bare_spread": spread(bare),
+        "decode_ms_per_token_gateway_spread": spread(gateway),
+        "gateway_overhead_per_token": round(median(gateway) / median(bare) - 1, 4),
+    }
+    for count in counts:
+        batch, keys = keys[:count], keys[count:]
+        result = await concurrent(net, batch, model, args.concurrent_tokens)
+        log.info("concurrent %d: %s", count, result)
+        metrics[f"aggregate_tok_s_concurrent_{count}"] = result["aggregate_tok_s"]
+        metrics[f"first_token_ms_p50_concurrent_{count}"] = result["first_token_ms_p50"]
+        metrics[f"first_token_ms_p99_concurrent_{count}"] = result["first_token_ms_p99"]
+        metrics[f"failed_requests_concurrent_{count}"] = result["failed_requests"]
+        metrics[f"wall_s_concurrent_{count}"] = result["wall_s"]
+    return metrics
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer tokens, repeats and sizes")
+    args = parser.parse_args()
+    args.tokens = 24 if args.quick else 48
+    args.repeats = 2 if args.quick else 3
+    args.concurrent_tokens = 16 if args.quick else 32
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+    from node.model.prepare import prepare
+    from tests.integration.gateway_net import GatewayNet
+
+    manifest = Path(prepare(parts=2, quant="int8", progress=lambda _m: None))
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as run_dir:
+        net = GatewayNet.start(Path(run_dir), manifest, staked=[0, 1], unstaked=[])
+        try:
+            metrics = asyncio.run(run(net, args))
+        finally:
+            net.close()
+    counts = [8] if args.quick else [8, 32]
+    targets: dict[str, Any] = {"gateway_overhead_per_token": {"op": "<=", "value": 0.05}}
+    for count in counts:
+        targets[f"failed_requests_concurrent_{count}"] = {"op": "==", "value": 0}
+    print(
+        json.dumps(
+            {
+                "bench": "gateway",
+                "machine": machine(),
+                "config": {
+                    "model": "smollm2-135m",
+                    "shards": 2,
+                    "quant": "int8",
+                    "tokens": args.tokens,
+                    "repeats": args.repeats,
+                    "concurrent_tokens": args.concurrent_tokens,
+                    "concurrency": counts,
+                },
+                "metrics": metrics,
+                "targets": targets,
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

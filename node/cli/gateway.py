@@ -1,0 +1,96 @@
+"""`planet gateway serve`: the OpenAI-compatible API in front of the network, paid per question."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from protocol.errors import UsageError
+
+EXAMPLES = """\
+examples:
+  planet gateway serve --deployment deployment.json --manifest M/manifest.json \\
+      --wallet ~/.cache/planet/gateway/wallet.json --password-file pw.txt
+  planet gateway serve ... --evm-rpc http://127.0.0.1:8545 --committee-rpc http://127.0.0.1:26657 \\
+      --price-wei-per-token 1000000000000 --port 8000
+then, with the official OpenAI client (the API key is the payment proof, see docs/gateway.md):
+  OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="planet-pay-v1.<query>.<cap>.<sig>")
+ready when GET /health answers 200; logs go to stderr.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "gateway",
+        help="run an OpenAI-compatible gateway",
+        description="Run an OpenAI-compatible gateway over the network's routable nodes.",
+    )
+    sub = parser.add_subparsers(dest="gateway_command", metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="serve /v1/chat/completions, /v1/completions, /v1/pools, receipts",
+        description="Serve OpenAI's API. Each question is paid by a QueryEscrow deposit whose "
+        "depositor signs the API key; answers carry a receipt signed by the gateway wallet.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument(
+        "--evm-rpc",
+        default=os.environ.get("PLANET_EVM_RPC", "http://127.0.0.1:8545"),
+        help="EVM JSON-RPC URL (default $PLANET_EVM_RPC or http://127.0.0.1:8545)",
+    )
+    serve.add_argument(
+        "--deployment", type=Path, required=True, help="contract deployment JSON (addresses, ABIs)"
+    )
+    serve.add_argument(
+        "--committee-rpc",
+        default=os.environ.get("PLANET_COMMITTEE_RPC", "http://127.0.0.1:26657"),
+        help="a validator's CometBFT RPC (default $PLANET_COMMITTEE_RPC or :26657)",
+    )
+    serve.add_argument("--manifest", type=Path, required=True, help="the model's manifest.json")
+    serve.add_argument(
+        "--wallet", type=Path, required=True, help="gateway keystore (created on first use)"
+    )
+    serve.add_argument(
+        "--password-file",
+        type=Path,
+        default=None,
+        help="wallet password file (else $PLANET_PASSWORD)",
+    )
+    serve.add_argument(
+        "--price-wei-per-token",
+        type=int,
+        default=10**12,
+        help="price of one prompt or completion token in wei (default 10^12)",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    serve.add_argument(
+        "--receipts", type=Path, default=None, help="receipt log (default: next to the wallet)"
+    )
+    serve.set_defaults(handler=_serve)
+    parser.set_defaults(help_parser=parser)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from node.gateway.config import GatewayConfig
+    from node.gateway.run import serve
+    from node.keys import PasswordSource
+
+    if args.price_wei_per_token < 1:
+        raise UsageError("--price-wei-per-token must be at least 1")
+    config = GatewayConfig(
+        evm_rpc=args.evm_rpc,
+        deployment=args.deployment,
+        committee_rpc=args.committee_rpc,
+        manifest=args.manifest,
+        wallet=args.wallet,
+        price_wei_per_token=args.price_wei_per_token,
+        host=args.host,
+        port=args.port,
+        receipts=args.receipts,
+    ).validate()
+    password = PasswordSource(file=args.password_file).read(confirm=not args.wallet.exists())
+    serve(config, password)
+    return 0

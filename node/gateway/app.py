@@ -1,0 +1,423 @@
+"""The gateway's HTTP API (aiohttp): OpenAI's routes plus pools, receipts and health.
+
+    GET  /health                     200 when the gateway can answer
+    GET  /v1/models                  the model this gateway serves
+    GET  /v1/pools                   pool health per shard (committee) and the price per token
+    POST /v1/chat/completions        chat, streamed (SSE) or not
+    POST /v1/completions             plain completion, streamed (SSE) or not
+    GET  /v1/receipts/{query_id}     the signed receipt of a served query (its payer's key)
+
+Handlers stay thin: the body goes through `requests` (400 on any broken rule), the API key
+through `protocol.payment.parse_api_key` and `PaymentDesk.reserve` (402), the question through
+`engine.Generation` (503 without a circuit, 502 when a node fails). Every refusal is OpenAI's
+`{"error": {message, type, param, code}}` (error middleware). A failed question releases the
+payment (no receipt, no charge).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+from node.client.sampling import SamplingConfig
+from node.gateway import sse
+from node.gateway.config import GatewayConfig
+from node.gateway.engine import Generation, TokenEvent
+from node.gateway.errors import ApiError, InvalidRequest, NotFound, error_body, planet_error_body
+from node.gateway.payments import PaymentDesk, Ticket
+from node.gateway.requests import (
+    ChatRequest,
+    CompletionRequest,
+    parse_body,
+    parse_chat,
+    parse_completion,
+)
+from node.gateway.router import Router, pool_view
+from node.gateway.shapes import Shaper, usage
+from node.gateway.textstream import TextStream
+from protocol.errors import PlanetError
+from protocol.payment import PaymentKeyError, PaymentProof, parse_api_key
+
+log = logging.getLogger(__name__)
+
+_QUERY_ID = re.compile(r"(0x)?([0-9a-fA-F]{64})\Z")
+
+
+class ClientModel(Protocol):
+    """The client part of the model as the gateway uses it (see run.GatewayHead)."""
+
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+    context_length: int
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def token_text(self, token: int) -> str: ...
+
+    def embed_np(self, ids: Sequence[int]) -> np.ndarray: ...
+
+    def logits_np(self, hidden_last: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass
+class ModelInfo:
+    name: str  # manifest model_id, what clients put in "model"
+    model_hash: str  # "sha256:<hex>", the committee's model string
+    model_id: bytes  # 32 bytes, the escrow's modelId
+    shards: int
+
+
+@dataclass
+class Gateway:
+    config: GatewayConfig
+    model: ModelInfo
+    head: ClientModel
+    router: Router
+    desk: PaymentDesk
+    committee: Any  # has `async abci_query(path)`
+    http: aiohttp.ClientSession  # keep-alive to the nodes
+    chain_id: int
+    escrow: str
+
+
+GATEWAY_KEY = web.AppKey("gateway", Gateway)
+
+
+# --------------------------------------------------------------------------------- middleware
+
+
+def _json_error(status: int, body: dict[str, Any]) -> web.Response:
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except PlanetError as error:
+        status, body = planet_error_body(error)
+        if status >= 500:
+            log.warning("request failed path=%s code=%s %s", request.path, error.code, error)
+        return _json_error(status, body)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[GATEWAY_KEY].config.max_body_bytes
+        message = f"the request body is larger than {limit} bytes"
+        return _json_error(413, error_body(413, "body_too_large", message))
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status, "http_error")
+        message = f"{request.method} {request.path}: {error.reason}"
+        return _json_error(error.status, error_body(error.status, code, message))
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def bearer_proof(request: web.Request) -> PaymentProof | PaymentKeyError:
+    header = request.headers.get("Authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return PaymentKeyError("no API key (Authorization: Bearer <payment proof>)")
+    try:
+        return parse_api_key(key.strip())
+    except PaymentKeyError as error:
+        return error
+
+
+async def _read_body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()  # aiohttp enforces client_max_size (413)
+    return parse_body(raw)
+
+
+def _prompt_ids(gateway: Gateway, req: ChatRequest | CompletionRequest) -> list[int]:
+    head = gateway.head
+    if isinstance(req, ChatRequest):
+        ids = head.chat_ids([{"role": role, "content": text} for role, text in req.messages])
+    elif isinstance(req.prompt, str):
+        ids = head.encode(req.prompt)
+    else:
+        ids = list(req.prompt)
+        if max(ids) >= head.vocab_size:
+            raise InvalidRequest(
+                "invalid_value", f"token ids must be below {head.vocab_size}", param="prompt"
+            )
+    if not ids:
+        raise InvalidRequest("invalid_value", "the prompt has no tokens", param="prompt")
+    limit = head.context_length
+    if len(ids) + req.sampling.max_tokens > limit:
+        raise InvalidRequest(
+            "context_length_exceeded",
+            f"this model's context is {limit} tokens; the prompt has {len(ids)} and max_tokens "
+            f"asks for {req.sampling.max_tokens}",
+            param="messages" if isinstance(req, ChatRequest) else "prompt",
+        )
+    return ids
+
+
+def _sampling_config(req: ChatRequest | CompletionRequest) -> SamplingConfig:
+    s = req.sampling
+    return SamplingConfig(temperature=s.temperature, top_p=s.top_p, seed=s.seed)
+
+
+def _want_logprobs(req: ChatRequest | CompletionRequest) -> tuple[bool, int]:
+    if isinstance(req, ChatRequest):
+        return req.logprobs, req.top_logprobs
+    return req.logprobs is not None, req.logprobs or 0
+
+
+# ---------------------------------------------------------------------------------- handlers
+
+
+async def health(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    return web.json_response(
+        {"status": "ok", "model": gateway.model.name, "gateway": gateway.desk.gateway}
+    )
+
+
+async def models(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": gateway.model.name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "planet",
+                    "planet_model_hash": gateway.model.model_hash,
+                }
+            ],
+        }
+    )
+
+
+async def pools(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    model = gateway.model
+    view = await pool_view(gateway.committee, model.model_hash, model.shards)
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "model": model.name,
+                    "model_hash": model.model_hash,
+                    "model_id": "0x" + model.model_id.hex(),
+                    "shards": model.shards,
+                    "routable_per_shard": view.get("routable_per_shard", [0] * model.shards),
+                    "status": view.get("status", "incomplete"),
+                    "price_wei_per_token": str(gateway.desk.price),
+                    "chain_id": gateway.chain_id,
+                    "escrow": gateway.escrow,
+                    "gateway": gateway.desk.gateway,
+                    "payment_domain": gateway.desk.domain.to_json(),
+                }
+            ],
+        }
+    )
+
+
+async def receipt(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    match = _QUERY_ID.match(request.match_info["query_id"])
+    if match is None:
+        raise InvalidRequest("invalid_value", "a query id is 0x + 64 hex", param="query_id")
+    proof = bearer_proof(request)
+    doc = gateway.desk.receipt_for(proof)
+    if doc is None or doc["query_id"] != "0x" + match[2].lower():
+        raise NotFound(
+            "receipt_not_found",
+            "no receipt for this query id at this gateway for this API key "
+            "(send the payment proof that paid it as the API key)",
+        )
+    return web.json_response(doc)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _answer(request, parse_chat)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _answer(request, parse_completion)
+
+
+async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.StreamResponse:
+    gateway = request.app[GATEWAY_KEY]
+    req = parse(await _read_body(request), gateway.config.limits)
+    if req.model not in (gateway.model.name, gateway.model.model_hash):
+        raise NotFound(
+            "model_not_found",
+            f"the model {req.model[:80]!r} is not served here; this gateway serves "
+            f"{gateway.model.name!r}",
+        )
+    prompt_ids = await asyncio.to_thread(_prompt_ids, gateway, req)
+    max_tokens = req.sampling.max_tokens
+    required = gateway.desk.required_wei(len(prompt_ids), max_tokens)
+    ticket = await gateway.desk.reserve(bearer_proof(request), required)
+    want, top = _want_logprobs(req)
+    generation = Generation(
+        gateway.router,
+        gateway.head,
+        gateway.http,
+        prompt_ids,
+        max_tokens=max_tokens,
+        sampling=_sampling_config(req),
+        logprobs=want,
+        top_logprobs=top,
+        attempts=gateway.config.attempts,
+    )
+    shaper = Shaper(req.kind, gateway.model.name, gateway.head.token_text, want)
+    try:
+        if req.sampling.stream:
+            return await _stream(request, gateway, req, generation, shaper, ticket, prompt_ids)
+        return await _whole(gateway, req, generation, shaper, ticket, prompt_ids)
+    except BaseException:
+        gateway.desk.release(ticket)
+        raise
+
+
+async def _whole(
+    gateway: Gateway,
+    req: ChatRequest | CompletionRequest,
+    generation: Generation,
+    shaper: Shaper,
+    ticket: Ticket,
+    prompt_ids: list[int],
+) -> web.Response:
+    text = TextStream(gateway.head.decode, req.sampling.stop)
+    events: list[TokenEvent] = []
+    async with contextlib.aclosing(generation.events()) as stream:
+        async for event in stream:
+            if event is None:  # a retry on a new circuit starts over
+                text = TextStream(gateway.head.decode, req.sampling.stop)
+                events = []
+                continue
+            events.append(event)
+            text.push(event.token)
+            if text.stopped:
+                break
+    answer = text.text + text.finish()
+    finish = "stop" if text.stopped or not generation.finished_by_length else "length"
+    use = usage(len(prompt_ids), len(events))
+    assert generation.circuit is not None  # set before the first event
+    signed = gateway.desk.settle(ticket, len(prompt_ids), len(events), generation.circuit.keys)
+    body = shaper.full(answer, events, finish, use)
+    body["planet_receipt"] = signed
+    return web.json_response(body, dumps=_dumps)
+
+
+def _dumps(value: Any) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
+
+
+async def _stream(
+    request: web.Request,
+    gateway: Gateway,
+    req: ChatRequest | CompletionRequest,
+    generation: Generation,
+    shaper: Shaper,
+    ticket: Ticket,
+    prompt_ids: list[int],
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream; charset=utf-8",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    include_usage = req.sampling.include_usage
+    want = shaper.want_logprobs
+
+    async def send(payload: dict[str, Any]) -> None:
+        if not response.prepared:
+            await response.prepare(request)
+        await response.write(sse.event(payload))
+
+    text = TextStream(gateway.head.decode, req.sampling.stop)
+    count = 0
+    first = True
+    try:
+        async with contextlib.aclosing(generation.events()) as stream:
+            async for event in stream:
+                if event is None:  # only before anything was sent
+                    text, count = TextStream(gateway.head.decode, req.sampling.stop), 0
+                    continue
+                count += 1
+                delta = text.push(event.token)
+                if delta or want:
+                    chunk = shaper.chunk(
+                        delta,
+                        [event] if want else [],
+                        None,
+                        first=first,
+                        include_usage=include_usage,
+                    )
+                    await send(chunk)
+                    first = False
+                    generation.delivered = True
+                if text.stopped:
+                    break
+    except PlanetError as error:
+        if not response.prepared:
+            raise  # nothing sent yet: a plain JSON error with its status
+        gateway.desk.release(ticket)
+        status, body = planet_error_body(error)
+        log.warning("stream failed after it started status=%d code=%s", status, error.code)
+        await response.write(sse.event(body))
+        await response.write_eof()
+        return response
+    tail = text.finish()
+    finish = "stop" if text.stopped or not generation.finished_by_length else "length"
+    use = usage(len(prompt_ids), count)
+    assert generation.circuit is not None
+    signed = gateway.desk.settle(ticket, len(prompt_ids), count, generation.circuit.keys)
+    last = shaper.chunk(tail or None, [], finish, first=first, include_usage=include_usage)
+    if include_usage:
+        await send(last)
+        last = shaper.usage_chunk(use)
+    last["planet_receipt"] = signed
+    await send(last)
+    await response.write(sse.DONE)
+    await response.write_eof()
+    return response
+
+
+# ------------------------------------------------------------------------------------- app
+
+
+def create_app(gateway: Gateway) -> web.Application:
+    app = web.Application(
+        client_max_size=gateway.config.max_body_bytes, middlewares=[error_middleware]
+    )
+    app[GATEWAY_KEY] = gateway
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/pools", pools)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/receipts/{query_id}", receipt)
+    return app
+
+
+__all__ = ["GATEWAY_KEY", "ApiError", "ClientModel", "Gateway", "ModelInfo", "create_app"]

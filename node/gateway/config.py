@@ -1,0 +1,50 @@
+"""GatewayConfig: everything `planet gateway serve` needs, validated once at start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from node.gateway.requests import Limits
+from protocol.errors import UsageError
+
+DEFAULT_PRICE_WEI_PER_TOKEN = 10**12
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    evm_rpc: str  # EVM JSON-RPC URL (QueryEscrow lives there)
+    deployment: Path  # deploy/evm.py Deployment JSON (addresses + ABIs)
+    committee_rpc: str  # one validator's CometBFT RPC URL
+    manifest: Path  # model manifest; the gateway holds its client part
+    wallet: Path  # gateway keystore (signs receipts), created on first use
+    price_wei_per_token: int = DEFAULT_PRICE_WEI_PER_TOKEN  # wei per prompt or completion token
+    host: str = "127.0.0.1"
+    port: int = 8000
+    receipts: Path | None = None  # JSON-lines receipt log (None: next to the wallet)
+    max_body_bytes: int = 1 << 20  # largest request body accepted (bytes)
+    node_timeout_s: float = 60.0  # one HTTP exchange with a node (seconds)
+    routing_refresh_s: float = 2.0  # how stale the routable-node list may be (seconds)
+    attempts: int = 2  # circuits tried per question before the first token reached the user
+    limits: Limits = field(default_factory=Limits)
+
+    def validate(self) -> GatewayConfig:
+        if not 0 < self.price_wei_per_token < 1 << 64:
+            raise UsageError("--price-wei-per-token must be between 1 and 2^64-1")
+        if not 0 < self.port < 65536:
+            raise UsageError(f"--port must be 1..65535, got {self.port}")
+        if not self.manifest.exists():
+            raise UsageError(
+                f"no manifest at {self.manifest}",
+                hint="prepare the model first: planet model prepare --parts 3",
+            )
+        if not self.deployment.exists():
+            raise UsageError(
+                f"no deployment file at {self.deployment}",
+                hint="deploy the contracts first: planet contracts deploy",
+            )
+        return self
+
+    @property
+    def receipts_path(self) -> Path:
+        return self.receipts or self.wallet.with_name(self.wallet.stem + "-receipts.jsonl")

@@ -1,0 +1,257 @@
+"""Payment checks against QueryEscrow and the receipts the gateway signs.
+
+A request names its deposit and proves who paid it with the API key (see `protocol.payment`).
+`PaymentDesk.reserve` accepts it only when, on chain (`QueryEscrow.depositOf` and the
+`Deposited` event):
+
+    the deposit exists and is Funded               else 402 payment_unfunded / payment_closed
+    the proof's signer is the depositor            else 402 payment_squatted
+    the deposit was made for this model            else 402 payment_wrong_model
+    fee cap <= deposit, and price × (prompt tokens + max_tokens) <= fee cap
+                                                   else 402 payment_underfunded
+    the query id was never served by this gateway  else 402 payment_used
+
+The query id is reserved before the first await (two requests racing with one id: one wins).
+`settle` charges fee = price × (prompt + completion tokens) (<= the checked amount <= fee cap
+<= deposit), signs a `Receipt` with the gateway wallet and records the id as used; `release`
+(the question failed) frees the id and charges nothing — the deposit stays refundable through
+`QueryEscrow.refund` after its timeout. Receipts are kept in memory and appended to a JSON-lines
+file when one is configured (reloaded at start, so a restart does not serve an id twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from node.gateway.errors import NoCircuit, PaymentRequired
+from protocol.eip712 import Domain, sign_digest
+from protocol.errors import PlanetError, ProtocolError
+from protocol.payment import PaymentKeyError, PaymentProof, Receipt, circuit_hash, receipt_json
+
+log = logging.getLogger(__name__)
+
+FUNDED = 1
+STATUS_NAMES = {0: "none", 1: "funded", 2: "settled", 3: "reclaimed", 4: "refunded"}
+
+
+@dataclass(frozen=True, slots=True)
+class OnChainDeposit:
+    user: str  # checksummed depositor
+    amount: int  # wei the query still holds
+    status: int  # 0 None, 1 Funded, 2 Settled, 3 Reclaimed, 4 Refunded
+    model_id: bytes | None  # from the Deposited event (None when not found)
+
+
+class EscrowReader(Protocol):
+    async def deposit(self, query_id: bytes) -> OnChainDeposit: ...
+
+
+class ChainEscrow:
+    """QueryEscrow read through `node.chain.evm.PlanetChain` (blocking web3 in a thread)."""
+
+    def __init__(self, chain: Any) -> None:
+        self.chain = chain
+        self._escrow = chain.deployment.address("QueryEscrow")
+        self._topic = chain.contracts["QueryEscrow"].events.Deposited().topic
+        self._from_block = max(0, int(getattr(chain.deployment, "block", 0) or 0) - 1)
+
+    def _read(self, query_id: bytes) -> OnChainDeposit:
+        state = self.chain.deposit_of(query_id)
+        logs = self.chain._rpc(
+            lambda: self.chain.w3.eth.get_logs(
+                {
+                    "address": self._escrow,
+                    "fromBlock": self._from_block,
+                    "toBlock": "latest",
+                    "topics": [self._topic, "0x" + query_id.hex()],
+                }
+            )
+        )
+        model_id = bytes(logs[0]["topics"][3]) if logs else None
+        return OnChainDeposit(state["user"], int(state["amount"]), int(state["status"]), model_id)
+
+    async def deposit(self, query_id: bytes) -> OnChainDeposit:
+        try:
+            return await asyncio.to_thread(self._read, query_id)
+        except PlanetError as error:
+            raise NoCircuit(
+                "chain_unavailable", f"cannot read the deposit from the EVM chain: {error}"
+            ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """A reserved query: what was checked and how much may be charged at most."""
+
+    proof: PaymentProof
+    depositor: str
+    allowed_wei: int
+
+    @property
+    def query_hex(self) -> str:
+        return "0x" + self.proof.query_id.hex()
+
+
+class PaymentDesk:
+    def __init__(
+        self,
+        escrow: EscrowReader,
+        *,
+        domain: Domain,
+        gateway_address: str,
+        gateway_key: bytes,
+        model_id: bytes,
+        price_wei_per_token: int,
+        receipts_path: Path | None = None,
+    ) -> None:
+        self.escrow = escrow
+        self.domain = domain
+        self.gateway = gateway_address
+        self._key = gateway_key
+        self.model_id = model_id
+        self.price = price_wei_per_token
+        self.receipts_path = receipts_path
+        self._in_flight: set[bytes] = set()
+        self._receipts: dict[bytes, dict[str, Any]] = {}
+        self._holders: dict[bytes, bytes] = {}  # query id → holder_digest of the proof used
+        self._file_lock = threading.Lock()
+        if receipts_path is not None and receipts_path.exists():
+            self._load(receipts_path)
+
+    def _load(self, path: Path) -> None:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            try:
+                entry = json.loads(line)
+                doc, holder = entry["receipt"], bytes.fromhex(entry["holder"])
+                query = bytes.fromhex(doc["query_id"][2:])
+                self._receipts[query] = doc
+                self._holders[query] = holder
+            except (ValueError, KeyError, TypeError):
+                log.warning("skipping a damaged receipt line=%d file=%s", number, path)
+
+    def required_wei(self, prompt_tokens: int, max_tokens: int) -> int:
+        return self.price * (prompt_tokens + max_tokens)
+
+    async def reserve(self, proof: PaymentProof | PaymentKeyError, required_wei: int) -> Ticket:
+        if isinstance(proof, PaymentKeyError):
+            raise PaymentRequired(
+                "payment_malformed",
+                f"payment required: {proof.message}. Deposit into QueryEscrow and send "
+                "planet-pay-v1.<query id>.<fee cap>.<signature> as the API key",
+            )
+        query = proof.query_id
+        if query in self._receipts or query in self._in_flight:
+            raise PaymentRequired(
+                "payment_used", f"query 0x{query.hex()} was already used; make a new deposit"
+            )
+        self._in_flight.add(query)
+        try:
+            return await self._check(proof, required_wei)
+        except BaseException:
+            self._in_flight.discard(query)
+            raise
+
+    async def _check(self, proof: PaymentProof, required_wei: int) -> Ticket:
+        query = "0x" + proof.query_id.hex()
+        deposit = await self.escrow.deposit(proof.query_id)
+        if deposit.status == 0:
+            raise PaymentRequired("payment_unfunded", f"query {query} has no deposit in the escrow")
+        if deposit.status != FUNDED:
+            state = STATUS_NAMES.get(deposit.status, str(deposit.status))
+            raise PaymentRequired(
+                "payment_closed", f"query {query} is {state}, not funded; make a new deposit"
+            )
+        try:
+            signer = proof.signer(self.model_id, self.gateway, self.domain)
+        except ProtocolError as error:
+            raise PaymentRequired(
+                "payment_squatted", f"the payment signature is invalid: {error}"
+            ) from None
+        if signer != deposit.user:
+            raise PaymentRequired(
+                "payment_squatted",
+                f"the payment proof for query {query} is not signed by its depositor "
+                "(or not for this gateway and model)",
+            )
+        if deposit.model_id != self.model_id:
+            raise PaymentRequired(
+                "payment_wrong_model", f"query {query} was deposited for another model"
+            )
+        if proof.fee_cap > deposit.amount:
+            raise PaymentRequired(
+                "payment_underfunded",
+                f"the fee cap {proof.fee_cap} wei exceeds the deposit of {deposit.amount} wei",
+            )
+        if required_wei > proof.fee_cap:
+            raise PaymentRequired(
+                "payment_underfunded",
+                f"this question may cost up to {required_wei} wei (price {self.price} wei × "
+                f"(prompt tokens + max_tokens)); the payment allows {proof.fee_cap} wei",
+            )
+        return Ticket(proof, deposit.user, required_wei)
+
+    def release(self, ticket: Ticket) -> None:
+        """The question failed: no charge, the id can be used again."""
+        self._in_flight.discard(ticket.proof.query_id)
+        log.info("payment released (no charge) query=%s", ticket.query_hex[:18])
+
+    def settle(
+        self,
+        ticket: Ticket,
+        prompt_tokens: int,
+        completion_tokens: int,
+        node_keys: Sequence[str],
+    ) -> dict[str, Any]:
+        """Charge for what was served; the signed receipt (as JSON)."""
+        fee = min(self.price * (prompt_tokens + completion_tokens), ticket.allowed_wei)
+        receipt = Receipt(
+            query_id=ticket.proof.query_id,
+            gateway=self.gateway,
+            model_id=self.model_id,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            fee=fee,
+            circuit_hash=circuit_hash(node_keys),
+        )
+        signature = sign_digest(self._key, receipt.digest(self.domain))
+        doc = receipt_json(receipt, signature, node_keys)
+        holder = holder_digest(ticket.proof)
+        self._receipts[ticket.proof.query_id] = doc
+        self._holders[ticket.proof.query_id] = holder
+        self._in_flight.discard(ticket.proof.query_id)
+        if self.receipts_path is not None:
+            line = json.dumps({"receipt": doc, "holder": holder.hex()}, separators=(",", ":"))
+            with self._file_lock, open(self.receipts_path, "a", encoding="utf-8") as handle:
+                handle.write(line + "\n")
+        log.info("served query=%s fee=%d tokens=%d", ticket.query_hex[:18], fee, completion_tokens)
+        return doc
+
+    def receipt(self, query_id: bytes) -> dict[str, Any] | None:
+        return self._receipts.get(query_id)
+
+    def receipt_for(self, proof: PaymentProof | PaymentKeyError) -> dict[str, Any] | None:
+        """The receipt of the query this proof paid, only for the holder of that proof (a
+        receipt links a query id, public on chain, to the circuit's nodes: strangers get
+        nothing)."""
+        if isinstance(proof, PaymentKeyError):
+            return None
+        holder = self._holders.get(proof.query_id)
+        if holder is None or not hmac.compare_digest(holder, holder_digest(proof)):
+            return None
+        return self._receipts.get(proof.query_id)
+
+
+def holder_digest(proof: PaymentProof) -> bytes:
+    """sha256 over the proof that paid a query (what `GET /v1/receipts` asks for again)."""
+    return hashlib.sha256(
+        proof.query_id + proof.fee_cap.to_bytes(32, "big") + proof.signature
+    ).digest()

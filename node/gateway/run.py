@@ -1,0 +1,174 @@
+"""Start-up of `planet gateway serve`: wallet, EVM chain, committee, client head, then serve.
+
+Everything that can be wrong (deployment for another chain, an unreachable RPC, a missing
+manifest, a model not registered on chain) fails here, before the port is bound, with a
+`PlanetError` and a hint. `/health` answers 200 once the app is serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+from node.gateway.app import Gateway, ModelInfo, create_app
+from node.gateway.config import GatewayConfig
+from node.gateway.payments import ChainEscrow, PaymentDesk
+from node.gateway.router import CommitteeNodes, Router
+from protocol.eip712 import as_bytes32
+from protocol.errors import ConfigError, PlanetError, UnavailableError
+from protocol.payment import payment_domain
+
+log = logging.getLogger(__name__)
+
+
+class GatewayHead:
+    """`node.client.head.NumpyHead` plus what the API needs (encode, token text, limits)."""
+
+    def __init__(self, manifest: Path) -> None:
+        from node.client.head import NumpyHead
+
+        self._numpy = NumpyHead(manifest)
+        self._head = self._numpy.head
+        self.eos_token_ids = self._numpy.eos_token_ids
+        self.vocab_size: int = int(self._head.vocab_size)
+        self.context_length: int = int(
+            getattr(self._head.config, "max_position_embeddings", 2048) or 2048
+        )
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        return self._numpy.chat_ids(messages)
+
+    def encode(self, text: str) -> list[int]:
+        return self._head.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._numpy.decode(ids)
+
+    def token_text(self, token: int) -> str:
+        return str(self._head.tokenizer.decode([int(token)], skip_special_tokens=False))
+
+    def embed_np(self, ids: Sequence[int]) -> np.ndarray:
+        return self._numpy.embed_np(ids)
+
+    def logits_np(self, hidden_last: np.ndarray) -> np.ndarray:
+        return self._numpy.logits_np(hidden_last)
+
+
+def _open_chain(config: GatewayConfig, private_key: bytes) -> Any:
+    from node.chain.evm import Deployment, PlanetChain
+
+    deployment = Deployment.load(config.deployment)
+    return PlanetChain(deployment, private_key, rpc_url=config.evm_rpc)
+
+
+async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any]]:
+    """The Gateway and the resources to close at shutdown."""
+    from node.chain.committee_rpc import CommitteeRpc
+    from node.keys import load_or_create_wallet
+    from node.model.manifest import Manifest
+    from node.server.run import configure_torch_threads
+
+    manifest = Manifest.load(config.manifest)
+    config.wallet.parent.mkdir(parents=True, exist_ok=True)
+    wallet = load_or_create_wallet(config.wallet, password)
+    chain = await asyncio.to_thread(_open_chain, config, bytes(wallet.key))
+    model_id = as_bytes32(manifest.model_hash, "model_hash")
+    registered = await asyncio.to_thread(chain.manifest_hash_of, model_id)
+    if registered == bytes(32):
+        log.warning(
+            "model %s is not registered in ModelRegistry on chain %d; serving anyway",
+            manifest.model_hash,
+            chain.chain_id,
+        )
+    committee = CommitteeRpc(config.committee_rpc)
+    try:
+        await committee.abci_query("/params")
+    except PlanetError as error:
+        await committee.close()
+        raise UnavailableError(
+            f"the committee RPC {config.committee_rpc} does not answer: {error.message}",
+            hint="start the committee (planet committee up) or pass --committee-rpc",
+        ) from None
+    configure_torch_threads(int(os.environ.get("PLANET_GATEWAY_THREADS", "1")))
+    head = await asyncio.to_thread(GatewayHead, config.manifest)
+    http = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=300),
+        timeout=aiohttp.ClientTimeout(total=config.node_timeout_s),
+        skip_auto_headers=("User-Agent",),
+    )
+    router = Router(
+        CommitteeNodes(committee, manifest.model_hash),
+        model_hash=manifest.model_hash,
+        shard_layers=[tuple(s.layers) for s in manifest.shards],
+        http=http,
+        refresh_s=config.routing_refresh_s,
+    )
+    escrow = chain.deployment.address("QueryEscrow")
+    desk = PaymentDesk(
+        ChainEscrow(chain),
+        domain=payment_domain(chain.chain_id, escrow),
+        gateway_address=wallet.address,
+        gateway_key=bytes(wallet.key),
+        model_id=model_id,
+        price_wei_per_token=config.price_wei_per_token,
+        receipts_path=config.receipts_path,
+    )
+    gateway = Gateway(
+        config=config,
+        model=ModelInfo(manifest.model_id, manifest.model_hash, model_id, len(manifest.shards)),
+        head=head,
+        router=router,
+        desk=desk,
+        committee=committee,
+        http=http,
+        chain_id=chain.chain_id,
+        escrow=escrow,
+    )
+    return gateway, [http, committee]
+
+
+def serve(config: GatewayConfig, password: str) -> None:
+    """Blocks until SIGINT/SIGTERM."""
+    config.validate()
+    asyncio.run(_serve(config, password))
+
+
+async def _serve(config: GatewayConfig, password: str) -> None:
+    gateway, resources = await build(config, password)
+    runner = web.AppRunner(create_app(gateway), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as error:
+            raise ConfigError(
+                f"cannot listen on {config.host}:{config.port}: {error.strerror}",
+                hint="pick another --port",
+            ) from None
+        log.info(
+            "gateway serving url=http://%s:%d model=%s gateway=%s price=%d",
+            config.host,
+            config.port,
+            gateway.model.name,
+            gateway.desk.gateway,
+            config.price_wei_per_token,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        for resource in resources:
+            await resource.close()

@@ -1,0 +1,453 @@
+"""A small real network for the gateway tests and bench/gateway.py, all real processes:
+
+- anvil with the contracts deployed (`deploy.evm.deploy_all`), the model dev-registered in
+  ModelRegistry (modelId = the manifest hash's 32 bytes, shard hashes = the shard files');
+- one CometBFT validator running the committee app (small epoch, short heartbeat timeout);
+- compute nodes (`planet node serve`, int8 shards of SmolLM2), each registered on the committee
+  with a signed `register_node` tx (node key + EIP-191 binding of its EVM key), kept SERVING by
+  heartbeats from a background thread; "staked" nodes really `stake` on anvil and the validator
+  signs `attest_stake` with its consensus key for the amount it reads back from Staking;
+- the gateway (`planet gateway serve`) as its own process.
+
+Every port is ephemeral; `GatewayNet.close()` stops every process it started (also on failure).
+Logs stay in the run directory (PLANET_KEEP_LOGS=1 prints where).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eth_utils import keccak
+from nacl.signing import SigningKey
+
+from deploy.anvil import ANVIL_DEV_ADDRESS, ANVIL_DEV_KEY, Anvil, rpc_call, start_anvil
+from deploy.evm import DeployConfig, compile_contracts, deploy_all
+from node.chain.evm import PlanetChain
+from node.model.manifest import Manifest
+from node.server.launcher import (
+    NodeProcess,
+    is_planet_node,
+    pid_alive,
+    start_node,
+    stop_pid,
+    wait_healthy,
+)
+from protocol.committee import AttestStake, Heartbeat, Leave, RegisterNode, sign, sign_registration
+from protocol.eip712 import ROLE_COMPUTE, address_of, as_bytes32
+from protocol.payment import QueryPayment, payment_domain, sign_payment
+
+ROOT = Path(__file__).resolve().parents[2]
+COMETBFT = ROOT / ".tools" / "bin" / "cometbft"
+ETHER = 10**18
+PRICE = 10**12  # wei per token
+PASSWORD = "gateway-test-password"
+_NONCE_LOCK = threading.Lock()
+
+
+def ephemeral_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def http_json(url: str, *, timeout: float = 10) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.load(response)
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"{what} within {timeout:g} s")
+
+
+@dataclass
+class Compute:
+    """One compute node: its process, ed25519 key and EVM key."""
+
+    process: NodeProcess
+    key: SigningKey
+    evm_key: bytes
+    nonce: int = 1
+    left: bool = False
+
+    @property
+    def public(self) -> str:
+        return self.key.verify_key.encode().hex()
+
+    def next_nonce(self) -> int:
+        with _NONCE_LOCK:
+            self.nonce += 1
+            return self.nonce
+
+
+@dataclass
+class Committee:
+    home: Path
+    rpc: str
+    proxy: str
+    logs: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    validator_nonce: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def call(self, method: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        body = http_json(f"{self.rpc}/{method}?{query}")
+        if "error" in body:
+            raise RuntimeError(f"{method}: {body['error']}")
+        return body["result"]
+
+    def height(self) -> int:
+        try:
+            return int(self.call("status")["sync_info"]["latest_block_height"])
+        except (OSError, RuntimeError):
+            return 0
+
+    def submit(self, raw: bytes, *, wait: bool = True) -> dict[str, Any]:
+        checked = self.call("broadcast_tx_sync", tx="0x" + raw.hex())
+        if checked["code"] != 0:
+            raise RuntimeError(f"tx refused by CheckTx: {checked}")
+        if not wait:
+            return checked
+
+        def committed() -> Any:
+            try:
+                return self.call("tx", hash="0x" + checked["hash"])["tx_result"]
+            except (OSError, RuntimeError):
+                return None
+
+        result = wait_for(committed, 20, f"tx {checked['hash']} committed")
+        if result.get("code", 0) != 0:
+            raise RuntimeError(f"tx failed in the block: {result}")
+        return result
+
+    def query(self, path: str) -> Any:
+        response = self.call("abci_query", path=json.dumps(path))["response"]
+        if response.get("code", 0) != 0:
+            raise RuntimeError(f"query {path}: {response}")
+        return json.loads(base64.b64decode(response["value"]))
+
+    def validator_key(self) -> SigningKey:
+        doc = json.loads((self.home / "config" / "priv_validator_key.json").read_text())
+        return SigningKey(base64.b64decode(doc["priv_key"]["value"])[:32])
+
+    def validator_sign(self, body: Any) -> bytes:
+        with self.lock:
+            self.validator_nonce += 1
+            return sign(body, self.validator_key(), self.validator_nonce).encode()
+
+
+def start_committee(run_dir: Path, operator: str) -> Committee:
+    if not COMETBFT.exists():
+        raise FileNotFoundError(f"{COMETBFT} missing: run bash deploy/setup.sh")
+    home = run_dir / "validator"
+    subprocess.run([str(COMETBFT), "init", "--home", str(home)], check=True, capture_output=True)
+    p2p, rpc, proxy = ephemeral_port(), ephemeral_port(), ephemeral_port()
+    genesis_path = home / "config" / "genesis.json"
+    genesis = json.loads(genesis_path.read_text())
+    address = genesis["validators"][0]["address"]
+    genesis["consensus_params"]["abci"] = {"vote_extensions_enable_height": "1"}
+    genesis["app_state"] = {
+        "epoch_length": 10,
+        "heartbeat_timeout": 60,
+        "validators": {address: operator},
+    }
+    genesis_path.write_text(json.dumps(genesis, indent=1))
+    config_path = home / "config" / "config.toml"
+    config = config_path.read_text()
+    for old, new in [
+        ('proxy_app = "tcp://127.0.0.1:26658"', f'proxy_app = "tcp://127.0.0.1:{proxy}"'),
+        ('laddr = "tcp://127.0.0.1:26657"', f'laddr = "tcp://127.0.0.1:{rpc}"'),
+        ('laddr = "tcp://0.0.0.0:26656"', f'laddr = "tcp://127.0.0.1:{p2p}"'),
+        ('timeout_commit = "1s"', 'timeout_commit = "200ms"'),
+    ]:
+        if old not in config:
+            raise RuntimeError(f"cometbft config has no {old!r}")
+        config = config.replace(old, new)
+    config_path.write_text(config)
+    logs = run_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    committee = Committee(home, f"http://127.0.0.1:{rpc}", f"tcp://127.0.0.1:{proxy}", logs)
+    app_log = open(logs / "abci-app.log", "wb")  # noqa: SIM115
+    committee.processes.append(
+        subprocess.Popen(
+            [sys.executable, "-m", "abci_app", "--home", str(home), "--listen", committee.proxy],
+            cwd=ROOT,
+            stdout=app_log,
+            stderr=subprocess.STDOUT,
+        )
+    )
+
+    def listening() -> bool:
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", proxy)) == 0
+
+    wait_for(listening, 30, "the ABCI app did not listen")
+    node_log = open(logs / "cometbft.log", "wb")  # noqa: SIM115
+    committee.processes.append(
+        subprocess.Popen(
+            [str(COMETBFT), "start", "--home", str(home)], stdout=node_log, stderr=subprocess.STDOUT
+        )
+    )
+    wait_for(lambda: committee.height() >= 2, 60, "the committee did not reach height 2")
+    return committee
+
+
+class GatewayNet:
+    """See the module docstring. Build with `GatewayNet.start(...)`; always `close()`."""
+
+    def __init__(self, run_dir: Path, manifest: Path) -> None:
+        self.run_dir = run_dir
+        self.manifest_path = manifest
+        self.manifest = Manifest.load(manifest)
+        self.model_id = as_bytes32(self.manifest.model_hash, "model_hash")
+        self.operator_key = keccak(text="gateway-net operator")
+        self.anvil: Anvil | None = None
+        self.committee: Committee | None = None
+        self.nodes: list[Compute] = []
+        self.gateway: subprocess.Popen[bytes] | None = None
+        self.gateway_url = ""
+        self._stop = threading.Event()
+        self._heartbeats: threading.Thread | None = None
+        self.deployment_path = run_dir / "deployment.json"
+
+    # --- set-up ---------------------------------------------------------------------------------
+
+    def start_chain(self) -> None:
+        compile_contracts()
+        port = ephemeral_port()
+        self.anvil = start_anvil(port, log_path=self.run_dir / "anvil.log")
+        config = DeployConfig.devnet(
+            committee=[(address_of(self.operator_key), 1)],
+            challenge_window_s=60,
+            refund_timeout_s=120,
+            dev_owner=ANVIL_DEV_ADDRESS,
+        )
+        self.deployment = deploy_all(
+            self.anvil.rpc_url, ANVIL_DEV_KEY, config, progress=lambda _line: None
+        )
+        self.deployment.save(self.deployment_path)
+        owner = PlanetChain(self.deployment, ANVIL_DEV_KEY)
+        owner.dev_register_model(
+            self.model_id,
+            self.model_id,
+            [as_bytes32(s.hash, "shard hash") for s in self.manifest.shards],
+        )
+
+    def account(self, label: str, ether: int = 100) -> PlanetChain:
+        """A fresh funded EVM account as a chain client."""
+        assert self.anvil is not None
+        key = keccak(text=f"gateway-net {label} {secrets.token_hex(8)}")
+        rpc_call(self.anvil.rpc_url, "anvil_setBalance", [address_of(key), hex(ether * ETHER)])
+        return PlanetChain(self.deployment, key)
+
+    def start_nodes(self, shards: list[int], *, wait: bool = True) -> list[Compute]:
+        started = []
+        for index, shard in enumerate(shards):
+            process = start_node(
+                manifest=self.manifest_path,
+                shard=shard,
+                port=ephemeral_port(),
+                run_dir=self.run_dir / f"node-{len(self.nodes) + index}",
+                extra_args=("--threads", "1"),
+            )
+            started.append(
+                Compute(process, SigningKey.generate(), keccak(text=secrets.token_hex(16)))
+            )
+        self.nodes.extend(started)
+        if wait:
+            wait_healthy([c.process for c in started], timeout_s=240)
+        return started
+
+    def register(self, node: Compute, *, stake: bool) -> None:
+        assert self.committee is not None
+        body = RegisterNode(
+            evm_address=address_of(node.evm_key),
+            evm_signature=sign_registration(node.evm_key, node.public),
+            role="compute",
+            model=self.manifest.model_hash,
+            shards=(node.process.shard,),
+            endpoint=node.process.url,
+            capacity=64,
+        )
+        self.committee.submit(sign(body, node.key, 1).encode())
+        self.committee.submit(sign(Heartbeat(), node.key, node.next_nonce()).encode())
+        if stake:
+            assert self.anvil is not None
+            rpc_call(
+                self.anvil.rpc_url, "anvil_setBalance", [address_of(node.evm_key), hex(10 * ETHER)]
+            )
+            chain = PlanetChain(self.deployment, node.evm_key)
+            chain.stake(ROLE_COMPUTE, ETHER)
+            observed = chain.stake_of()  # what the validator reads on the EVM chain
+            self.committee.submit(self.committee.validator_sign(AttestStake(node.public, observed)))
+
+    def leave(self, node: Compute) -> None:
+        """Send `leave` (retried: a concurrent heartbeat may have taken a higher nonce)."""
+        assert self.committee is not None
+        node.left = True
+        time.sleep(0.5)
+        for _ in range(5):
+            try:
+                self.committee.submit(sign(Leave(), node.key, node.next_nonce()).encode())
+                return
+            except RuntimeError:
+                time.sleep(0.5)
+        raise RuntimeError("leave was refused five times")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(2.0):
+            for node in list(self.nodes):
+                if node.left or self.committee is None:
+                    continue
+                try:
+                    raw = sign(Heartbeat(), node.key, node.next_nonce()).encode()
+                    self.committee.submit(raw, wait=False)
+                except (OSError, RuntimeError):
+                    continue
+
+    def start_heartbeats(self) -> None:
+        self._heartbeats = threading.Thread(target=self._beat, daemon=True)
+        self._heartbeats.start()
+
+    def start_gateway(self) -> None:
+        assert self.anvil is not None and self.committee is not None
+        port = ephemeral_port()
+        self.gateway_url = f"http://127.0.0.1:{port}"
+        log = open(self.run_dir / "gateway.log", "wb")  # noqa: SIM115
+        self.gateway = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "node.cli.main",
+                "-v",
+                "gateway",
+                "serve",
+                "--evm-rpc",
+                self.anvil.rpc_url,
+                "--deployment",
+                str(self.deployment_path),
+                "--committee-rpc",
+                self.committee.rpc,
+                "--manifest",
+                str(self.manifest_path),
+                "--wallet",
+                str(self.run_dir / "gateway" / "wallet.json"),
+                "--price-wei-per-token",
+                str(PRICE),
+                "--port",
+                str(port),
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PLANET_PASSWORD": PASSWORD, "OMP_WAIT_POLICY": "PASSIVE"},
+        )
+
+        def ready() -> bool:
+            if self.gateway is not None and self.gateway.poll() is not None:
+                tail = (self.run_dir / "gateway.log").read_text()[-2000:]
+                raise RuntimeError(f"the gateway exited: {tail}")
+            try:
+                return http_json(f"{self.gateway_url}/health", timeout=2)["status"] == "ok"
+            except (OSError, ValueError):
+                return False
+
+        wait_for(ready, 120, "the gateway did not become healthy", interval=0.3)
+
+    @classmethod
+    def start(cls, run_dir: Path, manifest: Path, staked: list[int], unstaked: list[int]) -> Any:
+        net = cls(run_dir, manifest)
+        try:
+            # nodes load their shards while the chains start
+            staked_nodes = net.start_nodes(staked, wait=False)
+            unstaked_nodes = net.start_nodes(unstaked, wait=False)
+            net.start_chain()
+            net.committee = start_committee(run_dir, address_of(net.operator_key))
+            wait_healthy([c.process for c in net.nodes], timeout_s=240)
+            for node in staked_nodes:
+                net.register(node, stake=True)
+            for node in unstaked_nodes:
+                net.register(node, stake=False)
+            net.start_heartbeats()
+            net.start_gateway()
+        except BaseException:
+            net.close()
+            raise
+        return net
+
+    # --- paying ---------------------------------------------------------------------------------
+
+    def pools(self) -> dict[str, Any]:
+        return http_json(f"{self.gateway_url}/v1/pools")["data"][0]
+
+    def pay(
+        self,
+        user: PlanetChain,
+        amount_wei: int,
+        *,
+        fee_cap: int | None = None,
+        signer_key: bytes | None = None,
+        model_id: bytes | None = None,
+    ) -> tuple[str, bytes]:
+        """Deposit `amount_wei` for a fresh query id; (API key, query id)."""
+        query_id = secrets.token_bytes(32)
+        user.deposit(query_id, model_id or self.model_id, amount_wei)
+        pool = self.pools()
+        domain = payment_domain(pool["chain_id"], pool["escrow"])
+        payment = QueryPayment(query_id, self.model_id, pool["gateway"], fee_cap or amount_wei)
+        key = signer_key if signer_key is not None else bytes(user.account.key)
+        return sign_payment(key, payment, domain), query_id
+
+    # --- tear-down ------------------------------------------------------------------------------
+
+    def kill_node(self, node: Compute) -> None:
+        os.kill(node.process.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.gateway is not None and self.gateway.poll() is None:
+            self.gateway.terminate()
+            try:
+                self.gateway.wait(10)
+            except subprocess.TimeoutExpired:
+                self.gateway.kill()
+        for node in self.nodes:  # SIGTERM all first (our own node pids only), then wait
+            if pid_alive(node.process.pid) and is_planet_node(node.process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(node.process.pid, signal.SIGTERM)
+        for node in self.nodes:
+            stop_pid(node.process.pid, grace_s=3)
+        if self.committee is not None:
+            for process in reversed(self.committee.processes):
+                if process.poll() is None:
+                    process.terminate()
+                    try:
+                        process.wait(10)
+                    except subprocess.TimeoutExpired:
+                        process.kill()
+        if self.anvil is not None:
+            self.anvil.stop()
+        if os.environ.get("PLANET_KEEP_LOGS"):
+            print(f"gateway net logs in {self.run_dir}", file=sys.stderr)

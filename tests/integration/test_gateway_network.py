@@ -1,0 +1,369 @@
+"""The gateway as a real process over a real network (tests/integration/gateway_net.py): anvil
+with the contracts, one CometBFT validator with the committee app, four int8 SmolLM2 compute
+nodes (shard 0: A and B staked, C registered without stake; shard 1: D staked), driven with
+the official `openai` client. The node-kill test runs last (it takes shard 1 down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from node.client.pipeline import Hop, PipelineClient
+from node.client.sampling import SamplingConfig
+from protocol.payment import payment_domain, verify_receipt_json
+from tests.integration.gateway_net import ETHER, PRICE, GatewayNet, ephemeral_port, http_json
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+DEPOSIT = ETHER // 100  # far above price × (prompt + max_tokens) for these questions
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayNet]:
+    from node.model.prepare import prepare
+
+    manifest = Path(prepare(parts=2, quant="int8", progress=lambda _m: None))
+    run_dir = tmp_path_factory.mktemp("gateway-net")
+    network = GatewayNet.start(run_dir, manifest, staked=[0, 0, 1], unstaked=[0])
+    try:
+        yield network
+    finally:
+        network.close()
+
+
+@pytest.fixture(scope="module")
+def user(net: GatewayNet) -> Any:
+    return net.account("user")
+
+
+def client(net: GatewayNet, api_key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{net.gateway_url}/v1", api_key=api_key, max_retries=0)
+
+
+def model_name(net: GatewayNet) -> str:
+    return net.manifest.model_id
+
+
+def check_receipt(net: GatewayNet, doc: dict[str, Any], query_id: bytes) -> Any:
+    pool = net.pools()
+    receipt, signer = verify_receipt_json(doc, payment_domain(pool["chain_id"], pool["escrow"]))
+    assert signer == pool["gateway"]
+    assert receipt.query_id == query_id
+    assert receipt.fee == PRICE * (receipt.prompt_tokens + receipt.completion_tokens)
+    return receipt
+
+
+def ask(net: GatewayNet, user: Any, **kwargs: Any) -> tuple[Any, bytes]:
+    answer, query_id, _ = ask_with_key(net, user, **kwargs)
+    return answer, query_id
+
+
+def ask_with_key(net: GatewayNet, user: Any, **kwargs: Any) -> tuple[Any, bytes, str]:
+    key, query_id = net.pay(user, DEPOSIT)
+    params = {"model": model_name(net), "messages": QUESTION, "max_tokens": 16, "temperature": 0}
+    params.update(kwargs)
+    return client(net, key).chat.completions.create(**params), query_id, key
+
+
+def get_receipt(net: GatewayNet, query_id: bytes, key: str) -> Any:
+    request = urllib.request.Request(
+        f"{net.gateway_url}/v1/receipts/0x{query_id.hex()}",
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def test_gateway_models_and_pools_list_model_price_and_shard_health(net: GatewayNet) -> None:
+    models = http_json(f"{net.gateway_url}/v1/models")
+    assert [m["id"] for m in models["data"]] == [model_name(net)]
+    pool = net.pools()
+    assert pool["routable_per_shard"] == [2, 1]  # C (no attested stake) is not counted
+    assert pool["status"] == "degraded"
+    assert pool["price_wei_per_token"] == str(PRICE)
+    assert pool["model_id"] == "0x" + net.model_id.hex()
+
+
+def test_gateway_chat_non_streaming_answer_usage_logprobs_and_receipt(
+    net: GatewayNet, user: Any
+) -> None:
+    answer, query_id, key = ask_with_key(net, user, logprobs=True, top_logprobs=3)
+    choice = answer.choices[0]
+    assert answer.object == "chat.completion"
+    assert "Paris" in choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    usage = answer.usage
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert 0 < usage.completion_tokens <= 16
+    content = choice.logprobs.content
+    assert len(content) == usage.completion_tokens
+    for item in content:
+        assert item.logprob <= 0 and len(item.top_logprobs) == 3
+        # greedy: the chosen token is the most likely one
+        assert item.top_logprobs[0].logprob == pytest.approx(item.logprob, abs=1e-6)
+    doc = answer.model_extra["planet_receipt"]
+    receipt = check_receipt(net, doc, query_id)
+    assert receipt.completion_tokens == usage.completion_tokens
+    assert receipt.prompt_tokens == usage.prompt_tokens
+    assert len(doc["nodes"]) == 2
+    assert get_receipt(net, query_id, key) == doc
+
+
+def test_gateway_chat_streaming_same_text_as_whole_with_usage_chunk(
+    net: GatewayNet, user: Any
+) -> None:
+    whole, _ = ask(net, user)
+    key, query_id = net.pay(user, DEPOSIT)
+    stream = client(net, key).chat.completions.create(
+        model=model_name(net),
+        messages=QUESTION,
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.completion_tokens == whole.usage.completion_tokens
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finish[-1] in ("stop", "length") and set(finish[:-1]) == {None}
+    check_receipt(net, last.model_extra["planet_receipt"], query_id)
+
+
+def test_gateway_completions_stream_and_whole_agree(net: GatewayNet, user: Any) -> None:
+    prompt = "The three primary colors are"
+    key, _ = net.pay(user, DEPOSIT)
+    whole = client(net, key).completions.create(
+        model=model_name(net), prompt=prompt, max_tokens=12, temperature=0, logprobs=2
+    )
+    assert whole.object == "text_completion" and whole.choices[0].text
+    assert len(whole.choices[0].logprobs.tokens) == whole.usage.completion_tokens
+    key, _ = net.pay(user, DEPOSIT)
+    chunks = list(
+        client(net, key).completions.create(
+            model=model_name(net), prompt=prompt, max_tokens=12, temperature=0, stream=True
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+
+
+def test_gateway_same_question_twice_same_greedy_text_as_bare_pipeline(
+    net: GatewayNet, user: Any
+) -> None:
+    first, _ = ask(net, user, max_tokens=24)
+    second, _ = ask(net, user, max_tokens=24)
+    assert first.choices[0].message.content == second.choices[0].message.content
+
+    from node.client.head import NumpyHead
+
+    head = NumpyHead(net.manifest_path)
+    a, d = net.nodes[0], net.nodes[2]  # one staked node per shard
+
+    async def bare() -> list[int]:
+        hops = [Hop(a.process.url, 0), Hop(d.process.url, 1)]
+        async with PipelineClient(hops) as pipeline:
+            ids = head.chat_ids(QUESTION)
+            gen = pipeline.generate(head, ids, max_new_tokens=24, sampling=SamplingConfig())
+            return [t async for t in gen]
+
+    assert head.decode(asyncio.run(bare())) == first.choices[0].message.content
+
+
+def _refused(net: GatewayNet, key: str) -> dict[str, Any]:
+    with pytest.raises(openai.APIStatusError) as caught:
+        client(net, key).chat.completions.create(
+            model=model_name(net), messages=QUESTION, max_tokens=8, temperature=0
+        )
+    assert caught.value.status_code == 402
+    return caught.value.body  # the `error` object
+
+
+def test_gateway_refuses_unpaid_underfunded_squatted_and_reused_with_402(
+    net: GatewayNet, user: Any
+) -> None:
+    from protocol.payment import QueryPayment, payment_domain, sign_payment
+
+    pool = net.pools()
+    domain = payment_domain(pool["chain_id"], pool["escrow"])
+    # unpaid: a well-signed proof for a query id nobody deposited
+    unpaid = QueryPayment(b"\x07" * 32, net.model_id, pool["gateway"], DEPOSIT)
+    assert _refused(net, sign_payment(bytes(user.account.key), unpaid, domain))["code"] == (
+        "payment_unfunded"
+    )
+    # underfunded: 1000 wei cannot pay price × (prompt + max_tokens)
+    key, _ = net.pay(user, 1000)
+    assert _refused(net, key)["code"] == "payment_underfunded"
+    # squatted: someone else's funded deposit, proof signed by a stranger
+    stranger = net.account("stranger")
+    key, _ = net.pay(user, DEPOSIT, signer_key=bytes(stranger.account.key))
+    assert _refused(net, key)["code"] == "payment_squatted"
+    # a fee cap above the deposit
+    key, _ = net.pay(user, DEPOSIT, fee_cap=DEPOSIT * 2)
+    assert _refused(net, key)["code"] == "payment_underfunded"
+    # deposited for another model
+    key, _ = net.pay(user, DEPOSIT, model_id=b"\x01" * 32)
+    assert _refused(net, key)["code"] == "payment_wrong_model"
+    # reused: served once, refused the second time
+    key, _ = net.pay(user, DEPOSIT)
+    client(net, key).chat.completions.create(
+        model=model_name(net), messages=QUESTION, max_tokens=2, temperature=0
+    )
+    error = _refused(net, key)
+    assert error["code"] == "payment_used" and "already used" in error["message"]
+    # no proof at all, or garbage
+    assert _refused(net, "sk-not-a-payment")["code"] == "payment_malformed"
+
+
+def _nodes_used(net: GatewayNet, user: Any, questions: int) -> set[str]:
+    used: set[str] = set()
+    for _ in range(questions):
+        answer, _ = ask(net, user, max_tokens=1)
+        used.update(answer.model_extra["planet_receipt"]["nodes"])
+    return used
+
+
+def test_gateway_routes_only_staked_nodes_and_drops_a_node_that_left(
+    net: GatewayNet, user: Any
+) -> None:
+    a, b, d, c = net.nodes  # staked: a, b (shard 0), d (shard 1); c: shard 0, no stake
+    used = _nodes_used(net, user, 12)
+    assert c.public not in used  # registered and SERVING, but its stake is not attested
+    assert {a.public, b.public, d.public} == used  # random among eligible nodes
+    net.leave(b)
+
+    def gone() -> bool:
+        return net.pools()["routable_per_shard"] == [1, 1]
+
+    import time
+
+    deadline = time.monotonic() + 20
+    while not gone():
+        assert time.monotonic() < deadline, "the pool never dropped the node that left"
+        time.sleep(0.2)
+    time.sleep(2.5)  # the gateway's routing view refreshes every 2 s
+    used = _nodes_used(net, user, 6)
+    assert b.public not in used and c.public not in used
+    assert used == {a.public, d.public}
+
+
+def _planet(net: GatewayNet, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PLANET_HOME": str(home), "PLANET_PASSWORD": "pw"}
+    return subprocess.run(
+        [sys.executable, "-m", "node.cli.main", "ask", "--pay", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_planet_ask_pay_deposits_streams_and_prints_the_receipt(
+    net: GatewayNet, tmp_path: Path
+) -> None:
+    from node.keys import create_wallet
+
+    assert net.anvil is not None
+    payer = net.account("cli-user")
+    wallet = tmp_path / "wallet.json"
+    create_wallet(wallet, "pw", bytes(payer.account.key))
+    common = ["--deployment", str(net.deployment_path), "--evm-rpc", net.anvil.rpc_url]
+    done = _planet(
+        net,
+        tmp_path,
+        "What is the capital of France?",
+        "--gateway",
+        net.gateway_url,
+        "--max-tokens",
+        "8",
+        "--json",
+        *common,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert "Paris" in result["text"]
+    receipt = check_receipt(net, result["receipt"], bytes.fromhex(result["query_id"][2:]))
+    assert receipt.fee <= int(result["deposit_wei"])
+    assert "deposit" in done.stderr and "(verified)" in done.stderr
+    # the deposit's unused part stays in the escrow for the payer
+    assert payer.deposit_of(bytes.fromhex(result["query_id"][2:]))["user"] == payer.address
+
+    # user mistakes: one error line, one hint line, no traceback
+    closed = f"http://127.0.0.1:{ephemeral_port()}"
+    unreachable = _planet(net, tmp_path, "Hi", "--gateway", closed, *common)
+    assert unreachable.returncode == 6 and "unreachable" in unreachable.stderr
+    poor = tmp_path / "poor.json"
+    create_wallet(poor, "pw", bytes.fromhex("5" * 64))
+    broke = _planet(
+        net, tmp_path, "Hi", "--gateway", net.gateway_url, "--wallet", str(poor), *common
+    )
+    assert broke.returncode == 8 and "needs" in broke.stderr
+    other = json.loads(net.deployment_path.read_text())
+    other["chain_id"] = 1
+    wrong = tmp_path / "other-chain.json"
+    wrong.write_text(json.dumps(other))
+    mismatch = _planet(
+        net,
+        tmp_path,
+        "Hi",
+        "--gateway",
+        net.gateway_url,
+        "--wallet",
+        str(wallet),
+        "--deployment",
+        str(wrong),
+        "--evm-rpc",
+        net.anvil.rpc_url,
+    )
+    assert mismatch.returncode == 2 and "chain" in mismatch.stderr
+    for failed in (unreachable, broke, mismatch):
+        assert "Traceback" not in failed.stderr and "hint:" in failed.stderr
+
+
+def test_gateway_node_killed_mid_question_gives_clear_error_and_no_charge(
+    net: GatewayNet, user: Any
+) -> None:
+    d = net.nodes[2]  # the only node of shard 1
+    key, query_id = net.pay(user, DEPOSIT)
+    stream = client(net, key).chat.completions.create(
+        model=model_name(net),
+        messages=[{"role": "user", "content": "Write a long story about a river and a town."}],
+        max_tokens=300,
+        temperature=0,
+        stream=True,
+    )
+    received = []
+    with pytest.raises(openai.APIError) as caught:
+        for chunk in stream:
+            received.append(chunk)
+            if len(received) == 2:
+                net.kill_node(d)
+    assert len(received) >= 2
+    assert "node" in str(caught.value.message) and "nothing was charged" in caught.value.message
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        get_receipt(net, query_id, key)
+    assert missing.value.code == 404
+    assert user.deposit_of(query_id)["status"] == 1  # still funded: refundable after timeout
+    # the next question finds no live node for shard 1: 503, not a hang, not a charge
+    with pytest.raises(openai.APIStatusError) as unavailable:
+        client(net, key).chat.completions.create(
+            model=model_name(net), messages=QUESTION, max_tokens=4, temperature=0
+        )
+    assert unavailable.value.status_code in (502, 503)
+    assert json.dumps(unavailable.value.body)  # OpenAI's error shape, parsed by the client

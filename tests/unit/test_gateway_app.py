@@ -1,0 +1,357 @@
+"""The gateway app through aiohttp's test client, with in-process fakes: two fake shard nodes
+(real HTTP, node.server.fake.FakeShard), a fake client head, a fake escrow, a fake committee.
+Covers error shapes (400/402/404/405/413/502/503), SSE framing, stop, logprobs and payments."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from node.gateway.app import Gateway, ModelInfo, create_app
+from node.gateway.config import GatewayConfig
+from node.gateway.payments import OnChainDeposit, PaymentDesk
+from node.gateway.router import Router
+from node.gateway.sse import parse_events
+from node.server.app import create_app as create_node_app
+from node.server.config import ServerConfig
+from node.server.fake import FakeShard
+from protocol.eip712 import address_of
+from protocol.payment import (
+    QueryPayment,
+    payment_domain,
+    sign_payment,
+    verify_receipt_json,
+)
+
+pytestmark = pytest.mark.unit
+
+H, V = 8, 50
+MODEL_HASH = "sha256:" + "0" * 64  # what FakeShard reports
+MODEL_ID = bytes(32)
+USER = bytes.fromhex("31" * 32)
+GATEWAY_KEY = bytes.fromhex("32" * 32)
+ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+DOMAIN = payment_domain(31337, ESCROW)
+PRICE = 1000
+NODE_KEYS = ["a1" * 32, "b2" * 32]
+
+
+class FakeHead:
+    """Token t embeds as t in every channel; the two fake shards add 1 and 2, so greedy
+    decoding from a last token t gives t+3, t+6, ...; text: one letter per token."""
+
+    eos_token_ids = frozenset({V - 1})
+    vocab_size = V
+    context_length = 64
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        return [1, 2, 3]
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % 10 for c in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.token_text(i) for i in ids)
+
+    def token_text(self, token: int) -> str:
+        return chr(ord("a") + token % 26)
+
+    def embed_np(self, ids: Sequence[int]) -> np.ndarray:
+        return np.repeat(np.asarray(ids, dtype=np.float32)[None, :, None], H, axis=2)
+
+    def logits_np(self, hidden_last: np.ndarray) -> np.ndarray:
+        logits = np.zeros(V, dtype=np.float32)
+        logits[round(float(hidden_last[0])) % V] = 10.0
+        return logits
+
+
+class FakeEscrow:
+    def __init__(self) -> None:
+        self.deposits: dict[bytes, OnChainDeposit] = {}
+
+    async def deposit(self, query_id: bytes) -> OnChainDeposit:
+        await asyncio.sleep(0)
+        return self.deposits.get(query_id, OnChainDeposit("0x" + "0" * 40, 0, 0, None))
+
+
+class FakeSource:
+    def __init__(self, entries: list[dict[str, Any]]) -> None:
+        self.entries = entries
+
+    async def compute_nodes(self) -> list[dict[str, Any]]:
+        return self.entries
+
+
+class FakeCommittee:
+    async def abci_query(self, path: str) -> Any:
+        return {"routable_per_shard": [1, 1], "status": "degraded", "shards": 2}
+
+
+@pytest.fixture
+async def env(aiohttp_server, aiohttp_client, tmp_path: Path):
+    nodes = []
+    for shard in range(2):
+        backend = FakeShard(shard_id=shard, hidden_size=H, layers=(shard * 2, shard * 2 + 2))
+        config = ServerConfig(manifest_path=Path("x"), shard_id=shard)
+        nodes.append(await aiohttp_server(create_node_app(config, backend)))
+    entries = [
+        {
+            "key": NODE_KEYS[i],
+            "endpoint": str(s.make_url("")).rstrip("/"),
+            "shards": [i],
+            "routable": True,
+        }
+        for i, s in enumerate(nodes)
+    ]
+    escrow = FakeEscrow()
+    http = aiohttp.ClientSession()
+    source = FakeSource(entries)
+    router = Router(
+        source, model_hash=MODEL_HASH, shard_layers=[(0, 2), (2, 4)], http=http, refresh_s=0
+    )
+    config = GatewayConfig(
+        evm_rpc="http://x",
+        deployment=tmp_path / "d.json",
+        committee_rpc="http://x",
+        manifest=tmp_path / "m.json",
+        wallet=tmp_path / "wallet.json",
+        price_wei_per_token=PRICE,
+        max_body_bytes=64 * 1024,
+    )
+    desk = PaymentDesk(
+        escrow,
+        domain=DOMAIN,
+        gateway_address=address_of(GATEWAY_KEY),
+        gateway_key=GATEWAY_KEY,
+        model_id=MODEL_ID,
+        price_wei_per_token=PRICE,
+        receipts_path=tmp_path / "receipts.jsonl",
+    )
+    gateway = Gateway(
+        config=config,
+        model=ModelInfo("fake-model", MODEL_HASH, MODEL_ID, 2),
+        head=FakeHead(),
+        router=router,
+        desk=desk,
+        committee=FakeCommittee(),
+        http=http,
+        chain_id=31337,
+        escrow=ESCROW,
+    )
+    client = await aiohttp_client(create_app(gateway))
+    yield client, escrow, source, nodes
+    await http.close()
+
+
+_queries = iter(range(1, 10**6))
+
+
+def pay(escrow: FakeEscrow, amount: int = 10**9, **kw: Any) -> tuple[dict[str, str], bytes]:
+    query = next(_queries).to_bytes(32, "big")
+    escrow.deposits[query] = OnChainDeposit(
+        kw.get("depositor", address_of(USER)),
+        amount,
+        kw.get("status", 1),
+        kw.get("model", MODEL_ID),
+    )
+    payment = QueryPayment(query, MODEL_ID, address_of(GATEWAY_KEY), kw.get("cap", amount))
+    key = sign_payment(kw.get("signer", USER), payment, DOMAIN)
+    return {"Authorization": f"Bearer {key}"}, query
+
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+
+
+async def test_gateway_chat_whole_answer_usage_receipt(env) -> None:
+    client, escrow, _, _ = env
+    headers, query = pay(escrow)
+    answer = await client.post(
+        "/v1/chat/completions", json={**CHAT, "max_tokens": 4}, headers=headers
+    )
+    assert answer.status == 200
+    body = await answer.json()
+    # last prompt token 3 → 6, 9, 12, 15
+    assert body["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "gjmp",
+        "refusal": None,
+    }
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    receipt, signer = verify_receipt_json(body["planet_receipt"], DOMAIN)
+    assert signer == address_of(GATEWAY_KEY) and receipt.fee == 7 * PRICE
+    assert body["planet_receipt"]["nodes"] == NODE_KEYS
+    again = await client.get(f"/v1/receipts/0x{query.hex()}", headers=headers)
+    assert await again.json() == body["planet_receipt"]
+    # strangers (no key, or another payer's key) cannot link the query id to its nodes
+    await _error(await client.get(f"/v1/receipts/0x{query.hex()}"), 404)
+    other, _ = pay(escrow)
+    await _error(await client.get(f"/v1/receipts/0x{query.hex()}", headers=other), 404)
+
+
+async def test_gateway_chat_stream_sse_framing_usage_and_done(env) -> None:
+    client, escrow, _, _ = env
+    headers, _ = pay(escrow)
+    doc = {**CHAT, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    answer = await client.post("/v1/chat/completions", json=doc, headers=headers)
+    assert answer.status == 200
+    assert answer.headers["Content-Type"].startswith("text/event-stream")
+    raw = await answer.read()
+    assert raw.endswith(b"data: [DONE]\n\n")
+    events = parse_events(raw)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[:-1]) == "gjm"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    assert all(c["usage"] is None for c in chunks[:-1])
+    assert "planet_receipt" in chunks[-1]
+
+
+async def test_gateway_stop_sequence_and_logprobs(env) -> None:
+    client, escrow, _, _ = env
+    headers, _ = pay(escrow)
+    doc = {**CHAT, "max_tokens": 6, "stop": ["m"], "logprobs": True, "top_logprobs": 2}
+    body = await (await client.post("/v1/chat/completions", json=doc, headers=headers)).json()
+    choice = body["choices"][0]
+    assert choice["message"]["content"] == "gj" and choice["finish_reason"] == "stop"
+    content = choice["logprobs"]["content"]
+    assert [c["token"] for c in content] == ["g", "j", "m"]
+    assert all(len(c["top_logprobs"]) == 2 and c["logprob"] <= 0 for c in content)
+
+
+async def test_gateway_completions_stream_text_completion_chunks(env) -> None:
+    client, escrow, _, _ = env
+    headers, _ = pay(escrow)
+    doc = {"model": "fake-model", "prompt": [1, 2], "max_tokens": 2, "stream": True}
+    events = parse_events(
+        await (await client.post("/v1/completions", json=doc, headers=headers)).read()
+    )
+    assert all(e["object"] == "text_completion" for e in events[:-1])
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == "fi"
+
+
+async def _error(answer: aiohttp.ClientResponse, status: int) -> dict[str, Any]:
+    assert answer.status == status
+    body = await answer.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+@pytest.mark.parametrize(
+    ("doc", "code"),
+    [
+        ({**CHAT, "max_tokens": -1}, "out_of_range"),
+        ({**CHAT, "messages": "x"}, "invalid_type"),
+        ({**CHAT, "max_tokens": 62}, "context_length_exceeded"),
+        ({"model": "fake-model", "prompt": [1, 99]}, "invalid_value"),
+    ],
+)
+async def test_gateway_bad_requests_are_400_before_payment(env, doc, code) -> None:
+    client, _, _, _ = env
+    path = "/v1/completions" if "prompt" in doc else "/v1/chat/completions"
+    error = await _error(await client.post(path, json=doc), 400)
+    assert error["code"] == code and error["type"] == "invalid_request_error"
+
+
+async def test_gateway_transport_errors_in_openai_shape(env) -> None:
+    client, _, _, _ = env
+    big = b'{"model": "' + b"x" * 70_000 + b'"}'
+    assert (await _error(await client.post("/v1/chat/completions", data=big), 413))["code"] == (
+        "body_too_large"
+    )
+    assert (await _error(await client.post("/v1/chat/completions", data=b"{"), 400))["code"] == (
+        "invalid_json"
+    )
+    await _error(await client.get("/v1/nothing"), 404)
+    await _error(await client.get("/v1/chat/completions"), 405)
+    wrong = {**CHAT, "model": "gpt-4"}
+    assert (await _error(await client.post("/v1/chat/completions", json=wrong), 404))["code"] == (
+        "model_not_found"
+    )
+    await _error(await client.get("/v1/receipts/nothex"), 400)
+    await _error(await client.get("/v1/receipts/0x" + "00" * 32), 404)
+
+
+async def test_gateway_payment_refusals_are_402(env) -> None:
+    client, escrow, _, _ = env
+
+    async def code(headers: dict[str, str] | None) -> str:
+        answer = await client.post(
+            "/v1/chat/completions", json={**CHAT, "max_tokens": 4}, headers=headers or {}
+        )
+        error = await _error(answer, 402)
+        assert error["type"] == "payment_required"
+        return error["code"]
+
+    assert await code(None) == "payment_malformed"
+    assert await code({"Authorization": "Bearer sk-123"}) == "payment_malformed"
+    # required = PRICE × (3 prompt + 4 max) = 7000
+    assert await code(pay(escrow, amount=6999)[0]) == "payment_underfunded"
+    assert await code(pay(escrow, amount=10**9, cap=6999)[0]) == "payment_underfunded"
+    assert await code(pay(escrow, amount=5000, cap=10**6)[0]) == "payment_underfunded"
+    assert await code(pay(escrow, signer=bytes.fromhex("33" * 32))[0]) == "payment_squatted"
+    assert await code(pay(escrow, model=b"\x01" * 32)[0]) == "payment_wrong_model"
+    assert await code(pay(escrow, status=2)[0]) == "payment_closed"
+    headers, query = pay(escrow)
+    del escrow.deposits[query]
+    assert await code(headers) == "payment_unfunded"
+    headers, _ = pay(escrow)
+    ok = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 4}, headers=headers)
+    assert ok.status == 200
+    assert await code(headers) == "payment_used"
+
+
+async def test_gateway_dead_node_is_503_no_receipt_and_the_deposit_stays_usable(env) -> None:
+    client, escrow, source, nodes = env
+    headers, query = pay(escrow)
+    await nodes[1].close()  # shard 1 goes away
+
+    async def ask() -> dict[str, Any]:
+        answer = await client.post(
+            "/v1/chat/completions", json={**CHAT, "max_tokens": 4}, headers=headers
+        )
+        return await _error(answer, 503)
+
+    # the first circuit fails, the retry finds shard 1's only node cooled down: no circuit
+    assert (await ask())["code"] == "no_routable_node"
+    await _error(await client.get(f"/v1/receipts/0x{query.hex()}", headers=headers), 404)
+    # the query id was released, not burnt: the same proof fails the same way, not payment_used
+    assert (await ask())["code"] == "no_routable_node"
+    source.entries = []
+    assert (await ask())["code"] == "no_routable_node"
+
+
+async def test_gateway_node_error_after_retries_is_502_and_charges_nothing(
+    env, aiohttp_server
+) -> None:
+    client, escrow, source, _ = env
+    failing = FakeShard(shard_id=1, hidden_size=H, layers=(2, 4), fail_with=RuntimeError("boom"))
+    server = await aiohttp_server(
+        create_node_app(ServerConfig(manifest_path=Path("x"), shard_id=1), failing)
+    )
+    source.entries[1] = {**source.entries[1], "endpoint": str(server.make_url("")).rstrip("/")}
+    headers, query = pay(escrow)
+    answer = await client.post(
+        "/v1/chat/completions", json={**CHAT, "max_tokens": 4}, headers=headers
+    )
+    error = await _error(answer, 502)
+    assert error["code"] == "node_failed" and "nothing was charged" in error["message"]
+    await _error(await client.get(f"/v1/receipts/0x{query.hex()}", headers=headers), 404)
+
+
+async def test_gateway_pools_and_models(env) -> None:
+    client, _, _, _ = env
+    pools = (await (await client.get("/v1/pools")).json())["data"][0]
+    assert pools["price_wei_per_token"] == str(PRICE) and pools["routable_per_shard"] == [1, 1]
+    assert pools["gateway"] == address_of(GATEWAY_KEY) and pools["escrow"] == ESCROW
+    models = await (await client.get("/v1/models")).json()
+    assert models["data"][0]["id"] == "fake-model"
+    assert (await client.get("/health")).status == 200
