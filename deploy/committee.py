@@ -11,8 +11,15 @@ Layout of a network directory (default `$PLANET_HOME/committee`, PLANET_HOME=~/.
     node<i>/                     CometBFT home of validator i (config/, data/)
     node<i>/app.sqlite           the ABCI app's state (written by the app)
     node<i>/config/operator_key.json   operator key (eth-account keystore, empty password, 0600)
-    logs/app<i>.log, logs/cometbft<i>.log
-    run/app<i>.pid, run/cometbft<i>.pid
+    logs/app<i>.log, logs/cometbft<i>.log, logs/watcher<i>.log
+    run/app<i>.pid, run/cometbft<i>.pid, run/watcher<i>.pid
+
+Each validator's operator key (secp256k1) is in genesis `app_state.validators` with the
+validator's power; `committee_members` returns (operator address, power) pairs to deploy the
+`Committee` contract with the same powers, and `set_genesis_evm` writes the contract's address
+(and the served models) into every genesis before the first start. `start_watchers` runs one
+stake watcher per validator (`python -m node.watcher`, signing with that validator's consensus
+key); `stop_network` stops them with the rest.
 
 Ports of validator i, from `base_port` (default 27000): p2p base+10i, RPC base+10i+1,
 ABCI app base+10i+2, pprof base+10i+3 (all on 127.0.0.1).
@@ -488,7 +495,7 @@ def running_processes(network: Network) -> dict[str, int]:
     """{"app0": pid, "cometbft0": pid, ...} for every live process of the network."""
     found: dict[str, int] = {}
     for validator in network.validators:
-        for process in ("app", "cometbft"):
+        for process in ("app", "cometbft", "watcher"):
             pid = read_pid(network, process, validator.index)
             if pid is not None:
                 found[f"{process}{validator.index}"] = pid
@@ -732,7 +739,7 @@ def stop_network(
     """Stop the network's processes (cometbft first, then apps). Idempotent."""
     indexes = set(only) if only is not None else {v.index for v in network.validators}
     stopped: list[str] = []
-    for process in ("cometbft", "app"):
+    for process in ("watcher", "cometbft", "app"):
         pids = {
             f"{process}{i}": pid
             for i in sorted(indexes)
@@ -742,6 +749,82 @@ def stop_network(
         for i in indexes:
             network.pid_path(process, i).unlink(missing_ok=True)
     return stopped
+
+
+# -- the EVM side: operators, genesis, stake watchers ------------------------------------------
+
+
+def committee_members(network: Network) -> list[tuple[str, int]]:
+    """(operator address, voting power) per validator, as genesis has them: deploy the
+    `Committee` contract with exactly these, so the chain's 2/3 is the contract's 2/3."""
+    genesis = json.loads((Path(network.validators[0].home) / "config" / "genesis.json").read_text())
+    powers = {v["address"].upper(): int(v["power"]) for v in genesis["validators"]}
+    return [(v.operator_address, powers[v.validator_address.upper()]) for v in network.validators]
+
+
+def set_genesis_evm(
+    network: Network,
+    *,
+    committee_address: str,
+    evm_chain_id: int = DEFAULT_EVM_CHAIN_ID,
+    models: dict[str, int] | None = None,
+) -> None:
+    """Write the deployed Committee address, the EVM chain id and the served models
+    ({model: shard count}) into every validator's genesis. Only before the first start."""
+    if not re.fullmatch(r"0x[0-9a-fA-F]{40}", committee_address):
+        raise UsageError(f"not an EVM address: {committee_address!r}")
+    for validator in network.validators:
+        if (Path(validator.home) / "app.sqlite").exists():
+            raise UsageError(
+                f"validator{validator.index} has already started: its genesis is fixed",
+                hint="re-create the network (`planet committee init --force`)",
+            )
+    for validator in network.validators:
+        path = Path(validator.home) / "config" / "genesis.json"
+        genesis = json.loads(path.read_text())
+        state = genesis.setdefault("app_state", {})
+        state["evm"] = {"chain_id": evm_chain_id, "committee_address": committee_address}
+        if models:
+            state["models"] = {name: {"shards": n} for name, n in sorted(models.items())}
+        path.write_text(json.dumps(genesis, indent=2) + "\n")
+
+
+def watcher_command(
+    network: Network, validator: Validator, *, deployment: Path, evm_rpc: str
+) -> list[str]:
+    """The stake watcher of `validator`; it falls back to the other validators' RPCs."""
+    others = [v for v in network.validators if v.index != validator.index]
+    argv = [
+        sys.executable, "-m", "node.watcher",
+        "--home", validator.home,
+        "--deployment", str(deployment),
+        "--evm-rpc", evm_rpc,
+    ]  # fmt: skip
+    for peer in [validator, *others]:
+        argv += ["--committee-rpc", peer.rpc_url]
+    return argv
+
+
+def start_watchers(
+    network: Network,
+    *,
+    deployment: Path,
+    evm_rpc: str,
+    progress: Callable[[str], None] = lambda _line: None,
+) -> dict[str, int]:
+    """Start a stake watcher for every validator that has none running; {name: pid}."""
+    started: dict[str, int] = {}
+    for validator in network.validators:
+        if read_pid(network, "watcher", validator.index) is not None:
+            continue
+        argv = watcher_command(network, validator, deployment=deployment, evm_rpc=evm_rpc)
+        started[f"watcher{validator.index}"] = _spawn(network, "watcher", validator.index, argv)
+    time.sleep(0.5)
+    for name, pid in started.items():
+        if not pid_alive(pid):
+            raise ProcessDiedError(name, network.log_path(*_split_name(name)))
+    progress(f"stake watchers started: {', '.join(started) or 'all were running'}")
+    return started
 
 
 # -- status ------------------------------------------------------------------------------------
@@ -758,7 +841,7 @@ async def network_status(network: Network, *, timeout_s: float = 3.0) -> list[di
             "node_id": validator.node_id,
             "operator_address": validator.operator_address,
         }
-        for process in ("app", "cometbft"):
+        for process in ("app", "cometbft", "watcher"):
             path = network.pid_path(process, validator.index)
             try:
                 pid: int | None = int(path.read_text().strip())

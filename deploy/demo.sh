@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# The README's main command: prepare the default model in 3 shards, start 3 local compute nodes,
-# ask them a question, stop them. Installs what it needs first (deploy/setup.sh).
+# The README's main command: the whole Planet network on this machine — anvil with the contracts,
+# a 4-validator CometBFT committee with its stake watchers, 3 compute nodes staked and joined with
+# `planet stake` / `planet join`, the gateway — then one question. Installs what it needs first
+# (deploy/setup.sh); everything is stopped again on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/setup.sh
 export PATH="$PWD/.venv/bin:$PWD/.tools/bin:$PATH"
+export PLANET_HOME=${PLANET_HOME:-$HOME/.cache/planet}
 QUESTION=${1:-"In one sentence, what is a layer of a neural network?"}
-planet model prepare --parts 3 --quant int8
-trap 'planet local down' EXIT
-planet local up --nodes 3 --quant int8
-planet ask "$QUESTION"
+trap 'planet devnet down' EXIT
+planet devnet up --detach
+# The paid question through the gateway (deposit from the CLI wallet, signed receipt): once
+# `planet ask --pay` is in this checkout, this line replaces the unpaid one below.
+if planet ask --help 2>/dev/null | grep -q -- "--pay"; then
+  planet ask --pay --wallet "$PLANET_HOME/devnet/user/wallet.json" \
+    --password-file "$PLANET_HOME/devnet/password" "$QUESTION"
+else
+  planet ask --nodes "$PLANET_HOME/devnet/nodes.json" "$QUESTION"
+fi

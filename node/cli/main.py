@@ -28,10 +28,15 @@ COMMAND_MODULES: tuple[str, ...] = (
     "node.cli.ask",
     "node.cli.gateway",
     "node.cli.contracts",
+    "node.cli.operator",
+    "node.cli.devnet",
 )
 
 EPILOG = """\
 examples:
+  planet devnet up --detach                       the whole network on this machine
+  planet stake --role compute --amount 1          lock stake from your wallet
+  planet join --model smollm2-135m-3p-int8 --shard 0   serve a shard until `planet leave`
   planet model prepare --parts 3 --quant int8     split the default model into 3 shards
   planet local up --nodes 3                       start 3 shard nodes on loopback
   planet ask "What is the capital of France?"     ask through the running nodes

@@ -1,0 +1,1 @@
+"""The node agent: keeps a compute node's registration on the committee chain alive."""

@@ -1,0 +1,113 @@
+"""`python -m node.agent`: the node agent process (started by `planet join`, stopped by
+`planet leave` with SIGTERM, which makes it send `leave` before exiting).
+
+    python -m node.agent --home H --manifest M --shard 0 --endpoint http://127.0.0.1:18100 \
+        --committee-rpc http://127.0.0.1:27001 [--committee-rpc URL ...] [--capacity 64]
+
+Keys come from the operator home (`wallet.json`, `node_key.json`); the password from
+`--password-file` or `$PLANET_PASSWORD` (never a prompt: the agent runs detached).
+Logs go to stderr as key=value lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from node.agent.agent import AgentConfig, NodeAgent
+from node.chain.committee_link import CommitteeLink
+from node.keys import PasswordSource, load_node_key, load_wallet
+from node.model.manifest import Manifest
+from protocol.committee import sign_registration
+from protocol.errors import PlanetError
+
+log = logging.getLogger("node.agent")
+AGENT_MARKER = "node.agent"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m node.agent", description=__doc__)
+    parser.add_argument("--home", type=Path, required=True, help="operator home (keys)")
+    parser.add_argument("--manifest", type=Path, required=True, help="the model manifest")
+    parser.add_argument("--shard", type=int, required=True, help="shard index served")
+    parser.add_argument("--endpoint", required=True, help="the compute node's base URL")
+    parser.add_argument("--capacity", type=int, default=64, help="max sessions (default 64)")
+    parser.add_argument(
+        "--committee-rpc", action="append", required=True, help="validator RPC URL (repeatable)"
+    )
+    parser.add_argument("--password-file", type=Path, help="else $PLANET_PASSWORD")
+    parser.add_argument(
+        "--heartbeat-every", type=int, default=0, help="blocks between heartbeats (0: auto)"
+    )
+    parser.add_argument("--log-level", default=os.environ.get("PLANET_LOG_LEVEL", "INFO"))
+    return parser.parse_args(argv)
+
+
+async def _healthy(session: aiohttp.ClientSession, endpoint: str) -> bool:
+    try:
+        async with asyncio.timeout(2.0), session.get(f"{endpoint}/health") as answer:
+            return answer.status == 200
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        return False
+
+
+async def run(args: argparse.Namespace) -> int:
+    password = PasswordSource(file=args.password_file, interactive=False).read()
+    wallet = load_wallet(args.home / "wallet.json", password)
+    node_key = load_node_key(args.home / "node_key.json", password)
+    manifest = Manifest.load(args.manifest)
+    manifest.shard(args.shard)  # refuses an unknown shard index
+    signer = node_key.verify_key.encode().hex()
+    config = AgentConfig(
+        evm_address=wallet.address,
+        evm_signature=sign_registration(wallet.key, signer),
+        model=manifest.model_hash,
+        shards=(args.shard,),
+        endpoint=args.endpoint.rstrip("/"),
+        capacity=args.capacity,
+        heartbeat_every=args.heartbeat_every,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    link = CommitteeLink(args.committee_rpc, node_key)
+    log.info(
+        "agent starting node=%s address=%s model=%s shard=%d endpoint=%s",
+        signer[:16],
+        wallet.address,
+        manifest.model_hash,
+        args.shard,
+        config.endpoint,
+    )
+    async with aiohttp.ClientSession() as session:
+        agent = NodeAgent(config, link, healthy=lambda: _healthy(session, config.endpoint))
+        try:
+            return await agent.run(stop)
+        finally:
+            await link.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        return asyncio.run(run(args))
+    except PlanetError as error:
+        log.error("%s%s", error.message, f" (hint: {error.hint})" if error.hint else "")
+        return error.exit_status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

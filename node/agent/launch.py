@@ -1,0 +1,223 @@
+"""What `planet join` / `planet leave` run on the operator's machine: the shard check, and the
+compute node + agent background processes with their pid and log files.
+
+Files in `<home>/run/`: `node-<K>.log|.pid` (the compute node, `node.server.launcher`),
+`agent.log`, and `joined.json` `{shard, port, endpoint, model, manifest, node_pid, agent_pid,
+node_key}` — what `planet leave` and `planet status` read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from node.agent.__main__ import AGENT_MARKER
+from node.model.manifest import Manifest, manifest_path, verify_file
+from node.server.launcher import pid_alive, start_node, stop_pid
+from protocol.errors import ConfigError, IntegrityError, UsageError
+
+JOINED_FILE = "joined.json"
+AGENT_LOG = "agent.log"
+_HASH_PREFIX = "sha256:"
+
+
+class ShardHashMismatch(IntegrityError):
+    """The local shard's manifest hash differs from the one registered on chain."""
+
+    code = "shard_hash_mismatch"
+
+    def __init__(self, shard: int, local: str, registered: str) -> None:
+        super().__init__(
+            f"shard {shard}: the local manifest says {local}, the ModelRegistry on chain says "
+            f"{registered}",
+            hint="the local model directory is not the registered model; prepare the model "
+            "with the same --parts/--quant as the network, or fetch it again",
+        )
+
+
+def model_id_bytes(model_hash: str) -> bytes:
+    """The on-chain model id (and manifest hash): the 32 raw bytes of `sha256:<hex>`."""
+    if not model_hash.startswith(_HASH_PREFIX) or len(model_hash) != len(_HASH_PREFIX) + 64:
+        raise ConfigError(f"not a model hash: {model_hash!r}")
+    return bytes.fromhex(model_hash[len(_HASH_PREFIX) :])
+
+
+def resolve_manifest(model: str, models_dir: Path) -> Path:
+    """A manifest path from `--model`: a manifest file or model directory, else a prepared model
+    under `models_dir` whose model hash, directory name or model id is `model`."""
+    direct = manifest_path(model)
+    if direct.is_file():
+        return direct.resolve()
+    matches = []
+    for candidate in sorted(models_dir.glob("*/manifest.json")):
+        try:
+            manifest = Manifest.load(candidate)
+        except Exception:  # a broken directory in the cache is not this model
+            continue
+        if model in (manifest.model_hash, candidate.parent.name, manifest.model_id):
+            matches.append(candidate.resolve())
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise UsageError(
+            f"no prepared model {model!r} (not a manifest path, and nothing in {models_dir})",
+            hint="pass the manifest path, or prepare it: `planet model prepare --parts 3`",
+        )
+    raise UsageError(
+        f"--model {model!r} matches {len(matches)} prepared models",
+        hint="pass the manifest path or the model hash: "
+        + ", ".join(str(m.parent) for m in matches),
+    )
+
+
+def check_shard(manifest_file: Path, shard: int, registered: list[bytes]) -> Manifest:
+    """Check shard `shard` of a local model against the registry's shard hashes, then its file
+    bytes against the manifest. Raises UsageError / ShardHashMismatch / IntegrityError."""
+    manifest = Manifest.load(manifest_file)
+    if not registered:
+        raise UsageError(
+            f"model {manifest.model_hash} is not registered in the ModelRegistry on chain",
+            hint="join a model the network serves (`planet devnet status` shows it)",
+        )
+    if not 0 <= shard < len(manifest.shards):
+        raise UsageError(f"--shard {shard}: the model has shards 0..{len(manifest.shards) - 1}")
+    if len(registered) != len(manifest.shards):
+        raise ShardHashMismatch(
+            shard, f"{len(manifest.shards)} shards", f"{len(registered)} shards"
+        )
+    entry = manifest.shard(shard)
+    local = model_id_bytes(entry.hash)
+    if local != registered[shard]:
+        raise ShardHashMismatch(shard, entry.hash, _HASH_PREFIX + registered[shard].hex())
+    verify_file(manifest_file.parent / entry.file, entry.hash)
+    return manifest
+
+
+@dataclass(frozen=True)
+class Joined:
+    shard: int
+    port: int
+    endpoint: str
+    model: str
+    manifest: str
+    node_pid: int
+    agent_pid: int
+    node_key: str
+    node_log: str
+    agent_log: str
+
+
+def read_joined(run_dir: Path) -> Joined | None:
+    try:
+        return Joined(**json.loads((run_dir / JOINED_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def is_agent(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return AGENT_MARKER.encode() in cmdline
+
+
+def agent_alive(joined: Joined) -> bool:
+    return pid_alive(joined.agent_pid) and is_agent(joined.agent_pid)
+
+
+def start_node_and_agent(
+    *,
+    home: Path,
+    manifest_file: Path,
+    manifest: Manifest,
+    shard: int,
+    port: int,
+    capacity: int,
+    committee_rpcs: list[str],
+    password: str,
+    node_key: str,
+) -> Joined:
+    """Spawn the compute node and the agent, detached; returns at once."""
+    run_dir = home / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    node = start_node(
+        manifest=manifest_file,
+        shard=shard,
+        port=port,
+        run_dir=run_dir,
+        extra_args=["--max-sessions", str(capacity)],
+    )
+    argv = [
+        sys.executable, "-m", AGENT_MARKER,
+        "--home", str(home),
+        "--manifest", str(manifest_file),
+        "--shard", str(shard),
+        "--endpoint", node.url,
+        "--capacity", str(capacity),
+    ]  # fmt: skip
+    for url in committee_rpcs:
+        argv += ["--committee-rpc", url]
+    agent_log = run_dir / AGENT_LOG
+    with open(agent_log, "ab") as log_file:
+        log_file.write(f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+        log_file.flush()
+        agent = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PLANET_PASSWORD": password, "PYTHONUNBUFFERED": "1"},
+        )
+    joined = Joined(
+        shard=shard,
+        port=port,
+        endpoint=node.url,
+        model=manifest.model_hash,
+        manifest=str(manifest_file),
+        node_pid=node.pid,
+        agent_pid=agent.pid,
+        node_key=node_key,
+        node_log=str(node.log_path),
+        agent_log=str(agent_log),
+    )
+    (run_dir / JOINED_FILE).write_text(json.dumps(asdict(joined), indent=1) + "\n")
+    return joined
+
+
+def stop_agent(pid: int, grace_s: float = 25.0) -> bool:
+    """SIGTERM the agent (it sends `leave` first), wait, SIGKILL after `grace_s`."""
+    if not (pid_alive(pid) and is_agent(pid)):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def stop_joined(run_dir: Path) -> dict[str, Any]:
+    """Stop agent (leave) then node; remove joined.json. What was stopped."""
+    joined = read_joined(run_dir)
+    if joined is None:
+        return {"agent": False, "node": False}
+    stopped = {"agent": stop_agent(joined.agent_pid), "node": stop_pid(joined.node_pid, 5.0)}
+    (run_dir / JOINED_FILE).unlink(missing_ok=True)
+    Path(run_dir / f"node-{joined.shard}.pid").unlink(missing_ok=True)
+    return stopped

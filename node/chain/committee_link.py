@@ -1,0 +1,171 @@
+"""`CommitteeLink`: a signer's connection to the committee chain through one or more validators.
+
+Used by the node agent and the stake watcher. It keeps the signer's nonce (read from
+`/nonce` once, then counted locally; re-read after a BAD_NONCE answer), moves on to the next
+validator RPC when one is unreachable, and turns answers into typed values:
+
+    link = CommitteeLink(["http://127.0.0.1:27001", ...], signing_key)
+    height = await link.height()
+    view = await link.node(key)            # None when not registered
+    outcome = await link.submit(body)      # CheckTx passed; outcome.hash
+    code = await link.committed_code(outcome.hash, timeout_s=10)
+
+Every failure is a `PlanetError`: `UnavailableError` when no validator answers,
+`TxRejectedError` when CheckTx refuses a tx, `RemoteError` for an app error answer.
+Callers decide whether to retry (see `node.agent.retry`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from nacl.signing import SigningKey
+
+from node.chain.committee_rpc import CommitteeRpc, TxRejectedError, tx_hash
+from protocol.committee import sign
+from protocol.errors import RemoteError, UnavailableError
+
+log = logging.getLogger(__name__)
+
+BAD_NONCE = 3
+NOT_FOUND_QUERY = "query_42"
+# CometBFT's answer when the same tx bytes are already in its mempool cache: an earlier try
+# (whose answer was lost to a timeout) got through, which is success for the sender.
+IN_CACHE = "tx already exists in cache"
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A tx CheckTx accepted: its hash and the nonce it used."""
+
+    hash: str
+    nonce: int
+
+
+class CommitteeLink:
+    """Signed submissions and queries over a list of validator RPC URLs (failover in order)."""
+
+    def __init__(
+        self, urls: Sequence[str], key: SigningKey | None = None, *, timeout_s: float = 10.0
+    ) -> None:
+        if not urls:
+            raise ValueError("at least one committee RPC URL is needed")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.key = key
+        self.signer = key.verify_key.encode().hex() if key is not None else ""
+        self.timeout_s = timeout_s
+        self._clients = [CommitteeRpc(u, timeout_s=timeout_s) for u in self.urls]
+        self._current = 0
+        self._next_nonce: int | None = None
+
+    async def close(self) -> None:
+        for client in self._clients:
+            await client.close()
+
+    async def _each(self, what: str, call: Any) -> Any:
+        """Run `call(client)` on the current validator, then the others; the first answer wins.
+        Only unreachability moves on: an error answer is returned to the caller."""
+        errors = []
+        for offset in range(len(self._clients)):
+            index = (self._current + offset) % len(self._clients)
+            try:
+                result = await call(self._clients[index])
+            except UnavailableError as error:
+                errors.append(error.message)
+                continue
+            if index != self._current:
+                log.info(
+                    "committee rpc failover from=%s to=%s",
+                    self.urls[self._current],
+                    self.urls[index],
+                )
+                self._current = index
+            return result
+        raise UnavailableError(
+            f"no committee validator answered {what} ({'; '.join(errors)[:400]})",
+            hint="is the committee running? check `planet committee status` or --committee-rpc",
+        )
+
+    # -- queries -------------------------------------------------------------------------------
+
+    async def query(self, path: str, **params: Any) -> Any:
+        full = path + ("?" + urlencode(params) if params else "")
+        return await self._each(full, lambda c: c.abci_query(full))
+
+    async def node(self, key: str) -> dict[str, Any] | None:
+        """The committee's view of node `key`, or None when it is not registered."""
+        try:
+            return dict(await self.query("/node", key=key))
+        except RemoteError as error:
+            if error.code == NOT_FOUND_QUERY:
+                return None
+            raise
+
+    async def nodes(self, **filters: Any) -> list[dict[str, Any]]:
+        answer = await self.query("/nodes", **filters)
+        return list(answer.get("nodes", [])) if isinstance(answer, dict) else []
+
+    async def params(self) -> dict[str, Any]:
+        return dict(await self.query("/params"))
+
+    async def height(self) -> int:
+        status = await self._each("status", lambda c: c.status())
+        return int(status.latest_block_height)
+
+    # -- transactions --------------------------------------------------------------------------
+
+    async def _fetch_nonce(self) -> int:
+        answer = await self.query("/nonce", account=self.signer)
+        return int(answer["nonce"]) + 1
+
+    async def submit(self, body: Any) -> Submitted:
+        """Sign `body` with the next nonce and pass it through CheckTx (one retry on BAD_NONCE)."""
+        if self.key is None:
+            raise ValueError("this link has no signing key")
+        for attempt in (1, 2):
+            if self._next_nonce is None:
+                self._next_nonce = await self._fetch_nonce()
+            nonce = self._next_nonce
+            raw = sign(body, self.key, nonce).encode()
+            try:
+                result = await self._each(
+                    f"broadcast {body.TYPE}", lambda c, raw=raw: c.broadcast_tx_sync(raw)
+                )
+            except TxRejectedError as error:
+                if error.tx_code == BAD_NONCE and attempt == 1:
+                    self._next_nonce = None
+                    continue
+                raise
+            except RemoteError as error:
+                if IN_CACHE not in error.message:
+                    raise
+                log.info("tx %s was already in the mempool (an earlier try landed)", body.TYPE)
+                self._next_nonce = nonce + 1
+                return Submitted(hash=tx_hash(raw), nonce=nonce)
+            except UnavailableError:
+                self._next_nonce = None  # it may or may not have landed: read it again
+                raise
+            self._next_nonce = nonce + 1
+            return Submitted(hash=result.hash, nonce=nonce)
+        raise AssertionError("unreachable")
+
+    async def committed_code(self, tx_hash: str, *, timeout_s: float = 15.0) -> tuple[int, str]:
+        """(FinalizeBlock code, log) of a submitted tx once it is in a block."""
+        result = await self._each(
+            f"tx {tx_hash[:12]}", lambda c: c.wait_for_tx(tx_hash, timeout_s=timeout_s)
+        )
+        return result.code, result.log
+
+
+def describe(view: dict[str, Any] | None) -> str:
+    """One line for logs: status, stake and routability of a node view."""
+    if view is None:
+        return "not registered"
+    return json.dumps(
+        {k: view.get(k) for k in ("status", "stake", "reputation", "routable")}, sort_keys=True
+    )

@@ -1,0 +1,164 @@
+"""`planet devnet up | status | down`: the whole network on this machine (deploy/devnet.py).
+
+`up` starts anvil, deploys the contracts, registers the default model, starts a CometBFT
+committee with its apps and stake watchers, stakes and joins compute nodes with the same
+`planet stake` / `planet join` an operator types, and starts the gateway. Without --detach it
+stays in the foreground until Ctrl-C, then tears everything down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = """\
+examples:
+  planet devnet up --detach                 4 validators, 3 compute nodes, gateway; returns
+  planet devnet up --validators 1 --nodes 3 the smallest committee, stays in the foreground
+  planet devnet status --json
+  planet devnet down
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "devnet",
+        help="the whole network on this machine (anvil, committee, nodes, gateway)",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="devnet_command", metavar="COMMAND")
+    up = sub.add_parser(
+        "up",
+        help="start everything",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    up.add_argument("--validators", type=int, default=4, help="committee size (default 4)")
+    up.add_argument("--nodes", type=int, default=3, help="compute nodes (default 3)")
+    up.add_argument(
+        "--quant",
+        choices=("none", "int8", "int4"),
+        default="int8",
+        help="shard weights (default int8)",
+    )
+    up.add_argument("--detach", action="store_true", help="return once everything is up")
+    up.add_argument("--no-gateway", action="store_true", help="do not start the gateway")
+    up.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
+    up.set_defaults(handler=_up)
+    status = sub.add_parser("status", help="what runs, routable nodes, pool health")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
+    status.set_defaults(handler=_status)
+    down = sub.add_parser("down", help="stop everything (idempotent)")
+    down.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
+    down.set_defaults(handler=_down)
+    parser.set_defaults(help_parser=parser)
+
+
+def _home(args: argparse.Namespace) -> Path:
+    from node.config import default_home
+
+    return Path(args.home).expanduser() if args.home else default_home()
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from deploy.devnet import DevnetOptions, down, up
+
+    options = DevnetOptions(
+        home=_home(args),
+        validators=args.validators,
+        nodes=args.nodes,
+        quant=args.quant,
+        gateway=not args.no_gateway,
+    )
+    state = up(options, _say)
+    _summary(state)
+    if args.detach:
+        print("stop it with: planet devnet down")
+        return 0
+    print("running in the foreground; Ctrl-C stops everything")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    _say("stopping the devnet…")
+    down(options.home, _say)
+    return 0
+
+
+def _summary(state: dict[str, Any]) -> None:
+    print(f"devnet up in {state.get('startup_s')} s — run directory {state['dir']}")
+    print(f"  EVM RPC        {state['evm_rpc']} (chain {state['chain_id']})")
+    for index, url in enumerate(state.get("committee_rpc", [])):
+        print(f"  validator{index}     {url}")
+    print(f"  gateway        {state.get('gateway_url') or '(not started)'}")
+    print(f"  model          {state['model_hash']} ({state['shards']} shards)")
+    print(f"  deployment     {state['deployment']}")
+    for name, address in sorted(state.get("contracts", {}).items()):
+        print(f"  {name:<14} {address}")
+    print(f"  password file  {state['password_file']} (dev keystores)")
+    if state.get("nodes_file"):
+        print(f"  nodes file     {state['nodes_file']}")
+    for account in state.get("accounts", []):
+        where = f"home {account['home']}" if account.get("home") else account["keystore"]
+        print(f"  {account['name']:<14} {account['address']}  {where}")
+
+
+def _status(args: argparse.Namespace) -> int:
+    from deploy.devnet import status
+
+    report = status(_home(args))
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    if report.get("status") == "absent":
+        print("no devnet (start one with `planet devnet up`)")
+        return 0
+    print(
+        f"devnet {report['status']} ({'running' if report['running'] else 'nothing runs'}) "
+        f"— {report['dir']}"
+    )
+    print(f"  anvil {report.get('evm_rpc')}: {'up' if report['processes']['anvil'] else 'DOWN'}")
+    for row in report.get("validators", []):
+        alive = row.get("cometbft_alive") and row.get("app_alive")
+        watcher = "watcher up" if row.get("watcher_alive") else "watcher DOWN"
+        print(
+            f"  validator{row['validator']} {row['rpc']}: "
+            f"{'height ' + str(row.get('height')) if alive else 'DOWN'}, {watcher}"
+        )
+    for node in report.get("nodes", []):
+        print(
+            f"  node {node['key'][:12]}… shard {node['shards']} {node['endpoint']}: "
+            f"{node['status']}, routable {node['routable']}"
+        )
+    pool = report.get("pool")
+    if pool:
+        print(f"  pool {pool.get('status')}: routable per shard {pool.get('routable_per_shard')}")
+    if report.get("gateway_url"):
+        print(
+            f"  gateway {report['gateway_url']}: "
+            f"{'healthy' if report.get('gateway_healthy') else 'NOT ANSWERING'}"
+        )
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from deploy.devnet import down
+
+    stopped = down(_home(args), _say)
+    print(f"devnet stopped ({len(stopped)} parts)" if stopped else "no devnet was running")
+    return 0

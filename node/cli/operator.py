@@ -1,0 +1,584 @@
+"""Operator commands: `planet stake | unstake | withdraw | join | leave | status`.
+
+A node operator's whole story: lock stake in the Staking contract from an encrypted wallet,
+join a model's pool with one shard (the shard is checked against the `ModelRegistry` on chain,
+a compute node and its agent start in the background, the command waits until the committee
+lists the node as routable), look at it, leave, unstake, withdraw.
+
+Keys live in the operator home (`--home`, else $PLANET_HOME, else ~/.cache/planet):
+`wallet.json` and `node_key.json`, created on first use, never printed. Password: --password-file,
+$PLANET_PASSWORD, or a prompt. Chains: --evm-rpc / --committee-rpc / --chain-id /
+--deployment, else PLANET_EVM_RPC / PLANET_COMMITTEE_RPC / PLANET_CHAIN_ID / PLANET_DEPLOYMENT,
+else `<home>/config.toml`, else defaults (node/config.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from protocol.errors import ConfigError, PlanetError, UnavailableError, UsageError
+
+ETHER = 10**18
+ROLES = {"compute": 1, "verifier": 2}
+ROLE_NAMES = {0: "none", 1: "compute", 2: "verifier"}
+STAKE_STATUS = {0: "none", 1: "active", 2: "unbonding"}
+GAS_RESERVE_WEI = 10**15  # kept aside for gas when checking a stake against the balance
+
+EXAMPLES = {
+    "stake": """\
+examples:
+  planet stake --role compute --amount 1.5       lock 1.5 ETH as a compute node
+  PLANET_PASSWORD_FILE=~/.pw planet stake --role verifier --amount 0.5 --evm-rpc http://host:8545
+""",
+    "join": """\
+examples:
+  planet join --model smollm2-135m-3p-int8 --shard 1          a prepared model by name
+  planet join --model ~/.cache/planet/models/smollm2-135m-3p-int8 --shard 0 --port 18200
+""",
+    "status": """\
+examples:
+  planet status
+  planet status --json
+""",
+}
+
+
+class StakeBelowMinimum(UsageError):
+    code = "stake_below_minimum"
+
+
+class WrongChain(ConfigError):
+    code = "wrong_chain"
+
+
+def parse_eth(text: str) -> int:
+    """'1.5' → 1_500_000_000_000_000_000 wei (at most 18 decimals, > 0)."""
+    try:
+        value = Decimal(text.strip())
+    except (InvalidOperation, AttributeError):
+        raise UsageError(f"--amount {text!r} is not a number", hint="ETH units, e.g. 1.5") from None
+    if not value.is_finite() or value <= 0:
+        raise UsageError(f"--amount must be a positive amount of ETH (got {text!r})")
+    wei = value * ETHER
+    if wei != wei.to_integral_value():
+        raise UsageError(f"--amount {text!r} has more than 18 decimals")
+    if wei >= 2**128:  # the Staking contract keeps amounts as uint128
+        raise UsageError(f"--amount {text!r} is more ETH than exists")
+    return int(wei)
+
+
+def format_eth(wei: int) -> str:
+    text = f"{Decimal(wei) / ETHER:f}"
+    return (text.rstrip("0").rstrip(".") if "." in text else text) + " ETH"
+
+
+# -- argument plumbing ---------------------------------------------------------------------------
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("chains and keys (flags > env > $PLANET_HOME/config.toml)")
+    group.add_argument("--home", type=Path, help="operator home (default $PLANET_HOME)")
+    group.add_argument("--evm-rpc", help="EVM JSON-RPC URL (PLANET_EVM_RPC)")
+    group.add_argument("--committee-rpc", help="a validator's CometBFT RPC (PLANET_COMMITTEE_RPC)")
+    group.add_argument("--chain-id", help="expected EVM chain id (PLANET_CHAIN_ID, 31337)")
+    group.add_argument("--deployment", type=Path, help="deployment file (PLANET_DEPLOYMENT)")
+    group.add_argument("--password-file", type=Path, help="keystore password (else env/prompt)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    def command(name: str, help_text: str, handler: Any) -> argparse.ArgumentParser:
+        parser = subparsers.add_parser(
+            name,
+            help=help_text,
+            description=help_text[0].upper() + help_text[1:] + ".",
+            epilog=EXAMPLES.get(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        parser.set_defaults(handler=handler)
+        return parser
+
+    stake = command("stake", "lock stake in the Staking contract", _stake)
+    stake.add_argument("--role", choices=sorted(ROLES), required=True)
+    stake.add_argument("--amount", required=True, help="ETH, e.g. 1.5 (adds to a current stake)")
+    _common(stake)
+    unstake = command("unstake", "ask for the stake back (it unbonds, then `withdraw`)", _unstake)
+    _common(unstake)
+    withdraw = command("withdraw", "withdraw a stake whose unbonding delay has passed", _withdraw)
+    _common(withdraw)
+    join = command("join", "serve one shard of a model on the network", _join)
+    join.add_argument("--model", required=True, help="manifest path, model dir, name or hash")
+    join.add_argument("--shard", type=int, required=True, help="shard index to serve")
+    join.add_argument("--port", type=int, default=0, help="node port (default: a free one)")
+    join.add_argument("--capacity", type=int, default=16, help="max sessions (default 16)")
+    join.add_argument("--timeout", type=float, default=180.0, help="seconds to wait (180)")
+    join.add_argument("--no-wait", action="store_true", help="return once processes started")
+    _common(join)
+    leave = command("leave", "leave the network: the agent sends `leave`, node stops", _leave)
+    _common(leave)
+    status = command("status", "stake, lifecycle, reputation, routability, pool health", _status)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    _common(status)
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from node.config import resolve_config
+
+    return resolve_config(
+        {
+            "home": args.home,
+            "evm_rpc": args.evm_rpc,
+            "committee_rpc": args.committee_rpc,
+            "chain_id": args.chain_id,
+            "deployment": args.deployment.resolve() if args.deployment else None,
+            "password_file": args.password_file.resolve() if args.password_file else None,
+        }
+    )
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _password(config: Any) -> str:
+    from node.keys import PasswordSource
+
+    return PasswordSource(file=config.password_file).read()
+
+
+def _wallet(config: Any, password: str) -> Any:
+    from node.keys import load_or_create_wallet
+
+    existed = config.wallet_path.exists()
+    wallet = load_or_create_wallet(config.wallet_path, password)
+    if not existed:
+        _say(f"created wallet {wallet.address} in {config.wallet_path}")
+    return wallet
+
+
+def _check_chain(config: Any) -> Any:
+    """A web3 connection to the configured EVM RPC, on the expected chain."""
+    from node.chain.evm import connect
+
+    try:
+        w3 = connect(config.evm_rpc, timeout_s=5.0)
+    except UnavailableError as error:
+        raise UnavailableError(
+            f"EVM RPC {config.evm_rpc} is unreachable",
+            hint="start the chain (`planet devnet up`) or pass --evm-rpc / set PLANET_EVM_RPC",
+        ) from error
+    chain_id = int(w3.eth.chain_id)
+    if chain_id != config.chain_id:
+        raise WrongChain(
+            f"{config.evm_rpc} is chain {chain_id}, but this operator expects chain "
+            f"{config.chain_id}",
+            hint="point --evm-rpc at the right chain, or set --chain-id / PLANET_CHAIN_ID",
+        )
+    return w3
+
+
+def _chain(config: Any, password: str) -> Any:
+    from node.chain.evm import Deployment, PlanetChain
+
+    _check_chain(config)
+    deployment = Deployment.load(config.deployment_path)
+    wallet = _wallet(config, password)
+    return PlanetChain(deployment, wallet.key, rpc_url=config.evm_rpc)
+
+
+def _funds_check(chain: Any, value: int) -> None:
+    from node.chain.evm import InsufficientFunds
+
+    balance = chain.balance()
+    if balance < value + GAS_RESERVE_WEI:
+        raise InsufficientFunds(
+            f"{chain.address} has {format_eth(balance)}, needs {format_eth(value)} plus gas",
+            hint=f"send ETH to {chain.address} (on the devnet `planet devnet status` lists "
+            "funded accounts)",
+        )
+
+
+# -- stake / unstake / withdraw -------------------------------------------------------------------
+
+
+def _stake(args: argparse.Namespace) -> int:
+    config = _config(args)
+    amount = parse_eth(args.amount)
+    role = ROLES[args.role]
+    chain = _chain(config, _password(config))
+    current = chain.stake_of()
+    minimum = int(chain.call("Staking", "minimumStake", role))
+    if current + amount < minimum:
+        raise StakeBelowMinimum(
+            f"a {args.role} stake must be at least {format_eth(minimum)}; "
+            f"{format_eth(current)} staked + {format_eth(amount)} is less",
+            hint=f"stake at least {format_eth(minimum - current)}: "
+            f"planet stake --role {args.role} --amount {format_eth(minimum - current)[:-4]}",
+        )
+    if chain.status_of() == 2:
+        raise UsageError(
+            f"{chain.address}'s stake is unbonding: it cannot be topped up",
+            hint="`planet withdraw` once the delay has passed, then stake again",
+        )
+    current_role = chain.role_of()
+    if current and current_role != role:
+        raise UsageError(
+            f"{chain.address} is staked as {ROLE_NAMES.get(current_role)}; a stake has one role",
+            hint="unstake and withdraw first to change the role",
+        )
+    _funds_check(chain, amount)
+    _say(f"staking {format_eth(amount)} as {args.role} from {chain.address}…")
+    result = chain.stake(role, amount)
+    total = result.event("Staked")["total"]
+    print(
+        f"staked {format_eth(amount)} as {args.role}; total {format_eth(total)} "
+        f"(tx {result.tx_hash})"
+    )
+    return 0
+
+
+def _unstake(args: argparse.Namespace) -> int:
+    config = _config(args)
+    chain = _chain(config, _password(config))
+    if chain.stake_of() == 0:
+        raise UsageError(f"{chain.address} has no stake", hint="nothing to unstake")
+    result = chain.request_unstake()
+    event = result.event("UnstakeRequested")
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(event["withdrawableAt"]))
+    print(
+        f"unbonding {format_eth(event['amount'])}; withdraw after {when} "
+        f"with `planet withdraw` (tx {result.tx_hash})"
+    )
+    return 0
+
+
+def _withdraw(args: argparse.Namespace) -> int:
+    config = _config(args)
+    chain = _chain(config, _password(config))
+    if chain.status_of() != 2:
+        raise UsageError(
+            f"{chain.address} has no unbonding stake", hint="run `planet unstake` first"
+        )
+    result = chain.withdraw()
+    print(f"withdrew {format_eth(result.event('Withdrawn')['amount'])} (tx {result.tx_hash})")
+    return 0
+
+
+# -- join / leave ---------------------------------------------------------------------------------
+
+
+def _join(args: argparse.Namespace) -> int:
+    from node.agent.launch import (
+        agent_alive,
+        check_shard,
+        model_id_bytes,
+        read_joined,
+        resolve_manifest,
+        start_node_and_agent,
+    )
+    from node.keys import load_or_create_node_key
+    from node.model.manifest import Manifest
+    from node.model.source import models_dir
+    from node.server.launcher import free_ports
+
+    config = _config(args)
+    if not 1 <= args.capacity <= 1_000_000:
+        raise UsageError("--capacity must be 1..1000000")
+    joined = read_joined(config.run_dir)
+    if joined is not None and agent_alive(joined):
+        raise UsageError(
+            f"this home already serves shard {joined.shard} at {joined.endpoint}",
+            hint="`planet leave` first, or use another --home",
+        )
+    manifest_file = resolve_manifest(args.model, models_dir())
+    model_hash = Manifest.load(manifest_file).model_hash
+    password = _password(config)
+    chain = _chain(config, password)
+    minimum = int(chain.call("Staking", "minimumStake", ROLES["compute"]))
+    staked, status = chain.stake_of(), chain.status_of()
+    if staked < minimum or status != 1:
+        raise StakeBelowMinimum(
+            f"{chain.address} has {format_eth(staked)} staked "
+            f"({STAKE_STATUS.get(status, status)}); a compute node needs {format_eth(minimum)}",
+            hint=f"planet stake --role compute --amount {format_eth(minimum)[:-4]}",
+        )
+    _say(f"checking shard {args.shard} of {model_hash} against the ModelRegistry…")
+    registered = chain.shard_hashes_of(model_id_bytes(model_hash))
+    manifest = check_shard(manifest_file, args.shard, registered)
+    node_key = load_or_create_node_key(config.node_key_path, password)
+    key_hex = node_key.verify_key.encode().hex()
+    view = _committee_view(config, key_hex)
+    if view is not None and view.get("status") == "LEFT":
+        raise UsageError(
+            "this node key has LEFT the network (final on the committee chain)",
+            hint="join again from a new home (new wallet and node key)",
+        )
+    previous = read_joined(config.run_dir)
+    if not args.port and previous is not None and previous.shard == args.shard:
+        port = previous.port  # the endpoint on chain names this port
+    else:
+        port = args.port or free_ports(1, 18100, 18999)[0]
+    _say(f"starting the compute node on port {port} and its agent…")
+    joined = start_node_and_agent(
+        home=config.home,
+        manifest_file=manifest_file,
+        manifest=manifest,
+        shard=args.shard,
+        port=port,
+        capacity=args.capacity,
+        committee_rpcs=[config.committee_rpc],
+        password=password,
+        node_key=key_hex,
+    )
+    _say(f"  node pid {joined.node_pid} (log {joined.node_log})")
+    _say(f"  agent pid {joined.agent_pid} (log {joined.agent_log})")
+    if args.no_wait:
+        print(f"started shard {args.shard} at {joined.endpoint}; node key {key_hex}")
+        return 0
+    asyncio.run(_wait_routable(config, joined, args.timeout))
+    print(f"routable: shard {args.shard} of {model_hash} at {joined.endpoint}; node key {key_hex}")
+    return 0
+
+
+async def _send_leave(config: Any, key: str) -> dict[str, Any] | None:
+    from node.chain.committee_link import CommitteeLink
+    from node.keys import load_node_key
+    from protocol.committee import Leave
+
+    node_key = load_node_key(config.node_key_path, _password(config))
+    if node_key.verify_key.encode().hex() != key:
+        raise UsageError(f"{config.node_key_path} is not the key of the joined node {key[:16]}…")
+    link = CommitteeLink([config.committee_rpc], node_key)
+    try:
+        submitted = await link.submit(Leave())
+        code, text = await link.committed_code(submitted.hash, timeout_s=20)
+        if code not in (0, 15):
+            raise PlanetError(f"the committee refused `leave` (code {code}: {text})")
+        return await link.node(key)
+    finally:
+        await link.close()
+
+
+def _committee_view(config: Any, key: str) -> dict[str, Any] | None:
+    from node.chain.committee_link import CommitteeLink
+
+    async def read() -> dict[str, Any] | None:
+        link = CommitteeLink([config.committee_rpc])
+        try:
+            return await link.node(key)
+        finally:
+            await link.close()
+
+    return asyncio.run(read())
+
+
+async def _wait_routable(config: Any, joined: Any, timeout_s: float) -> None:
+    from node.agent.launch import is_agent
+    from node.chain.committee_link import CommitteeLink
+    from node.server.launcher import pid_alive
+
+    link = CommitteeLink([config.committee_rpc])
+    started = time.monotonic()
+    last = ""
+    try:
+        while True:
+            for what, pid, log_path in (
+                ("compute node", joined.node_pid, joined.node_log),
+                ("agent", joined.agent_pid, joined.agent_log),
+            ):
+                if not pid_alive(pid) or (what == "agent" and not is_agent(pid)):
+                    tail = Path(log_path).read_text(errors="replace").splitlines()[-5:]
+                    raise UnavailableError(
+                        f"the {what} (pid {pid}) exited; last lines of {log_path}:\n"
+                        + "\n".join(tail),
+                        hint=f"read {log_path}",
+                    )
+            try:
+                view = await link.node(joined.node_key)
+            except PlanetError:
+                view = None
+            line = _progress_line(view)
+            if line != last:
+                _say(f"  [{time.monotonic() - started:5.1f} s] {line}")
+                last = line
+            if view is not None and view.get("routable"):
+                return
+            if time.monotonic() - started > timeout_s:
+                raise UnavailableError(
+                    f"the node is not routable after {timeout_s:.0f} s ({line})",
+                    hint="routable needs SERVING, stake attested by 2/3 of the validators' stake "
+                    f"watchers, and reputation ≥ 0.4; read {joined.agent_log}",
+                )
+            await asyncio.sleep(0.5)
+    finally:
+        await link.close()
+
+
+def _reputation(value: Any) -> str:
+    """The chain's reputation integer (scale 10^6) as a decimal (0.5)."""
+    return f"{int(value) / 1_000_000:.3f}" if isinstance(value, int) else str(value)
+
+
+def _progress_line(view: dict[str, Any] | None) -> str:
+    if view is None:
+        return "waiting for the node to load its shard and register"
+    stake = view.get("stake")
+    stake_text = format_eth(int(stake)) if stake is not None else "not yet agreed"
+    return (
+        f"{view.get('status')}, stake {stake_text}, "
+        f"reputation {_reputation(view.get('reputation'))}, "
+        f"routable {bool(view.get('routable'))}"
+    )
+
+
+def _leave(args: argparse.Namespace) -> int:
+    from node.agent.launch import read_joined, stop_joined
+
+    config = _config(args)
+    joined = read_joined(config.run_dir)
+    if joined is None:
+        print("not joined (nothing runs from this home)")
+        return 0
+    _say(f"stopping the agent (it sends `leave`) and the node of shard {joined.shard}…")
+    stopped = stop_joined(config.run_dir)
+    try:
+        view = _committee_view(config, joined.node_key)
+    except PlanetError:
+        view = None
+    if view is not None and view.get("status") != "LEFT":
+        # The agent was not running (crashed, killed) or could not get `leave` committed:
+        # send it from here with the same node key.
+        _say("the chain does not list the node as LEFT yet; sending `leave` from here…")
+        view = asyncio.run(_send_leave(config, joined.node_key))
+    status = view.get("status") if view else "unknown (committee unreachable)"
+    print(
+        f"left: agent {'stopped' if stopped['agent'] else 'was not running'}, node "
+        f"{'stopped' if stopped['node'] else 'was not running'}; chain status {status}"
+    )
+    return 0
+
+
+# -- status ---------------------------------------------------------------------------------------
+
+
+def collect_status(config: Any) -> dict[str, Any]:
+    """Everything `planet status` shows, as one JSON-able object (errors per part)."""
+    from node.agent.launch import agent_alive, read_joined
+    from node.keys import node_public_key, wallet_address
+    from node.server.launcher import pid_alive
+
+    out: dict[str, Any] = {
+        "home": str(config.home),
+        "evm_rpc": config.evm_rpc,
+        "committee_rpc": config.committee_rpc,
+    }
+    address = wallet_address(config.wallet_path) if config.wallet_path.exists() else None
+    key = node_public_key(config.node_key_path) if config.node_key_path.exists() else None
+    out["address"], out["node_key"] = address, key
+    out["stake"] = None
+    if address:
+        try:
+            out["stake"] = _read_stake(config, address)
+        except PlanetError as error:
+            out["stake"] = {"error": error.message}
+    joined = read_joined(config.run_dir)
+    out["local"] = None
+    if joined is not None:
+        out["local"] = {
+            "shard": joined.shard,
+            "endpoint": joined.endpoint,
+            "model": joined.model,
+            "node_alive": pid_alive(joined.node_pid),
+            "agent_alive": agent_alive(joined),
+            "node_log": joined.node_log,
+            "agent_log": joined.agent_log,
+        }
+    out["committee"] = None
+    out["pool"] = None
+    if key:
+        try:
+            out["committee"], out["pool"] = asyncio.run(_committee_status(config, key, joined))
+        except PlanetError as error:
+            out["committee"] = {"error": error.message}
+    return out
+
+
+def _read_stake(config: Any, address: str) -> dict[str, Any]:
+    from node.chain.evm import Deployment
+
+    w3 = _check_chain(config)
+    deployment = Deployment.load(config.deployment_path)
+    staking = deployment.contracts["Staking"]
+    functions = w3.eth.contract(address=staking.address, abi=staking.abi).functions
+    return {
+        "balance_wei": str(w3.eth.get_balance(address)),
+        "amount_wei": str(functions.stakeOf(address).call()),
+        "role": ROLE_NAMES.get(functions.roleOf(address).call(), "?"),
+        "status": STAKE_STATUS.get(functions.statusOf(address).call(), "?"),
+        "unbonding_at": int(functions.unbondingAt(address).call()),
+    }
+
+
+async def _committee_status(config: Any, key: str, joined: Any) -> tuple[Any, Any]:
+    from node.chain.committee_link import CommitteeLink
+
+    link = CommitteeLink([config.committee_rpc])
+    try:
+        view = await link.node(key)
+        model = (view or {}).get("model") or (joined.model if joined else None)
+        pool = await link.query("/pool_health", model=model) if model else None
+        return view, pool
+    finally:
+        await link.close()
+
+
+def _status(args: argparse.Namespace) -> int:
+    config = _config(args)
+    status = collect_status(config)
+    if args.json:
+        print(json.dumps(status, indent=1))
+        return 0
+    print(f"home        {status['home']}")
+    print(f"wallet      {status['address'] or '(none yet: created by `planet stake`)'}")
+    stake = status["stake"] or {}
+    if "error" in stake:
+        print(f"stake       unknown: {stake['error']}")
+    elif stake:
+        print(f"balance     {format_eth(int(stake['balance_wei']))}")
+        print(
+            f"stake       {format_eth(int(stake['amount_wei']))} as {stake['role']} "
+            f"({stake['status']})"
+        )
+    view = status["committee"]
+    if view is None:
+        print("committee   not registered")
+    elif "error" in view:
+        print(f"committee   unknown: {view['error']}")
+    else:
+        print(f"node key    {view['key']}")
+        print(f"lifecycle   {view['status']} (since block {view['status_height']})")
+        print(
+            f"reputation  {view['reputation']}  attested stake "
+            f"{format_eth(int(view['stake'])) if view.get('stake') else 'none'}"
+        )
+        print(f"routable    {'yes' if view['routable'] else 'no'}")
+    pool = status["pool"]
+    if pool:
+        per_shard = "  ".join(
+            f"shard {i}: {n}" for i, n in enumerate(pool.get("routable_per_shard", []))
+        )
+        print(f"pool        {pool.get('status')}  ({per_shard})")
+    local = status["local"]
+    if local:
+        print(
+            f"local       shard {local['shard']} at {local['endpoint']}  node "
+            f"{'up' if local['node_alive'] else 'DOWN'}, agent "
+            f"{'up' if local['agent_alive'] else 'DOWN'}"
+        )
+    return 0

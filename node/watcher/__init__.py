@@ -1,0 +1,1 @@
+"""The stake watcher: a validator reads the Staking contract and attests stakes on the committee."""

@@ -1,0 +1,114 @@
+"""`python -m node.watcher`: a validator's stake watcher process.
+
+    python -m node.watcher --home VALIDATOR_HOME --committee-rpc URL \
+        --evm-rpc http://127.0.0.1:8545 --deployment deployment.json [--poll 1.0]
+
+Signs `attest_stake` with the validator's CometBFT consensus key
+(`VALIDATOR_HOME/config/priv_validator_key.json`). Runs until SIGTERM/SIGINT; an EVM RPC or a
+validator that is down is logged and retried with backoff, never fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from nacl.signing import SigningKey
+
+from node.chain.committee_link import CommitteeLink
+from node.chain.evm import Deployment
+from node.retry import Backoff, sleep_or_stop
+from node.watcher.evm import StakingReader
+from node.watcher.watcher import StakeWatcher
+from protocol.errors import ConfigError, PlanetError
+
+log = logging.getLogger("node.watcher")
+
+
+def consensus_key(home: Path) -> SigningKey:
+    """The validator's ed25519 consensus key (first 32 bytes of `priv_key.value`)."""
+    path = home / "config" / "priv_validator_key.json"
+    try:
+        doc = json.loads(path.read_text())
+        raw = base64.b64decode(doc["priv_key"]["value"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"cannot read the validator key {path}: {error}") from None
+    if len(raw) != 64:
+        raise ConfigError(f"{path}: expected a 64-byte ed25519 key")
+    return SigningKey(raw[:32])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m node.watcher", description=__doc__)
+    parser.add_argument("--home", type=Path, required=True, help="the validator's CometBFT home")
+    parser.add_argument("--committee-rpc", action="append", required=True, help="repeatable")
+    parser.add_argument("--evm-rpc", help="EVM RPC (default: the deployment's rpc_url)")
+    parser.add_argument("--deployment", type=Path, required=True, help="deployment file")
+    parser.add_argument("--poll", type=float, default=1.0, help="seconds between passes")
+    parser.add_argument("--resync", type=float, default=30.0, help="seconds between full passes")
+    parser.add_argument("--log-level", default=os.environ.get("PLANET_LOG_LEVEL", "INFO"))
+    return parser.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> int:
+    key = consensus_key(args.home)
+    deployment = Deployment.load(args.deployment)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    link = CommitteeLink(args.committee_rpc, key)
+    backoff = Backoff(initial_s=0.5, max_s=10.0)
+    reader: StakingReader | None = None
+    watcher: StakeWatcher | None = None
+    log.info(
+        "watcher starting validator=%s staking=%s",
+        key.verify_key.encode().hex()[:16],
+        deployment.address("Staking"),
+    )
+    try:
+        while not stop.is_set():
+            try:
+                if watcher is None:
+                    reader = await asyncio.to_thread(StakingReader, deployment, args.evm_rpc)
+                    watcher = StakeWatcher(reader, link, deployment.block, resync_s=args.resync)
+                await watcher.step()
+                backoff.reset()
+                delay = args.poll
+            except PlanetError as error:
+                delay = backoff.next_delay()
+                log.warning("pass failed: %s; retry_in_s=%.1f", error.message, delay)
+            except (KeyError, ValueError, TypeError) as error:  # an odd answer: log, go on
+                delay = backoff.next_delay()
+                log.warning(
+                    "pass failed on an unexpected answer: %r; retry_in_s=%.1f", error, delay
+                )
+            await sleep_or_stop(stop, delay)
+    finally:
+        await link.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        return asyncio.run(run(args))
+    except PlanetError as error:
+        log.error("%s%s", error.message, f" (hint: {error.hint})" if error.hint else "")
+        return error.exit_status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

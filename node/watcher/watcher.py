@@ -1,0 +1,133 @@
+"""`StakeWatcher`: one validator's bridge from the Staking contract to `attest_stake` txs.
+
+Each validator runs its own watcher, signing with its own consensus key; a node's stake is
+`agreed` on the committee chain only when validators with ≥ 2/3 of the power attest the same
+amount, so no single party decides routability.
+
+One `step()`:
+1. read the Staking events (Staked, UnstakeRequested, Withdrawn, Slashed) of the blocks not
+   seen yet → the EVM addresses whose stake changed;
+2. list the registered nodes (not LEFT) on the committee chain;
+3. for every node that is new to this watcher, whose address changed, or all of them on a
+   periodic resync: read its effective stake and attest it when it differs from what this
+   watcher attested last.
+
+Effective stake (`effective_stake`): `stakeOf` while the stake is Active and its role is the
+node's registered role; 0 while unbonding, after withdrawal, or for another role — a node that
+asked to leave its stake is no longer backed by it. Slashing lowers `stakeOf`, so the lower
+amount is attested.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from node.chain.committee_rpc import TxRejectedError
+from protocol.committee import AttestStake
+
+log = logging.getLogger(__name__)
+
+ROLE_NUMBERS = {"compute": 1, "verifier": 2}
+STATUS_ACTIVE = 1
+
+
+@dataclass(frozen=True)
+class StakeInfo:
+    """What the Staking contract says about one address."""
+
+    amount: int  # stakeOf, wei
+    role: int  # roleOf: 0 None, 1 Compute, 2 Verifier
+    status: int  # statusOf: 0 None, 1 Active, 2 Unbonding
+
+
+def effective_stake(info: StakeInfo, registered_role: str) -> int:
+    """The wei a node's registration is backed by (see the module docstring)."""
+    if info.status != STATUS_ACTIVE or info.role != ROLE_NUMBERS.get(registered_role):
+        return 0
+    return info.amount
+
+
+class StakeSource(Protocol):
+    """The EVM side (`node.watcher.evm.StakingReader`, or a fake in unit tests)."""
+
+    def latest_block(self) -> int: ...
+    def changed_addresses(self, from_block: int, to_block: int) -> set[str]: ...
+    def stake_info(self, address: str) -> StakeInfo: ...
+
+
+class Attester(Protocol):
+    """The committee side (`CommitteeLink`)."""
+
+    async def nodes(self, **filters: Any) -> list[dict[str, Any]]: ...
+    async def submit(self, body: Any) -> Any: ...
+
+
+@dataclass
+class StakeWatcher:
+    evm: StakeSource
+    committee: Attester
+    start_block: int  # first EVM block to read events from (the deployment's block)
+    resync_s: float = 30.0  # re-read every node's stake this often (heals missed events)
+    clock: Callable[[], float] = time.monotonic
+    attested: dict[str, int] = field(default_factory=dict)  # node key → amount last attested
+    next_block: int = -1
+    _last_resync: float = field(default=float("-inf"))
+
+    def __post_init__(self) -> None:
+        if self.next_block < 0:
+            self.next_block = self.start_block
+
+    async def step(self) -> list[tuple[str, int]]:
+        """One pass; returns the (node key, amount) attestations sent."""
+        latest = self.evm.latest_block()
+        changed: set[str] = set()
+        if latest >= self.next_block:
+            changed = {a.lower() for a in self.evm.changed_addresses(self.next_block, latest)}
+        nodes = await self.committee.nodes()
+        now = self.clock()
+        resync = now - self._last_resync >= self.resync_s
+        sent = []
+        for key, address, role in due_nodes(nodes, changed, self.attested, resync):
+            amount = effective_stake(self.evm.stake_info(address), role)
+            if self.attested.get(key) == amount:
+                continue
+            try:
+                await self.committee.submit(AttestStake(node=key, amount=amount))
+            except TxRejectedError as error:
+                log.warning(
+                    "attest_stake refused node=%s code=%d log=%s",
+                    key[:16],
+                    error.tx_code,
+                    error.log_text,
+                )
+                continue
+            self.attested[key] = amount
+            sent.append((key, amount))
+            log.info("attested node=%s address=%s amount=%d", key[:16], address, amount)
+        # Only after every read succeeded: a failure above re-reads the same blocks next time.
+        self.next_block = max(self.next_block, latest + 1)
+        if resync:
+            self._last_resync = now
+        return sent
+
+
+def due_nodes(
+    nodes: Iterable[dict[str, Any]],
+    changed: set[str],
+    attested: dict[str, int],
+    resync: bool,
+) -> list[tuple[str, str, str]]:
+    """(key, evm address, role) of the nodes whose stake must be (re)read: not LEFT, and new to
+    this watcher, or with a changed address, or all on a resync."""
+    due = []
+    for node in nodes:
+        if node.get("status") == "LEFT":
+            continue
+        key, address = str(node["key"]), str(node["evm_address"])
+        if resync or key not in attested or address.lower() in changed:
+            due.append((key, address, str(node.get("role", "compute"))))
+    return due

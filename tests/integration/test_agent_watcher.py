@@ -1,0 +1,185 @@
+"""A real anvil with the contracts, a real 1-validator committee (app + CometBFT + its stake
+watcher), a real compute node and its agent: routability follows the EVM stake.
+
+stake → the watcher attests it → the agent registers and heartbeats → routable in /nodes;
+the validator's RPC frozen for a while → the agent keeps running and heartbeats again;
+unstake → the watcher attests 0 → not routable; SIGTERM to the agent → `leave` → LEFT.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy.anvil import ANVIL_DEV_KEY, start_anvil
+from deploy.committee import (
+    InitOptions,
+    committee_members,
+    init_network,
+    read_pid,
+    set_genesis_evm,
+    start_network,
+    start_watchers,
+    stop_network,
+)
+from deploy.evm import DeployConfig, deploy_all
+from node.chain.evm import PlanetChain
+from node.keys import create_node_key, create_wallet
+from node.net import port_is_free
+from node.server.launcher import start_node, stop_pid, wait_healthy
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ETHER = 10**18
+# anvil's account 1 (public dev key of the default mnemonic): the operator's staking wallet
+OPERATOR_KEY = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d"
+
+
+def _free(start: int, count: int = 1, step: int = 1) -> int:
+    for base in range(start, start + 2000, step):
+        if all(port_is_free(p) for p in range(base, base + count)):
+            return base
+    pytest.skip(f"no free ports from {start}")
+
+
+@dataclass
+class World:
+    rpc: str
+    chain: PlanetChain
+    home: Path
+    node_key: str
+    network: Any
+    manifest: Path
+    endpoint: str
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Iterator[World]:
+    from node.model.prepare import prepare
+
+    root = tmp_path_factory.mktemp("agent-watcher")
+    anvil = start_anvil(_free(18600), log_path=root / "anvil.log")
+    network = None
+    try:
+        network = init_network(
+            InitOptions(directory=root / "committee", validators=1, base_port=_free(28000, 10, 10))
+        )
+        deployment = deploy_all(
+            anvil.rpc_url, ANVIL_DEV_KEY, DeployConfig.devnet(committee_members(network))
+        )
+        deployment_path = deployment.save(root / "deployment.json")
+        set_genesis_evm(network, committee_address=deployment.address("Committee"))
+        start_network(network, timeout_s=90)
+        start_watchers(network, deployment=deployment_path, evm_rpc=anvil.rpc_url)
+        home = root / "operator"
+        create_wallet(home / "wallet.json", "pw", OPERATOR_KEY)
+        node_key = create_node_key(home / "node_key.json", "pw").verify_key.encode().hex()
+        manifest = Path(prepare(parts=3, quant="int8"))
+        node = start_node(manifest=manifest, shard=0, port=_free(18650), run_dir=home / "run")
+        try:
+            wait_healthy([node], timeout_s=180)
+            yield World(
+                anvil.rpc_url,
+                PlanetChain(deployment, OPERATOR_KEY, rpc_url=anvil.rpc_url),
+                home,
+                node_key,
+                network,
+                manifest,
+                node.url,
+            )
+        finally:
+            stop_pid(node.pid, grace_s=5)
+    finally:
+        if network is not None:
+            stop_network(network)
+        anvil.stop()
+
+
+def _query(world: World, path: str, **params: str) -> Any:
+    full = path + ("?" + urllib.parse.urlencode(params) if params else "")
+    rpc = world.network.validators[0].rpc_url
+    url = f"{rpc}/abci_query?path=" + urllib.parse.quote(json.dumps(full))
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        response = json.load(answer)["result"]["response"]
+    if response.get("code", 0):
+        return None
+    return json.loads(base64.b64decode(response["value"]))
+
+
+def _wait(condition: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def test_agent_and_watcher_routability_follows_the_evm_stake(world: World) -> None:
+    world.chain.stake(1, 2 * ETHER)
+    log_path = world.home / "agent.log"
+    with open(log_path, "wb") as log_file:
+        agent = subprocess.Popen(
+            [
+                sys.executable, "-m", "node.agent", "--home", str(world.home),
+                "--manifest", str(world.manifest), "--shard", "0",
+                "--endpoint", world.endpoint,
+                "--committee-rpc", world.network.validators[0].rpc_url,
+                "--heartbeat-every", "3",
+            ],
+            env={**os.environ, "PLANET_PASSWORD": "pw"},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        view = _wait(
+            lambda: (v := _query(world, "/node", key=world.node_key)) and v["routable"] and v,
+            120,
+            f"the node to be routable ({log_path})",
+        )
+        assert view["status"] == "SERVING" and view["stake"] == str(2 * ETHER)
+        assert view["evm_address"].lower() == world.chain.address.lower()
+        listed = _query(world, "/nodes", role="compute")["nodes"]
+        assert [n["key"] for n in listed if n["routable"]] == [world.node_key]
+
+        # the only validator's RPC and consensus freeze for 4 s: the agent must ride it out
+        cometbft = read_pid(world.network, "cometbft", 0)
+        assert cometbft is not None
+        os.kill(cometbft, signal.SIGSTOP)
+        time.sleep(4)
+        os.kill(cometbft, signal.SIGCONT)
+        before = _query(world, "/node", key=world.node_key)["last_heartbeat"]
+        _wait(
+            lambda: _query(world, "/node", key=world.node_key)["last_heartbeat"] > before,
+            60,
+            "a heartbeat after the outage",
+        )
+        assert agent.poll() is None, log_path.read_text()[-2000:]
+
+        world.chain.request_unstake()
+        view = _wait(
+            lambda: (v := _query(world, "/node", key=world.node_key))["stake"] == "0" and v,
+            60,
+            "the watcher to attest 0 after unstake",
+        )
+        assert view["status"] == "SERVING" and not view["routable"]
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        code = agent.wait(30)
+    assert code == 0, log_path.read_text()[-2000:]
+    assert _query(world, "/node", key=world.node_key)["status"] == "LEFT"
+    assert "left the network" in log_path.read_text()

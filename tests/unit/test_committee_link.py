@@ -1,0 +1,107 @@
+"""CommitteeLink: failover across validator RPCs, nonces, and answers lost to timeouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from nacl.signing import SigningKey
+
+from node.chain.committee_link import CommitteeLink
+from node.chain.committee_rpc import BroadcastResult, TxRejectedError, tx_hash
+from protocol.committee import Heartbeat, decode
+from protocol.errors import RemoteError, UnavailableError
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class FakeRpc:
+    """Stands in for one validator's CommitteeRpc."""
+
+    url: str
+    down: bool = False
+    committed_nonce: int = 4
+    answers: list[Any] = field(default_factory=list)  # queued exceptions for broadcast
+    broadcast: list[bytes] = field(default_factory=list)
+
+    def _check(self) -> None:
+        if self.down:
+            raise UnavailableError(f"{self.url} down")
+
+    async def abci_query(self, path: str, data: bytes = b"") -> Any:
+        self._check()
+        if path.startswith("/nonce"):
+            return {"account": "x", "nonce": self.committed_nonce}
+        if path.startswith("/node"):
+            raise RemoteError(self.url, "query_42", "not registered")
+        return {}
+
+    async def broadcast_tx_sync(self, raw: bytes) -> BroadcastResult:
+        self._check()
+        self.broadcast.append(raw)
+        if self.answers:
+            raise self.answers.pop(0)
+        return BroadcastResult(hash=tx_hash(raw))
+
+    async def status(self) -> Any:
+        self._check()
+        return type("Status", (), {"latest_block_height": 7})()
+
+    async def close(self) -> None:
+        return None
+
+
+def _link(*rpcs: FakeRpc) -> CommitteeLink:
+    link = CommitteeLink([r.url for r in rpcs], SigningKey(b"\x01" * 32))
+    link._clients = list(rpcs)  # type: ignore[assignment]
+    return link
+
+
+async def test_link_fails_over_to_the_next_validator_and_stays_there() -> None:
+    first, second = FakeRpc("http://a", down=True), FakeRpc("http://b")
+    link = _link(first, second)
+    submitted = await link.submit(Heartbeat())
+    assert submitted.nonce == 5 and len(second.broadcast) == 1
+    first.down = False
+    await link.submit(Heartbeat())
+    assert len(second.broadcast) == 2 and first.broadcast == []  # sticks to the one that answered
+
+
+async def test_link_all_validators_down_is_one_unavailable_error_with_hint() -> None:
+    link = _link(FakeRpc("http://a", down=True), FakeRpc("http://b", down=True))
+    with pytest.raises(UnavailableError) as raised:
+        await link.height()
+    assert "no committee validator answered" in raised.value.message
+    assert raised.value.hint and "--committee-rpc" in raised.value.hint
+
+
+async def test_link_counts_nonces_locally_and_rereads_after_bad_nonce() -> None:
+    rpc = FakeRpc("http://a")
+    link = _link(rpc)
+    assert [(await link.submit(Heartbeat())).nonce for _ in range(3)] == [5, 6, 7]
+    rpc.committed_nonce = 20
+    rpc.answers.append(TxRejectedError("http://a", code=3, log_text="bad nonce"))
+    assert (await link.submit(Heartbeat())).nonce == 21
+    assert [decode(raw).nonce for raw in rpc.broadcast] == [5, 6, 7, 8, 21]
+
+
+async def test_link_tx_already_in_cache_counts_as_sent() -> None:
+    rpc = FakeRpc("http://a")
+    rpc.answers.append(RemoteError("http://a", "rpc_-32603", "tx already exists in cache"))
+    link = _link(rpc)
+    submitted = await link.submit(Heartbeat())
+    assert submitted.hash == tx_hash(rpc.broadcast[0]) and submitted.nonce == 5
+    assert (await link.submit(Heartbeat())).nonce == 6
+
+
+async def test_link_other_rejections_reach_the_caller() -> None:
+    rpc = FakeRpc("http://a")
+    rpc.answers.append(TxRejectedError("http://a", code=2, log_text="bad signature"))
+    with pytest.raises(TxRejectedError):
+        await _link(rpc).submit(Heartbeat())
+
+
+async def test_link_unknown_node_is_none() -> None:
+    assert await _link(FakeRpc("http://a")).node("ab" * 32) is None

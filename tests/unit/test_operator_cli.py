@@ -1,0 +1,235 @@
+"""Operator CLI errors: each user mistake is one `error:` line plus a `hint:`, never a traceback.
+
+The chain side is an in-process fake (unit tests); the same paths run against a real anvil in
+tests/e2e/test_devnet.py.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from safetensors.numpy import save_file
+
+from node.cli import main as cli
+from node.cli import operator
+from node.model.manifest import Manifest, ShardEntry
+from protocol.canonical import hash_file
+
+pytestmark = pytest.mark.unit
+
+ETHER = 10**18
+
+
+class FakeChain:
+    """The parts of PlanetChain the operator commands use."""
+
+    def __init__(
+        self,
+        *,
+        balance: int = 10 * ETHER,
+        staked: int = 0,
+        status: int = 0,
+        role: int = 0,
+        shard_hashes: list[bytes] | None = None,
+    ) -> None:
+        self.address = "0x" + "ab" * 20
+        self._balance, self._staked, self._status, self._role = balance, staked, status, role
+        self._shard_hashes = shard_hashes or []
+        self.staked_calls: list[tuple[int, int]] = []
+
+    def balance(self) -> int:
+        return self._balance
+
+    def stake_of(self) -> int:
+        return self._staked
+
+    def status_of(self) -> int:
+        return self._status
+
+    def role_of(self) -> int:
+        return self._role
+
+    def call(self, contract: str, function: str, *args: Any) -> Any:
+        assert (contract, function) == ("Staking", "minimumStake")
+        return ETHER if args[0] == 1 else ETHER // 2
+
+    def stake(self, role: int, amount: int) -> Any:
+        self.staked_calls.append((role, amount))
+        return SimpleNamespace(tx_hash="0x01", event=lambda _name: {"total": self._staked + amount})
+
+    def shard_hashes_of(self, model_id: bytes) -> list[bytes]:
+        return self._shard_hashes
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PLANET_HOME", str(tmp_path))
+    monkeypatch.setenv("PLANET_PASSWORD", "correct horse")
+    for name in ("PLANET_EVM_RPC", "PLANET_COMMITTEE_RPC", "PLANET_CHAIN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = cli.main(list(argv))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+def _use_chain(monkeypatch: pytest.MonkeyPatch, chain: FakeChain) -> None:
+    monkeypatch.setattr(operator, "_chain", lambda _config, _password: chain)
+
+
+def test_stake_unreachable_rpc_is_one_error_with_hint(env: Path, capsys, free_port: int) -> None:
+    code, err = _run(
+        capsys, "stake", "--role", "compute", "--amount", "1",
+        "--evm-rpc", f"http://127.0.0.1:{free_port}",
+    )  # fmt: skip
+    assert code == 6
+    assert f"error: EVM RPC http://127.0.0.1:{free_port} is unreachable" in err
+    assert "hint:" in err and "--evm-rpc" in err
+
+
+def test_stake_wrong_chain_names_both_chain_ids(env: Path, capsys, monkeypatch) -> None:
+    fake_w3 = SimpleNamespace(eth=SimpleNamespace(chain_id=1))
+    monkeypatch.setattr("node.chain.evm.connect", lambda *_a, **_k: fake_w3)
+    code, err = _run(capsys, "stake", "--role", "compute", "--amount", "1", "--chain-id", "31337")
+    assert code == 2
+    assert "is chain 1, but this operator expects chain 31337" in err
+    assert "hint: point --evm-rpc at the right chain" in err
+
+
+def test_stake_below_minimum_refused_before_any_transaction(env, capsys, monkeypatch) -> None:
+    chain = FakeChain()
+    _use_chain(monkeypatch, chain)
+    code, err = _run(capsys, "stake", "--role", "compute", "--amount", "0.4")
+    assert code == 2
+    assert "error: a compute stake must be at least 1 ETH; 0 ETH staked + 0.4 ETH is less" in err
+    assert "hint: stake at least 1 ETH" in err
+    assert chain.staked_calls == []
+
+
+def test_stake_top_up_reaching_the_minimum_is_sent(env, capsys, monkeypatch) -> None:
+    chain = FakeChain(staked=ETHER // 2, status=1, role=1)
+    _use_chain(monkeypatch, chain)
+    code = cli.main(["stake", "--role", "compute", "--amount", "0.5"])
+    assert code == 0
+    assert chain.staked_calls == [(1, ETHER // 2)]
+    assert "total 1 ETH" in capsys.readouterr().out
+
+
+def test_stake_insufficient_funds_names_address_and_balance(env, capsys, monkeypatch) -> None:
+    chain = FakeChain(balance=ETHER // 2)
+    _use_chain(monkeypatch, chain)
+    code, err = _run(capsys, "stake", "--role", "compute", "--amount", "1.5")
+    assert code == 8
+    assert f"error: {chain.address} has 0.5 ETH, needs 1.5 ETH plus gas" in err
+    assert f"hint: send ETH to {chain.address}" in err
+    assert chain.staked_calls == []
+
+
+@pytest.mark.parametrize("amount", ["-1", "0", "abc", "1e400", "0.0000000000000000001", "nan"])
+def test_stake_bad_amount_is_a_usage_error(env, capsys, amount: str) -> None:
+    code, err = _run(capsys, "stake", "--role", "compute", "--amount", amount)
+    assert code == 2 and err.startswith("error: --amount")
+
+
+def test_parse_eth_exact_wei() -> None:
+    assert operator.parse_eth("1.5") == 3 * ETHER // 2
+    assert operator.parse_eth("0.000000000000000001") == 1
+    assert operator.format_eth(3 * ETHER // 2) == "1.5 ETH"
+
+
+def _tiny_model(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    shards = []
+    for index in range(2):
+        path = directory / f"shard-{index}.safetensors"
+        save_file({"w": __import__("numpy").full((2,), index, dtype="float32")}, str(path))
+        shards.append(
+            ShardEntry(
+                shard_id=index,
+                layers=(index, index + 1),
+                hash=hash_file(path),
+                size=path.stat().st_size,
+                quant="none",
+                file=path.name,
+            )
+        )
+    manifest = Manifest.build(
+        model_id="tiny",
+        total_layers=2,
+        hidden_size=2,
+        dtype="float32",
+        tokenizer_hash="sha256:" + "1" * 64,
+        config_hash="sha256:" + "2" * 64,
+        client_hash="sha256:" + "3" * 64,
+        shards=tuple(shards),
+    )
+    return manifest.save(directory / "manifest.json")
+
+
+def test_join_shard_hash_mismatch_with_registry_is_refused(env, capsys, monkeypatch) -> None:
+    manifest_file = _tiny_model(env / "models" / "tiny-2p")
+    chain = FakeChain(staked=ETHER, status=1, role=1, shard_hashes=[b"\x01" * 32, b"\x02" * 32])
+    _use_chain(monkeypatch, chain)
+    code, err = _run(capsys, "join", "--model", str(manifest_file), "--shard", "1")
+    assert code == 3
+    assert "error: shard 1: the local manifest says sha256:" in err
+    assert "the ModelRegistry on chain says sha256:" + "02" * 32 in err
+    assert "hint:" in err
+    assert not (env / "run" / "joined.json").exists()
+
+
+def test_join_corrupt_local_shard_file_is_refused(env, capsys, monkeypatch) -> None:
+    manifest_file = _tiny_model(env / "models" / "tiny-2p")
+    manifest = Manifest.load(manifest_file)
+    registered = [bytes.fromhex(s.hash[7:]) for s in manifest.shards]
+    (manifest_file.parent / "shard-0.safetensors").write_bytes(b"tampered")
+    _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=registered))
+    code, err = _run(capsys, "join", "--model", "tiny-2p", "--shard", "0")
+    assert code == 3
+    assert "does not match the manifest's" in err
+
+
+def test_join_without_stake_says_how_to_stake(env, capsys, monkeypatch) -> None:
+    manifest_file = _tiny_model(env / "models" / "tiny-2p")
+    _use_chain(monkeypatch, FakeChain(staked=0))
+    code, err = _run(capsys, "join", "--model", str(manifest_file), "--shard", "0")
+    assert code == 2
+    assert "a compute node needs 1 ETH" in err
+    assert "hint: planet stake --role compute --amount 1" in err
+
+
+def test_join_unregistered_model_is_refused(env, capsys, monkeypatch) -> None:
+    manifest_file = _tiny_model(env / "models" / "tiny-2p")
+    _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=[]))
+    code, err = _run(capsys, "join", "--model", str(manifest_file), "--shard", "0")
+    assert code == 2
+    assert "is not registered in the ModelRegistry on chain" in err
+
+
+def test_join_unknown_model_name_is_refused(env, capsys) -> None:
+    code, err = _run(capsys, "join", "--model", "no-such-model", "--shard", "0")
+    assert code == 2
+    assert "error: no prepared model 'no-such-model'" in err and "hint:" in err
+
+
+def test_status_without_keys_or_chain_prints_what_it_knows(env, capsys) -> None:
+    code = cli.main(["status", "--json", "--evm-rpc", "http://127.0.0.1:9"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert '"address": null' in out and '"committee": null' in out
