@@ -74,7 +74,7 @@ export function explain(error, context = "") {
   const code = rpcCode(error);
   const words = messageOf(error);
   if (code === 4001 || (error && error.code === "ACTION_REJECTED")) {
-    return { text: `${prefix}you declined the request in your wallet. Nothing was sent.` };
+    return { text: `${prefix}you declined the request in your wallet.` };
   }
   if (code === 4902) {
     return { text: `${prefix}your wallet does not know this network; add it and try again.` };

@@ -2,7 +2,7 @@
 // unanswered deposit can still be refunded after a reload.
 
 export const STATUS = {
-  unsigned: "not signed",
+  unsigned: "unanswered (payment not signed)",
   asked: "asked",
   failed: "unanswered",
   answered: "answered",

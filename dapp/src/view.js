@@ -35,11 +35,13 @@ export const short = (hex) => (hex && hex.length > 14 ? `${hex.slice(0, 8)}…${
 
 export function toast(title, hash) {
   const box = $("toasts");
-  const item = el("div", { class: "toast" }, el("strong", { text: title }));
+  const close = el("button", { type: "button", class: "toast-close", "aria-label": "Close" }, "×");
+  const item = el("div", { class: "toast" }, close, el("strong", { text: title }));
   if (hash) item.append(el("span", { class: "mono", text: hash }));
+  close.addEventListener("click", () => item.remove());
   box.append(item);
   while (box.children.length > 3) box.firstElementChild.remove();
-  setTimeout(() => item.remove(), 12000);
+  setTimeout(() => item.remove(), 10000);
   return item;
 }
 
@@ -70,7 +72,8 @@ export function renderPools(pools, selected, onSelect) {
         class: "muted",
         text:
           `${pool.shards} shards; routable nodes per shard: ${perShard}; ` +
-          `price ${BigInt(pool.price_wei_per_token).toString()} wei per token`,
+          `price ${BigInt(pool.price_wei_per_token).toString()} wei ` +
+          `(${eth(pool.price_wei_per_token)}) per token`,
       }),
     );
     box.append(el("div", { class: "pool" }, input, label));

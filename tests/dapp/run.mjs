@@ -59,8 +59,8 @@ async function waitRightChain(page) {
 }
 
 async function fillQuestion(page, question, tokens) {
-  await page.getByLabel("Your question").fill(question);
-  await page.getByLabel("Answer length (tokens)").fill(String(tokens));
+  await page.getByLabel("Your question", { exact: true }).fill(question);
+  await page.getByLabel("Answer length (tokens)", { exact: true }).fill(String(tokens));
 }
 
 const SCENARIOS = {

@@ -184,7 +184,7 @@ def test_dapp_without_wallet_is_read_only_with_pools_and_network(devnet, user, t
     assert result["pay_disabled"] and not result["connect_visible"]
     pool = _pool(devnet)
     assert pool["model"] in result["pools"]
-    assert f"price {pool['price_wei_per_token']} wei per token" in result["pools"]
+    assert f"price {pool['price_wei_per_token']} wei (" in result["pools"]
     assert f"{pool['shards']} shards" in result["pools"]
     assert result["node_rows"] >= pool["shards"]
     assert result["epoch_rows"] >= 1
@@ -225,7 +225,7 @@ def test_dapp_pays_streams_the_answer_and_the_receipt_matches_the_chain(
     assert result["answer"].strip(), "no answer text"
     growth = result["answer_growth"]
     assert len(growth) >= 3 and growth == sorted(growth), growth  # streamed in pieces
-    assert any(t.startswith("Deposit sent") for t in result["toasts"])
+    assert any("Deposit sent" in t for t in result["toasts"])
     receipt = result["receipt"]
     assert receipt["signature_class"] == "good", receipt["signature"]
     assert receipt["chain_class"] == "good", receipt["chain"]
