@@ -34,7 +34,7 @@ export class Wallet {
     try {
       await this.ethereum.request({ method: "wallet_switchEthereumChain", params: [{ chainId }] });
     } catch (error) {
-      if (error && error.code === 4902) {
+      if (error && error.code === 4902 && this.config.evm_rpc) {
         // The wallet does not know this chain yet: offer to add it, then it switches.
         await this.ethereum.request({
           method: "wallet_addEthereumChain",

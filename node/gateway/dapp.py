@@ -15,9 +15,11 @@ to build it. Committee answers are untrusted input: `network_view` keeps only we
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -119,13 +121,25 @@ def _file_response(path: Path) -> web.Response:
     )
 
 
+def _public_rpc(url: str) -> str | None:
+    """The gateway's EVM RPC URL, for the page to offer `wallet_addEthereumChain`, only when it
+    is a plain loopback URL (a devnet): a remote RPC URL may carry a provider's API key."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    plain = not (parts.username or parts.password or parts.query or parts.fragment)
+    loopback = parts.hostname in ("127.0.0.1", "localhost", "::1")
+    return url if plain and loopback and parts.path in ("", "/") else None
+
+
 def dapp_config(gateway: Any) -> dict[str, Any]:
     """What the page needs to pay: the chain, the escrow and its ABI, the model, the price."""
     model = gateway.model
     return {
         "chain_id": gateway.chain_id,
         "chain_name": "Planet devnet" if gateway.chain_id == 31337 else f"chain {gateway.chain_id}",
-        "evm_rpc": gateway.config.evm_rpc,
+        "evm_rpc": _public_rpc(gateway.config.evm_rpc),
         "escrow": gateway.escrow,
         "escrow_abi": list(ESCROW_ABI),
         "gateway": gateway.desk.gateway,
@@ -151,15 +165,19 @@ async def network_view(gateway: Any) -> dict[str, Any]:
     """Shards x nodes, pool health and recent epochs for the gateway's model."""
     model = gateway.model
     committee = gateway.committee
-    nodes_answer = await _query(committee, f"/nodes?model={model.model_hash}")
-    pool = await _query(committee, f"/pool_health?model={model.model_hash}&shards={model.shards}")
-    reputations = await _query(committee, "/reputations")
-    current = await _query(committee, "/epochs")
+    nodes_answer, pool, reputations, current = await asyncio.gather(
+        _query(committee, f"/nodes?model={model.model_hash}"),
+        _query(committee, f"/pool_health?model={model.model_hash}&shards={model.shards}"),
+        _query(committee, "/reputations"),
+        _query(committee, "/epochs"),
+    )
     epochs = list(_epochs(current))
     number = _int(current.get("current") if isinstance(current, dict) else None)
     if number is not None:
-        for older in range(number - 1, max(0, number - RECENT_EPOCHS), -1):
-            epochs += _epochs(await _query(committee, f"/epochs?epoch={older}"))
+        older = range(number - 1, max(0, number - RECENT_EPOCHS), -1)
+        answers = await asyncio.gather(*(_query(committee, f"/epochs?epoch={n}") for n in older))
+        for answer in answers:
+            epochs += _epochs(answer)
     raw_nodes = nodes_answer.get("nodes") if isinstance(nodes_answer, dict) else None
     nodes = [n for n in map(_node, (raw_nodes or [])[:MAX_NODES]) if n is not None]
     shards: list[list[str]] = [[] for _ in range(model.shards)]

@@ -102,6 +102,21 @@ async def test_dapp_config_has_chain_escrow_abi_model_and_price(aiohttp_client, 
     assert domain["verifyingContract"].lower() == ESCROW
     assert any(item.startswith("function deposit(") for item in config["escrow_abi"])
     assert any(item.startswith("function refund(") for item in config["escrow_abi"])
+    assert config["evm_rpc"] == "http://127.0.0.1:8545"
+
+
+def test_dapp_config_never_shows_a_remote_rpc_url() -> None:
+    from node.gateway.dapp import dapp_config
+
+    for url in (
+        "https://mainnet.example/v3/SECRETKEY",
+        "http://user:pw@127.0.0.1:8545",
+        "http://127.0.0.1:8545/?key=1",
+        "http://10.0.0.5:8545",
+    ):
+        gateway = _gateway(FakeCommittee())
+        gateway.config.evm_rpc = url
+        assert dapp_config(gateway)["evm_rpc"] is None, url
 
 
 def _answers() -> dict[str, Any]:
