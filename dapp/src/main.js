@@ -140,13 +140,18 @@ async function connect() {
 
 // -------------------------------------------------------------------------------- pools
 
-async function refreshPools() {
+async function refreshPools({ quiet = false } = {}) {
+  let pools;
   try {
-    state.pools = await loadPools();
+    pools = await loadPools();
   } catch (error) {
-    state.pools = [];
+    if (quiet) return; // a periodic refresh keeps the last view; a user action reports
+    pools = [];
     fail(error, "Loading the model pools failed");
   }
+  const changed = JSON.stringify(pools) !== JSON.stringify(state.pools);
+  state.pools = pools;
+  if (!changed && document.querySelector("#pools .pool")) return; // keep focus and selection
   renderPools(state.pools, state.selected, (index) => {
     state.selected = index;
     showPoolWarning();
@@ -460,6 +465,7 @@ async function start() {
   await refreshPools();
   refreshNetwork();
   setInterval(refreshNetwork, 10000);
+  setInterval(() => refreshPools({ quiet: true }), 10000);
   const ethereum = window.ethereum;
   if (!ethereum || typeof ethereum.request !== "function") {
     setBadge("unknown", `Read-only · ${state.config.chain_name}`);
