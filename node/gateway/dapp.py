@@ -179,7 +179,8 @@ async def network_view(gateway: Any) -> dict[str, Any]:
         for answer in answers:
             epochs += _epochs(answer)
     raw_nodes = nodes_answer.get("nodes") if isinstance(nodes_answer, dict) else None
-    nodes = [n for n in map(_node, (raw_nodes or [])[:MAX_NODES]) if n is not None]
+    raw_nodes = raw_nodes[:MAX_NODES] if isinstance(raw_nodes, list) else []
+    nodes = [n for n in map(_node, raw_nodes) if n is not None]
     shards: list[list[str]] = [[] for _ in range(model.shards)]
     for node in nodes:
         for shard in node["shards"]:
@@ -194,7 +195,7 @@ async def network_view(gateway: Any) -> dict[str, Any]:
         "shards": model.shards,
         "pool": {
             "status": status if isinstance(status, str) and _WORD.match(status) else "unknown",
-            "routable_per_shard": [_int(c) or 0 for c in per_shard]
+            "routable_per_shard": [_int(c) or 0 for c in per_shard[: model.shards]]
             if isinstance(per_shard, list)
             else [0] * model.shards,
         },

@@ -166,6 +166,22 @@ async def test_network_view_keeps_only_well_formed_committee_fields(aiohttp_clie
     assert view["current_epoch"] == 3 and view["height"] == 77
 
 
+async def test_network_view_survives_answers_of_the_wrong_shape(aiohttp_client, tmp_path):
+    answers = {
+        "/nodes": {"nodes": {"not": "a list"}},
+        "/pool_health": {"routable_per_shard": list(range(10_000)), "status": "x" * 500},
+        "/reputations": ["odd"],
+        "/epochs": {"current": "3", "epochs": "none"},
+    }
+    client = await _client(aiohttp_client, FakeCommittee(answers), tmp_path)
+    answer = await client.get("/v1/network")
+    assert answer.status == 200
+    view = await answer.json()
+    assert view["nodes"] == [] and view["nodes_by_shard"] == [[], []]
+    assert view["pool"] == {"status": "unknown", "routable_per_shard": [0, 1]}
+    assert view["epochs"] == [] and view["current_epoch"] is None
+
+
 async def test_network_view_committee_down_is_503_in_plain_words(aiohttp_client, tmp_path):
     client = await _client(aiohttp_client, FakeCommittee(down=True), tmp_path)
     answer = await client.get("/v1/network")
