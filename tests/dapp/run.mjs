@@ -114,7 +114,7 @@ const SCENARIOS = {
     await waitRightChain(page);
     out.badge = await text(page, "#network-badge");
     out.balance_before_wei = await page.locator("#balance").getAttribute("data-wei");
-    await fillQuestion(page, "What is the capital of France?", 24);
+    await fillQuestion(page, "Tell me a short story about a cat in Paris.", 24);
     out.estimate = await text(page, "#estimate");
     // Count how often the answer grows: a streamed answer arrives in several pieces.
     await page.evaluate(() => {
