@@ -51,7 +51,8 @@ export const loadPools = async () => (await getJson("/v1/pools")).data;
 export const loadNetwork = () => getJson("/v1/network");
 
 // POST /v1/chat/completions with stream:true; calls onText(delta) as text arrives and returns
-// {text, receipt, usage}. A failure after the stream started arrives as an error event.
+// {text, receipt, usage, finish} (finish: "stop" or "length"). A failure after the stream
+// started arrives as an error event.
 export async function askStreaming({ apiKey, model, question, maxTokens, onText }) {
   const response = await request("/v1/chat/completions", {
     method: "POST",
@@ -70,6 +71,7 @@ export async function askStreaming({ apiKey, model, question, maxTokens, onText 
   let text = "";
   let receipt = null;
   let usage = null;
+  let finish = null;
   let done = false;
   while (!done) {
     const part = await reader.read();
@@ -94,6 +96,7 @@ export async function askStreaming({ apiKey, model, question, maxTokens, onText 
         throw new GatewayError(502, String(chunk.error.code), String(chunk.error.message));
       }
       for (const choice of chunk.choices || []) {
+        if (choice.finish_reason) finish = choice.finish_reason;
         const delta = choice.delta && choice.delta.content;
         if (delta) {
           text += delta;
@@ -107,5 +110,5 @@ export async function askStreaming({ apiKey, model, question, maxTokens, onText 
   if (!done) {
     throw new GatewayError(502, "stream_cut", "the answer stopped before it was complete");
   }
-  return { text, receipt, usage };
+  return { text, receipt, usage, finish };
 }

@@ -286,6 +286,7 @@ async function payAndAsk(wallet, config, question, maxTokens) {
   $("answer-card").hidden = false;
   $("answer-question").textContent = question;
   $("answer").textContent = "";
+  $("answer-note").hidden = true;
   $("answer").setAttribute("aria-busy", "true");
   clearReceipt(queryId, amount);
   state.questions.update(queryId, { status: STATUS.asked });
@@ -304,6 +305,11 @@ async function payAndAsk(wallet, config, question, maxTokens) {
     return;
   } finally {
     $("answer").setAttribute("aria-busy", "false");
+  }
+  if (result.finish === "length") {
+    $("answer-note").textContent =
+      "The answer stopped at the length you chose; ask again with a longer answer length.";
+    $("answer-note").hidden = false;
   }
   state.questions.update(queryId, { status: STATUS.answered, receipt: result.receipt });
   await showReceipt(queryId, amount, result.receipt);

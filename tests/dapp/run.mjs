@@ -137,6 +137,8 @@ const SCENARIOS = {
     out.notice_visible = await page.locator("#notice").isVisible();
     if (out.notice_visible) out.notice = await text(page, "#notice-text");
     out.answer = await text(page, "#answer");
+    const note = page.locator("#answer-note");
+    out.answer_note = (await note.isVisible()) ? await note.innerText() : null;
     out.answer_growth = await page.evaluate(() => window.__answerGrowth);
     out.toasts.push(await text(page, "#toasts"));
     out.receipt = {};

@@ -246,6 +246,8 @@ def test_dapp_pays_streams_the_answer_and_the_receipt_matches_the_chain(
     assert 0 < signed.fee <= amount
     assert receipt["fee"].startswith(f"{signed.fee} wei")
     assert receipt["remainder"].startswith(f"{amount - signed.fee} wei")
+    if result["answer_note"]:  # "stopped at the length you chose": all 24 tokens were used
+        assert signed.completion_tokens == 24, result["answer_note"]
     assert receipt["tokens"] == (
         f"{signed.prompt_tokens} prompt + {signed.completion_tokens} completion"
     )
