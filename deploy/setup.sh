@@ -3,6 +3,8 @@
 #   .venv/            Python 3.11 virtualenv with the project installed editable (+ dev tools)
 #   node_modules/     Hardhat, solc-js, OpenZeppelin, anvil (npm lockfile)
 #   .tools/bin/       cometbft v0.38.25 (built with `go install`; Go fetched if missing/too old)
+#   /usr/bin/chromium Debian's Chromium (as root), for the web dApp's browser tests
+#   dapp/dist/        the web dApp bundle (npm run build:dapp)
 # Each step keeps a stamp of its inputs and is skipped when they did not change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +51,28 @@ if [ -f package.json ]; then
     echo "$want" > "$TOOLS/stamps/npm"
   else
     say "npm: up to date"
+  fi
+fi
+
+# --- Chromium (Debian's, for the web dApp's browser tests) -----------------------------------------
+if [ -x /usr/bin/chromium ]; then
+  say "chromium: installed"
+elif [ "$(id -u)" = 0 ]; then
+  say "chromium: installing Debian's package (the dApp's browser tests drive it)"
+  apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+else
+  say "chromium: not installed and not root: skipped (the dApp's browser tests will skip; as root: apt-get install chromium)"
+fi
+
+# --- web dApp bundle (esbuild: dapp/src + ethers -> dapp/dist, served by the gateway at /) -------
+if [ -f dapp/build.mjs ]; then
+  want=$(stamp_of dapp/build.mjs dapp/index.html dapp/styles.css dapp/src/*.js package-lock.json)
+  if [ ! -f dapp/dist/app.js ] || [ "$(cat "$TOOLS/stamps/dapp" 2>/dev/null)" != "$want" ]; then
+    say "dapp: building the web page into dapp/dist"
+    npm run --silent build:dapp
+    echo "$want" > "$TOOLS/stamps/dapp"
+  else
+    say "dapp: up to date"
   fi
 fi
 

@@ -32,6 +32,7 @@ from aiohttp import web
 from node.client.sampling import SamplingConfig
 from node.gateway import sse
 from node.gateway.config import GatewayConfig
+from node.gateway.dapp import add_dapp_routes
 from node.gateway.engine import Generation, TokenEvent
 from node.gateway.errors import ApiError, InvalidRequest, NotFound, error_body, planet_error_body
 from node.gateway.payments import PaymentDesk, Ticket
@@ -416,6 +417,7 @@ def create_app(gateway: Gateway) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/receipts/{query_id}", receipt)
+    add_dapp_routes(app, GATEWAY_KEY)  # the web page, its config, /v1/network (dapp.py)
     return app
 
 

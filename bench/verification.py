@@ -1,0 +1,194 @@
+"""Verification benchmark: one-pass teacher-forced challenges vs one request per answer token,
+fingerprint size, spot-check cost, and a node's cost of fingerprinting — one JSON object on
+stdout, logs on stderr.
+
+    python bench/verification.py            # 3 repeats
+    python bench/verification.py --quick    # 1 repeat
+
+One challenge = a 32-token natural prompt + a 100-token answer (held-out text), SmolLM2-135M,
+3 fp32 shards in this process (no HTTP: both methods would pay the same hops per request, so
+leaving them out favours the per-token method).
+
+- one pass (ours): the circuit runs prompt + answer as ONE prefill, the verifier runs its own
+  reference over the same ids in ONE pass and compares (KL per token, `node.verifier.scoring`).
+- per token (PlanetServe's reference code): one completion request per answer token, each a
+  stateless prefill of prompt + answer[:i] returning top-50 logprobs, plus the same reference
+  pass. By default 10 of the 100 requests are timed (i = 5, 15, …, 95, whose lengths average
+  the same as all 100) and their sum is multiplied by 10; `--full-per-token` times all 100.
+- spot check: a node serves 128 positions (prompt prefill + one position per forward) on its
+  middle shard; the verifier recomputes the block [96, 128) from the ticket's inputs in one
+  prefill of 128 positions. Cost per checked position vs serving cost per position.
+- fingerprint overhead: the node's `FingerprintRecorder.add` time over its decode steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import machine, median, spread
+
+log = logging.getLogger("bench.verification")
+
+PER_TOKEN_SAMPLE = 10
+SPOT_CHECK_RATE = 0.05  # share of a node's layer batches spot-checked (DESIGN.md default)
+
+
+def one_pass(circuit, challenge) -> float:
+    from node.verifier.measure import run_prefill
+    from node.verifier.scoring import compare_logits
+
+    head = circuit.head
+    started = time.perf_counter()
+    ids = challenge.ids
+    served = head.all_logits(run_prefill(circuit.shards, head.embed(ids)))  # the circuit's side
+    reference = head.all_logits(run_prefill(circuit.shards, head.embed(ids)))  # the verifier's
+    compare_logits(challenge, served, reference)
+    return time.perf_counter() - started
+
+
+def per_token(circuit, challenge, full: bool) -> float:
+    """Seconds for one verification the per-token way (sampled and scaled unless `full`)."""
+    from node.verifier.measure import run_prefill
+
+    head = circuit.head
+    prompt = list(challenge.prompt_ids)
+    answer = list(challenge.continuation_ids)
+    count = len(answer)
+    steps = list(range(count)) if full else list(range(5, count, count // PER_TOKEN_SAMPLE))
+    started = time.perf_counter()
+    for i in steps:
+        ids = prompt + answer[:i]
+        logits = head.logits(run_prefill(circuit.shards, head.embed(ids)))
+        torch.topk(torch.log_softmax(logits, -1), 50)
+    requests = time.perf_counter() - started
+    started = time.perf_counter()
+    head.all_logits(run_prefill(circuit.shards, head.embed(prompt + answer)))  # reference
+    reference = time.perf_counter() - started
+    return requests * (count / len(steps)) + reference
+
+
+@torch.inference_mode()
+def serving_and_spot_check(circuit, ids: list[int]) -> dict[str, float]:
+    from node.verifier.fingerprint import FingerprintRecorder
+
+    head = circuit.head
+    shard = circuit.shards[1]
+    first = circuit.shards[0]
+    hidden0 = first.forward(head.embed(ids), torch.arange(len(ids)), first.new_cache())
+    prompt = 32
+    cache = shard.new_cache()
+    recorder = FingerprintRecorder()
+    inputs = [hidden0[:, :prompt]]
+    out = shard.forward(hidden0[:, :prompt], torch.arange(prompt), cache)
+    recorder.add(out, torch.arange(prompt))
+    decode_s = fingerprint_s = 0.0
+    for t in range(prompt, len(ids)):
+        step = hidden0[:, t : t + 1]
+        inputs.append(step)
+        started = time.perf_counter()
+        out = shard.forward(step, torch.tensor([t]), cache)
+        middle = time.perf_counter()
+        recorder.add(out, torch.tensor([t]))
+        fingerprint_s += time.perf_counter() - middle
+        decode_s += middle - started
+    decoded = len(ids) - prompt
+    recorded = torch.cat(inputs, dim=1)
+    started = time.perf_counter()
+    shard.forward(recorded, torch.arange(len(ids)), shard.new_cache())
+    recompute_s = time.perf_counter() - started
+    checked = 32
+    return {
+        "decode_ms_per_position": 1000 * decode_s / decoded,
+        "fingerprint_ms_per_position": 1000 * fingerprint_s / decoded,
+        "recompute_ms_per_checked_position": 1000 * recompute_s / checked,
+        "blocks": len(recorder.blocks),
+        "block_bytes": len(recorder.blocks[0]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 repeat")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--full-per-token", action="store_true", help="time all 100 requests")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    repeats = 1 if args.quick else args.repeats
+    load_start = os.getloadavg()[0]
+    torch.manual_seed(0)
+
+    from node.model.evaluate import heldout_text
+    from node.verifier.measure import load_circuit, text_challenges
+
+    circuit = load_circuit("none")
+    challenges = text_challenges(circuit.head, heldout_text(), count=max(2, repeats))
+    one, per = [], []
+    for index in range(repeats):
+        challenge = challenges[index]
+        one.append(one_pass(circuit, challenge))
+        per.append(per_token(circuit, challenge, args.full_per_token))
+        log.info("repeat %d: one pass %.2f s, per token %.2f s", index + 1, one[-1], per[-1])
+    spot = [serving_and_spot_check(circuit, list(challenges[0].ids[:128])) for _ in range(repeats)]
+    one_s, per_s = median(one), median(per)
+    decode_ms = median([s["decode_ms_per_position"] for s in spot])
+    fingerprint_ms = median([s["fingerprint_ms_per_position"] for s in spot])
+    recompute_ms = median([s["recompute_ms_per_checked_position"] for s in spot])
+    verifier_vs_serving = recompute_ms / decode_ms
+    metrics = {
+        "verifications_per_min_one_pass": round(60.0 / one_s, 2),
+        "verifications_per_min_per_token": round(60.0 / per_s, 3),
+        "ratio_one_pass_vs_per_token": round(per_s / one_s, 1),
+        "verification_s_one_pass": round(one_s, 3),
+        "verification_s_per_token": round(per_s, 2),
+        "verification_s_one_pass_spread": spread(one, 3),
+        "verification_s_per_token_spread": spread(per, 2),
+        "fingerprint_bytes_per_32_positions": spot[0]["block_bytes"],
+        "serving_ms_per_position": round(decode_ms, 2),
+        "verifier_ms_per_checked_position": round(recompute_ms, 2),
+        "ratio_verifier_vs_serving_per_position": round(verifier_vs_serving, 3),
+        "spot_check_cost_fraction": round(SPOT_CHECK_RATE * verifier_vs_serving, 4),
+        "fingerprint_ms_per_position": round(fingerprint_ms, 3),
+        "fingerprint_overhead_fraction": round(fingerprint_ms / decode_ms, 4),
+    }
+    body = {
+        "bench": "verification",
+        "machine": machine(),
+        "config": {
+            "model": "smollm2-135m",
+            "shards": 3,
+            "quant": "none",
+            "prompt_tokens": 32,
+            "answer_tokens": 100,
+            "repeats": repeats,
+            "per_token_requests_timed": 100 if args.full_per_token else PER_TOKEN_SAMPLE,
+            "spot_check_rate": SPOT_CHECK_RATE,
+            "spot_check": "middle shard (10 layers), block [96, 128) recomputed by one "
+            "128-position prefill",
+            "shared_box": "2 CPU cores shared with ~5 engineers running tests and devnets",
+            "load_average_start": round(load_start, 2),
+            "load_average_end": round(os.getloadavg()[0], 2),
+        },
+        "metrics": metrics,
+        "targets": {
+            "ratio_one_pass_vs_per_token": {"op": ">=", "value": 50},
+            "verifications_per_min_one_pass": {"op": ">=", "value": 600},
+            "fingerprint_bytes_per_32_positions": {"op": "<=", "value": 258},
+            "fingerprint_overhead_fraction": {"op": "<=", "value": 0.02},
+        },
+    }
+    print(json.dumps(body))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

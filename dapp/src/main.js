@@ -1,0 +1,503 @@
+// The page: wires the wallet, the pools, a paid streamed question, receipts, refunds and the
+// network view. Read-only when no EIP-1193 wallet is injected.
+import { askStreaming, loadConfig, loadNetwork, loadPools } from "./api.js";
+import { explain } from "./errors.js";
+import {
+  QUERY_PAYMENT_TYPES,
+  apiKey,
+  checkReceipt,
+  depositFor,
+  newQueryId,
+  paymentMessage,
+} from "./payment.js";
+import { Questions, STATUS } from "./questions.js";
+import { $, el, eth, renderNetwork, renderPools, short, toast, weiAndEth } from "./view.js";
+import { Wallet } from "./wallet.js";
+
+const state = {
+  config: null,
+  pools: [],
+  selected: 0,
+  wallet: null,
+  questions: null,
+  busy: false,
+  refundTimeout: null,
+};
+
+// ------------------------------------------------------------------------------ notices
+
+function notify(text, action = null) {
+  $("notice-text").textContent = text;
+  const button = $("notice-action");
+  button.hidden = !action;
+  if (action) {
+    button.textContent = action.label;
+    button.onclick = action.run;
+  }
+  $("notice").hidden = false;
+}
+
+function clearNotice() {
+  $("notice").hidden = true;
+}
+
+function fail(error, context) {
+  notify(explain(error, context).text);
+}
+
+function step(text) {
+  $("step").textContent = text;
+}
+
+// ------------------------------------------------------------------------------- header
+
+function setBadge(kind, text) {
+  const badge = $("network-badge");
+  badge.className = `badge badge-${kind}`;
+  badge.textContent = text;
+}
+
+async function refreshBalance() {
+  const wallet = state.wallet;
+  if (!wallet || !wallet.account || !wallet.onRightChain) return;
+  try {
+    const wei = await wallet.balance();
+    $("balance").textContent = eth(wei);
+    $("balance").dataset.wei = wei.toString();
+    $("balance").hidden = false;
+  } catch {
+    $("balance").textContent = "balance unavailable";
+  }
+}
+
+function pool() {
+  return state.pools[state.selected] || null;
+}
+
+function updatePay() {
+  const wallet = state.wallet;
+  const ready = wallet && wallet.account && wallet.onRightChain;
+  const current = pool();
+  const complete = current && current.status !== "incomplete";
+  $("pay").disabled = !(ready && complete) || state.busy;
+  if (!wallet) $("pay").title = "read-only: no wallet";
+  else if (!wallet.account) $("pay").title = "connect your wallet first";
+  else if (!wallet.onRightChain) $("pay").title = "switch your wallet to this network first";
+  else if (!complete) $("pay").title = "the pool is incomplete";
+  else $("pay").removeAttribute("title");
+}
+
+async function checkChain() {
+  const wallet = state.wallet;
+  const config = state.config;
+  if (wallet.onRightChain) {
+    setBadge("ok", `${config.chain_name} · chain ${config.chain_id}`);
+    if ($("notice").dataset.kind === "chain") clearNotice();
+    $("notice").dataset.kind = "";
+    await refreshBalance();
+    await loadHistory();
+  } else {
+    setBadge("bad", `Wrong network: chain ${wallet.chainId}`);
+    $("balance").hidden = true;
+    notify(
+      `Your wallet is on chain ${wallet.chainId}, but this gateway is paid on ` +
+        `${config.chain_name} (chain ${config.chain_id}). Switch networks to ask.`,
+      { label: `Switch to ${config.chain_name}`, run: switchChain },
+    );
+    $("notice").dataset.kind = "chain";
+  }
+  updatePay();
+}
+
+async function switchChain() {
+  try {
+    await state.wallet.switchChain();
+    await checkChain();
+  } catch (error) {
+    fail(error, "Switching networks failed");
+  }
+}
+
+async function connect() {
+  const wallet = state.wallet;
+  try {
+    await wallet.connect();
+  } catch (error) {
+    fail(error, "Connecting the wallet failed");
+    return;
+  }
+  if (!wallet.account) {
+    notify("The wallet shared no account with this page.");
+    return;
+  }
+  $("connect").hidden = true;
+  $("account").textContent = short(wallet.account);
+  $("account").title = wallet.account;
+  $("account").hidden = false;
+  state.questions = new Questions(state.config, wallet.account);
+  await checkChain();
+}
+
+// -------------------------------------------------------------------------------- pools
+
+async function refreshPools({ quiet = false } = {}) {
+  let pools;
+  try {
+    pools = await loadPools();
+  } catch (error) {
+    if (quiet) return; // a periodic refresh keeps the last view; a user action reports
+    pools = [];
+    fail(error, "Loading the model pools failed");
+  }
+  const changed = JSON.stringify(pools) !== JSON.stringify(state.pools);
+  state.pools = pools;
+  if (!changed && document.querySelector("#pools .pool")) return; // keep focus and selection
+  renderPools(state.pools, state.selected, (index) => {
+    state.selected = index;
+    showPoolWarning();
+    updateEstimate();
+    updatePay();
+  });
+  showPoolWarning();
+  updateEstimate();
+  updatePay();
+}
+
+function showPoolWarning() {
+  const current = pool();
+  const warning = $("pool-warning");
+  if (current && current.status === "incomplete") {
+    const empty = current.routable_per_shard.findIndex((n) => n === 0);
+    warning.textContent =
+      `This pool is incomplete: shard ${empty} has no routable node, so it cannot answer now. ` +
+      "Paying would only lock your deposit until the refund timeout.";
+    warning.hidden = false;
+  } else {
+    warning.hidden = true;
+  }
+}
+
+function updateEstimate() {
+  const current = pool();
+  const maxTokens = Number($("max-tokens").value);
+  if (!current || !Number.isInteger(maxTokens) || maxTokens < 1) {
+    $("estimate").textContent = "";
+    return;
+  }
+  try {
+    const amount = depositFor($("question").value, maxTokens, current.price_wei_per_token);
+    $("estimate").textContent =
+      `Deposit for this question: ${weiAndEth(amount)} (plus gas). ` +
+      "You pay only for the tokens used; the rest stays refundable.";
+  } catch (error) {
+    $("estimate").textContent = error.message;
+  }
+}
+
+// ------------------------------------------------------------------------------ network
+
+async function refreshNetwork() {
+  try {
+    renderNetwork(await loadNetwork());
+  } catch (error) {
+    $("network-summary").textContent = explain(error, "The network view is unavailable").text;
+  }
+}
+
+// ---------------------------------------------------------------------------------- ask
+
+async function ask(event) {
+  event.preventDefault();
+  const wallet = state.wallet;
+  const config = state.config;
+  const question = $("question").value.trim();
+  const maxTokens = Number($("max-tokens").value);
+  if (!question) {
+    notify("Write a question first.");
+    $("question").focus();
+    return;
+  }
+  if (!Number.isInteger(maxTokens) || maxTokens < 1 || maxTokens > 1024) {
+    notify("The answer length must be a whole number of tokens between 1 and 1024.");
+    $("max-tokens").focus();
+    return;
+  }
+  clearNotice();
+  state.busy = true;
+  updatePay();
+  try {
+    await payAndAsk(wallet, config, question, maxTokens);
+  } finally {
+    state.busy = false;
+    step("");
+    updatePay();
+    await refreshBalance();
+    await loadHistory();
+    refreshPools();
+  }
+}
+
+async function payAndAsk(wallet, config, question, maxTokens) {
+  const amount = depositFor(question, maxTokens, pool().price_wei_per_token);
+  const balance = await wallet.balance();
+  if (balance <= amount) {
+    notify(
+      `Insufficient funds: this question needs a deposit of ${weiAndEth(amount)} plus gas, ` +
+        `but your account holds ${eth(balance)}. Fund the account and try again.`,
+    );
+    return;
+  }
+  const queryId = newQueryId();
+  step(`Step 1 of 3: deposit ${eth(amount)} into the escrow — confirm it in your wallet.`);
+  let receipt;
+  try {
+    const escrow = await wallet.escrow();
+    const tx = await escrow.deposit(queryId, config.model_id, { value: amount });
+    toast("Deposit sent", tx.hash);
+    step("Step 1 of 3: waiting for the deposit to be mined…");
+    receipt = await tx.wait();
+    toast(`Deposit confirmed in block ${receipt.blockNumber}`, tx.hash);
+  } catch (error) {
+    fail(error, "The deposit did not go through");
+    return;
+  }
+  state.questions.add({ queryId, question, deposit: amount.toString(), status: STATUS.unsigned });
+  await refreshBalance();
+
+  step("Step 2 of 3: sign the payment proof in your wallet (no gas).");
+  let signature;
+  try {
+    const signer = await wallet.provider.getSigner(wallet.account);
+    signature = await signer.signTypedData(
+      config.payment_domain,
+      QUERY_PAYMENT_TYPES,
+      paymentMessage(queryId, config, amount),
+    );
+  } catch (error) {
+    notify(
+      `${explain(error, "The payment proof was not signed").text} Your deposit stays in the ` +
+        "escrow; refund it under “Your questions” once the refund timeout has passed.",
+    );
+    return;
+  }
+  const key = apiKey(queryId, amount, signature);
+
+  step("Step 3 of 3: the network is answering…");
+  $("answer-card").hidden = false;
+  $("answer-question").textContent = question;
+  $("answer").textContent = "";
+  $("answer-note").hidden = true;
+  $("answer").setAttribute("aria-busy", "true");
+  clearReceipt(queryId, amount);
+  state.questions.update(queryId, { status: STATUS.asked });
+  let result;
+  try {
+    result = await askStreaming({
+      apiKey: key,
+      model: config.model,
+      question,
+      maxTokens,
+      onText: (delta) => $("answer").append(delta),
+    });
+  } catch (error) {
+    state.questions.update(queryId, { status: STATUS.failed });
+    fail(error, "No answer");
+    return;
+  } finally {
+    $("answer").setAttribute("aria-busy", "false");
+  }
+  if (result.finish === "length") {
+    $("answer-note").textContent =
+      "The answer stopped at the length you chose; ask again with a longer answer length.";
+    $("answer-note").hidden = false;
+  }
+  state.questions.update(queryId, { status: STATUS.answered, receipt: result.receipt });
+  await showReceipt(queryId, amount, result.receipt);
+  toast("Answer received", queryId);
+}
+
+function clearReceipt(queryId, amount) {
+  $("r-query").textContent = queryId;
+  $("r-deposit").textContent = weiAndEth(amount);
+  for (const id of ["r-tokens", "r-fee", "r-remainder", "r-signature", "r-chain", "r-settlement"]) {
+    $(id).textContent = "…";
+    $(id).className = "";
+  }
+}
+
+async function showReceipt(queryId, amount, receipt) {
+  if (!receipt) {
+    $("r-signature").textContent = "the gateway sent no receipt";
+    $("r-signature").className = "bad";
+    return;
+  }
+  const fee = BigInt(receipt.fee_wei);
+  $("r-tokens").textContent =
+    `${receipt.prompt_tokens} prompt + ${receipt.completion_tokens} completion`;
+  $("r-fee").textContent = weiAndEth(fee);
+  $("r-remainder").textContent = weiAndEth(amount - fee);
+  const check = checkReceipt(receipt, state.config);
+  const verified = check.signatureOk && check.circuitOk && receipt.query_id === queryId;
+  $("r-signature").textContent = verified
+    ? `verified: signed by the gateway ${short(check.signer)} over ${receipt.nodes.length} nodes`
+    : `NOT verified (signer ${check.signer || "unknown"}, circuit ${check.circuitOk ? "ok" : "bad"})`;
+  $("r-signature").className = verified ? "good" : "bad";
+  try {
+    const escrow = await state.wallet.escrow();
+    const onChain = await escrow.depositOf(queryId);
+    const mine = onChain.user.toLowerCase() === state.wallet.account.toLowerCase();
+    const same = onChain.amount === amount;
+    $("r-chain").textContent =
+      `${STATUS_NAMES[Number(onChain.status)]}: ${weiAndEth(onChain.amount)} held for ` +
+      `${short(onChain.user)}${mine ? " (you)" : ""} — ` +
+      (mine && same ? "matches your deposit" : "does NOT match your deposit");
+    $("r-chain").className = mine && same ? "good" : "bad";
+    $("r-chain").dataset.amount = onChain.amount.toString();
+    $("r-chain").dataset.user = onChain.user;
+    $("r-settlement").textContent = settlementText(Number(onChain.status));
+  } catch (error) {
+    $("r-chain").textContent = explain(error, "reading the escrow failed").text;
+  }
+}
+
+const STATUS_NAMES = ["None", "Funded", "Settled", "Reclaimed", "Refunded"];
+
+function settlementText(status) {
+  if (status === 1) {
+    return (
+      "pending: the committee has not settled this question into an epoch payout yet; " +
+      "after settlement the remainder is refundable"
+    );
+  }
+  if (status === 2) return "settled: the fee went to the epoch payout; refund the remainder";
+  if (status === 4) return "refunded";
+  return STATUS_NAMES[status] || "unknown";
+}
+
+// ----------------------------------------------------------------------- history, refund
+
+async function timeout(escrow) {
+  if (state.refundTimeout === null) state.refundTimeout = await escrow.refundTimeout();
+  return state.refundTimeout;
+}
+
+async function loadHistory() {
+  const wallet = state.wallet;
+  if (!wallet || !wallet.onRightChain || !state.questions) return;
+  const items = state.questions.all();
+  $("history-card").hidden = items.length === 0;
+  if (!items.length) return;
+  let escrow;
+  let now;
+  let wait;
+  try {
+    escrow = await wallet.escrow();
+    now = await wallet.chainTime();
+    wait = await timeout(escrow);
+  } catch {
+    return;
+  }
+  const list = $("history");
+  const rows = [];
+  for (const item of items) {
+    let onChain = null;
+    try {
+      onChain = await escrow.depositOf(item.queryId);
+    } catch {
+      onChain = null;
+    }
+    rows.push(historyRow(item, onChain, now, wait));
+  }
+  list.replaceChildren(...rows);
+}
+
+function historyRow(item, onChain, now, wait) {
+  const status = onChain ? Number(onChain.status) : null;
+  const answered = item.status === STATUS.answered;
+  const row = el(
+    "li",
+    { "data-query": item.queryId },
+    el("span", { class: "q", text: item.question }),
+    el("span", { class: "muted", text: `${eth(item.deposit)} · ${item.status}` }),
+  );
+  const chainText = status === null ? "on chain: ?" : `on chain: ${STATUS_NAMES[status]}`;
+  row.append(el("span", { class: "chain-status", text: chainText }));
+  if (status === 1 && !answered) {
+    const availableAt = BigInt(onChain.depositedAt) + BigInt(wait);
+    const button = el("button", { type: "button", class: "refund", text: "Refund" });
+    if (now < availableAt) {
+      button.disabled = true;
+      const seconds = Number(availableAt - now);
+      button.title = `refund available in about ${Math.ceil(seconds / 60)} min (chain time)`;
+      row.append(el("span", { class: "muted", text: `refund in ~${Math.ceil(seconds / 60)} min` }));
+    }
+    button.addEventListener("click", () => refund(item.queryId, button));
+    row.append(button);
+  }
+  return row;
+}
+
+async function refund(queryId, button) {
+  button.disabled = true;
+  try {
+    const escrow = await state.wallet.escrow();
+    const tx = await escrow.refund(queryId);
+    toast("Refund sent", tx.hash);
+    const mined = await tx.wait();
+    toast(`Refund confirmed in block ${mined.blockNumber}`, tx.hash);
+    state.questions.update(queryId, { status: STATUS.refunded });
+  } catch (error) {
+    fail(error, "The refund did not go through");
+  }
+  await refreshBalance();
+  await loadHistory();
+}
+
+// -------------------------------------------------------------------------------- start
+
+async function start() {
+  $("notice-close").addEventListener("click", clearNotice);
+  $("network-refresh").addEventListener("click", refreshNetwork);
+  $("ask-form").addEventListener("submit", ask);
+  $("question").addEventListener("input", updateEstimate);
+  $("max-tokens").addEventListener("input", updateEstimate);
+  try {
+    state.config = await loadConfig();
+  } catch (error) {
+    setBadge("unknown", "Gateway unreachable");
+    fail(error, "This page cannot load its settings");
+    return;
+  }
+  await refreshPools();
+  refreshNetwork();
+  setInterval(refreshNetwork, 10000);
+  setInterval(() => refreshPools({ quiet: true }), 10000);
+  const ethereum = window.ethereum;
+  if (!ethereum || typeof ethereum.request !== "function") {
+    setBadge("unknown", `Read-only · ${state.config.chain_name}`);
+    $("readonly").hidden = false;
+    updatePay();
+    return;
+  }
+  state.wallet = new Wallet(ethereum, state.config);
+  $("connect").hidden = false;
+  $("connect").addEventListener("click", connect);
+  setBadge("unknown", "Wallet not connected");
+  state.wallet.on("chainChanged", async () => {
+    if (!state.wallet.account) return;
+    await state.wallet.readChain();
+    await checkChain();
+  });
+  state.wallet.on("accountsChanged", async (accounts) => {
+    if (!accounts || !accounts.length) {
+      window.location.reload();
+      return;
+    }
+    await connect();
+  });
+  setInterval(refreshBalance, 5000);
+  setInterval(loadHistory, 15000);
+  updatePay();
+}
+
+start();

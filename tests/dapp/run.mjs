@@ -1,0 +1,238 @@
+// Drives the web dApp in a real Chromium (Debian's /usr/bin/chromium via playwright-core)
+// against a running devnet gateway. One scenario per run; prints one JSON line with what the
+// page showed, for tests/e2e/test_dapp.py to check against the chain.
+//
+//   DAPP_RUN='{"scenario": "pay", "gateway": URL, "rpc": URL, "chain_id": 31337,
+//              "private_key": "0x…", "artifacts": DIR, "user_data_dir": DIR}' node run.mjs
+//
+// Scenarios: readonly (no wallet), wrong_chain (wallet on chain 1, switch offered),
+// insufficient (an empty account), pay (connect → pay → stream → receipt), rejected (the
+// wallet answers 4001 to the payment signature; then the refund after the timeout).
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { Wallet } from "ethers";
+import { chromium } from "playwright-core";
+import { TestWallet } from "./wallet.mjs";
+
+const FLAGS = [
+  "--headless",
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-quic",
+  "--no-first-run",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+];
+const DESKTOP = { width: 1280, height: 800 };
+const PHONE = { width: 390, height: 844 };
+const ANSWER_TIMEOUT_MS = 240_000;
+
+const options = JSON.parse(process.env.DAPP_RUN);
+const out = { scenario: options.scenario, console_errors: [], screenshots: [] };
+mkdirSync(options.artifacts, { recursive: true });
+
+
+
+async function shots(page, name) {
+  for (const [label, size] of [["desktop", DESKTOP], ["phone", PHONE]]) {
+    await page.setViewportSize(size);
+    const path = join(options.artifacts, `${name}-${label}.png`);
+    await page.screenshot({ path, fullPage: true });
+    out.screenshots.push(path);
+  }
+  await page.setViewportSize(DESKTOP);
+}
+
+const text = (page, selector) => page.locator(selector).innerText();
+
+async function connect(page) {
+  await page.getByRole("button", { name: "Connect wallet" }).click();
+  await page.waitForFunction(() => !document.getElementById("account").hidden);
+}
+
+async function waitRightChain(page) {
+  await page.waitForFunction(() =>
+    document.getElementById("network-badge").classList.contains("badge-ok"),
+  );
+  await page.waitForFunction(() => !document.getElementById("balance").hidden);
+}
+
+async function fillQuestion(page, question, tokens) {
+  await page.getByLabel("Your question", { exact: true }).fill(question);
+  await page.getByLabel("Answer length (tokens)", { exact: true }).fill(String(tokens));
+}
+
+const SCENARIOS = {
+  async readonly(page) {
+    await page.waitForSelector("#nodes-body tr");
+    out.readonly_visible = await page.locator("#readonly").isVisible();
+    out.readonly_text = await text(page, "#readonly");
+    out.badge = await text(page, "#network-badge");
+    out.pay_disabled = await page.locator("#pay").isDisabled();
+    out.connect_visible = await page.locator("#connect").isVisible();
+    out.pools = await text(page, "#pools");
+    out.node_rows = await page.locator("#nodes-body tr").count();
+    out.epoch_rows = await page.locator("#epochs-body tr").count();
+    out.network_summary = await text(page, "#network-summary");
+    await shots(page, "readonly");
+  },
+
+  async wrong_chain(page) {
+    await connect(page);
+    await page.waitForFunction(() =>
+      document.getElementById("network-badge").classList.contains("badge-bad"),
+    );
+    out.badge_before = await text(page, "#network-badge");
+    out.notice = await text(page, "#notice-text");
+    out.pay_disabled_before = await page.locator("#pay").isDisabled();
+    const action = page.locator("#notice-action");
+    out.switch_label = await action.innerText();
+    await shots(page, "wrong-chain");
+    await action.click();
+    await waitRightChain(page);
+    out.badge_after = await text(page, "#network-badge");
+    out.notice_after_visible = await page.locator("#notice").isVisible();
+    await fillQuestion(page, "Hello?", 8);
+    out.pay_disabled_after = await page.locator("#pay").isDisabled();
+  },
+
+  async insufficient(page, wallet) {
+    await connect(page);
+    await waitRightChain(page);
+    out.balance = await text(page, "#balance");
+    await fillQuestion(page, "What is the capital of France?", 16);
+    await page.getByRole("button", { name: "Pay and ask" }).click();
+    await page.waitForFunction(() => !document.getElementById("notice").hidden);
+    out.notice = await text(page, "#notice-text");
+    out.sent_transactions = wallet.calls.filter((m) => m === "eth_sendTransaction").length;
+    await shots(page, "insufficient-funds");
+  },
+
+  async pay(page) {
+    await connect(page);
+    await waitRightChain(page);
+    out.badge = await text(page, "#network-badge");
+    out.balance_before_wei = await page.locator("#balance").getAttribute("data-wei");
+    await fillQuestion(page, "Tell me a short story about a cat in Paris.", 24);
+    out.estimate = await text(page, "#estimate");
+    // Count how often the answer grows: a streamed answer arrives in several pieces.
+    await page.evaluate(() => {
+      window.__answerGrowth = [];
+      new MutationObserver(() =>
+        window.__answerGrowth.push(document.getElementById("answer").textContent.length),
+      ).observe(document.getElementById("answer"), { childList: true, characterData: true, subtree: true });
+    });
+    // Tab to the button and press Enter: the form works from the keyboard.
+    await page.locator("#pay").focus();
+    await page.keyboard.press("Enter");
+    await page.waitForSelector(".toast");
+    out.toasts = [await text(page, "#toasts")];
+    await page.waitForFunction(
+      () => ["good", "bad"].includes(document.getElementById("r-chain").className) ||
+        !document.getElementById("notice").hidden,
+      null,
+      { timeout: ANSWER_TIMEOUT_MS },
+    );
+    out.notice_visible = await page.locator("#notice").isVisible();
+    if (out.notice_visible) out.notice = await text(page, "#notice-text");
+    out.answer = await text(page, "#answer");
+    const note = page.locator("#answer-note");
+    out.answer_note = (await note.isVisible()) ? await note.innerText() : null;
+    out.answer_growth = await page.evaluate(() => window.__answerGrowth);
+    out.toasts.push(await text(page, "#toasts"));
+    out.receipt = {};
+    for (const id of ["query", "tokens", "deposit", "fee", "remainder", "signature", "chain", "settlement"]) {
+      out.receipt[id] = await text(page, `#r-${id}`);
+    }
+    out.receipt.signature_class = await page.locator("#r-signature").getAttribute("class");
+    out.receipt.chain_class = await page.locator("#r-chain").getAttribute("class");
+    out.receipt.chain_amount = await page.locator("#r-chain").getAttribute("data-amount");
+    out.receipt.chain_user = await page.locator("#r-chain").getAttribute("data-user");
+    // The balance in the header follows the chain (polled every 5 s and after each step).
+    await page.waitForFunction(
+      (before) => document.getElementById("balance").dataset.wei !== before,
+      out.balance_before_wei,
+    );
+    out.balance_after_wei = await page.locator("#balance").getAttribute("data-wei");
+    await page.locator("#question").focus();
+    await shots(page, "paid-answer");
+  },
+
+  async rejected(page, wallet) {
+    await connect(page);
+    await waitRightChain(page);
+    await fillQuestion(page, "Will you answer this?", 8);
+    await page.getByRole("button", { name: "Pay and ask" }).click();
+    await page.waitForFunction(() => !document.getElementById("notice").hidden);
+    out.notice = await text(page, "#notice-text");
+    await page.waitForSelector("#history li");
+    out.query_id = await page.locator("#history li").first().getAttribute("data-query");
+    const refund = page.locator("#history li").first().getByRole("button", { name: "Refund" });
+    out.refund_disabled_before = await refund.isDisabled();
+    await shots(page, "rejected-signature");
+    // Let the refund timeout pass on the chain, then refund from the page.
+    const timeout = Number(options.refund_timeout_s);
+    await wallet.forward("evm_increaseTime", [timeout + 1]);
+    await wallet.forward("evm_mine", []);
+    out.balance_before_refund_wei = (await wallet.provider.getBalance(wallet.address)).toString();
+    await page.reload({ waitUntil: "load" });
+    await page.waitForSelector("#pools .pool");
+    await connect(page);
+    await waitRightChain(page);
+    await page.waitForSelector("#history li button.refund:not([disabled])");
+    await page.locator("#history li").first().getByRole("button", { name: "Refund" }).click();
+    await page.waitForFunction(() =>
+      [...document.querySelectorAll(".toast")].some((t) => t.textContent.includes("Refund confirmed")),
+    );
+    await page.waitForFunction(() =>
+      document.querySelector("#history li .chain-status").textContent.includes("Refunded"),
+    );
+    out.history_after = await text(page, "#history li");
+    const toasts = await text(page, "#toasts");
+    out.refund_tx = toasts.match(/Refund confirmed[^]*?(0x[0-9a-f]{64})/)[1];
+    out.balance_after_refund_wei = (await wallet.provider.getBalance(wallet.address)).toString();
+  },
+};
+
+async function main() {
+  const context = await chromium.launchPersistentContext(options.user_data_dir, {
+    executablePath: options.chromium || "/usr/bin/chromium",
+    headless: true,
+    args: FLAGS,
+    viewport: DESKTOP,
+  });
+  let wallet = null;
+  try {
+    if (options.scenario !== "readonly") {
+      const key =
+        options.scenario === "insufficient" ? Wallet.createRandom().privateKey : options.private_key;
+      wallet = new TestWallet({
+        rpc: options.rpc,
+        chainId: options.chain_id,
+        privateKey: key,
+        reportChainId: options.scenario === "wrong_chain" ? 1 : options.chain_id,
+        rejectSignatures: options.scenario === "rejected",
+      });
+      await wallet.install(context);
+      out.account = wallet.address;
+    }
+    const page = context.pages()[0] || (await context.newPage());
+    if (wallet) wallet.page = page;
+    page.on("console", (message) => {
+      if (message.type() === "error") out.console_errors.push(message.text());
+    });
+    page.on("pageerror", (error) => out.console_errors.push(`pageerror: ${error.message}`));
+    await page.goto(options.gateway + "/", { waitUntil: "load" });
+    await page.waitForSelector("#pools .pool");
+    await SCENARIOS[options.scenario](page, wallet);
+    if (wallet) out.wallet_calls = wallet.calls;
+  } catch (error) {
+    out.failure = String((error && error.stack) || error);
+  } finally {
+    await context.close();
+  }
+  process.stdout.write(JSON.stringify(out) + "\n");
+}
+
+await main();

@@ -1,0 +1,138 @@
+"""The dApp's own JavaScript (dapp/src) run in Node, checked against the Python protocol.
+
+The API key the page builds must parse with `protocol.payment.parse_api_key` and recover to the
+depositor for the gateway's domain; the receipt check must accept a receipt the gateway signs
+(`protocol.payment`) and refuse a forged one; errors must come out in plain words.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocol.eip712 import sign_digest
+from protocol.payment import (
+    Receipt,
+    circuit_hash,
+    parse_api_key,
+    payment_domain,
+    receipt_json,
+)
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+USER_KEY = "0x" + "42" * 32
+GATEWAY_KEY = "0x" + "07" * 32
+ESCROW = "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0"
+
+
+def _account(key: str) -> Any:
+    from eth_account import Account
+
+    return Account.from_key(key)
+
+
+def _config() -> dict[str, Any]:
+    domain = payment_domain(31337, ESCROW)
+    return {
+        "chain_id": 31337,
+        "escrow": ESCROW,
+        "gateway": _account(GATEWAY_KEY).address,
+        "model_id": "0x" + "11" * 32,
+        "price_wei_per_token": str(10**12),
+        "payment_domain": domain.to_json(),
+    }
+
+
+def _receipt(fee: int = 5 * 10**12) -> dict[str, Any]:
+    nodes = ["aa" * 32, "bb" * 32]
+    receipt = Receipt(
+        query_id=b"\x01" * 32,
+        gateway=_account(GATEWAY_KEY).address,
+        model_id=b"\x11" * 32,
+        prompt_tokens=3,
+        completion_tokens=2,
+        fee=fee,
+        circuit_hash=circuit_hash(nodes),
+    )
+    signature = sign_digest(GATEWAY_KEY, receipt.digest(payment_domain(31337, ESCROW)))
+    return receipt_json(receipt, signature, nodes)
+
+
+def _run(receipt: dict[str, Any] | None) -> dict[str, Any]:
+    return json.loads(_run_cached(json.dumps(receipt)))
+
+
+@functools.cache
+def _run_cached(receipt_json_text: str) -> str:
+    receipt = json.loads(receipt_json_text)
+    if shutil.which("node") is None or not (REPO / "node_modules" / "ethers").is_dir():
+        pytest.skip("needs node and node_modules (npm install)")
+    done = subprocess.run(
+        ["node", str(REPO / "tests" / "dapp" / "js_checks.mjs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "DAPP_JS_INPUT": json.dumps(
+                {"private_key": USER_KEY, "config": _config(), "receipt": receipt}
+            ),
+        },
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_dapp_api_key_parses_and_recovers_the_depositor_in_python() -> None:
+    out = _run(_receipt())
+    proof = parse_api_key(out["key"])
+    assert "0x" + proof.query_id.hex() == out["query_id"]
+    # "Grüße, world?" is 15 UTF-8 bytes: price x (15 + 64 + 16)
+    assert proof.fee_cap == int(out["fee_cap"]) == 10**12 * (15 + 64 + 16)
+    config = _config()
+    signer = proof.signer(
+        bytes.fromhex("11" * 32), config["gateway"], payment_domain(31337, ESCROW)
+    )
+    assert signer == out["address"] == _account(USER_KEY).address
+    # bound to this gateway: another gateway address recovers someone else
+    other = proof.signer(bytes.fromhex("11" * 32), "0x" + "99" * 20, payment_domain(31337, ESCROW))
+    assert other != out["address"]
+
+
+def test_dapp_receipt_check_accepts_the_gateways_signature_and_refuses_a_forgery() -> None:
+    good = _run(_receipt())["receipt"]
+    assert good["signatureOk"] and good["circuitOk"]
+    forged = _receipt()
+    forged["fee_wei"] = str(10**15)  # the page must not trust a fee the gateway did not sign
+    bad = _run(forged)["receipt"]
+    assert not bad["signatureOk"]
+    swapped = _receipt()
+    swapped["nodes"] = list(reversed(swapped["nodes"]))
+    assert not _run(swapped)["receipt"]["circuitOk"]
+
+
+def test_dapp_errors_are_plain_words() -> None:
+    words = _run(None)["words"]
+    assert words["rejected"] == "Context: you declined the request in your wallet."
+    assert words["wrapped"] == words["rejected"]
+    assert words["poor"].startswith("Context: insufficient funds")
+    assert "refund timeout has not passed" in words["revert"]
+    assert "the gateway does not answer" in words["unreachable"]
+    assert words["underfunded"].startswith("Context: unpaid or underfunded question.")
+    assert "too small" in words["underfunded"] and "needs 5 wei" in words["underfunded"]
+    assert "sees no deposit" in words["unfunded"]
+    assert "the pool is incomplete" in words["incomplete"] and "not charged" in words["incomplete"]
+    assert "a compute node failed" in words["node_failed"]
+
+
+def test_dapp_refuses_a_deposit_larger_than_the_escrow_holds() -> None:
+    assert _run(None)["too_long"] == "the question is too long for one deposit"

@@ -1,0 +1,191 @@
+"""node/gateway/dapp.py with an in-process fake gateway and committee (unit: no processes).
+
+The page and its files, the config the page pays with, and /v1/network, whose committee
+answers are untrusted: malformed entries are dropped, not passed to the browser.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from node.gateway.app import GATEWAY_KEY, error_middleware
+from node.gateway.dapp import add_dapp_routes
+from protocol.errors import PlanetError
+from protocol.payment import payment_domain
+
+pytestmark = pytest.mark.unit
+
+ESCROW = "0x" + "ab" * 20
+KEY_A = "a" * 64
+KEY_B = "b" * 64
+
+
+class FakeCommittee:
+    def __init__(self, answers: dict[str, Any] | None = None, down: bool = False) -> None:
+        self.answers = answers or {}
+        self.down = down
+        self.paths: list[str] = []
+
+    async def abci_query(self, path: str) -> Any:
+        self.paths.append(path)
+        if self.down:
+            raise PlanetError("connection refused")
+        return self.answers.get(
+            path.split("?")[0] + ("?" + path.split("?")[1] if "epoch=" in path else "")
+        )
+
+
+def _gateway(committee: FakeCommittee) -> Any:
+    return SimpleNamespace(
+        chain_id=31337,
+        escrow=ESCROW,
+        committee=committee,
+        config=SimpleNamespace(evm_rpc="http://127.0.0.1:8545", max_body_bytes=1 << 20),
+        model=SimpleNamespace(
+            name="smollm2-135m", model_hash="sha256:" + "11" * 32, model_id=b"\x11" * 32, shards=2
+        ),
+        desk=SimpleNamespace(
+            gateway="0x" + "cd" * 20, price=10**12, domain=payment_domain(31337, ESCROW)
+        ),
+    )
+
+
+async def _client(aiohttp_client, committee: FakeCommittee, dist: Path) -> Any:
+    app = web.Application(middlewares=[error_middleware])
+    app[GATEWAY_KEY] = _gateway(committee)
+    add_dapp_routes(app, GATEWAY_KEY, dist=dist)
+    return await aiohttp_client(app)
+
+
+async def test_dapp_index_without_build_says_how_to_build(aiohttp_client, tmp_path) -> None:
+    client = await _client(aiohttp_client, FakeCommittee(), tmp_path / "missing")
+    answer = await client.get("/")
+    assert answer.status == 200
+    assert "npm run build:dapp" in await answer.text()
+
+
+async def test_dapp_serves_built_files_only_from_dist(aiohttp_client, tmp_path) -> None:
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "index.html").write_text("<!doctype html><title>page</title>")
+    (dist / "app.js").write_text("console.log(1)")
+    (tmp_path / "secret.txt").write_text("no")
+    client = await _client(aiohttp_client, FakeCommittee(), dist)
+    page = await client.get("/")
+    assert page.status == 200 and "<title>page</title>" in await page.text()
+    assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+    script = await client.get("/dapp/app.js")
+    assert script.status == 200 and script.content_type == "text/javascript"
+    for bad in ("/dapp/..%2Fsecret.txt", "/dapp/.hidden", "/dapp/nope.js", "/dapp/a%00.js"):
+        answer = await client.get(bad)
+        assert answer.status == 404, bad
+        assert (await answer.json())["error"]["code"] == "not_found"
+
+
+async def test_dapp_config_has_chain_escrow_abi_model_and_price(aiohttp_client, tmp_path) -> None:
+    client = await _client(aiohttp_client, FakeCommittee(), tmp_path)
+    config = await (await client.get("/dapp/config.json")).json()
+    assert config["chain_id"] == 31337 and config["escrow"] == ESCROW
+    assert config["model_id"] == "0x" + "11" * 32 and config["model"] == "smollm2-135m"
+    assert config["price_wei_per_token"] == str(10**12)
+    domain = config["payment_domain"]
+    assert (domain["name"], domain["version"], domain["chainId"]) == (
+        "Planet Query Payment",
+        "1",
+        31337,
+    )
+    assert domain["verifyingContract"].lower() == ESCROW
+    assert any(item.startswith("function deposit(") for item in config["escrow_abi"])
+    assert any(item.startswith("function refund(") for item in config["escrow_abi"])
+    assert config["evm_rpc"] == "http://127.0.0.1:8545"
+
+
+def test_dapp_config_never_shows_a_remote_rpc_url() -> None:
+    from node.gateway.dapp import dapp_config
+
+    for url in (
+        "https://mainnet.example/v3/SECRETKEY",
+        "http://user:pw@127.0.0.1:8545",
+        "http://127.0.0.1:8545/?key=1",
+        "http://10.0.0.5:8545",
+    ):
+        gateway = _gateway(FakeCommittee())
+        gateway.config.evm_rpc = url
+        assert dapp_config(gateway)["evm_rpc"] is None, url
+
+
+def _answers() -> dict[str, Any]:
+    good = {
+        "key": KEY_A,
+        "role": "compute",
+        "shards": [0],
+        "status": "SERVING",
+        "reputation": 900_000,
+        "untrusted": False,
+        "stake": str(10**18),
+        "routable": True,
+        "endpoint": "http://127.0.0.1:1",
+        "evm_address": "0x" + "12" * 20,
+    }
+    odd = {**good, "key": KEY_B, "shards": [1], "stake": "1e18", "reputation": -5, "role": "<b>"}
+    hostile = [{**good, "key": "../etc"}, {"key": KEY_A * 2}, "text", {**good, "shards": "0"}]
+    return {
+        "/nodes": {"nodes": [good, odd, *hostile]},
+        "/pool_health": {"routable_per_shard": [1, 0], "status": "incomplete"},
+        "/reputations": {"scale": 1_000_000, "untrusted_below": 400_000},
+        "/epochs": {
+            "current": 3,
+            "height": 77,
+            "epochs": [{"epoch": 3, "leader": "V", "challenges": [1]}],
+        },
+        "/epochs?epoch=2": {"epochs": [{"epoch": 2, "challenges": [], "reputation_applied": {}}]},
+        "/epochs?epoch=1": {"epochs": [{"epoch": "1"}]},
+    }
+
+
+async def test_network_view_keeps_only_well_formed_committee_fields(aiohttp_client, tmp_path):
+    committee = FakeCommittee(_answers())
+    client = await _client(aiohttp_client, committee, tmp_path)
+    answer = await client.get("/v1/network")
+    assert answer.status == 200
+    view = await answer.json()
+    assert [n["key"] for n in view["nodes"]] == [KEY_A, KEY_B]
+    odd = view["nodes"][1]
+    assert odd["stake_wei"] is None and odd["reputation"] is None and odd["role"] is None
+    assert view["nodes"][0]["stake_wei"] == str(10**18) and view["nodes"][0]["routable"]
+    assert "endpoint" not in view["nodes"][0]
+    assert view["nodes_by_shard"] == [[KEY_A], [KEY_B]]
+    assert view["pool"] == {"status": "incomplete", "routable_per_shard": [1, 0]}
+    assert [e["epoch"] for e in view["epochs"]] == [3, 2]  # epoch "1" is not an integer
+    assert view["epochs"][1]["reputation_applied"] is True
+    assert view["current_epoch"] == 3 and view["height"] == 77
+
+
+async def test_network_view_survives_answers_of_the_wrong_shape(aiohttp_client, tmp_path):
+    answers = {
+        "/nodes": {"nodes": {"not": "a list"}},
+        "/pool_health": {"routable_per_shard": list(range(10_000)), "status": "x" * 500},
+        "/reputations": ["odd"],
+        "/epochs": {"current": "3", "epochs": "none"},
+    }
+    client = await _client(aiohttp_client, FakeCommittee(answers), tmp_path)
+    answer = await client.get("/v1/network")
+    assert answer.status == 200
+    view = await answer.json()
+    assert view["nodes"] == [] and view["nodes_by_shard"] == [[], []]
+    assert view["pool"] == {"status": "unknown", "routable_per_shard": [0, 1]}
+    assert view["epochs"] == [] and view["current_epoch"] is None
+
+
+async def test_network_view_committee_down_is_503_in_plain_words(aiohttp_client, tmp_path):
+    client = await _client(aiohttp_client, FakeCommittee(down=True), tmp_path)
+    answer = await client.get("/v1/network")
+    assert answer.status == 503
+    error = (await answer.json())["error"]
+    assert error["code"] == "committee_unavailable"
+    assert "unreachable" in error["message"]

@@ -1,0 +1,296 @@
+"""The web dApp in a real Chromium against the real devnet (`planet devnet up --detach` once).
+
+Each test runs `node tests/dapp/run.mjs <scenario>`: Debian's /usr/bin/chromium driven by
+playwright-core, the page served by the devnet gateway at `/`, and an injected EIP-1193 provider
+that signs with a devnet key and forwards everything else to the real anvil. The page's words
+are checked here, and what it claims (deposit, depositor, balance, receipt) against the chain
+with web3 and `protocol.payment`. Screenshots (desktop 1280x800, phone 390x844) go to
+test-artifacts/dapp/. No console error is allowed in any scenario.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.server.launcher import pid_alive
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = REPO / "test-artifacts" / "dapp"
+UP_TIMEOUT_S = 900
+SCENARIO_TIMEOUT_S = 420
+
+ESCROW_ABI = [
+    {
+        "name": "depositOf",
+        "type": "function",
+        "stateMutability": "view",
+        "inputs": [{"name": "queryId", "type": "bytes32"}],
+        "outputs": [
+            {"name": "user", "type": "address"},
+            {"name": "amount", "type": "uint256"},
+            {"name": "status", "type": "uint8"},
+            {"name": "depositedAt", "type": "uint256"},
+        ],
+    },
+    {
+        "name": "Deposited",
+        "type": "event",
+        "anonymous": False,
+        "inputs": [
+            {"name": "queryId", "type": "bytes32", "indexed": True},
+            {"name": "user", "type": "address", "indexed": True},
+            {"name": "modelId", "type": "bytes32", "indexed": True},
+            {"name": "amount", "type": "uint256", "indexed": False},
+        ],
+    },
+    {
+        "name": "Refunded",
+        "type": "event",
+        "anonymous": False,
+        "inputs": [
+            {"name": "queryId", "type": "bytes32", "indexed": True},
+            {"name": "user", "type": "address", "indexed": True},
+            {"name": "amount", "type": "uint256", "indexed": False},
+        ],
+    },
+    {
+        "name": "refundTimeout",
+        "type": "function",
+        "stateMutability": "view",
+        "inputs": [],
+        "outputs": [{"name": "", "type": "uint256"}],
+    },
+]
+
+
+def _planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "node.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, str]:
+    from node.model.source import models_dir
+
+    if not CHROMIUM.is_file() or shutil.which("node") is None:
+        pytest.skip("needs Debian's chromium and node (deploy/setup.sh installs both)")
+    if not (REPO / "node_modules" / "playwright-core").is_dir():
+        pytest.skip("needs npm packages (npm install; deploy/setup.sh does it)")
+    home = tmp_path_factory.mktemp("planet-dapp")
+    real_models = models_dir()
+    real_models.mkdir(parents=True, exist_ok=True)
+    (home / "models").symlink_to(real_models, target_is_directory=True)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_")}
+    return {**clean, "PLANET_HOME": str(home), "NO_COLOR": "1"}
+
+
+@pytest.fixture(scope="module")
+def devnet(env: dict[str, str]) -> Iterator[dict[str, Any]]:
+    built = subprocess.run(
+        ["node", "dapp/build.mjs"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert built.returncode == 0, built.stderr
+    up = _planet(env, "devnet", "up", "--detach", timeout=UP_TIMEOUT_S)
+    state_path = Path(env["PLANET_HOME"]) / "devnet" / "devnet.json"
+    try:
+        assert up.returncode == 0, up.stderr[-4000:]
+        state = json.loads(state_path.read_text())
+        assert state.get("gateway_url"), "the devnet started no gateway"
+        yield state
+    finally:
+        pids = []
+        if state_path.is_file():
+            pids = [p for p in json.loads(state_path.read_text()).get("pids", {}).values() if p]
+        down = _planet(env, "devnet", "down", timeout=180)
+        assert down.returncode == 0, down.stderr
+        assert not [p for p in pids if pid_alive(p)], "processes outlived `planet devnet down`"
+
+
+@pytest.fixture(scope="module")
+def chain(devnet: dict[str, Any]) -> Any:
+    from web3 import Web3
+
+    w3 = Web3(Web3.HTTPProvider(devnet["evm_rpc"], request_kwargs={"timeout": 10}))
+    escrow = w3.eth.contract(address=devnet["contracts"]["QueryEscrow"], abi=ESCROW_ABI)
+    return w3, escrow
+
+
+@pytest.fixture(scope="module")
+def user(devnet: dict[str, Any]) -> Any:
+    from node.keys import load_wallet
+
+    record = next(a for a in devnet["accounts"] if a["name"] == "user")
+    password = Path(devnet["password_file"]).read_text()
+    return load_wallet(Path(record["keystore"]), password)
+
+
+def _run(scenario: str, devnet: dict[str, Any], user: Any, tmp_path: Path, **extra: Any) -> dict:
+    options = {
+        "scenario": scenario,
+        "gateway": devnet["gateway_url"],
+        "rpc": devnet["evm_rpc"],
+        "chain_id": int(devnet.get("chain_id") or 31337),
+        "private_key": "0x" + bytes(user.key).hex(),
+        "artifacts": str(ARTIFACTS),
+        "user_data_dir": str(tmp_path / "chromium-profile"),
+        "chromium": str(CHROMIUM),
+        **extra,
+    }
+    done = subprocess.run(
+        ["node", str(REPO / "tests" / "dapp" / "run.mjs")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SCENARIO_TIMEOUT_S,
+        env={**os.environ, "DAPP_RUN": json.dumps(options)},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "failure" not in result, result["failure"] + "\n" + json.dumps(result)[:3000]
+    assert result["console_errors"] == [], result["console_errors"]
+    for shot in result["screenshots"]:
+        assert Path(shot).stat().st_size > 10_000, shot
+    return result
+
+
+def _pool(devnet: dict[str, Any]) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(devnet["gateway_url"] + "/v1/pools", timeout=10) as answer:
+        return json.load(answer)["data"][0]
+
+
+def test_dapp_without_wallet_is_read_only_with_pools_and_network(devnet, user, tmp_path) -> None:
+    result = _run("readonly", devnet, user, tmp_path)
+    assert result["readonly_visible"] and "read-only" in result["readonly_text"]
+    assert result["badge"].startswith("Read-only")
+    assert result["pay_disabled"] and not result["connect_visible"]
+    pool = _pool(devnet)
+    assert pool["model"] in result["pools"]
+    assert f"price {pool['price_wei_per_token']} wei (" in result["pools"]
+    assert f"{pool['shards']} shards" in result["pools"]
+    assert result["node_rows"] >= pool["shards"]
+    assert result["epoch_rows"] >= 1
+    assert f"Pool {pool['status']}" in result["network_summary"]
+
+
+def test_dapp_wrong_chain_offers_switch_and_switching_enables_pay(devnet, user, tmp_path) -> None:
+    result = _run("wrong_chain", devnet, user, tmp_path)
+    assert result["badge_before"] == "Wrong network: chain 1"
+    assert "Switch networks to ask" in result["notice"]
+    assert result["pay_disabled_before"]
+    assert result["switch_label"].startswith("Switch to")
+    assert "wallet_switchEthereumChain" in result["wallet_calls"]
+    assert result["badge_after"].endswith("chain 31337")
+    assert not result["notice_after_visible"]
+    assert not result["pay_disabled_after"]
+
+
+def test_dapp_empty_account_gets_insufficient_funds_and_sends_nothing(
+    devnet, user, tmp_path
+) -> None:
+    result = _run("insufficient", devnet, user, tmp_path)
+    assert result["balance"] == "0 ETH"
+    assert result["notice"].startswith("Insufficient funds")
+    assert result["sent_transactions"] == 0
+
+
+def test_dapp_pays_streams_the_answer_and_the_receipt_matches_the_chain(
+    env, devnet, user, chain, tmp_path
+) -> None:
+    from protocol.payment import payment_domain, verify_receipt_json
+
+    w3, escrow = chain
+    before = w3.eth.get_balance(user.address)
+    result = _run("pay", devnet, user, tmp_path)
+    assert not result["notice_visible"], result.get("notice")
+    assert result["account"] == user.address
+    assert result["answer"].strip(), "no answer text"
+    growth = result["answer_growth"]
+    assert len(growth) >= 3 and growth == sorted(growth), growth  # streamed in pieces
+    assert any("Deposit sent" in t for t in result["toasts"])
+    receipt = result["receipt"]
+    assert receipt["signature_class"] == "good", receipt["signature"]
+    assert receipt["chain_class"] == "good", receipt["chain"]
+    query_id = receipt["query"]
+    on_chain = escrow.functions.depositOf(bytes.fromhex(query_id[2:])).call()
+    user_on_chain, amount, status, _ = on_chain
+    assert user_on_chain == user.address == receipt["chain_user"]
+    assert status == 1  # Funded: the committee has not settled it yet
+    assert int(receipt["chain_amount"]) == amount
+    assert receipt["deposit"].startswith(f"{amount} wei")
+    # The gateway's copy of the receipt: signed by the gateway, fee within the deposit, and the
+    # page's fee and remainder are the receipt's.
+    pool = _pool(devnet)
+    domain = payment_domain(pool["chain_id"], pool["escrow"])
+    served = _served_receipt(env, query_id)
+    signed, signer = verify_receipt_json(served, domain)
+    assert signer == pool["gateway"]
+    assert 0 < signed.fee <= amount
+    assert receipt["fee"].startswith(f"{signed.fee} wei")
+    assert receipt["remainder"].startswith(f"{amount - signed.fee} wei")
+    if result["answer_note"]:  # "stopped at the length you chose": all 24 tokens were used
+        assert signed.completion_tokens == 24, result["answer_note"]
+    assert receipt["tokens"] == (
+        f"{signed.prompt_tokens} prompt + {signed.completion_tokens} completion"
+    )
+    # The wallet paid the deposit plus gas; the page's balance is the chain's.
+    after = w3.eth.get_balance(user.address)
+    assert before - after >= amount
+    assert int(result["balance_before_wei"]) - int(result["balance_after_wei"]) >= amount
+    assert int(result["balance_after_wei"]) == after
+
+
+def _served_receipt(env: dict[str, str], query_id: str) -> dict[str, Any]:
+    """The receipt as the gateway logged it (its receipts file, one JSON object a line)."""
+    for log in (Path(env["PLANET_HOME"]) / "devnet").rglob("*receipts.jsonl"):
+        for line in log.read_text().splitlines():
+            doc = json.loads(line)
+            doc = doc.get("receipt", doc)
+            if doc.get("query_id") == query_id:
+                return doc
+    raise AssertionError(f"the gateway logged no receipt for {query_id}")
+
+
+def test_dapp_rejected_signature_leaves_a_deposit_that_refunds_after_the_timeout(
+    devnet, user, chain, tmp_path
+) -> None:
+    w3, escrow = chain
+    timeout_s = escrow.functions.refundTimeout().call()
+    result = _run("rejected", devnet, user, tmp_path, refund_timeout_s=timeout_s)
+    assert "you declined the request in your wallet" in result["notice"]
+    assert "refund it" in result["notice"]
+    assert "eth_signTypedData_v4" in result["wallet_calls"]
+    assert result["refund_disabled_before"]
+    query_id = bytes.fromhex(result["query_id"][2:])
+    user_on_chain, amount, status, _ = escrow.functions.depositOf(query_id).call()
+    assert (user_on_chain, amount, status) == (user.address, 0, 4)  # Refunded
+    assert "Refunded" in result["history_after"]
+    # The refund transaction (hash from the page's toast) paid back the whole deposit.
+    deposited = escrow.events.Deposited().get_logs(
+        from_block=0, argument_filters={"queryId": query_id}
+    )
+    assert len(deposited) == 1 and deposited[0]["args"]["amount"] > 0
+    refund_tx = w3.eth.get_transaction_receipt(result["refund_tx"])
+    refunded = escrow.events.Refunded().process_receipt(refund_tx)
+    assert [e["args"]["amount"] for e in refunded] == [deposited[0]["args"]["amount"]]
+    gas = refund_tx["gasUsed"] * refund_tx["effectiveGasPrice"]
+    delta = int(result["balance_after_refund_wei"]) - int(result["balance_before_refund_wei"])
+    assert delta + gas == deposited[0]["args"]["amount"]
