@@ -11,11 +11,7 @@ export PLANET_HOME=${PLANET_HOME:-$HOME/.cache/planet}
 QUESTION=${1:-"In one sentence, what is a layer of a neural network?"}
 trap 'planet devnet down' EXIT
 planet devnet up --detach
-# The paid question through the gateway (deposit from the CLI wallet, signed receipt): once
-# `planet ask --pay` is in this checkout, this line replaces the unpaid one below.
-if planet ask --help 2>/dev/null | grep -q -- "--pay"; then
-  planet ask --pay --wallet "$PLANET_HOME/devnet/user/wallet.json" \
-    --password-file "$PLANET_HOME/devnet/password" "$QUESTION"
-else
-  planet ask --nodes "$PLANET_HOME/devnet/nodes.json" "$QUESTION"
-fi
+# The paid question through the gateway: a deposit from the devnet user's wallet into the
+# escrow, the signed payment proof as the API key, the streamed answer, the gateway's receipt.
+planet ask --pay --wallet "$PLANET_HOME/devnet/user/wallet.json" \
+  --password-file "$PLANET_HOME/devnet/password" "$QUESTION"
