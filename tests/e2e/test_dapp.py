@@ -292,5 +292,9 @@ def test_dapp_rejected_signature_leaves_a_deposit_that_refunds_after_the_timeout
     refunded = escrow.events.Refunded().process_receipt(refund_tx)
     assert [e["args"]["amount"] for e in refunded] == [deposited[0]["args"]["amount"]]
     gas = refund_tx["gasUsed"] * refund_tx["effectiveGasPrice"]
-    delta = int(result["balance_after_refund_wei"]) - int(result["balance_before_refund_wei"])
+    # Read from the chain at the refund's own block (anvil mines one tx per block): the page's
+    # balance poll can run before that block is visible, so its numbers are not exact here.
+    block = refund_tx["blockNumber"]
+    delta = w3.eth.get_balance(user.address, block) - w3.eth.get_balance(user.address, block - 1)
     assert delta + gas == deposited[0]["args"]["amount"]
+    assert int(result["balance_after_refund_wei"]) >= int(result["balance_before_refund_wei"]) - gas
