@@ -11,6 +11,9 @@ leaving them out favours the per-token method).
 
 - one pass (ours): the circuit runs prompt + answer as ONE prefill, the verifier runs its own
   reference over the same ids in ONE pass and compares (KL per token, `node.verifier.scoring`).
+  `verifications_per_min_one_pass` counts both sides (the nodes' prefill and the verifier's
+  pass, as the per-token figure counts the nodes' 100 requests); `…_verifier_side` counts only
+  the verifier's own pass and comparison.
 - per token (PlanetServe's reference code): one completion request per answer token, each a
   stateless prefill of prompt + answer[:i] returning top-50 logprobs, plus the same reference
   pass. By default 10 of the 100 requests are timed (i = 5, 15, …, 95, whose lengths average
@@ -43,7 +46,8 @@ PER_TOKEN_SAMPLE = 10
 SPOT_CHECK_RATE = 0.05  # share of a node's layer batches spot-checked (DESIGN.md default)
 
 
-def one_pass(circuit, challenge) -> float:
+def one_pass(circuit, challenge) -> tuple[float, float]:
+    """(seconds for the whole verification, seconds of it on the verifier's side)."""
     from node.verifier.measure import run_prefill
     from node.verifier.scoring import compare_logits
 
@@ -51,9 +55,11 @@ def one_pass(circuit, challenge) -> float:
     started = time.perf_counter()
     ids = challenge.ids
     served = head.all_logits(run_prefill(circuit.shards, head.embed(ids)))  # the circuit's side
+    middle = time.perf_counter()
     reference = head.all_logits(run_prefill(circuit.shards, head.embed(ids)))  # the verifier's
     compare_logits(challenge, served, reference)
-    return time.perf_counter() - started
+    ended = time.perf_counter()
+    return ended - started, ended - middle
 
 
 def per_token(circuit, challenge, full: bool) -> float:
@@ -132,10 +138,12 @@ def main(argv: list[str] | None = None) -> int:
 
     circuit = load_circuit("none")
     challenges = text_challenges(circuit.head, heldout_text(), count=max(2, repeats))
-    one, per = [], []
+    one, per, verifier_side = [], [], []
     for index in range(repeats):
         challenge = challenges[index]
-        one.append(one_pass(circuit, challenge))
+        total, own = one_pass(circuit, challenge)
+        one.append(total)
+        verifier_side.append(own)
         per.append(per_token(circuit, challenge, args.full_per_token))
         log.info("repeat %d: one pass %.2f s, per token %.2f s", index + 1, one[-1], per[-1])
     spot = [serving_and_spot_check(circuit, list(challenges[0].ids[:128])) for _ in range(repeats)]
@@ -148,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "verifications_per_min_one_pass": round(60.0 / one_s, 2),
         "verifications_per_min_per_token": round(60.0 / per_s, 3),
         "ratio_one_pass_vs_per_token": round(per_s / one_s, 1),
+        "verifications_per_min_one_pass_verifier_side": round(60.0 / median(verifier_side), 2),
         "verification_s_one_pass": round(one_s, 3),
         "verification_s_per_token": round(per_s, 2),
         "verification_s_one_pass_spread": spread(one, 3),
