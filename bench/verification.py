@@ -46,12 +46,14 @@ PER_TOKEN_SAMPLE = 10
 SPOT_CHECK_RATE = 0.05  # share of a node's layer batches spot-checked (DESIGN.md default)
 
 
-def one_pass(circuit, challenge) -> tuple[float, float]:
-    """(seconds for the whole verification, seconds of it on the verifier's side)."""
+def one_pass(circuit, challenge) -> tuple[float, float, float]:
+    """(wall seconds for the whole verification, wall seconds of it on the verifier's side,
+    CPU seconds of this process for the whole verification)."""
     from node.verifier.measure import run_prefill
     from node.verifier.scoring import compare_logits
 
     head = circuit.head
+    cpu = time.process_time()
     started = time.perf_counter()
     ids = challenge.ids
     served = head.all_logits(run_prefill(circuit.shards, head.embed(ids)))  # the circuit's side
@@ -59,7 +61,7 @@ def one_pass(circuit, challenge) -> tuple[float, float]:
     reference = head.all_logits(run_prefill(circuit.shards, head.embed(ids)))  # the verifier's
     compare_logits(challenge, served, reference)
     ended = time.perf_counter()
-    return ended - started, ended - middle
+    return ended - started, ended - middle, time.process_time() - cpu
 
 
 def per_token(circuit, challenge, full: bool) -> float:
@@ -138,12 +140,13 @@ def main(argv: list[str] | None = None) -> int:
 
     circuit = load_circuit("none")
     challenges = text_challenges(circuit.head, heldout_text(), count=max(2, repeats))
-    one, per, verifier_side = [], [], []
+    one, per, verifier_side, one_cpu = [], [], [], []
     for index in range(repeats):
         challenge = challenges[index]
-        total, own = one_pass(circuit, challenge)
+        total, own, cpu = one_pass(circuit, challenge)
         one.append(total)
         verifier_side.append(own)
+        one_cpu.append(cpu)
         per.append(per_token(circuit, challenge, args.full_per_token))
         log.info("repeat %d: one pass %.2f s, per token %.2f s", index + 1, one[-1], per[-1])
     spot = [serving_and_spot_check(circuit, list(challenges[0].ids[:128])) for _ in range(repeats)]
@@ -158,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_one_pass_vs_per_token": round(per_s / one_s, 1),
         "verifications_per_min_one_pass_verifier_side": round(60.0 / median(verifier_side), 2),
         "verification_s_one_pass": round(one_s, 3),
+        "verification_cpu_s_one_pass": round(median(one_cpu), 3),
+        "threads": torch.get_num_threads(),
         "verification_s_per_token": round(per_s, 2),
         "verification_s_one_pass_spread": spread(one, 3),
         "verification_s_per_token_spread": spread(per, 2),
