@@ -64,8 +64,9 @@ def one_pass(circuit, challenge) -> tuple[float, float, float]:
     return ended - started, ended - middle, time.process_time() - cpu
 
 
-def per_token(circuit, challenge, full: bool) -> float:
-    """Seconds for one verification the per-token way (sampled and scaled unless `full`)."""
+def per_token(circuit, challenge, full: bool) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one verification the per-token way (sampled requests
+    scaled to all of them unless `full`)."""
     from node.verifier.measure import run_prefill
 
     head = circuit.head
@@ -73,16 +74,21 @@ def per_token(circuit, challenge, full: bool) -> float:
     answer = list(challenge.continuation_ids)
     count = len(answer)
     steps = list(range(count)) if full else list(range(5, count, count // PER_TOKEN_SAMPLE))
+    cpu = time.process_time()
     started = time.perf_counter()
     for i in steps:
         ids = prompt + answer[:i]
         logits = head.logits(run_prefill(circuit.shards, head.embed(ids)))
         torch.topk(torch.log_softmax(logits, -1), 50)
     requests = time.perf_counter() - started
+    requests_cpu = time.process_time() - cpu
+    cpu = time.process_time()
     started = time.perf_counter()
     head.all_logits(run_prefill(circuit.shards, head.embed(prompt + answer)))  # reference
     reference = time.perf_counter() - started
-    return requests * (count / len(steps)) + reference
+    reference_cpu = time.process_time() - cpu
+    scale = count / len(steps)
+    return requests * scale + reference, requests_cpu * scale + reference_cpu
 
 
 @torch.inference_mode()
@@ -140,14 +146,16 @@ def main(argv: list[str] | None = None) -> int:
 
     circuit = load_circuit("none")
     challenges = text_challenges(circuit.head, heldout_text(), count=max(2, repeats))
-    one, per, verifier_side, one_cpu = [], [], [], []
+    one, per, verifier_side, one_cpu, per_cpu = [], [], [], [], []
     for index in range(repeats):
         challenge = challenges[index]
         total, own, cpu = one_pass(circuit, challenge)
         one.append(total)
         verifier_side.append(own)
         one_cpu.append(cpu)
-        per.append(per_token(circuit, challenge, args.full_per_token))
+        wall, cpu = per_token(circuit, challenge, args.full_per_token)
+        per.append(wall)
+        per_cpu.append(cpu)
         log.info("repeat %d: one pass %.2f s, per token %.2f s", index + 1, one[-1], per[-1])
     spot = [serving_and_spot_check(circuit, list(challenges[0].ids[:128])) for _ in range(repeats)]
     one_s, per_s = median(one), median(per)
@@ -162,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         "verifications_per_min_one_pass_verifier_side": round(60.0 / median(verifier_side), 2),
         "verification_s_one_pass": round(one_s, 3),
         "verification_cpu_s_one_pass": round(median(one_cpu), 3),
+        "verification_cpu_s_per_token": round(median(per_cpu), 2),
+        "ratio_one_pass_vs_per_token_cpu": round(median(per_cpu) / median(one_cpu), 1),
+        "verifications_per_min_one_pass_cpu_bound": round(
+            60.0 * torch.get_num_threads() / median(one_cpu), 2
+        ),
         "threads": torch.get_num_threads(),
         "verification_s_per_token": round(per_s, 2),
         "verification_s_one_pass_spread": spread(one, 3),
