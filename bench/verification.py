@@ -13,7 +13,9 @@ leaving them out favours the per-token method).
   reference over the same ids in ONE pass and compares (KL per token, `node.verifier.scoring`).
   `verifications_per_min_one_pass` counts both sides (the nodes' prefill and the verifier's
   pass, as the per-token figure counts the nodes' 100 requests); `…_verifier_side` counts only
-  the verifier's own pass and comparison.
+  the verifier's own pass and comparison. `ratio_…_reference_reused`: the same ratio when the
+  verifier's reference for a challenge is computed once and reused for several nodes (one
+  pass's cost is then the circuit's prefill alone).
 - per token (PlanetServe's reference code): one completion request per answer token, each a
   stateless prefill of prompt + answer[:i] returning top-50 logprobs, plus the same reference
   pass. By default 10 of the 100 requests are timed (i = 5, 15, …, 95, whose lengths average
@@ -168,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         "verifications_per_min_per_token": round(60.0 / per_s, 3),
         "ratio_one_pass_vs_per_token": round(per_s / one_s, 1),
         "verifications_per_min_one_pass_verifier_side": round(60.0 / median(verifier_side), 2),
+        "ratio_one_pass_vs_per_token_reference_reused": round(
+            median([p / (o - v) for p, o, v in zip(per, one, verifier_side, strict=True)]), 1
+        ),
         "verification_s_one_pass": round(one_s, 3),
         "verification_cpu_s_one_pass": round(median(one_cpu), 3),
         "verification_cpu_s_per_token": round(median(per_cpu), 2),
