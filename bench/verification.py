@@ -11,6 +11,11 @@ leaving them out favours the per-token method).
 
 - one pass (ours): the circuit runs prompt + answer as ONE prefill, the verifier runs its own
   reference over the same ids in ONE pass and compares (KL per token, `node.verifier.scoring`).
+  `verifications_per_min_one_pass` counts both sides (the nodes' prefill and the verifier's
+  pass, as the per-token figure counts the nodes' 100 requests); `…_verifier_side` counts only
+  the verifier's own pass and comparison. `ratio_…_reference_reused`: the same ratio when the
+  verifier's reference for a challenge is computed once and reused for several nodes (one
+  pass's cost is then the circuit's prefill alone).
 - per token (PlanetServe's reference code): one completion request per answer token, each a
   stateless prefill of prompt + answer[:i] returning top-50 logprobs, plus the same reference
   pass. By default 10 of the 100 requests are timed (i = 5, 15, …, 95, whose lengths average
@@ -43,21 +48,27 @@ PER_TOKEN_SAMPLE = 10
 SPOT_CHECK_RATE = 0.05  # share of a node's layer batches spot-checked (DESIGN.md default)
 
 
-def one_pass(circuit, challenge) -> float:
+def one_pass(circuit, challenge) -> tuple[float, float, float]:
+    """(wall seconds for the whole verification, wall seconds of it on the verifier's side,
+    CPU seconds of this process for the whole verification)."""
     from node.verifier.measure import run_prefill
     from node.verifier.scoring import compare_logits
 
     head = circuit.head
+    cpu = time.process_time()
     started = time.perf_counter()
     ids = challenge.ids
     served = head.all_logits(run_prefill(circuit.shards, head.embed(ids)))  # the circuit's side
+    middle = time.perf_counter()
     reference = head.all_logits(run_prefill(circuit.shards, head.embed(ids)))  # the verifier's
     compare_logits(challenge, served, reference)
-    return time.perf_counter() - started
+    ended = time.perf_counter()
+    return ended - started, ended - middle, time.process_time() - cpu
 
 
-def per_token(circuit, challenge, full: bool) -> float:
-    """Seconds for one verification the per-token way (sampled and scaled unless `full`)."""
+def per_token(circuit, challenge, full: bool) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one verification the per-token way (sampled requests
+    scaled to all of them unless `full`)."""
     from node.verifier.measure import run_prefill
 
     head = circuit.head
@@ -65,16 +76,21 @@ def per_token(circuit, challenge, full: bool) -> float:
     answer = list(challenge.continuation_ids)
     count = len(answer)
     steps = list(range(count)) if full else list(range(5, count, count // PER_TOKEN_SAMPLE))
+    cpu = time.process_time()
     started = time.perf_counter()
     for i in steps:
         ids = prompt + answer[:i]
         logits = head.logits(run_prefill(circuit.shards, head.embed(ids)))
         torch.topk(torch.log_softmax(logits, -1), 50)
     requests = time.perf_counter() - started
+    requests_cpu = time.process_time() - cpu
+    cpu = time.process_time()
     started = time.perf_counter()
     head.all_logits(run_prefill(circuit.shards, head.embed(prompt + answer)))  # reference
     reference = time.perf_counter() - started
-    return requests * (count / len(steps)) + reference
+    reference_cpu = time.process_time() - cpu
+    scale = count / len(steps)
+    return requests * scale + reference, requests_cpu * scale + reference_cpu
 
 
 @torch.inference_mode()
@@ -132,11 +148,16 @@ def main(argv: list[str] | None = None) -> int:
 
     circuit = load_circuit("none")
     challenges = text_challenges(circuit.head, heldout_text(), count=max(2, repeats))
-    one, per = [], []
+    one, per, verifier_side, one_cpu, per_cpu = [], [], [], [], []
     for index in range(repeats):
         challenge = challenges[index]
-        one.append(one_pass(circuit, challenge))
-        per.append(per_token(circuit, challenge, args.full_per_token))
+        total, own, cpu = one_pass(circuit, challenge)
+        one.append(total)
+        verifier_side.append(own)
+        one_cpu.append(cpu)
+        wall, cpu = per_token(circuit, challenge, args.full_per_token)
+        per.append(wall)
+        per_cpu.append(cpu)
         log.info("repeat %d: one pass %.2f s, per token %.2f s", index + 1, one[-1], per[-1])
     spot = [serving_and_spot_check(circuit, list(challenges[0].ids[:128])) for _ in range(repeats)]
     one_s, per_s = median(one), median(per)
@@ -148,7 +169,18 @@ def main(argv: list[str] | None = None) -> int:
         "verifications_per_min_one_pass": round(60.0 / one_s, 2),
         "verifications_per_min_per_token": round(60.0 / per_s, 3),
         "ratio_one_pass_vs_per_token": round(per_s / one_s, 1),
+        "verifications_per_min_one_pass_verifier_side": round(60.0 / median(verifier_side), 2),
+        "ratio_one_pass_vs_per_token_reference_reused": round(
+            median([p / (o - v) for p, o, v in zip(per, one, verifier_side, strict=True)]), 1
+        ),
         "verification_s_one_pass": round(one_s, 3),
+        "verification_cpu_s_one_pass": round(median(one_cpu), 3),
+        "verification_cpu_s_per_token": round(median(per_cpu), 2),
+        "ratio_one_pass_vs_per_token_cpu": round(median(per_cpu) / median(one_cpu), 1),
+        "verifications_per_min_one_pass_cpu_bound": round(
+            60.0 * torch.get_num_threads() / median(one_cpu), 2
+        ),
+        "threads": torch.get_num_threads(),
         "verification_s_per_token": round(per_s, 2),
         "verification_s_one_pass_spread": spread(one, 3),
         "verification_s_per_token_spread": spread(per, 2),

@@ -49,7 +49,7 @@ def reference(circuits: dict[str, Any], challenge: Challenge) -> torch.Tensor:
 def noisy_int4_shard() -> ShardModel:
     path = prepare(parts=3, quant="int4", progress=lambda _m: None)
     shard = ShardModel.load(path, 1, device="cpu")
-    return cheats.perturb_weights_(shard, 0.02, 1, confirm=cheats.CHEAT)
+    return cheats.perturb_weights_(shard, 0.05, 1, confirm=cheats.CHEAT)
 
 
 def _credibility(circuit_shards: list[Any], circuits: dict, challenge, reference) -> int:
@@ -82,7 +82,7 @@ def test_verifier_substitutes_score_zero(
     c = cheats.CHEAT
     substitutes = {
         "skip_one_layer": [fp[0], cheats.drop_layer(fp[1], 5, confirm=c), fp[2]],
-        "int4_weight_noise_2pct_one_shard": [int4[0], noisy_int4_shard, int4[2]],
+        "int4_weight_noise_5pct_one_shard": [int4[0], noisy_int4_shard, int4[2]],
         "activation_noise_every_4th": [
             fp[0],
             cheats.NoisyShard(fp[1], 0.1, 4, 0, confirm=c),

@@ -130,3 +130,15 @@ def test_cheats_need_explicit_confirmation(tiny: Any) -> None:
 
 def test_topk_constant_matches_rows() -> None:
     assert all(len(row) == TOPK for row in topk_rows(torch.randn(3, 64)))
+
+
+def test_check_mid_session_block_with_context_passes_and_wrong_offset_fails(tiny: Any) -> None:
+    head, shards, _ = tiny
+    hidden = head.embed(head.encode(WORDS))
+    trace = serve_trace(shards, hidden, prompt_len=8)
+    recorder = FingerprintRecorder()
+    recorder.add(trace.outputs[1], torch.arange(trace.outputs[1].shape[1]))
+    block = recorder.blocks[1]  # positions [32, 64)
+    own = recompute(shards[1], trace.inputs[1][:, :64])  # the ticket: inputs up to the block's end
+    assert check(block, own[:, 32:], 32, TOLERANCE).passed
+    assert not check(block, own[:, 31:63], 32, TOLERANCE).passed  # rows shifted by one
