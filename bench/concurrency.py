@@ -42,7 +42,7 @@ PROMPTS = (
     "List three fruits and say what colour each one is.",
     "What makes a good cup of tea?",
 )
-PORTS = (18400, 18700)
+PORTS = (18800, 19000)
 # The GPU sweep (a Llama-3-8B-shaped model with random weights, int4, 4 shards on one
 # GPU). MODEL_DIR must hold such a model; no generator for an 8B random model exists yet.
 GPU_COMMAND = (

@@ -338,11 +338,17 @@ def encode_ohq(values: np.ndarray, bits: int = _OHQ_BITS) -> bytes:
     rest[rows, index] = 0.0
     rotated = rest @ _H64
     exact = np.abs(rotated).max(axis=1) / qmax
+    if not (np.isfinite(exact).all() and np.isfinite(outlier).all()) or (
+        exact.max(initial=0.0) > _FP16_MAX
+    ):
+        raise NonFiniteError(
+            f"activations are not finite or too large for ohq{bits} (scale overflows float16)"
+        )
     scales = exact.astype(np.float16)
     low = scales.astype(np.float32) < exact
     scales[low] = np.nextafter(scales[low], np.float16(np.inf))  # round up: no code clips
     if not np.isfinite(scales).all():
-        raise NonFiniteError(f"activations too large for ohq{bits} (block scale overflows float16)")
+        raise NonFiniteError(f"activations too large for ohq{bits} (scale overflows float16)")
     safe = np.where(scales > 0, scales.astype(np.float32), np.float32(1.0))
     codes = np.rint(rotated / safe[:, None]).clip(-qmax, qmax) + qmax
     return b"".join(
