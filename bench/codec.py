@@ -10,9 +10,10 @@ place a circuit puts activations on the wire (embeddings into shard 0 and each s
 node/model/evaluate.py `codec_quality`). Teacher-forced: every position sees the true prefix,
 so one near-tie cannot cascade into a different continuation. Reported per codec: share of
 positions whose top-1 next token equals the uncompressed chain's, perplexity ratio against the
-uncompressed chain, and body bytes as a share of fp32. Besides the registered wire codecs it
-measures `fp16` (a cast) and ohq widths that are not on the wire (`ohq6_probe`, `ohq8_probe`),
-to show where the quality/bytes curve bends.
+uncompressed chain, body bytes as a share of fp32, and the CPU microseconds of one token's
+encode + decode. Besides the registered wire codecs it measures `fp16` (a cast) and ohq widths
+that are not on the wire (`ohq6_probe`, `ohq8_probe`), to show where the quality/bytes curve
+bends.
 """
 
 from __future__ import annotations
@@ -82,6 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         metrics[f"ratio_activation_bytes_{name}_vs_fp32"] = round(ratio, 4)
         metrics[f"activation_bytes_per_token_{name}"] = round(ratio * hidden * 4)
     metrics["activation_bytes_per_token_raw"] = hidden * 4
+    one = np.random.default_rng(0).standard_normal((1, 1, hidden)).astype(np.float32)
+    for name in lossy:  # CPU cost of encode + decode of one decode-step row
+        roundtrip = table[name]
+        roundtrip(one)
+        t0 = time.perf_counter()
+        for _ in range(200):
+            roundtrip(one)
+        metrics[f"roundtrip_us_per_token_{name}"] = round((time.perf_counter() - t0) / 200 * 1e6)
     metrics["compressed_codec"] = COMPRESSED_CODEC
     c = COMPRESSED_CODEC
     metrics["ratio_activation_bytes_compressed_vs_fp32"] = metrics[
