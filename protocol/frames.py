@@ -24,6 +24,14 @@ Codecs (the body):
   9-bit signed codes [-255, 255]: body = scales (n_blocks x float32 LE) + low bytes of the
   codes + 1 packed bit per value (bit 8). 76 bytes per 64 values = 29.7 % of fp32; relative
   error ~0.25 % per hop, measured to keep greedy tokens unchanged where plain int8 did not.
+- "ohq7" (what `--compress` uses since issue 18): per block of 64 values, the largest-magnitude
+  value is split off and sent exactly (uint8 index in the block + float32 value), the rest is
+  rotated by the Walsh-Hadamard matrix and quantized absmax to 7-bit signed codes [-63, 63]
+  with a float16 scale (rounded up, so no code clips). body = indices (n_blocks x uint8) +
+  outlier values (n_blocks x float32 LE) + scales (n_blocks x float16 LE) + codes (7 bits per
+  value, offset +63, packed little-endian bit order). 63 bytes per 64 values = 24.6 % of fp32.
+  Splitting the outlier off first keeps the residual stream's few huge channels (and token
+  0's ~22,500) from inflating the step of the 63 ordinary values sharing their block.
 - "int8": blockwise absmax int8 (Nesa sec. 4). The flattened tensor is cut in blocks of
   INT8_BLOCK values; each block stores one float32 scale (absmax / 127) and one int8 per value:
   body = scales (n_blocks x float32 LE) + codes (N x int8). 68 bytes per 64 values = 26.6 % of
@@ -59,8 +67,9 @@ DTYPES: Final[dict[str, np.dtype]] = {
     "float32": np.dtype("<f4"),
     "float16": np.dtype("<f2"),
 }
-CODECS: Final = ("raw", "int8", "hq9")
-COMPRESSED_CODEC: Final = "hq9"  # what clients use when asked to compress
+# Codec names are wire format: append new ones, never rename or reuse one.
+CODECS: Final = ("raw", "int8", "hq9", "ohq7")
+COMPRESSED_CODEC: Final = "ohq7"  # what clients use when asked to compress
 SESSION_MIN_CHARS: Final = 22  # 22 base64url characters carry >= 128 bits
 SESSION_MAX_CHARS: Final = 64
 _SESSION_RE = re.compile(rf"[A-Za-z0-9_-]{{{SESSION_MIN_CHARS},{SESSION_MAX_CHARS}}}")
@@ -291,8 +300,95 @@ def _decode_hq9(body: memoryview, n: int) -> np.ndarray:
     return out.reshape(-1)[:n]
 
 
+_OHQ_BITS: Final = 7  # the registered "ohq7"; other widths exist only for measurements
+
+
+def ohq_block_bytes(bits: int = _OHQ_BITS) -> int:
+    """Bytes per block of 64 values: outlier index, outlier value, scale, packed codes."""
+    return 1 + 4 + 2 + INT8_BLOCK * bits // 8
+
+
+def _pack_bits(codes: np.ndarray, bits: int) -> bytes:
+    """uint8 codes < 2**bits → their low `bits` bits, concatenated (little-endian bit order)."""
+    unpacked = np.unpackbits(codes.reshape(-1, 1), axis=1, bitorder="little")[:, :bits]
+    return np.packbits(unpacked.reshape(-1), bitorder="little").tobytes()
+
+
+def _unpack_bits(data: memoryview, count: int, bits: int) -> np.ndarray:
+    """Inverse of _pack_bits: `count` uint8 codes (the caller checked len(data))."""
+    flat = np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=count * bits, bitorder="little")
+    wide = np.zeros((count, 8), dtype=np.uint8)
+    wide[:, :bits] = flat.reshape(count, bits)
+    return np.packbits(wide, axis=1, bitorder="little").reshape(-1)
+
+
+def encode_ohq(values: np.ndarray, bits: int = _OHQ_BITS) -> bytes:
+    """The ohq body of `values` with `bits`-bit codes (2..8; the wire codec "ohq7" is 7)."""
+    qmax = 2 ** (bits - 1) - 1
+    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    n = flat.size
+    n_blocks = -(-n // INT8_BLOCK)
+    padded = np.zeros(n_blocks * INT8_BLOCK, dtype=np.float32)
+    padded[:n] = flat
+    blocks = padded.reshape(n_blocks, INT8_BLOCK)
+    rows = np.arange(n_blocks)
+    index = np.abs(blocks).argmax(axis=1)
+    outlier = blocks[rows, index].astype("<f4")
+    rest = blocks.copy()
+    rest[rows, index] = 0.0
+    rotated = rest @ _H64
+    exact = np.abs(rotated).max(axis=1) / qmax
+    if not (np.isfinite(exact).all() and np.isfinite(outlier).all()) or (
+        exact.max(initial=0.0) > _FP16_MAX
+    ):
+        raise NonFiniteError(
+            f"activations are not finite or too large for ohq{bits} (scale overflows float16)"
+        )
+    scales = exact.astype(np.float16)
+    low = scales.astype(np.float32) < exact
+    scales[low] = np.nextafter(scales[low], np.float16(np.inf))  # round up: no code clips
+    if not np.isfinite(scales).all():
+        raise NonFiniteError(f"activations too large for ohq{bits} (scale overflows float16)")
+    safe = np.where(scales > 0, scales.astype(np.float32), np.float32(1.0))
+    codes = np.rint(rotated / safe[:, None]).clip(-qmax, qmax) + qmax
+    return b"".join(
+        (
+            index.astype(np.uint8).tobytes(),
+            outlier.tobytes(),
+            scales.astype("<f2").tobytes(),
+            _pack_bits(codes.astype(np.uint8), bits),
+        )
+    )
+
+
+def decode_ohq(body: memoryview | bytes, n: int, bits: int = _OHQ_BITS) -> np.ndarray:
+    """`n` float32 values from an ohq body (size, indices, scales and codes checked first)."""
+    body = memoryview(body)
+    qmax = 2 ** (bits - 1) - 1
+    n_blocks = -(-n // INT8_BLOCK)
+    expected = n_blocks * ohq_block_bytes(bits)
+    if len(body) != expected:
+        raise BadBodyError(f"ohq{bits} body is {len(body)} bytes, expected {expected}")
+    index = np.frombuffer(body, dtype=np.uint8, count=n_blocks)
+    if index.max(initial=0) >= INT8_BLOCK:
+        raise BadBodyError(f"ohq{bits} outlier index out of range (>= {INT8_BLOCK})")
+    outlier = np.frombuffer(body, dtype="<f4", offset=n_blocks, count=n_blocks)
+    scales = np.frombuffer(body, dtype="<f2", offset=5 * n_blocks, count=n_blocks)
+    if not (np.isfinite(outlier).all() and np.isfinite(scales).all()):
+        raise NonFiniteError(f"ohq{bits} outlier values or block scales contain NaN or Inf")
+    codes = _unpack_bits(body[7 * n_blocks :], n_blocks * INT8_BLOCK, bits)
+    if codes.max(initial=0) > 2 * qmax:
+        raise BadBodyError(f"ohq{bits} code out of range")
+    centred = codes.astype(np.float32).reshape(n_blocks, INT8_BLOCK) - qmax
+    out = (centred * scales.astype(np.float32)[:, None]) @ _H64
+    out[np.arange(n_blocks), index] = outlier
+    return out.reshape(-1)[:n]
+
+
 def body_size(dtype: str, codec: str, n_values: int) -> int:
     """Bytes of a body holding `n_values` values."""
+    if codec == "ohq7":
+        return -(-n_values // INT8_BLOCK) * ohq_block_bytes()
     if codec == "int8":
         return -(-n_values // INT8_BLOCK) * 4 + n_values
     if codec == "hq9":
@@ -306,6 +402,8 @@ def encode_body(array: np.ndarray, dtype: str, codec: str) -> bytes:
         return _encode_int8(array)
     if codec == "hq9":
         return _encode_hq9(array)
+    if codec == "ohq7":
+        return encode_ohq(array)
     if dtype == "float16" and array.size and float(np.abs(array).max()) > _FP16_MAX:
         raise NonFiniteError("activations overflow float16; send float32 or int8")
     return np.ascontiguousarray(array, dtype=DTYPES[dtype]).tobytes()
@@ -319,6 +417,8 @@ def decode_body(header: FrameHeader, body: memoryview | bytes) -> np.ndarray:
         out = _decode_int8(view, n)
     elif header.codec == "hq9":
         out = _decode_hq9(view, n)
+    elif header.codec == "ohq7":
+        out = decode_ohq(view, n)
     else:
         dt = DTYPES[header.dtype]
         if len(view) != n * dt.itemsize:

@@ -19,11 +19,12 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from node.model.head import ClientHead
@@ -31,6 +32,10 @@ from node.model.manifest import Manifest
 from node.model.prepare import prepare
 from node.model.shard import ShardModel
 from protocol.errors import UsageError
+from protocol.frames import FrameHeader, decode_body, encode_body
+
+# A lossy round trip of one [1, T, H] float32 activation array (encode, then decode).
+Roundtrip = Callable[[np.ndarray], np.ndarray]
 
 # Metric-name spelling of each quant ("none" is the fp32 baseline).
 QUANT_LABEL = {"none": "fp32", "int8": "int8", "int4": "int4"}
@@ -55,6 +60,79 @@ def perplexity(head: ClientHead, shards: Sequence[ShardModel], text: str) -> flo
     targets = torch.tensor(ids[1:], dtype=torch.long)
     loss = torch.nn.functional.cross_entropy(logits.float(), targets)
     return math.exp(float(loss))
+
+
+def codec_roundtrip(codec: str) -> Roundtrip:
+    """The wire codec `codec` (protocol.frames) as an encode-then-decode function."""
+
+    def roundtrip(array: np.ndarray) -> np.ndarray:
+        shape = (1, int(array.shape[1]), int(array.shape[2]))
+        header = FrameHeader("x" * 22, 0, 0, shape[1], "float32", shape, codec, 0)
+        return decode_body(header, encode_body(array, "float32", codec))
+
+    return roundtrip
+
+
+@torch.inference_mode()
+def chain_logits(
+    head: ClientHead,
+    shards: Sequence[ShardModel],
+    ids: Sequence[int],
+    roundtrip: Roundtrip | None = None,
+) -> torch.Tensor:
+    """Teacher-forced logits [T-1, V] of `ids` through the shard chain, with `roundtrip` applied
+    where a circuit puts activations on the wire: the embeddings going to the first shard and
+    every shard's output (the client relays a body to the next hop unchanged, so that is one
+    encode per boundary: len(shards) + 1 in all)."""
+
+    def wire(hidden: torch.Tensor) -> torch.Tensor:
+        if roundtrip is None:
+            return hidden
+        return torch.from_numpy(np.ascontiguousarray(roundtrip(hidden.float().numpy())))
+
+    hidden = wire(head.embed(ids))
+    positions = torch.arange(len(ids))
+    for shard in shards:
+        hidden = wire(shard.forward(hidden, positions, shard.new_cache()))
+    return head.all_logits(hidden)[:-1].float()
+
+
+@torch.inference_mode()
+def codec_quality(
+    head: ClientHead,
+    shards: Sequence[ShardModel],
+    text: str,
+    codecs: Mapping[str, Roundtrip] | Sequence[str],
+) -> dict[str, Any]:
+    """Teacher-forced quality of lossy wire codecs against the uncompressed chain.
+
+    For each codec: `top1_agreement_<c>` (share of positions whose argmax next token is the
+    uncompressed chain's; one near-tie cannot cascade because every position sees the true
+    prefix), `flips_<c>`, `ppl_<c>` and `ratio_ppl_<c>_vs_raw`. Also `ppl_raw`, `positions` and
+    `near_ties_raw` (positions whose top-2 logits differ by < 0.05, where any noise may flip)."""
+    table = {c: codec_roundtrip(c) for c in codecs} if not isinstance(codecs, Mapping) else codecs
+    ids = head.encode(text)
+    if len(ids) < 2:
+        raise UsageError("codec quality needs a text of at least two tokens")
+    targets = torch.tensor(ids[1:], dtype=torch.long)
+    base = chain_logits(head, shards, ids)
+    base_loss = float(torch.nn.functional.cross_entropy(base, targets))
+    top2 = base.topk(2, dim=-1).values
+    metrics: dict[str, Any] = {
+        "positions": len(ids) - 1,
+        "ppl_raw": round(math.exp(base_loss), 4),
+        "near_ties_raw": int(((top2[:, 0] - top2[:, 1]) < 0.05).sum()),
+    }
+    best = base.argmax(dim=-1)
+    for name, roundtrip in table.items():
+        logits = chain_logits(head, shards, ids, roundtrip)
+        loss = float(torch.nn.functional.cross_entropy(logits, targets))
+        flips = int((logits.argmax(dim=-1) != best).sum())
+        metrics[f"top1_agreement_{name}"] = round(1.0 - flips / len(best), 5)
+        metrics[f"flips_{name}"] = flips
+        metrics[f"ppl_{name}"] = round(math.exp(loss), 4)
+        metrics[f"ratio_ppl_{name}_vs_raw"] = round(math.exp(loss - base_loss), 5)
+    return metrics
 
 
 @torch.inference_mode()

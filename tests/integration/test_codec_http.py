@@ -1,0 +1,64 @@
+"""The `--compress` codec (ohq7) through a real 2-node HTTP circuit of SmolLM2: greedy tokens
+equal the uncompressed circuit's on the short prompt of test_pipeline_http.py, and the nodes
+answer in the codec they were sent. One circuit (two node processes) for the module."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from node.client.head import NumpyHead
+from node.client.pipeline import Hop, PipelineClient
+from node.server.launcher import NodeProcess, free_ports, start_node, stop_pid, wait_healthy
+from protocol.frames import COMPRESSED_CODEC
+
+pytestmark = pytest.mark.integration
+
+MAX_NEW_TOKENS = 24
+PORTS = (18600, 18700)  # this module's share of the test port range
+PROMPTS: dict[str, list[dict[str, str]]] = {
+    "short": [{"role": "user", "content": "What is the capital of France?"}],
+}  # one prompt keeps the module near 30 s on an idle 2-core box
+
+
+@pytest.fixture(scope="module")
+def circuit(tmp_path_factory) -> Iterator[tuple[Path, list[NodeProcess]]]:
+    from node.model.prepare import prepare
+
+    manifest = Path(prepare(parts=2, quant="none", progress=lambda _msg: None))
+    run_dir = tmp_path_factory.mktemp("nodes-codec")
+    nodes: list[NodeProcess] = []
+    try:
+        for shard, port in enumerate(free_ports(2, *PORTS)):
+            nodes.append(start_node(manifest=manifest, shard=shard, port=port, run_dir=run_dir))
+        wait_healthy(nodes, timeout_s=240)
+        yield manifest, nodes
+    finally:
+        for node in nodes:
+            stop_pid(node.pid, grace_s=5)
+
+
+def _greedy(nodes: list[NodeProcess], head: NumpyHead, ids: list[int], codec: str) -> list[int]:
+    async def run() -> list[int]:
+        hops = [Hop(url=n.url, shard=n.shard) for n in nodes]
+        async with PipelineClient(hops, codec=codec) as client:
+            return [t async for t in client.generate(head, ids, max_new_tokens=MAX_NEW_TOKENS)]
+
+    return asyncio.run(run())
+
+
+def test_compress_is_ohq7():
+    assert COMPRESSED_CODEC == "ohq7"
+
+
+@pytest.mark.parametrize("prompt", list(PROMPTS))
+def test_codec_ohq7_greedy_tokens_equal_uncompressed_circuit(circuit, prompt):
+    manifest, nodes = circuit
+    head = NumpyHead(manifest)
+    ids = head.chat_ids(PROMPTS[prompt])
+    raw = _greedy(nodes, head, ids, "raw")
+    assert len(raw) >= 5
+    assert _greedy(nodes, head, ids, "ohq7") == raw
