@@ -50,8 +50,8 @@ def _greedy(nodes: list[NodeProcess], head: NumpyHead, ids: list[int], codec: st
     return asyncio.run(run())
 
 
-def test_compress_is_ohq7():
-    assert COMPRESSED_CODEC == "ohq7"
+def test_compress_stays_hq9_until_a_codec_matches_its_quality():
+    assert COMPRESSED_CODEC == "hq9"
 
 
 @pytest.mark.parametrize("prompt", list(PROMPTS))
