@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from node.net import port_is_free
+from node.procs import since_last_start, spawn_logged
 from protocol.errors import ConfigError, PlanetError, UnavailableError, UsageError
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,6 @@ VOTE_EXTENSIONS_ENABLE_HEIGHT = 1
 APPS = ("planet", "kvstore")
 MANIFEST = "network.json"
 OPERATOR_KEY_FILE = "operator_key.json"
-START_MARKER = "=== start "
 
 
 class PortBusyError(UnavailableError):
@@ -516,22 +516,8 @@ def _split_name(name: str) -> tuple[str, int]:
 
 def _spawn(network: Network, process: str, index: int, argv: list[str]) -> int:
     log_path = network.log_path(process, index)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     network.pid_path(process, index).parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log_file:
-        log_file.write(
-            f"\n{START_MARKER}{time.strftime('%Y-%m-%dT%H:%M:%S')}: {' '.join(argv)}\n".encode()
-        )
-        log_file.flush()
-        child = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=network.validators[index].home,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+    child = spawn_logged(argv, log_path, cwd=network.validators[index].home)
     network.pid_path(process, index).write_text(f"{child.pid}\n")
     log.info("started process=%s%d pid=%d log=%s", process, index, child.pid, log_path)
     return child.pid
@@ -562,8 +548,7 @@ def log_tail(path: Path, lines: int = 15) -> str:
         text = path.read_text(errors="replace")
     except OSError:
         return "(no log)"
-    since_start = text.rsplit(START_MARKER, 1)[-1].split("\n", 1)[-1]
-    return "\n".join(since_start.splitlines()[-lines:]) or "(no output)"
+    return "\n".join(since_last_start(text).splitlines()[-lines:]) or "(no output)"
 
 
 class ProcessDiedError(UnavailableError):

@@ -70,6 +70,7 @@ from deploy.committee import (
 )
 from deploy.evm import ETHER, DeployConfig, deploy_all
 from node.net import port_is_free
+from node.procs import spawn_logged
 from protocol.errors import PlanetError, UnavailableError, UsageError
 
 Progress = Callable[[str], None]
@@ -158,20 +159,7 @@ def _free_block(count: int, start: int = 27000, end: int = 60000) -> int:
 
 
 def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> int:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log_file:
-        log_file.write(f"=== start {time.strftime('%H:%M:%S')}: {' '.join(argv)}\n".encode())
-        log_file.flush()
-        child = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**(env or os.environ), "PYTHONUNBUFFERED": "1"},
-            cwd=REPO_ROOT,
-        )
-    return child.pid
+    return spawn_logged(argv, log_path, env=env, cwd=REPO_ROOT).pid
 
 
 def _planet(*args: str) -> list[str]:

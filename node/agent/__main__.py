@@ -25,8 +25,8 @@ from node.agent.agent import AgentConfig, NodeAgent
 from node.chain.committee_link import CommitteeLink
 from node.keys import PasswordSource, load_node_key, load_wallet
 from node.model.manifest import Manifest
+from node.procs import run_service
 from protocol.committee import sign_registration
-from protocol.errors import PlanetError
 
 log = logging.getLogger("node.agent")
 AGENT_MARKER = "node.agent"
@@ -97,16 +97,7 @@ async def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    try:
-        return asyncio.run(run(args))
-    except PlanetError as error:
-        log.error("%s%s", error.message, f" (hint: {error.hint})" if error.hint else "")
-        return error.exit_status
+    return run_service(lambda: run(args), log_level=args.log_level, log=log)
 
 
 if __name__ == "__main__":

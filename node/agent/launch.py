@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -21,6 +20,7 @@ from typing import Any
 
 from node.agent.__main__ import AGENT_MARKER
 from node.model.manifest import Manifest, manifest_path, verify_file
+from node.procs import spawn_logged
 from node.server.launcher import pid_alive, start_node, stop_pid
 from protocol.errors import ConfigError, IntegrityError, PlanetError, UsageError
 
@@ -167,17 +167,7 @@ def start_node_and_agent(
     for url in committee_rpcs:
         argv += ["--committee-rpc", url]
     agent_log = run_dir / AGENT_LOG
-    with open(agent_log, "ab") as log_file:
-        log_file.write(f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
-        log_file.flush()
-        agent = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "PLANET_PASSWORD": password, "PYTHONUNBUFFERED": "1"},
-        )
+    agent = spawn_logged(argv, agent_log, env={**os.environ, "PLANET_PASSWORD": password})
     joined = Joined(
         shard=shard,
         port=port,

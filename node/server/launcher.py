@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node.net import port_is_free
+from node.procs import spawn_logged
 from protocol.errors import UnavailableError
 
 NODE_MARKER = "node.cli.main"
@@ -89,15 +89,7 @@ def start_node(
         "127.0.0.1",
         *extra_args,
     ]
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=node_env(),
-        )
+    proc = spawn_logged(cmd, log_path, env=node_env())
     pid_path.write_text(json.dumps({"pid": proc.pid, "port": port, "shard": shard}))
     return NodeProcess(shard=shard, port=port, pid=proc.pid, log_path=log_path, pid_path=pid_path)
 

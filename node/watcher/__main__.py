@@ -24,6 +24,7 @@ from nacl.signing import SigningKey
 
 from node.chain.committee_link import CommitteeLink
 from node.chain.evm import Deployment
+from node.procs import run_service
 from node.retry import Backoff, sleep_or_stop
 from node.watcher.evm import StakingReader
 from node.watcher.watcher import StakeWatcher
@@ -98,16 +99,7 @@ async def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    try:
-        return asyncio.run(run(args))
-    except PlanetError as error:
-        log.error("%s%s", error.message, f" (hint: {error.hint})" if error.hint else "")
-        return error.exit_status
+    return run_service(lambda: run(args), log_level=args.log_level, log=log)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,72 @@
+"""Background processes with their own log, and the `main()` of a long-running service.
+
+Every process the devnet, `planet join` or `planet local up` starts is a session leader (so a
+signal to its group stops it and its children), reads nothing, and writes stdout and stderr to
+one log file that is appended to, each start marked by a `START_MARKER` line:
+
+    child = spawn_logged(argv, run_dir / "agent.log", env={**os.environ, "X": "1"})
+
+`run_service` is the shared `main()` of the node agent and the stake watcher: logging to stderr
+in key=value style, the coroutine run to completion, a `PlanetError` logged as one line (with
+its hint) and turned into the error's exit status instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+
+from protocol.errors import PlanetError
+
+START_MARKER = "=== start "
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def spawn_logged(
+    argv: list[str],
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start `argv` in its own session with stdout and stderr appended to `log_path` (its
+    parent folder is created); `env` defaults to this process's, with PYTHONUNBUFFERED=1."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        log_file.write(f"\n{START_MARKER}{stamp}: {' '.join(argv)}\n".encode())
+        log_file.flush()
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
+            cwd=cwd,
+        )
+
+
+def since_last_start(text: str) -> str:
+    """What a log written by `spawn_logged` holds after its latest start marker line."""
+    if START_MARKER not in text:
+        return text
+    return text.rsplit(START_MARKER, 1)[-1].split("\n", 1)[-1]
+
+
+def run_service(
+    run: Callable[[], Awaitable[int]], *, log_level: str, log: logging.Logger
+) -> int:
+    """Configure logging, run the service coroutine, map a `PlanetError` to its exit status."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format=LOG_FORMAT)
+    try:
+        return asyncio.run(run())
+    except PlanetError as error:
+        log.error("%s%s", error.message, f" (hint: {error.hint})" if error.hint else "")
+        return error.exit_status
