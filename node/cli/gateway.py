@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from protocol.errors import UsageError
@@ -37,16 +36,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--evm-rpc",
-        default=os.environ.get("PLANET_EVM_RPC", "http://127.0.0.1:8545"),
-        help="EVM JSON-RPC URL (default $PLANET_EVM_RPC or http://127.0.0.1:8545)",
+        default=None,
+        help="EVM JSON-RPC URL (else $PLANET_EVM_RPC, config.toml, http://127.0.0.1:8545)",
     )
     serve.add_argument(
         "--deployment", type=Path, required=True, help="contract deployment JSON (addresses, ABIs)"
     )
     serve.add_argument(
         "--committee-rpc",
-        default=os.environ.get("PLANET_COMMITTEE_RPC", "http://127.0.0.1:26657"),
-        help="a validator's CometBFT RPC (default $PLANET_COMMITTEE_RPC or :26657)",
+        default=None,
+        help="a validator's CometBFT RPC (else $PLANET_COMMITTEE_RPC, config.toml, :26657)",
     )
     serve.add_argument("--manifest", type=Path, required=True, help="the model's manifest.json")
     serve.add_argument(
@@ -56,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--password-file",
         type=Path,
         default=None,
-        help="wallet password file (else $PLANET_PASSWORD)",
+        help="wallet password file (else $PLANET_PASSWORD_FILE, config.toml, $PLANET_PASSWORD)",
     )
     serve.add_argument(
         "--price-wei-per-token",
@@ -81,16 +80,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from node.config import resolve_config
     from node.gateway.config import GatewayConfig
     from node.gateway.run import serve
     from node.keys import PasswordSource
 
     if args.price_wei_per_token < 1:
         raise UsageError("--price-wei-per-token must be at least 1")
+    # The same precedence and URL checks as every operator command: flags > env > config.toml.
+    chains = resolve_config(
+        {
+            "evm_rpc": args.evm_rpc,
+            "committee_rpc": args.committee_rpc,
+            "password_file": args.password_file.resolve() if args.password_file else None,
+        }
+    )
     config = GatewayConfig(
-        evm_rpc=args.evm_rpc,
+        evm_rpc=chains.evm_rpc,
         deployment=args.deployment,
-        committee_rpc=args.committee_rpc,
+        committee_rpc=chains.committee_rpc,
         manifest=args.manifest,
         wallet=args.wallet,
         price_wei_per_token=args.price_wei_per_token,
@@ -99,6 +107,6 @@ def _serve(args: argparse.Namespace) -> int:
         receipts=args.receipts,
         max_sessions_per_node=args.max_sessions_per_node,
     ).validate()
-    password = PasswordSource(file=args.password_file).read(confirm=not args.wallet.exists())
+    password = PasswordSource(file=chains.password_file).read(confirm=not args.wallet.exists())
     serve(config, password)
     return 0
