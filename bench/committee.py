@@ -81,10 +81,12 @@ class PlanetTxs:
 
     name = "planet"
 
-    def __init__(self, batch: int, run_id: str) -> None:
+    def __init__(self, batch: int, run_id: str, encoding: str = "json") -> None:
         from nacl.signing import SigningKey
 
         self.batch = batch
+        self.encoding = encoding
+        self.name = f"planet-{encoding}"
         self.commitments_per_tx = batch
         self.run_id = run_id
         self._keys: list[SigningKey] = []
@@ -129,10 +131,28 @@ class PlanetTxs:
             "0x" + hashlib.sha256(f"{self.run_id}/s/{w}".encode()).hexdigest()
             for w in range(workers)
         ]
-        if self.make(0, 10**6) != self.make_reference(0, 10**6):
+        if self.encoding == "json" and self.make(0, 10**6) != self.make_reference(0, 10**6):
             raise RuntimeError("the load generator's tx bytes differ from protocol.committee's")
 
     def make(self, worker: int, seq: int) -> bytes:
+        if self.encoding == "binary":
+            return self.make_binary(worker, seq)
+        return self.make_json(worker, seq)
+
+    def make_binary(self, worker: int, seq: int) -> bytes:
+        """A compact binary `commit` batch (`protocol.commit_batch`), one session per worker."""
+        from protocol import commit_batch
+
+        prefix = f"{self.run_id}/{worker}/{seq}/".encode()
+        rows = [
+            (seq * self.batch + item, worker % 3, hashlib.sha256(prefix + b"%d" % item).digest())
+            for item in range(self.batch)
+        ]
+        return commit_batch.encode_batch(
+            commit_batch.KIND_COMMIT, self._sessions[worker], rows, self._keys[worker], seq + 2
+        )
+
+    def make_json(self, worker: int, seq: int) -> bytes:
         """A signed `commit` tx, its canonical JSON written out by hand with the keys in sorted
         order (the load generator must be cheap); `prepare` checks that the bytes equal
         `protocol.committee`'s own encoding."""
@@ -197,10 +217,21 @@ async def _watch_blocks(rpc: CommitteeRpc, result: LoadResult, stop: asyncio.Eve
 
 
 async def _worker(
-    rpc: CommitteeRpc, worker: int, make: Callable[[int, int], bytes], result: LoadResult
+    rpc: CommitteeRpc,
+    worker: int,
+    make: Callable[[int, int], bytes],
+    result: LoadResult,
+    interval_s: float = 0.0,
 ) -> None:
+    """Send txs one at a time; with `interval_s` > 0 at most one per interval (paced load)."""
     seq = 0
     while time.monotonic() < result.end:
+        if interval_s > 0:
+            due = result.start + (seq + worker / 64) * interval_s
+            if due > time.monotonic():
+                await asyncio.sleep(due - time.monotonic())
+            if time.monotonic() >= result.end:
+                break
         tx = make(worker, seq)
         seq += 1
         started = time.monotonic()
@@ -226,6 +257,7 @@ async def run_load(
     duration_s: float,
     concurrency: int,
     drain_s: float,
+    interval_s: float = 0.0,
 ) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -239,7 +271,10 @@ async def run_load(
         result.start = time.monotonic()
         result.end = result.start + duration_s
         await asyncio.gather(
-            *(_worker(rpcs[w % len(rpcs)], w, factory.make, result) for w in range(concurrency))
+            *(
+                _worker(rpcs[w % len(rpcs)], w, factory.make, result, interval_s)
+                for w in range(concurrency)
+            )
         )
         sent_done = time.monotonic()
         cpu_after = _cpu_seconds(network)
@@ -346,7 +381,15 @@ def _metrics(
 # -- one network -------------------------------------------------------------------------------
 
 
-def bench_app(app: str, args: argparse.Namespace, base_port: int, batch: int = 1) -> dict[str, Any]:
+def bench_app(
+    app: str,
+    args: argparse.Namespace,
+    base_port: int,
+    batch: int = 1,
+    encoding: str = "json",
+    concurrency: int | None = None,
+    rate_records_s: float = 0.0,
+) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"planet-bench-committee-{app}-"))
     network = committee.init_network(
         committee.InitOptions(
@@ -363,18 +406,28 @@ def bench_app(app: str, args: argparse.Namespace, base_port: int, batch: int = 1
             network, timeout_s=90, progress=lambda line: log.info("%s: %s", app, line)
         )
         factory = (
-            PlanetTxs(batch, run_id=os.urandom(8).hex())
+            PlanetTxs(batch, run_id=os.urandom(8).hex(), encoding=encoding)
             if app == "planet"
             else KvstoreTxs(args.kv_tx_bytes)
         )
-        log.info("%s: load for %.0f s with %d workers", app, args.duration, args.concurrency)
+        workers = concurrency or args.concurrency
+        # paced: each worker sends one tx per interval, so the offered load is the rate
+        interval = workers * batch / rate_records_s if rate_records_s > 0 else 0.0
+        log.info(
+            "%s: load for %.0f s with %d workers (%s)",
+            factory.name,
+            args.duration,
+            workers,
+            f"{rate_records_s:.0f} records/s offered" if interval else "as fast as accepted",
+        )
         return asyncio.run(
             run_load(
                 network,
                 factory,
                 duration_s=args.duration,
-                concurrency=args.concurrency,
+                concurrency=workers,
                 drain_s=args.drain,
+                interval_s=interval,
             )
         )
     finally:
@@ -413,10 +466,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="load seconds per app")
     parser.add_argument("--concurrency", type=int, default=64, help="concurrent broadcasters")
     parser.add_argument(
-        "--batch",
-        default="16,4,1",
-        help="commitments per Planet tx, comma-separated for a sweep; the first one gives the "
-        "unsuffixed metrics, each gets `_batch_<n>` metrics (default %(default)s)",
+        "--runs",
+        default="binary:1024,binary:1,json:1",
+        help="Planet runs, comma-separated ENCODING:BATCH (encoding binary = compact batches of "
+        "protocol.commit_batch, json = JSON commit txs); the first gives the unsuffixed metrics, "
+        "each gets `_<encoding>_<batch>` metrics (default %(default)s)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="offered commitment records/s for runs with batch > 1 (0: as fast as CheckTx "
+        "accepts; default %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-concurrency",
+        type=int,
+        default=16,
+        help="workers (registered nodes) for runs with batch > 1 (default %(default)s)",
     )
     parser.add_argument("--kv-tx-bytes", type=int, default=100)
     parser.add_argument("--timeout-commit", default="300ms")
@@ -433,31 +500,52 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
 
-    batches = [int(b) for b in str(args.batch).split(",") if b.strip()]
+    runs = []
+    for spec in str(args.runs).split(","):
+        encoding, _, size = spec.strip().partition(":")
+        if encoding not in ("binary", "json") or not size.isascii() or not size.isdigit():
+            parser.error(f"--runs: {spec!r} is not ENCODING:BATCH (binary:1024, json:1)")
+        runs.append((encoding, int(size)))
     machine = _machine()  # before this bench loads the machine
     metrics: dict[str, Any] = {}
     if not args.skip_planet:
-        for index, batch in enumerate(batches):
-            result = bench_app("planet", args, args.base_port, batch)
+        for index, (encoding, batch) in enumerate(runs):
+            big = batch > 1
+            result = bench_app(
+                "planet",
+                args,
+                args.base_port,
+                batch,
+                encoding,
+                concurrency=args.batch_concurrency if big else args.concurrency,
+                rate_records_s=args.rate if big else 0.0,
+            )
             if index == 0:
                 metrics.update(result)
             for key in (
                 "committed_tx_s",
                 "commitments_s",
                 "block_time_ms",
+                "block_time_ms_max",
                 "broadcast_to_commit_ms_p50",
                 "broadcast_to_commit_ms_p99",
                 "lost_txs",
+                "failed_in_block_txs",
                 "cpu_ms_per_tx_app",
+                "cpu_cores_busy_app",
+                "cpu_cores_busy_cometbft",
             ):
-                metrics[f"{key}_batch_{batch}"] = result[key]
+                metrics[f"{key}_{encoding}_{batch}"] = result[key]
     if not args.skip_kvstore:
         kv = bench_app("kvstore", args, args.base_port + 100)
         metrics.update({f"{k}_kvstore": v for k, v in kv.items()})
-        if "committed_tx_s" in metrics and kv["committed_tx_s"]:
-            metrics["ratio_committed_tx_s_planet_vs_kvstore"] = round(
-                metrics["committed_tx_s"] / kv["committed_tx_s"], 3
-            )
+        for encoding in ("binary", "json"):
+            plain = metrics.get(f"committed_tx_s_{encoding}_1")
+            if plain is not None and kv["committed_tx_s"]:
+                metrics[f"ratio_plain_tx_s_{encoding}_vs_kvstore"] = round(
+                    plain / kv["committed_tx_s"], 3
+                )
+    metrics["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
     print(
         json.dumps(
             {
@@ -467,7 +555,9 @@ def main(argv: list[str] | None = None) -> int:
                     "validators": args.validators,
                     "duration_s": args.duration,
                     "concurrency": args.concurrency,
-                    "batch": batches,
+                    "batch_concurrency": args.batch_concurrency,
+                    "runs": [f"{e}:{b}" for e, b in runs],
+                    "rate_records_s": args.rate,
                     "kv_tx_bytes": args.kv_tx_bytes,
                     "timeout_commit": args.timeout_commit,
                     "load": "broadcast_tx_sync, one tx in flight per worker, workers spread over "
@@ -475,8 +565,9 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 "metrics": metrics,
                 "targets": {
-                    "committed_tx_s": {"op": ">=", "value": 500},
+                    "commitments_s": {"op": ">=", "value": 10000},
                     "block_time_ms": {"op": "<=", "value": 1000},
+                    "ratio_plain_tx_s_binary_vs_kvstore": {"op": ">=", "value": 0.5},
                 },
             }
         )
