@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -80,6 +81,7 @@ class NodeState:
     peer_in_flight: dict[str, int] = field(default_factory=dict)
     forwards: int = 0
     compute_s: float = 0.0
+    served: Any = None  # node.server.served.ServedLog when commit_dir is set (install_served)
 
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)
@@ -124,15 +126,23 @@ class _AnswerRejected(Exception):
         self.error = error
 
 
-def _compute(backend: ShardBackend, frame: Frame, cache: object) -> tuple[bytes, int, float]:
+def _compute(
+    backend: ShardBackend,
+    frame: Frame,
+    cache: object,
+    observe: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
+) -> tuple[bytes, int, float]:
     """Worker thread: decode, run the layers, encode the answer. Returns (frame, cache bytes, s).
-    A FrameError before the forward pass leaves the cache untouched; after it, _AnswerRejected."""
+    A FrameError before the forward pass leaves the cache untouched; after it, _AnswerRejected.
+    `observe(inputs, positions, outputs)` sees every successful forward (served-work records)."""
     h = frame.header
     hidden = frame.array()  # rejects NaN/Inf
     positions = np.arange(h.start, h.start + h.count, dtype=np.int64)
     t0 = time.perf_counter()
     out = backend.forward(hidden, positions, cache)
     compute_s = time.perf_counter() - t0
+    if observe is not None:
+        observe(hidden, positions, out)
     try:
         return _answer(backend, frame, out, cache, compute_s)
     except FrameError as error:
@@ -171,8 +181,9 @@ async def _run_forward(
             async with state.slot.held(peer):
                 if session.cache is None:  # evicted while we waited for the slot
                     raise SessionExpiredError(short_tag(tag))
+                observe = state.served.observer(tag) if state.served is not None else None
                 answer, cache_bytes, compute_s = await loop.run_in_executor(
-                    state.executor, _compute, state.backend, frame, session.cache
+                    state.executor, _compute, state.backend, frame, session.cache, observe
                 )
         except FrameError:
             if new:
@@ -265,6 +276,8 @@ async def delete_session(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     tag = session_tag(check_session_id(request.match_info["session"]))
     closed = state.store.close(tag)
+    if state.served is not None:
+        state.served.seal(tag)
     if closed:
         log.info("session closed session=%s sessions=%d", short_tag(tag), len(state.store))
     return web.json_response({"session": tag, "closed": closed})
@@ -357,6 +370,10 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
     )
     app.cleanup_ctx.append(_evictor)
     app.cleanup_ctx.append(_executor)
+    if config.commit_dir is not None:
+        from node.server.served import install_served  # torch: only when recording
+
+        install_served(app, app[STATE_KEY], config)
     app.router.add_post("/v1/forward", forward)
     app.router.add_delete("/v1/sessions/{session}", delete_session)
     app.router.add_get("/info", info)
