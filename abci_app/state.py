@@ -134,6 +134,27 @@ class State:
             return None if value is _DELETED else value
         return self.committed(ns, key)
 
+    def get_many(self, ns: str, keys: list[str]) -> dict[str, Any]:
+        """`get` for many keys of one namespace at once: {key: value} of those present."""
+        found: dict[str, Any] = {}
+        rest: list[str] = []
+        for key in keys:
+            item = (ns, key)
+            if self._tx is not None and item in self._tx:
+                value = self._tx[item]
+            elif item in self._block:
+                value = self._block[item]
+            elif self._genesis and item in self._genesis:
+                value = self._genesis[item]
+            else:
+                rest.append(key)
+                continue
+            if value is not _DELETED:
+                found[key] = value
+        if rest:
+            found.update(self.store.get_many(ns, rest))
+        return found
+
     def committed(self, ns: str, key: str) -> Any:
         if self._genesis and (ns, key) in self._genesis:
             return self._genesis[(ns, key)]
@@ -439,16 +460,20 @@ class State:
         self._pending_writes = []
 
     def _digest_block(self) -> tuple[bytes, list[tuple[str, str, str | None]]]:
-        digest = hashlib.sha256()
         writes: list[tuple[str, str, str | None]] = []
-        for ns, key in sorted(self._block):
-            value = self._block[(ns, key)]
-            text = None if value is _DELETED else canonical_text(value)
-            writes.append((ns, key, text))
-            digest.update(ns.encode() + b"\x00" + key.encode() + b"\x00")
-            digest.update(b"\xff" if text is None else text.encode())
-            digest.update(b"\x01")
-        return digest.digest(), writes
+        parts: list[bytes] = []  # hashed in one call: the same bytes as per-write updates
+        block = self._block
+        for item in sorted(block):
+            ns, key = item
+            value = block[item]
+            if value is _DELETED:
+                writes.append((ns, key, None))
+                parts.append(f"{ns}\x00{key}\x00".encode() + b"\xff\x01")
+            else:
+                text = canonical_text(value)
+                writes.append((ns, key, text))
+                parts.append(f"{ns}\x00{key}\x00{text}\x01".encode())
+        return hashlib.sha256(b"".join(parts)).digest(), writes
 
 
 class RegistrationSignatureError(ProtocolError):

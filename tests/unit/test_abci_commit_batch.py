@@ -174,3 +174,18 @@ def test_abci_binary_tx_cache_accounts_parsed_size() -> None:
         tracemalloc.stop()
     assert len(parsed.body.commitments) == 1024
     assert state_module.tx_cache_cost(raw) >= len(raw) + retained
+
+
+def test_abci_state_get_many_equals_get_through_every_layer() -> None:
+    chain = Chain()
+    key = register(chain, "n1")
+    chain.block([chain.batch_tx(commits(1, 2, 3), key)])
+    state = chain.state
+    prefix = f"{key.verify_key.encode().hex()}/{SESSION}/"
+    keys = [f"{prefix}{step}/0" for step in (1, 2, 3, 4)]
+    state.begin_block(state.height + 1, b"\x00" * 32)
+    state.delete("commit", keys[0])  # staged deletion hides a committed value
+    state.put("commit", keys[3], {"commitment": "x", "height": 0})  # staged write
+    many = state.get_many("commit", [*keys, f"{prefix}9/0"])
+    assert many == {k: state.get("commit", k) for k in keys if state.get("commit", k) is not None}
+    assert set(many) == set(keys[1:])
