@@ -47,6 +47,9 @@ from protocol.errors import ProtocolError
 log = logging.getLogger(__name__)
 
 _DELETED = object()
+# namespaces every tx reads (nonce, signer's node record): their new values stay in the read
+# cache after a block instead of being read back from SQLite by the next CheckTx
+_HOT = frozenset({"acct", "node"})
 # The parsed-tx cache is bounded in bytes: each entry is accounted as 5x its raw size + 1 KiB,
 # an upper bound of raw bytes + parsed objects (tracemalloc: a 62 715-byte commit batch parses
 # into 137 KiB of Python objects, a 253-byte heartbeat into 1.5 KiB).
@@ -451,7 +454,10 @@ class State:
     def commit(self) -> None:
         """Make the finalized block the committed state and persist it (one transaction)."""
         writes = self._pending_writes
-        self.store.commit(self.block_height, self._pending_hash, self._unpersisted + writes)
+        hot = {item: value for item, value in self._block.items() if item[0] in _HOT}
+        self.store.commit(
+            self.block_height, self._pending_hash, self._unpersisted + writes, keep=hot
+        )
         self.height = self.block_height
         self.app_hash = self._pending_hash
         self._unpersisted = []

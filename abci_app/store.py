@@ -141,9 +141,15 @@ class Store:
         return int(row[0])
 
     def commit(
-        self, height: int, app_hash: bytes, writes: Iterable[tuple[str, str, str | None]]
+        self,
+        height: int,
+        app_hash: bytes,
+        writes: Iterable[tuple[str, str, str | None]],
+        keep: dict[tuple[str, str], Any] | None = None,
     ) -> None:
-        """Persist one block atomically: `(ns, key, canonical JSON or None to delete)`."""
+        """Persist one block atomically: `(ns, key, canonical JSON or None to delete)`.
+        `keep`: written values to hold in the read cache (entries read by every tx, such as
+        nonces); every other written entry leaves the cache."""
         upserts: list[tuple[str, str, str]] = []
         deletes: list[tuple[str, str]] = []
         for ns, key, text in writes:
@@ -154,6 +160,8 @@ class Store:
                 deletes.append((ns, key))
             else:
                 upserts.append((ns, key, text))
+                if keep is not None and (ns, key) in keep:
+                    self._remember((ns, key), keep[(ns, key)], len(text))
         cur = self._db.cursor()
         cur.execute("BEGIN")
         try:
