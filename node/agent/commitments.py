@@ -151,12 +151,15 @@ class Committer:
 
     async def step(self, height: int, epoch_length: int, retention_epochs: int = 10) -> None:
         """One round: read the spool, commit what is new, reveal what is due."""
-        if not self._loaded:
-            self._load_state(height)
-        self.read_spool()
-        await self._commit_new()
-        await self._reveal_due(height, epoch_length, retention_epochs)
-        self._delete_finished()
+        try:
+            if not self._loaded:
+                self._load_state(height)
+            self.read_spool()
+            await self._commit_new()
+            await self._reveal_due(height, epoch_length, retention_epochs)
+            self._delete_finished()
+        except OSError as error:  # a full disk or a removed directory: never fatal
+            log.warning("commit-reveal step: %s", error)
 
     async def _commit_new(self) -> None:
         for tracked in list(self._files.values()):

@@ -48,6 +48,7 @@ from protocol.served import SPOOL_MAGIC, SPOOL_PREFIX, SPOOL_SUFFIX, ServedRecor
 log = logging.getLogger(__name__)
 
 SPOOL_FILE_BYTES = 1024 * 1024  # a new spool file after this many bytes
+SESSION_OVERHEAD_BYTES = 1024  # accounted per held session (objects, dict entries)
 Observer = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 
@@ -127,9 +128,10 @@ class ServedLog:
                 if int(positions[0]) != 0:  # dropped earlier (evicted): nothing to continue
                     self.counters["unrecorded_positions"] += count
                     return
-                served = _Served(commit_id=os.urandom(32))
+                served = _Served(commit_id=os.urandom(32), nbytes=SESSION_OVERHEAD_BYTES)
                 self._by_tag[tag] = served
                 self._by_id[served.commit_id] = served
+                self._bytes += SESSION_OVERHEAD_BYTES
             if served.sealed or int(positions[0]) != served.recorder.next_position:
                 self.counters["unrecorded_positions"] += count
                 return
