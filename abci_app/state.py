@@ -476,7 +476,8 @@ class State:
                 writes.append((ns, key, None))
                 parts.append(f"{ns}\x00{key}\x00".encode() + b"\xff\x01")
             else:
-                text = canonical_text(value)
+                # canonical JSON of an int is its decimal text (nonces, pruning-index entries)
+                text = str(value) if type(value) is int else canonical_text(value)
                 writes.append((ns, key, text))
                 parts.append(f"{ns}\x00{key}\x00{text}\x01".encode())
         return hashlib.sha256(b"".join(parts)).digest(), writes
