@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--positions must be a multiple of 32, at least 64")
     load_start = os.getloadavg()[0]
     torch.manual_seed(0)
+    from node.server.run import configure_torch_threads
+
+    configure_torch_threads(0)  # what the node uses (half the cores, 1 to 4)
 
     from node.model.evaluate import heldout_text
     from node.verifier.measure import load_circuit

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 from aiohttp import web
 
 from node.model.fingerprint import FingerprintRecorder
@@ -138,7 +137,7 @@ class ServedLog:
             self._by_tag.move_to_end(tag)
             served.last_s = self._clock()
             before = len(served.recorder.blocks)
-            served.recorder.add(torch.from_numpy(out), positions.tolist())
+            served.recorder.add(out, positions.tolist())
             chunk = np.array(hidden[0], dtype=np.float32, copy=True)  # [T, H]
             served.inputs.append(chunk)
             added = chunk.nbytes

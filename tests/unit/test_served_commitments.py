@@ -266,3 +266,19 @@ async def test_agent_skips_foreign_spool_files(tmp_path: Path) -> None:
     committer = Committer(tmp_path, ChainLink(chain, key))
     await committer.step(chain.state.height, chain.state.genesis.epoch_length)
     assert committer.counters["bad_files"] == 1 and committer.counters["committed"] == 0
+
+
+def test_topk_rows_numpy_equals_torch_bit_for_bit() -> None:
+    from node.model.fingerprint import topk_rows, topk_rows_numpy
+
+    rng = np.random.default_rng(7)
+    cases = [
+        rng.standard_normal((1, 40, 576)).astype(np.float32),
+        (rng.standard_normal((1, 9, 64)) * 1e5).astype(np.float32),  # saturates at ±65504
+        (rng.standard_normal((1, 9, 64)) * 1e-6).astype(np.float32),  # fp16 subnormals
+        np.round(rng.standard_normal((1, 12, 32)) * 2).astype(np.float32),  # many |x| ties
+        np.array([[[0.0, -0.0, 1.0, -1.0, 1.0, 0.5, -0.5, 2.0]]], dtype=np.float32),
+    ]
+    for case in cases:
+        assert topk_rows_numpy(case) == topk_rows(torch.from_numpy(case))
+        assert topk_rows_numpy(case[0]) == topk_rows(torch.from_numpy(case[0]))
