@@ -1,29 +1,34 @@
-"""Committee chain throughput: committed tx/s, block time, broadcast-to-commit latency (one JSON).
+"""Committee chain throughput: commitment records/s, committed tx/s, block time, latency (one JSON).
 
-For each app (the Planet ABCI app, then CometBFT's built-in `kvstore` as the ceiling of
-CometBFT itself on this machine), in the same run:
+For each run (`--runs`, default `binary:1024,binary:1,json:1`), then CometBFT's built-in
+`kvstore` as the ceiling of CometBFT itself on this machine, in the same invocation:
 
 1. `init` + `start` a fresh N-validator network on loopback (temporary directory, ports from
    --base-port), exactly as `planet committee init/up` do.
 2. Planet only: register one compute node per load worker (ed25519 node key + EVM key) and wait
    until the registrations are committed.
-3. Load for --duration seconds: --concurrency workers, each sending unique txs with
-   `broadcast_tx_sync` to one RPC port (workers spread over all validators), one at a time.
-   Planet txs are `commit` batches of --batch commitments (a sweep: 16, 4, 1 by default, one
-   fresh network each); kvstore txs are 100-byte `key=value`. A websocket `NewBlock`
-   subscription on validator 0 timestamps every block.
+3. Load for --duration seconds: workers each send unique txs with `broadcast_tx_sync` to one
+   RPC port (workers spread over all validators), one at a time. Planet txs are `commit`
+   batches of BATCH commitments, compact binary (`protocol.commit_batch`, one session per
+   worker) or JSON; runs with BATCH > 1 use --batch-concurrency workers and, with --rate, are
+   paced to that many offered records/s. kvstore txs are 100-byte `key=value`. A websocket
+   `NewBlock` subscription on validator 0 timestamps every block.
 4. Drain (bounded), check `block_results` codes, stop the network, delete the directory.
 
-Metrics (per app, suffixed `_kvstore` for the ceiling): committed_tx_s (txs accepted by CheckTx
-that landed in a block during the load window / window), commitments_s, block_time_ms (mean
-interval between NewBlock events under load), broadcast_to_commit_ms_p50/_p99 (send start →
-NewBlock event carrying the tx), lost_txs (accepted but never in a block), failed_in_block_txs,
-cpu_ms_per_tx_{app,cometbft,loadgen} and cpu_cores_busy_* (from /proc during the window),
-rss_mb_max_*. `_batch_<n>` metrics repeat the main ones for each batch size of the sweep.
-machine.loadavg_1m_at_start tells how busy the (shared) machine was when the run began.
+Before the networks, `app_cpu_*` measure one validator's app alone in this process (CPU time,
+no CometBFT): µs per record for blocks of ten 1 024-record binary batches, µs per plain tx.
 
-    .venv/bin/python bench/committee.py                   # ~2 minutes
-    .venv/bin/python bench/committee.py --batch 16 --skip-kvstore --duration 10
+Metrics (first run unsuffixed, every run again as `_<encoding>_<batch>`, the ceiling as
+`_kvstore`): committed_tx_s (txs accepted by CheckTx that landed in a block during the load
+window / window), commitments_s, block_time_ms (mean interval between NewBlock events under
+load) and _max, broadcast_to_commit_ms_p50/_p99 (send start → NewBlock event carrying the tx),
+lost_txs (accepted but never in a block), failed_in_block_txs, cpu_ms_per_tx_{app,cometbft,
+loadgen} and cpu_cores_busy_* (from /proc during the window), rss_mb_max_*;
+ratio_plain_tx_s_{binary,json}_vs_kvstore (batch-1 runs vs kvstore). The machine is shared:
+machine.loadavg_1m_at_start and metrics.loadavg_1m_at_end say how busy it was.
+
+    .venv/bin/python bench/committee.py --rate 12000          # ~4 minutes
+    .venv/bin/python bench/committee.py --runs binary:1024 --rate 10000 --skip-kvstore --duration 10
 """
 
 from __future__ import annotations
@@ -378,6 +383,83 @@ def _metrics(
     }
 
 
+# -- one app in process (CPU time, steady on a busy box) ------------------------------------------
+
+
+def app_cpu_per_record(batches_per_block: int = 10, blocks: int = 4) -> dict[str, float]:
+    """CPU µs per commitment record in ONE validator's app, without CometBFT: CheckTx (decode +
+    signature), ProcessProposal (cached), FinalizeBlock and Commit on an on-disk store, for
+    blocks of `batches_per_block` binary batches of 1 024 records (fresh txs: each is decoded
+    and verified once, as for txs arriving by gossip), and the same for plain one-record txs."""
+    from abci_app.testing import Chain, seeded_evm_key, seeded_key
+    from protocol import commit_batch
+    from protocol.committee import RegisterNode, sign_registration
+    from protocol.eip712 import address_of
+
+    with tempfile.TemporaryDirectory(prefix="planet-bench-app-") as directory:
+        chain = Chain(db=Path(directory) / "app.sqlite", genesis={"epoch_length": 10_000})
+        keys = [seeded_key(f"bench-{i}") for i in range(64)]
+        registrations = []
+        for i, key in enumerate(keys):
+            evm = seeded_evm_key(f"bench-{i}")
+            body = RegisterNode(
+                address_of(evm), sign_registration(evm, key.verify_key.encode().hex()),
+                "compute", "m", (0,), "http://bench", 8,
+            )  # fmt: skip
+            registrations.append(chain.tx(body, key))
+        chain.block(registrations)
+        state = chain.state
+
+        def run(txs: list[bytes]) -> float:
+            began = time.process_time()
+            for raw in txs:
+                if state.check_tx(raw).code != 0:
+                    raise RuntimeError("bench tx refused by CheckTx")
+            height = state.height + 1
+            ok, reason = state.process_proposal(height, txs)
+            if not ok:
+                raise RuntimeError(reason)
+            state.begin_block(height, hashlib.sha256(b"%d" % height).digest())
+            results = [state.deliver_tx(raw, i) for i, raw in enumerate(txs)]
+            state.end_block()
+            state.commit()
+            if any(r.code != 0 for r in results):
+                raise RuntimeError("bench tx refused in FinalizeBlock")
+            return time.process_time() - began
+
+        nonce = 2
+        big, plain = [], []
+        for _ in range(blocks):
+            txs = []
+            for b in range(batches_per_block):
+                session = hashlib.sha256(b"bench/%d/%d" % (nonce, b)).digest()
+                rows = [
+                    (s, 0, hashlib.sha256(b"%d/%d/%d" % (nonce, b, s)).digest())
+                    for s in range(1024)
+                ]
+                txs.append(
+                    commit_batch.encode_batch(
+                        commit_batch.KIND_COMMIT, session, rows, keys[b], nonce
+                    )
+                )
+            big.append(run(txs) / (1024 * batches_per_block))
+            txs = []
+            for i, key in enumerate(keys):
+                session = hashlib.sha256(b"plain/%d/%d" % (nonce, i)).digest()
+                rows = [(0, 0, hashlib.sha256(b"p/%d/%d" % (nonce, i)).digest())]
+                txs.append(
+                    commit_batch.encode_batch(
+                        commit_batch.KIND_COMMIT, session, rows, key, nonce + 1
+                    )
+                )
+            plain.append(run(txs) / len(keys))
+            nonce += 2
+    return {
+        "app_cpu_us_per_record_binary_1024": round(1e6 * statistics.median(big), 2),
+        "app_cpu_us_per_tx_binary_1": round(1e6 * statistics.median(plain), 1),
+    }
+
+
 # -- one network -------------------------------------------------------------------------------
 
 
@@ -492,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-port", type=int, default=27200)
     parser.add_argument("--skip-kvstore", action="store_true")
     parser.add_argument("--skip-planet", action="store_true")
+    parser.add_argument(
+        "--skip-in-process", action="store_true", help="skip the one-app CPU measurement"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the network directories")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -508,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
         runs.append((encoding, int(size)))
     machine = _machine()  # before this bench loads the machine
     metrics: dict[str, Any] = {}
+    if not args.skip_in_process:
+        metrics.update(app_cpu_per_record())
     if not args.skip_planet:
         for index, (encoding, batch) in enumerate(runs):
             big = batch > 1
