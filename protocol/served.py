@@ -9,9 +9,10 @@ commits on the committee chain to
     commitment  = commitment_value(session, step = b, shard, output_hash, salt)   (protocol.eip712)
 
 with `salt` 32 random bytes per record, kept by the node (in the spool) until it reveals. The
-`session` is a 32-byte id the node draws at random for each served session (never the hop's
-capability or its tag): nothing on chain links a commitment to the client, the gateway's query
-or another hop's records.
+`session` is the hop's public session tag (`protocol.frames.session_tag`: sha256 over a domain
+and the capability only the client and this node hold), so a verifier, the client and the
+routing checks name the same session, while nothing on chain reveals the capability, the
+gateway's query, the user or another hop's session.
 
 Spool (node → its agent, same machine, files mode 0600 because salts are secret until the
 reveal): files `served-<start ns>-<pid>.bin` = `SPOOL_MAGIC` (8 bytes) then fixed-width records
@@ -54,7 +55,7 @@ def output_hash(fingerprint: bytes) -> bytes:
 class ServedRecord:
     """One committed block: the node's opening of its commitment (secret until revealed)."""
 
-    session: bytes  # 32 bytes, drawn by the node per served session
+    session: bytes  # 32 bytes: the hop's session tag
     step: int  # block index b: positions [32 b, 32 b + n)
     shard: int
     output_hash: bytes  # keccak256(fingerprint bytes)

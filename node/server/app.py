@@ -19,10 +19,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -81,7 +80,12 @@ class NodeState:
     peer_in_flight: dict[str, int] = field(default_factory=dict)
     forwards: int = 0
     compute_s: float = 0.0
-    served: Any = None  # node.server.served.ServedLog when commit_dir is set (install_served)
+    # Called on the forward thread after each successful forward with (session tag,
+    # positions, inputs, outputs); a failing hook is logged and never fails the forward.
+    # Used by spot-check recording (node/server/tickets.py).
+    forward_hooks: list[Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]] = field(
+        default_factory=list
+    )
 
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)
@@ -130,19 +134,23 @@ def _compute(
     backend: ShardBackend,
     frame: Frame,
     cache: object,
-    observe: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
+    tag: str = "",
+    hooks: Sequence[Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]] = (),
 ) -> tuple[bytes, int, float]:
     """Worker thread: decode, run the layers, encode the answer. Returns (frame, cache bytes, s).
-    A FrameError before the forward pass leaves the cache untouched; after it, _AnswerRejected.
-    `observe(inputs, positions, outputs)` sees every successful forward (served-work records)."""
+    A FrameError before the forward pass leaves the cache untouched; after it, _AnswerRejected."""
     h = frame.header
     hidden = frame.array()  # rejects NaN/Inf
     positions = np.arange(h.start, h.start + h.count, dtype=np.int64)
     t0 = time.perf_counter()
     out = backend.forward(hidden, positions, cache)
     compute_s = time.perf_counter() - t0
-    if observe is not None:
-        observe(hidden, positions, out)
+    if np.isfinite(out).all():
+        for hook in hooks:
+            try:
+                hook(tag, positions, hidden, out)
+            except Exception:
+                log.exception("forward hook failed session=%s", tag[:16])
     try:
         return _answer(backend, frame, out, cache, compute_s)
     except FrameError as error:
@@ -181,9 +189,14 @@ async def _run_forward(
             async with state.slot.held(peer):
                 if session.cache is None:  # evicted while we waited for the slot
                     raise SessionExpiredError(short_tag(tag))
-                observe = state.served.observer(tag) if state.served is not None else None
                 answer, cache_bytes, compute_s = await loop.run_in_executor(
-                    state.executor, _compute, state.backend, frame, session.cache, observe
+                    state.executor,
+                    _compute,
+                    state.backend,
+                    frame,
+                    session.cache,
+                    tag,
+                    tuple(state.forward_hooks),
                 )
         except FrameError:
             if new:
@@ -276,8 +289,6 @@ async def delete_session(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     tag = session_tag(check_session_id(request.match_info["session"]))
     closed = state.store.close(tag)
-    if state.served is not None:
-        state.served.seal(tag)
     if closed:
         log.info("session closed session=%s sessions=%d", short_tag(tag), len(state.store))
     return web.json_response({"session": tag, "closed": closed})

@@ -1,13 +1,14 @@
 """What a compute node keeps of the work it served, for commit-reveal and spot checks.
 
 For every session the node serves (when `ServerConfig.commit_dir` is set) it records, after each
-forward pass, the fingerprint of its output activations (`node.model.fingerprint`) and the input
-activations it received. Each completed block of 32 positions becomes a `protocol.served`
-record (random per-session id, block index, shard, keccak256 of the fingerprint bytes, a random
-salt) appended to the spool in `commit_dir`, from which the node agent commits and later reveals
-(`node.agent.commitments`). A session's last, partial block is recorded when the session is
-closed or has been idle for `seal_idle_s`; positions after that are not recorded (counted), so a
-block is never committed twice with different contents.
+forward pass (a `NodeState.forward_hooks` entry), the fingerprint of its output activations
+(`node.model.fingerprint`) and the input activations it received. Each completed block of 32
+positions becomes a `protocol.served` record (session = the hop's public tag, block index,
+shard, keccak256 of the fingerprint bytes, a random salt) appended to the spool in
+`commit_dir`, from which the node agent commits and later reveals (`node.agent.commitments`).
+A session's last, partial block is recorded once the session is gone from the node's session
+store (closed, evicted) or has been idle for `seal_idle_s`; positions after that are not
+recorded (counted), so a block is never committed twice with different contents.
 
 Memory is bounded: inputs + fingerprints of all sessions stay under `max_bytes`; beyond it the
 least recently used sessions are dropped whole (counted in `stats()`); their records stay in
@@ -15,12 +16,13 @@ the spool (and on chain) but tickets for them can no longer be answered.
 
 For spot checks (the verifier's ticket) the node reads back what it served:
 
-    log.ticket(session_hex, block) -> Ticket(session, block, start, inputs [1, T, H] float32
-                                             for positions [0, end of the block),
-                                             fingerprint bytes of the block, record)
+    log.ticket(session, block) -> Ticket(session, block, start, inputs [1, T, H] float32
+                                        for positions [0, end of the block),
+                                        fingerprint bytes of the block, record)
+    (session: "0x" + tag, as on chain, or the bare 64-hex tag)
 
-Threads: `observer(tag)` callbacks run on the forward worker thread, everything else on the
-event loop; one lock guards the state.
+Threads: `hook` runs on the forward worker thread, everything else on the event loop; one lock
+guards the state. The log of a running node is `app[SERVED_KEY]`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -48,14 +51,13 @@ log = logging.getLogger(__name__)
 
 SPOOL_FILE_BYTES = 1024 * 1024  # a new spool file after this many bytes
 SESSION_OVERHEAD_BYTES = 1024  # accounted per held session (objects, dict entries)
-Observer = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 
 @dataclass(frozen=True)
 class Ticket:
     """What a node hands a selected verifier for one block (no capability, tag, user or query)."""
 
-    session: str  # the session's commit id, 0x + 64 hex (as on chain)
+    session: str  # "0x" + the hop's session tag (as on chain)
     block: int
     start: int  # first position of the block (32 * block)
     inputs: np.ndarray  # [1, end, H] float32: the inputs of positions [0, end)
@@ -65,7 +67,7 @@ class Ticket:
 
 @dataclass
 class _Served:
-    commit_id: bytes
+    session: bytes  # the tag's 32 bytes: the commitment's session
     recorder: FingerprintRecorder = field(default_factory=FingerprintRecorder)
     inputs: list[np.ndarray] = field(default_factory=list)  # [T_i, H] chunks, in order
     blocks: dict[int, tuple[bytes, ServedRecord]] = field(default_factory=dict)
@@ -94,7 +96,6 @@ class ServedLog:
         self._clock = clock
         self._lock = threading.Lock()
         self._by_tag: OrderedDict[str, _Served] = OrderedDict()  # least recently used first
-        self._by_id: dict[bytes, _Served] = {}
         self._bytes = 0
         self._spool: Path | None = None
         self._spool_bytes = 0
@@ -110,13 +111,9 @@ class ServedLog:
 
     # -- recording (forward worker thread) -----------------------------------------------------
 
-    def observer(self, tag: str) -> Observer:
-        """The callback the forward pass calls with (inputs, positions, outputs) of a frame."""
-
-        def observe(hidden: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
-            self.record(tag, hidden, positions, out)
-
-        return _safe(observe)
+    def hook(self, tag: str, positions: np.ndarray, hidden: np.ndarray, out: np.ndarray) -> None:
+        """The `NodeState.forward_hooks` entry: (session tag, positions, inputs, outputs)."""
+        self.record(tag, hidden, positions, out)
 
     def record(self, tag: str, hidden: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
         started = time.perf_counter()
@@ -124,12 +121,12 @@ class ServedLog:
         with self._lock:
             served = self._by_tag.get(tag)
             if served is None:
-                if int(positions[0]) != 0:  # dropped earlier (evicted): nothing to continue
+                session = _tag_bytes(tag)
+                if int(positions[0]) != 0 or session is None:  # evicted earlier, or no tag
                     self.counters["unrecorded_positions"] += count
                     return
-                served = _Served(commit_id=os.urandom(32), nbytes=SESSION_OVERHEAD_BYTES)
+                served = _Served(session=session, nbytes=SESSION_OVERHEAD_BYTES)
                 self._by_tag[tag] = served
-                self._by_id[served.commit_id] = served
                 self._bytes += SESSION_OVERHEAD_BYTES
             if served.sealed or int(positions[0]) != served.recorder.next_position:
                 self.counters["unrecorded_positions"] += count
@@ -151,7 +148,7 @@ class ServedLog:
 
     def _commit_block(self, served: _Served, block: int, fingerprint: bytes) -> int:
         record = ServedRecord(
-            session=served.commit_id,
+            session=served.session,
             step=block,
             shard=self.shard,
             output_hash=output_hash(fingerprint),
@@ -187,7 +184,6 @@ class ServedLog:
 
     def _drop(self, tag: str, served: _Served) -> None:
         del self._by_tag[tag]
-        self._by_id.pop(served.commit_id, None)
         self._bytes -= served.nbytes
 
     # -- sealing (event loop) ------------------------------------------------------------------
@@ -212,13 +208,16 @@ class ServedLog:
         self.counters["partial_blocks"] += 1
         return True
 
-    def seal_idle(self) -> int:
-        """Seal every session idle for `seal_idle_s`; how many partial blocks were recorded."""
+    def seal_idle(self, open_tags: Callable[[str], bool] = lambda _tag: True) -> int:
+        """Seal every session idle for `seal_idle_s` or no longer open (`open_tags(tag)` false:
+        closed or evicted by the node); how many partial blocks were recorded."""
         now = self._clock()
         sealed = 0
         with self._lock:
-            for served in list(self._by_tag.values()):
-                if not served.sealed and now - served.last_s >= self.seal_idle_s:
+            for tag, served in list(self._by_tag.items()):
+                if served.sealed:
+                    continue
+                if now - served.last_s >= self.seal_idle_s or not open_tags(tag):
                     sealed += self._seal(served)
         return sealed
 
@@ -231,12 +230,9 @@ class ServedLog:
 
     def ticket(self, session: str, block: int) -> Ticket | None:
         """The inputs up to the end of `block` and its fingerprint, or None if not held."""
-        try:
-            commit_id = bytes.fromhex(session[2:] if session.startswith("0x") else session)
-        except ValueError:
-            return None
+        tag = session[2:] if session.startswith("0x") else session
         with self._lock:
-            served = self._by_id.get(commit_id)
+            served = self._by_tag.get(tag)
             if served is None or block not in served.blocks:
                 return None
             fingerprint, record = served.blocks[block]
@@ -244,7 +240,7 @@ class ServedLog:
             end = min(start + BLOCK_POSITIONS, served.recorder.next_position)
             inputs = np.concatenate(served.inputs, axis=0)[:end]
         return Ticket(
-            session="0x" + commit_id.hex(),
+            session="0x" + tag,
             block=block,
             start=start,
             inputs=inputs[None],
@@ -253,9 +249,9 @@ class ServedLog:
         )
 
     def sessions(self) -> list[str]:
-        """Commit ids (0x-hex) of the sessions held, least recently used first."""
+        """Sessions held ("0x" + tag), least recently used first."""
         with self._lock:
-            return ["0x" + s.commit_id.hex() for s in self._by_tag.values()]
+            return ["0x" + tag for tag in self._by_tag]
 
     def stats(self) -> dict[str, float | int]:
         with self._lock:
@@ -267,20 +263,19 @@ class ServedLog:
             }
 
 
-def _safe(observe: Observer) -> Observer:
-    """A recording failure is logged, never a failed forward (the client got its answer)."""
-
-    def guarded(hidden: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
-        try:
-            observe(hidden, positions, out)
-        except Exception:
-            log.exception("recording served work failed; positions not recorded")
-
-    return guarded
+def _tag_bytes(tag: str) -> bytes | None:
+    """The 32 bytes of a session tag (64 lowercase hex, `protocol.frames.session_tag`)."""
+    if len(tag) != 64 or any(c not in "0123456789abcdef" for c in tag):
+        return None
+    return bytes.fromhex(tag)
 
 
-def install_served(app: web.Application, state: object, config: ServerConfig) -> ServedLog:
-    """Attach a `ServedLog` to a node app (`state.served`) and seal idle sessions periodically."""
+SERVED_KEY = web.AppKey("served", ServedLog)
+
+
+def install_served(app: web.Application, state: Any, config: ServerConfig) -> ServedLog:
+    """Record a node app's served work (`app[SERVED_KEY]`, a forward hook); seal sessions that
+    closed or idled, checked every second."""
     if config.commit_dir is None:
         raise ValueError("install_served needs config.commit_dir")
     served = ServedLog(
@@ -289,13 +284,14 @@ def install_served(app: web.Application, state: object, config: ServerConfig) ->
         max_bytes=config.served_max_bytes,
         seal_idle_s=config.served_seal_idle_s,
     )
-    state.served = served  # type: ignore[attr-defined]
+    app[SERVED_KEY] = served
+    state.forward_hooks.append(served.hook)  # failures are logged by the forward path
 
     async def sealer(_: web.Application) -> AsyncIterator[None]:
         async def loop() -> None:
             while True:
                 await asyncio.sleep(min(1.0, served.seal_idle_s / 2))
-                sealed = served.seal_idle()
+                sealed = served.seal_idle(lambda tag: tag in state.store)
                 if sealed:
                     log.debug("sealed idle sessions partial_blocks=%d", sealed)
 

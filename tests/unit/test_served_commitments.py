@@ -23,15 +23,20 @@ from node.model.fingerprint import fingerprint_bytes
 from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
 from node.server.fake import FakeShard
-from node.server.served import ServedLog
+from node.server.served import SERVED_KEY, ServedLog
 from protocol.committee import RegisterNode, sign_registration
 from protocol.eip712 import address_of
-from protocol.frames import make_frame
+from protocol.frames import make_frame, session_tag
 from protocol.served import RECORD_BYTES, SPOOL_MAGIC, decode_records, output_hash
 
 pytestmark = pytest.mark.unit
 
 H = 16
+
+
+def tag(label: str) -> str:
+    """A session tag as the node keys sessions (64 lowercase hex)."""
+    return session_tag(f"capability-{label}-0123456789")
 
 
 def activations(start: int, count: int, seed: int = 0) -> np.ndarray:
@@ -67,7 +72,7 @@ def spool(directory: Path) -> list[Any]:
 
 def test_served_log_blocks_of_32_recorded_with_fingerprints_and_inputs(tmp_path: Path) -> None:
     log = ServedLog(tmp_path, shard=2)
-    inputs, outputs = feed(log, "tag-a", [40] + [1] * 30)  # prefill 40, decode 30: 70 positions
+    inputs, outputs = feed(log, tag("a"), [40] + [1] * 30)  # prefill 40, decode 30: 70 positions
     records = spool(tmp_path)
     assert [(r.step, r.shard) for r in records] == [(0, 2), (1, 2)]  # block 2 not yet complete
     expected = fingerprint_bytes(torch.from_numpy(outputs[:, :64]), 0)
@@ -81,31 +86,31 @@ def test_served_log_blocks_of_32_recorded_with_fingerprints_and_inputs(tmp_path:
     assert ticket.record == records[1]
     assert log.ticket(records[1].session_hex, 2) is None
     # closing seals the partial last block; later positions are not recorded
-    assert log.seal("tag-a") is True
+    assert log.seal(tag("a")) is True
     last = spool(tmp_path)[-1]
     assert (last.step, last.shard) == (2, 2)
     assert last.output_hash == output_hash(fingerprint_bytes(torch.from_numpy(outputs[:, 64:]), 64))
-    log.record("tag-a", activations(70, 1), np.arange(70, 71), activations(70, 1))
+    log.record(tag("a"), activations(70, 1), np.arange(70, 71), activations(70, 1))
     assert len(spool(tmp_path)) == 3
     assert log.stats()["unrecorded_positions"] == 1 and log.stats()["partial_blocks"] == 1
 
 
-def test_served_log_spool_private_and_session_ids_unlinkable(tmp_path: Path) -> None:
+def test_served_log_spool_private_and_session_is_the_tag(tmp_path: Path) -> None:
     log = ServedLog(tmp_path, shard=0)
-    feed(log, "tag-a", [32])
-    feed(log, "tag-b", [32])
+    feed(log, tag("a"), [32])
+    feed(log, tag("b"), [32])
+    log.record("not-a-tag", activations(0, 32), np.arange(32), activations(0, 32))
     [path] = list(tmp_path.glob("served-*.bin"))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     a, b = spool(tmp_path)
-    assert a.session != b.session
-    for record in (a, b):  # the chain's session is neither the tag nor derived from it
-        assert record.session not in (hashlib.sha256(t).digest() for t in (b"tag-a", b"tag-b"))
+    assert (a.session_hex, b.session_hex) == ("0x" + tag("a"), "0x" + tag("b"))
+    assert log.stats()["unrecorded_positions"] == 32
 
 
 def test_served_log_idle_sessions_sealed(tmp_path: Path) -> None:
     now = [0.0]
     log = ServedLog(tmp_path, shard=0, seal_idle_s=10, clock=lambda: now[0])
-    feed(log, "tag-a", [5])
+    feed(log, tag("a"), [5])
     now[0] = 9.0
     assert log.seal_idle() == 0
     now[0] = 10.5
@@ -117,8 +122,8 @@ def test_served_log_idle_sessions_sealed(tmp_path: Path) -> None:
 def test_served_log_memory_cap_evicts_oldest_session_counted(tmp_path: Path) -> None:
     per_session = 64 * H * 4  # inputs of 64 positions
     log = ServedLog(tmp_path, shard=0, max_bytes=int(2.5 * per_session) + 2000)
-    for tag in ("a", "b", "c"):
-        feed(log, tag, [64], seed=ord(tag))
+    for label in ("a", "b", "c"):
+        feed(log, tag(label), [64], seed=ord(label))
     stats = log.stats()
     assert stats["sessions"] == 2 and stats["evicted_sessions"] == 1
     assert stats["bytes"] <= stats["max_bytes"]
@@ -126,7 +131,7 @@ def test_served_log_memory_cap_evicts_oldest_session_counted(tmp_path: Path) -> 
     assert log.ticket(first.session_hex, 0) is None  # dropped whole; its record stays
     assert len(spool(tmp_path)) == 6
     # a dropped session that continues is not recorded again
-    log.record("a", activations(64, 1), np.arange(64, 65), activations(64, 1))
+    log.record(tag("a"), activations(64, 1), np.arange(64, 65), activations(64, 1))
     assert log.stats()["unrecorded_positions"] == 1
 
 
@@ -145,9 +150,12 @@ async def test_node_with_commit_dir_records_what_it_served(aiohttp_client, tmp_p
     assert (await client.post("/v1/forward", data=frame)).status == 200
     assert [r.step for r in spool(tmp_path / "served")] == [0]
     assert (await client.delete(f"/v1/sessions/{session}")).status == 200
+    served = app[SERVED_KEY]
+    served.seal_idle(lambda t: t in app[STATE_KEY].store)  # what the sealer runs every second
     records = spool(tmp_path / "served")
-    assert [r.step for r in records] == [0, 1]
-    ticket = app[STATE_KEY].served.ticket(records[1].session_hex, 1)
+    assert [r.step for r in records] == [0, 1]  # the closed session's partial block, sealed
+    assert {r.session_hex for r in records} == {"0x" + session_tag(session)}
+    ticket = served.ticket(records[1].session_hex, 1)
     assert np.array_equal(ticket.inputs, x)
     expected = fingerprint_bytes(torch.from_numpy(x[:, 32:] + np.float32(2)), 32)  # h + shard + 1
     assert ticket.fingerprint == expected
@@ -161,7 +169,7 @@ async def test_node_without_commit_dir_records_nothing(aiohttp_client) -> None:
         activations(0, 33), session="session-capability-xyz-0002", step=0, start=0, shard=1
     )
     assert (await client.post("/v1/forward", data=frame)).status == 200
-    assert app[STATE_KEY].served is None
+    assert SERVED_KEY not in app and app[STATE_KEY].forward_hooks == []
 
 
 # --- the agent: commit, then reveal after the epoch, against the in-process chain -----------------
@@ -221,8 +229,8 @@ def registered_chain() -> tuple[Chain, Any]:
 async def test_agent_commits_then_reveals_after_the_epoch(tmp_path: Path) -> None:
     chain, key = registered_chain()
     log = ServedLog(tmp_path, shard=0)
-    feed(log, "tag-a", [100])  # 3 full blocks
-    feed(log, "tag-b", [32], seed=1)  # 1 block of another session
+    feed(log, tag("a"), [100])  # 3 full blocks
+    feed(log, tag("b"), [32], seed=1)  # 1 block of another session
     committer = Committer(tmp_path, ChainLink(chain, key))
     epoch_length = chain.state.genesis.epoch_length
     await committer.step(chain.state.height, epoch_length)
@@ -245,11 +253,11 @@ async def test_agent_commits_then_reveals_after_the_epoch(tmp_path: Path) -> Non
 async def test_agent_restart_neither_commits_twice_nor_forgets(tmp_path: Path) -> None:
     chain, key = registered_chain()
     log = ServedLog(tmp_path, shard=0)
-    feed(log, "tag-a", [64])
+    feed(log, tag("a"), [64])
     link = ChainLink(chain, key)
     epoch_length = chain.state.genesis.epoch_length
     await Committer(tmp_path, link).step(chain.state.height, epoch_length)
-    feed(log, "tag-b", [32], seed=2)
+    feed(log, tag("b"), [32], seed=2)
     again = Committer(tmp_path, link)  # a restarted agent
     await again.step(chain.state.height, epoch_length)
     assert again.counters["committed"] == 1  # only the new record
