@@ -290,3 +290,19 @@ def test_topk_rows_numpy_equals_torch_bit_for_bit() -> None:
     for case in cases:
         assert topk_rows_numpy(case) == topk_rows(torch.from_numpy(case))
         assert topk_rows_numpy(case[0]) == topk_rows(torch.from_numpy(case[0]))
+
+
+async def test_agent_too_late_to_reveal_counts_expired_and_sends_nothing(tmp_path: Path) -> None:
+    chain, key = registered_chain()
+    log = ServedLog(tmp_path, shard=0)
+    feed(log, tag("a"), [32])
+    link = ChainLink(chain, key)
+    committer = Committer(tmp_path, link)
+    epoch_length = chain.state.genesis.epoch_length
+    await committer.step(chain.state.height, epoch_length, retention_epochs=2)
+    chain.advance_to(chain.state.height + 4 * epoch_length)  # past the window of 2 epochs
+    sent = len(link.results)
+    await committer.step(chain.state.height, epoch_length, retention_epochs=2)
+    assert committer.counters["expired"] == 1 and committer.counters["revealed"] == 0
+    assert len(link.results) == sent  # no reveal tx
+    assert committer.pending() == {"uncommitted": 0, "unrevealed": 0}
