@@ -60,6 +60,7 @@ from protocol.committee import (
     RevealRecord,
     TxDecodeError,
     TxSignatureError,
+    decode,
 )
 from protocol.errors import ProtocolError
 
@@ -316,8 +317,6 @@ def sign_batch(body: CommitBatch | RevealBatch, key: SigningKey, nonce: int) -> 
 
 def decode_tx(raw: bytes) -> Any:
     """Any committee tx: a binary batch (`decode_batch`) or a JSON tx (`committee.decode`)."""
-    from protocol.committee import decode
-
     if isinstance(raw, bytes | bytearray) and is_batch(raw):
         return decode_batch(raw)
     return decode(raw)
