@@ -43,7 +43,10 @@ def one_run(circuit, ids: list[int], directory: Path) -> dict[str, float]:
     with torch.inference_mode():
         hidden0 = first.forward(head.embed(ids), torch.arange(len(ids)), first.new_cache())
     inputs = hidden0.numpy()
+    from protocol.frames import session_tag
+
     served = ServedLog(directory, shard=1)
+    tag = session_tag("bench-served-capability-0001")
     cache = shard.new_cache()
     prompt = 32
     wall = {"decode": 0.0, "served": 0.0}
@@ -56,7 +59,7 @@ def one_run(circuit, ids: list[int], directory: Path) -> dict[str, float]:
         with torch.inference_mode():
             out = shard.forward(torch.from_numpy(chunk), torch.from_numpy(positions), cache)
         middle, middle_cpu = time.perf_counter(), time.thread_time()
-        served.record("bench-tag", chunk, positions, out.numpy())
+        served.record(tag, chunk, positions, out.numpy())
         wall["decode"] += middle - began
         wall["served"] += time.perf_counter() - middle
         cpu["decode"] += middle_cpu - began_cpu
@@ -69,6 +72,8 @@ def one_run(circuit, ids: list[int], directory: Path) -> dict[str, float]:
         step(t, 1)
     decoded = len(ids) - prompt
     stats = served.stats()
+    if stats["blocks"] != (len(ids)) // 32:
+        raise RuntimeError(f"recorded {stats['blocks']} blocks, expected {len(ids) // 32}")
     spool = sum(p.stat().st_size for p in directory.glob("served-*.bin"))
     return {
         "decode_ms_per_position": 1000 * wall["decode"] / decoded,
