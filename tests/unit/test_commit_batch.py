@@ -294,3 +294,21 @@ def test_commit_batch_encode_refuses_what_the_format_cannot_carry() -> None:
     )
     with pytest.raises(ProtocolError, match="one session"):
         cb.sign_batch(mixed, KEY, 1)
+
+
+@SETTINGS
+@given(session=keys32, step=steps, shard=shards, output=keys32, salt=keys32)
+def test_commitment_value_packed_equals_eth_abi_encoding(
+    session: bytes, step: int, shard: int, output: bytes, salt: bytes
+) -> None:
+    from eth_abi import encode as abi_encode
+    from eth_utils import keccak
+
+    from protocol.eip712 import commitment_value
+
+    types = ["bytes32", "uint64", "uint32", "bytes32", "bytes32"]
+    expected = keccak(abi_encode(types, [session, step, shard, output, salt]))
+    assert commitment_value(session, step, shard, output, salt) == expected
+    assert (
+        commitment_value("0x" + session.hex(), step, shard, output, "0x" + salt.hex()) == expected
+    )
