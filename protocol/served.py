@@ -38,6 +38,8 @@ SPOOL_PREFIX = "served-"
 SPOOL_SUFFIX = ".bin"
 RECORD = struct.Struct(">32sQI32s32s")  # session, step, shard, output_hash, salt
 RECORD_BYTES = RECORD.size  # 108
+SPOOL_FILE_BYTES = 1024 * 1024  # the node starts a new spool file past this size; the agent
+# deletes a file of at least this size (never appended to again) once all its records revealed
 
 
 class SpoolError(ProtocolError):

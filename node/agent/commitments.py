@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
+from protocol import served as spool_format
 from protocol.committee import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
 from protocol.served import (
     RECORD_BYTES,
@@ -51,7 +52,6 @@ STATE_FILE = "agent-state.json"
 OK, DUPLICATE_COMMITMENT, UNKNOWN_COMMITMENT, ALREADY_REVEALED = 0, 16, 17, 18
 MAX_COMMIT_BATCH = 1024
 MAX_REVEAL_BATCH = 800
-SPOOL_FILE_BYTES = 1024 * 1024  # node.server.served rotates at this size
 
 
 class Link(Protocol):
@@ -245,7 +245,7 @@ class Committer:
         for name, tracked in list(self._files.items()):
             done = tracked.revealed == len(tracked.records) == tracked.committed
             try:
-                rotated = tracked.path.stat().st_size >= SPOOL_FILE_BYTES
+                rotated = tracked.path.stat().st_size >= spool_format.SPOOL_FILE_BYTES
             except OSError:
                 continue
             if done and rotated:

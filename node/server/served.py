@@ -44,12 +44,12 @@ from aiohttp import web
 
 from node.model.fingerprint import FingerprintRecorder
 from node.server.config import ServerConfig
+from protocol import served as spool_format
 from protocol.fingerprint import BLOCK_POSITIONS
 from protocol.served import SPOOL_MAGIC, SPOOL_PREFIX, SPOOL_SUFFIX, ServedRecord, output_hash
 
 log = logging.getLogger(__name__)
 
-SPOOL_FILE_BYTES = 1024 * 1024  # a new spool file after this many bytes
 SESSION_OVERHEAD_BYTES = 1024  # accounted per held session (objects, dict entries)
 
 
@@ -160,7 +160,7 @@ class ServedLog:
         return len(fingerprint) + 160
 
     def _append(self, record: ServedRecord) -> None:
-        if self._spool is None or self._spool_bytes >= SPOOL_FILE_BYTES:
+        if self._spool is None or self._spool_bytes >= spool_format.SPOOL_FILE_BYTES:
             name = f"{SPOOL_PREFIX}{time.time_ns():020d}-{os.getpid()}{SPOOL_SUFFIX}"
             self._spool = self.dir / name
             fd = os.open(self._spool, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -306,3 +306,26 @@ async def test_agent_too_late_to_reveal_counts_expired_and_sends_nothing(tmp_pat
     assert committer.counters["expired"] == 1 and committer.counters["revealed"] == 0
     assert len(link.results) == sent  # no reveal tx
     assert committer.pending() == {"uncommitted": 0, "unrevealed": 0}
+
+
+async def test_agent_deletes_rotated_spool_files_once_all_revealed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from protocol import served as spool_format
+
+    monkeypatch.setattr(spool_format, "SPOOL_FILE_BYTES", 8 + 2 * RECORD_BYTES)  # 2 per file
+    chain, key = registered_chain()
+    log = ServedLog(tmp_path, shard=0)
+    feed(log, tag("a"), [32 * 5])  # 5 blocks: files of 2, 2 and 1 record
+    assert len(list(tmp_path.glob("served-*.bin"))) == 3
+    committer = Committer(tmp_path, ChainLink(chain, key))
+    epoch_length = chain.state.genesis.epoch_length
+    await committer.step(chain.state.height, epoch_length)
+    assert len(list(tmp_path.glob("served-*.bin"))) == 3  # committed, not yet revealed
+    chain.advance_to(chain.state.height + 2 * epoch_length)
+    await committer.step(chain.state.height, epoch_length)
+    assert [c["match"] for c in ask(chain, "/commitments")["commitments"]] == [True] * 5
+    left = list(tmp_path.glob("served-*.bin"))
+    assert len(left) == 1  # the node may still append to its current (short) file
+    state = json.loads((tmp_path / "agent-state.json").read_text())
+    assert list(state["files"]) == [left[0].name]
