@@ -64,11 +64,12 @@ def tx_cache_cost(raw: bytes) -> int:
     return 5 * len(raw) + 1024
 
 
-# A proposer's own budget (not a validity rule: ProcessProposal does not check it): it stops
-# filling a block at this much work, counted as 1 per tx + 1 per commit/reveal record
-# (`tx_work`). FinalizeBlock costs ~15-25 µs per record per validator here, so a full block
-# stays well inside a 1 s block time on the 2-core devnet instead of taking 22 MB of mempool
-# (CometBFT's default block size) at once under overload (measured: 3.4 s blocks).
+# The most work one block may carry, counted as 1 per tx + 1 per commit/reveal record
+# (`tx_work`): PrepareProposal stops filling there and ProcessProposal rejects a block above it.
+# It keeps blocks short under overload (without it a proposer took 22 MB of binary batches from
+# the mempool at once: 3.4 s blocks; FinalizeBlock costs ~15-25 µs per record per validator
+# here) and bounds the state one block can add: binary batches carry a record in 44 bytes that
+# becomes ≤ ~900 bytes of state (docs/committee.md "What state costs").
 MAX_PROPOSAL_WORK = 12_288
 
 
@@ -342,7 +343,7 @@ class State:
             if size + _proto_size(raw) > max_bytes:
                 break
             weight = tx_work(tx)
-            if work + weight > MAX_PROPOSAL_WORK and work > 0:
+            if work + weight > MAX_PROPOSAL_WORK:
                 break  # the rest waits for the next block (keeps blocks short under load)
             out.append(raw)
             size += _proto_size(raw)
@@ -366,13 +367,16 @@ class State:
             except extensions.VoteExtensionError as error:
                 return False, error.message
             body = txs[1:]
+        work = 0
         for index, raw in enumerate(body):
             if extensions.is_vx_tx(raw):
                 return False, f"tx {index}: unexpected extended-commit tx"
             try:
-                self.decode_verified(raw)
+                work += tx_work(self.decode_verified(raw))
             except ProtocolError as error:
                 return False, f"tx {index}: {error.message}"
+        if work > MAX_PROPOSAL_WORK:  # bounds the state one block can add (dense binary batches)
+            return False, f"block work {work} exceeds {MAX_PROPOSAL_WORK}"
         return True, ""
 
     # --- blocks -------------------------------------------------------------------------------

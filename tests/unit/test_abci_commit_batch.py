@@ -157,10 +157,39 @@ def test_abci_binary_proposal_stops_at_the_work_budget(monkeypatch: pytest.Monke
     chain = Chain()
     key = register(chain, "n1")
     txs = [chain.batch_tx(commits(*range(4 * i, 4 * i + 4)), key) for i in range(3)]
-    proposal = chain.state.prepare_proposal(chain.state.height + 1, txs, 1 << 20, None)
+    height = chain.state.height + 1
+    proposal = chain.state.prepare_proposal(height, txs, 1 << 20, None)
     assert proposal == txs[:2]  # 5 + 5 work units; the third waits for the next block
-    big = chain.batch_tx(commits(*range(100, 120)), key)
-    assert chain.state.prepare_proposal(chain.state.height + 1, [big], 1 << 20, None) == [big]
+    assert chain.state.process_proposal(height, proposal) == (True, "")
+    ok, reason = chain.state.process_proposal(height, txs)  # a proposer ignoring the budget
+    assert not ok and "exceeds 10" in reason
+
+
+def test_abci_binary_batch_state_bytes_per_record_bounded() -> None:
+    """What a record costs in state (the bound docs/committee.md states for binary batches)."""
+    chain = Chain()
+    key = register(chain, "n1")
+    store = chain.state.store
+    session = b"\x11" * 32
+    cases = [
+        cb.encode_batch(1, session, [(s, 0, bytes([s % 256]) * 32) for s in range(1024)], key, 2),
+        # equivocation: every record conflicts → evidence for each
+        cb.encode_batch(
+            1, session, [(s, 0, bytes([s % 256 ^ 1]) * 32) for s in range(1024)], key, 3
+        ),
+        # reveals that do not match → evidence for each
+        cb.encode_batch(
+            2, session, [(s, 0, b"\x22" * 32, b"\x33" * 32) for s in range(800)], key, 4
+        ),
+    ]
+    for raw in cases:
+        records = (len(raw) - cb.HEADER_BYTES - cb.SIG_BYTES) // cb.RECORD_BYTES[raw[4]]
+        before = store.size_bytes()
+        [result] = chain.block([raw])
+        assert result.code == Code.OK, result.log
+        added = store.size_bytes() - before
+        assert added <= 900 * records + 1024, (records, added)
+        assert added <= 16 * len(raw) + 1024
 
 
 def test_abci_binary_tx_cache_accounts_parsed_size() -> None:
