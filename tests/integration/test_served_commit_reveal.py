@@ -183,3 +183,38 @@ def test_node_commits_what_it_served_and_reveals_after_the_epoch(committee, tmp_
             agent.wait(30)
         for node in nodes:
             stop_pid(node.pid, grace_s=5)
+
+
+def test_hostile_binary_batches_refused_by_name_through_cometbft(committee) -> None:
+    """Malformed binary batches sent to a real validator's RPC get CheckTx code 1 (named), a
+    forged one code 2, and the validator keeps committing blocks."""
+    from nacl.signing import SigningKey
+
+    from node.chain.committee_rpc import CommitteeRpc
+    from protocol import commit_batch as cb
+
+    key = SigningKey(b"\x07" * 32)
+    raw = cb.encode_batch(cb.KIND_COMMIT, b"\x01" * 32, [(1, 0, b"\x02" * 32)], key, 1)
+    forged = raw[:-1] + bytes([raw[-1] ^ 1])
+    hostile = {
+        "truncated": (raw[:-1], 1, "truncated"),
+        "trailing": (raw + b"\x00", 1, "after the signature"),
+        "unknown kind": (raw[:4] + b"\x09" + raw[5:], 1, "unknown kind"),
+        "count zero": (raw[:77] + b"\x00\x00" + raw[79:], 1, "count 0"),
+        "forged": (forged, 2, "signature"),
+    }
+
+    async def send() -> dict[str, Any]:
+        async with CommitteeRpc(committee.validators[0].rpc_url) as rpc:
+            answers = {
+                name: await rpc.broadcast_tx_sync(tx, check=False)
+                for name, (tx, _, _) in hostile.items()
+            }
+            height = (await rpc.status()).latest_block_height
+            await rpc.wait_for_height(height + 2, timeout_s=30)
+            return answers
+
+    answers = asyncio.run(send())
+    for name, (_, code, words) in hostile.items():
+        assert answers[name].code == code, (name, answers[name])
+        assert words in answers[name].log, (name, answers[name].log)
