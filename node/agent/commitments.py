@@ -5,7 +5,8 @@ of 32 positions it served to spool files in its commit directory. Each `step()` 
 
 1. reads new whole records from the spool files (in file-name order, then record order);
 2. commits them: records grouped by session, compact binary `commit` batches of at most
-   `max_batch` (`protocol.commit_batch`), and waits for each to be in a block (its height);
+   `max_batch` (`protocol.commit_batch`), up to `PIPELINE` in flight, and waits for them to be
+   in blocks (their heights);
 3. reveals every committed record whose commitment's epoch has closed (current height past
    the end of that epoch), in binary `reveal` batches, and no later than
    `retention_epochs` epochs after it (the chain prunes the commitment then: such records are
@@ -25,6 +26,7 @@ the next step.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -52,6 +54,7 @@ STATE_FILE = "agent-state.json"
 OK, DUPLICATE_COMMITMENT, UNKNOWN_COMMITMENT, ALREADY_REVEALED = 0, 16, 17, 18
 MAX_COMMIT_BATCH = 1024
 MAX_REVEAL_BATCH = 800
+PIPELINE = 16  # commit batches in flight before waiting for their blocks
 
 
 class Link(Protocol):
@@ -66,6 +69,11 @@ class _File:
     committed: int = 0
     revealed: int = 0
     heights: list[int] = field(default_factory=list)  # commit height per committed record
+    # sizes of the batches sent but not yet seen in a block, from `committed` / `revealed` on:
+    # re-sent exactly as they were, so a DUPLICATE/ALREADY_REVEALED answer (the whole tx is
+    # refused when any record repeats) means every record of it is on chain, never a new one
+    commit_inflight: list[int] = field(default_factory=list)
+    reveal_inflight: list[int] = field(default_factory=list)
 
 
 class Committer:
@@ -107,13 +115,20 @@ class Committer:
             if type(committed) is int and type(revealed) is int and 0 <= revealed <= committed:
                 tracked = _File(self.dir / name, committed=committed, revealed=revealed)
                 tracked.heights = [height] * committed  # conservative: as if committed now
+                tracked.commit_inflight = _sizes(entry.get("commit_inflight"))
+                tracked.reveal_inflight = _sizes(entry.get("reveal_inflight"))
                 self._files[name] = tracked
         self._loaded = True
 
     def _save_state(self) -> None:
         state = {
             "files": {
-                name: {"committed": f.committed, "revealed": f.revealed}
+                name: {
+                    "committed": f.committed,
+                    "revealed": f.revealed,
+                    "commit_inflight": f.commit_inflight,
+                    "reveal_inflight": f.reveal_inflight,
+                }
                 for name, f in sorted(self._files.items())
             }
         }
@@ -162,25 +177,76 @@ class Committer:
             log.warning("commit-reveal step: %s", error)
 
     async def _commit_new(self) -> None:
+        """Pipelined: up to `PIPELINE` batches of a file go out (consecutive nonces) before
+        waiting for their blocks; progress stops at the first batch not committed (a later one
+        that did land answers DUPLICATE_COMMITMENT when re-sent, which counts as committed)."""
         for tracked in list(self._files.values()):
             while tracked.committed < len(tracked.records):
-                chunk = _one_session(tracked.records, tracked.committed, self.max_batch)
-                body = CommitBatch(
-                    tuple(
-                        CommitmentRecord(
-                            r.session_hex, r.step, r.shard, "0x" + r.commitment().hex()
-                        )
-                        for r in chunk
-                    )
-                )
-                height = await self._send(body, (OK, DUPLICATE_COMMITMENT))
-                if height is None:
-                    return  # refused: try again next step
-                tracked.committed += len(chunk)
-                tracked.heights.extend([height] * len(chunk))
-                self.counters["committed"] += len(chunk)
-                self.counters["commit_txs"] += 1
+                chunks: list[list[ServedRecord]] = []
+                position = tracked.committed
+                for size in tracked.commit_inflight:  # re-send unconfirmed batches as they were
+                    if position + size > len(tracked.records):
+                        break  # not this spool's batches (a replaced file): forget them
+                    chunks.append(tracked.records[position : position + size])
+                    position += size
+                while position < len(tracked.records) and len(chunks) < PIPELINE:
+                    chunk = _one_session(tracked.records, position, self.max_batch)
+                    chunks.append(chunk)
+                    position += len(chunk)
+                tracked.commit_inflight = [len(chunk) for chunk in chunks]
+                self._save_state()  # before sending: a restart re-sends the same batches
+                bodies = [_commit_body(chunk) for chunk in chunks]
+                heights = await self._send_many(bodies, (OK, DUPLICATE_COMMITMENT))
+                confirmed = 0
+                for chunk, height in zip(chunks, heights, strict=False):
+                    if height is None:
+                        break
+                    confirmed += 1
+                    tracked.committed += len(chunk)
+                    tracked.heights.extend([height] * len(chunk))
+                    self.counters["committed"] += len(chunk)
+                    self.counters["commit_txs"] += 1
+                # still unconfirmed: the batches that went out (a CheckTx refusal ends the list)
+                tracked.commit_inflight = tracked.commit_inflight[confirmed : len(heights)]
                 self._save_state()
+                if confirmed < len(chunks):
+                    return  # refused or unanswered: try again next step
+
+    async def _send_many(self, bodies: list[Any], accept: tuple[int, ...]) -> list[int | None]:
+        """Submit `bodies` in order (stopping at the first CheckTx refusal), then wait for all:
+        per submitted body its block height when accepted, else None."""
+        hashes: list[str] = []
+        for body in bodies:
+            try:
+                hashes.append((await self.link.submit(body, binary=True)).hash)
+            except TxRejectedError as error:
+                log.warning(
+                    "%s refused code=%d log=%s; retrying later",
+                    body.TYPE,
+                    error.tx_code,
+                    error.log_text[:200],
+                )
+                break
+        results = await asyncio.gather(
+            *(self.link.committed(h, timeout_s=self.commit_timeout_s) for h in hashes),
+            return_exceptions=True,
+        )
+        heights: list[int | None] = []
+        for body, result in zip(bodies, results, strict=False):
+            if isinstance(result, BaseException):
+                log.warning("%s not seen committed: %s; retrying later", body.TYPE, result)
+                heights.append(None)
+            elif result.code in accept:
+                heights.append(result.height)
+            else:
+                log.warning(
+                    "%s refused code=%d log=%s; retrying later",
+                    body.TYPE,
+                    result.code,
+                    result.log[:200],
+                )
+                heights.append(None)
+        return heights
 
     async def _reveal_due(self, height: int, epoch_length: int, retention_epochs: int) -> None:
         for tracked in list(self._files.values()):
@@ -193,12 +259,21 @@ class Committer:
                     tracked.revealed += 1  # the chain has pruned it: too late
                     self.counters["expired"] += 1
                     continue
-                chunk = _one_session(tracked.records, first, MAX_REVEAL_BATCH, tracked.committed)
-                chunk = [
-                    r
-                    for offset, r in enumerate(chunk)
-                    if _epoch(tracked.heights[first + offset], epoch_length) == commit_epoch
-                ]
+                if tracked.reveal_inflight and first + tracked.reveal_inflight[0] <= (
+                    tracked.committed
+                ):  # re-send an unconfirmed batch as it was
+                    chunk = tracked.records[first : first + tracked.reveal_inflight[0]]
+                else:
+                    chunk = _one_session(
+                        tracked.records, first, MAX_REVEAL_BATCH, tracked.committed
+                    )
+                    chunk = [
+                        r
+                        for offset, r in enumerate(chunk)
+                        if _epoch(tracked.heights[first + offset], epoch_length) == commit_epoch
+                    ]
+                    tracked.reveal_inflight = [len(chunk)]
+                    self._save_state()
                 body = RevealBatch(
                     tuple(
                         RevealRecord(
@@ -214,6 +289,7 @@ class Committer:
                 done = await self._send(body, (OK, ALREADY_REVEALED), drop=(UNKNOWN_COMMITMENT,))
                 if done is None:
                     return
+                tracked.reveal_inflight = []
                 if done < 0:
                     self.counters["dropped"] += len(chunk)
                 else:
@@ -259,6 +335,22 @@ class Committer:
             "uncommitted": sum(len(f.records) - f.committed for f in self._files.values()),
             "unrevealed": sum(f.committed - f.revealed for f in self._files.values()),
         }
+
+
+def _sizes(value: Any) -> list[int]:
+    """In-flight batch sizes from the state file (anything odd: none)."""
+    if isinstance(value, list) and all(type(v) is int and 0 < v <= MAX_COMMIT_BATCH for v in value):
+        return list(value)
+    return []
+
+
+def _commit_body(chunk: list[ServedRecord]) -> CommitBatch:
+    return CommitBatch(
+        tuple(
+            CommitmentRecord(r.session_hex, r.step, r.shard, "0x" + r.commitment().hex())
+            for r in chunk
+        )
+    )
 
 
 def _epoch(height: int, epoch_length: int) -> int:

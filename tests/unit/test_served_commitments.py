@@ -329,3 +329,65 @@ async def test_agent_deletes_rotated_spool_files_once_all_revealed(
     assert len(left) == 1  # the node may still append to its current (short) file
     state = json.loads((tmp_path / "agent-state.json").read_text())
     assert list(state["files"]) == [left[0].name]
+
+
+class FlakyLink(ChainLink):
+    """Loses the answer for the `lose`-th submitted tx (it still lands on chain)."""
+
+    def __init__(self, chain: Chain, key: Any, lose: int) -> None:
+        super().__init__(chain, key)
+        self.lose, self.submitted, self.lost = lose, 0, set()
+
+    async def submit(self, body: Any, *, binary: bool = False) -> Sent:
+        sent = await super().submit(body, binary=binary)
+        self.submitted += 1
+        if self.submitted == self.lose:
+            self.lost.add(sent.hash)
+        return sent
+
+    async def committed(self, tx_hash: str, *, timeout_s: float = 15.0) -> Any:
+        if tx_hash in self.lost:
+            self.lost.discard(tx_hash)
+            raise TimeoutError("answer lost")
+        return await super().committed(tx_hash, timeout_s=timeout_s)
+
+
+async def test_agent_pipelined_commits_survive_a_lost_answer(tmp_path: Path) -> None:
+    chain, key = registered_chain()
+    log = ServedLog(tmp_path, shard=0)
+    for label in "abc":  # three sessions: three batches in one pipelined round
+        feed(log, tag(label), [64], seed=ord(label))
+    link = FlakyLink(chain, key, lose=2)  # the second batch lands, its answer is lost
+    committer = Committer(tmp_path, link)
+    epoch_length = chain.state.genesis.epoch_length
+    await committer.step(chain.state.height, epoch_length)
+    assert committer.pending()["uncommitted"] == 4  # progress stops at the lost answer
+    assert len(ask(chain, "/commitments")["commitments"]) == 6  # yet all three landed
+    await committer.step(chain.state.height, epoch_length)  # re-sent: DUPLICATE = committed
+    assert committer.pending() == {"uncommitted": 0, "unrevealed": 6}
+    chain.advance_to(chain.state.height + 2 * epoch_length)
+    await committer.step(chain.state.height, epoch_length)
+    assert [c["match"] for c in ask(chain, "/commitments")["commitments"]] == [True] * 6
+    assert ask(chain, "/evidence")["evidence"] == []
+
+
+async def test_agent_resends_a_lost_batch_exactly_even_when_its_session_grew(
+    tmp_path: Path,
+) -> None:
+    chain, key = registered_chain()
+    log = ServedLog(tmp_path, shard=0)
+    feed(log, tag("a"), [64])  # blocks 0, 1
+    link = FlakyLink(chain, key, lose=1)  # the batch lands, its answer is lost
+    committer = Committer(tmp_path, link)
+    epoch_length = chain.state.genesis.epoch_length
+    await committer.step(chain.state.height, epoch_length)
+    assert committer.pending()["uncommitted"] == 2
+    # the session goes on: blocks 2, 3 follow in the same run of the spool
+    log.record(tag("a"), activations(64, 64), np.arange(64, 128), activations(64, 64))
+    restarted = Committer(tmp_path, link)  # also across a restart
+    await restarted.step(chain.state.height, epoch_length)
+    assert restarted.pending() == {"uncommitted": 0, "unrevealed": 4}
+    assert len(ask(chain, "/commitments")["commitments"]) == 4  # none marked without landing
+    chain.advance_to(chain.state.height + 2 * epoch_length)
+    await restarted.step(chain.state.height, epoch_length)
+    assert [c["match"] for c in ask(chain, "/commitments")["commitments"]] == [True] * 4
