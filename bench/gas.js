@@ -23,7 +23,7 @@ async function settleGas(nSigners) {
   const tree = h.merkleTree([{ epoch, account: user.address, amount: fee }]);
   const qh = h.queriesHash([queryId], [fee]);
   const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch, root: tree.root, total: fee, queriesHash: qh });
-  return gasOf(env.escrow.postPayoutRoot(epoch, tree.root, fee, [queryId], [fee], sigs));
+  return gasOf(env.escrow.postPayoutRoot(epoch, tree.root, fee, h.charges([queryId], [fee]), sigs));
 }
 
 async function main() {
@@ -47,7 +47,7 @@ async function main() {
   const tree = h.merkleTree(entries);
   const qh = h.queriesHash([ethers.id("q1")], [fee]);
   const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch: 7n, root: tree.root, total: fee, queriesHash: qh });
-  await (await env.escrow.postPayoutRoot(7n, tree.root, fee, [ethers.id("q1")], [fee], sigs)).wait();
+  await (await env.escrow.postPayoutRoot(7n, tree.root, fee, h.charges([ethers.id("q1")], [fee]), sigs)).wait();
   await hre.network.provider.send("evm_increaseTime", [Number(h.DEFAULTS.challengeWindow)]);
   await hre.network.provider.send("evm_mine", []);
   m.claim_gas = await gasOf(env.escrow.connect(operator).claim(7n, operator.address, fee / 2n, tree.proof(0)));
