@@ -263,25 +263,28 @@ contract QueryEscrow is ReentrancyGuardTransient {
     {
         if (_epochs[epoch].status != EpochStatus.None) revert EpochAlreadyPosted(epoch);
         if (root == bytes32(0)) revert ZeroRoot();
-        _checkLengths(charges);
-        bytes32 queriesHash = PlanetHashes.queriesHash(charges);
+        bytes32 queriesHash = _queriesHash(charges);
         // INVARIANT: the statement names this escrow as its consumer (no replay on another deployment).
         committee.verify(PlanetHashes.payoutRoot(epoch, root, total, queriesHash, address(this)), sigs);
-        (uint256 signed, uint256 collected) = _chargeQueries(epoch, charges.queryIds, charges.fees);
-        (uint256 signedDebits, uint256 collectedDebits) = _chargePayers(epoch, charges.payers, charges.debits);
-        signed += signedDebits;
-        collected += collectedDebits;
+        (uint256 signed, uint256 uncharged) = _chargeQueries(epoch, charges.queryIds, charges.fees);
+        if (charges.payers.length != 0) {
+            (uint256 signedDebits, uint256 unchargedDebits) = _chargePayers(epoch, charges.payers, charges.debits);
+            signed += signedDebits;
+            uncharged += unchargedDebits;
+        }
         // INVARIANT: the signed total is exactly the fees and debits the statement lists.
         if (signed != total) revert TotalMismatch(total, signed);
-        bool short = collected < signed;
+        uint256 collected = signed - uncharged;
+        bool short = uncharged != 0;
         if (short) {
             _shortfalls[epoch] = Shortfall({total: SafeCast.toUint128(signed), collected: uint128(collected)});
             emit SettlementShortfall(epoch, signed, collected);
         }
         uint256 claimableAt = block.timestamp + challengeWindow;
         // INVARIANT: the epoch holds exactly what it collected.
+        // `collected` wei sit in this contract, so it fits 128 bits (2^128 wei exceed all ether).
         _epochs[epoch] = EpochInfo({
-            unclaimed: SafeCast.toUint128(collected),
+            unclaimed: uint128(collected),
             claimableAt: uint64(claimableAt),
             status: EpochStatus.Posted,
             short: short
@@ -346,9 +349,8 @@ contract QueryEscrow is ReentrancyGuardTransient {
         if (e.status != EpochStatus.Posted) revert EpochNotPosted(epoch);
         // INVARIANT: disputes only before claims open, so the epoch still holds all it collected.
         if (block.timestamp >= e.claimableAt) revert ChallengeWindowClosed(epoch, e.claimableAt);
-        _checkLengths(charges);
         uint256 postedTotal = e.short ? _shortfalls[epoch].total : e.unclaimed;
-        _verifyEquivocation(epoch, postedTotal, PlanetHashes.queriesHash(charges), postedSigs, other, otherSigs);
+        _verifyEquivocation(epoch, postedTotal, _queriesHash(charges), postedSigs, other, otherSigs);
         uint256 sum = _returnFees(charges.queryIds, charges.fees) + _returnDebits(epoch, charges.payers, charges.debits);
         // INVARIANT: exactly what the epoch collected goes back to users.
         if (sum != e.unclaimed) revert TotalMismatch(e.unclaimed, sum);
@@ -437,16 +439,30 @@ contract QueryEscrow is ReentrancyGuardTransient {
         revert SameStatement(epoch);
     }
 
-    function _checkLengths(Charges calldata c) private pure {
-        if (c.queryIds.length != c.fees.length) revert LengthMismatch(c.queryIds.length, c.fees.length);
-        if (c.payers.length != c.debits.length) revert LengthMismatch(c.payers.length, c.debits.length);
+    /// @dev Checks the arrays pair up and returns `keccak256(abi.encode(queryIds, fees, payers,
+    /// debits))` (`PlanetHashes.queriesHash`), hashed straight from calldata: a canonically
+    /// encoded `Charges` tuple is byte for byte that encoding (four head offsets, then each
+    /// array's length and words), so no copy through the ABI encoder (~1k gas on every posting).
+    /// A non-canonical encoding hashes to something the committee never signed and reverts in
+    /// `committee.verify`; if the bytes do match, the decoder reads the same values from them.
+    function _queriesHash(Charges calldata c) private pure returns (bytes32 hash) {
+        uint256 n = c.queryIds.length;
+        uint256 m = c.payers.length;
+        if (n != c.fees.length) revert LengthMismatch(n, c.fees.length);
+        if (m != c.debits.length) revert LengthMismatch(m, c.debits.length);
+        uint256 size = 256 + 64 * (n + m);
+        assembly ("memory-safe") {
+            let ptr := mload(0x40)
+            calldatacopy(ptr, c, size)
+            hash := keccak256(ptr, size)
+        }
     }
 
     /// @dev Charges each funded query its fee; a query its user refunded after the timeout is
-    /// skipped. Returns the signed sum of fees and the sum collected.
+    /// skipped. Returns the signed sum of fees and the part of it not collected.
     function _chargeQueries(uint64 epoch, bytes32[] calldata queryIds, uint256[] calldata fees)
         private
-        returns (uint256 signed, uint256 collected)
+        returns (uint256 signed, uint256 uncharged)
     {
         for (uint256 i = 0; i < queryIds.length; ++i) {
             Deposit storage d = _deposits[queryIds[i]];
@@ -459,9 +475,9 @@ contract QueryEscrow is ReentrancyGuardTransient {
                 if (fee > available) revert FeeExceedsDeposit(queryIds[i], fee, available);
                 d.amount = uint64(available - fee);
                 d.tag = TAG_SETTLED;
-                collected += fee;
             } else if (tag == TAG_REFUNDED && d.user != address(0)) {
                 // The user took the deposit back after refundTimeout: nothing to charge.
+                uncharged += fee;
                 emit QueryUncharged(epoch, queryIds[i], fee);
             } else {
                 // INVARIANT: a query is charged at most once, and only if it was ever funded.
@@ -471,10 +487,10 @@ contract QueryEscrow is ReentrancyGuardTransient {
     }
 
     /// @dev Debits each payer (strictly ascending) up to its balance. Returns the signed sum of
-    /// debits and the sum collected.
+    /// debits and the part of it not collected.
     function _chargePayers(uint64 epoch, address[] calldata payers, uint256[] calldata debits)
         private
-        returns (uint256 signed, uint256 collected)
+        returns (uint256 signed, uint256 uncharged)
     {
         address previous = address(0);
         for (uint256 i = 0; i < payers.length; ++i) {
@@ -483,7 +499,7 @@ contract QueryEscrow is ReentrancyGuardTransient {
             if (payer <= previous) revert PayersNotSorted(i);
             previous = payer;
             signed += debits[i];
-            collected += _debit(epoch, payer, debits[i]);
+            uncharged += debits[i] - _debit(epoch, payer, debits[i]);
         }
     }
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
 
-import {Charges, Commitment, Reveal, Verdict} from "./PlanetTypes.sol";
+import {Commitment, Reveal, Verdict} from "./PlanetTypes.sol";
 
 /// @title EIP-712 type hashes and struct hashes of every struct Planet signs, plus the payout Merkle
 /// leaf. The type strings are normative (docs/contracts.md) and pinned by tests/vectors/*.json.
@@ -99,8 +99,13 @@ library PlanetHashes {
 
     /// @notice `keccak256(abi.encode(queryIds, fees, payers, debits))`, bound into every `PayoutRoot`:
     /// the per-query fees and the per-payer prepaid debits an epoch charges.
-    function queriesHash(Charges calldata c) internal pure returns (bytes32) {
-        return keccak256(abi.encode(c.queryIds, c.fees, c.payers, c.debits));
+    function queriesHash(
+        bytes32[] calldata queryIds,
+        uint256[] calldata fees,
+        address[] calldata payers,
+        uint256[] calldata debits
+    ) internal pure returns (bytes32) {
+        return keccak256(abi.encode(queryIds, fees, payers, debits));
     }
 
     /// @notice OpenZeppelin StandardMerkleTree leaf of (uint64 epoch, address account, uint256 amount).

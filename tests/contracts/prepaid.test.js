@@ -216,6 +216,34 @@ describe("QueryEscrow prepaid", function () {
     });
   });
 
+  describe("calldata hashing", function () {
+    it("postPayoutRoot_nonCanonicalChargesEncoding_revertsAndChangesNothing", async function () {
+      const env = await loadFixture(fundedFixture);
+      const q = ethers.id("q");
+      await env.escrow.connect(env.stranger).deposit(q, ethers.id("model"), { value: MILLI });
+      const charges = h.charges([q], [MILLI], [env.payers[0].address], [MILLI]);
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 2n * MILLI }], charges);
+      const data = env.escrow.interface.encodeFunctionData("postPayoutRoot", [s.epoch, s.tree.root, s.total, charges, s.sigs]);
+      // Same decoded values, non-canonical bytes: a zero word between the queryIds and fees tails.
+      const word = (hex, i) => BigInt("0x" + hex.slice(8 + 64 * i, 8 + 64 * (i + 1)));
+      const put = (hex, i, v) => hex.slice(0, 8 + 64 * i) + v.toString(16).padStart(64, "0") + hex.slice(8 + 64 * (i + 1));
+      let hex = data.slice(2);
+      const tuple = Number(word(hex, 3)) / 32; // the Charges tuple's first word (after the selector)
+      const feesAt = tuple + Number(word(hex, tuple + 1)) / 32;
+      hex = put(hex, 4, word(hex, 4) + 32n); // bytes[] sigs moves one word down
+      for (const k of [1, 2, 3]) hex = put(hex, tuple + k, word(hex, tuple + k) + 32n);
+      hex = hex.slice(0, 8 + 64 * feesAt) + "0".repeat(64) + hex.slice(8 + 64 * feesAt);
+      const decoded = env.escrow.interface.decodeFunctionData("postPayoutRoot", "0x" + hex);
+      expect(decoded[3].fees).to.deep.equal([MILLI]);
+      expect(decoded[3].debits).to.deep.equal([MILLI]);
+      const [sender] = await ethers.getSigners();
+      await expect(sender.sendTransaction({ to: await env.escrow.getAddress(), data: "0x" + hex })).to.be.revertedWithCustomError(env.committee, "UnknownSigner");
+      expect((await env.escrow.epochOf(1n)).status).to.equal(0n);
+      await post(env, s); // the canonical encoding of the same call posts
+      expect((await env.escrow.epochOf(1n)).status).to.equal(1n);
+    });
+  });
+
   describe("races: user actions never void a signed root", function () {
     it("withdrawThenPost_debitCappedAndClaimsProRata", async function () {
       const env = await loadFixture(fundedFixture);
