@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.eip712 import queries_hash
@@ -58,6 +58,7 @@ def test_epoch_work_duplicate_payer_refused() -> None:
         work((PayerDebit(P1, 1), PayerDebit(P1.upper().replace("0X", "0x"), 2)))
 
 
+@settings(deadline=None)
 @given(
     n=st.integers(0, 5),
     debits=st.lists(st.integers(0, (1 << 128) - 1), min_size=0, max_size=5),
