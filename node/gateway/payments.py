@@ -12,6 +12,8 @@ Per-query: `PaymentDesk.reserve` accepts it only when, on chain (`QueryEscrow.de
     fee cap <= deposit, and price × (prompt tokens + max_tokens) <= fee cap
                                                    else 402 payment_underfunded
     the query id was never served by this gateway  else 402 payment_used
+    its refund opens more than `refund_margin_s` from now (default 0: not yet open)
+                                                   else 402 payment_expiring
 
 The query id is reserved before the first await (two requests racing with one id: one wins).
 `settle` charges fee = price × (prompt + completion tokens) (<= the checked amount <= fee cap
@@ -78,6 +80,7 @@ class OnChainDeposit:
     amount: int  # wei the query still holds
     status: int  # 0 None, 1 Funded, 2 Settled, 3 Reclaimed, 4 Refunded
     model_id: bytes | None  # from the Deposited event (None when not found)
+    refund_at: int = 0  # unix s when the depositor may take an unsettled deposit back (0: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,7 @@ class ChainEscrow:
         self._escrow = chain.deployment.address("QueryEscrow")
         self._topic = chain.contracts["QueryEscrow"].events.Deposited().topic
         self._from_block = max(0, int(getattr(chain.deployment, "block", 0) or 0) - 1)
+        self._refund_timeout: int | None = None
 
     def _read(self, query_id: bytes) -> OnChainDeposit:
         state = self.chain.deposit_of(query_id)
@@ -114,7 +118,13 @@ class ChainEscrow:
             )
         )
         model_id = bytes(logs[0]["topics"][3]) if logs else None
-        return OnChainDeposit(state["user"], int(state["amount"]), int(state["status"]), model_id)
+        if self._refund_timeout is None:
+            self._refund_timeout = self.chain.refund_timeout()
+        deposited_at = int(state["deposited_at"])
+        refund_at = deposited_at + self._refund_timeout if deposited_at else 0
+        return OnChainDeposit(
+            state["user"], int(state["amount"]), int(state["status"]), model_id, refund_at
+        )
 
     async def deposit(self, query_id: bytes) -> OnChainDeposit:
         try:
@@ -163,6 +173,7 @@ class PaymentDesk:
         price_wei_per_token: int,
         receipts_path: Path | None = None,
         max_voucher_lifetime_s: int = 86_400,
+        refund_margin_s: int = 0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.escrow = escrow
@@ -177,6 +188,9 @@ class PaymentDesk:
         self._holders: dict[bytes, bytes] = {}  # query id → holder_digest of the proof used
         self._file_lock = threading.Lock()
         self.max_voucher_lifetime_s = max_voucher_lifetime_s
+        # A deposit whose refund opens sooner is refused: its user could take it back before the
+        # epoch's root lands (the escrow then skips it and the epoch pays pro rata).
+        self.refund_margin_s = refund_margin_s
         self._clock = clock
         # payer → wei reserved for its questions in flight + fees charged, not yet debited
         self._outstanding: dict[str, int] = {}
@@ -306,6 +320,12 @@ class PaymentDesk:
         if deposit.model_id != self.model_id:
             raise PaymentRequired(
                 "payment_wrong_model", f"query {query} was deposited for another model"
+            )
+        if deposit.refund_at and deposit.refund_at < int(self._clock()) + self.refund_margin_s:
+            raise PaymentRequired(
+                "payment_expiring",
+                f"the deposit of query {query} becomes refundable at {deposit.refund_at}, too "
+                "soon for this gateway to settle it; make a new deposit",
             )
         if proof.fee_cap > deposit.amount:
             raise PaymentRequired(
