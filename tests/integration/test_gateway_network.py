@@ -471,8 +471,6 @@ def test_gateway_prepaid_one_deposit_many_questions_by_voucher(
     requested = _planet_cli(tmp_path, "balance", "withdraw", "--json", *common)
     assert json.loads(requested.stdout)["action"] == "requested", requested.stderr
     assert _refused(net, net.voucher(payer, DEPOSIT // 100)[0])["code"] == "balance_withdrawing"
-    early = _planet_cli(tmp_path, "balance", "withdraw", *common)
-    assert early.returncode == 2 and "hint:" in early.stderr and "Traceback" not in early.stderr
 
 
 def test_gateway_node_killed_mid_question_gives_clear_error_and_no_charge(
