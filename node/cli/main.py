@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "node.cli.node",
     "node.cli.local",
     "node.cli.ask",
+    "node.cli.balance",
     "node.cli.gateway",
     "node.cli.contracts",
     "node.cli.operator",

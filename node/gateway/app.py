@@ -8,7 +8,7 @@
     GET  /v1/receipts/{query_id}     the signed receipt of a served query (its payer's key)
 
 Handlers stay thin: the body goes through `requests` (400 on any broken rule), the API key
-through `protocol.payment.parse_api_key` and `PaymentDesk.reserve` (402), the question through
+through `protocol.payment.parse_bearer` and `PaymentDesk.reserve` (402), the question through
 `engine.Generation` (503 without a circuit, 502 when a node fails). Every refusal is OpenAI's
 `{"error": {message, type, param, code}}` (error middleware). A failed question releases the
 payment (no receipt, no charge).
@@ -47,7 +47,7 @@ from node.gateway.router import Router, pool_view
 from node.gateway.shapes import Shaper, usage
 from node.gateway.textstream import TextStream
 from protocol.errors import PlanetError
-from protocol.payment import PaymentKeyError, PaymentProof, parse_api_key
+from protocol.payment import PaymentKeyError, PaymentProof, VoucherProof, parse_bearer
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +131,13 @@ async def error_middleware(
 # ----------------------------------------------------------------------------------- helpers
 
 
-def bearer_proof(request: web.Request) -> PaymentProof | PaymentKeyError:
+def bearer_proof(request: web.Request) -> PaymentProof | VoucherProof | PaymentKeyError:
     header = request.headers.get("Authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         return PaymentKeyError("no API key (Authorization: Bearer <payment proof>)")
     try:
-        return parse_api_key(key.strip())
+        return parse_bearer(key.strip())
     except PaymentKeyError as error:
         return error
 

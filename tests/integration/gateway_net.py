@@ -50,7 +50,7 @@ from node.server.launcher import (
 )
 from protocol.committee import AttestStake, Heartbeat, Leave, RegisterNode, sign, sign_registration
 from protocol.eip712 import ROLE_COMPUTE, address_of, as_bytes32
-from protocol.payment import QueryPayment, payment_domain, sign_payment
+from protocol.payment import QueryPayment, Voucher, payment_domain, sign_payment, sign_voucher
 
 ROOT = Path(__file__).resolve().parents[2]
 COMETBFT = ROOT / ".tools" / "bin" / "cometbft"
@@ -432,6 +432,17 @@ class GatewayNet:
         payment = QueryPayment(query_id, self.model_id, pool["gateway"], fee_cap or amount_wei)
         key = signer_key if signer_key is not None else bytes(user.account.key)
         return sign_payment(key, payment, domain), query_id
+
+    def voucher(
+        self, payer: PlanetChain, fee_cap: int, *, expires_in_s: int = 600
+    ) -> tuple[str, bytes]:
+        """A prepaid voucher of `payer` for a fresh query id (no transaction); (API key, id)."""
+        query_id = secrets.token_bytes(32)
+        pool = self.pools()
+        domain = payment_domain(pool["chain_id"], pool["escrow"])
+        expiry = int(time.time()) + expires_in_s
+        voucher = Voucher(pool["gateway"], query_id, self.model_id, fee_cap, expiry, pool["escrow"])
+        return sign_voucher(bytes(payer.account.key), voucher, domain), query_id
 
     # --- tear-down ------------------------------------------------------------------------------
 
