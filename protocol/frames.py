@@ -19,12 +19,12 @@ to return only the last position).
 
 Codecs (the body):
 - "raw": the tensor in `dtype`, little-endian, C order.
-- "hq9" (what `--compress` uses): each block of 64 values is rotated by the orthonormal
+- "hq9" (what `--compress` used until "rq"): each block of 64 values is rotated by the orthonormal
   Walsh-Hadamard matrix (spreads outlier channels over the block), then quantized absmax to
   9-bit signed codes [-255, 255]: body = scales (n_blocks x float32 LE) + low bytes of the
   codes + 1 packed bit per value (bit 8). 76 bytes per 64 values = 29.7 % of fp32; relative
   error ~0.25 % per hop, measured to keep greedy tokens unchanged where plain int8 did not.
-- "ohq7" (what `--compress` uses since issue 18): per block of 64 values, the largest-magnitude
+- "ohq7" (opt-in): per block of 64 values, the largest-magnitude
   value is split off and sent exactly (uint8 index in the block + float32 value), the rest is
   rotated by the Walsh-Hadamard matrix and quantized absmax to 7-bit signed codes [-63, 63]
   with a float16 scale (rounded up, so no code clips). body = indices (n_blocks x uint8) +
@@ -32,9 +32,10 @@ Codecs (the body):
   value, offset +63, packed little-endian bit order). 63 bytes per 64 values = 24.6 % of fp32.
   Splitting the outlier off first keeps the residual stream's few huge channels (and token
   0's ~22,500) from inflating the step of the 63 ordinary values sharing their block.
-- "rq" (variable rate, protocol/codec_rq.py): each token's values rounded to integer multiples
-  of one step (its rms x 2**(-29/4)) and Rice-coded; the receiver multiplies integers by the
-  token's float32 step. ~28 % of fp32 on SmolLM2 residual streams at hq9's measured quality.
+- "rq" (what `--compress` uses; variable rate, protocol/codec_rq.py): each token's values
+  rounded to integer multiples of one step (its rms x 2**(-29/4)) and Rice-coded; the receiver
+  multiplies integers by the token's float32 step. ~28 % of fp32 on SmolLM2 residual streams,
+  closer to the uncompressed chain than hq9 (docs/compute.md).
   parse_frame checks its body against bounds (codec_rq.body_bounds), the decoder the rest.
 - "int8": blockwise absmax int8 (Nesa sec. 4). The flattened tensor is cut in blocks of
   INT8_BLOCK values; each block stores one float32 scale (absmax / 127) and one int8 per value:
@@ -76,9 +77,10 @@ DTYPES: Final[dict[str, np.dtype]] = {
 CODECS: Final = ("raw", "int8", "hq9", "ohq7", "rq")
 # Codecs whose body size depends on the values (checked against bounds, not one size).
 VARIABLE_CODECS: Final = frozenset({"rq"})
-# What clients use when asked to compress: hq9, not the smaller ohq7, which measured worse
-# teacher-forced (perplexity 1.0025 vs 1.0009, one more flipped token in 660; docs/compute.md).
-COMPRESSED_CODEC: Final = "hq9"
+# What clients use when asked to compress: rq, smaller than hq9 (28 % vs 29.7 % of fp32) and
+# closer to the uncompressed chain teacher-forced (KL 5.7e-5 vs 7.8e-5 on the untuned half of
+# the held-out text; 4 vs 9 flipped tokens in 660); docs/compute.md, bench/codec.py.
+COMPRESSED_CODEC: Final = "rq"
 SESSION_MIN_CHARS: Final = 22  # 22 base64url characters carry >= 128 bits
 SESSION_MAX_CHARS: Final = 64
 _SESSION_RE = re.compile(rf"[A-Za-z0-9_-]{{{SESSION_MIN_CHARS},{SESSION_MAX_CHARS}}}")
