@@ -47,6 +47,7 @@ MIN_EXPONENT: Final = 0
 MAX_EXPONENT: Final = 64
 _U32: Final = struct.Struct("<I")
 _BIT: Final = np.arange(MAX_K, dtype=np.int64)
+_CHUNK: Final = 1 << 16  # values per slice of bit-plane work (bounds memory on big frames)
 
 
 class RqError(ValueError):
@@ -95,13 +96,17 @@ def encode(values: np.ndarray, exponent: int = DEFAULT_EXPONENT) -> bytes:
     q = np.rint(x.astype(np.float64) / safe[:, None])
     if np.abs(q).max(initial=0.0) >= 2 ** (MAX_CODE_BITS - 1):
         raise RqError("non_finite", "a value is too far above its row's rms for rq")
-    q = q.astype(np.int64)
-    u = np.where(q >= 0, 2 * q, -2 * q - 1)  # zigzag
+    q = q.astype(np.int32)
+    u = np.where(q >= 0, 2 * q, -2 * q - 1).ravel()  # zigzag, < 2**MAX_CODE_BITS
+    del q
     per_row = -(-width // RQ_BLOCK)
-    block = (np.arange(rows)[:, None] * per_row + np.arange(width)[None, :] // RQ_BLOCK).ravel()
-    u = u.ravel()
+    block = (
+        np.arange(rows, dtype=np.int32)[:, None] * per_row
+        + np.arange(width, dtype=np.int32)[None, :] // RQ_BLOCK
+    ).ravel()
     k = _best_k(u, block, rows * per_row)
-    kv = k[block]
+    kv = k[block].astype(np.int32)
+    del block
     high = u >> kv
     escaped = high >= ESCAPE
     run = np.where(escaped, ESCAPE, high)
@@ -155,10 +160,13 @@ def _unary_bits(run: np.ndarray) -> bytes:
 
 def _low_bits(low: np.ndarray, widths: np.ndarray) -> bytes:
     """The low `widths[i]` bits of each `low[i]`, least significant first, concatenated."""
-    planes = (low[:, None] >> _BIT) & 1  # [n, MAX_K]
-    return np.packbits(
-        planes[_BIT[None, :] < widths[:, None]].astype(np.uint8), bitorder="little"
-    ).tobytes()
+    parts = []
+    for start in range(0, low.size, _CHUNK):  # chunks bound the [n, MAX_K] bit planes
+        part, width = low[start : start + _CHUNK], widths[start : start + _CHUNK]
+        planes = ((part[:, None] >> _BIT) & 1).astype(np.uint8)
+        parts.append(planes[_BIT[None, :] < width[:, None]])
+    bits = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
+    return np.packbits(bits, bitorder="little").tobytes()
 
 
 # ------------------------------------------------------------------------------------- decode
@@ -180,31 +188,30 @@ def decode(body: bytes | memoryview, rows: int, width: int) -> np.ndarray:
     k_bytes = -(-blocks // 2)
     packed_k = np.frombuffer(view, dtype=np.uint8, offset=at, count=k_bytes)
     at += k_bytes
-    k = np.empty(k_bytes * 2, dtype=np.int64)
+    k = np.empty(k_bytes * 2, dtype=np.uint8)
     k[0::2] = packed_k & 0x0F
     k[1::2] = packed_k >> 4
     if blocks % 2 and k[-1] != 0:
         raise _bad("the padding nibble of the Rice parameters is not 0")
     k = k[:blocks]
-    unary, at = _field(view, at, "unary stream")
-    low, at = _field(view, at, "low-bit stream")
+    unary, at = _field(view, at, "unary stream", -(-n * (ESCAPE + 1) // 8))
+    low, at = _field(view, at, "low-bit stream", -(-n * MAX_K // 8))
     run = _read_unary(unary, n)
     escaped = run == ESCAPE
-    block = (np.arange(rows)[:, None] * per_row + np.arange(width)[None, :] // RQ_BLOCK).ravel()
-    kv = k[block]
-    widths = np.where(escaped, 0, kv)
+    kv = np.repeat(k.reshape(rows, per_row), RQ_BLOCK, axis=1)[:, :width].ravel()
+    widths = np.where(escaped, np.uint8(0), kv)
     lows = _read_low(low, widths)
-    escapes = int(escaped.sum())
+    escapes = int(np.count_nonzero(escaped))
     if len(view) - at != 4 * escapes:
         raise _bad(f"{len(view) - at} bytes of escapes, expected {4 * escapes}")
-    u = (run << kv) | lows
+    u = (run << kv.astype(np.int32)) | lows
     if escapes:
         big = np.frombuffer(view, dtype="<u4", offset=at, count=escapes).astype(np.int64)
         if (big >> kv[escaped] < ESCAPE).any():
             raise _bad("an escaped value is small enough for the unary code")
         if (big >= 1 << MAX_CODE_BITS).any():
             raise _bad(f"an escaped value is not below 2**{MAX_CODE_BITS}")
-        u[escaped] = big
+        u[escaped] = big.astype(np.int32)
     q = np.where(u & 1, -((u + 1) >> 1), u >> 1).astype(np.float32).reshape(rows, width)
     with np.errstate(over="ignore", invalid="ignore"):
         out = q * steps.astype(np.float32)[:, None]
@@ -213,37 +220,48 @@ def decode(body: bytes | memoryview, rows: int, width: int) -> np.ndarray:
     return out
 
 
-def _field(view: memoryview, at: int, name: str) -> tuple[np.ndarray, int]:
+def _field(view: memoryview, at: int, name: str, most: int) -> tuple[np.ndarray, int]:
     if len(view) - at < 4:
         raise _bad(f"truncated before the {name} length")
     (size,) = _U32.unpack_from(view, at)
     at += 4
     if size > len(view) - at:
         raise _bad(f"the {name} length {size} runs past the end")
+    if size > most:
+        raise _bad(f"the {name} length {size} exceeds {most} for this shape")
     data = np.frombuffer(view, dtype=np.uint8, offset=at, count=size)
     return data, at + size
 
 
 def _read_unary(data: np.ndarray, n: int) -> np.ndarray:
     bits = np.unpackbits(data, bitorder="little")
+    ones = int(np.count_nonzero(bits))  # counted before any index array is built
+    if ones != n:
+        raise _bad(f"unary stream holds {ones} values, expected {n}")
     ends = np.flatnonzero(bits)
-    if ends.size != n:
-        raise _bad(f"unary stream holds {ends.size} values, expected {n}")
     if (n and bits.size - int(ends[-1]) - 1 >= 8) or (n == 0 and bits.size):
         raise _bad("unary stream has a whole byte of padding")
     run = np.diff(ends, prepend=-1) - 1
     if run.max(initial=0) > ESCAPE:
         raise _bad(f"a unary run is longer than the escape ({ESCAPE})")
-    return run.astype(np.int64)
+    return run.astype(np.int32)
 
 
 def _read_low(data: np.ndarray, widths: np.ndarray) -> np.ndarray:
-    total = int(widths.sum())
+    total = int(widths.sum(dtype=np.int64))
     if data.size != -(-total // 8):
         raise _bad(f"low-bit stream is {data.size} bytes, expected {-(-total // 8)}")
     bits = np.unpackbits(data, bitorder="little")
     if bits[total:].any():
         raise _bad("low-bit stream padding is not 0")
-    planes = np.zeros((widths.size, MAX_K), dtype=np.int64)
-    planes[_BIT[None, :] < widths[:, None]] = bits[:total]
-    return (planes << _BIT).sum(axis=1)
+    out = np.empty(widths.size, dtype=np.int32)
+    at = 0
+    for start in range(0, widths.size, _CHUNK):  # chunks bound the [n, MAX_K] bit planes
+        width = widths[start : start + _CHUNK]
+        mask = _BIT[None, :] < width[:, None]
+        planes = np.zeros(mask.shape, dtype=np.int32)
+        used = int(width.sum(dtype=np.int64))
+        planes[mask] = bits[at : at + used]
+        at += used
+        out[start : start + _CHUNK] = (planes << _BIT.astype(np.int32)).sum(axis=1)
+    return out
