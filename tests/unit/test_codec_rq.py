@@ -180,6 +180,7 @@ def test_rq_hand_made_body_decodes():
         (_body([1.0], [0], [0, 24, 0], [], []), BadBodyError, "escapes"),
         (_body([1.0], [0], [0, 0, 0], [], [99]), BadBodyError, "escapes"),
         (_body([3e38], [0], [0, 24, 0], [], [1 << 23]), NonFiniteError, "overflows"),
+        (_body([1.0], [0], [0, 0, 0], [], unary_pad=85), BadBodyError, "exceeds 10"),
     ],
     ids=[
         "nan-step",
@@ -196,6 +197,7 @@ def test_rq_hand_made_body_decodes():
         "escape-missing",
         "escape-extra",
         "overflow",
+        "unary-longer-than-shape-allows",
     ],
 )
 def test_rq_malformed_bodies_are_named(body: bytes, error: type[FrameError], words: str):
@@ -216,6 +218,24 @@ def test_rq_non_zero_padding_nibble_and_lengths_past_the_end_are_named():
     struct.pack_into("<I", bad, 14, 1000)  # unary length runs past the end
     with pytest.raises(BadBodyError, match="runs past the end"):
         decode_body(_header(3, 3), bytes(bad))
+
+
+def test_rq_hostile_unary_stream_of_ones_is_refused_before_indexing_it():
+    rows, width = 64, 576
+    n = rows * width
+    size = -(-n * (rq.ESCAPE + 1) // 8)  # the longest unary stream this shape allows
+    blocks = rows * -(-width // rq.RQ_BLOCK)
+    body = b"".join(
+        (
+            bytes(4 * rows),
+            bytes(-(-blocks // 2)),
+            struct.pack("<I", size),
+            b"\xff" * size,
+            struct.pack("<I", 0),
+        )
+    )
+    with pytest.raises(BadBodyError, match=f"holds {size * 8} values, expected {n}"):
+        decode_body(_header(rows, width), body)
 
 
 def test_rq_fuzzed_bodies_only_ever_raise_frame_errors():
