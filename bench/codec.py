@@ -16,8 +16,10 @@ Per codec: share of positions whose top-1 next token equals the uncompressed cha
 ratio, the rms change of the top-2 logit gap and the mean KL divergence (continuous measures:
 flips are few and noisy), body bytes as a share of fp32 (measured on the encoded bodies for the
 variable-rate `rq`), and the CPU microseconds of one token's encode + decode. Besides the wire
-codecs: `fp16` (a cast), ohq widths that are not on the wire (`ohq6_probe`, `ohq8_probe`) and
-`rq` at other quality exponents (`rq<e>`), to show where the quality/bytes curve bends.
+codecs: `fp16` (a cast), `bf16_probe` (a cast), `fp8_probe` (float8 e4m3 with a float32
+scale per token, 25.2 % of fp32), ohq widths that are not on the wire (`ohq6_probe`,
+`ohq8_probe`) and `rq` at other quality exponents (`rq<e>`), to show where the quality/bytes
+curve bends.
 `rq_exponent_selected` is the smallest exponent whose KL and gap error on the tuning half are
 no worse than `hq9`'s; `rq` ships with `rq_exponent_default`.
 """
@@ -50,6 +52,21 @@ def _ohq_probe(bits: int) -> Any:
     from protocol.frames import decode_ohq, encode_ohq
 
     return lambda a: decode_ohq(encode_ohq(a, bits), a.size, bits).reshape(a.shape)
+
+
+def _bf16(array: np.ndarray) -> np.ndarray:
+    import torch
+
+    return torch.from_numpy(array).to(torch.bfloat16).float().numpy()
+
+
+def _fp8(array: np.ndarray) -> np.ndarray:
+    """float8 e4m3 with one float32 scale per token (its absmax onto e4m3's largest, 448)."""
+    import torch
+
+    x = torch.from_numpy(array)
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30) / 448.0
+    return ((x / scale).to(torch.float8_e4m3fn).float() * scale).numpy()
 
 
 class _Rq:
@@ -143,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     table: dict[str, Any] = {c: codec_roundtrip(c) for c in lossy}
     table["rq"] = _Rq(DEFAULT_EXPONENT)  # = codec_roundtrip("rq"), counting bytes
     table["fp16"] = lambda a: a.astype(np.float16).astype(np.float32)
+    table["bf16_probe"] = _bf16
+    table["fp8_probe"] = _fp8
     table["ohq6_probe"] = _ohq_probe(6)
     table["ohq8_probe"] = _ohq_probe(8)
     test_sweep = {f"rq{e}": _Rq(e) for e in SWEEP if e != DEFAULT_EXPONENT}
@@ -150,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("test half: %s", list(table))
     metrics.update(codec_quality(head, shards, test, table))
     ratios = {c: body_size("float32", c, hidden) / (hidden * 4) for c in lossy}
-    ratios["fp16"] = 0.5
+    ratios["fp16"] = ratios["bf16_probe"] = 0.5
+    ratios["fp8_probe"] = (hidden + 4) / (hidden * 4)  # one byte per value + a float32 scale
     blocks = -(-hidden // 64)
     for bits in (6, 8):
         ratios[f"ohq{bits}_probe"] = blocks * ohq_block_bytes(bits) / (hidden * 4)
@@ -167,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     meeting = [
         metrics[f"ratio_activation_bytes_{c}_vs_fp32"]
         for c in table
-        if c != "fp16"
+        if c not in ("fp16", "bf16_probe")
         and metrics[f"top1_agreement_{c}"] >= TARGET_AGREEMENT
         and metrics[f"ratio_ppl_{c}_vs_raw"] <= TARGET_PPL_RATIO
     ]
