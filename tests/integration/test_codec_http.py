@@ -54,12 +54,19 @@ def test_compress_is_rq_which_beat_hq9_on_bytes_and_teacher_forced_quality():
     assert COMPRESSED_CODEC == "rq"
 
 
-@pytest.mark.parametrize("codec", ["ohq7", "rq"])
-@pytest.mark.parametrize("prompt", list(PROMPTS))
-def test_codec_greedy_tokens_equal_uncompressed_circuit(circuit, prompt, codec):
+@pytest.fixture(scope="module")
+def uncompressed(circuit) -> dict[str, list[int]]:
+    """Greedy tokens of each prompt through the circuit with raw fp32 frames (computed once)."""
     manifest, nodes = circuit
     head = NumpyHead(manifest)
-    ids = head.chat_ids(PROMPTS[prompt])
-    raw = _greedy(nodes, head, ids, "raw")
+    return {p: _greedy(nodes, head, head.chat_ids(m), "raw") for p, m in PROMPTS.items()}
+
+
+@pytest.mark.parametrize("codec", ["ohq7", "rq"])
+@pytest.mark.parametrize("prompt", list(PROMPTS))
+def test_codec_greedy_tokens_equal_uncompressed_circuit(circuit, uncompressed, prompt, codec):
+    manifest, nodes = circuit
+    head = NumpyHead(manifest)
+    raw = uncompressed[prompt]
     assert len(raw) >= 5
-    assert _greedy(nodes, head, ids, codec) == raw
+    assert _greedy(nodes, head, head.chat_ids(PROMPTS[prompt]), codec) == raw
