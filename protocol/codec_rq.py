@@ -22,6 +22,9 @@ Body (all little-endian), for a [1, T, H] frame with NB = T * ceil(H / RQ_BLOCK)
     E x uint32        escaped u values (E = number of escape markers; each >= ESCAPE << k,
                       < 2**MAX_CODE_BITS)
 
+Every decoded value is within half its token's step of the original (down to steps that
+underflow float32, where the error is below 1e-37 anyway).
+
 Canonical: a decoder rejects any body another encoder could not have produced bit for bit
 (non-zero padding, a wrong count, a non-minimal escape), so one tensor has one encoding per
 choice of steps and parameters. Every rejection is an RqError naming "bad_body" or
