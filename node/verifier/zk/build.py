@@ -3,12 +3,13 @@ circuit → SRS (generated locally) → proving/verifying keys → the Solidity 
 the repository's solc-js. Nothing built here is committed.
 
     circuit = build_circuit(op, spec, sample)      # [1, H] float32 calibration sample
-    circuit.dir / "pk.key", circuit.verifier_bytecode, circuit.n_inputs, circuit.n_outputs
+    circuit.dir / "pk.key", circuit.verifier, circuit.n_inputs, circuit.n_outputs
 
-Cache: `.tools/zk/<spec.digest>-s<scale>-ezkl<version>/` (one directory per circuit, `circuit.json` written
-last, so a directory without it is an interrupted build and is rebuilt) and `.tools/zk/srs/`
-(`kzg<logrows>.srs`, shared by all circuits). A new setup changes the verifying key, so the
-verifier contract is always generated from the keys in the same directory.
+Cache: `.tools/zk/<spec.digest>-s<scale>-ezkl<version>/`, one directory per circuit, built in a
+`.partial-<pid>` sibling and renamed when complete (`circuit.json` inside marks it), and
+`.tools/zk/srs/kzg<logrows>.srs`, generated locally and shared by all circuits. A new setup
+changes the verifying key, so the verifier contract is always generated from the keys in the
+same directory.
 """
 
 from __future__ import annotations
@@ -125,9 +126,7 @@ def build_circuit(
         staging / "op.pt",
     )
     _export(staging)
-    (staging / "sample.json").write_text(
-        json.dumps({"input_data": [sample.reshape(-1).tolist()]})
-    )
+    (staging / "sample.json").write_text(json.dumps({"input_data": [sample.reshape(-1).tolist()]}))
     built = run_step(
         "build",
         {
@@ -138,7 +137,9 @@ def build_circuit(
             "max_logrows": MAX_LOGROWS,
         },
     )
-    (staging / VERIFIER_FILE).write_text(json.dumps(compile_verifier(staging / "Halo2Verifier.sol")))
+    (staging / VERIFIER_FILE).write_text(
+        json.dumps(compile_verifier(staging / "Halo2Verifier.sol"))
+    )
     shapes = built["instance_shapes"]
     circuit = BuiltCircuit(
         dir=target,

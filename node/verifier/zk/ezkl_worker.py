@@ -135,8 +135,13 @@ def witness(args: dict[str, Any]) -> dict[str, Any]:
 def prove(args: dict[str, Any]) -> dict[str, Any]:
     directory = args["dir"]
     started = time.monotonic()
-    ezkl.prove(args["witness"], _path(directory, "compiled"), _path(directory, "pk"), args["proof"],
-               srs_path=args["srs"])
+    ezkl.prove(
+        args["witness"],
+        _path(directory, "compiled"),
+        _path(directory, "pk"),
+        args["proof"],
+        srs_path=args["srs"],
+    )
     elapsed = time.monotonic() - started
     body = json.loads(Path(args["proof"]).read_text())
     return {
@@ -165,8 +170,12 @@ def verify(args: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
     try:
         ok = bool(
-            ezkl.verify(args["proof"], _path(directory, "settings"), _path(directory, "vk"),
-                        srs_path=args["srs"])
+            ezkl.verify(
+                args["proof"],
+                _path(directory, "settings"),
+                _path(directory, "vk"),
+                srs_path=args["srs"],
+            )
         )
     except RuntimeError as error:  # ezkl raises on a proof that does not verify
         return {"ok": False, "error": str(error)[:500], "verify_s": time.monotonic() - started}
