@@ -7,11 +7,14 @@ ZK-checked operation (SmolLM2-135M shard 1: RMSNorm of its first layer + one 64-
 
 The circuit comes from the build cache (.tools/zk; built first if missing, and `build_s` then
 says how long that took). Each repeat proves a different real input (the hidden state shard 1
-receives for one of three sentences). Python verify = ezkl's verifier in its own venv
-(`verify_python_s`: inside the worker; `verify_python_wall_s`: including the process start).
-Gas on a fresh anvil: `halo2_verify_gas` = the generated verifier's `verifyProof` alone
-(eth_estimateGas), `fault_verify_gas` = `EzklFaultVerifier.verifyFault` (hash checks +
-verifier), `prove_computation_fault_gas` = the whole slashing transaction through FraudProofs.
+receives for one of three sentences). `zk_prove_s` is wall time and depends on the box's load;
+`zk_prove_cpu_s` is the prover's CPU time over all its threads (load-independent). Python
+verify = ezkl's verifier in its own venv (`zk_verify_python_s`: inside the worker;
+`zk_verify_python_wall_s`: including the process start).
+Gas on a fresh anvil, each a transaction's gasUsed (21 000 + ~390 000 of calldata for the
+24 KB blob included): `zk_halo2_verify_tx_gas` = the generated verifier's `verifyProof` alone,
+`zk_fault_verify_tx_gas` = `EzklFaultVerifier.verifyFault` (hash checks + verifier),
+`prove_computation_fault_gas` = the whole slashing transaction through FraudProofs.
 """
 
 from __future__ import annotations
@@ -56,6 +59,25 @@ def _deploy_gas(w3, address: str) -> int:
     raise RuntimeError(f"no creation transaction for {address}")
 
 
+def _tx_gas(chain, call) -> int:
+    """gasUsed of `call` sent as a transaction from `chain`'s account (10 M gas limit)."""
+    w3 = chain.w3
+    tx = call.build_transaction(
+        {
+            "from": chain.address,
+            "nonce": w3.eth.get_transaction_count(chain.address, "pending"),
+            "gas": 10_000_000,
+        }
+    )
+    signed = chain.account.sign_transaction(tx)
+    receipt = w3.eth.wait_for_transaction_receipt(
+        w3.eth.send_raw_transaction(signed.raw_transaction)
+    )
+    if receipt["status"] != 1:
+        raise RuntimeError("verification transaction reverted")
+    return int(receipt["gasUsed"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="proofs to time (default 3)")
@@ -84,7 +106,7 @@ def main() -> int:
     built_now = time.monotonic() - started > 5
     prover = TicketProver(circuit)
 
-    witness_s, prove_s, verify_s, verify_wall_s = [], [], [], []
+    witness_s, prove_s, prove_cpu_s, verify_s, verify_wall_s = [], [], [], [], []
     proofs = []
     for i in range(args.repeats):
         x = inputs[i % len(inputs)]
@@ -98,6 +120,7 @@ def main() -> int:
         )  # fmt: skip
         proof = prover.prove(x, reveal)
         prove_s.append(prover.last_prove_s or 0.0)
+        prove_cpu_s.append(prover.last_prove_cpu_s or 0.0)
         t0 = time.monotonic()
         check = verify_fault(circuit, proof.encode(), reveal)
         verify_wall_s.append(time.monotonic() - t0)
@@ -124,7 +147,6 @@ def main() -> int:
         w3 = challenger.w3
         halo2 = w3.eth.contract(address=zk.halo2, abi=circuit.verifier["abi"])
         reveal, proof = proofs[0]
-        halo2_gas = halo2.functions.verifyProof(proof.proof, proof.instances()).estimate_gas()
         adapter_abi = [
             item
             for item in json.loads(
@@ -137,7 +159,16 @@ def main() -> int:
             reveal.session, reveal.step, reveal.shard, reveal.manifest_hash,
             reveal.input_hash, reveal.output_hash, reveal.salt, reveal.signed_at,
         )  # fmt: skip
-        fault_gas = adapter.functions.verifyFault(proof.encode(), reveal_tuple).estimate_gas()
+        blob = proof.encode()
+        # Both as transactions with a generous limit (gasUsed incl. 21 000 + calldata): an
+        # eth_estimateGas of verifyFault would be wrong, because its try/catch turns an
+        # out-of-gas verifier into `false` instead of a revert.
+        halo2_call = halo2.functions.verifyProof(proof.proof, proof.instances())
+        fault_call = adapter.functions.verifyFault(blob, reveal_tuple)
+        if not (halo2_call.call() and fault_call.call()):
+            raise RuntimeError("the deployed verifier refused a valid proof")
+        halo2_gas = _tx_gas(challenger, halo2_call)
+        fault_gas = _tx_gas(challenger, fault_call)
         node.stake(ROLE_COMPUTE, 2 * ETHER)
         result = challenger.prove_computation_fault(
             reveal, reveal.sign(node.account.key, node.domain_fraud_proofs()), proof.encode()
@@ -152,13 +183,14 @@ def main() -> int:
     metrics = {
         "zk_prove_s": round(median(prove_s), 2),
         "zk_prove_s_spread": spread(prove_s),
+        "zk_prove_cpu_s": round(median(prove_cpu_s), 2),
         "zk_witness_s": round(median(witness_s), 3),
         "zk_verify_python_s": round(median(verify_s), 3),
         "zk_verify_python_wall_s": round(median(verify_wall_s), 3),
         "zk_proof_bytes": len(proofs[0][1].proof),
         "zk_fault_proof_bytes": len(proofs[0][1].encode()),
-        "zk_halo2_verify_gas": int(halo2_gas),
-        "zk_fault_verify_gas": int(fault_gas),
+        "zk_halo2_verify_tx_gas": halo2_gas,
+        "zk_fault_verify_tx_gas": fault_gas,
         "prove_computation_fault_gas": slash_gas,
         "zk_halo2_verifier_deploy_gas": halo2_deploy,
         "zk_adapter_deploy_gas": adapter_deploy,

@@ -53,7 +53,8 @@ class TicketProver:
 
     def __init__(self, circuit: BuiltCircuit) -> None:
         self.circuit = circuit
-        self.last_prove_s: float | None = None
+        self.last_prove_s: float | None = None  # wall seconds of the last proof
+        self.last_prove_cpu_s: float | None = None  # CPU seconds (all threads) of the last proof
 
     def _input_file(self, scratch: Path, x: torch.Tensor) -> Path:
         if x.shape != (1, self.circuit.n_inputs) or x.dtype != torch.float32:
@@ -113,6 +114,7 @@ class TicketProver:
                 },
             )
         self.last_prove_s = float(result["prove_s"])
+        self.last_prove_cpu_s = float(result["prove_cpu_s"])
         values = [from_field(int(v)) for v in result["instances"]]
         n = self.circuit.n_inputs
         return FaultProof(tuple(values[:n]), tuple(values[n:]), bytes.fromhex(result["proof_hex"]))
