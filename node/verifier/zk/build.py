@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -176,8 +177,6 @@ def _count(shape: list[int]) -> int:
 
 
 def _export(directory: Path) -> None:
-    import sys
-
     done = subprocess.run(
         [
             sys.executable,
