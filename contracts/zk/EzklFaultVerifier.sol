@@ -72,12 +72,23 @@ contract EzklFaultVerifier is IComputationFaultVerifier {
         if (keccak256(proof[inputBytes:headBytes]) == claim.outputHash) return false;
         uint256 count = inputCount + outputCount;
         uint256[] memory instances = new uint256[](count);
-        for (uint256 i = 0; i < count; ++i) {
-            uint256 word = uint256(bytes32(proof[i * 32:(i + 1) * 32]));
+        uint256 start;
+        assembly ("memory-safe") {
+            start := proof.offset
+        }
+        for (uint256 i = 0; i < count; ) {
+            uint256 word;
+            // In bounds: i * 32 + 32 <= headBytes < proof.length (checked above).
+            assembly ("memory-safe") {
+                word := calldataload(add(start, shl(5, i)))
+            }
             // INVARIANT: a non-canonical word would hash differently from the scalar the verifier
             // reduces it to, faking an output difference.
             if (word >= FIELD_MODULUS) return false;
             instances[i] = word;
+            unchecked {
+                ++i;
+            }
         }
         // The generated verifier reverts on an invalid proof: that is "no fault", not an error.
         try halo2Verifier.verifyProof(proof[headBytes:], instances) returns (bool ok) {
