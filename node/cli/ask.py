@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--compress",
         action="store_true",
-        help="compress activations on the wire (rq: ~28 %% of fp32 bytes; lossy, see docs)",
+        help="compress activations on the wire (hq9: ~30 %% of fp32 bytes; lossy, see docs)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object (text, tokens, timings, circuit)"

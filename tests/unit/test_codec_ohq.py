@@ -66,7 +66,7 @@ def _body(x: np.ndarray) -> bytearray:
 
 def test_ohq7_is_registered_appended_and_compress_is_not_ohq7():
     assert CODECS[:4] == ("raw", "int8", "hq9", "ohq7")  # wire names keep their places
-    assert COMPRESSED_CODEC == "rq"
+    assert COMPRESSED_CODEC == "hq9"
 
 
 def test_ohq7_roundtrip_shape_dtype_outlier_exact_and_error_bound():
