@@ -34,8 +34,9 @@ queries (ascending id, at most `MAX_SETTLED_QUERIES`) are the `SettledQuery`s; p
 was confirmed in the epoch are `slashed`; no verification work is recorded on chain yet.
 `shares.settlement.close_epoch` gives the root; `payout/<e>` stores the statement, the sorted
 query ids and fees, the rows and the compute shares; the settled queries move to
-`sqdone/<id>`. `NothingToPayError` (no fees, or no credited work) → no statement; the queries
-stay pending for the next epoch. The epoch's credits and slash marks are deleted either way.
+`sqdone/<id>`. No pending query, or `NothingToPayError` → no statement: the queries stay
+pending and the epoch's credits move to the next epoch (work reported just before its fees is
+not lost). The epoch's slash marks are deleted either way.
 `payout/` and `sqdone/` entries are pruned with the epoch's other records (`retention.track`).
 """
 
@@ -241,6 +242,22 @@ def _routable_counts(state: State) -> dict[tuple[str, int], int]:
     return counts
 
 
+def _carry_forward(
+    state: State, epoch: int, credits: list[tuple[str, Any]], slashed: list[tuple[str, Any]]
+) -> None:
+    """Credited work of an epoch that paid nothing moves to the next epoch (merged per
+    account and shard), so work done just before its fees were reported is not lost; the work
+    of accounts slashed in the epoch is dropped."""
+    dropped = {key.split("/", 1)[1] for key, _ in slashed}
+    for _, credit in credits:
+        if credit["account"] in dropped:
+            continue
+        key = credit_key(epoch + 1, credit["account"], credit["model"], credit["shard"])
+        later = state.get("credit", key)
+        total = credit["layer_tokens"] + (later["layer_tokens"] if later else 0)
+        state.put("credit", key, {**credit, "layer_tokens": min(total, MAX_LAYER_TOKENS)})
+
+
 def close(state: State, height: int) -> None:
     """EndBlock of the epoch's last height: settle the epoch (module docstring)."""
     epoch = height // state.genesis.epoch_length
@@ -256,6 +273,7 @@ def close(state: State, height: int) -> None:
         return
     pending = state.items("squery")[:MAX_SETTLED_QUERIES]
     if not pending:
+        _carry_forward(state, epoch, credits, slashed)
         return
     routable = _routable_counts(state)
     served: dict[tuple[str, int], set[str]] = {}
@@ -286,8 +304,9 @@ def close(state: State, height: int) -> None:
     )
     try:
         settled = close_epoch(work)
-    except NothingToPayError:
-        return  # no root: the queries stay pending for the next epoch
+    except NothingToPayError:  # no root: queries and credits wait for the next epoch
+        _carry_forward(state, epoch, credits, slashed)
+        return
     for query_id, _ in pending:
         state.delete("squery", query_id)
         state.put("sqdone", query_id, epoch)

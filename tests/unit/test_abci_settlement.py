@@ -266,6 +266,23 @@ def test_settlement_nothing_to_pay_carries_the_queries_forward() -> None:
     assert view["query_ids"] == [Q3] and view["rows"] == [[evm_of("node-a"), "70"]]
 
 
+def test_settlement_work_before_its_fees_waits_for_them() -> None:
+    chain = settled_chain()
+    a, b = two_nodes(chain)
+    assert one(chain, report(NodeWork(hexkey(a), "m", 0, 2, 10)), GATEWAY).code == Code.OK
+    assert one(chain, Contribution((ShardWork("m", 0, 2, 10),)), a).code == Code.OK
+    first = next_epoch_end(chain)  # work, no fee yet: no statement, the credit moves on
+    assert ask_code(chain, f"/payouts?epoch={first}") == Code.NOT_FOUND
+    assert ask(chain, f"/credits?account={evm_of('node-a')}")["credits"][0]["layer_tokens"] == 20
+    work = report(NodeWork(hexkey(b), "m", 1, 1, 20), queries=((Q1, 100),))
+    assert one(chain, work, GATEWAY).code == Code.OK
+    assert one(chain, Contribution((ShardWork("m", 1, 1, 20),)), b).code == Code.OK
+    second = next_epoch_end(chain)
+    rows = ask(chain, f"/payouts?epoch={second}")["rows"]
+    # equal layer-tokens (20 each), both shards alone (5x): half each
+    assert rows == sorted([[evm_of("node-a"), "50"], [evm_of("node-b"), "50"]])
+
+
 def test_settlement_node_slashed_in_the_epoch_earns_nothing() -> None:
     chain = settled_chain()
     a, b = two_nodes(chain)
