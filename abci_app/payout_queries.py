@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from abci_app.codes import Code
@@ -24,6 +25,12 @@ if TYPE_CHECKING:
 
 ACCOUNT = re.compile(r"0x[0-9a-fA-F]{40}\Z")
 MAX_EPOCH = (1 << 63) - 1
+TREE_CACHE = 4  # payout trees kept for proof queries (a 100,000-row tree is ~15 MB)
+
+# (epoch, root) → (tree, tree node of each row, row of each account): a claim wave asks for
+# many proofs of the same epoch; rebuilding the tree each time would cost O(rows) per query.
+# Answers depend only on the committed record, so the cache changes no answer.
+_trees: OrderedDict[tuple[int, str], tuple[Any, Any, dict[str, int]]] = OrderedDict()
 
 
 def payout_view(record: dict[str, Any]) -> dict[str, Any]:
@@ -96,19 +103,33 @@ def _proof(state: State, params: dict[str, Any]) -> Any:
         raise QueryError(Code.BAD_QUERY, "epoch and account are required")
     record = _record(state, epoch)
     account = account.lower()
-    rows = [(a, int(amount)) for a, amount in record["rows"]]
-    row = next((i for i, (a, _) in enumerate(rows) if a == account), None)
+    tree, node_of, row_of = _tree(epoch, record)
+    row = row_of.get(account)
     if row is None:
         raise QueryError(Code.NOT_FOUND, f"{account} has no payout in epoch {epoch}")
-    tree, node_of = build_tree(payout_leaf_hashes(epoch, rows))
     return {
         "epoch": epoch,
         "account": account,
-        "amount": str(rows[row][1]),
+        "amount": record["rows"][row][1],
         "root": record["root"],
         "proof": ["0x" + step.hex() for step in tree_proof(tree, node_of[row])],
         "confirmed": record["confirmed"],
     }
+
+
+def _tree(epoch: int, record: dict[str, Any]) -> tuple[Any, Any, dict[str, int]]:
+    cache_key = (epoch, record["root"])
+    cached = _trees.get(cache_key)
+    if cached is not None:
+        _trees.move_to_end(cache_key)
+        return cached
+    rows = [(a, int(amount)) for a, amount in record["rows"]]
+    tree, node_of = build_tree(payout_leaf_hashes(epoch, rows))
+    built = (tree, node_of, {a: i for i, (a, _) in enumerate(rows)})
+    _trees[cache_key] = built
+    while len(_trees) > TREE_CACHE:
+        _trees.popitem(last=False)
+    return built
 
 
 def _backing(state: State, params: dict[str, Any]) -> Any:

@@ -421,3 +421,15 @@ def test_settlement_queries_unknown_epoch_or_account_not_found() -> None:
     listed = ask(chain, f"/payouts?account={evm_of('node-a')}")
     assert [e["epoch"] for e in listed["epochs"]] == [epoch]
     assert listed["epochs"][0]["amount"] == "400"
+
+
+def test_settlement_records_are_pruned_with_their_epoch() -> None:
+    chain = settled_chain(retention_epochs=1)
+    _, _, epoch = served_epoch(chain)
+    assert chain.state.committed("sqdone", Q1) == epoch
+    length = chain.state.genesis.epoch_length
+    chain.advance_to((epoch + 2) * length + 1)  # first block of epoch e + retention + 1
+    assert ask_code(chain, f"/payouts?epoch={epoch}") == Code.NOT_FOUND
+    assert chain.state.committed("sqdone", Q1) is None
+    assert list(chain.state.committed_items("credit")) == []
+    assert list(chain.state.committed_items("squery")) == []
