@@ -228,14 +228,20 @@ def note_slashed(state: State, account: str) -> None:
 
 
 def _routable_counts(state: State) -> dict[tuple[str, int], int]:
-    """Routable compute nodes per (model, shard), as `/pool_health` counts them."""
+    """Routable compute nodes per (model, shard), as `/pool_health` counts them. Three ordered
+    range scans (node, stake, rep) instead of two point lookups per node."""
     counts: dict[tuple[str, int], int] = {}
     untrusted_below = state.genesis.reputation.untrusted_below
+    minimum = state.genesis.min_stake.get("compute", 0)
+    stakes = dict(state.items("stake"))
+    reps = dict(state.items("rep"))
     for key, node in state.items("node"):
         if node["role"] != "compute" or node["status"] != "SERVING":
             continue
-        rep = state.get("rep", key)
-        if rep is None or rep["r"] < untrusted_below or not retention.is_staked(state, node, key):
+        rep, stake = reps.get(key), stakes.get(key)
+        if rep is None or rep["r"] < untrusted_below:
+            continue
+        if stake is None or stake["agreed"] is None or int(stake["agreed"]) < minimum:
             continue
         for shard in node["shards"]:
             counts[(node["model"], shard)] = counts.get((node["model"], shard), 0) + 1

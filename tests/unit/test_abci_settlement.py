@@ -20,6 +20,7 @@ from abci_app.testing import (
 )
 from protocol.committee import (
     Contribution,
+    Heartbeat,
     NodeWork,
     PayoutVote,
     ShardWork,
@@ -433,3 +434,31 @@ def test_settlement_records_are_pruned_with_their_epoch() -> None:
     assert chain.state.committed("sqdone", Q1) is None
     assert list(chain.state.committed_items("credit")) == []
     assert list(chain.state.committed_items("squery")) == []
+
+
+def test_settlement_scarcity_counts_routable_nodes_not_only_contributors() -> None:
+    chain = settled_chain()
+    a, b = two_nodes(chain)  # A alone on shard 0 (5x); B on shard 1 ...
+    c = register(chain, "node-c", shards=(1,))
+    make_routable(chain, c)  # ... with C routable there too (2x), though C earns nothing
+    unstaked = register(chain, "node-d", shards=(0,))  # not routable: no effect on shard 0
+    work = report(
+        NodeWork(hexkey(a), "m", 0, 1, 10),
+        NodeWork(hexkey(b), "m", 1, 1, 10),
+        queries=((Q1, 700),),
+    )
+    assert one(chain, work, GATEWAY).code == Code.OK
+    length = chain.state.genesis.epoch_length
+    chain.advance_to((chain.state.height // length + 1) * length - 2)
+    # in the epoch's last blocks, so they are SERVING at the close (heartbeat timeout 4)
+    results = chain.block(
+        [
+            chain.tx(Contribution((ShardWork("m", 0, 1, 10),)), a),
+            chain.tx(Contribution((ShardWork("m", 1, 1, 10),)), b),
+            *(chain.tx(Heartbeat(), key) for key in (a, b, c, unstaked)),
+        ]
+    )
+    assert [r.code for r in results] == [Code.OK] * 6
+    epoch = next_epoch_end(chain)
+    rows = dict(ask(chain, f"/payouts?epoch={epoch}")["rows"])
+    assert rows == {evm_of("node-a"): "500", evm_of("node-b"): "200"}  # 5 : 2
