@@ -269,13 +269,15 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devn
             receipt = w3.eth.get_transaction_receipt(tx)
             fees += receipt["gasUsed"] * receipt["effectiveGasPrice"]
         assert w3.eth.get_balance(operator["address"]) == before + expected - fees
-        earnings = _planet(env, "earnings", "--home", home, "--json", timeout=60)
-        assert earnings.returncode == 0, earnings.stderr
-        assert json.loads(earnings.stdout)["claimed"] == str(expected)
-        # again: the CLI says so, and the escrow itself reverts a second claim
-        again = _planet(env, "claim", "--home", home, "--password-file",
-                        devnet["password_file"], timeout=60)  # fmt: skip
-        assert again.returncode == 2 and "nothing to claim" in again.stderr
+        # the CLI's view after claiming, for one operator (each `planet` start costs seconds)
+        if operator is operators[0]:
+            earnings = _planet(env, "earnings", "--home", home, "--json", timeout=60)
+            assert earnings.returncode == 0, earnings.stderr
+            assert json.loads(earnings.stdout)["claimed"] == str(expected)
+            again = _planet(env, "claim", "--home", home, "--password-file",
+                            devnet["password_file"], timeout=60)  # fmt: skip
+            assert again.returncode == 2 and "nothing to claim" in again.stderr
+        # the escrow itself reverts a second claim
         wallet = load_wallet(Path(home) / "wallet.json", password)
         chain = PlanetChain(Deployment.load(devnet["deployment"]), bytes(wallet.key))
         epoch = min(paid[operator["address"].lower()])
