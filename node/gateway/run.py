@@ -193,7 +193,10 @@ async def _serve(config: GatewayConfig, password: str) -> None:
         await stop.wait()
         if reporter_task is not None:
             await reporter_task
-            await reporter.flush()  # what the last questions earned
+            try:
+                await reporter.flush()  # what the last questions earned
+            except Exception as error:  # the committee may be down too at shutdown
+                log.warning("last work_report not sent: %r", error)
             await reporter.link.close()
     finally:
         await runner.cleanup()
