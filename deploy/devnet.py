@@ -620,6 +620,7 @@ def _start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Prog
         "--password-file", state["password_file"],
         "--host", "127.0.0.1",
         "--port", str(port),
+        "--report-min-questions", "1",  # a dev chain: settle each question quickly
     )  # fmt: skip
     pid = _spawn(argv, log_path)
     state["pids"]["gateway"] = pid

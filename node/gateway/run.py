@@ -135,7 +135,12 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         http=http,
         chain_id=chain.chain_id,
         escrow=escrow,
-        ledger=WorkLedger(manifest.model_hash, [tuple(s.layers) for s in manifest.shards]),
+        ledger=WorkLedger(
+            manifest.model_hash,
+            [tuple(s.layers) for s in manifest.shards],
+            min_questions=config.report_min_questions,
+            max_wait_s=config.report_max_wait_s,
+        ),
     )
     return gateway, [http, committee]
 
@@ -194,7 +199,7 @@ async def _serve(config: GatewayConfig, password: str) -> None:
         if reporter_task is not None:
             await reporter_task
             try:
-                await reporter.flush()  # what the last questions earned
+                await reporter.flush(force=True)  # what the last questions earned
             except Exception as error:  # the committee may be down too at shutdown
                 log.warning("last work_report not sent: %r", error)
             await reporter.link.close()

@@ -3,13 +3,15 @@
 `WorkLedger.record(receipt, circuit)` runs after each signed receipt: every node of the circuit
 ran its shard's layers over the question's tokens (prompt + completion, the receipt's counts),
 so `(node, model, shard)` gains `layers × tokens` of backing; the query id and its fee join the
-settled list. `WorkReporter.flush()` (every `every_s`) sends both as `work_report` txs signed
-with the gateway's committee key, at most 1024 items of each kind per tx.
+settled list. `WorkReporter.flush()` (checked every `every_s`) sends both as `work_report` txs
+signed with the gateway's committee key, at most 1024 items of each kind per tx, once
+`min_questions` questions are pending or the oldest has waited `max_wait_s`.
 
 The report keeps the two lists apart: per-node aggregates and a set of query ids with fees,
-never a session or a per-question node list. Within one report a question's nodes can still be
-guessed when it carries a single question; batching several questions per report (the default
-interval) is what blurs that, and the chain stores only per-node totals.
+never a session or a per-question node list. A report of a single question would still tie
+its (public) query id to its circuit, so questions are batched: with k questions in a report
+an observer learns only that each of them ran on some of the reported nodes. The chain stores
+per-node totals only.
 Pending aggregates live in memory: a gateway restart loses what it had not reported yet.
 """
 
@@ -18,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,10 +41,24 @@ class Submitter(Protocol):
 class WorkLedger:
     model: str  # the committee's model string (manifest model_hash)
     shard_layers: Sequence[tuple[int, int]]  # [start, end) decoder layers per shard
+    min_questions: int = 4  # batch at least this many questions per report …
+    max_wait_s: float = 60.0  # … unless the oldest pending one waited this long
+    clock: Callable[[], float] = time.monotonic
     work: dict[tuple[str, int], int] = field(default_factory=dict)  # (node, shard) → tokens
     queries: dict[str, int] = field(default_factory=dict)  # query id → fee wei
+    questions: int = 0  # recorded since the last report
+    first_at: float | None = None  # when the oldest of them was recorded
+
+    def ready(self) -> bool:
+        if not self.questions:
+            return bool(self.work or self.queries)  # put back after a failed send
+        waited = self.clock() - (self.first_at if self.first_at is not None else self.clock())
+        return self.questions >= self.min_questions or waited >= self.max_wait_s
 
     def record(self, receipt: dict[str, Any], circuit: Any) -> None:
+        if not self.questions:
+            self.first_at = self.clock()
+        self.questions += 1
         tokens = int(receipt["prompt_tokens"]) + int(receipt["completion_tokens"])
         fee = int(receipt["fee_wei"])
         if fee > 0:
@@ -54,6 +71,7 @@ class WorkLedger:
         """The next report (removed from the ledger), or None when nothing is pending."""
         if not self.work and not self.queries:
             return None
+        self.questions, self.first_at = 0, None
         places = sorted(self.work)[:MAX_REPORT_ITEMS]
         query_ids = sorted(self.queries)[:MAX_REPORT_ITEMS]
         work = []
@@ -78,9 +96,12 @@ class WorkReporter:
     link: Submitter
     every_s: float = 5.0
 
-    async def flush(self) -> int:
-        """Send every pending report; returns how many were accepted by CheckTx."""
+    async def flush(self, *, force: bool = False) -> int:
+        """Send the pending reports once the batch is ready (or `force`); returns how many were
+        accepted by CheckTx."""
         sent = 0
+        if not force and not self.ledger.ready():
+            return 0
         while (report := self.ledger.take()) is not None:
             try:
                 await self.link.submit(report)

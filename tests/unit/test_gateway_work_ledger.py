@@ -60,8 +60,27 @@ class FlakyLink:
         self.sent.append(body)
 
 
+async def test_reporter_batches_questions_until_enough_or_the_oldest_waited() -> None:
+    now = [0.0]
+    ledger = WorkLedger("m", [(0, 2)], min_questions=3, max_wait_s=60, clock=lambda: now[0])
+    link = FlakyLink(None)
+    reporter = WorkReporter(ledger, link)
+    ledger.record(receipt(1, 1, 1, 5), circuit(A))
+    ledger.record(receipt(2, 1, 1, 5), circuit(A))
+    assert await reporter.flush() == 0  # 2 questions: one report would narrow them down
+    ledger.record(receipt(3, 1, 1, 5), circuit(A))
+    assert await reporter.flush() == 1 and len(link.sent[0].queries) == 3
+    ledger.record(receipt(4, 1, 1, 5), circuit(A))
+    now[0] = 59.0
+    assert await reporter.flush() == 0
+    now[0] = 61.0  # the oldest waited long enough: reported alone
+    assert await reporter.flush() == 1 and len(link.sent[1].queries) == 1
+    ledger.record(receipt(5, 1, 1, 5), circuit(A))
+    assert await reporter.flush(force=True) == 1  # at shutdown
+
+
 async def test_reporter_puts_back_what_did_not_reach_the_chain() -> None:
-    ledger = WorkLedger("m", [(0, 2)])
+    ledger = WorkLedger("m", [(0, 2)], min_questions=1)
     ledger.record(receipt(1, 1, 1, 5), circuit(A))
     down = WorkReporter(ledger, FlakyLink(OSError("down")))
     with pytest.raises(OSError):
