@@ -171,7 +171,15 @@ def _escrow(devnet: dict[str, Any]) -> Any:
 
 def _paid(devnet: dict[str, Any], accounts: list[str]) -> dict[str, dict[int, int]] | None:
     """{account: {epoch: amount}} over epochs posted on the escrow, once every account has
-    some; None before."""
+    some; None before (also when a busy RPC did not answer in time: asked again)."""
+    try:
+        return _paid_now(devnet, accounts)
+    except (OSError, ValueError) as error:  # urllib/requests timeouts are OSErrors
+        print(f"_paid: {error!r}", file=sys.stderr)
+        return None
+
+
+def _paid_now(devnet: dict[str, Any], accounts: list[str]) -> dict[str, dict[int, int]] | None:
     _, escrow = _escrow(devnet)
     listing = _query(devnet["committee_rpc"][0], "/payouts") or {"epochs": []}
     paid: dict[str, dict[int, int]] = {a.lower(): {} for a in accounts}
@@ -201,7 +209,7 @@ def _signed(node: int, devnet: dict[str, Any], body: Any) -> tuple[int, str]:
         link = CommitteeLink(devnet["committee_rpc"], key)
         try:
             sent = await link.submit(body)
-            return await link.committed_code(sent.hash, timeout_s=30)
+            return await link.committed_code(sent.hash, timeout_s=90)
         finally:
             await link.close()
 
