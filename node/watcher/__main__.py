@@ -93,7 +93,7 @@ async def run(args: argparse.Namespace) -> int:
                     )
                 await watcher.step()
                 if relay is not None:
-                    await relay.step()
+                    await _relay_step(relay)
                 backoff.reset()
                 delay = args.poll
             except PlanetError as error:
@@ -108,6 +108,16 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         await link.close()
     return 0
+
+
+async def _relay_step(relay: PayoutRelay) -> None:
+    """One payout pass; its failures are logged and never slow the stake attestations."""
+    try:
+        await relay.step()
+    except PlanetError as error:
+        log.warning("payout relay pass failed: %s", error.message)
+    except (KeyError, ValueError, TypeError) as error:  # an odd answer: log, go on
+        log.warning("payout relay pass failed on an unexpected answer: %r", error)
 
 
 def payout_relay(
