@@ -34,6 +34,13 @@ class Code(IntEnum):
     DUPLICATE_VOTE = 21
     VERDICTS_DISABLED = 22
     BAD_VOTE_EXTENSIONS = 23
+    # settlement (abci_app/settlement.py); numbered from 30 to leave 24-29 to other tx types
+    UNKNOWN_GATEWAY = 30  # work_report not signed by a genesis gateway key
+    UNBACKED_CONTRIBUTION = 31  # no gateway-reported work for this node on that shard
+    DUPLICATE_QUERY = 32  # a query id already reported (pending or settled)
+    NO_STATEMENT = 33  # payout_vote for an epoch without a stored statement
+    BAD_PAYOUT_SIGNATURE = 34  # not the validator operator's signature over the statement
+    SETTLEMENT_DISABLED = 35  # genesis has no evm.escrow_address
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from abci_app import retention
+from abci_app import retention, settlement
 from abci_app.codes import Code, Rejected
 from protocol.canonical import canonical_json
 from protocol.committee import (
@@ -354,6 +354,7 @@ def verdict_vote(state: State, tx: SignedTx) -> None:
         updated["confirmed"] = True
         updated["confirmed_height"] = state.block_height
         state.emit("planet.verdict", id=ident, confirmed="true")
+        settlement.note_slashed(state, verdict.node)
     state.put("verdict", ident, updated)
 
 

@@ -16,6 +16,7 @@ the request's `data`. Every answer is canonical JSON; unknown paths answer `UNKN
     /nonce        ?account                      last committed nonce (next must be greater)
     /share_blocks ?from ?limit                  share-chain blocks and the tip
     /params                                     genesis parameters, validators, height, app hash
+    /payouts, /payouts/proof, /backing, /credits   settlement (`payout_queries.py`)
 """
 
 from __future__ import annotations
@@ -310,6 +311,11 @@ ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
     "/share_blocks": _share_blocks,
     "/params": _params,
 }
+
+# the settlement routes (`payout_queries.py` reads this module's parameter helpers)
+from abci_app.payout_queries import ROUTES as _PAYOUT_ROUTES  # noqa: E402
+
+ROUTES.update(_PAYOUT_ROUTES)
 
 
 def parse_params(path: str, data: bytes) -> tuple[str, dict[str, Any]]:

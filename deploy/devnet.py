@@ -94,6 +94,10 @@ class StepFailed(UnavailableError):
         )
 
 
+DEVNET_EPOCH_LENGTH = 20  # ≈ 6-10 s at the devnet's 300 ms blocks: settlement within a minute
+OPERATOR_GAS_WEI = 10**18  # each validator's operator key pays for relaying payout roots
+
+
 @dataclass(frozen=True)
 class DevnetOptions:
     home: Path  # PLANET_HOME
@@ -102,6 +106,7 @@ class DevnetOptions:
     quant: str = "int8"
     gateway: bool = True
     join_timeout_s: float = 240.0
+    epoch_length: int = DEVNET_EPOCH_LENGTH  # committee blocks per settlement epoch
 
     @property
     def dir(self) -> Path:
@@ -289,6 +294,7 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
             validators=options.validators,
             base_port=_free_block(10 * options.validators),
             evm_chain_id=DEVNET_CHAIN_ID,
+            epoch_length=options.epoch_length,
         )
     )
     state["committee_dir"] = network.dir
@@ -315,6 +321,8 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
         fraud_proofs_address=deployment.address("FraudProofs"),
         evm_chain_id=DEVNET_CHAIN_ID,
         models={manifest.model_hash: len(manifest.shards)},
+        escrow_address=deployment.address("QueryEscrow"),
+        gateways=[_gateway_committee_key(options, state)] if options.gateway else [],
     )
     from node.agent.launch import model_id_bytes
     from node.chain.evm import PlanetChain
@@ -423,6 +431,10 @@ def _fund_operators(
                 "home": str(home),
             }
         )
+    # Validators' operator keys relay payout roots to the escrow: they need gas.
+    for validator in network.validators:
+        hashes.append(send(validator.operator_address, OPERATOR_GAS_WEI, nonce))
+        nonce += 1
     # A user wallet for paid questions (`planet ask --pay --wallet …`).
     user = create_dev_wallet(options.dir / "user" / "wallet.json", password)
     hashes.append(send(user.address, USER_FUNDS_WEI, nonce))
@@ -573,6 +585,18 @@ def gateway_available() -> bool:
     return importlib.util.find_spec("node.cli.gateway") is not None
 
 
+def _gateway_committee_key(options: DevnetOptions, state: dict[str, Any]) -> str:
+    """The gateway's committee key (signs its work reports), made before genesis is fixed so
+    its public key can be in genesis `gateways`; `planet gateway serve` finds it next to its
+    wallet (`node.gateway.run.committee_key_path`)."""
+    from node.keys import load_or_create_node_key
+
+    password = Path(state["password_file"]).read_text()
+    path = options.dir / "gateway" / "committee_key.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return load_or_create_node_key(path, password).verify_key.encode().hex()
+
+
 def _start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Progress) -> None:
     if not options.gateway:
         progress("      gateway: skipped (--no-gateway)")
@@ -596,6 +620,7 @@ def _start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Prog
         "--password-file", state["password_file"],
         "--host", "127.0.0.1",
         "--port", str(port),
+        "--report-min-questions", "1",  # a dev chain: settle each question quickly
     )  # fmt: skip
     pid = _spawn(argv, log_path)
     state["pids"]["gateway"] = pid

@@ -22,11 +22,13 @@ from pathlib import Path
 import aiohttp
 
 from node.agent.agent import AgentConfig, NodeAgent
+from node.agent.contributions import ContributionReporter
 from node.chain.committee_link import CommitteeLink
 from node.keys import PasswordSource, load_node_key, load_wallet
 from node.model.manifest import Manifest
 from node.procs import run_service
 from protocol.committee import sign_registration
+from protocol.errors import UnavailableError
 
 log = logging.getLogger("node.agent")
 AGENT_MARKER = "node.agent"
@@ -56,6 +58,19 @@ async def _healthy(session: aiohttp.ClientSession, endpoint: str) -> bool:
             return answer.status == 200
     except (TimeoutError, aiohttp.ClientError, OSError):
         return False
+
+
+async def _served(session: aiohttp.ClientSession, endpoint: str) -> tuple[int, int]:
+    """(tokens the node ran through its layers, its layer count) from `/info`."""
+    try:
+        async with asyncio.timeout(5.0), session.get(f"{endpoint}/info") as answer:
+            info = await answer.json()
+    except (TimeoutError, aiohttp.ClientError, OSError) as error:
+        raise UnavailableError(f"node {endpoint}/info: {error!r}"[:300]) from None
+    tokens, layers = info["load"]["tokens"], len(info["layers"])
+    if type(tokens) is not int or tokens < 0:
+        raise ValueError("node /info: bad load.tokens")
+    return tokens, layers
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -88,7 +103,15 @@ async def run(args: argparse.Namespace) -> int:
         config.endpoint,
     )
     async with aiohttp.ClientSession() as session:
-        agent = NodeAgent(config, link, healthy=lambda: _healthy(session, config.endpoint))
+        reporter = ContributionReporter(
+            link, manifest.model_hash, args.shard, lambda: _served(session, config.endpoint)
+        )
+        agent = NodeAgent(
+            config,
+            link,
+            healthy=lambda: _healthy(session, config.endpoint),
+            contributions=reporter,
+        )
         try:
             return await agent.run(stop)
         finally:

@@ -50,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     up.add_argument("--detach", action="store_true", help="return once everything is up")
     up.add_argument("--no-gateway", action="store_true", help="do not start the gateway")
+    up.add_argument(
+        "--epoch-length",
+        type=int,
+        default=20,
+        help="committee blocks per settlement epoch (default 20, about 10 s)",
+    )
     up.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
     up.set_defaults(handler=_up)
     status = sub.add_parser("status", help="what runs, routable nodes, pool health")
@@ -81,6 +87,7 @@ def _up(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         quant=args.quant,
         gateway=not args.no_gateway,
+        epoch_length=args.epoch_length,
     )
     state = up(options, _say)
     _summary(state)

@@ -93,6 +93,7 @@ class Gateway:
     http: aiohttp.ClientSession  # keep-alive to the nodes
     chain_id: int
     escrow: str
+    ledger: Any = None  # `node.gateway.settlement.WorkLedger` (None: no work reports)
 
 
 GATEWAY_KEY = web.AppKey("gateway", Gateway)
@@ -321,6 +322,8 @@ async def _whole(
     use = usage(len(prompt_ids), len(events))
     assert generation.circuit is not None  # set before the first event
     signed = gateway.desk.settle(ticket, len(prompt_ids), len(events), generation.circuit.keys)
+    if gateway.ledger is not None:
+        gateway.ledger.record(signed, generation.circuit)
     body = shaper.full(answer, events, finish, use)
     body["planet_receipt"] = signed
     return web.json_response(body, dumps=_dumps)
@@ -392,6 +395,8 @@ async def _stream(
     use = usage(len(prompt_ids), count)
     assert generation.circuit is not None
     signed = gateway.desk.settle(ticket, len(prompt_ids), count, generation.circuit.keys)
+    if gateway.ledger is not None:
+        gateway.ledger.record(signed, generation.circuit)
     last = shaper.chunk(tail or None, [], finish, first=first, include_usage=include_usage)
     if include_usage:
         await send(last)

@@ -79,6 +79,7 @@ class NodeState:
     in_flight: int = 0
     peer_in_flight: dict[str, int] = field(default_factory=dict)
     forwards: int = 0
+    tokens: int = 0  # positions run through this shard's layers (the node's own work count)
     compute_s: float = 0.0
 
 
@@ -189,6 +190,7 @@ async def _run_forward(
             state.in_flight -= 1
         store.advance(session, h.count, cache_bytes)
     state.forwards += 1
+    state.tokens += h.count
     state.compute_s += compute_s
     log.debug(
         "forward session=%s start=%d count=%d compute_ms=%.2f",
@@ -297,6 +299,7 @@ async def info(request: web.Request) -> web.Response:
             "load": {
                 "in_flight": state.in_flight,
                 "forwards": state.forwards,
+                "tokens": state.tokens,
                 "busy_fraction": round(state.compute_s / uptime, 4) if uptime > 0 else 0.0,
             },
             "uptime_s": round(uptime, 1),

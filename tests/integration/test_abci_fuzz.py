@@ -69,6 +69,9 @@ TX_TYPES = (
     "reveal",
     "share_block",
     "verdict_vote",
+    "work_report",
+    "contribution",
+    "payout_vote",
 )
 FIELDS = (
     "amount",
@@ -96,6 +99,8 @@ FIELDS = (
     "height",
     "round",
     "votes",
+    "work",
+    "queries",
 )
 ROUTES = (
     "/nodes",
@@ -109,6 +114,10 @@ ROUTES = (
     "/nonce",
     "/share_blocks",
     "/params",
+    "/payouts",
+    "/payouts/proof",
+    "/backing",
+    "/credits",
 )
 PARAMS = (
     "model",
@@ -123,6 +132,7 @@ PARAMS = (
     "epoch",
     "id",
     "confirmed",
+    "account",
     "account",
     "from",
 )
