@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -80,6 +80,12 @@ class NodeState:
     peer_in_flight: dict[str, int] = field(default_factory=dict)
     forwards: int = 0
     compute_s: float = 0.0
+    # Called on the forward thread after each successful forward with (session tag,
+    # positions, inputs, outputs); a failing hook is logged and never fails the forward.
+    # Used by spot-check recording (node/server/tickets.py).
+    forward_hooks: list[Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]] = field(
+        default_factory=list
+    )
 
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)
@@ -124,7 +130,13 @@ class _AnswerRejected(Exception):
         self.error = error
 
 
-def _compute(backend: ShardBackend, frame: Frame, cache: object) -> tuple[bytes, int, float]:
+def _compute(
+    backend: ShardBackend,
+    frame: Frame,
+    cache: object,
+    tag: str = "",
+    hooks: Sequence[Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]] = (),
+) -> tuple[bytes, int, float]:
     """Worker thread: decode, run the layers, encode the answer. Returns (frame, cache bytes, s).
     A FrameError before the forward pass leaves the cache untouched; after it, _AnswerRejected."""
     h = frame.header
@@ -133,6 +145,12 @@ def _compute(backend: ShardBackend, frame: Frame, cache: object) -> tuple[bytes,
     t0 = time.perf_counter()
     out = backend.forward(hidden, positions, cache)
     compute_s = time.perf_counter() - t0
+    if np.isfinite(out).all():
+        for hook in hooks:
+            try:
+                hook(tag, positions, hidden, out)
+            except Exception:
+                log.exception("forward hook failed session=%s", tag[:16])
     try:
         return _answer(backend, frame, out, cache, compute_s)
     except FrameError as error:
@@ -172,7 +190,13 @@ async def _run_forward(
                 if session.cache is None:  # evicted while we waited for the slot
                     raise SessionExpiredError(short_tag(tag))
                 answer, cache_bytes, compute_s = await loop.run_in_executor(
-                    state.executor, _compute, state.backend, frame, session.cache
+                    state.executor,
+                    _compute,
+                    state.backend,
+                    frame,
+                    session.cache,
+                    tag,
+                    tuple(state.forward_hooks),
                 )
         except FrameError:
             if new:

@@ -1,0 +1,281 @@
+"""A compute node's side of spot checks: keep what a ticket needs, answer selected requests.
+
+    book = TicketBook(shard=0, max_bytes=256 << 20)
+    install(app, book, node_key, policy)   # after create_app: records every forward, serves
+                                           # POST /v1/tickets
+    book.block_commitments(tag)            # what the node's agent commits on the chain
+
+Per session (keyed by the hop's public tag) the book keeps, in the forward thread:
+- the shard's **inputs** for every position served (float32, as decoded from the frames) —
+  a ticket for block b carries positions [0, end of b), so a verifier recomputes the block
+  with its context in one prefill;
+- the **fingerprint** of each completed 32-position block of outputs (`protocol.fingerprint`),
+  and a random 32-byte salt per block; `block_commitments` gives (step = block, output_hash =
+  keccak256(fingerprint), salt, commitment value) for the commit-reveal batches.
+
+Memory is capped (`max_bytes`, inputs dominate: 4·H bytes per position); the oldest sessions
+go first and are counted (`evicted_sessions`); a session that would outgrow
+`protocol.tickets.MAX_POSITIONS` stops being recorded. A selected block whose session was
+evicted cannot be ticketed: sizing the book for one epoch plus the ticket deadline is the
+operator's job (a missing ticket is a 5 % slash).
+
+`POST /v1/tickets` takes a `TicketRequest` (canonical JSON signed by the verifier), checks the
+signature, that it names this node, and `policy.authorize` (the triple is selected under a seed
+the committee fixed and the verifier is the assigned one), then answers the sealed ticket
+(`application/octet-stream`). Refusals are the node's usual `{code, message}` JSON.
+
+The outputs' top-k selection here is numpy (the server stays torch-free at this boundary); it is
+the same rule as `node.verifier.fingerprint.topk_rows` (a unit test holds them equal).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+from aiohttp import web
+from nacl.signing import SigningKey
+
+from node.server.app import STATE_KEY
+from protocol.eip712 import commitment_value
+from protocol.errors import PlanetError
+from protocol.fingerprint import BLOCK_POSITIONS, TOPK, encode_block
+from protocol.routing import output_hash
+from protocol.spotcheck import assign_verifier, is_selected
+from protocol.tickets import (
+    MAX_POSITIONS,
+    MAX_REQUEST_BYTES,
+    TicketRequest,
+    decode_request,
+    encode_ticket,
+    seal,
+)
+
+log = logging.getLogger(__name__)
+
+FP16_MAX = 65504.0
+TICKET_CONTENT_TYPE = "application/octet-stream"
+
+
+class TicketRefusedError(PlanetError):
+    """The node will not hand out this ticket (not selected, not the assigned verifier, …)."""
+
+    code = "ticket_refused"
+    http_status = 403
+
+
+class TicketUnavailableError(PlanetError):
+    """The node has no record of the requested block (never served, evicted, incomplete)."""
+
+    code = "ticket_unavailable"
+    http_status = 404
+
+
+def topk_rows_np(out: np.ndarray, k: int = TOPK) -> list[list[tuple[int, int]]]:
+    """Per position the k (channel, fp16 bits) points with the largest |value|, ties to the
+    lower channel; values saturated at ±65504 then rounded to fp16 (round to nearest even)."""
+    matrix = np.asarray(out, dtype=np.float32).reshape(-1, out.shape[-1])  # [T, H]
+    order = np.argsort(-np.abs(matrix), axis=1, kind="stable")[:, :k]
+    values = np.take_along_axis(matrix, order, axis=1)
+    bits = np.clip(values, -FP16_MAX, FP16_MAX).astype(np.float16).view(np.uint16)
+    return [
+        list(zip(channels, patterns, strict=True))
+        for channels, patterns in zip(order.tolist(), bits.tolist(), strict=True)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCommitment:
+    """One completed block of a session: what the node commits and later reveals."""
+
+    session: str  # 0x + the hop tag
+    step: int  # block index
+    shard: int
+    output_hash: bytes
+    salt: bytes
+    commitment: bytes
+
+
+@dataclass
+class _Record:
+    inputs: list[np.ndarray] = field(default_factory=list)  # [T_i, H] float32 chunks
+    positions: int = 0
+    pending: list[list[tuple[int, int]]] = field(default_factory=list)
+    blocks: list[bytes] = field(default_factory=list)  # fingerprint bytes per completed block
+    salts: list[bytes] = field(default_factory=list)
+    nbytes: int = 0
+    full: bool = False  # grew past MAX_POSITIONS: no longer recorded
+
+
+class TicketBook:
+    """Bounded per-session record of inputs and block fingerprints (thread-safe)."""
+
+    def __init__(self, shard: int, max_bytes: int = 256 << 20) -> None:
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be positive")
+        self.shard = shard
+        self.max_bytes = max_bytes
+        self.total_bytes = 0
+        self.evicted_sessions = 0
+        self.dropped_sessions = 0  # positions out of order (replays) or past MAX_POSITIONS
+        self._records: OrderedDict[str, _Record] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    # forward thread ------------------------------------------------------------------------
+    def record(self, tag: str, positions: np.ndarray, hidden: np.ndarray, out: np.ndarray) -> None:
+        """After a forward of session `tag`: inputs `hidden` and outputs `out` ([1, T, H]) at
+        `positions` (contiguous)."""
+        count = int(positions.shape[0])
+        if count == 0:
+            return
+        first = int(positions[0])
+        rows = topk_rows_np(out)
+        chunk = np.array(hidden, dtype=np.float32).reshape(count, -1)
+        with self._lock:
+            record = self._records.get(tag)
+            if record is None:
+                if first != 0:
+                    return  # a session this book never saw from its start
+                record = self._records[tag] = _Record()
+            if record.full:
+                return
+            if first != record.positions or record.positions + count > MAX_POSITIONS:
+                self._drop(tag, record)
+                self.dropped_sessions += 1
+                log.info("spot-check record dropped session=%s at=%d", tag[:16], first)
+                return
+            record.inputs.append(chunk)
+            record.nbytes += chunk.nbytes
+            self.total_bytes += chunk.nbytes
+            for row in rows:
+                record.pending.append(row)
+                record.positions += 1
+                if record.positions % BLOCK_POSITIONS == 0:
+                    record.blocks.append(encode_block(record.pending))
+                    record.salts.append(secrets.token_bytes(32))
+                    record.pending = []
+            self._evict()
+
+    def _drop(self, tag: str, record: _Record) -> None:
+        self.total_bytes -= record.nbytes
+        del self._records[tag]
+
+    def _evict(self) -> None:
+        while self.total_bytes > self.max_bytes and self._records:
+            tag, record = next(iter(self._records.items()))
+            self._drop(tag, record)
+            self.evicted_sessions += 1
+            log.info("spot-check record evicted session=%s", tag[:16])
+
+    # readers -------------------------------------------------------------------------------
+    def block_commitments(self, tag: str) -> list[BlockCommitment]:
+        """The commitments of every completed block of session `tag` (empty if unknown)."""
+        with self._lock:
+            record = self._records.get(tag)
+            if record is None:
+                return []
+            blocks, salts = list(record.blocks), list(record.salts)
+        session = bytes.fromhex(tag)
+        out = []
+        for step, (fingerprint, salt) in enumerate(zip(blocks, salts, strict=True)):
+            digest = output_hash(fingerprint)
+            value = commitment_value(session, step, self.shard, digest, salt)
+            out.append(BlockCommitment("0x" + tag, step, self.shard, digest, salt, value))
+        return out
+
+    def ticket_bytes(self, tag: str, block: int) -> bytes:
+        """The plain ticket for completed block `block` of session `tag`."""
+        with self._lock:
+            record = self._records.get(tag)
+            if record is None or block >= len(record.blocks):
+                raise TicketUnavailableError(
+                    f"no record of block {block} of session {tag[:16]}…",
+                    hint="the session was never served here, evicted, or the block is incomplete",
+                )
+            end = (block + 1) * BLOCK_POSITIONS
+            inputs = np.concatenate(record.inputs, axis=0)[:end]
+            fingerprint, salt = record.blocks[block], record.salts[block]
+        return encode_ticket(block, salt, fingerprint, inputs)
+
+
+class TicketPolicy(Protocol):
+    async def authorize(self, request: TicketRequest) -> None:
+        """Raise TicketRefusedError unless the committee selected this triple under
+        `request.seed` and assigned it to `request.verifier`."""
+        ...
+
+
+@dataclass
+class StaticPolicy:
+    """Seeds and verifiers known up front (tests, a node that mirrors the chain itself)."""
+
+    seeds: set[str]
+    verifiers: Sequence[str]
+    rate_ppm: int
+
+    async def authorize(self, request: TicketRequest) -> None:
+        authorize_selection(request, self.seeds, self.verifiers, self.rate_ppm)
+
+
+def authorize_selection(
+    request: TicketRequest, seeds: set[str], verifiers: Sequence[str], rate_ppm: int
+) -> None:
+    if request.seed not in seeds:
+        raise TicketRefusedError("the seed is not an epoch seed the committee fixed")
+    if not is_selected(request.seed, request.triple, rate_ppm):
+        raise TicketRefusedError("this block is not selected for a spot check")
+    if (
+        not verifiers
+        or assign_verifier(request.seed, request.triple, verifiers) != request.verifier
+    ):
+        raise TicketRefusedError("the check is assigned to another verifier")
+
+
+TICKET_BOOK_KEY = web.AppKey("ticket_book", TicketBook)
+
+
+def install(
+    app: web.Application, book: TicketBook, node_key: SigningKey, policy: TicketPolicy
+) -> None:
+    """Record every forward into `book` and serve `POST /v1/tickets` (call before start)."""
+    state = app[STATE_KEY]
+    state.forward_hooks.append(book.record)
+    app[TICKET_BOOK_KEY] = book
+    me = node_key.verify_key.encode().hex()
+
+    async def tickets(request: web.Request) -> web.Response:
+        raw = await request.content.read(MAX_REQUEST_BYTES + 1)
+        parsed = decode_request(raw)
+        parsed.verify()
+        if parsed.triple.node != me or parsed.triple.shard != book.shard:
+            raise TicketRefusedError("the request names another node or shard")
+        await policy.authorize(parsed)
+        tag = parsed.triple.session[2:]
+        plain = book.ticket_bytes(tag, parsed.triple.block)
+        log.info("ticket sealed session=%s block=%d", tag[:16], parsed.triple.block)
+        return web.Response(body=seal(plain, parsed, node_key), content_type=TICKET_CONTENT_TYPE)
+
+    app.router.add_post("/v1/tickets", tickets)
+
+
+ForwardHook = Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]
+__all__ = [
+    "BlockCommitment",
+    "ForwardHook",
+    "StaticPolicy",
+    "TicketBook",
+    "TicketRefusedError",
+    "TicketUnavailableError",
+    "authorize_selection",
+    "install",
+    "topk_rows_np",
+]

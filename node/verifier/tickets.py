@@ -1,0 +1,110 @@
+"""The verifier's side of a spot check: open a ticket, recompute in one prefill, judge.
+
+    result = check_ticket(sealed, request, verifier_key, shard=shard, commitment=value,
+                          tolerance=load_calibration().tolerance(quant))
+    result.outcome            # Outcome.PASSED / FAILED (→ verdict offence 3, 50 %)
+    result.evidence_hash      # what every verifier's verdict vote names (None when passed)
+
+`commitment` is the value the node put on the committee chain for the selected slot
+(`/commitments?node=&session=`, or the compact batches): the ticket's fingerprint and salt must
+open it, so a node that learns it was selected cannot swap in an honest fingerprint. A node
+that sends no valid ticket before the deadline is judged with `timeout_result` (offence 4, 5 %).
+A ticket that does not open, is not signed by the node for this request, or is malformed is
+not an answer (the verifier keeps waiting until the deadline), because anyone can seal bytes
+to a verifier; a validly signed ticket that fails is the node's own statement.
+
+The shard is any object with `forward(hidden [1, T, H] torch, positions [T], cache)` and
+`new_cache()` (node.model.shard.ShardModel) loaded from the same registered manifest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from nacl.signing import SigningKey
+
+from node.verifier.fingerprint import Verdict, check
+from protocol.eip712 import commitment_value
+from protocol.errors import ProtocolError
+from protocol.fingerprint import Tolerance
+from protocol.routing import output_hash
+from protocol.spotcheck import Outcome, evidence_hash
+from protocol.tickets import Ticket, TicketRequest, open_sealed
+
+
+@dataclass(frozen=True)
+class TicketResult:
+    outcome: Outcome
+    reason: str
+    verdict: Verdict | None = None  # the fingerprint comparison, when it ran
+    evidence_hash: bytes | None = None  # the verdict's evidenceHash (None when passed)
+
+
+def _result(request: TicketRequest, outcome: Outcome, reason: str, verdict=None) -> TicketResult:
+    evidence = (
+        None if outcome is Outcome.PASSED else evidence_hash(request.seed, request.triple, outcome)
+    )
+    return TicketResult(outcome, reason, verdict, evidence)
+
+
+def timeout_result(request: TicketRequest) -> TicketResult:
+    """No valid ticket before the deadline: offence 4 (ticket timeout, 5 %)."""
+    return _result(request, Outcome.TIMEOUT, "no valid ticket before the deadline")
+
+
+@torch.inference_mode()
+def recompute_ticket(shard: Any, ticket: Ticket) -> torch.Tensor:
+    """The shard's outputs for the ticket's positions [0, count), one prefill."""
+    inputs = torch.from_numpy(ticket.inputs.copy())
+    positions = torch.arange(ticket.count)
+    return shard.forward(inputs, positions, shard.new_cache())
+
+
+def judge_ticket(
+    ticket: Ticket,
+    request: TicketRequest,
+    *,
+    shard: Any,
+    commitment: bytes,
+    tolerance: Tolerance,
+) -> TicketResult:
+    """Judge an opened, node-signed ticket against the on-chain commitment and a recompute."""
+    triple = request.triple
+    session = bytes.fromhex(triple.session[2:])
+    opened = commitment_value(
+        session, triple.block, triple.shard, output_hash(ticket.fingerprint), ticket.salt
+    )
+    if opened != commitment:
+        return _result(request, Outcome.FAILED, "the ticket does not open the node's commitment")
+    if ticket.hidden != int(shard.hidden_size):
+        return _result(request, Outcome.FAILED, f"inputs of width {ticket.hidden}")
+    own = recompute_ticket(shard, ticket)
+    try:
+        verdict = check(ticket.fingerprint, own[:, ticket.start :], ticket.start, tolerance)
+    except ProtocolError as error:  # cannot happen for a parsed ticket; judged, not raised
+        return _result(request, Outcome.FAILED, f"fingerprint does not fit: {error.message}")
+    if not verdict.passed:
+        return _result(
+            request,
+            Outcome.FAILED,
+            f"fingerprint differs from the recomputation ({verdict.match_per_mille} ‰ match)",
+            verdict,
+        )
+    return _result(request, Outcome.PASSED, "fingerprint matches", verdict)
+
+
+def check_ticket(
+    sealed: bytes,
+    request: TicketRequest,
+    verifier_key: SigningKey,
+    *,
+    shard: Any,
+    commitment: bytes,
+    tolerance: Tolerance,
+) -> TicketResult:
+    """Open `sealed` (raises `TicketError` if it is not a valid answer from the node: keep
+    waiting), then `judge_ticket`."""
+    ticket = open_sealed(sealed, request, verifier_key)
+    return judge_ticket(ticket, request, shard=shard, commitment=commitment, tolerance=tolerance)
