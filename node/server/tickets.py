@@ -19,6 +19,8 @@ go first and are counted (`evicted_sessions`); a session that would outgrow
 evicted cannot be ticketed: sizing the book for one epoch plus the ticket deadline is the
 operator's job (a missing ticket is a 5 % slash).
 
+`GET /v1/commitments/{tag}` lists the commitment values of a session's completed blocks (what
+the agent puts on the chain; salts and fingerprints stay on the node until the reveal).
 `POST /v1/tickets` takes a `TicketRequest` (canonical JSON signed by the verifier), checks the
 signature, that it names this node, and `policy.authorize` (the triple is selected under a seed
 the committee fixed and the verifier is the assigned one), then answers the sealed ticket
@@ -31,6 +33,7 @@ the same rule as `node.verifier.fingerprint.topk_rows` (a unit test holds them e
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import threading
 from collections import OrderedDict
@@ -52,12 +55,14 @@ from protocol.tickets import (
     MAX_POSITIONS,
     MAX_REQUEST_BYTES,
     TicketRequest,
+    TicketRequestError,
     decode_request,
     encode_ticket,
     seal,
 )
 
 log = logging.getLogger(__name__)
+_TAG = re.compile(r"[0-9a-f]{64}\Z")
 
 FP16_MAX = 65504.0
 TICKET_CONTENT_TYPE = "application/octet-stream"
@@ -243,6 +248,19 @@ def authorize_selection(
 TICKET_BOOK_KEY = web.AppKey("ticket_book", TicketBook)
 
 
+async def _read_request(request: web.Request) -> bytes:
+    """The whole body of a ticket request, refused (as a malformed request) past the limit."""
+    declared = request.content_length
+    if declared is not None and declared > MAX_REQUEST_BYTES:
+        raise TicketRequestError(f"request of {declared} bytes, at most {MAX_REQUEST_BYTES}")
+    body = bytearray()
+    while chunk := await request.content.read(MAX_REQUEST_BYTES + 1 - len(body)):
+        body += chunk
+        if len(body) > MAX_REQUEST_BYTES:
+            raise TicketRequestError(f"request over {MAX_REQUEST_BYTES} bytes")
+    return bytes(body)
+
+
 def install(
     app: web.Application, book: TicketBook, node_key: SigningKey, policy: TicketPolicy
 ) -> None:
@@ -253,8 +271,7 @@ def install(
     me = node_key.verify_key.encode().hex()
 
     async def tickets(request: web.Request) -> web.Response:
-        raw = await request.content.read(MAX_REQUEST_BYTES + 1)
-        parsed = decode_request(raw)
+        parsed = decode_request(await _read_request(request))
         parsed.verify()
         if parsed.triple.node != me or parsed.triple.shard != book.shard:
             raise TicketRefusedError("the request names another node or shard")
@@ -264,7 +281,19 @@ def install(
         log.info("ticket sealed session=%s block=%d", tag[:16], parsed.triple.block)
         return web.Response(body=seal(plain, parsed, node_key), content_type=TICKET_CONTENT_TYPE)
 
+    async def commitments(request: web.Request) -> web.Response:
+        """The commitment values of a session's completed blocks (public; salts stay here)."""
+        tag = request.match_info["tag"]
+        if not _TAG.match(tag):
+            raise TicketUnavailableError("session tags are 64 lowercase hex")
+        rows = [
+            {"step": c.step, "shard": c.shard, "commitment": "0x" + c.commitment.hex()}
+            for c in book.block_commitments(tag)
+        ]
+        return web.json_response({"session": "0x" + tag, "commitments": rows})
+
     app.router.add_post("/v1/tickets", tickets)
+    app.router.add_get("/v1/commitments/{tag}", commitments)
 
 
 ForwardHook = Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]
