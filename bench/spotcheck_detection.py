@@ -140,6 +140,7 @@ def main() -> None:
     t0 = time.perf_counter()
     fp32 = load_circuit("none")
     int8 = load_circuit("int8")
+    int4 = load_circuit("int4")
     head = fp32.head
     texts = text_challenges(head, heldout_text(), count=args.sequences)
     c = cheats.CHEAT
@@ -157,6 +158,7 @@ def main() -> None:
         ),
         "honest_fp32": (fp32.shards[1], fp32, "none"),
         "honest_int8": (int8.shards[1], int8, "int8"),
+        "honest_int4": (int4.shards[1], int4, "int4"),
     }
     measured: dict[str, list[Outcome]] = {name: [] for name in nodes}
     block_rule: dict[str, list[bool]] = {name: [] for name in nodes}
@@ -187,7 +189,7 @@ def main() -> None:
     ]
     false_positives = {
         name: simulate(measured[name], 50_000, 100, args.runs)["caught"]
-        for name in ("honest_fp32", "honest_int8")
+        for name in ("honest_fp32", "honest_int8", "honest_int4")
     }
     result = {
         "bench": "spotcheck_detection",

@@ -36,6 +36,7 @@ import logging
 import re
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -231,6 +232,57 @@ class StaticPolicy:
         authorize_selection(request, self.seeds, self.verifiers, self.rate_ppm)
 
 
+class CommitteePolicy:
+    """Seeds and verifiers read from the committee chain (one validator's RPC, refreshed at
+    most every `refresh_s`): the seeds of the current epoch record and the `lookback` before it
+    (a ticket may be asked for while later epochs run), and the keys of every registered
+    verifier-role node that has not LEFT. `rpc` is a `node.chain.committee_rpc.CommitteeRpc`
+    (anything with `async abci_query(path)`)."""
+
+    def __init__(
+        self, rpc: object, *, rate_ppm: int, lookback: int = 3, refresh_s: float = 5.0
+    ) -> None:
+        self.rpc = rpc
+        self.rate_ppm = rate_ppm
+        self.lookback = lookback
+        self.refresh_s = refresh_s
+        self._view: tuple[float, set[str], list[str]] | None = None
+
+    async def _refresh(self) -> tuple[set[str], list[str]]:
+        now = time.monotonic()
+        if self._view is not None and now - self._view[0] < self.refresh_s:
+            return self._view[1], self._view[2]
+        query = self.rpc.abci_query  # type: ignore[attr-defined]
+        current = (await query("/epochs")).get("current", 1)
+        seeds: set[str] = set()
+        for epoch in range(max(1, int(current) - self.lookback), int(current) + 1):
+            for record in (await query(f"/epochs?epoch={epoch}")).get("epochs", []):
+                seed = record.get("seed") if isinstance(record, dict) else None
+                if isinstance(seed, str) and _TAG.match(seed):
+                    seeds.add("0x" + seed)
+        nodes = (await query("/nodes?role=verifier")).get("nodes", [])
+        verifiers = sorted(
+            n["key"]
+            for n in nodes
+            if isinstance(n, dict)
+            and isinstance(n.get("key"), str)
+            and _TAG.match(n["key"])
+            and n.get("status") != "LEFT"
+        )
+        self._view = (now, seeds, verifiers)
+        return seeds, verifiers
+
+    async def authorize(self, request: TicketRequest) -> None:
+        try:
+            seeds, verifiers = await self._refresh()
+        except PlanetError as error:
+            raise TicketRefusedError(
+                f"the committee chain cannot confirm the selection now: {error.message}",
+                hint="retry before the ticket deadline",
+            ) from None
+        authorize_selection(request, seeds, verifiers, self.rate_ppm)
+
+
 def authorize_selection(
     request: TicketRequest, seeds: set[str], verifiers: Sequence[str], rate_ppm: int
 ) -> None:
@@ -299,6 +351,7 @@ def install(
 ForwardHook = Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]
 __all__ = [
     "BlockCommitment",
+    "CommitteePolicy",
     "ForwardHook",
     "StaticPolicy",
     "TicketBook",

@@ -168,3 +168,54 @@ async def test_tickets_forged_signature_400(aiohttp_client) -> None:
     )
     answer = await client.post("/v1/tickets", data=forged.encode())
     assert answer.status == 400 and await _code(answer) == "ticket_request"
+
+
+class _FakeCommittee:
+    """Answers /epochs and /nodes like the committee app (unit test stand-in for the RPC)."""
+
+    def __init__(self, verifiers: list[str], fail: bool = False) -> None:
+        self.verifiers = verifiers
+        self.fail = fail
+        self.calls = 0
+
+    async def abci_query(self, path: str) -> dict:
+        from protocol.errors import UnavailableError
+
+        self.calls += 1
+        if self.fail:
+            raise UnavailableError("committee down")
+        if path == "/epochs":
+            return {"current": 4, "epochs": [{"epoch": 4, "seed": "11" * 32}]}
+        if path.startswith("/epochs?epoch="):
+            epoch = int(path.rsplit("=", 1)[1])
+            seed = SEED[2:] if epoch == 3 else f"{epoch:064x}"
+            return {"current": 4, "epochs": [{"epoch": epoch, "seed": seed}]}
+        if path == "/nodes?role=verifier":
+            return {
+                "nodes": [{"key": k, "status": "SERVING"} for k in self.verifiers]
+                + [{"key": "ff" * 32, "status": "LEFT"}, {"key": "bad"}]
+            }
+        raise AssertionError(path)
+
+
+async def test_committee_policy_accepts_chain_seed_and_assigned_verifier() -> None:
+    from node.server.tickets import CommitteePolicy, TicketRefusedError
+
+    rpc = _FakeCommittee([VERIFIER.verify_key.encode().hex()])
+    policy = CommitteePolicy(rpc, rate_ppm=1_000_000)
+    await policy.authorize(_request())  # epoch 3's seed, the only verifier
+    calls = rpc.calls
+    await policy.authorize(_request())
+    assert rpc.calls == calls  # cached view
+    with pytest.raises(TicketRefusedError):
+        await policy.authorize(_request(seed="0x" + "22" * 32))
+    with pytest.raises(TicketRefusedError):
+        await policy.authorize(_request(verifier=STRANGER))
+
+
+async def test_committee_policy_chain_down_is_a_refusal_not_a_crash() -> None:
+    from node.server.tickets import CommitteePolicy, TicketRefusedError
+
+    policy = CommitteePolicy(_FakeCommittee([], fail=True), rate_ppm=1_000_000)
+    with pytest.raises(TicketRefusedError, match="cannot confirm"):
+        await policy.authorize(_request())
