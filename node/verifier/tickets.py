@@ -4,6 +4,7 @@
                           tolerance=load_calibration().tolerance(quant))
     result.outcome            # Outcome.PASSED / FAILED (→ verdict offence 3, 50 %)
     result.evidence_hash      # what every verifier's verdict vote names (None when passed)
+    verdict_for(result, node=evm, challenger=me, nonce=n, consumer=fraud_proofs)  # to sign
 
 `commitment` is the value the node put on the committee chain for the selected slot
 (`/commitments?node=&session=`, or the compact batches): the ticket's fingerprint and salt must
@@ -26,6 +27,7 @@ import torch
 from nacl.signing import SigningKey
 
 from node.verifier.fingerprint import Verdict, check, topk_rows
+from protocol.eip712 import Verdict as Verdict712
 from protocol.eip712 import commitment_value
 from protocol.errors import ProtocolError
 from protocol.fingerprint import TOPK, BlockFingerprint, Tolerance, compare_block, decode_block
@@ -125,6 +127,19 @@ def judge_ticket(
             bad,
         )
     return _result(request, Outcome.PASSED, "fingerprint matches", verdict)
+
+
+def verdict_for(
+    result: TicketResult, *, node: str, challenger: str, nonce: int, consumer: str
+) -> Verdict712 | None:
+    """The EIP-712 `Verdict` a validator's operator signs for a spot-check finding (the
+    `verdict_vote` tx carries it; `FraudProofs.slashByVerdict` executes it): `node` is the
+    offender's EVM address (its registration's `evm_address`), `consumer` the FraudProofs
+    address. None for a passed check."""
+    offence = result.outcome.offence
+    if offence is None or result.evidence_hash is None:
+        return None
+    return Verdict712(node, offence, result.evidence_hash, challenger, nonce, consumer)
 
 
 def check_ticket(

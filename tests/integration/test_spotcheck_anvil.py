@@ -1,4 +1,8 @@
-"""Computational-randomness routing against the real contracts on anvil.
+"""Spot-check outcomes and computational-randomness routing against the real contracts on anvil.
+
+A failed ticket check and a ticket timeout become committee-signed verdicts (the evidence hash
+every verifier derives from the selection) that `FraudProofs.slashByVerdict` executes: 50 % and
+5 % of the stake, the verifier as challenger.
 
 A staked node's honest route statement checks out, derives the next node, and is not a fault on
 chain (NotAFault). A node whose revealed output does not open the commitment its route was
@@ -20,7 +24,8 @@ from deploy.anvil import ANVIL_DEV_KEY, Anvil, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
 from node.chain.evm import ContractRevert, Deployment, PlanetChain
 from node.chain.route_proofs import prove_route_fraud, route_fraud
-from protocol.eip712 import ROLE_COMPUTE, Commitment, Reveal, address_of
+from node.verifier.tickets import TicketResult, verdict_for
+from protocol.eip712 import ROLE_COMPUTE, Commitment, Reveal, address_of, committee_signatures
 from protocol.fingerprint import encode_block
 from protocol.routing import (
     RevealMismatchError,
@@ -32,6 +37,7 @@ from protocol.routing import (
     route_salt,
     sign_step,
 )
+from protocol.spotcheck import Outcome, Triple, evidence_hash
 
 pytestmark = pytest.mark.integration
 
@@ -181,3 +187,39 @@ def test_route_two_commitments_for_one_slot_slashed_all(
         shown_to_client.fingerprint,
     )
     assert route_fraud(shown_to_client, moved_step) is None
+
+
+@pytest.mark.parametrize(("outcome", "share"), [(Outcome.FAILED, 2), (Outcome.TIMEOUT, 20)])
+def test_spotcheck_finding_verdict_slashes_its_offence_share(
+    anvil: Anvil, deployment: Deployment, outcome: Outcome, share: int
+) -> None:
+    node = _account(anvil, deployment, f"spot-checked node {outcome.value}")
+    verifier = _account(anvil, deployment, f"spot-check verifier {outcome.value}")
+    node.stake(ROLE_COMPUTE, 2 * ETHER)
+    triple = Triple("ab" * 32, "0x" + keccak(text=outcome.value).hex(), 3, 1)
+    seed = keccak(text="epoch seed")
+    result = TicketResult(outcome, "test", evidence_hash=evidence_hash(seed, triple, outcome))
+    verdict = verdict_for(
+        result,
+        node=node.address,
+        challenger=verifier.address,
+        nonce=int.from_bytes(keccak(text=outcome.value)[:4], "big"),
+        consumer=deployment.address("FraudProofs"),
+    )
+    assert verdict is not None and verdict.offence == outcome.offence
+    sigs = committee_signatures(verdict, COMMITTEE_KEYS[:3], verifier.domain_committee())
+    slashed = verifier.slash_by_verdict(verdict, sigs).event("Slashed")
+    assert slashed["offence"] == outcome.offence
+    assert slashed["amount"] == 2 * ETHER // share
+    assert node.stake_of() == 2 * ETHER - 2 * ETHER // share
+    assert verifier.credit_of() == ETHER // share
+    assert (
+        verdict_for(
+            TicketResult(Outcome.PASSED, "ok"),
+            node=node.address,
+            challenger=verifier.address,
+            nonce=1,
+            consumer=deployment.address("FraudProofs"),
+        )
+        is None
+    )
