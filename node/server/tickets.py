@@ -313,23 +313,64 @@ async def _read_request(request: web.Request) -> bytes:
     return bytes(body)
 
 
+class TicketSource(Protocol):
+    def ticket_bytes(self, session: str, block: int) -> bytes:
+        """Plain ticket bytes for `block` of `session` (64 hex, the committed session id);
+        TicketUnavailableError when not held."""
+        ...
+
+
+class ServedLogTickets:
+    """Tickets from a `node.server.served.ServedLog` (the served-work recorder a node runs with
+    `--commit-dir`, whose records its agent commits): `served.ticket(session, block)` gives the
+    inputs up to the block's end, the fingerprint and the commitment's salt."""
+
+    def __init__(self, served: object) -> None:
+        self.served = served
+
+    def ticket_bytes(self, session: str, block: int) -> bytes:
+        held = self.served.ticket(session, block)  # type: ignore[attr-defined]
+        if held is None:
+            raise TicketUnavailableError(
+                f"no record of block {block} of session {session[:16]}…",
+                hint="the session was never served here, evicted, or the block is incomplete",
+            )
+        return encode_ticket(held.block, held.record.salt, held.fingerprint, held.inputs)
+
+
 def install(
-    app: web.Application, book: TicketBook, node_key: SigningKey, policy: TicketPolicy
-) -> None:
-    """Record every forward into `book` and serve `POST /v1/tickets` (call before start)."""
+    app: web.Application,
+    book: TicketBook | None,
+    node_key: SigningKey,
+    policy: TicketPolicy,
+) -> TicketSource:
+    """Serve `POST /v1/tickets` and `GET /v1/commitments/{tag}` (call before start). The
+    tickets come from the node's served-work log when it runs one (`NodeState.served`, the
+    records its agent commits); else from `book`, recorded on every forward. Returns the source.
+    """
     state = app[STATE_KEY]
-    state.forward_hooks.append(book.record)
-    app[TICKET_BOOK_KEY] = book
+    served = getattr(state, "served", None)
+    source: TicketSource
+    if served is not None:
+        source = ServedLogTickets(served)
+    elif book is not None:
+        state.forward_hooks.append(book.record)
+        app[TICKET_BOOK_KEY] = book
+        source = book
+    else:
+        raise ValueError("no ticket source: give a TicketBook or run the served-work log")
     me = node_key.verify_key.encode().hex()
+    shard = state.backend.shard_id
+    book_commitments = book.block_commitments if source is book and book is not None else None
 
     async def tickets(request: web.Request) -> web.Response:
         parsed = decode_request(await _read_request(request))
         parsed.verify()
-        if parsed.triple.node != me or parsed.triple.shard != book.shard:
+        if parsed.triple.node != me or parsed.triple.shard != shard:
             raise TicketRefusedError("the request names another node or shard")
         await policy.authorize(parsed)
         tag = parsed.triple.session[2:]
-        plain = book.ticket_bytes(tag, parsed.triple.block)
+        plain = source.ticket_bytes(tag, parsed.triple.block)
         log.info("ticket sealed session=%s block=%d", tag[:16], parsed.triple.block)
         return web.Response(body=seal(plain, parsed, node_key), content_type=TICKET_CONTENT_TYPE)
 
@@ -340,12 +381,14 @@ def install(
             raise TicketUnavailableError("session tags are 64 lowercase hex")
         rows = [
             {"step": c.step, "shard": c.shard, "commitment": "0x" + c.commitment.hex()}
-            for c in book.block_commitments(tag)
+            for c in book_commitments(tag)
         ]
         return web.json_response({"session": "0x" + tag, "commitments": rows})
 
     app.router.add_post("/v1/tickets", tickets)
-    app.router.add_get("/v1/commitments/{tag}", commitments)
+    if book_commitments is not None:  # a served-work log's records go to the chain instead
+        app.router.add_get("/v1/commitments/{tag}", commitments)
+    return source
 
 
 ForwardHook = Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]
@@ -353,9 +396,11 @@ __all__ = [
     "BlockCommitment",
     "CommitteePolicy",
     "ForwardHook",
+    "ServedLogTickets",
     "StaticPolicy",
     "TicketBook",
     "TicketRefusedError",
+    "TicketSource",
     "TicketUnavailableError",
     "authorize_selection",
     "install",

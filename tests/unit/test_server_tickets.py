@@ -219,3 +219,41 @@ async def test_committee_policy_chain_down_is_a_refusal_not_a_crash() -> None:
     policy = CommitteePolicy(_FakeCommittee([], fail=True), rate_ppm=1_000_000)
     with pytest.raises(TicketRefusedError, match="cannot confirm"):
         await policy.authorize(_request())
+
+
+class _FakeServedTicket:
+    def __init__(self, inputs: np.ndarray, fingerprint: bytes, salt: bytes) -> None:
+        self.block, self.inputs, self.fingerprint = 1, inputs, fingerprint
+        self.record = type("Record", (), {"salt": salt})()
+
+
+class _FakeServedLog:
+    """The read-back interface of node.server.served.ServedLog (helper batch's recorder)."""
+
+    def __init__(self) -> None:
+        full = _inputs(0, 40)
+        fp = fingerprint_bytes(torch.from_numpy(full[:, 32:40] * 5), 32)
+        self.held = _FakeServedTicket(full, fp, b"\x05" * 32)
+
+    def ticket(self, session: str, block: int):
+        return self.held if (session, block) == (TAG, 1) else None
+
+
+async def test_install_prefers_the_nodes_served_log(aiohttp_client) -> None:
+    from node.server.app import STATE_KEY
+    from node.server.tickets import ServedLogTickets
+
+    app = create_app(_config(), FakeShard(shard_id=1, hidden_size=H, layers=(10, 20)))
+    app[STATE_KEY].served = _FakeServedLog()  # what a node with --commit-dir holds
+    book = TicketBook(shard=1)
+    verifiers = [VERIFIER.verify_key.encode().hex()]
+    source = install(app, book, NODE, StaticPolicy({SEED}, verifiers, 1_000_000))
+    assert isinstance(source, ServedLogTickets) and not app[STATE_KEY].forward_hooks
+    client = await aiohttp_client(app)
+    request = _request(block=1)
+    answer = await client.post("/v1/tickets", data=request.encode())
+    assert answer.status == 200, await answer.text()
+    ticket = open_sealed(await answer.read(), request, VERIFIER)
+    assert ticket.salt == b"\x05" * 32 and ticket.count == 40
+    missing = await client.post("/v1/tickets", data=_request(block=0).encode())
+    assert missing.status == 404 and await _code(missing) == "ticket_unavailable"
