@@ -140,6 +140,53 @@ def assign_verifier(seed: bytes | str, triple: Triple, verifiers: Sequence[str])
     return min(keys, key=lambda k: hashlib.sha256(prefix + bytes.fromhex(k)).digest())
 
 
+def epoch_of_height(height: int, epoch_length: int) -> int:
+    """The epoch a committee block belongs to: epoch e covers heights (e−1)·L + 1 … e·L."""
+    if height < 1 or epoch_length < 1:
+        raise SelectionError("height and epoch length start at 1")
+    return (height - 1) // epoch_length + 1
+
+
+def triples_from_records(
+    records: Iterable[object], *, epoch: int, epoch_length: int
+) -> list[Triple]:
+    """The triples committed in `epoch` from the chain's `/commitments` records
+    (`{node, session, step, shard, height, …}`); malformed records are skipped (the chain's
+    own records are well-formed; this is the verifier's boundary)."""
+    out = []
+    for record in records:
+        if not isinstance(record, dict):
+            continue
+        height = record.get("height")
+        if type(height) is not int or height < 1:
+            continue
+        if epoch_of_height(height, epoch_length) != epoch:
+            continue
+        try:
+            out.append(
+                Triple(
+                    record.get("node"),
+                    record.get("session"),
+                    record.get("step"),
+                    record.get("shard"),
+                )  # type: ignore[arg-type]
+            )
+        except SelectionError:
+            continue
+    return sorted(set(out))
+
+
+def checks_for(
+    seed: bytes | str,
+    triples: Iterable[Triple],
+    verifiers: Sequence[str],
+    me: str,
+    rate_ppm: int = DEFAULT_RATE_PPM,
+) -> list[Triple]:
+    """The selected triples assigned to verifier `me` (what it requests tickets for)."""
+    return [t for t in select(seed, triples, rate_ppm) if assign_verifier(seed, t, verifiers) == me]
+
+
 class Outcome(Enum):
     """What a spot check found. PASSED needs no verdict."""
 

@@ -142,3 +142,34 @@ def test_evidence_hash_names_outcome_and_refuses_passed() -> None:
 def test_detection_probability_matches_formula(blocks: int) -> None:
     exact = 1 - (1 - 0.05) ** blocks
     assert abs(detection_probability_ppm(50_000, blocks) / 1e6 - exact) < 2e-6
+
+
+def test_checks_split_between_verifiers_and_cover_the_selection() -> None:
+    from protocol.spotcheck import checks_for
+
+    verifiers = [hashlib.sha256(bytes([i])).hexdigest() for i in range(3)]
+    triples = _triples(3000)
+    mine = [checks_for(SEED, triples, verifiers, v) for v in verifiers]
+    assert sorted(t for part in mine for t in part) == select(SEED, triples)
+    assert all(part for part in mine)
+
+
+def test_triples_from_records_keeps_the_epoch_and_skips_junk() -> None:
+    from protocol.spotcheck import epoch_of_height, triples_from_records
+
+    good = {"node": NODE, "session": "0x" + "11" * 32, "step": 2, "shard": 1, "height": 7}
+    records = [
+        good,
+        {**good, "height": 12},  # epoch 3 with L = 5
+        {**good, "step": 3, "height": 6},
+        {**good, "node": "zz"},
+        {**good, "height": "7"},
+        {**good, "step": True},
+        "junk",
+        None,
+    ]
+    triples = triples_from_records(records, epoch=2, epoch_length=5)
+    assert triples == [Triple(NODE, good["session"], 2, 1), Triple(NODE, good["session"], 3, 1)]
+    assert [epoch_of_height(h, 5) for h in (1, 5, 6, 10, 11)] == [1, 1, 2, 2, 3]
+    with pytest.raises(SelectionError):
+        epoch_of_height(0, 5)
