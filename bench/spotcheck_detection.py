@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import secrets
 import sys
 import time
@@ -97,12 +98,14 @@ def block_outcomes(
     return outcomes
 
 
-def simulate(outcomes: list[Outcome], rate_ppm: int, blocks: int, runs: int) -> dict[str, Any]:
+def simulate(
+    outcomes: list[Outcome], rate_ppm: int, blocks: int, runs: int, label: str = ""
+) -> dict[str, Any]:
     """`runs` runs of `blocks` committed blocks, a fresh seed each; caught: a drawn block failed."""
     node = NODE_KEY.verify_key.encode().hex()
     caught = checked = 0
     for run in range(runs):
-        seed = hashlib.sha256(f"run {run} p {rate_ppm} n {blocks}".encode()).digest()
+        seed = hashlib.sha256(f"{label} run {run} p {rate_ppm} n {blocks}".encode()).digest()
         triples = [
             Triple(node, "0x" + hashlib.sha256(f"{run}/{i}".encode()).hexdigest(), i % 4, 1)
             for i in range(blocks)
@@ -182,13 +185,13 @@ def main() -> None:
         for name, outs in measured.items()
     }
     table = [
-        {"node": name, **simulate(measured[name], rate, n, args.runs)}
+        {"node": name, **simulate(measured[name], rate, n, args.runs, name)}
         for name in ("noisy_every_4th", "noisy_every_32nd")
         for rate in RATES_PPM
         for n in BLOCK_COUNTS
     ]
     false_positives = {
-        name: simulate(measured[name], 50_000, 100, args.runs)["caught"]
+        name: simulate(measured[name], 50_000, 100, args.runs, name)["caught"]
         for name in ("honest_fp32", "honest_int8", "honest_int4")
     }
     result = {
@@ -202,6 +205,7 @@ def main() -> None:
             "sequences": args.sequences,
             "runs_per_cell": args.runs,
             "command": "python bench/spotcheck_detection.py " + " ".join(sys.argv[1:]),
+            "loadavg_start": list(os.getloadavg()),
         },
         "metrics": {
             "blocks_checked_for_real": per_node,
@@ -211,6 +215,7 @@ def main() -> None:
             "cells": len(table),
             "real_checks_s": round(t_checks, 1),
             "total_s": round(time.perf_counter() - t0, 1),
+            "loadavg_end": list(os.getloadavg()),
         },
         "targets": {"detection_rate": {"op": "~=", "value": "1 - (1 - p)^n"}},
     }
