@@ -140,6 +140,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    load_start = list(os.getloadavg())
     t0 = time.perf_counter()
     fp32 = load_circuit("none")
     int8 = load_circuit("int8")
@@ -205,7 +206,7 @@ def main() -> None:
             "sequences": args.sequences,
             "runs_per_cell": args.runs,
             "command": "python bench/spotcheck_detection.py " + " ".join(sys.argv[1:]),
-            "loadavg_start": list(os.getloadavg()),
+            "loadavg_start": load_start,
         },
         "metrics": {
             "blocks_checked_for_real": per_node,
