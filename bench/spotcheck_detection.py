@@ -191,6 +191,12 @@ def main() -> None:
         for rate in RATES_PPM
         for n in BLOCK_COUNTS
     ]
+    z2 = [
+        (row["rate"] - row["expected"]) ** 2
+        / (row["expected"] * (1 - row["expected"]) / row["runs"])
+        for row in table
+        if 0 < row["expected"] < 1
+    ]
     false_positives = {
         name: simulate(measured[name], 50_000, 100, args.runs, name)["caught"]
         for name in ("honest_fp32", "honest_int8", "honest_int4")
@@ -214,6 +220,8 @@ def main() -> None:
             "false_positive_runs_p5_n100": false_positives,
             "cells_within_95pct": sum(row["within95"] for row in table),
             "cells": len(table),
+            "sum_z2": round(sum(z2), 1),
+            "sum_z2_cells": len(z2),
             "real_checks_s": round(t_checks, 1),
             "total_s": round(time.perf_counter() - t0, 1),
             "loadavg_end": list(os.getloadavg()),
