@@ -38,7 +38,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -391,6 +391,30 @@ def install(
     return source
 
 
+def enable_tickets(
+    app: web.Application,
+    node_key: SigningKey,
+    committee_url: str,
+    *,
+    rate_ppm: int,
+    max_bytes: int = 256 << 20,
+) -> None:
+    """Production wiring in one call: a `CommitteePolicy` over a `CommitteeRpc` to
+    `committee_url` opened and closed with the app, and the served-work log (or a `TicketBook`
+    of `max_bytes`) as the ticket source. Call after `create_app`, before the app starts."""
+    from node.chain.committee_rpc import CommitteeRpc
+
+    rpc = CommitteeRpc(committee_url)
+
+    async def close_rpc(_app: web.Application) -> AsyncIterator[None]:
+        yield
+        await rpc.close()
+
+    app.cleanup_ctx.append(close_rpc)
+    book = TicketBook(app[STATE_KEY].backend.shard_id, max_bytes=max_bytes)
+    install(app, book, node_key, CommitteePolicy(rpc, rate_ppm=rate_ppm))
+
+
 ForwardHook = Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]
 __all__ = [
     "BlockCommitment",
@@ -403,6 +427,7 @@ __all__ = [
     "TicketSource",
     "TicketUnavailableError",
     "authorize_selection",
+    "enable_tickets",
     "install",
     "topk_rows_np",
 ]

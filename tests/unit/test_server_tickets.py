@@ -257,3 +257,43 @@ async def test_install_prefers_the_nodes_served_log(aiohttp_client) -> None:
     assert ticket.salt == b"\x05" * 32 and ticket.count == 40
     missing = await client.post("/v1/tickets", data=_request(block=0).encode())
     assert missing.status == 404 and await _code(missing) == "ticket_unavailable"
+
+
+async def test_enable_tickets_asks_the_committee_over_json_rpc(aiohttp_client, aiohttp_server):
+    """enable_tickets wires CommitteePolicy to a real CommitteeRpc client; the committee here is
+    a stand-in CometBFT JSON-RPC endpoint answering abci_query like the app."""
+    import base64
+    import json
+
+    from aiohttp import web
+
+    from node.server.tickets import enable_tickets
+
+    fake = _FakeCommittee([VERIFIER.verify_key.encode().hex()])
+
+    async def rpc(request: web.Request) -> web.Response:
+        body = await request.json()
+        value = await fake.abci_query(body["params"]["path"])
+        encoded = base64.b64encode(json.dumps(value).encode()).decode()
+        return web.json_response(
+            {
+                "jsonrpc": "2.0",
+                "id": body["id"],
+                "result": {"response": {"code": 0, "value": encoded}},
+            }
+        )
+
+    committee = web.Application()
+    committee.router.add_post("/", rpc)
+    server = await aiohttp_server(committee)
+    app = create_app(_config(), FakeShard(shard_id=1, hidden_size=H, layers=(10, 20)))
+    enable_tickets(app, NODE, str(server.make_url("/")), rate_ppm=1_000_000)
+    client = await aiohttp_client(app)
+    frame = make_frame(_inputs(0, 40), session=CAP, step=0, start=0, shard=1)
+    assert (await client.post("/v1/forward", data=frame)).status == 200
+    request = _request()
+    answer = await client.post("/v1/tickets", data=request.encode())
+    assert answer.status == 200, await answer.text()
+    assert open_sealed(await answer.read(), request, VERIFIER).count == 32
+    refused = await client.post("/v1/tickets", data=_request(verifier=STRANGER).encode())
+    assert refused.status == 403
