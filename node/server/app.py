@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -81,6 +81,12 @@ class NodeState:
     forwards: int = 0
     tokens: int = 0  # positions run through this shard's layers (the node's own work count)
     compute_s: float = 0.0
+    # Called on the forward thread after each successful forward with (session tag,
+    # positions, inputs, outputs); a failing hook is logged and never fails the forward.
+    # Used by spot-check recording (node/server/tickets.py).
+    forward_hooks: list[Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]] = field(
+        default_factory=list
+    )
 
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)
@@ -125,7 +131,13 @@ class _AnswerRejected(Exception):
         self.error = error
 
 
-def _compute(backend: ShardBackend, frame: Frame, cache: object) -> tuple[bytes, int, float]:
+def _compute(
+    backend: ShardBackend,
+    frame: Frame,
+    cache: object,
+    tag: str = "",
+    hooks: Sequence[Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]] = (),
+) -> tuple[bytes, int, float]:
     """Worker thread: decode, run the layers, encode the answer. Returns (frame, cache bytes, s).
     A FrameError before the forward pass leaves the cache untouched; after it, _AnswerRejected."""
     h = frame.header
@@ -134,6 +146,12 @@ def _compute(backend: ShardBackend, frame: Frame, cache: object) -> tuple[bytes,
     t0 = time.perf_counter()
     out = backend.forward(hidden, positions, cache)
     compute_s = time.perf_counter() - t0
+    if np.isfinite(out).all():
+        for hook in hooks:
+            try:
+                hook(tag, positions, hidden, out)
+            except Exception:
+                log.exception("forward hook failed session=%s", tag[:16])
     try:
         return _answer(backend, frame, out, cache, compute_s)
     except FrameError as error:
@@ -173,7 +191,13 @@ async def _run_forward(
                 if session.cache is None:  # evicted while we waited for the slot
                     raise SessionExpiredError(short_tag(tag))
                 answer, cache_bytes, compute_s = await loop.run_in_executor(
-                    state.executor, _compute, state.backend, frame, session.cache
+                    state.executor,
+                    _compute,
+                    state.backend,
+                    frame,
+                    session.cache,
+                    tag,
+                    tuple(state.forward_hooks),
                 )
         except FrameError:
             if new:
