@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import aiohttp
 import numpy as np
 
-from node.client.pipeline import Head, Hop, PipelineClient
-from node.client.sampling import SamplingConfig
+from node.client.pipeline import Head, Hop, PipelineClient, new_session_id
+from node.client.sampling import SamplingConfig, sample
 from node.gateway.errors import NodeFailed
 from node.gateway.router import Circuit, Router
 from protocol.errors import BusyError, ProtocolError, RemoteError, UnavailableError
@@ -104,6 +104,7 @@ class Generation:
         logprobs: bool,
         top_logprobs: int,
         attempts: int = 2,
+        echo: bool = False,
     ) -> None:
         self.router = router
         self.head = head
@@ -114,6 +115,10 @@ class Generation:
         self.logprobs = logprobs
         self.top_logprobs = top_logprobs
         self.attempts = attempts
+        self.echo = echo
+        # with `echo`: one event per prompt token (the first has no logprob), set before the
+        # first answer event of the attempt that answered
+        self.prompt_events: list[TokenEvent] = []
         self.circuit: Circuit | None = None
         self.delivered = False  # set by the caller once an event reached the user
         self.count = 0
@@ -131,12 +136,15 @@ class Generation:
             recorder = RecordingHead(self.head)
             try:
                 async with self.router.hold(circuit), SharedPipeline(hops, self.http) as client:
-                    tokens = client.generate(
-                        recorder,
-                        self.prompt_ids,
-                        max_new_tokens=self.max_tokens,
-                        sampling=self.sampling,
-                    )
+                    if self.echo:
+                        tokens = self._echo_generate(client, recorder)
+                    else:
+                        tokens = client.generate(
+                            recorder,
+                            self.prompt_ids,
+                            max_new_tokens=self.max_tokens,
+                            sampling=self.sampling,
+                        )
                     async with contextlib.aclosing(tokens):
                         async for token in tokens:
                             self.count += 1
@@ -161,6 +169,38 @@ class Generation:
                         f"a compute node failed during the question ({error.message}); "
                         "nothing was charged, ask again",
                     ) from None
+
+    async def _echo_generate(
+        self, client: PipelineClient, head: RecordingHead
+    ) -> AsyncIterator[int]:
+        """`generate` for echo: the prompt's prefill returns every position (`last_only`
+        false), so each prompt token gets its logprob from the same prefill that answers; then
+        decoding goes on as usual. `self.prompt_events` is set before the first token."""
+        session = new_session_id()
+        try:
+            ids = self.prompt_ids
+            hidden = await client.run_layers(session, 0, 0, head.embed_np(ids), last_only=False)
+            if hidden.shape[:2] != (1, len(ids)):
+                raise ProtocolError(f"echo prefill answered shape {list(hidden.shape)}")
+            events = [TokenEvent(ids[0], None, ())]
+            for row, token in enumerate(ids[1:]):
+                logits = await asyncio.to_thread(head.logits_np, hidden[0, row])
+                events.append(token_event(token, logits, self.logprobs, self.top_logprobs))
+            self.prompt_events = events
+            rng = self.sampling.validate().rng()
+            position = len(ids)
+            out = hidden[:, -1:]
+            for step in range(1, self.max_tokens + 1):
+                token = sample(head.logits_np(out[0, -1]), self.sampling, rng)
+                if token in head.eos_token_ids:
+                    return
+                yield token
+                if step == self.max_tokens:
+                    return
+                out = await client.run_layers(session, step, position, head.embed_np([token]))
+                position += 1
+        finally:
+            await client.close_session(session)
 
     @property
     def finished_by_length(self) -> bool:
