@@ -373,7 +373,7 @@ async def test_gateway_completions_echo_gives_every_prompt_tokens_logprob(env) -
     assert lp["tokens"] == ["b", "c", "f", "i"]
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     assert lp["token_logprobs"][1] < -9 and -0.01 < lp["token_logprobs"][2] <= 0
-    assert list(lp["top_logprobs"][1])[0] == "e" and len(lp["top_logprobs"][2]) == 2
+    assert next(iter(lp["top_logprobs"][1])) == "e" and len(lp["top_logprobs"][2]) == 2
     assert lp["text_offset"] == [0, 1, 2, 3]
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
     assert body["planet_receipt"]["nodes"] == NODE_KEYS
