@@ -34,6 +34,12 @@ class Code(IntEnum):
     DUPLICATE_VOTE = 21
     VERDICTS_DISABLED = 22
     BAD_VOTE_EXTENSIONS = 23
+    # verifier seeds (abci_app/seeds.py)
+    SEED_NOT_IN_FUTURE = 30  # seed_commit for an epoch that has already started
+    DUPLICATE_SEED = 31  # this validator already committed a seed for that epoch
+    UNKNOWN_SEED = 32  # seed_reveal without a commitment
+    SEED_NOT_CLOSED = 33  # seed_reveal before that epoch closed
+    SEED_MISMATCH = 34  # the revealed seed does not open the commitment
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

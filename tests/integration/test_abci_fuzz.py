@@ -69,6 +69,8 @@ TX_TYPES = (
     "reveal",
     "share_block",
     "verdict_vote",
+    "seed_commit",
+    "seed_reveal",
 )
 FIELDS = (
     "amount",
