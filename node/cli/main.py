@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "node.cli.local",
     "node.cli.ask",
     "node.cli.gateway",
+    "node.cli.verifier",
     "node.cli.contracts",
     "node.cli.operator",
     "node.cli.devnet",
