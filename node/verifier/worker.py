@@ -190,6 +190,13 @@ class VerifierWorker:
         reference = await asyncio.to_thread(self.reference.logits, challenge.ids)
         gap = echo_gap(challenge, answer, reference)
         credibility = self.credibility.credibility(gap)
+        # A result counts for the epoch whose report is still open when it is known: one that
+        # finishes after its epoch closed goes into the next epoch's report (counted once).
+        epoch = await self.current_epoch()
+        if epoch != state.epoch:
+            await self.open_epoch(epoch)
+            assert self.state is not None
+            state = self.state
         state.results.append(CircuitScore(asked.nodes, credibility))
         log.info(
             "challenge epoch=%d circuit=%s kl=%.6f top1=%.2f C=%d",
@@ -199,8 +206,6 @@ class VerifierWorker:
             gap.top1,
             credibility,
         )
-        if self.state is not state:
-            return  # the epoch closed while this challenge ran
         state.scores = attribute(state.results)
         write_scores(self.settings.home / SCORES_FILE, state.epoch, state.scores)
 

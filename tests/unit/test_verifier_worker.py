@@ -153,3 +153,24 @@ async def test_worker_challenges_scores_substitute_zero_reveals_and_votes(tmp_pa
     assert address_of(OPERATOR) != vote.challenger  # the leader's operator, agreed data
     await worker.open_epoch(6)
     assert sum(isinstance(b, VerdictVote) for b in link.sent) == 1  # once per node
+
+
+async def test_worker_result_finishing_after_its_epoch_counts_in_the_next(tmp_path) -> None:
+    link = FakeLink(epoch=3)
+    worker = _worker(tmp_path, link)
+    await worker.step()
+    link.epoch = 4
+    await worker.step()  # epoch 4: (A, B) clean
+    original = worker.asker.ask
+
+    async def slow_ask(challenge: Challenge) -> Asked:
+        asked = await original(challenge)
+        link.epoch = 5  # epoch 4 closes while this (A, S) challenge runs
+        return asked
+
+    worker.asker.ask = slow_ask
+    await worker.step()
+    report = json.loads((tmp_path / SCORES_FILE).read_text())
+    assert report["epoch"] == 5 and report["scores"] == {}  # (A, S) alone: ambiguous
+    assert worker.state is not None and worker.state.epoch == 5
+    assert len(worker.state.results) == 1 and worker.last_scores == {A: 10**6, B: 10**6}
