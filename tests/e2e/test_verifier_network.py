@@ -44,7 +44,7 @@ from tests.integration.gateway_net import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-EPOCH_BLOCKS = 40
+EPOCH_BLOCKS = 50
 UNTRUSTED_BELOW = 400_000
 
 
@@ -88,7 +88,7 @@ class VerifierNet:
                 "--wallet",
                 str(wallet),
                 "--challenges-per-epoch",
-                "3",
+                "4",
                 "--verdict-after",
                 "1",
             ],
@@ -138,6 +138,13 @@ def vnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VerifierNet]:
             net.register(node, stake=True)
         net.start_heartbeats()
         net.start_gateway()
+
+        def all_routable() -> bool:
+            assert net.committee is not None
+            nodes = net.committee.query(f"/nodes?model={net.manifest.model_hash}")["nodes"]
+            return len(nodes) == 3 and all(n["routable"] for n in nodes)
+
+        wait_for(all_routable, 60, "the three nodes are not all routable")
         wrapper = VerifierNet(net, honest, cheater)
         wrapper.start_verifier()
         yield wrapper
