@@ -95,7 +95,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     for name in ("challenges_per_epoch", "prompt_tokens", "continuation_tokens", "verdict_after"):
         if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+            raise UsageError(
+                f"--{name.replace('_', '-')} must be at least 1",
+                hint="see planet verifier serve -h",
+            )
     if not (args.home / "config" / "priv_validator_key.json").exists():
         raise UsageError(
             f"{args.home} is not a validator home (no config/priv_validator_key.json)",
@@ -103,16 +106,26 @@ def _serve(args: argparse.Namespace) -> int:
         )
     for path, what in ((args.manifest, "manifest"), (args.deployment, "deployment")):
         if not path.exists():
-            raise UsageError(f"no {what} at {path}")
+            raise UsageError(
+                f"no {what} at {path}",
+                hint="the registered model's manifest (planet model prepare) and the deployment "
+                "file of the network (e.g. <devnet>/deployment.json)",
+            )
     operator_path = args.operator_key or args.home / "config" / "operator_key.json"
     operator_key = None
     if operator_path.exists():
         try:
             operator_key = read_operator_key(operator_path)
         except (OSError, ValueError) as error:
-            raise UsageError(f"cannot read the operator key {operator_path}: {error}") from None
+            raise UsageError(
+                f"cannot read the operator key {operator_path}: {error}",
+                hint="an eth-account keystore with an empty password (planet committee init)",
+            ) from None
     elif args.operator_key is not None:
-        raise UsageError(f"no operator key at {args.operator_key}")
+        raise UsageError(
+            f"no operator key at {args.operator_key}",
+            hint="omit --operator-key to run without verdict votes",
+        )
     chains = resolve_config(
         {
             "evm_rpc": args.evm_rpc,
