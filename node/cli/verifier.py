@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 from protocol.errors import UsageError
@@ -152,5 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
         wallet=args.wallet,
         password=password,
     )
-    level = logging.getLevelName(logging.getLogger().level) if logging.getLogger().level else "INFO"
+    # a service: its own progress (epochs, challenges, verdicts) at INFO even without -v
+    logging.getLogger("node.verifier").setLevel(logging.INFO)
+    level = os.environ.get("PLANET_LOG_LEVEL", "INFO")
     return run_service(lambda: serve(config), log_level=level, log=logging.getLogger("verifier"))
