@@ -79,8 +79,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--verdict-after",
         type=int,
-        default=2,
-        help="agreed epochs below tau in a row before a verdict vote (default 2)",
+        default=1,
+        help="agreed epochs below tau in a row before a verdict vote (default 1)",
     )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)

@@ -53,7 +53,7 @@ class WorkerSettings:
     prompt_tokens: int = 32
     continuation_tokens: int = 64
     poll_s: float = 0.5
-    verdict_after: int = 2  # consecutive agreed epochs below τ before a verdict vote
+    verdict_after: int = 1  # consecutive agreed epochs below τ before a verdict vote
     operator_key: bytes | None = None  # secp256k1 key that signs verdicts (None: no verdicts)
 
 
