@@ -17,30 +17,15 @@ revealed on chain and open their commitments.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from eth_account import Account
 
-from deploy.anvil import rpc_call
-from node.keys import create_dev_wallet
-from node.server.cheat import CONFIRM, ENV
 from protocol.committee import seed_commitment
 from protocol.eip712 import Verdict, address_of
-from tests.integration.gateway_net import (
-    ETHER,
-    PASSWORD,
-    ROOT,
-    GatewayNet,
-    prepared_manifest,
-    start_committee,
-    wait_for,
-)
+from tests.integration.gateway_net import prepared_manifest, wait_for
+from tests.integration.verifier_net import VerifierNet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -48,123 +33,32 @@ EPOCH_BLOCKS = 50
 UNTRUSTED_BELOW = 400_000
 
 
-class VerifierNet:
-    def __init__(self, net: GatewayNet, honest: list[Any], cheater: Any) -> None:
-        self.net = net
-        self.honest = honest
-        self.cheater = cheater
-        self.verifier: subprocess.Popen[bytes] | None = None
-        self.log = net.run_dir / "verifier.log"
-
-    def start_verifier(self) -> None:
-        net = self.net
-        assert net.committee is not None and net.anvil is not None
-        keystore = Account.encrypt(net.operator_key, "", kdf="pbkdf2", iterations=2)
-        (net.committee.home / "config" / "operator_key.json").write_text(json.dumps(keystore))
-        wallet = net.run_dir / "verifier" / "wallet.json"
-        wallet.parent.mkdir(parents=True, exist_ok=True)
-        account = create_dev_wallet(wallet, PASSWORD)
-        rpc_call(net.anvil.rpc_url, "anvil_setBalance", [account.address, hex(100 * ETHER)])
-        self.verifier = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "node.cli.main",
-                "-v",
-                "verifier",
-                "serve",
-                "--home",
-                str(net.committee.home),
-                "--manifest",
-                str(net.manifest_path),
-                "--gateway",
-                net.gateway_url,
-                "--deployment",
-                str(net.deployment_path),
-                "--evm-rpc",
-                net.anvil.rpc_url,
-                "--committee-rpc",
-                net.committee.rpc,
-                "--wallet",
-                str(wallet),
-                "--challenges-per-epoch",
-                "4",
-                "--verdict-after",
-                "1",
-            ],
-            cwd=ROOT,
-            stdout=open(self.log, "wb"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PLANET_PASSWORD": PASSWORD, "OMP_WAIT_POLICY": "PASSIVE"},
-        )
-
-    def close(self) -> None:
-        if self.verifier is not None and self.verifier.poll() is None:
-            self.verifier.terminate()
-            try:
-                self.verifier.wait(10)
-            except subprocess.TimeoutExpired:
-                self.verifier.kill()
-        self.net.close()
-
-
 @pytest.fixture(scope="module")
 def vnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VerifierNet]:
     manifest = prepared_manifest(parts=2, quant="int8")
     run_dir = tmp_path_factory.mktemp("verifier-net")
-    net = GatewayNet(run_dir, manifest)
-    wrapper: VerifierNet | None = None
+    network = VerifierNet.start(
+        run_dir,
+        manifest,
+        honest=[0, 1],
+        cheats=[(1, "substitute-skip:2")],
+        epoch_blocks=EPOCH_BLOCKS,
+        challenges=4,
+    )
     try:
-        honest = net.start_nodes([0, 1], wait=False)
-        [cheater] = net.start_nodes(
-            [1],
-            wait=False,
-            extra_args=("--cheat", "substitute-skip:2"),
-            extra_env={ENV: CONFIRM},
-        )
-        net.start_chain()
-        evm = {
-            "chain_id": net.deployment.chain_id,
-            "committee_address": net.deployment.address("Committee"),
-            "fraud_proofs_address": net.deployment.address("FraudProofs"),
-        }
-        net.committee = start_committee(
-            run_dir, address_of(net.operator_key), epoch_length=EPOCH_BLOCKS, evm=evm
-        )
-        from node.server.launcher import wait_healthy
-
-        wait_healthy([c.process for c in net.nodes], timeout_s=240)
-        for node in net.nodes:
-            net.register(node, stake=True)
-        net.start_heartbeats()
-        net.start_gateway()
-
-        def all_routable() -> bool:
-            assert net.committee is not None
-            nodes = net.committee.query(f"/nodes?model={net.manifest.model_hash}")["nodes"]
-            return len(nodes) == 3 and all(n["routable"] for n in nodes)
-
-        wait_for(all_routable, 60, "the three nodes are not all routable")
-        wrapper = VerifierNet(net, honest, cheater)
-        wrapper.start_verifier()
-        yield wrapper
+        yield network
     finally:
-        if wrapper is not None:
-            wrapper.close()
-        else:
-            net.close()
+        network.close()
 
 
 def _alive(vnet: VerifierNet) -> None:
-    assert vnet.verifier is not None
-    if vnet.verifier.poll() is not None:
-        raise AssertionError("the verifier exited:\n" + vnet.log.read_text()[-3000:])
+    vnet.alive()
 
 
 def test_substitute_untrusted_within_5_epochs_honest_stay_trusted(vnet: VerifierNet) -> None:
     committee = vnet.net.committee
     assert committee is not None
-    cheater, honest = vnet.cheater.public, [c.public for c in vnet.honest]
+    cheater, honest = vnet.cheaters[0].public, [c.public for c in vnet.honest]
     seen_untrusted_honest: list[tuple[str, int]] = []
 
     def cheater_untrusted() -> bool:
@@ -201,7 +95,7 @@ def test_verdict_confirmed_and_relayed_slashes_half_the_substitute_stake(
 ) -> None:
     committee = vnet.net.committee
     assert committee is not None
-    cheater_address = address_of(vnet.cheater.evm_key)
+    cheater_address = address_of(vnet.cheaters[0].evm_key)
 
     def confirmed() -> Any:
         _alive(vnet)
