@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import machine
 
 log = logging.getLogger("bench.verifier_honest")
-LINE = re.compile(r"challenge epoch=(\d+) circuit=\S+ kl=([0-9.]+) top1=[0-9.]+ C=(\d+)")
+LINE = re.compile(r"challenge epoch=(\d+) circuit=\[[^\]]*\] kl=([0-9.]+) top1=[0-9.]+ C=(\d+)")
 
 
 def run_pool(quant: str, epochs: int, challenges: int, timeout_s: float) -> dict[str, Any]:
