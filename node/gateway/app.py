@@ -286,6 +286,7 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
         top_logprobs=top,
         attempts=gateway.config.attempts,
         echo=isinstance(req, CompletionRequest) and req.echo,
+        full_prefill=gateway.config.full_prefill,
     )
     shaper = Shaper(req.kind, gateway.model.name, gateway.head.token_text, want)
     try:
@@ -324,9 +325,10 @@ async def _whole(
         answer = shown + answer
     finish = "stop" if text.stopped or not generation.finished_by_length else "length"
     use = usage(len(prompt_ids), len(events))
+    echoed = await generation.echoed_events()  # before charging: it can still fail
     assert generation.circuit is not None  # set before the first event
     signed = gateway.desk.settle(ticket, len(prompt_ids), len(events), generation.circuit.keys)
-    body = shaper.full(answer, events, finish, use, generation.prompt_events)
+    body = shaper.full(answer, events, finish, use, echoed)
     body["planet_receipt"] = signed
     return web.json_response(body, dumps=_dumps)
 

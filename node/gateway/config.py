@@ -28,6 +28,10 @@ class GatewayConfig:
     attempts: int = 2  # circuits tried per question before the first token reached the user
     max_sessions_per_node: int = 8  # questions at once on one node from this gateway (queue after)
     slot_wait_s: float = 120.0  # longest a question queues for node slots before 503 (seconds)
+    # every question's prompt frames ask the last node for all positions (as echo needs), so
+    # nodes cannot tell echo requests (verifier challenges) from other questions; costs the
+    # last node's answer T x H floats once per question
+    full_prefill: bool = True
     limits: Limits = field(default_factory=Limits)
 
     def validate(self) -> GatewayConfig:

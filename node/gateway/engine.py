@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import aiohttp
 import numpy as np
 
-from node.client.pipeline import Head, Hop, PipelineClient, new_session_id
-from node.client.sampling import SamplingConfig, sample
+from node.client.pipeline import Head, Hop, PipelineClient
+from node.client.sampling import SamplingConfig
 from node.gateway.errors import NodeFailed
 from node.gateway.router import Circuit, Router
 from protocol.errors import BusyError, ProtocolError, RemoteError, UnavailableError
@@ -105,6 +105,7 @@ class Generation:
         top_logprobs: int,
         attempts: int = 2,
         echo: bool = False,
+        full_prefill: bool = True,
     ) -> None:
         self.router = router
         self.head = head
@@ -116,9 +117,10 @@ class Generation:
         self.top_logprobs = top_logprobs
         self.attempts = attempts
         self.echo = echo
-        # with `echo`: one event per prompt token (the first has no logprob), set before the
-        # first answer event of the attempt that answered
-        self.prompt_events: list[TokenEvent] = []
+        # every question's prompt frames ask the last node for all positions, so a question
+        # with echo (a verifier's challenge, say) looks like any other to the nodes
+        self.full_prefill = full_prefill
+        self._prefill: list[np.ndarray] = []  # echo: the final hidden states, [t, H] chunks
         self.circuit: Circuit | None = None
         self.delivered = False  # set by the caller once an event reached the user
         self.count = 0
@@ -136,15 +138,15 @@ class Generation:
             recorder = RecordingHead(self.head)
             try:
                 async with self.router.hold(circuit), SharedPipeline(hops, self.http) as client:
-                    if self.echo:
-                        tokens = self._echo_generate(client, recorder)
-                    else:
-                        tokens = client.generate(
-                            recorder,
-                            self.prompt_ids,
-                            max_new_tokens=self.max_tokens,
-                            sampling=self.sampling,
-                        )
+                    self._prefill = []
+                    tokens = client.generate(
+                        recorder,
+                        self.prompt_ids,
+                        max_new_tokens=self.max_tokens,
+                        sampling=self.sampling,
+                        prefill_last_only=not (self.full_prefill or self.echo),
+                        on_prefill=self._keep_prefill if self.echo else None,
+                    )
                     async with contextlib.aclosing(tokens):
                         async for token in tokens:
                             self.count += 1
@@ -170,37 +172,29 @@ class Generation:
                         "nothing was charged, ask again",
                     ) from None
 
-    async def _echo_generate(
-        self, client: PipelineClient, head: RecordingHead
-    ) -> AsyncIterator[int]:
-        """`generate` for echo: the prompt's prefill returns every position (`last_only`
-        false), so each prompt token gets its logprob from the same prefill that answers; then
-        decoding goes on as usual. `self.prompt_events` is set before the first token."""
-        session = new_session_id()
-        try:
-            ids = self.prompt_ids
-            hidden = await client.run_layers(session, 0, 0, head.embed_np(ids), last_only=False)
-            if hidden.shape[:2] != (1, len(ids)):
-                raise ProtocolError(f"echo prefill answered shape {list(hidden.shape)}")
-            events = [TokenEvent(ids[0], None, ())]
+    async def echoed_events(self) -> list[TokenEvent]:
+        """With `echo`: one event per prompt token (the first has no logprob), from the final
+        hidden states of the prefill that answered (empty without echo)."""
+        if not self.echo:
+            return []
+        if not self._prefill:
+            raise ProtocolError("echo: the prefill's hidden states are missing")
+        hidden = np.concatenate(self._prefill, axis=0)  # [T, H]
+        ids = self.prompt_ids
+        if hidden.shape[0] != len(ids):
+            raise ProtocolError(f"echo prefill answered {hidden.shape[0]} of {len(ids)} positions")
+
+        def events() -> list[TokenEvent]:
+            out = [TokenEvent(ids[0], None, ())]
             for row, token in enumerate(ids[1:]):
-                logits = await asyncio.to_thread(head.logits_np, hidden[0, row])
-                events.append(token_event(token, logits, self.logprobs, self.top_logprobs))
-            self.prompt_events = events
-            rng = self.sampling.validate().rng()
-            position = len(ids)
-            out = hidden[:, -1:]
-            for step in range(1, self.max_tokens + 1):
-                token = sample(head.logits_np(out[0, -1]), self.sampling, rng)
-                if token in head.eos_token_ids:
-                    return
-                yield token
-                if step == self.max_tokens:
-                    return
-                out = await client.run_layers(session, step, position, head.embed_np([token]))
-                position += 1
-        finally:
-            await client.close_session(session)
+                logits = self.head.logits_np(hidden[row])
+                out.append(token_event(token, logits, self.logprobs, self.top_logprobs))
+            return out
+
+        return await asyncio.to_thread(events)
+
+    def _keep_prefill(self, start: int, hidden: np.ndarray) -> None:
+        self._prefill.append(np.asarray(hidden[0], dtype=np.float32))
 
     @property
     def finished_by_length(self) -> bool:

@@ -380,3 +380,27 @@ async def test_gateway_completions_echo_gives_every_prompt_tokens_logprob(env) -
     headers, _ = pay(escrow)
     plain = await (await client.post("/v1/completions", json=doc, headers=headers)).json()
     assert plain["choices"][0]["text"] == "bcfi" and plain["choices"][0]["logprobs"] is None
+
+
+async def test_gateway_every_question_prefills_like_an_echo_request(env, monkeypatch) -> None:
+    """The last node cannot tell an echo request (a verifier's challenge) from a chat question:
+    both prompts' frames ask for every position; decode steps ask for the last one."""
+    from node.client.pipeline import PipelineClient
+
+    seen: list[tuple[int, bool]] = []
+    original = PipelineClient.run_layers
+
+    async def recording(self, session, step, start, hidden, timings=None, last_only=True):
+        seen.append((step, last_only))
+        return await original(self, session, step, start, hidden, timings, last_only)
+
+    monkeypatch.setattr(PipelineClient, "run_layers", recording)
+    client, escrow, _, _ = env
+    headers, _ = pay(escrow)
+    await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 3}, headers=headers)
+    chat = list(seen)
+    seen.clear()
+    headers, _ = pay(escrow)
+    doc = {"model": "fake-model", "prompt": [1, 2, 5], "max_tokens": 3, "echo": True}
+    await client.post("/v1/completions", json={**doc, "logprobs": 5}, headers=headers)
+    assert chat == seen == [(0, False), (1, True), (2, True)]
