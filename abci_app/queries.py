@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
+from abci_app import accusations, seeds
 from abci_app.codes import Code
 from abci_app.handlers import SERVING
 from protocol.canonical import JsonInputError, canonical_json, parse_json
@@ -287,6 +288,16 @@ def _share_blocks(state: State, params: dict[str, Any]) -> Any:
     return {"tip": tip, "blocks": blocks}
 
 
+def _seeds(state: State, params: dict[str, Any]) -> Any:
+    current = state.committed("meta", "current_epoch") or 1
+    epoch = _int_param(params, "epoch", current) or 0
+    return {"epoch": epoch, "seeds": seeds.seeds_of_epoch(state, epoch)}
+
+
+def _verifiers(state: State, params: dict[str, Any]) -> Any:
+    return accusations.verifiers_view(state)
+
+
 def _params(state: State, params: dict[str, Any]) -> Any:
     return {
         "chain_id": state.chain_id,
@@ -310,6 +321,8 @@ ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
     "/nonce": _nonce,
     "/share_blocks": _share_blocks,
     "/params": _params,
+    "/seeds": _seeds,
+    "/verifiers": _verifiers,
 }
 
 # the settlement routes (`payout_queries.py` reads this module's parameter helpers)

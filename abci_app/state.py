@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from abci_app import epochs, extensions, handlers, retention, settlement
+from abci_app import accusations, epochs, extensions, handlers, retention, settlement
 from abci_app.codes import Code, Rejected
 from abci_app.genesis import Genesis
 from abci_app.store import Store
@@ -411,6 +411,7 @@ class State:
         retention.prune(self, self.block_height)
         if self.block_height % self.genesis.epoch_length == 0:
             settlement.close(self, self.block_height)
+            accusations.settle_epoch(self, self.block_height // self.genesis.epoch_length)
             epochs.close_epoch(self, self.block_height, self.block_hash)
         digest, writes = self._digest_block()
         self._pending_writes = writes

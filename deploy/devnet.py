@@ -107,6 +107,7 @@ class DevnetOptions:
     gateway: bool = True
     join_timeout_s: float = 240.0
     epoch_length: int = DEVNET_EPOCH_LENGTH  # committee blocks per settlement epoch
+    verifiers: int = 0  # `planet verifier serve` for the first N validators (needs the gateway)
 
     @property
     def dir(self) -> Path:
@@ -354,6 +355,9 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
     _await_gateway(state)
     _write_state(directory, state)
     done("gateway " + ("at " + state["gateway_url"] if state.get("gateway_url") else "skipped"))
+    if options.verifiers:
+        _start_verifiers(options, state, network, progress)
+        _write_state(directory, state)
 
 
 def _prepared_model(shards: int, quant: str, progress: Progress) -> Path:
@@ -629,6 +633,39 @@ def _start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Prog
     progress(f"      gateway: loading in the background (pid {pid}, log {log_path})")
 
 
+def _start_verifiers(
+    options: DevnetOptions, state: dict[str, Any], network: Any, progress: Progress
+) -> None:
+    """`planet verifier serve` on the first `options.verifiers` validators' homes, each with its
+    own funded dev wallet (it pays for its challenges like a user); logs logs/verifier<i>.log."""
+    if not state.get("gateway_url"):
+        progress("      verifiers: skipped (they ask through the gateway, which is not running)")
+        return
+    from node.keys import create_dev_wallet
+
+    password = Path(state["password_file"]).read_text()
+    pids = state["pids"].setdefault("verifiers", [])
+    for validator in network.validators[: options.verifiers]:
+        wallet = options.dir / f"verifier{validator.index}" / "wallet.json"
+        wallet.parent.mkdir(parents=True, exist_ok=True)
+        account = create_dev_wallet(wallet, password)
+        rpc_call(state["evm_rpc"], "anvil_setBalance", [account.address, hex(100 * ETHER)])
+        argv = _planet(
+            "verifier", "serve",
+            "--home", validator.home,
+            "--manifest", state["manifest"],
+            "--gateway", state["gateway_url"],
+            "--deployment", state["deployment"],
+            "--evm-rpc", state["evm_rpc"],
+            "--committee-rpc", validator.rpc_url,
+            "--wallet", str(wallet),
+            "--password-file", state["password_file"],
+        )  # fmt: skip
+        log_path = options.dir / "logs" / f"verifier{validator.index}.log"
+        pids.append(_spawn(argv, log_path))
+        progress(f"      verifier of validator{validator.index}: pid {pids[-1]}, log {log_path}")
+
+
 def _await_gateway(state: dict[str, Any]) -> None:
     """Wait until the gateway started by `_start_gateway` answers /health."""
     pending = state.pop("gateway_pending", None)
@@ -646,6 +683,8 @@ def running(state: dict[str, Any]) -> bool:
     """Whether any process of this devnet still runs."""
     pids = state.get("pids", {})
     if _ours(pids.get("anvil"), "anvil") or _ours(pids.get("gateway"), "gateway"):
+        return True
+    if any(_ours(pid, "verifier") for pid in pids.get("verifiers", [])):
         return True
     if state.get("committee_dir"):
         with contextlib.suppress(PlanetError):
@@ -755,6 +794,10 @@ def down(home: Path, progress: Progress) -> list[str]:
         return []
     stopped = []
     pids = state.get("pids", {})
+    for pid in pids.get("verifiers", []):
+        if _stop_pid(pid, "verifier"):
+            stopped.append(f"verifier {pid}")
+            progress(f"stopped the verifier (pid {pid})")
     if _stop_pid(pids.get("gateway"), "gateway"):
         stopped.append("gateway")
         progress("stopped the gateway")

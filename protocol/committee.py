@@ -28,6 +28,9 @@ Tx types (`type` → dataclass):
     work_report     WorkReport     a gateway's per-node work aggregates + settled query fees
     contribution    Contribution   a compute node's own per-shard layer/token count
     payout_vote     PayoutVote     a validator's EIP-712 signature over an epoch's `PayoutRoot`
+    seed_commit     SeedCommit     a validator's verifier commits to its secret challenge seed
+                                   for a future epoch (`seed_commitment`)
+    seed_reveal     SeedReveal     ... and opens it once that epoch has closed
 
 `TxDecodeError` (malformed bytes or fields) and `TxSignatureError` (bad ed25519 signature) are
 typed `ProtocolError`s; the ABCI app maps them to named result codes.
@@ -35,6 +38,7 @@ typed `ProtocolError`s; the ABCI app maps them to named result codes.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -561,6 +565,63 @@ class PayoutVote:
         )
 
 
+SEED_DOMAIN = b"planet/seed/v1\n"
+
+
+def seed_commitment(signer_hex: str, epoch: int, seed: bytes) -> str:
+    """`0x` + sha256(SEED_DOMAIN ‖ signer key (32 B) ‖ uint64_be(epoch) ‖ seed (32 B)): bound to
+    its signer and epoch, so nobody can copy another verifier's commitment or reuse one."""
+    if len(seed) != 32 or not _HEX64.match(signer_hex) or not 0 <= epoch <= _U64:
+        raise ValueError("seed_commitment needs a 64-hex signer, a u64 epoch, a 32-byte seed")
+    digest = hashlib.sha256(
+        SEED_DOMAIN + bytes.fromhex(signer_hex) + epoch.to_bytes(8, "big") + seed
+    ).hexdigest()
+    return "0x" + digest
+
+
+@dataclass(frozen=True, slots=True)
+class SeedCommit:
+    """A validator's verifier commits to the secret seed its challenges of `epoch` derive from
+    (sent before that epoch starts; see docs/verification.md)."""
+
+    epoch: int
+    commitment: str  # seed_commitment(signer, epoch, seed)
+
+    TYPE: ClassVar[str] = "seed_commit"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"commitment": self.commitment, "epoch": self.epoch}
+
+    @classmethod
+    def from_json(cls, body: Any) -> SeedCommit:
+        b = _obj(body, "body", {"commitment", "epoch"})
+        return cls(
+            epoch=_int(b["epoch"], "body.epoch", 1, MAX_NONCE),
+            commitment=_str(b["commitment"], "body.commitment", _HEX32_0X),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SeedReveal:
+    """Opens the seed committed for `epoch` once it has closed (the chain checks it)."""
+
+    epoch: int
+    seed: str  # 0x + 64 hex
+
+    TYPE: ClassVar[str] = "seed_reveal"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "seed": self.seed}
+
+    @classmethod
+    def from_json(cls, body: Any) -> SeedReveal:
+        b = _obj(body, "body", {"epoch", "seed"})
+        return cls(
+            epoch=_int(b["epoch"], "body.epoch", 1, MAX_NONCE),
+            seed=_str(b["seed"], "body.seed", _HEX32_0X),
+        )
+
+
 TxBody = (
     RegisterNode
     | Heartbeat
@@ -573,6 +634,8 @@ TxBody = (
     | WorkReport
     | Contribution
     | PayoutVote
+    | SeedCommit
+    | SeedReveal
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -588,6 +651,8 @@ BODY_TYPES: dict[str, Any] = {
         WorkReport,
         Contribution,
         PayoutVote,
+        SeedCommit,
+        SeedReveal,
     )
 }
 

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "node.cli.ask",
     "node.cli.balance",
     "node.cli.gateway",
+    "node.cli.verifier",
     "node.cli.contracts",
     "node.cli.operator",
     "node.cli.earnings",

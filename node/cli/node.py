@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 from protocol.errors import UsageError
@@ -119,14 +120,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="torch threads for the forward pass (default: half the cores, 1 to 4)",
     )
+    # tests only, hidden: node/server/cheat.py (also needs PLANET_NODE_CHEAT to confirm)
+    serve.add_argument("--cheat", default="", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
+
+
+def _check_cheat(mode: str) -> None:
+    """The hidden --cheat flag and PLANET_NODE_CHEAT must come together (either alone: exit 2)."""
+    from node.server import cheat
+
+    confirmed = os.environ.get(cheat.ENV)
+    if mode and confirmed != cheat.CONFIRM:
+        raise UsageError(
+            "--cheat needs its confirmation in the environment",
+            hint=f"tests only: {cheat.ENV}={cheat.CONFIRM}",
+        )
+    if confirmed is not None and not mode:
+        raise UsageError(
+            f"{cheat.ENV} is set but no --cheat mode is given",
+            hint=f"unset {cheat.ENV} to run an honest node",
+        )
+    if mode:
+        cheat.parse_mode(mode)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from node.server.config import ServerConfig
     from node.server.run import serve
 
+    _check_cheat(args.cheat)
     if not args.manifest.exists():
         raise UsageError(
             f"no manifest at {args.manifest}",
@@ -149,6 +172,7 @@ def _serve(args: argparse.Namespace) -> int:
         reclaim_idle_s=args.reclaim_idle,
         request_read_timeout_s=args.request_read_timeout,
         torch_threads=args.threads,
+        cheat=args.cheat,
     ).validate()
     serve(config)
     return 0

@@ -286,6 +286,8 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
         logprobs=want,
         top_logprobs=top,
         attempts=gateway.config.attempts,
+        echo=isinstance(req, CompletionRequest) and req.echo,
+        full_prefill=gateway.config.full_prefill,
     )
     shaper = Shaper(req.kind, gateway.model.name, gateway.head.token_text, want)
     try:
@@ -318,13 +320,18 @@ async def _whole(
             if text.stopped:
                 break
     answer = text.text + text.finish()
+    if generation.echo:
+        prompt = req.prompt if isinstance(req, CompletionRequest) else None
+        shown = prompt if isinstance(prompt, str) else gateway.head.decode(prompt_ids)
+        answer = shown + answer
     finish = "stop" if text.stopped or not generation.finished_by_length else "length"
     use = usage(len(prompt_ids), len(events))
+    echoed = await generation.echoed_events()  # before charging: it can still fail
     assert generation.circuit is not None  # set before the first event
     signed = gateway.desk.settle(ticket, len(prompt_ids), len(events), generation.circuit.keys)
     if gateway.ledger is not None:
         gateway.ledger.record(signed, generation.circuit)
-    body = shaper.full(answer, events, finish, use)
+    body = shaper.full(answer, events, finish, use, echoed)
     body["planet_receipt"] = signed
     return web.json_response(body, dumps=_dumps)
 

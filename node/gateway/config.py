@@ -30,6 +30,10 @@ class GatewayConfig:
     slot_wait_s: float = 120.0  # longest a question queues for node slots before 503 (seconds)
     report_min_questions: int = 4  # questions batched per work_report (fewer: wait, see below)
     report_max_wait_s: float = 60.0  # longest a smaller batch waits before it is reported (s)
+    # every question's prompt frames ask the last node for all positions (as echo needs), so
+    # nodes cannot tell echo requests (verifier challenges) from other questions; costs the
+    # last node's answer T x H floats once per question
+    full_prefill: bool = True
     limits: Limits = field(default_factory=Limits)
 
     def validate(self) -> GatewayConfig:

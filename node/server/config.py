@@ -47,6 +47,9 @@ class ServerConfig:
     max_tokens_per_frame: int = 4096
     # torch intra-op threads for the forward pass (0 = half the cores, 1 to 4)
     torch_threads: int = 0
+    # tests only: a cheater mode (node/server/cheat.py); "" = honest. Needs the hidden
+    # --cheat flag AND PLANET_NODE_CHEAT=yes-i-want-this-node-to-cheat
+    cheat: str = ""
 
     def validate(self) -> ServerConfig:
         problems = []

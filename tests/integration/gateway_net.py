@@ -171,7 +171,9 @@ class Committee:
             return sign(body, self.validator_key(), self.validator_nonce).encode()
 
 
-def start_committee(run_dir: Path, operator: str) -> Committee:
+def start_committee(
+    run_dir: Path, operator: str, *, epoch_length: int = 10, evm: dict[str, Any] | None = None
+) -> Committee:
     if not COMETBFT.exists():
         raise FileNotFoundError(f"{COMETBFT} missing: run bash deploy/setup.sh")
     home = run_dir / "validator"
@@ -182,9 +184,10 @@ def start_committee(run_dir: Path, operator: str) -> Committee:
     address = genesis["validators"][0]["address"]
     genesis["consensus_params"]["abci"] = {"vote_extensions_enable_height": "1"}
     genesis["app_state"] = {
-        "epoch_length": 10,
+        "epoch_length": epoch_length,
         "heartbeat_timeout": 60,
         "validators": {address: operator},
+        **({"evm": evm} if evm else {}),
     }
     genesis_path.write_text(json.dumps(genesis, indent=1))
     config_path = home / "config" / "config.toml"
@@ -275,7 +278,14 @@ class GatewayNet:
         rpc_call(self.anvil.rpc_url, "anvil_setBalance", [address_of(key), hex(ether * ETHER)])
         return PlanetChain(self.deployment, key)
 
-    def start_nodes(self, shards: list[int], *, wait: bool = True) -> list[Compute]:
+    def start_nodes(
+        self,
+        shards: list[int],
+        *,
+        wait: bool = True,
+        extra_args: tuple[str, ...] = (),
+        extra_env: dict[str, str] | None = None,
+    ) -> list[Compute]:
         started = []
         for index, shard in enumerate(shards):
             process = start_node(
@@ -283,7 +293,8 @@ class GatewayNet:
                 shard=shard,
                 port=ephemeral_port(),
                 run_dir=self.run_dir / f"node-{len(self.nodes) + index}",
-                extra_args=("--threads", "1"),
+                extra_args=("--threads", "1", *extra_args),
+                extra_env=extra_env,
             )
             started.append(
                 Compute(process, SigningKey.generate(), keccak(text=secrets.token_hex(16)))

@@ -72,6 +72,8 @@ TX_TYPES = (
     "work_report",
     "contribution",
     "payout_vote",
+    "seed_commit",
+    "seed_reveal",
 )
 FIELDS = (
     "amount",
