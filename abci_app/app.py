@@ -46,7 +46,14 @@ pb = abci_pb()
 # bookkeeping events of the busy tx types (planet.tx, planet.commit, planet.reveal) are not
 # indexed: indexing every attribute of every tx costs CometBFT real CPU under load.
 INDEXED_EVENTS = frozenset(
-    {"planet.node", "planet.stake", "planet.evidence", "planet.verdict", "planet.share_block"}
+    {
+        "planet.node",
+        "planet.stake",
+        "planet.evidence",
+        "planet.verdict",
+        "planet.share_block",
+        "planet.payout",
+    }
 )
 
 

@@ -34,6 +34,19 @@ class Code(IntEnum):
     DUPLICATE_VOTE = 21
     VERDICTS_DISABLED = 22
     BAD_VOTE_EXTENSIONS = 23
+    # verifier seeds (abci_app/seeds.py)
+    SEED_NOT_IN_FUTURE = 24  # seed_commit for an epoch that has already started
+    DUPLICATE_SEED = 25  # this validator already committed a seed for that epoch
+    UNKNOWN_SEED = 26  # seed_reveal without a commitment
+    SEED_NOT_CLOSED = 27  # seed_reveal before that epoch closed
+    SEED_MISMATCH = 28  # the revealed seed does not open the commitment
+    # settlement (abci_app/settlement.py); numbered from 30 to leave 24-29 to other tx types
+    UNKNOWN_GATEWAY = 30  # work_report not signed by a genesis gateway key
+    UNBACKED_CONTRIBUTION = 31  # no gateway-reported work for this node on that shard
+    DUPLICATE_QUERY = 32  # a query id already reported (pending or settled)
+    NO_STATEMENT = 33  # payout_vote for an epoch without a stored statement
+    BAD_PAYOUT_SIGNATURE = 34  # not the validator operator's signature over the statement
+    SETTLEMENT_DISABLED = 35  # genesis has no evm.escrow_address
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

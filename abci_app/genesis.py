@@ -15,8 +15,11 @@
       "models": {"smollm2-135m": {"shards": 3}},              # optional: shard count per model
       "evm": {"chain_id": 31337, "committee_address": "0x…",  # EIP-712 domain of verdicts
               "fraud_proofs_address": "0x…"},  # the verdicts' consumer (FraudProofs)
-      "validators": {"<validator address hex | base64 pub_key>": "0x<operator EVM address>"}
+      "validators": {"<validator address hex | base64 pub_key>": "0x<operator EVM address>"},
+      "gateways": ["<ed25519 public key hex>"],  # who may send work_report (settlement.py)
+      "verifier_cut_bps": 1000              # verifiers' part of each epoch's fees
     }
+`evm.escrow_address` (the QueryEscrow that consumes `PayoutRoot`s) enables epoch settlement.
 
 Every field is optional (defaults above; without `evm` and its `fraud_proofs_address`, verdict
 votes are refused). Unknown
@@ -46,10 +49,13 @@ _KEYS = {
     "models",
     "evm",
     "validators",
+    "gateways",
+    "verifier_cut_bps",
 }
 DEFAULT_MIN_STAKE = {"compute": 10**18, "verifier": 5 * 10**17}
 MAX_PARAM = (1 << 63) - 1
 MAX_SHARDS = 65536  # register_node shard indexes are 0 … 65535
+_GATEWAY = re.compile(r"[0-9a-f]{64}\Z")
 _DECIMAL = re.compile(r"[0-9]{1,78}\Z")  # ASCII only: str.isdigit accepts other scripts
 
 
@@ -62,6 +68,15 @@ def _int(doc: dict[str, Any], key: str, default: int, lo: int = 0, hi: int = MAX
             f"genesis app_state.{key}: expected an integer in [{lo}, {hi}], got {value!a}"
         )
     return value
+
+
+def _is_address(value: Any) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) == 42
+        and value.startswith("0x")
+        and all(c in "0123456789abcdefABCDEF" for c in value[2:])
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +94,9 @@ class Genesis:
     committee_address: str | None = None
     fraud_proofs_address: str | None = None  # Verdict.consumer
     operators: dict[str, str] = field(default_factory=dict)  # raw key → operator address
+    escrow_address: str | None = None  # PayoutRoot.consumer (QueryEscrow); None: no settlement
+    gateways: tuple[str, ...] = ()  # ed25519 keys (64 lowercase hex) allowed to report work
+    verifier_cut_bps: int = 1_000
 
     @classmethod
     def parse(cls, app_state: bytes) -> Genesis:
@@ -137,6 +155,14 @@ class Genesis:
             and all(c in "0123456789abcdefABCDEF" for c in fraud_proofs[2:])
         ):
             raise ConfigError("genesis app_state.evm.fraud_proofs_address: expected an EVM address")
+        escrow = evm.get("escrow_address")
+        if escrow is not None and not _is_address(escrow):
+            raise ConfigError("genesis app_state.evm.escrow_address: expected an EVM address")
+        gateways = doc.get("gateways", [])
+        if not isinstance(gateways, list) or not all(
+            isinstance(g, str) and _GATEWAY.match(g) for g in gateways
+        ):
+            raise ConfigError("genesis app_state.gateways: expected a list of 64-hex ed25519 keys")
         operators: dict[str, str] = {}
         operator_map = doc.get("validators") or {}
         if not isinstance(operator_map, dict):
@@ -164,6 +190,9 @@ class Genesis:
             committee_address=committee,
             fraud_proofs_address=fraud_proofs,
             operators=operators,
+            escrow_address=escrow,
+            gateways=tuple(sorted(set(gateways))),
+            verifier_cut_bps=_int(doc, "verifier_cut_bps", 1_000, 0, 10_000),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -188,11 +217,18 @@ class Genesis:
                         if self.fraud_proofs_address
                         else {}
                     ),
+                    **({"escrow_address": self.escrow_address} if self.escrow_address else {}),
                 }
                 if self.committee_address
                 else None
             ),
             "validators": dict(sorted(self.operators.items())),
+            **({"gateways": list(self.gateways)} if self.gateways else {}),
+            **(
+                {"verifier_cut_bps": self.verifier_cut_bps}
+                if self.verifier_cut_bps != 1_000
+                else {}
+            ),
         }
 
     @classmethod

@@ -8,8 +8,9 @@ Namespaces written here: `node/<key>` (registry + lifecycle), `evm/<address>` (E
 `stake/<key>` (attestations and the agreed amount), `commit/<key>/<session>/<step>/<shard>`,
 `evidence/<id>`, `share/<height>` + `meta/share_tip`, `contrib/<key>` (operation totals),
 `rep/<key>` (reputation), `verdict/<id>`, `hbdue/<height>` (heartbeat deadlines),
-`regdue/<height>` (registration expiry checks) and `gc/<epoch>/<ns>/<key>` (the pruning index
-of commitments, evidence and share blocks; see `retention.py`).
+`regdue/<height>` (registration expiry checks), `seed/<epoch>/<signer>` (seeds.py),
+`vdue/<epoch>` + `vrep/<validator address>` (accusations.py) and `gc/<epoch>/<ns>/<key>`
+(the pruning index of commitments, evidence and share blocks; see `retention.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from abci_app import retention
+from abci_app import accusations, retention, seeds, settlement
 from abci_app.codes import Code, Rejected
 from protocol.canonical import canonical_json
 from protocol.committee import (
@@ -28,6 +29,8 @@ from protocol.committee import (
     Leave,
     RegisterNode,
     RevealBatch,
+    SeedCommit,
+    SeedReveal,
     ShareBlockTx,
     SignedTx,
     VerdictVote,
@@ -355,10 +358,13 @@ def verdict_vote(state: State, tx: SignedTx) -> None:
     }
     power = record["power"] + validator["power"]
     updated = {**record, "votes": votes, "power": power}
+    if not record["votes"]:
+        accusations.first_vote(state, ident)
     if not record["confirmed"] and state.has_two_thirds(power):
         updated["confirmed"] = True
         updated["confirmed_height"] = state.block_height
         state.emit("planet.verdict", id=ident, confirmed="true")
+        settlement.note_slashed(state, verdict.node)
     state.put("verdict", ident, updated)
 
 
@@ -371,4 +377,6 @@ HANDLERS: dict[str, Callable[[State, SignedTx], None]] = {
     RevealBatch.TYPE: reveal,
     ShareBlockTx.TYPE: share_block,
     VerdictVote.TYPE: verdict_vote,
+    SeedCommit.TYPE: seeds.seed_commit,
+    SeedReveal.TYPE: seeds.seed_reveal,
 }

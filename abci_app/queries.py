@@ -16,6 +16,7 @@ the request's `data`. Every answer is canonical JSON; unknown paths answer `UNKN
     /nonce        ?account                      last committed nonce (next must be greater)
     /share_blocks ?from ?limit                  share-chain blocks and the tip
     /params                                     genesis parameters, validators, height, app hash
+    /payouts, /payouts/proof, /backing, /credits   settlement (`payout_queries.py`)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
+from abci_app import accusations, seeds
 from abci_app.codes import Code
 from abci_app.handlers import SERVING
 from protocol.canonical import JsonInputError, canonical_json, parse_json
@@ -286,6 +288,16 @@ def _share_blocks(state: State, params: dict[str, Any]) -> Any:
     return {"tip": tip, "blocks": blocks}
 
 
+def _seeds(state: State, params: dict[str, Any]) -> Any:
+    current = state.committed("meta", "current_epoch") or 1
+    epoch = _int_param(params, "epoch", current) or 0
+    return {"epoch": epoch, "seeds": seeds.seeds_of_epoch(state, epoch)}
+
+
+def _verifiers(state: State, params: dict[str, Any]) -> Any:
+    return accusations.verifiers_view(state)
+
+
 def _params(state: State, params: dict[str, Any]) -> Any:
     return {
         "chain_id": state.chain_id,
@@ -309,7 +321,14 @@ ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
     "/nonce": _nonce,
     "/share_blocks": _share_blocks,
     "/params": _params,
+    "/seeds": _seeds,
+    "/verifiers": _verifiers,
 }
+
+# the settlement routes (`payout_queries.py` reads this module's parameter helpers)
+from abci_app.payout_queries import ROUTES as _PAYOUT_ROUTES  # noqa: E402
+
+ROUTES.update(_PAYOUT_ROUTES)
 
 
 def parse_params(path: str, data: bytes) -> tuple[str, dict[str, Any]]:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from abci_app import epochs, extensions, handlers, retention
+from abci_app import accusations, epochs, extensions, handlers, retention, settlement
 from abci_app.codes import Code, Rejected
 from abci_app.genesis import Genesis
 from abci_app.store import Store
@@ -54,6 +54,7 @@ _HOT = frozenset({"acct", "node"})
 # an upper bound of raw bytes + parsed objects (tracemalloc: a 62 715-byte commit batch parses
 # into 137 KiB of Python objects, a 253-byte heartbeat into 1.5 KiB).
 TX_CACHE_BYTES = 64 * 1024 * 1024
+TX_HANDLERS = {**handlers.HANDLERS, **settlement.HANDLERS}
 
 
 def tx_cache_cost(raw: bytes) -> int:
@@ -196,6 +197,20 @@ class State:
         if not extra:
             return self.store.items(ns, start, stop)
         return iter(sorted({**dict(self.store.items(ns, start, stop)), **dict(extra)}.items()))
+
+    def items(self, ns: str, start: str = "", stop: str | None = None) -> list[tuple[str, Any]]:
+        """Current (key, value) of `ns` with start ≤ key < stop, in key order (committed state
+        with this block's and this tx's writes applied). Reads the committed range whole: use
+        for ranges whose size is bounded."""
+        merged = dict(self.committed_items(ns, start, stop))
+        for layer in (self._block, self._tx or {}):
+            for (n, k), value in layer.items():
+                if n == ns and k >= start and (stop is None or k < stop):
+                    if value is _DELETED:
+                        merged.pop(k, None)
+                    else:
+                        merged[k] = value
+        return sorted(merged.items())
 
     def emit(self, event_type: str, /, **attributes: Any) -> None:
         self._events.append((event_type, tuple((k, str(v)) for k, v in sorted(attributes.items()))))
@@ -401,7 +416,7 @@ class State:
         if tx.nonce <= (last or 0):
             return TxResult(Code.BAD_NONCE, f"nonce {tx.nonce} ≤ last nonce {last or 0}")
         self._cache_drop(raw)
-        handler: Callable[[State, SignedTx], None] = handlers.HANDLERS[tx.type]
+        handler: Callable[[State, SignedTx], None] = TX_HANDLERS[tx.type]
         self._tx = {}
         try:
             handler(self, tx)
@@ -447,6 +462,8 @@ class State:
         retention.expire_registrations(self, self.block_height)
         retention.prune(self, self.block_height)
         if self.block_height % self.genesis.epoch_length == 0:
+            settlement.close(self, self.block_height)
+            accusations.settle_epoch(self, self.block_height // self.genesis.epoch_length)
             epochs.close_epoch(self, self.block_height, self.block_hash)
         digest, writes = self._digest_block()
         self._pending_writes = writes

@@ -23,7 +23,77 @@ async function settleGas(nSigners) {
   const tree = h.merkleTree([{ epoch, account: user.address, amount: fee }]);
   const qh = h.queriesHash([queryId], [fee]);
   const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch, root: tree.root, total: fee, queriesHash: qh });
-  return gasOf(env.escrow.postPayoutRoot(epoch, tree.root, fee, [queryId], [fee], sigs));
+  return gasOf(env.escrow.postPayoutRoot(epoch, tree.root, fee, h.charges([queryId], [fee]), sigs));
+}
+
+/** Posts one epoch on `env` charging `queryIds`/`fees` and `payers`/`debits`; returns its gas. */
+async function postGas(env, epoch, queryIds, fees, payers, debits, payee) {
+  const total = [...fees, ...debits].reduce((a, b) => a + b, 0n);
+  const tree = h.merkleTree([{ epoch, account: payee, amount: total }]);
+  const qh = h.queriesHash(queryIds, fees, payers, debits);
+  const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch, root: tree.root, total, queriesHash: qh });
+  return gasOf(env.escrow.postPayoutRoot(epoch, tree.root, total, h.charges(queryIds, fees, payers, debits), sigs));
+}
+
+/** `n` fresh funded wallets, sorted by address (payers must ascend in a posting). */
+async function fundedWallets(n, label) {
+  const [funder] = await ethers.getSigners();
+  const out = [];
+  for (let i = 0; i < n; i++) {
+    const w = new ethers.Wallet(ethers.id(`${label}/${i}`), ethers.provider);
+    await (await funder.sendTransaction({ to: w.address, value: h.ONE })).wait();
+    out.push(w);
+  }
+  return h.sortByAddress(out);
+}
+
+/**
+ * Gas per paid question in an epoch of `questions` questions, both ways of paying (users' and
+ * relayer's transactions; operators' claims are the same for both and left out):
+ * - per query: a deposit per question, the epoch's root listing every query, and the refund of
+ *   each query's unused remainder;
+ * - prepaid: each of `payers` payers deposits once, asks questions/payers questions by voucher
+ *   (no transaction), the epoch's root debits each payer once, then each payer requests and
+ *   completes its withdrawal (the worst case: it leaves after one epoch).
+ */
+async function perQuestionGas(questions, payerCount) {
+  const env = await h.deployAll();
+  const [, , , , payee] = await ethers.getSigners();
+  const fee = h.ONE / 10000n;
+  // per-query path
+  const users = await fundedWallets(questions, `bench-users-${questions}`);
+  const queryIds = users.map((_, i) => ethers.id(`bench-q-${questions}-${i}`));
+  let perQuery = 0;
+  for (let i = 0; i < questions; i++) {
+    perQuery += await gasOf(env.escrow.connect(users[i]).deposit(queryIds[i], ethers.id("model"), { value: 2n * fee }));
+  }
+  const settleQueries = await postGas(env, 1n, queryIds, queryIds.map(() => fee), [], [], payee.address);
+  perQuery += settleQueries;
+  let refunds = 0;
+  for (let i = 0; i < questions; i++) refunds += await gasOf(env.escrow.connect(users[i]).refund(queryIds[i]));
+  perQuery += refunds;
+  // prepaid path
+  const payers = await fundedWallets(payerCount, `bench-payers-${questions}-${payerCount}`);
+  let deposits = 0;
+  for (const p of payers) deposits += await gasOf(env.escrow.connect(p).depositBalance({ value: BigInt(questions / payerCount) * 2n * fee }));
+  const debits = payers.map(() => BigInt(questions / payerCount) * fee);
+  const settleDebits = await postGas(env, 2n, [], [], payers.map((p) => p.address), debits, payee.address);
+  let withdrawals = 0;
+  for (const p of payers) withdrawals += await gasOf(env.escrow.connect(p).requestWithdrawal());
+  await hre.network.provider.send("evm_increaseTime", [Number(h.DEFAULTS.refundTimeout)]);
+  await hre.network.provider.send("evm_mine", []);
+  for (const p of payers) withdrawals += await gasOf(env.escrow.connect(p).withdrawBalance());
+  const prepaid = deposits + settleDebits + withdrawals;
+  return {
+    perQuery: Math.round(perQuery / questions),
+    perQueryNoRefund: Math.round((perQuery - refunds) / questions),
+    prepaid: Math.round(prepaid / questions),
+    prepaidNoWithdrawal: Math.round((deposits + settleDebits) / questions),
+    settleQueries,
+    settleDebits,
+    depositBalance: Math.round(deposits / payerCount),
+    withdrawal: Math.round(withdrawals / payerCount),
+  };
 }
 
 async function main() {
@@ -47,7 +117,7 @@ async function main() {
   const tree = h.merkleTree(entries);
   const qh = h.queriesHash([ethers.id("q1")], [fee]);
   const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch: 7n, root: tree.root, total: fee, queriesHash: qh });
-  await (await env.escrow.postPayoutRoot(7n, tree.root, fee, [ethers.id("q1")], [fee], sigs)).wait();
+  await (await env.escrow.postPayoutRoot(7n, tree.root, fee, h.charges([ethers.id("q1")], [fee]), sigs)).wait();
   await hre.network.provider.send("evm_increaseTime", [Number(h.DEFAULTS.challengeWindow)]);
   await hre.network.provider.send("evm_mine", []);
   m.claim_gas = await gasOf(env.escrow.connect(operator).claim(7n, operator.address, fee / 2n, tree.proof(0)));
@@ -97,6 +167,25 @@ async function main() {
   const tsigs = await h.signAll(env.members, env.committeeDomain, "Verdict", topUp);
   m.verdict_top_up_4_signers_gas = await gasOf(env.fraudProofs.slashByVerdict(topUp, tsigs));
 
+  // prepaid balances vs per-query deposits, 100 questions in one epoch
+  const one = await perQuestionGas(100, 1);
+  const ten = await perQuestionGas(100, 10);
+  const hundred = await perQuestionGas(100, 100);
+  m.per_query_question_gas_100 = one.perQuery;
+  m.per_query_question_no_refund_gas_100 = one.perQueryNoRefund;
+  m.prepaid_question_gas_100_1_payer = one.prepaid;
+  m.prepaid_question_gas_100_10_payers = ten.prepaid;
+  m.prepaid_question_gas_100_10_payers_staying = ten.prepaidNoWithdrawal;
+  m.prepaid_question_gas_100_100_payers = hundred.prepaid;
+  m.settle_100_queries_4_signers_gas = one.settleQueries;
+  m.settle_1_payer_4_signers_gas = one.settleDebits;
+  m.settle_10_payers_4_signers_gas = ten.settleDebits;
+  m.settle_100_payers_4_signers_gas = hundred.settleDebits;
+  m.debit_marginal_gas = Math.round((hundred.settleDebits - one.settleDebits) / 99);
+  m.deposit_balance_gas = one.depositBalance;
+  m.request_and_withdraw_balance_gas = one.withdrawal;
+  m.ratio_prepaid_vs_per_query_100_1_payer = Number((one.prepaid / one.perQuery).toFixed(4));
+
   const result = {
     bench: "gas",
     machine: { cpu: os.cpus()[0]?.model ?? "unknown", cores: os.cpus().length, gpu: null, device: "hardhat-edr" },
@@ -107,6 +196,8 @@ async function main() {
       hardfork: hre.config.networks.hardhat.hardfork,
       settle_queries: 1,
       claim_tree_leaves: 16,
+      prepaid_questions_per_epoch: 100,
+      prepaid_notes: "per question = all users' and relayer's gas of an epoch of 100 paid questions / 100 (operators' claims excluded, the same either way). per_query: 100 deposits + the root listing 100 queries + 100 refunds of the unused remainders (no_refund: without them). prepaid: N payers each deposit once, ask 100/N questions by voucher (no gas), the root debits each payer once, then each payer requests and completes its withdrawal (the worst case: it leaves after one epoch); _staying: without the withdrawal",
       notes: "fresh deployment, first touch of each storage slot (stake_gas is the first stake ever, stake_typical_gas the next node's); slash_gas = proveRevealMismatch (100 % slash + burn), fraud_proof_gas = proveEquivocation, each after its commit_challenge_gas transaction; record_work_gas = recordCommitment; verdict_top_up = a larger verdict on slashed evidence",
     },
     metrics: m,
@@ -115,6 +206,7 @@ async function main() {
       deposit_gas: { op: "<=", value: 60000 },
       claim_gas: { op: "<=", value: 90000 },
       settle_4_signers_gas: { op: "<=", value: 120000 },
+      prepaid_question_gas_100_1_payer: { op: "<=", value: 5000 },
     },
   };
   process.stdout.write(JSON.stringify(result) + "\n");

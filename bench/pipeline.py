@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     from node.client.pipeline import Hop
     from node.server.launcher import stop_pid, wait_healthy
     from node.server.run import configure_torch_threads
-    from protocol.frames import COMPRESSED_CODEC, body_size, make_frame
+    from protocol.frames import COMPRESSED_CODEC, body_size, encode_body, make_frame
 
     threads = configure_torch_threads(0)
     metrics: dict[str, Any] = {}
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics[f"node_compute_share_pipeline_{parts}"] = round(median(compute_share[parts]), 3)
 
         # ---- activations on the wire, and greedy tokens with compression ------------------
-        # "compressed" = COMPRESSED_CODEC (hq9, what `planet ask --compress` uses); plain
+        # "compressed" = COMPRESSED_CODEC (rq, what `planet ask --compress` uses); plain
         # blockwise int8 is measured beside it as the Nesa baseline.
         one = np.asarray(head.embed_np([ids[-1]]))
         prompt = np.asarray(head.embed_np(ids))
@@ -339,14 +339,14 @@ def main(argv: list[str] | None = None) -> int:
         metrics["activation_bytes_per_token_raw"] = body_size("float32", "raw", n_tok)
         metrics["frame_header_bytes_per_hop"] = header_bytes
         for codec, label in ((COMPRESSED_CODEC, "compressed"), ("int8", "int8")):
-            body = body_size("float32", codec, n_tok)
+            body = len(encode_body(one, "float32", codec))  # measured: rq is variable-rate
             metrics[f"activation_bytes_per_token_{label}"] = body
             metrics[f"ratio_activation_bytes_{label}_vs_raw"] = round(body / (n_tok * 4), 4)
             metrics[f"ratio_frame_bytes_{label}_vs_raw_per_token"] = round(
                 (body + header_bytes) / len(raw_frame), 4
             )
-            metrics[f"activation_bytes_prefill_{len(ids)}_tokens_{label}"] = body_size(
-                "float32", codec, n_prompt
+            metrics[f"activation_bytes_prefill_{len(ids)}_tokens_{label}"] = len(
+                encode_body(prompt, "float32", codec)
             )
         metrics[f"activation_bytes_prefill_{len(ids)}_tokens_raw"] = n_prompt * 4
         check_parts = 3 if 3 in hops else parts_list[-1]

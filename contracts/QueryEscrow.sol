@@ -1,25 +1,34 @@
 // SPDX-License-Identifier: MIT
 pragma solidity 0.8.28;
 
+import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
 import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
 import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
 import {ICommittee} from "./interfaces/ICommittee.sol";
 import {PlanetHashes} from "./libraries/PlanetHashes.sol";
-import {PayoutStatement} from "./libraries/PlanetTypes.sol";
+import {Charges, PayoutStatement} from "./libraries/PlanetTypes.sol";
 
 /// @title QueryEscrow: users prepay queries, the committee settles them per epoch, operators claim.
-/// @notice Lifecycle of a query id:
-/// - `deposit` (payable, value = fee cap) → Funded; a gateway serves only funded queries;
-/// - `postPayoutRoot` (committee-signed `PayoutRoot`) charges each listed query its fee (<= its
-///   deposit) → Settled; the remainder stays on the query as the user's balance, pulled with `refund`;
-/// - or, if never settled, `refund` after `refundTimeout` returns the whole deposit → Refunded.
+/// @notice Two ways to pay, one pot:
+/// - per query: `deposit` (payable, value = fee cap) → Funded; a gateway serves only funded queries;
+///   `postPayoutRoot` charges each listed query its fee (<= its deposit) → Settled, the remainder
+///   stays on the query, pulled with `refund`; if never settled, `refund` after `refundTimeout`
+///   returns the whole deposit → Refunded;
+/// - prepaid: `depositBalance` once, then per question an off-chain EIP-712 `Voucher` to a gateway;
+///   `postPayoutRoot` debits each listed payer the sum of its vouchers in the epoch (one slot per
+///   payer, not per question); `requestWithdrawal`, then `withdrawBalance` after `refundTimeout`.
+/// Posting never reverts because of what a user did: a query refunded after its timeout or a
+/// balance withdrawn (or short) is simply not charged, and the epoch pays its claims pro rata to
+/// what it collected (the shortfall rule, docs/contracts.md). So a committee-signed root can always
+/// be posted, and the committee never has to sign a second statement for an epoch.
 /// An epoch's fees are claimable with a Merkle proof once `challengeWindow` has passed since the
 /// root was posted. Within the window, a second, different committee-signed `PayoutRoot` for the
-/// same epoch proves equivocation: the epoch is frozen and every fee goes back to its query's user.
+/// same epoch proves equivocation: the epoch is frozen and every charge goes back to its payer.
 ///
-/// Storage is packed for gas (one slot per query, two per epoch): a deposit is at most
-/// 2^64 - 1 wei (~18.4 ether) and the model id is recorded in the `Deposited` event only.
+/// Storage is packed for gas (one slot per query, one per payer, two per epoch): a deposit is at
+/// most 2^64 - 1 wei (~18.4 ether), a balance at most 2^128 - 1 wei, and the model id is recorded in
+/// the `Deposited` event only.
 ///
 /// Payments are pull-only, to the caller, after all state changes, under nonReentrant, with a plain
 /// call forwarding all gas (slither "low-level-calls" is informational).
@@ -52,11 +61,26 @@ contract QueryEscrow is ReentrancyGuardTransient {
         uint32 tag;
     }
 
-    /// @dev One slot (plus the root): fees not yet claimed, when claims open, status.
+    /// @dev One slot (plus the root): wei not yet claimed, when claims open, status, and whether
+    /// the epoch collected less than its signed total (then `_shortfalls` holds both figures).
     struct EpochInfo {
         uint128 unclaimed;
         uint64 claimableAt;
         EpochStatus status;
+        bool short;
+    }
+
+    /// @dev One slot per payer: prepaid wei, and when a requested withdrawal opens (0 = none).
+    struct Account {
+        uint128 balance;
+        uint64 withdrawableAt;
+    }
+
+    /// @dev Written only for an epoch that collected less than it signed: the signed total and
+    /// what was collected; each claim pays `amount * collected / total` (rounded down).
+    struct Shortfall {
+        uint128 total;
+        uint128 collected;
     }
 
     uint32 private constant TAG_REFUNDED = 0;
@@ -68,7 +92,8 @@ contract QueryEscrow is ReentrancyGuardTransient {
     ICommittee public immutable committee;
     /// @notice Seconds after posting before an epoch's fees can be claimed (disputes only before).
     uint256 public immutable challengeWindow;
-    /// @notice Seconds after a deposit before an unsettled query can be refunded.
+    /// @notice Seconds after a deposit before an unsettled query can be refunded, and after a
+    /// withdrawal request before a prepaid balance can be withdrawn.
     uint256 public immutable refundTimeout;
 
     mapping(bytes32 queryId => Deposit) private _deposits;
@@ -77,6 +102,10 @@ contract QueryEscrow is ReentrancyGuardTransient {
     mapping(uint64 epoch => bytes32) public rootOf;
     /// @notice Whether `account` has claimed its payout of `epoch`.
     mapping(uint64 epoch => mapping(address account => bool)) public claimed;
+    mapping(address payer => Account) private _accounts;
+    mapping(uint64 epoch => Shortfall) private _shortfalls;
+    /// @dev The part of a payer's signed debit an epoch could not charge (written only when short).
+    mapping(uint64 epoch => mapping(address payer => uint256)) private _uncharged;
 
     event Deposited(bytes32 indexed queryId, address indexed user, bytes32 indexed modelId, uint256 amount);
     event Refunded(bytes32 indexed queryId, address indexed user, uint256 amount);
@@ -85,6 +114,15 @@ contract QueryEscrow is ReentrancyGuardTransient {
     );
     event Claimed(uint64 indexed epoch, address indexed account, uint256 amount);
     event RootDisputed(uint64 indexed epoch, bytes32 otherRoot, uint256 otherTotal, bytes32 otherQueriesHash);
+    event BalanceDeposited(address indexed payer, uint256 amount, uint256 balance);
+    event WithdrawalRequested(address indexed payer, uint256 balance, uint256 withdrawableAt);
+    event WithdrawalCancelled(address indexed payer);
+    event BalanceWithdrawn(address indexed payer, uint256 amount);
+    event Debited(uint64 indexed epoch, address indexed payer, uint256 charged, uint256 balance);
+    event DebitShortfall(uint64 indexed epoch, address indexed payer, uint256 debit, uint256 charged);
+    event QueryUncharged(uint64 indexed epoch, bytes32 indexed queryId, uint256 fee);
+    event SettlementShortfall(uint64 indexed epoch, uint256 total, uint256 collected);
+    event DebitReturned(uint64 indexed epoch, address indexed payer, uint256 amount);
 
     error InvalidDepositAmount(uint256 amount, uint256 max);
     error QueryExists(bytes32 queryId);
@@ -108,6 +146,12 @@ contract QueryEscrow is ReentrancyGuardTransient {
     error QueryNotSettled(bytes32 queryId);
     error TransferFailed(address to, uint256 amount);
     error InvalidWindows(uint256 challengeWindow, uint256 refundTimeout);
+    error BalanceOverflow(address payer, uint256 balance, uint256 amount);
+    error NothingToWithdraw(address payer);
+    error WithdrawalAlreadyRequested(address payer, uint256 withdrawableAt);
+    error WithdrawalNotRequested(address payer);
+    error WithdrawalNotYetAvailable(address payer, uint256 withdrawableAt);
+    error PayersNotSorted(uint256 index);
 
     /// @param committee_ Committee that signs payout roots.
     /// @param challengeWindow_ Seconds between posting a root and claims opening (60 on the devnet).
@@ -156,53 +200,102 @@ contract QueryEscrow is ReentrancyGuardTransient {
         if (!ok) revert TransferFailed(msg.sender, d.amount);
     }
 
+    /// @notice Adds `msg.value` to the caller's prepaid balance (one deposit, many questions).
+    function depositBalance() external payable {
+        if (msg.value == 0) revert InvalidDepositAmount(0, type(uint128).max);
+        Account storage a = _accounts[msg.sender];
+        uint256 balance = uint256(a.balance) + msg.value;
+        if (balance > type(uint128).max) revert BalanceOverflow(msg.sender, a.balance, msg.value);
+        a.balance = uint128(balance);
+        emit BalanceDeposited(msg.sender, msg.value, balance);
+    }
+
+    /// @notice Starts the withdrawal of the caller's whole balance: `withdrawBalance` opens
+    /// `refundTimeout` later (gateways stop accepting the caller's vouchers now; epochs that
+    /// already served them settle before then).
+    function requestWithdrawal() external {
+        Account storage a = _accounts[msg.sender];
+        if (a.balance == 0) revert NothingToWithdraw(msg.sender);
+        if (a.withdrawableAt != 0) revert WithdrawalAlreadyRequested(msg.sender, a.withdrawableAt);
+        uint256 withdrawableAt = block.timestamp + refundTimeout;
+        a.withdrawableAt = uint64(withdrawableAt);
+        emit WithdrawalRequested(msg.sender, a.balance, withdrawableAt);
+    }
+
+    /// @notice Cancels the caller's pending withdrawal request (the balance pays vouchers again).
+    function cancelWithdrawal() external {
+        Account storage a = _accounts[msg.sender];
+        if (a.withdrawableAt == 0) revert WithdrawalNotRequested(msg.sender);
+        a.withdrawableAt = 0;
+        emit WithdrawalCancelled(msg.sender);
+    }
+
+    /// @notice Pays the caller its whole remaining balance once its request has matured.
+    function withdrawBalance() external nonReentrant {
+        Account memory a = _accounts[msg.sender];
+        if (a.withdrawableAt == 0) revert WithdrawalNotRequested(msg.sender);
+        // INVARIANT: a balance leaves only `refundTimeout` after the request, so epochs that
+        // served its vouchers before the request can still debit it.
+        if (block.timestamp < a.withdrawableAt) revert WithdrawalNotYetAvailable(msg.sender, a.withdrawableAt);
+        delete _accounts[msg.sender];
+        emit BalanceWithdrawn(msg.sender, a.balance);
+        if (a.balance != 0) {
+            (bool ok,) = payable(msg.sender).call{value: a.balance}("");
+            if (!ok) revert TransferFailed(msg.sender, a.balance);
+        }
+    }
+
     /// @notice Posts epoch `epoch`'s payout root, signed by the committee over
     /// `PayoutRoot(uint64 epoch,bytes32 root,uint256 total,bytes32 queriesHash,address consumer)`
-    /// with `queriesHash = keccak256(abi.encode(queryIds, fees))` and `consumer` this escrow, and
-    /// charges every listed query its fee.
+    /// with `queriesHash = keccak256(abi.encode(queryIds, fees, payers, debits))` and `consumer`
+    /// this escrow; charges every listed query its fee and debits every listed payer.
+    /// Never reverts because of a user: a query refunded after its timeout is not charged
+    /// (`QueryUncharged`), a payer whose balance is short is charged what it has
+    /// (`DebitShortfall`); claims then pay pro rata to what was collected.
     /// @param epoch Epoch number (one root per epoch).
     /// @param root Merkle root of (uint64 epoch, address account, uint256 amount) leaves.
-    /// @param total Sum of `fees`; the most the epoch can ever pay out.
-    /// @param queryIds Funded, unsettled queries served in the epoch.
-    /// @param fees Fee charged to each query (<= its deposit).
+    /// @param total Sum of fees and debits as signed; the most the epoch can ever pay out.
+    /// @param charges Per-query fees (queries funded or refunded, each <= its deposit) and per-payer
+    /// debits (payers strictly ascending).
     /// @param sigs Committee signatures.
-    function postPayoutRoot(
-        uint64 epoch,
-        bytes32 root,
-        uint256 total,
-        bytes32[] calldata queryIds,
-        uint256[] calldata fees,
-        bytes[] calldata sigs
-    ) external {
+    function postPayoutRoot(uint64 epoch, bytes32 root, uint256 total, Charges calldata charges, bytes[] calldata sigs)
+        external
+    {
         if (_epochs[epoch].status != EpochStatus.None) revert EpochAlreadyPosted(epoch);
         if (root == bytes32(0)) revert ZeroRoot();
-        if (queryIds.length != fees.length) revert LengthMismatch(queryIds.length, fees.length);
-        bytes32 queriesHash = PlanetHashes.queriesHash(queryIds, fees);
+        bytes32 queriesHash = _queriesHash(charges);
         // INVARIANT: the statement names this escrow as its consumer (no replay on another deployment).
         committee.verify(PlanetHashes.payoutRoot(epoch, root, total, queriesHash, address(this)), sigs);
-        uint256 sum = 0;
-        for (uint256 i = 0; i < queryIds.length; ++i) {
-            Deposit storage d = _deposits[queryIds[i]];
-            // INVARIANT: only funded, unsettled queries pay, and never more than they deposited.
-            if (d.tag < TAG_FIRST_TIME) revert QueryNotFunded(queryIds[i]);
-            uint256 available = d.amount;
-            uint256 fee = fees[i];
-            if (fee > available) revert FeeExceedsDeposit(queryIds[i], fee, available);
-            d.amount = uint64(available - fee);
-            d.tag = TAG_SETTLED;
-            sum += fee;
+        (uint256 signed, uint256 uncharged) = _chargeQueries(epoch, charges.queryIds, charges.fees);
+        if (charges.payers.length != 0) {
+            (uint256 signedDebits, uint256 unchargedDebits) = _chargePayers(epoch, charges.payers, charges.debits);
+            signed += signedDebits;
+            uncharged += unchargedDebits;
         }
-        // INVARIANT: the epoch holds exactly the fees it charged.
-        if (sum != total) revert TotalMismatch(total, sum);
+        // INVARIANT: the signed total is exactly the fees and debits the statement lists.
+        if (signed != total) revert TotalMismatch(total, signed);
+        uint256 collected = signed - uncharged;
+        bool short = uncharged != 0;
+        if (short) {
+            _shortfalls[epoch] = Shortfall({total: SafeCast.toUint128(signed), collected: uint128(collected)});
+            emit SettlementShortfall(epoch, signed, collected);
+        }
         uint256 claimableAt = block.timestamp + challengeWindow;
-        _epochs[epoch] =
-            EpochInfo({unclaimed: uint128(sum), claimableAt: uint64(claimableAt), status: EpochStatus.Posted});
+        // INVARIANT: the epoch holds exactly what it collected.
+        // `collected` wei sit in this contract, so it fits 128 bits (2^128 wei exceed all ether).
+        _epochs[epoch] = EpochInfo({
+            unclaimed: uint128(collected),
+            claimableAt: uint64(claimableAt),
+            status: EpochStatus.Posted,
+            short: short
+        });
         rootOf[epoch] = root;
         emit PayoutRootPosted(epoch, root, total, queriesHash, claimableAt);
     }
 
     /// @notice Pays `account` its payout for `epoch` once the challenge window has passed; only
-    /// `account` itself may claim (pull payment to the caller).
+    /// `account` itself may claim (pull payment to the caller). An epoch that collected less than
+    /// its signed total pays `amount * collected / total` (rounded down).
     /// @param epoch The epoch.
     /// @param account Payee: the leaf's account, must be the caller.
     /// @param amount The leaf's amount (wei).
@@ -218,43 +311,51 @@ contract QueryEscrow is ReentrancyGuardTransient {
         if (amount == 0 || !MerkleProof.verifyCalldata(proof, rootOf[epoch], leaf)) {
             revert InvalidClaim(epoch, account, amount);
         }
-        // INVARIANT: an epoch never pays more than the fees it charged.
-        if (amount > e.unclaimed) revert ExceedsUnclaimed(epoch, amount, e.unclaimed);
+        uint256 paid = amount;
+        if (e.short) {
+            Shortfall memory s = _shortfalls[epoch];
+            paid = Math.mulDiv(amount, s.collected, s.total);
+        }
+        // INVARIANT: an epoch never pays more than it collected.
+        if (paid > e.unclaimed) revert ExceedsUnclaimed(epoch, paid, e.unclaimed);
         claimed[epoch][account] = true;
-        _epochs[epoch].unclaimed = uint128(e.unclaimed - amount);
-        emit Claimed(epoch, account, amount);
-        (bool ok,) = payable(msg.sender).call{value: amount}(""); // the caller is account
-        if (!ok) revert TransferFailed(msg.sender, amount);
+        _epochs[epoch].unclaimed = uint128(e.unclaimed - paid);
+        emit Claimed(epoch, account, paid);
+        if (paid != 0) {
+            (bool ok,) = payable(msg.sender).call{value: paid}(""); // the caller is account
+            if (!ok) revert TransferFailed(msg.sender, paid);
+        }
     }
 
     /// @notice Proves committee equivocation on `epoch` within its challenge window: the posted
-    /// statement (re-supplied as its query list and signatures) and `other` are two different
-    /// committee-signed `PayoutRoot`s for the same epoch. The epoch is frozen and each listed query
-    /// gets its fee back (pull with `refund`).
+    /// statement (re-supplied as its charges and signatures) and `other` are two different
+    /// committee-signed `PayoutRoot`s for the same epoch (the same statement signed twice is not
+    /// equivocation: `SameStatement`). The epoch is frozen and every charge goes back: each
+    /// charged query gets its fee back (pull with `refund`), each payer's debit returns to its
+    /// balance.
     /// @param epoch The posted epoch.
-    /// @param queryIds The posted query list (from the `postPayoutRoot` call).
-    /// @param fees The posted fees.
+    /// @param charges The posted charges (from the `postPayoutRoot` call).
     /// @param postedSigs Committee signatures over the posted statement.
     /// @param other The conflicting statement.
     /// @param otherSigs Committee signatures over `other`.
     function disputeRoot(
         uint64 epoch,
-        bytes32[] calldata queryIds,
-        uint256[] calldata fees,
+        Charges calldata charges,
         bytes[] calldata postedSigs,
         PayoutStatement calldata other,
         bytes[] calldata otherSigs
     ) external {
         EpochInfo memory e = _epochs[epoch];
         if (e.status != EpochStatus.Posted) revert EpochNotPosted(epoch);
-        // INVARIANT: disputes only before claims open, so the epoch still holds its whole total.
+        // INVARIANT: disputes only before claims open, so the epoch still holds all it collected.
         if (block.timestamp >= e.claimableAt) revert ChallengeWindowClosed(epoch, e.claimableAt);
-        if (queryIds.length != fees.length) revert LengthMismatch(queryIds.length, fees.length);
-        _verifyEquivocation(epoch, e.unclaimed, PlanetHashes.queriesHash(queryIds, fees), postedSigs, other, otherSigs);
-        uint256 sum = _returnFees(queryIds, fees);
-        // INVARIANT: exactly the epoch's fees go back to users.
+        uint256 postedTotal = e.short ? _shortfalls[epoch].total : e.unclaimed;
+        _verifyEquivocation(epoch, postedTotal, _queriesHash(charges), postedSigs, other, otherSigs);
+        uint256 sum = _returnFees(charges.queryIds, charges.fees) + _returnDebits(epoch, charges.payers, charges.debits);
+        // INVARIANT: exactly what the epoch collected goes back to users.
         if (sum != e.unclaimed) revert TotalMismatch(e.unclaimed, sum);
-        _epochs[epoch] = EpochInfo({unclaimed: 0, claimableAt: e.claimableAt, status: EpochStatus.Disputed});
+        _epochs[epoch] =
+            EpochInfo({unclaimed: 0, claimableAt: e.claimableAt, status: EpochStatus.Disputed, short: e.short});
         emit RootDisputed(epoch, other.root, other.total, other.queriesHash);
     }
 
@@ -298,6 +399,24 @@ contract QueryEscrow is ReentrancyGuardTransient {
         return (rootOf[epoch], e.unclaimed, e.claimableAt, e.status);
     }
 
+    /// @notice `payer`'s prepaid balance and when its requested withdrawal opens (0: none).
+    function prepaidOf(address payer) external view returns (uint256 balance, uint256 withdrawableAt) {
+        Account memory a = _accounts[payer];
+        return (a.balance, a.withdrawableAt);
+    }
+
+    /// @notice For an epoch that collected less than it signed: the signed total and what was
+    /// collected (both 0 when nothing was short).
+    function shortfallOf(uint64 epoch) external view returns (uint256 total, uint256 collected) {
+        Shortfall memory s = _shortfalls[epoch];
+        return (s.total, s.collected);
+    }
+
+    /// @notice The part of `payer`'s signed debit in `epoch` that its balance could not cover.
+    function unchargedOf(uint64 epoch, address payer) external view returns (uint256) {
+        return _uncharged[epoch][payer];
+    }
+
     /// @dev Reverts unless the posted statement (stored root and total, given query list) and
     /// `other` differ and both carry committee signatures.
     function _verifyEquivocation(
@@ -320,15 +439,110 @@ contract QueryEscrow is ReentrancyGuardTransient {
         revert SameStatement(epoch);
     }
 
-    /// @dev Gives every listed settled query its fee back; returns the sum of fees.
+    /// @dev Checks the arrays pair up and returns `keccak256(abi.encode(queryIds, fees, payers,
+    /// debits))` (`PlanetHashes.queriesHash`), hashed straight from calldata: a canonically
+    /// encoded `Charges` tuple is byte for byte that encoding (four head offsets, then each
+    /// array's length and words), so no copy through the ABI encoder (~1k gas on every posting).
+    /// A non-canonical encoding hashes to something the committee never signed and reverts in
+    /// `committee.verify`; if the bytes do match, the decoder reads the same values from them.
+    function _queriesHash(Charges calldata c) private pure returns (bytes32 hash) {
+        uint256 n = c.queryIds.length;
+        uint256 m = c.payers.length;
+        if (n != c.fees.length) revert LengthMismatch(n, c.fees.length);
+        if (m != c.debits.length) revert LengthMismatch(m, c.debits.length);
+        uint256 size = 256 + 64 * (n + m);
+        assembly ("memory-safe") {
+            let ptr := mload(0x40)
+            calldatacopy(ptr, c, size)
+            hash := keccak256(ptr, size)
+        }
+    }
+
+    /// @dev Charges each funded query its fee; a query its user refunded after the timeout is
+    /// skipped. Returns the signed sum of fees and the part of it not collected.
+    function _chargeQueries(uint64 epoch, bytes32[] calldata queryIds, uint256[] calldata fees)
+        private
+        returns (uint256 signed, uint256 uncharged)
+    {
+        for (uint256 i = 0; i < queryIds.length; ++i) {
+            Deposit storage d = _deposits[queryIds[i]];
+            uint32 tag = d.tag;
+            uint256 fee = fees[i];
+            signed += fee;
+            if (tag >= TAG_FIRST_TIME) {
+                uint256 available = d.amount;
+                // INVARIANT: a query never pays more than it deposited.
+                if (fee > available) revert FeeExceedsDeposit(queryIds[i], fee, available);
+                d.amount = uint64(available - fee);
+                d.tag = TAG_SETTLED;
+            } else if (tag == TAG_REFUNDED && d.user != address(0)) {
+                // The user took the deposit back after refundTimeout: nothing to charge.
+                uncharged += fee;
+                emit QueryUncharged(epoch, queryIds[i], fee);
+            } else {
+                // INVARIANT: a query is charged at most once, and only if it was ever funded.
+                revert QueryNotFunded(queryIds[i]);
+            }
+        }
+    }
+
+    /// @dev Debits each payer (strictly ascending) up to its balance. Returns the signed sum of
+    /// debits and the part of it not collected.
+    function _chargePayers(uint64 epoch, address[] calldata payers, uint256[] calldata debits)
+        private
+        returns (uint256 signed, uint256 uncharged)
+    {
+        address previous = address(0);
+        for (uint256 i = 0; i < payers.length; ++i) {
+            address payer = payers[i];
+            // INVARIANT: one debit per payer per epoch.
+            if (payer <= previous) revert PayersNotSorted(i);
+            previous = payer;
+            signed += debits[i];
+            uncharged += debits[i] - _debit(epoch, payer, debits[i]);
+        }
+    }
+
+    /// @dev Debits `payer` up to its balance; returns the wei charged.
+    function _debit(uint64 epoch, address payer, uint256 debit) private returns (uint256 charged) {
+        Account storage a = _accounts[payer];
+        uint256 balance = a.balance;
+        charged = debit <= balance ? debit : balance;
+        a.balance = uint128(balance - charged);
+        if (charged < debit) {
+            _uncharged[epoch][payer] = debit - charged;
+            emit DebitShortfall(epoch, payer, debit, charged);
+        }
+        emit Debited(epoch, payer, charged, balance - charged);
+    }
+
+    /// @dev Gives every listed query its fee back if it was charged; returns the sum returned.
     function _returnFees(bytes32[] calldata queryIds, uint256[] calldata fees) private returns (uint256 sum) {
         for (uint256 i = 0; i < queryIds.length; ++i) {
             Deposit storage d = _deposits[queryIds[i]];
+            uint32 tag = d.tag;
+            if (tag == TAG_REFUNDED && d.user != address(0)) continue; // never charged (refunded)
             // INVARIANT: each settled query gets its fee back once.
-            if (d.user == address(0) || d.tag != TAG_SETTLED) revert QueryNotSettled(queryIds[i]);
+            if (d.user == address(0) || tag != TAG_SETTLED) revert QueryNotSettled(queryIds[i]);
             d.amount = SafeCast.toUint64(uint256(d.amount) + fees[i]);
             d.tag = TAG_RECLAIMED;
             sum += fees[i];
+        }
+    }
+
+    /// @dev Returns each payer what the epoch actually debited it; returns the sum returned.
+    function _returnDebits(uint64 epoch, address[] calldata payers, uint256[] calldata debits)
+        private
+        returns (uint256 sum)
+    {
+        for (uint256 i = 0; i < payers.length; ++i) {
+            address payer = payers[i];
+            uint256 charged = debits[i] - _uncharged[epoch][payer];
+            Account storage a = _accounts[payer];
+            uint256 balance = uint256(a.balance) + charged;
+            a.balance = SafeCast.toUint128(balance);
+            sum += charged;
+            emit DebitReturned(epoch, payer, charged);
         }
     }
 }

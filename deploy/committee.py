@@ -754,11 +754,18 @@ def set_genesis_evm(
     evm_chain_id: int = DEFAULT_EVM_CHAIN_ID,
     fraud_proofs_address: str | None = None,
     models: dict[str, int] | None = None,
+    escrow_address: str | None = None,
+    gateways: list[str] | None = None,
 ) -> None:
     """Write the deployed Committee address (and FraudProofs, the verdicts' consumer), the EVM
-    chain id and the served models ({model: shard count}) into every validator's genesis.
-    Only before the first start."""
-    for address in (committee_address, fraud_proofs_address or committee_address):
+    chain id and the served models ({model: shard count}) into every validator's genesis; with
+    `escrow_address` (the QueryEscrow that consumes payout roots) and `gateways` (their ed25519
+    committee keys, 64 hex) epoch settlement is on. Only before the first start."""
+    for address in (
+        committee_address,
+        fraud_proofs_address or committee_address,
+        escrow_address or committee_address,
+    ):
         if not re.fullmatch(r"0x[0-9a-fA-F]{40}", address):
             raise UsageError(f"not an EVM address: {address!r}")
     for validator in network.validators:
@@ -774,6 +781,10 @@ def set_genesis_evm(
         state["evm"] = {"chain_id": evm_chain_id, "committee_address": committee_address}
         if fraud_proofs_address is not None:
             state["evm"]["fraud_proofs_address"] = fraud_proofs_address
+        if escrow_address is not None:
+            state["evm"]["escrow_address"] = escrow_address
+        if gateways:
+            state["gateways"] = sorted(gateways)
         if models:
             state["models"] = {name: {"shards": n} for name, n in sorted(models.items())}
         path.write_text(json.dumps(genesis, indent=2) + "\n")

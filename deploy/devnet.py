@@ -94,6 +94,10 @@ class StepFailed(UnavailableError):
         )
 
 
+DEVNET_EPOCH_LENGTH = 20  # ≈ 6-10 s at the devnet's 300 ms blocks: settlement within a minute
+OPERATOR_GAS_WEI = 10**18  # each validator's operator key pays for relaying payout roots
+
+
 @dataclass(frozen=True)
 class DevnetOptions:
     home: Path  # PLANET_HOME
@@ -102,6 +106,8 @@ class DevnetOptions:
     quant: str = "int8"
     gateway: bool = True
     join_timeout_s: float = 240.0
+    epoch_length: int = DEVNET_EPOCH_LENGTH  # committee blocks per settlement epoch
+    verifiers: int = 0  # `planet verifier serve` for the first N validators (needs the gateway)
 
     @property
     def dir(self) -> Path:
@@ -289,6 +295,7 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
             validators=options.validators,
             base_port=_free_block(10 * options.validators),
             evm_chain_id=DEVNET_CHAIN_ID,
+            epoch_length=options.epoch_length,
         )
     )
     state["committee_dir"] = network.dir
@@ -315,6 +322,8 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
         fraud_proofs_address=deployment.address("FraudProofs"),
         evm_chain_id=DEVNET_CHAIN_ID,
         models={manifest.model_hash: len(manifest.shards)},
+        escrow_address=deployment.address("QueryEscrow"),
+        gateways=[_gateway_committee_key(options, state)] if options.gateway else [],
     )
     from node.agent.launch import model_id_bytes
     from node.chain.evm import PlanetChain
@@ -346,6 +355,9 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
     _await_gateway(state)
     _write_state(directory, state)
     done("gateway " + ("at " + state["gateway_url"] if state.get("gateway_url") else "skipped"))
+    if options.verifiers:
+        _start_verifiers(options, state, network, progress)
+        _write_state(directory, state)
 
 
 def _prepared_model(shards: int, quant: str, progress: Progress) -> Path:
@@ -423,6 +435,10 @@ def _fund_operators(
                 "home": str(home),
             }
         )
+    # Validators' operator keys relay payout roots to the escrow: they need gas.
+    for validator in network.validators:
+        hashes.append(send(validator.operator_address, OPERATOR_GAS_WEI, nonce))
+        nonce += 1
     # A user wallet for paid questions (`planet ask --pay --wallet …`).
     user = create_dev_wallet(options.dir / "user" / "wallet.json", password)
     hashes.append(send(user.address, USER_FUNDS_WEI, nonce))
@@ -573,6 +589,18 @@ def gateway_available() -> bool:
     return importlib.util.find_spec("node.cli.gateway") is not None
 
 
+def _gateway_committee_key(options: DevnetOptions, state: dict[str, Any]) -> str:
+    """The gateway's committee key (signs its work reports), made before genesis is fixed so
+    its public key can be in genesis `gateways`; `planet gateway serve` finds it next to its
+    wallet (`node.gateway.run.committee_key_path`)."""
+    from node.keys import load_or_create_node_key
+
+    password = Path(state["password_file"]).read_text()
+    path = options.dir / "gateway" / "committee_key.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return load_or_create_node_key(path, password).verify_key.encode().hex()
+
+
 def _start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Progress) -> None:
     if not options.gateway:
         progress("      gateway: skipped (--no-gateway)")
@@ -596,12 +624,46 @@ def _start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Prog
         "--password-file", state["password_file"],
         "--host", "127.0.0.1",
         "--port", str(port),
+        "--report-min-questions", "1",  # a dev chain: settle each question quickly
     )  # fmt: skip
     pid = _spawn(argv, log_path)
     state["pids"]["gateway"] = pid
     state["gateway_pending"] = {"url": f"http://127.0.0.1:{port}", "log": str(log_path)}
     _write_state(options.dir, state)
     progress(f"      gateway: loading in the background (pid {pid}, log {log_path})")
+
+
+def _start_verifiers(
+    options: DevnetOptions, state: dict[str, Any], network: Any, progress: Progress
+) -> None:
+    """`planet verifier serve` on the first `options.verifiers` validators' homes, each with its
+    own funded dev wallet (it pays for its challenges like a user); logs logs/verifier<i>.log."""
+    if not state.get("gateway_url"):
+        progress("      verifiers: skipped (they ask through the gateway, which is not running)")
+        return
+    from node.keys import create_dev_wallet
+
+    password = Path(state["password_file"]).read_text()
+    pids = state["pids"].setdefault("verifiers", [])
+    for validator in network.validators[: options.verifiers]:
+        wallet = options.dir / f"verifier{validator.index}" / "wallet.json"
+        wallet.parent.mkdir(parents=True, exist_ok=True)
+        account = create_dev_wallet(wallet, password)
+        rpc_call(state["evm_rpc"], "anvil_setBalance", [account.address, hex(100 * ETHER)])
+        argv = _planet(
+            "verifier", "serve",
+            "--home", validator.home,
+            "--manifest", state["manifest"],
+            "--gateway", state["gateway_url"],
+            "--deployment", state["deployment"],
+            "--evm-rpc", state["evm_rpc"],
+            "--committee-rpc", validator.rpc_url,
+            "--wallet", str(wallet),
+            "--password-file", state["password_file"],
+        )  # fmt: skip
+        log_path = options.dir / "logs" / f"verifier{validator.index}.log"
+        pids.append(_spawn(argv, log_path))
+        progress(f"      verifier of validator{validator.index}: pid {pids[-1]}, log {log_path}")
 
 
 def _await_gateway(state: dict[str, Any]) -> None:
@@ -621,6 +683,8 @@ def running(state: dict[str, Any]) -> bool:
     """Whether any process of this devnet still runs."""
     pids = state.get("pids", {})
     if _ours(pids.get("anvil"), "anvil") or _ours(pids.get("gateway"), "gateway"):
+        return True
+    if any(_ours(pid, "verifier") for pid in pids.get("verifiers", [])):
         return True
     if state.get("committee_dir"):
         with contextlib.suppress(PlanetError):
@@ -730,6 +794,10 @@ def down(home: Path, progress: Progress) -> list[str]:
         return []
     stopped = []
     pids = state.get("pids", {})
+    for pid in pids.get("verifiers", []):
+        if _stop_pid(pid, "verifier"):
+            stopped.append(f"verifier {pid}")
+            progress(f"stopped the verifier (pid {pid})")
     if _stop_pid(pids.get("gateway"), "gateway"):
         stopped.append("gateway")
         progress("stopped the gateway")

@@ -2,6 +2,7 @@
 # Installs everything Planet needs, from nothing, into the repository (idempotent, quick when done):
 #   .venv/            Python 3.11 virtualenv with the project installed editable (+ dev tools)
 #   node_modules/     Hardhat, solc-js, OpenZeppelin, anvil (npm lockfile)
+#   .tools/ezkl-venv/ ezkl 23.0.5 + onnx for ZK tickets (circuits and keys cache in .tools/zk/)
 #   .tools/bin/       cometbft v0.38.25 (built with `go install`; Go fetched if missing/too old)
 #   /usr/bin/chromium Debian's Chromium (as root), for the web dApp's browser tests
 #   dapp/dist/        the web dApp bundle (npm run build:dapp)
@@ -86,6 +87,20 @@ if [ ! -x "$TOOLS/slither-venv/bin/slither" ] || [ "$(cat "$TOOLS/stamps/slither
   echo "$SLITHER_PINS" > "$TOOLS/stamps/slither"
 else
   say "slither: up to date"
+fi
+
+# --- ezkl (ZK tickets, node/verifier/zk; own virtualenv so nothing else imports it) -----------
+# onnx/onnxscript are for the ONNX export, which Planet's own Python runs with this venv's
+# site-packages appended (node/verifier/zk/export_onnx.py).
+EZKL_PINS="ezkl==23.0.5 onnx==1.23.2 onnxscript==0.7.2"
+if ! "$TOOLS/ezkl-venv/bin/python" -c 'import ezkl, onnx, onnxscript' 2>/dev/null || [ "$(cat "$TOOLS/stamps/ezkl" 2>/dev/null)" != "$EZKL_PINS" ]; then
+  say "ezkl: installing $EZKL_PINS into .tools/ezkl-venv"
+  [ -x "$TOOLS/ezkl-venv/bin/python" ] || "$PY" -m venv "$TOOLS/ezkl-venv"
+  # shellcheck disable=SC2086 # word splitting of the pins is intended
+  "$TOOLS/ezkl-venv/bin/pip" install -q $EZKL_PINS
+  echo "$EZKL_PINS" > "$TOOLS/stamps/ezkl"
+else
+  say "ezkl: up to date"
 fi
 
 # --- CometBFT ----------------------------------------------------------------------------------

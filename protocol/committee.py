@@ -25,6 +25,12 @@ Tx types (`type` → dataclass):
     reveal          RevealBatch    many (session, step, shard, output_hash, salt) openings
     share_block     ShareBlockTx   one share-chain block (`shares.block.ShareBlock`)
     verdict_vote    VerdictVote    a validator's EIP-712 signature over a `Verdict`
+    work_report     WorkReport     a gateway's per-node work aggregates + settled query fees
+    contribution    Contribution   a compute node's own per-shard layer/token count
+    payout_vote     PayoutVote     a validator's EIP-712 signature over an epoch's `PayoutRoot`
+    seed_commit     SeedCommit     a validator's verifier commits to its secret challenge seed
+                                   for a future epoch (`seed_commitment`)
+    seed_reveal     SeedReveal     ... and opens it once that epoch has closed
 
 `TxDecodeError` (malformed bytes or fields) and `TxSignatureError` (bad ed25519 signature) are
 typed `ProtocolError`s; the ABCI app maps them to named result codes.
@@ -32,6 +38,7 @@ typed `ProtocolError`s; the ABCI app maps them to named result codes.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -406,6 +413,215 @@ class VerdictVote:
         )
 
 
+# --- settlement: gateway work reports, node contributions, payout votes ------------------------
+
+MAX_REPORT_ITEMS = 1024
+MAX_LAYERS = 65_536
+MAX_TOKENS = (1 << 48) - 1  # per report item and per contribution item
+_FEE_DEC = re.compile(r"(?:0|[1-9][0-9]{0,19})\Z")
+MAX_FEE = (1 << 64) - 1  # the escrow's deposit cap
+
+
+def _pair_list(value: Any, where: str, size: int, max_len: int) -> list[list[Any]]:
+    if not isinstance(value, list) or len(value) > max_len:
+        raise TxDecodeError(f"{where}: expected a list of at most {max_len} items")
+    for item in value:
+        if not isinstance(item, list) or len(item) != size:
+            raise TxDecodeError(f"{where}: expected items of {size} values")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class NodeWork:
+    """Per-node aggregate a gateway vouches for: `node` (key hex) ran `layers` layers of
+    (`model`, `shard`) over `tokens` tokens of the questions the gateway was paid for."""
+
+    node: str
+    model: str
+    shard: int
+    layers: int
+    tokens: int
+
+    def to_json(self) -> list[Any]:
+        return [self.node, self.model, self.shard, self.layers, self.tokens]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardWork:
+    """A compute node's own count: `layers` layers of (`model`, `shard`) over `tokens` tokens."""
+
+    model: str
+    shard: int
+    layers: int
+    tokens: int
+
+    def to_json(self) -> list[Any]:
+        return [self.model, self.shard, self.layers, self.tokens]
+
+
+def _shard_fields(item: list[Any], where: str) -> tuple[str, int, int, int]:
+    return (
+        _str(item[0], f"{where}.model", _NAME),
+        _int(item[1], f"{where}.shard", 0, 65535),
+        _int(item[2], f"{where}.layers", 1, MAX_LAYERS),
+        _int(item[3], f"{where}.tokens", 1, MAX_TOKENS),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkReport:
+    """A gateway's batch: per-node aggregates of the work in its signed receipts, and the query
+    ids it settled with their fees. The two lists are not linked to each other (no session, no
+    per-query node): nothing here ties a question to the nodes that computed it.
+
+    Wire: `{"work": [[node, model, shard, layers, tokens], ...], "queries": [[query id, fee wei
+    as a decimal string], ...]}`; work strictly ascending by (node, model, shard), queries
+    strictly ascending by id, at most 1024 each, at least one item in all."""
+
+    work: tuple[NodeWork, ...]
+    queries: tuple[tuple[str, int], ...]
+
+    TYPE: ClassVar[str] = "work_report"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "queries": [[query_id, str(fee)] for query_id, fee in self.queries],
+            "work": [w.to_json() for w in self.work],
+        }
+
+    @classmethod
+    def from_json(cls, body: Any) -> WorkReport:
+        b = _obj(body, "body", {"queries", "work"})
+        work = []
+        for item in _pair_list(b["work"], "body.work", 5, MAX_REPORT_ITEMS):
+            node = _str(item[0], "body.work[].node", _HEX64)
+            work.append(NodeWork(node, *_shard_fields(item[1:], "body.work[]")))
+        keys = [(w.node, w.model, w.shard) for w in work]
+        if keys != sorted(set(keys)):
+            raise TxDecodeError("body.work: must be strictly ascending by (node, model, shard)")
+        queries = []
+        for item in _pair_list(b["queries"], "body.queries", 2, MAX_REPORT_ITEMS):
+            query_id = _str(item[0], "body.queries[].id", _HEX32_0X)
+            fee = item[1]
+            if not isinstance(fee, str) or not _FEE_DEC.match(fee) or int(fee) > MAX_FEE:
+                raise TxDecodeError("body.queries[].fee: expected a decimal wei string < 2^64")
+            queries.append((query_id, int(fee)))
+        ids = [q for q, _ in queries]
+        if ids != sorted(set(ids)):
+            raise TxDecodeError("body.queries: must be strictly ascending by id")
+        if not work and not queries:
+            raise TxDecodeError("body: an empty report")
+        return cls(tuple(work), tuple(queries))
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """A compute node's own per-shard count since its last contribution. The chain credits it
+    only up to the work gateways reported for this node (see `abci_app/settlement.py`).
+
+    Wire: `{"work": [[model, shard, layers, tokens], ...]}`, 1–256 items strictly ascending by
+    (model, shard)."""
+
+    work: tuple[ShardWork, ...]
+
+    TYPE: ClassVar[str] = "contribution"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"work": [w.to_json() for w in self.work]}
+
+    @classmethod
+    def from_json(cls, body: Any) -> Contribution:
+        b = _obj(body, "body", {"work"})
+        items = _pair_list(b["work"], "body.work", 4, 256)
+        if not items:
+            raise TxDecodeError("body.work: expected 1..256 items")
+        work = tuple(ShardWork(*_shard_fields(item, "body.work[]")) for item in items)
+        keys = [(w.model, w.shard) for w in work]
+        if keys != sorted(set(keys)):
+            raise TxDecodeError("body.work: must be strictly ascending by (model, shard)")
+        return cls(work)
+
+
+@dataclass(frozen=True, slots=True)
+class PayoutVote:
+    """A validator's operator-key EIP-712 signature over the chain's `PayoutRoot` statement of
+    `epoch` (the chain rebuilds the statement from its own record; the vote carries only the
+    signature)."""
+
+    epoch: int
+    signature: str
+
+    TYPE: ClassVar[str] = "payout_vote"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "signature": self.signature}
+
+    @classmethod
+    def from_json(cls, body: Any) -> PayoutVote:
+        b = _obj(body, "body", {"epoch", "signature"})
+        return cls(
+            epoch=_int(b["epoch"], "body.epoch", 1, _U64),
+            signature=_str(b["signature"], "body.signature", _SIG65),
+        )
+
+
+SEED_DOMAIN = b"planet/seed/v1\n"
+
+
+def seed_commitment(signer_hex: str, epoch: int, seed: bytes) -> str:
+    """`0x` + sha256(SEED_DOMAIN ‖ signer key (32 B) ‖ uint64_be(epoch) ‖ seed (32 B)): bound to
+    its signer and epoch, so nobody can copy another verifier's commitment or reuse one."""
+    if len(seed) != 32 or not _HEX64.match(signer_hex) or not 0 <= epoch <= _U64:
+        raise ValueError("seed_commitment needs a 64-hex signer, a u64 epoch, a 32-byte seed")
+    digest = hashlib.sha256(
+        SEED_DOMAIN + bytes.fromhex(signer_hex) + epoch.to_bytes(8, "big") + seed
+    ).hexdigest()
+    return "0x" + digest
+
+
+@dataclass(frozen=True, slots=True)
+class SeedCommit:
+    """A validator's verifier commits to the secret seed its challenges of `epoch` derive from
+    (sent before that epoch starts; see docs/verification.md)."""
+
+    epoch: int
+    commitment: str  # seed_commitment(signer, epoch, seed)
+
+    TYPE: ClassVar[str] = "seed_commit"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"commitment": self.commitment, "epoch": self.epoch}
+
+    @classmethod
+    def from_json(cls, body: Any) -> SeedCommit:
+        b = _obj(body, "body", {"commitment", "epoch"})
+        return cls(
+            epoch=_int(b["epoch"], "body.epoch", 1, MAX_NONCE),
+            commitment=_str(b["commitment"], "body.commitment", _HEX32_0X),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SeedReveal:
+    """Opens the seed committed for `epoch` once it has closed (the chain checks it)."""
+
+    epoch: int
+    seed: str  # 0x + 64 hex
+
+    TYPE: ClassVar[str] = "seed_reveal"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "seed": self.seed}
+
+    @classmethod
+    def from_json(cls, body: Any) -> SeedReveal:
+        b = _obj(body, "body", {"epoch", "seed"})
+        return cls(
+            epoch=_int(b["epoch"], "body.epoch", 1, MAX_NONCE),
+            seed=_str(b["seed"], "body.seed", _HEX32_0X),
+        )
+
+
 TxBody = (
     RegisterNode
     | Heartbeat
@@ -415,6 +631,11 @@ TxBody = (
     | RevealBatch
     | ShareBlockTx
     | VerdictVote
+    | WorkReport
+    | Contribution
+    | PayoutVote
+    | SeedCommit
+    | SeedReveal
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -427,6 +648,11 @@ BODY_TYPES: dict[str, Any] = {
         RevealBatch,
         ShareBlockTx,
         VerdictVote,
+        WorkReport,
+        Contribution,
+        PayoutVote,
+        SeedCommit,
+        SeedReveal,
     )
 }
 

@@ -530,13 +530,28 @@ def challenge_commitment(
     )
 
 
-def queries_hash(query_ids: Sequence[bytes | str], fees: Sequence[int]) -> bytes:
-    """`keccak256(abi.encode(bytes32[] queryIds, uint256[] fees))` (dynamic ABI encoding)."""
+def queries_hash(
+    query_ids: Sequence[bytes | str],
+    fees: Sequence[int],
+    payers: Sequence[str] = (),
+    debits: Sequence[int] = (),
+) -> bytes:
+    """`keccak256(abi.encode(bytes32[] queryIds, uint256[] fees, address[] payers, uint256[]
+    debits))` (dynamic ABI encoding): the per-query fees and per-payer prepaid debits an epoch
+    charges, bound into its `PayoutRoot`."""
     if len(query_ids) != len(fees):
         raise ProtocolError(f"{len(query_ids)} query ids but {len(fees)} fees")
+    if len(payers) != len(debits):
+        raise ProtocolError(f"{len(payers)} payers but {len(debits)} debits")
     ids = [as_bytes32(q, f"queryIds[{i}]") for i, q in enumerate(query_ids)]
     amounts = [as_uint(f, 256, f"fees[{i}]") for i, f in enumerate(fees)]
-    return keccak(abi_encode(["bytes32[]", "uint256[]"], [ids, amounts]))
+    addresses = [as_address(p, f"payers[{i}]") for i, p in enumerate(payers)]
+    owed = [as_uint(d, 256, f"debits[{i}]") for i, d in enumerate(debits)]
+    return keccak(
+        abi_encode(
+            ["bytes32[]", "uint256[]", "address[]", "uint256[]"], [ids, amounts, addresses, owed]
+        )
+    )
 
 
 # --- keys and signatures ------------------------------------------------------------------------

@@ -19,12 +19,12 @@ to return only the last position).
 
 Codecs (the body):
 - "raw": the tensor in `dtype`, little-endian, C order.
-- "hq9" (what `--compress` uses): each block of 64 values is rotated by the orthonormal
+- "hq9" (what `--compress` used until "rq"): each block of 64 values is rotated by the orthonormal
   Walsh-Hadamard matrix (spreads outlier channels over the block), then quantized absmax to
   9-bit signed codes [-255, 255]: body = scales (n_blocks x float32 LE) + low bytes of the
   codes + 1 packed bit per value (bit 8). 76 bytes per 64 values = 29.7 % of fp32; relative
   error ~0.25 % per hop, measured to keep greedy tokens unchanged where plain int8 did not.
-- "ohq7" (what `--compress` uses since issue 18): per block of 64 values, the largest-magnitude
+- "ohq7" (opt-in): per block of 64 values, the largest-magnitude
   value is split off and sent exactly (uint8 index in the block + float32 value), the rest is
   rotated by the Walsh-Hadamard matrix and quantized absmax to 7-bit signed codes [-63, 63]
   with a float16 scale (rounded up, so no code clips). body = indices (n_blocks x uint8) +
@@ -32,6 +32,11 @@ Codecs (the body):
   value, offset +63, packed little-endian bit order). 63 bytes per 64 values = 24.6 % of fp32.
   Splitting the outlier off first keeps the residual stream's few huge channels (and token
   0's ~22,500) from inflating the step of the 63 ordinary values sharing their block.
+- "rq" (what `--compress` uses; variable rate, protocol/codec_rq.py): each token's values
+  rounded to integer multiples of one step (its rms x 2**(-29/4)) and Rice-coded; the receiver
+  multiplies integers by the token's float32 step. ~28 % of fp32 on SmolLM2 residual streams,
+  closer to the uncompressed chain than hq9 (docs/compute.md).
+  parse_frame checks its body against bounds (codec_rq.body_bounds), the decoder the rest.
 - "int8": blockwise absmax int8 (Nesa sec. 4). The flattened tensor is cut in blocks of
   INT8_BLOCK values; each block stores one float32 scale (absmax / 127) and one int8 per value:
   body = scales (n_blocks x float32 LE) + codes (N x int8). 68 bytes per 64 values = 26.6 % of
@@ -52,6 +57,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from protocol import codec_rq
 from protocol.canonical import canonical_json
 from protocol.errors import ProtocolError
 
@@ -68,9 +74,12 @@ DTYPES: Final[dict[str, np.dtype]] = {
     "float16": np.dtype("<f2"),
 }
 # Codec names are wire format: append new ones, never rename or reuse one.
-CODECS: Final = ("raw", "int8", "hq9", "ohq7")
-# What clients use when asked to compress: hq9, not the smaller ohq7, which measured worse
-# teacher-forced (perplexity 1.0025 vs 1.0009, one more flipped token in 660; docs/compute.md).
+CODECS: Final = ("raw", "int8", "hq9", "ohq7", "rq")
+# Codecs whose body size depends on the values (checked against bounds, not one size).
+VARIABLE_CODECS: Final = frozenset({"rq"})
+# What clients use when asked to compress: hq9 (29.7 % of fp32). rq is 1.6 points smaller and a
+# little closer to the uncompressed chain teacher-forced, but costs 6-25x hq9's CPU per token
+# (up to ~10 ms per generated token over 3 hops), so it stays opt-in (docs/compute.md).
 COMPRESSED_CODEC: Final = "hq9"
 SESSION_MIN_CHARS: Final = 22  # 22 base64url characters carry >= 128 bits
 SESSION_MAX_CHARS: Final = 64
@@ -387,8 +396,12 @@ def decode_ohq(body: memoryview | bytes, n: int, bits: int = _OHQ_BITS) -> np.nd
     return out.reshape(-1)[:n]
 
 
-def body_size(dtype: str, codec: str, n_values: int) -> int:
-    """Bytes of a body holding `n_values` values."""
+def body_size(dtype: str, codec: str, n_values: int, width: int | None = None) -> int:
+    """Bytes of a body holding `n_values` values (for a variable-rate codec, the most it may
+    take: rows of `width` values, or one value per row when `width` is None)."""
+    if codec in VARIABLE_CODECS:
+        rows = n_values // width if width else n_values
+        return codec_rq.body_bounds(rows, n_values // max(rows, 1))[1]
     if codec == "ohq7":
         return -(-n_values // INT8_BLOCK) * ohq_block_bytes()
     if codec == "int8":
@@ -399,7 +412,16 @@ def body_size(dtype: str, codec: str, n_values: int) -> int:
     return n_values * DTYPES[dtype].itemsize
 
 
+def _rq_error(error: codec_rq.RqError) -> FrameError:
+    return (NonFiniteError if error.code == "non_finite" else BadBodyError)(error.message)
+
+
 def encode_body(array: np.ndarray, dtype: str, codec: str) -> bytes:
+    if codec == "rq":
+        try:
+            return codec_rq.encode(array)
+        except codec_rq.RqError as error:
+            raise _rq_error(error) from None
     if codec == "int8":
         return _encode_int8(array)
     if codec == "hq9":
@@ -421,6 +443,11 @@ def decode_body(header: FrameHeader, body: memoryview | bytes) -> np.ndarray:
         out = _decode_hq9(view, n)
     elif header.codec == "ohq7":
         out = decode_ohq(view, n)
+    elif header.codec == "rq":
+        try:
+            out = codec_rq.decode(view, header.shape[1], header.shape[2])
+        except codec_rq.RqError as error:
+            raise _rq_error(error) from None
     else:
         dt = DTYPES[header.dtype]
         if len(view) != n * dt.itemsize:
@@ -644,6 +671,13 @@ def parse_frame(data: bytes | bytearray | memoryview, limits: FrameLimits | None
     body = view[PREFIX_BYTES + header_len :]
     if len(body) > limits.max_body_bytes:
         raise TooLargeError(f"body of {len(body)} bytes exceeds {limits.max_body_bytes}")
+    if header.codec in VARIABLE_CODECS:
+        smallest, largest = codec_rq.body_bounds(header.count, header.shape[2])
+        if not smallest <= len(body) <= largest:
+            raise BadBodyError(
+                f"body is {len(body)} bytes, outside {smallest}..{largest} for {header.shape}"
+            )
+        return Frame(header=header, body=body)
     expected = body_size(header.dtype, header.codec, header.count * header.shape[2])
     if len(body) != expected:
         raise BadBodyError(f"body is {len(body)} bytes, expected {expected} for {header.shape}")

@@ -13,13 +13,23 @@ holds the deposit.
         signed by the gateway wallet: what it served and what it charges (fee <= feeCap <=
         deposit); circuitHash = keccak256 of the circuit's node keys (32 bytes each, in order).
 
+    Voucher(address gateway,bytes32 queryId,bytes32 modelId,uint256 feeCap,uint64 expiry,
+            address consumer)
+        signed by a prepaid payer (`QueryEscrow.depositBalance`): "gateway may charge my balance
+        at most feeCap wei for one answer of model modelId, query queryId, until expiry (unix
+        seconds)"; consumer = the QueryEscrow holding the balance. The payer is whoever the
+        signature recovers to; the committee sums the charged vouchers per payer into the
+        epoch's debits (`shares.settlement.prepaid_debits`).
+
 The API key (what an unmodified OpenAI client sends as `Authorization: Bearer <key>`) carries the
-proof as text:
+proof as text, one of:
 
     planet-pay-v1.<queryId: 64 hex>.<feeCap: decimal wei>.<signature: 130 hex>
+    planet-voucher-v1.<queryId: 64 hex>.<feeCap: decimal wei>.<expiry: decimal s>.<sig: 130 hex>
 
-`parse_api_key` is the one parser of that text (strict grammar, bounded lengths); it raises
-`PaymentKeyError` (a `ProtocolError`) with the rule that failed.
+`parse_api_key` / `parse_voucher_key` are the one parsers of each (strict grammar, bounded
+lengths); `parse_bearer` picks by prefix. They raise `PaymentKeyError` / `VoucherKeyError` (both
+`ProtocolError`s) with the rule that failed.
 
 Import-light: eth-abi / eth-utils / coincurve through `protocol.eip712`; no web3 provider.
 """
@@ -37,6 +47,7 @@ from protocol.eip712 import (
     DOMAIN_VERSION,
     Domain,
     TypedStruct,
+    as_address,
     as_bytes32,
     recover_digest,
     sign_digest,
@@ -47,6 +58,16 @@ PAYMENT_DOMAIN_NAME = "Planet Query Payment"
 API_KEY_PREFIX = "planet-pay-v1"
 MAX_FEE_CAP = (1 << 64) - 1  # QueryEscrow stores a deposit in a uint64
 MAX_TOKENS_FIELD = (1 << 32) - 1
+
+VOUCHER_KEY_PREFIX = "planet-voucher-v1"
+MAX_VOUCHER_CAP = (1 << 128) - 1  # QueryEscrow stores a prepaid balance in a uint128
+MAX_EXPIRY = (1 << 64) - 1
+MAX_VOUCHER_KEY_CHARS = 300
+
+_VOUCHER_KEY = re.compile(
+    r"planet-voucher-v1\.(?P<query>[0-9a-f]{64})\.(?P<cap>[1-9][0-9]{0,38})"
+    r"\.(?P<expiry>[1-9][0-9]{0,19})\.(?P<sig>[0-9a-f]{130})\Z"
+)
 
 _API_KEY = re.compile(
     r"planet-pay-v1\.(?P<query>[0-9a-f]{64})\.(?P<cap>[1-9][0-9]{0,19})\.(?P<sig>[0-9a-f]{130})\Z"
@@ -60,6 +81,16 @@ class PaymentKeyError(ProtocolError):
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"the API key is not a Planet payment proof: {reason}")
+        self.reason = reason
+
+
+class VoucherKeyError(PaymentKeyError):
+    """The API key is not a well-formed voucher; `reason` names the rule."""
+
+    code = "voucher_malformed"
+
+    def __init__(self, reason: str) -> None:
+        ProtocolError.__init__(self, f"the API key is not a Planet voucher: {reason}")
         self.reason = reason
 
 
@@ -110,6 +141,29 @@ class Receipt(TypedStruct):
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Voucher(TypedStruct):
+    """A prepaid payer allows `gateway` to charge its balance in `consumer` at most `fee_cap` wei
+    for query `query_id` of model `model_id`, until `expiry` (unix seconds)."""
+
+    gateway: str
+    query_id: bytes
+    model_id: bytes
+    fee_cap: int
+    expiry: int
+    consumer: str
+
+    PRIMARY_TYPE: ClassVar[str] = "Voucher"
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("gateway", "gateway", "address"),
+        ("queryId", "query_id", "bytes32"),
+        ("modelId", "model_id", "bytes32"),
+        ("feeCap", "fee_cap", "uint256"),
+        ("expiry", "expiry", "uint64"),
+        ("consumer", "consumer", "address"),
+    )
+
+
 def circuit_hash(node_keys: Sequence[str]) -> bytes:
     """keccak256 of the circuit's ed25519 node keys (32 bytes each, circuit order)."""
     return keccak(b"".join(as_bytes32(key, "node key") for key in node_keys))
@@ -130,6 +184,82 @@ class PaymentProof:
         """Who signed this proof for (model, gateway) under `domain`; a signature over other
         values recovers some other address, so callers compare with the depositor."""
         return recover_digest(self.payment(model_id, gateway).digest(domain), self.signature)
+
+
+@dataclass(frozen=True, slots=True)
+class VoucherProof:
+    """A parsed voucher key: the query id, fee cap, expiry and the payer's signature. Gateway,
+    model and consumer are not in the text: the gateway fills in its own, so a voucher signed
+    for another gateway, model or escrow recovers to some other address (no funds)."""
+
+    query_id: bytes
+    fee_cap: int
+    expiry: int
+    signature: bytes
+
+    def voucher(self, model_id: bytes, gateway: str, consumer: str) -> Voucher:
+        return Voucher(gateway, self.query_id, model_id, self.fee_cap, self.expiry, consumer)
+
+    def payer(self, model_id: bytes, gateway: str, domain: Domain) -> str:
+        """The payer: who signed this voucher for (gateway, model) under `domain` (whose
+        verifyingContract is the consumer). Raises `ProtocolError` on an unrecoverable
+        signature."""
+        voucher = self.voucher(model_id, gateway, domain.verifying_contract)
+        return recover_digest(voucher.digest(domain), self.signature)
+
+
+def voucher_key(voucher: Voucher, signature: bytes) -> str:
+    """The API key text for a signed voucher."""
+    return (
+        f"{VOUCHER_KEY_PREFIX}.{voucher.query_id.hex()}.{voucher.fee_cap}.{voucher.expiry}."
+        f"{bytes(signature).hex()}"
+    )
+
+
+def sign_voucher(private_key: bytes | str, voucher: Voucher, domain: Domain) -> str:
+    """Sign `voucher` with the payer's key and return the API key text; the voucher's consumer
+    must be the domain's contract (the escrow holding the balance)."""
+    if voucher.consumer != domain.verifying_contract:
+        raise ProtocolError(
+            f"voucher consumer {voucher.consumer} is not the domain's escrow "
+            f"{domain.verifying_contract}"
+        )
+    return voucher_key(voucher, sign_digest(private_key, voucher.digest(domain)))
+
+
+def parse_voucher_key(text: Any) -> VoucherProof:
+    """The one parser of the voucher key text; raises `VoucherKeyError`."""
+    if not isinstance(text, str):
+        raise VoucherKeyError("not text")
+    if len(text) > MAX_VOUCHER_KEY_CHARS:
+        raise VoucherKeyError(f"{len(text)} characters, longer than any voucher")
+    if not text.startswith(VOUCHER_KEY_PREFIX + "."):
+        raise VoucherKeyError(f"it does not start with {VOUCHER_KEY_PREFIX!r}")
+    match = _VOUCHER_KEY.match(text)
+    if match is None:
+        raise VoucherKeyError(
+            "expected planet-voucher-v1.<64 hex query id>.<fee cap in wei>.<expiry in unix "
+            "seconds>.<130 hex signature>"
+        )
+    fee_cap, expiry = int(match["cap"]), int(match["expiry"])
+    if fee_cap > MAX_VOUCHER_CAP:
+        raise VoucherKeyError(f"fee cap {fee_cap} exceeds the largest balance {MAX_VOUCHER_CAP}")
+    if expiry > MAX_EXPIRY:
+        raise VoucherKeyError(f"expiry {expiry} does not fit uint64")
+    return VoucherProof(
+        query_id=bytes.fromhex(match["query"]),
+        fee_cap=fee_cap,
+        expiry=expiry,
+        signature=bytes.fromhex(match["sig"]),
+    )
+
+
+def parse_bearer(text: Any) -> PaymentProof | VoucherProof:
+    """Parse an API key of either kind (chosen by its prefix); raises `PaymentKeyError` (or its
+    subclass `VoucherKeyError` for a key that starts like a voucher)."""
+    if isinstance(text, str) and text.startswith(VOUCHER_KEY_PREFIX + "."):
+        return parse_voucher_key(text)
+    return parse_api_key(text)
 
 
 def api_key(payment: QueryPayment, signature: bytes) -> str:
@@ -165,9 +295,16 @@ def parse_api_key(text: Any) -> PaymentProof:
     )
 
 
-def receipt_json(receipt: Receipt, signature: bytes, node_keys: Sequence[str]) -> dict[str, Any]:
-    """The receipt as served (`planet_receipt`): the signed fields, the signature, the nodes."""
-    return {
+def receipt_json(
+    receipt: Receipt,
+    signature: bytes,
+    node_keys: Sequence[str],
+    voucher: tuple[str, VoucherProof] | None = None,
+) -> dict[str, Any]:
+    """The receipt as served (`planet_receipt`): the signed fields, the signature, the nodes;
+    for a prepaid question also `payer` and the payer-signed `voucher` (cap, expiry,
+    signature), which the committee needs to debit the payer (nodes never see receipts)."""
+    doc = {
         "query_id": "0x" + receipt.query_id.hex(),
         "gateway": receipt.gateway,
         "model_id": "0x" + receipt.model_id.hex(),
@@ -178,6 +315,15 @@ def receipt_json(receipt: Receipt, signature: bytes, node_keys: Sequence[str]) -
         "nodes": list(node_keys),
         "signature": "0x" + bytes(signature).hex(),
     }
+    if voucher is not None:
+        payer, proof = voucher
+        doc["payer"] = payer
+        doc["voucher"] = {
+            "fee_cap_wei": str(proof.fee_cap),
+            "expiry": proof.expiry,
+            "signature": "0x" + proof.signature.hex(),
+        }
+    return doc
 
 
 def verify_receipt_json(doc: Any, domain: Domain) -> tuple[Receipt, str]:
@@ -208,3 +354,52 @@ def verify_receipt_json(doc: Any, domain: Domain) -> tuple[Receipt, str]:
     if circuit_hash(nodes) != receipt.circuit_hash:
         raise ProtocolError("receipt: circuit_hash does not match its nodes")
     return receipt, recover_digest(receipt.digest(domain), bytes.fromhex(signature[2:]))
+
+
+@dataclass(frozen=True, slots=True)
+class PrepaidCharge:
+    """A verified prepaid receipt: what the committee turns into a per-payer debit."""
+
+    receipt: Receipt
+    gateway_signer: str  # who signed the receipt (the committee compares with `receipt.gateway`)
+    payer: str  # who signed the voucher
+    voucher: Voucher
+
+
+def verify_prepaid_receipt_json(doc: Any, domain: Domain) -> PrepaidCharge:
+    """Parse a prepaid receipt (`payer` + `voucher` present), check both signatures and the
+    cap: the voucher must recover to `payer` for the receipt's gateway, query and model under
+    `domain` (its escrow is the consumer), and the receipt's fee must not exceed the voucher's
+    cap. Raises `ProtocolError`. (Expiry against the chain's time and replay across epochs are
+    the committee's checks.)"""
+    receipt, gateway_signer = verify_receipt_json(doc, domain)
+    payer, voucher_doc = doc.get("payer"), doc.get("voucher")
+    if not isinstance(payer, str) or not isinstance(voucher_doc, dict):
+        raise ProtocolError("receipt: not a prepaid receipt (no payer / voucher)")
+    cap, expiry, signature = (
+        voucher_doc.get("fee_cap_wei"),
+        voucher_doc.get("expiry"),
+        voucher_doc.get("signature"),
+    )
+    if not isinstance(cap, str) or not re.fullmatch(r"[0-9]{1,39}", cap):
+        raise ProtocolError("receipt.voucher.fee_cap_wei: expected a decimal string")
+    if isinstance(expiry, bool) or not isinstance(expiry, int):
+        raise ProtocolError("receipt.voucher.expiry: expected an integer")
+    if not isinstance(signature, str) or not re.fullmatch(r"0x[0-9a-f]{130}", signature):
+        raise ProtocolError("receipt.voucher.signature: expected 0x + 130 hex")
+    voucher = Voucher(
+        receipt.gateway,
+        receipt.query_id,
+        receipt.model_id,
+        int(cap),
+        expiry,
+        domain.verifying_contract,
+    )
+    signer = recover_digest(voucher.digest(domain), bytes.fromhex(signature[2:]))
+    if signer != as_address(payer, "receipt.payer"):
+        raise ProtocolError("receipt: the voucher is not signed by its payer")
+    if receipt.fee > voucher.fee_cap:
+        raise ProtocolError(
+            f"receipt: fee {receipt.fee} exceeds the voucher's cap {voucher.fee_cap}"
+        )
+    return PrepaidCharge(receipt, gateway_signer, signer, voucher)

@@ -6,7 +6,8 @@
     │   ├── AccountError           an account is not a `0x` + 40 hex EVM address
     │   ├── QueryIdError           a query id is not `0x` + 64 hex (bytes32)
     │   ├── BasisPointsError       a basis-points value is outside 0 … 10,000
-    │   ├── DuplicateError         the same account / work item / query / shard appears twice
+    │   ├── DuplicateError         the same account / work item / query / shard / voucher twice
+    │   ├── VoucherChargeError     a prepaid charge above its voucher's cap, or malformed
     │   └── PoolHealthError        a shard with work has no, or too small, a routable-node count
     └── NothingToPayError          the epoch has fees but no eligible share (or no fees at all):
                                    no payout root can be built; the queries stay unsettled
@@ -76,6 +77,12 @@ class DuplicateError(ShareInputError):
     def __init__(self, field: str, key: object) -> None:
         super().__init__(field, f"duplicate entry {key!r}"[:200])
         self.key = key
+
+
+class VoucherChargeError(ShareInputError):
+    """A prepaid charge breaks a rule (a fee above its voucher's cap, a malformed query id)."""
+
+    code = "share_voucher_charge"
 
 
 class PoolHealthError(ShareInputError):

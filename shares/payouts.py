@@ -14,13 +14,15 @@ subclass of `ProtocolError`):
   the number of accounts that served it.
 - `slashed`: accounts slashed in this epoch (unique).
 - `verifier_cut_bps`: the verifiers' part of the fees in basis points (0 … 10,000; default 1,000).
+- `debits`: prepaid payers' debits, `PayerDebit(payer, amount)` (0 … 2^128 − 1 wei, payers
+  unique; default none): distributed exactly like query fees.
 
 Accounts are EVM addresses, `0x` + 40 hex digits in any case; they are compared and returned in
 lowercase (the registry checked their checksums when the node registered).
 
 The split (all integers, exact; `shares.weights` gives the shares):
 
-1. `fees = Σ query fees`: everything is distributed, nothing is kept, created or lost;
+1. `fees = Σ query fees + Σ debits`: everything is distributed, nothing is kept, created or lost;
    `Σ payouts == fees` always.
 2. A slashed account earns nothing for the epoch: its compute and verification shares are
    removed before the split, so the pools are divided among the other accounts only (its part
@@ -65,6 +67,7 @@ from shares.weights import MAX_COUNT, MAX_LAYERS, check_int, compute_shares, ver
 BPS_DENOMINATOR = 10_000
 DEFAULT_VERIFIER_CUT_BPS = 1_000
 MAX_FEE = (1 << 64) - 1
+MAX_DEBIT = (1 << 128) - 1  # QueryEscrow stores a prepaid balance in a uint128
 MAX_EPOCH = (1 << 64) - 1
 MAX_SHARD = (1 << 32) - 1
 
@@ -102,6 +105,19 @@ class SettledQuery:
             raise QueryIdError("query_id", self.query_id)
         _set(self, "query_id", "0x" + self.query_id[2:].lower())
         check_int(self.fee, "fee", 0, MAX_FEE)
+
+
+@dataclass(frozen=True, slots=True)
+class PayerDebit:
+    """What one prepaid payer owes for the epoch: the sum of the fees of its vouchers served in
+    it (`shares.settlement.prepaid_debits` builds these from voucher charges)."""
+
+    payer: str
+    amount: int
+
+    def __post_init__(self) -> None:
+        _set(self, "payer", normalize_account(self.payer, "payer"))
+        check_int(self.amount, "debit", 0, MAX_DEBIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +192,7 @@ class EpochWork:
     health: tuple[ShardHealth, ...] = ()
     slashed: tuple[str, ...] = ()
     verifier_cut_bps: int = DEFAULT_VERIFIER_CUT_BPS
+    debits: tuple[PayerDebit, ...] = ()  # prepaid payers' debits, distributed like fees
 
     def __post_init__(self) -> None:
         check_int(self.epoch, "epoch", 0, MAX_EPOCH)
@@ -190,6 +207,8 @@ class EpochWork:
         _items(self.verification, VerificationWork, "verification")
         _items(self.health, ShardHealth, "health")
         _items(self.slashed, str, "slashed")
+        _items(self.debits, PayerDebit, "debits")
+        _unique((d.payer for d in self.debits), "debits")
         _set(self, "slashed", tuple(normalize_account(a, "slashed") for a in self.slashed))
         _unique((q.query_id for q in self.queries), "queries")
         _unique(((w.account, w.model, w.shard) for w in self.compute), "compute")
@@ -212,8 +231,8 @@ class EpochWork:
 
     @property
     def fees(self) -> int:
-        """Σ fees of the settled queries: what the epoch distributes."""
-        return sum(q.fee for q in self.queries)
+        """Σ fees of the settled queries + Σ prepaid debits: what the epoch distributes."""
+        return sum(q.fee for q in self.queries) + sum(d.amount for d in self.debits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +240,7 @@ class PayoutTable:
     """One epoch's split: read-only per-account mappings, and the payout rows sorted by account."""
 
     epoch: int
-    fees: int  # Σ query fees == Σ payouts
+    fees: int  # Σ query fees + Σ debits == Σ payouts
     compute_pool: int  # after the fold of step 3
     verifier_pool: int
     compute_shares: Mapping[str, int]  # eligible accounts only

@@ -97,9 +97,15 @@ library PlanetHashes {
         return keccak256(abi.encode(r.session, r.step, r.shard, r.outputHash, r.salt));
     }
 
-    /// @notice `keccak256(abi.encode(queryIds, fees))`, bound into every `PayoutRoot`.
-    function queriesHash(bytes32[] calldata queryIds, uint256[] calldata fees) internal pure returns (bytes32) {
-        return keccak256(abi.encode(queryIds, fees));
+    /// @notice `keccak256(abi.encode(queryIds, fees, payers, debits))`, bound into every `PayoutRoot`:
+    /// the per-query fees and the per-payer prepaid debits an epoch charges.
+    function queriesHash(
+        bytes32[] calldata queryIds,
+        uint256[] calldata fees,
+        address[] calldata payers,
+        uint256[] calldata debits
+    ) internal pure returns (bytes32) {
+        return keccak256(abi.encode(queryIds, fees, payers, debits));
     }
 
     /// @notice OpenZeppelin StandardMerkleTree leaf of (uint64 epoch, address account, uint256 amount).

@@ -64,3 +64,13 @@ struct PayoutStatement {
     uint256 total;
     bytes32 queriesHash;
 }
+
+/// @notice What one epoch charges: per-query deposits (`queryIds`, `fees`, aligned) and prepaid
+/// balances per payer (`payers` strictly ascending, `debits` aligned). Hashed into every
+/// `PayoutRoot` as `queriesHash = keccak256(abi.encode(queryIds, fees, payers, debits))`.
+struct Charges {
+    bytes32[] queryIds;
+    uint256[] fees;
+    address[] payers;
+    uint256[] debits;
+}

@@ -5,7 +5,7 @@ import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
 import {MessageHashUtils} from "@openzeppelin/contracts/utils/cryptography/MessageHashUtils.sol";
 import {PlanetHashes} from "../libraries/PlanetHashes.sol";
-import {Commitment, Reveal, Verdict} from "../libraries/PlanetTypes.sol";
+import {Charges, Commitment, Reveal, Verdict} from "../libraries/PlanetTypes.sol";
 
 /// @title Test-only: exposes the production hashing code (PlanetHashes, OZ ECDSA/MerkleProof) so the
 /// golden vectors in tests/vectors/ can be checked against it, for any domain.
@@ -76,8 +76,8 @@ contract EIP712Harness {
         return PlanetHashes.commitmentValue(r);
     }
 
-    function queriesHash(bytes32[] calldata queryIds, uint256[] calldata fees) external pure returns (bytes32) {
-        return PlanetHashes.queriesHash(queryIds, fees);
+    function queriesHash(Charges calldata c) external pure returns (bytes32) {
+        return PlanetHashes.queriesHash(c.queryIds, c.fees, c.payers, c.debits);
     }
 
     function digest(bytes32 domainSeparator_, bytes32 structHash) external pure returns (bytes32) {

@@ -24,11 +24,13 @@ import aiohttp
 
 from node.agent.agent import AgentConfig, NodeAgent
 from node.agent.commitments import Committer
+from node.agent.contributions import ContributionReporter
 from node.chain.committee_link import CommitteeLink
 from node.keys import PasswordSource, load_node_key, load_wallet
 from node.model.manifest import Manifest
 from node.procs import run_service
 from protocol.committee import sign_registration
+from protocol.errors import UnavailableError
 
 log = logging.getLogger("node.agent")
 AGENT_MARKER = "node.agent"
@@ -65,6 +67,19 @@ async def _healthy(session: aiohttp.ClientSession, endpoint: str) -> bool:
         return False
 
 
+async def _served(session: aiohttp.ClientSession, endpoint: str) -> tuple[int, int]:
+    """(tokens the node ran through its layers, its layer count) from `/info`."""
+    try:
+        async with asyncio.timeout(5.0), session.get(f"{endpoint}/info") as answer:
+            info = await answer.json()
+    except (TimeoutError, aiohttp.ClientError, OSError) as error:
+        raise UnavailableError(f"node {endpoint}/info: {error!r}"[:300]) from None
+    tokens, layers = info["load"]["tokens"], len(info["layers"])
+    if type(tokens) is not int or tokens < 0:
+        raise ValueError("node /info: bad load.tokens")
+    return tokens, layers
+
+
 async def run(args: argparse.Namespace) -> int:
     password = PasswordSource(file=args.password_file, interactive=False).read()
     wallet = load_wallet(args.home / "wallet.json", password)
@@ -96,8 +111,15 @@ async def run(args: argparse.Namespace) -> int:
     )
     async with aiohttp.ClientSession() as session:
         committer = Committer(args.commit_dir, link) if args.commit_dir is not None else None
+        reporter = ContributionReporter(
+            link, manifest.model_hash, args.shard, lambda: _served(session, config.endpoint)
+        )
         agent = NodeAgent(
-            config, link, healthy=lambda: _healthy(session, config.endpoint), committer=committer
+            config,
+            link,
+            healthy=lambda: _healthy(session, config.endpoint),
+            contributions=reporter,
+            committer=committer,
         )
         try:
             return await agent.run(stop)

@@ -8,7 +8,8 @@ more than T blocks → DOWN, leave → LEFT (final). The agent
    operator's staking address by an EIP-191 signature of that address's key;
 3. sends a heartbeat whenever `heartbeat_every` blocks have passed since the last one (a third
    of the chain's `heartbeat_timeout` by default), or at once when the chain says DOWN/JOIN;
-4. on stop (SIGTERM/SIGINT) sends `leave` and waits for it to commit (bounded).
+4. every few passes claims the node's served work that gateways backed (`contributions.py`);
+5. on stop (SIGTERM/SIGINT) sends `leave` and waits for it to commit (bounded).
 
 A validator RPC that is down is retried with backoff (and the next URL tried); nothing a
 validator answers makes the agent crash. Only facts that no retry can change stop it with a
@@ -98,6 +99,7 @@ class NodeAgent:
         healthy: Callable[[], Awaitable[bool]],
         backoff: Backoff | None = None,
         committer: Any = None,
+        contributions: Any = None,
     ) -> None:
         self.config = config
         self.link = link
@@ -111,6 +113,8 @@ class NodeAgent:
         self.committer = committer
         self.epoch_length = 0
         self.retention_epochs = 10
+        # `node.agent.contributions.ContributionReporter` (None: the agent claims no work)
+        self.contributions = contributions
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -287,6 +291,8 @@ class NodeAgent:
                             force = force or view.get("status") in ("DOWN", "JOIN")
                             if view.get("status") == LEFT:
                                 raise FatalAgentError(f"node {self.key[:16]}… has LEFT")
+                        if self.contributions is not None:
+                            await self.contributions.step()
                     self.backoff.reset()
                     delay = self.config.poll_s
                 except (UnavailableError, RemoteError) as error:

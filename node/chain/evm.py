@@ -56,6 +56,7 @@ from protocol.eip712 import (
     Reveal,
     TypedStruct,
     Verdict,
+    as_address,
     challenge_commitment,
     committee_domain,
     evidence_id,
@@ -165,6 +166,16 @@ ChallengeNotMatured = _typed(
 WrongConsumer = _typed("WrongConsumer", "the committee signed this for another deployment")
 WorkAlreadyCovered = _typed(
     "WorkAlreadyCovered", "a later piece of the node's work is already recorded"
+)
+NothingToWithdraw = _typed("NothingToWithdraw", "the prepaid balance is empty")
+WithdrawalAlreadyRequested = _typed(
+    "WithdrawalAlreadyRequested", "a withdrawal is already pending; wait for it, or cancel it"
+)
+WithdrawalNotRequested = _typed(
+    "WithdrawalNotRequested", "request the withdrawal first (planet balance withdraw --request)"
+)
+WithdrawalNotYetAvailable = _typed(
+    "WithdrawalNotYetAvailable", "wait until the withdrawal delay has passed"
 )
 
 
@@ -626,9 +637,13 @@ class PlanetChain:
         query_ids: Sequence[bytes],
         fees: Sequence[int],
         signatures: Sequence[bytes],
+        *,
+        payers: Sequence[str] = (),
+        debits: Sequence[int] = (),
     ) -> TxResult:
-        """Post a committee-signed epoch statement (its queriesHash must match ids and fees, its
-        consumer must be this deployment's QueryEscrow)."""
+        """Post a committee-signed epoch statement (its queriesHash must match ids, fees, payers
+        and debits, its consumer must be this deployment's QueryEscrow). Payers ascend by
+        address (`EpochSettlement.payers` does)."""
         self._check_consumer(statement, "QueryEscrow")
         return self.transact(
             "QueryEscrow",
@@ -636,14 +651,14 @@ class PlanetChain:
             statement.epoch,
             statement.root,
             statement.total,
-            list(query_ids),
-            list(fees),
+            _charges(query_ids, fees, payers, debits),
             list(signatures),
         )
 
     def claim(self, epoch: int, amount: int, proof: Sequence[bytes]) -> TxResult:
         """Claim this account's leaf `(epoch, self.address, amount)` of the epoch's payout tree
-        (only the payee itself may claim: the escrow pays the caller)."""
+        (only the payee itself may claim: the escrow pays the caller; an epoch that collected
+        less than it signed pays pro rata)."""
         return self.transact("QueryEscrow", "claim", epoch, self.address, amount, list(proof))
 
     def dispute_root(
@@ -654,19 +669,51 @@ class PlanetChain:
         posted_signatures: Sequence[bytes],
         other: PayoutRoot,
         other_signatures: Sequence[bytes],
+        *,
+        payers: Sequence[str] = (),
+        debits: Sequence[int] = (),
     ) -> TxResult:
-        """Freeze `epoch` with a second, different committee-signed statement for it."""
+        """Freeze `epoch` with a second, different committee-signed statement for it (the
+        posted charges are re-supplied: query ids, fees, payers, debits)."""
         self._check_consumer(other, "QueryEscrow")
         return self.transact(
             "QueryEscrow",
             "disputeRoot",
             epoch,
-            list(query_ids),
-            list(fees),
+            _charges(query_ids, fees, payers, debits),
             list(posted_signatures),
             (other.root, other.total, other.queries_hash),
             list(other_signatures),
         )
+
+    def deposit_balance(self, amount_wei: int) -> TxResult:
+        """Add `amount_wei` to this account's prepaid balance (vouchers spend it)."""
+        return self.transact("QueryEscrow", "depositBalance", value=amount_wei)
+
+    def request_withdrawal(self) -> TxResult:
+        """Start withdrawing the whole prepaid balance (opens after the refund timeout)."""
+        return self.transact("QueryEscrow", "requestWithdrawal")
+
+    def cancel_withdrawal(self) -> TxResult:
+        return self.transact("QueryEscrow", "cancelWithdrawal")
+
+    def withdraw_balance(self) -> TxResult:
+        """Take the remaining prepaid balance once the requested withdrawal has matured."""
+        return self.transact("QueryEscrow", "withdrawBalance")
+
+    def prepaid_of(self, payer: str | None = None) -> dict[str, int]:
+        """{balance, withdrawable_at} (0: no withdrawal requested) of `payer` (default: self)."""
+        balance, withdrawable_at = self.call("QueryEscrow", "prepaidOf", payer or self.address)
+        return {"balance": int(balance), "withdrawable_at": int(withdrawable_at)}
+
+    def shortfall_of(self, epoch: int) -> dict[str, int]:
+        """{total, collected}: both 0 unless the epoch collected less than it signed."""
+        total, collected = self.call("QueryEscrow", "shortfallOf", epoch)
+        return {"total": int(total), "collected": int(collected)}
+
+    def refund_timeout(self) -> int:
+        """Seconds before an unsettled deposit refunds, and a requested withdrawal opens."""
+        return int(self.call("QueryEscrow", "refundTimeout"))
 
     def epoch_of(self, epoch: int) -> dict[str, Any]:
         """{root, unclaimed, claimable_at, status (0 None 1 Posted 2 Disputed)}."""
@@ -862,6 +909,13 @@ class PlanetChain:
 
     def shard_hashes_of(self, model_id: bytes) -> list[bytes]:
         return [bytes(h) for h in self.call("ModelRegistry", "shardHashesOf", model_id)]
+
+
+def _charges(
+    query_ids: Sequence[bytes], fees: Sequence[int], payers: Sequence[str], debits: Sequence[int]
+) -> tuple[list[bytes], list[int], list[str], list[int]]:
+    """The `Charges` tuple of postPayoutRoot / disputeRoot (payers checksummed for web3)."""
+    return (list(query_ids), list(fees), [as_address(p, "payer") for p in payers], list(debits))
 
 
 def _commitment_tuple(c: Commitment) -> tuple[bytes, int, int, bytes, int]:

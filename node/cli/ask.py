@@ -3,6 +3,8 @@
 `planet ask --pay PROMPT` asks a gateway instead and pays for the question from the CLI wallet:
 a QueryEscrow deposit, a signed payment proof as the API key, the answer streamed through the
 OpenAI-shaped API, then the gateway's signed receipt (see node/gateway/client.py).
+`planet ask --voucher PROMPT` pays from the prepaid balance (`planet balance deposit`) instead:
+a signed voucher as the API key, no transaction.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ examples:
   planet ask "Write a haiku about rivers" --temperature 0.8 --top-p 0.9 --seed 7
   planet ask "Hello" --nodes my-nodes.json --max-tokens 32 --json
   planet ask --pay "What is the capital of France?"       (defaults from planet devnet up)
+  planet ask --voucher "Hello"      (pays from `planet balance deposit`: no transaction)
   planet ask --pay "Hi" --gateway http://127.0.0.1:8000 --deployment deployment.json \\
       --evm-rpc http://127.0.0.1:8545 --wallet ~/.cache/planet/wallet.json
 note: nodes see the activations of your prompt and could read it back; they never see who
@@ -62,6 +65,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     paying.add_argument(
         "--pay", action="store_true", help="ask a gateway, paying from your wallet (QueryEscrow)"
     )
+    paying.add_argument(
+        "--voucher",
+        action="store_true",
+        help="ask a gateway, paying by a signed voucher from your prepaid balance (no gas)",
+    )
+    paying.add_argument(
+        "--voucher-ttl",
+        type=int,
+        default=600,
+        help="seconds the voucher stays valid (default 600)",
+    )
     paying.add_argument("--gateway", default=None, help="gateway URL (default: the devnet's)")
     paying.add_argument(
         "--wallet",
@@ -91,7 +105,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise UsageError("the prompt is empty")
     sampling = SamplingConfig(args.temperature, args.top_p, args.seed).validate()
-    if args.pay:
+    if args.pay and args.voucher:
+        raise UsageError("--pay and --voucher are two ways to pay; pick one")
+    if not 1 <= args.voucher_ttl <= 86_400:
+        raise UsageError("--voucher-ttl must be 1 … 86400 seconds")
+    if args.pay or args.voucher:
         result = asyncio.run(_ask_paid(args, _pay_defaults(args)))
         if args.json:
             print(json.dumps(result, ensure_ascii=False))
@@ -218,7 +236,7 @@ def _say(text: str) -> None:
 async def _ask_paid(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
     import aiohttp
 
-    from node.chain.evm import Deployment, InsufficientFunds, PlanetChain
+    from node.chain.evm import Deployment, PlanetChain
     from node.gateway import client as gw
 
     gateway = settings["gateway"]
@@ -234,22 +252,12 @@ async def _ask_paid(args: argparse.Namespace, settings: dict[str, Any]) -> dict[
         )
         gw.check_chain(pool, chain.chain_id, deployment.address("QueryEscrow"))
         quote = gw.quote(pool, args.prompt, args.max_tokens)
-        balance = await asyncio.to_thread(chain.balance)
-        _say(
-            f"price {quote.price} wei/token × (≤ {quote.prompt_bound} prompt + "
-            f"{quote.max_tokens} max tokens) = deposit {quote.amount} wei "
-            f"({quote.amount / 10**18:.6f} ETH) from {account.address}; unused wei stay refundable"
-        )
-        if balance < quote.amount:
-            raise InsufficientFunds(
-                f"{account.address} holds {balance} wei, the deposit needs {quote.amount} wei",
-                hint="fund the wallet, or ask with a smaller --max-tokens",
-            )
-        query_id = gw.new_query_id()
         model_id = bytes.fromhex(str(pool["model_id"])[2:])
-        tx = await asyncio.to_thread(chain.deposit, query_id, model_id, quote.amount)
-        _say(f"deposited: query 0x{query_id.hex()} (tx {tx.tx_hash}, gas fee {tx.fee_wei} wei)")
-        key = gw.api_key_for(pool, query_id, quote.amount, bytes(account.key))
+        query_id = gw.new_query_id()
+        if args.voucher:
+            key = await _voucher_key(args, pool, chain, quote, query_id, bytes(account.key))
+        else:
+            key = await _deposit_key(pool, chain, quote, query_id, model_id, account)
         body = {
             "model": pool["model"],
             "messages": [{"role": "user", "content": args.prompt}],
@@ -275,14 +283,74 @@ async def _ask_paid(args: argparse.Namespace, settings: dict[str, Any]) -> dict[
     if receipt is None:
         raise UsageError("the gateway sent no receipt", hint="ask the gateway operator")
     checked = gw.check_receipt(pool, receipt, query_id)
+    paid = "allowed by the voucher" if args.voucher else "deposited"
     _say(
         f"receipt: {checked.prompt_tokens} prompt + {checked.completion_tokens} completion tokens, "
-        f"fee {checked.fee} wei of {quote.amount} deposited, circuit of {len(receipt['nodes'])} "
+        f"fee {checked.fee} wei of {quote.amount} {paid}, circuit of {len(receipt['nodes'])} "
         f"nodes, signed by gateway {pool['gateway']} (verified)"
     )
     return {
         "text": text,
         "query_id": "0x" + query_id.hex(),
-        "deposit_wei": str(quote.amount),
+        ("voucher_cap_wei" if args.voucher else "deposit_wei"): str(quote.amount),
         "receipt": receipt,
     }
+
+
+async def _deposit_key(
+    pool: dict[str, Any], chain: Any, quote: Any, query_id: bytes, model_id: bytes, account: Any
+) -> str:
+    """Per-query path: deposit the quote into QueryEscrow, sign the payment proof."""
+    from node.chain.evm import InsufficientFunds
+    from node.gateway import client as gw
+
+    balance = await asyncio.to_thread(chain.balance)
+    _say(
+        f"price {quote.price} wei/token × (≤ {quote.prompt_bound} prompt + "
+        f"{quote.max_tokens} max tokens) = deposit {quote.amount} wei "
+        f"({quote.amount / 10**18:.6f} ETH) from {account.address}; unused wei stay refundable"
+    )
+    if balance < quote.amount:
+        raise InsufficientFunds(
+            f"{account.address} holds {balance} wei, the deposit needs {quote.amount} wei",
+            hint="fund the wallet, or ask with a smaller --max-tokens",
+        )
+    tx = await asyncio.to_thread(chain.deposit, query_id, model_id, quote.amount)
+    _say(f"deposited: query 0x{query_id.hex()} (tx {tx.tx_hash}, gas fee {tx.fee_wei} wei)")
+    return gw.api_key_for(pool, query_id, quote.amount, bytes(account.key))
+
+
+async def _voucher_key(
+    args: argparse.Namespace,
+    pool: dict[str, Any],
+    chain: Any,
+    quote: Any,
+    query_id: bytes,
+    private_key: bytes,
+) -> str:
+    """Prepaid path: check the balance, sign a voucher capped at the quote (no transaction)."""
+    import time
+
+    from protocol.payment import Voucher, payment_domain, sign_voucher
+
+    state = await asyncio.to_thread(chain.prepaid_of)
+    if state["withdrawable_at"]:
+        raise UsageError(
+            "your prepaid balance is being withdrawn; gateways refuse its vouchers",
+            hint="planet balance withdraw --cancel, or ask with --pay",
+        )
+    if state["balance"] < quote.amount:
+        raise UsageError(
+            f"your prepaid balance is {state['balance']} wei, this question may cost up to "
+            f"{quote.amount} wei",
+            hint="planet balance deposit 0.01 (or a smaller --max-tokens)",
+        )
+    domain = payment_domain(int(pool["chain_id"]), pool["escrow"])
+    expiry = int(time.time()) + args.voucher_ttl
+    model_id = bytes.fromhex(str(pool["model_id"])[2:])
+    voucher = Voucher(pool["gateway"], query_id, model_id, quote.amount, expiry, pool["escrow"])
+    _say(
+        f"voucher: up to {quote.amount} wei from the prepaid balance of {chain.address} "
+        f"({state['balance']} wei), query 0x{query_id.hex()}, valid {args.voucher_ttl} s"
+    )
+    return sign_voucher(private_key, voucher, domain)

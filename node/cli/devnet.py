@@ -16,6 +16,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from protocol.errors import UsageError
+
 EXAMPLES = """\
 examples:
   planet devnet up --detach                 4 validators, 3 compute nodes, gateway; returns
@@ -50,6 +52,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     up.add_argument("--detach", action="store_true", help="return once everything is up")
     up.add_argument("--no-gateway", action="store_true", help="do not start the gateway")
+    up.add_argument(
+        "--epoch-length",
+        type=int,
+        default=20,
+        help="committee blocks per settlement epoch (default 20, about 10 s)",
+    )
+    up.add_argument(
+        "--verifiers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run `planet verifier serve` for the first N validators (default 0; each loads "
+        "its own copy of the model)",
+    )
     up.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
     up.set_defaults(handler=_up)
     status = sub.add_parser("status", help="what runs, routable nodes, pool health")
@@ -75,12 +91,19 @@ def _say(line: str) -> None:
 def _up(args: argparse.Namespace) -> int:
     from deploy.devnet import DevnetOptions, down, up
 
+    if not 0 <= args.verifiers <= args.validators:
+        raise UsageError(
+            f"--verifiers must be 0 to --validators ({args.validators}), got {args.verifiers}",
+            hint="one verifier per validator at most",
+        )
     options = DevnetOptions(
         home=_home(args),
         validators=args.validators,
         nodes=args.nodes,
         quant=args.quant,
         gateway=not args.no_gateway,
+        epoch_length=args.epoch_length,
+        verifiers=args.verifiers,
     )
     state = up(options, _say)
     _summary(state)

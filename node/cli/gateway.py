@@ -75,6 +75,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="questions at once on one node from this gateway; more wait (default 8, the "
         "nodes' default per-caller in-flight quota)",
     )
+    serve.add_argument(
+        "--report-min-questions",
+        type=int,
+        default=4,
+        help="questions batched into one work report to the committee, so a report does not "
+        "tie one question to its nodes (default 4)",
+    )
+    serve.add_argument(
+        "--report-max-wait",
+        type=float,
+        default=60.0,
+        help="seconds a smaller batch waits before it is reported anyway (default 60)",
+    )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
 
@@ -106,6 +119,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         receipts=args.receipts,
         max_sessions_per_node=args.max_sessions_per_node,
+        report_min_questions=args.report_min_questions,
+        report_max_wait_s=args.report_max_wait,
     ).validate()
     password = PasswordSource(file=chains.password_file).read(confirm=not args.wallet.exists())
     serve(config, password)

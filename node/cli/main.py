@@ -26,9 +26,12 @@ COMMAND_MODULES: tuple[str, ...] = (
     "node.cli.node",
     "node.cli.local",
     "node.cli.ask",
+    "node.cli.balance",
     "node.cli.gateway",
+    "node.cli.verifier",
     "node.cli.contracts",
     "node.cli.operator",
+    "node.cli.earnings",
     "node.cli.devnet",
 )
 
@@ -37,6 +40,8 @@ examples:
   planet devnet up --detach                       the whole network on this machine
   planet stake --role compute --amount 1          lock stake from your wallet
   planet join --model smollm2-135m-3p-int8 --shard 0   serve a shard until `planet leave`
+  planet earnings                                 what your served work earned, per epoch
+  planet claim                                    claim settled epochs from the escrow
   planet model prepare --parts 3 --quant int8     split the default model into 3 shards
   planet local up --nodes 3                       start 3 shard nodes on loopback
   planet ask "What is the capital of France?"     ask through the running nodes

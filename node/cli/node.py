@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 from protocol.errors import UsageError
@@ -133,14 +134,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="MB",
         help="inputs and fingerprints kept for spot-check tickets (default 256)",
     )
+    # tests only, hidden: node/server/cheat.py (also needs PLANET_NODE_CHEAT to confirm)
+    serve.add_argument("--cheat", default="", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
+
+
+def _check_cheat(mode: str) -> None:
+    """The hidden --cheat flag and PLANET_NODE_CHEAT must come together (either alone: exit 2)."""
+    from node.server import cheat
+
+    confirmed = os.environ.get(cheat.ENV)
+    if mode and confirmed != cheat.CONFIRM:
+        raise UsageError(
+            "--cheat needs its confirmation in the environment",
+            hint=f"tests only: {cheat.ENV}={cheat.CONFIRM}",
+        )
+    if confirmed is not None and not mode:
+        raise UsageError(
+            f"{cheat.ENV} is set but no --cheat mode is given",
+            hint=f"unset {cheat.ENV} to run an honest node",
+        )
+    if mode:
+        cheat.parse_mode(mode)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from node.server.config import ServerConfig
     from node.server.run import serve
 
+    _check_cheat(args.cheat)
     if not args.manifest.exists():
         raise UsageError(
             f"no manifest at {args.manifest}",
@@ -165,6 +188,7 @@ def _serve(args: argparse.Namespace) -> int:
         torch_threads=args.threads,
         commit_dir=args.commit_dir,
         served_max_bytes=int(args.served_max_mb * 1024 * 1024),
+        cheat=args.cheat,
     ).validate()
     serve(config)
     return 0

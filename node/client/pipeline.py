@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -336,9 +336,14 @@ class PipelineClient:
         sampling: SamplingConfig | None = None,
         timings: Timings | None = None,
         stop_on_eos: bool = True,
+        prefill_last_only: bool = True,
+        on_prefill: Callable[[int, np.ndarray], None] | None = None,
     ) -> AsyncIterator[int]:
         """Yield new token ids as they are chosen; stops on EOS (not yielded) or the limit.
-        `stop_on_eos=False` (benchmarks) always runs `max_new_tokens` steps."""
+        `stop_on_eos=False` (benchmarks) always runs `max_new_tokens` steps.
+        `prefill_last_only=False`: the prompt's frames ask the last node for every position
+        (the gateway sends every question so, which makes echo requests look like any other);
+        `on_prefill(start, hidden)` then sees each prefill chunk's final hidden states."""
         sampling = (sampling or SamplingConfig()).validate()
         rng = sampling.rng()
         timings = timings if timings is not None else Timings()
@@ -355,7 +360,11 @@ class PipelineClient:
             out: np.ndarray | None = None
             for begin in range(0, len(prompt_ids), self.prefill_chunk):
                 chunk = list(prompt_ids[begin : begin + self.prefill_chunk])
-                out = await self.run_layers(session, 0, position, head.embed_np(chunk), timings)
+                out = await self.run_layers(
+                    session, 0, position, head.embed_np(chunk), timings, prefill_last_only
+                )
+                if on_prefill is not None:
+                    on_prefill(position, out)
                 position += len(chunk)
             assert out is not None
             for step in range(1, max_new_tokens + 1):

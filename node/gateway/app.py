@@ -8,7 +8,7 @@
     GET  /v1/receipts/{query_id}     the signed receipt of a served query (its payer's key)
 
 Handlers stay thin: the body goes through `requests` (400 on any broken rule), the API key
-through `protocol.payment.parse_api_key` and `PaymentDesk.reserve` (402), the question through
+through `protocol.payment.parse_bearer` and `PaymentDesk.reserve` (402), the question through
 `engine.Generation` (503 without a circuit, 502 when a node fails). Every refusal is OpenAI's
 `{"error": {message, type, param, code}}` (error middleware). A failed question releases the
 payment (no receipt, no charge).
@@ -47,7 +47,7 @@ from node.gateway.router import Router, pool_view
 from node.gateway.shapes import Shaper, usage
 from node.gateway.textstream import TextStream
 from protocol.errors import PlanetError
-from protocol.payment import PaymentKeyError, PaymentProof, parse_api_key
+from protocol.payment import PaymentKeyError, PaymentProof, VoucherProof, parse_bearer
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class Gateway:
     http: aiohttp.ClientSession  # keep-alive to the nodes
     chain_id: int
     escrow: str
+    ledger: Any = None  # `node.gateway.settlement.WorkLedger` (None: no work reports)
 
 
 GATEWAY_KEY = web.AppKey("gateway", Gateway)
@@ -131,13 +132,13 @@ async def error_middleware(
 # ----------------------------------------------------------------------------------- helpers
 
 
-def bearer_proof(request: web.Request) -> PaymentProof | PaymentKeyError:
+def bearer_proof(request: web.Request) -> PaymentProof | VoucherProof | PaymentKeyError:
     header = request.headers.get("Authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         return PaymentKeyError("no API key (Authorization: Bearer <payment proof>)")
     try:
-        return parse_api_key(key.strip())
+        return parse_bearer(key.strip())
     except PaymentKeyError as error:
         return error
 
@@ -285,6 +286,8 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
         logprobs=want,
         top_logprobs=top,
         attempts=gateway.config.attempts,
+        echo=isinstance(req, CompletionRequest) and req.echo,
+        full_prefill=gateway.config.full_prefill,
     )
     shaper = Shaper(req.kind, gateway.model.name, gateway.head.token_text, want)
     try:
@@ -317,11 +320,18 @@ async def _whole(
             if text.stopped:
                 break
     answer = text.text + text.finish()
+    if generation.echo:
+        prompt = req.prompt if isinstance(req, CompletionRequest) else None
+        shown = prompt if isinstance(prompt, str) else gateway.head.decode(prompt_ids)
+        answer = shown + answer
     finish = "stop" if text.stopped or not generation.finished_by_length else "length"
     use = usage(len(prompt_ids), len(events))
+    echoed = await generation.echoed_events()  # before charging: it can still fail
     assert generation.circuit is not None  # set before the first event
     signed = gateway.desk.settle(ticket, len(prompt_ids), len(events), generation.circuit.keys)
-    body = shaper.full(answer, events, finish, use)
+    if gateway.ledger is not None:
+        gateway.ledger.record(signed, generation.circuit)
+    body = shaper.full(answer, events, finish, use, echoed)
     body["planet_receipt"] = signed
     return web.json_response(body, dumps=_dumps)
 
@@ -392,6 +402,8 @@ async def _stream(
     use = usage(len(prompt_ids), count)
     assert generation.circuit is not None
     signed = gateway.desk.settle(ticket, len(prompt_ids), count, generation.circuit.keys)
+    if gateway.ledger is not None:
+        gateway.ledger.record(signed, generation.circuit)
     last = shaper.chunk(tail or None, [], finish, first=first, include_usage=include_usage)
     if include_usage:
         await send(last)

@@ -28,6 +28,12 @@ class GatewayConfig:
     attempts: int = 2  # circuits tried per question before the first token reached the user
     max_sessions_per_node: int = 8  # questions at once on one node from this gateway (queue after)
     slot_wait_s: float = 120.0  # longest a question queues for node slots before 503 (seconds)
+    report_min_questions: int = 4  # questions batched per work_report (fewer: wait, see below)
+    report_max_wait_s: float = 60.0  # longest a smaller batch waits before it is reported (s)
+    # every question's prompt frames ask the last node for all positions (as echo needs), so
+    # nodes cannot tell echo requests (verifier challenges) from other questions; costs the
+    # last node's answer T x H floats once per question
+    full_prefill: bool = True
     limits: Limits = field(default_factory=Limits)
 
     def validate(self) -> GatewayConfig:
@@ -35,6 +41,10 @@ class GatewayConfig:
             raise UsageError("--price-wei-per-token must be between 1 and 2^64-1")
         if not 0 < self.max_sessions_per_node <= 4096:
             raise UsageError("--max-sessions-per-node must be 1..4096")
+        if not 0 < self.report_min_questions <= 1024:
+            raise UsageError("--report-min-questions must be 1..1024")
+        if not 0 < self.report_max_wait_s <= 86_400:
+            raise UsageError("--report-max-wait must be 0 < seconds <= 86400")
         if not 0 < self.port < 65536:
             raise UsageError(f"--port must be 1..65535, got {self.port}")
         if not self.manifest.exists():

@@ -104,6 +104,8 @@ class Generation:
         logprobs: bool,
         top_logprobs: int,
         attempts: int = 2,
+        echo: bool = False,
+        full_prefill: bool = True,
     ) -> None:
         self.router = router
         self.head = head
@@ -114,6 +116,11 @@ class Generation:
         self.logprobs = logprobs
         self.top_logprobs = top_logprobs
         self.attempts = attempts
+        self.echo = echo
+        # every question's prompt frames ask the last node for all positions, so a question
+        # with echo (a verifier's challenge, say) looks like any other to the nodes
+        self.full_prefill = full_prefill
+        self._prefill: list[np.ndarray] = []  # echo: the final hidden states, [t, H] chunks
         self.circuit: Circuit | None = None
         self.delivered = False  # set by the caller once an event reached the user
         self.count = 0
@@ -131,11 +138,14 @@ class Generation:
             recorder = RecordingHead(self.head)
             try:
                 async with self.router.hold(circuit), SharedPipeline(hops, self.http) as client:
+                    self._prefill = []
                     tokens = client.generate(
                         recorder,
                         self.prompt_ids,
                         max_new_tokens=self.max_tokens,
                         sampling=self.sampling,
+                        prefill_last_only=not (self.full_prefill or self.echo),
+                        on_prefill=self._keep_prefill if self.echo else None,
                     )
                     async with contextlib.aclosing(tokens):
                         async for token in tokens:
@@ -161,6 +171,30 @@ class Generation:
                         f"a compute node failed during the question ({error.message}); "
                         "nothing was charged, ask again",
                     ) from None
+
+    async def echoed_events(self) -> list[TokenEvent]:
+        """With `echo`: one event per prompt token (the first has no logprob), from the final
+        hidden states of the prefill that answered (empty without echo)."""
+        if not self.echo:
+            return []
+        if not self._prefill:
+            raise ProtocolError("echo: the prefill's hidden states are missing")
+        hidden = np.concatenate(self._prefill, axis=0)  # [T, H]
+        ids = self.prompt_ids
+        if hidden.shape[0] != len(ids):
+            raise ProtocolError(f"echo prefill answered {hidden.shape[0]} of {len(ids)} positions")
+
+        def events() -> list[TokenEvent]:
+            out = [TokenEvent(ids[0], None, ())]
+            for row, token in enumerate(ids[1:]):
+                logits = self.head.logits_np(hidden[row])
+                out.append(token_event(token, logits, self.logprobs, self.top_logprobs))
+            return out
+
+        return await asyncio.to_thread(events)
+
+    def _keep_prefill(self, start: int, hidden: np.ndarray) -> None:
+        self._prefill.append(np.asarray(hidden[0], dtype=np.float32))
 
     @property
     def finished_by_length(self) -> bool:

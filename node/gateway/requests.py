@@ -69,6 +69,7 @@ class CompletionRequest:
     prompt: str | tuple[int, ...]  # text, or token ids
     sampling: Sampling
     logprobs: int | None  # None: no logprobs; else how many top alternatives (0..5)
+    echo: bool = False  # the answer starts with the prompt (and its logprobs, with logprobs)
 
     kind = "completion"
 
@@ -393,10 +394,12 @@ def parse_completion(doc: dict[str, Any], limits: Limits = Limits()) -> Completi
     model = _string(doc, "model")
     prompt = _prompt(doc, limits)
     _unsupported(doc, "best_of", 1, "one candidate per request")
-    _unsupported(doc, "echo", False, "the prompt is not echoed")
     suffix = doc.get("suffix")
     if suffix is not None and suffix != "":
         raise _bad("unsupported_parameter", "'suffix' is not supported", "suffix")
     logprobs = _integer(doc, "logprobs", None, 0, MAX_COMPLETION_LOGPROBS)
+    echo = _boolean(doc, "echo")
     sampling = _sampling(doc, limits, limits.default_completion_max_tokens)
-    return CompletionRequest(model, prompt, sampling, logprobs)
+    if echo and sampling.stream:
+        raise _bad("unsupported_parameter", "'echo' is not supported with 'stream'", "echo")
+    return CompletionRequest(model, prompt, sampling, logprobs, echo)

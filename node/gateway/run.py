@@ -23,6 +23,7 @@ from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
 from node.gateway.payments import ChainEscrow, PaymentDesk
 from node.gateway.router import CommitteeNodes, Router
+from node.gateway.settlement import WorkLedger, WorkReporter
 from protocol.eip712 import as_bytes32
 from protocol.errors import ConfigError, PlanetError, UnavailableError
 from protocol.payment import payment_domain
@@ -134,8 +135,29 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         http=http,
         chain_id=chain.chain_id,
         escrow=escrow,
+        ledger=WorkLedger(
+            manifest.model_hash,
+            [tuple(s.layers) for s in manifest.shards],
+            min_questions=config.report_min_questions,
+            max_wait_s=config.report_max_wait_s,
+        ),
     )
     return gateway, [http, committee]
+
+
+def committee_key_path(config: GatewayConfig) -> Path:
+    """The gateway's ed25519 committee key (signs `work_report`), next to its wallet; its
+    public key must be in the committee's genesis `gateways` list."""
+    return config.wallet.with_name("committee_key.json")
+
+
+async def _work_reporter(config: GatewayConfig, ledger: WorkLedger, password: str) -> Any:
+    from node.chain.committee_link import CommitteeLink
+    from node.keys import load_or_create_node_key
+
+    key = await asyncio.to_thread(load_or_create_node_key, committee_key_path(config), password)
+    log.info("work reports signed by gateway key=%s", key.verify_key.encode().hex())
+    return WorkReporter(ledger, CommitteeLink([config.committee_rpc], key))
 
 
 def serve(config: GatewayConfig, password: str) -> None:
@@ -169,7 +191,18 @@ async def _serve(config: GatewayConfig, password: str) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        reporter_task = None
+        if gateway.ledger is not None:
+            reporter = await _work_reporter(config, gateway.ledger, password)
+            reporter_task = asyncio.create_task(reporter.run(stop))
         await stop.wait()
+        if reporter_task is not None:
+            await reporter_task
+            try:
+                await reporter.flush(force=True)  # what the last questions earned
+            except Exception as error:  # the committee may be down too at shutdown
+                log.warning("last work_report not sent: %r", error)
+            await reporter.link.close()
     finally:
         await runner.cleanup()
         for resource in resources:

@@ -48,10 +48,24 @@ def chat_logprobs(events: Sequence[TokenEvent], token_text: TokenText) -> dict[s
 
 
 def completion_logprobs(
-    events: Sequence[TokenEvent], token_text: TokenText, offset: int
+    events: Sequence[TokenEvent],
+    token_text: TokenText,
+    offset: int,
+    echoed: Sequence[TokenEvent] = (),
 ) -> dict[str, Any]:
-    tokens, values, tops, offsets = [], [], [], []
-    for event in events:
+    """`echoed`: the prompt's events (echo); its first token has no logprob (OpenAI: null)."""
+    tokens: list[str] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    if echoed:
+        text = token_text(echoed[0].token)
+        tokens.append(text)
+        values.append(None)
+        tops.append(None)
+        offsets.append(offset)
+        offset += len(text)
+    for event in [*echoed[1:], *events]:
         if event.logprob is None:
             continue
         text = token_text(event.token)
@@ -94,18 +108,26 @@ class Shaper:
             base["system_fingerprint"] = None
         return base
 
-    def _logprobs(self, events: Sequence[TokenEvent]) -> dict[str, Any] | None:
+    def _logprobs(
+        self, events: Sequence[TokenEvent], echoed: Sequence[TokenEvent] = ()
+    ) -> dict[str, Any] | None:
         if not self.want_logprobs:
             return None
         if self.kind == "chat":
             return chat_logprobs(events, self.token_text)
-        shaped = completion_logprobs(events, self.token_text, self.text_offset)
+        shaped = completion_logprobs(events, self.token_text, self.text_offset, echoed)
         self.text_offset += sum(len(t) for t in shaped["tokens"])
         return shaped
 
     def full(
-        self, text: str, events: Sequence[TokenEvent], finish: str, use: dict[str, int]
+        self,
+        text: str,
+        events: Sequence[TokenEvent],
+        finish: str,
+        use: dict[str, int],
+        echoed: Sequence[TokenEvent] = (),
     ) -> dict[str, Any]:
+        """`echoed` (completions with echo): the prompt's events, already part of `text`."""
         if self.kind == "chat":
             choice: dict[str, Any] = {
                 "index": 0,
@@ -118,7 +140,7 @@ class Shaper:
             choice = {
                 "text": text,
                 "index": 0,
-                "logprobs": self._logprobs(events),
+                "logprobs": self._logprobs(events, echoed),
                 "finish_reason": finish,
             }
             body = self._base("text_completion")

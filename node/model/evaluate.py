@@ -46,6 +46,14 @@ def heldout_text() -> str:
     return resources.files("node.model").joinpath("data/heldout.txt").read_text(encoding="utf-8")
 
 
+def heldout_split() -> tuple[str, str]:
+    """The held-out text cut at a paragraph boundary into (tuning half, test half): choose a
+    codec's settings on the first, report its quality on the second."""
+    paragraphs = [p.strip() for p in heldout_text().split("\n\n") if p.strip()]
+    half = len(paragraphs) // 2
+    return "\n\n".join(paragraphs[:half]), "\n\n".join(paragraphs[half:])
+
+
 @torch.inference_mode()
 def perplexity(head: ClientHead, shards: Sequence[ShardModel], text: str) -> float:
     """exp(mean next-token cross-entropy) of `text` through the shard chain (teacher forced)."""
@@ -108,7 +116,10 @@ def codec_quality(
 
     For each codec: `top1_agreement_<c>` (share of positions whose argmax next token is the
     uncompressed chain's; one near-tie cannot cascade because every position sees the true
-    prefix), `flips_<c>`, `ppl_<c>` and `ratio_ppl_<c>_vs_raw`. Also `ppl_raw`, `positions` and
+    prefix), `flips_<c>`, `ppl_<c>`, `ratio_ppl_<c>_vs_raw`, and two continuous measures that
+    rank codecs where flips are too few to: `gap_error_rms_<c>` (rms change of the gap between
+    the uncompressed chain's top-2 logits) and `kl_<c>` (mean KL divergence, nats). Also
+    `ppl_raw`, `positions` and
     `near_ties_raw` (positions whose top-2 logits differ by < 0.05, where any noise may flip)."""
     table = {c: codec_roundtrip(c) for c in codecs} if not isinstance(codecs, Mapping) else codecs
     ids = head.encode(text)
@@ -124,6 +135,8 @@ def codec_quality(
         "near_ties_raw": int(((top2[:, 0] - top2[:, 1]) < 0.05).sum()),
     }
     best = base.argmax(dim=-1)
+    runner_up = base.topk(2, dim=-1).indices[:, 1:]
+    base_logp = torch.log_softmax(base, dim=-1)
     for name, roundtrip in table.items():
         logits = chain_logits(head, shards, ids, roundtrip)
         loss = float(torch.nn.functional.cross_entropy(logits, targets))
@@ -132,6 +145,13 @@ def codec_quality(
         metrics[f"flips_{name}"] = flips
         metrics[f"ppl_{name}"] = round(math.exp(loss), 4)
         metrics[f"ratio_ppl_{name}_vs_raw"] = round(math.exp(loss - base_loss), 5)
+        # Continuous measures (flips are few and noisy): how far the top-2 gap moved, and the
+        # mean KL divergence of the codec's next-token distribution from the uncompressed one.
+        gap = (logits.gather(1, best[:, None]) - logits.gather(1, runner_up))[:, 0]
+        moved = gap - (top2[:, 0] - top2[:, 1])
+        metrics[f"gap_error_rms_{name}"] = round(float(moved.pow(2).mean().sqrt()), 5)
+        kl = (base_logp.exp() * (base_logp - torch.log_softmax(logits, dim=-1))).sum(-1)
+        metrics[f"kl_{name}"] = float(f"{float(kl.mean()):.3g}")
     return metrics
 
 

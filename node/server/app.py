@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -79,6 +80,7 @@ class NodeState:
     in_flight: int = 0
     peer_in_flight: dict[str, int] = field(default_factory=dict)
     forwards: int = 0
+    tokens: int = 0  # positions run through this shard's layers (the node's own work count)
     compute_s: float = 0.0
     # Called on the forward thread after each successful forward with (session tag,
     # positions, inputs, outputs); a failing hook is logged and never fails the forward.
@@ -86,6 +88,7 @@ class NodeState:
     forward_hooks: list[Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]] = field(
         default_factory=list
     )
+    served: Any = None  # node.server.served.ServedLog with --commit-dir (install_served)
 
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)
@@ -213,6 +216,7 @@ async def _run_forward(
             state.in_flight -= 1
         store.advance(session, h.count, cache_bytes)
     state.forwards += 1
+    state.tokens += h.count
     state.compute_s += compute_s
     log.debug(
         "forward session=%s start=%d count=%d compute_ms=%.2f",
@@ -321,6 +325,7 @@ async def info(request: web.Request) -> web.Response:
             "load": {
                 "in_flight": state.in_flight,
                 "forwards": state.forwards,
+                "tokens": state.tokens,
                 "busy_fraction": round(state.compute_s / uptime, 4) if uptime > 0 else 0.0,
             },
             "uptime_s": round(uptime, 1),

@@ -54,6 +54,9 @@ class ServerConfig:
     served_max_bytes: int = 256 * 1024**2
     # a session idle this long gets its partial last block recorded (then no more positions)
     served_seal_idle_s: float = 10.0
+    # tests only: a cheater mode (node/server/cheat.py); "" = honest. Needs the hidden
+    # --cheat flag AND PLANET_NODE_CHEAT=yes-i-want-this-node-to-cheat
+    cheat: str = ""
 
     def validate(self) -> ServerConfig:
         problems = []

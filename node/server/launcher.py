@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,8 +67,10 @@ def start_node(
     port: int,
     run_dir: Path,
     extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
 ) -> NodeProcess:
-    """Spawn one detached node process; returns at once (see wait_healthy)."""
+    """Spawn one detached node process; returns at once (see wait_healthy). `extra_env` is
+    added to the node's environment (tests: the cheat-mode confirmation)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / f"node-{shard}.log"
     pid_path = run_dir / f"node-{shard}.pid"
@@ -89,7 +91,7 @@ def start_node(
         "127.0.0.1",
         *extra_args,
     ]
-    proc = spawn_logged(cmd, log_path, env=node_env())
+    proc = spawn_logged(cmd, log_path, env={**node_env(), **(extra_env or {})})
     pid_path.write_text(json.dumps({"pid": proc.pid, "port": port, "shard": shard}))
     return NodeProcess(shard=shard, port=port, pid=proc.pid, log_path=log_path, pid_path=pid_path)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -11,7 +12,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from node.server.app import create_app
 from node.server.backend import ModelShardBackend
 from node.server.config import ServerConfig
-from protocol.errors import UnavailableError
+from protocol.errors import ConfigError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +59,27 @@ def quiet_malformed_http_logs() -> None:
         server_log.addFilter(MalformedHttpLogFilter())
 
 
+def _cheating(backend: ModelShardBackend, mode_text: str) -> Any:
+    """Tests only (node/server/cheat.py): refuses unless the environment confirms it too."""
+    from node.server import cheat
+
+    if os.environ.get(cheat.ENV) != cheat.CONFIRM:
+        raise ConfigError(
+            "a cheat mode needs its confirmation in the environment",
+            hint=f"{cheat.ENV}={cheat.CONFIRM} (tests only)",
+        )
+    mode = cheat.parse_mode(mode_text)
+    log.warning("CHEATING NODE mode=%s (tests only)", mode)
+    return cheat.wrap(backend, mode, confirm=cheat.CONFIRM, seed=backend.shard_id)
+
+
 def serve(config: ServerConfig) -> None:
     """Blocks until SIGINT/SIGTERM. Raises IntegrityError/ConfigError before binding the port."""
     config.validate()
     threads = configure_torch_threads(config.torch_threads)
     backend = ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)
+    if config.cheat:
+        backend = _cheating(backend, config.cheat)
     log.info(
         "shard loaded shard=%d layers=%s quant=%s device=%s torch_threads=%d",
         backend.shard_id,

@@ -285,6 +285,7 @@ def install_served(app: web.Application, state: Any, config: ServerConfig) -> Se
         seal_idle_s=config.served_seal_idle_s,
     )
     app[SERVED_KEY] = served
+    state.served = served  # what node.server.tickets serves spot-check tickets from
     state.forward_hooks.append(served.hook)  # failures are logged by the forward path
 
     async def sealer(_: web.Application) -> AsyncIterator[None]:

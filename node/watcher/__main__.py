@@ -4,7 +4,9 @@
         --evm-rpc http://127.0.0.1:8545 --deployment deployment.json [--poll 1.0]
 
 Signs `attest_stake` with the validator's CometBFT consensus key
-(`VALIDATOR_HOME/config/priv_validator_key.json`). Runs until SIGTERM/SIGINT; an EVM RPC or a
+(`VALIDATOR_HOME/config/priv_validator_key.json`), and each closed epoch's payout statement
+with its operator key (`VALIDATOR_HOME/config/operator_key.json`), relaying confirmed ones to
+the QueryEscrow (`node/watcher/payouts.py`). Runs until SIGTERM/SIGINT; an EVM RPC or a
 validator that is down is logged and retried with backoff, never fatal.
 """
 
@@ -27,6 +29,7 @@ from node.chain.evm import Deployment
 from node.procs import run_service
 from node.retry import Backoff, sleep_or_stop
 from node.watcher.evm import StakingReader
+from node.watcher.payouts import PayoutRelay, read_operator_key
 from node.watcher.watcher import StakeWatcher
 from protocol.errors import ConfigError, PlanetError
 
@@ -69,6 +72,10 @@ async def run(args: argparse.Namespace) -> int:
     backoff = Backoff(initial_s=0.5, max_s=10.0)
     reader: StakingReader | None = None
     watcher: StakeWatcher | None = None
+    relay: PayoutRelay | None = None
+    operator_key = read_operator_key(args.home)
+    if operator_key is None:
+        log.warning("no config/operator_key.json: payout roots are not signed by this watcher")
     log.info(
         "watcher starting validator=%s staking=%s",
         key.verify_key.encode().hex()[:16],
@@ -80,7 +87,13 @@ async def run(args: argparse.Namespace) -> int:
                 if watcher is None:
                     reader = await asyncio.to_thread(StakingReader, deployment, args.evm_rpc)
                     watcher = StakeWatcher(reader, link, deployment.block, resync_s=args.resync)
+                if relay is None and operator_key is not None:
+                    relay = await asyncio.to_thread(
+                        payout_relay, deployment, operator_key, link, args.evm_rpc
+                    )
                 await watcher.step()
+                if relay is not None:
+                    await _relay_step(relay)
                 backoff.reset()
                 delay = args.poll
             except PlanetError as error:
@@ -95,6 +108,33 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         await link.close()
     return 0
+
+
+async def _relay_step(relay: PayoutRelay) -> None:
+    """One payout pass; its failures are logged and never slow the stake attestations."""
+    try:
+        await relay.step()
+    except PlanetError as error:
+        log.warning("payout relay pass failed: %s", error.message)
+    except (KeyError, ValueError, TypeError) as error:  # an odd answer: log, go on
+        log.warning("payout relay pass failed on an unexpected answer: %r", error)
+
+
+def payout_relay(
+    deployment: Deployment, operator_key: bytes, link: CommitteeLink, evm_rpc: str | None
+) -> PayoutRelay:
+    """The payout signer/relayer of this validator (its operator key pays the relay gas)."""
+    from node.chain.evm import PlanetChain
+    from protocol.eip712 import committee_domain
+
+    escrow = PlanetChain(deployment, operator_key, rpc_url=evm_rpc)
+    return PayoutRelay(
+        committee=link,
+        escrow=escrow,
+        escrow_address=deployment.address("QueryEscrow"),
+        operator_key=operator_key,
+        domain=committee_domain(deployment.chain_id, deployment.address("Committee")),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

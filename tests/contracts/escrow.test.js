@@ -30,7 +30,7 @@ describe("QueryEscrow", function () {
     const sigs = await h.signAll(signers, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch, root: tree.root, total, queriesHash: qh });
     return { epoch, tree, total, qh, sigs, queryIds, fees };
   }
-  const post = (env, s) => env.escrow.postPayoutRoot(s.epoch, s.tree.root, s.total, s.queryIds, s.fees, s.sigs);
+  const post = (env, s) => env.escrow.postPayoutRoot(s.epoch, s.tree.root, s.total, h.charges(s.queryIds, s.fees), s.sigs);
 
   async function settledFixture() {
     const env = await fixture();
@@ -175,7 +175,7 @@ describe("QueryEscrow", function () {
       );
       await escrow2.connect(env.user).deposit(env.q1, ethers.id("model"), { value: FEE_CAP });
       const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n }], [env.q1], [5n]);
-      await expect(escrow2.postPayoutRoot(1n, s.tree.root, 5n, [env.q1], [5n], s.sigs)).to.be.revertedWithCustomError(
+      await expect(escrow2.postPayoutRoot(1n, s.tree.root, 5n, h.charges([env.q1], [5n]), s.sigs)).to.be.revertedWithCustomError(
         env.committee,
         "UnknownSigner",
       );
@@ -211,11 +211,11 @@ describe("QueryEscrow", function () {
     });
     it("postPayoutRoot_zeroRoot_reverts", async function () {
       const env = await loadFixture(fixture);
-      await expect(env.escrow.postPayoutRoot(1n, ethers.ZeroHash, 0n, [], [], [])).to.be.revertedWithCustomError(env.escrow, "ZeroRoot");
+      await expect(env.escrow.postPayoutRoot(1n, ethers.ZeroHash, 0n, h.charges([], []), [])).to.be.revertedWithCustomError(env.escrow, "ZeroRoot");
     });
     it("postPayoutRoot_lengthMismatch_reverts", async function () {
       const env = await loadFixture(fixture);
-      await expect(env.escrow.postPayoutRoot(1n, ethers.id("r"), 0n, [env.q1], [], []))
+      await expect(env.escrow.postPayoutRoot(1n, ethers.id("r"), 0n, h.charges([env.q1], []), []))
         .to.be.revertedWithCustomError(env.escrow, "LengthMismatch")
         .withArgs(1, 0);
     });
@@ -230,16 +230,10 @@ describe("QueryEscrow", function () {
       const s = await statement(env, 1n, [{ account: env.op1.address, amount: 2n }], [env.q1, env.q1], [1n, 1n]);
       await expect(post(env, s)).to.be.revertedWithCustomError(env.escrow, "QueryNotFunded").withArgs(env.q1);
     });
-    it("postPayoutRoot_alreadySettledOrRefundedQuery_reverts", async function () {
+    it("postPayoutRoot_alreadySettledQuery_reverts", async function () {
       const env = await loadFixture(settledFixture);
       const s2 = await statement(env, 2n, [{ account: env.op1.address, amount: 1n }], [env.q1], [1n]);
       await expect(post(env, s2)).to.be.revertedWithCustomError(env.escrow, "QueryNotFunded").withArgs(env.q1);
-      const q3 = ethers.id("q3");
-      await env.escrow.connect(env.user).deposit(q3, ethers.ZeroHash, { value: 10n });
-      await time.increase(h.DEFAULTS.refundTimeout);
-      await env.escrow.connect(env.user).refund(q3);
-      const s3 = await statement(env, 3n, [{ account: env.op1.address, amount: 1n }], [q3], [1n]);
-      await expect(post(env, s3)).to.be.revertedWithCustomError(env.escrow, "QueryNotFunded").withArgs(q3);
     });
     it("postPayoutRoot_feeAboveDeposit_reverts", async function () {
       const env = await loadFixture(fixture);
@@ -252,7 +246,7 @@ describe("QueryEscrow", function () {
       const env = await loadFixture(fixture);
       const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n }], [env.q1], [5n]);
       const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch: 1n, root: s.tree.root, total: 6n, queriesHash: s.qh });
-      await expect(env.escrow.postPayoutRoot(1n, s.tree.root, 6n, [env.q1], [5n], sigs))
+      await expect(env.escrow.postPayoutRoot(1n, s.tree.root, 6n, h.charges([env.q1], [5n]), sigs))
         .to.be.revertedWithCustomError(env.escrow, "TotalMismatch")
         .withArgs(6n, 5n);
     });
@@ -264,7 +258,7 @@ describe("QueryEscrow", function () {
     it("postPayoutRoot_feesDifferFromSigned_reverts", async function () {
       const env = await loadFixture(fixture);
       const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n }], [env.q1], [5n]);
-      await expect(env.escrow.postPayoutRoot(1n, s.tree.root, 5n, [env.q2], [5n], s.sigs)).to.be.revertedWithCustomError(
+      await expect(env.escrow.postPayoutRoot(1n, s.tree.root, 5n, h.charges([env.q2], [5n]), s.sigs)).to.be.revertedWithCustomError(
         env.committee,
         "UnknownSigner",
       );
@@ -407,7 +401,7 @@ describe("QueryEscrow", function () {
     it("disputeRoot_equivocation_freezesEpochAndReturnsFees", async function () {
       const env = await loadFixture(settledFixture);
       const { other, sigs } = await conflicting(env);
-      await expect(env.escrow.connect(env.stranger).disputeRoot(1n, env.s.queryIds, env.s.fees, env.s.sigs, other, sigs))
+      await expect(env.escrow.connect(env.stranger).disputeRoot(1n, h.charges(env.s.queryIds, env.s.fees), env.s.sigs, other, sigs))
         .to.emit(env.escrow, "RootDisputed")
         .withArgs(1n, other.root, other.total, other.queriesHash);
       const e = await env.escrow.epochOf(1n);
@@ -433,13 +427,13 @@ describe("QueryEscrow", function () {
       const env = await loadFixture(settledFixture);
       const other = { epoch: 1n, root: env.s.tree.root, total: env.s.total, queriesHash: ethers.id("other list") };
       const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { ...other, consumer: await env.escrow.getAddress() });
-      await env.escrow.disputeRoot(1n, env.s.queryIds, env.s.fees, env.s.sigs, { root: other.root, total: other.total, queriesHash: other.queriesHash }, sigs);
+      await env.escrow.disputeRoot(1n, h.charges(env.s.queryIds, env.s.fees), env.s.sigs, { root: other.root, total: other.total, queriesHash: other.queriesHash }, sigs);
       expect((await env.escrow.epochOf(1n)).status).to.equal(EpochStatus.Disputed);
     });
     it("disputeRoot_sameStatement_reverts", async function () {
       const env = await loadFixture(settledFixture);
       const same = { root: env.s.tree.root, total: env.s.total, queriesHash: env.s.qh };
-      await expect(env.escrow.disputeRoot(1n, env.s.queryIds, env.s.fees, env.s.sigs, same, env.s.sigs))
+      await expect(env.escrow.disputeRoot(1n, h.charges(env.s.queryIds, env.s.fees), env.s.sigs, same, env.s.sigs))
         .to.be.revertedWithCustomError(env.escrow, "SameStatement")
         .withArgs(1n);
     });
@@ -448,23 +442,23 @@ describe("QueryEscrow", function () {
       const { other, sigs } = await conflicting(env);
       const { claimableAt } = await env.escrow.epochOf(1n);
       await time.increaseTo(claimableAt);
-      await expect(env.escrow.disputeRoot(1n, env.s.queryIds, env.s.fees, env.s.sigs, other, sigs))
+      await expect(env.escrow.disputeRoot(1n, h.charges(env.s.queryIds, env.s.fees), env.s.sigs, other, sigs))
         .to.be.revertedWithCustomError(env.escrow, "ChallengeWindowClosed")
         .withArgs(1n, claimableAt);
     });
     it("disputeRoot_unpostedOrAlreadyDisputed_reverts", async function () {
       const env = await loadFixture(settledFixture);
       const { other, sigs } = await conflicting(env);
-      await expect(env.escrow.disputeRoot(2n, [], [], [], other, sigs)).to.be.revertedWithCustomError(env.escrow, "EpochNotPosted").withArgs(2n);
-      await env.escrow.disputeRoot(1n, env.s.queryIds, env.s.fees, env.s.sigs, other, sigs);
-      await expect(env.escrow.disputeRoot(1n, env.s.queryIds, env.s.fees, env.s.sigs, other, sigs))
+      await expect(env.escrow.disputeRoot(2n, h.charges([], []), [], other, sigs)).to.be.revertedWithCustomError(env.escrow, "EpochNotPosted").withArgs(2n);
+      await env.escrow.disputeRoot(1n, h.charges(env.s.queryIds, env.s.fees), env.s.sigs, other, sigs);
+      await expect(env.escrow.disputeRoot(1n, h.charges(env.s.queryIds, env.s.fees), env.s.sigs, other, sigs))
         .to.be.revertedWithCustomError(env.escrow, "EpochNotPosted")
         .withArgs(1n);
     });
     it("disputeRoot_lengthMismatch_reverts", async function () {
       const env = await loadFixture(settledFixture);
       const { other, sigs } = await conflicting(env);
-      await expect(env.escrow.disputeRoot(1n, env.s.queryIds, [1n], env.s.sigs, other, sigs))
+      await expect(env.escrow.disputeRoot(1n, h.charges(env.s.queryIds, [1n]), env.s.sigs, other, sigs))
         .to.be.revertedWithCustomError(env.escrow, "LengthMismatch")
         .withArgs(2, 1);
     });
@@ -472,7 +466,7 @@ describe("QueryEscrow", function () {
       const env = await loadFixture(settledFixture);
       const { other } = await conflicting(env);
       const forged = await h.signAll(h.wallets(3, "forgers"), env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch: 1n, ...other });
-      await expect(env.escrow.disputeRoot(1n, env.s.queryIds, env.s.fees, env.s.sigs, other, forged)).to.be.revertedWithCustomError(
+      await expect(env.escrow.disputeRoot(1n, h.charges(env.s.queryIds, env.s.fees), env.s.sigs, other, forged)).to.be.revertedWithCustomError(
         env.committee,
         "UnknownSigner",
       );
@@ -481,7 +475,7 @@ describe("QueryEscrow", function () {
       const env = await loadFixture(settledFixture);
       const { other, sigs } = await conflicting(env);
       // A list the committee never signed with the posted root: its signatures do not match.
-      await expect(env.escrow.disputeRoot(1n, [env.q1, env.q2], [env.s.fees[1], env.s.fees[0]], env.s.sigs, other, sigs)).to.be.revertedWithCustomError(
+      await expect(env.escrow.disputeRoot(1n, h.charges([env.q1, env.q2], [env.s.fees[1], env.s.fees[0]]), env.s.sigs, other, sigs)).to.be.revertedWithCustomError(
         env.committee,
         "UnknownSigner",
       );
@@ -495,7 +489,7 @@ describe("QueryEscrow", function () {
       const altQh = h.queriesHash([env.q2], [5n]);
       const alt = { epoch: 1n, root: s.tree.root, total: 5n, queriesHash: altQh };
       const altSigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { ...alt, consumer: await env.escrow.getAddress() });
-      await expect(env.escrow.disputeRoot(1n, [env.q2], [5n], altSigs, { root: s.tree.root, total: 5n, queriesHash: s.qh }, s.sigs))
+      await expect(env.escrow.disputeRoot(1n, h.charges([env.q2], [5n]), altSigs, { root: s.tree.root, total: 5n, queriesHash: s.qh }, s.sigs))
         .to.be.revertedWithCustomError(env.escrow, "QueryNotSettled")
         .withArgs(env.q2);
     });
@@ -505,7 +499,7 @@ describe("QueryEscrow", function () {
       await post(env, s);
       const alt = { epoch: 1n, root: s.tree.root, total: 5n, queriesHash: h.queriesHash([env.q1], [4n]) };
       const altSigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { ...alt, consumer: await env.escrow.getAddress() });
-      await expect(env.escrow.disputeRoot(1n, [env.q1], [4n], altSigs, { root: s.tree.root, total: 5n, queriesHash: s.qh }, s.sigs))
+      await expect(env.escrow.disputeRoot(1n, h.charges([env.q1], [4n]), altSigs, { root: s.tree.root, total: 5n, queriesHash: s.qh }, s.sigs))
         .to.be.revertedWithCustomError(env.escrow, "TotalMismatch")
         .withArgs(5n, 4n);
     });

@@ -85,8 +85,16 @@ async function signAll(signers, dom, primaryType, value, keepOrder = false) {
   return Promise.all(ordered.map((w) => w.signTypedData(dom, { [primaryType]: TYPES[primaryType] }, value)));
 }
 
-function queriesHash(queryIds, fees) {
-  return ethers.keccak256(coder.encode(["bytes32[]", "uint256[]"], [queryIds, fees]));
+/** keccak256(abi.encode(queryIds, fees, payers, debits)): what a PayoutRoot's queriesHash binds. */
+function queriesHash(queryIds, fees, payers = [], debits = []) {
+  return ethers.keccak256(
+    coder.encode(["bytes32[]", "uint256[]", "address[]", "uint256[]"], [queryIds, fees, payers, debits]),
+  );
+}
+
+/** The `Charges` tuple postPayoutRoot and disputeRoot take. */
+function charges(queryIds, fees, payers = [], debits = []) {
+  return { queryIds, fees, payers, debits };
 }
 
 function commitmentValue(session, step, shard, outputHash, salt) {
@@ -198,6 +206,7 @@ module.exports = {
   domain,
   signAll,
   queriesHash,
+  charges,
   commitmentValue,
   evidenceId,
   challengeCommitment,

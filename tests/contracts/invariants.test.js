@@ -249,7 +249,7 @@ describe("invariants under random sequences", function () {
           const qh = h.queriesHash(queryIds, fees);
           const epoch = nextEpoch++;
           const sigs = await h.signAll(members, committeeDomain, "PayoutRoot", { consumer: await escrow.getAddress(), epoch, root: tree.root, total, queriesHash: qh });
-          await escrow.postPayoutRoot(epoch, tree.root, total, queryIds, fees, sigs);
+          await escrow.postPayoutRoot(epoch, tree.root, total, h.charges(queryIds, fees), sigs);
           chosen.forEach(([, d], i) => {
             d.amount -= fees[i];
             d.status = "Settled";
@@ -304,7 +304,7 @@ describe("invariants under random sequences", function () {
           const e = epochs.get(epoch);
           const other = { root: ethers.id(`other-${epoch}`), total: e.total, queriesHash: e.qh };
           const sigs = await h.signAll(members, committeeDomain, "PayoutRoot", { consumer: await escrow.getAddress(), epoch, ...other });
-          await escrow.disputeRoot(epoch, e.queryIds, e.fees, e.sigs, other, sigs);
+          await escrow.disputeRoot(epoch, h.charges(e.queryIds, e.fees), e.sigs, other, sigs);
           e.queryIds.forEach((q, i) => {
             const d = deposits.get(q);
             d.amount += e.fees[i];

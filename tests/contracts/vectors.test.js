@@ -97,7 +97,7 @@ describe("golden vectors (tests/vectors)", function () {
 
   it("eip712_queries_hash_matches_solidity", async function () {
     const v = eip712.helpers.queries_hash;
-    expect(await harness.queriesHash(v.queryIds, v.fees.map(BigInt))).to.equal(v.value);
+    expect(await harness.queriesHash({ queryIds: v.queryIds, fees: v.fees.map(BigInt), payers: v.payers, debits: v.debits.map(BigInt) })).to.equal(v.value);
   });
 
   it("committee_contract_accepts_python_committee_signatures", async function () {

@@ -157,6 +157,169 @@ def test_devnet_committee_contract_has_the_genesis_operators(env, devnet) -> Non
     assert params["genesis"]["evm"]["committee_address"].lower() == committee["address"].lower()
 
 
+CHALLENGE_WINDOW_S = 60  # DeployConfig.devnet's QueryEscrow window
+
+
+def _escrow(devnet: dict[str, Any]) -> Any:
+    from web3 import Web3
+
+    deployment = json.loads(Path(devnet["deployment"]).read_text())
+    escrow = deployment["contracts"]["QueryEscrow"]
+    w3 = Web3(Web3.HTTPProvider(devnet["evm_rpc"]))
+    return w3, w3.eth.contract(address=escrow["address"], abi=escrow["abi"])
+
+
+def _paid(devnet: dict[str, Any], accounts: list[str]) -> dict[str, dict[int, int]] | None:
+    """{account: {epoch: amount}} over epochs posted on the escrow, once every account has
+    some; None before (also when a busy RPC did not answer in time: asked again)."""
+    try:
+        return _paid_now(devnet, accounts)
+    except (OSError, ValueError) as error:  # urllib/requests timeouts are OSErrors
+        print(f"_paid: {error!r}", file=sys.stderr)
+        return None
+
+
+def _paid_now(devnet: dict[str, Any], accounts: list[str]) -> dict[str, dict[int, int]] | None:
+    _, escrow = _escrow(devnet)
+    listing = _query(devnet["committee_rpc"][0], "/payouts") or {"epochs": []}
+    paid: dict[str, dict[int, int]] = {a.lower(): {} for a in accounts}
+    for summary in listing["epochs"]:
+        epoch = summary["epoch"]
+        if escrow.functions.epochOf(epoch).call()[3] != 1:  # not posted (yet)
+            return None
+        view = _query(devnet["committee_rpc"][0], "/payouts", epoch=str(epoch))
+        for account, amount in view["rows"]:
+            if account in paid:
+                paid[account][epoch] = int(amount)
+    return paid if all(paid.values()) else None
+
+
+def _signed(node: int, devnet: dict[str, Any], body: Any) -> tuple[int, str]:
+    """Send `body` signed with operator node<i>'s node key; (FinalizeBlock code, log)."""
+    import asyncio
+
+    from node.chain.committee_link import CommitteeLink
+    from node.keys import load_node_key
+
+    password = Path(devnet["password_file"]).read_text()
+    home = Path(devnet["operators"][node])
+    key = load_node_key(home / "node_key.json", password)
+
+    async def send() -> tuple[int, str]:
+        link = CommitteeLink(devnet["committee_rpc"], key)
+        try:
+            sent = await link.submit(body)
+            return await link.committed_code(sent.hash, timeout_s=90)
+        finally:
+            await link.close()
+
+    return asyncio.run(send())
+
+
+def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devnet) -> None:
+    """questions answered → gateway reports + node contributions → the epoch closes → the
+    root is posted with ≥ 2/3 operator signatures → each node claims exactly its amount;
+    unbacked work, a double claim and a forged or under-signed root are refused."""
+    if not devnet.get("gateway_url"):
+        pytest.skip("this checkout has no gateway")
+    from node.chain.evm import ContractRevert, Deployment, PlanetChain
+    from node.keys import load_wallet
+    from protocol.committee import Contribution, NodeWork, ShardWork, WorkReport
+    from protocol.eip712 import PayoutRoot, committee_domain, committee_signatures, queries_hash
+
+    operators = [a for a in devnet["accounts"] if a["name"].startswith("node")]
+    addresses = [a["address"] for a in operators]
+    paid = None
+    for question in ("What is two plus two?", "Name a colour.", "Say hello."):
+        asked = _planet(env, "ask", "--pay", "--max-tokens", "6", question, timeout=300)
+        assert asked.returncode == 0, asked.stderr[-3000:]
+        try:
+            paid = _wait(lambda: _paid(devnet, addresses), 60, "every node paid in a root")
+            break
+        except AssertionError:
+            continue  # a node's work landed after its epoch's fees: the next question pays it
+    assert paid is not None, "no epoch root paid all three nodes"
+    rpc = devnet["committee_rpc"][0]
+    epochs = sorted({e for per in paid.values() for e in per})
+    for epoch in epochs:
+        view = _query(rpc, "/payouts", epoch=str(epoch))
+        assert view["confirmed"] and 3 * view["power"] >= 2 * 4  # 4 validators, power 1 each
+        assert int(view["total"]) == sum(int(f) for f in view["fees"]) > 0
+
+    # a contribution nobody paid for: a shard no gateway reported this node on
+    from node.keys import node_public_key
+
+    node_key = node_public_key(Path(devnet["operators"][0]) / "node_key.json")
+    [shard] = _view(devnet, node_key)["shards"]
+    other = ShardWork(devnet["model_hash"], (shard + 1) % 3, 10, 5)
+    code, log = _signed(0, devnet, Contribution((other,)))
+    assert code == 31, log  # UNBACKED_CONTRIBUTION
+    # a node cannot back its own work: only genesis gateways report
+    forged = WorkReport((NodeWork(node_key, devnet["model_hash"], shard, 10, 5),), ())
+    code, log = _signed(0, devnet, forged)
+    assert code == 30, log  # UNKNOWN_GATEWAY
+
+    # claims open after the escrow's window: move anvil's clock past it
+    w3, escrow = _escrow(devnet)
+    w3.provider.make_request("evm_increaseTime", [CHALLENGE_WINDOW_S + 1])
+    w3.provider.make_request("evm_mine", [])
+    password = Path(devnet["password_file"]).read_text()
+    for operator in operators:
+        home = operator["home"]
+        expected = sum(paid[operator["address"].lower()].values())
+        before = w3.eth.get_balance(operator["address"])
+        claimed = _planet(env, "claim", "--home", home, "--password-file",
+                          devnet["password_file"], timeout=120)  # fmt: skip
+        assert claimed.returncode == 0, claimed.stderr[-2000:]
+        fees = 0
+        for line in claimed.stdout.splitlines():
+            tx = line.rsplit("(tx ", 1)[1].rstrip(")")
+            receipt = w3.eth.get_transaction_receipt(tx)
+            fees += receipt["gasUsed"] * receipt["effectiveGasPrice"]
+        assert w3.eth.get_balance(operator["address"]) == before + expected - fees
+        # the CLI's view after claiming, for one operator (each `planet` start costs seconds)
+        if operator is operators[0]:
+            earnings = _planet(env, "earnings", "--home", home, "--json", timeout=60)
+            assert earnings.returncode == 0, earnings.stderr
+            assert json.loads(earnings.stdout)["claimed"] == str(expected)
+            again = _planet(env, "claim", "--home", home, "--password-file",
+                            devnet["password_file"], timeout=60)  # fmt: skip
+            assert again.returncode == 2 and "nothing to claim" in again.stderr
+        # the escrow itself reverts a second claim
+        wallet = load_wallet(Path(home) / "wallet.json", password)
+        chain = PlanetChain(Deployment.load(devnet["deployment"]), bytes(wallet.key))
+        epoch = min(paid[operator["address"].lower()])
+        proof = _query(rpc, "/payouts/proof", epoch=str(epoch), account=operator["address"])
+        with pytest.raises(ContractRevert) as double:
+            chain.claim(epoch, int(proof["amount"]), [bytes.fromhex(p[2:]) for p in proof["proof"]])
+        assert double.value.error_name == "AlreadyClaimed"
+
+    # a root for an epoch the committee never closed: forged or under-signed, refused
+    deployment = Deployment.load(devnet["deployment"])
+    user = load_wallet(Path(devnet["dir"]) / "user" / "wallet.json", password)
+    relayer = PlanetChain(deployment, bytes(user.key))
+    statement = PayoutRoot(
+        epoch=10**6,
+        root=b"\x11" * 32,
+        total=0,
+        queries_hash=queries_hash([], []),
+        consumer=deployment.address("QueryEscrow"),
+    )
+    domain = committee_domain(deployment.chain_id, deployment.address("Committee"))
+    strangers = [bytes([i]) * 32 for i in (7, 8, 9)]
+    from deploy.committee import read_operator_key
+
+    committee_dir = Path(devnet["committee_dir"])
+    real = [read_operator_key(committee_dir / f"node{i}" / "config" / "operator_key.json")
+            for i in range(2)]  # fmt: skip
+    for keys, reason in ((strangers, "UnknownSigner"), (real, "InsufficientPower")):
+        sigs = committee_signatures(statement, keys, domain)
+        with pytest.raises(ContractRevert) as refused:
+            relayer.post_payout_root(statement, [], [], sigs)
+        assert refused.value.error_name == reason
+    assert escrow.functions.epochOf(10**6).call()[3] == 0
+
+
 def test_devnet_node_without_attested_stake_is_never_routable(env, devnet) -> None:
     """A fresh wallet with no stake registers a node key through a real agent process: the
     committee lists it SERVING, the watchers attest 0, and it never becomes routable."""

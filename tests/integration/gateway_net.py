@@ -50,7 +50,7 @@ from node.server.launcher import (
 )
 from protocol.committee import AttestStake, Heartbeat, Leave, RegisterNode, sign, sign_registration
 from protocol.eip712 import ROLE_COMPUTE, address_of, as_bytes32
-from protocol.payment import QueryPayment, payment_domain, sign_payment
+from protocol.payment import QueryPayment, Voucher, payment_domain, sign_payment, sign_voucher
 
 ROOT = Path(__file__).resolve().parents[2]
 COMETBFT = ROOT / ".tools" / "bin" / "cometbft"
@@ -171,7 +171,9 @@ class Committee:
             return sign(body, self.validator_key(), self.validator_nonce).encode()
 
 
-def start_committee(run_dir: Path, operator: str) -> Committee:
+def start_committee(
+    run_dir: Path, operator: str, *, epoch_length: int = 10, evm: dict[str, Any] | None = None
+) -> Committee:
     if not COMETBFT.exists():
         raise FileNotFoundError(f"{COMETBFT} missing: run bash deploy/setup.sh")
     home = run_dir / "validator"
@@ -182,9 +184,10 @@ def start_committee(run_dir: Path, operator: str) -> Committee:
     address = genesis["validators"][0]["address"]
     genesis["consensus_params"]["abci"] = {"vote_extensions_enable_height": "1"}
     genesis["app_state"] = {
-        "epoch_length": 10,
+        "epoch_length": epoch_length,
         "heartbeat_timeout": 60,
         "validators": {address: operator},
+        **({"evm": evm} if evm else {}),
     }
     genesis_path.write_text(json.dumps(genesis, indent=1))
     config_path = home / "config" / "config.toml"
@@ -275,7 +278,14 @@ class GatewayNet:
         rpc_call(self.anvil.rpc_url, "anvil_setBalance", [address_of(key), hex(ether * ETHER)])
         return PlanetChain(self.deployment, key)
 
-    def start_nodes(self, shards: list[int], *, wait: bool = True) -> list[Compute]:
+    def start_nodes(
+        self,
+        shards: list[int],
+        *,
+        wait: bool = True,
+        extra_args: tuple[str, ...] = (),
+        extra_env: dict[str, str] | None = None,
+    ) -> list[Compute]:
         started = []
         for index, shard in enumerate(shards):
             process = start_node(
@@ -283,7 +293,8 @@ class GatewayNet:
                 shard=shard,
                 port=ephemeral_port(),
                 run_dir=self.run_dir / f"node-{len(self.nodes) + index}",
-                extra_args=("--threads", "1"),
+                extra_args=("--threads", "1", *extra_args),
+                extra_env=extra_env,
             )
             started.append(
                 Compute(process, SigningKey.generate(), keccak(text=secrets.token_hex(16)))
@@ -432,6 +443,17 @@ class GatewayNet:
         payment = QueryPayment(query_id, self.model_id, pool["gateway"], fee_cap or amount_wei)
         key = signer_key if signer_key is not None else bytes(user.account.key)
         return sign_payment(key, payment, domain), query_id
+
+    def voucher(
+        self, payer: PlanetChain, fee_cap: int, *, expires_in_s: int = 600
+    ) -> tuple[str, bytes]:
+        """A prepaid voucher of `payer` for a fresh query id (no transaction); (API key, id)."""
+        query_id = secrets.token_bytes(32)
+        pool = self.pools()
+        domain = payment_domain(pool["chain_id"], pool["escrow"])
+        expiry = int(time.time()) + expires_in_s
+        voucher = Voucher(pool["gateway"], query_id, self.model_id, fee_cap, expiry, pool["escrow"])
+        return sign_voucher(bytes(payer.account.key), voucher, domain), query_id
 
     # --- tear-down ------------------------------------------------------------------------------
 

@@ -69,6 +69,11 @@ TX_TYPES = (
     "reveal",
     "share_block",
     "verdict_vote",
+    "work_report",
+    "contribution",
+    "payout_vote",
+    "seed_commit",
+    "seed_reveal",
 )
 FIELDS = (
     "amount",
@@ -96,6 +101,8 @@ FIELDS = (
     "height",
     "round",
     "votes",
+    "work",
+    "queries",
 )
 ROUTES = (
     "/nodes",
@@ -109,6 +116,10 @@ ROUTES = (
     "/nonce",
     "/share_blocks",
     "/params",
+    "/payouts",
+    "/payouts/proof",
+    "/backing",
+    "/credits",
 )
 PARAMS = (
     "model",
@@ -123,6 +134,7 @@ PARAMS = (
     "epoch",
     "id",
     "confirmed",
+    "account",
     "account",
     "from",
 )

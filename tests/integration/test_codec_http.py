@@ -1,4 +1,4 @@
-"""The `--compress` codec (ohq7) through a real 2-node HTTP circuit of SmolLM2: greedy tokens
+"""The `--compress` codec (rq) and the opt-in ohq7 through a real 2-node HTTP circuit of SmolLM2:
 equal the uncompressed circuit's on the short prompt of test_pipeline_http.py, and the nodes
 answer in the codec they were sent. One circuit (two node processes) for the module."""
 
@@ -50,15 +50,23 @@ def _greedy(nodes: list[NodeProcess], head: NumpyHead, ids: list[int], codec: st
     return asyncio.run(run())
 
 
-def test_compress_stays_hq9_until_a_codec_matches_its_quality():
+def test_compress_stays_hq9_because_rq_costs_far_more_cpu_per_token():
     assert COMPRESSED_CODEC == "hq9"
 
 
-@pytest.mark.parametrize("prompt", list(PROMPTS))
-def test_codec_ohq7_greedy_tokens_equal_uncompressed_circuit(circuit, prompt):
+@pytest.fixture(scope="module")
+def uncompressed(circuit) -> dict[str, list[int]]:
+    """Greedy tokens of each prompt through the circuit with raw fp32 frames (computed once)."""
     manifest, nodes = circuit
     head = NumpyHead(manifest)
-    ids = head.chat_ids(PROMPTS[prompt])
-    raw = _greedy(nodes, head, ids, "raw")
+    return {p: _greedy(nodes, head, head.chat_ids(m), "raw") for p, m in PROMPTS.items()}
+
+
+@pytest.mark.parametrize("codec", ["ohq7", "rq"])
+@pytest.mark.parametrize("prompt", list(PROMPTS))
+def test_codec_greedy_tokens_equal_uncompressed_circuit(circuit, uncompressed, prompt, codec):
+    manifest, nodes = circuit
+    head = NumpyHead(manifest)
+    raw = uncompressed[prompt]
     assert len(raw) >= 5
-    assert _greedy(nodes, head, ids, "ohq7") == raw
+    assert _greedy(nodes, head, head.chat_ids(PROMPTS[prompt]), codec) == raw

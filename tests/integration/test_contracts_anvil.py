@@ -43,6 +43,8 @@ from node.chain.evm import (
     SignersNotSorted,
     UnbondingNotElapsed,
     UnknownSigner,
+    WithdrawalNotRequested,
+    WithdrawalNotYetAvailable,
     WrongConsumer,
 )
 from protocol.eip712 import (
@@ -477,6 +479,50 @@ def test_dispute_second_signed_root_freezes_epoch_and_refunds_fees(
     before = user.balance()
     refunded = user.refund(query)
     assert user.balance() - before == 10 * MILLI - refunded.fee_wei
+
+
+def test_prepaid_balance_debited_by_posted_root_then_withdrawn_after_delay(
+    deployment: Deployment, anvil: Anvil
+) -> None:
+    payer = account(anvil, deployment, "payer")
+    late = account(anvil, deployment, "late payer")
+    operator = account(anvil, deployment, "operator")
+    payer.deposit_balance(10 * MILLI)
+    late.deposit_balance(2 * MILLI)
+    assert payer.prepaid_of() == {"balance": 10 * MILLI, "withdrawable_at": 0}
+    with pytest.raises(WithdrawalNotRequested):
+        payer.withdraw_balance()
+    # `late` withdraws before the root that debits it lands: the root still posts (shortfall).
+    late.request_withdrawal()
+    timeout = payer.refund_timeout()
+    with pytest.raises(WithdrawalNotYetAvailable):
+        late.withdraw_balance()
+    travel(anvil, timeout + 1)
+    late.withdraw_balance()
+    assert late.prepaid_of()["balance"] == 0
+
+    epoch = 7_000 + next(_labels)
+    payers = sorted([payer.address, late.address], key=lambda a: int(a, 16))
+    debits = [3 * MILLI if p == payer.address else MILLI for p in payers]
+    tree = PayoutTree.for_epoch(epoch, {operator.address: 4 * MILLI})
+    escrow = deployment.address("QueryEscrow")
+    hashed = queries_hash([], [], payers, debits)
+    statement = PayoutRoot(epoch, tree.root, 4 * MILLI, hashed, escrow)
+    sigs = committee_signatures(statement, COMMITTEE_KEYS[:3], operator.domain_committee())
+    posted = operator.post_payout_root(statement, [], [], sigs, payers=payers, debits=debits)
+    assert posted.event("SettlementShortfall")["collected"] == 3 * MILLI
+    assert payer.prepaid_of()["balance"] == 7 * MILLI
+    assert operator.shortfall_of(epoch) == {"total": 4 * MILLI, "collected": 3 * MILLI}
+    travel(anvil, CHALLENGE_WINDOW_S + 1)
+    payout, proof = tree.proof_for(epoch, operator.address)
+    claimed = operator.claim(epoch, payout.amount, proof)
+    assert claimed.event("Claimed")["amount"] == 3 * MILLI  # pro rata: 4 · 3/4
+
+    payer.request_withdrawal()
+    travel(anvil, timeout + 1)
+    before = payer.balance()
+    result = payer.withdraw_balance()
+    assert payer.balance() - before == 7 * MILLI - result.fee_wei
 
 
 def test_revert_decoding_typed_errors_with_arguments(deployment: Deployment, anvil: Anvil) -> None:

@@ -404,6 +404,75 @@ def test_planet_ask_pay_deposits_streams_and_prints_the_receipt(
         assert "Traceback" not in failed.stderr and "hint:" in failed.stderr
 
 
+def _planet_cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PLANET_HOME": str(home), "PLANET_PASSWORD": "pw"}
+    return subprocess.run(
+        [sys.executable, "-m", "node.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_gateway_prepaid_one_deposit_many_questions_by_voucher(
+    net: GatewayNet, tmp_path: Path
+) -> None:
+    from node.keys import create_wallet
+    from protocol.payment import verify_prepaid_receipt_json
+
+    assert net.anvil is not None
+    payer = net.account("prepaid")
+    create_wallet(tmp_path / "wallet.json", "pw", bytes(payer.account.key))
+    common = ["--deployment", str(net.deployment_path), "--evm-rpc", net.anvil.rpc_url]
+    # one deposit (the CLI, one transaction) ...
+    done = _planet_cli(tmp_path, "balance", "deposit", "0.001", "--json", *common)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["balance_wei"] == str(ETHER // 1000)
+    pool = net.pools()
+    domain = payment_domain(pool["chain_id"], pool["escrow"])
+    # ... then questions with the official client, each paid by a signed voucher, no transaction
+    for _ in range(2):
+        key, query_id = net.voucher(payer, DEPOSIT // 100)
+        stream = client(net, key).chat.completions.create(
+            model=model_name(net),
+            messages=QUESTION,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        assert "Paris" in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        charge = verify_prepaid_receipt_json(chunks[-1].model_extra["planet_receipt"], domain)
+        assert (charge.payer, charge.receipt.query_id) == (payer.address, query_id)
+        assert charge.gateway_signer == pool["gateway"]
+        assert 0 < charge.receipt.fee <= charge.voucher.fee_cap
+        # replayed: the same voucher is refused
+        assert _refused(net, key)["code"] == "voucher_replayed"
+    # the balance is debited per epoch by the committee's root, not per question
+    assert payer.prepaid_of()["balance"] == ETHER // 1000
+    # named refusals: over its cap, expired, a payer without balance, malformed
+    assert _refused(net, net.voucher(payer, 1000)[0])["code"] == "voucher_over_cap"
+    assert _refused(net, net.voucher(payer, DEPOSIT, expires_in_s=-1)[0])["code"] == (
+        "voucher_expired"
+    )
+    broke = net.account("no balance")
+    assert _refused(net, net.voucher(broke, DEPOSIT // 100)[0])["code"] == "balance_insufficient"
+    assert _refused(net, "planet-voucher-v1.00")["code"] == "voucher_malformed"
+    # `planet ask --voucher` spends the same balance
+    asked = _planet_cli(
+        tmp_path, "ask", "--voucher", "Capital of France?", "--gateway", net.gateway_url,
+        "--max-tokens", "8", "--json", *common,
+    )  # fmt: skip
+    assert asked.returncode == 0, asked.stderr
+    assert json.loads(asked.stdout)["receipt"]["payer"] == payer.address
+    # a pending withdrawal stops the vouchers at once
+    requested = _planet_cli(tmp_path, "balance", "withdraw", "--json", *common)
+    assert json.loads(requested.stdout)["action"] == "requested", requested.stderr
+    assert _refused(net, net.voucher(payer, DEPOSIT // 100)[0])["code"] == "balance_withdrawing"
+
+
 def test_gateway_node_killed_mid_question_gives_clear_error_and_no_charge(
     net: GatewayNet, user: Any
 ) -> None:

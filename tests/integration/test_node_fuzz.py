@@ -322,7 +322,7 @@ class Grammar:
 
     def frame_bytes(self, cap: Any, start: int, count: int, *, hostile: bool) -> bytes:
         dtype = self.rng.choice(["float32", "float32", "float16"])
-        codec = self.rng.choice(["raw", "raw", "int8", "hq9"])
+        codec = self.rng.choice(["raw", "raw", "int8", "hq9", "rq"])
         if not hostile:
             header = {
                 "session": cap,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from node.model.evaluate import codec_quality
+from node.model.evaluate import codec_quality, heldout_split, heldout_text
 from node.model.head import ClientHead
 from node.model.prepare import prepare
 from node.model.shard import ShardModel
@@ -40,11 +40,21 @@ def test_codec_quality_identity_is_perfect_and_noise_is_not(chain):
     assert m["ratio_ppl_same_vs_raw"] == pytest.approx(1.0, abs=1e-5)
     assert m["top1_agreement_noisy"] < 0.9 and m["flips_noisy"] > 12
     assert m["ratio_ppl_noisy_vs_raw"] != pytest.approx(1.0, abs=1e-3)
+    assert m["gap_error_rms_same"] == 0.0 and m["kl_same"] == pytest.approx(0.0, abs=1e-9)
+    assert m["gap_error_rms_noisy"] > 0.01 and m["kl_noisy"] > 1e-3
+
+
+def test_heldout_split_cuts_at_a_paragraph_into_two_halves():
+    tune, test = heldout_split()
+    whole = heldout_text()
+    assert tune and test and tune.split("\n\n")[-1] != test.split("\n\n")[0]
+    assert tune.split() + test.split() == whole.split()
+    assert abs(len(tune.split()) - len(test.split())) < 0.2 * len(whole.split())
 
 
 def test_codec_quality_takes_registered_wire_codec_names(chain):
     head, shards, text = chain
-    m = codec_quality(head, shards, text, ["ohq7", "hq9"])
-    for codec in ("ohq7", "hq9"):
+    m = codec_quality(head, shards, text, ["ohq7", "hq9", "rq"])
+    for codec in ("ohq7", "hq9", "rq"):
         assert 0.9 <= m[f"top1_agreement_{codec}"] <= 1.0
         assert m[f"ratio_ppl_{codec}_vs_raw"] == pytest.approx(1.0, abs=0.02)

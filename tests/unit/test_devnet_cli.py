@@ -28,6 +28,8 @@ def test_devnet_status_and_down_without_a_devnet(tmp_path: Path, capsys) -> None
     [
         ("--validators", "0", "--validators must be 1..16"),
         ("--nodes", "10", "--nodes must be 1..9"),
+        ("--verifiers", "5", "--verifiers must be 0 to --validators (4)"),
+        ("--verifiers", "-1", "--verifiers must be 0 to --validators (4)"),
     ],
 )
 def test_devnet_up_bad_sizes_are_usage_errors_before_anything_starts(

@@ -114,7 +114,10 @@ def test_vector_helpers_reproduce() -> None:
     value = challenge_commitment(ch["challenger"], ch["evidenceId"], ch["offence"], ch["salt"])
     assert "0x" + value.hex() == ch["value"]
     q = helpers["queries_hash"]
-    assert "0x" + queries_hash(q["queryIds"], [int(f) for f in q["fees"]]).hex() == q["value"]
+    got = queries_hash(
+        q["queryIds"], [int(f) for f in q["fees"]], q["payers"], [int(d) for d in q["debits"]]
+    )
+    assert "0x" + got.hex() == q["value"]
 
 
 def test_vector_committee_signatures_are_sorted_and_reproduce() -> None:
@@ -179,7 +182,21 @@ def test_queries_hash_length_mismatch_is_rejected() -> None:
 
 
 def test_queries_hash_empty_lists_is_abi_encoded() -> None:
-    assert queries_hash([], []) == keccak(abi_encode(["bytes32[]", "uint256[]"], [[], []]))
+    types = ["bytes32[]", "uint256[]", "address[]", "uint256[]"]
+    assert queries_hash([], []) == keccak(abi_encode(types, [[], [], [], []]))
+
+
+def test_queries_hash_covers_payers_and_debits() -> None:
+    ids, fees = [keccak(text="a")], [5]
+    payer = address_of(KEY)
+    base = queries_hash(ids, fees)
+    with_debit = queries_hash(ids, fees, [payer], [7])
+    assert with_debit != base
+    assert queries_hash(ids, fees, [payer], [8]) != with_debit
+    with pytest.raises(ProtocolError, match="debits"):
+        queries_hash(ids, fees, [payer], [])
+    with pytest.raises(ProtocolError, match="payers"):
+        queries_hash(ids, fees, ["0x1234"], [1])
 
 
 def test_sign_digest_matches_eth_account_unsafe_sign_hash() -> None:

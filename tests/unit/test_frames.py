@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from protocol.canonical import canonical_json
+from protocol.codec_rq import DEFAULT_EXPONENT, step_delta
 from protocol.errors import ProtocolError
 from protocol.frames import (
     CODECS,
@@ -93,6 +94,11 @@ def test_frame_roundtrip_each_dtype_codec_preserves_header_and_values(dtype: str
         assert y[0, 0, 5] == x[0, 0, 5]
         rel = np.linalg.norm(y[0, 1:] - x[0, 1:]) / np.linalg.norm(x[0, 1:])
         assert rel < 0.02
+    elif codec == "rq":
+        # uniform step per token: its rms x 2**(-exponent/4); error at most half a step
+        rms = np.sqrt(np.mean(np.square(x[0], dtype=np.float64), axis=1, keepdims=True))
+        step = rms * step_delta(DEFAULT_EXPONENT)
+        assert (np.abs(y[0] - x[0]) <= step / 2 * 1.0001).all()
     else:
         # error bounded per block: int8 → absmax/254, fp16 → 2^-11 relative
         blocks = x.reshape(-1, INT8_BLOCK)

@@ -355,3 +355,52 @@ async def test_gateway_pools_and_models(env) -> None:
     models = await (await client.get("/v1/models")).json()
     assert models["data"][0]["id"] == "fake-model"
     assert (await client.get("/health")).status == 200
+
+
+async def test_gateway_completions_echo_gives_every_prompt_tokens_logprob(env) -> None:
+    """echo + logprobs: the prompt's tokens come first with their logprobs from the same
+    prefill (the first token has none); prompt [1, 2, 5]: position 0 predicts 4 (so token 2
+    is unlikely), position 1 predicts 5 (token 5 is likely), then 5 → 8 is the answer."""
+    client, escrow, _, _ = env
+    headers, _ = pay(escrow)
+    doc = {"model": "fake-model", "prompt": [1, 2, 5], "max_tokens": 1, "echo": True}
+    body = await (
+        await client.post("/v1/completions", json={**doc, "logprobs": 2}, headers=headers)
+    ).json()
+    choice = body["choices"][0]
+    assert choice["text"] == "bcfi"
+    lp = choice["logprobs"]
+    assert lp["tokens"] == ["b", "c", "f", "i"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][1] < -9 and -0.01 < lp["token_logprobs"][2] <= 0
+    assert next(iter(lp["top_logprobs"][1])) == "e" and len(lp["top_logprobs"][2]) == 2
+    assert lp["text_offset"] == [0, 1, 2, 3]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    assert body["planet_receipt"]["nodes"] == NODE_KEYS
+    headers, _ = pay(escrow)
+    plain = await (await client.post("/v1/completions", json=doc, headers=headers)).json()
+    assert plain["choices"][0]["text"] == "bcfi" and plain["choices"][0]["logprobs"] is None
+
+
+async def test_gateway_every_question_prefills_like_an_echo_request(env, monkeypatch) -> None:
+    """The last node cannot tell an echo request (a verifier's challenge) from a chat question:
+    both prompts' frames ask for every position; decode steps ask for the last one."""
+    from node.client.pipeline import PipelineClient
+
+    seen: list[tuple[int, bool]] = []
+    original = PipelineClient.run_layers
+
+    async def recording(self, session, step, start, hidden, timings=None, last_only=True):
+        seen.append((step, last_only))
+        return await original(self, session, step, start, hidden, timings, last_only)
+
+    monkeypatch.setattr(PipelineClient, "run_layers", recording)
+    client, escrow, _, _ = env
+    headers, _ = pay(escrow)
+    await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 3}, headers=headers)
+    chat = list(seen)
+    seen.clear()
+    headers, _ = pay(escrow)
+    doc = {"model": "fake-model", "prompt": [1, 2, 5], "max_tokens": 3, "echo": True}
+    await client.post("/v1/completions", json={**doc, "logprobs": 5}, headers=headers)
+    assert chat == seen == [(0, False), (1, True), (2, True)]

@@ -76,3 +76,33 @@ async def test_payment_desk_fee_never_exceeds_the_checked_amount(tmp_path: Path)
     ticket = await payments.reserve(proof(), 50)
     receipt = payments.settle(ticket, 10, 10, ["ab" * 32])  # 200 wei by price, 50 allowed
     assert receipt["fee_wei"] == "50"
+
+
+class AgingEscrow:
+    def __init__(self, refund_at: int) -> None:
+        self.refund_at = refund_at
+
+    async def deposit(self, query_id: bytes) -> OnChainDeposit:
+        return OnChainDeposit(address_of(USER), 10**6, 1, MODEL, self.refund_at)
+
+
+@pytest.mark.parametrize("refund_at,served", [(1_000 + 119, False), (1_000 + 120, True), (0, True)])
+async def test_payment_desk_deposit_close_to_its_refund_refused(
+    refund_at: int, served: bool
+) -> None:
+    payments = PaymentDesk(
+        AgingEscrow(refund_at),
+        domain=DOMAIN,
+        gateway_address=address_of(GATEWAY_KEY),
+        gateway_key=GATEWAY_KEY,
+        model_id=MODEL,
+        price_wei_per_token=10,
+        refund_margin_s=120,
+        clock=lambda: 1_000,
+    )
+    if served:
+        assert (await payments.reserve(proof(), 100)).allowed_wei == 100
+    else:
+        with pytest.raises(PaymentRequired) as caught:
+            await payments.reserve(proof(), 100)
+        assert caught.value.code == "payment_expiring"

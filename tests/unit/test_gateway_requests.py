@@ -175,7 +175,8 @@ def test_parse_completion_prompt_forms() -> None:
         {"model": "m", "prompt": [1.5]},
         {"model": "m", "prompt": {}},
         {"model": "m", "prompt": "x", "logprobs": 6},
-        {"model": "m", "prompt": "x", "echo": True},
+        {"model": "m", "prompt": "x", "echo": 1},
+        {"model": "m", "prompt": "x", "echo": True, "stream": True},
         {"model": "m", "prompt": "x", "best_of": 3},
         {"model": "m", "prompt": "x", "suffix": "y"},
         {"model": "m", "prompt": "x", "messages": []},
@@ -183,6 +184,12 @@ def test_parse_completion_prompt_forms() -> None:
 )
 def test_parse_completion_refuses(doc: dict) -> None:
     refused(doc, parse_completion)
+
+
+def test_parse_completion_echo_with_logprobs_is_accepted() -> None:
+    req = parse_completion({"model": "m", "prompt": [1, 2], "echo": True, "logprobs": 5})
+    assert req.echo and req.logprobs == 5
+    assert not parse_completion({"model": "m", "prompt": "x"}).echo
 
 
 HOSTILE: list[Any] = [

@@ -391,3 +391,31 @@ async def test_agent_resends_a_lost_batch_exactly_even_when_its_session_grew(
     chain.advance_to(chain.state.height + 2 * epoch_length)
     await restarted.step(chain.state.height, epoch_length)
     assert [c["match"] for c in ask(chain, "/commitments")["commitments"]] == [True] * 4
+
+
+async def test_spot_check_tickets_come_from_the_served_log(aiohttp_client, tmp_path: Path) -> None:
+    """With --commit-dir the node's tickets (node.server.tickets) are cut from the served-work
+    log: the salt a ticket carries is the one the agent commits and reveals; no second
+    recorder runs."""
+    from nacl.signing import SigningKey
+
+    from node.server.tickets import ServedLogTickets, StaticPolicy, install
+    from protocol.tickets import decode_ticket
+
+    config = ServerConfig(
+        manifest_path=Path("unused.json"), shard_id=1, commit_dir=tmp_path / "served"
+    )
+    app = create_app(config, FakeShard(shard_id=1, hidden_size=H))
+    source = install(app, None, SigningKey(b"\x05" * 32), StaticPolicy(set(), [], 1_000_000))
+    assert isinstance(source, ServedLogTickets)
+    assert app[STATE_KEY].forward_hooks == [app[SERVED_KEY].hook]  # one recorder only
+    client = await aiohttp_client(app)
+    session = "session-capability-xyz-0003"
+    x = activations(0, 64)
+    frame = make_frame(x, session=session, step=0, start=0, shard=1)
+    assert (await client.post("/v1/forward", data=frame)).status == 200
+    [_, record] = spool(tmp_path / "served")
+    ticket = decode_ticket(source.ticket_bytes(session_tag(session), 1))
+    assert ticket.salt == record.salt and ticket.block == 1
+    assert output_hash(ticket.fingerprint) == record.output_hash
+    assert np.array_equal(ticket.inputs, x)

@@ -146,6 +146,8 @@ def eip712_vectors() -> dict[str, Any]:
     session, output_hash, salt = b32("session 1"), b32("output 1"), b32("salt 1")
     ids = [b32("query 1"), b32("query 2"), b32("query 3")]
     fees = [10**15, 2 * 10**15, 3 * 10**15 + 1]
+    payers = sorted((address_of(key(f"payer {i}")) for i in range(2)), key=lambda a: int(a, 16))
+    debits = [7 * 10**15, 2**128 - 1]
     return {
         "signer_private_key": hexs(SIGNER_KEY),
         "signer_address": address_of(SIGNER_KEY),
@@ -191,7 +193,9 @@ def eip712_vectors() -> dict[str, Any]:
             "queries_hash": {
                 "queryIds": [hexs(q) for q in ids],
                 "fees": [str(f) for f in fees],
-                "value": hexs(queries_hash(ids, fees)),
+                "payers": payers,
+                "debits": [str(d) for d in debits],
+                "value": hexs(queries_hash(ids, fees, payers, debits)),
             },
         },
     }

@@ -1,0 +1,165 @@
+"""Settlement queries (committed state only; registered in `queries.ROUTES`).
+
+/payouts        ?epoch ?account ?limit   one epoch's statement, rows and signatures; without
+                                         `epoch` the stored epochs (newest first), each
+                                         with `amount` for `account` when given
+/payouts/proof  ?epoch ?account          amount + Merkle proof for `QueryEscrow.claim`
+/backing        ?node                    a node's uncredited gateway-backed layer-tokens
+/credits        ?account ?epoch          credited layer-tokens of an account in an epoch
+                                         (default: the current one, not yet closed)
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from abci_app.codes import Code
+from abci_app.queries import NODE_KEY, QueryError, _int_param, _limit, _str_param
+from abci_app.settlement import epoch_key
+from shares.merkle import build_tree, payout_leaf_hashes, tree_proof
+
+if TYPE_CHECKING:
+    from abci_app.state import State
+
+ACCOUNT = re.compile(r"0x[0-9a-fA-F]{40}\Z")
+MAX_EPOCH = (1 << 63) - 1
+TREE_CACHE = 4  # payout trees kept for proof queries (a 100,000-row tree is ~15 MB)
+
+# (epoch, root) → (tree, tree node of each row, row of each account): a claim wave asks for
+# many proofs of the same epoch; rebuilding the tree each time would cost O(rows) per query.
+# Answers depend only on the committed record, so the cache changes no answer.
+_trees: OrderedDict[tuple[int, str], tuple[Any, Any, dict[str, int]]] = OrderedDict()
+
+
+def payout_view(record: dict[str, Any]) -> dict[str, Any]:
+    """A stored statement with its signatures sorted by operator address (ascending, as
+    `Committee.verify` requires), ready for `postPayoutRoot`."""
+    votes = sorted(record["votes"].values(), key=lambda v: int(v["operator"], 16))
+    return {
+        **{k: v for k, v in record.items() if k != "votes"},
+        "statement": {
+            "epoch": record["epoch"],
+            "root": record["root"],
+            "total": record["total"],
+            "queries_hash": record["queries_hash"],
+            "consumer": record["consumer"],
+        },
+        "signers": [v["operator"] for v in votes],
+        "signatures": [v["signature"] for v in votes],
+    }
+
+
+def _amount(record: dict[str, Any], account: str) -> int:
+    for row_account, amount in record["rows"]:
+        if row_account == account:
+            return int(amount)
+    return 0
+
+
+def _record(state: State, epoch: int) -> dict[str, Any]:
+    record = state.committed("payout", epoch_key(epoch))
+    if record is None:
+        raise QueryError(Code.NOT_FOUND, f"epoch {epoch} has no payout statement")
+    return record
+
+
+def _payouts(state: State, params: dict[str, Any]) -> Any:
+    epoch = _int_param(params, "epoch", lo=1, hi=MAX_EPOCH)
+    account = _str_param(params, "account", ACCOUNT)
+    if epoch is not None:
+        view = payout_view(_record(state, epoch))
+        if account is not None:
+            view["amount"] = str(_amount(view, account.lower()))
+        return view
+    limit = _limit(params)
+    summaries: list[dict[str, Any]] = []
+    for _, record in reversed(list(state.committed_items("payout"))):
+        if len(summaries) == limit:
+            break
+        summary = {
+            k: record[k]
+            for k in ("epoch", "root", "total", "queries_hash", "consumer", "closed_height")
+        }
+        summary.update(
+            confirmed=record["confirmed"],
+            power=record["power"],
+            signatures=len(record["votes"]),
+            queries=len(record["query_ids"]),
+            accounts=len(record["rows"]),
+        )
+        if account is not None:
+            summary["amount"] = str(_amount(record, account.lower()))
+            summary["shares"] = record["shares"].get(account.lower(), "0")
+        summaries.append(summary)
+    return {"current_epoch": state.committed("meta", "current_epoch") or 1, "epochs": summaries}
+
+
+def _proof(state: State, params: dict[str, Any]) -> Any:
+    epoch = _int_param(params, "epoch", lo=1, hi=MAX_EPOCH)
+    account = _str_param(params, "account", ACCOUNT)
+    if epoch is None or account is None:
+        raise QueryError(Code.BAD_QUERY, "epoch and account are required")
+    record = _record(state, epoch)
+    account = account.lower()
+    tree, node_of, row_of = _tree(epoch, record)
+    row = row_of.get(account)
+    if row is None:
+        raise QueryError(Code.NOT_FOUND, f"{account} has no payout in epoch {epoch}")
+    return {
+        "epoch": epoch,
+        "account": account,
+        "amount": record["rows"][row][1],
+        "root": record["root"],
+        "proof": ["0x" + step.hex() for step in tree_proof(tree, node_of[row])],
+        "confirmed": record["confirmed"],
+    }
+
+
+def _tree(epoch: int, record: dict[str, Any]) -> tuple[Any, Any, dict[str, int]]:
+    cache_key = (epoch, record["root"])
+    cached = _trees.get(cache_key)
+    if cached is not None:
+        _trees.move_to_end(cache_key)
+        return cached
+    rows = [(a, int(amount)) for a, amount in record["rows"]]
+    tree, node_of = build_tree(payout_leaf_hashes(epoch, rows))
+    built = (tree, node_of, {a: i for i, (a, _) in enumerate(rows)})
+    _trees[cache_key] = built
+    while len(_trees) > TREE_CACHE:
+        _trees.popitem(last=False)
+    return built
+
+
+def _backing(state: State, params: dict[str, Any]) -> Any:
+    node = _str_param(params, "node", NODE_KEY)
+    if node is None:
+        raise QueryError(Code.BAD_QUERY, "node is required")
+    out = []
+    for key, layer_tokens in state.committed_items("backing", node + "/", node + "0"):
+        model, shard = key[len(node) + 1 :].rsplit("/", 1)
+        out.append({"model": model, "shard": int(shard), "layer_tokens": layer_tokens})
+    return {"node": node, "backing": out}
+
+
+def _credits(state: State, params: dict[str, Any]) -> Any:
+    account = _str_param(params, "account", ACCOUNT)
+    if account is None:
+        raise QueryError(Code.BAD_QUERY, "account is required")
+    current = state.committed("meta", "current_epoch") or 1
+    epoch = _int_param(params, "epoch", current, lo=1, hi=MAX_EPOCH) or current
+    prefix = f"{epoch_key(epoch)}/{account.lower()}/"
+    credits = [
+        {"model": c["model"], "shard": c["shard"], "layer_tokens": c["layer_tokens"]}
+        for _, c in state.committed_items("credit", prefix, prefix[:-1] + "0")
+    ]
+    return {"epoch": epoch, "account": account.lower(), "credits": credits}
+
+
+ROUTES = {
+    "/payouts": _payouts,
+    "/payouts/proof": _proof,
+    "/backing": _backing,
+    "/credits": _credits,
+}

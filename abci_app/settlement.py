@@ -1,0 +1,341 @@
+"""Epoch settlement on the committee chain: evidence-backed work → shares → a signed payout root.
+
+Three tx types (`protocol.committee`) and one EndBlock rule:
+
+- `work_report` (a gateway listed in genesis `gateways`): per-node aggregates of the work in the
+  gateway's signed receipts, `[node, model, shard, layers, tokens]`, and the query ids it settled
+  with their fees, `[query id, fee]`. The two lists are independent: no session, no per-query
+  node, so nothing on chain links a question (or its payer) to the nodes that computed it.
+  Effects: `backing/<node>/<model>/<shard>` += layers·tokens (the node's *uncredited* backed
+  work, carried across epochs); `squery/<query id>` = `{fee, height}` (pending settlement).
+  Refused whole: signer not a genesis gateway (`UNKNOWN_GATEWAY`), a node not registered or not
+  a compute node (`UNKNOWN_NODE`, `WRONG_ROLE`), a query id already pending or settled
+  (`DUPLICATE_QUERY`).
+- `contribution` (a compute node, not LEFT): the node's own count `[model, shard, layers,
+  tokens]` since its last contribution. Each item is credited `min(layers·tokens, backing)` and
+  the backing shrinks by that much; the credit goes to `credit/<epoch>/<evm address>/<shard>/
+  <model>` of the epoch the block belongs to. An item on a shard the node did not register, or
+  with no backing left, refuses the whole tx (`UNBACKED_CONTRIBUTION`): the chain never credits
+  work nobody paid a gateway for, and never more than a node claims for itself.
+- `payout_vote` (a validator): its operator key's EIP-712 signature over the stored `PayoutRoot`
+  statement of `epoch` (committee domain of genesis `evm`). The statement is fixed when the
+  epoch closes and never recomputed, so re-signing it yields the same statement (the escrow's
+  `disputeRoot` needs two *different* signed statements). `payout/<epoch>` accumulates `votes`
+  and `power`; `confirmed` at ≥ 2/3 of the power. Refused: not a validator (`NOT_VALIDATOR`),
+  no `evm.escrow_address` (`SETTLEMENT_DISABLED`), no statement for that epoch
+  (`NO_STATEMENT`), a signature that does not recover to the validator's operator
+  (`BAD_PAYOUT_SIGNATURE`), a second vote of the same validator (`DUPLICATE_VOTE`).
+
+**Epoch close** (`close`, EndBlock of height e·L, before the next epoch is fixed): the epoch's
+credits become `ComputeWork` items (account = the node's EVM address; the model id hashed to fit
+`shares`' grammar; layers 1 and tokens = layer-tokens, which gives the same shares); the pending
+queries (ascending id, at most `MAX_SETTLED_QUERIES`) are the `SettledQuery`s; pool health per
+(model, shard) = max(nodes routable there now, accounts credited there); accounts whose verdict
+was confirmed in the epoch are `slashed`; no verification work is recorded on chain yet.
+`shares.settlement.close_epoch` gives the root; `payout/<e>` stores the statement, the sorted
+query ids and fees, the rows and the compute shares; the settled queries move to
+`sqdone/<id>`. No pending query, or `NothingToPayError` → no statement: the queries stay
+pending and the epoch's credits move to the next epoch (work reported just before its fees is
+not lost). The epoch's slash marks are deleted either way.
+`payout/` and `sqdone/` entries are pruned with the epoch's other records (`retention.track`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from abci_app import retention
+from abci_app.codes import Code, Rejected
+from protocol.committee import Contribution, PayoutVote, SignedTx, WorkReport
+from protocol.eip712 import PayoutRoot, committee_domain, recover_digest
+from protocol.errors import ProtocolError
+from shares.errors import NothingToPayError
+from shares.payouts import ComputeWork, EpochWork, SettledQuery, ShardHealth
+from shares.settlement import close_epoch
+
+if TYPE_CHECKING:
+    from abci_app.state import State
+
+MAX_SETTLED_QUERIES = 500  # queries per root: postPayoutRoot's gas grows with each one
+MAX_LAYER_TOKENS = (1 << 63) - 1
+
+
+def _reject(code: Code, message: str) -> NoReturn:
+    raise Rejected(code, message)
+
+
+def epoch_key(epoch: int) -> str:
+    return f"{epoch:012d}"
+
+
+def credit_key(epoch: int, account: str, model: str, shard: int) -> str:
+    return f"{epoch_key(epoch)}/{account.lower()}/{shard:05d}/{model}"
+
+
+def model_key(model: str) -> str:
+    """`shares` accepts model ids of ≤ 64 chars of a small alphabet; the registry's are longer
+    (manifest hashes), so the payout input names each model by a prefix of its sha256."""
+    return hashlib.sha256(model.encode()).hexdigest()[:48]
+
+
+# --- tx handlers --------------------------------------------------------------------------------
+
+
+def work_report(state: State, tx: SignedTx) -> None:
+    body: WorkReport = tx.body
+    if tx.signer not in state.genesis.gateways:
+        _reject(Code.UNKNOWN_GATEWAY, f"signer {tx.signer} is not a genesis gateway")
+    for query_id, _ in body.queries:
+        if state.get("squery", query_id) is not None or state.get("sqdone", query_id) is not None:
+            _reject(Code.DUPLICATE_QUERY, f"query {query_id} was already reported")
+    for item in body.work:
+        node = state.get("node", item.node)
+        if node is None:
+            _reject(Code.UNKNOWN_NODE, f"node {item.node} is not registered")
+        if node["role"] != "compute":
+            _reject(Code.WRONG_ROLE, f"node {item.node} is not a compute node")
+    for item in body.work:
+        key = f"{item.node}/{item.model}/{item.shard}"
+        current = state.get("backing", key) or 0
+        state.put("backing", key, min(MAX_LAYER_TOKENS, current + item.layers * item.tokens))
+    for query_id, fee in body.queries:
+        state.put("squery", query_id, {"fee": str(fee), "height": state.block_height})
+    state.emit(
+        "planet.work_report", gateway=tx.signer, nodes=len(body.work), queries=len(body.queries)
+    )
+
+
+def contribution(state: State, tx: SignedTx) -> None:
+    body: Contribution = tx.body
+    node = state.get("node", tx.signer)
+    if node is None:
+        _reject(Code.UNKNOWN_NODE, f"node {tx.signer} is not registered")
+    if node["role"] != "compute":
+        _reject(Code.WRONG_ROLE, f"node {tx.signer} is not a compute node")
+    if node["status"] == "LEFT":
+        _reject(Code.INVALID_LIFECYCLE, f"node {tx.signer} has left")
+    credits: list[tuple[str, int, int, int]] = []
+    for item in body.work:
+        if item.model != node["model"] or item.shard not in node["shards"]:
+            _reject(
+                Code.UNBACKED_CONTRIBUTION,
+                f"shard {item.shard} of {item.model} is not registered by this node",
+            )
+        backed = state.get("backing", f"{tx.signer}/{item.model}/{item.shard}") or 0
+        if backed == 0:
+            _reject(
+                Code.UNBACKED_CONTRIBUTION,
+                f"no gateway-reported work for this node on shard {item.shard}",
+            )
+        credits.append((item.model, item.shard, min(item.layers * item.tokens, backed), backed))
+    epoch = retention.epoch_of(state, state.block_height)
+    account = str(node["evm_address"]).lower()
+    total = 0
+    for model, shard, credited, backed in credits:
+        backing = f"{tx.signer}/{model}/{shard}"
+        if credited == backed:
+            state.delete("backing", backing)
+        else:
+            state.put("backing", backing, backed - credited)
+        key = credit_key(epoch, account, model, shard)
+        previous = state.get("credit", key)
+        layer_tokens = (previous["layer_tokens"] if previous else 0) + credited
+        state.put(
+            "credit",
+            key,
+            {"account": account, "model": model, "shard": shard, "layer_tokens": layer_tokens},
+        )
+        total += credited
+    state.emit("planet.contribution", node=tx.signer, epoch=epoch, layer_tokens=total)
+
+
+def payout_domain_ok(state: State) -> bool:
+    genesis = state.genesis
+    return bool(genesis.escrow_address and genesis.committee_address and genesis.evm_chain_id)
+
+
+def statement_of(record: dict[str, Any]) -> PayoutRoot:
+    """The `PayoutRoot` a stored `payout/<e>` record stands for."""
+    return PayoutRoot(
+        epoch=record["epoch"],
+        root=bytes.fromhex(record["root"][2:]),
+        total=int(record["total"]),
+        queries_hash=bytes.fromhex(record["queries_hash"][2:]),
+        consumer=record["consumer"],
+    )
+
+
+def payout_vote(state: State, tx: SignedTx) -> None:
+    body: PayoutVote = tx.body
+    validator = state.validator_by_signer(tx.signer)
+    if validator is None:
+        _reject(Code.NOT_VALIDATOR, f"signer {tx.signer} is not a validator")
+    genesis = state.genesis
+    if not payout_domain_ok(state):
+        _reject(
+            Code.SETTLEMENT_DISABLED,
+            "genesis has no evm {chain_id, committee_address, escrow_address}",
+        )
+    record = state.get("payout", epoch_key(body.epoch))
+    if record is None:
+        _reject(Code.NO_STATEMENT, f"epoch {body.epoch} has no payout statement")
+    operator = validator.get("operator")
+    if not operator:
+        _reject(
+            Code.BAD_PAYOUT_SIGNATURE, f"validator {validator['address']} has no operator address"
+        )
+    if validator["address"] in record["votes"]:
+        _reject(Code.DUPLICATE_VOTE, f"validator {validator['address']} already signed")
+    try:
+        domain = committee_domain(genesis.evm_chain_id, genesis.committee_address)
+        digest = statement_of(record).digest(domain)
+        recovered = recover_digest(digest, bytes.fromhex(body.signature[2:]))
+    except ProtocolError as error:
+        _reject(Code.BAD_PAYOUT_SIGNATURE, error.message)
+    if recovered.lower() != operator.lower():
+        _reject(
+            Code.BAD_PAYOUT_SIGNATURE, f"signature recovers {recovered}, not operator {operator}"
+        )
+    votes = {
+        **record["votes"],
+        validator["address"]: {"operator": operator, "signature": body.signature},
+    }
+    power = record["power"] + validator["power"]
+    updated = {**record, "votes": votes, "power": power}
+    if not record["confirmed"] and state.has_two_thirds(power):
+        updated["confirmed"] = True
+        updated["confirmed_height"] = state.block_height
+        state.emit("planet.payout", epoch=body.epoch, confirmed="true")
+    state.put("payout", epoch_key(body.epoch), updated)
+
+
+HANDLERS: dict[str, Callable[[State, SignedTx], None]] = {
+    WorkReport.TYPE: work_report,
+    Contribution.TYPE: contribution,
+    PayoutVote.TYPE: payout_vote,
+}
+
+
+# --- hooks --------------------------------------------------------------------------------------
+
+
+def note_slashed(state: State, account: str) -> None:
+    """A verdict against `account` was confirmed in this block: it earns nothing this epoch."""
+    epoch = retention.epoch_of(state, state.block_height)
+    state.put("slashed", f"{epoch_key(epoch)}/{account.lower()}", 1)
+
+
+def _routable_counts(state: State) -> dict[tuple[str, int], int]:
+    """Routable compute nodes per (model, shard), as `/pool_health` counts them. Three ordered
+    range scans (node, stake, rep) instead of two point lookups per node."""
+    counts: dict[tuple[str, int], int] = {}
+    untrusted_below = state.genesis.reputation.untrusted_below
+    minimum = state.genesis.min_stake.get("compute", 0)
+    stakes = dict(state.items("stake"))
+    reps = dict(state.items("rep"))
+    for key, node in state.items("node"):
+        if node["role"] != "compute" or node["status"] != "SERVING":
+            continue
+        rep, stake = reps.get(key), stakes.get(key)
+        if rep is None or rep["r"] < untrusted_below:
+            continue
+        if stake is None or stake["agreed"] is None or int(stake["agreed"]) < minimum:
+            continue
+        for shard in node["shards"]:
+            counts[(node["model"], shard)] = counts.get((node["model"], shard), 0) + 1
+    return counts
+
+
+def _carry_forward(
+    state: State, epoch: int, credits: list[tuple[str, Any]], slashed: list[tuple[str, Any]]
+) -> None:
+    """Credited work of an epoch that paid nothing moves to the next epoch (merged per
+    account and shard), so work done just before its fees were reported is not lost; the work
+    of accounts slashed in the epoch is dropped."""
+    dropped = {key.split("/", 1)[1] for key, _ in slashed}
+    for _, credit in credits:
+        if credit["account"] in dropped:
+            continue
+        key = credit_key(epoch + 1, credit["account"], credit["model"], credit["shard"])
+        later = state.get("credit", key)
+        total = credit["layer_tokens"] + (later["layer_tokens"] if later else 0)
+        state.put("credit", key, {**credit, "layer_tokens": min(total, MAX_LAYER_TOKENS)})
+
+
+def close(state: State, height: int) -> None:
+    """EndBlock of the epoch's last height: settle the epoch (module docstring)."""
+    epoch = height // state.genesis.epoch_length
+    prefix = epoch_key(epoch)
+    credits = state.items("credit", prefix + "/", prefix + "0")
+    slashed = state.items("slashed", prefix + "/", prefix + "0")
+    for key, _ in credits:
+        state.delete("credit", key)
+    for key, _ in slashed:
+        state.delete("slashed", key)
+    escrow = state.genesis.escrow_address
+    if escrow is None or not credits:
+        return
+    pending = state.items("squery")[:MAX_SETTLED_QUERIES]
+    if not pending:
+        _carry_forward(state, epoch, credits, slashed)
+        return
+    routable = _routable_counts(state)
+    served: dict[tuple[str, int], set[str]] = {}
+    compute = []
+    for _, credit in credits:
+        place = (credit["model"], credit["shard"])
+        served.setdefault(place, set()).add(credit["account"])
+        compute.append(
+            ComputeWork(
+                account=credit["account"],
+                model=model_key(credit["model"]),
+                shard=credit["shard"],
+                layers=1,
+                tokens=credit["layer_tokens"],
+            )
+        )
+    health = tuple(
+        ShardHealth(model_key(model), shard, max(routable.get((model, shard), 0), len(accounts)))
+        for (model, shard), accounts in sorted(served.items())
+    )
+    work = EpochWork(
+        epoch=epoch,
+        queries=tuple(SettledQuery(query_id, int(entry["fee"])) for query_id, entry in pending),
+        compute=tuple(compute),
+        health=health,
+        slashed=tuple(key.split("/", 1)[1] for key, _ in slashed),
+        verifier_cut_bps=state.genesis.verifier_cut_bps,
+    )
+    try:
+        settled = close_epoch(work)
+    except NothingToPayError:  # no root: queries and credits wait for the next epoch
+        _carry_forward(state, epoch, credits, slashed)
+        return
+    for query_id, _ in pending:
+        state.delete("squery", query_id)
+        state.put("sqdone", query_id, epoch)
+        retention.track(state, "sqdone", query_id)
+    table = settled.table
+    state.put(
+        "payout",
+        prefix,
+        {
+            "epoch": epoch,
+            "root": "0x" + settled.root.hex(),
+            "total": str(settled.total),
+            "queries_hash": "0x" + settled.queries_hash.hex(),
+            "consumer": escrow,
+            "query_ids": ["0x" + q.hex() for q in settled.query_ids],
+            "fees": [str(fee) for fee in settled.fees],
+            "rows": [[account, str(amount)] for account, amount in table.payouts],
+            "shares": {a: str(s) for a, s in sorted(table.compute_shares.items())},
+            "closed_height": height,
+            "votes": {},
+            "power": 0,
+            "confirmed": False,
+            "confirmed_height": None,
+        },
+    )
+    retention.track(state, "payout", prefix)

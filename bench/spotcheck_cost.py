@@ -1,0 +1,114 @@
+"""What one spot check costs: ticket size, the node's build + seal, the verifier's check.
+
+SmolLM2-135M fp32, the middle of 3 shards (10 layers), one 128-token natural text served as
+users are (32-token prefill, then one position per forward); the checked block is the last one
+(positions 96…127, so the ticket carries 128 positions of inputs). Compared with what serving
+that block cost the node (32 decode steps of its shard). Medians of --repeats.
+
+    python bench/spotcheck_cost.py [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from nacl.signing import SigningKey
+
+from bench._common import machine
+from node.model.evaluate import heldout_text
+from node.verifier.calibration import load_calibration
+from node.verifier.fingerprint import fingerprint_bytes
+from node.verifier.measure import load_circuit, serve_trace
+from node.verifier.tickets import check_ticket
+from protocol.eip712 import commitment_value
+from protocol.routing import output_hash
+from protocol.spotcheck import Triple
+from protocol.tickets import TicketRequest, encode_ticket, seal
+
+POSITIONS, BLOCK = 128, 3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    load_start = list(os.getloadavg())
+    circuit = load_circuit("none")
+    head, first, shard = circuit.head, circuit.shards[0], circuit.shards[1]
+    ids = head.encode(heldout_text())[:POSITIONS]
+    with torch.inference_mode():
+        inputs = first.forward(head.embed(ids), torch.arange(POSITIONS), first.new_cache())
+    outputs = serve_trace([shard], inputs, 32).outputs[0]
+    node, verifier = SigningKey(secrets.token_bytes(32)), SigningKey(secrets.token_bytes(32))
+    session, salt = secrets.token_bytes(32), secrets.token_bytes(32)
+    start = BLOCK * 32
+    fingerprint = fingerprint_bytes(outputs[:, start : start + 32], start)
+    commitment = commitment_value(session, BLOCK, 1, output_hash(fingerprint), salt)
+    triple = Triple(node.verify_key.encode().hex(), "0x" + session.hex(), BLOCK, 1)
+    request = TicketRequest(triple, "0x" + "00" * 32, verifier.verify_key.encode().hex())
+    request = request.signed(verifier)
+    tolerance = load_calibration().tolerance("none")
+    build, check = [], []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        plain = encode_ticket(BLOCK, salt, fingerprint, inputs.numpy())
+        sealed = seal(plain, request, node)
+        t1 = time.perf_counter()
+        result = check_ticket(
+            sealed, request, verifier, shard=shard, commitment=commitment, tolerance=tolerance
+        )
+        check.append(time.perf_counter() - t1)
+        build.append(t1 - t0)
+    decode = []
+    with torch.inference_mode():
+        for _ in range(args.repeats):
+            cache = shard.new_cache()
+            shard.forward(inputs[:, :start], torch.arange(start), cache)
+            t0 = time.perf_counter()
+            for position in range(start, POSITIONS):
+                shard.forward(inputs[:, position : position + 1], torch.tensor([position]), cache)
+            decode.append(time.perf_counter() - t0)
+    check_ms = statistics.median(check) * 1000
+    serve_ms = statistics.median(decode) * 1000
+    print(
+        json.dumps(
+            {
+                "bench": "spotcheck_cost",
+                "machine": machine(),
+                "config": {
+                    "model": "smollm2-135m",
+                    "shard": "1 of 3 (10 layers), fp32",
+                    "ticket_positions": POSITIONS,
+                    "checked_block": BLOCK,
+                    "repeats": args.repeats,
+                    "loadavg_start": load_start,
+                },
+                "metrics": {
+                    "outcome": result.outcome.value,
+                    "ticket_bytes": len(plain),
+                    "sealed_ticket_bytes": len(sealed),
+                    "node_ticket_build_seal_ms": round(statistics.median(build) * 1000, 2),
+                    "verifier_check_ms": round(check_ms, 1),
+                    "node_serving_ms_for_the_block": round(serve_ms, 1),
+                    "ratio_verifier_check_vs_serving_block": round(check_ms / serve_ms, 3),
+                    "loadavg_end": list(os.getloadavg()),
+                },
+                "targets": {},
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""`planet earnings` and `planet claim`: what an operator's served work earned, and taking it.
+
+Each closed epoch the committee splits the fees of the questions settled in it by shares
+(docs/shares.md), its validators sign the payout root and relay it to the QueryEscrow. Then,
+after the escrow's challenge window, every account with a row claims its amount itself:
+
+    planet earnings [--epoch N] [--json]   shares, pending, claimable and claimed per epoch
+    planet claim [--epoch N]               claim one epoch, or every claimable one
+
+The account is the operator wallet's address (`<home>/wallet.json`, read without the password
+for `earnings`). Amounts and proofs come from the committee (`/payouts`, `/payouts/proof`), the
+epoch's state from the escrow (`epochOf`, `claimed`) and the time from the EVM chain's latest
+block. Chains and files: the same flags, environment and config.toml as `planet stake`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.errors import RemoteError, UsageError
+
+ESCROW_STATUS = {0: "not posted", 1: "posted", 2: "disputed"}
+
+EXAMPLES = {
+    "earnings": """\
+examples:
+  planet earnings                       every stored epoch with a row for this wallet
+  planet earnings --epoch 12 --json     one epoch, as JSON
+""",
+    "claim": """\
+examples:
+  planet claim                          claim every epoch whose challenge window has passed
+  planet claim --epoch 12               one epoch
+""",
+}
+
+
+class NothingToClaim(UsageError):
+    code = "nothing_to_claim"
+
+
+class ChallengeWindowOpen(UsageError):
+    code = "challenge_window_open"
+
+
+class AlreadyClaimed(UsageError):
+    code = "already_claimed"
+
+
+class RootNotPosted(UsageError):
+    code = "root_not_posted"
+
+
+@dataclass(frozen=True)
+class EpochEarning:
+    epoch: int
+    shares: int  # compute shares credited to the account
+    amount: int  # wei in the payout root (0: no row)
+    confirmed: bool  # ≥ 2/3 of the committee signed the statement
+    escrow_status: int  # 0 not posted, 1 posted, 2 disputed
+    claimable_at: int  # unix time (0 when not posted)
+    claimed: bool
+
+    def state(self, now: int) -> str:
+        if self.claimed:
+            return "claimed"
+        if self.escrow_status == 2:
+            return "disputed"
+        if self.escrow_status == 0:
+            return "signing" if not self.confirmed else "posting"
+        return "claimable" if now >= self.claimable_at else "challenge window"
+
+    def to_json(self, now: int) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "shares": str(self.shares),
+            "amount": str(self.amount),
+            "state": self.state(now),
+            "claimable_at": self.claimable_at,
+            "claimed": self.claimed,
+        }
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from node.cli.operator import _common
+
+    for name, help_text, handler in (
+        ("earnings", "shares, pending, claimable and claimed amounts per epoch", _earnings),
+        ("claim", "claim your payout of settled epochs from the escrow", _claim),
+    ):
+        parser = subparsers.add_parser(
+            name,
+            help=help_text,
+            description=help_text[0].upper() + help_text[1:] + ".",
+            epilog=EXAMPLES[name],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        parser.set_defaults(handler=handler)
+        parser.add_argument("--epoch", type=_epoch, help="one epoch (default: all stored)")
+        if name == "earnings":
+            parser.add_argument("--json", action="store_true", help="print one JSON object")
+        _common(parser)
+
+
+def _epoch(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) < 1 << 63:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an epoch number (1, 2, …)")
+    return int(text)
+
+
+# -- reading both chains ---------------------------------------------------------------------------
+
+
+def _account(config: Any) -> str:
+    from node.keys import wallet_address
+
+    if not config.wallet_path.exists():
+        raise UsageError(
+            f"no wallet at {config.wallet_path}",
+            hint="pass the operator home with --home (where `planet stake` created wallet.json)",
+        )
+    return wallet_address(config.wallet_path)
+
+
+async def _committee(config: Any, path: str, **params: Any) -> Any:
+    from node.chain.committee_link import CommitteeLink
+
+    link = CommitteeLink([config.committee_rpc])
+    try:
+        return await link.query(path, **params)
+    finally:
+        await link.close()
+
+
+def _not_found(error: RemoteError) -> bool:
+    return error.code == "query_42"
+
+
+class EscrowView:
+    """Read-only QueryEscrow calls (no key needed)."""
+
+    def __init__(self, config: Any) -> None:
+        from node.chain.evm import Deployment
+        from node.cli.operator import _check_chain
+
+        self.w3 = _check_chain(config)
+        deployment = Deployment.load(config.deployment_path)
+        escrow = deployment.contracts.get("QueryEscrow")
+        if escrow is None:
+            raise UsageError(f"{config.deployment_path} has no QueryEscrow")
+        self.contract = self.w3.eth.contract(address=escrow.address, abi=escrow.abi)
+
+    def now(self) -> int:
+        return int(self.w3.eth.get_block("latest")["timestamp"])
+
+    def epoch_of(self, epoch: int) -> tuple[int, int]:
+        """(status, claimable_at)."""
+        _root, _unclaimed, claimable_at, status = self.contract.functions.epochOf(epoch).call()
+        return int(status), int(claimable_at)
+
+    def claimed(self, epoch: int, account: str) -> bool:
+        return bool(self.contract.functions.claimed(epoch, account).call())
+
+
+def earnings_of(config: Any, account: str, epoch: int | None) -> tuple[list[EpochEarning], Any]:
+    """Per-epoch earnings of `account` (epochs where it has a row), and the current credits."""
+    escrow = EscrowView(config)
+    if epoch is not None:
+        try:
+            view = asyncio.run(_committee(config, "/payouts", epoch=epoch, account=account))
+        except RemoteError as error:
+            if not _not_found(error):
+                raise
+            raise UsageError(
+                f"epoch {epoch} has no payout statement on the committee",
+                hint="it closed without fees or work, was pruned, or has not closed yet",
+            ) from None
+        summaries = [{**view, "shares": view["shares"].get(account.lower(), "0")}]
+    else:
+        summaries = asyncio.run(_committee(config, "/payouts", account=account))["epochs"]
+    credits = asyncio.run(_committee(config, "/credits", account=account))
+    out = []
+    for summary in sorted(summaries, key=lambda s: int(s["epoch"])):
+        amount = int(summary.get("amount", "0"))
+        if amount == 0 and epoch is None:
+            continue
+        number = int(summary["epoch"])
+        status, claimable_at = escrow.epoch_of(number)
+        out.append(
+            EpochEarning(
+                epoch=number,
+                shares=int(summary.get("shares", "0")),
+                amount=amount,
+                confirmed=bool(summary["confirmed"]),
+                escrow_status=status,
+                claimable_at=claimable_at,
+                claimed=bool(amount) and escrow.claimed(number, account),
+            )
+        )
+    return out, (credits, escrow.now())
+
+
+def _earnings(args: argparse.Namespace) -> int:
+    from node.cli.operator import _config, format_eth
+
+    config = _config(args)
+    account = _account(config)
+    rows, (credits, now) = earnings_of(config, account, args.epoch)
+    totals = {"pending": 0, "claimable": 0, "claimed": 0}
+    for row in rows:
+        state = row.state(now)
+        key = state if state in ("claimable", "claimed") else "pending"
+        if state != "disputed":
+            totals[key] += row.amount
+    current = sum(int(c["layer_tokens"]) for c in credits["credits"])
+    if args.json:
+        doc = {
+            "account": account,
+            "now": now,
+            "epochs": [row.to_json(now) for row in rows],
+            **{k: str(v) for k, v in totals.items()},
+            "current_epoch": {"epoch": credits["epoch"], "layer_tokens": current},
+        }
+        print(json.dumps(doc, sort_keys=True))
+        return 0
+    print(f"account     {account}")
+    print(f"this epoch  {credits['epoch']}: {current} layer-tokens credited so far")
+    if not rows:
+        print("no settled epoch pays this account yet")
+    for row in rows:
+        state = row.state(now)
+        if state == "challenge window":
+            state += f" (claimable in {max(0, row.claimable_at - now)} s)"
+        print(f"epoch {row.epoch:<5} {format_eth(row.amount):>24}  shares {row.shares:<12} {state}")
+    for name, value in totals.items():
+        print(f"{name:<11} {format_eth(value)}")
+    return 0
+
+
+def _claim(args: argparse.Namespace) -> int:
+    from node.cli.operator import _chain, _config, _password, format_eth
+
+    config = _config(args)
+    account = _account(config)
+    rows, (_credits, now) = earnings_of(config, account, args.epoch)
+    if args.epoch is not None:
+        [row] = rows
+        _check_claimable(row, now)
+        due = [row]
+    else:
+        due = [row for row in rows if row.state(now) == "claimable"]
+        if not due:
+            waiting = [row for row in rows if row.state(now) not in ("claimed", "disputed")]
+            hint = (
+                f"epoch {waiting[0].epoch} is {waiting[0].state(now)}: see `planet earnings`"
+                if waiting
+                else "serve questions; `planet earnings` shows what each epoch paid"
+            )
+            raise NothingToClaim("nothing to claim for " + account, hint=hint)
+    chain = _chain(config, _password(config))
+    for row in due:
+        proof = asyncio.run(_committee(config, "/payouts/proof", epoch=row.epoch, account=account))
+        amount = int(proof["amount"])
+        steps = [bytes.fromhex(str(p)[2:]) for p in proof["proof"]]
+        result = chain.claim(row.epoch, amount, steps)
+        print(f"claimed {format_eth(amount)} for epoch {row.epoch} (tx {result.tx_hash})")
+    return 0
+
+
+def _check_claimable(row: EpochEarning, now: int) -> None:
+    state = row.state(now)
+    if row.amount == 0:
+        raise NothingToClaim(f"epoch {row.epoch} pays nothing to this account")
+    if state == "claimed":
+        raise AlreadyClaimed(f"epoch {row.epoch} is already claimed by this account")
+    if state == "disputed":
+        raise RootNotPosted(
+            f"epoch {row.epoch}'s root was disputed: its fees went back to the payers"
+        )
+    if state in ("signing", "posting"):
+        raise RootNotPosted(
+            f"epoch {row.epoch}'s payout root is not on the escrow yet ({state})",
+            hint="validators sign and relay it within a few blocks; try again shortly",
+        )
+    if state == "challenge window":
+        wait = row.claimable_at - now
+        when = time.strftime("%H:%M:%S", time.localtime(time.time() + wait))
+        raise ChallengeWindowOpen(
+            f"epoch {row.epoch} is in its challenge window for {wait} s more (until ≈ {when})",
+            hint="claims open when the window has passed: run `planet claim` again then",
+        )

@@ -1,0 +1,159 @@
+"""`planet verifier serve`: a validator operator's verifier (challenges → reputation scores)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from protocol.errors import UsageError
+
+EXAMPLES = """\
+examples:
+  planet verifier serve --home ~/.cache/planet/devnet/committee/node0 \\
+      --manifest ~/.cache/planet/models/smollm2-135m-3p-int8/manifest.json \\
+      --gateway http://127.0.0.1:8000 --deployment deployment.json \\
+      --wallet verifier-wallet.json --password-file pw.txt
+  planet verifier serve ... --committee-rpc http://127.0.0.1:27001 --challenges-per-epoch 8
+what it does each committee epoch: commits a secret seed for the next epoch and reveals the
+last one; asks its challenges through the gateway like a paying user (echo + logprobs); scores
+them against its own copy of the registered model; writes <home>/reputation_scores.json for the
+validator's vote extension; votes verdicts on nodes the committee has agreed are failing.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "verifier",
+        help="run a validator's verifier",
+        description="Run a validator operator's verifier (teacher-forced challenges).",
+    )
+    sub = parser.add_subparsers(dest="verifier_command", metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="challenge the network each epoch and write the validator's reputation scores",
+        description="Challenge compute nodes through the gateway each committee epoch, score "
+        "them teacher-forced against the registered model and write the validator's scores.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument(
+        "--home", type=Path, required=True, help="the validator's CometBFT home directory"
+    )
+    serve.add_argument(
+        "--manifest", type=Path, required=True, help="the registered model's manifest.json"
+    )
+    serve.add_argument("--gateway", required=True, help="gateway URL (OpenAI API)")
+    serve.add_argument("--deployment", type=Path, required=True, help="contract deployment JSON")
+    serve.add_argument(
+        "--evm-rpc", default=None, help="EVM RPC (else $PLANET_EVM_RPC, config.toml, :8545)"
+    )
+    serve.add_argument(
+        "--committee-rpc",
+        action="append",
+        default=None,
+        help="a validator's CometBFT RPC, repeatable (else $PLANET_COMMITTEE_RPC, :26657)",
+    )
+    serve.add_argument(
+        "--wallet", type=Path, required=True, help="the verifier's paying wallet (keystore)"
+    )
+    serve.add_argument(
+        "--password-file",
+        type=Path,
+        default=None,
+        help="wallet password file (else $PLANET_PASSWORD_FILE, config.toml, $PLANET_PASSWORD)",
+    )
+    serve.add_argument(
+        "--operator-key",
+        type=Path,
+        default=None,
+        help="the validator's operator keystore (empty password) that signs verdicts "
+        "(default <home>/config/operator_key.json when present; none: no verdict votes)",
+    )
+    serve.add_argument(
+        "--challenges-per-epoch", type=int, default=4, help="challenges per epoch (default 4)"
+    )
+    serve.add_argument("--prompt-tokens", type=int, default=32, help="default 32")
+    serve.add_argument("--continuation-tokens", type=int, default=64, help="default 64")
+    serve.add_argument(
+        "--verdict-after",
+        type=int,
+        default=1,
+        help="agreed epochs below tau in a row before a verdict vote (default 1)",
+    )
+    serve.set_defaults(handler=_serve)
+    parser.set_defaults(help_parser=parser)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from deploy.committee import read_operator_key
+    from node.config import resolve_config
+    from node.keys import PasswordSource
+    from node.procs import run_service
+    from node.verifier.service import VerifierConfig, serve
+    from node.verifier.worker import WorkerSettings
+
+    for name in ("challenges_per_epoch", "prompt_tokens", "continuation_tokens", "verdict_after"):
+        if getattr(args, name) < 1:
+            raise UsageError(
+                f"--{name.replace('_', '-')} must be at least 1",
+                hint="see planet verifier serve -h",
+            )
+    if not (args.home / "config" / "priv_validator_key.json").exists():
+        raise UsageError(
+            f"{args.home} is not a validator home (no config/priv_validator_key.json)",
+            hint="pass the validator's CometBFT home, e.g. <devnet>/committee/node0",
+        )
+    for path, what in ((args.manifest, "manifest"), (args.deployment, "deployment")):
+        if not path.exists():
+            raise UsageError(
+                f"no {what} at {path}",
+                hint="the registered model's manifest (planet model prepare) and the deployment "
+                "file of the network (e.g. <devnet>/deployment.json)",
+            )
+    operator_path = args.operator_key or args.home / "config" / "operator_key.json"
+    operator_key = None
+    if operator_path.exists():
+        try:
+            operator_key = read_operator_key(operator_path)
+        except (OSError, ValueError) as error:
+            raise UsageError(
+                f"cannot read the operator key {operator_path}: {error}",
+                hint="an eth-account keystore with an empty password (planet committee init)",
+            ) from None
+    elif args.operator_key is not None:
+        raise UsageError(
+            f"no operator key at {args.operator_key}",
+            hint="omit --operator-key to run without verdict votes",
+        )
+    chains = resolve_config(
+        {
+            "evm_rpc": args.evm_rpc,
+            "committee_rpc": args.committee_rpc[0] if args.committee_rpc else None,
+            "password_file": args.password_file.resolve() if args.password_file else None,
+        }
+    )
+    rpcs = tuple(args.committee_rpc or [chains.committee_rpc])
+    password = PasswordSource(file=chains.password_file).read(confirm=not args.wallet.exists())
+    config = VerifierConfig(
+        settings=WorkerSettings(
+            home=args.home,
+            challenges_per_epoch=args.challenges_per_epoch,
+            prompt_tokens=args.prompt_tokens,
+            continuation_tokens=args.continuation_tokens,
+            verdict_after=args.verdict_after,
+            operator_key=operator_key,
+        ),
+        manifest=args.manifest,
+        gateway_url=args.gateway,
+        committee_rpc=rpcs,
+        evm_rpc=chains.evm_rpc,
+        deployment=args.deployment,
+        wallet=args.wallet,
+        password=password,
+    )
+    # a service: its own progress (epochs, challenges, verdicts) at INFO even without -v
+    logging.getLogger("node.verifier").setLevel(logging.INFO)
+    level = os.environ.get("PLANET_LOG_LEVEL", "INFO")
+    return run_service(lambda: serve(config), log_level=level, log=logging.getLogger("verifier"))

@@ -1,0 +1,126 @@
+"""What the gateway tells the committee about the questions it was paid for (`work_report`).
+
+`WorkLedger.record(receipt, circuit)` runs after each signed receipt: every node of the circuit
+ran its shard's layers over the question's tokens (prompt + completion, the receipt's counts),
+so `(node, model, shard)` gains `layers × tokens` of backing; the query id and its fee join the
+settled list. `WorkReporter.flush()` (checked every `every_s`) sends both as `work_report` txs
+signed with the gateway's committee key, at most 1024 items of each kind per tx, once
+`min_questions` questions are pending or the oldest has waited `max_wait_s`.
+
+The report keeps the two lists apart: per-node aggregates and a set of query ids with fees,
+never a session or a per-question node list. A report of a single question would still tie
+its (public) query id to its circuit, so questions are batched: with k questions in a report
+an observer learns only that each of them ran on some of the reported nodes. The chain stores
+per-node totals only.
+Pending aggregates live in memory: a gateway restart loses what it had not reported yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from node.chain.committee_rpc import TxRejectedError
+from protocol.committee import MAX_REPORT_ITEMS, NodeWork, WorkReport
+
+log = logging.getLogger(__name__)
+
+DUPLICATE_QUERY = 32  # abci_app/codes.py
+
+
+class Submitter(Protocol):
+    async def submit(self, body: Any) -> Any: ...
+
+
+@dataclass
+class WorkLedger:
+    model: str  # the committee's model string (manifest model_hash)
+    shard_layers: Sequence[tuple[int, int]]  # [start, end) decoder layers per shard
+    min_questions: int = 4  # batch at least this many questions per report …
+    max_wait_s: float = 60.0  # … unless the oldest pending one waited this long
+    clock: Callable[[], float] = time.monotonic
+    work: dict[tuple[str, int], int] = field(default_factory=dict)  # (node, shard) → tokens
+    queries: dict[str, int] = field(default_factory=dict)  # query id → fee wei
+    questions: int = 0  # recorded since the last report
+    first_at: float | None = None  # when the oldest of them was recorded
+
+    def ready(self) -> bool:
+        if not self.questions:
+            return bool(self.work or self.queries)  # put back after a failed send
+        waited = self.clock() - (self.first_at if self.first_at is not None else self.clock())
+        return self.questions >= self.min_questions or waited >= self.max_wait_s
+
+    def record(self, receipt: dict[str, Any], circuit: Any) -> None:
+        if not self.questions:
+            self.first_at = self.clock()
+        self.questions += 1
+        tokens = int(receipt["prompt_tokens"]) + int(receipt["completion_tokens"])
+        fee = int(receipt["fee_wei"])
+        if fee > 0:
+            self.queries[str(receipt["query_id"]).lower()] = fee
+        for node in circuit.nodes:
+            place = (node.key, node.shard)
+            self.work[place] = self.work.get(place, 0) + tokens
+
+    def take(self) -> WorkReport | None:
+        """The next report (removed from the ledger), or None when nothing is pending."""
+        if not self.work and not self.queries:
+            return None
+        self.questions, self.first_at = 0, None
+        places = sorted(self.work)[:MAX_REPORT_ITEMS]
+        query_ids = sorted(self.queries)[:MAX_REPORT_ITEMS]
+        work = []
+        for key, shard in places:
+            start, end = self.shard_layers[shard]
+            work.append(NodeWork(key, self.model, shard, end - start, self.work.pop((key, shard))))
+        queries = tuple((q, self.queries.pop(q)) for q in query_ids)
+        return WorkReport(tuple(work), queries)
+
+    def put_back(self, report: WorkReport) -> None:
+        """A report that did not reach the chain goes back into the ledger."""
+        for item in report.work:
+            place = (item.node, item.shard)
+            self.work[place] = self.work.get(place, 0) + item.tokens
+        for query_id, fee in report.queries:
+            self.queries.setdefault(query_id, fee)
+
+
+@dataclass
+class WorkReporter:
+    ledger: WorkLedger
+    link: Submitter
+    every_s: float = 5.0
+
+    async def flush(self, *, force: bool = False) -> int:
+        """Send the pending reports once the batch is ready (or `force`); returns how many were
+        accepted by CheckTx."""
+        sent = 0
+        if not force and not self.ledger.ready():
+            return 0
+        while (report := self.ledger.take()) is not None:
+            try:
+                await self.link.submit(report)
+            except TxRejectedError as error:
+                # a refused report is dropped (resending it would be refused the same way)
+                log.warning("work_report refused code=%d log=%s", error.tx_code, error.log_text)
+                continue
+            except Exception:
+                self.ledger.put_back(report)
+                raise
+            sent += 1
+            log.info("work_report sent nodes=%d queries=%d", len(report.work), len(report.queries))
+        return sent
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.every_s)
+            try:
+                await self.flush()
+            except Exception as error:  # the committee is a peer: log and try again later
+                log.warning("work_report not sent: %r", error)

@@ -1,0 +1,125 @@
+"""The verifier as an ordinary paying user of the gateway.
+
+Each challenge is one `/v1/completions` request with echo + logprobs (`echo.echo_request`),
+paid like any question: a fresh random query id deposited into `QueryEscrow` from the
+verifier's wallet, a `planet-pay-v1` API key signed for this gateway and model. Nothing in it
+tells the nodes who asks (they see frames only); the gateway sees a paying wallet. The answer's
+receipt (returned only to the payer) names the circuit's node keys in shard order, which is how
+the verifier attributes the score; the receipt's signature and circuit hash are checked.
+
+    asker = GatewayAsker(gateway_url, chain, http)
+    answer = await asker.ask(challenge)      # Asked(doc, nodes), or a PlanetError
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from node.verifier.echo import echo_request
+from node.verifier.scoring import Challenge
+from protocol.eip712 import as_bytes32
+from protocol.errors import ProtocolError, RemoteError, UnavailableError
+from protocol.payment import QueryPayment, payment_domain, sign_payment, verify_receipt_json
+
+log = logging.getLogger(__name__)
+
+MAX_ANSWER_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Pool:
+    model: str  # the name the gateway serves
+    model_id: bytes
+    price_wei_per_token: int
+    chain_id: int
+    escrow: str
+    gateway: str  # the gateway's EVM address (signs receipts)
+
+
+@dataclass(frozen=True)
+class Asked:
+    doc: dict[str, Any]  # the completion answer
+    nodes: tuple[str, ...]  # the circuit, shard order (from the verified receipt)
+
+
+class GatewayAsker:
+    def __init__(self, url: str, chain: Any, http: aiohttp.ClientSession) -> None:
+        self.url = url.rstrip("/")
+        self.chain = chain  # node.chain.evm.PlanetChain with the verifier's wallet
+        self.http = http
+        self._pool: Pool | None = None
+
+    async def _get_json(self, path: str) -> Any:
+        try:
+            async with self.http.get(self.url + path) as answer:
+                body = await answer.content.read(MAX_ANSWER_BYTES)
+                if answer.status != 200:
+                    raise RemoteError(
+                        f"gateway {path}", f"http_{answer.status}", body[:200].decode()
+                    )
+                return json.loads(body)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise UnavailableError(f"gateway {self.url} unreachable: {error}") from None
+        except ValueError as error:
+            raise ProtocolError(f"gateway {path}: not JSON ({error})") from None
+
+    async def pool(self) -> Pool:
+        if self._pool is None:
+            doc = await self._get_json("/v1/pools")
+            try:
+                entry = doc["data"][0]
+                self._pool = Pool(
+                    model=str(entry["model"]),
+                    model_id=as_bytes32(entry["model_id"], "model_id"),
+                    price_wei_per_token=int(entry["price_wei_per_token"]),
+                    chain_id=int(entry["chain_id"]),
+                    escrow=str(entry["escrow"]),
+                    gateway=str(entry["gateway"]),
+                )
+            except (KeyError, IndexError, TypeError, ValueError) as error:
+                raise ProtocolError(f"gateway /v1/pools: unexpected shape ({error})") from None
+        return self._pool
+
+    async def _pay(self, pool: Pool, tokens: int) -> tuple[str, bytes]:
+        query_id = secrets.token_bytes(32)
+        amount = pool.price_wei_per_token * tokens
+        await asyncio.to_thread(self.chain.deposit, query_id, pool.model_id, amount)
+        payment = QueryPayment(query_id, pool.model_id, pool.gateway, amount)
+        key = sign_payment(bytes(self.chain.account.key), payment, _domain(pool))
+        return key, query_id
+
+    async def ask(self, challenge: Challenge) -> Asked:
+        pool = await self.pool()
+        body = echo_request(pool.model, challenge)
+        key, query_id = await self._pay(pool, len(challenge.ids) + body["max_tokens"])
+        try:
+            async with self.http.post(
+                f"{self.url}/v1/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {key}"},
+            ) as answer:
+                raw = await answer.content.read(MAX_ANSWER_BYTES)
+                if answer.status != 200:
+                    raise RemoteError("gateway", f"http_{answer.status}", raw[:300].decode())
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise UnavailableError(f"gateway {self.url} unreachable: {error}") from None
+        try:
+            doc = json.loads(raw)
+            receipt_doc = doc["planet_receipt"]
+        except (ValueError, KeyError, TypeError):
+            raise ProtocolError("the gateway's answer has no planet_receipt") from None
+        receipt, signer = verify_receipt_json(receipt_doc, _domain(pool))
+        if signer.lower() != pool.gateway.lower() or receipt.query_id != query_id:
+            raise ProtocolError("the receipt is not the gateway's receipt for this question")
+        return Asked(doc, tuple(receipt_doc["nodes"]))
+
+
+def _domain(pool: Pool) -> Any:
+    return payment_domain(pool.chain_id, pool.escrow)

@@ -1,0 +1,77 @@
+"""The verifier's own copy of the model: the registered manifest's shards, hash-checked.
+
+reference = Reference.load(manifest_path)          # IntegrityError on a wrong shard file
+reference.check_registered(manifest_hash, shard_hashes)   # what ModelRegistry says
+logits = reference.logits(challenge.ids)            # [T, V], one forward pass
+reference.vocab                                     # token text → id (unambiguous texts)
+reference.corpus_ids                                # the challenge corpus, tokenized
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from node.verifier.echo import vocabulary_index
+from node.verifier.scoring import reference_logits
+from protocol.eip712 import as_bytes32
+from protocol.errors import IntegrityError
+
+
+@dataclass
+class Reference:
+    model_id: str  # the manifest's model_id (what the gateway calls the model)
+    model_hash: str  # "sha256:<hex>", the committee's model string and the escrow's modelId
+    shard_hashes: tuple[str, ...]
+    head: Any
+    shards: list[Any]
+    vocab: dict[str, int]
+    corpus_ids: list[int]
+
+    @classmethod
+    def load(cls, manifest_path: Path, corpus: str | None = None) -> Reference:
+        from node.model.evaluate import heldout_text
+        from node.model.head import ClientHead
+        from node.model.manifest import Manifest
+        from node.model.shard import ShardModel
+
+        manifest = Manifest.load(manifest_path)
+        head = ClientHead.load(manifest_path, device="cpu")
+        shards = [ShardModel.load(manifest_path, s.shard_id, device="cpu") for s in manifest.shards]
+        texts = [
+            str(head.tokenizer.decode([token], skip_special_tokens=False))
+            for token in range(int(head.vocab_size))
+        ]
+        return cls(
+            model_id=manifest.model_id,
+            model_hash=manifest.model_hash,
+            shard_hashes=tuple(s.hash for s in manifest.shards),
+            head=head,
+            shards=shards,
+            vocab=vocabulary_index(texts),
+            corpus_ids=list(head.encode(corpus if corpus is not None else heldout_text())),
+        )
+
+    def check_registered(self, manifest_hash: bytes, shard_hashes: Sequence[bytes]) -> None:
+        """Refuse to verify with a model other than the one registered on chain."""
+        own = as_bytes32(self.model_hash, "model_hash")
+        if manifest_hash != own:
+            raise IntegrityError(
+                f"ModelRegistry has manifest {manifest_hash.hex()} for this model id, the local "
+                f"manifest hashes to {own.hex()}",
+                hint="verify with the registered manifest (planet model prepare, same settings)",
+            )
+        mine = [as_bytes32(h, "shard hash") for h in self.shard_hashes]
+        if list(shard_hashes) != mine:
+            raise IntegrityError(
+                "ModelRegistry's shard hashes differ from the local manifest's",
+                hint="verify with the registered manifest",
+            )
+
+    @torch.inference_mode()
+    def logits(self, ids: Sequence[int]) -> torch.Tensor:
+        return reference_logits(self.head, self.shards, ids)

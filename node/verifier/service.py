@@ -1,0 +1,113 @@
+"""Start-up of `planet verifier serve`: check everything, then run the worker until signalled.
+
+Fails before any challenge is sent, with a `PlanetError` and a hint, when: the validator home
+has no consensus key, the local manifest's shards do not hash to the manifest, the manifest is
+not the one registered in ModelRegistry, the calibration has no echo map, or an RPC does not
+answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+from nacl.signing import SigningKey
+
+from node.verifier.asker import GatewayAsker
+from node.verifier.calibration import CALIBRATION_FILE
+from node.verifier.reference import Reference
+from node.verifier.scoring import CredibilityMap
+from node.verifier.worker import VerifierWorker, WorkerSettings
+from protocol.eip712 import as_bytes32
+from protocol.errors import ConfigError, IntegrityError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VerifierConfig:
+    settings: WorkerSettings
+    manifest: Path
+    gateway_url: str
+    committee_rpc: tuple[str, ...]
+    evm_rpc: str
+    deployment: Path
+    wallet: Path
+    password: str
+    calibration: Path = CALIBRATION_FILE
+
+
+def consensus_key(home: Path) -> SigningKey:
+    """The validator's ed25519 consensus key (first 32 bytes of `priv_key.value`)."""
+    path = home / "config" / "priv_validator_key.json"
+    try:
+        raw = base64.b64decode(json.loads(path.read_text())["priv_key"]["value"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(
+            f"cannot read the validator key {path}: {error}",
+            hint="--home must be the validator's CometBFT home",
+        ) from None
+    if len(raw) != 64:
+        raise ConfigError(f"{path}: expected a 64-byte ed25519 key")
+    return SigningKey(raw[:32])
+
+
+def echo_map(path: Path) -> CredibilityMap:
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8"))["echo_map"]
+        return CredibilityMap(int(entry["full_micro"]), int(entry["zero_micro"]))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(
+            f"no echo map in the calibration {path}: {error}",
+            hint="python -m node.verifier.calibrate_echo",
+        ) from None
+
+
+async def serve(config: VerifierConfig) -> int:
+    from node.chain.committee_link import CommitteeLink
+    from node.chain.evm import Deployment, PlanetChain
+    from node.keys import load_or_create_wallet
+
+    key = consensus_key(config.settings.home)
+    credibility = echo_map(config.calibration)
+    reference = await asyncio.to_thread(Reference.load, config.manifest)  # hash-checked
+    wallet = load_or_create_wallet(config.wallet, config.password)
+    chain = PlanetChain(
+        Deployment.load(config.deployment), bytes(wallet.key), rpc_url=config.evm_rpc
+    )
+    model_id = as_bytes32(reference.model_hash, "model_hash")
+    registered = await asyncio.to_thread(chain.manifest_hash_of, model_id)
+    if registered == bytes(32):
+        raise IntegrityError(
+            f"model {reference.model_hash} is not registered in ModelRegistry",
+            hint="register the model, or pass the registered manifest",
+        )
+    reference.check_registered(registered, await asyncio.to_thread(chain.shard_hashes_of, model_id))
+    link = CommitteeLink(list(config.committee_rpc), key)
+    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
+    try:
+        await link.params()  # the committee answers
+        asker = GatewayAsker(config.gateway_url, chain, http)
+        worker = VerifierWorker(config.settings, reference, credibility, asker, link)
+        log.info(
+            "verifier serving home=%s model=%s gateway=%s wallet=%s",
+            config.settings.home,
+            reference.model_hash,
+            config.gateway_url,
+            wallet.address,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await worker.run(stop)
+    finally:
+        await http.close()
+        await link.close()
+    return 0

@@ -1,0 +1,152 @@
+"""`PayoutRelay`: a validator signs each closed epoch's payout statement once and, when the
+committee has gathered ≥ 2/3 of the power, relays it to the escrow.
+
+One `step()`:
+1. `/payouts` (the stored epochs, newest first): for each epoch not settled locally yet, read
+   its statement (`/payouts?epoch=N`);
+2. not signed by this validator's operator yet → check the statement is bound to this
+   deployment's QueryEscrow, sign `PayoutRoot` (committee EIP-712 domain), send `payout_vote`.
+   The chain rebuilds the statement from its own record and checks the signature; the same
+   statement signed twice is the same signature (RFC 6979) and the chain answers
+   DUPLICATE_VOTE, never a second statement;
+3. `confirmed` (≥ 2/3) and the escrow has no root for the epoch → `postPayoutRoot(statement,
+   query ids, fees, signatures sorted by signer)`. `EpochAlreadyPosted` (another validator was
+   first) counts as done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from node.chain.committee_rpc import TxRejectedError
+from node.chain.evm import ContractRevert
+from protocol.committee import PayoutVote
+from protocol.eip712 import Domain, PayoutRoot
+from protocol.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DUPLICATE_VOTE = 21
+ESCROW_NONE = 0  # QueryEscrow.epochOf status: nothing posted
+
+
+def read_operator_key(home: Path) -> bytes | None:
+    """The validator's secp256k1 operator key (`config/operator_key.json`, an eth-account
+    keystore with an empty password, as `planet committee init` writes it); None without one."""
+    path = home / "config" / "operator_key.json"
+    if not path.exists():
+        return None
+    from eth_account import Account
+
+    try:
+        return bytes(Account.decrypt(json.loads(path.read_text()), ""))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"cannot read the operator key {path}: {error}") from None
+
+
+def statement_of(view: dict[str, Any]) -> PayoutRoot:
+    """The `PayoutRoot` of a `/payouts?epoch=N` answer (typed and range-checked here)."""
+    s = view["statement"]
+    return PayoutRoot(
+        epoch=int(s["epoch"]),
+        root=bytes.fromhex(str(s["root"])[2:]),
+        total=int(s["total"]),
+        queries_hash=bytes.fromhex(str(s["queries_hash"])[2:]),
+        consumer=str(s["consumer"]),
+    )
+
+
+class Committee(Protocol):
+    async def query(self, path: str, **params: Any) -> Any: ...
+    async def submit(self, body: Any) -> Any: ...
+
+
+class Escrow(Protocol):
+    """The EVM side (`node.chain.evm.PlanetChain`, or a fake in unit tests)."""
+
+    address: str
+
+    def epoch_of(self, epoch: int) -> dict[str, Any]: ...
+    def post_payout_root(
+        self, statement: PayoutRoot, query_ids: Any, fees: Any, signatures: Any
+    ) -> Any: ...
+
+
+@dataclass
+class PayoutRelay:
+    committee: Committee
+    escrow: Escrow
+    escrow_address: str
+    operator_key: bytes
+    domain: Domain
+    signed: set[int] = field(default_factory=set)
+    posted: set[int] = field(default_factory=set)
+
+    @property
+    def operator(self) -> str:
+        from protocol.eip712 import address_of
+
+        return address_of(self.operator_key)
+
+    async def step(self) -> list[tuple[str, int]]:
+        """One pass; returns what was done as ("signed" | "posted", epoch) pairs."""
+        listing = await self.committee.query("/payouts", limit=20)
+        done: list[tuple[str, int]] = []
+        for summary in sorted(listing.get("epochs", []), key=lambda e: int(e["epoch"])):
+            epoch = int(summary["epoch"])
+            if epoch in self.posted:
+                continue
+            view = await self.committee.query("/payouts", epoch=epoch)
+            statement = statement_of(view)
+            if statement.consumer.lower() != self.escrow_address.lower():
+                log.warning("epoch %d statement names escrow %s", epoch, statement.consumer)
+                self.posted.add(epoch)
+                continue
+            signers = [str(s).lower() for s in view.get("signers", [])]
+            mine = epoch in self.signed or self.operator.lower() in signers
+            if not mine and await self._vote(statement):
+                done.append(("signed", epoch))
+                view = await self.committee.query("/payouts", epoch=epoch)  # with our vote
+            self.signed.add(epoch)
+            if view.get("confirmed") and await self._post(view, statement):
+                done.append(("posted", epoch))
+        return done
+
+    async def _vote(self, statement: PayoutRoot) -> bool:
+        signature = statement.sign(self.operator_key, self.domain)
+        try:
+            await self.committee.submit(PayoutVote(statement.epoch, "0x" + signature.hex()))
+        except TxRejectedError as error:
+            if error.tx_code != DUPLICATE_VOTE:
+                log.warning("payout_vote refused epoch=%d code=%d", statement.epoch, error.tx_code)
+            return False
+        log.info("signed payout root epoch=%d root=%s", statement.epoch, statement.root.hex())
+        return True
+
+    async def _post(self, view: dict[str, Any], statement: PayoutRoot) -> bool:
+        epoch = statement.epoch
+        on_chain = await asyncio.to_thread(self.escrow.epoch_of, epoch)
+        if on_chain["status"] != ESCROW_NONE:
+            self.posted.add(epoch)
+            return False
+        query_ids = [bytes.fromhex(str(q)[2:]) for q in view["query_ids"]]
+        fees = [int(f) for f in view["fees"]]
+        signatures = [bytes.fromhex(str(s)[2:]) for s in view["signatures"]]
+        try:
+            await asyncio.to_thread(
+                self.escrow.post_payout_root, statement, query_ids, fees, signatures
+            )
+        except ContractRevert as error:
+            if error.error_name == "EpochAlreadyPosted":
+                self.posted.add(epoch)
+            else:  # tried again next pass (the revert is found by gas estimation: no tx sent)
+                log.warning("postPayoutRoot epoch=%d reverted: %s", epoch, error.message)
+            return False
+        self.posted.add(epoch)
+        log.info("posted payout root epoch=%d queries=%d", epoch, len(query_ids))
+        return True

@@ -1,0 +1,224 @@
+"""Spot-check selection: which committed (node, session, block, shard) triples get checked.
+
+After epoch e closes, the committee chain has fixed the seed of epoch e + 1 (`abci_app/epochs.py`:
+the hash of block e·L, unknown while nodes commit during epoch e). Every party — the chain, the
+nodes, the verifiers — derives the same selection from that seed and the commitments recorded
+in epoch e, with integers only:
+
+    d = sha256("planet/spot-check/v1" ‖ seed ‖ node key (32 B) ‖ session (32 B) ‖
+               uint64_be(block) ‖ uint32_be(shard))
+    selected  ⇔  uint64_be(d[0:8]) · 10^6 < rate_ppm · 2^64
+
+Each triple is an independent draw with probability `rate_ppm` / 10^6 (default 50 000 = 5 %), so
+a node that cheats on n committed blocks escapes every check with probability (1 − p)^n, and
+no node can tell before the seed exists which of its blocks will be drawn. The verifier that
+checks a selected triple is the registered verifier with the smallest
+
+    sha256("planet/spot-check-verifier/v1" ‖ seed ‖ triple bytes ‖ verifier key (32 B))
+
+(rendezvous hashing: adding or removing one verifier moves only its own share of the checks).
+
+A selection becomes a ticket request (`protocol.tickets`); its outcome a committee verdict
+whose `evidenceHash` is `evidence_hash(selection, outcome)`: failed check → offence 3 (50 %),
+no ticket in time → offence 4 (5 %).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from protocol.errors import ProtocolError
+
+SCALE_PPM = 1_000_000
+DEFAULT_RATE_PPM = 50_000  # 5 %, UNFED's "~5 % of layer batches"
+_SELECT_DOMAIN = b"planet/spot-check/v1"
+_VERIFIER_DOMAIN = b"planet/spot-check-verifier/v1"
+_EVIDENCE_DOMAIN = b"planet/spot-check-evidence/v1"
+_KEY_HEX = re.compile(r"[0-9a-f]{64}\Z")
+_B32_HEX = re.compile(r"0x[0-9a-f]{64}\Z")
+U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1
+
+# Offence codes (contracts' enum Offence, protocol.eip712.OFFENCE_*).
+OFFENCE_FAILED_VERIFICATION = 3
+OFFENCE_TIMEOUT = 4
+
+
+class SelectionError(ProtocolError):
+    """A seed, triple or rate that breaks the selection's input rules."""
+
+    code = "spot_check_input"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"bad spot-check input: {reason}")
+        self.reason = reason
+
+
+def _seed(seed: bytes | str) -> bytes:
+    if isinstance(seed, str):
+        text = seed[2:] if seed.startswith("0x") else seed
+        if not _KEY_HEX.match(text):
+            raise SelectionError("seed must be 32 bytes (64 lowercase hex)")
+        return bytes.fromhex(text)
+    if not isinstance(seed, bytes) or len(seed) != 32:
+        raise SelectionError("seed must be 32 bytes")
+    return seed
+
+
+def check_rate(rate_ppm: int) -> int:
+    if isinstance(rate_ppm, bool) or not isinstance(rate_ppm, int):
+        raise SelectionError("rate_ppm must be an integer")
+    if not 0 <= rate_ppm <= SCALE_PPM:
+        raise SelectionError(f"rate_ppm {rate_ppm} outside 0…{SCALE_PPM}")
+    return rate_ppm
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Triple:
+    """One committed block: `node` 64 hex (ed25519 node key), `session` `0x` + 64 hex (the
+    hop's public session tag as committed), `block` (positions [32·block, 32·block + 32)),
+    `shard`. Ordering is by (node, session, block, shard)."""
+
+    node: str
+    session: str
+    block: int
+    shard: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.node, str) or not _KEY_HEX.match(self.node):
+            raise SelectionError("node must be 64 lowercase hex")
+        if not isinstance(self.session, str) or not _B32_HEX.match(self.session):
+            raise SelectionError("session must be 0x + 64 lowercase hex")
+        for name, top in (("block", U64_MAX), ("shard", U32_MAX)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+                raise SelectionError(f"{name} must be an integer in 0…{top}")
+
+    def to_bytes(self) -> bytes:
+        """node (32) ‖ session (32) ‖ uint64_be(block) ‖ uint32_be(shard): 76 bytes."""
+        return (
+            bytes.fromhex(self.node)
+            + bytes.fromhex(self.session[2:])
+            + struct.pack(">QI", self.block, self.shard)
+        )
+
+
+def draw(seed: bytes | str, triple: Triple) -> int:
+    """The triple's 64-bit draw under `seed` (selected when draw · 10^6 < rate · 2^64)."""
+    digest = hashlib.sha256(_SELECT_DOMAIN + _seed(seed) + triple.to_bytes()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def is_selected(seed: bytes | str, triple: Triple, rate_ppm: int = DEFAULT_RATE_PPM) -> bool:
+    return draw(seed, triple) * SCALE_PPM < check_rate(rate_ppm) << 64
+
+
+def select(
+    seed: bytes | str, triples: Iterable[Triple], rate_ppm: int = DEFAULT_RATE_PPM
+) -> list[Triple]:
+    """The selected triples, sorted (duplicates counted once)."""
+    seed_bytes = _seed(seed)
+    check_rate(rate_ppm)
+    return sorted(t for t in set(triples) if is_selected(seed_bytes, t, rate_ppm))
+
+
+def assign_verifier(seed: bytes | str, triple: Triple, verifiers: Sequence[str]) -> str:
+    """The verifier key (64 hex) that checks `triple`: the smallest rendezvous hash."""
+    seed_bytes = _seed(seed)
+    keys = sorted(set(verifiers))
+    if not keys:
+        raise SelectionError("no verifier to assign")
+    for key in keys:
+        if not isinstance(key, str) or not _KEY_HEX.match(key):
+            raise SelectionError("verifier keys must be 64 lowercase hex")
+    prefix = _VERIFIER_DOMAIN + seed_bytes + triple.to_bytes()
+    return min(keys, key=lambda k: hashlib.sha256(prefix + bytes.fromhex(k)).digest())
+
+
+def epoch_of_height(height: int, epoch_length: int) -> int:
+    """The epoch a committee block belongs to: epoch e covers heights (e−1)·L + 1 … e·L."""
+    if height < 1 or epoch_length < 1:
+        raise SelectionError("height and epoch length start at 1")
+    return (height - 1) // epoch_length + 1
+
+
+def triples_from_records(
+    records: Iterable[object], *, epoch: int, epoch_length: int
+) -> list[Triple]:
+    """The triples committed in `epoch` from the chain's `/commitments` records
+    (`{node, session, step, shard, height, …}`); malformed records are skipped (the chain's
+    own records are well-formed; this is the verifier's boundary)."""
+    out = []
+    for record in records:
+        if not isinstance(record, dict):
+            continue
+        height = record.get("height")
+        if type(height) is not int or height < 1:
+            continue
+        if epoch_of_height(height, epoch_length) != epoch:
+            continue
+        try:
+            out.append(
+                Triple(
+                    record.get("node"),
+                    record.get("session"),
+                    record.get("step"),
+                    record.get("shard"),
+                )  # type: ignore[arg-type]
+            )
+        except SelectionError:
+            continue
+    return sorted(set(out))
+
+
+def checks_for(
+    seed: bytes | str,
+    triples: Iterable[Triple],
+    verifiers: Sequence[str],
+    me: str,
+    rate_ppm: int = DEFAULT_RATE_PPM,
+) -> list[Triple]:
+    """The selected triples assigned to verifier `me` (what it requests tickets for)."""
+    return [t for t in select(seed, triples, rate_ppm) if assign_verifier(seed, t, verifiers) == me]
+
+
+class Outcome(Enum):
+    """What a spot check found. PASSED needs no verdict."""
+
+    PASSED = "passed"
+    FAILED = "failed"  # fingerprints differ beyond tolerance, or the ticket lies
+    TIMEOUT = "timeout"  # no valid ticket within the deadline
+
+    @property
+    def offence(self) -> int | None:
+        return {
+            Outcome.PASSED: None,
+            Outcome.FAILED: OFFENCE_FAILED_VERIFICATION,
+            Outcome.TIMEOUT: OFFENCE_TIMEOUT,
+        }[self]
+
+
+def evidence_hash(seed: bytes | str, triple: Triple, outcome: Outcome) -> bytes:
+    """The verdict's `evidenceHash` for a spot check:
+    sha256("planet/spot-check-evidence/v1" ‖ seed ‖ triple bytes ‖ outcome name).
+    Every verifier derives the same value for the same finding, so their votes add up."""
+    if outcome is Outcome.PASSED:
+        raise SelectionError("a passed check is no evidence")
+    return hashlib.sha256(
+        _EVIDENCE_DOMAIN + _seed(seed) + triple.to_bytes() + outcome.value.encode()
+    ).digest()
+
+
+def detection_probability_ppm(rate_ppm: int, blocks: int) -> int:
+    """⌊10^6 · (1 − (1 − p)^n)⌋ for p = rate_ppm / 10^6, exactly (integers)."""
+    check_rate(rate_ppm)
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 0:
+        raise SelectionError("blocks must be a non-negative integer")
+    miss_num = (SCALE_PPM - rate_ppm) ** blocks
+    miss_den = SCALE_PPM**blocks
+    return SCALE_PPM - -(-miss_num * SCALE_PPM // miss_den)

@@ -1,0 +1,476 @@
+// QueryEscrow prepaid balances: one deposit, per-payer debits in the committee-signed settlement,
+// withdrawal after a delay; the races (a refund or a withdrawal before the root is posted never
+// voids it: the shortfall rule pays claims pro rata), re-signing is not equivocation, disputes
+// return exactly what was charged, and a random sequence keeps the escrow's ETH equal to what it
+// owes (per-query deposits + prepaid balances + unclaimed epoch payouts).
+const { expect } = require("chai");
+const { ethers, network } = require("hardhat");
+const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
+const h = require("./helpers");
+
+const MILLI = h.ONE / 1000n;
+const U128_MAX = 2n ** 128n - 1n;
+
+describe("QueryEscrow prepaid", function () {
+  async function fixture() {
+    const env = await h.deployAll();
+    const signers = await ethers.getSigners();
+    const [, a, b, c, op1, op2, stranger] = signers;
+    // payers sorted by address (postPayoutRoot requires strictly ascending payers)
+    const payers = [a, b, c].sort((x, y) => (BigInt(x.address) < BigInt(y.address) ? -1 : 1));
+    const receiver = await (await ethers.getContractFactory("ReentrantReceiver")).deploy();
+    return { ...env, payers, op1, op2, stranger, receiver };
+  }
+
+  async function fundedFixture() {
+    const env = await fixture();
+    for (const p of env.payers) await env.escrow.connect(p).depositBalance({ value: 10n * MILLI });
+    return env;
+  }
+
+  /** Signs an epoch statement; `entries` are payout leaves, `charges` the Charges tuple. */
+  async function statement(env, epoch, entries, charges, signers = env.members) {
+    const tree = h.merkleTree(entries.map((e) => ({ epoch, ...e })));
+    const total = [...charges.fees, ...charges.debits].reduce((x, y) => x + y, 0n);
+    const qh = h.queriesHash(charges.queryIds, charges.fees, charges.payers, charges.debits);
+    const msg = { consumer: await env.escrow.getAddress(), epoch, root: tree.root, total, queriesHash: qh };
+    const sigs = await h.signAll(signers, env.committeeDomain, "PayoutRoot", msg);
+    return { epoch, tree, total, qh, sigs, charges, entries };
+  }
+  const post = (env, s) => env.escrow.postPayoutRoot(s.epoch, s.tree.root, s.total, s.charges, s.sigs);
+  const claimAfterWindow = async () => time.increase(h.DEFAULTS.challengeWindow);
+  const balanceOf = async (env, who) => (await env.escrow.prepaidOf(who.address ?? who)).balance;
+
+  describe("depositBalance", function () {
+    it("depositBalance_twice_addsUpAndEmits", async function () {
+      const { escrow, payers } = await loadFixture(fixture);
+      const [p] = payers;
+      await expect(escrow.connect(p).depositBalance({ value: 5n }))
+        .to.emit(escrow, "BalanceDeposited")
+        .withArgs(p.address, 5n, 5n);
+      const tx = escrow.connect(p).depositBalance({ value: 7n });
+      await expect(tx).to.emit(escrow, "BalanceDeposited").withArgs(p.address, 7n, 12n);
+      await expect(tx).to.changeEtherBalances([p, escrow], [-7n, 7n]);
+      const v = await escrow.prepaidOf(p.address);
+      expect(v.balance).to.equal(12n);
+      expect(v.withdrawableAt).to.equal(0n);
+    });
+    it("depositBalance_zero_reverts", async function () {
+      const { escrow, payers } = await loadFixture(fixture);
+      await expect(escrow.connect(payers[0]).depositBalance())
+        .to.be.revertedWithCustomError(escrow, "InvalidDepositAmount")
+        .withArgs(0n, U128_MAX);
+    });
+    it("depositBalance_aboveUint128_revertsBalanceOverflow", async function () {
+      const { escrow, payers } = await loadFixture(fixture);
+      const [p] = payers;
+      await network.provider.send("hardhat_setBalance", [p.address, ethers.toQuantity(2n ** 130n)]);
+      await escrow.connect(p).depositBalance({ value: U128_MAX });
+      await expect(escrow.connect(p).depositBalance({ value: 1n }))
+        .to.be.revertedWithCustomError(escrow, "BalanceOverflow")
+        .withArgs(p.address, U128_MAX, 1n);
+    });
+  });
+
+  describe("withdrawal", function () {
+    it("requestWithdrawal_thenWithdrawAfterDelay_paysWholeBalance", async function () {
+      const { escrow, payers } = await loadFixture(fundedFixture);
+      const [p] = payers;
+      const at = BigInt(await time.latest()) + 1n + h.DEFAULTS.refundTimeout;
+      await expect(escrow.connect(p).requestWithdrawal()).to.emit(escrow, "WithdrawalRequested").withArgs(p.address, 10n * MILLI, at);
+      expect((await escrow.prepaidOf(p.address)).withdrawableAt).to.equal(at);
+      await expect(escrow.connect(p).withdrawBalance())
+        .to.be.revertedWithCustomError(escrow, "WithdrawalNotYetAvailable")
+        .withArgs(p.address, at);
+      await time.increaseTo(at);
+      const tx = escrow.connect(p).withdrawBalance();
+      await expect(tx).to.emit(escrow, "BalanceWithdrawn").withArgs(p.address, 10n * MILLI);
+      await expect(tx).to.changeEtherBalances([p, escrow], [10n * MILLI, -10n * MILLI]);
+      const v = await escrow.prepaidOf(p.address);
+      expect([v.balance, v.withdrawableAt]).to.deep.equal([0n, 0n]);
+      await expect(escrow.connect(p).withdrawBalance()).to.be.revertedWithCustomError(escrow, "WithdrawalNotRequested").withArgs(p.address);
+    });
+    it("requestWithdrawal_emptyOrTwice_reverts", async function () {
+      const { escrow, payers, stranger } = await loadFixture(fundedFixture);
+      await expect(escrow.connect(stranger).requestWithdrawal()).to.be.revertedWithCustomError(escrow, "NothingToWithdraw").withArgs(stranger.address);
+      await escrow.connect(payers[0]).requestWithdrawal();
+      const { withdrawableAt } = await escrow.prepaidOf(payers[0].address);
+      await expect(escrow.connect(payers[0]).requestWithdrawal())
+        .to.be.revertedWithCustomError(escrow, "WithdrawalAlreadyRequested")
+        .withArgs(payers[0].address, withdrawableAt);
+    });
+    it("cancelWithdrawal_clearsRequest_orRevertsWithoutOne", async function () {
+      const { escrow, payers } = await loadFixture(fundedFixture);
+      const [p] = payers;
+      await expect(escrow.connect(p).cancelWithdrawal()).to.be.revertedWithCustomError(escrow, "WithdrawalNotRequested").withArgs(p.address);
+      await escrow.connect(p).requestWithdrawal();
+      await expect(escrow.connect(p).cancelWithdrawal()).to.emit(escrow, "WithdrawalCancelled").withArgs(p.address);
+      expect((await escrow.prepaidOf(p.address)).withdrawableAt).to.equal(0n);
+      await time.increase(h.DEFAULTS.refundTimeout);
+      await expect(escrow.connect(p).withdrawBalance()).to.be.revertedWithCustomError(escrow, "WithdrawalNotRequested");
+    });
+    it("withdrawBalance_allDebited_clearsRequestPaysNothing", async function () {
+      const env = await loadFixture(fundedFixture);
+      const [p] = env.payers;
+      await env.escrow.connect(p).requestWithdrawal();
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 10n * MILLI }], h.charges([], [], [p.address], [10n * MILLI]));
+      await post(env, s);
+      await time.increase(h.DEFAULTS.refundTimeout);
+      const tx = env.escrow.connect(p).withdrawBalance();
+      await expect(tx).to.emit(env.escrow, "BalanceWithdrawn").withArgs(p.address, 0n);
+      await expect(tx).to.changeEtherBalance(p, 0n);
+    });
+    it("withdrawBalance_receiverRejects_revertsTransferFailed", async function () {
+      const { escrow, receiver } = await loadFixture(fixture);
+      const e = await escrow.getAddress();
+      const r = await receiver.getAddress();
+      await receiver.act(e, 1000n, escrow.interface.encodeFunctionData("depositBalance"), { value: 1000n });
+      await receiver.act(e, 0, escrow.interface.encodeFunctionData("requestWithdrawal"));
+      await time.increase(h.DEFAULTS.refundTimeout);
+      await receiver.setRejectPayments(true);
+      await expect(receiver.act(e, 0, escrow.interface.encodeFunctionData("withdrawBalance")))
+        .to.be.revertedWithCustomError(escrow, "TransferFailed")
+        .withArgs(r, 1000n);
+      expect((await escrow.prepaidOf(r)).balance).to.equal(1000n);
+    });
+    it("withdrawBalance_receiverReenters_blocked", async function () {
+      const { escrow, receiver } = await loadFixture(fixture);
+      const e = await escrow.getAddress();
+      await receiver.act(e, 1000n, escrow.interface.encodeFunctionData("depositBalance"), { value: 1000n });
+      await receiver.act(e, 0, escrow.interface.encodeFunctionData("requestWithdrawal"));
+      await time.increase(h.DEFAULTS.refundTimeout);
+      await receiver.arm(e, escrow.interface.encodeFunctionData("withdrawBalance"));
+      await receiver.act(e, 0, escrow.interface.encodeFunctionData("withdrawBalance"));
+      expect(await receiver.reentrySuccesses()).to.equal(0n);
+      expect(await ethers.provider.getBalance(await receiver.getAddress())).to.equal(1000n);
+    });
+  });
+
+  describe("postPayoutRoot with debits", function () {
+    it("postPayoutRoot_debits_chargesEachPayerOnce", async function () {
+      const env = await loadFixture(fundedFixture);
+      const [p1, p2] = env.payers;
+      const s = await statement(env, 3n, [{ account: env.op1.address, amount: 5n * MILLI }], h.charges([], [], [p1.address, p2.address], [2n * MILLI, 3n * MILLI]));
+      const tx = post(env, s);
+      await expect(tx).to.emit(env.escrow, "Debited").withArgs(3n, p1.address, 2n * MILLI, 8n * MILLI);
+      await expect(tx).to.emit(env.escrow, "Debited").withArgs(3n, p2.address, 3n * MILLI, 7n * MILLI);
+      await expect(tx).not.to.emit(env.escrow, "SettlementShortfall");
+      expect(await balanceOf(env, p1)).to.equal(8n * MILLI);
+      expect(await balanceOf(env, p2)).to.equal(7n * MILLI);
+      expect((await env.escrow.epochOf(3n)).unclaimed).to.equal(5n * MILLI);
+      await claimAfterWindow();
+      await expect(env.escrow.connect(env.op1).claim(3n, env.op1.address, 5n * MILLI, s.tree.proof(0))).to.changeEtherBalance(env.op1, 5n * MILLI);
+    });
+    it("postPayoutRoot_mixedQueriesAndDebits_totalCoversBoth", async function () {
+      const env = await loadFixture(fundedFixture);
+      const q = ethers.id("per-query");
+      await env.escrow.connect(env.stranger).deposit(q, ethers.id("model"), { value: MILLI });
+      const charges = h.charges([q], [MILLI / 2n], [env.payers[0].address], [MILLI]);
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: (3n * MILLI) / 2n }], charges);
+      await expect(post(env, s)).to.emit(env.escrow, "PayoutRootPosted").withArgs(1n, s.tree.root, (3n * MILLI) / 2n, s.qh, (await time.latest()) + 1 + Number(h.DEFAULTS.challengeWindow));
+      expect((await env.escrow.depositOf(q)).amount).to.equal(MILLI / 2n);
+      expect(await balanceOf(env, env.payers[0])).to.equal(9n * MILLI);
+    });
+    it("postPayoutRoot_payersUnsortedOrDuplicateOrZero_revertsPayersNotSorted", async function () {
+      const env = await loadFixture(fundedFixture);
+      const [p1, p2] = env.payers;
+      for (const [list, index] of [
+        [[p2.address, p1.address], 1],
+        [[p1.address, p1.address], 1],
+        [[ethers.ZeroAddress], 0],
+      ]) {
+        const s = await statement(env, 1n, [{ account: env.op1.address, amount: 2n }], h.charges([], [], list, list.map(() => 1n)));
+        await expect(post(env, s)).to.be.revertedWithCustomError(env.escrow, "PayersNotSorted").withArgs(index);
+      }
+    });
+    it("postPayoutRoot_payersDebitsLengthMismatch_reverts", async function () {
+      const env = await loadFixture(fundedFixture);
+      await expect(env.escrow.postPayoutRoot(1n, ethers.id("r"), 0n, h.charges([], [], [env.payers[0].address], []), []))
+        .to.be.revertedWithCustomError(env.escrow, "LengthMismatch")
+        .withArgs(1, 0);
+    });
+    it("postPayoutRoot_totalNotSumOfFeesAndDebits_reverts", async function () {
+      const env = await loadFixture(fundedFixture);
+      const charges = h.charges([], [], [env.payers[0].address], [5n]);
+      const qh = h.queriesHash([], [], [env.payers[0].address], [5n]);
+      const root = ethers.id("root");
+      const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch: 1n, root, total: 6n, queriesHash: qh });
+      await expect(env.escrow.postPayoutRoot(1n, root, 6n, charges, sigs)).to.be.revertedWithCustomError(env.escrow, "TotalMismatch").withArgs(6n, 5n);
+    });
+    it("postPayoutRoot_debitsDifferFromSigned_reverts", async function () {
+      const env = await loadFixture(fundedFixture);
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n }], h.charges([], [], [env.payers[0].address], [5n]));
+      // a relayer who raises a payer's debit (an over-cap charge) breaks the committee signature
+      const raised = { ...s, charges: h.charges([], [], [env.payers[0].address], [6n]), total: 6n };
+      await expect(post(env, raised)).to.be.revertedWithCustomError(env.committee, "UnknownSigner");
+      const moved = { ...s, charges: h.charges([], [], [env.payers[1].address], [5n]) };
+      await expect(post(env, moved)).to.be.revertedWithCustomError(env.committee, "UnknownSigner");
+    });
+    it("postPayoutRoot_replayedForAnotherEpoch_reverts", async function () {
+      const env = await loadFixture(fundedFixture);
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n }], h.charges([], [], [env.payers[0].address], [5n]));
+      await post(env, s);
+      await expect(post(env, s)).to.be.revertedWithCustomError(env.escrow, "EpochAlreadyPosted").withArgs(1n);
+      await expect(post(env, { ...s, epoch: 2n })).to.be.revertedWithCustomError(env.committee, "UnknownSigner");
+      expect(await balanceOf(env, env.payers[0])).to.equal(10n * MILLI - 5n);
+    });
+  });
+
+  describe("calldata hashing", function () {
+    it("postPayoutRoot_nonCanonicalChargesEncoding_revertsAndChangesNothing", async function () {
+      const env = await loadFixture(fundedFixture);
+      const q = ethers.id("q");
+      await env.escrow.connect(env.stranger).deposit(q, ethers.id("model"), { value: MILLI });
+      const charges = h.charges([q], [MILLI], [env.payers[0].address], [MILLI]);
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 2n * MILLI }], charges);
+      const data = env.escrow.interface.encodeFunctionData("postPayoutRoot", [s.epoch, s.tree.root, s.total, charges, s.sigs]);
+      // Same decoded values, non-canonical bytes: a zero word between the queryIds and fees tails.
+      const word = (hex, i) => BigInt("0x" + hex.slice(8 + 64 * i, 8 + 64 * (i + 1)));
+      const put = (hex, i, v) => hex.slice(0, 8 + 64 * i) + v.toString(16).padStart(64, "0") + hex.slice(8 + 64 * (i + 1));
+      let hex = data.slice(2);
+      const tuple = Number(word(hex, 3)) / 32; // the Charges tuple's first word (after the selector)
+      const feesAt = tuple + Number(word(hex, tuple + 1)) / 32;
+      hex = put(hex, 4, word(hex, 4) + 32n); // bytes[] sigs moves one word down
+      for (const k of [1, 2, 3]) hex = put(hex, tuple + k, word(hex, tuple + k) + 32n);
+      hex = hex.slice(0, 8 + 64 * feesAt) + "0".repeat(64) + hex.slice(8 + 64 * feesAt);
+      const decoded = env.escrow.interface.decodeFunctionData("postPayoutRoot", "0x" + hex);
+      expect(decoded[3].fees).to.deep.equal([MILLI]);
+      expect(decoded[3].debits).to.deep.equal([MILLI]);
+      const [sender] = await ethers.getSigners();
+      await expect(sender.sendTransaction({ to: await env.escrow.getAddress(), data: "0x" + hex })).to.be.revertedWithCustomError(env.committee, "UnknownSigner");
+      expect((await env.escrow.epochOf(1n)).status).to.equal(0n);
+      await post(env, s); // the canonical encoding of the same call posts
+      expect((await env.escrow.epochOf(1n)).status).to.equal(1n);
+    });
+  });
+
+  describe("races: user actions never void a signed root", function () {
+    it("withdrawThenPost_debitCappedAndClaimsProRata", async function () {
+      const env = await loadFixture(fundedFixture);
+      const [p1, p2] = env.payers;
+      // p1 served 4 milli, then requests and completes its withdrawal before the root lands
+      await env.escrow.connect(p1).requestWithdrawal();
+      await time.increase(h.DEFAULTS.refundTimeout);
+      await env.escrow.connect(p1).withdrawBalance();
+      const entries = [
+        { account: env.op1.address, amount: 3n * MILLI },
+        { account: env.op2.address, amount: 3n * MILLI },
+      ];
+      const s = await statement(env, 1n, entries, h.charges([], [], [p1.address, p2.address], [4n * MILLI, 2n * MILLI]));
+      const tx = post(env, s);
+      await expect(tx).to.emit(env.escrow, "DebitShortfall").withArgs(1n, p1.address, 4n * MILLI, 0n);
+      await expect(tx).to.emit(env.escrow, "SettlementShortfall").withArgs(1n, 6n * MILLI, 2n * MILLI);
+      await expect(tx).to.emit(env.escrow, "PayoutRootPosted");
+      expect(await env.escrow.unchargedOf(1n, p1.address)).to.equal(4n * MILLI);
+      const sf = await env.escrow.shortfallOf(1n);
+      expect([sf.total, sf.collected]).to.deep.equal([6n * MILLI, 2n * MILLI]);
+      expect((await env.escrow.epochOf(1n)).unclaimed).to.equal(2n * MILLI);
+      await claimAfterWindow();
+      // each payee gets amount * collected / total = a third
+      await expect(env.escrow.connect(env.op1).claim(1n, env.op1.address, 3n * MILLI, s.tree.proof(0)))
+        .to.emit(env.escrow, "Claimed")
+        .withArgs(1n, env.op1.address, MILLI);
+      await expect(env.escrow.connect(env.op2).claim(1n, env.op2.address, 3n * MILLI, s.tree.proof(1))).to.changeEtherBalance(env.op2, MILLI);
+      expect((await env.escrow.epochOf(1n)).unclaimed).to.equal(0n);
+    });
+    it("partialBalance_chargedWhatItHas", async function () {
+      const env = await loadFixture(fundedFixture);
+      const [p1] = env.payers;
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 15n * MILLI }], h.charges([], [], [p1.address], [15n * MILLI]));
+      await expect(post(env, s)).to.emit(env.escrow, "DebitShortfall").withArgs(1n, p1.address, 15n * MILLI, 10n * MILLI);
+      expect(await balanceOf(env, p1)).to.equal(0n);
+      expect(await env.escrow.unchargedOf(1n, p1.address)).to.equal(5n * MILLI);
+      await claimAfterWindow();
+      await expect(env.escrow.connect(env.op1).claim(1n, env.op1.address, 15n * MILLI, s.tree.proof(0))).to.changeEtherBalance(env.op1, 10n * MILLI);
+    });
+    it("refundThenPost_queryUnchargedRootStillPosts", async function () {
+      const env = await loadFixture(fundedFixture);
+      const q1 = ethers.id("late refund");
+      const q2 = ethers.id("kept");
+      await env.escrow.connect(env.stranger).deposit(q1, ethers.id("model"), { value: 3n * MILLI });
+      await env.escrow.connect(env.stranger).deposit(q2, ethers.id("model"), { value: 3n * MILLI });
+      await time.increase(h.DEFAULTS.refundTimeout);
+      await env.escrow.connect(env.stranger).refund(q1); // after the timeout, before the root
+      const entries = [{ account: env.op1.address, amount: 3n * MILLI }, { account: env.op2.address, amount: 1n }];
+      const s = await statement(env, 1n, entries, h.charges([q1, q2], [2n * MILLI, MILLI + 1n]));
+      const tx = post(env, s);
+      await expect(tx).to.emit(env.escrow, "QueryUncharged").withArgs(1n, q1, 2n * MILLI);
+      await expect(tx).to.emit(env.escrow, "SettlementShortfall").withArgs(1n, 3n * MILLI + 1n, MILLI + 1n);
+      expect((await env.escrow.depositOf(q1)).status).to.equal(4n); // still Refunded
+      expect((await env.escrow.depositOf(q2)).amount).to.equal(2n * MILLI - 1n);
+      await claimAfterWindow();
+      const paid1 = (3n * MILLI * (MILLI + 1n)) / (3n * MILLI + 1n);
+      await expect(env.escrow.connect(env.op1).claim(1n, env.op1.address, 3n * MILLI, s.tree.proof(0))).to.changeEtherBalance(env.op1, paid1);
+      // the 1-wei leaf rounds down to 0: marked claimed, nothing moves
+      await expect(env.escrow.connect(env.op2).claim(1n, env.op2.address, 1n, s.tree.proof(1)))
+        .to.emit(env.escrow, "Claimed")
+        .withArgs(1n, env.op2.address, 0n);
+      await expect(env.escrow.connect(env.op2).claim(1n, env.op2.address, 1n, s.tree.proof(1))).to.be.revertedWithCustomError(env.escrow, "AlreadyClaimed");
+      // dust stays with the epoch and never exceeds what it collected
+      expect((await env.escrow.epochOf(1n)).unclaimed).to.equal(MILLI + 1n - paid1);
+    });
+  });
+
+  describe("re-signing and disputes", function () {
+    it("disputeRoot_sameStatementResignedByOtherMembers_revertsSameStatement", async function () {
+      const env = await loadFixture(fundedFixture);
+      const charges = h.charges([], [], [env.payers[0].address], [MILLI]);
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: MILLI }], charges, env.members.slice(0, 3));
+      await post(env, s);
+      // the committee signs the very same settlement again (another 3 of 4, e.g. after a restart)
+      const again = await statement(env, 1n, [{ account: env.op1.address, amount: MILLI }], charges, env.members.slice(1, 4));
+      expect(again.sigs).to.not.deep.equal(s.sigs);
+      const same = { root: again.tree.root, total: again.total, queriesHash: again.qh };
+      await expect(env.escrow.disputeRoot(1n, charges, s.sigs, same, again.sigs))
+        .to.be.revertedWithCustomError(env.escrow, "SameStatement")
+        .withArgs(1n);
+      expect((await env.escrow.epochOf(1n)).status).to.equal(1n);
+    });
+    it("disputeRoot_differentStatement_returnsChargedDebitsAndFees", async function () {
+      const env = await loadFixture(fundedFixture);
+      const [p1, p2] = env.payers;
+      const q = ethers.id("q");
+      await env.escrow.connect(env.stranger).deposit(q, ethers.id("model"), { value: MILLI });
+      // p2 is short: only 10 of its 12 milli are charged; dispute must return exactly 10
+      const charges = h.charges([q], [MILLI], [p1.address, p2.address], [2n * MILLI, 12n * MILLI]);
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 15n * MILLI }], charges);
+      await post(env, s);
+      const other = { root: ethers.id("other"), total: s.total, queriesHash: s.qh };
+      const otherSigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch: 1n, ...other });
+      const tx = env.escrow.connect(env.stranger).disputeRoot(1n, charges, s.sigs, other, otherSigs);
+      await expect(tx).to.emit(env.escrow, "DebitReturned").withArgs(1n, p1.address, 2n * MILLI);
+      await expect(tx).to.emit(env.escrow, "DebitReturned").withArgs(1n, p2.address, 10n * MILLI);
+      await expect(tx).to.emit(env.escrow, "RootDisputed");
+      expect(await balanceOf(env, p1)).to.equal(10n * MILLI);
+      expect(await balanceOf(env, p2)).to.equal(10n * MILLI);
+      expect((await env.escrow.depositOf(q)).amount).to.equal(MILLI);
+      const e = await env.escrow.epochOf(1n);
+      expect([e.unclaimed, e.status]).to.deep.equal([0n, 2n]);
+    });
+    it("disputeRoot_withRefundedQueryInPostedList_skipsIt", async function () {
+      const env = await loadFixture(fundedFixture);
+      const q1 = ethers.id("refunded");
+      await env.escrow.connect(env.stranger).deposit(q1, ethers.id("model"), { value: MILLI });
+      await time.increase(h.DEFAULTS.refundTimeout);
+      await env.escrow.connect(env.stranger).refund(q1);
+      const charges = h.charges([q1], [MILLI], [env.payers[0].address], [MILLI]);
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 2n * MILLI }], charges);
+      await post(env, s);
+      const other = { root: ethers.id("other"), total: s.total, queriesHash: s.qh };
+      const otherSigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch: 1n, ...other });
+      await env.escrow.disputeRoot(1n, charges, s.sigs, other, otherSigs);
+      expect((await env.escrow.depositOf(q1)).status).to.equal(4n);
+      expect((await env.escrow.depositOf(q1)).amount).to.equal(0n);
+      expect(await balanceOf(env, env.payers[0])).to.equal(10n * MILLI);
+    });
+    it("disputeRoot_payersDebitsLengthMismatch_reverts", async function () {
+      const env = await loadFixture(fundedFixture);
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 1n }], h.charges([], [], [env.payers[0].address], [1n]));
+      await post(env, s);
+      const other = { root: ethers.id("other"), total: 1n, queriesHash: s.qh };
+      await expect(env.escrow.disputeRoot(1n, h.charges([], [], [env.payers[0].address], []), s.sigs, other, s.sigs))
+        .to.be.revertedWithCustomError(env.escrow, "LengthMismatch")
+        .withArgs(1, 0);
+    });
+  });
+
+  describe("invariant: escrow ETH == deposits + balances + unclaimed", function () {
+    function mulberry32(seed) {
+      let a = seed >>> 0;
+      return () => {
+        a = (a + 0x6d2b79f5) >>> 0;
+        let t = a;
+        t = Math.imul(t ^ (t >>> 15), t | 1);
+        t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+        return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+      };
+    }
+    for (const seed of [3, 99]) {
+      it(`randomPrepaidSequence_seed${seed}_escrowHoldsExactlyWhatItOwes`, async function () {
+        const env = await loadFixture(fixture);
+        const { escrow, payers } = env;
+        const rnd = mulberry32(seed);
+        const pick = (arr) => arr[Math.floor(rnd() * arr.length)];
+        const amount = (max) => (BigInt(Math.floor(rnd() * 1e6)) * max) / 1000000n + 1n;
+        const queries = [];
+        const epochs = [];
+        let nextEpoch = 1n;
+        const ops = [env.op1, env.op2];
+        const actions = {
+          async fund() {
+            await escrow.connect(pick(payers)).depositBalance({ value: amount(MILLI) });
+          },
+          async deposit() {
+            const q = ethers.id(`s${seed}-q${queries.length}`);
+            await escrow.connect(pick(payers)).deposit(q, ethers.ZeroHash, { value: amount(MILLI) });
+            queries.push(q);
+          },
+          async request() {
+            await escrow.connect(pick(payers)).requestWithdrawal().catch(() => {});
+          },
+          async withdraw() {
+            await escrow.connect(pick(payers)).withdrawBalance().catch(() => {});
+          },
+          async refund() {
+            if (queries.length === 0) return;
+            const q = pick(queries);
+            const d = await escrow.depositOf(q);
+            const owner = payers.find((p) => p.address === d.user);
+            await escrow.connect(owner).refund(q).catch(() => {});
+          },
+          async settle() {
+            const queryIds = [];
+            const fees = [];
+            for (const q of queries) {
+              const d = await escrow.depositOf(q);
+              // funded queries, and refunded ones (the race), never settled ones
+              if ((d.status === 1n || d.status === 4n) && rnd() < 0.5) {
+                queryIds.push(q);
+                fees.push(d.status === 1n ? amount(d.amount) - 1n : amount(MILLI));
+              }
+            }
+            const chosen = payers.filter(() => rnd() < 0.6); // sorted already
+            const debits = chosen.map(() => amount(2n * MILLI)); // may exceed the balance
+            const total = [...fees, ...debits].reduce((x, y) => x + y, 0n);
+            const entries = [
+              { account: ops[0].address, amount: total / 2n },
+              { account: ops[1].address, amount: total - total / 2n },
+            ];
+            const s = await statement(env, nextEpoch++, entries, h.charges(queryIds, fees, chosen.map((p) => p.address), debits));
+            await post(env, s);
+            epochs.push(s);
+          },
+          async claim() {
+            if (epochs.length === 0) return;
+            const s = pick(epochs);
+            const i = Math.floor(rnd() * 2);
+            const e = s.entries[i];
+            if (e.amount === 0n) return;
+            await escrow.connect(ops[i]).claim(s.epoch, e.account, e.amount, s.tree.proof(i)).catch(() => {});
+          },
+          async dispute() {
+            if (epochs.length === 0) return;
+            const s = pick(epochs);
+            const other = { root: ethers.id(`other ${s.epoch}`), total: s.total, queriesHash: s.qh };
+            const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await escrow.getAddress(), epoch: s.epoch, ...other });
+            await escrow.disputeRoot(s.epoch, s.charges, s.sigs, other, sigs).catch(() => {});
+          },
+          async wait() {
+            await time.increase(Math.floor(rnd() * 400));
+          },
+        };
+        const names = Object.keys(actions);
+        for (let step = 0; step < 60; step++) {
+          const name = pick(names);
+          await actions[name]();
+          let owed = 0n;
+          for (const q of queries) owed += (await escrow.depositOf(q)).amount;
+          for (const p of payers) owed += (await escrow.prepaidOf(p.address)).balance;
+          for (const s of epochs) owed += (await escrow.epochOf(s.epoch)).unclaimed;
+          expect(await ethers.provider.getBalance(await escrow.getAddress()), `seed ${seed} step ${step} (${name})`).to.equal(owed);
+        }
+        expect(epochs.length, "the sequence posted roots").to.be.greaterThan(0);
+      });
+    }
+  });
+});

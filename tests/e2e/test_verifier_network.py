@@ -1,0 +1,146 @@
+"""A verifier catches a substitute model on real processes, and honest nodes stay trusted.
+
+The network (tests/integration/gateway_net.py, every process real): anvil with the contracts,
+one CometBFT validator running the committee app (short epochs, verdicts enabled: genesis has
+the EVM section), three staked int8 SmolLM2 compute nodes over 2 shards — A (shard 0) and B
+(shard 1) honest, S (shard 1) a substitute that skips every other layer (`--cheat
+substitute-skip:2` + PLANET_NODE_CHEAT) —, the gateway, and `planet verifier serve` on the
+validator's home as its own process (its own wallet pays for every challenge).
+
+Scenario: the verifier commits a seed, challenges through the gateway with echo, scores
+teacher-forced, writes the scores file that the validator's vote extension carries; within 5
+epochs S is untrusted and no longer routable while A and B stay trusted every epoch; the
+verifier then votes a FAILED_VERIFICATION verdict on S, the committee confirms it, and anyone
+relays it to FraudProofs.slashByVerdict: S's stake is halved. The seeds the verifier used are
+revealed on chain and open their commitments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from protocol.committee import seed_commitment
+from protocol.eip712 import Verdict, address_of
+from tests.integration.gateway_net import prepared_manifest, wait_for
+from tests.integration.verifier_net import VerifierNet
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+EPOCH_BLOCKS = 50
+UNTRUSTED_BELOW = 400_000
+
+
+@pytest.fixture(scope="module")
+def vnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VerifierNet]:
+    manifest = prepared_manifest(parts=2, quant="int8")
+    run_dir = tmp_path_factory.mktemp("verifier-net")
+    network = VerifierNet.start(
+        run_dir,
+        manifest,
+        honest=[0, 1],
+        cheats=[(1, "substitute-skip:2")],
+        epoch_blocks=EPOCH_BLOCKS,
+        challenges=4,
+    )
+    try:
+        yield network
+    finally:
+        network.close()
+
+
+def _alive(vnet: VerifierNet) -> None:
+    vnet.alive()
+
+
+def test_substitute_untrusted_within_5_epochs_honest_stay_trusted(vnet: VerifierNet) -> None:
+    committee = vnet.net.committee
+    assert committee is not None
+    cheater, honest = vnet.cheaters[0].public, [c.public for c in vnet.honest]
+    seen_untrusted_honest: list[tuple[str, int]] = []
+
+    def cheater_untrusted() -> bool:
+        _alive(vnet)
+        reps = committee.query("/reputations")["reputations"]
+        for key in honest:
+            record = reps.get(key)
+            if record is not None and record["r"] < UNTRUSTED_BELOW:
+                seen_untrusted_honest.append((key, record["r"]))
+        record = reps.get(cheater)
+        return record is not None and record["r"] < UNTRUSTED_BELOW
+
+    wait_for(cheater_untrusted, 300, "the substitute was not untrusted", interval=1.0)
+    record = committee.query("/reputations")["reputations"][cheater]
+    # the first epoch the verifier could challenge in: the first one it committed a seed for
+    first = next(
+        e
+        for e in range(1, record["last_epoch"] + 1)
+        if committee.query(f"/seeds?epoch={e}")["seeds"]
+    )
+    assert record["last_epoch"] - first + 1 <= 5, (first, record)
+    assert seen_untrusted_honest == []
+    view = committee.query(f"/node?key={cheater}")
+    assert view["untrusted"] is True and view["routable"] is False
+    for key in honest:
+        node = committee.query(f"/node?key={key}")
+        assert node["routable"] is True and node["reputation"] >= UNTRUSTED_BELOW
+    text = vnet.log.read_text()
+    assert "challenge epoch=" in text and "C=0" in text and "C=1000000" in text
+
+
+def test_verdict_confirmed_and_relayed_slashes_half_the_substitute_stake(
+    vnet: VerifierNet,
+) -> None:
+    committee = vnet.net.committee
+    assert committee is not None
+    cheater_address = address_of(vnet.cheaters[0].evm_key)
+
+    def confirmed() -> Any:
+        _alive(vnet)
+        verdicts = committee.query("/verdicts?confirmed=true")["verdicts"]
+        return [v for v in verdicts if v["node"].lower() == cheater_address.lower()]
+
+    [verdict] = wait_for(confirmed, 120, "no confirmed verdict on the substitute", interval=1.0)
+    relayer = vnet.net.account("relayer")
+    before = relayer.stake_of(cheater_address)
+    relayer.slash_by_verdict(
+        Verdict(
+            node=verdict["node"],
+            offence=verdict["offence"],
+            evidence_hash=bytes.fromhex(verdict["evidence_hash"][2:]),
+            challenger=verdict["challenger"],
+            nonce=verdict["nonce"],
+            consumer=vnet.net.deployment.address("FraudProofs"),
+        ),
+        [bytes.fromhex(s[2:]) for s in verdict["signatures"]],
+    )
+    assert relayer.stake_of(cheater_address) == before // 2
+    honest_reps = committee.query("/reputations")["reputations"]
+    assert all(honest_reps[c.public]["r"] >= UNTRUSTED_BELOW for c in vnet.honest)
+
+
+def test_verifier_seeds_were_committed_before_and_revealed_after(vnet: VerifierNet) -> None:
+    committee = vnet.net.committee
+    assert committee is not None
+    signer = committee.validator_key().verify_key.encode().hex()
+    current = committee.query("/epochs")["current"]
+
+    def revealed() -> list[dict[str, Any]]:
+        out = []
+        for epoch in range(1, current):
+            out += [
+                {**s, "epoch": epoch}
+                for s in committee.query(f"/seeds?epoch={epoch}")["seeds"]
+                if s["seed"] is not None
+            ]
+        return out
+
+    seeds = wait_for(revealed, 60, "no seed was revealed", interval=1.0)
+    for record in seeds:
+        assert record["signer"] == signer
+        seed = bytes.fromhex(record["seed"][2:])
+        assert seed_commitment(signer, record["epoch"], seed) == record["commitment"]
+        start = (record["epoch"] - 1) * EPOCH_BLOCKS + 1
+        assert record["height"] < start <= record["revealed_height"] - EPOCH_BLOCKS

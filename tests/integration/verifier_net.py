@@ -1,0 +1,142 @@
+"""A network with a verifier, for tests/e2e/test_verifier_network.py and bench/verifier_honest.py.
+
+On top of tests/integration/gateway_net.py (anvil + contracts, one CometBFT validator with the
+committee app, staked compute nodes, the gateway; every process real): genesis with the EVM
+section (verdicts enabled) and short epochs, optional cheating nodes (`--cheat MODE` +
+PLANET_NODE_CHEAT), and `planet verifier serve` on the validator's home as its own process,
+with the validator's operator keystore (it signs verdicts) and a funded wallet of its own.
+
+    net = VerifierNet.start(run_dir, manifest, honest=[0, 1], cheats=[(1, "substitute-skip:2")])
+    ...
+    net.close()        # stops every process it started (also on failure)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from eth_account import Account
+
+from deploy.anvil import rpc_call
+from node.keys import create_dev_wallet
+from node.server.cheat import CONFIRM, ENV
+from node.server.launcher import wait_healthy
+from protocol.eip712 import address_of
+from tests.integration.gateway_net import (
+    ETHER,
+    PASSWORD,
+    ROOT,
+    Compute,
+    GatewayNet,
+    start_committee,
+    wait_for,
+)
+
+
+class VerifierNet:
+    def __init__(self, net: GatewayNet) -> None:
+        self.net = net
+        self.honest: list[Compute] = []
+        self.cheaters: list[Compute] = []
+        self.verifier: subprocess.Popen[bytes] | None = None
+        self.log = net.run_dir / "verifier.log"
+
+    @classmethod
+    def start(
+        cls,
+        run_dir: Path,
+        manifest: Path,
+        *,
+        honest: list[int],
+        cheats: list[tuple[int, str]] = (),  # type: ignore[assignment]
+        epoch_blocks: int = 50,
+        challenges: int = 4,
+        verdict_after: int = 1,
+    ) -> VerifierNet:
+        net = GatewayNet(run_dir, manifest)
+        self = cls(net)
+        try:
+            self.honest = net.start_nodes(honest, wait=False)
+            for shard, mode in cheats:
+                self.cheaters += net.start_nodes(
+                    [shard], wait=False, extra_args=("--cheat", mode), extra_env={ENV: CONFIRM}
+                )
+            net.start_chain()
+            evm = {
+                "chain_id": net.deployment.chain_id,
+                "committee_address": net.deployment.address("Committee"),
+                "fraud_proofs_address": net.deployment.address("FraudProofs"),
+            }
+            net.committee = start_committee(
+                run_dir, address_of(net.operator_key), epoch_length=epoch_blocks, evm=evm
+            )
+            wait_healthy([c.process for c in net.nodes], timeout_s=240)
+            for node in net.nodes:
+                net.register(node, stake=True)
+            net.start_heartbeats()
+            net.start_gateway()
+            wait_for(self._all_routable, 60, "the nodes are not all routable")
+            self.start_verifier(challenges, verdict_after)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _all_routable(self) -> bool:
+        assert self.net.committee is not None
+        model = self.net.manifest.model_hash
+        nodes = self.net.committee.query(f"/nodes?model={model}")["nodes"]
+        return len(nodes) == len(self.net.nodes) and all(n["routable"] for n in nodes)
+
+    def start_verifier(self, challenges: int, verdict_after: int) -> None:
+        net = self.net
+        assert net.committee is not None and net.anvil is not None
+        keystore = Account.encrypt(net.operator_key, "", kdf="pbkdf2", iterations=2)
+        (net.committee.home / "config" / "operator_key.json").write_text(json.dumps(keystore))
+        wallet = net.run_dir / "verifier" / "wallet.json"
+        wallet.parent.mkdir(parents=True, exist_ok=True)
+        account = create_dev_wallet(wallet, PASSWORD)
+        rpc_call(net.anvil.rpc_url, "anvil_setBalance", [account.address, hex(100 * ETHER)])
+        argv = [
+            sys.executable, "-m", "node.cli.main", "verifier", "serve",
+            "--home", str(net.committee.home),
+            "--manifest", str(net.manifest_path),
+            "--gateway", net.gateway_url,
+            "--deployment", str(net.deployment_path),
+            "--evm-rpc", net.anvil.rpc_url,
+            "--committee-rpc", net.committee.rpc,
+            "--wallet", str(wallet),
+            "--challenges-per-epoch", str(challenges),
+            "--verdict-after", str(verdict_after),
+        ]  # fmt: skip
+        self.verifier = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdout=open(self.log, "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PLANET_PASSWORD": PASSWORD, "OMP_WAIT_POLICY": "PASSIVE"},
+        )
+
+    def alive(self) -> None:
+        """Raise with the log's tail when the verifier exited."""
+        assert self.verifier is not None
+        if self.verifier.poll() is not None:
+            raise AssertionError("the verifier exited:\n" + self.log.read_text()[-3000:])
+
+    def query(self, path: str) -> Any:
+        assert self.net.committee is not None
+        return self.net.committee.query(path)
+
+    def close(self) -> None:
+        if self.verifier is not None and self.verifier.poll() is None:
+            self.verifier.terminate()
+            try:
+                self.verifier.wait(10)
+            except subprocess.TimeoutExpired:
+                self.verifier.kill()
+        self.net.close()

@@ -1,0 +1,138 @@
+"""Verifier seeds (commit before the epoch, reveal after; abci_app/seeds.py) and verifiers'
+track record (a verdict the committee does not confirm counts against its voters;
+abci_app/accusations.py), on the in-process chain (epoch_length 5, 4 validators of power 10)."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+
+import pytest
+
+from abci_app.codes import Code
+from abci_app.testing import Chain, seeded_evm_key, seeded_key
+from protocol.committee import (
+    SeedCommit,
+    SeedReveal,
+    TxDecodeError,
+    decode,
+    seed_commitment,
+    sign,
+)
+from protocol.eip712 import address_of
+from tests.unit.test_abci_state import VERDICT, ask, verdict_vote
+
+pytestmark = pytest.mark.unit
+
+
+def _signer(chain: Chain, index: int) -> str:
+    return chain.validators[index].key.verify_key.encode().hex()
+
+
+def commit(chain: Chain, index: int, epoch: int, seed: bytes) -> bytes:
+    value = seed_commitment(_signer(chain, index), epoch, seed)
+    return chain.tx(SeedCommit(epoch, value), chain.validators[index].key)
+
+
+def reveal(chain: Chain, index: int, epoch: int, seed: bytes) -> bytes:
+    return chain.tx(SeedReveal(epoch, "0x" + seed.hex()), chain.validators[index].key)
+
+
+def test_seed_commit_then_reveal_after_the_epoch_is_recorded() -> None:
+    chain = Chain()
+    seed = secrets.token_bytes(32)
+    assert chain.block([commit(chain, 0, 2, seed)])[0].code == Code.OK  # height 1, epoch 1
+    [record] = ask(chain, "/seeds?epoch=2")["seeds"]
+    assert record["seed"] is None and record["validator"] == chain.validators[0].address
+    chain.advance_to(7)  # epoch 2 is 6..10: not closed yet
+    assert chain.block([reveal(chain, 0, 2, seed)])[0].code == Code.SEED_NOT_CLOSED
+    chain.advance_to(10)
+    assert chain.block([reveal(chain, 0, 2, seed)])[0].code == Code.OK  # height 11, epoch 3
+    [record] = ask(chain, "/seeds?epoch=2")["seeds"]
+    assert record["seed"] == "0x" + seed.hex() and record["revealed_height"] == 11
+    assert chain.block([reveal(chain, 0, 2, seed)])[0].code == Code.ALREADY_REVEALED
+
+
+def test_seed_reveal_that_does_not_open_the_commitment_is_refused() -> None:
+    chain = Chain()
+    seed = secrets.token_bytes(32)
+    chain.block([commit(chain, 0, 2, seed)])
+    chain.advance_to(10)
+    other = bytes(32)
+    assert chain.block([reveal(chain, 0, 2, other)])[0].code == Code.SEED_MISMATCH
+    # another validator cannot open (or claim) it: the commitment is bound to its signer
+    assert chain.block([reveal(chain, 1, 2, seed)])[0].code == Code.UNKNOWN_SEED
+    assert ask(chain, "/seeds?epoch=2")["seeds"][0]["seed"] is None
+
+
+def test_seed_commit_for_a_started_or_far_epoch_or_twice_is_refused() -> None:
+    chain = Chain()
+    seed = secrets.token_bytes(32)
+    assert chain.block([commit(chain, 0, 1, seed)])[0].code == Code.SEED_NOT_IN_FUTURE
+    assert chain.block([commit(chain, 0, 4, seed)])[0].code == Code.SEED_NOT_IN_FUTURE
+    assert chain.block([commit(chain, 0, 3, seed)])[0].code == Code.OK
+    assert chain.block([commit(chain, 0, 3, seed)])[0].code == Code.DUPLICATE_SEED
+    stranger = seeded_key("not-a-validator")
+    value = seed_commitment(stranger.verify_key.encode().hex(), 2, seed)
+    assert chain.block([chain.tx(SeedCommit(2, value), stranger)])[0].code == Code.NOT_VALIDATOR
+
+
+@pytest.mark.parametrize(
+    ("cls", "body"),
+    [
+        (SeedCommit, {"epoch": 0, "commitment": "0x" + "ab" * 32}),
+        (SeedCommit, {"epoch": True, "commitment": "0x" + "ab" * 32}),
+        (SeedCommit, {"epoch": 2, "commitment": "0x" + "AB" * 32}),
+        (SeedCommit, {"epoch": 2, "commitment": "0x" + "ab" * 32, "x": 1}),
+        (SeedReveal, {"epoch": 2, "seed": "ab" * 32}),
+        (SeedReveal, {"epoch": 2**63, "seed": "0x" + "ab" * 32}),
+        (SeedReveal, {"epoch": 2}),
+    ],
+)
+def test_seed_tx_bodies_are_strict(cls: type, body: dict) -> None:
+    with pytest.raises(TxDecodeError):
+        cls.from_json(body)
+
+
+def test_seed_tx_round_trips_and_commitment_needs_valid_inputs() -> None:
+    raw = sign(SeedCommit(2, "0x" + "ab" * 32), seeded_key("v"), 1).encode()
+    assert decode(raw).body == SeedCommit(2, "0x" + "ab" * 32)
+    with pytest.raises(ValueError):
+        seed_commitment("zz", 1, bytes(32))
+    a = seed_commitment("00" * 32, 1, bytes(32))
+    assert a != seed_commitment("00" * 32, 2, bytes(32)) != seed_commitment("11" * 32, 1, bytes(32))
+
+
+def test_accusation_refused_verdict_marks_its_voter_and_confirmed_verdict_credits() -> None:
+    """Validator 0 accuses alone (10 of 40 power): the verdict is never confirmed, and at the
+    end of the epoch after its vote it is settled `refused` and validator 0 gets one refused
+    mark. A verdict three validators vote for is confirmed and credits all three."""
+    chain = Chain()
+    assert chain.block([verdict_vote(chain, 0, VERDICT)])[0].code == Code.OK  # height 1
+    chain.advance_to(9)
+    assert ask(chain, "/verifiers")["verifiers"] == {}
+    chain.advance_to(10)  # the end of epoch 2 settles it
+    accuser = chain.validators[0].address
+    marks = ask(chain, "/verifiers")["verifiers"]
+    assert marks == {accuser: {"confirmed": 0, "refused": 1, "last_epoch": 2}}
+    [verdict] = ask(chain, "/verdicts")["verdicts"]
+    assert verdict["confirmed"] is False and verdict["settled"] == "refused"
+
+    honest = dataclasses.replace(VERDICT, node=address_of(seeded_evm_key("cheater")))
+    chain.block([verdict_vote(chain, i, honest) for i in (1, 2, 3)])  # height 11, epoch 3
+    chain.advance_to(20)
+    marks = ask(chain, "/verifiers")["verifiers"]
+    assert marks[accuser]["refused"] == 1 and marks[accuser]["confirmed"] == 0
+    for index in (1, 2, 3):
+        address = chain.validators[index].address
+        assert marks[address] == {"confirmed": 1, "refused": 0, "last_epoch": 4}
+
+
+def test_accusation_confirmed_late_within_the_window_is_not_refused() -> None:
+    chain = Chain()
+    chain.block([verdict_vote(chain, 0, VERDICT)])  # epoch 1
+    chain.advance_to(8)
+    chain.block([verdict_vote(chain, 1, VERDICT), verdict_vote(chain, 2, VERDICT)])  # epoch 2
+    chain.advance_to(10)
+    marks = ask(chain, "/verifiers")["verifiers"]
+    assert {m["refused"] for m in marks.values()} == {0} and len(marks) == 3

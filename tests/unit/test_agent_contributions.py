@@ -1,0 +1,78 @@
+"""The agent's contribution reporter against an in-process committee chain: it claims only
+what the node served AND a gateway backed, and claims later backing later."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from nacl.signing import SigningKey
+
+from abci_app.codes import Code
+from abci_app.queries import query
+from abci_app.testing import Chain
+from node.agent.contributions import ContributionReporter
+from node.chain.committee_rpc import TxRejectedError
+from protocol.committee import NodeWork
+from tests.unit.test_abci_settlement import (
+    GATEWAY,
+    evm_of,
+    one,
+    report,
+    settled_chain,
+    two_nodes,
+)
+from tests.unit.test_abci_state import hexkey
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class NodeLink:
+    chain: Chain
+    key: SigningKey
+    signer: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.signer = hexkey(self.key)
+
+    async def query(self, path: str, **params: Any) -> Any:
+        full = path + "?" + "&".join(f"{k}={v}" for k, v in params.items())
+        code, value, log = query(self.chain.state, full, b"")
+        assert code == Code.OK, log
+        return json.loads(value)
+
+    async def submit(self, body: Any) -> Any:
+        [result] = self.chain.block([self.chain.tx(body, self.key)])
+        if result.code != Code.OK:
+            raise TxRejectedError("chain", code=int(result.code), log_text=result.log)
+        return result
+
+
+def credited(chain: Chain) -> int:
+    _, value, _ = query(chain.state, f"/credits?account={evm_of('node-a')}", b"")
+    return sum(c["layer_tokens"] for c in json.loads(value)["credits"])
+
+
+async def test_contributions_claim_the_served_and_backed_part_only() -> None:
+    chain = settled_chain()
+    a, _ = two_nodes(chain)
+    served = {"tokens": 30}
+
+    async def counter() -> tuple[int, int]:
+        return served["tokens"], 2
+
+    reporter = ContributionReporter(NodeLink(chain, a), "m", 0, counter)
+    assert await reporter.step() == 0  # served but nothing backed: no tx at all
+    assert credited(chain) == 0
+    assert one(chain, report(NodeWork(hexkey(a), "m", 0, 2, 10)), GATEWAY).code == Code.OK
+    assert await reporter.step() == 10  # backed 10 of the 30 served
+    assert credited(chain) == 20
+    assert await reporter.step() == 0
+    assert one(chain, report(NodeWork(hexkey(a), "m", 0, 2, 50)), GATEWAY).code == Code.OK
+    assert await reporter.step() == 20  # the other 20 served tokens, no more
+    assert credited(chain) == 60
+    served["tokens"] = 45
+    assert await reporter.step() == 15

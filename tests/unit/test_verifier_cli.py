@@ -1,0 +1,60 @@
+"""`planet verifier serve` refuses user mistakes with error + hint lines (exit 2), no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from node.cli import main as cli
+
+pytestmark = pytest.mark.unit
+
+
+def _home(tmp_path: Path) -> Path:
+    home = tmp_path / "validator"
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "priv_validator_key.json").write_text("{}")
+    return home
+
+
+def _args(home: Path, *extra: str, manifest: str = "m.json") -> list[str]:
+    return [
+        "verifier", "serve", "--home", str(home), "--manifest", manifest,
+        "--gateway", "http://127.0.0.1:1", "--deployment", manifest, "--wallet", "w.json", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("no-home", "is not a validator home"),
+        ("no-manifest", "no manifest at"),
+        ("zero-challenges", "--challenges-per-epoch must be at least 1"),
+        ("missing-operator-key", "no operator key at"),
+    ],
+)
+def test_verifier_cli_mistakes_are_one_error_and_a_hint(
+    tmp_path: Path, capsys, case: str, message: str
+) -> None:
+    home = _home(tmp_path)
+    manifest = tmp_path / "m.json"
+    manifest.write_text("{}")
+    argv = {
+        "no-home": _args(tmp_path / "nothing", manifest=str(manifest)),
+        "no-manifest": _args(home, manifest=str(tmp_path / "absent.json")),
+        "zero-challenges": _args(home, "--challenges-per-epoch", "0", manifest=str(manifest)),
+        "missing-operator-key": _args(
+            home, "--operator-key", str(tmp_path / "k.json"), manifest=str(manifest)
+        ),
+    }[case]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and message in err and "hint:" in err and "Traceback" not in err
+
+
+def test_verifier_cli_help_has_examples(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["verifier", "serve", "--help"])
+    out = capsys.readouterr().out
+    assert "examples:" in out and "--challenges-per-epoch" in out

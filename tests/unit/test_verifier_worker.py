@@ -1,0 +1,176 @@
+"""The verifier's epoch loop (node/verifier/worker.py) with in-process fakes of the committee
+link, the gateway and the reference model: seeds are committed for the next epoch and revealed
+after, challenges run only with a committed seed, the scores file names the substitute node
+with C = 0 and the honest ones with 10^6, and a verdict vote follows agreed low scores."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from node.verifier.asker import Asked
+from node.verifier.echo import vocabulary_index
+from node.verifier.report import SCORES_FILE
+from node.verifier.scoring import Challenge, CredibilityMap
+from node.verifier.worker import VerifierWorker, WorkerSettings, failed_verification_verdict
+from protocol.committee import SeedCommit, SeedReveal, VerdictVote, seed_commitment
+from protocol.eip712 import address_of
+from tests.unit.test_verifier_echo import TEXTS, _gateway_doc
+
+pytestmark = pytest.mark.unit
+
+V = len(TEXTS)
+A, B, S = "a" * 64, "b" * 64, "c" * 64
+OPERATOR = bytes.fromhex("77" * 32)
+
+
+class FakeReference:
+    corpus_ids = list(range(V)) * 3
+    vocab = vocabulary_index(TEXTS)
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        rows = torch.arange(len(ids), dtype=torch.float32)[:, None]
+        return torch.sin(rows * 0.7 + torch.arange(V, dtype=torch.float32)[None, :]) * 4
+
+
+class FakeAsker:
+    """Circuits alternate (A, B) honest and (A, S) where S's logits are far off."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.reference = FakeReference()
+
+    async def ask(self, challenge: Challenge) -> Asked:
+        self.count += 1
+        logits = self.reference.logits(challenge.ids)
+        nodes = (A, B) if self.count % 2 else (A, S)
+        if nodes[1] == S:
+            logits = torch.flip(logits, dims=[1])
+        return Asked(_gateway_doc(challenge, logits), nodes)
+
+
+@dataclass
+class FakeLink:
+    epoch: int = 3
+    sent: list[Any] = field(default_factory=list)
+    reputations: dict[str, Any] = field(default_factory=dict)
+    key: Any = field(
+        default_factory=lambda: SimpleNamespace(
+            verify_key=SimpleNamespace(encode=lambda: bytes(32))
+        )
+    )
+
+    async def query(self, path: str, **params: Any) -> Any:
+        if path == "/epochs":
+            if "epoch" in params:
+                return {"epochs": [{"leader": "V0"}]}
+            return {"current": self.epoch}
+        if path == "/seeds":
+            epoch = params["epoch"]
+            committed = [b for b in self.sent if isinstance(b, SeedCommit) and b.epoch == epoch]
+            return {"seeds": [{"signer": "00" * 32} for _ in committed]}
+        if path == "/reputations":
+            return {"reputations": self.reputations}
+        if path == "/params":
+            return {
+                "genesis": {
+                    "evm": {
+                        "chain_id": 31337,
+                        "committee_address": "0x" + "11" * 20,
+                        "fraud_proofs_address": "0x" + "22" * 20,
+                    }
+                },
+                "validators": [{"address": "V0", "operator": "0x" + "33" * 20}],
+            }
+        raise AssertionError(path)
+
+    async def submit(self, body: Any) -> Any:
+        self.sent.append(body)
+        return SimpleNamespace(hash=str(len(self.sent)))
+
+    async def committed_code(self, tx_hash: str, *, timeout_s: float = 15) -> tuple[int, str]:
+        return 0, ""
+
+    async def node(self, key: str) -> dict[str, Any]:
+        return {"evm_address": "0x" + "44" * 20}
+
+
+def _worker(tmp_path, link: FakeLink) -> VerifierWorker:
+    settings = WorkerSettings(
+        home=tmp_path,
+        challenges_per_epoch=4,
+        prompt_tokens=4,
+        continuation_tokens=8,
+        verdict_after=1,
+        operator_key=OPERATOR,
+    )
+    return VerifierWorker(settings, FakeReference(), CredibilityMap(8050, 16963), FakeAsker(), link)
+
+
+async def test_worker_commits_next_seed_and_skips_an_epoch_without_its_own_seed(tmp_path) -> None:
+    link = FakeLink(epoch=3)
+    worker = _worker(tmp_path, link)
+    await worker.step()
+    [commit] = link.sent
+    assert isinstance(commit, SeedCommit) and commit.epoch == 4
+    assert commit.commitment == seed_commitment("00" * 32, 4, worker.seeds.get(4))
+    assert worker.state is not None and worker.state.challenges == []
+    assert not (tmp_path / SCORES_FILE).exists()
+
+
+async def test_worker_challenges_scores_substitute_zero_reveals_and_votes(tmp_path) -> None:
+    link = FakeLink(epoch=3)
+    worker = _worker(tmp_path, link)
+    await worker.step()
+    link.epoch = 4
+    for _ in range(5):
+        await worker.step()
+    report = json.loads((tmp_path / SCORES_FILE).read_text())
+    assert report["epoch"] == 4
+    assert report["scores"] == {A: 1_000_000, B: 1_000_000, S: 0}
+    # epoch 5: reveal 4's seed, commit 6's, vote on S (the chain agreed C < τ, and so do we)
+    link.reputations = {
+        S: {"window": [0], "last_epoch": 4},
+        A: {"window": [1_000_000], "last_epoch": 4},
+    }
+    link.epoch = 5
+    await worker.step()
+    kinds = [type(b) for b in link.sent]
+    assert kinds == [SeedCommit, SeedCommit, SeedReveal, SeedCommit, VerdictVote]
+    reveal = link.sent[2]
+    assert reveal.epoch == 4 and bytes.fromhex(reveal.seed[2:]) == worker.seeds.get(4)
+    vote = link.sent[-1]
+    expected = failed_verification_verdict(
+        "0x" + "44" * 20, S, 4, "0x" + "33" * 20, "0x" + "22" * 20
+    )
+    assert vote.evidence_hash == "0x" + expected.evidence_hash.hex()
+    assert vote.challenger == "0x" + "33" * 20 and vote.offence == 3
+    assert address_of(OPERATOR) != vote.challenger  # the leader's operator, agreed data
+    await worker.open_epoch(6)
+    assert sum(isinstance(b, VerdictVote) for b in link.sent) == 1  # once per node
+
+
+async def test_worker_result_finishing_after_its_epoch_counts_in_the_next(tmp_path) -> None:
+    link = FakeLink(epoch=3)
+    worker = _worker(tmp_path, link)
+    await worker.step()
+    link.epoch = 4
+    await worker.step()  # epoch 4: (A, B) clean
+    original = worker.asker.ask
+
+    async def slow_ask(challenge: Challenge) -> Asked:
+        asked = await original(challenge)
+        link.epoch = 5  # epoch 4 closes while this (A, S) challenge runs
+        return asked
+
+    worker.asker.ask = slow_ask
+    await worker.step()
+    report = json.loads((tmp_path / SCORES_FILE).read_text())
+    assert report["epoch"] == 5 and report["scores"] == {}  # (A, S) alone: ambiguous
+    assert worker.state is not None and worker.state.epoch == 5
+    assert len(worker.state.results) == 1 and worker.last_scores == {A: 10**6, B: 10**6}

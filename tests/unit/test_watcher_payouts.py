@@ -1,0 +1,110 @@
+"""The watcher's payout relay against an in-process committee chain and a fake escrow: each
+validator signs once, the first to see 2/3 posts, another relayer's post counts as done."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from abci_app.codes import Code
+from abci_app.queries import query
+from abci_app.testing import Chain
+from node.chain.committee_rpc import TxRejectedError
+from node.chain.evm import ContractRevert
+from node.watcher.payouts import PayoutRelay, statement_of
+from tests.unit.test_abci_settlement import DOMAIN, ESCROW, served_epoch, settled_chain
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class ChainLink:
+    """`CommitteeLink`'s query/submit over a `Chain`, as one validator."""
+
+    chain: Chain
+    index: int
+
+    async def query(self, path: str, **params: Any) -> Any:
+        full = path + ("?" + "&".join(f"{k}={v}" for k, v in params.items()) if params else "")
+        code, value, log = query(self.chain.state, full, b"")
+        if code != Code.OK:
+            raise AssertionError(log)
+        return json.loads(value)
+
+    async def submit(self, body: Any) -> Any:
+        [result] = self.chain.block([self.chain.tx(body, self.chain.validators[self.index].key)])
+        if result.code != Code.OK:
+            raise TxRejectedError("chain", code=int(result.code), log_text=result.log)
+        return result
+
+
+@dataclass
+class FakeEscrow:
+    address: str = ESCROW
+    posts: list[tuple[Any, ...]] = field(default_factory=list)
+    already: bool = False
+
+    def epoch_of(self, epoch: int) -> dict[str, Any]:
+        return {"status": 1 if self.posts else 0}
+
+    def post_payout_root(self, statement: Any, query_ids: Any, fees: Any, sigs: Any) -> Any:
+        if self.already:
+            raise ContractRevert("EpochAlreadyPosted", (statement.epoch,))
+        self.posts.append((statement, query_ids, fees, sigs))
+
+
+def relay(chain: Chain, index: int, escrow: FakeEscrow) -> PayoutRelay:
+    return PayoutRelay(
+        committee=ChainLink(chain, index),
+        escrow=escrow,
+        escrow_address=ESCROW,
+        operator_key=chain.validators[index].operator_key,
+        domain=DOMAIN,
+    )
+
+
+async def test_payout_relay_signs_once_posts_at_two_thirds_once() -> None:
+    chain = settled_chain()
+    _, _, epoch = served_epoch(chain)
+    escrow = FakeEscrow()
+    relays = [relay(chain, i, escrow) for i in range(4)]
+    assert await relays[0].step() == [("signed", epoch)]
+    assert await relays[1].step() == [("signed", epoch)]
+    assert escrow.posts == []
+    assert await relays[2].step() == [("signed", epoch), ("posted", epoch)]
+    [(statement, query_ids, fees, sigs)] = escrow.posts
+    view = await relays[0].committee.query("/payouts", epoch=epoch)
+    assert statement == statement_of(view)
+    assert [q.hex() for q in query_ids] == [q[2:] for q in view["query_ids"]]
+    assert fees == [600, 401] and len(sigs) == 3
+    # the fourth signs too; nobody posts again, nobody signs twice (also after a restart)
+    assert await relays[3].step() == [("signed", epoch)]
+    assert await relays[0].step() == []
+    assert await relay(chain, 1, escrow).step() == []
+    assert len(escrow.posts) == 1
+    assert (await relays[0].committee.query("/payouts", epoch=epoch))["power"] == 40
+
+
+async def test_payout_relay_another_relayer_first_is_success() -> None:
+    chain = settled_chain()
+    _, _, epoch = served_epoch(chain)
+    escrow = FakeEscrow(already=True)
+    for i in range(3):
+        await relay(chain, i, escrow).step()
+    last = relay(chain, 3, escrow)
+    assert await last.step() == [("signed", epoch)]
+    assert epoch in last.posted and escrow.posts == []
+
+
+async def test_payout_relay_skips_a_statement_for_another_escrow() -> None:
+    chain = settled_chain()
+    served_epoch(chain)
+    escrow = FakeEscrow()
+    other = relay(chain, 0, escrow)
+    other.escrow_address = "0x" + "12" * 20
+    assert await other.step() == []
+    view = await other.committee.query("/payouts", epoch=2)
+    assert view["signers"] == []
