@@ -7,8 +7,9 @@ positions becomes a `protocol.served` record (session = the hop's public tag, bl
 shard, keccak256 of the fingerprint bytes, a random salt) appended to the spool in
 `commit_dir`, from which the node agent commits and later reveals (`node.agent.commitments`).
 A session's last, partial block is recorded once the session is gone from the node's session
-store (closed, evicted) or has been idle for `seal_idle_s`; positions after that are not
-recorded (counted), so a block is never committed twice with different contents.
+store (closed, idle-evicted after `idle_timeout_s`, aged out), or, when `seal_idle_s` is set, has
+been idle that long; positions after a seal are not recorded (counted), so a block is never
+committed twice with different contents.
 
 Memory is bounded: inputs + fingerprints of all sessions stay under `max_bytes`; beyond it the
 least recently used sessions are dropped whole (counted in `stats()`); their records stay in
@@ -85,7 +86,7 @@ class ServedLog:
         shard: int,
         *,
         max_bytes: int = 256 * 1024 * 1024,
-        seal_idle_s: float = 10.0,
+        seal_idle_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.dir = Path(commit_dir)
@@ -209,7 +210,7 @@ class ServedLog:
         return True
 
     def seal_idle(self, open_tags: Callable[[str], bool] = lambda _tag: True) -> int:
-        """Seal every session idle for `seal_idle_s` or no longer open (`open_tags(tag)` false:
+        """Seal every session no longer open (`open_tags(tag)` false, or idle for `seal_idle_s`:
         closed or evicted by the node); how many partial blocks were recorded."""
         now = self._clock()
         sealed = 0
@@ -217,7 +218,8 @@ class ServedLog:
             for tag, served in list(self._by_tag.items()):
                 if served.sealed:
                     continue
-                if now - served.last_s >= self.seal_idle_s or not open_tags(tag):
+                idle = self.seal_idle_s is not None and now - served.last_s >= self.seal_idle_s
+                if idle or not open_tags(tag):
                     sealed += self._seal(served)
         return sealed
 
@@ -291,7 +293,7 @@ def install_served(app: web.Application, state: Any, config: ServerConfig) -> Se
     async def sealer(_: web.Application) -> AsyncIterator[None]:
         async def loop() -> None:
             while True:
-                await asyncio.sleep(min(1.0, served.seal_idle_s / 2))
+                await asyncio.sleep(1.0)
                 sealed = served.seal_idle(lambda tag: tag in state.store)
                 if sealed:
                     log.debug("sealed idle sessions partial_blocks=%d", sealed)
