@@ -179,9 +179,12 @@ def commit(state: State, tx: SignedTx) -> None:
     body: CommitBatch = tx.body
     _compute_node(state, tx.signer)
     fresh: list[tuple[str, str]] = []
-    for item in body.commitments:
-        key = f"{tx.signer}/{item.session}/{item.step}/{item.shard}"
-        existing = state.get("commit", key)
+    signer = tx.signer
+    # (session, step, shard) are unique within a batch: one lookup for all equals one per item
+    keys = [f"{signer}/{item.session}/{item.step}/{item.shard}" for item in body.commitments]
+    stored = state.get_many("commit", keys)
+    for key, item in zip(keys, body.commitments, strict=True):
+        existing = stored.get(key)
         if existing is None:
             fresh.append((key, item.commitment))
         elif existing["commitment"] == item.commitment:
@@ -199,9 +202,10 @@ def commit(state: State, tx: SignedTx) -> None:
                     "other_commitment": item.commitment,
                 },
             )
+    height = state.block_height
     for key, value in fresh:
-        state.put("commit", key, {"commitment": value, "height": state.block_height})
-        retention.track(state, "commit", key)
+        state.put("commit", key, {"commitment": value, "height": height})
+    retention.track_many(state, "commit", [key for key, _ in fresh])
     state.emit("planet.commit", node=tx.signer, count=len(fresh))
 
 
@@ -209,9 +213,10 @@ def reveal(state: State, tx: SignedTx) -> None:
     body: RevealBatch = tx.body
     _compute_node(state, tx.signer)
     checked: list[tuple[str, dict[str, Any], bool, Any]] = []
-    for item in body.reveals:
-        key = f"{tx.signer}/{item.session}/{item.step}/{item.shard}"
-        existing = state.get("commit", key)
+    keys = [f"{tx.signer}/{item.session}/{item.step}/{item.shard}" for item in body.reveals]
+    stored = state.get_many("commit", keys)
+    for key, item in zip(keys, body.reveals, strict=True):
+        existing = stored.get(key)
         if existing is None:
             _reject(Code.UNKNOWN_COMMITMENT, f"no commitment {key}")
         if "revealed_height" in existing:

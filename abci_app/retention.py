@@ -42,6 +42,13 @@ def track(state: State, ns: str, key: str) -> None:
     state.put(GC, f"{epoch:012d}/{ns}/{key}", 0)
 
 
+def track_many(state: State, ns: str, keys: list[str]) -> None:
+    """`track` for many records written by one tx (the epoch computed once)."""
+    epoch = epoch_of(state, state.block_height)
+    for key in keys:
+        state.put(GC, f"{epoch:012d}/{ns}/{key}", 0)
+
+
 def schedule_registration_check(state: State, node_key: str, height: int) -> None:
     due = str(height + state.genesis.registration_ttl)
     pending = state.get("regdue", due) or []

@@ -19,6 +19,7 @@ from nacl.signing import SigningKey
 from abci_app import extensions
 from abci_app.state import State, TxResult, validator_address
 from abci_app.store import Store
+from protocol.commit_batch import sign_batch
 from protocol.committee import SignedTx, sign
 from protocol.eip712 import address_of
 
@@ -116,6 +117,15 @@ class Chain:
         self.nonces[signer] = max(nonce, self.nonces.get(signer, 0))
         signed: SignedTx = sign(body, key, nonce)
         return signed.encode()
+
+    def batch_tx(self, body: Any, key: SigningKey, nonce: int | None = None) -> bytes:
+        """`body` (a one-session CommitBatch or RevealBatch) as a compact binary batch
+        (`protocol.commit_batch`), signed with the next nonce for `key` unless given."""
+        signer = key.verify_key.encode().hex()
+        if nonce is None:
+            nonce = self.nonces.get(signer, 0) + 1
+        self.nonces[signer] = max(nonce, self.nonces.get(signer, 0))
+        return sign_batch(body, key, nonce).raw
 
     def extended_commit(
         self,

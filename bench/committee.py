@@ -1,29 +1,34 @@
-"""Committee chain throughput: committed tx/s, block time, broadcast-to-commit latency (one JSON).
+"""Committee chain throughput: commitment records/s, committed tx/s, block time, latency (one JSON).
 
-For each app (the Planet ABCI app, then CometBFT's built-in `kvstore` as the ceiling of
-CometBFT itself on this machine), in the same run:
+For each run (`--runs`, default `binary:1024,binary:1,json:1`), then CometBFT's built-in
+`kvstore` as the ceiling of CometBFT itself on this machine, in the same invocation:
 
 1. `init` + `start` a fresh N-validator network on loopback (temporary directory, ports from
    --base-port), exactly as `planet committee init/up` do.
 2. Planet only: register one compute node per load worker (ed25519 node key + EVM key) and wait
    until the registrations are committed.
-3. Load for --duration seconds: --concurrency workers, each sending unique txs with
-   `broadcast_tx_sync` to one RPC port (workers spread over all validators), one at a time.
-   Planet txs are `commit` batches of --batch commitments (a sweep: 16, 4, 1 by default, one
-   fresh network each); kvstore txs are 100-byte `key=value`. A websocket `NewBlock`
-   subscription on validator 0 timestamps every block.
+3. Load for --duration seconds: workers each send unique txs with `broadcast_tx_sync` to one
+   RPC port (workers spread over all validators), one at a time. Planet txs are `commit`
+   batches of BATCH commitments, compact binary (`protocol.commit_batch`, one session per
+   worker) or JSON; runs with BATCH > 1 use --batch-concurrency workers and, with --rate, are
+   paced to that many offered records/s. kvstore txs are 100-byte `key=value`. A websocket
+   `NewBlock` subscription on validator 0 timestamps every block.
 4. Drain (bounded), check `block_results` codes, stop the network, delete the directory.
 
-Metrics (per app, suffixed `_kvstore` for the ceiling): committed_tx_s (txs accepted by CheckTx
-that landed in a block during the load window / window), commitments_s, block_time_ms (mean
-interval between NewBlock events under load), broadcast_to_commit_ms_p50/_p99 (send start →
-NewBlock event carrying the tx), lost_txs (accepted but never in a block), failed_in_block_txs,
-cpu_ms_per_tx_{app,cometbft,loadgen} and cpu_cores_busy_* (from /proc during the window),
-rss_mb_max_*. `_batch_<n>` metrics repeat the main ones for each batch size of the sweep.
-machine.loadavg_1m_at_start tells how busy the (shared) machine was when the run began.
+Before the networks, `app_cpu_*` measure one validator's app alone in this process (CPU time,
+no CometBFT): µs per record for blocks of ten 1 024-record binary batches, µs per plain tx.
 
-    .venv/bin/python bench/committee.py                   # ~2 minutes
-    .venv/bin/python bench/committee.py --batch 16 --skip-kvstore --duration 10
+Metrics (first run unsuffixed, every run again as `_<encoding>_<batch>`, the ceiling as
+`_kvstore`): committed_tx_s (txs accepted by CheckTx that landed in a block during the load
+window / window), commitments_s, block_time_ms (mean interval between NewBlock events under
+load) and _max, broadcast_to_commit_ms_p50/_p99 (send start → NewBlock event carrying the tx),
+lost_txs (accepted but never in a block), failed_in_block_txs, cpu_ms_per_tx_{app,cometbft,
+loadgen} and cpu_cores_busy_* (from /proc during the window), rss_mb_max_*;
+ratio_plain_tx_s_{binary,json}_vs_kvstore (batch-1 runs vs kvstore). The machine is shared:
+machine.loadavg_1m_at_start and metrics.loadavg_1m_at_end say how busy it was.
+
+    .venv/bin/python bench/committee.py --rate 12000          # ~4 minutes
+    .venv/bin/python bench/committee.py --runs binary:1024 --rate 10000 --skip-kvstore --duration 10
 """
 
 from __future__ import annotations
@@ -81,10 +86,12 @@ class PlanetTxs:
 
     name = "planet"
 
-    def __init__(self, batch: int, run_id: str) -> None:
+    def __init__(self, batch: int, run_id: str, encoding: str = "json") -> None:
         from nacl.signing import SigningKey
 
         self.batch = batch
+        self.encoding = encoding
+        self.name = f"planet-{encoding}"
         self.commitments_per_tx = batch
         self.run_id = run_id
         self._keys: list[SigningKey] = []
@@ -129,10 +136,28 @@ class PlanetTxs:
             "0x" + hashlib.sha256(f"{self.run_id}/s/{w}".encode()).hexdigest()
             for w in range(workers)
         ]
-        if self.make(0, 10**6) != self.make_reference(0, 10**6):
+        if self.encoding == "json" and self.make(0, 10**6) != self.make_reference(0, 10**6):
             raise RuntimeError("the load generator's tx bytes differ from protocol.committee's")
 
     def make(self, worker: int, seq: int) -> bytes:
+        if self.encoding == "binary":
+            return self.make_binary(worker, seq)
+        return self.make_json(worker, seq)
+
+    def make_binary(self, worker: int, seq: int) -> bytes:
+        """A compact binary `commit` batch (`protocol.commit_batch`), one session per worker."""
+        from protocol import commit_batch
+
+        prefix = f"{self.run_id}/{worker}/{seq}/".encode()
+        rows = [
+            (seq * self.batch + item, worker % 3, hashlib.sha256(prefix + b"%d" % item).digest())
+            for item in range(self.batch)
+        ]
+        return commit_batch.encode_batch(
+            commit_batch.KIND_COMMIT, self._sessions[worker], rows, self._keys[worker], seq + 2
+        )
+
+    def make_json(self, worker: int, seq: int) -> bytes:
         """A signed `commit` tx, its canonical JSON written out by hand with the keys in sorted
         order (the load generator must be cheap); `prepare` checks that the bytes equal
         `protocol.committee`'s own encoding."""
@@ -197,10 +222,21 @@ async def _watch_blocks(rpc: CommitteeRpc, result: LoadResult, stop: asyncio.Eve
 
 
 async def _worker(
-    rpc: CommitteeRpc, worker: int, make: Callable[[int, int], bytes], result: LoadResult
+    rpc: CommitteeRpc,
+    worker: int,
+    make: Callable[[int, int], bytes],
+    result: LoadResult,
+    interval_s: float = 0.0,
 ) -> None:
+    """Send txs one at a time; with `interval_s` > 0 at most one per interval (paced load)."""
     seq = 0
     while time.monotonic() < result.end:
+        if interval_s > 0:
+            due = result.start + (seq + worker / 64) * interval_s
+            if due > time.monotonic():
+                await asyncio.sleep(due - time.monotonic())
+            if time.monotonic() >= result.end:
+                break
         tx = make(worker, seq)
         seq += 1
         started = time.monotonic()
@@ -226,6 +262,7 @@ async def run_load(
     duration_s: float,
     concurrency: int,
     drain_s: float,
+    interval_s: float = 0.0,
 ) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -239,7 +276,10 @@ async def run_load(
         result.start = time.monotonic()
         result.end = result.start + duration_s
         await asyncio.gather(
-            *(_worker(rpcs[w % len(rpcs)], w, factory.make, result) for w in range(concurrency))
+            *(
+                _worker(rpcs[w % len(rpcs)], w, factory.make, result, interval_s)
+                for w in range(concurrency)
+            )
         )
         sent_done = time.monotonic()
         cpu_after = _cpu_seconds(network)
@@ -343,10 +383,115 @@ def _metrics(
     }
 
 
+# -- one app in process (CPU time, steady on a busy box) ------------------------------------------
+
+
+def app_cpu_per_record(batches_per_block: int = 10, blocks: int = 4) -> dict[str, float]:
+    """CPU µs per commitment record in ONE validator's app, without CometBFT: CheckTx (decode +
+    signature), ProcessProposal (cached), FinalizeBlock and Commit on an on-disk store, for
+    blocks of `batches_per_block` binary batches of 1 024 records (fresh txs: each is decoded
+    and verified once, as for txs arriving by gossip), and the same for plain one-record txs."""
+    from abci_app.testing import Chain, seeded_evm_key, seeded_key
+    from protocol import commit_batch
+    from protocol.committee import RegisterNode, sign_registration
+    from protocol.eip712 import address_of
+
+    with tempfile.TemporaryDirectory(prefix="planet-bench-app-") as directory:
+        chain = Chain(db=Path(directory) / "app.sqlite", genesis={"epoch_length": 10_000})
+        keys = [seeded_key(f"bench-{i}") for i in range(64)]
+        registrations = []
+        for i, key in enumerate(keys):
+            evm = seeded_evm_key(f"bench-{i}")
+            body = RegisterNode(
+                address_of(evm), sign_registration(evm, key.verify_key.encode().hex()),
+                "compute", "m", (0,), "http://bench", 8,
+            )  # fmt: skip
+            registrations.append(chain.tx(body, key))
+        chain.block(registrations)
+        state = chain.state
+
+        phases: dict[str, list[float]] = {"checktx": [], "deliver": [], "digest": [], "store": []}
+
+        def run(txs: list[bytes]) -> float:
+            clock = time.process_time
+            began = clock()
+            for raw in txs:
+                if state.check_tx(raw).code != 0:
+                    raise RuntimeError("bench tx refused by CheckTx")
+            checked = clock()
+            height = state.height + 1
+            ok, reason = state.process_proposal(height, txs)
+            if not ok:
+                raise RuntimeError(reason)
+            state.begin_block(height, hashlib.sha256(b"%d" % height).digest())
+            results = [state.deliver_tx(raw, i) for i, raw in enumerate(txs)]
+            delivered = clock()
+            state.end_block()
+            digested = clock()
+            state.commit()
+            done = clock()
+            if any(r.code != 0 for r in results):
+                raise RuntimeError("bench tx refused in FinalizeBlock")
+            if len(txs) == batches_per_block:  # the big-batch blocks: per-phase figures
+                records = 1024 * batches_per_block
+                for name, span in (
+                    ("checktx", checked - began),
+                    ("deliver", delivered - checked),
+                    ("digest", digested - delivered),
+                    ("store", done - digested),
+                ):
+                    phases[name].append(span / records)
+            return done - began
+
+        nonce = 2
+        big, plain = [], []
+        for _ in range(blocks):
+            txs = []
+            for b in range(batches_per_block):
+                session = hashlib.sha256(b"bench/%d/%d" % (nonce, b)).digest()
+                rows = [
+                    (s, 0, hashlib.sha256(b"%d/%d/%d" % (nonce, b, s)).digest())
+                    for s in range(1024)
+                ]
+                txs.append(
+                    commit_batch.encode_batch(
+                        commit_batch.KIND_COMMIT, session, rows, keys[b], nonce
+                    )
+                )
+            big.append(run(txs) / (1024 * batches_per_block))
+            txs = []
+            for i, key in enumerate(keys):
+                session = hashlib.sha256(b"plain/%d/%d" % (nonce, i)).digest()
+                rows = [(0, 0, hashlib.sha256(b"p/%d/%d" % (nonce, i)).digest())]
+                txs.append(
+                    commit_batch.encode_batch(
+                        commit_batch.KIND_COMMIT, session, rows, key, nonce + 1
+                    )
+                )
+            plain.append(run(txs) / len(keys))
+            nonce += 2
+    return {
+        **{
+            f"app_cpu_us_per_record_{name}": round(1e6 * statistics.median(spans), 2)
+            for name, spans in phases.items()
+        },
+        "app_cpu_us_per_record_binary_1024": round(1e6 * statistics.median(big), 2),
+        "app_cpu_us_per_tx_binary_1": round(1e6 * statistics.median(plain), 1),
+    }
+
+
 # -- one network -------------------------------------------------------------------------------
 
 
-def bench_app(app: str, args: argparse.Namespace, base_port: int, batch: int = 1) -> dict[str, Any]:
+def bench_app(
+    app: str,
+    args: argparse.Namespace,
+    base_port: int,
+    batch: int = 1,
+    encoding: str = "json",
+    concurrency: int | None = None,
+    rate_records_s: float = 0.0,
+) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"planet-bench-committee-{app}-"))
     network = committee.init_network(
         committee.InitOptions(
@@ -363,18 +508,28 @@ def bench_app(app: str, args: argparse.Namespace, base_port: int, batch: int = 1
             network, timeout_s=90, progress=lambda line: log.info("%s: %s", app, line)
         )
         factory = (
-            PlanetTxs(batch, run_id=os.urandom(8).hex())
+            PlanetTxs(batch, run_id=os.urandom(8).hex(), encoding=encoding)
             if app == "planet"
             else KvstoreTxs(args.kv_tx_bytes)
         )
-        log.info("%s: load for %.0f s with %d workers", app, args.duration, args.concurrency)
+        workers = concurrency or args.concurrency
+        # paced: each worker sends one tx per interval, so the offered load is the rate
+        interval = workers * batch / rate_records_s if rate_records_s > 0 else 0.0
+        log.info(
+            "%s: load for %.0f s with %d workers (%s)",
+            factory.name,
+            args.duration,
+            workers,
+            f"{rate_records_s:.0f} records/s offered" if interval else "as fast as accepted",
+        )
         return asyncio.run(
             run_load(
                 network,
                 factory,
                 duration_s=args.duration,
-                concurrency=args.concurrency,
+                concurrency=workers,
                 drain_s=args.drain,
+                interval_s=interval,
             )
         )
     finally:
@@ -413,10 +568,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="load seconds per app")
     parser.add_argument("--concurrency", type=int, default=64, help="concurrent broadcasters")
     parser.add_argument(
-        "--batch",
-        default="16,4,1",
-        help="commitments per Planet tx, comma-separated for a sweep; the first one gives the "
-        "unsuffixed metrics, each gets `_batch_<n>` metrics (default %(default)s)",
+        "--runs",
+        default="binary:1024,binary:1,json:1",
+        help="Planet runs, comma-separated ENCODING:BATCH (encoding binary = compact batches of "
+        "protocol.commit_batch, json = JSON commit txs); the first gives the unsuffixed metrics, "
+        "each gets `_<encoding>_<batch>` metrics (default %(default)s)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="offered commitment records/s for runs with batch > 1 (0: as fast as CheckTx "
+        "accepts; default %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-concurrency",
+        type=int,
+        default=16,
+        help="workers (registered nodes) for runs with batch > 1 (default %(default)s)",
     )
     parser.add_argument("--kv-tx-bytes", type=int, default=100)
     parser.add_argument("--timeout-commit", default="300ms")
@@ -425,6 +594,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-port", type=int, default=27200)
     parser.add_argument("--skip-kvstore", action="store_true")
     parser.add_argument("--skip-planet", action="store_true")
+    parser.add_argument(
+        "--skip-in-process", action="store_true", help="skip the one-app CPU measurement"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the network directories")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -433,31 +605,54 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
 
-    batches = [int(b) for b in str(args.batch).split(",") if b.strip()]
+    runs = []
+    for spec in str(args.runs).split(","):
+        encoding, _, size = spec.strip().partition(":")
+        if encoding not in ("binary", "json") or not size.isascii() or not size.isdigit():
+            parser.error(f"--runs: {spec!r} is not ENCODING:BATCH (binary:1024, json:1)")
+        runs.append((encoding, int(size)))
     machine = _machine()  # before this bench loads the machine
     metrics: dict[str, Any] = {}
+    if not args.skip_in_process:
+        metrics.update(app_cpu_per_record())
     if not args.skip_planet:
-        for index, batch in enumerate(batches):
-            result = bench_app("planet", args, args.base_port, batch)
+        for index, (encoding, batch) in enumerate(runs):
+            big = batch > 1
+            result = bench_app(
+                "planet",
+                args,
+                args.base_port,
+                batch,
+                encoding,
+                concurrency=args.batch_concurrency if big else args.concurrency,
+                rate_records_s=args.rate if big else 0.0,
+            )
             if index == 0:
                 metrics.update(result)
             for key in (
                 "committed_tx_s",
                 "commitments_s",
                 "block_time_ms",
+                "block_time_ms_max",
                 "broadcast_to_commit_ms_p50",
                 "broadcast_to_commit_ms_p99",
                 "lost_txs",
+                "failed_in_block_txs",
                 "cpu_ms_per_tx_app",
+                "cpu_cores_busy_app",
+                "cpu_cores_busy_cometbft",
             ):
-                metrics[f"{key}_batch_{batch}"] = result[key]
+                metrics[f"{key}_{encoding}_{batch}"] = result[key]
     if not args.skip_kvstore:
         kv = bench_app("kvstore", args, args.base_port + 100)
         metrics.update({f"{k}_kvstore": v for k, v in kv.items()})
-        if "committed_tx_s" in metrics and kv["committed_tx_s"]:
-            metrics["ratio_committed_tx_s_planet_vs_kvstore"] = round(
-                metrics["committed_tx_s"] / kv["committed_tx_s"], 3
-            )
+        for encoding in ("binary", "json"):
+            plain = metrics.get(f"committed_tx_s_{encoding}_1")
+            if plain is not None and kv["committed_tx_s"]:
+                metrics[f"ratio_plain_tx_s_{encoding}_vs_kvstore"] = round(
+                    plain / kv["committed_tx_s"], 3
+                )
+    metrics["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
     print(
         json.dumps(
             {
@@ -467,7 +662,9 @@ def main(argv: list[str] | None = None) -> int:
                     "validators": args.validators,
                     "duration_s": args.duration,
                     "concurrency": args.concurrency,
-                    "batch": batches,
+                    "batch_concurrency": args.batch_concurrency,
+                    "runs": [f"{e}:{b}" for e, b in runs],
+                    "rate_records_s": args.rate,
                     "kv_tx_bytes": args.kv_tx_bytes,
                     "timeout_commit": args.timeout_commit,
                     "load": "broadcast_tx_sync, one tx in flight per worker, workers spread over "
@@ -475,8 +672,9 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 "metrics": metrics,
                 "targets": {
-                    "committed_tx_s": {"op": ">=", "value": 500},
+                    "commitments_s": {"op": ">=", "value": 10000},
                     "block_time_ms": {"op": "<=", "value": 1000},
+                    "ratio_plain_tx_s_binary_vs_kvstore": {"op": ">=", "value": 0.5},
                 },
             }
         )

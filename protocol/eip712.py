@@ -473,17 +473,14 @@ def commitment_value(
 ) -> bytes:
     """`keccak256(abi.encode(bytes32 session, uint64 step, uint32 shard, bytes32 outputHash,
     bytes32 salt))`: the value a node commits to before revealing."""
+    # abi.encode of static types is five 32-byte words (uints left-padded): packed directly, as
+    # the committee app checks every revealed record with it (eth_abi cost ~30 µs per call)
     return keccak(
-        abi_encode(
-            ["bytes32", "uint64", "uint32", "bytes32", "bytes32"],
-            [
-                as_bytes32(session, "session"),
-                as_uint(step, 64, "step"),
-                as_uint(shard, 32, "shard"),
-                as_bytes32(output_hash, "outputHash"),
-                as_bytes32(salt, "salt"),
-            ],
-        )
+        as_bytes32(session, "session")
+        + as_uint(step, 64, "step").to_bytes(32, "big")
+        + as_uint(shard, 32, "shard").to_bytes(32, "big")
+        + as_bytes32(output_hash, "outputHash")
+        + as_bytes32(salt, "salt")
     )
 
 

@@ -2,7 +2,8 @@
 `planet leave` with SIGTERM, which makes it send `leave` before exiting).
 
     python -m node.agent --home H --manifest M --shard 0 --endpoint http://127.0.0.1:18100 \
-        --committee-rpc http://127.0.0.1:27001 [--committee-rpc URL ...] [--capacity 64]
+        --committee-rpc http://127.0.0.1:27001 [--committee-rpc URL ...] [--capacity 64] \
+        [--commit-dir H/run/served]
 
 Keys come from the operator home (`wallet.json`, `node_key.json`); the password from
 `--password-file` or `$PLANET_PASSWORD` (never a prompt: the agent runs detached).
@@ -22,6 +23,7 @@ from pathlib import Path
 import aiohttp
 
 from node.agent.agent import AgentConfig, NodeAgent
+from node.agent.commitments import Committer
 from node.agent.contributions import ContributionReporter
 from node.chain.committee_link import CommitteeLink
 from node.keys import PasswordSource, load_node_key, load_wallet
@@ -47,6 +49,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--password-file", type=Path, help="else $PLANET_PASSWORD")
     parser.add_argument(
         "--heartbeat-every", type=int, default=0, help="blocks between heartbeats (0: auto)"
+    )
+    parser.add_argument(
+        "--commit-dir",
+        type=Path,
+        help="the compute node's --commit-dir: commit and reveal its served work from there",
     )
     parser.add_argument("--log-level", default=os.environ.get("PLANET_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
@@ -103,6 +110,7 @@ async def run(args: argparse.Namespace) -> int:
         config.endpoint,
     )
     async with aiohttp.ClientSession() as session:
+        committer = Committer(args.commit_dir, link) if args.commit_dir is not None else None
         reporter = ContributionReporter(
             link, manifest.model_hash, args.shard, lambda: _served(session, config.endpoint)
         )
@@ -111,6 +119,7 @@ async def run(args: argparse.Namespace) -> int:
             link,
             healthy=lambda: _healthy(session, config.endpoint),
             contributions=reporter,
+            committer=committer,
         )
         try:
             return await agent.run(stop)

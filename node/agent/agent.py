@@ -98,6 +98,7 @@ class NodeAgent:
         *,
         healthy: Callable[[], Awaitable[bool]],
         backoff: Backoff | None = None,
+        committer: Any = None,
         contributions: Any = None,
     ) -> None:
         self.config = config
@@ -108,6 +109,10 @@ class NodeAgent:
         self.status: str | None = None
         self.last_heartbeat_height = 0
         self.heartbeats = 0
+        # commit-reveal of served work (node.agent.commitments.Committer), None: nothing to commit
+        self.committer = committer
+        self.epoch_length = 0
+        self.retention_epochs = 10
         # `node.agent.contributions.ContributionReporter` (None: the agent claims no work)
         self.contributions = contributions
 
@@ -123,12 +128,24 @@ class NodeAgent:
         await retry(probe, "reach the compute node", Backoff(0.25, 2.0, 2.0), stop)
 
     async def heartbeat_interval(self, stop: asyncio.Event) -> int:
-        if self.config.heartbeat_every > 0:
+        if self.config.heartbeat_every > 0 and self.committer is None:
             return self.config.heartbeat_every
         params = await retry(
             self.link.params, "read chain params", self.backoff, stop, transient=TRANSIENT
         )
+        self._note_epochs(params)
+        if self.config.heartbeat_every > 0:
+            return self.config.heartbeat_every
         return heartbeat_interval(params)
+
+    def _note_epochs(self, params: Any) -> None:
+        genesis = params.get("genesis") if isinstance(params, dict) else None
+        if isinstance(genesis, dict):
+            length, keep = genesis.get("epoch_length"), genesis.get("retention_epochs")
+            if type(length) is int and 0 < length < 2**31:
+                self.epoch_length = length
+            if type(keep) is int and 0 < keep < 2**31:
+                self.retention_epochs = keep
 
     async def ensure_registered(self, stop: asyncio.Event) -> dict[str, Any]:
         """Register unless the key already is; returns the committee's view of the node."""
@@ -264,6 +281,8 @@ class NodeAgent:
                     height = await self.link.height()
                     if await self.heartbeat_if_due(height, interval, force=force):
                         force = False
+                    if self.committer is not None and self.epoch_length > 0:
+                        await self.committer.step(height, self.epoch_length, self.retention_epochs)
                     checks += 1
                     if checks % 5 == 1:
                         view = await self.link.node(self.key)

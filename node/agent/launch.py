@@ -3,7 +3,8 @@ compute node + agent background processes with their pid and log files.
 
 Files in `<home>/run/`: `node-<K>.log|.pid` (the compute node, `node.server.launcher`),
 `agent.log|.pid`, and `joined.json` `{shard, port, endpoint, model, manifest, node_pid, agent_pid,
-node_key}` — what `planet leave` and `planet status` read.
+node_key}` — what `planet leave` and `planet status` read; `served/`: the node's served-work
+spool (`--commit-dir`), from which the agent commits and reveals (`node.agent.commitments`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from node.server.launcher import pid_alive, start_node, stop_pid
 from protocol.errors import ConfigError, IntegrityError, PlanetError, UsageError
 
 JOINED_FILE = "joined.json"
+SERVED_DIR = "served"  # the node's served-work spool, read by the agent (commit-reveal)
 AGENT_LOG = "agent.log"
 _HASH_PREFIX = "sha256:"
 
@@ -154,7 +156,7 @@ def start_node_and_agent(
         shard=shard,
         port=port,
         run_dir=run_dir,
-        extra_args=["--max-sessions", str(capacity)],
+        extra_args=["--max-sessions", str(capacity), "--commit-dir", str(run_dir / SERVED_DIR)],
     )
     argv = [
         sys.executable, "-m", AGENT_MARKER,
@@ -163,6 +165,7 @@ def start_node_and_agent(
         "--shard", str(shard),
         "--endpoint", node.url,
         "--capacity", str(capacity),
+        "--commit-dir", str(run_dir / SERVED_DIR),
     ]  # fmt: skip
     for url in committee_rpcs:
         argv += ["--committee-rpc", url]

@@ -27,7 +27,8 @@ from urllib.parse import urlencode
 
 from nacl.signing import SigningKey
 
-from node.chain.committee_rpc import CommitteeRpc, TxRejectedError, tx_hash
+from node.chain.committee_rpc import CommitteeRpc, TxRejectedError, TxResult, tx_hash
+from protocol.commit_batch import sign_batch
 from protocol.committee import ROLES, sign
 from protocol.errors import RemoteError, UnavailableError
 
@@ -132,15 +133,20 @@ class CommitteeLink:
         answer = await self.query("/nonce", account=self.signer)
         return int(answer["nonce"]) + 1
 
-    async def submit(self, body: Any) -> Submitted:
-        """Sign `body` with the next nonce and pass it through CheckTx (one retry on BAD_NONCE)."""
+    async def submit(self, body: Any, *, binary: bool = False) -> Submitted:
+        """Sign `body` with the next nonce and pass it through CheckTx (one retry on BAD_NONCE).
+        `binary`: a one-session CommitBatch/RevealBatch as a compact binary batch
+        (`protocol.commit_batch`) instead of JSON."""
         if self.key is None:
             raise ValueError("this link has no signing key")
         for attempt in (1, 2):
             if self._next_nonce is None:
                 self._next_nonce = await self._fetch_nonce()
             nonce = self._next_nonce
-            raw = sign(body, self.key, nonce).encode()
+            if binary:
+                raw = sign_batch(body, self.key, nonce).raw
+            else:
+                raw = sign(body, self.key, nonce).encode()
             try:
                 result = await self._each(
                     f"broadcast {body.TYPE}", lambda c, raw=raw: c.broadcast_tx_sync(raw)
@@ -162,6 +168,12 @@ class CommitteeLink:
             self._next_nonce = nonce + 1
             return Submitted(hash=result.hash, nonce=nonce)
         raise AssertionError("unreachable")
+
+    async def committed(self, tx_hash: str, *, timeout_s: float = 15.0) -> TxResult:
+        """The FinalizeBlock result of a submitted tx once it is in a block (with its height)."""
+        return await self._each(
+            f"tx {tx_hash[:12]}", lambda c: c.wait_for_tx(tx_hash, timeout_s=timeout_s)
+        )
 
     async def committed_code(self, tx_hash: str, *, timeout_s: float = 15.0) -> tuple[int, str]:
         """(FinalizeBlock code, log) of a submitted tx once it is in a block."""

@@ -120,6 +120,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="torch threads for the forward pass (default: half the cores, 1 to 4)",
     )
+    serve.add_argument(
+        "--commit-dir",
+        type=Path,
+        metavar="DIR",
+        help="record fingerprints of served blocks and spool their commit records here for "
+        "the node agent (`planet join` sets it); default: record nothing",
+    )
+    serve.add_argument(
+        "--served-max-mb",
+        type=_finite,
+        default=256.0,
+        metavar="MB",
+        help="inputs and fingerprints kept for spot-check tickets (default 256)",
+    )
     # tests only, hidden: node/server/cheat.py (also needs PLANET_NODE_CHEAT to confirm)
     serve.add_argument("--cheat", default="", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
@@ -172,6 +186,8 @@ def _serve(args: argparse.Namespace) -> int:
         reclaim_idle_s=args.reclaim_idle,
         request_read_timeout_s=args.request_read_timeout,
         torch_threads=args.threads,
+        commit_dir=args.commit_dir,
+        served_max_bytes=int(args.served_max_mb * 1024 * 1024),
         cheat=args.cheat,
     ).validate()
     serve(config)

@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -87,6 +88,7 @@ class NodeState:
     forward_hooks: list[Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]] = field(
         default_factory=list
     )
+    served: Any = None  # node.server.served.ServedLog with --commit-dir (install_served)
 
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)
@@ -384,6 +386,10 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
     )
     app.cleanup_ctx.append(_evictor)
     app.cleanup_ctx.append(_executor)
+    if config.commit_dir is not None:
+        from node.server.served import install_served  # torch: only when recording
+
+        install_served(app, app[STATE_KEY], config)
     app.router.add_post("/v1/forward", forward)
     app.router.add_delete("/v1/sessions/{session}", delete_session)
     app.router.add_get("/info", info)

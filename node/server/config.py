@@ -47,6 +47,15 @@ class ServerConfig:
     max_tokens_per_frame: int = 4096
     # torch intra-op threads for the forward pass (0 = half the cores, 1 to 4)
     torch_threads: int = 0
+    # record fingerprints of served blocks and spool their commit records here for the node
+    # agent (docs/verification.md §2); None: record nothing
+    commit_dir: Path | None = None
+    # inputs + fingerprints kept for spot-check tickets, over all sessions (oldest dropped)
+    served_max_bytes: int = 256 * 1024**2
+    # a session idle this long gets its partial last block recorded (then no more positions);
+    # None: only once the session leaves the node (closed, idle-evicted, aged out), so a client
+    # that pauses never loses the credit for what follows
+    served_seal_idle_s: float | None = None
     # tests only: a cheater mode (node/server/cheat.py); "" = honest. Needs the hidden
     # --cheat flag AND PLANET_NODE_CHEAT=yes-i-want-this-node-to-cheat
     cheat: str = ""
@@ -83,6 +92,10 @@ class ServerConfig:
             problems.append("max tokens per frame must be >= 1")
         if self.torch_threads < 0:
             problems.append("torch threads must be >= 0")
+        if self.served_max_bytes < 1:
+            problems.append("served-work memory cap must be > 0 bytes")
+        if self.served_seal_idle_s is not None and not self.served_seal_idle_s > 0:
+            problems.append("served seal idle time must be > 0 seconds")
         if problems:
             raise ConfigError("invalid node config: " + "; ".join(problems))
         return self

@@ -1,7 +1,8 @@
 """From activation tensors to fingerprint bytes, and the verifier's one-prefill check.
 
 The byte format and the integer comparison are in `protocol.fingerprint` (consensus-relevant,
-torch-free); this module only turns tensors into per-position top-k (channel, fp16 bits) rows:
+torch-free); the top-k extraction and the node's recorder live in `node.model.fingerprint` (one
+implementation for node and verifier, importable by the server) and are re-exported here:
 
     rows = topk_rows(hidden)                 # hidden [1, T, H] or [T, H] -> T rows of TOPK points
     data = fingerprint_bytes(hidden, start)  # blocks for absolute positions [start, start + T)
@@ -15,101 +16,28 @@ channel (a stable sort), each value rounded to fp16 with overflow saturated at Â
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from protocol.errors import ProtocolError
-from protocol.fingerprint import (
-    BLOCK_POSITIONS,
-    TOPK,
-    BlockCheck,
-    Row,
-    Tolerance,
-    compare_block,
-    decode_blocks,
-    encode_block,
+from node.model.fingerprint import (  # one implementation for node and verifier
+    FP16_MAX,
+    FingerprintRecorder,
+    block_spans,
+    fingerprint_bytes,
+    topk_rows,
 )
+from protocol.errors import ProtocolError
+from protocol.fingerprint import BlockCheck, Tolerance, compare_block, decode_blocks
 
-FP16_MAX = 65504.0
-
-
-def _as_matrix(hidden: torch.Tensor) -> torch.Tensor:
-    if hidden.dim() == 3 and hidden.shape[0] == 1:
-        return hidden[0]
-    if hidden.dim() == 2:
-        return hidden
-    raise ProtocolError(f"activations must be [1, T, H] or [T, H], got {list(hidden.shape)}")
-
-
-@torch.inference_mode()
-def topk_rows(hidden: torch.Tensor, k: int = TOPK) -> list[list[tuple[int, int]]]:
-    """Per position the k (channel, fp16 bit pattern) points with the largest |value|."""
-    matrix = _as_matrix(hidden).detach().to("cpu", torch.float32)  # [T, H]
-    order = torch.sort(matrix.abs(), dim=1, descending=True, stable=True).indices[:, :k]
-    values = torch.gather(matrix, 1, order).clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
-    bits = values.view(torch.int16).to(torch.int32) & 0xFFFF  # [T, k]
-    return [
-        list(zip(channels, patterns, strict=True))
-        for channels, patterns in zip(order.tolist(), bits.tolist(), strict=True)
-    ]
-
-
-def _block_spans(start: int, count: int) -> list[tuple[int, int]]:
-    """(first, end) absolute positions of the aligned blocks that [start, start+count) touches."""
-    spans = []
-    position = start
-    end = start + count
-    while position < end:
-        block_end = min(end, (position // BLOCK_POSITIONS + 1) * BLOCK_POSITIONS)
-        spans.append((position, block_end))
-        position = block_end
-    return spans
-
-
-def fingerprint_bytes(hidden: torch.Tensor, start: int = 0) -> bytes:
-    """Blocks for the positions [start, start + T) of `hidden`. Blocks are aligned to absolute
-    multiples of 32, so a range that starts mid-block begins with a shorter block."""
-    rows = topk_rows(hidden)
-    out = bytearray()
-    for first, end in _block_spans(start, len(rows)):
-        out += encode_block(rows[first - start : end - start])
-    return bytes(out)
-
-
-@dataclass
-class FingerprintRecorder:
-    """A serving node's per-session fingerprints: feed every forward's outputs in order;
-    `blocks` holds the bytes of each completed 32-position block (what the node commits)."""
-
-    next_position: int = 0
-    blocks: list[bytes] = field(default_factory=list)
-    _pending: list[Row] = field(default_factory=list)
-
-    def add(self, outputs: torch.Tensor, positions: torch.Tensor | Sequence[int]) -> None:
-        plist = [int(p) for p in positions]
-        if not plist:
-            return
-        expected = list(range(self.next_position, self.next_position + len(plist)))
-        if plist != expected:
-            raise ProtocolError(
-                f"fingerprint positions must continue at {self.next_position}, got {plist[0]}"
-            )
-        for row in topk_rows(outputs):
-            self._pending.append(row)
-            self.next_position += 1
-            if self.next_position % BLOCK_POSITIONS == 0:
-                self.blocks.append(encode_block(self._pending))
-                self._pending = []
-
-    def flush(self) -> bytes | None:
-        """The partial block at the end of a session (None when nothing is pending)."""
-        if not self._pending:
-            return None
-        block = encode_block(self._pending)
-        self._pending = []
-        return block
+__all__ = [
+    "FP16_MAX",
+    "FingerprintRecorder",
+    "Verdict",
+    "check",
+    "fingerprint_bytes",
+    "topk_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -133,7 +61,7 @@ def check(data: bytes, recomputed: torch.Tensor, start: int, tolerance: Toleranc
     outputs `recomputed` for the same positions (one prefill of the same shard)."""
     committed = decode_blocks(data)
     rows = topk_rows(recomputed)
-    spans = _block_spans(start, len(rows))
+    spans = block_spans(start, len(rows))
     if len(spans) != len(committed):
         raise ProtocolError(f"{len(committed)} committed blocks for {len(spans)} recomputed")
     checks = []

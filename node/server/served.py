@@ -1,0 +1,315 @@
+"""What a compute node keeps of the work it served, for commit-reveal and spot checks.
+
+For every session the node serves (when `ServerConfig.commit_dir` is set) it records, after each
+forward pass (a `NodeState.forward_hooks` entry), the fingerprint of its output activations
+(`node.model.fingerprint`) and the input activations it received. Each completed block of 32
+positions becomes a `protocol.served` record (session = the hop's public tag, block index,
+shard, keccak256 of the fingerprint bytes, a random salt) appended to the spool in
+`commit_dir`, from which the node agent commits and later reveals (`node.agent.commitments`).
+A session's last, partial block is recorded once the session is gone from the node's session
+store (closed, idle-evicted after `idle_timeout_s`, aged out), or, when `seal_idle_s` is set, has
+been idle that long; positions after a seal are not recorded (counted), so a block is never
+committed twice with different contents.
+
+Memory is bounded: inputs + fingerprints of all sessions stay under `max_bytes`; beyond it the
+least recently used sessions are dropped whole (counted in `stats()`); their records stay in
+the spool (and on chain) but tickets for them can no longer be answered.
+
+For spot checks (the verifier's ticket) the node reads back what it served:
+
+    log.ticket(session, block) -> Ticket(session, block, start, inputs [1, T, H] float32
+                                        for positions [0, end of the block),
+                                        fingerprint bytes of the block, record)
+    (session: "0x" + tag, as on chain, or the bare 64-hex tag)
+
+Threads: `hook` runs on the forward worker thread, everything else on the event loop; one lock
+guards the state. The log of a running node is `app[SERVED_KEY]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from node.model.fingerprint import FingerprintRecorder
+from node.server.config import ServerConfig
+from protocol import served as spool_format
+from protocol.fingerprint import BLOCK_POSITIONS
+from protocol.served import SPOOL_MAGIC, SPOOL_PREFIX, SPOOL_SUFFIX, ServedRecord, output_hash
+
+log = logging.getLogger(__name__)
+
+SESSION_OVERHEAD_BYTES = 1024  # accounted per held session (objects, dict entries)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What a node hands a selected verifier for one block (no capability, tag, user or query)."""
+
+    session: str  # "0x" + the hop's session tag (as on chain)
+    block: int
+    start: int  # first position of the block (32 * block)
+    inputs: np.ndarray  # [1, end, H] float32: the inputs of positions [0, end)
+    fingerprint: bytes  # the block's fingerprint bytes (protocol.fingerprint)
+    record: ServedRecord  # output_hash and salt of the block's commitment
+
+
+@dataclass
+class _Served:
+    session: bytes  # the tag's 32 bytes: the commitment's session
+    recorder: FingerprintRecorder = field(default_factory=FingerprintRecorder)
+    inputs: list[np.ndarray] = field(default_factory=list)  # [T_i, H] chunks, in order
+    blocks: dict[int, tuple[bytes, ServedRecord]] = field(default_factory=dict)
+    last_s: float = 0.0
+    sealed: bool = False
+    nbytes: int = 0
+
+
+class ServedLog:
+    """Per-session fingerprints and inputs of one shard, and the spool of block records."""
+
+    def __init__(
+        self,
+        commit_dir: Path,
+        shard: int,
+        *,
+        max_bytes: int = 256 * 1024 * 1024,
+        seal_idle_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.dir = Path(commit_dir)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.shard = shard
+        self.max_bytes = max_bytes
+        self.seal_idle_s = seal_idle_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._by_tag: OrderedDict[str, _Served] = OrderedDict()  # least recently used first
+        self._bytes = 0
+        self._spool: Path | None = None
+        self._spool_bytes = 0
+        self.counters = {
+            "blocks": 0,
+            "partial_blocks": 0,
+            "positions": 0,
+            "unrecorded_positions": 0,
+            "evicted_sessions": 0,
+            "evicted_bytes": 0,
+            "record_s": 0.0,
+        }
+
+    # -- recording (forward worker thread) -----------------------------------------------------
+
+    def hook(self, tag: str, positions: np.ndarray, hidden: np.ndarray, out: np.ndarray) -> None:
+        """The `NodeState.forward_hooks` entry: (session tag, positions, inputs, outputs)."""
+        self.record(tag, hidden, positions, out)
+
+    def record(self, tag: str, hidden: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
+        started = time.perf_counter()
+        count = int(positions.shape[0])
+        with self._lock:
+            served = self._by_tag.get(tag)
+            if served is None:
+                session = _tag_bytes(tag)
+                if int(positions[0]) != 0 or session is None:  # evicted earlier, or no tag
+                    self.counters["unrecorded_positions"] += count
+                    return
+                served = _Served(session=session, nbytes=SESSION_OVERHEAD_BYTES)
+                self._by_tag[tag] = served
+                self._bytes += SESSION_OVERHEAD_BYTES
+            if served.sealed or int(positions[0]) != served.recorder.next_position:
+                self.counters["unrecorded_positions"] += count
+                return
+            self._by_tag.move_to_end(tag)
+            served.last_s = self._clock()
+            before = len(served.recorder.blocks)
+            served.recorder.add(out, positions.tolist())
+            chunk = np.array(hidden[0], dtype=np.float32, copy=True)  # [T, H]
+            served.inputs.append(chunk)
+            added = chunk.nbytes
+            for index in range(before, len(served.recorder.blocks)):
+                added += self._commit_block(served, index, served.recorder.blocks[index])
+            served.nbytes += added
+            self._bytes += added
+            self.counters["positions"] += count
+            self._evict_over_cap(keep=tag)
+        self.counters["record_s"] += time.perf_counter() - started
+
+    def _commit_block(self, served: _Served, block: int, fingerprint: bytes) -> int:
+        record = ServedRecord(
+            session=served.session,
+            step=block,
+            shard=self.shard,
+            output_hash=output_hash(fingerprint),
+            salt=os.urandom(32),
+        )
+        served.blocks[block] = (fingerprint, record)
+        self._append(record)
+        self.counters["blocks"] += 1
+        return len(fingerprint) + 160
+
+    def _append(self, record: ServedRecord) -> None:
+        if self._spool is None or self._spool_bytes >= spool_format.SPOOL_FILE_BYTES:
+            name = f"{SPOOL_PREFIX}{time.time_ns():020d}-{os.getpid()}{SPOOL_SUFFIX}"
+            self._spool = self.dir / name
+            fd = os.open(self._spool, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(SPOOL_MAGIC)
+            self._spool_bytes = len(SPOOL_MAGIC)
+        data = record.encode()
+        with self._spool.open("ab") as handle:  # one write of one whole record
+            handle.write(data)
+        self._spool_bytes += len(data)
+
+    def _evict_over_cap(self, keep: str) -> None:
+        while self._bytes > self.max_bytes and len(self._by_tag) > 1:
+            tag, victim = next(iter(self._by_tag.items()))
+            if tag == keep:
+                self._by_tag.move_to_end(tag)
+                continue
+            self._drop(tag, victim)
+            self.counters["evicted_sessions"] += 1
+            self.counters["evicted_bytes"] += victim.nbytes
+
+    def _drop(self, tag: str, served: _Served) -> None:
+        del self._by_tag[tag]
+        self._bytes -= served.nbytes
+
+    # -- sealing (event loop) ------------------------------------------------------------------
+
+    def seal(self, tag: str) -> bool:
+        """Record the session's partial last block (the session closed); True if one was."""
+        with self._lock:
+            served = self._by_tag.get(tag)
+            if served is None or served.sealed:
+                return False
+            return self._seal(served)
+
+    def _seal(self, served: _Served) -> bool:
+        served.sealed = True
+        pending = served.recorder.flush()
+        if pending is None:
+            return False
+        block = (served.recorder.next_position - 1) // BLOCK_POSITIONS
+        added = self._commit_block(served, block, pending)
+        served.nbytes += added
+        self._bytes += added
+        self.counters["partial_blocks"] += 1
+        return True
+
+    def seal_idle(self, open_tags: Callable[[str], bool] = lambda _tag: True) -> int:
+        """Seal every session no longer open (`open_tags(tag)` false, or idle for `seal_idle_s`:
+        closed or evicted by the node); how many partial blocks were recorded."""
+        now = self._clock()
+        sealed = 0
+        with self._lock:
+            for tag, served in list(self._by_tag.items()):
+                if served.sealed:
+                    continue
+                idle = self.seal_idle_s is not None and now - served.last_s >= self.seal_idle_s
+                if idle or not open_tags(tag):
+                    sealed += self._seal(served)
+        return sealed
+
+    def seal_all(self) -> int:
+        """Seal every session (the node is stopping)."""
+        with self._lock:
+            return sum(self._seal(s) for s in self._by_tag.values() if not s.sealed)
+
+    # -- reading back (spot checks) -------------------------------------------------------------
+
+    def ticket(self, session: str, block: int) -> Ticket | None:
+        """The inputs up to the end of `block` and its fingerprint, or None if not held."""
+        tag = session[2:] if session.startswith("0x") else session
+        with self._lock:
+            served = self._by_tag.get(tag)
+            if served is None or block not in served.blocks:
+                return None
+            fingerprint, record = served.blocks[block]
+            start = block * BLOCK_POSITIONS
+            end = min(start + BLOCK_POSITIONS, served.recorder.next_position)
+            inputs = np.concatenate(served.inputs, axis=0)[:end]
+        return Ticket(
+            session="0x" + tag,
+            block=block,
+            start=start,
+            inputs=inputs[None],
+            fingerprint=fingerprint,
+            record=record,
+        )
+
+    def sessions(self) -> list[str]:
+        """Sessions held ("0x" + tag), least recently used first."""
+        with self._lock:
+            return ["0x" + tag for tag in self._by_tag]
+
+    def stats(self) -> dict[str, float | int]:
+        with self._lock:
+            return {
+                **self.counters,
+                "sessions": len(self._by_tag),
+                "bytes": self._bytes,
+                "max_bytes": self.max_bytes,
+            }
+
+
+def _tag_bytes(tag: str) -> bytes | None:
+    """The 32 bytes of a session tag (64 lowercase hex, `protocol.frames.session_tag`)."""
+    if len(tag) != 64 or any(c not in "0123456789abcdef" for c in tag):
+        return None
+    return bytes.fromhex(tag)
+
+
+SERVED_KEY = web.AppKey("served", ServedLog)
+
+
+def install_served(app: web.Application, state: Any, config: ServerConfig) -> ServedLog:
+    """Record a node app's served work (`app[SERVED_KEY]`, a forward hook); seal sessions that
+    closed or idled, checked every second."""
+    if config.commit_dir is None:
+        raise ValueError("install_served needs config.commit_dir")
+    served = ServedLog(
+        config.commit_dir,
+        config.shard_id,
+        max_bytes=config.served_max_bytes,
+        seal_idle_s=config.served_seal_idle_s,
+    )
+    app[SERVED_KEY] = served
+    state.served = served  # what node.server.tickets serves spot-check tickets from
+    state.forward_hooks.append(served.hook)  # failures are logged by the forward path
+
+    async def sealer(_: web.Application) -> AsyncIterator[None]:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                sealed = served.seal_idle(lambda tag: tag in state.store)
+                if sealed:
+                    log.debug("sealed idle sessions partial_blocks=%d", sealed)
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        served.seal_all()
+
+    app.cleanup_ctx.append(sealer)
+    log.info(
+        "recording served work dir=%s shard=%d max_bytes=%d",
+        config.commit_dir,
+        config.shard_id,
+        config.served_max_bytes,
+    )
+    return served
