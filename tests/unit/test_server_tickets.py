@@ -190,7 +190,8 @@ class _FakeCommittee:
         if path.startswith("/epochs?epoch="):
             epoch = int(path.rsplit("=", 1)[1])
             seed = SEED[2:] if epoch == 3 else f"{epoch:064x}"
-            verifiers = [*self.verifiers, "bad", 7] if epoch == 3 else [STRANGER.verify_key.encode().hex()]
+            others = [STRANGER.verify_key.encode().hex()]
+            verifiers = [*self.verifiers, "bad", 7] if epoch == 3 else others
             record = {"epoch": epoch, "seed": seed, "verifiers": verifiers}
             return {"current": 4, "epochs": [record, "junk"]}
         raise AssertionError(path)
