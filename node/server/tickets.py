@@ -51,7 +51,7 @@ from protocol.eip712 import commitment_value
 from protocol.errors import PlanetError
 from protocol.fingerprint import BLOCK_POSITIONS, TOPK, encode_block
 from protocol.routing import output_hash
-from protocol.spotcheck import assign_verifier, is_selected
+from protocol.spotcheck import assign_verifier, epoch_verifiers, is_selected
 from protocol.tickets import (
     MAX_POSITIONS,
     MAX_REQUEST_BYTES,
@@ -276,19 +276,6 @@ class CommitteePolicy:
         authorize_selection(request, set(sets), sets.get(request.seed, []), self.rate_ppm)
 
 
-def epoch_verifiers(record: object) -> tuple[str, list[str]] | None:
-    """(`0x` + seed, sorted verifier keys) of one `/epochs` record; None when malformed. A
-    record without a valid `verifiers` list has no verifiers (nothing can be assigned)."""
-    if not isinstance(record, dict):
-        return None
-    seed = record.get("seed")
-    if not isinstance(seed, str) or not _TAG.match(seed):
-        return None
-    listed = record.get("verifiers")
-    keys = listed if isinstance(listed, list) else []
-    return "0x" + seed, sorted({k for k in keys if isinstance(k, str) and _TAG.match(k)})
-
-
 def authorize_selection(
     request: TicketRequest, seeds: set[str], verifiers: Sequence[str], rate_ppm: int
 ) -> None:
@@ -434,7 +421,6 @@ __all__ = [
     "TicketUnavailableError",
     "authorize_selection",
     "enable_tickets",
-    "epoch_verifiers",
     "install",
     "topk_rows_np",
 ]

@@ -215,7 +215,8 @@ async def test_committee_policy_accepts_chain_seed_and_assigned_verifier() -> No
 async def test_committee_policy_uses_the_set_fixed_by_the_seeds_epoch() -> None:
     """A verifier of another epoch's set (STRANGER serves epochs 1, 2, 4) is refused for
     epoch 3's seed; an epoch record with no verifiers assigns nothing."""
-    from node.server.tickets import CommitteePolicy, TicketRefusedError, epoch_verifiers
+    from node.server.tickets import CommitteePolicy, TicketRefusedError
+    from protocol.spotcheck import epoch_verifiers
 
     policy = CommitteePolicy(_FakeCommittee([]), rate_ppm=1_000_000)
     with pytest.raises(TicketRefusedError, match="another verifier"):
