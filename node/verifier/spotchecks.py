@@ -11,7 +11,9 @@ requests with (node.server.tickets.CommitteePolicy). This verifier (its consensu
 2. for a FAILED check (offence 3, 50 %) or a TIMEOUT (offence 4, 5 %) hands the result to
    `vote` (the worker's verdict vote: `tickets.verdict_for` with every field derived from
    agreed data, so every verifier that reaches the same finding votes the same verdict id);
-3. records how many checks it did per epoch in `<home>/verifier/spot_checks.json`.
+3. reports the checks it did (`spot_check_report`, at most 256 per epoch): the chain credits
+   the ones its own draw assigned here, and settlement pays the verifiers' cut by them
+   (abci_app/spot_reports.py); the counts also go to `<home>/verifier/spot_checks.json`.
 
     checker = SpotChecker(link, shards, tolerance, http, vote, home=home)
     await checker.run(stop)
@@ -32,6 +34,7 @@ import aiohttp
 
 from node.verifier.ticket_client import spot_check
 from node.verifier.tickets import TicketResult
+from protocol.committee import MAX_SPOT_REPORT, SpotCheckReport
 from protocol.errors import PlanetError
 from protocol.fingerprint import Tolerance
 from protocol.spotcheck import (
@@ -162,11 +165,13 @@ class SpotChecker:
             rate_ppm=self.rate_ppm,
         )
         results = []
+        done: list[Triple] = []
         for item in todo:
             result = await self.check(item)
             if result is None:
                 continue
             results.append(result)
+            done.append(item.triple)
             counts = self.checked.setdefault(epoch, {})
             counts[result.outcome.value] = counts.get(result.outcome.value, 0) + 1
             self._write_counts()
@@ -182,7 +187,21 @@ class SpotChecker:
             if result.outcome is not Outcome.PASSED:
                 await self.vote(result, item.triple.node, epoch)
         log.info("spot checks epoch=%d assigned=%d done=%d", epoch, len(todo), len(results))
+        if done:
+            await self.report(epoch, done)
         return results
+
+    async def report(self, epoch: int, done: Sequence[Triple]) -> int | None:
+        """Send the epoch's `spot_check_report`; the committed code (None: not sent)."""
+        checks = sorted((t.node, t.session, t.block, t.shard) for t in done)[:MAX_SPOT_REPORT]
+        try:
+            sent = await self.link.submit(SpotCheckReport(epoch, tuple(checks)))
+            code, text = await self.link.committed_code(sent.hash, timeout_s=15)
+        except PlanetError as error:
+            log.warning("spot_check_report not sent: %s", error.message)
+            return None
+        log.info("spot_check_report epoch=%d checks=%d code=%d %s", epoch, len(checks), code, text)
+        return code
 
     async def check(self, item: Assignment) -> TicketResult | None:
         triple = item.triple

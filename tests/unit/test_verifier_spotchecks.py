@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
 from nacl.signing import SigningKey
 
 from node.verifier.spotchecks import COUNTS_FILE, SpotChecker, assignments
+from protocol.committee import SpotCheckReport
 from protocol.fingerprint import Tolerance
 from protocol.spotcheck import Outcome, Triple, evidence_hash
 
@@ -61,6 +63,14 @@ class _Link:
     def __init__(self, endpoint: str) -> None:
         self.key = ME
         self.endpoint = endpoint
+        self.sent: list[object] = []
+
+    async def submit(self, body: object) -> object:
+        self.sent.append(body)
+        return SimpleNamespace(hash="01")
+
+    async def committed_code(self, tx_hash: str, *, timeout_s: float = 15) -> tuple[int, str]:
+        return 0, ""
 
     async def query(self, path: str, **params: object) -> dict:
         if path == "/params":
@@ -92,9 +102,10 @@ async def test_a_node_that_sends_no_ticket_is_voted_for_a_timeout(tmp_path: Path
     async def vote(result, node_key, epoch) -> None:
         votes.append((result, node_key, epoch))
 
+    link = _Link(f"http://127.0.0.1:{_closed_port()}")
     async with aiohttp.ClientSession() as http:
         checker = SpotChecker(
-            _Link(f"http://127.0.0.1:{_closed_port()}"), [object(), object()],
+            link, [object(), object()],
             Tolerance(max_ulp=1, min_match_per_mille=1000, max_mean_ulp_milli=0), http, vote,
             home=tmp_path, rate_ppm=10**6, deadline_s=0.3, retry_s=0.1,
         )  # fmt: skip
@@ -104,3 +115,6 @@ async def test_a_node_that_sends_no_ticket_is_voted_for_a_timeout(tmp_path: Path
     triple = Triple(NODE, "0x" + f"{0:064x}", 0, 1)
     assert votes[0][0].evidence_hash == evidence_hash(SEED, triple, Outcome.TIMEOUT)
     assert json.loads((tmp_path / COUNTS_FILE).read_text()) == {"2": {"timeout": 2}}
+    [sent] = link.sent  # the epoch's report lists both checks (a timeout is a check done)
+    assert isinstance(sent, SpotCheckReport) and sent.epoch == 2
+    assert [c[1] for c in sent.checks] == ["0x" + f"{i:064x}" for i in range(2)]
