@@ -20,7 +20,7 @@ SPOT_CHECK_NOT_ASSIGNED 52. Records are indexed for pruning (`retention.track`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from abci_app import retention
 from abci_app.codes import Code, Rejected
@@ -94,3 +94,20 @@ def verification_work(state: State, epoch: int) -> tuple[VerificationWork, ...]:
         for key, count in state.items(CREDITS, prefix, f"{epoch:012d}0")
         if count > 0
     )
+
+
+def reports_view(state: State, epoch: int) -> dict[str, Any]:
+    """`/spot_reports?epoch=e` (committed state): the reports of e's checks, by signer, and the
+    checks credited in e, by operator."""
+    prefix, stop = f"{epoch:012d}/", f"{epoch:012d}0"
+    return {
+        "epoch": epoch,
+        "reports": [
+            {"signer": key[len(prefix) :], **value}
+            for key, value in state.committed_items(REPORTS, prefix, stop)
+        ],
+        "credits": [
+            {"account": key[len(prefix) :], "spot_checks": value}
+            for key, value in state.committed_items(CREDITS, prefix, stop)
+        ],
+    }

@@ -122,6 +122,7 @@ ROUTES = (
     "/payouts/proof",
     "/backing",
     "/credits",
+    "/spot_reports",
 )
 PARAMS = (
     "model",

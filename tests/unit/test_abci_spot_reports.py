@@ -79,6 +79,16 @@ def test_reports_are_credited_only_for_assigned_checks_and_paid_at_settlement() 
             key=lambda w: w.account,
         )
     )
+    view = ask(chain, "/spot_reports?epoch=2")
+    assert view["credits"] == sorted(
+        ({"account": w.account, "spot_checks": w.spot_checks} for w in credited),
+        key=lambda c: c["account"],
+    )
+    reports = ask(chain, "/spot_reports?epoch=1")["reports"]
+    assert {r["signer"]: r["count"] for r in reports} == {
+        _signer(chain, 0): len(owed[0]),
+        _signer(chain, 1): 2,
+    }
     # epoch 2 has paid work: the payout rows include the verifiers' cut, split by checks
     work = report(NodeWork(hexkey(a), "m", 0, 2, 10), queries=((Q1, 1000),))
     assert one(chain, work, GATEWAY).code == Code.OK
