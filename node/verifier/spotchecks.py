@@ -8,9 +8,11 @@ requests with (node.server.tickets.CommitteePolicy). This verifier (its consensu
 1. requests, opens and judges the ticket of each triple assigned to it
    (`ticket_client.spot_check`, recomputation with its own copy of the registered shard, the
    calibrated tolerance of the manifest's quantization);
-2. for a FAILED check (offence 3, 50 %) or a TIMEOUT (offence 4, 5 %) hands the result to
-   `vote` (the worker's verdict vote: `tickets.verdict_for` with every field derived from
-   agreed data, so every verifier that reaches the same finding votes the same verdict id);
+2. per node with findings in the epoch, hands one result to `vote` — its first FAILED check
+   (offence 3, 50 %) in triple order, else its first TIMEOUT (offence 4, 5 %): one verdict,
+   one slash per node and epoch. The worker's verdict vote builds it with
+   `tickets.verdict_for`, every field derived from agreed data, so every verifier that reaches
+   the same finding votes the same verdict id;
 3. reports the checks it did (`spot_check_report`, at most 256 per epoch): the chain credits
    the ones its own draw assigned here, and settlement pays the verifiers' cut by them
    (abci_app/spot_reports.py); the counts also go to `<home>/verifier/spot_checks.json`.
@@ -130,6 +132,7 @@ class SpotChecker:
         self.me = link.key.verify_key.encode().hex()
         self.checked: dict[int, dict[str, int]] = {}  # epoch → outcome name → count
         self.last_epoch = 0  # the last epoch whose commitments were checked
+        self.accused: set[tuple[str, int]] = set()  # (node, epoch) already voted on
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -166,6 +169,7 @@ class SpotChecker:
         )
         results = []
         done: list[Triple] = []
+        findings: dict[str, list[TicketResult]] = {}
         for item in todo:
             result = await self.check(item)
             if result is None:
@@ -185,8 +189,14 @@ class SpotChecker:
                 result.reason,
             )
             if result.outcome is not Outcome.PASSED:
-                await self.vote(result, item.triple.node, epoch)
+                findings.setdefault(item.triple.node, []).append(result)
         log.info("spot checks epoch=%d assigned=%d done=%d", epoch, len(todo), len(results))
+        for node, found in sorted(findings.items()):
+            if (node, epoch) in self.accused:
+                continue
+            self.accused.add((node, epoch))  # one verdict per node and epoch: one slash
+            failed = [r for r in found if r.outcome is Outcome.FAILED]
+            await self.vote((failed or found)[0], node, epoch)
         if done:
             await self.report(epoch, done)
         return results

@@ -17,6 +17,7 @@ from node.verifier.spotchecks import COUNTS_FILE, SpotChecker, assignments
 from protocol.committee import SpotCheckReport
 from protocol.fingerprint import Tolerance
 from protocol.spotcheck import Outcome, Triple, evidence_hash
+from protocol.tickets import TicketRequest
 
 pytestmark = pytest.mark.unit
 
@@ -111,10 +112,40 @@ async def test_a_node_that_sends_no_ticket_is_voted_for_a_timeout(tmp_path: Path
         )  # fmt: skip
         results = await checker.check_epoch(2)
     assert [r.outcome for r in results] == [Outcome.TIMEOUT, Outcome.TIMEOUT]
-    assert [(n, e) for _, n, e in votes] == [(NODE, 2), (NODE, 2)]
+    assert [(n, e) for _, n, e in votes] == [(NODE, 2)]  # one verdict per node and epoch
     triple = Triple(NODE, "0x" + f"{0:064x}", 0, 1)
     assert votes[0][0].evidence_hash == evidence_hash(SEED, triple, Outcome.TIMEOUT)
     assert json.loads((tmp_path / COUNTS_FILE).read_text()) == {"2": {"timeout": 2}}
     [sent] = link.sent  # the epoch's report lists both checks (a timeout is a check done)
     assert isinstance(sent, SpotCheckReport) and sent.epoch == 2
     assert [c[1] for c in sent.checks] == ["0x" + f"{i:064x}" for i in range(2)]
+
+
+async def test_a_failed_check_is_voted_over_an_earlier_timeout(tmp_path: Path) -> None:
+    """Per node and epoch one vote: the first FAILED check (50 %) beats a TIMEOUT (5 %) that
+    came earlier in triple order; a second run of the epoch votes nothing more."""
+    from node.verifier.tickets import _result
+
+    votes = []
+
+    async def vote(result, node_key, epoch) -> None:
+        votes.append(result.outcome)
+
+    link = _Link("http://127.0.0.1:1")
+    async with aiohttp.ClientSession() as http:
+        checker = SpotChecker(
+            link, [object(), object()], Tolerance(1, 1000, 0), http, vote, home=tmp_path,
+            rate_ppm=10**6,
+        )  # fmt: skip
+        outcomes = iter([Outcome.TIMEOUT, Outcome.FAILED, Outcome.TIMEOUT, Outcome.FAILED])
+
+        async def check(item):
+            request = TicketRequest(item.triple, item.seed, _hex(ME))
+            return _result(request, next(outcomes), "scripted")
+
+        checker.check = check  # type: ignore[method-assign]
+        await checker.check_epoch(2)
+        assert votes == [Outcome.FAILED]
+        await checker.check_epoch(2)
+    assert votes == [Outcome.FAILED]
+    assert json.loads((tmp_path / COUNTS_FILE).read_text()) == {"2": {"failed": 2, "timeout": 2}}
