@@ -52,3 +52,12 @@ def test_key_opens_with_the_password_from_the_environment(tmp_path: Path, monkey
     monkeypatch.setenv(PASSWORD_ENV, "wrong")
     with pytest.raises(KeyFileError):
         node_cli._ticket_key(args)
+
+
+def test_join_starts_the_node_with_its_key_and_the_committee(tmp_path: Path) -> None:
+    from node.agent.launch import _ticket_args
+
+    assert _ticket_args(tmp_path, []) == []
+    assert _ticket_args(tmp_path, ["http://a:26657", "http://b:26657"]) == [
+        "--node-key", str(tmp_path / "node_key.json"), "--committee-rpc", "http://a:26657",
+    ]  # fmt: skip
