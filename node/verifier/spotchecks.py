@@ -145,6 +145,8 @@ class SpotChecker:
                     self.last_epoch += 1
             except PlanetError as error:
                 log.warning("spot checks: %s", error.message)
+            except (KeyError, TypeError, ValueError, aiohttp.ClientError) as error:
+                log.warning("spot checks: malformed committee answer: %r", error)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.poll_s)
 
