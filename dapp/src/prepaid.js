@@ -91,7 +91,8 @@ export class PrepaidCard {
     $("p-balance").dataset.wei = info.balance.toString();
     $("p-held").textContent = weiAndEth(info.held);
     $("p-held").dataset.wei = info.held.toString();
-    $("p-available").textContent = weiAndEth(info.available);
+    $("p-available").textContent =
+      info.withdrawableAt === 0n ? weiAndEth(info.available) : "none while a withdrawal is pending";
     $("p-withdrawal").textContent = withdrawalText(info);
     $("p-withdrawal").dataset.at = info.withdrawableAt.toString();
     const pending = info.withdrawableAt !== 0n;

@@ -333,6 +333,18 @@ async function main() {
     if (wallet) out.wallet_calls = wallet.calls;
   } catch (error) {
     out.failure = String((error && error.stack) || error);
+    const page = context.pages()[0];
+    if (page) {
+      // What the page showed when it failed (notice, toasts, prepaid card), for the report.
+      out.at_failure = await page
+        .evaluate(() =>
+          ["notice-text", "toasts", "p-withdrawal", "step"].map(
+            (id) => `${id}: ${document.getElementById(id).textContent}`,
+          ),
+        )
+        .catch(() => null);
+    }
+    if (wallet) out.wallet_calls = wallet.calls.slice(-30);
   } finally {
     await context.close();
   }

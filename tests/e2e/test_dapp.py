@@ -192,7 +192,13 @@ def _run(scenario: str, devnet: dict[str, Any], user: Any, tmp_path: Path, **ext
     )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert "failure" not in result, result["failure"] + "\n" + json.dumps(result)[:3000]
+    assert "failure" not in result, (
+        result["failure"]
+        + "\n"
+        + json.dumps(result.get("at_failure"))
+        + "\n"
+        + json.dumps(result)[:3000]
+    )
     assert result["console_errors"] == [], result["console_errors"]
     for shot in result["screenshots"]:
         assert Path(shot).stat().st_size > 10_000, shot
