@@ -10,7 +10,9 @@ serving; only a failure of the shard itself on a valid frame is a 500 (`compute_
 A frame's `session` is the client's capability for this node; sessions are keyed by its tag
 (`protocol.frames.session_tag`), so only its holder can append to, read through or close it.
 Per-caller shares (node/server/sessions.py, node/server/peers.py) keep one caller from taking
-every slot. The forward pass runs on one worker thread, off the event loop.
+every slot. The forward pass runs on one worker thread, off the event loop, fed by the batcher
+(node/server/batcher.py): decode steps of different sessions waiting together run as one
+batched forward. Streams (node/server/stream.py) use the same sessions and batcher.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import numpy as np
 from aiohttp import web
 
 from node.server.backend import ShardBackend
+from node.server.batcher import Batcher
 from node.server.config import ServerConfig
-from node.server.fairness import FairSlot
 from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, SessionStore, short_tag
 from protocol.errors import PlanetError
@@ -74,12 +76,11 @@ class NodeState:
     store: SessionStore
     limits: FrameLimits
     executor: ThreadPoolExecutor
-    slot: FairSlot = field(default_factory=FairSlot)
+    batcher: Batcher
     started_s: float = field(default_factory=time.monotonic)
     in_flight: int = 0
     peer_in_flight: dict[str, int] = field(default_factory=dict)
     forwards: int = 0
-    compute_s: float = 0.0
 
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)
@@ -124,24 +125,9 @@ class _AnswerRejected(Exception):
         self.error = error
 
 
-def _compute(backend: ShardBackend, frame: Frame, cache: object) -> tuple[bytes, int, float]:
-    """Worker thread: decode, run the layers, encode the answer. Returns (frame, cache bytes, s).
-    A FrameError before the forward pass leaves the cache untouched; after it, _AnswerRejected."""
-    h = frame.header
-    hidden = frame.array()  # rejects NaN/Inf
-    positions = np.arange(h.start, h.start + h.count, dtype=np.int64)
-    t0 = time.perf_counter()
-    out = backend.forward(hidden, positions, cache)
-    compute_s = time.perf_counter() - t0
-    try:
-        return _answer(backend, frame, out, cache, compute_s)
-    except FrameError as error:
-        raise _AnswerRejected(error) from None
-
-
 def _answer(
-    backend: ShardBackend, frame: Frame, out: np.ndarray, cache: object, compute_s: float
-) -> tuple[bytes, int, float]:
+    backend: ShardBackend, frame: Frame, out: np.ndarray, cache: object
+) -> tuple[bytes, int]:
     h = frame.header
     if not np.isfinite(out).all():
         raise NonFiniteError("the layers' output is not finite (activations too large?)")
@@ -152,7 +138,7 @@ def _answer(
             out_header, start=h.start + h.count - 1, count=1, shape=(1, 1, h.shape[2])
         )
     body = encode_body(out, h.dtype, h.codec)
-    return encode_frame(out_header, body), backend.cache_bytes(cache), compute_s
+    return encode_frame(out_header, body), backend.cache_bytes(cache)
 
 
 async def _run_forward(
@@ -161,19 +147,20 @@ async def _run_forward(
     h = frame.header
     store = state.store
     tag = session.tag
-    loop = asyncio.get_running_loop()
     async with session.lock:
         if session.cache is None:  # closed while we waited
             raise SessionExpiredError(short_tag(tag))
         store.check_start(session, h.start)
         state.in_flight += 1
         try:
-            async with state.slot.held(peer):
-                if session.cache is None:  # evicted while we waited for the slot
-                    raise SessionExpiredError(short_tag(tag))
-                answer, cache_bytes, compute_s = await loop.run_in_executor(
-                    state.executor, _compute, state.backend, frame, session.cache
-                )
+            hidden = frame.array()  # rejects NaN/Inf before the cache is touched
+            out, compute_s = await state.batcher.run(peer, session.cache, hidden, h.start)
+            if session.cache is None:  # evicted while it computed
+                raise SessionExpiredError(short_tag(tag))
+            try:
+                answer, cache_bytes = _answer(state.backend, frame, out, session.cache)
+            except FrameError as error:
+                raise _AnswerRejected(error) from None
         except FrameError:
             if new:
                 store.close(tag, remember=False)
@@ -189,7 +176,6 @@ async def _run_forward(
             state.in_flight -= 1
         store.advance(session, h.count, cache_bytes)
     state.forwards += 1
-    state.compute_s += compute_s
     log.debug(
         "forward session=%s start=%d count=%d compute_ms=%.2f",
         short_tag(tag),
@@ -297,8 +283,16 @@ async def info(request: web.Request) -> web.Response:
             "load": {
                 "in_flight": state.in_flight,
                 "forwards": state.forwards,
-                "busy_fraction": round(state.compute_s / uptime, 4) if uptime > 0 else 0.0,
+                "busy_fraction": (
+                    round(state.batcher.stats.busy_s / uptime, 4) if uptime > 0 else 0.0
+                ),
+                "queued": state.batcher.queued,
+                "batches": state.batcher.stats.batches,
+                "batched_rows": state.batcher.stats.rows,
+                "largest_batch": state.batcher.stats.largest_batch,
             },
+            "max_batch": config.max_batch,
+            "max_queued": config.max_queued,
             "uptime_s": round(uptime, 1),
         }
     )
@@ -337,6 +331,8 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
     config.validate()
     app = web.Application(client_max_size=config.max_request_bytes, middlewares=[error_middleware])
     app[CONFIG_KEY] = config
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+    per_position = getattr(backend, "cache_bytes_per_position", None)
     app[STATE_KEY] = NodeState(
         backend=backend,
         store=SessionStore(
@@ -347,13 +343,17 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
             max_cache_bytes_per_peer=config.max_cache_bytes_per_peer,
             max_session_age_s=config.max_session_age_s,
             reclaim_idle_s=config.reclaim_idle_s,
+            bytes_per_position=int(per_position()) if per_position else 0,
         ),
         limits=FrameLimits(
             hidden_size=backend.hidden_size,
             max_tokens=config.max_tokens_per_frame,
             max_body_bytes=config.max_request_bytes,
         ),
-        executor=ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward"),
+        executor=executor,
+        batcher=Batcher(
+            backend, executor, max_batch=config.max_batch, max_queued=config.max_queued
+        ),
     )
     app.cleanup_ctx.append(_evictor)
     app.cleanup_ctx.append(_executor)

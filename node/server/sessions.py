@@ -70,6 +70,7 @@ class SessionStore:
         max_cache_bytes_per_peer: int | None = None,
         max_session_age_s: float = float("inf"),
         reclaim_idle_s: float = float("inf"),
+        bytes_per_position: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_sessions = max_sessions
@@ -84,7 +85,9 @@ class SessionStore:
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         self._expired: OrderedDict[str, None] = OrderedDict()
-        self._bytes_per_position = 0  # learned from the first forward
+        # KV bytes per position: known from the shard up front (so even the first frame is
+        # accounted before it is computed), else learned from the first forward
+        self._bytes_per_position = bytes_per_position
 
     def __len__(self) -> int:
         return len(self._sessions)
