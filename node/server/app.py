@@ -2,6 +2,7 @@
 
     POST   /v1/forward          binary frame in, binary frame out (same codec and dtype)
     DELETE /v1/sessions/{cap}   free the session this capability opened (idempotent)
+    GET    /v1/stream           WebSocket: the chain's links (node/server/stream.py)
     GET    /info                model, shard, layers, quant, device, load, sessions, cache bytes
     GET    /health              {"status": "ok"} once the shard is loaded
 
@@ -23,7 +24,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 from aiohttp import web
@@ -33,6 +34,8 @@ from node.server.batcher import Batcher
 from node.server.config import ServerConfig
 from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, SessionStore, short_tag
+from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState
+from node.server.stream import close_links, close_streams, stream
 from protocol.errors import PlanetError
 from protocol.frames import (
     VERSION,
@@ -61,30 +64,6 @@ class SlowRequestError(FrameError):
 
     code = "slow_request"
     http_status = 408
-
-
-class ComputeError(PlanetError):
-    """The shard failed on a valid frame; the session is dropped (its cache may be partial)."""
-
-    code = "compute_failed"
-    http_status = 500
-
-
-@dataclass
-class NodeState:
-    backend: ShardBackend
-    store: SessionStore
-    limits: FrameLimits
-    executor: ThreadPoolExecutor
-    batcher: Batcher
-    started_s: float = field(default_factory=time.monotonic)
-    in_flight: int = 0
-    peer_in_flight: dict[str, int] = field(default_factory=dict)
-    forwards: int = 0
-
-
-CONFIG_KEY = web.AppKey("config", ServerConfig)
-STATE_KEY = web.AppKey("state", NodeState)
 
 
 # ----------------------------------------------------------------------------------- middleware
@@ -290,6 +269,8 @@ async def info(request: web.Request) -> web.Response:
                 "batches": state.batcher.stats.batches,
                 "batched_rows": state.batcher.stats.rows,
                 "largest_batch": state.batcher.stats.largest_batch,
+                "stream_bytes_in": state.stream_bytes_in,
+                "stream_bytes_out": state.stream_bytes_out,
             },
             "max_batch": config.max_batch,
             "max_queued": config.max_queued,
@@ -357,7 +338,10 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
     )
     app.cleanup_ctx.append(_evictor)
     app.cleanup_ctx.append(_executor)
+    app.cleanup_ctx.append(close_links)
+    app.on_shutdown.append(close_streams)
     app.router.add_post("/v1/forward", forward)
+    app.router.add_get("/v1/stream", stream)
     app.router.add_delete("/v1/sessions/{session}", delete_session)
     app.router.add_get("/info", info)
     app.router.add_get("/health", health)
