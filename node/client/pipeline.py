@@ -78,6 +78,11 @@ class Timings:
     wire_bytes_received: int = 0
 
     @property
+    def total_ms(self) -> float:
+        """Prompt in → last token chosen."""
+        return self.prefill_ms + self.decode_ms
+
+    @property
     def decode_tok_s(self) -> float:
         steps = self.decode_steps
         return steps / (self.decode_ms / 1000) if steps > 0 and self.decode_ms > 0 else 0.0

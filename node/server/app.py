@@ -36,7 +36,7 @@ from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, SessionStore, short_tag
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState
 from node.server.stream import close_links, close_streams, stream
-from protocol.errors import PlanetError
+from protocol.errors import BusyError, PlanetError
 from protocol.frames import (
     VERSION,
     Frame,
@@ -129,9 +129,9 @@ async def _run_forward(
     async with session.lock:
         if session.cache is None:  # closed while we waited
             raise SessionExpiredError(short_tag(tag))
-        store.check_start(session, h.start)
         state.in_flight += 1
         try:
+            store.check_start(session, h.start)
             hidden = frame.array()  # rejects NaN/Inf before the cache is touched
             out, compute_s = await state.batcher.run(peer, session.cache, hidden, h.start)
             if session.cache is None:  # evicted while it computed
@@ -140,9 +140,11 @@ async def _run_forward(
                 answer, cache_bytes = _answer(state.backend, frame, out, session.cache)
             except FrameError as error:
                 raise _AnswerRejected(error) from None
-        except FrameError:
+        except (FrameError, BusyError):  # refused before the cache moved: give the room back
             if new:
                 store.close(tag, remember=False)
+            else:
+                store.release(session, h.count)
             raise
         except _AnswerRejected as rejected:  # the cache holds positions the client never got
             store.close(tag)
@@ -215,10 +217,11 @@ async def _forward(
     session = state.store.lookup(tag, h.start)
     new = session is None
     owner = peer if session is None else session.peer  # who is charged for the positions
-    for victim in state.store.reserve(h.count, new_session=new, peer=owner):
+    for victim in state.store.reserve(h.count, new_session=new, peer=owner, session=session):
         log.info("session reclaimed for another caller session=%s", short_tag(victim))
     if session is None:
         session = state.store.open(tag, state.backend.new_cache(), peer=peer)
+        state.store.hold(session, h.count)
         log.info(
             "session opened session=%s peer=%s sessions=%d", short_tag(tag), peer, len(state.store)
         )

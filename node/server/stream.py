@@ -326,14 +326,18 @@ async def _compute(state: NodeState, route: Route, header: DataHeader, body: mem
             if session.cache is None:
                 raise SessionExpiredError(short_tag(session.tag))
             store.check_start(session, header.start)
-            for victim in store.reserve(header.count, new_session=False, peer=session.peer):
-                log.info("session reclaimed for another caller session=%s", short_tag(victim))
             hidden = decode_values(
                 header.dtype, header.codec, (1, header.count, state.backend.hidden_size), body
             )
+            reclaimed = store.reserve(
+                header.count, new_session=False, peer=session.peer, session=session
+            )
+            for victim in reclaimed:
+                log.info("session reclaimed for another caller session=%s", short_tag(victim))
             try:
                 out, _ = await state.batcher.run(session.peer, session.cache, hidden, header.start)
             except BusyError:
+                store.release(session, header.count)
                 raise
             except Exception as error:
                 store.close(session.tag, remember=False)
