@@ -12,9 +12,10 @@ Everything is measured in one run, side by side and interleaved (the machine is 
   the real ChainClient (node-to-node forwarding over one WebSocket per link, protocol/stream.py);
 - star_pipeline_K: the same nodes driven by PipelineClient (star relay over HTTP POST), the
   previous transport, measured beside it;
-- wire bytes per generated token over all hops, framing included: the bytes every process
-  (the nodes and this client) handed to write/send syscalls (/proc/<pid>/io `wchar`), for a
-  long minus a short generation, divided by the extra tokens — the same method for both.
+- wire bytes per generated token over all hops, framing included (HTTP headers for the star,
+  WebSocket framing and control messages for the chain): the client's TCP sockets' payload
+  bytes (TCP_INFO) plus, for the chain, the nodes' WebSocket bytes to their next hop (/info),
+  for a 40-token minus an 8-token generation, divided by the 32 extra tokens.
 Decode rate counts forward steps after the first token; EOS is ignored so every run decodes
 the same number of tokens. Prefill = prompt in → first token chosen.
 """
@@ -140,30 +141,90 @@ async def _pipeline_run(
     return tokens, timings
 
 
-def _wchar(pids: list[int]) -> int:
-    """Bytes the processes handed to write/send syscalls so far (/proc/<pid>/io)."""
+class _SocketBytes:
+    """Records the client's TCP sockets; their payload bytes sent and received from TCP_INFO
+    (tcpi_bytes_acked, tcpi_bytes_received: what crossed loopback, HTTP/WebSocket framing
+    included, TCP/IP headers not)."""
+
+    def __init__(self) -> None:
+        self.sockets: list[Any] = []
+
+    def factory(self, addr_info: Any) -> Any:
+        import socket
+
+        family, kind, proto, _, _ = addr_info
+        sock = socket.socket(family=family, type=kind, proto=proto)
+        self.sockets.append(sock)
+        return sock
+
+    def total(self) -> int:
+        import socket
+        import struct
+
+        total = 0
+        for sock in self.sockets:
+            if sock.fileno() < 0:
+                continue
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 136)
+            acked, received = struct.unpack_from("=QQ", info, 120)
+            total += acked + received
+        return total
+
+
+def _forwarded(hops: list[Any]) -> int:
+    """Bytes the nodes sent to their next hop (chain), from /info."""
+    import json
+    import urllib.request
+
     total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/io", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("wchar:"):
-                    total += int(line.split()[1])
+    for hop in hops:
+        with urllib.request.urlopen(f"{hop.url}/info", timeout=10) as answer:
+            total += int(json.loads(answer.read())["load"].get("stream_bytes_forwarded", 0))
     return total
 
 
-def wire_bytes_per_token(
-    hops: list[Any], pids: list[int], head: Any, ids: list[int], transport: str, **kw: Any
-) -> float:
-    """Loopback bytes per generated token over all hops (syscall writes of nodes + client),
-    from a 40-token minus an 8-token generation (prefill and session set-up cancel out)."""
-    import os
+async def _counted_run(
+    hops: list[Any], head: Any, ids: list[int], tokens: int, transport: str, dtype: str, codec: str
+) -> int:
+    """Loopback bytes of one generation over all hops, framing included."""
+    import aiohttp
 
-    pids = [*pids, os.getpid()]
-    used = []
-    for tokens in (8, 40):
-        before = _wchar(pids)
-        asyncio.run(_pipeline_run(hops, head, ids, tokens, transport=transport, **kw))
-        used.append(_wchar(pids) - before)
+    from node.client.chain import ChainClient
+    from node.client.pipeline import PipelineClient
+
+    counter = _SocketBytes()
+    connector = aiohttp.TCPConnector(socket_factory=counter.factory)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        client: Any
+        if transport == "chain":
+            hidden = int(head.embed_np([ids[0]]).shape[2])
+            client = ChainClient(hops, hidden_size=hidden, dtype=dtype, codec=codec, http=http)
+        else:
+            client = PipelineClient(hops, dtype=dtype, codec=codec, http=http)
+        forwarded = _forwarded(hops)
+        async with client:
+            gen = client.generate(head, ids, max_new_tokens=tokens, stop_on_eos=False)
+            async for _ in gen:
+                pass
+            await asyncio.sleep(0.2)  # let the last ACKs land
+            used = counter.total()
+        return used + _forwarded(hops) - forwarded
+
+
+def wire_bytes_per_token(
+    hops: list[Any],
+    head: Any,
+    ids: list[int],
+    transport: str,
+    dtype: str = "float32",
+    codec: str = "raw",
+) -> float:
+    """Loopback bytes per generated token over all hops (client sockets + node-to-node), from
+    a 40-token minus an 8-token generation (prefill and session set-up cancel out)."""
+    used = [
+        asyncio.run(_counted_run(hops, head, ids, tokens, transport, dtype, codec))
+        for tokens in (8, 40)
+    ]
     return (used[1] - used[0]) / 32
 
 
@@ -399,17 +460,22 @@ def main(argv: list[str] | None = None) -> int:
 
         # ---- wire bytes per generated token, all hops, framing included ----------------
         wire_parts = 3 if 3 in hops else parts_list[-1]
-        pids = [n.pid for n in circuits[wire_parts][1]]
-        for transport, dtype, label in (
-            ("star", "float32", "star_raw"),
-            ("chain", "float32", "chain_raw"),
-            ("chain", "float16", "chain_fp16"),
-        ):
+        wire_runs = (
+            ("star", "float32", "raw", "star_raw"),
+            ("chain", "float32", "raw", "chain_raw"),
+            ("chain", "float16", "raw", "chain_fp16"),
+            ("chain", "float32", COMPRESSED_CODEC, "chain_compressed"),
+        )
+        for transport, dtype, codec, label in wire_runs:
             metrics[f"wire_bytes_per_token_{label}_{wire_parts}"] = round(
-                wire_bytes_per_token(hops[wire_parts], pids, head, ids, transport, dtype=dtype)
+                wire_bytes_per_token(hops[wire_parts], head, ids, transport, dtype, codec)
             )
         star_bytes = metrics[f"wire_bytes_per_token_star_raw_{wire_parts}"]
-        for label in ("chain_raw", "chain_fp16"):
+        metrics["wire_bytes_per_token_star_raw_issue_baseline"] = 22900
+        for label in ("chain_raw", "chain_fp16", "chain_compressed"):
+            metrics[f"ratio_wire_bytes_{label}_vs_issue_baseline"] = round(
+                metrics[f"wire_bytes_per_token_{label}_{wire_parts}"] / 22900, 3
+            )
             metrics[f"ratio_wire_bytes_{label}_vs_star_raw"] = round(
                 metrics[f"wire_bytes_per_token_{label}_{wire_parts}"] / star_bytes, 3
             )

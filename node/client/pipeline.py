@@ -121,6 +121,7 @@ class PipelineClient:
         dtype: str = "float32",
         request_timeout_s: float = 120.0,
         prefill_chunk: int = 2048,
+        http: aiohttp.ClientSession | None = None,
     ) -> None:
         if not hops:
             raise ConfigError("a circuit needs at least one node")
@@ -129,9 +130,13 @@ class PipelineClient:
         self.dtype = dtype
         self.request_timeout_s = request_timeout_s
         self.prefill_chunk = prefill_chunk
+        self._given_http = http  # borrowed (not closed here) when given
         self._http: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> PipelineClient:
+        if self._given_http is not None:
+            self._http = self._given_http
+            return self
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=300)
         self._http = aiohttp.ClientSession(
             connector=connector,
@@ -141,9 +146,9 @@ class PipelineClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._http is not None:
+        if self._http is not None and self._given_http is None:
             await self._http.close()
-            self._http = None
+        self._http = None
 
     @property
     def http(self) -> aiohttp.ClientSession:

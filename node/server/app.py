@@ -274,6 +274,7 @@ async def info(request: web.Request) -> web.Response:
                 "largest_batch": state.batcher.stats.largest_batch,
                 "stream_bytes_in": state.stream_bytes_in,
                 "stream_bytes_out": state.stream_bytes_out,
+                "stream_bytes_forwarded": state.stream_bytes_forwarded,
             },
             "max_batch": config.max_batch,
             "max_queued": config.max_queued,

@@ -42,6 +42,7 @@ class NodeState:
     streams: set[Any] = field(default_factory=set)  # accepted WebSockets (closed on shutdown)
     stream_bytes_in: int = 0  # WebSocket bytes received on streams (framing included)
     stream_bytes_out: int = 0  # WebSocket bytes sent on streams (framing included)
+    stream_bytes_forwarded: int = 0  # of which to the next hop (data messages)
 
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)

@@ -121,7 +121,9 @@ class DownLink:
             await self.ws.send_bytes(data)
         except (ConnectionError, RuntimeError) as error:
             raise DownstreamError(f"link to next hop {self.url} failed: {error}") from None
-        self.state.stream_bytes_out += ws_frame_bytes(len(data), masked=True)
+        sent = ws_frame_bytes(len(data), masked=True)
+        self.state.stream_bytes_out += sent
+        self.state.stream_bytes_forwarded += sent
 
     async def close(self) -> None:
         await self.ws.close()
