@@ -225,7 +225,8 @@ async def _open(state: NodeState, link: _Link, control: Control) -> None:
         raise WrongShardError(int(control.shard or 0), backend.shard_id)
     if control.sid in link.opened or control.sid in link.inbound:
         raise BadControlError(f"sid {control.sid} is already in use on this link")
-    assert control.session is not None  # parse_control guarantees it for "open"
+    if control.session is None:  # parse_control sets it for every "open"
+        raise BadControlError("open needs a session capability")
     tag = session_tag(control.session)
     if tag in state.store:
         raise BadControlError(f"session {short_tag(tag)} is already open")
@@ -266,7 +267,8 @@ async def _control(state: NodeState, link: _Link, text: str) -> None:
         if control.op == "open":
             await _open(state, link, control)
         elif control.op == "attach":
-            assert control.feed is not None
+            if control.feed is None:  # parse_control sets it for every "attach"
+                raise BadControlError("attach needs a feed token")
             route = state.routes_by_feed.get(session_tag(control.feed))
             if route is None or route.session.cache is None:
                 raise BadFeedError("no open session expects this feed token")
@@ -366,8 +368,7 @@ async def _compute(state: NodeState, route: Route, header: DataHeader, body: mem
                     route.reply_sid, start, count, header.dtype, header.codec, header.last_only
                 )
                 await _send(state, route.reply, pack_data(out_header, encoded))
-            else:
-                assert route.down is not None
+            elif route.down is not None:
                 out_header = DataHeader(
                     route.down_sid, start, count, header.dtype, header.codec, header.last_only
                 )
