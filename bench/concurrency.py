@@ -5,10 +5,13 @@ aggregate decode tok/s and p99 inter-token time — one JSON object on stdout, l
     python bench/concurrency.py --sessions 1,8 --new-tokens 8
 
 Real node processes (started as `planet local up` starts them, via node/server/launcher.py) on
-loopback ports picked free at start, driven by the real PipelineClient: every session is one
-`generate` call, all sessions of a sweep point run concurrently on one event loop (so all come
-from one client address: the nodes are started with per-peer quotas raised to the sweep's
-largest point, otherwise the node's default of 16 sessions per peer would answer `busy`).
+loopback ports picked free at start, driven by the real ChainClient (node-to-node forwarding,
+one WebSocket per link; `--transport star` for the PipelineClient star relay): every session is
+one `generate` call, all sessions of a sweep point run concurrently on one event loop over the
+same links (so all come from one client address: the nodes are started with per-peer quotas
+raised to the sweep's largest point, otherwise the node's default of 16 sessions per peer would
+answer `busy`). Decode steps of sessions that reach a shard together run as one batched forward
+(node/server/batcher.py); the nodes' batch statistics are reported.
 A failed session fails the run (its error is logged and counted in `failed_sessions_<n>`).
 
 Aggregate rate = tokens decoded after each session's first token, summed over sessions, over
@@ -43,12 +46,9 @@ PROMPTS = (
     "What makes a good cup of tea?",
 )
 PORTS = (18800, 19000)
-# The issue's GPU sweep (a Llama-3-8B-shaped model with random weights, int4, 4 shards on one
-# GPU). MODEL_DIR must hold such a model; no generator for an 8B random model exists yet.
-GPU_COMMAND = (
-    "python bench/concurrency.py --device cuda --model $MODEL_DIR --quant int4 --parts 4 "
-    "--sessions 1,8,32 --new-tokens 64"
-)
+# The issue's GPU sweep (a Llama-3-8B-shaped model with random weights, bf16 and int4, 4 shards
+# on one GPU): bench/gpu_sweep.py.
+GPU_COMMAND = "python bench/gpu_sweep.py --quants bf16,int8,int4 --sessions 32 --new-tokens 64"
 
 
 async def _session(client: Any, head: Any, ids: list[int], new_tokens: int) -> list[float]:
@@ -59,14 +59,23 @@ async def _session(client: Any, head: Any, ids: list[int], new_tokens: int) -> l
     return stamps
 
 
-async def sweep_point(hops: list[Any], head: Any, sessions: int, new_tokens: int) -> dict[str, Any]:
+async def sweep_point(
+    hops: list[Any], head: Any, sessions: int, new_tokens: int, transport: str = "chain"
+) -> dict[str, Any]:
+    from node.client.chain import ChainClient
     from node.client.pipeline import PipelineClient
 
     prompts = [
         head.chat_ids([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
         for i in range(sessions)
     ]
-    async with PipelineClient(hops, request_timeout_s=600.0) as client:
+    client: Any
+    if transport == "chain":
+        hidden = int(head.embed_np([prompts[0][0]]).shape[2])
+        client = ChainClient(hops, hidden_size=hidden, request_timeout_s=600.0)
+    else:
+        client = PipelineClient(hops, request_timeout_s=600.0)
+    async with client:
         results = await asyncio.gather(
             *(_session(client, head, ids, new_tokens) for ids in prompts),
             return_exceptions=True,
@@ -87,6 +96,20 @@ async def sweep_point(hops: list[Any], head: Any, sessions: int, new_tokens: int
     }
 
 
+def _batch_stats(hops: list[Any]) -> tuple[int, int]:
+    """(forward calls, rows computed) summed over the nodes' /info."""
+    import json
+    import urllib.request
+
+    batches = rows = 0
+    for hop in hops:
+        with urllib.request.urlopen(f"{hop.url}/info", timeout=10) as answer:
+            load = json.loads(answer.read())["load"]
+        batches += int(load["batches"])
+        rows += int(load["batched_rows"])
+    return batches, rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", default="1,8,32", help="sweep points (default 1,8,32)")
@@ -95,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="default", help="'default' or a local HF directory")
     parser.add_argument("--quant", default="none", help="none, int8 or int4 shards")
     parser.add_argument("--device", default="cpu", help="nodes' device: cpu (default) or cuda")
+    parser.add_argument("--transport", default="chain", choices=("chain", "star"))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
@@ -108,12 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     from node.server.run import configure_torch_threads
 
     configure_torch_threads(0)
+    load_start = [round(x, 2) for x in __import__("os").getloadavg()]
     most = max(points)
     quota = [
         "--max-sessions", str(max(64, 2 * most)),
         "--max-sessions-per-peer", str(2 * most),
         "--max-inflight-per-peer", str(2 * most),
         "--max-cache-mb-per-peer", "2048",
+        "--max-batch", str(max(1, most)),
         "--device", args.device,
     ]  # fmt: skip
     manifest = Path(
@@ -131,10 +157,16 @@ def main(argv: list[str] | None = None) -> int:
         wait_healthy(nodes, timeout_s=300)
         head = NumpyHead(manifest)
         hops = [Hop(url=n.url, shard=n.shard) for n in nodes]
-        asyncio.run(sweep_point(hops, head, 1, 4))  # warm-up
+        asyncio.run(sweep_point(hops, head, 1, 4, args.transport))  # warm-up
         for n in points:
             log.info("%d concurrent sessions x %d tokens", n, args.new_tokens)
-            result = asyncio.run(sweep_point(hops, head, n, args.new_tokens))
+            before = _batch_stats(hops)
+            result = asyncio.run(sweep_point(hops, head, n, args.new_tokens, args.transport))
+            after = _batch_stats(hops)
+            batches = after[0] - before[0]
+            metrics[f"mean_batch_rows_sessions_{n}"] = (
+                round((after[1] - before[1]) / batches, 2) if batches else 0.0
+            )
             log.info("  %s", {k: round(v, 2) for k, v in result.items()})
             metrics[f"decode_tok_s_sessions_{n}"] = round(result["tok_s"], 2)
             metrics[f"p50_inter_token_ms_sessions_{n}"] = round(result["p50_ms"], 1)
@@ -158,11 +190,14 @@ def main(argv: list[str] | None = None) -> int:
             "sessions": points,
             "new_tokens_per_session": args.new_tokens,
             "codec": "raw",
+            "transport": args.transport,
+            "loadavg_start": load_start,
+            "loadavg_end": [round(x, 2) for x in __import__("os").getloadavg()],
             "node_flags": quota,
             "client": "one PipelineClient, all sessions on one event loop (one peer address)",
             "note": "shared 2-core box under load from other engineers; absolute rates noisy",
             "gpu_sweep_command": GPU_COMMAND,
-            "gpu_sweep_status": "not run: no GPU lent to this task",
+            "gpu_sweep_status": "not run here: no GPU lent to this task",
         },
         "metrics": metrics,
         "targets": {f"failed_sessions_{n}": {"op": "==", "value": 0} for n in points}

@@ -9,7 +9,13 @@ Everything is measured in one run, side by side and interleaved (the machine is 
   user would run), and the same ShardModel code path chained in-process (no HTTP), which
   isolates what the network hops cost;
 - pipeline_K: K node processes on loopback started as `planet local up` starts them, driven by
-  the real PipelineClient (star with zero-copy relay, keep-alive connections).
+  the real ChainClient (node-to-node forwarding over one WebSocket per link, protocol/stream.py);
+- star_pipeline_K: the same nodes driven by PipelineClient (star relay over HTTP POST), the
+  previous transport, measured beside it;
+- wire bytes per generated token over all hops, framing included (HTTP headers for the star,
+  WebSocket framing and control messages for the chain): the client's TCP sockets' payload
+  bytes (TCP_INFO) plus, for the chain, the nodes' WebSocket bytes to their next hop (/info),
+  for a 40-token minus an 8-token generation, divided by the 32 extra tokens.
 Decode rate counts forward steps after the first token; EOS is ignored so every run decodes
 the same number of tokens. Prefill = prompt in → first token chosen.
 """
@@ -45,6 +51,7 @@ CHECK_PROMPTS: list[list[dict[str, str]]] = [
     ],
 ]
 PORTS = (18100, 18300)
+TRANSPORTS = ("chain", "star")
 
 
 class _Stamps:
@@ -111,11 +118,20 @@ async def _pipeline_run(
     new_tokens: int,
     codec: str = "raw",
     stop_on_eos: bool = False,
+    transport: str = "chain",
+    dtype: str = "float32",
 ) -> tuple[list[int], Any]:
+    from node.client.chain import ChainClient
     from node.client.pipeline import PipelineClient, Timings
 
     timings = Timings()
-    async with PipelineClient(hops, codec=codec) as client:
+    client: Any
+    if transport == "chain":
+        hidden = int(head.embed_np([ids[0]]).shape[2])
+        client = ChainClient(hops, hidden_size=hidden, codec=codec, dtype=dtype)
+    else:
+        client = PipelineClient(hops, codec=codec, dtype=dtype)
+    async with client:
         tokens = [
             t
             async for t in client.generate(
@@ -123,6 +139,93 @@ async def _pipeline_run(
             )
         ]
     return tokens, timings
+
+
+class _SocketBytes:
+    """Records the client's TCP sockets; their payload bytes sent and received from TCP_INFO
+    (tcpi_bytes_acked, tcpi_bytes_received: what crossed loopback, HTTP/WebSocket framing
+    included, TCP/IP headers not)."""
+
+    def __init__(self) -> None:
+        self.sockets: list[Any] = []
+
+    def factory(self, addr_info: Any) -> Any:
+        import socket
+
+        family, kind, proto, _, _ = addr_info
+        sock = socket.socket(family=family, type=kind, proto=proto)
+        self.sockets.append(sock)
+        return sock
+
+    def total(self) -> int:
+        import socket
+        import struct
+
+        total = 0
+        for sock in self.sockets:
+            if sock.fileno() < 0:
+                continue
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 136)
+            acked, received = struct.unpack_from("=QQ", info, 120)
+            total += acked + received
+        return total
+
+
+def _forwarded(hops: list[Any]) -> int:
+    """Bytes the nodes sent to their next hop (chain), from /info."""
+    import json
+    import urllib.request
+
+    total = 0
+    for hop in hops:
+        with urllib.request.urlopen(f"{hop.url}/info", timeout=10) as answer:
+            total += int(json.loads(answer.read())["load"].get("stream_bytes_forwarded", 0))
+    return total
+
+
+async def _counted_run(
+    hops: list[Any], head: Any, ids: list[int], tokens: int, transport: str, dtype: str, codec: str
+) -> int:
+    """Loopback bytes of one generation over all hops, framing included."""
+    import aiohttp
+
+    from node.client.chain import ChainClient
+    from node.client.pipeline import PipelineClient
+
+    counter = _SocketBytes()
+    connector = aiohttp.TCPConnector(socket_factory=counter.factory)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        client: Any
+        if transport == "chain":
+            hidden = int(head.embed_np([ids[0]]).shape[2])
+            client = ChainClient(hops, hidden_size=hidden, dtype=dtype, codec=codec, http=http)
+        else:
+            client = PipelineClient(hops, dtype=dtype, codec=codec, http=http)
+        forwarded = _forwarded(hops)
+        async with client:
+            gen = client.generate(head, ids, max_new_tokens=tokens, stop_on_eos=False)
+            async for _ in gen:
+                pass
+            await asyncio.sleep(0.2)  # let the last ACKs land
+            used = counter.total()
+        return used + _forwarded(hops) - forwarded
+
+
+def wire_bytes_per_token(
+    hops: list[Any],
+    head: Any,
+    ids: list[int],
+    transport: str,
+    dtype: str = "float32",
+    codec: str = "raw",
+) -> float:
+    """Loopback bytes per generated token over all hops (client sockets + node-to-node), from
+    a 40-token minus an 8-token generation (prefill and session set-up cancel out)."""
+    used = [
+        asyncio.run(_counted_run(hops, head, ids, tokens, transport, dtype, codec))
+        for tokens in (8, 40)
+    ]
+    return (used[1] - used[0]) / 32
 
 
 def start_circuit(parts: int, run_dir: Path) -> tuple[Path, list[Any]]:
@@ -237,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="2,3,5", help="pipelines to run (default 2,3,5)")
     parser.add_argument("--skip-ppl", action="store_true")
     parser.add_argument(
+        "--skip-codec", action="store_true", help="skip the compressed-codec greedy check"
+    )
+    parser.add_argument(
         "--monolithic-worker",
         nargs=3,
         metavar=("MANIFEST", "TOKENS", "THREADS"),
@@ -267,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     from protocol.frames import COMPRESSED_CODEC, body_size, encode_body, make_frame
 
     threads = configure_torch_threads(0)
+    load_start = [round(x, 2) for x in os.getloadavg()]
     metrics: dict[str, Any] = {}
     run_dir = Path(tempfile.mkdtemp(prefix="planet-bench-"))
     circuits: dict[int, tuple[Path, list[Any]]] = {}
@@ -287,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         # warm-up: one short run of each (first-call allocations, connection set-up)
         for parts in parts_list:
-            asyncio.run(_pipeline_run(hops[parts], head, ids, 4))
+            for transport in TRANSPORTS:
+                asyncio.run(_pipeline_run(hops[parts], head, ids, 4, transport=transport))
 
         runs: dict[str, list[tuple[float, float]]] = {}
         compute_share: dict[int, list[float]] = {p: [] for p in parts_list}
@@ -298,16 +406,24 @@ def main(argv: list[str] | None = None) -> int:
                 for name, value in run_monolithic(manifest3, new_tokens, mono_threads).items():
                     runs.setdefault(f"{name}_{mono_threads}t", []).append(value)
             for parts in parts_list:
-                _, timings = asyncio.run(_pipeline_run(hops[parts], head, ids, new_tokens))
-                runs.setdefault(f"pipeline_{parts}", []).append(
-                    (timings.prefill_ms, timings.decode_tok_s)
-                )
-                total_ms = timings.prefill_ms + timings.decode_ms
-                compute_share[parts].append(sum(timings.node_compute_ms) / total_ms)
+                for transport in TRANSPORTS:
+                    _, timings = asyncio.run(
+                        _pipeline_run(hops[parts], head, ids, new_tokens, transport=transport)
+                    )
+                    label = f"{'' if transport == 'chain' else 'star_'}pipeline_{parts}"
+                    runs.setdefault(label, []).append(
+                        (timings.prefill_ms, timings.decode_tok_s, timings.total_ms)
+                    )
+                    if transport == "star":
+                        total_ms = timings.prefill_ms + timings.decode_ms
+                        compute_share[parts].append(sum(timings.node_compute_ms) / total_ms)
             log.info("  %s", {k: [round(x, 2) for x in v[-1]] for k, v in runs.items()})
         for name, values in runs.items():
             prefill = [v[0] for v in values]
             decode = [v[1] for v in values]
+            if len(values[0]) > 2:  # pipelines: whole call, prompt in -> last token
+                whole = [new_tokens / (v[2] / 1000) for v in values]
+                metrics[f"whole_tok_s_{name}"] = round(median(whole), 2)
             metrics[f"decode_tok_s_{name}"] = round(median(decode), 2)
             metrics[f"decode_tok_s_{name}_spread"] = spread(decode)
             metrics[f"prefill_ms_{name}"] = round(median(prefill), 1)
@@ -319,14 +435,50 @@ def main(argv: list[str] | None = None) -> int:
             metrics[f"{key}_monolithic_inprocess"] = metrics[f"{key}_monolithic_inprocess_{best}t"]
         mono = metrics["decode_tok_s_monolithic"]
         inp = metrics["decode_tok_s_monolithic_inprocess"]
+        mono_whole = new_tokens / (
+            (metrics["prefill_ms_monolithic"] + 1000 * (new_tokens - 1) / mono) / 1000
+        )
+        metrics["whole_tok_s_monolithic"] = round(mono_whole, 2)
         for parts in parts_list:
             rate = metrics[f"decode_tok_s_pipeline_{parts}"]
+            metrics[f"ratio_whole_pipeline_{parts}_vs_monolithic"] = round(
+                metrics[f"whole_tok_s_pipeline_{parts}"] / mono_whole, 3
+            )
+            metrics[f"ratio_first_token_pipeline_{parts}_vs_monolithic"] = round(
+                metrics[f"prefill_ms_pipeline_{parts}"] / metrics["prefill_ms_monolithic"], 3
+            )
+            star = metrics[f"decode_tok_s_star_pipeline_{parts}"]
+            metrics[f"ratio_decode_star_pipeline_{parts}_vs_monolithic"] = round(star / mono, 3)
             metrics[f"ratio_decode_pipeline_{parts}_vs_monolithic"] = round(rate / mono, 3)
             metrics[f"ratio_decode_pipeline_{parts}_vs_inprocess"] = round(rate / inp, 3)
             metrics[f"hop_overhead_ms_per_token_pipeline_{parts}"] = round(
                 (1000 / rate - 1000 / inp) / parts, 3
             )
-            metrics[f"node_compute_share_pipeline_{parts}"] = round(median(compute_share[parts]), 3)
+            metrics[f"node_compute_share_star_pipeline_{parts}"] = round(
+                median(compute_share[parts]), 3
+            )
+
+        # ---- wire bytes per generated token, all hops, framing included ----------------
+        wire_parts = 3 if 3 in hops else parts_list[-1]
+        wire_runs = (
+            ("star", "float32", "raw", "star_raw"),
+            ("chain", "float32", "raw", "chain_raw"),
+            ("chain", "float16", "raw", "chain_fp16"),
+            ("chain", "float32", COMPRESSED_CODEC, "chain_compressed"),
+        )
+        for transport, dtype, codec, label in wire_runs:
+            metrics[f"wire_bytes_per_token_{label}_{wire_parts}"] = round(
+                wire_bytes_per_token(hops[wire_parts], head, ids, transport, dtype, codec)
+            )
+        star_bytes = metrics[f"wire_bytes_per_token_star_raw_{wire_parts}"]
+        metrics["wire_bytes_per_token_star_raw_issue_baseline"] = 22900
+        for label in ("chain_raw", "chain_fp16", "chain_compressed"):
+            metrics[f"ratio_wire_bytes_{label}_vs_issue_baseline"] = round(
+                metrics[f"wire_bytes_per_token_{label}_{wire_parts}"] / 22900, 3
+            )
+            metrics[f"ratio_wire_bytes_{label}_vs_star_raw"] = round(
+                metrics[f"wire_bytes_per_token_{label}_{wire_parts}"] / star_bytes, 3
+            )
 
         # ---- activations on the wire, and greedy tokens with compression ------------------
         # "compressed" = COMPRESSED_CODEC (rq, what `planet ask --compress` uses); plain
@@ -350,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         metrics[f"activation_bytes_prefill_{len(ids)}_tokens_raw"] = n_prompt * 4
         check_parts = 3 if 3 in hops else parts_list[-1]
-        for codec, label in ((COMPRESSED_CODEC, "compressed"), ("int8", "int8")):
+        checked = () if args.skip_codec else ((COMPRESSED_CODEC, "compressed"), ("int8", "int8"))
+        for codec, label in checked:
             unchanged = []
             first_divergence = []
             for messages in CHECK_PROMPTS:
@@ -399,7 +552,10 @@ def main(argv: list[str] | None = None) -> int:
             "parts": parts_list,
             "prompt_tokens": len(ids),
             "torch_threads": threads,
-            "topology": "star, zero-copy relay, keep-alive HTTP/1.1 on loopback",
+            "topology": "pipeline_K: chain (node-to-node WebSocket forwarding); star_pipeline_K: "
+            "star relay over keep-alive HTTP/1.1; loopback",
+            "loadavg_start": load_start,
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
             "monolithic": "transformers generate, fp32, own process per repeat, 1 and 2 torch "
             "threads measured, the faster one compared",
             "client_omp_wait_policy": "PASSIVE",
@@ -408,7 +564,10 @@ def main(argv: list[str] | None = None) -> int:
         },
         "metrics": metrics,
         "targets": {
-            "ratio_decode_pipeline_3_vs_monolithic": {"op": ">=", "value": 0.9},
+            "ratio_decode_pipeline_3_vs_monolithic": {"op": ">=", "value": 0.95},
+            "ratio_whole_pipeline_3_vs_monolithic": {"op": ">=", "value": 0.95},
+            "ratio_first_token_pipeline_3_vs_monolithic": {"op": "<=", "value": 1.5},
+            "ratio_wire_bytes_chain_fp16_vs_issue_baseline": {"op": "<=", "value": 0.25},
             "ratio_shard_bytes_int8_vs_fp32": {"op": "<=", "value": 0.30},
             "ratio_shard_bytes_int4_vs_fp32": {"op": "<=", "value": 0.18},
             "ratio_ppl_int8_vs_fp32": {"op": "<=", "value": 1.02},

@@ -435,27 +435,34 @@ def encode_body(array: np.ndarray, dtype: str, codec: str) -> bytes:
 
 def decode_body(header: FrameHeader, body: memoryview | bytes) -> np.ndarray:
     """Decode `body` to a writable float32 array of `header.shape` (checks NaN/Inf)."""
-    n = int(np.prod(header.shape))
+    return decode_values(header.dtype, header.codec, header.shape, body)
+
+
+def decode_values(
+    dtype: str, codec: str, shape: tuple[int, ...], body: memoryview | bytes
+) -> np.ndarray:
+    """Decode a body of `codec` to a writable float32 array of `shape` (checks NaN/Inf)."""
+    n = int(np.prod(shape))
     view = memoryview(body)
-    if header.codec == "int8":
+    if codec == "int8":
         out = _decode_int8(view, n)
-    elif header.codec == "hq9":
+    elif codec == "hq9":
         out = _decode_hq9(view, n)
-    elif header.codec == "ohq7":
+    elif codec == "ohq7":
         out = decode_ohq(view, n)
-    elif header.codec == "rq":
+    elif codec == "rq":
         try:
-            out = codec_rq.decode(view, header.shape[1], header.shape[2])
+            out = codec_rq.decode(view, shape[1], shape[2])
         except codec_rq.RqError as error:
             raise _rq_error(error) from None
     else:
-        dt = DTYPES[header.dtype]
+        dt = DTYPES[dtype]
         if len(view) != n * dt.itemsize:
             raise BadBodyError(f"body is {len(view)} bytes, expected {n * dt.itemsize}")
         out = np.frombuffer(view, dtype=dt, count=n).astype(np.float32)
         if not np.isfinite(out).all():
             raise NonFiniteError("activations contain NaN or Inf")
-    return out.reshape(header.shape)
+    return out.reshape(shape)
 
 
 # --------------------------------------------------------------------------------------- encode

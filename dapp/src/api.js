@@ -49,6 +49,8 @@ async function getJson(path) {
 export const loadConfig = () => getJson("/dapp/config.json");
 export const loadPools = async () => (await getJson("/v1/pools")).data;
 export const loadNetwork = () => getJson("/v1/network");
+// {payer, held_wei}: what this gateway holds against the payer's prepaid balance.
+export const loadPrepaid = (address) => getJson(`/dapp/prepaid/${encodeURIComponent(address)}`);
 
 // POST /v1/chat/completions with stream:true; calls onText(delta) as text arrives and returns
 // {text, receipt, usage, finish} (finish: "stop" or "length"). A failure after the stream

@@ -26,6 +26,12 @@ const ESCROW_REVERTS = {
   NotDepositor: "Only the account that paid for this question can refund it.",
   QueryExists: "This query id was already used; try again (a new id is drawn each time).",
   InvalidDepositAmount: "The escrow does not accept a deposit of this size.",
+  BalanceOverflow: "The prepaid balance cannot hold that much more.",
+  NothingToWithdraw: "Your prepaid balance is empty: there is nothing to withdraw.",
+  WithdrawalAlreadyRequested: "A withdrawal of your prepaid balance is already pending.",
+  WithdrawalNotRequested: "No withdrawal is pending: request one first.",
+  WithdrawalNotYetAvailable:
+    "The withdrawal is not open yet: it opens once the refund timeout has passed on the chain.",
 };
 
 const GATEWAY_CODES = {
@@ -36,10 +42,36 @@ const GATEWAY_CODES = {
   payment_used: "This payment was already used for another answer.",
   payment_wrong_model: "The deposit was made for another model.",
   payment_malformed: "The payment proof was not accepted.",
+  payment_expiring: "The deposit's refund opens too soon for the gateway to be paid; ask again.",
 };
 
-export function explain(error, context = "") {
+// The prepaid path (a voucher charged to the balance): what went wrong and what to do.
+const PREPAID_CODES = {
+  voucher_malformed: "The gateway could not read the voucher; reload the page and ask again.",
+  voucher_expired:
+    "The voucher expired before the gateway got it; ask again (a new one is signed).",
+  voucher_expiry_too_far:
+    "The voucher's expiry is further away than this gateway accepts; check your computer's clock.",
+  voucher_over_cap:
+    "The voucher's limit is lower than this question may cost; ask again " +
+    "(the limit follows the question's length).",
+  voucher_replayed: "This voucher was already used; ask again (each question signs a new one).",
+  voucher_invalid: "The voucher's signature was not valid for this gateway; sign again.",
+  balance_withdrawing:
+    "Your prepaid balance is being withdrawn, so the gateway does not accept vouchers from it. " +
+    "Cancel the withdrawal or pay per question.",
+  balance_insufficient:
+    "Your prepaid balance (minus what the gateway already holds for your recent questions) " +
+    "does not cover this question. Add funds or pay per question.",
+};
+
+// `prepaid`: the question was paid by a voucher (nothing to refund: an unanswered question is
+// not charged to the balance).
+export function explain(error, context = "", { prepaid = false } = {}) {
   const prefix = context ? `${context}: ` : "";
+  const after = prepaid
+    ? "your prepaid balance is not charged for it."
+    : "the deposit can be refunded after the timeout.";
   if (error instanceof UnreachableError) {
     return {
       text:
@@ -48,6 +80,13 @@ export function explain(error, context = "") {
     };
   }
   if (error instanceof GatewayError) {
+    if (error.status === 402 && PREPAID_CODES[error.code]) {
+      return {
+        text:
+          `${prefix}the prepaid balance did not pay. ` +
+          `${PREPAID_CODES[error.code]} (${error.message})`,
+      };
+    }
     if (error.status === 402) {
       const plain = GATEWAY_CODES[error.code] || "The gateway did not accept the payment.";
       return { text: `${prefix}unpaid or underfunded question. ${plain} (${error.message})` };
@@ -55,8 +94,7 @@ export function explain(error, context = "") {
     if (error.code === "no_routable_node") {
       return {
         text:
-          `${prefix}the pool is incomplete: ${error.message}. You were not charged; ` +
-          "the deposit can be refunded after the timeout.",
+          `${prefix}the pool is incomplete: ${error.message}. You were not charged; ${after}`,
       };
     }
     if (error.code === "committee_unavailable" || error.code === "chain_unavailable") {
@@ -66,7 +104,7 @@ export function explain(error, context = "") {
       return {
         text:
           `${prefix}a compute node failed while answering (${error.message}). You were not ` +
-          "charged; the deposit can be refunded after the timeout.",
+          `charged; ${after}`,
       };
     }
     return { text: `${prefix}the gateway refused: ${error.message}` };
@@ -81,7 +119,7 @@ export function explain(error, context = "") {
   }
   if ((error && error.code === "INSUFFICIENT_FUNDS") || words.includes("insufficient funds")) {
     return {
-      text: `${prefix}insufficient funds: this account does not hold enough ETH for the deposit and gas.`,
+      text: `${prefix}insufficient funds: this account does not hold enough ETH for the amount and gas.`,
     };
   }
   const revert = error && error.revert && error.revert.name;

@@ -1,15 +1,21 @@
-// The page: wires the wallet, the pools, a paid streamed question, receipts, refunds and the
-// network view. Read-only when no EIP-1193 wallet is injected.
+// The page: wires the wallet, the pools, a paid streamed question (per-query deposit or a
+// voucher on the prepaid balance), receipts, refunds, the prepaid balance and the network view.
+// Read-only when no EIP-1193 wallet is injected.
 import { askStreaming, loadConfig, loadNetwork, loadPools } from "./api.js";
 import { explain } from "./errors.js";
 import {
   QUERY_PAYMENT_TYPES,
+  VOUCHER_TYPES,
   apiKey,
   checkReceipt,
   depositFor,
   newQueryId,
   paymentMessage,
+  voucherExpiry,
+  voucherKey,
+  voucherMessage,
 } from "./payment.js";
+import { PrepaidCard } from "./prepaid.js";
 import { Questions, STATUS } from "./questions.js";
 import { $, el, eth, renderNetwork, renderPools, short, toast, weiAndEth } from "./view.js";
 import { Wallet } from "./wallet.js";
@@ -22,6 +28,8 @@ const state = {
   questions: null,
   busy: false,
   refundTimeout: null,
+  mode: "deposit", // "deposit": per-query deposit; "prepaid": a voucher on the prepaid balance
+  prepaid: null, // PrepaidCard once a wallet is injected
 };
 
 // ------------------------------------------------------------------------------ notices
@@ -68,6 +76,7 @@ async function refreshBalance() {
   } catch {
     $("balance").textContent = "balance unavailable";
   }
+  if (state.prepaid) await state.prepaid.refresh();
 }
 
 function pool() {
@@ -80,6 +89,7 @@ function updatePay() {
   const current = pool();
   const complete = current && current.status !== "incomplete";
   $("pay").disabled = !(ready && complete) || state.busy;
+  $("pay").textContent = state.mode === "prepaid" ? "Ask with prepaid balance" : "Pay and ask";
   if (!wallet) $("pay").title = "read-only: no wallet";
   else if (!wallet.account) $("pay").title = "connect your wallet first";
   else if (!wallet.onRightChain) $("pay").title = "switch your wallet to this network first";
@@ -99,6 +109,7 @@ async function checkChain() {
   } else {
     setBadge("bad", `Wrong network: chain ${wallet.chainId}`);
     $("balance").hidden = true;
+    $("prepaid-card").hidden = true;
     notify(
       `Your wallet is on chain ${wallet.chainId}, but this gateway is paid on ` +
         `${config.chain_name} (chain ${config.chain_id}). Switch networks to ask.`,
@@ -187,8 +198,11 @@ function updateEstimate() {
   try {
     const amount = depositFor($("question").value, maxTokens, current.price_wei_per_token);
     $("estimate").textContent =
-      `Deposit for this question: ${weiAndEth(amount)} (plus gas). ` +
-      "You pay only for the tokens used; the rest stays refundable.";
+      state.mode === "prepaid"
+        ? `Voucher limit for this question: ${weiAndEth(amount)}, no gas. ` +
+          "Only the tokens used are charged to your prepaid balance."
+        : `Deposit for this question: ${weiAndEth(amount)} (plus gas). ` +
+          "You pay only for the tokens used; the rest stays refundable.";
   } catch (error) {
     $("estimate").textContent = error.message;
   }
@@ -226,7 +240,8 @@ async function ask(event) {
   state.busy = true;
   updatePay();
   try {
-    await payAndAsk(wallet, config, question, maxTokens);
+    if (state.mode === "prepaid") await askWithVoucher(wallet, config, question, maxTokens);
+    else await payAndAsk(wallet, config, question, maxTokens);
   } finally {
     state.busy = false;
     step("");
@@ -283,26 +298,86 @@ async function payAndAsk(wallet, config, question, maxTokens) {
   const key = apiKey(queryId, amount, signature);
 
   step("Step 3 of 3: the network is answering…");
+  state.questions.update(queryId, { status: STATUS.asked });
+  const result = await streamAnswer(key, question, maxTokens, queryId, amount, false);
+  if (!result) {
+    state.questions.update(queryId, { status: STATUS.failed });
+    return;
+  }
+  state.questions.update(queryId, { status: STATUS.answered, receipt: result.receipt });
+  await showReceipt(queryId, amount, result.receipt);
+  toast("Answer received", queryId);
+}
+
+// The prepaid path: check the balance, sign a voucher capped at the same quote the per-query
+// path deposits (no transaction), ask. Nothing to refund: an unanswered question is not charged.
+async function askWithVoucher(wallet, config, question, maxTokens) {
+  const cap = depositFor(question, maxTokens, pool().price_wei_per_token);
+  const info = await state.prepaid.refresh();
+  if (!info) {
+    notify("The prepaid balance could not be read; check the wallet's network and try again.");
+    return;
+  }
+  if (info.withdrawableAt !== 0n) {
+    notify(
+      "Your prepaid balance is being withdrawn, so the gateway accepts no voucher from it. " +
+        "Cancel the withdrawal under “Prepaid balance”, or choose to pay per question.",
+    );
+    return;
+  }
+  if (info.available < cap) {
+    notify(
+      `Not enough prepaid balance: this question may cost up to ${weiAndEth(cap)}, but your ` +
+        `balance has ${weiAndEth(info.available)} available (${eth(info.balance)} in the escrow, ` +
+        `${eth(info.held)} held by the gateway for recent questions until the epoch settles). ` +
+        "Add funds under “Prepaid balance”, or choose to pay per question.",
+    );
+    return;
+  }
+  const queryId = newQueryId();
+  const expiry = voucherExpiry(Date.now(), config);
+  step("Step 1 of 2: sign the voucher in your wallet (no transaction, no gas).");
+  let signature;
+  try {
+    const signer = await wallet.provider.getSigner(wallet.account);
+    signature = await signer.signTypedData(
+      config.payment_domain,
+      VOUCHER_TYPES,
+      voucherMessage(queryId, config, cap, expiry),
+    );
+  } catch (error) {
+    notify(`${explain(error, "The voucher was not signed").text} Nothing was charged.`);
+    return;
+  }
+  step("Step 2 of 2: the network is answering…");
+  const key = voucherKey(queryId, cap, expiry, signature);
+  const result = await streamAnswer(key, question, maxTokens, queryId, cap, true);
+  if (!result) return;
+  await showPrepaidReceipt(queryId, cap, result.receipt);
+  toast("Answer received", queryId);
+}
+
+// Streams the answer into the answer card; returns askStreaming's result, or null after saying
+// why there is none.
+async function streamAnswer(key, question, maxTokens, queryId, amount, prepaid) {
   $("answer-card").hidden = false;
   $("answer-question").textContent = question;
   $("answer").textContent = "";
   $("answer-note").hidden = true;
   $("answer").setAttribute("aria-busy", "true");
-  clearReceipt(queryId, amount);
-  state.questions.update(queryId, { status: STATUS.asked });
+  clearReceipt(queryId, amount, prepaid);
   let result;
   try {
     result = await askStreaming({
       apiKey: key,
-      model: config.model,
+      model: state.config.model,
       question,
       maxTokens,
       onText: (delta) => $("answer").append(delta),
     });
   } catch (error) {
-    state.questions.update(queryId, { status: STATUS.failed });
-    fail(error, "No answer");
-    return;
+    notify(explain(error, "No answer", { prepaid }).text);
+    return null;
   } finally {
     $("answer").setAttribute("aria-busy", "false");
   }
@@ -311,25 +386,29 @@ async function payAndAsk(wallet, config, question, maxTokens) {
       "The answer stopped at the length you chose; ask again with a longer answer length.";
     $("answer-note").hidden = false;
   }
-  state.questions.update(queryId, { status: STATUS.answered, receipt: result.receipt });
-  await showReceipt(queryId, amount, result.receipt);
-  toast("Answer received", queryId);
+  return result;
 }
 
-function clearReceipt(queryId, amount) {
+function clearReceipt(queryId, amount, prepaid) {
   $("r-query").textContent = queryId;
-  $("r-deposit").textContent = weiAndEth(amount);
+  $("r-deposit-label").textContent = prepaid ? "Voucher limit" : "Deposit";
+  $("r-remainder-label").textContent = prepaid ? "Not charged" : "Refundable remainder";
+  $("r-deposit").textContent = prepaid ? `${weiAndEth(amount)} (prepaid)` : weiAndEth(amount);
   for (const id of ["r-tokens", "r-fee", "r-remainder", "r-signature", "r-chain", "r-settlement"]) {
     $(id).textContent = "…";
     $(id).className = "";
   }
+  delete $("r-chain").dataset.amount;
+  delete $("r-chain").dataset.user;
 }
 
-async function showReceipt(queryId, amount, receipt) {
+// The receipt's signed fields and the page's own check of the gateway's signature; false when
+// there is no receipt.
+function showSignedReceipt(queryId, amount, receipt) {
   if (!receipt) {
     $("r-signature").textContent = "the gateway sent no receipt";
     $("r-signature").className = "bad";
-    return;
+    return false;
   }
   const fee = BigInt(receipt.fee_wei);
   $("r-tokens").textContent =
@@ -342,6 +421,33 @@ async function showReceipt(queryId, amount, receipt) {
     ? `verified: signed by the gateway ${short(check.signer)} over ${receipt.nodes.length} nodes`
     : `NOT verified (signer ${check.signer || "unknown"}, circuit ${check.circuitOk ? "ok" : "bad"})`;
   $("r-signature").className = verified ? "good" : "bad";
+  return true;
+}
+
+async function showPrepaidReceipt(queryId, cap, receipt) {
+  if (!showSignedReceipt(queryId, cap, receipt)) return;
+  const voucher = receipt.voucher || {};
+  const mine =
+    String(receipt.payer || "").toLowerCase() === state.wallet.account.toLowerCase() &&
+    voucher.fee_cap_wei === cap.toString();
+  const info = await state.prepaid.refresh();
+  const who = mine
+    ? "charged to your prepaid balance by your voucher"
+    : "the receipt names another payer or voucher limit";
+  const held = info
+    ? ` — in the escrow ${weiAndEth(info.balance)}, held by the gateway ${weiAndEth(info.held)}`
+    : "";
+  $("r-chain").textContent = who + held;
+  $("r-chain").className = mine ? "good" : "bad";
+  $("r-chain").dataset.user = receipt.payer || "";
+  $("r-chain").dataset.amount = info ? info.held.toString() : "";
+  $("r-settlement").textContent =
+    "pending: the committee debits the fee from your prepaid balance when it posts this " +
+    "epoch's payout root; until then the gateway holds it against your balance";
+}
+
+async function showReceipt(queryId, amount, receipt) {
+  if (!showSignedReceipt(queryId, amount, receipt)) return;
   try {
     const escrow = await state.wallet.escrow();
     const onChain = await escrow.depositOf(queryId);
@@ -480,6 +586,14 @@ async function start() {
     return;
   }
   state.wallet = new Wallet(ethereum, state.config);
+  state.prepaid = new PrepaidCard(state.wallet, notify, loadHistory);
+  for (const id of ["mode-deposit", "mode-prepaid"]) {
+    $(id).addEventListener("change", (event) => {
+      state.mode = event.target.value;
+      updateEstimate();
+      updatePay();
+    });
+  }
   $("connect").hidden = false;
   $("connect").addEventListener("click", connect);
   setBadge("unknown", "Wallet not connected");

@@ -1,6 +1,7 @@
 // Paying for one question: the deposit amount, a fresh query id, the EIP-712 QueryPayment the
-// depositor signs (the API key), and the client-side check of the gateway's signed receipt.
-// Mirrors protocol/payment.py (same type strings, same key grammar).
+// depositor signs (the API key) or the Voucher a prepaid payer signs (the voucher key), and the
+// client-side check of the gateway's signed receipt. Mirrors protocol/payment.py (same type
+// strings, same key grammars).
 import { concat, getBytes, hexlify, keccak256, verifyTypedData } from "ethers";
 
 export const QUERY_PAYMENT_TYPES = {
@@ -11,6 +12,21 @@ export const QUERY_PAYMENT_TYPES = {
     { name: "feeCap", type: "uint256" },
   ],
 };
+
+// Voucher(address gateway,bytes32 queryId,bytes32 modelId,uint256 feeCap,uint64 expiry,
+//         address consumer) — same domain as QueryPayment; consumer = the QueryEscrow.
+export const VOUCHER_TYPES = {
+  Voucher: [
+    { name: "gateway", type: "address" },
+    { name: "queryId", type: "bytes32" },
+    { name: "modelId", type: "bytes32" },
+    { name: "feeCap", type: "uint256" },
+    { name: "expiry", type: "uint64" },
+    { name: "consumer", type: "address" },
+  ],
+};
+
+export const VOUCHER_TTL_S = 600; // a voucher is good for 10 minutes (as `planet ask --voucher`)
 
 export const RECEIPT_TYPES = {
   Receipt: [
@@ -48,6 +64,31 @@ export function paymentMessage(queryId, config, feeCap) {
 export function apiKey(queryId, feeCap, signature) {
   const hex = (value) => hexlify(getBytes(value)).slice(2).toLowerCase();
   return `planet-pay-v1.${hex(queryId)}.${feeCap.toString()}.${hex(signature)}`;
+}
+
+// Expiry of a voucher signed now: unix seconds of the wall clock (the gateway checks it against
+// its own clock) plus the TTL, never beyond the gateway's accepted lifetime.
+export function voucherExpiry(nowMs, config, ttl = VOUCHER_TTL_S) {
+  const lifetime = Number(config.max_voucher_lifetime_s || ttl);
+  return BigInt(Math.floor(nowMs / 1000) + Math.min(ttl, lifetime));
+}
+
+export function voucherMessage(queryId, config, feeCap, expiry) {
+  return {
+    gateway: config.gateway,
+    queryId,
+    modelId: config.model_id,
+    feeCap: feeCap.toString(),
+    expiry: expiry.toString(),
+    consumer: config.payment_domain.verifyingContract,
+  };
+}
+
+// planet-voucher-v1.<query id: 64 hex>.<fee cap: decimal wei>.<expiry: decimal s>.<sig: 130 hex>
+export function voucherKey(queryId, feeCap, expiry, signature) {
+  const hex = (value) => hexlify(getBytes(value)).slice(2).toLowerCase();
+  const fields = [hex(queryId), feeCap.toString(), expiry.toString(), hex(signature)];
+  return `planet-voucher-v1.${fields.join(".")}`;
 }
 
 // {signer, signatureOk, circuitOk}: who signed the receipt, whether that is the gateway, and

@@ -92,6 +92,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="frames one caller may have queued or computing (default 8)",
     )
     serve.add_argument(
+        "--max-batch",
+        type=int,
+        default=32,
+        metavar="N",
+        help="most sessions whose decode steps run as one batched forward (default 32)",
+    )
+    serve.add_argument(
+        "--max-queued",
+        type=int,
+        default=256,
+        metavar="N",
+        help="most frames waiting for the forward pass, all callers; more answer busy "
+        "(default 256)",
+    )
+    serve.add_argument(
         "--max-session-age",
         type=_finite,
         default=3600.0,
@@ -231,6 +246,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions_per_peer=args.max_sessions_per_peer,
         max_cache_bytes_per_peer=int(args.max_cache_mb_per_peer * 1024 * 1024),
         max_inflight_per_peer=args.max_inflight_per_peer,
+        max_batch=args.max_batch,
+        max_queued=args.max_queued,
         max_session_age_s=args.max_session_age,
         reclaim_idle_s=args.reclaim_idle,
         request_read_timeout_s=args.request_read_timeout,

@@ -25,6 +25,7 @@ import secrets
 from protocol.frames import check_session_id, session_tag
 
 _DOMAIN = b"planet/hop-capability/v1"
+_FEED_DOMAIN = b"planet/hop-feed/v1"
 
 
 def new_session_id() -> str:
@@ -32,12 +33,23 @@ def new_session_id() -> str:
     return secrets.token_urlsafe(32)
 
 
-def hop_capability(secret: str, index: int, shard: int, url: str) -> str:
-    """The capability that hop `index` (serving `shard` at `url`) gets for this session."""
+def _derive(domain: bytes, secret: str, index: int, shard: int, url: str) -> str:
     key = check_session_id(secret).encode()
-    message = b"\x00".join((_DOMAIN, str(index).encode(), str(shard).encode(), url.encode()))
+    message = b"\x00".join((domain, str(index).encode(), str(shard).encode(), url.encode()))
     digest = hmac.new(key, message, hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def hop_capability(secret: str, index: int, shard: int, url: str) -> str:
+    """The capability that hop `index` (serving `shard` at `url`) gets for this session."""
+    return _derive(_DOMAIN, secret, index, shard, url)
+
+
+def hop_feed(secret: str, index: int, shard: int, url: str) -> str:
+    """The feed token of hop `index` on a chain (protocol/stream.py): what its upstream node
+    presents to append positions. Known to hop `index` and its upstream only; it cannot read
+    an output, open or close the session (those need the capability)."""
+    return _derive(_FEED_DOMAIN, secret, index, shard, url)
 
 
 def hop_tag(secret: str, index: int, shard: int, url: str) -> str:

@@ -32,6 +32,12 @@ class NumpyHead:
         with self._torch.inference_mode():
             return self.head.embed(list(ids)).float().cpu().numpy()
 
+    def logits_batch_np(self, hidden_last: np.ndarray) -> np.ndarray:
+        """[B, V] float32 logits of B sessions' last rows [B, H] (one matmul for all)."""
+        with self._torch.inference_mode():
+            rows = self._torch.from_numpy(np.ascontiguousarray(hidden_last, dtype=np.float32))
+            return self.head.all_logits(rows.reshape(1, -1, rows.shape[-1])).float().numpy()
+
     def logits_np(self, hidden_last: np.ndarray) -> np.ndarray:
         with self._torch.inference_mode():
             hidden = self._torch.from_numpy(np.ascontiguousarray(hidden_last, dtype=np.float32))

@@ -78,6 +78,11 @@ class Timings:
     wire_bytes_received: int = 0
 
     @property
+    def total_ms(self) -> float:
+        """Prompt in → last token chosen."""
+        return self.prefill_ms + self.decode_ms
+
+    @property
     def decode_tok_s(self) -> float:
         steps = self.decode_steps
         return steps / (self.decode_ms / 1000) if steps > 0 and self.decode_ms > 0 else 0.0
@@ -116,6 +121,7 @@ class PipelineClient:
         dtype: str = "float32",
         request_timeout_s: float = 120.0,
         prefill_chunk: int = 2048,
+        http: aiohttp.ClientSession | None = None,
     ) -> None:
         if not hops:
             raise ConfigError("a circuit needs at least one node")
@@ -124,9 +130,13 @@ class PipelineClient:
         self.dtype = dtype
         self.request_timeout_s = request_timeout_s
         self.prefill_chunk = prefill_chunk
+        self._given_http = http  # borrowed (not closed here) when given
         self._http: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> PipelineClient:
+        if self._given_http is not None:
+            self._http = self._given_http
+            return self
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=300)
         self._http = aiohttp.ClientSession(
             connector=connector,
@@ -136,9 +146,9 @@ class PipelineClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._http is not None:
+        if self._http is not None and self._given_http is None:
             await self._http.close()
-            self._http = None
+        self._http = None
 
     @property
     def http(self) -> aiohttp.ClientSession:

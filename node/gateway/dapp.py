@@ -3,6 +3,8 @@
     GET /                     dapp/dist/index.html, or a plain page saying how to build it
     GET /dapp/config.json     chain id, escrow address + the ABI the page uses, model, price
     GET /dapp/{file}          one built file from dapp/dist (flat names only, no sub-folders)
+    GET /dapp/prepaid/{payer} wei this gateway holds against a prepaid payer's balance (questions
+                              in flight + fees charged, not yet debited on chain)
     GET /v1/network           shards x nodes (lifecycle, reputation, stake, routable), pool
                               health and recent epochs, from the committee's /nodes,
                               /reputations, /pool_health and /epochs queries
@@ -23,7 +25,8 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from node.gateway.errors import NoCircuit
+from node.gateway.errors import InvalidRequest, NoCircuit
+from protocol.eip712 import as_address
 from protocol.errors import PlanetError
 
 DIST = Path(__file__).resolve().parents[2] / "dapp" / "dist"
@@ -60,6 +63,21 @@ ESCROW_ABI = (
     "error NotDepositor(bytes32 queryId, address caller)",
     "error RefundNotYetAvailable(bytes32 queryId, uint256 availableAt)",
     "error NothingToRefund(bytes32 queryId)",
+    # prepaid balance (vouchers)
+    "function depositBalance() payable",
+    "function requestWithdrawal()",
+    "function cancelWithdrawal()",
+    "function withdrawBalance()",
+    "function prepaidOf(address payer) view returns (uint256 balance, uint256 withdrawableAt)",
+    "event BalanceDeposited(address indexed payer, uint256 amount, uint256 balance)",
+    "event WithdrawalRequested(address indexed payer, uint256 balance, uint256 withdrawableAt)",
+    "event WithdrawalCancelled(address indexed payer)",
+    "event BalanceWithdrawn(address indexed payer, uint256 amount)",
+    "error BalanceOverflow(address payer, uint256 balance, uint256 amount)",
+    "error NothingToWithdraw(address payer)",
+    "error WithdrawalAlreadyRequested(address payer, uint256 withdrawableAt)",
+    "error WithdrawalNotRequested(address payer)",
+    "error WithdrawalNotYetAvailable(address payer, uint256 withdrawableAt)",
 )
 
 NOT_BUILT = """<!doctype html>
@@ -98,8 +116,13 @@ def add_dapp_routes(app: web.Application, gateway_key: web.AppKey[Any], dist: Pa
     async def network(request: web.Request) -> web.Response:
         return web.json_response(await network_view(request.app[gateway_key]))
 
+    async def prepaid(request: web.Request) -> web.Response:
+        payer = request.match_info["payer"]
+        return web.json_response(prepaid_view(request.app[gateway_key], payer))
+
     app.router.add_get("/", index)
     app.router.add_get("/dapp/config.json", config)
+    app.router.add_get("/dapp/prepaid/{payer}", prepaid)
     app.router.add_get("/dapp/{name}", asset)
     app.router.add_get("/v1/network", network)
 
@@ -149,7 +172,19 @@ def dapp_config(gateway: Any) -> dict[str, Any]:
         "shards": model.shards,
         "price_wei_per_token": str(gateway.desk.price),
         "payment_domain": gateway.desk.domain.to_json(),
+        "max_voucher_lifetime_s": gateway.desk.max_voucher_lifetime_s,
     }
+
+
+def prepaid_view(gateway: Any, payer: str) -> dict[str, Any]:
+    """What this gateway holds against `payer`'s prepaid balance (reserved for questions in
+    flight + fees charged and not yet debited by a posted root). The page subtracts it from
+    `prepaidOf(payer).balance` to show what new vouchers can still spend here. The same
+    figures become public on chain when the epoch's root lists the payer's debit."""
+    if not _ADDRESS.match(payer):
+        raise InvalidRequest("bad_address", "expected an address: 0x and 40 hex digits")
+    address = as_address(payer.lower())
+    return {"payer": address, "held_wei": str(gateway.desk.outstanding(address))}
 
 
 async def _query(committee: Any, path: str) -> Any:
@@ -266,4 +301,11 @@ def _epochs(answer: Any) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["DIST", "ESCROW_ABI", "add_dapp_routes", "dapp_config", "network_view"]
+__all__ = [
+    "DIST",
+    "ESCROW_ABI",
+    "add_dapp_routes",
+    "dapp_config",
+    "network_view",
+    "prepaid_view",
+]

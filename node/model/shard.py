@@ -20,7 +20,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from node.model.device import resolve_device
+from node.model.batched import decode_step_batched, supports_batched_decode
+from node.model.device import activation_dtype_for, resolve_device
 from node.model.family import family_for, layer_types, load_config
 from node.model.manifest import CONFIG_FILE, Manifest, manifest_path, verify_file
 from node.model.quant import QUANT_NONE, file_quant, load_into, quantize_module
@@ -28,7 +29,7 @@ from protocol.errors import ConfigError, ProtocolError
 
 log = logging.getLogger(__name__)
 
-ACTIVATION_DTYPE = torch.float32
+ACTIVATION_DTYPE = torch.float32  # what forward() returns (and takes) at its boundary
 
 
 def layer_key_prefix(index: int) -> str:
@@ -61,6 +62,7 @@ class ShardModel:
         root: nn.Module,
         device: torch.device,
         quant: str = QUANT_NONE,
+        activation_dtype: str | torch.dtype = "auto",
     ) -> None:
         start, end = layers
         if not 0 <= start < end <= config.num_hidden_layers:
@@ -71,13 +73,17 @@ class ShardModel:
         self.layers = (start, end)
         self.device = device
         self.quant = quant
-        self.dtype = ACTIVATION_DTYPE
+        # activations inside the shard: float32 on CPU, bfloat16 on CUDA ("auto")
+        self.dtype = activation_dtype_for(device, activation_dtype)
         self.hidden_size: int = config.hidden_size
         self._root = root.eval()
+        if self.dtype != torch.float32:
+            _cast_plain_floats(self._root, self.dtype)
         self._modules = [root.model.layers[str(i)] for i in range(start, end)]
         self._rotary = family_for(config).rotary(config=config).to(device).eval()
         types = layer_types(config)
         self._types = [types[i] for i in range(start, end)]
+        self.batched_decode = supports_batched_decode(self._modules, self._types)
         # For each attention type, the first of our layers with it: sizes that type's mask.
         self._mask_layer: dict[str, int] = {}
         for i in range(start, end):
@@ -93,6 +99,7 @@ class ShardModel:
         *,
         verify: bool = True,
         runtime: str = "auto",
+        activation_dtype: str = "auto",
     ) -> ShardModel:
         """Load shard `shard_id` of a prepared model; the file's hash is checked first
         (`IntegrityError` naming both hashes). `runtime`: see `quant.load_into`."""
@@ -109,7 +116,14 @@ class ShardModel:
                 f"{directory / CONFIG_FILE} has {config.num_hidden_layers} layers, "
                 f"the manifest {parsed.total_layers}"
             )
-        return cls.from_file(config, entry.layers, shard_file, device=device, runtime=runtime)
+        return cls.from_file(
+            config,
+            entry.layers,
+            shard_file,
+            device=device,
+            runtime=runtime,
+            activation_dtype=activation_dtype,
+        )
 
     @classmethod
     def from_file(
@@ -119,6 +133,7 @@ class ShardModel:
         shard_file: Path,
         device: str | torch.device = "auto",
         runtime: str = "auto",
+        activation_dtype: str = "auto",
     ) -> ShardModel:
         """Load a shard file (no hash check) for layers [start, end)."""
         target = resolve_device(device)
@@ -127,7 +142,7 @@ class ShardModel:
         _check_keys_in_range(tensors, layers, shard_file)
         root = build_layers(config, *layers, device="meta")
         load_into(root, tensors, metadata, target, runtime=runtime)
-        return cls(config, layers, root, target, quant)
+        return cls(config, layers, root, target, quant, activation_dtype)
 
     @classmethod
     def from_state_dict(
@@ -137,6 +152,7 @@ class ShardModel:
         state: Mapping[str, torch.Tensor],
         device: str | torch.device = "auto",
         quant: str = QUANT_NONE,
+        activation_dtype: str = "auto",
     ) -> ShardModel:
         """Build from full-model weights (keys `model.layers.<i>.*`), quantizing if asked."""
         target = resolve_device(device)
@@ -156,7 +172,7 @@ class ShardModel:
         except RuntimeError as error:
             raise ConfigError(f"weights do not fit layers [{start}, {end}): {error}") from error
         quantize_module(root, quant)
-        return cls(config, layers, root, target, quant)
+        return cls(config, layers, root, target, quant, activation_dtype)
 
     @property
     def module(self) -> nn.Module:
@@ -187,7 +203,7 @@ class ShardModel:
             raise ProtocolError(
                 f"positions must be [T={hidden.shape[1]}], got {list(positions.shape)}"
             )
-        hidden = hidden.to(self.device, ACTIVATION_DTYPE)
+        hidden = hidden.to(self.device, self.dtype)
         position_ids = positions.to(self.device, torch.long).unsqueeze(0)  # [1, T]
         cos_sin = self._rotary(hidden, position_ids)
         masks: dict[str, Any] = {}
@@ -218,6 +234,44 @@ class ShardModel:
 
     __call__ = forward
 
+    @torch.inference_mode()
+    def forward_batch(
+        self, hidden: torch.Tensor, positions: torch.Tensor, caches: list[Any]
+    ) -> torch.Tensor:
+        """One decode step of B sessions at once: hidden [B, 1, H], positions [B] (each
+        session's next position), one cache per session → [B, 1, H] float32 CPU. Batched in
+        one forward where the layers allow it (node/model/batched.py), else one by one."""
+        batch = hidden.shape[0]
+        if hidden.dim() != 3 or hidden.shape[1] != 1 or hidden.shape[2] != self.hidden_size:
+            raise ProtocolError(
+                f"hidden must be [B, 1, {self.hidden_size}], got {list(hidden.shape)}"
+            )
+        if positions.shape != (batch,) or len(caches) != batch:
+            raise ProtocolError("one position and one cache per session")
+        if batch == 1 or not self.batched_decode:
+            rows = [
+                self.forward(hidden[b : b + 1], positions[b : b + 1], caches[b])
+                for b in range(batch)
+            ]
+            return torch.cat(rows)
+        out = decode_step_batched(
+            self._modules,
+            self._rotary,
+            hidden.to(self.device, self.dtype),
+            positions.to(self.device, torch.long),
+            caches,
+        )
+        return out.to("cpu", ACTIVATION_DTYPE)
+
+    def cache_bytes_per_position(self) -> int:
+        """KV bytes one position costs in a session's cache (keys and values, all our layers)."""
+        config = self.config
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * (self.layers[1] - self.layers[0]) * kv_heads * head_dim * element
+
     def cache_length(self, cache: Any) -> int:
         """Tokens held in `cache` for our layers."""
         return int(cache.get_seq_length(self.layers[0]))
@@ -243,6 +297,17 @@ def cache_bytes(cache: Any) -> int:
             if isinstance(tensor, torch.Tensor):
                 total += tensor.numel() * tensor.element_size()
     return total
+
+
+def _cast_plain_floats(root: nn.Module, dtype: torch.dtype) -> None:
+    """Cast plain float parameters and buffers (not packed quantized tensors) to `dtype`."""
+    for module in root.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if type(param.data) is torch.Tensor and param.is_floating_point():
+                module._parameters[name] = nn.Parameter(param.data.to(dtype), requires_grad=False)
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if type(buffer) is torch.Tensor and buffer.is_floating_point():
+                module._buffers[name] = buffer.to(dtype)
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

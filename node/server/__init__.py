@@ -2,10 +2,12 @@
 
 config.py    ServerConfig (frozen, units in field names)
 sessions.py  per-session KV caches keyed by capability tag: open, advance, evict, fair shares
-fairness.py  the forward slot, granted round-robin across callers
+batcher.py   the compute queue: continuous batching of decode steps, round-robin, bounded
+stream.py    GET /v1/stream: node-to-node forwarding (the chain), downstream links
+state.py     what a serving node holds (NodeState), the app keys
 peers.py     who a caller is (peer address, IPv6 /64) for per-caller limits
 backend.py   what the server needs from a shard (ShardBackend) and the real one (node.model)
-app.py       aiohttp app factory, thin handlers, error middleware
+app.py       aiohttp app factory, thin handlers (POST /v1/forward, /info, ...), error middleware
 run.py       `serve(config)`: load the shard, set torch threads, run the app
 launcher.py  start/stop shard node processes on loopback (`planet local`, tests, bench)
 """

@@ -2,6 +2,7 @@
 
     POST   /v1/forward          binary frame in, binary frame out (same codec and dtype)
     DELETE /v1/sessions/{cap}   free the session this capability opened (idempotent)
+    GET    /v1/stream           WebSocket: the chain's links (node/server/stream.py)
     GET    /info                model, shard, layers, quant, device, load, sessions, cache bytes
     GET    /health              {"status": "ok"} once the shard is loaded
 
@@ -10,7 +11,9 @@ serving; only a failure of the shard itself on a valid frame is a 500 (`compute_
 A frame's `session` is the client's capability for this node; sessions are keyed by its tag
 (`protocol.frames.session_tag`), so only its holder can append to, read through or close it.
 Per-caller shares (node/server/sessions.py, node/server/peers.py) keep one caller from taking
-every slot. The forward pass runs on one worker thread, off the event loop.
+every slot. The forward pass runs on one worker thread, off the event loop, fed by the batcher
+(node/server/batcher.py): decode steps of different sessions waiting together run as one
+batched forward. Streams (node/server/stream.py) use the same sessions and batcher.
 """
 
 from __future__ import annotations
@@ -19,20 +22,21 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 from aiohttp import web
 
 from node.server.backend import ShardBackend
+from node.server.batcher import Batcher
 from node.server.config import ServerConfig
-from node.server.fairness import FairSlot
 from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, SessionStore, short_tag
-from protocol.errors import PlanetError
+from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
+from node.server.stream import close_links, close_streams, stream
+from protocol.errors import BusyError, PlanetError
 from protocol.frames import (
     VERSION,
     Frame,
@@ -60,39 +64,6 @@ class SlowRequestError(FrameError):
 
     code = "slow_request"
     http_status = 408
-
-
-class ComputeError(PlanetError):
-    """The shard failed on a valid frame; the session is dropped (its cache may be partial)."""
-
-    code = "compute_failed"
-    http_status = 500
-
-
-@dataclass
-class NodeState:
-    backend: ShardBackend
-    store: SessionStore
-    limits: FrameLimits
-    executor: ThreadPoolExecutor
-    slot: FairSlot = field(default_factory=FairSlot)
-    started_s: float = field(default_factory=time.monotonic)
-    in_flight: int = 0
-    peer_in_flight: dict[str, int] = field(default_factory=dict)
-    forwards: int = 0
-    tokens: int = 0  # positions run through this shard's layers (the node's own work count)
-    compute_s: float = 0.0
-    # Called on the forward thread after each successful forward with (session tag,
-    # positions, inputs, outputs); a failing hook is logged and never fails the forward.
-    # Used by spot-check recording (node/server/tickets.py).
-    forward_hooks: list[Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]] = field(
-        default_factory=list
-    )
-    served: Any = None  # node.server.served.ServedLog with --commit-dir (install_served)
-
-
-CONFIG_KEY = web.AppKey("config", ServerConfig)
-STATE_KEY = web.AppKey("state", NodeState)
 
 
 # ----------------------------------------------------------------------------------- middleware
@@ -133,36 +104,9 @@ class _AnswerRejected(Exception):
         self.error = error
 
 
-def _compute(
-    backend: ShardBackend,
-    frame: Frame,
-    cache: object,
-    tag: str = "",
-    hooks: Sequence[Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]] = (),
-) -> tuple[bytes, int, float]:
-    """Worker thread: decode, run the layers, encode the answer. Returns (frame, cache bytes, s).
-    A FrameError before the forward pass leaves the cache untouched; after it, _AnswerRejected."""
-    h = frame.header
-    hidden = frame.array()  # rejects NaN/Inf
-    positions = np.arange(h.start, h.start + h.count, dtype=np.int64)
-    t0 = time.perf_counter()
-    out = backend.forward(hidden, positions, cache)
-    compute_s = time.perf_counter() - t0
-    if np.isfinite(out).all():
-        for hook in hooks:
-            try:
-                hook(tag, positions, hidden, out)
-            except Exception:
-                log.exception("forward hook failed session=%s", tag[:16])
-    try:
-        return _answer(backend, frame, out, cache, compute_s)
-    except FrameError as error:
-        raise _AnswerRejected(error) from None
-
-
 def _answer(
-    backend: ShardBackend, frame: Frame, out: np.ndarray, cache: object, compute_s: float
-) -> tuple[bytes, int, float]:
+    backend: ShardBackend, frame: Frame, out: np.ndarray, cache: object
+) -> tuple[bytes, int]:
     h = frame.header
     if not np.isfinite(out).all():
         raise NonFiniteError("the layers' output is not finite (activations too large?)")
@@ -173,7 +117,7 @@ def _answer(
             out_header, start=h.start + h.count - 1, count=1, shape=(1, 1, h.shape[2])
         )
     body = encode_body(out, h.dtype, h.codec)
-    return encode_frame(out_header, body), backend.cache_bytes(cache), compute_s
+    return encode_frame(out_header, body), backend.cache_bytes(cache)
 
 
 async def _run_forward(
@@ -182,28 +126,26 @@ async def _run_forward(
     h = frame.header
     store = state.store
     tag = session.tag
-    loop = asyncio.get_running_loop()
     async with session.lock:
         if session.cache is None:  # closed while we waited
             raise SessionExpiredError(short_tag(tag))
-        store.check_start(session, h.start)
         state.in_flight += 1
         try:
-            async with state.slot.held(peer):
-                if session.cache is None:  # evicted while we waited for the slot
-                    raise SessionExpiredError(short_tag(tag))
-                answer, cache_bytes, compute_s = await loop.run_in_executor(
-                    state.executor,
-                    _compute,
-                    state.backend,
-                    frame,
-                    session.cache,
-                    tag,
-                    tuple(state.forward_hooks),
-                )
-        except FrameError:
+            store.check_start(session, h.start)
+            hidden = frame.array()  # rejects NaN/Inf before the cache is touched
+            out, compute_s = await state.batcher.run(peer, session.cache, hidden, h.start)
+            if session.cache is None:  # evicted while it computed
+                raise SessionExpiredError(short_tag(tag))
+            after_forward(state, tag, h.start, hidden, out)
+            try:
+                answer, cache_bytes = _answer(state.backend, frame, out, session.cache)
+            except FrameError as error:
+                raise _AnswerRejected(error) from None
+        except (FrameError, BusyError):  # refused before the cache moved: give the room back
             if new:
                 store.close(tag, remember=False)
+            else:
+                store.release(session, h.count)
             raise
         except _AnswerRejected as rejected:  # the cache holds positions the client never got
             store.close(tag)
@@ -216,8 +158,6 @@ async def _run_forward(
             state.in_flight -= 1
         store.advance(session, h.count, cache_bytes)
     state.forwards += 1
-    state.tokens += h.count
-    state.compute_s += compute_s
     log.debug(
         "forward session=%s start=%d count=%d compute_ms=%.2f",
         short_tag(tag),
@@ -278,10 +218,11 @@ async def _forward(
     session = state.store.lookup(tag, h.start)
     new = session is None
     owner = peer if session is None else session.peer  # who is charged for the positions
-    for victim in state.store.reserve(h.count, new_session=new, peer=owner):
+    for victim in state.store.reserve(h.count, new_session=new, peer=owner, session=session):
         log.info("session reclaimed for another caller session=%s", short_tag(victim))
     if session is None:
         session = state.store.open(tag, state.backend.new_cache(), peer=peer)
+        state.store.hold(session, h.count)
         log.info(
             "session opened session=%s peer=%s sessions=%d", short_tag(tag), peer, len(state.store)
         )
@@ -326,8 +267,19 @@ async def info(request: web.Request) -> web.Response:
                 "in_flight": state.in_flight,
                 "forwards": state.forwards,
                 "tokens": state.tokens,
-                "busy_fraction": round(state.compute_s / uptime, 4) if uptime > 0 else 0.0,
+                "busy_fraction": (
+                    round(state.batcher.stats.busy_s / uptime, 4) if uptime > 0 else 0.0
+                ),
+                "queued": state.batcher.queued,
+                "batches": state.batcher.stats.batches,
+                "batched_rows": state.batcher.stats.rows,
+                "largest_batch": state.batcher.stats.largest_batch,
+                "stream_bytes_in": state.stream_bytes_in,
+                "stream_bytes_out": state.stream_bytes_out,
+                "stream_bytes_forwarded": state.stream_bytes_forwarded,
             },
+            "max_batch": config.max_batch,
+            "max_queued": config.max_queued,
             "uptime_s": round(uptime, 1),
         }
     )
@@ -366,6 +318,8 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
     config.validate()
     app = web.Application(client_max_size=config.max_request_bytes, middlewares=[error_middleware])
     app[CONFIG_KEY] = config
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+    per_position = getattr(backend, "cache_bytes_per_position", None)
     app[STATE_KEY] = NodeState(
         backend=backend,
         store=SessionStore(
@@ -376,13 +330,17 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
             max_cache_bytes_per_peer=config.max_cache_bytes_per_peer,
             max_session_age_s=config.max_session_age_s,
             reclaim_idle_s=config.reclaim_idle_s,
+            bytes_per_position=int(per_position()) if per_position else 0,
         ),
         limits=FrameLimits(
             hidden_size=backend.hidden_size,
             max_tokens=config.max_tokens_per_frame,
             max_body_bytes=config.max_request_bytes,
         ),
-        executor=ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward"),
+        executor=executor,
+        batcher=Batcher(
+            backend, executor, max_batch=config.max_batch, max_queued=config.max_queued
+        ),
     )
     app.cleanup_ctx.append(_evictor)
     app.cleanup_ctx.append(_executor)
@@ -390,7 +348,10 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
         from node.server.served import install_served  # torch: only when recording
 
         install_served(app, app[STATE_KEY], config)
+    app.cleanup_ctx.append(close_links)
+    app.on_shutdown.append(close_streams)
     app.router.add_post("/v1/forward", forward)
+    app.router.add_get("/v1/stream", stream)
     app.router.add_delete("/v1/sessions/{session}", delete_session)
     app.router.add_get("/info", info)
     app.router.add_get("/health", health)

@@ -27,7 +27,18 @@ class ShardBackend(Protocol):
         """hidden [1, T, H] float32, positions [T] int64 → [1, T, H] float32."""
         ...
 
+    def forward_batch(
+        self, hidden: np.ndarray, positions: np.ndarray, caches: list[Any]
+    ) -> np.ndarray:
+        """One decode step of B sessions: hidden [B, 1, H], positions [B] (each session's next
+        position), one cache per session → [B, 1, H] float32."""
+        ...
+
     def cache_bytes(self, cache: Any) -> int: ...
+
+    def cache_bytes_per_position(self) -> int:
+        """KV bytes one more position costs a session (accounted before computing it)."""
+        ...
 
 
 class ModelShardBackend:
@@ -62,5 +73,18 @@ class ModelShardBackend:
             out = self.model.forward(torch.from_numpy(hidden), torch.from_numpy(positions), cache)
         return out.numpy()
 
+    def forward_batch(
+        self, hidden: np.ndarray, positions: np.ndarray, caches: list[Any]
+    ) -> np.ndarray:
+        torch = self._torch
+        with torch.inference_mode():
+            out = self.model.forward_batch(
+                torch.from_numpy(hidden), torch.from_numpy(positions), caches
+            )
+        return out.numpy()
+
     def cache_bytes(self, cache: Any) -> int:
         return int(self._cache_bytes(cache))
+
+    def cache_bytes_per_position(self) -> int:
+        return int(self.model.cache_bytes_per_position())

@@ -98,18 +98,37 @@ class CheatingBackend:
     def cache_bytes(self, cache: Any) -> int:
         return int(self._backend.cache_bytes(cache))
 
+    def cache_bytes_per_position(self) -> int:
+        return int(self._backend.cache_bytes_per_position())
+
     def forward(self, hidden: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
         out = self._backend.forward(hidden, positions, cache)
         if self.mode.kind != "noise":
             return out
         out = np.array(out, dtype=np.float32, copy=True)
         for index, position in enumerate(positions.tolist()):
-            if position % self.mode.every == 0:
-                row = out[0, index]
-                rms = float(np.sqrt(np.mean(row.astype(np.float64) ** 2)))
-                noise = self._rng.standard_normal(row.shape).astype(np.float32)
-                out[0, index] = row + noise * np.float32(self.mode.relative * rms)
+            self._noisy(out, 0, index, position)
         return out
+
+    def forward_batch(
+        self, hidden: np.ndarray, positions: np.ndarray, caches: list[Any]
+    ) -> np.ndarray:
+        """The batched decode step (node/server/batcher.py) cheats exactly like `forward`."""
+        out = self._backend.forward_batch(hidden, positions, caches)
+        if self.mode.kind != "noise":
+            return out
+        out = np.array(out, dtype=np.float32, copy=True)
+        for row, position in enumerate(positions.tolist()):
+            self._noisy(out, row, 0, position)
+        return out
+
+    def _noisy(self, out: np.ndarray, row: int, index: int, position: int) -> None:
+        if position % self.mode.every != 0:
+            return
+        values = out[row, index]
+        rms = float(np.sqrt(np.mean(values.astype(np.float64) ** 2)))
+        noise = self._rng.standard_normal(values.shape).astype(np.float32)
+        out[row, index] = values + noise * np.float32(self.mode.relative * rms)
 
 
 def _skip_layers(model: Any, every: int) -> None:

@@ -45,6 +45,10 @@ class ServerConfig:
     max_request_bytes: int = 32 * 1024**2
     # most positions per frame (prefill chunk)
     max_tokens_per_frame: int = 4096
+    # most sessions whose decode steps run as one batched forward
+    max_batch: int = 32
+    # most frames waiting for the forward worker (all callers); more → 503 busy
+    max_queued: int = 256
     # torch intra-op threads for the forward pass (0 = half the cores, 1 to 4)
     torch_threads: int = 0
     # record fingerprints of served blocks and spool their commit records here for the node
@@ -94,6 +98,10 @@ class ServerConfig:
             problems.append("max request size must be >= 1 KiB")
         if self.max_tokens_per_frame < 1:
             problems.append("max tokens per frame must be >= 1")
+        if self.max_batch < 1:
+            problems.append("max batch must be >= 1")
+        if self.max_queued < 1:
+            problems.append("max queued frames must be >= 1")
         if self.torch_threads < 0:
             problems.append("torch threads must be >= 0")
         if not 0 <= self.spot_check_ppm <= 1_000_000:

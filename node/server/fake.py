@@ -38,6 +38,7 @@ class FakeShard:
         self.quant = "none"
         self.device = "cpu"
         self.calls = 0
+        self.batch_sizes: list[int] = []  # one entry per forward_batch call
 
     def new_cache(self) -> FakeCache:
         return FakeCache()
@@ -52,5 +53,18 @@ class FakeShard:
         cache.positions.extend(int(p) for p in positions)
         return hidden + np.float32(self.shard_id + 1)
 
+    def forward_batch(
+        self, hidden: np.ndarray, positions: np.ndarray, caches: list[FakeCache]
+    ) -> np.ndarray:
+        self.batch_sizes.append(len(caches))
+        rows = [
+            self.forward(hidden[b : b + 1], positions[b : b + 1], cache)
+            for b, cache in enumerate(caches)
+        ]
+        return np.concatenate(rows)
+
     def cache_bytes(self, cache: FakeCache) -> int:
         return len(cache.positions) * self.bytes_per_position
+
+    def cache_bytes_per_position(self) -> int:
+        return self.bytes_per_position

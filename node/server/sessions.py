@@ -52,6 +52,7 @@ class Session:
     peer: str = ""  # the caller charged for this session's slot and cache bytes
     length: int = 0  # positions held in the cache: the next frame must start here
     cache_bytes: int = 0
+    pending_bytes: int = 0  # reserved for positions being computed (counted against the caps)
     opened_s: float = 0.0
     last_used_s: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -70,6 +71,7 @@ class SessionStore:
         max_cache_bytes_per_peer: int | None = None,
         max_session_age_s: float = float("inf"),
         reclaim_idle_s: float = float("inf"),
+        bytes_per_position: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_sessions = max_sessions
@@ -84,7 +86,9 @@ class SessionStore:
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         self._expired: OrderedDict[str, None] = OrderedDict()
-        self._bytes_per_position = 0  # learned from the first forward
+        # KV bytes per position: known from the shard up front (so even the first frame is
+        # accounted before it is computed), else learned from the first forward
+        self._bytes_per_position = bytes_per_position
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -94,13 +98,15 @@ class SessionStore:
 
     @property
     def total_cache_bytes(self) -> int:
-        return sum(s.cache_bytes for s in self._sessions.values())
+        return sum(s.cache_bytes + s.pending_bytes for s in self._sessions.values())
 
     def peer_sessions(self, peer: str) -> int:
         return sum(1 for s in self._sessions.values() if s.peer == peer)
 
     def peer_cache_bytes(self, peer: str) -> int:
-        return sum(s.cache_bytes for s in self._sessions.values() if s.peer == peer)
+        return sum(
+            s.cache_bytes + s.pending_bytes for s in self._sessions.values() if s.peer == peer
+        )
 
     def peers(self) -> int:
         return len({s.peer for s in self._sessions.values()})
@@ -126,8 +132,17 @@ class SessionStore:
             )
 
     # ------------------------------------------------------------------------------ capacity
-    def reserve(self, new_positions: int, *, new_session: bool, peer: str = "") -> list[str]:
+    def reserve(
+        self,
+        new_positions: int,
+        *,
+        new_session: bool,
+        peer: str = "",
+        session: Session | None = None,
+    ) -> list[str]:
         """Make room for `new_positions` more positions (in a new session of `peer` or not).
+        With `session`, the room is held for it (`pending_bytes`) until `advance` or `release`,
+        so frames computing at the same time cannot together overshoot the caps.
 
         Returns the tags of sessions reclaimed from other callers to make room; raises
         PeerQuotaError (429) when `peer` is over its own share, BusyError (503) when the node
@@ -171,7 +186,17 @@ class SessionStore:
                 )
             self.close(victim)
             reclaimed.append(victim)
+        if session is not None:
+            session.pending_bytes += extra
         return reclaimed
+
+    def hold(self, session: Session, positions: int) -> None:
+        """Hold room for `positions` in a session opened right after `reserve` checked it."""
+        session.pending_bytes += positions * self._bytes_per_position
+
+    def release(self, session: Session, positions: int) -> None:
+        """Give back held room for positions that will not be computed."""
+        session.pending_bytes = max(0, session.pending_bytes - positions * self._bytes_per_position)
 
     def _reclaimable(self, peer: str, *, by_bytes: bool) -> str | None:
         """A session `peer` may take over: the longest-idle session (idle >= reclaim_idle_s,
@@ -205,6 +230,7 @@ class SessionStore:
         return session
 
     def advance(self, session: Session, count: int, cache_bytes: int) -> None:
+        self.release(session, count)
         session.length += count
         session.cache_bytes = cache_bytes
         session.last_used_s = self._clock()

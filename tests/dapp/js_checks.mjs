@@ -1,17 +1,22 @@
 // The dApp's pure modules run in Node (no browser): the payment proof it builds and how it
 // words errors. Prints one JSON object; tests/dapp/test_dapp_js.py checks it against
 // protocol/payment.py (the gateway's parser and signature recovery).
-import { Wallet } from "ethers";
+import { TypedDataEncoder, Wallet } from "ethers";
 import { GatewayError, UnreachableError } from "../../dapp/src/api.js";
 import { explain } from "../../dapp/src/errors.js";
 import {
   QUERY_PAYMENT_TYPES,
+  VOUCHER_TYPES,
   apiKey,
   checkReceipt,
   depositFor,
   newQueryId,
   paymentMessage,
+  voucherExpiry,
+  voucherKey,
+  voucherMessage,
 } from "../../dapp/src/payment.js";
+import { parseAmount, withdrawalText } from "../../dapp/src/prepaid.js";
 
 const input = JSON.parse(process.env.DAPP_JS_INPUT);
 const wallet = new Wallet(input.private_key);
@@ -23,6 +28,31 @@ const signature = await wallet.signTypedData(
   QUERY_PAYMENT_TYPES,
   paymentMessage(queryId, config, feeCap),
 );
+
+// A voucher over fixed values (the golden test signs the same in Python: RFC 6979 signatures
+// are deterministic, so the keys must be equal byte for byte).
+const golden = input.voucher;
+const voucherSignature = await wallet.signTypedData(
+  config.payment_domain,
+  VOUCHER_TYPES,
+  voucherMessage(golden.query_id, config, BigInt(golden.fee_cap), BigInt(golden.expiry)),
+);
+const voucher = {
+  type_string: TypedDataEncoder.from(VOUCHER_TYPES).encodeType("Voucher"),
+  key: voucherKey(golden.query_id, BigInt(golden.fee_cap), BigInt(golden.expiry), voucherSignature),
+  expiry_default: voucherExpiry(1_700_000_000_123, { max_voucher_lifetime_s: 86_400 }).toString(),
+  expiry_short_lifetime: voucherExpiry(1_700_000_000_123, { max_voucher_lifetime_s: 60 }).toString(),
+};
+const amounts = {};
+for (const text of ["0.01", " 1 ", "0", "-1", "1e18", "0.0000000000000000001", "abc", ""]) {
+  const parsed = parseAmount(text);
+  amounts[text] = parsed.error ? { error: parsed.error } : { wei: parsed.wei.toString() };
+}
+const withdrawal = {
+  none: withdrawalText({ withdrawableAt: 0n, now: 100n, balance: 5n }),
+  waiting: withdrawalText({ withdrawableAt: 1_700_000_600n, now: 1_700_000_000n, balance: 5n }),
+  open: withdrawalText({ withdrawableAt: 100n, now: 100n, balance: 10n ** 16n }),
+};
 
 const rejected = Object.assign(new Error("User rejected the request."), { code: 4001 });
 const wrapped = { code: "UNKNOWN_ERROR", info: { error: { code: 4001, message: "no" } } };
@@ -39,9 +69,25 @@ for (const [name, error] of Object.entries({
   unfunded: new GatewayError(402, "payment_unfunded", "no deposit"),
   incomplete: new GatewayError(503, "no_routable_node", "no routable compute node serves shard 1"),
   node_failed: new GatewayError(502, "node_failed", "node x failed"),
+  withdraw_early: { code: "CALL_EXCEPTION", revert: { name: "WithdrawalNotYetAvailable" } },
 })) {
   words[name] = explain(error, "Context").text;
 }
+for (const code of [
+  "voucher_malformed",
+  "voucher_expired",
+  "voucher_expiry_too_far",
+  "voucher_over_cap",
+  "voucher_replayed",
+  "voucher_invalid",
+  "balance_withdrawing",
+  "balance_insufficient",
+]) {
+  words[code] = explain(new GatewayError(402, code, `gateway says ${code}`), "Context").text;
+}
+words.node_failed_prepaid = explain(new GatewayError(502, "node_failed", "node x failed"), "Context", {
+  prepaid: true,
+}).text;
 
 const receiptSigner = input.receipt ? checkReceipt(input.receipt, config) : null;
 let tooLong = null;
@@ -59,5 +105,8 @@ process.stdout.write(
     words,
     receipt: receiptSigner,
     too_long: tooLong,
+    voucher,
+    amounts,
+    withdrawal,
   }) + "\n",
 );

@@ -7,7 +7,9 @@
 //
 // Scenarios: readonly (no wallet), wrong_chain (wallet on chain 1, switch offered),
 // insufficient (an empty account), pay (connect → pay → stream → receipt), rejected (the
-// wallet answers 4001 to the payment signature; then the refund after the timeout).
+// wallet answers 4001 to the payment signature; then the refund after the timeout), prepaid
+// (add funds → two questions paid by vouchers → held amount → withdrawal request, cancel,
+// request, the delay passes on the chain, withdraw).
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { Wallet } from "ethers";
@@ -61,6 +63,39 @@ async function waitRightChain(page) {
 async function fillQuestion(page, question, tokens) {
   await page.getByLabel("Your question", { exact: true }).fill(question);
   await page.getByLabel("Answer length (tokens)", { exact: true }).fill(String(tokens));
+}
+
+const toastSeen = (page, words) =>
+  page.waitForFunction(
+    (w) => [...document.querySelectorAll(".toast")].some((t) => t.textContent.includes(w)),
+    words,
+  );
+
+const weiOf = (page, id) => page.locator(`#${id}`).getAttribute("data-wei");
+
+// One question on the prepaid path; returns what the receipt card shows.
+async function askPrepaid(page, question) {
+  await fillQuestion(page, question, 12);
+  await page.evaluate(() => {
+    document.getElementById("r-chain").className = "";
+  });
+  await page.getByRole("button", { name: "Ask with prepaid balance" }).click();
+  await page.waitForFunction(
+    () => ["good", "bad"].includes(document.getElementById("r-chain").className) ||
+      !document.getElementById("notice").hidden,
+    null,
+    { timeout: ANSWER_TIMEOUT_MS },
+  );
+  const shown = { notice: null, answer: await text(page, "#answer") };
+  if (await page.locator("#notice").isVisible()) shown.notice = await text(page, "#notice-text");
+  for (const id of ["query", "tokens", "deposit", "fee", "signature", "chain", "settlement"]) {
+    shown[id] = await text(page, `#r-${id}`);
+  }
+  shown.deposit_label = await text(page, "#r-deposit-label");
+  shown.signature_class = await page.locator("#r-signature").getAttribute("class");
+  shown.chain_class = await page.locator("#r-chain").getAttribute("class");
+  shown.payer = await page.locator("#r-chain").getAttribute("data-user");
+  return shown;
 }
 
 const SCENARIOS = {
@@ -195,6 +230,75 @@ const SCENARIOS = {
   },
 };
 
+SCENARIOS.prepaid = async (page, wallet) => {
+  await connect(page);
+  await waitRightChain(page);
+  await page.waitForFunction(() => document.getElementById("p-balance").dataset.wei !== undefined);
+  out.prepaid_before_wei = await weiOf(page, "p-balance");
+  await page.getByLabel(/From my prepaid balance/).check();
+  out.estimate = await text(page, "#estimate");
+  await page.getByLabel("Amount to add (ETH)").fill("0.01");
+  await page.getByRole("button", { name: "Add funds" }).click();
+  await toastSeen(page, "Funds confirmed");
+  out.fund_tx = (await text(page, "#toasts")).match(/Funds confirmed[^]*?(0x[0-9a-f]{64})/)[1];
+  await page.waitForFunction(
+    (before) => document.getElementById("p-balance").dataset.wei !== before,
+    out.prepaid_before_wei,
+  );
+  out.prepaid_funded_wei = await weiOf(page, "p-balance");
+  const start = wallet.calls.length;
+  out.questions = [];
+  out.questions.push(await askPrepaid(page, "Name a planet of the solar system."));
+  out.questions.push(await askPrepaid(page, "Name a colour of the rainbow."));
+  out.calls_while_asking = wallet.calls.slice(start);
+  // The held amount is read again after each question (and every 5 s).
+  await page.waitForFunction(
+    (funded) =>
+      document.getElementById("p-held").dataset.wei !== "0" ||
+      document.getElementById("p-balance").dataset.wei !== funded,
+    out.prepaid_funded_wei,
+  );
+  out.prepaid_after_wei = await weiOf(page, "p-balance");
+  out.held_after_wei = await weiOf(page, "p-held");
+  out.available_text = await text(page, "#p-available");
+  await shots(page, "prepaid-answers");
+
+  await page.getByRole("button", { name: "Request withdrawal" }).click();
+  await toastSeen(page, "Withdrawal request confirmed");
+  await page.waitForFunction(() => !document.getElementById("withdraw").hidden);
+  out.withdrawal_text = await text(page, "#p-withdrawal");
+  out.withdrawable_at = await page.locator("#p-withdrawal").getAttribute("data-at");
+  out.withdraw_disabled_before = await page.locator("#withdraw").isDisabled();
+  // A question now is refused by the page itself, in words, before anything is signed.
+  const signed = wallet.calls.filter((m) => m === "eth_signTypedData_v4").length;
+  await fillQuestion(page, "Still there?", 8);
+  await page.getByRole("button", { name: "Ask with prepaid balance" }).click();
+  await page.waitForFunction(() => !document.getElementById("notice").hidden);
+  out.withdrawing_notice = await text(page, "#notice-text");
+  out.signed_while_withdrawing =
+    wallet.calls.filter((m) => m === "eth_signTypedData_v4").length - signed;
+  await page.locator("#notice-close").click();
+  await shots(page, "prepaid-withdrawal");
+  await page.getByRole("button", { name: "Cancel withdrawal" }).click();
+  await toastSeen(page, "Withdrawal cancel confirmed");
+  await page.waitForFunction(() => !document.getElementById("withdraw-request").hidden);
+  out.withdrawal_after_cancel = await text(page, "#p-withdrawal");
+  await page.getByRole("button", { name: "Request withdrawal" }).click();
+  await page.waitForFunction(() => !document.getElementById("withdraw").hidden);
+  // Let the delay pass on the chain; the card's 5 s poll opens the Withdraw button.
+  await wallet.forward("evm_increaseTime", [Number(options.refund_timeout_s) + 1]);
+  await wallet.forward("evm_mine", []);
+  await page.waitForSelector("#withdraw:not([disabled])");
+  out.withdrawal_open_text = await text(page, "#p-withdrawal");
+  await page.getByRole("button", { name: "Withdraw", exact: true }).click();
+  await toastSeen(page, "Withdrawal confirmed");
+  await page.waitForFunction(() => document.getElementById("p-balance").dataset.wei === "0");
+  const toasts = await text(page, "#toasts");
+  out.withdraw_tx = toasts.match(/Withdrawal confirmed[^]*?(0x[0-9a-f]{64})/)[1];
+  out.prepaid_end_wei = await weiOf(page, "p-balance");
+  out.withdrawal_end = await text(page, "#p-withdrawal");
+};
+
 async function main() {
   const context = await chromium.launchPersistentContext(options.user_data_dir, {
     executablePath: options.chromium || "/usr/bin/chromium",
@@ -229,6 +333,18 @@ async function main() {
     if (wallet) out.wallet_calls = wallet.calls;
   } catch (error) {
     out.failure = String((error && error.stack) || error);
+    const page = context.pages()[0];
+    if (page) {
+      // What the page showed when it failed (notice, toasts, prepaid card), for the report.
+      out.at_failure = await page
+        .evaluate(() =>
+          ["notice-text", "toasts", "p-withdrawal", "step"].map(
+            (id) => `${id}: ${document.getElementById(id).textContent}`,
+          ),
+        )
+        .catch(() => null);
+    }
+    if (wallet) out.wallet_calls = wallet.calls.slice(-30);
   } finally {
     await context.close();
   }

@@ -1,8 +1,10 @@
 """The dApp's own JavaScript (dapp/src) run in Node, checked against the Python protocol.
 
 The API key the page builds must parse with `protocol.payment.parse_api_key` and recover to the
-depositor for the gateway's domain; the receipt check must accept a receipt the gateway signs
-(`protocol.payment`) and refuse a forged one; errors must come out in plain words.
+depositor for the gateway's domain; the voucher it signs must have `protocol.payment.Voucher`'s
+type string and be byte-identical to the key Python signs over the same values (golden); the
+receipt check must accept a receipt the gateway signs (`protocol.payment`) and refuse a forged
+one; errors must come out in plain words.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ import pytest
 from protocol.eip712 import sign_digest
 from protocol.payment import (
     Receipt,
+    Voucher,
     circuit_hash,
     parse_api_key,
+    parse_voucher_key,
     payment_domain,
     receipt_json,
+    sign_voucher,
 )
 
 pytestmark = pytest.mark.unit
@@ -32,6 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 USER_KEY = "0x" + "42" * 32
 GATEWAY_KEY = "0x" + "07" * 32
 ESCROW = "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0"
+# Fixed voucher values, signed by the page's code in Node and by protocol.payment in Python.
+VOUCHER = {"query_id": "0x" + "3c" * 32, "fee_cap": str(123 * 10**12), "expiry": "1700000600"}
 
 
 def _account(key: str) -> Any:
@@ -84,7 +91,12 @@ def _run_cached(receipt_json_text: str) -> str:
         env={
             **os.environ,
             "DAPP_JS_INPUT": json.dumps(
-                {"private_key": USER_KEY, "config": _config(), "receipt": receipt}
+                {
+                    "private_key": USER_KEY,
+                    "config": _config(),
+                    "receipt": receipt,
+                    "voucher": VOUCHER,
+                }
             ),
         },
     )
@@ -136,3 +148,79 @@ def test_dapp_errors_are_plain_words() -> None:
 
 def test_dapp_refuses_a_deposit_larger_than_the_escrow_holds() -> None:
     assert _run(None)["too_long"] == "the question is too long for one deposit"
+
+
+def test_dapp_voucher_type_string_and_key_match_python_byte_for_byte() -> None:
+    out = _run(None)["voucher"]
+    assert (
+        out["type_string"]
+        == Voucher.type_string()
+        == (
+            "Voucher(address gateway,bytes32 queryId,bytes32 modelId,uint256 feeCap,uint64 expiry,"
+            "address consumer)"
+        )
+    )
+    config = _config()
+    domain = payment_domain(31337, ESCROW)
+    voucher = Voucher(
+        gateway=config["gateway"],
+        query_id=bytes.fromhex(VOUCHER["query_id"][2:]),
+        model_id=bytes.fromhex("11" * 32),
+        fee_cap=int(VOUCHER["fee_cap"]),
+        expiry=int(VOUCHER["expiry"]),
+        consumer=ESCROW,
+    )
+    golden = sign_voucher(USER_KEY, voucher, domain)
+    assert out["key"] == golden
+    proof = parse_voucher_key(out["key"])
+    assert (proof.fee_cap, proof.expiry) == (123 * 10**12, 1_700_000_600)
+    model = bytes.fromhex("11" * 32)
+    assert proof.payer(model, config["gateway"], domain) == _account(USER_KEY).address
+    # bound to this gateway and this escrow: anything else recovers some unfunded address
+    assert proof.payer(model, "0x" + "99" * 20, domain) != _account(USER_KEY).address
+    other_escrow = payment_domain(31337, "0x" + "77" * 20)
+    assert proof.payer(model, config["gateway"], other_escrow) != _account(USER_KEY).address
+
+
+def test_dapp_voucher_expiry_is_ten_minutes_within_the_gateways_lifetime() -> None:
+    out = _run(None)["voucher"]
+    assert out["expiry_default"] == str(1_700_000_000 + 600)
+    assert out["expiry_short_lifetime"] == str(1_700_000_000 + 60)
+
+
+def test_dapp_prepaid_amounts_and_withdrawal_in_plain_words() -> None:
+    out = _run(None)
+    amounts = out["amounts"]
+    assert amounts["0.01"] == {"wei": str(10**16)}
+    assert amounts[" 1 "] == {"wei": str(10**18)}
+    assert amounts["0"] == {"error": "Enter an amount above zero."}
+    for bad in ("-1", "1e18", "0.0000000000000000001", "abc", ""):
+        assert amounts[bad] == {"error": "Enter an amount in ETH, for example 0.01."}, bad
+    withdrawal = out["withdrawal"]
+    assert withdrawal["none"] == "none pending"
+    assert withdrawal["waiting"].startswith("requested: opens at 2023-11-14T22:23:20Z")
+    assert "in about 10 min" in withdrawal["waiting"]
+    assert withdrawal["open"] == "open now: withdraw 0.01 ETH to your account"
+
+
+def test_dapp_prepaid_402s_are_plain_words() -> None:
+    words = _run(None)["words"]
+    for code in (
+        "voucher_malformed",
+        "voucher_expired",
+        "voucher_expiry_too_far",
+        "voucher_over_cap",
+        "voucher_replayed",
+        "voucher_invalid",
+        "balance_withdrawing",
+        "balance_insufficient",
+    ):
+        text = words[code]
+        assert text.startswith("Context: the prepaid balance did not pay. "), code
+        assert text.endswith(f"(gateway says {code})"), code
+    assert "Cancel the withdrawal or pay per question" in words["balance_withdrawing"]
+    assert "Add funds or pay per question" in words["balance_insufficient"]
+    assert "already used" in words["voucher_replayed"]
+    assert "not open yet" in words["withdraw_early"]
+    assert "prepaid balance is not charged" in words["node_failed_prepaid"]
+    assert "refunded after the timeout" in words["node_failed"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from eth_utils import to_checksum_address
 
 from node.gateway.app import GATEWAY_KEY, error_middleware
 from node.gateway.dapp import add_dapp_routes
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.unit
 ESCROW = "0x" + "ab" * 20
 KEY_A = "a" * 64
 KEY_B = "b" * 64
+PAYER = "0x" + "5e" * 20
+HELD = {to_checksum_address(PAYER): 7 * 10**12}
 
 
 class FakeCommittee:
@@ -50,7 +53,11 @@ def _gateway(committee: FakeCommittee) -> Any:
             name="smollm2-135m", model_hash="sha256:" + "11" * 32, model_id=b"\x11" * 32, shards=2
         ),
         desk=SimpleNamespace(
-            gateway="0x" + "cd" * 20, price=10**12, domain=payment_domain(31337, ESCROW)
+            gateway="0x" + "cd" * 20,
+            price=10**12,
+            domain=payment_domain(31337, ESCROW),
+            max_voucher_lifetime_s=86_400,
+            outstanding=lambda payer: HELD.get(payer, 0),
         ),
     )
 
@@ -103,6 +110,36 @@ async def test_dapp_config_has_chain_escrow_abi_model_and_price(aiohttp_client, 
     assert any(item.startswith("function deposit(") for item in config["escrow_abi"])
     assert any(item.startswith("function refund(") for item in config["escrow_abi"])
     assert config["evm_rpc"] == "http://127.0.0.1:8545"
+    # the prepaid path: balance, withdrawal and the voucher lifetime the gateway accepts
+    for name in ("depositBalance", "requestWithdrawal", "cancelWithdrawal", "withdrawBalance"):
+        assert any(item.startswith(f"function {name}(") for item in config["escrow_abi"]), name
+    assert any(
+        item.startswith("function prepaidOf(address payer) view") for item in config["escrow_abi"]
+    )
+    assert (
+        "error WithdrawalNotYetAvailable(address payer, uint256 withdrawableAt)"
+        in (config["escrow_abi"])
+    )
+    assert config["max_voucher_lifetime_s"] == 86_400
+
+
+async def test_dapp_prepaid_shows_what_the_gateway_holds_for_a_payer(
+    aiohttp_client, tmp_path
+) -> None:
+    client = await _client(aiohttp_client, FakeCommittee(), tmp_path)
+    for spelling in (PAYER, PAYER.upper().replace("0X", "0x"), to_checksum_address(PAYER)):
+        answer = await client.get(f"/dapp/prepaid/{spelling}")
+        assert answer.status == 200, spelling
+        assert await answer.json() == {
+            "payer": to_checksum_address(PAYER),
+            "held_wei": str(7 * 10**12),
+        }
+    other = await (await client.get("/dapp/prepaid/0x" + "11" * 20)).json()
+    assert other["held_wei"] == "0"
+    for bad in ("0x123", "5e" * 20, "0x" + "zz" * 20, "0x" + "5e" * 21):
+        answer = await client.get(f"/dapp/prepaid/{bad}")
+        assert answer.status == 400, bad
+        assert (await answer.json())["error"]["code"] == "bad_address"
 
 
 def test_dapp_config_never_shows_a_remote_rpc_url() -> None:

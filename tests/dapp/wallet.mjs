@@ -97,6 +97,10 @@ export class TestWallet {
     if (this.reported !== this.chainId) throw rpcError(4901, "the wallet is on another chain");
     const request = { to: tx.to, data: tx.data, value: tx.value ? BigInt(tx.value) : 0n };
     if (tx.gas) request.gasLimit = BigInt(tx.gas);
+    // The nonce straight from anvil (not ethers' provider, which answers a repeated
+    // eth_getTransactionCount from a 250 ms cache: two quick transactions would share a nonce).
+    const count = await this.forward("eth_getTransactionCount", [this.address, "pending"]);
+    request.nonce = Number(BigInt(count));
     const balance = await this.provider.getBalance(this.address);
     if (balance < request.value) {
       throw rpcError(-32000, "insufficient funds for gas * price + value");

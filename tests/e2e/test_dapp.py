@@ -66,6 +66,35 @@ ESCROW_ABI = [
         ],
     },
     {
+        "name": "prepaidOf",
+        "type": "function",
+        "stateMutability": "view",
+        "inputs": [{"name": "payer", "type": "address"}],
+        "outputs": [
+            {"name": "balance", "type": "uint256"},
+            {"name": "withdrawableAt", "type": "uint256"},
+        ],
+    },
+    {
+        "name": "BalanceDeposited",
+        "type": "event",
+        "anonymous": False,
+        "inputs": [
+            {"name": "payer", "type": "address", "indexed": True},
+            {"name": "amount", "type": "uint256", "indexed": False},
+            {"name": "balance", "type": "uint256", "indexed": False},
+        ],
+    },
+    {
+        "name": "BalanceWithdrawn",
+        "type": "event",
+        "anonymous": False,
+        "inputs": [
+            {"name": "payer", "type": "address", "indexed": True},
+            {"name": "amount", "type": "uint256", "indexed": False},
+        ],
+    },
+    {
         "name": "refundTimeout",
         "type": "function",
         "stateMutability": "view",
@@ -163,7 +192,13 @@ def _run(scenario: str, devnet: dict[str, Any], user: Any, tmp_path: Path, **ext
     )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert "failure" not in result, result["failure"] + "\n" + json.dumps(result)[:3000]
+    assert "failure" not in result, (
+        result["failure"]
+        + "\n"
+        + json.dumps(result.get("at_failure"))
+        + "\n"
+        + json.dumps(result)[:3000]
+    )
     assert result["console_errors"] == [], result["console_errors"]
     for shot in result["screenshots"]:
         assert Path(shot).stat().st_size > 10_000, shot
@@ -298,3 +333,62 @@ def test_dapp_rejected_signature_leaves_a_deposit_that_refunds_after_the_timeout
     delta = w3.eth.get_balance(user.address, block) - w3.eth.get_balance(user.address, block - 1)
     assert delta + gas == deposited[0]["args"]["amount"]
     assert int(result["balance_after_refund_wei"]) >= int(result["balance_before_refund_wei"]) - gas
+
+
+def test_dapp_prepaid_balance_pays_two_questions_by_voucher_then_withdraws(
+    env, devnet, user, chain, tmp_path
+) -> None:
+    """Add funds, two questions paid by vouchers with no transaction between them, the held
+    amount, then the withdrawal: request, cancel, request, the delay, withdraw."""
+    from protocol.payment import payment_domain, verify_prepaid_receipt_json
+
+    w3, escrow = chain
+    timeout_s = escrow.functions.refundTimeout().call()
+    result = _run("prepaid", devnet, user, tmp_path, refund_timeout_s=timeout_s)
+    assert "Voucher limit for this question" in result["estimate"]
+    fund = w3.eth.get_transaction_receipt(result["fund_tx"])
+    [deposited] = escrow.events.BalanceDeposited().process_receipt(fund)
+    assert deposited["args"]["payer"] == user.address
+    assert deposited["args"]["amount"] == 10**16
+    funded = int(result["prepaid_funded_wei"])
+    assert funded == int(result["prepaid_before_wei"]) + 10**16 == deposited["args"]["balance"]
+    # Two questions, each a voucher signature and no transaction at all.
+    calls = result["calls_while_asking"]
+    assert calls.count("eth_signTypedData_v4") == 2
+    assert "eth_sendTransaction" not in calls and "eth_sendRawTransaction" not in calls
+    pool = _pool(devnet)
+    domain = payment_domain(pool["chain_id"], pool["escrow"])
+    fees = 0
+    for shown in result["questions"]:
+        assert shown["notice"] is None, shown["notice"]
+        assert shown["answer"].strip(), "no answer text"
+        assert shown["signature_class"] == "good", shown["signature"]
+        assert shown["chain_class"] == "good", shown["chain"]
+        assert shown["payer"] == user.address and shown["deposit_label"] == "Voucher limit"
+        # The gateway's copy: signed by the gateway, the voucher signed by this wallet, fee <= cap.
+        charge = verify_prepaid_receipt_json(_served_receipt(env, shown["query"]), domain)
+        assert charge.gateway_signer == pool["gateway"] and charge.payer == user.address
+        assert 0 < charge.receipt.fee <= charge.voucher.fee_cap
+        assert shown["deposit"].startswith(f"{charge.voucher.fee_cap} wei")
+        assert shown["fee"].startswith(f"{charge.receipt.fee} wei")
+        fees += charge.receipt.fee
+    assert result["questions"][0]["query"] != result["questions"][1]["query"]
+    # Until the epoch's root debits them, the gateway holds the fees against the balance; once
+    # it is posted the escrow balance falls by them (whichever the page saw).
+    shown = (int(result["prepaid_after_wei"]), int(result["held_after_wei"]))
+    assert shown in {(funded, fees), (funded - fees, 0), (funded - fees, fees)}, (shown, fees)
+    # Withdrawal: pending with its opening time, questions refused in words, cancel, withdraw.
+    assert result["withdrawal_text"].startswith("requested: opens at ")
+    assert int(result["withdrawable_at"]) > 0 and result["withdraw_disabled_before"]
+    assert "being withdrawn" in result["withdrawing_notice"]
+    assert result["signed_while_withdrawing"] == 0
+    assert result["withdrawal_after_cancel"] == "none pending"
+    assert result["withdrawal_open_text"].startswith("open now: withdraw")
+    withdraw = w3.eth.get_transaction_receipt(result["withdraw_tx"])
+    [withdrawn] = escrow.events.BalanceWithdrawn().process_receipt(withdraw)
+    before = escrow.functions.prepaidOf(user.address).call(
+        block_identifier=withdraw["blockNumber"] - 1
+    )
+    assert withdrawn["args"]["amount"] == before[0] in (funded, funded - fees)
+    assert tuple(escrow.functions.prepaidOf(user.address).call()) == (0, 0)
+    assert result["prepaid_end_wei"] == "0" and result["withdrawal_end"] == "none pending"

@@ -261,13 +261,14 @@ async def test_flooding_caller_does_not_starve_another_callers_frame(aiohttp_ser
     server = await aiohttp_server(app)
     url = str(server.make_url("/v1/forward"))
 
-    def frame(value: float, session: str) -> bytes:
-        x = np.full((1, 1, H), value, dtype=np.float32)
+    def frame(value: float, session: str, rows: int = 1) -> bytes:
+        x = np.full((1, rows, H), value, dtype=np.float32)
         return make_frame(x, session=session, step=0, start=0, shard=0)
 
     async with _session_for("127.0.0.1") as attacker, _session_for("127.0.0.2") as honest:
+        # prefill chunks (8 positions): each runs alone, none is batched with another
         flood = [
-            asyncio.ensure_future(attacker.post(url, data=frame(1.0, f"{CAP}-flood{i}")))
+            asyncio.ensure_future(attacker.post(url, data=frame(1.0, f"{CAP}-flood{i}", 8)))
             for i in range(6)
         ]
         while not shard.order:  # the flood is queued and computing

@@ -1,0 +1,390 @@
+"""ChainClient: generate through a circuit whose nodes forward to each other (protocol/stream.py).
+
+    client ──▶ A ──▶ B ──▶ C ──▶ client        one WebSocket per link, kept for the client's life
+
+A token costs K + 1 transfers for K nodes (the star relay of `PipelineClient` costs 2K) and no
+per-request HTTP: each transfer is one WebSocket message with a 17-byte binary header. The
+client holds one link to every hop: it opens each hop's session there with that hop's own
+capability (node/client/capabilities.py) and learns refusals there by name; it feeds the first
+hop on its link and reads the last hop's output on its link. Hops pass activations on with
+per-hop feed tokens, never capabilities. Many generations share the links (sessions are
+multiplexed by sid), so one client drives many sessions, and their decode steps meet at each
+shard's batcher.
+
+The prompt is sent as chunks back to back (`prefill_chunk` positions each): hop A computes
+chunk 2 while hop B computes chunk 1, so prefill is pipelined across nodes.
+
+Failover stays possible: the client keeps every token id, so a replacement circuit (a new node
+for a hop has another URL and so other tokens) is opened with a fresh secret and replays the
+ids as its prefill. Per-hop commitments stay possible: each hop computes, and so sees, its own
+output, and the client can name every hop's session by its public tag (`session_tags`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from node.client.capabilities import hop_capability, hop_feed, hop_tag, new_session_id
+from node.client.pipeline import Head, Hop, Timings
+from node.client.sampling import SamplingConfig, sample
+from protocol.errors import BusyError, ConfigError, PlanetError, RemoteError, UnavailableError
+from protocol.frames import FrameError, decode_values, encode_body
+from protocol.stream import (
+    DataHeader,
+    NextHop,
+    open_message,
+    pack_data,
+    parse_control,
+    parse_data,
+    ws_frame_bytes,
+)
+
+log = logging.getLogger(__name__)
+
+_FROM_NODE = frozenset({"opened", "closed", "error"})
+MAX_ANSWER_TOKENS = 8192
+
+
+class BadStreamAnswerError(PlanetError):
+    """A node sent something on the client's link that does not answer what was asked."""
+
+    code = "bad_answer"
+    http_status = 502
+
+
+def _node_error(hop: Hop, code: str, message: str) -> PlanetError:
+    if code == "busy":
+        return BusyError(
+            f"node {hop.url} (shard {hop.shard}) is busy: {message}",
+            hint="retry in a moment, or add nodes for this shard",
+        )
+    return RemoteError(f"node {hop.url} (shard {hop.shard})", code, message, http_status=502)
+
+
+class _Link:
+    """The client's WebSocket to one hop: control answers and (last hop) outputs."""
+
+    def __init__(self, client: ChainClient, index: int, ws: aiohttp.ClientWebSocketResponse):
+        self.client = client
+        self.index = index
+        self.hop = client.hops[index]
+        self.ws = ws
+        self.pending: dict[int, asyncio.Future[None]] = {}
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        client = self.client
+        try:
+            async for message in self.ws:
+                if message.type == aiohttp.WSMsgType.BINARY:
+                    client.bytes_received += ws_frame_bytes(len(message.data), masked=False)
+                    self._data(message.data)
+                elif message.type == aiohttp.WSMsgType.TEXT:
+                    self._control(message.data)
+        finally:
+            gone = UnavailableError(
+                f"node {self.hop.url} (shard {self.hop.shard}) closed the stream",
+                hint="the node stopped or restarted; retry on another circuit",
+            )
+            for future in self.pending.values():
+                if not future.done():
+                    future.set_exception(gone)
+            for queue in client.outputs.values():
+                queue.put_nowait(gone)
+
+    def _control(self, text: str) -> None:
+        try:
+            control = parse_control(text, _FROM_NODE)
+        except FrameError as error:
+            log.warning("node %s sent a bad control message: %s", self.hop.url, error.message)
+            return
+        future = self.pending.pop(control.sid, None)
+        if control.op == "error":
+            error = _node_error(self.hop, control.code or "http_error", control.message or "")
+            if future is not None and not future.done():
+                future.set_exception(error)
+            elif control.sid in self.client.outputs:
+                self.client.outputs[control.sid].put_nowait(error)
+            else:
+                log.warning("node %s refused: %s", self.hop.url, error.message)
+        elif future is not None and not future.done():
+            future.set_result(None)
+
+    def _data(self, data: bytes) -> None:
+        client = self.client
+        try:
+            if self.index != len(client.hops) - 1:
+                raise FrameError("only the last hop sends outputs to the client")
+            header, body = parse_data(data, client.hidden_size, MAX_ANSWER_TOKENS)
+        except FrameError as error:
+            log.warning("node %s sent a bad data message: %s", self.hop.url, error.message)
+            return
+        queue = client.outputs.get(header.sid)
+        if queue is not None:
+            queue.put_nowait((header, bytes(body)))
+
+    async def request(self, body: dict[str, Any], sid: int, timeout_s: float) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.pending[sid] = future
+        try:
+            await self.ws.send_json(body)
+            async with asyncio.timeout(timeout_s):
+                await future
+        except TimeoutError:
+            raise UnavailableError(f"node {self.hop.url} did not answer {body['op']}") from None
+        except (ConnectionError, RuntimeError) as error:
+            raise UnavailableError(f"node {self.hop.url} stream failed: {error}") from None
+        finally:
+            self.pending.pop(sid, None)
+
+
+class _HeadBatcher:
+    """Logits of the sessions whose outputs arrived together, in one matmul (the LM head is the
+    client's largest cost per token on a CPU: ~19 ms for SmolLM2 at load 9); a head without
+    `logits_batch_np` is called once per session."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Any, np.ndarray, asyncio.Future[np.ndarray]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def logits(self, head: Any, hidden_last: np.ndarray) -> np.ndarray:
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self._pending.append((head, hidden_last, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        return await future
+
+    async def _run(self) -> None:
+        await asyncio.sleep(0)  # sessions whose outputs came in the same read join this batch
+        while self._pending:
+            batch, self._pending = self._pending, []
+            groups: dict[int, list[tuple[Any, np.ndarray, asyncio.Future[np.ndarray]]]] = {}
+            for item in batch:
+                groups.setdefault(id(item[0]), []).append(item)
+            for items in groups.values():
+                head = items[0][0]
+                try:
+                    if len(items) > 1 and hasattr(head, "logits_batch_np"):
+                        rows = head.logits_batch_np(np.stack([h for _, h, _ in items]))
+                        results = [rows[b] for b in range(len(items))]
+                    else:
+                        results = [head.logits_np(h) for _, h, _ in items]
+                except Exception as error:
+                    for _, _, future in items:
+                        if not future.done():
+                            future.set_exception(error)
+                    continue
+                for (_, _, future), logits in zip(items, results, strict=True):
+                    if not future.done():
+                        future.set_result(logits)
+
+
+class ChainClient:
+    """Persistent WebSockets to every node of one circuit. Use as `async with`."""
+
+    def __init__(
+        self,
+        hops: Sequence[Hop],
+        *,
+        hidden_size: int,
+        codec: str = "raw",
+        dtype: str = "float32",
+        request_timeout_s: float = 120.0,
+        prefill_chunk: int = 64,
+        http: aiohttp.ClientSession | None = None,
+    ) -> None:
+        if not hops:
+            raise ConfigError("a circuit needs at least one node")
+        self.hops = tuple(hops)
+        self.hidden_size = hidden_size
+        self.codec = codec
+        self.dtype = dtype
+        self.request_timeout_s = request_timeout_s
+        self.prefill_chunk = prefill_chunk
+        self._http = http
+        self._own_http = http is None
+        self.links: list[_Link] = []
+        self.outputs: dict[int, asyncio.Queue[Any]] = {}
+        self._sids = itertools.count(1)
+        self._heads = _HeadBatcher()
+        self.bytes_sent = 0  # client's own WebSocket bytes (framing included)
+        self.bytes_received = 0
+
+    async def __aenter__(self) -> ChainClient:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
+        try:
+            for index, hop in enumerate(self.hops):
+                try:
+                    async with asyncio.timeout(self.request_timeout_s):
+                        ws = await self._http.ws_connect(
+                            f"{hop.url}/v1/stream", max_msg_size=64 * 1024 * 1024
+                        )
+                except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                    raise UnavailableError(
+                        f"node {hop.url} (shard {hop.shard}) is not reachable: "
+                        f"{type(error).__name__} {error}".rstrip(),
+                        hint="check `planet local status`, or start nodes with `planet local up`",
+                    ) from None
+                self.links.append(_Link(self, index, ws))
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for link in self.links:
+            await link.ws.close()
+            link.reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await link.reader
+        self.links = []
+        if self._own_http and self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # ------------------------------------------------------------------------------- tokens
+    def capabilities(self, secret: str) -> list[str]:
+        return [hop_capability(secret, i, h.shard, h.url) for i, h in enumerate(self.hops)]
+
+    def feeds(self, secret: str) -> list[str]:
+        return [hop_feed(secret, i, h.shard, h.url) for i, h in enumerate(self.hops)]
+
+    def session_tags(self, secret: str) -> list[str]:
+        return [hop_tag(secret, i, h.shard, h.url) for i, h in enumerate(self.hops)]
+
+    # ------------------------------------------------------------------------------- sessions
+    async def open(self, secret: str) -> int:
+        """Open the session on every hop, last first (so each hop can attach downstream at
+        once); returns the sid that names it on the client's links."""
+        if not self.links:
+            raise RuntimeError("ChainClient used outside `async with`")
+        sid = next(self._sids)
+        self.outputs[sid] = asyncio.Queue()
+        caps, feeds = self.capabilities(secret), self.feeds(secret)
+        last = len(self.hops) - 1
+        try:
+            for index in range(last, -1, -1):
+                nxt = None
+                if index < last:
+                    hop = self.hops[index + 1]
+                    nxt = NextHop(url=hop.url, shard=hop.shard, feed=feeds[index + 1])
+                body = open_message(
+                    sid, caps[index], self.hops[index].shard, feeds[index] if index else None, nxt
+                )
+                await self.links[index].request(body, sid, self.request_timeout_s)
+        except BaseException:
+            await self.close(sid)
+            raise
+        return sid
+
+    async def close(self, sid: int) -> None:
+        """Close the session on every hop (best effort; a closed link closed it already)."""
+        self.outputs.pop(sid, None)
+        for link in self.links:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await link.ws.send_json({"op": "close", "sid": sid})
+
+    async def send(self, sid: int, start: int, hidden: np.ndarray, last_only: bool = True) -> None:
+        """Feed rows [1, T, H] at positions start.. to the first hop."""
+        header = DataHeader(sid, start, int(hidden.shape[1]), self.dtype, self.codec, last_only)
+        message = pack_data(header, encode_body(hidden, self.dtype, self.codec))
+        try:
+            await self.links[0].ws.send_bytes(message)
+        except (ConnectionError, RuntimeError) as error:
+            raise UnavailableError(f"node {self.hops[0].url} stream failed: {error}") from None
+        self.bytes_sent += ws_frame_bytes(len(message), masked=True)
+
+    async def receive(self, sid: int, start: int, count: int) -> np.ndarray:
+        """The last hop's output for the rows sent at start.. (count rows; 1 if last_only)."""
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                item = await self.outputs[sid].get()
+        except TimeoutError:
+            raise UnavailableError(
+                f"no answer from the circuit within {self.request_timeout_s:g} s"
+            ) from None
+        if isinstance(item, BaseException):
+            raise item
+        header, body = item
+        got = (header.start, header.count, header.dtype, header.codec)
+        if got != (start, count, self.dtype, self.codec):
+            raise BadStreamAnswerError(
+                f"node {self.hops[-1].url} answered rows {header.start}+{header.count} "
+                f"({header.dtype}/{header.codec}), expected {start}+{count}"
+            )
+        try:
+            return decode_values(header.dtype, header.codec, (1, count, self.hidden_size), body)
+        except FrameError as error:
+            raise BadStreamAnswerError(f"node {self.hops[-1].url}: {error.message}") from None
+
+    async def prefill(self, sid: int, ids_hidden: np.ndarray, start: int = 0) -> np.ndarray:
+        """Send [1, T, H] in chunks back to back (pipelined); the last row's output [1, 1, H]."""
+        total = int(ids_hidden.shape[1])
+        bounds = list(range(0, total, self.prefill_chunk))
+        for begin in bounds:
+            await self.send(sid, start + begin, ids_hidden[:, begin : begin + self.prefill_chunk])
+        out = None
+        for begin in bounds:
+            end = min(begin + self.prefill_chunk, total)
+            out = await self.receive(sid, start + end - 1, 1)
+        assert out is not None
+        return out
+
+    # ------------------------------------------------------------------------------- generate
+    async def generate(
+        self,
+        head: Head,
+        prompt_ids: Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        timings: Timings | None = None,
+        stop_on_eos: bool = True,
+    ) -> AsyncIterator[int]:
+        """Same contract as `PipelineClient.generate`: new token ids as they are chosen."""
+        sampling = (sampling or SamplingConfig()).validate()
+        rng = sampling.rng()
+        timings = timings if timings is not None else Timings()
+        timings.prompt_tokens = len(prompt_ids)
+        timings.node_compute_ms = [0.0] * len(self.hops)
+        if not prompt_ids:
+            raise ConfigError("empty prompt")
+        sent0, received0 = self.bytes_sent, self.bytes_received
+        t0 = time.perf_counter()
+        sid = await self.open(new_session_id())
+        t_first = t0
+        try:
+            out = await self.prefill(sid, head.embed_np(list(prompt_ids)))
+            position = len(prompt_ids)
+            for step in range(1, max_new_tokens + 1):
+                token = sample(await self._heads.logits(head, out[0, -1]), sampling, rng)
+                now = time.perf_counter()
+                if step == 1:
+                    t_first = now
+                    timings.prefill_ms = (now - t0) * 1000
+                else:
+                    timings.decode_ms = (now - t_first) * 1000
+                if stop_on_eos and token in head.eos_token_ids:
+                    break
+                timings.new_tokens += 1
+                yield token
+                if step == max_new_tokens:
+                    break
+                await self.send(sid, position, head.embed_np([token]))
+                out = await self.receive(sid, position, 1)
+                timings.decode_steps += 1
+                position += 1
+        finally:
+            timings.wire_bytes_sent += self.bytes_sent - sent0
+            timings.wire_bytes_received += self.bytes_received - received0
+            await self.close(sid)

@@ -1,0 +1,80 @@
+"""What one node process holds while it serves: the shard, its sessions, the compute queue,
+the downstream links of its streams, and counters. Shared by the HTTP and stream handlers."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from node.server.backend import ShardBackend
+from node.server.batcher import Batcher
+from node.server.config import ServerConfig
+from node.server.sessions import SessionStore
+from protocol.errors import PlanetError
+from protocol.frames import FrameLimits
+
+log = logging.getLogger(__name__)
+
+
+class ComputeError(PlanetError):
+    """The shard failed on a valid frame; the session is dropped (its cache may be partial)."""
+
+    code = "compute_failed"
+    http_status = 500
+
+
+@dataclass
+class NodeState:
+    backend: ShardBackend
+    store: SessionStore
+    limits: FrameLimits
+    executor: ThreadPoolExecutor
+    batcher: Batcher
+    started_s: float = field(default_factory=time.monotonic)
+    in_flight: int = 0
+    peer_in_flight: dict[str, int] = field(default_factory=dict)
+    forwards: int = 0
+    # streams (node/server/stream.py)
+    routes_by_feed: dict[str, Any] = field(default_factory=dict)  # feed tag -> Route
+    links: Any = None  # DownLinks, created with the app's client session
+    streams: set[Any] = field(default_factory=set)  # accepted WebSockets (closed on shutdown)
+    stream_bytes_in: int = 0  # WebSocket bytes received on streams (framing included)
+    stream_bytes_out: int = 0  # WebSocket bytes sent on streams (framing included)
+    stream_bytes_forwarded: int = 0  # of which to the next hop (data messages)
+    tokens: int = 0  # positions run through this shard's layers (the node's own work count)
+    # Called after each successful forward with (session tag, positions, inputs, outputs), on
+    # the event loop; a failing hook is logged and never fails the forward. Used by the served
+    # log (commit-reveal, node/server/served.py) and spot-check tickets (node/server/tickets.py).
+    forward_hooks: list[Callable[[str, np.ndarray, np.ndarray, np.ndarray], None]] = field(
+        default_factory=list
+    )
+    served: Any = None  # node.server.served.ServedLog with --commit-dir (install_served)
+
+
+def after_forward(
+    state: NodeState, tag: str, start: int, hidden: np.ndarray, out: np.ndarray
+) -> None:
+    """Count the positions this shard ran and hand (tag, positions, inputs, outputs) to the
+    forward hooks (HTTP frames and streams alike). Non-finite outputs are refused later and
+    never recorded."""
+    count = int(hidden.shape[1])
+    state.tokens += count
+    if not state.forward_hooks or not np.isfinite(out).all():
+        return
+    positions = np.arange(start, start + count, dtype=np.int64)
+    for hook in state.forward_hooks:
+        try:
+            hook(tag, positions, hidden, out)
+        except Exception:
+            log.exception("forward hook failed session=%s", tag[:16])
+
+
+CONFIG_KEY = web.AppKey("config", ServerConfig)
+STATE_KEY = web.AppKey("state", NodeState)

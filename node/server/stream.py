@@ -1,0 +1,423 @@
+"""`GET /v1/stream`: a node's end of the chain (protocol/stream.py), client → A → B → C → client.
+
+One WebSocket per link. A client opens a session on its own link to every hop (with that hop's
+capability); a hop that is not the last dials the next hop once (`DownLinks`, one persistent
+connection per next URL, shared by all sessions) and attaches the session there with the feed
+token. Each data message is one work item for the batcher (decode steps of sessions arriving
+together run as one batched forward); its output goes on down the chain, or, from the last hop,
+back on the client's link. A refusal is sent by name to the client's link of the refusing hop.
+When a client's link closes, the sessions it opened are closed (KV freed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+from node.server.peers import peer_key
+from node.server.sessions import PeerQuotaError, Session, short_tag
+from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
+from protocol.errors import BusyError, PlanetError
+from protocol.frames import (
+    FrameError,
+    NonFiniteError,
+    SessionExpiredError,
+    WrongShardError,
+    decode_values,
+    encode_body,
+    session_tag,
+)
+from protocol.stream import (
+    BadControlError,
+    BadFeedError,
+    Control,
+    DataHeader,
+    DownstreamError,
+    UnknownStreamError,
+    error_message,
+    pack_data,
+    parse_control,
+    parse_data,
+    ws_frame_bytes,
+)
+
+log = logging.getLogger(__name__)
+
+ATTACH_TIMEOUT_S = 10.0
+_FROM_PEERS = frozenset({"open", "close", "attach"})
+_TO_UPSTREAM = frozenset({"attached", "error", "closed"})
+
+
+# ------------------------------------------------------------------------------ downstream
+class DownLink:
+    """This node's persistent WebSocket to one next hop (shared by every session routed there)."""
+
+    def __init__(self, url: str, ws: aiohttp.ClientWebSocketResponse, state: NodeState) -> None:
+        self.url = url
+        self.ws = ws
+        self.state = state
+        self._next_sid = 1
+        self._pending: dict[int, asyncio.Future[None]] = {}
+        self._reader = asyncio.create_task(self._read())
+
+    @property
+    def closed(self) -> bool:
+        return self.ws.closed or self._reader.done()
+
+    async def _read(self) -> None:
+        async for message in self.ws:
+            if message.type != aiohttp.WSMsgType.TEXT:
+                continue  # nothing but control comes back upstream
+            try:
+                control = parse_control(message.data, _TO_UPSTREAM)
+            except FrameError:
+                continue
+            future = self._pending.pop(control.sid, None)
+            if future is None or future.done():
+                continue
+            if control.op == "error":
+                future.set_exception(
+                    DownstreamError(
+                        f"next hop {self.url} refused: {control.code}: {control.message}"
+                    )
+                )
+            else:
+                future.set_result(None)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(DownstreamError(f"link to next hop {self.url} closed"))
+
+    async def attach(self, feed: str) -> int:
+        sid = self._next_sid
+        self._next_sid += 1
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending[sid] = future
+        await self.send_json({"op": "attach", "sid": sid, "feed": feed})
+        try:
+            async with asyncio.timeout(ATTACH_TIMEOUT_S):
+                await future
+        except TimeoutError:
+            raise DownstreamError(f"next hop {self.url} did not answer the attach") from None
+        finally:
+            self._pending.pop(sid, None)
+        return sid
+
+    async def send_json(self, body: dict[str, Any]) -> None:
+        try:
+            await self.ws.send_json(body)
+        except (ConnectionError, RuntimeError) as error:
+            raise DownstreamError(f"link to next hop {self.url} failed: {error}") from None
+
+    async def send_bytes(self, data: bytes) -> None:
+        try:
+            await self.ws.send_bytes(data)
+        except (ConnectionError, RuntimeError) as error:
+            raise DownstreamError(f"link to next hop {self.url} failed: {error}") from None
+        sent = ws_frame_bytes(len(data), masked=True)
+        self.state.stream_bytes_out += sent
+        self.state.stream_bytes_forwarded += sent
+
+    async def close(self) -> None:
+        await self.ws.close()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+class DownLinks:
+    """One DownLink per next-hop URL, dialled on first use, redialled if it dropped."""
+
+    def __init__(self, http: aiohttp.ClientSession, state: NodeState, max_msg_bytes: int) -> None:
+        self.http = http
+        self.state = state
+        self.max_msg_bytes = max_msg_bytes
+        self._links: dict[str, DownLink] = {}
+        self._dialling: dict[str, asyncio.Lock] = {}
+
+    async def get(self, url: str) -> DownLink:
+        link = self._links.get(url)
+        if link is not None and not link.closed:
+            return link
+        async with self._dialling.setdefault(url, asyncio.Lock()):
+            link = self._links.get(url)
+            if link is not None and not link.closed:
+                return link
+            try:
+                async with asyncio.timeout(ATTACH_TIMEOUT_S):
+                    ws = await self.http.ws_connect(
+                        f"{url}/v1/stream", max_msg_size=self.max_msg_bytes, autoping=True
+                    )
+            except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                raise DownstreamError(
+                    f"cannot reach next hop {url}: {type(error).__name__}"
+                ) from None
+            link = DownLink(url, ws, self.state)
+            self._links[url] = link
+            return link
+
+    async def close(self) -> None:
+        for link in list(self._links.values()):
+            await link.close()
+        self._links.clear()
+
+
+# ------------------------------------------------------------------------------ sessions
+@dataclass(eq=False)
+class Route:
+    """Where a stream session's data comes from and goes to on this node."""
+
+    session: Session
+    reply: web.WebSocketResponse  # the client's link: errors, and the last hop's outputs
+    reply_sid: int
+    feed_tag: str | None = None  # an upstream attaches with the feed whose tag this is
+    down: DownLink | None = None
+    down_sid: int = 0
+
+
+@dataclass(eq=False)
+class _Link:
+    """One accepted WebSocket: what it opened (a client) and what it may feed (client or node)."""
+
+    ws: web.WebSocketResponse
+    peer: str
+    max_inflight: int  # frames of one caller queued or computing (config.max_inflight_per_peer)
+    opened: dict[int, Route] = field(default_factory=dict)
+    inbound: dict[int, Route] = field(default_factory=dict)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+async def _send(state: NodeState, ws: web.WebSocketResponse, data: bytes | dict[str, Any]) -> None:
+    """Send on an accepted link; a link that went away is not this node's failure."""
+    try:
+        if isinstance(data, bytes):
+            await ws.send_bytes(data)
+            state.stream_bytes_out += ws_frame_bytes(len(data), masked=False)
+        else:
+            await ws.send_json(data)
+    except (ConnectionError, RuntimeError):
+        log.debug("stream link gone while sending")
+
+
+async def _refuse(
+    state: NodeState, ws: web.WebSocketResponse, sid: int, error: PlanetError
+) -> None:
+    log.info("stream refused sid=%d code=%s message=%s", sid, error.code, error.message)
+    await _send(state, ws, error_message(sid, error))
+
+
+def _close_route(state: NodeState, route: Route) -> None:
+    state.store.close(route.session.tag)
+    if route.feed_tag is not None:
+        state.routes_by_feed.pop(route.feed_tag, None)
+
+
+async def _open(state: NodeState, link: _Link, control: Control) -> None:
+    backend = state.backend
+    if control.shard != backend.shard_id:
+        raise WrongShardError(int(control.shard or 0), backend.shard_id)
+    if control.sid in link.opened or control.sid in link.inbound:
+        raise BadControlError(f"sid {control.sid} is already in use on this link")
+    if control.session is None:  # parse_control sets it for every "open"
+        raise BadControlError("open needs a session capability")
+    tag = session_tag(control.session)
+    if tag in state.store:
+        raise BadControlError(f"session {short_tag(tag)} is already open")
+    for victim in state.store.reserve(0, new_session=True, peer=link.peer):
+        log.info("session reclaimed for another caller session=%s", short_tag(victim))
+    session = state.store.open(tag, backend.new_cache(), peer=link.peer)
+    route = Route(session=session, reply=link.ws, reply_sid=control.sid)
+    link.opened[control.sid] = route
+    if control.feed is None:
+        link.inbound[control.sid] = route  # the client feeds this hop itself
+    else:
+        route.feed_tag = session_tag(control.feed)
+        state.routes_by_feed[route.feed_tag] = route
+    if control.next is not None:
+        try:
+            route.down = await state.links.get(control.next.url)
+            route.down_sid = await route.down.attach(control.next.feed)
+        except DownstreamError:
+            link.opened.pop(control.sid, None)
+            link.inbound.pop(control.sid, None)
+            _close_route(state, route)
+            raise
+    log.info(
+        "stream session opened session=%s peer=%s last=%s sessions=%d",
+        short_tag(tag),
+        link.peer,
+        route.down is None,
+        len(state.store),
+    )
+    await _send(state, link.ws, {"op": "opened", "sid": control.sid})
+
+
+async def _control(state: NodeState, link: _Link, text: str) -> None:
+    sid = 0
+    try:
+        control = parse_control(text, _FROM_PEERS)
+        sid = control.sid
+        if control.op == "open":
+            await _open(state, link, control)
+        elif control.op == "attach":
+            if control.feed is None:  # parse_control sets it for every "attach"
+                raise BadControlError("attach needs a feed token")
+            route = state.routes_by_feed.get(session_tag(control.feed))
+            if route is None or route.session.cache is None:
+                raise BadFeedError("no open session expects this feed token")
+            link.inbound[control.sid] = route
+            await _send(state, link.ws, {"op": "attached", "sid": control.sid})
+        else:  # close
+            route = link.opened.pop(control.sid, None)
+            if route is None:
+                raise UnknownStreamError(f"sid {control.sid} was not opened on this link")
+            link.inbound.pop(control.sid, None)
+            _close_route(state, route)
+            await _send(state, link.ws, {"op": "closed", "sid": control.sid})
+    except (FrameError, BusyError) as error:
+        await _refuse(state, link.ws, sid, error)
+
+
+async def _data(state: NodeState, link: _Link, data: bytes) -> None:
+    config = state.limits
+    try:
+        header, body = parse_data(data, state.backend.hidden_size, config.max_tokens)
+    except FrameError as error:
+        await _refuse(state, link.ws, 0, error)
+        return
+    route = link.inbound.get(header.sid)
+    if route is None:
+        await _refuse(state, link.ws, header.sid, UnknownStreamError(f"sid {header.sid} unknown"))
+        return
+    peer = route.session.peer
+    queued = state.peer_in_flight.get(peer, 0)
+    limit = link.max_inflight
+    if queued >= limit:
+        await _refuse(
+            state,
+            route.reply,
+            route.reply_sid,
+            PeerQuotaError(
+                f"this address has {queued} frames in flight (per-caller limit {limit})"
+            ),
+        )
+        return
+    state.peer_in_flight[peer] = queued + 1
+    state.in_flight += 1
+    try:
+        await _compute(state, route, header, body)
+    finally:
+        state.in_flight -= 1
+        left = state.peer_in_flight[peer] - 1
+        if left:
+            state.peer_in_flight[peer] = left
+        else:
+            del state.peer_in_flight[peer]
+
+
+async def _compute(state: NodeState, route: Route, header: DataHeader, body: memoryview) -> None:
+    session = route.session
+    store = state.store
+    try:
+        async with session.lock:
+            if session.cache is None:
+                raise SessionExpiredError(short_tag(session.tag))
+            store.check_start(session, header.start)
+            hidden = decode_values(
+                header.dtype, header.codec, (1, header.count, state.backend.hidden_size), body
+            )
+            reclaimed = store.reserve(
+                header.count, new_session=False, peer=session.peer, session=session
+            )
+            for victim in reclaimed:
+                log.info("session reclaimed for another caller session=%s", short_tag(victim))
+            try:
+                out, _ = await state.batcher.run(session.peer, session.cache, hidden, header.start)
+            except BusyError:
+                store.release(session, header.count)
+                raise
+            except Exception as error:
+                store.close(session.tag, remember=False)
+                log.exception("forward failed session=%s", short_tag(session.tag))
+                raise ComputeError(f"forward failed: {type(error).__name__}: {error}") from None
+            if session.cache is None:
+                raise SessionExpiredError(short_tag(session.tag))
+            after_forward(state, session.tag, header.start, hidden, out)
+            start, count = header.start, header.count
+            last = route.down is None
+            if last and header.last_only and count > 1:
+                out = out[:, -1:, :]
+                start, count = start + count - 1, 1
+            try:
+                if not np.isfinite(out).all():
+                    raise NonFiniteError("the layers' output is not finite")
+                encoded = encode_body(out, header.dtype, header.codec)
+            except FrameError:
+                store.close(session.tag)  # the cache holds positions nobody will get
+                raise
+            store.advance(session, header.count, state.backend.cache_bytes(session.cache))
+            state.forwards += 1
+            if last:
+                out_header = DataHeader(
+                    route.reply_sid, start, count, header.dtype, header.codec, header.last_only
+                )
+                await _send(state, route.reply, pack_data(out_header, encoded))
+            elif route.down is not None:
+                out_header = DataHeader(
+                    route.down_sid, start, count, header.dtype, header.codec, header.last_only
+                )
+                await route.down.send_bytes(pack_data(out_header, encoded))
+    except (FrameError, BusyError, ComputeError) as error:
+        await _refuse(state, route.reply, route.reply_sid, error)
+
+
+async def stream(request: web.Request) -> web.WebSocketResponse:
+    config = request.app[CONFIG_KEY]
+    state = request.app[STATE_KEY]
+    ws = web.WebSocketResponse(max_msg_size=config.max_request_bytes, autoping=True)
+    await ws.prepare(request)
+    state.streams.add(ws)
+    link = _Link(ws=ws, peer=peer_key(request.remote), max_inflight=config.max_inflight_per_peer)
+    try:
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.BINARY:
+                state.stream_bytes_in += ws_frame_bytes(len(message.data), masked=True)
+                task = asyncio.create_task(_data(state, link, message.data))
+            elif message.type == aiohttp.WSMsgType.TEXT:
+                task = asyncio.create_task(_control(state, link, message.data))
+            else:
+                break
+            link.tasks.add(task)
+            task.add_done_callback(link.tasks.discard)
+    finally:
+        state.streams.discard(ws)
+        for route in link.opened.values():
+            _close_route(state, route)
+        if link.opened:
+            log.info("stream link closed sessions_closed=%d", len(link.opened))
+    return ws
+
+
+async def close_streams(app: web.Application) -> None:
+    """on_shutdown: close every accepted stream (a WebSocket handler otherwise keeps the
+    server's graceful shutdown waiting for its peer)."""
+    for ws in list(app[STATE_KEY].streams):
+        await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"node shutting down")
+
+
+async def close_links(app: web.Application) -> AsyncIterator[None]:
+    """cleanup_ctx: the node's client session for downstream links."""
+    state = app[STATE_KEY]
+    config = app[CONFIG_KEY]
+    http = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
+    state.links = DownLinks(http, state, config.max_request_bytes)
+    yield
+    await state.links.close()
+    await http.close()

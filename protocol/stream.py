@@ -1,0 +1,335 @@
+"""Activation streams: node-to-node forwarding over one persistent WebSocket per link.
+
+A circuit's data path is a chain, client → A → B → C → client: a token costs one transfer per
+hop (K + 1 for K nodes, against 2K for the star relay of `/v1/forward`) and no per-request HTTP
+overhead. Every link is a WebSocket on `GET /v1/stream`; a session on a link is named by a small
+integer `sid` the sending side chose. Two kinds of message:
+
+**Data** (binary), 17-byte big-endian header then the body:
+
+    offset  size  field
+    0       1     kind  0x01
+    1       1     version 1
+    2       4     sid
+    6       4     start   first absolute position of the rows
+    10      4     count   rows (positions) in the body
+    14      1     dtype   index into protocol.frames.DTYPES order ("float32", "float16")
+    15      1     codec   index into protocol.frames.CODECS ("raw", "int8", "hq9", "ohq7")
+    16      1     flags   bit 0: last_only (the last hop answers only the last row)
+
+The body is encoded exactly as a `/v1/forward` frame's body (protocol.frames codecs); its size
+is checked against count × hidden size before anything is decoded.
+
+**Control** (text, one JSON object, at most 4 KiB, nesting ≤ 3):
+
+    client → node   {"op": "open", "sid", "session": capability, "shard",
+                     "feed": token | null, "next": {"url", "shard", "feed": token} | null}
+    client → node   {"op": "close", "sid"}
+    node → node     {"op": "attach", "sid", "feed": token}
+    node → peer     {"op": "opened" | "attached" | "closed", "sid"}
+    node → client   {"op": "error", "sid", "code", "message"}
+
+Capabilities stay per hop. The client opens hop i's session on its own link to hop i with
+hop i's capability (never seen by any other node). `feed` is a second per-hop token (derived
+from the client's secret like the capability): hop i learns the token its upstream must present
+(`feed`) and the token it presents to hop i + 1 (`next.feed`), never hop i + 1's capability. A
+feed token only lets its holder append positions whose output flows on down the chain; reading
+an output (the last hop answers on the client's own link), closing and opening need the
+capability. `next: null` marks the last hop: it sends its output back on the client's link.
+Errors about a session always go to the client's link of the hop that refused, by name.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any, Final
+
+from protocol import codec_rq
+from protocol.canonical import JsonTooDeepError, loads_bounded
+from protocol.frames import (
+    CODECS,
+    DTYPES,
+    VARIABLE_CODECS,
+    BadBodyError,
+    BadCodecError,
+    BadDtypeError,
+    BadHeaderError,
+    BadPositionsError,
+    BadShapeError,
+    FrameError,
+    TooLargeError,
+    body_size,
+    check_session_id,
+)
+
+DATA_KIND: Final = 0x01
+STREAM_VERSION: Final = 1
+_DATA = struct.Struct(">BBIIIBBB")
+DATA_HEADER_BYTES: Final = _DATA.size  # 17
+FLAG_LAST_ONLY: Final = 0x01
+MAX_CONTROL_BYTES: Final = 4096
+MAX_SID: Final = 2**32 - 1
+MAX_URL_CHARS: Final = 200
+_URL_RE = re.compile(
+    r"https?://[A-Za-z0-9.\-]{1,120}(:[0-9]{1,5})?|https?://\[[0-9a-fA-F:.]{2,45}\](:[0-9]{1,5})?"
+)
+_DTYPE_NAMES: Final = tuple(DTYPES)
+OPS_FROM_CLIENT: Final = frozenset({"open", "close", "attach"})
+OPS_TO_CLIENT: Final = frozenset({"opened", "attached", "closed", "error"})
+
+
+class BadControlError(FrameError):
+    """A control message is malformed (not JSON, unknown op, missing or bad fields)."""
+
+    code = "bad_control"
+
+
+class BadRouteError(FrameError):
+    """The `next` hop of an open is not a plain http(s)://host[:port] URL."""
+
+    code = "bad_route"
+
+
+class UnknownStreamError(FrameError):
+    """Data or a close names a sid that is not open or attached on this link."""
+
+    code = "unknown_stream"
+    http_status = 404
+
+
+class BadFeedError(FrameError):
+    """An attach presented a feed token no open session expects."""
+
+    code = "bad_feed"
+    http_status = 403
+
+
+class DownstreamError(FrameError):
+    """The next hop of the chain could not be reached or refused the attach."""
+
+    code = "downstream_unavailable"
+    http_status = 502
+
+
+# ------------------------------------------------------------------------------------ data
+@dataclass(frozen=True, slots=True)
+class DataHeader:
+    sid: int
+    start: int
+    count: int
+    dtype: str
+    codec: str
+    last_only: bool = False
+
+    def pack(self) -> bytes:
+        return _DATA.pack(
+            DATA_KIND,
+            STREAM_VERSION,
+            self.sid,
+            self.start,
+            self.count,
+            _DTYPE_NAMES.index(self.dtype),
+            CODECS.index(self.codec),
+            FLAG_LAST_ONLY if self.last_only else 0,
+        )
+
+
+def pack_data(header: DataHeader, body: bytes | memoryview) -> bytes:
+    return b"".join((header.pack(), body))
+
+
+def parse_data(
+    message: bytes | bytearray | memoryview, hidden_size: int, max_tokens: int
+) -> tuple[DataHeader, memoryview]:
+    """A data message's header and body (body size checked, values not yet decoded)."""
+    view = memoryview(message)
+    if len(view) < DATA_HEADER_BYTES:
+        raise BadHeaderError(f"data message of {len(view)} bytes is shorter than its header")
+    kind, version, sid, start, count, dtype, codec, flags = _DATA.unpack_from(view)
+    if kind != DATA_KIND or version != STREAM_VERSION:
+        raise BadHeaderError(f"unknown data kind {kind} / version {version}")
+    if dtype >= len(_DTYPE_NAMES):
+        raise BadDtypeError(f"dtype index {dtype} unknown; accepted: {list(_DTYPE_NAMES)}")
+    if codec >= len(CODECS):
+        raise BadCodecError(f"codec index {codec} unknown; accepted: {list(CODECS)}")
+    if flags & ~FLAG_LAST_ONLY:
+        raise BadHeaderError(f"unknown flags {flags:#04x}")
+    if count < 1:
+        raise BadPositionsError("count must be >= 1")
+    if count > max_tokens:
+        raise TooLargeError(f"{count} positions exceed the limit of {max_tokens}")
+    if start + count > 2**31 - 1:
+        raise BadPositionsError("positions beyond 2^31 - 1")
+    header = DataHeader(
+        sid=sid,
+        start=start,
+        count=count,
+        dtype=_DTYPE_NAMES[dtype],
+        codec=CODECS[codec],
+        last_only=bool(flags & FLAG_LAST_ONLY),
+    )
+    body = view[DATA_HEADER_BYTES:]
+    if header.codec in VARIABLE_CODECS:  # rq: the size depends on the values, within bounds
+        low, high = codec_rq.body_bounds(count, hidden_size)
+        if not low <= len(body) <= high:
+            raise BadBodyError(
+                f"body is {len(body)} bytes, outside {low}..{high} for {count} x {hidden_size}"
+            )
+        return header, body
+    expected = body_size(header.dtype, header.codec, count * hidden_size)
+    if len(body) != expected:
+        raise BadBodyError(
+            f"body is {len(body)} bytes, expected {expected} for {count} x {hidden_size}"
+        )
+    return header, body
+
+
+# ------------------------------------------------------------------------------------ control
+@dataclass(frozen=True, slots=True)
+class NextHop:
+    url: str
+    shard: int
+    feed: str
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """A parsed control message; fields not used by its op are None."""
+
+    op: str
+    sid: int
+    session: str | None = None
+    shard: int | None = None
+    feed: str | None = None
+    next: NextHop | None = None
+    code: str | None = None
+    message: str | None = None
+
+
+_FIELDS: Final[dict[str, frozenset[str]]] = {
+    "open": frozenset({"op", "sid", "session", "shard", "feed", "next"}),
+    "close": frozenset({"op", "sid"}),
+    "attach": frozenset({"op", "sid", "feed"}),
+    "opened": frozenset({"op", "sid"}),
+    "attached": frozenset({"op", "sid"}),
+    "closed": frozenset({"op", "sid"}),
+    "error": frozenset({"op", "sid", "code", "message"}),
+}
+_CODE_RE = re.compile(r"[a-z0-9_]{1,64}")
+
+
+def _int_field(raw: dict[str, Any], name: str, maximum: int) -> int:
+    value = raw.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= maximum:
+        raise BadControlError(f"{name} must be an integer in 0..{maximum}")
+    return value
+
+
+def _token(value: Any, name: str) -> str:
+    try:
+        return check_session_id(value)
+    except FrameError:
+        raise BadControlError(f"{name} must be 22-64 characters of [A-Za-z0-9_-]") from None
+
+
+def check_next_url(value: Any) -> str:
+    """A next hop's base URL: plain http(s)://host[:port], no path, user info or query."""
+    if not isinstance(value, str) or len(value) > MAX_URL_CHARS or not _URL_RE.fullmatch(value):
+        raise BadRouteError("next.url must be http(s)://host[:port] with nothing after it")
+    return value
+
+
+def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
+    """Parse one control message whose op is in `allowed`, or raise a named FrameError."""
+    if len(text) > MAX_CONTROL_BYTES:
+        raise TooLargeError(f"control message over {MAX_CONTROL_BYTES} bytes")
+    try:
+        raw = loads_bounded(text, max_depth=3, parse_constant=_no_constant)
+    except (ValueError, JsonTooDeepError, RecursionError):
+        raise BadControlError("control message is not a JSON object of depth <= 3") from None
+    if not isinstance(raw, dict):
+        raise BadControlError("control message must be a JSON object")
+    op = raw.get("op")
+    if not isinstance(op, str) or op not in allowed:
+        raise BadControlError(f"op must be one of {sorted(allowed)}")
+    if set(raw) != _FIELDS[op]:
+        raise BadControlError(f"{op} needs exactly the fields {sorted(_FIELDS[op])}")
+    sid = _int_field(raw, "sid", MAX_SID)
+    if op == "open":
+        feed = raw["feed"]
+        nxt = raw["next"]
+        next_hop = None
+        if nxt is not None:
+            if not isinstance(nxt, dict) or set(nxt) != {"url", "shard", "feed"}:
+                raise BadControlError("next must be null or {url, shard, feed}")
+            next_hop = NextHop(
+                url=check_next_url(nxt["url"]),
+                shard=_int_field(nxt, "shard", 2**16),
+                feed=_token(nxt["feed"], "next.feed"),
+            )
+        return Control(
+            op=op,
+            sid=sid,
+            session=_token(raw["session"], "session"),
+            shard=_int_field(raw, "shard", 2**16),
+            feed=None if feed is None else _token(feed, "feed"),
+            next=next_hop,
+        )
+    if op == "attach":
+        return Control(op=op, sid=sid, feed=_token(raw["feed"], "feed"))
+    if op == "error":
+        code, message = raw["code"], raw["message"]
+        if not isinstance(code, str) or not _CODE_RE.fullmatch(code):
+            code = "http_error"
+        if not isinstance(message, str):
+            message = ""
+        message = "".join(c if c.isprintable() else "?" for c in message[:300])
+        return Control(op=op, sid=sid, code=code, message=message)
+    return Control(op=op, sid=sid)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def open_message(
+    sid: int, session: str, shard: int, feed: str | None, next_hop: NextHop | None
+) -> dict[str, Any]:
+    nxt = (
+        None
+        if next_hop is None
+        else {"url": next_hop.url, "shard": next_hop.shard, "feed": next_hop.feed}
+    )
+    return {"op": "open", "sid": sid, "session": session, "shard": shard, "feed": feed, "next": nxt}
+
+
+def error_message(sid: int, error: Any) -> dict[str, Any]:
+    return {"op": "error", "sid": sid, "code": error.code, "message": error.message[:300]}
+
+
+def ws_frame_bytes(payload: int, *, masked: bool) -> int:
+    """Bytes a WebSocket frame of `payload` bytes takes on the wire (RFC 6455 header)."""
+    header = 2 if payload < 126 else 4 if payload < 65536 else 10
+    return header + (4 if masked else 0) + payload
+
+
+__all__ = [
+    "DATA_HEADER_BYTES",
+    "BadControlError",
+    "BadFeedError",
+    "BadRouteError",
+    "BadShapeError",
+    "Control",
+    "DataHeader",
+    "DownstreamError",
+    "NextHop",
+    "UnknownStreamError",
+    "error_message",
+    "open_message",
+    "pack_data",
+    "parse_control",
+    "parse_data",
+    "ws_frame_bytes",
+]
