@@ -47,6 +47,10 @@ class Code(IntEnum):
     NO_STATEMENT = 33  # payout_vote for an epoch without a stored statement
     BAD_PAYOUT_SIGNATURE = 34  # not the validator operator's signature over the statement
     SETTLEMENT_DISABLED = 35  # genesis has no evm.escrow_address
+    # spot-check reports (abci_app/spot_reports.py); 50+ to leave room to settlement
+    SPOT_REPORT_EPOCH = 50  # the epoch is not closed yet, or too old to report
+    DUPLICATE_SPOT_REPORT = 51  # this validator already reported that epoch
+    SPOT_CHECK_NOT_ASSIGNED = 52  # a listed triple was not committed then, selected, or assigned
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

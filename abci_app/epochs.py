@@ -9,6 +9,11 @@
   the first `challenges_per_epoch` of them (all when 0), each with
   prompt_seed = sha256("planet/prompt" ‖ H ‖ node key ‖ e+1) — the verifier derives the prompt
   from the seed, so no two nodes get the same prompt and the leader cannot choose.
+- Spot-check verifiers of epoch e+1 (fixed with its record, at height e·L): the consensus keys
+  (64 hex, sorted) of the validators that committed a verifier seed for e+1 by then
+  (`seed/<e+1>/<pub_key>`). The commitments made during epoch e are selected under e+1's seed
+  and assigned among exactly these keys (protocol/spotcheck.py), so a node and every verifier
+  read the same set from `/epochs`. Epoch 1 has none (no seed can precede genesis).
 - A node in JOIN/SERVING whose last heartbeat is more than `heartbeat_timeout` blocks old is
   DOWN, checked at the exact height it becomes overdue (`hbdue/<height>` index).
 - Reputation: the agreed C(T) of epoch e (from vote extensions) updates R per reputation.py.
@@ -19,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any
 
-from abci_app import reputation, retention
+from abci_app import reputation, retention, seeds
 from abci_app.handlers import DOWN, JOIN, SERVING
 
 if TYPE_CHECKING:
@@ -58,8 +63,15 @@ def _epoch_record(state: State, epoch: int, seed: bytes) -> dict[str, Any]:
         "seed": seed.hex(),
         "leader": leader,
         "challenges": challenges,
+        "verifiers": spot_check_verifiers(state, epoch),
         "reputation_applied": None,
     }
+
+
+def spot_check_verifiers(state: State, epoch: int) -> list[str]:
+    """Consensus keys of the validators with a seed committed for `epoch`, sorted."""
+    keys = (v["pub_key"] for v in state.validators)
+    return sorted(k for k in keys if state.get(seeds.NS, seeds.key(epoch, k)) is not None)
 
 
 def open_first_epoch(state: State) -> None:

@@ -17,7 +17,8 @@
               "fraud_proofs_address": "0x…"},  # the verdicts' consumer (FraudProofs)
       "validators": {"<validator address hex | base64 pub_key>": "0x<operator EVM address>"},
       "gateways": ["<ed25519 public key hex>"],  # who may send work_report (settlement.py)
-      "verifier_cut_bps": 1000              # verifiers' part of each epoch's fees
+      "verifier_cut_bps": 1000,             # verifiers' part of each epoch's fees
+      "spot_check_ppm": 50000               # spot-check selection rate (protocol/spotcheck.py)
     }
 `evm.escrow_address` (the QueryEscrow that consumes `PayoutRoot`s) enables epoch settlement.
 
@@ -51,6 +52,7 @@ _KEYS = {
     "validators",
     "gateways",
     "verifier_cut_bps",
+    "spot_check_ppm",
 }
 DEFAULT_MIN_STAKE = {"compute": 10**18, "verifier": 5 * 10**17}
 MAX_PARAM = (1 << 63) - 1
@@ -97,6 +99,7 @@ class Genesis:
     escrow_address: str | None = None  # PayoutRoot.consumer (QueryEscrow); None: no settlement
     gateways: tuple[str, ...] = ()  # ed25519 keys (64 lowercase hex) allowed to report work
     verifier_cut_bps: int = 1_000
+    spot_check_ppm: int = 50_000  # selection rate the chain credits spot-check reports under
 
     @classmethod
     def parse(cls, app_state: bytes) -> Genesis:
@@ -193,6 +196,7 @@ class Genesis:
             escrow_address=escrow,
             gateways=tuple(sorted(set(gateways))),
             verifier_cut_bps=_int(doc, "verifier_cut_bps", 1_000, 0, 10_000),
+            spot_check_ppm=_int(doc, "spot_check_ppm", 50_000, 0, 1_000_000),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -229,6 +233,7 @@ class Genesis:
                 if self.verifier_cut_bps != 1_000
                 else {}
             ),
+            **({"spot_check_ppm": self.spot_check_ppm} if self.spot_check_ppm != 50_000 else {}),
         }
 
     @classmethod

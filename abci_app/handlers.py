@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from abci_app import accusations, retention, seeds, settlement
+from abci_app import accusations, retention, seeds, settlement, spot_reports
 from abci_app.codes import Code, Rejected
 from protocol.canonical import canonical_json
 from protocol.committee import (
@@ -33,6 +33,7 @@ from protocol.committee import (
     SeedReveal,
     ShareBlockTx,
     SignedTx,
+    SpotCheckReport,
     VerdictVote,
 )
 from protocol.eip712 import Verdict, commitment_value, committee_domain, recover_digest
@@ -379,4 +380,5 @@ HANDLERS: dict[str, Callable[[State, SignedTx], None]] = {
     VerdictVote.TYPE: verdict_vote,
     SeedCommit.TYPE: seeds.seed_commit,
     SeedReveal.TYPE: seeds.seed_reveal,
+    SpotCheckReport.TYPE: spot_reports.spot_check_report,
 }

@@ -16,6 +16,7 @@ the request's `data`. Every answer is canonical JSON; unknown paths answer `UNKN
     /nonce        ?account                      last committed nonce (next must be greater)
     /share_blocks ?from ?limit                  share-chain blocks and the tip
     /params                                     genesis parameters, validators, height, app hash
+    /spot_reports ?epoch                        spot-check reports of e's checks, credits in e
     /payouts, /payouts/proof, /backing, /credits   settlement (`payout_queries.py`)
 """
 
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
-from abci_app import accusations, seeds
+from abci_app import accusations, seeds, spot_reports
 from abci_app.codes import Code
 from abci_app.handlers import SERVING
 from protocol.canonical import JsonInputError, canonical_json, parse_json
@@ -294,6 +295,11 @@ def _seeds(state: State, params: dict[str, Any]) -> Any:
     return {"epoch": epoch, "seeds": seeds.seeds_of_epoch(state, epoch)}
 
 
+def _spot_reports(state: State, params: dict[str, Any]) -> Any:
+    current = state.committed("meta", "current_epoch") or 1
+    return spot_reports.reports_view(state, _int_param(params, "epoch", current) or 0)
+
+
 def _verifiers(state: State, params: dict[str, Any]) -> Any:
     return accusations.verifiers_view(state)
 
@@ -323,6 +329,7 @@ ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
     "/params": _params,
     "/seeds": _seeds,
     "/verifiers": _verifiers,
+    "/spot_reports": _spot_reports,
 }
 
 # the settlement routes (`payout_queries.py` reads this module's parameter helpers)

@@ -31,7 +31,8 @@ credits become `ComputeWork` items (account = the node's EVM address; the model 
 `shares`' grammar; layers 1 and tokens = layer-tokens, which gives the same shares); the pending
 queries (ascending id, at most `MAX_SETTLED_QUERIES`) are the `SettledQuery`s; pool health per
 (model, shard) = max(nodes routable there now, accounts credited there); accounts whose verdict
-was confirmed in the epoch are `slashed`; no verification work is recorded on chain yet.
+was confirmed in the epoch are `slashed`; the spot checks credited in the epoch
+(`abci_app/spot_reports.py`) are the `VerificationWork`.
 `shares.settlement.close_epoch` gives the root; `payout/<e>` stores the statement, the sorted
 query ids and fees, the rows and the compute shares; the settled queries move to
 `sqdone/<id>`. No pending query, or `NothingToPayError` → no statement: the queries stay
@@ -46,7 +47,7 @@ import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from abci_app import retention
+from abci_app import retention, spot_reports
 from abci_app.codes import Code, Rejected
 from protocol.committee import Contribution, PayoutVote, SignedTx, WorkReport
 from protocol.eip712 import PayoutRoot, committee_domain, recover_digest
@@ -305,6 +306,7 @@ def close(state: State, height: int) -> None:
         queries=tuple(SettledQuery(query_id, int(entry["fee"])) for query_id, entry in pending),
         compute=tuple(compute),
         health=health,
+        verification=spot_reports.verification_work(state, epoch),
         slashed=tuple(key.split("/", 1)[1] for key, _ in slashed),
         verifier_cut_bps=state.genesis.verifier_cut_bps,
     )

@@ -28,6 +28,7 @@ Tx types (`type` → dataclass):
     work_report     WorkReport     a gateway's per-node work aggregates + settled query fees
     contribution    Contribution   a compute node's own per-shard layer/token count
     payout_vote     PayoutVote     a validator's EIP-712 signature over an epoch's `PayoutRoot`
+    spot_check_report SpotCheckReport  a validator's verifier lists the spot checks it did
     seed_commit     SeedCommit     a validator's verifier commits to its secret challenge seed
                                    for a future epoch (`seed_commitment`)
     seed_reveal     SeedReveal     ... and opens it once that epoch has closed
@@ -622,6 +623,44 @@ class SeedReveal:
         )
 
 
+MAX_SPOT_REPORT = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SpotCheckReport:
+    """A validator's verifier lists the spot checks it completed (any outcome) on the blocks
+    committed during `epoch`: `[node key hex, session 0x-hex, step (block), shard]`, 1–256
+    items strictly ascending. The chain credits only triples that were committed in `epoch`,
+    selected under the seed of epoch + 1 and assigned to the signer (abci_app/spot_reports.py)."""
+
+    epoch: int
+    checks: tuple[tuple[str, str, int, int], ...]
+
+    TYPE: ClassVar[str] = "spot_check_report"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"checks": [list(c) for c in self.checks], "epoch": self.epoch}
+
+    @classmethod
+    def from_json(cls, body: Any) -> SpotCheckReport:
+        b = _obj(body, "body", {"checks", "epoch"})
+        items = _pair_list(b["checks"], "body.checks", 4, MAX_SPOT_REPORT)
+        if not items:
+            raise TxDecodeError(f"body.checks: expected 1..{MAX_SPOT_REPORT} items")
+        checks = tuple(
+            (
+                _str(i[0], "body.checks[].node", _HEX64),
+                _str(i[1], "body.checks[].session", _HEX32_0X),
+                _int(i[2], "body.checks[].step", 0, _U64),
+                _int(i[3], "body.checks[].shard", 0, 65535),
+            )
+            for i in items
+        )
+        if list(checks) != sorted(set(checks)):
+            raise TxDecodeError("body.checks: must be strictly ascending")
+        return cls(epoch=_int(b["epoch"], "body.epoch", 1, _U64), checks=checks)
+
+
 TxBody = (
     RegisterNode
     | Heartbeat
@@ -636,6 +675,7 @@ TxBody = (
     | PayoutVote
     | SeedCommit
     | SeedReveal
+    | SpotCheckReport
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -653,6 +693,7 @@ BODY_TYPES: dict[str, Any] = {
         PayoutVote,
         SeedCommit,
         SeedReveal,
+        SpotCheckReport,
     )
 }
 

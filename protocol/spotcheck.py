@@ -203,6 +203,20 @@ class Outcome(Enum):
         }[self]
 
 
+def epoch_verifiers(record: object) -> tuple[str, list[str]] | None:
+    """(`0x` + seed, sorted verifier keys) of one committee `/epochs` record (the epoch's seed
+    and the spot-check verifiers it fixed, abci_app/epochs.py); None when malformed. A record
+    without a valid `verifiers` list has no verifiers (nothing can be assigned under it)."""
+    if not isinstance(record, dict):
+        return None
+    seed = record.get("seed")
+    if not isinstance(seed, str) or not _KEY_HEX.match(seed):
+        return None
+    listed = record.get("verifiers")
+    keys = listed if isinstance(listed, list) else []
+    return "0x" + seed, sorted({k for k in keys if isinstance(k, str) and _KEY_HEX.match(k)})
+
+
 def evidence_hash(seed: bytes | str, triple: Triple, outcome: Outcome) -> bytes:
     """The verdict's `evidenceHash` for a spot check:
     sha256("planet/spot-check-evidence/v1" ‖ seed ‖ triple bytes ‖ outcome name).

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from node.agent.__main__ import AGENT_MARKER
+from node.keys import PASSWORD_ENV
 from node.model.manifest import Manifest, manifest_path, verify_file
 from node.procs import spawn_logged
 from node.server.launcher import pid_alive, start_node, stop_pid
@@ -136,6 +137,14 @@ def agent_alive(joined: Joined) -> bool:
     return pid_alive(joined.agent_pid) and is_agent(joined.agent_pid)
 
 
+def _ticket_args(home: Path, committee_rpcs: list[str]) -> list[str]:
+    """Spot-check tickets: the node signs them with the operator's node key and checks the
+    requests against the committee (the agent's first RPC). None without a committee."""
+    if not committee_rpcs:
+        return []
+    return ["--node-key", str(home / "node_key.json"), "--committee-rpc", committee_rpcs[0]]
+
+
 def start_node_and_agent(
     *,
     home: Path,
@@ -156,7 +165,14 @@ def start_node_and_agent(
         shard=shard,
         port=port,
         run_dir=run_dir,
-        extra_args=["--max-sessions", str(capacity), "--commit-dir", str(run_dir / SERVED_DIR)],
+        extra_args=[
+            "--max-sessions",
+            str(capacity),
+            "--commit-dir",
+            str(run_dir / SERVED_DIR),
+            *_ticket_args(home, committee_rpcs),
+        ],
+        extra_env={PASSWORD_ENV: password},
     )
     argv = [
         sys.executable, "-m", AGENT_MARKER,

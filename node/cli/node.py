@@ -14,6 +14,8 @@ examples:
   planet node serve --manifest ~/.cache/planet/models/smollm2-135m-3p-none/manifest.json --shard 0
   planet node serve --manifest M --shard 2 --port 18102 --idle-timeout 60 --max-cache-mb 512
   planet node serve --manifest M --shard 0 --max-sessions-per-peer 64   # behind a gateway
+  PLANET_PASSWORD=… planet node serve --manifest M --shard 1 --commit-dir run/served \
+      --node-key ~/.planet/node_key.json --committee-rpc http://127.0.0.1:26657   # spot checks
 """
 
 
@@ -149,6 +151,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="MB",
         help="inputs and fingerprints kept for spot-check tickets (default 256)",
     )
+    serve.add_argument(
+        "--node-key",
+        type=Path,
+        metavar="FILE",
+        help="node_key.json (password from PLANET_PASSWORD or --password-file): sign and seal "
+        "spot-check tickets for the verifiers the committee assigned (with --committee-rpc)",
+    )
+    serve.add_argument(
+        "--committee-rpc",
+        metavar="URL",
+        help="a committee validator's RPC: epoch seeds and verifier sets that authorize "
+        "ticket requests (with --node-key; `planet join` sets both)",
+    )
+    serve.add_argument("--password-file", type=Path, help="file holding the node key's password")
+    serve.add_argument(
+        "--spot-check-ppm",
+        type=int,
+        default=None,
+        metavar="PPM",
+        help="spot-check rate in parts per million, as the committee's verifiers use it "
+        "(default 50000 = 5 %%)",
+    )
     # tests only, hidden: node/server/cheat.py (also needs PLANET_NODE_CHEAT to confirm)
     serve.add_argument("--cheat", default="", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
@@ -174,11 +198,36 @@ def _check_cheat(mode: str) -> None:
         cheat.parse_mode(mode)
 
 
+def _ticket_key(args: argparse.Namespace) -> object | None:
+    """The node key that signs spot-check tickets, or None when tickets stay off."""
+    from node.keys import PasswordSource, load_node_key
+    from protocol.spotcheck import SelectionError, check_rate
+
+    if (args.node_key is None) != (args.committee_rpc is None):
+        raise UsageError(
+            "--node-key and --committee-rpc go together (spot-check tickets need both)",
+            hint="give both, or neither to serve without tickets",
+        )
+    if args.spot_check_ppm is not None:
+        try:
+            check_rate(args.spot_check_ppm)
+        except SelectionError as error:
+            raise UsageError(f"--spot-check-ppm: {error.reason}", hint="e.g. 50000") from None
+    if args.node_key is None:
+        return None
+    if not args.node_key.exists():
+        raise UsageError(f"no node key at {args.node_key}", hint="planet init creates it")
+    password = PasswordSource(file=args.password_file, interactive=False).read()
+    return load_node_key(args.node_key, password)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from node.server.config import ServerConfig
     from node.server.run import serve
+    from protocol.spotcheck import DEFAULT_RATE_PPM
 
     _check_cheat(args.cheat)
+    ticket_key = _ticket_key(args)
     if not args.manifest.exists():
         raise UsageError(
             f"no manifest at {args.manifest}",
@@ -206,6 +255,8 @@ def _serve(args: argparse.Namespace) -> int:
         commit_dir=args.commit_dir,
         served_max_bytes=int(args.served_max_mb * 1024 * 1024),
         cheat=args.cheat,
+        committee_rpc=args.committee_rpc,
+        spot_check_ppm=args.spot_check_ppm or DEFAULT_RATE_PPM,
     ).validate()
-    serve(config)
+    serve(config, ticket_key=ticket_key)
     return 0

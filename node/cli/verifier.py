@@ -82,6 +82,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1,
         help="agreed epochs below tau in a row before a verdict vote (default 1)",
     )
+    serve.add_argument(
+        "--spot-check-ppm",
+        type=int,
+        default=50_000,
+        metavar="PPM",
+        help="spot-check selection rate, as the nodes use it (default 50000 = 5 %%; 0: none)",
+    )
+    serve.add_argument(
+        "--ticket-deadline",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a node that sends no valid ticket by then is voted for a timeout (default 30)",
+    )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
 
@@ -100,6 +114,10 @@ def _serve(args: argparse.Namespace) -> int:
                 f"--{name.replace('_', '-')} must be at least 1",
                 hint="see planet verifier serve -h",
             )
+    if not 0 <= args.spot_check_ppm <= 1_000_000:
+        raise UsageError("--spot-check-ppm must be 0 … 1000000", hint="e.g. 50000 (5 %)")
+    if not 1 <= args.ticket_deadline <= 3600:
+        raise UsageError("--ticket-deadline must be 1 … 3600 seconds", hint="e.g. 30")
     if not (args.home / "config" / "priv_validator_key.json").exists():
         raise UsageError(
             f"{args.home} is not a validator home (no config/priv_validator_key.json)",
@@ -144,6 +162,8 @@ def _serve(args: argparse.Namespace) -> int:
             continuation_tokens=args.continuation_tokens,
             verdict_after=args.verdict_after,
             operator_key=operator_key,
+            spot_check_ppm=args.spot_check_ppm,
+            ticket_deadline_s=args.ticket_deadline,
         ),
         manifest=args.manifest,
         gateway_url=args.gateway,

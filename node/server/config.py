@@ -60,6 +60,10 @@ class ServerConfig:
     # None: only once the session leaves the node (closed, idle-evicted, aged out), so a client
     # that pauses never loses the credit for what follows
     served_seal_idle_s: float | None = None
+    # spot-check tickets (node.server.tickets.enable_tickets): the committee RPC whose epoch
+    # records authorize ticket requests, and the selection rate both sides use
+    committee_rpc: str | None = None
+    spot_check_ppm: int = 50_000
     # tests only: a cheater mode (node/server/cheat.py); "" = honest. Needs the hidden
     # --cheat flag AND PLANET_NODE_CHEAT=yes-i-want-this-node-to-cheat
     cheat: str = ""
@@ -100,6 +104,8 @@ class ServerConfig:
             problems.append("max queued frames must be >= 1")
         if self.torch_threads < 0:
             problems.append("torch threads must be >= 0")
+        if not 0 <= self.spot_check_ppm <= 1_000_000:
+            problems.append("spot-check rate must be 0 … 1 000 000 ppm")
         if self.served_max_bytes < 1:
             problems.append("served-work memory cap must be > 0 bytes")
         if self.served_seal_idle_s is not None and not self.served_seal_idle_s > 0:

@@ -73,8 +73,11 @@ def _cheating(backend: ModelShardBackend, mode_text: str) -> Any:
     return cheat.wrap(backend, mode, confirm=cheat.CONFIRM, seed=backend.shard_id)
 
 
-def serve(config: ServerConfig) -> None:
-    """Blocks until SIGINT/SIGTERM. Raises IntegrityError/ConfigError before binding the port."""
+def serve(config: ServerConfig, ticket_key: Any = None) -> None:
+    """Blocks until SIGINT/SIGTERM. Raises IntegrityError/ConfigError before binding the port.
+    With `ticket_key` (the node's ed25519 SigningKey) and `config.committee_rpc`, the node
+    answers spot-check ticket requests (`node.server.tickets.enable_tickets`) from its
+    served-work log (`--commit-dir`) or a ticket book."""
     config.validate()
     threads = configure_torch_threads(config.torch_threads)
     backend = ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)
@@ -89,6 +92,21 @@ def serve(config: ServerConfig) -> None:
         threads,
     )
     app = create_app(config, backend)
+    if ticket_key is not None and config.committee_rpc:
+        from node.server.tickets import enable_tickets
+
+        enable_tickets(
+            app,
+            ticket_key,
+            config.committee_rpc,
+            rate_ppm=config.spot_check_ppm,
+            max_bytes=config.served_max_bytes,
+        )
+        log.info(
+            "spot-check tickets on committee=%s rate_ppm=%d",
+            config.committee_rpc,
+            config.spot_check_ppm,
+        )
     quiet_malformed_http_logs()
     print(
         f"planet node: shard {backend.shard_id} layers {backend.layers[0]}-{backend.layers[1]} "

@@ -51,7 +51,7 @@ from protocol.eip712 import commitment_value
 from protocol.errors import PlanetError
 from protocol.fingerprint import BLOCK_POSITIONS, TOPK, encode_block
 from protocol.routing import output_hash
-from protocol.spotcheck import assign_verifier, is_selected
+from protocol.spotcheck import assign_verifier, epoch_verifiers, is_selected
 from protocol.tickets import (
     MAX_POSITIONS,
     MAX_REQUEST_BYTES,
@@ -233,11 +233,13 @@ class StaticPolicy:
 
 
 class CommitteePolicy:
-    """Seeds and verifiers read from the committee chain (one validator's RPC, refreshed at
-    most every `refresh_s`): the seeds of the current epoch record and the `lookback` before it
-    (a ticket may be asked for while later epochs run), and the keys of every registered
-    verifier-role node that has not LEFT. `rpc` is a `node.chain.committee_rpc.CommitteeRpc`
-    (anything with `async abci_query(path)`)."""
+    """Seeds and verifier sets read from the committee chain (one validator's RPC, refreshed at
+    most every `refresh_s`): the epoch records of the current epoch and the `lookback` before it
+    (a ticket may be asked for while later epochs run). Each record fixes its seed and its
+    spot-check verifiers (`verifiers`: the validators that committed a verifier seed for it,
+    abci_app/epochs.py); a request is checked against the set of the record whose seed it
+    names, the same set every verifier assigns with. `rpc` is a
+    `node.chain.committee_rpc.CommitteeRpc` (anything with `async abci_query(path)`)."""
 
     def __init__(
         self, rpc: object, *, rate_ppm: int, lookback: int = 3, refresh_s: float = 5.0
@@ -246,41 +248,32 @@ class CommitteePolicy:
         self.rate_ppm = rate_ppm
         self.lookback = lookback
         self.refresh_s = refresh_s
-        self._view: tuple[float, set[str], list[str]] | None = None
+        self._view: tuple[float, dict[str, list[str]]] | None = None
 
-    async def _refresh(self) -> tuple[set[str], list[str]]:
+    async def _refresh(self) -> dict[str, list[str]]:
         now = time.monotonic()
         if self._view is not None and now - self._view[0] < self.refresh_s:
-            return self._view[1], self._view[2]
+            return self._view[1]
         query = self.rpc.abci_query  # type: ignore[attr-defined]
         current = (await query("/epochs")).get("current", 1)
-        seeds: set[str] = set()
+        sets: dict[str, list[str]] = {}
         for epoch in range(max(1, int(current) - self.lookback), int(current) + 1):
             for record in (await query(f"/epochs?epoch={epoch}")).get("epochs", []):
-                seed = record.get("seed") if isinstance(record, dict) else None
-                if isinstance(seed, str) and _TAG.match(seed):
-                    seeds.add("0x" + seed)
-        nodes = (await query("/nodes?role=verifier")).get("nodes", [])
-        verifiers = sorted(
-            n["key"]
-            for n in nodes
-            if isinstance(n, dict)
-            and isinstance(n.get("key"), str)
-            and _TAG.match(n["key"])
-            and n.get("status") != "LEFT"
-        )
-        self._view = (now, seeds, verifiers)
-        return seeds, verifiers
+                parsed = epoch_verifiers(record)
+                if parsed is not None:
+                    sets[parsed[0]] = parsed[1]
+        self._view = (now, sets)
+        return sets
 
     async def authorize(self, request: TicketRequest) -> None:
         try:
-            seeds, verifiers = await self._refresh()
+            sets = await self._refresh()
         except PlanetError as error:
             raise TicketRefusedError(
                 f"the committee chain cannot confirm the selection now: {error.message}",
                 hint="retry before the ticket deadline",
             ) from None
-        authorize_selection(request, seeds, verifiers, self.rate_ppm)
+        authorize_selection(request, set(sets), sets.get(request.seed, []), self.rate_ppm)
 
 
 def authorize_selection(

@@ -15,6 +15,7 @@ import logging
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from nacl.signing import SigningKey
@@ -23,6 +24,7 @@ from node.verifier.asker import GatewayAsker
 from node.verifier.calibration import CALIBRATION_FILE
 from node.verifier.reference import Reference
 from node.verifier.scoring import CredibilityMap
+from node.verifier.spotchecks import SpotChecker
 from node.verifier.worker import VerifierWorker, WorkerSettings
 from protocol.eip712 import as_bytes32
 from protocol.errors import ConfigError, IntegrityError
@@ -69,6 +71,26 @@ def echo_map(path: Path) -> CredibilityMap:
         ) from None
 
 
+def spot_checker(
+    config: VerifierConfig, reference: Reference, link: Any, http: Any, worker: VerifierWorker
+) -> SpotChecker:
+    """Spot checks with the verifier's own shards and the manifest quantization's tolerance;
+    findings go to the worker's verdict votes."""
+    from node.verifier.calibration import load_calibration
+
+    quant = str(getattr(reference.shards[0], "quant", "none"))
+    return SpotChecker(
+        link,
+        reference.shards,
+        load_calibration().tolerance(quant),
+        http,
+        worker.vote_spot_check,
+        home=config.settings.home,
+        rate_ppm=config.settings.spot_check_ppm,
+        deadline_s=config.settings.ticket_deadline_s,
+    )
+
+
 async def serve(config: VerifierConfig) -> int:
     from node.chain.committee_link import CommitteeLink
     from node.chain.evm import Deployment, PlanetChain
@@ -106,7 +128,10 @@ async def serve(config: VerifierConfig) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await worker.run(stop)
+        runs = [worker.run(stop)]
+        if config.settings.spot_check_ppm > 0:
+            runs.append(spot_checker(config, reference, link, http, worker).run(stop))
+        await asyncio.gather(*runs)
     finally:
         await http.close()
         await link.close()

@@ -37,6 +37,7 @@ from node.verifier.reference import Reference
 from node.verifier.report import SCORES_FILE, write_scores
 from node.verifier.scoring import Challenge, CredibilityMap
 from node.verifier.seedbook import SeedBook
+from node.verifier.tickets import TicketResult, verdict_for
 from protocol.committee import SeedCommit, SeedReveal, VerdictVote, seed_commitment
 from protocol.eip712 import OFFENCE_FAILED_VERIFICATION, Verdict, address_of, committee_domain
 from protocol.errors import PlanetError
@@ -55,6 +56,8 @@ class WorkerSettings:
     poll_s: float = 0.5
     verdict_after: int = 1  # consecutive agreed epochs below τ before a verdict vote
     operator_key: bytes | None = None  # secp256k1 key that signs verdicts (None: no verdicts)
+    spot_check_ppm: int = 50_000  # spot-check selection rate (the nodes' --spot-check-ppm)
+    ticket_deadline_s: float = 30.0  # no valid ticket by then: TIMEOUT (offence 4)
 
 
 @dataclass
@@ -224,22 +227,56 @@ class VerifierWorker:
             await self.vote(key, int(record["last_epoch"]))
 
     async def vote(self, node_key: str, last_epoch: int) -> None:
+        context = await self._verdict_context(node_key, last_epoch)
+        if context is None:
+            return
+        evm_address, challenger, consumer = context
+        verdict = failed_verification_verdict(
+            evm_address, node_key, last_epoch, challenger, consumer
+        )
+        await self._submit_verdict(verdict, node_key)
+
+    async def vote_spot_check(self, result: TicketResult, node_key: str, epoch: int) -> None:
+        """Vote the verdict of a failed (offence 3) or timed-out (offence 4) spot check of a
+        block committed in `epoch`: evidence from the finding (`protocol.spotcheck.
+        evidence_hash`), challenger = `epoch`'s leader's operator, nonce = the evidence's
+        first 8 bytes — agreed data, so every verifier with the same finding votes one id."""
+        if self.verdicts_disabled or result.evidence_hash is None:
+            return
+        context = await self._verdict_context(node_key, epoch)
+        if context is None:
+            return
+        evm_address, challenger, consumer = context
+        nonce = int.from_bytes(result.evidence_hash[:8], "big")
+        verdict = verdict_for(
+            result, node=evm_address, challenger=challenger, nonce=nonce, consumer=consumer
+        )
+        if verdict is not None:
+            await self._submit_verdict(verdict, node_key, remember=False)
+
+    async def _verdict_context(self, node_key: str, epoch: int) -> tuple[str, str, str] | None:
+        """(node EVM address, challenger, FraudProofs address), or None (no verdicts)."""
         operator_key = self.settings.operator_key
-        assert operator_key is not None
+        if operator_key is None:
+            return None
         params = await self.link.query("/params")
         evm = params["genesis"].get("evm") or {}
         consumer = evm.get("fraud_proofs_address")
         if not consumer:
             log.info("verdicts disabled: genesis has no evm.fraud_proofs_address")
             self.verdicts_disabled = True
-            return
+            return None
         view = await self.link.node(node_key)
         if view is None:
-            return
-        challenger = await self.challenger(params, last_epoch) or address_of(operator_key)
-        verdict = failed_verification_verdict(
-            view["evm_address"], node_key, last_epoch, challenger, consumer
-        )
+            return None
+        challenger = await self.challenger(params, epoch) or address_of(operator_key)
+        return str(view["evm_address"]), challenger, str(consumer)
+
+    async def _submit_verdict(self, verdict: Verdict, node_key: str, remember: bool = True) -> None:
+        operator_key = self.settings.operator_key
+        assert operator_key is not None
+        params = await self.link.query("/params")
+        evm = params["genesis"].get("evm") or {}
         domain = committee_domain(int(evm["chain_id"]), evm["committee_address"])
         body = VerdictVote(
             node=verdict.node,
@@ -251,9 +288,14 @@ class VerifierWorker:
         )
         code = await self._send(body, "verdict_vote")
         log.warning(
-            "verdict vote node=%s id=0x%s code=%s", node_key[:12], verdict.struct_hash().hex(), code
+            "verdict vote node=%s offence=%d id=0x%s code=%s",
+            node_key[:12],
+            verdict.offence,
+            verdict.struct_hash().hex(),
+            code,
         )
-        self.voted.add(node_key)
+        if remember:
+            self.voted.add(node_key)
 
     async def challenger(self, params: dict[str, Any], epoch: int) -> str | None:
         """The operator of `epoch`'s leader: agreed data, so every verifier names the same."""

@@ -172,7 +172,12 @@ class Committee:
 
 
 def start_committee(
-    run_dir: Path, operator: str, *, epoch_length: int = 10, evm: dict[str, Any] | None = None
+    run_dir: Path,
+    operator: str,
+    *,
+    epoch_length: int = 10,
+    evm: dict[str, Any] | None = None,
+    app_state: dict[str, Any] | None = None,  # more genesis parameters
 ) -> Committee:
     if not COMETBFT.exists():
         raise FileNotFoundError(f"{COMETBFT} missing: run bash deploy/setup.sh")
@@ -188,6 +193,7 @@ def start_committee(
         "heartbeat_timeout": 60,
         "validators": {address: operator},
         **({"evm": evm} if evm else {}),
+        **(app_state or {}),
     }
     genesis_path.write_text(json.dumps(genesis, indent=1))
     config_path = home / "config" / "config.toml"

@@ -74,6 +74,7 @@ TX_TYPES = (
     "payout_vote",
     "seed_commit",
     "seed_reveal",
+    "spot_check_report",
 )
 FIELDS = (
     "amount",
@@ -103,6 +104,7 @@ FIELDS = (
     "votes",
     "work",
     "queries",
+    "checks",
 )
 ROUTES = (
     "/nodes",
@@ -120,6 +122,7 @@ ROUTES = (
     "/payouts/proof",
     "/backing",
     "/credits",
+    "/spot_reports",
 )
 PARAMS = (
     "model",

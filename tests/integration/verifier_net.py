@@ -93,7 +93,9 @@ class VerifierNet:
         nodes = self.net.committee.query(f"/nodes?model={model}")["nodes"]
         return len(nodes) == len(self.net.nodes) and all(n["routable"] for n in nodes)
 
-    def start_verifier(self, challenges: int, verdict_after: int) -> None:
+    def start_verifier(
+        self, challenges: int, verdict_after: int, extra_args: tuple[str, ...] = ()
+    ) -> None:
         net = self.net
         assert net.committee is not None and net.anvil is not None
         keystore = Account.encrypt(net.operator_key, "", kdf="pbkdf2", iterations=2)
@@ -113,6 +115,7 @@ class VerifierNet:
             "--wallet", str(wallet),
             "--challenges-per-epoch", str(challenges),
             "--verdict-after", str(verdict_after),
+            *extra_args,
         ]  # fmt: skip
         self.verifier = subprocess.Popen(
             argv,

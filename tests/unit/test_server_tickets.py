@@ -171,7 +171,8 @@ async def test_tickets_forged_signature_400(aiohttp_client) -> None:
 
 
 class _FakeCommittee:
-    """Answers /epochs and /nodes like the committee app (unit test stand-in for the RPC)."""
+    """Answers /epochs like the committee app (unit test stand-in for the RPC): epoch 3's
+    record holds SEED and names `verifiers`; the other epochs name STRANGER only."""
 
     def __init__(self, verifiers: list[str], fail: bool = False) -> None:
         self.verifiers = verifiers
@@ -189,12 +190,10 @@ class _FakeCommittee:
         if path.startswith("/epochs?epoch="):
             epoch = int(path.rsplit("=", 1)[1])
             seed = SEED[2:] if epoch == 3 else f"{epoch:064x}"
-            return {"current": 4, "epochs": [{"epoch": epoch, "seed": seed}]}
-        if path == "/nodes?role=verifier":
-            return {
-                "nodes": [{"key": k, "status": "SERVING"} for k in self.verifiers]
-                + [{"key": "ff" * 32, "status": "LEFT"}, {"key": "bad"}]
-            }
+            others = [STRANGER.verify_key.encode().hex()]
+            verifiers = [*self.verifiers, "bad", 7] if epoch == 3 else others
+            record = {"epoch": epoch, "seed": seed, "verifiers": verifiers}
+            return {"current": 4, "epochs": [record, "junk"]}
         raise AssertionError(path)
 
 
@@ -211,6 +210,25 @@ async def test_committee_policy_accepts_chain_seed_and_assigned_verifier() -> No
         await policy.authorize(_request(seed="0x" + "22" * 32))
     with pytest.raises(TicketRefusedError):
         await policy.authorize(_request(verifier=STRANGER))
+
+
+async def test_committee_policy_uses_the_set_fixed_by_the_seeds_epoch() -> None:
+    """A verifier of another epoch's set (STRANGER serves epochs 1, 2, 4) is refused for
+    epoch 3's seed; an epoch record with no verifiers assigns nothing."""
+    from node.server.tickets import CommitteePolicy, TicketRefusedError
+    from protocol.spotcheck import epoch_verifiers
+
+    policy = CommitteePolicy(_FakeCommittee([]), rate_ppm=1_000_000)
+    with pytest.raises(TicketRefusedError, match="another verifier"):
+        await policy.authorize(_request())
+    with pytest.raises(TicketRefusedError, match="another verifier"):
+        await policy.authorize(_request(verifier=STRANGER))
+    await policy.authorize(_request(verifier=STRANGER, seed="0x" + f"{2:064x}"))
+    with pytest.raises(TicketRefusedError, match="another verifier"):
+        await policy.authorize(_request(seed="0x" + f"{2:064x}"))
+    assert epoch_verifiers({"seed": "11" * 32}) == ("0x" + "11" * 32, [])
+    assert epoch_verifiers({"seed": "short", "verifiers": []}) is None
+    assert epoch_verifiers([]) is None
 
 
 async def test_committee_policy_chain_down_is_a_refusal_not_a_crash() -> None:

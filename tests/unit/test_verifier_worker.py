@@ -174,3 +174,44 @@ async def test_worker_result_finishing_after_its_epoch_counts_in_the_next(tmp_pa
     assert report["epoch"] == 5 and report["scores"] == {}  # (A, S) alone: ambiguous
     assert worker.state is not None and worker.state.epoch == 5
     assert len(worker.state.results) == 1 and worker.last_scores == {A: 10**6, B: 10**6}
+
+
+async def test_spot_check_findings_become_the_same_verdict_for_every_verifier(tmp_path) -> None:
+    """A failed check → offence 3, a timeout → offence 4; evidence from the finding, nonce and
+    challenger from agreed data: two verifiers' votes carry one verdict (the same struct hash
+    signed by different operators). A passed check votes nothing."""
+    from node.verifier.tickets import _result
+    from protocol.eip712 import Verdict
+    from protocol.spotcheck import Outcome, Triple
+    from protocol.tickets import TicketRequest
+
+    triple = Triple(S, "0x" + "55" * 32, 2, 1)
+    request = TicketRequest(triple, "0x" + "66" * 32, "00" * 32)
+    votes = []
+    for index, operator in enumerate((OPERATOR, bytes.fromhex("78" * 32))):
+        link = FakeLink(epoch=5)
+        worker = _worker(tmp_path / str(index), link)
+        worker.settings = WorkerSettings(home=tmp_path, operator_key=operator)
+        for outcome in (Outcome.FAILED, Outcome.TIMEOUT, Outcome.PASSED):
+            await worker.vote_spot_check(_result(request, outcome, "test"), S, 4)
+        assert len(link.sent) == 2 and all(isinstance(b, VerdictVote) for b in link.sent)
+        votes.append(link.sent)
+    for first, second in zip(*votes, strict=True):
+        assert (first.evidence_hash, first.verdict_nonce, first.challenger) == (
+            second.evidence_hash,
+            second.verdict_nonce,
+            second.challenger,
+        )
+        assert first.signature != second.signature
+    failed, timeout = votes[0]
+    assert (failed.offence, timeout.offence) == (3, 4)
+    assert failed.challenger == "0x" + "33" * 20 and failed.node == "0x" + "44" * 20
+    verdict = Verdict(
+        failed.node,
+        3,
+        bytes.fromhex(failed.evidence_hash[2:]),
+        failed.challenger,
+        failed.verdict_nonce,
+        "0x" + "22" * 20,
+    )
+    assert verdict.nonce == int.from_bytes(verdict.evidence_hash[:8], "big")

@@ -1,0 +1,151 @@
+"""The verifier's live spot checks (node/verifier/spotchecks.py): which checks it owes from
+the chain's epoch record and commitments, and what it does with a node that sends no ticket
+(TIMEOUT → the vote callback with offence 4, counts written)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+
+import aiohttp
+import pytest
+from nacl.signing import SigningKey
+
+from node.verifier.spotchecks import COUNTS_FILE, SpotChecker, assignments
+from protocol.committee import SpotCheckReport
+from protocol.fingerprint import Tolerance
+from protocol.spotcheck import Outcome, Triple, evidence_hash
+from protocol.tickets import TicketRequest
+
+pytestmark = pytest.mark.unit
+
+ME = SigningKey(b"\x21" * 32)
+OTHER = SigningKey(b"\x22" * 32)
+NODE = "ab" * 32
+SEED = "cd" * 32
+
+
+def _hex(key: SigningKey) -> str:
+    return key.verify_key.encode().hex()
+
+
+def _commitments(n: int, height: int = 7) -> list[dict]:
+    return [
+        {"node": NODE, "session": "0x" + f"{i:064x}", "step": 0, "shard": 1,
+         "height": height, "commitment": "0x" + "11" * 32}
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def test_assignments_split_the_epochs_commitments_between_the_fixed_verifiers() -> None:
+    record = {"epoch": 3, "seed": SEED, "verifiers": [_hex(ME), _hex(OTHER)]}
+    records = _commitments(40) + _commitments(5, height=3) + ["junk", {"height": 7}]
+    mine = assignments(record, records, epoch=2, epoch_length=5, me=_hex(ME), rate_ppm=10**6)
+    theirs = assignments(record, records, epoch=2, epoch_length=5, me=_hex(OTHER), rate_ppm=10**6)
+    assert len(mine) + len(theirs) == 40 and mine and theirs  # epoch 1's five are not checked
+    assert not {a.triple for a in mine} & {a.triple for a in theirs}
+    assert all(a.seed == "0x" + SEED and a.commitment == b"\x11" * 32 for a in mine)
+    none_rate = assignments(record, records, epoch=2, epoch_length=5, me=_hex(ME), rate_ppm=0)
+    assert none_rate == []
+    outsider = assignments(
+        {**record, "verifiers": [_hex(OTHER)]}, records, epoch=2, epoch_length=5, me=_hex(ME),
+        rate_ppm=10**6,
+    )  # fmt: skip
+    assert outsider == []
+    no_set = assignments({"seed": SEED}, records, epoch=2, epoch_length=5, me=_hex(ME))
+    assert no_set == []
+
+
+class _Link:
+    """The committee queries SpotChecker makes, answered from fixed data."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.key = ME
+        self.endpoint = endpoint
+        self.sent: list[object] = []
+
+    async def submit(self, body: object) -> object:
+        self.sent.append(body)
+        return SimpleNamespace(hash="01")
+
+    async def committed_code(self, tx_hash: str, *, timeout_s: float = 15) -> tuple[int, str]:
+        return 0, ""
+
+    async def query(self, path: str, **params: object) -> dict:
+        if path == "/params":
+            return {"genesis": {"epoch_length": 5}}
+        if path == "/epochs":
+            if params.get("epoch") == 3:
+                return {"epochs": [{"epoch": 3, "seed": SEED, "verifiers": [_hex(ME)]}]}
+            return {"current": 3, "epochs": []}
+        if path == "/commitments":
+            return {"commitments": _commitments(2)}
+        raise AssertionError(path)
+
+    async def nodes(self) -> list[dict]:
+        return [{"key": NODE}]
+
+    async def node(self, key: str) -> dict:
+        return {"key": key, "endpoint": self.endpoint, "evm_address": "0x" + "00" * 20}
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_a_node_that_sends_no_ticket_is_voted_for_a_timeout(tmp_path: Path) -> None:
+    votes = []
+
+    async def vote(result, node_key, epoch) -> None:
+        votes.append((result, node_key, epoch))
+
+    link = _Link(f"http://127.0.0.1:{_closed_port()}")
+    async with aiohttp.ClientSession() as http:
+        checker = SpotChecker(
+            link, [object(), object()],
+            Tolerance(max_ulp=1, min_match_per_mille=1000, max_mean_ulp_milli=0), http, vote,
+            home=tmp_path, rate_ppm=10**6, deadline_s=0.3, retry_s=0.1,
+        )  # fmt: skip
+        results = await checker.check_epoch(2)
+    assert [r.outcome for r in results] == [Outcome.TIMEOUT, Outcome.TIMEOUT]
+    assert [(n, e) for _, n, e in votes] == [(NODE, 2)]  # one verdict per node and epoch
+    triple = Triple(NODE, "0x" + f"{0:064x}", 0, 1)
+    assert votes[0][0].evidence_hash == evidence_hash(SEED, triple, Outcome.TIMEOUT)
+    assert json.loads((tmp_path / COUNTS_FILE).read_text()) == {"2": {"timeout": 2}}
+    [sent] = link.sent  # the epoch's report lists both checks (a timeout is a check done)
+    assert isinstance(sent, SpotCheckReport) and sent.epoch == 2
+    assert [c[1] for c in sent.checks] == ["0x" + f"{i:064x}" for i in range(2)]
+
+
+async def test_a_failed_check_is_voted_over_an_earlier_timeout(tmp_path: Path) -> None:
+    """Per node and epoch one vote: the first FAILED check (50 %) beats a TIMEOUT (5 %) that
+    came earlier in triple order; a second run of the epoch votes nothing more."""
+    from node.verifier.tickets import _result
+
+    votes = []
+
+    async def vote(result, node_key, epoch) -> None:
+        votes.append(result.outcome)
+
+    link = _Link("http://127.0.0.1:1")
+    async with aiohttp.ClientSession() as http:
+        checker = SpotChecker(
+            link, [object(), object()], Tolerance(1, 1000, 0), http, vote, home=tmp_path,
+            rate_ppm=10**6,
+        )  # fmt: skip
+        outcomes = iter([Outcome.TIMEOUT, Outcome.FAILED, Outcome.TIMEOUT, Outcome.FAILED])
+
+        async def check(item):
+            request = TicketRequest(item.triple, item.seed, _hex(ME))
+            return _result(request, next(outcomes), "scripted")
+
+        checker.check = check  # type: ignore[method-assign]
+        await checker.check_epoch(2)
+        assert votes == [Outcome.FAILED]
+        await checker.check_epoch(2)
+    assert votes == [Outcome.FAILED]
+    assert json.loads((tmp_path / COUNTS_FILE).read_text()) == {"2": {"failed": 2, "timeout": 2}}
