@@ -30,6 +30,7 @@ class GatewayConfig:
     slot_wait_s: float = 120.0  # longest a question queues for node slots before 503 (seconds)
     report_min_questions: int = 4  # questions batched per work_report (fewer: wait, see below)
     report_max_wait_s: float = 60.0  # longest a smaller batch waits before it is reported (s)
+    refund_margin_s: int = 0  # refuse per-query deposits whose refund opens within this (s)
     limits: Limits = field(default_factory=Limits)
 
     def validate(self) -> GatewayConfig:
@@ -41,6 +42,8 @@ class GatewayConfig:
             raise UsageError("--report-min-questions must be 1..1024")
         if not 0 < self.report_max_wait_s <= 86_400:
             raise UsageError("--report-max-wait must be 0 < seconds <= 86400")
+        if not 0 <= self.refund_margin_s <= 30 * 86_400:
+            raise UsageError("--refund-margin must be 0..2592000 seconds")
         if not 0 < self.port < 65536:
             raise UsageError(f"--port must be 1..65535, got {self.port}")
         if not self.manifest.exists():
