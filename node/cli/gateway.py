@@ -89,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="seconds a smaller batch waits before it is reported anyway (default 60)",
     )
     serve.add_argument(
-        "--refund-margin",
+        "--refund-margin-s",
         type=int,
         default=None,
         metavar="SECONDS",
@@ -115,7 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
             "evm_rpc": args.evm_rpc,
             "committee_rpc": args.committee_rpc,
             "password_file": args.password_file.resolve() if args.password_file else None,
-            "refund_margin_s": args.refund_margin,
+            "refund_margin_s": args.refund_margin_s,
         }
     )
     config = GatewayConfig(

@@ -43,7 +43,7 @@ class GatewayConfig:
         if not 0 < self.report_max_wait_s <= 86_400:
             raise UsageError("--report-max-wait must be 0 < seconds <= 86400")
         if not 0 <= self.refund_margin_s <= 30 * 86_400:
-            raise UsageError("--refund-margin must be 0..2592000 seconds")
+            raise UsageError("--refund-margin-s must be 0..2592000 seconds")
         if not 0 < self.port < 65536:
             raise UsageError(f"--port must be 1..65535, got {self.port}")
         if not self.manifest.exists():

@@ -101,6 +101,7 @@ FIELDS = (
     "votes",
     "work",
     "queries",
+    "prepaid",
 )
 ROUTES = (
     "/nodes",
