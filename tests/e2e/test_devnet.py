@@ -359,7 +359,8 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
     assert deposited.returncode == 0, deposited.stderr[-2000:]
     w3, escrow = _escrow(devnet)
     before = escrow.functions.prepaidOf(w3.to_checksum_address(payer)).call()[0]
-    asked = _planet(env, "ask", "--voucher", "--json", "--max-tokens", "6", "Say yes.", timeout=300)
+    asked = _planet(env, "ask", "--voucher", "--voucher-ttl", "3600", "--json", "--max-tokens", "6",
+                    "Say yes.", timeout=300)  # fmt: skip
     assert asked.returncode == 0, asked.stderr[-3000:]
     charge = prepaid_item(json.loads(asked.stdout)["receipt"])
     assert charge.payer == payer and charge.fee > 0
