@@ -9,10 +9,14 @@ signed with the gateway's committee key, at most 1024 items of each kind per tx,
 
 A prepaid receipt (`payer` + `voucher`) is not an escrow deposit: its query joins `prepaid`
 (gateway, payer, query id, model id, fee, voucher cap, expiry, voucher signature; no circuit)
-instead of the settled list, and the committee debits the payer. `DebitTracker.step()` (each
-reporter pass) reads the committee's stored statements and, for each epoch whose root the
-escrow has posted, calls `PaymentDesk.mark_debited` with this gateway's charges it covered.
-A charge the chain refuses (`VOUCHER_*` codes) drops the whole report: logged by name.
+instead of the settled list, and the committee debits the payer. Charges are sent in reports
+of their own (right after the work), so a refused charge never drops the nodes' backing.
+`DebitTracker.step()` (each reporter pass) reads the committee's stored statements and, for
+each epoch whose root the escrow has posted, calls `PaymentDesk.mark_debited` with this
+gateway's charges it covered.
+The chain refuses a bad charge (`VOUCHER_*` codes) in FinalizeBlock, which the reporter does
+not wait for (CheckTx checks format, signature and nonce only): the charges-only report is
+lost, the work report is not. Refusals at CheckTx are logged with their code's name.
 
 The report keeps the two lists apart: per-node aggregates and a set of query ids with fees,
 never a session or a per-question node list. A report of a single question would still tie
@@ -93,16 +97,19 @@ class WorkLedger:
         if not self.work and not self.queries and not self.prepaid:
             return None
         self.questions, self.first_at = 0, None
+        if not self.work and not self.queries:
+            # prepaid charges travel in reports of their own: the chain refuses a report whole,
+            # and one bad charge must not cost the nodes the backing of the batch's work
+            charged = sorted(self.prepaid)[:MAX_REPORT_ITEMS]
+            return WorkReport((), (), tuple(self.prepaid.pop(key) for key in charged))
         places = sorted(self.work)[:MAX_REPORT_ITEMS]
         query_ids = sorted(self.queries)[:MAX_REPORT_ITEMS]
-        charged = sorted(self.prepaid)[:MAX_REPORT_ITEMS]
         work = []
         for key, shard in places:
             start, end = self.shard_layers[shard]
             work.append(NodeWork(key, self.model, shard, end - start, self.work.pop((key, shard))))
         queries = tuple((q, self.queries.pop(q)) for q in query_ids)
-        prepaid = tuple(self.prepaid.pop(key) for key in charged)
-        return WorkReport(tuple(work), queries, prepaid)
+        return WorkReport(tuple(work), queries)
 
     def put_back(self, report: WorkReport) -> None:
         """A report that did not reach the chain goes back into the ledger."""
@@ -205,7 +212,12 @@ class WorkReporter:
                 self.ledger.put_back(report)
                 raise
             sent += 1
-            log.info("work_report sent nodes=%d queries=%d", len(report.work), len(report.queries))
+            log.info(
+                "work_report sent nodes=%d queries=%d prepaid=%d",
+                len(report.work),
+                len(report.queries),
+                len(report.prepaid),
+            )
         return sent
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -71,13 +71,17 @@ async def test_prepaid_receipts_are_reported_as_charges_accepted_and_marked_once
     nodes = (hexkey(a), hexkey(b))
     ledger.record(prepaid_receipt(1, 70, nodes), circuit(*nodes))
     ledger.record(prepaid_receipt(2, 30, nodes), circuit(*nodes))
-    report = ledger.take()
-    assert report is not None
-    assert report.queries == ()  # a prepaid question is no escrow deposit
+    work = ledger.take()
+    assert work is not None and work.prepaid == () and len(work.work) == 2
+    assert work.queries == ()  # a prepaid question is no escrow deposit
+    report = ledger.take()  # the charges: a report of their own, refused apart from the work
+    assert report is not None and report.work == () and report.queries == ()
+    assert ledger.take() is None
     charged = [(p.payer, p.fee) for p in report.prepaid]
     assert charged == [(payer("payer-1"), 70), (payer("payer-1"), 30)]
     wire = str(report.to_json()["prepaid"])
     assert all(node not in wire for node in nodes)  # charges carry no circuit
+    assert one(chain, work, GATEWAY).code == Code.OK
     assert one(chain, report, GATEWAY).code == Code.OK
     results = chain.block(
         [
