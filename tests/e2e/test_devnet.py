@@ -196,22 +196,37 @@ def _paid_now(devnet: dict[str, Any], accounts: list[str]) -> dict[str, dict[int
 
 def _signed(node: int, devnet: dict[str, Any], body: Any) -> tuple[int, str]:
     """Send `body` signed with operator node<i>'s node key; (FinalizeBlock code, log)."""
-    import asyncio
-
-    from node.chain.committee_link import CommitteeLink
     from node.keys import load_node_key
 
     password = Path(devnet["password_file"]).read_text()
     home = Path(devnet["operators"][node])
-    key = load_node_key(home / "node_key.json", password)
+    return _send_signed(load_node_key(home / "node_key.json", password), devnet, body)
+
+
+def _send_signed(key: Any, devnet: dict[str, Any], body: Any) -> tuple[int, str]:
+    """Send `body` signed with `key`; (code, log) of FinalizeBlock, or of CheckTx if refused."""
+    import asyncio
+
+    from node.chain.committee_link import CommitteeLink
+    from node.chain.committee_rpc import TxRejectedError
+    from protocol.errors import UnavailableError
 
     async def send() -> tuple[int, str]:
-        link = CommitteeLink(devnet["committee_rpc"], key)
-        try:
-            sent = await link.submit(body)
-            return await link.committed_code(sent.hash, timeout_s=90)
-        finally:
-            await link.close()
+        # The key's own process (a node's agent, the gateway's reporter) signs too: a tx of ours
+        # can take the nonce its pending tx also took and never be committed. Sent again with a
+        # fresh nonce.
+        for attempt in range(4):
+            link = CommitteeLink(devnet["committee_rpc"], key)
+            try:
+                sent = await link.submit(body)
+                return await link.committed_code(sent.hash, timeout_s=30)
+            except TxRejectedError as error:  # refused at CheckTx already
+                return error.tx_code, error.log_text
+            except UnavailableError as error:
+                print(f"_send_signed attempt {attempt}: {error}", file=sys.stderr)
+            finally:
+                await link.close()
+        raise AssertionError("the tx was not committed in 4 attempts")
 
     return asyncio.run(send())
 
@@ -345,10 +360,6 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
     again by the gateway is refused as VOUCHER_REPLAYED."""
     if not devnet.get("gateway_url"):
         pytest.skip("this checkout has no gateway")
-    import asyncio
-
-    from node.chain.committee_link import CommitteeLink
-    from node.chain.committee_rpc import TxRejectedError
     from node.gateway.settlement import prepaid_item
     from node.keys import load_node_key, load_wallet
     from protocol.committee import WorkReport
@@ -396,17 +407,7 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
     # the gateway sends the same charge again: the chain refuses it by name
     key = load_node_key(Path(devnet["dir"]) / "gateway" / "committee_key.json", password)
 
-    async def replay() -> tuple[int, str]:
-        link = CommitteeLink(devnet["committee_rpc"], key)
-        try:
-            sent = await link.submit(WorkReport((), (), (charge,)))
-            return await link.committed_code(sent.hash, timeout_s=90)
-        except TxRejectedError as error:  # refused at CheckTx already
-            return error.tx_code, error.log_text
-        finally:
-            await link.close()
-
-    code, log = asyncio.run(replay())
+    code, log = _send_signed(key, devnet, WorkReport((), (), (charge,)))
     assert code == 38, log  # VOUCHER_REPLAYED
 
 
