@@ -203,6 +203,9 @@ def _signed(node: int, devnet: dict[str, Any], body: Any) -> tuple[int, str]:
     return _send_signed(load_node_key(home / "node_key.json", password), devnet, body)
 
 
+BAD_NONCE = 3  # abci_app/codes.py
+
+
 def _send_signed(key: Any, devnet: dict[str, Any], body: Any) -> tuple[int, str]:
     """Send `body` signed with `key`; (code, log) of FinalizeBlock, or of CheckTx if refused."""
     import asyncio
@@ -213,19 +216,22 @@ def _send_signed(key: Any, devnet: dict[str, Any], body: Any) -> tuple[int, str]
 
     async def send() -> tuple[int, str]:
         # The key's own process (a node's agent, the gateway's reporter) signs too: a tx of ours
-        # can take the nonce its pending tx also took and never be committed. Sent again with a
-        # fresh nonce.
+        # can take the nonce its pending tx also took, then lose (BAD_NONCE in the block) or
+        # never be committed. Sent again with a fresh nonce.
         for attempt in range(4):
             link = CommitteeLink(devnet["committee_rpc"], key)
             try:
                 sent = await link.submit(body)
-                return await link.committed_code(sent.hash, timeout_s=30)
+                code, log = await link.committed_code(sent.hash, timeout_s=30)
             except TxRejectedError as error:  # refused at CheckTx already
-                return error.tx_code, error.log_text
+                code, log = error.tx_code, error.log_text
             except UnavailableError as error:
-                print(f"_send_signed attempt {attempt}: {error}", file=sys.stderr)
+                code, log = BAD_NONCE, str(error)
             finally:
                 await link.close()
+            if code != BAD_NONCE:
+                return code, log
+            print(f"_send_signed attempt {attempt}: {log}", file=sys.stderr)
         raise AssertionError("the tx was not committed in 4 attempts")
 
     return asyncio.run(send())
