@@ -65,6 +65,8 @@ class WorkLedger:
     min_questions: int = 4  # batch at least this many questions per report …
     max_wait_s: float = 60.0  # … unless the oldest pending one waited this long
     clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time  # unix seconds, for the vouchers' expiry
+    expiry_margin_s: float = 60.0  # report a charge at the latest this long before it expires
     work: dict[tuple[str, int], int] = field(default_factory=dict)  # (node, shard) → tokens
     queries: dict[str, int] = field(default_factory=dict)  # query id → fee wei
     prepaid: dict[tuple[str, str], PrepaidItem] = field(default_factory=dict)  # (payer, id)
@@ -75,6 +77,10 @@ class WorkLedger:
         if not self.questions:
             return bool(self.work or self.queries or self.prepaid)  # put back after a failure
         waited = self.clock() - (self.first_at if self.first_at is not None else self.clock())
+        if self.prepaid and min(p.expiry for p in self.prepaid.values()) <= (
+            self.wall() + self.expiry_margin_s
+        ):
+            return True  # the chain refuses a charge after its voucher expired: report it now
         return self.questions >= self.min_questions or waited >= self.max_wait_s
 
     def record(self, receipt: dict[str, Any], circuit: Any) -> None:

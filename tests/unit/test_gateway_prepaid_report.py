@@ -100,3 +100,16 @@ async def test_prepaid_receipts_are_reported_as_charges_accepted_and_marked_once
     assert sorted(desk.marked) == [bytes.fromhex(f"{n:064x}") for n in (1, 2)]
     assert list(desk.charged) == [bytes.fromhex(f"{3:064x}")]  # not in any root: outstanding
     assert await tracker.step() == 0
+
+
+def test_a_charge_near_its_vouchers_expiry_is_reported_without_waiting_for_the_batch() -> None:
+    now = [float(NOW)]
+    ledger = WorkLedger("m", [(0, 2), (2, 5)], min_questions=4, max_wait_s=60, wall=lambda: now[0])
+    ledger.clock = lambda: 0.0
+    nodes = ("aa" * 32, "bb" * 32)
+    ledger.record(prepaid_receipt(1, 5, nodes), circuit(*nodes))  # its voucher expires NOW + 600
+    assert not ledger.ready()  # 1 question of 4, nothing waited
+    now[0] = NOW + 600 - 61
+    assert not ledger.ready()
+    now[0] = NOW + 600 - 60  # within the margin: report before the chain would refuse it
+    assert ledger.ready()
