@@ -240,7 +240,7 @@ class CommitteeApp:
 
     def finalize_block(self, req: Any) -> Any:
         state = self.state
-        state.begin_block(req.height, req.hash)
+        state.begin_block(req.height, req.hash, req.time.seconds)
         results = []
         for index, tx in enumerate(req.txs):
             result = state.deliver_tx(tx, index)

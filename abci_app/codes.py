@@ -47,6 +47,11 @@ class Code(IntEnum):
     NO_STATEMENT = 33  # payout_vote for an epoch without a stored statement
     BAD_PAYOUT_SIGNATURE = 34  # not the validator operator's signature over the statement
     SETTLEMENT_DISABLED = 35  # genesis has no evm.escrow_address
+    # prepaid charges in work_report (abci_app/settlement.py)
+    VOUCHER_INVALID = 36  # the voucher does not recover to its payer, or fee > cap
+    VOUCHER_EXPIRED = 37  # the voucher expired before the block that carries the charge
+    VOUCHER_REPLAYED = 38  # this (payer, query id) was charged before
+    VOUCHER_EXPIRY_TOO_FAR = 39  # expiry beyond block time + MAX_VOUCHER_LIFETIME_S
     # spot-check reports (abci_app/spot_reports.py); 50+ to leave room to settlement
     SPOT_REPORT_EPOCH = 50  # the epoch is not closed yet, or too old to report
     DUPLICATE_SPOT_REPORT = 51  # this validator already reported that epoch

@@ -15,6 +15,10 @@ Three rules, all scheduled by height or epoch (never a scan of all entries):
    deleted from the first block of epoch e + retention_epochs + 1 on, at most
    `prune_per_block` records per block (genesis, default 10 000) in index order, so a backlog
    is drained over the following blocks.
+4. **Time-bound records expire** (`track_until`): a record kept only until a unix time (a charged
+   voucher's replay guard, until the voucher's expiry) gets `gcexp/<time, 20 digits>/<ns>/<key>`
+   and is deleted by the first block whose header time is past it (`prune_expired`, at most
+   `prune_per_block` per block). Block time is CometBFT's BFT time: the same on every node.
 3. **Old epoch records go too:** closing epoch e (which writes `epoch/<e+1>`) deletes
    `epoch/<e-retention_epochs-1>`: the current record and the `retention_epochs + 1` before it
    stay.
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
     from abci_app.state import State
 
 GC = "gc"
+GC_EXPIRY = "gcexp"
 NODE_NAMESPACES = ("node", "rep", "stake", "acct", "contrib")
 
 
@@ -108,3 +113,20 @@ def prune_epoch_record(state: State, following: int) -> None:
     old = following - state.genesis.retention_epochs - 2
     if old >= 1:
         state.delete("epoch", str(old))
+
+
+def track_until(state: State, ns: str, key: str, until: int) -> None:
+    """Index a record to delete once a block's time is past `until` (unix seconds)."""
+    state.put(GC_EXPIRY, f"{until:020d}/{ns}/{key}", 0)
+
+
+def prune_expired(state: State, now: int) -> None:
+    """Delete up to `prune_per_block` time-bound records whose time is before `now`."""
+    budget = state.genesis.prune_per_block
+    for index_key, _ in state.committed_items(GC_EXPIRY, "", f"{now:020d}"):
+        if budget == 0:
+            break
+        budget -= 1
+        _, ns, key = index_key.split("/", 2)
+        state.delete(GC_EXPIRY, index_key)
+        state.delete(ns, key)

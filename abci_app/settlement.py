@@ -11,6 +11,19 @@ Three tx types (`protocol.committee`) and one EndBlock rule:
   Refused whole: signer not a genesis gateway (`UNKNOWN_GATEWAY`), a node not registered or not
   a compute node (`UNKNOWN_NODE`, `WRONG_ROLE`), a query id already pending or settled
   (`DUPLICATE_QUERY`).
+  Optional `prepaid`: the prepaid questions it charged, `[gateway, payer, query id, model id,
+  fee, fee cap, expiry, voucher signature]` each (no node, circuit or session). Each is checked
+  at this boundary: the voucher (`protocol.payment.Voucher`, payment domain of genesis `evm`,
+  consumer = the escrow) must recover to `payer` and `fee ≤ cap` (`VOUCHER_INVALID`); the block
+  header's time (CometBFT's BFT time, the same on every node) must not be past its `expiry`
+  (`VOUCHER_EXPIRED`), nor the expiry more than `MAX_VOUCHER_LIFETIME_S` ahead
+  (`VOUCHER_EXPIRY_TOO_FAR`: the replay guard below must stay bounded); a (payer, query id)
+  charged before is `VOUCHER_REPLAYED`. Effects: `vpend/<payer>/<query id>` (pending debit)
+  and `vseen/<payer>/<query id>` = expiry, the replay guard, deleted once a block's time is past
+  the expiry (`retention.track_until`); after that the voucher itself is refused as expired.
+  The gateway's receipt signature is *not* sent: it covers the circuit hash, which over the
+  public node registry names the circuit, so next to a payer it would link the payer to nodes.
+  The report's own signature (a genesis gateway's committee key) is the gateway's word.
 - `contribution` (a compute node, not LEFT): the node's own count `[model, shard, layers,
   tokens]` since its last contribution. Each item is credited `min(layers·tokens, backing)` and
   the backing shrinks by that much; the credit goes to `credit/<epoch>/<evm address>/<shard>/
@@ -29,13 +42,17 @@ Three tx types (`protocol.committee`) and one EndBlock rule:
 **Epoch close** (`close`, EndBlock of height e·L, before the next epoch is fixed): the epoch's
 credits become `ComputeWork` items (account = the node's EVM address; the model id hashed to fit
 `shares`' grammar; layers 1 and tokens = layer-tokens, which gives the same shares); the pending
-queries (ascending id, at most `MAX_SETTLED_QUERIES`) are the `SettledQuery`s; pool health per
+queries (ascending id, at most `MAX_SETTLED_QUERIES`) are the `SettledQuery`s; the pending
+prepaid charges (ascending (payer, query id), at most `MAX_SETTLED_CHARGES`, a payer's sum kept
+< 2^128) become `EpochWork.debits` through `shares.settlement.prepaid_debits`; pool health per
 (model, shard) = max(nodes routable there now, accounts credited there); accounts whose verdict
 was confirmed in the epoch are `slashed`; the spot checks credited in the epoch
 (`abci_app/spot_reports.py`) are the `VerificationWork`.
 `shares.settlement.close_epoch` gives the root; `payout/<e>` stores the statement, the sorted
-query ids and fees, the rows and the compute shares; the settled queries move to
-`sqdone/<id>`. No pending query, or `NothingToPayError` → no statement: the queries stay
+query ids and fees, the payers and debits (what `postPayoutRoot` takes), the settled prepaid
+`charges` `[payer, query id]` (so gateways learn which of their charges the root covers), the
+rows and the compute shares; the settled queries move to `sqdone/<id>`, the settled charges
+leave `vpend/`. No pending query or charge, or `NothingToPayError` → no statement: the queries stay
 pending and the epoch's credits move to the next epoch (work reported just before its fees is
 not lost). The epoch's slash marks are deleted either way.
 `payout/` and `sqdone/` entries are pruned with the epoch's other records (`retention.track`).
@@ -49,18 +66,21 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from abci_app import retention, spot_reports
 from abci_app.codes import Code, Rejected
-from protocol.committee import Contribution, PayoutVote, SignedTx, WorkReport
+from protocol.committee import Contribution, PayoutVote, PrepaidItem, SignedTx, WorkReport
 from protocol.eip712 import PayoutRoot, committee_domain, recover_digest
 from protocol.errors import ProtocolError
+from protocol.payment import Voucher, payment_domain
 from shares.errors import NothingToPayError
-from shares.payouts import ComputeWork, EpochWork, SettledQuery, ShardHealth
-from shares.settlement import close_epoch
+from shares.payouts import MAX_DEBIT, ComputeWork, EpochWork, SettledQuery, ShardHealth
+from shares.settlement import VoucherCharge, close_epoch, prepaid_debits
 
 if TYPE_CHECKING:
     from abci_app.state import State
 
 MAX_SETTLED_QUERIES = 500  # queries per root: postPayoutRoot's gas grows with each one
 MAX_LAYER_TOKENS = (1 << 63) - 1
+MAX_SETTLED_CHARGES = 500  # prepaid charges per root (their payers cost postPayoutRoot gas)
+MAX_VOUCHER_LIFETIME_S = 7 * 86_400  # bounds how long a charged voucher's guard is kept
 
 
 def _reject(code: Code, message: str) -> NoReturn:
@@ -88,6 +108,8 @@ def work_report(state: State, tx: SignedTx) -> None:
     body: WorkReport = tx.body
     if tx.signer not in state.genesis.gateways:
         _reject(Code.UNKNOWN_GATEWAY, f"signer {tx.signer} is not a genesis gateway")
+    for charge in body.prepaid:
+        _check_charge(state, charge)
     for query_id, _ in body.queries:
         if state.get("squery", query_id) is not None or state.get("sqdone", query_id) is not None:
             _reject(Code.DUPLICATE_QUERY, f"query {query_id} was already reported")
@@ -103,9 +125,56 @@ def work_report(state: State, tx: SignedTx) -> None:
         state.put("backing", key, min(MAX_LAYER_TOKENS, current + item.layers * item.tokens))
     for query_id, fee in body.queries:
         state.put("squery", query_id, {"fee": str(fee), "height": state.block_height})
+    for charge in body.prepaid:
+        key = f"{charge.payer}/{charge.query_id}"
+        state.put("vpend", key, {"fee": str(charge.fee), "cap": str(charge.fee_cap)})
+        state.put("vseen", key, charge.expiry)
+        retention.track_until(state, "vseen", key, charge.expiry)
     state.emit(
-        "planet.work_report", gateway=tx.signer, nodes=len(body.work), queries=len(body.queries)
+        "planet.work_report",
+        gateway=tx.signer,
+        nodes=len(body.work),
+        queries=len(body.queries),
+        prepaid=len(body.prepaid),
     )
+
+
+def _check_charge(state: State, charge: PrepaidItem) -> None:
+    """Refuse a prepaid charge the chain must not debit (module docstring); no writes."""
+    genesis = state.genesis
+    if not (genesis.escrow_address and genesis.evm_chain_id):
+        _reject(Code.SETTLEMENT_DISABLED, "genesis has no evm {chain_id, escrow_address}")
+    where = f"voucher {charge.query_id} of {charge.payer}"
+    if charge.fee > charge.fee_cap:
+        _reject(Code.VOUCHER_INVALID, f"{where}: fee {charge.fee} above its cap {charge.fee_cap}")
+    if state.block_time > charge.expiry:
+        _reject(
+            Code.VOUCHER_EXPIRED,
+            f"{where}: expired at {charge.expiry} < block time {state.block_time}",
+        )
+    if charge.expiry > state.block_time + MAX_VOUCHER_LIFETIME_S:
+        _reject(
+            Code.VOUCHER_EXPIRY_TOO_FAR,
+            f"{where}: expiry {charge.expiry} is more than {MAX_VOUCHER_LIFETIME_S} s ahead",
+        )
+    key = f"{charge.payer}/{charge.query_id}"
+    if state.get("vpend", key) is not None or state.get("vseen", key) is not None:
+        _reject(Code.VOUCHER_REPLAYED, f"{where}: already charged")
+    try:
+        voucher = Voucher(
+            gateway=charge.gateway,
+            query_id=bytes.fromhex(charge.query_id[2:]),
+            model_id=bytes.fromhex(charge.model_id[2:]),
+            fee_cap=charge.fee_cap,
+            expiry=charge.expiry,
+            consumer=genesis.escrow_address,
+        )
+        domain = payment_domain(genesis.evm_chain_id, genesis.escrow_address)
+        signer = recover_digest(voucher.digest(domain), bytes.fromhex(charge.signature[2:]))
+    except ProtocolError as error:
+        _reject(Code.VOUCHER_INVALID, f"{where}: {error.message}")
+    if signer.lower() != charge.payer:
+        _reject(Code.VOUCHER_INVALID, f"{where}: signed by {signer}, not by its payer")
 
 
 def contribution(state: State, tx: SignedTx) -> None:
@@ -265,6 +334,24 @@ def _carry_forward(
         state.put("credit", key, {**credit, "layer_tokens": min(total, MAX_LAYER_TOKENS)})
 
 
+def _pending_charges(state: State) -> list[VoucherCharge]:
+    """The pending prepaid charges this epoch settles: ascending (payer, query id), at most
+    `MAX_SETTLED_CHARGES`; a payer's charges stop where its sum would pass `MAX_DEBIT` (the rest
+    wait for a later epoch), so `prepaid_debits` cannot overflow a debit."""
+    charges: list[VoucherCharge] = []
+    totals: dict[str, int] = {}
+    for key, entry in state.items("vpend"):
+        if len(charges) == MAX_SETTLED_CHARGES:
+            break
+        payer, query_id = key.split("/", 1)
+        fee = int(entry["fee"])
+        if totals.get(payer, 0) + fee > MAX_DEBIT:
+            continue
+        totals[payer] = totals.get(payer, 0) + fee
+        charges.append(VoucherCharge(payer, query_id, fee, int(entry["cap"])))
+    return charges
+
+
 def close(state: State, height: int) -> None:
     """EndBlock of the epoch's last height: settle the epoch (module docstring)."""
     epoch = height // state.genesis.epoch_length
@@ -279,7 +366,8 @@ def close(state: State, height: int) -> None:
     if escrow is None or not credits:
         return
     pending = state.items("squery")[:MAX_SETTLED_QUERIES]
-    if not pending:
+    charges = _pending_charges(state)
+    if not pending and not charges:
         _carry_forward(state, epoch, credits, slashed)
         return
     routable = _routable_counts(state)
@@ -309,6 +397,7 @@ def close(state: State, height: int) -> None:
         verification=spot_reports.verification_work(state, epoch),
         slashed=tuple(key.split("/", 1)[1] for key, _ in slashed),
         verifier_cut_bps=state.genesis.verifier_cut_bps,
+        debits=prepaid_debits(charges),
     )
     try:
         settled = close_epoch(work)
@@ -319,6 +408,8 @@ def close(state: State, height: int) -> None:
         state.delete("squery", query_id)
         state.put("sqdone", query_id, epoch)
         retention.track(state, "sqdone", query_id)
+    for charge in charges:
+        state.delete("vpend", f"{charge.payer}/{charge.query_id}")
     table = settled.table
     state.put(
         "payout",
@@ -331,6 +422,9 @@ def close(state: State, height: int) -> None:
             "consumer": escrow,
             "query_ids": ["0x" + q.hex() for q in settled.query_ids],
             "fees": [str(fee) for fee in settled.fees],
+            "payers": list(settled.payers),
+            "debits": [str(debit) for debit in settled.debits],
+            "charges": [[c.payer, c.query_id] for c in charges],
             "rows": [[account, str(amount)] for account, amount in table.payouts],
             "shares": {a: str(s) for a, s in sorted(table.compute_shares.items())},
             "closed_height": height,

@@ -101,6 +101,7 @@ class State:
         self.store = store
         self.height, self.app_hash = store.load()
         self.block_height = 0
+        self.block_time = 0  # unix seconds of the block header (CometBFT's BFT time)
         self.block_hash = b""
         self._block: dict[tuple[str, str], Any] = {}
         self._tx: dict[tuple[str, str], Any] | None = None
@@ -396,10 +397,11 @@ class State:
 
     # --- blocks -------------------------------------------------------------------------------
 
-    def begin_block(self, height: int, block_hash: bytes) -> None:
+    def begin_block(self, height: int, block_hash: bytes, time_s: int = 0) -> None:
         if height != self.height + 1:
             log.warning("begin_block height=%d after committed height=%d", height, self.height)
         self.block_height = height
+        self.block_time = time_s
         self.block_hash = block_hash
         self._block = {}
 
@@ -461,6 +463,7 @@ class State:
         epochs.expire_heartbeats(self, self.block_height)
         retention.expire_registrations(self, self.block_height)
         retention.prune(self, self.block_height)
+        retention.prune_expired(self, self.block_time)
         if self.block_height % self.genesis.epoch_length == 0:
             settlement.close(self, self.block_height)
             accusations.settle_epoch(self, self.block_height // self.genesis.epoch_length)

@@ -81,6 +81,7 @@ class Chain:
     validators: list[Validator] = field(init=False)
     state: State = field(init=False)
     nonces: dict[str, int] = field(init=False, default_factory=dict)
+    time_s: int = 0  # header time of the next blocks (unix seconds; tests move it)
 
     def __post_init__(self) -> None:
         self.validators = seeded_validators(self.powers)
@@ -175,7 +176,7 @@ class Chain:
         if not ok:
             raise ProposalRejected(f"proposal rejected at height {height}: {reason}")
         digest = block_hash or hashlib.sha256(b"block/%d" % height).digest()
-        self.state.begin_block(height, digest)
+        self.state.begin_block(height, digest, self.time_s)
         results = [self.state.deliver_tx(raw, i) for i, raw in enumerate(proposal)]
         self.state.end_block()
         self.state.commit()

@@ -756,11 +756,14 @@ def set_genesis_evm(
     models: dict[str, int] | None = None,
     escrow_address: str | None = None,
     gateways: list[str] | None = None,
+    retention_epochs: int | None = None,
 ) -> None:
     """Write the deployed Committee address (and FraudProofs, the verdicts' consumer), the EVM
     chain id and the served models ({model: shard count}) into every validator's genesis; with
     `escrow_address` (the QueryEscrow that consumes payout roots) and `gateways` (their ed25519
-    committee keys, 64 hex) epoch settlement is on. Only before the first start."""
+    committee keys, 64 hex) epoch settlement is on; `retention_epochs` (genesis default 10)
+    is how many settled epochs keep their records, payout statements and claim proofs
+    included. Only before the first start."""
     for address in (
         committee_address,
         fraud_proofs_address or committee_address,
@@ -785,6 +788,8 @@ def set_genesis_evm(
             state["evm"]["escrow_address"] = escrow_address
         if gateways:
             state["gateways"] = sorted(gateways)
+        if retention_epochs is not None:
+            state["retention_epochs"] = retention_epochs
         if models:
             state["models"] = {name: {"shards": n} for name, n in sorted(models.items())}
         path.write_text(json.dumps(genesis, indent=2) + "\n")

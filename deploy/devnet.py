@@ -95,6 +95,10 @@ class StepFailed(UnavailableError):
 
 
 DEVNET_EPOCH_LENGTH = 20  # ≈ 6-10 s at the devnet's 300 ms blocks: settlement within a minute
+# Settled epochs whose records stay (payout statements and claim proofs among them): the
+# genesis default 10 is only ~1-2 minutes of 20-block epochs, too short to claim by hand
+# after the escrow's 60 s window; 360 ≈ 40-60 minutes.
+DEVNET_RETENTION_EPOCHS = 360
 OPERATOR_GAS_WEI = 10**18  # each validator's operator key pays for relaying payout roots
 
 
@@ -324,6 +328,7 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
         models={manifest.model_hash: len(manifest.shards)},
         escrow_address=deployment.address("QueryEscrow"),
         gateways=[_gateway_committee_key(options, state)] if options.gateway else [],
+        retention_epochs=DEVNET_RETENTION_EPOCHS,
     )
     from node.agent.launch import model_id_bytes
     from node.chain.evm import PlanetChain

@@ -9,6 +9,7 @@ everything after it receives an `OperatorConfig` and never reads the environment
     committee_rpc = "http://127.0.0.1:26657"
     chain_id = 31337
     deployment = "/path/to/deployment.json"   # relative paths are relative to PLANET_HOME
+    refund_margin_s = 600                     # gateway: refuse deposits refundable this soon
 
 Files in an operator home (`PLANET_HOME`, default `~/.cache/planet`): `wallet.json` (EVM
 keystore), `node_key.json` (sealed ed25519 node key), `deployment.json` (default deployment
@@ -37,7 +38,9 @@ ENV_NAMES = {
     "chain_id": "PLANET_CHAIN_ID",
     "deployment": "PLANET_DEPLOYMENT",
     "password_file": "PLANET_PASSWORD_FILE",
+    "refund_margin_s": "PLANET_REFUND_MARGIN_S",
 }
+MAX_REFUND_MARGIN_S = 30 * 86_400
 _URL = re.compile(r"https?://[A-Za-z0-9._\-\[\]:]+(/[\x21-\x7e]*)?\Z")
 
 
@@ -51,6 +54,8 @@ class OperatorConfig:
     chain_id: int = DEFAULT_CHAIN_ID  # the EVM chain id the operator expects (refuses others)
     deployment: Path | None = None  # deployment file (addresses + ABIs); None: home/deployment.json
     password_file: Path | None = None  # keystore password file; None: $PLANET_PASSWORD or prompt
+    # gateway: a per-query deposit whose refund opens within this many seconds is refused
+    refund_margin_s: int = 0
 
     @property
     def deployment_path(self) -> Path:
@@ -145,6 +150,14 @@ def _check(key: str, value: Any, source: str, home: Path) -> Any:
         text = str(value).strip()
         if isinstance(value, bool) or not text.isdigit() or not 0 < int(text) < 2**63:
             raise ConfigError(f"{source}: chain id must be a positive integer (got {value!r})")
+        return int(text)
+    if key == "refund_margin_s":
+        text = str(value).strip()
+        if isinstance(value, bool) or not text.isdigit() or int(text) > MAX_REFUND_MARGIN_S:
+            raise ConfigError(
+                f"{source}: refund margin must be 0..{MAX_REFUND_MARGIN_S} seconds (got {value!r})",
+                hint="seconds before a deposit's refund opens that the gateway still accepts it",
+            )
         return int(text)
     path = Path(str(value)).expanduser()
     return path if path.is_absolute() else home / path

@@ -469,6 +469,62 @@ def _shard_fields(item: list[Any], where: str) -> tuple[str, int, int, int]:
     )
 
 
+MAX_DEBIT_WEI = (1 << 128) - 1  # QueryEscrow keeps a prepaid balance in a uint128
+_ADDRESS_LOWER = re.compile(r"0x[0-9a-f]{40}\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class PrepaidItem:
+    """One prepaid question a gateway charged: what the chain needs to debit `payer` — the
+    payer-signed voucher (`gateway`, `query_id`, `model_id`, `fee_cap`, `expiry`, signature)
+    and the `fee` charged. No node, circuit or session: a payer is never tied to nodes here.
+
+    Wire: `[gateway, payer, query id, model id, fee, fee cap, expiry, voucher signature]`,
+    addresses lowercase 0x-hex, fee and cap decimal wei strings (< 2^128), expiry unix seconds."""
+
+    gateway: str
+    payer: str
+    query_id: str
+    model_id: str
+    fee: int
+    fee_cap: int
+    expiry: int
+    signature: str
+
+    def to_json(self) -> list[Any]:
+        return [
+            self.gateway,
+            self.payer,
+            self.query_id,
+            self.model_id,
+            str(self.fee),
+            str(self.fee_cap),
+            self.expiry,
+            self.signature,
+        ]
+
+    @classmethod
+    def from_json(cls, item: list[Any]) -> PrepaidItem:
+        where = "body.prepaid[]"
+        amounts = []
+        for value, name in ((item[4], "fee"), (item[5], "fee_cap")):
+            if not isinstance(value, str) or not _UINT_DEC.match(value):
+                raise TxDecodeError(f"{where}.{name}: expected a decimal wei string < 2^128")
+            if int(value) > MAX_DEBIT_WEI:
+                raise TxDecodeError(f"{where}.{name}: expected a decimal wei string < 2^128")
+            amounts.append(int(value))
+        return cls(
+            gateway=_str(item[0], f"{where}.gateway", _ADDRESS_LOWER),
+            payer=_str(item[1], f"{where}.payer", _ADDRESS_LOWER),
+            query_id=_str(item[2], f"{where}.query_id", _HEX32_0X),
+            model_id=_str(item[3], f"{where}.model_id", _HEX32_0X),
+            fee=amounts[0],
+            fee_cap=amounts[1],
+            expiry=_int(item[6], f"{where}.expiry", 0, _U64),
+            signature=_str(item[7], f"{where}.signature", _SIG65),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class WorkReport:
     """A gateway's batch: per-node aggregates of the work in its signed receipts, and the query
@@ -481,18 +537,25 @@ class WorkReport:
 
     work: tuple[NodeWork, ...]
     queries: tuple[tuple[str, int], ...]
+    prepaid: tuple[PrepaidItem, ...] = ()
 
     TYPE: ClassVar[str] = "work_report"
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "queries": [[query_id, str(fee)] for query_id, fee in self.queries],
             "work": [w.to_json() for w in self.work],
         }
+        if self.prepaid:  # absent when empty: reports without prepaid charges keep their bytes
+            doc["prepaid"] = [p.to_json() for p in self.prepaid]
+        return doc
 
     @classmethod
     def from_json(cls, body: Any) -> WorkReport:
-        b = _obj(body, "body", {"queries", "work"})
+        keys = {"queries", "work"}
+        if isinstance(body, dict) and "prepaid" in body:
+            keys.add("prepaid")
+        b = _obj(body, "body", keys)
         work = []
         for item in _pair_list(b["work"], "body.work", 5, MAX_REPORT_ITEMS):
             node = _str(item[0], "body.work[].node", _HEX64)
@@ -510,9 +573,18 @@ class WorkReport:
         ids = [q for q, _ in queries]
         if ids != sorted(set(ids)):
             raise TxDecodeError("body.queries: must be strictly ascending by id")
-        if not work and not queries:
+        prepaid: list[PrepaidItem] = []
+        if "prepaid" in b:
+            items = _pair_list(b["prepaid"], "body.prepaid", 8, MAX_REPORT_ITEMS)
+            if not items:
+                raise TxDecodeError("body.prepaid: omit the key instead of an empty list")
+            prepaid = [PrepaidItem.from_json(item) for item in items]
+            charged = [(p.payer, p.query_id) for p in prepaid]
+            if charged != sorted(set(charged)):
+                raise TxDecodeError("body.prepaid: must be strictly ascending by (payer, query id)")
+        if not work and not queries and not prepaid:
             raise TxDecodeError("body: an empty report")
-        return cls(tuple(work), tuple(queries))
+        return cls(tuple(work), tuple(queries), tuple(prepaid))
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=60.0,
         help="seconds a smaller batch waits before it is reported anyway (default 60)",
     )
+    serve.add_argument(
+        "--refund-margin-s",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help="refuse a per-query deposit whose refund opens within SECONDS, so its user cannot "
+        "take it back before the epoch's root lands (else $PLANET_REFUND_MARGIN_S, config.toml "
+        "refund_margin_s, 0)",
+    )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
 
@@ -106,6 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
             "evm_rpc": args.evm_rpc,
             "committee_rpc": args.committee_rpc,
             "password_file": args.password_file.resolve() if args.password_file else None,
+            "refund_margin_s": args.refund_margin_s,
         }
     )
     config = GatewayConfig(
@@ -121,6 +131,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions_per_node=args.max_sessions_per_node,
         report_min_questions=args.report_min_questions,
         report_max_wait_s=args.report_max_wait,
+        refund_margin_s=chains.refund_margin_s,
     ).validate()
     password = PasswordSource(file=chains.password_file).read(confirm=not args.wallet.exists())
     serve(config, password)

@@ -34,6 +34,7 @@ class GatewayConfig:
     # nodes cannot tell echo requests (verifier challenges) from other questions; costs the
     # last node's answer T x H floats once per question
     full_prefill: bool = True
+    refund_margin_s: int = 0  # refuse per-query deposits whose refund opens within this (s)
     limits: Limits = field(default_factory=Limits)
 
     def validate(self) -> GatewayConfig:
@@ -45,6 +46,8 @@ class GatewayConfig:
             raise UsageError("--report-min-questions must be 1..1024")
         if not 0 < self.report_max_wait_s <= 86_400:
             raise UsageError("--report-max-wait must be 0 < seconds <= 86400")
+        if not 0 <= self.refund_margin_s <= 30 * 86_400:
+            raise UsageError("--refund-margin-s must be 0..2592000 seconds")
         if not 0 < self.port < 65536:
             raise UsageError(f"--port must be 1..65535, got {self.port}")
         if not self.manifest.exists():

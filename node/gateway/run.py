@@ -23,7 +23,7 @@ from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
 from node.gateway.payments import ChainEscrow, PaymentDesk
 from node.gateway.router import CommitteeNodes, Router
-from node.gateway.settlement import WorkLedger, WorkReporter
+from node.gateway.settlement import DebitTracker, WorkLedger, WorkReporter
 from protocol.eip712 import as_bytes32
 from protocol.errors import ConfigError, PlanetError, UnavailableError
 from protocol.payment import payment_domain
@@ -124,6 +124,7 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         model_id=model_id,
         price_wei_per_token=config.price_wei_per_token,
         receipts_path=config.receipts_path,
+        refund_margin_s=config.refund_margin_s,
     )
     gateway = Gateway(
         config=config,
@@ -151,13 +152,17 @@ def committee_key_path(config: GatewayConfig) -> Path:
     return config.wallet.with_name("committee_key.json")
 
 
-async def _work_reporter(config: GatewayConfig, ledger: WorkLedger, password: str) -> Any:
+async def _work_reporter(
+    config: GatewayConfig, ledger: WorkLedger, password: str, desk: PaymentDesk
+) -> Any:
     from node.chain.committee_link import CommitteeLink
     from node.keys import load_or_create_node_key
 
     key = await asyncio.to_thread(load_or_create_node_key, committee_key_path(config), password)
     log.info("work reports signed by gateway key=%s", key.verify_key.encode().hex())
-    return WorkReporter(ledger, CommitteeLink([config.committee_rpc], key))
+    link = CommitteeLink([config.committee_rpc], key)
+    debits = DebitTracker(link, desk.escrow.chain, desk)  # prepaid charges a posted root covered
+    return WorkReporter(ledger, link, debits=debits)
 
 
 def serve(config: GatewayConfig, password: str) -> None:
@@ -193,7 +198,7 @@ async def _serve(config: GatewayConfig, password: str) -> None:
             loop.add_signal_handler(sig, stop.set)
         reporter_task = None
         if gateway.ledger is not None:
-            reporter = await _work_reporter(config, gateway.ledger, password)
+            reporter = await _work_reporter(config, gateway.ledger, password, gateway.desk)
             reporter_task = asyncio.create_task(reporter.run(stop))
         await stop.wait()
         if reporter_task is not None:

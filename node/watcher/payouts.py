@@ -17,6 +17,7 @@ One `step()`:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -73,7 +74,14 @@ class Escrow(Protocol):
 
     def epoch_of(self, epoch: int) -> dict[str, Any]: ...
     def post_payout_root(
-        self, statement: PayoutRoot, query_ids: Any, fees: Any, signatures: Any
+        self,
+        statement: PayoutRoot,
+        query_ids: Any,
+        fees: Any,
+        signatures: Any,
+        *,
+        payers: Any = (),
+        debits: Any = (),
     ) -> Any: ...
 
 
@@ -137,9 +145,19 @@ class PayoutRelay:
         query_ids = [bytes.fromhex(str(q)[2:]) for q in view["query_ids"]]
         fees = [int(f) for f in view["fees"]]
         signatures = [bytes.fromhex(str(s)[2:]) for s in view["signatures"]]
+        payers = [str(p) for p in view.get("payers", [])]  # prepaid debits, payers ascending
+        debits = [int(d) for d in view.get("debits", [])]
         try:
             await asyncio.to_thread(
-                self.escrow.post_payout_root, statement, query_ids, fees, signatures
+                functools.partial(
+                    self.escrow.post_payout_root,
+                    statement,
+                    query_ids,
+                    fees,
+                    signatures,
+                    payers=payers,
+                    debits=debits,
+                )
             )
         except ContractRevert as error:
             if error.error_name == "EpochAlreadyPosted":
@@ -148,5 +166,7 @@ class PayoutRelay:
                 log.warning("postPayoutRoot epoch=%d reverted: %s", epoch, error.message)
             return False
         self.posted.add(epoch)
-        log.info("posted payout root epoch=%d queries=%d", epoch, len(query_ids))
+        log.info(
+            "posted payout root epoch=%d queries=%d payers=%d", epoch, len(query_ids), len(payers)
+        )
         return True

@@ -196,22 +196,43 @@ def _paid_now(devnet: dict[str, Any], accounts: list[str]) -> dict[str, dict[int
 
 def _signed(node: int, devnet: dict[str, Any], body: Any) -> tuple[int, str]:
     """Send `body` signed with operator node<i>'s node key; (FinalizeBlock code, log)."""
-    import asyncio
-
-    from node.chain.committee_link import CommitteeLink
     from node.keys import load_node_key
 
     password = Path(devnet["password_file"]).read_text()
     home = Path(devnet["operators"][node])
-    key = load_node_key(home / "node_key.json", password)
+    return _send_signed(load_node_key(home / "node_key.json", password), devnet, body)
+
+
+BAD_NONCE = 3  # abci_app/codes.py
+
+
+def _send_signed(key: Any, devnet: dict[str, Any], body: Any) -> tuple[int, str]:
+    """Send `body` signed with `key`; (code, log) of FinalizeBlock, or of CheckTx if refused."""
+    import asyncio
+
+    from node.chain.committee_link import CommitteeLink
+    from node.chain.committee_rpc import TxRejectedError
+    from protocol.errors import UnavailableError
 
     async def send() -> tuple[int, str]:
-        link = CommitteeLink(devnet["committee_rpc"], key)
-        try:
-            sent = await link.submit(body)
-            return await link.committed_code(sent.hash, timeout_s=90)
-        finally:
-            await link.close()
+        # The key's own process (a node's agent, the gateway's reporter) signs too: a tx of ours
+        # can take the nonce its pending tx also took, then lose (BAD_NONCE in the block) or
+        # never be committed. Sent again with a fresh nonce.
+        for attempt in range(4):
+            link = CommitteeLink(devnet["committee_rpc"], key)
+            try:
+                sent = await link.submit(body)
+                code, log = await link.committed_code(sent.hash, timeout_s=30)
+            except TxRejectedError as error:  # refused at CheckTx already
+                code, log = error.tx_code, error.log_text
+            except UnavailableError as error:
+                code, log = BAD_NONCE, str(error)
+            finally:
+                await link.close()
+            if code != BAD_NONCE:
+                return code, log
+            print(f"_send_signed attempt {attempt}: {log}", file=sys.stderr)
+        raise AssertionError("the tx was not committed in 4 attempts")
 
     return asyncio.run(send())
 
@@ -318,6 +339,82 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devn
             relayer.post_payout_root(statement, [], [], sigs)
         assert refused.value.error_name == reason
     assert escrow.functions.epochOf(10**6).call()[3] == 0
+
+
+def _debited_in(devnet: dict[str, Any], payer: str, query_id: str) -> dict[str, Any] | None:
+    """The stored statement whose settled charges hold (payer, query id), once its root is
+    posted on the escrow; None before (also when a busy RPC did not answer: asked again)."""
+    try:
+        _, escrow = _escrow(devnet)
+        rpc = devnet["committee_rpc"][0]
+        for summary in (_query(rpc, "/payouts") or {"epochs": []})["epochs"]:
+            view = _query(rpc, "/payouts", epoch=str(summary["epoch"]))
+            if [payer, query_id] in view.get("charges", []):
+                posted = escrow.functions.epochOf(summary["epoch"]).call()[3] == 1
+                return view if posted else None
+    except (OSError, ValueError) as error:
+        print(f"_debited_in: {error!r}", file=sys.stderr)
+    return None
+
+
+def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_refused(
+    env, devnet
+) -> None:
+    """a prepaid balance pays a question by voucher → the gateway's work_report carries the
+    charge → the epoch's signed statement debits the payer → the relayed root takes exactly
+    that debit from the payer's balance on anvil → the nodes claim it; the same charge sent
+    again by the gateway is refused as VOUCHER_REPLAYED."""
+    if not devnet.get("gateway_url"):
+        pytest.skip("this checkout has no gateway")
+    from node.gateway.settlement import prepaid_item
+    from node.keys import load_node_key, load_wallet
+    from protocol.committee import WorkReport
+
+    password = Path(devnet["password_file"]).read_text()
+    payer = load_wallet(Path(devnet["dir"]) / "user" / "wallet.json", password).address.lower()
+    deposited = _planet(env, "balance", "deposit", "0.01", timeout=120)
+    assert deposited.returncode == 0, deposited.stderr[-2000:]
+    w3, escrow = _escrow(devnet)
+    before = escrow.functions.prepaidOf(w3.to_checksum_address(payer)).call()[0]
+    asked = _planet(env, "ask", "--voucher", "--voucher-ttl", "3600", "--json", "--max-tokens", "6",
+                    "Say yes.", timeout=300)  # fmt: skip
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    charge = prepaid_item(json.loads(asked.stdout)["receipt"])
+    assert charge.payer == payer and charge.fee > 0
+
+    view = _wait(lambda: _debited_in(devnet, payer, charge.query_id), 240, "the charge posted")
+    epoch = view["epoch"]
+    assert view["payers"] == [payer] and view["debits"] == [str(charge.fee)]
+    assert all(len(settled) == 2 for settled in view["charges"])  # payer, query id: nothing else
+    after = escrow.functions.prepaidOf(w3.to_checksum_address(payer)).call()[0]
+    assert after == before - charge.fee  # the posted root debited exactly the charged fee
+    assert int(view["total"]) == sum(int(f) for f in view["fees"]) + charge.fee
+
+    # the nodes claim the epoch that the voucher paid (after the escrow's window)
+    w3.provider.make_request("evm_increaseTime", [CHALLENGE_WINDOW_S + 1])
+    w3.provider.make_request("evm_mine", [])
+    rows = {account: int(amount) for account, amount in view["rows"]}
+    claimed_total = 0
+    for operator in (a for a in devnet["accounts"] if a["name"].startswith("node")):
+        amount = rows.get(operator["address"].lower(), 0)
+        if not amount:
+            continue
+        before_claim = w3.eth.get_balance(operator["address"])
+        claimed = _planet(env, "claim", "--epoch", str(epoch), "--home", operator["home"],
+                          "--password-file", devnet["password_file"], timeout=120)  # fmt: skip
+        assert claimed.returncode == 0, claimed.stderr[-2000:]
+        tx = claimed.stdout.strip().splitlines()[-1].rsplit("(tx ", 1)[1].rstrip(")")
+        receipt = w3.eth.get_transaction_receipt(tx)
+        gas = receipt["gasUsed"] * receipt["effectiveGasPrice"]
+        assert w3.eth.get_balance(operator["address"]) == before_claim + amount - gas
+        claimed_total += amount
+    assert claimed_total == sum(rows.values()) > 0
+
+    # the gateway sends the same charge again: the chain refuses it by name
+    key = load_node_key(Path(devnet["dir"]) / "gateway" / "committee_key.json", password)
+
+    code, log = _send_signed(key, devnet, WorkReport((), (), (charge,)))
+    assert code == 38, log  # VOUCHER_REPLAYED
 
 
 def test_devnet_node_without_attested_stake_is_never_routable(env, devnet) -> None:

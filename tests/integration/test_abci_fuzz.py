@@ -105,6 +105,7 @@ FIELDS = (
     "work",
     "queries",
     "checks",
+    "prepaid",
 )
 ROUTES = (
     "/nodes",

@@ -69,6 +69,8 @@ def test_config_relative_deployment_in_file_is_relative_to_home(tmp_path: Path) 
         ({}, {"PLANET_CHAIN_ID": "abc"}, "$PLANET_CHAIN_ID: chain id must be a positive integer"),
         ({"chain_id": 0}, {}, "chain id must be a positive integer"),
         ({"colour": "red"}, {}, "unknown keys colour"),
+        ({"refund_margin_s": -1}, {}, "refund margin must be 0..2592000 seconds"),
+        ({}, {"PLANET_REFUND_MARGIN_S": "1.5"}, "$PLANET_REFUND_MARGIN_S: refund margin"),
     ],
 )
 def test_config_bad_value_is_a_config_error_naming_its_source(

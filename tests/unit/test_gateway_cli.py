@@ -24,7 +24,12 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     import node.gateway.run
 
     monkeypatch.setattr(node.gateway.run, "serve", fake_serve)
-    for name in ("PLANET_EVM_RPC", "PLANET_COMMITTEE_RPC", "PLANET_PASSWORD_FILE"):
+    for name in (
+        "PLANET_EVM_RPC",
+        "PLANET_COMMITTEE_RPC",
+        "PLANET_PASSWORD_FILE",
+        "PLANET_REFUND_MARGIN_S",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PLANET_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("PLANET_PASSWORD", "pw")
@@ -65,3 +70,29 @@ def test_gateway_serve_bad_rpc_url_is_named_error_without_traceback(
     err = capsys.readouterr().err
     assert err.startswith("error: --committee-rpc:") and "Traceback" not in err
     assert "config" not in served
+
+
+def test_gateway_serve_refund_margin_from_defaults_file_env_then_flag(
+    served: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main(served["argv"]) == 0
+    assert served["config"].refund_margin_s == 0
+    (served["home"] / "config.toml").write_text("refund_margin_s = 600\n")
+    assert main(served["argv"]) == 0
+    assert served["config"].refund_margin_s == 600
+    monkeypatch.setenv("PLANET_REFUND_MARGIN_S", "900")
+    assert main(served["argv"]) == 0
+    assert served["config"].refund_margin_s == 900
+    assert main([*served["argv"], "--refund-margin-s", "30"]) == 0
+    assert served["config"].refund_margin_s == 30
+
+
+@pytest.mark.parametrize("value", ["-1", "2592001"])
+def test_gateway_serve_bad_refund_margin_is_named_error_without_traceback(
+    served: dict[str, Any], capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    assert main([*served["argv"], "--refund-margin-s", value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --refund-margin-s:") and "hint:" in err
+    assert "Traceback" not in err and "config" not in served
+

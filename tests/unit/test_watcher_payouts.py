@@ -15,7 +15,13 @@ from abci_app.testing import Chain
 from node.chain.committee_rpc import TxRejectedError
 from node.chain.evm import ContractRevert
 from node.watcher.payouts import PayoutRelay, statement_of
-from tests.unit.test_abci_settlement import DOMAIN, ESCROW, served_epoch, settled_chain
+from tests.unit.test_abci_settlement import (
+    DOMAIN,
+    ESCROW,
+    next_epoch_end,
+    served_epoch,
+    settled_chain,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -50,10 +56,15 @@ class FakeEscrow:
     def epoch_of(self, epoch: int) -> dict[str, Any]:
         return {"status": 1 if self.posts else 0}
 
-    def post_payout_root(self, statement: Any, query_ids: Any, fees: Any, sigs: Any) -> Any:
+    debits: list[tuple[Any, Any]] = field(default_factory=list)
+
+    def post_payout_root(
+        self, statement: Any, query_ids: Any, fees: Any, sigs: Any, *, payers: Any, debits: Any
+    ) -> Any:
         if self.already:
             raise ContractRevert("EpochAlreadyPosted", (statement.epoch,))
         self.posts.append((statement, query_ids, fees, sigs))
+        self.debits.append((payers, debits))
 
 
 def relay(chain: Chain, index: int, escrow: FakeEscrow) -> PayoutRelay:
@@ -108,3 +119,20 @@ async def test_payout_relay_skips_a_statement_for_another_escrow() -> None:
     assert await other.step() == []
     view = await other.committee.query("/payouts", epoch=2)
     assert view["signers"] == []
+
+
+async def test_payout_relay_posts_the_statements_prepaid_debits() -> None:
+    from tests.unit.test_abci_prepaid import NOW, backed_and_credited, charge, payer
+
+    chain = settled_chain()
+    chain.time_s = NOW
+    backed_and_credited(chain, charge("payer-1", 1, 300), charge("payer-2", 2, 5))
+    epoch = next_epoch_end(chain)
+    escrow = FakeEscrow()
+    for i in range(3):
+        await relay(chain, i, escrow).step()
+    [(payers, debits)] = escrow.debits
+    expected = sorted([(payer("payer-1"), 300), (payer("payer-2"), 5)])
+    assert list(zip(payers, debits, strict=True)) == expected
+    view = await relay(chain, 0, escrow).committee.query("/payouts", epoch=epoch)
+    assert view["payers"] == [p for p, _ in expected]
