@@ -83,15 +83,37 @@ class NoisyShard:
     def new_cache(self) -> Any:
         return self._shard.new_cache()
 
+    def cache_bytes_per_position(self) -> int:
+        return int(self._shard.cache_bytes_per_position())
+
+    def __getattr__(self, name: str) -> Any:
+        # everything else a ShardModel offers (cache accounting, config) comes from the shard
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._shard, name)
+
     @torch.inference_mode()
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self._shard.forward(hidden, positions, cache).clone()
         for index, position in enumerate(positions.tolist()):
-            if position % self._every == 0:
-                row = out[0, index]
-                rms = float(row.pow(2).mean().sqrt())
-                noise = torch.randn(row.shape, generator=self._generator)
-                out[0, index] = row + noise * (self._relative * rms)
+            self._noisy(out, 0, index, position)
         return out
+
+    @torch.inference_mode()
+    def forward_batch(
+        self, hidden: torch.Tensor, positions: torch.Tensor, caches: list[Any]
+    ) -> torch.Tensor:
+        """Batched decode steps (node/server/batcher.py) are as noisy as single ones."""
+        out = self._shard.forward_batch(hidden, positions, caches).clone()
+        for row, position in enumerate(positions.tolist()):
+            self._noisy(out, row, 0, position)
+        return out
+
+    def _noisy(self, out: torch.Tensor, row: int, index: int, position: int) -> None:
+        if position % self._every == 0:
+            values = out[row, index]
+            rms = float(values.pow(2).mean().sqrt())
+            noise = torch.randn(values.shape, generator=self._generator)
+            out[row, index] = values + noise * (self._relative * rms)
 
     __call__ = forward
