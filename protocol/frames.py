@@ -678,17 +678,24 @@ def parse_frame(data: bytes | bytearray | memoryview, limits: FrameLimits | None
     body = view[PREFIX_BYTES + header_len :]
     if len(body) > limits.max_body_bytes:
         raise TooLargeError(f"body of {len(body)} bytes exceeds {limits.max_body_bytes}")
-    if header.codec in VARIABLE_CODECS:
-        smallest, largest = codec_rq.body_bounds(header.count, header.shape[2])
-        if not smallest <= len(body) <= largest:
-            raise BadBodyError(
-                f"body is {len(body)} bytes, outside {smallest}..{largest} for {header.shape}"
-            )
-        return Frame(header=header, body=body)
-    expected = body_size(header.dtype, header.codec, header.count * header.shape[2])
-    if len(body) != expected:
-        raise BadBodyError(f"body is {len(body)} bytes, expected {expected} for {header.shape}")
+    check_body_size(header.dtype, header.codec, header.count, header.shape[2], len(body))
     return Frame(header=header, body=body)
+
+
+def check_body_size(dtype: str, codec: str, rows: int, width: int, size: int) -> None:
+    """A body of `size` bytes must be exactly what `rows` x `width` values take in `codec`, or,
+    for a variable-rate codec (rq), lie within its bounds; else BadBodyError. One rule for HTTP
+    frames and stream data messages."""
+    if codec in VARIABLE_CODECS:
+        smallest, largest = codec_rq.body_bounds(rows, width)
+        if not smallest <= size <= largest:
+            raise BadBodyError(
+                f"body is {size} bytes, outside {smallest}..{largest} for {rows} x {width}"
+            )
+        return
+    expected = body_size(dtype, codec, rows * width)
+    if size != expected:
+        raise BadBodyError(f"body is {size} bytes, expected {expected} for {rows} x {width}")
 
 
 def decode_frame(

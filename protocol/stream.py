@@ -46,13 +46,10 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Final
 
-from protocol import codec_rq
 from protocol.canonical import JsonTooDeepError, loads_bounded
 from protocol.frames import (
     CODECS,
     DTYPES,
-    VARIABLE_CODECS,
-    BadBodyError,
     BadCodecError,
     BadDtypeError,
     BadHeaderError,
@@ -60,7 +57,7 @@ from protocol.frames import (
     BadShapeError,
     FrameError,
     TooLargeError,
-    body_size,
+    check_body_size,
     check_session_id,
 )
 
@@ -171,18 +168,7 @@ def parse_data(
         last_only=bool(flags & FLAG_LAST_ONLY),
     )
     body = view[DATA_HEADER_BYTES:]
-    if header.codec in VARIABLE_CODECS:  # rq: the size depends on the values, within bounds
-        low, high = codec_rq.body_bounds(count, hidden_size)
-        if not low <= len(body) <= high:
-            raise BadBodyError(
-                f"body is {len(body)} bytes, outside {low}..{high} for {count} x {hidden_size}"
-            )
-        return header, body
-    expected = body_size(header.dtype, header.codec, count * hidden_size)
-    if len(body) != expected:
-        raise BadBodyError(
-            f"body is {len(body)} bytes, expected {expected} for {count} x {hidden_size}"
-        )
+    check_body_size(header.dtype, header.codec, count, hidden_size, len(body))
     return header, body
 
 
