@@ -843,6 +843,20 @@ class PlanetChain:
             list(signatures),
         )
 
+    def relay_confirmed_verdict(self, record: Mapping[str, Any]) -> TxResult:
+        """Relay one confirmed record of the committee's `/verdicts?confirmed=true` (its
+        `node`, `offence`, `evidence_hash`, `challenger`, `nonce`, `signatures` sorted by
+        signer) to this deployment's FraudProofs.slashByVerdict: what any relayer does."""
+        verdict = Verdict(
+            node=record["node"],
+            offence=record["offence"],
+            evidence_hash=bytes.fromhex(record["evidence_hash"][2:]),
+            challenger=record["challenger"],
+            nonce=record["nonce"],
+            consumer=self.deployment.address("FraudProofs"),
+        )
+        return self.slash_by_verdict(verdict, [bytes.fromhex(s[2:]) for s in record["signatures"]])
+
     def is_proven(self, evidence_id: bytes) -> bool:
         return self.call("FraudProofs", "proven", evidence_id)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from protocol.eip712 import Verdict, address_of
+from protocol.eip712 import address_of
 from protocol.spotcheck import Outcome, Triple, epoch_of_height, evidence_hash
 from tests.integration.gateway_net import prepared_manifest, wait_for
 from tests.integration.spot_net import SpotNet
@@ -87,17 +87,7 @@ def test_noisy_node_caught_by_spot_check_verdict_slashes_half(snet: SpotNet) -> 
     assert signer in snet.query(f"/epochs?epoch={current}")["epochs"][0]["verifiers"]
     relayer = snet.net.account("relayer")
     before = relayer.stake_of(checksummed)
-    relayer.slash_by_verdict(
-        Verdict(
-            node=verdict["node"],
-            offence=verdict["offence"],
-            evidence_hash=bytes.fromhex(verdict["evidence_hash"][2:]),
-            challenger=verdict["challenger"],
-            nonce=verdict["nonce"],
-            consumer=snet.net.deployment.address("FraudProofs"),
-        ),
-        [bytes.fromhex(s[2:]) for s in verdict["signatures"]],
-    )
+    relayer.relay_confirmed_verdict(verdict)
     assert relayer.stake_of(checksummed) == before // 2
     # one spot-check verdict per node and epoch, however many of its blocks failed
     failed = _spot_evidence(snet, noisy.public, Outcome.FAILED)

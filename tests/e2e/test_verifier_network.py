@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from protocol.committee import seed_commitment
-from protocol.eip712 import Verdict, address_of
+from protocol.eip712 import address_of
 from tests.integration.gateway_net import prepared_manifest, wait_for
 from tests.integration.verifier_net import VerifierNet
 
@@ -105,17 +105,7 @@ def test_verdict_confirmed_and_relayed_slashes_half_the_substitute_stake(
     [verdict] = wait_for(confirmed, 120, "no confirmed verdict on the substitute", interval=1.0)
     relayer = vnet.net.account("relayer")
     before = relayer.stake_of(cheater_address)
-    relayer.slash_by_verdict(
-        Verdict(
-            node=verdict["node"],
-            offence=verdict["offence"],
-            evidence_hash=bytes.fromhex(verdict["evidence_hash"][2:]),
-            challenger=verdict["challenger"],
-            nonce=verdict["nonce"],
-            consumer=vnet.net.deployment.address("FraudProofs"),
-        ),
-        [bytes.fromhex(s[2:]) for s in verdict["signatures"]],
-    )
+    relayer.relay_confirmed_verdict(verdict)
     assert relayer.stake_of(cheater_address) == before // 2
     honest_reps = committee.query("/reputations")["reputations"]
     assert all(honest_reps[c.public]["r"] >= UNTRUSTED_BELOW for c in vnet.honest)
