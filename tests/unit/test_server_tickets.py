@@ -315,3 +315,27 @@ async def test_enable_tickets_asks_the_committee_over_json_rpc(aiohttp_client, a
     assert open_sealed(await answer.read(), request, VERIFIER).count == 32
     refused = await client.post("/v1/tickets", data=_request(verifier=STRANGER).encode())
     assert refused.status == 403
+
+
+@pytest.mark.parametrize(
+    "tag",
+    [
+        "A" * 64,  # uppercase
+        "0" * 63,  # short
+        "0" * 65,  # long
+        "٣" * 64,  # non-ASCII digits
+        "0x" + "0" * 62,
+        "%00" * 30,
+        "0" * 5000,
+    ],
+)
+async def test_commitments_hostile_tag_named_refusal_and_node_keeps_serving(
+    aiohttp_client, tag: str
+) -> None:
+    client, _, _ = await _served_client(aiohttp_client)
+    answer = await client.get(f"/v1/commitments/{tag}")
+    assert 400 <= answer.status < 500
+    assert (await answer.json())["code"]
+    listed = await client.get(f"/v1/commitments/{TAG}")
+    assert listed.status == 200
+    assert [c["step"] for c in (await listed.json())["commitments"]] == [0]
