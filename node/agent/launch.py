@@ -139,10 +139,16 @@ def agent_alive(joined: Joined) -> bool:
 
 def _ticket_args(home: Path, committee_rpcs: list[str]) -> list[str]:
     """Spot-check tickets: the node signs them with the operator's node key and checks the
-    requests against the committee (the agent's first RPC). None without a committee."""
+    requests against the committee (the agent's first RPC). The same RPC tells the node which
+    next hops it may dial in the chain (routable nodes of its model, `--next-hops committee`).
+    None without a committee."""
     if not committee_rpcs:
         return []
-    return ["--node-key", str(home / "node_key.json"), "--committee-rpc", committee_rpcs[0]]
+    return [
+        "--node-key", str(home / "node_key.json"),
+        "--committee-rpc", committee_rpcs[0],
+        "--next-hops", "committee",
+    ]  # fmt: skip
 
 
 def start_node_and_agent(

@@ -20,6 +20,7 @@ from node.client.pipeline import Hop
 from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
 from node.server.fake import FakeShard
+from node.server.next_hops import ForwardList
 from protocol.errors import BusyError, RemoteError
 from protocol.stream import DataHeader, pack_data
 
@@ -54,6 +55,9 @@ async def _nodes(aiohttp_server, count: int, shard_cls=FakeShard, **config: obje
         app = create_app(ServerConfig(manifest_path=Path("x"), shard_id=shard, **config), backend)  # type: ignore[arg-type]
         servers.append(await aiohttp_server(app))
     hops = [Hop(url=str(s.make_url("")).rstrip("/"), shard=i) for i, s in enumerate(servers)]
+    circuit = frozenset(h.url for h in hops)
+    for shard, server in enumerate(servers):  # each node may dial this circuit's nodes only
+        server.app[STATE_KEY].next_hops = ForwardList(shard, circuit)
     return servers, hops
 
 
