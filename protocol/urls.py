@@ -13,7 +13,7 @@ Grammar (ASCII only, nothing else accepted):
                                                    end; one trailing dot (the DNS root) is dropped
     ipv4   = four decimal octets 0-255, no leading zeros
     ipv6   = an IPv6 address without a zone id, written back compressed, lower-case
-    port   = 1-5 ASCII digits, 1..65535            absent: 80 for http, 443 for https
+    port   = 1-5 ASCII digits, no leading zero, 1..65535   absent: 80 (http), 443 (https)
 
 Refused: user info (`user@`), percent-escapes, query, fragment, any path but "/", whitespace or
 control characters, non-ASCII (IDNA) names, and host names that the C resolver would read as an
@@ -34,7 +34,7 @@ DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 _URL_RE = re.compile(
     r"(?P<scheme>[A-Za-z]{4,5})://"
     r"(?:\[(?P<ip6>[0-9A-Fa-f:.]{2,45})\]|(?P<name>[A-Za-z0-9.\-]{1,254}))"
-    r"(?::(?P<port>[0-9]{1,5}))?/?"
+    r"(?::(?P<port>[1-9][0-9]{0,4}))?/?"
 )
 _LABEL_RE = re.compile(r"[a-z0-9](?:[a-z0-9\-]{0,61}[a-z0-9])?")
 # every label digits or a 0x-number: the resolver (inet_aton) reads such a name as an address

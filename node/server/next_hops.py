@@ -24,7 +24,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
@@ -191,6 +191,7 @@ class ForwardCommittee:
         max_age_s: float = COMMITTEE_MAX_AGE_S,
         miss_refresh_s: float = COMMITTEE_MISS_REFRESH_S,
         timeout_s: float = COMMITTEE_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.own_shard = own_shard
         self.source = source
@@ -198,6 +199,7 @@ class ForwardCommittee:
         self.max_age_s = max_age_s
         self.miss_refresh_s = miss_refresh_s
         self.timeout_s = timeout_s
+        self.clock = clock
         self.fetches = 0  # queries sent (tests, /info)
         self._view: dict[str, frozenset[int]] | None = None
         self._fetched_s = 0.0  # monotonic time of the last successful fetch
@@ -206,7 +208,7 @@ class ForwardCommittee:
 
     async def _refresh(self, *, older_than_s: float) -> None:
         async with self._lock:
-            now = time.monotonic()
+            now = self.clock()
             if self._tried_s is not None and now - self._tried_s < older_than_s:
                 return  # someone fetched (or tried) while we waited, or too soon to ask again
             self._tried_s = now
@@ -220,14 +222,14 @@ class ForwardCommittee:
                 log.warning("next-hop view: committee query failed: %s", error)
                 return
             self._view = routable_hops(answer)
-            self._fetched_s = time.monotonic()
+            self._fetched_s = self.clock()
 
     def _allowed(self, hop: NextHop) -> bool:
         return self._view is not None and hop.shard in self._view.get(hop.url, frozenset())
 
     async def check(self, hop: NextHop) -> None:
         _check_order(self.own_shard, hop)
-        if self._view is None or time.monotonic() - self._fetched_s > self.max_age_s:
+        if self._view is None or self.clock() - self._fetched_s > self.max_age_s:
             await self._refresh(older_than_s=self.miss_refresh_s)
         if not self._allowed(hop):
             await self._refresh(older_than_s=self.miss_refresh_s)
