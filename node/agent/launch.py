@@ -139,16 +139,16 @@ def agent_alive(joined: Joined) -> bool:
 
 def _ticket_args(home: Path, committee_rpcs: list[str]) -> list[str]:
     """Spot-check tickets: the node signs them with the operator's node key and checks the
-    requests against the committee (the agent's first RPC). The same RPC tells the node which
-    next hops it may dial in the chain (routable nodes of its model, `--next-hops committee`).
-    None without a committee."""
+    requests against the committee (the agent's first RPC). None without a committee."""
     if not committee_rpcs:
         return []
-    return [
-        "--node-key", str(home / "node_key.json"),
-        "--committee-rpc", committee_rpcs[0],
-        "--next-hops", "committee",
-    ]  # fmt: skip
+    return ["--node-key", str(home / "node_key.json"), "--committee-rpc", committee_rpcs[0]]
+
+
+def _next_hop_args(committee_rpcs: list[str]) -> list[str]:
+    """The chain's next hops: only compute nodes the committee lists as routable for this
+    model and the next shard (node/server/next_hops.py; the node asks `--committee-rpc`)."""
+    return ["--next-hops", "committee"] if committee_rpcs else []
 
 
 def start_node_and_agent(
@@ -177,6 +177,7 @@ def start_node_and_agent(
             "--commit-dir",
             str(run_dir / SERVED_DIR),
             *_ticket_args(home, committee_rpcs),
+            *_next_hop_args(committee_rpcs),
         ],
         extra_env={PASSWORD_ENV: password},
     )

@@ -175,7 +175,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--committee-rpc",
         metavar="URL",
         help="a committee validator's RPC: epoch seeds and verifier sets that authorize "
-        "ticket requests (with --node-key; `planet join` sets both)",
+        "ticket requests (with --node-key), and the routable nodes this node may forward to "
+        "(--next-hops committee, the default with it); `planet join` sets it",
     )
     serve.add_argument("--password-file", type=Path, help="file holding the node key's password")
     serve.add_argument(
@@ -230,9 +231,9 @@ def _ticket_key(args: argparse.Namespace) -> object | None:
     from node.keys import PasswordSource, load_node_key
     from protocol.spotcheck import SelectionError, check_rate
 
-    if (args.node_key is None) != (args.committee_rpc is None):
+    if args.node_key is not None and args.committee_rpc is None:
         raise UsageError(
-            "--node-key and --committee-rpc go together (spot-check tickets need both)",
+            "--node-key needs --committee-rpc (spot-check tickets need both)",
             hint="give both, or neither to serve without tickets",
         )
     if args.spot_check_ppm is not None:
@@ -259,7 +260,7 @@ def _next_hops(args: argparse.Namespace) -> NextHopSpec:
     spec = parse_next_hops(args.next_hops)
     if spec.mode == "committee" and not args.committee_rpc:
         raise UsageError(
-            "--next-hops committee needs --committee-rpc (and --node-key)",
+            "--next-hops committee needs --committee-rpc",
             hint="give the committee RPC, or list the next hops: --next-hops URL[,URL...]",
         )
     return spec

@@ -296,3 +296,10 @@ def test_serve_passes_the_spec_to_the_config(
     assert cli.main(argv) == 0
     assert seen[0].next_hops == NextHopSpec("list", frozenset({A, B}))
     assert seen[1].next_hops == NextHopSpec("none")
+
+
+def test_join_starts_the_node_with_committee_next_hops(tmp_path: Path) -> None:
+    from node.agent.launch import _next_hop_args
+
+    assert _next_hop_args([]) == []
+    assert _next_hop_args(["http://a:26657"]) == ["--next-hops", "committee"]
