@@ -147,10 +147,9 @@ def test_committee_next_hop_unregistered_or_unroutable_refused_and_never_dialled
     async def ask(url: str) -> dict[str, Any]:
         nxt = {"url": url, "shard": 1, "feed": "f" * 43}
         body = {"op": "open", "sid": 1, "session": "c" * 43, "shard": 0, "feed": None, "next": nxt}
-        async with aiohttp.ClientSession() as http:
-            async with http.ws_connect(f"{node0.url}/v1/stream") as ws:
-                await ws.send_json(body)
-                return json.loads((await ws.receive(timeout=10)).data)
+        async with aiohttp.ClientSession() as http, http.ws_connect(f"{node0.url}/v1/stream") as ws:
+            await ws.send_json(body)
+            return json.loads((await ws.receive(timeout=10)).data)
 
     for canary in net["canaries"]:  # [0]: never registered; [1]: registered, no stake
         answer = asyncio.run(ask(canary.url))
