@@ -18,13 +18,13 @@ examples:
   planet node serve --manifest ~/.cache/planet/models/smollm2-135m-3p-none/manifest.json --shard 0
   planet node serve --manifest M --shard 2 --port 18102 --idle-timeout 60 --max-cache-mb 512
   planet node serve --manifest M --shard 0 --max-sessions-per-peer 64   # behind a gateway
-  PLANET_PASSWORD=… planet node serve --manifest M --shard 1 --commit-dir run/served \
+  PLANET_PASSWORD=… planet node serve --manifest M --shard 1 --commit-dir run/served \\
       --node-key ~/.planet/node_key.json --committee-rpc http://127.0.0.1:26657   # spot checks
 
 next hops (the chain protocol: a client's `open` names the URL this node dials next):
   planet node serve --manifest M --shard 0 --next-hops http://10.0.0.8:18101,http://10.0.0.9:18101
   planet node serve --manifest M --shard 0 --next-hops-file hops.txt     # one URL a line
-  planet node serve --manifest M --shard 0 --committee-rpc http://127.0.0.1:26657 \
+  planet node serve --manifest M --shard 0 --committee-rpc http://127.0.0.1:26657 \\
       --next-hops committee     # routable nodes of the next shard on the committee chain
   planet node serve --manifest M --shard 0 --next-hops any    # development only: dials anything
   default: committee when --committee-rpc is given, else none (the node forwards to nobody; it

@@ -303,3 +303,31 @@ def test_join_starts_the_node_with_committee_next_hops(tmp_path: Path) -> None:
 
     assert _next_hop_args([]) == []
     assert _next_hop_args(["http://a:26657"]) == ["--next-hops", "committee"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "rpc", "policy"),
+    [
+        (NextHopSpec(), None, ForwardNone),
+        (NextHopSpec("list", frozenset({A})), None, ForwardList),
+        (NextHopSpec("committee"), "http://127.0.0.1:1", ForwardCommittee),
+        (NextHopSpec("any"), None, ForwardAny),
+    ],
+)
+async def test_node_app_installs_its_policy_and_warns_on_any(
+    aiohttp_server, caplog, spec, rpc, policy
+) -> None:
+    import logging
+
+    from node.server.app import STATE_KEY, create_app
+    from node.server.fake import FakeShard
+
+    caplog.set_level(logging.INFO, logger="node.server.stream")
+    config = ServerConfig(Path("m"), 0, next_hops=spec, committee_rpc=rpc)
+    server = await aiohttp_server(create_app(config, FakeShard(shard_id=0, hidden_size=8)))
+    installed = server.app[STATE_KEY].next_hops
+    assert isinstance(installed, policy)
+    if policy is ForwardCommittee:
+        assert installed.model_hash == "sha256:" + "0" * 64  # the node's own model
+    warned = [r for r in caplog.records if r.levelname == "WARNING" and "ANY URL" in r.message]
+    assert bool(warned) == (policy is ForwardAny)

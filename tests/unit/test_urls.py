@@ -204,7 +204,7 @@ def hostile_urls(draw: st.DrawFn) -> str:
 
 
 @given(valid_urls())
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 def test_canonical_url_valid_grammar_maps_to_one_fixpoint(pair: tuple[str, str]) -> None:
     spelled, expected = pair
     assert canonical_url(spelled) == expected
@@ -213,7 +213,7 @@ def test_canonical_url_valid_grammar_maps_to_one_fixpoint(pair: tuple[str, str])
 
 
 @given(hostile_urls())
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 def test_canonical_url_hostile_grammar_refused_by_name(raw: str) -> None:
     with pytest.raises(BadUrlError):
         canonical_url(raw)
