@@ -282,6 +282,8 @@ async def test_stream_next_hop_not_allowed_refused_by_name_and_nothing_dialled(
             async with ChainClient(hops, hidden_size=H) as client:
                 await _generate(client, [1, 2], 2)
         assert error.value.code == "next_hop_not_allowed"
+        async with ChainClient(hops[:1], hidden_size=H) as client:  # still serves as last hop
+            assert await _generate(client, [1, 2], 2) == [3, 4]
     else:  # the circuit's own next hop is still allowed and gives the same tokens
         async with ChainClient(hops, hidden_size=H) as client:
             assert await _generate(client, [1, 2, 3], 3) == [6, 9, 12]  # + 1 + 2
