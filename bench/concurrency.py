@@ -148,9 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     run_dir = Path(tempfile.mkdtemp(prefix="planet-bench-conc-"))
+    ports = free_ports(args.parts, *PORTS)
+    quota += ["--next-hops", ",".join(f"http://127.0.0.1:{port}" for port in ports)]
     nodes = [
         start_node(manifest=manifest, shard=k, port=port, run_dir=run_dir, extra_args=quota)
-        for k, port in enumerate(free_ports(args.parts, *PORTS))
+        for k, port in enumerate(ports)
     ]
     metrics: dict[str, Any] = {}
     try:

@@ -233,9 +233,17 @@ def start_circuit(parts: int, run_dir: Path) -> tuple[Path, list[Any]]:
     from node.server.launcher import free_ports, start_node
 
     manifest = Path(prepare(parts=parts, quant="none", progress=lambda m: log.info("%s", m)))
+    ports = free_ports(parts, *PORTS)
+    hops = ["--next-hops", ",".join(f"http://127.0.0.1:{port}" for port in ports)]
     nodes = [
-        start_node(manifest=manifest, shard=shard, port=port, run_dir=run_dir / f"{parts}p")
-        for shard, port in enumerate(free_ports(parts, *PORTS))
+        start_node(
+            manifest=manifest,
+            shard=shard,
+            port=port,
+            run_dir=run_dir / f"{parts}p",
+            extra_args=hops,
+        )
+        for shard, port in enumerate(ports)
     ]
     return manifest, nodes
 

@@ -60,6 +60,7 @@ from protocol.frames import (
     check_body_size,
     check_session_id,
 )
+from protocol.urls import BadUrlError, canonical_url
 
 DATA_KIND: Final = 0x01
 STREAM_VERSION: Final = 1
@@ -69,9 +70,6 @@ FLAG_LAST_ONLY: Final = 0x01
 MAX_CONTROL_BYTES: Final = 4096
 MAX_SID: Final = 2**32 - 1
 MAX_URL_CHARS: Final = 200
-_URL_RE = re.compile(
-    r"https?://[A-Za-z0-9.\-]{1,120}(:[0-9]{1,5})?|https?://\[[0-9a-fA-F:.]{2,45}\](:[0-9]{1,5})?"
-)
 _DTYPE_NAMES: Final = tuple(DTYPES)
 OPS_FROM_CLIENT: Final = frozenset({"open", "close", "attach"})
 OPS_TO_CLIENT: Final = frozenset({"opened", "attached", "closed", "error"})
@@ -84,9 +82,17 @@ class BadControlError(FrameError):
 
 
 class BadRouteError(FrameError):
-    """The `next` hop of an open is not a plain http(s)://host[:port] URL."""
+    """The `next` hop of an open is not a plain http(s)://host[:port] URL (protocol/urls.py)."""
 
     code = "bad_route"
+
+
+class NextHopNotAllowedError(FrameError):
+    """The `next` hop of an open is not one this node forwards to (its next-hop policy:
+    node/server/next_hops.py); refused before anything is dialled."""
+
+    code = "next_hop_not_allowed"
+    http_status = 403
 
 
 class UnknownStreamError(FrameError):
@@ -221,10 +227,14 @@ def _token(value: Any, name: str) -> str:
 
 
 def check_next_url(value: Any) -> str:
-    """A next hop's base URL: plain http(s)://host[:port], no path, user info or query."""
-    if not isinstance(value, str) or len(value) > MAX_URL_CHARS or not _URL_RE.fullmatch(value):
-        raise BadRouteError("next.url must be http(s)://host[:port] with nothing after it")
-    return value
+    """A next hop's base URL in canonical form (protocol/urls.py: scheme, lower-case host,
+    explicit port); no path, user info, query or escapes."""
+    if isinstance(value, str) and len(value) > MAX_URL_CHARS:
+        raise BadRouteError(f"next.url is longer than {MAX_URL_CHARS} characters")
+    try:
+        return canonical_url(value)
+    except BadUrlError as error:
+        raise BadRouteError(f"next.url: {error.message}") from None
 
 
 def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
@@ -311,6 +321,7 @@ __all__ = [
     "DataHeader",
     "DownstreamError",
     "NextHop",
+    "NextHopNotAllowedError",
     "UnknownStreamError",
     "error_message",
     "open_message",

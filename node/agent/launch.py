@@ -145,6 +145,12 @@ def _ticket_args(home: Path, committee_rpcs: list[str]) -> list[str]:
     return ["--node-key", str(home / "node_key.json"), "--committee-rpc", committee_rpcs[0]]
 
 
+def _next_hop_args(committee_rpcs: list[str]) -> list[str]:
+    """The chain's next hops: only compute nodes the committee lists as routable for this
+    model and the next shard (node/server/next_hops.py; the node asks `--committee-rpc`)."""
+    return ["--next-hops", "committee"] if committee_rpcs else []
+
+
 def start_node_and_agent(
     *,
     home: Path,
@@ -171,6 +177,7 @@ def start_node_and_agent(
             "--commit-dir",
             str(run_dir / SERVED_DIR),
             *_ticket_args(home, committee_rpcs),
+            *_next_hop_args(committee_rpcs),
         ],
         extra_env={PASSWORD_ENV: password},
     )

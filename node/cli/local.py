@@ -137,7 +137,13 @@ def _up(args: argparse.Namespace) -> int:
     manifest_path = Path(prepare(model=args.model, parts=args.nodes, quant=args.quant)).resolve()
     manifest = Manifest.load(manifest_path)
     ports = free_ports(args.nodes, args.base_port, min(args.base_port + 200, 65536))
-    extra = ["--idle-timeout", str(args.idle_timeout), "--threads", str(args.threads)]
+    # each node may forward (the chain protocol) only to this circuit's nodes
+    hops = ",".join(f"http://127.0.0.1:{port}" for port in ports)
+    extra = [
+        "--idle-timeout", str(args.idle_timeout),
+        "--threads", str(args.threads),
+        "--next-hops", hops,
+    ]  # fmt: skip
     nodes: list[NodeProcess] = []
     t0 = time.monotonic()
     try:

@@ -6,16 +6,29 @@ import argparse
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from protocol.errors import UsageError
+
+if TYPE_CHECKING:
+    from node.server.next_hops import NextHopSpec
 
 EXAMPLES = """\
 examples:
   planet node serve --manifest ~/.cache/planet/models/smollm2-135m-3p-none/manifest.json --shard 0
   planet node serve --manifest M --shard 2 --port 18102 --idle-timeout 60 --max-cache-mb 512
   planet node serve --manifest M --shard 0 --max-sessions-per-peer 64   # behind a gateway
-  PLANET_PASSWORD=… planet node serve --manifest M --shard 1 --commit-dir run/served \
+  PLANET_PASSWORD=… planet node serve --manifest M --shard 1 --commit-dir run/served \\
       --node-key ~/.planet/node_key.json --committee-rpc http://127.0.0.1:26657   # spot checks
+
+next hops (the chain protocol: a client's `open` names the URL this node dials next):
+  planet node serve --manifest M --shard 0 --next-hops http://10.0.0.8:18101,http://10.0.0.9:18101
+  planet node serve --manifest M --shard 0 --next-hops-file hops.txt     # one URL a line
+  planet node serve --manifest M --shard 0 --committee-rpc http://127.0.0.1:26657 \\
+      --next-hops committee     # routable nodes of the next shard on the committee chain
+  planet node serve --manifest M --shard 0 --next-hops any    # development only: dials anything
+  default: committee when --committee-rpc is given, else none (the node forwards to nobody; it
+  still serves as the last hop and over HTTP)
 """
 
 
@@ -162,7 +175,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--committee-rpc",
         metavar="URL",
         help="a committee validator's RPC: epoch seeds and verifier sets that authorize "
-        "ticket requests (with --node-key; `planet join` sets both)",
+        "ticket requests (with --node-key), and the routable nodes this node may forward to "
+        "(--next-hops committee, the default with it); `planet join` sets it",
     )
     serve.add_argument("--password-file", type=Path, help="file holding the node key's password")
     serve.add_argument(
@@ -172,6 +186,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="PPM",
         help="spot-check rate in parts per million, as the committee's verifiers use it "
         "(default 50000 = 5 %%)",
+    )
+    hops = serve.add_mutually_exclusive_group()
+    hops.add_argument(
+        "--next-hops",
+        metavar="POLICY",
+        help="which next hops a client may make this node dial: none, committee, any "
+        "(development only) or URL[,URL...], e.g. http://10.0.0.8:18101 (default: committee "
+        "with --committee-rpc, else none)",
+    )
+    hops.add_argument(
+        "--next-hops-file",
+        type=Path,
+        metavar="FILE",
+        help="the next hops this node may dial, one http(s)://host:port a line (# comments)",
     )
     # tests only, hidden: node/server/cheat.py (also needs PLANET_NODE_CHEAT to confirm)
     serve.add_argument("--cheat", default="", help=argparse.SUPPRESS)
@@ -203,9 +231,9 @@ def _ticket_key(args: argparse.Namespace) -> object | None:
     from node.keys import PasswordSource, load_node_key
     from protocol.spotcheck import SelectionError, check_rate
 
-    if (args.node_key is None) != (args.committee_rpc is None):
+    if args.node_key is not None and args.committee_rpc is None:
         raise UsageError(
-            "--node-key and --committee-rpc go together (spot-check tickets need both)",
+            "--node-key needs --committee-rpc (spot-check tickets need both)",
             hint="give both, or neither to serve without tickets",
         )
     if args.spot_check_ppm is not None:
@@ -221,12 +249,30 @@ def _ticket_key(args: argparse.Namespace) -> object | None:
     return load_node_key(args.node_key, password)
 
 
+def _next_hops(args: argparse.Namespace) -> NextHopSpec:
+    """The --next-hops / --next-hops-file value as a NextHopSpec (UsageError when bad)."""
+    from node.server.next_hops import NextHopSpec, parse_next_hops, read_next_hops_file
+
+    if args.next_hops_file is not None:
+        return read_next_hops_file(args.next_hops_file)
+    if args.next_hops is None:
+        return NextHopSpec(mode="committee" if args.committee_rpc else "none")
+    spec = parse_next_hops(args.next_hops)
+    if spec.mode == "committee" and not args.committee_rpc:
+        raise UsageError(
+            "--next-hops committee needs --committee-rpc",
+            hint="give the committee RPC, or list the next hops: --next-hops URL[,URL...]",
+        )
+    return spec
+
+
 def _serve(args: argparse.Namespace) -> int:
     from node.server.config import ServerConfig
     from node.server.run import serve
     from protocol.spotcheck import DEFAULT_RATE_PPM
 
     _check_cheat(args.cheat)
+    next_hops = _next_hops(args)
     ticket_key = _ticket_key(args)
     if not args.manifest.exists():
         raise UsageError(
@@ -257,6 +303,7 @@ def _serve(args: argparse.Namespace) -> int:
         cheat=args.cheat,
         committee_rpc=args.committee_rpc,
         spot_check_ppm=args.spot_check_ppm or DEFAULT_RATE_PPM,
+        next_hops=next_hops,
     ).validate()
     serve(config, ticket_key=ticket_key)
     return 0

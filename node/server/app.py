@@ -263,6 +263,7 @@ async def info(request: web.Request) -> web.Response:
             "max_cache_bytes_per_peer": state.store.max_cache_bytes_per_peer,
             "max_inflight_per_peer": config.max_inflight_per_peer,
             "idle_timeout_s": config.idle_timeout_s,
+            "next_hops": config.next_hops.mode,  # the policy only, never its URLs
             "load": {
                 "in_flight": state.in_flight,
                 "forwards": state.forwards,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from node.server.next_hops import FORWARD_NONE, NextHopSpec
 from protocol.errors import ConfigError
 
 
@@ -64,6 +65,9 @@ class ServerConfig:
     # records authorize ticket requests, and the selection rate both sides use
     committee_rpc: str | None = None
     spot_check_ppm: int = 50_000
+    # which next hops the chain's `open` may make this node dial (node/server/next_hops.py):
+    # none (default), a URL list, committee (needs committee_rpc) or any (development only)
+    next_hops: NextHopSpec = FORWARD_NONE
     # tests only: a cheater mode (node/server/cheat.py); "" = honest. Needs the hidden
     # --cheat flag AND PLANET_NODE_CHEAT=yes-i-want-this-node-to-cheat
     cheat: str = ""
@@ -110,6 +114,10 @@ class ServerConfig:
             problems.append("served-work memory cap must be > 0 bytes")
         if self.served_seal_idle_s is not None and not self.served_seal_idle_s > 0:
             problems.append("served seal idle time must be > 0 seconds")
+        if self.next_hops.mode == "committee" and not self.committee_rpc:
+            problems.append("next hops from the committee need a committee RPC")
+        if self.next_hops.mode == "list" and not self.next_hops.urls:
+            problems.append("a next-hop list needs at least one URL")
         if problems:
             raise ConfigError("invalid node config: " + "; ".join(problems))
         return self

@@ -44,6 +44,7 @@ class NodeState:
     # streams (node/server/stream.py)
     routes_by_feed: dict[str, Any] = field(default_factory=dict)  # feed tag -> Route
     links: Any = None  # DownLinks, created with the app's client session
+    next_hops: Any = None  # NextHopPolicy (node/server/next_hops.py): asked before any dial
     streams: set[Any] = field(default_factory=set)  # accepted WebSockets (closed on shutdown)
     stream_bytes_in: int = 0  # WebSocket bytes received on streams (framing included)
     stream_bytes_out: int = 0  # WebSocket bytes sent on streams (framing included)

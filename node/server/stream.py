@@ -22,6 +22,8 @@ import aiohttp
 import numpy as np
 from aiohttp import web
 
+from node.server.config import ServerConfig
+from node.server.next_hops import build_policy
 from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, short_tag
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
@@ -230,6 +232,8 @@ async def _open(state: NodeState, link: _Link, control: Control) -> None:
     tag = session_tag(control.session)
     if tag in state.store:
         raise BadControlError(f"session {short_tag(tag)} is already open")
+    if control.next is not None:
+        await state.next_hops.check(control.next)  # before anything is reserved or dialled
     for victim in state.store.reserve(0, new_session=True, peer=link.peer):
         log.info("session reclaimed for another caller session=%s", short_tag(victim))
     session = state.store.open(tag, backend.new_cache(), peer=link.peer)
@@ -412,12 +416,36 @@ async def close_streams(app: web.Application) -> None:
         await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"node shutting down")
 
 
+def _next_hop_policy(config: ServerConfig, state: NodeState, http: aiohttp.ClientSession) -> Any:
+    source = None
+    if config.next_hops.mode == "committee" and config.committee_rpc:
+        from node.chain.committee_rpc import CommitteeRpc
+
+        source = CommitteeRpc(config.committee_rpc, session=http)
+    policy = build_policy(
+        config.next_hops,
+        state.backend.shard_id,
+        source=source,
+        model_hash=state.backend.model_hash,
+    )
+    if config.next_hops.mode == "any":
+        log.warning(
+            "next hops: ANY URL a client names is dialled (--next-hops any, development only): "
+            "strangers can make this node connect to any host:port it reaches"
+        )
+    else:
+        log.info("next hops: %s", config.next_hops.describe())
+    return policy
+
+
 async def close_links(app: web.Application) -> AsyncIterator[None]:
-    """cleanup_ctx: the node's client session for downstream links."""
+    """cleanup_ctx: the node's client session for downstream links, and the next-hop policy
+    asked before any of them is dialled."""
     state = app[STATE_KEY]
     config = app[CONFIG_KEY]
     http = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
     state.links = DownLinks(http, state, config.max_request_bytes)
+    state.next_hops = _next_hop_policy(config, state, http)
     yield
     await state.links.close()
     await http.close()

@@ -95,6 +95,36 @@ def test_local_up_starts_three_healthy_node_processes(env, local_up):
     assert all(a[1] == b[0] for a, b in itertools.pairwise(layers))
 
 
+def test_local_nodes_forward_to_each_other_in_the_chain(env, local_up):
+    """`planet local up` gives each node its circuit as --next-hops: the chain (node-to-node
+    forwarding) runs through them and gives the star's greedy tokens."""
+    import asyncio
+    import urllib.request
+
+    from node.client.chain import ChainClient
+    from node.client.head import NumpyHead
+    from node.client.nodesfile import NodesFile
+    from node.client.pipeline import Hop, PipelineClient
+
+    nodes = NodesFile.load(Path(env["PLANET_HOME"]) / "local" / "nodes.json")
+    for node in nodes.nodes:
+        with urllib.request.urlopen(f"{node.url}/info", timeout=10) as answer:
+            assert json.load(answer)["next_hops"] == "list"
+    head = NumpyHead(nodes.manifest)
+    ids = head.chat_ids([{"role": "user", "content": QUESTION}])
+    hops = [Hop(url=n.url, shard=n.shard) for n in nodes.nodes]
+
+    async def chain() -> list[int]:
+        async with ChainClient(hops, hidden_size=head.head.hidden_size) as client:
+            return [t async for t in client.generate(head, ids, max_new_tokens=8)]
+
+    async def star() -> list[int]:
+        async with PipelineClient(hops) as client:
+            return [t async for t in client.generate(head, ids, max_new_tokens=8)]
+
+    assert asyncio.run(chain()) == asyncio.run(star())
+
+
 def test_ask_prints_the_monolithic_greedy_answer(env, local_up, expected_text):
     ask = _planet(env, "ask", QUESTION, "--max-tokens", str(MAX_TOKENS))
     assert ask.returncode == 0, ask.stderr

@@ -178,12 +178,13 @@ def start_committee(
     epoch_length: int = 10,
     evm: dict[str, Any] | None = None,
     app_state: dict[str, Any] | None = None,  # more genesis parameters
+    rpc_port: int | None = None,  # chosen before the nodes start (their --committee-rpc)
 ) -> Committee:
     if not COMETBFT.exists():
         raise FileNotFoundError(f"{COMETBFT} missing: run bash deploy/setup.sh")
     home = run_dir / "validator"
     subprocess.run([str(COMETBFT), "init", "--home", str(home)], check=True, capture_output=True)
-    p2p, rpc, proxy = ephemeral_port(), ephemeral_port(), ephemeral_port()
+    p2p, rpc, proxy = ephemeral_port(), rpc_port or ephemeral_port(), ephemeral_port()
     genesis_path = home / "config" / "genesis.json"
     genesis = json.loads(genesis_path.read_text())
     address = genesis["validators"][0]["address"]
@@ -253,6 +254,9 @@ class GatewayNet:
         self._stop = threading.Event()
         self._heartbeats: threading.Thread | None = None
         self.deployment_path = run_dir / "deployment.json"
+        # the committee's RPC port, fixed before the nodes start: they ask it which next hops
+        # (routable nodes) the chain protocol may make them dial (`--next-hops committee`)
+        self.committee_rpc_port = ephemeral_port()
 
     # --- set-up ---------------------------------------------------------------------------------
 
@@ -299,7 +303,11 @@ class GatewayNet:
                 shard=shard,
                 port=ephemeral_port(),
                 run_dir=self.run_dir / f"node-{len(self.nodes) + index}",
-                extra_args=("--threads", "1", *extra_args),
+                extra_args=(
+                    *("--threads", "1"),
+                    *("--committee-rpc", f"http://127.0.0.1:{self.committee_rpc_port}"),
+                    *extra_args,
+                ),
                 extra_env=extra_env,
             )
             started.append(
@@ -414,7 +422,9 @@ class GatewayNet:
             staked_nodes = net.start_nodes(staked, wait=False)
             unstaked_nodes = net.start_nodes(unstaked, wait=False)
             net.start_chain()
-            net.committee = start_committee(run_dir, address_of(net.operator_key))
+            net.committee = start_committee(
+                run_dir, address_of(net.operator_key), rpc_port=net.committee_rpc_port
+            )
             wait_healthy([c.process for c in net.nodes], timeout_s=240)
             for node in staked_nodes:
                 net.register(node, stake=True)

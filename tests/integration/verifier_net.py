@@ -73,7 +73,11 @@ class VerifierNet:
                 "fraud_proofs_address": net.deployment.address("FraudProofs"),
             }
             net.committee = start_committee(
-                run_dir, address_of(net.operator_key), epoch_length=epoch_blocks, evm=evm
+                run_dir,
+                address_of(net.operator_key),
+                epoch_length=epoch_blocks,
+                evm=evm,
+                rpc_port=net.committee_rpc_port,
             )
             wait_healthy([c.process for c in net.nodes], timeout_s=240)
             for node in net.nodes:

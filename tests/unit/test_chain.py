@@ -19,6 +19,7 @@ from node.model.testing import make_tiny_model
 from node.server.app import STATE_KEY, create_app
 from node.server.backend import ModelShardBackend
 from node.server.config import ServerConfig
+from node.server.next_hops import ForwardList
 
 pytestmark = pytest.mark.unit
 
@@ -43,6 +44,9 @@ async def _circuit(aiohttp_server, manifest: Path, parts: int, **config: Any):
         )
         servers.append(await aiohttp_server(app))
     hops = [Hop(url=str(s.make_url("")).rstrip("/"), shard=i) for i, s in enumerate(servers)]
+    circuit = frozenset(h.url for h in hops)
+    for shard, server in enumerate(servers):  # each node may dial this circuit's nodes only
+        server.app[STATE_KEY].next_hops = ForwardList(shard, circuit)
     return servers, hops
 
 

@@ -20,6 +20,7 @@ from node.client.pipeline import Hop
 from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
 from node.server.fake import FakeShard
+from node.server.next_hops import ForwardAny, ForwardList, ForwardNone
 from protocol.errors import BusyError, RemoteError
 from protocol.stream import DataHeader, pack_data
 
@@ -54,6 +55,9 @@ async def _nodes(aiohttp_server, count: int, shard_cls=FakeShard, **config: obje
         app = create_app(ServerConfig(manifest_path=Path("x"), shard_id=shard, **config), backend)  # type: ignore[arg-type]
         servers.append(await aiohttp_server(app))
     hops = [Hop(url=str(s.make_url("")).rstrip("/"), shard=i) for i, s in enumerate(servers)]
+    circuit = frozenset(h.url for h in hops)
+    for shard, server in enumerate(servers):  # each node may dial this circuit's nodes only
+        server.app[STATE_KEY].next_hops = ForwardList(shard, circuit)
     return servers, hops
 
 
@@ -220,3 +224,83 @@ def test_stream_data_rq_body_checked_against_its_bounds_not_one_size():
     low, _ = codec_rq.body_bounds(3, H)
     with pytest.raises(PlanetError):
         parse_data(pack_data(DataHeader(7, 0, 3, "float32", "rq"), body[: low - 1]), H, 64)
+
+
+# ------------------------------------------------------------------------------ next hops
+class Canary:
+    """A listening socket that records every connection made to it (nothing may dial it)."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        writer.close()
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+
+def _open(next_url: str, shard: int = 1) -> dict:
+    nxt = {"url": next_url, "shard": shard, "feed": "f" * 43}
+    return {"op": "open", "sid": 1, "session": "c" * 43, "shard": 0, "feed": None, "next": nxt}
+
+
+async def _ask_open(hop: Hop, body: dict) -> dict:
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{hop.url}/v1/stream") as ws:
+        await ws.send_json(body)
+        return json.loads((await ws.receive(timeout=5)).data)
+
+
+@pytest.mark.parametrize("policy", ["list", "none"])
+async def test_stream_next_hop_not_allowed_refused_by_name_and_nothing_dialled(
+    aiohttp_server, policy
+):
+    servers, hops = await _nodes(aiohttp_server, 2)
+    state = servers[0].app[STATE_KEY]
+    if policy == "none":
+        state.next_hops = ForwardNone(0)
+    canary = Canary()
+    async with canary as url:
+        # the canary by its own URL and by other spellings of the same host:port
+        for spelling in (url, url.replace("127.0.0.1", "127.0.0.1.") + "/", url.upper()):
+            answer = await _ask_open(hops[0], _open(spelling))
+            assert answer["op"] == "error" and answer["code"] == "next_hop_not_allowed", answer
+        await asyncio.sleep(0.2)  # a dial, had one started, would have reached the canary
+        assert canary.connections == 0
+        assert len(state.store) == 0  # no session was left open either
+    if policy == "none":
+        assert "forwards to no next hop" in answer["message"]
+        with pytest.raises(RemoteError) as error:
+            async with ChainClient(hops, hidden_size=H) as client:
+                await _generate(client, [1, 2], 2)
+        assert error.value.code == "next_hop_not_allowed"
+        async with ChainClient(hops[:1], hidden_size=H) as client:  # still serves as last hop
+            assert await _generate(client, [1, 2], 2) == [3, 4]
+    else:  # the circuit's own next hop is still allowed and gives the same tokens
+        async with ChainClient(hops, hidden_size=H) as client:
+            assert await _generate(client, [1, 2, 3], 3) == [6, 9, 12]  # + 1 + 2
+
+
+async def test_stream_canary_sees_the_dial_when_any_hop_is_allowed(aiohttp_server):
+    """The control for the test above: with `any` the same open does reach the canary."""
+    servers, hops = await _nodes(aiohttp_server, 1)
+    servers[0].app[STATE_KEY].next_hops = ForwardAny(0)
+    canary = Canary()
+    async with canary as url:
+        answer = await _ask_open(hops[0], _open(url))
+        assert answer["code"] == "downstream_unavailable", answer
+        assert canary.connections >= 1
+
+
+async def test_stream_next_hop_refused_on_a_wrong_shard_claim(aiohttp_server):
+    _, hops = await _nodes(aiohttp_server, 3)
+    answer = await _ask_open(hops[0], _open(hops[2].url, shard=2))  # skipping shard 1
+    assert answer["code"] == "next_hop_not_allowed" and "comes 1" in answer["message"]

@@ -1,0 +1,263 @@
+"""Which next hops a node dials for the chain (`open` with `next`): its next-hop policy.
+
+A client's `open` names the next hop's URL and the node dials it. Without a policy any stranger
+could make a node open connections to any host:port it can reach (internal services, other
+tenants, its own admin ports). So `_open` (node/server/stream.py) asks the policy BEFORE any
+dial and refuses with `next_hop_not_allowed` (403) by name:
+
+    none        forward to nobody (a bare `planet node serve`): the node still serves as a last
+                hop and over the star's HTTP path
+    list        only these URLs (`--next-hops URL[,URL...]` / `--next-hops-file`; `planet local
+                up` passes its own nodes)
+    committee   only compute nodes the committee chain lists as routable for this node's model
+                AND for the shard the client names (`planet join` and the devnet)
+    any         everything (development only; logged as a warning at start)
+
+Every policy also requires `next.shard == own shard + 1`: a chain runs the shards in order, so a
+client cannot route a session in a loop. URLs are compared in their canonical form
+(protocol/urls.py); `NextHop.url` arrives canonical from the parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, Protocol
+
+from protocol.errors import PlanetError, UsageError
+from protocol.stream import NextHop, NextHopNotAllowedError
+from protocol.urls import BadUrlError, canonical_url
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["none", "any", "list", "committee"]
+KEYWORDS: Final = ("none", "any", "committee")
+MAX_LIST_URLS: Final = 1024
+COMMITTEE_MAX_AGE_S: Final = 10.0  # a hit older than this refreshes the view first
+COMMITTEE_MISS_REFRESH_S: Final = 2.0  # a miss refreshes at most this often (floods of bogus URLs)
+COMMITTEE_TIMEOUT_S: Final = 3.0
+_KEY_RE = re.compile(r"[0-9a-f]{64}\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class NextHopSpec:
+    """The parsed `--next-hops` value (part of ServerConfig)."""
+
+    mode: Mode = "none"
+    urls: frozenset[str] = frozenset()  # canonical, mode "list" only
+
+    def describe(self) -> str:
+        if self.mode == "list":
+            return f"list of {len(self.urls)}: {', '.join(sorted(self.urls))}"
+        return self.mode
+
+
+FORWARD_NONE: Final = NextHopSpec()  # the default: this node dials no next hop
+
+
+def parse_next_hops(text: str) -> NextHopSpec:
+    """`none` | `any` | `committee` | `URL[,URL...]` → NextHopSpec, or UsageError."""
+    value = text.strip()
+    if value.lower() in KEYWORDS:
+        return NextHopSpec(mode=value.lower())  # type: ignore[arg-type]
+    return NextHopSpec(mode="list", urls=_url_set(value.split(","), "--next-hops"))
+
+
+def read_next_hops_file(path: Path) -> NextHopSpec:
+    """One URL a line; blank lines and `#` comments skipped. UsageError when unreadable/bad."""
+    try:
+        text = path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(
+            f"cannot read --next-hops-file {path}: {getattr(error, 'strerror', None) or error}",
+            hint="one http(s)://host:port a line",
+        ) from None
+    lines = [line.split("#", 1)[0] for line in text.splitlines()]
+    return NextHopSpec(mode="list", urls=_url_set(lines, f"{path}"))
+
+
+def _url_set(items: Iterable[str], where: str) -> frozenset[str]:
+    urls = set()
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            urls.add(canonical_url(item))
+        except BadUrlError as error:
+            raise UsageError(
+                f"{where}: {error.message}",
+                hint="e.g. --next-hops http://10.0.0.7:18101,http://10.0.0.8:18102 "
+                "(or none, committee, any)",
+            ) from None
+    if not urls:
+        raise UsageError(
+            f"{where}: no URL given", hint="e.g. --next-hops http://127.0.0.1:18101 or none"
+        )
+    if len(urls) > MAX_LIST_URLS:
+        raise UsageError(f"{where}: more than {MAX_LIST_URLS} URLs")
+    return frozenset(urls)
+
+
+# ------------------------------------------------------------------------------ policies
+class NextHopPolicy(Protocol):
+    async def check(self, hop: NextHop) -> None:
+        """Return if this node may dial `hop`, else raise NextHopNotAllowedError."""
+
+
+def _check_order(own_shard: int, hop: NextHop) -> None:
+    if hop.shard != own_shard + 1:
+        raise NextHopNotAllowedError(
+            f"next hop claims shard {hop.shard}; after shard {own_shard} comes {own_shard + 1}"
+        )
+
+
+class ForwardNone:
+    def __init__(self, own_shard: int) -> None:
+        self.own_shard = own_shard
+
+    async def check(self, hop: NextHop) -> None:
+        raise NextHopNotAllowedError(
+            f"this node forwards to no next hop ({hop.url} refused): it was started without "
+            "--next-hops or a committee; open it as the last hop (next: null), use the HTTP "
+            "path, or ask its operator for --next-hops committee / a URL list"
+        )
+
+
+class ForwardAny:
+    def __init__(self, own_shard: int) -> None:
+        self.own_shard = own_shard
+
+    async def check(self, hop: NextHop) -> None:
+        _check_order(self.own_shard, hop)
+
+
+class ForwardList:
+    def __init__(self, own_shard: int, urls: frozenset[str]) -> None:
+        self.own_shard = own_shard
+        self.urls = urls
+
+    async def check(self, hop: NextHop) -> None:
+        if hop.url not in self.urls:
+            raise NextHopNotAllowedError(
+                f"{hop.url} is not on this node's --next-hops list ({len(self.urls)} URLs)"
+            )
+        _check_order(self.own_shard, hop)
+
+
+class NodeSource(Protocol):
+    async def abci_query(self, path: str) -> Any: ...
+
+
+def routable_hops(answer: Any) -> dict[str, frozenset[int]]:
+    """Canonical URL → shards, from a committee `/nodes` answer (untrusted: entries that are
+    not routable or not well-formed are skipped)."""
+    nodes = answer.get("nodes") if isinstance(answer, dict) else None
+    out: dict[str, set[int]] = {}
+    for entry in nodes if isinstance(nodes, list) else []:
+        if not isinstance(entry, dict) or entry.get("routable") is not True:
+            continue
+        key, shards = entry.get("key"), entry.get("shards")
+        if not isinstance(key, str) or not _KEY_RE.match(key) or not isinstance(shards, list):
+            continue
+        try:
+            url = canonical_url(entry.get("endpoint"))
+        except BadUrlError:
+            continue
+        for shard in shards:
+            if isinstance(shard, int) and not isinstance(shard, bool) and shard >= 0:
+                out.setdefault(url, set()).add(shard)
+    return {url: frozenset(shards) for url, shards in out.items()}
+
+
+class ForwardCommittee:
+    """Routable compute nodes of this model on the committee chain (`/nodes?model=&role=
+    compute`, the query the gateway's router uses), cached. A hit older than `max_age_s`
+    refreshes first; a miss refreshes only if the last fetch (or failed try) is older than
+    `miss_refresh_s`, so a flood of bogus URLs costs the RPC at most one query per interval.
+    One fetch at a time; the others wait for it."""
+
+    def __init__(
+        self,
+        own_shard: int,
+        source: NodeSource,
+        model_hash: str,
+        *,
+        max_age_s: float = COMMITTEE_MAX_AGE_S,
+        miss_refresh_s: float = COMMITTEE_MISS_REFRESH_S,
+        timeout_s: float = COMMITTEE_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.own_shard = own_shard
+        self.source = source
+        self.model_hash = model_hash
+        self.max_age_s = max_age_s
+        self.miss_refresh_s = miss_refresh_s
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.fetches = 0  # queries sent (tests, /info)
+        self._view: dict[str, frozenset[int]] | None = None
+        self._fetched_s = 0.0  # monotonic time of the last successful fetch
+        self._tried_s: float | None = None  # monotonic time of the last fetch attempt
+        self._lock = asyncio.Lock()
+
+    async def _refresh(self, *, older_than_s: float) -> None:
+        async with self._lock:
+            now = self.clock()
+            if self._tried_s is not None and now - self._tried_s < older_than_s:
+                return  # someone fetched (or tried) while we waited, or too soon to ask again
+            self._tried_s = now
+            self.fetches += 1
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    answer = await self.source.abci_query(
+                        f"/nodes?model={self.model_hash}&role=compute"
+                    )
+            except (PlanetError, OSError, TimeoutError) as error:
+                log.warning("next-hop view: committee query failed: %s", error)
+                return
+            self._view = routable_hops(answer)
+            self._fetched_s = self.clock()
+
+    def _allowed(self, hop: NextHop) -> bool:
+        return self._view is not None and hop.shard in self._view.get(hop.url, frozenset())
+
+    async def check(self, hop: NextHop) -> None:
+        _check_order(self.own_shard, hop)
+        if self._view is None or self.clock() - self._fetched_s > self.max_age_s:
+            await self._refresh(older_than_s=self.miss_refresh_s)
+        if not self._allowed(hop):
+            await self._refresh(older_than_s=self.miss_refresh_s)
+        if self._allowed(hop):
+            return
+        if self._view is None:
+            raise NextHopNotAllowedError(
+                f"cannot check {hop.url}: the committee chain did not answer; try again later"
+            )
+        raise NextHopNotAllowedError(
+            f"{hop.url} is not a routable compute node of shard {hop.shard} of this model on "
+            "the committee chain"
+        )
+
+
+def build_policy(
+    spec: NextHopSpec, own_shard: int, *, source: NodeSource | None = None, model_hash: str = ""
+) -> NextHopPolicy:
+    """The policy for `spec`; `committee` needs the committee RPC (`source`) and model hash."""
+    if spec.mode == "none":
+        return ForwardNone(own_shard)
+    if spec.mode == "any":
+        return ForwardAny(own_shard)
+    if spec.mode == "list":
+        return ForwardList(own_shard, spec.urls)
+    if source is None or not model_hash:
+        raise UsageError(
+            "--next-hops committee needs the committee chain",
+            hint="give --committee-rpc URL (planet join sets it)",
+        )
+    return ForwardCommittee(own_shard, source, model_hash)

@@ -1,0 +1,158 @@
+"""A node's next hops from a real committee (all real processes): one CometBFT validator with the
+committee app, two `planet node serve` processes of a tiny model. Node 0 runs `--next-hops
+committee`; node 1 is registered, staked and SERVING for shard 1, so the chain through it gives
+the same greedy tokens as transformers `generate`; a URL that is not registered, and one that
+is registered but not routable (no stake), are refused by name and never dialled."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+from eth_utils import keccak
+from nacl.signing import SigningKey
+
+from node.client.chain import ChainClient
+from node.client.head import NumpyHead
+from node.client.pipeline import Hop
+from node.model.prepare import prepare
+from node.model.testing import make_tiny_model
+from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
+from protocol.committee import AttestStake, Heartbeat, RegisterNode, sign, sign_registration
+from protocol.eip712 import address_of
+from tests.integration.gateway_net import (
+    Committee,
+    ephemeral_port,
+    start_committee,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+STEPS = 8
+PROMPT = "w1 w7 w3 w40 w5 w99"
+
+
+class Canary:
+    """A listening socket; counts the connections made to it (none may be)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.setblocking(False)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def connections(self) -> int:
+        count = 0
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except BlockingIOError:
+                return count
+            conn.close()
+            count += 1
+
+
+def _register(committee: Committee, url: str, shard: int, model: str, *, stake: bool) -> None:
+    key, evm_key = SigningKey.generate(), keccak(text=url)
+    public = key.verify_key.encode().hex()
+    body = RegisterNode(
+        evm_address=address_of(evm_key),
+        evm_signature=sign_registration(evm_key, public),
+        role="compute",
+        model=model,
+        shards=(shard,),
+        endpoint=url,
+        capacity=8,
+    )
+    committee.submit(sign(body, key, 1).encode())
+    committee.submit(sign(Heartbeat(), key, 2).encode())
+    if stake:
+        committee.submit(committee.validator_sign(AttestStake(public, 10**18)))
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("next-hops")
+    model = make_tiny_model(root / "src", layers=4, hidden=64, tied=False)
+    manifest = Path(prepare(root / "src", parts=2, out=root / "p2", progress=lambda _: None))
+    model_hash = json.loads(manifest.read_text())["model_hash"]
+    canaries = [Canary(), Canary()]
+    nodes: list[NodeProcess] = []
+    committee = None
+    try:
+        committee = start_committee(root, address_of(keccak(text="next-hops operator")))
+        ports = [ephemeral_port(), ephemeral_port()]
+        for shard, extra in enumerate(
+            (["--committee-rpc", committee.rpc, "--next-hops", "committee"], [])
+        ):
+            nodes.append(
+                start_node(
+                    manifest=manifest,
+                    shard=shard,
+                    port=ports[shard],
+                    run_dir=root / "run",
+                    extra_args=["--threads", "1", *extra],
+                )
+            )
+        wait_healthy(nodes, timeout_s=120)
+        _register(committee, nodes[1].url, 1, model_hash, stake=True)
+        _register(committee, canaries[1].url, 1, model_hash, stake=False)  # not routable
+
+        def routable() -> bool:
+            answer = committee.query(f"/nodes?model={model_hash}&role=compute")
+            return any(n["routable"] and n["endpoint"] == nodes[1].url for n in answer["nodes"])
+
+        wait_for(routable, 20, "node 1 did not become routable")
+        yield {"model": model, "manifest": manifest, "nodes": nodes, "canaries": canaries}
+    finally:
+        for node in nodes:
+            stop_pid(node.pid, grace_s=5)
+        if committee is not None:
+            for process in committee.processes:
+                process.terminate()
+                process.wait(timeout=10)
+        for canary in canaries:
+            canary.sock.close()
+
+
+def test_committee_next_hop_registered_node_gives_generate_tokens(net) -> None:
+    head = NumpyHead(net["manifest"])
+    ids = head.head.encode(PROMPT)
+    hops = [Hop(url=n.url, shard=n.shard) for n in net["nodes"]]
+
+    async def run() -> list[int]:
+        async with ChainClient(hops, hidden_size=64) as client:
+            gen = client.generate(head, ids, max_new_tokens=STEPS, stop_on_eos=False)
+            return [t async for t in gen]
+
+    with torch.no_grad():
+        out = net["model"].generate(
+            torch.tensor([ids]), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False
+        )
+    assert asyncio.run(run()) == out[0, len(ids) :].tolist()
+
+
+def test_committee_next_hop_unregistered_or_unroutable_refused_and_never_dialled(net) -> None:
+    node0 = net["nodes"][0]
+
+    async def ask(url: str) -> dict[str, Any]:
+        nxt = {"url": url, "shard": 1, "feed": "f" * 43}
+        body = {"op": "open", "sid": 1, "session": "c" * 43, "shard": 0, "feed": None, "next": nxt}
+        async with aiohttp.ClientSession() as http, http.ws_connect(f"{node0.url}/v1/stream") as ws:
+            await ws.send_json(body)
+            return json.loads((await ws.receive(timeout=10)).data)
+
+    for canary in net["canaries"]:  # [0]: never registered; [1]: registered, no stake
+        answer = asyncio.run(ask(canary.url))
+        assert answer["op"] == "error" and answer["code"] == "next_hop_not_allowed", answer
+        assert "not a routable compute node of shard 1" in answer["message"]
+    assert [c.connections() for c in net["canaries"]] == [0, 0]

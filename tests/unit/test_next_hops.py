@@ -1,0 +1,333 @@
+"""The node's next-hop policy (node/server/next_hops.py): list / none / any / committee with an
+in-process fake committee RPC (refresh, miss rate limit, wrong shard), and the `planet node
+serve --next-hops` flag's parse and errors."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.cli import main as cli
+from node.server.config import ServerConfig
+from node.server.next_hops import (
+    ForwardAny,
+    ForwardCommittee,
+    ForwardList,
+    ForwardNone,
+    NextHopSpec,
+    build_policy,
+    parse_next_hops,
+    read_next_hops_file,
+    routable_hops,
+)
+from protocol.errors import ConfigError, RemoteError, UsageError
+from protocol.stream import NextHop, NextHopNotAllowedError
+
+pytestmark = pytest.mark.unit
+
+FEED = "f" * 43
+MODEL = "sha256:" + "ab" * 32
+A, B, C = "http://10.0.0.1:18101", "http://10.0.0.2:18101", "http://10.0.0.3:18102"
+
+
+def hop(url: str, shard: int = 1) -> NextHop:
+    return NextHop(url=url, shard=shard, feed=FEED)
+
+
+def entry(url: Any, shard: int, *, routable: bool = True, key: str = "k" * 64) -> dict:
+    return {"key": key.replace("k", "1"), "endpoint": url, "shards": [shard], "routable": routable}
+
+
+class FakeRpc:
+    """The committee's `/nodes` answer, counted; `fail` makes it raise like an unreachable RPC."""
+
+    def __init__(self, nodes: list[Any]) -> None:
+        self.nodes = nodes
+        self.paths: list[str] = []
+        self.fail = False
+
+    async def abci_query(self, path: str) -> Any:
+        self.paths.append(path)
+        if self.fail:
+            raise RemoteError("http://127.0.0.1:1", "rpc_error", "connection refused")
+        return {"nodes": list(self.nodes)}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+async def refused(policy: Any, next_hop: NextHop) -> str:
+    with pytest.raises(NextHopNotAllowedError) as error:
+        await policy.check(next_hop)
+    assert error.value.code == "next_hop_not_allowed" and error.value.http_status == 403
+    return error.value.message
+
+
+# ------------------------------------------------------------------------------ list/none/any
+async def test_list_allows_its_urls_only() -> None:
+    policy = ForwardList(0, frozenset({A, B}))
+    await policy.check(hop(A))
+    await policy.check(hop(B))
+    assert "not on this node's --next-hops list" in await refused(policy, hop(C))
+    assert "not on" in await refused(policy, hop("http://127.0.0.1:22"))
+
+
+async def test_every_policy_but_none_requires_the_next_shard() -> None:
+    for policy in (ForwardList(1, frozenset({A})), ForwardAny(1)):
+        await policy.check(hop(A, 2))
+        for shard in (0, 1, 3):  # back, itself, skipping one: no loops, no detours
+            assert "after shard 1 comes 2" in await refused(policy, hop(A, shard))
+
+
+async def test_none_refuses_everything_with_a_hint() -> None:
+    message = await refused(ForwardNone(0), hop(A))
+    assert "forwards to no next hop" in message and "--next-hops" in message
+
+
+async def test_any_allows_any_url() -> None:
+    await ForwardAny(0).check(hop("http://169.254.169.254:80"))
+
+
+# ------------------------------------------------------------------------------ committee
+async def test_committee_allows_routable_node_of_the_claimed_shard(clock: Clock) -> None:
+    rpc = FakeRpc([entry(A, 1), entry(C, 2)])
+    policy = ForwardCommittee(0, rpc, MODEL, clock=clock)
+    await policy.check(hop(A, 1))
+    assert rpc.paths == [f"/nodes?model={MODEL}&role=compute"]
+    await policy.check(hop(A, 1))  # cached
+    assert len(rpc.paths) == 1
+
+
+async def test_committee_wrong_shard_is_refused(clock: Clock) -> None:
+    # C is routable, but for shard 2: a client may not claim it serves shard 1
+    policy = ForwardCommittee(0, FakeRpc([entry(A, 1), entry(C, 2)]), MODEL, clock=clock)
+    assert "not a routable compute node of shard 1" in await refused(policy, hop(C, 1))
+    # and the order rule holds even for a registered node: shard 0 cannot jump to shard 2
+    assert "after shard 0 comes 1" in await refused(policy, hop(C, 2))
+
+
+async def test_committee_skips_unroutable_and_malformed_entries(clock: Clock) -> None:
+    rpc = FakeRpc(
+        [
+            entry(A, 1, routable=False),
+            entry("http://u@10.0.0.2:18101", 1),
+            entry("http://10.0.0.9:1", 1, key="not-a-key"),
+            {"endpoint": B, "shards": [1], "routable": "true", "key": "1" * 64},
+            "junk",
+            entry("HTTP://Node.Example.:18101", 1),
+        ]
+    )
+    policy = ForwardCommittee(0, rpc, MODEL, clock=clock)
+    for url in (A, "http://10.0.0.2:18101", "http://10.0.0.9:1", B):
+        await refused(policy, hop(url))
+    await policy.check(hop("http://node.example:18101"))  # compared in canonical form
+
+
+async def test_committee_miss_refreshes_but_a_flood_costs_one_query(clock: Clock) -> None:
+    rpc = FakeRpc([entry(A, 1)])
+    policy = ForwardCommittee(0, rpc, MODEL, clock=clock, max_age_s=10.0, miss_refresh_s=2.0)
+    await policy.check(hop(A))
+    assert len(rpc.paths) == 1
+    bogus = [hop(f"http://10.9.{i // 250}.{i % 250}:{1000 + i}") for i in range(300)]
+    results = await asyncio.gather(*(policy.check(h) for h in bogus), return_exceptions=True)
+    assert all(isinstance(r, NextHopNotAllowedError) for r in results)
+    assert len(rpc.paths) == 1  # within miss_refresh_s of the last query: no new one
+    clock.now += 2.5
+    await asyncio.gather(*(policy.check(h) for h in bogus), return_exceptions=True)
+    assert len(rpc.paths) == 2  # one refresh for the whole burst, then rate-limited again
+
+
+async def test_committee_miss_finds_a_newly_registered_node(clock: Clock) -> None:
+    rpc = FakeRpc([entry(A, 1)])
+    policy = ForwardCommittee(0, rpc, MODEL, clock=clock, miss_refresh_s=2.0)
+    await policy.check(hop(A))
+    rpc.nodes.append(entry(B, 1))
+    await refused(policy, hop(B))  # too soon after the last query to ask again
+    clock.now += 2.1
+    await policy.check(hop(B))  # the miss refreshed the view
+    assert len(rpc.paths) == 2
+
+
+async def test_committee_stale_hit_refreshes_and_drops_a_node_that_left(clock: Clock) -> None:
+    rpc = FakeRpc([entry(A, 1)])
+    policy = ForwardCommittee(0, rpc, MODEL, clock=clock, max_age_s=10.0, miss_refresh_s=2.0)
+    await policy.check(hop(A))
+    rpc.nodes[:] = [entry(A, 1, routable=False)]  # A is DOWN / left on chain
+    clock.now += 5
+    await policy.check(hop(A))  # fresh enough: still allowed from the cache
+    clock.now += 6
+    assert "not a routable" in await refused(policy, hop(A))
+    assert len(rpc.paths) == 2
+
+
+async def test_committee_unreachable_refuses_by_name_and_is_rate_limited(clock: Clock) -> None:
+    rpc = FakeRpc([entry(A, 1)])
+    rpc.fail = True
+    policy = ForwardCommittee(0, rpc, MODEL, clock=clock, miss_refresh_s=2.0)
+    assert "committee chain did not answer" in await refused(policy, hop(A))
+    for _ in range(20):
+        await refused(policy, hop(A))
+    assert len(rpc.paths) == 1
+    rpc.fail = False
+    clock.now += 3
+    await policy.check(hop(A))
+    rpc.fail = True
+    clock.now += 30  # stale view, RPC down: the last view still decides
+    await policy.check(hop(A))
+
+
+async def test_committee_slow_rpc_times_out_by_name(clock: Clock) -> None:
+    class Hanging(FakeRpc):
+        async def abci_query(self, path: str) -> Any:
+            await asyncio.sleep(3600)
+
+    policy = ForwardCommittee(0, Hanging([]), MODEL, timeout_s=0.05, clock=clock)
+    assert "did not answer" in await refused(policy, hop(A))
+
+
+def test_routable_hops_groups_shards_per_canonical_url() -> None:
+    answer = {"nodes": [entry(A, 1), entry("HTTP://10.0.0.1:18101/", 2), entry(B, -1)]}
+    assert routable_hops(answer) == {A: frozenset({1, 2})}
+    assert routable_hops(None) == {} and routable_hops({"nodes": "x"}) == {}
+
+
+def test_build_policy_per_mode() -> None:
+    assert isinstance(build_policy(NextHopSpec(), 0), ForwardNone)
+    assert isinstance(build_policy(NextHopSpec("any"), 0), ForwardAny)
+    assert isinstance(build_policy(NextHopSpec("list", frozenset({A})), 0), ForwardList)
+    assert isinstance(
+        build_policy(NextHopSpec("committee"), 0, source=FakeRpc([]), model_hash=MODEL),
+        ForwardCommittee,
+    )
+    with pytest.raises(UsageError, match="committee"):
+        build_policy(NextHopSpec("committee"), 0)
+
+
+# ------------------------------------------------------------------------------ parse / CLI
+def test_parse_next_hops_values() -> None:
+    assert parse_next_hops("none") == NextHopSpec("none")
+    assert parse_next_hops(" Committee ") == NextHopSpec("committee")
+    assert parse_next_hops("any") == NextHopSpec("any")
+    spec = parse_next_hops("HTTP://10.0.0.1:18101/, http://10.0.0.2:18101,")
+    assert spec == NextHopSpec("list", frozenset({A, B}))
+    for bad in ("", ",", "all", "http://u@a:1", "10.0.0.1:18101", "http://a:1/v1/stream"):
+        with pytest.raises(UsageError):
+            parse_next_hops(bad)
+
+
+def test_next_hops_file(tmp_path: Path) -> None:
+    path = tmp_path / "hops.txt"
+    path.write_text(f"# circuit 7\n{A}\n\n  {B}   # the second\n")
+    assert read_next_hops_file(path) == NextHopSpec("list", frozenset({A, B}))
+    path.write_text("http://a:1 http://b:2\n")
+    with pytest.raises(UsageError):
+        read_next_hops_file(path)
+    with pytest.raises(UsageError, match="cannot read"):
+        read_next_hops_file(tmp_path / "missing.txt")
+
+
+def test_server_config_committee_needs_rpc() -> None:
+    with pytest.raises(ConfigError, match="committee RPC"):
+        ServerConfig(Path("m"), 0, next_hops=NextHopSpec("committee")).validate()
+    ServerConfig(
+        Path("m"), 0, next_hops=NextHopSpec("committee"), committee_rpc="http://a:1"
+    ).validate()
+
+
+def _serve(*flags: str) -> list[str]:
+    return ["node", "serve", "--manifest", "/nonexistent/m.json", "--shard", "0", *flags]
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--next-hops", "everything"], "--next-hops"),
+        (["--next-hops", "http://user@10.0.0.1:18101"], "--next-hops"),
+        (["--next-hops", "committee"], "--next-hops committee needs --committee-rpc"),
+        (["--next-hops-file", "/nonexistent/hops.txt"], "cannot read --next-hops-file"),
+    ],
+)
+def test_serve_bad_next_hops_is_error_and_hint(flags: list[str], says: str, capsys) -> None:
+    assert cli.main(_serve(*flags)) == UsageError.exit_status
+    err = capsys.readouterr().err
+    assert f"error: {says}" in err and "hint:" in err and "Traceback" not in err
+
+
+def test_serve_next_hops_and_file_are_exclusive(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(_serve("--next-hops", "any", "--next-hops-file", "x"))
+    assert exited.value.code == 2
+    assert "not allowed with" in capsys.readouterr().err
+
+
+def test_serve_help_teaches_next_hops(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["node", "serve", "--help"])
+    out = capsys.readouterr().out
+    assert "--next-hops http://10.0.0.8:18101" in out and "--next-hops committee" in out
+
+
+def test_serve_passes_the_spec_to_the_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import node.server.run
+
+    seen: list[ServerConfig] = []
+    monkeypatch.setattr(
+        node.server.run, "serve", lambda config, ticket_key=None: seen.append(config)
+    )
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text("{}")
+    argv = ["node", "serve", "--manifest", str(manifest), "--shard", "0"]
+    assert cli.main([*argv, "--next-hops", f"{A},{B}"]) == 0
+    assert cli.main(argv) == 0
+    assert seen[0].next_hops == NextHopSpec("list", frozenset({A, B}))
+    assert seen[1].next_hops == NextHopSpec("none")
+
+
+def test_join_starts_the_node_with_committee_next_hops(tmp_path: Path) -> None:
+    from node.agent.launch import _next_hop_args
+
+    assert _next_hop_args([]) == []
+    assert _next_hop_args(["http://a:26657"]) == ["--next-hops", "committee"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "rpc", "policy"),
+    [
+        (NextHopSpec(), None, ForwardNone),
+        (NextHopSpec("list", frozenset({A})), None, ForwardList),
+        (NextHopSpec("committee"), "http://127.0.0.1:1", ForwardCommittee),
+        (NextHopSpec("any"), None, ForwardAny),
+    ],
+)
+async def test_node_app_installs_its_policy_and_warns_on_any(
+    aiohttp_server, caplog, spec, rpc, policy
+) -> None:
+    import logging
+
+    from node.server.app import STATE_KEY, create_app
+    from node.server.fake import FakeShard
+
+    caplog.set_level(logging.INFO, logger="node.server.stream")
+    config = ServerConfig(Path("m"), 0, next_hops=spec, committee_rpc=rpc)
+    server = await aiohttp_server(create_app(config, FakeShard(shard_id=0, hidden_size=8)))
+    installed = server.app[STATE_KEY].next_hops
+    assert isinstance(installed, policy)
+    if policy is ForwardCommittee:
+        assert installed.model_hash == "sha256:" + "0" * 64  # the node's own model
+    warned = [r for r in caplog.records if r.levelname == "WARNING" and "ANY URL" in r.message]
+    assert bool(warned) == (policy is ForwardAny)
