@@ -24,7 +24,9 @@ from node.keys import PASSWORD_ENV
 from node.model.manifest import Manifest, manifest_path, verify_file
 from node.procs import spawn_logged
 from node.server.launcher import pid_alive, start_node, stop_pid
+from node.server.next_hops import is_ip_literal, is_public_address, url_host
 from protocol.errors import ConfigError, IntegrityError, PlanetError, UsageError
+from protocol.urls import canonical_url
 
 JOINED_FILE = "joined.json"
 SERVED_DIR = "served"  # the node's served-work spool, read by the agent (commit-reveal)
@@ -145,10 +147,17 @@ def _ticket_args(home: Path, committee_rpcs: list[str]) -> list[str]:
     return ["--node-key", str(home / "node_key.json"), "--committee-rpc", committee_rpcs[0]]
 
 
-def _next_hop_args(committee_rpcs: list[str]) -> list[str]:
+def _next_hop_args(committee_rpcs: list[str], endpoint: str) -> list[str]:
     """The chain's next hops: only compute nodes the committee lists as routable for this
-    model and the next shard (node/server/next_hops.py; the node asks `--committee-rpc`)."""
-    return ["--next-hops", "committee"] if committee_rpcs else []
+    model and the next shard (node/server/next_hops.py; the node asks `--committee-rpc`).
+    A node whose own endpoint is not a public address serves a private network (a devnet, a
+    LAN), where its next hops are private too: it may dial private addresses; a node at a
+    public address dials public addresses only."""
+    if not committee_rpcs:
+        return []
+    own_host = url_host(canonical_url(endpoint))
+    private = is_ip_literal(own_host) and not is_public_address(own_host)
+    return ["--next-hops", "committee", *(["--private-next-hops"] if private else [])]
 
 
 def start_node_and_agent(
@@ -177,7 +186,7 @@ def start_node_and_agent(
             "--commit-dir",
             str(run_dir / SERVED_DIR),
             *_ticket_args(home, committee_rpcs),
-            *_next_hop_args(committee_rpcs),
+            *_next_hop_args(committee_rpcs, f"http://127.0.0.1:{port}"),  # start_node's bind
         ],
         extra_env={PASSWORD_ENV: password},
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,8 @@ next hops (the chain protocol: a client's `open` names the URL this node dials n
   planet node serve --manifest M --shard 0 --next-hops http://10.0.0.8:18101,http://10.0.0.9:18101
   planet node serve --manifest M --shard 0 --next-hops-file hops.txt     # one URL a line
   planet node serve --manifest M --shard 0 --committee-rpc http://127.0.0.1:26657 \\
-      --next-hops committee     # routable nodes of the next shard on the committee chain
+      --next-hops committee     # routable nodes of the next shard on the committee chain,
+                                # at public addresses only (--private-next-hops: devnet, LAN)
   planet node serve --manifest M --shard 0 --next-hops any    # development only: dials anything
   default: committee when --committee-rpc is given, else none (the node forwards to nobody; it
   still serves as the last hop and over HTTP)
@@ -201,6 +203,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="the next hops this node may dial, one http(s)://host:port a line (# comments)",
     )
+    serve.add_argument(
+        "--private-next-hops",
+        action="store_true",
+        help="with the committee policy, also dial next hops at loopback/private/link-local "
+        "addresses (a devnet or LAN test network; public networks leave it off: registered "
+        "endpoints are strangers' choice)",
+    )
     # tests only, hidden: node/server/cheat.py (also needs PLANET_NODE_CHEAT to confirm)
     serve.add_argument("--cheat", default="", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
@@ -254,15 +263,23 @@ def _next_hops(args: argparse.Namespace) -> NextHopSpec:
     from node.server.next_hops import NextHopSpec, parse_next_hops, read_next_hops_file
 
     if args.next_hops_file is not None:
-        return read_next_hops_file(args.next_hops_file)
-    if args.next_hops is None:
-        return NextHopSpec(mode="committee" if args.committee_rpc else "none")
-    spec = parse_next_hops(args.next_hops)
+        spec = read_next_hops_file(args.next_hops_file)
+    elif args.next_hops is None:
+        spec = NextHopSpec(mode="committee" if args.committee_rpc else "none")
+    else:
+        spec = parse_next_hops(args.next_hops)
     if spec.mode == "committee" and not args.committee_rpc:
         raise UsageError(
             "--next-hops committee needs --committee-rpc",
             hint="give the committee RPC, or list the next hops: --next-hops URL[,URL...]",
         )
+    if args.private_next_hops:
+        if spec.mode != "committee":
+            raise UsageError(
+                "--private-next-hops only applies to the committee policy",
+                hint="a --next-hops list or `any` is dialled as given",
+            )
+        spec = replace(spec, private=True)
     return spec
 
 

@@ -16,18 +16,33 @@ dial and refuses with `next_hop_not_allowed` (403) by name:
 Every policy also requires `next.shard == own shard + 1`: a chain runs the shards in order, so a
 client cannot route a session in a loop. URLs are compared in their canonical form
 (protocol/urls.py); `NextHop.url` arrives canonical from the parser.
+
+Public addresses only (committee): a staked stranger chooses the endpoint it registers, so it
+could register `http://127.0.0.1:6379` or a name resolving to an internal address and have every
+node of the previous shard dial it. Under `committee` a node therefore dials only globally
+routable addresses: an IP-literal host that is not (loopback, private, link-local, shared,
+reserved, IPv4-mapped forms of these) is refused here by name, and a host name is resolved by
+`PublicResolver`, which hands the connector only global addresses, so the address checked is
+the address connected to (no second lookup to rebind). `--private-next-hops` lifts the rule for
+a devnet or a LAN test network (`planet devnet up` sets it). Lists and `any` are the operator's
+own choice and are not filtered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
+
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
 
 from protocol.errors import PlanetError, UsageError
 from protocol.stream import NextHop, NextHopNotAllowedError
@@ -50,10 +65,18 @@ class NextHopSpec:
 
     mode: Mode = "none"
     urls: frozenset[str] = frozenset()  # canonical, mode "list" only
+    private: bool = False  # committee: also dial non-global addresses (devnet, LAN)
+
+    @property
+    def public_only(self) -> bool:
+        """Whether dials are limited to globally routable addresses (committee, by default)."""
+        return self.mode == "committee" and not self.private
 
     def describe(self) -> str:
         if self.mode == "list":
             return f"list of {len(self.urls)}: {', '.join(sorted(self.urls))}"
+        if self.mode == "committee":
+            return "committee" + (" (private addresses allowed)" if self.private else "")
         return self.mode
 
 
@@ -102,6 +125,61 @@ def _url_set(items: Iterable[str], where: str) -> frozenset[str]:
     if len(urls) > MAX_LIST_URLS:
         raise UsageError(f"{where}: more than {MAX_LIST_URLS} URLs")
     return frozenset(urls)
+
+
+# ------------------------------------------------------------------------------ addresses
+def is_public_address(text: str) -> bool:
+    """Whether an IP address (no brackets) is globally routable; IPv4-mapped and 6to4/NAT64
+    spellings are judged by the IPv4 address they carry. Not an address → False."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address):
+        mapped = address.ipv4_mapped or address.sixtofour
+        if mapped is None and address in ipaddress.IPv6Network("64:ff9b::/96"):
+            mapped = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if mapped is not None:
+            address = mapped
+    return address.is_global and not address.is_multicast
+
+
+def url_host(url: str) -> str:
+    """The host of a canonical URL (protocol/urls.py), brackets of an IPv6 literal removed."""
+    host = url.split("://", 1)[1].rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host
+
+
+def is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+class NonPublicAddressError(OSError):
+    """A next hop's name resolved to no globally routable address."""
+
+
+class PublicResolver(AbstractResolver):
+    """The connector's resolver under `committee`: the system resolver's answers, only the
+    globally routable ones; none left → NonPublicAddressError (the dial fails, nothing is sent)."""
+
+    def __init__(self, inner: AbstractResolver | None = None) -> None:
+        self._inner = inner if inner is not None else DefaultResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        answers = await self._inner.resolve(host, port, family)
+        public = [a for a in answers if is_public_address(a["host"])]
+        if not public:
+            raise NonPublicAddressError(f"{host} resolves to no public address")
+        return public
+
+    async def close(self) -> None:
+        await self._inner.close()
 
 
 # ------------------------------------------------------------------------------ policies
@@ -188,6 +266,7 @@ class ForwardCommittee:
         source: NodeSource,
         model_hash: str,
         *,
+        public_only: bool = True,
         max_age_s: float = COMMITTEE_MAX_AGE_S,
         miss_refresh_s: float = COMMITTEE_MISS_REFRESH_S,
         timeout_s: float = COMMITTEE_TIMEOUT_S,
@@ -196,6 +275,7 @@ class ForwardCommittee:
         self.own_shard = own_shard
         self.source = source
         self.model_hash = model_hash
+        self.public_only = public_only
         self.max_age_s = max_age_s
         self.miss_refresh_s = miss_refresh_s
         self.timeout_s = timeout_s
@@ -229,6 +309,13 @@ class ForwardCommittee:
 
     async def check(self, hop: NextHop) -> None:
         _check_order(self.own_shard, hop)
+        host = url_host(hop.url)
+        if self.public_only and is_ip_literal(host) and not is_public_address(host):
+            raise NextHopNotAllowedError(
+                f"{hop.url} is not a public address; a node on the committee policy dials only "
+                "globally routable addresses (its operator can allow private ones with "
+                "--private-next-hops on a devnet or LAN)"
+            )
         if self._view is None or self.clock() - self._fetched_s > self.max_age_s:
             await self._refresh(older_than_s=self.miss_refresh_s)
         if not self._allowed(hop):
@@ -260,4 +347,4 @@ def build_policy(
             "--next-hops committee needs the committee chain",
             hint="give --committee-rpc URL (planet join sets it)",
         )
-    return ForwardCommittee(own_shard, source, model_hash)
+    return ForwardCommittee(own_shard, source, model_hash, public_only=spec.public_only)

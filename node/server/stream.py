@@ -23,7 +23,7 @@ import numpy as np
 from aiohttp import web
 
 from node.server.config import ServerConfig
-from node.server.next_hops import build_policy
+from node.server.next_hops import PublicResolver, build_policy
 from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, short_tag
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
@@ -443,7 +443,10 @@ async def close_links(app: web.Application) -> AsyncIterator[None]:
     asked before any of them is dialled."""
     state = app[STATE_KEY]
     config = app[CONFIG_KEY]
-    http = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
+    connector = None
+    if config.next_hops.public_only:  # registered endpoints are strangers' choice
+        connector = aiohttp.TCPConnector(resolver=PublicResolver())
+    http = aiohttp.ClientSession(skip_auto_headers=("User-Agent",), connector=connector)
     state.links = DownLinks(http, state, config.max_request_bytes)
     state.next_hops = _next_hop_policy(config, state, http)
     yield

@@ -306,6 +306,7 @@ class GatewayNet:
                 extra_args=(
                     *("--threads", "1"),
                     *("--committee-rpc", f"http://127.0.0.1:{self.committee_rpc_port}"),
+                    "--private-next-hops",  # every registered endpoint is on loopback here
                     *extra_args,
                 ),
                 extra_env=extra_env,

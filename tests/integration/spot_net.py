@@ -161,6 +161,7 @@ class SpotNet(VerifierNet):
             extra_args=(
                 *("--threads", "1", "--commit-dir", str(spool), "--node-key", str(key_file)),
                 *("--committee-rpc", net.committee.rpc, "--spot-check-ppm", str(ppm), *cheat),
+                "--private-next-hops",  # every registered endpoint is on loopback here
             ),
             extra_env={PASSWORD_ENV: PASSWORD, **({ENV: CONFIRM} if mode else {})},
         )

@@ -1,8 +1,9 @@
 """A node's next hops from a real committee (all real processes): one CometBFT validator with the
-committee app, two `planet node serve` processes of a tiny model. Node 0 runs `--next-hops
-committee`; node 1 is registered, staked and SERVING for shard 1, so the chain through it gives
-the same greedy tokens as transformers `generate`; a URL that is not registered, and one that
-is registered but not routable (no stake), are refused by name and never dialled."""
+committee app, three `planet node serve` processes of a tiny model. Node 0 runs `--next-hops
+committee --private-next-hops`; node 1 is registered, staked and SERVING for shard 1, so the
+chain through it gives the same greedy tokens as transformers `generate`; a URL that is not
+registered, and one that is registered but not routable (no stake), are refused by name and
+never dialled; node 2 (committee, public addresses only) refuses node 1's loopback address."""
 
 from __future__ import annotations
 
@@ -90,15 +91,17 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
     committee = None
     try:
         committee = start_committee(root, address_of(keccak(text="next-hops operator")))
-        ports = [ephemeral_port(), ephemeral_port()]
-        for shard, extra in enumerate(
-            (["--committee-rpc", committee.rpc, "--next-hops", "committee"], [])
+        committee_args = ["--committee-rpc", committee.rpc, "--next-hops", "committee"]
+        for shard, extra in (
+            (0, [*committee_args, "--private-next-hops"]),  # loopback is this test's network
+            (1, []),
+            (0, committee_args),  # public addresses only, the default under `committee`
         ):
             nodes.append(
                 start_node(
                     manifest=manifest,
                     shard=shard,
-                    port=ports[shard],
+                    port=ephemeral_port(),
                     run_dir=root / "run",
                     extra_args=["--threads", "1", *extra],
                 )
@@ -127,7 +130,7 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
 def test_committee_next_hop_registered_node_gives_generate_tokens(net) -> None:
     head = NumpyHead(net["manifest"])
     ids = head.head.encode(PROMPT)
-    hops = [Hop(url=n.url, shard=n.shard) for n in net["nodes"]]
+    hops = [Hop(url=n.url, shard=n.shard) for n in net["nodes"][:2]]
 
     async def run() -> list[int]:
         async with ChainClient(hops, hidden_size=64) as client:
@@ -141,18 +144,25 @@ def test_committee_next_hop_registered_node_gives_generate_tokens(net) -> None:
     assert asyncio.run(run()) == out[0, len(ids) :].tolist()
 
 
+async def _ask(node: NodeProcess, url: str) -> dict[str, Any]:
+    nxt = {"url": url, "shard": 1, "feed": "f" * 43}
+    body = {"op": "open", "sid": 1, "session": "c" * 43, "shard": 0, "feed": None, "next": nxt}
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{node.url}/v1/stream") as ws:
+        await ws.send_json(body)
+        return json.loads((await ws.receive(timeout=10)).data)
+
+
 def test_committee_next_hop_unregistered_or_unroutable_refused_and_never_dialled(net) -> None:
-    node0 = net["nodes"][0]
-
-    async def ask(url: str) -> dict[str, Any]:
-        nxt = {"url": url, "shard": 1, "feed": "f" * 43}
-        body = {"op": "open", "sid": 1, "session": "c" * 43, "shard": 0, "feed": None, "next": nxt}
-        async with aiohttp.ClientSession() as http, http.ws_connect(f"{node0.url}/v1/stream") as ws:
-            await ws.send_json(body)
-            return json.loads((await ws.receive(timeout=10)).data)
-
     for canary in net["canaries"]:  # [0]: never registered; [1]: registered, no stake
-        answer = asyncio.run(ask(canary.url))
+        answer = asyncio.run(_ask(net["nodes"][0], canary.url))
         assert answer["op"] == "error" and answer["code"] == "next_hop_not_allowed", answer
         assert "not a routable compute node of shard 1" in answer["message"]
     assert [c.connections() for c in net["canaries"]] == [0, 0]
+
+
+def test_public_only_node_refuses_a_registered_routable_loopback_node(net) -> None:
+    """Without --private-next-hops a node dials public addresses only: node 1 is registered,
+    staked and routable, but at 127.0.0.1 (a stranger could register any internal address)."""
+    answer = asyncio.run(_ask(net["nodes"][2], net["nodes"][1].url))
+    assert answer["op"] == "error" and answer["code"] == "next_hop_not_allowed", answer
+    assert "not a public address" in answer["message"]

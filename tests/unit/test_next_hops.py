@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp.abc import AbstractResolver
 
 from node.cli import main as cli
 from node.server.config import ServerConfig
@@ -18,19 +19,29 @@ from node.server.next_hops import (
     ForwardList,
     ForwardNone,
     NextHopSpec,
+    NonPublicAddressError,
+    PublicResolver,
     build_policy,
+    is_public_address,
     parse_next_hops,
     read_next_hops_file,
     routable_hops,
 )
 from protocol.errors import ConfigError, RemoteError, UsageError
 from protocol.stream import NextHop, NextHopNotAllowedError
+from protocol.urls import canonical_url
 
 pytestmark = pytest.mark.unit
 
 FEED = "f" * 43
 MODEL = "sha256:" + "ab" * 32
-A, B, C = "http://10.0.0.1:18101", "http://10.0.0.2:18101", "http://10.0.0.3:18102"
+# names, not IP literals: under `committee` a literal must be a public address, and a name is
+# checked where it is resolved (PublicResolver); the tests below cover both
+A, B, C = (
+    "http://a.nodes.example:18101",
+    "http://b.nodes.example:18101",
+    "http://c.nodes.example:18102",
+)
 
 
 def hop(url: str, shard: int = 1) -> NextHop:
@@ -123,16 +134,16 @@ async def test_committee_skips_unroutable_and_malformed_entries(clock: Clock) ->
     rpc = FakeRpc(
         [
             entry(A, 1, routable=False),
-            entry("http://u@10.0.0.2:18101", 1),
-            entry("http://10.0.0.9:1", 1, key="not-a-key"),
+            entry("http://u@d.nodes.example:18101", 1),
+            entry("http://e.nodes.example:1", 1, key="not-a-key"),
             {"endpoint": B, "shards": [1], "routable": "true", "key": "1" * 64},
             "junk",
             entry("HTTP://Node.Example.:18101", 1),
         ]
     )
     policy = ForwardCommittee(0, rpc, MODEL, clock=clock)
-    for url in (A, "http://10.0.0.2:18101", "http://10.0.0.9:1", B):
-        await refused(policy, hop(url))
+    for url in (A, "http://d.nodes.example:18101", "http://e.nodes.example:1", B):
+        assert "not a routable compute node" in await refused(policy, hop(url))
     await policy.check(hop("http://node.example:18101"))  # compared in canonical form
 
 
@@ -141,7 +152,7 @@ async def test_committee_miss_refreshes_but_a_flood_costs_one_query(clock: Clock
     policy = ForwardCommittee(0, rpc, MODEL, clock=clock, max_age_s=10.0, miss_refresh_s=2.0)
     await policy.check(hop(A))
     assert len(rpc.paths) == 1
-    bogus = [hop(f"http://10.9.{i // 250}.{i % 250}:{1000 + i}") for i in range(300)]
+    bogus = [hop(f"http://bogus{i}.example:{1000 + i}") for i in range(300)]
     results = await asyncio.gather(*(policy.check(h) for h in bogus), return_exceptions=True)
     assert all(isinstance(r, NextHopNotAllowedError) for r in results)
     assert len(rpc.paths) == 1  # within miss_refresh_s of the last query: no new one
@@ -199,7 +210,7 @@ async def test_committee_slow_rpc_times_out_by_name(clock: Clock) -> None:
 
 
 def test_routable_hops_groups_shards_per_canonical_url() -> None:
-    answer = {"nodes": [entry(A, 1), entry("HTTP://10.0.0.1:18101/", 2), entry(B, -1)]}
+    answer = {"nodes": [entry(A, 1), entry("HTTP://A.Nodes.Example.:18101/", 2), entry(B, -1)]}
     assert routable_hops(answer) == {A: frozenset({1, 2})}
     assert routable_hops(None) == {} and routable_hops({"nodes": "x"}) == {}
 
@@ -221,7 +232,7 @@ def test_parse_next_hops_values() -> None:
     assert parse_next_hops("none") == NextHopSpec("none")
     assert parse_next_hops(" Committee ") == NextHopSpec("committee")
     assert parse_next_hops("any") == NextHopSpec("any")
-    spec = parse_next_hops("HTTP://10.0.0.1:18101/, http://10.0.0.2:18101,")
+    spec = parse_next_hops("HTTP://A.Nodes.Example.:18101/, http://b.nodes.example:18101,")
     assert spec == NextHopSpec("list", frozenset({A, B}))
     for bad in ("", ",", "all", "http://u@a:1", "10.0.0.1:18101", "http://a:1/v1/stream"):
         with pytest.raises(UsageError):
@@ -301,8 +312,18 @@ def test_serve_passes_the_spec_to_the_config(
 def test_join_starts_the_node_with_committee_next_hops(tmp_path: Path) -> None:
     from node.agent.launch import _next_hop_args
 
-    assert _next_hop_args([]) == []
-    assert _next_hop_args(["http://a:26657"]) == ["--next-hops", "committee"]
+    assert _next_hop_args([], "http://127.0.0.1:18100") == []
+    # a node at a public address dials public addresses only; one on loopback (the devnet) or a
+    # private network serves that network, whose next hops are private too
+    assert _next_hop_args(["http://a:26657"], "http://8.8.8.8:18100") == [
+        "--next-hops",
+        "committee",
+    ]
+    assert _next_hop_args(["http://a:26657"], "http://127.0.0.1:18100") == [
+        "--next-hops",
+        "committee",
+        "--private-next-hops",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -331,3 +352,181 @@ async def test_node_app_installs_its_policy_and_warns_on_any(
         assert installed.model_hash == "sha256:" + "0" * 64  # the node's own model
     warned = [r for r in caplog.records if r.levelname == "WARNING" and "ANY URL" in r.message]
     assert bool(warned) == (policy is ForwardAny)
+
+
+# ------------------------------------------------------------------------------ public addresses
+@pytest.mark.parametrize(
+    ("address", "public"),
+    [
+        ("8.8.8.8", True),
+        ("1.1.1.1", True),
+        ("2001:4860:4860::8888", True),
+        ("::ffff:8.8.8.8", True),
+        ("127.0.0.1", False),
+        ("127.255.0.9", False),
+        ("0.0.0.0", False),
+        ("10.1.2.3", False),
+        ("172.16.0.1", False),
+        ("192.168.1.1", False),
+        ("169.254.169.254", False),  # cloud metadata
+        ("100.64.0.1", False),  # carrier-grade NAT
+        ("192.0.2.1", False),  # documentation
+        ("224.0.0.1", False),
+        ("255.255.255.255", False),
+        ("::1", False),
+        ("::", False),
+        ("fe80::1", False),
+        ("fc00::1", False),
+        ("ff02::1", False),
+        ("::ffff:127.0.0.1", False),  # IPv4-mapped loopback
+        ("::ffff:10.0.0.1", False),
+        ("2002:7f00:1::1", False),  # 6to4 carrying 127.0.0.1
+        ("64:ff9b::7f00:1", False),  # NAT64 carrying 127.0.0.1
+        ("64:ff9b::a00:1", False),  # NAT64 carrying 10.0.0.1
+        ("localhost", False),
+        ("", False),
+    ],
+)
+def test_is_public_address(address: str, public: bool) -> None:
+    assert is_public_address(address) is public
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:6379",
+        "http://10.0.0.7:18101",
+        "http://169.254.169.254:80",
+        "http://[::1]:18101",
+        "http://[::ffff:127.0.0.1]:18101",
+        "http://[fe80::1]:18101",
+        "http://0.0.0.0:18101",
+    ],
+)
+async def test_committee_refuses_a_registered_non_public_literal_unless_private(
+    clock: Clock, url: str
+) -> None:
+    url = canonical_url(url)  # as NextHop.url arrives from the parser
+    rpc = FakeRpc([entry(url, 1)])  # registered and routable: a staked stranger's choice
+    public = ForwardCommittee(0, rpc, MODEL, clock=clock)
+    assert "not a public address" in await refused(public, hop(url, 1))
+    assert "--private-next-hops" in await refused(public, hop(url, 1))
+    await ForwardCommittee(0, rpc, MODEL, public_only=False, clock=clock).check(hop(url, 1))
+
+
+async def test_committee_public_literal_and_names_pass_the_address_rule(clock: Clock) -> None:
+    rpc = FakeRpc([entry("http://8.8.8.8:18101", 1), entry(A, 1)])
+    policy = ForwardCommittee(0, rpc, MODEL, clock=clock)
+    await policy.check(hop("http://8.8.8.8:18101", 1))
+    await policy.check(hop(A, 1))  # a name: PublicResolver decides where it is resolved
+
+
+def test_build_policy_committee_is_public_only_unless_private() -> None:
+    source = FakeRpc([])
+    default = build_policy(NextHopSpec("committee"), 0, source=source, model_hash=MODEL)
+    private = build_policy(
+        NextHopSpec("committee", private=True), 0, source=source, model_hash=MODEL
+    )
+    assert isinstance(default, ForwardCommittee) and default.public_only
+    assert isinstance(private, ForwardCommittee) and not private.public_only
+    assert NextHopSpec("committee").public_only and not NextHopSpec("any").public_only
+
+
+class FakeResolver(AbstractResolver):
+    def __init__(self, hosts: list[str]) -> None:
+        self.hosts = hosts
+
+    async def resolve(self, host: str, port: int = 0, family: Any = 0) -> list[Any]:
+        return [
+            {"hostname": host, "host": h, "port": port, "family": 0, "proto": 0, "flags": 0}
+            for h in self.hosts
+        ]
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_public_resolver_keeps_only_public_answers() -> None:
+    mixed = PublicResolver(FakeResolver(["10.0.0.1", "8.8.8.8", "::1", "2001:4860::1"]))
+    assert [a["host"] for a in await mixed.resolve("n.example", 80)] == ["8.8.8.8", "2001:4860::1"]
+    inner = PublicResolver(FakeResolver(["127.0.0.1", "169.254.169.254"]))
+    with pytest.raises(NonPublicAddressError, match="no public address"):
+        await inner.resolve("rebind.example", 80)
+
+
+async def test_a_public_only_connector_never_connects_to_a_name_resolving_to_loopback() -> None:
+    """The real connector path: `localhost` resolves to loopback, so the dial fails before any
+    byte leaves and the listening socket sees no connection."""
+    import socket
+
+    import aiohttp
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    try:
+        connector = aiohttp.TCPConnector(resolver=PublicResolver())
+        async with aiohttp.ClientSession(connector=connector) as http:
+            with pytest.raises(aiohttp.ClientConnectorError):
+                await http.ws_connect(f"http://localhost:{port}/v1/stream")
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
+
+
+def test_serve_private_next_hops_only_with_committee(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
+) -> None:
+    import node.server.run
+
+    seen: list[ServerConfig] = []
+    monkeypatch.setattr(
+        node.server.run, "serve", lambda config, ticket_key=None: seen.append(config)
+    )
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text("{}")
+    argv = ["node", "serve", "--manifest", str(manifest), "--shard", "0"]
+    rpc = ["--committee-rpc", "http://127.0.0.1:26657"]
+    assert cli.main([*argv, *rpc]) == 0
+    assert cli.main([*argv, *rpc, "--private-next-hops"]) == 0
+    assert seen[0].next_hops == NextHopSpec("committee")
+    assert seen[1].next_hops == NextHopSpec("committee", private=True)
+    assert cli.main([*argv, "--next-hops", A, "--private-next-hops"]) == UsageError.exit_status
+    err = capsys.readouterr().err
+    assert "error: --private-next-hops only applies to the committee policy" in err
+    assert "hint:" in err
+
+
+@pytest.mark.parametrize(("private", "dialled"), [(False, False), (True, True)])
+async def test_committee_node_dials_a_name_only_if_it_resolves_public(
+    aiohttp_server, private: bool, dialled: bool
+) -> None:
+    """The node's own downstream links: under `committee` a registered NAME that resolves to
+    loopback (`localhost`) is never connected to; with --private-next-hops it is."""
+    from node.server.app import STATE_KEY, create_app
+    from node.server.fake import FakeShard
+    from protocol.stream import DownstreamError
+
+    connections = 0
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        writer.close()  # no WebSocket upgrade: dialled or not, no link comes of it
+
+    canary = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    url = f"http://localhost:{canary.sockets[0].getsockname()[1]}"
+    spec = NextHopSpec("committee", private=private)
+    config = ServerConfig(Path("m"), 0, next_hops=spec, committee_rpc="http://127.0.0.1:1")
+    server = await aiohttp_server(create_app(config, FakeShard(shard_id=0, hidden_size=8)))
+    try:
+        with pytest.raises(DownstreamError, match="cannot reach next hop"):
+            await server.app[STATE_KEY].links.get(url)
+        await asyncio.sleep(0.05)
+        assert (connections > 0) is dialled  # aiohttp may try more than once
+    finally:
+        canary.close()
+        await canary.wait_closed()
