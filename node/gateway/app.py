@@ -11,8 +11,8 @@ Handlers stay thin: the body goes through `requests` (400 on any broken rule), t
 through `protocol.payment.parse_bearer` and `PaymentDesk.reserve` (402), the question through
 `engine.Generation` over the forwarding chain (`chains.ChainPool`: one live ChainClient per
 circuit, closed at app cleanup; 503 without a circuit, 502 when a node fails). Every refusal
-is OpenAI's `{"error": {message, type, param, code}}` (error middleware). A failed question releases the
-payment (no receipt, no charge).
+is OpenAI's `{"error": {message, type, param, code}}` (error middleware). A failed question
+releases the payment (no receipt, no charge).
 """
 
 from __future__ import annotations
