@@ -122,8 +122,7 @@ class ChainPool:
         gone = [
             key
             for key, entry in self._entries.items()
-            if entry.users == 0
-            and (now - entry.last_used >= self.idle_s or not entry.client.alive)
+            if entry.users == 0 and (now - entry.last_used >= self.idle_s or not entry.client.alive)
         ]
         for key in gone:
             entry = self._entries.pop(key)

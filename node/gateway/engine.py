@@ -122,9 +122,7 @@ class Generation:
                     async with contextlib.aclosing(tokens):
                         async for token in tokens:
                             self.count += 1
-                            yield token_event(
-                                token, self._logits, self.logprobs, self.top_logprobs
-                            )
+                            yield token_event(token, self._logits, self.logprobs, self.top_logprobs)
                 return
             except NODE_ERRORS as error:
                 log.warning(

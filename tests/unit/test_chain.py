@@ -119,9 +119,7 @@ def _final_hidden(model: Any, ids: list[int]) -> np.ndarray:
     return seen[0][0].float().numpy()
 
 
-async def test_chain_full_prefill_returns_every_position_and_logits_callback(
-    aiohttp_server, tiny
-):
+async def test_chain_full_prefill_returns_every_position_and_logits_callback(aiohttp_server, tiny):
     """prefill_last_only=False: the last hop answers every prompt position (chunk by chunk,
     equal to the monolithic model's final hidden states); on_logits sees what each token was
     sampled from (the model's own logits at that step)."""
@@ -163,9 +161,7 @@ async def test_chain_full_prefill_returns_every_position_and_logits_callback(
         np.testing.assert_allclose(logits[step], row[0].float().numpy(), atol=1e-3, rtol=1e-3)
 
 
-async def test_chain_pool_shares_one_client_per_circuit_reconnects_and_reaps(
-    aiohttp_server, tiny
-):
+async def test_chain_pool_shares_one_client_per_circuit_reconnects_and_reaps(aiohttp_server, tiny):
     """The gateway's pool: concurrent questions on one circuit share one client (one dial);
     after a node closed its streams (a restart) the next question dials again and is exact;
     idle clients are closed by reap, and close() closes every link."""
