@@ -25,6 +25,11 @@ from node.client.pipeline import Hop
 log = logging.getLogger(__name__)
 
 IDLE_S = 120.0
+# Positions per prefill data message. Nodes count every message queued or computing against
+# the caller's in-flight quota (`max_inflight_per_peer`, default 8, the router's per-node
+# limit), and pipelined chunks of one prompt are in flight together; so, like the star's one
+# frame per prompt, a prompt of up to 2048 positions goes in one message.
+PREFILL_CHUNK = 2048
 
 CircuitKey = tuple[tuple[str, int], ...]
 
@@ -52,6 +57,7 @@ class ChainPool:
         dtype: str = "float32",
         request_timeout_s: float = 60.0,
         idle_s: float = IDLE_S,
+        prefill_chunk: int = PREFILL_CHUNK,
     ) -> None:
         self.http = http
         self.hidden_size = hidden_size
@@ -59,6 +65,7 @@ class ChainPool:
         self.dtype = dtype
         self.request_timeout_s = request_timeout_s
         self.idle_s = idle_s
+        self.prefill_chunk = prefill_chunk
         self._entries: dict[CircuitKey, _Entry] = {}
         self._dialling: dict[CircuitKey, asyncio.Lock] = {}
         self._reaper: asyncio.Task[None] | None = None
@@ -99,6 +106,7 @@ class ChainPool:
                 codec=self.codec,
                 dtype=self.dtype,
                 request_timeout_s=self.request_timeout_s,
+                prefill_chunk=self.prefill_chunk,
                 http=self.http,
             )
             await client.__aenter__()  # UnavailableError when a node cannot be reached

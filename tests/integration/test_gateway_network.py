@@ -22,6 +22,7 @@ import pytest
 
 from node.client.pipeline import Hop, PipelineClient
 from node.client.sampling import SamplingConfig
+from node.gateway.chains import PREFILL_CHUNK
 from protocol.payment import payment_domain, verify_receipt_json
 from tests.integration.gateway_net import (
     ETHER,
@@ -218,7 +219,7 @@ def _assert_went_over_the_chain(
     assert d["stream_bytes_out"] - d["stream_bytes_forwarded"] >= (prompt + completion - 1) * row
     assert d["stream_bytes_forwarded"] == 0  # the last hop sends only to the client
     steps = completion - 1 if answer.choices[0].finish_reason == "length" else completion
-    assert d["forwards"] == -(-prompt // 64) + steps
+    assert d["forwards"] == -(-prompt // PREFILL_CHUNK) + steps
 
 
 def _refused(net: GatewayNet, key: str) -> dict[str, Any]:
