@@ -205,3 +205,25 @@ async def test_chain_pool_shares_one_client_per_circuit_reconnects_and_reaps(aio
         finally:
             await pool.close()
         assert not third.alive and len(pool) == 0
+
+
+async def test_chain_compressed_codec_carries_fewer_bytes(aiohttp_server, tiny):
+    """`planet ask --compress` over the chain: every link carries the compressed codec (the
+    client's own bytes shrink) and the answer keeps its length."""
+    from protocol.frames import COMPRESSED_CODEC
+
+    root, _ = tiny
+    manifest = prepare(root / "src", parts=2, out=root / "codec2", progress=lambda _: None)
+    head = NumpyHead(manifest)
+    ids = head.head.encode(PROMPT)
+    _, hops = await _circuit(aiohttp_server, manifest, 2)
+    sizes = {}
+    for codec in ("raw", COMPRESSED_CODEC):
+        timings = Timings()
+        async with ChainClient(hops, hidden_size=64, codec=codec) as client:
+            gen = client.generate(
+                head, ids, max_new_tokens=STEPS, timings=timings, stop_on_eos=False
+            )
+            assert len([t async for t in gen]) == STEPS
+        sizes[codec] = timings.wire_bytes_sent + timings.wire_bytes_received
+    assert sizes[COMPRESSED_CODEC] < 0.6 * sizes["raw"]
