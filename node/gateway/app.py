@@ -97,16 +97,14 @@ class Gateway:
     chain_id: int
     escrow: str
     ledger: Any = None  # `node.gateway.settlement.WorkLedger` (None: no work reports)
-    # live chain clients per circuit, on `http` (built from the head's hidden size when None)
-    chains: ChainPool = field(default=None)  # type: ignore[assignment]
+    chains: ChainPool = field(init=False)  # live chain clients per circuit, on `http`
 
     def __post_init__(self) -> None:
-        if self.chains is None:
-            self.chains = ChainPool(
-                self.http,
-                hidden_size=self.head.hidden_size,
-                request_timeout_s=self.config.node_timeout_s,
-            )
+        self.chains = ChainPool(
+            self.http,
+            hidden_size=self.head.hidden_size,
+            request_timeout_s=self.config.node_timeout_s,
+        )
 
 
 GATEWAY_KEY = web.AppKey("gateway", Gateway)
