@@ -1,5 +1,10 @@
 """`planet ask PROMPT`: run a prompt through the shard nodes of a nodes file, stream the answer.
 
+The prompt goes over the forwarding chain (node/client/chain.py: this client → node A → B → C →
+this client, one WebSocket per link); `--transport star` drives the old relay instead (this
+client POSTs every step to each node in turn), kept for comparison. Either way the circuit is
+checked first over GET /info (model hash, shards, layers 0..total).
+
 `planet ask --pay PROMPT` asks a gateway instead and pays for the question from the CLI wallet:
 a QueryEscrow deposit, a signed payment proof as the API key, the answer streamed through the
 OpenAI-shaped API, then the gateway's signed receipt (see node/gateway/client.py).
@@ -24,6 +29,7 @@ examples:
   planet ask "What is the capital of France?"
   planet ask "Write a haiku about rivers" --temperature 0.8 --top-p 0.9 --seed 7
   planet ask "Hello" --nodes my-nodes.json --max-tokens 32 --json
+  planet ask "Hello" --transport star --json     (the old star relay, for comparison)
   planet ask --pay "What is the capital of France?"       (defaults from planet devnet up)
   planet ask --voucher "Hello"      (pays from `planet balance deposit`: no transaction)
   planet ask --pay "Hi" --gateway http://127.0.0.1:8000 --deployment deployment.json \\
@@ -57,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--compress",
         action="store_true",
         help="compress activations on the wire (hq9: ~30 %% of fp32 bytes; lossy, see docs)",
+    )
+    parser.add_argument(
+        "--transport",
+        choices=("chain", "star"),
+        default="chain",
+        help="chain (default): the nodes forward to each other over WebSockets; star: the old "
+        "relay, this client POSTs every step to each node in turn (kept for comparison)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object (text, tokens, timings, circuit)"
@@ -130,6 +143,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str, Any]:
+    import aiohttp
+
+    from node.client.chain import ChainClient
     from node.client.head import NumpyHead
     from node.client.pipeline import Hop, PipelineClient, Timings
     from node.model.manifest import Manifest
@@ -145,19 +161,26 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
     tokens: list[int] = []
     printed = ""
     codec = COMPRESSED_CODEC if args.compress else "raw"
-    async with PipelineClient(hops, codec=codec) as client:
-        await client.check_circuit(manifest.model_hash, manifest.total_layers)
-        async for token in client.generate(
-            head, prompt_ids, max_new_tokens=args.max_tokens, sampling=sampling, timings=timings
-        ):
-            tokens.append(token)
-            if not args.json:
-                text = head.decode(tokens)
-                # print only what is new and stable (a partial UTF-8 sequence decodes to U+FFFD)
-                if text.startswith(printed) and not text.endswith("\ufffd"):
-                    sys.stdout.write(text[len(printed) :])
-                    sys.stdout.flush()
-                    printed = text
+    async with aiohttp.ClientSession(skip_auto_headers=("User-Agent",)) as http:
+        async with PipelineClient(hops, http=http) as probe:  # GET /info only
+            await probe.check_circuit(manifest.model_hash, manifest.total_layers)
+        client: PipelineClient | ChainClient
+        if args.transport == "star":
+            client = PipelineClient(hops, codec=codec, http=http)
+        else:
+            client = ChainClient(hops, hidden_size=manifest.hidden_size, codec=codec, http=http)
+        async with client:
+            async for token in client.generate(
+                head, prompt_ids, max_new_tokens=args.max_tokens, sampling=sampling, timings=timings
+            ):
+                tokens.append(token)
+                if not args.json:
+                    text = head.decode(tokens)
+                    # print only what is new and stable (a partial UTF-8 sequence decodes to U+FFFD)
+                    if text.startswith(printed) and not text.endswith("\ufffd"):
+                        sys.stdout.write(text[len(printed) :])
+                        sys.stdout.flush()
+                        printed = text
     text = head.decode(tokens)
     if not args.json:
         sys.stdout.write((text[len(printed) :] if text.startswith(printed) else "") + "\n")
@@ -171,6 +194,7 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
         ],
         "model": manifest.model_id,
         "codec": codec,
+        "transport": args.transport,
     }
 
 

@@ -27,7 +27,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -36,7 +36,14 @@ import numpy as np
 from node.client.capabilities import hop_capability, hop_feed, hop_tag, new_session_id
 from node.client.pipeline import Head, Hop, Timings
 from node.client.sampling import SamplingConfig, sample
-from protocol.errors import BusyError, ConfigError, PlanetError, RemoteError, UnavailableError
+from protocol.errors import (
+    BusyError,
+    ConfigError,
+    PlanetError,
+    ProtocolError,
+    RemoteError,
+    UnavailableError,
+)
 from protocol.frames import FrameError, decode_values, encode_body
 from protocol.stream import (
     DataHeader,
@@ -54,7 +61,7 @@ _FROM_NODE = frozenset({"opened", "closed", "error"})
 MAX_ANSWER_TOKENS = 8192
 
 
-class BadStreamAnswerError(PlanetError):
+class BadStreamAnswerError(ProtocolError):
     """A node sent something on the client's link that does not answer what was asked."""
 
     code = "bad_answer"
@@ -327,18 +334,41 @@ class ChainClient:
         except FrameError as error:
             raise BadStreamAnswerError(f"node {self.hops[-1].url}: {error.message}") from None
 
-    async def prefill(self, sid: int, ids_hidden: np.ndarray, start: int = 0) -> np.ndarray:
-        """Send [1, T, H] in chunks back to back (pipelined); the last row's output [1, 1, H]."""
+    async def prefill(
+        self,
+        sid: int,
+        ids_hidden: np.ndarray,
+        start: int = 0,
+        *,
+        last_only: bool = True,
+        on_chunk: Callable[[int, np.ndarray], None] | None = None,
+    ) -> np.ndarray:
+        """Send [1, T, H] in chunks back to back (pipelined); the last row's output [1, 1, H].
+        `last_only=False` asks the last hop for every position of each chunk; `on_chunk(start,
+        hidden)` then sees each chunk's output ([1, rows, H]) as it arrives."""
         total = int(ids_hidden.shape[1])
         bounds = list(range(0, total, self.prefill_chunk))
         for begin in bounds:
-            await self.send(sid, start + begin, ids_hidden[:, begin : begin + self.prefill_chunk])
+            chunk = ids_hidden[:, begin : begin + self.prefill_chunk]
+            await self.send(sid, start + begin, chunk, last_only)
         out = None
         for begin in bounds:
             end = min(begin + self.prefill_chunk, total)
-            out = await self.receive(sid, start + end - 1, 1)
+            if last_only:
+                out = await self.receive(sid, start + end - 1, 1)
+            else:
+                out = await self.receive(sid, start + begin, end - begin)
+            if on_chunk is not None:
+                on_chunk(start + begin, out)
         assert out is not None
-        return out
+        return out[:, -1:, :]
+
+    @property
+    def alive(self) -> bool:
+        """Every link is connected and read (false once a node closed or dropped its link)."""
+        return bool(self.links) and all(
+            not link.ws.closed and not link.reader.done() for link in self.links
+        )
 
     # ------------------------------------------------------------------------------- generate
     async def generate(
@@ -350,8 +380,16 @@ class ChainClient:
         sampling: SamplingConfig | None = None,
         timings: Timings | None = None,
         stop_on_eos: bool = True,
+        prefill_last_only: bool = True,
+        on_prefill: Callable[[int, np.ndarray], None] | None = None,
+        on_logits: Callable[[np.ndarray], None] | None = None,
     ) -> AsyncIterator[int]:
-        """Same contract as `PipelineClient.generate`: new token ids as they are chosen."""
+        """Same contract as `PipelineClient.generate`: new token ids as they are chosen.
+        `prefill_last_only=False`: the prompt's data messages ask the last node for every
+        position (the gateway sends every question so, which makes echo requests look like any
+        other); `on_prefill(start, hidden)` sees each prefill chunk's final hidden states.
+        `on_logits(logits)` sees the logits each token is sampled from, before it is yielded
+        (the head stays the caller's one object, so sessions sharing it batch their logits)."""
         sampling = (sampling or SamplingConfig()).validate()
         rng = sampling.rng()
         timings = timings if timings is not None else Timings()
@@ -364,10 +402,18 @@ class ChainClient:
         sid = await self.open(new_session_id())
         t_first = t0
         try:
-            out = await self.prefill(sid, head.embed_np(list(prompt_ids)))
+            out = await self.prefill(
+                sid,
+                head.embed_np(list(prompt_ids)),
+                last_only=prefill_last_only,
+                on_chunk=on_prefill,
+            )
             position = len(prompt_ids)
             for step in range(1, max_new_tokens + 1):
-                token = sample(await self._heads.logits(head, out[0, -1]), sampling, rng)
+                logits = await self._heads.logits(head, out[0, -1])
+                if on_logits is not None:
+                    on_logits(logits)
+                token = sample(logits, sampling, rng)
                 now = time.perf_counter()
                 if step == 1:
                     t_first = now

@@ -7,10 +7,11 @@
     sse.py        server-sent events framing (`data: {...}\\n\\n`, `data: [DONE]`)
     router.py     routable nodes from the committee chain → a random circuit per session
     payments.py   payment proofs checked against QueryEscrow; receipts signed by the gateway
+    chains.py     ChainPool: one live ChainClient (node-to-node forwarding) per circuit, shared
     engine.py     one generation over a circuit (logprobs, retries before the first token)
     app.py        aiohttp app factory and thin handlers
     run.py        start-up: wallet, chain, committee, client head; serve
 
 Nodes never receive the wallet, the query id or the receipt: the gateway checks payments and
-sends nodes only frames (random session id, positions, activations).
+sends nodes only activations over the chain (per-hop capabilities, positions, activations).
 """

@@ -9,9 +9,10 @@
 
 Handlers stay thin: the body goes through `requests` (400 on any broken rule), the API key
 through `protocol.payment.parse_bearer` and `PaymentDesk.reserve` (402), the question through
-`engine.Generation` (503 without a circuit, 502 when a node fails). Every refusal is OpenAI's
-`{"error": {message, type, param, code}}` (error middleware). A failed question releases the
-payment (no receipt, no charge).
+`engine.Generation` over the forwarding chain (`chains.ChainPool`: one live ChainClient per
+circuit, closed at app cleanup; 503 without a circuit, 502 when a node fails). Every refusal
+is OpenAI's `{"error": {message, type, param, code}}` (error middleware). A failed question
+releases the payment (no receipt, no charge).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
@@ -31,6 +32,7 @@ from aiohttp import web
 
 from node.client.sampling import SamplingConfig
 from node.gateway import sse
+from node.gateway.chains import ChainPool
 from node.gateway.config import GatewayConfig
 from node.gateway.dapp import add_dapp_routes
 from node.gateway.engine import Generation, TokenEvent
@@ -59,6 +61,7 @@ class ClientModel(Protocol):
 
     eos_token_ids: frozenset[int]
     vocab_size: int
+    hidden_size: int
     context_length: int
 
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
@@ -94,6 +97,14 @@ class Gateway:
     chain_id: int
     escrow: str
     ledger: Any = None  # `node.gateway.settlement.WorkLedger` (None: no work reports)
+    chains: ChainPool = field(init=False)  # live chain clients per circuit, on `http`
+
+    def __post_init__(self) -> None:
+        self.chains = ChainPool(
+            self.http,
+            hidden_size=self.head.hidden_size,
+            request_timeout_s=self.config.node_timeout_s,
+        )
 
 
 GATEWAY_KEY = web.AppKey("gateway", Gateway)
@@ -279,7 +290,7 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
     generation = Generation(
         gateway.router,
         gateway.head,
-        gateway.http,
+        gateway.chains,
         prompt_ids,
         max_tokens=max_tokens,
         sampling=_sampling_config(req),
@@ -430,7 +441,12 @@ def create_app(gateway: Gateway) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/receipts/{query_id}", receipt)
     add_dapp_routes(app, GATEWAY_KEY)  # the web page, its config, /v1/network (dapp.py)
+    app.on_cleanup.append(_close_chains)
     return app
+
+
+async def _close_chains(app: web.Application) -> None:
+    await app[GATEWAY_KEY].chains.close()
 
 
 __all__ = ["GATEWAY_KEY", "ApiError", "ClientModel", "Gateway", "ModelInfo", "create_app"]

@@ -1,9 +1,10 @@
 """One generation over a circuit, as a stream of token events.
 
-Drives `node.client.pipeline.PipelineClient` as a library (two thin wraps, kept here so the
-client stays as it is): `SharedPipeline` borrows the gateway's one keep-alive HTTP session
-instead of opening one per question, and `RecordingHead` remembers the logits the client
-sampled from, so logprobs come from the same numbers that chose the token.
+Drives `node.client.chain.ChainClient` (client → A → B → C → client, one WebSocket per link)
+through the gateway's `ChainPool`: questions on the same circuit share one live client, so their
+decode steps batch at the shards and at the LM head. Every question's prompt asks the last node
+for all positions (`full_prefill`), so an echo request (a verifier's challenge) looks like any
+other; logprobs come from the logits the client sampled the token from (`on_logits`).
 
 Retries (OpenTela's lesson): when a question fails before anything was shown to the user, the
 nodes of the failed circuit that do not answer /health are cooled down and a new circuit is
@@ -19,11 +20,11 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-import aiohttp
 import numpy as np
 
-from node.client.pipeline import Head, Hop, PipelineClient
+from node.client.pipeline import Head, Hop
 from node.client.sampling import SamplingConfig
+from node.gateway.chains import ChainPool
 from node.gateway.errors import NodeFailed
 from node.gateway.router import Circuit, Router
 from protocol.errors import BusyError, ProtocolError, RemoteError, UnavailableError
@@ -31,37 +32,6 @@ from protocol.errors import BusyError, ProtocolError, RemoteError, UnavailableEr
 log = logging.getLogger(__name__)
 
 NODE_ERRORS = (UnavailableError, BusyError, RemoteError, ProtocolError)
-
-
-class SharedPipeline(PipelineClient):
-    """A PipelineClient over an aiohttp session owned by the gateway (not closed here)."""
-
-    def __init__(self, hops: Sequence[Hop], http: aiohttp.ClientSession) -> None:
-        super().__init__(hops)
-        self._shared = http
-
-    async def __aenter__(self) -> SharedPipeline:
-        self._http = self._shared
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._http = None
-
-
-class RecordingHead:
-    """Delegates to the shared head; keeps the last logits vector it produced."""
-
-    def __init__(self, head: Head) -> None:
-        self._head = head
-        self.eos_token_ids = head.eos_token_ids
-        self.last_logits: np.ndarray | None = None
-
-    def embed_np(self, ids: Sequence[int]) -> np.ndarray:
-        return self._head.embed_np(ids)
-
-    def logits_np(self, hidden_last: np.ndarray) -> np.ndarray:
-        self.last_logits = self._head.logits_np(hidden_last)
-        return self.last_logits
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +66,7 @@ class Generation:
         self,
         router: Router,
         head: Head,
-        http: aiohttp.ClientSession,
+        chains: ChainPool,
         prompt_ids: Sequence[int],
         *,
         max_tokens: int,
@@ -109,7 +79,7 @@ class Generation:
     ) -> None:
         self.router = router
         self.head = head
-        self.http = http
+        self.chains = chains
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = max_tokens
         self.sampling = sampling
@@ -121,6 +91,7 @@ class Generation:
         # with echo (a verifier's challenge, say) looks like any other to the nodes
         self.full_prefill = full_prefill
         self._prefill: list[np.ndarray] = []  # echo: the final hidden states, [t, H] chunks
+        self._logits: np.ndarray | None = None  # what the last token was sampled from
         self.circuit: Circuit | None = None
         self.delivered = False  # set by the caller once an event reached the user
         self.count = 0
@@ -135,24 +106,23 @@ class Generation:
             self.circuit = circuit
             self.count = 0
             hops = [Hop(url=n.endpoint, shard=n.shard) for n in circuit.nodes]
-            recorder = RecordingHead(self.head)
             try:
-                async with self.router.hold(circuit), SharedPipeline(hops, self.http) as client:
+                async with self.router.hold(circuit), self.chains.use(hops) as client:
                     self._prefill = []
+                    self._logits = None
                     tokens = client.generate(
-                        recorder,
+                        self.head,
                         self.prompt_ids,
                         max_new_tokens=self.max_tokens,
                         sampling=self.sampling,
                         prefill_last_only=not (self.full_prefill or self.echo),
                         on_prefill=self._keep_prefill if self.echo else None,
+                        on_logits=self._keep_logits if self.logprobs else None,
                     )
                     async with contextlib.aclosing(tokens):
                         async for token in tokens:
                             self.count += 1
-                            yield token_event(
-                                token, recorder.last_logits, self.logprobs, self.top_logprobs
-                            )
+                            yield token_event(token, self._logits, self.logprobs, self.top_logprobs)
                 return
             except NODE_ERRORS as error:
                 log.warning(
@@ -192,6 +162,9 @@ class Generation:
             return out
 
         return await asyncio.to_thread(events)
+
+    def _keep_logits(self, logits: np.ndarray) -> None:
+        self._logits = logits
 
     def _keep_prefill(self, start: int, hidden: np.ndarray) -> None:
         self._prefill.append(np.asarray(hidden[0], dtype=np.float32))

@@ -41,6 +41,7 @@ class GatewayHead:
         self._head = self._numpy.head
         self.eos_token_ids = self._numpy.eos_token_ids
         self.vocab_size: int = int(self._head.vocab_size)
+        self.hidden_size: int = int(self._head.config.hidden_size)
         self.context_length: int = int(
             getattr(self._head.config, "max_position_embeddings", 2048) or 2048
         )
@@ -62,6 +63,10 @@ class GatewayHead:
 
     def logits_np(self, hidden_last: np.ndarray) -> np.ndarray:
         return self._numpy.logits_np(hidden_last)
+
+    def logits_batch_np(self, hidden_last: np.ndarray) -> np.ndarray:
+        """[B, H] → [B, V]: the logits of questions whose outputs arrived together, batched."""
+        return self._numpy.logits_batch_np(hidden_last)
 
 
 def _open_chain(config: GatewayConfig, private_key: bytes) -> Any:

@@ -140,6 +140,17 @@ def test_ask_json_reports_text_tokens_timings_circuit(env, local_up, expected_te
     assert len(body["tokens"]) == body["timings"]["new_tokens"] > 0
     assert [hop["shard"] for hop in body["circuit"]] == [0, 1, 2]
     assert body["timings"]["prefill_ms"] > 0
+    assert body["transport"] == "chain" and body["timings"]["wire_bytes_received"] > 0
+
+
+def test_ask_star_transport_gives_the_same_answer(env, local_up, expected_text):
+    """`--transport star` (the old relay, kept for comparison) answers the same greedy text."""
+    ask = _planet(
+        env, "ask", QUESTION, "--max-tokens", str(MAX_TOKENS), "--json", "--transport", "star"
+    )
+    assert ask.returncode == 0, ask.stderr
+    body = json.loads(ask.stdout)
+    assert body["transport"] == "star" and body["text"].strip() == expected_text.strip()
 
 
 def test_local_up_twice_refuses_with_hint(env, local_up):

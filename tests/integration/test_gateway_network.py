@@ -22,6 +22,7 @@ import pytest
 
 from node.client.pipeline import Hop, PipelineClient
 from node.client.sampling import SamplingConfig
+from node.gateway.chains import PREFILL_CHUNK
 from protocol.payment import payment_domain, verify_receipt_json
 from tests.integration.gateway_net import (
     ETHER,
@@ -172,7 +173,10 @@ def test_gateway_completions_stream_and_whole_agree(net: GatewayNet, user: Any) 
 def test_gateway_same_question_twice_same_greedy_text_as_bare_pipeline(
     net: GatewayNet, user: Any
 ) -> None:
+    before = [_load(node) for node in net.nodes]
     first, _ = ask(net, user, max_tokens=24)
+    after = [_load(node) for node in net.nodes]
+    _assert_went_over_the_chain(net, first, before, after)
     second, _ = ask(net, user, max_tokens=24)
     assert first.choices[0].message.content == second.choices[0].message.content
 
@@ -189,6 +193,33 @@ def test_gateway_same_question_twice_same_greedy_text_as_bare_pipeline(
             return [t async for t in gen]
 
     assert head.decode(asyncio.run(bare())) == first.choices[0].message.content
+
+
+def _load(node: Any) -> dict[str, int]:
+    return http_json(f"{node.process.url}/info")["load"]
+
+
+def _assert_went_over_the_chain(
+    net: GatewayNet, answer: Any, before: list[dict[str, int]], after: list[dict[str, int]]
+) -> None:
+    """The question rode /v1/stream (client → shard 0 → shard 1 → client), not /v1/forward:
+    shard 0 forwarded every position to shard 1 node to node, shard 1 returned every prompt
+    position (full prefill, raw float32) on the gateway's link, and D's forward count is
+    exactly the chain's data messages (a POST per step would add as many again)."""
+    grew = [
+        {k: a[k] - b[k] for k in a if isinstance(a[k], int)}
+        for b, a in zip(before, after, strict=True)
+    ]
+    row = 4 * net.manifest.hidden_size
+    prompt, completion = answer.usage.prompt_tokens, answer.usage.completion_tokens
+    shard0 = [g for node, g in zip(net.nodes, grew, strict=True) if node.process.shard == 0]
+    d = grew[2]  # the only node of shard 1
+    assert sum(g["stream_bytes_forwarded"] for g in shard0) >= (prompt + completion - 1) * row
+    assert d["stream_bytes_in"] >= (prompt + completion - 1) * row
+    assert d["stream_bytes_out"] - d["stream_bytes_forwarded"] >= (prompt + completion - 1) * row
+    assert d["stream_bytes_forwarded"] == 0  # the last hop sends only to the client
+    steps = completion - 1 if answer.choices[0].finish_reason == "length" else completion
+    assert d["forwards"] == -(-prompt // PREFILL_CHUNK) + steps
 
 
 def _refused(net: GatewayNet, key: str) -> dict[str, Any]:

@@ -1,13 +1,17 @@
 """Node-to-node forwarding (client → A → B → C → client over WebSockets) with real tiny models
 on in-process nodes: greedy tokens equal transformers `generate` for 2, 3 and 5 nodes; many
-concurrent sessions over the same links are batched at the shards and stay exact."""
+concurrent sessions over the same links are batched at the shards and stay exact; full prefill
+returns every position; the gateway's pool shares, redials and reaps clients."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import numpy as np
 import pytest
 import torch
 
@@ -105,3 +109,125 @@ async def test_chain_concurrent_sessions_batched_at_shards_and_exact(aiohttp_ser
     assert got == [_expected(model, ids) for ids in prompts]
     stats = [s.app[STATE_KEY].batcher.stats for s in servers]
     assert max(st.largest_batch for st in stats) > 1  # decode steps really met in a batch
+
+
+def _final_hidden(model: Any, ids: list[int]) -> np.ndarray:
+    """The monolithic model's residual stream after its last layer (the final norm's input)."""
+    seen: list[torch.Tensor] = []
+    hook = model.model.norm.register_forward_hook(lambda _m, args, _o: seen.append(args[0]))
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids]))
+    finally:
+        hook.remove()
+    return seen[0][0].float().numpy()
+
+
+async def test_chain_full_prefill_returns_every_position_and_logits_callback(aiohttp_server, tiny):
+    """prefill_last_only=False: the last hop answers every prompt position (chunk by chunk,
+    equal to the monolithic model's final hidden states); on_logits sees what each token was
+    sampled from (the model's own logits at that step)."""
+    root, model = tiny
+    manifest = prepare(root / "src", parts=3, out=root / "full3", progress=lambda _: None)
+    head = NumpyHead(manifest)
+    ids = head.head.encode(PROMPT)
+    _, hops = await _circuit(aiohttp_server, manifest, 3)
+    chunks: list[tuple[int, np.ndarray]] = []
+    logits: list[np.ndarray] = []
+    async with ChainClient(hops, hidden_size=64, prefill_chunk=5) as client:
+        gen = client.generate(
+            head,
+            ids,
+            max_new_tokens=STEPS,
+            stop_on_eos=False,
+            prefill_last_only=False,
+            on_prefill=lambda start, hidden: chunks.append((start, hidden)),
+            on_logits=logits.append,
+        )
+        tokens = [t async for t in gen]
+    assert [start for start, _ in chunks] == [0, 5, 10]
+    assert [h.shape for _, h in chunks] == [(1, 5, 64), (1, 5, 64), (1, 2, 64)]
+    got = np.concatenate([h[0] for _, h in chunks], axis=0)
+    np.testing.assert_allclose(got, _final_hidden(model, ids), atol=1e-4, rtol=1e-4)
+    assert tokens == _expected(model, ids)  # full prefill changes nothing downstream
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=STEPS,
+            min_new_tokens=STEPS,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    assert len(logits) == STEPS
+    assert [int(np.argmax(v)) for v in logits] == tokens
+    for step, row in enumerate(out.logits):
+        np.testing.assert_allclose(logits[step], row[0].float().numpy(), atol=1e-3, rtol=1e-3)
+
+
+async def test_chain_pool_shares_one_client_per_circuit_reconnects_and_reaps(aiohttp_server, tiny):
+    """The gateway's pool: concurrent questions on one circuit share one client (one dial);
+    after a node closed its streams (a restart) the next question dials again and is exact;
+    idle clients are closed by reap, and close() closes every link."""
+    from node.gateway.chains import ChainPool
+    from node.server.stream import close_streams
+
+    root, model = tiny
+    manifest = prepare(root / "src", parts=2, out=root / "pool2", progress=lambda _: None)
+    head = NumpyHead(manifest)
+    prompts = [head.head.encode(p) for p in ("w1 w2 w3", "w4 w5", "w6 w7 w8 w9")]
+    servers, hops = await _circuit(aiohttp_server, manifest, 2)
+
+    async def ask(pool: ChainPool, ids: list[int]) -> list[int]:
+        async with pool.use(hops) as client:
+            gen = client.generate(head, ids, max_new_tokens=STEPS, stop_on_eos=False)
+            return [t async for t in gen]
+
+    async with aiohttp.ClientSession() as http:
+        pool = ChainPool(http, hidden_size=64)
+        try:
+            got = await asyncio.gather(*(ask(pool, ids) for ids in prompts))
+            assert got == [_expected(model, ids) for ids in prompts]
+            assert pool.dials == 1 and len(pool) == 1
+            async with pool.use(hops) as first:
+                pass
+            await close_streams(servers[1].app)  # node 1 "restarts": its links drop
+            for _ in range(100):
+                if not first.alive:
+                    break
+                await asyncio.sleep(0.01)
+            assert not first.alive
+            assert await ask(pool, prompts[0]) == _expected(model, prompts[0])
+            assert pool.dials == 2 and len(pool) == 1
+            async with pool.use(hops) as second:
+                assert second is not first and second.alive
+            assert await pool.reap(now=time.monotonic()) == 0  # just used: kept
+            assert await pool.reap(now=time.monotonic() + pool.idle_s) == 1
+            assert len(pool) == 0 and not second.alive
+            async with pool.use(hops) as third:
+                pass
+        finally:
+            await pool.close()
+        assert not third.alive and len(pool) == 0
+
+
+async def test_chain_compressed_codec_carries_fewer_bytes(aiohttp_server, tiny):
+    """`planet ask --compress` over the chain: every link carries the compressed codec (the
+    client's own bytes shrink) and the answer keeps its length."""
+    from protocol.frames import COMPRESSED_CODEC
+
+    root, _ = tiny
+    manifest = prepare(root / "src", parts=2, out=root / "codec2", progress=lambda _: None)
+    head = NumpyHead(manifest)
+    ids = head.head.encode(PROMPT)
+    _, hops = await _circuit(aiohttp_server, manifest, 2)
+    sizes = {}
+    for codec in ("raw", COMPRESSED_CODEC):
+        timings = Timings()
+        async with ChainClient(hops, hidden_size=64, codec=codec) as client:
+            gen = client.generate(
+                head, ids, max_new_tokens=STEPS, timings=timings, stop_on_eos=False
+            )
+            assert len([t async for t in gen]) == STEPS
+        sizes[codec] = timings.wire_bytes_sent + timings.wire_bytes_received
+    assert sizes[COMPRESSED_CODEC] < 0.6 * sizes["raw"]

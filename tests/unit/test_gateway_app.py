@@ -48,6 +48,7 @@ class FakeHead:
 
     eos_token_ids = frozenset({V - 1})
     vocab_size = V
+    hidden_size = H
     context_length = 64
 
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
@@ -385,16 +386,16 @@ async def test_gateway_completions_echo_gives_every_prompt_tokens_logprob(env) -
 async def test_gateway_every_question_prefills_like_an_echo_request(env, monkeypatch) -> None:
     """The last node cannot tell an echo request (a verifier's challenge) from a chat question:
     both prompts' frames ask for every position; decode steps ask for the last one."""
-    from node.client.pipeline import PipelineClient
+    from node.client.chain import ChainClient
 
     seen: list[tuple[int, bool]] = []
-    original = PipelineClient.run_layers
+    original = ChainClient.send
 
-    async def recording(self, session, step, start, hidden, timings=None, last_only=True):
-        seen.append((step, last_only))
-        return await original(self, session, step, start, hidden, timings, last_only)
+    async def recording(self, sid, start, hidden, last_only=True):
+        seen.append((int(hidden.shape[1]), last_only))
+        return await original(self, sid, start, hidden, last_only)
 
-    monkeypatch.setattr(PipelineClient, "run_layers", recording)
+    monkeypatch.setattr(ChainClient, "send", recording)
     client, escrow, _, _ = env
     headers, _ = pay(escrow)
     await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 3}, headers=headers)
@@ -403,4 +404,4 @@ async def test_gateway_every_question_prefills_like_an_echo_request(env, monkeyp
     headers, _ = pay(escrow)
     doc = {"model": "fake-model", "prompt": [1, 2, 5], "max_tokens": 3, "echo": True}
     await client.post("/v1/completions", json={**doc, "logprobs": 5}, headers=headers)
-    assert chat == seen == [(0, False), (1, True), (2, True)]
+    assert chat == seen == [(3, False), (1, True), (1, True)]
