@@ -21,6 +21,7 @@ from node.gateway.sse import parse_events
 from node.server.app import create_app as create_node_app
 from node.server.config import ServerConfig
 from node.server.fake import FakeShard
+from node.server.next_hops import NextHopSpec
 from protocol.eip712 import address_of
 from protocol.payment import (
     QueryPayment,
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.unit
 
 H, V = 8, 50
 MODEL_HASH = "sha256:" + "0" * 64  # what FakeShard reports
+FORWARD_ANY = NextHopSpec("any")
 MODEL_ID = bytes(32)
 USER = bytes.fromhex("31" * 32)
 GATEWAY_KEY = bytes.fromhex("32" * 32)
@@ -99,7 +101,8 @@ async def env(aiohttp_server, aiohttp_client, tmp_path: Path):
     nodes = []
     for shard in range(2):
         backend = FakeShard(shard_id=shard, hidden_size=H, layers=(shard * 2, shard * 2 + 2))
-        config = ServerConfig(manifest_path=Path("x"), shard_id=shard)
+        # in-process fakes on loopback: the chain's next hop is whatever the router picked
+        config = ServerConfig(manifest_path=Path("x"), shard_id=shard, next_hops=FORWARD_ANY)
         nodes.append(await aiohttp_server(create_node_app(config, backend)))
     entries = [
         {
