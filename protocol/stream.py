@@ -70,6 +70,10 @@ FLAG_LAST_ONLY: Final = 0x01
 MAX_CONTROL_BYTES: Final = 4096
 MAX_SID: Final = 2**32 - 1
 MAX_URL_CHARS: Final = 200
+# data messages of ONE session a node holds queued or computing; the session's first one counts
+# against its caller's in-flight limit, the rest only against this (a pipelined prefill sends
+# several chunks of one session back to back); one more is refused as busy
+MAX_SESSION_FRAMES: Final = 16
 _DTYPE_NAMES: Final = tuple(DTYPES)
 OPS_FROM_CLIENT: Final = frozenset({"open", "close", "attach"})
 OPS_TO_CLIENT: Final = frozenset({"opened", "attached", "closed", "error"})
@@ -313,6 +317,7 @@ def ws_frame_bytes(payload: int, *, masked: bool) -> int:
 
 __all__ = [
     "DATA_HEADER_BYTES",
+    "MAX_SESSION_FRAMES",
     "BadControlError",
     "BadFeedError",
     "BadRouteError",

@@ -46,6 +46,7 @@ from protocol.errors import (
 )
 from protocol.frames import FrameError, decode_values, encode_body
 from protocol.stream import (
+    MAX_SESSION_FRAMES,
     DataHeader,
     NextHop,
     open_message,
@@ -58,6 +59,7 @@ from protocol.stream import (
 log = logging.getLogger(__name__)
 
 _FROM_NODE = frozenset({"opened", "closed", "error"})
+PREFILL_WINDOW = 8  # prefill chunks outstanding per session (≤ MAX_SESSION_FRAMES)
 MAX_ANSWER_TOKENS = 8192
 
 
@@ -207,6 +209,7 @@ class ChainClient:
         dtype: str = "float32",
         request_timeout_s: float = 120.0,
         prefill_chunk: int = 64,
+        prefill_window: int = PREFILL_WINDOW,
         http: aiohttp.ClientSession | None = None,
     ) -> None:
         if not hops:
@@ -217,6 +220,9 @@ class ChainClient:
         self.dtype = dtype
         self.request_timeout_s = request_timeout_s
         self.prefill_chunk = prefill_chunk
+        if not 1 <= prefill_window <= MAX_SESSION_FRAMES:
+            raise ConfigError(f"prefill_window must be 1..{MAX_SESSION_FRAMES}")
+        self.prefill_window = prefill_window
         self._http = http
         self._own_http = http is None
         self.links: list[_Link] = []
@@ -348,11 +354,21 @@ class ChainClient:
         hidden)` then sees each chunk's output ([1, rows, H]) as it arrives."""
         total = int(ids_hidden.shape[1])
         bounds = list(range(0, total, self.prefill_chunk))
-        for begin in bounds:
-            chunk = ids_hidden[:, begin : begin + self.prefill_chunk]
-            await self.send(sid, start + begin, chunk, last_only)
+        sent = 0
+
+        async def send_upto(count: int) -> None:
+            nonlocal sent
+            while sent < min(count, len(bounds)):
+                begin = bounds[sent]
+                chunk = ids_hidden[:, begin : begin + self.prefill_chunk]
+                await self.send(sid, start + begin, chunk, last_only)
+                sent += 1
+
+        # at most `prefill_window` chunks outstanding: enough to keep every hop busy, and a
+        # long prompt never has more frames queued at a node than its per-session limit
+        await send_upto(self.prefill_window)
         out = None
-        for begin in bounds:
+        for index, begin in enumerate(bounds):
             end = min(begin + self.prefill_chunk, total)
             if last_only:
                 out = await self.receive(sid, start + end - 1, 1)
@@ -360,6 +376,7 @@ class ChainClient:
                 out = await self.receive(sid, start + begin, end - begin)
             if on_chunk is not None:
                 on_chunk(start + begin, out)
+            await send_upto(index + 1 + self.prefill_window)
         assert out is not None
         return out[:, -1:, :]
 

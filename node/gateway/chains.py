@@ -25,11 +25,11 @@ from node.client.pipeline import Hop
 log = logging.getLogger(__name__)
 
 IDLE_S = 120.0
-# Positions per prefill data message. Nodes count every message queued or computing against
-# the caller's in-flight quota (`max_inflight_per_peer`, default 8, the router's per-node
-# limit), and pipelined chunks of one prompt are in flight together; so, like the star's one
-# frame per prompt, a prompt of up to 2048 positions goes in one message.
-PREFILL_CHUNK = 2048
+# Positions per prefill data message: a prompt goes in chunks, pipelined across the circuit's
+# nodes (hop A computes chunk 2 while hop B computes chunk 1). A node counts a session's chunks
+# once against the gateway's in-flight quota (`max_inflight_per_peer`, 8 sessions, the router's
+# per-node limit) and at most MAX_SESSION_FRAMES of them; the client keeps ≤ 8 outstanding.
+PREFILL_CHUNK = 64
 
 CircuitKey = tuple[tuple[str, int], ...]
 

@@ -38,6 +38,7 @@ from protocol.frames import (
     session_tag,
 )
 from protocol.stream import (
+    MAX_SESSION_FRAMES,
     BadControlError,
     BadFeedError,
     Control,
@@ -182,6 +183,7 @@ class Route:
     feed_tag: str | None = None  # an upstream attaches with the feed whose tag this is
     down: DownLink | None = None
     down_sid: int = 0
+    frames: int = 0  # data messages of this session queued or computing here
 
 
 @dataclass(eq=False)
@@ -190,7 +192,7 @@ class _Link:
 
     ws: web.WebSocketResponse
     peer: str
-    max_inflight: int  # frames of one caller queued or computing (config.max_inflight_per_peer)
+    max_inflight: int  # sessions of one caller with frames in flight (max_inflight_per_peer)
     opened: dict[int, Route] = field(default_factory=dict)
     inbound: dict[int, Route] = field(default_factory=dict)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -301,29 +303,45 @@ async def _data(state: NodeState, link: _Link, data: bytes) -> None:
         await _refuse(state, link.ws, header.sid, UnknownStreamError(f"sid {header.sid} unknown"))
         return
     peer = route.session.peer
-    queued = state.peer_in_flight.get(peer, 0)
-    limit = link.max_inflight
-    if queued >= limit:
+    if route.frames >= MAX_SESSION_FRAMES:
         await _refuse(
             state,
             route.reply,
             route.reply_sid,
             PeerQuotaError(
-                f"this address has {queued} frames in flight (per-caller limit {limit})"
+                f"session has {route.frames} frames queued (per-session limit "
+                f"{MAX_SESSION_FRAMES}); wait for answers before sending more"
             ),
         )
         return
-    state.peer_in_flight[peer] = queued + 1
+    if route.frames == 0:  # the session's first frame in flight counts against its caller
+        queued = state.peer_in_flight.get(peer, 0)
+        limit = link.max_inflight
+        if queued >= limit:
+            await _refuse(
+                state,
+                route.reply,
+                route.reply_sid,
+                PeerQuotaError(
+                    f"this address has {queued} sessions with frames in flight "
+                    f"(per-caller limit {limit})"
+                ),
+            )
+            return
+        state.peer_in_flight[peer] = queued + 1
+    route.frames += 1
     state.in_flight += 1
     try:
         await _compute(state, route, header, body)
     finally:
         state.in_flight -= 1
-        left = state.peer_in_flight[peer] - 1
-        if left:
-            state.peer_in_flight[peer] = left
-        else:
-            del state.peer_in_flight[peer]
+        route.frames -= 1
+        if route.frames == 0:
+            left = state.peer_in_flight[peer] - 1
+            if left:
+                state.peer_in_flight[peer] = left
+            else:
+                del state.peer_in_flight[peer]
 
 
 async def _compute(state: NodeState, route: Route, header: DataHeader, body: memoryview) -> None:

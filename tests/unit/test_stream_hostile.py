@@ -21,8 +21,8 @@ from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
 from node.server.fake import FakeShard
 from node.server.next_hops import ForwardAny, ForwardList, ForwardNone
-from protocol.errors import BusyError, RemoteError
-from protocol.stream import DataHeader, pack_data
+from protocol.errors import BusyError, ConfigError, RemoteError
+from protocol.stream import MAX_SESSION_FRAMES, DataHeader, pack_data
 
 pytestmark = pytest.mark.unit
 
@@ -117,6 +117,36 @@ async def test_stream_full_queue_answers_busy_then_serves(aiohttp_server):
         )
         assert any(isinstance(r, BusyError) and "queue" in r.message for r in results), results
         assert await _generate(client, [1], 2) == [2, 3]
+
+
+async def test_stream_pipelined_prefill_counts_a_session_once_against_the_caller_quota(
+    aiohttp_server,
+):
+    """Two questions from one caller, each prompt in 12 one-position chunks with 8 outstanding:
+    16 frames in flight from a caller whose quota is 2 — but they are 2 sessions."""
+    _, reference_hops = await _nodes(aiohttp_server, 2)
+    async with ChainClient(reference_hops, hidden_size=H) as client:
+        expected = await _generate(client, list(range(1, 13)), 4)
+    _, hops = await _nodes(aiohttp_server, 2, _SlowShard, max_inflight_per_peer=2)
+    async with ChainClient(hops, hidden_size=H, prefill_chunk=1, prefill_window=8) as client:
+        results = await asyncio.gather(*(_generate(client, list(range(1, 13)), 4) for _ in "ab"))
+    assert results == [expected, expected]
+    with pytest.raises(ConfigError, match="prefill_window"):
+        ChainClient(hops, hidden_size=H, prefill_window=MAX_SESSION_FRAMES + 1)
+
+
+async def test_stream_session_with_too_many_frames_queued_is_refused_by_name(aiohttp_server):
+    _, hops = await _nodes(aiohttp_server, 1, _SlowShard, max_inflight_per_peer=64)
+    head = FakeHead()
+    async with ChainClient(hops, hidden_size=H) as client:
+        sid = await client.open("s" * 43)
+        for position in range(MAX_SESSION_FRAMES + 4):  # no waiting for answers
+            await client.send(sid, position, head.embed_np([position + 1]))
+        with pytest.raises(BusyError, match="per-session limit 16"):
+            for position in range(MAX_SESSION_FRAMES + 4):
+                await client.receive(sid, position, 1)
+        await client.close(sid)
+        assert await _generate(client, [1], 2) == [2, 3]  # the node keeps serving
 
 
 async def test_stream_feed_token_cannot_close_or_read_the_session(aiohttp_server):
