@@ -1,4 +1,4 @@
-"""Gateway benchmark: what the gateway costs per token against the bare pipeline client, and
+"""Gateway benchmark: what the gateway costs per token against the bare chain client, and
 how it holds 8 and 32 concurrent paid questions — one JSON object on stdout, logs on stderr.
 
     python bench/gateway.py             # 48 tokens × 3 repeats; 8 and 32 concurrent × 32 tokens
@@ -10,7 +10,8 @@ circuit and the bare client's are the same two nodes), the gateway as its own pr
 gateway question is paid by its own QueryEscrow deposit (made before the clock starts).
 
 - overhead per token: decode time per token (first token → last token, / tokens − 1) of the
-  bare PipelineClient in this process vs a streamed gateway answer measured at the HTTP client,
+  bare ChainClient in this process (the transport the gateway drives: node-to-node forwarding)
+  vs a streamed gateway answer measured at the HTTP client,
   same prompt, greedy, interleaved repeats, medians;
 - concurrency: N streamed questions at once; aggregate completion tok/s over the wall time,
   first-token latency p50/p99 (request sent → first content chunk), failed requests.
@@ -47,11 +48,13 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def bare_per_token_ms(head: Any, urls: list[str], tokens: int) -> float:
-    from node.client.pipeline import Hop, PipelineClient
+    from node.client.chain import ChainClient
+    from node.client.pipeline import Hop
 
     stamps: list[float] = []
     hops = [Hop(url, shard) for shard, url in enumerate(urls)]
-    async with PipelineClient(hops) as client:
+    hidden = int(head.embed_np([0]).shape[2])
+    async with ChainClient(hops, hidden_size=hidden) as client:
         ids = head.chat_ids(MESSAGES)
         async for _ in client.generate(head, ids, max_new_tokens=tokens, stop_on_eos=False):
             stamps.append(time.perf_counter())
@@ -212,6 +215,7 @@ def main() -> int:
                     "model": "smollm2-135m",
                     "shards": 2,
                     "quant": "int8",
+                    "transport": "chain (node-to-node WebSocket forwarding), bare and gateway",
                     "tokens": args.tokens,
                     "repeats": args.repeats,
                     "concurrent_tokens": args.concurrent_tokens,
