@@ -291,9 +291,9 @@ def test_serve_help_teaches_next_hops(capsys) -> None:
     assert "--next-hops http://10.0.0.8:18101" in out and "--next-hops committee" in out
 
 
-def test_serve_passes_the_spec_to_the_config(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[list[str], list[Any]]:
+    """`planet node serve` argv for a manifest that exists, and the configs it would serve."""
     import node.server.run
 
     seen: list[ServerConfig] = []
@@ -302,7 +302,11 @@ def test_serve_passes_the_spec_to_the_config(
     )
     manifest = tmp_path / "manifest.json"
     manifest.write_text("{}")
-    argv = ["node", "serve", "--manifest", str(manifest), "--shard", "0"]
+    return ["node", "serve", "--manifest", str(manifest), "--shard", "0"], seen
+
+
+def test_serve_passes_the_spec_to_the_config(served: tuple[list[str], list[Any]]) -> None:
+    argv, seen = served
     assert cli.main([*argv, "--next-hops", f"{A},{B}"]) == 0
     assert cli.main(argv) == 0
     assert seen[0].next_hops == NextHopSpec("list", frozenset({A, B}))
@@ -478,17 +482,9 @@ async def test_a_public_only_connector_never_connects_to_a_name_resolving_to_loo
 
 
 def test_serve_private_next_hops_only_with_committee(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
+    served: tuple[list[str], list[Any]], capsys
 ) -> None:
-    import node.server.run
-
-    seen: list[ServerConfig] = []
-    monkeypatch.setattr(
-        node.server.run, "serve", lambda config, ticket_key=None: seen.append(config)
-    )
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text("{}")
-    argv = ["node", "serve", "--manifest", str(manifest), "--shard", "0"]
+    argv, seen = served
     rpc = ["--committee-rpc", "http://127.0.0.1:26657"]
     assert cli.main([*argv, *rpc]) == 0
     assert cli.main([*argv, *rpc, "--private-next-hops"]) == 0
