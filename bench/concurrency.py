@@ -196,7 +196,10 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_start": load_start,
             "loadavg_end": [round(x, 2) for x in __import__("os").getloadavg()],
             "node_flags": quota,
-            "client": "one PipelineClient, all sessions on one event loop (one peer address)",
+            "client": (
+                "one client (ChainClient; PipelineClient with --transport star), all "
+                "sessions on one event loop (one peer address)"
+            ),
             "note": "shared 2-core box under load from other engineers; absolute rates noisy",
             "gpu_sweep_command": GPU_COMMAND,
             "gpu_sweep_status": "not run here: no GPU lent to this task",

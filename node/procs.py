@@ -60,9 +60,7 @@ def since_last_start(text: str) -> str:
     return text.rsplit(START_MARKER, 1)[-1].split("\n", 1)[-1]
 
 
-def run_service(
-    run: Callable[[], Awaitable[int]], *, log_level: str, log: logging.Logger
-) -> int:
+def run_service(run: Callable[[], Awaitable[int]], *, log_level: str, log: logging.Logger) -> int:
     """Configure logging, run the service coroutine, map a `PlanetError` to its exit status."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format=LOG_FORMAT)
     try:

@@ -71,9 +71,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--max-sessions-per-node",
         type=int,
-        default=8,
-        help="questions at once on one node from this gateway; more wait (default 8, the "
-        "nodes' default per-caller in-flight quota)",
+        default=16,
+        help="questions at once on one node from this gateway; more wait (default 16, the "
+        "nodes' default per-caller session and in-flight quotas)",
     )
     serve.add_argument(
         "--report-min-questions",

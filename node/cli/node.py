@@ -102,9 +102,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--max-inflight-per-peer",
         type=int,
-        default=8,
+        default=16,
         metavar="N",
-        help="frames one caller may have queued or computing (default 8)",
+        help="frames one caller may have queued or computing over HTTP, or stream sessions "
+        "with frames in flight (default 16, the per-caller session limit)",
     )
     serve.add_argument(
         "--max-batch",

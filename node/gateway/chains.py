@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 IDLE_S = 120.0
 # Positions per prefill data message: a prompt goes in chunks, pipelined across the circuit's
 # nodes (hop A computes chunk 2 while hop B computes chunk 1). A node counts a session's chunks
-# once against the gateway's in-flight quota (`max_inflight_per_peer`, 8 sessions, the router's
+# once against the gateway's in-flight quota (`max_inflight_per_peer`, 16 sessions, the router's
 # per-node limit) and at most MAX_SESSION_FRAMES of them; the client keeps ≤ 8 outstanding.
 PREFILL_CHUNK = 64
 

@@ -26,7 +26,7 @@ class GatewayConfig:
     node_timeout_s: float = 60.0  # one HTTP exchange with a node (seconds)
     routing_refresh_s: float = 2.0  # how stale the routable-node list may be (seconds)
     attempts: int = 2  # circuits tried per question before the first token reached the user
-    max_sessions_per_node: int = 8  # questions at once on one node from this gateway (queue after)
+    max_sessions_per_node: int = 16  # questions at once on one node from this gateway (queue after)
     slot_wait_s: float = 120.0  # longest a question queues for node slots before 503 (seconds)
     report_min_questions: int = 4  # questions batched per work_report (fewer: wait, see below)
     report_max_wait_s: float = 60.0  # longest a smaller batch waits before it is reported (s)

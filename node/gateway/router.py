@@ -120,7 +120,7 @@ class Router:
         shard_layers: Sequence[tuple[int, int]],
         http: aiohttp.ClientSession,
         refresh_s: float = 2.0,
-        max_sessions_per_node: int = 8,
+        max_sessions_per_node: int = 16,
         slot_wait_s: float = 60.0,
     ) -> None:
         self.source = source

@@ -34,7 +34,7 @@ class ServerConfig:
     max_cache_bytes_per_peer: int = 512 * 1024**2
     # one caller has at most this many frames queued or computing (HTTP), or this many stream
     # sessions with frames in flight (a stream session holds ≤ MAX_SESSION_FRAMES); more → busy
-    max_inflight_per_peer: int = 8
+    max_inflight_per_peer: int = 16
     # a session older than this is evicted even if it is used (its client starts over)
     max_session_age_s: float = 3600.0
     # when the node is full, a session idle this long may be reclaimed for another caller
