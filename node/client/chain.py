@@ -277,25 +277,39 @@ class ChainClient:
 
     # ------------------------------------------------------------------------------- sessions
     async def open(self, secret: str) -> int:
-        """Open the session on every hop, last first (so each hop can attach downstream at
-        once); returns the sid that names it on the client's links."""
+        """Open the session on every hop at once (one round trip, not one per hop: a hop whose
+        upstream attaches before the client's open arrived waits for it); returns the sid that
+        names it on the client's links. The first refusal closes the session everywhere."""
         if not self.links:
             raise RuntimeError("ChainClient used outside `async with`")
         sid = next(self._sids)
         self.outputs[sid] = asyncio.Queue()
         caps, feeds = self.capabilities(secret), self.feeds(secret)
         last = len(self.hops) - 1
+        requests = []
+        for index in range(last, -1, -1):  # last first: its open is the first on its way
+            nxt = None
+            if index < last:
+                hop = self.hops[index + 1]
+                nxt = NextHop(url=hop.url, shard=hop.shard, feed=feeds[index + 1])
+            body = open_message(
+                sid, caps[index], self.hops[index].shard, feeds[index] if index else None, nxt
+            )
+            requests.append(
+                asyncio.create_task(self.links[index].request(body, sid, self.request_timeout_s))
+            )
         try:
-            for index in range(last, -1, -1):
-                nxt = None
-                if index < last:
-                    hop = self.hops[index + 1]
-                    nxt = NextHop(url=hop.url, shard=hop.shard, feed=feeds[index + 1])
-                body = open_message(
-                    sid, caps[index], self.hops[index].shard, feeds[index] if index else None, nxt
-                )
-                await self.links[index].request(body, sid, self.request_timeout_s)
+            done, pending = await asyncio.wait(requests, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [task for task in done if task.exception() is not None]
+            if failed:
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                raise failed[0].exception()  # type: ignore[misc]
         except BaseException:
+            for task in requests:
+                task.cancel()
+            await asyncio.gather(*requests, return_exceptions=True)
             await self.close(sid)
             raise
         return sid

@@ -43,6 +43,8 @@ class NodeState:
     forwards: int = 0
     # streams (node/server/stream.py)
     routes_by_feed: dict[str, Any] = field(default_factory=dict)  # feed tag -> Route
+    # attaches that arrived before the client's open of this hop: feed tag -> their futures
+    feed_waiters: dict[str, list[Any]] = field(default_factory=dict)
     links: Any = None  # DownLinks, created with the app's client session
     next_hops: Any = None  # NextHopPolicy (node/server/next_hops.py): asked before any dial
     streams: set[Any] = field(default_factory=set)  # accepted WebSockets (closed on shutdown)

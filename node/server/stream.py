@@ -55,6 +55,11 @@ from protocol.stream import (
 log = logging.getLogger(__name__)
 
 ATTACH_TIMEOUT_S = 10.0
+# A client sends its opens to every hop at once, so an upstream hop's attach may arrive before
+# the client's open of this hop: it waits this long for it (less than ATTACH_TIMEOUT_S, so the
+# upstream hop hears the refusal), at most MAX_ATTACH_WAITS of them per link.
+ATTACH_WAIT_S = 5.0
+MAX_ATTACH_WAITS = 64
 _FROM_PEERS = frozenset({"open", "close", "attach"})
 _TO_UPSTREAM = frozenset({"attached", "error", "closed"})
 
@@ -196,6 +201,7 @@ class _Link:
     opened: dict[int, Route] = field(default_factory=dict)
     inbound: dict[int, Route] = field(default_factory=dict)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    attach_waits: int = 0  # attaches on this link waiting for their session's open
 
 
 async def _send(state: NodeState, ws: web.WebSocketResponse, data: bytes | dict[str, Any]) -> None:
@@ -246,6 +252,9 @@ async def _open(state: NodeState, link: _Link, control: Control) -> None:
     else:
         route.feed_tag = session_tag(control.feed)
         state.routes_by_feed[route.feed_tag] = route
+        for waiter in state.feed_waiters.pop(route.feed_tag, []):
+            if not waiter.done():
+                waiter.set_result(route)
     if control.next is not None:
         try:
             route.down = await state.links.get(control.next.url)
@@ -265,6 +274,42 @@ async def _open(state: NodeState, link: _Link, control: Control) -> None:
     await _send(state, link.ws, {"op": "opened", "sid": control.sid})
 
 
+async def _attach(state: NodeState, link: _Link, control: Control) -> None:
+    """An upstream hop attaches to a session by its feed token; the session's open may still
+    be on its way from the client (opens go to every hop at once): wait for it, bounded."""
+    if control.feed is None:  # parse_control sets it for every "attach"
+        raise BadControlError("attach needs a feed token")
+    if control.sid in link.inbound:
+        raise BadControlError(f"sid {control.sid} is already in use on this link")
+    tag = session_tag(control.feed)
+    route = state.routes_by_feed.get(tag)
+    if route is None:
+        if link.attach_waits >= MAX_ATTACH_WAITS:
+            raise BadFeedError(
+                f"no open session expects this feed token ({MAX_ATTACH_WAITS} attaches already "
+                "wait on this link)"
+            )
+        waiter: asyncio.Future[Route] = asyncio.get_running_loop().create_future()
+        waiters = state.feed_waiters.setdefault(tag, [])
+        waiters.append(waiter)
+        link.attach_waits += 1
+        try:
+            async with asyncio.timeout(ATTACH_WAIT_S):
+                route = await waiter
+        except TimeoutError:
+            raise BadFeedError("no open session expects this feed token") from None
+        finally:
+            link.attach_waits -= 1
+            if waiter in waiters:
+                waiters.remove(waiter)
+            if not waiters and state.feed_waiters.get(tag) is waiters:
+                del state.feed_waiters[tag]
+    if route.session.cache is None:
+        raise BadFeedError("the session this feed token names is closed")
+    link.inbound[control.sid] = route
+    await _send(state, link.ws, {"op": "attached", "sid": control.sid})
+
+
 async def _control(state: NodeState, link: _Link, text: str) -> None:
     sid = 0
     try:
@@ -273,13 +318,7 @@ async def _control(state: NodeState, link: _Link, text: str) -> None:
         if control.op == "open":
             await _open(state, link, control)
         elif control.op == "attach":
-            if control.feed is None:  # parse_control sets it for every "attach"
-                raise BadControlError("attach needs a feed token")
-            route = state.routes_by_feed.get(session_tag(control.feed))
-            if route is None or route.session.cache is None:
-                raise BadFeedError("no open session expects this feed token")
-            link.inbound[control.sid] = route
-            await _send(state, link.ws, {"op": "attached", "sid": control.sid})
+            await _attach(state, link, control)
         else:  # close
             route = link.opened.pop(control.sid, None)
             if route is None:

@@ -15,6 +15,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+import node.server.stream
 from node.client.chain import ChainClient
 from node.client.pipeline import Hop
 from node.server.app import STATE_KEY, create_app
@@ -213,8 +214,9 @@ async def test_stream_feed_token_cannot_close_or_read_the_session(aiohttp_server
     ],
 )
 async def test_stream_malformed_message_named_refusal_and_node_keeps_serving(
-    aiohttp_server, message, code
+    aiohttp_server, monkeypatch, message, code
 ):
+    monkeypatch.setattr(node.server.stream, "ATTACH_WAIT_S", 0.2)  # a bogus feed waits this long
     _, hops = await _nodes(aiohttp_server, 1)
     async with aiohttp.ClientSession() as http, http.ws_connect(f"{hops[0].url}/v1/stream") as ws:
         if isinstance(message, bytes):
@@ -334,3 +336,53 @@ async def test_stream_next_hop_refused_on_a_wrong_shard_claim(aiohttp_server):
     _, hops = await _nodes(aiohttp_server, 3)
     answer = await _ask_open(hops[0], _open(hops[2].url, shard=2))  # skipping shard 1
     assert answer["code"] == "next_hop_not_allowed" and "comes 1" in answer["message"]
+
+
+async def _attach(ws: aiohttp.ClientWebSocketResponse, sid: int, feed: str) -> None:
+    await ws.send_str(json.dumps({"op": "attach", "sid": sid, "feed": feed}))
+
+
+async def test_stream_attach_before_the_open_waits_for_it(aiohttp_server):
+    """Opens go to every hop at once, so an upstream's attach can overtake the client's open."""
+    _, hops = await _nodes(aiohttp_server, 2)
+    feed = "f" * 43
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{hops[1].url}/v1/stream") as up:
+        await _attach(up, 7, feed)  # before the session exists
+        async with http.ws_connect(f"{hops[1].url}/v1/stream") as client:
+            open_body = {
+                "op": "open", "sid": 1, "session": "c" * 43, "shard": 1, "feed": feed,
+                "next": None,
+            }  # fmt: skip
+            await client.send_str(json.dumps(open_body))
+            assert json.loads((await client.receive(timeout=5)).data)["op"] == "opened"
+            assert json.loads((await up.receive(timeout=5)).data) == {"op": "attached", "sid": 7}
+
+
+async def test_stream_waiting_attaches_are_bounded_per_link(aiohttp_server, monkeypatch):
+    monkeypatch.setattr(node.server.stream, "MAX_ATTACH_WAITS", 3)
+    _, hops = await _nodes(aiohttp_server, 1)
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{hops[0].url}/v1/stream") as ws:
+        for sid in range(1, 5):
+            await _attach(ws, sid, f"{sid}" * 43)
+        answer = json.loads((await ws.receive(timeout=4)).data)  # the 4th, at once
+        assert answer["op"] == "error" and answer["code"] == "bad_feed", answer
+        assert answer["sid"] == 4 and "3 attaches already wait" in answer["message"]
+    async with ChainClient(hops, hidden_size=H) as client:
+        assert await _generate(client, [1, 2], 2) == [3, 4]
+
+
+async def test_stream_open_fails_with_the_first_refusal_not_the_upstream_wait(
+    aiohttp_server, monkeypatch
+):
+    """Hop 1 is full and refuses its open at once; hop 0 opened and waits (30 s here) for an
+    attach that will never be answered. The client raises hop 1's refusal without waiting."""
+    monkeypatch.setattr(node.server.stream, "ATTACH_WAIT_S", 30.0)
+    _, hops = await _nodes(aiohttp_server, 2, max_sessions=1)
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{hops[1].url}/v1/stream") as ws:
+        squat = {"op": "open", "sid": 1, "session": "q" * 43, "shard": 1, "feed": None}
+        await ws.send_str(json.dumps({**squat, "next": None}))
+        assert json.loads((await ws.receive(timeout=5)).data)["op"] == "opened"
+        async with ChainClient(hops, hidden_size=H) as client:
+            async with asyncio.timeout(10):  # not hop 0's 30 s attach wait
+                with pytest.raises(BusyError):
+                    await client.open("s" * 43)
