@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -424,14 +423,9 @@ class ChainClient:
         sampling = (sampling or SamplingConfig()).validate()
         rng = sampling.rng()
         timings = timings if timings is not None else Timings()
-        timings.prompt_tokens = len(prompt_ids)
-        timings.node_compute_ms = [0.0] * len(self.hops)
-        if not prompt_ids:
-            raise ConfigError("empty prompt")
+        timings.begin(len(prompt_ids), len(self.hops))
         sent0, received0 = self.bytes_sent, self.bytes_received
-        t0 = time.perf_counter()
         sid = await self.open(new_session_id())
-        t_first = t0
         try:
             out = await self.prefill(
                 sid,
@@ -445,12 +439,7 @@ class ChainClient:
                 if on_logits is not None:
                     on_logits(logits)
                 token = sample(logits, sampling, rng)
-                now = time.perf_counter()
-                if step == 1:
-                    t_first = now
-                    timings.prefill_ms = (now - t0) * 1000
-                else:
-                    timings.decode_ms = (now - t_first) * 1000
+                timings.chose(step)
                 if stop_on_eos and token in head.eos_token_ids:
                     break
                 timings.new_tokens += 1

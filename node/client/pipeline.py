@@ -76,6 +76,25 @@ class Timings:
     node_compute_ms: list[float] = field(default_factory=list)  # per hop, summed over steps
     wire_bytes_sent: int = 0
     wire_bytes_received: int = 0
+    _started_s: float = field(default=0.0, repr=False)
+    _first_s: float = field(default=0.0, repr=False)
+
+    def begin(self, prompt_tokens: int, hops: int) -> None:
+        """A generation of `prompt_tokens` over `hops` nodes starts now (prompt in)."""
+        if not prompt_tokens:
+            raise ConfigError("empty prompt")
+        self.prompt_tokens = prompt_tokens
+        self.node_compute_ms = [0.0] * hops
+        self._started_s = self._first_s = time.perf_counter()
+
+    def chose(self, step: int) -> None:
+        """Token `step` (1 = the first) was chosen now: prefill_ms / decode_ms up to here."""
+        now = time.perf_counter()
+        if step == 1:
+            self._first_s = now
+            self.prefill_ms = (now - self._started_s) * 1000
+        else:
+            self.decode_ms = (now - self._first_s) * 1000
 
     @property
     def total_ms(self) -> float:
@@ -357,13 +376,8 @@ class PipelineClient:
         sampling = (sampling or SamplingConfig()).validate()
         rng = sampling.rng()
         timings = timings if timings is not None else Timings()
-        timings.prompt_tokens = len(prompt_ids)
-        timings.node_compute_ms = [0.0] * len(self.hops)
-        if not prompt_ids:
-            raise ConfigError("empty prompt")
+        timings.begin(len(prompt_ids), len(self.hops))
         session = new_session_id()  # the secret stays here; hops get derived capabilities
-        t0 = time.perf_counter()
-        t_first = t0
         try:
             # prefill, in chunks of at most prefill_chunk positions
             position = 0
@@ -379,12 +393,7 @@ class PipelineClient:
             assert out is not None
             for step in range(1, max_new_tokens + 1):
                 token = sample(head.logits_np(out[0, -1]), sampling, rng)
-                now = time.perf_counter()
-                if step == 1:
-                    t_first = now
-                    timings.prefill_ms = (now - t0) * 1000
-                else:
-                    timings.decode_ms = (now - t_first) * 1000
+                timings.chose(step)
                 if stop_on_eos and token in head.eos_token_ids:
                     break
                 timings.new_tokens += 1
