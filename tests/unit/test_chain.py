@@ -17,13 +17,13 @@ import torch
 
 from node.client.chain import ChainClient
 from node.client.head import NumpyHead
-from node.client.pipeline import Hop, Timings
+from node.client.pipeline import Timings
 from node.model.prepare import prepare
 from node.model.testing import make_tiny_model
-from node.server.app import STATE_KEY, create_app
+from node.server.app import STATE_KEY
 from node.server.backend import ModelShardBackend
 from node.server.config import ServerConfig
-from node.server.next_hops import ForwardList
+from tests.unit.stream_circuit import serve_circuit
 
 pytestmark = pytest.mark.unit
 
@@ -39,19 +39,16 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
 
 
 async def _circuit(aiohttp_server, manifest: Path, parts: int, **config: Any):
-    servers = []
-    for shard in range(parts):
-        backend = ModelShardBackend(manifest, shard, device="cpu")
-        app = create_app(
-            ServerConfig(manifest_path=manifest, shard_id=shard, **config),
-            backend,  # type: ignore[arg-type]
-        )
-        servers.append(await aiohttp_server(app))
-    hops = [Hop(url=str(s.make_url("")).rstrip("/"), shard=i) for i, s in enumerate(servers)]
-    circuit = frozenset(h.url for h in hops)
-    for shard, server in enumerate(servers):  # each node may dial this circuit's nodes only
-        server.app[STATE_KEY].next_hops = ForwardList(shard, circuit)
-    return servers, hops
+    return await serve_circuit(
+        aiohttp_server,
+        [
+            (
+                ServerConfig(manifest_path=manifest, shard_id=shard, **config),
+                ModelShardBackend(manifest, shard, device="cpu"),
+            )
+            for shard in range(parts)
+        ],
+    )
 
 
 def _expected(model: Any, ids: list[int]) -> list[int]:

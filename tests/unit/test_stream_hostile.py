@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -18,12 +19,13 @@ import pytest
 import node.server.stream
 from node.client.chain import ChainClient
 from node.client.pipeline import Hop
-from node.server.app import STATE_KEY, create_app
+from node.server.app import STATE_KEY
 from node.server.config import ServerConfig
 from node.server.fake import FakeShard
-from node.server.next_hops import ForwardAny, ForwardList, ForwardNone
+from node.server.next_hops import ForwardAny, ForwardNone
 from protocol.errors import BusyError, ConfigError, RemoteError
 from protocol.stream import MAX_SESSION_FRAMES, DataHeader, pack_data
+from tests.unit.stream_circuit import serve_circuit
 
 pytestmark = pytest.mark.unit
 
@@ -49,17 +51,17 @@ class _SlowShard(FakeShard):
         return super().forward(hidden, positions, cache)
 
 
-async def _nodes(aiohttp_server, count: int, shard_cls=FakeShard, **config: object):
-    servers = []
-    for shard in range(count):
-        backend = shard_cls(shard_id=shard, hidden_size=H, layers=(2 * shard, 2 * shard + 2))
-        app = create_app(ServerConfig(manifest_path=Path("x"), shard_id=shard, **config), backend)  # type: ignore[arg-type]
-        servers.append(await aiohttp_server(app))
-    hops = [Hop(url=str(s.make_url("")).rstrip("/"), shard=i) for i, s in enumerate(servers)]
-    circuit = frozenset(h.url for h in hops)
-    for shard, server in enumerate(servers):  # each node may dial this circuit's nodes only
-        server.app[STATE_KEY].next_hops = ForwardList(shard, circuit)
-    return servers, hops
+async def _nodes(aiohttp_server, count: int, shard_cls=FakeShard, **config: Any):
+    return await serve_circuit(
+        aiohttp_server,
+        [
+            (
+                ServerConfig(manifest_path=Path("x"), shard_id=shard, **config),
+                shard_cls(shard_id=shard, hidden_size=H, layers=(2 * shard, 2 * shard + 2)),
+            )
+            for shard in range(count)
+        ],
+    )
 
 
 async def _generate(client: ChainClient, prompt: list[int], n: int) -> list[int]:

@@ -1,0 +1,24 @@
+"""In-process nodes chained for the stream tests: start one aiohttp server per shard and let
+each forward only to this circuit's nodes (the next-hop policy `planet local up` gives)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from node.client.pipeline import Hop
+from node.server.app import STATE_KEY, create_app
+from node.server.config import ServerConfig
+from node.server.next_hops import ForwardList
+
+
+async def serve_circuit(
+    aiohttp_server: Any, nodes: Sequence[tuple[ServerConfig, Any]]
+) -> tuple[list[Any], list[Hop]]:
+    """(config, backend) per shard in order → the running servers and the circuit's hops."""
+    servers = [await aiohttp_server(create_app(config, backend)) for config, backend in nodes]
+    hops = [Hop(url=str(s.make_url("")).rstrip("/"), shard=i) for i, s in enumerate(servers)]
+    circuit = frozenset(h.url for h in hops)
+    for shard, server in enumerate(servers):  # each node may dial this circuit's nodes only
+        server.app[STATE_KEY].next_hops = ForwardList(shard, circuit)
+    return servers, hops
