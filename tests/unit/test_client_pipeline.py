@@ -3,7 +3,6 @@ sampling determinism."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,25 +15,9 @@ from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
 from node.server.fake import FakeShard
 from protocol.errors import BusyError, ConfigError, RemoteError, UnavailableError, UsageError
+from tests.unit.fake_head import FakeHead, H
 
 pytestmark = pytest.mark.unit
-
-H = 8
-V = 50
-
-
-class FakeHead:
-    """embed(id) = id in every channel; logits peak at round(h[0]) mod V; EOS = V - 1."""
-
-    eos_token_ids = frozenset({V - 1})
-
-    def embed_np(self, ids: Sequence[int]) -> np.ndarray:
-        return np.repeat(np.asarray(ids, dtype=np.float32)[None, :, None], H, axis=2)
-
-    def logits_np(self, hidden_last: np.ndarray) -> np.ndarray:
-        logits = np.zeros(V, dtype=np.float32)
-        logits[round(float(hidden_last[0])) % V] = 10.0
-        return logits
 
 
 async def _nodes(aiohttp_server, count: int, **config: object):

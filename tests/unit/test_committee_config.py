@@ -251,8 +251,7 @@ def test_cli_status_uninitialised_dir_exits_2_with_hint(
 def test_log_tail_shows_only_the_latest_start(tmp_path: Path) -> None:
     log = tmp_path / "app0.log"
     log.write_text(
-        f"\n{START_MARKER}t1: app\nold failure\n"
-        f"\n{START_MARKER}t2: app\nnew line 1\nnew line 2\n"
+        f"\n{START_MARKER}t1: app\nold failure\n\n{START_MARKER}t2: app\nnew line 1\nnew line 2\n"
     )
     assert committee.log_tail(log) == "new line 1\nnew line 2"
     assert committee.log_tail(tmp_path / "missing.log") == "(no log)"

@@ -95,4 +95,3 @@ def test_gateway_serve_bad_refund_margin_is_named_error_without_traceback(
     err = capsys.readouterr().err
     assert err.startswith("error: --refund-margin-s:") and "hint:" in err
     assert "Traceback" not in err and "config" not in served
-

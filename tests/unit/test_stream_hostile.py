@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +24,10 @@ from node.server.fake import FakeShard
 from node.server.next_hops import ForwardAny, ForwardNone
 from protocol.errors import BusyError, ConfigError, RemoteError
 from protocol.stream import MAX_SESSION_FRAMES, DataHeader, pack_data
+from tests.unit.fake_head import FakeHead, H
 from tests.unit.stream_circuit import serve_circuit
 
 pytestmark = pytest.mark.unit
-
-H = 8
-V = 50
-
-
-class FakeHead:
-    eos_token_ids = frozenset({V - 1})
-
-    def embed_np(self, ids: Sequence[int]) -> np.ndarray:
-        return np.repeat(np.asarray(ids, dtype=np.float32)[None, :, None], H, axis=2)
-
-    def logits_np(self, hidden_last: np.ndarray) -> np.ndarray:
-        logits = np.zeros(V, dtype=np.float32)
-        logits[round(float(hidden_last[0])) % V] = 10.0
-        return logits
 
 
 class _SlowShard(FakeShard):
