@@ -281,6 +281,31 @@ class GatewayNet:
             [as_bytes32(s.hash, "shard hash") for s in self.manifest.shards],
         )
 
+    def start_committee(
+        self,
+        *,
+        epoch_length: int = 10,
+        with_evm: bool = False,
+        app_state: dict[str, Any] | None = None,
+    ) -> None:
+        """The one-validator committee on the RPC port the nodes were given; `with_evm`: it
+        knows this chain's Committee and FraudProofs contracts (verdicts, payout roots)."""
+        evm = None
+        if with_evm:
+            evm = {
+                "chain_id": self.deployment.chain_id,
+                "committee_address": self.deployment.address("Committee"),
+                "fraud_proofs_address": self.deployment.address("FraudProofs"),
+            }
+        self.committee = start_committee(
+            self.run_dir,
+            address_of(self.operator_key),
+            epoch_length=epoch_length,
+            evm=evm,
+            app_state=app_state,
+            rpc_port=self.committee_rpc_port,
+        )
+
     def account(self, label: str, ether: int = 100) -> PlanetChain:
         """A fresh funded EVM account as a chain client."""
         assert self.anvil is not None
@@ -423,9 +448,7 @@ class GatewayNet:
             staked_nodes = net.start_nodes(staked, wait=False)
             unstaked_nodes = net.start_nodes(unstaked, wait=False)
             net.start_chain()
-            net.committee = start_committee(
-                run_dir, address_of(net.operator_key), rpc_port=net.committee_rpc_port
-            )
+            net.start_committee()
             wait_healthy([c.process for c in net.nodes], timeout_s=240)
             for node in staked_nodes:
                 net.register(node, stake=True)

@@ -35,14 +35,12 @@ from node.server.cheat import CONFIRM, ENV
 from node.server.launcher import start_node, wait_healthy
 from protocol.commit_batch import sign_batch
 from protocol.committee import sign
-from protocol.eip712 import address_of
 from tests.integration.gateway_net import (
     PASSWORD,
     Committee,
     Compute,
     GatewayNet,
     ephemeral_port,
-    start_committee,
     wait_for,
 )
 from tests.integration.verifier_net import VerifierNet
@@ -113,17 +111,8 @@ class SpotNet(VerifierNet):
         self = cls(net)
         try:
             net.start_chain()
-            evm = {
-                "chain_id": net.deployment.chain_id,
-                "committee_address": net.deployment.address("Committee"),
-                "fraud_proofs_address": net.deployment.address("FraudProofs"),
-            }
-            net.committee = start_committee(
-                run_dir,
-                address_of(net.operator_key),
-                epoch_length=epoch_blocks,
-                evm=evm,
-                app_state={"spot_check_ppm": ppm},
+            net.start_committee(
+                epoch_length=epoch_blocks, with_evm=True, app_state={"spot_check_ppm": ppm}
             )
             for shard, mode in nodes:
                 self._start_node(shard, mode, ppm)

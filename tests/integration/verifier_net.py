@@ -26,14 +26,12 @@ from deploy.anvil import rpc_call
 from node.keys import create_dev_wallet
 from node.server.cheat import CONFIRM, ENV
 from node.server.launcher import wait_healthy
-from protocol.eip712 import address_of
 from tests.integration.gateway_net import (
     ETHER,
     PASSWORD,
     ROOT,
     Compute,
     GatewayNet,
-    start_committee,
     wait_for,
 )
 
@@ -67,18 +65,7 @@ class VerifierNet:
                     [shard], wait=False, extra_args=("--cheat", mode), extra_env={ENV: CONFIRM}
                 )
             net.start_chain()
-            evm = {
-                "chain_id": net.deployment.chain_id,
-                "committee_address": net.deployment.address("Committee"),
-                "fraud_proofs_address": net.deployment.address("FraudProofs"),
-            }
-            net.committee = start_committee(
-                run_dir,
-                address_of(net.operator_key),
-                epoch_length=epoch_blocks,
-                evm=evm,
-                rpc_port=net.committee_rpc_port,
-            )
+            net.start_committee(epoch_length=epoch_blocks, with_evm=True)
             wait_healthy([c.process for c in net.nodes], timeout_s=240)
             for node in net.nodes:
                 net.register(node, stake=True)
