@@ -24,8 +24,9 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any
 
-from abci_app import reputation, retention, seeds
+from abci_app import retention, seeds
 from abci_app.handlers import DOWN, JOIN, SERVING
+from protocol import reputation
 
 if TYPE_CHECKING:
     from abci_app.state import State

@@ -31,10 +31,10 @@ from typing import Any
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
-from abci_app.reputation import SCALE
 from abci_app.server import encode_uvarint
 from protocol.canonical import JsonInputError, canonical_json, canonical_text, parse_json
 from protocol.errors import ProtocolError
+from protocol.reputation import SCALE
 
 VX_PREFIX = b"\x00planet-vx/v1\n"
 MAX_SCORES = 10_000

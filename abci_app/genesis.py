@@ -34,9 +34,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from abci_app.reputation import ReputationParams
 from protocol.canonical import JsonInputError, parse_json
 from protocol.errors import ConfigError
+from protocol.reputation import ReputationParams
 
 _KEYS = {
     "epoch_length",

@@ -11,7 +11,7 @@ teacher-forced gap to the fp32 reference. The map is then chosen from those numb
     zero_micro = the smallest substitute KL          (every measured substitute scores 0)
     (zero_micro is raised to at least 2 x full_micro)
 
-and checked with the reputation recurrence of docs/committee.md (`reputation_sim`): honest
+and checked with the reputation recurrence of docs/committee.md (`protocol/reputation.py`): honest
 circuits at their worst measured challenge, one challenge per epoch, for 200 epochs, must stay
 >= 0.4; every substitute, starting from an honest node's steady state, must drop below 0.4
 within 5 epochs at its best measured challenge.
@@ -52,9 +52,9 @@ from node.verifier.measure import (
     serve_trace,
     text_challenges,
 )
-from node.verifier.reputation_sim import SCALE, Params, epochs_until_untrusted, trajectory
 from node.verifier.scoring import Challenge, CredibilityMap, Gap, compare_logits
 from protocol.fingerprint import Tolerance, decode_block, encode_block, is_finite_fp16, ulp_distance
+from protocol.reputation import SCALE, ReputationParams, epochs_until_untrusted, trajectory
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def choose_map(gaps: dict[str, list[Gap]]) -> CredibilityMap:
 
 
 def simulate(gaps: dict[str, list[Gap]], mapping: CredibilityMap) -> dict[str, Any]:
-    params = Params()
+    params = ReputationParams()
     out: dict[str, Any] = {"params": {name: getattr(params, name) for name in params.__slots__}}
     steady = None
     for name in HONEST:

@@ -1,15 +1,26 @@
-"""PlanetServe sec. 3.4 reputation in fixed point, against values computed by hand."""
+"""PlanetServe sec. 3.4 reputation in fixed point, against values computed by hand, and its
+two consumers (the committee chain and the verifier's calibration) agreeing bit for bit."""
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from abci_app.reputation import (
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from abci_app.queries import query
+from abci_app.testing import Chain, seeded_evm_key, seeded_key
+from protocol.committee import RegisterNode, sign_registration
+from protocol.eip712 import address_of
+from protocol.reputation import (
     SCALE,
     ReputationParams,
     abnormal_count,
+    epochs_until_untrusted,
     is_untrusted,
     punished,
+    trajectory,
     update,
 )
 
@@ -85,3 +96,41 @@ def test_reputation_out_of_range_credibility_raises() -> None:
 def test_reputation_params_reject_weights_not_summing_to_scale() -> None:
     with pytest.raises(ValueError):
         ReputationParams(alpha=500_000, beta=600_000)
+
+
+def test_reputation_documented_examples() -> None:
+    assert update(500_000, (), 900_000, P)[0] == 740_000
+    assert update(500_000, (100_000,), 100_000, P)[0] == 235_294
+    assert update(500_000, (), 100_000, P) == (260_000, (100_000,))
+
+
+def test_reputation_trajectory_counts_epochs_until_untrusted() -> None:
+    trace = trajectory([0] * 4, start=SCALE, window=(SCALE,) * 5)
+    assert epochs_until_untrusted(trace) == 2
+    assert epochs_until_untrusted(trajectory([SCALE] * 9)) is None
+
+
+def _register_compute(chain: Chain, label: str) -> str:
+    key, evm = seeded_key(label), seeded_evm_key(label)
+    node = key.verify_key.encode().hex()
+    body = RegisterNode(
+        address_of(evm), sign_registration(evm, node), "compute", "m", (0,), "http://x", 1
+    )
+    assert chain.block([chain.tx(body, key)])[0].code == 0
+    return node
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.lists(st.integers(0, SCALE), min_size=1, max_size=7))
+def test_reputation_chain_and_calibration_agree(credibilities: list[int]) -> None:
+    """The committee's applied R per epoch (every validator reporting the same C) equals the
+    calibration's `trajectory` of the same credibilities."""
+    chain = Chain()
+    node = _register_compute(chain, "agree")
+    applied = []
+    for epoch, credibility in enumerate(credibilities, start=1):
+        chain.advance_to(5 * epoch)
+        chain.block(scores={i: {node: credibility} for i in range(4)})
+        reps = json.loads(query(chain.state, "/reputations", b"")[1])["reputations"]
+        applied.append(reps[node]["r"])
+    assert applied == trajectory(credibilities, chain.state.genesis.reputation)

@@ -1,4 +1,4 @@
-"""Teacher-forced scoring, the credibility map, and the reputation recurrence it feeds."""
+"""Teacher-forced scoring and the credibility map (the recurrence they feed: test_reputation.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from node.verifier import reputation_sim
 from node.verifier.calibration import load_calibration, parse_calibration
 from node.verifier.scoring import (
     SCALE,
@@ -109,24 +108,6 @@ def test_epoch_credibility_floors_the_mean() -> None:
         epoch_credibility([])
     with pytest.raises(ValueError):
         epoch_credibility([SCALE + 1])
-
-
-def test_reputation_sim_reproduces_the_documented_examples() -> None:
-    params = reputation_sim.Params()
-    assert reputation_sim.step(500_000, (), 900_000, params)[0] == 740_000
-    assert reputation_sim.step(500_000, (100_000,), 100_000, params)[0] == 235_294
-
-
-def test_reputation_sim_unpunished_single_low_epoch() -> None:
-    params = reputation_sim.Params()
-    r, window = reputation_sim.step(500_000, (), 100_000, params)
-    assert r == 260_000 and window == (100_000,)
-
-
-def test_reputation_sim_counts_epochs_until_untrusted() -> None:
-    trace = reputation_sim.trajectory([0] * 4, start=SCALE, window=(SCALE,) * 5)
-    assert reputation_sim.epochs_until_untrusted(trace) == 2
-    assert reputation_sim.epochs_until_untrusted(reputation_sim.trajectory([SCALE] * 9)) is None
 
 
 def test_shipped_calibration_separates_honest_from_substitutes() -> None:

@@ -1,5 +1,9 @@
 """PlanetServe reputation (sec. 3.4) in fixed point — the exact integer rules.
 
+One home for the recurrence: the committee applies it to the agreed credibilities
+(`abci_app/epochs.py`) and the verifier's calibration predicts with it what its scores do to a
+node (`node/verifier/calibrate.py`), so both compute the same values bit for bit.
+
 All values are integers at scale `SCALE = 10**6` (1.0 ↔ 1_000_000): credibility C(T) ∈ [0, SCALE]
 (the average normalised perplexity 1/PPL of a node's challenge answers in epoch T) and
 reputation R(T) ∈ [0, SCALE].
@@ -22,6 +26,7 @@ follows these lines agrees bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 SCALE = 1_000_000
@@ -90,3 +95,29 @@ def update(
 
 def is_untrusted(reputation: int, params: ReputationParams) -> bool:
     return reputation < params.untrusted_below
+
+
+def trajectory(
+    credibilities: Iterable[int],
+    params: ReputationParams = ReputationParams(),
+    start: int | None = None,
+    window: tuple[int, ...] = (),
+) -> list[int]:
+    """R after each epoch of `credibilities`, from R(0) = `start` (default: a new node's
+    `initial`) and the given window."""
+    reputation = params.initial if start is None else start
+    out = []
+    for credibility in credibilities:
+        reputation, window = update(reputation, window, credibility, params)
+        out.append(reputation)
+    return out
+
+
+def epochs_until_untrusted(
+    trace: list[int], params: ReputationParams = ReputationParams()
+) -> int | None:
+    """1-based epoch at which R first drops below the threshold (None: never)."""
+    for index, reputation in enumerate(trace):
+        if is_untrusted(reputation, params):
+            return index + 1
+    return None
