@@ -21,6 +21,6 @@
     testing.py     an in-process chain for tests and benchmarks
     hostile.py     TEST-ONLY Byzantine mode (hidden flag + environment variable, both required)
 
-Tx format: `protocol.committee`. Share-chain blocks: `shares.block`. Genesis must set
+Tx format: `protocol.committee`. Genesis must set
 `consensus_params.abci.vote_extensions_enable_height` (the devnet uses "1").
 """

@@ -51,7 +51,6 @@ INDEXED_EVENTS = frozenset(
         "planet.stake",
         "planet.evidence",
         "planet.verdict",
-        "planet.share_block",
         "planet.payout",
     }
 )

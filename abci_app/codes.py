@@ -29,7 +29,7 @@ class Code(IntEnum):
     DUPLICATE_COMMITMENT = 16
     UNKNOWN_COMMITMENT = 17
     ALREADY_REVEALED = 18
-    BAD_SHARE_BLOCK = 19
+    # 19: BAD_SHARE_BLOCK of the retired share_block tx (never reuse)
     BAD_VERDICT_SIGNATURE = 20
     DUPLICATE_VOTE = 21
     VERDICTS_DISABLED = 22

@@ -6,11 +6,10 @@ success, so a rejected tx changes nothing but its signer's nonce).
 
 Namespaces written here: `node/<key>` (registry + lifecycle), `evm/<address>` (EVM binding),
 `stake/<key>` (attestations and the agreed amount), `commit/<key>/<session>/<step>/<shard>`,
-`evidence/<id>`, `share/<height>` + `meta/share_tip`, `contrib/<key>` (operation totals),
-`rep/<key>` (reputation), `verdict/<id>`, `hbdue/<height>` (heartbeat deadlines),
+`evidence/<id>`, `rep/<key>` (reputation), `verdict/<id>`, `hbdue/<height>` (heartbeat deadlines),
 `regdue/<height>` (registration expiry checks), `seed/<epoch>/<signer>` (seeds.py),
 `vdue/<epoch>` + `vrep/<validator address>` (accusations.py) and `gc/<epoch>/<ns>/<key>`
-(the pruning index of commitments, evidence and share blocks; see `retention.py`).
+(the pruning index of commitments and evidence; see `retention.py`).
 """
 
 from __future__ import annotations
@@ -31,14 +30,12 @@ from protocol.committee import (
     RevealBatch,
     SeedCommit,
     SeedReveal,
-    ShareBlockTx,
     SignedTx,
     SpotCheckReport,
     VerdictVote,
 )
 from protocol.eip712 import Verdict, commitment_value, committee_domain, recover_digest
 from protocol.errors import ProtocolError
-from shares.block import GENESIS_PREV_HASH
 
 if TYPE_CHECKING:
     from abci_app.state import State
@@ -257,46 +254,6 @@ def reveal(state: State, tx: SignedTx) -> None:
     state.emit("planet.reveal", node=tx.signer, count=len(checked), mismatches=mismatches)
 
 
-# --- share-chain --------------------------------------------------------------------------------
-
-
-def share_block(state: State, tx: SignedTx) -> None:
-    body: ShareBlockTx = tx.body
-    block = body.block
-    if state.validator_by_signer(tx.signer) is None:
-        _compute_node(state, tx.signer)
-    tip = state.get("meta", "share_tip") or {"height": 0, "hash": GENESIS_PREV_HASH}
-    if block.height != tip["height"] + 1 or block.prev_hash != tip["hash"]:
-        _reject(
-            Code.BAD_SHARE_BLOCK,
-            f"block {block.height}/{block.prev_hash} does not extend "
-            f"tip {tip['height']}/{tip['hash']}",
-        )
-    if block.committee_height >= state.block_height:
-        _reject(
-            Code.BAD_SHARE_BLOCK, f"committee_height {block.committee_height} is not yet committed"
-        )
-    for node_key, _ in block.contributions:
-        if state.get("node", node_key) is None:
-            _reject(Code.UNKNOWN_NODE, f"contribution by unregistered node {node_key}")
-    block_hash = block.hash()
-    state.put(
-        "share",
-        str(block.height),
-        {
-            **block.to_json(),
-            "hash": block_hash,
-            "submitter": tx.signer,
-            "included_height": state.block_height,
-        },
-    )
-    retention.track(state, "share", str(block.height))
-    state.put("meta", "share_tip", {"height": block.height, "hash": block_hash})
-    for node_key, operations in block.contributions:
-        state.put("contrib", node_key, (state.get("contrib", node_key) or 0) + operations)
-    state.emit("planet.share_block", height=block.height, hash=block_hash)
-
-
 # --- verdicts -----------------------------------------------------------------------------------
 
 
@@ -376,7 +333,6 @@ HANDLERS: dict[str, Callable[[State, SignedTx], None]] = {
     AttestStake.TYPE: attest_stake,
     CommitBatch.TYPE: commit,
     RevealBatch.TYPE: reveal,
-    ShareBlockTx.TYPE: share_block,
     VerdictVote.TYPE: verdict_vote,
     SeedCommit.TYPE: seeds.seed_commit,
     SeedReveal.TYPE: seeds.seed_reveal,

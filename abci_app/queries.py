@@ -14,7 +14,6 @@ the request's `data`. Every answer is canonical JSON; unknown paths answer `UNKN
     /epochs       ?epoch                        leader, challenge list (default: the current epoch)
     /verdicts     ?id ?confirmed                votes and the signatures sorted by operator address
     /nonce        ?account                      last committed nonce (next must be greater)
-    /share_blocks ?from ?limit                  share-chain blocks and the tip
     /params                                     genesis parameters, validators, height, app hash
     /spot_reports ?epoch                        spot-check reports of e's checks, credits in e
     /payouts, /payouts/proof, /backing, /credits   settlement (`payout_queries.py`)
@@ -108,7 +107,6 @@ def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
         "untrusted": not trusted,
         "stake": agreed,
         "stake_attestations": len(stake["attestations"]),
-        "operations": state.committed("contrib", key) or 0,
         "routable": node["status"] == SERVING and staked and trusted,
     }
 
@@ -277,18 +275,6 @@ def _nonce(state: State, params: dict[str, Any]) -> Any:
     return {"account": account, "nonce": nonce or 0}
 
 
-def _share_blocks(state: State, params: dict[str, Any]) -> Any:
-    start = _int_param(params, "from", 1) or 1
-    limit = max(1, min(_int_param(params, "limit", 100) or 100, MAX_ITEMS))
-    tip = state.committed("meta", "share_tip") or {"height": 0, "hash": None}
-    blocks = []
-    for height in range(start, min(tip["height"], start + limit - 1) + 1):
-        block = state.committed("share", str(height))
-        if block is not None:
-            blocks.append(block)
-    return {"tip": tip, "blocks": blocks}
-
-
 def _seeds(state: State, params: dict[str, Any]) -> Any:
     current = state.committed("meta", "current_epoch") or 1
     epoch = _int_param(params, "epoch", current) or 0
@@ -325,7 +311,6 @@ ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
     "/epochs": _epochs,
     "/verdicts": _verdicts,
     "/nonce": _nonce,
-    "/share_blocks": _share_blocks,
     "/params": _params,
     "/seeds": _seeds,
     "/verifiers": _verifiers,

@@ -7,8 +7,9 @@ Three rules, all scheduled by height or epoch (never a scan of all entries):
    default 100 blocks); an `attest_stake` that moves the agreed amount below `min_stake[role]`
    schedules one at `height + registration_ttl`. At a check the node is deleted when it is
    still not staked (agreed < min_stake of its role) and at least `registration_ttl` blocks
-   old: `node/`, `evm/`, `rep/`, `stake/`, `acct/`, `contrib/` entries of that key go.
-2. **Settled records are pruned.** Every new commitment, evidence record and share block gets
+   old: `node/`, `evm/`, `rep/`, `stake/`, `acct/` entries of that key go.
+2. **Settled records are pruned.** Every new commitment, evidence record (and the other
+   records their features index: seeds, spot-check reports, settled queries, payouts) gets
    an index entry `gc/<epoch, 12 digits>/<ns>/<key>` for the epoch of the block that wrote it.
    Epoch e is *settled* once it has closed and the next block applied its reputation; its
    records stay readable for `retention_epochs` more epochs (genesis, default 10) and are
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 GC = "gc"
 GC_EXPIRY = "gcexp"
-NODE_NAMESPACES = ("node", "rep", "stake", "acct", "contrib")
+NODE_NAMESPACES = ("node", "rep", "stake", "acct")
 
 
 def epoch_of(state: State, height: int) -> int:

@@ -23,7 +23,6 @@ Tx types (`type` → dataclass):
     attest_stake    AttestStake    a validator saw `amount` wei staked by `node` on the EVM chain
     commit          CommitBatch    many (session, step, shard, commitment) records
     reveal          RevealBatch    many (session, step, shard, output_hash, salt) openings
-    share_block     ShareBlockTx   one share-chain block (`shares.block.ShareBlock`)
     verdict_vote    VerdictVote    a validator's EIP-712 signature over a `Verdict`
     work_report     WorkReport     a gateway's per-node work aggregates + settled query fees
     contribution    Contribution   a compute node's own per-shard layer/token count
@@ -49,14 +48,13 @@ from nacl.signing import SigningKey, VerifyKey
 
 from protocol.canonical import JsonInputError, canonical_json, canonical_text, parse_json
 from protocol.errors import ProtocolError
-from shares.block import ShareBlock
 
 SIGN_DOMAIN = b"planet-committee-tx/v1\n"
 EIP191_REGISTER_PREFIX = "Planet node registration\nnode key: "
 MAX_TX_BYTES = 64 * 1024
 MAX_BATCH = 1024
 MAX_NONCE = (1 << 63) - 1
-MAX_TX_DEPTH = 8  # deepest valid tx: envelope → body → block → contributions → pair (5)
+MAX_TX_DEPTH = 8  # deepest valid tx: envelope → body → list → item (4)
 ROLES = ("compute", "verifier")
 
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
@@ -353,26 +351,6 @@ class RevealBatch:
         if len({(r.session, r.step, r.shard) for r in items}) != len(items):
             raise TxDecodeError("body.reveals: duplicate (session, step, shard)")
         return cls(items)
-
-
-@dataclass(frozen=True, slots=True)
-class ShareBlockTx:
-    """Append one block to the share-chain."""
-
-    block: ShareBlock
-
-    TYPE: ClassVar[str] = "share_block"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"block": self.block.to_json()}
-
-    @classmethod
-    def from_json(cls, body: Any) -> ShareBlockTx:
-        b = _obj(body, "body", {"block"})
-        try:
-            return cls(ShareBlock.from_json(b["block"]))
-        except ProtocolError as error:
-            raise TxDecodeError(f"body.block: {error.message}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -740,7 +718,6 @@ TxBody = (
     | AttestStake
     | CommitBatch
     | RevealBatch
-    | ShareBlockTx
     | VerdictVote
     | WorkReport
     | Contribution
@@ -758,7 +735,6 @@ BODY_TYPES: dict[str, Any] = {
         AttestStake,
         CommitBatch,
         RevealBatch,
-        ShareBlockTx,
         VerdictVote,
         WorkReport,
         Contribution,

@@ -275,7 +275,6 @@ def _node(entry: Any) -> dict[str, Any] | None:
         "untrusted": entry.get("untrusted") is True,
         "stake_wei": stake if isinstance(stake, str) and _DIGITS.match(stake) else None,
         "stake_attestations": _int(entry.get("stake_attestations")),
-        "operations": _int(entry.get("operations")),
         "routable": entry.get("routable") is True,
     }
 

@@ -62,7 +62,7 @@ def test_abci_hostile_non_ascii_digits_in_amount_are_malformed(
 def test_abci_hostile_non_ascii_or_huge_digits_in_query_params(
     app: CommitteeApp, value: str
 ) -> None:
-    for path in (f"/share_blocks?limit={value}", f"/epochs?epoch={value}", f"/nodes?shard={value}"):
+    for path in (f"/evidence?limit={value}", f"/epochs?epoch={value}", f"/nodes?shard={value}"):
         assert handle(app, "query", path=path).code == Code.BAD_QUERY
 
 
@@ -165,7 +165,7 @@ def test_abci_hostile_malformed_extended_commit_rejected(field: str, value: Any)
         ("/nonce", {"account": {}}),
         ("/commitments", {"node": 7}),
         ("/evidence", {"limit": "-1"}),
-        ("/share_blocks", {"from": -5}),
+        ("/commitments", {"limit": -5}),
         ("/pool_health", {"model": 1}),
         ("/epochs", {"epoch": None, "x": 1e400}),
     ],

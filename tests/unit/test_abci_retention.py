@@ -21,11 +21,9 @@ from protocol.committee import (
     RegisterNode,
     RevealBatch,
     RevealRecord,
-    ShareBlockTx,
     sign_registration,
 )
 from protocol.eip712 import address_of
-from shares.block import GENESIS_PREV_HASH, ShareBlock
 
 pytestmark = pytest.mark.unit
 
@@ -112,16 +110,15 @@ def commit_records(first_step: int, count: int) -> tuple[CommitmentRecord, ...]:
     )
 
 
-def test_abci_retention_settled_commitments_evidence_and_share_blocks_pruned() -> None:
+def test_abci_retention_settled_commitments_and_evidence_pruned() -> None:
     c = chain()
     key = register(c, "worker")
     attest(c, key, 10**18)  # staked: the node itself stays, only its records are pruned
     c.block([c.tx(CommitBatch(commit_records(1, 4)), key)])
     written = c.state.height
     bad = RevealRecord(SESSION, 1, 0, "0x" + "00" * 32, "0x" + "00" * 32)
-    block = ShareBlock(GENESIS_PREV_HASH, 1, 1, ((hexkey(key), 3),))
-    results = c.block([c.tx(RevealBatch((bad,)), key), c.tx(ShareBlockTx(block), key)])
-    assert [r.code for r in results] == [Code.OK, Code.OK]
+    results = c.block([c.tx(RevealBatch((bad,)), key)])
+    assert [r.code for r in results] == [Code.OK]
     assert len(answer(c, "/evidence")["evidence"]) == 1
     epoch = (written - 1) // EPOCH + 1
     # kept through the end of epoch + RETENTION, pruned in the first block after it
@@ -131,11 +128,9 @@ def test_abci_retention_settled_commitments_evidence_and_share_blocks_pruned() -
     c.advance_to(last_kept + 1)
     assert answer(c, f"/commitments?node={hexkey(key)}")["commitments"] == []
     assert answer(c, "/evidence")["evidence"] == []
-    assert answer(c, "/share_blocks")["blocks"] == []
     assert list(c.state.committed_items("gc")) == []
-    # lasting: the node, its operation total and the share tip
-    assert answer(c, f"/node?key={hexkey(key)}")["operations"] == 3
-    assert answer(c, "/share_blocks")["tip"]["height"] == 1
+    # lasting: the node itself
+    assert answer(c, f"/node?key={hexkey(key)}")["key"] == hexkey(key)
 
 
 def test_abci_retention_pruning_is_bounded_per_block() -> None:

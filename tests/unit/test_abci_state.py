@@ -27,12 +27,10 @@ from protocol.committee import (
     RegisterNode,
     RevealBatch,
     RevealRecord,
-    ShareBlockTx,
     VerdictVote,
     sign_registration,
 )
 from protocol.eip712 import Verdict, address_of, commitment_value, committee_domain
-from shares.block import GENESIS_PREV_HASH, ShareBlock
 
 pytestmark = pytest.mark.unit
 
@@ -368,46 +366,6 @@ def test_abci_commit_unknown_node_rejected() -> None:
     chain = Chain()
     batch = CommitBatch((CommitmentRecord(SESSION, 1, 0, commitment()),))
     assert chain.block([chain.tx(batch, seeded_key("x"))])[0].code == Code.UNKNOWN_NODE
-
-
-# --- share-chain --------------------------------------------------------------------------------
-
-
-def test_abci_share_blocks_extend_tip_and_count_operations() -> None:
-    chain = Chain()
-    a = register(chain, "a")
-    b = register(chain, "b")
-    contributions = tuple(sorted(((hexkey(a), 10), (hexkey(b), 5))))
-    first = ShareBlock(GENESIS_PREV_HASH, 1, 2, contributions)
-    assert chain.block([chain.tx(ShareBlockTx(first), a)])[0].code == Code.OK
-    second = ShareBlock(first.hash(), 2, 3, ((hexkey(a), 1),))
-    assert chain.block([chain.tx(ShareBlockTx(second), chain.validators[0].key)])[0].code == Code.OK
-    answer = ask(chain, "/share_blocks")
-    assert answer["tip"] == {"height": 2, "hash": second.hash()}
-    assert [blk["hash"] for blk in answer["blocks"]] == [first.hash(), second.hash()]
-    assert node(chain, a)["operations"] == 11
-    assert node(chain, b)["operations"] == 5
-
-
-def test_abci_share_block_wrong_prev_hash_rejected() -> None:
-    chain = Chain()
-    a = register(chain, "a")
-    block = ShareBlock("sha256:" + "ab" * 32, 1, 1, ((hexkey(a), 1),))
-    assert chain.block([chain.tx(ShareBlockTx(block), a)])[0].code == Code.BAD_SHARE_BLOCK
-
-
-def test_abci_share_block_future_committee_height_rejected() -> None:
-    chain = Chain()
-    a = register(chain, "a")
-    block = ShareBlock(GENESIS_PREV_HASH, 1, 99, ((hexkey(a), 1),))
-    assert chain.block([chain.tx(ShareBlockTx(block), a)])[0].code == Code.BAD_SHARE_BLOCK
-
-
-def test_abci_share_block_unknown_contributor_rejected() -> None:
-    chain = Chain()
-    a = register(chain, "a")
-    block = ShareBlock(GENESIS_PREV_HASH, 1, 1, (("cd" * 32, 1),))
-    assert chain.block([chain.tx(ShareBlockTx(block), a)])[0].code == Code.UNKNOWN_NODE
 
 
 # --- verdicts -----------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from protocol.committee import (
     RegisterNode,
     RevealBatch,
     RevealRecord,
-    ShareBlockTx,
     SignedTx,
     TxDecodeError,
     TxSignatureError,
@@ -36,7 +35,6 @@ from protocol.committee import (
 )
 from protocol.eip712 import address_of
 from protocol.errors import ProtocolError
-from shares.block import GENESIS_PREV_HASH, ShareBlock, ShareBlockError
 
 pytestmark = pytest.mark.unit
 
@@ -65,7 +63,6 @@ BODIES = [
     AttestStake(node=NODE, amount=10**18),
     CommitBatch((CommitmentRecord(H32, 1, 0, H32), CommitmentRecord(H32, 2, 0, H32))),
     RevealBatch((RevealRecord(H32, 1, 0, H32, H32),)),
-    ShareBlockTx(ShareBlock(GENESIS_PREV_HASH, 1, 3, ((NODE, 12),))),
     VerdictVote(address_of(EVM), 3, H32, address_of(EVM), 7, "0x" + "ab" * 65),
 ]
 
@@ -175,31 +172,6 @@ def test_committee_registration_eip191_recovers_evm_address() -> None:
     assert recover_registration(other, signature) != address_of(EVM)
 
 
-def test_share_block_hash_is_sha256_of_canonical_json() -> None:
-    block = ShareBlock(GENESIS_PREV_HASH, 1, 3, (("aa" * 32, 2), ("bb" * 32, 5)))
-    assert block.encode() == (
-        b'{"committee_height":3,"contributions":[["'
-        + b"aa" * 32
-        + b'",2],["'
-        + b"bb" * 32
-        + b'",5]],"height":1,"prev_hash":"'
-        + GENESIS_PREV_HASH.encode()
-        + b'"}'
-    )
-    assert block.hash().startswith("sha256:")
-    assert ShareBlock.from_json(block.to_json()) == block
-    assert block.total_operations() == 7
-
-
-@pytest.mark.parametrize(
-    "contributions",
-    [(("bb" * 32, 1), ("aa" * 32, 1)), (("aa" * 32, 0),), (("xyz", 1),)],
-)
-def test_share_block_bad_contributions_rejected(contributions: tuple) -> None:
-    with pytest.raises(ShareBlockError):
-        ShareBlock(GENESIS_PREV_HASH, 1, 0, contributions)
-
-
 def test_committee_tx_trailing_newline_in_hex_field_rejected() -> None:
     with pytest.raises(TxDecodeError):
         AttestStake.from_json({"node": NODE + "\n", "amount": "1"})
@@ -207,8 +179,6 @@ def test_committee_tx_trailing_newline_in_hex_field_rejected() -> None:
         CommitmentRecord.from_json(
             {"session": H32 + "\n", "step": 1, "shard": 0, "commitment": H32}
         )
-    with pytest.raises(ShareBlockError):
-        ShareBlock(GENESIS_PREV_HASH + "\n", 1, 0, ())
 
 
 # --- fuzz: hostile bytes at the chain's door -----------------------------------------------------
