@@ -14,8 +14,12 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from protocol.errors import PlanetError
+
+if TYPE_CHECKING:
+    from abci_app.app import CommitteeApp
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,29 +33,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tcp://HOST:PORT or unix://PATH (default tcp://127.0.0.1:26658)",
     )
     parser.add_argument("--log-level", default=os.environ.get("PLANET_LOG_LEVEL", "INFO"))
-    # test-only, hidden: see abci_app.hostile (also needs its environment variable)
-    parser.add_argument(
-        "--byzantine-test-mode", action="store_true", default=False, help=argparse.SUPPRESS
-    )
     return parser.parse_args(argv)
 
 
-async def serve(home: Path, listen: str, byzantine: bool = False) -> None:
+async def serve(home: Path, listen: str, app_class: type[CommitteeApp] | None = None) -> None:
+    """Serve the app of `home` on `listen` until SIGTERM/SIGINT. `app_class`: `CommitteeApp`,
+    or a subclass of it (a test entry point's)."""
     from abci_app.app import CommitteeApp
+    from abci_app.machine import StateMachine
     from abci_app.server import AbciServer
     from abci_app.state import State
     from abci_app.store import Store
 
+    app_class = app_class or CommitteeApp
     home.mkdir(parents=True, exist_ok=True)
     store = Store(home / "app.sqlite")
     state = State(store)
-    hostile = None
-    if byzantine:
-        from abci_app.hostile import Byzantine
-
-        hostile = Byzantine()
-        logging.getLogger("abci_app").warning("BYZANTINE TEST MODE: proposing and voting junk")
-    server = AbciServer(CommitteeApp(state, home, hostile), listen)
+    server = AbciServer(app_class(StateMachine(state), home), listen)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -68,7 +66,7 @@ async def serve(home: Path, listen: str, byzantine: bool = False) -> None:
     store.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, app_class: type[CommitteeApp] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -76,10 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     try:
-        from abci_app.hostile import check_armed
-
-        byzantine = check_armed(args.byzantine_test_mode)
-        asyncio.run(serve(args.home, args.listen, byzantine))
+        asyncio.run(serve(args.home, args.listen, app_class))
     except PlanetError as error:
         print(f"error: {error.message}", file=sys.stderr)
         if error.hint:

@@ -1,7 +1,7 @@
 """Thin ABCI 2.0 adapters: protobuf requests in, `State` calls, protobuf responses out.
 
 Nothing here decides anything the chain agrees on; it converts between CometBFT's messages and
-the pure state machine (`state.py`), and reads the validator's local reputation scores for
+the pure state machine (`machine.py`), and reads the validator's local reputation scores for
 ExtendVote from `<home>/reputation_scores.json`:
 
     {"epoch": 3, "scores": {"<node key hex>": 812345, ...}, "invalid": ["<node key hex>"]}
@@ -20,9 +20,9 @@ from typing import Any
 
 from abci_app import extensions
 from abci_app.codes import CODESPACE, Code
+from abci_app.machine import StateMachine, TxResult
 from abci_app.proto import abci_pb
 from abci_app.queries import query as run_query
-from abci_app.state import State, TxResult
 from protocol.canonical import JsonInputError, parse_json
 from protocol.errors import ProtocolError
 
@@ -72,11 +72,10 @@ def _events(result: TxResult) -> list[Any]:
 class CommitteeApp:
     """The ABCI application: one per process, shared by CometBFT's four connections."""
 
-    def __init__(self, state: State, home: Path | None = None, hostile: Any = None) -> None:
-        self.state = state
+    def __init__(self, machine: StateMachine, home: Path | None = None) -> None:
+        self.machine = machine
+        self.state = machine.state
         self.home = home
-        # test-only Byzantine behaviour (`abci_app.hostile`); None for every real validator
-        self.hostile = hostile
         self.handlers: dict[str, Callable[[Any], Any]] = {
             "echo": lambda r: pb.ResponseEcho(message=r.message),
             "flush": lambda r: pb.ResponseFlush(),
@@ -127,14 +126,14 @@ class CommitteeApp:
                 raise ProtocolError(f"validator key type {kind} is not supported (ed25519 only)")
             validators.append((update.pub_key.ed25519, update.power))
         enable = req.consensus_params.abci.vote_extensions_enable_height
-        app_hash = self.state.init_chain(req.chain_id, validators, req.app_state_bytes, enable)
+        app_hash = self.machine.init_chain(req.chain_id, validators, req.app_state_bytes, enable)
         return pb.ResponseInitChain(app_hash=app_hash)
 
     # --- mempool ------------------------------------------------------------------------------
 
     def check_tx(self, req: Any) -> Any:
         try:
-            result = self.state.check_tx(req.tx)
+            result = self.machine.check_tx(req.tx)
         except Exception:  # CheckTx decides nothing the chain agrees on: a bug must not halt
             log.exception("check_tx failed on %d bytes", len(req.tx))
             result = TxResult(Code.INTERNAL, "internal error while checking the tx")
@@ -146,7 +145,7 @@ class CommitteeApp:
 
     def prepare_proposal(self, req: Any) -> Any:
         vx = None
-        if self.state.vx_required(req.height):
+        if self.machine.vx_required(req.height):
             commit = req.local_last_commit
             local = extensions.ExtendedCommit(
                 height=req.height - 1,
@@ -168,13 +167,11 @@ class CommitteeApp:
                 self.state.validator_keys(),
                 self.state.genesis.epoch_length,
             ).encode()
-        txs = self.state.prepare_proposal(req.height, list(req.txs), req.max_tx_bytes, vx)
-        if self.hostile is not None:
-            txs = self.hostile.proposal(req.height, txs, req.max_tx_bytes)
+        txs = self.machine.prepare_proposal(req.height, list(req.txs), req.max_tx_bytes, vx)
         return pb.ResponsePrepareProposal(txs=txs)
 
     def process_proposal(self, req: Any) -> Any:
-        ok, reason = self.state.process_proposal(req.height, list(req.txs))
+        ok, reason = self.machine.process_proposal(req.height, list(req.txs))
         if not ok:
             log.warning(
                 "process_proposal rejected height=%d reason=%s", req.height, safe_log(reason)[:200]
@@ -183,8 +180,6 @@ class CommitteeApp:
         return pb.ResponseProcessProposal(status=status)
 
     def extend_vote(self, req: Any) -> Any:
-        if self.hostile is not None:
-            return pb.ResponseExtendVote(vote_extension=self.hostile.extension(req.height))
         length = self.state.genesis.epoch_length
         if req.height < 1 or req.height % length != 0:
             return pb.ResponseExtendVote(vote_extension=b"")
@@ -238,11 +233,11 @@ class CommitteeApp:
     # --- blocks -------------------------------------------------------------------------------
 
     def finalize_block(self, req: Any) -> Any:
-        state = self.state
-        state.begin_block(req.height, req.hash, req.time.seconds)
+        machine = self.machine
+        machine.begin_block(req.height, req.hash, req.time.seconds)
         results = []
         for index, tx in enumerate(req.txs):
-            result = state.deliver_tx(tx, index)
+            result = machine.deliver_tx(tx, index)
             results.append(
                 pb.ExecTxResult(
                     code=result.code,
@@ -253,11 +248,11 @@ class CommitteeApp:
                     gas_used=1,
                 )
             )
-        app_hash = state.end_block()
+        app_hash = machine.end_block()
         return pb.ResponseFinalizeBlock(tx_results=results, app_hash=app_hash)
 
     def commit(self, req: Any) -> Any:
-        self.state.commit()
+        self.machine.commit()
         return pb.ResponseCommit(retain_height=0)
 
     def query(self, req: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Height-driven rules: heartbeat timeouts, epochs (leader, challenge list), reputation updates.
+"""Epochs: each epoch's record (leader, challenge list, spot-check verifiers) and reputation.
 
 - Epoch e covers heights (e−1)·L+1 … e·L (L = genesis `epoch_length`).
 - Epoch 1 uses the seed sha256("planet/genesis" ‖ chain_id) where later epochs use H below
@@ -14,22 +14,21 @@
   (`seed/<e+1>/<pub_key>`). The commitments made during epoch e are selected under e+1's seed
   and assigned among exactly these keys (protocol/spotcheck.py), so a node and every verifier
   read the same set from `/epochs`. Epoch 1 has none (no seed can precede genesis).
-- A node in JOIN/SERVING whose last heartbeat is more than `heartbeat_timeout` blocks old is
-  DOWN, checked at the exact height it becomes overdue (`hbdue/<height>` index).
-- Reputation: the agreed C(T) of epoch e (from vote extensions) updates R per reputation.py.
+- Reputation: the agreed C(T) of epoch e (from vote extensions) updates R per
+  protocol/reputation.py.
+- Old epoch records go: closing epoch e (which writes `epoch/<e+1>`) deletes
+  `epoch/<e-retention_epochs-1>`: the current record and the `retention_epochs + 1` before it
+  stay.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from abci_app import retention, seeds
-from abci_app.handlers import DOWN, JOIN, SERVING
+from abci_app import schema
+from abci_app.state import State
 from protocol import reputation
-
-if TYPE_CHECKING:
-    from abci_app.state import State
 
 
 def _sha(*parts: bytes) -> bytes:
@@ -46,9 +45,9 @@ def _epoch_record(state: State, epoch: int, seed: bytes) -> dict[str, Any]:
             int.from_bytes(_sha(b"planet/leader", seed, tag), "big") % len(addresses)
         ]
     serving = []
-    for key in state.keys("node"):
-        node = state.get("node", key)
-        if node["status"] == SERVING and node["role"] == "compute":
+    for key in state.keys(schema.NODE):
+        node = state.get(schema.NODE, key)
+        if node["status"] == schema.SERVING and node["role"] == "compute":
             serving.append(key)
     serving.sort(key=lambda k: _sha(b"planet/challenge", seed, bytes.fromhex(k)))
     limit = state.genesis.challenges_per_epoch
@@ -72,35 +71,24 @@ def _epoch_record(state: State, epoch: int, seed: bytes) -> dict[str, Any]:
 def spot_check_verifiers(state: State, epoch: int) -> list[str]:
     """Consensus keys of the validators with a seed committed for `epoch`, sorted."""
     keys = (v["pub_key"] for v in state.validators)
-    return sorted(k for k in keys if state.get(seeds.NS, seeds.key(epoch, k)) is not None)
+    return sorted(k for k in keys if state.get(schema.SEED, schema.in_epoch(epoch, k)) is not None)
 
 
 def open_first_epoch(state: State) -> None:
     seed = _sha(b"planet/genesis", state.chain_id.encode())
-    state.put("epoch", "1", _epoch_record(state, 1, seed))
-    state.put("meta", "current_epoch", 1)
+    state.put(schema.EPOCH, "1", _epoch_record(state, 1, seed))
+    state.put(schema.META, "current_epoch", 1)
 
 
 def close_epoch(state: State, height: int, block_hash: bytes) -> None:
     """At height e·L: fix epoch e+1's leader and challenge list from this block's hash."""
     following = height // state.genesis.epoch_length + 1
-    state.put("epoch", str(following), _epoch_record(state, following, block_hash))
-    state.put("meta", "current_epoch", following)
-    retention.prune_epoch_record(state, following)
+    state.put(schema.EPOCH, str(following), _epoch_record(state, following, block_hash))
+    state.put(schema.META, "current_epoch", following)
+    old = following - state.genesis.retention_epochs - 2  # the record that left the window
+    if old >= 1:
+        state.delete(schema.EPOCH, str(old))
     state.emit("planet.epoch", epoch=following)
-
-
-def expire_heartbeats(state: State, height: int) -> None:
-    due = state.get("hbdue", str(height))
-    if due is None:
-        return
-    timeout = state.genesis.heartbeat_timeout
-    for key in due:
-        node = state.get("node", key)
-        if node and node["status"] in (JOIN, SERVING) and node["last_heartbeat"] + timeout < height:
-            state.put("node", key, {**node, "status": DOWN, "status_height": height})
-            state.emit("planet.node", node=key, status=DOWN)
-    state.delete("hbdue", str(height))
 
 
 def apply_reputation(state: State, epoch: int, agreed: dict[str, int]) -> int:
@@ -108,12 +96,12 @@ def apply_reputation(state: State, epoch: int, agreed: dict[str, int]) -> int:
     params = state.genesis.reputation
     applied = 0
     for key in sorted(agreed):
-        record = state.get("rep", key)
+        record = state.get(schema.REPUTATION, key)
         if record is None or record["last_epoch"] >= epoch:
             continue
         value, window = reputation.update(record["r"], tuple(record["window"]), agreed[key], params)
         state.put(
-            "rep",
+            schema.REPUTATION,
             key,
             {
                 "r": value,
@@ -123,7 +111,7 @@ def apply_reputation(state: State, epoch: int, agreed: dict[str, int]) -> int:
             },
         )
         applied += 1
-    entry = state.get("epoch", str(epoch))
+    entry = state.get(schema.EPOCH, str(epoch))
     if entry is not None:
-        state.put("epoch", str(epoch), {**entry, "reputation_applied": applied})
+        state.put(schema.EPOCH, str(epoch), {**entry, "reputation_applied": applied})
     return applied

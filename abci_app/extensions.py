@@ -31,7 +31,7 @@ from typing import Any
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
-from abci_app.server import encode_uvarint
+from abci_app.encoding import encode_uvarint
 from protocol.canonical import JsonInputError, canonical_json, canonical_text, parse_json
 from protocol.errors import ProtocolError
 from protocol.reputation import SCALE

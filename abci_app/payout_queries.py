@@ -1,4 +1,4 @@
-"""Settlement queries (committed state only; registered in `queries.ROUTES`).
+"""Settlement queries (committed state only; `queries.ROUTES` serves `PAYOUT_ROUTES`).
 
 /payouts        ?epoch ?account ?limit   one epoch's statement, rows and signatures; without
                                          `epoch` the stored epochs (newest first), each
@@ -11,19 +11,23 @@
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
+from abci_app import schema
 from abci_app.codes import Code
-from abci_app.queries import NODE_KEY, QueryError, _int_param, _limit, _str_param
-from abci_app.settlement import epoch_key
+from abci_app.query_params import (
+    ACCOUNT,
+    NODE_KEY,
+    QueryError,
+    int_param,
+    limit_param,
+    str_param,
+)
+from abci_app.state import State
 from shares.merkle import build_tree, payout_leaf_hashes, tree_proof
 
-if TYPE_CHECKING:
-    from abci_app.state import State
-
-ACCOUNT = re.compile(r"0x[0-9a-fA-F]{40}\Z")
 MAX_EPOCH = (1 << 63) - 1
 TREE_CACHE = 4  # payout trees kept for proof queries (a 100,000-row tree is ~15 MB)
 
@@ -59,23 +63,23 @@ def _amount(record: dict[str, Any], account: str) -> int:
 
 
 def _record(state: State, epoch: int) -> dict[str, Any]:
-    record = state.committed("payout", epoch_key(epoch))
+    record = state.committed(schema.PAYOUT, schema.epoch_key(epoch))
     if record is None:
         raise QueryError(Code.NOT_FOUND, f"epoch {epoch} has no payout statement")
     return record
 
 
 def _payouts(state: State, params: dict[str, Any]) -> Any:
-    epoch = _int_param(params, "epoch", lo=1, hi=MAX_EPOCH)
-    account = _str_param(params, "account", ACCOUNT)
+    epoch = int_param(params, "epoch", lo=1, hi=MAX_EPOCH)
+    account = str_param(params, "account", ACCOUNT)
     if epoch is not None:
         view = payout_view(_record(state, epoch))
         if account is not None:
             view["amount"] = str(_amount(view, account.lower()))
         return view
-    limit = _limit(params)
+    limit = limit_param(params)
     summaries: list[dict[str, Any]] = []
-    for _, record in reversed(list(state.committed_items("payout"))):
+    for _, record in reversed(list(state.committed_items(schema.PAYOUT))):
         if len(summaries) == limit:
             break
         summary = {
@@ -93,12 +97,15 @@ def _payouts(state: State, params: dict[str, Any]) -> Any:
             summary["amount"] = str(_amount(record, account.lower()))
             summary["shares"] = record["shares"].get(account.lower(), "0")
         summaries.append(summary)
-    return {"current_epoch": state.committed("meta", "current_epoch") or 1, "epochs": summaries}
+    return {
+        "current_epoch": state.committed(schema.META, "current_epoch") or 1,
+        "epochs": summaries,
+    }
 
 
 def _proof(state: State, params: dict[str, Any]) -> Any:
-    epoch = _int_param(params, "epoch", lo=1, hi=MAX_EPOCH)
-    account = _str_param(params, "account", ACCOUNT)
+    epoch = int_param(params, "epoch", lo=1, hi=MAX_EPOCH)
+    account = str_param(params, "account", ACCOUNT)
     if epoch is None or account is None:
         raise QueryError(Code.BAD_QUERY, "epoch and account are required")
     record = _record(state, epoch)
@@ -133,31 +140,31 @@ def _tree(epoch: int, record: dict[str, Any]) -> tuple[Any, Any, dict[str, int]]
 
 
 def _backing(state: State, params: dict[str, Any]) -> Any:
-    node = _str_param(params, "node", NODE_KEY)
+    node = str_param(params, "node", NODE_KEY)
     if node is None:
         raise QueryError(Code.BAD_QUERY, "node is required")
     out = []
-    for key, layer_tokens in state.committed_items("backing", node + "/", node + "0"):
+    for key, layer_tokens in state.committed_items(schema.BACKING, node + "/", node + "0"):
         model, shard = key[len(node) + 1 :].rsplit("/", 1)
         out.append({"model": model, "shard": int(shard), "layer_tokens": layer_tokens})
     return {"node": node, "backing": out}
 
 
 def _credits(state: State, params: dict[str, Any]) -> Any:
-    account = _str_param(params, "account", ACCOUNT)
+    account = str_param(params, "account", ACCOUNT)
     if account is None:
         raise QueryError(Code.BAD_QUERY, "account is required")
-    current = state.committed("meta", "current_epoch") or 1
-    epoch = _int_param(params, "epoch", current, lo=1, hi=MAX_EPOCH) or current
-    prefix = f"{epoch_key(epoch)}/{account.lower()}/"
+    current = state.committed(schema.META, "current_epoch") or 1
+    epoch = int_param(params, "epoch", current, lo=1, hi=MAX_EPOCH) or current
+    prefix = f"{schema.in_epoch(epoch, account.lower())}/"
     credits = [
         {"model": c["model"], "shard": c["shard"], "layer_tokens": c["layer_tokens"]}
-        for _, c in state.committed_items("credit", prefix, prefix[:-1] + "0")
+        for _, c in state.committed_items(schema.CREDIT, prefix, prefix[:-1] + "0")
     ]
     return {"epoch": epoch, "account": account.lower(), "credits": credits}
 
 
-ROUTES = {
+PAYOUT_ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
     "/payouts": _payouts,
     "/payouts/proof": _proof,
     "/backing": _backing,

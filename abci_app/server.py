@@ -22,8 +22,9 @@ import logging
 import os
 from typing import Any, Protocol
 
+from abci_app.encoding import FramingError, decode_uvarint, encode_uvarint
 from abci_app.proto import abci_pb
-from protocol.errors import ConfigError, ProtocolError
+from protocol.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -33,38 +34,6 @@ READ_CHUNK = 1 << 16
 
 class Handler(Protocol):
     def handle(self, request: Any) -> Any: ...
-
-
-class FramingError(ProtocolError):
-    """The peer sent a length prefix or message that cannot be a valid ABCI frame."""
-
-    code = "abci_framing"
-
-
-def encode_uvarint(value: int) -> bytes:
-    """Protobuf base-128 varint of a non-negative integer (ABCI's length prefix)."""
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def decode_uvarint(buf: bytes | bytearray, pos: int) -> tuple[int, int] | None:
-    """(value, position after it), or None when `buf` ends inside the varint."""
-    result = 0
-    shift = 0
-    while pos < len(buf):
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise FramingError("varint length prefix longer than 10 bytes")
-    return None
 
 
 def frame(message: Any) -> bytes:

@@ -47,7 +47,7 @@ prepaid charges (ascending (payer, query id), at most `MAX_SETTLED_CHARGES`, a p
 < 2^128) become `EpochWork.debits` through `shares.settlement.prepaid_debits`; pool health per
 (model, shard) = max(nodes routable there now, accounts credited there); accounts whose verdict
 was confirmed in the epoch are `slashed`; the spot checks credited in the epoch
-(`abci_app/spot_reports.py`) are the `VerificationWork`.
+(`vwork/<e>/…`, written by `abci_app/spot_reports.py`) are the `VerificationWork`.
 `shares.settlement.close_epoch` gives the root; `payout/<e>` stores the statement, the sorted
 query ids and fees, the payers and debits (what `postPayoutRoot` takes), the settled prepaid
 `charges` `[payer, query id]` (so gateways learn which of their charges the root covers), the
@@ -55,44 +55,36 @@ rows and the compute shares; the settled queries move to `sqdone/<id>`, the sett
 leave `vpend/`. No pending query or charge, or `NothingToPayError` → no statement: the queries stay
 pending and the epoch's credits move to the next epoch (work reported just before its fees is
 not lost). The epoch's slash marks are deleted either way.
-`payout/` and `sqdone/` entries are pruned with the epoch's other records (`retention.track`).
+`payout/` and `sqdone/` entries are pruned with the epoch's other records (`rules.track`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any
 
-from abci_app import retention, spot_reports
-from abci_app.codes import Code, Rejected
+from abci_app import rules, schema
+from abci_app.codes import Code
+from abci_app.state import State
 from protocol.committee import Contribution, PayoutVote, PrepaidItem, SignedTx, WorkReport
 from protocol.eip712 import PayoutRoot, committee_domain, recover_digest
 from protocol.errors import ProtocolError
 from protocol.payment import Voucher, payment_domain
 from shares.errors import NothingToPayError
-from shares.payouts import MAX_DEBIT, ComputeWork, EpochWork, SettledQuery, ShardHealth
+from shares.payouts import (
+    MAX_DEBIT,
+    ComputeWork,
+    EpochWork,
+    SettledQuery,
+    ShardHealth,
+    VerificationWork,
+)
 from shares.settlement import VoucherCharge, close_epoch, prepaid_debits
-
-if TYPE_CHECKING:
-    from abci_app.state import State
 
 MAX_SETTLED_QUERIES = 500  # queries per root: postPayoutRoot's gas grows with each one
 MAX_LAYER_TOKENS = (1 << 63) - 1
 MAX_SETTLED_CHARGES = 500  # prepaid charges per root (their payers cost postPayoutRoot gas)
 MAX_VOUCHER_LIFETIME_S = 7 * 86_400  # bounds how long a charged voucher's guard is kept
-
-
-def _reject(code: Code, message: str) -> NoReturn:
-    raise Rejected(code, message)
-
-
-def epoch_key(epoch: int) -> str:
-    return f"{epoch:012d}"
-
-
-def credit_key(epoch: int, account: str, model: str, shard: int) -> str:
-    return f"{epoch_key(epoch)}/{account.lower()}/{shard:05d}/{model}"
 
 
 def model_key(model: str) -> str:
@@ -107,29 +99,32 @@ def model_key(model: str) -> str:
 def work_report(state: State, tx: SignedTx) -> None:
     body: WorkReport = tx.body
     if tx.signer not in state.genesis.gateways:
-        _reject(Code.UNKNOWN_GATEWAY, f"signer {tx.signer} is not a genesis gateway")
+        rules.reject(Code.UNKNOWN_GATEWAY, f"signer {tx.signer} is not a genesis gateway")
     for charge in body.prepaid:
         _check_charge(state, charge)
     for query_id, _ in body.queries:
-        if state.get("squery", query_id) is not None or state.get("sqdone", query_id) is not None:
-            _reject(Code.DUPLICATE_QUERY, f"query {query_id} was already reported")
+        if (
+            state.get(schema.PENDING_QUERY, query_id) is not None
+            or state.get(schema.SETTLED_QUERY, query_id) is not None
+        ):
+            rules.reject(Code.DUPLICATE_QUERY, f"query {query_id} was already reported")
     for item in body.work:
-        node = state.get("node", item.node)
+        node = state.get(schema.NODE, item.node)
         if node is None:
-            _reject(Code.UNKNOWN_NODE, f"node {item.node} is not registered")
+            rules.reject(Code.UNKNOWN_NODE, f"node {item.node} is not registered")
         if node["role"] != "compute":
-            _reject(Code.WRONG_ROLE, f"node {item.node} is not a compute node")
+            rules.reject(Code.WRONG_ROLE, f"node {item.node} is not a compute node")
     for item in body.work:
-        key = f"{item.node}/{item.model}/{item.shard}"
-        current = state.get("backing", key) or 0
-        state.put("backing", key, min(MAX_LAYER_TOKENS, current + item.layers * item.tokens))
+        key = schema.backing_key(item.node, item.model, item.shard)
+        current = state.get(schema.BACKING, key) or 0
+        state.put(schema.BACKING, key, min(MAX_LAYER_TOKENS, current + item.layers * item.tokens))
     for query_id, fee in body.queries:
-        state.put("squery", query_id, {"fee": str(fee), "height": state.block_height})
+        state.put(schema.PENDING_QUERY, query_id, {"fee": str(fee), "height": state.block_height})
     for charge in body.prepaid:
-        key = f"{charge.payer}/{charge.query_id}"
-        state.put("vpend", key, {"fee": str(charge.fee), "cap": str(charge.fee_cap)})
-        state.put("vseen", key, charge.expiry)
-        retention.track_until(state, "vseen", key, charge.expiry)
+        key = schema.charge_key(charge.payer, charge.query_id)
+        state.put(schema.PENDING_CHARGE, key, {"fee": str(charge.fee), "cap": str(charge.fee_cap)})
+        state.put(schema.SEEN_VOUCHER, key, charge.expiry)
+        rules.track_until(state, schema.SEEN_VOUCHER, key, charge.expiry)
     state.emit(
         "planet.work_report",
         gateway=tx.signer,
@@ -143,23 +138,28 @@ def _check_charge(state: State, charge: PrepaidItem) -> None:
     """Refuse a prepaid charge the chain must not debit (module docstring); no writes."""
     genesis = state.genesis
     if not (genesis.escrow_address and genesis.evm_chain_id):
-        _reject(Code.SETTLEMENT_DISABLED, "genesis has no evm {chain_id, escrow_address}")
+        rules.reject(Code.SETTLEMENT_DISABLED, "genesis has no evm {chain_id, escrow_address}")
     where = f"voucher {charge.query_id} of {charge.payer}"
     if charge.fee > charge.fee_cap:
-        _reject(Code.VOUCHER_INVALID, f"{where}: fee {charge.fee} above its cap {charge.fee_cap}")
+        rules.reject(
+            Code.VOUCHER_INVALID, f"{where}: fee {charge.fee} above its cap {charge.fee_cap}"
+        )
     if state.block_time > charge.expiry:
-        _reject(
+        rules.reject(
             Code.VOUCHER_EXPIRED,
             f"{where}: expired at {charge.expiry} < block time {state.block_time}",
         )
     if charge.expiry > state.block_time + MAX_VOUCHER_LIFETIME_S:
-        _reject(
+        rules.reject(
             Code.VOUCHER_EXPIRY_TOO_FAR,
             f"{where}: expiry {charge.expiry} is more than {MAX_VOUCHER_LIFETIME_S} s ahead",
         )
-    key = f"{charge.payer}/{charge.query_id}"
-    if state.get("vpend", key) is not None or state.get("vseen", key) is not None:
-        _reject(Code.VOUCHER_REPLAYED, f"{where}: already charged")
+    key = schema.charge_key(charge.payer, charge.query_id)
+    if (
+        state.get(schema.PENDING_CHARGE, key) is not None
+        or state.get(schema.SEEN_VOUCHER, key) is not None
+    ):
+        rules.reject(Code.VOUCHER_REPLAYED, f"{where}: already charged")
     try:
         voucher = Voucher(
             gateway=charge.gateway,
@@ -172,48 +172,48 @@ def _check_charge(state: State, charge: PrepaidItem) -> None:
         domain = payment_domain(genesis.evm_chain_id, genesis.escrow_address)
         signer = recover_digest(voucher.digest(domain), bytes.fromhex(charge.signature[2:]))
     except ProtocolError as error:
-        _reject(Code.VOUCHER_INVALID, f"{where}: {error.message}")
+        rules.reject(Code.VOUCHER_INVALID, f"{where}: {error.message}")
     if signer.lower() != charge.payer:
-        _reject(Code.VOUCHER_INVALID, f"{where}: signed by {signer}, not by its payer")
+        rules.reject(Code.VOUCHER_INVALID, f"{where}: signed by {signer}, not by its payer")
 
 
 def contribution(state: State, tx: SignedTx) -> None:
     body: Contribution = tx.body
-    node = state.get("node", tx.signer)
-    if node is None:
-        _reject(Code.UNKNOWN_NODE, f"node {tx.signer} is not registered")
+    node = rules.registered_node(state, tx.signer)
     if node["role"] != "compute":
-        _reject(Code.WRONG_ROLE, f"node {tx.signer} is not a compute node")
-    if node["status"] == "LEFT":
-        _reject(Code.INVALID_LIFECYCLE, f"node {tx.signer} has left")
+        rules.reject(Code.WRONG_ROLE, f"node {tx.signer} is not a compute node")
+    if node["status"] == schema.LEFT:
+        rules.reject(Code.INVALID_LIFECYCLE, f"node {tx.signer} has left")
     credits: list[tuple[str, int, int, int]] = []
     for item in body.work:
         if item.model != node["model"] or item.shard not in node["shards"]:
-            _reject(
+            rules.reject(
                 Code.UNBACKED_CONTRIBUTION,
                 f"shard {item.shard} of {item.model} is not registered by this node",
             )
-        backed = state.get("backing", f"{tx.signer}/{item.model}/{item.shard}") or 0
+        backed = (
+            state.get(schema.BACKING, schema.backing_key(tx.signer, item.model, item.shard)) or 0
+        )
         if backed == 0:
-            _reject(
+            rules.reject(
                 Code.UNBACKED_CONTRIBUTION,
                 f"no gateway-reported work for this node on shard {item.shard}",
             )
         credits.append((item.model, item.shard, min(item.layers * item.tokens, backed), backed))
-    epoch = retention.epoch_of(state, state.block_height)
+    epoch = rules.epoch_of(state, state.block_height)
     account = str(node["evm_address"]).lower()
     total = 0
     for model, shard, credited, backed in credits:
-        backing = f"{tx.signer}/{model}/{shard}"
+        backing = schema.backing_key(tx.signer, model, shard)
         if credited == backed:
-            state.delete("backing", backing)
+            state.delete(schema.BACKING, backing)
         else:
-            state.put("backing", backing, backed - credited)
-        key = credit_key(epoch, account, model, shard)
-        previous = state.get("credit", key)
+            state.put(schema.BACKING, backing, backed - credited)
+        key = schema.credit_key(epoch, account, model, shard)
+        previous = state.get(schema.CREDIT, key)
         layer_tokens = (previous["layer_tokens"] if previous else 0) + credited
         state.put(
-            "credit",
+            schema.CREDIT,
             key,
             {"account": account, "model": model, "shard": shard, "layer_tokens": layer_tokens},
         )
@@ -239,33 +239,31 @@ def statement_of(record: dict[str, Any]) -> PayoutRoot:
 
 def payout_vote(state: State, tx: SignedTx) -> None:
     body: PayoutVote = tx.body
-    validator = state.validator_by_signer(tx.signer)
-    if validator is None:
-        _reject(Code.NOT_VALIDATOR, f"signer {tx.signer} is not a validator")
+    validator = rules.validator(state, tx.signer)
     genesis = state.genesis
     if not payout_domain_ok(state):
-        _reject(
+        rules.reject(
             Code.SETTLEMENT_DISABLED,
             "genesis has no evm {chain_id, committee_address, escrow_address}",
         )
-    record = state.get("payout", epoch_key(body.epoch))
+    record = state.get(schema.PAYOUT, schema.epoch_key(body.epoch))
     if record is None:
-        _reject(Code.NO_STATEMENT, f"epoch {body.epoch} has no payout statement")
+        rules.reject(Code.NO_STATEMENT, f"epoch {body.epoch} has no payout statement")
     operator = validator.get("operator")
     if not operator:
-        _reject(
+        rules.reject(
             Code.BAD_PAYOUT_SIGNATURE, f"validator {validator['address']} has no operator address"
         )
     if validator["address"] in record["votes"]:
-        _reject(Code.DUPLICATE_VOTE, f"validator {validator['address']} already signed")
+        rules.reject(Code.DUPLICATE_VOTE, f"validator {validator['address']} already signed")
     try:
         domain = committee_domain(genesis.evm_chain_id, genesis.committee_address)
         digest = statement_of(record).digest(domain)
         recovered = recover_digest(digest, bytes.fromhex(body.signature[2:]))
     except ProtocolError as error:
-        _reject(Code.BAD_PAYOUT_SIGNATURE, error.message)
+        rules.reject(Code.BAD_PAYOUT_SIGNATURE, error.message)
     if recovered.lower() != operator.lower():
-        _reject(
+        rules.reject(
             Code.BAD_PAYOUT_SIGNATURE, f"signature recovers {recovered}, not operator {operator}"
         )
     votes = {
@@ -278,23 +276,10 @@ def payout_vote(state: State, tx: SignedTx) -> None:
         updated["confirmed"] = True
         updated["confirmed_height"] = state.block_height
         state.emit("planet.payout", epoch=body.epoch, confirmed="true")
-    state.put("payout", epoch_key(body.epoch), updated)
+    state.put(schema.PAYOUT, schema.epoch_key(body.epoch), updated)
 
 
-HANDLERS: dict[str, Callable[[State, SignedTx], None]] = {
-    WorkReport.TYPE: work_report,
-    Contribution.TYPE: contribution,
-    PayoutVote.TYPE: payout_vote,
-}
-
-
-# --- hooks --------------------------------------------------------------------------------------
-
-
-def note_slashed(state: State, account: str) -> None:
-    """A verdict against `account` was confirmed in this block: it earns nothing this epoch."""
-    epoch = retention.epoch_of(state, state.block_height)
-    state.put("slashed", f"{epoch_key(epoch)}/{account.lower()}", 1)
+# --- epoch close --------------------------------------------------------------------------------
 
 
 def _routable_counts(state: State) -> dict[tuple[str, int], int]:
@@ -303,10 +288,10 @@ def _routable_counts(state: State) -> dict[tuple[str, int], int]:
     counts: dict[tuple[str, int], int] = {}
     untrusted_below = state.genesis.reputation.untrusted_below
     minimum = state.genesis.min_stake.get("compute", 0)
-    stakes = dict(state.items("stake"))
-    reps = dict(state.items("rep"))
-    for key, node in state.items("node"):
-        if node["role"] != "compute" or node["status"] != "SERVING":
+    stakes = dict(state.items(schema.STAKE))
+    reps = dict(state.items(schema.REPUTATION))
+    for key, node in state.items(schema.NODE):
+        if node["role"] != "compute" or node["status"] != schema.SERVING:
             continue
         rep, stake = reps.get(key), stakes.get(key)
         if rep is None or rep["r"] < untrusted_below:
@@ -328,10 +313,10 @@ def _carry_forward(
     for _, credit in credits:
         if credit["account"] in dropped:
             continue
-        key = credit_key(epoch + 1, credit["account"], credit["model"], credit["shard"])
-        later = state.get("credit", key)
+        key = schema.credit_key(epoch + 1, credit["account"], credit["model"], credit["shard"])
+        later = state.get(schema.CREDIT, key)
         total = credit["layer_tokens"] + (later["layer_tokens"] if later else 0)
-        state.put("credit", key, {**credit, "layer_tokens": min(total, MAX_LAYER_TOKENS)})
+        state.put(schema.CREDIT, key, {**credit, "layer_tokens": min(total, MAX_LAYER_TOKENS)})
 
 
 def _pending_charges(state: State) -> list[VoucherCharge]:
@@ -340,7 +325,7 @@ def _pending_charges(state: State) -> list[VoucherCharge]:
     wait for a later epoch), so `prepaid_debits` cannot overflow a debit."""
     charges: list[VoucherCharge] = []
     totals: dict[str, int] = {}
-    for key, entry in state.items("vpend"):
+    for key, entry in state.items(schema.PENDING_CHARGE):
         if len(charges) == MAX_SETTLED_CHARGES:
             break
         payer, query_id = key.split("/", 1)
@@ -355,17 +340,17 @@ def _pending_charges(state: State) -> list[VoucherCharge]:
 def close(state: State, height: int) -> None:
     """EndBlock of the epoch's last height: settle the epoch (module docstring)."""
     epoch = height // state.genesis.epoch_length
-    prefix = epoch_key(epoch)
-    credits = state.items("credit", prefix + "/", prefix + "0")
-    slashed = state.items("slashed", prefix + "/", prefix + "0")
+    prefix = schema.epoch_key(epoch)
+    credits = state.items(schema.CREDIT, *schema.epoch_range(epoch))
+    slashed = state.items(schema.SLASHED, *schema.epoch_range(epoch))
     for key, _ in credits:
-        state.delete("credit", key)
+        state.delete(schema.CREDIT, key)
     for key, _ in slashed:
-        state.delete("slashed", key)
+        state.delete(schema.SLASHED, key)
     escrow = state.genesis.escrow_address
     if escrow is None or not credits:
         return
-    pending = state.items("squery")[:MAX_SETTLED_QUERIES]
+    pending = state.items(schema.PENDING_QUERY)[:MAX_SETTLED_QUERIES]
     charges = _pending_charges(state)
     if not pending and not charges:
         _carry_forward(state, epoch, credits, slashed)
@@ -394,7 +379,7 @@ def close(state: State, height: int) -> None:
         queries=tuple(SettledQuery(query_id, int(entry["fee"])) for query_id, entry in pending),
         compute=tuple(compute),
         health=health,
-        verification=spot_reports.verification_work(state, epoch),
+        verification=verification_work(state, epoch),
         slashed=tuple(key.split("/", 1)[1] for key, _ in slashed),
         verifier_cut_bps=state.genesis.verifier_cut_bps,
         debits=prepaid_debits(charges),
@@ -405,14 +390,14 @@ def close(state: State, height: int) -> None:
         _carry_forward(state, epoch, credits, slashed)
         return
     for query_id, _ in pending:
-        state.delete("squery", query_id)
-        state.put("sqdone", query_id, epoch)
-        retention.track(state, "sqdone", query_id)
+        state.delete(schema.PENDING_QUERY, query_id)
+        state.put(schema.SETTLED_QUERY, query_id, epoch)
+        rules.track(state, schema.SETTLED_QUERY, query_id)
     for charge in charges:
-        state.delete("vpend", f"{charge.payer}/{charge.query_id}")
+        state.delete(schema.PENDING_CHARGE, schema.charge_key(charge.payer, charge.query_id))
     table = settled.table
     state.put(
-        "payout",
+        schema.PAYOUT,
         prefix,
         {
             "epoch": epoch,
@@ -434,4 +419,14 @@ def close(state: State, height: int) -> None:
             "confirmed_height": None,
         },
     )
-    retention.track(state, "payout", prefix)
+    rules.track(state, schema.PAYOUT, prefix)
+
+
+def verification_work(state: State, epoch: int) -> tuple[VerificationWork, ...]:
+    """The spot checks credited in `epoch` (`vwork/`), per operator account, in key order."""
+    start, stop = schema.epoch_range(epoch)
+    return tuple(
+        VerificationWork(account=key[len(start) :], spot_checks=count)
+        for key, count in state.items(schema.SPOT_CREDIT, start, stop)
+        if count > 0
+    )

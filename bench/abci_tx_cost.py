@@ -29,7 +29,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from abci_app.testing import Chain, seeded_evm_key, seeded_key
 from bench._common import machine
 from protocol.committee import (
     CommitBatch,
@@ -39,6 +38,7 @@ from protocol.committee import (
     sign_registration,
 )
 from protocol.eip712 import address_of
+from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 
 
 def register(chain: Chain, count: int) -> list[Any]:
@@ -59,6 +59,7 @@ def measure(
     chain: Chain, keys: list[Any], kind: str, blocks: int, per_block: int, batch: int
 ) -> dict[str, float]:
     state = chain.state
+    state_machine = chain.machine
     check, recheck, process, finalize, commit = [], [], [], [], []
     counter = 0
     for _ in range(blocks):
@@ -80,27 +81,27 @@ def measure(
             txs.append(chain.tx(body, key))
         start = time.process_time()
         for raw in txs:
-            assert state.check_tx(raw).code == 0
+            assert state_machine.check_tx(raw).code == 0
         check.append((time.process_time() - start) / len(txs))
         start = time.process_time()
         for raw in txs:
-            state.check_tx(raw)
+            state_machine.check_tx(raw)
         recheck.append((time.process_time() - start) / len(txs))
         height = state.height + 1
-        vx = chain.extended_commit(height - 1) if state.vx_required(height) else None
-        proposal = state.prepare_proposal(height, txs, 1 << 24, vx)
+        vx = chain.extended_commit(height - 1) if state_machine.vx_required(height) else None
+        proposal = state_machine.prepare_proposal(height, txs, 1 << 24, vx)
         start = time.process_time()
-        ok, reason = state.process_proposal(height, proposal)
+        ok, reason = state_machine.process_proposal(height, proposal)
         process.append((time.process_time() - start) / len(txs))
         assert ok, reason
         start = time.process_time()
-        state.begin_block(height, height.to_bytes(32, "big"))
-        results = [state.deliver_tx(raw, i) for i, raw in enumerate(proposal)]
-        state.end_block()
+        state_machine.begin_block(height, height.to_bytes(32, "big"))
+        results = [state_machine.deliver_tx(raw, i) for i, raw in enumerate(proposal)]
+        state_machine.end_block()
         finalize.append((time.process_time() - start) / len(txs))
         assert all(r.code == 0 for r in results), results[:3]
         start = time.process_time()
-        state.commit()
+        state_machine.commit()
         commit.append(time.process_time() - start)
     return {
         "check_tx_us": median(check) * 1e6,
@@ -114,17 +115,18 @@ def measure(
 def uncached_finalize(chain: Chain, keys: list[Any], per_block: int) -> float:
     """FinalizeBlock of txs this process never checked (decode + verify inside)."""
     state = chain.state
+    state_machine = chain.machine
     txs = [chain.tx(Heartbeat(), keys[i % len(keys)]) for i in range(per_block)]
     height = state.height + 1
-    if state.vx_required(height):
+    if state_machine.vx_required(height):
         chain.block()
         height += 1
     start = time.process_time()
-    state.begin_block(height, height.to_bytes(32, "big"))
-    results = [state.deliver_tx(raw, i) for i, raw in enumerate(txs)]
-    state.end_block()
+    state_machine.begin_block(height, height.to_bytes(32, "big"))
+    results = [state_machine.deliver_tx(raw, i) for i, raw in enumerate(txs)]
+    state_machine.end_block()
     elapsed = (time.process_time() - start) / len(txs)
-    state.commit()
+    state_machine.commit()
     assert all(r.code == 0 for r in results)
     return elapsed * 1e6
 

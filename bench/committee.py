@@ -391,10 +391,10 @@ def app_cpu_per_record(batches_per_block: int = 10, blocks: int = 4) -> dict[str
     signature), ProcessProposal (cached), FinalizeBlock and Commit on an on-disk store, for
     blocks of `batches_per_block` binary batches of 1 024 records (fresh txs: each is decoded
     and verified once, as for txs arriving by gossip), and the same for plain one-record txs."""
-    from abci_app.testing import Chain, seeded_evm_key, seeded_key
     from protocol import commit_batch
     from protocol.committee import RegisterNode, sign_registration
     from protocol.eip712 import address_of
+    from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 
     with tempfile.TemporaryDirectory(prefix="planet-bench-app-") as directory:
         chain = Chain(db=Path(directory) / "app.sqlite", genesis={"epoch_length": 10_000})
@@ -409,6 +409,7 @@ def app_cpu_per_record(batches_per_block: int = 10, blocks: int = 4) -> dict[str
             registrations.append(chain.tx(body, key))
         chain.block(registrations)
         state = chain.state
+        state_machine = chain.machine
 
         phases: dict[str, list[float]] = {"checktx": [], "deliver": [], "digest": [], "store": []}
 
@@ -416,19 +417,19 @@ def app_cpu_per_record(batches_per_block: int = 10, blocks: int = 4) -> dict[str
             clock = time.process_time
             began = clock()
             for raw in txs:
-                if state.check_tx(raw).code != 0:
+                if state_machine.check_tx(raw).code != 0:
                     raise RuntimeError("bench tx refused by CheckTx")
             checked = clock()
             height = state.height + 1
-            ok, reason = state.process_proposal(height, txs)
+            ok, reason = state_machine.process_proposal(height, txs)
             if not ok:
                 raise RuntimeError(reason)
-            state.begin_block(height, hashlib.sha256(b"%d" % height).digest())
-            results = [state.deliver_tx(raw, i) for i, raw in enumerate(txs)]
+            state_machine.begin_block(height, hashlib.sha256(b"%d" % height).digest())
+            results = [state_machine.deliver_tx(raw, i) for i, raw in enumerate(txs)]
             delivered = clock()
-            state.end_block()
+            state_machine.end_block()
             digested = clock()
-            state.commit()
+            state_machine.commit()
             done = clock()
             if any(r.code != 0 for r in results):
                 raise RuntimeError("bench tx refused in FinalizeBlock")

@@ -26,7 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from abci_app import settlement
+from abci_app import schema, settlement
+from abci_app.machine import StateMachine
 from abci_app.queries import query
 from abci_app.state import State
 from abci_app.store import Store
@@ -53,21 +54,22 @@ def _genesis() -> bytes:
     ).encode()
 
 
-def _block(state: State, height: int, writes: list[tuple[str, str, Any]]) -> float:
+def _block(machine: StateMachine, height: int, writes: list[tuple[str, str, Any]]) -> float:
     """Apply one block with `writes` staged; returns the EndBlock wall time."""
-    state.begin_block(height, hashlib.sha256(b"block/%d" % height).digest())
+    machine.begin_block(height, hashlib.sha256(b"block/%d" % height).digest())
     for ns, key, value in writes:
-        state.put(ns, key, value)
+        machine.state.put(ns, key, value)
     t0 = time.perf_counter()
-    state.end_block()
+    machine.end_block()
     elapsed = time.perf_counter() - t0
-    state.commit()
+    machine.commit()
     return elapsed
 
 
 def one_run(n: int) -> dict[str, float]:
-    state = State(Store(":memory:"))
-    state.init_chain("bench", [(hashlib.sha256(b"v").digest(), 10)], _genesis(), 0)
+    machine = StateMachine(State(Store(":memory:")))
+    state = machine.state
+    machine.init_chain("bench", [(hashlib.sha256(b"v").digest(), 10)], _genesis(), 0)
     writes: list[tuple[str, str, Any]] = []
     accounts = []
     for i in range(n):
@@ -83,13 +85,13 @@ def one_run(n: int) -> dict[str, float]:
         writes.append(("node", key, node))
         writes.append(("stake", key, {"attestations": {}, "agreed": str(10**18), "height": 1}))
         writes.append(("rep", key, {"r": 500_000, "window": [], "epochs": 0, "last_epoch": 0}))
-    _block(state, 1, writes)
+    _block(machine, 1, writes)
     for height in range(2, EPOCH - 1):
-        _block(state, height, [])
+        _block(machine, height, [])
     credits = [
         (
             "credit",
-            settlement.credit_key(1, account, MODEL, i % SHARDS),
+            schema.credit_key(1, account, MODEL, i % SHARDS),
             {
                 "account": account,
                 "model": MODEL,
@@ -104,7 +106,7 @@ def one_run(n: int) -> dict[str, float]:
                                                                     "height": 2})
         for i in range(min(n, settlement.MAX_SETTLED_QUERIES))
     ]  # fmt: skip
-    _block(state, EPOCH - 1, credits + queries)
+    _block(machine, EPOCH - 1, credits + queries)
     timed: dict[str, float] = {}
     original = settlement.close
 
@@ -116,10 +118,10 @@ def one_run(n: int) -> dict[str, float]:
 
     settlement.close = close  # type: ignore[assignment]
     try:
-        end_block = _block(state, EPOCH, [])
+        end_block = _block(machine, EPOCH, [])
     finally:
         settlement.close = original  # type: ignore[assignment]
-    record = state.committed("payout", settlement.epoch_key(1))
+    record = state.committed("payout", schema.epoch_key(1))
     if record is None or len(record["rows"]) != n:
         raise SystemExit(f"bench: epoch 1 did not settle {n} rows")
     t0 = time.perf_counter()

@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
-from abci_app.testing import seeded_evm_key, seeded_key
 from protocol.committee import (
     CommitBatch,
     CommitmentRecord,
@@ -42,6 +41,7 @@ from protocol.committee import (
 )
 from protocol.eip712 import Verdict, address_of, commitment_value, committee_domain
 from protocol.reputation import ReputationParams, update
+from tests.committee_chain import seeded_evm_key, seeded_key
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,9 @@ import tracemalloc
 import pytest
 from nacl.signing import SigningKey
 
-from abci_app import state as state_module
+from abci_app import machine
 from abci_app.codes import Code
 from abci_app.queries import query
-from abci_app.testing import Chain, seeded_evm_key, seeded_key
 from protocol import commit_batch as cb
 from protocol.committee import (
     CommitBatch,
@@ -23,6 +22,7 @@ from protocol.committee import (
     sign_registration,
 )
 from protocol.eip712 import address_of, commitment_value
+from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 
 pytestmark = pytest.mark.unit
 
@@ -131,37 +131,37 @@ def test_abci_binary_nonce_shared_with_json_txs() -> None:
     key = register(chain, "n1")  # nonce 1
     assert chain.block([chain.batch_tx(commits(1), key, nonce=5)])[0].code == Code.OK
     replay = chain.batch_tx(commits(2), key, nonce=5)
-    assert chain.state.check_tx(replay).code == Code.BAD_NONCE
-    assert chain.state.check_tx(chain.tx(commits(2), key, nonce=4)).code == Code.BAD_NONCE
-    assert chain.state.check_tx(chain.tx(commits(2), key, nonce=6)).code == Code.OK
+    assert chain.machine.check_tx(replay).code == Code.BAD_NONCE
+    assert chain.machine.check_tx(chain.tx(commits(2), key, nonce=4)).code == Code.BAD_NONCE
+    assert chain.machine.check_tx(chain.tx(commits(2), key, nonce=6)).code == Code.OK
 
 
 def test_abci_binary_malformed_and_forged_batches_named_codes() -> None:
     chain = Chain()
     key = register(chain, "n1")
     raw = chain.batch_tx(commits(1, 2), key)
-    assert chain.state.check_tx(raw[:-1]).code == Code.MALFORMED_TX
-    assert chain.state.check_tx(raw + b"\x00").code == Code.MALFORMED_TX
+    assert chain.machine.check_tx(raw[:-1]).code == Code.MALFORMED_TX
+    assert chain.machine.check_tx(raw + b"\x00").code == Code.MALFORMED_TX
     forged = bytearray(raw)
     forged[-70] ^= 1  # a commitment byte: format fine, signature broken
-    assert chain.state.check_tx(bytes(forged)).code == Code.BAD_SIGNATURE
-    ok, reason = chain.state.process_proposal(chain.state.height + 1, [raw[:-1]])
+    assert chain.machine.check_tx(bytes(forged)).code == Code.BAD_SIGNATURE
+    ok, reason = chain.machine.process_proposal(chain.state.height + 1, [raw[:-1]])
     assert not ok and "binary batch" in reason
-    assert chain.state.prepare_proposal(chain.state.height + 1, [raw[:-1], raw], 1 << 20, None) == [
-        raw
-    ]
+    assert chain.machine.prepare_proposal(
+        chain.state.height + 1, [raw[:-1], raw], 1 << 20, None
+    ) == [raw]
 
 
 def test_abci_binary_proposal_stops_at_the_work_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state_module, "MAX_PROPOSAL_WORK", 10)
+    monkeypatch.setattr(machine, "MAX_PROPOSAL_WORK", 10)
     chain = Chain()
     key = register(chain, "n1")
     txs = [chain.batch_tx(commits(*range(4 * i, 4 * i + 4)), key) for i in range(3)]
     height = chain.state.height + 1
-    proposal = chain.state.prepare_proposal(height, txs, 1 << 20, None)
+    proposal = chain.machine.prepare_proposal(height, txs, 1 << 20, None)
     assert proposal == txs[:2]  # 5 + 5 work units; the third waits for the next block
-    assert chain.state.process_proposal(height, proposal) == (True, "")
-    ok, reason = chain.state.process_proposal(height, txs)  # a proposer ignoring the budget
+    assert chain.machine.process_proposal(height, proposal) == (True, "")
+    ok, reason = chain.machine.process_proposal(height, txs)  # a proposer ignoring the budget
     assert not ok and "exceeds 10" in reason
 
 
@@ -202,7 +202,7 @@ def test_abci_binary_tx_cache_accounts_parsed_size() -> None:
     finally:
         tracemalloc.stop()
     assert len(parsed.body.commitments) == 1024
-    assert state_module.tx_cache_cost(raw) >= len(raw) + retained
+    assert machine.tx_cache_cost(raw) >= len(raw) + retained
 
 
 def test_abci_state_get_many_equals_get_through_every_layer() -> None:

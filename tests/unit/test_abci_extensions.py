@@ -11,12 +11,12 @@ import pytest
 from abci_app import extensions
 from abci_app.app import CommitteeApp
 from abci_app.codes import Code
+from abci_app.encoding import encode_uvarint
 from abci_app.proto import abci_pb, canonical_pb
 from abci_app.queries import query
-from abci_app.server import encode_uvarint
-from abci_app.testing import CHAIN_ID, Chain, seeded_evm_key, seeded_key
 from protocol.committee import RegisterNode, sign_registration
 from protocol.eip712 import address_of
+from tests.committee_chain import CHAIN_ID, Chain, seeded_evm_key, seeded_key
 
 pytestmark = pytest.mark.unit
 
@@ -98,16 +98,16 @@ def test_extensions_parse_rejects_bad_format() -> None:
 def test_extensions_process_proposal_requires_vx_exactly_when_due() -> None:
     chain = Chain()  # epoch_length 5, extensions from height 1
     chain.advance_to(5)
-    assert chain.state.vx_required(6)
-    assert not chain.state.vx_required(5) and not chain.state.vx_required(7)
-    ok, reason = chain.state.process_proposal(6, [])
+    assert chain.machine.vx_required(6)
+    assert not chain.machine.vx_required(5) and not chain.machine.vx_required(7)
+    ok, reason = chain.machine.process_proposal(6, [])
     assert not ok and "missing" in reason
     vx = chain.extended_commit(5)
-    assert chain.state.process_proposal(6, [vx]) == (True, "")
-    ok, reason = chain.state.process_proposal(6, [vx, vx])
+    assert chain.machine.process_proposal(6, [vx]) == (True, "")
+    ok, reason = chain.machine.process_proposal(6, [vx, vx])
     assert not ok and "unexpected" in reason
     chain.block()  # height 6
-    ok, _ = chain.state.process_proposal(7, [chain.extended_commit(6)])
+    ok, _ = chain.machine.process_proposal(7, [chain.extended_commit(6)])
     assert not ok
 
 
@@ -119,7 +119,7 @@ def test_extensions_process_proposal_rejects_bad_signature() -> None:
     lowered = extensions.encode_extension(1, {"ab" * 32: 0})
     forged_vote = dataclasses.replace(commit.votes[0], extension=lowered)
     forged = dataclasses.replace(commit, votes=(forged_vote, *commit.votes[1:])).encode()
-    ok, reason = chain.state.process_proposal(6, [forged])
+    ok, reason = chain.machine.process_proposal(6, [forged])
     assert not ok and "bad extension signature" in reason
 
 
@@ -131,10 +131,10 @@ def test_extensions_process_proposal_rejects_below_two_thirds() -> None:
         dataclasses.replace(v, extension=b"", signature=b"", flag=1) for v in commit.votes[:2]
     ]
     two_of_four = dataclasses.replace(commit, votes=(*absent, *commit.votes[2:])).encode()
-    ok, reason = chain.state.process_proposal(6, [two_of_four])
+    ok, reason = chain.machine.process_proposal(6, [two_of_four])
     assert not ok and "below 2/3" in reason
     three_of_four = dataclasses.replace(commit, votes=(*absent[:1], *commit.votes[1:])).encode()
-    assert chain.state.process_proposal(6, [three_of_four]) == (True, "")
+    assert chain.machine.process_proposal(6, [three_of_four]) == (True, "")
 
 
 def register_compute(chain: Chain, label: str) -> str:
@@ -196,7 +196,7 @@ def test_extensions_repeated_low_scores_mark_node_untrusted() -> None:
 def test_extensions_app_extend_vote_reads_local_scores_file(tmp_path: Path) -> None:
     pb = abci_pb()
     chain = Chain()
-    app = CommitteeApp(chain.state, tmp_path)
+    app = CommitteeApp(chain.machine, tmp_path)
     node, other = "ab" * 32, "cd" * 32
     empty = b'{"epoch":1,"invalid":[],"scores":{}}'
     assert app.extend_vote(pb.RequestExtendVote(height=5)).vote_extension == empty
@@ -216,7 +216,7 @@ def test_extensions_app_extend_vote_reads_local_scores_file(tmp_path: Path) -> N
 
 def test_extensions_app_verify_vote_extension_checks_format() -> None:
     pb = abci_pb()
-    app = CommitteeApp(Chain().state)
+    app = CommitteeApp(Chain().machine)
     accept = pb.ResponseVerifyVoteExtension.ACCEPT
     reject = pb.ResponseVerifyVoteExtension.REJECT
 
@@ -234,16 +234,16 @@ def test_extensions_vx_tx_elsewhere_in_block_fails() -> None:
     chain = Chain()
     chain.advance_to(5)
     vx = chain.extended_commit(5)
-    state = chain.state
-    state.begin_block(6, b"\x00" * 32)
-    assert state.deliver_tx(vx, 1).code == Code.BAD_VOTE_EXTENSIONS
+    machine = chain.machine
+    machine.begin_block(6, b"\x00" * 32)
+    assert machine.deliver_tx(vx, 1).code == Code.BAD_VOTE_EXTENSIONS
 
 
 def test_extensions_disabled_when_enable_height_zero() -> None:
     chain = Chain(ve_enable_height=0)
     chain.advance_to(5)
-    assert not chain.state.vx_required(6)
-    assert chain.state.process_proposal(6, []) == (True, "")
+    assert not chain.machine.vx_required(6)
+    assert chain.machine.process_proposal(6, []) == (True, "")
     chain.block()
     assert chain.state.height == 6
     assert chain.state.chain_id == CHAIN_ID

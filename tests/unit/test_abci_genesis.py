@@ -9,11 +9,12 @@ import pytest
 
 from abci_app.app import CommitteeApp
 from abci_app.genesis import Genesis
+from abci_app.machine import StateMachine
 from abci_app.proto import abci_pb
 from abci_app.state import State, validator_address
 from abci_app.store import Store
-from abci_app.testing import seeded_key
 from protocol.errors import ConfigError, ProtocolError
+from tests.committee_chain import seeded_key
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +82,7 @@ def test_abci_init_chain_maps_operators_by_address_or_base64_pubkey() -> None:
     )
     request.consensus_params.abci.vote_extensions_enable_height = 2
     state = State(Store(":memory:"))
-    response = CommitteeApp(state).init_chain(request)
+    response = CommitteeApp(StateMachine(state)).init_chain(request)
     assert response.app_hash == state.app_hash and len(state.app_hash) == 32
     operators = {v["address"]: v["operator"] for v in state.validators}
     assert operators[validator_address(keys[0])] == OPERATOR
@@ -95,7 +96,7 @@ def test_abci_init_chain_rejects_non_ed25519_validators() -> None:
         chain_id="c", validators=[pb.ValidatorUpdate(power=1, pub_key={"secp256k1": b"\x02" * 33})]
     )
     with pytest.raises(ProtocolError, match="ed25519"):
-        CommitteeApp(State(Store(":memory:"))).init_chain(request)
+        CommitteeApp(StateMachine(State(Store(":memory:")))).init_chain(request)
 
 
 def test_abci_genesis_fraud_proofs_address_parsed_and_checked() -> None:

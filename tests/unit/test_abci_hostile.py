@@ -13,9 +13,9 @@ from abci_app import extensions
 from abci_app.app import CommitteeApp
 from abci_app.codes import Code
 from abci_app.proto import abci_pb
-from abci_app.testing import CHAIN_ID, Chain, seeded_key
 from protocol.canonical import canonical_json
 from protocol.committee import AttestStake, Heartbeat
+from tests.committee_chain import CHAIN_ID, Chain, seeded_key
 
 pytestmark = pytest.mark.unit
 
@@ -42,7 +42,7 @@ def envelope(body: Any, kind: str, nonce: Any = 1) -> bytes:
 def app() -> CommitteeApp:
     chain = Chain()
     chain.advance_to(3)
-    return CommitteeApp(chain.state)
+    return CommitteeApp(chain.machine)
 
 
 # --- non-ASCII digits in number fields ----------------------------------------------------------
@@ -54,7 +54,7 @@ def test_abci_hostile_non_ascii_digits_in_amount_are_malformed(
 ) -> None:
     raw = envelope({"amount": amount, "node": NODE}, "attest_stake")
     assert handle(app, "check_tx", tx=raw).code == Code.MALFORMED_TX
-    ok, reason = app.state.process_proposal(app.state.height + 1, [raw])
+    ok, reason = app.machine.process_proposal(app.state.height + 1, [raw])
     assert not ok and "decimal" in reason
 
 
@@ -72,7 +72,7 @@ def test_abci_hostile_non_ascii_or_huge_digits_in_query_params(
 def test_abci_hostile_deep_nesting_in_tx_query_and_extension(app: CommitteeApp) -> None:
     deep_tx = b'{"body":' + b"[" * 30_000 + b"]" * 30_000 + b"}"
     assert handle(app, "check_tx", tx=deep_tx).code == Code.MALFORMED_TX
-    assert app.state.process_proposal(app.state.height + 1, [deep_tx])[0] is False
+    assert app.machine.process_proposal(app.state.height + 1, [deep_tx])[0] is False
     deep_data = b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     assert handle(app, "query", path="/nodes", data=deep_data).code == Code.BAD_QUERY
     reject = pb.ResponseVerifyVoteExtension.REJECT
@@ -117,7 +117,7 @@ def test_abci_hostile_byzantine_float_extension_in_extended_commit_rejects_propo
         for v in honest.votes
     )
     vx = extensions.ExtendedCommit(5, 0, votes).encode()
-    app = CommitteeApp(chain.state)
+    app = CommitteeApp(chain.machine)
     answer = handle(app, "process_proposal", height=6, txs=[vx])
     assert answer.status == pb.ResponseProcessProposal.REJECT
     done = handle(app, "finalize_block", height=6, hash=b"\x01" * 32, txs=[vx])
@@ -138,7 +138,7 @@ def test_abci_hostile_byzantine_float_extension_in_extended_commit_rejects_propo
 def test_abci_hostile_malformed_extended_commit_rejected(field: str, value: Any) -> None:
     chain = Chain()
     chain.advance_to(5)
-    app = CommitteeApp(chain.state)
+    app = CommitteeApp(chain.machine)
     doc = json.loads(chain.extended_commit(5)[len(extensions.VX_PREFIX) :])
     doc[field] = value
     vx = extensions.VX_PREFIX + canonical_json(doc)
@@ -192,9 +192,10 @@ def test_abci_hostile_pool_health_shard_count_is_bounded(app: CommitteeApp) -> N
 
 
 def test_abci_hostile_non_utf8_query_path_gets_bad_query_over_the_socket() -> None:
-    from abci_app.server import AbciServer, decode_uvarint, encode_uvarint
+    from abci_app.encoding import decode_uvarint, encode_uvarint
+    from abci_app.server import AbciServer
 
-    server = AbciServer(CommitteeApp(Chain().state), "tcp://127.0.0.1:0")
+    server = AbciServer(CommitteeApp(Chain().machine), "tcp://127.0.0.1:0")
     good = pb.Request(query=pb.RequestQuery(path="/nodes")).SerializeToString()
     bad = good.replace(b"/nodes", b"/n\xff\xfees")
     buf = bytearray(encode_uvarint(len(bad)) + bad + encode_uvarint(len(good)) + good)
@@ -232,10 +233,10 @@ def test_abci_hostile_fresh_key_refused_tx_writes_no_account_entry() -> None:
 
 
 def test_abci_hostile_tx_cache_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from abci_app import state as state_module
+    from abci_app import machine
     from protocol.committee import CommitBatch, CommitmentRecord
 
-    monkeypatch.setattr(state_module, "TX_CACHE_BYTES", 1 << 20)
+    monkeypatch.setattr(machine, "TX_CACHE_BYTES", 1 << 20)
     chain = Chain()
     key = seeded_key("spammer")
     records = tuple(
@@ -244,33 +245,33 @@ def test_abci_hostile_tx_cache_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch)
     for nonce in range(1, 41):
         raw = chain.tx(CommitBatch(records), key, nonce=nonce)
         assert len(raw) > 50_000
-        assert chain.state.check_tx(raw).code == Code.OK
-    assert 0 < chain.state.tx_cache_bytes <= 1 << 20
+        assert chain.machine.check_tx(raw).code == Code.OK
+    assert 0 < chain.machine.tx_cache_bytes <= 1 << 20
 
 
-# --- the Byzantine test mode cannot be switched on by accident -----------------------------------
+# --- the Byzantine test app (tests/byzantine_app.py) --------------------------------------------
 
 
-def test_abci_hostile_byzantine_mode_needs_hidden_flag_and_env(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from abci_app import hostile
-    from abci_app.__main__ import parse_args
-    from protocol.errors import ConfigError
+def test_abci_hostile_byzantine_app_proposes_and_extends_junk_the_honest_app_refuses() -> None:
+    from tests.byzantine_app import ByzantineApp
 
-    monkeypatch.delenv(hostile.ENV, raising=False)
-    assert hostile.check_armed(parse_args(["--home", "x"]).byzantine_test_mode) is False
-    with pytest.raises(ConfigError):
-        hostile.check_armed(parse_args(["--home", "x", hostile.FLAG]).byzantine_test_mode)
-    monkeypatch.setenv(hostile.ENV, "1")
-    with pytest.raises(ConfigError):
-        hostile.check_armed(True)
-    monkeypatch.setenv(hostile.ENV, hostile.ARMED_VALUE)
-    with pytest.raises(ConfigError):
-        hostile.check_armed(False)
-    assert hostile.check_armed(True) is True
-    proposal = hostile.Byzantine().proposal(7, [b"ok"], 1 << 20)
-    assert proposal[0] == b"ok" and len(proposal) == 2
+    chain = Chain()
+    chain.advance_to(5)
+    byzantine, honest = ByzantineApp(chain.machine), CommitteeApp(chain.machine)
+    txs = [chain.tx(Heartbeat(), seeded_key("n1"))]
+    accept, reject = pb.ResponseProcessProposal.ACCEPT, pb.ResponseProcessProposal.REJECT
+    for height in (7, 8, 9, 10):  # no extended-commit tx due
+        assert handle(honest, "process_proposal", height=height, txs=txs).status == accept
+        request = {"height": height, "max_tx_bytes": 1 << 20, "txs": txs}
+        proposal = list(handle(byzantine, "prepare_proposal", **request).txs)
+        assert proposal[:-1] == txs and proposal[-1] not in txs
+        assert handle(honest, "process_proposal", height=height, txs=proposal).status == reject
+    own = handle(honest, "extend_vote", height=10).vote_extension
+    junk = handle(byzantine, "extend_vote", height=10).vote_extension
+    verify = pb.ResponseVerifyVoteExtension
+    for extension, status in ((own, verify.ACCEPT), (junk, verify.REJECT)):
+        answer = handle(honest, "verify_vote_extension", height=10, vote_extension=extension)
+        assert answer.status == status
 
 
 def test_abci_hostile_late_junk_vote_in_local_commit_is_dropped_by_the_proposer() -> None:
@@ -279,7 +280,7 @@ def test_abci_hostile_late_junk_vote_in_local_commit_is_dropped_by_the_proposer(
     e2e chain stopped at the first epoch end before this)."""
     chain = Chain()
     chain.advance_to(5)
-    app = CommitteeApp(chain.state)
+    app = CommitteeApp(chain.machine)
     bad = b'{"epoch":1.5,"invalid":[],"scores":{}}'
     votes = []
     for index, validator in enumerate(chain.validators):

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from abci_app.queries import query
-from abci_app.testing import Chain, seeded_evm_key, seeded_key
 from protocol.committee import Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
+from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 
 pytestmark = pytest.mark.unit
 
@@ -59,20 +59,20 @@ def test_abci_crash_before_commit_replays_to_same_hash(tmp_path: Path) -> None:
     chain.block(blocks[1])
     committed = chain.state.app_hash
     # finalize block 3 but die before Commit
-    state = chain.state
-    state.begin_block(3, b"\x09" * 32)
+    machine = chain.machine
+    machine.begin_block(3, b"\x09" * 32)
     for i, raw in enumerate(blocks[3]):
-        state.deliver_tx(raw, i)
-    finalized = state.end_block()
+        machine.deliver_tx(raw, i)
+    finalized = machine.end_block()
     restarted = chain.reopen()
     assert restarted.state.height == 2 and restarted.state.app_hash == committed
     # CometBFT replays block 3: same bytes, same hash
-    state = restarted.state
-    state.begin_block(3, b"\x09" * 32)
+    machine = restarted.machine
+    machine.begin_block(3, b"\x09" * 32)
     for i, raw in enumerate(blocks[3]):
-        state.deliver_tx(raw, i)
-    assert state.end_block() == finalized
-    state.commit()
+        machine.deliver_tx(raw, i)
+    assert machine.end_block() == finalized
+    machine.commit()
     assert restarted.reopen().state.app_hash == finalized
 
 

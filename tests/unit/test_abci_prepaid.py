@@ -8,7 +8,6 @@ import pytest
 
 from abci_app.codes import Code
 from abci_app.settlement import MAX_VOUCHER_LIFETIME_S, model_key
-from abci_app.testing import EVM_CHAIN_ID, Chain, seeded_evm_key
 from protocol.committee import (
     Contribution,
     NodeWork,
@@ -23,6 +22,7 @@ from protocol.eip712 import address_of
 from protocol.payment import Voucher, parse_voucher_key, payment_domain, sign_voucher
 from shares.payouts import ComputeWork, EpochWork, PayerDebit, ShardHealth
 from shares.settlement import close_epoch
+from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key
 from tests.unit.test_abci_settlement import (
     ESCROW,
     GATEWAY,

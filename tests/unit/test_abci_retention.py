@@ -12,7 +12,6 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.queries import query
-from abci_app.testing import Chain, seeded_evm_key, seeded_key
 from protocol.committee import (
     AttestStake,
     CommitBatch,
@@ -24,11 +23,12 @@ from protocol.committee import (
     sign_registration,
 )
 from protocol.eip712 import address_of
+from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 
 pytestmark = pytest.mark.unit
 
 TTL = 10
-EPOCH = 5  # abci_app.testing.Chain's epoch length
+EPOCH = 5  # tests.committee_chain.Chain's epoch length
 RETENTION = 1
 SESSION = "0x" + "01" * 32
 

@@ -10,7 +10,6 @@ import secrets
 import pytest
 
 from abci_app.codes import Code
-from abci_app.testing import Chain, seeded_evm_key, seeded_key
 from protocol.committee import (
     SeedCommit,
     SeedReveal,
@@ -20,6 +19,7 @@ from protocol.committee import (
     sign,
 )
 from protocol.eip712 import address_of
+from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 from tests.unit.test_abci_state import VERDICT, ask, verdict_vote
 
 pytestmark = pytest.mark.unit

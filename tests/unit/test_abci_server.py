@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from abci_app.app import CommitteeApp
+from abci_app.encoding import FramingError, decode_uvarint, encode_uvarint
 from abci_app.proto import abci_pb
-from abci_app.server import AbciServer, FramingError, decode_uvarint, encode_uvarint, frame
-from abci_app.testing import Chain
+from abci_app.server import AbciServer, frame
+from tests.committee_chain import Chain
 
 pytestmark = pytest.mark.unit
 
@@ -67,7 +68,7 @@ class Exploding:
 
 @pytest.fixture
 async def server(tmp_path: Path) -> Any:
-    srv = AbciServer(CommitteeApp(Chain().state), f"unix://{tmp_path / 'abci.sock'}")
+    srv = AbciServer(CommitteeApp(Chain().machine), f"unix://{tmp_path / 'abci.sock'}")
     await srv.start()
     yield srv
     await srv.close()
@@ -173,7 +174,7 @@ def free_port() -> int:
 
 async def test_abci_server_tcp_full_block_cycle() -> None:
     chain = Chain()
-    srv = AbciServer(CommitteeApp(chain.state), f"tcp://127.0.0.1:{free_port()}")
+    srv = AbciServer(CommitteeApp(chain.machine), f"tcp://127.0.0.1:{free_port()}")
     await srv.start()
     client = await Client.connect(srv.bound_address)
     await client.send(

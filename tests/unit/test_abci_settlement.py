@@ -10,14 +10,6 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.queries import query
-from abci_app.testing import (
-    COMMITTEE_ADDRESS,
-    EVM_CHAIN_ID,
-    FRAUD_PROOFS_ADDRESS,
-    Chain,
-    seeded_evm_key,
-    seeded_key,
-)
 from protocol.committee import (
     Contribution,
     Heartbeat,
@@ -34,6 +26,14 @@ from protocol.eip712 import PayoutRoot, Verdict, address_of, committee_domain
 from shares.merkle import Payout, verify
 from shares.payouts import ComputeWork, EpochWork, SettledQuery, ShardHealth
 from shares.settlement import close_epoch
+from tests.committee_chain import (
+    COMMITTEE_ADDRESS,
+    EVM_CHAIN_ID,
+    FRAUD_PROOFS_ADDRESS,
+    Chain,
+    seeded_evm_key,
+    seeded_key,
+)
 from tests.unit.test_abci_state import hexkey, make_routable, register
 
 pytestmark = pytest.mark.unit
@@ -382,7 +382,7 @@ def test_settlement_hostile_bodies_are_malformed_never_a_crash(kind: str, body: 
     with pytest.raises(TxDecodeError):
         decode(raw)
     chain = settled_chain()
-    assert chain.state.check_tx(raw).code == Code.MALFORMED_TX
+    assert chain.machine.check_tx(raw).code == Code.MALFORMED_TX
 
 
 def test_settlement_tx_bodies_round_trip() -> None:

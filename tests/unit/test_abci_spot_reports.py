@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from abci_app.codes import Code
-from abci_app.spot_reports import verification_work
-from abci_app.testing import Chain
+from abci_app.settlement import verification_work
 from protocol.committee import (
     CommitBatch,
     CommitmentRecord,
@@ -21,6 +20,7 @@ from protocol.committee import (
 from protocol.spotcheck import Triple, checks_for, epoch_verifiers
 from shares.payouts import ComputeWork, EpochWork, SettledQuery, ShardHealth, VerificationWork
 from shares.settlement import close_epoch
+from tests.committee_chain import Chain
 from tests.unit.test_abci_seeds_accusations import _signer, commit
 from tests.unit.test_abci_settlement import (
     GATEWAY,

@@ -10,14 +10,6 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.queries import query
-from abci_app.testing import (
-    COMMITTEE_ADDRESS,
-    EVM_CHAIN_ID,
-    FRAUD_PROOFS_ADDRESS,
-    Chain,
-    seeded_evm_key,
-    seeded_key,
-)
 from protocol.committee import (
     AttestStake,
     CommitBatch,
@@ -31,6 +23,14 @@ from protocol.committee import (
     sign_registration,
 )
 from protocol.eip712 import Verdict, address_of, commitment_value, committee_domain
+from tests.committee_chain import (
+    COMMITTEE_ADDRESS,
+    EVM_CHAIN_ID,
+    FRAUD_PROOFS_ADDRESS,
+    Chain,
+    seeded_evm_key,
+    seeded_key,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -98,11 +98,11 @@ def test_abci_register_node_valid_becomes_join() -> None:
 
 def finalize_raw(chain: Chain, txs: list[bytes]) -> list:
     """Run a block without PrepareProposal's filtering (as a byzantine proposer could)."""
-    state = chain.state
-    state.begin_block(state.height + 1, b"\x00" * 32)
-    results = [state.deliver_tx(raw, i) for i, raw in enumerate(txs)]
-    state.end_block()
-    state.commit()
+    machine = chain.machine
+    machine.begin_block(chain.state.height + 1, b"\x00" * 32)
+    results = [machine.deliver_tx(raw, i) for i, raw in enumerate(txs)]
+    machine.end_block()
+    machine.commit()
     return results
 
 
@@ -116,24 +116,24 @@ def tampered(raw: bytes) -> bytes:
 def test_abci_bad_signature_rejected_in_check_proposal_and_block() -> None:
     chain = Chain()
     raw = tampered(chain.tx(Heartbeat(), seeded_key("n1")))
-    assert chain.state.check_tx(raw).code == Code.BAD_SIGNATURE
-    ok, reason = chain.state.process_proposal(1, [raw])
+    assert chain.machine.check_tx(raw).code == Code.BAD_SIGNATURE
+    ok, reason = chain.machine.process_proposal(1, [raw])
     assert not ok and "signature" in reason
-    assert chain.state.prepare_proposal(1, [raw], 1 << 20, None) == []
+    assert chain.machine.prepare_proposal(1, [raw], 1 << 20, None) == []
     assert finalize_raw(chain, [raw])[0].code == Code.BAD_SIGNATURE
 
 
 def test_abci_check_tx_malformed_rejected() -> None:
     chain = Chain()
-    assert chain.state.check_tx(b"{}").code == Code.MALFORMED_TX
-    assert chain.state.check_tx(b"\xff\xfe").code == Code.MALFORMED_TX
+    assert chain.machine.check_tx(b"{}").code == Code.MALFORMED_TX
+    assert chain.machine.check_tx(b"\xff\xfe").code == Code.MALFORMED_TX
 
 
 def test_abci_check_tx_injected_extension_tx_reserved() -> None:
     chain = Chain()
     chain.advance_to(5)
     vx = chain.extended_commit(5)
-    assert chain.state.check_tx(vx).code == Code.RESERVED_TX
+    assert chain.machine.check_tx(vx).code == Code.RESERVED_TX
 
 
 def test_abci_replayed_nonce_rejected_in_check_and_block() -> None:
@@ -142,9 +142,9 @@ def test_abci_replayed_nonce_rejected_in_check_and_block() -> None:
     first = chain.tx(Heartbeat(), key, nonce=2)
     assert chain.block([first])[0].code == Code.OK
     replay = chain.tx(Heartbeat(), key, nonce=2)
-    assert chain.state.check_tx(replay).code == Code.BAD_NONCE
+    assert chain.machine.check_tx(replay).code == Code.BAD_NONCE
     older = chain.tx(Heartbeat(), key, nonce=1)
-    assert chain.state.check_tx(older).code == Code.BAD_NONCE
+    assert chain.machine.check_tx(older).code == Code.BAD_NONCE
     assert chain.block([first])[0].code == Code.BAD_NONCE
     assert ask(chain, f"/nonce?account={hexkey(key)}")["nonce"] == 2
 
@@ -157,7 +157,7 @@ def test_abci_nonce_gaps_allowed_and_consumed_by_rejected_tx() -> None:
     assert result.code == Code.INVALID_LIFECYCLE
     # a known account's refused tx spends its nonce: the same bytes cannot be replayed later
     assert ask(chain, f"/nonce?account={hexkey(key)}")["nonce"] == 10
-    assert chain.state.check_tx(chain.tx(Heartbeat(), key, nonce=10)).code == Code.BAD_NONCE
+    assert chain.machine.check_tx(chain.tx(Heartbeat(), key, nonce=10)).code == Code.BAD_NONCE
 
 
 def test_abci_two_txs_same_account_one_block_in_order() -> None:
@@ -184,7 +184,7 @@ def test_abci_register_bad_evm_signature_rejected() -> None:
         register_body("n1"), evm_address=address_of(seeded_evm_key("someone-else"))
     )
     raw = chain.tx(body, seeded_key("n1"))
-    assert chain.state.check_tx(raw).code == Code.BAD_EVM_SIGNATURE
+    assert chain.machine.check_tx(raw).code == Code.BAD_EVM_SIGNATURE
     assert finalize_raw(chain, [raw])[0].code == Code.BAD_EVM_SIGNATURE
     assert query(chain.state, f"/node?key={hexkey(seeded_key('n1'))}", b"")[0] == Code.NOT_FOUND
 
@@ -547,9 +547,9 @@ def test_abci_prepare_proposal_respects_max_bytes_with_proto_overhead() -> None:
     txs = [chain.tx(Heartbeat(), seeded_key(f"k{i}")) for i in range(3)]
     # each tx costs tag (1) + uvarint length + bytes inside the block's Data message
     cost = [1 + (1 if len(t) < 128 else 2) + len(t) for t in txs]
-    assert chain.state.prepare_proposal(1, txs, cost[0] + cost[1], None) == txs[:2]
-    assert chain.state.prepare_proposal(1, txs, cost[0] + cost[1] - 1, None) == txs[:1]
+    assert chain.machine.prepare_proposal(1, txs, cost[0] + cost[1], None) == txs[:2]
+    assert chain.machine.prepare_proposal(1, txs, cost[0] + cost[1] - 1, None) == txs[:1]
     chain.advance_to(5)
     vx = chain.extended_commit(5)
     vx_cost = 1 + 2 + len(vx)
-    assert chain.state.prepare_proposal(6, txs, vx_cost + cost[0], vx) == [vx, txs[0]]
+    assert chain.machine.prepare_proposal(6, txs, vx_cost + cost[0], vx) == [vx, txs[0]]

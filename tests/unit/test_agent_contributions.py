@@ -12,10 +12,10 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.queries import query
-from abci_app.testing import Chain
 from node.agent.contributions import ContributionReporter
 from node.chain.committee_rpc import TxRejectedError
 from protocol.committee import NodeWork
+from tests.committee_chain import Chain
 from tests.unit.test_abci_settlement import (
     GATEWAY,
     evm_of,

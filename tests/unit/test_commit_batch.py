@@ -10,7 +10,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from abci_app.testing import seeded_key
 from protocol import commit_batch as cb
 from protocol.committee import (
     MAX_NONCE,
@@ -25,6 +24,7 @@ from protocol.committee import (
     sign,
 )
 from protocol.errors import ProtocolError
+from tests.committee_chain import seeded_key
 
 pytestmark = pytest.mark.unit
 

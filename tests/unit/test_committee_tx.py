@@ -12,7 +12,6 @@ import pytest
 from abci_app.app import CommitteeApp
 from abci_app.codes import Code
 from abci_app.proto import abci_pb
-from abci_app.testing import Chain, seeded_evm_key, seeded_key
 from protocol.canonical import canonical_json
 from protocol.committee import (
     SIGN_DOMAIN,
@@ -35,6 +34,7 @@ from protocol.committee import (
 )
 from protocol.eip712 import address_of
 from protocol.errors import ProtocolError
+from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 
 pytestmark = pytest.mark.unit
 
@@ -287,7 +287,7 @@ def test_committee_tx_fuzz_decode_raises_only_protocol_errors(body: object) -> N
 @pytest.mark.parametrize("body", BODIES, ids=lambda b: b.TYPE)
 def test_committee_tx_fuzz_check_tx_and_finalize_answer_with_codes(body: object) -> None:
     chain = Chain()
-    app = CommitteeApp(chain.state)
+    app = CommitteeApp(chain.machine)
     pb = abci_pb()
     raw = sign(body, KEY, 3).encode()
     mutants = _mutants(raw, seed=7 + len(body.TYPE))  # type: ignore[attr-defined]
@@ -297,11 +297,11 @@ def test_committee_tx_fuzz_check_tx_and_finalize_answer_with_codes(body: object)
         assert response.check_tx.code != Code.OK or decode(mutant).encode() == mutant
     # a byzantine proposer could put them straight into a block: ProcessProposal answers (it
     # does not raise), and FinalizeBlock gives each a named code
-    state = chain.state
-    height = state.height + 1
-    ok, reason = state.process_proposal(height, mutants[:50])
+    machine = chain.machine
+    height = chain.state.height + 1
+    ok, reason = machine.process_proposal(height, mutants[:50])
     assert isinstance(ok, bool) and isinstance(reason, str)
-    state.begin_block(height, bytes(32))
-    codes = [state.deliver_tx(mutant, i).code for i, mutant in enumerate(mutants[:50])]
-    state.end_block()
+    machine.begin_block(height, bytes(32))
+    codes = [machine.deliver_tx(mutant, i).code for i, mutant in enumerate(mutants[:50])]
+    machine.end_block()
     assert all(code in set(Code) for code in codes)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from abci_app.codes import Code
-from abci_app.testing import Chain
+from tests.committee_chain import Chain
 from tests.unit.test_abci_seeds_accusations import _signer, commit
 from tests.unit.test_abci_state import ask
 

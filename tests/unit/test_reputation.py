@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from abci_app.queries import query
-from abci_app.testing import Chain, seeded_evm_key, seeded_key
 from protocol.committee import RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from protocol.reputation import (
@@ -23,6 +22,7 @@ from protocol.reputation import (
     trajectory,
     update,
 )
+from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 
 pytestmark = pytest.mark.unit
 

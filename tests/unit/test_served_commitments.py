@@ -16,7 +16,6 @@ import torch
 
 from abci_app.codes import Code
 from abci_app.queries import query
-from abci_app.testing import Chain, seeded_evm_key, seeded_key
 from node.agent.commitments import Committer
 from node.chain.committee_rpc import TxRejectedError
 from node.model.fingerprint import fingerprint_bytes
@@ -28,6 +27,7 @@ from protocol.committee import RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from protocol.frames import make_frame, session_tag
 from protocol.served import RECORD_BYTES, SPOOL_MAGIC, decode_records, output_hash
+from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 
 pytestmark = pytest.mark.unit
 
@@ -181,14 +181,14 @@ class Sent:
 
 
 class ChainLink:
-    """The agent's link, answered by `abci_app.testing.Chain` (one block per submitted tx)."""
+    """The agent's link, answered by `tests.committee_chain.Chain` (one block per submitted tx)."""
 
     def __init__(self, chain: Chain, key: Any) -> None:
         self.chain, self.key, self.results = chain, key, {}
 
     async def submit(self, body: Any, *, binary: bool = False) -> Sent:
         raw = self.chain.batch_tx(body, self.key) if binary else self.chain.tx(body, self.key)
-        check = self.chain.state.check_tx(raw)
+        check = self.chain.machine.check_tx(raw)
         if check.code != Code.OK:
             raise TxRejectedError("chain", code=int(check.code), log_text=check.log)
         [result] = self.chain.block([raw])

@@ -1,9 +1,9 @@
 """An in-process committee chain for tests and benchmarks (no sockets, no CometBFT).
 
-`Chain` owns a `State` over a SQLite store, deterministic ed25519 validator keys and secp256k1
-operator keys, and runs blocks the way CometBFT drives the app: PrepareProposal →
-ProcessProposal → FinalizeBlock → Commit. Keys come from fixed seeds so every run (and every
-test) sees the same addresses and hashes.
+`Chain` owns a `StateMachine` (and its `State`) over a SQLite store, deterministic ed25519
+validator keys and secp256k1 operator keys, and runs blocks the way CometBFT drives the app:
+PrepareProposal → ProcessProposal → FinalizeBlock → Commit. Keys come from fixed seeds so every
+run (and every test) sees the same addresses and hashes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 from nacl.signing import SigningKey
 
 from abci_app import extensions
-from abci_app.state import State, TxResult, validator_address
+from abci_app.machine import StateMachine, TxResult
+from abci_app.state import State, validator_address
 from abci_app.store import Store
 from protocol.commit_batch import sign_batch
 from protocol.committee import SignedTx, sign
@@ -79,13 +80,15 @@ class Chain:
     genesis: dict[str, Any] = field(default_factory=dict)
     ve_enable_height: int = 1
     validators: list[Validator] = field(init=False)
+    machine: StateMachine = field(init=False)
     state: State = field(init=False)
     nonces: dict[str, int] = field(init=False, default_factory=dict)
     time_s: int = 0  # header time of the next blocks (unix seconds; tests move it)
 
     def __post_init__(self) -> None:
         self.validators = seeded_validators(self.powers)
-        self.state = State(Store(self.db))
+        self.machine = StateMachine(State(Store(self.db)))
+        self.state = self.machine.state
         if self.state.height == 0 and not self.state.chain_id:
             app_state = {
                 "epoch_length": 5,
@@ -98,7 +101,7 @@ class Chain:
                 "validators": {v.address: v.operator for v in self.validators},
                 **self.genesis,
             }
-            self.state.init_chain(
+            self.machine.init_chain(
                 CHAIN_ID,
                 [(v.pubkey, v.power) for v in self.validators],
                 json.dumps(app_state).encode(),
@@ -167,19 +170,20 @@ class Chain:
         invalid: dict[int, tuple[str, ...]] | None = None,
     ) -> list[TxResult]:
         """Propose, validate, finalize and commit the next block; returns the tx results."""
+        machine = self.machine
         height = self.state.height + 1
         vx = None
-        if self.state.vx_required(height):
+        if machine.vx_required(height):
             vx = self.extended_commit(height - 1, scores, invalid)
-        proposal = self.state.prepare_proposal(height, list(txs or []), 1 << 22, vx)
-        ok, reason = self.state.process_proposal(height, proposal)
+        proposal = machine.prepare_proposal(height, list(txs or []), 1 << 22, vx)
+        ok, reason = machine.process_proposal(height, proposal)
         if not ok:
             raise ProposalRejected(f"proposal rejected at height {height}: {reason}")
         digest = block_hash or hashlib.sha256(b"block/%d" % height).digest()
-        self.state.begin_block(height, digest, self.time_s)
-        results = [self.state.deliver_tx(raw, i) for i, raw in enumerate(proposal)]
-        self.state.end_block()
-        self.state.commit()
+        machine.begin_block(height, digest, self.time_s)
+        results = [machine.deliver_tx(raw, i) for i, raw in enumerate(proposal)]
+        machine.end_block()
+        machine.commit()
         if vx is not None:
             results = results[1:]
         return results

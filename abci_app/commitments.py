@@ -1,0 +1,125 @@
+"""Commit-reveal: compute nodes commit to their outputs, reveal them later; the chain keeps the
+evidence when a node equivocates or a reveal does not open its commitment (`commit`, `reveal`).
+
+- `commit`: per record `commit/<node>/<session>/<step>/<shard>` = {commitment, height}. The same
+  value again refuses the whole batch (DUPLICATE_COMMITMENT); a different value for a recorded
+  (session, step, shard) stores `equivocation` evidence instead of overwriting.
+- `reveal`: every record must have an unrevealed commitment by the signer (UNKNOWN_COMMITMENT,
+  ALREADY_REVEALED), else the whole batch is refused; the record gets {output_hash, salt,
+  revealed_height, match} and a mismatch stores `reveal_mismatch` evidence.
+- Evidence: `evidence/<id>`, id = 0x sha256 of the canonical record (also the verdict's
+  `evidenceHash`). Commitments and evidence are indexed for pruning (`rules.track`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from abci_app import rules, schema
+from abci_app.codes import Code
+from abci_app.state import State
+from protocol.canonical import canonical_json
+from protocol.committee import CommitBatch, RevealBatch, SignedTx
+from protocol.eip712 import commitment_value
+
+
+def evidence_id(record: dict[str, Any]) -> str:
+    """0x-hex sha256 of the canonical evidence record (also the verdict's `evidenceHash`)."""
+    return "0x" + hashlib.sha256(canonical_json(record)).hexdigest()
+
+
+def _store_evidence(state: State, record: dict[str, Any]) -> str:
+    ident = evidence_id(record)
+    if state.get(schema.EVIDENCE, ident) is None:
+        state.put(schema.EVIDENCE, ident, {**record, "id": ident, "height": state.block_height})
+        rules.track(state, schema.EVIDENCE, ident)
+    state.emit("planet.evidence", id=ident, kind=record["kind"], node=record["node"])
+    return ident
+
+
+def commit(state: State, tx: SignedTx) -> None:
+    body: CommitBatch = tx.body
+    rules.compute_node(state, tx.signer)
+    fresh: list[tuple[str, str]] = []
+    signer = tx.signer
+    # (session, step, shard) are unique within a batch: one lookup for all equals one per item
+    keys = [
+        schema.commitment_key(signer, item.session, item.step, item.shard)
+        for item in body.commitments
+    ]
+    stored = state.get_many(schema.COMMITMENT, keys)
+    for key, item in zip(keys, body.commitments, strict=True):
+        existing = stored.get(key)
+        if existing is None:
+            fresh.append((key, item.commitment))
+        elif existing["commitment"] == item.commitment:
+            rules.reject(Code.DUPLICATE_COMMITMENT, f"commitment {key} already recorded")
+        else:
+            _store_evidence(
+                state,
+                {
+                    "kind": "equivocation",
+                    "node": tx.signer,
+                    "session": item.session,
+                    "step": item.step,
+                    "shard": item.shard,
+                    "commitment": existing["commitment"],
+                    "other_commitment": item.commitment,
+                },
+            )
+    height = state.block_height
+    for key, value in fresh:
+        state.put(schema.COMMITMENT, key, {"commitment": value, "height": height})
+    rules.track_many(state, schema.COMMITMENT, [key for key, _ in fresh])
+    state.emit("planet.commit", node=tx.signer, count=len(fresh))
+
+
+def reveal(state: State, tx: SignedTx) -> None:
+    body: RevealBatch = tx.body
+    rules.compute_node(state, tx.signer)
+    checked: list[tuple[str, dict[str, Any], bool, Any]] = []
+    keys = [
+        schema.commitment_key(tx.signer, item.session, item.step, item.shard)
+        for item in body.reveals
+    ]
+    stored = state.get_many(schema.COMMITMENT, keys)
+    for key, item in zip(keys, body.reveals, strict=True):
+        existing = stored.get(key)
+        if existing is None:
+            rules.reject(Code.UNKNOWN_COMMITMENT, f"no commitment {key}")
+        if "revealed_height" in existing:
+            rules.reject(Code.ALREADY_REVEALED, f"commitment {key} was already revealed")
+        expected = commitment_value(
+            item.session, item.step, item.shard, item.output_hash, item.salt
+        )
+        checked.append((key, existing, "0x" + expected.hex() == existing["commitment"], item))
+    mismatches = 0
+    for key, existing, ok, item in checked:
+        state.put(
+            schema.COMMITMENT,
+            key,
+            {
+                **existing,
+                "output_hash": item.output_hash,
+                "salt": item.salt,
+                "revealed_height": state.block_height,
+                "match": ok,
+            },
+        )
+        if not ok:
+            mismatches += 1
+            _store_evidence(
+                state,
+                {
+                    "kind": "reveal_mismatch",
+                    "node": tx.signer,
+                    "session": item.session,
+                    "step": item.step,
+                    "shard": item.shard,
+                    "commitment": existing["commitment"],
+                    "output_hash": item.output_hash,
+                    "salt": item.salt,
+                },
+            )
+    state.emit("planet.reveal", node=tx.signer, count=len(checked), mismatches=mismatches)

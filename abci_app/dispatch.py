@@ -1,0 +1,43 @@
+"""The one dispatcher: tx type → the rule that executes it (each `handler(state, tx)` raises
+`Rejected` or writes through `state`; `machine.py` keeps or drops its writes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from abci_app import commitments, registry, seeds, settlement, spot_reports, verdicts
+from abci_app.state import State
+from protocol.committee import (
+    AttestStake,
+    CommitBatch,
+    Contribution,
+    Heartbeat,
+    Leave,
+    PayoutVote,
+    RegisterNode,
+    RevealBatch,
+    SeedCommit,
+    SeedReveal,
+    SignedTx,
+    SpotCheckReport,
+    VerdictVote,
+    WorkReport,
+)
+
+Handler = Callable[[State, SignedTx], None]
+
+HANDLERS: dict[str, Handler] = {
+    RegisterNode.TYPE: registry.register_node,
+    Heartbeat.TYPE: registry.heartbeat,
+    Leave.TYPE: registry.leave,
+    AttestStake.TYPE: registry.attest_stake,
+    CommitBatch.TYPE: commitments.commit,
+    RevealBatch.TYPE: commitments.reveal,
+    VerdictVote.TYPE: verdicts.verdict_vote,
+    SeedCommit.TYPE: seeds.seed_commit,
+    SeedReveal.TYPE: seeds.seed_reveal,
+    SpotCheckReport.TYPE: spot_reports.spot_check_report,
+    WorkReport.TYPE: settlement.work_report,
+    Contribution.TYPE: settlement.contribution,
+    PayoutVote.TYPE: settlement.payout_vote,
+}

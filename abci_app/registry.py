@@ -1,0 +1,195 @@
+"""The node registry: registration, lifecycle, stake, and what ends a registration.
+
+Txs (`register_node`, `heartbeat`, `leave`, `attest_stake`): each handler reads through
+`state.get`, refuses (`rules.reject`) before writing anything when a rule fails, and otherwise
+writes with `state.put`; a refused tx changes nothing but its signer's nonce.
+
+Lifecycle (`node/<key>.status`): JOIN at registration; a heartbeat makes JOIN/DOWN SERVING;
+`leave` makes it LEFT (final). Two height-driven rules end a node's standing, each checked at
+the exact height it is due (never a scan of all nodes):
+
+- **Heartbeat timeout**: a JOIN/SERVING node whose last heartbeat is more than
+  `heartbeat_timeout` blocks old becomes DOWN (`hbdue/<height>` index, `expire_heartbeats`).
+- **Unstaked registrations expire**: each registration schedules a check at
+  `registered_height + registration_ttl` (`regdue/<height>`, genesis `registration_ttl`,
+  default 100 blocks); an `attest_stake` that moves the agreed amount below `min_stake[role]`
+  schedules one at `height + registration_ttl`. At a check the node is deleted when it is
+  still not staked (agreed < min_stake of its role) and at least `registration_ttl` blocks
+  old: its `node/`, `evm/`, `rep/`, `stake/`, `acct/` entries go (`expire_registrations`).
+"""
+
+from __future__ import annotations
+
+from abci_app import rules, schema
+from abci_app.codes import Code
+from abci_app.state import State
+from protocol.committee import AttestStake, RegisterNode, SignedTx
+
+# the entries of a node key that an expired registration deletes (and `evm/<its address>`)
+NODE_NAMESPACES = (schema.NODE, schema.REPUTATION, schema.STAKE, schema.NONCE)
+
+
+# --- txs ----------------------------------------------------------------------------------------
+
+
+def register_node(state: State, tx: SignedTx) -> None:
+    body: RegisterNode = tx.body
+    if state.get(schema.NODE, tx.signer) is not None:
+        rules.reject(Code.ALREADY_REGISTERED, f"node {tx.signer} is already registered")
+    evm = body.evm_address.lower()
+    if state.get(schema.EVM_BINDING, evm) is not None:
+        rules.reject(
+            Code.EVM_ADDRESS_TAKEN, f"EVM address {body.evm_address} is bound to another node"
+        )
+    height = state.block_height
+    state.put(
+        schema.NODE,
+        tx.signer,
+        {
+            "key": tx.signer,
+            "evm_address": body.evm_address,
+            "role": body.role,
+            "model": body.model,
+            "shards": list(body.shards),
+            "endpoint": body.endpoint,
+            "capacity": body.capacity,
+            "status": schema.JOIN,
+            "status_height": height,
+            "registered_height": height,
+            "last_heartbeat": height,
+        },
+    )
+    state.put(schema.EVM_BINDING, evm, tx.signer)
+    rep = state.genesis.reputation
+    state.put(
+        schema.REPUTATION,
+        tx.signer,
+        {"r": rep.initial, "window": [], "epochs": 0, "last_epoch": 0},
+    )
+    schedule_heartbeat_check(state, tx.signer, height)
+    schedule_registration_check(state, tx.signer, height)
+    state.emit("planet.node", node=tx.signer, status=schema.JOIN)
+
+
+def heartbeat(state: State, tx: SignedTx) -> None:
+    node = rules.registered_node(state, tx.signer)
+    if node["status"] == schema.LEFT:
+        rules.reject(Code.INVALID_LIFECYCLE, f"node {tx.signer} has left")
+    height = state.block_height
+    updated = {**node, "last_heartbeat": height}
+    if node["status"] != schema.SERVING:
+        updated["status"] = schema.SERVING
+        updated["status_height"] = height
+        state.emit("planet.node", node=tx.signer, status=schema.SERVING)
+    state.put(schema.NODE, tx.signer, updated)
+    schedule_heartbeat_check(state, tx.signer, height)
+
+
+def leave(state: State, tx: SignedTx) -> None:
+    node = rules.registered_node(state, tx.signer)
+    if node["status"] == schema.LEFT:
+        rules.reject(Code.INVALID_LIFECYCLE, f"node {tx.signer} has already left")
+    state.put(
+        schema.NODE, tx.signer, {**node, "status": schema.LEFT, "status_height": state.block_height}
+    )
+    state.emit("planet.node", node=tx.signer, status=schema.LEFT)
+
+
+def attest_stake(state: State, tx: SignedTx) -> None:
+    """A validator's attestation; the agreed amount is the one attested by ≥ 2/3 of the power."""
+    body: AttestStake = tx.body
+    validator = rules.validator(state, tx.signer)
+    node = rules.registered_node(state, body.node)
+    record = state.get(schema.STAKE, body.node) or {
+        "attestations": {},
+        "agreed": None,
+        "height": 0,
+    }
+    attestations = {**record["attestations"], validator["address"]: str(body.amount)}
+    power_by_amount: dict[str, int] = {}
+    for address, amount in attestations.items():
+        power = state.by_address[address]["power"]
+        power_by_amount[amount] = power_by_amount.get(amount, 0) + power
+    agreed, height = record["agreed"], record["height"]
+    for amount in sorted(power_by_amount, key=int):
+        if state.has_two_thirds(power_by_amount[amount]) and amount != agreed:
+            agreed, height = amount, state.block_height
+            state.emit("planet.stake", node=body.node, amount=amount)
+    state.put(
+        schema.STAKE,
+        body.node,
+        {"attestations": attestations, "agreed": agreed, "height": height},
+    )
+    if agreed != record["agreed"] and not is_staked(state, node, body.node):
+        schedule_registration_check(state, body.node, state.block_height)
+
+
+# --- heartbeat timeouts -------------------------------------------------------------------------
+
+
+def schedule_heartbeat_check(state: State, node_key: str, last_heartbeat: int) -> None:
+    """Re-check `node_key` at the first height where it would be overdue."""
+    due = str(last_heartbeat + state.genesis.heartbeat_timeout + 1)
+    pending = state.get(schema.HEARTBEAT_DUE, due) or []
+    if node_key not in pending:
+        state.put(schema.HEARTBEAT_DUE, due, sorted([*pending, node_key]))
+
+
+def expire_heartbeats(state: State, height: int) -> None:
+    """EndBlock: the nodes due at `height` that sent no heartbeat since become DOWN."""
+    due = state.get(schema.HEARTBEAT_DUE, str(height))
+    if due is None:
+        return
+    timeout = state.genesis.heartbeat_timeout
+    for key in due:
+        node = state.get(schema.NODE, key)
+        if (
+            node
+            and node["status"] in (schema.JOIN, schema.SERVING)
+            and node["last_heartbeat"] + timeout < height
+        ):
+            state.put(schema.NODE, key, {**node, "status": schema.DOWN, "status_height": height})
+            state.emit("planet.node", node=key, status=schema.DOWN)
+    state.delete(schema.HEARTBEAT_DUE, str(height))
+
+
+# --- unstaked registrations ---------------------------------------------------------------------
+
+
+def schedule_registration_check(state: State, node_key: str, height: int) -> None:
+    due = str(height + state.genesis.registration_ttl)
+    pending = state.get(schema.REGISTRATION_DUE, due) or []
+    if node_key not in pending:
+        state.put(schema.REGISTRATION_DUE, due, sorted([*pending, node_key]))
+
+
+def is_staked(state: State, node: dict[str, object], node_key: str) -> bool:
+    stake = state.get(schema.STAKE, node_key)
+    agreed = stake["agreed"] if stake else None
+    minimum = state.genesis.min_stake.get(str(node["role"]), 0)
+    return agreed is not None and int(agreed) >= minimum
+
+
+def delete_node(state: State, node_key: str, node: dict[str, object]) -> None:
+    for ns in NODE_NAMESPACES:
+        if state.get(ns, node_key) is not None:
+            state.delete(ns, node_key)
+    evm = str(node["evm_address"]).lower()
+    if state.get(schema.EVM_BINDING, evm) == node_key:
+        state.delete(schema.EVM_BINDING, evm)
+
+
+def expire_registrations(state: State, height: int) -> None:
+    """EndBlock: delete the nodes due at `height` that are still not staked."""
+    due = state.get(schema.REGISTRATION_DUE, str(height))
+    if due is None:
+        return
+    ttl = state.genesis.registration_ttl
+    for key in due:
+        node = state.get(schema.NODE, key)
+        if node is None or height < node["registered_height"] + ttl:
+            continue
+        if not is_staked(state, node, key):
+            delete_node(state, key, node)
+            state.emit("planet.node", node=key, status=schema.EXPIRED)
+    state.delete(schema.REGISTRATION_DUE, str(height))
