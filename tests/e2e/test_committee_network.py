@@ -16,8 +16,9 @@ The tests run in file order on one network (module fixture) and build on each ot
 6. one app process killed: its cometbft stops with it (CometBFT cannot reconnect to a new app),
    `up` restarts both, the app replays from its SQLite state to the same app hash;
 7. grammar junk txs (issue #13) sent to every validator: named codes, one app hash;
-8. validator 3 restarted in the test-only Byzantine mode (junk proposals, junk vote
-   extensions): the other three keep committing across epoch ends with one app hash.
+8. validator 3 restarted with the test-only Byzantine app (`tests/byzantine_app.py`: junk
+   proposals, junk vote extensions): the other three keep committing across epoch ends with
+   one app hash.
 
 Ports: the first free block of 40 from 27100 on (step 100). Every wait is bounded; the fixture
 stops every process even on failure.
@@ -493,18 +494,22 @@ def test_committee_hostile_txs_to_every_validator_keep_one_app_hash(net: Path) -
 
 
 def _spawn_byzantine(directory: Path, index: int) -> None:
-    """Restart validator `index` with its app in the test-only Byzantine mode (junk proposals
-    and junk vote extensions); pid files let `planet committee down` stop it as usual."""
-    from abci_app import hostile
+    """Restart validator `index` with the test-only Byzantine app (`tests/byzantine_app.py`:
+    junk proposals and junk vote extensions) in place of its app; pid files let `planet
+    committee down` stop it as usual."""
     from deploy.committee import app_command, cometbft_command, load_network
 
     network = load_network(directory)
     validator = network.validators[index]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", hostile.ENV: hostile.ARMED_VALUE}
+    root = str(Path(__file__).resolve().parents[2])
+    pythonpath = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath}
     if os.environ.get("PLANET_BYZANTINE_PYTHONPATH"):  # to run the attacker from other code
         env["PYTHONPATH"] = os.environ["PLANET_BYZANTINE_PYTHONPATH"]
+    python, _, module, *arguments = app_command(validator)
+    assert module == "abci_app", module
     commands = [
-        ("app", [*app_command(validator), hostile.FLAG]),
+        ("app", [python, "-m", "tests.byzantine_app", *arguments]),
         ("cometbft", cometbft_command(network, validator)),
     ]
     for process, argv in commands:
