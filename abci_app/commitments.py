@@ -20,7 +20,8 @@ from abci_app import rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol.canonical import canonical_json
-from protocol.committee import CommitBatch, RevealBatch, SignedTx
+from protocol.committee.commitments import CommitBatch, RevealBatch
+from protocol.committee.envelope import SignedTx
 from protocol.eip712 import commitment_value
 
 

@@ -7,22 +7,11 @@ from collections.abc import Callable
 
 from abci_app import commitments, registry, seeds, settlement, spot_reports, verdicts
 from abci_app.state import State
-from protocol.committee import (
-    AttestStake,
-    CommitBatch,
-    Contribution,
-    Heartbeat,
-    Leave,
-    PayoutVote,
-    RegisterNode,
-    RevealBatch,
-    SeedCommit,
-    SeedReveal,
-    SignedTx,
-    SpotCheckReport,
-    VerdictVote,
-    WorkReport,
-)
+from protocol.committee.commitments import CommitBatch, RevealBatch
+from protocol.committee.envelope import SignedTx
+from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
+from protocol.committee.settlement import Contribution, PayoutVote, WorkReport
+from protocol.committee.verification import SeedCommit, SeedReveal, SpotCheckReport, VerdictVote
 
 Handler = Callable[[State, SignedTx], None]
 

@@ -30,13 +30,9 @@ from abci_app.dispatch import HANDLERS
 from abci_app.encoding import proto_tx_size
 from abci_app.state import Event, State
 from protocol.commit_batch import decode_tx, is_batch
-from protocol.committee import (
-    RegisterNode,
-    SignedTx,
-    TxDecodeError,
-    TxSignatureError,
-    recover_registration,
-)
+from protocol.committee.envelope import SignedTx, TxSignatureError
+from protocol.committee.grammar import TxDecodeError
+from protocol.committee.registry import RegisterNode, recover_registration
 from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ from __future__ import annotations
 from abci_app import rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
-from protocol.committee import AttestStake, RegisterNode, SignedTx
+from protocol.committee.envelope import SignedTx
+from protocol.committee.registry import AttestStake, RegisterNode
 
 # the entries of a node key that an expired registration deletes (and `evm/<its address>`)
 NODE_NAMESPACES = (schema.NODE, schema.REPUTATION, schema.STAKE, schema.NONCE)

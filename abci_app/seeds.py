@@ -20,7 +20,8 @@ from __future__ import annotations
 from abci_app import rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
-from protocol.committee import SeedCommit, SeedReveal, SignedTx, seed_commitment
+from protocol.committee.envelope import SignedTx
+from protocol.committee.verification import SeedCommit, SeedReveal, seed_commitment
 
 MAX_AHEAD = 2  # a commitment may name at most the epoch after next
 

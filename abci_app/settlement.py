@@ -66,7 +66,8 @@ from typing import Any
 from abci_app import rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
-from protocol.committee import Contribution, PayoutVote, PrepaidItem, SignedTx, WorkReport
+from protocol.committee.envelope import SignedTx
+from protocol.committee.settlement import Contribution, PayoutVote, PrepaidItem, WorkReport
 from protocol.eip712 import PayoutRoot, committee_domain, recover_digest
 from protocol.errors import ProtocolError
 from protocol.payment import Voucher, payment_domain

@@ -23,7 +23,8 @@ from __future__ import annotations
 from abci_app import rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
-from protocol.committee import SignedTx, SpotCheckReport
+from protocol.committee.envelope import SignedTx
+from protocol.committee.verification import SpotCheckReport
 from protocol.spotcheck import Triple, assign_verifier, epoch_verifiers, is_selected
 
 MAX_REPORT_LAG = 2  # epochs after e during which e's checks may still be reported

@@ -27,7 +27,8 @@ from __future__ import annotations
 from abci_app import rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
-from protocol.committee import SignedTx, VerdictVote
+from protocol.committee.envelope import SignedTx
+from protocol.committee.verification import VerdictVote
 from protocol.eip712 import Verdict, committee_domain, recover_digest
 from protocol.errors import ProtocolError
 

@@ -30,13 +30,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import machine
-from protocol.committee import (
-    CommitBatch,
-    CommitmentRecord,
-    Heartbeat,
-    RegisterNode,
-    sign_registration,
-)
+from protocol.committee.commitments import CommitBatch, CommitmentRecord
+from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 

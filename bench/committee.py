@@ -103,7 +103,8 @@ class PlanetTxs:
     async def prepare(self, rpcs: list[CommitteeRpc], workers: int) -> None:
         from eth_account import Account
 
-        from protocol import committee as txs
+        from protocol.committee.envelope import SIGN_DOMAIN, sign
+        from protocol.committee.registry import RegisterNode, sign_registration
 
         registrations = []
         for worker in range(workers):
@@ -112,16 +113,16 @@ class PlanetTxs:
             self._keys.append(key)
             evm = Account.from_key(hashlib.sha256(seed + b"/evm").digest())
             node_hex = key.verify_key.encode().hex()
-            body = txs.RegisterNode(
+            body = RegisterNode(
                 evm_address=evm.address,
-                evm_signature=txs.sign_registration(evm.key, node_hex),
+                evm_signature=sign_registration(evm.key, node_hex),
                 role="compute",
                 model="smollm2-135m",
                 shards=(worker % 3,),
                 endpoint=f"http://127.0.0.1:{20000 + worker}",
                 capacity=8,
             )
-            registrations.append(txs.sign(body, key, 1).encode())
+            registrations.append(sign(body, key, 1).encode())
         sent = await asyncio.gather(
             *(rpcs[i % len(rpcs)].broadcast_tx_sync(tx) for i, tx in enumerate(registrations))
         )
@@ -130,7 +131,7 @@ class PlanetTxs:
         if failed:
             raise RuntimeError(f"{len(failed)} registrations failed: {failed[0].log}")
         log.info("registered nodes=%d", workers)
-        self._domain = txs.SIGN_DOMAIN
+        self._domain = SIGN_DOMAIN
         self._signers = [key.verify_key.encode().hex() for key in self._keys]
         self._sessions = [
             "0x" + hashlib.sha256(f"{self.run_id}/s/{w}".encode()).hexdigest()
@@ -181,10 +182,11 @@ class PlanetTxs:
 
     def make_reference(self, worker: int, seq: int) -> bytes:
         """The same tx through `protocol.committee`'s dataclasses (slow; for the check)."""
-        from protocol import committee as txs
+        from protocol.committee.commitments import CommitBatch, CommitmentRecord
+        from protocol.committee.envelope import sign
 
         records = tuple(
-            txs.CommitmentRecord(
+            CommitmentRecord(
                 session=self._sessions[worker],
                 step=seq * self.batch + item,
                 shard=worker % 3,
@@ -193,7 +195,7 @@ class PlanetTxs:
             )
             for item in range(self.batch)
         )
-        return txs.sign(txs.CommitBatch(records), self._keys[worker], seq + 2).encode()
+        return sign(CommitBatch(records), self._keys[worker], seq + 2).encode()
 
 
 # -- the load ----------------------------------------------------------------------------------
@@ -392,7 +394,7 @@ def app_cpu_per_record(batches_per_block: int = 10, blocks: int = 4) -> dict[str
     blocks of `batches_per_block` binary batches of 1 024 records (fresh txs: each is decoded
     and verified once, as for txs arriving by gossip), and the same for plain one-record txs."""
     from protocol import commit_batch
-    from protocol.committee import RegisterNode, sign_registration
+    from protocol.committee.registry import RegisterNode, sign_registration
     from protocol.eip712 import address_of
     from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 

@@ -51,17 +51,9 @@ from typing import Any
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
-from protocol.committee import (
-    MAX_NONCE,
-    MAX_TX_BYTES,
-    CommitBatch,
-    CommitmentRecord,
-    RevealBatch,
-    RevealRecord,
-    TxDecodeError,
-    TxSignatureError,
-    decode,
-)
+from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
+from protocol.committee.envelope import MAX_TX_BYTES, TxSignatureError, decode
+from protocol.committee.grammar import MAX_NONCE, TxDecodeError
 from protocol.errors import ProtocolError
 
 MAGIC = b"\x01PCB"

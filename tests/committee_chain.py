@@ -21,7 +21,7 @@ from abci_app.machine import StateMachine, TxResult
 from abci_app.state import State, validator_address
 from abci_app.store import Store
 from protocol.commit_batch import sign_batch
-from protocol.committee import SignedTx, sign
+from protocol.committee.envelope import SignedTx, sign
 from protocol.eip712 import address_of
 
 CHAIN_ID = "planet-test"

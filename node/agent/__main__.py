@@ -29,7 +29,7 @@ from node.chain.committee_link import CommitteeLink
 from node.keys import PasswordSource, load_node_key, load_wallet
 from node.model.manifest import Manifest
 from node.procs import run_service
-from protocol.committee import sign_registration
+from protocol.committee.registry import sign_registration
 from protocol.errors import UnavailableError
 
 log = logging.getLogger("node.agent")

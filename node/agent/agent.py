@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
 from node.retry import Backoff, Stopped, retry, sleep_or_stop
-from protocol.committee import Heartbeat, Leave, RegisterNode
+from protocol.committee.registry import Heartbeat, Leave, RegisterNode
 from protocol.errors import PlanetError, RemoteError, UnavailableError
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
 from protocol import served as spool_format
-from protocol.committee import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
+from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
 from protocol.served import (
     RECORD_BYTES,
     SPOOL_MAGIC,

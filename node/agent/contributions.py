@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
-from protocol.committee import Contribution, ShardWork
+from protocol.committee.settlement import Contribution, ShardWork
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,8 @@ from nacl.signing import SigningKey
 
 from node.chain.committee_rpc import CommitteeRpc, TxRejectedError, TxResult, tx_hash
 from protocol.commit_batch import sign_batch
-from protocol.committee import ROLES, sign
+from protocol.committee.envelope import sign
+from protocol.committee.registry import ROLES
 from protocol.errors import RemoteError, UnavailableError
 
 log = logging.getLogger(__name__)

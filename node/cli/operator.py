@@ -349,7 +349,7 @@ def _join(args: argparse.Namespace) -> int:
 async def _send_leave(config: Any, key: str) -> dict[str, Any] | None:
     from node.chain.committee_link import CommitteeLink
     from node.keys import load_node_key
-    from protocol.committee import Leave
+    from protocol.committee.registry import Leave
 
     node_key = load_node_key(config.node_key_path, _password(config))
     if node_key.verify_key.encode().hex() != key:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
-from protocol.committee import MAX_REPORT_ITEMS, NodeWork, PrepaidItem, WorkReport
+from protocol.committee.settlement import MAX_REPORT_ITEMS, NodeWork, PrepaidItem, WorkReport
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ import aiohttp
 
 from node.verifier.ticket_client import spot_check
 from node.verifier.tickets import TicketResult
-from protocol.committee import MAX_SPOT_REPORT, SpotCheckReport
+from protocol.committee.verification import MAX_SPOT_REPORT, SpotCheckReport
 from protocol.errors import PlanetError
 from protocol.fingerprint import Tolerance
 from protocol.spotcheck import (

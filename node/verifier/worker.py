@@ -38,7 +38,7 @@ from node.verifier.report import SCORES_FILE, write_scores
 from node.verifier.scoring import Challenge, CredibilityMap
 from node.verifier.seedbook import SeedBook
 from node.verifier.tickets import TicketResult, verdict_for
-from protocol.committee import SeedCommit, SeedReveal, VerdictVote, seed_commitment
+from protocol.committee.verification import SeedCommit, SeedReveal, VerdictVote, seed_commitment
 from protocol.eip712 import OFFENCE_FAILED_VERIFICATION, Verdict, address_of, committee_domain
 from protocol.errors import PlanetError
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
 from node.chain.evm import ContractRevert
-from protocol.committee import PayoutVote
+from protocol.committee.settlement import PayoutVote
 from protocol.eip712 import Domain, PayoutRoot
 from protocol.errors import ConfigError
 

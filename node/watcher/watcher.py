@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
-from protocol.committee import AttestStake
+from protocol.committee.registry import AttestStake
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ from nacl.signing import SigningKey
 from deploy.committee import load_network, read_operator_key, set_genesis_evm
 from node.chain.committee_rpc import CommitteeRpc
 from node.verifier.worker import failed_verification_verdict
-from protocol.committee import VerdictVote, sign
+from protocol.committee.envelope import sign
+from protocol.committee.verification import VerdictVote
 from protocol.eip712 import committee_domain
 from tests.e2e.test_committee_network import _free_base_port, _planet_command, planet
 

@@ -49,7 +49,9 @@ from nacl.signing import SigningKey
 from abci_app.codes import Code
 from abci_app.extensions import VX_PREFIX
 from node.chain.committee_rpc import CommitteeRpc, TxRejectedError, decode_block_txs
-from protocol import committee as txs
+from protocol.committee.commitments import CommitBatch, CommitmentRecord
+from protocol.committee.envelope import sign
+from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
 
 pytestmark = pytest.mark.e2e
 
@@ -140,16 +142,16 @@ class Account_:
 
     def registration(self, index: int) -> bytes:
         evm = Account.from_key(hashlib.sha256(self.key.encode() + b"/evm").digest())
-        body = txs.RegisterNode(
+        body = RegisterNode(
             evm_address=evm.address,
-            evm_signature=txs.sign_registration(evm.key, self.hex),
+            evm_signature=sign_registration(evm.key, self.hex),
             role="compute",
             model="smollm2-135m",
             shards=(index % 3,),
             endpoint=f"http://127.0.0.1:{28000 + index}",
             capacity=4,
         )
-        return txs.sign(body, self.key, 1).encode()
+        return sign(body, self.key, 1).encode()
 
     def commit_batch(self, size: int) -> bytes:
         records = []
@@ -157,11 +159,11 @@ class Account_:
             self.steps += 1
             digest = hashlib.sha256(f"{self.session}/{self.steps}".encode()).hexdigest()
             records.append(
-                txs.CommitmentRecord(
+                CommitmentRecord(
                     session=self.session, step=self.steps, shard=0, commitment="0x" + digest
                 )
             )
-        return txs.sign(txs.CommitBatch(tuple(records)), self.key, self.next_nonce()).encode()
+        return sign(CommitBatch(tuple(records)), self.key, self.next_nonce()).encode()
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +338,7 @@ def test_committee_txs_registration_and_commit_batches_committed(
             )
             assert len(recorded["commitments"]) == 8
             # a tx reusing a committed nonce is refused by CheckTx
-            stale = txs.sign(txs.Heartbeat(), accounts[0].key, 1).encode()
+            stale = sign(Heartbeat(), accounts[0].key, 1).encode()
             with pytest.raises(TxRejectedError) as raised:
                 await rpcs[0].broadcast_tx_sync(stale)
             assert raised.value.tx_code == Code.BAD_NONCE
@@ -356,8 +358,8 @@ def _stake_attestations(directory: Path, nodes: list[str]) -> list[tuple[int, by
         )
         key = SigningKey(base64.b64decode(doc["priv_key"]["value"])[:32])
         for nonce, node in enumerate(nodes, start=1_000):
-            body = txs.AttestStake(node=node, amount=10**18)
-            out.append((index, txs.sign(body, key, nonce).encode()))
+            body = AttestStake(node=node, amount=10**18)
+            out.append((index, sign(body, key, nonce).encode()))
     return out
 
 

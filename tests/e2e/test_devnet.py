@@ -245,7 +245,7 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devn
         pytest.skip("this checkout has no gateway")
     from node.chain.evm import ContractRevert, Deployment, PlanetChain
     from node.keys import load_wallet
-    from protocol.committee import Contribution, NodeWork, ShardWork, WorkReport
+    from protocol.committee.settlement import Contribution, NodeWork, ShardWork, WorkReport
     from protocol.eip712 import PayoutRoot, committee_domain, committee_signatures, queries_hash
 
     operators = [a for a in devnet["accounts"] if a["name"].startswith("node")]
@@ -368,7 +368,7 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
         pytest.skip("this checkout has no gateway")
     from node.gateway.settlement import prepaid_item
     from node.keys import load_node_key, load_wallet
-    from protocol.committee import WorkReport
+    from protocol.committee.settlement import WorkReport
 
     password = Path(devnet["password_file"]).read_text()
     payer = load_wallet(Path(devnet["dir"]) / "user" / "wallet.json", password).address.lower()

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from protocol.committee import seed_commitment
+from protocol.committee.verification import seed_commitment
 from protocol.eip712 import address_of
 from tests.integration.gateway_net import prepared_manifest, wait_for
 from tests.integration.verifier_net import VerifierNet

@@ -48,7 +48,14 @@ from node.server.launcher import (
     stop_pid,
     wait_healthy,
 )
-from protocol.committee import AttestStake, Heartbeat, Leave, RegisterNode, sign, sign_registration
+from protocol.committee.envelope import sign
+from protocol.committee.registry import (
+    AttestStake,
+    Heartbeat,
+    Leave,
+    RegisterNode,
+    sign_registration,
+)
 from protocol.eip712 import ROLE_COMPUTE, address_of, as_bytes32
 from protocol.payment import QueryPayment, Voucher, payment_domain, sign_payment, sign_voucher
 

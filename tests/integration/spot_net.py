@@ -34,7 +34,7 @@ from node.keys import PASSWORD_ENV, create_node_key
 from node.server.cheat import CONFIRM, ENV
 from node.server.launcher import start_node, wait_healthy
 from protocol.commit_batch import sign_batch
-from protocol.committee import sign
+from protocol.committee.envelope import sign
 from tests.integration.gateway_net import (
     PASSWORD,
     Committee,

@@ -28,17 +28,10 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
-from protocol.committee import (
-    CommitBatch,
-    CommitmentRecord,
-    Heartbeat,
-    RegisterNode,
-    RevealBatch,
-    RevealRecord,
-    VerdictVote,
-    sign,
-    sign_registration,
-)
+from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
+from protocol.committee.envelope import sign
+from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
+from protocol.committee.verification import VerdictVote
 from protocol.eip712 import Verdict, address_of, commitment_value, committee_domain
 from protocol.reputation import ReputationParams, update
 from tests.committee_chain import seeded_evm_key, seeded_key

@@ -43,7 +43,8 @@ from abci_app.encoding import decode_uvarint
 from abci_app.proto import abci_pb
 from abci_app.server import frame
 from protocol.canonical import canonical_json
-from protocol.committee import Heartbeat, RegisterNode, decode, sign, sign_registration
+from protocol.committee.envelope import decode, sign
+from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from tests.committee_chain import CHAIN_ID, seeded_evm_key, seeded_key, seeded_validators
 from tests.integration.test_abci_cometbft import ROOT, Net, free_ports, open_net

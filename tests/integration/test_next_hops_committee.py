@@ -26,7 +26,8 @@ from node.client.pipeline import Hop
 from node.model.prepare import prepare
 from node.model.testing import make_tiny_model
 from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
-from protocol.committee import AttestStake, Heartbeat, RegisterNode, sign, sign_registration
+from protocol.committee.envelope import sign
+from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from tests.integration.gateway_net import (
     Committee,

@@ -13,14 +13,8 @@ from abci_app import machine
 from abci_app.codes import Code
 from abci_app.queries import query
 from protocol import commit_batch as cb
-from protocol.committee import (
-    CommitBatch,
-    CommitmentRecord,
-    RegisterNode,
-    RevealBatch,
-    RevealRecord,
-    sign_registration,
-)
+from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
+from protocol.committee.registry import RegisterNode, sign_registration
 from protocol.eip712 import address_of, commitment_value
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 

@@ -14,7 +14,7 @@ from abci_app.codes import Code
 from abci_app.encoding import encode_uvarint
 from abci_app.proto import abci_pb, canonical_pb
 from abci_app.queries import query
-from protocol.committee import RegisterNode, sign_registration
+from protocol.committee.registry import RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from tests.committee_chain import CHAIN_ID, Chain, seeded_evm_key, seeded_key
 

@@ -14,7 +14,7 @@ from abci_app.app import CommitteeApp
 from abci_app.codes import Code
 from abci_app.proto import abci_pb
 from protocol.canonical import canonical_json
-from protocol.committee import AttestStake, Heartbeat
+from protocol.committee.registry import AttestStake, Heartbeat
 from tests.committee_chain import CHAIN_ID, Chain, seeded_key
 
 pytestmark = pytest.mark.unit
@@ -234,7 +234,7 @@ def test_abci_hostile_fresh_key_refused_tx_writes_no_account_entry() -> None:
 
 def test_abci_hostile_tx_cache_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     from abci_app import machine
-    from protocol.committee import CommitBatch, CommitmentRecord
+    from protocol.committee.commitments import CommitBatch, CommitmentRecord
 
     monkeypatch.setattr(machine, "TX_CACHE_BYTES", 1 << 20)
     chain = Chain()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from abci_app.queries import query
-from protocol.committee import Heartbeat, RegisterNode, sign_registration
+from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 

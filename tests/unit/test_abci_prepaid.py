@@ -8,16 +8,9 @@ import pytest
 
 from abci_app.codes import Code
 from abci_app.settlement import MAX_VOUCHER_LIFETIME_S, model_key
-from protocol.committee import (
-    Contribution,
-    NodeWork,
-    PrepaidItem,
-    ShardWork,
-    TxDecodeError,
-    WorkReport,
-    decode,
-    sign,
-)
+from protocol.committee.envelope import decode, sign
+from protocol.committee.grammar import TxDecodeError
+from protocol.committee.settlement import Contribution, NodeWork, PrepaidItem, ShardWork, WorkReport
 from protocol.eip712 import address_of
 from protocol.payment import Voucher, parse_voucher_key, payment_domain, sign_voucher
 from shares.payouts import ComputeWork, EpochWork, PayerDebit, ShardHealth

@@ -12,16 +12,8 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.queries import query
-from protocol.committee import (
-    AttestStake,
-    CommitBatch,
-    CommitmentRecord,
-    Heartbeat,
-    RegisterNode,
-    RevealBatch,
-    RevealRecord,
-    sign_registration,
-)
+from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
+from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 

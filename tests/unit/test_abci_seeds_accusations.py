@@ -10,14 +10,9 @@ import secrets
 import pytest
 
 from abci_app.codes import Code
-from protocol.committee import (
-    SeedCommit,
-    SeedReveal,
-    TxDecodeError,
-    decode,
-    seed_commitment,
-    sign,
-)
+from protocol.committee.envelope import decode, sign
+from protocol.committee.grammar import TxDecodeError
+from protocol.committee.verification import SeedCommit, SeedReveal, seed_commitment
 from protocol.eip712 import address_of
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 from tests.unit.test_abci_state import VERDICT, ask, verdict_vote

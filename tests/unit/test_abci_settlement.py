@@ -10,18 +10,11 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.queries import query
-from protocol.committee import (
-    Contribution,
-    Heartbeat,
-    NodeWork,
-    PayoutVote,
-    ShardWork,
-    TxDecodeError,
-    VerdictVote,
-    WorkReport,
-    decode,
-    sign,
-)
+from protocol.committee.envelope import decode, sign
+from protocol.committee.grammar import TxDecodeError
+from protocol.committee.registry import Heartbeat
+from protocol.committee.settlement import Contribution, NodeWork, PayoutVote, ShardWork, WorkReport
+from protocol.committee.verification import VerdictVote
 from protocol.eip712 import PayoutRoot, Verdict, address_of, committee_domain
 from shares.merkle import Payout, verify
 from shares.payouts import ComputeWork, EpochWork, SettledQuery, ShardHealth
@@ -337,7 +330,7 @@ def test_settlement_same_txs_give_the_same_app_hash() -> None:
 def _raw(body_json: dict, kind: str) -> bytes:
     """A correctly signed tx around an arbitrary body (bypassing the dataclasses)."""
     from protocol.canonical import canonical_json
-    from protocol.committee import SIGN_DOMAIN
+    from protocol.committee.envelope import SIGN_DOMAIN
 
     key = GATEWAY
     unsigned = {"body": body_json, "nonce": 1, "signer": hexkey(key), "type": kind}

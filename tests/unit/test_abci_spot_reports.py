@@ -8,15 +8,10 @@ import pytest
 
 from abci_app.codes import Code
 from abci_app.settlement import verification_work
-from protocol.committee import (
-    CommitBatch,
-    CommitmentRecord,
-    Contribution,
-    NodeWork,
-    ShardWork,
-    SpotCheckReport,
-    TxDecodeError,
-)
+from protocol.committee.commitments import CommitBatch, CommitmentRecord
+from protocol.committee.grammar import TxDecodeError
+from protocol.committee.settlement import Contribution, NodeWork, ShardWork
+from protocol.committee.verification import SpotCheckReport
 from protocol.spotcheck import Triple, checks_for, epoch_verifiers
 from shares.payouts import ComputeWork, EpochWork, SettledQuery, ShardHealth, VerificationWork
 from shares.settlement import close_epoch

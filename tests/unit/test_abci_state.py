@@ -10,18 +10,15 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.queries import query
-from protocol.committee import (
+from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
+from protocol.committee.registry import (
     AttestStake,
-    CommitBatch,
-    CommitmentRecord,
     Heartbeat,
     Leave,
     RegisterNode,
-    RevealBatch,
-    RevealRecord,
-    VerdictVote,
     sign_registration,
 )
+from protocol.committee.verification import VerdictVote
 from protocol.eip712 import Verdict, address_of, commitment_value, committee_domain
 from tests.committee_chain import (
     COMMITTEE_ADDRESS,

@@ -12,7 +12,7 @@ import pytest
 from node.agent.agent import AgentConfig, FatalAgentError, NodeAgent, heartbeat_interval
 from node.chain.committee_rpc import TxRejectedError
 from node.retry import Backoff, Stopped, retry
-from protocol.committee import Heartbeat, Leave, RegisterNode
+from protocol.committee.registry import Heartbeat, Leave, RegisterNode
 from protocol.errors import RemoteError, UnavailableError
 
 pytestmark = pytest.mark.unit

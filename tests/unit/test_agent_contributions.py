@@ -14,7 +14,7 @@ from abci_app.codes import Code
 from abci_app.queries import query
 from node.agent.contributions import ContributionReporter
 from node.chain.committee_rpc import TxRejectedError
-from protocol.committee import NodeWork
+from protocol.committee.settlement import NodeWork
 from tests.committee_chain import Chain
 from tests.unit.test_abci_settlement import (
     GATEWAY,

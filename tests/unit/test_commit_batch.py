@@ -11,18 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import commit_batch as cb
-from protocol.committee import (
-    MAX_NONCE,
-    MAX_TX_BYTES,
-    CommitBatch,
-    CommitmentRecord,
-    Heartbeat,
-    RevealBatch,
-    RevealRecord,
-    TxDecodeError,
-    TxSignatureError,
-    sign,
-)
+from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
+from protocol.committee.envelope import MAX_TX_BYTES, TxSignatureError, sign
+from protocol.committee.grammar import MAX_NONCE, TxDecodeError
+from protocol.committee.registry import Heartbeat
 from protocol.errors import ProtocolError
 from tests.committee_chain import seeded_key
 

@@ -10,7 +10,8 @@ from nacl.signing import SigningKey
 
 from node.chain.committee_link import CommitteeLink
 from node.chain.committee_rpc import BroadcastResult, TxRejectedError, tx_hash
-from protocol.committee import Heartbeat, decode
+from protocol.committee.envelope import decode
+from protocol.committee.registry import Heartbeat
 from protocol.errors import RemoteError, UnavailableError
 
 pytestmark = pytest.mark.unit

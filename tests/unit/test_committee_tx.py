@@ -13,25 +13,18 @@ from abci_app.app import CommitteeApp
 from abci_app.codes import Code
 from abci_app.proto import abci_pb
 from protocol.canonical import canonical_json
-from protocol.committee import (
-    SIGN_DOMAIN,
+from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
+from protocol.committee.envelope import SIGN_DOMAIN, SignedTx, TxSignatureError, decode, sign
+from protocol.committee.grammar import TxDecodeError
+from protocol.committee.registry import (
     AttestStake,
-    CommitBatch,
-    CommitmentRecord,
     Heartbeat,
     Leave,
     RegisterNode,
-    RevealBatch,
-    RevealRecord,
-    SignedTx,
-    TxDecodeError,
-    TxSignatureError,
-    VerdictVote,
-    decode,
     recover_registration,
-    sign,
     sign_registration,
 )
+from protocol.committee.verification import VerdictVote
 from protocol.eip712 import address_of
 from protocol.errors import ProtocolError
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key

@@ -10,7 +10,7 @@ import pytest
 
 from abci_app.codes import Code
 from node.gateway.settlement import DebitTracker, WorkLedger
-from protocol.committee import Contribution, ShardWork
+from protocol.committee.settlement import Contribution, ShardWork
 from protocol.payment import Receipt, Voucher, circuit_hash, receipt_json, sign_voucher
 from protocol.payment import parse_voucher_key as parse_voucher
 from tests.unit.test_abci_prepaid import MODEL_ID, NOW, PAYER_KEYS, PAYMENT, payer

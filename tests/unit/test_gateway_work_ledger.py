@@ -10,7 +10,8 @@ import pytest
 from node.chain.committee_rpc import TxRejectedError
 from node.gateway.router import Circuit, RoutableNode
 from node.gateway.settlement import WorkLedger, WorkReporter
-from protocol.committee import WorkReport, decode, sign
+from protocol.committee.envelope import decode, sign
+from protocol.committee.settlement import WorkReport
 from tests.unit.test_abci_settlement import GATEWAY
 
 pytestmark = pytest.mark.unit

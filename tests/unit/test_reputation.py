@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from abci_app.queries import query
-from protocol.committee import RegisterNode, sign_registration
+from protocol.committee.registry import RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from protocol.reputation import (
     SCALE,

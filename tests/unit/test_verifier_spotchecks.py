@@ -14,7 +14,7 @@ import pytest
 from nacl.signing import SigningKey
 
 from node.verifier.spotchecks import COUNTS_FILE, SpotChecker, assignments
-from protocol.committee import SpotCheckReport
+from protocol.committee.verification import SpotCheckReport
 from protocol.fingerprint import Tolerance
 from protocol.spotcheck import Outcome, Triple, evidence_hash
 from protocol.tickets import TicketRequest

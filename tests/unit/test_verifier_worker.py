@@ -18,7 +18,7 @@ from node.verifier.echo import vocabulary_index
 from node.verifier.report import SCORES_FILE
 from node.verifier.scoring import Challenge, CredibilityMap
 from node.verifier.worker import VerifierWorker, WorkerSettings, failed_verification_verdict
-from protocol.committee import SeedCommit, SeedReveal, VerdictVote, seed_commitment
+from protocol.committee.verification import SeedCommit, SeedReveal, VerdictVote, seed_commitment
 from protocol.eip712 import address_of
 from tests.unit.test_verifier_echo import TEXTS, _gateway_doc
 

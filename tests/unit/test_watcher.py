@@ -9,7 +9,7 @@ import pytest
 
 from node.chain.committee_rpc import TxRejectedError
 from node.watcher.watcher import StakeInfo, StakeWatcher, due_nodes, effective_stake
-from protocol.committee import AttestStake
+from protocol.committee.registry import AttestStake
 from protocol.errors import UnavailableError
 
 pytestmark = pytest.mark.unit

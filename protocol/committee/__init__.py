@@ -1,0 +1,52 @@
+"""Committee-chain transactions: the shared vocabulary of the ABCI app and its clients.
+
+Wire format (one CometBFT tx = the UTF-8 bytes of one canonical JSON object, see
+`protocol.canonical`: sorted keys, no whitespace, no floats):
+
+    {"body": {...}, "nonce": 7, "sig": "<128 hex>", "signer": "<64 hex>", "type": "heartbeat"}
+
+- `signer`: the ed25519 public key (32 bytes, lowercase hex) of a node key or a validator's
+  CometBFT consensus key. It is also the account id (nonces are per signer).
+- `nonce`: strictly greater than the signer's last committed nonce (gaps allowed), < 2**63.
+  A tx that passes decoding, signature and nonce checks consumes its nonce even when a state
+  rule then rejects it (so its bytes can never be replayed later).
+- `sig`: ed25519 signature over `SIGN_DOMAIN + canonical_json({body, nonce, signer, type})`.
+- `body`: the type's fields (below). Integers that may exceed 2**53 (`amount`) are decimal
+  strings; 32-byte values are `0x`-hex; EVM addresses are 0x-hex (checksum spelling on output).
+- A tx whose bytes are not exactly the canonical encoding is rejected (no malleable tx hashes).
+
+Modules, read bottom-up:
+
+    grammar.py        TxDecodeError, the field patterns and limits every body shares
+    registry.py       register_node (RegisterNode, its EIP-191 binding), heartbeat, leave,
+                      attest_stake
+    commitments.py    commit (CommitBatch of CommitmentRecord), reveal (RevealBatch of
+                      RevealRecord)
+    verification.py   verdict_vote (VerdictVote), seed_commit / seed_reveal (SeedCommit,
+                      SeedReveal, seed_commitment), spot_check_report (SpotCheckReport)
+    settlement.py     work_report (WorkReport of NodeWork, PrepaidItem), contribution
+                      (Contribution of ShardWork), payout_vote (PayoutVote)
+    envelope.py       SignedTx, sign / encode / decode, the type → body registry, and
+                      TxSignatureError
+
+Tx types (`type` → dataclass):
+
+    register_node   RegisterNode   node key + EVM address (EIP-191 signature) + role + model/shards
+    heartbeat       Heartbeat      keeps a node SERVING (JOIN/DOWN → SERVING)
+    leave           Leave          SERVING/JOIN/DOWN → LEFT (final)
+    attest_stake    AttestStake    a validator saw `amount` wei staked by `node` on the EVM chain
+    commit          CommitBatch    many (session, step, shard, commitment) records
+    reveal          RevealBatch    many (session, step, shard, output_hash, salt) openings
+    verdict_vote    VerdictVote    a validator's EIP-712 signature over a `Verdict`
+    work_report     WorkReport     a gateway's per-node work aggregates + settled query fees
+    contribution    Contribution   a compute node's own per-shard layer/token count
+    payout_vote     PayoutVote     a validator's EIP-712 signature over an epoch's `PayoutRoot`
+    spot_check_report SpotCheckReport  a validator's verifier lists the spot checks it did
+    seed_commit     SeedCommit     a validator's verifier commits to its secret challenge seed
+                                   for a future epoch (`seed_commitment`)
+    seed_reveal     SeedReveal     ... and opens it once that epoch has closed
+
+`TxDecodeError` (malformed bytes or fields) and `TxSignatureError` (bad ed25519 signature) are
+typed `ProtocolError`s; the ABCI app maps them to named result codes. The compact binary
+encoding of commit and reveal batches is `protocol/commit_batch.py`.
+"""

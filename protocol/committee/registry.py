@@ -1,0 +1,161 @@
+"""Node registry txs: `register_node`, `heartbeat`, `leave`, `attest_stake`.
+
+A node key registers bound to an EVM address: the EVM key signs `registration_message(node
+key)` (EIP-191 personal_sign, `sign_registration`), and the chain recovers the address from it
+(`recover_registration`) before it accepts the registration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from protocol.committee.grammar import (
+    ADDRESS,
+    HEX64,
+    NAME,
+    SIG65,
+    TxDecodeError,
+    check,
+    uint256_decimal,
+)
+
+EIP191_REGISTER_PREFIX = "Planet node registration\nnode key: "
+ROLES = ("compute", "verifier")
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterNode:
+    """Register the signer's node key, bound to `evm_address` by an EIP-191 signature over
+    `registration_message(signer)` made with that address's key."""
+
+    evm_address: str
+    evm_signature: str
+    role: str
+    model: str
+    shards: tuple[int, ...]
+    endpoint: str
+    capacity: int
+
+    TYPE: ClassVar[str] = "register_node"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "capacity": self.capacity,
+            "endpoint": self.endpoint,
+            "evm_address": self.evm_address,
+            "evm_signature": self.evm_signature,
+            "model": self.model,
+            "role": self.role,
+            "shards": list(self.shards),
+        }
+
+    @classmethod
+    def from_json(cls, body: Any) -> RegisterNode:
+        keys = {"capacity", "endpoint", "evm_address", "evm_signature", "model", "role", "shards"}
+        b = check.exact_object(body, "body", keys)
+        role = b["role"]
+        if role not in ROLES:
+            raise TxDecodeError(f"body.role: expected one of {ROLES}")
+        shards = tuple(
+            check.integer(s, "body.shards[]", 0, 65535)
+            for s in check.items(b["shards"], "shards", 256)
+        )
+        if list(shards) != sorted(set(shards)):
+            raise TxDecodeError("body.shards: must be strictly ascending")
+        endpoint = b["endpoint"]
+        if (
+            not isinstance(endpoint, str)
+            or not 0 < len(endpoint) <= 256
+            or not endpoint.isprintable()
+        ):
+            raise TxDecodeError("body.endpoint: expected a printable string of 1..256 chars")
+        return cls(
+            evm_address=check.text(b["evm_address"], "body.evm_address", ADDRESS),
+            evm_signature=check.text(b["evm_signature"], "body.evm_signature", SIG65),
+            role=role,
+            model=check.text(b["model"], "body.model", NAME),
+            shards=shards,
+            endpoint=endpoint,
+            capacity=check.integer(b["capacity"], "body.capacity", 1, 1_000_000),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The node is alive and serving (no fields)."""
+
+    TYPE: ClassVar[str] = "heartbeat"
+
+    def to_json(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_json(cls, body: Any) -> Heartbeat:
+        check.exact_object(body, "body", set())
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """The node leaves for good (LEFT is final)."""
+
+    TYPE: ClassVar[str] = "leave"
+
+    def to_json(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_json(cls, body: Any) -> Leave:
+        check.exact_object(body, "body", set())
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class AttestStake:
+    """A validator attests that `node`'s EVM address has `amount` wei staked."""
+
+    node: str
+    amount: int
+
+    TYPE: ClassVar[str] = "attest_stake"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"amount": str(self.amount), "node": self.node}
+
+    @classmethod
+    def from_json(cls, body: Any) -> AttestStake:
+        b = check.exact_object(body, "body", {"amount", "node"})
+        return cls(
+            node=check.text(b["node"], "body.node", HEX64),
+            amount=uint256_decimal(b["amount"], "amount"),
+        )
+
+
+def registration_message(node_key_hex: str) -> str:
+    """The EIP-191 (personal_sign) text an EVM key signs to bind itself to a node key."""
+    return EIP191_REGISTER_PREFIX + node_key_hex
+
+
+def sign_registration(evm_private_key: bytes | str, node_key_hex: str) -> str:
+    """0x-hex 65-byte EIP-191 signature binding an EVM key to `node_key_hex` (eth-account)."""
+    from eth_account import Account
+    from eth_account.messages import encode_defunct
+
+    signed = Account.sign_message(
+        encode_defunct(text=registration_message(node_key_hex)), evm_private_key
+    )
+    return "0x" + bytes(signed.signature).hex()
+
+
+def recover_registration(node_key_hex: str, signature_hex: str) -> str:
+    """The checksummed EVM address that signed `registration_message(node_key_hex)`;
+    raises `ProtocolError` when the signature does not recover."""
+    from eth_account.messages import encode_defunct
+    from eth_utils import keccak
+
+    from protocol.eip712 import recover_digest
+
+    message = encode_defunct(text=registration_message(node_key_hex))
+    digest = keccak(b"\x19" + message.version + message.header + message.body)
+    return recover_digest(digest, bytes.fromhex(signature_hex[2:]))
