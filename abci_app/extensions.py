@@ -34,6 +34,7 @@ from nacl.signing import VerifyKey
 from abci_app.encoding import encode_uvarint
 from protocol.canonical import JsonInputError, canonical_json, canonical_text, parse_json
 from protocol.errors import ProtocolError
+from protocol.fields import Fields, is_int
 from protocol.reputation import SCALE
 
 VX_PREFIX = b"\x00planet-vx/v1\n"
@@ -52,23 +53,13 @@ _HEX = re.compile(r"(?:[0-9a-f]{2})*\Z")
 _SIGNATURE_HEX = re.compile(r"(?:[0-9a-f]{128})?\Z")
 
 
-def _int_field(doc: dict[str, Any], name: str, lo: int, hi: int) -> int:
-    value = doc[name]
-    if type(value) is not int or not lo <= value <= hi:
-        raise VoteExtensionError(f"{name}: expected an integer in [{lo}, {hi}]")
-    return value
-
-
-def _exact_keys(doc: Any, keys: set[str], where: str) -> dict[str, Any]:
-    if not isinstance(doc, dict) or set(doc) != keys:
-        raise VoteExtensionError(f"{where}: expected an object with keys {sorted(keys)}")
-    return doc
-
-
 class VoteExtensionError(ProtocolError):
     """A vote extension or the injected extended-commit tx is invalid."""
 
     code = "bad_vote_extension"
+
+
+_check = Fields(VoteExtensionError)
 
 
 def _sfixed64(value: int) -> bytes:
@@ -134,7 +125,7 @@ def parse_scores(doc: Any) -> dict[str, int]:
     for node, value in doc.items():
         if not isinstance(node, str) or not _NODE.match(node):
             raise VoteExtensionError(f"scores: bad node key {ascii(node)[:80]}")
-        if type(value) is not int or not 0 <= value <= SCALE:
+        if not is_int(value, 0, SCALE):
             raise VoteExtensionError(f"scores[{node}]: expected an integer in [0, {SCALE}]")
     return doc
 
@@ -152,8 +143,8 @@ def parse_extension(raw: bytes, height: int, epoch_length: int) -> Report:
         doc = parse_json(raw, max_bytes=MAX_EXTENSION_BYTES, max_depth=2, max_int_digits=20)
     except JsonInputError as error:
         raise VoteExtensionError(error.message) from None
-    _exact_keys(doc, {"epoch", "invalid", "scores"}, "extension")
-    epoch = _int_field(doc, "epoch", 0, MAX_INT64)
+    _check.exact_object(doc, "extension", {"epoch", "invalid", "scores"})
+    epoch = _check.integer(doc["epoch"], "epoch", 0, MAX_INT64)
     if epoch != height // epoch_length:
         raise VoteExtensionError(f"epoch {epoch} is not {height // epoch_length}")
     report = parse_report(doc["scores"], doc["invalid"])
@@ -203,7 +194,7 @@ def is_vx_tx(raw: bytes) -> bool:
 
 
 def _vote(doc: Any) -> ExtVote:
-    v = _exact_keys(doc, {"address", "extension", "flag", "power", "signature"}, "vote")
+    v = _check.exact_object(doc, "vote", {"address", "extension", "flag", "power", "signature"})
     for name, pattern in (
         ("address", _ADDRESS),
         ("extension", _HEX),
@@ -215,10 +206,10 @@ def _vote(doc: Any) -> ExtVote:
         raise VoteExtensionError("vote.extension: too long")
     return ExtVote(
         address=v["address"],
-        power=_int_field(v, "power", 0, MAX_INT64),
+        power=_check.integer(v["power"], "power", 0, MAX_INT64),
         extension=bytes.fromhex(v["extension"]),
         signature=bytes.fromhex(v["signature"]),
-        flag=_int_field(v, "flag", 0, 3),
+        flag=_check.integer(v["flag"], "flag", 0, 3),
     )
 
 
@@ -232,13 +223,13 @@ def decode_vx_tx(raw: bytes) -> ExtendedCommit:
         )
     except JsonInputError as error:
         raise VoteExtensionError(f"malformed extended-commit tx ({error.message})") from None
-    _exact_keys(doc, {"height", "round", "votes"}, "extended commit")
+    _check.exact_object(doc, "extended commit", {"height", "round", "votes"})
     votes = doc["votes"]
     if not isinstance(votes, list) or len(votes) > MAX_VOTES:
         raise VoteExtensionError(f"votes: expected a list of ≤ {MAX_VOTES}")
     commit = ExtendedCommit(
-        height=_int_field(doc, "height", 0, MAX_INT64),
-        round=_int_field(doc, "round", 0, MAX_ROUND),
+        height=_check.integer(doc["height"], "height", 0, MAX_INT64),
+        round=_check.integer(doc["round"], "round", 0, MAX_ROUND),
         votes=tuple(_vote(v) for v in votes),
     )
     if commit.encode() != raw:

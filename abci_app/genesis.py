@@ -36,6 +36,7 @@ from typing import Any
 
 from protocol.canonical import JsonInputError, parse_json
 from protocol.errors import ConfigError
+from protocol.fields import is_int
 from protocol.reputation import ReputationParams
 
 _KEYS = {
@@ -65,7 +66,7 @@ def _int(doc: dict[str, Any], key: str, default: int, lo: int = 0, hi: int = MAX
     value = doc.get(key, default)
     if isinstance(value, str) and _DECIMAL.match(value):
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+    if not is_int(value, lo, hi):
         raise ConfigError(
             f"genesis app_state.{key}: expected an integer in [{lo}, {hi}], got {value!a}"
         )

@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from abci_app.codes import Code
 from protocol.canonical import JsonInputError, parse_json
+from protocol.fields import Fields
 
 MAX_ITEMS = 1000  # most records one list query answers (?limit lowers it)
 MAX_PATH = 4096  # characters of path + query string
@@ -34,6 +35,9 @@ class QueryError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+_check = Fields(lambda message: QueryError(Code.BAD_QUERY, message))
 
 
 def parse_params(path: str, data: bytes) -> tuple[str, dict[str, Any]]:
@@ -65,9 +69,7 @@ def int_param(
         return default
     if isinstance(value, str) and DIGITS.match(value):
         value = int(value)
-    if type(value) is not int or not lo <= value <= hi:
-        raise QueryError(Code.BAD_QUERY, f"{name}: expected an integer in [{lo}, {hi}]")
-    return value
+    return _check.integer(value, name, lo, hi)
 
 
 def str_param(

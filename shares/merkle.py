@@ -35,6 +35,7 @@ from eth_abi import encode as abi_encode
 from eth_utils import is_address, to_checksum_address
 
 from protocol.errors import ProtocolError
+from protocol.fields import is_int
 from shares.keccak import bulk_keccak256
 from shares.keccak import keccak256 as keccak
 
@@ -51,7 +52,7 @@ class Payout:
 
     def __post_init__(self) -> None:
         for name, value, bits in (("epoch", self.epoch, 64), ("amount", self.amount, 256)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << bits:
+            if not is_int(value, 0, (1 << bits) - 1):
                 raise ProtocolError(f"payout {name}: {value!r} does not fit uint{bits}")
         if not isinstance(self.account, str) or not is_address(self.account):
             raise ProtocolError(f"payout account: not an address: {self.account!r}")
@@ -77,7 +78,7 @@ _ZERO_12 = bytes(12)
 def payout_leaf_hashes(epoch: int, rows: Iterable[tuple[str, int]]) -> list[bytes]:
     """`leaf_hash(epoch, account, amount)` of every `(account, amount)` row, fast: accounts are
     `0x` + 40 hex (any case), amounts fit uint256, else `ProtocolError`."""
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 1 << 64:
+    if not is_int(epoch, 0, (1 << 64) - 1):
         raise ProtocolError(f"payout epoch: {epoch!r} does not fit uint64")
     prefix = epoch.to_bytes(32, "big") + _ZERO_12
     hasher = bulk_keccak256()
@@ -85,7 +86,7 @@ def payout_leaf_hashes(epoch: int, rows: Iterable[tuple[str, int]]) -> list[byte
     for account, amount in rows:
         if not isinstance(account, str) or len(account) != 42 or account[:2] != "0x":
             raise ProtocolError(f"payout account: not an address: {account!r}")
-        if isinstance(amount, bool) or not isinstance(amount, int) or not 0 <= amount < 1 << 256:
+        if not is_int(amount, 0, (1 << 256) - 1):
             raise ProtocolError(f"payout amount: {amount!r} does not fit uint256")
         try:
             raw = bytes.fromhex(account[2:])

@@ -37,13 +37,15 @@ any time in the epoch, supplied by the caller (the committee chain's registry):
 
 A count of 0 for a shard someone served is contradictory input (`PoolHealthError`).
 
-Pure and deterministic: integers only; imports only the standard library and `shares.errors`.
+Pure and deterministic: integers only; imports only the standard library, `shares.errors` and
+`protocol.fields`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.fields import is_int
 from shares.errors import CountError, PoolHealthError
 
 MATMUL_WEIGHT = 5
@@ -62,7 +64,7 @@ SCARCITY_THRESHOLD = 3  # fewer routable nodes than this earn the bonus
 
 def check_int(value: object, field: str, lo: int, hi: int) -> int:
     """`value` if it is an integer (not a bool) in [lo, hi], else `CountError`."""
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+    if not is_int(value, lo, hi):
         raise CountError(field, value, lo, hi)
     return value
 

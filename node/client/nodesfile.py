@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from protocol.canonical import loads_bounded
 from protocol.errors import ConfigError, UsageError
+from protocol.fields import is_int
 
 
 def planet_home() -> Path:
@@ -134,7 +135,7 @@ def _list(value: Any, name: str) -> list[Any]:
 
 
 def _int(value: Any, name: str) -> int:
-    if type(value) is not int or not 0 <= value < 2**31:
+    if not is_int(value, 0, 2**31 - 1):
         raise ValueError(f"{name} must be an integer >= 0, got {str(value)[:40]!r}")
     return value
 

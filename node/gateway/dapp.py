@@ -28,6 +28,7 @@ from aiohttp import web
 from node.gateway.errors import InvalidRequest, NoCircuit
 from protocol.eip712 import as_address
 from protocol.errors import PlanetError
+from protocol.fields import is_int
 
 DIST = Path(__file__).resolve().parents[2] / "dapp" / "dist"
 RECENT_EPOCHS = 5  # epochs shown in the network view (the current one and the ones before)
@@ -245,9 +246,7 @@ async def network_view(gateway: Any) -> dict[str, Any]:
 
 
 def _int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
-        return None
-    return value
+    return value if is_int(value, 0, (1 << 63) - 1) else None
 
 
 def _word(value: Any) -> str | None:
