@@ -2,25 +2,39 @@
 
     python -m abci_app --home <validator home> --listen tcp://127.0.0.1:26658
 
-    __main__.py    entry point: args, logging, signals
-    server.py      asyncio ABCI socket server (uvarint-framed protobuf, 4 connections)
-    app.py         thin adapters: protobuf Request → State call → protobuf Response
-    state.py       the deterministic state machine: tx pipeline, nonces, block lifecycle, app hash
-    handlers.py    one function per tx type (registry, lifecycle, stake, commit-reveal,
-                   share-chain, verdicts)
-    epochs.py      height-driven rules: heartbeat timeouts, epoch leader + challenge list,
-                   reputation application
-    retention.py   what state costs: unstaked registrations expire, settled records pruned
-    reputation.py  PlanetServe sec. 3.4 in fixed point (exact integer rules)
-    extensions.py  vote extensions: reputation reports, extended-commit tx, signature checks
-    queries.py     path-based JSON queries
-    genesis.py     genesis app_state parameters
-    store.py       SQLite persistence (one transaction per block; reads, never loaded whole)
-    codes.py       every result code
-    proto/         CometBFT protobuf classes, generated at build time (never committed)
-    testing.py     an in-process chain for tests and benchmarks
-    hostile.py     TEST-ONLY Byzantine mode (hidden flag + environment variable, both required)
+Modules, top (process) to bottom (storage); a module imports only the ones below it, and the
+feature modules never import each other:
 
-Tx format: `protocol.committee`. Genesis must set
-`consensus_params.abci.vote_extensions_enable_height` (the devnet uses "1").
+    __main__.py        entry point: args, logging, signals; `serve()` takes the app class
+    server.py          asyncio ABCI socket server (uvarint-framed protobuf, 4 connections)
+    app.py             thin adapters: protobuf Request → StateMachine call → protobuf Response
+    queries.py         path-based JSON queries over the committed state (`query`, ROUTES)
+    payout_queries.py  the settlement queries (/payouts, /payouts/proof, /backing, /credits)
+    query_params.py    query parameters: one parse step to typed values or BAD_QUERY
+    machine.py         the deterministic state machine: CheckTx, proposals, FinalizeBlock
+                       (nonces, atomic txs, end-of-block rules), Commit
+    dispatch.py        tx type → its rule (the one dispatcher)
+    extensions.py      vote extensions: reputation reports, extended-commit tx, signatures
+    registry.py        register_node, heartbeat, leave, attest_stake; heartbeat timeouts and
+                       unstaked registrations expiring
+    commitments.py     commit, reveal; equivocation and reveal-mismatch evidence
+    verdicts.py        verdict_vote; accusations settled at the epoch after the first vote
+    seeds.py           seed_commit, seed_reveal (verifier seeds)
+    spot_reports.py    spot_check_report (spot checks credited to verifiers)
+    settlement.py      work_report, contribution, payout_vote; the epoch close (payout root)
+    epochs.py          epoch records (leader, challenge list, verifiers), reputation updates
+    retention.py       pruning of settled and time-bound records
+    rules.py           what every rule shares: signer checks, epoch of a height, pruning index
+    state.py           State: namespaced entries (tx → block → committed), app hash, commit
+    schema.py          every key namespace, named once with what it holds; lifecycle values
+    genesis.py         genesis app_state parameters
+    store.py           SQLite persistence (one transaction per block; reads, never loaded whole)
+    encoding.py        uvarint helpers (ABCI framing, protobuf lengths)
+    codes.py           every result code
+    proto/             CometBFT protobuf classes, generated at build time (never committed)
+
+Tx format: `protocol.committee`; reputation rules: `protocol.reputation`. Genesis must set
+`consensus_params.abci.vote_extensions_enable_height` (the devnet uses "1"). In-process chain
+for tests and benchmarks: `tests/committee_chain.py`; a Byzantine app for tests:
+`tests/byzantine_app.py`.
 """

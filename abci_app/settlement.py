@@ -1,6 +1,6 @@
 """Epoch settlement on the committee chain: evidence-backed work → shares → a signed payout root.
 
-Three tx types (`protocol.committee`) and one EndBlock rule:
+Three tx types (`protocol.committee.settlement`) and one EndBlock rule:
 
 - `work_report` (a gateway listed in genesis `gateways`): per-node aggregates of the work in the
   gateway's signed receipts, `[node, model, shard, layers, tokens]`, and the query ids it settled

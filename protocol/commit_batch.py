@@ -27,7 +27,7 @@ in JSON); a reveal batch holds at most 800 records (60 943 bytes, under `MAX_TX_
 ABCI handlers and their state effects are the same for both encodings. Every malformed input
 raises a named `TxDecodeError` subclass (never another exception):
 
-    TxDecodeError (protocol.committee)
+    TxDecodeError (protocol.committee.grammar)
     ├── BatchMagicError           not a binary batch (wrong magic)
     ├── BatchKindError            unknown kind byte
     ├── BatchTruncatedError       fewer bytes than the header/count/signature need
