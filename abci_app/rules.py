@@ -8,6 +8,7 @@ retention) import this module, `schema` and `state`, and never each other.
     epoch_of(state, height)     heights (e−1)·L+1 … e·L are epoch e (L = genesis epoch_length)
     track / track_many          index records for pruning once their epoch is settled
     track_until                 index a record for deletion once block time passes a moment
+    add_vote                    a validator's signed vote on a verdict or payout statement
 """
 
 from __future__ import annotations
@@ -64,6 +65,23 @@ def track_many(state: State, ns: str, keys: list[str]) -> None:
     epoch = epoch_of(state, state.block_height)
     for key in keys:
         state.put(schema.PRUNE_INDEX, schema.prune_key(epoch, ns, key), 0)
+
+
+def add_vote(
+    state: State, record: dict[str, Any], validator: dict[str, Any], operator: str, signature: str
+) -> dict[str, Any]:
+    """`record` (a verdict or a payout statement) with the validator's operator signature and
+    power added, `confirmed` (and `confirmed_height`) once the power reaches 2/3."""
+    votes = {
+        **record["votes"],
+        validator["address"]: {"operator": operator, "signature": signature},
+    }
+    power = record["power"] + validator["power"]
+    updated = {**record, "votes": votes, "power": power}
+    if not record["confirmed"] and state.has_two_thirds(power):
+        updated["confirmed"] = True
+        updated["confirmed_height"] = state.block_height
+    return updated
 
 
 def track_until(state: State, ns: str, key: str, until: int) -> None:

@@ -13,60 +13,84 @@ from __future__ import annotations
 
 # --- chain metadata and accounts -----------------------------------------------------------------
 
-META = "meta"  # meta/{chain_id, ve_enable_height, genesis, validators} (InitChain), current_epoch
-NONCE = "acct"  # acct/<signer hex>: the signer's last committed nonce (int)
+# meta/{chain_id, ve_enable_height, genesis, validators} (InitChain) and meta/current_epoch
+META = "meta"
+# acct/<signer hex>: the signer's last committed nonce (int)
+NONCE = "acct"
 
 # --- the node registry (registry.py) -------------------------------------------------------------
 
-NODE = "node"  # node/<node key hex>: {key, evm_address, role, model, shards, endpoint, capacity,
-# status, status_height, registered_height, last_heartbeat}
-EVM_BINDING = "evm"  # evm/<lowercase EVM address>: the node key that address is bound to
-STAKE = "stake"  # stake/<node key>: {attestations: {validator address: wei}, agreed, height}
-REPUTATION = "rep"  # rep/<node key>: {r, window, epochs, last_epoch} (protocol/reputation.py)
-HEARTBEAT_DUE = "hbdue"  # hbdue/<height>: node keys that are overdue at that height unless
-# they sent a heartbeat since
-REGISTRATION_DUE = "regdue"  # regdue/<height>: node keys whose unstaked registration expires
-# at that height
+# node/<node key hex>: {key, evm_address, role, model, shards, endpoint, capacity, status,
+# status_height, registered_height, last_heartbeat}
+NODE = "node"
+# evm/<lowercase EVM address>: the node key that address is bound to
+EVM_BINDING = "evm"
+# stake/<node key>: {attestations: {validator address: wei}, agreed: wei or null, height}
+STAKE = "stake"
+# rep/<node key>: {r, window, epochs, last_epoch} (protocol/reputation.py)
+REPUTATION = "rep"
+# hbdue/<height>: node keys that are overdue at that height unless they sent a heartbeat since
+HEARTBEAT_DUE = "hbdue"
+# regdue/<height>: node keys whose registration expires at that height unless staked by then
+REGISTRATION_DUE = "regdue"
 
-JOIN, SERVING, DOWN, LEFT = "JOIN", "SERVING", "DOWN", "LEFT"  # node/<key>.status
-EXPIRED = "EXPIRED"  # the status of the planet.node event when an unstaked registration expires
+# node/<key>.status; EXPIRED is only the status of the planet.node event of an expired node
+JOIN, SERVING, DOWN, LEFT = "JOIN", "SERVING", "DOWN", "LEFT"
+EXPIRED = "EXPIRED"
 
 # --- commit-reveal, evidence, verdicts (commitments.py, verdicts.py) -----------------------------
 
-COMMITMENT = "commit"  # commit/<node>/<session>/<step>/<shard>: {commitment, height[, output_hash,
-# salt, revealed_height, match]}
-EVIDENCE = "evidence"  # evidence/<0x sha256 of the record>: an equivocation or reveal mismatch
-VERDICT = "verdict"  # verdict/<0x struct hash>: a Verdict's votes, power, confirmed[, settled]
-VERDICT_DUE = "vdue"  # vdue/<epoch>: verdict ids whose accusation is settled when epoch closes
-VERIFIER_RECORD = "vrep"  # vrep/<validator address>: {confirmed, refused, last_epoch} marks
-SLASHED = "slashed"  # slashed/<epoch>/<lowercase account>: a verdict against the account was
-# confirmed in that epoch: it earns nothing then (deleted when the epoch closes)
+# commit/<node>/<session>/<step>/<shard>: {commitment, height[, output_hash, salt,
+# revealed_height, match]}
+COMMITMENT = "commit"
+# evidence/<0x sha256 of the record>: an equivocation or a reveal mismatch
+EVIDENCE = "evidence"
+# verdict/<0x struct hash>: a Verdict's fields, votes, power, confirmed[, settled]
+VERDICT = "verdict"
+# vdue/<epoch>: ids of the verdicts whose accusation is settled when that epoch closes
+VERDICT_DUE = "vdue"
+# vrep/<validator address>: {confirmed, refused, last_epoch}, the validator's accusation marks
+VERIFIER_RECORD = "vrep"
+# slashed/<epoch>/<lowercase account>: a verdict against the account was confirmed in that
+# epoch, so it earns nothing then (deleted when the epoch closes)
+SLASHED = "slashed"
 
 # --- epochs, verifier seeds, spot checks (epochs.py, seeds.py, spot_reports.py) ------------------
 
-EPOCH = "epoch"  # epoch/<e, plain decimal>: {epoch, start_height, end_height, seed, leader,
-# challenges, verifiers, reputation_applied}
-SEED = "seed"  # seed/<epoch>/<validator key>: {epoch, validator, commitment, height, seed,
-# revealed_height}
-SPOT_REPORT = "spotrep"  # spotrep/<epoch checked>/<validator key>: {count, height}
-SPOT_CREDIT = "vwork"  # vwork/<epoch credited>/<lowercase operator>: spot checks credited then
+# epoch/<e, plain decimal>: {epoch, start_height, end_height, seed, leader, challenges,
+# verifiers, reputation_applied}
+EPOCH = "epoch"
+# seed/<epoch>/<validator key>: {epoch, validator, commitment, height, seed, revealed_height}
+SEED = "seed"
+# spotrep/<epoch checked>/<validator key>: {count, height}
+SPOT_REPORT = "spotrep"
+# vwork/<epoch credited>/<lowercase operator>: spot checks credited to that operator then
+SPOT_CREDIT = "vwork"
 
 # --- settlement (settlement.py) ------------------------------------------------------------------
 
-BACKING = "backing"  # backing/<node>/<model>/<shard>: gateway-reported layer-tokens not yet
-# credited to the node
-PENDING_QUERY = "squery"  # squery/<query id>: {fee, height}, reported and not yet settled
-SETTLED_QUERY = "sqdone"  # sqdone/<query id>: the epoch whose payout root settled it
-PENDING_CHARGE = "vpend"  # vpend/<payer>/<query id>: {fee, cap}, a prepaid charge to debit
-SEEN_VOUCHER = "vseen"  # vseen/<payer>/<query id>: the voucher's expiry (replay guard)
-CREDIT = "credit"  # credit/<epoch>/<account>/<shard, 5 digits>/<model>: {account, model, shard,
-# layer_tokens}, a node's credited work of that epoch
-PAYOUT = "payout"  # payout/<epoch>: the epoch's PayoutRoot statement, rows, votes, confirmed
+# backing/<node>/<model>/<shard>: gateway-reported layer-tokens not yet credited to the node
+BACKING = "backing"
+# squery/<query id>: {fee, height}, reported by a gateway and not yet settled
+PENDING_QUERY = "squery"
+# sqdone/<query id>: the epoch whose payout root settled the query
+SETTLED_QUERY = "sqdone"
+# vpend/<payer>/<query id>: {fee, cap}, a prepaid charge not yet debited in a payout root
+PENDING_CHARGE = "vpend"
+# vseen/<payer>/<query id>: the charged voucher's expiry (its replay guard)
+SEEN_VOUCHER = "vseen"
+# credit/<epoch>/<account>/<shard, 5 digits>/<model>: {account, model, shard, layer_tokens},
+# a node's credited work in that epoch
+CREDIT = "credit"
+# payout/<epoch>: the epoch's PayoutRoot statement, rows, shares, votes, confirmed
+PAYOUT = "payout"
 
 # --- retention (retention.py, rules.track*) ------------------------------------------------------
 
-PRUNE_INDEX = "gc"  # gc/<epoch>/<ns>/<key>: delete ns/key once epoch is settled and retained
-EXPIRY_INDEX = "gcexp"  # gcexp/<unix time, 20 digits>/<ns>/<key>: delete ns/key after that time
+# gc/<epoch>/<ns>/<key>: delete ns/key once that epoch is settled and past retention
+PRUNE_INDEX = "gc"
+# gcexp/<unix time, 20 digits>/<ns>/<key>: delete ns/key once block time is past that time
+EXPIRY_INDEX = "gcexp"
 
 
 def epoch_key(epoch: int) -> str:

@@ -267,15 +267,8 @@ def payout_vote(state: State, tx: SignedTx) -> None:
         rules.reject(
             Code.BAD_PAYOUT_SIGNATURE, f"signature recovers {recovered}, not operator {operator}"
         )
-    votes = {
-        **record["votes"],
-        validator["address"]: {"operator": operator, "signature": body.signature},
-    }
-    power = record["power"] + validator["power"]
-    updated = {**record, "votes": votes, "power": power}
-    if not record["confirmed"] and state.has_two_thirds(power):
-        updated["confirmed"] = True
-        updated["confirmed_height"] = state.block_height
+    updated = rules.add_vote(state, record, validator, operator, body.signature)
+    if updated["confirmed"] and not record["confirmed"]:
         state.emit("planet.payout", epoch=body.epoch, confirmed="true")
     state.put(schema.PAYOUT, schema.epoch_key(body.epoch), updated)
 

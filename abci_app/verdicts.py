@@ -86,17 +86,10 @@ def verdict_vote(state: State, tx: SignedTx) -> None:
         rules.reject(
             Code.DUPLICATE_VOTE, f"validator {validator['address']} already voted on {ident}"
         )
-    votes = {
-        **record["votes"],
-        validator["address"]: {"operator": operator, "signature": body.signature},
-    }
-    power = record["power"] + validator["power"]
-    updated = {**record, "votes": votes, "power": power}
+    updated = rules.add_vote(state, record, validator, operator, body.signature)
     if not record["votes"]:
         _settle_after_next_epoch(state, ident)
-    if not record["confirmed"] and state.has_two_thirds(power):
-        updated["confirmed"] = True
-        updated["confirmed_height"] = state.block_height
+    if updated["confirmed"] and not record["confirmed"]:
         state.emit("planet.verdict", id=ident, confirmed="true")
         epoch = rules.epoch_of(state, state.block_height)
         state.put(schema.SLASHED, schema.in_epoch(epoch, verdict.node.lower()), 1)
