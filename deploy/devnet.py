@@ -331,11 +331,11 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
         retention_epochs=DEVNET_RETENTION_EPOCHS,
     )
     from node.agent.launch import model_id_bytes
-    from node.chain.evm import PlanetChain
+    from node.chain.evm.account import PlanetChain
 
     registrar = PlanetChain(deployment, ANVIL_DEV_KEY, rpc_url=evm_rpc)
     model_id = model_id_bytes(manifest.model_hash)
-    registrar.dev_register_model(
+    registrar.registry.dev_register(
         model_id, model_id, [model_id_bytes(s.hash) for s in manifest.shards]
     )
     _write_state(directory, state)

@@ -260,7 +260,8 @@ def _say(text: str) -> None:
 async def _ask_paid(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
     import aiohttp
 
-    from node.chain.evm import Deployment, PlanetChain
+    from node.chain.evm.account import PlanetChain
+    from node.chain.evm.deployment import Deployment
     from node.gateway import client as gw
 
     gateway = settings["gateway"]
@@ -325,7 +326,7 @@ async def _deposit_key(
     pool: dict[str, Any], chain: Any, quote: Any, query_id: bytes, model_id: bytes, account: Any
 ) -> str:
     """Per-query path: deposit the quote into QueryEscrow, sign the payment proof."""
-    from node.chain.evm import InsufficientFunds
+    from node.chain.evm.errors import InsufficientFunds
     from node.gateway import client as gw
 
     balance = await asyncio.to_thread(chain.balance)
@@ -339,7 +340,7 @@ async def _deposit_key(
             f"{account.address} holds {balance} wei, the deposit needs {quote.amount} wei",
             hint="fund the wallet, or ask with a smaller --max-tokens",
         )
-    tx = await asyncio.to_thread(chain.deposit, query_id, model_id, quote.amount)
+    tx = await asyncio.to_thread(chain.escrow.deposit, query_id, model_id, quote.amount)
     _say(f"deposited: query 0x{query_id.hex()} (tx {tx.tx_hash}, gas fee {tx.fee_wei} wei)")
     return gw.api_key_for(pool, query_id, quote.amount, bytes(account.key))
 
@@ -357,7 +358,7 @@ async def _voucher_key(
 
     from protocol.payment import Voucher, payment_domain, sign_voucher
 
-    state = await asyncio.to_thread(chain.prepaid_of)
+    state = await asyncio.to_thread(chain.escrow.prepaid_of)
     if state["withdrawable_at"]:
         raise UsageError(
             "your prepaid balance is being withdrawn; gateways refuse its vouchers",

@@ -86,7 +86,7 @@ def _say(message: str) -> None:
 def deploy_command(args: argparse.Namespace) -> int:
     from deploy.anvil import ANVIL_DEV_ADDRESS, ANVIL_DEV_KEY, DEVNET_CHAIN_ID, start_anvil
     from deploy.evm import DeployConfig, deploy_all, parse_committee
-    from node.chain.evm import connect, rpc_guard
+    from node.chain.evm.rpc import connect, rpc_guard
 
     key = args.key or os.environ.get("PLANET_DEPLOYER_KEY")
     anvil = None

@@ -145,7 +145,7 @@ class EscrowView:
     """Read-only QueryEscrow calls (no key needed)."""
 
     def __init__(self, config: Any) -> None:
-        from node.chain.evm import Deployment
+        from node.chain.evm.deployment import Deployment
         from node.cli.operator import _check_chain
 
         self.w3 = _check_chain(config)
@@ -267,7 +267,7 @@ def _claim(args: argparse.Namespace) -> int:
         proof = asyncio.run(_committee(config, "/payouts/proof", epoch=row.epoch, account=account))
         amount = int(proof["amount"])
         steps = [bytes.fromhex(str(p)[2:]) for p in proof["proof"]]
-        result = chain.claim(row.epoch, amount, steps)
+        result = chain.escrow.claim(row.epoch, amount, steps)
         print(f"claimed {format_eth(amount)} for epoch {row.epoch} (tx {result.tx_hash})")
     return 0
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from nacl.signing import SigningKey
 
 from node.chain.committee_link import CommitteeLink
-from node.chain.evm import Deployment
+from node.chain.evm.deployment import Deployment
 from node.procs import run_service
 from node.retry import Backoff, sleep_or_stop
 from node.watcher.evm import StakingReader
@@ -124,10 +124,10 @@ def payout_relay(
     deployment: Deployment, operator_key: bytes, link: CommitteeLink, evm_rpc: str | None
 ) -> PayoutRelay:
     """The payout signer/relayer of this validator (its operator key pays the relay gas)."""
-    from node.chain.evm import PlanetChain
+    from node.chain.evm.account import PlanetChain
     from protocol.eip712 import committee_domain
 
-    escrow = PlanetChain(deployment, operator_key, rpc_url=evm_rpc)
+    escrow = PlanetChain(deployment, operator_key, rpc_url=evm_rpc).escrow
     return PayoutRelay(
         committee=link,
         escrow=escrow,

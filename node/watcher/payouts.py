@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
-from node.chain.evm import ContractRevert
+from node.chain.evm.errors import ContractRevert
 from protocol.committee import PayoutVote
 from protocol.eip712 import Domain, PayoutRoot
 from protocol.errors import ConfigError
@@ -68,7 +68,7 @@ class Committee(Protocol):
 
 
 class Escrow(Protocol):
-    """The EVM side (`node.chain.evm.PlanetChain`, or a fake in unit tests)."""
+    """The EVM side (`node.chain.evm.escrow.QueryEscrow`, or a fake in unit tests)."""
 
     address: str
 

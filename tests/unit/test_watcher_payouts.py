@@ -13,7 +13,7 @@ from abci_app.codes import Code
 from abci_app.queries import query
 from abci_app.testing import Chain
 from node.chain.committee_rpc import TxRejectedError
-from node.chain.evm import ContractRevert
+from node.chain.evm.errors import ContractRevert
 from node.watcher.payouts import PayoutRelay, statement_of
 from tests.unit.test_abci_settlement import (
     DOMAIN,
