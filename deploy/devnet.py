@@ -55,19 +55,13 @@ from pathlib import Path
 from typing import Any
 
 from deploy.anvil import ANVIL_DEV_ADDRESS, ANVIL_DEV_KEY, DEVNET_CHAIN_ID, anvil_binary, rpc_call
-from deploy.committee import (
-    InitOptions,
-    committee_members,
-    init_network,
-    load_network,
-    log_tail,
-    network_status,
-    pid_alive,
-    set_genesis_evm,
-    start_network,
-    start_watchers,
-    stop_network,
-)
+from deploy.committee.generate import InitOptions, init_network
+from deploy.committee.genesis import committee_members, set_genesis_evm
+from deploy.committee.network import load_network
+from deploy.committee.processes import log_tail, pid_alive, stop_network
+from deploy.committee.start import start_network
+from deploy.committee.status import network_status
+from deploy.committee.watchers import start_watchers
 from deploy.evm import ETHER, DeployConfig, deploy_all
 from node.net import port_is_free
 from node.procs import spawn_logged
@@ -693,7 +687,7 @@ def running(state: dict[str, Any]) -> bool:
         return True
     if state.get("committee_dir"):
         with contextlib.suppress(PlanetError):
-            from deploy.committee import running_processes
+            from deploy.committee.processes import running_processes
 
             if running_processes(load_network(Path(state["committee_dir"]))):
                 return True

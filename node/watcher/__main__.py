@@ -26,10 +26,11 @@ from nacl.signing import SigningKey
 
 from node.chain.committee_link import CommitteeLink
 from node.chain.evm.deployment import Deployment
+from node.keys import operator_key_path, read_operator_key
 from node.procs import run_service
 from node.retry import Backoff, sleep_or_stop
 from node.watcher.evm import StakingReader
-from node.watcher.payouts import PayoutRelay, read_operator_key
+from node.watcher.payouts import PayoutRelay
 from node.watcher.watcher import StakeWatcher
 from protocol.errors import ConfigError, PlanetError
 
@@ -73,7 +74,8 @@ async def run(args: argparse.Namespace) -> int:
     reader: StakingReader | None = None
     watcher: StakeWatcher | None = None
     relay: PayoutRelay | None = None
-    operator_key = read_operator_key(args.home)
+    key_path = operator_key_path(args.home)
+    operator_key = read_operator_key(key_path) if key_path.exists() else None
     if operator_key is None:
         log.warning("no config/operator_key.json: payout roots are not signed by this watcher")
     log.info(

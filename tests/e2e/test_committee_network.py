@@ -496,7 +496,8 @@ def _spawn_byzantine(directory: Path, index: int) -> None:
     """Restart validator `index` with its app in the test-only Byzantine mode (junk proposals
     and junk vote extensions); pid files let `planet committee down` stop it as usual."""
     from abci_app import hostile
-    from deploy.committee import app_command, cometbft_command, load_network
+    from deploy.committee.network import load_network
+    from deploy.committee.start import app_command, cometbft_command
 
     network = load_network(directory)
     validator = network.validators[index]

@@ -332,7 +332,7 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devn
     )
     domain = committee_domain(deployment.chain_id, deployment.address("Committee"))
     strangers = [bytes([i]) * 32 for i in (7, 8, 9)]
-    from deploy.committee import read_operator_key
+    from node.keys import read_operator_key
 
     committee_dir = Path(devnet["committee_dir"])
     real = [read_operator_key(committee_dir / f"node{i}" / "config" / "operator_key.json")

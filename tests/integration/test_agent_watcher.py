@@ -25,16 +25,11 @@ from typing import Any
 import pytest
 
 from deploy.anvil import ANVIL_DEV_KEY, start_anvil
-from deploy.committee import (
-    InitOptions,
-    committee_members,
-    init_network,
-    read_pid,
-    set_genesis_evm,
-    start_network,
-    start_watchers,
-    stop_network,
-)
+from deploy.committee.generate import InitOptions, init_network
+from deploy.committee.genesis import committee_members, set_genesis_evm
+from deploy.committee.processes import read_pid, stop_network
+from deploy.committee.start import start_network
+from deploy.committee.watchers import start_watchers
 from deploy.evm import DeployConfig, deploy_all
 from node.chain.evm.account import PlanetChain
 from node.keys import create_node_key, create_wallet
