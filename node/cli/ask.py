@@ -19,9 +19,12 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from node.client.nodesfile import NodesFile, default_nodes_path, planet_home
+from node.model.manifest import Manifest
 from protocol.errors import UsageError
 
 EXAMPLES = """\
@@ -110,8 +113,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node.client.nodesfile import NodesFile, default_nodes_path
-    from node.client.sampling import SamplingConfig
+    from node.client.sampling import SamplingConfig  # lazy: numpy
 
     if args.max_tokens < 1:
         raise UsageError("--max-tokens must be >= 1")
@@ -143,12 +145,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str, Any]:
+    # lazy: aiohttp and numpy (the client, its head and the wire codecs)
     import aiohttp
 
     from node.client.chain import ChainClient
     from node.client.head import NumpyHead
     from node.client.pipeline import Hop, PipelineClient, Timings
-    from node.model.manifest import Manifest
     from node.server.run import configure_torch_threads
     from protocol.frames import COMPRESSED_CODEC
 
@@ -203,8 +205,6 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
 
 def _pay_defaults(args: argparse.Namespace) -> dict[str, Any]:
     """Gateway URL, EVM RPC, deployment and wallet: flags, else devnet.json, else defaults."""
-    from node.client.nodesfile import planet_home
-
     devnet: dict[str, Any] = {}
     devnet_file = planet_home() / "devnet" / "devnet.json"
     if devnet_file.exists():
@@ -241,7 +241,7 @@ def _pay_defaults(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _open_wallet(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
-    from node.keys import PasswordSource, load_wallet
+    from node.keys import PasswordSource, load_wallet  # lazy: eth-account
 
     wallet = settings["wallet"]
     if not wallet.exists():
@@ -258,6 +258,7 @@ def _say(text: str) -> None:
 
 
 async def _ask_paid(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+    # lazy: aiohttp and the web3 stack
     import aiohttp
 
     from node.chain.evm.account import PlanetChain
@@ -326,6 +327,7 @@ async def _deposit_key(
     pool: dict[str, Any], chain: Any, quote: Any, query_id: bytes, model_id: bytes, account: Any
 ) -> str:
     """Per-query path: deposit the quote into QueryEscrow, sign the payment proof."""
+    # lazy: the web3 stack
     from node.chain.evm.errors import InsufficientFunds
     from node.gateway import client as gw
 
@@ -354,9 +356,7 @@ async def _voucher_key(
     private_key: bytes,
 ) -> str:
     """Prepaid path: check the balance, sign a voucher capped at the quote (no transaction)."""
-    import time
-
-    from protocol.payment import Voucher, payment_domain, sign_voucher
+    from protocol.payment import Voucher, payment_domain, sign_voucher  # lazy: eth-abi
 
     state = await asyncio.to_thread(chain.escrow.prepaid_of)
     if state["withdrawable_at"]:

@@ -16,6 +16,7 @@ from decimal import Decimal, InvalidOperation, localcontext
 from pathlib import Path
 from typing import Any
 
+from node.cli.ask import _open_wallet, _pay_defaults
 from protocol.errors import UsageError
 
 WEI_PER_ETH = 10**18
@@ -77,8 +78,6 @@ def parse_eth(text: str | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node.cli.ask import _open_wallet, _pay_defaults
-
     amount = parse_eth(args.amount) if args.action == "deposit" else None
     if args.action != "deposit" and args.amount is not None:
         raise UsageError(
@@ -103,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
 async def _act(
     args: argparse.Namespace, settings: dict[str, Any], key: bytes, amount: int | None
 ) -> dict[str, Any]:
+    # lazy: the web3 stack
     from node.chain.evm.account import PlanetChain
     from node.chain.evm.deployment import Deployment
     from node.chain.evm.errors import InsufficientFunds

@@ -72,7 +72,7 @@ def _only(args: argparse.Namespace, network: Network) -> list[int] | None:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    # Lazy: generating keys imports eth-account (~0.2 s), which other commands do not need.
+    # lazy: eth-account (the operator keys)
     from deploy.committee.generate import InitOptions, init_network
 
     network = init_network(
@@ -107,7 +107,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    # Lazy: waiting for blocks imports aiohttp (the RPC client), which other commands do not need.
+    # lazy: aiohttp (the RPC client that waits for blocks)
     from deploy.committee.start import start_network
 
     network = load_network(_dir(args))
@@ -162,7 +162,7 @@ def _render(rows: list[dict[str, Any]]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    # Lazy: the RPC client imports aiohttp, which other commands do not need.
+    # lazy: aiohttp (the RPC client)
     from deploy.committee.status import network_status
 
     network = load_network(_dir(args))

@@ -23,6 +23,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from node.config import resolve_config
+from node.model.manifest import Manifest
 from protocol.errors import ConfigError, PlanetError, UnavailableError, UsageError
 
 ETHER = 10**18
@@ -128,8 +130,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from node.config import resolve_config
-
     return resolve_config(
         {
             "home": args.home,
@@ -147,13 +147,13 @@ def _say(line: str) -> None:
 
 
 def _password(config: Any) -> str:
-    from node.keys import PasswordSource
+    from node.keys import PasswordSource  # lazy: eth-account, nacl
 
     return PasswordSource(file=config.password_file).read()
 
 
 def _wallet(config: Any, password: str) -> Any:
-    from node.keys import load_or_create_wallet
+    from node.keys import load_or_create_wallet  # lazy: eth-account, nacl
 
     existed = config.wallet_path.exists()
     wallet = load_or_create_wallet(config.wallet_path, password)
@@ -164,7 +164,7 @@ def _wallet(config: Any, password: str) -> Any:
 
 def _check_chain(config: Any) -> Any:
     """A web3 connection to the configured EVM RPC, on the expected chain."""
-    from node.chain.evm.rpc import connect
+    from node.chain.evm.rpc import connect  # lazy: the web3 stack
 
     try:
         w3 = connect(config.evm_rpc, timeout_s=5.0)
@@ -184,6 +184,7 @@ def _check_chain(config: Any) -> Any:
 
 
 def _chain(config: Any, password: str) -> Any:
+    # lazy: the web3 stack
     from node.chain.evm.account import PlanetChain
     from node.chain.evm.deployment import Deployment
 
@@ -194,7 +195,7 @@ def _chain(config: Any, password: str) -> Any:
 
 
 def _funds_check(chain: Any, value: int) -> None:
-    from node.chain.evm.errors import InsufficientFunds
+    from node.chain.evm.errors import InsufficientFunds  # lazy: the web3 stack
 
     balance = chain.balance()
     if balance < value + GAS_RESERVE_WEI:
@@ -275,6 +276,7 @@ def _withdraw(args: argparse.Namespace) -> int:
 
 
 def _join(args: argparse.Namespace) -> int:
+    # lazy: the node agent and launcher (aiohttp, numpy, eth-account)
     from node.agent.launch import (
         agent_alive,
         check_shard,
@@ -284,8 +286,7 @@ def _join(args: argparse.Namespace) -> int:
         start_node_and_agent,
     )
     from node.keys import load_or_create_node_key
-    from node.model.manifest import Manifest
-    from node.model.source import models_dir
+    from node.model.source import models_dir  # lazy: importlib.metadata, ~10 % of start-up
     from node.server.launcher import free_ports
 
     config = _config(args)
@@ -348,6 +349,7 @@ def _join(args: argparse.Namespace) -> int:
 
 
 async def _send_leave(config: Any, key: str) -> dict[str, Any] | None:
+    # lazy: aiohttp, eth-account, nacl
     from node.chain.committee_link import CommitteeLink
     from node.keys import load_node_key
     from protocol.committee import Leave
@@ -367,7 +369,7 @@ async def _send_leave(config: Any, key: str) -> dict[str, Any] | None:
 
 
 def _committee_view(config: Any, key: str) -> dict[str, Any] | None:
-    from node.chain.committee_link import CommitteeLink
+    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
 
     async def read() -> dict[str, Any] | None:
         link = CommitteeLink([config.committee_rpc])
@@ -380,6 +382,7 @@ def _committee_view(config: Any, key: str) -> dict[str, Any] | None:
 
 
 async def _wait_routable(config: Any, joined: Any, timeout_s: float) -> None:
+    # lazy: aiohttp, numpy
     from node.agent.launch import is_agent
     from node.chain.committee_link import CommitteeLink
     from node.server.launcher import pid_alive
@@ -439,7 +442,7 @@ def _progress_line(view: dict[str, Any] | None) -> str:
 
 
 def _leave(args: argparse.Namespace) -> int:
-    from node.agent.launch import read_joined, stop_joined
+    from node.agent.launch import read_joined, stop_joined  # lazy: aiohttp, numpy, eth-account
 
     config = _config(args)
     joined = read_joined(config.run_dir)
@@ -470,6 +473,7 @@ def _leave(args: argparse.Namespace) -> int:
 
 def collect_status(config: Any) -> dict[str, Any]:
     """Everything `planet status` shows, as one JSON-able object (errors per part)."""
+    # lazy: aiohttp, numpy, eth-account
     from node.agent.launch import agent_alive, read_joined
     from node.keys import node_public_key, wallet_address
     from node.server.launcher import pid_alive
@@ -511,7 +515,7 @@ def collect_status(config: Any) -> dict[str, Any]:
 
 
 def _read_stake(config: Any, address: str) -> dict[str, Any]:
-    from node.chain.evm.deployment import Deployment
+    from node.chain.evm.deployment import Deployment  # lazy: eth-utils
 
     w3 = _check_chain(config)
     deployment = Deployment.load(config.deployment_path)
@@ -527,7 +531,7 @@ def _read_stake(config: Any, address: str) -> dict[str, Any]:
 
 
 async def _committee_status(config: Any, key: str, joined: Any) -> tuple[Any, Any]:
-    from node.chain.committee_link import CommitteeLink
+    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
 
     link = CommitteeLink([config.committee_rpc])
     try:

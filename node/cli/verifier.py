@@ -7,6 +7,8 @@ import logging
 import os
 from pathlib import Path
 
+from node.config import resolve_config
+from node.procs import run_service
 from protocol.errors import ConfigError, UsageError
 
 EXAMPLES = """\
@@ -101,9 +103,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from node.config import resolve_config
+    # lazy: the verifier's runtime (torch, aiohttp, the web3 stack)
     from node.keys import PasswordSource, operator_key_path, read_operator_key
-    from node.procs import run_service
     from node.verifier.service import VerifierConfig, serve
     from node.verifier.worker import WorkerSettings
 
