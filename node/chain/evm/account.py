@@ -13,8 +13,9 @@ account and thread.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from node.chain.evm.committee import Committee
-from node.chain.evm.deployment import Deployment
 from node.chain.evm.escrow import QueryEscrow
 from node.chain.evm.fraud_proofs import FraudProofs
 from node.chain.evm.registry import ModelRegistry
@@ -25,19 +26,22 @@ from node.chain.evm.staking import Staking
 class PlanetChain(Sender):
     """One account's sender and its bindings to the Planet contracts."""
 
-    def __init__(
-        self,
-        deployment: Deployment,
-        private_key: str | bytes,
-        *,
-        rpc_url: str | None = None,
-        receipt_timeout_s: float = 30.0,
-    ) -> None:
-        super().__init__(
-            deployment, private_key, rpc_url=rpc_url, receipt_timeout_s=receipt_timeout_s
-        )
-        self.staking = Staking(self)
-        self.escrow = QueryEscrow(self)
-        self.fraud_proofs = FraudProofs(self)
-        self.committee = Committee(self)
-        self.registry = ModelRegistry(self)
+    @cached_property
+    def staking(self) -> Staking:
+        return Staking(self)
+
+    @cached_property
+    def escrow(self) -> QueryEscrow:
+        return QueryEscrow(self)
+
+    @cached_property
+    def fraud_proofs(self) -> FraudProofs:
+        return FraudProofs(self)
+
+    @cached_property
+    def committee(self) -> Committee:
+        return Committee(self)
+
+    @cached_property
+    def registry(self) -> ModelRegistry:
+        return ModelRegistry(self)
