@@ -55,7 +55,11 @@ from typing import Any
 
 import aiohttp
 
-from deploy import committee
+from deploy.committee.cometbft import COMETBFT_VERSION
+from deploy.committee.generate import InitOptions, init_network
+from deploy.committee.network import Network
+from deploy.committee.processes import running_processes, stop_network
+from deploy.committee.start import start_network
 from node.chain.committee_rpc import CommitteeRpc, decode_block_txs, tx_hash
 
 log = logging.getLogger("bench.committee")
@@ -258,7 +262,7 @@ async def _worker(
 
 
 async def run_load(
-    network: committee.Network,
+    network: Network,
     factory: Any,
     *,
     duration_s: float,
@@ -307,10 +311,10 @@ async def run_load(
     return metrics
 
 
-def _rss_mb(network: committee.Network) -> dict[str, float]:
+def _rss_mb(network: Network) -> dict[str, float]:
     """Largest resident memory (MB) among the apps and among the cometbft nodes right now."""
     out = {"rss_mb_max_app": 0.0, "rss_mb_max_cometbft": 0.0}
-    for name, pid in committee.running_processes(network).items():
+    for name, pid in running_processes(network).items():
         with contextlib.suppress(OSError, ValueError, IndexError):
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -319,11 +323,11 @@ def _rss_mb(network: committee.Network) -> dict[str, float]:
     return out
 
 
-def _cpu_seconds(network: committee.Network) -> dict[str, float]:
+def _cpu_seconds(network: Network) -> dict[str, float]:
     """CPU seconds (user + system) used so far by the apps, the cometbft nodes and this process."""
     ticks = os.sysconf("SC_CLK_TCK")
     used = {"app": 0.0, "cometbft": 0.0}
-    for name, pid in committee.running_processes(network).items():
+    for name, pid in running_processes(network).items():
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             used[name.rstrip("0123456789")] += (int(fields[11]) + int(fields[12])) / ticks
@@ -496,8 +500,8 @@ def bench_app(
     rate_records_s: float = 0.0,
 ) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"planet-bench-committee-{app}-"))
-    network = committee.init_network(
-        committee.InitOptions(
+    network = init_network(
+        InitOptions(
             directory=workdir,
             validators=args.validators,
             base_port=base_port,
@@ -507,9 +511,7 @@ def bench_app(
         )
     )
     try:
-        committee.start_network(
-            network, timeout_s=90, progress=lambda line: log.info("%s: %s", app, line)
-        )
+        start_network(network, timeout_s=90, progress=lambda line: log.info("%s: %s", app, line))
         factory = (
             PlanetTxs(batch, run_id=os.urandom(8).hex(), encoding=encoding)
             if app == "planet"
@@ -536,7 +538,7 @@ def bench_app(
             )
         )
     finally:
-        committee.stop_network(network)
+        stop_network(network)
         if args.keep:
             log.info("kept %s", workdir)
         else:
@@ -561,7 +563,7 @@ def _machine() -> dict[str, Any]:
         "gpu": None,
         "torch": torch_version,
         "device": "cpu",
-        "cometbft": committee.COMETBFT_VERSION,
+        "cometbft": COMETBFT_VERSION,
     }
 
 

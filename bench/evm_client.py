@@ -1,8 +1,9 @@
 """Python-side settlement costs on a real anvil: deploy time, client tx throughput, settlement.
 
 Starts its own anvil (port 18547), deploys every contract with `deploy.evm.deploy_all`, then
-drives the typed client `node.chain.evm.PlanetChain`: sequential deposits (each waits for its
-receipt), one committee-signed payout root over N queries, and the claims of its payout tree.
+drives the typed client `node.chain.evm.account.PlanetChain`: sequential deposits (each waits
+for its receipt), one committee-signed payout root over N queries, and the claims of its payout
+tree.
 Prints one JSON object (BENCHMARKS.md); logs go to stderr.
 
     .venv/bin/python bench/evm_client.py [--deposits 100] [--payees 16] [--repeats 3]
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import machine, median, spread
 from deploy.anvil import ANVIL_DEV_KEY, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
-from node.chain.evm import PlanetChain
+from node.chain.evm.account import PlanetChain
 from protocol.eip712 import PayoutRoot, address_of, committee_signatures, queries_hash
 from shares.merkle import PayoutTree
 
@@ -61,7 +62,7 @@ def main() -> int:
             queries = [keccak(text=f"bench query {repeat} {i}") for i in range(args.deposits)]
             started = time.perf_counter()
             for query in queries:
-                result = user.deposit(query, keccak(text="model"), 10**15)
+                result = user.escrow.deposit(query, keccak(text="model"), 10**15)
             deposit_tx_s.append(args.deposits / (time.perf_counter() - started))
             gas["deposit_gas"] = result.gas_used
 
@@ -80,9 +81,9 @@ def main() -> int:
                 queries_hash(queries, fees),
                 user.deployment.address("QueryEscrow"),
             )
-            sigs = committee_signatures(statement, COMMITTEE_KEYS, user.domain_committee())
+            sigs = committee_signatures(statement, COMMITTEE_KEYS, user.committee.domain())
             started = time.perf_counter()
-            posted = user.post_payout_root(statement, queries, fees, sigs)
+            posted = user.escrow.post_payout_root(statement, queries, fees, sigs)
             post_root_s.append(time.perf_counter() - started)
             gas[f"settle_{args.deposits}_queries_4_signers_gas"] = posted.gas_used
 
@@ -95,7 +96,7 @@ def main() -> int:
                 payee_clients.append(PlanetChain(deployment, key))
             started = time.perf_counter()
             for i, (payout, payee) in enumerate(zip(tree.payouts, payee_clients, strict=True)):
-                claimed = payee.claim(epoch, payout.amount, tree.proof(i))
+                claimed = payee.escrow.claim(epoch, payout.amount, tree.proof(i))
             claim_tx_s.append(args.payees / (time.perf_counter() - started))
             gas[f"claim_gas_{args.payees}_leaves"] = claimed.gas_used
 

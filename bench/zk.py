@@ -88,7 +88,7 @@ def main() -> int:
     from deploy.anvil import ANVIL_DEV_KEY, rpc_call, start_anvil
     from deploy.evm import DeployConfig, compile_contracts, deploy_all
     from deploy.zk import deploy_fault_verifier
-    from node.chain.evm import PlanetChain
+    from node.chain.evm.account import PlanetChain
     from node.model.prepare import prepare
     from node.verifier.zk.build import build_circuit
     from node.verifier.zk.circuit import load_op
@@ -169,9 +169,9 @@ def main() -> int:
             raise RuntimeError("the deployed verifier refused a valid proof")
         halo2_gas = _tx_gas(challenger, halo2_call)
         fault_gas = _tx_gas(challenger, fault_call)
-        node.stake(ROLE_COMPUTE, 2 * ETHER)
-        result = challenger.prove_computation_fault(
-            reveal, reveal.sign(node.account.key, node.domain_fraud_proofs()), proof.encode()
+        node.staking.stake(ROLE_COMPUTE, 2 * ETHER)
+        result = challenger.fraud_proofs.prove_computation_fault(
+            reveal, reveal.sign(node.account.key, node.fraud_proofs.domain()), proof.encode()
         )
         if result.event("Slashed")["offence"] != 3:
             raise RuntimeError("the fault proof did not slash FailedVerification")

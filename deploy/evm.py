@@ -32,15 +32,9 @@ from web3 import Web3
 from web3.exceptions import ContractLogicError, Web3RPCError
 
 from deploy.anvil import DEVNET_CHAIN_ID, REPO_ROOT
-from node.chain.evm import (
-    DeployedContract,
-    Deployment,
-    RevertDecoder,
-    connect,
-    revert_data,
-    rpc_error,
-    rpc_guard,
-)
+from node.chain.evm.deployment import DeployedContract, Deployment
+from node.chain.evm.errors import RevertDecoder, revert_data, rpc_error
+from node.chain.evm.rpc import connect, rpc_guard
 from protocol.eip712 import as_address
 from protocol.errors import ConfigError, PlanetError, ProtocolError, UsageError
 

@@ -16,7 +16,7 @@ from eth_account import Account
 
 from deploy.anvil import REPO_ROOT
 from deploy.evm import Progress, _Deployer, compile_contracts, load_artifact
-from node.chain.evm import connect, rpc_guard
+from node.chain.evm.rpc import connect, rpc_guard
 from node.verifier.zk.build import BuiltCircuit
 
 log = logging.getLogger(__name__)

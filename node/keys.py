@@ -3,7 +3,8 @@
 Both are created on first use and never printed. The wallet is the standard Web3 Secret Storage
 JSON (scrypt), so any Ethereum tool opens it. The node key (the committee-chain identity of a
 compute node or verifier) is a 32-byte ed25519 seed sealed with a key derived by scrypt from the
-same password (pynacl `SecretBox`), in a small JSON file that also shows the public key.
+same password (pynacl `SecretBox`), in a small JSON file that also shows the public key. A
+committee validator also has a secp256k1 operator key (`config/operator_key.json` in its home).
 
 Password sources, first match wins: an explicit file (`--password-file`), the `PLANET_PASSWORD`
 environment variable, then an interactive prompt; without a terminal and without either source
@@ -32,10 +33,11 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils import to_checksum_address
 
-from protocol.errors import PlanetError
+from protocol.errors import ConfigError, PlanetError
 
 PASSWORD_ENV = "PLANET_PASSWORD"
 NODE_KEY_FORMAT = "planet-node-key/v1"
+OPERATOR_KEY_FILE = "operator_key.json"  # under a validator home's config/
 # scrypt cost of the node key file (pynacl's "interactive" limits: ~0.1 s, 64 MiB).
 _OPSLIMIT = nacl.pwhash.scrypt.OPSLIMIT_INTERACTIVE
 _MEMLIMIT = nacl.pwhash.scrypt.MEMLIMIT_INTERACTIVE
@@ -137,6 +139,39 @@ def wallet_address(path: Path) -> str:
     if not isinstance(raw, str) or len(raw.removeprefix("0x")) != 40:
         raise KeyFileError(f"{path} does not name its address")
     return str(to_checksum_address("0x" + raw.removeprefix("0x")))
+
+
+# --- a validator's operator key -----------------------------------------------------------------
+#
+# Each committee validator has a secp256k1 operator key next to its CometBFT keys: its address is
+# the validator's member of the `Committee` contract, and it signs payout roots and verdicts. It is
+# an eth-account keystore with an empty password (a devnet or test validator's key guards nothing
+# the validator home does not already hold), written by `planet committee init`.
+
+
+def operator_key_path(home: Path) -> Path:
+    """Where a validator home keeps its operator key."""
+    return home / "config" / OPERATOR_KEY_FILE
+
+
+def write_operator_key(path: Path) -> str:
+    """A fresh secp256k1 operator key as an eth-account keystore (empty password), mode 0600;
+    returns its address."""
+    account = Account.create()
+    keystore = Account.encrypt(account.key, "", kdf="pbkdf2", iterations=2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(keystore, handle)
+    return str(account.address)
+
+
+def read_operator_key(path: Path) -> bytes:
+    """The private key of an operator key file (`write_operator_key`); `ConfigError` when the
+    file cannot be read or is not such a keystore."""
+    try:
+        return bytes(Account.decrypt(json.loads(path.read_text()), ""))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"cannot read the operator key {path}: {error}") from None
 
 
 # --- ed25519 node key ---------------------------------------------------------------------------

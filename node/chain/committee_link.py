@@ -12,7 +12,7 @@ validator RPC when one is unreachable, and turns answers into typed values:
 
 Every failure is a `PlanetError`: `UnavailableError` when no validator answers,
 `TxRejectedError` when CheckTx refuses a tx, `RemoteError` for an app error answer.
-Callers decide whether to retry (see `node.agent.retry`).
+Callers decide whether to retry (see `node.retry`).
 """
 
 from __future__ import annotations

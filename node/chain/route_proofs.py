@@ -5,7 +5,7 @@ A client, gateway, next node or verifier that holds a node's signed route statem
 signed commitment goes to `FraudProofs.proveRevealMismatch`; two different signed commitments
 for the same route slot (the node showed one route to the client and another elsewhere) go to
 `FraudProofs.proveEquivocation`. The caller's account is the challenger and earns half of the
-slash (commit-then-prove, `PlanetChain`).
+slash (commit-then-prove, `node.chain.evm.fraud_proofs`).
 
     evidence = route_fraud(step, other_step)       # "reveal_mismatch" | "equivocation" | None
     result = prove_route_fraud(chain, step, other_step)   # TxResult, or None when no fault
@@ -29,15 +29,15 @@ def route_fraud(step: RouteStep, other: RouteStep | None = None) -> str | None:
 
 
 def prove_route_fraud(chain: Any, step: RouteStep, other: RouteStep | None = None) -> Any:
-    """Send the matching FraudProofs proof from `chain` (a `node.chain.evm.PlanetChain`);
+    """Send the matching FraudProofs proof from `chain` (a `node.chain.evm.account.PlanetChain`);
     None when the statements hold no provable fault."""
     kind = route_fraud(step, other)
     if kind == "reveal_mismatch":
-        return chain.prove_reveal_mismatch(
+        return chain.fraud_proofs.prove_reveal_mismatch(
             step.commitment, step.commitment_sig, step.reveal, step.reveal_sig
         )
     if kind == "equivocation" and other is not None:
-        return chain.prove_equivocation(
+        return chain.fraud_proofs.prove_equivocation(
             step.commitment, step.commitment_sig, other.commitment, other.commitment_sig
         )
     return None

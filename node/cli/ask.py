@@ -19,9 +19,12 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from node.client.nodesfile import NodesFile, default_nodes_path, planet_home
+from node.model.manifest import Manifest
 from protocol.errors import UsageError
 
 EXAMPLES = """\
@@ -110,8 +113,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node.client.nodesfile import NodesFile, default_nodes_path
-    from node.client.sampling import SamplingConfig
+    from node.client.sampling import SamplingConfig  # lazy: numpy
 
     if args.max_tokens < 1:
         raise UsageError("--max-tokens must be >= 1")
@@ -143,12 +145,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str, Any]:
+    # lazy: aiohttp and numpy (the client, its head and the wire codecs)
     import aiohttp
 
     from node.client.chain import ChainClient
     from node.client.head import NumpyHead
     from node.client.pipeline import Hop, PipelineClient, Timings
-    from node.model.manifest import Manifest
     from node.server.run import configure_torch_threads
     from protocol.frames import COMPRESSED_CODEC
 
@@ -203,8 +205,6 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
 
 def _pay_defaults(args: argparse.Namespace) -> dict[str, Any]:
     """Gateway URL, EVM RPC, deployment and wallet: flags, else devnet.json, else defaults."""
-    from node.client.nodesfile import planet_home
-
     devnet: dict[str, Any] = {}
     devnet_file = planet_home() / "devnet" / "devnet.json"
     if devnet_file.exists():
@@ -241,7 +241,7 @@ def _pay_defaults(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _open_wallet(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
-    from node.keys import PasswordSource, load_wallet
+    from node.keys import PasswordSource, load_wallet  # lazy: eth-account
 
     wallet = settings["wallet"]
     if not wallet.exists():
@@ -258,9 +258,11 @@ def _say(text: str) -> None:
 
 
 async def _ask_paid(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+    # lazy: aiohttp and the web3 stack
     import aiohttp
 
-    from node.chain.evm import Deployment, PlanetChain
+    from node.chain.evm.account import PlanetChain
+    from node.chain.evm.deployment import Deployment
     from node.gateway import client as gw
 
     gateway = settings["gateway"]
@@ -325,7 +327,8 @@ async def _deposit_key(
     pool: dict[str, Any], chain: Any, quote: Any, query_id: bytes, model_id: bytes, account: Any
 ) -> str:
     """Per-query path: deposit the quote into QueryEscrow, sign the payment proof."""
-    from node.chain.evm import InsufficientFunds
+    # lazy: the web3 stack
+    from node.chain.evm.errors import InsufficientFunds
     from node.gateway import client as gw
 
     balance = await asyncio.to_thread(chain.balance)
@@ -339,7 +342,7 @@ async def _deposit_key(
             f"{account.address} holds {balance} wei, the deposit needs {quote.amount} wei",
             hint="fund the wallet, or ask with a smaller --max-tokens",
         )
-    tx = await asyncio.to_thread(chain.deposit, query_id, model_id, quote.amount)
+    tx = await asyncio.to_thread(chain.escrow.deposit, query_id, model_id, quote.amount)
     _say(f"deposited: query 0x{query_id.hex()} (tx {tx.tx_hash}, gas fee {tx.fee_wei} wei)")
     return gw.api_key_for(pool, query_id, quote.amount, bytes(account.key))
 
@@ -353,11 +356,9 @@ async def _voucher_key(
     private_key: bytes,
 ) -> str:
     """Prepaid path: check the balance, sign a voucher capped at the quote (no transaction)."""
-    import time
+    from protocol.payment import Voucher, payment_domain, sign_voucher  # lazy: eth-abi
 
-    from protocol.payment import Voucher, payment_domain, sign_voucher
-
-    state = await asyncio.to_thread(chain.prepaid_of)
+    state = await asyncio.to_thread(chain.escrow.prepaid_of)
     if state["withdrawable_at"]:
         raise UsageError(
             "your prepaid balance is being withdrawn; gateways refuse its vouchers",

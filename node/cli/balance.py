@@ -16,6 +16,7 @@ from decimal import Decimal, InvalidOperation, localcontext
 from pathlib import Path
 from typing import Any
 
+from node.cli.ask import _open_wallet, _pay_defaults
 from protocol.errors import UsageError
 
 WEI_PER_ETH = 10**18
@@ -77,8 +78,6 @@ def parse_eth(text: str | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node.cli.ask import _open_wallet, _pay_defaults
-
     amount = parse_eth(args.amount) if args.action == "deposit" else None
     if args.action != "deposit" and args.amount is not None:
         raise UsageError(
@@ -103,12 +102,15 @@ def run(args: argparse.Namespace) -> int:
 async def _act(
     args: argparse.Namespace, settings: dict[str, Any], key: bytes, amount: int | None
 ) -> dict[str, Any]:
-    from node.chain.evm import Deployment, InsufficientFunds, PlanetChain
+    # lazy: the web3 stack
+    from node.chain.evm.account import PlanetChain
+    from node.chain.evm.deployment import Deployment
+    from node.chain.evm.errors import InsufficientFunds
 
     chain = await asyncio.to_thread(
         PlanetChain, Deployment.load(settings["deployment"]), key, rpc_url=settings["evm_rpc"]
     )
-    state = await asyncio.to_thread(chain.prepaid_of)
+    state = await asyncio.to_thread(chain.escrow.prepaid_of)
     done = "shown"
     tx_hash = None
     if amount is not None:  # deposit
@@ -118,11 +120,11 @@ async def _act(
                 f"{chain.address} holds {wallet} wei, the deposit is {amount} wei",
                 hint="fund the wallet or deposit less",
             )
-        tx_hash = (await asyncio.to_thread(chain.deposit_balance, amount)).tx_hash
+        tx_hash = (await asyncio.to_thread(chain.escrow.deposit_balance, amount)).tx_hash
         done = "deposited"
     elif args.action == "withdraw":
         tx_hash, done = await _withdraw(args, chain, state)
-    state = await asyncio.to_thread(chain.prepaid_of)
+    state = await asyncio.to_thread(chain.escrow.prepaid_of)
     return {
         "action": done,
         "payer": chain.address,
@@ -140,18 +142,18 @@ async def _withdraw(
     if args.cancel:
         if pending == 0:
             raise UsageError("no withdrawal is pending", hint="nothing to cancel")
-        return (await asyncio.to_thread(chain.cancel_withdrawal)).tx_hash, "cancelled"
+        return (await asyncio.to_thread(chain.escrow.cancel_withdrawal)).tx_hash, "cancelled"
     if pending == 0:
         if state["balance"] == 0:
             raise UsageError("the prepaid balance is empty", hint="nothing to withdraw")
-        return (await asyncio.to_thread(chain.request_withdrawal)).tx_hash, "requested"
+        return (await asyncio.to_thread(chain.escrow.request_withdrawal)).tx_hash, "requested"
     now = await asyncio.to_thread(lambda: chain.w3.eth.get_block("latest")["timestamp"])
     if now < pending:
         raise UsageError(
             f"the withdrawal opens at {pending} (in {pending - now} s on the chain's clock)",
             hint="run `planet balance withdraw` again then, or `--cancel` to keep the balance",
         )
-    return (await asyncio.to_thread(chain.withdraw_balance)).tx_hash, "withdrawn"
+    return (await asyncio.to_thread(chain.escrow.withdraw_balance)).tx_hash, "withdrawn"
 
 
 def _describe(result: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """`planet committee init|up|down|status`: a local CometBFT committee network (one host).
 
-The work is in `deploy.committee`; this module parses flags, prints progress on stderr and
-data on stdout (`status --json` for scripts).
+The work is in `deploy.committee` (one module per step); this module parses flags, prints
+progress on stderr and data on stdout (`status --json` for scripts).
 """
 
 from __future__ import annotations
@@ -13,7 +13,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from deploy import committee
+from deploy.committee.cometbft import DEFAULT_TIMEOUT_COMMIT
+from deploy.committee.genesis import (
+    DEFAULT_COMMITTEE_ADDRESS,
+    DEFAULT_EPOCH_LENGTH,
+    DEFAULT_EVM_CHAIN_ID,
+)
+from deploy.committee.network import (
+    APPS,
+    DEFAULT_BASE_PORT,
+    DEFAULT_CHAIN_ID,
+    Network,
+    default_dir,
+    load_network,
+)
+from deploy.committee.processes import running_processes, stop_network
 from protocol.errors import UsageError
 
 EXAMPLES = """\
@@ -38,14 +52,14 @@ def _add_dir(parser: argparse.ArgumentParser) -> None:
 
 
 def _dir(args: argparse.Namespace) -> Path:
-    return (args.dir or committee.default_dir()).expanduser()
+    return (args.dir or default_dir()).expanduser()
 
 
 def _progress(line: str) -> None:
     print(f"  {line}", file=sys.stderr, flush=True)
 
 
-def _only(args: argparse.Namespace, network: committee.Network) -> list[int] | None:
+def _only(args: argparse.Namespace, network: Network) -> list[int] | None:
     if args.only is None:
         return None
     bad = [i for i in args.only if not 0 <= i < len(network.validators)]
@@ -58,8 +72,11 @@ def _only(args: argparse.Namespace, network: committee.Network) -> list[int] | N
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    network = committee.init_network(
-        committee.InitOptions(
+    # lazy: eth-account (the operator keys)
+    from deploy.committee.generate import InitOptions, init_network
+
+    network = init_network(
+        InitOptions(
             directory=_dir(args),
             validators=args.validators,
             base_port=args.base_port,
@@ -90,14 +107,17 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    network = committee.load_network(_dir(args))
-    running = committee.running_processes(network)
+    # lazy: aiohttp (the RPC client that waits for blocks)
+    from deploy.committee.start import start_network
+
+    network = load_network(_dir(args))
+    running = running_processes(network)
     print(
         f"starting committee network in {network.dir}"
         + (f" ({len(running)} processes already running)" if running else ""),
         file=sys.stderr,
     )
-    started = committee.start_network(
+    started = start_network(
         network,
         only=_only(args, network),
         wait=not args.no_wait,
@@ -113,8 +133,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    network = committee.load_network(_dir(args))
-    stopped = committee.stop_network(network, only=_only(args, network))
+    network = load_network(_dir(args))
+    stopped = stop_network(network, only=_only(args, network))
     print(
         f"down: stopped {len(stopped)} processes" if stopped else "down: nothing was running",
         file=sys.stderr,
@@ -142,8 +162,11 @@ def _render(rows: list[dict[str, Any]]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    network = committee.load_network(_dir(args))
-    rows = asyncio.run(committee.network_status(network))
+    # lazy: aiohttp (the RPC client)
+    from deploy.committee.status import network_status
+
+    network = load_network(_dir(args))
+    rows = asyncio.run(network_status(network))
     if args.json:
         print(
             json.dumps(
@@ -187,40 +210,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     init.add_argument(
         "--base-port",
         type=int,
-        default=committee.DEFAULT_BASE_PORT,
+        default=DEFAULT_BASE_PORT,
         help="validator i uses base+10i.. base+10i+3 (default %(default)s)",
     )
     init.add_argument(
         "--timeout-commit",
-        default=committee.DEFAULT_TIMEOUT_COMMIT,
+        default=DEFAULT_TIMEOUT_COMMIT,
         help="CometBFT pause after each block (default %(default)s)",
     )
     init.add_argument(
         "--epoch-length",
         type=int,
-        default=committee.DEFAULT_EPOCH_LENGTH,
+        default=DEFAULT_EPOCH_LENGTH,
         help="blocks per committee epoch (default %(default)s)",
     )
     init.add_argument(
         "--chain-id",
-        default=committee.DEFAULT_CHAIN_ID,
+        default=DEFAULT_CHAIN_ID,
         help="CometBFT chain id (default %(default)s)",
     )
     init.add_argument(
         "--evm-chain-id",
         type=int,
-        default=committee.DEFAULT_EVM_CHAIN_ID,
+        default=DEFAULT_EVM_CHAIN_ID,
         help="EVM chain id of the settlement chain, for EIP-712 verdicts (default %(default)s)",
     )
     init.add_argument(
         "--committee-address",
-        default=committee.DEFAULT_COMMITTEE_ADDRESS,
+        default=DEFAULT_COMMITTEE_ADDRESS,
         help="address of the settlement contract that checks committee signatures "
         "(default: zero until deployed)",
     )
     init.add_argument(
         "--app",
-        choices=committee.APPS,
+        choices=APPS,
         default="planet",
         help="planet: the Planet ABCI app; kvstore: CometBFT's built-in app "
         "(to measure CometBFT's own ceiling)",

@@ -84,9 +84,12 @@ def _say(message: str) -> None:
 
 
 def deploy_command(args: argparse.Namespace) -> int:
+    # lazy: the web3 stack; deploy.anvil loads urllib.request (~10 % of start-up)
+    from eth_account import Account
+
     from deploy.anvil import ANVIL_DEV_ADDRESS, ANVIL_DEV_KEY, DEVNET_CHAIN_ID, start_anvil
     from deploy.evm import DeployConfig, deploy_all, parse_committee
-    from node.chain.evm import connect, rpc_guard
+    from node.chain.evm.rpc import connect, rpc_guard
 
     key = args.key or os.environ.get("PLANET_DEPLOYER_KEY")
     anvil = None
@@ -111,8 +114,6 @@ def deploy_command(args: argparse.Namespace) -> int:
                 )
             _say(f"no --key: using anvil's public dev account {ANVIL_DEV_ADDRESS}")
             key = ANVIL_DEV_KEY
-        from eth_account import Account
-
         deployer = Account.from_key(key).address
         committee = parse_committee(args.committee) or ((deployer, 1),)
         if not args.committee:

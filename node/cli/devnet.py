@@ -1,4 +1,4 @@
-"""`planet devnet up | status | down`: the whole network on this machine (deploy/devnet.py).
+"""`planet devnet up | status | down`: the whole network on this machine (`deploy.devnet`).
 
 `up` starts anvil, deploys the contracts, registers the default model, starts a CometBFT
 committee with its apps and stake watchers, stakes and joins compute nodes with the same
@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from node.config import default_home
 from protocol.errors import UsageError
 
 EXAMPLES = """\
@@ -79,8 +80,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _home(args: argparse.Namespace) -> Path:
-    from node.config import default_home
-
     return Path(args.home).expanduser() if args.home else default_home()
 
 
@@ -89,7 +88,10 @@ def _say(line: str) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from deploy.devnet import DevnetOptions, down, up
+    # lazy: the web3 stack, aiohttp (deploy.devnet starts and talks to everything)
+    from deploy.devnet.down import down
+    from deploy.devnet.plan import DevnetOptions
+    from deploy.devnet.up import up
 
     if not 0 <= args.verifiers <= args.validators:
         raise UsageError(
@@ -142,7 +144,7 @@ def _summary(state: dict[str, Any]) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from deploy.devnet import status
+    from deploy.devnet.status import status  # lazy: the web3 stack, aiohttp
 
     report = status(_home(args))
     if args.json:
@@ -180,7 +182,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from deploy.devnet import down
+    from deploy.devnet.down import down  # lazy: the web3 stack, aiohttp
 
     stopped = down(_home(args), _say)
     print(f"devnet stopped ({len(stopped)} parts)" if stopped else "no devnet was running")

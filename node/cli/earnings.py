@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from node.cli.operator import _chain, _check_chain, _common, _config, _password, format_eth
 from protocol.errors import RemoteError, UsageError
 
 ESCROW_STATUS = {0: "not posted", 1: "posted", 2: "disputed"}
@@ -87,8 +88,6 @@ class EpochEarning:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from node.cli.operator import _common
-
     for name, help_text, handler in (
         ("earnings", "shares, pending, claimable and claimed amounts per epoch", _earnings),
         ("claim", "claim your payout of settled epochs from the escrow", _claim),
@@ -117,7 +116,7 @@ def _epoch(text: str) -> int:
 
 
 def _account(config: Any) -> str:
-    from node.keys import wallet_address
+    from node.keys import wallet_address  # lazy: eth-account
 
     if not config.wallet_path.exists():
         raise UsageError(
@@ -128,7 +127,7 @@ def _account(config: Any) -> str:
 
 
 async def _committee(config: Any, path: str, **params: Any) -> Any:
-    from node.chain.committee_link import CommitteeLink
+    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
 
     link = CommitteeLink([config.committee_rpc])
     try:
@@ -145,8 +144,7 @@ class EscrowView:
     """Read-only QueryEscrow calls (no key needed)."""
 
     def __init__(self, config: Any) -> None:
-        from node.chain.evm import Deployment
-        from node.cli.operator import _check_chain
+        from node.chain.evm.deployment import Deployment  # lazy: eth-utils
 
         self.w3 = _check_chain(config)
         deployment = Deployment.load(config.deployment_path)
@@ -206,8 +204,6 @@ def earnings_of(config: Any, account: str, epoch: int | None) -> tuple[list[Epoc
 
 
 def _earnings(args: argparse.Namespace) -> int:
-    from node.cli.operator import _config, format_eth
-
     config = _config(args)
     account = _account(config)
     rows, (credits, now) = earnings_of(config, account, args.epoch)
@@ -243,8 +239,6 @@ def _earnings(args: argparse.Namespace) -> int:
 
 
 def _claim(args: argparse.Namespace) -> int:
-    from node.cli.operator import _chain, _config, _password, format_eth
-
     config = _config(args)
     account = _account(config)
     rows, (_credits, now) = earnings_of(config, account, args.epoch)
@@ -267,7 +261,7 @@ def _claim(args: argparse.Namespace) -> int:
         proof = asyncio.run(_committee(config, "/payouts/proof", epoch=row.epoch, account=account))
         amount = int(proof["amount"])
         steps = [bytes.fromhex(str(p)[2:]) for p in proof["proof"]]
-        result = chain.claim(row.epoch, amount, steps)
+        result = chain.escrow.claim(row.epoch, amount, steps)
         print(f"claimed {format_eth(amount)} for epoch {row.epoch} (tx {result.tx_hash})")
     return 0
 

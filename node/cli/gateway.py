@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from node.config import resolve_config
 from protocol.errors import UsageError
 
 EXAMPLES = """\
@@ -102,7 +103,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from node.config import resolve_config
+    # lazy: the gateway's runtime (aiohttp, numpy, web3); even its config costs ~8 % of start-up
     from node.gateway.config import GatewayConfig
     from node.gateway.run import serve
     from node.keys import PasswordSource

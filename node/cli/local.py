@@ -12,11 +12,11 @@ import argparse
 import json
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from node.client.nodesfile import NodeRef, NodesFile, default_nodes_path, local_run_dir
+from node.model.manifest import Manifest
 from protocol.canonical import loads_bounded
 from protocol.errors import UsageError
 
@@ -104,7 +104,7 @@ def _read_pid_file(path: Path) -> dict[str, int] | None:
 
 
 def _running(run_dir: Path) -> list[dict[str, int]]:
-    from node.server.launcher import is_planet_node, pid_alive
+    from node.server.launcher import is_planet_node, pid_alive  # lazy: aiohttp, numpy
 
     out = []
     for path in _pid_files(run_dir):
@@ -115,8 +115,7 @@ def _running(run_dir: Path) -> list[dict[str, int]]:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from node.client.nodesfile import NodeRef, NodesFile, default_nodes_path, local_run_dir
-    from node.model.manifest import Manifest
+    # lazy: torch (model preparation), aiohttp and numpy (the node launcher)
     from node.model.prepare import prepare
     from node.server.launcher import NodeProcess, free_ports, start_node, stop_pid, wait_healthy
 
@@ -193,8 +192,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from node.client.nodesfile import default_nodes_path, local_run_dir
-    from node.server.launcher import stop_pid
+    from node.server.launcher import stop_pid  # lazy: aiohttp, numpy
 
     run_dir = local_run_dir()
     stopped = 0
@@ -210,6 +208,10 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _probe(port: int) -> dict[str, Any] | None:
+    # lazy: urllib.request loads http.client and email, ~10 % of `planet`'s start-up
+    import urllib.error
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/info", timeout=2.0) as answer:
             return dict(loads_bounded(answer.read()))
@@ -218,8 +220,6 @@ def _probe(port: int) -> dict[str, Any] | None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from node.client.nodesfile import default_nodes_path, local_run_dir
-
     run_dir = local_run_dir()
     rows = []
     for entry in _running(run_dir):

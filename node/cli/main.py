@@ -1,38 +1,56 @@
 """`planet`: the one command line for users, node operators and verifier operators.
 
-Each command group lives in its own module under `node.cli` and exposes
+Each command group lives in its own module under `node.cli`, imported below, and exposes
 `register(subparsers)`, which adds its sub-parser and sets `handler=<callable(args) -> int>` on
 each leaf command. A group with sub-commands sets `help_parser=<its parser>` instead: `planet
 GROUP` alone prints that group's help and exits 2.
 Errors: a `PlanetError` becomes `error: ...` / `hint: ...` on stderr and its exit status;
 Ctrl-C exits 130; anything else is a bug and keeps its traceback.
+
+Command modules import at the top, except what would slow every `planet` command (torch,
+numpy, aiohttp, the web3 / eth-account stack, nacl): those imports sit in the function that
+needs them, marked `# lazy: <what it loads>`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
+from node.cli import (
+    ask,
+    balance,
+    committee,
+    contracts,
+    devnet,
+    earnings,
+    gateway,
+    local,
+    model,
+    operator,
+    verifier,
+)
+from node.cli import node as node_commands
 from protocol.errors import PlanetError
 
 # Command groups, in the order `planet --help` lists them.
-COMMAND_MODULES: tuple[str, ...] = (
-    "node.cli.model",
-    "node.cli.committee",
-    "node.cli.node",
-    "node.cli.local",
-    "node.cli.ask",
-    "node.cli.balance",
-    "node.cli.gateway",
-    "node.cli.verifier",
-    "node.cli.contracts",
-    "node.cli.operator",
-    "node.cli.earnings",
-    "node.cli.devnet",
+COMMAND_MODULES: tuple[ModuleType, ...] = (
+    model,
+    committee,
+    node_commands,
+    local,
+    ask,
+    balance,
+    gateway,
+    verifier,
+    contracts,
+    operator,
+    earnings,
+    devnet,
 )
 
 EPILOG = """\
@@ -58,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs on stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for group in COMMAND_MODULES:
+        group.register(sub)
     return parser
 
 

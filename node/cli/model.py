@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from node.model.manifest import QUANTS, Manifest, manifest_path, verify_directory
 from protocol.errors import UsageError
 
 PREPARE_EXAMPLES = """\
@@ -86,8 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from node.model.manifest import QUANTS, Manifest
-    from node.model.prepare import parse_split, prepare
+    from node.model.prepare import parse_split, prepare  # lazy: torch
 
     if args.quant not in QUANTS:
         raise UsageError(f"unknown --quant {args.quant!r}", hint=f"use one of: {', '.join(QUANTS)}")
@@ -103,8 +103,6 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from node.model.manifest import Manifest, manifest_path, verify_directory
-
     path = manifest_path(args.manifest)
     manifest = Manifest.load(path)
     if args.verify:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from protocol.errors import UsageError
+from protocol.spotcheck import DEFAULT_RATE_PPM, SelectionError, check_rate
 
 if TYPE_CHECKING:
     from node.server.next_hops import NextHopSpec
@@ -219,7 +220,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _check_cheat(mode: str) -> None:
     """The hidden --cheat flag and PLANET_NODE_CHEAT must come together (either alone: exit 2)."""
-    from node.server import cheat
+    from node.server import cheat  # lazy: node.server loads aiohttp and numpy
 
     confirmed = os.environ.get(cheat.ENV)
     if mode and confirmed != cheat.CONFIRM:
@@ -238,8 +239,7 @@ def _check_cheat(mode: str) -> None:
 
 def _ticket_key(args: argparse.Namespace) -> object | None:
     """The node key that signs spot-check tickets, or None when tickets stay off."""
-    from node.keys import PasswordSource, load_node_key
-    from protocol.spotcheck import SelectionError, check_rate
+    from node.keys import PasswordSource, load_node_key  # lazy: eth-account, nacl
 
     if args.node_key is not None and args.committee_rpc is None:
         raise UsageError(
@@ -261,6 +261,7 @@ def _ticket_key(args: argparse.Namespace) -> object | None:
 
 def _next_hops(args: argparse.Namespace) -> NextHopSpec:
     """The --next-hops / --next-hops-file value as a NextHopSpec (UsageError when bad)."""
+    # lazy: node.server loads aiohttp and numpy
     from node.server.next_hops import NextHopSpec, parse_next_hops, read_next_hops_file
 
     if args.next_hops_file is not None:
@@ -285,9 +286,9 @@ def _next_hops(args: argparse.Namespace) -> NextHopSpec:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # lazy: the node's runtime (aiohttp, numpy)
     from node.server.config import ServerConfig
     from node.server.run import serve
-    from protocol.spotcheck import DEFAULT_RATE_PPM
 
     _check_cheat(args.cheat)
     next_hops = _next_hops(args)

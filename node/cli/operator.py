@@ -23,6 +23,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from node.config import resolve_config
+from node.model.manifest import Manifest
 from protocol.errors import ConfigError, PlanetError, UnavailableError, UsageError
 
 ETHER = 10**18
@@ -128,8 +130,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from node.config import resolve_config
-
     return resolve_config(
         {
             "home": args.home,
@@ -147,13 +147,13 @@ def _say(line: str) -> None:
 
 
 def _password(config: Any) -> str:
-    from node.keys import PasswordSource
+    from node.keys import PasswordSource  # lazy: eth-account, nacl
 
     return PasswordSource(file=config.password_file).read()
 
 
 def _wallet(config: Any, password: str) -> Any:
-    from node.keys import load_or_create_wallet
+    from node.keys import load_or_create_wallet  # lazy: eth-account, nacl
 
     existed = config.wallet_path.exists()
     wallet = load_or_create_wallet(config.wallet_path, password)
@@ -164,7 +164,7 @@ def _wallet(config: Any, password: str) -> Any:
 
 def _check_chain(config: Any) -> Any:
     """A web3 connection to the configured EVM RPC, on the expected chain."""
-    from node.chain.evm import connect
+    from node.chain.evm.rpc import connect  # lazy: the web3 stack
 
     try:
         w3 = connect(config.evm_rpc, timeout_s=5.0)
@@ -184,7 +184,9 @@ def _check_chain(config: Any) -> Any:
 
 
 def _chain(config: Any, password: str) -> Any:
-    from node.chain.evm import Deployment, PlanetChain
+    # lazy: the web3 stack
+    from node.chain.evm.account import PlanetChain
+    from node.chain.evm.deployment import Deployment
 
     _check_chain(config)
     deployment = Deployment.load(config.deployment_path)
@@ -193,7 +195,7 @@ def _chain(config: Any, password: str) -> Any:
 
 
 def _funds_check(chain: Any, value: int) -> None:
-    from node.chain.evm import InsufficientFunds
+    from node.chain.evm.errors import InsufficientFunds  # lazy: the web3 stack
 
     balance = chain.balance()
     if balance < value + GAS_RESERVE_WEI:
@@ -212,8 +214,8 @@ def _stake(args: argparse.Namespace) -> int:
     amount = parse_eth(args.amount)
     role = ROLES[args.role]
     chain = _chain(config, _password(config))
-    current = chain.stake_of()
-    minimum = int(chain.call("Staking", "minimumStake", role))
+    current = chain.staking.stake_of()
+    minimum = chain.staking.minimum_stake(role)
     if current + amount < minimum:
         raise StakeBelowMinimum(
             f"a {args.role} stake must be at least {format_eth(minimum)}; "
@@ -221,12 +223,12 @@ def _stake(args: argparse.Namespace) -> int:
             hint=f"stake at least {format_eth(minimum - current)}: "
             f"planet stake --role {args.role} --amount {format_eth(minimum - current)[:-4]}",
         )
-    if chain.status_of() == 2:
+    if chain.staking.status_of() == 2:
         raise UsageError(
             f"{chain.address}'s stake is unbonding: it cannot be topped up",
             hint="`planet withdraw` once the delay has passed, then stake again",
         )
-    current_role = chain.role_of()
+    current_role = chain.staking.role_of()
     if current and current_role != role:
         raise UsageError(
             f"{chain.address} is staked as {ROLE_NAMES.get(current_role)}; a stake has one role",
@@ -234,7 +236,7 @@ def _stake(args: argparse.Namespace) -> int:
         )
     _funds_check(chain, amount)
     _say(f"staking {format_eth(amount)} as {args.role} from {chain.address}…")
-    result = chain.stake(role, amount)
+    result = chain.staking.stake(role, amount)
     total = result.event("Staked")["total"]
     print(
         f"staked {format_eth(amount)} as {args.role}; total {format_eth(total)} "
@@ -246,9 +248,9 @@ def _stake(args: argparse.Namespace) -> int:
 def _unstake(args: argparse.Namespace) -> int:
     config = _config(args)
     chain = _chain(config, _password(config))
-    if chain.stake_of() == 0:
+    if chain.staking.stake_of() == 0:
         raise UsageError(f"{chain.address} has no stake", hint="nothing to unstake")
-    result = chain.request_unstake()
+    result = chain.staking.request_unstake()
     event = result.event("UnstakeRequested")
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(event["withdrawableAt"]))
     print(
@@ -261,11 +263,11 @@ def _unstake(args: argparse.Namespace) -> int:
 def _withdraw(args: argparse.Namespace) -> int:
     config = _config(args)
     chain = _chain(config, _password(config))
-    if chain.status_of() != 2:
+    if chain.staking.status_of() != 2:
         raise UsageError(
             f"{chain.address} has no unbonding stake", hint="run `planet unstake` first"
         )
-    result = chain.withdraw()
+    result = chain.staking.withdraw()
     print(f"withdrew {format_eth(result.event('Withdrawn')['amount'])} (tx {result.tx_hash})")
     return 0
 
@@ -274,6 +276,7 @@ def _withdraw(args: argparse.Namespace) -> int:
 
 
 def _join(args: argparse.Namespace) -> int:
+    # lazy: the node agent and launcher (aiohttp, numpy, eth-account)
     from node.agent.launch import (
         agent_alive,
         check_shard,
@@ -283,8 +286,7 @@ def _join(args: argparse.Namespace) -> int:
         start_node_and_agent,
     )
     from node.keys import load_or_create_node_key
-    from node.model.manifest import Manifest
-    from node.model.source import models_dir
+    from node.model.source import models_dir  # lazy: importlib.metadata, ~10 % of start-up
     from node.server.launcher import free_ports
 
     config = _config(args)
@@ -300,8 +302,8 @@ def _join(args: argparse.Namespace) -> int:
     model_hash = Manifest.load(manifest_file).model_hash
     password = _password(config)
     chain = _chain(config, password)
-    minimum = int(chain.call("Staking", "minimumStake", ROLES["compute"]))
-    staked, status = chain.stake_of(), chain.status_of()
+    minimum = chain.staking.minimum_stake(ROLES["compute"])
+    staked, status = chain.staking.stake_of(), chain.staking.status_of()
     if staked < minimum or status != 1:
         raise StakeBelowMinimum(
             f"{chain.address} has {format_eth(staked)} staked "
@@ -309,7 +311,7 @@ def _join(args: argparse.Namespace) -> int:
             hint=f"planet stake --role compute --amount {format_eth(minimum)[:-4]}",
         )
     _say(f"checking shard {args.shard} of {model_hash} against the ModelRegistry…")
-    registered = chain.shard_hashes_of(model_id_bytes(model_hash))
+    registered = chain.registry.shard_hashes_of(model_id_bytes(model_hash))
     manifest = check_shard(manifest_file, args.shard, registered)
     node_key = load_or_create_node_key(config.node_key_path, password)
     key_hex = node_key.verify_key.encode().hex()
@@ -347,6 +349,7 @@ def _join(args: argparse.Namespace) -> int:
 
 
 async def _send_leave(config: Any, key: str) -> dict[str, Any] | None:
+    # lazy: aiohttp, eth-account, nacl
     from node.chain.committee_link import CommitteeLink
     from node.keys import load_node_key
     from protocol.committee.registry import Leave
@@ -366,7 +369,7 @@ async def _send_leave(config: Any, key: str) -> dict[str, Any] | None:
 
 
 def _committee_view(config: Any, key: str) -> dict[str, Any] | None:
-    from node.chain.committee_link import CommitteeLink
+    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
 
     async def read() -> dict[str, Any] | None:
         link = CommitteeLink([config.committee_rpc])
@@ -379,6 +382,7 @@ def _committee_view(config: Any, key: str) -> dict[str, Any] | None:
 
 
 async def _wait_routable(config: Any, joined: Any, timeout_s: float) -> None:
+    # lazy: aiohttp, numpy
     from node.agent.launch import is_agent
     from node.chain.committee_link import CommitteeLink
     from node.server.launcher import pid_alive
@@ -438,7 +442,7 @@ def _progress_line(view: dict[str, Any] | None) -> str:
 
 
 def _leave(args: argparse.Namespace) -> int:
-    from node.agent.launch import read_joined, stop_joined
+    from node.agent.launch import read_joined, stop_joined  # lazy: aiohttp, numpy, eth-account
 
     config = _config(args)
     joined = read_joined(config.run_dir)
@@ -469,6 +473,7 @@ def _leave(args: argparse.Namespace) -> int:
 
 def collect_status(config: Any) -> dict[str, Any]:
     """Everything `planet status` shows, as one JSON-able object (errors per part)."""
+    # lazy: aiohttp, numpy, eth-account
     from node.agent.launch import agent_alive, read_joined
     from node.keys import node_public_key, wallet_address
     from node.server.launcher import pid_alive
@@ -510,7 +515,7 @@ def collect_status(config: Any) -> dict[str, Any]:
 
 
 def _read_stake(config: Any, address: str) -> dict[str, Any]:
-    from node.chain.evm import Deployment
+    from node.chain.evm.deployment import Deployment  # lazy: eth-utils
 
     w3 = _check_chain(config)
     deployment = Deployment.load(config.deployment_path)
@@ -526,7 +531,7 @@ def _read_stake(config: Any, address: str) -> dict[str, Any]:
 
 
 async def _committee_status(config: Any, key: str, joined: Any) -> tuple[Any, Any]:
-    from node.chain.committee_link import CommitteeLink
+    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
 
     link = CommitteeLink([config.committee_rpc])
     try:

@@ -7,7 +7,9 @@ import logging
 import os
 from pathlib import Path
 
-from protocol.errors import UsageError
+from node.config import resolve_config
+from node.procs import run_service
+from protocol.errors import ConfigError, UsageError
 
 EXAMPLES = """\
 examples:
@@ -101,10 +103,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from deploy.committee import read_operator_key
-    from node.config import resolve_config
-    from node.keys import PasswordSource
-    from node.procs import run_service
+    # lazy: the verifier's runtime (torch, aiohttp, the web3 stack)
+    from node.keys import PasswordSource, operator_key_path, read_operator_key
     from node.verifier.service import VerifierConfig, serve
     from node.verifier.worker import WorkerSettings
 
@@ -130,14 +130,14 @@ def _serve(args: argparse.Namespace) -> int:
                 hint="the registered model's manifest (planet model prepare) and the deployment "
                 "file of the network (e.g. <devnet>/deployment.json)",
             )
-    operator_path = args.operator_key or args.home / "config" / "operator_key.json"
+    operator_path = args.operator_key or operator_key_path(args.home)
     operator_key = None
     if operator_path.exists():
         try:
             operator_key = read_operator_key(operator_path)
-        except (OSError, ValueError) as error:
+        except ConfigError as error:
             raise UsageError(
-                f"cannot read the operator key {operator_path}: {error}",
+                error.message,
                 hint="an eth-account keystore with an empty password (planet committee init)",
             ) from None
     elif args.operator_key is not None:

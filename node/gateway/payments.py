@@ -96,7 +96,7 @@ class EscrowReader(Protocol):
 
 
 class ChainEscrow:
-    """QueryEscrow read through `node.chain.evm.PlanetChain` (blocking web3 in a thread)."""
+    """QueryEscrow read through `node.chain.evm.account.PlanetChain` (blocking web3 in a thread)."""
 
     def __init__(self, chain: Any) -> None:
         self.chain = chain
@@ -106,7 +106,7 @@ class ChainEscrow:
         self._refund_timeout: int | None = None
 
     def _read(self, query_id: bytes) -> OnChainDeposit:
-        state = self.chain.deposit_of(query_id)
+        state = self.chain.escrow.deposit_of(query_id)
         logs = self.chain._rpc(
             lambda: self.chain.w3.eth.get_logs(
                 {
@@ -119,7 +119,7 @@ class ChainEscrow:
         )
         model_id = bytes(logs[0]["topics"][3]) if logs else None
         if self._refund_timeout is None:
-            self._refund_timeout = self.chain.refund_timeout()
+            self._refund_timeout = self.chain.escrow.refund_timeout()
         deposited_at = int(state["deposited_at"])
         refund_at = deposited_at + self._refund_timeout if deposited_at else 0
         return OnChainDeposit(
@@ -136,7 +136,7 @@ class ChainEscrow:
 
     async def prepaid(self, payer: str) -> OnChainBalance:
         try:
-            state = await asyncio.to_thread(self.chain.prepaid_of, payer)
+            state = await asyncio.to_thread(self.chain.escrow.prepaid_of, payer)
         except PlanetError as error:
             raise NoCircuit(
                 "chain_unavailable", f"cannot read the balance from the EVM chain: {error}"

@@ -70,7 +70,8 @@ class GatewayHead:
 
 
 def _open_chain(config: GatewayConfig, private_key: bytes) -> Any:
-    from node.chain.evm import Deployment, PlanetChain
+    from node.chain.evm.account import PlanetChain
+    from node.chain.evm.deployment import Deployment
 
     deployment = Deployment.load(config.deployment)
     return PlanetChain(deployment, private_key, rpc_url=config.evm_rpc)
@@ -88,7 +89,7 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
     wallet = load_or_create_wallet(config.wallet, password)
     chain = await asyncio.to_thread(_open_chain, config, bytes(wallet.key))
     model_id = as_bytes32(manifest.model_hash, "model_hash")
-    registered = await asyncio.to_thread(chain.manifest_hash_of, model_id)
+    registered = await asyncio.to_thread(chain.registry.manifest_hash_of, model_id)
     if registered == bytes(32):
         log.warning(
             "model %s is not registered in ModelRegistry on chain %d; serving anyway",

@@ -52,7 +52,7 @@ class Asked:
 class GatewayAsker:
     def __init__(self, url: str, chain: Any, http: aiohttp.ClientSession) -> None:
         self.url = url.rstrip("/")
-        self.chain = chain  # node.chain.evm.PlanetChain with the verifier's wallet
+        self.chain = chain  # node.chain.evm.account.PlanetChain with the verifier's wallet
         self.http = http
         self._pool: Pool | None = None
 
@@ -90,7 +90,7 @@ class GatewayAsker:
     async def _pay(self, pool: Pool, tokens: int) -> tuple[str, bytes]:
         query_id = secrets.token_bytes(32)
         amount = pool.price_wei_per_token * tokens
-        await asyncio.to_thread(self.chain.deposit, query_id, pool.model_id, amount)
+        await asyncio.to_thread(self.chain.escrow.deposit, query_id, pool.model_id, amount)
         payment = QueryPayment(query_id, pool.model_id, pool.gateway, amount)
         key = sign_payment(bytes(self.chain.account.key), payment, _domain(pool))
         return key, query_id

@@ -93,7 +93,8 @@ def spot_checker(
 
 async def serve(config: VerifierConfig) -> int:
     from node.chain.committee_link import CommitteeLink
-    from node.chain.evm import Deployment, PlanetChain
+    from node.chain.evm.account import PlanetChain
+    from node.chain.evm.deployment import Deployment
     from node.keys import load_or_create_wallet
 
     key = consensus_key(config.settings.home)
@@ -104,13 +105,15 @@ async def serve(config: VerifierConfig) -> int:
         Deployment.load(config.deployment), bytes(wallet.key), rpc_url=config.evm_rpc
     )
     model_id = as_bytes32(reference.model_hash, "model_hash")
-    registered = await asyncio.to_thread(chain.manifest_hash_of, model_id)
+    registered = await asyncio.to_thread(chain.registry.manifest_hash_of, model_id)
     if registered == bytes(32):
         raise IntegrityError(
             f"model {reference.model_hash} is not registered in ModelRegistry",
             hint="register the model, or pass the registered manifest",
         )
-    reference.check_registered(registered, await asyncio.to_thread(chain.shard_hashes_of, model_id))
+    reference.check_registered(
+        registered, await asyncio.to_thread(chain.registry.shard_hashes_of, model_id)
+    )
     link = CommitteeLink(list(config.committee_rpc), key)
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
     try:

@@ -25,11 +25,12 @@ from pathlib import Path
 from nacl.signing import SigningKey
 
 from node.chain.committee_link import CommitteeLink
-from node.chain.evm import Deployment
+from node.chain.evm.deployment import Deployment
+from node.keys import operator_key_path, read_operator_key
 from node.procs import run_service
 from node.retry import Backoff, sleep_or_stop
 from node.watcher.evm import StakingReader
-from node.watcher.payouts import PayoutRelay, read_operator_key
+from node.watcher.payouts import PayoutRelay
 from node.watcher.watcher import StakeWatcher
 from protocol.errors import ConfigError, PlanetError
 
@@ -73,7 +74,8 @@ async def run(args: argparse.Namespace) -> int:
     reader: StakingReader | None = None
     watcher: StakeWatcher | None = None
     relay: PayoutRelay | None = None
-    operator_key = read_operator_key(args.home)
+    key_path = operator_key_path(args.home)
+    operator_key = read_operator_key(key_path) if key_path.exists() else None
     if operator_key is None:
         log.warning("no config/operator_key.json: payout roots are not signed by this watcher")
     log.info(
@@ -124,10 +126,10 @@ def payout_relay(
     deployment: Deployment, operator_key: bytes, link: CommitteeLink, evm_rpc: str | None
 ) -> PayoutRelay:
     """The payout signer/relayer of this validator (its operator key pays the relay gas)."""
-    from node.chain.evm import PlanetChain
+    from node.chain.evm.account import PlanetChain
     from protocol.eip712 import committee_domain
 
-    escrow = PlanetChain(deployment, operator_key, rpc_url=evm_rpc)
+    escrow = PlanetChain(deployment, operator_key, rpc_url=evm_rpc).escrow
     return PayoutRelay(
         committee=link,
         escrow=escrow,

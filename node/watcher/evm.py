@@ -13,7 +13,8 @@ from eth_utils import to_checksum_address
 from eth_utils.abi import event_abi_to_log_topic
 from web3 import Web3
 
-from node.chain.evm import Deployment, connect, rpc_guard
+from node.chain.evm.deployment import Deployment
+from node.chain.evm.rpc import connect, rpc_guard
 from node.watcher.watcher import StakeInfo
 from protocol.errors import ConfigError
 

@@ -18,36 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
-from node.chain.evm import ContractRevert
+from node.chain.evm.errors import ContractRevert
 from protocol.committee.settlement import PayoutVote
 from protocol.eip712 import Domain, PayoutRoot
-from protocol.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 DUPLICATE_VOTE = 21
 ESCROW_NONE = 0  # QueryEscrow.epochOf status: nothing posted
-
-
-def read_operator_key(home: Path) -> bytes | None:
-    """The validator's secp256k1 operator key (`config/operator_key.json`, an eth-account
-    keystore with an empty password, as `planet committee init` writes it); None without one."""
-    path = home / "config" / "operator_key.json"
-    if not path.exists():
-        return None
-    from eth_account import Account
-
-    try:
-        return bytes(Account.decrypt(json.loads(path.read_text()), ""))
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ConfigError(f"cannot read the operator key {path}: {error}") from None
 
 
 def statement_of(view: dict[str, Any]) -> PayoutRoot:
@@ -68,7 +51,7 @@ class Committee(Protocol):
 
 
 class Escrow(Protocol):
-    """The EVM side (`node.chain.evm.PlanetChain`, or a fake in unit tests)."""
+    """The EVM side (`node.chain.evm.escrow.QueryEscrow`, or a fake in unit tests)."""
 
     address: str
 

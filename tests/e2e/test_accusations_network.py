@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
-from deploy.committee import load_network, read_operator_key, set_genesis_evm
+from deploy.committee.genesis import set_genesis_evm
+from deploy.committee.network import load_network
 from node.chain.committee_rpc import CommitteeRpc
+from node.keys import read_operator_key
 from node.verifier.worker import failed_verification_verdict
 from protocol.committee.envelope import sign
 from protocol.committee.verification import VerdictVote

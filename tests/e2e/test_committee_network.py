@@ -499,7 +499,8 @@ def _spawn_byzantine(directory: Path, index: int) -> None:
     """Restart validator `index` with the test-only Byzantine app (`tests/byzantine_app.py`:
     junk proposals and junk vote extensions) in place of its app; pid files let `planet
     committee down` stop it as usual."""
-    from deploy.committee import app_command, cometbft_command, load_network
+    from deploy.committee.network import load_network
+    from deploy.committee.start import app_command, cometbft_command
 
     network = load_network(directory)
     validator = network.validators[index]

@@ -243,7 +243,9 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devn
     unbacked work, a double claim and a forged or under-signed root are refused."""
     if not devnet.get("gateway_url"):
         pytest.skip("this checkout has no gateway")
-    from node.chain.evm import ContractRevert, Deployment, PlanetChain
+    from node.chain.evm.account import PlanetChain
+    from node.chain.evm.deployment import Deployment
+    from node.chain.evm.errors import ContractRevert
     from node.keys import load_wallet
     from protocol.committee.settlement import Contribution, NodeWork, ShardWork, WorkReport
     from protocol.eip712 import PayoutRoot, committee_domain, committee_signatures, queries_hash
@@ -312,7 +314,9 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devn
         epoch = min(paid[operator["address"].lower()])
         proof = _query(rpc, "/payouts/proof", epoch=str(epoch), account=operator["address"])
         with pytest.raises(ContractRevert) as double:
-            chain.claim(epoch, int(proof["amount"]), [bytes.fromhex(p[2:]) for p in proof["proof"]])
+            chain.escrow.claim(
+                epoch, int(proof["amount"]), [bytes.fromhex(p[2:]) for p in proof["proof"]]
+            )
         assert double.value.error_name == "AlreadyClaimed"
 
     # a root for an epoch the committee never closed: forged or under-signed, refused
@@ -328,7 +332,7 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devn
     )
     domain = committee_domain(deployment.chain_id, deployment.address("Committee"))
     strangers = [bytes([i]) * 32 for i in (7, 8, 9)]
-    from deploy.committee import read_operator_key
+    from node.keys import read_operator_key
 
     committee_dir = Path(devnet["committee_dir"])
     real = [read_operator_key(committee_dir / f"node{i}" / "config" / "operator_key.json")
@@ -336,7 +340,7 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devn
     for keys, reason in ((strangers, "UnknownSigner"), (real, "InsufficientPower")):
         sigs = committee_signatures(statement, keys, domain)
         with pytest.raises(ContractRevert) as refused:
-            relayer.post_payout_root(statement, [], [], sigs)
+            relayer.escrow.post_payout_root(statement, [], [], sigs)
         assert refused.value.error_name == reason
     assert escrow.functions.epochOf(10**6).call()[3] == 0
 

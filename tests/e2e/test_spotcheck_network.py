@@ -86,9 +86,9 @@ def test_noisy_node_caught_by_spot_check_verdict_slashes_half(snet: SpotNet) -> 
     current = snet.query("/epochs")["current"]
     assert signer in snet.query(f"/epochs?epoch={current}")["epochs"][0]["verifiers"]
     relayer = snet.net.account("relayer")
-    before = relayer.stake_of(checksummed)
-    relayer.relay_confirmed_verdict(verdict)
-    assert relayer.stake_of(checksummed) == before // 2
+    before = relayer.staking.stake_of(checksummed)
+    relayer.fraud_proofs.relay_confirmed_verdict(verdict)
+    assert relayer.staking.stake_of(checksummed) == before // 2
     # one spot-check verdict per node and epoch, however many of its blocks failed
     failed = _spot_evidence(snet, noisy.public, Outcome.FAILED)
     voted = [v for v in snet.query("/verdicts")["verdicts"] if v["evidence_hash"] in failed]

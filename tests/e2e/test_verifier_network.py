@@ -104,9 +104,9 @@ def test_verdict_confirmed_and_relayed_slashes_half_the_substitute_stake(
 
     [verdict] = wait_for(confirmed, 120, "no confirmed verdict on the substitute", interval=1.0)
     relayer = vnet.net.account("relayer")
-    before = relayer.stake_of(cheater_address)
-    relayer.relay_confirmed_verdict(verdict)
-    assert relayer.stake_of(cheater_address) == before // 2
+    before = relayer.staking.stake_of(cheater_address)
+    relayer.fraud_proofs.relay_confirmed_verdict(verdict)
+    assert relayer.staking.stake_of(cheater_address) == before // 2
     honest_reps = committee.query("/reputations")["reputations"]
     assert all(honest_reps[c.public]["r"] >= UNTRUSTED_BELOW for c in vnet.honest)
 

@@ -38,7 +38,7 @@ from nacl.signing import SigningKey
 
 from deploy.anvil import ANVIL_DEV_ADDRESS, ANVIL_DEV_KEY, Anvil, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
-from node.chain.evm import PlanetChain
+from node.chain.evm.account import PlanetChain
 from node.model.manifest import Manifest
 from node.server.launcher import (
     NodeProcess,
@@ -282,7 +282,7 @@ class GatewayNet:
         )
         self.deployment.save(self.deployment_path)
         owner = PlanetChain(self.deployment, ANVIL_DEV_KEY)
-        owner.dev_register_model(
+        owner.registry.dev_register(
             self.model_id,
             self.model_id,
             [as_bytes32(s.hash, "shard hash") for s in self.manifest.shards],
@@ -370,8 +370,8 @@ class GatewayNet:
                 self.anvil.rpc_url, "anvil_setBalance", [address_of(node.evm_key), hex(10 * ETHER)]
             )
             chain = PlanetChain(self.deployment, node.evm_key)
-            chain.stake(ROLE_COMPUTE, ETHER)
-            observed = chain.stake_of()  # what the validator reads on the EVM chain
+            chain.staking.stake(ROLE_COMPUTE, ETHER)
+            observed = chain.staking.stake_of()  # what the validator reads on the EVM chain
             self.committee.submit(self.committee.validator_sign(AttestStake(node.public, observed)))
 
     def leave(self, node: Compute) -> None:
@@ -484,7 +484,7 @@ class GatewayNet:
     ) -> tuple[str, bytes]:
         """Deposit `amount_wei` for a fresh query id; (API key, query id)."""
         query_id = secrets.token_bytes(32)
-        user.deposit(query_id, model_id or self.model_id, amount_wei)
+        user.escrow.deposit(query_id, model_id or self.model_id, amount_wei)
         pool = self.pools()
         domain = payment_domain(pool["chain_id"], pool["escrow"])
         payment = QueryPayment(query_id, self.model_id, pool["gateway"], fee_cap or amount_wei)

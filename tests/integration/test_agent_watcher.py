@@ -25,18 +25,13 @@ from typing import Any
 import pytest
 
 from deploy.anvil import ANVIL_DEV_KEY, start_anvil
-from deploy.committee import (
-    InitOptions,
-    committee_members,
-    init_network,
-    read_pid,
-    set_genesis_evm,
-    start_network,
-    start_watchers,
-    stop_network,
-)
+from deploy.committee.generate import InitOptions, init_network
+from deploy.committee.genesis import committee_members, set_genesis_evm
+from deploy.committee.processes import read_pid, stop_network
+from deploy.committee.start import start_network
+from deploy.committee.watchers import start_watchers
 from deploy.evm import DeployConfig, deploy_all
-from node.chain.evm import PlanetChain
+from node.chain.evm.account import PlanetChain
 from node.keys import create_node_key, create_wallet
 from node.net import port_is_free
 from node.server.launcher import start_node, stop_pid, wait_healthy
@@ -134,7 +129,7 @@ def _wait(condition: Any, timeout_s: float, what: str) -> Any:
 
 
 def test_agent_and_watcher_routability_follows_the_evm_stake(world: World) -> None:
-    world.chain.stake(1, 2 * ETHER)
+    world.chain.staking.stake(1, 2 * ETHER)
     log_path = world.home / "agent.log"
     with open(log_path, "wb") as log_file:
         agent = subprocess.Popen(
@@ -174,7 +169,7 @@ def test_agent_and_watcher_routability_follows_the_evm_stake(world: World) -> No
         )
         assert agent.poll() is None, log_path.read_text()[-2000:]
 
-        world.chain.request_unstake()
+        world.chain.staking.request_unstake()
         view = _wait(
             lambda: (v := _query(world, "/node", key=world.node_key))["stake"] == "0" and v,
             60,

@@ -26,18 +26,18 @@ from eth_utils import keccak
 
 from deploy.anvil import ANVIL_DEV_KEY, REPO_ROOT, Anvil, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all, load_artifact
-from node.chain.evm import (
+from node.chain.evm.account import PlanetChain
+from node.chain.evm.deployment import Deployment
+from node.chain.evm.errors import (
     AlreadyClaimed,
     AlreadyProven,
     BelowMinimum,
     ChallengeNotCommitted,
     ChallengeWindowOpen,
     ContractRevert,
-    Deployment,
     FraudWindowOpen,
     InsufficientPower,
     InvalidClaim,
-    PlanetChain,
     QueryExists,
     QueryNotFunded,
     SignersNotSorted,
@@ -141,15 +141,15 @@ def test_deploy_all_contracts_wired_together(deployment: Deployment, anvil: Anvi
         "ModelRegistry",
     }
     members = sorted((address_of(k) for k in COMMITTEE_KEYS), key=lambda a: int(a, 16))
-    assert chain.committee_members() == members
+    assert chain.committee.members() == members
     assert chain.call("Staking", "fraudProofs") == deployment.address("FraudProofs")
     assert chain.call("FraudProofs", "staking") == deployment.address("Staking")
     assert chain.call("QueryEscrow", "challengeWindow") == CHALLENGE_WINDOW_S
     assert chain.call("Staking", "unstakeDelay") == CHALLENGE_WINDOW_S + 1
     assert chain.call("ModelRegistry", "devOwner") == deployment.deployer
     # The Python domains are the ones the contracts sign under.
-    assert chain.call("Committee", "domainSeparator") == chain.domain_committee().separator()
-    assert chain.call("FraudProofs", "domainSeparator") == chain.domain_fraud_proofs().separator()
+    assert chain.call("Committee", "domainSeparator") == chain.committee.domain().separator()
+    assert chain.call("FraudProofs", "domainSeparator") == chain.fraud_proofs.domain().separator()
 
 
 def test_settlement_stake_deposit_post_claim_balances_exact(
@@ -160,18 +160,22 @@ def test_settlement_stake_deposit_post_claim_balances_exact(
     user = account(anvil, deployment, "user")
     relayer = account(anvil, deployment, "relayer")
 
-    compute.stake(ROLE_COMPUTE, 1 * ETHER)
-    verifier.stake(ROLE_VERIFIER, ETHER // 2)
-    assert (compute.stake_of(), compute.role_of(), compute.status_of()) == (ETHER, 1, 1)
-    assert (verifier.stake_of(), verifier.role_of()) == (ETHER // 2, 2)
-    assert compute.is_eligible() and verifier.is_eligible()
+    compute.staking.stake(ROLE_COMPUTE, 1 * ETHER)
+    verifier.staking.stake(ROLE_VERIFIER, ETHER // 2)
+    assert (compute.staking.stake_of(), compute.staking.role_of(), compute.staking.status_of()) == (
+        ETHER,
+        1,
+        1,
+    )
+    assert (verifier.staking.stake_of(), verifier.staking.role_of()) == (ETHER // 2, 2)
+    assert compute.staking.is_eligible() and verifier.staking.is_eligible()
 
     queries = [new_id("query"), new_id("query")]
     model = keccak(text="SmolLM2-135M-Instruct")
     for query in queries:
-        deposited = user.deposit(query, model, 10 * MILLI)
+        deposited = user.escrow.deposit(query, model, 10 * MILLI)
         assert deposited.event("Deposited")["amount"] == 10 * MILLI
-        assert user.is_funded(query)
+        assert user.escrow.is_funded(query)
 
     fees = [6 * MILLI, 9 * MILLI]
     epoch = 1_000 + next(_labels)
@@ -181,14 +185,14 @@ def test_settlement_stake_deposit_post_claim_balances_exact(
         epoch, tree.root, tree.total, queries_hash(queries, fees), deployment.address("QueryEscrow")
     )
     # 3 of 4 equal powers: 3·3 ≥ 2·4.
-    sigs = committee_signatures(statement, COMMITTEE_KEYS[:3], relayer.domain_committee())
-    posted = relayer.post_payout_root(statement, queries, fees, sigs)
+    sigs = committee_signatures(statement, COMMITTEE_KEYS[:3], relayer.committee.domain())
+    posted = relayer.escrow.post_payout_root(statement, queries, fees, sigs)
     assert posted.event("PayoutRootPosted")["epoch"] == epoch
-    assert not user.is_funded(queries[0]) and not user.is_funded(queries[1])
+    assert not user.escrow.is_funded(queries[0]) and not user.escrow.is_funded(queries[1])
 
     payout, proof = tree.proof_for(epoch, compute.address)
     with pytest.raises(ChallengeWindowOpen) as early:
-        compute.claim(epoch, payout.amount, proof)
+        compute.escrow.claim(epoch, payout.amount, proof)
     assert early.value.named_args["epoch"] == epoch
 
     travel(anvil, CHALLENGE_WINDOW_S + 1)
@@ -201,26 +205,26 @@ def test_settlement_stake_deposit_post_claim_balances_exact(
     for node, amount in ((compute, 12 * MILLI), (verifier, 3 * MILLI)):
         payout, proof = tree.proof_for(epoch, node.address)
         before = node.balance()
-        claimed = node.claim(epoch, payout.amount, proof)
+        claimed = node.escrow.claim(epoch, payout.amount, proof)
         assert node.balance() - before == amount - claimed.fee_wei
         assert claimed.event("Claimed") == {
             "epoch": epoch,
             "account": node.address,
             "amount": amount,
         }
-        assert node.is_claimed(epoch, node.address)
-    assert verifier.epoch_of(epoch)["unclaimed"] == 0
+        assert node.escrow.is_claimed(epoch, node.address)
+    assert verifier.escrow.epoch_of(epoch)["unclaimed"] == 0
 
     with pytest.raises(AlreadyClaimed):
-        verifier.claim(epoch, payout.amount, proof)
+        verifier.escrow.claim(epoch, payout.amount, proof)
     with pytest.raises(InvalidClaim):  # a leaf the tree does not hold
-        relayer.claim(epoch, 1, proof)
+        relayer.escrow.claim(epoch, 1, proof)
 
     # The user takes back what each settled query did not spend.
     before = user.balance()
-    paid = sum(user.refund(q).fee_wei for q in queries)
+    paid = sum(user.escrow.refund(q).fee_wei for q in queries)
     assert user.balance() - before == (10 * MILLI - 6 * MILLI) + (10 * MILLI - 9 * MILLI) - paid
-    assert user.deposit_of(queries[0])["amount"] == 0
+    assert user.escrow.deposit_of(queries[0])["amount"] == 0
 
 
 def test_fraud_reveal_mismatch_slashes_all_rewards_half_burns_half(
@@ -228,17 +232,17 @@ def test_fraud_reveal_mismatch_slashes_all_rewards_half_burns_half(
 ) -> None:
     node = account(anvil, deployment, "cheater")
     challenger = account(anvil, deployment, "challenger")
-    node.stake(ROLE_COMPUTE, 2 * ETHER)
-    domain = node.domain_fraud_proofs()
+    node.staking.stake(ROLE_COMPUTE, 2 * ETHER)
+    domain = node.fraud_proofs.domain()
     session, salt = new_id("session"), new_id("salt")
     committed = Commitment(
         session, 4, 1, commitment_value(session, 4, 1, keccak(text="honest output"), salt), 100
     )
     revealed = Reveal(session, 4, 1, MANIFEST, INPUT, keccak(text="other output"), salt, 101)
-    burned_before = challenger.total_burned()
+    burned_before = challenger.staking.total_burned()
     dead_before = challenger.balance(BURN_ADDRESS)
 
-    result = challenger.prove_reveal_mismatch(
+    result = challenger.fraud_proofs.prove_reveal_mismatch(
         committed,
         committed.sign(node.account.key, domain),
         revealed,
@@ -248,18 +252,18 @@ def test_fraud_reveal_mismatch_slashes_all_rewards_half_burns_half(
     slashed = result.event("Slashed")
     assert slashed["node"] == node.address and slashed["offence"] == 1
     assert (slashed["amount"], slashed["reward"], slashed["burned"]) == (2 * ETHER, ETHER, ETHER)
-    assert node.stake_of() == 0 and node.status_of() == 0
-    assert challenger.credit_of() == ETHER
-    assert challenger.total_burned() - burned_before == ETHER
+    assert node.staking.stake_of() == 0 and node.staking.status_of() == 0
+    assert challenger.staking.credit_of() == ETHER
+    assert challenger.staking.total_burned() - burned_before == ETHER
     assert challenger.balance(BURN_ADDRESS) - dead_before == ETHER
 
     before = challenger.balance()
-    pulled = challenger.claim_credit()
+    pulled = challenger.staking.claim_credit()
     assert challenger.balance() - before == ETHER - pulled.fee_wei
-    assert challenger.credit_of() == 0
+    assert challenger.staking.credit_of() == 0
 
     with pytest.raises(AlreadyProven):
-        challenger.prove_reveal_mismatch(
+        challenger.fraud_proofs.prove_reveal_mismatch(
             committed,
             committed.sign(node.account.key, domain),
             revealed,
@@ -269,49 +273,49 @@ def test_fraud_reveal_mismatch_slashes_all_rewards_half_burns_half(
 
 def test_fraud_honest_reveal_is_not_a_fault(deployment: Deployment, anvil: Anvil) -> None:
     node = account(anvil, deployment, "honest")
-    node.stake(ROLE_COMPUTE, ETHER)
-    domain = node.domain_fraud_proofs()
+    node.staking.stake(ROLE_COMPUTE, ETHER)
+    domain = node.fraud_proofs.domain()
     session, salt, output = new_id("session"), new_id("salt"), keccak(text="output")
     revealed = Reveal(session, 1, 0, MANIFEST, INPUT, output, salt, 11)
     committed = Commitment(session, 1, 0, revealed.commitment_value(), 10)
     with pytest.raises(ContractRevert) as caught:
-        node.prove_reveal_mismatch(
+        node.fraud_proofs.prove_reveal_mismatch(
             committed,
             committed.sign(node.account.key, domain),
             revealed,
             revealed.sign(node.account.key, domain),
         )
     assert caught.value.error_name == "NotAFault"
-    assert node.stake_of() == ETHER
+    assert node.staking.stake_of() == ETHER
 
 
 def test_fraud_equivocation_slashes_all(deployment: Deployment, anvil: Anvil) -> None:
     node = account(anvil, deployment, "equivocator")
     challenger = account(anvil, deployment, "watcher")
-    node.stake(ROLE_VERIFIER, ETHER)
-    domain = node.domain_fraud_proofs()
+    node.staking.stake(ROLE_VERIFIER, ETHER)
+    domain = node.fraud_proofs.domain()
     session = new_id("session")
     first = Commitment(session, 9, 2, keccak(text="a"), 1)
     second = Commitment(session, 9, 2, keccak(text="b"), 2)
-    result = challenger.prove_equivocation(
+    result = challenger.fraud_proofs.prove_equivocation(
         first, first.sign(node.account.key, domain), second, second.sign(node.account.key, domain)
     )
     slashed = result.event("Slashed")
     assert (slashed["offence"], slashed["amount"], slashed["reward"]) == (2, ETHER, ETHER // 2)
-    assert node.stake_of() == 0
-    assert challenger.credit_of() == ETHER // 2
+    assert node.staking.stake_of() == 0
+    assert challenger.staking.credit_of() == ETHER // 2
 
 
 def test_fraud_signature_by_another_key_is_rejected(deployment: Deployment, anvil: Anvil) -> None:
     node = account(anvil, deployment, "victim")
     framer = account(anvil, deployment, "framer")
-    node.stake(ROLE_COMPUTE, ETHER)
-    domain = node.domain_fraud_proofs()
+    node.staking.stake(ROLE_COMPUTE, ETHER)
+    domain = node.fraud_proofs.domain()
     session = new_id("session")
     first = Commitment(session, 1, 0, keccak(text="a"), 1)
     forged = Commitment(session, 1, 0, keccak(text="b"), 1)
     with pytest.raises(ContractRevert) as caught:
-        framer.prove_equivocation(
+        framer.fraud_proofs.prove_equivocation(
             first,
             first.sign(node.account.key, domain),
             forged,
@@ -319,15 +323,15 @@ def test_fraud_signature_by_another_key_is_rejected(deployment: Deployment, anvi
         )
     assert caught.value.error_name == "SignerMismatch"
     assert caught.value.args == (node.address, framer.address)
-    assert node.stake_of() == ETHER
+    assert node.staking.stake_of() == ETHER
 
 
 def test_verdict_committee_signed_slashes_half(deployment: Deployment, anvil: Anvil) -> None:
     node = account(anvil, deployment, "judged")
     challenger = account(anvil, deployment, "reporter")
     relayer = account(anvil, deployment, "relayer")
-    node.stake(ROLE_COMPUTE, 4 * ETHER)
-    domain = relayer.domain_committee()
+    node.staking.stake(ROLE_COMPUTE, 4 * ETHER)
+    domain = relayer.committee.domain()
     nonce = 10_000 + next(_labels)
     verdict = Verdict(
         node.address,
@@ -339,20 +343,22 @@ def test_verdict_committee_signed_slashes_half(deployment: Deployment, anvil: An
     )
 
     with pytest.raises(InsufficientPower) as weak:  # 2 of 4: 3·2 < 2·4
-        relayer.slash_by_verdict(verdict, committee_signatures(verdict, COMMITTEE_KEYS[:2], domain))
+        relayer.fraud_proofs.slash_by_verdict(
+            verdict, committee_signatures(verdict, COMMITTEE_KEYS[:2], domain)
+        )
     assert weak.value.named_args == {"signed": 2, "total": 4}
     ordered = committee_signatures(verdict, COMMITTEE_KEYS, domain)
     with pytest.raises(SignersNotSorted):
-        relayer.slash_by_verdict(verdict, list(reversed(ordered)))
+        relayer.fraud_proofs.slash_by_verdict(verdict, list(reversed(ordered)))
 
-    result = relayer.slash_by_verdict(verdict, ordered)
+    result = relayer.fraud_proofs.slash_by_verdict(verdict, ordered)
     slashed = result.event("Slashed")
     assert (slashed["offence"], slashed["amount"]) == (OFFENCE_FAILED_VERIFICATION, 2 * ETHER)
     assert (slashed["challenger"], slashed["reward"]) == (challenger.address, ETHER)
-    assert node.stake_of() == 2 * ETHER
-    assert challenger.credit_of() == ETHER
+    assert node.staking.stake_of() == 2 * ETHER
+    assert challenger.staking.credit_of() == ETHER
     with pytest.raises(ContractRevert) as reused:
-        relayer.slash_by_verdict(verdict, ordered)
+        relayer.fraud_proofs.slash_by_verdict(verdict, ordered)
     assert reused.value.error_name == "VerdictNonceUsed"
 
 
@@ -383,27 +389,29 @@ def test_fault_verifier_hook_accepted_proof_slashes_half(
     with_hook = deploy_all(anvil.rpc_url, ANVIL_DEV_KEY, config)
     node = account(anvil, with_hook, "wrong output")
     challenger = account(anvil, with_hook, "prover")
-    node.stake(ROLE_COMPUTE, 2 * ETHER)
-    session, domain = new_id("session"), node.domain_fraud_proofs()
+    node.staking.stake(ROLE_COMPUTE, 2 * ETHER)
+    session, domain = new_id("session"), node.fraud_proofs.domain()
     right = keccak(abi_encode(["bytes32", "uint32", "bytes32"], [MANIFEST, 1, INPUT]))
     honest = Reveal(session, 2, 1, MANIFEST, INPUT, right, new_id("salt"), 5)
     with pytest.raises(ContractRevert) as sound:
-        challenger.prove_computation_fault(honest, honest.sign(node.account.key, domain), b"fault")
+        challenger.fraud_proofs.prove_computation_fault(
+            honest, honest.sign(node.account.key, domain), b"fault"
+        )
     assert sound.value.error_name == "NotAFault"
     revealed = Reveal(session, 3, 1, MANIFEST, INPUT, keccak(text="wrong"), new_id("salt"), 6)
     signature = revealed.sign(node.account.key, domain)
     with pytest.raises(ContractRevert) as rejected:
-        challenger.prove_computation_fault(revealed, signature, b"not a proof")
+        challenger.fraud_proofs.prove_computation_fault(revealed, signature, b"not a proof")
     assert rejected.value.error_name == "NotAFault"
 
-    result = challenger.prove_computation_fault(revealed, signature, b"fault")
+    result = challenger.fraud_proofs.prove_computation_fault(revealed, signature, b"fault")
     slashed = result.event("Slashed")
     assert (slashed["offence"], slashed["amount"], slashed["reward"]) == (3, ETHER, ETHER // 2)
-    assert node.stake_of() == ETHER
+    assert node.staking.stake_of() == ETHER
     # The module's deployment has no verifier: the hook is off there.
     plain = account(anvil, deployment, "prover")
     with pytest.raises(ContractRevert) as disabled:
-        plain.prove_computation_fault(revealed, signature, b"")
+        plain.fraud_proofs.prove_computation_fault(revealed, signature, b"")
     assert disabled.value.error_name == "FaultVerifierDisabled"
 
 
@@ -414,40 +422,40 @@ def test_committee_update_signed_by_old_committee_hands_over_power(anvil: Anvil)
     relayer = account(anvil, fresh, "relayer")
     new_keys = [keccak(text=f"planet integration new committee {i}") for i in range(3)]
     members = sorted((address_of(k) for k in new_keys), key=lambda a: int(a, 16))
-    update = CommitteeUpdate(tuple(members), (5, 1, 1), relayer.committee_nonce())
-    domain = relayer.domain_committee()
-    result = relayer.update_committee(update, committee_signatures(update, COMMITTEE_KEYS, domain))
+    update = CommitteeUpdate(tuple(members), (5, 1, 1), relayer.committee.nonce())
+    domain = relayer.committee.domain()
+    result = relayer.committee.update(update, committee_signatures(update, COMMITTEE_KEYS, domain))
     assert result.event("CommitteeUpdated")["totalPower"] == 7
-    assert relayer.committee_members() == members and relayer.committee_nonce() == 1
+    assert relayer.committee.members() == members and relayer.committee.nonce() == 1
 
     with pytest.raises(ContractRevert) as replayed:  # the consumed nonce cannot be reused
-        relayer.update_committee(update, committee_signatures(update, new_keys, domain))
+        relayer.committee.update(update, committee_signatures(update, new_keys, domain))
     assert replayed.value.error_name == "InvalidNonce"
     registration = ModelRegistration(
         new_id("model"), keccak(text="m"), (keccak(text="s"),), 0, fresh.address("ModelRegistry")
     )
     with pytest.raises(UnknownSigner):  # the old members have no power any more
-        relayer.register_model(
+        relayer.registry.register(
             registration, committee_signatures(registration, COMMITTEE_KEYS, domain)
         )
     # The member with power 5 of 7 alone is enough (3·5 ≥ 2·7).
     heavy = next(k for k in new_keys if address_of(k) == members[0])
-    relayer.register_model(registration, committee_signatures(registration, [heavy], domain))
-    assert relayer.manifest_hash_of(registration.model_id) == keccak(text="m")
+    relayer.registry.register(registration, committee_signatures(registration, [heavy], domain))
+    assert relayer.registry.manifest_hash_of(registration.model_id) == keccak(text="m")
 
 
 def test_unstake_withdraw_only_after_delay(deployment: Deployment, anvil: Anvil) -> None:
     node = account(anvil, deployment, "leaver")
-    node.stake(ROLE_VERIFIER, ETHER)
-    node.request_unstake()
-    assert node.status_of() == 2 and node.unbonding_at() > 0
+    node.staking.stake(ROLE_VERIFIER, ETHER)
+    node.staking.request_unstake()
+    assert node.staking.status_of() == 2 and node.staking.unbonding_at() > 0
     with pytest.raises(UnbondingNotElapsed):
-        node.withdraw()
+        node.staking.withdraw()
     travel(anvil, CHALLENGE_WINDOW_S + 2)
     before = node.balance()
-    result = node.withdraw()
+    result = node.staking.withdraw()
     assert node.balance() - before == ETHER - result.fee_wei
-    assert node.stake_of() == 0
+    assert node.staking.stake_of() == 0
 
 
 def test_dispute_second_signed_root_freezes_epoch_and_refunds_fees(
@@ -456,16 +464,16 @@ def test_dispute_second_signed_root_freezes_epoch_and_refunds_fees(
     user = account(anvil, deployment, "user")
     watcher = account(anvil, deployment, "watcher")
     query = new_id("query")
-    user.deposit(query, keccak(text="model"), 10 * MILLI)
+    user.escrow.deposit(query, keccak(text="model"), 10 * MILLI)
     epoch = 5_000 + next(_labels)
     tree = PayoutTree.for_epoch(epoch, {watcher.address: 4 * MILLI})
-    domain = user.domain_committee()
+    domain = user.committee.domain()
     escrow = deployment.address("QueryEscrow")
     posted = PayoutRoot(epoch, tree.root, 4 * MILLI, queries_hash([query], [4 * MILLI]), escrow)
     posted_sigs = committee_signatures(posted, COMMITTEE_KEYS, domain)
-    watcher.post_payout_root(posted, [query], [4 * MILLI], posted_sigs)
+    watcher.escrow.post_payout_root(posted, [query], [4 * MILLI], posted_sigs)
     other = PayoutRoot(epoch, keccak(text="other root"), 4 * MILLI, posted.queries_hash, escrow)
-    result = watcher.dispute_root(
+    result = watcher.escrow.dispute_root(
         epoch,
         [query],
         [4 * MILLI],
@@ -474,10 +482,10 @@ def test_dispute_second_signed_root_freezes_epoch_and_refunds_fees(
         committee_signatures(other, COMMITTEE_KEYS, domain),
     )
     assert result.event("RootDisputed")["otherRoot"] == other.root
-    assert watcher.epoch_of(epoch)["status"] == 2
-    assert user.deposit_of(query)["amount"] == 10 * MILLI  # the whole deposit is back
+    assert watcher.escrow.epoch_of(epoch)["status"] == 2
+    assert user.escrow.deposit_of(query)["amount"] == 10 * MILLI  # the whole deposit is back
     before = user.balance()
-    refunded = user.refund(query)
+    refunded = user.escrow.refund(query)
     assert user.balance() - before == 10 * MILLI - refunded.fee_wei
 
 
@@ -487,19 +495,19 @@ def test_prepaid_balance_debited_by_posted_root_then_withdrawn_after_delay(
     payer = account(anvil, deployment, "payer")
     late = account(anvil, deployment, "late payer")
     operator = account(anvil, deployment, "operator")
-    payer.deposit_balance(10 * MILLI)
-    late.deposit_balance(2 * MILLI)
-    assert payer.prepaid_of() == {"balance": 10 * MILLI, "withdrawable_at": 0}
+    payer.escrow.deposit_balance(10 * MILLI)
+    late.escrow.deposit_balance(2 * MILLI)
+    assert payer.escrow.prepaid_of() == {"balance": 10 * MILLI, "withdrawable_at": 0}
     with pytest.raises(WithdrawalNotRequested):
-        payer.withdraw_balance()
+        payer.escrow.withdraw_balance()
     # `late` withdraws before the root that debits it lands: the root still posts (shortfall).
-    late.request_withdrawal()
-    timeout = payer.refund_timeout()
+    late.escrow.request_withdrawal()
+    timeout = payer.escrow.refund_timeout()
     with pytest.raises(WithdrawalNotYetAvailable):
-        late.withdraw_balance()
+        late.escrow.withdraw_balance()
     travel(anvil, timeout + 1)
-    late.withdraw_balance()
-    assert late.prepaid_of()["balance"] == 0
+    late.escrow.withdraw_balance()
+    assert late.escrow.prepaid_of()["balance"] == 0
 
     epoch = 7_000 + next(_labels)
     payers = sorted([payer.address, late.address], key=lambda a: int(a, 16))
@@ -508,36 +516,36 @@ def test_prepaid_balance_debited_by_posted_root_then_withdrawn_after_delay(
     escrow = deployment.address("QueryEscrow")
     hashed = queries_hash([], [], payers, debits)
     statement = PayoutRoot(epoch, tree.root, 4 * MILLI, hashed, escrow)
-    sigs = committee_signatures(statement, COMMITTEE_KEYS[:3], operator.domain_committee())
-    posted = operator.post_payout_root(statement, [], [], sigs, payers=payers, debits=debits)
+    sigs = committee_signatures(statement, COMMITTEE_KEYS[:3], operator.committee.domain())
+    posted = operator.escrow.post_payout_root(statement, [], [], sigs, payers=payers, debits=debits)
     assert posted.event("SettlementShortfall")["collected"] == 3 * MILLI
-    assert payer.prepaid_of()["balance"] == 7 * MILLI
-    assert operator.shortfall_of(epoch) == {"total": 4 * MILLI, "collected": 3 * MILLI}
+    assert payer.escrow.prepaid_of()["balance"] == 7 * MILLI
+    assert operator.escrow.shortfall_of(epoch) == {"total": 4 * MILLI, "collected": 3 * MILLI}
     travel(anvil, CHALLENGE_WINDOW_S + 1)
     payout, proof = tree.proof_for(epoch, operator.address)
-    claimed = operator.claim(epoch, payout.amount, proof)
+    claimed = operator.escrow.claim(epoch, payout.amount, proof)
     assert claimed.event("Claimed")["amount"] == 3 * MILLI  # pro rata: 4 · 3/4
 
-    payer.request_withdrawal()
+    payer.escrow.request_withdrawal()
     travel(anvil, timeout + 1)
     before = payer.balance()
-    result = payer.withdraw_balance()
+    result = payer.escrow.withdraw_balance()
     assert payer.balance() - before == 7 * MILLI - result.fee_wei
 
 
 def test_revert_decoding_typed_errors_with_arguments(deployment: Deployment, anvil: Anvil) -> None:
     user = account(anvil, deployment, "user")
     query = new_id("query")
-    user.deposit(query, keccak(text="m"), MILLI)
+    user.escrow.deposit(query, keccak(text="m"), MILLI)
     with pytest.raises(QueryExists) as twice:
-        user.deposit(query, keccak(text="m"), MILLI)
+        user.escrow.deposit(query, keccak(text="m"), MILLI)
     assert twice.value.error_name == "QueryExists"
     assert twice.value.args == (query,)
     assert twice.value.contract == "QueryEscrow" and twice.value.function == "deposit"
     assert "QueryExists(queryId=0x" in str(twice.value) and twice.value.hint
 
     with pytest.raises(BelowMinimum) as low:
-        user.stake(ROLE_COMPUTE, ETHER // 10)
+        user.staking.stake(ROLE_COMPUTE, ETHER // 10)
     assert low.value.named_args["amount"] == ETHER // 10
     assert low.value.named_args["minimum"] == ETHER
 
@@ -546,9 +554,9 @@ def test_revert_decoding_typed_errors_with_arguments(deployment: Deployment, anv
     statement = PayoutRoot(
         epoch, keccak(text="r"), 1, queries_hash([unknown], [1]), deployment.address("QueryEscrow")
     )
-    sigs = committee_signatures(statement, COMMITTEE_KEYS, user.domain_committee())
+    sigs = committee_signatures(statement, COMMITTEE_KEYS, user.committee.domain())
     with pytest.raises(QueryNotFunded) as unfunded:
-        user.post_payout_root(statement, [unknown], [1], sigs)
+        user.escrow.post_payout_root(statement, [unknown], [1], sigs)
     assert unfunded.value.args == (unknown,)
 
 
@@ -559,20 +567,20 @@ def test_model_registration_committee_signed_and_dev_shortcut(
     model, manifest = new_id("model"), keccak(text="manifest")
     shards = (keccak(text="s0"), keccak(text="s1"), keccak(text="s2"))
     registration = ModelRegistration(
-        model, manifest, shards, relayer.registry_nonce(), deployment.address("ModelRegistry")
+        model, manifest, shards, relayer.registry.nonce(), deployment.address("ModelRegistry")
     )
-    sigs = committee_signatures(registration, COMMITTEE_KEYS, relayer.domain_committee())
-    relayer.register_model(registration, sigs)
-    assert relayer.manifest_hash_of(model) == manifest
-    assert relayer.shard_hashes_of(model) == list(shards)
+    sigs = committee_signatures(registration, COMMITTEE_KEYS, relayer.committee.domain())
+    relayer.registry.register(registration, sigs)
+    assert relayer.registry.manifest_hash_of(model) == manifest
+    assert relayer.registry.shard_hashes_of(model) == list(shards)
 
     with pytest.raises(ContractRevert) as not_owner:
-        relayer.dev_register_model(new_id("model"), manifest, shards)
+        relayer.registry.dev_register(new_id("model"), manifest, shards)
     assert not_owner.value.error_name == "NotDevOwner"
     owner = PlanetChain(deployment, ANVIL_DEV_KEY)
     dev_model = new_id("model")
-    owner.dev_register_model(dev_model, manifest, shards[:1])
-    assert owner.shard_hashes_of(dev_model) == [shards[0]]
+    owner.registry.dev_register(dev_model, manifest, shards[:1])
+    assert owner.registry.shard_hashes_of(dev_model) == [shards[0]]
 
 
 def test_recorded_work_keeps_stake_until_its_window_closes(
@@ -582,25 +590,25 @@ def test_recorded_work_keeps_stake_until_its_window_closes(
     challenge window after the work's signedAt, even past the unstake delay."""
     node = account(anvil, deployment, "late worker")
     verifier = account(anvil, deployment, "recorder")
-    node.stake(ROLE_COMPUTE, ETHER)
-    node.request_unstake()
-    withdrawable_at = node.unbonding_at()
+    node.staking.stake(ROLE_COMPUTE, ETHER)
+    node.staking.request_unstake()
+    withdrawable_at = node.staking.unbonding_at()
     travel(anvil, CHALLENGE_WINDOW_S // 2)
     signed_at = chain_time(anvil)
     work = Commitment(new_id("session"), 1, 0, keccak(text="late"), signed_at)
-    recorded = verifier.record_commitment(
-        work, work.sign(node.account.key, node.domain_fraud_proofs())
+    recorded = verifier.fraud_proofs.record_commitment(
+        work, work.sign(node.account.key, node.fraud_proofs.domain())
     )
     locked_until = signed_at + CHALLENGE_WINDOW_S + 1
     assert recorded.event("WithdrawLocked") == {"node": node.address, "lockedUntil": locked_until}
-    assert node.locked_until() == locked_until > withdrawable_at
+    assert node.staking.locked_until() == locked_until > withdrawable_at
     travel(anvil, withdrawable_at - chain_time(anvil))
     with pytest.raises(FraudWindowOpen) as locked:
-        node.withdraw()
+        node.staking.withdraw()
     assert locked.value.named_args["lockedUntil"] == locked_until
     travel(anvil, locked_until - chain_time(anvil))
     before = node.balance()
-    paid = node.withdraw()
+    paid = node.staking.withdraw()
     assert node.balance() - before == ETHER - paid.fee_wei
 
 
@@ -611,8 +619,8 @@ def test_challenge_needs_own_earlier_commitment_and_consumer_binding(
     signed for another FraudProofs is refused."""
     node = account(anvil, deployment, "cheater")
     copier = account(anvil, deployment, "copier")
-    node.stake(ROLE_COMPUTE, ETHER)
-    domain = node.domain_fraud_proofs()
+    node.staking.stake(ROLE_COMPUTE, ETHER)
+    domain = node.fraud_proofs.domain()
     session = new_id("session")
     first = Commitment(session, 2, 0, keccak(text="a"), 1)
     second = Commitment(session, 2, 0, keccak(text="b"), 1)
@@ -623,18 +631,18 @@ def test_challenge_needs_own_earlier_commitment_and_consumer_binding(
         copier.transact(
             "FraudProofs", "proveEquivocation", tuple_a, sig_a, tuple_b, sig_b, b"\x00" * 32
         )
-    assert node.stake_of() == ETHER
-    copier.prove_equivocation(first, sig_a, second, sig_b)  # commits, then proves
-    assert copier.credit_of() == ETHER // 2
-    assert copier.penalty_of(evidence_id(node.address, session, 2, 0)) == 10_000
+    assert node.staking.stake_of() == ETHER
+    copier.fraud_proofs.prove_equivocation(first, sig_a, second, sig_b)  # commits, then proves
+    assert copier.staking.credit_of() == ETHER // 2
+    assert copier.fraud_proofs.penalty_of(evidence_id(node.address, session, 2, 0)) == 10_000
 
     other = account(anvil, deployment, "other")
     verdict = Verdict(
         other.address, 4, new_id("evidence"), copier.address, 77_000 + next(_labels), ZERO_ADDRESS
     )
     with pytest.raises(WrongConsumer):
-        copier.slash_by_verdict(
-            verdict, committee_signatures(verdict, COMMITTEE_KEYS, copier.domain_committee())
+        copier.fraud_proofs.slash_by_verdict(
+            verdict, committee_signatures(verdict, COMMITTEE_KEYS, copier.committee.domain())
         )
 
 
@@ -691,7 +699,7 @@ def test_cli_deploy_own_anvil_serves_until_sigterm(tmp_path: Path, anvil: Anvil)
         written = Deployment.load(out)
         assert {n: c.address for n, c in written.contracts.items()} == summary["contracts"]
         client = PlanetChain(written, ANVIL_DEV_KEY)
-        assert client.committee_members() == [written.deployer]  # default committee
+        assert client.committee.members() == [written.deployer]  # default committee
         assert client.call("QueryEscrow", "challengeWindow") == 60
     finally:
         process.send_signal(signal.SIGTERM)

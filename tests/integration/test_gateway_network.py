@@ -401,7 +401,7 @@ def test_planet_ask_pay_deposits_streams_and_prints_the_receipt(
     assert receipt.fee <= int(result["deposit_wei"])
     assert "deposit" in done.stderr and "(verified)" in done.stderr
     # the deposit's unused part stays in the escrow for the payer
-    assert payer.deposit_of(bytes.fromhex(result["query_id"][2:]))["user"] == payer.address
+    assert payer.escrow.deposit_of(bytes.fromhex(result["query_id"][2:]))["user"] == payer.address
 
     # user mistakes: one error line, one hint line, no traceback
     closed = f"http://127.0.0.1:{ephemeral_port()}"
@@ -482,7 +482,7 @@ def test_gateway_prepaid_one_deposit_many_questions_by_voucher(
         # replayed: the same voucher is refused
         assert _refused(net, key)["code"] == "voucher_replayed"
     # the balance is debited per epoch by the committee's root, not per question
-    assert payer.prepaid_of()["balance"] == ETHER // 1000
+    assert payer.escrow.prepaid_of()["balance"] == ETHER // 1000
     # named refusals: over its cap, expired, a payer without balance, malformed
     assert _refused(net, net.voucher(payer, 1000)[0])["code"] == "voucher_over_cap"
     assert _refused(net, net.voucher(payer, DEPOSIT, expires_in_s=-1)[0])["code"] == (
@@ -527,7 +527,7 @@ def test_gateway_node_killed_mid_question_gives_clear_error_and_no_charge(
     with pytest.raises(urllib.error.HTTPError) as missing:
         get_receipt(net, query_id, key)
     assert missing.value.code == 404
-    assert user.deposit_of(query_id)["status"] == 1  # still funded: refundable after timeout
+    assert user.escrow.deposit_of(query_id)["status"] == 1  # still funded: refundable after timeout
     # the next question finds no live node for shard 1: 503, not a hang, not a charge
     with pytest.raises(openai.APIStatusError) as unavailable:
         client(net, key).chat.completions.create(

@@ -25,7 +25,9 @@ from typing import Any
 
 import pytest
 
-from deploy.committee import InitOptions, init_network, start_network, stop_network
+from deploy.committee.generate import InitOptions, init_network
+from deploy.committee.processes import stop_network
+from deploy.committee.start import start_network
 from node.client.head import NumpyHead
 from node.client.pipeline import Hop, PipelineClient
 from node.keys import create_node_key, create_wallet

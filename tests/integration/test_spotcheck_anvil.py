@@ -22,7 +22,9 @@ from eth_utils import keccak
 
 from deploy.anvil import ANVIL_DEV_KEY, Anvil, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
-from node.chain.evm import ContractRevert, Deployment, PlanetChain
+from node.chain.evm.account import PlanetChain
+from node.chain.evm.deployment import Deployment
+from node.chain.evm.errors import ContractRevert
 from node.chain.route_proofs import prove_route_fraud, route_fraud
 from node.verifier.tickets import TicketResult, verdict_for
 from protocol.eip712 import ROLE_COMPUTE, Commitment, Reveal, address_of, committee_signatures
@@ -82,7 +84,7 @@ def _fingerprint(value: int) -> bytes:
 def _step(node: PlanetChain, session: bytes, value: int) -> RouteStep:
     return sign_step(
         node.account.key,
-        node.domain_fraud_proofs(),
+        node.fraud_proofs.domain(),
         session,
         0,
         _fingerprint(value),
@@ -97,9 +99,9 @@ def test_route_honest_step_derives_next_node_and_is_no_fault(
 ) -> None:
     node = _account(anvil, deployment, "honest node")
     challenger = _account(anvil, deployment, "honest challenger")
-    node.stake(ROLE_COMPUTE, ETHER)
+    node.staking.stake(ROLE_COMPUTE, ETHER)
     step = _step(node, keccak(text="honest session"), 0x3C00)
-    domain = challenger.domain_fraud_proofs()
+    domain = challenger.fraud_proofs.domain()
     expected = next_node(step.commitment.commitment, 1, CANDIDATES)
     assert (
         check_step(
@@ -117,11 +119,11 @@ def test_route_honest_step_derives_next_node_and_is_no_fault(
         check_step(step, domain, next_shard=1, candidates=CANDIDATES, next_key=wrong)
     assert route_fraud(step) is None and prove_route_fraud(challenger, step) is None
     with pytest.raises(ContractRevert) as caught:  # the contract agrees: nothing to prove
-        challenger.prove_reveal_mismatch(
+        challenger.fraud_proofs.prove_reveal_mismatch(
             step.commitment, step.commitment_sig, step.reveal, step.reveal_sig
         )
     assert caught.value.error_name == "NotAFault"
-    assert node.stake_of() == ETHER
+    assert node.staking.stake_of() == ETHER
 
 
 def test_route_reveal_differing_from_commitment_slashed_all(
@@ -129,8 +131,8 @@ def test_route_reveal_differing_from_commitment_slashed_all(
 ) -> None:
     node = _account(anvil, deployment, "lying node")
     challenger = _account(anvil, deployment, "client as challenger")
-    node.stake(ROLE_COMPUTE, 2 * ETHER)
-    domain = node.domain_fraud_proofs()
+    node.staking.stake(ROLE_COMPUTE, 2 * ETHER)
+    domain = node.fraud_proofs.domain()
     honest = _step(node, keccak(text="lying session"), 0x3C00)
     # The node routes by one commitment, then reveals another output for the same slot.
     r = honest.reveal
@@ -153,13 +155,13 @@ def test_route_reveal_differing_from_commitment_slashed_all(
         _fingerprint(0x3C01),
     )
     with pytest.raises(RevealMismatchError):
-        check_step(lying, challenger.domain_fraud_proofs())
+        check_step(lying, challenger.fraud_proofs.domain())
     assert route_fraud(lying) == "reveal_mismatch"
     result = prove_route_fraud(challenger, lying)
     slashed = result.event("Slashed")
     assert slashed["node"] == node.address and slashed["offence"] == 1
     assert (slashed["amount"], slashed["reward"], slashed["burned"]) == (2 * ETHER, ETHER, ETHER)
-    assert node.stake_of() == 0 and challenger.credit_of() == ETHER
+    assert node.staking.stake_of() == 0 and challenger.staking.credit_of() == ETHER
 
 
 def test_route_two_commitments_for_one_slot_slashed_all(
@@ -167,7 +169,7 @@ def test_route_two_commitments_for_one_slot_slashed_all(
 ) -> None:
     node = _account(anvil, deployment, "equivocating node")
     challenger = _account(anvil, deployment, "verifier as challenger")
-    node.stake(ROLE_COMPUTE, ETHER)
+    node.staking.stake(ROLE_COMPUTE, ETHER)
     session = keccak(text="equivocating session")
     shown_to_client = _step(node, session, 0x3C00)
     shown_elsewhere = _step(node, session, 0x3C02)  # a different output: another route
@@ -176,12 +178,12 @@ def test_route_two_commitments_for_one_slot_slashed_all(
     result = prove_route_fraud(challenger, shown_to_client, shown_elsewhere)
     slashed = result.event("Slashed")
     assert (slashed["offence"], slashed["amount"], slashed["reward"]) == (2, ETHER, ETHER // 2)
-    assert node.stake_of() == 0 and challenger.credit_of() == ETHER // 2
+    assert node.staking.stake_of() == 0 and challenger.staking.credit_of() == ETHER // 2
     # A commitment re-signed for another slot is no equivocation.
     moved = Commitment(session, 3, 0, shown_to_client.commitment.commitment, 1)
     moved_step = RouteStep(
         moved,
-        moved.sign(node.account.key, node.domain_fraud_proofs()),
+        moved.sign(node.account.key, node.fraud_proofs.domain()),
         shown_to_client.reveal,
         shown_to_client.reveal_sig,
         shown_to_client.fingerprint,
@@ -195,7 +197,7 @@ def test_spotcheck_finding_verdict_slashes_its_offence_share(
 ) -> None:
     node = _account(anvil, deployment, f"spot-checked node {outcome.value}")
     verifier = _account(anvil, deployment, f"spot-check verifier {outcome.value}")
-    node.stake(ROLE_COMPUTE, 2 * ETHER)
+    node.staking.stake(ROLE_COMPUTE, 2 * ETHER)
     triple = Triple("ab" * 32, "0x" + keccak(text=outcome.value).hex(), 3, 1)
     seed = keccak(text="epoch seed")
     result = TicketResult(outcome, "test", evidence_hash=evidence_hash(seed, triple, outcome))
@@ -207,12 +209,12 @@ def test_spotcheck_finding_verdict_slashes_its_offence_share(
         consumer=deployment.address("FraudProofs"),
     )
     assert verdict is not None and verdict.offence == outcome.offence
-    sigs = committee_signatures(verdict, COMMITTEE_KEYS[:3], verifier.domain_committee())
-    slashed = verifier.slash_by_verdict(verdict, sigs).event("Slashed")
+    sigs = committee_signatures(verdict, COMMITTEE_KEYS[:3], verifier.committee.domain())
+    slashed = verifier.fraud_proofs.slash_by_verdict(verdict, sigs).event("Slashed")
     assert slashed["offence"] == outcome.offence
     assert slashed["amount"] == 2 * ETHER // share
-    assert node.stake_of() == 2 * ETHER - 2 * ETHER // share
-    assert verifier.credit_of() == ETHER // share
+    assert node.staking.stake_of() == 2 * ETHER - 2 * ETHER // share
+    assert verifier.staking.credit_of() == ETHER // share
     assert (
         verdict_for(
             TicketResult(Outcome.PASSED, "ok"),

@@ -23,7 +23,8 @@ from eth_utils import keccak
 from deploy.anvil import ANVIL_DEV_KEY, Anvil, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
 from deploy.zk import deploy_fault_verifier
-from node.chain.evm import ContractRevert, PlanetChain
+from node.chain.evm.account import PlanetChain
+from node.chain.evm.errors import ContractRevert
 from node.model.prepare import prepare
 from node.verifier.zk.build import build_circuit
 from node.verifier.zk.circuit import load_op
@@ -116,17 +117,19 @@ def test_zk_ticket_fault_proof_checked_in_python_and_slashes_on_anvil(anvil: Anv
     deployment = deploy_all(anvil.rpc_url, ANVIL_DEV_KEY, config, expected_chain_id=31337)
     node = funded(anvil, deployment, "node")
     challenger = funded(anvil, deployment, "challenger")
-    node.stake(ROLE_COMPUTE, 2 * ETHER)
-    domain = node.domain_fraud_proofs()
+    node.staking.stake(ROLE_COMPUTE, 2 * ETHER)
+    domain = node.fraud_proofs.domain()
     for reveal, evidence in ((honest, blob), (about_other, blob), (lying, tampered)):
         with pytest.raises(ContractRevert) as refused:
-            challenger.prove_computation_fault(
+            challenger.fraud_proofs.prove_computation_fault(
                 reveal, reveal.sign(node.account.key, domain), evidence
             )
         assert refused.value.error_name == "NotAFault"
-    assert node.stake_of() == 2 * ETHER
+    assert node.staking.stake_of() == 2 * ETHER
 
-    result = challenger.prove_computation_fault(lying, lying.sign(node.account.key, domain), blob)
+    result = challenger.fraud_proofs.prove_computation_fault(
+        lying, lying.sign(node.account.key, domain), blob
+    )
     slashed = result.event("Slashed")
     assert (slashed["offence"], slashed["amount"], slashed["reward"]) == (3, ETHER, ETHER // 2)
-    assert node.stake_of() == ETHER
+    assert node.staking.stake_of() == ETHER

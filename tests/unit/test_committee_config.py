@@ -11,7 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from deploy import committee
+from deploy.committee.cometbft import (
+    find_cometbft,
+    node_id_from_key,
+    set_toml_values,
+    validator_config,
+)
+from deploy.committee.generate import InitOptions, init_network
+from deploy.committee.genesis import DEFAULT_EVM_CHAIN_ID, app_state, configure_genesis
+from deploy.committee.network import Network, Validator, load_network
+from deploy.committee.processes import log_tail, read_pid, running_processes, stop_network
+from node.keys import OPERATOR_KEY_FILE, read_operator_key
 from node.procs import START_MARKER
 from protocol.errors import ConfigError, UsageError
 
@@ -45,7 +55,7 @@ NODE_ID = "60f23448cb9998517823a2294376dade64cbdb8b"
 
 
 def test_set_toml_values_known_keys_replaced_per_section_comments_kept() -> None:
-    out = committee.set_toml_values(
+    out = set_toml_values(
         SAMPLE_TOML,
         {
             "": {"moniker": "validator0"},
@@ -64,17 +74,17 @@ def test_set_toml_values_known_keys_replaced_per_section_comments_kept() -> None
 
 def test_set_toml_values_missing_key_raises_config_error() -> None:
     with pytest.raises(ConfigError) as raised:
-        committee.set_toml_values(SAMPLE_TOML, {"rpc": {"pex": False}})
+        set_toml_values(SAMPLE_TOML, {"rpc": {"pex": False}})
     assert "[rpc] pex" in raised.value.message
 
 
 def test_node_id_from_key_matches_cometbft() -> None:
-    assert committee.node_id_from_key(NODE_KEY) == NODE_ID
+    assert node_id_from_key(NODE_KEY) == NODE_ID
 
 
-def _validators(count: int, base: int = 27000) -> list[committee.Validator]:
+def _validators(count: int, base: int = 27000) -> list[Validator]:
     return [
-        committee.Validator(
+        Validator(
             index=i,
             home=f"/x/node{i}",
             node_id=f"{i:040x}",
@@ -91,9 +101,7 @@ def _validators(count: int, base: int = 27000) -> list[committee.Validator]:
 
 def test_validator_config_peers_exclude_self_and_ports_are_own() -> None:
     validators = _validators(4)
-    values = committee.validator_config(
-        validators[1], validators, timeout_commit="300ms", app="planet"
-    )
+    values = validator_config(validators[1], validators, timeout_commit="300ms", app="planet")
     peers = values["p2p"]["persistent_peers"]
     assert isinstance(peers, str)
     assert peers.split(",") == [validators[i].p2p_address for i in (0, 2, 3)]
@@ -110,8 +118,8 @@ def test_configure_genesis_enables_vote_extensions_as_string_and_sets_app_state(
         "consensus_params": {"abci": {"vote_extensions_enable_height": "0"}},
         "validators": [{"address": "AA"}],
     }
-    state = committee.app_state({"AA": "0x" + "11" * 20}, epoch_length=5)
-    out = committee.configure_genesis(genesis, chain_id="planet-committee", state=state)
+    state = app_state({"AA": "0x" + "11" * 20}, epoch_length=5)
+    out = configure_genesis(genesis, chain_id="planet-committee", state=state)
     assert out["consensus_params"]["abci"]["vote_extensions_enable_height"] == "1"
     assert out["chain_id"] == "planet-committee"
     assert out["app_state"] == state
@@ -121,13 +129,13 @@ def test_configure_genesis_enables_vote_extensions_as_string_and_sets_app_state(
 
 def test_init_options_bad_values_raise_usage_error(tmp_path: Path) -> None:
     for options in (
-        committee.InitOptions(directory=tmp_path, validators=0),
-        committee.InitOptions(directory=tmp_path, base_port=65530),
-        committee.InitOptions(directory=tmp_path, timeout_commit="fast"),
-        committee.InitOptions(directory=tmp_path, app="redis"),
+        InitOptions(directory=tmp_path, validators=0),
+        InitOptions(directory=tmp_path, base_port=65530),
+        InitOptions(directory=tmp_path, timeout_commit="fast"),
+        InitOptions(directory=tmp_path, app="redis"),
     ):
         with pytest.raises(UsageError):
-            committee.init_network(options)
+            init_network(options)
 
 
 def test_find_cometbft_missing_binary_hints_setup(
@@ -135,22 +143,20 @@ def test_find_cometbft_missing_binary_hints_setup(
 ) -> None:
     monkeypatch.setenv("PLANET_COMETBFT", str(tmp_path / "nope"))
     with pytest.raises(ConfigError) as raised:
-        committee.find_cometbft()
+        find_cometbft()
     assert "deploy/setup.sh" in (raised.value.hint or "")
 
 
 def test_load_network_uninitialised_dir_hints_init(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as raised:
-        committee.load_network(tmp_path)
+        load_network(tmp_path)
     assert "planet committee init" in (raised.value.hint or "")
 
 
 @pytest.mark.integration
 def test_init_network_real_testnet_distinct_ports_same_genesis_and_keys(tmp_path: Path) -> None:
-    network = committee.init_network(
-        committee.InitOptions(
-            directory=tmp_path / "net", validators=4, base_port=27900, epoch_length=7
-        )
+    network = init_network(
+        InitOptions(directory=tmp_path / "net", validators=4, base_port=27900, epoch_length=7)
     )
     ports = [
         p for v in network.validators for p in (v.p2p_port, v.rpc_port, v.abci_port, v.pprof_port)
@@ -167,7 +173,7 @@ def test_init_network_real_testnet_distinct_ports_same_genesis_and_keys(tmp_path
         v.validator_address: v.operator_address for v in network.validators
     }
     assert {v["address"] for v in genesis["validators"]} == set(genesis["app_state"]["validators"])
-    cometbft = str(committee.find_cometbft())
+    cometbft = str(find_cometbft())
     for validator in network.validators:
         shown = subprocess.run(
             [cometbft, "show-node-id", "--home", validator.home],
@@ -176,24 +182,20 @@ def test_init_network_real_testnet_distinct_ports_same_genesis_and_keys(tmp_path
             check=True,
         ).stdout.strip()
         assert shown == validator.node_id
-        key_path = Path(validator.home) / "config" / committee.OPERATOR_KEY_FILE
+        key_path = Path(validator.home) / "config" / OPERATOR_KEY_FILE
         assert stat.S_IMODE(os.stat(key_path).st_mode) == 0o600
         from eth_account import Account
 
-        assert Account.from_key(committee.read_operator_key(key_path)).address == (
-            validator.operator_address
-        )
+        assert Account.from_key(read_operator_key(key_path)).address == (validator.operator_address)
         config = (Path(validator.home) / "config" / "config.toml").read_text()
         assert f'laddr = "tcp://127.0.0.1:{validator.rpc_port}"' in config
         assert "pex = false" in config
-    assert committee.load_network(tmp_path / "net") == network
+    assert load_network(tmp_path / "net") == network
 
     with pytest.raises(UsageError) as raised:
-        committee.init_network(committee.InitOptions(directory=tmp_path / "net"))
+        init_network(InitOptions(directory=tmp_path / "net"))
     assert "--force" in (raised.value.hint or "")
-    again = committee.init_network(
-        committee.InitOptions(directory=tmp_path / "net", base_port=27900, force=True)
-    )
+    again = init_network(InitOptions(directory=tmp_path / "net", base_port=27900, force=True))
     assert again.validators[0].node_id != network.validators[0].node_id
 
 
@@ -201,16 +203,16 @@ def test_app_state_is_accepted_by_the_app_genesis_reader() -> None:
     from abci_app.genesis import Genesis
 
     operators = {"D2E4ED0DA213155A3FAE0571D265CB7FD205174E": "0x" + "ab" * 20}
-    state = committee.app_state(operators, epoch_length=9, committee_address="0x" + "cd" * 20)
+    state = app_state(operators, epoch_length=9, committee_address="0x" + "cd" * 20)
     genesis = Genesis.parse(json.dumps(state).encode())
     assert genesis.epoch_length == 9
     assert genesis.operators == operators
-    assert genesis.evm_chain_id == committee.DEFAULT_EVM_CHAIN_ID
+    assert genesis.evm_chain_id == DEFAULT_EVM_CHAIN_ID
     assert genesis.committee_address == "0x" + "cd" * 20
 
 
-def _network(directory: Path) -> committee.Network:
-    return committee.Network(
+def _network(directory: Path) -> Network:
+    return Network(
         dir=str(directory),
         chain_id="c",
         app="planet",
@@ -218,7 +220,7 @@ def _network(directory: Path) -> committee.Network:
         timeout_commit="300ms",
         epoch_length=5,
         validators=tuple(
-            committee.Validator(**{**v.__dict__, "home": str(directory / f"node{v.index}")})
+            Validator(**{**v.__dict__, "home": str(directory / f"node{v.index}")})
             for v in _validators(2)
         ),
     )
@@ -229,10 +231,10 @@ def test_read_pid_foreign_process_is_not_ours(tmp_path: Path) -> None:
     network.pid_path("app", 0).parent.mkdir(parents=True)
     network.pid_path("app", 0).write_text(f"{os.getpid()}\n")  # alive, but not validator 0's
     network.pid_path("cometbft", 1).write_text("999999999\n")  # no such process
-    assert committee.read_pid(network, "app", 0) is None
-    assert committee.read_pid(network, "cometbft", 1) is None
-    assert committee.running_processes(network) == {}
-    assert committee.stop_network(network) == []  # idempotent, and kills nothing foreign
+    assert read_pid(network, "app", 0) is None
+    assert read_pid(network, "cometbft", 1) is None
+    assert running_processes(network) == {}
+    assert stop_network(network) == []  # idempotent, and kills nothing foreign
     assert not network.pid_path("app", 0).exists()
 
 
@@ -253,5 +255,5 @@ def test_log_tail_shows_only_the_latest_start(tmp_path: Path) -> None:
     log.write_text(
         f"\n{START_MARKER}t1: app\nold failure\n\n{START_MARKER}t2: app\nnew line 1\nnew line 2\n"
     )
-    assert committee.log_tail(log) == "new line 1\nnew line 2"
-    assert committee.log_tail(tmp_path / "missing.log") == "(no log)"
+    assert log_tail(log) == "new line 1\nnew line 2"
+    assert log_tail(tmp_path / "missing.log") == "(no log)"

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy.devnet import argv_tail, read_state, running
+from deploy.devnet.plan import read_state
+from deploy.devnet.processes import argv_tail
+from deploy.devnet.status import running
 from node.cli import main as cli
 
 pytestmark = pytest.mark.unit

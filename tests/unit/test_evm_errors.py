@@ -9,10 +9,10 @@ from eth_abi import encode as abi_encode
 from eth_utils import keccak
 from web3.exceptions import ContractCustomError, ContractLogicError
 
-from node.chain.evm import (
+from node.chain.evm.deployment import Deployment
+from node.chain.evm.errors import (
     REVERT_TYPES,
     ContractRevert,
-    Deployment,
     InsufficientPower,
     QueryNotFunded,
     RevertDecoder,

@@ -24,6 +24,38 @@ pytestmark = pytest.mark.unit
 ETHER = 10**18
 
 
+class FakeStaking:
+    """The Staking binding's reads and sends the operator commands use."""
+
+    def __init__(self, *, staked: int, status: int, role: int) -> None:
+        self._staked, self._status, self._role = staked, status, role
+        self.staked_calls: list[tuple[int, int]] = []
+
+    def stake_of(self) -> int:
+        return self._staked
+
+    def status_of(self) -> int:
+        return self._status
+
+    def role_of(self) -> int:
+        return self._role
+
+    def minimum_stake(self, role: int) -> int:
+        return ETHER if role == 1 else ETHER // 2
+
+    def stake(self, role: int, amount: int) -> Any:
+        self.staked_calls.append((role, amount))
+        return SimpleNamespace(tx_hash="0x01", event=lambda _name: {"total": self._staked + amount})
+
+
+class FakeRegistry:
+    def __init__(self, shard_hashes: list[bytes]) -> None:
+        self._shard_hashes = shard_hashes
+
+    def shard_hashes_of(self, model_id: bytes) -> list[bytes]:
+        return self._shard_hashes
+
+
 class FakeChain:
     """The parts of PlanetChain the operator commands use."""
 
@@ -37,32 +69,16 @@ class FakeChain:
         shard_hashes: list[bytes] | None = None,
     ) -> None:
         self.address = "0x" + "ab" * 20
-        self._balance, self._staked, self._status, self._role = balance, staked, status, role
-        self._shard_hashes = shard_hashes or []
-        self.staked_calls: list[tuple[int, int]] = []
+        self._balance = balance
+        self.staking = FakeStaking(staked=staked, status=status, role=role)
+        self.registry = FakeRegistry(shard_hashes or [])
+
+    @property
+    def staked_calls(self) -> list[tuple[int, int]]:
+        return self.staking.staked_calls
 
     def balance(self) -> int:
         return self._balance
-
-    def stake_of(self) -> int:
-        return self._staked
-
-    def status_of(self) -> int:
-        return self._status
-
-    def role_of(self) -> int:
-        return self._role
-
-    def call(self, contract: str, function: str, *args: Any) -> Any:
-        assert (contract, function) == ("Staking", "minimumStake")
-        return ETHER if args[0] == 1 else ETHER // 2
-
-    def stake(self, role: int, amount: int) -> Any:
-        self.staked_calls.append((role, amount))
-        return SimpleNamespace(tx_hash="0x01", event=lambda _name: {"total": self._staked + amount})
-
-    def shard_hashes_of(self, model_id: bytes) -> list[bytes]:
-        return self._shard_hashes
 
 
 @pytest.fixture
@@ -105,7 +121,7 @@ def test_stake_unreachable_rpc_is_one_error_with_hint(env: Path, capsys, free_po
 
 def test_stake_wrong_chain_names_both_chain_ids(env: Path, capsys, monkeypatch) -> None:
     fake_w3 = SimpleNamespace(eth=SimpleNamespace(chain_id=1))
-    monkeypatch.setattr("node.chain.evm.connect", lambda *_a, **_k: fake_w3)
+    monkeypatch.setattr("node.chain.evm.rpc.connect", lambda *_a, **_k: fake_w3)
     code, err = _run(capsys, "stake", "--role", "compute", "--amount", "1", "--chain-id", "31337")
     assert code == 2
     assert "is chain 1, but this operator expects chain 31337" in err

@@ -12,7 +12,7 @@ import pytest
 from abci_app.codes import Code
 from abci_app.queries import query
 from node.chain.committee_rpc import TxRejectedError
-from node.chain.evm import ContractRevert
+from node.chain.evm.errors import ContractRevert
 from node.watcher.payouts import PayoutRelay, statement_of
 from tests.committee_chain import Chain
 from tests.unit.test_abci_settlement import (

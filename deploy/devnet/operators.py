@@ -1,0 +1,144 @@
+"""The compute nodes' operators: funded homes, then `planet stake` and `planet join` as typed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from deploy.anvil import ANVIL_DEV_ADDRESS, DEVNET_CHAIN_ID
+from deploy.committee.network import Network
+from deploy.devnet.plan import (
+    COMPUTE_STAKE_ETH,
+    OPERATOR_FUNDS_WEI,
+    OPERATOR_GAS_WEI,
+    USER_FUNDS_WEI,
+    DevnetOptions,
+    Progress,
+    write_state,
+)
+from deploy.devnet.processes import free_ports, planet_argv, run_parallel
+from node.chain.evm.account import PlanetChain
+from node.config import write_config_file
+from node.keys import create_dev_wallet
+
+
+def fund_operators(
+    options: DevnetOptions,
+    state: dict[str, Any],
+    registrar: PlanetChain,
+    network: Network,
+    progress: Progress,
+) -> list[Path]:
+    """An operator home per compute node (config, dev wallet funded from anvil's dev account),
+    gas for the validators' operator keys (they relay payout roots), and a user wallet."""
+    password = Path(state["password_file"]).read_text()
+    homes = []
+    accounts = []
+    w3 = registrar.w3
+    nonce = w3.eth.get_transaction_count(ANVIL_DEV_ADDRESS, "pending")
+    hashes = []
+
+    def send(to: str, value: int, nonce: int) -> Any:
+        block = w3.eth.get_block("latest")
+        tx = {
+            "to": to,
+            "value": value,
+            "gas": 21_000,
+            "nonce": nonce,
+            "chainId": DEVNET_CHAIN_ID,
+            "maxFeePerGas": 2 * block["baseFeePerGas"] + 10**9,
+            "maxPriorityFeePerGas": 10**9,
+        }
+        return w3.eth.send_raw_transaction(registrar.account.sign_transaction(tx).raw_transaction)
+
+    for index in range(options.nodes):
+        home = options.dir / "operators" / f"node{index}"
+        validator = network.validators[index % len(network.validators)]
+        write_config_file(
+            home / "config.toml",
+            {
+                "evm_rpc": state["evm_rpc"],
+                "committee_rpc": validator.rpc_url,
+                "chain_id": DEVNET_CHAIN_ID,
+                "deployment": state["deployment"],
+            },
+        )
+        wallet = create_dev_wallet(home / "wallet.json", password)
+        hashes.append(send(wallet.address, OPERATOR_FUNDS_WEI, nonce))
+        nonce += 1
+        homes.append(home)
+        accounts.append(
+            {
+                "name": f"node{index}",
+                "address": wallet.address,
+                "keystore": str(home / "wallet.json"),
+                "home": str(home),
+            }
+        )
+    # Validators' operator keys relay payout roots to the escrow: they need gas.
+    for validator in network.validators:
+        hashes.append(send(validator.operator_address, OPERATOR_GAS_WEI, nonce))
+        nonce += 1
+    # A user wallet for paid questions (`planet ask --pay --wallet …`).
+    user = create_dev_wallet(options.dir / "user" / "wallet.json", password)
+    hashes.append(send(user.address, USER_FUNDS_WEI, nonce))
+    accounts.append(
+        {"name": "user", "address": user.address,
+         "keystore": str(options.dir / "user" / "wallet.json"), "home": None}
+    )  # fmt: skip
+    for tx_hash in hashes:
+        w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30, poll_latency=0.02)
+    state["accounts"] = accounts
+    state["operators"] = [str(h) for h in homes]
+    write_state(options.dir, state)
+    progress(f"      funded {len(homes)} operator wallets (10 ETH) and a user wallet (100 ETH)")
+    return homes
+
+
+def run_operator_commands(
+    options: DevnetOptions, state: dict[str, Any], homes: list[Path], progress: Progress
+) -> None:
+    password_file = state["password_file"]
+    stake = [
+        (
+            f"node{i}",
+            planet_argv(
+                "stake",
+                "--role",
+                "compute",
+                "--amount",
+                COMPUTE_STAKE_ETH,
+                "--home",
+                str(home),
+                "--password-file",
+                password_file,
+            ),
+            home / "stake.log",
+        )
+        for i, home in enumerate(homes)
+    ]
+    run_parallel(stake, 120, progress, "planet stake")
+    ports = free_ports(len(homes), 18100, 19000)
+    join = [
+        (
+            f"node{i}",
+            planet_argv(
+                "join",
+                "--port",
+                str(ports[i]),
+                "--model",
+                state["manifest"],
+                "--shard",
+                str(i % state["shards"]),
+                "--home",
+                str(home),
+                "--password-file",
+                password_file,
+                "--timeout",
+                str(int(options.join_timeout_s)),
+            ),
+            home / "join.log",
+        )
+        for i, home in enumerate(homes)
+    ]
+    run_parallel(join, options.join_timeout_s + 30, progress, "planet join")

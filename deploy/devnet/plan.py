@@ -1,0 +1,56 @@
+"""What a devnet is: its options, its sizes and money, and its state file (`devnet.json`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deploy.evm import ETHER
+
+Progress = Callable[[str], None]
+STATE_FILE = "devnet.json"
+OPERATOR_FUNDS_WEI = 10 * ETHER
+USER_FUNDS_WEI = 100 * ETHER
+COMPUTE_STAKE_ETH = "1"
+DEVNET_EPOCH_LENGTH = 20  # ≈ 6-10 s at the devnet's 300 ms blocks: settlement within a minute
+# Settled epochs whose records stay (payout statements and claim proofs among them): the
+# genesis default 10 is only ~1-2 minutes of 20-block epochs, too short to claim by hand
+# after the escrow's 60 s window; 360 ≈ 40-60 minutes.
+DEVNET_RETENTION_EPOCHS = 360
+OPERATOR_GAS_WEI = 10**18  # each validator's operator key pays for relaying payout roots
+
+
+@dataclass(frozen=True)
+class DevnetOptions:
+    home: Path  # PLANET_HOME
+    validators: int = 4
+    nodes: int = 3
+    quant: str = "int8"
+    gateway: bool = True
+    join_timeout_s: float = 240.0
+    epoch_length: int = DEVNET_EPOCH_LENGTH  # committee blocks per settlement epoch
+    verifiers: int = 0  # `planet verifier serve` for the first N validators (needs the gateway)
+
+    @property
+    def dir(self) -> Path:
+        return devnet_dir(self.home)
+
+
+def devnet_dir(home: Path) -> Path:
+    return home / "devnet"
+
+
+def read_state(directory: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads((directory / STATE_FILE).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def write_state(directory: Path, state: dict[str, Any]) -> None:
+    tmp = directory / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1) + "\n")
+    tmp.replace(directory / STATE_FILE)

@@ -1,0 +1,96 @@
+"""The services `up` starts after the committee: the gateway and the verifiers.
+
+Both are the `planet` commands an operator would run (`planet gateway serve`, `planet verifier
+serve`), started detached with the devnet's dev wallets; the gateway starts before the nodes
+join, so it loads its part of the model meanwhile, and is awaited after the joins.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from deploy.anvil import rpc_call
+from deploy.committee.network import Network
+from deploy.devnet.plan import DevnetOptions, Progress, write_state
+from deploy.devnet.processes import free_port, planet_argv, spawn, wait_http
+from deploy.evm import ETHER
+from node.keys import create_dev_wallet, load_or_create_node_key
+
+
+def gateway_committee_key(options: DevnetOptions, state: dict[str, Any]) -> str:
+    """The gateway's committee key (signs its work reports), made before genesis is fixed so
+    its public key can be in genesis `gateways`; `planet gateway serve` finds it next to its
+    wallet (`node.gateway.run.committee_key_path`)."""
+    password = Path(state["password_file"]).read_text()
+    path = options.dir / "gateway" / "committee_key.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return load_or_create_node_key(path, password).verify_key.encode().hex()
+
+
+def start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Progress) -> None:
+    if not options.gateway:
+        progress("      gateway: skipped (--no-gateway)")
+        return
+    port = free_port(8000, 8999)
+    log_path = options.dir / "logs" / "gateway.log"
+    password = Path(state["password_file"]).read_text()
+    create_dev_wallet(options.dir / "gateway" / "wallet.json", password)  # a devnet key
+    argv = planet_argv(
+        "gateway", "serve",
+        "--evm-rpc", state["evm_rpc"],
+        "--deployment", state["deployment"],
+        "--committee-rpc", state["committee_rpc"][0],
+        "--manifest", state["manifest"],
+        "--wallet", str(options.dir / "gateway" / "wallet.json"),
+        "--password-file", state["password_file"],
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--report-min-questions", "1",  # a dev chain: settle each question quickly
+    )  # fmt: skip
+    pid = spawn(argv, log_path)
+    state["pids"]["gateway"] = pid
+    state["gateway_pending"] = {"url": f"http://127.0.0.1:{port}", "log": str(log_path)}
+    write_state(options.dir, state)
+    progress(f"      gateway: loading in the background (pid {pid}, log {log_path})")
+
+
+def start_verifiers(
+    options: DevnetOptions, state: dict[str, Any], network: Network, progress: Progress
+) -> None:
+    """`planet verifier serve` on the first `options.verifiers` validators' homes, each with its
+    own funded dev wallet (it pays for its challenges like a user); logs logs/verifier<i>.log."""
+    if not state.get("gateway_url"):
+        progress("      verifiers: skipped (they ask through the gateway, which is not running)")
+        return
+    password = Path(state["password_file"]).read_text()
+    pids = state["pids"].setdefault("verifiers", [])
+    for validator in network.validators[: options.verifiers]:
+        wallet = options.dir / f"verifier{validator.index}" / "wallet.json"
+        wallet.parent.mkdir(parents=True, exist_ok=True)
+        account = create_dev_wallet(wallet, password)
+        rpc_call(state["evm_rpc"], "anvil_setBalance", [account.address, hex(100 * ETHER)])
+        argv = planet_argv(
+            "verifier", "serve",
+            "--home", validator.home,
+            "--manifest", state["manifest"],
+            "--gateway", state["gateway_url"],
+            "--deployment", state["deployment"],
+            "--evm-rpc", state["evm_rpc"],
+            "--committee-rpc", validator.rpc_url,
+            "--wallet", str(wallet),
+            "--password-file", state["password_file"],
+        )  # fmt: skip
+        log_path = options.dir / "logs" / f"verifier{validator.index}.log"
+        pids.append(spawn(argv, log_path))
+        progress(f"      verifier of validator{validator.index}: pid {pids[-1]}, log {log_path}")
+
+
+def await_gateway(state: dict[str, Any]) -> None:
+    """Wait until the gateway started by `start_gateway` answers /health."""
+    pending = state.pop("gateway_pending", None)
+    if pending is None:
+        return
+    url = pending["url"]
+    wait_http(f"{url}/health", state["pids"]["gateway"], "gateway", Path(pending["log"]), 240)
+    state["gateway_url"] = url
