@@ -189,10 +189,6 @@ class Case:
     head: bool = False  # a HEAD request: no body in the answer
     raw_http: bool = False  # not valid HTTP: aiohttp's own 400 and a closed connection
     oversize: bool = False  # over the node's message cap: the link closes with 1009
-    opens: int | None = None  # the sid a valid open names
-    feedable: bool = True
-    frame: FrameHeader | None = None  # a valid frame's header
-    closes: int | None = None
 
 
 class Grammar:
@@ -251,13 +247,13 @@ class Grammar:
         feed = None if self.rng.random() < 0.9 else secrets.token_urlsafe(32)
         body = {"op": "open", "sid": sid, "session": secrets.token_urlsafe(32), "shard": 0}
         body |= {"feed": feed, "next": None}
-        return Case("valid_open", json.dumps(body), opens=sid, feedable=feed is None)
+        return Case("valid_open", json.dumps(body))
 
     def close(self) -> Case:
         sid = self.own_sid()
         if sid is None or self.rng.random() < 0.2:
             return Case("close_unknown", json.dumps({"op": "close", "sid": next(self.sids)}))
-        return Case("close", json.dumps({"op": "close", "sid": sid}), closes=sid)
+        return Case("close", json.dumps({"op": "close", "sid": sid}))
 
     def hostile_control(self) -> Case:
         rng = self.rng
@@ -306,6 +302,10 @@ class Grammar:
         ]
         if rng.random() < 0.25:
             text = rng.choice(mutations)(text)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: a text message must be UTF-8, so escape it
+            text = json.dumps(text)
         return Case("hostile_control", text)
 
     # -------------------------------------------------------------------- frames
@@ -386,7 +386,7 @@ class Grammar:
         x = np.random.default_rng(rng.getrandbits(32)).standard_normal((1, count, H))
         header = FrameHeader(sid, start, count, dtype, codec, last_only)
         data = pack_frame(header, encode_body(x.astype(np.float32), dtype, codec))
-        return Case("valid_frame", data, frame=header)
+        return Case("valid_frame", data)
 
     def oversize(self) -> Case:
         return Case("oversize", bytes(MAX_REQUEST_MB * 1024 * 1024 + 1024), oversize=True)
@@ -575,16 +575,37 @@ class FuzzLink:
             await self.http.close()
 
 
+def sent_control(case: Case) -> dict[str, Any]:
+    """The control message as the node reads it (a grammar's hostile message may be valid)."""
+    try:
+        body = json.loads(case.message)
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def sent_frame(case: Case) -> FrameHeader | None:
+    """The frame's header as the node reads it, if it is a valid frame at all."""
+    if not isinstance(case.message, bytes) or case.oversize:
+        return None
+    try:
+        return parse_frame(case.message, H, 8192)[0]
+    except Exception:
+        return None
+
+
 def check_link(case: Case, answer: aiohttp.WSMessage, link_closed: bool) -> tuple[str | None, str]:
-    """(what is wrong or None, a label for the tally) of the node's answer to one message."""
+    """(what is wrong or None, a label for the tally) of the node's answer to one message.
+    A message the grammar meant to be hostile may come out valid; then it gets a valid
+    answer, which must fit what was sent."""
     if case.oversize:
         if answer.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED) or link_closed:
             return None, "close 1009"
         return f"an oversize message got {answer.type.name}", "?"
     if answer.type == aiohttp.WSMsgType.BINARY:
-        if case.frame is None:
+        sent = sent_frame(case)
+        if sent is None:
             return f"an output frame answered a {case.kind}", "frame"
-        sent = case.frame
         rows = 1 if sent.last_only else sent.count  # the last hop answers the last row only
         expected = FrameHeader(
             sent.sid, sent.start + sent.count - rows, rows, sent.dtype, sent.codec, sent.last_only
@@ -606,10 +627,10 @@ def check_link(case: Case, answer: aiohttp.WSMessage, link_closed: bool) -> tupl
     if op == "error":
         code = body.get("code")
         return (None if code in NAMED_CODES else f"unnamed code {code!r}"), f"error {code}"
-    if op == "opened" and case.opens is not None and body.get("sid") == case.opens:
-        return None, "opened"
-    if op == "closed" and case.closes is not None and body.get("sid") == case.closes:
-        return None, "closed"
+    sent = sent_control(case)
+    asked = {"opened": "open", "closed": "close"}.get(op)
+    if asked is not None and sent.get("op") == asked and body.get("sid") == sent.get("sid"):
+        return None, op
     return f"answer {body} does not fit a {case.kind}", op
 
 
@@ -655,16 +676,16 @@ class Tally:
 
 def _book(own: dict[int, Own], case: Case, label: str) -> None:
     """What the answer changed about the worker's own sessions."""
-    if case.opens is not None and label == "opened":
-        own[case.opens] = Own(feedable=case.feedable)
-    elif case.closes is not None:
-        own.pop(case.closes, None)
-    elif case.frame is not None:
-        sid = case.frame.sid
+    if label == "opened":
+        sent = sent_control(case)
+        own[sent["sid"]] = Own(feedable=sent.get("feed") is None)
+    elif label == "closed":
+        own.pop(sent_control(case)["sid"], None)
+    elif (frame := sent_frame(case)) is not None and frame.sid in own:
         if label == "frame":
-            own[sid].position = case.frame.start + case.frame.count
+            own[frame.sid].position = frame.start + frame.count
         elif label in ("error session_expired", "error non_finite"):
-            own.pop(sid, None)  # the node closed it (evicted, or an answer it could not encode)
+            own.pop(frame.sid, None)  # the node closed it, or may have (an unencodable answer)
 
 
 async def _worker(
