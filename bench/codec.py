@@ -12,7 +12,7 @@ transport), with the codec applied at every place a circuit puts activations on 
 (embeddings into shard 0 and each shard's output; `codec_quality`). Teacher-forced: every
 position sees the true prefix, so one near-tie cannot cascade.
 
-Per codec: share of positions whose top-1 next token equals the uncompressed chain's, perplexity
+Per codec: share of positions whose top-1 next token equals the uncompressed circuit's, perplexity
 ratio, the rms change of the top-2 logit gap and the mean KL divergence (continuous measures:
 flips are few and noisy), body bytes as a share of fp32 (measured on the encoded bodies for the
 variable-rate `rq`), and the CPU microseconds of one token's encode + decode. Besides the wire
@@ -49,9 +49,9 @@ SWEEP = (18, 20, 22, 24, 26, 27, 28, 29, 30, 32, 34)
 
 
 def _ohq_probe(bits: int) -> Any:
-    from protocol.frames import decode_ohq, encode_ohq
+    from protocol.frames import ohq
 
-    return lambda a: decode_ohq(encode_ohq(a, bits), a.size, bits).reshape(a.shape)
+    return lambda a: ohq.decode(ohq.encode(a, bits), a.size, bits).reshape(a.shape)
 
 
 def _bf16(array: np.ndarray) -> np.ndarray:
@@ -78,12 +78,12 @@ class _Rq:
         self.values = 0
 
     def __call__(self, array: np.ndarray) -> np.ndarray:
-        from protocol import codec_rq
+        from protocol.frames import rq
 
-        body = codec_rq.encode(array, self.exponent)
+        body = rq.encode(array, self.exponent)
         self.bytes += len(body)
         self.values += array.size
-        return codec_rq.decode(body, array.shape[1], array.shape[2]).reshape(array.shape)
+        return rq.decode(body, array.shape[1], array.shape[2]).reshape(array.shape)
 
     def ratio(self) -> float:
         return self.bytes / (4 * self.values)
@@ -93,7 +93,7 @@ def _decode_step_bytes(head: Any, shards: list[Any], text: str, exponent: int) -
     """Mean rq body bytes of a one-token frame (a decode step) over `text`'s boundaries."""
     import torch
 
-    from protocol import codec_rq
+    from protocol.frames import rq
 
     ids = head.encode(text)
     positions = torch.arange(len(ids))
@@ -104,7 +104,7 @@ def _decode_step_bytes(head: Any, shards: list[Any], text: str, exponent: int) -
             if shard is not None:
                 hidden = shard.forward(hidden, positions, shard.new_cache())
             rows = hidden[0].numpy()
-            sizes += [len(codec_rq.encode(rows[t : t + 1], exponent)) for t in range(len(ids))]
+            sizes += [len(rq.encode(rows[t : t + 1], exponent)) for t in range(len(ids))]
     return float(np.mean(sizes))
 
 
@@ -122,14 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     from node.model.head import ClientHead
     from node.model.prepare import prepare
     from node.model.shard import ShardModel
-    from protocol.codec_rq import DEFAULT_EXPONENT
-    from protocol.frames import (
-        CODECS,
-        COMPRESSED_CODEC,
-        VARIABLE_CODECS,
-        body_size,
-        ohq_block_bytes,
-    )
+    from protocol.frames import ohq
+    from protocol.frames.codecs import CODECS, COMPRESSED_CODEC, VARIABLE_CODECS, body_size
+    from protocol.frames.rq import DEFAULT_EXPONENT
 
     torch.set_num_threads(1)
     started = time.monotonic()
@@ -173,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios["fp8_probe"] = (hidden + 4) / (hidden * 4)  # one byte per value + a float32 scale
     blocks = -(-hidden // 64)
     for bits in (6, 8):
-        ratios[f"ohq{bits}_probe"] = blocks * ohq_block_bytes(bits) / (hidden * 4)
+        ratios[f"ohq{bits}_probe"] = blocks * ohq.block_bytes(bits) / (hidden * 4)
     for name, roundtrip in table.items():
         if isinstance(roundtrip, _Rq):
             ratios[name] = roundtrip.ratio()  # measured: rq is variable-rate

@@ -5,8 +5,8 @@ aggregate decode tok/s and p99 inter-token time — one JSON object on stdout, l
     python bench/concurrency.py --sessions 1,8 --new-tokens 8
 
 Real node processes (started as `planet local up` starts them, via node/server/launcher.py) on
-loopback ports picked free at start, driven by the real ChainClient (node-to-node forwarding,
-one WebSocket per link; `--transport star` for the PipelineClient star relay): every session is
+loopback ports picked free at start, driven by the real CircuitClient (node-to-node forwarding,
+one WebSocket per link): every session is
 one `generate` call, all sessions of a sweep point run concurrently on one event loop over the
 same links (so all come from one client address: the nodes are started with per-peer quotas
 raised to the sweep's largest point, otherwise the node's default of 16 sessions per peer would
@@ -59,22 +59,14 @@ async def _session(client: Any, head: Any, ids: list[int], new_tokens: int) -> l
     return stamps
 
 
-async def sweep_point(
-    hops: list[Any], head: Any, sessions: int, new_tokens: int, transport: str = "chain"
-) -> dict[str, Any]:
-    from node.client.chain import ChainClient
-    from node.client.pipeline import PipelineClient
+async def sweep_point(hops: list[Any], head: Any, sessions: int, new_tokens: int) -> dict[str, Any]:
+    from node.client.circuit import CircuitClient
 
     prompts = [
         head.chat_ids([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
         for i in range(sessions)
     ]
-    client: Any
-    if transport == "chain":
-        hidden = int(head.embed_np([prompts[0][0]]).shape[2])
-        client = ChainClient(hops, hidden_size=hidden, request_timeout_s=600.0)
-    else:
-        client = PipelineClient(hops, request_timeout_s=600.0)
+    client = CircuitClient(hops, hidden_size=head.hidden_size, request_timeout_s=600.0)
     async with client:
         results = await asyncio.gather(
             *(_session(client, head, ids, new_tokens) for ids in prompts),
@@ -118,15 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="default", help="'default' or a local HF directory")
     parser.add_argument("--quant", default="none", help="none, int8 or int4 shards")
     parser.add_argument("--device", default="cpu", help="nodes' device: cpu (default) or cuda")
-    parser.add_argument("--transport", default="chain", choices=("chain", "star"))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
     points = [int(p) for p in args.sessions.split(",")]
 
-    from node.client.head import NumpyHead
-    from node.client.pipeline import Hop
+    from node.client.types import Hop
+    from node.model.head import ClientHead
     from node.model.prepare import prepare
     from node.server.launcher import free_ports, start_node, stop_pid, wait_healthy
     from node.server.run import configure_torch_threads
@@ -157,13 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     metrics: dict[str, Any] = {}
     try:
         wait_healthy(nodes, timeout_s=300)
-        head = NumpyHead(manifest)
+        head = ClientHead.load(manifest, device="cpu")
         hops = [Hop(url=n.url, shard=n.shard) for n in nodes]
-        asyncio.run(sweep_point(hops, head, 1, 4, args.transport))  # warm-up
+        asyncio.run(sweep_point(hops, head, 1, 4))  # warm-up
         for n in points:
             log.info("%d concurrent sessions x %d tokens", n, args.new_tokens)
             before = _batch_stats(hops)
-            result = asyncio.run(sweep_point(hops, head, n, args.new_tokens, args.transport))
+            result = asyncio.run(sweep_point(hops, head, n, args.new_tokens))
             after = _batch_stats(hops)
             batches = after[0] - before[0]
             metrics[f"mean_batch_rows_sessions_{n}"] = (
@@ -192,14 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             "sessions": points,
             "new_tokens_per_session": args.new_tokens,
             "codec": "raw",
-            "transport": args.transport,
             "loadavg_start": load_start,
             "loadavg_end": [round(x, 2) for x in __import__("os").getloadavg()],
             "node_flags": quota,
-            "client": (
-                "one client (ChainClient; PipelineClient with --transport star), all "
-                "sessions on one event loop (one peer address)"
-            ),
+            "client": "one CircuitClient, all sessions on one event loop (one peer address)",
             "note": "shared 2-core box under load from other engineers; absolute rates noisy",
             "gpu_sweep_command": GPU_COMMAND,
             "gpu_sweep_status": "not run here: no GPU lent to this task",

@@ -1,4 +1,4 @@
-"""Gateway benchmark: what the gateway costs per token against the bare chain client, and
+"""Gateway benchmark: what the gateway costs per token against the bare circuit client, and
 how it holds 8 and 32 concurrent paid questions — one JSON object on stdout, logs on stderr.
 
     python bench/gateway.py             # 48 tokens × 3 repeats; 8 and 32 concurrent × 32 tokens
@@ -10,7 +10,7 @@ circuit and the bare client's are the same two nodes), the gateway as its own pr
 gateway question is paid by its own QueryEscrow deposit (made before the clock starts).
 
 - overhead per token: decode time per token (first token → last token, / tokens − 1) of the
-  bare ChainClient in this process (the transport the gateway drives: node-to-node forwarding)
+  bare CircuitClient in this process (the transport the gateway drives: node-to-node forwarding)
   vs a streamed gateway answer measured at the HTTP client,
   same prompt, greedy, interleaved repeats, medians;
 - concurrency: N streamed questions at once; aggregate completion tok/s over the wall time,
@@ -48,13 +48,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def bare_per_token_ms(head: Any, urls: list[str], tokens: int) -> float:
-    from node.client.chain import ChainClient
-    from node.client.pipeline import Hop
+    from node.client.circuit import CircuitClient
+    from node.client.types import Hop
 
     stamps: list[float] = []
     hops = [Hop(url, shard) for shard, url in enumerate(urls)]
-    hidden = int(head.embed_np([0]).shape[2])
-    async with ChainClient(hops, hidden_size=hidden) as client:
+    async with CircuitClient(hops, hidden_size=head.hidden_size) as client:
         ids = head.chat_ids(MESSAGES)
         async for _ in client.generate(head, ids, max_new_tokens=tokens, stop_on_eos=False):
             stamps.append(time.perf_counter())
@@ -141,11 +140,11 @@ async def concurrent(net: Any, keys: list[str], model: str, tokens: int) -> dict
 async def run(net: Any, args: argparse.Namespace) -> dict[str, Any]:
     import aiohttp
 
-    from node.client.head import NumpyHead
+    from node.model.head import ClientHead
     from node.server.run import configure_torch_threads
 
     configure_torch_threads(1)
-    head = NumpyHead(net.manifest_path)
+    head = ClientHead.load(net.manifest_path, device="cpu")
     urls = [node.process.url for node in net.nodes]
     model = net.manifest.model_id
     user = net.account("bench-user", ether=1000)
@@ -215,7 +214,7 @@ def main() -> int:
                     "model": "smollm2-135m",
                     "shards": 2,
                     "quant": "int8",
-                    "transport": "chain (node-to-node WebSocket forwarding), bare and gateway",
+                    "transport": "circuit (node-to-node WebSocket forwarding), bare and gateway",
                     "tokens": args.tokens,
                     "repeats": args.repeats,
                     "concurrent_tokens": args.concurrent_tokens,

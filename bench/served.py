@@ -43,7 +43,7 @@ def one_run(circuit, ids: list[int], directory: Path) -> dict[str, float]:
     with torch.inference_mode():
         hidden0 = first.forward(head.embed(ids), torch.arange(len(ids)), first.new_cache())
     inputs = hidden0.numpy()
-    from protocol.frames import session_tag
+    from protocol.frames.sessions import session_tag
 
     served = ServedLog(directory, shard=1)
     tag = session_tag("bench-served-capability-0001")

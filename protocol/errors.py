@@ -11,8 +11,8 @@
 
 Edges: the CLI prints `error: <message>` and `hint: <hint>` and exits with `exit_status`;
 HTTP handlers answer `{"code", "message"}` with `http_status`; the ABCI app maps to result codes.
-Domain modules add typed subclasses next to their code (e.g. frame errors in `protocol.frames`),
-building the message from their fields.
+Domain modules add typed subclasses next to their code (e.g. frame errors in
+`protocol.frames.errors`), building the message from their fields.
 """
 
 from __future__ import annotations

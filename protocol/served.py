@@ -9,8 +9,8 @@ commits on the committee chain to
     commitment  = commitment_value(session, step = b, shard, output_hash, salt)   (protocol.eip712)
 
 with `salt` 32 random bytes per record, kept by the node (in the spool) until it reveals. The
-`session` is the hop's public session tag (`protocol.frames.session_tag`: sha256 over a domain
-and the capability only the client and this node hold), so a verifier, the client and the
+`session` is the hop's public session tag (`protocol.frames.sessions.session_tag`: sha256 over a
+domain and the capability only the client and this node hold), so a verifier, the client and the
 routing checks name the same session, while nothing on chain reveals the capability, the
 gateway's query, the user or another hop's session.
 

@@ -1,24 +1,12 @@
-"""Activation streams: node-to-node forwarding over one persistent WebSocket per link.
+"""Circuit links: node-to-node forwarding over one persistent WebSocket per link.
 
-A circuit's data path is a chain, client → A → B → C → client: a token costs one transfer per
-hop (K + 1 for K nodes, against 2K for the star relay of `/v1/forward`) and no per-request HTTP
-overhead. Every link is a WebSocket on `GET /v1/stream`; a session on a link is named by a small
-integer `sid` the sending side chose. Two kinds of message:
+A circuit's data path runs client → A → B → C → client: a token costs one transfer per hop
+(K + 1 for K nodes) and no per-request HTTP overhead. Every link is a WebSocket on
+`GET /v1/stream`; a session on a link is named by a small integer `sid` the sending side chose.
+Two kinds of message:
 
-**Data** (binary), 17-byte big-endian header then the body:
-
-    offset  size  field
-    0       1     kind  0x01
-    1       1     version 1
-    2       4     sid
-    6       4     start   first absolute position of the rows
-    10      4     count   rows (positions) in the body
-    14      1     dtype   index into protocol.frames.DTYPES order ("float32", "float16")
-    15      1     codec   index into protocol.frames.CODECS ("raw", "int8", "hq9", "ohq7")
-    16      1     flags   bit 0: last_only (the last hop answers only the last row)
-
-The body is encoded exactly as a `/v1/forward` frame's body (protocol.frames codecs); its size
-is checked against count × hidden size before anything is decoded.
+**Frames** (binary): activations, a 17-byte header then the body (protocol/frames/header.py);
+the body's size is checked against count × hidden size before anything is decoded.
 
 **Control** (text, one JSON object, at most 4 KiB, nesting ≤ 3):
 
@@ -33,7 +21,7 @@ Capabilities stay per hop. The client opens hop i's session on its own link to h
 hop i's capability (never seen by any other node). `feed` is a second per-hop token (derived
 from the client's secret like the capability): hop i learns the token its upstream must present
 (`feed`) and the token it presents to hop i + 1 (`next.feed`), never hop i + 1's capability. A
-feed token only lets its holder append positions whose output flows on down the chain; reading
+feed token only lets its holder append positions whose output flows on down the circuit; reading
 an output (the last hop answers on the client's own link), closing and opening need the
 capability. `next: null` marks the last hop: it sends its output back on the client's link.
 Errors about a session always go to the client's link of the hop that refused, by name.
@@ -42,39 +30,21 @@ Errors about a session always go to the client's link of the hop that refused, b
 from __future__ import annotations
 
 import re
-import struct
 from dataclasses import dataclass
 from typing import Any, Final
 
 from protocol.canonical import JsonTooDeepError, loads_bounded
-from protocol.frames import (
-    CODECS,
-    DTYPES,
-    BadCodecError,
-    BadDtypeError,
-    BadHeaderError,
-    BadPositionsError,
-    BadShapeError,
-    FrameError,
-    TooLargeError,
-    check_body_size,
-    check_session_id,
-)
+from protocol.frames.errors import FrameError, TooLargeError
+from protocol.frames.sessions import check_session_id
 from protocol.urls import BadUrlError, canonical_url
 
-DATA_KIND: Final = 0x01
-STREAM_VERSION: Final = 1
-_DATA = struct.Struct(">BBIIIBBB")
-DATA_HEADER_BYTES: Final = _DATA.size  # 17
-FLAG_LAST_ONLY: Final = 0x01
 MAX_CONTROL_BYTES: Final = 4096
 MAX_SID: Final = 2**32 - 1
 MAX_URL_CHARS: Final = 200
-# data messages of ONE session a node holds queued or computing; the session's first one counts
+# frames of ONE session a node holds queued or computing; the session's first one counts
 # against its caller's in-flight limit, the rest only against this (a pipelined prefill sends
 # several chunks of one session back to back); one more is refused as busy
 MAX_SESSION_FRAMES: Final = 16
-_DTYPE_NAMES: Final = tuple(DTYPES)
 OPS_FROM_CLIENT: Final = frozenset({"open", "close", "attach"})
 OPS_TO_CLIENT: Final = frozenset({"opened", "attached", "closed", "error"})
 
@@ -114,72 +84,10 @@ class BadFeedError(FrameError):
 
 
 class DownstreamError(FrameError):
-    """The next hop of the chain could not be reached or refused the attach."""
+    """The next hop of the circuit could not be reached or refused the attach."""
 
     code = "downstream_unavailable"
     http_status = 502
-
-
-# ------------------------------------------------------------------------------------ data
-@dataclass(frozen=True, slots=True)
-class DataHeader:
-    sid: int
-    start: int
-    count: int
-    dtype: str
-    codec: str
-    last_only: bool = False
-
-    def pack(self) -> bytes:
-        return _DATA.pack(
-            DATA_KIND,
-            STREAM_VERSION,
-            self.sid,
-            self.start,
-            self.count,
-            _DTYPE_NAMES.index(self.dtype),
-            CODECS.index(self.codec),
-            FLAG_LAST_ONLY if self.last_only else 0,
-        )
-
-
-def pack_data(header: DataHeader, body: bytes | memoryview) -> bytes:
-    return b"".join((header.pack(), body))
-
-
-def parse_data(
-    message: bytes | bytearray | memoryview, hidden_size: int, max_tokens: int
-) -> tuple[DataHeader, memoryview]:
-    """A data message's header and body (body size checked, values not yet decoded)."""
-    view = memoryview(message)
-    if len(view) < DATA_HEADER_BYTES:
-        raise BadHeaderError(f"data message of {len(view)} bytes is shorter than its header")
-    kind, version, sid, start, count, dtype, codec, flags = _DATA.unpack_from(view)
-    if kind != DATA_KIND or version != STREAM_VERSION:
-        raise BadHeaderError(f"unknown data kind {kind} / version {version}")
-    if dtype >= len(_DTYPE_NAMES):
-        raise BadDtypeError(f"dtype index {dtype} unknown; accepted: {list(_DTYPE_NAMES)}")
-    if codec >= len(CODECS):
-        raise BadCodecError(f"codec index {codec} unknown; accepted: {list(CODECS)}")
-    if flags & ~FLAG_LAST_ONLY:
-        raise BadHeaderError(f"unknown flags {flags:#04x}")
-    if count < 1:
-        raise BadPositionsError("count must be >= 1")
-    if count > max_tokens:
-        raise TooLargeError(f"{count} positions exceed the limit of {max_tokens}")
-    if start + count > 2**31 - 1:
-        raise BadPositionsError("positions beyond 2^31 - 1")
-    header = DataHeader(
-        sid=sid,
-        start=start,
-        count=count,
-        dtype=_DTYPE_NAMES[dtype],
-        codec=CODECS[codec],
-        last_only=bool(flags & FLAG_LAST_ONLY),
-    )
-    body = view[DATA_HEADER_BYTES:]
-    check_body_size(header.dtype, header.codec, count, hidden_size, len(body))
-    return header, body
 
 
 # ------------------------------------------------------------------------------------ control
@@ -316,22 +224,17 @@ def ws_frame_bytes(payload: int, *, masked: bool) -> int:
 
 
 __all__ = [
-    "DATA_HEADER_BYTES",
     "MAX_SESSION_FRAMES",
     "BadControlError",
     "BadFeedError",
     "BadRouteError",
-    "BadShapeError",
     "Control",
-    "DataHeader",
     "DownstreamError",
     "NextHop",
     "NextHopNotAllowedError",
     "UnknownStreamError",
     "error_message",
     "open_message",
-    "pack_data",
     "parse_control",
-    "parse_data",
     "ws_frame_bytes",
 ]

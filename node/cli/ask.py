@@ -1,9 +1,8 @@
 """`planet ask PROMPT`: run a prompt through the shard nodes of a nodes file, stream the answer.
 
-The prompt goes over the forwarding chain (node/client/chain.py: this client → node A → B → C →
-this client, one WebSocket per link); `--transport star` drives the old relay instead (this
-client POSTs every step to each node in turn), kept for comparison. Either way the circuit is
-checked first over GET /info (model hash, shards, layers 0..total).
+The prompt goes through the circuit of the nodes file (node/client/circuit.py: this client →
+node A → B → C → this client, the nodes forwarding to each other, one WebSocket per link). The
+circuit is checked first over GET /info (model hash, shards, layers 0..total).
 
 `planet ask --pay PROMPT` asks a gateway instead and pays for the question from the CLI wallet:
 a QueryEscrow deposit, a signed payment proof as the API key, the answer streamed through the
@@ -32,7 +31,6 @@ examples:
   planet ask "What is the capital of France?"
   planet ask "Write a haiku about rivers" --temperature 0.8 --top-p 0.9 --seed 7
   planet ask "Hello" --nodes my-nodes.json --max-tokens 32 --json
-  planet ask "Hello" --transport star --json     (the old star relay, for comparison)
   planet ask --pay "What is the capital of France?"       (defaults from planet devnet up)
   planet ask --voucher "Hello"      (pays from `planet balance deposit`: no transaction)
   planet ask --pay "Hi" --gateway http://127.0.0.1:8000 --deployment deployment.json \\
@@ -66,13 +64,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--compress",
         action="store_true",
         help="compress activations on the wire (hq9: ~30 %% of fp32 bytes; lossy, see docs)",
-    )
-    parser.add_argument(
-        "--transport",
-        choices=("chain", "star"),
-        default="chain",
-        help="chain (default): the nodes forward to each other over WebSockets; star: the old "
-        "relay, this client POSTs every step to each node in turn (kept for comparison)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object (text, tokens, timings, circuit)"
@@ -148,15 +139,16 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
     # lazy: aiohttp and numpy (the client, its head and the wire codecs)
     import aiohttp
 
-    from node.client.chain import ChainClient
-    from node.client.head import NumpyHead
-    from node.client.pipeline import Hop, PipelineClient, Timings
+    from node.client.circuit import CircuitClient
+    from node.client.info import check_circuit
+    from node.client.types import Hop, Timings
+    from node.model.head import ClientHead
     from node.server.run import configure_torch_threads
-    from protocol.frames import COMPRESSED_CODEC
+    from protocol.frames.codecs import COMPRESSED_CODEC
 
     manifest = Manifest.load(nodes.manifest)
     configure_torch_threads(0)
-    head = NumpyHead(nodes.manifest)
+    head = ClientHead.load(nodes.manifest, device="cpu")
     prompt_ids = head.chat_ids([{"role": "user", "content": args.prompt}])
     hops = [Hop(url=n.url, shard=n.shard) for n in nodes.nodes]
     timings = Timings()
@@ -164,13 +156,8 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
     printed = ""
     codec = COMPRESSED_CODEC if args.compress else "raw"
     async with aiohttp.ClientSession(skip_auto_headers=("User-Agent",)) as http:
-        async with PipelineClient(hops, http=http) as probe:  # GET /info only
-            await probe.check_circuit(manifest.model_hash, manifest.total_layers)
-        client: PipelineClient | ChainClient
-        if args.transport == "star":
-            client = PipelineClient(hops, codec=codec, http=http)
-        else:
-            client = ChainClient(hops, hidden_size=manifest.hidden_size, codec=codec, http=http)
+        await check_circuit(http, hops, manifest.model_hash, manifest.total_layers)
+        client = CircuitClient(hops, hidden_size=manifest.hidden_size, codec=codec, http=http)
         async with client:
             async for token in client.generate(
                 head, prompt_ids, max_new_tokens=args.max_tokens, sampling=sampling, timings=timings
@@ -196,7 +183,6 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
         ],
         "model": manifest.model_id,
         "codec": codec,
-        "transport": args.transport,
     }
 
 

@@ -23,7 +23,7 @@ examples:
   PLANET_PASSWORD=… planet node serve --manifest M --shard 1 --commit-dir run/served \\
       --node-key ~/.planet/node_key.json --committee-rpc http://127.0.0.1:26657   # spot checks
 
-next hops (the chain protocol: a client's `open` names the URL this node dials next):
+next hops (a circuit's links: a client's `open` names the URL this node dials next):
   planet node serve --manifest M --shard 0 --next-hops http://10.0.0.8:18101,http://10.0.0.9:18101
   planet node serve --manifest M --shard 0 --next-hops-file hops.txt     # one URL a line
   planet node serve --manifest M --shard 0 --committee-rpc http://127.0.0.1:26657 \\
@@ -31,7 +31,7 @@ next hops (the chain protocol: a client's `open` names the URL this node dials n
                                 # at public addresses only (--private-next-hops: devnet, LAN)
   planet node serve --manifest M --shard 0 --next-hops any    # development only: dials anything
   default: committee when --committee-rpc is given, else none (the node forwards to nobody; it
-  still serves as the last hop and over HTTP)
+  still serves as the last hop)
 """
 
 
@@ -105,8 +105,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=16,
         metavar="N",
-        help="frames one caller may have queued or computing over HTTP, or stream sessions "
-        "with frames in flight (default 16, the per-caller session limit)",
+        help="sessions of one caller with frames in flight (default 16, the per-caller "
+        "session limit)",
     )
     serve.add_argument(
         "--max-batch",
@@ -137,13 +137,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="when full, a session idle this long may be reclaimed for another caller from "
         "the caller holding the most (default 30)",
-    )
-    serve.add_argument(
-        "--request-read-timeout",
-        type=_finite,
-        default=30.0,
-        metavar="SECONDS",
-        help="a frame's body must arrive within this time, else 408 slow_request (default 30)",
     )
     serve.add_argument(
         "--max-request-mb", type=_finite, default=32.0, help="largest accepted frame (default 32)"
@@ -315,7 +308,6 @@ def _serve(args: argparse.Namespace) -> int:
         max_queued=args.max_queued,
         max_session_age_s=args.max_session_age,
         reclaim_idle_s=args.reclaim_idle,
-        request_read_timeout_s=args.request_read_timeout,
         torch_threads=args.threads,
         commit_dir=args.commit_dir,
         served_max_bytes=int(args.served_max_mb * 1024 * 1024),

@@ -1,10 +1,11 @@
-"""Pipeline client: runs a prompt through a chain of shard nodes and samples tokens.
+"""The client of a circuit: runs a prompt through the shard nodes of one circuit, samples tokens.
 
-nodesfile.py  the nodes file (manifest path + ordered node URLs) and its default location
-sampling.py   greedy / temperature + top-p sampling, deterministic with a seed
-pipeline.py   PipelineClient: the star relay, keep-alive HTTP to each node (POST /v1/forward)
-chain.py      ChainClient: node-to-node forwarding over WebSockets (K + 1 transfers a token);
-              the product path (gateway, `planet ask`)
-capabilities.py  per-hop session capabilities derived from a client-held secret
-answers.py    the boundary against node answers: bounded reads, strict checks, named errors
+types.py         Hop, Head (the client's part of the model, a Protocol), Timings
+circuit.py       CircuitClient: node-to-node forwarding over WebSockets (K + 1 transfers a
+                 token); the one transport (the gateway, `planet ask`, benches)
+capabilities.py  per-hop session capabilities and feed tokens derived from a client-held secret
+info.py          GET /info of a circuit's nodes; the check that they form the manifest's circuit
+answers.py       the boundary against nodes' HTTP answers: bounded reads, strict checks, errors
+sampling.py      greedy / temperature + top-p sampling, deterministic with a seed
+nodesfile.py     the nodes file (manifest path + ordered node URLs) and its default location
 """

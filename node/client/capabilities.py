@@ -7,8 +7,8 @@ the client. The capability it sends to hop i is
 
 (43 characters, 256 bits, no padding). A node holds only its own capability: HMAC outputs of one
 hop say nothing about another's, and without the secret no one can compute any. A node keys its
-session by `session_tag(capability)` (protocol.frames), so every append, read-through and close
-needs the capability itself. Deterministic derivation keeps what later work needs:
+session by `session_tag(capability)` (protocol/frames/sessions.py), so every read-through and
+close needs the capability itself. Deterministic derivation keeps what later work needs:
 - failover: a replacement node for hop i has another url, so it gets a fresh capability from the
   same secret; the client replays the session's positions to it;
 - commitments: the client can name any hop's session by its public tag (`hop_tags`) to a
@@ -22,7 +22,7 @@ import hashlib
 import hmac
 import secrets
 
-from protocol.frames import check_session_id, session_tag
+from protocol.frames.sessions import check_session_id, session_tag
 
 _DOMAIN = b"planet/hop-capability/v1"
 _FEED_DOMAIN = b"planet/hop-feed/v1"
@@ -46,7 +46,7 @@ def hop_capability(secret: str, index: int, shard: int, url: str) -> str:
 
 
 def hop_feed(secret: str, index: int, shard: int, url: str) -> str:
-    """The feed token of hop `index` on a chain (protocol/stream.py): what its upstream node
+    """The feed token of hop `index` of a circuit (protocol/stream.py): what its upstream node
     presents to append positions. Known to hop `index` and its upstream only; it cannot read
     an output, open or close the session (those need the capability)."""
     return _derive(_FEED_DOMAIN, secret, index, shard, url)

@@ -9,10 +9,10 @@
 
 Handlers stay thin: the body goes through `requests` (400 on any broken rule), the API key
 through `protocol.payment.parse_bearer` and `PaymentDesk.reserve` (402), the question through
-`engine.Generation` over the forwarding chain (`chains.ChainPool`: one live ChainClient per
-circuit, closed at app cleanup; 503 without a circuit, 502 when a node fails). Every refusal
-is OpenAI's `{"error": {message, type, param, code}}` (error middleware). A failed question
-releases the payment (no receipt, no charge).
+`engine.Generation` over a circuit of nodes that forward to each other (`circuits.CircuitPool`:
+one live CircuitClient per circuit, closed at app cleanup; 503 without a circuit, 502 when a
+node fails). Every refusal is OpenAI's `{"error": {message, type, param, code}}` (error
+middleware). A failed question releases the payment (no receipt, no charge).
 """
 
 from __future__ import annotations
@@ -22,22 +22,22 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
-import numpy as np
 from aiohttp import web
 
 from node.client.sampling import SamplingConfig
+from node.client.types import Head
 from node.gateway import sse
-from node.gateway.chains import ChainPool
+from node.gateway.circuits import CircuitPool
 from node.gateway.config import GatewayConfig
 from node.gateway.dapp import add_dapp_routes
 from node.gateway.engine import Generation, TokenEvent
 from node.gateway.errors import ApiError, InvalidRequest, NotFound, error_body, planet_error_body
-from node.gateway.payments import PaymentDesk, Ticket
+from node.gateway.payments import PaymentDesk, Reservation
 from node.gateway.requests import (
     ChatRequest,
     CompletionRequest,
@@ -56,27 +56,6 @@ log = logging.getLogger(__name__)
 _QUERY_ID = re.compile(r"(0x)?([0-9a-fA-F]{64})\Z")
 
 
-class ClientModel(Protocol):
-    """The client part of the model as the gateway uses it (see run.GatewayHead)."""
-
-    eos_token_ids: frozenset[int]
-    vocab_size: int
-    hidden_size: int
-    context_length: int
-
-    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-    def token_text(self, token: int) -> str: ...
-
-    def embed_np(self, ids: Sequence[int]) -> np.ndarray: ...
-
-    def logits_np(self, hidden_last: np.ndarray) -> np.ndarray: ...
-
-
 @dataclass
 class ModelInfo:
     name: str  # manifest model_id, what clients put in "model"
@@ -89,7 +68,7 @@ class ModelInfo:
 class Gateway:
     config: GatewayConfig
     model: ModelInfo
-    head: ClientModel
+    head: Head  # the client part of the model (node.model.head.ClientHead)
     router: Router
     desk: PaymentDesk
     committee: Any  # has `async abci_query(path)`
@@ -97,10 +76,10 @@ class Gateway:
     chain_id: int
     escrow: str
     ledger: Any = None  # `node.gateway.settlement.WorkLedger` (None: no work reports)
-    chains: ChainPool = field(init=False)  # live chain clients per circuit, on `http`
+    circuits: CircuitPool = field(init=False)  # live circuit clients per circuit, on `http`
 
     def __post_init__(self) -> None:
-        self.chains = ChainPool(
+        self.circuits = CircuitPool(
             self.http,
             hidden_size=self.head.hidden_size,
             request_timeout_s=self.config.node_timeout_s,
@@ -285,12 +264,12 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
     prompt_ids = await asyncio.to_thread(_prompt_ids, gateway, req)
     max_tokens = req.sampling.max_tokens
     required = gateway.desk.required_wei(len(prompt_ids), max_tokens)
-    ticket = await gateway.desk.reserve(bearer_proof(request), required)
+    reservation = await gateway.desk.reserve(bearer_proof(request), required)
     want, top = _want_logprobs(req)
     generation = Generation(
         gateway.router,
         gateway.head,
-        gateway.chains,
+        gateway.circuits,
         prompt_ids,
         max_tokens=max_tokens,
         sampling=_sampling_config(req),
@@ -303,10 +282,10 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
     shaper = Shaper(req.kind, gateway.model.name, gateway.head.token_text, want)
     try:
         if req.sampling.stream:
-            return await _stream(request, gateway, req, generation, shaper, ticket, prompt_ids)
-        return await _whole(gateway, req, generation, shaper, ticket, prompt_ids)
+            return await _stream(request, gateway, req, generation, shaper, reservation, prompt_ids)
+        return await _whole(gateway, req, generation, shaper, reservation, prompt_ids)
     except BaseException:
-        gateway.desk.release(ticket)
+        gateway.desk.release(reservation)
         raise
 
 
@@ -315,7 +294,7 @@ async def _whole(
     req: ChatRequest | CompletionRequest,
     generation: Generation,
     shaper: Shaper,
-    ticket: Ticket,
+    reservation: Reservation,
     prompt_ids: list[int],
 ) -> web.Response:
     text = TextStream(gateway.head.decode, req.sampling.stop)
@@ -339,7 +318,7 @@ async def _whole(
     use = usage(len(prompt_ids), len(events))
     echoed = await generation.echoed_events()  # before charging: it can still fail
     assert generation.circuit is not None  # set before the first event
-    signed = gateway.desk.settle(ticket, len(prompt_ids), len(events), generation.circuit.keys)
+    signed = gateway.desk.settle(reservation, len(prompt_ids), len(events), generation.circuit.keys)
     if gateway.ledger is not None:
         gateway.ledger.record(signed, generation.circuit)
     body = shaper.full(answer, events, finish, use, echoed)
@@ -357,7 +336,7 @@ async def _stream(
     req: ChatRequest | CompletionRequest,
     generation: Generation,
     shaper: Shaper,
-    ticket: Ticket,
+    reservation: Reservation,
     prompt_ids: list[int],
 ) -> web.StreamResponse:
     response = web.StreamResponse(
@@ -402,7 +381,7 @@ async def _stream(
     except PlanetError as error:
         if not response.prepared:
             raise  # nothing sent yet: a plain JSON error with its status
-        gateway.desk.release(ticket)
+        gateway.desk.release(reservation)
         status, body = planet_error_body(error)
         log.warning("stream failed after it started status=%d code=%s", status, error.code)
         await response.write(sse.event(body))
@@ -412,7 +391,7 @@ async def _stream(
     finish = "stop" if text.stopped or not generation.finished_by_length else "length"
     use = usage(len(prompt_ids), count)
     assert generation.circuit is not None
-    signed = gateway.desk.settle(ticket, len(prompt_ids), count, generation.circuit.keys)
+    signed = gateway.desk.settle(reservation, len(prompt_ids), count, generation.circuit.keys)
     if gateway.ledger is not None:
         gateway.ledger.record(signed, generation.circuit)
     last = shaper.chunk(tail or None, [], finish, first=first, include_usage=include_usage)
@@ -441,12 +420,12 @@ def create_app(gateway: Gateway) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/receipts/{query_id}", receipt)
     add_dapp_routes(app, GATEWAY_KEY)  # the web page, its config, /v1/network (dapp.py)
-    app.on_cleanup.append(_close_chains)
+    app.on_cleanup.append(_close_circuits)
     return app
 
 
-async def _close_chains(app: web.Application) -> None:
-    await app[GATEWAY_KEY].chains.close()
+async def _close_circuits(app: web.Application) -> None:
+    await app[GATEWAY_KEY].circuits.close()
 
 
-__all__ = ["GATEWAY_KEY", "ApiError", "ClientModel", "Gateway", "ModelInfo", "create_app"]
+__all__ = ["GATEWAY_KEY", "ApiError", "Gateway", "ModelInfo", "create_app"]

@@ -1,10 +1,10 @@
 """One generation over a circuit, as a stream of token events.
 
-Drives `node.client.chain.ChainClient` (client → A → B → C → client, one WebSocket per link)
-through the gateway's `ChainPool`: questions on the same circuit share one live client, so their
-decode steps batch at the shards and at the LM head. Every question's prompt asks the last node
-for all positions (`full_prefill`), so an echo request (a verifier's challenge) looks like any
-other; logprobs come from the logits the client sampled the token from (`on_logits`).
+Drives `node.client.circuit.CircuitClient` (client → A → B → C → client, one WebSocket per
+link) through the gateway's `CircuitPool`: questions on the same circuit share one live client,
+so their decode steps batch at the shards and at the LM head. Every question's prompt asks the
+last node for all positions (`full_prefill`), so an echo request (a verifier's challenge) looks
+like any other; logprobs come from the logits the client sampled the token from (`on_logits`).
 
 Retries (OpenTela's lesson): when a question fails before anything was shown to the user, the
 nodes of the failed circuit that do not answer /health are cooled down and a new circuit is
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from node.client.pipeline import Head, Hop
 from node.client.sampling import SamplingConfig
-from node.gateway.chains import ChainPool
+from node.client.types import Head, Hop
+from node.gateway.circuits import CircuitPool
 from node.gateway.errors import NodeFailed
 from node.gateway.router import Circuit, Router
 from protocol.errors import BusyError, ProtocolError, RemoteError, UnavailableError
@@ -66,7 +66,7 @@ class Generation:
         self,
         router: Router,
         head: Head,
-        chains: ChainPool,
+        circuits: CircuitPool,
         prompt_ids: Sequence[int],
         *,
         max_tokens: int,
@@ -79,7 +79,7 @@ class Generation:
     ) -> None:
         self.router = router
         self.head = head
-        self.chains = chains
+        self.circuits = circuits
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = max_tokens
         self.sampling = sampling
@@ -107,7 +107,7 @@ class Generation:
             self.count = 0
             hops = [Hop(url=n.endpoint, shard=n.shard) for n in circuit.nodes]
             try:
-                async with self.router.hold(circuit), self.chains.use(hops) as client:
+                async with self.router.hold(circuit), self.circuits.use(hops) as client:
                     self._prefill = []
                     self._logits = None
                     tokens = client.generate(

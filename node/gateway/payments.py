@@ -145,7 +145,7 @@ class ChainEscrow:
 
 
 @dataclass(frozen=True, slots=True)
-class Ticket:
+class Reservation:
     """A reserved query: what was checked and how much may be charged at most."""
 
     proof: PaymentProof | VoucherProof
@@ -219,7 +219,7 @@ class PaymentDesk:
 
     async def reserve(
         self, proof: PaymentProof | VoucherProof | PaymentKeyError, required_wei: int
-    ) -> Ticket:
+    ) -> Reservation:
         if isinstance(proof, VoucherKeyError):
             raise PaymentRequired(
                 "voucher_malformed",
@@ -251,7 +251,7 @@ class PaymentDesk:
             self._in_flight.discard(query)
             raise
 
-    async def _check_voucher(self, proof: VoucherProof, required_wei: int) -> Ticket:
+    async def _check_voucher(self, proof: VoucherProof, required_wei: int) -> Reservation:
         now = int(self._clock())
         if proof.expiry <= now:
             raise PaymentRequired(
@@ -293,9 +293,9 @@ class PaymentDesk:
                 "deposit more (planet balance deposit)",
             )
         self._outstanding[payer] = self._outstanding.get(payer, 0) + required_wei
-        return Ticket(proof, payer, required_wei)
+        return Reservation(proof, payer, required_wei)
 
-    async def _check(self, proof: PaymentProof, required_wei: int) -> Ticket:
+    async def _check(self, proof: PaymentProof, required_wei: int) -> Reservation:
         query = "0x" + proof.query_id.hex()
         deposit = await self.escrow.deposit(proof.query_id)
         if deposit.status == 0:
@@ -338,26 +338,26 @@ class PaymentDesk:
                 f"this question may cost up to {required_wei} wei (price {self.price} wei × "
                 f"(prompt tokens + max_tokens)); the payment allows {proof.fee_cap} wei",
             )
-        return Ticket(proof, deposit.user, required_wei)
+        return Reservation(proof, deposit.user, required_wei)
 
-    def release(self, ticket: Ticket) -> None:
+    def release(self, reservation: Reservation) -> None:
         """The question failed: no charge, the id can be used again."""
-        self._in_flight.discard(ticket.proof.query_id)
-        if ticket.prepaid:
-            self._hold(ticket.depositor, -ticket.allowed_wei)
-        log.info("payment released (no charge) query=%s", ticket.query_hex[:18])
+        self._in_flight.discard(reservation.proof.query_id)
+        if reservation.prepaid:
+            self._hold(reservation.depositor, -reservation.allowed_wei)
+        log.info("payment released (no charge) query=%s", reservation.query_hex[:18])
 
     def settle(
         self,
-        ticket: Ticket,
+        reservation: Reservation,
         prompt_tokens: int,
         completion_tokens: int,
         node_keys: Sequence[str],
     ) -> dict[str, Any]:
         """Charge for what was served; the signed receipt (as JSON)."""
-        fee = min(self.price * (prompt_tokens + completion_tokens), ticket.allowed_wei)
+        fee = min(self.price * (prompt_tokens + completion_tokens), reservation.allowed_wei)
         receipt = Receipt(
-            query_id=ticket.proof.query_id,
+            query_id=reservation.proof.query_id,
             gateway=self.gateway,
             model_id=self.model_id,
             prompt_tokens=prompt_tokens,
@@ -367,20 +367,22 @@ class PaymentDesk:
         )
         signature = sign_digest(self._key, receipt.digest(self.domain))
         voucher = None
-        if isinstance(ticket.proof, VoucherProof):
-            voucher = (ticket.depositor, ticket.proof)
-            self._hold(ticket.depositor, -ticket.allowed_wei)
-            self._charge(ticket.proof.query_id, ticket.depositor, fee)
+        if isinstance(reservation.proof, VoucherProof):
+            voucher = (reservation.depositor, reservation.proof)
+            self._hold(reservation.depositor, -reservation.allowed_wei)
+            self._charge(reservation.proof.query_id, reservation.depositor, fee)
         doc = receipt_json(receipt, signature, node_keys, voucher)
-        holder = holder_digest(ticket.proof)
-        self._receipts[ticket.proof.query_id] = doc
-        self._holders[ticket.proof.query_id] = holder
-        self._in_flight.discard(ticket.proof.query_id)
+        holder = holder_digest(reservation.proof)
+        self._receipts[reservation.proof.query_id] = doc
+        self._holders[reservation.proof.query_id] = holder
+        self._in_flight.discard(reservation.proof.query_id)
         if self.receipts_path is not None:
             line = json.dumps({"receipt": doc, "holder": holder.hex()}, separators=(",", ":"))
             with self._file_lock, open(self.receipts_path, "a", encoding="utf-8") as handle:
                 handle.write(line + "\n")
-        log.info("served query=%s fee=%d tokens=%d", ticket.query_hex[:18], fee, completion_tokens)
+        log.info(
+            "served query=%s fee=%d tokens=%d", reservation.query_hex[:18], fee, completion_tokens
+        )
         return doc
 
     def receipt(self, query_id: bytes) -> dict[str, Any] | None:

@@ -11,12 +11,10 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 from aiohttp import web
 
 from node.gateway.app import Gateway, ModelInfo, create_app
@@ -31,44 +29,6 @@ from protocol.payment import payment_domain
 log = logging.getLogger(__name__)
 
 
-class GatewayHead:
-    """`node.client.head.NumpyHead` plus what the API needs (encode, token text, limits)."""
-
-    def __init__(self, manifest: Path) -> None:
-        from node.client.head import NumpyHead
-
-        self._numpy = NumpyHead(manifest)
-        self._head = self._numpy.head
-        self.eos_token_ids = self._numpy.eos_token_ids
-        self.vocab_size: int = int(self._head.vocab_size)
-        self.hidden_size: int = int(self._head.config.hidden_size)
-        self.context_length: int = int(
-            getattr(self._head.config, "max_position_embeddings", 2048) or 2048
-        )
-
-    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return self._numpy.chat_ids(messages)
-
-    def encode(self, text: str) -> list[int]:
-        return self._head.encode(text)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._numpy.decode(ids)
-
-    def token_text(self, token: int) -> str:
-        return str(self._head.tokenizer.decode([int(token)], skip_special_tokens=False))
-
-    def embed_np(self, ids: Sequence[int]) -> np.ndarray:
-        return self._numpy.embed_np(ids)
-
-    def logits_np(self, hidden_last: np.ndarray) -> np.ndarray:
-        return self._numpy.logits_np(hidden_last)
-
-    def logits_batch_np(self, hidden_last: np.ndarray) -> np.ndarray:
-        """[B, H] → [B, V]: the logits of questions whose outputs arrived together, batched."""
-        return self._numpy.logits_batch_np(hidden_last)
-
-
 def _open_chain(config: GatewayConfig, private_key: bytes) -> Any:
     from node.chain.evm.account import PlanetChain
     from node.chain.evm.deployment import Deployment
@@ -81,6 +41,7 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
     """The Gateway and the resources to close at shutdown."""
     from node.chain.committee_rpc import CommitteeRpc
     from node.keys import load_or_create_wallet
+    from node.model.head import ClientHead
     from node.model.manifest import Manifest
     from node.server.run import configure_torch_threads
 
@@ -106,7 +67,7 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
             hint="start the committee (planet committee up) or pass --committee-rpc",
         ) from None
     configure_torch_threads(int(os.environ.get("PLANET_GATEWAY_THREADS", "1")))
-    head = await asyncio.to_thread(GatewayHead, config.manifest)
+    head = await asyncio.to_thread(ClientHead.load, config.manifest, "cpu")
     http = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=300),
         timeout=aiohttp.ClientTimeout(total=config.node_timeout_s),

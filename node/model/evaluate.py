@@ -32,7 +32,7 @@ from node.model.manifest import Manifest
 from node.model.prepare import prepare
 from node.model.shard import ShardModel
 from protocol.errors import UsageError
-from protocol.frames import FrameHeader, decode_body, encode_body
+from protocol.frames.codecs import decode_values, encode_body
 
 # A lossy round trip of one [1, T, H] float32 activation array (encode, then decode).
 Roundtrip = Callable[[np.ndarray], np.ndarray]
@@ -71,12 +71,11 @@ def perplexity(head: ClientHead, shards: Sequence[ShardModel], text: str) -> flo
 
 
 def codec_roundtrip(codec: str) -> Roundtrip:
-    """The wire codec `codec` (protocol.frames) as an encode-then-decode function."""
+    """The wire codec `codec` (protocol/frames/codecs.py) as an encode-then-decode function."""
 
     def roundtrip(array: np.ndarray) -> np.ndarray:
         shape = (1, int(array.shape[1]), int(array.shape[2]))
-        header = FrameHeader("x" * 22, 0, 0, shape[1], "float32", shape, codec, 0)
-        return decode_body(header, encode_body(array, "float32", codec))
+        return decode_values("float32", codec, shape, encode_body(array, "float32", codec))
 
     return roundtrip
 

@@ -1,8 +1,11 @@
 """The client's end of the model: tokenizer, token embeddings, final norm and LM head.
 
 These stay with the client (as in Petals), so compute nodes only ever see hidden states.
-`client.safetensors` holds `model.embed_tokens.weight`, `model.norm.weight` and, when the model
-does not tie them to the embeddings, `lm_head.weight`.
+`ClientHead` is the one head class: torch tensors for model code (evaluation, verifiers), numpy
+arrays (`embed_np`, `logits_np`, `logits_batch_np`) for circuits and the gateway, which see it
+through the `node.client.types.Head` protocol. `client.safetensors` holds
+`model.embed_tokens.weight`, `model.norm.weight` and, when the model does not tie them to the
+embeddings, `lm_head.weight`.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -60,6 +64,8 @@ class ClientHead:
         self._lm_head = embed if head is None else head.to(device, torch.float32)  # [V, H]
         self.vocab_size: int = int(self._lm_head.shape[0])
         self.eos_token_ids: frozenset[int] = _eos_ids(config, tokenizer)
+        # positions the model was trained for (prompt + answer)
+        self.context_length: int = int(getattr(config, "max_position_embeddings", 2048) or 2048)
 
     @classmethod
     def load(
@@ -97,7 +103,11 @@ class ClientHead:
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def token_text(self, token: int) -> str:
+        """One token's own text, special tokens included (logprobs show it)."""
+        return str(self.tokenizer.decode([int(token)], skip_special_tokens=False))
 
     # ---- tensors -------------------------------------------------------------------------
     @torch.inference_mode()
@@ -123,6 +133,24 @@ class ClientHead:
         states = hidden.to(self.device, torch.float32).reshape(1, -1, self.hidden_size)
         # F.linear, as the model's nn.Linear head does, so argmax ties break the same way.
         return nn.functional.linear(self._norm(states), self._lm_head)[0].to("cpu")
+
+    # ---- numpy, for circuits and the gateway -----------------------------------------------
+    def embed_np(self, ids: Sequence[int]) -> np.ndarray:
+        """[1, T, H] float32 for token ids [T]."""
+        with torch.inference_mode():
+            return self.embed(list(ids)).float().cpu().numpy()
+
+    def logits_np(self, hidden_last: np.ndarray) -> np.ndarray:
+        """[V] float32 logits of one position's hidden state [H]."""
+        with torch.inference_mode():
+            hidden = torch.from_numpy(np.ascontiguousarray(hidden_last, dtype=np.float32))
+            return self.logits(hidden).float().cpu().numpy().reshape(-1)
+
+    def logits_batch_np(self, hidden_last: np.ndarray) -> np.ndarray:
+        """[B, V] float32 logits of B sessions' last rows [B, H] (one matmul for all)."""
+        with torch.inference_mode():
+            rows = torch.from_numpy(np.ascontiguousarray(hidden_last, dtype=np.float32))
+            return self.all_logits(rows.reshape(1, -1, rows.shape[-1])).float().numpy()
 
 
 def _eos_ids(config: Any, tokenizer: Any) -> frozenset[int]:

@@ -1,15 +1,20 @@
-"""Compute node server: serves one layer shard over HTTP (binary activation frames in and out).
+"""Compute node server: serves one layer shard to circuits (frames over WebSocket links).
 
-config.py    ServerConfig (frozen, units in field names)
-sessions.py  per-session KV caches keyed by capability tag: open, advance, evict, fair shares
-batcher.py   the compute queue: continuous batching of decode steps, round-robin, bounded
-stream.py    GET /v1/stream: node-to-node forwarding (the chain), downstream links
-state.py     what a serving node holds (NodeState), the app keys
-peers.py     who a caller is (peer address, IPv6 /64) for per-caller limits
-backend.py   what the server needs from a shard (ShardBackend) and the real one (node.model)
-app.py       aiohttp app factory, thin handlers (POST /v1/forward, /info, ...), error middleware
-run.py       `serve(config)`: load the shard, set torch threads, run the app
-launcher.py  start/stop shard node processes on loopback (`planet local`, tests, bench)
+config.py     ServerConfig (frozen, units in field names)
+app.py        aiohttp app factory, thin handlers (/info, /health), error middleware
+stream.py     GET /v1/stream: a node's end of a circuit's links, downstream links to next hops
+next_hops.py  which next hops an `open` may make this node dial (none, list, committee, any)
+state.py      what a serving node holds (NodeState), the app keys
+sessions.py   per-session KV caches keyed by capability tag: open, advance, evict, fair shares
+peers.py      who a caller is (peer address, IPv6 /64) for per-caller limits
+batcher.py    the compute queue: continuous batching of decode steps, round-robin, bounded
+backend.py    what the server needs from a shard (ShardBackend) and the real one (node.model)
+served.py     the served-work log for commit-reveal and spot checks (`--commit-dir`)
+tickets.py    spot-check tickets: POST /v1/tickets, GET /v1/commitments/{tag}
+run.py        `serve(config)`: load the shard, set torch threads, run the app
+launcher.py   start/stop shard node processes on loopback (`planet local`, tests, bench)
+cheat.py      cheater modes for tests of the verification path (hidden flag + env variable)
+fake.py       FakeShard: a deterministic stand-in shard (no model) for tests
 """
 
 from node.server.app import create_app

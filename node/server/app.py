@@ -1,19 +1,17 @@
 """aiohttp app factory for a compute node. Handlers are thin: parse → check → compute → answer.
 
-    POST   /v1/forward          binary frame in, binary frame out (same codec and dtype)
-    DELETE /v1/sessions/{cap}   free the session this capability opened (idempotent)
-    GET    /v1/stream           WebSocket: the chain's links (node/server/stream.py)
+    GET    /v1/stream           WebSocket: a circuit's links (node/server/stream.py)
     GET    /info                model, shard, layers, quant, device, load, sessions, cache bytes
     GET    /health              {"status": "ok"} once the shard is loaded
 
-Every refusal is JSON `{code, message}` with a 4xx/503 status (error middleware); the node keeps
-serving; only a failure of the shard itself on a valid frame is a 500 (`compute_failed`).
-A frame's `session` is the client's capability for this node; sessions are keyed by its tag
-(`protocol.frames.session_tag`), so only its holder can append to, read through or close it.
+An HTTP refusal is JSON `{code, message}` with a 4xx/503 status (error middleware); a refusal
+on a link is a named control message (protocol/stream.py); the node keeps serving either way.
+A session is opened with the client's capability for this node and keyed by its tag
+(`protocol.frames.sessions.session_tag`), so only its holder can read through or close it.
 Per-caller shares (node/server/sessions.py, node/server/peers.py) keep one caller from taking
 every slot. The forward pass runs on one worker thread, off the event loop, fed by the batcher
 (node/server/batcher.py): decode steps of different sessions waiting together run as one
-batched forward. Streams (node/server/stream.py) use the same sessions and batcher.
+batched forward.
 """
 
 from __future__ import annotations
@@ -24,46 +22,19 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
-import numpy as np
 from aiohttp import web
 
 from node.server.backend import ShardBackend
 from node.server.batcher import Batcher
 from node.server.config import ServerConfig
-from node.server.peers import peer_key
-from node.server.sessions import PeerQuotaError, Session, SessionStore, short_tag
-from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
+from node.server.sessions import SessionStore, short_tag
+from node.server.state import CONFIG_KEY, STATE_KEY, NodeState
 from node.server.stream import close_links, close_streams, stream
-from protocol.errors import BusyError, PlanetError
-from protocol.frames import (
-    VERSION,
-    Frame,
-    FrameError,
-    FrameLimits,
-    NonFiniteError,
-    SessionExpiredError,
-    TooLargeError,
-    WrongShardError,
-    check_session_id,
-    encode_body,
-    encode_frame,
-    parse_frame,
-    session_tag,
-)
+from protocol.errors import PlanetError
+from protocol.frames.header import FRAME_VERSION
 
 log = logging.getLogger(__name__)
-
-FRAME_CONTENT_TYPE = "application/x-planet-frame"
-COMPUTE_MS_HEADER = "X-Planet-Compute-Ms"
-
-
-class SlowRequestError(FrameError):
-    """The request body did not arrive within the node's read timeout."""
-
-    code = "slow_request"
-    http_status = 408
 
 
 # ----------------------------------------------------------------------------------- middleware
@@ -95,150 +66,7 @@ async def error_middleware(
         return _error_response("internal", "internal error on the node", 500)
 
 
-# ----------------------------------------------------------------------------------- compute
-class _AnswerRejected(Exception):
-    """The answer could not be encoded after the cache already advanced (e.g. float16 overflow)."""
-
-    def __init__(self, error: FrameError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-def _answer(
-    backend: ShardBackend, frame: Frame, out: np.ndarray, cache: object
-) -> tuple[bytes, int]:
-    h = frame.header
-    if not np.isfinite(out).all():
-        raise NonFiniteError("the layers' output is not finite (activations too large?)")
-    out_header = replace(h, shard=backend.shard_id)
-    if h.last_only and h.count > 1:
-        out = out[:, -1:, :]
-        out_header = replace(
-            out_header, start=h.start + h.count - 1, count=1, shape=(1, 1, h.shape[2])
-        )
-    body = encode_body(out, h.dtype, h.codec)
-    return encode_frame(out_header, body), backend.cache_bytes(cache)
-
-
-async def _run_forward(
-    state: NodeState, session: Session, frame: Frame, new: bool, peer: str
-) -> web.Response:
-    h = frame.header
-    store = state.store
-    tag = session.tag
-    async with session.lock:
-        if session.cache is None:  # closed while we waited
-            raise SessionExpiredError(short_tag(tag))
-        state.in_flight += 1
-        try:
-            store.check_start(session, h.start)
-            hidden = frame.array()  # rejects NaN/Inf before the cache is touched
-            out, compute_s = await state.batcher.run(peer, session.cache, hidden, h.start)
-            if session.cache is None:  # evicted while it computed
-                raise SessionExpiredError(short_tag(tag))
-            after_forward(state, tag, h.start, hidden, out)
-            try:
-                answer, cache_bytes = _answer(state.backend, frame, out, session.cache)
-            except FrameError as error:
-                raise _AnswerRejected(error) from None
-        except (FrameError, BusyError):  # refused before the cache moved: give the room back
-            if new:
-                store.close(tag, remember=False)
-            else:
-                store.release(session, h.count)
-            raise
-        except _AnswerRejected as rejected:  # the cache holds positions the client never got
-            store.close(tag)
-            raise rejected.error from None
-        except Exception as error:
-            store.close(tag, remember=False)
-            log.exception("forward failed session=%s start=%d", short_tag(tag), h.start)
-            raise ComputeError(f"forward failed: {type(error).__name__}: {error}") from None
-        finally:
-            state.in_flight -= 1
-        store.advance(session, h.count, cache_bytes)
-    state.forwards += 1
-    log.debug(
-        "forward session=%s start=%d count=%d compute_ms=%.2f",
-        short_tag(tag),
-        h.start,
-        h.count,
-        compute_s * 1000,
-    )
-    return web.Response(
-        body=answer,
-        content_type=FRAME_CONTENT_TYPE,
-        headers={COMPUTE_MS_HEADER: f"{compute_s * 1000:.3f}"},
-    )
-
-
 # ----------------------------------------------------------------------------------- handlers
-async def forward(request: web.Request) -> web.Response:
-    config = request.app[CONFIG_KEY]
-    state = request.app[STATE_KEY]
-    peer = peer_key(request.remote)
-    queued = state.peer_in_flight.get(peer, 0)
-    if queued >= config.max_inflight_per_peer:
-        raise PeerQuotaError(
-            f"this address has {queued} frames in flight "
-            f"(per-caller limit {config.max_inflight_per_peer})",
-            hint="wait for answers before sending more frames",
-        )
-    state.peer_in_flight[peer] = queued + 1
-    try:
-        return await _forward(request, config, state, peer)
-    finally:
-        left = state.peer_in_flight[peer] - 1
-        if left:
-            state.peer_in_flight[peer] = left
-        else:
-            del state.peer_in_flight[peer]
-
-
-async def _forward(
-    request: web.Request, config: ServerConfig, state: NodeState, peer: str
-) -> web.Response:
-    if request.content_length is not None and request.content_length > config.max_request_bytes:
-        raise TooLargeError(
-            f"request of {request.content_length} bytes exceeds {config.max_request_bytes}"
-        )
-    try:
-        async with asyncio.timeout(config.request_read_timeout_s):
-            data = await request.read()
-    except TimeoutError:
-        raise SlowRequestError(
-            f"request body did not arrive within {config.request_read_timeout_s:g} s"
-        ) from None
-    frame = parse_frame(data, state.limits)
-    h = frame.header
-    if h.shard != state.backend.shard_id:
-        raise WrongShardError(h.shard, state.backend.shard_id)
-    tag = session_tag(h.session)
-    # No await between lookup and open: a new session is claimed atomically.
-    session = state.store.lookup(tag, h.start)
-    new = session is None
-    owner = peer if session is None else session.peer  # who is charged for the positions
-    for victim in state.store.reserve(h.count, new_session=new, peer=owner, session=session):
-        log.info("session reclaimed for another caller session=%s", short_tag(victim))
-    if session is None:
-        session = state.store.open(tag, state.backend.new_cache(), peer=peer)
-        state.store.hold(session, h.count)
-        log.info(
-            "session opened session=%s peer=%s sessions=%d", short_tag(tag), peer, len(state.store)
-        )
-    return await _run_forward(state, session, frame, new, peer)
-
-
-async def delete_session(request: web.Request) -> web.Response:
-    """Only the capability closes a session: its tag names nothing a stranger can act on."""
-    state = request.app[STATE_KEY]
-    tag = session_tag(check_session_id(request.match_info["session"]))
-    closed = state.store.close(tag)
-    if closed:
-        log.info("session closed session=%s sessions=%d", short_tag(tag), len(state.store))
-    return web.json_response({"session": tag, "closed": closed})
-
-
 async def info(request: web.Request) -> web.Response:
     config = request.app[CONFIG_KEY]
     state = request.app[STATE_KEY]
@@ -253,7 +81,7 @@ async def info(request: web.Request) -> web.Response:
             "hidden_size": backend.hidden_size,
             "quant": backend.quant,
             "device": backend.device,
-            "protocol_version": VERSION,
+            "protocol_version": FRAME_VERSION,
             "sessions": len(state.store),
             "cache_bytes": state.store.total_cache_bytes,
             "peers": state.store.peers(),
@@ -333,11 +161,7 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
             reclaim_idle_s=config.reclaim_idle_s,
             bytes_per_position=int(per_position()) if per_position else 0,
         ),
-        limits=FrameLimits(
-            hidden_size=backend.hidden_size,
-            max_tokens=config.max_tokens_per_frame,
-            max_body_bytes=config.max_request_bytes,
-        ),
+        max_tokens_per_frame=config.max_tokens_per_frame,
         executor=executor,
         batcher=Batcher(
             backend, executor, max_batch=config.max_batch, max_queued=config.max_queued
@@ -351,9 +175,7 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
         install_served(app, app[STATE_KEY], config)
     app.cleanup_ctx.append(close_links)
     app.on_shutdown.append(close_streams)
-    app.router.add_post("/v1/forward", forward)
     app.router.add_get("/v1/stream", stream)
-    app.router.add_delete("/v1/sessions/{session}", delete_session)
     app.router.add_get("/info", info)
     app.router.add_get("/health", health)
     return app

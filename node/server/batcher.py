@@ -1,7 +1,7 @@
 """The shard's compute queue: continuous batching, fair across callers, bounded.
 
-Every frame a node computes (HTTP `/v1/forward` or a stream) becomes one work item here. One
-driver task feeds the single forward worker thread:
+Every frame a node computes (from a circuit's link, node/server/stream.py) becomes one work item
+here. One driver task feeds the single forward worker thread:
 - decode items (one new position of a session) waiting together run as **one batched
   forward** (`backend.forward_batch`), up to `max_batch` sessions: the weights are read once
   for all of them, which is what lets a node serve many sessions at about the cost of one;

@@ -32,18 +32,15 @@ class ServerConfig:
     max_sessions_per_peer: int = 16
     # one caller holds at most this much KV cache over its sessions; more → 429 busy
     max_cache_bytes_per_peer: int = 512 * 1024**2
-    # one caller has at most this many frames queued or computing (HTTP), or this many stream
-    # sessions with frames in flight (a stream session holds ≤ MAX_SESSION_FRAMES); more → busy
+    # one caller has at most this many sessions with frames in flight (a session holds
+    # ≤ MAX_SESSION_FRAMES); more → busy
     max_inflight_per_peer: int = 16
     # a session older than this is evicted even if it is used (its client starts over)
     max_session_age_s: float = 3600.0
     # when the node is full, a session idle this long may be reclaimed for another caller
     # from the caller that holds the most
     reclaim_idle_s: float = 30.0
-    # a request body must arrive within this time once its handler starts; else 408 slow_request
-    # (a stranger trickling bytes holds a connection and one of its in-flight slots, no longer)
-    request_read_timeout_s: float = 30.0
-    # largest request body accepted (a frame); more → 413 too_large
+    # largest message accepted on a link (a frame); more closes the link (1009 message too big)
     max_request_bytes: int = 32 * 1024**2
     # most positions per frame (prefill chunk)
     max_tokens_per_frame: int = 4096
@@ -66,7 +63,7 @@ class ServerConfig:
     # records authorize ticket requests, and the selection rate both sides use
     committee_rpc: str | None = None
     spot_check_ppm: int = 50_000
-    # which next hops the chain's `open` may make this node dial (node/server/next_hops.py):
+    # which next hops a circuit's `open` may make this node dial (node/server/next_hops.py):
     # none (default), a URL list, committee (needs committee_rpc) or any (development only)
     next_hops: NextHopSpec = FORWARD_NONE
     # tests only: a cheater mode (node/server/cheat.py); "" = honest. Needs the hidden
@@ -97,8 +94,6 @@ class ServerConfig:
             problems.append("max session age must be > 0 seconds")
         if self.reclaim_idle_s < 0:
             problems.append("reclaim idle time must be >= 0 seconds")
-        if not self.request_read_timeout_s > 0:
-            problems.append("request read timeout must be > 0 seconds")
         if self.max_request_bytes < 1024:
             problems.append("max request size must be >= 1 KiB")
         if self.max_tokens_per_frame < 1:

@@ -1,4 +1,4 @@
-"""Which next hops a node dials for the chain (`open` with `next`): its next-hop policy.
+"""Which next hops a node dials for a circuit (`open` with `next`): its next-hop policy.
 
 A client's `open` names the next hop's URL and the node dials it. Without a policy any stranger
 could make a node open connections to any host:port it can reach (internal services, other
@@ -6,14 +6,14 @@ tenants, its own admin ports). So `_open` (node/server/stream.py) asks the polic
 dial and refuses with `next_hop_not_allowed` (403) by name:
 
     none        forward to nobody (a bare `planet node serve`): the node still serves as a last
-                hop and over the star's HTTP path
+                hop
     list        only these URLs (`--next-hops URL[,URL...]` / `--next-hops-file`; `planet local
                 up` passes its own nodes)
     committee   only compute nodes the committee chain lists as routable for this node's model
                 AND for the shard the client names (`planet join` and the devnet)
     any         everything (development only; logged as a warning at start)
 
-Every policy also requires `next.shard == own shard + 1`: a chain runs the shards in order, so a
+Every policy also requires `next.shard == own shard + 1`: a circuit runs the shards in order, so a
 client cannot route a session in a loop. URLs are compared in their canonical form
 (protocol/urls.py); `NextHop.url` arrives canonical from the parser.
 
@@ -202,8 +202,8 @@ class ForwardNone:
     async def check(self, hop: NextHop) -> None:
         raise NextHopNotAllowedError(
             f"this node forwards to no next hop ({hop.url} refused): it was started without "
-            "--next-hops or a committee; open it as the last hop (next: null), use the HTTP "
-            "path, or ask its operator for --next-hops committee / a URL list"
+            "--next-hops or a committee; open it as the last hop (next: null), or ask its "
+            "operator for --next-hops committee / a URL list"
         )
 
 

@@ -266,7 +266,7 @@ class ServedLog:
 
 
 def _tag_bytes(tag: str) -> bytes | None:
-    """The 32 bytes of a session tag (64 lowercase hex, `protocol.frames.session_tag`)."""
+    """The 32 bytes of a session tag (64 lowercase hex, `protocol.frames.sessions.session_tag`)."""
     if len(tag) != 64 or any(c not in "0123456789abcdef" for c in tag):
         return None
     return bytes.fromhex(tag)

@@ -2,9 +2,9 @@
 
 A session is named by the client's capability for this hop (a random secret the client drew for
 this node alone). The store never keeps the capability: it keys sessions by
-`protocol.frames.session_tag(capability)` and logs only a prefix of that tag, so neither a log
-nor a memory dump of one node lets anyone act on a session, and nothing a node sees lets it name
-another hop's session. No user, wallet or query id travels with a session.
+`protocol.frames.sessions.session_tag(capability)` and logs only a prefix of that tag, so
+neither a log nor a memory dump of one node lets anyone act on a session, and nothing a node
+sees lets it name another hop's session. No user, wallet or query id travels with a session.
 
 Fair share ("caller" = the peer address that opened the session; see node/server/peers.py):
 - a caller holds at most `max_sessions_per_peer` sessions and `max_cache_bytes_per_peer` bytes
@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.errors import BusyError
-from protocol.frames import BadPositionsError, SessionExpiredError, UnknownSessionError
+from protocol.frames.errors import BadPositionsError
 
-_EXPIRED_MEMORY = 4096  # how many evicted tags we remember, to answer session_expired
 _BUSY_HINT = "retry later or use another node for this shard"
 
 
@@ -59,7 +58,7 @@ class Session:
 
 
 class SessionStore:
-    """Open sessions keyed by tag, their caps and per-caller shares, recently evicted tags."""
+    """Open sessions keyed by tag, their caps and per-caller shares."""
 
     def __init__(
         self,
@@ -85,7 +84,6 @@ class SessionStore:
         self.reclaim_idle_s = reclaim_idle_s
         self._clock = clock
         self._sessions: dict[str, Session] = {}
-        self._expired: OrderedDict[str, None] = OrderedDict()
         # KV bytes per position: known from the shard up front (so even the first frame is
         # accounted before it is computed), else learned from the first forward
         self._bytes_per_position = bytes_per_position
@@ -110,18 +108,6 @@ class SessionStore:
 
     def peers(self) -> int:
         return len({s.peer for s in self._sessions.values()})
-
-    def lookup(self, tag: str, start: int) -> Session | None:
-        """The session a frame at `start` continues, or None if the frame opens a new one."""
-        session = self._sessions.get(tag)
-        if session is None:
-            if tag in self._expired:
-                raise SessionExpiredError(short_tag(tag))
-            if start != 0:
-                raise UnknownSessionError(short_tag(tag))
-            return None
-        self.check_start(session, start)
-        return session
 
     @staticmethod
     def check_start(session: Session, start: int) -> None:
@@ -190,10 +176,6 @@ class SessionStore:
             session.pending_bytes += extra
         return reclaimed
 
-    def hold(self, session: Session, positions: int) -> None:
-        """Hold room for `positions` in a session opened right after `reserve` checked it."""
-        session.pending_bytes += positions * self._bytes_per_position
-
     def release(self, session: Session, positions: int) -> None:
         """Give back held room for positions that will not be computed."""
         session.pending_bytes = max(0, session.pending_bytes - positions * self._bytes_per_position)
@@ -226,7 +208,6 @@ class SessionStore:
         now = self._clock()
         session = Session(tag=tag, cache=cache, peer=peer, opened_s=now, last_used_s=now)
         self._sessions[tag] = session
-        self._expired.pop(tag, None)
         return session
 
     def advance(self, session: Session, count: int, cache_bytes: int) -> None:
@@ -240,16 +221,13 @@ class SessionStore:
     def touch(self, session: Session) -> None:
         session.last_used_s = self._clock()
 
-    def close(self, tag: str, *, remember: bool = True) -> bool:
-        """Drop a session; True if it was open. Remembered tags answer session_expired."""
+    def close(self, tag: str) -> bool:
+        """Drop a session (its cache too); True if it was open. A frame of it still on its way
+        finds `session.cache` gone and answers session_expired."""
         session = self._sessions.pop(tag, None)
         if session is None:
             return False
         session.cache = None
-        if remember:
-            self._expired[tag] = None
-            while len(self._expired) > _EXPIRED_MEMORY:
-                self._expired.popitem(last=False)
         return True
 
     def evict_idle(self) -> list[str]:

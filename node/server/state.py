@@ -1,5 +1,5 @@
 """What one node process holds while it serves: the shard, its sessions, the compute queue,
-the downstream links of its streams, and counters. Shared by the HTTP and stream handlers."""
+the downstream links of its streams, and counters. Shared by the app's handlers and streams."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from node.server.batcher import Batcher
 from node.server.config import ServerConfig
 from node.server.sessions import SessionStore
 from protocol.errors import PlanetError
-from protocol.frames import FrameLimits
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +33,7 @@ class ComputeError(PlanetError):
 class NodeState:
     backend: ShardBackend
     store: SessionStore
-    limits: FrameLimits
+    max_tokens_per_frame: int  # most positions one frame may carry (a prefill chunk)
     executor: ThreadPoolExecutor
     batcher: Batcher
     started_s: float = field(default_factory=time.monotonic)
@@ -50,7 +49,7 @@ class NodeState:
     streams: set[Any] = field(default_factory=set)  # accepted WebSockets (closed on shutdown)
     stream_bytes_in: int = 0  # WebSocket bytes received on streams (framing included)
     stream_bytes_out: int = 0  # WebSocket bytes sent on streams (framing included)
-    stream_bytes_forwarded: int = 0  # of which to the next hop (data messages)
+    stream_bytes_forwarded: int = 0  # of which to the next hop (frames)
     tokens: int = 0  # positions run through this shard's layers (the node's own work count)
     # Called after each successful forward with (session tag, positions, inputs, outputs), on
     # the event loop; a failing hook is logged and never fails the forward. Used by the served
@@ -65,8 +64,7 @@ def after_forward(
     state: NodeState, tag: str, start: int, hidden: np.ndarray, out: np.ndarray
 ) -> None:
     """Count the positions this shard ran and hand (tag, positions, inputs, outputs) to the
-    forward hooks (HTTP frames and streams alike). Non-finite outputs are refused later and
-    never recorded."""
+    forward hooks. Non-finite outputs are refused later and never recorded."""
     count = int(hidden.shape[1])
     state.tokens += count
     if not state.forward_hooks or not np.isfinite(out).all():

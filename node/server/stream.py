@@ -1,10 +1,11 @@
-"""`GET /v1/stream`: a node's end of the chain (protocol/stream.py), client → A → B → C → client.
+"""`GET /v1/stream`: a node's end of a circuit's links (protocol/stream.py), client → A → B → C →
+client.
 
 One WebSocket per link. A client opens a session on its own link to every hop (with that hop's
 capability); a hop that is not the last dials the next hop once (`DownLinks`, one persistent
 connection per next URL, shared by all sessions) and attaches the session there with the feed
-token. Each data message is one work item for the batcher (decode steps of sessions arriving
-together run as one batched forward); its output goes on down the chain, or, from the last hop,
+token. Each frame is one work item for the batcher (decode steps of sessions arriving
+together run as one batched forward); its output goes on down the circuit, or, from the last hop,
 back on the client's link. A refusal is sent by name to the client's link of the refusing hop.
 When a client's link closes, the sessions it opened are closed (KV freed).
 """
@@ -28,27 +29,24 @@ from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, short_tag
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
 from protocol.errors import BusyError, PlanetError
-from protocol.frames import (
+from protocol.frames.codecs import decode_values, encode_body
+from protocol.frames.errors import (
     FrameError,
     NonFiniteError,
     SessionExpiredError,
     WrongShardError,
-    decode_values,
-    encode_body,
-    session_tag,
 )
+from protocol.frames.header import FrameHeader, pack_frame, parse_frame
+from protocol.frames.sessions import session_tag
 from protocol.stream import (
     MAX_SESSION_FRAMES,
     BadControlError,
     BadFeedError,
     Control,
-    DataHeader,
     DownstreamError,
     UnknownStreamError,
     error_message,
-    pack_data,
     parse_control,
-    parse_data,
     ws_frame_bytes,
 )
 
@@ -188,7 +186,7 @@ class Route:
     feed_tag: str | None = None  # an upstream attaches with the feed whose tag this is
     down: DownLink | None = None
     down_sid: int = 0
-    frames: int = 0  # data messages of this session queued or computing here
+    frames: int = 0  # frames of this session queued or computing here
 
 
 @dataclass(eq=False)
@@ -331,9 +329,8 @@ async def _control(state: NodeState, link: _Link, text: str) -> None:
 
 
 async def _data(state: NodeState, link: _Link, data: bytes) -> None:
-    config = state.limits
     try:
-        header, body = parse_data(data, state.backend.hidden_size, config.max_tokens)
+        header, body = parse_frame(data, state.backend.hidden_size, state.max_tokens_per_frame)
     except FrameError as error:
         await _refuse(state, link.ws, 0, error)
         return
@@ -383,7 +380,7 @@ async def _data(state: NodeState, link: _Link, data: bytes) -> None:
                 del state.peer_in_flight[peer]
 
 
-async def _compute(state: NodeState, route: Route, header: DataHeader, body: memoryview) -> None:
+async def _compute(state: NodeState, route: Route, header: FrameHeader, body: memoryview) -> None:
     session = route.session
     store = state.store
     try:
@@ -405,7 +402,7 @@ async def _compute(state: NodeState, route: Route, header: DataHeader, body: mem
                 store.release(session, header.count)
                 raise
             except Exception as error:
-                store.close(session.tag, remember=False)
+                store.close(session.tag)
                 log.exception("forward failed session=%s", short_tag(session.tag))
                 raise ComputeError(f"forward failed: {type(error).__name__}: {error}") from None
             if session.cache is None:
@@ -426,15 +423,15 @@ async def _compute(state: NodeState, route: Route, header: DataHeader, body: mem
             store.advance(session, header.count, state.backend.cache_bytes(session.cache))
             state.forwards += 1
             if last:
-                out_header = DataHeader(
+                out_header = FrameHeader(
                     route.reply_sid, start, count, header.dtype, header.codec, header.last_only
                 )
-                await _send(state, route.reply, pack_data(out_header, encoded))
+                await _send(state, route.reply, pack_frame(out_header, encoded))
             elif route.down is not None:
-                out_header = DataHeader(
+                out_header = FrameHeader(
                     route.down_sid, start, count, header.dtype, header.codec, header.last_only
                 )
-                await route.down.send_bytes(pack_data(out_header, encoded))
+                await route.down.send_bytes(pack_frame(out_header, encoded))
     except (FrameError, BusyError, ComputeError) as error:
         await _refuse(state, route.reply, route.reply_sid, error)
 

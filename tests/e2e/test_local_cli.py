@@ -2,7 +2,7 @@
 
 Runs in its own PLANET_HOME (run dir, nodes file) whose models/ links to the real model cache,
 so the prepared model is reused. The expected answer is transformers' greedy `generate` on the
-whole model, decoded: the pipeline with unquantized shards must print exactly that.
+whole model, decoded: the circuit of unquantized shards must print exactly that.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def env(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def expected_text() -> str:
+def reference() -> tuple[list[int], str]:
+    """The whole model's greedy answer (transformers generate): its token ids and its text."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -64,7 +65,18 @@ def expected_text() -> str:
         ids = ids["input_ids"]
     with torch.inference_mode():
         out = model.generate(torch.tensor([list(ids)]), max_new_tokens=MAX_TOKENS, do_sample=False)
-    return tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+    new = [int(t) for t in out[0, len(ids) :]]
+    return new, tokenizer.decode(new, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def expected_text(reference: tuple[list[int], str]) -> str:
+    return reference[1]
+
+
+@pytest.fixture(scope="module")
+def expected_ids(reference: tuple[list[int], str]) -> list[int]:
+    return reference[0]
 
 
 @pytest.fixture(scope="module")
@@ -95,34 +107,31 @@ def test_local_up_starts_three_healthy_node_processes(env, local_up):
     assert all(a[1] == b[0] for a, b in itertools.pairwise(layers))
 
 
-def test_local_nodes_forward_to_each_other_in_the_chain(env, local_up):
-    """`planet local up` gives each node its circuit as --next-hops: the chain (node-to-node
-    forwarding) runs through them and gives the star's greedy tokens."""
+def test_local_nodes_forward_to_each_other_in_a_circuit(env, local_up, expected_ids):
+    """`planet local up` gives each node its circuit as --next-hops: node-to-node forwarding
+    runs through them and gives the whole model's greedy tokens."""
     import asyncio
     import urllib.request
 
-    from node.client.chain import ChainClient
-    from node.client.head import NumpyHead
+    from node.client.circuit import CircuitClient
     from node.client.nodesfile import NodesFile
-    from node.client.pipeline import Hop, PipelineClient
+    from node.client.types import Hop
+    from node.model.head import ClientHead
 
     nodes = NodesFile.load(Path(env["PLANET_HOME"]) / "local" / "nodes.json")
     for node in nodes.nodes:
         with urllib.request.urlopen(f"{node.url}/info", timeout=10) as answer:
             assert json.load(answer)["next_hops"] == "list"
-    head = NumpyHead(nodes.manifest)
+    head = ClientHead.load(nodes.manifest, device="cpu")
     ids = head.chat_ids([{"role": "user", "content": QUESTION}])
     hops = [Hop(url=n.url, shard=n.shard) for n in nodes.nodes]
 
-    async def chain() -> list[int]:
-        async with ChainClient(hops, hidden_size=head.head.hidden_size) as client:
+    async def circuit() -> list[int]:
+        async with CircuitClient(hops, hidden_size=head.hidden_size) as client:
             return [t async for t in client.generate(head, ids, max_new_tokens=8)]
 
-    async def star() -> list[int]:
-        async with PipelineClient(hops) as client:
-            return [t async for t in client.generate(head, ids, max_new_tokens=8)]
-
-    assert asyncio.run(chain()) == asyncio.run(star())
+    got = asyncio.run(circuit())
+    assert got and got == expected_ids[: len(got)]
 
 
 def test_ask_prints_the_monolithic_greedy_answer(env, local_up, expected_text):
@@ -132,7 +141,7 @@ def test_ask_prints_the_monolithic_greedy_answer(env, local_up, expected_text):
     assert all(pid_alive(n["pid"]) for n in _status(env)["nodes"])
 
 
-def test_ask_json_reports_text_tokens_timings_circuit(env, local_up, expected_text):
+def test_ask_json_reports_text_tokens_timings_circuit(env, local_up, expected_text, expected_ids):
     ask = _planet(env, "ask", QUESTION, "--max-tokens", str(MAX_TOKENS), "--json")
     assert ask.returncode == 0, ask.stderr
     body = json.loads(ask.stdout)
@@ -140,17 +149,8 @@ def test_ask_json_reports_text_tokens_timings_circuit(env, local_up, expected_te
     assert len(body["tokens"]) == body["timings"]["new_tokens"] > 0
     assert [hop["shard"] for hop in body["circuit"]] == [0, 1, 2]
     assert body["timings"]["prefill_ms"] > 0
-    assert body["transport"] == "chain" and body["timings"]["wire_bytes_received"] > 0
-
-
-def test_ask_star_transport_gives_the_same_answer(env, local_up, expected_text):
-    """`--transport star` (the old relay, kept for comparison) answers the same greedy text."""
-    ask = _planet(
-        env, "ask", QUESTION, "--max-tokens", str(MAX_TOKENS), "--json", "--transport", "star"
-    )
-    assert ask.returncode == 0, ask.stderr
-    body = json.loads(ask.stdout)
-    assert body["transport"] == "star" and body["text"].strip() == expected_text.strip()
+    assert body["timings"]["wire_bytes_received"] > 0
+    assert body["tokens"] == expected_ids[: len(body["tokens"])]
 
 
 def test_local_up_twice_refuses_with_hint(env, local_up):

@@ -262,7 +262,7 @@ class GatewayNet:
         self._heartbeats: threading.Thread | None = None
         self.deployment_path = run_dir / "deployment.json"
         # the committee's RPC port, fixed before the nodes start: they ask it which next hops
-        # (routable nodes) the chain protocol may make them dial (`--next-hops committee`)
+        # (routable nodes) a circuit's `open` may make them dial (`--next-hops committee`)
         self.committee_rpc_port = ephemeral_port()
 
     # --- set-up ---------------------------------------------------------------------------------

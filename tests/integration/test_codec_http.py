@@ -1,6 +1,8 @@
-"""The `--compress` codec (rq) and the opt-in ohq7 through a real 2-node HTTP circuit of SmolLM2:
-equal the uncompressed circuit's on the short prompt of test_pipeline_http.py, and the nodes
-answer in the codec they were sent. One circuit (two node processes) for the module."""
+"""The opt-in codecs (ohq7, rq) through a real 2-node circuit of SmolLM2 (the nodes forward to
+each other over WebSockets): greedy tokens equal the uncompressed circuit's on the short prompt
+of test_pipeline_http.py, and the nodes answer in the codec they were sent (the client checks
+every answer's codec). `--compress` stays hq9. One circuit (two node processes) for the module.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from node.client.head import NumpyHead
-from node.client.pipeline import Hop, PipelineClient
+from node.client.circuit import CircuitClient
+from node.client.types import Hop
+from node.model.head import ClientHead
 from node.server.launcher import NodeProcess, free_ports, start_node, stop_pid, wait_healthy
-from protocol.frames import COMPRESSED_CODEC
+from protocol.frames.codecs import COMPRESSED_CODEC
 
 pytestmark = pytest.mark.integration
 
@@ -31,9 +34,15 @@ def circuit(tmp_path_factory) -> Iterator[tuple[Path, list[NodeProcess]]]:
     manifest = Path(prepare(parts=2, quant="none", progress=lambda _msg: None))
     run_dir = tmp_path_factory.mktemp("nodes-codec")
     nodes: list[NodeProcess] = []
+    ports = free_ports(2, *PORTS)
+    next_hops = ("--next-hops", ",".join(f"http://127.0.0.1:{port}" for port in ports))
     try:
-        for shard, port in enumerate(free_ports(2, *PORTS)):
-            nodes.append(start_node(manifest=manifest, shard=shard, port=port, run_dir=run_dir))
+        for shard, port in enumerate(ports):
+            nodes.append(
+                start_node(
+                    manifest=manifest, shard=shard, port=port, run_dir=run_dir, extra_args=next_hops
+                )
+            )
         wait_healthy(nodes, timeout_s=240)
         yield manifest, nodes
     finally:
@@ -41,10 +50,10 @@ def circuit(tmp_path_factory) -> Iterator[tuple[Path, list[NodeProcess]]]:
             stop_pid(node.pid, grace_s=5)
 
 
-def _greedy(nodes: list[NodeProcess], head: NumpyHead, ids: list[int], codec: str) -> list[int]:
+def _greedy(nodes: list[NodeProcess], head: ClientHead, ids: list[int], codec: str) -> list[int]:
     async def run() -> list[int]:
         hops = [Hop(url=n.url, shard=n.shard) for n in nodes]
-        async with PipelineClient(hops, codec=codec) as client:
+        async with CircuitClient(hops, hidden_size=head.hidden_size, codec=codec) as client:
             return [t async for t in client.generate(head, ids, max_new_tokens=MAX_NEW_TOKENS)]
 
     return asyncio.run(run())
@@ -58,7 +67,7 @@ def test_compress_stays_hq9_because_rq_costs_far_more_cpu_per_token():
 def uncompressed(circuit) -> dict[str, list[int]]:
     """Greedy tokens of each prompt through the circuit with raw fp32 frames (computed once)."""
     manifest, nodes = circuit
-    head = NumpyHead(manifest)
+    head = ClientHead.load(manifest, device="cpu")
     return {p: _greedy(nodes, head, head.chat_ids(m), "raw") for p, m in PROMPTS.items()}
 
 
@@ -66,7 +75,7 @@ def uncompressed(circuit) -> dict[str, list[int]]:
 @pytest.mark.parametrize("prompt", list(PROMPTS))
 def test_codec_greedy_tokens_equal_uncompressed_circuit(circuit, uncompressed, prompt, codec):
     manifest, nodes = circuit
-    head = NumpyHead(manifest)
+    head = ClientHead.load(manifest, device="cpu")
     raw = uncompressed[prompt]
     assert len(raw) >= 5
     assert _greedy(nodes, head, head.chat_ids(PROMPTS[prompt]), codec) == raw

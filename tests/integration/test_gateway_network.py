@@ -20,9 +20,10 @@ from typing import Any
 import openai
 import pytest
 
-from node.client.pipeline import Hop, PipelineClient
+from node.client.circuit import CircuitClient
 from node.client.sampling import SamplingConfig
-from node.gateway.chains import PREFILL_CHUNK
+from node.client.types import Hop
+from node.gateway.circuits import PREFILL_CHUNK
 from protocol.payment import payment_domain, verify_receipt_json
 from tests.integration.gateway_net import (
     ETHER,
@@ -170,26 +171,26 @@ def test_gateway_completions_stream_and_whole_agree(net: GatewayNet, user: Any) 
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
 
 
-def test_gateway_same_question_twice_same_greedy_text_as_bare_pipeline(
+def test_gateway_same_question_twice_same_greedy_text_as_a_bare_circuit_client(
     net: GatewayNet, user: Any
 ) -> None:
     before = [_load(node) for node in net.nodes]
     first, _ = ask(net, user, max_tokens=24)
     after = [_load(node) for node in net.nodes]
-    _assert_went_over_the_chain(net, first, before, after)
+    _assert_went_over_the_circuit(net, first, before, after)
     second, _ = ask(net, user, max_tokens=24)
     assert first.choices[0].message.content == second.choices[0].message.content
 
-    from node.client.head import NumpyHead
+    from node.model.head import ClientHead
 
-    head = NumpyHead(net.manifest_path)
+    head = ClientHead.load(net.manifest_path, device="cpu")
     a, d = net.nodes[0], net.nodes[2]  # one staked node per shard
 
     async def bare() -> list[int]:
         hops = [Hop(a.process.url, 0), Hop(d.process.url, 1)]
-        async with PipelineClient(hops) as pipeline:
+        async with CircuitClient(hops, hidden_size=head.hidden_size) as circuit:
             ids = head.chat_ids(QUESTION)
-            gen = pipeline.generate(head, ids, max_new_tokens=24, sampling=SamplingConfig())
+            gen = circuit.generate(head, ids, max_new_tokens=24, sampling=SamplingConfig())
             return [t async for t in gen]
 
     assert head.decode(asyncio.run(bare())) == first.choices[0].message.content
@@ -199,13 +200,13 @@ def _load(node: Any) -> dict[str, int]:
     return http_json(f"{node.process.url}/info")["load"]
 
 
-def _assert_went_over_the_chain(
+def _assert_went_over_the_circuit(
     net: GatewayNet, answer: Any, before: list[dict[str, int]], after: list[dict[str, int]]
 ) -> None:
-    """The question rode /v1/stream (client → shard 0 → shard 1 → client), not /v1/forward:
-    shard 0 forwarded every position to shard 1 node to node, shard 1 returned every prompt
-    position (full prefill, raw float32) on the gateway's link, and D's forward count is
-    exactly the chain's data messages (a POST per step would add as many again)."""
+    """The question rode the circuit's links (client → shard 0 → shard 1 → client): shard 0
+    forwarded every position to shard 1 node to node, shard 1 returned every prompt position
+    (full prefill, raw float32) on the gateway's link, and D's forward count is exactly the
+    circuit's frames (a relay through the gateway would add as many again)."""
     grew = [
         {k: a[k] - b[k] for k in a if isinstance(a[k], int)}
         for b, a in zip(before, after, strict=True)

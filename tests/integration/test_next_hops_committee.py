@@ -1,7 +1,7 @@
 """A node's next hops from a real committee (all real processes): one CometBFT validator with the
 committee app, three `planet node serve` processes of a tiny model. Node 0 runs `--next-hops
 committee --private-next-hops`; node 1 is registered, staked and SERVING for shard 1, so the
-chain through it gives the same greedy tokens as transformers `generate`; a URL that is not
+circuit through it gives the same greedy tokens as transformers `generate`; a URL that is not
 registered, and one that is registered but not routable (no stake), are refused by name and
 never dialled; node 2 (committee, public addresses only) refuses node 1's loopback address."""
 
@@ -20,9 +20,9 @@ import torch
 from eth_utils import keccak
 from nacl.signing import SigningKey
 
-from node.client.chain import ChainClient
-from node.client.head import NumpyHead
-from node.client.pipeline import Hop
+from node.client.circuit import CircuitClient
+from node.client.types import Hop
+from node.model.head import ClientHead
 from node.model.prepare import prepare
 from node.model.testing import make_tiny_model
 from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
@@ -129,12 +129,12 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
 
 
 def test_committee_next_hop_registered_node_gives_generate_tokens(net) -> None:
-    head = NumpyHead(net["manifest"])
-    ids = head.head.encode(PROMPT)
+    head = ClientHead.load(net["manifest"], device="cpu")
+    ids = head.encode(PROMPT)
     hops = [Hop(url=n.url, shard=n.shard) for n in net["nodes"][:2]]
 
     async def run() -> list[int]:
-        async with ChainClient(hops, hidden_size=64) as client:
+        async with CircuitClient(hops, hidden_size=64) as client:
             gen = client.generate(head, ids, max_new_tokens=STEPS, stop_on_eos=False)
             return [t async for t in gen]
 

@@ -1,17 +1,28 @@
-"""Fuzz a real compute node with hostile HTTP requests generated from a grammar, while an honest
+"""Fuzz a real compute node with hostile messages generated from a grammar, while an honest
 client generates through the same circuit.
 
-Two real node processes (SmolLM2, 2 unquantized shards) start via node/server/launcher.py. The
-fuzz talks raw HTTP/1.1 over keep-alive sockets to node 0 from three loopback addresses (three
-callers), so it controls every byte: prefixes, frame headers built from a grammar of hostile
-values (wrong types, huge/negative/non-ASCII values, bad dtypes, codecs, shapes, positions, junk
-session capabilities, deep nesting, non-JSON constants), bodies (truncated, extended, oversize,
-NaN/Inf), methods and paths, chunked bodies and a few requests that are not HTTP at all.
+Two real node processes (SmolLM2, 2 unquantized shards, each with the circuit as --next-hops)
+start via node/server/launcher.py. Three loopback addresses (three callers) attack node 0 in
+lock step, each worker over one link (`GET /v1/stream`) and one raw keep-alive HTTP/1.1 socket,
+so the fuzz controls every byte:
+- control messages from a grammar of hostile values: wrong types, huge/negative/non-ASCII
+  values, junk capabilities and feed tokens, next hops the node must not dial, unknown ops,
+  extra or missing fields, deep nesting, non-JSON constants, oversize messages;
+- frames: header fields out of range (kind, version, dtype, codec, flags, count, positions),
+  bodies truncated, extended, NaN/Inf or with bad block scales and codes, frames for sids that
+  are not open, at the wrong position, or larger than the node takes;
+- valid opens, frames and closes of the worker's own sessions, so the compute path is fuzzed
+  too, not only the parser;
+- HTTP: every method on known and unknown paths (the retired POST /v1/forward included),
+  WebSocket upgrades with broken handshakes, chunked junk and requests that are not HTTP.
 
-Every answer must arrive (no dropped connection, no timeout) and be 2xx, or a 4xx/503 with a
-named JSON `{code, message}` (HTTP that aiohttp cannot parse gets aiohttp's own 400 and a closed
-connection); never a 500. The honest client (127.0.0.1) must get the same greedy tokens as
-before the fuzz, during it and after it.
+Every message must get its one answer (no silence, no dropped link): an output frame for a
+valid frame of an open session, `opened` / `closed`, or a named `error` control message; an
+HTTP request a 2xx or a 4xx/503 with a named JSON `{code, message}` (HTTP that aiohttp cannot
+parse gets aiohttp's own 400 and a closed connection); never a 500 and never `compute_failed`.
+A message over the node's size cap closes that link with 1009 (message too big), by name. The
+honest client (127.0.0.1) must get the same greedy tokens as before the fuzz, during it and
+after it.
 
 Reproducible: PLANET_FUZZ_SEED (printed on failure) seeds one random.Random per worker;
 PLANET_FUZZ_CASES sets the count (default 10,000).
@@ -33,11 +44,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 
-from node.client.head import NumpyHead
-from node.client.pipeline import Hop, PipelineClient
+from node.client.circuit import CircuitClient
+from node.client.types import Hop
+from node.model.head import ClientHead
 from node.server.launcher import (
     NodeProcess,
     free_ports,
@@ -46,7 +59,9 @@ from node.server.launcher import (
     stop_pid,
     wait_healthy,
 )
-from protocol.frames import MAGIC, NonFiniteError, encode_body
+from protocol.frames.codecs import CODECS, DTYPES, encode_body
+from protocol.frames.errors import NonFiniteError
+from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +71,7 @@ PORTS = (18400, 18500)  # this module's share of the test port range
 FUZZ_PEERS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 CONNECTIONS_PER_PEER = 3
 MAX_REQUEST_MB = 1
+MAX_SESSIONS_PER_WORKER = 4
 H = 576
 PROMPT = "Name three rivers in Europe."
 NEW_TOKENS = 12
@@ -63,25 +79,27 @@ ANSWER_TIMEOUT_S = 60.0
 
 NAMED_CODES = frozenset(
     {
-        "bad_frame",
-        "bad_magic",
-        "bad_version",
+        # a link's refusals (protocol/frames/errors.py, protocol/stream.py)
         "bad_header",
-        "bad_session_id",
         "bad_dtype",
         "bad_codec",
-        "bad_shape",
         "bad_positions",
         "bad_body",
         "non_finite",
         "too_large",
-        "unknown_session",
         "session_expired",
         "wrong_shard",
         "busy",
-        "slow_request",
+        "bad_control",
+        "bad_route",
+        "next_hop_not_allowed",
+        "unknown_stream",
+        "bad_feed",
+        "downstream_unavailable",
+        # HTTP (node/server/app.py error middleware)
         "not_found",
         "method_not_allowed",
+        "http_error",
     }
 )
 
@@ -91,6 +109,7 @@ HOSTILE_INTS: list[Any] = [
     -1,
     -(2**63),
     2**31,
+    2**32,
     2**53 + 1,
     2**63,
     10**40,
@@ -110,9 +129,9 @@ HOSTILE_INTS: list[Any] = [
 HOSTILE_STRINGS: list[Any] = [
     "",
     " ",
-    "FLOAT32",
-    "float32\x00",
-    "float32 ",
+    "OPEN",
+    "open\x00",
+    "open ",
     "\u00e9" * 30,
     "\u202e",
     "\ud800",
@@ -124,7 +143,7 @@ HOSTILE_STRINGS: list[Any] = [
     [],
     {"a": 1},
 ]
-BAD_CAPABILITIES: list[Any] = [
+BAD_TOKENS: list[Any] = [
     "short",
     "a" * 21,
     "a" * 65,
@@ -138,253 +157,246 @@ BAD_CAPABILITIES: list[Any] = [
     12345678901234567890123,
     ["a" * 30],
 ]
+BAD_NEXT_URLS: list[Any] = [
+    "http://127.0.0.1:6379",
+    "http://169.254.169.254",
+    "http://10.0.0.1:18101",
+    "file:///etc/passwd",
+    "http://user:pw@127.0.0.1:1",
+    "http://127.0.0.1:1/path",
+    "http://[::1]:1",
+    "gopher://x",
+    "http://",
+    "a" * 300,
+    None,
+    7,
+]
 
 
 @dataclass
-class Pool:
-    """Sessions this worker opened on the node: capability → positions held (best guess)."""
+class Own:
+    """A session this worker opened on its link."""
 
-    held: dict[str, int] = field(default_factory=dict)
-
-    def pick(self, rng: random.Random) -> tuple[str, int] | None:
-        if not self.held:
-            return None
-        cap = rng.choice(sorted(self.held))
-        return cap, self.held[cap]
+    position: int = 0
+    feedable: bool = True  # opened without a feed: this link feeds it
 
 
 @dataclass(frozen=True)
 class Case:
     kind: str
-    request: bytes
+    message: str | bytes = b""  # on the link (text = control, bytes = a frame)
+    http: bytes = b""  # or a raw HTTP request
     head: bool = False  # a HEAD request: no body in the answer
     raw_http: bool = False  # not valid HTTP: aiohttp's own 400 and a closed connection
-    opens: tuple[str, int] | None = None  # (capability, positions) if it may open/extend one
-    closes: str | None = None
+    oversize: bool = False  # over the node's message cap: the link closes with 1009
 
 
 class Grammar:
-    """Hostile requests for one compute node (shard 0, hidden size H)."""
+    """Hostile messages for one compute node (shard 0, hidden size H, next hop node 1)."""
 
-    def __init__(self, rng: random.Random, pool: Pool) -> None:
+    def __init__(self, rng: random.Random, own: dict[int, Own], next_url: str) -> None:
         self.rng = rng
-        self.pool = pool
+        self.own = own
+        self.next_url = next_url
+        self.sids = iter(range(1, 2**31))
 
     # -------------------------------------------------------------------- values
-    def cap(self) -> Any:
+    def token(self) -> Any:
         r = self.rng.random()
-        if r < 0.55:
+        if r < 0.8:
             return secrets.token_urlsafe(self.rng.choice((16, 32, 48)))
-        if r < 0.75 and self.pool.held:
-            return self.pool.pick(self.rng)[0]  # type: ignore[index]
-        if r < 0.82:
+        if r < 0.88:
             return f"{self.rng.getrandbits(256):064x}"  # looks like a session tag
-        return self.rng.choice(BAD_CAPABILITIES)
+        return self.rng.choice(BAD_TOKENS)
 
     def maybe(self, valid: Any, hostile: list[Any], p: float = 0.85) -> Any:
         return valid if self.rng.random() < p else self.rng.choice(hostile)
 
-    def positions(self, start: int, count: int) -> Any:
-        r = self.rng.random()
-        if r < 0.8:
-            return {"start": start, "count": count}
-        if r < 0.85:
-            return list(range(start, start + count))
-        if r < 0.9:
-            return {"start": self.rng.choice(HOSTILE_INTS), "count": count}
-        if r < 0.94:
-            return {"start": start, "count": self.rng.choice([*HOSTILE_INTS, 0, count + 1])}
-        return self.rng.choice(
-            [[], [3, 1], [start, start + 2], {"start": start}, {"a": 1}, "0-1", None, 7]
-        )
+    def own_sid(self) -> int | None:
+        return self.rng.choice(sorted(self.own)) if self.own else None
 
-    def shape(self, count: int) -> Any:
+    # -------------------------------------------------------------------- control
+    def case(self) -> Case:
         r = self.rng.random()
-        if r < 0.85:
-            return [1, count, H]
-        return self.rng.choice(
-            [
-                [1, count],
-                [2, count, H],
-                [1, count + 1, H],
-                [1, count, H + 1],
-                [1, count, 0],
-                [1, count, -H],
-                [1, count, 2**62],
-                [1, count, 1.5],
-                [1, count, H, 1],
-                [[1], count, H],
-                "1x1x576",
-                None,
-            ]
-        )
+        if r < 0.22:
+            return self.hostile_control()
+        if r < 0.44:
+            return self.hostile_frame()
+        if r < 0.52:
+            return self.valid_open()
+        if r < 0.66:
+            return self.valid_frame()
+        if r < 0.70:
+            return self.close()
+        if r < 0.71:
+            return self.oversize()
+        if r < 0.75:
+            return self.get(self.rng.choice(["/info", "/health"]))
+        if r < 0.90:
+            return self.wrong_route()
+        if r < 0.95:
+            return self.bad_upgrade()
+        if r < 0.97:
+            return Case("hostile_post", http=post("/v1/forward", self.junk(), chunked=True))
+        return self.not_http()
 
-    def header(self, cap: Any, start: int, count: int, dtype: str, codec: str) -> Any:
+    def valid_open(self) -> Case:
+        if len(self.own) >= MAX_SESSIONS_PER_WORKER:
+            return self.close()
+        sid = next(self.sids)
+        feed = None if self.rng.random() < 0.9 else secrets.token_urlsafe(32)
+        body = {"op": "open", "sid": sid, "session": secrets.token_urlsafe(32), "shard": 0}
+        body |= {"feed": feed, "next": None}
+        return Case("valid_open", json.dumps(body))
+
+    def close(self) -> Case:
+        sid = self.own_sid()
+        if sid is None or self.rng.random() < 0.2:
+            return Case("close_unknown", json.dumps({"op": "close", "sid": next(self.sids)}))
+        return Case("close", json.dumps({"op": "close", "sid": sid}))
+
+    def hostile_control(self) -> Case:
         rng = self.rng
-        header: dict[str, Any] = {
-            "session": cap,
-            "step": self.maybe(rng.randrange(0, 1000), HOSTILE_INTS),
-            "positions": self.positions(start, count),
-            "dtype": self.maybe(dtype, [*HOSTILE_STRINGS, "float64", "bfloat16", "int8"]),
-            "shape": self.shape(count),
-            "codec": self.maybe(codec, [*HOSTILE_STRINGS, "zstd", "RAW", "hq8"]),
+        r = rng.random()
+        if r < 0.05:  # a bogus feed waits (ATTACH_WAIT_S) for its open, then is refused
+            body: Any = {"op": "attach", "sid": next(self.sids), "feed": self.token()}
+            if rng.random() < 0.97:
+                body["feed"] = rng.choice(BAD_TOKENS)  # refused at once
+            return Case("hostile_attach", json.dumps(body))
+        body = {
+            "op": self.maybe("open", [*HOSTILE_STRINGS, "launch", "opened", "attach", "close"]),
+            "sid": self.maybe(next(self.sids), HOSTILE_INTS),
+            "session": self.maybe(secrets.token_urlsafe(32), BAD_TOKENS, 0.7),
             "shard": self.maybe(0, [*HOSTILE_INTS, 1, 2, 65536]),
+            "feed": self.maybe(None, [*BAD_TOKENS, secrets.token_urlsafe(32)], 0.8),
+            "next": None,
         }
-        if rng.random() < 0.3:
-            header["last_only"] = self.maybe(rng.random() < 0.5, ["yes", 1, 0, None, []])
+        if rng.random() < 0.5:
+            url = self.maybe(self.next_url, BAD_NEXT_URLS, 0.3)
+            shard = self.maybe(1, [*HOSTILE_INTS, 0, 2], 0.8)
+            body["next"] = {"url": url, "shard": shard, "feed": self.token()}
+            if url == self.next_url and shard == 1:
+                body["next"]["shard"] = 2  # the real next hop, but not shard 0 + 1: refused
+            if rng.random() < 0.1:
+                body["next"] = rng.choice([[], "next", 7, {"url": url}, {**body["next"], "x": 1}])
+        if self.own and rng.random() < 0.1:
+            body["sid"] = self.own_sid()  # a sid already in use on this link
         r = rng.random()
-        if r < 0.05:
-            del header[rng.choice(sorted(header))]
-        elif r < 0.09:
-            header[rng.choice(["extra", "Session", "session ", "\u00e9", "__proto__"])] = 1
-        elif r < 0.11:
-            return rng.choice([[], "header", 7, None, [header]])
-        return header
-
-    def header_bytes(self, header: Any) -> bytes:
-        rng = self.rng
-        text = json.dumps(header, ensure_ascii=rng.random() < 0.5, allow_nan=True)
-        data = text.encode("utf-8", "surrogatepass")
-        r = rng.random()
-        if r < 0.9:
-            return data
+        if r < 0.08:
+            del body[rng.choice(sorted(body))]
+        elif r < 0.14:
+            body[rng.choice(["extra", "Sid", "op ", "\u00e9", "__proto__"])] = 1
+        elif r < 0.18:
+            body = rng.choice([[], "open", 7, None, [body]])
+        text = json.dumps(body, ensure_ascii=rng.random() < 0.5)
         mutations = [
-            lambda d: d[: rng.randrange(0, max(1, len(d)))],
-            lambda d: d + b"}",
-            lambda d: b"\xef\xbb\xbf" + d,
-            lambda d: d.replace(b'"step"', b'"step": NaN, "x"', 1),
-            lambda d: d.replace(b"{", b"{" + b"[" * 1500 + b"]" * 1500 + b",", 1),
-            lambda d: b"[" * rng.randrange(4, 4000),
-            lambda d: d[:5] + b"\xff\xfe" + d[5:],
-            lambda d: d.replace(b'"session"', b'"session": "x", "session"', 1),
-            lambda d: d + b" " * 5000,
-            lambda d: bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 64))),
+            lambda t: t[: rng.randrange(0, max(1, len(t)))],
+            lambda t: t + "}",
+            lambda t: "\ufeff" + t,
+            lambda t: t.replace('"sid"', '"sid": NaN, "x"', 1),
+            lambda t: t.replace("{", "{" + "[" * 1500 + "]" * 1500 + ",", 1),
+            lambda t: "[" * rng.randrange(4, 4000),
+            lambda t: t + " " * 5000,  # over 4 KiB
+            lambda t: t.replace('"sid"', '"sid": 1, "sid"', 1),
+            lambda t: "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(rng.randrange(1, 64))),
         ]
-        return rng.choice(mutations)(data)
+        if rng.random() < 0.25:
+            text = rng.choice(mutations)(text)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: a text message must be UTF-8, so escape it
+            text = json.dumps(text)
+        return Case("hostile_control", text)
 
-    def body(self, count: int, dtype: str, codec: str) -> bytes:
+    # -------------------------------------------------------------------- frames
+    def values(self, count: int, dtype: str, codec: str) -> bytes:
         rng = self.rng
-        values = np.random.default_rng(rng.getrandbits(32)).standard_normal((1, count, H))
-        values = values.astype(np.float32)
+        x = np.random.default_rng(rng.getrandbits(32)).standard_normal((1, count, H))
+        x = x.astype(np.float32)
         if rng.random() < 0.04:
-            values[0, rng.randrange(count), rng.randrange(H)] = rng.choice(
+            x[0, rng.randrange(count), rng.randrange(H)] = rng.choice(
                 [np.nan, np.inf, -np.inf, 1e38]
             )
         try:
             with np.errstate(all="ignore"):
-                body = encode_body(values, dtype, codec)
-        except NonFiniteError:  # float16 overflow of 1e38: send float32 bytes instead
-            body = values.tobytes()
+                return encode_body(x, dtype, codec)
+        except NonFiniteError:  # the sender refuses NaN/overflow: send float32 bytes instead
+            return x.tobytes()
+
+    def body(self, count: int, dtype: str, codec: str) -> bytes:
+        rng = self.rng
+        body = self.values(count, dtype, codec)
         r = rng.random()
-        if r < 0.8:
+        if r < 0.6:
             return body
-        if r < 0.86:
+        if r < 0.7:
             return body[: rng.randrange(0, len(body))]
-        if r < 0.92:
+        if r < 0.8:
             return body + bytes(rng.randrange(1, 65))
-        if r < 0.95:
+        if r < 0.85:
             return b""
-        if r < 0.975 and codec in ("int8", "hq9"):
+        if r < 0.92 and codec in ("int8", "hq9"):
             scales = np.full(-(-count * H // 64), np.nan, dtype="<f4").tobytes()
             return scales + body[len(scales) :]
-        if r < 0.985:
-            return bytes([0xFF]) * len(body)  # hq9 codes out of range / NaN halfs
-        return bytes(MAX_REQUEST_MB * 1024 * 1024 + rng.randrange(1, 4096))  # oversize
+        return bytes([0xFF]) * len(body)  # codes out of range / NaN halfs / rq garbage
 
-    def prefix(self, header_len: int) -> bytes:
+    def header(self, sid: int, start: int, count: int, dtype: str, codec: str) -> bytes:
         rng = self.rng
-        magic = MAGIC if rng.random() < 0.95 else rng.choice([b"FALP", b"\x00" * 4, b"PLA\xff"])
-        version = 1 if rng.random() < 0.95 else rng.choice([0, 2, 255, 65535])
-        length = header_len
-        if rng.random() < 0.07:
-            length = rng.choice([0, header_len - 1, header_len + 1, 4097, 2**32 - 1])
-            length = max(0, length)
-        return struct.pack(">4sHI", magic, version, length)
+        fields = [
+            1 if rng.random() < 0.95 else rng.choice([0, 2, 255]),
+            1 if rng.random() < 0.95 else rng.choice([0, 2, 255]),
+            sid,
+            start,
+            count,
+            list(DTYPES).index(dtype) if rng.random() < 0.95 else rng.choice([2, 9, 255]),
+            CODECS.index(codec) if rng.random() < 0.95 else rng.choice([5, 9, 255]),
+            0 if rng.random() < 0.9 else rng.choice([1, 2, 0x80, 0xFF]),
+        ]
+        return struct.pack(">BBIIIBBB", *fields)
 
-    # -------------------------------------------------------------------- requests
-    def case(self) -> Case:
-        r = self.rng.random()
-        if r < 0.70:
-            return self.hostile_frame()
-        if r < 0.74:
+    def hostile_frame(self) -> Case:
+        rng = self.rng
+        dtype = rng.choice(["float32", "float32", "float16"])
+        codec = rng.choice(["raw", "raw", "int8", "hq9", "ohq7", "rq"])
+        count = rng.choice([1, 1, 2, 3])
+        sid = self.own_sid() if self.own and rng.random() < 0.6 else None
+        if sid is None:
+            sid = rng.choice([0, next(self.sids), 2**32 - 1])
+        held = self.own[sid].position if sid in self.own else 0
+        start = rng.choice([held, held, held + 1, max(0, held - 1), 2**31 - 2, 2**32 - 1])
+        if rng.random() < 0.05:
+            count = rng.choice([0, 5000, 2**32 - 1])
+        data = self.header(sid, start, count, dtype, codec)
+        data += self.body(max(1, min(count, 3)), dtype, codec)
+        if rng.random() < 0.03:
+            data = data[: rng.randrange(0, 17)]  # shorter than the header
+        return Case("hostile_frame", data)
+
+    def valid_frame(self) -> Case:
+        feedable = [sid for sid, own in self.own.items() if own.feedable]
+        if not feedable:
             return self.valid_open()
-        if r < 0.78:
-            return self.continuation()
-        if r < 0.84:
-            return self.delete()
-        if r < 0.86:
-            return self.get(self.rng.choice(["/info", "/health"]))
-        if r < 0.95:
-            return self.wrong_route()
-        if r < 0.98:
-            return self.hostile_frame(chunked=True)
-        return self.not_http()
+        rng = self.rng
+        sid = rng.choice(feedable)
+        dtype = rng.choice(["float32", "float32", "float16"])
+        codec = rng.choice(["raw", "raw", "int8", "hq9", "rq"])
+        count = rng.choice([1, 1, 1, 2, 3])
+        last_only = rng.random() < 0.3
+        start = self.own[sid].position
+        x = np.random.default_rng(rng.getrandbits(32)).standard_normal((1, count, H))
+        header = FrameHeader(sid, start, count, dtype, codec, last_only)
+        data = pack_frame(header, encode_body(x.astype(np.float32), dtype, codec))
+        return Case("valid_frame", data)
 
-    def frame_bytes(self, cap: Any, start: int, count: int, *, hostile: bool) -> bytes:
-        dtype = self.rng.choice(["float32", "float32", "float16"])
-        codec = self.rng.choice(["raw", "raw", "int8", "hq9", "rq"])
-        if not hostile:
-            header = {
-                "session": cap,
-                "step": start,
-                "positions": {"start": start, "count": count},
-                "dtype": dtype,
-                "shape": [1, count, H],
-                "codec": codec,
-                "shard": 0,
-            }
-            head = json.dumps(header).encode()
-            values = np.random.default_rng(self.rng.getrandbits(32)).standard_normal((1, count, H))
-            body = encode_body(values.astype(np.float32), dtype, codec)
-            return struct.pack(">4sHI", MAGIC, 1, len(head)) + head + body
-        header = self.header(cap, start, count, dtype, codec)
-        head = self.header_bytes(header)
-        return self.prefix(len(head)) + head + self.body(count, dtype, codec)
+    def oversize(self) -> Case:
+        return Case("oversize", bytes(MAX_REQUEST_MB * 1024 * 1024 + 1024), oversize=True)
 
-    def hostile_frame(self, chunked: bool = False) -> Case:
-        count = self.rng.choice([1, 1, 2, 3])
-        start = self.rng.choice([0, 0, 0, 1, 5, 2**20])
-        data = self.frame_bytes(self.cap(), start, count, hostile=True)
-        if self.rng.random() < 0.03:
-            data = data[: self.rng.randrange(0, 12)]  # shorter than the prefix
-        return Case("hostile_frame", post("/v1/forward", data, chunked=chunked))
-
-    def valid_open(self) -> Case:
-        cap = secrets.token_urlsafe(32)
-        count = self.rng.choice([1, 2])
-        data = self.frame_bytes(cap, 0, count, hostile=False)
-        return Case("valid_open", post("/v1/forward", data), opens=(cap, count))
-
-    def continuation(self) -> Case:
-        picked = self.pool.pick(self.rng)
-        if picked is None:
-            return self.valid_open()
-        cap, held = picked
-        start = held if self.rng.random() < 0.6 else self.rng.choice([0, held + 1, held - 1])
-        start = max(0, start)
-        data = self.frame_bytes(cap, start, 1, hostile=False)
-        return Case("continuation", post("/v1/forward", data), opens=(cap, start + 1))
-
-    def delete(self) -> Case:
-        picked = self.pool.pick(self.rng) if self.rng.random() < 0.3 else None
-        if picked is not None:
-            return Case("delete", request("DELETE", f"/v1/sessions/{picked[0]}"), closes=picked[0])
-        junk = self.rng.choice(
-            [
-                secrets.token_urlsafe(32),
-                "x",
-                "a" * 65,
-                "%C3%A9" * 30,
-                "%00" * 30,
-                "..%2F..%2Fetc",
-                "a" * 1500,
-                "%ff" * 25,
-            ]
-        )
-        return Case("delete_junk", request("DELETE", f"/v1/sessions/{junk}"))
+    # -------------------------------------------------------------------- HTTP
+    def junk(self) -> bytes:
+        return bytes(self.rng.getrandbits(8) for _ in range(self.rng.randrange(0, 200)))
 
     def get(self, path: str) -> Case:
-        return Case("get", request("GET", path))
+        return Case("get", http=request("GET", path))
 
     def wrong_route(self) -> Case:
         method = self.rng.choice(["GET", "PUT", "PATCH", "OPTIONS", "HEAD", "DELETE", "POST"])
@@ -394,22 +406,40 @@ class Grammar:
                 "/v1",
                 "/v1/forward",
                 "/v1/forward/",
-                "/v1/forward/x",
-                "/v1/sessions/",
-                "/v1/sessions",
+                "/v1/sessions/" + secrets.token_urlsafe(32),
+                "/v1/stream/",
+                "/v1/stream/x",
                 "/%2e%2e/%2e%2e/etc/passwd",
                 "/" + "a" * 2000,
                 "/info?x=" + "%ff" * 20,
                 "/health/../info",
             ]
         )
-        body = bytes(self.rng.randrange(0, 64)) if method in ("POST", "PUT", "PATCH") else b""
-        return Case("wrong_route", request(method, path, body), head=method == "HEAD")
+        body = self.junk() if method in ("POST", "PUT", "PATCH") else b""
+        return Case("wrong_route", http=request(method, path, body), head=method == "HEAD")
+
+    def bad_upgrade(self) -> Case:
+        """GET /v1/stream with a broken WebSocket handshake: a named 400, no link."""
+        headers = {
+            "Upgrade": "websocket",
+            "Connection": "Upgrade",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            "Sec-WebSocket-Version": "13",
+        }
+        broken = self.rng.choice(sorted(headers))
+        if self.rng.random() < 0.5:
+            del headers[broken]
+        else:
+            headers[broken] = self.rng.choice(["", "h2c", "99", "not base64!", "x" * 300])
+        if headers.get("Upgrade", "").lower() == "websocket" and broken == "Upgrade":
+            headers["Upgrade"] = "h2c"
+        text = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        return Case("bad_upgrade", http=request("GET", "/v1/stream", headers=text))
 
     def not_http(self) -> Case:
         data = self.rng.choice(
             [
-                b"BREW /v1/forward HTTP/1.1\r\nHost: n\r\n\r\n",
+                b"BREW /v1/stream HTTP/1.1\r\nHost: n\r\n\r\n",
                 b"GET /health HTTP/1.1\r\nHost: n\r\nX-J: a\x01b\r\n\r\n",
                 b"POST /v1/forward HTTP/1.1\r\nHost: n\r\nContent-Length: -5\r\n\r\n",
                 b"POST /v1/forward HTTP/1.1\r\nHost: n\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -418,7 +448,7 @@ class Grammar:
                 b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(40) + b"\r\n\r\n",
             ]
         )
-        return Case("not_http", data, raw_http=True)
+        return Case("not_http", http=data, raw_http=True)
 
 
 def request(method: str, path: str, body: bytes = b"", *, headers: str = "") -> bytes:
@@ -429,7 +459,7 @@ def request(method: str, path: str, body: bytes = b"", *, headers: str = "") -> 
 
 
 def post(path: str, body: bytes, *, chunked: bool = False) -> bytes:
-    ctype = "Content-Type: application/x-planet-frame\r\n"
+    ctype = "Content-Type: application/octet-stream\r\n"
     if not chunked:
         return request("POST", path, body, headers=ctype)
     chunks = b""
@@ -493,58 +523,13 @@ class RawConnection:
         return Answer(int(status), headers, body, closes)
 
 
-# ----------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def circuit(tmp_path_factory) -> Iterator[tuple[Path, list[NodeProcess]]]:
-    from node.model.prepare import prepare
-
-    manifest = Path(prepare(parts=2, quant="none", progress=lambda _msg: None))
-    run_dir = tmp_path_factory.mktemp("fuzz-nodes")
-    nodes: list[NodeProcess] = []
-    try:
-        for shard, port in enumerate(free_ports(2, *PORTS)):
-            nodes.append(
-                start_node(
-                    manifest=manifest,
-                    shard=shard,
-                    port=port,
-                    run_dir=run_dir,
-                    extra_args=("--max-request-mb", str(MAX_REQUEST_MB)),
-                )
-            )
-        wait_healthy(nodes, timeout_s=240)
-        yield manifest, nodes
-    finally:
-        for node in nodes:
-            stop_pid(node.pid, grace_s=5)
-
-
-async def _honest(hops: list[Hop], head: NumpyHead, ids: list[int]) -> list[int]:
-    async with PipelineClient(hops) as client:
-        return [t async for t in client.generate(head, ids, max_new_tokens=NEW_TOKENS)]
-
-
-@dataclass
-class Tally:
-    answers: collections.Counter[str] = field(default_factory=collections.Counter)
-    failures: list[str] = field(default_factory=list)
-    done: int = 0
-
-
-def _check(case: Case, answer: Answer) -> str | None:
+def check_http(case: Case, answer: Answer) -> str | None:
     """None if `answer` is acceptable for `case`, else what is wrong."""
     if answer.status >= 500 and answer.status != 503:
         return f"status {answer.status}: {answer.body[:200]!r}"
     if case.raw_http:
         return None if answer.status == 400 and answer.closes else f"status {answer.status}"
-    if answer.status < 400:
-        if case.kind in ("hostile_frame", "valid_open", "continuation") and (
-            answer.headers.get("content-type") != "application/x-planet-frame"
-            or not answer.body.startswith(MAGIC)
-        ):
-            return f"status {answer.status} without a frame"
-        return None
-    if case.head:
+    if answer.status < 400 or case.head:
         return None
     try:
         code = json.loads(answer.body)["code"]
@@ -555,49 +540,210 @@ def _check(case: Case, answer: Answer) -> str | None:
     return None
 
 
+# ----------------------------------------------------------------------------------- the link
+class FuzzLink:
+    """One link to the node from a chosen local address; redialled after the node closed it."""
+
+    def __init__(self, url: str, local: str) -> None:
+        self.url = url
+        self.local = local
+        self.http: aiohttp.ClientSession | None = None
+        self.ws: aiohttp.ClientWebSocketResponse | None = None
+
+    async def open(self) -> aiohttp.ClientWebSocketResponse:
+        if self.ws is None or self.ws.closed:
+            if self.http is None:
+                connector = aiohttp.TCPConnector(local_addr=(self.local, 0))
+                self.http = aiohttp.ClientSession(connector=connector)
+            self.ws = await self.http.ws_connect(
+                f"{self.url}/v1/stream", max_msg_size=64 * 1024 * 1024
+            )
+        return self.ws
+
+    async def exchange(self, message: str | bytes) -> aiohttp.WSMessage:
+        ws = await self.open()
+        if isinstance(message, str):
+            await ws.send_str(message)
+        else:
+            await ws.send_bytes(message)
+        return await ws.receive()
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+        if self.http is not None:
+            await self.http.close()
+
+
+def sent_control(case: Case) -> dict[str, Any]:
+    """The control message as the node reads it (a grammar's hostile message may be valid)."""
+    try:
+        body = json.loads(case.message)
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def sent_frame(case: Case) -> FrameHeader | None:
+    """The frame's header as the node reads it, if it is a valid frame at all."""
+    if not isinstance(case.message, bytes) or case.oversize:
+        return None
+    try:
+        return parse_frame(case.message, H, 8192)[0]
+    except Exception:
+        return None
+
+
+def check_link(case: Case, answer: aiohttp.WSMessage, link_closed: bool) -> tuple[str | None, str]:
+    """(what is wrong or None, a label for the tally) of the node's answer to one message.
+    A message the grammar meant to be hostile may come out valid; then it gets a valid
+    answer, which must fit what was sent."""
+    if case.oversize:
+        if answer.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED) or link_closed:
+            return None, "close 1009"
+        return f"an oversize message got {answer.type.name}", "?"
+    if answer.type == aiohttp.WSMsgType.BINARY:
+        sent = sent_frame(case)
+        if sent is None:
+            return f"an output frame answered a {case.kind}", "frame"
+        rows = 1 if sent.last_only else sent.count  # the last hop answers the last row only
+        expected = FrameHeader(
+            sent.sid, sent.start + sent.count - rows, rows, sent.dtype, sent.codec, sent.last_only
+        )
+        try:
+            header, _ = parse_frame(answer.data, H, 8192)
+        except Exception as error:
+            return f"a malformed output frame: {error!r}", "frame"
+        if header != expected:
+            return f"output {header} does not answer {sent}", "frame"
+        return None, "frame"
+    if answer.type != aiohttp.WSMsgType.TEXT:
+        return f"no answer: {answer.type.name} {answer.extra!r}", "?"
+    try:
+        body = json.loads(answer.data)
+        op = body["op"]
+    except (ValueError, KeyError, TypeError):
+        return f"a control answer that is not one: {answer.data[:200]!r}", "?"
+    if op == "error":
+        code = body.get("code")
+        return (None if code in NAMED_CODES else f"unnamed code {code!r}"), f"error {code}"
+    sent = sent_control(case)
+    asked = {"opened": "open", "closed": "close"}.get(op)
+    if asked is not None and sent.get("op") == asked and body.get("sid") == sent.get("sid"):
+        return None, op
+    return f"answer {body} does not fit a {case.kind}", op
+
+
+# ----------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def circuit(tmp_path_factory) -> Iterator[tuple[Path, list[NodeProcess]]]:
+    from node.model.prepare import prepare
+
+    manifest = Path(prepare(parts=2, quant="none", progress=lambda _msg: None))
+    run_dir = tmp_path_factory.mktemp("fuzz-nodes")
+    nodes: list[NodeProcess] = []
+    ports = free_ports(2, *PORTS)
+    next_hops = ",".join(f"http://127.0.0.1:{port}" for port in ports)
+    try:
+        for shard, port in enumerate(ports):
+            nodes.append(
+                start_node(
+                    manifest=manifest,
+                    shard=shard,
+                    port=port,
+                    run_dir=run_dir,
+                    extra_args=("--max-request-mb", str(MAX_REQUEST_MB), "--next-hops", next_hops),
+                )
+            )
+        wait_healthy(nodes, timeout_s=240)
+        yield manifest, nodes
+    finally:
+        for node in nodes:
+            stop_pid(node.pid, grace_s=5)
+
+
+async def _honest(hops: list[Hop], head: ClientHead, ids: list[int]) -> list[int]:
+    async with CircuitClient(hops, hidden_size=head.hidden_size) as client:
+        return [t async for t in client.generate(head, ids, max_new_tokens=NEW_TOKENS)]
+
+
+@dataclass
+class Tally:
+    answers: collections.Counter[str] = field(default_factory=collections.Counter)
+    failures: list[str] = field(default_factory=list)
+    done: int = 0
+
+
+def _book(own: dict[int, Own], case: Case, label: str) -> None:
+    """What the answer changed about the worker's own sessions."""
+    if label == "opened":
+        sent = sent_control(case)
+        own[sent["sid"]] = Own(feedable=sent.get("feed") is None)
+    elif label == "closed":
+        own.pop(sent_control(case)["sid"], None)
+    elif (frame := sent_frame(case)) is not None and frame.sid in own:
+        if label == "frame":
+            own[frame.sid].position = frame.start + frame.count
+        elif label in ("error session_expired", "error non_finite"):
+            own.pop(frame.sid, None)  # the node closed it, or may have (an unencodable answer)
+
+
 async def _worker(
-    port: int, local: str, worker: int, cases: list[int], tally: Tally, seed: int
+    node: NodeProcess, next_url: str, local: str, worker: int, cases: list[int], tally: Tally
 ) -> None:
-    rng = random.Random(f"{seed}/{worker}")
-    pool = Pool()
-    grammar = Grammar(rng, pool)
-    connection = RawConnection(port, local)
+    rng = random.Random(f"{SEED}/{worker}")
+    own: dict[int, Own] = {}
+    grammar = Grammar(rng, own, next_url)
+    link = FuzzLink(node.url, local)
+    connection = RawConnection(node.port, local)
     try:
         for index in cases:
             case = grammar.case()
-            label = f"seed={seed} worker={worker} case={index} kind={case.kind}"
-            try:
-                answer = await asyncio.wait_for(
-                    connection.exchange(case.request, head=case.head), ANSWER_TIMEOUT_S
-                )
-            except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as error:
-                tally.failures.append(
-                    f"{label}: no answer ({type(error).__name__}: {error}); "
-                    f"request {case.request[:160]!r}"
-                )
-                await connection.close()
-                continue
-            problem = _check(case, answer)
+            label = f"seed={SEED} worker={worker} case={index} kind={case.kind}"
+            shown = (case.http or case.message)[:160]
+            if case.http:
+                try:
+                    answer = await asyncio.wait_for(
+                        connection.exchange(case.http, head=case.head), ANSWER_TIMEOUT_S
+                    )
+                except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as error:
+                    tally.failures.append(f"{label}: no answer ({error!r}); request {shown!r}")
+                    await connection.close()
+                    continue
+                problem = check_http(case, answer)
+                code = ""
+                if answer.status >= 400 and answer.body.startswith(b"{"):
+                    code = json.loads(answer.body).get("code", "")
+                outcome = f"http {answer.status} {code}".strip()
+            else:
+                try:
+                    message = await asyncio.wait_for(link.exchange(case.message), ANSWER_TIMEOUT_S)
+                except (OSError, TimeoutError, aiohttp.ClientError) as error:
+                    tally.failures.append(f"{label}: no answer ({error!r}); message {shown!r}")
+                    own.clear()
+                    await link.close()
+                    link = FuzzLink(node.url, local)
+                    continue
+                closed = link.ws is not None and link.ws.closed
+                problem, outcome = check_link(case, message, closed)
+                if closed or case.oversize:  # the node closed the link: its sessions went too
+                    own.clear()
+                    await link.close()
+                    link = FuzzLink(node.url, local)
+                else:
+                    _book(own, case, outcome)
             if problem:
-                tally.failures.append(f"{label}: {problem}; request {case.request[:160]!r}")
-            code = ""
-            if answer.status >= 400 and answer.body.startswith(b"{"):
-                code = json.loads(answer.body).get("code", "")
-            tally.answers[f"{answer.status} {code}".strip()] += 1
+                tally.failures.append(f"{label}: {problem}; sent {shown!r}")
+            tally.answers[outcome] += 1
             tally.done += 1
-            if case.opens and answer.status == 200:
-                pool.held[case.opens[0]] = case.opens[1]
-            elif case.opens and answer.status in (404, 410):
-                pool.held.pop(case.opens[0], None)
-            if case.closes:
-                pool.held.pop(case.closes, None)
     finally:
+        await link.close()
         await connection.close()
 
 
-def test_node_fuzz_hostile_requests_named_4xx_and_honest_client_unaffected(circuit):
+def test_node_fuzz_hostile_messages_named_refusals_and_honest_client_unaffected(circuit):
     manifest, nodes = circuit
-    head = NumpyHead(manifest)
+    head = ClientHead.load(manifest, device="cpu")
     ids = head.chat_ids([{"role": "user", "content": PROMPT}])
     hops = [Hop(url=n.url, shard=n.shard) for n in nodes]
 
@@ -608,12 +754,7 @@ def test_node_fuzz_hostile_requests_named_4xx_and_honest_client_unaffected(circu
         fuzz = asyncio.gather(
             *(
                 _worker(
-                    nodes[0].port,
-                    local,
-                    w,
-                    list(range(w, CASES, len(workers))),
-                    tally,
-                    SEED,
+                    nodes[0], nodes[1].url, local, w, list(range(w, CASES, len(workers))), tally
                 )
                 for w, (local, _k) in enumerate(workers)
             )
@@ -641,5 +782,6 @@ def test_node_fuzz_hostile_requests_named_4xx_and_honest_client_unaffected(circu
     assert all(tokens == baseline for tokens in during), f"seed={SEED}: honest tokens changed"
     assert after == baseline, f"seed={SEED}: honest tokens changed after the fuzz"
     assert all(pid_alive(n.pid) for n in nodes)
-    # the fuzz reached the compute path too, not only the parser
-    assert tally.answers["200"] > 0 and tally.answers["400 bad_header"] > 0
+    # the fuzz reached the compute path too, not only the parsers
+    assert tally.answers["frame"] > 0 and tally.answers["error bad_control"] > 0
+    assert tally.answers["error bad_header"] > 0 and tally.answers["close 1009"] > 0

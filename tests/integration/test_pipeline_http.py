@@ -1,8 +1,10 @@
-"""Distributed greedy decoding over real node processes (HTTP, loopback) equals monolithic
-transformers `generate`, token for token, with unquantized shards of the real SmolLM2.
+"""Distributed greedy decoding over real node processes (a circuit on loopback: the nodes
+forward to each other over WebSockets) equals monolithic transformers `generate`, token for
+token, with unquantized shards of the real SmolLM2.
 
 Circuits: 2 and 5 even parts and 3 uneven ones (4/17/9 layers). Nodes start once per circuit
-(module-scoped fixture) and the prepared model cache is reused across runs.
+(module-scoped fixture, each node with its circuit as --next-hops, as `planet local up` starts
+them) and the prepared model cache is reused across runs.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
-from node.client.head import NumpyHead
-from node.client.pipeline import Hop, PipelineClient, Timings
+from node.client.circuit import CircuitClient
+from node.client.info import check_circuit, node_infos
+from node.client.types import Hop, Timings
+from node.model.head import ClientHead
 from node.server.launcher import (
     NodeProcess,
     free_ports,
@@ -110,9 +115,15 @@ def circuit(request, tmp_path_factory) -> Iterator[tuple[Path, list[NodeProcess]
     manifest = _prepare(parts, split)
     run_dir = tmp_path_factory.mktemp(f"nodes-{name}")
     nodes: list[NodeProcess] = []
+    ports = free_ports(parts, *PORTS)
+    next_hops = ("--next-hops", ",".join(f"http://127.0.0.1:{port}" for port in ports))
     try:
-        for shard, port in enumerate(free_ports(parts, *PORTS)):
-            nodes.append(start_node(manifest=manifest, shard=shard, port=port, run_dir=run_dir))
+        for shard, port in enumerate(ports):
+            nodes.append(
+                start_node(
+                    manifest=manifest, shard=shard, port=port, run_dir=run_dir, extra_args=next_hops
+                )
+            )
         wait_healthy(nodes, timeout_s=240)
         yield manifest, nodes
     finally:
@@ -121,28 +132,34 @@ def circuit(request, tmp_path_factory) -> Iterator[tuple[Path, list[NodeProcess]
 
 
 @pytest.fixture(scope="module")
-def heads() -> dict[Path, NumpyHead]:
+def heads() -> dict[Path, ClientHead]:
     return {}
 
 
 def _generate(
-    manifest: Path, nodes: list[NodeProcess], head: NumpyHead, ids: list[int], codec: str = "raw"
+    manifest: Path, nodes: list[NodeProcess], head: ClientHead, ids: list[int], codec: str = "raw"
 ) -> tuple[list[int], Timings]:
+    from node.model.manifest import Manifest
+
+    m = Manifest.load(manifest)
+
     async def run() -> tuple[list[int], Timings]:
         hops = [Hop(url=n.url, shard=n.shard) for n in nodes]
         timings = Timings()
-        async with PipelineClient(hops, codec=codec) as client:
-            from node.model.manifest import Manifest
-
-            m = Manifest.load(manifest)
-            await client.check_circuit(m.model_hash, m.total_layers)
-            tokens = [
-                t
-                async for t in client.generate(
-                    head, ids, max_new_tokens=MAX_NEW_TOKENS, timings=timings
-                )
-            ]
-            infos = await client.info()
+        async with aiohttp.ClientSession() as http:
+            await check_circuit(http, hops, m.model_hash, m.total_layers)
+            async with CircuitClient(hops, hidden_size=m.hidden_size, codec=codec) as client:
+                tokens = [
+                    t
+                    async for t in client.generate(
+                        head, ids, max_new_tokens=MAX_NEW_TOKENS, timings=timings
+                    )
+                ]
+            for _ in range(50):  # closing is one message to each hop: give it a moment
+                infos = await node_infos(http, hops)
+                if all(info["sessions"] == 0 for info in infos):
+                    break
+                await asyncio.sleep(0.05)
         assert all(info["sessions"] == 0 for info in infos), "sessions left open on a node"
         return tokens, timings
 
@@ -152,7 +169,7 @@ def _generate(
 @pytest.mark.parametrize("prompt", list(CONVERSATIONS))
 def test_pipeline_http_greedy_equals_transformers_generate(circuit, reference, heads, prompt):
     manifest, nodes = circuit
-    head = heads.setdefault(manifest, NumpyHead(manifest))
+    head = heads.setdefault(manifest, ClientHead.load(manifest, device="cpu"))
     ids, expected = reference[prompt]
     assert head.chat_ids(CONVERSATIONS[prompt]) == ids  # the client's chat template
     tokens, timings = _generate(manifest, nodes, head, ids)

@@ -2,7 +2,7 @@
 real SmolLM2 node processes (int8, 2 shards), shard 0 recording what it serves
 (`--commit-dir`) and its agent committing and revealing.
 
-A question is answered through the pipeline → shard 0 spooled one record per block of 32
+A question is answered through the circuit → shard 0 spooled one record per block of 32
 positions → its agent committed them in compact binary batches (on chain, as the node's key) →
 after the epoch closed it revealed them → every reveal matches its commitment, no evidence.
 """
@@ -28,8 +28,8 @@ import pytest
 from deploy.committee.generate import InitOptions, init_network
 from deploy.committee.processes import stop_network
 from deploy.committee.start import start_network
-from node.client.head import NumpyHead
-from node.client.pipeline import Hop, PipelineClient
+from node.client.circuit import CircuitClient
+from node.client.types import Hop
 from node.keys import create_node_key, create_wallet
 from node.net import port_is_free
 from node.server.launcher import free_ports, start_node, stop_pid, wait_healthy
@@ -105,7 +105,12 @@ def test_node_commits_what_it_served_and_reveals_after_the_epoch(committee, tmp_
             shard=0,
             port=ports[0],
             run_dir=home / "run",
-            extra_args=["--commit-dir", str(spool_dir)],
+            extra_args=[
+                "--commit-dir",
+                str(spool_dir),
+                "--next-hops",
+                f"http://127.0.0.1:{ports[1]}",
+            ],
         ),
         start_node(manifest=manifest, shard=1, port=ports[1], run_dir=tmp_path / "plain"),
     ]
@@ -127,12 +132,14 @@ def test_node_commits_what_it_served_and_reveals_after_the_epoch(committee, tmp_
             )  # fmt: skip
         _wait(lambda: _query(rpc, "/node", key=node_key), 60, f"registration ({log_path})")
 
-        head = NumpyHead(manifest)
+        from node.model.head import ClientHead
+
+        head = ClientHead.load(manifest, device="cpu")
         ids = head.chat_ids([{"role": "user", "content": "Name three rivers in Europe."}])
 
         async def ask() -> list[int]:
             hops = [Hop(url=n.url, shard=n.shard) for n in nodes]
-            async with PipelineClient(hops) as client:
+            async with CircuitClient(hops, hidden_size=head.hidden_size) as client:
                 return [t async for t in client.generate(head, ids, max_new_tokens=MAX_NEW_TOKENS)]
 
         tokens = asyncio.run(ask())

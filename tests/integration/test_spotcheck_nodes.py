@@ -1,4 +1,4 @@
-"""Spot checks on real node processes (real SmolLM2 shards, real HTTP, sealed tickets).
+"""Spot checks on real node processes (real SmolLM2 shards, real links, sealed tickets).
 
 Two compute node processes serve shard 1 (of 3): one noisy on purpose (fp32 weights, 10 % noise
 on every 32nd position: one position per block, `tests/integration/spotcheck_node.py`), one
@@ -28,7 +28,8 @@ import pytest
 import torch
 from nacl.signing import SigningKey
 
-from node.client.pipeline import Hop, PipelineClient
+from node.client.circuit import CircuitClient
+from node.client.types import Hop
 from node.model.evaluate import heldout_text
 from node.model.head import ClientHead
 from node.model.prepare import prepare
@@ -136,13 +137,16 @@ async def _serve(url: str, inputs: torch.Tensor) -> str:
     from node.client.capabilities import new_session_id
 
     array = inputs.numpy()
-    async with PipelineClient([Hop(url, 1)]) as client:
-        session = new_session_id()
-        await client.run_layers(session, 0, 0, array[:, :PROMPT])
+    async with CircuitClient([Hop(url, 1)], hidden_size=int(array.shape[2])) as client:
+        secret = new_session_id()
+        sid = await client.open(secret)
+        await client.send(sid, 0, array[:, :PROMPT])
+        await client.receive(sid, PROMPT - 1, 1)
         for position in range(PROMPT, TOTAL):
-            await client.run_layers(session, position, position, array[:, position : position + 1])
-        await client.close_session(session)  # tickets outlive the KV cache
-        return client.session_tags(session)[0]
+            await client.send(sid, position, array[:, position : position + 1])
+            await client.receive(sid, position, 1)
+        await client.close(sid)  # tickets outlive the KV cache
+        return client.session_tags(secret)[0]
 
 
 async def _checks(url: str, node: str, shard: Any, quant: str, inputs: torch.Tensor) -> dict:

@@ -1,5 +1,5 @@
 """A client head for fake shards: embed(id) = id in every one of H channels; the logits peak at
-round(h[0]) mod V; EOS = V - 1. So a chain of FakeShards (each adds its offset) gives tokens
+round(h[0]) mod V; EOS = V - 1. So a circuit of FakeShards (each adds its offset) gives tokens
 one can write down by hand."""
 
 from __future__ import annotations

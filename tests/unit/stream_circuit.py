@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from node.client.pipeline import Hop
+from node.client.types import Hop
 from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
 from node.server.next_hops import ForwardList

@@ -3,34 +3,23 @@ and every malformed body rejected with a named FrameError before anything large 
 
 from __future__ import annotations
 
-import json
-import struct
-
 import numpy as np
 import pytest
 
-from protocol.frames import (
+from protocol.frames import ohq
+from protocol.frames.blocks import BLOCK
+from protocol.frames.codecs import (
     CODECS,
     COMPRESSED_CODEC,
-    INT8_BLOCK,
-    MAGIC,
-    BadBodyError,
-    FrameHeader,
-    FrameLimits,
-    NonFiniteError,
-    TooLargeError,
     body_size,
-    decode_body,
-    decode_frame,
-    decode_ohq,
-    encode_ohq,
-    make_frame,
-    parse_frame,
+    decode_values,
+    encode_body,
 )
+from protocol.frames.errors import BadBodyError, NonFiniteError, TooLargeError
+from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 
 pytestmark = pytest.mark.unit
 
-SESSION = "abcdEFGH1234_-xy-capability"
 H = 576
 
 
@@ -42,26 +31,24 @@ def _hidden(t: int, seed: int = 0) -> np.ndarray:
     return x
 
 
-def _frame(header: dict, body: bytes) -> bytes:
-    head = json.dumps(header).encode()
-    return struct.pack(">4sHI", MAGIC, 1, len(head)) + head + body
+def _frame(rows: int, body: bytes, start: int = 0) -> bytes:
+    """An ohq7 frame announcing `rows` positions, with `body` as it is."""
+    return pack_frame(FrameHeader(1, start, rows, "float32", "ohq7"), body)
 
 
-def _header(t: int, h: int = 64) -> dict:
-    return {
-        "session": SESSION,
-        "step": 0,
-        "positions": {"start": 0, "count": t},
-        "dtype": "float32",
-        "shape": [1, t, h],
-        "codec": "ohq7",
-        "shard": 0,
-    }
+def make_frame(x: np.ndarray, *, start: int = 0, codec: str = "ohq7") -> bytes:
+    header = FrameHeader(1, start, int(x.shape[1]), "float32", codec)
+    return pack_frame(header, encode_body(x, "float32", codec))
+
+
+def decode_frame(data: bytes, hidden: int = 64, max_tokens: int = 8192):
+    """Parse (the one header parser) and decode a frame for a model of `hidden` values a row."""
+    header, body = parse_frame(data, hidden, max_tokens)
+    return header, decode_values(header.dtype, header.codec, (1, header.count, hidden), body)
 
 
 def _body(x: np.ndarray) -> bytearray:
-    return bytearray(parse_frame(make_frame(x, session=SESSION, step=0, start=0, shard=0,
-                                            codec="ohq7")).body)  # fmt: skip
+    return bytearray(encode_body(x, "float32", "ohq7"))
 
 
 def test_ohq7_is_registered_appended_and_compress_is_not_ohq7():
@@ -71,18 +58,17 @@ def test_ohq7_is_registered_appended_and_compress_is_not_ohq7():
 
 def test_ohq7_roundtrip_shape_dtype_outlier_exact_and_error_bound():
     x = _hidden(9)
-    header, y = decode_frame(make_frame(x, session=SESSION, step=0, start=4, shard=1,
-                                        codec="ohq7"), FrameLimits(hidden_size=H))  # fmt: skip
-    assert header.codec == "ohq7" and header.shape == (1, 9, H)
+    header, y = decode_frame(make_frame(x, start=4), H)
+    assert header.codec == "ohq7" and (header.start, header.count) == (4, 9)
     assert y.dtype == np.float32 and y.shape == x.shape
     assert y[0, 0, 5] == x[0, 0, 5] and (y[0, 1:, 507] == 70.0).all()  # split off: exact
     # per block: the rest is rotated (orthonormal) and rounded to steps of <= |rest|_2 / 63,
     # so the error vector's L2 norm is <= 8 * step / 2 (fp16 scale rounding adds < 0.1 %)
-    blocks = x.reshape(-1, INT8_BLOCK)
+    blocks = x.reshape(-1, BLOCK)
     rest = blocks.copy()
     rest[np.arange(len(rest)), np.abs(rest).argmax(axis=1)] = 0.0
     bound = 4 * np.linalg.norm(rest, axis=1) / 63 * 1.001 + 1e-6
-    error = np.linalg.norm(y.reshape(-1, INT8_BLOCK) - blocks, axis=1)
+    error = np.linalg.norm(y.reshape(-1, BLOCK) - blocks, axis=1)
     assert (error <= bound).all()
     rel = np.linalg.norm(y[0, 1:] - x[0, 1:]) / np.linalg.norm(x[0, 1:])
     assert rel < 0.02
@@ -99,10 +85,10 @@ def test_ohq7_body_is_under_a_quarter_of_fp32_and_smaller_than_hq9():
 def test_ohq7_beats_hq9_on_the_ordinary_values_beside_an_outlier_channel():
     x = np.random.default_rng(3).standard_normal((1, 16, H)).astype(np.float32)
     x[..., 7] = 140.0
-    beside = [c for c in range(INT8_BLOCK) if c != 7]  # the outlier's block, outlier excluded
+    beside = [c for c in range(BLOCK) if c != 7]  # the outlier's block, outlier excluded
 
     def error(codec: str) -> float:
-        _, y = decode_frame(make_frame(x, session=SESSION, step=0, start=0, shard=0, codec=codec))
+        _, y = decode_frame(make_frame(x, codec=codec), H)
         return float(np.linalg.norm((y - x)[..., beside]) / np.linalg.norm(x[..., beside]))
 
     # hq9 spreads the 140 over its rotated block, so its 9-bit step is ~8x coarser there
@@ -111,17 +97,16 @@ def test_ohq7_beats_hq9_on_the_ordinary_values_beside_an_outlier_channel():
 
 def test_ohq7_zeros_and_odd_lengths_round_trip():
     zeros = np.zeros((1, 2, 64), dtype=np.float32)
-    assert (decode_frame(make_frame(zeros, session=SESSION, step=0, start=0, shard=0,
-                                    codec="ohq7"))[1] == 0).all()  # fmt: skip
+    assert (decode_frame(make_frame(zeros))[1] == 0).all()
     odd = np.linspace(-1, 1, 3 * 50, dtype=np.float32).reshape(1, 3, 50)
-    _, y = decode_frame(make_frame(odd, session=SESSION, step=0, start=0, shard=0, codec="ohq7"))
+    _, y = decode_frame(make_frame(odd), 50)
     assert y.shape == odd.shape and np.abs(y - odd).max() < 8 / 63
 
 
 @pytest.mark.parametrize("bits", [4, 6, 8])
 def test_ohq_probe_widths_round_trip_with_error_falling_as_bits_grow(bits: int):
     x = _hidden(4)
-    y = decode_ohq(encode_ohq(x, bits), x.size, bits).reshape(x.shape)
+    y = ohq.decode(ohq.encode(x, bits), x.size, bits).reshape(x.shape)
     rel = np.linalg.norm(y[0, 1:] - x[0, 1:]) / np.linalg.norm(x[0, 1:])
     assert rel < 2.0 ** -(bits - 3)
 
@@ -130,7 +115,7 @@ def test_ohq7_encoder_names_a_scale_overflow():
     x = np.zeros((1, 1, 64), dtype=np.float32)
     x[0, 0, :2] = 1e30  # two huge values in one block: the rest's scale overflows float16
     with pytest.raises(NonFiniteError):
-        make_frame(x, session=SESSION, step=0, start=0, shard=0, codec="ohq7")
+        make_frame(x)
 
 
 # ------------------------------------------------------------------------------- malformed
@@ -142,15 +127,15 @@ def _one_block() -> bytearray:
 def test_ohq7_truncated_body_is_bad_body(cut: int):
     body = _one_block()
     with pytest.raises(BadBodyError):
-        decode_frame(_frame(_header(1), bytes(body[:-cut])))
+        decode_frame(_frame(1, bytes(body[:-cut])))
     with pytest.raises(BadBodyError):
-        decode_frame(_frame(_header(1), bytes(body) + b"\0"))
+        decode_frame(_frame(1, bytes(body) + b"\0"))
 
 
 def test_ohq7_wrong_size_for_the_shape_is_bad_body():
     body = _one_block()  # one block, but the header claims two rows of 64
     with pytest.raises(BadBodyError):
-        decode_frame(_frame(_header(2), bytes(body)))
+        decode_frame(_frame(2, bytes(body)))
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
@@ -159,11 +144,11 @@ def test_ohq7_non_finite_scale_or_outlier_is_non_finite(value: float):
     scale = bytearray(body)
     scale[5:7] = np.array([value], dtype="<f2").tobytes()
     with pytest.raises(NonFiniteError):
-        decode_frame(_frame(_header(1), bytes(scale)))
+        decode_frame(_frame(1, bytes(scale)))
     outlier = bytearray(body)
     outlier[1:5] = np.array([value], dtype="<f4").tobytes()
     with pytest.raises(NonFiniteError):
-        decode_frame(_frame(_header(1), bytes(outlier)))
+        decode_frame(_frame(1, bytes(outlier)))
 
 
 @pytest.mark.parametrize("index", [64, 200, 255])
@@ -171,25 +156,23 @@ def test_ohq7_outlier_index_outside_the_block_is_bad_body(index: int):
     body = _one_block()
     body[0] = index
     with pytest.raises(BadBodyError):
-        decode_frame(_frame(_header(1), bytes(body)))
+        decode_frame(_frame(1, bytes(body)))
 
 
 def test_ohq7_code_127_is_out_of_range():
     body = _one_block()
     body[7:] = b"\xff" * (len(body) - 7)  # every 7-bit code = 127 > 2 * 63
     with pytest.raises(BadBodyError):
-        decode_frame(_frame(_header(1), bytes(body)))
+        decode_frame(_frame(1, bytes(body)))
 
 
 def test_ohq7_huge_dims_rejected_from_sizes_before_allocating():
     body = bytes(_one_block())
-    huge = _header(2**31 - 1, 2**31 - 1)
+    huge = _frame(2**31 - 1, body)
     with pytest.raises(TooLargeError):
-        parse_frame(_frame(huge, body))
+        parse_frame(huge, 2**31 - 1, 8192)
     with pytest.raises(BadBodyError):
-        parse_frame(_frame(huge, body), FrameLimits(max_tokens=2**31))
-    # decode_body straight from a header: the size check comes before any array is made
-    header = FrameHeader(SESSION, 0, 0, 2**31 - 1, "float32", (1, 2**31 - 1, 2**31 - 1),
-                         "ohq7", 0)  # fmt: skip
+        parse_frame(huge, 2**31 - 1, 2**31)
+    # decode straight from a shape: the size check comes before any array is made
     with pytest.raises(BadBodyError):
-        decode_body(header, body)
+        decode_values("float32", "ohq7", (1, 2**31 - 1, 2**31 - 1), body)

@@ -4,30 +4,18 @@ FrameError (bad_body / non_finite), never another exception."""
 
 from __future__ import annotations
 
-import json
 import struct
 
 import numpy as np
 import pytest
 
-from protocol import codec_rq as rq
-from protocol.frames import (
-    CODECS,
-    MAGIC,
-    BadBodyError,
-    FrameError,
-    FrameHeader,
-    NonFiniteError,
-    body_size,
-    decode_body,
-    decode_frame,
-    make_frame,
-    parse_frame,
-)
+from protocol.frames import rq
+from protocol.frames.codecs import CODECS, body_size, decode_values, encode_body
+from protocol.frames.errors import BadBodyError, FrameError, NonFiniteError
+from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 
 pytestmark = pytest.mark.unit
 
-SESSION = "abcdEFGH1234_-xy-capability"
 H = 576
 
 
@@ -45,8 +33,13 @@ def _steps(x: np.ndarray, exponent: int = rq.DEFAULT_EXPONENT) -> np.ndarray:
     return rms * rq.step_delta(exponent)
 
 
-def _header(rows: int, width: int) -> FrameHeader:
-    return FrameHeader(SESSION, 0, 0, rows, "float32", (1, rows, width), "rq", 0)
+def _header(rows: int, width: int) -> tuple[int, int, int]:
+    """The shape a frame header of `rows` positions announces, for a model of `width`."""
+    return (1, rows, width)
+
+
+def decode_body(shape: tuple[int, int, int], body: bytes) -> np.ndarray:
+    return decode_values("float32", "rq", shape, body)
 
 
 def _body(
@@ -140,20 +133,20 @@ def test_rq_refuses_to_encode_non_finite_values():
     x = _hidden(2)
     x[0, 1, 3] = np.nan
     with pytest.raises(NonFiniteError):
-        make_frame(x, session=SESSION, step=0, start=0, shard=0, codec="rq")
+        encode_body(x, "float32", "rq")
 
 
 def test_rq_frame_parses_with_its_variable_body_and_rejects_sizes_outside_bounds():
     x = _hidden(4)
-    data = make_frame(x, session=SESSION, step=1, start=0, shard=1, codec="rq")
-    header, y = decode_frame(data)
-    assert header.codec == "rq" and y.shape == x.shape
-    head_len = struct.unpack(">I", data[6:10])[0]
-    prefix = data[: 10 + head_len]
+    header = FrameHeader(1, 0, 4, "float32", "rq")
+    data = pack_frame(header, encode_body(x, "float32", "rq"))
+    parsed, body = parse_frame(data, H, 64)
+    y = decode_values(parsed.dtype, parsed.codec, (1, 4, H), body)
+    assert parsed.codec == "rq" and y.shape == x.shape
     smallest, largest = rq.body_bounds(4, H)
     for size in (0, smallest - 1, largest + 1):
         with pytest.raises(BadBodyError):
-            parse_frame(prefix + bytes(size))
+            parse_frame(pack_frame(header, bytes(size)), H, 64)
 
 
 # ----------------------------------------------------------------------------- hostile bodies
@@ -273,17 +266,8 @@ def test_rq_fuzzed_bodies_only_ever_raise_frame_errors():
 
 def test_rq_frame_with_a_hostile_header_shape_is_refused_before_decoding():
     body = rq.encode(_hidden(2, 8))
-    header = {
-        "session": SESSION,
-        "step": 0,
-        "positions": {"start": 0, "count": 3},
-        "dtype": "float32",
-        "shape": [1, 3, 8],
-        "codec": "rq",
-        "shard": 0,
-    }
-    head = json.dumps(header).encode()
-    data = struct.pack(">4sHI", MAGIC, 1, len(head)) + head + body
+    data = pack_frame(FrameHeader(1, 0, 3, "float32", "rq"), body)  # 3 rows claimed, 2 sent
     with pytest.raises(FrameError) as caught:
-        decode_frame(data)
+        header, view = parse_frame(data, 8, 64)
+        decode_values(header.dtype, header.codec, (1, 3, 8), view)
     assert caught.value.code == "bad_body"

@@ -101,7 +101,7 @@ async def env(aiohttp_server, aiohttp_client, tmp_path: Path):
     nodes = []
     for shard in range(2):
         backend = FakeShard(shard_id=shard, hidden_size=H, layers=(shard * 2, shard * 2 + 2))
-        # in-process fakes on loopback: the chain's next hop is whatever the router picked
+        # in-process fakes on loopback: the circuit's next hop is whatever the router picked
         config = ServerConfig(manifest_path=Path("x"), shard_id=shard, next_hops=FORWARD_ANY)
         nodes.append(await aiohttp_server(create_node_app(config, backend)))
     entries = [
@@ -389,16 +389,16 @@ async def test_gateway_completions_echo_gives_every_prompt_tokens_logprob(env) -
 async def test_gateway_every_question_prefills_like_an_echo_request(env, monkeypatch) -> None:
     """The last node cannot tell an echo request (a verifier's challenge) from a chat question:
     both prompts' frames ask for every position; decode steps ask for the last one."""
-    from node.client.chain import ChainClient
+    from node.client.circuit import CircuitClient
 
     seen: list[tuple[int, bool]] = []
-    original = ChainClient.send
+    original = CircuitClient.send
 
     async def recording(self, sid, start, hidden, last_only=True):
         seen.append((int(hidden.shape[1]), last_only))
         return await original(self, sid, start, hidden, last_only)
 
-    monkeypatch.setattr(ChainClient, "send", recording)
+    monkeypatch.setattr(CircuitClient, "send", recording)
     client, escrow, _, _ = env
     headers, _ = pay(escrow)
     await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 3}, headers=headers)

@@ -58,10 +58,10 @@ async def test_payment_desk_release_frees_settle_burns_and_restart_remembers(
 ) -> None:
     path = tmp_path / "r.jsonl"
     payments = desk(path)
-    ticket = await payments.reserve(proof(), 100)
-    payments.release(ticket)  # a failed question: no charge, usable again
-    ticket = await payments.reserve(proof(), 100)
-    receipt = payments.settle(ticket, 3, 4, ["ab" * 32])
+    reservation = await payments.reserve(proof(), 100)
+    payments.release(reservation)  # a failed question: no charge, usable again
+    reservation = await payments.reserve(proof(), 100)
+    receipt = payments.settle(reservation, 3, 4, ["ab" * 32])
     assert receipt["fee_wei"] == str(10 * 7)
     with pytest.raises(PaymentRequired, match="already used"):
         await payments.reserve(proof(), 100)
@@ -73,8 +73,8 @@ async def test_payment_desk_release_frees_settle_burns_and_restart_remembers(
 
 async def test_payment_desk_fee_never_exceeds_the_checked_amount(tmp_path: Path) -> None:
     payments = desk(tmp_path / "r.jsonl")
-    ticket = await payments.reserve(proof(), 50)
-    receipt = payments.settle(ticket, 10, 10, ["ab" * 32])  # 200 wei by price, 50 allowed
+    reservation = await payments.reserve(proof(), 50)
+    receipt = payments.settle(reservation, 10, 10, ["ab" * 32])  # 200 wei by price, 50 allowed
     assert receipt["fee_wei"] == "50"
 
 

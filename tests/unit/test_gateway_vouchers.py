@@ -91,10 +91,10 @@ async def test_voucher_reserve_settle_charges_payer_and_receipt_names_it() -> No
     escrow = Escrow()
     payments = desk(escrow)
     proof = voucher()
-    ticket = await payments.reserve(proof, 100)
-    assert ticket.prepaid and ticket.depositor == address_of(PAYER)
+    reservation = await payments.reserve(proof, 100)
+    assert reservation.prepaid and reservation.depositor == address_of(PAYER)
     assert payments.outstanding(address_of(PAYER)) == 100
-    doc = payments.settle(ticket, 3, 4, NODES)  # 70 wei charged of 100 held
+    doc = payments.settle(reservation, 3, 4, NODES)  # 70 wei charged of 100 held
     assert payments.outstanding(address_of(PAYER)) == 70
     charge = verify_prepaid_receipt_json(doc, DOMAIN)
     assert (charge.payer, charge.receipt.fee) == (address_of(PAYER), 70)
@@ -108,11 +108,11 @@ async def test_voucher_reserve_settle_charges_payer_and_receipt_names_it() -> No
 async def test_voucher_release_frees_the_hold_and_the_id() -> None:
     payments = desk(Escrow())
     proof = voucher()
-    ticket = await payments.reserve(proof, 100)
-    payments.release(ticket)
+    reservation = await payments.reserve(proof, 100)
+    payments.release(reservation)
     assert payments.outstanding(address_of(PAYER)) == 0
-    ticket = await payments.reserve(proof, 100)  # the same voucher may be used again
-    assert ticket.allowed_wei == 100
+    reservation = await payments.reserve(proof, 100)  # the same voucher may be used again
+    assert reservation.allowed_wei == 100
 
 
 async def test_voucher_replayed_after_settle_refused() -> None:

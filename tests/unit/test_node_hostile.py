@@ -1,21 +1,24 @@
-"""Compute nodes among strangers: one test per class of issue #13 part 3.
+"""Compute nodes among strangers: one test per class of issue #13 part 3, on a node's links.
 
-- a capability one hop holds is useless against any other hop's session;
+- what one hop learns (its capability, the next hop's feed token) is useless against another
+  hop's session, and a public session tag names nothing anyone can act on;
 - one caller cannot take every session slot, another caller still gets one;
-- each malformed frame class gets a named 4xx, never a 500, and never desyncs a session;
-- the client bounds what it reads and names a malformed answer (ProtocolError);
+- a malformed frame never desyncs a session (test_stream_hostile.py: every malformed class
+  gets a named refusal and the node keeps serving);
+- the client bounds what it reads and names a malformed answer;
 - `planet ask` with a bad nodes file prints error:/hint:, exits != 0, no traceback.
 
-Real HTTP on loopback with fake shards (no model); callers are told apart by their source
+Real WebSockets on loopback with fake shards (no model); callers are told apart by their source
 address (127.0.0.1 vs 127.0.0.2, both loopback).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -23,12 +26,19 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from node.client.pipeline import Hop, PipelineClient, new_session_id
+from node.client.capabilities import new_session_id
+from node.client.circuit import CircuitClient
+from node.client.info import check_circuit
+from node.client.types import Hop
 from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
 from node.server.fake import FakeShard
-from protocol.errors import ProtocolError
-from protocol.frames import MAGIC, make_frame, parse_frame
+from protocol.errors import ProtocolError, RemoteError, UnavailableError
+from protocol.frames.header import FrameHeader, pack_frame, parse_frame
+from protocol.frames.sessions import session_tag
+from tests.unit.fake_head import FakeHead
+from tests.unit.stream_circuit import serve_circuit
+from tests.unit.stream_link import Link, Refused
 
 pytestmark = pytest.mark.unit
 
@@ -45,67 +55,75 @@ def _hidden(count: int, value: float = 1.0) -> np.ndarray:
     return np.full((1, count, H), value, dtype=np.float32)
 
 
-def _frame(start: int, count: int, *, session: str = CAP, shard: int = 0, **kw: object) -> bytes:
-    return make_frame(_hidden(count), session=session, step=start, start=start, shard=shard, **kw)  # type: ignore[arg-type]
-
-
 def _session_for(address: str) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(address, 0)))
 
 
+async def _link(http: aiohttp.ClientSession, server) -> Link:
+    return Link(await http.ws_connect(str(server.make_url("/v1/stream"))), H)
+
+
+async def _refused(awaitable) -> Refused:
+    with pytest.raises(Refused) as refused:
+        await awaitable
+    return refused.value
+
+
 # ------------------------------------------------------------------------- cross-hop hijack
-async def test_capability_seen_by_one_hop_cannot_continue_read_or_close_another_hops_session(
+async def test_what_one_hop_learns_cannot_continue_read_or_close_another_hops_session(
     aiohttp_server,
 ):
-    seen: list[list[str]] = [[], []]
-    servers = []
-    for shard in range(2):
-        app = _app(shard)
-
-        @web.middleware
-        async def record(request, handler, _seen=seen[shard]):
-            if request.path == "/v1/forward":
-                _seen.append(parse_frame(await request.read()).header.session)
-            return await handler(request)
-
-        app.middlewares.insert(0, record)
-        servers.append(await aiohttp_server(app))
-    hops = [Hop(url=str(s.make_url("")).rstrip("/"), shard=i) for i, s in enumerate(servers)]
+    """Hop 0 learns its own capability and hop 1's feed token. With them, on hop 1: opening
+    gives the attacker a session of its own (another tag), closing the client's session is
+    refused, and a feed's outputs go to the client's link only; the client goes on."""
+    nodes = [
+        (
+            ServerConfig(manifest_path=Path("x"), shard_id=k),
+            FakeShard(shard_id=k, hidden_size=H, layers=(2 * k, 2 * k + 2)),
+        )
+        for k in range(2)
+    ]
+    servers, hops = await serve_circuit(aiohttp_server, nodes)
     secret = new_session_id()
-    async with PipelineClient(hops) as client:
-        await client.run_layers(secret, 0, 0, _hidden(3))
-        stolen = seen[0][0]  # all that node 0 ever learns about this session
-        victim = hops[1].url
-        async with aiohttp.ClientSession() as http:
-            # append to / read through node 1's session with node 0's capability
-            answer = await http.post(
-                f"{victim}/v1/forward", data=_frame(3, 1, session=stolen, shard=1)
-            )
-            assert answer.status == 404 and (await answer.json())["code"] == "unknown_session"
-            # close node 1's session with node 0's capability
-            answer = await http.delete(f"{victim}/v1/sessions/{stolen}")
-            assert answer.status == 200 and (await answer.json())["closed"] is False
-        assert len(servers[1].app[STATE_KEY].store) == 1
-        assert stolen != seen[1][0]
-        assert secret not in (seen[0][0], seen[1][0])  # the secret itself never leaves
-        # the owner goes on undisturbed on both hops
-        out = await client.run_layers(secret, 1, 3, _hidden(1))
+    async with CircuitClient(hops, hidden_size=H) as client, aiohttp.ClientSession() as http:
+        sid = await client.open(secret)
+        stolen, feed = client.capabilities(secret)[0], client.feeds(secret)[1]
+        victim = client.capabilities(secret)[1]
+        assert session_tag(stolen) != session_tag(victim)
+        assert secret not in (stolen, victim, feed)  # the secret itself never leaves
+        attacker = await _link(http, servers[1])
+        assert (await attacker.open(sid + 1, stolen, 1))["op"] == "opened"  # its own session
+        assert session_tag(victim) in servers[1].app[STATE_KEY].store
+        assert (await _refused(attacker.close(sid))).code == "unknown_stream"
+        await attacker.close(sid + 1)
+        # the owner goes on undisturbed on both hops: 1 + (1 + 2)
+        await client.send(sid, 0, _hidden(3))
+        out = await client.receive(sid, 2, 1)
         assert out.shape == (1, 1, H) and float(out[0, 0, 0]) == 1.0 + 1 + 2
-        await client.close_session(secret)
+        await client.close(sid)
+    for _ in range(50):
+        if all(len(s.app[STATE_KEY].store) == 0 for s in servers):
+            break
+        await asyncio.sleep(0.02)
     assert all(len(s.app[STATE_KEY].store) == 0 for s in servers)
 
 
 async def test_session_tag_logged_by_a_node_cannot_act_on_the_session(aiohttp_server):
-    from protocol.frames import session_tag
-
     server = await aiohttp_server(_app())
     async with aiohttp.ClientSession() as http:
-        url = str(server.make_url("/v1/forward"))
-        assert (await http.post(url, data=_frame(0, 2))).status == 200
-        tag = next(iter(server.app[STATE_KEY].store._sessions))
+        owner = await _link(http, server)
+        await owner.open(1, CAP, 0)
+        await owner.forward(1, 0, _hidden(2))
+        store = server.app[STATE_KEY].store
+        tag = next(iter(store._sessions))
         assert tag == session_tag(CAP) and CAP not in tag
-        answer = await http.post(url, data=_frame(2, 1, session=tag[:64]))
-        assert answer.status == 404
+        stranger = await _link(http, server)
+        await stranger.open(1, tag[:64], 0)  # the tag as a capability names another session
+        assert session_tag(tag[:64]) != tag and len(store) == 2
+        header, _ = await stranger.forward(1, 0, _hidden(1))
+        assert header.start == 0  # a fresh session, not the owner's at position 2
+        header, _ = await owner.forward(1, 2, _hidden(1))
+        assert header.start == 2
 
 
 # ------------------------------------------------------------------------- slot exhaustion
@@ -113,129 +131,35 @@ async def test_one_caller_filling_slots_is_refused_while_another_caller_gets_a_s
     aiohttp_server,
 ):
     server = await aiohttp_server(_app())  # default limits
-    url = str(server.make_url("/v1/forward"))
     max_sessions = ServerConfig(manifest_path=Path("x"), shard_id=0).max_sessions
     async with _session_for("127.0.0.1") as attacker:
-        statuses = []
+        link = await _link(attacker, server)
+        refused = None
         for i in range(max_sessions):
-            answer = await attacker.post(url, data=_frame(0, 1, session=f"{CAP}-attacker{i:04d}"))
-            statuses.append(answer.status)
-            if answer.status != 200:
-                body = await answer.json()
-                assert body["code"] == "busy" and "quota" in body["message"]
+            try:
+                await link.open(i + 1, f"{CAP}-attacker{i:04d}", 0)
+            except Refused as error:
+                refused = error
                 break
-        assert statuses[-1] == 429, "one caller took every slot"
+        assert refused is not None, "one caller took every slot"
+        assert refused.code == "busy" and "quota" in refused.body["message"]
     async with _session_for("127.0.0.2") as honest:
-        answer = await honest.post(url, data=_frame(0, 1, session=f"{CAP}-honest"))
-        assert answer.status == 200
+        link = await _link(honest, server)
+        assert (await link.open(1, f"{CAP}-honest", 0))["op"] == "opened"
 
 
 async def test_slots_held_by_idle_refreshes_are_reclaimed_for_a_newcomer(aiohttp_server):
     server = await aiohttp_server(_app(max_sessions=2, reclaim_idle_s=0.0))
-    url = str(server.make_url("/v1/forward"))
-    async with _session_for("127.0.0.1") as attacker:
+    async with _session_for("127.0.0.1") as attacker, _session_for("127.0.0.2") as honest:
+        squatter = await _link(attacker, server)
         for i in range(2):
-            assert (
-                await attacker.post(url, data=_frame(0, 1, session=f"{CAP}-a{i}"))
-            ).status == 200
-    async with _session_for("127.0.0.2") as honest:
-        answer = await honest.post(url, data=_frame(0, 1, session=f"{CAP}-honest"))
-        assert answer.status == 200
+            await squatter.open(i + 1, f"{CAP}-a{i}", 0)
+            await squatter.forward(i + 1, 0, _hidden(1))
+        newcomer = await _link(honest, server)
+        assert (await newcomer.open(1, f"{CAP}-honest", 0))["op"] == "opened"
         # the newcomer does not reclaim from itself: a second one waits
-        answer = await honest.post(url, data=_frame(0, 1, session=f"{CAP}-honest2"))
-        assert answer.status == 503 and (await answer.json())["code"] == "busy"
-
-
-async def test_one_caller_cannot_queue_unbounded_frames(aiohttp_server):
-    import asyncio
-
-    server = await aiohttp_server(_app(max_inflight_per_peer=2, max_sessions_per_peer=64))
-    url = str(server.make_url("/v1/forward"))
-    async with _session_for("127.0.0.1") as attacker:
-        answers = await asyncio.gather(
-            *(attacker.post(url, data=_frame(0, 64, session=f"{CAP}-q{i:03d}")) for i in range(12))
-        )
-        codes = {a.status for a in answers}
-    assert 429 in codes and 200 in codes
-
-
-# ------------------------------------------------------------------------- malformed frames
-def _raw(header: object, body: bytes = b"", *, raw_header: bytes | None = None) -> bytes:
-    head = raw_header if raw_header is not None else json.dumps(header).encode()
-    return struct.pack(">4sHI", MAGIC, 1, len(head)) + head + body
-
-
-def _header(**over: object) -> dict:
-    base = {
-        "session": CAP,
-        "step": 0,
-        "positions": {"start": 0, "count": 1},
-        "dtype": "float32",
-        "shape": [1, 1, H],
-        "codec": "raw",
-        "shard": 0,
-    }
-    base.update(over)
-    return base
-
-
-MALFORMED = {
-    "dtype_list": (_raw(_header(dtype=["float32"]), bytes(32)), "bad_dtype"),
-    "dtype_object": (_raw(_header(dtype={"a": 1}), bytes(32)), "bad_dtype"),
-    "codec_object": (_raw(_header(codec={"raw": 1}), bytes(32)), "bad_codec"),
-    "deep_nesting": (_raw(None, raw_header=b"[" * 2000 + b"]" * 2000), "bad_header"),
-    "deep_in_field": (
-        _raw(None, raw_header=b'{"step":' + b"[" * 900 + b"]" * 900 + b"}"),
-        "bad_header",
-    ),
-    "nan_constant": (_raw(None, raw_header=b'{"step": NaN}'), "bad_header"),
-    "huge_step": (_raw(_header(step=10**300), bytes(32)), "bad_header"),
-    "huge_shard": (_raw(_header(shard=2**70), bytes(32)), "bad_header"),
-    "huge_hidden": (_raw(_header(shape=[1, 1, 2**62]), bytes(32)), "bad_shape"),
-    "huge_start": (
-        _raw(_header(positions={"start": 2**64, "count": 1}), bytes(32)),
-        "bad_positions",
-    ),
-    "float_count": (
-        _raw(_header(positions={"start": 0, "count": 1.0}), bytes(32)),
-        "bad_positions",
-    ),
-    "non_ascii_session": (_raw(_header(session="é" * 30), bytes(32)), "bad_session_id"),
-    "short_session": (_raw(_header(session="abcdefgh"), bytes(32)), "bad_session_id"),
-    "null_session": (_raw(_header(session=None), bytes(32)), "bad_session_id"),
-    "non_utf8_header": (_raw(None, raw_header=b'{"s\xff": 1}'), "bad_header"),
-    "utf16_header": (_raw(None, raw_header=json.dumps(_header()).encode("utf-16")), "bad_header"),
-    "truncated_body": (_raw(_header(), bytes(31)), "bad_body"),
-    "oversize_body": (_raw(_header(), bytes(33)), "bad_body"),
-    "header_longer_than_frame": (struct.pack(">4sHI", MAGIC, 1, 4000) + b"{}", "bad_header"),
-}
-
-
-@pytest.mark.parametrize("name", list(MALFORMED))
-async def test_malformed_frame_class_gets_named_4xx_and_node_keeps_serving(aiohttp_client, name):
-    client = await aiohttp_client(_app())
-    data, code = MALFORMED[name]
-    answer = await client.post("/v1/forward", data=data)
-    body = await answer.json()
-    assert 400 <= answer.status < 500 and body["code"] == code, body
-    assert (await client.post("/v1/forward", data=_frame(0, 1))).status == 200
-
-
-async def test_answer_rejected_after_compute_closes_session_instead_of_desyncing(aiohttp_client):
-    client = await aiohttp_client(_app())
-    assert (await client.post("/v1/forward", data=_frame(0, 1, dtype="float16"))).status == 200
-    overflow = make_frame(
-        np.full((1, 1, H), 65504.0, dtype=np.float32),
-        session=CAP,
-        step=1,
-        start=1,
-        shard=0,
-        dtype="float16",
-    )  # the fake shard adds 1: the answer overflows float16 after the cache advanced
-    answer = await client.post("/v1/forward", data=overflow)
-    assert answer.status == 400 and (await answer.json())["code"] == "non_finite"
-    answer = await client.post("/v1/forward", data=_frame(2, 1, dtype="float16"))
-    assert answer.status == 410 and (await answer.json())["code"] == "session_expired"
+        refused = await _refused(newcomer.open(2, f"{CAP}-honest2", 0))
+        assert refused.code == "busy" and "cap 2" in refused.body["message"]
 
 
 class _SlowShard(FakeShard):
@@ -246,112 +170,156 @@ class _SlowShard(FakeShard):
         self.order: list[float] = []
 
     def forward(self, hidden, positions, cache):
-        import time
-
         self.order.append(float(hidden[0, 0, 0]))
         time.sleep(0.05)
         return super().forward(hidden, positions, cache)
 
 
-async def test_flooding_caller_does_not_starve_another_callers_frame(aiohttp_server):
-    import asyncio
-
-    shard = _SlowShard()
-    app = create_app(ServerConfig(manifest_path=Path("x"), shard_id=0), shard)
+async def test_one_caller_cannot_have_unbounded_sessions_in_flight(aiohttp_server):
+    app = create_app(
+        ServerConfig(
+            manifest_path=Path("x"), shard_id=0, max_inflight_per_peer=2, max_sessions_per_peer=64
+        ),
+        _SlowShard(),
+    )
     server = await aiohttp_server(app)
-    url = str(server.make_url("/v1/forward"))
+    async with _session_for("127.0.0.1") as attacker:
+        link = await _link(attacker, server)
+        for i in range(12):
+            await link.open(i + 1, f"{CAP}-q{i:03d}", 0)
+        for i in range(12):
+            await link.send(i + 1, 0, _hidden(64))
+        answers = []
+        for _ in range(12):
+            try:
+                answers.append((await link.frame())[0].count)
+            except Refused as refused:
+                answers.append(refused.code)
+    assert "busy" in answers and 64 in answers, answers
 
-    def frame(value: float, session: str, rows: int = 1) -> bytes:
-        x = np.full((1, rows, H), value, dtype=np.float32)
-        return make_frame(x, session=session, step=0, start=0, shard=0)
 
+async def test_answer_rejected_after_compute_closes_session_instead_of_desyncing(aiohttp_server):
+    server = await aiohttp_server(_app())
+    async with aiohttp.ClientSession() as http:
+        link = await _link(http, server)
+        await link.open(1, CAP, 0)
+        await link.forward(1, 0, _hidden(1), dtype="float16")
+        overflow = np.full((1, 1, H), 65504.0, dtype=np.float32)
+        # the fake shard adds 1: the answer overflows float16 after the cache advanced
+        refused = await _refused(link.forward(1, 1, overflow, dtype="float16"))
+        assert refused.code == "non_finite"
+        refused = await _refused(link.forward(1, 2, _hidden(1), dtype="float16"))
+        assert refused.code == "session_expired"
+
+
+async def test_flooding_caller_does_not_starve_another_callers_frame(aiohttp_server):
+    shard = _SlowShard()
+    server = await aiohttp_server(
+        create_app(ServerConfig(manifest_path=Path("x"), shard_id=0), shard)
+    )
     async with _session_for("127.0.0.1") as attacker, _session_for("127.0.0.2") as honest:
+        flood = await _link(attacker, server)
+        for i in range(6):
+            await flood.open(i + 1, f"{CAP}-flood{i}", 0)
         # prefill chunks (8 positions): each runs alone, none is batched with another
-        flood = [
-            asyncio.ensure_future(attacker.post(url, data=frame(1.0, f"{CAP}-flood{i}", 8)))
-            for i in range(6)
-        ]
+        for i in range(6):
+            await flood.send(i + 1, 0, _hidden(8, 1.0))
         while not shard.order:  # the flood is queued and computing
             await asyncio.sleep(0.01)
-        answer = await honest.post(url, data=frame(7.0, f"{CAP}-honest"))
-        assert answer.status == 200
-        assert all(a.status == 200 for a in await asyncio.gather(*flood))
+        mine = await _link(honest, server)
+        await mine.open(1, f"{CAP}-honest", 0)
+        header, _ = await mine.forward(1, 0, _hidden(1, 7.0))
+        assert header.count == 1
+        for _ in range(6):
+            assert (await flood.frame())[0].count == 8
     # served right after the frame computing when it arrived, not behind the whole flood
     assert shard.order.index(7.0) <= 2, shard.order
 
 
-async def test_body_trickled_slower_than_read_timeout_gets_named_408(aiohttp_server):
-    import asyncio
-
-    server = await aiohttp_server(_app(request_read_timeout_s=0.3))
+async def test_frame_trickled_slowly_holds_no_slot_while_others_are_served(aiohttp_server):
+    """A stranger upgrades to a link and trickles half a frame: nothing is counted against it
+    until the whole message arrived, and another caller is served meanwhile."""
+    server = await aiohttp_server(_app(max_inflight_per_peer=1))
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(b"POST /v1/forward HTTP/1.1\r\nHost: n\r\nContent-Length: 1000\r\n\r\nPLAF")
+    writer.write(
+        b"GET /v1/stream HTTP/1.1\r\nHost: n\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
     await writer.drain()
-    status = await asyncio.wait_for(reader.readline(), 10)
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-    body = json.loads(await reader.readexactly(length))
+    status = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert b" 101 " in status
+    # a masked binary frame announcing 1000 payload bytes, of which only 4 are sent
+    writer.write(bytes([0x82, 0x80 | 126]) + (1000).to_bytes(2, "big") + bytes(4) + b"\x01\x01")
+    await writer.drain()
+    async with aiohttp.ClientSession() as http:
+        link = await _link(http, server)
+        await link.open(1, CAP, 0)
+        header, _ = await link.forward(1, 0, _hidden(2))
+        assert header.count == 2
+    assert server.app[STATE_KEY].peer_in_flight == {}
     writer.close()
-    assert b" 408 " in status and body["code"] == "slow_request"
-    assert len(server.app[STATE_KEY].peer_in_flight) == 0  # the slot is given back
 
 
 # ------------------------------------------------------------------------- client bounds
 def _hostile_node(respond) -> web.Application:
+    """A node whose link answers opens properly and each frame with `respond(header)`."""
     app = web.Application()
 
-    async def forward(request: web.Request) -> web.StreamResponse:
-        frame = parse_frame(await request.read())
-        return respond(frame)
+    async def stream(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.TEXT:
+                body = json.loads(message.data)
+                if body["op"] == "open":
+                    await ws.send_json({"op": "opened", "sid": body["sid"]})
+            elif message.type == aiohttp.WSMsgType.BINARY:
+                header, _ = parse_frame(message.data, H, 1 << 20)
+                await ws.send_bytes(respond(header))
+        return ws
 
-    app.router.add_post("/v1/forward", forward)
+    app.router.add_get("/v1/stream", stream)
     return app
 
 
-async def _client_error(aiohttp_server, respond) -> ProtocolError:
+async def _client_error(aiohttp_server, respond) -> Exception:
     server = await aiohttp_server(_hostile_node(respond))
     hop = Hop(url=str(server.make_url("")).rstrip("/"), shard=0)
-    async with PipelineClient([hop]) as client:
-        with pytest.raises(ProtocolError) as caught:
-            await client.run_layers(new_session_id(), 0, 0, _hidden(2))
+    async with CircuitClient([hop], hidden_size=H, request_timeout_s=1.0) as client:
+        with pytest.raises((ProtocolError, UnavailableError)) as caught:
+            [t async for t in client.generate(FakeHead(), [1, 2], max_new_tokens=2)]
     return caught.value
 
 
-def _answer(frame, rows: int, **headers: str) -> web.Response:
-    h = frame.header
-    body = make_frame(_hidden(rows), session=h.session, step=h.step, start=h.start, shard=0)
-    return web.Response(body=body, content_type="application/x-planet-frame", headers=headers)
+def _answer(header: FrameHeader, rows: int, start: int | None = None) -> bytes:
+    at = header.start if start is None else start
+    out = FrameHeader(header.sid, at, rows, header.dtype, header.codec)
+    return pack_frame(out, _hidden(rows).tobytes())
 
 
-async def test_client_oversize_answer_is_named_error_not_read_whole(aiohttp_server):
-    error = await _client_error(aiohttp_server, lambda f: _answer(f, 5000))
-    assert error.code == "answer_too_large"
+async def test_client_oversize_answer_is_named_error(aiohttp_server):
+    error = await _client_error(aiohttp_server, lambda h: _answer(h, 5000))
+    assert isinstance(error, ProtocolError) and error.code == "bad_answer"
 
 
-async def test_client_malformed_compute_header_is_named_error(aiohttp_server):
-    error = await _client_error(
-        aiohttp_server, lambda f: _answer(f, 1, **{"X-Planet-Compute-Ms": "fast"})
-    )
-    assert error.code == "bad_answer"
+async def test_client_answer_for_other_rows_is_named_error(aiohttp_server):
+    error = await _client_error(aiohttp_server, lambda h: _answer(h, 1, start=h.start + 7))
+    assert isinstance(error, ProtocolError) and error.code == "bad_answer"
+    assert "expected" in error.message
 
 
-async def test_client_answer_for_other_session_is_named_error(aiohttp_server):
-    def respond(frame):
-        body = make_frame(_hidden(1), session=CAP, step=0, start=1, shard=0)
-        return web.Response(body=body, content_type="application/x-planet-frame")
-
-    error = await _client_error(aiohttp_server, respond)
-    assert error.code == "bad_answer" and "session" in error.message
+async def test_client_garbage_answer_is_dropped_and_the_wait_named(aiohttp_server):
+    error = await _client_error(aiohttp_server, lambda h: b"\x01\x01" + bytes(200))
+    assert isinstance(error, UnavailableError) and "no answer from the circuit" in error.message
 
 
-async def test_client_garbage_answer_is_named_error(aiohttp_server):
-    error = await _client_error(
-        aiohttp_server,
-        lambda f: web.Response(
-            body=b"PLAF" + bytes(200), content_type="application/x-planet-frame"
-        ),
-    )
-    assert error.code == "bad_answer"
+async def test_client_refusal_from_a_node_is_a_named_remote_error(aiohttp_server):
+    server = await aiohttp_server(_app(shard=0))
+    hop = Hop(url=str(server.make_url("")).rstrip("/"), shard=1)  # the node serves shard 0
+    async with CircuitClient([hop], hidden_size=H) as client:
+        with pytest.raises(RemoteError) as caught:
+            await client.open(new_session_id())
+    assert caught.value.code == "wrong_shard" and caught.value.http_status == 502
 
 
 async def test_client_info_not_an_object_is_named_error(aiohttp_server):
@@ -363,9 +331,9 @@ async def test_client_info_not_an_object_is_named_error(aiohttp_server):
     app.router.add_get("/info", info)
     server = await aiohttp_server(app)
     hop = Hop(url=str(server.make_url("")).rstrip("/"), shard=0)
-    async with PipelineClient([hop]) as client:
+    async with aiohttp.ClientSession() as http:
         with pytest.raises(ProtocolError) as caught:
-            await client.check_circuit("sha256:" + "0" * 64, 2)
+            await check_circuit(http, [hop], "sha256:" + "0" * 64, 2)
     assert caught.value.code == "bad_answer"
 
 

@@ -25,9 +25,10 @@ from node.server.fake import FakeShard
 from node.server.served import SERVED_KEY, ServedLog
 from protocol.committee.registry import RegisterNode, sign_registration
 from protocol.eip712 import address_of
-from protocol.frames import make_frame, session_tag
+from protocol.frames.sessions import session_tag
 from protocol.served import RECORD_BYTES, SPOOL_MAGIC, decode_records, output_hash
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
+from tests.unit.stream_link import Link
 
 pytestmark = pytest.mark.unit
 
@@ -146,10 +147,11 @@ async def test_node_with_commit_dir_records_what_it_served(aiohttp_client, tmp_p
     client = await aiohttp_client(app)
     session = "session-capability-xyz-0001"
     x = activations(0, 40)
-    frame = make_frame(x, session=session, step=0, start=0, shard=1)
-    assert (await client.post("/v1/forward", data=frame)).status == 200
+    link = Link(await client.ws_connect("/v1/stream"), H)
+    await link.open(1, session, 1)
+    await link.forward(1, 0, x)
     assert [r.step for r in spool(tmp_path / "served")] == [0]
-    assert (await client.delete(f"/v1/sessions/{session}")).status == 200
+    assert (await link.close(1))["op"] == "closed"
     served = app[SERVED_KEY]
     served.seal_idle(lambda t: t in app[STATE_KEY].store)  # what the sealer runs every second
     records = spool(tmp_path / "served")
@@ -165,10 +167,9 @@ async def test_node_without_commit_dir_records_nothing(aiohttp_client) -> None:
     config = ServerConfig(manifest_path=Path("unused.json"), shard_id=1)
     app = create_app(config, FakeShard(shard_id=1, hidden_size=H))
     client = await aiohttp_client(app)
-    frame = make_frame(
-        activations(0, 33), session="session-capability-xyz-0002", step=0, start=0, shard=1
-    )
-    assert (await client.post("/v1/forward", data=frame)).status == 200
+    link = Link(await client.ws_connect("/v1/stream"), H)
+    await link.open(1, "session-capability-xyz-0002", 1)
+    await link.forward(1, 0, activations(0, 33))
     assert SERVED_KEY not in app and app[STATE_KEY].forward_hooks == []
 
 
@@ -412,8 +413,9 @@ async def test_spot_check_tickets_come_from_the_served_log(aiohttp_client, tmp_p
     client = await aiohttp_client(app)
     session = "session-capability-xyz-0003"
     x = activations(0, 64)
-    frame = make_frame(x, session=session, step=0, start=0, shard=1)
-    assert (await client.post("/v1/forward", data=frame)).status == 200
+    link = Link(await client.ws_connect("/v1/stream"), H)
+    await link.open(1, session, 1)
+    await link.forward(1, 0, x)
     [_, record] = spool(tmp_path / "served")
     ticket = decode_ticket(source.ticket_bytes(session_tag(session), 1))
     assert ticket.salt == record.salt and ticket.block == 1

@@ -6,7 +6,7 @@ import pytest
 
 from node.server.sessions import SessionStore
 from protocol.errors import BusyError
-from protocol.frames import BadPositionsError, SessionExpiredError, UnknownSessionError
+from protocol.frames.errors import BadPositionsError
 
 pytestmark = pytest.mark.unit
 
@@ -25,37 +25,35 @@ def _store(clock: Clock, **over: float) -> SessionStore:
     return SessionStore(clock=clock, **kw)  # type: ignore[arg-type]
 
 
-def test_store_lookup_new_id_at_zero_opens_nothing_yet():
+def test_store_open_holds_nothing_until_a_frame_advances_it():
     store = _store(Clock())
-    assert store.lookup("s-00000001", 0) is None and len(store) == 0
-
-
-def test_store_lookup_new_id_past_zero_is_unknown_session():
-    with pytest.raises(UnknownSessionError):
-        _store(Clock()).lookup("s-00000001", 4)
+    session = store.open("s-00000001", cache=object())
+    assert len(store) == 1 and session.length == 0 and store.total_cache_bytes == 0
+    store.check_start(session, 0)
+    with pytest.raises(BadPositionsError):
+        store.check_start(session, 4)
 
 
 def test_store_advance_requires_contiguous_start():
     store = _store(Clock())
     session = store.open("s-00000001", cache=object())
     store.advance(session, 5, cache_bytes=500)
-    assert store.lookup("s-00000001", 5) is session
+    store.check_start(session, 5)
     with pytest.raises(BadPositionsError):
-        store.lookup("s-00000001", 4)
+        store.check_start(session, 4)
     with pytest.raises(BadPositionsError):
-        store.lookup("s-00000001", 6)
+        store.check_start(session, 6)
 
 
 def test_store_idle_session_evicted_after_timeout_only():
     clock = Clock()
     store = _store(clock)
-    store.open("s-00000001", cache=object())
+    session = store.open("s-00000001", cache=object())
     clock.now = 299.0
     assert store.evict_idle() == []
     clock.now = 301.0
     assert store.evict_idle() == ["s-00000001"]
-    with pytest.raises(SessionExpiredError):
-        store.lookup("s-00000001", 0)
+    assert "s-00000001" not in store and session.cache is None  # its frames: session_expired
 
 
 def test_store_recently_used_session_survives_eviction():
@@ -90,11 +88,11 @@ def test_store_reserve_cache_cap_uses_learned_bytes_per_position():
         store.reserve(2, new_session=False)
 
 
-def test_store_close_forgets_when_asked():
+def test_store_close_frees_the_cache_once():
     store = _store(Clock())
-    store.open("s-00000001", cache=object())
-    assert store.close("s-00000001", remember=False)
-    assert store.lookup("s-00000001", 0) is None
+    session = store.open("s-00000001", cache=object())
+    assert store.close("s-00000001")
+    assert session.cache is None and len(store) == 0
     assert not store.close("s-00000001")
 
 
@@ -127,8 +125,7 @@ def test_store_full_node_reclaims_idle_session_of_biggest_caller_only():
     clock.now = 100.0
     with pytest.raises(BusyError):  # a, b and c hold one each: no one holds more than c
         store.reserve(1, new_session=True, peer="c")
-    with pytest.raises(SessionExpiredError):
-        store.lookup("tag-a0", 1)
+    assert "tag-a0" not in store
 
 
 def test_store_session_older_than_age_cap_evicted_even_if_used():

@@ -16,10 +16,11 @@ from node.server.fake import FakeShard
 from node.server.tickets import StaticPolicy, TicketBook, install, topk_rows_np
 from node.verifier.fingerprint import fingerprint_bytes, topk_rows
 from protocol.eip712 import commitment_value
-from protocol.frames import make_frame, session_tag
+from protocol.frames.sessions import session_tag
 from protocol.routing import output_hash
 from protocol.spotcheck import Triple
 from protocol.tickets import TicketRequest, decode_ticket, open_sealed
+from tests.unit.stream_link import Link
 
 pytestmark = pytest.mark.unit
 
@@ -103,8 +104,9 @@ async def _served_client(aiohttp_client, rate_ppm: int = 1_000_000):
     install(app, book, NODE, StaticPolicy({SEED}, verifiers, rate_ppm))
     client = await aiohttp_client(app)
     x = _inputs(0, 40)
-    frame = make_frame(x, session=CAP, step=0, start=0, shard=1)
-    assert (await client.post("/v1/forward", data=frame)).status == 200
+    link = Link(await client.ws_connect("/v1/stream"), H)
+    await link.open(1, CAP, 1)
+    await link.forward(1, 0, x)
     return client, book, x
 
 
@@ -307,8 +309,9 @@ async def test_enable_tickets_asks_the_committee_over_json_rpc(aiohttp_client, a
     app = create_app(_config(), FakeShard(shard_id=1, hidden_size=H, layers=(10, 20)))
     enable_tickets(app, NODE, str(server.make_url("/")), rate_ppm=1_000_000)
     client = await aiohttp_client(app)
-    frame = make_frame(_inputs(0, 40), session=CAP, step=0, start=0, shard=1)
-    assert (await client.post("/v1/forward", data=frame)).status == 200
+    link = Link(await client.ws_connect("/v1/stream"), H)
+    await link.open(1, CAP, 1)
+    await link.forward(1, 0, _inputs(0, 40))
     request = _request()
     answer = await client.post("/v1/tickets", data=request.encode())
     assert answer.status == 200, await answer.text()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -16,14 +17,15 @@ import numpy as np
 import pytest
 
 import node.server.stream
-from node.client.chain import ChainClient
-from node.client.pipeline import Hop
+from node.client.circuit import CircuitClient
+from node.client.types import Hop
 from node.server.app import STATE_KEY
 from node.server.config import ServerConfig
 from node.server.fake import FakeShard
 from node.server.next_hops import ForwardAny, ForwardNone
 from protocol.errors import BusyError, ConfigError, RemoteError
-from protocol.stream import MAX_SESSION_FRAMES, DataHeader, pack_data
+from protocol.frames.header import FrameHeader, pack_frame
+from protocol.stream import MAX_SESSION_FRAMES
 from tests.unit.fake_head import FakeHead, H
 from tests.unit.stream_circuit import serve_circuit
 
@@ -49,14 +51,14 @@ async def _nodes(aiohttp_server, count: int, shard_cls=FakeShard, **config: Any)
     )
 
 
-async def _generate(client: ChainClient, prompt: list[int], n: int) -> list[int]:
+async def _generate(client: CircuitClient, prompt: list[int], n: int) -> list[int]:
     gen = client.generate(FakeHead(), prompt, max_new_tokens=n, stop_on_eos=False)
     return [t async for t in gen]
 
 
 async def test_stream_fake_chain_adds_every_shards_offset(aiohttp_server):
     _, hops = await _nodes(aiohttp_server, 3)
-    async with ChainClient(hops, hidden_size=H, prefill_chunk=2) as client:
+    async with CircuitClient(hops, hidden_size=H, prefill_chunk=2) as client:
         tokens = await _generate(client, [1, 2, 3, 4, 5], 4)
     assert tokens == [11, 17, 23, 29]  # each pass adds 1 + 2 + 3
 
@@ -76,7 +78,7 @@ async def test_stream_kv_cap_answers_busy_and_memory_stays_under_cap(aiohttp_ser
             await asyncio.sleep(0)
 
     watcher = asyncio.create_task(watch())
-    async with ChainClient(hops, hidden_size=H) as client:
+    async with CircuitClient(hops, hidden_size=H) as client:
         results = await asyncio.gather(
             *(_generate(client, list(range(1, 13)), 8) for _ in range(6)), return_exceptions=True
         )
@@ -99,7 +101,7 @@ async def test_stream_full_queue_answers_busy_then_serves(aiohttp_server):
         max_inflight_per_peer=64,
         max_sessions_per_peer=64,
     )
-    async with ChainClient(hops, hidden_size=H) as client:
+    async with CircuitClient(hops, hidden_size=H) as client:
         results = await asyncio.gather(
             *(_generate(client, [1, 2, 3], 3) for _ in range(12)), return_exceptions=True
         )
@@ -113,20 +115,20 @@ async def test_stream_pipelined_prefill_counts_a_session_once_against_the_caller
     """Two questions from one caller, each prompt in 12 one-position chunks with 8 outstanding:
     16 frames in flight from a caller whose quota is 2 — but they are 2 sessions."""
     _, reference_hops = await _nodes(aiohttp_server, 2)
-    async with ChainClient(reference_hops, hidden_size=H) as client:
+    async with CircuitClient(reference_hops, hidden_size=H) as client:
         expected = await _generate(client, list(range(1, 13)), 4)
     _, hops = await _nodes(aiohttp_server, 2, _SlowShard, max_inflight_per_peer=2)
-    async with ChainClient(hops, hidden_size=H, prefill_chunk=1, prefill_window=8) as client:
+    async with CircuitClient(hops, hidden_size=H, prefill_chunk=1, prefill_window=8) as client:
         results = await asyncio.gather(*(_generate(client, list(range(1, 13)), 4) for _ in "ab"))
     assert results == [expected, expected]
     with pytest.raises(ConfigError, match="prefill_window"):
-        ChainClient(hops, hidden_size=H, prefill_window=MAX_SESSION_FRAMES + 1)
+        CircuitClient(hops, hidden_size=H, prefill_window=MAX_SESSION_FRAMES + 1)
 
 
 async def test_stream_session_with_too_many_frames_queued_is_refused_by_name(aiohttp_server):
     _, hops = await _nodes(aiohttp_server, 1, _SlowShard, max_inflight_per_peer=64)
     head = FakeHead()
-    async with ChainClient(hops, hidden_size=H) as client:
+    async with CircuitClient(hops, hidden_size=H) as client:
         sid = await client.open("s" * 43)
         for position in range(MAX_SESSION_FRAMES + 4):  # no waiting for answers
             await client.send(sid, position, head.embed_np([position + 1]))
@@ -139,7 +141,7 @@ async def test_stream_session_with_too_many_frames_queued_is_refused_by_name(aio
 
 async def test_stream_feed_token_cannot_close_or_read_the_session(aiohttp_server):
     servers, hops = await _nodes(aiohttp_server, 2)
-    async with ChainClient(hops, hidden_size=H) as client, aiohttp.ClientSession() as http:
+    async with CircuitClient(hops, hidden_size=H) as client, aiohttp.ClientSession() as http:
         secret = "s" * 43
         sid = await client.open(secret)
         feed = client.feeds(secret)[1]  # what hop 0 knows about hop 1
@@ -150,17 +152,63 @@ async def test_stream_feed_token_cannot_close_or_read_the_session(aiohttp_server
             refused = json.loads((await ws.receive()).data)
             assert refused["code"] == "unknown_stream"
             # positions fed through the feed flow on; the output goes to the client, not here
-            await ws.send_bytes(pack_data(DataHeader(7, 0, 1, "float32", "raw"), bytes(4 * H)))
+            await ws.send_bytes(pack_frame(FrameHeader(7, 0, 1, "float32", "raw"), bytes(4 * H)))
             with pytest.raises(asyncio.TimeoutError):
                 await ws.receive(timeout=0.3)
         assert len(servers[1].app[STATE_KEY].store) == 1  # the session is still open
         await client.close(sid)
 
 
+def _frame(start: int = 0, count: int = 1, dtype: int = 0, codec: int = 0, flags: int = 0) -> bytes:
+    """A frame header for sid 1 with any field values (the body is added by the caller)."""
+    return struct.pack(">BBIIIBBB", 1, 1, 1, start, count, dtype, codec, flags)
+
+
+def _open(**over: object) -> str:
+    body: dict[str, object] = {
+        "op": "open", "sid": 1, "session": "c" * 43, "shard": 0, "feed": None, "next": None,
+    }  # fmt: skip
+    return json.dumps({**body, **over})
+
+
+# every malformed class, in control messages and in frames, gets a named refusal
+MALFORMED: list[tuple[str | bytes, str]] = [
+    ("not json", "bad_control"),
+    (json.dumps({"op": "launch", "sid": 1}), "bad_control"),
+    (json.dumps({"op": "close", "sid": -1}), "bad_control"),
+    (json.dumps({"op": "close", "sid": 2**64}), "bad_control"),
+    (json.dumps({"op": "close", "sid": 1.0}), "bad_control"),
+    (json.dumps({"op": "close", "sid": True}), "bad_control"),
+    ('{"op": "close", "sid": NaN}', "bad_control"),
+    (json.dumps({"op": "close", "sid": 1, "extra": 1}), "bad_control"),
+    (json.dumps({"op": "attach", "sid": 1, "feed": "x" * 30}), "bad_feed"),
+    (json.dumps({"op": "attach", "sid": 1, "feed": "short"}), "bad_control"),
+    ("[" * 100 + "]" * 100, "bad_control"),
+    ('{"op": "close", "sid": ' + "[" * 900 + "]" * 900 + "}", "bad_control"),
+    (_open(session="é" * 30), "bad_control"),
+    (_open(session=None), "bad_control"),
+    (_open(session="abcdefgh"), "bad_control"),
+    (_open(session=["c" * 43]), "bad_control"),
+    (_open(shard=2**70), "bad_control"),
+    (_open(shard=[0]), "bad_control"),
+    (_open(shard={"a": 1}), "bad_control"),
+    (_open(feed="f" * 4000), "too_large"),
+    (_open(next={"url": "http://127.0.0.1:1", "shard": 1}), "bad_control"),
+    (_frame(start=2**32 - 1) + bytes(4 * H), "bad_positions"),
+    (_frame(count=0), "bad_positions"),
+    (_frame(count=5000), "too_large"),
+    (_frame(flags=0x80) + bytes(4 * H), "bad_header"),
+    (_frame() + bytes(4 * H - 1), "bad_body"),
+    (_frame() + bytes(4 * H + 1), "bad_body"),
+    (_frame(dtype=1) + bytes(4 * H), "bad_body"),  # float16 rows are half as long
+    (_frame(codec=2) + bytes(8), "bad_body"),
+]
+
+
 @pytest.mark.parametrize(
     ("message", "code"),
     [
-        ("not json", "bad_control"),
+        *MALFORMED,
         (json.dumps({"op": "launch", "sid": 1}), "bad_control"),
         (json.dumps({"op": "close", "sid": -1}), "bad_control"),
         (json.dumps({"op": "attach", "sid": 1, "feed": "x" * 30}), "bad_feed"),
@@ -212,13 +260,13 @@ async def test_stream_malformed_message_named_refusal_and_node_keeps_serving(
             await ws.send_str(message)
         answer = json.loads((await ws.receive(timeout=5)).data)
         assert answer["op"] == "error" and answer["code"] == code, answer
-    async with ChainClient(hops, hidden_size=H) as client:
+    async with CircuitClient(hops, hidden_size=H) as client:
         assert await _generate(client, [1, 2], 2) == [3, 4]
 
 
 async def test_stream_gap_in_positions_is_named_to_the_client(aiohttp_server):
     _, hops = await _nodes(aiohttp_server, 2)
-    async with ChainClient(hops, hidden_size=H) as client:
+    async with CircuitClient(hops, hidden_size=H) as client:
         sid = await client.open("g" * 43)
         await client.send(sid, 0, np.ones((1, 2, H), dtype=np.float32))
         await client.receive(sid, 1, 1)
@@ -230,19 +278,19 @@ async def test_stream_gap_in_positions_is_named_to_the_client(aiohttp_server):
 
 
 def test_stream_data_rq_body_checked_against_its_bounds_not_one_size():
-    from protocol import codec_rq
     from protocol.errors import PlanetError
-    from protocol.frames import decode_values, encode_body
-    from protocol.stream import parse_data
+    from protocol.frames import rq
+    from protocol.frames.codecs import decode_values, encode_body
+    from protocol.frames.header import parse_frame
 
     x = np.random.default_rng(3).standard_normal((1, 3, H)).astype(np.float32)
     body = encode_body(x, "float32", "rq")
-    header, view = parse_data(pack_data(DataHeader(7, 0, 3, "float32", "rq"), body), H, 64)
+    header, view = parse_frame(pack_frame(FrameHeader(7, 0, 3, "float32", "rq"), body), H, 64)
     y = decode_values(header.dtype, header.codec, (1, 3, H), view)
     assert header.codec == "rq" and y.shape == x.shape
-    low, _ = codec_rq.body_bounds(3, H)
+    low, _ = rq.body_bounds(3, H)
     with pytest.raises(PlanetError):
-        parse_data(pack_data(DataHeader(7, 0, 3, "float32", "rq"), body[: low - 1]), H, 64)
+        parse_frame(pack_frame(FrameHeader(7, 0, 3, "float32", "rq"), body[: low - 1]), H, 64)
 
 
 # ------------------------------------------------------------------------------ next hops
@@ -298,13 +346,13 @@ async def test_stream_next_hop_not_allowed_refused_by_name_and_nothing_dialled(
     if policy == "none":
         assert "forwards to no next hop" in answer["message"]
         with pytest.raises(RemoteError) as error:
-            async with ChainClient(hops, hidden_size=H) as client:
+            async with CircuitClient(hops, hidden_size=H) as client:
                 await _generate(client, [1, 2], 2)
         assert error.value.code == "next_hop_not_allowed"
-        async with ChainClient(hops[:1], hidden_size=H) as client:  # still serves as last hop
+        async with CircuitClient(hops[:1], hidden_size=H) as client:  # still serves as last hop
             assert await _generate(client, [1, 2], 2) == [3, 4]
     else:  # the circuit's own next hop is still allowed and gives the same tokens
-        async with ChainClient(hops, hidden_size=H) as client:
+        async with CircuitClient(hops, hidden_size=H) as client:
             assert await _generate(client, [1, 2, 3], 3) == [6, 9, 12]  # + 1 + 2
 
 
@@ -354,7 +402,7 @@ async def test_stream_waiting_attaches_are_bounded_per_link(aiohttp_server, monk
         answer = json.loads((await ws.receive(timeout=4)).data)  # the 4th, at once
         assert answer["op"] == "error" and answer["code"] == "bad_feed", answer
         assert answer["sid"] == 4 and "3 attaches already wait" in answer["message"]
-    async with ChainClient(hops, hidden_size=H) as client:
+    async with CircuitClient(hops, hidden_size=H) as client:
         assert await _generate(client, [1, 2], 2) == [3, 4]
 
 
@@ -369,7 +417,7 @@ async def test_stream_open_fails_with_the_first_refusal_not_the_upstream_wait(
         squat = {"op": "open", "sid": 1, "session": "q" * 43, "shard": 1, "feed": None}
         await ws.send_str(json.dumps({**squat, "next": None}))
         assert json.loads((await ws.receive(timeout=5)).data)["op"] == "opened"
-        async with ChainClient(hops, hidden_size=H) as client:
+        async with CircuitClient(hops, hidden_size=H) as client:
             async with asyncio.timeout(10):  # not hop 0's 30 s attach wait
                 with pytest.raises(BusyError):
                     await client.open("s" * 43)

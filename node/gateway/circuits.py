@@ -1,4 +1,4 @@
-"""The gateway's live `ChainClient`s, one per circuit, shared by the questions routed there.
+"""The gateway's live `CircuitClient`s, one per circuit, shared by the questions routed there.
 
 A circuit is the tuple of its hops ((url, shard), in shard order). Questions on the same circuit
 share one client, so their sessions ride the same WebSockets and their decode steps meet in one
@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from node.client.chain import ChainClient
-from node.client.pipeline import Hop
+from node.client.circuit import CircuitClient
+from node.client.types import Hop
 
 log = logging.getLogger(__name__)
 
 IDLE_S = 120.0
-# Positions per prefill data message: a prompt goes in chunks, pipelined across the circuit's
+# Positions per prefill frame: a prompt goes in chunks, pipelined across the circuit's
 # nodes (hop A computes chunk 2 while hop B computes chunk 1). A node counts a session's chunks
 # once against the gateway's in-flight quota (`max_inflight_per_peer`, 16 sessions, the router's
 # per-node limit) and at most MAX_SESSION_FRAMES of them; the client keeps ≤ 8 outstanding.
@@ -40,13 +40,13 @@ def circuit_key(hops: Sequence[Hop]) -> CircuitKey:
 
 @dataclass(eq=False)
 class _Entry:
-    client: ChainClient
+    client: CircuitClient
     users: int = 0
     last_used: float = 0.0
 
 
-class ChainPool:
-    """Live ChainClients keyed by circuit. `async with pool.use(hops) as client: ...`"""
+class CircuitPool:
+    """Live CircuitClients keyed by circuit. `async with pool.use(hops) as client: ...`"""
 
     def __init__(
         self,
@@ -76,7 +76,7 @@ class ChainPool:
         return len(self._entries)
 
     @contextlib.asynccontextmanager
-    async def use(self, hops: Sequence[Hop]) -> AsyncIterator[ChainClient]:
+    async def use(self, hops: Sequence[Hop]) -> AsyncIterator[CircuitClient]:
         """A live client for this circuit, held (not reaped) while the block runs."""
         entry = await self._get(circuit_key(hops), hops)
         entry.users += 1
@@ -88,7 +88,7 @@ class ChainPool:
 
     async def _get(self, key: CircuitKey, hops: Sequence[Hop]) -> _Entry:
         if self._closed:
-            raise RuntimeError("ChainPool used after close()")
+            raise RuntimeError("CircuitPool used after close()")
         entry = self._entries.get(key)
         if entry is not None and entry.client.alive:
             return entry
@@ -97,10 +97,10 @@ class ChainPool:
             if entry is not None and entry.client.alive:
                 return entry
             if entry is not None:  # a link died: its sessions failed already; dial again
-                log.info("chain link lost; reconnecting circuit=%s", [u for u, _ in key])
+                log.info("circuit link lost; reconnecting circuit=%s", [u for u, _ in key])
                 del self._entries[key]
                 await entry.client.__aexit__()
-            client = ChainClient(
+            client = CircuitClient(
                 hops,
                 hidden_size=self.hidden_size,
                 codec=self.codec,

@@ -1,5 +1,5 @@
-"""Node-to-node forwarding (client → A → B → C → client over WebSockets) with real tiny models
-on in-process nodes: greedy tokens equal transformers `generate` for 2, 3 and 5 nodes; many
+"""Circuits: node-to-node forwarding (client → A → B → C → client over WebSockets) with real tiny
+models on in-process nodes: greedy tokens equal transformers `generate` for 2, 3 and 5 nodes; many
 concurrent sessions over the same links are batched at the shards and stay exact; full prefill
 returns every position; the gateway's pool shares, redials and reaps clients."""
 
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from node.client.chain import ChainClient
-from node.client.head import NumpyHead
-from node.client.pipeline import Timings
+from node.client.circuit import CircuitClient
+from node.client.types import Timings
+from node.model.head import ClientHead
 from node.model.prepare import prepare
 from node.model.testing import make_tiny_model
 from node.server.app import STATE_KEY
@@ -33,7 +33,7 @@ STEPS = 12
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    root = tmp_path_factory.mktemp("tiny-chain")
+    root = tmp_path_factory.mktemp("tiny-circuit")
     model = make_tiny_model(root / "src", layers=5, hidden=64, tied=False)
     return root, model
 
@@ -60,14 +60,14 @@ def _expected(model: Any, ids: list[int]) -> list[int]:
 
 
 @pytest.mark.parametrize("parts", [2, 3, 5])
-async def test_chain_forwarding_greedy_tokens_equal_generate(aiohttp_server, tiny, parts):
+async def test_circuit_forwarding_greedy_tokens_equal_generate(aiohttp_server, tiny, parts):
     root, model = tiny
     manifest = prepare(root / "src", parts=parts, out=root / f"p{parts}", progress=lambda _: None)
-    head = NumpyHead(manifest)
-    ids = head.head.encode(PROMPT)
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
     servers, hops = await _circuit(aiohttp_server, manifest, parts)
     timings = Timings()
-    async with ChainClient(hops, hidden_size=64, prefill_chunk=5) as client:
+    async with CircuitClient(hops, hidden_size=64, prefill_chunk=5) as client:
         tokens = [
             t
             async for t in client.generate(
@@ -90,18 +90,18 @@ async def _settled(states: list[Any]) -> bool:
     return False
 
 
-async def test_chain_concurrent_sessions_batched_at_shards_and_exact(aiohttp_server, tiny):
+async def test_circuit_concurrent_sessions_batched_at_shards_and_exact(aiohttp_server, tiny):
     root, model = tiny
     manifest = prepare(root / "src", parts=2, out=root / "p2", progress=lambda _: None)
-    head = NumpyHead(manifest)
-    prompts = [head.head.encode(p) for p in ("w1 w2", "w3 w4 w5 w6 w7", "w8", "w9 w10 w11")]
+    head = ClientHead.load(manifest, device="cpu")
+    prompts = [head.encode(p) for p in ("w1 w2", "w3 w4 w5 w6 w7", "w8", "w9 w10 w11")]
     servers, hops = await _circuit(aiohttp_server, manifest, 2)
 
-    async def one(client: ChainClient, ids: list[int]) -> list[int]:
+    async def one(client: CircuitClient, ids: list[int]) -> list[int]:
         gen = client.generate(head, ids, max_new_tokens=STEPS, stop_on_eos=False)
         return [t async for t in gen]
 
-    async with ChainClient(hops, hidden_size=64) as client:
+    async with CircuitClient(hops, hidden_size=64) as client:
         got = await asyncio.gather(*(one(client, ids) for ids in prompts))
     assert got == [_expected(model, ids) for ids in prompts]
     stats = [s.app[STATE_KEY].batcher.stats for s in servers]
@@ -120,18 +120,20 @@ def _final_hidden(model: Any, ids: list[int]) -> np.ndarray:
     return seen[0][0].float().numpy()
 
 
-async def test_chain_full_prefill_returns_every_position_and_logits_callback(aiohttp_server, tiny):
+async def test_circuit_full_prefill_returns_every_position_and_logits_callback(
+    aiohttp_server, tiny
+):
     """prefill_last_only=False: the last hop answers every prompt position (chunk by chunk,
     equal to the monolithic model's final hidden states); on_logits sees what each token was
     sampled from (the model's own logits at that step)."""
     root, model = tiny
     manifest = prepare(root / "src", parts=3, out=root / "full3", progress=lambda _: None)
-    head = NumpyHead(manifest)
-    ids = head.head.encode(PROMPT)
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
     _, hops = await _circuit(aiohttp_server, manifest, 3)
     chunks: list[tuple[int, np.ndarray]] = []
     logits: list[np.ndarray] = []
-    async with ChainClient(hops, hidden_size=64, prefill_chunk=5) as client:
+    async with CircuitClient(hops, hidden_size=64, prefill_chunk=5) as client:
         gen = client.generate(
             head,
             ids,
@@ -162,26 +164,28 @@ async def test_chain_full_prefill_returns_every_position_and_logits_callback(aio
         np.testing.assert_allclose(logits[step], row[0].float().numpy(), atol=1e-3, rtol=1e-3)
 
 
-async def test_chain_pool_shares_one_client_per_circuit_reconnects_and_reaps(aiohttp_server, tiny):
+async def test_circuit_pool_shares_one_client_per_circuit_reconnects_and_reaps(
+    aiohttp_server, tiny
+):
     """The gateway's pool: concurrent questions on one circuit share one client (one dial);
     after a node closed its streams (a restart) the next question dials again and is exact;
     idle clients are closed by reap, and close() closes every link."""
-    from node.gateway.chains import ChainPool
+    from node.gateway.circuits import CircuitPool
     from node.server.stream import close_streams
 
     root, model = tiny
     manifest = prepare(root / "src", parts=2, out=root / "pool2", progress=lambda _: None)
-    head = NumpyHead(manifest)
-    prompts = [head.head.encode(p) for p in ("w1 w2 w3", "w4 w5", "w6 w7 w8 w9")]
+    head = ClientHead.load(manifest, device="cpu")
+    prompts = [head.encode(p) for p in ("w1 w2 w3", "w4 w5", "w6 w7 w8 w9")]
     servers, hops = await _circuit(aiohttp_server, manifest, 2)
 
-    async def ask(pool: ChainPool, ids: list[int]) -> list[int]:
+    async def ask(pool: CircuitPool, ids: list[int]) -> list[int]:
         async with pool.use(hops) as client:
             gen = client.generate(head, ids, max_new_tokens=STEPS, stop_on_eos=False)
             return [t async for t in gen]
 
     async with aiohttp.ClientSession() as http:
-        pool = ChainPool(http, hidden_size=64)
+        pool = CircuitPool(http, hidden_size=64)
         try:
             got = await asyncio.gather(*(ask(pool, ids) for ids in prompts))
             assert got == [_expected(model, ids) for ids in prompts]
@@ -208,20 +212,20 @@ async def test_chain_pool_shares_one_client_per_circuit_reconnects_and_reaps(aio
         assert not third.alive and len(pool) == 0
 
 
-async def test_chain_compressed_codec_carries_fewer_bytes(aiohttp_server, tiny):
-    """`planet ask --compress` over the chain: every link carries the compressed codec (the
+async def test_circuit_compressed_codec_carries_fewer_bytes(aiohttp_server, tiny):
+    """`planet ask --compress` over a circuit: every link carries the compressed codec (the
     client's own bytes shrink) and the answer keeps its length."""
-    from protocol.frames import COMPRESSED_CODEC
+    from protocol.frames.codecs import COMPRESSED_CODEC
 
     root, _ = tiny
     manifest = prepare(root / "src", parts=2, out=root / "codec2", progress=lambda _: None)
-    head = NumpyHead(manifest)
-    ids = head.head.encode(PROMPT)
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
     _, hops = await _circuit(aiohttp_server, manifest, 2)
     sizes = {}
     for codec in ("raw", COMPRESSED_CODEC):
         timings = Timings()
-        async with ChainClient(hops, hidden_size=64, codec=codec) as client:
+        async with CircuitClient(hops, hidden_size=64, codec=codec) as client:
             gen = client.generate(
                 head, ids, max_new_tokens=STEPS, timings=timings, stop_on_eos=False
             )

@@ -1,15 +1,14 @@
-"""ChainClient: generate through a circuit whose nodes forward to each other (protocol/stream.py).
+"""CircuitClient: generate through a circuit whose nodes forward to each other (protocol/stream.py).
 
     client ──▶ A ──▶ B ──▶ C ──▶ client        one WebSocket per link, kept for the client's life
 
-A token costs K + 1 transfers for K nodes (the star relay of `PipelineClient` costs 2K) and no
-per-request HTTP: each transfer is one WebSocket message with a 17-byte binary header. The
-client holds one link to every hop: it opens each hop's session there with that hop's own
-capability (node/client/capabilities.py) and learns refusals there by name; it feeds the first
-hop on its link and reads the last hop's output on its link. Hops pass activations on with
-per-hop feed tokens, never capabilities. Many generations share the links (sessions are
-multiplexed by sid), so one client drives many sessions, and their decode steps meet at each
-shard's batcher.
+A token costs K + 1 transfers for K nodes and no per-request HTTP: each transfer is one
+WebSocket message with a 17-byte binary header (protocol/frames/header.py). The client holds one
+link to every hop: it opens each hop's session there with that hop's own capability
+(node/client/capabilities.py) and learns refusals there by name; it feeds the first hop on its
+link and reads the last hop's output on its link. Hops pass activations on with per-hop feed
+tokens, never capabilities. Many generations share the links (sessions are multiplexed by sid),
+so one client drives many sessions, and their decode steps meet at each shard's batcher.
 
 The prompt is sent as chunks back to back (`prefill_chunk` positions each): hop A computes
 chunk 2 while hop B computes chunk 1, so prefill is pipelined across nodes.
@@ -33,8 +32,8 @@ import aiohttp
 import numpy as np
 
 from node.client.capabilities import hop_capability, hop_feed, hop_tag, new_session_id
-from node.client.pipeline import Head, Hop, Timings
 from node.client.sampling import SamplingConfig, sample
+from node.client.types import Head, Hop, Timings
 from protocol.errors import (
     BusyError,
     ConfigError,
@@ -43,15 +42,14 @@ from protocol.errors import (
     RemoteError,
     UnavailableError,
 )
-from protocol.frames import FrameError, decode_values, encode_body
+from protocol.frames.codecs import decode_values, encode_body
+from protocol.frames.errors import FrameError
+from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 from protocol.stream import (
     MAX_SESSION_FRAMES,
-    DataHeader,
     NextHop,
     open_message,
-    pack_data,
     parse_control,
-    parse_data,
     ws_frame_bytes,
 )
 
@@ -81,7 +79,7 @@ def _node_error(hop: Hop, code: str, message: str) -> PlanetError:
 class _Link:
     """The client's WebSocket to one hop: control answers and (last hop) outputs."""
 
-    def __init__(self, client: ChainClient, index: int, ws: aiohttp.ClientWebSocketResponse):
+    def __init__(self, client: CircuitClient, index: int, ws: aiohttp.ClientWebSocketResponse):
         self.client = client
         self.index = index
         self.hop = client.hops[index]
@@ -132,9 +130,9 @@ class _Link:
         try:
             if self.index != len(client.hops) - 1:
                 raise FrameError("only the last hop sends outputs to the client")
-            header, body = parse_data(data, client.hidden_size, MAX_ANSWER_TOKENS)
+            header, body = parse_frame(data, client.hidden_size, MAX_ANSWER_TOKENS)
         except FrameError as error:
-            log.warning("node %s sent a bad data message: %s", self.hop.url, error.message)
+            log.warning("node %s sent a bad frame: %s", self.hop.url, error.message)
             return
         queue = client.outputs.get(header.sid)
         if queue is not None:
@@ -196,7 +194,7 @@ class _HeadBatcher:
                         future.set_result(logits)
 
 
-class ChainClient:
+class CircuitClient:
     """Persistent WebSockets to every node of one circuit. Use as `async with`."""
 
     def __init__(
@@ -231,7 +229,7 @@ class ChainClient:
         self.bytes_sent = 0  # client's own WebSocket bytes (framing included)
         self.bytes_received = 0
 
-    async def __aenter__(self) -> ChainClient:
+    async def __aenter__(self) -> CircuitClient:
         if self._http is None:
             self._http = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         try:
@@ -280,7 +278,7 @@ class ChainClient:
         upstream attaches before the client's open arrived waits for it); returns the sid that
         names it on the client's links. The first refusal closes the session everywhere."""
         if not self.links:
-            raise RuntimeError("ChainClient used outside `async with`")
+            raise RuntimeError("CircuitClient used outside `async with`")
         sid = next(self._sids)
         self.outputs[sid] = asyncio.Queue()
         caps, feeds = self.capabilities(secret), self.feeds(secret)
@@ -322,8 +320,8 @@ class ChainClient:
 
     async def send(self, sid: int, start: int, hidden: np.ndarray, last_only: bool = True) -> None:
         """Feed rows [1, T, H] at positions start.. to the first hop."""
-        header = DataHeader(sid, start, int(hidden.shape[1]), self.dtype, self.codec, last_only)
-        message = pack_data(header, encode_body(hidden, self.dtype, self.codec))
+        header = FrameHeader(sid, start, int(hidden.shape[1]), self.dtype, self.codec, last_only)
+        message = pack_frame(header, encode_body(hidden, self.dtype, self.codec))
         try:
             await self.links[0].ws.send_bytes(message)
         except (ConnectionError, RuntimeError) as error:
@@ -414,8 +412,9 @@ class ChainClient:
         on_prefill: Callable[[int, np.ndarray], None] | None = None,
         on_logits: Callable[[np.ndarray], None] | None = None,
     ) -> AsyncIterator[int]:
-        """Same contract as `PipelineClient.generate`: new token ids as they are chosen.
-        `prefill_last_only=False`: the prompt's data messages ask the last node for every
+        """Yield new token ids as they are chosen; stops on EOS (not yielded) or the limit.
+        `stop_on_eos=False` (benchmarks) always runs `max_new_tokens` steps.
+        `prefill_last_only=False`: the prompt's frames ask the last node for every
         position (the gateway sends every question so, which makes echo requests look like any
         other); `on_prefill(start, hidden)` sees each prefill chunk's final hidden states.
         `on_logits(logits)` sees the logits each token is sampled from, before it is yielded
@@ -423,7 +422,7 @@ class ChainClient:
         sampling = (sampling or SamplingConfig()).validate()
         rng = sampling.rng()
         timings = timings if timings is not None else Timings()
-        timings.begin(len(prompt_ids), len(self.hops))
+        timings.begin(len(prompt_ids))
         sent0, received0 = self.bytes_sent, self.bytes_received
         sid = await self.open(new_session_id())
         try:

@@ -28,7 +28,8 @@ underflow float32, where the error is below 1e-37 anyway).
 Canonical: a decoder rejects any body another encoder could not have produced bit for bit
 (non-zero padding, a wrong count, a non-minimal escape), so one tensor has one encoding per
 choice of steps and parameters. Every rejection is an RqError naming "bad_body" or
-"non_finite"; protocol.frames turns it into its FrameError of that code. Pure numpy.
+"non_finite"; protocol/frames/codecs.py turns it into its FrameError of that code. Pure
+numpy.
 """
 
 from __future__ import annotations

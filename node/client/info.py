@@ -1,0 +1,95 @@
+"""GET /info of a circuit's nodes, and the check that they form the circuit a manifest expects.
+
+`planet ask` checks the circuit before it opens any session: every node serves this model
+(manifest hash), the shard the nodes file names, and the shards' layers run 0..total without a gap.
+Answers are read through node/client/answers.py (bounded, JSON objects only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from node.client.answers import (
+    MAX_JSON_ANSWER_BYTES,
+    BadAnswerError,
+    parse_error_body,
+    parse_json_object,
+    read_bounded,
+)
+from node.client.types import Hop
+from protocol.errors import BusyError, ConfigError, RemoteError, UnavailableError
+
+
+async def node_info(http: aiohttp.ClientSession, hop: Hop) -> dict[str, Any]:
+    """One node's GET /info as a JSON object."""
+    try:
+        async with http.get(f"{hop.url}/info") as answer:
+            if answer.status != 200:
+                try:
+                    body = await read_bounded(answer, MAX_JSON_ANSWER_BYTES, hop.url)
+                except BadAnswerError:
+                    body = b""
+                code, message = parse_error_body(body)
+                if code == "busy":
+                    raise BusyError(
+                        f"node {hop.url} (shard {hop.shard}) is busy: {message}",
+                        hint="retry in a moment, or add nodes for this shard",
+                    )
+                raise RemoteError(
+                    f"node {hop.url} (shard {hop.shard})",
+                    code,
+                    message or f"HTTP {answer.status}",
+                    http_status=answer.status,
+                )
+            body = await read_bounded(answer, MAX_JSON_ANSWER_BYTES, hop.url)
+            return parse_json_object(body, hop.url)
+    except (aiohttp.ClientPayloadError, aiohttp.ClientResponseError) as error:
+        raise BadAnswerError(hop.url, f"malformed HTTP answer: {error}"[:200]) from None
+    except (aiohttp.ClientConnectionError, TimeoutError) as error:
+        raise UnavailableError(
+            f"node {hop.url} (shard {hop.shard}) is not reachable: {type(error).__name__}",
+            hint="check `planet local status`, or start nodes with `planet local up`",
+        ) from None
+
+
+async def node_infos(http: aiohttp.ClientSession, hops: Sequence[Hop]) -> list[dict[str, Any]]:
+    """GET /info from every node of the circuit (concurrently), in circuit order."""
+    return list(await asyncio.gather(*(node_info(http, hop) for hop in hops)))
+
+
+async def check_circuit(
+    http: aiohttp.ClientSession, hops: Sequence[Hop], model_hash: str, total_layers: int
+) -> list[dict[str, Any]]:
+    """Every node serves the expected shard of this model; the layers run 0..total, no gap."""
+    infos = await node_infos(http, hops)
+    expected_start = 0
+    for hop, info in zip(hops, infos, strict=True):
+        if info.get("model_hash") != model_hash:
+            raise ConfigError(
+                f"node {hop.url} serves model {str(info.get('model_hash'))[:80]}, "
+                f"the manifest says {model_hash}",
+                hint="the nodes file and the running nodes disagree; run `planet local up`",
+            )
+        if info.get("shard") != hop.shard:
+            raise ConfigError(
+                f"node {hop.url} serves shard {str(info.get('shard'))[:20]}, expected {hop.shard}"
+            )
+        layers = info.get("layers")
+        if (
+            not isinstance(layers, list)
+            or len(layers) != 2
+            or not all(type(v) is int for v in layers)
+        ):
+            raise BadAnswerError(hop.url, f"/info layers is not [start, end]: {layers!r:.60}")
+        if layers[0] != expected_start:
+            raise ConfigError(
+                f"node {hop.url} starts at layer {layers[0]}, expected {expected_start}"
+            )
+        expected_start = layers[1]
+    if expected_start != total_layers:
+        raise ConfigError(f"circuit covers layers 0-{expected_start}, model has {total_layers}")
+    return infos

@@ -1,0 +1,97 @@
+"""What the circuit client, the gateway and the benches share: hops, the head, timings.
+
+Hop      one node of a circuit: its base URL and the shard it serves there
+Head     the client's part of the model (tokenizer, embeddings, final norm, LM head), numpy
+         at this boundary; `node.model.head.ClientHead` is the one implementation
+Timings  a generation's clocks and byte counts
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from protocol.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    url: str
+    shard: int
+
+
+class Head(Protocol):
+    """The client's part of the model as circuits and the gateway use it."""
+
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+    hidden_size: int
+    context_length: int  # positions the model was trained for (prompt + answer)
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def token_text(self, token: int) -> str: ...
+
+    def embed_np(self, ids: Sequence[int]) -> np.ndarray: ...  # [1, T, H] float32
+
+    def logits_np(self, hidden_last: np.ndarray) -> np.ndarray: ...  # [H] -> [V] float32
+
+    def logits_batch_np(self, hidden_last: np.ndarray) -> np.ndarray: ...  # [B, H] -> [B, V]
+
+
+@dataclass
+class Timings:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefill_ms: float = 0.0  # prompt in → first token chosen
+    decode_ms: float = 0.0  # first token chosen → last token chosen
+    decode_steps: int = 0  # forward passes in decode_ms (one per token after the first)
+    wire_bytes_sent: int = 0  # the client's own WebSocket bytes, framing included
+    wire_bytes_received: int = 0
+    _started_s: float = field(default=0.0, repr=False)
+    _first_s: float = field(default=0.0, repr=False)
+
+    def begin(self, prompt_tokens: int) -> None:
+        """A generation of `prompt_tokens` starts now (prompt in)."""
+        if not prompt_tokens:
+            raise ConfigError("empty prompt")
+        self.prompt_tokens = prompt_tokens
+        self._started_s = self._first_s = time.perf_counter()
+
+    def chose(self, step: int) -> None:
+        """Token `step` (1 = the first) was chosen now: prefill_ms / decode_ms up to here."""
+        now = time.perf_counter()
+        if step == 1:
+            self._first_s = now
+            self.prefill_ms = (now - self._started_s) * 1000
+        else:
+            self.decode_ms = (now - self._first_s) * 1000
+
+    @property
+    def total_ms(self) -> float:
+        """Prompt in → last token chosen."""
+        return self.prefill_ms + self.decode_ms
+
+    @property
+    def decode_tok_s(self) -> float:
+        steps = self.decode_steps
+        return steps / (self.decode_ms / 1000) if steps > 0 and self.decode_ms > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "prefill_ms": round(self.prefill_ms, 2),
+            "decode_ms": round(self.decode_ms, 2),
+            "decode_tok_s": round(self.decode_tok_s, 2),
+            "wire_bytes_sent": self.wire_bytes_sent,
+            "wire_bytes_received": self.wire_bytes_received,
+        }
