@@ -2,7 +2,7 @@
 
     python bench/verifier_honest.py [--quants none,int8,int4] [--epochs 6] [--challenges 4]
 
-Per quant: a real network (tests/integration/verifier_net.py: anvil + contracts, one CometBFT
+Per quant: a real network (harness/verifier_net.py: anvil + contracts, one CometBFT
 validator, three honest staked SmolLM2 nodes over 2 shards of that quant, the gateway,
 `planet verifier serve` with the pool's registered manifest as its reference) runs until the
 verifier has scored challenges in `--epochs` epochs. Counted: challenges, challenges with
@@ -31,8 +31,8 @@ LINE = re.compile(r"challenge epoch=(\d+) circuit=\[[^\]]*\] kl=([0-9.]+) top1=[
 
 
 def run_pool(quant: str, epochs: int, challenges: int, timeout_s: float) -> dict[str, Any]:
-    from tests.integration.gateway_net import prepared_manifest
-    from tests.integration.verifier_net import VerifierNet
+    from harness.gateway_net import prepared_manifest
+    from harness.verifier_net import VerifierNet
 
     manifest = prepared_manifest(parts=2, quant=quant)
     with tempfile.TemporaryDirectory(prefix=f"verifier-honest-{quant}-") as tmp:

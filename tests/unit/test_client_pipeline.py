@@ -13,8 +13,8 @@ from node.client.pipeline import Hop, PipelineClient, Timings
 from node.client.sampling import SamplingConfig, sample
 from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
-from node.server.fake import FakeShard
 from protocol.errors import BusyError, ConfigError, RemoteError, UnavailableError, UsageError
+from tests.doubles.fake_shard import FakeShard
 from tests.unit.fake_head import FakeHead, H
 
 pytestmark = pytest.mark.unit

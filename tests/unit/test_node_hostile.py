@@ -26,9 +26,9 @@ from aiohttp import web
 from node.client.pipeline import Hop, PipelineClient, new_session_id
 from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
-from node.server.fake import FakeShard
 from protocol.errors import ProtocolError
 from protocol.frames import MAGIC, make_frame, parse_frame
+from tests.doubles.fake_shard import FakeShard
 
 pytestmark = pytest.mark.unit
 

@@ -22,12 +22,12 @@ from node.chain.committee_rpc import TxRejectedError
 from node.model.fingerprint import fingerprint_bytes
 from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
-from node.server.fake import FakeShard
 from node.server.served import SERVED_KEY, ServedLog
 from protocol.committee import RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from protocol.frames import make_frame, session_tag
 from protocol.served import RECORD_BYTES, SPOOL_MAGIC, decode_records, output_hash
+from tests.doubles.fake_shard import FakeShard
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,9 @@ import pytest
 
 from node.server.app import create_app
 from node.server.config import ServerConfig
-from node.server.fake import FakeShard
 from protocol.errors import ConfigError
 from protocol.frames import decode_frame, make_frame
+from tests.doubles.fake_shard import FakeShard
 
 pytestmark = pytest.mark.unit
 

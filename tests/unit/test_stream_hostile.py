@@ -20,10 +20,10 @@ from node.client.chain import ChainClient
 from node.client.pipeline import Hop
 from node.server.app import STATE_KEY
 from node.server.config import ServerConfig
-from node.server.fake import FakeShard
 from node.server.next_hops import ForwardAny, ForwardNone
 from protocol.errors import BusyError, ConfigError, RemoteError
 from protocol.stream import MAX_SESSION_FRAMES, DataHeader, pack_data
+from tests.doubles.fake_shard import FakeShard
 from tests.unit.fake_head import FakeHead, H
 from tests.unit.stream_circuit import serve_circuit
 
