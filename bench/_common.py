@@ -1,7 +1,9 @@
-"""Shared bits of the bench scripts: the machine block and small statistics helpers."""
+"""Shared bits of the bench scripts: the machine block, small statistics helpers and the
+`--quick` smoke run every bench offers (tests/integration/test_bench_smoke.py runs each one)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
@@ -47,3 +49,18 @@ def median(values: list[float]) -> float:
 def spread(values: list[float], digits: int = 2) -> list[float]:
     """[min, max] of the repeats, rounded."""
     return [round(min(values), digits), round(max(values), digits)] if values else []
+
+
+def parse_with_quick(
+    parser: argparse.ArgumentParser, quick: dict[str, Any], argv: list[str] | None = None
+) -> argparse.Namespace:
+    """Parse `argv` with a `--quick` flag added: a smoke run (tiny sizes, few repeats) whose
+    values in `quick` (argument dest -> value) replace the defaults; flags given on the command
+    line still win. The namespace's `quick` says which run it was."""
+    shown = ", ".join(f"{name}={value}" for name, value in quick.items())
+    parser.add_argument("--quick", action="store_true", help=f"smoke run ({shown})")
+    args = parser.parse_args(argv)
+    if args.quick:
+        parser.set_defaults(**quick)
+        args = parser.parse_args(argv)
+    return args

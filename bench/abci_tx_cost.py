@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine
+from bench._common import machine, parse_with_quick
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
@@ -132,7 +132,7 @@ def main() -> int:
     parser.add_argument("--block-txs", type=int, default=500)
     parser.add_argument("--batch", type=int, default=1, help="commitments per commit tx")
     parser.add_argument("--accounts", type=int, default=64)
-    args = parser.parse_args()
+    args = parse_with_quick(parser, {"blocks": 2, "block_txs": 50, "accounts": 8})
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     metrics: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="abci-bench-") as tmp:

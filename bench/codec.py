@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine
+from bench._common import machine, parse_with_quick
 
 log = logging.getLogger("bench.codec")
 
@@ -112,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default")
     parser.add_argument("--parts", type=int, default=3)
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--text-chars", type=int, default=0, help="cut each half to this many characters (0: all)"
+    )
+    args = parse_with_quick(parser, {"text_chars": 400}, argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
@@ -133,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     shards = [ShardModel.load(path, k, device="cpu") for k in range(args.parts)]
     hidden = shards[0].hidden_size
     tune, test = heldout_split()
+    if args.text_chars:
+        tune, test = tune[: args.text_chars], test[: args.text_chars]
 
     # 1. Tuning half: the rq exponent that matches hq9's quality at the fewest bytes.
     log.info("tuning half: rq exponents %s against hq9", SWEEP)
@@ -210,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "model": "smollm2-135m" if args.model == "default" else args.model,
             "parts": args.parts,
+            "quick": args.quick,
+            "text_chars": args.text_chars,
             "wire_boundaries": args.parts + 1,
             "text": "node/model/data/heldout.txt: first half tunes (tune_*), second half "
             "measures (teacher-forced, one pass each)",

@@ -55,6 +55,7 @@ from typing import Any
 
 import aiohttp
 
+from bench._common import parse_with_quick
 from deploy.committee.cometbft import COMETBFT_VERSION
 from deploy.committee.generate import InitOptions, init_network
 from deploy.committee.network import Network
@@ -603,7 +604,11 @@ def main(argv: list[str] | None = None) -> int:
         "--skip-in-process", action="store_true", help="skip the one-app CPU measurement"
     )
     parser.add_argument("--keep", action="store_true", help="keep the network directories")
-    args = parser.parse_args(argv)
+    quick = {
+        "validators": 1, "duration": 2.0, "concurrency": 4, "runs": "binary:16,json:1",
+        "batch_concurrency": 2, "drain": 5.0, "skip_in_process": True,
+    }  # fmt: skip
+    args = parse_with_quick(parser, quick, argv)
     logging.basicConfig(
         level=os.environ.get("PLANET_LOG_LEVEL", "INFO"),
         stream=sys.stderr,
@@ -665,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
                 "machine": machine,
                 "config": {
                     "validators": args.validators,
+                    "quick": args.quick,
                     "duration_s": args.duration,
                     "concurrency": args.concurrency,
                     "batch_concurrency": args.batch_concurrency,

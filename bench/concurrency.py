@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine
+from bench._common import machine, parse_with_quick
 
 log = logging.getLogger("bench.concurrency")
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="default", help="'default' or a local HF directory")
     parser.add_argument("--quant", default="none", help="none, int8 or int4 shards")
     parser.add_argument("--device", default="cpu", help="nodes' device: cpu (default) or cuda")
-    args = parser.parse_args(argv)
+    args = parse_with_quick(parser, {"sessions": "1,2", "new_tokens": 4}, argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": args.device,
             "parts": args.parts,
             "sessions": points,
+            "quick": args.quick,
             "new_tokens_per_session": args.new_tokens,
             "codec": "raw",
             "loadavg_start": load_start,

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench._common import machine
+from bench._common import machine, parse_with_quick
 
 STEPS = ("model", "anvil", "committee_init", "contracts", "committee_up", "nodes_routable",
          "gateway")  # fmt: skip
@@ -58,7 +58,7 @@ def main() -> int:
     parser.add_argument("--validators", type=int, default=4)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--no-gateway", action="store_true")
-    args = parser.parse_args()
+    args = parse_with_quick(parser, {"validators": 1, "nodes": 3, "no_gateway": True})
     from node.model.source import models_dir
 
     home = Path(tempfile.mkdtemp(prefix="bench-devnet-"))
@@ -114,6 +114,7 @@ def main() -> int:
                     "nodes": args.nodes,
                     "gateway": bool(metrics.pop("gateway_started", False)),
                     "quant": "int8",
+                    "quick": args.quick,
                 },
                 "metrics": metrics,
                 "targets": {"devnet_up_s": {"op": "<=", "value": 180}},

@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine, median, spread
+from bench._common import machine, median, parse_with_quick, spread
 from shares.merkle import tree_proof
 from shares.payouts import (
     ComputeWork,
@@ -102,7 +102,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 1_000, 100_000])
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_with_quick(parser, {"sizes": [10, 1_000], "repeats": 1})
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     info = machine()
     info["loadavg_1m_at_start"] = round(os.getloadavg()[0], 2)
@@ -137,6 +137,7 @@ def main() -> None:
                 "config": {
                     "sizes": args.sizes,
                     "repeats": args.repeats,
+                    "quick": args.quick,
                     "shards": SHARDS,
                     "verifier_share_of_nodes": 0.1,
                     "slashed_share_of_nodes": 0.01,

@@ -22,7 +22,7 @@ from eth_utils import keccak
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine, median, spread
+from bench._common import machine, median, parse_with_quick, spread
 from deploy.anvil import ANVIL_DEV_KEY, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
 from node.chain.evm.account import PlanetChain
@@ -40,7 +40,7 @@ def main() -> int:
     parser.add_argument("--deposits", type=int, default=100, help="sequential deposits per repeat")
     parser.add_argument("--payees", type=int, default=16, help="leaves of the payout tree")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_with_quick(parser, {"deposits": 5, "payees": 4, "repeats": 1})
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     compile_contracts()
 
@@ -109,6 +109,7 @@ def main() -> int:
                     "deposits": args.deposits,
                     "payees": args.payees,
                     "repeats": args.repeats,
+                    "quick": args.quick,
                     "committee": len(COMMITTEE_KEYS),
                     "chain": "anvil (npm @foundry-rs/anvil-linux-amd64), instant mining",
                 },

@@ -4,7 +4,7 @@ how it holds 8 and 32 concurrent paid questions — one JSON object on stdout, l
     python bench/gateway.py             # 48 tokens × 3 repeats; 8 and 32 concurrent × 32 tokens
     python bench/gateway.py --quick     # 24 tokens × 2 repeats; 8 concurrent only
 
-The network is real (tests/integration/gateway_net.py): anvil with the contracts, one CometBFT
+The network is real (harness/gateway_net.py): anvil with the contracts, one CometBFT
 validator with the committee app, one int8 SmolLM2 node per shard (2 shards; so the gateway's
 circuit and the bare client's are the same two nodes), the gateway as its own process. Every
 gateway question is paid by its own QueryEscrow deposit (made before the clock starts).
@@ -192,7 +192,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-    from tests.integration.gateway_net import GatewayNet, prepared_manifest
+    from harness.gateway_net import GatewayNet, prepared_manifest
 
     manifest = prepared_manifest(parts=2, quant="int8")
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as run_dir:

@@ -2,6 +2,7 @@
 shards on one GPU against the monolithic model — one JSON object on stdout, logs on stderr.
 
     python bench/gpu_sweep.py                     # on a CUDA machine: the figures
+                                                  # (without a usable GPU: the tiny shape)
     python bench/gpu_sweep.py --tiny              # a tiny Llama, on whatever device (CI, CPU)
     python bench/gpu_sweep.py --quants bf16,int8,int4 --sessions 32 --new-tokens 64
 
@@ -32,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine, median
+from bench._common import machine, median, parse_with_quick
 
 log = logging.getLogger("bench.gpu_sweep")
 
@@ -210,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=None, help="decode steps (64; tiny 8)")
     parser.add_argument("--prompt-tokens", type=int, default=None, help="(128; tiny 16)")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
+    quick = {"tiny": True, "sessions": 4, "new_tokens": 4, "prompt_tokens": 8, "repeats": 1}
+    args = parse_with_quick(parser, quick, argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
@@ -220,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
 
     device = resolve_device(args.device)
     dtype = activation_dtype_for(device)
+    fell_back = device.type != "cuda" and not args.tiny
+    if fell_back:  # the Llama-3-8B shape needs a GPU's memory; show the script works instead
+        log.warning("no usable GPU: running the tiny shape on %s instead of llama3-8b", device)
+        args.tiny = True
     shape = TINY if args.tiny else LLAMA3_8B
     steps = args.new_tokens or (8 if args.tiny else 64)
     prompt_len = args.prompt_tokens or (16 if args.tiny else 128)
@@ -279,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "command": " ".join([COMMAND, *(argv if argv is not None else sys.argv[1:])]),
             "shape": "tiny" if args.tiny else "llama3-8b (random weights)",
+            "fell_back_to_tiny_without_gpu": fell_back,
+            "quick": args.quick,
             "model_shape": shape,
             "device": str(device),
             "activation_dtype": str(dtype).removeprefix("torch."),

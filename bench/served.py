@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine, median, spread
+from bench._common import machine, median, parse_with_quick, spread
 
 log = logging.getLogger("bench.served")
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--positions", type=int, default=256, help="prompt 32 + decode steps")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
+    args = parse_with_quick(parser, {"positions": 64, "repeats": 1}, argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     if args.positions < 64 or args.positions % 32:
         parser.error("--positions must be a multiple of 32, at least 64")
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                     "positions": len(ids),
                     "prompt": 32,
                     "repeats": args.repeats,
+                    "quick": args.quick,
                     "threads": torch.get_num_threads(),
                     "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
                 },

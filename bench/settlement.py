@@ -31,7 +31,7 @@ from abci_app.machine import StateMachine
 from abci_app.queries import query
 from abci_app.state import State
 from abci_app.store import Store
-from bench._common import machine, median, spread
+from bench._common import machine, median, parse_with_quick, spread
 
 log = logging.getLogger("bench.settlement")
 MODEL = "sha256:" + "ab" * 32
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 10_000, 100_000])
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
+    args = parse_with_quick(parser, {"sizes": [100, 1_000], "repeats": 1}, argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     metrics: dict[str, Any] = {}
     for n in args.sizes:
@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 "config": {
                     "sizes": args.sizes,
                     "repeats": args.repeats,
+                    "quick": args.quick,
                     "shards": SHARDS,
                     "queries_per_root": settlement.MAX_SETTLED_QUERIES,
                 },

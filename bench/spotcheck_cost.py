@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from nacl.signing import SigningKey
 
-from bench._common import machine
+from bench._common import machine, parse_with_quick
 from node.model.evaluate import heldout_text
 from node.verifier.calibration import load_calibration
 from node.verifier.fingerprint import fingerprint_bytes
@@ -41,7 +41,7 @@ POSITIONS, BLOCK = 128, 3
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = parse_with_quick(parser, {"repeats": 1})
     torch.set_num_threads(1)
     load_start = list(os.getloadavg())
     circuit = load_circuit("none")
@@ -92,6 +92,7 @@ def main() -> None:
                     "ticket_positions": POSITIONS,
                     "checked_block": BLOCK,
                     "repeats": args.repeats,
+                    "quick": args.quick,
                     "loadavg_start": load_start,
                 },
                 "metrics": {

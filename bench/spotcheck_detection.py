@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from nacl.signing import SigningKey
 
-from bench._common import machine
+from bench._common import machine, parse_with_quick
 from node.model.evaluate import heldout_text
 from node.verifier import cheats
 from node.verifier.calibration import load_calibration
@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2000, help="runs per (p, n) cell")
     parser.add_argument("--sequences", type=int, default=4, help="132-token texts served")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
-    args = parser.parse_args()
+    args = parse_with_quick(parser, {"runs": 50, "sequences": 1})
     torch.set_num_threads(1)
     load_start = list(os.getloadavg())
     t0 = time.perf_counter()
@@ -211,6 +211,7 @@ def main() -> None:
             "noise": "10 % of the position's RMS on every k-th position",
             "sequences": args.sequences,
             "runs_per_cell": args.runs,
+            "quick": args.quick,
             "command": "python bench/spotcheck_detection.py " + " ".join(sys.argv[1:]),
             "loadavg_start": load_start,
         },

@@ -2,7 +2,7 @@
 
     python bench/verifier_honest.py [--quants none,int8,int4] [--epochs 6] [--challenges 4]
 
-Per quant: a real network (tests/integration/verifier_net.py: anvil + contracts, one CometBFT
+Per quant: a real network (harness/verifier_net.py: anvil + contracts, one CometBFT
 validator, three honest staked SmolLM2 nodes over 2 shards of that quant, the gateway,
 `planet verifier serve` with the pool's registered manifest as its reference) runs until the
 verifier has scored challenges in `--epochs` epochs. Counted: challenges, challenges with
@@ -24,19 +24,23 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine
+from bench._common import machine, parse_with_quick
 
 log = logging.getLogger("bench.verifier_honest")
 LINE = re.compile(r"challenge epoch=(\d+) circuit=\[[^\]]*\] kl=([0-9.]+) top1=[0-9.]+ C=(\d+)")
 
 
-def run_pool(quant: str, epochs: int, challenges: int, timeout_s: float) -> dict[str, Any]:
-    from tests.integration.gateway_net import prepared_manifest
-    from tests.integration.verifier_net import VerifierNet
+def run_pool(
+    quant: str, epochs: int, challenges: int, timeout_s: float, epoch_blocks: int
+) -> dict[str, Any]:
+    from harness.gateway_net import prepared_manifest
+    from harness.verifier_net import VerifierNet
 
     manifest = prepared_manifest(parts=2, quant=quant)
     with tempfile.TemporaryDirectory(prefix=f"verifier-honest-{quant}-") as tmp:
-        net = VerifierNet.start(Path(tmp), manifest, honest=[0, 1, 1], challenges=challenges)
+        net = VerifierNet.start(
+            Path(tmp), manifest, honest=[0, 1, 1], challenges=challenges, epoch_blocks=epoch_blocks
+        )
         try:
             keys = [c.public for c in net.honest]
             lowest, untrusted_polls, polls = 10**6, 0, 0
@@ -82,12 +86,14 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--challenges", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per pool")
-    args = parser.parse_args()
+    parser.add_argument("--epoch-blocks", type=int, default=50, help="committee epoch length")
+    quick = {"quants": "int8", "epochs": 1, "challenges": 1, "timeout": 300.0, "epoch_blocks": 20}
+    args = parse_with_quick(parser, quick)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     metrics: dict[str, Any] = {}
     for quant in args.quants.split(","):
         started = time.monotonic()
-        result = run_pool(quant, args.epochs, args.challenges, args.timeout)
+        result = run_pool(quant, args.epochs, args.challenges, args.timeout, args.epoch_blocks)
         label = {"none": "fp32"}.get(quant, quant)
         for name, value in result.items():
             metrics[f"{name}_{label}"] = value
@@ -104,7 +110,8 @@ def main() -> int:
                     "honest_nodes": 3,
                     "epochs": args.epochs,
                     "challenges_per_epoch": args.challenges,
-                    "epoch_blocks": 50,
+                    "epoch_blocks": args.epoch_blocks,
+                    "quick": args.quick,
                 },
                 "metrics": metrics,
                 "targets": {

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eth_utils import keccak
 
-from bench._common import machine, median, spread
+from bench._common import machine, median, parse_with_quick, spread
 
 log = logging.getLogger("bench.zk")
 TEXTS = (
@@ -81,7 +81,7 @@ def _tx_gas(chain, call) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="proofs to time (default 3)")
-    args = parser.parse_args()
+    args = parse_with_quick(parser, {"repeats": 1})
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     load_start = os.getloadavg()[0]
 
@@ -205,6 +205,7 @@ def main() -> int:
         "machine": machine(),
         "config": {
             "model": "smollm2-135m",
+            "quick": args.quick,
             "operation": f"shard {circuit.shard} layer {circuit.layer} input RMSNorm + q_proj "
             f"head {circuit.head} ({circuit.n_inputs} -> {circuit.n_outputs})",
             "ezkl": "23.0.5",

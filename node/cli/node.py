@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,6 +12,7 @@ from protocol.errors import UsageError
 from protocol.spotcheck import DEFAULT_RATE_PPM, SelectionError, check_rate
 
 if TYPE_CHECKING:
+    from node.server.config import ServerConfig
     from node.server.next_hops import NextHopSpec
 
 EXAMPLES = """\
@@ -205,29 +205,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "addresses (a devnet or LAN test network; public networks leave it off: registered "
         "endpoints are strangers' choice)",
     )
-    # tests only, hidden: node/server/cheat.py (also needs PLANET_NODE_CHEAT to confirm)
-    serve.add_argument("--cheat", default="", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
-
-
-def _check_cheat(mode: str) -> None:
-    """The hidden --cheat flag and PLANET_NODE_CHEAT must come together (either alone: exit 2)."""
-    from node.server import cheat  # lazy: node.server loads aiohttp and numpy
-
-    confirmed = os.environ.get(cheat.ENV)
-    if mode and confirmed != cheat.CONFIRM:
-        raise UsageError(
-            "--cheat needs its confirmation in the environment",
-            hint=f"tests only: {cheat.ENV}={cheat.CONFIRM}",
-        )
-    if confirmed is not None and not mode:
-        raise UsageError(
-            f"{cheat.ENV} is set but no --cheat mode is given",
-            hint=f"unset {cheat.ENV} to run an honest node",
-        )
-    if mode:
-        cheat.parse_mode(mode)
 
 
 def _ticket_key(args: argparse.Namespace) -> object | None:
@@ -280,10 +259,19 @@ def _next_hops(args: argparse.Namespace) -> NextHopSpec:
 
 def _serve(args: argparse.Namespace) -> int:
     # lazy: the node's runtime (aiohttp, numpy)
-    from node.server.config import ServerConfig
     from node.server.run import serve
 
-    _check_cheat(args.cheat)
+    config, ticket_key = server_config(args)
+    serve(config, ticket_key=ticket_key)
+    return 0
+
+
+def server_config(args: argparse.Namespace) -> tuple[ServerConfig, object | None]:
+    """`planet node serve`'s arguments → (the validated ServerConfig, the ticket key or None);
+    UsageError when they do not fit. Test entry points that wrap `serve()` reuse it
+    (tests/doubles/cheating_node.py)."""
+    from node.server.config import ServerConfig  # lazy: the node's runtime (aiohttp, numpy)
+
     next_hops = _next_hops(args)
     ticket_key = _ticket_key(args)
     if not args.manifest.exists():
@@ -311,10 +299,8 @@ def _serve(args: argparse.Namespace) -> int:
         torch_threads=args.threads,
         commit_dir=args.commit_dir,
         served_max_bytes=int(args.served_max_mb * 1024 * 1024),
-        cheat=args.cheat,
         committee_rpc=args.committee_rpc,
         spot_check_ppm=args.spot_check_ppm or DEFAULT_RATE_PPM,
         next_hops=next_hops,
     ).validate()
-    serve(config, ticket_key=ticket_key)
-    return 0
+    return config, ticket_key

@@ -66,9 +66,6 @@ class ServerConfig:
     # which next hops a circuit's `open` may make this node dial (node/server/next_hops.py):
     # none (default), a URL list, committee (needs committee_rpc) or any (development only)
     next_hops: NextHopSpec = FORWARD_NONE
-    # tests only: a cheater mode (node/server/cheat.py); "" = honest. Needs the hidden
-    # --cheat flag AND PLANET_NODE_CHEAT=yes-i-want-this-node-to-cheat
-    cheat: str = ""
 
     def validate(self) -> ServerConfig:
         problems = []

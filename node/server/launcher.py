@@ -1,9 +1,10 @@
 """Start and stop shard node processes on loopback (`planet local`, integration tests, bench).
 
-Each node is a separate detached process (`python -m node.cli.main node serve ...`) with its log
-and pid file in a run directory. `wait_healthy` polls `/health`; on failure it names the node and
-its log. `stop_pid` sends SIGTERM, then SIGKILL after a grace period, and only ever signals a
-pid whose command line is a Planet node (pids get reused).
+Each node is a separate detached process (`python -m node.cli.main node serve ...`, or a test
+entry point that takes the same arguments) with its log and pid file in a run directory.
+`wait_healthy` polls `/health`; on failure it names the node and its log. `stop_pid` sends
+SIGTERM, then SIGKILL after a grace period, and only ever signals a pid whose command line is a
+Planet node (pids get reused).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class NodeProcess:
     pid: int
     log_path: Path
     pid_path: Path
+    module: str = NODE_MARKER  # what runs as `python -m MODULE`: the planet CLI or a test double
 
     @property
     def url(self) -> str:
@@ -68,16 +70,19 @@ def start_node(
     run_dir: Path,
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
+    module: str = NODE_MARKER,
 ) -> NodeProcess:
     """Spawn one detached node process; returns at once (see wait_healthy). `extra_env` is
-    added to the node's environment (tests: the cheat-mode confirmation)."""
+    added to the node's environment. `module` runs as `python -m MODULE -v node serve ...`:
+    the planet CLI, or a test entry point taking the same arguments (stop it with
+    `stop_pid(pid, module=node.module)`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / f"node-{shard}.log"
     pid_path = run_dir / f"node-{shard}.pid"
     cmd = [
         sys.executable,
         "-m",
-        NODE_MARKER,
+        module,
         "-v",
         "node",
         "serve",
@@ -93,7 +98,9 @@ def start_node(
     ]
     proc = spawn_logged(cmd, log_path, env={**node_env(), **(extra_env or {})})
     pid_path.write_text(json.dumps({"pid": proc.pid, "port": port, "shard": shard}))
-    return NodeProcess(shard=shard, port=port, pid=proc.pid, log_path=log_path, pid_path=pid_path)
+    return NodeProcess(
+        shard=shard, port=port, pid=proc.pid, log_path=log_path, pid_path=pid_path, module=module
+    )
 
 
 def pid_alive(pid: int) -> bool:
@@ -106,12 +113,13 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def is_planet_node(pid: int) -> bool:
+def is_planet_node(pid: int, module: str = NODE_MARKER) -> bool:
+    """True if `pid`'s command line is a node that `start_node(module=module)` started."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (FileNotFoundError, PermissionError):
         return False
-    return NODE_MARKER.encode() in cmdline and b"serve" in cmdline
+    return module.encode() in cmdline and b"serve" in cmdline
 
 
 def _reap(pid: int) -> None:
@@ -119,9 +127,10 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def stop_pid(pid: int, grace_s: float = 10.0) -> bool:
-    """SIGTERM, wait up to `grace_s`, then SIGKILL. False if it was not a running Planet node."""
-    if not pid_alive(pid) or not is_planet_node(pid):
+def stop_pid(pid: int, grace_s: float = 10.0, *, module: str = NODE_MARKER) -> bool:
+    """SIGTERM, wait up to `grace_s`, then SIGKILL. False if it was not a running Planet node
+    (of `module`, see start_node)."""
+    if not pid_alive(pid) or not is_planet_node(pid, module):
         return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)

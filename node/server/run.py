@@ -10,9 +10,9 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from node.server.app import create_app
-from node.server.backend import ModelShardBackend
+from node.server.backend import ModelShardBackend, ShardBackend
 from node.server.config import ServerConfig
-from protocol.errors import ConfigError, UnavailableError
+from protocol.errors import UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -59,30 +59,19 @@ def quiet_malformed_http_logs() -> None:
         server_log.addFilter(MalformedHttpLogFilter())
 
 
-def _cheating(backend: ModelShardBackend, mode_text: str) -> Any:
-    """Tests only (node/server/cheat.py): refuses unless the environment confirms it too."""
-    from node.server import cheat
-
-    if os.environ.get(cheat.ENV) != cheat.CONFIRM:
-        raise ConfigError(
-            "a cheat mode needs its confirmation in the environment",
-            hint=f"{cheat.ENV}={cheat.CONFIRM} (tests only)",
-        )
-    mode = cheat.parse_mode(mode_text)
-    log.warning("CHEATING NODE mode=%s (tests only)", mode)
-    return cheat.wrap(backend, mode, confirm=cheat.CONFIRM, seed=backend.shard_id)
-
-
-def serve(config: ServerConfig, ticket_key: Any = None) -> None:
+def serve(
+    config: ServerConfig, ticket_key: Any = None, *, backend: ShardBackend | None = None
+) -> None:
     """Blocks until SIGINT/SIGTERM. Raises IntegrityError/ConfigError before binding the port.
     With `ticket_key` (the node's ed25519 SigningKey) and `config.committee_rpc`, the node
     answers spot-check ticket requests (`node.server.tickets.enable_tickets`) from its
-    served-work log (`--commit-dir`) or a ticket book."""
+    served-work log (`--commit-dir`) or a ticket book. `backend`: serve this ShardBackend
+    instead of loading config's shard (a test entry point wraps the loaded one:
+    tests/doubles/cheating_node.py)."""
     config.validate()
     threads = configure_torch_threads(config.torch_threads)
-    backend = ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)
-    if config.cheat:
-        backend = _cheating(backend, config.cheat)
+    if backend is None:
+        backend = ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)
     log.info(
         "shard loaded shard=%d layers=%s quant=%s device=%s torch_threads=%d",
         backend.shard_id,

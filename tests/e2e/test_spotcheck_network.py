@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
+from harness.gateway_net import prepared_manifest, wait_for
 from protocol.eip712 import address_of
 from protocol.spotcheck import Outcome, Triple, epoch_of_height, evidence_hash
-from tests.integration.gateway_net import prepared_manifest, wait_for
 from tests.integration.spot_net import SpotNet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

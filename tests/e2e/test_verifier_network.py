@@ -1,11 +1,11 @@
 """A verifier catches a substitute model on real processes, and honest nodes stay trusted.
 
-The network (tests/integration/gateway_net.py, every process real): anvil with the contracts,
-one CometBFT validator running the committee app (short epochs, verdicts enabled: genesis has
-the EVM section), three staked int8 SmolLM2 compute nodes over 2 shards — A (shard 0) and B
-(shard 1) honest, S (shard 1) a substitute that skips every other layer (`--cheat
-substitute-skip:2` + PLANET_NODE_CHEAT) —, the gateway, and `planet verifier serve` on the
-validator's home as its own process (its own wallet pays for every challenge).
+The network (harness/gateway_net.py, every process real): anvil with the contracts, one CometBFT
+validator running the committee app (short epochs, verdicts enabled: genesis has the EVM
+section), three staked int8 SmolLM2 compute nodes over 2 shards — A (shard 0) and B (shard 1)
+honest, S (shard 1) a substitute that skips every other layer (tests/doubles/cheating_node.py
+`--cheat substitute-skip:2`) —, the gateway, and `planet verifier serve` on the validator's home
+as its own process (its own wallet pays for every challenge).
 
 Scenario: the verifier commits a seed, challenges through the gateway with echo, scores
 teacher-forced, writes the scores file that the validator's vote extension carries; within 5
@@ -22,10 +22,11 @@ from typing import Any
 
 import pytest
 
+from harness.gateway_net import prepared_manifest, wait_for
+from harness.verifier_net import VerifierNet
 from protocol.committee.verification import seed_commitment
 from protocol.eip712 import address_of
-from tests.integration.gateway_net import prepared_manifest, wait_for
-from tests.integration.verifier_net import VerifierNet
+from tests.doubles import cheating_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -42,6 +43,7 @@ def vnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VerifierNet]:
         manifest,
         honest=[0, 1],
         cheats=[(1, "substitute-skip:2")],
+        cheating_node=cheating_node.MODULE,
         epoch_blocks=EPOCH_BLOCKS,
         challenges=4,
     )

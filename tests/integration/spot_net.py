@@ -1,14 +1,15 @@
 """A network whose nodes commit what they serve and answer spot checks, for
 tests/e2e/test_spotcheck_network.py.
 
-On top of tests/integration/verifier_net.py (anvil + contracts, one CometBFT validator with the
-committee app, staked compute nodes, the gateway, `planet verifier serve`; every process real):
-the committee starts first, then every node runs as `planet node serve --commit-dir DIR
---node-key FILE --committee-rpc URL --spot-check-ppm PPM` (its served-work log is the ticket
-book; its key file is the key it is registered with), optionally with a cheat mode; the test
-process commits and reveals each node's spool with the agent's own `Committer` (the nonce
-counter is shared with the heartbeat thread, so the two never reuse a nonce), and the verifier
-runs with the same `--spot-check-ppm`, which genesis also names (`spot_check_ppm`).
+On top of harness/verifier_net.py (anvil + contracts, one CometBFT validator with the committee
+app, staked compute nodes, the gateway, `planet verifier serve`; every process real): the
+committee starts first, then every node runs as `planet node serve --commit-dir DIR --node-key
+FILE --committee-rpc URL --spot-check-ppm PPM` (its served-work log is the ticket book; its key
+file is the key it is registered with) or, with a cheat mode, as tests/doubles/cheating_node.py
+with the same arguments and `--cheat MODE`; the test process commits and reveals each node's
+spool with the agent's own `Committer` (the nonce counter is shared with the heartbeat thread,
+so the two never reuse a nonce), and the verifier runs with the same `--spot-check-ppm`, which
+genesis also names (`spot_check_ppm`).
 
     net = SpotNet.start(run_dir, manifest, nodes=[(0, ""), (1, "noise:0.5:8")], ppm=10**6)
     ...
@@ -28,14 +29,7 @@ from typing import Any
 
 from eth_utils import keccak
 
-from node.agent.commitments import Committer
-from node.chain.committee_rpc import TxRejectedError
-from node.keys import PASSWORD_ENV, create_node_key
-from node.server.cheat import CONFIRM, ENV
-from node.server.launcher import start_node, wait_healthy
-from protocol.commit_batch import sign_batch
-from protocol.committee.envelope import sign
-from tests.integration.gateway_net import (
+from harness.gateway_net import (
     PASSWORD,
     Committee,
     Compute,
@@ -43,7 +37,14 @@ from tests.integration.gateway_net import (
     ephemeral_port,
     wait_for,
 )
-from tests.integration.verifier_net import VerifierNet
+from harness.verifier_net import VerifierNet
+from node.agent.commitments import Committer
+from node.chain.committee_rpc import TxRejectedError
+from node.keys import PASSWORD_ENV, create_node_key
+from node.server.launcher import NODE_MARKER, start_node, wait_healthy
+from protocol.commit_batch import sign_batch
+from protocol.committee.envelope import sign
+from tests.doubles import cheating_node
 
 
 class NodeLink:
@@ -141,7 +142,7 @@ class SpotNet(VerifierNet):
         node_dir.mkdir(parents=True)
         key_file, spool = node_dir / "node_key.json", node_dir / "served"
         key = create_node_key(key_file, PASSWORD)
-        cheat = ("--cheat", mode) if mode else ()
+        cheat = cheating_node.cheat_args(mode) if mode else ()
         process = start_node(
             manifest=net.manifest_path,
             shard=shard,
@@ -152,7 +153,8 @@ class SpotNet(VerifierNet):
                 *("--committee-rpc", net.committee.rpc, "--spot-check-ppm", str(ppm), *cheat),
                 "--private-next-hops",  # every registered endpoint is on loopback here
             ),
-            extra_env={PASSWORD_ENV: PASSWORD, **({ENV: CONFIRM} if mode else {})},
+            extra_env={PASSWORD_ENV: PASSWORD},
+            module=cheating_node.MODULE if mode else NODE_MARKER,
         )
         compute = Compute(process, key, keccak(text=secrets.token_hex(16)))
         net.nodes.append(compute)

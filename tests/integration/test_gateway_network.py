@@ -1,4 +1,4 @@
-"""The gateway as a real process over a real network (tests/integration/gateway_net.py): anvil
+"""The gateway as a real process over a real network (harness/gateway_net.py): anvil
 with the contracts, one CometBFT validator with the committee app, four int8 SmolLM2 compute
 nodes (shard 0: A and B staked, C registered without stake; shard 1: D staked), driven with
 the official `openai` client. The node-kill test runs last (it takes shard 1 down).
@@ -20,12 +20,7 @@ from typing import Any
 import openai
 import pytest
 
-from node.client.circuit import CircuitClient
-from node.client.sampling import SamplingConfig
-from node.client.types import Hop
-from node.gateway.circuits import PREFILL_CHUNK
-from protocol.payment import payment_domain, verify_receipt_json
-from tests.integration.gateway_net import (
+from harness.gateway_net import (
     ETHER,
     PRICE,
     GatewayNet,
@@ -33,6 +28,11 @@ from tests.integration.gateway_net import (
     http_json,
     prepared_manifest,
 )
+from node.client.circuit import CircuitClient
+from node.client.sampling import SamplingConfig
+from node.client.types import Hop
+from node.gateway.circuits import PREFILL_CHUNK
+from protocol.payment import payment_domain, verify_receipt_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

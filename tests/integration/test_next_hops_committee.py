@@ -20,21 +20,21 @@ import torch
 from eth_utils import keccak
 from nacl.signing import SigningKey
 
-from node.client.circuit import CircuitClient
-from node.client.types import Hop
-from node.model.head import ClientHead
-from node.model.prepare import prepare
-from node.model.testing import make_tiny_model
-from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
-from protocol.committee.envelope import sign
-from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
-from protocol.eip712 import address_of
-from tests.integration.gateway_net import (
+from harness.gateway_net import (
     Committee,
     ephemeral_port,
     start_committee,
     wait_for,
 )
+from node.client.circuit import CircuitClient
+from node.client.types import Hop
+from node.model.head import ClientHead
+from node.model.prepare import prepare
+from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
+from protocol.committee.envelope import sign
+from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
+from protocol.eip712 import address_of
+from tests.doubles.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import torch
 from node.model.head import ClientHead
 from node.model.prepare import prepare
 from node.model.shard import ShardModel
-from node.model.testing import make_tiny_model
+from tests.doubles.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.unit
 

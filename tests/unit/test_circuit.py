@@ -19,10 +19,10 @@ from node.client.circuit import CircuitClient
 from node.client.types import Timings
 from node.model.head import ClientHead
 from node.model.prepare import prepare
-from node.model.testing import make_tiny_model
 from node.server.app import STATE_KEY
 from node.server.backend import ModelShardBackend
 from node.server.config import ServerConfig
+from tests.doubles.tiny_model import make_tiny_model
 from tests.unit.stream_circuit import serve_circuit
 
 pytestmark = pytest.mark.unit

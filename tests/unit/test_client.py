@@ -17,8 +17,8 @@ from node.client.sampling import SamplingConfig, sample
 from node.client.types import Hop, Timings
 from node.server.app import STATE_KEY
 from node.server.config import ServerConfig
-from node.server.fake import FakeShard
 from protocol.errors import BusyError, ConfigError, RemoteError, UnavailableError, UsageError
+from tests.doubles.fake_shard import FakeShard
 from tests.unit.fake_head import FakeHead, H
 from tests.unit.stream_circuit import serve_circuit
 

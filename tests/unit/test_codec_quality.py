@@ -10,7 +10,7 @@ from node.model.evaluate import codec_quality, heldout_split, heldout_text
 from node.model.head import ClientHead
 from node.model.prepare import prepare
 from node.model.shard import ShardModel
-from node.model.testing import make_tiny_model, tiny_words
+from tests.doubles.tiny_model import make_tiny_model, tiny_words
 
 pytestmark = pytest.mark.unit
 

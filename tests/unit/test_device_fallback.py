@@ -55,7 +55,7 @@ def test_activation_dtype_float32_on_cpu_bfloat16_on_cuda():
 def test_shard_loaded_with_auto_runs_on_cpu_here(tmp_path, monkeypatch):
     from node.model.prepare import prepare
     from node.model.shard import ShardModel
-    from node.model.testing import make_tiny_model
+    from tests.doubles.tiny_model import make_tiny_model
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     make_tiny_model(tmp_path / "src", layers=2, hidden=64)

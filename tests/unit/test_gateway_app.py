@@ -1,6 +1,7 @@
 """The gateway app through aiohttp's test client, with in-process fakes: two fake shard nodes
-(real HTTP, node.server.fake.FakeShard), a fake client head, a fake escrow, a fake committee.
-Covers error shapes (400/402/404/405/413/502/503), SSE framing, stop, logprobs and payments."""
+(real HTTP, tests.doubles.fake_shard.FakeShard), a fake client head, a fake escrow, a fake
+committee. Covers error shapes (400/402/404/405/413/502/503), SSE framing, stop, logprobs and
+payments."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from node.gateway.router import Router
 from node.gateway.sse import parse_events
 from node.server.app import create_app as create_node_app
 from node.server.config import ServerConfig
-from node.server.fake import FakeShard
 from node.server.next_hops import NextHopSpec
 from protocol.eip712 import address_of
 from protocol.payment import (
@@ -29,6 +29,7 @@ from protocol.payment import (
     sign_payment,
     verify_receipt_json,
 )
+from tests.doubles.fake_shard import FakeShard
 
 pytestmark = pytest.mark.unit
 

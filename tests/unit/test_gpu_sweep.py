@@ -36,3 +36,16 @@ def test_gpu_sweep_tiny_cpu_prints_one_json_with_the_issue_metrics(capsys):
         "ratio_aggregate_3_vs_1_bf16",
         "ratio_shard_bytes_int4_vs_bf16",
     }
+
+
+def test_gpu_sweep_without_a_gpu_falls_back_to_the_tiny_shape(capsys):
+    spec = importlib.util.spec_from_file_location("gpu_sweep", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = ["--device", "cpu", "--quants", "bf16", "--sessions", "2", "--repeats", "1"]
+    assert module.main([*args, "--new-tokens", "2", "--prompt-tokens", "4"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["config"]["shape"] == "tiny" and result["config"]["device"] == "cpu"
+    assert result["config"]["fell_back_to_tiny_without_gpu"] is True
+    assert result["metrics"]["decode_tok_s_monolithic_bf16"] > 0

@@ -19,9 +19,9 @@ from node.model.manifest import (
 )
 from node.model.prepare import parse_split, prepare, split_layers
 from node.model.shard import ShardModel
-from node.model.testing import make_tiny_model
 from protocol.canonical import canonical_json
 from protocol.errors import ConfigError, IntegrityError, UsageError
+from tests.doubles.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.unit
 

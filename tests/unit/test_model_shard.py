@@ -11,8 +11,8 @@ import torch
 from node.model.head import ClientHead
 from node.model.prepare import prepare
 from node.model.shard import ShardModel, cache_bytes
-from node.model.testing import make_tiny_model
 from protocol.errors import ProtocolError
+from tests.doubles.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.unit
 

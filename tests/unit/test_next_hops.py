@@ -345,7 +345,7 @@ async def test_node_app_installs_its_policy_and_warns_on_any(
     import logging
 
     from node.server.app import STATE_KEY, create_app
-    from node.server.fake import FakeShard
+    from tests.doubles.fake_shard import FakeShard
 
     caplog.set_level(logging.INFO, logger="node.server.stream")
     config = ServerConfig(Path("m"), 0, next_hops=spec, committee_rpc=rpc)
@@ -503,8 +503,8 @@ async def test_committee_node_dials_a_name_only_if_it_resolves_public(
     """The node's own downstream links: under `committee` a registered NAME that resolves to
     loopback (`localhost`) is never connected to; with --private-next-hops it is."""
     from node.server.app import STATE_KEY, create_app
-    from node.server.fake import FakeShard
     from protocol.stream import DownstreamError
+    from tests.doubles.fake_shard import FakeShard
 
     connections = 0
 

@@ -1,20 +1,21 @@
-"""Cheater modes of a compute node (node/server/cheat.py): impossible to switch on by accident
-(hidden flag AND environment confirmation; `wrap` needs its confirm string), and each mode
-computes what it says."""
+"""Cheater modes of a compute node (tests/doubles/cheating.py) compute what they say, and only a
+test entry point (tests/doubles/cheating_node.py) serves them: the product's `planet node serve`
+and ServerConfig have no cheat option."""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from node.cli import main as cli
-from node.cli import node as node_cli
-from node.server import cheat
-from node.server.fake import FakeShard
+from node.server.config import ServerConfig
 from protocol.errors import ConfigError, UsageError
+from tests.doubles import cheating as cheat
+from tests.doubles import cheating_node
+from tests.doubles.fake_shard import FakeShard
 
 pytestmark = pytest.mark.unit
 
@@ -41,15 +42,8 @@ def test_cheat_parse_mode_refuses_anything_else(text: str) -> None:
         cheat.parse_mode(text)
 
 
-def test_cheat_wrap_needs_its_confirm_string() -> None:
-    with pytest.raises(ConfigError):
-        cheat.wrap(FakeShard(), cheat.CheatMode("no-tickets"), confirm="yes")
-
-
 def test_cheat_noise_touches_only_every_kth_position() -> None:
-    backend = cheat.wrap(
-        FakeShard(hidden_size=16), cheat.parse_mode("noise:0.5:4"), confirm=cheat.CONFIRM
-    )
+    backend = cheat.wrap(FakeShard(hidden_size=16), cheat.parse_mode("noise:0.5:4"))
     hidden = np.ones((1, 9, 16), dtype=np.float32)
     out = backend.forward(hidden, np.arange(9), backend.new_cache())
     changed = [p for p in range(9) if not np.allclose(out[0, p], 2.0)]
@@ -61,9 +55,9 @@ def test_cheat_substitute_skip_keeps_first_and_every_nth_layer() -> None:
     model = SimpleNamespace(_modules=list("abcdef"), _types=list("ABCDEF"))
     backend = FakeShard()
     backend.model = model
-    cheat.wrap(backend, cheat.parse_mode("substitute-skip:2"), confirm=cheat.CONFIRM)
+    cheat.wrap(backend, cheat.parse_mode("substitute-skip:2"))
     assert model._modules == ["a", "c", "e"] and model._types == ["A", "C", "E"]
-    silent = cheat.wrap(FakeShard(), cheat.parse_mode("no-tickets"), confirm=cheat.CONFIRM)
+    silent = cheat.wrap(FakeShard(), cheat.parse_mode("no-tickets"))
     assert not silent.answers_tickets
 
 
@@ -71,24 +65,31 @@ def _serve_args(**kw: object) -> list[str]:
     return ["node", "serve", "--manifest", "/nonexistent/manifest.json", "--shard", "0", *kw]
 
 
-def test_cli_cheat_flag_without_env_confirmation_exits_2(monkeypatch, capsys) -> None:
-    monkeypatch.delenv(cheat.ENV, raising=False)
-    assert cli.main([*_serve_args(), "--cheat", "noise:0.1:4"]) == UsageError.exit_status
+def test_cli_node_serve_has_no_cheat_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*_serve_args(), "--cheat", "noise:0.1:4"])
+    assert exited.value.code == 2
+    assert "unrecognized arguments: --cheat" in capsys.readouterr().err
+
+
+def test_server_config_has_no_cheat_field() -> None:
+    assert not [f.name for f in dataclasses.fields(ServerConfig) if "cheat" in f.name]
+
+
+def test_cheating_node_checks_the_node_arguments_with_the_cli(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["-v", *_serve_args(), *cheating_node.cheat_args("noise:0.1:4")]
+    assert cheating_node.main(argv) == UsageError.exit_status
     err = capsys.readouterr().err
-    assert "error: --cheat needs its confirmation" in err and "Traceback" not in err
+    assert "error: no manifest at /nonexistent/manifest.json" in err and "Traceback" not in err
 
 
-def test_cli_cheat_env_without_flag_exits_2(monkeypatch, capsys) -> None:
-    monkeypatch.setenv(cheat.ENV, cheat.CONFIRM)
-    assert cli.main(_serve_args()) == UsageError.exit_status
-    assert "no --cheat mode" in capsys.readouterr().err
+def test_cheating_node_refuses_an_unknown_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cheating_node.main([*_serve_args(), "--cheat", "honest"]) == ConfigError.exit_status
+    assert "error: unknown cheat mode 'honest'" in capsys.readouterr().err
 
 
-def test_cli_cheat_flag_is_hidden_from_help() -> None:
-    parser = argparse.ArgumentParser(prog="planet")
-    node_cli.register(parser.add_subparsers())
-    serve = parser.parse_args(["node", "serve", "--manifest", "m", "--shard", "0"])
-    assert serve.cheat == ""
-    node_parser = parser._subparsers._group_actions[0].choices["node"]
-    text = node_parser._subparsers._group_actions[0].choices["serve"].format_help()
-    assert "--threads" in text and "cheat" not in text
+def test_cheating_node_serves_only_node_serve() -> None:
+    with pytest.raises(UsageError, match="only `node serve` can cheat"):
+        cheating_node.run(["local", "up", "--cheat", "noise:0.1:4"])

@@ -32,10 +32,10 @@ from node.client.info import check_circuit
 from node.client.types import Hop
 from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
-from node.server.fake import FakeShard
 from protocol.errors import ProtocolError, RemoteError, UnavailableError
 from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 from protocol.frames.sessions import session_tag
+from tests.doubles.fake_shard import FakeShard
 from tests.unit.fake_head import FakeHead
 from tests.unit.stream_circuit import serve_circuit
 from tests.unit.stream_link import Link, Refused

@@ -12,8 +12,8 @@ from safetensors.torch import save_file
 from node.model.family import load_config
 from node.model.quant import quantized_tensors
 from node.model.shard import ShardModel
-from node.model.testing import make_tiny_model
 from protocol.errors import ConfigError
+from tests.doubles.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.unit
 

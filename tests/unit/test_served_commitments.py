@@ -21,13 +21,13 @@ from node.chain.committee_rpc import TxRejectedError
 from node.model.fingerprint import fingerprint_bytes
 from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
-from node.server.fake import FakeShard
 from node.server.served import SERVED_KEY, ServedLog
 from protocol.committee.registry import RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from protocol.frames.sessions import session_tag
 from protocol.served import RECORD_BYTES, SPOOL_MAGIC, decode_records, output_hash
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
+from tests.doubles.fake_shard import FakeShard
 from tests.unit.stream_link import Link
 
 pytestmark = pytest.mark.unit

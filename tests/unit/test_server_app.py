@@ -12,9 +12,9 @@ import pytest
 
 from node.server.app import create_app
 from node.server.config import ServerConfig
-from node.server.fake import FakeShard
 from protocol.errors import ConfigError
 from protocol.frames.header import FrameHeader, pack_frame
+from tests.doubles.fake_shard import FakeShard
 from tests.unit.stream_link import Link, Refused
 
 pytestmark = pytest.mark.unit

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from node.server.batcher import Batcher, QueueFullError
-from node.server.fake import FakeCache, FakeShard
 from protocol.errors import BusyError
+from tests.doubles.fake_shard import FakeCache, FakeShard
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,6 @@ from nacl.signing import SigningKey
 
 from node.server.app import create_app
 from node.server.config import ServerConfig
-from node.server.fake import FakeShard
 from node.server.tickets import StaticPolicy, TicketBook, install, topk_rows_np
 from node.verifier.fingerprint import fingerprint_bytes, topk_rows
 from protocol.eip712 import commitment_value
@@ -20,6 +19,7 @@ from protocol.frames.sessions import session_tag
 from protocol.routing import output_hash
 from protocol.spotcheck import Triple
 from protocol.tickets import TicketRequest, decode_ticket, open_sealed
+from tests.doubles.fake_shard import FakeShard
 from tests.unit.stream_link import Link
 
 pytestmark = pytest.mark.unit

@@ -21,11 +21,11 @@ from node.client.circuit import CircuitClient
 from node.client.types import Hop
 from node.server.app import STATE_KEY
 from node.server.config import ServerConfig
-from node.server.fake import FakeShard
 from node.server.next_hops import ForwardAny, ForwardNone
 from protocol.errors import BusyError, ConfigError, RemoteError
 from protocol.frames.header import FrameHeader, pack_frame
 from protocol.stream import MAX_SESSION_FRAMES
+from tests.doubles.fake_shard import FakeShard
 from tests.unit.fake_head import FakeHead, H
 from tests.unit.stream_circuit import serve_circuit
 

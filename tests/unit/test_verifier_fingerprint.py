@@ -11,12 +11,12 @@ import torch
 from node.model.head import ClientHead
 from node.model.prepare import prepare
 from node.model.shard import ShardModel
-from node.model.testing import make_tiny_model
 from node.verifier import cheats
 from node.verifier.fingerprint import FingerprintRecorder, check, fingerprint_bytes, topk_rows
 from node.verifier.measure import recompute, serve_trace
 from protocol.errors import ProtocolError
 from protocol.fingerprint import MAX_BLOCK_BYTES, TOPK, Tolerance, decode_blocks
+from tests.doubles.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.unit
 

@@ -41,6 +41,7 @@ from deploy.evm import DeployConfig, compile_contracts, deploy_all
 from node.chain.evm.account import PlanetChain
 from node.model.manifest import Manifest
 from node.server.launcher import (
+    NODE_MARKER,
     NodeProcess,
     is_planet_node,
     pid_alive,
@@ -59,7 +60,7 @@ from protocol.committee.registry import (
 from protocol.eip712 import ROLE_COMPUTE, address_of, as_bytes32
 from protocol.payment import QueryPayment, Voucher, payment_domain, sign_payment, sign_voucher
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 COMETBFT = ROOT / ".tools" / "bin" / "cometbft"
 ETHER = 10**18
 PRICE = 10**12  # wei per token
@@ -327,6 +328,7 @@ class GatewayNet:
         wait: bool = True,
         extra_args: tuple[str, ...] = (),
         extra_env: dict[str, str] | None = None,
+        module: str = NODE_MARKER,  # what serves them (start_node): the planet CLI by default
     ) -> list[Compute]:
         started = []
         for index, shard in enumerate(shards):
@@ -342,6 +344,7 @@ class GatewayNet:
                     *extra_args,
                 ),
                 extra_env=extra_env,
+                module=module,
             )
             started.append(
                 Compute(process, SigningKey.generate(), keccak(text=secrets.token_hex(16)))
@@ -516,11 +519,13 @@ class GatewayNet:
             except subprocess.TimeoutExpired:
                 self.gateway.kill()
         for node in self.nodes:  # SIGTERM all first (our own node pids only), then wait
-            if pid_alive(node.process.pid) and is_planet_node(node.process.pid):
+            if pid_alive(node.process.pid) and is_planet_node(
+                node.process.pid, node.process.module
+            ):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(node.process.pid, signal.SIGTERM)
         for node in self.nodes:
-            stop_pid(node.process.pid, grace_s=3)
+            stop_pid(node.process.pid, grace_s=3, module=node.process.module)
         if self.committee is not None:
             for process in reversed(self.committee.processes):
                 if process.poll() is None:

@@ -1,12 +1,14 @@
 """A network with a verifier, for tests/e2e/test_verifier_network.py and bench/verifier_honest.py.
 
-On top of tests/integration/gateway_net.py (anvil + contracts, one CometBFT validator with the
-committee app, staked compute nodes, the gateway; every process real): genesis with the EVM
-section (verdicts enabled) and short epochs, optional cheating nodes (`--cheat MODE` +
-PLANET_NODE_CHEAT), and `planet verifier serve` on the validator's home as its own process,
-with the validator's operator keystore (it signs verdicts) and a funded wallet of its own.
+On top of harness/gateway_net.py (anvil + contracts, one CometBFT validator with the committee
+app, staked compute nodes, the gateway; every process real): genesis with the EVM section
+(verdicts enabled) and short epochs, optional cheating nodes (a test entry point that takes
+`planet node serve`'s arguments plus `--cheat MODE`: tests/doubles/cheating_node.py), and
+`planet verifier serve` on the validator's home as its own process, with the validator's
+operator keystore (it signs verdicts) and a funded wallet of its own.
 
-    net = VerifierNet.start(run_dir, manifest, honest=[0, 1], cheats=[(1, "substitute-skip:2")])
+    net = VerifierNet.start(run_dir, manifest, honest=[0, 1], cheats=[(1, "substitute-skip:2")],
+                            cheating_node=cheating_node.MODULE)
     ...
     net.close()        # stops every process it started (also on failure)
 """
@@ -23,10 +25,7 @@ from typing import Any
 from eth_account import Account
 
 from deploy.anvil import rpc_call
-from node.keys import create_dev_wallet
-from node.server.cheat import CONFIRM, ENV
-from node.server.launcher import wait_healthy
-from tests.integration.gateway_net import (
+from harness.gateway_net import (
     ETHER,
     PASSWORD,
     ROOT,
@@ -34,6 +33,8 @@ from tests.integration.gateway_net import (
     GatewayNet,
     wait_for,
 )
+from node.keys import create_dev_wallet
+from node.server.launcher import wait_healthy
 
 
 class VerifierNet:
@@ -51,18 +52,21 @@ class VerifierNet:
         manifest: Path,
         *,
         honest: list[int],
-        cheats: list[tuple[int, str]] = (),  # type: ignore[assignment]
+        cheats: list[tuple[int, str]] = (),  # type: ignore[assignment]  # (shard, mode)
+        cheating_node: str = "",  # the module that serves `cheats` (`--cheat MODE`)
         epoch_blocks: int = 50,
         challenges: int = 4,
         verdict_after: int = 1,
     ) -> VerifierNet:
+        if cheats and not cheating_node:
+            raise ValueError("cheats need the cheating_node module that serves them")
         net = GatewayNet(run_dir, manifest)
         self = cls(net)
         try:
             self.honest = net.start_nodes(honest, wait=False)
             for shard, mode in cheats:
                 self.cheaters += net.start_nodes(
-                    [shard], wait=False, extra_args=("--cheat", mode), extra_env={ENV: CONFIRM}
+                    [shard], wait=False, extra_args=("--cheat", mode), module=cheating_node
                 )
             net.start_chain()
             net.start_committee(epoch_length=epoch_blocks, with_evm=True)

@@ -1,11 +1,9 @@
 """Cheater modes of a compute node, for tests of the verification path only.
 
 A cheating node still answers every protocol request exactly like an honest one (same /info,
-same frames); only the numbers it computes are wrong. Switching one on takes BOTH the hidden
-`planet node serve --cheat MODE` flag (not in `--help`) AND the environment variable
-`PLANET_NODE_CHEAT=yes-i-want-this-node-to-cheat` (checked by the CLI, exit 2 when only one is
-given), and `wrap` itself refuses without `confirm=CONFIRM`: no config file, default or typo
-can turn a node dishonest.
+same frames); only the numbers it computes are wrong. Nothing in the product reaches this
+module: a cheating node is `python -m tests.doubles.cheating_node ... --cheat MODE`
+(tests/doubles/cheating_node.py), which wraps the real shard backend before the real `serve()`.
 
 Modes (`parse_mode`):
 
@@ -15,8 +13,8 @@ Modes (`parse_mode`):
                            weight (fp32 shards only; quantized weights refuse)
     noise:R:K              noise of R x the position's RMS on the outputs of every position
                            p with p % K == 0 (a node that guesses some steps)
-    no-tickets             computes honestly but never answers spot-check tickets
-                           (`answers_tickets` is false; the ticket endpoint consults it)
+    no-tickets             computes honestly; `answers_tickets` is false (no ticket endpoint
+                           consults it yet, so it still answers spot-check tickets)
 """
 
 from __future__ import annotations
@@ -29,8 +27,6 @@ import numpy as np
 
 from protocol.errors import ConfigError
 
-CONFIRM = "yes-i-want-this-node-to-cheat"
-ENV = "PLANET_NODE_CHEAT"
 KINDS = ("substitute-skip", "substitute-perturb", "noise", "no-tickets")
 _NUMBER = r"(?:0|[1-9][0-9]{0,5})(?:\.[0-9]{1,6})?"
 _PATTERNS = {
@@ -157,10 +153,8 @@ def _perturb(model: Any, relative: float, seed: int) -> None:
                 weight.add_(noise * (relative * float(weight.float().std())))
 
 
-def wrap(backend: Any, mode: CheatMode, *, confirm: str, seed: int = 0) -> CheatingBackend:
+def wrap(backend: Any, mode: CheatMode, *, seed: int = 0) -> CheatingBackend:
     """The dishonest backend (changes `backend`'s model in place for the substitute modes)."""
-    if confirm != CONFIRM:
-        raise ConfigError("cheat modes need confirm=cheat.CONFIRM")
     if mode.kind == "substitute-skip":
         _skip_layers(backend.model, mode.every)
     elif mode.kind == "substitute-perturb":
