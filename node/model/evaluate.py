@@ -1,6 +1,6 @@
 """How much quantization costs: perplexity on held-out text, shard bytes, decode latency.
 
-`perplexity(head, shards, text)` is teacher-forced: the whole text goes through the shard chain
+`perplexity(head, shards, text)` is teacher-forced: the whole text goes through the circuit of shards
 in one forward pass (in-process, fresh caches), and the client head scores every next token.
 `quant_report()` prepares the same split for each quant and returns flat metrics in the
 BENCHMARKS.md naming (`ppl_fp32`, `shard_bytes_int8`, `ratio_shard_bytes_int4_vs_fp32`, ...).
@@ -56,7 +56,7 @@ def heldout_split() -> tuple[str, str]:
 
 @torch.inference_mode()
 def perplexity(head: ClientHead, shards: Sequence[ShardModel], text: str) -> float:
-    """exp(mean next-token cross-entropy) of `text` through the shard chain (teacher forced)."""
+    """exp(mean next-token cross-entropy) of `text` through the circuit of shards (teacher forced)."""
     ids = head.encode(text)
     if len(ids) < 2:
         raise UsageError("perplexity needs a text of at least two tokens")
@@ -81,13 +81,13 @@ def codec_roundtrip(codec: str) -> Roundtrip:
 
 
 @torch.inference_mode()
-def chain_logits(
+def circuit_logits(
     head: ClientHead,
     shards: Sequence[ShardModel],
     ids: Sequence[int],
     roundtrip: Roundtrip | None = None,
 ) -> torch.Tensor:
-    """Teacher-forced logits [T-1, V] of `ids` through the shard chain, with `roundtrip` applied
+    """Teacher-forced logits [T-1, V] of `ids` through the circuit of shards, with `roundtrip` applied
     where a circuit puts activations on the wire: the embeddings going to the first shard and
     every shard's output (the client relays a body to the next hop unchanged, so that is one
     encode per boundary: len(shards) + 1 in all)."""
@@ -111,13 +111,13 @@ def codec_quality(
     text: str,
     codecs: Mapping[str, Roundtrip] | Sequence[str],
 ) -> dict[str, Any]:
-    """Teacher-forced quality of lossy wire codecs against the uncompressed chain.
+    """Teacher-forced quality of lossy wire codecs against the uncompressed circuit.
 
     For each codec: `top1_agreement_<c>` (share of positions whose argmax next token is the
-    uncompressed chain's; one near-tie cannot cascade because every position sees the true
+    uncompressed circuit's; one near-tie cannot cascade because every position sees the true
     prefix), `flips_<c>`, `ppl_<c>`, `ratio_ppl_<c>_vs_raw`, and two continuous measures that
     rank codecs where flips are too few to: `gap_error_rms_<c>` (rms change of the gap between
-    the uncompressed chain's top-2 logits) and `kl_<c>` (mean KL divergence, nats). Also
+    the uncompressed circuit's top-2 logits) and `kl_<c>` (mean KL divergence, nats). Also
     `ppl_raw`, `positions` and
     `near_ties_raw` (positions whose top-2 logits differ by < 0.05, where any noise may flip)."""
     table = {c: codec_roundtrip(c) for c in codecs} if not isinstance(codecs, Mapping) else codecs
@@ -125,7 +125,7 @@ def codec_quality(
     if len(ids) < 2:
         raise UsageError("codec quality needs a text of at least two tokens")
     targets = torch.tensor(ids[1:], dtype=torch.long)
-    base = chain_logits(head, shards, ids)
+    base = circuit_logits(head, shards, ids)
     base_loss = float(torch.nn.functional.cross_entropy(base, targets))
     top2 = base.topk(2, dim=-1).values
     metrics: dict[str, Any] = {
@@ -137,7 +137,7 @@ def codec_quality(
     runner_up = base.topk(2, dim=-1).indices[:, 1:]
     base_logp = torch.log_softmax(base, dim=-1)
     for name, roundtrip in table.items():
-        logits = chain_logits(head, shards, ids, roundtrip)
+        logits = circuit_logits(head, shards, ids, roundtrip)
         loss = float(torch.nn.functional.cross_entropy(logits, targets))
         flips = int((logits.argmax(dim=-1) != best).sum())
         metrics[f"top1_agreement_{name}"] = round(1.0 - flips / len(best), 5)

@@ -13,8 +13,6 @@ served.py     the served-work log for commit-reveal and spot checks (`--commit-d
 tickets.py    spot-check tickets: POST /v1/tickets, GET /v1/commitments/{tag}
 run.py        `serve(config)`: load the shard, set torch threads, run the app
 launcher.py   start/stop shard node processes on loopback (`planet local`, tests, bench)
-cheat.py      cheater modes for tests of the verification path (hidden flag + env variable)
-fake.py       FakeShard: a deterministic stand-in shard (no model) for tests
 """
 
 from node.server.app import create_app

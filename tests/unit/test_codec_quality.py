@@ -1,5 +1,5 @@
 """node.model.evaluate.codec_quality: teacher-forced agreement and perplexity ratio of a wire
-codec against the uncompressed shard chain (tiny random model, in-process)."""
+codec against the uncompressed circuit of shards (tiny random model, in-process)."""
 
 from __future__ import annotations
 
