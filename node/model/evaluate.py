@@ -1,6 +1,6 @@
 """How much quantization costs: perplexity on held-out text, shard bytes, decode latency.
 
-`perplexity(head, shards, text)` is teacher-forced: the whole text goes through the circuit of shards
+`perplexity(head, shards, text)` is teacher-forced: the whole text goes through the shards
 in one forward pass (in-process, fresh caches), and the client head scores every next token.
 `quant_report()` prepares the same split for each quant and returns flat metrics in the
 BENCHMARKS.md naming (`ppl_fp32`, `shard_bytes_int8`, `ratio_shard_bytes_int4_vs_fp32`, ...).
@@ -56,7 +56,7 @@ def heldout_split() -> tuple[str, str]:
 
 @torch.inference_mode()
 def perplexity(head: ClientHead, shards: Sequence[ShardModel], text: str) -> float:
-    """exp(mean next-token cross-entropy) of `text` through the circuit of shards (teacher forced)."""
+    """exp(mean next-token cross-entropy) of `text` through the shards (teacher forced)."""
     ids = head.encode(text)
     if len(ids) < 2:
         raise UsageError("perplexity needs a text of at least two tokens")
@@ -87,7 +87,7 @@ def circuit_logits(
     ids: Sequence[int],
     roundtrip: Roundtrip | None = None,
 ) -> torch.Tensor:
-    """Teacher-forced logits [T-1, V] of `ids` through the circuit of shards, with `roundtrip` applied
+    """Teacher-forced logits [T-1, V] of `ids` through the shards, with `roundtrip` applied
     where a circuit puts activations on the wire: the embeddings going to the first shard and
     every shard's output (the client relays a body to the next hop unchanged, so that is one
     encode per boundary: len(shards) + 1 in all)."""
