@@ -183,6 +183,14 @@ class Links:
             self._sync_pair(a, b)
             log.info("netlab restored %s <-> %s", a, b)
 
+    def reset(self) -> None:
+        """Every link back to unshaped and uncut."""
+        pairs = {tuple(sorted(pair)) for pair in [*self._shapes, *self._cuts]}
+        self._shapes.clear()
+        self._cuts.clear()
+        for a, b in sorted(pairs):
+            self._sync_pair(a, b)
+
     # --- keeping the proxies as wanted ----------------------------------------------------
 
     def _sync_pair(self, a: str, b: str) -> None:
@@ -230,8 +238,8 @@ def _toxics(stream: str, shape: Shape, cut: Cut | None) -> list[Toxic]:
     if shape.latency_ms or shape.jitter_ms:
         attributes = (("latency", shape.latency_ms), ("jitter", shape.jitter_ms))
         toxics.append(Toxic(f"delay-{stream}", "latency", stream, attributes))
-    if shape.rate_kbps is not None:
-        toxics.append(Toxic(f"rate-{stream}", "bandwidth", stream, (("rate", shape.rate_kbps),)))
+    if shape.kbytes_per_s is not None:
+        toxics.append(Toxic(f"rate-{stream}", "bandwidth", stream, (("rate", shape.kbytes_per_s),)))
     if cut is Cut.PARTITION:
         hold = (("latency", HOLD_MS), ("jitter", 0))
         toxics.append(Toxic(f"cut-{stream}", "latency", stream, hold))

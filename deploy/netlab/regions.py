@@ -106,7 +106,7 @@ def default_matrix() -> Matrix:
 
 
 def link_shapes(
-    matrix: Matrix, placement: Mapping[str, str], *, rate_kbps: int | None = None
+    matrix: Matrix, placement: Mapping[str, str], *, kbytes_per_s: int | None = None
 ) -> dict[tuple[str, str], Shape]:
     """(host A, host B) -> the Shape of bytes from A to B, for every ordered pair of hosts.
 
@@ -117,7 +117,7 @@ def link_shapes(
             raise UnknownRegion(region, matrix.regions)
     return {
         (source, destination): Shape.from_latency(
-            matrix.delay_ms(placement[source], placement[destination]), rate_kbps=rate_kbps
+            matrix.delay_ms(placement[source], placement[destination]), kbytes_per_s=kbytes_per_s
         )
         for source in placement
         for destination in placement

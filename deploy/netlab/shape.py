@@ -14,7 +14,7 @@ class Shape:
 
     latency_ms: int = 0  # one-way delay added to every chunk, milliseconds
     jitter_ms: int = 0  # the delay varies uniformly within ± this, milliseconds (≤ latency_ms)
-    rate_kbps: int | None = None  # per connection, kilobytes per second; None: unlimited
+    kbytes_per_s: int | None = None  # per connection, in 1000 bytes/s; None: unlimited
 
     def __post_init__(self) -> None:
         for name in ("latency_ms", "jitter_ms"):
@@ -23,13 +23,14 @@ class Shape:
                 raise ValueError(f"{name} must be a non-negative int, not {value!r}")
         if self.jitter_ms > self.latency_ms:
             raise ValueError(f"jitter {self.jitter_ms} ms exceeds latency {self.latency_ms} ms")
-        if self.rate_kbps is not None and (type(self.rate_kbps) is not int or self.rate_kbps < 1):
-            raise ValueError(f"rate_kbps must be a positive int or None, not {self.rate_kbps!r}")
+        rate = self.kbytes_per_s
+        if rate is not None and (type(rate) is not int or rate < 1):
+            raise ValueError(f"kbytes_per_s must be a positive int or None, not {rate!r}")
 
     @classmethod
-    def from_latency(cls, latency_ms: int, *, rate_kbps: int | None = None) -> Shape:
+    def from_latency(cls, latency_ms: int, *, kbytes_per_s: int | None = None) -> Shape:
         """A link with this one-way delay and a jitter of JITTER_PERCENT of it (rounded)."""
-        return cls(latency_ms, (latency_ms * JITTER_PERCENT + 50) // 100, rate_kbps)
+        return cls(latency_ms, (latency_ms * JITTER_PERCENT + 50) // 100, kbytes_per_s)
 
 
 UNSHAPED = Shape()
