@@ -362,13 +362,16 @@ def _kill_netns_processes(netns: str) -> None:
 
 
 def _start_ticks(pid: int) -> int | None:
-    """The start time of process `pid` in clock ticks since boot (tells a reused pid apart)."""
+    """When live process `pid` started, in clock ticks since boot (tells a reused pid apart);
+    None for no process or a zombie (a killed owner whose parent has not reaped it yet)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    return int(fields[19]) if len(fields) > 19 else None
+    fields = stat.rsplit(")", 1)[-1].split()  # fields[0] is the state, [19] the start time
+    if len(fields) <= 19 or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
 
 
 def _write_owner(run_id: str, hosts: list[str]) -> None:
@@ -460,19 +463,20 @@ def can_make_hosts() -> tuple[bool, str]:
         return False, "network namespaces need Linux"
     if shutil.which("ip") is None:
         return False, "iproute2's `ip` is not installed (as root: apt-get install iproute2)"
-    probe = netns_name(new_run_id(), "probe")
+    run_id = new_run_id()
+    probe = netns_name(run_id, "probe")
+    try:
+        _write_owner(run_id, ["probe"])  # so that a concurrent down_stale() leaves it alone
+    except OSError as exc:
+        return False, f"cannot write {STATE_ROOT} ({exc.strerror}); {PRIVILEGE_HINT}"
     try:
         ip("netns", "add", probe)
-    except CommandFailed as exc:
-        return False, f"`ip netns add` failed ({_last_line(exc.stderr)}); {PRIVILEGE_HINT}"
-    try:
         ip("link", "add", "probe0", "type", "veth", "peer", "name", "probe1", netns=probe)
         ip("link", "add", "probebr", "type", "bridge", netns=probe)
     except CommandFailed as exc:
-        return False, f"veth pairs or bridges cannot be made: {_last_line(exc.stderr)}"
+        return False, f"`{' '.join(exc.argv)}` failed ({_last_line(exc.stderr)}); {PRIVILEGE_HINT}"
     finally:
-        with contextlib.suppress(CommandFailed):
-            ip("netns", "delete", probe)
+        down_run(run_id)
     return True, "network namespaces, veth pairs and bridges can be made"
 
 
