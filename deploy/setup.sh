@@ -147,4 +147,35 @@ else
   say "abci protos: up to date"
 fi
 
+# --- netlab: hosts in network namespaces, links shaped by toxiproxy (deploy/netlab) -------------
+# The multi-host devnet gives every process its own network namespace and shapes the links between
+# them with toxiproxy (Shopify's userspace TCP proxy; this kernel has no `tc netem`). Needs `ip`
+# (iproute2) and `setpriv` (util-linux), from Debian when missing and root, and toxiproxy-server
+# built into .tools/bin. Making the hosts needs root at run time: `python -m deploy.netlab check`.
+TOXIPROXY_VERSION=v2.12.0
+netlab_missing=""
+command -v ip >/dev/null || netlab_missing="$netlab_missing iproute2"
+command -v setpriv >/dev/null || netlab_missing="$netlab_missing util-linux"
+if [ -z "$netlab_missing" ]; then
+  say "netlab: ip and setpriv installed"
+elif [ "$(id -u)" = 0 ]; then
+  say "netlab: installing$netlab_missing from Debian"
+  # shellcheck disable=SC2086 # one word per package
+  apt-get update -qq && apt-get install -y -qq $netlab_missing >/dev/null
+else
+  say "netlab: not root, so$netlab_missing not installed: skipped (the multi-host tests will skip; as root: apt-get install$netlab_missing)"
+fi
+if [ ! -x "$TOOLS/bin/toxiproxy-server" ] || [ "$(cat "$TOOLS/stamps/toxiproxy" 2>/dev/null)" != "$TOXIPROXY_VERSION" ]; then
+  GO=$(command -v go || echo "$TOOLS/go/bin/go")
+  say "toxiproxy: building $TOXIPROXY_VERSION with $("$GO" version | cut -d' ' -f3) (about a minute)"
+  rm -rf "$TOOLS/toxiproxy-build"
+  GOBIN="$TOOLS/toxiproxy-build" GOFLAGS=-mod=mod GOTOOLCHAIN=local "$GO" install "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION"
+  mv "$TOOLS/toxiproxy-build/server" "$TOOLS/bin/toxiproxy-server"
+  rm -rf "$TOOLS/toxiproxy-build"
+  echo "$TOXIPROXY_VERSION" > "$TOOLS/stamps/toxiproxy"
+else
+  say "toxiproxy: $TOXIPROXY_VERSION up to date"
+fi
+# --- end of netlab --------------------------------------------------------------------------------
+
 say "ready"
