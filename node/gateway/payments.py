@@ -136,7 +136,7 @@ class ChainEscrow:
 
     async def prepaid(self, payer: str) -> OnChainBalance:
         try:
-            state = await asyncio.to_thread(self.chain.escrow.prepaid_of, payer)
+            state = await asyncio.to_thread(self.chain.escrow.prepaid_of, payer, self.chain.address)
         except PlanetError as error:
             raise NoCircuit(
                 "chain_unavailable", f"cannot read the balance from the EVM chain: {error}"

@@ -64,6 +64,7 @@ class Escrow(Protocol):
         signatures: Any,
         *,
         payers: Any = (),
+        gateways: Any = (),
         debits: Any = (),
     ) -> Any: ...
 
@@ -128,7 +129,9 @@ class PayoutRelay:
         query_ids = [bytes.fromhex(str(q)[2:]) for q in view["query_ids"]]
         fees = [int(f) for f in view["fees"]]
         signatures = [bytes.fromhex(str(s)[2:]) for s in view["signatures"]]
-        payers = [str(p) for p in view.get("payers", [])]  # prepaid debits, payers ascending
+        # prepaid debits per (payer, gateway), pairs ascending
+        payers = [str(p) for p in view.get("payers", [])]
+        gateways = [str(g) for g in view.get("gateways", [])]
         debits = [int(d) for d in view.get("debits", [])]
         try:
             await asyncio.to_thread(
@@ -139,6 +142,7 @@ class PayoutRelay:
                     fees,
                     signatures,
                     payers=payers,
+                    gateways=gateways,
                     debits=debits,
                 )
             )

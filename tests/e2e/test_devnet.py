@@ -379,7 +379,10 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
     deposited = _planet(env, "balance", "deposit", "0.01", timeout=120)
     assert deposited.returncode == 0, deposited.stderr[-2000:]
     w3, escrow = _escrow(devnet)
-    before = escrow.functions.prepaidOf(w3.to_checksum_address(payer)).call()[0]
+    with urllib.request.urlopen(devnet["gateway_url"] + "/v1/pools", timeout=10) as answer:
+        gateway = json.load(answer)["data"][0]["gateway"]  # the balance is this gateway's
+    balance_of = escrow.functions.prepaidOf(w3.to_checksum_address(payer), gateway)
+    before = balance_of.call()[0]
     asked = _planet(env, "ask", "--voucher", "--voucher-ttl", "3600", "--json", "--max-tokens", "6",
                     "Say yes.", timeout=300)  # fmt: skip
     assert asked.returncode == 0, asked.stderr[-3000:]
@@ -390,7 +393,7 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
     epoch = view["epoch"]
     assert view["payers"] == [payer] and view["debits"] == [str(charge.fee)]
     assert all(len(settled) == 2 for settled in view["charges"])  # payer, query id: nothing else
-    after = escrow.functions.prepaidOf(w3.to_checksum_address(payer)).call()[0]
+    after = balance_of.call()[0]
     assert after == before - charge.fee  # the posted root debited exactly the charged fee
     assert int(view["total"]) == sum(int(f) for f in view["fees"]) + charge.fee
 

@@ -457,6 +457,7 @@ def test_gateway_prepaid_one_deposit_many_questions_by_voucher(
     payer = net.account("prepaid")
     create_wallet(tmp_path / "wallet.json", "pw", bytes(payer.account.key))
     common = ["--deployment", str(net.deployment_path), "--evm-rpc", net.anvil.rpc_url]
+    common += ["--gateway", net.gateway_url]  # the balance is this gateway's
     # one deposit (the CLI, one transaction) ...
     done = _planet_cli(tmp_path, "balance", "deposit", "0.001", "--json", *common)
     assert done.returncode == 0, done.stderr
@@ -483,7 +484,7 @@ def test_gateway_prepaid_one_deposit_many_questions_by_voucher(
         # replayed: the same voucher is refused
         assert _refused(net, key)["code"] == "voucher_replayed"
     # the balance is debited per epoch by the committee's root, not per question
-    assert payer.escrow.prepaid_of()["balance"] == ETHER // 1000
+    assert net.balance_at_gateway(payer)["balance"] == ETHER // 1000
     # named refusals: over its cap, expired, a payer without balance, malformed
     assert _refused(net, net.voucher(payer, 1000)[0])["code"] == "voucher_over_cap"
     assert _refused(net, net.voucher(payer, DEPOSIT, expires_in_s=-1)[0])["code"] == (

@@ -59,7 +59,15 @@ class FakeEscrow:
     debits: list[tuple[Any, Any]] = field(default_factory=list)
 
     def post_payout_root(
-        self, statement: Any, query_ids: Any, fees: Any, sigs: Any, *, payers: Any, debits: Any
+        self,
+        statement: Any,
+        query_ids: Any,
+        fees: Any,
+        sigs: Any,
+        *,
+        payers: Any,
+        gateways: Any,
+        debits: Any,
     ) -> Any:
         if self.already:
             raise ContractRevert("EpochAlreadyPosted", (statement.epoch,))
