@@ -135,7 +135,7 @@ def test_pages_cut_the_epochs_rows_so_each_pays_exactly_its_charges() -> None:
     "pages",
     [
         (),
-        (PageCharges(4),),
+        (PageCharges(4, (SettledQuery(Q1, 1),)), PageCharges(5)),
         (PageCharges(4, (SettledQuery(Q1, 1),)), PageCharges(4, (SettledQuery(Q2, 1),))),
         (PageCharges(4, (SettledQuery(Q1, 1),)), PageCharges(5, (SettledQuery(Q1, 1),))),
     ],
