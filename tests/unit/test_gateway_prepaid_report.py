@@ -13,10 +13,10 @@ from abci_app.codes import Code
 from node.gateway.settlement import DebitTracker, WorkLedger
 from protocol.committee.settlement import Contribution, ShardWork
 from tests.unit.test_abci_prepaid import GATEWAY_EVM, NOW, charge, payer
-from tests.unit.test_abci_settlement import next_epoch_end, settled_chain, two_nodes
+from tests.unit.test_abci_settlement import GATEWAY, next_epoch_end, settled_chain, two_nodes
 from tests.unit.test_abci_state import hexkey
 from tests.unit.test_gateway_work_ledger import (
-    ChainReportLink,
+    ReportingLink,
     circuit,
     prepaid_receipt,
     reporter,
@@ -99,7 +99,7 @@ async def test_prepaid_receipts_are_reported_as_charges_and_marked_once_posted()
     ]
     wire = str(report.to_json()["charges"])
     assert all(hexkey(node) not in wire for node in (a, b))  # charges carry no circuit
-    link = ChainReportLink(chain)
+    link = ReportingLink(chain, GATEWAY)
     assert await reporter(ledger, link).flush() == 1 and ledger.refused == []
     results = chain.block(
         [

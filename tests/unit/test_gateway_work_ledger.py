@@ -7,22 +7,19 @@ exactly once."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from nacl.signing import SigningKey
 
-from abci_app.codes import Code
-from abci_app.queries import query
-from node.chain.committee_rpc import TxRejectedError, TxResult, tx_hash
+from node.chain.committee_rpc import tx_hash
 from node.gateway.router import Circuit, RoutableNode
 from node.gateway.settlement import WorkLedger, WorkReporter, charge_item, ledger_paths
 from protocol.committee.envelope import MAX_TX_BYTES, decode, sign
 from protocol.committee.settlement import WorkReport
 from protocol.errors import RemoteError, UnavailableError
-from tests.committee_chain import Chain
+from tests.committee_chain import Chain, ReportingLink
 from tests.unit.test_abci_settlement import GATEWAY, settled_chain, two_nodes
 from tests.unit.test_abci_state import hexkey
 
@@ -44,88 +41,13 @@ def circuit(*keys: str) -> Circuit:
     return Circuit(tuple(RoutableNode(k, f"http://{i}", i) for i, k in enumerate(keys)))
 
 
-@dataclass
-class ChainReportLink:
-    """`CommitteeLink`'s reporting calls over an in-process `Chain`: CheckTx on broadcast, a
-    mempool that the next `committed` wait turns into a block, the tx index by hash. `down`
-    makes every call unreachable; `full` answers broadcasts with CometBFT's mempool error;
-    `lose` drops broadcasts on the floor (accepted, never in a block)."""
-
-    chain: Chain
-    key: SigningKey = GATEWAY
-    mempool: list[bytes] = field(default_factory=list)
-    index: dict[str, TxResult] = field(default_factory=dict)
-    broadcasts: list[str] = field(default_factory=list)
-    mined: list[bytes] = field(default_factory=list)
-    down: bool = False
-    full: bool = False
-    lose: bool = False
-
-    @property
-    def signer(self) -> str:
-        return hexkey(self.key)
-
-    def _reachable(self) -> None:
-        if self.down:
-            raise UnavailableError("committee rpc down (test)")
-
-    async def broadcast(self, raw: bytes) -> str:
-        self._reachable()
-        self.broadcasts.append(tx_hash(raw))
-        if self.full:
-            raise RemoteError("rpc", "rpc_-32603", "mempool is full: number of txs 5000")
-        checked = self.chain.machine.check_tx(raw)
-        if checked.code != Code.OK:
-            raise TxRejectedError("rpc", code=int(checked.code), log_text=checked.log)
-        if not self.lose and raw not in self.mempool:
-            self.mempool.append(raw)
-        return tx_hash(raw)
-
-    async def find_tx(self, hash_hex: str) -> TxResult | None:
-        self._reachable()
-        return self.index.get(hash_hex)
-
-    async def committed_nonce(self) -> int:
-        self._reachable()
-        return self.chain.state.committed("acct", self.signer) or 0
-
-    def mine(self, extra: list[bytes] | None = None) -> None:
-        """One block of the mempool (and `extra`), indexed by hash."""
-        txs, self.mempool = [*self.mempool, *(extra or [])], []
-        self.mined.extend(txs)
-        height = self.chain.state.height + 1
-        for index, (raw, result) in enumerate(zip(txs, self.chain.block(txs), strict=True)):
-            events = [
-                {"type": kind, "attributes": [{"key": k, "value": v} for k, v in attrs]}
-                for kind, attrs in result.events
-            ]
-            self.index[tx_hash(raw)] = TxResult(
-                tx_hash(raw), height, index, int(result.code), result.log, events
-            )
-
-    async def committed(self, hash_hex: str, *, timeout_s: float = 15.0) -> TxResult:
-        self._reachable()
-        if any(tx_hash(raw) == hash_hex for raw in self.mempool):
-            self.mine()
-        found = self.index.get(hash_hex)
-        if found is None:
-            raise UnavailableError(f"tx {hash_hex[:16]} not committed within {timeout_s:g} s")
-        return found
-
-    async def query(self, path: str, **params: Any) -> Any:
-        full = path + ("?" + "&".join(f"{k}={v}" for k, v in params.items()) if params else "")
-        code, value, log = query(self.chain.state, full, b"")
-        assert code == Code.OK, log
-        return json.loads(value)
-
-
 def backed(chain: Chain, node: SigningKey, shard: int) -> int:
     """The node's backing on (m, shard), summed over the epochs that hold it."""
     suffix = f"/{hexkey(node)}/m/{shard}"
     return sum(v for k, v in chain.state.items("backing") if k.endswith(suffix))
 
 
-def reporter(ledger: WorkLedger, link: ChainReportLink, **kwargs: Any) -> WorkReporter:
+def reporter(ledger: WorkLedger, link: ReportingLink, **kwargs: Any) -> WorkReporter:
     return WorkReporter(ledger, link, settle_s=0.0, **kwargs)
 
 
@@ -152,7 +74,7 @@ async def test_reporter_batches_questions_until_enough_or_the_oldest_waited() ->
     a, _ = two_nodes(chain)
     now = [0.0]
     ledger = WorkLedger("m", [(0, 2)], min_questions=3, max_wait_s=60, clock=lambda: now[0])
-    link = ChainReportLink(chain)
+    link = ReportingLink(chain, GATEWAY)
     sender = reporter(ledger, link)
     ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
     ledger.record(receipt(2, 1, 1, 5), circuit(hexkey(a)))
@@ -174,7 +96,7 @@ async def test_what_did_not_reach_a_block_is_resent_byte_for_byte_and_applied_on
     a, _ = two_nodes(chain)
     ledger = WorkLedger("m", [(0, 2)], min_questions=1)
     ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
-    link = ChainReportLink(chain, down=True)
+    link = ReportingLink(chain, GATEWAY, down=True)
     sender = reporter(ledger, link)
     with pytest.raises(UnavailableError):  # no nonce to sign with: nothing leaves the ledger
         await sender.flush()
@@ -203,7 +125,7 @@ async def test_a_report_whose_nonce_was_taken_goes_back_and_is_sent_again() -> N
     a, _ = two_nodes(chain)
     ledger = WorkLedger("m", [(0, 2)], min_questions=1)
     ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
-    link = ChainReportLink(chain, lose=True)
+    link = ReportingLink(chain, GATEWAY, lose=True)
     sender = reporter(ledger, link)
     assert await sender.flush() == 0
     lost = ledger.in_flight
@@ -226,7 +148,7 @@ async def test_refused_items_are_logged_and_kept_by_name_the_rest_applies(tmp_pa
         "m", [(0, 2), (2, 5)], min_questions=1, journal=journal, refused_path=refused_file
     )
     ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a), "ab" * 32))  # one unknown node
-    assert await reporter(ledger, ChainReportLink(chain)).flush() == 1
+    assert await reporter(ledger, ReportingLink(chain, GATEWAY)).flush() == 1
     [refused] = ledger.refused
     assert (refused["kind"], refused["id"], refused["code"]) == (
         "work",
@@ -243,7 +165,7 @@ async def test_a_whole_tx_refusal_names_every_item() -> None:
     chain = settled_chain()
     ledger = WorkLedger("m", [(0, 2)], min_questions=1)
     ledger.record(receipt(1, 1, 1, 5), circuit(A))
-    link = ChainReportLink(chain, key=SigningKey(b"\x05" * 32))  # not a genesis gateway
+    link = ReportingLink(chain, key=SigningKey(b"\x05" * 32))  # not a genesis gateway
     assert await reporter(ledger, link).flush() == 1
     assert {(r["kind"], r["code"]) for r in ledger.refused} == {
         ("work", "UNKNOWN_GATEWAY"),
@@ -267,11 +189,11 @@ async def test_a_restart_reports_what_was_recorded_exactly_once(tmp_path: Path) 
     ledger = WorkLedger("m", [(0, 2)], min_questions=10, journal=path)
     for n in range(1, 4):
         ledger.record(receipt(n, 1, 1, 5), circuit(hexkey(a)))
-    assert await reporter(ledger, ChainReportLink(chain)).flush() == 0  # batch not full
+    assert await reporter(ledger, ReportingLink(chain, GATEWAY)).flush() == 0  # batch not full
     # killed here; the new process finds the three questions and reports them
     again = reopened(ledger)
     assert sorted(again.queries) == ["0x" + f"{n:064x}" for n in range(1, 4)]
-    assert await reporter(again, ChainReportLink(chain)).flush() == 1
+    assert await reporter(again, ReportingLink(chain, GATEWAY)).flush() == 1
     # and a third start finds nothing left to report
     third = reopened(again)
     assert not third.pending and third.in_flight is None
@@ -290,14 +212,14 @@ async def test_a_restart_with_a_report_in_flight_never_reports_it_twice(
     assert report is not None
     raw = sign(report, GATEWAY, 1).encode()
     ledger.sending(report, raw, 1)  # on disk; killed after this line, at `stage`
-    first = ChainReportLink(chain)
+    first = ReportingLink(chain, GATEWAY)
     if stage in ("broadcast", "committed"):
         await first.broadcast(raw)
     if stage == "committed":
         first.mine()
     again = reopened(ledger)
     assert again.in_flight is not None and again.in_flight.hash == tx_hash(raw)
-    link = ChainReportLink(chain, mempool=list(first.mempool), index=dict(first.index))
+    link = ReportingLink(chain, GATEWAY, mempool=list(first.mempool), index=dict(first.index))
     assert await reporter(again, link).flush() == 1
     assert not again.pending and again.in_flight is None
     assert backed(chain, a, 0) == 4  # once, not twice
@@ -319,7 +241,7 @@ async def test_the_journal_survives_a_torn_last_line_and_compacts(
     monkeypatch.setattr(settlement, "COMPACT_LINES", 2)
     again = reopened(ledger)
     again.record(receipt(3, 1, 1, 7), circuit(hexkey(a)))
-    assert await reporter(again, ChainReportLink(chain)).flush() == 1
+    assert await reporter(again, ReportingLink(chain, GATEWAY)).flush() == 1
     assert len(path.read_text().splitlines()) == 1  # compacted into a snapshot
     ledger_after = reopened(again)
     assert not ledger_after.pending and ledger_after.nonce == 1
@@ -347,7 +269,7 @@ async def test_2000_charges_and_1000_queries_reach_the_chain_in_fitting_reports(
         ledger.record(prepaid_receipt(item), nodes)
         if n % 2 == 0:
             ledger.record(receipt(10_000 + n, 2, 3, 100 + n), nodes)
-    link = ChainReportLink(chain)
+    link = ReportingLink(chain, GATEWAY)
     sender = reporter(ledger, link)
     assert await sender.flush() >= 5
     assert not ledger.pending and ledger.in_flight is None and ledger.refused == []
