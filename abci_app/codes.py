@@ -58,6 +58,7 @@ class Code(IntEnum):
     SPOT_CHECK_NOT_ASSIGNED = 52  # a listed triple was not committed then, selected, or assigned
     # more charge-item refusals (abci_app/settlement.py)
     CHARGE_OVER_CAP = 60  # a total above the authorization's cap
+    WRONG_GATEWAY = 61  # a charge names another gateway than the one genesis binds the key to
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

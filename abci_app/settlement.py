@@ -149,8 +149,9 @@ def work_report(state: State, tx: SignedTx) -> None:
         outcome.judge(state, "work", work_name(item), lambda item=item: _work(state, item))
     for query_id, fee in body.queries:
         outcome.judge(state, "query", query_id, lambda q=query_id, f=fee: _query(state, q, f))
+    bound = state.genesis.gateway_addresses.get(tx.signer)
     for charge in body.charges:
-        outcome.judge(state, "charge", charge.name, lambda c=charge: _charge(state, c))
+        outcome.judge(state, "charge", charge.name, lambda c=charge: _charge(state, c, bound))
     state.emit(
         "planet.work_report",
         gateway=tx.signer,
@@ -220,10 +221,14 @@ def _query(state: State, query_id: str, fee: int) -> bool:
     return True
 
 
-def _charge(state: State, item: ChargeItem) -> bool:
+def _charge(state: State, item: ChargeItem, bound: str | None) -> bool:
     genesis = state.genesis
     if not (genesis.escrow_address and genesis.evm_chain_id):
         rules.reject(Code.SETTLEMENT_DISABLED, "genesis has no evm {chain_id, escrow_address}")
+    if bound is not None and item.gateway != bound:
+        rules.reject(
+            Code.WRONG_GATEWAY, f"this gateway key reports for {bound}, not {item.gateway}"
+        )
     if item.total > item.cap:
         rules.reject(Code.CHARGE_OVER_CAP, f"total {item.total} above its cap {item.cap}")
     if state.block_time > item.expiry:

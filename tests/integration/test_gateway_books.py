@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from harness.gateway_net import PASSWORD, GatewayNet, prepared_manifest, wait_for
-from node.keys import load_or_create_node_key
+from node.keys import load_or_create_node_key, load_or_create_wallet
 from node.server.launcher import wait_healthy
 from protocol.commit_batch import decode_tx
 from protocol.committee.grammar import TxDecodeError
@@ -40,10 +40,13 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayNet]:
         network.start_chain()
         # the gateway's committee key exists before genesis, so genesis can list it
         key = load_or_create_node_key(run_dir / "gateway" / "committee_key.json", PASSWORD)
+        wallet = load_or_create_wallet(run_dir / "gateway" / "wallet.json", PASSWORD)
+        gateway = key.verify_key.encode().hex()
         deployment = network.deployment
         network.start_committee(
             app_state={
-                "gateways": [key.verify_key.encode().hex()],
+                "gateways": [gateway],
+                "gateway_addresses": {gateway: wallet.address},
                 "evm": {
                     "chain_id": deployment.chain_id,
                     "committee_address": deployment.address("Committee"),

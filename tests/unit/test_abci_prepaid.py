@@ -6,6 +6,7 @@ statement (abci_app/settlement.py)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -288,3 +289,27 @@ def test_the_wire_keeps_old_reports_unchanged_and_refuses_hostile_charge_lists()
     for bad in hostile:
         with pytest.raises(TxDecodeError):
             WorkReport.from_json({"work": [], "queries": [], "charges": bad})
+
+
+def test_a_gateway_key_bound_in_genesis_charges_only_for_its_own_address() -> None:
+    checksummed = GATEWAY_EVM.upper().replace("0X", "0x")
+    chain = settled_chain(gateway_addresses={hexkey(GATEWAY): checksummed})
+    chain.time_s = NOW
+    own, other = charge("payer-1", 1, 10), charge("payer-1", 2, 10, gateway=OTHER_GATEWAY_EVM)
+    result = one(chain, charges_report(own, other), GATEWAY)
+    assert [(r["id"], r["code"]) for r in refusals(result)] == [(other.name, "WRONG_GATEWAY")]
+    assert [key for key, _ in chain.state.items("cpend")] == [own.name]
+
+
+def test_genesis_binds_only_listed_gateway_keys_to_addresses() -> None:
+    from abci_app.genesis import Genesis
+    from protocol.errors import ConfigError
+
+    key = hexkey(GATEWAY)
+    parsed = Genesis.parse(
+        json.dumps({"gateways": [key], "gateway_addresses": {key: GATEWAY_EVM}}).encode()
+    )
+    assert parsed.gateway_addresses == {key: GATEWAY_EVM}
+    for bad in ({"ab" * 32: GATEWAY_EVM}, {key: "0x12"}, [key]):
+        with pytest.raises(ConfigError):
+            Genesis.parse(json.dumps({"gateways": [key], "gateway_addresses": bad}).encode())
