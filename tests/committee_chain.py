@@ -3,7 +3,8 @@
 `Chain` owns a `StateMachine` (and its `State`) over a SQLite store, deterministic ed25519
 validator keys and secp256k1 operator keys, and runs blocks the way CometBFT drives the app:
 PrepareProposal → ProcessProposal → FinalizeBlock → Commit. Keys come from fixed seeds so every
-run (and every test) sees the same addresses and hashes.
+run (and every test) sees the same addresses and hashes. `ReportingLink` is a gateway's
+`CommitteeLink` (broadcast, find by hash, committed nonce) over such a chain, with a mempool.
 """
 
 from __future__ import annotations
