@@ -514,7 +514,7 @@ class WorkReporter:
     debits: DebitTracker | None = None  # marks prepaid charges debited once posted
     commit_timeout_s: float = 30.0  # wait this long for a block to hold a sent report
     settle_s: float = 2.0  # how long the tx index may lag a committed block
-    max_backoff_s: float = 300.0
+    max_backoff_s: float = 60.0  # within the timeline's commit margin (gateway timeline.py)
     max_bytes: int = MAX_TX_BYTES
     failures: int = 0  # consecutive passes that could not reach the committee
     reported: int = 0  # reports a block holds (or that were refused whole), since start
