@@ -405,11 +405,11 @@ class GatewayNet:
         self._heartbeats = threading.Thread(target=self._beat, daemon=True)
         self._heartbeats.start()
 
-    def start_gateway(self) -> None:
+    def start_gateway(self, extra_args: tuple[str, ...] = ()) -> None:
         assert self.anvil is not None and self.committee is not None
         port = ephemeral_port()
         self.gateway_url = f"http://127.0.0.1:{port}"
-        log = open(self.run_dir / "gateway.log", "wb")  # noqa: SIM115
+        log = open(self.run_dir / "gateway.log", "ab")  # noqa: SIM115  (a restart appends)
         self.gateway = subprocess.Popen(
             [
                 sys.executable,
@@ -432,6 +432,7 @@ class GatewayNet:
                 str(PRICE),
                 "--port",
                 str(port),
+                *extra_args,
             ],
             cwd=ROOT,
             stdout=log,

@@ -164,6 +164,29 @@ class Voucher(TypedStruct):
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PaymentKey(TypedStruct):
+    """A prepaid payer allows `gateway` to charge its balance in `consumer` up to `cap` wei in
+    all, question by question, for model `model_id`, until `expiry` (unix seconds)."""
+
+    gateway: str
+    key_id: bytes
+    model_id: bytes
+    cap: int
+    expiry: int
+    consumer: str
+
+    PRIMARY_TYPE: ClassVar[str] = "PaymentKey"
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("gateway", "gateway", "address"),
+        ("keyId", "key_id", "bytes32"),
+        ("modelId", "model_id", "bytes32"),
+        ("cap", "cap", "uint256"),
+        ("expiry", "expiry", "uint64"),
+        ("consumer", "consumer", "address"),
+    )
+
+
 def circuit_hash(node_keys: Sequence[str]) -> bytes:
     """keccak256 of the circuit's ed25519 node keys (32 bytes each, circuit order)."""
     return keccak(b"".join(as_bytes32(key, "node key") for key in node_keys))

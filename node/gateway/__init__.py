@@ -9,7 +9,7 @@
     router.py      routable nodes from the committee chain → a random circuit per session
     payments.py    payment proofs checked against QueryEscrow (a Reservation per question);
                    receipts signed by the gateway
-    settlement.py  the work reports the gateway sends the committee chain for paid questions
+    settlement.py  the work ledger (journal) and the reports it sends the committee chain
     circuits.py    CircuitPool: one live CircuitClient (node-to-node forwarding) per circuit
     engine.py      one generation over a circuit (logprobs, retries before the first token)
     dapp.py        the web dApp's routes: the page, its config, a read-only network view

@@ -21,7 +21,7 @@ from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
 from node.gateway.payments import ChainEscrow, PaymentDesk
 from node.gateway.router import CommitteeNodes, Router
-from node.gateway.settlement import DebitTracker, WorkLedger, WorkReporter
+from node.gateway.settlement import DebitTracker, WorkLedger, WorkReporter, ledger_paths
 from protocol.eip712 import as_bytes32
 from protocol.errors import ConfigError, PlanetError, UnavailableError
 from protocol.payment import payment_domain
@@ -108,6 +108,8 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
             [tuple(s.layers) for s in manifest.shards],
             min_questions=config.report_min_questions,
             max_wait_s=config.report_max_wait_s,
+            journal=ledger_paths(config.receipts_path)[0],
+            refused_path=ledger_paths(config.receipts_path)[1],
         ),
     )
     return gateway, [http, committee]
@@ -170,10 +172,10 @@ async def _serve(config: GatewayConfig, password: str) -> None:
         await stop.wait()
         if reporter_task is not None:
             await reporter_task
-            try:
-                await reporter.flush(force=True)  # what the last questions earned
+            try:  # what the last questions earned; the ledger file keeps whatever is left
+                await asyncio.wait_for(reporter.flush(force=True), timeout=30)
             except Exception as error:  # the committee may be down too at shutdown
-                log.warning("last work_report not sent: %r", error)
+                log.warning("last work_report not sent (kept in the ledger file): %r", error)
             await reporter.link.close()
     finally:
         await runner.cleanup()

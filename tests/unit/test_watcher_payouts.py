@@ -72,7 +72,7 @@ class FakeEscrow:
         if self.already:
             raise ContractRevert("EpochAlreadyPosted", (statement.epoch,))
         self.posts.append((statement, query_ids, fees, sigs))
-        self.debits.append((payers, debits))
+        self.debits.append((payers, gateways, debits))
 
 
 def relay(chain: Chain, index: int, escrow: FakeEscrow) -> PayoutRelay:
@@ -130,7 +130,13 @@ async def test_payout_relay_skips_a_statement_for_another_escrow() -> None:
 
 
 async def test_payout_relay_posts_the_statements_prepaid_debits() -> None:
-    from tests.unit.test_abci_prepaid import NOW, backed_and_credited, charge, payer
+    from tests.unit.test_abci_prepaid import (
+        GATEWAY_EVM,
+        NOW,
+        backed_and_credited,
+        charge,
+        payer,
+    )
 
     chain = settled_chain()
     chain.time_s = NOW
@@ -139,8 +145,8 @@ async def test_payout_relay_posts_the_statements_prepaid_debits() -> None:
     escrow = FakeEscrow()
     for i in range(3):
         await relay(chain, i, escrow).step()
-    [(payers, debits)] = escrow.debits
-    expected = sorted([(payer("payer-1"), 300), (payer("payer-2"), 5)])
-    assert list(zip(payers, debits, strict=True)) == expected
+    [(payers, gateways, debits)] = escrow.debits
+    expected = sorted([(payer("payer-1"), GATEWAY_EVM, 300), (payer("payer-2"), GATEWAY_EVM, 5)])
+    assert list(zip(payers, gateways, debits, strict=True)) == expected
     view = await relay(chain, 0, escrow).committee.query("/payouts", epoch=epoch)
-    assert view["payers"] == [p for p, _ in expected]
+    assert view["payers"] == [p for p, _, _ in expected]
