@@ -8,8 +8,9 @@ like any other; logprobs come from the logits the client sampled the token from 
 
 Retries (OpenTela's lesson): when a question fails before anything was shown to the user, the
 nodes of the failed circuit that do not answer /health are cooled down and a new circuit is
-built, up to `attempts` times. After the first event reached the user a failure is final:
-`NodeFailed` (502), and the caller charges nothing.
+built, up to `attempts` times. After the first event reached the user (`delivered`) a failure
+is final: `NodeFailed` (502); the caller's payment state machine decides what is charged
+(`payment_state.py`: what was delivered, or nothing).
 """
 
 from __future__ import annotations
@@ -138,8 +139,7 @@ class Generation:
                 if self.delivered or attempt == self.attempts:
                     raise NodeFailed(
                         "node_failed",
-                        f"a compute node failed during the question ({error.message}); "
-                        "nothing was charged, ask again",
+                        f"a compute node failed during the question ({error.message})",
                     ) from None
 
     async def echoed_events(self) -> list[TokenEvent]:

@@ -16,7 +16,8 @@ import pytest
 
 from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
-from node.gateway.payments import OnChainDeposit, PaymentDesk
+from node.gateway.escrow_reads import OnChainDeposit
+from node.gateway.payments import PaymentDesk
 from node.gateway.router import Router
 from node.gateway.sse import parse_events
 from node.server.app import create_app as create_node_app
@@ -118,7 +119,12 @@ async def env(aiohttp_server, aiohttp_client, tmp_path: Path):
     http = aiohttp.ClientSession()
     source = FakeSource(entries)
     router = Router(
-        source, model_hash=MODEL_HASH, shard_layers=[(0, 2), (2, 4)], http=http, refresh_s=0
+        source,
+        model_hash=MODEL_HASH,
+        shard_layers=[(0, 2), (2, 4)],
+        http=http,
+        refresh_s=0,
+        public_only=False,  # in-process fakes on loopback
     )
     config = GatewayConfig(
         evm_rpc="http://x",
