@@ -346,6 +346,9 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
         if req.sampling.stream:
             return await _stream(request, gateway, req, generation, shaper, payment)
         return await _whole(gateway, req, generation, shaper, payment)
+    except asyncio.CancelledError:  # the client hung up (aiohttp cancels its handler)
+        payment.client_gone(generation.circuit, prompt_sent=generation.started)
+        raise
     except NodeFailed as error:
         if payment.consumed:
             raise
@@ -372,7 +375,9 @@ async def _whole(
             if event is None:  # a retry on a new circuit starts over
                 text = TextStream(gateway.head.decode, req.sampling.stop)
                 events = []
+                payment.restart()
                 continue
+            payment.produce()
             events.append(event)
             text.push(event.token)
             if text.stopped:
@@ -386,7 +391,7 @@ async def _whole(
     use = usage(len(prompt_ids), len(events))
     echoed = await generation.echoed_events()  # before charging: it can still fail
     payment.deliver(len(events))  # the whole answer goes to the writer at once
-    signed = payment.charge(generation.circuit)
+    signed = payment.finish(generation.circuit)
     body = shaper.full(answer, events, finish, use, echoed)
     body["planet_receipt"] = signed
     return web.json_response(body, dumps=_dumps)
@@ -430,7 +435,9 @@ async def _stream(
                 async for event in stream:
                     if event is None:  # a retry: only while nothing was delivered
                         text = TextStream(gateway.head.decode, req.sampling.stop)
+                        payment.restart()
                         continue
+                    payment.produce()
                     payment.deliver()  # before the write: a failed write is still charged
                     generation.delivered = True  # no retry from here on
                     delta = text.push(event.token)
@@ -449,7 +456,8 @@ async def _stream(
         except PlanetError as error:
             if not payment.consumed:
                 raise  # nothing delivered: a plain JSON error, and the payment is released
-            signed = payment.charge(generation.circuit)
+            payment.failed(generation.circuit)
+            signed = payment.receipt
             status, body = planet_error_body(error)
             body["error"]["message"] += (
                 f"; charged for the prompt and the {payment.delivered} tokens delivered "
@@ -463,7 +471,7 @@ async def _stream(
         tail = text.finish()
         finish = "stop" if text.stopped or not generation.finished_by_length else "length"
         use = usage(len(generation.prompt_ids), payment.delivered)
-        signed = payment.charge(generation.circuit)
+        signed = payment.finish(generation.circuit)
         last = shaper.chunk(tail or None, [], finish, first=first, include_usage=include_usage)
         if include_usage:
             await send(last)
@@ -472,7 +480,8 @@ async def _stream(
         await send(last)
         await response.write(sse.DONE)
         await response.write_eof()
-    except ConnectionError:  # the client hung up: what was handed over is charged (finally)
+    except ConnectionError:  # the client hung up: a write failed
+        payment.client_gone(generation.circuit, prompt_sent=generation.started)
         log.info(
             "client hung up query=%s delivered=%d state=%s",
             payment.reservation.query_hex[:18],

@@ -95,6 +95,7 @@ class Generation:
         self._logits: np.ndarray | None = None  # what the last token was sampled from
         self.circuit: Circuit | None = None
         self.delivered = False  # set by the caller once an event reached the user
+        self.started = False  # the answering attempt's prompt went to its circuit
         self.count = 0
 
     async def events(self) -> AsyncIterator[TokenEvent | None]:
@@ -103,6 +104,7 @@ class Generation:
         for attempt in range(1, self.attempts + 1):
             if attempt > 1:
                 yield None
+            self.started = False
             circuit = await self.router.circuit()  # NoCircuit (503) when a shard has none
             self.circuit = circuit
             self.count = 0
@@ -111,6 +113,7 @@ class Generation:
                 async with self.router.hold(circuit), self.circuits.use(hops) as client:
                     self._prefill = []
                     self._logits = None
+                    self.started = True  # from here the nodes work for this client
                     tokens = client.generate(
                         self.head,
                         self.prompt_ids,

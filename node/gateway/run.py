@@ -210,7 +210,9 @@ def serve(config: GatewayConfig, password: str) -> None:
 
 async def _serve(config: GatewayConfig, password: str) -> None:
     gateway, resources = await build(config, password)
-    runner = web.AppRunner(create_app(gateway), access_log=None)
+    # a client that hangs up cancels its handler at once: the nodes stop, and the question's
+    # payment charges what the nodes did for it (payment_state.py)
+    runner = web.AppRunner(create_app(gateway), access_log=None, handler_cancellation=True)
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
