@@ -89,15 +89,7 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
     except PlanetError:
         await committee.close()
         raise
-    # registered endpoints are strangers' choice: public addresses only (unless told
-    # otherwise), and never a redirect's Location (router.py, node/dial.py)
-    resolver = None if config.private_endpoints else PublicResolver()
-    http = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=300, resolver=resolver),
-        timeout=aiohttp.ClientTimeout(total=config.node_timeout_s),
-        skip_auto_headers=("User-Agent",),
-        middlewares=(refuse_redirects,),
-    )
+    http = node_session(config)
     router = Router(
         CommitteeNodes(committee, manifest.model_hash),
         model_hash=manifest.model_hash,
@@ -151,6 +143,19 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         ),
     )
     return gateway, [http, committee]
+
+
+def node_session(config: GatewayConfig) -> aiohttp.ClientSession:
+    """The session the gateway dials nodes on (probes, circuits). Registered endpoints are
+    strangers' choice: public addresses only unless `private_endpoints` (names resolve to
+    global addresses only), and never a redirect's Location (router.py, node/dial.py)."""
+    resolver = None if config.private_endpoints else PublicResolver()
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=300, resolver=resolver),
+        timeout=aiohttp.ClientTimeout(total=config.node_timeout_s),
+        skip_auto_headers=("User-Agent",),
+        middlewares=(refuse_redirects,),
+    )
 
 
 def _epoch_blocks(params: Any) -> int:

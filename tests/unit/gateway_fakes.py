@@ -162,6 +162,7 @@ class Script:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.admitted = asyncio.Event()  # the question got its circuit (clear it: queued)
         self.admitted.set()
+        self.stop_at_max = True  # False: after max_tokens, wait for end() (a slow last step)
         self.started = asyncio.Event()  # the question's prompt went to its circuit
         self.closed = asyncio.Event()  # the gateway stopped asking the nodes
 
@@ -206,6 +207,8 @@ class ScriptedGeneration:
                     raise item
                 self.count += 1
                 yield TokenEvent(int(item), None, ())
+                if self.script.stop_at_max and self.count >= self.max_tokens:
+                    return
         finally:
             self.script.closed.set()
 
