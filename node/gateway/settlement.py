@@ -89,9 +89,11 @@ class WorkLedger:
         self.questions += 1
         tokens = int(receipt["prompt_tokens"]) + int(receipt["completion_tokens"])
         fee = int(receipt["fee_wei"])
-        if "payer" in receipt:  # prepaid: the committee debits the payer's balance
+        if "voucher" in receipt:  # prepaid: the committee debits the payer's balance
             item = prepaid_item(receipt)
             self.prepaid[(item.payer, item.query_id)] = item
+        elif "key" in receipt:
+            pass  # a key's cumulative total: reported as a charge item (DESIGN-24 §3, books)
         elif fee > 0:
             self.queries[str(receipt["query_id"]).lower()] = fee
         for node in circuit.nodes:

@@ -318,3 +318,25 @@ async def test_http_key_status_needs_a_payment_key(app_client) -> None:
     answer = await client.get("/v1/key", headers={"Authorization": "Bearer planet-key-v1.zz"})
     assert answer.status == 402
     assert (await answer.json())["error"]["code"] == "key_malformed"
+
+
+def test_the_work_ledger_takes_a_key_paid_receipt_without_a_deposit_fee() -> None:
+    """A key-paid receipt is neither a per-query deposit nor a voucher: the nodes' work counts,
+    its fee is not reported as a query fee (the key's running total goes to the committee as a
+    charge item, DESIGN-24 §3)."""
+    from node.gateway.router import Circuit, RoutableNode
+    from node.gateway.settlement import WorkLedger
+
+    ledger = WorkLedger("sha256:" + "0" * 64, [(0, 15), (15, 30)])
+    receipt = {
+        "query_id": "0x" + "11" * 32,
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "fee_wei": "50",
+        "payer": PAYER,
+        "key": {"key_id": "0x" + "33" * 32, "total_wei": "50"},
+    }
+    nodes = (RoutableNode("aa" * 32, "http://a:1", 0), RoutableNode("bb" * 32, "http://b:1", 1))
+    ledger.record(receipt, Circuit(nodes))
+    assert ledger.queries == {} and ledger.prepaid == {}
+    assert sorted(ledger.work.values()) == [5, 5]
