@@ -530,7 +530,9 @@ def test_gateway_node_killed_mid_question_gives_clear_error_and_charges_what_wen
     doc = get_receipt(net, query_id, key)
     assert len(received) <= doc["completion_tokens"] < 300
     assert user.escrow.deposit_of(query_id)["status"] == 1  # settled later, by the epoch's root
+    assert _refused(net, key)["code"] == "payment_used"  # consumed: tokens went out
     # the next question finds no live node for shard 1: 503, not a hang, not a charge
+    key, _ = net.pay(user, DEPOSIT)
     with pytest.raises(openai.APIStatusError) as unavailable:
         client(net, key).chat.completions.create(
             model=model_name(net), messages=QUESTION, max_tokens=4, temperature=0
