@@ -1,8 +1,8 @@
-"""PaymentDesk with prepaid vouchers: every 402 by name (malformed, expired, too far, over cap,
-replayed, invalid signature, withdrawing, insufficient, expiring before the committee could
-charge it), reservations against the balance
-(concurrent questions cannot overdraw it), release / settle / mark_debited accounting, receipts
-carrying the payer, and a restart that remembers what is still outstanding."""
+"""PaymentDesk with prepaid vouchers: every 402 by name (malformed, expired, expiring before the
+committee could charge it, too far, over cap, replayed, invalid signature, withdrawing,
+insufficient), reservations against the balance (concurrent questions cannot overdraw it),
+release / settle / mark_debited accounting, receipts carrying the payer, and a restart that
+remembers what is still outstanding."""
 
 from __future__ import annotations
 
