@@ -201,7 +201,7 @@ class BoundedReads:
         self._waiting = 0
         self._deposits: _Cache[bytes, OnChainDeposit] = _Cache(clock)
         self._balances: _Cache[str, OnChainBalance] = _Cache(clock)
-        self._pending: dict[tuple[str, Any], asyncio.Future[Any]] = {}
+        self._pending: dict[tuple[str, Any], asyncio.Future[Any]] = {}  # reads under way
 
     async def deposit(self, query_id: bytes) -> OnChainDeposit:
         cached = self._deposits.get(query_id)
@@ -226,25 +226,20 @@ class BoundedReads:
         self._balances.drop(payer)
 
     async def _shared(self, key: tuple[str, Any], read: Callable[[], Awaitable[V]]) -> V:
-        pending = self._pending.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[V] = asyncio.get_running_loop().create_future()
-        self._pending[key] = future
-        try:
-            value = await self._bounded(read)
-        except BaseException as error:
-            if isinstance(error, Exception):
-                future.set_exception(error)
-                future.exception()  # retrieved: waiters re-raise it, nobody else must
-            else:
-                future.cancel()
-            raise
-        else:
-            future.set_result(value)
-            return value
-        finally:
-            self._pending.pop(key, None)
+        """One read per key at a time, in a task of its own: a caller that goes away (its
+        client hung up) does not cancel the read the others wait for."""
+        task = self._pending.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._bounded(read))
+            self._pending[key] = task
+            task.add_done_callback(lambda done: self._finished(key, done))
+        return await asyncio.shield(task)
+
+    def _finished(self, key: tuple[str, Any], task: asyncio.Future[Any]) -> None:
+        if self._pending.get(key) is task:
+            del self._pending[key]
+        if not task.cancelled():
+            task.exception()  # retrieved here: the waiters re-raise it, nobody else must
 
     async def _bounded(self, read: Callable[[], Awaitable[V]]) -> V:
         if self._slots.locked() and self._waiting >= self.max_waiting:

@@ -252,3 +252,20 @@ async def test_a_failed_read_is_not_cached_and_reaches_every_waiter() -> None:
     with pytest.raises(NoCircuit):
         await reads.prepaid("0xabc")
     assert inner.calls == 2
+
+
+async def test_a_caller_that_goes_away_does_not_cancel_the_read_others_wait_for() -> None:
+    class Funded(SlowReader):
+        async def prepaid(self, payer: str) -> OnChainBalance:
+            await self._read()
+            return OnChainBalance(1_000, 0)
+
+    inner = Funded(delay_s=0.05)
+    reads = BoundedReads(inner)
+    first = asyncio.ensure_future(reads.prepaid("0xabc"))
+    await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(reads.prepaid("0xabc"))
+    await asyncio.sleep(0.01)
+    first.cancel()  # its client hung up
+    assert (await second).balance == 1_000
+    assert inner.calls == 1
