@@ -275,7 +275,7 @@ class GatewayNet:
         config = DeployConfig.devnet(
             committee=[(address_of(self.operator_key), 1)],
             challenge_window_s=60,
-            refund_timeout_s=120,
+            refund_timeout_s=600,  # >= the gateway's derived refund margin (timeline.py)
             dev_owner=ANVIL_DEV_ADDRESS,
         )
         self.deployment = deploy_all(
@@ -432,6 +432,7 @@ class GatewayNet:
                 str(PRICE),
                 "--port",
                 str(port),
+                "--private-endpoints",  # every registered endpoint is on loopback here
                 *extra_args,
             ],
             cwd=ROOT,

@@ -47,6 +47,7 @@ def start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Progr
         "--host", "127.0.0.1",
         "--port", str(port),
         "--report-min-questions", "1",  # a dev chain: settle each question quickly
+        "--private-endpoints",  # the devnet's nodes register loopback endpoints
     )  # fmt: skip
     pid = spawn(argv, log_path)
     state["pids"]["gateway"] = pid
