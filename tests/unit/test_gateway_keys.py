@@ -334,9 +334,19 @@ def test_the_work_ledger_takes_a_key_paid_receipt_without_a_deposit_fee() -> Non
         "completion_tokens": 2,
         "fee_wei": "50",
         "payer": PAYER,
-        "key": {"key_id": "0x" + "33" * 32, "total_wei": "50"},
+        "gateway": "0x" + "44" * 20,
+        "model_id": "0x" + "55" * 32,
+        "key": {
+            "key_id": "0x" + "33" * 32,
+            "total_wei": "50",
+            "cap_wei": "1000",
+            "expiry": "2000000000",
+            "signature": "0x" + "66" * 65,
+        },
     }
     nodes = (RoutableNode("aa" * 32, "http://a:1", 0), RoutableNode("bb" * 32, "http://b:1", 1))
     ledger.record(receipt, Circuit(nodes))
-    assert ledger.queries == {} and ledger.prepaid == {}
+    assert ledger.queries == {}
+    [(item, _seq)] = ledger.charges.values()
+    assert (item.kind, item.id, item.total, item.cap) == ("key", "0x" + "33" * 32, 50, 1000)
     assert sorted(ledger.work.values()) == [5, 5]
