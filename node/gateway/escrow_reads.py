@@ -4,13 +4,11 @@ Two reads pay for everything (`EscrowReader`):
 
     deposit(query_id) → OnChainDeposit     one `depositOf(queryId)` eth_call: depositor, amount,
                                            status, deposit time, model and the gateway the
-                                           deposit was made for (DESIGN-24 §1)
+                                           deposit was made for (docs/contracts.md)
     prepaid(payer)    → OnChainBalance     one `prepaidOf(payer, this gateway)` eth_call: what
                                            the payer holds for this gateway, withdrawal time
 
-`ChainEscrow` does them over web3 (blocking, in a thread). It reads the deployment's ABI once: a
-QueryEscrow without the gateway slot (before DESIGN-24 §1) still gets the model from its
-`Deposited` event — the legacy log read, kept only until every deployment has the new contract.
+`ChainEscrow` does them over the escrow binding (blocking web3, in a thread): never a log scan.
 
 Any well-formed key makes the gateway read the chain before it can refuse, so `BoundedReads`
 sits in front of the reader:
@@ -48,7 +46,7 @@ class OnChainDeposit:
     status: int  # 0 None, 1 Funded, 2 Settled, 3 Reclaimed, 4 Refunded
     model_id: bytes | None  # the model the deposit pays for (None: unknown)
     refund_at: int = 0  # unix s when the depositor may take an unsettled deposit back (0: unknown)
-    gateway: str | None = None  # the gateway it was made for (None: a legacy escrow, unknown)
+    gateway: str | None = None  # the gateway it was made for (None: not known to the reader)
 
     @property
     def funded(self) -> bool:
@@ -67,68 +65,40 @@ class EscrowReader(Protocol):
     async def prepaid(self, payer: str) -> OnChainBalance: ...
 
 
-def _outputs(abi: list[dict[str, Any]], name: str, part: str) -> int:
-    for entry in abi:
-        if entry.get("type") == "function" and entry.get("name") == name:
-            return len(entry.get(part) or [])
-    return 0
-
-
 class ChainEscrow:
-    """QueryEscrow read through `node.chain.evm.account.PlanetChain` (blocking web3 in a thread)
-    as the gateway `gateway`."""
+    """QueryEscrow read through `node.chain.evm.account.PlanetChain`'s escrow binding (blocking
+    web3 in a thread) as the gateway `gateway`."""
 
     def __init__(self, chain: Any, gateway: str) -> None:
-        self.chain = chain
+        self.escrow = chain.escrow
         self.gateway = gateway
-        abi = chain.deployment.contracts["QueryEscrow"].abi
-        self._bound = _outputs(abi, "depositOf", "outputs") >= 6  # model + gateway in storage
-        self._per_gateway = _outputs(abi, "prepaidOf", "inputs") >= 2
         self._refund_timeout: int | None = None
-        self.calls = 0  # eth_calls / log reads made (tests, benches)
+        self.calls = 0  # eth_calls made (tests, benches)
 
     def refund_timeout(self) -> int:
         if self._refund_timeout is None:
             self.calls += 1
-            self._refund_timeout = int(self.chain.call("QueryEscrow", "refundTimeout"))
+            self._refund_timeout = self.escrow.refund_timeout()
         return self._refund_timeout
 
     def _read(self, query_id: bytes) -> OnChainDeposit:
         self.calls += 1
-        state = self.chain.call("QueryEscrow", "depositOf", query_id)
-        user, amount, status, deposited_at = state[0], int(state[1]), int(state[2]), int(state[3])
-        gateway: str | None = None
-        if self._bound:
-            model_id: bytes | None = bytes(state[4])
-            gateway = str(state[5])
-        else:
-            model_id = self._legacy_model(query_id)
+        state = self.escrow.deposit_of(query_id)
+        deposited_at = state["deposited_at"]
         refund_at = deposited_at + self.refund_timeout() if deposited_at else 0
-        return OnChainDeposit(user, amount, status, model_id, refund_at, gateway)
-
-    def _legacy_model(self, query_id: bytes) -> bytes | None:
-        """The model of a deposit in an escrow without the gateway slot: its `Deposited` event
-        (a log read from the deployment block; gone with DESIGN-24 §1)."""
-        self.calls += 1
-        contract = self.chain.contracts["QueryEscrow"]
-        from_block = max(0, int(getattr(self.chain.deployment, "block", 0) or 0) - 1)
-        logs = self.chain._rpc(
-            lambda: self.chain.w3.eth.get_logs(
-                {
-                    "address": contract.address,
-                    "fromBlock": from_block,
-                    "toBlock": "latest",
-                    "topics": [contract.events.Deposited().topic, "0x" + query_id.hex()],
-                }
-            )
+        return OnChainDeposit(
+            state["user"],
+            state["amount"],
+            state["status"],
+            state["model_id"],
+            refund_at,
+            str(state["gateway"]),
         )
-        return bytes(logs[0]["topics"][3]) if logs else None
 
     def _balance(self, payer: str) -> OnChainBalance:
         self.calls += 1
-        args = (payer, self.gateway) if self._per_gateway else (payer,)
-        balance, withdrawable_at = self.chain.call("QueryEscrow", "prepaidOf", *args)
-        return OnChainBalance(int(balance), int(withdrawable_at))
+        state = self.escrow.prepaid_of(payer, self.gateway)
+        return OnChainBalance(state["balance"], state["withdrawable_at"])
 
     async def deposit(self, query_id: bytes) -> OnChainDeposit:
         try:

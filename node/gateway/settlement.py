@@ -648,7 +648,11 @@ class Desk(Protocol):
 
     def undebited(self) -> dict[bytes, tuple[str, int]]: ...
 
+    def undebited_keys(self) -> dict[tuple[str, bytes], tuple[int, int]]: ...
+
     def mark_debited(self, query_ids: Any) -> int: ...
+
+    def mark_key_debited(self, payer: str, key_id: bytes, total: int) -> int: ...
 
 
 @dataclass
@@ -663,8 +667,7 @@ class DebitTracker:
     listing: int = 200  # statements read per pass (an epoch may close into several)
 
     def _owed(self) -> bool:
-        keys = getattr(self.desk, "undebited_keys", None)
-        return bool(self.desk.undebited() or (keys is not None and keys()))
+        return bool(self.desk.undebited() or self.desk.undebited_keys())
 
     async def step(self) -> int:
         """One pass; returns how many charges were marked debited."""
@@ -687,12 +690,10 @@ class DebitTracker:
                     continue
                 if kind == "voucher":
                     vouchers.append(bytes.fromhex(str(ident)[2:]))
-                elif kind == "key":
-                    mark_key = getattr(self.desk, "mark_key_debited", None)
-                    if mark_key is not None and mark_key(
-                        str(payer), bytes.fromhex(str(ident)[2:]), int(total)
-                    ):
-                        marked += 1
+                elif kind == "key" and self.desk.mark_key_debited(
+                    str(payer), bytes.fromhex(str(ident)[2:]), int(total)
+                ):
+                    marked += 1
             count = self.desk.mark_debited(vouchers) if vouchers else 0
             if count:
                 log.info("prepaid charges debited statement=%d count=%d", number, count)

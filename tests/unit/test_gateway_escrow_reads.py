@@ -39,54 +39,45 @@ OTHER_GATEWAY = address_of(bytes.fromhex("66" * 32))
 # --- ChainEscrow: what one check costs on the EVM chain --------------------------------------
 
 
-def _function(name: str, inputs: int, outputs: int) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "name": name,
-        "inputs": [{"type": "bytes32"}] * inputs,
-        "outputs": [{"type": "uint256"}] * outputs,
-    }
-
-
-class FakeChain:
-    """The slice of PlanetChain that ChainEscrow uses; every RPC is counted by kind."""
+class FakeEscrow:
+    """The escrow binding ChainEscrow reads (node/chain/evm/escrow.py); every RPC is counted by
+    kind, and a log scan would be counted too."""
 
     def __init__(self, deposit: tuple[Any, ...]) -> None:
-        abi = [_function("depositOf", 1, 6), _function("prepaidOf", 2, 2)]
-        contract = type("C", (), {"address": ESCROW, "abi": abi})()
-        self.deployment = type("D", (), {"contracts": {"QueryEscrow": contract}, "block": 1})()
         self.deposit = deposit
         self.rpc: list[str] = []
-        self.w3 = self  # get_logs would be counted too
-        self.eth = self
-        self.contracts = {"QueryEscrow": self}
-        self.escrow = self
 
-    def call(self, contract: str, function: str, *args: Any) -> Any:
-        self.rpc.append(f"{function}{args}")
-        if function == "depositOf":
-            return self.deposit
-        if function == "prepaidOf":
-            return (500, 0)
-        if function == "refundTimeout":
-            return 600
-        raise AssertionError(function)
+    def deposit_of(self, query_id: bytes) -> dict[str, Any]:
+        self.rpc.append(f"depositOf{(query_id,)}")
+        user, amount, status, deposited_at, model_id, gateway = self.deposit
+        return {
+            "user": user,
+            "amount": amount,
+            "status": status,
+            "deposited_at": deposited_at,
+            "model_id": model_id,
+            "gateway": gateway,
+        }
+
+    def prepaid_of(self, payer: str, gateway: str) -> dict[str, int]:
+        self.rpc.append(f"prepaidOf{(payer, gateway)}")
+        return {"balance": 500, "withdrawable_at": 0}
+
+    def refund_timeout(self) -> int:
+        self.rpc.append("refundTimeout")
+        return 600
 
     def get_logs(self, *_: Any) -> list[Any]:
         self.rpc.append("eth_getLogs")
         return []
 
-    def _rpc(self, call: Any) -> Any:
-        return call()
 
-    # what the escrow binding offered before DESIGN-24 §1 (so the old reader can run here too)
-    def deposit_of(self, query_id: bytes) -> dict[str, Any]:
-        self.rpc.append("depositOf")
-        user, amount, status, deposited_at = self.deposit[:4]
-        return {"user": user, "amount": amount, "status": status, "deposited_at": deposited_at}
+class FakeChain:
+    """The slice of PlanetChain that ChainEscrow uses: its escrow binding."""
 
-    def refund_timeout(self) -> int:
-        return 600
+    def __init__(self, deposit: tuple[Any, ...]) -> None:
+        self.escrow = FakeEscrow(deposit)
+        self.rpc = self.escrow.rpc
 
 
 async def test_a_deposit_check_is_one_eth_call_and_no_log_scan() -> None:

@@ -323,7 +323,7 @@ async def test_http_key_status_needs_a_payment_key(app_client) -> None:
 def test_the_work_ledger_takes_a_key_paid_receipt_without_a_deposit_fee() -> None:
     """A key-paid receipt is neither a per-query deposit nor a voucher: the nodes' work counts,
     its fee is not reported as a query fee (the key's running total goes to the committee as a
-    charge item, DESIGN-24 §3)."""
+    charge item, docs/committee.md Settlement)."""
     from node.gateway.router import Circuit, RoutableNode
     from node.gateway.settlement import WorkLedger
 
