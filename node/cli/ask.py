@@ -82,7 +82,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--voucher-ttl",
         type=int,
         default=600,
-        help="seconds the voucher stays valid (default 600)",
+        help="seconds the voucher stays valid (default 600); a gateway refuses one that expires "
+        "before it can report the charge (voucher_expiring: under 185 s on a default gateway)",
     )
     paying.add_argument("--gateway", default=None, help="gateway URL (default: the devnet's)")
     paying.add_argument(

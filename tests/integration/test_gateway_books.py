@@ -6,7 +6,6 @@ unreported is started again and reports every charge, and every node's work, exa
 from __future__ import annotations
 
 import base64
-import inspect
 import json
 import time
 from collections import Counter
@@ -64,15 +63,6 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayNet]:
         network.close()
 
 
-def fund_balance(net: GatewayNet, payer: Any, wei: int) -> None:
-    """A prepaid balance for this gateway (the escrow binding gains `gateway` with issue 24)."""
-    escrow = payer.escrow
-    if "gateway" in inspect.signature(escrow.deposit_balance).parameters:
-        escrow.deposit_balance(net.pools()["gateway"], wei)
-    else:
-        escrow.deposit_balance(wei)
-
-
 def committed_reports(net: GatewayNet) -> list[tuple[WorkReport, list[dict[str, Any]]]]:
     """Every work_report a block holds with code 0, with its tx result's events."""
     assert net.committee is not None
@@ -102,7 +92,7 @@ def test_a_gateway_killed_with_unreported_charges_reports_each_once_after_restar
     net: GatewayNet,
 ) -> None:
     payer = net.account("books payer")
-    fund_balance(net, payer, 10**16)
+    net.fund_balance(payer, 10**16)
     receipts = []
     for _ in range(QUESTIONS):
         key, _ = net.voucher(payer, 10**14, expires_in_s=1200)

@@ -294,7 +294,7 @@ def test_a_prepaid_payer_hanging_up_after_every_answer_gets_at_most_its_balance(
     charged, and the third question finds the balance spent."""
     required = PRICE * (prompt_tokens + 8)
     payer = net.account("hang-up payer")
-    payer.escrow.deposit_balance(2 * required)
+    net.fund_balance(payer, 2 * required)
     key = payment_key(net, payer, 100 * required)
     answered = 0
     for _ in range(3):
@@ -322,7 +322,7 @@ def test_vouchers_and_keys_expiring_before_the_committee_could_charge_them_are_r
     net: GatewayNet,
 ) -> None:
     payer = net.account("short-lived payer")
-    payer.escrow.deposit_balance(DEPOSIT)
+    net.fund_balance(payer, DEPOSIT)
     voucher, _ = net.voucher(payer, DEPOSIT // 10, expires_in_s=30)
     assert _refused(net, voucher)["code"] == "voucher_expiring"
     assert _refused(net, payment_key(net, payer, DEPOSIT, expires_in_s=30))["code"] == (
@@ -349,7 +349,7 @@ def test_openai_client_asks_twenty_questions_with_one_key_then_402_by_name(
     from node.keys import create_wallet
 
     payer = net.account("openai tool")
-    payer.escrow.deposit_balance(ETHER // 10)
+    net.fund_balance(payer, ETHER // 10)
     create_wallet(tmp_path / "wallet.json", "pw", bytes(payer.account.key))
     per_question = PRICE * (prompt_tokens + 4)  # every answer runs to max_tokens=4
     cap_eth = str(Decimal(20 * per_question) / Decimal(ETHER))
