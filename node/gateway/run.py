@@ -204,8 +204,8 @@ async def _work_reporter(
     key = await asyncio.to_thread(load_or_create_node_key, committee_key_path(config), password)
     log.info("work reports signed by gateway key=%s", key.verify_key.encode().hex())
     link = CommitteeLink([config.committee_rpc], key)
-    chain = desk.escrow.inner.chain  # BoundedReads → ChainEscrow → PlanetChain
-    debits = DebitTracker(link, chain.escrow, desk)  # prepaid charges a posted root covered
+    escrow = desk.escrow.inner.escrow  # BoundedReads → ChainEscrow → the QueryEscrow binding
+    debits = DebitTracker(link, escrow, desk)  # prepaid charges a posted root covered
     return WorkReporter(ledger, link, every_s=config.report_every_s, debits=debits)
 
 
