@@ -320,11 +320,11 @@ def exec_argv(
             "this devnet runs on 127.0.0.1, not in hosts",
             hint="run the command directly, or start one with `planet devnet up --hosts`",
         )
-    require_lab(state)
     if not command:
         raise UsageError("no command to run", hint="planet devnet exec operator0 -- planet status")
     argv = list(command)
     if argv[0] == "planet":
         argv = [sys.executable, "-m", "node.cli.main", *argv[1:]]
-    env = {**os.environ, DEVNET_ENV: str(directory)}
-    return place.argv(host, argv), env
+    argv = place.argv(host, argv)  # an unknown host is refused here, naming the hosts
+    require_lab(state)
+    return argv, {**os.environ, DEVNET_ENV: str(directory)}

@@ -324,6 +324,7 @@ def _join(args: argparse.Namespace) -> int:
     config = _config(args)
     if not 1 <= args.capacity <= 1_000_000:
         raise UsageError("--capacity must be 1..1000000")
+    given_host = _parse_host(args.host) if args.host is not None else None
     joined = read_joined(config.run_dir)
     if joined is not None and agent_alive(joined):
         raise UsageError(
@@ -353,7 +354,7 @@ def _join(args: argparse.Namespace) -> int:
             "this node key has LEFT the network (final on the committee chain)",
             hint="join again from a new home (new wallet and node key)",
         )
-    host = _node_host(args.host, config.committee_rpc)
+    host = given_host or _reachable_address(config.committee_rpc)
     previous = read_joined(config.run_dir)
     if not args.port and previous is not None and previous.shard == args.shard:
         port = previous.port  # the endpoint on chain names this port
@@ -383,18 +384,21 @@ def _join(args: argparse.Namespace) -> int:
     return 0
 
 
-def _node_host(given: str | None, committee_rpc: str) -> str:
-    """The address the node binds and registers: --host (an IP address), else the source
-    address this machine uses to reach the committee RPC (a UDP `connect` sends nothing; it
-    only asks the routing table), i.e. the address the network reaches it at."""
-    if given is not None:
-        try:
-            return str(ipaddress.ip_address(given.strip().strip("[]")))
-        except ValueError:
-            raise UsageError(
-                f"--host {given!r} is not an IP address",
-                hint="the address others reach this node at, e.g. 203.0.113.7",
-            ) from None
+def _parse_host(given: str) -> str:
+    """--host: the IP address the node binds and registers."""
+    try:
+        return str(ipaddress.ip_address(given.strip().strip("[]")))
+    except ValueError:
+        raise UsageError(
+            f"--host {given!r} is not an IP address",
+            hint="the address others reach this node at, e.g. 203.0.113.7",
+        ) from None
+
+
+def _reachable_address(committee_rpc: str) -> str:
+    """The address the node binds and registers without --host: the source address this
+    machine uses to reach the committee RPC (a UDP `connect` sends nothing; it only asks the
+    routing table), i.e. the address the network reaches it at."""
     url = urllib.parse.urlsplit(committee_rpc)
     try:
         family, _, _, _, address = socket.getaddrinfo(

@@ -82,7 +82,7 @@ def test_build_policy_carries_the_ranges() -> None:
 
 def test_parse_ranges_accepts_cidr_lists_and_names_bad_ones() -> None:
     assert parse_ranges("10.77.0.0/24, 127.0.0.0/8") == (LAB, ipaddress.ip_network("127.0.0.0/8"))
-    with pytest.raises(UsageError, match="'10.77.0.0/33' is not an address range"):
+    with pytest.raises(UsageError, match=r"'10\.77\.0\.0/33' is not an address range"):
         parse_ranges("10.77.0.0/33")
 
 
