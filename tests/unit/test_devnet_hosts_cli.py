@@ -226,6 +226,66 @@ def test_fund_mistakes_are_usage_errors(
     assert code == 2 and f"error: {message}" in err
 
 
+class _Anvil(_Geth):
+    """An anvil-like JSON-RPC endpoint (client anvil, chain 31337) that keeps balances."""
+
+    balances: ClassVar[dict[str, int]] = {}
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.calls.append(body["method"])
+        params = body.get("params") or []
+        result: Any = "0x0"
+        if body["method"] == "web3_clientVersion":
+            result = "anvil/v1.0.0"
+        elif body["method"] == "eth_chainId":
+            result = hex(31337)
+        elif body["method"] == "eth_sendTransaction":
+            to = params[0]["to"].lower()
+            self.balances[to] = self.balances.get(to, 0) + int(params[0]["value"], 16)
+            result = "0x" + "ab" * 32
+        elif body["method"] == "eth_getTransactionReceipt":
+            result = {"status": "0x1"}
+        elif body["method"] == "eth_getBalance":
+            result = hex(self.balances.get(params[0].lower(), 0))
+        data = json.dumps({"jsonrpc": "2.0", "id": body["id"], "result": result}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def anvil() -> Iterator[str]:
+    server = HTTPServer(("127.0.0.1", 0), _Anvil)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _Anvil.calls, _Anvil.balances = [], {}
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_fund_sends_from_the_dev_account_and_status_lists_the_funded_address(
+    tmp_path: Path, capsys, anvil
+) -> None:
+    """The hint of an empty wallet promises `planet devnet status` lists funded accounts."""
+    _devnet(tmp_path, evm_rpc=anvil, dir=str(tmp_path / "devnet"))
+    code, out, _ = _run(capsys, "devnet", "fund", ADDRESS, "2.5", "--home", str(tmp_path))
+    assert code == 0 and f"sent 2.5 ETH to {ADDRESS}" in out and "balance now 2.5 ETH" in out
+    assert _Anvil.balances[ADDRESS.lower()] == 25 * 10**17
+    code, out, _ = _run(capsys, "devnet", "fund", ADDRESS, "--json", "--home", str(tmp_path))
+    assert code == 0 and json.loads(out)["balance_wei"] == str(125 * 10**17)  # default 10 ETH
+    state = json.loads((tmp_path / "devnet" / "devnet.json").read_text())
+    assert [a["address"] for a in state["accounts"]] == [ADDRESS]  # listed once
+    code, out, _ = _run(capsys, "devnet", "status", "--home", str(tmp_path))
+    assert code == 0 and "funded accounts" in out
+    assert any(ADDRESS in line and "funded" in line for line in out.splitlines()), out
+
+
 # --- exec -----------------------------------------------------------------------------------
 
 
