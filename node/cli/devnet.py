@@ -128,7 +128,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="empty hosts operator0… for new operators (default 1; ports 18100-18103 open)",
     )
     up.set_defaults(handler=_up)
-    status = sub.add_parser("status", help="what runs, hosts, accounts, routable nodes, pool")
+    status = sub.add_parser(
+        "status",
+        help="what runs, hosts, accounts, routable nodes, pool",
+        description="What of the devnet runs: anvil, validators (height, watcher), the nodes "
+        "the committee lists (routable or not), pool health, the gateway; the funded accounts "
+        "(the devnet's own and every address `planet devnet fund` funded) and, with --hosts, "
+        "every host's address and namespace.",
+    )
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
     status.set_defaults(handler=_status)

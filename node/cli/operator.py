@@ -95,7 +95,10 @@ def format_eth(wei: int) -> str:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("chains and keys (flags > env > $PLANET_HOME/config.toml)")
+    group = parser.add_argument_group(
+        "chains and keys (flags > env > <home>/config.toml > the running devnet: $PLANET_DEVNET, "
+        "else $PLANET_HOME/devnet)"
+    )
     group.add_argument("--home", type=Path, help="operator home (default $PLANET_HOME)")
     group.add_argument("--evm-rpc", help="EVM JSON-RPC URL (PLANET_EVM_RPC)")
     group.add_argument("--committee-rpc", help="a validator's CometBFT RPC (PLANET_COMMITTEE_RPC)")
