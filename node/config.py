@@ -1,8 +1,15 @@
 """The operator's configuration: one frozen dataclass, resolved once per command.
 
 Sources, highest first: command-line flags > `PLANET_*` environment > `$PLANET_HOME/config.toml`
-> defaults. `resolve_config(flags, env)` merges them and validates every value once;
-everything after it receives an `OperatorConfig` and never reads the environment again.
+> the running devnet > defaults. `resolve_config(flags, env)` merges them and validates every
+value once; everything after it receives an `OperatorConfig` and never reads the environment
+again.
+
+The running devnet (`find_devnet`, the one rule every command uses to find it): the devnet run
+directory `$PLANET_DEVNET` (`planet devnet exec` sets it), else `$PLANET_HOME/devnet` (default
+`~/.cache/planet/devnet`), counts while its `devnet.json` says `"status": "up"`. It gives the
+EVM RPC, the first validator's RPC, the chain id, the deployment file and the devnet's
+next-hop range; `planet ask` / `planet balance` also take its gateway and user wallet.
 
     # $PLANET_HOME/config.toml (every key optional)
     evm_rpc = "http://127.0.0.1:8545"
@@ -10,6 +17,7 @@ everything after it receives an `OperatorConfig` and never reads the environment
     chain_id = 31337
     deployment = "/path/to/deployment.json"   # relative paths are relative to PLANET_HOME
     refund_margin_s = 600                     # gateway: refuse deposits refundable this soon
+    next_hop_range = "10.77.0.0/24"           # join: private next hops a node may dial
 
 Files in an operator home (`PLANET_HOME`, default `~/.cache/planet`): `wallet.json` (EVM
 keystore), `node_key.json` (sealed ed25519 node key), `deployment.json` (default deployment
@@ -18,6 +26,8 @@ file), `run/` (pid files and logs of the node and agent started by `planet join`
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import re
 import tomllib
@@ -39,7 +49,11 @@ ENV_NAMES = {
     "deployment": "PLANET_DEPLOYMENT",
     "password_file": "PLANET_PASSWORD_FILE",
     "refund_margin_s": "PLANET_REFUND_MARGIN_S",
+    "next_hop_range": "PLANET_NEXT_HOP_RANGE",
 }
+DEVNET_ENV = "PLANET_DEVNET"
+DEVNET_STATE = "devnet.json"
+DEVNET_KEYS = ("evm_rpc", "committee_rpc", "chain_id", "deployment", "next_hop_range")
 MAX_REFUND_MARGIN_S = 30 * 86_400
 _URL = re.compile(r"https?://[A-Za-z0-9._\-\[\]:]+(/[\x21-\x7e]*)?\Z")
 
@@ -57,6 +71,10 @@ class OperatorConfig:
     # gateway: a per-query deposit whose refund opens within this many seconds is refused
     # (None: derived from the settlement timeline, node/gateway/timeline.py)
     refund_margin_s: int | None = None
+    # join, at a private address: the private next hops its node may dial (CIDR[,CIDR]);
+    # None: every private address (a LAN); the devnet gives its own range
+    next_hop_range: str | None = None
+    devnet: Path | None = None  # the running devnet whose defaults filled in (not a config key)
 
     @property
     def deployment_path(self) -> Path:
@@ -90,7 +108,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read {path}: {error}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path} is not valid TOML: {error}", hint="fix or delete it") from None
-    known = {f.name for f in fields(OperatorConfig)} - {"home"}
+    known = {f.name for f in fields(OperatorConfig)} - {"home", "devnet"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(
@@ -113,10 +131,89 @@ def write_config_file(path: Path, values: Mapping[str, str | int | Path]) -> Non
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+@dataclass(frozen=True)
+class RunningDevnet:
+    """What a running devnet (`planet devnet up`) offers every command as defaults."""
+
+    dir: Path  # its run directory
+    evm_rpc: str
+    committee_rpc: tuple[str, ...]  # every validator's RPC, the first one first
+    chain_id: int
+    deployment: Path
+    gateway_url: str | None
+    password_file: Path | None  # of the devnet's own keystores (its user wallet)
+    accounts: tuple[Mapping[str, Any], ...]  # {name, address, keystore, home} it funded
+    next_hop_range: str | None  # the devnet's addresses (127.0.0.0/8, or its hosts' network)
+    hosts: Mapping[str, Any] | None  # {host: {address, netns}} when it runs in namespaces
+
+    @property
+    def source(self) -> str:
+        return f"the devnet in {self.dir}"
+
+    def value(self, key: str) -> Any:
+        """The default this devnet gives config key `key` (DEVNET_KEYS), or None."""
+        if key == "committee_rpc":
+            return self.committee_rpc[0] if self.committee_rpc else None
+        return getattr(self, key)
+
+
+def devnet_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where the running devnet is looked for: $PLANET_DEVNET, else $PLANET_HOME/devnet."""
+    env = os.environ if env is None else env
+    if env.get(DEVNET_ENV):
+        return Path(env[DEVNET_ENV]).expanduser()
+    return default_home(env) / "devnet"
+
+
+def find_devnet(env: Mapping[str, str] | None = None) -> RunningDevnet | None:
+    """The running devnet (see the module docstring), or None when there is none up.
+
+    A devnet.json that is not a devnet's state is a ConfigError naming the file.
+    """
+    env = os.environ if env is None else env
+    directory = devnet_dir(env)
+    path = directory / DEVNET_STATE
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if env.get(DEVNET_ENV):
+            raise ConfigError(
+                f"${DEVNET_ENV}: no devnet in {directory}",
+                hint=f"unset {DEVNET_ENV}, or start one: planet devnet up",
+            ) from None
+        return None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ConfigError(
+            f"cannot read {path}: {error}", hint="planet devnet down, then planet devnet up"
+        ) from None
+    if not isinstance(state, dict) or state.get("status") != "up":
+        return None
+    try:
+        rpcs = state.get("committee_rpc") or []
+        return RunningDevnet(
+            dir=directory,
+            evm_rpc=_check("evm_rpc", state["evm_rpc"], str(path), directory),
+            committee_rpc=tuple(_check("committee_rpc", url, str(path), directory) for url in rpcs),
+            chain_id=_check("chain_id", state["chain_id"], str(path), directory),
+            deployment=_check("deployment", state["deployment"], str(path), directory),
+            gateway_url=state.get("gateway_url") or None,
+            password_file=Path(state["password_file"]) if state.get("password_file") else None,
+            accounts=tuple(a for a in state.get("accounts") or [] if isinstance(a, dict)),
+            next_hop_range=state.get("next_hop_range") or None,
+            hosts=(state.get("hosts") or {}).get("hosts") or None,
+        )
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ConfigError(
+            f"{path} is not a devnet's state (no {error})",
+            hint="planet devnet down, then planet devnet up",
+        ) from None
+
+
 def resolve_config(
     flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
 ) -> OperatorConfig:
-    """Merge flags > env > config file > defaults into a validated OperatorConfig.
+    """Merge flags > env > config file > running devnet > defaults into a validated
+    OperatorConfig.
 
     `flags` maps field names to values (None = not given); `home` may be among them.
     """
@@ -124,6 +221,11 @@ def resolve_config(
     env = os.environ if env is None else env
     home = Path(flags["home"]).expanduser() if "home" in flags else default_home(env)
     merged: dict[str, tuple[Any, str]] = {}
+    devnet = find_devnet(env)
+    if devnet is not None:
+        for key in DEVNET_KEYS:
+            if devnet.value(key) is not None:
+                merged[key] = (devnet.value(key), devnet.source)
     for key, value in read_config_file(home / CONFIG_FILE).items():
         merged[key] = (value, f"{home / CONFIG_FILE}: {key}")
     for key, name in ENV_NAMES.items():
@@ -135,6 +237,8 @@ def resolve_config(
     values: dict[str, Any] = {"home": home}
     for key, (value, source) in merged.items():
         values[key] = _check(key, value, source, home)
+    if devnet is not None:
+        values["devnet"] = devnet.dir
     return OperatorConfig(**values)
 
 
@@ -152,6 +256,16 @@ def _check(key: str, value: Any, source: str, home: Path) -> Any:
         if isinstance(value, bool) or not text.isdigit() or not 0 < int(text) < 2**63:
             raise ConfigError(f"{source}: chain id must be a positive integer (got {value!r})")
         return int(text)
+    if key == "next_hop_range":
+        text = str(value).strip()
+        try:
+            items = [ipaddress.ip_network(item.strip(), strict=False) for item in text.split(",")]
+        except ValueError:
+            raise ConfigError(
+                f"{source}: next-hop range {value!r} is not CIDR[,CIDR]",
+                hint="e.g. 10.77.0.0/24 or 127.0.0.0/8",
+            ) from None
+        return ",".join(str(item) for item in items)
     if key == "refund_margin_s":
         text = str(value).strip()
         if isinstance(value, bool) or not text.isdigit() or int(text) > MAX_REFUND_MARGIN_S:

@@ -90,7 +90,7 @@ def validator_config(
             "proxy_app": validator.abci_url if app == "planet" else "kvstore",
         },
         "rpc": {
-            "laddr": f"tcp://127.0.0.1:{validator.rpc_port}",
+            "laddr": validator.rpc_laddr,
             "pprof_laddr": f"127.0.0.1:{validator.pprof_port}",
             "max_open_connections": 2000,
             "max_subscription_clients": 200,
@@ -99,7 +99,7 @@ def validator_config(
             "experimental_websocket_write_buffer_size": 2000,
         },
         "p2p": {
-            "laddr": f"tcp://127.0.0.1:{validator.p2p_port}",
+            "laddr": validator.p2p_laddr,
             "persistent_peers": ",".join(
                 p.p2p_address for p in peers if p.index != validator.index
             ),

@@ -54,6 +54,9 @@ class InitOptions:
     evm_chain_id: int = DEFAULT_EVM_CHAIN_ID
     committee_address: str = DEFAULT_COMMITTEE_ADDRESS
     force: bool = False
+    # one (address, network namespace) per validator: each runs in its own host on the same
+    # ports (base_port…base_port+3); None: all on 127.0.0.1, 10 ports apart
+    hosts: tuple[tuple[str, str], ...] | None = None
 
 
 def _validate(options: InitOptions) -> None:
@@ -75,8 +78,33 @@ def _validate(options: InitOptions) -> None:
         raise UsageError(
             f"--committee-address must be a 0x EVM address (got {options.committee_address!r})"
         )
+    if options.hosts is not None and len(options.hosts) != options.validators:
+        raise UsageError(f"{len(options.hosts)} hosts for {options.validators} validators")
     if options.app not in APPS:
         raise UsageError(f"--app must be one of {', '.join(APPS)} (got {options.app!r})")
+
+
+def _validator(
+    options: InitOptions, index: int, home: Path, operator: str, address: str
+) -> Validator:
+    """Validator `index`: on 127.0.0.1 at base+10i…, or in its host at base… (options.hosts)."""
+    if options.hosts is None:
+        base, host, netns = options.base_port + 10 * index, "127.0.0.1", None
+    else:
+        base, (host, netns) = options.base_port, options.hosts[index]
+    return Validator(
+        index=index,
+        home=str(home),
+        node_id=node_id_from_key(json.loads((home / "config" / "node_key.json").read_text())),
+        p2p_port=base,
+        rpc_port=base + 1,
+        abci_port=base + 2,
+        pprof_port=base + 3,
+        operator_address=operator,
+        validator_address=address,
+        host=host,
+        netns=netns,
+    )
 
 
 def init_network(options: InitOptions) -> Network:
@@ -119,17 +147,7 @@ def init_network(options: InitOptions) -> Network:
     by_name = {v["name"]: v["address"] for v in genesis["validators"]}
     operators = [write_operator_key(operator_key_path(h)) for h in homes]
     validators = tuple(
-        Validator(
-            index=i,
-            home=str(home),
-            node_id=node_id_from_key(json.loads((home / "config" / "node_key.json").read_text())),
-            p2p_port=options.base_port + 10 * i,
-            rpc_port=options.base_port + 10 * i + 1,
-            abci_port=options.base_port + 10 * i + 2,
-            pprof_port=options.base_port + 10 * i + 3,
-            operator_address=operators[i],
-            validator_address=by_name[f"node{i}"],
-        )
+        _validator(options, i, home, operators[i], by_name[f"node{i}"])
         for i, home in enumerate(homes)
     )
     state = (

@@ -2,7 +2,10 @@
 
 `init_network` (`deploy.committee.generate`) writes it; everything else reads it back with
 `load_network`. Validator i's ports, from `base_port`: p2p base+10i, RPC base+10i+1, ABCI app
-base+10i+2, pprof base+10i+3 (all on 127.0.0.1).
+base+10i+2, pprof base+10i+3 (all on 127.0.0.1). A network made for hosts (`InitOptions.hosts`,
+the devnet's `--hosts`) gives every validator its own address and network namespace instead,
+and the same ports from `base_port` on each: p2p and RPC on its address, app and pprof on the
+loopback of its namespace.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class Validator:
     pprof_port: int
     operator_address: str
     validator_address: str
+    host: str = "127.0.0.1"  # the address its p2p and RPC listen on
+    netns: str | None = None  # the network namespace its processes run in (None: this one)
 
     @property
     def name(self) -> str:
@@ -49,15 +54,27 @@ class Validator:
 
     @property
     def rpc_url(self) -> str:
-        return f"http://127.0.0.1:{self.rpc_port}"
+        return f"http://{self.host}:{self.rpc_port}"
+
+    @property
+    def rpc_laddr(self) -> str:
+        return f"tcp://{self.host}:{self.rpc_port}"
 
     @property
     def abci_url(self) -> str:
-        return f"tcp://127.0.0.1:{self.abci_port}"
+        return f"tcp://127.0.0.1:{self.abci_port}"  # app and cometbft share the host
+
+    @property
+    def p2p_laddr(self) -> str:
+        return f"tcp://{self.host}:{self.p2p_port}"
 
     @property
     def p2p_address(self) -> str:
-        return f"{self.node_id}@127.0.0.1:{self.p2p_port}"
+        return f"{self.node_id}@{self.host}:{self.p2p_port}"
+
+    def command(self, argv: list[str]) -> list[str]:
+        """`argv` as run for this validator: inside its network namespace when it has one."""
+        return ["ip", "netns", "exec", self.netns, *argv] if self.netns else argv
 
 
 @dataclass(frozen=True)

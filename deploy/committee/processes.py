@@ -80,7 +80,8 @@ def split_name(name: str) -> tuple[str, int]:
 def spawn(network: Network, process: str, index: int, argv: list[str]) -> int:
     log_path = network.log_path(process, index)
     network.pid_path(process, index).parent.mkdir(parents=True, exist_ok=True)
-    child = spawn_logged(argv, log_path, cwd=network.validators[index].home)
+    validator = network.validators[index]
+    child = spawn_logged(validator.command(argv), log_path, cwd=validator.home)
     network.pid_path(process, index).write_text(f"{child.pid}\n")
     log.info("started process=%s%d pid=%d log=%s", process, index, child.pid, log_path)
     return child.pid

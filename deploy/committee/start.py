@@ -19,6 +19,7 @@ from deploy.committee.processes import (
     split_name,
     stop_pids,
 )
+from deploy.netlab.hosts import call_in_netns
 from node.chain.committee_rpc import CommitteeRpc
 from node.net import port_is_free
 from protocol.errors import PlanetError, UnavailableError
@@ -62,15 +63,26 @@ def cometbft_command(network: Network, validator: Validator) -> list[str]:
     return argv
 
 
-def wait_port_open(port: int, pid: int, name: str, log_path: Path, timeout_s: float) -> None:
+def _listens(port: int, netns: str | None) -> bool:
+    """Whether something accepts connections on 127.0.0.1:port (of namespace `netns`)."""
+
+    def probe() -> bool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.5)
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+
+    return probe() if netns is None else call_in_netns(netns, probe)
+
+
+def wait_port_open(
+    port: int, pid: int, name: str, log_path: Path, timeout_s: float, netns: str | None = None
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not pid_alive(pid):
             raise ProcessDiedError(name, log_path)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.settimeout(0.5)
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        if _listens(port, netns):
+            return
         time.sleep(0.05)
     raise UnavailableError(
         f"{name} did not listen on port {port} within {timeout_s:g} s", hint=f"read {log_path}"
@@ -107,7 +119,7 @@ def start_network(
             stop_pids(live, timeout_s=10)
         planned.append(network.validators[index])
     ports: dict[int, str] = {}
-    for validator in planned:
+    for validator in [v for v in planned if v.netns is None]:  # a host's ports are its own
         ports[validator.p2p_port] = f"p2p of validator{validator.index}"
         ports[validator.rpc_port] = f"rpc of validator{validator.index}"
         if network.app == "planet":
@@ -126,6 +138,7 @@ def start_network(
                     f"app{index}",
                     network.log_path("app", index),
                     timeout_s=min(timeout_s, 60),
+                    netns=validator.netns,
                 )
             started[f"cometbft{index}"] = spawn(
                 network, "cometbft", index, cometbft_command(network, validator)

@@ -1,4 +1,5 @@
-"""`down`: stop every process of the devnet (agents first, so they send `leave`); idempotent."""
+"""`down`: stop every process of the devnet (agents first, so they send `leave`), then its
+hosts if it has them; idempotent."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from deploy.committee.network import load_network
 from deploy.committee.processes import pid_alive, stop_network
+from deploy.devnet.hosts import stop_lab
 from deploy.devnet.plan import Progress, devnet_dir, read_state, write_state
 from deploy.devnet.processes import ours
 from node.agent.launch import stop_joined
@@ -63,6 +65,9 @@ def down(home: Path, progress: Progress) -> list[str]:
     if _stop_pid(pids.get("anvil"), "anvil"):
         stopped.append("anvil")
         progress("stopped anvil")
+    for item in stop_lab(state):  # last: the agents' `leave` crossed the hosts' links
+        stopped.append(item)
+        progress(f"removed the {item} (namespaces, links, what still ran in them)")
     state["status"] = "down"
     write_state(directory, state)
     return stopped

@@ -7,6 +7,7 @@ from typing import Any
 
 from deploy.anvil import ANVIL_DEV_ADDRESS, DEVNET_CHAIN_ID
 from deploy.committee.network import Network
+from deploy.devnet.hosts import NODE_PORT, Placement
 from deploy.devnet.plan import (
     COMPUTE_STAKE_ETH,
     OPERATOR_FUNDS_WEI,
@@ -61,6 +62,7 @@ def fund_operators(
                 "committee_rpc": validator.rpc_url,
                 "chain_id": DEVNET_CHAIN_ID,
                 "deployment": state["deployment"],
+                "next_hop_range": state["next_hop_range"],
             },
         )
         wallet = create_dev_wallet(home / "wallet.json", password)
@@ -96,46 +98,58 @@ def fund_operators(
 
 
 def run_operator_commands(
-    options: DevnetOptions, state: dict[str, Any], homes: list[Path], progress: Progress
+    options: DevnetOptions,
+    state: dict[str, Any],
+    homes: list[Path],
+    place: Placement,
+    progress: Progress,
 ) -> None:
+    """Each operator's `planet stake` then `planet join`, as typed, in the operator's host:
+    `join` binds and registers the address it reaches the committee from (its host's)."""
     password_file = state["password_file"]
     stake = [
         (
             f"node{i}",
-            planet_argv(
-                "stake",
-                "--role",
-                "compute",
-                "--amount",
-                COMPUTE_STAKE_ETH,
-                "--home",
-                str(home),
-                "--password-file",
-                password_file,
+            place.argv(
+                f"node{i}",
+                planet_argv(
+                    "stake",
+                    "--role",
+                    "compute",
+                    "--amount",
+                    COMPUTE_STAKE_ETH,
+                    "--home",
+                    str(home),
+                    "--password-file",
+                    password_file,
+                ),
             ),
             home / "stake.log",
         )
         for i, home in enumerate(homes)
     ]
     run_parallel(stake, 120, progress, "planet stake")
-    ports = free_ports(len(homes), 18100, 19000)
+    ports = [NODE_PORT] * len(homes) if place.on_hosts else free_ports(len(homes), 18100, 19000)
     join = [
         (
             f"node{i}",
-            planet_argv(
-                "join",
-                "--port",
-                str(ports[i]),
-                "--model",
-                state["manifest"],
-                "--shard",
-                str(i % state["shards"]),
-                "--home",
-                str(home),
-                "--password-file",
-                password_file,
-                "--timeout",
-                str(int(options.join_timeout_s)),
+            place.argv(
+                f"node{i}",
+                planet_argv(
+                    "join",
+                    "--port",
+                    str(ports[i]),
+                    "--model",
+                    state["manifest"],
+                    "--shard",
+                    str(i % state["shards"]),
+                    "--home",
+                    str(home),
+                    "--password-file",
+                    password_file,
+                    "--timeout",
+                    str(int(options.join_timeout_s)),
+                ),
             ),
             home / "join.log",
         )

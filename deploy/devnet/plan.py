@@ -24,6 +24,22 @@ OPERATOR_GAS_WEI = 10**18  # each validator's operator key pays for relaying pay
 
 
 @dataclass(frozen=True)
+class LinkPlan:
+    """How `--hosts` shapes every link: a flat one-way delay, else a latency matrix (default:
+    deploy/netlab/regions.csv) with the hosts placed in its regions in turn."""
+
+    link_ms: int | None = None
+    matrix: Path | None = None
+    kbytes_per_s: int | None = None  # per connection and direction; None: unlimited
+
+    def describe(self) -> str:
+        rate = f", {self.kbytes_per_s} kB/s per connection" if self.kbytes_per_s else ""
+        if self.link_ms is not None:
+            return f"every link {self.link_ms} ms one way{rate}"
+        return f"latency matrix {self.matrix or 'deploy/netlab/regions.csv'}{rate}"
+
+
+@dataclass(frozen=True)
 class DevnetOptions:
     home: Path  # PLANET_HOME
     validators: int = 4
@@ -33,6 +49,8 @@ class DevnetOptions:
     join_timeout_s: float = 240.0
     epoch_length: int = DEVNET_EPOCH_LENGTH  # committee blocks per settlement epoch
     verifiers: int = 0  # `planet verifier serve` for the first N validators (needs the gateway)
+    hosts: LinkPlan | None = None  # every process in its own network namespace (`--hosts`)
+    operator_hosts: int = 1  # with hosts: empty hosts operator0… for new operators
 
     @property
     def dir(self) -> Path:

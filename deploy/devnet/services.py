@@ -12,6 +12,7 @@ from typing import Any
 
 from deploy.anvil import rpc_call
 from deploy.committee.network import Network
+from deploy.devnet.hosts import GATEWAY_PORT, Placement
 from deploy.devnet.plan import DevnetOptions, Progress, write_state
 from deploy.devnet.processes import free_port, planet_argv, spawn, wait_http
 from deploy.evm import ETHER
@@ -33,14 +34,17 @@ def gateway_identity(options: DevnetOptions, state: dict[str, Any]) -> tuple[str
     return key.verify_key.encode().hex(), wallet_address(wallet)
 
 
-def start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Progress) -> None:
+def start_gateway(
+    options: DevnetOptions, state: dict[str, Any], place: Placement, progress: Progress
+) -> None:
     if not options.gateway:
         progress("      gateway: skipped (--no-gateway)")
         return
-    port = free_port(8000, 8999)
+    port = GATEWAY_PORT if place.on_hosts else free_port(8000, 8999)
+    host = place.address("gateway")
     log_path = options.dir / "logs" / "gateway.log"
     gateway_identity(options, state)  # the wallet genesis bound the gateway's key to
-    argv = planet_argv(
+    argv = place.argv("gateway", planet_argv(
         "gateway", "serve",
         "--evm-rpc", state["evm_rpc"],
         "--deployment", state["deployment"],
@@ -48,20 +52,24 @@ def start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Progr
         "--manifest", state["manifest"],
         "--wallet", str(options.dir / "gateway" / "wallet.json"),
         "--password-file", state["password_file"],
-        "--host", "127.0.0.1",
+        "--host", host,
         "--port", str(port),
         "--report-min-questions", "1",  # a dev chain: settle each question quickly
-        "--private-endpoints",  # the devnet's nodes register loopback endpoints
-    )  # fmt: skip
+        "--private-endpoints",  # the devnet's nodes register loopback or 10.77.0.x endpoints
+    ))  # fmt: skip
     pid = spawn(argv, log_path)
     state["pids"]["gateway"] = pid
-    state["gateway_pending"] = {"url": f"http://127.0.0.1:{port}", "log": str(log_path)}
+    state["gateway_pending"] = {"url": f"http://{host}:{port}", "log": str(log_path)}
     write_state(options.dir, state)
     progress(f"      gateway: loading in the background (pid {pid}, log {log_path})")
 
 
 def start_verifiers(
-    options: DevnetOptions, state: dict[str, Any], network: Network, progress: Progress
+    options: DevnetOptions,
+    state: dict[str, Any],
+    network: Network,
+    place: Placement,
+    progress: Progress,
 ) -> None:
     """`planet verifier serve` on the first `options.verifiers` validators' homes, each with its
     own funded dev wallet (it pays for its challenges like a user); logs logs/verifier<i>.log."""
@@ -87,7 +95,7 @@ def start_verifiers(
             "--password-file", state["password_file"],
         )  # fmt: skip
         log_path = options.dir / "logs" / f"verifier{validator.index}.log"
-        pids.append(spawn(argv, log_path))
+        pids.append(spawn(place.argv(validator.name, argv), log_path))
         progress(f"      verifier of validator{validator.index}: pid {pids[-1]}, log {log_path}")
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from deploy.committee.network import load_network
 from deploy.committee.processes import pid_alive, running_processes
 from deploy.committee.status import network_status
+from deploy.devnet.hosts import Placement, inside, lab_alive
 from deploy.devnet.plan import devnet_dir, read_state
 from deploy.devnet.processes import ours
 from node.agent.launch import agent_alive, read_joined
@@ -23,6 +24,8 @@ def running(state: dict[str, Any]) -> bool:
     """Whether any process of this devnet still runs."""
     pids = state.get("pids", {})
     if ours(pids.get("anvil"), "anvil") or ours(pids.get("gateway"), "gateway"):
+        return True
+    if lab_alive(state):
         return True
     if any(ours(pid, "verifier") for pid in pids.get("verifiers", [])):
         return True
@@ -44,6 +47,18 @@ def status(home: Path) -> dict[str, Any]:
     if state is None:
         return {"dir": str(directory), "status": "absent"}
     out = dict(state)
+    if state.get("hosts"):
+        out["hosts_alive"] = lab_alive(state)
+        if not out["hosts_alive"]:  # nothing inside can be reached any more
+            out["running"] = running(state)
+            return out
+    with inside(Placement.from_state(state).control_netns):
+        _status(state, out)
+    out["running"] = running(state)
+    return out
+
+
+def _status(state: dict[str, Any], out: dict[str, Any]) -> None:
     pids = state.get("pids", {})
     out["processes"] = {
         "anvil": ours(pids.get("anvil"), "anvil"),
@@ -86,8 +101,6 @@ def status(home: Path) -> dict[str, Any]:
                 out["gateway_healthy"] = answer.status == 200
         except (urllib.error.URLError, OSError):
             out["gateway_healthy"] = False
-    out["running"] = running(state)
-    return out
 
 
 async def _chain_view(urls: list[str], model: str) -> tuple[list[dict[str, Any]], Any]:

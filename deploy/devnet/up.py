@@ -16,6 +16,17 @@ from deploy.committee.processes import pid_alive
 from deploy.committee.start import start_network
 from deploy.committee.watchers import start_watchers
 from deploy.devnet.down import down
+from deploy.devnet.hosts import (
+    ANVIL_PORT,
+    COMMITTEE_BASE_PORT,
+    LOOPBACK_RANGE,
+    MAX_OPERATOR_HOSTS,
+    Placement,
+    check_privileges,
+    inside,
+    plan_hosts,
+    start_lab,
+)
 from deploy.devnet.operators import fund_operators, run_operator_commands
 from deploy.devnet.plan import (
     DEVNET_RETENTION_EPOCHS,
@@ -55,6 +66,18 @@ def up(options: DevnetOptions, progress: Progress) -> dict[str, Any]:
         raise UsageError("--validators must be 1..16")
     if not 1 <= options.nodes <= 9:
         raise UsageError("--nodes must be 1..9 (each takes ~200 MB of memory)")
+    hosts_plan = None
+    if options.hosts is not None:
+        if not 0 <= options.operator_hosts <= MAX_OPERATOR_HOSTS:
+            raise UsageError(f"--operator-hosts must be 0..{MAX_OPERATOR_HOSTS}")
+        hosts_plan = plan_hosts(
+            validators=options.validators,
+            nodes=options.nodes,
+            gateway=options.gateway,
+            operators=options.operator_hosts,
+            links=options.hosts,
+        )
+        check_privileges()
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
@@ -69,11 +92,21 @@ def up(options: DevnetOptions, progress: Progress) -> dict[str, Any]:
         "chain_id": DEVNET_CHAIN_ID,
         "password_file": str(password_file),
         "pids": {},
+        "next_hop_range": LOOPBACK_RANGE,  # what the nodes' next-hop policy may dial
     }
     write_state(directory, state)
     started = time.monotonic()
     try:
-        _up_steps(options, state, progress)
+        if hosts_plan is not None:
+            assert options.hosts is not None
+            progress(f"[0/7] hosts: {len(hosts_plan.names)} namespaces, {options.hosts.describe()}")
+            state["hosts"] = start_lab(hosts_plan, directory, progress)
+            state["hosts"]["links"] = options.hosts.describe()
+            state["next_hop_range"] = state["hosts"]["network"]
+            write_state(directory, state)
+        place = Placement.from_state(state)
+        with inside(place.control_netns):
+            _up_steps(options, state, place, progress)
     except BaseException:
         progress("start-up failed; stopping what was started…")
         try:
@@ -91,7 +124,9 @@ def _step(progress: Progress, number: int, text: str) -> None:
     progress(f"[{number}/7] {text}")
 
 
-def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress) -> None:
+def _up_steps(
+    options: DevnetOptions, state: dict[str, Any], place: Placement, progress: Progress
+) -> None:
     directory = options.dir
     t0 = time.monotonic()
 
@@ -112,15 +147,18 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
 
     # 2. anvil
     _step(progress, 2, "EVM chain: anvil")
-    port = free_port(8545, 8999)
+    port = ANVIL_PORT if place.on_hosts else free_port(8545, 8999)
+    host = place.address("anvil")
     anvil_log = directory / "logs" / "anvil.log"
     anvil_pid = spawn(
-        [str(anvil_binary()), "--host", "127.0.0.1", "--port", str(port),
-         "--chain-id", str(DEVNET_CHAIN_ID), "--accounts", "10", "--balance", "10000"],
+        place.argv("anvil", [
+            str(anvil_binary()), "--host", host, "--port", str(port),
+            "--chain-id", str(DEVNET_CHAIN_ID), "--accounts", "10", "--balance", "10000",
+        ]),
         anvil_log,
     )  # fmt: skip
     state["pids"]["anvil"] = anvil_pid
-    evm_rpc = f"http://127.0.0.1:{port}"
+    evm_rpc = f"http://{host}:{port}"
     state["evm_rpc"] = evm_rpc
     write_state(directory, state)
     deadline = time.monotonic() + 20
@@ -140,9 +178,19 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
         InitOptions(
             directory=directory / "committee",
             validators=options.validators,
-            base_port=free_block(10 * options.validators),
+            base_port=(
+                COMMITTEE_BASE_PORT if place.on_hosts else free_block(10 * options.validators)
+            ),
             evm_chain_id=DEVNET_CHAIN_ID,
             epoch_length=options.epoch_length,
+            hosts=(
+                tuple(
+                    (place.address(f"validator{i}"), str(place.netns(f"validator{i}")))
+                    for i in range(options.validators)
+                )
+                if place.on_hosts
+                else None
+            ),
         )
     )
     state["committee_dir"] = network.dir
@@ -191,9 +239,9 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
 
     # 6. operators: fund, stake, join — the operator's own commands
     _step(progress, 6, f"compute nodes: {options.nodes} operators `planet stake` + `planet join`")
-    start_gateway(options, state, progress)  # loads its client model while the nodes join
+    start_gateway(options, state, place, progress)  # loads its model while the nodes join
     operators = fund_operators(options, state, registrar, network, progress)
-    run_operator_commands(options, state, operators, progress)
+    run_operator_commands(options, state, operators, place, progress)
     _write_nodes_file(options, state, manifest)
     done(f"{options.nodes} nodes routable")
 
@@ -203,7 +251,7 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
     write_state(directory, state)
     done("gateway " + ("at " + state["gateway_url"] if state.get("gateway_url") else "skipped"))
     if options.verifiers:
-        start_verifiers(options, state, network, progress)
+        start_verifiers(options, state, network, place, progress)
         write_state(directory, state)
 
 

@@ -147,17 +147,26 @@ def _ticket_args(home: Path, committee_rpcs: list[str]) -> list[str]:
     return ["--node-key", str(home / "node_key.json"), "--committee-rpc", committee_rpcs[0]]
 
 
-def _next_hop_args(committee_rpcs: list[str], endpoint: str) -> list[str]:
+def _next_hop_args(
+    committee_rpcs: list[str], endpoint: str, private_range: str | None = None
+) -> list[str]:
     """The chain's next hops: only compute nodes the committee lists as routable for this
     model and the next shard (node/server/next_hops.py; the node asks `--committee-rpc`).
     A node whose own endpoint is not a public address serves a private network (a devnet, a
-    LAN), where its next hops are private too: it may dial private addresses; a node at a
-    public address dials public addresses only."""
+    LAN), where its next hops are private too: it may dial private addresses — only those in
+    `private_range` when one is given (the devnet's); a node at a public address dials public
+    addresses only."""
     if not committee_rpcs:
         return []
     own_host = url_host(canonical_url(endpoint))
-    private = is_ip_literal(own_host) and not is_public_address(own_host)
-    return ["--next-hops", "committee", *(["--private-next-hops"] if private else [])]
+    if not is_ip_literal(own_host) or is_public_address(own_host):
+        return ["--next-hops", "committee"]
+    private = ["--private-next-hops", *([private_range] if private_range else [])]
+    return ["--next-hops", "committee", *private]
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def start_node_and_agent(
@@ -171,14 +180,18 @@ def start_node_and_agent(
     committee_rpcs: list[str],
     password: str,
     node_key: str,
+    host: str = "127.0.0.1",
+    private_range: str | None = None,
 ) -> Joined:
-    """Spawn the compute node and the agent, detached; returns at once."""
+    """Spawn the compute node (bound to `host`:`port`, registered at that address) and the
+    agent, detached; returns at once. `private_range`: see `_next_hop_args`."""
     run_dir = home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     node = start_node(
         manifest=manifest_file,
         shard=shard,
         port=port,
+        host=host,
         run_dir=run_dir,
         extra_args=[
             "--max-sessions",
@@ -186,7 +199,7 @@ def start_node_and_agent(
             "--commit-dir",
             str(run_dir / SERVED_DIR),
             *_ticket_args(home, committee_rpcs),
-            *_next_hop_args(committee_rpcs, f"http://127.0.0.1:{port}"),  # start_node's bind
+            *_next_hop_args(committee_rpcs, f"http://{_url_host(host)}:{port}", private_range),
         ],
         extra_env={PASSWORD_ENV: password},
     )

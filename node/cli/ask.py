@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from node.client.nodesfile import NodesFile, default_nodes_path, planet_home
+from node.config import find_devnet
 from node.model.manifest import Manifest
 from protocol.errors import UsageError
 
@@ -192,35 +193,28 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
 
 
 def _pay_defaults(args: argparse.Namespace) -> dict[str, Any]:
-    """Gateway URL, EVM RPC, deployment and wallet: flags, else devnet.json, else defaults."""
-    devnet: dict[str, Any] = {}
-    devnet_file = planet_home() / "devnet" / "devnet.json"
-    if devnet_file.exists():
-        try:
-            devnet = json.loads(devnet_file.read_text())
-        except ValueError:
-            raise UsageError(
-                f"{devnet_file} is not JSON", hint="run `planet devnet up` again"
-            ) from None
-    deployment = args.deployment or devnet.get("deployment") or devnet.get("deployment_file")
-    gateway = args.gateway or devnet.get("gateway_url") or "http://127.0.0.1:8000"
+    """Gateway URL, EVM RPC, deployment and wallet: flags, else the running devnet (the rule
+    of every command, `node.config.find_devnet`), else defaults."""
+    devnet = find_devnet()
+    deployment = args.deployment or (devnet.deployment if devnet else None)
+    gateway = args.gateway or (devnet.gateway_url if devnet else None) or "http://127.0.0.1:8000"
     if deployment is None:
         raise UsageError(
             "--pay needs the contract deployment file",
             hint="pass --deployment FILE, or start a devnet with `planet devnet up`",
         )
-    accounts = [a for a in devnet.get("accounts") or [] if isinstance(a, dict)]
+    accounts = [dict(a) for a in devnet.accounts] if devnet else []
     wallet, password_file = args.wallet, args.password_file
     if wallet is None:
         wallet = planet_home() / "wallet.json"
         users = [a for a in accounts if a.get("name") == "user" and a.get("keystore")]
         if not wallet.exists() and users:  # the devnet's funded user wallet
             wallet = Path(users[0]["keystore"])
-            if password_file is None and "PLANET_PASSWORD" not in os.environ:
-                password_file = devnet.get("password_file")
+            if password_file is None and "PLANET_PASSWORD" not in os.environ and devnet:
+                password_file = devnet.password_file
     return {
         "gateway": str(gateway).rstrip("/"),
-        "evm_rpc": args.evm_rpc or devnet.get("evm_rpc") or "http://127.0.0.1:8545",
+        "evm_rpc": args.evm_rpc or (devnet.evm_rpc if devnet else None) or "http://127.0.0.1:8545",
         "deployment": Path(deployment),
         "wallet": Path(wallet),
         "password_file": Path(password_file) if password_file else None,

@@ -1,15 +1,21 @@
-"""`planet devnet up | status | down`: the whole network on this machine (`deploy.devnet`).
+"""`planet devnet up | status | fund | exec | down`: the whole network on this machine.
 
 `up` starts anvil, deploys the contracts, registers the default model, starts a CometBFT
 committee with its apps and stake watchers, stakes and joins compute nodes with the same
-`planet stake` / `planet join` an operator types, and starts the gateway. Without --detach it
-stays in the foreground until Ctrl-C, then tears everything down.
+`planet stake` / `planet join` an operator types, and starts the gateway. With --hosts every
+process runs in its own network namespace ("host", own address, links with real latency);
+the operator commands then run inside a host: `planet devnet exec HOST -- planet …`. Without
+--detach it stays in the foreground until Ctrl-C, then tears everything down.
+
+Every operator command (`stake`, `join`, `status`, `leave`, `earnings`, `claim`, `balance`,
+`ask`) finds the running devnet by itself: $PLANET_DEVNET, else $PLANET_HOME/devnet.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -25,6 +31,23 @@ examples:
   planet devnet up --validators 1 --nodes 3 the smallest committee, stays in the foreground
   planet devnet status --json
   planet devnet down
+
+a new operator on the running devnet (each command finds it by itself):
+  planet stake --role compute --amount 1    creates your wallet; says how to fund it
+  planet devnet fund 0xYOUR_ADDRESS 10      anvil's dev account sends 10 ETH
+  planet stake --role compute --amount 1
+  planet join --model smollm2-135m-3p-int8 --shard 0
+  planet status                             routable yes; later `planet earnings`, `claim`
+  planet leave
+
+many hosts on one machine (as root: network namespaces; links through toxiproxy):
+  sudo -E env PATH="$PATH" planet devnet up --hosts --detach            region latency matrix
+  planet devnet up --hosts --link-ms 50 --detach                        every link 50 ms
+  planet devnet exec user -- planet ask --pay "What is a black hole?"   ask from the user host
+  planet devnet exec operator0 -- planet stake --role compute --amount 1
+  planet devnet exec operator0 -- planet join --model smollm2-135m-3p-int8 --shard 0
+  planet devnet down                        also removes the hosts; after a crash:
+  python -m deploy.netlab down              removes what a dead run left
 """
 
 
@@ -68,12 +91,86 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "its own copy of the model)",
     )
     up.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
+    hosts = up.add_argument_group(
+        "many hosts (--hosts: root, or CAP_NET_ADMIN + CAP_SYS_ADMIN; docs/network.md)"
+    )
+    hosts.add_argument(
+        "--hosts",
+        action="store_true",
+        help="run anvil, every validator, every compute node, the gateway and a `user` host "
+        "each in its own network namespace with its own address (10.77.0.0/24), links shaped "
+        "(default: the region latency matrix deploy/netlab/regions.csv)",
+    )
+    hosts.add_argument(
+        "--link-ms",
+        type=int,
+        metavar="MS",
+        help="every link this one-way delay (jitter 5 %%), instead of the matrix; 0: unshaped",
+    )
+    hosts.add_argument(
+        "--latency-matrix",
+        type=Path,
+        metavar="CSV",
+        help="one-way delays between regions (deploy/netlab/regions.csv's format); the hosts "
+        "are placed in its regions in turn",
+    )
+    hosts.add_argument(
+        "--link-kbps",
+        type=int,
+        metavar="KB_S",
+        help="bandwidth of every connection, each way, in 1000 bytes/s (default unlimited)",
+    )
+    hosts.add_argument(
+        "--operator-hosts",
+        type=int,
+        default=1,
+        metavar="N",
+        help="empty hosts operator0… for new operators (default 1; ports 18100-18103 open)",
+    )
     up.set_defaults(handler=_up)
-    status = sub.add_parser("status", help="what runs, routable nodes, pool health")
+    status = sub.add_parser(
+        "status",
+        help="what runs, hosts, accounts, routable nodes, pool",
+        description="What of the devnet runs: anvil, validators (height, watcher), the nodes "
+        "the committee lists (routable or not), pool health, the gateway; the funded accounts "
+        "(the devnet's own and every address `planet devnet fund` funded) and, with --hosts, "
+        "every host's address and namespace.",
+    )
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
     status.set_defaults(handler=_status)
-    down = sub.add_parser("down", help="stop everything (idempotent)")
+    fund = sub.add_parser(
+        "fund",
+        help="send ETH from anvil's dev account to an address (devnet chains only)",
+        description="Send ETH from anvil's funded dev account to ADDRESS, on the running "
+        "devnet's chain (refused on any chain that is not a devnet's anvil).",
+        epilog="examples:\n  planet devnet fund 0x5B38Da6a701c568545dCfcB03FcB875f56beddC4 10\n"
+        "  planet devnet fund 0x5B38Da6a701c568545dCfcB03FcB875f56beddC4        (10 ETH)\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    fund.add_argument("address", help="the EVM address to fund (0x…)")
+    fund.add_argument("eth", nargs="?", default="10", help="ETH to send (default 10)")
+    fund.add_argument("--evm-rpc", help="another devnet RPC (default: the running devnet's)")
+    fund.add_argument("--json", action="store_true", help="print one JSON object")
+    fund.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
+    fund.set_defaults(handler=_fund)
+    run = sub.add_parser(
+        "exec",
+        help="run a command inside one of the devnet's hosts (--hosts)",
+        description="Run COMMAND inside HOST's network namespace (its address, its shaped "
+        "links), with PLANET_DEVNET set so every `planet` command finds this devnet. Hosts: "
+        "anvil, validator<i>, node<i>, gateway, user, operator<i> (`planet devnet status`).",
+        epilog="examples:\n"
+        "  planet devnet exec user -- planet ask --pay 'What is a black hole?'\n"
+        "  planet devnet exec operator0 -- planet stake --role compute --amount 1\n"
+        "  planet devnet exec operator0 -- bash          a shell on that host\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("host", help="a host of the devnet, e.g. operator0 or user")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    run.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
+    run.set_defaults(handler=_exec)
+    down = sub.add_parser("down", help="stop everything, hosts included (idempotent)")
     down.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
     down.set_defaults(handler=_down)
     parser.set_defaults(help_parser=parser)
@@ -85,6 +182,36 @@ def _home(args: argparse.Namespace) -> Path:
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _links(args: argparse.Namespace) -> Any:
+    from deploy.devnet.plan import LinkPlan  # lazy: deploy.evm (the web3 stack)
+
+    shaping = {"--link-ms": args.link_ms, "--latency-matrix": args.latency_matrix}
+    shaping["--link-kbps"] = args.link_kbps
+    given = [flag for flag, value in shaping.items() if value is not None]
+    if not args.hosts:
+        if given or args.operator_hosts != 1:
+            raise UsageError(
+                f"{(given or ['--operator-hosts'])[0]} shapes the hosts' links; it needs --hosts",
+                hint="planet devnet up --hosts --link-ms 50",
+            )
+        return None
+    if args.link_ms is not None and args.latency_matrix is not None:
+        raise UsageError(
+            "--link-ms and --latency-matrix are two ways to shape the links; pick one",
+            hint="--link-ms 50 (every link), or --latency-matrix regions.csv",
+        )
+    if args.link_ms is not None and not 0 <= args.link_ms <= 10_000:
+        raise UsageError(f"--link-ms must be 0..10000 (got {args.link_ms})")
+    if args.link_kbps is not None and args.link_kbps < 1:
+        raise UsageError(f"--link-kbps must be at least 1 (got {args.link_kbps})")
+    if args.latency_matrix is not None and not args.latency_matrix.is_file():
+        raise UsageError(
+            f"--latency-matrix {args.latency_matrix}: no such file",
+            hint="a CSV like deploy/netlab/regions.csv",
+        )
+    return LinkPlan(args.link_ms, args.latency_matrix, args.link_kbps)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -106,6 +233,8 @@ def _up(args: argparse.Namespace) -> int:
         gateway=not args.no_gateway,
         epoch_length=args.epoch_length,
         verifiers=args.verifiers,
+        hosts=_links(args),
+        operator_hosts=args.operator_hosts,
     )
     state = up(options, _say)
     _summary(state)
@@ -138,9 +267,30 @@ def _summary(state: dict[str, Any]) -> None:
     print(f"  password file  {state['password_file']} (dev keystores)")
     if state.get("nodes_file"):
         print(f"  nodes file     {state['nodes_file']}")
+    _accounts(state)
+    _hosts(state)
+
+
+def _accounts(state: dict[str, Any]) -> None:
+    from deploy.anvil import ANVIL_DEV_ADDRESS  # lazy: deploy
+
+    print("  funded accounts (dev keys; `planet devnet fund ADDRESS [ETH]` funds yours):")
+    print(f"  {'anvil dev':<14} {ANVIL_DEV_ADDRESS}  the deployer; sends `devnet fund`")
     for account in state.get("accounts", []):
-        where = f"home {account['home']}" if account.get("home") else account["keystore"]
-        print(f"  {account['name']:<14} {account['address']}  {where}")
+        where = f"home {account['home']}" if account.get("home") else account.get("keystore")
+        print(f"  {account['name']:<14} {account['address']}  {where or '(your own key)'}")
+
+
+def _hosts(state: dict[str, Any]) -> None:
+    lab = state.get("hosts")
+    if not lab:
+        return
+    print(f"  hosts          {lab.get('network')} ({lab.get('links')}), run {lab.get('run_id')}")
+    regions = lab.get("regions") or {}
+    for name, host in lab.get("hosts", {}).items():
+        region = f"  {regions[name]}" if name in regions else ""
+        print(f"    {name:<12} {host['address']:<12} netns {host['netns']}{region}")
+    print("  commands run inside a host: planet devnet exec user -- planet ask --pay '…'")
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -157,7 +307,11 @@ def _status(args: argparse.Namespace) -> int:
         f"devnet {report['status']} ({'running' if report['running'] else 'nothing runs'}) "
         f"— {report['dir']}"
     )
-    print(f"  anvil {report.get('evm_rpc')}: {'up' if report['processes']['anvil'] else 'DOWN'}")
+    if report.get("hosts_alive") is False:
+        print("  its hosts are gone (keeper exited): `planet devnet down` cleans up")
+        return 0
+    anvil = (report.get("processes") or {}).get("anvil")
+    print(f"  anvil {report.get('evm_rpc')}: {'up' if anvil else 'DOWN'}")
     for row in report.get("validators", []):
         alive = row.get("cometbft_alive") and row.get("app_alive")
         watcher = "watcher up" if row.get("watcher_alive") else "watcher DOWN"
@@ -178,7 +332,44 @@ def _status(args: argparse.Namespace) -> int:
             f"  gateway {report['gateway_url']}: "
             f"{'healthy' if report.get('gateway_healthy') else 'NOT ANSWERING'}"
         )
+    _accounts(report)
+    _hosts(report)
     return 0
+
+
+def _fund(args: argparse.Namespace) -> int:
+    from deploy.devnet.fund import fund, parse_address, parse_fund_amount  # lazy: deploy.evm
+
+    wei = parse_fund_amount(args.eth)
+    address = parse_address(args.address)
+    result = fund(_home(args), address, wei, args.evm_rpc)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"sent {args.eth} ETH to {address} (tx {result['tx']}); balance now "
+            f"{int(result['balance_wei']) / 10**18:g} ETH"
+        )
+    return 0
+
+
+def _exec(args: argparse.Namespace) -> int:
+    from deploy.devnet.hosts import exec_argv  # lazy: deploy.netlab
+    from deploy.devnet.plan import devnet_dir, read_state
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    directory = devnet_dir(_home(args))
+    state = read_state(directory)
+    if state is None or state.get("status") != "up":
+        raise UsageError(
+            f"no devnet is up in {directory}",
+            hint="planet devnet up --hosts --detach (as root), or pass --home",
+        )
+    argv, env = exec_argv(state, directory, args.host, command)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(argv[0], argv, env)
+    return 127  # not reached: exec replaces this process
 
 
 def _down(args: argparse.Namespace) -> int:

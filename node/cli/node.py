@@ -28,7 +28,8 @@ next hops (a circuit's links: a client's `open` names the URL this node dials ne
   planet node serve --manifest M --shard 0 --next-hops-file hops.txt     # one URL a line
   planet node serve --manifest M --shard 0 --committee-rpc http://127.0.0.1:26657 \\
       --next-hops committee     # routable nodes of the next shard on the committee chain,
-                                # at public addresses only (--private-next-hops: devnet, LAN)
+                                # at public addresses only (--private-next-hops: devnet, LAN;
+                                # --private-next-hops 10.77.0.0/24: only that private range)
   planet node serve --manifest M --shard 0 --next-hops any    # development only: dials anything
   default: committee when --committee-rpc is given, else none (the node forwards to nobody; it
   still serves as the last hop)
@@ -200,10 +201,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--private-next-hops",
-        action="store_true",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="CIDR[,CIDR]",
         help="with the committee policy, also dial next hops at loopback/private/link-local "
-        "addresses (a devnet or LAN test network; public networks leave it off: registered "
-        "endpoints are strangers' choice)",
+        "addresses, or only at those in the ranges given, e.g. 10.77.0.0/24 (a devnet or LAN "
+        "test network; public networks leave it off: registered endpoints are strangers' "
+        "choice)",
     )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
@@ -234,7 +239,12 @@ def _ticket_key(args: argparse.Namespace) -> object | None:
 def _next_hops(args: argparse.Namespace) -> NextHopSpec:
     """The --next-hops / --next-hops-file value as a NextHopSpec (UsageError when bad)."""
     # lazy: node.server loads aiohttp and numpy
-    from node.server.next_hops import NextHopSpec, parse_next_hops, read_next_hops_file
+    from node.server.next_hops import (
+        NextHopSpec,
+        parse_next_hops,
+        parse_ranges,
+        read_next_hops_file,
+    )
 
     if args.next_hops_file is not None:
         spec = read_next_hops_file(args.next_hops_file)
@@ -253,7 +263,8 @@ def _next_hops(args: argparse.Namespace) -> NextHopSpec:
                 "--private-next-hops only applies to the committee policy",
                 hint="a --next-hops list or `any` is dialled as given",
             )
-        spec = replace(spec, private=True)
+        ranges = () if args.private_next_hops == "all" else parse_ranges(args.private_next_hops)
+        spec = replace(spec, private=True, private_ranges=ranges)
     return spec
 
 

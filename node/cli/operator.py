@@ -9,16 +9,20 @@ Keys live in the operator home (`--home`, else $PLANET_HOME, else ~/.cache/plane
 `wallet.json` and `node_key.json`, created on first use, never printed. Password: --password-file,
 $PLANET_PASSWORD, or a prompt. Chains: --evm-rpc / --committee-rpc / --chain-id /
 --deployment, else PLANET_EVM_RPC / PLANET_COMMITTEE_RPC / PLANET_CHAIN_ID / PLANET_DEPLOYMENT,
-else `<home>/config.toml`, else defaults (node/config.py).
+else `<home>/config.toml`, else the running devnet (`planet devnet up`), else defaults
+(node/config.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
+import socket
 import sys
 import time
+import urllib.parse
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -38,11 +42,17 @@ EXAMPLES = {
 examples:
   planet stake --role compute --amount 1.5       lock 1.5 ETH as a compute node
   PLANET_PASSWORD_FILE=~/.pw planet stake --role verifier --amount 0.5 --evm-rpc http://host:8545
+on a running devnet (`planet devnet up`) every operator command finds its chains by itself;
+fund a new wallet with `planet devnet fund ADDRESS 10`. With `devnet up --hosts`, run the
+commands inside a host: planet devnet exec operator0 -- planet stake --role compute --amount 1
 """,
     "join": """\
 examples:
   planet join --model smollm2-135m-3p-int8 --shard 1          a prepared model by name
   planet join --model ~/.cache/planet/models/smollm2-135m-3p-int8 --shard 0 --port 18200
+  planet join --model smollm2-135m-3p-int8 --shard 0 --host 203.0.113.7    bind and register
+the node binds and registers --host (default: the address this machine reaches the committee
+from: 127.0.0.1 on the loopback devnet, the host's own address inside `devnet exec HOST`)
 """,
     "status": """\
 examples:
@@ -85,7 +95,10 @@ def format_eth(wei: int) -> str:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("chains and keys (flags > env > $PLANET_HOME/config.toml)")
+    group = parser.add_argument_group(
+        "chains and keys (flags > env > <home>/config.toml > the running devnet: $PLANET_DEVNET, "
+        "else $PLANET_HOME/devnet)"
+    )
     group.add_argument("--home", type=Path, help="operator home (default $PLANET_HOME)")
     group.add_argument("--evm-rpc", help="EVM JSON-RPC URL (PLANET_EVM_RPC)")
     group.add_argument("--committee-rpc", help="a validator's CometBFT RPC (PLANET_COMMITTEE_RPC)")
@@ -118,6 +131,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     join.add_argument("--model", required=True, help="manifest path, model dir, name or hash")
     join.add_argument("--shard", type=int, required=True, help="shard index to serve")
     join.add_argument("--port", type=int, default=0, help="node port (default: a free one)")
+    join.add_argument(
+        "--host",
+        metavar="ADDRESS",
+        help="IP address the node binds and registers on the committee chain (default: the "
+        "address this machine reaches the committee from)",
+    )
+    join.add_argument(
+        "--next-hop-range",
+        metavar="CIDR[,CIDR]",
+        help="at a private address: the private next hops the node may dial (config "
+        "next_hop_range, PLANET_NEXT_HOP_RANGE; a devnet gives its own; default: any private)",
+    )
     join.add_argument("--capacity", type=int, default=16, help="max sessions (default 16)")
     join.add_argument("--timeout", type=float, default=180.0, help="seconds to wait (180)")
     join.add_argument("--no-wait", action="store_true", help="return once processes started")
@@ -138,6 +163,7 @@ def _config(args: argparse.Namespace) -> Any:
             "chain_id": args.chain_id,
             "deployment": args.deployment.resolve() if args.deployment else None,
             "password_file": args.password_file.resolve() if args.password_file else None,
+            "next_hop_range": getattr(args, "next_hop_range", None),
         }
     )
 
@@ -171,7 +197,7 @@ def _check_chain(config: Any) -> Any:
     except UnavailableError as error:
         raise UnavailableError(
             f"EVM RPC {config.evm_rpc} is unreachable",
-            hint="start the chain (`planet devnet up`) or pass --evm-rpc / set PLANET_EVM_RPC",
+            hint=_unreachable_hint(config, "--evm-rpc / set PLANET_EVM_RPC"),
         ) from error
     chain_id = int(w3.eth.chain_id)
     if chain_id != config.chain_id:
@@ -181,6 +207,15 @@ def _check_chain(config: Any) -> Any:
             hint="point --evm-rpc at the right chain, or set --chain-id / PLANET_CHAIN_ID",
         )
     return w3
+
+
+def _unreachable_hint(config: Any, flags: str) -> str:
+    if config.devnet is not None:
+        return (
+            f"is the devnet in {config.devnet} still up? `planet devnet status`; with "
+            "`devnet up --hosts` run the command in a host: planet devnet exec HOST -- planet …"
+        )
+    return f"start a devnet (`planet devnet up`: commands find it), or pass {flags}"
 
 
 def _chain(config: Any, password: str) -> Any:
@@ -201,8 +236,8 @@ def _funds_check(chain: Any, value: int) -> None:
     if balance < value + GAS_RESERVE_WEI:
         raise InsufficientFunds(
             f"{chain.address} has {format_eth(balance)}, needs {format_eth(value)} plus gas",
-            hint=f"send ETH to {chain.address} (on the devnet `planet devnet status` lists "
-            "funded accounts)",
+            hint=f"send ETH to {chain.address} (on a devnet: planet devnet fund {chain.address} "
+            "10)",
         )
 
 
@@ -292,6 +327,7 @@ def _join(args: argparse.Namespace) -> int:
     config = _config(args)
     if not 1 <= args.capacity <= 1_000_000:
         raise UsageError("--capacity must be 1..1000000")
+    given_host = _parse_host(args.host) if args.host is not None else None
     joined = read_joined(config.run_dir)
     if joined is not None and agent_alive(joined):
         raise UsageError(
@@ -321,12 +357,13 @@ def _join(args: argparse.Namespace) -> int:
             "this node key has LEFT the network (final on the committee chain)",
             hint="join again from a new home (new wallet and node key)",
         )
+    host = given_host or _reachable_address(config.committee_rpc)
     previous = read_joined(config.run_dir)
     if not args.port and previous is not None and previous.shard == args.shard:
         port = previous.port  # the endpoint on chain names this port
     else:
         port = args.port or free_ports(1, 18100, 18999)[0]
-    _say(f"starting the compute node on port {port} and its agent…")
+    _say(f"starting the compute node at {host}:{port} and its agent…")
     joined = start_node_and_agent(
         home=config.home,
         manifest_file=manifest_file,
@@ -337,6 +374,8 @@ def _join(args: argparse.Namespace) -> int:
         committee_rpcs=[config.committee_rpc],
         password=password,
         node_key=key_hex,
+        host=host,
+        private_range=config.next_hop_range,
     )
     _say(f"  node pid {joined.node_pid} (log {joined.node_log})")
     _say(f"  agent pid {joined.agent_pid} (log {joined.agent_log})")
@@ -346,6 +385,36 @@ def _join(args: argparse.Namespace) -> int:
     asyncio.run(_wait_routable(config, joined, args.timeout))
     print(f"routable: shard {args.shard} of {model_hash} at {joined.endpoint}; node key {key_hex}")
     return 0
+
+
+def _parse_host(given: str) -> str:
+    """--host: the IP address the node binds and registers."""
+    try:
+        return str(ipaddress.ip_address(given.strip().strip("[]")))
+    except ValueError:
+        raise UsageError(
+            f"--host {given!r} is not an IP address",
+            hint="the address others reach this node at, e.g. 203.0.113.7",
+        ) from None
+
+
+def _reachable_address(committee_rpc: str) -> str:
+    """The address the node binds and registers without --host: the source address this
+    machine uses to reach the committee RPC (a UDP `connect` sends nothing; it only asks the
+    routing table), i.e. the address the network reaches it at."""
+    url = urllib.parse.urlsplit(committee_rpc)
+    try:
+        family, _, _, _, address = socket.getaddrinfo(
+            url.hostname, url.port or 80, type=socket.SOCK_DGRAM
+        )[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)
+            return str(probe.getsockname()[0])
+    except OSError as error:
+        raise UnavailableError(
+            f"cannot tell this machine's address towards the committee {committee_rpc}: {error}",
+            hint="pass the address others reach this node at: --host ADDRESS",
+        ) from None
 
 
 async def _send_leave(config: Any, key: str) -> dict[str, Any] | None:
@@ -453,14 +522,19 @@ def _leave(args: argparse.Namespace) -> int:
     stopped = stop_joined(config.run_dir)
     try:
         view = _committee_view(config, joined.node_key)
-    except PlanetError:
-        view = None
+    except PlanetError as error:
+        raise UnavailableError(
+            f"stopped the node, but the committee at {config.committee_rpc} did not answer "
+            f"({error.message}): the chain may not list it as LEFT",
+            hint=_unreachable_hint(config, "--committee-rpc / set PLANET_COMMITTEE_RPC")
+            + "; then `planet status` shows the node's state",
+        ) from None
     if view is not None and view.get("status") != "LEFT":
         # The agent was not running (crashed, killed) or could not get `leave` committed:
         # send it from here with the same node key.
         _say("the chain does not list the node as LEFT yet; sending `leave` from here…")
         view = asyncio.run(_send_leave(config, joined.node_key))
-    status = view.get("status") if view else "unknown (committee unreachable)"
+    status = view.get("status") if view else "not registered"
     print(
         f"left: agent {'stopped' if stopped['agent'] else 'was not running'}, node "
         f"{'stopped' if stopped['node'] else 'was not running'}; chain status {status}"

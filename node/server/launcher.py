@@ -36,10 +36,12 @@ class NodeProcess:
     log_path: Path
     pid_path: Path
     module: str = NODE_MARKER  # what runs as `python -m MODULE`: the planet CLI or a test double
+    host: str = "127.0.0.1"  # the address it binds (and is reached at)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
 
 def free_ports(count: int, start: int, end: int) -> list[int]:
@@ -71,11 +73,12 @@ def start_node(
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
     module: str = NODE_MARKER,
+    host: str = "127.0.0.1",
 ) -> NodeProcess:
-    """Spawn one detached node process; returns at once (see wait_healthy). `extra_env` is
-    added to the node's environment. `module` runs as `python -m MODULE -v node serve ...`:
-    the planet CLI, or a test entry point taking the same arguments (stop it with
-    `stop_pid(pid, module=node.module)`)."""
+    """Spawn one detached node process bound to `host`:`port`; returns at once (see
+    wait_healthy). `extra_env` is added to the node's environment. `module` runs as
+    `python -m MODULE -v node serve ...`: the planet CLI, or a test entry point taking the same
+    arguments (stop it with `stop_pid(pid, module=node.module)`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / f"node-{shard}.log"
     pid_path = run_dir / f"node-{shard}.pid"
@@ -93,13 +96,19 @@ def start_node(
         "--port",
         str(port),
         "--host",
-        "127.0.0.1",
+        host,
         *extra_args,
     ]
     proc = spawn_logged(cmd, log_path, env={**node_env(), **(extra_env or {})})
     pid_path.write_text(json.dumps({"pid": proc.pid, "port": port, "shard": shard}))
     return NodeProcess(
-        shard=shard, port=port, pid=proc.pid, log_path=log_path, pid_path=pid_path, module=module
+        shard=shard,
+        port=port,
+        pid=proc.pid,
+        log_path=log_path,
+        pid_path=pid_path,
+        module=module,
+        host=host,
     )
 
 

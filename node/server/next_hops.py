@@ -24,8 +24,11 @@ routable addresses: an IP-literal host that is not (loopback, private, link-loca
 reserved, IPv4-mapped forms of these) is refused here by name, and a host name is resolved by
 `PublicResolver`, which hands the connector only global addresses, so the address checked is
 the address connected to (no second lookup to rebind). `--private-next-hops` lifts the rule for
-a devnet or a LAN test network (`planet devnet up` sets it). Lists and `any` are the operator's
-own choice and are not filtered.
+a devnet or a LAN test network. `--private-next-hops CIDR[,CIDR...]` lifts it only for those
+ranges (`planet join` passes the devnet's range: 127.0.0.0/8 on loopback, 10.77.0.0/24 for the
+devnet's hosts): a non-public IP literal outside them is refused by name, and so is a host name
+(it could resolve anywhere; the devnet registers IP literals). Lists and `any` are the
+operator's own choice and are not filtered.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from protocol.urls import BadUrlError, canonical_url
 log = logging.getLogger(__name__)
 
 Mode = Literal["none", "any", "list", "committee"]
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 KEYWORDS: Final = ("none", "any", "committee")
 MAX_LIST_URLS: Final = 1024
 COMMITTEE_MAX_AGE_S: Final = 10.0  # a hit older than this refreshes the view first
@@ -66,6 +70,8 @@ class NextHopSpec:
     mode: Mode = "none"
     urls: frozenset[str] = frozenset()  # canonical, mode "list" only
     private: bool = False  # committee: also dial non-global addresses (devnet, LAN)
+    # committee + private: only the non-global addresses in these ranges (empty: all of them)
+    private_ranges: tuple[Network, ...] = ()
 
     @property
     def public_only(self) -> bool:
@@ -75,6 +81,9 @@ class NextHopSpec:
     def describe(self) -> str:
         if self.mode == "list":
             return f"list of {len(self.urls)}: {', '.join(sorted(self.urls))}"
+        if self.mode == "committee" and self.private_ranges:
+            ranges = ", ".join(str(r) for r in self.private_ranges)
+            return f"committee (private addresses in {ranges} allowed)"
         if self.mode == "committee":
             return "committee" + (" (private addresses allowed)" if self.private else "")
         return self.mode
@@ -102,6 +111,23 @@ def read_next_hops_file(path: Path) -> NextHopSpec:
         ) from None
     lines = [line.split("#", 1)[0] for line in text.splitlines()]
     return NextHopSpec(mode="list", urls=_url_set(lines, f"{path}"))
+
+
+def parse_ranges(text: str, where: str = "--private-next-hops") -> tuple[Network, ...]:
+    """`CIDR[,CIDR...]` (e.g. 10.77.0.0/24) → networks, or UsageError naming `where`."""
+    ranges = []
+    for item in text.split(","):
+        item = item.strip()
+        try:
+            ranges.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise UsageError(
+                f"{where}: {item!r} is not an address range",
+                hint="CIDR notation, e.g. 10.77.0.0/24 or 127.0.0.0/8",
+            ) from None
+    if len(ranges) > 16:
+        raise UsageError(f"{where}: more than 16 ranges")
+    return tuple(ranges)
 
 
 def _url_set(items: Iterable[str], where: str) -> frozenset[str]:
@@ -267,6 +293,7 @@ class ForwardCommittee:
         model_hash: str,
         *,
         public_only: bool = True,
+        private_ranges: tuple[Network, ...] = (),
         max_age_s: float = COMMITTEE_MAX_AGE_S,
         miss_refresh_s: float = COMMITTEE_MISS_REFRESH_S,
         timeout_s: float = COMMITTEE_TIMEOUT_S,
@@ -276,6 +303,7 @@ class ForwardCommittee:
         self.source = source
         self.model_hash = model_hash
         self.public_only = public_only
+        self.private_ranges = private_ranges
         self.max_age_s = max_age_s
         self.miss_refresh_s = miss_refresh_s
         self.timeout_s = timeout_s
@@ -304,6 +332,23 @@ class ForwardCommittee:
             self._view = routable_hops(answer)
             self._fetched_s = self.clock()
 
+    def _check_range(self, url: str, host: str) -> None:
+        """Under `--private-next-hops CIDR`: a non-public literal must lie in a range; a name
+        is refused (it could resolve outside them)."""
+        ranges = ", ".join(str(r) for r in self.private_ranges)
+        if not is_ip_literal(host):
+            raise NextHopNotAllowedError(
+                f"{url} names a host; a node limited to the private ranges {ranges} dials IP "
+                "addresses only"
+            )
+        if is_public_address(host):
+            return
+        address = ipaddress.ip_address(host)
+        if not any(address in network for network in self.private_ranges):
+            raise NextHopNotAllowedError(
+                f"{url} is outside this node's private next-hop ranges ({ranges})"
+            )
+
     def _allowed(self, hop: NextHop) -> bool:
         return self._view is not None and hop.shard in self._view.get(hop.url, frozenset())
 
@@ -316,6 +361,8 @@ class ForwardCommittee:
                 "globally routable addresses (its operator can allow private ones with "
                 "--private-next-hops on a devnet or LAN)"
             )
+        if not self.public_only and self.private_ranges:
+            self._check_range(hop.url, host)
         if self._view is None or self.clock() - self._fetched_s > self.max_age_s:
             await self._refresh(older_than_s=self.miss_refresh_s)
         if not self._allowed(hop):
@@ -347,4 +394,10 @@ def build_policy(
             "--next-hops committee needs the committee chain",
             hint="give --committee-rpc URL (planet join sets it)",
         )
-    return ForwardCommittee(own_shard, source, model_hash, public_only=spec.public_only)
+    return ForwardCommittee(
+        own_shard,
+        source,
+        model_hash,
+        public_only=spec.public_only,
+        private_ranges=spec.private_ranges,
+    )

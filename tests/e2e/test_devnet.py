@@ -4,7 +4,9 @@ Real processes throughout: anvil, 4 CometBFT validators with their ABCI apps and
 watchers, 3 compute nodes staked and joined by `planet stake` / `planet join`, each with its
 agent. Checks: everything is alive and listed; a node that leaves drops out of the routable
 set; an unstaked node stops being routable; a node whose stake was never attested is never
-routable. `planet devnet down` at the end stops every process (and is idempotent).
+routable; a new operator home with no config funds (`planet devnet fund`), stakes, joins and
+leaves through commands that find the devnet by themselves. `planet devnet down` at the end
+stops every process (and is idempotent).
 """
 
 from __future__ import annotations
@@ -508,6 +510,47 @@ def test_devnet_unstake_makes_the_node_unroutable(env, devnet) -> None:
     report = json.loads(status.stdout)
     assert report["stake"]["status"] == "unbonding"
     assert report["committee"]["routable"] is False
+
+
+def test_devnet_new_operator_funds_stakes_joins_and_leaves_with_only_the_readme(
+    env, devnet
+) -> None:
+    """A new operator home with no config: every command finds the running devnet by itself.
+    The first `stake` says how to fund the new wallet; `devnet fund` funds it; `devnet status`
+    lists it; stake, join (routable), status, and `leave` reaching the committee (LEFT)."""
+    home = str(Path(env["PLANET_HOME"]) / "new-operator")
+    operator = {**env, "PLANET_PASSWORD": "new operator pw"}
+    broke = _planet(operator, "stake", "--role", "compute", "--amount", "1", "--home", home)
+    assert broke.returncode != 0 and "Traceback" not in broke.stderr
+    shown = _planet(operator, "status", "--json", "--home", home, timeout=60)
+    address = json.loads(shown.stdout)["address"]
+    assert f"hint: send ETH to {address} (on a devnet: planet devnet fund {address} 10)" in (
+        broke.stderr
+    )
+    funded = _planet(env, "devnet", "fund", address, "--json", timeout=60)
+    assert funded.returncode == 0, funded.stderr
+    assert int(json.loads(funded.stdout)["balance_wei"]) >= 10 * 10**18
+    listed = _planet(env, "devnet", "status", timeout=60)
+    assert listed.returncode == 0 and address in listed.stdout
+    assert address in [a["address"] for a in _status(env)["accounts"]]
+    staked = _planet(operator, "stake", "--role", "compute", "--amount", "1", "--home", home)
+    assert staked.returncode == 0, staked.stderr
+    joined = _planet(
+        operator, "join", "--model", "smollm2-135m-3p-int8", "--shard", "2", "--home", home,
+        timeout=300,
+    )  # fmt: skip
+    assert joined.returncode == 0, joined.stderr
+    status = _planet(operator, "status", "--json", "--home", home, timeout=60)
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert report["evm_rpc"] == devnet["evm_rpc"]
+    assert report["committee_rpc"] == devnet["committee_rpc"][0]
+    assert report["committee"]["routable"] is True and report["local"]["node_alive"]
+    key = report["node_key"]
+    left = _planet(operator, "leave", "--home", home, timeout=90)
+    assert left.returncode == 0, left.stderr
+    assert "chain status LEFT" in left.stdout and "unreachable" not in left.stdout + left.stderr
+    assert _view(devnet, key)["status"] == "LEFT"
 
 
 def test_devnet_up_twice_refuses_and_down_is_idempotent(env, devnet) -> None:

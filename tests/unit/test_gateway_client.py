@@ -30,6 +30,8 @@ def test_ask_pay_defaults_come_from_devnet_json_and_flags_win(tmp_path, monkeypa
     (tmp_path / "devnet" / "devnet.json").write_text(
         json.dumps(
             {
+                "status": "up",
+                "chain_id": 31337,
                 "gateway_url": "http://127.0.0.1:8123/",
                 "evm_rpc": "http://127.0.0.1:8545",
                 "deployment": "/d/deployment.json",

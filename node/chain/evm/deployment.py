@@ -72,7 +72,9 @@ class Deployment:
             )
         except FileNotFoundError:
             raise ConfigError(
-                f"no deployment file at {path}", hint="run `planet contracts deploy` first"
+                f"no deployment file at {path}",
+                hint="start a devnet (`planet devnet up`: every command finds it), or pass "
+                "--deployment FILE (`planet contracts deploy` writes one)",
             ) from None
         except (KeyError, ValueError, TypeError) as error:
             raise ConfigError(f"{path}: not a Planet deployment file ({error})") from None

@@ -1,0 +1,127 @@
+"""`planet devnet fund ADDRESS [ETH]`: anvil's funded dev account sends ETH to an address.
+
+Only a devnet's chain: the RPC (the running devnet's anvil, or --evm-rpc) must call itself
+anvil (`web3_clientVersion`) and be chain 31337, else `NotADevnetChain` names what it is. The
+transfer is anvil's own `eth_sendTransaction` from its unlocked dev account (the deployer, a
+public key: dev only). The funded address joins devnet.json's accounts, so `planet devnet
+status` lists it. With `--hosts` the RPC is reached from inside the devnet's `user` host.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.error
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from deploy.anvil import ANVIL_DEV_ADDRESS, DEVNET_CHAIN_ID, rpc_call
+from deploy.devnet.hosts import Placement, inside, require_lab
+from deploy.devnet.plan import devnet_dir, read_state, write_state
+from deploy.evm import ETHER
+from protocol.errors import PlanetError, UnavailableError, UsageError
+
+DEFAULT_FUND_ETH = "10"
+MAX_FUND_WEI = 1000 * ETHER  # anvil's dev account holds 10000 ETH
+RECEIPT_TIMEOUT_S = 30.0
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}\Z")
+
+
+class NotADevnetChain(UsageError):
+    """The RPC is not a devnet's anvil: funding from a dev key is refused there."""
+
+    code = "not_a_devnet_chain"
+
+    def __init__(self, rpc: str, client: str, chain_id: int | None) -> None:
+        super().__init__(
+            f"{rpc} is not a devnet chain ({client or 'unknown client'}, chain "
+            f"{chain_id if chain_id is not None else '?'}): `planet devnet fund` only sends "
+            f"from anvil's dev account on chain {DEVNET_CHAIN_ID}",
+            hint="on another chain, send ETH from a funded wallet of your own",
+        )
+        self.rpc = rpc
+
+
+def parse_fund_amount(text: str) -> int:
+    """'10' / '0.5' ETH → wei (> 0, at most 18 decimals, at most 1000 ETH)."""
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise UsageError(f"{text!r} is not an amount of ETH", hint="e.g. 10 or 0.5") from None
+    if not value.is_finite() or value <= 0:
+        raise UsageError(f"the amount must be positive ETH (got {text!r})", hint="e.g. 10")
+    wei = value * ETHER
+    if wei != wei.to_integral_value():
+        raise UsageError(f"{text} ETH has more than 18 decimals")
+    if wei > MAX_FUND_WEI:
+        raise UsageError(f"{text} ETH is more than a dev faucet gives (1000 ETH at most)")
+    return int(wei)
+
+
+def parse_address(text: str) -> str:
+    if not _ADDRESS.match(text.strip()):
+        raise UsageError(
+            f"{text!r} is not an EVM address",
+            hint="0x and 40 hex digits; `planet status` shows your wallet's address",
+        )
+    return text.strip()
+
+
+def fund(home: Path, address: str, wei: int, evm_rpc: str | None = None) -> dict[str, Any]:
+    """Send `wei` from anvil's dev account to `address`; {address, wei, balance_wei, tx}."""
+    directory = devnet_dir(home)
+    state = read_state(directory)
+    if state is None or state.get("status") != "up":
+        raise UsageError(
+            f"no devnet is up in {directory}",
+            hint="start one: planet devnet up --detach (or pass --home)",
+        )
+    require_lab(state)
+    rpc = evm_rpc or state["evm_rpc"]
+    with inside(Placement.from_state(state).control_netns):
+        try:
+            _check_devnet_chain(rpc)
+            tx = str(
+                rpc_call(
+                    rpc,
+                    "eth_sendTransaction",
+                    [{"from": ANVIL_DEV_ADDRESS, "to": address, "value": hex(wei)}],
+                    timeout=10,
+                )
+            )
+            _await_receipt(rpc, tx)
+            balance = int(str(rpc_call(rpc, "eth_getBalance", [address, "latest"])), 16)
+        except (urllib.error.URLError, OSError, ValueError) as error:
+            raise UnavailableError(
+                f"EVM RPC {rpc} did not answer ({error})",
+                hint="`planet devnet status` shows whether anvil runs",
+            ) from None
+    accounts = state.setdefault("accounts", [])
+    if not any(str(a.get("address", "")).lower() == address.lower() for a in accounts):
+        accounts.append({"name": "funded", "address": address, "keystore": None, "home": None})
+        write_state(directory, state)
+    return {"address": address, "wei": str(wei), "balance_wei": str(balance), "tx": tx}
+
+
+def _check_devnet_chain(rpc: str) -> None:
+    client, chain_id = "", None
+    try:
+        client = str(rpc_call(rpc, "web3_clientVersion", timeout=5))
+        chain_id = int(str(rpc_call(rpc, "eth_chainId", timeout=5)), 16)
+    except PlanetError:  # the method is unknown there: not anvil
+        pass
+    if not client.lower().startswith("anvil") or chain_id != DEVNET_CHAIN_ID:
+        raise NotADevnetChain(rpc, client, chain_id)
+
+
+def _await_receipt(rpc: str, tx: str) -> None:
+    deadline = time.monotonic() + RECEIPT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        receipt = rpc_call(rpc, "eth_getTransactionReceipt", [tx])
+        if isinstance(receipt, dict):
+            if receipt.get("status") != "0x1":
+                raise UnavailableError(f"the transfer {tx} failed on chain")
+            return
+        time.sleep(0.05)
+    raise UnavailableError(f"the transfer {tx} was not mined in {RECEIPT_TIMEOUT_S:.0f} s")

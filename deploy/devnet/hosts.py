@@ -1,0 +1,330 @@
+"""The devnet's hosts (`planet devnet up --hosts`): every process in its own network namespace.
+
+With `--hosts` the devnet runs on a lab of `deploy.netlab` instead of 127.0.0.1: one host per
+process group, each with its own address on 10.77.0.0/24, and every link between two hosts
+shaped (a flat one-way delay, or an inter-region latency matrix):
+
+    anvil            8545                     the EVM chain
+    validator<i>     26656 p2p, 26657 RPC     CometBFT + its ABCI app (26658, loopback) + the
+                                              stake watcher (+ its verifier, --verifiers)
+    node<i>          18100                    `planet stake` / `planet join` of operator i: the
+                                              compute node and its agent
+    gateway          8000                     `planet gateway serve`
+    user             -                        where `planet devnet up` itself talks to the chains,
+                                              and where a user's `planet ask` runs
+    operator<i>      18100-18103              empty hosts for new operators (`planet devnet exec
+                                              operator0 -- planet stake …`)
+
+Services bind their host's own address (never 0.0.0.0: netlab's proxies for the other hosts'
+same ports live in every namespace). The nodes' next-hop policy allows exactly the lab's range.
+
+The lab belongs to a small keeper process (`python -m deploy.devnet.keeper`, its pid in
+devnet.json) so that it outlives a detached `up`; `planet devnet down` stops the devnet's
+processes, then the keeper, which removes every namespace, link and process of the lab
+(`python -m deploy.netlab down` cleans up after a crashed keeper).
+
+    Placement    where a devnet process runs: its address, its namespace, its argv there
+    LinkPlan     the link shapes: a flat delay, or a matrix with the hosts placed in regions
+    plan_hosts   the hosts, the ports each serves, the shapes: what the keeper makes
+    start_lab    the keeper started and awaited; `stop_lab` ends it, `check_privileges` first
+    inside       run this thread's network code inside one host (setns), then come back
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from ipaddress import IPv4Network
+from pathlib import Path
+from typing import Any
+
+from deploy.devnet.plan import LinkPlan, Progress
+from deploy.devnet.processes import StepFailed, ours, spawn
+from deploy.netlab import (
+    DEFAULT_NETWORK,
+    NetlabError,
+    can_make_hosts,
+    can_run_proxies,
+    down_run,
+    leftovers,
+)
+from deploy.netlab.regions import default_matrix, link_shapes, load_matrix
+from deploy.netlab.shape import Shape
+from node.config import DEVNET_ENV
+from protocol.errors import UnavailableError, UsageError
+
+LOOPBACK = "127.0.0.1"
+LOOPBACK_RANGE = "127.0.0.0/8"
+CONTROL_HOST = "user"  # `up`, `status` and `fund` talk to the chains from here
+ANVIL_PORT = 8545
+COMMITTEE_BASE_PORT = 26656  # p2p; RPC +1, app +2 (loopback), pprof +3 (loopback)
+NODE_PORT = 18100
+GATEWAY_PORT = 8000
+OPERATOR_PORTS = tuple(range(18100, 18104))  # exposed on the empty operator hosts
+KEEPER_MODULE = "deploy.devnet.keeper"
+KEEPER_READY_S = 60.0
+KEEPER_STOP_S = 20.0
+MAX_OPERATOR_HOSTS = 8
+MAX_LINK_MS = 10_000
+
+_CLONE_NEWNET = 0x40000000
+_NETNS_ROOT = Path("/run/netns")
+
+
+class HostsUnavailable(UsageError):
+    """`--hosts` cannot run here (privileges, a missing tool); the hint says how to get them."""
+
+    code = "hosts_unavailable"
+
+
+# --- where processes run --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the devnet's processes run: all on 127.0.0.1, or each in its own host."""
+
+    hosts: Mapping[str, Mapping[str, str]] | None = None  # name -> {address, netns}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Placement:
+        lab = state.get("hosts") or {}
+        return cls(lab.get("hosts") or None)
+
+    @property
+    def on_hosts(self) -> bool:
+        return self.hosts is not None
+
+    def address(self, host: str) -> str:
+        return LOOPBACK if self.hosts is None else self._host(host)["address"]
+
+    def netns(self, host: str) -> str | None:
+        return None if self.hosts is None else self._host(host)["netns"]
+
+    def argv(self, host: str, argv: Sequence[str]) -> list[str]:
+        """`argv` as run in `host` (`ip netns exec`), or unchanged on loopback."""
+        netns = self.netns(host)
+        return ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
+
+    @property
+    def control_netns(self) -> str | None:
+        return self.netns(CONTROL_HOST)
+
+    def _host(self, host: str) -> Mapping[str, str]:
+        assert self.hosts is not None
+        if host not in self.hosts:
+            raise UsageError(
+                f"the devnet has no host {host!r}",
+                hint=f"its hosts: {', '.join(self.hosts)}",
+            )
+        return self.hosts[host]
+
+
+@contextlib.contextmanager
+def inside(netns: str | None) -> Iterator[None]:
+    """Make this thread's new sockets (and the processes it starts) live in `netns` until the
+    block ends; a no-op for None. Sockets opened inside keep their namespace afterwards."""
+    if netns is None:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        target = os.open(_NETNS_ROOT / netns, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _setns(libc, target, netns)
+        finally:
+            os.close(target)
+        try:
+            yield
+        finally:
+            _setns(libc, own, "this process's own network namespace")
+    finally:
+        os.close(own)
+
+
+def _setns(libc: Any, fd: int, what: str) -> None:
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"setns into {what}: {os.strerror(errno)}")
+
+
+# --- the plan: hosts, ports, links ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostsPlan:
+    names: tuple[str, ...]
+    services: Mapping[str, tuple[int, ...]]  # host -> TCP ports it serves (exposed)
+    shapes: Mapping[tuple[str, str], Shape]
+    regions: Mapping[str, str]  # host -> region (matrix plans only)
+    network: IPv4Network = DEFAULT_NETWORK
+
+
+def host_names(validators: int, nodes: int, gateway: bool, operators: int) -> list[str]:
+    return [
+        "anvil",
+        *(f"validator{i}" for i in range(validators)),
+        *(f"node{i}" for i in range(nodes)),
+        *(["gateway"] if gateway else []),
+        CONTROL_HOST,
+        *(f"operator{i}" for i in range(operators)),
+    ]
+
+
+def plan_hosts(
+    *, validators: int, nodes: int, gateway: bool, operators: int, links: LinkPlan
+) -> HostsPlan:
+    """The lab for a devnet of this size (UsageError for a matrix that does not load)."""
+    names = host_names(validators, nodes, gateway, operators)
+    services: dict[str, tuple[int, ...]] = {"anvil": (ANVIL_PORT,)}
+    for i in range(validators):
+        services[f"validator{i}"] = (COMMITTEE_BASE_PORT, COMMITTEE_BASE_PORT + 1)
+    for i in range(nodes):
+        services[f"node{i}"] = (NODE_PORT,)
+    if gateway:
+        services["gateway"] = (GATEWAY_PORT,)
+    for i in range(operators):
+        services[f"operator{i}"] = OPERATOR_PORTS
+    if links.link_ms is not None:
+        shape = Shape.from_latency(links.link_ms, kbytes_per_s=links.kbytes_per_s)
+        shapes = {(a, b): shape for a in names for b in names if a != b}
+        return HostsPlan(tuple(names), services, shapes, {})
+    try:
+        matrix = load_matrix(links.matrix) if links.matrix else default_matrix()
+    except OSError as error:
+        raise UsageError(
+            f"--latency-matrix {links.matrix}: {error.strerror}",
+            hint="a CSV like deploy/netlab/regions.csv",
+        ) from None
+    except NetlabError as error:  # a MatrixError (netlab stands alone: not a PlanetError)
+        raise UsageError(f"--latency-matrix {links.matrix}: {error.message}") from None
+    regions = {name: matrix.regions[i % len(matrix.regions)] for i, name in enumerate(names)}
+    shapes = link_shapes(matrix, regions, kbytes_per_s=links.kbytes_per_s)
+    return HostsPlan(tuple(names), services, shapes, regions)
+
+
+# --- the keeper -----------------------------------------------------------------------------
+
+
+def check_privileges() -> None:
+    """HostsUnavailable (one error line, one hint) unless namespaces and proxies can be made."""
+    hosts_ok, hosts_reason = can_make_hosts()
+    if not hosts_ok:
+        reason = hosts_reason.split("; run as root", 1)[0]
+        raise HostsUnavailable(
+            f"--hosts needs network namespaces, which this process cannot make: {reason}",
+            hint="run it as root (or with CAP_NET_ADMIN and CAP_SYS_ADMIN): sudo -E env "
+            'PATH="$PATH" planet devnet up --hosts; `python -m deploy.netlab check` says what '
+            "is missing; without --hosts the devnet runs on 127.0.0.1",
+        )
+    proxies_ok, proxies_reason = can_run_proxies()
+    if not proxies_ok:
+        raise HostsUnavailable(
+            f"--hosts shapes its links with toxiproxy, which cannot run here: {proxies_reason}",
+            hint="run `bash deploy/setup.sh` (it builds toxiproxy-server into .tools/bin) as "
+            "root; `python -m deploy.netlab check` says what is missing",
+        )
+
+
+def start_lab(plan: HostsPlan, directory: Path, progress: Progress) -> dict[str, Any]:
+    """Start the keeper and wait until its hosts and links are made; the `hosts` record of
+    devnet.json, with the keeper's pid under "pid"."""
+    plan_file, ready_file = directory / "hosts-plan.json", directory / "hosts.json"
+    ready_file.unlink(missing_ok=True)
+    plan_file.write_text(
+        json.dumps(
+            {
+                "network": str(plan.network),
+                "hosts": list(plan.names),
+                "services": {name: list(ports) for name, ports in plan.services.items()},
+                "shapes": [
+                    [a, b, s.latency_ms, s.jitter_ms, s.kbytes_per_s]
+                    for (a, b), s in plan.shapes.items()
+                ],
+            },
+            indent=1,
+        )
+    )
+    log_path = directory / "logs" / "keeper.log"
+    argv = [sys.executable, "-m", KEEPER_MODULE, str(plan_file), str(ready_file)]
+    pid = spawn(argv, log_path)
+    deadline = time.monotonic() + KEEPER_READY_S
+    while not ready_file.is_file():
+        if not ours(pid, KEEPER_MODULE) or time.monotonic() > deadline:
+            raise StepFailed("making the hosts", f"the hosts' keeper (pid {pid})", log_path)
+        time.sleep(0.1)
+    ready = json.loads(ready_file.read_text())
+    if "error" in ready:
+        raise HostsUnavailable(ready["error"], hint=ready.get("hint"))
+    progress(
+        f"      {len(ready['hosts'])} hosts on {ready['network']} (run {ready['run_id']}, "
+        f"keeper pid {pid}, log {log_path})"
+    )
+    return {**ready, "pid": pid, "log": str(log_path), "regions": dict(plan.regions)}
+
+
+def lab_alive(state: Mapping[str, Any]) -> bool:
+    pid = (state.get("hosts") or {}).get("pid")
+    return ours(pid, KEEPER_MODULE)
+
+
+def stop_lab(state: Mapping[str, Any]) -> list[str]:
+    """Stop the keeper (it removes the lab), and remove what a dead keeper left; what went."""
+    lab = state.get("hosts") or {}
+    if not lab:
+        return []
+    stopped = []
+    pid = lab.get("pid")
+    if ours(pid, KEEPER_MODULE):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGTERM)
+        deadline = time.monotonic() + KEEPER_STOP_S
+        while ours(pid, KEEPER_MODULE) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if ours(pid, KEEPER_MODULE):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        stopped.append("hosts")
+    run_id = lab.get("run_id")
+    if run_id and run_id in leftovers():
+        down_run(str(run_id))
+        stopped.append(f"leftovers of hosts run {run_id}")
+    return stopped
+
+
+def require_lab(state: Mapping[str, Any]) -> None:
+    """UnavailableError when the devnet's hosts are gone (its keeper died)."""
+    if state.get("hosts") and not lab_alive(state):
+        raise UnavailableError(
+            "the devnet's hosts are gone (their keeper exited)",
+            hint="planet devnet down, then planet devnet up --hosts",
+        )
+
+
+def exec_argv(
+    state: Mapping[str, Any], directory: Path, host: str, command: Sequence[str]
+) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) that run `command` inside the devnet's `host`, with PLANET_DEVNET set so
+    every `planet` command there finds this devnet; `planet` is this interpreter's CLI."""
+    place = Placement.from_state(state)
+    if not place.on_hosts:
+        raise UsageError(
+            "this devnet runs on 127.0.0.1, not in hosts",
+            hint="run the command directly, or start one with `planet devnet up --hosts`",
+        )
+    if not command:
+        raise UsageError("no command to run", hint="planet devnet exec operator0 -- planet status")
+    argv = list(command)
+    if argv[0] == "planet":
+        argv = [sys.executable, "-m", "node.cli.main", *argv[1:]]
+    argv = place.argv(host, argv)  # an unknown host is refused here, naming the hosts
+    require_lab(state)
+    return argv, {**os.environ, DEVNET_ENV: str(directory)}

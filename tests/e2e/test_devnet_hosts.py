@@ -1,0 +1,252 @@
+"""`planet devnet up --hosts --link-ms 50` once for the module: every process in its own network
+namespace with its own 10.77.0.x address, every link between two hosts 50 ms each way.
+
+Real processes throughout, driven only through the CLI (`planet devnet exec HOST -- planet …`
+runs a command inside a host). Checks: a paid question asked from the `user` host answers with
+the same greedy tokens as the same shards on loopback (`planet local up --quant int8`); a node
+whose next-hop policy is public-only refuses the devnet's nodes, registered at private
+addresses, by name; a new operator in its own host is funded, stakes, joins at its host's
+address and is listed routable. `planet devnet down` always runs and leaves no namespace.
+
+Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), `ip netns` and toxiproxy: skipped, with the
+reason `python -m deploy.netlab check` gives, where these are missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy.netlab import can_make_hosts, can_run_proxies
+from node.server.launcher import pid_alive
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+UP_TIMEOUT_S = 900
+LINK_MS = 50
+QUESTION = "What is the capital of France?"
+MAX_TOKENS = 8
+MODEL = "smollm2-135m-3p-int8"  # what `planet devnet up` serves by default (--quant int8)
+PUBLIC_ONLY_PORT = 18150  # a node in the `user` host (served to itself only)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _namespaces() -> None:
+    for ok, reason in (can_make_hosts(), can_run_proxies()):
+        if not ok:
+            pytest.skip(f"devnet --hosts needs network namespaces and toxiproxy: {reason}")
+
+
+def _planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, "-m", "node.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    return done
+
+
+def _in_host(
+    env: dict[str, str], host: str, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """`planet devnet exec HOST -- planet ARGS`: a command typed inside one of the hosts."""
+    return _planet(env, "devnet", "exec", host, "--", "planet", *args, timeout=timeout)
+
+
+def _home(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    from node.model.source import models_dir
+
+    home = tmp_path_factory.mktemp(name)
+    real_models = models_dir()
+    real_models.mkdir(parents=True, exist_ok=True)
+    (home / "models").symlink_to(real_models, target_is_directory=True)
+    return home
+
+
+def _clean_env(home: Path) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_")}
+    return {**clean, "PLANET_HOME": str(home), "NO_COLOR": "1"}
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same int8 shards on 127.0.0.1 (`planet local up`): the greedy answer to QUESTION."""
+    env = _clean_env(_home(tmp_path_factory, "planet-loopback"))
+    up = _planet(env, "local", "up", "--nodes", "3", "--quant", "int8", timeout=300)
+    try:
+        assert up.returncode == 0, up.stderr[-3000:]
+        asked = _planet(
+            env, "ask", "--json", "--max-tokens", str(MAX_TOKENS), QUESTION, timeout=300
+        )
+        assert asked.returncode == 0, asked.stderr[-3000:]
+        return json.loads(asked.stdout)
+    finally:
+        _planet(env, "local", "down", timeout=60)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return _clean_env(_home(tmp_path_factory, "planet-hosts"))
+
+
+@pytest.fixture(scope="module")
+def devnet(env: dict[str, str], loopback: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    started = time.monotonic()
+    state_path = Path(env["PLANET_HOME"]) / "devnet" / "devnet.json"
+    try:
+        up = _planet(
+            env, "devnet", "up", "--hosts", "--link-ms", str(LINK_MS), "--validators", "1",
+            "--detach", timeout=UP_TIMEOUT_S,
+        )  # fmt: skip
+        print(f"devnet up --hosts: {time.monotonic() - started:.1f} s", file=sys.stderr)
+        assert up.returncode == 0, up.stderr[-4000:]
+        yield json.loads(state_path.read_text())
+    finally:
+        state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+        down = _planet(env, "devnet", "down", timeout=300)
+        assert down.returncode == 0, down.stderr
+        lab = state.get("hosts") or {}
+        if lab.get("run_id"):
+            left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+            assert f"pnl{lab['run_id']}" not in left, left
+        if lab.get("pid"):
+            assert not pid_alive(int(lab["pid"])), "the hosts' keeper outlived `devnet down`"
+
+
+def test_hosts_devnet_every_service_at_its_own_address_behind_50_ms_links(env, devnet) -> None:
+    lab = devnet["hosts"]
+    hosts = lab["hosts"]
+    addresses = {name: host["address"] for name, host in hosts.items()}
+    assert len(set(addresses.values())) == len(addresses)
+    assert all(a.startswith("10.77.0.") for a in addresses.values())
+    assert devnet["evm_rpc"] == f"http://{addresses['anvil']}:8545"
+    assert devnet["committee_rpc"][0].startswith(f"http://{addresses['validator0']}:")
+    assert devnet["gateway_url"].startswith(f"http://{addresses['gateway']}:")
+    assert devnet["next_hop_range"] == lab["network"] == "10.77.0.0/24"
+    status = _planet(env, "devnet", "status", "--json", timeout=120)
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert report["hosts_alive"] and report["running"]
+    routable = [n for n in report["nodes"] if n["routable"]]
+    assert sorted(s for n in routable for s in n["shards"]) == [0, 1, 2]
+    node_hosts = {addresses[f"node{i}"] for i in range(3)}
+    for node in routable:  # each registered the address of its own host, not 127.0.0.1
+        assert node["endpoint"].split("//")[1].rsplit(":", 1)[0] in node_hosts, node
+    # 50 ms each way: a request from the user host to anvil costs a round trip of >= 100 ms
+    probe = [
+        "devnet", "exec", "user", "--", sys.executable, "-c",
+        "import time, urllib.request as u; t = time.monotonic(); "
+        f"u.urlopen(u.Request('{devnet['evm_rpc']}', data=b'{{\"jsonrpc\":\"2.0\",\"id\":1,"
+        "\"method\":\"eth_chainId\",\"params\":[]}', headers={'Content-Type': "
+        "'application/json'}), timeout=10).read(); print(time.monotonic() - t)",
+    ]  # fmt: skip
+    timed = _planet(env, *probe, timeout=60)
+    assert timed.returncode == 0, timed.stderr
+    assert float(timed.stdout) >= 2 * LINK_MS / 1000 * 0.9
+
+
+def test_hosts_paid_question_from_the_user_host_has_the_loopback_tokens(
+    env, devnet, loopback
+) -> None:
+    started = time.monotonic()
+    asked = _in_host(
+        env, "user", "ask", "--pay", "--json", "--max-tokens", str(MAX_TOKENS), QUESTION,
+        timeout=300,
+    )  # fmt: skip
+    print(f"paid question over the hosts: {time.monotonic() - started:.1f} s", file=sys.stderr)
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    answer = json.loads(asked.stdout)
+    assert answer["text"].strip() == loopback["text"].strip() != ""
+    assert answer["receipt"]["completion_tokens"] == len(loopback["tokens"])
+    assert "(verified)" in asked.stderr
+
+
+def test_hosts_public_only_node_refuses_the_devnets_private_next_hops(env, devnet) -> None:
+    """The devnet's nodes registered 10.77.0.x: a node whose committee policy is public-only
+    (no --private-next-hops) refuses to dial them, by name, before any dial."""
+    user = devnet["hosts"]["hosts"]["user"]["address"]
+    url = f"http://{user}:{PUBLIC_ONLY_PORT}"
+    log = Path(env["PLANET_HOME"]) / "public-only-node.log"
+    argv = [
+        sys.executable, "-m", "node.cli.main", "devnet", "exec", "user", "--", "planet", "node",
+        "serve", "--manifest", devnet["manifest"], "--shard", "0", "--host", user, "--port",
+        str(PUBLIC_ONLY_PORT), "--next-hops", "committee", "--committee-rpc",
+        devnet["committee_rpc"][0],
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        node = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        circuit = json.loads(Path(devnet["nodes_file"]).read_text())
+        first = next(n for n in circuit["nodes"] if n["shard"] == 0)
+        first["url"] = url
+        nodes_file = Path(env["PLANET_HOME"]) / "public-only-nodes.json"
+        nodes_file.write_text(json.dumps(circuit))
+        wait = (
+            "import time, urllib.request as u\n"
+            "for _ in range(240):\n"
+            "    try:\n"
+            f"        u.urlopen('{url}/health', timeout=2).read(); break\n"
+            "    except OSError: time.sleep(0.5)\n"
+        )
+        ready = _planet(
+            env, "devnet", "exec", "user", "--", sys.executable, "-c", wait, timeout=150
+        )
+        assert ready.returncode == 0 and node.poll() is None, log.read_text()[-3000:]
+        refused = _in_host(
+            env, "user", "ask", "--nodes", str(nodes_file), "--max-tokens", "1", QUESTION,
+            timeout=120,
+        )  # fmt: skip
+        assert refused.returncode != 0
+        assert "globally routable" in refused.stderr, refused.stderr
+        assert circuit["nodes"][1]["url"] in refused.stderr, refused.stderr
+    finally:
+        node.terminate()
+        node.wait(30)
+
+
+def test_hosts_operator_in_its_own_host_funds_stakes_joins_and_is_routable(
+    env, devnet, tmp_path_factory
+) -> None:
+    home = str(tmp_path_factory.mktemp("operator0"))
+    operator = {**env, "PLANET_PASSWORD": "operator0 pw"}
+    address_of_host = devnet["hosts"]["hosts"]["operator0"]["address"]
+    broke = _in_host(
+        operator, "operator0", "stake", "--role", "compute", "--amount", "1", "--home", home
+    )
+    assert broke.returncode != 0
+    shown = _in_host(operator, "operator0", "status", "--json", "--home", home)
+    wallet = json.loads(shown.stdout)["address"]
+    assert f"planet devnet fund {wallet} 10" in broke.stderr
+    funded = _planet(env, "devnet", "fund", wallet, timeout=60)
+    assert funded.returncode == 0, funded.stderr
+    staked = _in_host(
+        operator, "operator0", "stake", "--role", "compute", "--amount", "1", "--home", home
+    )
+    assert staked.returncode == 0, staked.stderr
+    joined = _in_host(
+        operator, "operator0", "join", "--model", MODEL, "--shard", "0", "--home", home,
+        timeout=400,
+    )  # fmt: skip
+    assert joined.returncode == 0, joined.stderr[-3000:]
+    assert f"at {address_of_host}:" in joined.stderr
+    mine = json.loads(_in_host(operator, "operator0", "status", "--json", "--home", home).stdout)
+    assert mine["committee"]["routable"] is True
+    assert mine["committee_rpc"] == devnet["committee_rpc"][0]
+    report = json.loads(_planet(env, "devnet", "status", "--json", timeout=120).stdout)
+    listed = [n for n in report["nodes"] if n["key"] == mine["node_key"]]
+    assert listed and listed[0]["routable"], report["nodes"]
+    assert listed[0]["endpoint"].startswith(f"http://{address_of_host}:")
+    assert wallet in [a["address"] for a in report["accounts"]]
+    left = _in_host(operator, "operator0", "leave", "--home", home, timeout=120)
+    assert left.returncode == 0 and "chain status LEFT" in left.stdout, left.stderr
