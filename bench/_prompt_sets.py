@@ -4,8 +4,8 @@ tests/integration/test_speculation_nodes.py), as chat messages.
 HELDOUT: questions and a story opening as the other tests ask them (test_codec_http.py's
 question, the compute docs' rainbow question, the first sentences of node/model/data/heldout.txt):
 ordinary answers, where prompt lookup rarely guesses right.
-REPETITIVE: answers that copy or rework text of the prompt (repeat a list, reformat a paragraph,
-edit code), where it often does.
+REPETITIVE: answers that copy or rework text of the prompt (copy a paragraph, number a list, correct
+spelling, edit code), where it often does.
 """
 
 from __future__ import annotations
@@ -43,6 +43,12 @@ def repetitive_prompts() -> dict[str, Messages]:
     return {
         "copy": _user("Repeat the following text exactly, word for word:\n\n" + paragraph),
         "list": _user(f"Write each of these fruits on its own numbered line: {items}."),
+        "spelling": _user(
+            "Correct the spelling mistakes in this text and change nothing else:\n\n"
+            "The lamp room suprised her. She had expected rust and broken glas, but the great "
+            "lens was intact, wraped in canvas that someone had tied with care. When she puled "
+            "the cloth away, the morning sun struck the prisms."
+        ),
         "code": _user(
             "Rewrite this Python code, renaming `prices` to `values` everywhere and "
             "changing nothing else:\n\n" + code

@@ -236,7 +236,13 @@ def forwarded_bytes(hops: list[Any]) -> int:
 
 
 async def one_generation(
-    client: Any, head: Any, ids: list[int], new_tokens: int, lookahead: int | None, hops: list[Any]
+    client: Any,
+    head: Any,
+    ids: list[int],
+    new_tokens: int,
+    lookahead: int | None,
+    hops: list[Any],
+    min_ngram: int = 2,
 ) -> dict[str, Any]:
     from node.client.speculation import SpeculationConfig, SpeculationStats, generate_speculative
     from node.client.types import Timings
@@ -254,7 +260,7 @@ async def one_generation(
             max_new_tokens=new_tokens,
             timings=timings,
             stats=stats,
-            speculation=SpeculationConfig(lookahead=lookahead),
+            speculation=SpeculationConfig(lookahead=lookahead, min_ngram=min_ngram),
         )
     tokens = [t async for t in gen]
     await asyncio.sleep(0.05)  # the close messages
@@ -307,7 +313,7 @@ async def measure(
                         ids = head.chat_ids(messages)
                         plain = await one_generation(client, head, ids, args.new_tokens, None, hops)
                         spec = await one_generation(
-                            client, head, ids, args.new_tokens, args.lookahead, hops
+                            client, head, ids, args.new_tokens, args.lookahead, hops, args.min_ngram
                         )
                         runs["plain"].append(plain)
                         runs["spec"].append(spec)
@@ -334,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latencies", default="0,20,50,100", help="one-way ms per link")
     parser.add_argument("--new-tokens", type=int, default=48)
-    parser.add_argument("--lookahead", type=int, default=6, help="tokens guessed per pass")
+    parser.add_argument("--lookahead", type=int, default=8, help="tokens guessed per pass")
+    parser.add_argument("--min-ngram", type=int, default=2, help="shortest suffix looked up")
     parser.add_argument("--prompts", type=int, default=3, help="prompts of each set")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--links", choices=("auto", "toxiproxy", "relay"), default="auto")
@@ -371,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             "latencies": args.latencies,
             "new_tokens": args.new_tokens,
             "lookahead": args.lookahead,
+            "min_ngram": args.min_ngram,
             "prompts_per_set": args.prompts,
             "repeats": args.repeats,
             "quick": args.quick,

@@ -45,9 +45,11 @@ LOOKUP_WINDOW = 4096  # context tokens searched for an earlier occurrence of the
 
 @dataclass(frozen=True, slots=True)
 class SpeculationConfig:
-    lookahead: int = 6  # tokens guessed per pass (k)
+    lookahead: int = 8  # tokens guessed per pass (k)
     max_ngram: int = 3  # longest context suffix looked up
-    min_ngram: int = 1  # shortest suffix that may propose
+    # shortest suffix that may propose: single-token matches are frequent and mostly wrong
+    # (on the held-out set they doubled the positions computed for 7 % fewer passes)
+    min_ngram: int = 2
 
     def validate(self) -> SpeculationConfig:
         if not 1 <= self.lookahead <= MAX_LOOKAHEAD:

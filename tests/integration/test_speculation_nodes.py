@@ -60,7 +60,7 @@ def _both(head: ClientHead, hops: list[Hop], ids: list[int], stats: SpeculationS
                     head,
                     ids,
                     max_new_tokens=MAX_NEW_TOKENS,
-                    speculation=SpeculationConfig(lookahead=6),
+                    speculation=SpeculationConfig(),
                     stats=stats,
                 )
             ]
@@ -79,4 +79,4 @@ def test_speculative_greedy_tokens_identical_to_plain(circuit, name):
         assert spec == plain, prompt
     assert stats.proposed > stats.accepted  # some guesses rejected, so every node rewound
     if name == "repetitive":
-        assert stats.tokens_per_pass > 1.5, stats.to_json()
+        assert stats.accepted > 0 and stats.tokens_per_pass > 1.3, stats.to_json()

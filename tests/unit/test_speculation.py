@@ -42,13 +42,14 @@ STEPS = 16
 
 # ------------------------------------------------------------------------------ proposing
 def test_propose_continues_the_most_recent_occurrence_of_the_longest_suffix() -> None:
-    config = SpeculationConfig(lookahead=3, max_ngram=2)
+    config = SpeculationConfig(lookahead=3, max_ngram=2, min_ngram=1)
     # suffix (5, 6) occurred at 0 and at 4: the more recent one's continuation wins
     assert propose([5, 6, 1, 2, 5, 6, 3, 4, 9, 5, 6], config) == [3, 4, 9]
     # no 2-gram match; the 1-gram 7 occurred at index 1
     assert propose([1, 7, 8, 9, 2, 7], config) == [8, 9, 2]
     assert propose([1, 2, 3], config) == []  # nothing repeats
-    assert propose([4, 4], SpeculationConfig(lookahead=5, max_ngram=1)) == [4]  # cut at end
+    one = SpeculationConfig(lookahead=5, max_ngram=1, min_ngram=1)
+    assert propose([4, 4], one) == [4]  # cut at the end
     assert propose([], config) == []
 
 
