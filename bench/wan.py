@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--lookahead", type=int, default=8, help="tokens guessed per pass")
     parser.add_argument("--min-ngram", type=int, default=2, help="shortest suffix looked up")
-    parser.add_argument("--prompts", type=int, default=3, help="prompts of each set")
+    parser.add_argument("--prompts", type=int, default=4, help="prompts of each set (at most)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--links", choices=("auto", "toxiproxy", "relay"), default="auto")
     args = parse_with_quick(parser, {"latencies": "0,20", "new_tokens": 8, "prompts": 1}, argv)
