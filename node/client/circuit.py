@@ -321,9 +321,20 @@ class CircuitClient:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await link.ws.send_json({"op": "close", "sid": sid})
 
-    async def send(self, sid: int, start: int, hidden: np.ndarray, last_only: bool = True) -> None:
-        """Feed rows [1, T, H] at positions start.. to the first hop."""
-        header = FrameHeader(sid, start, int(hidden.shape[1]), self.dtype, self.codec, last_only)
+    async def send(
+        self,
+        sid: int,
+        start: int,
+        hidden: np.ndarray,
+        last_only: bool = True,
+        *,
+        rewind: bool = False,
+    ) -> None:
+        """Feed rows [1, T, H] at positions start.. to the first hop. `rewind`: every hop first
+        drops its cached positions >= start (speculative decoding, node/client/speculation.py)."""
+        header = FrameHeader(
+            sid, start, int(hidden.shape[1]), self.dtype, self.codec, last_only, rewind
+        )
         message = pack_frame(header, encode_body(hidden, self.dtype, self.codec))
         try:
             await self.links[0].ws.send_bytes(message)

@@ -263,6 +263,22 @@ class ShardModel:
         )
         return out.to("cpu", ACTIVATION_DTYPE)
 
+    def rewind(self, cache: Any, length: int) -> None:
+        """Drop every cached position >= `length` (speculative decoding: the positions the
+        client did not accept), so the next forward continues at `length`. Only full-attention
+        layers can rewind: a sliding-window layer past its window no longer holds what it
+        dropped (`ProtocolError`)."""
+        held = self.cache_length(cache)
+        if not 0 <= length <= held:
+            raise ProtocolError(f"cannot rewind to {length}: the cache holds {held} positions")
+        if length == held:
+            return
+        if any(kind != "full_attention" for kind in self._types):
+            raise ProtocolError("this shard's sliding-window layers cannot rewind")
+        start, end = self.layers
+        for index in range(start, end):
+            cache.layers[index].crop(length - held)  # negative: positions to remove
+
     def cache_bytes_per_position(self) -> int:
         """KV bytes one position costs in a session's cache (keys and values, all our layers)."""
         config = self.config

@@ -36,6 +36,10 @@ class ShardBackend(Protocol):
 
     def cache_bytes(self, cache: Any) -> int: ...
 
+    def rewind(self, cache: Any, length: int) -> None:
+        """Drop the cached positions >= `length` (a frame with the rewind flag)."""
+        ...
+
     def cache_bytes_per_position(self) -> int:
         """KV bytes one more position costs a session (accounted before computing it)."""
         ...
@@ -85,6 +89,9 @@ class ModelShardBackend:
 
     def cache_bytes(self, cache: Any) -> int:
         return int(self._cache_bytes(cache))
+
+    def rewind(self, cache: Any, length: int) -> None:
+        self.model.rewind(cache, length)
 
     def cache_bytes_per_position(self) -> int:
         return int(self.model.cache_bytes_per_position())

@@ -130,6 +130,10 @@ class ServedLog:
                 self._by_tag[tag] = served
                 self._bytes += SESSION_OVERHEAD_BYTES
             if served.sealed or int(positions[0]) != served.recorder.next_position:
+                if not served.sealed and int(positions[0]) < served.recorder.next_position:
+                    # a rewind (speculative decoding): the recorded inputs are what the cache
+                    # held so far; what follows continues another sequence, so stop here
+                    self._seal(served)
                 self.counters["unrecorded_positions"] += count
                 return
             self._by_tag.move_to_end(tag)

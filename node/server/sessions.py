@@ -117,6 +117,11 @@ class SessionStore:
                 f"the next frame must start at {session.length}, not {start}"
             )
 
+    def rewound(self, session: Session, length: int, cache_bytes: int) -> None:
+        """The session's cache now holds `length` positions (the rest were dropped)."""
+        session.length = length
+        session.cache_bytes = cache_bytes
+
     # ------------------------------------------------------------------------------ capacity
     def reserve(
         self,

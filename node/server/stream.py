@@ -32,9 +32,10 @@ from node.server.next_hops import PublicResolver, build_policy
 from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, short_tag
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
-from protocol.errors import BusyError, PlanetError
+from protocol.errors import BusyError, PlanetError, ProtocolError
 from protocol.frames.codecs import decode_values, encode_body
 from protocol.frames.errors import (
+    BadPositionsError,
     FrameError,
     NonFiniteError,
     SessionExpiredError,
@@ -391,6 +392,12 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
         async with session.lock:
             if session.cache is None:
                 raise SessionExpiredError(short_tag(session.tag))
+            if header.rewind and header.start < session.length:
+                try:
+                    state.backend.rewind(session.cache, header.start)
+                except ProtocolError as error:
+                    raise BadPositionsError(error.message) from None
+                store.rewound(session, header.start, state.backend.cache_bytes(session.cache))
             store.check_start(session, header.start)
             hidden = decode_values(
                 header.dtype, header.codec, (1, header.count, state.backend.hidden_size), body
@@ -428,12 +435,24 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
             state.forwards += 1
             if last:
                 out_header = FrameHeader(
-                    route.reply_sid, start, count, header.dtype, header.codec, header.last_only
+                    route.reply_sid,
+                    start,
+                    count,
+                    header.dtype,
+                    header.codec,
+                    header.last_only,
+                    header.rewind,
                 )
                 await _send(state, route.reply, pack_frame(out_header, encoded))
             elif route.down is not None:
                 out_header = FrameHeader(
-                    route.down_sid, start, count, header.dtype, header.codec, header.last_only
+                    route.down_sid,
+                    start,
+                    count,
+                    header.dtype,
+                    header.codec,
+                    header.last_only,
+                    header.rewind,
                 )
                 await route.down.send_bytes(pack_frame(out_header, encoded))
     except (FrameError, BusyError, ComputeError) as error:

@@ -11,6 +11,8 @@
     14      1     dtype   index into codecs.DTYPES ("float32", "float16")
     15      1     codec   index into codecs.CODECS ("raw", "int8", "hq9", "ohq7", "rq")
     16      1     flags   bit 0: last_only (the last hop answers only the last row)
+                          bit 1: rewind (start may lie below the session's length: every hop
+                                 first drops its cached positions >= start; speculation)
 
 `parse_frame` is the one parser of frame headers, for nodes and clients alike: it checks every
 field and the body's size against count x hidden size before anything is decoded, and rejects
@@ -37,6 +39,8 @@ FRAME_VERSION: Final = 1
 _HEADER = struct.Struct(">BBIIIBBB")
 FRAME_HEADER_BYTES: Final = _HEADER.size  # 17
 FLAG_LAST_ONLY: Final = 0x01
+FLAG_REWIND: Final = 0x02
+_FLAGS: Final = FLAG_LAST_ONLY | FLAG_REWIND
 MAX_POSITION: Final = 2**31 - 1
 _DTYPE_NAMES: Final = tuple(DTYPES)
 
@@ -49,6 +53,7 @@ class FrameHeader:
     dtype: str
     codec: str
     last_only: bool = False
+    rewind: bool = False
 
     def pack(self) -> bytes:
         return _HEADER.pack(
@@ -59,7 +64,7 @@ class FrameHeader:
             self.count,
             _DTYPE_NAMES.index(self.dtype),
             CODECS.index(self.codec),
-            FLAG_LAST_ONLY if self.last_only else 0,
+            (FLAG_LAST_ONLY if self.last_only else 0) | (FLAG_REWIND if self.rewind else 0),
         )
 
 
@@ -81,7 +86,7 @@ def parse_frame(
         raise BadDtypeError(f"dtype index {dtype} unknown; accepted: {list(_DTYPE_NAMES)}")
     if codec >= len(CODECS):
         raise BadCodecError(f"codec index {codec} unknown; accepted: {list(CODECS)}")
-    if flags & ~FLAG_LAST_ONLY:
+    if flags & ~_FLAGS:
         raise BadHeaderError(f"unknown flags {flags:#04x}")
     if count < 1:
         raise BadPositionsError("count must be >= 1")
@@ -96,6 +101,7 @@ def parse_frame(
         dtype=_DTYPE_NAMES[dtype],
         codec=CODECS[codec],
         last_only=bool(flags & FLAG_LAST_ONLY),
+        rewind=bool(flags & FLAG_REWIND),
     )
     body = view[FRAME_HEADER_BYTES:]
     check_body_size(header.dtype, header.codec, count, hidden_size, len(body))

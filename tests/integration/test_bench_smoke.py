@@ -47,6 +47,7 @@ SMOKE: dict[str, tuple[tuple[str, ...], tuple[pytest.MarkDecorator, ...]]] = {
     "spotcheck_detection": ((), ()),
     "verification": ((), ()),
     "verifier_honest": ((), (SLOW,)),
+    "wan": ((), (SLOW,)),  # 3 node processes behind delaying proxies, 0 and 20 ms links
     "zk": ((), (SLOW,)),
 }
 TIMEOUT_S = 900

@@ -181,7 +181,7 @@ def test_frame_float16_overflow_refused_at_sender():
         (b"\x01\x01" + bytes(14), BadHeaderError, "bad_header"),
         (_raw(bytes(32), kind=2), BadHeaderError, "bad_header"),
         (_raw(bytes(32), version=9), BadHeaderError, "bad_header"),
-        (_raw(bytes(32), flags=0x02), BadHeaderError, "bad_header"),
+        (_raw(bytes(32), flags=0x04), BadHeaderError, "bad_header"),
         (_raw(bytes(32), flags=0x81), BadHeaderError, "bad_header"),
         (_raw(bytes(64), dtype=2), BadDtypeError, "bad_dtype"),
         (_raw(bytes(16), dtype=255), BadDtypeError, "bad_dtype"),

@@ -96,6 +96,21 @@ def test_served_log_blocks_of_32_recorded_with_fingerprints_and_inputs(tmp_path:
     assert log.stats()["unrecorded_positions"] == 1 and log.stats()["partial_blocks"] == 1
 
 
+def test_served_log_stops_at_a_rewind_and_never_records_the_other_sequence(
+    tmp_path: Path,
+) -> None:
+    """Speculative decoding rewinds the cache: the log seals what it held (those inputs are what
+    the cache saw) and records nothing after, even where positions line up again."""
+    log = ServedLog(tmp_path, shard=0)
+    _, outputs = feed(log, tag("a"), [10, 5])  # positions 0..14
+    log.record(tag("a"), activations(12, 3, 9), np.arange(12, 15), activations(12, 3, 9))
+    [sealed] = spool(tmp_path)
+    assert sealed.output_hash == output_hash(fingerprint_bytes(torch.from_numpy(outputs), 0))
+    log.record(tag("a"), activations(15, 1, 9), np.arange(15, 16), activations(15, 1, 9))
+    assert len(spool(tmp_path)) == 1
+    assert log.stats()["unrecorded_positions"] == 4 and log.stats()["partial_blocks"] == 1
+
+
 def test_served_log_spool_private_and_session_is_the_tag(tmp_path: Path) -> None:
     log = ServedLog(tmp_path, shard=0)
     feed(log, tag("a"), [32])

@@ -1,0 +1,395 @@
+"""Speculative decoding over slow links: a 3-node SmolLM2 circuit whose every link is delayed.
+
+    python bench/wan.py [--latencies 0,20,50,100] [--new-tokens 48] [--lookahead 6] [--quick]
+
+Three node processes on loopback; every connection to node i (the client's link and the
+previous node's) goes through a proxy that delays the bytes of each direction by the link's
+one-way latency: toxiproxy's latency toxic (`.tools/bin/toxiproxy-server`, the binary
+deploy/netlab uses) when it is there, else an asyncio relay in this process (`config.links`
+says which). A token then costs K + 1 = 4 one-way delays without speculation.
+
+For each latency and each prompt set (bench/_prompt_sets.py: held-out questions, repetitive
+copy/edit tasks), every prompt is generated greedily with plain decoding and with speculation
+(node/client/speculation.py), interleaved: first token ms, decode tok/s (tokens after the
+first over the time after the first), tokens per pass, bytes per token (client's WebSocket
+bytes plus node-to-node bytes from /info, whole generation over its new tokens), and whether
+the tokens were identical. Prints one JSON object (BENCHMARKS.md shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import http.client
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import machine, parse_with_quick
+from bench._prompt_sets import heldout_prompts, repetitive_prompts
+
+log = logging.getLogger("bench.wan")
+PORTS = (18900, 19000)  # this bench's share of the port range: 3 nodes, 3 proxies, 1 API
+TOXIPROXY = Path(__file__).resolve().parents[1] / ".tools" / "bin" / "toxiproxy-server"
+
+
+# ------------------------------------------------------------------------------ slow links
+class ToxiproxyLinks:
+    """One toxiproxy-server on loopback, one proxy per node, a latency toxic each way."""
+
+    kind = "toxiproxy"
+
+    def __init__(self, binary: Path, api_port: int, run_dir: Path) -> None:
+        self.api_port = api_port
+        log_file = (run_dir / "toxiproxy.log").open("ab")
+        self.process = subprocess.Popen(
+            [str(binary), "-host", "127.0.0.1", "-port", str(api_port)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "LOG_LEVEL": "warn"},
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self._call("GET", "/version")
+                break
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise
+                time.sleep(0.1)
+        self.names: list[str] = []
+
+    def _call(self, method: str, path: str, body: object = None) -> Any:
+        connection = http.client.HTTPConnection("127.0.0.1", self.api_port, timeout=10)
+        try:
+            payload = None if body is None else json.dumps(body)
+            connection.request(method, path, body=payload)
+            answer = connection.getresponse()
+            data = answer.read()
+        finally:
+            connection.close()
+        if answer.status >= 300:
+            raise OSError(f"toxiproxy {method} {path}: HTTP {answer.status} {data[:200]!r}")
+        return json.loads(data) if data else None
+
+    def add(self, listen: int, upstream: int) -> None:
+        name = f"node{len(self.names)}"
+        self._call(
+            "POST",
+            "/proxies",
+            {
+                "name": name,
+                "listen": f"127.0.0.1:{listen}",
+                "upstream": f"127.0.0.1:{upstream}",
+                "enabled": True,
+            },
+        )
+        for stream in ("upstream", "downstream"):
+            self._call(
+                "POST",
+                f"/proxies/{name}/toxics",
+                {
+                    "name": f"delay_{stream}",
+                    "type": "latency",
+                    "stream": stream,
+                    "toxicity": 1.0,
+                    "attributes": {"latency": 0, "jitter": 0},
+                },
+            )
+        self.names.append(name)
+
+    def set_latency(self, ms: int) -> None:
+        for name in self.names:
+            for stream in ("upstream", "downstream"):
+                self._call(
+                    "PATCH",
+                    f"/proxies/{name}/toxics/delay_{stream}",
+                    {"attributes": {"latency": ms, "jitter": 0}},
+                )
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class RelayLinks:
+    """The same in this process: an asyncio relay per node (its own thread and loop) that
+    delivers every chunk `latency` ms after it was read, in order, each direction."""
+
+    kind = "asyncio-relay"
+
+    def __init__(self) -> None:
+        self.latency_s = 0.0
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.servers: list[asyncio.AbstractServer] = []
+
+    def add(self, listen: int, upstream: int) -> None:
+        async def start() -> asyncio.AbstractServer:
+            return await asyncio.start_server(
+                lambda r, w: self._connection(r, w, upstream), "127.0.0.1", listen
+            )
+
+        self.servers.append(asyncio.run_coroutine_threadsafe(start(), self.loop).result(10))
+
+    async def _connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: int
+    ) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(
+            self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
+        )
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                due, data = await queue.get()
+                if not data:
+                    break
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        sender = asyncio.create_task(deliver())
+        try:
+            while data := await reader.read(65536):
+                queue.put_nowait((time.monotonic() + self.latency_s, data))
+        finally:
+            queue.put_nowait((0.0, b""))
+            with contextlib.suppress(Exception):
+                await sender
+
+    def set_latency(self, ms: int) -> None:
+        self.latency_s = ms / 1000
+
+    def close(self) -> None:
+        for server in self.servers:
+            self.loop.call_soon_threadsafe(server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+# ------------------------------------------------------------------------------ the circuit
+@contextlib.contextmanager
+def circuit(run_dir: Path, links_kind: str) -> Iterator[tuple[Path, list[Any], Any]]:
+    """3 SmolLM2 nodes behind delaying proxies: (manifest, hops through the proxies, links)."""
+    from node.client.types import Hop
+    from node.model.prepare import prepare
+    from node.server.launcher import free_ports, start_node, stop_pid, wait_healthy
+
+    manifest = Path(prepare(parts=3, quant="none", progress=lambda m: log.info("%s", m)))
+    ports = free_ports(7, *PORTS)
+    node_ports, proxy_ports, api_port = ports[:3], ports[3:6], ports[6]
+    use_toxiproxy = links_kind == "toxiproxy" or (links_kind == "auto" and TOXIPROXY.exists())
+    links: Any = ToxiproxyLinks(TOXIPROXY, api_port, run_dir) if use_toxiproxy else RelayLinks()
+    nodes = []
+    try:
+        for node_port, proxy_port in zip(node_ports, proxy_ports, strict=True):
+            links.add(proxy_port, node_port)
+        urls = [f"http://127.0.0.1:{port}" for port in proxy_ports]
+        next_hops = ("--next-hops", ",".join(urls))
+        for shard, port in enumerate(node_ports):
+            nodes.append(
+                start_node(
+                    manifest=manifest, shard=shard, port=port, run_dir=run_dir, extra_args=next_hops
+                )
+            )
+        wait_healthy(nodes, timeout_s=240)
+        yield manifest, [Hop(url=url, shard=i) for i, url in enumerate(urls)], links
+    finally:
+        for node in nodes:
+            stop_pid(node.pid, grace_s=5)
+        links.close()
+
+
+def forwarded_bytes(hops: list[Any]) -> int:
+    """Bytes the nodes sent to their next hop (their /info; read through the proxies)."""
+    total = 0
+    for hop in hops:
+        with urllib.request.urlopen(f"{hop.url}/info", timeout=30) as answer:
+            total += int(json.loads(answer.read())["load"].get("stream_bytes_forwarded", 0))
+    return total
+
+
+async def one_generation(
+    client: Any,
+    head: Any,
+    ids: list[int],
+    new_tokens: int,
+    lookahead: int | None,
+    hops: list[Any],
+    min_ngram: int = 2,
+) -> dict[str, Any]:
+    from node.client.speculation import SpeculationConfig, SpeculationStats, generate_speculative
+    from node.client.types import Timings
+
+    timings = Timings()
+    stats = SpeculationStats()
+    forwarded = await asyncio.to_thread(forwarded_bytes, hops)
+    if lookahead is None:
+        gen = client.generate(head, ids, max_new_tokens=new_tokens, timings=timings)
+    else:
+        gen = generate_speculative(
+            client,
+            head,
+            ids,
+            max_new_tokens=new_tokens,
+            timings=timings,
+            stats=stats,
+            speculation=SpeculationConfig(lookahead=lookahead, min_ngram=min_ngram),
+        )
+    tokens = [t async for t in gen]
+    await asyncio.sleep(0.05)  # the close messages
+    node_bytes = await asyncio.to_thread(forwarded_bytes, hops) - forwarded
+    return {
+        "tokens": tokens,
+        "first_token_ms": timings.prefill_ms,
+        "decode_ms": timings.decode_ms,
+        "decode_tokens": timings.decode_steps,
+        "passes": stats.passes if lookahead is not None else timings.decode_steps,
+        "accepted": stats.accepted,
+        "proposed": stats.proposed,
+        "bytes": timings.wire_bytes_sent + timings.wire_bytes_received + node_bytes,
+    }
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    decode_ms = sum(r["decode_ms"] for r in runs)
+    decode_tokens = sum(r["decode_tokens"] for r in runs)
+    tokens = sum(len(r["tokens"]) for r in runs)
+    passes = sum(r["passes"] for r in runs)
+    proposed = sum(r["proposed"] for r in runs)
+    first = sorted(r["first_token_ms"] for r in runs)
+    return {
+        "first_token_ms_median": round(first[len(first) // 2], 1),
+        "decode_tok_s": round(decode_tokens / (decode_ms / 1000), 2) if decode_ms else 0.0,
+        "new_tokens": tokens,
+        "tokens_per_pass": round(decode_tokens / passes, 3) if passes else 0.0,
+        "acceptance": round(sum(r["accepted"] for r in runs) / proposed, 3) if proposed else 0.0,
+        "bytes_per_token": round(sum(r["bytes"] for r in runs) / tokens) if tokens else 0,
+    }
+
+
+async def measure(
+    hops: list[Any], head: Any, links: Any, args: argparse.Namespace
+) -> dict[str, Any]:
+    from node.client.circuit import CircuitClient
+
+    sets = {"heldout": heldout_prompts(), "repetitive": repetitive_prompts()}
+    results: dict[str, Any] = {}
+    for latency in [int(x) for x in args.latencies.split(",")]:
+        links.set_latency(latency)
+        async with CircuitClient(hops, hidden_size=head.hidden_size) as client:
+            for set_name, prompts in sets.items():
+                chosen = list(prompts.items())[: args.prompts]
+                runs: dict[str, list[dict[str, Any]]] = {"plain": [], "spec": []}
+                identical = True
+                for _ in range(args.repeats):
+                    for name, messages in chosen:
+                        ids = head.chat_ids(messages)
+                        plain = await one_generation(client, head, ids, args.new_tokens, None, hops)
+                        spec = await one_generation(
+                            client, head, ids, args.new_tokens, args.lookahead, hops, args.min_ngram
+                        )
+                        runs["plain"].append(plain)
+                        runs["spec"].append(spec)
+                        if plain["tokens"] != spec["tokens"]:
+                            identical = False
+                            log.warning("%s/%s at %d ms: tokens differ", set_name, name, latency)
+                plain_s, spec_s = summarize(runs["plain"]), summarize(runs["spec"])
+                speedup = (
+                    round(spec_s["decode_tok_s"] / plain_s["decode_tok_s"], 3)
+                    if plain_s["decode_tok_s"]
+                    else 0.0
+                )
+                results[f"{latency}ms_{set_name}"] = {
+                    "plain": plain_s,
+                    "speculative": spec_s,
+                    "decode_speedup": speedup,
+                    "greedy_tokens_identical": identical,
+                }
+                log.info("%d ms %s: %s", latency, set_name, results[f"{latency}ms_{set_name}"])
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latencies", default="0,20,50,100", help="one-way ms per link")
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--lookahead", type=int, default=8, help="tokens guessed per pass")
+    parser.add_argument("--min-ngram", type=int, default=2, help="shortest suffix looked up")
+    parser.add_argument("--prompts", type=int, default=4, help="prompts of each set (at most)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--links", choices=("auto", "toxiproxy", "relay"), default="auto")
+    args = parse_with_quick(parser, {"latencies": "0,20", "new_tokens": 8, "prompts": 1}, argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    from node.model.head import ClientHead
+
+    started = time.monotonic()
+    with (
+        tempfile.TemporaryDirectory(prefix="planet-wan-") as tmp,
+        circuit(Path(tmp), args.links) as (manifest, hops, links),
+    ):
+        head = ClientHead.load(manifest, device="cpu")
+        metrics = asyncio.run(measure(hops, head, links, args))
+        kind = links.kind
+    at50 = {k: v["decode_speedup"] for k, v in metrics.items() if k.startswith("50ms_")}
+    metrics["targets"] = {
+        "speedup_50ms_repetitive_ge_2": at50.get("50ms_repetitive", 0.0) >= 2.0 if at50 else None,
+        "speedup_50ms_heldout_ge_1": at50.get("50ms_heldout", 0.0) >= 1.0 if at50 else None,
+        "all_greedy_tokens_identical": all(
+            v["greedy_tokens_identical"]
+            for v in metrics.values()
+            if isinstance(v, dict) and "greedy_tokens_identical" in v
+        ),
+    }
+    body = {
+        "bench": "wan",
+        "machine": machine(),
+        "config": {
+            "model": "smollm2-135m fp32, 3 shards, 3 node processes on loopback",
+            "links": kind,
+            "latency": "one-way ms on every link, each direction (a token costs 4 without "
+            "speculation)",
+            "latencies": args.latencies,
+            "new_tokens": args.new_tokens,
+            "lookahead": args.lookahead,
+            "min_ngram": args.min_ngram,
+            "prompts_per_set": args.prompts,
+            "repeats": args.repeats,
+            "quick": args.quick,
+            "load_average": os.getloadavg()[0],
+            "wall_s": round(time.monotonic() - started, 1),
+        },
+        "metrics": metrics,
+    }
+    print(json.dumps(body, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
