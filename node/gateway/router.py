@@ -7,10 +7,12 @@ eligible ones, so no node holds a fixed position for a user; the gateway keeps i
 session (one question: the nodes hold its KV cache).
 
 Entries are untrusted: an endpoint must be a plain `http(s)://host:port` URL, a node key 64 hex;
-anything else is skipped. Before a node is used the first time (and again after `VERIFY_TTL_S`)
-its `/info` must name this model's hash, the shard and the shard's layers from the manifest.
-Nodes that failed a question sit out `COOLDOWN_S` locally (they stay on chain until the
-committee marks them DOWN).
+anything else is skipped. Every link to a node is pinned to its registered key (https://, TLS whose
+certificate key must be the node key: node/links.py); a plaintext endpoint is dialled only on
+loopback (protocol/links.py), others are cooled down. Before a node is used the first time (and
+again after `VERIFY_TTL_S`) its `/info` must name this model's hash, the shard and the shard's
+layers from the manifest. Nodes that failed a question sit out `COOLDOWN_S` locally (they stay on
+chain until the committee marks them DOWN).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from node.gateway.errors import NoCircuit
+from node.links import NodeKeyPin, link_ssl
 from protocol.errors import PlanetError
 
 log = logging.getLogger(__name__)
@@ -158,13 +161,26 @@ class Router:
         until = self._cooldown.get(node.key)
         return until is not None and until > time.monotonic()
 
+    def _pin(self, node: RoutableNode) -> NodeKeyPin | bool | None:
+        """The link's `ssl=` (TLS pinned to the registered node key, node/links.py), or None
+        (logged, node cooled down) for a plaintext endpoint off loopback."""
+        try:
+            return link_ssl(node.endpoint, node.key, plaintext_ok=False)
+        except PlanetError as error:
+            log.warning("node refused endpoint=%s error=%s", node.endpoint, error.message)
+            self.mark_failed(node)
+            return None
+
     async def _verify(self, node: RoutableNode) -> bool:
         checked = self._verified.get(node)
         if checked is not None and time.monotonic() - checked < VERIFY_TTL_S:
             return True
+        pin = self._pin(node)
+        if pin is None:
+            return False
         try:
             async with asyncio.timeout(VERIFY_TIMEOUT_S):
-                async with self.http.get(f"{node.endpoint}/info") as answer:
+                async with self.http.get(f"{node.endpoint}/info", ssl=pin) as answer:
                     info = await answer.json(content_type=None) if answer.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             log.warning("node unreachable endpoint=%s error=%s", node.endpoint, error)
@@ -254,9 +270,12 @@ class Router:
         in cooldown."""
 
         async def one(node: RoutableNode) -> None:
+            pin = self._pin(node)
+            if pin is None:
+                return
             try:
                 async with asyncio.timeout(2):
-                    async with self.http.get(f"{node.endpoint}/health") as answer:
+                    async with self.http.get(f"{node.endpoint}/health", ssl=pin) as answer:
                         if answer.status == 200:
                             return
             except (aiohttp.ClientError, TimeoutError):

@@ -1,7 +1,9 @@
 """Start and stop shard node processes on loopback (`planet local`, integration tests, bench).
 
 Each node is a separate detached process (`python -m node.cli.main node serve ...`, or a test
-entry point that takes the same arguments) with its log and pid file in a run directory.
+entry point that takes the same arguments) with its log and pid file in a run directory. With a
+node key file it serves TLS bound to that key (its url is https://, `key` the public half to
+pin); without one it runs in local mode, `--plaintext-links` (http://, loopback only).
 `wait_healthy` polls `/health`; on failure it names the node and its log. `stop_pid` sends
 SIGTERM, then SIGKILL after a grace period, and only ever signals a pid whose command line is a
 Planet node (pids get reused).
@@ -21,6 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from node.keys import node_public_key
+from node.links import probe_context
 from node.net import port_is_free
 from node.procs import spawn_logged
 from protocol.errors import UnavailableError
@@ -36,10 +40,11 @@ class NodeProcess:
     log_path: Path
     pid_path: Path
     module: str = NODE_MARKER  # what runs as `python -m MODULE`: the planet CLI or a test double
+    key: str | None = None  # its node key (64 hex) when it serves TLS; None: plaintext (local)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'http' if self.key is None else 'https'}://127.0.0.1:{self.port}"
 
 
 def free_ports(count: int, start: int, end: int) -> list[int]:
@@ -71,11 +76,13 @@ def start_node(
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
     module: str = NODE_MARKER,
+    node_key: Path | None = None,
 ) -> NodeProcess:
     """Spawn one detached node process; returns at once (see wait_healthy). `extra_env` is
     added to the node's environment. `module` runs as `python -m MODULE -v node serve ...`:
     the planet CLI, or a test entry point taking the same arguments (stop it with
-    `stop_pid(pid, module=node.module)`)."""
+    `stop_pid(pid, module=node.module)`). `node_key`: a node_key.json (its password in
+    `extra_env`'s PLANET_PASSWORD) → TLS bound to it; None → `--plaintext-links`."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / f"node-{shard}.log"
     pid_path = run_dir / f"node-{shard}.pid"
@@ -94,12 +101,20 @@ def start_node(
         str(port),
         "--host",
         "127.0.0.1",
+        *(["--plaintext-links"] if node_key is None else ["--node-key", str(node_key)]),
         *extra_args,
     ]
+    key = None if node_key is None else node_public_key(node_key)
     proc = spawn_logged(cmd, log_path, env={**node_env(), **(extra_env or {})})
     pid_path.write_text(json.dumps({"pid": proc.pid, "port": port, "shard": shard}))
     return NodeProcess(
-        shard=shard, port=port, pid=proc.pid, log_path=log_path, pid_path=pid_path, module=module
+        shard=shard,
+        port=port,
+        pid=proc.pid,
+        log_path=log_path,
+        pid_path=pid_path,
+        module=module,
+        key=key,
     )
 
 
@@ -151,8 +166,11 @@ def stop_pid(pid: int, grace_s: float = 10.0, *, module: str = NODE_MARKER) -> b
 
 
 def _healthy(url: str) -> bool:
+    """A liveness probe of a node this process started (TLS unauthenticated: nothing secret
+    is sent and only the status is believed)."""
+    context = probe_context() if url.startswith("https://") else None
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1.0) as answer:
+        with urllib.request.urlopen(f"{url}/health", timeout=1.0, context=context) as answer:
             return answer.status == 200
     except (urllib.error.URLError, OSError, TimeoutError):
         return False
