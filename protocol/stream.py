@@ -24,6 +24,9 @@ from the client's secret like the capability): hop i learns the token its upstre
 feed token only lets its holder append positions whose output flows on down the circuit; reading
 an output (the last hop answers on the client's own link), closing and opening need the
 capability. `next: null` marks the last hop: it sends its output back on the client's link.
+`next.key` is the next hop's node key (64 hex, protocol/links.py): required for an https://
+next hop, whose TLS handshake must prove it (the node pins it when it dials), optional for a
+plaintext one.
 Errors about a session always go to the client's link of the hop that refused, by name.
 """
 
@@ -36,6 +39,7 @@ from typing import Any, Final
 from protocol.canonical import JsonTooDeepError, loads_bounded
 from protocol.frames.errors import FrameError, TooLargeError
 from protocol.frames.sessions import check_session_id
+from protocol.links import MissingNodeKeyError, check_node_key, is_encrypted
 from protocol.urls import BadUrlError, canonical_url
 
 MAX_CONTROL_BYTES: Final = 4096
@@ -96,6 +100,7 @@ class NextHop:
     url: str
     shard: int
     feed: str
+    key: str | None = None  # the next hop's node key (64 hex); required for an https:// url
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,10 @@ _FIELDS: Final[dict[str, frozenset[str]]] = {
     "closed": frozenset({"op", "sid"}),
     "error": frozenset({"op", "sid", "code", "message"}),
 }
+_NEXT_FIELDS: Final = (
+    frozenset({"url", "shard", "feed"}),
+    frozenset({"url", "shard", "feed", "key"}),
+)
 _CODE_RE = re.compile(r"[a-z0-9_]{1,64}")
 
 
@@ -136,6 +145,15 @@ def _token(value: Any, name: str) -> str:
         return check_session_id(value)
     except FrameError:
         raise BadControlError(f"{name} must be 22-64 characters of [A-Za-z0-9_-]") from None
+
+
+def _node_key(value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        return check_node_key(value)
+    except ValueError:
+        raise BadControlError("next.key must be null or 64 lower-case hex characters") from None
 
 
 def check_next_url(value: Any) -> str:
@@ -170,13 +188,16 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
         nxt = raw["next"]
         next_hop = None
         if nxt is not None:
-            if not isinstance(nxt, dict) or set(nxt) != {"url", "shard", "feed"}:
-                raise BadControlError("next must be null or {url, shard, feed}")
+            if not isinstance(nxt, dict) or set(nxt) not in _NEXT_FIELDS:
+                raise BadControlError("next must be null or {url, shard, feed[, key]}")
             next_hop = NextHop(
                 url=check_next_url(nxt["url"]),
                 shard=_int_field(nxt, "shard", 2**16),
                 feed=_token(nxt["feed"], "next.feed"),
+                key=_node_key(nxt.get("key")),
             )
+            if next_hop.key is None and is_encrypted(next_hop.url):
+                raise MissingNodeKeyError(next_hop.url)
         return Control(
             op=op,
             sid=sid,
@@ -205,11 +226,11 @@ def _no_constant(name: str) -> Any:
 def open_message(
     sid: int, session: str, shard: int, feed: str | None, next_hop: NextHop | None
 ) -> dict[str, Any]:
-    nxt = (
-        None
-        if next_hop is None
-        else {"url": next_hop.url, "shard": next_hop.shard, "feed": next_hop.feed}
-    )
+    nxt: dict[str, Any] | None = None
+    if next_hop is not None:
+        nxt = {"url": next_hop.url, "shard": next_hop.shard, "feed": next_hop.feed}
+        if next_hop.key is not None:
+            nxt["key"] = next_hop.key
     return {"op": "open", "sid": sid, "session": session, "shard": shard, "feed": feed, "next": nxt}
 
 

@@ -276,15 +276,20 @@ def _prepared_model(shards: int, quant: str, progress: Progress) -> Path:
 def _write_nodes_file(options: DevnetOptions, state: dict[str, Any], manifest: Manifest) -> None:
     """A nodes file (`planet ask --nodes`) with one joined node per shard, for unpaid questions
     straight to the nodes (the gateway is the paid path)."""
-    by_shard: dict[int, str] = {}
+    by_shard: dict[int, tuple[str, str]] = {}
     for home in state["operators"]:
         joined = read_joined(Path(home) / "run")
         if joined is not None:
-            by_shard.setdefault(joined.shard, joined.endpoint)
+            by_shard.setdefault(joined.shard, (joined.endpoint, joined.node_key))
     if sorted(by_shard) != list(range(len(manifest.shards))):
         return
     refs = tuple(
-        NodeRef(url=by_shard[s.shard_id], shard=s.shard_id, layers=tuple(s.layers))
+        NodeRef(
+            url=by_shard[s.shard_id][0],
+            shard=s.shard_id,
+            layers=tuple(s.layers),
+            key=by_shard[s.shard_id][1],  # pinned: the joined nodes serve TLS (https://)
+        )
         for s in manifest.shards
     )
     path = options.dir / "nodes.json"

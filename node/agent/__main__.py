@@ -1,7 +1,7 @@
 """`python -m node.agent`: the node agent process (started by `planet join`, stopped by
 `planet leave` with SIGTERM, which makes it send `leave` before exiting).
 
-    python -m node.agent --home H --manifest M --shard 0 --endpoint http://127.0.0.1:18100 \
+    python -m node.agent --home H --manifest M --shard 0 --endpoint https://127.0.0.1:18100 \
         --committee-rpc http://127.0.0.1:27001 [--committee-rpc URL ...] [--capacity 64] \
         [--commit-dir H/run/served]
 
@@ -27,6 +27,7 @@ from node.agent.commitments import Committer
 from node.agent.contributions import ContributionReporter
 from node.chain.committee_link import CommitteeLink
 from node.keys import PasswordSource, load_node_key, load_wallet
+from node.links import NodeKeyPin, link_ssl
 from node.model.manifest import Manifest
 from node.procs import run_service
 from protocol.committee.registry import sign_registration
@@ -59,18 +60,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def _healthy(session: aiohttp.ClientSession, endpoint: str) -> bool:
+async def _healthy(session: aiohttp.ClientSession, endpoint: str, pin: NodeKeyPin | bool) -> bool:
     try:
-        async with asyncio.timeout(2.0), session.get(f"{endpoint}/health") as answer:
+        async with asyncio.timeout(2.0), session.get(f"{endpoint}/health", ssl=pin) as answer:
             return answer.status == 200
     except (TimeoutError, aiohttp.ClientError, OSError):
         return False
 
 
-async def _served(session: aiohttp.ClientSession, endpoint: str) -> tuple[int, int]:
+async def _served(
+    session: aiohttp.ClientSession, endpoint: str, pin: NodeKeyPin | bool
+) -> tuple[int, int]:
     """(tokens the node ran through its layers, its layer count) from `/info`."""
     try:
-        async with asyncio.timeout(5.0), session.get(f"{endpoint}/info") as answer:
+        async with asyncio.timeout(5.0), session.get(f"{endpoint}/info", ssl=pin) as answer:
             info = await answer.json()
     except (TimeoutError, aiohttp.ClientError, OSError) as error:
         raise UnavailableError(f"node {endpoint}/info: {error!r}"[:300]) from None
@@ -96,6 +99,8 @@ async def run(args: argparse.Namespace) -> int:
         capacity=args.capacity,
         heartbeat_every=args.heartbeat_every,
     )
+    # its own node: an https endpoint must prove this agent's node key (the one registered)
+    pin = link_ssl(config.endpoint, signer, plaintext_ok=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -112,12 +117,12 @@ async def run(args: argparse.Namespace) -> int:
     async with aiohttp.ClientSession() as session:
         committer = Committer(args.commit_dir, link) if args.commit_dir is not None else None
         reporter = ContributionReporter(
-            link, manifest.model_hash, args.shard, lambda: _served(session, config.endpoint)
+            link, manifest.model_hash, args.shard, lambda: _served(session, config.endpoint, pin)
         )
         agent = NodeAgent(
             config,
             link,
-            healthy=lambda: _healthy(session, config.endpoint),
+            healthy=lambda: _healthy(session, config.endpoint, pin),
             contributions=reporter,
             committer=committer,
         )

@@ -139,12 +139,13 @@ def agent_alive(joined: Joined) -> bool:
     return pid_alive(joined.agent_pid) and is_agent(joined.agent_pid)
 
 
-def _ticket_args(home: Path, committee_rpcs: list[str]) -> list[str]:
-    """Spot-check tickets: the node signs them with the operator's node key and checks the
-    requests against the committee (the agent's first RPC). None without a committee."""
+def _ticket_args(committee_rpcs: list[str]) -> list[str]:
+    """Spot-check tickets: the node signs them with the operator's node key (which it also
+    serves TLS with) and checks the requests against the committee (the agent's first RPC).
+    None without a committee."""
     if not committee_rpcs:
         return []
-    return ["--node-key", str(home / "node_key.json"), "--committee-rpc", committee_rpcs[0]]
+    return ["--committee-rpc", committee_rpcs[0]]
 
 
 def _next_hop_args(
@@ -198,10 +199,11 @@ def start_node_and_agent(
             str(capacity),
             "--commit-dir",
             str(run_dir / SERVED_DIR),
-            *_ticket_args(home, committee_rpcs),
-            *_next_hop_args(committee_rpcs, f"http://{_url_host(host)}:{port}", private_range),
+            *_ticket_args(committee_rpcs),
+            *_next_hop_args(committee_rpcs, f"https://{_url_host(host)}:{port}", private_range),
         ],
         extra_env={PASSWORD_ENV: password},
+        node_key=home / "node_key.json",  # TLS bound to the registered key: https:// endpoint
     )
     argv = [
         sys.executable, "-m", AGENT_MARKER,

@@ -70,6 +70,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object (text, tokens, timings, circuit)"
     )
+    parser.add_argument(
+        "--plaintext-links",
+        action="store_true",
+        help="local mode: dial http:// nodes off loopback too (unencrypted; a network you own); "
+        "https:// nodes are always pinned to the node key the nodes file gives",
+    )
     paying = parser.add_argument_group("paying a gateway (--pay)")
     paying.add_argument(
         "--pay", action="store_true", help="ask a gateway, paying from your wallet (QueryEscrow)"
@@ -153,14 +159,23 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
     configure_torch_threads(0)
     head = ClientHead.load(nodes.manifest, device="cpu")
     prompt_ids = head.chat_ids([{"role": "user", "content": args.prompt}])
-    hops = [Hop(url=n.url, shard=n.shard) for n in nodes.nodes]
+    hops = [Hop(url=n.url, shard=n.shard, key=n.key) for n in nodes.nodes]
+    plaintext = bool(args.plaintext_links)
     timings = Timings()
     tokens: list[int] = []
     printed = ""
     codec = COMPRESSED_CODEC if args.compress else "raw"
     async with aiohttp.ClientSession(skip_auto_headers=("User-Agent",)) as http:
-        await check_circuit(http, hops, manifest.model_hash, manifest.total_layers)
-        client = CircuitClient(hops, hidden_size=manifest.hidden_size, codec=codec, http=http)
+        await check_circuit(
+            http, hops, manifest.model_hash, manifest.total_layers, plaintext_links=plaintext
+        )
+        client = CircuitClient(
+            hops,
+            hidden_size=manifest.hidden_size,
+            codec=codec,
+            http=http,
+            plaintext_links=plaintext,
+        )
         async with client:
             async for token in client.generate(
                 head, prompt_ids, max_new_tokens=args.max_tokens, sampling=sampling, timings=timings

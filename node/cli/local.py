@@ -4,6 +4,10 @@
 shard with its log and pid file under `$PLANET_HOME/local/`, waits until each answers /health,
 writes the nodes file `planet ask` reads by default, and prints what runs where. `down` stops
 them (SIGTERM, then SIGKILL) and is safe to run twice. `status` says what runs.
+
+Local mode: the nodes run with `--plaintext-links` (http:// on 127.0.0.1; the bytes never leave
+the machine) and say so. Nodes that strangers reach serve TLS bound to their node key
+(`planet join`, `planet node serve --node-key`).
 """
 
 from __future__ import annotations
@@ -187,6 +191,7 @@ def _up(args: argparse.Namespace) -> int:
             f"pid {node.pid}  log {node.log_path}"
         )
     print(f"nodes file: {nodes_path}")
+    print("links:      plaintext on 127.0.0.1 (local mode, --plaintext-links)")
     print('ask with:   planet ask "What is the capital of France?"')
     return 0
 

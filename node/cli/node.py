@@ -17,11 +17,17 @@ if TYPE_CHECKING:
 
 EXAMPLES = """\
 examples:
-  planet node serve --manifest ~/.cache/planet/models/smollm2-135m-3p-none/manifest.json --shard 0
-  planet node serve --manifest M --shard 2 --port 18102 --idle-timeout 60 --max-cache-mb 512
-  planet node serve --manifest M --shard 0 --max-sessions-per-peer 64   # behind a gateway
+  PLANET_PASSWORD=… planet node serve --manifest M --shard 0 --node-key ~/.planet/node_key.json
+  planet node serve --manifest M --shard 2 --port 18102 --node-key K --idle-timeout 60
+  planet node serve --manifest M --shard 0 --node-key K --max-sessions-per-peer 64  # gateway
   PLANET_PASSWORD=… planet node serve --manifest M --shard 1 --commit-dir run/served \\
       --node-key ~/.planet/node_key.json --committee-rpc http://127.0.0.1:26657   # spot checks
+  planet node serve --manifest M --shard 0 --plaintext-links    # loopback tests, local only
+
+links: TLS 1.3 whose certificate key is the node key (--node-key), so a client that knows the
+key the node registered (the committee, a nodes file) can check it is talking to this node;
+clients dial https://HOST:PORT plus the key. --plaintext-links serves http:// instead (local
+mode: loopback tests, a network you own; a warning says so).
 
 next hops (a circuit's links: a client's `open` names the URL this node dials next):
   planet node serve --manifest M --shard 0 --next-hops http://10.0.0.8:18101,http://10.0.0.9:18101
@@ -166,8 +172,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--node-key",
         type=Path,
         metavar="FILE",
-        help="node_key.json (password from PLANET_PASSWORD or --password-file): sign and seal "
-        "spot-check tickets for the verifiers the committee assigned (with --committee-rpc)",
+        help="node_key.json (password from PLANET_PASSWORD or --password-file): the key of the "
+        "node's TLS certificate (what clients pin), and, with --committee-rpc, the key that "
+        "signs and seals spot-check tickets; required unless --plaintext-links",
+    )
+    serve.add_argument(
+        "--plaintext-links",
+        action="store_true",
+        help="local mode: serve plain http/ws (no TLS) and dial http:// next hops off "
+        "loopback too; for loopback tests and networks you own (logged as a warning)",
     )
     serve.add_argument(
         "--committee-rpc",
@@ -214,15 +227,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(help_parser=parser)
 
 
-def _ticket_key(args: argparse.Namespace) -> object | None:
-    """The node key that signs spot-check tickets, or None when tickets stay off."""
+def _node_key(args: argparse.Namespace) -> object | None:
+    """The node key (TLS certificate; spot-check tickets with --committee-rpc), or None."""
     from node.keys import PasswordSource, load_node_key  # lazy: eth-account, nacl
 
-    if args.node_key is not None and args.committee_rpc is None:
-        raise UsageError(
-            "--node-key needs --committee-rpc (spot-check tickets need both)",
-            hint="give both, or neither to serve without tickets",
-        )
     if args.spot_check_ppm is not None:
         try:
             check_rate(args.spot_check_ppm)
@@ -231,7 +239,10 @@ def _ticket_key(args: argparse.Namespace) -> object | None:
     if args.node_key is None:
         return None
     if not args.node_key.exists():
-        raise UsageError(f"no node key at {args.node_key}", hint="planet init creates it")
+        raise UsageError(
+            f"no node key at {args.node_key}",
+            hint="`planet join` creates <home>/node_key.json on first use",
+        )
     password = PasswordSource(file=args.password_file, interactive=False).read()
     return load_node_key(args.node_key, password)
 
@@ -272,19 +283,26 @@ def _serve(args: argparse.Namespace) -> int:
     # lazy: the node's runtime (aiohttp, numpy)
     from node.server.run import serve
 
-    config, ticket_key = server_config(args)
-    serve(config, ticket_key=ticket_key)
+    config, node_key = server_config(args)
+    serve(config, node_key)
     return 0
 
 
 def server_config(args: argparse.Namespace) -> tuple[ServerConfig, object | None]:
-    """`planet node serve`'s arguments → (the validated ServerConfig, the ticket key or None);
+    """`planet node serve`'s arguments → (the validated ServerConfig, the node key or None);
     UsageError when they do not fit. Test entry points that wrap `serve()` reuse it
     (tests/doubles/cheating_node.py)."""
     from node.server.config import ServerConfig  # lazy: the node's runtime (aiohttp, numpy)
 
     next_hops = _next_hops(args)
-    ticket_key = _ticket_key(args)
+    if args.node_key is None and not args.plaintext_links:
+        raise UsageError(
+            "a node serves TLS links bound to its node key: give --node-key FILE",
+            hint="`planet join` creates <home>/node_key.json on first use (password from "
+            "PLANET_PASSWORD or --password-file); for loopback tests and local circuits: "
+            "--plaintext-links",
+        )
+    node_key = _node_key(args)
     if not args.manifest.exists():
         raise UsageError(
             f"no manifest at {args.manifest}",
@@ -313,5 +331,6 @@ def server_config(args: argparse.Namespace) -> tuple[ServerConfig, object | None
         committee_rpc=args.committee_rpc,
         spot_check_ppm=args.spot_check_ppm or DEFAULT_RATE_PPM,
         next_hops=next_hops,
+        plaintext_links=args.plaintext_links,
     ).validate()
-    return config, ticket_key
+    return config, node_key

@@ -2,6 +2,11 @@
 
     client ──▶ A ──▶ B ──▶ C ──▶ client        one WebSocket per link, kept for the client's life
 
+Every link to an https:// hop is TLS pinned to the hop's node key (node/links.py; a node that
+does not prove it is refused as `node_key_mismatch` before anything is sent), and the open
+names each next hop's key, which the forwarding node pins in turn. http:// hops are dialled
+only on loopback or with `plaintext_links` (local mode; protocol/links.py).
+
 A token costs K + 1 transfers for K nodes and no per-request HTTP: each transfer is one
 WebSocket message with a 17-byte binary header (protocol/frames/header.py). The client holds one
 link to every hop: it opens each hop's session there with that hop's own capability
@@ -35,6 +40,7 @@ from node.client.capabilities import hop_capability, hop_feed, hop_tag, new_sess
 from node.client.sampling import SamplingConfig, sample
 from node.client.types import Head, Hop, Timings
 from node.dial import refuse_redirects
+from node.links import link_ssl, refusal
 from protocol.errors import (
     BusyError,
     ConfigError,
@@ -209,6 +215,7 @@ class CircuitClient:
         prefill_chunk: int = 64,
         prefill_window: int = PREFILL_WINDOW,
         http: aiohttp.ClientSession | None = None,
+        plaintext_links: bool = False,
     ) -> None:
         if not hops:
             raise ConfigError("a circuit needs at least one node")
@@ -221,6 +228,9 @@ class CircuitClient:
         if not 1 <= prefill_window <= MAX_SESSION_FRAMES:
             raise ConfigError(f"prefill_window must be 1..{MAX_SESSION_FRAMES}")
         self.prefill_window = prefill_window
+        # local mode: http:// hops off loopback too (protocol/links.py); https:// hops are
+        # always pinned to their node key
+        self.plaintext_links = plaintext_links
         self._http = http
         self._own_http = http is None
         self.links: list[_Link] = []
@@ -237,12 +247,16 @@ class CircuitClient:
             )
         try:
             for index, hop in enumerate(self.hops):
+                pin = link_ssl(hop.url, hop.key, plaintext_ok=self.plaintext_links)
                 try:
                     async with asyncio.timeout(self.request_timeout_s):
                         ws = await self._http.ws_connect(
-                            f"{hop.url}/v1/stream", max_msg_size=64 * 1024 * 1024
+                            f"{hop.url}/v1/stream", max_msg_size=64 * 1024 * 1024, ssl=pin
                         )
                 except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                    named = refusal(error, hop.url)
+                    if named is not None:
+                        raise named from None
                     raise UnavailableError(
                         f"node {hop.url} (shard {hop.shard}) is not reachable: "
                         f"{type(error).__name__} {error}".rstrip(),
@@ -291,7 +305,7 @@ class CircuitClient:
             nxt = None
             if index < last:
                 hop = self.hops[index + 1]
-                nxt = NextHop(url=hop.url, shard=hop.shard, feed=feeds[index + 1])
+                nxt = NextHop(url=hop.url, shard=hop.shard, feed=feeds[index + 1], key=hop.key)
             body = open_message(
                 sid, caps[index], self.hops[index].shard, feeds[index] if index else None, nxt
             )

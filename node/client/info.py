@@ -21,13 +21,17 @@ from node.client.answers import (
     read_bounded,
 )
 from node.client.types import Hop
+from node.links import link_ssl, refusal
 from protocol.errors import BusyError, ConfigError, RemoteError, UnavailableError
 
 
-async def node_info(http: aiohttp.ClientSession, hop: Hop) -> dict[str, Any]:
-    """One node's GET /info as a JSON object."""
+async def node_info(
+    http: aiohttp.ClientSession, hop: Hop, *, plaintext_links: bool = False
+) -> dict[str, Any]:
+    """One node's GET /info as a JSON object (pinned to `hop.key` over https)."""
+    pin = link_ssl(hop.url, hop.key, plaintext_ok=plaintext_links)
     try:
-        async with http.get(f"{hop.url}/info") as answer:
+        async with http.get(f"{hop.url}/info", ssl=pin) as answer:
             if answer.status != 200:
                 try:
                     body = await read_bounded(answer, MAX_JSON_ANSWER_BYTES, hop.url)
@@ -50,22 +54,36 @@ async def node_info(http: aiohttp.ClientSession, hop: Hop) -> dict[str, Any]:
     except (aiohttp.ClientPayloadError, aiohttp.ClientResponseError) as error:
         raise BadAnswerError(hop.url, f"malformed HTTP answer: {error}"[:200]) from None
     except (aiohttp.ClientConnectionError, TimeoutError) as error:
+        named = refusal(error, hop.url)
+        if named is not None:
+            raise named from None
         raise UnavailableError(
             f"node {hop.url} (shard {hop.shard}) is not reachable: {type(error).__name__}",
             hint="check `planet local status`, or start nodes with `planet local up`",
         ) from None
 
 
-async def node_infos(http: aiohttp.ClientSession, hops: Sequence[Hop]) -> list[dict[str, Any]]:
+async def node_infos(
+    http: aiohttp.ClientSession, hops: Sequence[Hop], *, plaintext_links: bool = False
+) -> list[dict[str, Any]]:
     """GET /info from every node of the circuit (concurrently), in circuit order."""
-    return list(await asyncio.gather(*(node_info(http, hop) for hop in hops)))
+    return list(
+        await asyncio.gather(
+            *(node_info(http, hop, plaintext_links=plaintext_links) for hop in hops)
+        )
+    )
 
 
 async def check_circuit(
-    http: aiohttp.ClientSession, hops: Sequence[Hop], model_hash: str, total_layers: int
+    http: aiohttp.ClientSession,
+    hops: Sequence[Hop],
+    model_hash: str,
+    total_layers: int,
+    *,
+    plaintext_links: bool = False,
 ) -> list[dict[str, Any]]:
     """Every node serves the expected shard of this model; the layers run 0..total, no gap."""
-    infos = await node_infos(http, hops)
+    infos = await node_infos(http, hops, plaintext_links=plaintext_links)
     expected_start = 0
     for hop, info in zip(hops, infos, strict=True):
         if info.get("model_hash") != model_hash:

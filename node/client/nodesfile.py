@@ -1,7 +1,12 @@
 """The nodes file: which prepared model and which nodes, in circuit order.
 
     {"manifest": "/abs/path/manifest.json",
-     "nodes": [{"url": "http://127.0.0.1:18100", "shard": 0, "layers": [0, 10]}, ...]}
+     "nodes": [{"url": "https://10.0.0.7:18100", "shard": 0, "layers": [0, 10],
+                "key": "<the node key, 64 hex>"}, ...]}
+
+`key` is the node's ed25519 node key: an https:// node must prove it in its TLS handshake
+(node/links.py), so it is required there; an http:// node (local mode, `planet local up`
+writes `http://127.0.0.1:…`) needs none.
 
 `planet local up` writes it to `$PLANET_HOME/local/nodes.json`; `planet ask` reads it from there
 unless `--nodes FILE` says otherwise. The client needs the manifest for its own part of the model
@@ -20,6 +25,7 @@ from urllib.parse import urlsplit
 from protocol.canonical import loads_bounded
 from protocol.errors import ConfigError, UsageError
 from protocol.fields import is_int
+from protocol.links import check_node_key, is_encrypted
 
 
 def planet_home() -> Path:
@@ -39,6 +45,7 @@ class NodeRef:
     url: str
     shard: int
     layers: tuple[int, int]
+    key: str | None = None  # node key (64 hex), required for an https:// url
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +57,9 @@ class NodesFile:
         return {
             "manifest": str(self.manifest),
             "nodes": [
-                {"url": n.url, "shard": n.shard, "layers": list(n.layers)} for n in self.nodes
+                {"url": n.url, "shard": n.shard, "layers": list(n.layers)}
+                | ({} if n.key is None else {"key": n.key})
+                for n in self.nodes
             ],
         }
 
@@ -80,7 +89,7 @@ class NodesFile:
         return cls(manifest=Path(manifest), nodes=nodes)
 
 
-_SHAPE_HINT = 'expected {"manifest": PATH, "nodes": [{"url", "shard", "layers"}, ...]}'
+_SHAPE_HINT = 'expected {"manifest": PATH, "nodes": [{"url", "shard", "layers"[, "key"]}, ...]}'
 MAX_NODES_FILE_BYTES = 1024 * 1024
 MAX_NODES = 1024
 
@@ -154,8 +163,17 @@ def _node(raw: Any, index: int) -> NodeRef:
     layers = _list(raw["layers"], f"nodes[{index}].layers")
     if len(layers) != 2:
         raise ValueError(f"nodes[{index}].layers must be [start, end]")
+    key = raw.get("key")
+    if key is not None:
+        try:
+            key = check_node_key(key)
+        except ValueError:
+            raise ValueError(f"nodes[{index}].key must be 64 lower-case hex characters") from None
+    elif is_encrypted(url):
+        raise ValueError(f"nodes[{index}] is an https:// node: give its node key as `key`")
     return NodeRef(
         url=url,
         shard=_int(raw["shard"], f"nodes[{index}].shard"),
         layers=(_int(layers[0], "layers[0]"), _int(layers[1], "layers[1]")),
+        key=key,
     )

@@ -1,6 +1,7 @@
 """What the circuit client, the gateway and the benches share: hops, the head, timings.
 
-Hop      one node of a circuit: its base URL and the shard it serves there
+Hop      one node of a circuit: its base URL, the shard it serves there, and its node key
+         (64 hex: pinned on an https:// link, protocol/links.py)
 Head     the client's part of the model (tokenizer, embeddings, final norm, LM head), numpy
          at this boundary; `node.model.head.ClientHead` is the one implementation
 Timings  a generation's clocks and byte counts
@@ -22,6 +23,7 @@ from protocol.errors import ConfigError
 class Hop:
     url: str
     shard: int
+    key: str | None = None  # the node key its TLS handshake must prove (https://)
 
 
 class Head(Protocol):

@@ -1,11 +1,12 @@
 """The gateway's live `CircuitClient`s, one per circuit, shared by the questions routed there.
 
-A circuit is the tuple of its hops ((url, shard), in shard order). Questions on the same circuit
-share one client, so their sessions ride the same WebSockets and their decode steps meet in one
-batch at every shard and at the LM head (one head object for all). A client whose link died (a
-node stopped or restarted) is closed and dialled again by the next question; a client that no
-question used for `idle_s` is closed by a reaper task; `close()` (gateway shutdown) closes all.
-All links are dialled on the gateway's own aiohttp session (not closed here).
+A circuit is the tuple of its hops ((url, shard, node key), in shard order): a client's links are
+pinned to the keys it was dialled with (node/links.py), so another key is another client. Questions
+on the same circuit share one client, so their sessions ride the same WebSockets and their decode
+steps meet in one batch at every shard and at the LM head (one head object for all). A client whose
+link died (a node stopped or restarted) is closed and dialled again by the next question; a client
+that no question used for `idle_s` is closed by a reaper task; `close()` (gateway shutdown) closes
+all. All links are dialled on the gateway's own aiohttp session (not closed here).
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ IDLE_S = 120.0
 # per-node limit) and at most MAX_SESSION_FRAMES of them; the client keeps ≤ 8 outstanding.
 PREFILL_CHUNK = 64
 
-CircuitKey = tuple[tuple[str, int], ...]
+CircuitKey = tuple[tuple[str, int, str | None], ...]
 
 
 def circuit_key(hops: Sequence[Hop]) -> CircuitKey:
-    return tuple((hop.url, hop.shard) for hop in hops)
+    return tuple((hop.url, hop.shard, hop.key) for hop in hops)
 
 
 @dataclass(eq=False)
@@ -97,7 +98,7 @@ class CircuitPool:
             if entry is not None and entry.client.alive:
                 return entry
             if entry is not None:  # a link died: its sessions failed already; dial again
-                log.info("circuit link lost; reconnecting circuit=%s", [u for u, _ in key])
+                log.info("circuit link lost; reconnecting circuit=%s", [u for u, _, _ in key])
                 del self._entries[key]
                 await entry.client.__aexit__()
             client = CircuitClient(

@@ -108,7 +108,7 @@ class Generation:
             circuit = await self.router.circuit()  # NoCircuit (503) when a shard has none
             self.circuit = circuit
             self.count = 0
-            hops = [Hop(url=n.endpoint, shard=n.shard) for n in circuit.nodes]
+            hops = [Hop(url=n.endpoint, shard=n.shard, key=n.key) for n in circuit.nodes]
             try:
                 async with self.router.hold(circuit), self.circuits.use(hops) as client:
                     self._prefill = []

@@ -13,7 +13,10 @@ with `public_only` (the default) an IP-literal endpoint that is not globally rou
 (loopback, private, link-local, ...) is skipped, and a host name is dialled only through a
 resolver that hands out global addresses (`PublicResolver` on the gateway's connector, run.py);
 `--private-endpoints` lifts the rule for a devnet or LAN. Probes never follow a redirect (the
-gateway's session refuses them too, `node.dial.refuse_redirects`).
+gateway's session refuses them too, `node.dial.refuse_redirects`). Every link to a node is
+pinned to its registered key (https://, TLS whose certificate key must be the node key:
+node/links.py); a plaintext endpoint is dialled only on loopback (protocol/links.py), others
+are cooled down.
 
 Before a node is used the first time (and again after `VERIFY_TTL_S`) its `/info` must name
 this model's hash, the shard and the shard's layers from the manifest.
@@ -37,6 +40,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from node.gateway.errors import NoCircuit
+from node.links import NodeKeyPin, link_ssl
 from node.server.next_hops import is_ip_literal, is_public_address
 from protocol.errors import PlanetError
 
@@ -184,13 +188,28 @@ class Router:
         until = self._cooldown.get(node.key)
         return until is not None and until > time.monotonic()
 
+    def _pin(self, node: RoutableNode) -> NodeKeyPin | bool | None:
+        """The link's `ssl=` (TLS pinned to the registered node key, node/links.py), or None
+        (logged, node cooled down) for a plaintext endpoint off loopback."""
+        try:
+            return link_ssl(node.endpoint, node.key, plaintext_ok=False)
+        except PlanetError as error:
+            log.warning("node refused endpoint=%s error=%s", node.endpoint, error.message)
+            self.mark_failed(node)
+            return None
+
     async def _verify(self, node: RoutableNode) -> bool:
         checked = self._verified.get(node)
         if checked is not None and time.monotonic() - checked < VERIFY_TTL_S:
             return True
+        pin = self._pin(node)
+        if pin is None:
+            return False
         try:
             async with asyncio.timeout(VERIFY_TIMEOUT_S):
-                async with self.http.get(f"{node.endpoint}/info", allow_redirects=False) as answer:
+                async with self.http.get(
+                    f"{node.endpoint}/info", ssl=pin, allow_redirects=False
+                ) as answer:
                     info = await answer.json(content_type=None) if answer.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             log.warning("node unreachable endpoint=%s error=%s", node.endpoint, error)
@@ -280,10 +299,13 @@ class Router:
         in cooldown."""
 
         async def one(node: RoutableNode) -> None:
+            pin = self._pin(node)
+            if pin is None:
+                return
             try:
                 async with asyncio.timeout(2):
                     async with self.http.get(
-                        f"{node.endpoint}/health", allow_redirects=False
+                        f"{node.endpoint}/health", ssl=pin, allow_redirects=False
                     ) as answer:
                         if answer.status == 200:
                             return

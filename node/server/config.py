@@ -66,6 +66,9 @@ class ServerConfig:
     # which next hops a circuit's `open` may make this node dial (node/server/next_hops.py):
     # none (default), a URL list, committee (needs committee_rpc) or any (development only)
     next_hops: NextHopSpec = FORWARD_NONE
+    # explicit local mode (`--plaintext-links`): serve plain http/ws instead of TLS bound to the
+    # node key, and dial http:// next hops anywhere (else only on loopback; protocol/links.py)
+    plaintext_links: bool = False
 
     def validate(self) -> ServerConfig:
         problems = []

@@ -1,7 +1,9 @@
 """Start and stop shard node processes on loopback (`planet local`, integration tests, bench).
 
 Each node is a separate detached process (`python -m node.cli.main node serve ...`, or a test
-entry point that takes the same arguments) with its log and pid file in a run directory.
+entry point that takes the same arguments) with its log and pid file in a run directory. With a
+node key file it serves TLS bound to that key (its url is https://, `key` the public half to
+pin); without one it runs in local mode, `--plaintext-links` (http://, loopback only).
 `wait_healthy` polls `/health`; on failure it names the node and its log. `stop_pid` sends
 SIGTERM, then SIGKILL after a grace period, and only ever signals a pid whose command line is a
 Planet node (pids get reused).
@@ -21,6 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from node.keys import node_public_key
+from node.links import probe_context
 from node.net import port_is_free
 from node.procs import spawn_logged
 from protocol.errors import UnavailableError
@@ -37,11 +41,12 @@ class NodeProcess:
     pid_path: Path
     module: str = NODE_MARKER  # what runs as `python -m MODULE`: the planet CLI or a test double
     host: str = "127.0.0.1"  # the address it binds (and is reached at)
+    key: str | None = None  # its node key (64 hex) when it serves TLS; None: plaintext (local)
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'http' if self.key is None else 'https'}://{host}:{self.port}"
 
 
 def free_ports(count: int, start: int, end: int) -> list[int]:
@@ -74,11 +79,14 @@ def start_node(
     extra_env: Mapping[str, str] | None = None,
     module: str = NODE_MARKER,
     host: str = "127.0.0.1",
+    node_key: Path | None = None,
 ) -> NodeProcess:
     """Spawn one detached node process bound to `host`:`port`; returns at once (see
     wait_healthy). `extra_env` is added to the node's environment. `module` runs as
     `python -m MODULE -v node serve ...`: the planet CLI, or a test entry point taking the same
-    arguments (stop it with `stop_pid(pid, module=node.module)`)."""
+    arguments (stop it with `stop_pid(pid, module=node.module)`). `node_key`: a node_key.json
+    (its password in `extra_env`'s PLANET_PASSWORD) → TLS bound to it; None →
+    `--plaintext-links`."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / f"node-{shard}.log"
     pid_path = run_dir / f"node-{shard}.pid"
@@ -97,8 +105,10 @@ def start_node(
         str(port),
         "--host",
         host,
+        *(["--plaintext-links"] if node_key is None else ["--node-key", str(node_key)]),
         *extra_args,
     ]
+    key = None if node_key is None else node_public_key(node_key)
     proc = spawn_logged(cmd, log_path, env={**node_env(), **(extra_env or {})})
     pid_path.write_text(json.dumps({"pid": proc.pid, "port": port, "shard": shard}))
     return NodeProcess(
@@ -109,6 +119,7 @@ def start_node(
         pid_path=pid_path,
         module=module,
         host=host,
+        key=key,
     )
 
 
@@ -160,8 +171,11 @@ def stop_pid(pid: int, grace_s: float = 10.0, *, module: str = NODE_MARKER) -> b
 
 
 def _healthy(url: str) -> bool:
+    """A liveness probe of a node this process started (TLS unauthenticated: nothing secret
+    is sent and only the status is believed)."""
+    context = probe_context() if url.startswith("https://") else None
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1.0) as answer:
+        with urllib.request.urlopen(f"{url}/health", timeout=1.0, context=context) as answer:
             return answer.status == 200
     except (urllib.error.URLError, OSError, TimeoutError):
         return False

@@ -10,7 +10,8 @@ dial and refuses with `next_hop_not_allowed` (403) by name:
     list        only these URLs (`--next-hops URL[,URL...]` / `--next-hops-file`; `planet local
                 up` passes its own nodes)
     committee   only compute nodes the committee chain lists as routable for this node's model
-                AND for the shard the client names (`planet join` and the devnet)
+                AND for the shard the client names, under the node key the client names
+                (the key the node pins when it dials: node/links.py) (`planet join`, devnet)
     any         everything (development only; logged as a warning at start)
 
 Every policy also requires `next.shard == own shard + 1`: a circuit runs the shards in order, so a
@@ -258,11 +259,11 @@ class NodeSource(Protocol):
     async def abci_query(self, path: str) -> Any: ...
 
 
-def routable_hops(answer: Any) -> dict[str, frozenset[int]]:
-    """Canonical URL → shards, from a committee `/nodes` answer (untrusted: entries that are
-    not routable or not well-formed are skipped)."""
+def registered_hops(answer: Any) -> dict[str, dict[int, frozenset[str]]]:
+    """Canonical URL → shard → node keys registered there, from a committee `/nodes` answer
+    (untrusted: entries that are not routable or not well-formed are skipped)."""
     nodes = answer.get("nodes") if isinstance(answer, dict) else None
-    out: dict[str, set[int]] = {}
+    out: dict[str, dict[int, set[str]]] = {}
     for entry in nodes if isinstance(nodes, list) else []:
         if not isinstance(entry, dict) or entry.get("routable") is not True:
             continue
@@ -275,8 +276,16 @@ def routable_hops(answer: Any) -> dict[str, frozenset[int]]:
             continue
         for shard in shards:
             if isinstance(shard, int) and not isinstance(shard, bool) and shard >= 0:
-                out.setdefault(url, set()).add(shard)
-    return {url: frozenset(shards) for url, shards in out.items()}
+                out.setdefault(url, {}).setdefault(shard, set()).add(key)
+    return {
+        url: {shard: frozenset(keys) for shard, keys in by_shard.items()}
+        for url, by_shard in out.items()
+    }
+
+
+def routable_hops(answer: Any) -> dict[str, frozenset[int]]:
+    """Canonical URL → shards, from a committee `/nodes` answer (see `registered_hops`)."""
+    return {url: frozenset(by_shard) for url, by_shard in registered_hops(answer).items()}
 
 
 class ForwardCommittee:
@@ -309,7 +318,7 @@ class ForwardCommittee:
         self.timeout_s = timeout_s
         self.clock = clock
         self.fetches = 0  # queries sent (tests, /info)
-        self._view: dict[str, frozenset[int]] | None = None
+        self._view: dict[str, dict[int, frozenset[str]]] | None = None
         self._fetched_s = 0.0  # monotonic time of the last successful fetch
         self._tried_s: float | None = None  # monotonic time of the last fetch attempt
         self._lock = asyncio.Lock()
@@ -329,7 +338,7 @@ class ForwardCommittee:
             except (PlanetError, OSError, TimeoutError) as error:
                 log.warning("next-hop view: committee query failed: %s", error)
                 return
-            self._view = routable_hops(answer)
+            self._view = registered_hops(answer)
             self._fetched_s = self.clock()
 
     def _check_range(self, url: str, host: str) -> None:
@@ -350,7 +359,12 @@ class ForwardCommittee:
             )
 
     def _allowed(self, hop: NextHop) -> bool:
-        return self._view is not None and hop.shard in self._view.get(hop.url, frozenset())
+        """`hop.url` is registered for `hop.shard`, and under the key the client names (the
+        key this node will pin) when it names one."""
+        if self._view is None:
+            return False
+        keys = self._view.get(hop.url, {}).get(hop.shard)
+        return keys is not None and (hop.key is None or hop.key in keys)
 
     async def check(self, hop: NextHop) -> None:
         _check_order(self.own_shard, hop)
@@ -373,9 +387,10 @@ class ForwardCommittee:
             raise NextHopNotAllowedError(
                 f"cannot check {hop.url}: the committee chain did not answer; try again later"
             )
+        keyed = "" if hop.key is None else f" under node key {hop.key[:16]}…"
         raise NextHopNotAllowedError(
-            f"{hop.url} is not a routable compute node of shard {hop.shard} of this model on "
-            "the committee chain"
+            f"{hop.url} is not a routable compute node of shard {hop.shard} of this model"
+            f"{keyed} on the committee chain"
         )
 
 

@@ -9,10 +9,12 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from node.links import server_context
 from node.server.app import create_app
 from node.server.backend import ModelShardBackend, ShardBackend
 from node.server.config import ServerConfig
-from protocol.errors import UnavailableError
+from protocol.errors import ConfigError, UnavailableError
+from protocol.links import is_loopback_host
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +62,21 @@ def quiet_malformed_http_logs() -> None:
 
 
 def serve(
-    config: ServerConfig, ticket_key: Any = None, *, backend: ShardBackend | None = None
+    config: ServerConfig, node_key: Any = None, *, backend: ShardBackend | None = None
 ) -> None:
     """Blocks until SIGINT/SIGTERM. Raises IntegrityError/ConfigError before binding the port.
-    With `ticket_key` (the node's ed25519 SigningKey) and `config.committee_rpc`, the node
-    answers spot-check ticket requests (`node.server.tickets.enable_tickets`) from its
-    served-work log (`--commit-dir`) or a ticket book. `backend`: serve this ShardBackend
-    instead of loading config's shard (a test entry point wraps the loaded one:
+    `node_key` (the node's ed25519 SigningKey) is the key of the node's TLS certificate
+    (node/links.py; required unless `config.plaintext_links`); with `config.committee_rpc`
+    too, the node answers spot-check ticket requests (`node.server.tickets.enable_tickets`)
+    from its served-work log (`--commit-dir`) or a ticket book. `backend`: serve this
+    ShardBackend instead of loading config's shard (a test entry point wraps the loaded one:
     tests/doubles/cheating_node.py)."""
     config.validate()
+    if node_key is None and not config.plaintext_links:
+        raise ConfigError(
+            "a node serves TLS bound to its node key, and none was given",
+            hint="pass --node-key FILE, or --plaintext-links for loopback/local tests",
+        )
     threads = configure_torch_threads(config.torch_threads)
     if backend is None:
         backend = ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)
@@ -81,12 +89,12 @@ def serve(
         threads,
     )
     app = create_app(config, backend)
-    if ticket_key is not None and config.committee_rpc:
+    if node_key is not None and config.committee_rpc:
         from node.server.tickets import enable_tickets
 
         enable_tickets(
             app,
-            ticket_key,
+            node_key,
             config.committee_rpc,
             rate_ppm=config.spot_check_ppm,
             max_bytes=config.served_max_bytes,
@@ -97,13 +105,34 @@ def serve(
             config.spot_check_ppm,
         )
     quiet_malformed_http_logs()
+    context = None
+    if config.plaintext_links:
+        where = "" if is_loopback_host(config.host) else f" ON {config.host}, NOT LOOPBACK"
+        log.warning(
+            "links are PLAINTEXT (--plaintext-links, local mode)%s: anyone on the path reads "
+            "and rewrites every activation",
+            where,
+        )
+        links = "plaintext"
+    else:
+        context = server_context(node_key)
+        links = f"TLS, node key {node_key.verify_key.encode().hex()}"
+    scheme = "http" if context is None else "https"
     print(
         f"planet node: shard {backend.shard_id} layers {backend.layers[0]}-{backend.layers[1]} "
-        f"of {backend.model_id} on http://{config.host}:{config.port} ({backend.device})",
+        f"of {backend.model_id} on {scheme}://{config.host}:{config.port} ({backend.device}; "
+        f"{links})",
         flush=True,
     )
     try:
-        web.run_app(app, host=config.host, port=config.port, print=None, access_log=None)
+        web.run_app(
+            app,
+            host=config.host,
+            port=config.port,
+            ssl_context=context,
+            print=None,
+            access_log=None,
+        )
     except OSError as error:
         raise UnavailableError(
             f"cannot listen on {config.host}:{config.port}: {error.strerror or error}",

@@ -3,14 +3,16 @@ client.
 
 One WebSocket per link. A client opens a session on its own link to every hop (with that hop's
 capability); a hop that is not the last dials the next hop once (`DownLinks`, one persistent
-connection per next URL, shared by all sessions) and attaches the session there with the feed
-token. Each frame is one work item for the batcher (decode steps of sessions arriving
-together run as one batched forward); its output goes on down the circuit, or, from the last hop,
-back on the client's link. A refusal is sent by name to the client's link of the refusing hop.
-When a client's link closes, the sessions it opened are closed (KV freed). Next hops are dialled
-only after the next-hop policy allowed them (next_hops.py), on a session that never follows a
-redirect (`node.dial.refuse_redirects`): a 30x from a next hop fails the dial, its Location is
-never contacted.
+connection per next URL and node key, shared by all sessions) and attaches the session there with
+the feed token. An https:// next hop is dialled over TLS pinned to the node key the open names
+(node/links.py): a peer that does not prove it is refused as `node_key_mismatch`; an http:// one
+only on loopback or in local mode (`--plaintext-links`), else `plaintext_link`. Each frame is one
+work item for the batcher (decode steps of sessions arriving together run as one batched forward);
+its output goes on down the circuit, or, from the last hop, back on the client's link. A refusal is
+sent by name to the client's link of the refusing hop. When a client's link closes, the sessions it
+opened are closed (KV freed). Next hops are dialled only after the next-hop policy allowed them
+(next_hops.py), on a session that never follows a redirect (`node.dial.refuse_redirects`): a 30x
+from a next hop fails the dial, its Location is never contacted.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 from aiohttp import web
 
 from node.dial import refuse_redirects
+from node.links import link_ssl, refusal
 from node.server.config import ServerConfig
 from node.server.next_hops import PublicResolver, build_policy
 from node.server.peers import peer_key
@@ -43,6 +46,7 @@ from protocol.frames.errors import (
 )
 from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 from protocol.frames.sessions import session_tag
+from protocol.links import check_link
 from protocol.stream import (
     MAX_SESSION_FRAMES,
     BadControlError,
@@ -144,34 +148,49 @@ class DownLink:
 
 
 class DownLinks:
-    """One DownLink per next-hop URL, dialled on first use, redialled if it dropped."""
+    """One DownLink per next hop (URL and pinned node key), dialled on first use, redialled if
+    it dropped. `plaintext_ok`: local mode, http:// next hops off loopback too."""
 
-    def __init__(self, http: aiohttp.ClientSession, state: NodeState, max_msg_bytes: int) -> None:
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        state: NodeState,
+        max_msg_bytes: int,
+        *,
+        plaintext_ok: bool = False,
+    ) -> None:
         self.http = http
         self.state = state
         self.max_msg_bytes = max_msg_bytes
-        self._links: dict[str, DownLink] = {}
-        self._dialling: dict[str, asyncio.Lock] = {}
+        self.plaintext_ok = plaintext_ok
+        self._links: dict[tuple[str, str | None], DownLink] = {}
+        self._dialling: dict[tuple[str, str | None], asyncio.Lock] = {}
 
-    async def get(self, url: str) -> DownLink:
-        link = self._links.get(url)
+    async def get(self, url: str, key: str | None = None) -> DownLink:
+        ident = (url, key)
+        link = self._links.get(ident)
         if link is not None and not link.closed:
             return link
-        async with self._dialling.setdefault(url, asyncio.Lock()):
-            link = self._links.get(url)
+        async with self._dialling.setdefault(ident, asyncio.Lock()):
+            link = self._links.get(ident)
             if link is not None and not link.closed:
                 return link
+            pin = link_ssl(url, key, plaintext_ok=self.plaintext_ok)
             try:
                 async with asyncio.timeout(ATTACH_TIMEOUT_S):
                     ws = await self.http.ws_connect(
-                        f"{url}/v1/stream", max_msg_size=self.max_msg_bytes, autoping=True
+                        f"{url}/v1/stream", max_msg_size=self.max_msg_bytes, autoping=True, ssl=pin
                     )
             except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                named = refusal(error, url)
+                if named is not None:
+                    log.warning("next hop refused: %s", named.message)
+                    raise named from None
                 raise DownstreamError(
                     f"cannot reach next hop {url}: {type(error).__name__}"
                 ) from None
             link = DownLink(url, ws, self.state)
-            self._links[url] = link
+            self._links[ident] = link
             return link
 
     async def close(self) -> None:
@@ -245,6 +264,7 @@ async def _open(state: NodeState, link: _Link, control: Control) -> None:
         raise BadControlError(f"session {short_tag(tag)} is already open")
     if control.next is not None:
         await state.next_hops.check(control.next)  # before anything is reserved or dialled
+        check_link(control.next.url, control.next.key, plaintext_ok=state.links.plaintext_ok)
     for victim in state.store.reserve(0, new_session=True, peer=link.peer):
         log.info("session reclaimed for another caller session=%s", short_tag(victim))
     session = state.store.open(tag, backend.new_cache(), peer=link.peer)
@@ -260,9 +280,9 @@ async def _open(state: NodeState, link: _Link, control: Control) -> None:
                 waiter.set_result(route)
     if control.next is not None:
         try:
-            route.down = await state.links.get(control.next.url)
+            route.down = await state.links.get(control.next.url, control.next.key)
             route.down_sid = await route.down.attach(control.next.feed)
-        except DownstreamError:
+        except FrameError:  # unreachable, refused, or not the node key the open names
             link.opened.pop(control.sid, None)
             link.inbound.pop(control.sid, None)
             _close_route(state, route)
@@ -527,7 +547,9 @@ async def close_links(app: web.Application) -> AsyncIterator[None]:
     http = aiohttp.ClientSession(
         skip_auto_headers=("User-Agent",), connector=connector, middlewares=(refuse_redirects,)
     )
-    state.links = DownLinks(http, state, config.max_request_bytes)
+    state.links = DownLinks(
+        http, state, config.max_request_bytes, plaintext_ok=config.plaintext_links
+    )
     state.next_hops = _next_hop_policy(config, state, http)
     yield
     await state.links.close()

@@ -23,6 +23,7 @@ import aiohttp
 from nacl.signing import SigningKey
 
 from node.client.answers import read_bounded
+from node.links import link_ssl
 from node.verifier.tickets import TicketResult, judge_ticket, timeout_result
 from protocol.errors import ProtocolError
 from protocol.fingerprint import Tolerance
@@ -32,15 +33,23 @@ log = logging.getLogger(__name__)
 
 
 async def fetch_ticket(
-    http: aiohttp.ClientSession, endpoint: str, request: TicketRequest, timeout_s: float
+    http: aiohttp.ClientSession,
+    endpoint: str,
+    request: TicketRequest,
+    timeout_s: float,
+    *,
+    plaintext_links: bool = False,
 ) -> bytes:
-    """One POST /v1/tickets; the sealed bytes, or an exception (HTTP status, network, size:
-    `node.client.answers.AnswerTooLargeError`)."""
+    """One POST /v1/tickets over a link pinned to the node key the request names (https;
+    node/links.py); the sealed bytes, or an exception (HTTP status, network, a key mismatch,
+    a plaintext link off loopback, size: `node.client.answers.AnswerTooLargeError`)."""
+    pin = link_ssl(endpoint, request.triple.node, plaintext_ok=plaintext_links)
     async with asyncio.timeout(timeout_s):
         async with http.post(
             f"{endpoint}/v1/tickets",
             data=request.encode(),
             headers={"Content-Type": "application/json"},
+            ssl=pin,
         ) as answer:
             if answer.status != 200:
                 text = (await answer.content.read(2048)).decode("utf-8", "replace")

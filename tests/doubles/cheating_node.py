@@ -47,11 +47,11 @@ def run(argv: Sequence[str]) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    config, ticket_key = server_config(args)
+    config, node_key = server_config(args)
     configure_torch_threads(config.torch_threads)  # before the load, as serve() does
     honest = ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)
     log.warning("CHEATING NODE mode=%s (tests only)", mode)
-    serve(config, ticket_key, backend=wrap(honest, mode, seed=honest.shard_id))
+    serve(config, node_key, backend=wrap(honest, mode, seed=honest.shard_id))
     return 0
 
 

@@ -297,12 +297,10 @@ def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[list[str], 
     import node.server.run
 
     seen: list[ServerConfig] = []
-    monkeypatch.setattr(
-        node.server.run, "serve", lambda config, ticket_key=None: seen.append(config)
-    )
+    monkeypatch.setattr(node.server.run, "serve", lambda config, node_key=None: seen.append(config))
     manifest = tmp_path / "manifest.json"
     manifest.write_text("{}")
-    return ["node", "serve", "--manifest", str(manifest), "--shard", "0"], seen
+    return ["node", "serve", "--manifest", str(manifest), "--shard", "0", "--plaintext-links"], seen
 
 
 def test_serve_passes_the_spec_to_the_config(served: tuple[list[str], list[Any]]) -> None:
@@ -501,7 +499,8 @@ async def test_committee_node_dials_a_name_only_if_it_resolves_public(
     aiohttp_server, private: bool, dialled: bool
 ) -> None:
     """The node's own downstream links: under `committee` a registered NAME that resolves to
-    loopback (`localhost`) is never connected to; with --private-next-hops it is."""
+    loopback (`localhost`) is never connected to; with --private-next-hops it is. (An http://
+    name is not a loopback literal: the node runs in local mode, --plaintext-links, to dial it.)"""
     from node.server.app import STATE_KEY, create_app
     from protocol.stream import DownstreamError
     from tests.doubles.fake_shard import FakeShard
@@ -516,7 +515,9 @@ async def test_committee_node_dials_a_name_only_if_it_resolves_public(
     canary = await asyncio.start_server(hang_up, "127.0.0.1", 0)
     url = f"http://localhost:{canary.sockets[0].getsockname()[1]}"
     spec = NextHopSpec("committee", private=private)
-    config = ServerConfig(Path("m"), 0, next_hops=spec, committee_rpc="http://127.0.0.1:1")
+    config = ServerConfig(
+        Path("m"), 0, next_hops=spec, committee_rpc="http://127.0.0.1:1", plaintext_links=True
+    )
     server = await aiohttp_server(create_app(config, FakeShard(shard_id=0, hidden_size=8)))
     try:
         with pytest.raises(DownstreamError, match="cannot reach next hop"):

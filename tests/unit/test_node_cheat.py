@@ -62,7 +62,10 @@ def test_cheat_substitute_skip_keeps_first_and_every_nth_layer() -> None:
 
 
 def _serve_args(**kw: object) -> list[str]:
-    return ["node", "serve", "--manifest", "/nonexistent/manifest.json", "--shard", "0", *kw]
+    return [
+        "node", "serve", "--manifest", "/nonexistent/manifest.json", "--shard", "0",
+        "--plaintext-links", *kw,
+    ]  # fmt: skip
 
 
 def test_cli_node_serve_has_no_cheat_flag(capsys: pytest.CaptureFixture[str]) -> None:
