@@ -96,7 +96,7 @@ def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[list[str], 
     )
     manifest = tmp_path / "manifest.json"
     manifest.write_text("{}")
-    argv = ["node", "serve", "--manifest", str(manifest), "--shard", "0"]
+    argv = ["node", "serve", "--manifest", str(manifest), "--shard", "0", "--plaintext-links"]
     return [*argv, "--committee-rpc", "http://10.77.0.2:26657"], seen
 
 
