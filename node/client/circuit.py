@@ -33,8 +33,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from node.client.capabilities import hop_capability, hop_feed, hop_tag, new_session_id
-from node.client.sampling import SamplingConfig, sample
+from node.client.capabilities import hop_capability, hop_feed, hop_tag
+from node.client.sampling import SamplingConfig
 from node.client.types import Head, Hop, Timings
 from protocol.errors import (
     BusyError,
@@ -104,7 +104,8 @@ class _Link:
                 f"node {self.hop.url} (shard {self.hop.shard}) closed the stream",
                 hint="the node stopped or restarted; retry on another circuit",
             )
-            client.lost_hops.add(self.index)
+            if not client.closing:
+                client.lost_hops.add(self.index)
             for future in self.pending.values():
                 if not future.done():
                     future.set_exception(gone)
@@ -238,6 +239,7 @@ class CircuitClient:
         self._heads = _HeadBatcher()
         self.blame: dict[int, int] = {}  # sid -> index of the hop that failed that session
         self.lost_hops: set[int] = set()  # hops whose link closed (every session failed there)
+        self.closing = False  # __aexit__ runs: links closing now are not the nodes' failure
         self.bytes_sent = 0  # client's own WebSocket bytes (framing included)
         self.bytes_received = 0
 
@@ -264,6 +266,7 @@ class CircuitClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self.closing = True
         for link in self.links:
             await link.ws.close()
             link.reader.cancel()

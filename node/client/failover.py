@@ -263,6 +263,7 @@ async def generate(
                     timings.wire_bytes_received += client.bytes_received - received0
                     await client.close(sid)
         except FAILURES as error:
+            seen_s = time.perf_counter()
             failures += 1
             suspects = client.suspects(sid) if client is not None else set()
             if not suspects and failures <= policy.attempts:
@@ -271,7 +272,7 @@ async def generate(
                 code=error.code,
                 hops=tuple(sorted(suspects)),
                 served=served,
-                seen_s=time.perf_counter(),
+                seen_s=seen_s,
             )
             if recovering is not None:  # the replacement failed too: one record per circuit
                 timings.failovers.append(recovering.done())

@@ -94,9 +94,9 @@ class WorkLedger:
             self.prepaid[(item.payer, item.query_id)] = item
         elif fee > 0:
             self.queries[str(receipt["query_id"]).lower()] = fee
-        for node in circuit.nodes:
+        for node, served in circuit.shares(tokens):  # after a failover: what each computed
             place = (node.key, node.shard)
-            self.work[place] = self.work.get(place, 0) + tokens
+            self.work[place] = self.work.get(place, 0) + served
 
     def take(self) -> WorkReport | None:
         """The next report (removed from the ledger), or None when nothing is pending."""

@@ -96,6 +96,7 @@ async def info(request: web.Request) -> web.Response:
                 "in_flight": state.in_flight,
                 "forwards": state.forwards,
                 "tokens": state.tokens,
+                "busy_s": round(state.batcher.stats.busy_s, 6),  # forward thread's compute
                 "busy_fraction": (
                     round(state.batcher.stats.busy_s / uptime, 4) if uptime > 0 else 0.0
                 ),
