@@ -5,9 +5,10 @@ weight `alpha` for the newest sample) of
 
 - `rtt_s`: the round trip of its GET /info (the HTTP exchange includes the node's event-loop
   lag, so a loaded node answers later too);
-- `step_s`: its compute per forward call, from its /info counters: Δ`load.busy_s` /
-  Δ`load.batches` between two answers (every forward — a decode batch or a prefill chunk — is
-  one batch; a node's layers are all in it);
+- `step_s`: its compute per decode step, from its /info counters: Δ`load.decode_s` /
+  Δ`load.decode_batches` between two answers (one decode forward — a batch of sessions' steps —
+  runs all of the node's layers once; prefill chunks, whose cost grows with their length, are
+  left out);
 
 and the latest load it reported: frames `queued` for its forward thread, open `sessions`, and
 the caps `max_batch`, `max_queued`, `max_sessions`. The expected seconds one hop adds to a token
@@ -49,8 +50,8 @@ class NodeStats:
     max_batch: int = 1
     max_queued: int = 0  # 0: unknown
     max_sessions: int = 0  # 0: unknown
-    busy_s: float | None = None  # the node's counters at the last answer
-    batches: int | None = None
+    decode_s: float | None = None  # the node's counters at the last answer
+    decode_batches: int | None = None
     updated_s: float = float("-inf")
 
     @property
@@ -107,13 +108,14 @@ class CostBook:
         if not isinstance(info, dict):
             return
         load = info.get("load") if isinstance(info.get("load"), dict) else {}
-        busy, batches = _number(load.get("busy_s")), _number(load.get("batches"))
-        if busy is not None and batches is not None:
-            if stats.busy_s is not None and stats.batches is not None:
-                forwards = batches - stats.batches
-                if forwards > 0 and busy >= stats.busy_s:
-                    stats.step_s = _ewma(stats.step_s, (busy - stats.busy_s) / forwards, self.alpha)
-            stats.busy_s, stats.batches = busy, int(batches)
+        busy, steps = _number(load.get("decode_s")), _number(load.get("decode_batches"))
+        if busy is not None and steps is not None:
+            if stats.decode_s is not None and stats.decode_batches is not None:
+                forwards = steps - stats.decode_batches
+                if forwards > 0 and busy >= stats.decode_s:
+                    step = (busy - stats.decode_s) / forwards
+                    stats.step_s = _ewma(stats.step_s, step, self.alpha)
+            stats.decode_s, stats.decode_batches = busy, int(steps)
         stats.queued = _count(load.get("queued"))
         stats.sessions = _count(info.get("sessions"))
         stats.max_batch = max(1, _count(info.get("max_batch")))

@@ -96,7 +96,9 @@ async def info(request: web.Request) -> web.Response:
                 "in_flight": state.in_flight,
                 "forwards": state.forwards,
                 "tokens": state.tokens,
-                "busy_s": round(state.batcher.stats.busy_s, 6),  # forward thread's compute
+                # decode forwards and their compute time (clients' cost models read these)
+                "decode_batches": state.batcher.stats.decode_batches,
+                "decode_s": round(state.batcher.stats.decode_s, 6),
                 "busy_fraction": (
                     round(state.batcher.stats.busy_s / uptime, 4) if uptime > 0 else 0.0
                 ),

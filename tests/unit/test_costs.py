@@ -21,7 +21,7 @@ def _info(busy_s: float, batches: int, *, queued: int = 0, sessions: int = 0) ->
         "max_sessions": 64,
         "max_batch": 32,
         "max_queued": 256,
-        "load": {"busy_s": busy_s, "batches": batches, "queued": queued},
+        "load": {"decode_s": busy_s, "decode_batches": batches, "queued": queued},
     }
 
 
@@ -67,7 +67,7 @@ def test_costs_random_among_near_equal_never_the_slow_replica() -> None:
 def test_costs_unknown_node_gets_the_median_step_and_default_rtt() -> None:
     book = _book({"a": 0.05, "b": 0.07})
     assert book.cost_s("new", default_step_s=0.06) == pytest.approx(DEFAULT_RTT_S / 2 + 0.06)
-    book.observe_info("x", {"load": {"busy_s": "junk", "batches": float("nan")}}, 0.001)
+    book.observe_info("x", {"load": {"decode_s": "junk", "decode_batches": float("nan")}}, 0.001)
     assert book.get("x").step_s is None and book.get("x").max_batch == 1
 
 
@@ -77,7 +77,9 @@ def test_costs_failure_counts_as_a_slow_round_trip() -> None:
     assert book.cost_s("b") > book.cost_s("a")
 
 
-A, B, C, D = (RoutableNode(k * 64, f"http://{k}", s) for k, s in zip("abcd", (0, 1, 1, 0)))
+A, B, C, D = (
+    RoutableNode(k * 64, f"http://{k}", s) for k, s in zip("abcd", (0, 1, 1, 0), strict=True)
+)
 
 
 def test_served_circuit_without_failover_is_the_circuit_each_node_all_tokens() -> None:

@@ -184,15 +184,16 @@ def _router(entries: list[dict[str, Any]], shard_layers: list[tuple[int, int]]) 
 def _seen(router: Router, endpoint: str, step_s: float) -> None:
     """The router's cost book saw `endpoint` compute 10 forwards of `step_s` each."""
     load = {"max_batch": 32, "max_sessions": 64, "max_queued": 256}
-    router.costs.observe_info(endpoint, {**load, "load": {"busy_s": 0.0, "batches": 0}}, 0.002)
-    info = {**load, "load": {"busy_s": 10 * step_s, "batches": 10}}
+    empty = {**load, "load": {"decode_s": 0.0, "decode_batches": 0}}
+    router.costs.observe_info(endpoint, empty, 0.002)
+    info = {**load, "load": {"decode_s": 10 * step_s, "decode_batches": 10}}
     router.costs.observe_info(endpoint, info, 0.002)
 
 
 async def test_router_load_aware_leaves_out_a_3x_slower_replica_random_among_the_rest() -> None:
     keys = [f"{i:02x}" * 32 for i in range(3)]
     urls = [f"http://127.0.0.1:{9000 + i}" for i in range(3)]
-    router = _router([entry(key=k, endpoint=u) for k, u in zip(keys, urls)], [(0, 30)])
+    router = _router([entry(key=k, endpoint=u) for k, u in zip(keys, urls, strict=True)], [(0, 30)])
     for url, step in zip(urls, (0.05, 0.05, 0.15), strict=True):
         _seen(router, url, step)
     chosen = [(await router.circuit()).keys[0] for _ in range(64)]
