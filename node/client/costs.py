@@ -36,8 +36,8 @@ T = TypeVar("T")
 
 DEFAULT_RTT_S = 0.15  # an unmeasured round trip (Petals' default)
 ALPHA = 0.3  # weight of the newest sample in the averages
-NEAR = 1.3  # candidates within this factor of the cheapest are "near-equal"
-SLACK_S = 0.005  # ... or within this many seconds of it
+NEAR = 1.5  # candidates within this factor of the cheapest are "near-equal" ...
+SLACK_S = 0.01  # ... plus this many seconds (the noise of a shared machine's step times)
 STALE_S = 2.0  # stats older than this are refreshed before (or while) choosing
 
 
