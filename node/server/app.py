@@ -115,6 +115,7 @@ async def info(request: web.Request) -> web.Response:
             "max_batch": config.max_batch,
             "max_queued": config.max_queued,
             "uptime_s": round(uptime, 1),
+            "instance": state.instance,
         }
     )
 
