@@ -17,6 +17,7 @@ no committee, no gateway; the client is `node.client.failover.generate` over
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,7 +32,7 @@ from node.client.failover import FailoverPolicy, generate
 from node.client.replicas import ReplicaCircuits
 from node.client.sampling import SamplingConfig
 from node.client.types import Hop, Timings
-from node.model.manifest import Manifest
+from node.model.manifest import Manifest, with_chunk_lists
 from node.server.launcher import (
     NODE_MARKER,
     NodeProcess,
@@ -42,6 +43,21 @@ from node.server.launcher import (
 )
 
 SLOW_MODULE = "tests.doubles.slow_node"
+
+
+def chunked_model(source: Path, directory: Path, *, shards: bool = True) -> Path:
+    """A copy of the prepared model at `source` (a manifest) in `directory` whose manifest has
+    chunk lists (nodes serve such shards to joining nodes); the files are symlinked, the shard
+    files only if `shards`. Returns the new manifest's path."""
+    directory.mkdir(parents=True)
+    manifest = Manifest.load(source)
+    shard_files = {s.file for s in manifest.shards}
+    for path in source.parent.iterdir():
+        if path.name != "manifest.json" and (shards or path.name not in shard_files):
+            (directory / path.name).symlink_to(path.resolve())
+    chunked = with_chunk_lists(manifest, source.parent)
+    (directory / "manifest.json").write_text(json.dumps(chunked.to_json(), indent=1))
+    return directory / "manifest.json"
 
 
 @dataclass
@@ -86,8 +102,10 @@ class ReplicaNet:
         *,
         slow: dict[int, float] | None = None,
         threads: int = 1,
+        extra_args: Sequence[str] = (),
     ) -> ReplicaNet:
-        """One node per entry of `shards`; `slow[i] = factor` makes node i a slow node."""
+        """One node per entry of `shards`; `slow[i] = factor` makes node i a slow node;
+        `extra_args` go to every node's `node serve`."""
         net = cls(run_dir, manifest)
         ports = [ephemeral_port() for _ in shards]
         urls = ",".join(f"http://127.0.0.1:{port}" for port in ports)
@@ -102,6 +120,7 @@ class ReplicaNet:
                     extra_args=(
                         *("--threads", str(threads)),
                         *("--next-hops", urls),
+                        *extra_args,
                         *(("--slow-factor", f"{factor:g}") if factor else ()),
                     ),
                 )
