@@ -27,6 +27,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import random
 import sys
 import tempfile
@@ -60,7 +61,7 @@ def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
     return float(ordered[rank - 1])
 
 
@@ -98,9 +99,9 @@ async def recovery(net: ReplicaNet, head: Any, args: argparse.Namespace) -> dict
             for index in killed:
                 await asyncio.to_thread(net.restart, index)
     by_length: dict[str, float] = {}
-    for words, replayed in _groups(rows):
+    for bucket, replayed in _groups(rows):
         values = [r["ms"] for r in rows if r["replayed"] in replayed]
-        by_length[f"failover_recovery_ms_p50_replay_{words}"] = round(percentile(values, 50), 1)
+        by_length[f"failover_recovery_ms_p50_replay_{bucket}"] = round(percentile(values, 50), 1)
     all_ms = [r["ms"] for r in rows]
     return {
         "failover_recovery_ms_p50": round(percentile(all_ms, 50), 1),
