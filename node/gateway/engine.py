@@ -78,12 +78,16 @@ class RouterCircuits:
 def served_circuit(circuits: Sequence[Circuit], served: Sequence[int], tokens: int) -> Circuit:
     """The answer's circuit for its receipt and work report (module docstring): `circuits`
     leased in order (the last answered), `served[i]` the positions circuit i answered before it
-    failed, `tokens` the answer's prompt + completion tokens."""
+    failed, `tokens` the answer's prompt + completion tokens. When the last circuit failed too
+    (`served` as long as `circuits`: the question failed) it is credited what it answered."""
     *failed, final = circuits
-    if not failed:
+    final_failed = len(served) == len(circuits)
+    if not failed and not final_failed:
         return final
-    work: dict[RoutableNode, int] = dict.fromkeys(final.nodes, tokens)
-    for circuit, positions in zip(failed, served, strict=True):
+    work: dict[RoutableNode, int] = dict.fromkeys(
+        final.nodes, served[-1] if final_failed else tokens
+    )
+    for circuit, positions in zip(failed, served[: len(failed)], strict=True):
         for node in circuit.nodes:
             work[node] = work.get(node, 0) + positions
     nodes = tuple(work)  # the final circuit first, then earlier nodes in order of service

@@ -96,3 +96,13 @@ def test_served_circuit_after_failovers_credits_what_each_node_computed() -> Non
     assert served.nodes == (D, C, A, B)  # the final circuit first, then earlier nodes
     assert served.shares(40) == [(D, 40), (C, 40 + 20), (A, 12 + 20), (B, 12)]
     assert served.keys == (D.key, C.key, A.key, B.key)
+
+
+def test_served_circuit_when_every_circuit_failed_credits_what_each_answered() -> None:
+    """The question failed: (A, B) answered 12 positions, then its replacement (A, C) 15."""
+    circuits = [Circuit((A, B)), Circuit((A, C))]
+    served = served_circuit(circuits, [12, 15], 40)
+    assert served.nodes == (A, C, B)
+    assert served.shares(40) == [(A, 15 + 12), (C, 15), (B, 12)]
+    alone = served_circuit([Circuit((A, B))], [7], 40)
+    assert alone.shares(40) == [(A, 7), (B, 7)]
