@@ -11,7 +11,8 @@ the user — the router replaces that hop (`Router.replace`: the failed node coo
 choice for its shard takes its place), the answer's token history is replayed into the new
 circuit at the same positions and the answer goes on, the same tokens a run without the
 failure gives. At most `attempts` circuits per question (the first included); then the
-question fails: `NodeFailed` (502), and the caller charges nothing. A shard left with no node
+question fails: `NodeFailed` (502), and the caller's payment state machine decides what is
+charged (`payment_state.py`: what was delivered, or nothing). A shard left with no node
 is `NoCircuit` (503) before the first token, `NodeFailed` after it.
 
 Who is paid for what: `Generation.circuit` lists the final circuit's nodes and then every node
@@ -160,6 +161,11 @@ class Generation:
         self.count = 0
 
     @property
+    def started(self) -> bool:
+        """A circuit was leased: the prompt went to nodes, which work for this client."""
+        return bool(self.source.circuits)
+
+    @property
     def circuit(self) -> Circuit | None:
         """Who answered (see `served_circuit`); None before the first circuit was leased."""
         leased = self.source.circuits
@@ -193,8 +199,7 @@ class Generation:
                 raise
             raise NodeFailed(
                 "node_failed",
-                "a compute node failed during the question and no other node serves its "
-                "shard; nothing was charged, ask again",
+                "a compute node failed during the question and no other node serves its shard",
             ) from None
         except NODE_ERRORS as error:
             log.warning(
@@ -204,8 +209,7 @@ class Generation:
             )
             raise NodeFailed(
                 "node_failed",
-                f"a compute node failed during the question ({error.message}); "
-                "nothing was charged, ask again",
+                f"a compute node failed during the question ({error.message})",
             ) from None
 
     async def echoed_events(self) -> list[TokenEvent]:
