@@ -154,8 +154,7 @@ class _Fetch:
                 raise _Retry(min(max(wait, 0.1), MAX_WAIT_S))
             if response.status != 200:
                 raise UnavailableError(f"HTTP {response.status}")
-            limit = self.entry.chunk_size + 1
-            data = await response.content.read(limit)
+            data = await _read_at_most(response.content, self.entry.chunk_size + 1)
         self.check(index, data)
         return data
 
@@ -225,12 +224,11 @@ class _Fetch:
         timeout = aiohttp.ClientTimeout(total=CHUNK_TIMEOUT_S * 4)
         async with self.http.get(url, headers=headers, timeout=timeout) as response:
             if response.status == 206:
-                return await response.content.read(length + 1)
+                return await _read_at_most(response.content, length + 1)
             if response.status == 200:  # no Range support: skip to the chunk
-                skipped = 0
-                while skipped < offset:
-                    skipped += len(await response.content.read(min(1 << 20, offset - skipped)))
-                return await response.content.read(length)
+                if offset:
+                    await response.content.readexactly(offset)
+                return await _read_at_most(response.content, length)
             raise UnavailableError(f"the origin answered HTTP {response.status} for {url}")
 
     async def from_origin(self, origin: str) -> None:
@@ -253,6 +251,20 @@ class _Fetch:
                 self.write(index, data, "origin")
 
         await asyncio.gather(*(worker() for _ in range(ORIGIN_WORKERS)))
+
+
+async def _read_at_most(stream: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body's bytes until its end or `limit` bytes, whichever comes first (`read(n)` alone
+    returns what has arrived so far)."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        piece = await stream.read(min(limit - size, 1 << 20))
+        if not piece:
+            break
+        parts.append(piece)
+        size += len(piece)
+    return b"".join(parts)
 
 
 def _read_span(path: Path, offset: int, length: int) -> bytes:

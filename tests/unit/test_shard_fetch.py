@@ -4,6 +4,7 @@ in-process aiohttp apps; tests/integration/test_shard_fetch_nodes.py uses real n
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -85,6 +86,29 @@ async def test_three_peers_share_the_download_and_the_file_matches(
     assert len([p for p in peers if report.by_source.get(p)]) >= 2  # in parallel
     assert seen[-1] == 6 and seen == sorted(seen)
     assert sorted(i for app in apps for i in app[ASKED]) == list(range(6))
+
+
+async def test_a_chunk_that_arrives_in_pieces_is_read_whole(
+    aiohttp_server: Any, shard_file: tuple[ShardEntry, bytes], tmp_path: Path
+) -> None:
+    entry, data = shard_file
+    app = web.Application()
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        offset, length = entry.chunk_span(int(request.match_info["index"]))
+        answer = web.StreamResponse()
+        await answer.prepare(request)
+        for start in range(offset, offset + length, 256):
+            await answer.write(data[start : min(start + 256, offset + length)])
+            await asyncio.sleep(0.005)
+        await answer.write_eof()
+        return answer
+
+    app.router.add_get("/v1/shards/{shard}/chunks/{index}", trickle)
+    peer = await start(aiohttp_server, app)
+    target = tmp_path / entry.file
+    report = await fetch_shard(entry, target, [peer])
+    assert target.read_bytes() == data and not report.banned
 
 
 async def test_a_peer_serving_a_bad_chunk_is_banned_and_the_fetch_completes(
