@@ -128,9 +128,11 @@ class CostBook:
         stats.rtt_s = _ewma(stats.rtt_s, 2 * DEFAULT_RTT_S, self.alpha)
         stats.updated_s = self._clock()
 
-    def cost_s(self, url: str, default_step_s: float = 0.0) -> float:
+    def cost_s(
+        self, url: str, default_step_s: float = 0.0, default_rtt_s: float = DEFAULT_RTT_S
+    ) -> float:
         stats = self.get(url)
-        rtt = DEFAULT_RTT_S if stats.rtt_s is None else stats.rtt_s
+        rtt = default_rtt_s if stats.rtt_s is None else stats.rtt_s
         step = default_step_s if stats.step_s is None else stats.step_s
         waiting = 1 + stats.queued / stats.max_batch
         sharing = 1 + (stats.sessions / stats.max_sessions if stats.max_sessions else 0.0)
@@ -147,7 +149,11 @@ class CostBook:
         usable = [c for c in candidates if not self.overloaded(url(c))] or list(candidates)
         known = [s.step_s for c in usable if (s := self.get(url(c))).step_s is not None]
         default_step = statistics.median(known) if known else 0.0
-        costs = [self.cost_s(url(c), default_step) for c in usable]
+        # a node not measured yet costs what the typical measured one does: it gets its turns
+        # (and its measurements) instead of starving behind a guess
+        rtts = [s.rtt_s for c in usable if (s := self.get(url(c))).rtt_s is not None]
+        default_rtt = statistics.median(rtts) if rtts else DEFAULT_RTT_S
+        costs = [self.cost_s(url(c), default_step, default_rtt) for c in usable]
         best = min(costs)
         limit = best * self.near + self.slack_s
         near = [c for c, cost in zip(usable, costs, strict=True) if cost <= limit]

@@ -106,3 +106,12 @@ def test_served_circuit_when_every_circuit_failed_credits_what_each_answered() -
     assert served.shares(40) == [(A, 15 + 12), (C, 15), (B, 12)]
     alone = served_circuit([Circuit((A, B))], [7], 40)
     assert alone.shares(40) == [(A, 7), (B, 7)]
+
+
+def test_a_node_not_measured_yet_is_chosen_like_a_typical_one() -> None:
+    """An unmeasured node (a gateway verifies and measures a node only once it used it) must
+    not starve behind the default round trip guess while its replica is measured fast."""
+    book = CostBook(rng=random.Random(3))
+    book.observe_info("measured", {"sessions": 0, "max_sessions": 64}, 0.002)
+    picks = {book.choose(["measured", "new"], lambda u: u) for _ in range(40)}
+    assert picks == {"measured", "new"}
