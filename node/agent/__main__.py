@@ -24,7 +24,7 @@ import aiohttp
 
 from node.agent.agent import AgentConfig, NodeAgent
 from node.agent.commitments import Committer
-from node.agent.contributions import ContributionReporter
+from node.agent.contributions import CONTRIBUTIONS_FILE, ContributionReporter, Served
 from node.chain.committee_link import CommitteeLink
 from node.keys import PasswordSource, load_node_key, load_wallet
 from node.links import NodeKeyPin, link_ssl
@@ -68,10 +68,8 @@ async def _healthy(session: aiohttp.ClientSession, endpoint: str, pin: NodeKeyPi
         return False
 
 
-async def _served(
-    session: aiohttp.ClientSession, endpoint: str, pin: NodeKeyPin | bool
-) -> tuple[int, int]:
-    """(tokens the node ran through its layers, its layer count) from `/info`."""
+async def _served(session: aiohttp.ClientSession, endpoint: str, pin: NodeKeyPin | bool) -> Served:
+    """Tokens the node ran through its layers, its layer count and instance, from `/info`."""
     try:
         async with asyncio.timeout(5.0), session.get(f"{endpoint}/info", ssl=pin) as answer:
             info = await answer.json()
@@ -80,7 +78,8 @@ async def _served(
     tokens, layers = info["load"]["tokens"], len(info["layers"])
     if type(tokens) is not int or tokens < 0:
         raise ValueError("node /info: bad load.tokens")
-    return tokens, layers
+    instance = info.get("instance", "")
+    return Served(tokens, layers, instance if isinstance(instance, str) else "")
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -117,7 +116,11 @@ async def run(args: argparse.Namespace) -> int:
     async with aiohttp.ClientSession() as session:
         committer = Committer(args.commit_dir, link) if args.commit_dir is not None else None
         reporter = ContributionReporter(
-            link, manifest.model_hash, args.shard, lambda: _served(session, config.endpoint, pin)
+            link,
+            manifest.model_hash,
+            args.shard,
+            lambda: _served(session, config.endpoint, pin),
+            state_path=args.home / CONTRIBUTIONS_FILE,
         )
         agent = NodeAgent(
             config,

@@ -86,6 +86,14 @@ def resolve_manifest(model: str, models_dir: Path) -> Path:
 def check_shard(manifest_file: Path, shard: int, registered: list[bytes]) -> Manifest:
     """Check shard `shard` of a local model against the registry's shard hashes, then its file
     bytes against the manifest. Raises UsageError / ShardHashMismatch / IntegrityError."""
+    manifest = check_registered(manifest_file, shard, registered)
+    verify_file(manifest_file.parent / manifest.shard(shard).file, manifest.shard(shard).hash)
+    return manifest
+
+
+def check_registered(manifest_file: Path, shard: int, registered: list[bytes]) -> Manifest:
+    """Check shard `shard` of a local manifest against the registry's shard hashes (the file
+    itself may still be missing: `planet join` then fetches it from peers)."""
     manifest = Manifest.load(manifest_file)
     if not registered:
         raise UsageError(
@@ -102,7 +110,6 @@ def check_shard(manifest_file: Path, shard: int, registered: list[bytes]) -> Man
     local = model_id_bytes(entry.hash)
     if local != registered[shard]:
         raise ShardHashMismatch(shard, entry.hash, _HASH_PREFIX + registered[shard].hex())
-    verify_file(manifest_file.parent / entry.file, entry.hash)
     return manifest
 
 

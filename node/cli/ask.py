@@ -2,7 +2,10 @@
 
 The prompt goes through the circuit of the nodes file (node/client/circuit.py: this client →
 node A → B → C → this client, the nodes forwarding to each other, one WebSocket per link). The
-circuit is checked first over GET /info (model hash, shards, layers 0..total).
+circuit is checked first over GET /info (model hash, shards, layers 0..total). A nodes file may
+list several nodes for a shard: the cheapest serves (node/client/costs.py) and the others are
+spares; a node that fails mid-answer is replaced and the answer goes on, same text
+(node/client/failover.py).
 
 `planet ask --pay PROMPT` asks a gateway instead and pays for the question from the CLI wallet:
 a QueryEscrow deposit bound to that gateway (no other gateway can serve it), a signed payment
@@ -148,8 +151,9 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
     # lazy: aiohttp and numpy (the client, its head and the wire codecs)
     import aiohttp
 
-    from node.client.circuit import CircuitClient
+    from node.client.failover import FailoverPolicy, generate
     from node.client.info import check_circuit
+    from node.client.replicas import ReplicaCircuits
     from node.client.types import Hop, Timings
     from node.model.head import ClientHead
     from node.server.run import configure_torch_threads
@@ -165,39 +169,51 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
     tokens: list[int] = []
     printed = ""
     codec = COMPRESSED_CODEC if args.compress else "raw"
+    expected = {s.shard_id: (manifest.model_hash, s.layers) for s in manifest.shards}
     async with aiohttp.ClientSession(skip_auto_headers=("User-Agent",)) as http:
-        await check_circuit(
-            http, hops, manifest.model_hash, manifest.total_layers, plaintext_links=plaintext
-        )
-        client = CircuitClient(
+        if len({hop.shard for hop in hops}) == len(hops):  # one node a shard: check it first
+            await check_circuit(
+                http, hops, manifest.model_hash, manifest.total_layers, plaintext_links=plaintext
+            )
+        # more than one node for a shard: the cheapest serves, the others are spares
+        # (node/client/replicas.py); a node that fails mid-answer is replaced by a spare
+        source = ReplicaCircuits(
+            http,
             hops,
+            expected=expected,
             hidden_size=manifest.hidden_size,
             codec=codec,
-            http=http,
             plaintext_links=plaintext,
         )
-        async with client:
-            async for token in client.generate(
-                head, prompt_ids, max_new_tokens=args.max_tokens, sampling=sampling, timings=timings
-            ):
-                tokens.append(token)
-                if not args.json:
-                    text = head.decode(tokens)
-                    # print only what is new and stable (a partial UTF-8 sequence decodes to U+FFFD)
-                    if text.startswith(printed) and not text.endswith("\ufffd"):
-                        sys.stdout.write(text[len(printed) :])
-                        sys.stdout.flush()
-                        printed = text
+        async for token in generate(
+            source,
+            head,
+            prompt_ids,
+            max_new_tokens=args.max_tokens,
+            sampling=sampling,
+            timings=timings,
+            policy=FailoverPolicy(),
+        ):
+            tokens.append(token)
+            if not args.json:
+                text = head.decode(tokens)
+                # print only what is new and stable (a partial UTF-8 sequence decodes to U+FFFD)
+                if text.startswith(printed) and not text.endswith("\ufffd"):
+                    sys.stdout.write(text[len(printed) :])
+                    sys.stdout.flush()
+                    printed = text
     text = head.decode(tokens)
     if not args.json:
         sys.stdout.write((text[len(printed) :] if text.startswith(printed) else "") + "\n")
         sys.stdout.flush()
+    final = source.current or ()
     return {
         "text": text,
         "tokens": tokens,
         "timings": timings.to_json(),
         "circuit": [
-            {"url": n.url, "shard": n.shard, "layers": list(n.layers)} for n in nodes.nodes
+            {"url": hop.url, "shard": hop.shard, "layers": list(expected[hop.shard][1])}
+            for hop in final
         ],
         "model": manifest.model_id,
         "codec": codec,

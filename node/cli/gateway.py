@@ -77,6 +77,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "nodes' default per-caller session and in-flight quotas)",
     )
     serve.add_argument(
+        "--failover-attempts",
+        type=int,
+        default=5,
+        help="circuits one question may use: a hop that fails mid-answer is replaced and the "
+        "answer replayed there, at most this many circuits in all (default 5)",
+    )
+    serve.add_argument(
+        "--stall-s",
+        type=float,
+        default=10.0,
+        help="seconds without an answer after which a circuit counts as stalled and fails "
+        "over (default 10)",
+    )
+    serve.add_argument(
         "--report-min-questions",
         type=int,
         default=4,
@@ -144,6 +158,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         receipts=args.receipts,
         max_sessions_per_node=args.max_sessions_per_node,
+        attempts=args.failover_attempts,
+        stall_s=args.stall_s,
         report_min_questions=args.report_min_questions,
         report_max_wait_s=args.report_max_wait,
         refund_margin_s=chains.refund_margin_s,

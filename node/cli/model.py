@@ -1,9 +1,17 @@
-"""`planet model prepare` and `planet model info`: make and inspect layer shards of a model."""
+"""`planet model prepare | info | fetch`: make, inspect and download layer shards of a model.
+
+`fetch` downloads one shard file from the nodes that serve it (node/model/fetch.py): checked
+chunks from several peers at once, bad peers banned, resumable, the model's origin as fallback;
+`planet join` does the same when the shard file is not on disk yet (`fetch_with_progress`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +36,17 @@ INFO_EXAMPLES = """\
 examples:
   planet model info ~/.cache/planet/models/smollm2-135m-3p-int8/manifest.json
   planet model info ./qwen-2p --verify --json
+"""
+
+
+FETCH_EXAMPLES = """\
+examples:
+  planet model fetch --model ./smollm2-2p/manifest.json --shard 1 \\
+      --peer http://10.0.0.5:18200 --peer http://10.0.0.7:18200
+  planet model fetch --model ./smollm2-2p --shard 0 --origin https://models.example/smollm2-2p
+
+The manifest (its chunk lists are committed by the model hash) must be on disk; the shard file
+is written beside it. Interrupted? Run it again: chunks already fetched are kept.
 """
 
 
@@ -84,6 +103,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info.add_argument("--verify", action="store_true", help="re-hash every file")
     info.add_argument("--json", action="store_true", help="print the manifest as JSON")
     info.set_defaults(handler=run_info)
+
+    fetch = sub.add_parser(
+        "fetch",
+        help="download a shard file from nodes that serve it (checked chunks)",
+        description="Download shard K's file from peers that serve it, chunk by checked chunk, "
+        "from several at once; a peer serving a bad chunk is banned; resumable.",
+        epilog=FETCH_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    fetch.add_argument("--model", type=Path, required=True, help="manifest.json or its directory")
+    fetch.add_argument("--shard", type=int, required=True, help="shard index")
+    add_fetch_sources(fetch)
+    fetch.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    fetch.set_defaults(handler=run_fetch)
+
+
+def add_fetch_sources(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a node serving the shard, http(s)://host:port (repeat for several)",
+    )
+    parser.add_argument(
+        "--origin",
+        default=None,
+        metavar="URL|DIR",
+        help="the model's origin (directory or base URL of the prepared model), used when "
+        "no peer is left",
+    )
 
 
 def run_prepare(args: argparse.Namespace) -> int:
@@ -148,3 +198,77 @@ def _table(manifest: Any, hashes: bool = False) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    path = manifest_path(args.model)
+    manifest = Manifest.load(path)
+    if not 0 <= args.shard < len(manifest.shards):
+        raise UsageError(
+            f"--shard {args.shard}: the model has shards 0..{len(manifest.shards) - 1}"
+        )
+    report = fetch_with_progress(path, args.shard, args.peer, args.origin)
+    if args.json:
+        print(json.dumps({"file": str(path.parent / manifest.shard(args.shard).file), **report}))
+    return 0
+
+
+def check_peer_urls(peers: list[str]) -> list[str]:
+    for url in peers:
+        if not url.startswith(("http://", "https://")):
+            raise UsageError(f"--peer {url!r} is not an http(s):// URL")
+    return [url.rstrip("/") for url in peers]
+
+
+def fetch_with_progress(
+    manifest_file: Path, shard: int, peers: list[str], origin: str | None
+) -> dict[str, Any]:
+    """Fetch shard `shard`'s file beside `manifest_file` unless it is there and whole, with a
+    progress line on stderr; returns the fetch's summary (node/model/fetch.py `Progress`)."""
+    from node.model.fetch import Progress, fetch_shard  # lazy: aiohttp
+    from node.model.manifest import verify_file
+    from protocol.errors import IntegrityError
+
+    manifest = Manifest.load(manifest_file)
+    entry = manifest.shard(shard)
+    target = manifest_file.parent / entry.file
+    if target.is_file():
+        try:
+            verify_file(target, entry.hash)
+            return {"already_there": True}
+        except IntegrityError:
+            print(f"{target} does not match the manifest; fetching it again", file=sys.stderr)
+            target.unlink()
+    peers = check_peer_urls(peers)
+    shown = [0.0]
+
+    def show(progress: Progress) -> None:
+        now = time.monotonic()
+        if progress.done < progress.total and now - shown[0] < 0.5:
+            return
+        shown[0] = now
+        sources = len([s for s in progress.by_source if s != "origin"])
+        origin_part = (
+            f", {progress.by_source['origin']} from origin"
+            if "origin" in progress.by_source
+            else ""
+        )
+        banned = f", {len(progress.banned)} banned" if progress.banned else ""
+        print(
+            f"shard {shard}: {progress.done}/{progress.total} chunks "
+            f"({100 * progress.done // max(progress.total, 1)} %), "
+            f"{progress.bytes / 2**20:.1f} MiB from {sources} peers{origin_part}{banned}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    print(
+        f"fetching shard {shard} ({entry.size:,} bytes, {len(entry.chunks)} chunks) from "
+        f"{len(peers)} peers" + (f", origin {origin}" if origin else ""),
+        file=sys.stderr,
+    )
+    report = asyncio.run(fetch_shard(entry, target, peers, origin=origin, on_progress=show))
+    for peer, why in sorted(report.banned.items()):
+        print(f"banned {peer}: {why}", file=sys.stderr)
+    print(f"fetched {target} in {report.seconds:.1f} s", file=sys.stderr)
+    return report.to_json()

@@ -213,6 +213,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the next hops this node may dial, one http(s)://host:port a line (# comments)",
     )
     serve.add_argument(
+        "--chunk-rate-mb",
+        type=float,
+        default=32.0,
+        help="MiB/s one caller may fetch of this node's shard file (joining nodes download "
+        "shards from the nodes serving them; default 32)",
+    )
+    serve.add_argument(
         "--private-next-hops",
         nargs="?",
         const="all",
@@ -332,5 +339,6 @@ def server_config(args: argparse.Namespace) -> tuple[ServerConfig, object | None
         spot_check_ppm=args.spot_check_ppm or DEFAULT_RATE_PPM,
         next_hops=next_hops,
         plaintext_links=args.plaintext_links,
+        chunk_bytes_per_s_per_peer=max(1, int(args.chunk_rate_mb * 1024 * 1024)),
     ).validate()
     return config, node_key

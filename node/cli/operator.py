@@ -27,6 +27,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from node.cli.model import add_fetch_sources, fetch_with_progress
 from node.config import resolve_config
 from node.model.manifest import Manifest
 from protocol.errors import ConfigError, PlanetError, UnavailableError, UsageError
@@ -146,6 +147,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     join.add_argument("--capacity", type=int, default=16, help="max sessions (default 16)")
     join.add_argument("--timeout", type=float, default=180.0, help="seconds to wait (180)")
     join.add_argument("--no-wait", action="store_true", help="return once processes started")
+    add_fetch_sources(join)  # when the shard file is not on disk: nodes serving it, then origin
     _common(join)
     leave = command("leave", "leave the network: the agent sends `leave`, node stops", _leave)
     _common(leave)
@@ -314,6 +316,7 @@ def _join(args: argparse.Namespace) -> int:
     # lazy: the node agent and launcher (aiohttp, numpy, eth-account)
     from node.agent.launch import (
         agent_alive,
+        check_registered,
         check_shard,
         model_id_bytes,
         read_joined,
@@ -348,6 +351,10 @@ def _join(args: argparse.Namespace) -> int:
         )
     _say(f"checking shard {args.shard} of {model_hash} against the ModelRegistry…")
     registered = chain.registry.shard_hashes_of(model_id_bytes(model_hash))
+    entry = check_registered(manifest_file, args.shard, registered).shard(args.shard)
+    if not (manifest_file.parent / entry.file).is_file() or args.peer:
+        peers = [*args.peer, *_serving_peers(config, model_hash, args.shard)]
+        fetch_with_progress(manifest_file, args.shard, peers, args.origin)
     manifest = check_shard(manifest_file, args.shard, registered)
     node_key = load_or_create_node_key(config.node_key_path, password)
     key_hex = node_key.verify_key.encode().hex()
@@ -448,6 +455,25 @@ def _committee_view(config: Any, key: str) -> dict[str, Any] | None:
             await link.close()
 
     return asyncio.run(read())
+
+
+def _serving_peers(config: Any, model_hash: str, shard: int) -> list[str]:
+    """Endpoints of the nodes the committee lists as serving `shard` of the model."""
+    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
+
+    async def read() -> list[dict[str, Any]]:
+        link = CommitteeLink([config.committee_rpc])
+        try:
+            return await link.nodes(model=model_hash, shard=shard, status="serving")
+        finally:
+            await link.close()
+
+    try:
+        nodes = asyncio.run(read())
+    except PlanetError as error:
+        _say(f"could not list the nodes serving shard {shard}: {error.message}")
+        return []
+    return [n["endpoint"] for n in nodes if isinstance(n.get("endpoint"), str) and n["endpoint"]]
 
 
 async def _wait_routable(config: Any, joined: Any, timeout_s: float) -> None:

@@ -18,10 +18,12 @@ so one client drives many sessions, and their decode steps meet at each shard's 
 The prompt is sent as chunks back to back (`prefill_chunk` positions each): hop A computes
 chunk 2 while hop B computes chunk 1, so prefill is pipelined across nodes.
 
-Failover stays possible: the client keeps every token id, so a replacement circuit (a new node
-for a hop has another URL and so other tokens) is opened with a fresh secret and replays the
-ids as its prefill. Per-hop commitments stay possible: each hop computes, and so sees, its own
-output, and the client can name every hop's session by its public tag (`session_tags`).
+Failover (node/client/failover.py): the client records which hop failed a session (a link
+that closed, a refusal on a hop's link, `downstream_unavailable` from the hop before it, a bad
+answer from the last hop: `suspects(sid)`); the generation loop replaces that hop and replays the
+token history into a new session at the same positions. Per-hop commitments stay possible: each
+hop computes, and so sees, its own output, and the client can name every hop's session by its
+public tag (`session_tags`).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from node.client.capabilities import hop_capability, hop_feed, hop_tag, new_session_id
-from node.client.sampling import SamplingConfig, sample
+from node.client.capabilities import hop_capability, hop_feed, hop_tag
+from node.client.sampling import SamplingConfig
 from node.client.types import Head, Hop, Timings
 from node.dial import refuse_redirects
 from node.links import link_ssl, refusal
@@ -65,6 +67,7 @@ log = logging.getLogger(__name__)
 _FROM_NODE = frozenset({"opened", "closed", "error"})
 PREFILL_WINDOW = 8  # prefill chunks outstanding per session (≤ MAX_SESSION_FRAMES)
 MAX_ANSWER_TOKENS = 8192
+MAX_BLAMED = 1024  # failed sessions whose faulty hop a client remembers
 
 
 class BadStreamAnswerError(ProtocolError):
@@ -108,6 +111,8 @@ class _Link:
                 f"node {self.hop.url} (shard {self.hop.shard}) closed the stream",
                 hint="the node stopped or restarted; retry on another circuit",
             )
+            if not client.closing:
+                client.lost_hops.add(self.index)
             for future in self.pending.values():
                 if not future.done():
                     future.set_exception(gone)
@@ -122,7 +127,11 @@ class _Link:
             return
         future = self.pending.pop(control.sid, None)
         if control.op == "error":
-            error = _node_error(self.hop, control.code or "http_error", control.message or "")
+            code = control.code or "http_error"
+            error = _node_error(self.hop, code, control.message or "")
+            # a hop that could not reach (or attach to) its next hop names that hop as the fault
+            blamed = self.index + 1 if code == "downstream_unavailable" else self.index
+            self.client.blame_hop(control.sid, min(blamed, len(self.client.hops) - 1))
             if future is not None and not future.done():
                 future.set_exception(error)
             elif control.sid in self.client.outputs:
@@ -153,8 +162,10 @@ class _Link:
             async with asyncio.timeout(timeout_s):
                 await future
         except TimeoutError:
+            self.client.blame_hop(sid, self.index)
             raise UnavailableError(f"node {self.hop.url} did not answer {body['op']}") from None
         except (ConnectionError, RuntimeError) as error:
+            self.client.blame_hop(sid, self.index)
             raise UnavailableError(f"node {self.hop.url} stream failed: {error}") from None
         finally:
             self.pending.pop(sid, None)
@@ -237,6 +248,9 @@ class CircuitClient:
         self.outputs: dict[int, asyncio.Queue[Any]] = {}
         self._sids = itertools.count(1)
         self._heads = _HeadBatcher()
+        self.blame: dict[int, int] = {}  # sid -> index of the hop that failed that session
+        self.lost_hops: set[int] = set()  # hops whose link closed (every session failed there)
+        self.closing = False  # __aexit__ runs: links closing now are not the nodes' failure
         self.bytes_sent = 0  # client's own WebSocket bytes (framing included)
         self.bytes_received = 0
 
@@ -269,6 +283,7 @@ class CircuitClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self.closing = True
         for link in self.links:
             await link.ws.close()
             link.reader.cancel()
@@ -290,13 +305,17 @@ class CircuitClient:
         return [hop_tag(secret, i, h.shard, h.url) for i, h in enumerate(self.hops)]
 
     # ------------------------------------------------------------------------------- sessions
-    async def open(self, secret: str) -> int:
+    def new_sid(self) -> int:
+        """A fresh sid for `open` (so a caller knows it even when the open fails)."""
+        return next(self._sids)
+
+    async def open(self, secret: str, sid: int | None = None) -> int:
         """Open the session on every hop at once (one round trip, not one per hop: a hop whose
         upstream attaches before the client's open arrived waits for it); returns the sid that
         names it on the client's links. The first refusal closes the session everywhere."""
         if not self.links:
             raise RuntimeError("CircuitClient used outside `async with`")
-        sid = next(self._sids)
+        sid = self.new_sid() if sid is None else sid
         self.outputs[sid] = asyncio.Queue()
         caps, feeds = self.capabilities(secret), self.feeds(secret)
         last = len(self.hops) - 1
@@ -353,23 +372,28 @@ class CircuitClient:
         try:
             await self.links[0].ws.send_bytes(message)
         except (ConnectionError, RuntimeError) as error:
+            self.blame_hop(sid, 0)
             raise UnavailableError(f"node {self.hops[0].url} stream failed: {error}") from None
         self.bytes_sent += ws_frame_bytes(len(message), masked=True)
 
-    async def receive(self, sid: int, start: int, count: int) -> np.ndarray:
-        """The last hop's output for the rows sent at start.. (count rows; 1 if last_only)."""
+    async def receive(
+        self, sid: int, start: int, count: int, timeout_s: float | None = None
+    ) -> np.ndarray:
+        """The last hop's output for the rows sent at start.. (count rows; 1 if last_only),
+        within `timeout_s` (default `request_timeout_s`; a stalled circuit is UnavailableError
+        with no hop blamed: `suspects` then asks the hops)."""
+        wait_s = self.request_timeout_s if timeout_s is None else timeout_s
         try:
-            async with asyncio.timeout(self.request_timeout_s):
+            async with asyncio.timeout(wait_s):
                 item = await self.outputs[sid].get()
         except TimeoutError:
-            raise UnavailableError(
-                f"no answer from the circuit within {self.request_timeout_s:g} s"
-            ) from None
+            raise UnavailableError(f"no answer from the circuit within {wait_s:g} s") from None
         if isinstance(item, BaseException):
             raise item
         header, body = item
         got = (header.start, header.count, header.dtype, header.codec)
         if got != (start, count, self.dtype, self.codec):
+            self.blame_hop(sid, len(self.hops) - 1)
             raise BadStreamAnswerError(
                 f"node {self.hops[-1].url} answered rows {header.start}+{header.count} "
                 f"({header.dtype}/{header.codec}), expected {start}+{count}"
@@ -377,7 +401,28 @@ class CircuitClient:
         try:
             return decode_values(header.dtype, header.codec, (1, count, self.hidden_size), body)
         except FrameError as error:
+            self.blame_hop(sid, len(self.hops) - 1)
             raise BadStreamAnswerError(f"node {self.hops[-1].url}: {error.message}") from None
+
+    def blame_hop(self, sid: int, index: int) -> None:
+        """Remember that hop `index` failed session `sid` (the first fault counts). Kept after
+        the session closed, for the failover that asks; only the latest MAX_BLAMED are kept."""
+        if sid in self.blame:
+            return
+        self.blame[sid] = index
+        while len(self.blame) > MAX_BLAMED:
+            del self.blame[next(iter(self.blame))]
+
+    def suspects(self, sid: int) -> set[int]:
+        """Hops known to have failed session `sid`: the one that refused it or answered badly,
+        and every hop whose link closed. Empty when the failure named nobody (a stall)."""
+        blamed = self.blame.get(sid)
+        return set(self.lost_hops) | ({blamed} if blamed is not None else set())
+
+    async def logits(self, head: Head, hidden_last: np.ndarray) -> np.ndarray:
+        """The head's logits for one session's last hidden state, batched with the other
+        sessions of this client whose outputs arrived together."""
+        return await self._heads.logits(head, hidden_last)
 
     async def prefill(
         self,
@@ -387,32 +432,36 @@ class CircuitClient:
         *,
         last_only: bool = True,
         on_chunk: Callable[[int, np.ndarray], None] | None = None,
+        split_at: int | None = None,
+        timeout_s: float | None = None,
     ) -> np.ndarray:
         """Send [1, T, H] in chunks back to back (pipelined); the last row's output [1, 1, H].
         `last_only=False` asks the last hop for every position of each chunk; `on_chunk(start,
-        hidden)` then sees each chunk's output ([1, rows, H]) as it arrives."""
+        hidden)` then sees each chunk's output ([1, rows, H]) as it arrives. `split_at` starts
+        a new chunk there (a replay keeps the prompt's own chunks, so its KV is computed exactly
+        as the first time); `timeout_s` bounds each chunk's wait (see `receive`)."""
         total = int(ids_hidden.shape[1])
-        bounds = list(range(0, total, self.prefill_chunk))
+        split = total if split_at is None else max(0, min(split_at, total))
+        bounds = [*range(0, split, self.prefill_chunk), *range(split, total, self.prefill_chunk)]
+        ends = [*bounds[1:], total]
         sent = 0
 
         async def send_upto(count: int) -> None:
             nonlocal sent
             while sent < min(count, len(bounds)):
-                begin = bounds[sent]
-                chunk = ids_hidden[:, begin : begin + self.prefill_chunk]
-                await self.send(sid, start + begin, chunk, last_only)
+                begin, end = bounds[sent], ends[sent]
+                await self.send(sid, start + begin, ids_hidden[:, begin:end], last_only)
                 sent += 1
 
         # at most `prefill_window` chunks outstanding: enough to keep every hop busy, and a
         # long prompt never has more frames queued at a node than its per-session limit
         await send_upto(self.prefill_window)
         out = None
-        for index, begin in enumerate(bounds):
-            end = min(begin + self.prefill_chunk, total)
+        for index, (begin, end) in enumerate(zip(bounds, ends, strict=True)):
             if last_only:
-                out = await self.receive(sid, start + end - 1, 1)
+                out = await self.receive(sid, start + end - 1, 1, timeout_s)
             else:
-                out = await self.receive(sid, start + begin, end - begin)
+                out = await self.receive(sid, start + begin, end - begin, timeout_s)
             if on_chunk is not None:
                 on_chunk(start + begin, out)
             await send_upto(index + 1 + self.prefill_window)
@@ -427,7 +476,7 @@ class CircuitClient:
         )
 
     # ------------------------------------------------------------------------------- generate
-    async def generate(
+    def generate(
         self,
         head: Head,
         prompt_ids: Sequence[int],
@@ -446,38 +495,21 @@ class CircuitClient:
         position (the gateway sends every question so, which makes echo requests look like any
         other); `on_prefill(start, hidden)` sees each prefill chunk's final hidden states.
         `on_logits(logits)` sees the logits each token is sampled from, before it is yielded
-        (the head stays the caller's one object, so sessions sharing it batch their logits)."""
-        sampling = (sampling or SamplingConfig()).validate()
-        rng = sampling.rng()
-        timings = timings if timings is not None else Timings()
-        timings.begin(len(prompt_ids))
-        sent0, received0 = self.bytes_sent, self.bytes_received
-        sid = await self.open(new_session_id())
-        try:
-            out = await self.prefill(
-                sid,
-                head.embed_np(list(prompt_ids)),
-                last_only=prefill_last_only,
-                on_chunk=on_prefill,
-            )
-            position = len(prompt_ids)
-            for step in range(1, max_new_tokens + 1):
-                logits = await self._heads.logits(head, out[0, -1])
-                if on_logits is not None:
-                    on_logits(logits)
-                token = sample(logits, sampling, rng)
-                timings.chose(step)
-                if stop_on_eos and token in head.eos_token_ids:
-                    break
-                timings.new_tokens += 1
-                yield token
-                if step == max_new_tokens:
-                    break
-                await self.send(sid, position, head.embed_np([token]))
-                out = await self.receive(sid, position, 1)
-                timings.decode_steps += 1
-                position += 1
-        finally:
-            timings.wire_bytes_sent += self.bytes_sent - sent0
-            timings.wire_bytes_received += self.bytes_received - received0
-            await self.close(sid)
+        (the head stays the caller's one object, so sessions sharing it batch their logits).
+        On this one circuit only: the first failure is raised (`node.client.failover`
+        replaces failed hops and continues)."""
+        from node.client.failover import NO_FAILOVER, FixedCircuit, generate  # no cycle at import
+
+        return generate(
+            FixedCircuit(self),
+            head,
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            timings=timings,
+            stop_on_eos=stop_on_eos,
+            prefill_last_only=prefill_last_only,
+            on_prefill=on_prefill,
+            on_logits=on_logits,
+            policy=NO_FAILOVER,
+        )

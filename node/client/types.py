@@ -5,6 +5,7 @@ Hop      one node of a circuit: its base URL, the shard it serves there, and its
 Head     the client's part of the model (tokenizer, embeddings, final norm, LM head), numpy
          at this boundary; `node.model.head.ClientHead` is the one implementation
 Timings  a generation's clocks and byte counts
+Failover one recovery of a generation from a failed circuit (node/client/failover.py)
 """
 
 from __future__ import annotations
@@ -49,6 +50,28 @@ class Head(Protocol):
     def logits_batch_np(self, hidden_last: np.ndarray) -> np.ndarray: ...  # [B, H] -> [B, V]
 
 
+@dataclass(frozen=True, slots=True)
+class Failover:
+    """A circuit failed and the generation went on on a replacement: one per failed circuit."""
+
+    code: str  # the failure's error code (unavailable, busy, session_expired, ...)
+    hops: tuple[int, ...]  # indices of the hops replaced (empty: none was named; any circuit)
+    served: int  # positions the failed circuit's session had answered
+    replayed: int  # positions replayed into the replacement's session (0: it failed first)
+    replay_ms: float  # replacement session opened + history replayed
+    recovery_ms: float  # failure seen -> next token chosen (or -> the next failure)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "hops": list(self.hops),
+            "served": self.served,
+            "replayed": self.replayed,
+            "replay_ms": self.replay_ms,
+            "recovery_ms": self.recovery_ms,
+        }
+
+
 @dataclass
 class Timings:
     prompt_tokens: int = 0
@@ -58,6 +81,7 @@ class Timings:
     decode_steps: int = 0  # forward passes in decode_ms (one per token after the first)
     wire_bytes_sent: int = 0  # the client's own WebSocket bytes, framing included
     wire_bytes_received: int = 0
+    failovers: list[Failover] = field(default_factory=list)  # recoveries, in order
     _started_s: float = field(default=0.0, repr=False)
     _first_s: float = field(default=0.0, repr=False)
 
@@ -96,4 +120,5 @@ class Timings:
             "decode_tok_s": round(self.decode_tok_s, 2),
             "wire_bytes_sent": self.wire_bytes_sent,
             "wire_bytes_received": self.wire_bytes_received,
+            "failovers": [f.to_json() for f in self.failovers],
         }

@@ -338,6 +338,7 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
         logprobs=want,
         top_logprobs=top,
         attempts=gateway.config.attempts,
+        stall_s=gateway.config.stall_s,
         echo=isinstance(req, CompletionRequest) and req.echo,
         full_prefill=gateway.config.full_prefill,
     )

@@ -25,7 +25,8 @@ class GatewayConfig:
     max_body_bytes: int = 1 << 20  # largest request body accepted (bytes)
     node_timeout_s: float = 60.0  # one HTTP exchange with a node (seconds)
     routing_refresh_s: float = 2.0  # how stale the routable-node list may be (seconds)
-    attempts: int = 2  # circuits tried per question before the first token reached the user
+    attempts: int = 5  # circuits per question, failovers included (node/gateway/engine.py)
+    stall_s: float = 10.0  # a circuit silent this long mid-answer is stalled: fail over (s)
     max_sessions_per_node: int = 16  # questions at once on one node from this gateway (queue after)
     slot_wait_s: float = 120.0  # longest a question queues for node slots before 503 (seconds)
     report_min_questions: int = 4  # questions batched per work_report (fewer: wait, see below)
@@ -61,6 +62,10 @@ class GatewayConfig:
             raise UsageError("--report-max-wait must be 0 < seconds <= 86400")
         if self.refund_margin_s is not None and not 0 <= self.refund_margin_s <= 30 * 86_400:
             raise UsageError("--refund-margin-s must be 0..2592000 seconds")
+        if not 1 <= self.attempts <= 20:
+            raise UsageError("--failover-attempts must be 1..20")
+        if not 0.5 <= self.stall_s <= 600:
+            raise UsageError("--stall-s must be 0.5..600 seconds")
         if not 0 < self.report_every_s <= 3_600:
             raise UsageError("the reporter's pass interval must be 0 < seconds <= 3600")
         if not 0 < self.committee_block_s <= 600:

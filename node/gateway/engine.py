@@ -6,11 +6,21 @@ so their decode steps batch at the shards and at the LM head. Every question's p
 last node for all positions (`full_prefill`), so an echo request (a verifier's challenge) looks
 like any other; logprobs come from the logits the client sampled the token from (`on_logits`).
 
-Retries (OpenTela's lesson): when a question fails before anything was shown to the user, the
-nodes of the failed circuit that do not answer /health are cooled down and a new circuit is
-built, up to `attempts` times. After the first event reached the user (`delivered`) a failure
-is final: `NodeFailed` (502); the caller's payment state machine decides what is charged
-(`payment_state.py`: what was delivered, or nothing).
+Failover (node/client/failover.py): when a hop fails — before or after the first token reached
+the user — the router replaces that hop (`Router.replace`: the failed node cools down, the next
+choice for its shard takes its place), the answer's token history is replayed into the new
+circuit at the same positions and the answer goes on, the same tokens a run without the
+failure gives. At most `attempts` circuits per question (the first included); then the
+question fails: `NodeFailed` (502), and the caller's payment state machine decides what is
+charged (`payment_state.py`: what was delivered, or nothing). A shard left with no node
+is `NoCircuit` (503) before the first token, `NodeFailed` after it.
+
+Who is paid for what: `Generation.circuit` lists the final circuit's nodes and then every node
+that served a failed circuit before; its `work` gives each the positions it computed: the final
+circuit's nodes the whole answer (prompt + completion tokens: they replayed the history and
+went on), a failed circuit's nodes what that circuit had answered when it failed (a node in
+both gets both). The receipt's circuit hash covers that list, and the work report credits
+those positions (node/gateway/settlement.py, `Circuit.shares`).
 """
 
 from __future__ import annotations
@@ -20,19 +30,69 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from node.client.failover import FAILURES, FailoverPolicy, generate, unhealthy_hops
 from node.client.sampling import SamplingConfig
-from node.client.types import Head, Hop
+from node.client.types import Head, Hop, Timings
 from node.gateway.circuits import CircuitPool
-from node.gateway.errors import NodeFailed
-from node.gateway.router import Circuit, Router
-from protocol.errors import BusyError, ProtocolError, RemoteError, UnavailableError
+from node.gateway.errors import NoCircuit, NodeFailed
+from node.gateway.router import Circuit, RoutableNode, Router
+from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
-NODE_ERRORS = (UnavailableError, BusyError, RemoteError, ProtocolError)
+NODE_ERRORS = FAILURES
+STALL_S = 10.0  # no answer for this long: the circuit is stalled (a frozen node)
+
+
+class RouterCircuits:
+    """The gateway's `CircuitSource`: circuits from the router, live clients from the pool
+    (shared with the other questions on the same circuit), session slots held while used."""
+
+    def __init__(self, router: Router, pool: CircuitPool, probe_timeout_s: float = 2.0) -> None:
+        self.router = router
+        self.pool = pool
+        self.probe_timeout_s = probe_timeout_s
+        self.circuits: list[Circuit] = []  # every circuit leased, in order
+
+    @contextlib.asynccontextmanager
+    async def lease(self, replace: frozenset[int]) -> AsyncIterator[Any]:
+        if self.circuits and replace:
+            circuit = await self.router.replace(self.circuits[-1], replace)
+        else:
+            circuit = await self.router.circuit()  # NoCircuit (503) when a shard has none
+        self.circuits.append(circuit)
+        hops = [Hop(url=n.endpoint, shard=n.shard, key=n.key) for n in circuit.nodes]
+        async with self.router.hold(circuit), self.pool.use(hops) as client:
+            yield client
+
+    async def probe(self) -> set[int]:
+        if not self.circuits:
+            return set()
+        hops = [Hop(url=n.endpoint, shard=n.shard, key=n.key) for n in self.circuits[-1].nodes]
+        return await unhealthy_hops(self.router.http, hops, self.probe_timeout_s)
+
+
+def served_circuit(circuits: Sequence[Circuit], served: Sequence[int], tokens: int) -> Circuit:
+    """The answer's circuit for its receipt and work report (module docstring): `circuits`
+    leased in order (the last answered), `served[i]` the positions circuit i answered before it
+    failed, `tokens` the answer's prompt + completion tokens. When the last circuit failed too
+    (`served` as long as `circuits`: the question failed) it is credited what it answered."""
+    *failed, final = circuits
+    final_failed = len(served) == len(circuits)
+    if not failed and not final_failed:
+        return final
+    work: dict[RoutableNode, int] = dict.fromkeys(
+        final.nodes, served[-1] if final_failed else tokens
+    )
+    for circuit, positions in zip(failed, served[: len(failed)], strict=True):
+        for node in circuit.nodes:
+            work[node] = work.get(node, 0) + positions
+    nodes = tuple(work)  # the final circuit first, then earlier nodes in order of service
+    return Circuit(nodes, tuple(work[n] for n in nodes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +121,8 @@ def token_event(token: int, logits: np.ndarray | None, want: bool, top_n: int) -
 
 
 class Generation:
-    """One question: prompt ids in, token events out; `.circuit` is the one that answered."""
+    """One question: prompt ids in, token events out; `.circuit` is who answered (after a
+    failover: every node that served, with the positions each computed)."""
 
     def __init__(
         self,
@@ -74,9 +135,10 @@ class Generation:
         sampling: SamplingConfig,
         logprobs: bool,
         top_logprobs: int,
-        attempts: int = 2,
+        attempts: int = 5,
         echo: bool = False,
         full_prefill: bool = True,
+        stall_s: float = STALL_S,
     ) -> None:
         self.router = router
         self.head = head
@@ -86,64 +148,69 @@ class Generation:
         self.sampling = sampling
         self.logprobs = logprobs
         self.top_logprobs = top_logprobs
-        self.attempts = attempts
+        self.policy = FailoverPolicy(attempts=max(attempts - 1, 0), stall_s=stall_s)
         self.echo = echo
         # every question's prompt frames ask the last node for all positions, so a question
         # with echo (a verifier's challenge, say) looks like any other to the nodes
         self.full_prefill = full_prefill
-        self._prefill: list[np.ndarray] = []  # echo: the final hidden states, [t, H] chunks
+        self._prefill: dict[int, np.ndarray] = {}  # echo: final hidden states by chunk start
         self._logits: np.ndarray | None = None  # what the last token was sampled from
-        self.circuit: Circuit | None = None
+        self.source = RouterCircuits(router, circuits)
+        self.timings = Timings()
         self.delivered = False  # set by the caller once an event reached the user
-        self.started = False  # the answering attempt's prompt went to its circuit
         self.count = 0
 
+    @property
+    def started(self) -> bool:
+        """A circuit was leased: the prompt went to nodes, which work for this client."""
+        return bool(self.source.circuits)
+
+    @property
+    def circuit(self) -> Circuit | None:
+        """Who answered (see `served_circuit`); None before the first circuit was leased."""
+        leased = self.source.circuits
+        if not leased:
+            return None
+        served = [f.served for f in self.timings.failovers]
+        return served_circuit(leased, served, len(self.prompt_ids) + self.count)
+
     async def events(self) -> AsyncIterator[TokenEvent | None]:
-        """Token events; `None` means "a retry starts over: drop what you collected" (only
-        while `delivered` is false)."""
-        for attempt in range(1, self.attempts + 1):
-            if attempt > 1:
-                yield None
-            self.started = False
-            circuit = await self.router.circuit()  # NoCircuit (503) when a shard has none
-            self.circuit = circuit
-            self.count = 0
-            hops = [Hop(url=n.endpoint, shard=n.shard, key=n.key) for n in circuit.nodes]
-            try:
-                async with self.router.hold(circuit), self.circuits.use(hops) as client:
-                    self._prefill = []
-                    self._logits = None
-                    self.started = True  # from here the nodes work for this client
-                    tokens = client.generate(
-                        self.head,
-                        self.prompt_ids,
-                        max_new_tokens=self.max_tokens,
-                        sampling=self.sampling,
-                        prefill_last_only=not (self.full_prefill or self.echo),
-                        on_prefill=self._keep_prefill if self.echo else None,
-                        on_logits=self._keep_logits if self.logprobs else None,
-                    )
-                    async with contextlib.aclosing(tokens):
-                        async for token in tokens:
-                            self.count += 1
-                            yield token_event(token, self._logits, self.logprobs, self.top_logprobs)
-                return
-            except NODE_ERRORS as error:
-                log.warning(
-                    "question failed attempt=%d circuit=%s error=%s",
-                    attempt,
-                    [n.key[:12] for n in circuit.nodes],
-                    error,
-                )
-                if isinstance(error, BusyError):
-                    await asyncio.sleep(0.5 * attempt)  # a full node: wait a little, retry
-                else:
-                    await self.router.probe(circuit)
-                if self.delivered or attempt == self.attempts:
-                    raise NodeFailed(
-                        "node_failed",
-                        f"a compute node failed during the question ({error.message})",
-                    ) from None
+        """Token events, going on over failures (module docstring). (`None`, "a retry starts
+        over: drop what you collected", is no longer produced: a failover continues.)"""
+        tokens = generate(
+            self.source,
+            self.head,
+            self.prompt_ids,
+            max_new_tokens=self.max_tokens,
+            sampling=self.sampling,
+            timings=self.timings,
+            prefill_last_only=not (self.full_prefill or self.echo),
+            on_prefill=self._keep_prefill if self.echo else None,
+            on_logits=self._keep_logits if self.logprobs else None,
+            policy=self.policy,
+        )
+        try:
+            async with contextlib.aclosing(tokens):
+                async for token in tokens:
+                    self.count += 1
+                    yield token_event(token, self._logits, self.logprobs, self.top_logprobs)
+        except NoCircuit:
+            if not self.delivered:
+                raise
+            raise NodeFailed(
+                "node_failed",
+                "a compute node failed during the question and no other node serves its shard",
+            ) from None
+        except NODE_ERRORS as error:
+            log.warning(
+                "question failed circuits=%d error=%s",
+                len(self.source.circuits),
+                error,
+            )
+            raise NodeFailed(
+                "node_failed",
+                f"a compute node failed during the question ({error.message})",
+            ) from None
 
     async def echoed_events(self) -> list[TokenEvent]:
         """With `echo`: one event per prompt token (the first has no logprob), from the final
@@ -152,7 +219,7 @@ class Generation:
             return []
         if not self._prefill:
             raise ProtocolError("echo: the prefill's hidden states are missing")
-        hidden = np.concatenate(self._prefill, axis=0)  # [T, H]
+        hidden = np.concatenate([self._prefill[s] for s in sorted(self._prefill)], axis=0)
         ids = self.prompt_ids
         if hidden.shape[0] != len(ids):
             raise ProtocolError(f"echo prefill answered {hidden.shape[0]} of {len(ids)} positions")
@@ -170,7 +237,7 @@ class Generation:
         self._logits = logits
 
     def _keep_prefill(self, start: int, hidden: np.ndarray) -> None:
-        self._prefill.append(np.asarray(hidden[0], dtype=np.float32))
+        self._prefill[start] = np.asarray(hidden[0], dtype=np.float32)
 
     @property
     def finished_by_length(self) -> bool:

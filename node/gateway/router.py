@@ -2,9 +2,15 @@
 
 The committee answers `/nodes?model=<model_hash>&role=compute`; only entries with `routable`
 true (SERVING, agreed stake >= minimum, reputation >= 0.4, computed by the app) are used, grouped
-by shard. A circuit takes one node per shard, chosen at random (system randomness) among the
-eligible ones, so no node holds a fixed position for a user; the gateway keeps it for one
-session (one question: the nodes hold its KV cache).
+by shard. A circuit takes one node per shard, chosen by expected cost (node/client/costs.py:
+half the round trip of its /info, its compute per forward, its queue and sessions; a node
+whose queue or session table is full, or whose gateway slots are all taken, counts as
+overloaded) and at random (system randomness) among the near-cheapest, so equal replicas
+share the load and no node holds a fixed position for a user, while a node much slower than
+its replicas is left out. Stats older than 2 s are refreshed in the background (one /info per
+node at a time), never on a question's path. The gateway keeps the circuit for one session
+(one question: the nodes hold its KV cache); when a hop fails mid-answer `replace` swaps in the
+next choice for that shard (node/gateway/engine.py replays the answer's history there).
 
 Entries are untrusted: an endpoint must be a plain `http(s)://host:port` URL, a node key 64 hex;
 anything else is skipped. A registered endpoint is a stranger's choice, so the router applies
@@ -39,6 +45,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from node.client.costs import CostBook
 from node.gateway.errors import NoCircuit
 from node.links import NodeKeyPin, link_ssl
 from node.server.next_hops import is_ip_literal, is_public_address
@@ -63,11 +70,21 @@ class RoutableNode:
 
 @dataclass(frozen=True, slots=True)
 class Circuit:
-    nodes: tuple[RoutableNode, ...]  # one per shard, in shard order
+    # one per shard, in shard order; for an answer that failed over: the final circuit's nodes,
+    # then every node that served a failed circuit before (see `work`)
+    nodes: tuple[RoutableNode, ...]
+    # positions each node of `nodes` computed for the answer; empty: each computed all of it
+    work: tuple[int, ...] = ()
 
     @property
     def keys(self) -> tuple[str, ...]:
         return tuple(n.key for n in self.nodes)
+
+    def shares(self, tokens: int) -> list[tuple[RoutableNode, int]]:
+        """(node, positions it served) for an answer of `tokens` prompt + completion tokens."""
+        if not self.work:
+            return [(node, tokens) for node in self.nodes]
+        return list(zip(self.nodes, self.work, strict=True))
 
 
 class NodeSource(Protocol):
@@ -162,6 +179,8 @@ class Router:
         self._verified: dict[RoutableNode, float] = {}
         self._cooldown: dict[str, float] = {}
         self._random = secrets.SystemRandom()
+        self.costs = CostBook(rng=self._random)
+        self._observing: dict[str, asyncio.Task[None]] = {}  # endpoint -> its /info refresh
         self.max_sessions_per_node = max_sessions_per_node
         self.slot_wait_s = slot_wait_s
         self._slots: dict[str, asyncio.Semaphore] = {}
@@ -183,6 +202,7 @@ class Router:
         log.warning("node failed; cooling down node=%s endpoint=%s", node.key[:16], node.endpoint)
         self._cooldown[node.key] = time.monotonic() + COOLDOWN_S
         self._verified.pop(node, None)
+        self.costs.observe_failure(node.endpoint)
 
     def _cooling(self, node: RoutableNode) -> bool:
         until = self._cooldown.get(node.key)
@@ -205,6 +225,7 @@ class Router:
         pin = self._pin(node)
         if pin is None:
             return False
+        started = time.perf_counter()
         try:
             async with asyncio.timeout(VERIFY_TIMEOUT_S):
                 async with self.http.get(
@@ -215,6 +236,7 @@ class Router:
             log.warning("node unreachable endpoint=%s error=%s", node.endpoint, error)
             self.mark_failed(node)
             return False
+        self.costs.observe_info(node.endpoint, info, time.perf_counter() - started)
         expected = list(self.shard_layers[node.shard])
         if (
             not isinstance(info, dict)
@@ -268,31 +290,75 @@ class Router:
                 slot.release()
 
     async def circuit(self) -> Circuit:
-        """One random eligible, verified node per shard; NoCircuit names the first empty shard."""
+        """One eligible, verified node per shard, by cost (see the module docstring);
+        NoCircuit names the first empty shard."""
         routable = await self.routable()
-        chosen: list[RoutableNode] = []
-        for shard in range(self.shard_count):
-            candidates = [n for n in routable.get(shard, []) if not self._cooling(n)]
-            self._random.shuffle(candidates)
-            candidates.sort(key=lambda n: self._slot(n).locked())  # free ones first, still random
-            probes = 0  # unverified candidates probed: a few, so dead registrations cannot stall
-            found: RoutableNode | None = None
-            for node in candidates:
-                if node not in self._verified:
-                    probes += 1
-                    if probes > MAX_TRIES_PER_SHARD:
-                        break
-                if await self._verify(node):
-                    found = node
-                    break
-            if found is None:
-                raise NoCircuit(
-                    "no_routable_node",
-                    f"no routable compute node serves shard {shard} of {self.shard_count} "
-                    "right now; try again later",
-                )
-            chosen.append(found)
+        chosen = [await self._choose(routable, shard) for shard in range(self.shard_count)]
         return Circuit(tuple(chosen))
+
+    async def replace(self, circuit: Circuit, indices: Iterable[int]) -> Circuit:
+        """`circuit` with the nodes at `indices` (which failed) cooling down and replaced by
+        the next choice for their shard; a shard with no other node keeps its node (tried
+        again after the caller's backoff: the failure may have been passing)."""
+        routable = await self.routable()
+        failed = set(indices)
+        for index in failed:
+            self.mark_failed(circuit.nodes[index])
+        nodes = list(circuit.nodes)
+        for index in sorted(failed):
+            try:
+                nodes[index] = await self._choose(routable, index, circuit.nodes[index].key)
+            except NoCircuit:
+                log.warning("no other node for shard %d; trying the same node again", index)
+        return Circuit(tuple(nodes))
+
+    async def _choose(
+        self, routable: dict[int, list[RoutableNode]], shard: int, exclude: str = ""
+    ) -> RoutableNode:
+        candidates = [
+            n for n in routable.get(shard, []) if not self._cooling(n) and n.key != exclude
+        ]
+        self._observe_stale(candidates)
+        # a node whose gateway slots are all taken is overloaded for this gateway
+        free = [n for n in candidates if not self._slot(n).locked()]
+        pool = free or candidates
+        probes = 0  # unverified candidates probed: a few, so dead registrations cannot stall
+        while pool:
+            node = self.costs.choose(pool, lambda n: n.endpoint)
+            assert node is not None
+            if node not in self._verified:
+                probes += 1
+                if probes > MAX_TRIES_PER_SHARD:
+                    break
+            if await self._verify(node):
+                return node
+            pool.remove(node)
+        raise NoCircuit(
+            "no_routable_node",
+            f"no routable compute node serves shard {shard} of {self.shard_count} "
+            "right now; try again later",
+        )
+
+    def _observe_stale(self, nodes: Iterable[RoutableNode]) -> None:
+        """Refresh, in the background, the cost stats of the nodes whose stats are stale (one
+        /info at a time per node; verified nodes only: a new one is verified when chosen)."""
+        for node in nodes:
+            if node not in self._verified or not self.costs.stale(node.endpoint):
+                continue
+            task = self._observing.get(node.endpoint)
+            if task is None or task.done():
+                self._observing[node.endpoint] = asyncio.create_task(self._observe(node))
+
+    async def _observe(self, node: RoutableNode) -> None:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(VERIFY_TIMEOUT_S):
+                async with self.http.get(f"{node.endpoint}/info", allow_redirects=False) as answer:
+                    info = await answer.json(content_type=None) if answer.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            self.costs.observe_failure(node.endpoint)
+            return
+        self.costs.observe_info(node.endpoint, info, time.perf_counter() - started)
 
     async def probe(self, circuit: Circuit) -> None:
         """After a failed question: put every node of `circuit` that does not answer /health

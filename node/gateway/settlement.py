@@ -246,8 +246,15 @@ class WorkLedger:
         `circuit` None: nothing was computed, the charge alone; `number`: the receipt's number
         in the receipt log (`catch_up` starts after the highest one recorded)."""
         tokens = int(receipt["prompt_tokens"]) + int(receipt["completion_tokens"])
-        nodes = circuit.nodes if circuit is not None else ()
-        work = [[node.key, node.shard, tokens] for node in nodes]
+        # after a failover each node is credited what it computed (`Circuit.shares`); a circuit
+        # rebuilt from a logged receipt (`catch_up`) names its nodes only: the whole question
+        if circuit is None:
+            shares: list[tuple[Any, int]] = []
+        elif hasattr(circuit, "shares"):
+            shares = circuit.shares(tokens)
+        else:
+            shares = [(node, tokens) for node in circuit.nodes]
+        work = [[node.key, node.shard, served] for node, served in shares]
         fee = int(receipt["fee_wei"])
         item = charge_item(receipt)
         query = None
@@ -276,7 +283,10 @@ class WorkLedger:
         for number, receipt in receipts:
             if number <= self.recorded_through:
                 continue
-            nodes = [_Hop(str(key), shard) for shard, key in enumerate(receipt.get("nodes", ()))]
+            # the final circuit, shard 0 first (after a failover the receipt names the nodes of
+            # failed circuits after it: their shares are not in the receipt, left uncredited)
+            named = list(receipt.get("nodes", ()))[: len(self.shard_layers)]
+            nodes = [_Hop(str(key), shard) for shard, key in enumerate(named)]
             self.record(receipt, _Hops(nodes) if nodes else None, number)
             recorded += 1
         if recorded:

@@ -4,6 +4,12 @@ A manifest names the model, its layer count, the client file (embeddings, final 
 and one entry per shard (layer range, file, quant, size, hash). Every hash is re-derivable:
 
 - shard / client hash: `sha256:` of the file's bytes (`protocol.canonical.hash_file`).
+- shard chunk list (`chunk_size`, `chunks`): the shard file cut into `chunk_size`-byte pieces
+  (the last one shorter), `sha256:` of each, in order (`chunk_hashes`). Nodes serve their shard
+  by chunks and a joining node fetches it from several of them, checking each chunk as it
+  arrives (node/model/fetch.py); the list is inside the manifest, so `model_hash` — registered
+  on chain — commits to it. Manifests prepared before chunk lists existed have neither field
+  (and keep their model hash); they can only be fetched from the model's origin.
 - config hash: `hash_json` of `config.json` parsed, after `hashable_json` (floats -> strings).
 - tokenizer hash: `hash_json` of `{file name: content}` over every file in `tokenizer/`, where a
   `.json` file's content is its parsed JSON (after `hashable_json`) and any other file's content
@@ -23,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol.canonical import HASH_PREFIX, hash_file, hash_json
+from protocol.canonical import HASH_PREFIX, hash_file, hash_json, sha256_hex
 from protocol.errors import ConfigError, IntegrityError
 
 MANIFEST_NAME = "manifest.json"
@@ -31,6 +37,8 @@ CLIENT_FILE = "client.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
 QUANTS: tuple[str, ...] = ("none", "int8", "int4")
+CHUNK_SIZE = 1 << 20  # bytes per shard chunk in new manifests (1 MiB)
+MAX_CHUNK_SIZE = 64 << 20
 _HASH_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -59,14 +67,25 @@ class ShardEntry:
     size: int  # bytes of the file
     quant: str  # "none" | "int8" | "int4"
     file: str  # file name relative to the manifest's directory
+    chunk_size: int = 0  # bytes per chunk of `chunks` (0: no chunk list, an older manifest)
+    chunks: tuple[str, ...] = ()  # sha256 of each chunk_size piece of the file, in order
 
     @property
     def num_layers(self) -> int:
         return self.layers[1] - self.layers[0]
 
+    def chunk_span(self, index: int) -> tuple[int, int]:
+        """(offset, length) of chunk `index` in the file."""
+        offset = index * self.chunk_size
+        return offset, min(self.chunk_size, self.size - offset)
+
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
         body["layers"] = list(self.layers)
+        if self.chunks:
+            body["chunks"] = list(self.chunks)
+        else:  # an older manifest: its JSON (and model hash) stay as they were
+            del body["chunk_size"], body["chunks"]
         return body
 
 
@@ -203,6 +222,17 @@ class Manifest:
             if not _FILE_RE.fullmatch(shard.file):
                 raise ConfigError(f"{where}: file name {shard.file!r} is not a plain file name")
             _check_hash(shard.hash, f"{where}: hash")
+            if shard.chunks or shard.chunk_size:
+                if not 0 < shard.chunk_size <= MAX_CHUNK_SIZE:
+                    raise ConfigError(f"{where}: chunk_size must be 1..{MAX_CHUNK_SIZE}")
+                expected = -(-shard.size // shard.chunk_size)
+                if len(shard.chunks) != expected:
+                    raise ConfigError(
+                        f"{where}: {len(shard.chunks)} chunk hashes for {shard.size} bytes in "
+                        f"chunks of {shard.chunk_size} (expected {expected})"
+                    )
+                for number, chunk in enumerate(shard.chunks):
+                    _check_hash(chunk, f"{where}: chunks[{number}]")
         if position != self.total_layers:
             raise ConfigError(
                 f"{source}: shards cover layers [0, {position}) but the model has "
@@ -262,11 +292,50 @@ def verify_file(path: Path, expected: str) -> None:
         raise ShardIntegrityError(path, expected, actual)
 
 
+def chunk_hashes(path: Path, chunk_size: int) -> tuple[str, ...]:
+    """sha256 of each `chunk_size` piece of the file at `path`, in order."""
+    hashes = []
+    with path.open("rb") as handle:
+        while piece := handle.read(chunk_size):
+            hashes.append(sha256_hex(piece))
+    return tuple(hashes)
+
+
+def with_chunk_lists(manifest: Manifest, directory: Path, chunk_size: int = CHUNK_SIZE) -> Manifest:
+    """`manifest` with every shard's chunk list derived from its file in `directory` (a new
+    model hash; the files are unchanged). For a model prepared before chunk lists existed."""
+    shards = tuple(
+        ShardEntry(
+            **{
+                **shard.__dict__,
+                "chunk_size": chunk_size,
+                "chunks": chunk_hashes(directory / shard.file, chunk_size),
+            }
+        )
+        for shard in manifest.shards
+    )
+    body = {k: v for k, v in manifest.__dict__.items() if k not in ("model_hash", "shards")}
+    return Manifest.build(**body, shards=shards)
+
+
+def verify_chunks(path: Path, entry: ShardEntry) -> None:
+    """Raise `IntegrityError` naming the first chunk of `path` that is not what `entry` lists."""
+    if not entry.chunks:
+        return
+    for index, actual in enumerate(chunk_hashes(path, entry.chunk_size)):
+        if index >= len(entry.chunks) or actual != entry.chunks[index]:
+            raise IntegrityError(
+                f"{path}: chunk {index} does not match the manifest's chunk list",
+                hint="the file is corrupt or was replaced; fetch the shard again",
+            )
+
+
 def verify_directory(manifest: Manifest, directory: Path) -> None:
     """Re-derive every hash of a prepared directory; raise `IntegrityError` on any mismatch."""
     verify_file(directory / CLIENT_FILE, manifest.client_hash)
     for shard in manifest.shards:
         verify_file(directory / shard.file, shard.hash)
+        verify_chunks(directory / shard.file, shard)
     config = config_hash(directory / CONFIG_FILE)
     if config != manifest.config_hash:
         raise IntegrityError(
@@ -339,8 +408,15 @@ def _shard_from_json(item: Any, source: str) -> ShardEntry:
     if not isinstance(item, dict):
         raise ConfigError(f"{source}: expected an object")
     fields = {"shard_id", "layers", "hash", "size", "quant", "file"}
-    if set(item) != fields:
-        raise ConfigError(f"{source}: fields must be exactly {', '.join(sorted(fields))}")
+    chunked = fields | {"chunk_size", "chunks"}
+    if set(item) not in (fields, chunked):
+        raise ConfigError(
+            f"{source}: fields must be exactly {', '.join(sorted(fields))} "
+            "(and chunk_size, chunks together)"
+        )
+    chunks = item.get("chunks", [])
+    if not isinstance(chunks, list) or not all(isinstance(c, str) for c in chunks):
+        raise ConfigError(f"{source}: chunks must be a list of hashes")
     layers = item["layers"]
     if (
         not isinstance(layers, list)
@@ -355,4 +431,6 @@ def _shard_from_json(item: Any, source: str) -> ShardEntry:
         size=_typed(item, "size", int, source),
         quant=_typed(item, "quant", str, source),
         file=_typed(item, "file", str, source),
+        chunk_size=_typed(item, "chunk_size", int, source) if "chunk_size" in item else 0,
+        chunks=tuple(chunks),
     )

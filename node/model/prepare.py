@@ -26,12 +26,14 @@ from node.model.family import load_config
 from node.model.files import save_safetensors
 from node.model.head import client_tensors
 from node.model.manifest import (
+    CHUNK_SIZE,
     CLIENT_FILE,
     CONFIG_FILE,
     MANIFEST_NAME,
     TOKENIZER_DIR,
     Manifest,
     ShardEntry,
+    chunk_hashes,
     config_hash,
     tokenizer_hash,
     verify_directory,
@@ -211,6 +213,8 @@ def _write(
                 size=path.stat().st_size,
                 quant=quant,
                 file=name,
+                chunk_size=CHUNK_SIZE,
+                chunks=chunk_hashes(path, CHUNK_SIZE),
             )
         )
         del shard, tensors

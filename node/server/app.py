@@ -1,6 +1,7 @@
 """aiohttp app factory for a compute node. Handlers are thin: parse → check → compute → answer.
 
     GET    /v1/stream           WebSocket: a circuit's links (node/server/stream.py)
+    GET    /v1/shards/{k}[/chunks/{i}]  its shard file by chunks (node/server/shards.py)
     GET    /info                model, shard, layers, quant, device, load, sessions, cache bytes
     GET    /health              {"status": "ok"} once the shard is loaded
 
@@ -29,6 +30,7 @@ from node.server.backend import ShardBackend
 from node.server.batcher import Batcher
 from node.server.config import ServerConfig
 from node.server.sessions import SessionStore, short_tag
+from node.server.shards import install_chunks
 from node.server.state import CONFIG_KEY, STATE_KEY, NodeState
 from node.server.stream import close_links, close_streams, stream
 from protocol.errors import PlanetError
@@ -96,6 +98,9 @@ async def info(request: web.Request) -> web.Response:
                 "in_flight": state.in_flight,
                 "forwards": state.forwards,
                 "tokens": state.tokens,
+                # decode forwards and their compute time (clients' cost models read these)
+                "decode_batches": state.batcher.stats.decode_batches,
+                "decode_s": round(state.batcher.stats.decode_s, 6),
                 "busy_fraction": (
                     round(state.batcher.stats.busy_s / uptime, 4) if uptime > 0 else 0.0
                 ),
@@ -110,6 +115,7 @@ async def info(request: web.Request) -> web.Response:
             "max_batch": config.max_batch,
             "max_queued": config.max_queued,
             "uptime_s": round(uptime, 1),
+            "instance": state.instance,
         }
     )
 
@@ -176,6 +182,7 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
     app.cleanup_ctx.append(close_links)
     app.on_shutdown.append(close_streams)
     app.router.add_get("/v1/stream", stream)
+    install_chunks(app, config)  # its shard file by chunks, for joining nodes
     app.router.add_get("/info", info)
     app.router.add_get("/health", health)
     return app

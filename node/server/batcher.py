@@ -54,6 +54,8 @@ class BatchStats:
     rows: int = 0  # items computed (a batch of 8 decode steps counts 8)
     largest_batch: int = 0
     busy_s: float = 0.0  # worker time spent computing
+    decode_batches: int = 0  # of the forward calls: decode steps (batched or not)
+    decode_s: float = 0.0  # worker time spent on them (a client's cost model reads it)
 
 
 @dataclass
@@ -147,6 +149,9 @@ class Batcher:
             self.stats.rows += len(batch)
             self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
             self.stats.busy_s += seconds
+            if batch[0].decode:
+                self.stats.decode_batches += 1
+                self.stats.decode_s += seconds
             for item, out in zip(batch, outputs, strict=True):
                 if not item.future.done():
                     item.future.set_result((out, seconds))

@@ -69,6 +69,11 @@ class ServerConfig:
     # explicit local mode (`--plaintext-links`): serve plain http/ws instead of TLS bound to the
     # node key, and dial http:// next hops anywhere (else only on loopback; protocol/links.py)
     plaintext_links: bool = False
+    # shard chunks served to joining nodes (node/server/shards.py): bytes per second one
+    # caller may fetch (a token bucket), and chunk requests at once per caller / node-wide
+    chunk_bytes_per_s_per_peer: int = 32 * 1024**2
+    max_chunk_requests_per_peer: int = 4
+    max_chunk_requests: int = 16
 
     def validate(self) -> ServerConfig:
         problems = []
@@ -110,6 +115,10 @@ class ServerConfig:
             problems.append("served-work memory cap must be > 0 bytes")
         if self.served_seal_idle_s is not None and not self.served_seal_idle_s > 0:
             problems.append("served seal idle time must be > 0 seconds")
+        if self.chunk_bytes_per_s_per_peer < 1:
+            problems.append("chunk rate per peer must be > 0 bytes/s")
+        if not 1 <= self.max_chunk_requests_per_peer <= self.max_chunk_requests:
+            problems.append("chunk requests per peer must be 1 … the node-wide cap")
         if self.next_hops.mode == "committee" and not self.committee_rpc:
             problems.append("next hops from the committee need a committee RPC")
         if self.next_hops.mode == "list" and not self.next_hops.urls:

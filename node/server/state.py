@@ -4,6 +4,7 @@ the downstream links of its streams, and counters. Shared by the app's handlers 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,9 @@ class NodeState:
     executor: ThreadPoolExecutor
     batcher: Batcher
     started_s: float = field(default_factory=time.monotonic)
+    # this process's id in /info: counters (load.tokens) start at 0 in a new one (the agent's
+    # contribution claims follow it across its own restarts, node/agent/contributions.py)
+    instance: str = field(default_factory=lambda: secrets.token_hex(8))
     in_flight: int = 0
     peer_in_flight: dict[str, int] = field(default_factory=dict)
     forwards: int = 0

@@ -42,6 +42,7 @@ SMOKE: dict[str, tuple[tuple[str, ...], tuple[pytest.MarkDecorator, ...]]] = {
         ("--parts", "3", "--repeats", "1", "--max-new-tokens", "8", "--skip-ppl", "--skip-codec"),
         (SLOW,),
     ),
+    "resilience": ((), (SLOW,)),  # 9 node processes; its --quick takes ~2 min on 2 cores
     "served": ((), ()),
     "settlement": ((), ()),
     "spotcheck_cost": ((), ()),

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -351,8 +352,6 @@ def test_gateway_routes_only_staked_nodes_and_drops_a_node_that_left(
     def gone() -> bool:
         return net.pools()["routable_per_shard"] == [1, 1]
 
-    import time
-
     deadline = time.monotonic() + 20
     while not gone():
         assert time.monotonic() < deadline, "the pool never dropped the node that left"
@@ -504,6 +503,55 @@ def test_gateway_prepaid_one_deposit_many_questions_by_voucher(
     requested = _planet_cli(tmp_path, "balance", "withdraw", "--json", *common)
     assert json.loads(requested.stdout)["action"] == "requested", requested.stderr
     assert _refused(net, net.voucher(payer, DEPOSIT // 100)[0])["code"] == "balance_withdrawing"
+
+
+def test_gateway_node_killed_mid_answer_fails_over_same_text_and_credits_both(
+    net: GatewayNet, user: Any
+) -> None:
+    """A second staked node joins shard 0; the node serving shard 0 is killed (-9) mid-stream:
+    the gateway replaces it, replays the answer's history there and the stream goes on with
+    the same text as a quiet answer; the receipt names the final circuit and the killed node."""
+    d = net.nodes[2]  # the only node of shard 1
+    routable = net.pools()["routable_per_shard"]  # earlier tests of the module may have left
+    (extra,) = net.start_nodes([0])
+    net.register(extra, stake=True)
+    deadline = time.monotonic() + 60
+    while net.pools()["routable_per_shard"] != [routable[0] + 1, routable[1]]:
+        assert time.monotonic() < deadline, "the new node never became routable"
+        time.sleep(0.3)
+    time.sleep(2.5)  # the gateway's routing view refreshes every 2 s
+    story = [{"role": "user", "content": "Write a short story about a river and a town."}]
+    quiet, _ = ask(net, user, messages=story, max_tokens=40)
+    key, query_id = net.pay(user, DEPOSIT)
+    stream = client(net, key).chat.completions.create(
+        model=model_name(net), messages=story, max_tokens=40, temperature=0, stream=True
+    )
+    pieces: list[str] = []
+    killed: list[Any] = []
+    receipt: dict[str, Any] = {}
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if "planet_receipt" in (chunk.model_extra or {}):
+            receipt = chunk.model_extra["planet_receipt"]
+        if len(pieces) == 3 and not killed:
+            killed.append(next(n for n in net.nodes if n.process.shard == 0 and _busy(n)))
+            net.kill_node(killed[0])
+    assert "".join(pieces) == quiet.choices[0].message.content
+    checked = check_receipt(net, receipt, query_id)
+    assert checked.completion_tokens == quiet.usage.completion_tokens
+    # the final circuit (a live node of shard 0, d), then the node that served until killed
+    survivor, second, gone = receipt["nodes"]
+    assert (second, gone) == (d.public, killed[0].public)
+    assert survivor in {n.public for n in net.nodes if n.process.shard == 0} - {gone}
+
+
+def _busy(node: Any) -> bool:
+    """The node answers /info and holds a session (a dead or idle one does not)."""
+    try:
+        return bool(http_json(f"{node.process.url}/info", timeout=2)["sessions"])
+    except (OSError, ValueError):
+        return False
 
 
 def test_gateway_node_killed_mid_question_gives_clear_error_and_charges_what_went_out(

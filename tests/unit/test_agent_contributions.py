@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.queries import query
-from node.agent.contributions import ContributionReporter
+from node.agent.contributions import CONTRIBUTIONS_FILE, ContributionReporter, Served
 from node.chain.committee_rpc import TxRejectedError
 from protocol.committee.settlement import NodeWork
 from tests.committee_chain import Chain
@@ -76,3 +77,60 @@ async def test_contributions_claim_the_served_and_backed_part_only() -> None:
     assert credited(chain) == 60
     served["tokens"] = 45
     assert await reporter.step() == 15
+
+
+async def test_a_restarted_agent_does_not_claim_the_same_node_tokens_twice(tmp_path: Path) -> None:
+    """The node keeps running (same instance) while its agent restarts: the new agent reads
+    what was claimed and claims only new tokens; a restarted node (new instance) counts from 0."""
+    chain = settled_chain()
+    a, _ = two_nodes(chain)
+    served = Served(30, 2, "node-run-1")
+
+    async def counter() -> Served:
+        return served
+
+    state = tmp_path / CONTRIBUTIONS_FILE
+    first = ContributionReporter(NodeLink(chain, a), "m", 0, counter, state_path=state)
+    assert one(chain, report(NodeWork(hexkey(a), "m", 0, 2, 100)), GATEWAY).code == Code.OK
+    assert await first.step() == 30
+    assert credited(chain) == 60
+    # the agent is killed and started again; the node served 5 more tokens meanwhile
+    served = Served(35, 2, "node-run-1")
+    second = ContributionReporter(NodeLink(chain, a), "m", 0, counter, state_path=state)
+    assert await second.step() == 5
+    assert credited(chain) == 70
+    # without the state file the same restart would claim all 35 again
+    forgetful = ContributionReporter(NodeLink(chain, a), "m", 0, counter)
+    assert await forgetful.step() == 35
+    # the node restarts: its counter starts at 0 with a new instance, and so does the claim
+    served = Served(4, 2, "node-run-2")
+    third = ContributionReporter(NodeLink(chain, a), "m", 0, counter, state_path=state)
+    assert await third.step() == 4
+    assert json.loads(state.read_text()) == {"instance": "node-run-2", "claimed": 4}
+
+
+async def test_the_claim_is_saved_before_it_is_sent(tmp_path: Path) -> None:
+    """Killed between writing and sending: the claim counts as made (never sent twice)."""
+    chain = settled_chain()
+    a, _ = two_nodes(chain)
+    assert one(chain, report(NodeWork(hexkey(a), "m", 0, 2, 100)), GATEWAY).code == Code.OK
+    state = tmp_path / CONTRIBUTIONS_FILE
+
+    async def counter() -> Served:
+        return Served(20, 2, "run")
+
+    class Killed(Exception):
+        pass
+
+    link = NodeLink(chain, a)
+    reporter = ContributionReporter(link, "m", 0, counter, state_path=state)
+
+    async def killed(body: Any) -> Any:
+        assert json.loads(state.read_text())["claimed"] == 20
+        raise Killed
+
+    link.submit = killed  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        await reporter.step()
+    again = ContributionReporter(NodeLink(chain, a), "m", 0, counter, state_path=state)
+    assert await again.step() == 0

@@ -166,3 +166,59 @@ async def test_router_hold_queues_questions_beyond_the_per_node_limit() -> None:
     assert caught.value.code == "nodes_busy"
     async with router.hold(circuit):  # every slot came back
         pass
+
+
+def _router(entries: list[dict[str, Any]], shard_layers: list[tuple[int, int]]) -> Router:
+    router = Router(
+        Source(entries),
+        model_hash="sha256:" + "0" * 64,
+        shard_layers=shard_layers,
+        http=None,  # type: ignore[arg-type]
+        refresh_s=0,
+        public_only=False,  # loopback test endpoints
+    )
+
+    async def verified(node: RoutableNode) -> bool:
+        return True
+
+    router._verify = verified  # type: ignore[method-assign]
+    return router
+
+
+def _seen(router: Router, endpoint: str, step_s: float) -> None:
+    """The router's cost book saw `endpoint` compute 10 forwards of `step_s` each."""
+    load = {"max_batch": 32, "max_sessions": 64, "max_queued": 256}
+    empty = {**load, "load": {"decode_s": 0.0, "decode_batches": 0}}
+    router.costs.observe_info(endpoint, empty, 0.002)
+    info = {**load, "load": {"decode_s": 10 * step_s, "decode_batches": 10}}
+    router.costs.observe_info(endpoint, info, 0.002)
+
+
+async def test_router_load_aware_leaves_out_a_3x_slower_replica_random_among_the_rest() -> None:
+    keys = [f"{i:02x}" * 32 for i in range(3)]
+    urls = [f"http://127.0.0.1:{9000 + i}" for i in range(3)]
+    router = _router([entry(key=k, endpoint=u) for k, u in zip(keys, urls, strict=True)], [(0, 30)])
+    for url, step in zip(urls, (0.05, 0.05, 0.15), strict=True):
+        _seen(router, url, step)
+    chosen = [(await router.circuit()).keys[0] for _ in range(64)]
+    assert set(chosen) == set(keys[:2])  # the slow one never; both equal ones are used
+
+
+async def test_router_replace_cools_the_failed_node_and_keeps_the_healthy_hops() -> None:
+    a0, b0, a1 = "a0" * 32, "b0" * 32, "a1" * 32
+    router = _router(
+        [
+            entry(key=a0, endpoint="http://127.0.0.1:9000"),
+            entry(key=b0, endpoint="http://127.0.0.1:9001"),
+            entry(key=a1, endpoint="http://127.0.0.1:9002", shards=[1]),
+        ],
+        [(0, 15), (15, 30)],
+    )
+    first = await router.circuit()
+    failed = first.keys[0]
+    replaced = await router.replace(first, [0])
+    assert replaced.keys[0] != failed and replaced.keys[1] == a1
+    assert failed not in [(await router.circuit()).keys[0] for _ in range(16)]  # cooling
+    # shard 1 has no other node: the same node is tried again (after the caller's backoff)
+    again = await router.replace(replaced, [1])
+    assert again.keys == replaced.keys

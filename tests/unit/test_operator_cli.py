@@ -16,8 +16,9 @@ from safetensors.numpy import save_file
 
 from node.cli import main as cli
 from node.cli import operator
-from node.model.manifest import Manifest, ShardEntry
+from node.model.manifest import Manifest, ShardEntry, with_chunk_lists
 from protocol.canonical import hash_file
+from protocol.errors import UsageError
 
 pytestmark = pytest.mark.unit
 
@@ -249,3 +250,50 @@ def test_status_without_keys_or_chain_prints_what_it_knows(env, capsys) -> None:
     out = capsys.readouterr().out
     assert code == 0
     assert '"address": null' in out and '"committee": null' in out
+
+
+def _chunked_tiny_model(env: Path) -> tuple[Path, Path]:
+    """A tiny model with chunk lists whose shard 0 file is missing; (manifest, origin dir)."""
+    source = _tiny_model(env / "origin")
+    chunked = with_chunk_lists(Manifest.load(source), source.parent, chunk_size=16)
+    home = env / "models" / "tiny-2p"
+    home.mkdir(parents=True)
+    (home / "shard-1.safetensors").write_bytes((source.parent / "shard-1.safetensors").read_bytes())
+    return chunked.save(home / "manifest.json"), source.parent
+
+
+def test_join_fetches_a_missing_shard_file_then_goes_on(env, capsys, monkeypatch) -> None:
+    manifest_file, origin = _chunked_tiny_model(env)
+    manifest = Manifest.load(manifest_file)
+    registered = [bytes.fromhex(s.hash[7:]) for s in manifest.shards]
+    _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=registered))
+    asked: list[tuple[str, int]] = []
+
+    def serving(_config: Any, model_hash: str, shard: int) -> list[str]:
+        asked.append((model_hash, shard))
+        return ["http://127.0.0.1:9"]  # listed but down: the origin takes over
+
+    def stop_here(*_args: Any) -> None:
+        raise UsageError("stopped after the shard check")
+
+    monkeypatch.setattr(operator, "_serving_peers", serving)
+    monkeypatch.setattr(operator, "_committee_view", stop_here)
+    code, err = _run(
+        capsys, "join", "--model", str(manifest_file), "--shard", "0", "--origin", str(origin)
+    )
+    assert code == 2 and "stopped after the shard check" in err, err
+    assert asked == [(manifest.model_hash, 0)]
+    assert hash_file(manifest_file.parent / "shard-0.safetensors") == manifest.shards[0].hash
+    assert "fetching shard 0" in err and "from origin" in err
+
+
+def test_join_with_a_missing_shard_and_no_source_says_what_to_do(env, capsys, monkeypatch) -> None:
+    manifest_file, _ = _chunked_tiny_model(env)
+    manifest = Manifest.load(manifest_file)
+    registered = [bytes.fromhex(s.hash[7:]) for s in manifest.shards]
+    _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=registered))
+    monkeypatch.setattr(operator, "_serving_peers", lambda *_a: [])
+    code, err = _run(capsys, "join", "--model", str(manifest_file), "--shard", "0")
+    assert code == 6
+    assert "error:" in err and "missing and no peer is left" in err
+    assert "hint:" in err and "origin" in err

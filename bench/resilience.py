@@ -1,0 +1,349 @@
+"""Resilience of a network of volunteer nodes (issue 27): one JSON object (BENCHMARKS.md).
+
+Real `planet node serve` processes on loopback (harness/replica_net.py): SmolLM2 int8 in 2
+shards, two nodes per shard, the client (node/client/failover.py) in this process.
+
+1. **Recovery**: a node serving a hop is killed (-9) mid-answer; `failover_recovery_ms` is the
+   client's time from seeing the failure to the next token (replacement chosen, session opened,
+   history replayed), against the replay length (prompts of several lengths).
+2. **Churn**: `--churn-concurrency` questions at once for `--churn-s` seconds, quiet, then
+   again while a random node is killed and restarted every `--churn-every-s`: aggregate tok/s
+   under churn ÷ quiet, failed questions, answers that differ from the quiet ones.
+3. **Slow node**: a second network whose node 2 (shard 1) is 3× slower than its replica
+   (tests/doubles/slow_node.py); `--slow-questions` questions one after another with the
+   load-aware choice (node/client/costs.py) and with uniform random choice: p50/p99 of the
+   first-token and inter-token latency.
+4. **Join download**: shard 0 fetched by chunks (node/model/fetch.py) from 1 and from 3 nodes
+   serving it (each node rate-limits one caller to `--chunk-rate-mb` MiB/s).
+
+    python bench/resilience.py            # ~10 min on 2 cores
+    python bench/resilience.py --quick    # a smoke run (tests/integration/test_bench_smoke.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import math
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench._common import machine, parse_with_quick
+from harness.gateway_net import prepared_manifest
+from harness.replica_net import ReplicaNet, chunked_model
+from node.client.costs import CostBook
+from node.client.failover import FailoverPolicy
+from node.model.fetch import fetch_shard
+from node.model.manifest import Manifest
+
+log = logging.getLogger("bench.resilience")
+
+WORDS = ["the", "river", "runs", "past", "the", "old", "town", "and", "the", "bridge"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colours of the rainbow.",
+    "Why is the sky blue?",
+    "Write one sentence about rivers.",
+]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
+    return float(ordered[rank - 1])
+
+
+def long_prompt(words: int) -> str:
+    body = " ".join(WORDS[i % len(WORDS)] for i in range(words))
+    return f"Summarise this text in one sentence: {body}"
+
+
+# -- 1. recovery ---------------------------------------------------------------------------------
+
+
+async def recovery(net: ReplicaNet, head: Any, args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(27)
+    rows: list[dict[str, float]] = []
+    for words in args.prompt_words:
+        ids = head.chat_ids([{"role": "user", "content": long_prompt(words)}])
+        for _ in range(args.kills):
+            shard = rng.randrange(2)
+            kill_at = rng.randint(2, args.tokens - 2)
+            killed: list[int] = []
+
+            async def on_token(
+                count: int, source: Any, at: int = kill_at, s: int = shard, out: list[int] = killed
+            ) -> None:
+                if count == at:
+                    index = net.index_of(source.current[s].url)
+                    out.append(index)
+                    net.kill(index)
+
+            _, timings, _ = await net.answer(
+                head, ids, max_new_tokens=args.tokens, on_token=on_token
+            )
+            for failover in timings.failovers:
+                rows.append({"replayed": failover.replayed, "ms": failover.recovery_ms})
+            for index in killed:
+                await asyncio.to_thread(net.restart, index)
+    by_length: dict[str, float] = {}
+    for bucket, replayed in _groups(rows):
+        values = [r["ms"] for r in rows if r["replayed"] in replayed]
+        by_length[f"failover_recovery_ms_p50_replay_{bucket}"] = round(percentile(values, 50), 1)
+    all_ms = [r["ms"] for r in rows]
+    return {
+        "failover_recovery_ms_p50": round(percentile(all_ms, 50), 1),
+        "failover_recovery_ms_p99": round(percentile(all_ms, 99), 1),
+        "failovers": len(rows),
+        **by_length,
+        "failover_points": [[int(r["replayed"]), round(r["ms"], 1)] for r in rows],
+    }
+
+
+def _groups(rows: list[dict[str, float]]) -> list[tuple[int, set[float]]]:
+    """Replay lengths grouped to the nearest 50 positions: (bucket, lengths)."""
+    buckets: dict[int, set[float]] = {}
+    for row in rows:
+        buckets.setdefault(int(row["replayed"] // 50 * 50), set()).add(row["replayed"])
+    return sorted(buckets.items())
+
+
+# -- 2. churn ------------------------------------------------------------------------------------
+
+
+async def load(
+    net: ReplicaNet,
+    head: Any,
+    args: argparse.Namespace,
+    quiet: dict[str, list[int]],
+    *,
+    churn: bool,
+) -> dict[str, Any]:
+    rng = random.Random(28)
+    ids = {q: head.chat_ids([{"role": "user", "content": q}]) for q in QUESTIONS}
+    tokens = 0
+    failed = wrong = failovers = 0
+    kills = 0
+
+    async def killer(stop: asyncio.Event) -> None:
+        nonlocal kills
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), args.churn_every_s)
+            except TimeoutError:
+                index = rng.randrange(len(net.replicas))
+                net.kill(index)
+                kills += 1
+                await asyncio.to_thread(net.restart, index)
+
+    async def asker(worker: int, deadline: float) -> None:
+        nonlocal tokens, failed, wrong, failovers
+        async with aiohttp.ClientSession() as http:
+            turn = 0
+            while time.monotonic() < deadline:
+                question = QUESTIONS[(worker + turn) % len(QUESTIONS)]
+                turn += 1
+                try:
+                    answer, timings, _ = await net.answer(
+                        head,
+                        ids[question],
+                        max_new_tokens=args.tokens,
+                        http=http,
+                        policy=FailoverPolicy(stall_s=15.0),
+                    )
+                except Exception as error:  # a failed question is what this counts
+                    log.warning("question failed: %r", error)
+                    failed += 1
+                    continue
+                tokens += len(answer)
+                failovers += len(timings.failovers)
+                wrong += answer != quiet[question]
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(killer(stop)) if churn else None
+    started = time.monotonic()
+    await asyncio.gather(*(asker(w, started + args.churn_s) for w in range(args.churn_concurrency)))
+    elapsed = time.monotonic() - started
+    stop.set()
+    if task is not None:
+        await task
+    return {
+        "tok_s": tokens / elapsed,
+        "failed": failed,
+        "wrong": wrong,
+        "failovers": failovers,
+        "kills": kills,
+    }
+
+
+# -- 3. slow node --------------------------------------------------------------------------------
+
+
+async def latencies(net: ReplicaNet, head: Any, args: argparse.Namespace, book: CostBook) -> dict:
+    first: list[float] = []
+    gaps: list[float] = []
+    async with aiohttp.ClientSession() as http:
+        for turn in range(args.slow_questions):
+            question = QUESTIONS[turn % len(QUESTIONS)]
+            ids = head.chat_ids([{"role": "user", "content": question}])
+            stamps: list[float] = []
+
+            async def on_token(count: int, source: Any, marks: list[float] = stamps) -> None:
+                marks.append(time.perf_counter())
+
+            _, timings, _ = await net.answer(
+                head,
+                ids,
+                max_new_tokens=args.tokens,
+                http=http,
+                on_token=on_token,
+                source_args={"costs": book},
+            )
+            first.append(timings.prefill_ms)
+            gaps += [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
+    return {
+        "first_token_ms_p50": percentile(first, 50),
+        "first_token_ms_p99": percentile(first, 99),
+        "inter_token_ms_p50": percentile(gaps, 50),
+        "inter_token_ms_p99": percentile(gaps, 99),
+    }
+
+
+# -- 4. join download ----------------------------------------------------------------------------
+
+
+async def download(net: ReplicaNet, peers: int, root: Path) -> float:
+    manifest = net.manifest
+    entry = manifest.shard(0)
+    urls = [r.url for r in net.replicas if r.shard == 0][:peers]
+    target = root / f"download-{peers}" / entry.file
+    target.parent.mkdir(parents=True)
+    started = time.monotonic()
+    await fetch_shard(entry, target, urls)
+    return time.monotonic() - started
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=24, help="new tokens per answer (24)")
+    parser.add_argument(
+        "--prompt-words",
+        type=lambda text: [int(x) for x in text.split(",")],
+        default=[8, 120, 360],
+        help="prompt lengths in words for the recovery runs (8,120,360)",
+    )
+    parser.add_argument("--kills", type=int, default=4, help="kills per prompt length (4)")
+    parser.add_argument("--churn-s", type=float, default=120.0, help="seconds per load run")
+    parser.add_argument("--churn-concurrency", type=int, default=16)
+    parser.add_argument("--churn-every-s", type=float, default=10.0)
+    parser.add_argument("--slow-questions", type=int, default=16)
+    parser.add_argument("--slow-factor", type=float, default=3.0)
+    parser.add_argument("--chunk-rate-mb", type=float, default=32.0)
+    args = parse_with_quick(
+        parser,
+        {
+            "tokens": 8,
+            "prompt_words": [8],
+            "kills": 1,
+            "churn_s": 8.0,
+            "churn_concurrency": 2,
+            "churn_every_s": 4.0,
+            "slow_questions": 2,
+        },
+        argv,
+    )
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    metrics: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="planet-resilience-") as tmp:
+        root = Path(tmp)
+        manifest = chunked_model(prepared_manifest(parts=2, quant="int8"), root / "model")
+        from node.model.head import ClientHead  # lazy: torch
+
+        head = ClientHead.load(manifest, device="cpu")
+        rate = ("--chunk-rate-mb", f"{args.chunk_rate_mb:g}")
+        net = ReplicaNet.start(root / "net", manifest, [0, 0, 1, 1, 0], extra_args=rate)
+        try:
+            log.info("join download from 1 and 3 peers")
+            one = asyncio.run(download(net, 1, root))
+            three = asyncio.run(download(net, 3, root))
+            metrics["shard_download_s_1_peers"] = round(one, 2)
+            metrics["shard_download_s_3_peers"] = round(three, 2)
+            metrics["ratio_shard_download_3_vs_1_peers"] = round(three / one, 3)
+            metrics["shard_bytes"] = Manifest.load(manifest).shard(0).size
+            log.info("recovery after kill -9")
+            metrics.update(asyncio.run(recovery(net, head, args)))
+            log.info("quiet answers")
+            quiet = {}
+            for question in QUESTIONS:
+                ids = head.chat_ids([{"role": "user", "content": question}])
+                quiet[question] = asyncio.run(net.answer(head, ids, max_new_tokens=args.tokens))[0]
+            log.info("load, quiet then churn")
+            calm = asyncio.run(load(net, head, args, quiet, churn=False))
+            churn = asyncio.run(load(net, head, args, quiet, churn=True))
+        finally:
+            net.close()
+        metrics["tok_s_quiet"] = round(calm["tok_s"], 2)
+        metrics["tok_s_churn"] = round(churn["tok_s"], 2)
+        metrics["ratio_tok_s_churn_vs_quiet"] = round(churn["tok_s"] / max(calm["tok_s"], 1e-9), 3)
+        metrics["failed_questions_churn"] = churn["failed"] + calm["failed"]
+        metrics["wrong_answers_churn"] = churn["wrong"] + calm["wrong"]
+        metrics["failovers_churn"] = churn["failovers"]
+        metrics["kills_churn"] = churn["kills"]
+        log.info("one node %gx slower: load-aware vs random", args.slow_factor)
+        slow = ReplicaNet.start(root / "slow", manifest, [0, 0, 1, 1], slow={2: args.slow_factor})
+        try:
+            aware = asyncio.run(latencies(slow, head, args, CostBook()))
+            uniform = asyncio.run(latencies(slow, head, args, CostBook(near=1e9, slack_s=1e9)))
+        finally:
+            slow.close()
+        for name, value in aware.items():
+            metrics[f"{name}_load_aware"] = round(value, 1)
+        for name, value in uniform.items():
+            metrics[f"{name}_random"] = round(value, 1)
+        metrics["ratio_p99_load_aware_vs_random_slow_node"] = round(
+            aware["inter_token_ms_p99"] / max(uniform["inter_token_ms_p99"], 1e-9), 3
+        )
+        metrics["ratio_first_token_p99_load_aware_vs_random_slow_node"] = round(
+            aware["first_token_ms_p99"] / max(uniform["first_token_ms_p99"], 1e-9), 3
+        )
+    config = {
+        "model": "smollm2-135m-2p-int8",
+        "nodes": "shard 0 ×3, shard 1 ×2 (slow run: 2 + 2, one of shard 1 slowed)",
+        **{k: v for k, v in vars(args).items()},
+    }
+    print(
+        json.dumps(
+            {
+                "bench": "resilience",
+                "machine": machine(),
+                "config": config,
+                "metrics": metrics,
+                "targets": {
+                    "failed_questions_churn": {"op": "==", "value": 0},
+                    "wrong_answers_churn": {"op": "==", "value": 0},
+                    "failover_recovery_ms_p99": {"op": "<=", "value": "2000 + replay"},
+                    "ratio_p99_load_aware_vs_random_slow_node": {"op": "<=", "value": 0.6},
+                },
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""What a hop is expected to cost, from what the client observed; and the choice among replicas.
+
+Per node (keyed by its URL) the book keeps exponentially weighted moving averages (EWMA,
+weight `alpha` for the newest sample) of
+
+- `rtt_s`: the round trip of its GET /info (the HTTP exchange includes the node's event-loop
+  lag, so a loaded node answers later too);
+- `step_s`: its compute per decode step, from its /info counters: Δ`load.decode_s` /
+  Δ`load.decode_batches` between two answers (one decode forward — a batch of sessions' steps —
+  runs all of the node's layers once; prefill chunks, whose cost grows with their length, are
+  left out);
+
+and the latest load it reported: frames `queued` for its forward thread, open `sessions`, and
+the caps `max_batch`, `max_queued`, `max_sessions`. The expected seconds one hop adds to a token
+(the Petals route cost: half a round trip plus compute; Parallax's load term):
+
+    cost_s = rtt_s / 2 + step_s × (1 + queued / max_batch) × (1 + sessions / max_sessions)
+
+A node whose queue or session table is full is **overloaded** and treated as unreachable
+(Parallax). A node never observed gets `DEFAULT_RTT_S` and the median step of the others, so
+it is tried. `choose` picks uniformly at random among the candidates whose cost is within
+`near` × the cheapest (+ `slack_s`): equal replicas share the load and no node always gets a
+user's position, while a node several times slower than its replicas is left out.
+"""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+DEFAULT_RTT_S = 0.15  # an unmeasured round trip (Petals' default)
+ALPHA = 0.3  # weight of the newest sample in the averages
+NEAR = 1.5  # candidates within this factor of the cheapest are "near-equal" ...
+SLACK_S = 0.01  # ... plus this many seconds (the noise of a shared machine's step times)
+STALE_S = 2.0  # stats older than this are refreshed before (or while) choosing
+
+
+@dataclass
+class NodeStats:
+    rtt_s: float | None = None
+    step_s: float | None = None
+    queued: int = 0
+    sessions: int = 0
+    max_batch: int = 1
+    max_queued: int = 0  # 0: unknown
+    max_sessions: int = 0  # 0: unknown
+    decode_s: float | None = None  # the node's counters at the last answer
+    decode_batches: int | None = None
+    updated_s: float = float("-inf")
+
+    @property
+    def overloaded(self) -> bool:
+        return (0 < self.max_sessions <= self.sessions) or (0 < self.max_queued <= self.queued)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if value == value and 0 <= value < 1e12 else None  # no NaN, no junk
+
+
+def _count(value: Any) -> int:
+    number = _number(value)
+    return int(number) if number is not None else 0
+
+
+def _ewma(old: float | None, new: float, alpha: float) -> float:
+    return new if old is None else (1 - alpha) * old + alpha * new
+
+
+class CostBook:
+    """Observed costs per node URL. Plain Python; clock and randomness injectable."""
+
+    def __init__(
+        self,
+        *,
+        alpha: float = ALPHA,
+        near: float = NEAR,
+        slack_s: float = SLACK_S,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Any = None,
+    ) -> None:
+        self.alpha = alpha
+        self.near = near
+        self.slack_s = slack_s
+        self._clock = clock
+        self._random = rng or secrets.SystemRandom()
+        self.stats: dict[str, NodeStats] = {}
+
+    def get(self, url: str) -> NodeStats:
+        return self.stats.setdefault(url, NodeStats())
+
+    def stale(self, url: str) -> bool:
+        return self._clock() - self.get(url).updated_s > STALE_S
+
+    def observe_info(self, url: str, info: Any, rtt_s: float) -> None:
+        """A node's GET /info answered `info` after `rtt_s` seconds (untrusted: anything that
+        is not a sane number counts as unknown)."""
+        stats = self.get(url)
+        stats.rtt_s = _ewma(stats.rtt_s, max(rtt_s, 0.0), self.alpha)
+        stats.updated_s = self._clock()
+        if not isinstance(info, dict):
+            return
+        load = info.get("load") if isinstance(info.get("load"), dict) else {}
+        busy, steps = _number(load.get("decode_s")), _number(load.get("decode_batches"))
+        if busy is not None and steps is not None:
+            if stats.decode_s is not None and stats.decode_batches is not None:
+                forwards = steps - stats.decode_batches
+                if forwards > 0 and busy >= stats.decode_s:
+                    step = (busy - stats.decode_s) / forwards
+                    stats.step_s = _ewma(stats.step_s, step, self.alpha)
+            stats.decode_s, stats.decode_batches = busy, int(steps)
+        stats.queued = _count(load.get("queued"))
+        stats.sessions = _count(info.get("sessions"))
+        stats.max_batch = max(1, _count(info.get("max_batch")))
+        stats.max_queued = _count(info.get("max_queued"))
+        stats.max_sessions = _count(info.get("max_sessions"))
+
+    def observe_failure(self, url: str) -> None:
+        """The node did not answer: its round trip counts as unknown-and-slow until it does."""
+        stats = self.get(url)
+        stats.rtt_s = _ewma(stats.rtt_s, 2 * DEFAULT_RTT_S, self.alpha)
+        stats.updated_s = self._clock()
+
+    def cost_s(
+        self, url: str, default_step_s: float = 0.0, default_rtt_s: float = DEFAULT_RTT_S
+    ) -> float:
+        stats = self.get(url)
+        rtt = default_rtt_s if stats.rtt_s is None else stats.rtt_s
+        step = default_step_s if stats.step_s is None else stats.step_s
+        waiting = 1 + stats.queued / stats.max_batch
+        sharing = 1 + (stats.sessions / stats.max_sessions if stats.max_sessions else 0.0)
+        return rtt / 2 + step * waiting * sharing
+
+    def overloaded(self, url: str) -> bool:
+        return self.get(url).overloaded
+
+    def choose(self, candidates: Sequence[T], url: Callable[[T], str]) -> T | None:
+        """One of `candidates` (see the module docstring); None when there is none. Overloaded
+        ones only when every candidate is."""
+        if not candidates:
+            return None
+        usable = [c for c in candidates if not self.overloaded(url(c))] or list(candidates)
+        known = [s.step_s for c in usable if (s := self.get(url(c))).step_s is not None]
+        default_step = statistics.median(known) if known else 0.0
+        # a node not measured yet costs what the typical measured one does: it gets its turns
+        # (and its measurements) instead of starving behind a guess
+        rtts = [s.rtt_s for c in usable if (s := self.get(url(c))).rtt_s is not None]
+        default_rtt = statistics.median(rtts) if rtts else DEFAULT_RTT_S
+        costs = [self.cost_s(url(c), default_step, default_rtt) for c in usable]
+        best = min(costs)
+        limit = best * self.near + self.slack_s
+        near = [c for c, cost in zip(usable, costs, strict=True) if cost <= limit]
+        return near[self._random.randrange(len(near))]

@@ -1,0 +1,295 @@
+"""Failover mid-answer: a generation that outlives the nodes of its circuit.
+
+What the client keeps is the **token history** (the prompt and every token it fed since), not
+each hop's inputs. In a circuit the hops forward to each other (client → A → B → C → client),
+so the client never sees a hop's input activations; keeping them would mean asking every hop
+to copy its output back on every step. The history costs nothing while all goes well, and
+replaying it recomputes every hop's inputs: the replacement circuit's first hop gets the
+embeddings of the history, each hop feeds the next, exactly as the first time.
+
+When a session fails — a link closed (`kill -9`), a hop refused (`busy`, `session_expired`,
+`downstream_unavailable` names the hop after it), the last hop answered badly, or no answer
+came within `stall_s` (a node frozen by SIGSTOP: the hops that do not answer GET /health
+within `probe_timeout_s` are the suspects) — the loop
+
+1. asks its `CircuitSource` for a circuit with the suspect hops replaced (the gateway: the
+   router's next-cheapest node for that shard, the failed node cooling down; `planet ask`: a
+   spare of the nodes file), after a backoff of `backoff_s · 2^(n-1)` (at most
+   `backoff_max_s`), at most `attempts` times per generation;
+2. opens a new session on it (a new secret, so every hop gets a fresh capability) and replays
+   the history as a prefill **at the same positions 0 … N-1** (the prompt in its original
+   chunks, so its KV is computed exactly as before, then the fed tokens);
+3. continues at position N: the replay's last output is the hidden state the next token is
+   chosen from, so no token is chosen twice and a sampler's random stream goes on where it
+   was. (Petals #587 is the warning: there the replacement session kept position 0 after the
+   replay and every later step failed; here every frame names its start and a node refuses a
+   gap by name.)
+
+Greedy output equals a run without failure as long as the replay's floating-point results
+pick the same argmax: the prompt's frames are the same as the first time; the fed tokens are
+computed as one chunk instead of one step each, which changes results only in the last bits
+(the same caveat as batched decode steps, docs/compute.md).
+
+Every surviving hop is in the new session too (its old session was fed by, or fed into, the
+failed hop); they recompute the history, and are credited for it (`Failover.served`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+import aiohttp
+import numpy as np
+
+from node.client.capabilities import new_session_id
+from node.client.sampling import SamplingConfig, sample
+from node.client.types import Failover, Head, Hop, Timings
+from node.links import link_ssl
+from protocol.errors import BusyError, PlanetError, ProtocolError, RemoteError, UnavailableError
+
+log = logging.getLogger(__name__)
+
+# what a failed hop (not the caller) can make a session raise
+FAILURES = (UnavailableError, BusyError, RemoteError, ProtocolError)
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverPolicy:
+    attempts: int = 4  # replacement circuits per generation (0: the first failure is final)
+    backoff_s: float = 0.1  # wait before the n-th replacement: backoff_s · 2^(n-1) ...
+    backoff_max_s: float = 2.0  # ... at most this (seconds)
+    # an answer slower than this means a stalled circuit (seconds; None: the client's own
+    # request timeout)
+    stall_s: float | None = 10.0
+    probe_timeout_s: float = 2.0  # a hop that does not answer /health within this is a suspect
+
+    def delay(self, failures: int) -> float:
+        return min(self.backoff_s * 2 ** max(failures - 1, 0), self.backoff_max_s)
+
+
+NO_FAILOVER = FailoverPolicy(attempts=0, stall_s=None)
+
+
+class Circuit(Protocol):
+    """What the loop needs of a circuit client (node.client.circuit.CircuitClient)."""
+
+    hops: tuple[Hop, ...]
+    bytes_sent: int
+    bytes_received: int
+
+    def new_sid(self) -> int: ...
+
+    async def open(self, secret: str, sid: int | None = None) -> int: ...
+
+    async def close(self, sid: int) -> None: ...
+
+    async def prefill(
+        self,
+        sid: int,
+        ids_hidden: np.ndarray,
+        start: int = 0,
+        *,
+        last_only: bool = True,
+        on_chunk: Callable[[int, np.ndarray], None] | None = None,
+        split_at: int | None = None,
+        timeout_s: float | None = None,
+    ) -> np.ndarray: ...
+
+    async def send(
+        self, sid: int, start: int, hidden: np.ndarray, last_only: bool = True
+    ) -> None: ...
+
+    async def receive(
+        self, sid: int, start: int, count: int, timeout_s: float | None = None
+    ) -> np.ndarray: ...
+
+    async def logits(self, head: Head, hidden_last: np.ndarray) -> np.ndarray: ...
+
+    def suspects(self, sid: int) -> set[int]: ...
+
+
+class CircuitSource(Protocol):
+    """Where a generation gets its circuit, and replacements for the hops that failed."""
+
+    def lease(self, replace: frozenset[int]) -> AbstractAsyncContextManager[Circuit]:
+        """A live circuit, held while the block runs: the first call's (`replace` empty), then
+        the last one with the hops at the indices in `replace` replaced (empty after a failure
+        that named nobody: any circuit). A failure to build or dial it raises a FAILURES error
+        (counted as one attempt) or, when nothing can serve a shard, a final error."""
+        ...
+
+    async def probe(self) -> set[int]:
+        """Indices of the last leased circuit's hops that do not answer GET /health in time."""
+        ...
+
+
+class FixedCircuit:
+    """One circuit, never replaced (`CircuitClient.generate`)."""
+
+    def __init__(self, client: Circuit) -> None:
+        self.client = client
+
+    def lease(self, replace: frozenset[int]) -> AbstractAsyncContextManager[Circuit]:
+        return contextlib.nullcontext(self.client)
+
+    async def probe(self) -> set[int]:
+        return set()
+
+
+async def unhealthy_hops(
+    http: aiohttp.ClientSession, hops: Sequence[Hop], timeout_s: float
+) -> set[int]:
+    """Indices of `hops` whose GET /health does not answer 200 within `timeout_s` (a frozen
+    node accepts the connection and never answers)."""
+
+    async def healthy(hop: Hop) -> bool:
+        try:
+            async with asyncio.timeout(timeout_s):
+                # pinned to the hop's key over https; a plaintext probe carries no data
+                pin = link_ssl(hop.url, hop.key, plaintext_ok=True)
+                async with http.get(f"{hop.url}/health", allow_redirects=False, ssl=pin) as answer:
+                    return answer.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError, PlanetError):
+            return False
+
+    answers = await asyncio.gather(*(healthy(hop) for hop in hops))
+    return {index for index, ok in enumerate(answers) if not ok}
+
+
+@dataclass
+class _Recovery:
+    """A failover in progress: from the failure seen to the next token chosen."""
+
+    code: str
+    hops: tuple[int, ...]
+    served: int
+    seen_s: float
+    replayed: int = 0
+    replay_ms: float = 0.0
+
+    def done(self) -> Failover:
+        return Failover(
+            code=self.code,
+            hops=self.hops,
+            served=self.served,
+            replayed=self.replayed,
+            replay_ms=round(self.replay_ms, 2),
+            recovery_ms=round((time.perf_counter() - self.seen_s) * 1000, 2),
+        )
+
+
+async def generate(
+    source: CircuitSource,
+    head: Head,
+    prompt_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig | None = None,
+    timings: Timings | None = None,
+    stop_on_eos: bool = True,
+    prefill_last_only: bool = True,
+    on_prefill: Callable[[int, np.ndarray], None] | None = None,
+    on_logits: Callable[[np.ndarray], None] | None = None,
+    policy: FailoverPolicy | None = None,
+) -> AsyncIterator[int]:
+    """Yield new token ids as they are chosen (see CircuitClient.generate for the arguments),
+    replacing failed hops as the module docstring says. `timings.failovers` records each
+    recovery; the last failure is raised once `policy.attempts` replacements were used.
+    `on_prefill` may see a chunk again when the prompt's own prefill was interrupted."""
+    policy = policy or FailoverPolicy()
+    sampling = (sampling or SamplingConfig()).validate()
+    rng = sampling.rng()
+    timings = timings if timings is not None else Timings()
+    timings.begin(len(prompt_ids))
+    prompt = list(prompt_ids)
+    fed: list[int] = []  # tokens yielded and sent on: the circuit must hold their positions
+    chosen = 0
+    failures = 0
+    replace: frozenset[int] = frozenset()
+    recovering: _Recovery | None = None
+    while True:
+        client: Circuit | None = None
+        sid = 0
+        served = 0  # positions the current session answered
+        try:
+            async with source.lease(replace) as client:
+                sid = client.new_sid()
+                sent0, received0 = client.bytes_sent, client.bytes_received
+                try:
+                    opened_s = time.perf_counter()
+                    await client.open(new_session_id(), sid)
+                    history = prompt + fed
+                    first = chosen == 0
+                    out = await client.prefill(
+                        sid,
+                        head.embed_np(history),
+                        last_only=prefill_last_only if first else True,
+                        on_chunk=on_prefill if first else None,
+                        split_at=len(prompt),
+                        timeout_s=policy.stall_s,
+                    )
+                    served = position = len(history)
+                    if recovering is not None:
+                        recovering.replayed = position
+                        recovering.replay_ms = (time.perf_counter() - opened_s) * 1000
+                    while True:
+                        logits = await client.logits(head, out[0, -1])
+                        if on_logits is not None:
+                            on_logits(logits)
+                        token = sample(logits, sampling, rng)
+                        chosen += 1
+                        timings.chose(chosen)
+                        if recovering is not None:
+                            timings.failovers.append(recovering.done())
+                            recovering = None
+                        if stop_on_eos and token in head.eos_token_ids:
+                            return
+                        timings.new_tokens += 1
+                        yield token
+                        if chosen == max_new_tokens:
+                            return
+                        fed.append(token)
+                        await client.send(sid, position, head.embed_np([token]))
+                        out = await client.receive(sid, position, 1, policy.stall_s)
+                        timings.decode_steps += 1
+                        position += 1
+                        served = position
+                finally:
+                    timings.wire_bytes_sent += client.bytes_sent - sent0
+                    timings.wire_bytes_received += client.bytes_received - received0
+                    await client.close(sid)
+        except FAILURES as error:
+            seen_s = time.perf_counter()
+            failures += 1
+            suspects = client.suspects(sid) if client is not None else set()
+            if not suspects and failures <= policy.attempts:
+                suspects = await source.probe()
+            failed = _Recovery(
+                code=error.code,
+                hops=tuple(sorted(suspects)),
+                served=served,
+                seen_s=seen_s,
+            )
+            if recovering is not None:  # the replacement failed too: one record per circuit
+                timings.failovers.append(recovering.done())
+            recovering = failed
+            if failures > policy.attempts:
+                timings.failovers.append(recovering.done())
+                raise
+            log.warning(
+                "circuit failed; replaying on a replacement attempt=%d hops=%s positions=%d "
+                "error=%s",
+                failures,
+                list(failed.hops),
+                len(prompt) + len(fed),
+                error.message,
+            )
+            replace = frozenset(suspects)
+            await asyncio.sleep(policy.delay(failures))

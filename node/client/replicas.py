@@ -1,0 +1,163 @@
+"""Circuits over replicas: several nodes per shard, one chosen by expected cost, the others
+spares for failover (`planet ask` with a nodes file that lists more than one node a shard, the
+benches, the tests).
+
+`ReplicaCircuits` is a `node.client.failover.CircuitSource`. Each lease reads GET /info of the
+nodes whose stats are stale (node/client/costs.py: round trip, compute per forward, queue,
+sessions), drops a node that answers for another model, shard or layer range, and picks one
+node per shard with `CostBook.choose` (random among the near-cheapest, overloaded ones last).
+After a failure the suspect hops are replaced by another node of their shard, and the failed
+nodes sit out `avoid_s` (used again only when a shard has no other node).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+
+import aiohttp
+
+from node.client.circuit import CircuitClient
+from node.client.costs import CostBook
+from node.client.failover import unhealthy_hops
+from node.client.info import node_info
+from node.client.types import Hop
+from protocol.errors import ConfigError, PlanetError
+
+log = logging.getLogger(__name__)
+
+AVOID_S = 30.0  # a node that failed a session sits out this long
+INFO_TIMEOUT_S = 3.0
+
+
+class ReplicaCircuits:
+    """See the module docstring. `expected[shard] = (model_hash, [start, end])`."""
+
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        nodes: Sequence[Hop],
+        *,
+        expected: Mapping[int, tuple[str, tuple[int, int]]],
+        hidden_size: int,
+        codec: str = "raw",
+        dtype: str = "float32",
+        request_timeout_s: float = 120.0,
+        prefill_chunk: int = 64,
+        costs: CostBook | None = None,
+        avoid_s: float = AVOID_S,
+        probe_timeout_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        plaintext_links: bool = False,
+    ) -> None:
+        self.http = http
+        self.plaintext_links = plaintext_links  # plaintext beyond loopback (explicit local mode)
+        self.expected = dict(expected)
+        self.by_shard: dict[int, list[Hop]] = {shard: [] for shard in sorted(self.expected)}
+        for hop in nodes:
+            if hop.shard not in self.by_shard:
+                raise ConfigError(f"node {hop.url} serves shard {hop.shard}, not in the model")
+            if hop not in self.by_shard[hop.shard]:
+                self.by_shard[hop.shard].append(hop)
+        empty = [shard for shard, hops in self.by_shard.items() if not hops]
+        if empty:
+            raise ConfigError(f"no node serves shard {empty[0]}")
+        self.hidden_size = hidden_size
+        self.codec = codec
+        self.dtype = dtype
+        self.request_timeout_s = request_timeout_s
+        self.prefill_chunk = prefill_chunk
+        self.costs = costs or CostBook()
+        self.avoid_s = avoid_s
+        self.probe_timeout_s = probe_timeout_s
+        self._clock = clock
+        self._avoid: dict[str, float] = {}
+        self._wrong: set[Hop] = set()  # answered for another model, shard or layers
+        self.current: tuple[Hop, ...] | None = None
+        self.circuits: list[tuple[Hop, ...]] = []  # every circuit leased, in order
+
+    # ------------------------------------------------------------------------------ choosing
+    async def refresh(self) -> None:
+        """GET /info of every node whose stats are stale (concurrently)."""
+        stale = [
+            hop
+            for hops in self.by_shard.values()
+            for hop in hops
+            if hop not in self._wrong and not self._avoided(hop) and self.costs.stale(hop.url)
+        ]
+        await asyncio.gather(*(self._observe(hop) for hop in stale))
+
+    async def _observe(self, hop: Hop) -> None:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(INFO_TIMEOUT_S):
+                info = await node_info(self.http, hop, plaintext_links=self.plaintext_links)
+        except (PlanetError, TimeoutError):
+            self.costs.observe_failure(hop.url)
+            return
+        self.costs.observe_info(hop.url, info, time.perf_counter() - started)
+        model_hash, layers = self.expected[hop.shard]
+        if (
+            info.get("model_hash") != model_hash
+            or info.get("shard") != hop.shard
+            or info.get("layers") != list(layers)
+        ):
+            log.warning("node serves something else; not used url=%s", hop.url)
+            self._wrong.add(hop)
+
+    def _avoided(self, hop: Hop) -> bool:
+        until = self._avoid.get(hop.url)
+        return until is not None and until > self._clock()
+
+    def pick(self, shard: int, exclude: frozenset[str] = frozenset()) -> Hop:
+        """The node for `shard`: by cost among the usable ones; an avoided or excluded node
+        only when nothing else serves the shard."""
+        hops = [h for h in self.by_shard[shard] if h not in self._wrong] or self.by_shard[shard]
+        usable = [h for h in hops if h.url not in exclude and not self._avoided(h)]
+        chosen = self.costs.choose(usable or hops, lambda h: h.url)
+        assert chosen is not None  # every shard has a node (checked in __init__)
+        return chosen
+
+    def fail(self, hop: Hop) -> None:
+        log.warning("node failed; avoided for %g s url=%s", self.avoid_s, hop.url)
+        self._avoid[hop.url] = self._clock() + self.avoid_s
+        self.costs.observe_failure(hop.url)
+
+    # ------------------------------------------------------------------------------ leasing
+    @contextlib.asynccontextmanager
+    async def lease(self, replace: frozenset[int]) -> AsyncIterator[CircuitClient]:
+        """A dialled circuit (see CircuitSource.lease); closed when the block ends."""
+        previous = self.current
+        if previous is not None:
+            for index in replace:
+                self.fail(previous[index])
+        await self.refresh()
+        if previous is None or not replace:
+            hops = tuple(self.pick(shard) for shard in self.by_shard)
+        else:
+            hops = tuple(
+                self.pick(hop.shard, frozenset({hop.url})) if index in replace else hop
+                for index, hop in enumerate(previous)
+            )
+        self.current = hops
+        self.circuits.append(hops)
+        client = CircuitClient(
+            hops,
+            hidden_size=self.hidden_size,
+            codec=self.codec,
+            dtype=self.dtype,
+            request_timeout_s=self.request_timeout_s,
+            prefill_chunk=self.prefill_chunk,
+            http=self.http,
+            plaintext_links=self.plaintext_links,
+        )
+        async with client:
+            yield client
+
+    async def probe(self) -> set[int]:
+        if self.current is None:
+            return set()
+        return await unhealthy_hops(self.http, self.current, self.probe_timeout_s)

@@ -1,0 +1,117 @@
+"""Load-aware choice (node/client/costs.py) and who is paid after a failover
+(node/gateway/engine.py `served_circuit`, `Circuit.shares`)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from node.client.costs import DEFAULT_RTT_S, CostBook
+from node.gateway.engine import served_circuit
+from node.gateway.router import Circuit, RoutableNode
+
+pytestmark = pytest.mark.unit
+
+
+def _info(busy_s: float, batches: int, *, queued: int = 0, sessions: int = 0) -> dict:
+    return {
+        "sessions": sessions,
+        "max_sessions": 64,
+        "max_batch": 32,
+        "max_queued": 256,
+        "load": {"decode_s": busy_s, "decode_batches": batches, "queued": queued},
+    }
+
+
+def _book(step_s: dict[str, float], **kwargs) -> CostBook:
+    """A book that saw each node's counters twice: 10 forwards of `step_s` each."""
+    book = CostBook(rng=random.Random(7), **kwargs)
+    for url, step in step_s.items():
+        book.observe_info(url, _info(0.0, 0), 0.002)
+        book.observe_info(url, _info(10 * step, 10), 0.002)
+    return book
+
+
+def test_costs_step_time_from_info_counters_and_rtt_ewma() -> None:
+    book = CostBook(alpha=0.5)
+    book.observe_info("a", _info(1.0, 10), 0.010)
+    assert book.get("a").step_s is None  # one answer: no difference yet
+    book.observe_info("a", _info(1.5, 20), 0.030)
+    assert book.get("a").step_s == pytest.approx(0.05)
+    assert book.get("a").rtt_s == pytest.approx(0.020)
+    assert book.cost_s("a") == pytest.approx(0.010 + 0.05)
+    book.observe_info("a", _info(1.0, 5), 0.020)  # a restarted node: counters went back
+    assert book.get("a").step_s == pytest.approx(0.05)
+
+
+def test_costs_queue_and_sessions_raise_the_cost_full_is_overloaded() -> None:
+    book = _book({"a": 0.05, "b": 0.05})
+    book.observe_info("b", _info(0.5, 10, queued=32, sessions=32), 0.002)
+    assert book.cost_s("b") == pytest.approx(0.001 + 0.05 * 2 * 1.5)
+    assert not book.overloaded("b")
+    book.observe_info("b", _info(0.5, 10, queued=256), 0.002)
+    assert book.overloaded("b")
+    assert {book.choose(["a", "b"], str) for _ in range(50)} == {"a"}
+    assert book.choose(["b"], str) == "b"  # overloaded everywhere: still an answer
+
+
+def test_costs_random_among_near_equal_never_the_slow_replica() -> None:
+    book = _book({"a": 0.050, "b": 0.055, "c": 0.150})  # c: 3x slower
+    picks = Counter(book.choose(["a", "b", "c"], str) for _ in range(400))
+    assert picks["c"] == 0
+    assert picks["a"] > 120 and picks["b"] > 120  # both near-equal replicas get questions
+
+
+def test_costs_unknown_node_gets_the_median_step_and_default_rtt() -> None:
+    book = _book({"a": 0.05, "b": 0.07})
+    assert book.cost_s("new", default_step_s=0.06) == pytest.approx(DEFAULT_RTT_S / 2 + 0.06)
+    book.observe_info("x", {"load": {"decode_s": "junk", "decode_batches": float("nan")}}, 0.001)
+    assert book.get("x").step_s is None and book.get("x").max_batch == 1
+
+
+def test_costs_failure_counts_as_a_slow_round_trip() -> None:
+    book = _book({"a": 0.05, "b": 0.05})
+    book.observe_failure("b")
+    assert book.cost_s("b") > book.cost_s("a")
+
+
+A, B, C, D = (
+    RoutableNode(k * 64, f"http://{k}", s) for k, s in zip("abcd", (0, 1, 1, 0), strict=True)
+)
+
+
+def test_served_circuit_without_failover_is_the_circuit_each_node_all_tokens() -> None:
+    only = Circuit((A, B))
+    assert served_circuit([only], [], 30) is only
+    assert only.shares(30) == [(A, 30), (B, 30)]
+
+
+def test_served_circuit_after_failovers_credits_what_each_node_computed() -> None:
+    """B failed after 12 positions (A and B computed them), then the replacement C answered
+    everything (replay + new); then A failed after 20 in a circuit (A, C), and D took over."""
+    circuits = [Circuit((A, B)), Circuit((A, C)), Circuit((D, C))]
+    served = served_circuit(circuits, [12, 20], 40)
+    assert served.nodes == (D, C, A, B)  # the final circuit first, then earlier nodes
+    assert served.shares(40) == [(D, 40), (C, 40 + 20), (A, 12 + 20), (B, 12)]
+    assert served.keys == (D.key, C.key, A.key, B.key)
+
+
+def test_served_circuit_when_every_circuit_failed_credits_what_each_answered() -> None:
+    """The question failed: (A, B) answered 12 positions, then its replacement (A, C) 15."""
+    circuits = [Circuit((A, B)), Circuit((A, C))]
+    served = served_circuit(circuits, [12, 15], 40)
+    assert served.nodes == (A, C, B)
+    assert served.shares(40) == [(A, 15 + 12), (C, 15), (B, 12)]
+    alone = served_circuit([Circuit((A, B))], [7], 40)
+    assert alone.shares(40) == [(A, 7), (B, 7)]
+
+
+def test_a_node_not_measured_yet_is_chosen_like_a_typical_one() -> None:
+    """An unmeasured node (a gateway verifies and measures a node only once it used it) must
+    not starve behind the default round trip guess while its replica is measured fast."""
+    book = CostBook(rng=random.Random(3))
+    book.observe_info("measured", {"sessions": 0, "max_sessions": 64}, 0.002)
+    picks = {book.choose(["measured", "new"], lambda u: u) for _ in range(40)}
+    assert picks == {"measured", "new"}

@@ -1,0 +1,252 @@
+"""Failover mid-answer (node/client/failover.py, node/client/replicas.py) with real tiny models on
+in-process nodes: a hop that goes away or freezes mid-answer is replaced by a replica, the
+history is replayed at the same positions, and the greedy tokens equal a run without failure;
+the replacement's first decode frame starts at position N (Petals #587); retries are bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+from aiohttp import web
+
+from node.client.failover import FailoverPolicy, generate
+from node.client.replicas import ReplicaCircuits
+from node.client.types import Hop, Timings
+from node.model.head import ClientHead
+from node.model.prepare import prepare
+from node.server.app import STATE_KEY, create_app
+from node.server.backend import ModelShardBackend
+from node.server.config import ServerConfig
+from node.server.next_hops import ForwardList
+from protocol.errors import UnavailableError
+from tests.doubles.tiny_model import make_tiny_model
+
+pytestmark = pytest.mark.unit
+
+PROMPT = "w1 w7 w3 w40 w5 w99 w12 w8 w9 w10 w11 w2"
+STEPS = 12
+H = 64
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Path]:
+    root = tmp_path_factory.mktemp("tiny-failover")
+    model = make_tiny_model(root / "src", layers=4, hidden=H, tied=False)
+    manifest = prepare(root / "src", parts=2, out=root / "p2", progress=lambda _: None)
+    return root, model, Path(manifest)
+
+
+def _expected(model: Any, ids: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False
+        )
+    return out[0, len(ids) :].tolist()
+
+
+class _Freezable:
+    """A backend whose forward blocks (like a SIGSTOPped process) once `frozen` is set."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.frozen = threading.Event()
+        self.thawed = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def forward(self, hidden: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
+        if self.frozen.is_set():
+            self.thawed.wait(30)
+        return self.inner.forward(hidden, positions, cache)
+
+    def forward_batch(self, hidden: np.ndarray, positions: np.ndarray, caches: Any) -> np.ndarray:
+        if self.frozen.is_set():
+            self.thawed.wait(30)
+        return self.inner.forward_batch(hidden, positions, caches)
+
+
+async def _nodes(aiohttp_server: Any, manifest: Path, shards: list[int]) -> tuple[list, list]:
+    """One in-process node per entry of `shards`; each may forward to any of them. Returns the
+    servers, and per node the (start, count) of every forward it ran, in order."""
+    servers, frames = [], []
+    for shard in shards:
+        backend = _Freezable(ModelShardBackend(manifest, shard, device="cpu"))
+        app = create_app(ServerConfig(manifest_path=manifest, shard_id=shard), backend)
+
+        @web.middleware
+        async def freeze_health(request: web.Request, handler: Any, backend=backend) -> Any:
+            if request.path == "/health" and backend.frozen.is_set():
+                await asyncio.sleep(60)  # a frozen process answers nothing
+            return await handler(request)
+
+        app.middlewares.insert(0, freeze_health)
+        seen: list[tuple[int, int]] = []
+        app[STATE_KEY].forward_hooks.append(
+            lambda _tag, positions, _in, _out, seen=seen: seen.append(
+                (int(positions[0]), len(positions))
+            )
+        )
+        servers.append(await aiohttp_server(app))
+        frames.append(seen)
+    urls = frozenset(str(s.make_url("")).rstrip("/") for s in servers)
+    for shard, server in zip(shards, servers, strict=True):
+        server.app[STATE_KEY].next_hops = ForwardList(shard, urls)
+    return servers, frames
+
+
+def _hops(servers: list, shards: list[int]) -> list[Hop]:
+    return [
+        Hop(url=str(s.make_url("")).rstrip("/"), shard=shard)
+        for s, shard in zip(servers, shards, strict=True)
+    ]
+
+
+def _source(http: aiohttp.ClientSession, manifest: Path, hops: list[Hop]) -> ReplicaCircuits:
+    from node.model.manifest import Manifest
+
+    loaded = Manifest.load(manifest)
+    expected = {s.shard_id: (loaded.model_hash, s.layers) for s in loaded.shards}
+    return ReplicaCircuits(http, hops, expected=expected, hidden_size=H, prefill_chunk=5)
+
+
+async def _answer(source: ReplicaCircuits, head: Any, ids: list[int], on_token: Any, **policy: Any):
+    timings = Timings()
+    tokens: list[int] = []
+    async for token in generate(
+        source,
+        head,
+        ids,
+        max_new_tokens=STEPS,
+        stop_on_eos=False,
+        timings=timings,
+        policy=FailoverPolicy(backoff_s=0.01, **policy),
+    ):
+        tokens.append(token)
+        await on_token(len(tokens))
+    return tokens, timings
+
+
+@pytest.mark.parametrize("kill_at", [1, 5, STEPS - 2])
+async def test_failover_hop_gone_mid_answer_replica_continues_same_greedy_tokens(
+    aiohttp_server, tiny, kill_at
+):
+    _, model, manifest = tiny
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    shards = [0, 1, 1]
+    servers, frames = await _nodes(aiohttp_server, manifest, shards)
+    hops = _hops(servers, shards)
+    async with aiohttp.ClientSession() as http:
+        source = _source(http, manifest, hops)
+        killed: list[int] = []
+
+        async def on_token(count: int) -> None:
+            if count == kill_at:
+                index = hops.index(source.current[1])
+                killed.append(index)
+                await servers[index].close()
+
+        tokens, timings = await _answer(source, head, ids, on_token)
+    assert tokens == _expected(model, ids)
+    (failover,) = timings.failovers
+    assert failover.hops == (1,)
+    # the failed node answered the prompt and the steps before the kill
+    assert failover.served == len(ids) + kill_at - 1
+    # the replacement got the whole history at positions 0 … N-1, then continued at N
+    n = len(ids) + kill_at
+    assert failover.replayed == n
+    replacement = frames[({1, 2} - set(killed)).pop()]
+    positions = [p for start, count in replacement for p in range(start, start + count)]
+    assert positions == list(range(len(ids) + STEPS - 1))
+    replay_end = next(i for i, (s, c) in enumerate(replacement) if s + c == n)
+    assert replacement[replay_end + 1] == (n, 1)  # the first step after the replay: position N
+    # the prompt's own chunks (5) are kept; the fed tokens follow as their own chunk(s)
+    assert replacement[0] == (0, 5) and (len(ids), min(5, kill_at)) in replacement
+    assert failover.recovery_ms > 0 and failover.replay_ms > 0
+
+
+async def test_failover_first_hop_gone_upstream_replaced_and_exact(aiohttp_server, tiny):
+    _, model, manifest = tiny
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    shards = [0, 0, 1]
+    servers, _ = await _nodes(aiohttp_server, manifest, shards)
+    hops = _hops(servers, shards)
+    async with aiohttp.ClientSession() as http:
+        source = _source(http, manifest, hops)
+
+        async def on_token(count: int) -> None:
+            if count == 4:
+                await servers[hops.index(source.current[0])].close()
+
+        tokens, timings = await _answer(source, head, ids, on_token)
+    assert tokens == _expected(model, ids)
+    assert [f.hops for f in timings.failovers] == [(0,)]
+    assert source.circuits[0][0] != source.circuits[1][0]
+    assert source.circuits[0][1] == source.circuits[1][1]  # the healthy hop stays
+
+
+async def test_failover_frozen_hop_stall_found_by_health_probe_and_replaced(aiohttp_server, tiny):
+    """A hop that stops answering (SIGSTOP-like: its forward and /health hang) is found by the
+    stall timeout and the /health probe, and replaced; tokens unchanged."""
+    _, model, manifest = tiny
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    shards = [0, 1, 1]
+    servers, _ = await _nodes(aiohttp_server, manifest, shards)
+    hops = _hops(servers, shards)
+    frozen: list[Any] = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            source = _source(http, manifest, hops)
+            source.probe_timeout_s = 0.5
+
+            async def on_token(count: int) -> None:
+                if count == 3:
+                    backend = servers[hops.index(source.current[1])].app[STATE_KEY].backend
+                    backend.frozen.set()
+                    frozen.append(backend)
+
+            tokens, timings = await _answer(source, head, ids, on_token, stall_s=1.0)
+    finally:
+        for backend in frozen:
+            backend.thawed.set()
+    assert tokens == _expected(model, ids)
+    (failover,) = timings.failovers
+    assert failover.code == "unavailable" and failover.hops == (1,)
+    assert failover.recovery_ms >= 500  # the /health probe waited for the frozen node
+
+
+async def test_failover_bounded_attempts_then_the_last_error(aiohttp_server, tiny):
+    """Every node of shard 1 gone: each replacement fails; after `attempts` the error is
+    raised, one failover record per failed circuit, with backoff between them."""
+    _, _, manifest = tiny
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    shards = [0, 1, 1]
+    servers, _ = await _nodes(aiohttp_server, manifest, shards)
+    hops = _hops(servers, shards)
+    async with aiohttp.ClientSession() as http:
+        source = _source(http, manifest, hops)
+
+        async def on_token(count: int) -> None:
+            if count == 2:
+                await servers[1].close()
+                await servers[2].close()
+
+        with pytest.raises(UnavailableError):
+            await _answer(source, head, ids, on_token, attempts=2)
+    assert len(source.circuits) == 3  # the first circuit and two replacements
+
+
+async def test_failover_policy_backoff_doubles_and_is_capped():
+    policy = FailoverPolicy(backoff_s=0.1, backoff_max_s=0.3)
+    assert [policy.delay(n) for n in (1, 2, 3, 4)] == [0.1, 0.2, 0.3, 0.3]
