@@ -49,8 +49,11 @@ EVIDENCE = "evidence"
 VERDICT = "verdict"
 # vdue/<epoch>: ids of the verdicts whose accusation is settled when that epoch closes
 VERDICT_DUE = "vdue"
-# vrep/<validator address>: {confirmed, refused, last_epoch}, the validator's accusation marks
+# vrep/<validator address>: {confirmed, refused, unconfirmed, last_epoch, benched_until}, the
+# validator's accusation marks and the last epoch its verifier is benched for false accusations
 VERIFIER_RECORD = "vrep"
+# vconv/<lowercase account>: the last epoch a verdict against that account was confirmed
+CONVICTED = "vconv"
 # slashed/<epoch>/<lowercase account>: a verdict against the account was confirmed in that
 # epoch, so it earns nothing then (deleted when the epoch closes)
 SLASHED = "slashed"
@@ -85,6 +88,13 @@ CREDIT = "credit"
 # payout/<epoch>: the epoch's PayoutRoot statement, rows, shares, votes, confirmed
 PAYOUT = "payout"
 
+# --- commitment coverage (coverage.py) -----------------------------------------------------------
+
+# cover/<node>/<shard, 5 digits>: {committed (positions, 32 per record), reported (tokens gateways
+# reported), marks [[epoch, reported at its close]], recent [[epoch, records, credited tokens]],
+# uncommitted_since (epoch or null)}: what a node committed against what it served
+COVERAGE = "cover"
+
 # --- retention (retention.py, rules.track*) ------------------------------------------------------
 
 # gc/<epoch>/<ns>/<key>: delete ns/key once that epoch is settled and past retention
@@ -110,6 +120,10 @@ def in_epoch(epoch: int, name: str) -> str:
 
 def commitment_key(node: str, session: str, step: int, shard: int) -> str:
     return f"{node}/{session}/{step}/{shard}"
+
+
+def coverage_key(node: str, shard: int) -> str:
+    return f"{node}/{shard:05d}"
 
 
 def backing_key(node: str, model: str, shard: int) -> str:

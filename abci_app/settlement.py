@@ -63,7 +63,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from abci_app import rules, schema
+from abci_app import coverage, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
@@ -200,7 +200,9 @@ def contribution(state: State, tx: SignedTx) -> None:
                 Code.UNBACKED_CONTRIBUTION,
                 f"no gateway-reported work for this node on shard {item.shard}",
             )
-        credits.append((item.model, item.shard, min(item.layers * item.tokens, backed), backed))
+        bounded = min(item.layers * item.tokens, backed)
+        covered = coverage.take_credit(state, tx.signer, item.shard, item.layers, bounded)
+        credits.append((item.model, item.shard, covered, backed))
     epoch = rules.epoch_of(state, state.block_height)
     account = str(node["evm_address"]).lower()
     total = 0
