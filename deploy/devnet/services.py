@@ -58,14 +58,15 @@ def start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Progr
 def start_verifiers(
     options: DevnetOptions, state: dict[str, Any], network: Network, progress: Progress
 ) -> None:
-    """`planet verifier serve` on the first `options.verifiers` validators' homes, each with its
-    own funded dev wallet (it pays for its challenges like a user); logs logs/verifier<i>.log."""
+    """`planet verifier serve` on the first `options.verifier_count` validators' homes (every
+    validator by default), each with its own funded dev wallet (it pays for its challenges like
+    a user); logs logs/verifier<i>.log."""
     if not state.get("gateway_url"):
         progress("      verifiers: skipped (they ask through the gateway, which is not running)")
         return
     password = Path(state["password_file"]).read_text()
     pids = state["pids"].setdefault("verifiers", [])
-    for validator in network.validators[: options.verifiers]:
+    for validator in network.validators[: options.verifier_count]:
         wallet = options.dir / f"verifier{validator.index}" / "wallet.json"
         wallet.parent.mkdir(parents=True, exist_ok=True)
         account = create_dev_wallet(wallet, password)
