@@ -180,7 +180,7 @@ class SpotChecker:
         self.judged: dict[Triple, TicketResult] = {}  # every ticket this verifier judged
         # evidence hash (0x hex) of a possible finding → (the selected check, that outcome)
         self.findable: dict[str, tuple[Assignment, Outcome]] = {}
-        self.rejudged: set[str] = set()  # evidence hashes already looked at
+        self.rejudged: set[str] = set()  # evidence hashes already looked at (or voted here)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -254,7 +254,10 @@ class SpotChecker:
                 continue
             self.accused.add((node, epoch))  # one verdict per node and epoch: one slash
             failed = [r for r in found if r.outcome is Outcome.FAILED]
-            await self.vote((failed or found)[0], node, epoch)
+            chosen = (failed or found)[0]
+            if chosen.evidence_hash is not None:
+                self.rejudged.add("0x" + chosen.evidence_hash.hex())  # our own finding
+            await self.vote(chosen, node, epoch)
         if done:
             await self.report(epoch, done)
         return results
