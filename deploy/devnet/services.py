@@ -81,6 +81,9 @@ def start_verifiers(
             "--committee-rpc", validator.rpc_url,
             "--wallet", str(wallet),
             "--password-file", state["password_file"],
+            # one machine runs every verifier: the public corpus, not text each verifier's
+            # model writes per epoch (~10 s of CPU each); a real verifier keeps the default
+            "--challenge-source", "corpus",
         )  # fmt: skip
         log_path = options.dir / "logs" / f"verifier{validator.index}.log"
         pids.append(spawn(argv, log_path))
