@@ -144,14 +144,17 @@ class VerifierWorker:
             await self.open_epoch(epoch)
         state = self.state
         assert state is not None
-        if state.next_index < len(state.challenges):
+        # echo challenge i, then sampled check i: both kinds run even in a short epoch
+        sampled_turn = state.next_sampled < min(len(state.sampled), state.next_index)
+        if sampled_turn or state.next_index >= len(state.challenges):
+            if state.next_sampled < len(state.sampled):
+                prompt, seed = state.sampled[state.next_sampled]
+                state.next_sampled += 1
+                await self.run_sampled(state, prompt, seed)
+        else:
             challenge = state.challenges[state.next_index]
             state.next_index += 1
             await self.run_challenge(state, challenge)
-        elif state.next_sampled < len(state.sampled):
-            prompt, seed = state.sampled[state.next_sampled]
-            state.next_sampled += 1
-            await self.run_sampled(state, prompt, seed)
 
     async def current_epoch(self) -> int:
         answer = await self.link.query("/epochs")
