@@ -91,12 +91,21 @@ def parse_sampled(doc: Any, vocab: Mapping[str, int]) -> tuple[int, ...]:
 @dataclass(frozen=True, slots=True)
 class SampledCheck:
     observed: int  # positions checked
-    mismatched: int  # positions where the replay chose another token
-    first_mismatch: int | None  # index of the first one (0-based, generated tokens)
+    mismatches: tuple[int, ...]  # where the replay chose another token (0-based, generated)
 
     @property
-    def mismatch_per_mille(self) -> int:
-        return 1000 * self.mismatched // self.observed if self.observed else 0
+    def mismatched(self) -> int:
+        return len(self.mismatches)
+
+    @property
+    def first_mismatch(self) -> int | None:
+        return self.mismatches[0] if self.mismatches else None
+
+    def first(self, count: int) -> SampledCheck:
+        """The check of the first `count` positions only (detection vs tokens observed)."""
+        return SampledCheck(
+            min(count, self.observed), tuple(m for m in self.mismatches if m < count)
+        )
 
 
 @torch.inference_mode()
@@ -111,13 +120,12 @@ def replay(
         raise ProtocolError("reference logits must cover the prompt and the answer")
     rows = reference.to(torch.float32).numpy()
     rng = config.rng()
-    mismatched, first = 0, None
-    for index, token in enumerate(tokens):
-        chosen = sample(np.asarray(rows[prompt_len - 1 + index]), config, rng)
-        if chosen != token:
-            mismatched += 1
-            first = index if first is None else first
-    return SampledCheck(len(tokens), mismatched, first)
+    mismatches = [
+        index
+        for index, token in enumerate(tokens)
+        if sample(np.asarray(rows[prompt_len - 1 + index]), config, rng) != token
+    ]
+    return SampledCheck(len(tokens), tuple(mismatches))
 
 
 @dataclass(frozen=True, slots=True)

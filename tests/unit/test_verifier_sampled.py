@@ -69,10 +69,11 @@ def test_sampled_replay_matches_an_honest_circuit_and_catches_a_substitute() -> 
 def test_sampled_map_tolerates_rounding_then_falls_linearly() -> None:
     scores = SampledMap()
     assert scores.allowed(32) == 1 and scores.allowed(300) == 9
-    assert scores.credibility(SampledCheck(0, 0, None)) is None  # nothing observed: no score
-    assert scores.credibility(SampledCheck(300, 9, 3)) == 1_000_000
-    assert 0 < scores.credibility(SampledCheck(300, 20, 3)) < 1_000_000
-    assert scores.credibility(SampledCheck(300, 36, 3)) == 0
+    assert scores.credibility(SampledCheck(0, ())) is None  # nothing observed: no score
+    assert scores.credibility(SampledCheck(300, tuple(range(9)))) == 1_000_000
+    assert 0 < scores.credibility(SampledCheck(300, tuple(range(20)))) < 1_000_000
+    assert scores.credibility(SampledCheck(300, tuple(range(36)))) == 0
+    assert SampledCheck(300, (1, 50, 200)).first(64) == SampledCheck(64, (1, 50))
 
 
 def test_sampling_seed_is_a_function_of_the_secret_epoch_and_index() -> None:
