@@ -290,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.sampled_runs, args.sampled_tokens = 1, 16
+    if args.sampled_runs < 1 or args.sampled_tokens < 1:
+        parser.error("--sampled-runs and --sampled-tokens must be at least 1")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     repeats = 1 if args.quick else args.repeats
     load_start = os.getloadavg()[0]
@@ -300,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
 
     circuit = load_circuit("none")
     challenges = text_challenges(circuit.head, heldout_text(), count=max(2, repeats))
+    one_pass(circuit, challenges[0])  # warm-up (first forwards initialise lazily): not timed
     one, per, verifier_side, one_cpu, per_cpu = [], [], [], [], []
     for index in range(repeats):
         challenge = challenges[index]
