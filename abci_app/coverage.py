@@ -26,8 +26,8 @@ gateways report, per node and shard, the tokens of the questions they were paid 
 State: `cover/<node>/<shard:05d>` = {committed (positions, cumulative), reported (tokens,
 cumulative), marks [[epoch, reported at that epoch's close]] (the last grace + 1 closes),
 recent [[epoch, records, credited tokens]] (epochs still creditable or selectable),
-uncommitted_since (epoch or null)}. Entries of nodes that are no longer registered are
-deleted at the next close. Queries: `/coverage?node=` (per shard, creditable tokens, blocks per
+uncommitted_since (epoch or null)}. Entries of nodes that are no longer registered, or have
+LEFT, are deleted at the next close. Queries: `/coverage?node=` (per shard, creditable tokens, blocks per
 recent epoch, the flag) and `/coverage` (the flagged nodes).
 """
 
@@ -143,8 +143,8 @@ def close(state: State, epoch: int) -> None:
     """EndBlock of epoch `epoch`'s last height: mark the reports, (un)flag uncovered nodes."""
     grace = state.genesis.commit_grace_epochs
     for key, record in state.items(schema.COVERAGE):
-        node = key.split("/", 1)[0]
-        if state.get(schema.NODE, node) is None:
+        node = state.get(schema.NODE, key.split("/", 1)[0])
+        if node is None or node["status"] == schema.LEFT:  # gone for good: nothing to judge
             state.delete(schema.COVERAGE, key)
             continue
         marks = [*record["marks"], [epoch, record["reported"]]][-(grace + 1) :]
