@@ -27,8 +27,8 @@ State: `cover/<node>/<shard:05d>` = {committed (positions, cumulative), reported
 cumulative), marks [[epoch, reported at that epoch's close]] (the last grace + 1 closes),
 recent [[epoch, records, credited tokens]] (epochs still creditable or selectable),
 uncommitted_since (epoch or null)}. Entries of nodes that are no longer registered, or have
-LEFT, are deleted at the next close. Queries: `/coverage?node=` (per shard, creditable tokens, blocks per
-recent epoch, the flag) and `/coverage` (the flagged nodes).
+LEFT, are deleted at the next close. Queries: `/coverage?node=` (per shard, creditable
+tokens, blocks per recent epoch, the flag) and `/coverage` (the flagged nodes).
 """
 
 from __future__ import annotations
