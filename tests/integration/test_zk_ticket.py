@@ -136,11 +136,11 @@ def test_zk_ticket_fault_proof_checked_in_python_and_slashes_on_anvil(anvil: Anv
     assert node.staking.stake_of() == ETHER
 
 
-@pytest.mark.parametrize("delta", [1, -1])
-def test_zk_ticket_one_step_off_output_cannot_be_proven(tmp_path, delta: int) -> None:
+@pytest.mark.slow
+def test_zk_ticket_one_step_off_output_cannot_be_proven(tmp_path) -> None:
     """Soundness as far as this test reaches: a challenger who wants to frame an honest node
     needs a proof that the circuit gives an output one fixed-point step off the honest one. The
-    honest witness with one output moved by ±1 step, given to ezkl's prover: either the prover
+    honest witness with one output moved up by one step, given to ezkl's prover: either the prover
     refuses or ezkl's verifier rejects the proof. (What this does not reach: a MODIFIED prover
     that shifts hinted intermediate values within their range checks — docs/verification.md
     §8 says so, and the adapter is not deployed as a fraud proof by default.)"""
@@ -167,7 +167,7 @@ def test_zk_ticket_one_step_off_output_cannot_be_proven(tmp_path, delta: int) ->
         "witness": str(tmp_path / "witness.json"),
         "srs": str(circuit.srs),
         "index": 0,
-        "delta": delta,
+        "delta": 1,  # one fixed-point step up (one proof: proving is the cost)
         "proof": str(tmp_path / "forged-proof.json"),
     }
     (tmp_path / "forge.json").write_text(json.dumps(args))
