@@ -54,6 +54,9 @@ VERDICT_DUE = "vdue"
 VERIFIER_RECORD = "vrep"
 # vconv/<lowercase account>: the last epoch a verdict against that account was confirmed
 CONVICTED = "vconv"
+# vacc/<lowercase account>: {epoch: [validator addresses]}, who voted any verdict against the
+# account in each of its last ACCUSED_EPOCHS epochs (whether the committee accused it at all)
+ACCUSERS = "vacc"
 # slashed/<epoch>/<lowercase account>: a verdict against the account was confirmed in that
 # epoch, so it earns nothing then (deleted when the epoch closes)
 SLASHED = "slashed"

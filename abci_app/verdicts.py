@@ -21,9 +21,13 @@ AFTER the one of its first vote, it is settled. Deterministic and height-driven:
   unconfirmed, last_epoch, benched_until} is counted, then `vdue/<d>` is deleted. Outcomes:
   - `confirmed`: ≥ 2/3 reached; its voters get a `confirmed` mark;
   - `unconfirmed` (no cost): a timeout accusation (offence 4) nobody else could confirm (a
-    node may withhold a ticket from one verifier only), or any accusation against a node the
+    node may withhold a ticket from one verifier only), any accusation against a node the
     committee convicted of another offence since the epoch before the vote (the accuser was
-    right about the node, another verifier's finding got there first);
+    right about the node, another verifier's finding got there first), or one against a node
+    that validators holding ≥ 2/3 of the power accused of something (any verdict) from the
+    epoch before the vote to its settlement: a node that answers the verifier that finds it
+    out and withholds its ticket from the others turns their re-judgements into timeout votes
+    (node/verifier/spotchecks.py), and cannot get the finder benched that way;
   - `refused` (a **false accusation**, it costs its author): every voter gets a `refused` mark
     and is **benched** until epoch `d + BENCH_EPOCHS × its refused marks`: while benched its
     verdict votes are refused (`VERIFIER_BENCHED`) and its verifier is left out of the epochs'
@@ -53,6 +57,7 @@ from protocol.eip712 import (
 from protocol.errors import ProtocolError
 
 BENCH_EPOCHS = 10  # epochs benched per refused accusation (escalates with each one)
+ACCUSED_EPOCHS = 3  # epochs of accusers kept per node: a verdict's vote … settlement
 
 
 def benched(state: State, address: str, epoch: int) -> bool:
@@ -123,6 +128,7 @@ def verdict_vote(state: State, tx: SignedTx) -> None:
     updated = rules.add_vote(state, record, validator, operator, body.signature)
     if not record["votes"]:
         _settle_after_next_epoch(state, ident)
+    _note_accuser(state, verdict.node, validator["address"], current)
     if updated["confirmed"] and not record["confirmed"]:
         state.emit("planet.verdict", id=ident, confirmed="true")
         state.put(schema.SLASHED, schema.in_epoch(current, verdict.node.lower()), 1)
@@ -141,6 +147,29 @@ def _convict(state: State, account: str, offence: int, epoch: int) -> None:
         state.put(schema.REPUTATION, key, {**record, "r": 0})
 
 
+def _note_accuser(state: State, account: str, validator: str, epoch: int) -> None:
+    """Remember that `validator` accused `account` in `epoch` (the last ACCUSED_EPOCHS kept)."""
+    key = account.lower()
+    epochs = {
+        e: voters
+        for e, voters in (state.get(schema.ACCUSERS, key) or {}).items()
+        if int(e) > epoch - ACCUSED_EPOCHS
+    }
+    voters = epochs.get(str(epoch), [])
+    if validator not in voters:
+        epochs[str(epoch)] = sorted([*voters, validator])
+    state.put(schema.ACCUSERS, key, dict(sorted(epochs.items(), key=lambda item: int(item[0]))))
+
+
+def _accused_by_two_thirds(state: State, account: str, first: int, last: int) -> bool:
+    """Whether validators with ≥ 2/3 of the power voted verdicts against `account` in epochs
+    `first` … `last` (any offence, any evidence)."""
+    epochs = state.get(schema.ACCUSERS, account.lower()) or {}
+    voters = {v for e, vs in epochs.items() if first <= int(e) <= last for v in vs}
+    powers = state.validator_keys()
+    return state.has_two_thirds(sum(powers[v][1] for v in voters if v in powers))
+
+
 def _settle_after_next_epoch(state: State, verdict_id: str) -> None:
     """A verdict's first vote: its accusation is settled when the next epoch closes."""
     deadline = schema.epoch_key(rules.epoch_of(state, state.block_height) + 1)
@@ -157,6 +186,8 @@ def _outcome(state: State, record: dict[str, Any]) -> str:
     convicted = state.get(schema.CONVICTED, str(record["node"]).lower())
     voted_in = rules.epoch_of(state, record["first_height"])
     if convicted is not None and convicted >= voted_in - 1:
+        return "unconfirmed"
+    if _accused_by_two_thirds(state, str(record["node"]), voted_in - 1, voted_in + 1):
         return "unconfirmed"
     return "refused"
 

@@ -25,7 +25,11 @@ requests with (node.server.tickets.CommitteePolicy). This verifier (its consensu
    votes the same verdict when it reaches the same finding — a failed check gathers 2/3 of the
    power from verifiers that each recomputed it. The ticket cannot differ between verifiers:
    its inputs and fingerprint open the node's commitment (protocol/served.py binds both), so
-   honest verifiers judge the same bytes with the same calibrated rule.
+   honest verifiers judge the same bytes with the same calibrated rule. When its own finding
+   differs but is not a pass (the node withheld this verifier's ticket: TIMEOUT where a peer
+   found FAILED), it votes its own finding: the chain then sees that ≥ 2/3 of the power
+   accused the node and does not count the finder's unconfirmed verdict as a false accusation
+   (abci_app/verdicts.py).
 
     checker = SpotChecker(link, shards, tolerance, http, vote, home=home)
     await checker.run(stop)
@@ -314,6 +318,7 @@ class SpotChecker:
             if result is None:
                 continue
             out.append(result)
+            mine = "0x" + result.evidence_hash.hex() if result.evidence_hash else None
             if result.outcome is not outcome:
                 log.warning(
                     "peer finding not confirmed node=%s block=%d theirs=%s mine=%s",
@@ -322,7 +327,9 @@ class SpotChecker:
                     outcome.value,
                     result.outcome.value,
                 )
-                continue
+            if mine is None or (mine != ident and mine in self.rejudged):
+                continue  # passed here, or this verifier already voted its own finding
+            self.rejudged.add(mine)
             self.accused.add((item.triple.node, item.epoch))
             await self.vote(result, item.triple.node, item.epoch)
         return out

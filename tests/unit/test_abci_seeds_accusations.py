@@ -207,3 +207,36 @@ def test_confirmed_failed_verification_convicts_the_node_untrusted() -> None:
     chain.block([verdict_vote(chain, i, VERDICT) for i in (0, 1, 2)])
     view = ask(chain, f"/node?key={hexed}")
     assert view["reputation"] == 0 and view["untrusted"] is True and view["routable"] is False
+
+
+def test_failed_finding_withheld_from_the_rest_costs_its_finders_nothing() -> None:
+    """A node answers the two verifiers that find it out and withholds its ticket from the other
+    two, whose re-judgements become a timeout accusation: neither verdict reaches 2/3, but the
+    committee (≥ 2/3 of the power) accused the node, so the failed finding is not false."""
+    chain = Chain()
+    timeout = dataclasses.replace(VERDICT, offence=4, evidence_hash=b"\x45" * 32)
+    chain.block([verdict_vote(chain, i, VERDICT) for i in (0, 1)])  # epoch 1: failed, 2 of 4
+    chain.advance_to(6)
+    chain.block([verdict_vote(chain, i, timeout) for i in (2, 3)])  # epoch 2: timeout, 2 of 4
+    chain.advance_to(15)  # both settled
+    views = {v["evidence_hash"]: v for v in ask(chain, "/verdicts")["verdicts"]}
+    assert views["0x" + VERDICT.evidence_hash.hex()]["settled"] == "unconfirmed"
+    assert views["0x" + "45" * 32]["settled"] == "unconfirmed"
+    marks = ask(chain, "/verifiers")["verifiers"]
+    assert {m["refused"] for m in marks.values()} == {0}
+    assert {m["benched_until"] for m in marks.values()} == {0}
+
+
+def test_false_accusation_by_a_third_is_refused_even_with_a_second_verdict() -> None:
+    """Two colluders (half the power, short of 2/3) accuse an honest node with two verdicts:
+    their accusers together stay below 2/3, so both are false accusations and both benched."""
+    chain = Chain()
+    other = dataclasses.replace(VERDICT, offence=4, evidence_hash=b"\x46" * 32)
+    chain.block([verdict_vote(chain, i, VERDICT) for i in (0, 1)])
+    chain.block([verdict_vote(chain, i, other) for i in (0, 1)])
+    chain.advance_to(10)
+    views = {v["evidence_hash"]: v for v in ask(chain, "/verdicts")["verdicts"]}
+    assert views["0x" + VERDICT.evidence_hash.hex()]["settled"] == "refused"
+    marks = ask(chain, "/verifiers")["verifiers"]
+    for index in (0, 1):
+        assert marks[chain.validators[index].address]["benched_until"] > 0

@@ -201,3 +201,37 @@ async def test_peer_findings_are_rejudged_with_an_own_ticket_and_voted_when_conf
         assert await checker.rejudge() == []  # each finding is re-judged once
     assert asked == triples
     assert votes == [(Outcome.FAILED, failed, NODE, 2)]
+
+
+async def test_a_withheld_ticket_turns_the_rejudgement_into_a_timeout_vote(tmp_path: Path) -> None:
+    """OTHER found block 0 FAILED; the node withholds this verifier's ticket (TIMEOUT here): it
+    votes its own finding, the timeout verdict on that block, once — so the committee's
+    accusation of the node is on chain although the failed verdict cannot reach 2/3."""
+    from node.verifier.tickets import _result
+
+    votes = []
+
+    async def vote(result, node_key, epoch) -> None:
+        votes.append((result.outcome, result.evidence_hash, node_key, epoch))
+
+    triple = Triple(NODE, "0x" + f"{0:064x}", 0, 1)
+    link = _Link("http://127.0.0.1:1", verifiers=(OTHER,))
+    async with aiohttp.ClientSession() as http:
+        checker = SpotChecker(
+            link, [object(), object()], Tolerance(1, 1000, 0), http, vote, home=tmp_path,
+            rate_ppm=10**6,
+        )  # fmt: skip
+
+        async def check(item):
+            request = TicketRequest(item.triple, item.seed, _hex(ME))
+            return _result(request, Outcome.TIMEOUT, "scripted")
+
+        checker.check = check  # type: ignore[method-assign]
+        await checker.check_epoch(2)
+        failed = evidence_hash(SEED, triple, Outcome.FAILED)
+        timed_out = evidence_hash(SEED, triple, Outcome.TIMEOUT)
+        link.verdicts = [{"evidence_hash": "0x" + failed.hex()}]
+        await checker.rejudge()
+        link.verdicts.append({"evidence_hash": "0x" + timed_out.hex()})  # its own, and peers'
+        await checker.rejudge()
+    assert votes == [(Outcome.TIMEOUT, timed_out, NODE, 2)]
