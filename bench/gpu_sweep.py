@@ -118,8 +118,10 @@ def quantize_layers(model: Any, quant: str, device: Any) -> str:
         try:
             from torchao.quantization import Int4WeightOnlyConfig, quantize_
 
-            quantize_(layers, Int4WeightOnlyConfig(group_size=128))
-            return "torchao Int4WeightOnlyConfig(group_size=128)"
+            # the default "plain" layout needs fbgemm's kernels; tinygemm's is in torch itself
+            config = Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d")
+            quantize_(layers, config)
+            return "torchao Int4WeightOnlyConfig(group_size=128, tile_packed_to_4d: tinygemm)"
         except Exception as error:  # no tinygemm kernel for this GPU/torch: hqq instead
             log.warning("torchao int4 failed (%s); using hqq", error)
     from node.model.quant import quantize_module

@@ -341,8 +341,9 @@ def _check_keys_in_range(
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> int:
-    inner = getattr(tensor, "tensor_data_names", None)
-    if inner:  # torchao subclass: count its packed parts
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is not None:  # a torchao wrapper subclass (any version): count its packed parts
+        inner, _ = flatten()
         return sum(
             _tensor_bytes(getattr(tensor, name))
             for name in inner
