@@ -56,6 +56,9 @@ class Code(IntEnum):
     SPOT_REPORT_EPOCH = 50  # the epoch is not closed yet, or too old to report
     DUPLICATE_SPOT_REPORT = 51  # this validator already reported that epoch
     SPOT_CHECK_NOT_ASSIGNED = 52  # a listed triple was not committed then, selected, or assigned
+    # coverage and verifier standing (abci_app/coverage.py, abci_app/verdicts.py)
+    UNCOMMITTED_CONTRIBUTION = 53  # no committed served work left for that node and shard
+    VERIFIER_BENCHED = 54  # the validator's verifier is benched for a false accusation
     # more charge-item refusals (abci_app/settlement.py)
     CHARGE_OVER_CAP = 60  # a total above the authorization's cap
     WRONG_GATEWAY = 61  # a charge names another gateway than the one genesis binds the key to

@@ -7,6 +7,8 @@ evidence when a node equivocates or a reveal does not open its commitment (`comm
 - `reveal`: every record must have an unrevealed commitment by the signer (UNKNOWN_COMMITMENT,
   ALREADY_REVEALED), else the whole batch is refused; the record gets {output_hash, salt,
   revealed_height, match} and a mismatch stores `reveal_mismatch` evidence.
+- Every stored record counts as 32 committed positions of its (node, shard) in the block's
+  epoch (`coverage.record_commits`: what contributions are credited against).
 - Evidence: `evidence/<id>`, id = 0x sha256 of the canonical record (also the verdict's
   `evidenceHash`). Commitments and evidence are indexed for pruning (`rules.track`).
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from abci_app import rules, schema
+from abci_app import coverage, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol.canonical import canonical_json
@@ -70,9 +72,13 @@ def commit(state: State, tx: SignedTx) -> None:
                 },
             )
     height = state.block_height
+    per_shard: dict[int, int] = {}
     for key, value in fresh:
         state.put(schema.COMMITMENT, key, {"commitment": value, "height": height})
+        shard = int(key.rsplit("/", 1)[1])
+        per_shard[shard] = per_shard.get(shard, 0) + 1
     rules.track_many(state, schema.COMMITMENT, [key for key, _ in fresh])
+    coverage.record_commits(state, tx.signer, per_shard)
     state.emit("planet.commit", node=tx.signer, count=len(fresh))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from abci_app import commitments, registry, seeds, settlement, spot_reports, verdicts
+from abci_app import commitments, coverage, registry, seeds, settlement, spot_reports, verdicts
 from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.envelope import SignedTx
@@ -14,6 +14,13 @@ from protocol.committee.settlement import Contribution, PayoutVote, WorkReport
 from protocol.committee.verification import SeedCommit, SeedReveal, SpotCheckReport, VerdictVote
 
 Handler = Callable[[State, SignedTx], None]
+
+
+def work_report(state: State, tx: SignedTx) -> None:
+    """Settlement's rule, then the reported tokens counted against the nodes' commitments."""
+    settlement.work_report(state, tx)
+    coverage.record_report(state, tx.body)
+
 
 HANDLERS: dict[str, Handler] = {
     RegisterNode.TYPE: registry.register_node,
@@ -26,7 +33,7 @@ HANDLERS: dict[str, Handler] = {
     SeedCommit.TYPE: seeds.seed_commit,
     SeedReveal.TYPE: seeds.seed_reveal,
     SpotCheckReport.TYPE: spot_reports.spot_check_report,
-    WorkReport.TYPE: settlement.work_report,
+    WorkReport.TYPE: work_report,
     Contribution.TYPE: settlement.contribution,
     PayoutVote.TYPE: settlement.payout_vote,
 }

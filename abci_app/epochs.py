@@ -11,9 +11,10 @@
   from the seed, so no two nodes get the same prompt and the leader cannot choose.
 - Spot-check verifiers of epoch e+1 (fixed with its record, at height e·L): the consensus keys
   (64 hex, sorted) of the validators that committed a verifier seed for e+1 by then
-  (`seed/<e+1>/<pub_key>`). The commitments made during epoch e are selected under e+1's seed
-  and assigned among exactly these keys (protocol/spotcheck.py), so a node and every verifier
-  read the same set from `/epochs`. Epoch 1 has none (no seed can precede genesis).
+  (`seed/<e+1>/<pub_key>`) and are not benched for a false accusation (abci_app/verdicts.py).
+  The commitments made during epoch e are selected under e+1's seed and assigned among exactly
+  these keys (protocol/spotcheck.py), so a node and every verifier read the same set from
+  `/epochs`. Epoch 1 has none (no seed can precede genesis).
 - Reputation: the agreed C(T) of epoch e (from vote extensions) updates R per
   protocol/reputation.py.
 - Old epoch records go: closing epoch e (which writes `epoch/<e+1>`) deletes
@@ -69,9 +70,18 @@ def _epoch_record(state: State, epoch: int, seed: bytes) -> dict[str, Any]:
 
 
 def spot_check_verifiers(state: State, epoch: int) -> list[str]:
-    """Consensus keys of the validators with a seed committed for `epoch`, sorted."""
-    keys = (v["pub_key"] for v in state.validators)
-    return sorted(k for k in keys if state.get(schema.SEED, schema.in_epoch(epoch, k)) is not None)
+    """Consensus keys of the validators with a seed committed for `epoch`, sorted; a validator
+    benched for a false accusation (`vrep/<address>.benched_until` ≥ epoch) is left out."""
+    out = []
+    for validator in state.validators:
+        key = validator["pub_key"]
+        if state.get(schema.SEED, schema.in_epoch(epoch, key)) is None:
+            continue
+        mark = state.get(schema.VERIFIER_RECORD, validator["address"])
+        if mark is not None and mark.get("benched_until", 0) >= epoch:
+            continue
+        out.append(key)
+    return sorted(out)
 
 
 def open_first_epoch(state: State) -> None:

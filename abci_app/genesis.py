@@ -20,7 +20,9 @@
       "gateway_addresses": {"<gateway key hex>": "0x<its EVM address>"},  # optional: the only
                                           #   gateway address that key's charges may name
       "verifier_cut_bps": 1000,             # verifiers' part of each epoch's fees
-      "spot_check_ppm": 50000               # spot-check selection rate (protocol/spotcheck.py)
+      "spot_check_ppm": 50000,              # spot-check selection rate (protocol/spotcheck.py)
+      "spot_check_floor": 1,                # expected checks per node and epoch at least (0: off)
+      "commit_grace_epochs": 2              # epochs a node has to commit what gateways reported
     }
 `evm.escrow_address` (the QueryEscrow that consumes `PayoutRoot`s) enables epoch settlement.
 
@@ -57,6 +59,8 @@ _KEYS = {
     "gateway_addresses",
     "verifier_cut_bps",
     "spot_check_ppm",
+    "spot_check_floor",
+    "commit_grace_epochs",
 }
 DEFAULT_MIN_STAKE = {"compute": 10**18, "verifier": 5 * 10**17}
 MAX_PARAM = (1 << 63) - 1
@@ -106,6 +110,8 @@ class Genesis:
     gateway_addresses: dict[str, str] = field(default_factory=dict)
     verifier_cut_bps: int = 1_000
     spot_check_ppm: int = 50_000  # selection rate the chain credits spot-check reports under
+    spot_check_floor: int = 1  # a node's blocks of an epoch are drawn at ≥ floor / blocks
+    commit_grace_epochs: int = 2  # reported work must be committed within this many epochs
 
     @classmethod
     def parse(cls, app_state: bytes) -> Genesis:
@@ -212,6 +218,8 @@ class Genesis:
             gateway_addresses={k: v.lower() for k, v in sorted(bound.items())},
             verifier_cut_bps=_int(doc, "verifier_cut_bps", 1_000, 0, 10_000),
             spot_check_ppm=_int(doc, "spot_check_ppm", 50_000, 0, 1_000_000),
+            spot_check_floor=_int(doc, "spot_check_floor", 1, 0, 1_000),
+            commit_grace_epochs=_int(doc, "commit_grace_epochs", 2, 1, 1_000),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -254,6 +262,12 @@ class Genesis:
                 else {}
             ),
             **({"spot_check_ppm": self.spot_check_ppm} if self.spot_check_ppm != 50_000 else {}),
+            **({"spot_check_floor": self.spot_check_floor} if self.spot_check_floor != 1 else {}),
+            **(
+                {"commit_grace_epochs": self.commit_grace_epochs}
+                if self.commit_grace_epochs != 2
+                else {}
+            ),
         }
 
     @classmethod

@@ -24,7 +24,16 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from abci_app import epochs, extensions, registry, retention, schema, settlement, verdicts
+from abci_app import (
+    coverage,
+    epochs,
+    extensions,
+    registry,
+    retention,
+    schema,
+    settlement,
+    verdicts,
+)
 from abci_app.codes import Code, Rejected
 from abci_app.dispatch import HANDLERS
 from abci_app.encoding import proto_tx_size
@@ -316,6 +325,7 @@ class StateMachine:
         retention.prune_expired(state, state.block_time)
         if height % state.genesis.epoch_length == 0:
             settlement.close(state, height)
+            coverage.close(state, height // state.genesis.epoch_length)
             verdicts.settle_accusations(state, height // state.genesis.epoch_length)
             epochs.close_epoch(state, height, state.block_hash)
         return state.seal_block()

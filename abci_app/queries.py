@@ -19,6 +19,8 @@ paths answer `UNKNOWN_QUERY`.
     /seeds        ?epoch                        verifier seed commitments and reveals of an epoch
     /verifiers                                  confirmed / refused accusation marks per validator
     /spot_reports ?epoch                        spot-check reports of e's checks, credits in e
+    /coverage     ?node                         committed vs reported work per shard, the
+                                                `uncommitted` flag (without node: flagged nodes)
     /payouts, /payouts/proof, /backing, /credits   settlement (`payout_queries.py`)
 """
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from abci_app import schema
+from abci_app import coverage, schema
 from abci_app.codes import Code
 from abci_app.payout_queries import PAYOUT_ROUTES
 from abci_app.query_params import (
@@ -57,13 +59,16 @@ def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
     params = state.genesis.reputation
     staked = agreed is not None and int(agreed) >= state.genesis.min_stake.get(node["role"], 0)
     trusted = rep["r"] >= params.untrusted_below
+    entries = [r for _, r in state.committed_items(schema.COVERAGE, key + "/", key + "0")]
+    uncommitted = coverage.flagged(entries)
     return {
         **node,
         "reputation": rep["r"],
         "untrusted": not trusted,
+        "uncommitted": uncommitted,
         "stake": agreed,
         "stake_attestations": len(stake["attestations"]),
-        "routable": node["status"] == schema.SERVING and staked and trusted,
+        "routable": node["status"] == schema.SERVING and staked and trusted and not uncommitted,
     }
 
 
@@ -254,6 +259,28 @@ def _spot_reports(state: State, params: dict[str, Any]) -> Any:
     }
 
 
+def _coverage(state: State, params: dict[str, Any]) -> Any:
+    current = state.committed(schema.META, "current_epoch") or 1
+    node = str_param(params, "node", NODE_KEY)
+    if node is None:
+        limit = limit_param(params)
+        flagged: list[str] = []
+        for key, record in state.committed_items(schema.COVERAGE):
+            name = key.split("/", 1)[0]
+            if record["uncommitted_since"] is not None and name not in flagged:
+                flagged.append(name)
+                if len(flagged) == limit:
+                    break
+        return {"epoch": current, "uncommitted": flagged}
+    items = list(state.committed_items(schema.COVERAGE, node + "/", node + "0"))
+    return {
+        "node": node,
+        "epoch": current,
+        "uncommitted": coverage.flagged(r for _, r in items),
+        "shards": [coverage.shard_view(state, key, record, current) for key, record in items],
+    }
+
+
 def _verifiers(state: State, params: dict[str, Any]) -> Any:
     return {"verifiers": dict(state.committed_items(schema.VERIFIER_RECORD))}
 
@@ -283,6 +310,7 @@ ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
     "/seeds": _seeds,
     "/verifiers": _verifiers,
     "/spot_reports": _spot_reports,
+    "/coverage": _coverage,
     **PAYOUT_ROUTES,
 }
 

@@ -49,8 +49,14 @@ EVIDENCE = "evidence"
 VERDICT = "verdict"
 # vdue/<epoch>: ids of the verdicts whose accusation is settled when that epoch closes
 VERDICT_DUE = "vdue"
-# vrep/<validator address>: {confirmed, refused, last_epoch}, the validator's accusation marks
+# vrep/<validator address>: {confirmed, refused, unconfirmed, last_epoch, benched_until}, the
+# validator's accusation marks and the last epoch its verifier is benched for false accusations
 VERIFIER_RECORD = "vrep"
+# vconv/<lowercase account>: the last epoch a verdict against that account was confirmed
+CONVICTED = "vconv"
+# vacc/<lowercase account>: {epoch: [validator addresses]}, who voted any verdict against the
+# account in each of its last ACCUSED_EPOCHS epochs (whether the committee accused it at all)
+ACCUSERS = "vacc"
 # slashed/<epoch>/<lowercase account>: a verdict against the account was confirmed in that
 # epoch, so it earns nothing then (deleted when the epoch closes)
 SLASHED = "slashed"
@@ -90,6 +96,13 @@ CREDIT = "credit"
 # rows, shares (page 0), votes, confirmed
 PAYOUT = "payout"
 
+# --- commitment coverage (coverage.py) -----------------------------------------------------------
+
+# cover/<node>/<shard, 5 digits>: {committed (positions, 32 per record), reported (tokens gateways
+# reported), marks [[epoch, reported at its close]], recent [[epoch, records, credited tokens]],
+# uncommitted_since (epoch or null)}: what a node committed against what it served
+COVERAGE = "cover"
+
 # --- retention (retention.py, rules.track*) ------------------------------------------------------
 
 # gc/<epoch>/<ns>/<key>: delete ns/key once that epoch is settled and past retention
@@ -119,6 +132,10 @@ def commitment_key(node: str, session: str, step: int, shard: int) -> str:
 
 def backing_key(epoch: int, node: str, model: str, shard: int) -> str:
     return f"{epoch_key(epoch)}/{node}/{model}/{shard}"
+
+
+def coverage_key(node: str, shard: int) -> str:
+    return f"{node}/{shard:05d}"
 
 
 def charge_key(payer: str, gateway: str, kind: str, id: str) -> str:

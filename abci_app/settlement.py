@@ -86,7 +86,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from abci_app import rules, schema
+from abci_app import coverage, rules, schema
 from abci_app.codes import Code, Rejected
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
@@ -338,7 +338,9 @@ def contribution(state: State, tx: SignedTx) -> None:
                 f"no gateway-reported work creditable now for this node on shard {item.shard} "
                 f"(backing counts in the epoch it was reported and the next)",
             )
-        credits.append((item.model, item.shard, min(item.layers * item.tokens, backed), backings))
+        bounded = min(item.layers * item.tokens, backed)
+        covered = coverage.take_credit(state, tx.signer, item.shard, item.layers, bounded)
+        credits.append((item.model, item.shard, covered, backings))
     account = str(node["evm_address"]).lower()
     total = 0
     for model, shard, credited, backings in credits:

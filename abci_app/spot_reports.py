@@ -6,8 +6,10 @@ validator's verifier that has done its checks reports the triples:
 
     spot_check_report{epoch e, checks [[node, session, step, shard], …]}   signer: a validator
         e < the block's epoch and e ≥ the block's epoch − MAX_REPORT_LAG; one per (validator, e);
-        every triple committed in e (`commit/…` height in e), selected under e+1's seed at
-        genesis `spot_check_ppm`, and assigned to the signer — else the whole tx is refused
+        every triple committed in e (`commit/…` height in e), selected under e+1's seed at the
+        node's rate (genesis `spot_check_ppm`, raised to `spot_check_floor` / the node's records
+        of e: protocol/spotcheck.py `node_rate_ppm`), and assigned to the signer — else the
+        whole tx is refused
 
 Effects: `spotrep/<e>/<signer>` = {count, height}; `vwork/<block's epoch>/<operator>` += count
 (the validator's genesis operator address). At that epoch's close, settlement turns the
@@ -20,12 +22,18 @@ SPOT_CHECK_NOT_ASSIGNED 52. Records are indexed for pruning (`rules.track`).
 
 from __future__ import annotations
 
-from abci_app import rules, schema
+from abci_app import coverage, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
 from protocol.committee.verification import SpotCheckReport
-from protocol.spotcheck import Triple, assign_verifier, epoch_verifiers, is_selected
+from protocol.spotcheck import (
+    Triple,
+    assign_verifier,
+    epoch_verifiers,
+    is_selected,
+    node_rate_ppm,
+)
 
 MAX_REPORT_LAG = 2  # epochs after e during which e's checks may still be reported
 
@@ -49,17 +57,20 @@ def spot_check_report(state: State, tx: SignedTx) -> None:
     seed, verifiers = fixed
     if tx.signer not in verifiers:
         rules.reject(Code.SPOT_CHECK_NOT_ASSIGNED, "not a verifier of that epoch")
-    rate = state.genesis.spot_check_ppm
+    rate, floor = state.genesis.spot_check_ppm, state.genesis.spot_check_floor
+    rates: dict[str, int] = {}
     for node, session, step, shard in body.checks:
+        if node not in rates:
+            blocks = coverage.blocks_in(coverage.node_entries(state, node), body.epoch)
+            rates[node] = node_rate_ppm(rate, floor, blocks)
         commit = state.get(schema.COMMITMENT, schema.commitment_key(node, session, step, shard))
         if commit is None or rules.epoch_of(state, commit["height"]) != body.epoch:
             rules.reject(
                 Code.SPOT_CHECK_NOT_ASSIGNED, f"no commitment of epoch {body.epoch} for {node[:12]}"
             )
         triple = Triple(node, session, step, shard)
-        if not is_selected(seed, triple, rate) or assign_verifier(seed, triple, verifiers) != (
-            tx.signer
-        ):
+        mine = assign_verifier(seed, triple, verifiers) == tx.signer
+        if not is_selected(seed, triple, rates[node]) or not mine:
             rules.reject(Code.SPOT_CHECK_NOT_ASSIGNED, "a listed block is not assigned here")
     count = len(body.checks)
     state.put(schema.SPOT_REPORT, entry, {"count": count, "height": state.block_height})

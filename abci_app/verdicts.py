@@ -7,35 +7,74 @@ domain of genesis `evm`. `verdict/<id>` (id = 0x struct hash) accumulates `votes
 (it earns nothing that epoch: settlement.py). Codes: NOT_VALIDATOR, VERDICTS_DISABLED,
 BAD_VERDICT_SIGNATURE, DUPLICATE_VOTE.
 
+A confirmed verdict on a failed verification (offence 3, a challenge or spot-check finding
+≥ 2/3 of the power reached) also **convicts** the node: its reputation R drops to 0 (untrusted,
+not routable; abci_app/epochs.py raises it again only from agreed challenge scores, which an
+unroutable node no longer gets), and `vconv/<account>` records the epoch.
+
 A vote is an accusation: when the verdict it supports is not confirmed by the end of the epoch
-AFTER the one of its first vote, it is *refused* and every validator that voted for it gets one
-`refused` mark; a confirmed verdict gives its voters one `confirmed` mark. Deterministic and
-height-driven:
+AFTER the one of its first vote, it is settled. Deterministic and height-driven:
 
 - the first vote of a verdict in epoch e adds its id to `vdue/<e+1>` (a list);
 - EndBlock of the last height of epoch d settles `vdue/<d>` (`settle_accusations`): the verdict
-  record gets `settled: "confirmed" | "refused"`, each voter's `vrep/<validator address>` =
-  {confirmed, refused, last_epoch} is counted, then `vdue/<d>` is deleted.
+  record gets `settled`, each voter's `vrep/<validator address>` = {confirmed, refused,
+  unconfirmed, last_epoch, benched_until} is counted, then `vdue/<d>` is deleted. Outcomes:
+  - `confirmed`: ≥ 2/3 reached; its voters get a `confirmed` mark;
+  - `unconfirmed` (no cost): a timeout accusation (offence 4) nobody else could confirm (a
+    node may withhold a ticket from one verifier only), any accusation against a node the
+    committee convicted of another offence since the epoch before the vote (the accuser was
+    right about the node, another verifier's finding got there first), or one against a node
+    that validators holding ≥ 2/3 of the power accused of something (any verdict) from the
+    epoch before the vote to its settlement: a node that answers the verifier that finds it
+    out and withholds its ticket from the others turns their re-judgements into timeout votes
+    (node/verifier/spotchecks.py), and cannot get the finder benched that way;
+  - `refused` (a **false accusation**, it costs its author): every voter gets a `refused` mark
+    and is **benched** until epoch `d + BENCH_EPOCHS × its refused marks`: while benched its
+    verdict votes are refused (`VERIFIER_BENCHED`) and its verifier is left out of the epochs'
+    spot-check verifier sets (abci_app/epochs.py), so it is assigned no checks and earns no
+    verification share (settlement pays the verifiers' cut by credited checks).
 
-Query `/verifiers`. What a refused mark costs beyond the record (reputation-weighted votes,
-slashing a colluding verifier) is for the settlement rules to decide; the record is the chain's
-memory of who accused wrongly.
+Query `/verifiers`. Slashing a colluding verifier's EVM stake (offence 5) needs a verdict on its
+operator address like any other: not automated here.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from abci_app import rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
 from protocol.committee.verification import VerdictVote
-from protocol.eip712 import Verdict, committee_domain, recover_digest
+from protocol.eip712 import (
+    OFFENCE_FAILED_VERIFICATION,
+    OFFENCE_TIMEOUT,
+    Verdict,
+    committee_domain,
+    recover_digest,
+)
 from protocol.errors import ProtocolError
+
+BENCH_EPOCHS = 10  # epochs benched per refused accusation (escalates with each one)
+ACCUSED_EPOCHS = 3  # epochs of accusers kept per node: a verdict's vote … settlement
+
+
+def benched(state: State, address: str, epoch: int) -> bool:
+    """Whether validator `address`'s verifier is benched in `epoch` (false accusations)."""
+    mark = state.get(schema.VERIFIER_RECORD, address)
+    return mark is not None and mark.get("benched_until", 0) >= epoch
 
 
 def verdict_vote(state: State, tx: SignedTx) -> None:
     body: VerdictVote = tx.body
     validator = rules.validator(state, tx.signer)
+    current = rules.epoch_of(state, state.block_height)
+    if benched(state, validator["address"], current):
+        rules.reject(
+            Code.VERIFIER_BENCHED,
+            f"validator {validator['address']} is benched for a false accusation",
+        )
     genesis = state.genesis
     if (
         genesis.committee_address is None
@@ -89,11 +128,46 @@ def verdict_vote(state: State, tx: SignedTx) -> None:
     updated = rules.add_vote(state, record, validator, operator, body.signature)
     if not record["votes"]:
         _settle_after_next_epoch(state, ident)
+    _note_accuser(state, verdict.node, validator["address"], current)
     if updated["confirmed"] and not record["confirmed"]:
         state.emit("planet.verdict", id=ident, confirmed="true")
-        epoch = rules.epoch_of(state, state.block_height)
-        state.put(schema.SLASHED, schema.in_epoch(epoch, verdict.node.lower()), 1)
+        state.put(schema.SLASHED, schema.in_epoch(current, verdict.node.lower()), 1)
+        _convict(state, verdict.node, verdict.offence, current)
     state.put(schema.VERDICT, ident, updated)
+
+
+def _convict(state: State, account: str, offence: int, epoch: int) -> None:
+    """A confirmed verdict: remember it; a failed verification zeroes the node's reputation."""
+    state.put(schema.CONVICTED, account.lower(), epoch)
+    if offence != OFFENCE_FAILED_VERIFICATION:
+        return
+    key = state.get(schema.EVM_BINDING, account.lower())
+    record = state.get(schema.REPUTATION, key) if key is not None else None
+    if record is not None:
+        state.put(schema.REPUTATION, key, {**record, "r": 0})
+
+
+def _note_accuser(state: State, account: str, validator: str, epoch: int) -> None:
+    """Remember that `validator` accused `account` in `epoch` (the last ACCUSED_EPOCHS kept)."""
+    key = account.lower()
+    epochs = {
+        e: voters
+        for e, voters in (state.get(schema.ACCUSERS, key) or {}).items()
+        if int(e) > epoch - ACCUSED_EPOCHS
+    }
+    voters = epochs.get(str(epoch), [])
+    if validator not in voters:
+        epochs[str(epoch)] = sorted([*voters, validator])
+    state.put(schema.ACCUSERS, key, dict(sorted(epochs.items(), key=lambda item: int(item[0]))))
+
+
+def _accused_by_two_thirds(state: State, account: str, first: int, last: int) -> bool:
+    """Whether validators with ≥ 2/3 of the power voted verdicts against `account` in epochs
+    `first` … `last` (any offence, any evidence)."""
+    epochs = state.get(schema.ACCUSERS, account.lower()) or {}
+    voters = {v for e, vs in epochs.items() if first <= int(e) <= last for v in vs}
+    powers = state.validator_keys()
+    return state.has_two_thirds(sum(powers[v][1] for v in voters if v in powers))
 
 
 def _settle_after_next_epoch(state: State, verdict_id: str) -> None:
@@ -102,6 +176,20 @@ def _settle_after_next_epoch(state: State, verdict_id: str) -> None:
     pending = state.get(schema.VERDICT_DUE, deadline) or []
     if verdict_id not in pending:
         state.put(schema.VERDICT_DUE, deadline, sorted([*pending, verdict_id]))
+
+
+def _outcome(state: State, record: dict[str, Any]) -> str:
+    if record["confirmed"]:
+        return "confirmed"
+    if record["offence"] == OFFENCE_TIMEOUT:
+        return "unconfirmed"
+    convicted = state.get(schema.CONVICTED, str(record["node"]).lower())
+    voted_in = rules.epoch_of(state, record["first_height"])
+    if convicted is not None and convicted >= voted_in - 1:
+        return "unconfirmed"
+    if _accused_by_two_thirds(state, str(record["node"]), voted_in - 1, voted_in + 1):
+        return "unconfirmed"
+    return "refused"
 
 
 def settle_accusations(state: State, epoch: int) -> None:
@@ -114,19 +202,21 @@ def settle_accusations(state: State, epoch: int) -> None:
         record = state.get(schema.VERDICT, verdict_id)
         if record is None or "settled" in record:
             continue
-        outcome = "confirmed" if record["confirmed"] else "refused"
+        outcome = _outcome(state, record)
         state.put(schema.VERDICT, verdict_id, {**record, "settled": outcome})
         for address in sorted(record["votes"]):
-            mark = state.get(schema.VERIFIER_RECORD, address) or {
+            mark = {
                 "confirmed": 0,
                 "refused": 0,
-                "last_epoch": 0,
+                "unconfirmed": 0,
+                "benched_until": 0,
+                **(state.get(schema.VERIFIER_RECORD, address) or {}),
             }
-            state.put(
-                schema.VERIFIER_RECORD,
-                address,
-                {**mark, outcome: mark[outcome] + 1, "last_epoch": epoch},
-            )
-        if outcome == "refused":
+            mark[outcome] += 1
+            mark["last_epoch"] = epoch
+            if outcome == "refused":
+                mark["benched_until"] = epoch + BENCH_EPOCHS * mark["refused"]
+            state.put(schema.VERIFIER_RECORD, address, mark)
+        if outcome != "confirmed":
             state.emit("planet.accusation", id=verdict_id, outcome=outcome)
     state.delete(schema.VERDICT_DUE, due)

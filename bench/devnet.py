@@ -65,8 +65,9 @@ def main() -> int:
     (home / "models").symlink_to(models_dir(), target_is_directory=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_")}
     env.update(PLANET_HOME=str(home), NO_COLOR="1")
+    # the start-up only: no verifiers (they start after the nodes are routable)
     up_args = ["devnet", "up", "--detach", "--validators", str(args.validators),
-               "--nodes", str(args.nodes)]  # fmt: skip
+               "--nodes", str(args.nodes), "--verifiers", "0"]  # fmt: skip
     up_args += ["--no-gateway"] if args.no_gateway else []
     started = time.monotonic()
     up = planet(env, *up_args)

@@ -31,7 +31,7 @@ from node.verifier.fingerprint import fingerprint_bytes
 from node.verifier.measure import load_circuit, serve_trace
 from node.verifier.tickets import check_ticket
 from protocol.eip712 import commitment_value
-from protocol.routing import output_hash
+from protocol.served import inputs_digests, served_output_hash
 from protocol.spotcheck import Triple
 from protocol.tickets import TicketRequest, encode_ticket, seal
 
@@ -54,7 +54,8 @@ def main() -> None:
     session, salt = secrets.token_bytes(32), secrets.token_bytes(32)
     start = BLOCK * 32
     fingerprint = fingerprint_bytes(outputs[:, start : start + 32], start)
-    commitment = commitment_value(session, BLOCK, 1, output_hash(fingerprint), salt)
+    bound = served_output_hash(fingerprint, inputs_digests(inputs.numpy())[BLOCK])
+    commitment = commitment_value(session, BLOCK, 1, bound, salt)
     triple = Triple(node.verify_key.encode().hex(), "0x" + session.hex(), BLOCK, 1)
     request = TicketRequest(triple, "0x" + "00" * 32, verifier.verify_key.encode().hex())
     request = request.signed(verifier)

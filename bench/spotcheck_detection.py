@@ -48,7 +48,7 @@ from node.verifier.measure import load_circuit, serve_trace, text_challenges
 from node.verifier.tickets import check_ticket
 from protocol.eip712 import commitment_value
 from protocol.fingerprint import BLOCK_POSITIONS
-from protocol.routing import output_hash
+from protocol.served import inputs_digests, served_output_hash
 from protocol.spotcheck import Outcome, Triple, select
 from protocol.tickets import TicketRequest, encode_ticket, seal
 
@@ -75,11 +75,13 @@ def block_outcomes(
     verifier = VERIFIER_KEY.verify_key.encode().hex()
     session = secrets.token_bytes(32)
     outcomes: list[Outcome] = []
+    chain = inputs_digests(inputs.numpy())  # the inputs bound into each block's commitment
     for block in range(inputs.shape[1] // BLOCK_POSITIONS):
         start, end = block * BLOCK_POSITIONS, (block + 1) * BLOCK_POSITIONS
         fingerprint = fingerprint_bytes(outputs[:, start:end], start)
         salt = secrets.token_bytes(32)
-        commitment = commitment_value(session, block, 1, output_hash(fingerprint), salt)
+        bound = served_output_hash(fingerprint, chain[block])
+        commitment = commitment_value(session, block, 1, bound, salt)
         plain = encode_ticket(block, salt, fingerprint, inputs[:, :end].numpy())
         request = TicketRequest(
             Triple(node, "0x" + session.hex(), block, 1), "0x" + "00" * 32, verifier

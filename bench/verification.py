@@ -24,6 +24,20 @@ leaving them out favours the per-token method).
   middle shard; the verifier recomputes the block [96, 128) from the ticket's inputs in one
   prefill of 128 positions. Cost per checked position vs serving cost per position.
 - fingerprint overhead: the node's `FingerprintRecorder.add` time over its decode steps.
+- the same ratio with a 200-token answer (`ratio_one_pass_vs_per_token_answer_200`): the
+  per-token method's cost grows with the square of the answer, one pass's linearly; with both
+  sides counted the ratio is bounded by token counts near answer/2 (50× for 100 tokens).
+- seed-synchronised sampling (node/verifier/sampled.py): the registered model is int8; each
+  served circuit — honest int8, int4 (where int8 is registered), one layer skipped (layer 15 of
+  30), 10 % noise on every 4th position — samples `--sampled-tokens` tokens at temperature 1
+  from `--sampled-runs` prompts, each with its own seed, one position per forward as a node
+  serves; the verifier replays the seed on its int8 reference (one pass). Per circuit and n
+  tokens observed: `sampled_detection_<circuit>_<n>` = share of runs whose first n tokens have
+  more mismatches than `SampledMap` allows (honest: the false-positive rate), and
+  `sampled_mismatch_per_mille_<circuit>` over all positions.
+- verifier CPU per epoch (`verifier_cpu_s_per_epoch`): 3 echo challenges (their text written by
+  the reference from the seed, 3 reference passes), 1 sampled check, and the spot checks of 3
+  nodes at the floor rate (one 128-position shard prefill each), measured in this process.
 """
 
 from __future__ import annotations
@@ -46,6 +60,9 @@ log = logging.getLogger("bench.verification")
 
 PER_TOKEN_SAMPLE = 10
 SPOT_CHECK_RATE = 0.05  # share of a node's layer batches spot-checked (DESIGN.md default)
+SAMPLED_CHECKPOINTS = (8, 16, 32, 64, 128, 256)  # tokens observed
+EPOCH_CHALLENGES = 3
+EPOCH_NODES = 3  # spot-checked once each at the floor rate
 
 
 def one_pass(circuit, challenge) -> tuple[float, float, float]:
@@ -132,12 +149,149 @@ def serving_and_spot_check(circuit, ids: list[int]) -> dict[str, float]:
     }
 
 
+@torch.inference_mode()
+def sample_served(circuit, shards, prompt: list[int], tokens: int, seed: int) -> list[int]:
+    """What a circuit with `shards` samples as nodes serve (prompt prefill, then one position
+    per forward) and the gateway samples (one seeded generator per answer, temperature 1)."""
+    from node.client.sampling import SamplingConfig, sample
+
+    head = circuit.head
+    config = SamplingConfig(1.0, 1.0, seed)
+    rng = config.rng()
+    caches = [shard.new_cache() for shard in shards]
+    hidden, positions, out = head.embed(prompt), torch.arange(len(prompt)), []
+    for _ in range(tokens):
+        for shard, cache in zip(shards, caches, strict=True):
+            hidden = shard.forward(hidden, positions, cache)
+        logits = head.all_logits(hidden[:, -1:])[-1].to(torch.float32).numpy()
+        token = sample(logits, config, rng)
+        out.append(token)
+        hidden = head.embed([token])
+        positions = torch.tensor([len(prompt) + len(out) - 1])
+    return out
+
+
+def sampled_detection(reference, served: dict, prompts, tokens: int) -> dict[str, float]:
+    """Detection rate vs tokens observed for each served circuit (module docstring)."""
+    from node.client.sampling import SamplingConfig
+    from node.verifier.measure import run_prefill
+    from node.verifier.sampled import SampledMap, replay, sampling_seed
+
+    head, scores = reference.head, SampledMap()
+    metrics: dict[str, float] = {}
+    for name, shards in served.items():
+        checks = []
+        for run, prompt in enumerate(prompts):
+            seed = sampling_seed(b"bench-sampled".ljust(32, b"\0"), 1, run)
+            answer = sample_served(reference, shards, list(prompt), tokens, seed)
+            logits = head.all_logits(run_prefill(reference.shards, head.embed([*prompt, *answer])))
+            check = replay(logits, len(prompt), answer, SamplingConfig(1.0, 1.0, seed))
+            checks.append(check)
+            log.info("sampled %s run %d: %d of %d mismatched", name, run, check.mismatched, tokens)
+        for n in (n for n in SAMPLED_CHECKPOINTS if n <= tokens):
+            caught = sum(scores.credibility(c.first(n)) != 1_000_000 for c in checks)
+            metrics[f"sampled_detection_{name}_{n}"] = round(caught / len(checks), 3)
+        mismatched = sum(c.mismatched for c in checks)
+        metrics[f"sampled_mismatch_per_mille_{name}"] = round(
+            1000 * mismatched / (tokens * len(checks)), 1
+        )
+    return metrics
+
+
+@torch.inference_mode()
+def verifier_cpu_per_epoch(reference, challenges) -> dict[str, float]:
+    """CPU seconds of one verifier's epoch (module docstring), by part."""
+    from node.client.sampling import SamplingConfig
+    from node.verifier.challenges import generated_text, text_length
+    from node.verifier.echo import vocabulary_index
+    from node.verifier.measure import run_prefill
+    from node.verifier.sampled import replay
+
+    class Model:  # the Reference shape generated_text drives
+        head, shards = reference.head, reference.shards
+        vocab = vocabulary_index(
+            [str(reference.head.tokenizer.decode([t])) for t in range(reference.head.vocab_size)]
+        )
+
+    def cpu(action) -> float:
+        started = time.process_time()
+        action()
+        return time.process_time() - started
+
+    length = text_length(EPOCH_CHALLENGES, 32, 64)
+    text_s = cpu(lambda: generated_text(Model, b"\x05" * 32, 1, length))
+    head, shards = reference.head, reference.shards
+    echo_s = cpu(
+        lambda: [
+            head.all_logits(run_prefill(shards, head.embed(list(c.ids[:96]))))
+            for c in challenges[:EPOCH_CHALLENGES]
+        ]
+    )
+    ids = list(challenges[0].ids[:64])
+    config = SamplingConfig(1.0, 1.0, 7)
+    sampled_s = cpu(
+        lambda: replay(head.all_logits(run_prefill(shards, head.embed(ids))), 32, ids[32:], config)
+    )
+    middle = shards[1]
+    hidden = torch.randn(1, 128, head.hidden_size)
+    spot_s = cpu(
+        lambda: [
+            middle.forward(hidden, torch.arange(128), middle.new_cache())
+            for _ in range(EPOCH_NODES)
+        ]
+    )
+    return {
+        "verifier_cpu_s_per_epoch": round(text_s + echo_s + sampled_s + spot_s, 2),
+        "verifier_cpu_s_per_epoch_challenge_text": round(text_s, 2),
+        "verifier_cpu_s_per_epoch_echo": round(echo_s, 2),
+        "verifier_cpu_s_per_epoch_sampled": round(sampled_s, 2),
+        "verifier_cpu_s_per_epoch_spot_checks": round(spot_s, 2),
+    }
+
+
+def sampled_and_epoch(args: argparse.Namespace, challenges) -> dict[str, float]:
+    """The sampled-detection table and the verifier's CPU per epoch, on the int8 model."""
+    from node.model.evaluate import heldout_text
+    from node.verifier import cheats
+    from node.verifier.measure import load_circuit
+
+    registered = load_circuit("int8")
+    served = {
+        "honest_int8": registered.shards,
+        "int4_for_int8": load_circuit("int4").shards,
+        "skip_one_layer": [
+            registered.shards[0],
+            cheats.drop_layer(registered.shards[1], 5, confirm=cheats.CHEAT),
+            registered.shards[2],
+        ],
+        "noise_every_4th": [
+            registered.shards[0],
+            cheats.NoisyShard(registered.shards[1], 0.1, 4, seed=1, confirm=cheats.CHEAT),
+            registered.shards[2],
+        ],
+    }
+    if args.quick:
+        served = {k: served[k] for k in ("honest_int8", "skip_one_layer")}
+    ids = registered.head.encode(heldout_text())
+    step = max(1, (len(ids) - 32) // max(1, args.sampled_runs))
+    prompts = [tuple(ids[i * step : i * step + 32]) for i in range(args.sampled_runs)]
+    metrics = sampled_detection(registered, served, prompts, args.sampled_tokens)
+    metrics.update(verifier_cpu_per_epoch(registered, challenges))
+    return metrics
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 repeat")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--full-per-token", action="store_true", help="time all 100 requests")
+    parser.add_argument("--sampled-runs", type=int, default=6, help="prompts per circuit")
+    parser.add_argument("--sampled-tokens", type=int, default=128, help="tokens per answer")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.sampled_runs, args.sampled_tokens = 1, 16
+    if args.sampled_runs < 1 or args.sampled_tokens < 1:
+        parser.error("--sampled-runs and --sampled-tokens must be at least 1")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     repeats = 1 if args.quick else args.repeats
     load_start = os.getloadavg()[0]
@@ -148,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
 
     circuit = load_circuit("none")
     challenges = text_challenges(circuit.head, heldout_text(), count=max(2, repeats))
+    one_pass(circuit, challenges[0])  # warm-up (first forwards initialise lazily): not timed
     one, per, verifier_side, one_cpu, per_cpu = [], [], [], [], []
     for index in range(repeats):
         challenge = challenges[index]
@@ -160,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
         per_cpu.append(cpu)
         log.info("repeat %d: one pass %.2f s, per token %.2f s", index + 1, one[-1], per[-1])
     spot = [serving_and_spot_check(circuit, list(challenges[0].ids[:128])) for _ in range(repeats)]
+    long = text_challenges(circuit.head, heldout_text(), count=1, continuation_tokens=200)[0]
+    long_one, _, _ = one_pass(circuit, long)
+    long_per, _ = per_token(circuit, long, args.full_per_token)
+    del circuit  # the fp32 circuit: the rest runs on the registered int8 model and its cheats
+    extra = sampled_and_epoch(args, challenges)
     one_s, per_s = median(one), median(per)
     decode_ms = median([s["decode_ms_per_position"] for s in spot])
     fingerprint_ms = median([s["fingerprint_ms_per_position"] for s in spot])
@@ -191,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         "spot_check_cost_fraction": round(SPOT_CHECK_RATE * verifier_vs_serving, 4),
         "fingerprint_ms_per_position": round(fingerprint_ms, 3),
         "fingerprint_overhead_fraction": round(fingerprint_ms / decode_ms, 4),
+        "ratio_one_pass_vs_per_token_answer_200": round(long_per / long_one, 1),
+        **extra,
     }
     body = {
         "bench": "verification",
@@ -207,12 +369,16 @@ def main(argv: list[str] | None = None) -> int:
             "spot_check": "middle shard (10 layers), block [96, 128) recomputed by one "
             "128-position prefill",
             "shared_box": "2 CPU cores shared with ~5 engineers running tests and devnets",
+            "sampled_runs": args.sampled_runs,
+            "sampled_tokens": args.sampled_tokens,
+            "sampled_registered": "int8",
             "load_average_start": round(load_start, 2),
             "load_average_end": round(os.getloadavg()[0], 2),
         },
         "metrics": metrics,
         "targets": {
             "ratio_one_pass_vs_per_token": {"op": ">=", "value": 50},
+            "ratio_one_pass_vs_per_token_answer_200": {"op": ">=", "value": 50},
             "verifications_per_min_one_pass": {"op": ">=", "value": 600},
             "fingerprint_bytes_per_32_positions": {"op": "<=", "value": 258},
             "fingerprint_overhead_fraction": {"op": "<=", "value": 0.02},

@@ -4,6 +4,10 @@ address is what `DeployConfig(fault_verifier=...)` wires into Staking/FraudProof
 
     zk = deploy_fault_verifier(rpc_url, key, circuit)
     config = DeployConfig.devnet(committee, fault_verifier=zk.adapter)
+
+Used by bench/zk.py and the ZK tests only: no deployment of the product wires it in (the
+default `fault_verifier` is none). The ticket's soundness against a modified prover is not
+established (docs/verification.md §8), so it is not offered as a fraud proof.
 """
 
 from __future__ import annotations

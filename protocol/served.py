@@ -3,10 +3,18 @@ positions, shard), and the spool format that carries records from the node to it
 
 For every block b of `protocol.fingerprint.BLOCK_POSITIONS` positions of a session a node
 computed, it keeps the fingerprint bytes of its output activations (`protocol.fingerprint`) and
-commits on the committee chain to
+the input activations it received, and commits on the committee chain to
 
-    output_hash = keccak256(fingerprint bytes of the block)
+    inputs_b    = sha256(inputs_{b−1} ‖ float32 little-endian bytes of the block's input rows)
+                  (inputs_{−1} = "planet/served-inputs/v1"): a hash chain over every input
+                  position of the session up to the block's end
+    output_hash = keccak256(fingerprint bytes of the block ‖ inputs_b)     (`served_output_hash`)
     commitment  = commitment_value(session, step = b, shard, output_hash, salt)   (protocol.eip712)
+
+Binding the inputs means a spot-check ticket (the inputs up to the block's end, the fingerprint
+and the salt) is fixed by the commitment before anyone is selected: a node cannot hand one
+verifier other inputs than another, nor pick inputs after it learns it was drawn, so every
+verifier that re-judges a block recomputes the same bytes (`inputs_digests`).
 
 with `salt` 32 random bytes per record, kept by the node (in the spool) until it reveals. The
 `session` is the hop's public session tag (`protocol.frames.sessions.session_tag`: sha256 over a
@@ -25,13 +33,16 @@ file can be wrong.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 
+import numpy as np
 from eth_utils import keccak
 
 from protocol.eip712 import commitment_value
 from protocol.errors import ProtocolError
+from protocol.fingerprint import BLOCK_POSITIONS
 
 SPOOL_MAGIC = b"PLSRV1\n\x00"
 SPOOL_PREFIX = "served-"
@@ -48,9 +59,72 @@ class SpoolError(ProtocolError):
     code = "spool_format"
 
 
+INPUTS_DOMAIN = b"planet/served-inputs/v1"
+FLOAT32_LE = "<f4"
+
+
 def output_hash(fingerprint: bytes) -> bytes:
-    """keccak256 of a block's fingerprint bytes: the `outputHash` a node commits to."""
+    """keccak256 of a block's fingerprint bytes (routing's output hash, protocol.routing)."""
     return keccak(fingerprint)
+
+
+def next_inputs_digest(previous: bytes | None, rows: bytes) -> bytes:
+    """The input hash chain one block on: sha256(previous (or the domain) ‖ the block's input
+    rows as float32 little-endian bytes)."""
+    return hashlib.sha256((previous or INPUTS_DOMAIN) + rows).digest()
+
+
+def inputs_digests(inputs: np.ndarray) -> list[bytes]:
+    """The chain value after each block of `inputs` ([1, T, H] or [T, H] float32 positions
+    [0, T)), the last block possibly partial: what `served_output_hash` binds per block."""
+    rows = np.asarray(inputs)
+    rows = rows.reshape(-1, rows.shape[-1]) if rows.ndim == 3 else rows
+    out: list[bytes] = []
+    previous: bytes | None = None
+    for start in range(0, rows.shape[0], BLOCK_POSITIONS):
+        chunk = np.ascontiguousarray(rows[start : start + BLOCK_POSITIONS], dtype=FLOAT32_LE)
+        previous = next_inputs_digest(previous, chunk.tobytes())
+        out.append(previous)
+    return out
+
+
+class InputsChain:
+    """A session's input hash chain, fed the input rows as they arrive (`add`); `close_block`
+    hashes the next `count` rows into the chain and returns its new value. Rows are kept only
+    until hashed (as views of the caller's arrays)."""
+
+    def __init__(self) -> None:
+        self.digest: bytes | None = None
+        self._pending: list[np.ndarray] = []
+
+    def add(self, rows: np.ndarray) -> None:
+        """Input rows [T, H] (float32) in position order."""
+        self._pending.append(rows)
+
+    def close_block(self, count: int) -> bytes:
+        taken: list[np.ndarray] = []
+        need = count
+        while need > 0 and self._pending:
+            head = self._pending[0]
+            if head.shape[0] <= need:
+                taken.append(self._pending.pop(0))
+                need -= head.shape[0]
+            else:
+                taken.append(head[:need])
+                self._pending[0] = head[need:]
+                need = 0
+        data = b""
+        if taken:
+            data = np.ascontiguousarray(np.concatenate(taken, axis=0), dtype=FLOAT32_LE).tobytes()
+        self.digest = next_inputs_digest(self.digest, data)
+        return self.digest
+
+
+def served_output_hash(fingerprint: bytes, inputs_digest: bytes) -> bytes:
+    """The committed `output_hash` of a served block: keccak256(fingerprint ‖ inputs chain)."""
+    if len(inputs_digest) != 32:
+        raise ValueError("the inputs digest is 32 bytes")
+    return keccak(fingerprint + inputs_digest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +134,7 @@ class ServedRecord:
     session: bytes  # 32 bytes: the hop's session tag
     step: int  # block index b: positions [32 b, 32 b + n)
     shard: int
-    output_hash: bytes  # keccak256(fingerprint bytes)
+    output_hash: bytes  # keccak256(fingerprint bytes ‖ inputs chain): `served_output_hash`
     salt: bytes  # 32 random bytes
 
     def commitment(self) -> bytes:

@@ -11,8 +11,19 @@ in epoch e, with integers only:
 
 Each triple is an independent draw with probability `rate_ppm` / 10^6 (default 50 000 = 5 %), so
 a node that cheats on n committed blocks escapes every check with probability (1 − p)^n, and
-no node can tell before the seed exists which of its blocks will be drawn. The verifier that
-checks a selected triple is the registered verifier with the smallest
+no node can tell before the seed exists which of its blocks will be drawn.
+
+**Serving little does not dodge checks**: a node's blocks of epoch e are drawn at
+
+    rate(node) = max(rate_ppm, ⌈floor · 10^6 / n⌉) (at most 10^6)      (`node_rate_ppm`)
+
+where n is the number of blocks the node committed in e (the chain's count, `/coverage`) and
+`floor` the genesis `spot_check_floor` (default 1): every node is expected to get at least
+`floor` checks per epoch however few blocks it committed (a node with n ≤ floor blocks has all
+of them checked), and at least the rate p when it serves a lot. A node cannot shrink n below
+the work gateways reported for it without being flagged (abci_app/coverage.py: no commitment,
+no pay, no routing). The verifier that checks a selected triple is the registered verifier
+with the smallest
 
     sha256("planet/spot-check-verifier/v1" ‖ seed ‖ triple bytes ‖ verifier key (32 B))
 
@@ -28,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -118,13 +129,39 @@ def is_selected(seed: bytes | str, triple: Triple, rate_ppm: int = DEFAULT_RATE_
     return draw(seed, triple) * SCALE_PPM < check_rate(rate_ppm) << 64
 
 
+def node_rate_ppm(rate_ppm: int, floor: int, blocks: int) -> int:
+    """The draw rate of one node's blocks of an epoch: max(rate_ppm, ⌈floor · 10^6 / blocks⌉),
+    at most 10^6 (`rate_ppm` when `floor` or `blocks` is 0)."""
+    check_rate(rate_ppm)
+    for name, value in (("floor", floor), ("blocks", blocks)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SelectionError(f"{name} must be a non-negative integer")
+    if floor == 0 or blocks == 0:
+        return rate_ppm
+    return min(SCALE_PPM, max(rate_ppm, -(-floor * SCALE_PPM // blocks)))
+
+
 def select(
-    seed: bytes | str, triples: Iterable[Triple], rate_ppm: int = DEFAULT_RATE_PPM
+    seed: bytes | str,
+    triples: Iterable[Triple],
+    rate_ppm: int = DEFAULT_RATE_PPM,
+    *,
+    floor: int = 0,
+    blocks: Mapping[str, int] | None = None,
 ) -> list[Triple]:
-    """The selected triples, sorted (duplicates counted once)."""
+    """The selected triples, sorted (duplicates counted once). With `floor`, a node's triples
+    are drawn at `node_rate_ppm(rate_ppm, floor, blocks[node])` (`blocks`: the chain's count
+    of the node's blocks in the epoch; a node missing from it counts its triples here)."""
     seed_bytes = _seed(seed)
     check_rate(rate_ppm)
-    return sorted(t for t in set(triples) if is_selected(seed_bytes, t, rate_ppm))
+    unique = set(triples)
+    counts: dict[str, int] = {}
+    for triple in unique:
+        counts[triple.node] = counts.get(triple.node, 0) + 1
+    if blocks is not None:
+        counts.update({node: n for node, n in blocks.items() if node in counts})
+    rates = {node: node_rate_ppm(rate_ppm, floor, n) for node, n in counts.items()}
+    return sorted(t for t in unique if is_selected(seed_bytes, t, rates[t.node]))
 
 
 def assign_verifier(seed: bytes | str, triple: Triple, verifiers: Sequence[str]) -> str:
@@ -182,9 +219,13 @@ def checks_for(
     verifiers: Sequence[str],
     me: str,
     rate_ppm: int = DEFAULT_RATE_PPM,
+    *,
+    floor: int = 0,
+    blocks: Mapping[str, int] | None = None,
 ) -> list[Triple]:
     """The selected triples assigned to verifier `me` (what it requests tickets for)."""
-    return [t for t in select(seed, triples, rate_ppm) if assign_verifier(seed, t, verifiers) == me]
+    chosen = select(seed, triples, rate_ppm, floor=floor, blocks=blocks)
+    return [t for t in chosen if assign_verifier(seed, t, verifiers) == me]
 
 
 class Outcome(Enum):

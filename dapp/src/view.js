@@ -80,6 +80,13 @@ export function renderPools(pools, selected, onSelect) {
   });
 }
 
+function flags(node) {
+  const why = [];
+  if (node.untrusted) why.push("untrusted");
+  if (node.uncommitted) why.push("uncommitted: serves without committing");
+  return why.length ? ` (${why.join(", ")})` : "";
+}
+
 export function renderNetwork(view) {
   const perShard = view.pool.routable_per_shard.join(" / ");
   $("network-summary").textContent =
@@ -106,7 +113,7 @@ export function renderNetwork(view) {
           el("td", { text: String(shard) }),
           el("td", { class: "mono", title: key, text: short(key) }),
           el("td", { text: node.status || "?" }),
-          el("td", { text: node.untrusted ? `${rep} (untrusted)` : rep }),
+          el("td", { text: rep + flags(node) }),
           el("td", { text: node.stake_wei ? eth(node.stake_wei) : "not attested" }),
           el("td", { class: node.routable ? "good" : "bad", text: node.routable ? "yes" : "no" }),
         ),

@@ -12,7 +12,7 @@ from pathlib import Path
 from deploy.committee.network import load_network
 from deploy.committee.processes import pid_alive, stop_network
 from deploy.devnet.hosts import stop_lab
-from deploy.devnet.plan import Progress, devnet_dir, read_state, write_state
+from deploy.devnet.plan import CHEAT_NODE_MODULE, Progress, devnet_dir, read_state, write_state
 from deploy.devnet.processes import ours
 from node.agent.launch import stop_joined
 from protocol.errors import PlanetError
@@ -49,6 +49,10 @@ def down(home: Path, progress: Progress) -> list[str]:
     if _stop_pid(pids.get("gateway"), "gateway"):
         stopped.append("gateway")
         progress("stopped the gateway")
+    for pid in pids.get("cheat_nodes", []):  # their agents stop (and leave) below
+        if _stop_pid(pid, CHEAT_NODE_MODULE):
+            stopped.append(f"cheating node {pid}")
+            progress(f"stopped the cheating node (pid {pid})")
     for operator in state.get("operators", []):
         result = stop_joined(Path(operator) / "run")
         name = Path(operator).name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ from deploy.anvil import ANVIL_DEV_ADDRESS, DEVNET_CHAIN_ID
 from deploy.committee.network import Network
 from deploy.devnet.hosts import NODE_PORT, Placement
 from deploy.devnet.plan import (
+    CHEAT_JOIN_MODULE,
     COMPUTE_STAKE_ETH,
     OPERATOR_FUNDS_WEI,
     OPERATOR_GAS_WEI,
@@ -18,6 +20,7 @@ from deploy.devnet.plan import (
     write_state,
 )
 from deploy.devnet.processes import free_ports, planet_argv, run_parallel
+from node.agent.launch import read_joined
 from node.chain.evm.account import PlanetChain
 from node.config import write_config_file
 from node.keys import create_dev_wallet
@@ -52,7 +55,7 @@ def fund_operators(
         }
         return w3.eth.send_raw_transaction(registrar.account.sign_transaction(tx).raw_transaction)
 
-    for index in range(options.nodes):
+    for index in range(options.all_nodes):
         home = options.dir / "operators" / f"node{index}"
         validator = network.validators[index % len(network.validators)]
         write_config_file(
@@ -135,7 +138,7 @@ def run_operator_commands(
             f"node{i}",
             place.argv(
                 f"node{i}",
-                planet_argv(
+                _join_argv(options, i)(
                     "join",
                     "--port",
                     str(ports[i]),
@@ -156,3 +159,15 @@ def run_operator_commands(
         for i, home in enumerate(homes)
     ]
     run_parallel(join, options.join_timeout_s + 30, progress, "planet join")
+    cheaters = [read_joined(home / "run") for home in homes[options.nodes :]]
+    state["pids"]["cheat_nodes"] = [j.node_pid for j in cheaters if j is not None]
+    write_state(options.dir, state)
+
+
+def _join_argv(options: DevnetOptions, index: int) -> Any:
+    """`planet join` for the honest nodes; for the extra ones the test entry point that joins
+    a node with a cheat mode (`--cheat-node`: the product has no cheat flag)."""
+    if index < options.nodes:
+        return planet_argv
+    mode = options.cheat_nodes[index - options.nodes]
+    return lambda *args: [sys.executable, "-m", CHEAT_JOIN_MODULE, "--cheat", mode, *args]

@@ -15,6 +15,10 @@ STATE_FILE = "devnet.json"
 OPERATOR_FUNDS_WEI = 10 * ETHER
 USER_FUNDS_WEI = 100 * ETHER
 COMPUTE_STAKE_ETH = "1"
+# The test entry point that joins a cheating node (`planet join` + `--cheat MODE`), and the one
+# its node runs as: the product has no cheat mode, `--cheat-node` points the launcher here.
+CHEAT_JOIN_MODULE = "tests.doubles.cheating_join"
+CHEAT_NODE_MODULE = "tests.doubles.cheating_node"
 DEVNET_EPOCH_LENGTH = 20  # ≈ 6-10 s at the devnet's 300 ms blocks: settlement within a minute
 # Settled epochs whose records stay (payout statements and claim proofs among them): the
 # genesis default 10 is only ~1-2 minutes of 20-block epochs, too short to claim by hand
@@ -48,13 +52,24 @@ class DevnetOptions:
     gateway: bool = True
     join_timeout_s: float = 240.0
     epoch_length: int = DEVNET_EPOCH_LENGTH  # committee blocks per settlement epoch
-    verifiers: int = 0  # `planet verifier serve` for the first N validators (needs the gateway)
+    verifiers: int | None = None  # `planet verifier serve` for the first N validators (None:
+    # every validator, so the verifiers' reports reach the 2/3 that reputation and verdicts need)
+    cheat_nodes: tuple[str, ...] = ()  # extra nodes joined with a cheat mode (tests, demos)
     hosts: LinkPlan | None = None  # every process in its own network namespace (`--hosts`)
     operator_hosts: int = 1  # with hosts: empty hosts operator0… for new operators
 
     @property
     def dir(self) -> Path:
         return devnet_dir(self.home)
+
+    @property
+    def verifier_count(self) -> int:
+        return self.validators if self.verifiers is None else self.verifiers
+
+    @property
+    def all_nodes(self) -> int:
+        """Compute nodes in all: the honest ones, then the cheating ones."""
+        return self.nodes + len(self.cheat_nodes)
 
 
 def devnet_dir(home: Path) -> Path:

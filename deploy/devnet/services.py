@@ -71,14 +71,15 @@ def start_verifiers(
     place: Placement,
     progress: Progress,
 ) -> None:
-    """`planet verifier serve` on the first `options.verifiers` validators' homes, each with its
-    own funded dev wallet (it pays for its challenges like a user); logs logs/verifier<i>.log."""
+    """`planet verifier serve` on the first `options.verifier_count` validators' homes (every
+    validator by default), each with its own funded dev wallet (it pays for its challenges like
+    a user); logs logs/verifier<i>.log."""
     if not state.get("gateway_url"):
         progress("      verifiers: skipped (they ask through the gateway, which is not running)")
         return
     password = Path(state["password_file"]).read_text()
     pids = state["pids"].setdefault("verifiers", [])
-    for validator in network.validators[: options.verifiers]:
+    for validator in network.validators[: options.verifier_count]:
         wallet = options.dir / f"verifier{validator.index}" / "wallet.json"
         wallet.parent.mkdir(parents=True, exist_ok=True)
         account = create_dev_wallet(wallet, password)
@@ -93,6 +94,9 @@ def start_verifiers(
             "--committee-rpc", validator.rpc_url,
             "--wallet", str(wallet),
             "--password-file", state["password_file"],
+            # one machine runs every verifier: the public corpus, not text each verifier's
+            # model writes per epoch (~10 s of CPU each); a real verifier keeps the default
+            "--challenge-source", "corpus",
         )  # fmt: skip
         log_path = options.dir / "logs" / f"verifier{validator.index}.log"
         pids.append(spawn(place.argv(validator.name, argv), log_path))

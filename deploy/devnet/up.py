@@ -64,8 +64,8 @@ def up(options: DevnetOptions, progress: Progress) -> dict[str, Any]:
         )
     if not 1 <= options.validators <= 16:
         raise UsageError("--validators must be 1..16")
-    if not 1 <= options.nodes <= 9:
-        raise UsageError("--nodes must be 1..9 (each takes ~200 MB of memory)")
+    if not 1 <= options.nodes <= 9 or options.all_nodes > 12:
+        raise UsageError("--nodes must be 1..9, with --cheat-node 12 in all (~200 MB each)")
     hosts_plan = None
     if options.hosts is not None:
         if not 0 <= options.operator_hosts <= MAX_OPERATOR_HOSTS:
@@ -238,19 +238,20 @@ def _up_steps(
     done("committee committing blocks")
 
     # 6. operators: fund, stake, join — the operator's own commands
-    _step(progress, 6, f"compute nodes: {options.nodes} operators `planet stake` + `planet join`")
+    cheats = f" (+{len(options.cheat_nodes)} cheating)" if options.cheat_nodes else ""
+    _step(progress, 6, f"compute nodes: {options.nodes}{cheats} operators stake and join")
     start_gateway(options, state, place, progress)  # loads its model while the nodes join
     operators = fund_operators(options, state, registrar, network, progress)
     run_operator_commands(options, state, operators, place, progress)
     _write_nodes_file(options, state, manifest)
-    done(f"{options.nodes} nodes routable")
+    done(f"{options.all_nodes} nodes routable")
 
     # 7. gateway
     _step(progress, 7, "gateway")
     await_gateway(state)
     write_state(directory, state)
     done("gateway " + ("at " + state["gateway_url"] if state.get("gateway_url") else "skipped"))
-    if options.verifiers:
+    if options.verifier_count:
         start_verifiers(options, state, network, place, progress)
         write_state(directory, state)
 

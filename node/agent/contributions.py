@@ -2,10 +2,13 @@
 
 The compute node counts the positions it ran through its shard (`/info` → `load.tokens`); the
 gateways report, per node, the work of the questions they were paid for (`work_report`), which
-the chain keeps as the node's *backing* (`/backing?node=`). Each `step()` claims
-`min(unclaimed tokens, backed layer-tokens // layers)` tokens with one `contribution` tx, so
-the node is credited exactly what both sides agree on; tokens nobody paid for (direct unpaid
-use, failed circuits) stay unclaimed, and backing that arrives later is claimed later.
+the chain keeps as the node's *backing* (`/backing?node=`); the node's own commitments of the
+blocks it served are its *coverage* (`/coverage?node=`: committed positions not yet credited,
+abci_app/coverage.py — no commitment, no pay). Each `step()` claims
+`min(unclaimed tokens, backed layer-tokens // layers, creditable committed tokens)` tokens with
+one `contribution` tx, so the node is credited exactly what all three agree on; tokens nobody
+paid for (direct unpaid use, failed circuits) or that it did not commit stay unclaimed, and
+backing or commitments that arrive later are claimed later.
 
 With `state_path` what was claimed survives an agent restart: `{"instance", "claimed"}` is
 written *before* each claim is sent (a claim whose tx then fails to land is lost, never sent
@@ -94,7 +97,12 @@ class ContributionReporter:
         for entry in answer.get("backing", []):
             if entry.get("model") == self.model and entry.get("shard") == self.shard:
                 backed = int(entry["layer_tokens"])
-        claim = min(unclaimed, backed // layers, MAX_TOKENS)
+        covered = await self.link.query("/coverage", node=self.link.signer)
+        creditable = 0
+        for entry in covered.get("shards", []):
+            if entry.get("shard") == self.shard:
+                creditable = int(entry["creditable_tokens"])
+        claim = min(unclaimed, backed // layers, creditable, MAX_TOKENS)
         if claim < 1:
             return 0
         body = Contribution((ShardWork(self.model, self.shard, layers, claim),))

@@ -19,6 +19,7 @@ Callers decide whether to retry (see `node.retry`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -67,6 +68,7 @@ class CommitteeLink:
         self._clients = [CommitteeRpc(u, timeout_s=timeout_s) for u in self.urls]
         self._current = 0
         self._next_nonce: int | None = None
+        self._submitting = asyncio.Lock()
 
     async def close(self) -> None:
         for client in self._clients:
@@ -142,6 +144,10 @@ class CommitteeLink:
         (`protocol.commit_batch`) instead of JSON."""
         if self.key is None:
             raise ValueError("this link has no signing key")
+        async with self._submitting:  # one nonce per tx, also for concurrent callers
+            return await self._submit(body, binary)
+
+    async def _submit(self, body: Any, binary: bool) -> Submitted:
         for attempt in (1, 2):
             if self._next_nonce is None:
                 self._next_nonce = await self._fetch_nonce()

@@ -29,6 +29,9 @@ EXAMPLES = """\
 examples:
   planet devnet up --detach                 4 validators, 3 compute nodes, gateway; returns
   planet devnet up --validators 1 --nodes 3 the smallest committee, stays in the foreground
+  planet devnet up --detach --nodes 3 --cheat-node substitute-skip:2
+                                            a 4th node that cheats (a test double): watch the
+                                            verifiers make it unroutable and slash it
   planet devnet status --json
   planet devnet down
 
@@ -85,10 +88,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--verifiers",
         type=int,
-        default=0,
+        default=None,
         metavar="N",
-        help="run `planet verifier serve` for the first N validators (default 0; each loads "
-        "its own copy of the model)",
+        help="run `planet verifier serve` for the first N validators (default: every validator, "
+        "so their reports reach the 2/3 that reputation and verdicts need; each loads its own "
+        "copy of the model; 0: none)",
+    )
+    up.add_argument(
+        "--cheat-node",
+        action="append",
+        default=[],
+        metavar="MODE",
+        help="also join a node that cheats, for demos and tests of verification (repeatable): "
+        "substitute-skip:N, noise:R:K, silent (serves, commits nothing), … — the node is the "
+        "test double tests/doubles/cheating_node.py, joined by tests/doubles/cheating_join.py",
     )
     up.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
     hosts = up.add_argument_group(
@@ -220,10 +233,14 @@ def _up(args: argparse.Namespace) -> int:
     from deploy.devnet.plan import DevnetOptions
     from deploy.devnet.up import up
 
-    if not 0 <= args.verifiers <= args.validators:
+    if args.verifiers is not None and not 0 <= args.verifiers <= args.validators:
         raise UsageError(
             f"--verifiers must be 0 to --validators ({args.validators}), got {args.verifiers}",
             hint="one verifier per validator at most",
+        )
+    if args.cheat_node and args.no_gateway:
+        raise UsageError(
+            "--cheat-node needs the gateway", hint="the verifiers challenge through it"
         )
     options = DevnetOptions(
         home=_home(args),
@@ -235,6 +252,7 @@ def _up(args: argparse.Namespace) -> int:
         verifiers=args.verifiers,
         hosts=_links(args),
         operator_hosts=args.operator_hosts,
+        cheat_nodes=tuple(args.cheat_node),
     )
     state = up(options, _say)
     _summary(state)
@@ -322,7 +340,7 @@ def _status(args: argparse.Namespace) -> int:
     for node in report.get("nodes", []):
         print(
             f"  node {node['key'][:12]}… shard {node['shards']} {node['endpoint']}: "
-            f"{node['status']}, routable {node['routable']}"
+            f"{node['status']}, reputation {_reputation(node)}, routable {node['routable']}"
         )
     pool = report.get("pool")
     if pool:
@@ -370,6 +388,14 @@ def _exec(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     os.execvpe(argv[0], argv, env)
     return 127  # not reached: exec replaces this process
+
+
+def _reputation(node: dict[str, Any]) -> str:
+    """R as a decimal, with the flags that make a node unroutable."""
+    value = node.get("reputation")
+    text = f"{value / 1_000_000:.3f}" if isinstance(value, int) else "?"
+    flags = [name for name in ("untrusted", "uncommitted") if node.get(name)]
+    return text + (f" ({', '.join(flags)})" if flags else "")
 
 
 def _down(args: argparse.Namespace) -> int:

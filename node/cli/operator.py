@@ -533,6 +533,7 @@ def _progress_line(view: dict[str, Any] | None) -> str:
         f"{view.get('status')}, stake {stake_text}, "
         f"reputation {_reputation(view.get('reputation'))}, "
         f"routable {bool(view.get('routable'))}"
+        + (" (uncommitted: commit what you serve)" if view.get("uncommitted") else "")
     )
 
 
@@ -672,7 +673,8 @@ def _status(args: argparse.Namespace) -> int:
             f"reputation  {view['reputation']}  attested stake "
             f"{format_eth(int(view['stake'])) if view.get('stake') else 'none'}"
         )
-        print(f"routable    {'yes' if view['routable'] else 'no'}")
+        why = [name for name in ("untrusted", "uncommitted") if view.get(name)]
+        print(f"routable    {'yes' if view['routable'] else 'no'}", *(f"({w})" for w in why))
     pool = status["pool"]
     if pool:
         per_shard = "  ".join(

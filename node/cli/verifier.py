@@ -92,6 +92,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="spot-check selection rate, as the nodes use it (default 50000 = 5 %%; 0: none)",
     )
     serve.add_argument(
+        "--challenge-source",
+        choices=("generated", "corpus"),
+        default="generated",
+        help="where challenge text comes from: written by the reference model from the "
+        "committed secret seed (default; secret until the seed is revealed, ~70 ms of CPU per "
+        "token here), or windows of the public held-out text (cheap, a node can index it)",
+    )
+    serve.add_argument(
+        "--sampled-per-epoch",
+        type=int,
+        default=1,
+        help="sampled completions per epoch checked by replaying their seed (default 1; 0: none)",
+    )
+    serve.add_argument(
+        "--sampled-tokens", type=int, default=32, help="tokens per sampled check (default 32)"
+    )
+    serve.add_argument(
         "--ticket-deadline",
         type=float,
         default=30.0,
@@ -114,6 +131,10 @@ def _serve(args: argparse.Namespace) -> int:
                 f"--{name.replace('_', '-')} must be at least 1",
                 hint="see planet verifier serve -h",
             )
+    if args.sampled_per_epoch < 0 or not 1 <= args.sampled_tokens <= 4096:
+        raise UsageError(
+            "--sampled-per-epoch must be ≥ 0 and --sampled-tokens 1 … 4096", hint="e.g. 1 and 32"
+        )
     if not 0 <= args.spot_check_ppm <= 1_000_000:
         raise UsageError("--spot-check-ppm must be 0 … 1000000", hint="e.g. 50000 (5 %)")
     if not 1 <= args.ticket_deadline <= 3600:
@@ -164,6 +185,9 @@ def _serve(args: argparse.Namespace) -> int:
             operator_key=operator_key,
             spot_check_ppm=args.spot_check_ppm,
             ticket_deadline_s=args.ticket_deadline,
+            challenge_source=args.challenge_source,
+            sampled_per_epoch=args.sampled_per_epoch,
+            sampled_tokens=args.sampled_tokens,
         ),
         manifest=args.manifest,
         gateway_url=args.gateway,

@@ -278,6 +278,7 @@ def _node(entry: Any) -> dict[str, Any] | None:
         "status": _word(entry.get("status")),
         "reputation": _int(entry.get("reputation")),
         "untrusted": entry.get("untrusted") is True,
+        "uncommitted": entry.get("uncommitted") is True,
         "stake_wei": stake if isinstance(stake, str) and _DIGITS.match(stake) else None,
         "stake_attestations": _int(entry.get("stake_attestations")),
         "routable": entry.get("routable") is True,

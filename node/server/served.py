@@ -4,7 +4,8 @@ For every session the node serves (when `ServerConfig.commit_dir` is set) it rec
 forward pass (a `NodeState.forward_hooks` entry), the fingerprint of its output activations
 (`node.model.fingerprint`) and the input activations it received. Each completed block of 32
 positions becomes a `protocol.served` record (session = the hop's public tag, block index,
-shard, keccak256 of the fingerprint bytes, a random salt) appended to the spool in
+shard, output hash = keccak256 of the fingerprint bytes and of the session's input hash chain
+up to the block's end, a random salt) appended to the spool in
 `commit_dir`, from which the node agent commits and later reveals (`node.agent.commitments`).
 A session's last, partial block is recorded once the session is gone from the node's session
 store (closed, idle-evicted after `idle_timeout_s`, aged out), or, when `seal_idle_s` is set, has
@@ -47,7 +48,14 @@ from node.model.fingerprint import FingerprintRecorder
 from node.server.config import ServerConfig
 from protocol import served as spool_format
 from protocol.fingerprint import BLOCK_POSITIONS
-from protocol.served import SPOOL_MAGIC, SPOOL_PREFIX, SPOOL_SUFFIX, ServedRecord, output_hash
+from protocol.served import (
+    SPOOL_MAGIC,
+    SPOOL_PREFIX,
+    SPOOL_SUFFIX,
+    InputsChain,
+    ServedRecord,
+    served_output_hash,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +80,7 @@ class _Served:
     recorder: FingerprintRecorder = field(default_factory=FingerprintRecorder)
     inputs: list[np.ndarray] = field(default_factory=list)  # [T_i, H] chunks, in order
     blocks: dict[int, tuple[bytes, ServedRecord]] = field(default_factory=dict)
+    chain: InputsChain = field(default_factory=InputsChain)  # the inputs hash chain
     last_s: float = 0.0
     sealed: bool = False
     nbytes: int = 0
@@ -142,6 +151,7 @@ class ServedLog:
             served.recorder.add(out, positions.tolist())
             chunk = np.array(hidden[0], dtype=np.float32, copy=True)  # [T, H]
             served.inputs.append(chunk)
+            served.chain.add(chunk)
             added = chunk.nbytes
             for index in range(before, len(served.recorder.blocks)):
                 added += self._commit_block(served, index, served.recorder.blocks[index])
@@ -151,12 +161,15 @@ class ServedLog:
             self._evict_over_cap(keep=tag)
         self.counters["record_s"] += time.perf_counter() - started
 
-    def _commit_block(self, served: _Served, block: int, fingerprint: bytes) -> int:
+    def _commit_block(
+        self, served: _Served, block: int, fingerprint: bytes, rows: int = BLOCK_POSITIONS
+    ) -> int:
+        digest = served.chain.close_block(rows)
         record = ServedRecord(
             session=served.session,
             step=block,
             shard=self.shard,
-            output_hash=output_hash(fingerprint),
+            output_hash=served_output_hash(fingerprint, digest),
             salt=os.urandom(32),
         )
         served.blocks[block] = (fingerprint, record)
@@ -207,7 +220,8 @@ class ServedLog:
         if pending is None:
             return False
         block = (served.recorder.next_position - 1) // BLOCK_POSITIONS
-        added = self._commit_block(served, block, pending)
+        rows = served.recorder.next_position - block * BLOCK_POSITIONS
+        added = self._commit_block(served, block, pending, rows)
         served.nbytes += added
         self._bytes += added
         self.counters["partial_blocks"] += 1

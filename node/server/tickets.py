@@ -11,7 +11,8 @@ Per session (keyed by the hop's public tag) the book keeps, in the forward threa
   with its context in one prefill;
 - the **fingerprint** of each completed 32-position block of outputs (`protocol.fingerprint`),
   and a random 32-byte salt per block; `block_commitments` gives (step = block, output_hash =
-  keccak256(fingerprint), salt, commitment value) for the commit-reveal batches.
+  keccak256(fingerprint ‖ inputs hash chain), `protocol.served.served_output_hash`, salt,
+  commitment value) for the commit-reveal batches.
 
 Memory is capped (`max_bytes`, inputs dominate: 4·H bytes per position); the oldest sessions
 go first and are counted (`evicted_sessions`); a session that would outgrow
@@ -50,8 +51,8 @@ from node.server.app import STATE_KEY
 from protocol.eip712 import commitment_value
 from protocol.errors import PlanetError
 from protocol.fingerprint import BLOCK_POSITIONS, TOPK, encode_block
-from protocol.routing import output_hash
-from protocol.spotcheck import assign_verifier, epoch_verifiers, is_selected
+from protocol.served import InputsChain, served_output_hash
+from protocol.spotcheck import epoch_verifiers, is_selected, node_rate_ppm
 from protocol.tickets import (
     MAX_POSITIONS,
     MAX_REQUEST_BYTES,
@@ -114,6 +115,8 @@ class _Record:
     positions: int = 0
     pending: list[list[tuple[int, int]]] = field(default_factory=list)
     blocks: list[bytes] = field(default_factory=list)  # fingerprint bytes per completed block
+    digests: list[bytes] = field(default_factory=list)  # the inputs hash chain per block
+    chain: InputsChain = field(default_factory=InputsChain)
     salts: list[bytes] = field(default_factory=list)
     nbytes: int = 0
     full: bool = False  # grew past MAX_POSITIONS: no longer recorded
@@ -160,6 +163,7 @@ class TicketBook:
                 log.info("spot-check record dropped session=%s at=%d", tag[:16], first)
                 return
             record.inputs.append(chunk)
+            record.chain.add(chunk)
             record.nbytes += chunk.nbytes
             self.total_bytes += chunk.nbytes
             for row in rows:
@@ -167,6 +171,7 @@ class TicketBook:
                 record.positions += 1
                 if record.positions % BLOCK_POSITIONS == 0:
                     record.blocks.append(encode_block(record.pending))
+                    record.digests.append(record.chain.close_block(BLOCK_POSITIONS))
                     record.salts.append(secrets.token_bytes(32))
                     record.pending = []
             self._evict()
@@ -190,10 +195,11 @@ class TicketBook:
             if record is None:
                 return []
             blocks, salts = list(record.blocks), list(record.salts)
+            chained = list(record.digests)
         session = bytes.fromhex(tag)
         out = []
         for step, (fingerprint, salt) in enumerate(zip(blocks, salts, strict=True)):
-            digest = output_hash(fingerprint)
+            digest = served_output_hash(fingerprint, chained[step])
             value = commitment_value(session, step, self.shard, digest, salt)
             out.append(BlockCommitment("0x" + tag, step, self.shard, digest, salt, value))
         return out
@@ -216,20 +222,25 @@ class TicketBook:
 class TicketPolicy(Protocol):
     async def authorize(self, request: TicketRequest) -> None:
         """Raise TicketRefusedError unless the committee selected this triple under
-        `request.seed` and assigned it to `request.verifier`."""
+        `request.seed` and `request.verifier` is one of that epoch's verifiers."""
         ...
 
 
 @dataclass
 class StaticPolicy:
-    """Seeds and verifiers known up front (tests, a node that mirrors the chain itself)."""
+    """Seeds and verifiers known up front (tests, a node that mirrors the chain itself);
+    `blocks`: the node's committed blocks of the epoch (the floor's count), 0 when unknown."""
 
     seeds: set[str]
     verifiers: Sequence[str]
     rate_ppm: int
+    floor: int = 0
+    blocks: int = 0
 
     async def authorize(self, request: TicketRequest) -> None:
-        authorize_selection(request, self.seeds, self.verifiers, self.rate_ppm)
+        authorize_selection(
+            request, self.seeds, self.verifiers, self.rate_ppm, floor=self.floor, blocks=self.blocks
+        )
 
 
 class CommitteePolicy:
@@ -238,8 +249,10 @@ class CommitteePolicy:
     (a ticket may be asked for while later epochs run). Each record fixes its seed and its
     spot-check verifiers (`verifiers`: the validators that committed a verifier seed for it,
     abci_app/epochs.py); a request is checked against the set of the record whose seed it
-    names, the same set every verifier assigns with. `rpc` is a
-    `node.chain.committee_rpc.CommitteeRpc` (anything with `async abci_query(path)`)."""
+    names, the same set every verifier assigns with. The draw rate of the node's blocks is the
+    chain's (`node_rate_ppm` with genesis `spot_check_floor` and the node's committed blocks of
+    the epoch from `/coverage`). `rpc` is a `node.chain.committee_rpc.CommitteeRpc` (anything
+    with `async abci_query(path)`)."""
 
     def __init__(
         self, rpc: object, *, rate_ppm: int, lookback: int = 3, refresh_s: float = 5.0
@@ -248,46 +261,74 @@ class CommitteePolicy:
         self.rate_ppm = rate_ppm
         self.lookback = lookback
         self.refresh_s = refresh_s
-        self._view: tuple[float, dict[str, list[str]]] | None = None
+        self._view: tuple[float, dict[str, tuple[int, list[str]]], int] | None = None
+        self._blocks: dict[tuple[str, int], tuple[float, int]] = {}
 
-    async def _refresh(self) -> dict[str, list[str]]:
+    async def _refresh(self) -> tuple[dict[str, tuple[int, list[str]]], int]:
         now = time.monotonic()
         if self._view is not None and now - self._view[0] < self.refresh_s:
-            return self._view[1]
+            return self._view[1], self._view[2]
         query = self.rpc.abci_query  # type: ignore[attr-defined]
         current = (await query("/epochs")).get("current", 1)
-        sets: dict[str, list[str]] = {}
+        sets: dict[str, tuple[int, list[str]]] = {}
         for epoch in range(max(1, int(current) - self.lookback), int(current) + 1):
             for record in (await query(f"/epochs?epoch={epoch}")).get("epochs", []):
                 parsed = epoch_verifiers(record)
                 if parsed is not None:
-                    sets[parsed[0]] = parsed[1]
-        self._view = (now, sets)
-        return sets
+                    sets[parsed[0]] = (epoch, parsed[1])
+        genesis = (await query("/params")).get("genesis", {})
+        floor = genesis.get("spot_check_floor", 1) if isinstance(genesis, dict) else 1
+        floor = floor if type(floor) is int and floor >= 0 else 1
+        self._view = (now, sets, floor)
+        return sets, floor
+
+    async def _node_blocks(self, node: str, epoch: int) -> int:
+        """The node's committed blocks of `epoch`, as the chain counts them."""
+        now = time.monotonic()
+        held = self._blocks.get((node, epoch))
+        if held is not None and now - held[0] < self.refresh_s:
+            return held[1]
+        answer = await self.rpc.abci_query(f"/coverage?node={node}")  # type: ignore[attr-defined]
+        count = 0
+        for shard in answer.get("shards", []):
+            value = (shard.get("blocks") or {}).get(str(epoch), 0)
+            count += value if type(value) is int and value > 0 else 0
+        self._blocks[(node, epoch)] = (now, count)
+        return count
 
     async def authorize(self, request: TicketRequest) -> None:
         try:
-            sets = await self._refresh()
+            sets, floor = await self._refresh()
+            epoch, verifiers = sets.get(request.seed, (0, []))
+            blocks = await self._node_blocks(request.triple.node, epoch - 1) if epoch else 0
         except PlanetError as error:
             raise TicketRefusedError(
                 f"the committee chain cannot confirm the selection now: {error.message}",
                 hint="retry before the ticket deadline",
             ) from None
-        authorize_selection(request, set(sets), sets.get(request.seed, []), self.rate_ppm)
+        authorize_selection(
+            request, set(sets), verifiers, self.rate_ppm, floor=floor, blocks=blocks
+        )
 
 
 def authorize_selection(
-    request: TicketRequest, seeds: set[str], verifiers: Sequence[str], rate_ppm: int
+    request: TicketRequest,
+    seeds: set[str],
+    verifiers: Sequence[str],
+    rate_ppm: int,
+    *,
+    floor: int = 0,
+    blocks: int = 0,
 ) -> None:
+    """The triple must be selected under a seed the committee fixed, and the requester one of
+    that epoch's verifiers: the assigned verifier checks it first, any other verifier of the
+    set re-judges it when a peer reports a finding (so a failed check can reach 2/3)."""
     if request.seed not in seeds:
         raise TicketRefusedError("the seed is not an epoch seed the committee fixed")
-    if not is_selected(request.seed, request.triple, rate_ppm):
+    if not is_selected(request.seed, request.triple, node_rate_ppm(rate_ppm, floor, blocks)):
         raise TicketRefusedError("this block is not selected for a spot check")
-    if (
-        not verifiers
-        or assign_verifier(request.seed, request.triple, verifiers) != request.verifier
-    ):
-        raise TicketRefusedError("the check is assigned to another verifier")
+    if request.verifier not in verifiers:
+        raise TicketRefusedError("the requester is not a spot-check verifier of that epoch")
 
 
 TICKET_BOOK_KEY = web.AppKey("ticket_book", TicketBook)

@@ -1,8 +1,9 @@
 """The verifier as an ordinary paying user of the gateway.
 
-Each challenge is one `/v1/completions` request with echo + logprobs (`echo.echo_request`),
-paid like any question: a fresh random query id deposited into `QueryEscrow` from the
-verifier's wallet, a `planet-pay-v1` API key signed for this gateway and model. Nothing in it
+Each challenge is one `/v1/completions` request with echo + logprobs (`echo.echo_request`), or
+a sampled completion with the verifier's seed (`sampled.sampled_request`), paid like any
+question: a fresh random query id deposited into `QueryEscrow` from the verifier's wallet, a
+`planet-pay-v1` API key signed for this gateway and model. Nothing in it
 tells the nodes who asks (they see frames only); the gateway sees a paying wallet. The answer's
 receipt (returned only to the payer) names the circuit's node keys in shard order, which is how
 the verifier attributes the score; the receipt's signature and circuit hash are checked.
@@ -17,12 +18,14 @@ import asyncio
 import json
 import logging
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from node.verifier.echo import echo_request
+from node.verifier.sampled import sampled_request
 from node.verifier.scoring import Challenge
 from protocol.eip712 import as_bytes32
 from protocol.errors import ProtocolError, RemoteError, UnavailableError
@@ -98,7 +101,20 @@ class GatewayAsker:
     async def ask(self, challenge: Challenge) -> Asked:
         pool = await self.pool()
         body = echo_request(pool.model, challenge)
-        key, query_id = await self._pay(pool, len(challenge.ids) + body["max_tokens"])
+        return await self._ask(pool, body, len(challenge.ids) + body["max_tokens"])
+
+    async def ask_sampled(
+        self, prompt_ids: Sequence[int], *, max_tokens: int, seed: int, temperature: float
+    ) -> Asked:
+        """A sampled completion with the verifier's seed (node/verifier/sampled.py)."""
+        pool = await self.pool()
+        body = sampled_request(
+            pool.model, prompt_ids, max_tokens=max_tokens, seed=seed, temperature=temperature
+        )
+        return await self._ask(pool, body, len(prompt_ids) + max_tokens)
+
+    async def _ask(self, pool: Pool, body: dict[str, Any], tokens: int) -> Asked:
+        key, query_id = await self._pay(pool, tokens)
         try:
             async with self.http.post(
                 f"{self.url}/v1/completions",

@@ -7,21 +7,43 @@ Challenge i of epoch e is a window of natural text (prompt + known continuation)
 
     offset_i = int(sha256("planet/challenge-window" ‖ seed ‖ uint64_be(e) ‖ uint32_be(i))) mod n
 
-over the token ids of the verifier's corpus (default: the repository's held-out text).
+over the token ids of the epoch's text. Two sources of that text (`--challenge-source`):
 
-    challenges = epoch_challenges(ids, seed, epoch, count=4, prompt_tokens=32, continuation=64)
+- `generated` (the default): text the reference model itself writes from the seed
+  (`generated_text`): two start tokens drawn from the vocabulary's words by
+  sha256("planet/challenge-text" ‖ seed ‖ e), then the model samples on (temperature 0.8,
+  top-p 0.95, numpy's generator seeded from the same digest) for the windows' total length.
+  Nothing in the repository lists it and nobody can write it before the seed is revealed, so
+  no node can index challenges in advance; after the reveal anyone with the registered model
+  regenerates it and checks the windows (same model, same code; on other hardware a rare
+  float-rounding flip of one sampled token would make the check differ from that token on);
+- `corpus`: windows of a fixed text (the repository's held-out text): cheap, but public — a
+  node that indexes it can recognise the windows.
+
+    text = generated_text(reference, seed, epoch, length)            # token ids
+    challenges = epoch_challenges(text, seed, epoch, count=4, prompt_tokens=32, continuation=64)
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
+import torch
+
+from node.client.sampling import SamplingConfig, sample
 from node.verifier.scoring import Challenge
 from protocol.errors import UsageError
 
 SEED_BYTES = 32
+TEXT_DOMAIN = b"planet/challenge-text/v1"
+TEXT_SAMPLING = (0.8, 0.95)  # temperature, top-p of the generated challenge text
+WINDOW_STRIDE = 16  # generated text: windows start within (count - 1) · stride tokens
+_WORD = re.compile(r" ?[A-Za-z]{3,}\Z")
 
 
 def new_seed() -> bytes:
@@ -60,3 +82,44 @@ def epoch_challenges(
         window = corpus_ids[start : start + length]
         out.append(Challenge(tuple(window[:prompt_tokens]), tuple(window[prompt_tokens:])))
     return out
+
+
+def text_length(count: int, prompt_tokens: int, continuation_tokens: int) -> int:
+    """Tokens of generated text an epoch's `count` windows are drawn from."""
+    return prompt_tokens + continuation_tokens + (count - 1) * WINDOW_STRIDE
+
+
+def _start_tokens(vocab: dict[str, int], digest: bytes) -> list[int]:
+    words = sorted(token for text, token in vocab.items() if _WORD.match(text))
+    if not words:
+        raise UsageError("the reference's vocabulary has no word tokens to start a text")
+    first = int.from_bytes(digest[8:16], "big") % len(words)
+    second = int.from_bytes(digest[16:24], "big") % len(words)
+    return [words[first], words[second]]
+
+
+@torch.inference_mode()
+def generated_text(reference: Any, seed: bytes, epoch: int, length: int) -> list[int]:
+    """`length` token ids the reference model writes from (seed, epoch): the secret, fresh text
+    of that epoch's challenges. `reference`: node.verifier.reference.Reference (head, shards
+    with caches, vocab). Deterministic for one model and code."""
+    if len(seed) != SEED_BYTES:
+        raise UsageError(f"a challenge seed is {SEED_BYTES} bytes")
+    digest = hashlib.sha256(TEXT_DOMAIN + seed + epoch.to_bytes(8, "big")).digest()
+    temperature, top_p = TEXT_SAMPLING
+    config = SamplingConfig(temperature, top_p, int.from_bytes(digest[:8], "big")).validate()
+    rng = config.rng()
+    ids = _start_tokens(reference.vocab, digest)
+    caches = [shard.new_cache() for shard in reference.shards]
+    hidden = reference.head.embed(ids)
+    positions = torch.arange(len(ids))
+    while True:
+        for shard, cache in zip(reference.shards, caches, strict=True):
+            hidden = shard.forward(hidden, positions, cache)
+        if len(ids) >= length:
+            return ids[:length]
+        logits = reference.head.all_logits(hidden[:, -1:])[-1].to(torch.float32).numpy()
+        token = sample(np.asarray(logits), config, rng)
+        ids.append(token)
+        hidden = reference.head.embed([token])
+        positions = torch.tensor([len(ids) - 1])

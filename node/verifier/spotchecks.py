@@ -7,7 +7,9 @@ requests with (node.server.tickets.CommitteePolicy). This verifier (its consensu
 
 1. requests, opens and judges the ticket of each triple assigned to it
    (`ticket_client.spot_check`, recomputation with its own copy of the registered shard, the
-   calibrated tolerance of the manifest's quantization);
+   calibrated tolerance of the manifest's quantization). A node's blocks are drawn at the
+   chain's rate for it (`node_rate_ppm`: genesis `spot_check_floor` over its committed blocks
+   of the epoch, `/coverage`), so a node that serves little is checked on most of it;
 2. per node with findings in the epoch, hands one result to `vote` — its first FAILED check
    (offence 3, 50 %) in triple order, else its first TIMEOUT (offence 4, 5 %): one verdict,
    one slash per node and epoch. The worker's verdict vote builds it with
@@ -15,7 +17,19 @@ requests with (node.server.tickets.CommitteePolicy). This verifier (its consensu
    the same finding votes the same verdict id;
 3. reports the checks it did (`spot_check_report`, at most 256 per epoch): the chain credits
    the ones its own draw assigned here, and settlement pays the verifiers' cut by them
-   (abci_app/spot_reports.py); the counts also go to `<home>/verifier/spot_checks.json`.
+   (abci_app/spot_reports.py); the counts also go to `<home>/verifier/spot_checks.json`;
+4. **re-judges its peers' findings** (`rejudge`): it knows every selected triple of the recent
+   epochs and the evidence hash a FAILED or TIMEOUT finding on each would carry, so a
+   `verdict_vote` on chain whose evidence is one of them names the triple. It fetches its OWN
+   ticket for that triple (the node answers any verifier of the epoch's set), judges it, and
+   votes the same verdict when it reaches the same finding — a failed check gathers 2/3 of the
+   power from verifiers that each recomputed it. The ticket cannot differ between verifiers:
+   its inputs and fingerprint open the node's commitment (protocol/served.py binds both), so
+   honest verifiers judge the same bytes with the same calibrated rule. When its own finding
+   differs but is not a pass (the node withheld this verifier's ticket: TIMEOUT where a peer
+   found FAILED), it votes its own finding: the chain then sees that ≥ 2/3 of the power
+   accused the node and does not count the finder's unconfirmed verdict as a false accusation
+   (abci_app/verdicts.py).
 
     checker = SpotChecker(link, shards, tolerance, http, vote, home=home)
     await checker.run(stop)
@@ -27,7 +41,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +58,11 @@ from protocol.spotcheck import (
     Outcome,
     SelectionError,
     Triple,
-    checks_for,
+    assign_verifier,
     epoch_of_height,
     epoch_verifiers,
+    evidence_hash,
+    select,
 )
 from protocol.tickets import TicketRequest
 
@@ -67,22 +83,9 @@ class Assignment:
     commitment: bytes
 
 
-def assignments(
-    record: object,
-    commitments: Sequence[object],
-    *,
-    epoch: int,
-    epoch_length: int,
-    me: str,
-    rate_ppm: int = DEFAULT_RATE_PPM,
-) -> list[Assignment]:
-    """The checks of `epoch`'s commitments assigned to verifier `me`, from epoch e+1's
-    `/epochs` record (`record`) and `/commitments` records (malformed ones skipped: a
-    validator RPC is a peer, this is the verifier's boundary). Sorted by triple."""
-    fixed = epoch_verifiers(record)
-    if fixed is None or not fixed[1]:
-        return []
-    seed, verifiers = fixed
+def _committed(commitments: Sequence[object], epoch: int, epoch_length: int) -> dict[Triple, bytes]:
+    """Triple → commitment value of the records committed in `epoch` (malformed ones skipped:
+    a validator RPC is a peer, this is the verifier's boundary)."""
     values: dict[Triple, bytes] = {}
     for entry in commitments:
         if not isinstance(entry, dict):
@@ -100,8 +103,53 @@ def assignments(
             continue
         if len(raw) == 32:
             values[triple] = raw
-    mine = checks_for(seed, values, verifiers, me, rate_ppm)
-    return [Assignment(epoch, seed, t, values[t]) for t in mine]
+    return values
+
+
+def selections(
+    record: object,
+    commitments: Sequence[object],
+    *,
+    epoch: int,
+    epoch_length: int,
+    rate_ppm: int = DEFAULT_RATE_PPM,
+    floor: int = 0,
+    blocks: Mapping[str, int] | None = None,
+) -> tuple[list[Assignment], list[str]]:
+    """Every selected check of `epoch`'s commitments (whoever is assigned) and the verifier
+    set of epoch e+1's `/epochs` record; sorted by triple."""
+    fixed = epoch_verifiers(record)
+    if fixed is None or not fixed[1]:
+        return [], []
+    seed, verifiers = fixed
+    values = _committed(commitments, epoch, epoch_length)
+    chosen = select(seed, values, rate_ppm, floor=floor, blocks=blocks)
+    return [Assignment(epoch, seed, t, values[t]) for t in chosen], verifiers
+
+
+def assignments(
+    record: object,
+    commitments: Sequence[object],
+    *,
+    epoch: int,
+    epoch_length: int,
+    me: str,
+    rate_ppm: int = DEFAULT_RATE_PPM,
+    floor: int = 0,
+    blocks: Mapping[str, int] | None = None,
+) -> list[Assignment]:
+    """The checks of `epoch`'s commitments assigned to verifier `me`, from epoch e+1's
+    `/epochs` record (`record`) and `/commitments` records. Sorted by triple."""
+    chosen, verifiers = selections(
+        record,
+        commitments,
+        epoch=epoch,
+        epoch_length=epoch_length,
+        rate_ppm=rate_ppm,
+        floor=floor,
+        blocks=blocks,
+    )
+    return [a for a in chosen if assign_verifier(a.seed, a.triple, verifiers) == me]
 
 
 class SpotChecker:
@@ -133,6 +181,10 @@ class SpotChecker:
         self.checked: dict[int, dict[str, int]] = {}  # epoch → outcome name → count
         self.last_epoch = 0  # the last epoch whose commitments were checked
         self.accused: set[tuple[str, int]] = set()  # (node, epoch) already voted on
+        self.judged: dict[Triple, TicketResult] = {}  # every ticket this verifier judged
+        # evidence hash (0x hex) of a possible finding → (the selected check, that outcome)
+        self.findable: dict[str, tuple[Assignment, Outcome]] = {}
+        self.rejudged: set[str] = set()  # evidence hashes already looked at (or voted here)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -143,6 +195,7 @@ class SpotChecker:
                 while self.last_epoch + 1 < current and not stop.is_set():
                     await self.check_epoch(self.last_epoch + 1)
                     self.last_epoch += 1
+                await self.rejudge()
             except PlanetError as error:
                 log.warning("spot checks: %s", error.message)
             except (KeyError, TypeError, ValueError, aiohttp.ClientError) as error:
@@ -150,46 +203,53 @@ class SpotChecker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.poll_s)
 
+    async def _blocks(self, nodes: Sequence[str], epoch: int) -> dict[str, int]:
+        """Each node's committed blocks of `epoch` as the chain counts them (`/coverage`)."""
+        out: dict[str, int] = {}
+        for node in nodes:
+            answer = await self.link.query("/coverage", node=node)
+            count = 0
+            for shard in answer.get("shards", []) if isinstance(answer, dict) else []:
+                value = (shard.get("blocks") or {}).get(str(epoch), 0)
+                count += value if type(value) is int and value > 0 else 0
+            out[node] = count
+        return out
+
     async def check_epoch(self, epoch: int) -> list[TicketResult]:
         """Do every check of `epoch`'s commitments assigned here; vote on findings."""
         params = await self.link.query("/params")
-        epoch_length = int(params["genesis"]["epoch_length"])
+        genesis = params["genesis"]
+        epoch_length = int(genesis["epoch_length"])
+        floor = genesis.get("spot_check_floor", 1)
+        floor = floor if type(floor) is int and floor >= 0 else 1
         records = (await self.link.query("/epochs", epoch=epoch + 1))["epochs"]
         if not records:
             return []
         commitments: list[object] = []
-        for node in await self.link.nodes():
-            answer = await self.link.query("/commitments", node=node["key"], limit=1000)
+        keys = [str(node["key"]) for node in await self.link.nodes()]
+        for key in keys:
+            answer = await self.link.query("/commitments", node=key, limit=1000)
             commitments += answer.get("commitments", [])
-        todo = assignments(
+        chosen, verifiers = selections(
             records[0],
             commitments,
             epoch=epoch,
             epoch_length=epoch_length,
-            me=self.me,
             rate_ppm=self.rate_ppm,
+            floor=floor,
+            blocks=await self._blocks(keys, epoch) if floor else None,
         )
+        self._index(chosen)
+        todo = [a for a in chosen if assign_verifier(a.seed, a.triple, verifiers) == self.me]
         results = []
         done: list[Triple] = []
         findings: dict[str, list[TicketResult]] = {}
         for item in todo:
-            result = await self.check(item)
+            result = await self.judge(item, "spot check")
             if result is None:
                 continue
             results.append(result)
             done.append(item.triple)
-            counts = self.checked.setdefault(epoch, {})
-            counts[result.outcome.value] = counts.get(result.outcome.value, 0) + 1
-            self._write_counts()
-            log.warning(
-                "spot check epoch=%d node=%s block=%d shard=%d outcome=%s %s",
-                epoch,
-                item.triple.node[:12],
-                item.triple.block,
-                item.triple.shard,
-                result.outcome.value,
-                result.reason,
-            )
             if result.outcome is not Outcome.PASSED:
                 findings.setdefault(item.triple.node, []).append(result)
         log.info("spot checks epoch=%d assigned=%d done=%d", epoch, len(todo), len(results))
@@ -198,10 +258,81 @@ class SpotChecker:
                 continue
             self.accused.add((node, epoch))  # one verdict per node and epoch: one slash
             failed = [r for r in found if r.outcome is Outcome.FAILED]
-            await self.vote((failed or found)[0], node, epoch)
+            chosen = (failed or found)[0]
+            if chosen.evidence_hash is not None:
+                self.rejudged.add("0x" + chosen.evidence_hash.hex())  # our own finding
+            await self.vote(chosen, node, epoch)
         if done:
             await self.report(epoch, done)
         return results
+
+    def _index(self, chosen: Sequence[Assignment]) -> None:
+        """Remember the evidence a finding on each selected check would carry (recent epochs)."""
+        for item in chosen:
+            for outcome in (Outcome.FAILED, Outcome.TIMEOUT):
+                ident = "0x" + evidence_hash(item.seed, item.triple, outcome).hex()
+                self.findable[ident] = (item, outcome)
+        oldest = max(a.epoch for a in chosen) - 3 if chosen else 0
+        for ident, (item, _) in list(self.findable.items()):
+            if item.epoch < oldest:
+                del self.findable[ident]
+
+    async def judge(self, item: Assignment, what: str) -> TicketResult | None:
+        """One check (own ticket request, recomputation), logged and counted once."""
+        held = self.judged.get(item.triple)
+        if held is not None:
+            return held
+        result = await self.check(item)
+        if result is None:
+            return None
+        self.judged[item.triple] = result
+        counts = self.checked.setdefault(item.epoch, {})
+        counts[result.outcome.value] = counts.get(result.outcome.value, 0) + 1
+        self._write_counts()
+        log.warning(
+            "%s epoch=%d node=%s block=%d shard=%d outcome=%s %s",
+            what,
+            item.epoch,
+            item.triple.node[:12],
+            item.triple.block,
+            item.triple.shard,
+            result.outcome.value,
+            result.reason,
+        )
+        return result
+
+    async def rejudge(self) -> list[TicketResult]:
+        """Re-judge every peer finding on chain (a `verdict_vote` whose evidence names a
+        selected check of a recent epoch) and vote it too when this verifier finds the same."""
+        if not self.findable:
+            return []
+        verdicts = (await self.link.query("/verdicts", confirmed="false"))["verdicts"]
+        out = []
+        for verdict in verdicts:
+            ident = verdict.get("evidence_hash") if isinstance(verdict, dict) else None
+            if not isinstance(ident, str) or ident in self.rejudged or ident not in self.findable:
+                continue
+            self.rejudged.add(ident)
+            item, outcome = self.findable[ident]
+            result = await self.judge(item, "re-judged spot check")
+            if result is None:
+                continue
+            out.append(result)
+            mine = "0x" + result.evidence_hash.hex() if result.evidence_hash else None
+            if result.outcome is not outcome:
+                log.warning(
+                    "peer finding not confirmed node=%s block=%d theirs=%s mine=%s",
+                    item.triple.node[:12],
+                    item.triple.block,
+                    outcome.value,
+                    result.outcome.value,
+                )
+            if mine is None or (mine != ident and mine in self.rejudged):
+                continue  # passed here, or this verifier already voted its own finding
+            self.rejudged.add(mine)
+            self.accused.add((item.triple.node, item.epoch))
+            await self.vote(result, item.triple.node, item.epoch)
+        return out
 
     async def report(self, epoch: int, done: Sequence[Triple]) -> int | None:
         """Send the epoch's `spot_check_report`; the committed code (None: not sent)."""

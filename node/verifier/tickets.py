@@ -7,8 +7,10 @@
     verdict_for(result, node=evm, challenger=me, nonce=n, consumer=fraud_proofs)  # to sign
 
 `commitment` is the value the node put on the committee chain for the selected slot
-(`/commitments?node=&session=`, or the compact batches): the ticket's fingerprint and salt must
-open it, so a node that learns it was selected cannot swap in an honest fingerprint. A node
+(`/commitments?node=&session=`, or the compact batches): the ticket's fingerprint, the hash
+chain of its inputs and its salt must open it (`protocol.served.served_output_hash`), so a node
+that learns it was selected cannot swap in an honest fingerprint or other inputs, and every
+verifier that asks for the same block gets the same ticket. A node
 that sends no valid ticket before the deadline is judged with `timeout_result` (offence 4, 5 %).
 A ticket that does not open, is not signed by the node for this request, or is malformed is
 not an answer (the verifier keeps waiting until the deadline), because anyone can seal bytes
@@ -31,7 +33,7 @@ from protocol.eip712 import Verdict as Verdict712
 from protocol.eip712 import commitment_value
 from protocol.errors import ProtocolError
 from protocol.fingerprint import TOPK, BlockFingerprint, Tolerance, compare_block, decode_block
-from protocol.routing import output_hash
+from protocol.served import inputs_digests, served_output_hash
 from protocol.spotcheck import Outcome, evidence_hash
 from protocol.tickets import Ticket, TicketRequest, open_sealed
 
@@ -103,9 +105,9 @@ def judge_ticket(
     """Judge an opened, node-signed ticket against the on-chain commitment and a recompute."""
     triple = request.triple
     session = bytes.fromhex(triple.session[2:])
-    opened = commitment_value(
-        session, triple.block, triple.shard, output_hash(ticket.fingerprint), ticket.salt
-    )
+    digest = inputs_digests(ticket.inputs)[-1]  # the chain over every carried input position
+    committed = served_output_hash(ticket.fingerprint, digest)
+    opened = commitment_value(session, triple.block, triple.shard, committed, ticket.salt)
     if opened != commitment:
         return _result(request, Outcome.FAILED, "the ticket does not open the node's commitment")
     if ticket.hidden != int(shard.hidden_size):

@@ -6,8 +6,10 @@
 Signs `attest_stake` with the validator's CometBFT consensus key
 (`VALIDATOR_HOME/config/priv_validator_key.json`), and each closed epoch's payout statement
 with its operator key (`VALIDATOR_HOME/config/operator_key.json`), relaying confirmed ones to
-the QueryEscrow (`node/watcher/payouts.py`). Runs until SIGTERM/SIGINT; an EVM RPC or a
-validator that is down is logged and retried with backoff, never fatal.
+the QueryEscrow (`node/watcher/payouts.py`), and relays the verdicts the committee confirmed to
+FraudProofs (`node/watcher/verdicts.py`: the convicted node is slashed). Runs until
+SIGTERM/SIGINT; an EVM RPC or a validator that is down is logged and retried with backoff,
+never fatal.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from node.procs import run_service
 from node.retry import Backoff, sleep_or_stop
 from node.watcher.evm import StakingReader
 from node.watcher.payouts import PayoutRelay
+from node.watcher.verdicts import VerdictRelay
 from node.watcher.watcher import StakeWatcher
 from protocol.errors import ConfigError, PlanetError
 
@@ -74,6 +77,7 @@ async def run(args: argparse.Namespace) -> int:
     reader: StakingReader | None = None
     watcher: StakeWatcher | None = None
     relay: PayoutRelay | None = None
+    verdicts: VerdictRelay | None = None
     key_path = operator_key_path(args.home)
     operator_key = read_operator_key(key_path) if key_path.exists() else None
     if operator_key is None:
@@ -93,9 +97,14 @@ async def run(args: argparse.Namespace) -> int:
                     relay = await asyncio.to_thread(
                         payout_relay, deployment, operator_key, link, args.evm_rpc
                     )
+                    verdicts = await asyncio.to_thread(
+                        verdict_relay, deployment, operator_key, link, args.evm_rpc
+                    )
                 await watcher.step()
                 if relay is not None:
                     await _relay_step(relay)
+                if verdicts is not None:
+                    await _relay_step(verdicts)
                 backoff.reset()
                 delay = args.poll
             except PlanetError as error:
@@ -112,14 +121,25 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _relay_step(relay: PayoutRelay) -> None:
-    """One payout pass; its failures are logged and never slow the stake attestations."""
+async def _relay_step(relay: PayoutRelay | VerdictRelay) -> None:
+    """One relay pass; its failures are logged and never slow the stake attestations."""
+    what = type(relay).__name__
     try:
         await relay.step()
     except PlanetError as error:
-        log.warning("payout relay pass failed: %s", error.message)
+        log.warning("%s pass failed: %s", what, error.message)
     except (KeyError, ValueError, TypeError) as error:  # an odd answer: log, go on
-        log.warning("payout relay pass failed on an unexpected answer: %r", error)
+        log.warning("%s pass failed on an unexpected answer: %r", what, error)
+
+
+def verdict_relay(
+    deployment: Deployment, operator_key: bytes, link: CommitteeLink, evm_rpc: str | None
+) -> VerdictRelay:
+    """The relayer of confirmed verdicts to FraudProofs (the operator key pays the gas)."""
+    from node.chain.evm.account import PlanetChain
+
+    chain = PlanetChain(deployment, operator_key, rpc_url=evm_rpc)
+    return VerdictRelay(committee=link, fraud_proofs=chain.fraud_proofs)
 
 
 def payout_relay(

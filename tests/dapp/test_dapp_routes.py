@@ -177,6 +177,7 @@ def _answers() -> dict[str, Any]:
         "evm_address": "0x" + "12" * 20,
     }
     odd = {**good, "key": KEY_B, "shards": [1], "stake": "1e18", "reputation": -5, "role": "<b>"}
+    odd["uncommitted"] = True  # flagged by the chain: serves without committing
     hostile = [{**good, "key": "../etc"}, {"key": KEY_A * 2}, "text", {**good, "shards": "0"}]
     return {
         "/nodes": {"nodes": [good, odd, *hostile]},
@@ -202,6 +203,7 @@ async def test_network_view_keeps_only_well_formed_committee_fields(aiohttp_clie
     odd = view["nodes"][1]
     assert odd["stake_wei"] is None and odd["reputation"] is None and odd["role"] is None
     assert view["nodes"][0]["stake_wei"] == str(10**18) and view["nodes"][0]["routable"]
+    assert [n["uncommitted"] for n in view["nodes"]] == [False, True]
     assert "endpoint" not in view["nodes"][0]
     assert view["nodes_by_shard"] == [[KEY_A], [KEY_B]]
     assert view["pool"] == {"status": "incomplete", "routable_per_shard": [1, 0]}

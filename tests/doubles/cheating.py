@@ -15,6 +15,8 @@ Modes (`parse_mode`):
                            p with p % K == 0 (a node that guesses some steps)
     no-tickets             computes honestly; `answers_tickets` is false (no ticket endpoint
                            consults it yet, so it still answers spot-check tickets)
+    silent                 computes honestly; its operator's agent commits nothing
+                           (tests/doubles/cheating_join.py starts it without --commit-dir)
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ import numpy as np
 
 from protocol.errors import ConfigError
 
-KINDS = ("substitute-skip", "substitute-perturb", "noise", "no-tickets")
+KINDS = ("substitute-skip", "substitute-perturb", "noise", "no-tickets", "silent")
 _NUMBER = r"(?:0|[1-9][0-9]{0,5})(?:\.[0-9]{1,6})?"
 _PATTERNS = {
     "substitute-skip": re.compile(r"substitute-skip:([2-9]|[1-9][0-9])\Z"),
     "substitute-perturb": re.compile(rf"substitute-perturb:({_NUMBER})\Z"),
     "noise": re.compile(rf"noise:({_NUMBER}):([1-9][0-9]{{0,3}})\Z"),
     "no-tickets": re.compile(r"no-tickets\Z"),
+    "silent": re.compile(r"silent\Z"),
 }
 
 
@@ -68,7 +71,7 @@ def parse_mode(text: str) -> CheatMode:
         return CheatMode(kind)
     raise ConfigError(
         f"unknown cheat mode {text[:60]!r}",
-        hint="substitute-skip:N, substitute-perturb:R, noise:R:K or no-tickets",
+        hint="substitute-skip:N, substitute-perturb:R, noise:R:K, no-tickets or silent",
     )
 
 

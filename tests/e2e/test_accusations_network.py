@@ -1,11 +1,13 @@
-"""A false accusation is refused and its author's vote penalized, on a real committee.
+"""A false accusation is refused and costs its author, on a real committee.
 
 Four CometBFT validators running the committee app (`planet committee init/up`, genesis with
 the EVM section so verdict votes are accepted; epochs of 5 blocks). Validator 0's verifier
 accuses a node alone (10 of 40 power): the verdict never reaches 2/3, and at the end of the
 epoch after its vote the chain settles it `refused` and marks validator 0 (`/verifiers`).
 Three validators agreeing on another verdict confirm it: each of them gets a `confirmed`
-mark. Every vote is the verifier's own code path (`failed_verification_verdict`, signed with
+mark. The false accuser is then benched: its next verdict vote is refused (VERIFIER_BENCHED) and
+its verifier is left out of the spot-check verifier set although it committed a seed. Every
+vote is the verifier's own code path (`failed_verification_verdict`, signed with
 the validator's operator keystore) over the validators' real RPCs.
 """
 
@@ -27,13 +29,14 @@ from node.chain.committee_rpc import CommitteeRpc
 from node.keys import read_operator_key
 from node.verifier.worker import failed_verification_verdict
 from protocol.committee.envelope import sign
-from protocol.committee.verification import VerdictVote
+from protocol.committee.verification import SeedCommit, VerdictVote, seed_commitment
 from protocol.eip712 import committee_domain
 from tests.e2e.test_committee_network import _free_base_port, _planet_command, planet
 
 pytestmark = pytest.mark.e2e
 
 EPOCH_LENGTH = 5
+VERIFIER_BENCHED = 54  # abci_app/codes.py
 EVM_CHAIN_ID = 31337
 COMMITTEE_ADDRESS = "0x" + "c0" * 20
 FRAUD_PROOFS_ADDRESS = "0x" + "f0" * 20
@@ -156,5 +159,35 @@ def test_false_accusation_refused_and_its_author_penalized(committee: Path) -> N
         # every validator's app agrees on the record (the same state everywhere)
         for v in validators:
             assert (await _query(v.rpc_url, "/verifiers"))["verifiers"] == marks
+        # the false accusation costs its author: benched, its next vote is refused, and its
+        # verifier is left out of the spot-check verifier set (no checks, no verification pay)
+        current = (await _query(url, "/epochs"))["current"]
+        assert marks[accuser]["benched_until"] >= current + 2
+        code, _ = await _vote(
+            validators[0].rpc_url, Path(validators[0].home), "0x" + "33" * 20, b"again"
+        )
+        assert code == VERIFIER_BENCHED
+        target = current + 2
+        for v in validators[:2]:
+            assert await _seed_commit(v.rpc_url, Path(v.home), target) == 0
+
+        async def fixed() -> Any:
+            return (await _query(url, f"/epochs?epoch={target}"))["epochs"]
+
+        [record] = await _wait(url, fixed, 60)
+        keys = [_consensus_key(Path(v.home)).verify_key.encode().hex() for v in validators[:2]]
+        assert record["verifiers"] == [keys[1]]  # validator 0 committed a seed too
 
     asyncio.run(scenario())
+
+
+async def _seed_commit(url: str, home: Path, epoch: int) -> int:
+    key = _consensus_key(home)
+    signer = key.verify_key.encode().hex()
+    body = SeedCommit(
+        epoch, seed_commitment(signer, epoch, hashlib.sha256(home.name.encode()).digest())
+    )
+    async with CommitteeRpc(url) as rpc:
+        nonce = (await rpc.abci_query(f"/nonce?account={signer}"))["nonce"]
+        sent = await rpc.broadcast_tx_sync(sign(body, key, nonce + 1).encode())
+        return (await rpc.wait_for_tx(sent.hash, timeout_s=30)).code

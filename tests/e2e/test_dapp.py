@@ -64,7 +64,9 @@ def devnet(env: dict[str, str]) -> Iterator[dict[str, Any]]:
         ["node", "dapp/build.mjs"], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert built.returncode == 0, built.stderr
-    up = _planet(env, "devnet", "up", "--detach", timeout=UP_TIMEOUT_S)
+    # no verifiers: this test pays and settles by hand (tests/e2e/test_verification_devnet.py
+    # runs the devnet with its default verifier per validator)
+    up = _planet(env, "devnet", "up", "--detach", "--verifiers", "0", timeout=UP_TIMEOUT_S)
     state_path = Path(env["PLANET_HOME"]) / "devnet" / "devnet.json"
     try:
         assert up.returncode == 0, up.stderr[-4000:]

@@ -78,7 +78,9 @@ def env(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def devnet(env: dict[str, str]) -> Iterator[dict[str, Any]]:
-    up = _planet(env, "devnet", "up", "--detach", timeout=UP_TIMEOUT_S)
+    # no verifiers: this test stakes, leaves and settles by hand (tests/e2e/
+    # test_verification_devnet.py runs the devnet with its default verifier per validator)
+    up = _planet(env, "devnet", "up", "--detach", "--verifiers", "0", timeout=UP_TIMEOUT_S)
     try:
         assert up.returncode == 0, up.stderr[-4000:]
         assert "Traceback" not in up.stderr
@@ -100,7 +102,9 @@ def devnet(env: dict[str, str]) -> Iterator[dict[str, Any]]:
 
 def _pids_alive(state: dict[str, Any]) -> list[int]:
     """Every pid the devnet recorded that still runs (anvil, gateway, validators, nodes)."""
-    pids = [p for p in state.get("pids", {}).values() if p]
+    pids = []
+    for value in state.get("pids", {}).values():  # a pid, or a list of them (verifiers, …)
+        pids += [p for p in (value if isinstance(value, list) else [value]) if p]
     run = Path(state["committee_dir"]) / "run"
     pids += [int(p.read_text()) for p in run.glob("*.pid")] if run.is_dir() else []
     for home in state.get("operators", []):

@@ -136,3 +136,24 @@ def test_verifier_seeds_were_committed_before_and_revealed_after(vnet: VerifierN
         assert seed_commitment(signer, record["epoch"], seed) == record["commitment"]
         start = (record["epoch"] - 1) * EPOCH_BLOCKS + 1
         assert record["height"] < start <= record["revealed_height"] - EPOCH_BLOCKS
+
+
+def test_sampled_answers_checked_by_replaying_the_seed(vnet: VerifierNet) -> None:
+    """The verifier also asks sampled completions with a seed from its secret and replays the
+    sampler on its reference: honest circuits' tokens match (C = 10^6), the substitute's do not.
+    Its challenge text is written by its reference model from the seed (not the repo corpus)."""
+    cheater = vnet.cheaters[0].public[:12]
+
+    def sampled() -> list[str]:
+        _alive(vnet)
+        return [ln for ln in vnet.log.read_text().splitlines() if "sampled epoch=" in ln]
+
+    lines = wait_for(sampled, 180, "no sampled check", interval=2.0)
+    for line in lines:
+        observed = int(line.split("observed=")[1].split()[0])
+        assert observed > 0, line
+        mismatched = int(line.split("mismatched=")[1].split()[0])
+        if cheater in line:
+            assert mismatched > 0, line  # a substitute's tokens are not the reference's
+        else:
+            assert mismatched <= 1 and line.endswith("C=1000000"), line

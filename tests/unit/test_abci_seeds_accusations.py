@@ -10,6 +10,7 @@ import secrets
 import pytest
 
 from abci_app.codes import Code
+from abci_app.verdicts import BENCH_EPOCHS
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.verification import SeedCommit, SeedReveal, seed_commitment
@@ -109,7 +110,15 @@ def test_accusation_refused_verdict_marks_its_voter_and_confirmed_verdict_credit
     chain.advance_to(10)  # the end of epoch 2 settles it
     accuser = chain.validators[0].address
     marks = ask(chain, "/verifiers")["verifiers"]
-    assert marks == {accuser: {"confirmed": 0, "refused": 1, "last_epoch": 2}}
+    assert marks == {
+        accuser: {
+            "confirmed": 0,
+            "refused": 1,
+            "unconfirmed": 0,
+            "last_epoch": 2,
+            "benched_until": 2 + BENCH_EPOCHS,
+        }
+    }
     [verdict] = ask(chain, "/verdicts")["verdicts"]
     assert verdict["confirmed"] is False and verdict["settled"] == "refused"
 
@@ -120,7 +129,13 @@ def test_accusation_refused_verdict_marks_its_voter_and_confirmed_verdict_credit
     assert marks[accuser]["refused"] == 1 and marks[accuser]["confirmed"] == 0
     for index in (1, 2, 3):
         address = chain.validators[index].address
-        assert marks[address] == {"confirmed": 1, "refused": 0, "last_epoch": 4}
+        assert marks[address] == {
+            "confirmed": 1,
+            "refused": 0,
+            "unconfirmed": 0,
+            "last_epoch": 4,
+            "benched_until": 0,
+        }
 
 
 def test_accusation_confirmed_late_within_the_window_is_not_refused() -> None:
@@ -131,3 +146,97 @@ def test_accusation_confirmed_late_within_the_window_is_not_refused() -> None:
     chain.advance_to(10)
     marks = ask(chain, "/verifiers")["verifiers"]
     assert {m["refused"] for m in marks.values()} == {0} and len(marks) == 3
+
+
+def test_false_accusation_benches_its_author_from_votes_and_spot_checks() -> None:
+    """A refused failed-verification accusation costs its author: its next verdict votes are
+    refused (VERIFIER_BENCHED) and its verifier is left out of the spot-check verifier sets,
+    so it is assigned no checks and earns no verification share, until the bench ends."""
+    chain = Chain()
+    assert chain.block([verdict_vote(chain, 0, VERDICT)])[0].code == Code.OK  # epoch 1
+    chain.advance_to(10)  # settled refused at the end of epoch 2
+    other = dataclasses.replace(VERDICT, evidence_hash=b"\x43" * 32)
+    [result] = chain.block([verdict_vote(chain, 0, other)])  # epoch 3
+    assert result.code == Code.VERIFIER_BENCHED
+    others = chain.block([verdict_vote(chain, i, other) for i in (1, 2, 3)])
+    assert [r.code for r in others] == [Code.OK] * 3  # the others still vote (and confirm)
+    chain.block([commit(chain, 0, 5, b"\x00" * 32), commit(chain, 1, 5, b"\x01" * 32)])
+    chain.advance_to(20)  # epoch 5's record fixes its verifiers
+    [record] = ask(chain, "/epochs?epoch=5")["epochs"]
+    assert record["verifiers"] == [_signer(chain, 1)]
+    until = ask(chain, "/verifiers")["verifiers"][chain.validators[0].address]["benched_until"]
+    chain.advance_to(until * 5)  # the bench's last epoch has closed
+    assert chain.block([verdict_vote(chain, 0, other)])[0].code == Code.OK
+
+
+def test_timeout_accusation_nobody_confirms_costs_nothing() -> None:
+    """A node can withhold a ticket from one verifier only: an unconfirmed timeout accusation
+    (offence 4) is settled `unconfirmed`, not refused, and benches nobody."""
+    chain = Chain()
+    timeout = dataclasses.replace(VERDICT, offence=4)
+    chain.block([verdict_vote(chain, 0, timeout)])
+    chain.advance_to(10)
+    [verdict] = ask(chain, "/verdicts")["verdicts"]
+    assert verdict["settled"] == "unconfirmed"
+    mark = ask(chain, "/verifiers")["verifiers"][chain.validators[0].address]
+    assert mark["refused"] == 0 and mark["unconfirmed"] == 1 and mark["benched_until"] == 0
+    assert chain.block([verdict_vote(chain, 0, VERDICT)])[0].code == Code.OK
+
+
+def test_accusation_on_a_node_convicted_meanwhile_is_not_false() -> None:
+    """Two verifiers found different failing blocks of one node; the committee confirmed one:
+    the other accusation was right about the node and costs its author nothing."""
+    chain = Chain()
+    lone = dataclasses.replace(VERDICT, evidence_hash=b"\x44" * 32)
+    chain.block([verdict_vote(chain, 0, lone)])  # epoch 1, never confirmed
+    chain.block([verdict_vote(chain, i, VERDICT) for i in (1, 2, 3)])  # confirmed
+    chain.advance_to(10)
+    views = {v["evidence_hash"]: v for v in ask(chain, "/verdicts")["verdicts"]}
+    assert views["0x" + "44" * 32]["settled"] == "unconfirmed"
+    assert ask(chain, "/verifiers")["verifiers"][chain.validators[0].address]["refused"] == 0
+
+
+def test_confirmed_failed_verification_convicts_the_node_untrusted() -> None:
+    from tests.unit.test_abci_state import make_routable, register
+
+    chain = Chain()
+    key = register(chain, "n1")  # VERDICT names n1's EVM address
+    make_routable(chain, key)
+    hexed = key.verify_key.encode().hex()
+    assert ask(chain, f"/node?key={hexed}")["routable"] is True
+    chain.block([verdict_vote(chain, i, VERDICT) for i in (0, 1, 2)])
+    view = ask(chain, f"/node?key={hexed}")
+    assert view["reputation"] == 0 and view["untrusted"] is True and view["routable"] is False
+
+
+def test_failed_finding_withheld_from_the_rest_costs_its_finders_nothing() -> None:
+    """A node answers the two verifiers that find it out and withholds its ticket from the other
+    two, whose re-judgements become a timeout accusation: neither verdict reaches 2/3, but the
+    committee (≥ 2/3 of the power) accused the node, so the failed finding is not false."""
+    chain = Chain()
+    timeout = dataclasses.replace(VERDICT, offence=4, evidence_hash=b"\x45" * 32)
+    chain.block([verdict_vote(chain, i, VERDICT) for i in (0, 1)])  # epoch 1: failed, 2 of 4
+    chain.advance_to(6)
+    chain.block([verdict_vote(chain, i, timeout) for i in (2, 3)])  # epoch 2: timeout, 2 of 4
+    chain.advance_to(15)  # both settled
+    views = {v["evidence_hash"]: v for v in ask(chain, "/verdicts")["verdicts"]}
+    assert views["0x" + VERDICT.evidence_hash.hex()]["settled"] == "unconfirmed"
+    assert views["0x" + "45" * 32]["settled"] == "unconfirmed"
+    marks = ask(chain, "/verifiers")["verifiers"]
+    assert {m["refused"] for m in marks.values()} == {0}
+    assert {m["benched_until"] for m in marks.values()} == {0}
+
+
+def test_false_accusation_by_a_third_is_refused_even_with_a_second_verdict() -> None:
+    """Two colluders (half the power, short of 2/3) accuse an honest node with two verdicts:
+    their accusers together stay below 2/3, so both are false accusations and both benched."""
+    chain = Chain()
+    other = dataclasses.replace(VERDICT, offence=4, evidence_hash=b"\x46" * 32)
+    chain.block([verdict_vote(chain, i, VERDICT) for i in (0, 1)])
+    chain.block([verdict_vote(chain, i, other) for i in (0, 1)])
+    chain.advance_to(10)
+    views = {v["evidence_hash"]: v for v in ask(chain, "/verdicts")["verdicts"]}
+    assert views["0x" + VERDICT.evidence_hash.hex()]["settled"] == "refused"
+    marks = ask(chain, "/verifiers")["verifiers"]
+    for index in (0, 1):
+        assert marks[chain.validators[index].address]["benched_until"] > 0

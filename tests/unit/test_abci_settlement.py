@@ -28,7 +28,7 @@ from tests.committee_chain import (
     seeded_evm_key,
     seeded_key,
 )
-from tests.unit.test_abci_state import hexkey, make_routable, register
+from tests.unit.test_abci_state import commit_served, hexkey, make_routable, register
 
 pytestmark = pytest.mark.unit
 
@@ -68,6 +68,8 @@ def two_nodes(chain: Chain) -> tuple[SigningKey, SigningKey]:
     b = register(chain, "node-b", shards=(1,))
     make_routable(chain, a)
     make_routable(chain, b)
+    commit_served(chain, a, shard=0)
+    commit_served(chain, b, shard=1)
     return a, b
 
 

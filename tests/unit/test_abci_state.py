@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -71,6 +72,26 @@ def hexkey(key: SigningKey) -> str:
 
 def node(chain: Chain, key: SigningKey) -> dict:
     return ask(chain, f"/node?key={hexkey(key)}")
+
+
+def commit_served(chain: Chain, key: SigningKey, shard: int = 0, blocks: int = 4) -> None:
+    """`blocks` commitment records of `key` on `shard` (32 positions each): the committed served
+    work a contribution is credited against (abci_app/coverage.py)."""
+    session = (
+        "0x"
+        + hashlib.sha256(b"served/%s/%d" % (hexkey(key).encode(), chain.state.height)).hexdigest()
+    )
+    records = tuple(
+        CommitmentRecord(
+            session,
+            step,
+            shard,
+            "0x" + hashlib.sha256(b"c%d" % step + session.encode()).hexdigest(),
+        )
+        for step in range(blocks)
+    )
+    [result] = chain.block([chain.tx(CommitBatch(records), key)])
+    assert result.code == Code.OK, result.log
 
 
 def make_routable(chain: Chain, key: SigningKey, amount: int = 10**18) -> None:

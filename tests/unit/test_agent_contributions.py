@@ -16,7 +16,7 @@ from abci_app.queries import query
 from node.agent.contributions import CONTRIBUTIONS_FILE, ContributionReporter, Served
 from node.chain.committee_rpc import TxRejectedError
 from protocol.committee.settlement import NodeWork
-from tests.committee_chain import Chain
+from tests.committee_chain import Chain, seeded_key
 from tests.unit.test_abci_settlement import (
     GATEWAY,
     evm_of,
@@ -25,7 +25,7 @@ from tests.unit.test_abci_settlement import (
     settled_chain,
     two_nodes,
 )
-from tests.unit.test_abci_state import hexkey
+from tests.unit.test_abci_state import commit_served, hexkey, make_routable, register
 
 pytestmark = pytest.mark.unit
 
@@ -52,8 +52,8 @@ class NodeLink:
         return result
 
 
-def credited(chain: Chain) -> int:
-    _, value, _ = query(chain.state, f"/credits?account={evm_of('node-a')}", b"")
+def credited(chain: Chain, label: str = "node-a") -> int:
+    _, value, _ = query(chain.state, f"/credits?account={evm_of(label)}", b"")
     return sum(c["layer_tokens"] for c in json.loads(value)["credits"])
 
 
@@ -134,3 +134,25 @@ async def test_the_claim_is_saved_before_it_is_sent(tmp_path: Path) -> None:
         await reporter.step()
     again = ContributionReporter(NodeLink(chain, a), "m", 0, counter, state_path=state)
     assert await again.step() == 0
+
+
+async def test_contributions_claim_only_what_the_node_committed() -> None:
+    chain = settled_chain()
+    register(chain, "silent", shards=(0,))
+    silent = seeded_key("silent")
+    make_routable(chain, silent)
+    served = {"tokens": 100}
+
+    async def counter() -> tuple[int, int]:
+        return served["tokens"], 2
+
+    reporter = ContributionReporter(NodeLink(chain, silent), "m", 0, counter)
+    assert one(chain, report(NodeWork(hexkey(silent), "m", 0, 2, 100)), GATEWAY).code == Code.OK
+    assert await reporter.step() == 0  # served and backed, nothing committed: no claim
+    assert credited(chain, "silent") == 0
+    commit_served(chain, silent, shard=0, blocks=1)  # 32 committed positions
+    assert await reporter.step() == 32
+    assert credited(chain, "silent") == 64
+    assert await reporter.step() == 0
+    commit_served(chain, silent, shard=0, blocks=4)
+    assert await reporter.step() == 68  # the rest of the 100 served and backed tokens

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ class FakeRpc:
 
     async def broadcast_tx_sync(self, raw: bytes) -> BroadcastResult:
         self._check()
+        await asyncio.sleep(0)  # a real RPC yields here: concurrent submits interleave
         self.broadcast.append(raw)
         if self.answers:
             raise self.answers.pop(0)
@@ -86,6 +88,15 @@ async def test_link_counts_nonces_locally_and_rereads_after_bad_nonce() -> None:
     rpc.answers.append(TxRejectedError("http://a", code=3, log_text="bad nonce"))
     assert (await link.submit(Heartbeat())).nonce == 21
     assert [decode(raw).nonce for raw in rpc.broadcast] == [5, 6, 7, 8, 21]
+
+
+async def test_link_concurrent_submits_never_share_a_nonce() -> None:
+    """The verifier's challenge worker and its spot checker submit through one link at once:
+    each tx gets its own nonce (two with one nonce: the second fails in its block)."""
+    rpc = FakeRpc("http://a")
+    link = _link(rpc)
+    sent = await asyncio.gather(*(link.submit(Heartbeat()) for _ in range(4)))
+    assert sorted(s.nonce for s in sent) == [5, 6, 7, 8]
 
 
 async def test_link_tx_already_in_cache_counts_as_sent() -> None:

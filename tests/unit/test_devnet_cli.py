@@ -56,3 +56,34 @@ def test_devnet_state_of_a_dead_devnet_is_not_running(tmp_path: Path) -> None:
 def test_devnet_failed_command_is_shown_as_typed() -> None:
     argv = ["/usr/bin/python3", "-m", "node.cli.main", "join", "--shard", "1"]
     assert argv_tail(argv) == ["planet", "join", "--shard", "1"]
+
+
+def test_devnet_verifiers_default_to_every_validator_and_cheat_nodes_join_last() -> None:
+    """Every validator runs a verifier unless told otherwise (reputation and verdicts need the
+    reports of ≥ 2/3 of the power); `--cheat-node` nodes are joined after the honest ones, by
+    the test entry point that wraps `planet join` (the product has no cheat flag)."""
+    from deploy.devnet.operators import _join_argv
+    from deploy.devnet.plan import CHEAT_JOIN_MODULE, DevnetOptions
+
+    options = DevnetOptions(home=Path("/x"), validators=4, nodes=3, cheat_nodes=("silent",))
+    assert options.verifier_count == 4 and options.all_nodes == 4
+    assert DevnetOptions(home=Path("/x"), verifiers=0).verifier_count == 0
+    honest = _join_argv(options, 2)("join", "--shard", "2")
+    assert argv_tail(honest) == ["planet", "join", "--shard", "2"]
+    cheat = _join_argv(options, 3)("join", "--shard", "0")
+    assert cheat[1:] == ["-m", CHEAT_JOIN_MODULE, "--cheat", "silent", "join", "--shard", "0"]
+
+
+def test_devnet_cheat_node_without_the_gateway_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    argv = ["devnet", "up", "--cheat-node", "silent", "--no-gateway", "--home", str(tmp_path)]
+    assert cli.main(argv) == 2
+    assert "error: --cheat-node needs the gateway" in capsys.readouterr().err
+
+
+def test_cheating_join_refuses_other_commands_and_bad_modes(capsys) -> None:
+    from tests.doubles import cheating_join
+
+    assert cheating_join.main(["--cheat", "silent", "node", "serve"]) == 2
+    assert "only `join` can cheat" in capsys.readouterr().err
+    assert cheating_join.main(["--cheat", "lazy", "join"]) != 0
+    assert "unknown cheat mode" in capsys.readouterr().err

@@ -25,7 +25,13 @@ from node.server.served import SERVED_KEY, ServedLog
 from protocol.committee.registry import RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from protocol.frames.sessions import session_tag
-from protocol.served import RECORD_BYTES, SPOOL_MAGIC, decode_records, output_hash
+from protocol.served import (
+    RECORD_BYTES,
+    SPOOL_MAGIC,
+    decode_records,
+    inputs_digests,
+    served_output_hash,
+)
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 from tests.doubles.fake_shard import FakeShard
 from tests.unit.stream_link import Link
@@ -77,8 +83,9 @@ def test_served_log_blocks_of_32_recorded_with_fingerprints_and_inputs(tmp_path:
     records = spool(tmp_path)
     assert [(r.step, r.shard) for r in records] == [(0, 2), (1, 2)]  # block 2 not yet complete
     expected = fingerprint_bytes(torch.from_numpy(outputs[:, :64]), 0)
-    assert records[0].output_hash == output_hash(expected[:258])
-    assert records[1].output_hash == output_hash(expected[258:])
+    chain = inputs_digests(inputs)  # the inputs bound into each block's output hash
+    assert records[0].output_hash == served_output_hash(expected[:258], chain[0])
+    assert records[1].output_hash == served_output_hash(expected[258:], chain[1])
     assert len({r.salt for r in records}) == 2 and len({r.session for r in records}) == 1
     ticket = log.ticket(records[1].session_hex, 1)
     assert ticket is not None and ticket.start == 32
@@ -90,7 +97,8 @@ def test_served_log_blocks_of_32_recorded_with_fingerprints_and_inputs(tmp_path:
     assert log.seal(tag("a")) is True
     last = spool(tmp_path)[-1]
     assert (last.step, last.shard) == (2, 2)
-    assert last.output_hash == output_hash(fingerprint_bytes(torch.from_numpy(outputs[:, 64:]), 64))
+    tail = fingerprint_bytes(torch.from_numpy(outputs[:, 64:]), 64)
+    assert last.output_hash == served_output_hash(tail, chain[2])  # positions 64 … 69
     log.record(tag("a"), activations(70, 1), np.arange(70, 71), activations(70, 1))
     assert len(spool(tmp_path)) == 3
     assert log.stats()["unrecorded_positions"] == 1 and log.stats()["partial_blocks"] == 1
@@ -434,5 +442,6 @@ async def test_spot_check_tickets_come_from_the_served_log(aiohttp_client, tmp_p
     [_, record] = spool(tmp_path / "served")
     ticket = decode_ticket(source.ticket_bytes(session_tag(session), 1))
     assert ticket.salt == record.salt and ticket.block == 1
-    assert output_hash(ticket.fingerprint) == record.output_hash
+    digest = inputs_digests(ticket.inputs)[-1]
+    assert served_output_hash(ticket.fingerprint, digest) == record.output_hash
     assert np.array_equal(ticket.inputs, x)

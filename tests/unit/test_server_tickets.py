@@ -16,7 +16,7 @@ from node.server.tickets import StaticPolicy, TicketBook, install, topk_rows_np
 from node.verifier.fingerprint import fingerprint_bytes, topk_rows
 from protocol.eip712 import commitment_value
 from protocol.frames.sessions import session_tag
-from protocol.routing import output_hash
+from protocol.served import inputs_digests, served_output_hash
 from protocol.spotcheck import Triple
 from protocol.tickets import TicketRequest, decode_ticket, open_sealed
 from tests.doubles.fake_shard import FakeShard
@@ -64,7 +64,7 @@ def test_book_blocks_commitments_and_ticket_bytes() -> None:
     full = _inputs(0, 70)
     expected_fp = fingerprint_bytes(torch.from_numpy(full * 3)[:, 32:64], 32)
     second = commitments[1]
-    assert second.output_hash == output_hash(expected_fp)
+    assert second.output_hash == served_output_hash(expected_fp, inputs_digests(full[:, :64])[1])
     assert second.commitment == commitment_value(
         bytes.fromhex(TAG), 1, 1, second.output_hash, second.salt
     )
@@ -136,7 +136,7 @@ async def _code(answer) -> str:
 @pytest.mark.parametrize(
     ("build", "status", "code"),
     [
-        (lambda: _request(verifier=STRANGER), 403, "ticket_refused"),  # not the assigned one
+        (lambda: _request(verifier=STRANGER), 403, "ticket_refused"),  # not in the set
         (lambda: _request(seed="0x" + "00" * 32), 403, "ticket_refused"),  # not a chain seed
         (lambda: _request(node=STRANGER), 403, "ticket_refused"),  # another node's triple
         (lambda: _request(shard=2), 403, "ticket_refused"),
@@ -176,9 +176,10 @@ class _FakeCommittee:
     """Answers /epochs like the committee app (unit test stand-in for the RPC): epoch 3's
     record holds SEED and names `verifiers`; the other epochs name STRANGER only."""
 
-    def __init__(self, verifiers: list[str], fail: bool = False) -> None:
+    def __init__(self, verifiers: list[str], fail: bool = False, blocks: int = 0) -> None:
         self.verifiers = verifiers
         self.fail = fail
+        self.blocks = blocks  # the node's committed blocks of epoch 2 (the floor's count)
         self.calls = 0
 
     async def abci_query(self, path: str) -> dict:
@@ -196,6 +197,10 @@ class _FakeCommittee:
             verifiers = [*self.verifiers, "bad", 7] if epoch == 3 else others
             record = {"epoch": epoch, "seed": seed, "verifiers": verifiers}
             return {"current": 4, "epochs": [record, "junk"]}
+        if path == "/params":
+            return {"genesis": {"epoch_length": 10}}  # spot_check_floor: the default 1
+        if path.startswith("/coverage?node="):
+            return {"shards": [{"shard": 1, "blocks": {"2": self.blocks, "3": "junk"}}]}
         raise AssertionError(path)
 
 
@@ -221,16 +226,39 @@ async def test_committee_policy_uses_the_set_fixed_by_the_seeds_epoch() -> None:
     from protocol.spotcheck import epoch_verifiers
 
     policy = CommitteePolicy(_FakeCommittee([]), rate_ppm=1_000_000)
-    with pytest.raises(TicketRefusedError, match="another verifier"):
+    with pytest.raises(TicketRefusedError, match="not a spot-check verifier"):
         await policy.authorize(_request())
-    with pytest.raises(TicketRefusedError, match="another verifier"):
+    with pytest.raises(TicketRefusedError, match="not a spot-check verifier"):
         await policy.authorize(_request(verifier=STRANGER))
     await policy.authorize(_request(verifier=STRANGER, seed="0x" + f"{2:064x}"))
-    with pytest.raises(TicketRefusedError, match="another verifier"):
+    with pytest.raises(TicketRefusedError, match="not a spot-check verifier"):
         await policy.authorize(_request(seed="0x" + f"{2:064x}"))
     assert epoch_verifiers({"seed": "11" * 32}) == ("0x" + "11" * 32, [])
     assert epoch_verifiers({"seed": "short", "verifiers": []}) is None
     assert epoch_verifiers([]) is None
+
+
+async def test_committee_policy_any_verifier_of_the_set_may_rejudge() -> None:
+    """Every verifier of the epoch's set gets its own ticket for a selected triple (the
+    assigned one checks first; the others re-judge a peer's finding)."""
+    from node.server.tickets import CommitteePolicy
+
+    both = [VERIFIER.verify_key.encode().hex(), STRANGER.verify_key.encode().hex()]
+    policy = CommitteePolicy(_FakeCommittee(both), rate_ppm=1_000_000)
+    await policy.authorize(_request())
+    await policy.authorize(_request(verifier=STRANGER))
+
+
+async def test_committee_policy_draws_a_small_node_at_the_floor_rate() -> None:
+    """At a base rate of 0 only the floor selects: a node with one committed block in the
+    epoch has it drawn (rate 10^6); with many blocks almost none is."""
+    from node.server.tickets import CommitteePolicy, TicketRefusedError
+
+    verifiers = [VERIFIER.verify_key.encode().hex()]
+    await CommitteePolicy(_FakeCommittee(verifiers, blocks=1), rate_ppm=0).authorize(_request())
+    many = CommitteePolicy(_FakeCommittee(verifiers, blocks=10**9), rate_ppm=0)
+    with pytest.raises(TicketRefusedError, match="not selected"):
+        await many.authorize(_request())
 
 
 async def test_committee_policy_chain_down_is_a_refusal_not_a_crash() -> None:

@@ -61,10 +61,12 @@ def test_assignments_split_the_epochs_commitments_between_the_fixed_verifiers() 
 class _Link:
     """The committee queries SpotChecker makes, answered from fixed data."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, verifiers: tuple[SigningKey, ...] = (ME,)) -> None:
         self.key = ME
         self.endpoint = endpoint
         self.sent: list[object] = []
+        self.verifiers = [_hex(k) for k in verifiers]
+        self.verdicts: list[dict] = []  # unconfirmed verdict votes on chain
 
     async def submit(self, body: object) -> object:
         self.sent.append(body)
@@ -78,10 +80,14 @@ class _Link:
             return {"genesis": {"epoch_length": 5}}
         if path == "/epochs":
             if params.get("epoch") == 3:
-                return {"epochs": [{"epoch": 3, "seed": SEED, "verifiers": [_hex(ME)]}]}
+                return {"epochs": [{"epoch": 3, "seed": SEED, "verifiers": self.verifiers}]}
             return {"current": 3, "epochs": []}
         if path == "/commitments":
             return {"commitments": _commitments(2)}
+        if path == "/coverage":
+            return {"node": NODE, "shards": [{"shard": 1, "blocks": {"2": 2}}]}
+        if path == "/verdicts":
+            return {"verdicts": self.verdicts}
         raise AssertionError(path)
 
     async def nodes(self) -> list[dict]:
@@ -146,6 +152,86 @@ async def test_a_failed_check_is_voted_over_an_earlier_timeout(tmp_path: Path) -
         checker.check = check  # type: ignore[method-assign]
         await checker.check_epoch(2)
         assert votes == [Outcome.FAILED]
-        await checker.check_epoch(2)
+        await checker.check_epoch(2)  # judged tickets are not fetched again
     assert votes == [Outcome.FAILED]
-    assert json.loads((tmp_path / COUNTS_FILE).read_text()) == {"2": {"failed": 2, "timeout": 2}}
+    assert json.loads((tmp_path / COUNTS_FILE).read_text()) == {"2": {"failed": 1, "timeout": 1}}
+
+
+async def test_peer_findings_are_rejudged_with_an_own_ticket_and_voted_when_confirmed(
+    tmp_path: Path,
+) -> None:
+    """Both blocks are assigned to OTHER; its FAILED vote on block 0 and TIMEOUT vote on block 1
+    appear on chain. This verifier fetches its own tickets: block 0 fails here too → it votes the
+    same verdict (same evidence, so the same id); block 1's ticket comes → no vote."""
+    from node.verifier.tickets import _result
+
+    votes = []
+
+    async def vote(result, node_key, epoch) -> None:
+        votes.append((result.outcome, result.evidence_hash, node_key, epoch))
+
+    triples = [Triple(NODE, "0x" + f"{i:064x}", 0, 1) for i in range(2)]
+    link = _Link("http://127.0.0.1:1", verifiers=(OTHER,))
+    async with aiohttp.ClientSession() as http:
+        checker = SpotChecker(
+            link, [object(), object()], Tolerance(1, 1000, 0), http, vote, home=tmp_path,
+            rate_ppm=10**6,
+        )  # fmt: skip
+        asked = []
+        scripted = {triples[0]: Outcome.FAILED, triples[1]: Outcome.PASSED}
+
+        async def check(item):
+            asked.append(item.triple)
+            request = TicketRequest(item.triple, item.seed, _hex(ME))
+            return _result(request, scripted[item.triple], "scripted")
+
+        checker.check = check  # type: ignore[method-assign]
+        assert await checker.check_epoch(2) == []  # nothing assigned here
+        assert await checker.rejudge() == []  # no peer finding yet
+        failed = evidence_hash(SEED, triples[0], Outcome.FAILED)
+        timed_out = evidence_hash(SEED, triples[1], Outcome.TIMEOUT)
+        link.verdicts = [
+            {"evidence_hash": "0x" + failed.hex()},
+            {"evidence_hash": "0x" + timed_out.hex()},
+            {"evidence_hash": "0x" + "00" * 32},  # not a selected check of these epochs
+            "junk",
+        ]
+        results = await checker.rejudge()
+        assert [r.outcome for r in results] == [Outcome.FAILED, Outcome.PASSED]
+        assert await checker.rejudge() == []  # each finding is re-judged once
+    assert asked == triples
+    assert votes == [(Outcome.FAILED, failed, NODE, 2)]
+
+
+async def test_a_withheld_ticket_turns_the_rejudgement_into_a_timeout_vote(tmp_path: Path) -> None:
+    """OTHER found block 0 FAILED; the node withholds this verifier's ticket (TIMEOUT here): it
+    votes its own finding, the timeout verdict on that block, once — so the committee's
+    accusation of the node is on chain although the failed verdict cannot reach 2/3."""
+    from node.verifier.tickets import _result
+
+    votes = []
+
+    async def vote(result, node_key, epoch) -> None:
+        votes.append((result.outcome, result.evidence_hash, node_key, epoch))
+
+    triple = Triple(NODE, "0x" + f"{0:064x}", 0, 1)
+    link = _Link("http://127.0.0.1:1", verifiers=(OTHER,))
+    async with aiohttp.ClientSession() as http:
+        checker = SpotChecker(
+            link, [object(), object()], Tolerance(1, 1000, 0), http, vote, home=tmp_path,
+            rate_ppm=10**6,
+        )  # fmt: skip
+
+        async def check(item):
+            request = TicketRequest(item.triple, item.seed, _hex(ME))
+            return _result(request, Outcome.TIMEOUT, "scripted")
+
+        checker.check = check  # type: ignore[method-assign]
+        await checker.check_epoch(2)
+        failed = evidence_hash(SEED, triple, Outcome.FAILED)
+        timed_out = evidence_hash(SEED, triple, Outcome.TIMEOUT)
+        link.verdicts = [{"evidence_hash": "0x" + failed.hex()}]
+        await checker.rejudge()
+        link.verdicts.append({"evidence_hash": "0x" + timed_out.hex()})  # its own, and peers'
+        await checker.rejudge()
+    assert votes == [(Outcome.TIMEOUT, timed_out, NODE, 2)]

@@ -20,6 +20,7 @@ from node.verifier.tickets import (
 from protocol.eip712 import commitment_value
 from protocol.fingerprint import Tolerance
 from protocol.routing import output_hash
+from protocol.served import inputs_digests, served_output_hash
 from protocol.spotcheck import Outcome, Triple, evidence_hash
 from protocol.tickets import TicketRequest, TicketSealError, decode_ticket, encode_ticket, seal
 
@@ -60,7 +61,8 @@ def _request(block: int = 1) -> TicketRequest:
 def _ticket(outputs: torch.Tensor, block: int = 1, salt: bytes = b"\x09" * 32):
     start, end = 32 * block, 32 * block + 32
     fingerprint = fingerprint_bytes(outputs[:, start:end], start)
-    commitment = commitment_value(SESSION, block, 2, output_hash(fingerprint), salt)
+    bound = served_output_hash(fingerprint, inputs_digests(INPUTS[:, :end].numpy())[block])
+    commitment = commitment_value(SESSION, block, 2, bound, salt)
     plain = encode_ticket(block, salt, fingerprint, INPUTS[:, :end].numpy())
     return decode_ticket(plain), commitment, plain
 
@@ -114,6 +116,20 @@ def test_judge_ticket_not_opening_the_commitment_fails() -> None:
     result = judge_ticket(ticket, _request(), shard=shard, commitment=other, tolerance=TOLERANCE)
     assert result.outcome is Outcome.FAILED and "does not open" in result.reason
     assert result.verdict is None  # judged before any recomputation
+
+
+def test_judge_ticket_with_other_inputs_than_committed_fails() -> None:
+    """The commitment binds the inputs: a node that hands over inputs its committed outputs
+    recompute from, but not the inputs it committed, fails before any recomputation."""
+    shard = TinyShard()
+    ticket, commitment, _ = _ticket(shard.forward(INPUTS, torch.arange(64), None))
+    other = INPUTS[:, :64].numpy().copy()
+    other[0, 3, 0] += 1.0  # one input value of block 0 (the block's context)
+    forged = encode_ticket(1, ticket.salt, ticket.fingerprint, other)
+    result = judge_ticket(
+        decode_ticket(forged), _request(), shard=shard, commitment=commitment, tolerance=TOLERANCE
+    )
+    assert result.outcome is Outcome.FAILED and "does not open" in result.reason
 
 
 def test_check_ticket_opens_sealed_and_refuses_strangers() -> None:

@@ -108,6 +108,8 @@ def _worker(tmp_path, link: FakeLink) -> VerifierWorker:
         continuation_tokens=8,
         verdict_after=1,
         operator_key=OPERATOR,
+        challenge_source="corpus",  # generated text: test_verifier_sampled.py
+        sampled_per_epoch=0,
     )
     return VerifierWorker(settings, FakeReference(), CredibilityMap(8050, 16963), FakeAsker(), link)
 

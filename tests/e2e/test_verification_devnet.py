@@ -1,0 +1,259 @@
+"""Verification on the devnet, with a verifier per validator and cheating nodes, driven only
+through the CLI, HTTP and RPC (one `planet devnet up` for the module).
+
+    planet devnet up --detach --cheat-node substitute-skip:2 --cheat-node silent \
+        --cheat-node noise:0.1:4
+
+Real processes throughout: anvil with the contracts, 4 CometBFT validators with their apps and
+stake watchers (which relay confirmed verdicts to FraudProofs), `planet verifier serve` on all 4
+validators, the gateway, 3 honest int8 nodes (one per shard) joined with `planet join`, and 3
+nodes joined by the test entry point tests/doubles/cheating_join.py: S (shard 0) a substitute
+that skips every other layer, Q (shard 1) honest but its agent commits nothing (silent), N
+(shard 2) adding 10 % noise to every 4th position.
+
+What the module shows, each from the chain's own answers:
+- S and N are untrusted (R < 0.4) and unroutable within 5 epochs of the first epoch the
+  verifiers checked (challenge or spot check), through verdicts confirmed by ≥ 2/3 of the
+  power (a spot check one verifier failed, re-judged by the others from their own tickets) and
+  relayed by the watchers: their stake on the EVM chain is slashed;
+- every spot check of N's blocks failed (the detection table: noise on every 4th position fails
+  24 of 24 blocks), and every check of an honest node passed;
+- Q is flagged `uncommitted`, unroutable, and earns nothing; the honest nodes' reputation rises
+  above its initial 0.5 and they stay routable; no verifier is ever marked for a false
+  accusation (honest verifiers never split);
+- `planet devnet status`, `planet status` and the dApp's `/v1/network` show all of it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.server.launcher import pid_alive
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+UP_TIMEOUT_S = 900
+UNTRUSTED_BELOW = 400_000
+CHEATS = ("substitute-skip:2", "silent", "noise:0.1:4")  # nodes 3, 4, 5: shards 0, 1, 2
+
+
+def _planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "node.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def _query(rpc: str, path: str) -> Any:
+    url = f"{rpc}/abci_query?path=" + urllib.parse.quote(json.dumps(path))
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        response = json.load(answer)["result"]["response"]
+    assert response.get("code", 0) == 0, response
+    return json.loads(base64.b64decode(response["value"]))
+
+
+def _wait(condition: Any, timeout_s: float, what: str, every_s: float = 2.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    from node.model.source import models_dir
+
+    home = tmp_path_factory.mktemp("planet-verification")
+    real_models = models_dir()
+    real_models.mkdir(parents=True, exist_ok=True)
+    (home / "models").symlink_to(real_models, target_is_directory=True)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_")}
+    return {**clean, "PLANET_HOME": str(home), "NO_COLOR": "1"}
+
+
+@pytest.fixture(scope="module")
+def devnet(env: dict[str, str]) -> Iterator[dict[str, Any]]:
+    cheats = [arg for mode in CHEATS for arg in ("--cheat-node", mode)]
+    up = _planet(env, "devnet", "up", "--detach", *cheats, timeout=UP_TIMEOUT_S)
+    state_path = Path(env["PLANET_HOME"]) / "devnet" / "devnet.json"
+    try:
+        assert up.returncode == 0, up.stderr[-4000:]
+        state = json.loads(state_path.read_text())
+        assert len(state["pids"]["verifiers"]) == 4  # one per validator by default
+        assert len(state["pids"]["cheat_nodes"]) == len(CHEATS)
+        yield state
+    finally:
+        down = _planet(env, "devnet", "down", timeout=180)
+        assert down.returncode == 0, down.stderr
+        if state_path.is_file():
+            state = json.loads(state_path.read_text())
+            left = [p for p in state["pids"].get("cheat_nodes", []) if pid_alive(p)]
+            left += [p for p in state["pids"].get("verifiers", []) if pid_alive(p)]
+            assert not left, f"processes {left} outlived `planet devnet down`"
+
+
+def _operators(devnet: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """{node0 … node5: {home, key, address}} from the operator homes and devnet.json."""
+    addresses = {a["name"]: a["address"] for a in devnet["accounts"]}
+    out = {}
+    for home in devnet["operators"]:
+        joined = json.loads((Path(home) / "run" / "joined.json").read_text())
+        name = Path(home).name
+        out[name] = {"home": home, "key": joined["node_key"], "address": addresses[name]}
+    return out
+
+
+def _nodes(devnet: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
+    """Node views by operator home name (None: no longer registered — a slashed node's
+    registration expires once its stake is attested below the minimum)."""
+    by_key = {n["key"]: n for n in _query(devnet["committee_rpc"][0], "/nodes")["nodes"]}
+    return {name: by_key.get(op["key"]) for name, op in _operators(devnet).items()}
+
+
+def _evm_stake(env: dict[str, str], home: str) -> int:
+    done = _planet(env, "status", "--home", home, "--json", timeout=60)
+    assert done.returncode == 0, done.stderr
+    return int(json.loads(done.stdout)["stake"]["amount_wei"])
+
+
+def _verifier_logs(devnet: dict[str, Any]) -> str:
+    logs = Path(devnet["dir"]) / "logs"
+    return "".join(p.read_text() for p in sorted(logs.glob("verifier*.log")))
+
+
+def _alive(devnet: dict[str, Any]) -> None:
+    dead = [p for p in devnet["pids"]["verifiers"] if not pid_alive(p)]
+    assert not dead, f"verifiers {dead} exited:\n{_verifier_logs(devnet)[-3000:]}"
+
+
+def _first_checked_epoch(devnet: dict[str, Any]) -> int:
+    """The first epoch the verifiers challenged or spot-checked in (the cheaters served then):
+    spot checks alone may convict a cheater before any challenge line is logged."""
+    logs = _verifier_logs(devnet)
+    epochs = [int(e) for e in re.findall(r"(?:challenge|spot check|sampled) epoch=(\d+)", logs)]
+    assert epochs, f"no check logged yet:\n{logs[-3000:]}"
+    return min(epochs)
+
+
+def test_cheaters_untrusted_and_slashed_within_5_epochs_honest_rise(env, devnet) -> None:
+    rpc = devnet["committee_rpc"][0]
+    honest, cheaters = ("node0", "node1", "node2"), ("node3", "node5")
+    operators = _operators(devnet)
+    untrusted_at: dict[str, int] = {}
+    seen_unroutable_honest: list[str] = []
+
+    def convicted() -> bool:
+        _alive(devnet)
+        nodes = _nodes(devnet)
+        epoch = _query(rpc, "/epochs")["current"]
+        seen_unroutable_honest.extend(h for h in honest if not (nodes[h] or {}).get("routable"))
+        for name in cheaters:
+            view = nodes[name]
+            if (
+                name not in untrusted_at
+                and view is not None
+                and view["reputation"] < (UNTRUSTED_BELOW)
+            ):
+                assert view["untrusted"] and not view["routable"], view
+                untrusted_at[name] = epoch
+        return len(untrusted_at) == len(cheaters)
+
+    _wait(convicted, 600, "the substitute and the noisy node untrusted", every_s=1.0)
+    first = _first_checked_epoch(devnet)
+    assert all(epoch - first <= 5 for epoch in untrusted_at.values()), (first, untrusted_at)
+    assert seen_unroutable_honest == []
+    # verdicts confirmed by ≥ 2/3 of the power (3 of 4 validators) against both cheaters
+    verdicts = _query(rpc, "/verdicts?confirmed=true")["verdicts"]
+    for name in cheaters:
+        address = operators[name]["address"].lower()
+        mine = [v for v in verdicts if v["node"].lower() == address]
+        assert mine and all(len(v["signers"]) >= 3 for v in mine), name
+    # the watchers relayed them: the cheaters' stake on the EVM chain is slashed
+    for name in cheaters:
+        home = operators[name]["home"]
+        _wait(lambda home=home: _evm_stake(env, home) < 10**18, 120, f"{name}'s stake slashed")
+    assert all(_evm_stake(env, operators[h]["home"]) == 10**18 for h in honest)
+
+    # honest nodes: reputation up from 0.5, routable, never accused
+    def risen() -> bool:
+        nodes = _nodes(devnet)
+        return all((nodes[h] or {}).get("reputation", 0) >= 700_000 for h in honest)
+
+    _wait(risen, 240, "the honest nodes' reputation above 0.7")
+    assert re.search(r"challenge epoch=\d+", _verifier_logs(devnet))  # challenges ran
+    accused = {v["node"].lower() for v in _query(rpc, "/verdicts")["verdicts"]}
+    assert not accused & {operators[h]["address"].lower() for h in honest}
+
+
+def test_spot_checks_fail_every_noisy_block_and_pass_every_honest_one(devnet) -> None:
+    nodes = _operators(devnet)
+    lines = [
+        line
+        for line in _verifier_logs(devnet).splitlines()
+        if "spot check epoch=" in line and "outcome=timeout" not in line
+    ]
+    noisy = [ln for ln in lines if f"node={nodes['node5']['key'][:12]}" in ln]
+    assert noisy and all("outcome=failed" in ln for ln in noisy), noisy[:5]
+    for name in ("node0", "node1", "node2"):
+        checks = [ln for ln in lines if f"node={nodes[name]['key'][:12]}" in ln]
+        assert all("outcome=passed" in ln for ln in checks), checks[:5]
+    # the failures reached 2/3 because other verifiers re-judged them from their own tickets
+    assert any("re-judged spot check" in ln and "outcome=failed" in ln for ln in lines)
+
+
+def test_silent_node_is_flagged_unroutable_and_earns_nothing(devnet) -> None:
+    rpc = devnet["committee_rpc"][0]
+
+    def flagged() -> bool:
+        return (_nodes(devnet)["node4"] or {}).get("uncommitted") is True
+
+    _wait(flagged, 300, "the silent node flagged uncommitted")
+    assert not _nodes(devnet)["node4"]["routable"]  # type: ignore[index]
+    nodes = _operators(devnet)
+    assert nodes["node4"]["key"] in _query(rpc, "/coverage")["uncommitted"]
+    paid: dict[str, int] = {}
+    for summary in _query(rpc, "/payouts")["epochs"]:
+        for account, amount in _query(rpc, f"/payouts?epoch={summary['epoch']}")["rows"]:
+            paid[account.lower()] = paid.get(account.lower(), 0) + int(amount)
+    assert paid.get(nodes["node4"]["address"].lower(), 0) == 0
+    assert all(paid.get(nodes[h]["address"].lower(), 0) > 0 for h in ("node0", "node2"))
+
+
+def test_no_verifier_is_marked_for_a_false_accusation(devnet) -> None:
+    marks = _query(devnet["committee_rpc"][0], "/verifiers")["verifiers"]
+    assert marks and all(m["refused"] == 0 and m["benched_until"] == 0 for m in marks.values())
+
+
+def test_status_commands_and_the_dapp_show_the_flags(env, devnet) -> None:
+    status = _planet(env, "devnet", "status", timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert "(uncommitted)" in status.stdout
+    silent_home = devnet["operators"][4]
+    mine = _planet(env, "status", "--home", silent_home, timeout=60)
+    assert mine.returncode == 0, mine.stderr
+    assert re.search(r"routable\s+no \(uncommitted\)", mine.stdout), mine.stdout
+    with urllib.request.urlopen(devnet["gateway_url"] + "/v1/network", timeout=10) as answer:
+        view = json.load(answer)
+    flags = {n["key"]: (n["untrusted"], n["uncommitted"]) for n in view["nodes"]}
+    nodes = _operators(devnet)
+    assert flags[nodes["node4"]["key"]] == (False, True)
+    assert flags[nodes["node0"]["key"]] == (False, False)

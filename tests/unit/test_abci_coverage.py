@@ -1,0 +1,172 @@
+"""Commitment coverage on the committee chain (abci_app/coverage.py): no commitment, no pay, no
+routing, and a spot-check floor that serving little cannot dodge."""
+
+from __future__ import annotations
+
+import pytest
+
+from abci_app.codes import Code
+from protocol.committee.commitments import CommitBatch, CommitmentRecord
+from protocol.committee.settlement import Contribution, NodeWork, ShardWork
+from protocol.committee.verification import SpotCheckReport
+from protocol.spotcheck import Triple, checks_for, epoch_verifiers, node_rate_ppm, select
+from tests.committee_chain import Chain, seeded_key
+from tests.unit.test_abci_seeds_accusations import _signer, commit
+from tests.unit.test_abci_settlement import (
+    GATEWAY,
+    ask,
+    evm_of,
+    one,
+    report,
+    settled_chain,
+)
+from tests.unit.test_abci_state import commit_served, hexkey, make_routable, register
+
+pytestmark = pytest.mark.unit
+
+
+def routable_node(chain: Chain, label: str, shard: int = 0) -> str:
+    register(chain, label, shards=(shard,))
+    make_routable(chain, seeded_key(label))
+    return hexkey(seeded_key(label))
+
+
+def credits(chain: Chain, label: str) -> int:
+    found = ask(chain, f"/credits?account={evm_of(label)}")["credits"]
+    return sum(c["layer_tokens"] for c in found)
+
+
+def close_epochs(chain: Chain, count: int) -> None:
+    length = chain.state.genesis.epoch_length
+    chain.advance_to((chain.state.height // length + count) * length)
+
+
+def test_coverage_contribution_without_commitments_is_refused_and_earns_nothing() -> None:
+    chain = settled_chain()
+    silent = routable_node(chain, "silent")
+    assert one(chain, report(NodeWork(silent, "m", 0, 2, 100)), GATEWAY).code == Code.OK
+    result = one(chain, Contribution((ShardWork("m", 0, 2, 100),)), seeded_key("silent"))
+    assert result.code == Code.UNCOMMITTED_CONTRIBUTION
+    assert credits(chain, "silent") == 0
+    assert ask(chain, f"/backing?node={silent}")["backing"][0]["layer_tokens"] == 200
+
+
+def test_coverage_contribution_is_capped_by_committed_positions() -> None:
+    chain = settled_chain()
+    node = routable_node(chain, "node")
+    key = seeded_key("node")
+    assert one(chain, report(NodeWork(node, "m", 0, 2, 100)), GATEWAY).code == Code.OK
+    commit_served(chain, key, shard=0, blocks=2)  # 64 positions
+    assert one(chain, Contribution((ShardWork("m", 0, 2, 100),)), key).code == Code.OK
+    assert credits(chain, "node") == 2 * 64
+    [shard] = ask(chain, f"/coverage?node={node}")["shards"]
+    assert shard["committed_positions"] == 64 and shard["creditable_tokens"] == 0
+    assert shard["reported_tokens"] == 100
+    again = one(chain, Contribution((ShardWork("m", 0, 2, 1),)), key)
+    assert again.code == Code.UNCOMMITTED_CONTRIBUTION  # the commitments are used up
+    # commitments on another shard do not cover this one
+    commit_served(chain, key, shard=1, blocks=2)
+    assert one(chain, Contribution((ShardWork("m", 0, 2, 1),)), key).code == (
+        Code.UNCOMMITTED_CONTRIBUTION
+    )
+
+
+def test_coverage_commitments_older_than_the_grace_window_are_not_credited() -> None:
+    chain = settled_chain(commit_grace_epochs=1)
+    node = routable_node(chain, "node")
+    key = seeded_key("node")
+    commit_served(chain, key, shard=0, blocks=1)
+    close_epochs(chain, 2)  # the commitment's epoch is now two epochs old
+    assert one(chain, report(NodeWork(node, "m", 0, 2, 10)), GATEWAY).code == Code.OK
+    assert one(chain, Contribution((ShardWork("m", 0, 2, 10),)), key).code == (
+        Code.UNCOMMITTED_CONTRIBUTION
+    )
+    commit_served(chain, key, shard=0, blocks=1)
+    assert one(chain, Contribution((ShardWork("m", 0, 2, 10),)), key).code == Code.OK
+
+
+def test_coverage_silent_node_is_flagged_and_unroutable_after_the_grace_window() -> None:
+    chain = settled_chain(commit_grace_epochs=2, heartbeat_timeout=10_000)
+    silent = routable_node(chain, "silent", shard=0)
+    honest = routable_node(chain, "honest", shard=1)
+    work = report(NodeWork(silent, "m", 0, 2, 200), NodeWork(honest, "m", 1, 2, 200))
+    assert one(chain, work, GATEWAY).code == Code.OK
+    reported_in = (chain.state.height - 1) // chain.state.genesis.epoch_length + 1
+    commit_served(chain, seeded_key("honest"), shard=1, blocks=7)  # 224 positions ≥ 200
+    length = chain.state.genesis.epoch_length
+    chain.advance_to((reported_in + 1) * length)  # the grace window is still open
+    for key in (silent, honest):
+        view = ask(chain, f"/node?key={key}")
+        assert view["routable"] is True and view["uncommitted"] is False
+    chain.advance_to((reported_in + 2) * length)  # closes epoch reported_in + grace
+    view = ask(chain, f"/node?key={silent}")
+    assert view["uncommitted"] is True and view["routable"] is False
+    assert ask(chain, f"/node?key={honest}")["routable"] is True
+    assert ask(chain, "/coverage")["uncommitted"] == [silent]
+    [shard] = ask(chain, f"/coverage?node={silent}")["shards"]
+    assert shard["uncommitted_since"] == reported_in + 2
+    assert [n["key"] for n in ask(chain, "/nodes?routable=true")["nodes"] if n["routable"]] == [
+        honest
+    ]
+    # committing what it served clears the flag at the next close
+    commit_served(chain, seeded_key("silent"), shard=0, blocks=4)  # 128 ≥ half of 200
+    close_epochs(chain, 1)
+    assert ask(chain, f"/node?key={silent}")["routable"] is True
+
+
+def test_coverage_node_committing_less_than_half_is_flagged() -> None:
+    chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
+    node = routable_node(chain, "partial")
+    assert one(chain, report(NodeWork(node, "m", 0, 2, 320)), GATEWAY).code == Code.OK
+    commit_served(chain, seeded_key("partial"), shard=0, blocks=4)  # 128 of 320 positions
+    close_epochs(chain, 2)
+    assert ask(chain, f"/node?key={node}")["uncommitted"] is True
+
+
+def test_coverage_same_txs_give_the_same_app_hash() -> None:
+    hashes = []
+    for _ in range(2):
+        chain = settled_chain(commit_grace_epochs=1)
+        node = routable_node(chain, "silent")
+        assert one(chain, report(NodeWork(node, "m", 0, 2, 64)), GATEWAY).code == Code.OK
+        commit_served(chain, seeded_key("silent"), shard=0, blocks=1)
+        close_epochs(chain, 3)
+        hashes.append(chain.state.app_hash)
+    assert hashes[0] == hashes[1]
+
+
+# --- the spot-check floor -----------------------------------------------------------------------
+
+
+def test_floor_rate_checks_every_block_of_a_node_that_serves_little() -> None:
+    assert node_rate_ppm(50_000, 1, 1) == 1_000_000
+    assert node_rate_ppm(50_000, 1, 4) == 250_000
+    assert node_rate_ppm(50_000, 1, 1_000) == 50_000  # serving a lot: the base rate
+    assert node_rate_ppm(50_000, 0, 1) == 50_000  # floor off
+    assert node_rate_ppm(50_000, 3, 2) == 1_000_000
+    seed = "0x" + "5a" * 32
+    little = [Triple("aa" * 32, "0x" + "01" * 32, 0, 0)]
+    lots = [Triple("bb" * 32, "0x" + f"{i:064x}", 0, 0) for i in range(400)]
+    chosen = select(seed, little + lots, 1, floor=1)
+    assert little[0] in chosen  # one block: always drawn
+    assert 0 < len([t for t in chosen if t.node == "bb" * 32]) < 20  # ≈ 1 of 400
+    # the chain's count decides, not the triples a verifier happens to see
+    assert little[0] not in select(seed, little, 1, floor=1, blocks={"aa" * 32: 10**6})
+
+
+def test_floor_report_of_a_small_node_is_credited_at_its_raised_rate() -> None:
+    chain = settled_chain(spot_check_ppm=1, epoch_length=10, spot_check_floor=1)
+    chain.block([commit(chain, 0, 2, b"\x00" * 32)])
+    node = routable_node(chain, "small")
+    record = CommitmentRecord("0x" + "42" * 32, 0, 0, "0x" + "aa" * 32)
+    assert one(chain, CommitBatch((record,)), seeded_key("small")).code == Code.OK
+    assert chain.state.height <= 10
+    chain.advance_to(10)
+    seed, verifiers = epoch_verifiers(ask(chain, "/epochs?epoch=2")["epochs"][0])
+    triple = Triple(node, record.session, 0, 0)
+    owed = checks_for(seed, [triple], verifiers, _signer(chain, 0), 1, floor=1, blocks={node: 1})
+    assert owed == [triple]
+    [shard] = ask(chain, f"/coverage?node={node}")["shards"]
+    assert shard["blocks"]["1"] == 1
+    body = SpotCheckReport(1, ((node, record.session, 0, 0),))
+    assert one(chain, body, chain.validators[0].key).code == Code.OK

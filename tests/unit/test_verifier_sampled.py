@@ -1,0 +1,194 @@
+"""Seed-synchronised sampled checks (node/verifier/sampled.py) and challenge text the reference
+writes from the verifier's seed (node/verifier/challenges.py `generated_text`), with fakes of
+the model, the gateway and the committee."""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import torch
+
+from node.client.sampling import SamplingConfig, sample
+from node.verifier.challenges import epoch_challenges, generated_text, text_length
+from node.verifier.echo import vocabulary_index
+from node.verifier.report import SCORES_FILE
+from node.verifier.sampled import (
+    SampledAnswerError,
+    SampledCheck,
+    SampledMap,
+    parse_sampled,
+    replay,
+    sampled_request,
+    sampling_seed,
+)
+from node.verifier.scoring import CredibilityMap
+from node.verifier.worker import VerifierWorker, WorkerSettings
+from tests.unit.test_verifier_worker import A, B, FakeLink, S
+
+pytestmark = pytest.mark.unit
+
+V = 40
+TEXTS = [" word" + "abcdefghijklmnopqrst"[i // 2] if i % 2 else f"t{i}" for i in range(V)]
+VOCAB = vocabulary_index(TEXTS)
+
+
+def table(ids: list[int], flip: bool = False) -> torch.Tensor:
+    """[T, V] logits depending on the last token (a bigram model); `flip`: a substitute."""
+    rows = torch.tensor(ids, dtype=torch.float32)[:, None]
+    logits = torch.sin(rows * 1.3 + torch.arange(V, dtype=torch.float32)[None, :] * 0.9) * 3
+    return torch.flip(logits, dims=[1]) if flip else logits
+
+
+def sampled_by(ids: list[int], count: int, config: SamplingConfig, flip: bool) -> list[int]:
+    """What a circuit with `table` logits samples, as the gateway does (one rng per answer)."""
+    rng = config.rng()
+    out = list(ids)
+    for _ in range(count):
+        out.append(sample(np.asarray(table(out, flip)[-1]), config, rng))
+    return out[len(ids) :]
+
+
+def test_sampled_replay_matches_an_honest_circuit_and_catches_a_substitute() -> None:
+    prompt = [1, 2, 3]
+    config = SamplingConfig(1.0, 1.0, sampling_seed(b"\x01" * 32, 5, 0))
+    for flip, expect_clean in ((False, True), (True, False)):
+        tokens = sampled_by(prompt, 64, config, flip)
+        check = replay(table([*prompt, *tokens]), len(prompt), tokens, config)
+        assert check.observed == 64
+        if expect_clean:
+            assert check.mismatched == 0 and check.first_mismatch is None
+            assert SampledMap().credibility(check) == 1_000_000
+        else:
+            assert check.mismatched > 16  # every position is a fresh chance
+            assert SampledMap().credibility(check) == 0
+
+
+def test_sampled_map_tolerates_rounding_then_falls_linearly() -> None:
+    scores = SampledMap()
+    assert scores.allowed(32) == 1 and scores.allowed(300) == 9
+    assert scores.credibility(SampledCheck(0, ())) is None  # nothing observed: no score
+    assert scores.credibility(SampledCheck(300, tuple(range(9)))) == 1_000_000
+    assert 0 < scores.credibility(SampledCheck(300, tuple(range(20)))) < 1_000_000
+    assert scores.credibility(SampledCheck(300, tuple(range(36)))) == 0
+    assert SampledCheck(300, (1, 50, 200)).first(64) == SampledCheck(64, (1, 50))
+
+
+def test_sampling_seed_is_a_function_of_the_secret_epoch_and_index() -> None:
+    seeds = {
+        sampling_seed(s, e, i) for s in (b"\x00" * 32, b"\x01" * 32) for e in (1, 2) for i in (0, 1)
+    }
+    assert len(seeds) == 8 and all(0 <= x < 2**63 for x in seeds)
+    assert sampling_seed(b"\x00" * 32, 1, 0) == sampling_seed(b"\x00" * 32, 1, 0)
+    body = sampled_request("m", [1, 2], max_tokens=8, seed=7, temperature=1.0)
+    assert body["seed"] == 7 and body["logprobs"] == 0 and body["temperature"] == 1.0
+
+
+def test_parse_sampled_stops_at_the_first_ambiguous_token() -> None:
+    doc = {"choices": [{"logprobs": {"tokens": [TEXTS[3], TEXTS[5], "??", TEXTS[7]]}}]}
+    assert parse_sampled(doc, VOCAB) == (3, 5)
+    for bad in ({}, {"choices": [{"logprobs": {"tokens": "x"}}]}, {"choices": []}):
+        with pytest.raises(SampledAnswerError):
+            parse_sampled(bad, VOCAB)
+
+
+class TinyModel:
+    """A Reference-like bigram model with caches (what generated_text drives)."""
+
+    vocab = VOCAB
+
+    class Head:
+        def embed(self, ids: list[int]) -> torch.Tensor:
+            return torch.tensor(ids, dtype=torch.float32).reshape(1, -1, 1)
+
+        def all_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+            return table([int(x) for x in hidden.reshape(-1).tolist()])
+
+    class Shard:
+        def new_cache(self) -> list[int]:
+            return []
+
+        def forward(
+            self, hidden: torch.Tensor, positions: torch.Tensor, cache: list
+        ) -> torch.Tensor:
+            assert int(positions[0]) == len(cache)  # positions follow the cache: one pass each
+            cache.extend(int(p) for p in positions)
+            return hidden
+
+    head = Head()
+    shards: ClassVar[list[Shard]] = [Shard(), Shard()]
+
+
+def test_generated_text_is_fixed_by_seed_and_epoch_and_starts_with_words() -> None:
+    model = TinyModel()
+    length = text_length(4, 8, 16)
+    text = generated_text(model, b"\x07" * 32, 9, length)
+    assert len(text) == length == 8 + 16 + 3 * 16
+    assert text == generated_text(model, b"\x07" * 32, 9, length)
+    assert text != generated_text(model, b"\x07" * 32, 10, length)
+    assert text != generated_text(model, b"\x08" * 32, 9, length)
+    assert all(TEXTS[t].startswith(" word") for t in text[:2])
+    windows = epoch_challenges(
+        text, b"\x07" * 32, 9, count=4, prompt_tokens=8, continuation_tokens=16
+    )
+    assert all(
+        len(w.ids) == 24 and " ".join(map(str, w.ids)) in " ".join(map(str, text)) for w in windows
+    )
+
+
+class SamplingAsker:
+    """The gateway: echo challenges are not asked here; sampled ones alternate (A, B) honest and
+    (A, S) a substitute, each sampled with the request's seed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seeds: list[int] = []
+
+    async def ask_sampled(self, prompt, *, max_tokens: int, seed: int, temperature: float):
+        from node.verifier.asker import Asked
+
+        self.count += 1
+        self.seeds.append(seed)
+        nodes = (A, B) if self.count % 2 else (A, S)
+        config = SamplingConfig(temperature, 1.0, seed)
+        tokens = sampled_by(list(prompt), max_tokens, config, flip=nodes[1] == S)
+        doc = {"choices": [{"logprobs": {"tokens": [TEXTS[t] for t in tokens]}}]}
+        return Asked(doc, nodes)
+
+
+class SampledReference(TinyModel):
+    corpus_ids = list(range(V)) * 3
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        return table(list(ids))
+
+
+async def test_worker_sampled_challenges_score_by_replay_with_the_committed_seed(tmp_path) -> None:
+    link = FakeLink(epoch=3)
+    settings = WorkerSettings(
+        home=tmp_path,
+        challenges_per_epoch=2,
+        prompt_tokens=4,
+        continuation_tokens=8,
+        operator_key=None,
+        sampled_per_epoch=2,
+        sampled_tokens=48,
+    )
+    asker = SamplingAsker()
+    worker = VerifierWorker(settings, SampledReference(), CredibilityMap(8050, 16963), asker, link)
+    worker.run_challenge = _skip  # type: ignore[method-assign]  # echo: test_verifier_worker.py
+    await worker.step()  # epoch 3: commits the seed of 4, no challenges
+    link.epoch = 4
+    for _ in range(6):
+        await worker.step()
+    secret = worker.seeds.get(4)
+    assert secret is not None
+    assert asker.seeds == [sampling_seed(secret, 4, 0), sampling_seed(secret, 4, 1)]
+    scores = json.loads((tmp_path / SCORES_FILE).read_text())
+    assert scores["epoch"] == 4 and scores["scores"] == {A: 1_000_000, B: 1_000_000, S: 0}
+
+
+async def _skip(*_args: object) -> None:
+    return None
