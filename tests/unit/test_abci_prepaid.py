@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from abci_app.codes import Code
+from abci_app.rules import epoch_of
 from abci_app.settlement import MAX_LIFETIME_S, model_key
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
@@ -226,7 +227,8 @@ def test_a_bad_charge_is_refused_alone_by_name_and_the_rest_applies(item: Any, c
     assert (refused["kind"], refused["id"], refused["code"]) == ("charge", bad.name, code)
     assert refused["reason"]
     # the report's other items applied: the work is backed, the good charge is pending
-    assert chain.state.get("backing", f"{1:012d}/{hexkey(a)}/m/0") == 20
+    epoch = epoch_of(chain.state, chain.state.height)  # the report's block
+    assert chain.state.get("backing", f"{epoch:012d}/{hexkey(a)}/m/0") == 20
     assert [key for key, _ in chain.state.items("cpend")] == [good.name]
     assert [key for key, _ in chain.state.items("spent")] == [good.name]
 

@@ -11,6 +11,7 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.queries import query
+from abci_app.rules import epoch_of
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.registry import Heartbeat
@@ -28,7 +29,12 @@ from tests.committee_chain import (
     seeded_evm_key,
     seeded_key,
 )
-from tests.unit.test_abci_state import commit_served, hexkey, make_routable, register
+from tests.unit.test_abci_state import (
+    hexkey,
+    make_routable,
+    register,
+    served_commit_tx,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -68,8 +74,9 @@ def two_nodes(chain: Chain) -> tuple[SigningKey, SigningKey]:
     b = register(chain, "node-b", shards=(1,))
     make_routable(chain, a)
     make_routable(chain, b)
-    commit_served(chain, a, shard=0)
-    commit_served(chain, b, shard=1)
+    # both nodes' committed served work in one block (a contribution is credited against it)
+    results = chain.block([served_commit_tx(chain, a, 0), served_commit_tx(chain, b, 1)])
+    assert [r.code for r in results] == [Code.OK, Code.OK]
     return a, b
 
 
@@ -221,8 +228,9 @@ def test_settlement_contribution_is_credited_only_up_to_the_backing() -> None:
     chain = settled_chain()
     a, _ = two_nodes(chain)
     assert one(chain, report(NodeWork(hexkey(a), "m", 0, 2, 10)), GATEWAY).code == Code.OK
+    epoch = str(epoch_of(chain.state, chain.state.height))  # the report's block
     assert ask(chain, f"/backing?node={hexkey(a)}")["backing"] == [
-        {"model": "m", "shard": 0, "layer_tokens": 20, "epochs": {"1": 20}}
+        {"model": "m", "shard": 0, "layer_tokens": 20, "epochs": {epoch: 20}}
     ]
     assert one(chain, Contribution((ShardWork("m", 0, 2, 1000),)), a).code == Code.OK
     [credit] = ask(chain, f"/credits?account={evm_of('node-a')}")["credits"]
@@ -494,7 +502,10 @@ def test_settlement_scarcity_counts_routable_nodes_not_only_contributors() -> No
     )
     assert one(chain, work, GATEWAY).code == Code.OK
     length = chain.state.genesis.epoch_length
-    chain.advance_to((chain.state.height // length + 1) * length - 2)
+    end = (chain.state.height // length + 1) * length
+    if chain.state.height > end - 2:  # no room before this epoch's end: the next one's
+        end += length
+    chain.advance_to(end - 2)
     # in the epoch's last blocks, so they are SERVING at the close (heartbeat timeout 4)
     results = chain.block(
         [

@@ -77,6 +77,12 @@ def node(chain: Chain, key: SigningKey) -> dict:
 def commit_served(chain: Chain, key: SigningKey, shard: int = 0, blocks: int = 4) -> None:
     """`blocks` commitment records of `key` on `shard` (32 positions each): the committed served
     work a contribution is credited against (abci_app/coverage.py)."""
+    [result] = chain.block([served_commit_tx(chain, key, shard, blocks)])
+    assert result.code == Code.OK, result.log
+
+
+def served_commit_tx(chain: Chain, key: SigningKey, shard: int = 0, blocks: int = 4) -> bytes:
+    """The `commit` tx of `commit_served`, to put in a block with others."""
     session = (
         "0x"
         + hashlib.sha256(b"served/%s/%d" % (hexkey(key).encode(), chain.state.height)).hexdigest()
@@ -90,8 +96,7 @@ def commit_served(chain: Chain, key: SigningKey, shard: int = 0, blocks: int = 4
         )
         for step in range(blocks)
     )
-    [result] = chain.block([chain.tx(CommitBatch(records), key)])
-    assert result.code == Code.OK, result.log
+    return chain.tx(CommitBatch(records), key)
 
 
 def make_routable(chain: Chain, key: SigningKey, amount: int = 10**18) -> None:

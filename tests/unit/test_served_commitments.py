@@ -110,10 +110,12 @@ def test_served_log_stops_at_a_rewind_and_never_records_the_other_sequence(
     """Speculative decoding rewinds the cache: the log seals what it held (those inputs are what
     the cache saw) and records nothing after, even where positions line up again."""
     log = ServedLog(tmp_path, shard=0)
-    _, outputs = feed(log, tag("a"), [10, 5])  # positions 0..14
+    inputs, outputs = feed(log, tag("a"), [10, 5])  # positions 0..14
+    chain = inputs_digests(inputs)
     log.record(tag("a"), activations(12, 3, 9), np.arange(12, 15), activations(12, 3, 9))
     [sealed] = spool(tmp_path)
-    assert sealed.output_hash == output_hash(fingerprint_bytes(torch.from_numpy(outputs), 0))
+    expected = served_output_hash(fingerprint_bytes(torch.from_numpy(outputs), 0), chain[0])
+    assert sealed.output_hash == expected
     log.record(tag("a"), activations(15, 1, 9), np.arange(15, 16), activations(15, 1, 9))
     assert len(spool(tmp_path)) == 1
     assert log.stats()["unrecorded_positions"] == 4 and log.stats()["partial_blocks"] == 1
