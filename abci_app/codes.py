@@ -56,6 +56,18 @@ class Code(IntEnum):
     SPOT_REPORT_EPOCH = 50  # the epoch is not closed yet, or too old to report
     DUPLICATE_SPOT_REPORT = 51  # this validator already reported that epoch
     SPOT_CHECK_NOT_ASSIGNED = 52  # a listed triple was not committed then, selected, or assigned
+    # credits (abci_app/credits.py)
+    CREDITS_DISABLED = 53  # genesis has no credits section (or no escrow)
+    CREDIT_KEY_EPOCH = 54  # credit_key for an epoch already over, or more than 2 ahead
+    DUPLICATE_CREDIT_KEY = 55  # this validator already published a key for that epoch
+    CREDIT_KEY_INVALID = 56  # not an RSA public key of 2048..4096 bits
+    MINT_INVALID = 57  # purchase signature not by the payer, or amount != credits x price
+    MINT_REPLAYED = 58  # this mint id was minted before
+    NO_CREDIT_KEYS = 59  # the epoch's published keys hold under 2/3 of the power
+    CREDIT_INVALID = 60  # a credit without valid signatures of >= 2/3 of the power
+    CREDIT_SPENT = 61  # a credit already redeemed (or listed twice)
+    CREDIT_EPOCH = 62  # a credit of an epoch not redeemable in this block's epoch
+    REDEEM_SHARD = 63  # redeem for a (model, shard) the node did not register
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from abci_app import commitments, registry, seeds, settlement, spot_reports, verdicts
+from abci_app import commitments, credits, registry, seeds, settlement, spot_reports, verdicts
 from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
+from protocol.committee.credits import CreditKey, Mint, Redeem
 from protocol.committee.envelope import SignedTx
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import Contribution, PayoutVote, WorkReport
@@ -29,4 +30,7 @@ HANDLERS: dict[str, Handler] = {
     WorkReport.TYPE: settlement.work_report,
     Contribution.TYPE: settlement.contribution,
     PayoutVote.TYPE: settlement.payout_vote,
+    CreditKey.TYPE: credits.credit_key,
+    Mint.TYPE: credits.mint,
+    Redeem.TYPE: credits.redeem,
 }

@@ -18,9 +18,12 @@
       "validators": {"<validator address hex | base64 pub_key>": "0x<operator EVM address>"},
       "gateways": ["<ed25519 public key hex>"],  # who may send work_report (settlement.py)
       "verifier_cut_bps": 1000,             # verifiers' part of each epoch's fees
-      "spot_check_ppm": 50000               # spot-check selection rate (protocol/spotcheck.py)
+      "spot_check_ppm": 50000,              # spot-check selection rate (protocol/spotcheck.py)
+      "credits": {"price_wei": "1000000000000", "layer_tokens": 4096}  # one credit's price
+                                          #   and the layer-tokens its redemption credits
     }
-`evm.escrow_address` (the QueryEscrow that consumes `PayoutRoot`s) enables epoch settlement.
+`evm.escrow_address` (the QueryEscrow that consumes `PayoutRoot`s) enables epoch settlement;
+`credits` (with the escrow) enables minting and redeeming credits (abci_app/credits.py).
 
 Every field is optional (defaults above; without `evm` and its `fraud_proofs_address`, verdict
 votes are refused). Unknown
@@ -54,6 +57,7 @@ _KEYS = {
     "gateways",
     "verifier_cut_bps",
     "spot_check_ppm",
+    "credits",
 }
 DEFAULT_MIN_STAKE = {"compute": 10**18, "verifier": 5 * 10**17}
 MAX_PARAM = (1 << 63) - 1
@@ -101,6 +105,8 @@ class Genesis:
     gateways: tuple[str, ...] = ()  # ed25519 keys (64 lowercase hex) allowed to report work
     verifier_cut_bps: int = 1_000
     spot_check_ppm: int = 50_000  # selection rate the chain credits spot-check reports under
+    credit_price_wei: int | None = None  # one credit's price; None: credits disabled
+    credit_layer_tokens: int = 0  # layer-tokens a redeemed credit adds to the node's work
 
     @classmethod
     def parse(cls, app_state: bytes) -> Genesis:
@@ -180,6 +186,11 @@ class Genesis:
             ):
                 raise ConfigError(f"genesis app_state.validators.{key}: expected an EVM address")
             operators[key] = operator
+        credits = doc.get("credits")
+        if credits is not None and (
+            not isinstance(credits, dict) or set(credits) != {"price_wei", "layer_tokens"}
+        ):
+            raise ConfigError("genesis app_state.credits: expected {price_wei, layer_tokens}")
         return cls(
             epoch_length=_int(doc, "epoch_length", 20, 1),
             heartbeat_timeout=_int(doc, "heartbeat_timeout", 30, 1),
@@ -198,6 +209,10 @@ class Genesis:
             gateways=tuple(sorted(set(gateways))),
             verifier_cut_bps=_int(doc, "verifier_cut_bps", 1_000, 0, 10_000),
             spot_check_ppm=_int(doc, "spot_check_ppm", 50_000, 0, 1_000_000),
+            credit_price_wei=(
+                _int(credits, "price_wei", 0, 1, (1 << 64) - 1) if credits is not None else None
+            ),
+            credit_layer_tokens=_int(credits, "layer_tokens", 0, 1) if credits is not None else 0,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -235,6 +250,16 @@ class Genesis:
                 else {}
             ),
             **({"spot_check_ppm": self.spot_check_ppm} if self.spot_check_ppm != 50_000 else {}),
+            **(
+                {
+                    "credits": {
+                        "layer_tokens": self.credit_layer_tokens,
+                        "price_wei": str(self.credit_price_wei),
+                    }
+                }
+                if self.credit_price_wei is not None
+                else {}
+            ),
         }
 
     @classmethod

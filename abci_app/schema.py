@@ -85,6 +85,17 @@ CREDIT = "credit"
 # payout/<epoch>: the epoch's PayoutRoot statement, rows, shares, votes, confirmed
 PAYOUT = "payout"
 
+# --- credits (credits.py) --------------------------------------------------------------------
+
+# ckey/<epoch>/<validator key>: {epoch, validator (address), key (DER hex), height}, a
+# validator's RSA blind-signing key for that epoch's credits
+CREDIT_KEY = "ckey"
+# mint/<mint id>: {epoch, payer, blinded [hex], amount, height}; validators blind-sign the
+# blinded messages with their key of that epoch when asked (/credit_signatures)
+MINT = "mint"
+# spent/<sha256 of the credit nonce>: the height that redeemed it (the double-spend guard)
+SPENT = "spent"
+
 # --- retention (retention.py, rules.track*) ------------------------------------------------------
 
 # gc/<epoch>/<ns>/<key>: delete ns/key once that epoch is settled and past retention

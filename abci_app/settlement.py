@@ -16,7 +16,7 @@ Three tx types (`protocol.committee.settlement`) and one EndBlock rule:
   at this boundary: the voucher (`protocol.payment.Voucher`, payment domain of genesis `evm`,
   consumer = the escrow) must recover to `payer` and `fee ≤ cap` (`VOUCHER_INVALID`); the block
   header's time (CometBFT's BFT time, the same on every node) must not be past its `expiry`
-  (`VOUCHER_EXPIRED`), nor the expiry more than `MAX_VOUCHER_LIFETIME_S` ahead
+  (`VOUCHER_EXPIRED`), nor the expiry more than `prepaid.MAX_VOUCHER_LIFETIME_S` ahead
   (`VOUCHER_EXPIRY_TOO_FAR`: the replay guard below must stay bounded); a (payer, query id)
   charged before is `VOUCHER_REPLAYED`. Effects: `vpend/<payer>/<query id>` (pending debit)
   and `vseen/<payer>/<query id>` = expiry, the replay guard, deleted once a block's time is past
@@ -63,7 +63,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from abci_app import rules, schema
+from abci_app import prepaid, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
@@ -85,7 +85,6 @@ from shares.settlement import VoucherCharge, close_epoch, prepaid_debits
 MAX_SETTLED_QUERIES = 500  # queries per root: postPayoutRoot's gas grows with each one
 MAX_LAYER_TOKENS = (1 << 63) - 1
 MAX_SETTLED_CHARGES = 500  # prepaid charges per root (their payers cost postPayoutRoot gas)
-MAX_VOUCHER_LIFETIME_S = 7 * 86_400  # bounds how long a charged voucher's guard is kept
 
 
 def model_key(model: str) -> str:
@@ -122,10 +121,9 @@ def work_report(state: State, tx: SignedTx) -> None:
     for query_id, fee in body.queries:
         state.put(schema.PENDING_QUERY, query_id, {"fee": str(fee), "height": state.block_height})
     for charge in body.prepaid:
-        key = schema.charge_key(charge.payer, charge.query_id)
-        state.put(schema.PENDING_CHARGE, key, {"fee": str(charge.fee), "cap": str(charge.fee_cap)})
-        state.put(schema.SEEN_VOUCHER, key, charge.expiry)
-        rules.track_until(state, schema.SEEN_VOUCHER, key, charge.expiry)
+        prepaid.record(
+            state, charge.payer, charge.query_id, charge.fee, charge.fee_cap, charge.expiry
+        )
     state.emit(
         "planet.work_report",
         gateway=tx.signer,
@@ -138,29 +136,10 @@ def work_report(state: State, tx: SignedTx) -> None:
 def _check_charge(state: State, charge: PrepaidItem) -> None:
     """Refuse a prepaid charge the chain must not debit (module docstring); no writes."""
     genesis = state.genesis
-    if not (genesis.escrow_address and genesis.evm_chain_id):
-        rules.reject(Code.SETTLEMENT_DISABLED, "genesis has no evm {chain_id, escrow_address}")
     where = f"voucher {charge.query_id} of {charge.payer}"
-    if charge.fee > charge.fee_cap:
-        rules.reject(
-            Code.VOUCHER_INVALID, f"{where}: fee {charge.fee} above its cap {charge.fee_cap}"
-        )
-    if state.block_time > charge.expiry:
-        rules.reject(
-            Code.VOUCHER_EXPIRED,
-            f"{where}: expired at {charge.expiry} < block time {state.block_time}",
-        )
-    if charge.expiry > state.block_time + MAX_VOUCHER_LIFETIME_S:
-        rules.reject(
-            Code.VOUCHER_EXPIRY_TOO_FAR,
-            f"{where}: expiry {charge.expiry} is more than {MAX_VOUCHER_LIFETIME_S} s ahead",
-        )
-    key = schema.charge_key(charge.payer, charge.query_id)
-    if (
-        state.get(schema.PENDING_CHARGE, key) is not None
-        or state.get(schema.SEEN_VOUCHER, key) is not None
-    ):
-        rules.reject(Code.VOUCHER_REPLAYED, f"{where}: already charged")
+    prepaid.check_new(
+        state, charge.payer, charge.query_id, charge.fee, charge.fee_cap, charge.expiry, where
+    )
     try:
         voucher = Voucher(
             gateway=charge.gateway,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from abci_app.codes import Code
-from abci_app.settlement import MAX_VOUCHER_LIFETIME_S, model_key
+from abci_app.prepaid import MAX_VOUCHER_LIFETIME_S
+from abci_app.settlement import model_key
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.settlement import Contribution, NodeWork, PrepaidItem, ShardWork, WorkReport
