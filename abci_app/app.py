@@ -27,14 +27,13 @@ from abci_app.machine import StateMachine, TxResult
 from abci_app.proto import abci_pb
 from abci_app.queries import query as run_query
 from protocol.canonical import JsonInputError, parse_json
-from protocol.credit_keys import CreditKeyStore
+from protocol.credit_keys import CREDIT_KEYS_DIR, CreditKeyStore
 from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
 APP_VERSION = 1
 SCORES_FILE = "reputation_scores.json"
-CREDIT_KEYS_DIR = "credit_keys"  # this validator's RSA blind-signing keys (protocol.credit_keys)
 MAX_SCORES_FILE_BYTES = 4 * 1024 * 1024
 MAX_LOG_CHARS = 512
 

@@ -4,6 +4,7 @@
     private = store.generate(epoch)        a fresh 2048-bit key (`RsaPrivateKey.generate`), written
                                            as PKCS#8 PEM `<epoch, 12 digits>-<key id>.pem`, 0600
     store.save(epoch, private)             the same for a key made elsewhere
+    store.ensure(epoch)                    the epoch's key on disk, else a fresh one
     store.private_for(public_der)          the private key whose public key is `public_der`, or
                                            None (what the ABCI app signs a mint's messages with)
 
@@ -22,6 +23,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from protocol.blindrsa import RsaPrivateKey
 from protocol.errors import ConfigError
+
+CREDIT_KEYS_DIR = "credit_keys"  # under a validator's home: what the ABCI app and verifier share
 
 
 def key_id(public_der: bytes) -> str:
@@ -56,19 +59,30 @@ class CreditKeyStore:
             handle.write(pem)
         self._cache[key_id(der)] = private
 
+    def ensure(self, epoch: int) -> RsaPrivateKey:
+        """The key of `epoch` already in the directory (the first by file name), else a new one:
+        a crash between generating and publishing does not waste a key."""
+        for path in sorted(self.directory.glob(f"{epoch:012d}-*.pem")):
+            return self._load(path)
+        return self.generate(epoch)
+
+    def _load(self, path: Path) -> RsaPrivateKey:
+        try:
+            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"credit key {path}: {error}") from None
+        if not isinstance(key, rsa.RSAPrivateKey):
+            raise ConfigError(f"credit key {path}: not an RSA key")
+        private = RsaPrivateKey.from_cryptography(key)
+        self._cache[key_id(private.public.to_der())] = private
+        return private
+
     def private_for(self, public_der: bytes) -> RsaPrivateKey | None:
         wanted = key_id(public_der)
         if wanted in self._cache:
             return self._cache[wanted]
         for path in sorted(self.directory.glob(f"*-{wanted}.pem")):
-            try:
-                key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-            except (OSError, ValueError) as error:
-                raise ConfigError(f"credit key {path}: {error}") from None
-            if not isinstance(key, rsa.RSAPrivateKey):
-                raise ConfigError(f"credit key {path}: not an RSA key")
-            private = RsaPrivateKey.from_cryptography(key)
+            private = self._load(path)
             if private.public.to_der() == public_der:
-                self._cache[wanted] = private
                 return private
         return None

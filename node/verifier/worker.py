@@ -3,7 +3,9 @@
 Per committee epoch e (followed through `/epochs` on the committee RPC):
 
 1. seeds: reveal the seed of e−1 (`seed_reveal`), commit a fresh secret seed for e+1
-   (`seed_commit`), both signed with the validator's consensus key;
+   (`seed_commit`), both signed with the validator's consensus key; credit keys: generate the
+   RSA blind-signing keys of e and e+1 into `<home>/credit_keys/` and publish them
+   (`credit_key`) unless already on chain;
 2. challenges: when this verifier's seed for e is on chain, derive `challenges_per_epoch`
    windows of natural text from it (`challenges.epoch_challenges`) and ask each through the
    gateway as a paying user (`asker.GatewayAsker`: echo + logprobs, receipt names the circuit);
@@ -38,7 +40,9 @@ from node.verifier.report import SCORES_FILE, write_scores
 from node.verifier.scoring import Challenge, CredibilityMap
 from node.verifier.seedbook import SeedBook
 from node.verifier.tickets import TicketResult, verdict_for
+from protocol.committee.credits import CreditKey
 from protocol.committee.verification import SeedCommit, SeedReveal, VerdictVote, seed_commitment
+from protocol.credit_keys import CREDIT_KEYS_DIR, CreditKeyStore
 from protocol.eip712 import OFFENCE_FAILED_VERIFICATION, Verdict, address_of, committee_domain
 from protocol.errors import PlanetError
 
@@ -102,6 +106,10 @@ class VerifierWorker:
         self.link = link
         self.signer = link.key.verify_key.encode().hex()
         self.seeds = SeedBook(settings.home / "verifier" / "seeds.json")
+        self.credit_keys = CreditKeyStore(settings.home / CREDIT_KEYS_DIR)
+        self.validator_address = (
+            hashlib.sha256(link.key.verify_key.encode()).digest()[:20].hex().upper()
+        )
         self.state: EpochState | None = None
         self.last_scores: dict[str, int] = {}  # the previous epoch's attribution
         self.voted: set[str] = set()
@@ -139,6 +147,7 @@ class VerifierWorker:
             self.last_scores = dict(self.state.scores)
         self.state = EpochState(epoch)
         await self.seed_turn(epoch)
+        await self.credit_key_turn(epoch)
         mine = [s for s in (await self.link.query("/seeds", epoch=epoch))["seeds"]]
         committed = any(s.get("signer") == self.signer for s in mine)
         seed = self.seeds.get(epoch)
@@ -167,6 +176,16 @@ class VerifierWorker:
         following = self.seeds.ensure(epoch + 1)
         value = seed_commitment(self.signer, epoch + 1, following)
         await self._send(SeedCommit(epoch + 1, value), "seed_commit")
+
+    async def credit_key_turn(self, epoch: int) -> None:
+        """Publish this validator's credit keys of e and e+1 (`credit_key`) unless on chain:
+        generated once into `<home>/credit_keys/`, where the ABCI app signs mints with them."""
+        for target in (epoch, epoch + 1):
+            published = (await self.link.query("/credit_keys", epoch=target))["keys"]
+            if any(k["validator"] == self.validator_address for k in published):
+                continue
+            private = self.credit_keys.ensure(target)
+            await self._send(CreditKey(target, private.public.to_der()), "credit_key")
 
     async def _send(self, body: Any, what: str) -> int | None:
         try:
