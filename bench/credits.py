@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from abci_app.credit_queries import signatures
 from abci_app.queries import query
 from bench._common import machine, parse_with_quick
-from node.client.credit_wallet import MintRequest, epoch_keys_from_query
+from node.client.credit_wallet import MintRequest
 from protocol.committee.credits import CreditKey, Redeem
 from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
 from protocol.credit_keys import CreditKeyStore
-from protocol.credits import Credit
+from protocol.credits import Credit, epoch_keys_from_query
 from protocol.eip712 import address_of
 from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key, seeded_key
 

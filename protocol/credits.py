@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from protocol import blindrsa
 from protocol.blindrsa import RsaPublicKey
@@ -137,6 +137,15 @@ class EpochKeys:
     epoch: int
     keys: Mapping[str, tuple[RsaPublicKey, int]]
     total_power: int
+
+
+def epoch_keys_from_query(answer: Mapping[str, Any]) -> EpochKeys:
+    """The typed key set of a `/credit_keys` query answer (each key parsed and size-checked)."""
+    keys = {
+        entry["validator"]: (RsaPublicKey.from_der(bytes.fromhex(entry["key"])), entry["power"])
+        for entry in answer["keys"]
+    }
+    return EpochKeys(epoch=answer["epoch"], keys=keys, total_power=answer["total_power"])
 
 
 def check_credit(keys: EpochKeys, credit: Credit) -> None:

@@ -1,6 +1,6 @@
 """The client's credit wallet: request a mint, finalize the committee's answers, keep, spend.
 
-    keys = epoch_keys_from_query(answer)          /credit_keys's answer → typed EpochKeys
+    keys = epoch_keys_from_query(answer)          (protocol.credits) /credit_keys → EpochKeys
     request = MintRequest.create(keys, count, payer_key, price_wei, chain_id, escrow, expiry)
     request.body                                  the `mint` tx body (blinded messages only)
     credits = request.finalize(keys, answers)     answers: {validator address: [blind sig]},
@@ -24,10 +24,8 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from protocol import blindrsa
-from protocol.blindrsa import RsaPublicKey
 from protocol.committee.credits import Mint
 from protocol.credits import (
     VARIANT,
@@ -48,15 +46,6 @@ class MintIncomplete(ProtocolError):
     """The signers' answers do not give ≥ 2/3 of the power for some credit of the mint."""
 
     code = "mint_incomplete"
-
-
-def epoch_keys_from_query(answer: Mapping[str, Any]) -> EpochKeys:
-    """The typed key set of a `/credit_keys` answer (each key parsed and size-checked)."""
-    keys = {
-        entry["validator"]: (RsaPublicKey.from_der(bytes.fromhex(entry["key"])), entry["power"])
-        for entry in answer["keys"]
-    }
-    return EpochKeys(epoch=answer["epoch"], keys=keys, total_power=answer["total_power"])
 
 
 @dataclass(frozen=True)

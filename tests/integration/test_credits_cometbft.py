@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from node.client.credit_wallet import CreditWallet, MintRequest, epoch_keys_from_query
+from node.client.credit_wallet import CreditWallet, MintRequest
 from protocol.committee.credits import CreditKey, Redeem
 from protocol.committee.envelope import sign
 from protocol.committee.registry import RegisterNode, sign_registration
 from protocol.credit_keys import CreditKeyStore
+from protocol.credits import epoch_keys_from_query
 from protocol.eip712 import address_of
 from tests.committee_chain import seeded_evm_key, seeded_key
 from tests.integration.test_abci_cometbft import (

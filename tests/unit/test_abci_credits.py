@@ -19,7 +19,6 @@ from node.client.credit_wallet import (
     CreditWallet,
     MintIncomplete,
     MintRequest,
-    epoch_keys_from_query,
 )
 from protocol import blindrsa
 from protocol.blindrsa import RsaPrivateKey
@@ -27,7 +26,7 @@ from protocol.committee.credits import CreditKey, Mint, Redeem
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
 from protocol.credit_keys import CreditKeyStore
-from protocol.credits import Credit, EpochKeys
+from protocol.credits import Credit, EpochKeys, epoch_keys_from_query
 from protocol.eip712 import address_of
 from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key, seeded_key
 from tests.unit.test_abci_settlement import ESCROW, ask, next_epoch_end, settled_chain
