@@ -16,6 +16,7 @@ ever covers messages a committed, paid mint carries.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,13 @@ from protocol.credit_keys import CreditKeyStore
 
 MAX_EPOCH = (1 << 63) - 1
 SIGNATURES_PATH = "/credit_signatures"
+SIGNED_CACHE = 256  # mints whose signatures are kept: a repeated query costs a lookup
+
+# (mint id, validator address, its key) → blind signatures hex, used only by an app holding
+# that key. RSA signing is deterministic given the
+# key, so the cache changes no answer; it keeps repeated queries (one per client retry, or a
+# flood) from costing a validator ~3 ms of private-key work per message each time.
+_signed: OrderedDict[tuple[str, str, bytes], list[str]] = OrderedDict()
 
 
 def _credit_keys(state: State, params: dict[str, Any]) -> Any:
@@ -76,9 +84,18 @@ def signatures(state: State, store: CreditKeyStore, params: dict[str, Any]) -> A
         private = store.private_for(der) if der is not None else None
         if private is None:
             continue
+        cache_key = (record["id"], address, der)
+        cached = _signed.get(cache_key)
+        if cached is not None:
+            _signed.move_to_end(cache_key)
+            answer[address] = cached
+            continue
         answer[address] = [
             blindrsa.blind_sign(private, bytes.fromhex(message)).hex() for message in messages
         ]
+        _signed[cache_key] = answer[address]
+        if len(_signed) > SIGNED_CACHE:
+            _signed.popitem(last=False)
     return {"mint": record["id"], "epoch": epoch, "signatures": answer}
 
 
