@@ -1,14 +1,15 @@
 """Bearer credits through one real CometBFT v0.38 validator and the committee app's socket.
 
 The validator's key is generated into `<home>/credit_keys/` and published with a `credit_key`
-tx; a payer mints credits (`broadcast_tx_sync`), the app blind-signs them in answer to
-CometBFT's `abci_query /credit_signatures`, the client finalizes them, a registered compute node
-redeems them: accepted once, then refused as `CREDIT_SPENT`, and an altered credit as
-`CREDIT_INVALID`; the node's credited work shows in `/credits`.
+tx; a payer buys credits (`buy_credits`: the mint through `broadcast_tx_sync`, the app's blind
+signatures through CometBFT's `abci_query /credit_signatures`, finalized into the wallet), a
+registered compute node redeems them: accepted once, then refused as `CREDIT_SPENT`, and an
+altered credit as `CREDIT_INVALID`; the node's credited work shows in `/credits`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import replace
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from node.client.credit_wallet import CreditWallet, MintRequest
+from node.client.credit_purchase import buy_credits
+from node.client.credit_wallet import CreditWallet
 from protocol.committee.credits import CreditKey, Redeem
 from protocol.committee.envelope import sign
 from protocol.committee.registry import RegisterNode, sign_registration
@@ -77,17 +79,11 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
         keys = epoch_keys_from_query(net.query("/credit_keys?epoch=1"))
         assert list(keys.keys) == [net.validator_address]
         payer = seeded_evm_key("credits-integration-payer")
-        request = MintRequest.create(
-            keys, 3, payer, PRICE, EVM_CHAIN_ID, ESCROW, int(time.time()) + 3600
-        )
-        minted = net.submit(sign(request.body, seeded_key("minter"), 1).encode())
-        assert minted.get("code", 0) == 0, minted
-
-        answer = net.query(f"/credit_signatures?mint={request.mint_id}")
-        got = {a: [bytes.fromhex(s) for s in sigs] for a, sigs in answer["signatures"].items()}
-        credits = request.finalize(keys, got)
         wallet = CreditWallet(tmp_path / "wallet.json")
-        wallet.add(credits)
+        credits = asyncio.run(
+            buy_credits([net.rpc], payer, 3, wallet, expiry=int(time.time()) + 3600)
+        )
+        assert len(credits) == 3 and wallet.count() == 3
 
         spend = wallet.take(2)
         first = net.submit(sign(Redeem("m", 0, tuple(spend)), node_key, 2).encode())
