@@ -122,8 +122,8 @@ def close_last_blocks_epoch(chain: Chain) -> int:
     return epoch
 
 
-def node_chain() -> tuple[Chain, SigningKey]:
-    chain = credit_chain()
+def node_chain(**extra: object) -> tuple[Chain, SigningKey]:
+    chain = credit_chain(**extra)
     node = register(chain, "credit-node", shards=(0, 1))
     make_routable(chain, node)
     return chain, node
