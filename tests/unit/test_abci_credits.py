@@ -412,3 +412,43 @@ def test_credits_signatures_query_needs_a_paid_mint(tmp_path: Path) -> None:
     assert code == Code.NOT_FOUND
     code, _, _ = query(chain.state, "/credit_signatures?mint=0x" + "00" * 32, b"")
     assert code == Code.UNKNOWN_QUERY  # served only by an app that holds keys (app.py)
+
+
+def test_credits_no_state_entry_or_tx_links_the_payer_to_the_node(tmp_path: Path) -> None:
+    """Read every committed state entry and both txs: nothing holds the payer (address, mint id,
+    any piece of a blinded message) next to the node (key, EVM address). The one exception is the
+    epoch's payout record, which lists every payer debited and every account paid in the epoch:
+    the epoch is the anonymity set (docs/privacy.md)."""
+    chain, node = node_chain(epoch_length=50)
+    stores = publish_keys(chain, 1, tmp_path)
+    keys = keys_of(chain, 1)
+    request = mint(chain, keys, 2)
+    mint_raw = chain.tx(request.body, seeded_key("mint-sender"))
+    assert chain.block([mint_raw])[0].code == Code.OK
+    credits = request.finalize(keys, answers(chain, stores, request.mint_id))
+    redeem_raw = chain.tx(Redeem("m", 0, tuple(credits)), node)
+    assert chain.block([redeem_raw])[0].code == Code.OK
+    payer = address_of(PAYER)
+    payer_side = {payer.lower(), payer[2:].lower(), request.mint_id, request.mint_id[2:]}
+    for messages in request.body.blinded.values():
+        for message in messages:
+            payer_side |= {message[i : i + 16].hex() for i in range(0, len(message) - 16, 16)}
+    node_evm = address_of(seeded_evm_key("credit-node"))
+    node_side = {node.verify_key.encode().hex(), node_evm.lower(), node_evm[2:].lower()}
+    chain.advance_to(50)  # the epoch closes: its payout record is written
+    rows = chain.state.store._db.execute("SELECT ns, key, value FROM kv").fetchall()
+    assert any(ns == "payout" for ns, _, _ in rows)
+    seen = {"payer": set(), "node": set()}
+    for ns, key, value in rows:
+        text = f"{ns}/{key}={value}".lower()
+        has_payer = any(p in text for p in payer_side)
+        has_node = any(n in text for n in node_side)
+        assert not (has_payer and has_node) or ns == "payout", (ns, key)
+        for side, present in (("payer", has_payer), ("node", has_node)):
+            if present:
+                seen[side].add(ns)
+    assert {"mint", "vseen"} <= seen["payer"] and {"node", "evm"} <= seen["node"], seen
+    redeem_text = redeem_raw.decode().lower()
+    assert not any(p in redeem_text for p in payer_side)
+    mint_text = mint_raw.decode().lower()
+    assert not any(n in mint_text for n in node_side)
