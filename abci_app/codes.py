@@ -42,32 +42,35 @@ class Code(IntEnum):
     SEED_MISMATCH = 28  # the revealed seed does not open the commitment
     # settlement (abci_app/settlement.py); numbered from 30 to leave 24-29 to other tx types
     UNKNOWN_GATEWAY = 30  # work_report not signed by a genesis gateway key
-    UNBACKED_CONTRIBUTION = 31  # no gateway-reported work for this node on that shard
-    DUPLICATE_QUERY = 32  # a query id already reported (pending or settled)
+    UNBACKED_CONTRIBUTION = 31  # no creditable gateway-reported work for the node on that shard
+    DUPLICATE_QUERY = 32  # a query id already reported with another fee (same fee: no-op)
     NO_STATEMENT = 33  # payout_vote for an epoch without a stored statement
     BAD_PAYOUT_SIGNATURE = 34  # not the validator operator's signature over the statement
     SETTLEMENT_DISABLED = 35  # genesis has no evm.escrow_address
-    # prepaid charges in work_report (abci_app/settlement.py)
-    VOUCHER_INVALID = 36  # the voucher does not recover to its payer, or fee > cap
-    VOUCHER_EXPIRED = 37  # the voucher expired before the block that carries the charge
-    VOUCHER_REPLAYED = 38  # this (payer, query id) was charged before
-    VOUCHER_EXPIRY_TOO_FAR = 39  # expiry beyond block time + MAX_VOUCHER_LIFETIME_S
+    # charge items of work_report (abci_app/settlement.py): refused items, not whole txs
+    AUTHORIZATION_INVALID = 36  # the voucher / key does not recover to its payer
+    AUTHORIZATION_EXPIRED = 37  # the authorization expired before the block that carries it
+    CHARGE_BELOW_PREVIOUS = 38  # a total lower than what was charged under it before
+    AUTHORIZATION_EXPIRY_TOO_FAR = 39  # expiry beyond block time + the kind's longest lifetime
     # spot-check reports (abci_app/spot_reports.py); 50+ to leave room to settlement
     SPOT_REPORT_EPOCH = 50  # the epoch is not closed yet, or too old to report
     DUPLICATE_SPOT_REPORT = 51  # this validator already reported that epoch
     SPOT_CHECK_NOT_ASSIGNED = 52  # a listed triple was not committed then, selected, or assigned
-    # credits (abci_app/credits.py)
-    CREDITS_DISABLED = 53  # genesis has no credits section (or no escrow)
-    CREDIT_KEY_EPOCH = 54  # credit_key for an epoch already over, or more than 2 ahead
-    DUPLICATE_CREDIT_KEY = 55  # this validator already published a key for that epoch
-    CREDIT_KEY_INVALID = 56  # not an RSA public key of 2048..4096 bits
-    MINT_INVALID = 57  # purchase signature not by the payer, or amount != credits x price
-    MINT_REPLAYED = 58  # this mint id was minted before
-    NO_CREDIT_KEYS = 59  # the epoch's published keys hold under 2/3 of the power
-    CREDIT_INVALID = 60  # a credit without valid signatures of >= 2/3 of the power
-    CREDIT_SPENT = 61  # a credit already redeemed (or listed twice)
-    CREDIT_EPOCH = 62  # a credit of an epoch not redeemable in this block's epoch
-    REDEEM_SHARD = 63  # redeem for a (model, shard) the node did not register
+    # more charge-item refusals (abci_app/settlement.py)
+    CHARGE_OVER_CAP = 60  # a total above the authorization's cap
+    WRONG_GATEWAY = 61  # a charge names another gateway than the one genesis binds the key to
+    # credits (abci_app/credits.py); 70+ to leave 53-59 and 62-69 to settlement
+    CREDITS_DISABLED = 70  # genesis has no credits section (or no escrow)
+    CREDIT_KEY_EPOCH = 71  # credit_key for an epoch already over, or more than 2 ahead
+    DUPLICATE_CREDIT_KEY = 72  # this validator already published a key for that epoch
+    CREDIT_KEY_INVALID = 73  # not an RSA public key of 2048..4096 bits
+    MINT_INVALID = 74  # purchase signature not by the payer, or amount != credits x price
+    MINT_REPLAYED = 75  # this mint id was minted before
+    NO_CREDIT_KEYS = 76  # the epoch's published keys hold under 2/3 of the power
+    CREDIT_INVALID = 77  # a credit without valid signatures of >= 2/3 of the power
+    CREDIT_SPENT = 78  # a credit already redeemed (or listed twice)
+    CREDIT_EPOCH = 79  # a credit of an epoch not redeemable in this block's epoch
+    REDEEM_SHARD = 80  # redeem for a (model, shard) the node did not register
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

@@ -13,10 +13,13 @@
                                ones hold ≥ 2/3 of the power (NO_CREDIT_KEYS); each blinded
                                message has its key's length and is below its modulus, amount =
                                count · genesis price, the `CreditPurchase` signature recovers to
-                               `payer` (MINT_INVALID); the mint id is new (MINT_REPLAYED); the
-                               charge passes `prepaid.check_new`. → `mint/<id>` and a prepaid
-                               charge (payer, mint id) of `amount`, debited in the next payout
-                               root like a gateway's prepaid question. Each validator then
+                               `payer` (MINT_INVALID); the mint id is new (MINT_REPLAYED); block
+                               time ≤ expiry ≤ block time + 7 days (AUTHORIZATION_EXPIRED,
+                               AUTHORIZATION_EXPIRY_TOO_FAR). → `mint/<id>` and a charge of
+                               `amount` on the payer's balance at the escrow's own address
+                               (`depositBalance(escrow)`): `spent/` and `cpend/<payer>/<escrow>/
+                               mint/<id>`, debited in the next payout statement like a gateway's
+                               charges (settlement.py). Each validator then
                                blind-signs the mint's messages for it when asked
                                (`/credit_signatures?mint=`, answered from its local key).
     redeem{model, shard, credits}
@@ -25,7 +28,7 @@
                                current − CREDIT_LIFETIME_EPOCHS ≤ e ≤ current (CREDIT_EPOCH),
                                valid under e's keys (`protocol.credits.check_credit`:
                                CREDIT_INVALID), its nonce never redeemed nor listed twice
-                               (CREDIT_SPENT). → `spent/<sha256 nonce>` per credit and
+                               (CREDIT_SPENT). → `cspent/<sha256 nonce>` per credit and
                                `credit/<current epoch>/<evm address>/<shard>/<model>` grows by
                                count · genesis `credits.layer_tokens`: the node's share record for
                                the epoch's payout (docs/shares.md), as a contribution's is.
@@ -40,7 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from abci_app import prepaid, rules, schema
+from abci_app import rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol import blindrsa
@@ -61,6 +64,8 @@ from protocol.payment import payment_domain
 
 KEY_AHEAD = 2  # a key may be published for at most the epoch after next
 CREDIT_LIFETIME_EPOCHS = 1  # a credit of epoch e is redeemable in e and e + 1
+MINT_KIND = "mint"  # the kind of a mint's charge in `spent/` and `cpend/` (settlement.py)
+MAX_MINT_LIFETIME_S = 7 * 86_400  # bounds how long a mint's charge guard (`spent/`) is kept
 
 
 def _enabled(state: State) -> None:
@@ -156,7 +161,20 @@ def mint(state: State, tx: SignedTx) -> None:
     if state.get(schema.MINT, identifier) is not None:
         rules.reject(Code.MINT_REPLAYED, f"mint {identifier} was already minted")
     where = f"mint {identifier} of {body.payer}"
-    prepaid.check_new(state, body.payer, identifier, body.amount, body.amount, body.expiry, where)
+    if state.block_time > body.expiry:
+        rules.reject(
+            Code.AUTHORIZATION_EXPIRED,
+            f"{where}: expired at {body.expiry} < block time {state.block_time}",
+        )
+    if body.expiry > state.block_time + MAX_MINT_LIFETIME_S:
+        rules.reject(
+            Code.AUTHORIZATION_EXPIRY_TOO_FAR,
+            f"{where}: expiry {body.expiry} is more than {MAX_MINT_LIFETIME_S} s ahead",
+        )
+    escrow = (genesis.escrow_address or "").lower()
+    charge = schema.charge_key(body.payer, escrow, MINT_KIND, identifier)
+    if state.get(schema.SPENT, charge) is not None:
+        rules.reject(Code.MINT_REPLAYED, f"{where}: already charged")
     purchase = CreditPurchase(
         mint_id=bytes.fromhex(identifier[2:]),
         credits=count,
@@ -184,7 +202,13 @@ def mint(state: State, tx: SignedTx) -> None:
         },
     )
     rules.track(state, schema.MINT, identifier)
-    prepaid.record(state, body.payer, identifier, body.amount, body.amount, body.expiry)
+    state.put(schema.SPENT, charge, {"total": str(body.amount), "expiry": body.expiry})
+    rules.track_until(state, schema.SPENT, charge, body.expiry)
+    state.put(
+        schema.PENDING_CHARGE,
+        charge,
+        {"from": "0", "total": str(body.amount), "height": state.block_height},
+    )
     state.emit("planet.mint", mint=identifier, epoch=body.epoch, credits=count)
 
 
@@ -213,12 +237,12 @@ def redeem(state: State, tx: SignedTx) -> None:
             identifier = spent_id(credit.prepared)
         except CreditInvalidError as error:
             rules.reject(Code.CREDIT_INVALID, f"{where}: {error.reason}")
-        if identifier in spent or state.get(schema.SPENT, identifier) is not None:
+        if identifier in spent or state.get(schema.CREDIT_SPENT, identifier) is not None:
             rules.reject(Code.CREDIT_SPENT, f"{where}: already redeemed")
         spent.append(identifier)
     for identifier in spent:
-        state.put(schema.SPENT, identifier, state.block_height)
-    rules.track_many(state, schema.SPENT, spent)
+        state.put(schema.CREDIT_SPENT, identifier, state.block_height)
+    rules.track_many(state, schema.CREDIT_SPENT, spent)
     layer_tokens = len(spent) * state.genesis.credit_layer_tokens
     account = str(node["evm_address"]).lower()
     key = schema.credit_key(current, account, body.model, body.shard)

@@ -17,6 +17,8 @@
               "fraud_proofs_address": "0x…"},  # the verdicts' consumer (FraudProofs)
       "validators": {"<validator address hex | base64 pub_key>": "0x<operator EVM address>"},
       "gateways": ["<ed25519 public key hex>"],  # who may send work_report (settlement.py)
+      "gateway_addresses": {"<gateway key hex>": "0x<its EVM address>"},  # optional: the only
+                                          #   gateway address that key's charges may name
       "verifier_cut_bps": 1000,             # verifiers' part of each epoch's fees
       "spot_check_ppm": 50000,              # spot-check selection rate (protocol/spotcheck.py)
       "credits": {"price_wei": "1000000000000", "layer_tokens": 4096}  # one credit's price
@@ -55,6 +57,7 @@ _KEYS = {
     "evm",
     "validators",
     "gateways",
+    "gateway_addresses",
     "verifier_cut_bps",
     "spot_check_ppm",
     "credits",
@@ -103,6 +106,8 @@ class Genesis:
     operators: dict[str, str] = field(default_factory=dict)  # raw key → operator address
     escrow_address: str | None = None  # PayoutRoot.consumer (QueryEscrow); None: no settlement
     gateways: tuple[str, ...] = ()  # ed25519 keys (64 lowercase hex) allowed to report work
+    # gateway key → the lowercase EVM address its charge items must name (absent: any)
+    gateway_addresses: dict[str, str] = field(default_factory=dict)
     verifier_cut_bps: int = 1_000
     spot_check_ppm: int = 50_000  # selection rate the chain credits spot-check reports under
     credit_price_wei: int | None = None  # one credit's price; None: credits disabled
@@ -173,6 +178,14 @@ class Genesis:
             isinstance(g, str) and _GATEWAY.match(g) for g in gateways
         ):
             raise ConfigError("genesis app_state.gateways: expected a list of 64-hex ed25519 keys")
+        bound = doc.get("gateway_addresses", {})
+        if not isinstance(bound, dict) or not all(
+            isinstance(k, str) and k in gateways and _is_address(v) for k, v in bound.items()
+        ):
+            raise ConfigError(
+                "genesis app_state.gateway_addresses: expected {gateway key: EVM address} for "
+                "keys listed in gateways"
+            )
         operators: dict[str, str] = {}
         operator_map = doc.get("validators") or {}
         if not isinstance(operator_map, dict):
@@ -207,6 +220,7 @@ class Genesis:
             operators=operators,
             escrow_address=escrow,
             gateways=tuple(sorted(set(gateways))),
+            gateway_addresses={k: v.lower() for k, v in sorted(bound.items())},
             verifier_cut_bps=_int(doc, "verifier_cut_bps", 1_000, 0, 10_000),
             spot_check_ppm=_int(doc, "spot_check_ppm", 50_000, 0, 1_000_000),
             credit_price_wei=(
@@ -244,6 +258,11 @@ class Genesis:
             ),
             "validators": dict(sorted(self.operators.items())),
             **({"gateways": list(self.gateways)} if self.gateways else {}),
+            **(
+                {"gateway_addresses": dict(self.gateway_addresses)}
+                if self.gateway_addresses
+                else {}
+            ),
             **(
                 {"verifier_cut_bps": self.verifier_cut_bps}
                 if self.verifier_cut_bps != 1_000

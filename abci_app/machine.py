@@ -33,6 +33,7 @@ from protocol.commit_batch import decode_tx, is_batch
 from protocol.committee.envelope import SignedTx, TxSignatureError
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.registry import RegisterNode, recover_registration
+from protocol.committee.settlement import WorkReport
 from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,11 @@ def tx_cache_cost(raw: bytes) -> int:
 
 
 def tx_work(tx: Any) -> int:
-    """The proposal budget a decoded tx uses: 1 + its commit/reveal records."""
+    """The proposal budget a decoded tx uses: 1 + its commit/reveal records (or report items:
+    each is judged and written on its own)."""
     body = tx.body
+    if isinstance(body, WorkReport):
+        return 1 + body.items
     records = getattr(body, "commitments", None) or getattr(body, "reveals", None) or ()
     return 1 + len(records)
 

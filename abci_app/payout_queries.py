@@ -1,10 +1,13 @@
 """Settlement queries (committed state only; `queries.ROUTES` serves `PAYOUT_ROUTES`).
 
-/payouts        ?epoch ?account ?limit   one epoch's statement, rows and signatures; without
-                                         `epoch` the stored epochs (newest first), each
+/payouts        ?epoch ?account ?limit   one statement (`epoch` = its number: page p of committee
+                                         epoch e is e + p·2^32), rows and signatures; without
+                                         `epoch` the stored statements (newest first), each
                                          with `amount` for `account` when given
 /payouts/proof  ?epoch ?account          amount + Merkle proof for `QueryEscrow.claim`
-/backing        ?node                    a node's uncredited gateway-backed layer-tokens
+/backing        ?node                    a node's uncredited gateway-backed layer-tokens that a
+                                         contribution can still credit (this epoch's and the
+                                         previous epoch's reports)
 /credits        ?account ?epoch          credited layer-tokens of an account in an epoch
                                          (default: the current one, not yet closed)
 """
@@ -25,6 +28,7 @@ from abci_app.query_params import (
     limit_param,
     str_param,
 )
+from abci_app.settlement import statement_record_key
 from abci_app.state import State
 from shares.merkle import build_tree, payout_leaf_hashes, tree_proof
 
@@ -62,10 +66,11 @@ def _amount(record: dict[str, Any], account: str) -> int:
     return 0
 
 
-def _record(state: State, epoch: int) -> dict[str, Any]:
-    record = state.committed(schema.PAYOUT, schema.epoch_key(epoch))
+def _record(state: State, number: int) -> dict[str, Any]:
+    key = statement_record_key(number)
+    record = state.committed(schema.PAYOUT, key) if key is not None else None
     if record is None:
-        raise QueryError(Code.NOT_FOUND, f"epoch {epoch} has no payout statement")
+        raise QueryError(Code.NOT_FOUND, f"no payout statement number {number}")
     return record
 
 
@@ -84,7 +89,17 @@ def _payouts(state: State, params: dict[str, Any]) -> Any:
             break
         summary = {
             k: record[k]
-            for k in ("epoch", "root", "total", "queries_hash", "consumer", "closed_height")
+            for k in (
+                "epoch",
+                "committee_epoch",
+                "page",
+                "pages",
+                "root",
+                "total",
+                "queries_hash",
+                "consumer",
+                "closed_height",
+            )
         }
         summary.update(
             confirmed=record["confirmed"],
@@ -143,11 +158,19 @@ def _backing(state: State, params: dict[str, Any]) -> Any:
     node = str_param(params, "node", NODE_KEY)
     if node is None:
         raise QueryError(Code.BAD_QUERY, "node is required")
-    out = []
-    for key, layer_tokens in state.committed_items(schema.BACKING, node + "/", node + "0"):
-        model, shard = key[len(node) + 1 :].rsplit("/", 1)
-        out.append({"model": model, "shard": int(shard), "layer_tokens": layer_tokens})
-    return {"node": node, "backing": out}
+    current = state.committed(schema.META, "current_epoch") or 1
+    totals: dict[tuple[str, int], dict[str, Any]] = {}
+    for epoch in (current - 1, current) if current > 1 else (current,):
+        prefix = f"{schema.in_epoch(epoch, node)}/"
+        for key, layer_tokens in state.committed_items(schema.BACKING, prefix, prefix[:-1] + "0"):
+            model, shard = key[len(prefix) :].rsplit("/", 1)
+            entry = totals.setdefault(
+                (model, int(shard)),
+                {"model": model, "shard": int(shard), "layer_tokens": 0, "epochs": {}},
+            )
+            entry["layer_tokens"] += layer_tokens
+            entry["epochs"][str(epoch)] = layer_tokens
+    return {"node": node, "epoch": current, "backing": [totals[k] for k in sorted(totals)]}
 
 
 def _credits(state: State, params: dict[str, Any]) -> Any:

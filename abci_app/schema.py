@@ -69,20 +69,25 @@ SPOT_CREDIT = "vwork"
 
 # --- settlement (settlement.py) ------------------------------------------------------------------
 
-# backing/<node>/<model>/<shard>: gateway-reported layer-tokens not yet credited to the node
+# backing/<epoch>/<node>/<model>/<shard>: layer-tokens gateways reported for the node in that
+# epoch and not yet credited; creditable in that epoch and the next, deleted when the next closes
 BACKING = "backing"
 # squery/<query id>: {fee, height}, reported by a gateway and not yet settled
 PENDING_QUERY = "squery"
-# sqdone/<query id>: the epoch whose payout root settled the query
+# sqdone/<query id>: {fee, statement}: the statement number whose payout root settled the query
 SETTLED_QUERY = "sqdone"
-# vpend/<payer>/<query id>: {fee, cap}, a prepaid charge not yet debited in a payout root
-PENDING_CHARGE = "vpend"
-# vseen/<payer>/<query id>: the charged voucher's expiry (its replay guard)
-SEEN_VOUCHER = "vseen"
-# credit/<epoch>/<account>/<shard, 5 digits>/<model>: {account, model, shard, layer_tokens},
-# a node's credited work in that epoch
+# spent/<payer>/<gateway>/<kind>/<id>: {total, expiry}: the cumulative wei charged under a
+# payer-signed authorization (kind "voucher" | "key"), kept until its expiry (replay guard)
+SPENT = "spent"
+# cpend/<payer>/<gateway>/<kind>/<id>: {from, total, height}: the part of an authorization's
+# total (total − from) not yet debited in a payout statement, first reported at `height`
+PENDING_CHARGE = "cpend"
+# credit/<epoch>/<account>/<shard, 5 digits>/<model>: {account, model, shard, layer_tokens[,
+# carried]}, a node's credited work in that epoch (`carried`: the part moved in from the
+# epoch before, which paid nothing; it moves no further)
 CREDIT = "credit"
-# payout/<epoch>: the epoch's PayoutRoot statement, rows, shares, votes, confirmed
+# payout/<epoch>[/<page, 4 digits>]: a payout statement (page 0 has no page part), its charges,
+# rows, shares (page 0), votes, confirmed
 PAYOUT = "payout"
 
 # --- credits (credits.py) --------------------------------------------------------------------
@@ -90,11 +95,11 @@ PAYOUT = "payout"
 # ckey/<epoch>/<validator key>: {epoch, validator (address), key (DER hex), height}, a
 # validator's RSA blind-signing key for that epoch's credits
 CREDIT_KEY = "ckey"
-# mint/<mint id>: {epoch, payer, blinded [hex], amount, height}; validators blind-sign the
+# mint/<mint id>: {epoch, payer, count, amount, blinded, height}; validators blind-sign the
 # blinded messages with their key of that epoch when asked (/credit_signatures)
 MINT = "mint"
-# spent/<sha256 of the credit nonce>: the height that redeemed it (the double-spend guard)
-SPENT = "spent"
+# cspent/<sha256 of the credit nonce>: the height that redeemed it (the double-spend guard)
+CREDIT_SPENT = "cspent"
 
 # --- retention (retention.py, rules.track*) ------------------------------------------------------
 
@@ -123,12 +128,17 @@ def commitment_key(node: str, session: str, step: int, shard: int) -> str:
     return f"{node}/{session}/{step}/{shard}"
 
 
-def backing_key(node: str, model: str, shard: int) -> str:
-    return f"{node}/{model}/{shard}"
+def backing_key(epoch: int, node: str, model: str, shard: int) -> str:
+    return f"{epoch_key(epoch)}/{node}/{model}/{shard}"
 
 
-def charge_key(payer: str, query_id: str) -> str:
-    return f"{payer}/{query_id}"
+def charge_key(payer: str, gateway: str, kind: str, id: str) -> str:
+    return f"{payer}/{gateway}/{kind}/{id}"
+
+
+def statement_key(epoch: int, page: int) -> str:
+    """`payout/` key of page `page` of committee epoch `epoch` (page 0: the epoch key alone)."""
+    return epoch_key(epoch) if page == 0 else f"{epoch_key(epoch)}/{page:04d}"
 
 
 def credit_key(epoch: int, account: str, model: str, shard: int) -> str:

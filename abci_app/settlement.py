@@ -1,90 +1,134 @@
-"""Epoch settlement on the committee chain: evidence-backed work → shares → a signed payout root.
+"""Epoch settlement on the committee chain: evidence-backed work → shares → signed payout roots.
 
-Three tx types (`protocol.committee.settlement`) and one EndBlock rule:
+Three tx types (`protocol.committee.settlement`) and one EndBlock rule.
 
-- `work_report` (a gateway listed in genesis `gateways`): per-node aggregates of the work in the
-  gateway's signed receipts, `[node, model, shard, layers, tokens]`, and the query ids it settled
-  with their fees, `[query id, fee]`. The two lists are independent: no session, no per-query
-  node, so nothing on chain links a question (or its payer) to the nodes that computed it.
-  Effects: `backing/<node>/<model>/<shard>` += layers·tokens (the node's *uncredited* backed
-  work, carried across epochs); `squery/<query id>` = `{fee, height}` (pending settlement).
-  Refused whole: signer not a genesis gateway (`UNKNOWN_GATEWAY`), a node not registered or not
-  a compute node (`UNKNOWN_NODE`, `WRONG_ROLE`), a query id already pending or settled
-  (`DUPLICATE_QUERY`).
-  Optional `prepaid`: the prepaid questions it charged, `[gateway, payer, query id, model id,
-  fee, fee cap, expiry, voucher signature]` each (no node, circuit or session). Each is checked
-  at this boundary: the voucher (`protocol.payment.Voucher`, payment domain of genesis `evm`,
-  consumer = the escrow) must recover to `payer` and `fee ≤ cap` (`VOUCHER_INVALID`); the block
-  header's time (CometBFT's BFT time, the same on every node) must not be past its `expiry`
-  (`VOUCHER_EXPIRED`), nor the expiry more than `prepaid.MAX_VOUCHER_LIFETIME_S` ahead
-  (`VOUCHER_EXPIRY_TOO_FAR`: the replay guard below must stay bounded); a (payer, query id)
-  charged before is `VOUCHER_REPLAYED`. Effects: `vpend/<payer>/<query id>` (pending debit)
-  and `vseen/<payer>/<query id>` = expiry, the replay guard, deleted once a block's time is past
-  the expiry (`retention.track_until`); after that the voucher itself is refused as expired.
+**`work_report`** (a gateway listed in genesis `gateways`). Refused whole only for what concerns
+the whole tx: a signer that is not a genesis gateway (`UNKNOWN_GATEWAY`; malformed or oversized
+bytes never get this far). Every item is then judged on its own: a refused item is skipped and
+named in the tx result by a `planet.item_refused` event (`kind` work | query | charge, `id`,
+`code` name, `reason`), the others apply. The lists are independent (no session, no per-query
+node), so nothing on chain links a question (or its payer) to the nodes that computed it.
+
+- work `[node, model, shard, layers, tokens]`: per-node aggregates of the gateway's receipts.
+  Refused: node not registered (`UNKNOWN_NODE`) or not a compute node (`WRONG_ROLE`). Effect:
+  `backing/<e>/<node>/<model>/<shard>` += layers·tokens, e = the block's epoch.
+- query `[query id, fee]`: a per-query deposit the gateway settled. The same id with the same
+  fee again (pending or settled) changes nothing; a fee of 0 changes nothing (nothing to
+  charge); another fee is refused (`DUPLICATE_QUERY`). Effect: `squery/<id>` = {fee, height}.
+- charge `ChargeItem(kind, gateway, payer, id, model id, total, cap, expiry, signature)`: "the
+  total charged under this payer-signed authorization is now `total`". Checked in this order:
+  no escrow in genesis (`SETTLEMENT_DISABLED`); total > cap (`CHARGE_OVER_CAP`); block time
+  (CometBFT's BFT time, the same on every node) past the expiry (`AUTHORIZATION_EXPIRED`);
+  expiry more than `MAX_LIFETIME_S[kind]` ahead (`AUTHORIZATION_EXPIRY_TOO_FAR`: the guard
+  below must stay bounded); the authorization charged before under another expiry
+  (`AUTHORIZATION_INVALID`); total below what was charged before (`CHARGE_BELOW_PREVIOUS`);
+  total equal to it: nothing to do (a resent item never charges twice); the signature does not
+  recover to `payer` (`AUTHORIZATION_INVALID`; `protocol.payment.Voucher` for "voucher" with
+  query id = id and fee cap = cap, `PaymentKey` for "key" with key id = id; payment domain of
+  genesis `evm`, consumer = the escrow). Effect: `spent/<payer>/<gateway>/<kind>/<id>` =
+  {total, expiry}, deleted once a block's time is past the expiry (`retention.track_until`;
+  the authorization is refused as expired after that), and the increase joins the pending
+  debit `cpend/<payer>/<gateway>/<kind>/<id>` = {from, total, height}.
   The gateway's receipt signature is *not* sent: it covers the circuit hash, which over the
   public node registry names the circuit, so next to a payer it would link the payer to nodes.
   The report's own signature (a genesis gateway's committee key) is the gateway's word.
-- `contribution` (a compute node, not LEFT): the node's own count `[model, shard, layers,
-  tokens]` since its last contribution. Each item is credited `min(layers·tokens, backing)` and
-  the backing shrinks by that much; the credit goes to `credit/<epoch>/<evm address>/<shard>/
-  <model>` of the epoch the block belongs to. An item on a shard the node did not register, or
-  with no backing left, refuses the whole tx (`UNBACKED_CONTRIBUTION`): the chain never credits
-  work nobody paid a gateway for, and never more than a node claims for itself.
-- `payout_vote` (a validator): its operator key's EIP-712 signature over the stored `PayoutRoot`
-  statement of `epoch` (committee domain of genesis `evm`). The statement is fixed when the
-  epoch closes and never recomputed, so re-signing it yields the same statement (the escrow's
-  `disputeRoot` needs two *different* signed statements). `payout/<epoch>` accumulates `votes`
-  and `power`; `confirmed` at ≥ 2/3 of the power. Refused: not a validator (`NOT_VALIDATOR`),
-  no `evm.escrow_address` (`SETTLEMENT_DISABLED`), no statement for that epoch
-  (`NO_STATEMENT`), a signature that does not recover to the validator's operator
-  (`BAD_PAYOUT_SIGNATURE`), a second vote of the same validator (`DUPLICATE_VOTE`).
 
-**Epoch close** (`close`, EndBlock of height e·L, before the next epoch is fixed): the epoch's
-credits become `ComputeWork` items (account = the node's EVM address; the model id hashed to fit
-`shares`' grammar; layers 1 and tokens = layer-tokens, which gives the same shares); the pending
-queries (ascending id, at most `MAX_SETTLED_QUERIES`) are the `SettledQuery`s; the pending
-prepaid charges (ascending (payer, query id), at most `MAX_SETTLED_CHARGES`, a payer's sum kept
-< 2^128) become `EpochWork.debits` through `shares.settlement.prepaid_debits`; pool health per
-(model, shard) = max(nodes routable there now, accounts credited there); accounts whose verdict
-was confirmed in the epoch are `slashed`; the spot checks credited in the epoch
-(`vwork/<e>/…`, written by `abci_app/spot_reports.py`) are the `VerificationWork`.
-`shares.settlement.close_epoch` gives the root; `payout/<e>` stores the statement, the sorted
-query ids and fees, the payers and debits (what `postPayoutRoot` takes), the settled prepaid
-`charges` `[payer, query id]` (so gateways learn which of their charges the root covers), the
-rows and the compute shares; the settled queries move to `sqdone/<id>`, the settled charges
-leave `vpend/`. No pending query or charge, or `NothingToPayError` → no statement: the queries stay
-pending and the epoch's credits move to the next epoch (work reported just before its fees is
-not lost). The epoch's slash marks are deleted either way.
-`payout/` and `sqdone/` entries are pruned with the epoch's other records (`rules.track`).
+**`contribution`** (a compute node, not LEFT): the node's own count `[model, shard, layers,
+tokens]` since its last contribution. Each item is credited `min(layers·tokens, backing)`, where
+backing is what gateways reported for the node in the previous epoch and in this one (the
+previous epoch's first): **credit belongs to the epoch in which the work was served**, with one
+epoch of grace for a contribution that lands after the epoch's last block. The credit goes to
+`credit/<epoch>/<evm address>/<shard>/<model>` of the block's epoch. An item on a shard the node
+did not register, or with no creditable backing left, refuses the whole tx
+(`UNBACKED_CONTRIBUTION`): the chain never credits work nobody paid a gateway for, and never more
+than a node claims for itself.
+
+**`payout_vote`** (a validator): its operator key's EIP-712 signature over the stored `PayoutRoot`
+statement number `epoch` (committee domain of genesis `evm`). A statement is fixed when written
+and never recomputed, so re-signing it yields the same statement (the escrow's `disputeRoot`
+needs two *different* signed statements). The record accumulates `votes` and `power`;
+`confirmed` at ≥ 2/3 of the power. Refused: not a validator (`NOT_VALIDATOR`), no
+`evm.escrow_address` (`SETTLEMENT_DISABLED`), no such statement (`NO_STATEMENT`), a signature
+that does not recover to the validator's operator (`BAD_PAYOUT_SIGNATURE`), a second vote of the
+same validator (`DUPLICATE_VOTE`).
+
+**Epoch close** (`close`, EndBlock of height e·L, before the next epoch is fixed). The backing
+of epoch e−1 expires. The epoch's credits become `ComputeWork` items (account = the node's EVM
+address; the model id hashed to fit `shares`' grammar; layers 1 and tokens = layer-tokens, which
+gives the same shares); pool health per (model, shard) = max(nodes routable there now, accounts
+credited there); accounts whose verdict was confirmed in the epoch are `slashed`; the spot
+checks credited in the epoch (`vwork/<e>/…`) are the `VerificationWork`. Then **everything
+pending is settled, oldest reported first, in pages**: the pending queries and pending charges
+are ordered by the height that reported them (then by id) and cut greedily into statements
+whose `postPayoutRoot` stays within `MAX_STATEMENT_GAS` (estimated `BASE_GAS` + `QUERY_GAS` per
+query + `DEBIT_GAS` per (payer, gateway) debit) and that name at most `MAX_STATEMENT_CHARGES`
+queries and authorizations; at most `MAX_PAGES` pages per close (what is left waits, still
+first in line, for the next close). A pair's debit in one page stays below 2^128 (the escrow's
+uint128 balance): an item that would pass it opens a new page. Page p of epoch e is statement
+number `statement_number(e, p)` = e + p·2^32 (page 0 is e itself), stored at
+`payout/<e>[/<p>]`. `shares.settlement.close_epoch_pages` splits Σ of all pages' charges over
+the epoch's shares once and cuts the rows into the pages (docs/shares.md), so every account gets
+its exact share of the epoch whatever the number of pages. Each record holds its statement, its
+sorted query ids and fees, payers / gateways / debits (what `postPayoutRoot` takes), the
+authorizations it debits with their totals `charges` [[payer, gateway, kind, id, total]] (so
+gateways learn what a root covered), its rows, the epoch's compute shares (page 0 only), and
+`committee_epoch`, `page`, `pages`. Settled queries move to `sqdone/<id>` = {fee, statement},
+settled charges leave `cpend/`. Nothing pending, or `NothingToPayError` (no eligible share) → no
+statement: the charges stay pending and the epoch's credits that it earned itself move to e+1
+once (a credit moved in is dropped if e+1 pays nothing either). The epoch's slash marks are
+deleted either way. `payout/` and `sqdone/` entries are pruned with the epoch's other records
+(`rules.track`).
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
 from typing import Any
 
-from abci_app import prepaid, rules, schema
-from abci_app.codes import Code
+from abci_app import rules, schema
+from abci_app.codes import Code, Rejected
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
-from protocol.committee.settlement import Contribution, PayoutVote, PrepaidItem, WorkReport
+from protocol.committee.settlement import (
+    MAX_COMMITTEE_EPOCH,
+    ChargeItem,
+    Contribution,
+    NodeWork,
+    PayoutVote,
+    WorkReport,
+    statement_number,
+    statement_page,
+    work_name,
+)
 from protocol.eip712 import PayoutRoot, committee_domain, recover_digest
 from protocol.errors import ProtocolError
-from protocol.payment import Voucher, payment_domain
+from protocol.payment import PaymentKey, Voucher, payment_domain
 from shares.errors import NothingToPayError
 from shares.payouts import (
     MAX_DEBIT,
     ComputeWork,
     EpochWork,
+    PayerDebit,
     SettledQuery,
     ShardHealth,
     VerificationWork,
 )
-from shares.settlement import VoucherCharge, close_epoch, prepaid_debits
+from shares.settlement import PageCharges, close_epoch_pages
 
-MAX_SETTLED_QUERIES = 500  # queries per root: postPayoutRoot's gas grows with each one
 MAX_LAYER_TOKENS = (1 << 63) - 1
-MAX_SETTLED_CHARGES = 500  # prepaid charges per root (their payers cost postPayoutRoot gas)
+# bounds how long an authorization's replay guard (`spent/`) is kept, per kind
+MAX_LIFETIME_S = {"voucher": 7 * 86_400, "key": 366 * 86_400}
+MAX_VOUCHER_LIFETIME_S = MAX_LIFETIME_S["voucher"]
+# What one statement may cost to post (gas of `QueryEscrow.postPayoutRoot`, bench/gas.js: 771,510
+# for 100 queries, 8,841 per extra (payer, gateway) debit, ~120,000 with 4 signatures), kept far
+# below a block's 30 M gas.
+BASE_GAS = 150_000
+QUERY_GAS = 6_700
+DEBIT_GAS = 9_000
+MAX_STATEMENT_GAS = 12_000_000
+MAX_STATEMENT_CHARGES = 4_096  # queries + authorizations one statement names (its record size)
+MAX_PAGES = 64  # statements per close; the rest stays pending, first in line
 
 
 def model_key(model: str) -> str:
@@ -93,68 +137,178 @@ def model_key(model: str) -> str:
     return hashlib.sha256(model.encode()).hexdigest()[:48]
 
 
-# --- tx handlers --------------------------------------------------------------------------------
+# --- work_report: every item judged on its own ------------------------------------------------
 
 
 def work_report(state: State, tx: SignedTx) -> None:
     body: WorkReport = tx.body
     if tx.signer not in state.genesis.gateways:
         rules.reject(Code.UNKNOWN_GATEWAY, f"signer {tx.signer} is not a genesis gateway")
-    for charge in body.prepaid:
-        _check_charge(state, charge)
-    for query_id, _ in body.queries:
-        if (
-            state.get(schema.PENDING_QUERY, query_id) is not None
-            or state.get(schema.SETTLED_QUERY, query_id) is not None
-        ):
-            rules.reject(Code.DUPLICATE_QUERY, f"query {query_id} was already reported")
+    outcome = _Outcome()
     for item in body.work:
-        node = state.get(schema.NODE, item.node)
-        if node is None:
-            rules.reject(Code.UNKNOWN_NODE, f"node {item.node} is not registered")
-        if node["role"] != "compute":
-            rules.reject(Code.WRONG_ROLE, f"node {item.node} is not a compute node")
-    for item in body.work:
-        key = schema.backing_key(item.node, item.model, item.shard)
-        current = state.get(schema.BACKING, key) or 0
-        state.put(schema.BACKING, key, min(MAX_LAYER_TOKENS, current + item.layers * item.tokens))
+        outcome.judge(state, "work", work_name(item), lambda item=item: _work(state, item))
     for query_id, fee in body.queries:
-        state.put(schema.PENDING_QUERY, query_id, {"fee": str(fee), "height": state.block_height})
-    for charge in body.prepaid:
-        prepaid.record(
-            state, charge.payer, charge.query_id, charge.fee, charge.fee_cap, charge.expiry
-        )
+        outcome.judge(state, "query", query_id, lambda q=query_id, f=fee: _query(state, q, f))
+    bound = state.genesis.gateway_addresses.get(tx.signer)
+    for charge in body.charges:
+        outcome.judge(state, "charge", charge.name, lambda c=charge: _charge(state, c, bound))
     state.emit(
         "planet.work_report",
         gateway=tx.signer,
         nodes=len(body.work),
         queries=len(body.queries),
-        prepaid=len(body.prepaid),
+        charges=len(body.charges),
+        applied=outcome.applied,
+        unchanged=outcome.unchanged,
+        refused=outcome.refused,
     )
 
 
-def _check_charge(state: State, charge: PrepaidItem) -> None:
-    """Refuse a prepaid charge the chain must not debit (module docstring); no writes."""
+@dataclass
+class _Outcome:
+    """Counts of a report's items: applied, unchanged (a repeat), refused (each named)."""
+
+    applied: int = 0
+    unchanged: int = 0
+    refused: int = 0
+
+    def judge(self, state: State, kind: str, name: str, apply: Any) -> None:
+        """Run one item's rule (`apply()` → True when it changed state); a `Rejected` refuses
+        that item only: every rule checks before it writes."""
+        try:
+            changed = apply()
+        except Rejected as refused:
+            self.refused += 1
+            state.emit(
+                "planet.item_refused",
+                kind=kind,
+                id=name,
+                code=refused.code.name,
+                reason=refused.message,
+            )
+            return
+        if changed:
+            self.applied += 1
+        else:
+            self.unchanged += 1
+
+
+def _work(state: State, item: NodeWork) -> bool:
+    node = state.get(schema.NODE, item.node)
+    if node is None:
+        rules.reject(Code.UNKNOWN_NODE, f"node {item.node} is not registered")
+    if node["role"] != "compute":
+        rules.reject(Code.WRONG_ROLE, f"node {item.node} is not a compute node")
+    epoch = rules.epoch_of(state, state.block_height)
+    key = schema.backing_key(epoch, item.node, item.model, item.shard)
+    current = state.get(schema.BACKING, key) or 0
+    state.put(schema.BACKING, key, min(MAX_LAYER_TOKENS, current + item.layers * item.tokens))
+    return True
+
+
+def _query(state: State, query_id: str, fee: int) -> bool:
+    known = state.get(schema.PENDING_QUERY, query_id) or state.get(schema.SETTLED_QUERY, query_id)
+    if known is not None:
+        if int(known["fee"]) != fee:
+            rules.reject(
+                Code.DUPLICATE_QUERY,
+                f"query {query_id} was reported with fee {known['fee']}, not {fee}",
+            )
+        return False
+    if fee == 0:
+        return False  # nothing to charge: the deposit stays refundable
+    state.put(schema.PENDING_QUERY, query_id, {"fee": str(fee), "height": state.block_height})
+    return True
+
+
+def _charge(state: State, item: ChargeItem, bound: str | None) -> bool:
     genesis = state.genesis
-    where = f"voucher {charge.query_id} of {charge.payer}"
-    prepaid.check_new(
-        state, charge.payer, charge.query_id, charge.fee, charge.fee_cap, charge.expiry, where
-    )
-    try:
-        voucher = Voucher(
-            gateway=charge.gateway,
-            query_id=bytes.fromhex(charge.query_id[2:]),
-            model_id=bytes.fromhex(charge.model_id[2:]),
-            fee_cap=charge.fee_cap,
-            expiry=charge.expiry,
-            consumer=genesis.escrow_address,
+    if not (genesis.escrow_address and genesis.evm_chain_id):
+        rules.reject(Code.SETTLEMENT_DISABLED, "genesis has no evm {chain_id, escrow_address}")
+    if bound is not None and item.gateway != bound:
+        rules.reject(
+            Code.WRONG_GATEWAY, f"this gateway key reports for {bound}, not {item.gateway}"
         )
-        domain = payment_domain(genesis.evm_chain_id, genesis.escrow_address)
-        signer = recover_digest(voucher.digest(domain), bytes.fromhex(charge.signature[2:]))
+    if item.total > item.cap:
+        rules.reject(Code.CHARGE_OVER_CAP, f"total {item.total} above its cap {item.cap}")
+    if state.block_time > item.expiry:
+        rules.reject(
+            Code.AUTHORIZATION_EXPIRED,
+            f"expired at {item.expiry} < block time {state.block_time}",
+        )
+    lifetime = MAX_LIFETIME_S[item.kind]
+    if item.expiry > state.block_time + lifetime:
+        rules.reject(
+            Code.AUTHORIZATION_EXPIRY_TOO_FAR,
+            f"expiry {item.expiry} is more than {lifetime} s ahead of block time",
+        )
+    key = schema.charge_key(*item.key)
+    spent = state.get(schema.SPENT, key)
+    previous = 0
+    if spent is not None:
+        if spent["expiry"] != item.expiry:
+            rules.reject(
+                Code.AUTHORIZATION_INVALID,
+                f"charged before under expiry {spent['expiry']}, not {item.expiry}",
+            )
+        previous = int(spent["total"])
+    if item.total < previous:
+        rules.reject(
+            Code.CHARGE_BELOW_PREVIOUS,
+            f"total {item.total} is below the {previous} charged under it before",
+        )
+    if item.total == previous:
+        return False  # a resent item: charged already
+    _check_signature(state, item)
+    state.put(schema.SPENT, key, {"total": str(item.total), "expiry": item.expiry})
+    if spent is None:
+        rules.track_until(state, schema.SPENT, key, item.expiry)
+    pending = state.get(schema.PENDING_CHARGE, key)
+    state.put(
+        schema.PENDING_CHARGE,
+        key,
+        {
+            "from": pending["from"] if pending else str(previous),
+            "total": str(item.total),
+            "height": pending["height"] if pending else state.block_height,
+        },
+    )
+    return True
+
+
+def _check_signature(state: State, item: ChargeItem) -> None:
+    genesis = state.genesis
+    escrow = genesis.escrow_address
+    assert escrow is not None and genesis.evm_chain_id is not None  # checked by the caller
+    try:
+        struct: Voucher | PaymentKey
+        if item.kind == "voucher":
+            struct = Voucher(
+                gateway=item.gateway,
+                query_id=bytes.fromhex(item.id[2:]),
+                model_id=bytes.fromhex(item.model_id[2:]),
+                fee_cap=item.cap,
+                expiry=item.expiry,
+                consumer=escrow,
+            )
+        else:
+            struct = PaymentKey(
+                gateway=item.gateway,
+                key_id=bytes.fromhex(item.id[2:]),
+                model_id=bytes.fromhex(item.model_id[2:]),
+                cap=item.cap,
+                expiry=item.expiry,
+                consumer=escrow,
+            )
+        domain = payment_domain(genesis.evm_chain_id, escrow)
+        signer = recover_digest(struct.digest(domain), bytes.fromhex(item.signature[2:]))
     except ProtocolError as error:
-        rules.reject(Code.VOUCHER_INVALID, f"{where}: {error.message}")
-    if signer.lower() != charge.payer:
-        rules.reject(Code.VOUCHER_INVALID, f"{where}: signed by {signer}, not by its payer")
+        rules.reject(Code.AUTHORIZATION_INVALID, error.message)
+    if signer.lower() != item.payer:
+        rules.reject(Code.AUTHORIZATION_INVALID, f"signed by {signer}, not by its payer")
+
+
+# --- contribution: credit within the epoch the work was served --------------------------------
 
 
 def contribution(state: State, tx: SignedTx) -> None:
@@ -164,41 +318,48 @@ def contribution(state: State, tx: SignedTx) -> None:
         rules.reject(Code.WRONG_ROLE, f"node {tx.signer} is not a compute node")
     if node["status"] == schema.LEFT:
         rules.reject(Code.INVALID_LIFECYCLE, f"node {tx.signer} has left")
-    credits: list[tuple[str, int, int, int]] = []
+    epoch = rules.epoch_of(state, state.block_height)
+    creditable = [epoch - 1, epoch] if epoch > 1 else [epoch]  # the older backing first
+    credits: list[tuple[str, int, int, list[tuple[str, int]]]] = []
     for item in body.work:
         if item.model != node["model"] or item.shard not in node["shards"]:
             rules.reject(
                 Code.UNBACKED_CONTRIBUTION,
                 f"shard {item.shard} of {item.model} is not registered by this node",
             )
-        backed = (
-            state.get(schema.BACKING, schema.backing_key(tx.signer, item.model, item.shard)) or 0
-        )
+        backings = []
+        for served in creditable:
+            key = schema.backing_key(served, tx.signer, item.model, item.shard)
+            backings.append((key, state.get(schema.BACKING, key) or 0))
+        backed = sum(amount for _, amount in backings)
         if backed == 0:
             rules.reject(
                 Code.UNBACKED_CONTRIBUTION,
-                f"no gateway-reported work for this node on shard {item.shard}",
+                f"no gateway-reported work creditable now for this node on shard {item.shard} "
+                f"(backing counts in the epoch it was reported and the next)",
             )
-        credits.append((item.model, item.shard, min(item.layers * item.tokens, backed), backed))
-    epoch = rules.epoch_of(state, state.block_height)
+        credits.append((item.model, item.shard, min(item.layers * item.tokens, backed), backings))
     account = str(node["evm_address"]).lower()
     total = 0
-    for model, shard, credited, backed in credits:
-        backing = schema.backing_key(tx.signer, model, shard)
-        if credited == backed:
-            state.delete(schema.BACKING, backing)
-        else:
-            state.put(schema.BACKING, backing, backed - credited)
+    for model, shard, credited, backings in credits:
+        left = credited
+        for key, amount in backings:
+            used = min(left, amount)
+            left -= used
+            if used == amount and amount:
+                state.delete(schema.BACKING, key)
+            elif used:
+                state.put(schema.BACKING, key, amount - used)
         key = schema.credit_key(epoch, account, model, shard)
         previous = state.get(schema.CREDIT, key)
-        layer_tokens = (previous["layer_tokens"] if previous else 0) + credited
-        state.put(
-            schema.CREDIT,
-            key,
-            {"account": account, "model": model, "shard": shard, "layer_tokens": layer_tokens},
-        )
+        record = dict(previous) if previous else {"account": account, "model": model}
+        record.update(shard=shard, layer_tokens=record.get("layer_tokens", 0) + credited)
+        state.put(schema.CREDIT, key, record)
         total += credited
     state.emit("planet.contribution", node=tx.signer, epoch=epoch, layer_tokens=total)
+
+
+# --- payout_vote ----------------------------------------------------------------------------------
 
 
 def payout_domain_ok(state: State) -> bool:
@@ -207,7 +368,7 @@ def payout_domain_ok(state: State) -> bool:
 
 
 def statement_of(record: dict[str, Any]) -> PayoutRoot:
-    """The `PayoutRoot` a stored `payout/<e>` record stands for."""
+    """The `PayoutRoot` a stored `payout/` record stands for."""
     return PayoutRoot(
         epoch=record["epoch"],
         root=bytes.fromhex(record["root"][2:]),
@@ -215,6 +376,14 @@ def statement_of(record: dict[str, Any]) -> PayoutRoot:
         queries_hash=bytes.fromhex(record["queries_hash"][2:]),
         consumer=record["consumer"],
     )
+
+
+def statement_record_key(number: int) -> str | None:
+    """The `payout/` key of statement `number`, or None when no statement can have it."""
+    epoch, page = statement_page(number)
+    if epoch < 1 or page >= MAX_PAGES:
+        return None
+    return schema.statement_key(epoch, page)
 
 
 def payout_vote(state: State, tx: SignedTx) -> None:
@@ -226,9 +395,10 @@ def payout_vote(state: State, tx: SignedTx) -> None:
             Code.SETTLEMENT_DISABLED,
             "genesis has no evm {chain_id, committee_address, escrow_address}",
         )
-    record = state.get(schema.PAYOUT, schema.epoch_key(body.epoch))
-    if record is None:
-        rules.reject(Code.NO_STATEMENT, f"epoch {body.epoch} has no payout statement")
+    key = statement_record_key(body.epoch)
+    record = state.get(schema.PAYOUT, key) if key is not None else None
+    if record is None or key is None:
+        rules.reject(Code.NO_STATEMENT, f"no payout statement number {body.epoch}")
     operator = validator.get("operator")
     if not operator:
         rules.reject(
@@ -249,10 +419,10 @@ def payout_vote(state: State, tx: SignedTx) -> None:
     updated = rules.add_vote(state, record, validator, operator, body.signature)
     if updated["confirmed"] and not record["confirmed"]:
         state.emit("planet.payout", epoch=body.epoch, confirmed="true")
-    state.put(schema.PAYOUT, schema.epoch_key(body.epoch), updated)
+    state.put(schema.PAYOUT, key, updated)
 
 
-# --- epoch close --------------------------------------------------------------------------------
+# --- epoch close ----------------------------------------------------------------------------------
 
 
 def _routable_counts(state: State) -> dict[tuple[str, int], int]:
@@ -279,55 +449,101 @@ def _routable_counts(state: State) -> dict[tuple[str, int], int]:
 def _carry_forward(
     state: State, epoch: int, credits: list[tuple[str, Any]], slashed: list[tuple[str, Any]]
 ) -> None:
-    """Credited work of an epoch that paid nothing moves to the next epoch (merged per
-    account and shard), so work done just before its fees were reported is not lost; the work
-    of accounts slashed in the epoch is dropped."""
+    """The credits an epoch that paid nothing earned itself move to the next epoch once (merged
+    per account and shard, marked `carried`), so work done just before its fees were reported
+    is not lost; credits moved in before, and the work of accounts slashed in the epoch, are
+    dropped."""
     dropped = {key.split("/", 1)[1] for key, _ in slashed}
     for _, credit in credits:
-        if credit["account"] in dropped:
+        own = credit["layer_tokens"] - credit.get("carried", 0)
+        if credit["account"] in dropped or own <= 0:
             continue
         key = schema.credit_key(epoch + 1, credit["account"], credit["model"], credit["shard"])
         later = state.get(schema.CREDIT, key)
-        total = credit["layer_tokens"] + (later["layer_tokens"] if later else 0)
-        state.put(schema.CREDIT, key, {**credit, "layer_tokens": min(total, MAX_LAYER_TOKENS)})
+        total = min(own + (later["layer_tokens"] if later else 0), MAX_LAYER_TOKENS)
+        carried = own + (later.get("carried", 0) if later else 0)
+        state.put(
+            schema.CREDIT,
+            key,
+            {
+                "account": credit["account"],
+                "model": credit["model"],
+                "shard": credit["shard"],
+                "layer_tokens": total,
+                "carried": min(carried, total),
+            },
+        )
 
 
-def _pending_charges(state: State) -> list[VoucherCharge]:
-    """The pending prepaid charges this epoch settles: ascending (payer, query id), at most
-    `MAX_SETTLED_CHARGES`; a payer's charges stop where its sum would pass `MAX_DEBIT` (the rest
-    wait for a later epoch), so `prepaid_debits` cannot overflow a debit."""
-    charges: list[VoucherCharge] = []
-    totals: dict[str, int] = {}
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    """One pending charge to settle: a query (`fee`) or an authorization's pending increase."""
+
+    height: int
+    order: tuple[str, ...]  # ("q", id) or ("c", payer, gateway, kind, id)
+    amount: int
+    total: int = 0  # an authorization's cumulative total once this is debited
+
+
+def _pending_units(state: State) -> list[_Unit]:
+    """Everything waiting for a statement, oldest reported first (then by id)."""
+    units = [
+        _Unit(entry["height"], ("q", query_id), int(entry["fee"]))
+        for query_id, entry in state.items(schema.PENDING_QUERY)
+    ]
     for key, entry in state.items(schema.PENDING_CHARGE):
-        if len(charges) == MAX_SETTLED_CHARGES:
-            break
-        payer, query_id = key.split("/", 1)
-        fee = int(entry["fee"])
-        if totals.get(payer, 0) + fee > MAX_DEBIT:
-            continue
-        totals[payer] = totals.get(payer, 0) + fee
-        charges.append(VoucherCharge(payer, query_id, fee, int(entry["cap"])))
-    return charges
+        payer, gateway, kind, id = key.split("/")
+        total = int(entry["total"])
+        increase = total - int(entry["from"])
+        units.append(_Unit(entry["height"], ("c", payer, gateway, kind, id), increase, total))
+    units.sort(key=lambda u: (u.height, u.order))
+    return units
 
 
-def close(state: State, height: int) -> None:
-    """EndBlock of the epoch's last height: settle the epoch (module docstring)."""
-    epoch = height // state.genesis.epoch_length
-    prefix = schema.epoch_key(epoch)
-    credits = state.items(schema.CREDIT, *schema.epoch_range(epoch))
-    slashed = state.items(schema.SLASHED, *schema.epoch_range(epoch))
-    for key, _ in credits:
-        state.delete(schema.CREDIT, key)
-    for key, _ in slashed:
-        state.delete(schema.SLASHED, key)
-    escrow = state.genesis.escrow_address
-    if escrow is None or not credits:
-        return
-    pending = state.items(schema.PENDING_QUERY)[:MAX_SETTLED_QUERIES]
-    charges = _pending_charges(state)
-    if not pending and not charges:
-        _carry_forward(state, epoch, credits, slashed)
-        return
+@dataclass
+class _Page:
+    queries: list[_Unit] = field(default_factory=list)
+    charges: list[_Unit] = field(default_factory=list)
+    debits: dict[tuple[str, str], int] = field(default_factory=dict)
+    gas: int = BASE_GAS
+
+    def fits(self, unit: _Unit) -> bool:
+        if len(self.queries) + len(self.charges) >= MAX_STATEMENT_CHARGES:
+            return False
+        if unit.order[0] == "q":
+            return self.gas + QUERY_GAS <= MAX_STATEMENT_GAS
+        pair = (unit.order[1], unit.order[2])
+        if pair in self.debits:
+            return self.debits[pair] + unit.amount <= MAX_DEBIT
+        return self.gas + DEBIT_GAS <= MAX_STATEMENT_GAS
+
+    def add(self, unit: _Unit) -> None:
+        if unit.order[0] == "q":
+            self.queries.append(unit)
+            self.gas += QUERY_GAS
+            return
+        pair = (unit.order[1], unit.order[2])
+        if pair not in self.debits:
+            self.gas += DEBIT_GAS
+        self.debits[pair] = self.debits.get(pair, 0) + unit.amount
+        self.charges.append(unit)
+
+
+def _plan_pages(units: list[_Unit]) -> list[_Page]:
+    """Cut the ordered units greedily into at most `MAX_PAGES` pages (module docstring)."""
+    pages = [_Page()]
+    for unit in units:
+        if not pages[-1].fits(unit):
+            if len(pages) == MAX_PAGES:
+                break
+            pages.append(_Page())
+        pages[-1].add(unit)
+    return pages
+
+
+def _epoch_work(
+    state: State, epoch: int, credits: list[tuple[str, Any]], slashed: list[tuple[str, Any]]
+) -> EpochWork:
     routable = _routable_counts(state)
     served: dict[tuple[str, int], set[str]] = {}
     compute = []
@@ -347,52 +563,95 @@ def close(state: State, height: int) -> None:
         ShardHealth(model_key(model), shard, max(routable.get((model, shard), 0), len(accounts)))
         for (model, shard), accounts in sorted(served.items())
     )
-    work = EpochWork(
+    return EpochWork(
         epoch=epoch,
-        queries=tuple(SettledQuery(query_id, int(entry["fee"])) for query_id, entry in pending),
+        queries=(),
         compute=tuple(compute),
         health=health,
         verification=verification_work(state, epoch),
         slashed=tuple(key.split("/", 1)[1] for key, _ in slashed),
         verifier_cut_bps=state.genesis.verifier_cut_bps,
-        debits=prepaid_debits(charges),
     )
-    try:
-        settled = close_epoch(work)
-    except NothingToPayError:  # no root: queries and credits wait for the next epoch
+
+
+def close(state: State, height: int) -> None:
+    """EndBlock of the epoch's last height: settle the epoch (module docstring)."""
+    epoch = height // state.genesis.epoch_length
+    if epoch > 1:  # the backing of e−1 could be credited in e−1 and e: no longer
+        for key, _ in state.items(schema.BACKING, *schema.epoch_range(epoch - 1)):
+            state.delete(schema.BACKING, key)
+    credits = state.items(schema.CREDIT, *schema.epoch_range(epoch))
+    slashed = state.items(schema.SLASHED, *schema.epoch_range(epoch))
+    for key, _ in credits:
+        state.delete(schema.CREDIT, key)
+    for key, _ in slashed:
+        state.delete(schema.SLASHED, key)
+    escrow = state.genesis.escrow_address
+    if escrow is None or not credits or epoch > MAX_COMMITTEE_EPOCH:
+        return
+    pages = _plan_pages(_pending_units(state))
+    if not pages[0].queries and not pages[0].charges:
         _carry_forward(state, epoch, credits, slashed)
         return
-    for query_id, _ in pending:
-        state.delete(schema.PENDING_QUERY, query_id)
-        state.put(schema.SETTLED_QUERY, query_id, epoch)
-        rules.track(state, schema.SETTLED_QUERY, query_id)
-    for charge in charges:
-        state.delete(schema.PENDING_CHARGE, schema.charge_key(charge.payer, charge.query_id))
-    table = settled.table
-    state.put(
-        schema.PAYOUT,
-        prefix,
-        {
-            "epoch": epoch,
-            "root": "0x" + settled.root.hex(),
-            "total": str(settled.total),
-            "queries_hash": "0x" + settled.queries_hash.hex(),
-            "consumer": escrow,
-            "query_ids": ["0x" + q.hex() for q in settled.query_ids],
-            "fees": [str(fee) for fee in settled.fees],
-            "payers": list(settled.payers),
-            "debits": [str(debit) for debit in settled.debits],
-            "charges": [[c.payer, c.query_id] for c in charges],
-            "rows": [[account, str(amount)] for account, amount in table.payouts],
-            "shares": {a: str(s) for a, s in sorted(table.compute_shares.items())},
-            "closed_height": height,
-            "votes": {},
-            "power": 0,
-            "confirmed": False,
-            "confirmed_height": None,
-        },
-    )
-    rules.track(state, schema.PAYOUT, prefix)
+    charges = [
+        PageCharges(
+            statement_number(epoch, index),
+            tuple(SettledQuery(u.order[1], u.amount) for u in page.queries),
+            tuple(PayerDebit(p, g, amount) for (p, g), amount in sorted(page.debits.items())),
+        )
+        for index, page in enumerate(pages)
+    ]
+    try:
+        settled = close_epoch_pages(_epoch_work(state, epoch, credits, slashed), charges)
+    except NothingToPayError:  # no root: the charges and the credits wait for the next epoch
+        _carry_forward(state, epoch, credits, slashed)
+        return
+    for index, (page, statement) in enumerate(zip(pages, settled, strict=True)):
+        for unit in page.queries:
+            query_id = unit.order[1]
+            state.delete(schema.PENDING_QUERY, query_id)
+            state.put(
+                schema.SETTLED_QUERY,
+                query_id,
+                {"fee": str(unit.amount), "statement": statement.epoch},
+            )
+            rules.track(state, schema.SETTLED_QUERY, query_id)
+        for unit in page.charges:
+            state.delete(schema.PENDING_CHARGE, schema.charge_key(*unit.order[1:]))
+        key = schema.statement_key(epoch, index)
+        table = statement.table
+        state.put(
+            schema.PAYOUT,
+            key,
+            {
+                "epoch": statement.epoch,
+                "committee_epoch": epoch,
+                "page": index,
+                "pages": len(pages),
+                "root": "0x" + statement.root.hex(),
+                "total": str(statement.total),
+                "queries_hash": "0x" + statement.queries_hash.hex(),
+                "consumer": escrow,
+                "query_ids": ["0x" + q.hex() for q in statement.query_ids],
+                "fees": [str(fee) for fee in statement.fees],
+                "payers": list(statement.payers),
+                "gateways": list(statement.gateways),
+                "debits": [str(debit) for debit in statement.debits],
+                "charges": [[*u.order[1:], str(u.total)] for u in page.charges],
+                "rows": [[account, str(amount)] for account, amount in statement.rows],
+                "shares": (
+                    {a: str(s) for a, s in sorted(table.compute_shares.items())}
+                    if index == 0
+                    else {}
+                ),
+                "closed_height": height,
+                "votes": {},
+                "power": 0,
+                "confirmed": False,
+                "confirmed_height": None,
+            },
+        )
+        rules.track(state, schema.PAYOUT, key)
 
 
 def verification_work(state: State, epoch: int) -> tuple[VerificationWork, ...]:

@@ -61,8 +61,9 @@ def main() -> int:
             user = PlanetChain(deployment, user_key)
             queries = [keccak(text=f"bench query {repeat} {i}") for i in range(args.deposits)]
             started = time.perf_counter()
+            gateway = address_of(keccak(text="bench gateway"))
             for query in queries:
-                result = user.escrow.deposit(query, keccak(text="model"), 10**15)
+                result = user.escrow.deposit(query, keccak(text="model"), gateway, 10**15)
             deposit_tx_s.append(args.deposits / (time.perf_counter() - started))
             gas["deposit_gas"] = result.gas_used
 

@@ -1,8 +1,12 @@
-"""Gateway benchmark: what the gateway costs per token against the bare circuit client, and
-how it holds 8 and 32 concurrent paid questions — one JSON object on stdout, logs on stderr.
+"""Gateway benchmark: overhead per token, concurrency, and a hostile mix of clients.
 
-    python bench/gateway.py             # 48 tokens × 3 repeats; 8 and 32 concurrent × 32 tokens
-    python bench/gateway.py --quick     # 24 tokens × 2 repeats; 8 concurrent only
+What the gateway costs per token against the bare circuit client, how it holds 8 and 32
+concurrent paid questions, and whether a hostile mix of clients gets anything unpaid — one JSON
+object on stdout, logs on stderr.
+
+    python bench/gateway.py             # 48 tokens × 3 repeats; 8 and 32 concurrent × 32 tokens;
+                                        # hostile mix of 32
+    python bench/gateway.py --quick     # 24 tokens × 2 repeats; 8 concurrent; hostile mix of 12
 
 The network is real (harness/gateway_net.py): anvil with the contracts, one CometBFT
 validator with the committee app, one int8 SmolLM2 node per shard (2 shards; so the gateway's
@@ -14,7 +18,16 @@ gateway question is paid by its own QueryEscrow deposit (made before the clock s
   vs a streamed gateway answer measured at the HTTP client,
   same prompt, greedy, interleaved repeats, medians;
 - concurrency: N streamed questions at once; aggregate completion tok/s over the wall time,
-  first-token latency p50/p99 (request sent → first content chunk), failed requests.
+  first-token latency p50/p99 (request sent → first content chunk), failed requests;
+- hostile mix: N streamed questions at once (logprobs on, so every token is its own chunk and
+  the client can count them), a third of them hang up with a TCP reset at a random point —
+  before the first token, mid-answer, or after the last token (before the receipt). Then each
+  question's receipt (with its own key; none = released) is compared with the tokens its client
+  received: `hostile_mix_tokens_delivered_minus_charged` = Σ max(0, received − charged) must be
+  0 (no token reached a client unpaid); `hostile_mix_tokens_charged_not_received` counts tokens
+  the gateway wrote into a socket its client had already reset (charged, by the rule that a
+  failed write is paid: the nodes did the work); `holds_left_after` = wei the gateway still
+  holds for questions in flight once all ended (/health) must be 0.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import sys
 import tempfile
 import time
@@ -34,7 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine, median, spread
+from bench._common import machine, median, parse_with_quick, spread
 
 log = logging.getLogger("bench.gateway")
 
@@ -137,6 +151,136 @@ async def concurrent(net: Any, keys: list[str], model: str, tokens: int) -> dict
     }
 
 
+HANG_UPS = ("before_first_token", "mid_answer", "after_last_token")
+
+
+async def hostile_question(
+    url: str, key: str, model: str, tokens: int, hang_up: str | None, rng: random.Random
+) -> int:
+    """One streamed question on a raw socket; hangs up (TCP reset) as `hang_up` says. Returns
+    the tokens this client received."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": MESSAGES,
+            "max_tokens": tokens,
+            "temperature": 0,
+            "logprobs": True,
+            "stream": True,
+        }
+    ).encode()
+    writer.write(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}"
+        f"\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    stop_after = {
+        None: tokens + 1,  # stays to the end
+        "before_first_token": 0,
+        "mid_answer": rng.randint(1, max(1, tokens - 1)),
+        "after_last_token": tokens,
+    }[hang_up]
+    if hang_up == "before_first_token":
+        await asyncio.sleep(rng.uniform(0, 0.5))
+    data = b""
+    try:
+        while _tokens_in(data) < stop_after:
+            chunk = await reader.read(65536)
+            if not chunk:
+                break
+            data += chunk
+            if b"data: [DONE]" in data:
+                break
+    finally:
+        if hang_up is None:
+            writer.close()
+        else:
+            writer.transport.abort()  # a reset: the gateway sees the client gone at once
+    return _tokens_in(data)
+
+
+def _tokens_in(data: bytes) -> int:
+    """Token chunks in an SSE byte stream (with logprobs each token has its own chunk)."""
+    count = 0
+    for part in data.split(b"data: ")[1:]:
+        line = part.split(b"\n", 1)[0].strip()
+        if not line.startswith(b"{"):
+            continue
+        try:
+            chunk = json.loads(line)
+        except ValueError:
+            continue
+        for choice in chunk.get("choices") or []:
+            count += len((choice.get("logprobs") or {}).get("content") or [])
+    return count
+
+
+async def hostile_mix(
+    net: Any, paid: list[tuple[str, bytes]], model: str, tokens: int, seed: int
+) -> dict[str, Any]:
+    import aiohttp
+
+    rng = random.Random(seed)
+    plans: list[str | None] = [None] * len(paid)  # a third hang up, each point in turn
+    for slot, index in enumerate(rng.sample(range(len(paid)), len(paid) // 3)):
+        plans[index] = HANG_UPS[slot % len(HANG_UPS)]
+    start = time.perf_counter()
+    received = await asyncio.gather(
+        *(
+            hostile_question(net.gateway_url, key, model, tokens, plan, rng)
+            for (key, _), plan in zip(paid, plans, strict=True)
+        )
+    )
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        deadline = time.monotonic() + 120
+        while True:  # every question ends: charged or released
+            async with http.get(f"{net.gateway_url}/health") as answer:
+                health = await answer.json()
+            if not health["in_flight"] or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        receipts = []
+        for key, query_id in paid:
+            async with http.get(
+                f"{net.gateway_url}/v1/receipts/0x{query_id.hex()}",
+                headers={"Authorization": f"Bearer {key}"},
+            ) as answer:
+                receipts.append(await answer.json() if answer.status == 200 else None)
+    charged = [int(doc["completion_tokens"]) if doc else 0 for doc in receipts]
+    wall = time.perf_counter() - start
+    unpaid = sum(max(0, r - c) for r, c in zip(received, charged, strict=True))
+    extra = sum(max(0, c - r) for r, c in zip(received, charged, strict=True))
+    by_plan: dict[str, list[int]] = {}
+    for plan, r, c in zip(plans, received, charged, strict=True):
+        stats = by_plan.setdefault(plan or "stayed", [0, 0, 0])
+        stats[0] += 1
+        stats[1] += r
+        stats[2] += c
+    log.info("hostile mix: %s", by_plan)
+    return {
+        "hostile_mix_questions": len(paid),
+        "hostile_mix_hung_up": sum(1 for p in plans if p),
+        "hostile_mix_tokens_received": sum(received),
+        "hostile_mix_tokens_charged": sum(charged),
+        "hostile_mix_tokens_delivered_minus_charged": unpaid,
+        "hostile_mix_tokens_charged_not_received": extra,
+        "hostile_mix_released": sum(1 for doc in receipts if doc is None),  # nothing charged
+        "hostile_mix_prompt_only": sum(
+            1 for doc in receipts if doc and not doc["completion_tokens"]
+        ),
+        "hostile_mix_by_plan": {
+            plan: {"questions": n, "received": r, "charged": c}
+            for plan, (n, r, c) in by_plan.items()
+        },
+        "holds_left_after": int(health["held_wei"]),
+        "in_flight_after": int(health["in_flight"]),
+        "hostile_mix_wall_s": round(wall, 2),
+    }
+
+
 async def run(net: Any, args: argparse.Namespace) -> dict[str, Any]:
     import aiohttp
 
@@ -150,7 +294,8 @@ async def run(net: Any, args: argparse.Namespace) -> dict[str, Any]:
     user = net.account("bench-user", ether=1000)
     counts = [8] if args.quick else [8, 32]
     keys = [net.pay(user, DEPOSIT)[0] for _ in range(args.repeats + sum(counts))]
-    log.info("made %d deposits", len(keys))
+    hostile = [net.pay(user, DEPOSIT) for _ in range(args.hostile)]
+    log.info("made %d deposits", len(keys) + len(hostile))
     bare, gateway = [], []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
         await bare_per_token_ms(head, urls, 4)  # warm-up: connections, caches
@@ -179,16 +324,24 @@ async def run(net: Any, args: argparse.Namespace) -> dict[str, Any]:
         metrics[f"first_token_ms_p99_concurrent_{count}"] = result["first_token_ms_p99"]
         metrics[f"failed_requests_concurrent_{count}"] = result["failed_requests"]
         metrics[f"wall_s_concurrent_{count}"] = result["wall_s"]
+    mix = await hostile_mix(net, hostile, model, args.concurrent_tokens, args.seed)
+    log.info("hostile mix: %s", mix)
+    metrics.update(mix)
     return metrics
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer tokens, repeats and sizes")
-    args = parser.parse_args()
-    args.tokens = 24 if args.quick else 48
-    args.repeats = 2 if args.quick else 3
-    args.concurrent_tokens = 16 if args.quick else 32
+    parser.add_argument("--tokens", type=int, default=48, help="tokens per overhead repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="overhead repeats")
+    parser.add_argument(
+        "--concurrent-tokens", type=int, default=32, help="tokens per concurrent question"
+    )
+    parser.add_argument("--hostile", type=int, default=32, help="questions in the hostile mix")
+    parser.add_argument("--seed", type=int, default=24, help="who hangs up where")
+    args = parse_with_quick(
+        parser, {"tokens": 24, "repeats": 2, "concurrent_tokens": 16, "hostile": 12}
+    )
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -202,7 +355,11 @@ def main() -> int:
         finally:
             net.close()
     counts = [8] if args.quick else [8, 32]
-    targets: dict[str, Any] = {"gateway_overhead_per_token": {"op": "<=", "value": 0.05}}
+    targets: dict[str, Any] = {
+        "gateway_overhead_per_token": {"op": "<=", "value": 0.05},
+        "hostile_mix_tokens_delivered_minus_charged": {"op": "==", "value": 0},
+        "holds_left_after": {"op": "==", "value": 0},
+    }
     for count in counts:
         targets[f"failed_requests_concurrent_{count}"] = {"op": "==", "value": 0}
     print(
@@ -219,6 +376,11 @@ def main() -> int:
                     "repeats": args.repeats,
                     "concurrent_tokens": args.concurrent_tokens,
                     "concurrency": counts,
+                    "hostile_mix": {
+                        "questions": args.hostile,
+                        "hang_up": "a third, TCP reset: " + ", ".join(HANG_UPS),
+                        "seed": args.seed,
+                    },
                 },
                 "metrics": metrics,
                 "targets": targets,

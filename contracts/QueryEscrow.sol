@@ -10,14 +10,17 @@ import {PlanetHashes} from "./libraries/PlanetHashes.sol";
 import {Charges, PayoutStatement} from "./libraries/PlanetTypes.sol";
 
 /// @title QueryEscrow: users prepay queries, the committee settles them per epoch, operators claim.
-/// @notice Two ways to pay, one pot:
-/// - per query: `deposit` (payable, value = fee cap) → Funded; a gateway serves only funded queries;
+/// @notice Two ways to pay, one pot, and every payment bound to one gateway:
+/// - per query: `deposit(queryId, modelId, gateway)` (payable, value = fee cap) → Funded; only that
+///   gateway serves it (`depositOf` answers everything it checks in one call);
 ///   `postPayoutRoot` charges each listed query its fee (<= its deposit) → Settled, the remainder
 ///   stays on the query, pulled with `refund`; if never settled, `refund` after `refundTimeout`
 ///   returns the whole deposit → Refunded;
-/// - prepaid: `depositBalance` once, then per question an off-chain EIP-712 `Voucher` to a gateway;
-///   `postPayoutRoot` debits each listed payer the sum of its vouchers in the epoch (one slot per
-///   payer, not per question); `requestWithdrawal`, then `withdrawBalance` after `refundTimeout`.
+/// - prepaid: `depositBalance(gateway)` once, then per question an off-chain EIP-712 authorization
+///   to that gateway; a balance is spendable at its gateway only, so one balance can never be spent
+///   at two gateways. `postPayoutRoot` debits each listed (payer, gateway) once per epoch (one slot
+///   per pair, not per question); `requestWithdrawal(gateway)`, then `withdrawBalance(gateway)`
+///   after `refundTimeout`.
 /// Posting never reverts because of what a user did: a query refunded after its timeout or a
 /// balance withdrawn (or short) is simply not charged, and the epoch pays its claims pro rata to
 /// what it collected (the shortfall rule, docs/contracts.md). So a committee-signed root can always
@@ -26,9 +29,10 @@ import {Charges, PayoutStatement} from "./libraries/PlanetTypes.sol";
 /// root was posted. Within the window, a second, different committee-signed `PayoutRoot` for the
 /// same epoch proves equivocation: the epoch is frozen and every charge goes back to its payer.
 ///
-/// Storage is packed for gas (one slot per query, one per payer, two per epoch): a deposit is at
-/// most 2^64 - 1 wei (~18.4 ether), a balance at most 2^128 - 1 wei, and the model id is recorded in
-/// the `Deposited` event only.
+/// Storage is packed for gas (two slots per query, one per (payer, gateway), two per epoch): a
+/// deposit is at most 2^64 - 1 wei (~18.4 ether), a balance at most 2^128 - 1 wei. A query's second
+/// slot holds its gateway and the model as a small index: each model id is stored once, at its
+/// first deposit, so a deposit writes two slots, not three.
 ///
 /// Payments are pull-only, to the caller, after all state changes, under nonReentrant, with a plain
 /// call forwarding all gas (slither "low-level-calls" is informational).
@@ -61,6 +65,13 @@ contract QueryEscrow is ReentrancyGuardTransient {
         uint32 tag;
     }
 
+    /// @dev One slot, written once by `deposit`: the gateway the query is paid to, and the model
+    /// (1 + its position in `_modelIds`).
+    struct Terms {
+        address gateway;
+        uint96 model;
+    }
+
     /// @dev One slot (plus the root): wei not yet claimed, when claims open, status, and whether
     /// the epoch collected less than its signed total (then `_shortfalls` holds both figures).
     struct EpochInfo {
@@ -70,7 +81,7 @@ contract QueryEscrow is ReentrancyGuardTransient {
         bool short;
     }
 
-    /// @dev One slot per payer: prepaid wei, and when a requested withdrawal opens (0 = none).
+    /// @dev One slot per (payer, gateway): prepaid wei, and when a requested withdrawal opens (0 = none).
     struct Account {
         uint128 balance;
         uint64 withdrawableAt;
@@ -97,32 +108,45 @@ contract QueryEscrow is ReentrancyGuardTransient {
     uint256 public immutable refundTimeout;
 
     mapping(bytes32 queryId => Deposit) private _deposits;
+    mapping(bytes32 queryId => Terms) private _terms;
+    /// @dev Every model id a deposit named, in order of first use; `_modelIndex` is 1 + position.
+    bytes32[] private _modelIds;
+    mapping(bytes32 modelId => uint96) private _modelIndex;
     mapping(uint64 epoch => EpochInfo) private _epochs;
     /// @notice Payout Merkle root of each posted epoch.
     mapping(uint64 epoch => bytes32) public rootOf;
     /// @notice Whether `account` has claimed its payout of `epoch`.
     mapping(uint64 epoch => mapping(address account => bool)) public claimed;
-    mapping(address payer => Account) private _accounts;
+    mapping(address payer => mapping(address gateway => Account)) private _accounts;
     mapping(uint64 epoch => Shortfall) private _shortfalls;
-    /// @dev The part of a payer's signed debit an epoch could not charge (written only when short).
-    mapping(uint64 epoch => mapping(address payer => uint256)) private _uncharged;
+    /// @dev The part of a (payer, gateway)'s signed debit an epoch could not charge (written only
+    /// when short).
+    mapping(uint64 epoch => mapping(address payer => mapping(address gateway => uint256))) private _uncharged;
 
-    event Deposited(bytes32 indexed queryId, address indexed user, bytes32 indexed modelId, uint256 amount);
+    event Deposited(
+        bytes32 indexed queryId, address indexed user, bytes32 indexed modelId, address gateway, uint256 amount
+    );
     event Refunded(bytes32 indexed queryId, address indexed user, uint256 amount);
     event PayoutRootPosted(
         uint64 indexed epoch, bytes32 root, uint256 total, bytes32 queriesHash, uint256 claimableAt
     );
     event Claimed(uint64 indexed epoch, address indexed account, uint256 amount);
     event RootDisputed(uint64 indexed epoch, bytes32 otherRoot, uint256 otherTotal, bytes32 otherQueriesHash);
-    event BalanceDeposited(address indexed payer, uint256 amount, uint256 balance);
-    event WithdrawalRequested(address indexed payer, uint256 balance, uint256 withdrawableAt);
-    event WithdrawalCancelled(address indexed payer);
-    event BalanceWithdrawn(address indexed payer, uint256 amount);
-    event Debited(uint64 indexed epoch, address indexed payer, uint256 charged, uint256 balance);
-    event DebitShortfall(uint64 indexed epoch, address indexed payer, uint256 debit, uint256 charged);
+    event BalanceDeposited(address indexed payer, address indexed gateway, uint256 amount, uint256 balance);
+    event WithdrawalRequested(
+        address indexed payer, address indexed gateway, uint256 balance, uint256 withdrawableAt
+    );
+    event WithdrawalCancelled(address indexed payer, address indexed gateway);
+    event BalanceWithdrawn(address indexed payer, address indexed gateway, uint256 amount);
+    event Debited(
+        uint64 indexed epoch, address indexed payer, address indexed gateway, uint256 charged, uint256 balance
+    );
+    event DebitShortfall(
+        uint64 indexed epoch, address indexed payer, address indexed gateway, uint256 debit, uint256 charged
+    );
     event QueryUncharged(uint64 indexed epoch, bytes32 indexed queryId, uint256 fee);
     event SettlementShortfall(uint64 indexed epoch, uint256 total, uint256 collected);
-    event DebitReturned(uint64 indexed epoch, address indexed payer, uint256 amount);
+    event DebitReturned(uint64 indexed epoch, address indexed payer, address indexed gateway, uint256 amount);
 
     error InvalidDepositAmount(uint256 amount, uint256 max);
     error QueryExists(bytes32 queryId);
@@ -131,7 +155,7 @@ contract QueryEscrow is ReentrancyGuardTransient {
     error NothingToRefund(bytes32 queryId);
     error EpochAlreadyPosted(uint64 epoch);
     error ZeroRoot();
-    error LengthMismatch(uint256 queryIds, uint256 fees);
+    error LengthMismatch(uint256 expected, uint256 actual);
     error QueryNotFunded(bytes32 queryId);
     error FeeExceedsDeposit(bytes32 queryId, uint256 fee, uint256 deposit);
     error TotalMismatch(uint256 total, uint256 sumOfFees);
@@ -146,11 +170,12 @@ contract QueryEscrow is ReentrancyGuardTransient {
     error QueryNotSettled(bytes32 queryId);
     error TransferFailed(address to, uint256 amount);
     error InvalidWindows(uint256 challengeWindow, uint256 refundTimeout);
-    error BalanceOverflow(address payer, uint256 balance, uint256 amount);
-    error NothingToWithdraw(address payer);
-    error WithdrawalAlreadyRequested(address payer, uint256 withdrawableAt);
-    error WithdrawalNotRequested(address payer);
-    error WithdrawalNotYetAvailable(address payer, uint256 withdrawableAt);
+    error InvalidGateway(address gateway);
+    error BalanceOverflow(address payer, address gateway, uint256 balance, uint256 amount);
+    error NothingToWithdraw(address payer, address gateway);
+    error WithdrawalAlreadyRequested(address payer, address gateway, uint256 withdrawableAt);
+    error WithdrawalNotRequested(address payer, address gateway);
+    error WithdrawalNotYetAvailable(address payer, address gateway, uint256 withdrawableAt);
     error PayersNotSorted(uint256 index);
 
     /// @param committee_ Committee that signs payout roots.
@@ -166,18 +191,22 @@ contract QueryEscrow is ReentrancyGuardTransient {
         refundTimeout = refundTimeout_;
     }
 
-    /// @notice Prepays query `queryId` for model `modelId`; `msg.value` is the fee cap.
+    /// @notice Prepays query `queryId` for model `modelId` at `gateway`; `msg.value` is the fee cap.
+    /// Only `gateway` serves it: a gateway refuses a deposit made for another one, before serving.
     /// @param queryId Unique query id (one deposit per id, ever).
-    /// @param modelId Model the query is for (emitted in `Deposited`).
-    function deposit(bytes32 queryId, bytes32 modelId) external payable {
+    /// @param modelId Model the query is for.
+    /// @param gateway The gateway (its signing address, as in `/v1/pools`) that may serve it.
+    function deposit(bytes32 queryId, bytes32 modelId, address gateway) external payable {
         if (msg.value == 0 || msg.value > type(uint64).max) {
             revert InvalidDepositAmount(msg.value, type(uint64).max);
         }
+        if (gateway == address(0)) revert InvalidGateway(gateway);
         // INVARIANT: a query id is funded at most once, so a settled or refunded id never revives.
         if (_deposits[queryId].user != address(0)) revert QueryExists(queryId);
         _deposits[queryId] =
             Deposit({user: msg.sender, amount: uint64(msg.value), tag: SafeCast.toUint32(block.timestamp)});
-        emit Deposited(queryId, msg.sender, modelId, msg.value);
+        _terms[queryId] = Terms({gateway: gateway, model: _modelIndexOf(modelId)});
+        emit Deposited(queryId, msg.sender, modelId, gateway, msg.value);
     }
 
     /// @notice Pays the depositor what the query still holds: the whole deposit if it was never
@@ -200,45 +229,53 @@ contract QueryEscrow is ReentrancyGuardTransient {
         if (!ok) revert TransferFailed(msg.sender, d.amount);
     }
 
-    /// @notice Adds `msg.value` to the caller's prepaid balance (one deposit, many questions).
-    function depositBalance() external payable {
+    /// @notice Adds `msg.value` to the caller's prepaid balance at `gateway` (one deposit, many
+    /// questions); only `gateway` can have it debited.
+    /// @param gateway The gateway (its signing address, as in `/v1/pools`) the balance pays.
+    function depositBalance(address gateway) external payable {
         if (msg.value == 0) revert InvalidDepositAmount(0, type(uint128).max);
-        Account storage a = _accounts[msg.sender];
+        if (gateway == address(0)) revert InvalidGateway(gateway);
+        Account storage a = _accounts[msg.sender][gateway];
         uint256 balance = uint256(a.balance) + msg.value;
-        if (balance > type(uint128).max) revert BalanceOverflow(msg.sender, a.balance, msg.value);
+        if (balance > type(uint128).max) revert BalanceOverflow(msg.sender, gateway, a.balance, msg.value);
         a.balance = uint128(balance);
-        emit BalanceDeposited(msg.sender, msg.value, balance);
+        emit BalanceDeposited(msg.sender, gateway, msg.value, balance);
     }
 
-    /// @notice Starts the withdrawal of the caller's whole balance: `withdrawBalance` opens
-    /// `refundTimeout` later (gateways stop accepting the caller's vouchers now; epochs that
-    /// already served them settle before then).
-    function requestWithdrawal() external {
-        Account storage a = _accounts[msg.sender];
-        if (a.balance == 0) revert NothingToWithdraw(msg.sender);
-        if (a.withdrawableAt != 0) revert WithdrawalAlreadyRequested(msg.sender, a.withdrawableAt);
+    /// @notice Starts the withdrawal of the caller's whole balance at `gateway`: `withdrawBalance`
+    /// opens `refundTimeout` later (the gateway stops accepting the caller's authorizations now;
+    /// epochs that already served them settle before then).
+    /// @param gateway The gateway whose balance is withdrawn.
+    function requestWithdrawal(address gateway) external {
+        Account storage a = _accounts[msg.sender][gateway];
+        if (a.balance == 0) revert NothingToWithdraw(msg.sender, gateway);
+        if (a.withdrawableAt != 0) revert WithdrawalAlreadyRequested(msg.sender, gateway, a.withdrawableAt);
         uint256 withdrawableAt = block.timestamp + refundTimeout;
         a.withdrawableAt = uint64(withdrawableAt);
-        emit WithdrawalRequested(msg.sender, a.balance, withdrawableAt);
+        emit WithdrawalRequested(msg.sender, gateway, a.balance, withdrawableAt);
     }
 
-    /// @notice Cancels the caller's pending withdrawal request (the balance pays vouchers again).
-    function cancelWithdrawal() external {
-        Account storage a = _accounts[msg.sender];
-        if (a.withdrawableAt == 0) revert WithdrawalNotRequested(msg.sender);
+    /// @notice Cancels the caller's pending withdrawal at `gateway` (the balance pays again).
+    /// @param gateway The gateway whose balance is kept.
+    function cancelWithdrawal(address gateway) external {
+        Account storage a = _accounts[msg.sender][gateway];
+        if (a.withdrawableAt == 0) revert WithdrawalNotRequested(msg.sender, gateway);
         a.withdrawableAt = 0;
-        emit WithdrawalCancelled(msg.sender);
+        emit WithdrawalCancelled(msg.sender, gateway);
     }
 
-    /// @notice Pays the caller its whole remaining balance once its request has matured.
-    function withdrawBalance() external nonReentrant {
-        Account memory a = _accounts[msg.sender];
-        if (a.withdrawableAt == 0) revert WithdrawalNotRequested(msg.sender);
+    /// @notice Pays the caller its whole remaining balance at `gateway` once its request has matured.
+    /// @param gateway The gateway whose balance is withdrawn.
+    function withdrawBalance(address gateway) external nonReentrant {
+        Account memory a = _accounts[msg.sender][gateway];
+        if (a.withdrawableAt == 0) revert WithdrawalNotRequested(msg.sender, gateway);
         // INVARIANT: a balance leaves only `refundTimeout` after the request, so epochs that
-        // served its vouchers before the request can still debit it.
-        if (block.timestamp < a.withdrawableAt) revert WithdrawalNotYetAvailable(msg.sender, a.withdrawableAt);
-        delete _accounts[msg.sender];
-        emit BalanceWithdrawn(msg.sender, a.balance);
+        // served its authorizations before the request can still debit it.
+        if (block.timestamp < a.withdrawableAt) {
+            revert WithdrawalNotYetAvailable(msg.sender, gateway, a.withdrawableAt);
+        }
+        delete _accounts[msg.sender][gateway];
+        emit BalanceWithdrawn(msg.sender, gateway, a.balance);
         if (a.balance != 0) {
             (bool ok,) = payable(msg.sender).call{value: a.balance}("");
             if (!ok) revert TransferFailed(msg.sender, a.balance);
@@ -247,16 +284,17 @@ contract QueryEscrow is ReentrancyGuardTransient {
 
     /// @notice Posts epoch `epoch`'s payout root, signed by the committee over
     /// `PayoutRoot(uint64 epoch,bytes32 root,uint256 total,bytes32 queriesHash,address consumer)`
-    /// with `queriesHash = keccak256(abi.encode(queryIds, fees, payers, debits))` and `consumer`
-    /// this escrow; charges every listed query its fee and debits every listed payer.
+    /// with `queriesHash = keccak256(abi.encode(queryIds, fees, payers, gateways, debits))` and
+    /// `consumer` this escrow; charges every listed query its fee and debits every listed
+    /// (payer, gateway) balance.
     /// Never reverts because of a user: a query refunded after its timeout is not charged
-    /// (`QueryUncharged`), a payer whose balance is short is charged what it has
+    /// (`QueryUncharged`), a (payer, gateway) whose balance is short is charged what it has
     /// (`DebitShortfall`); claims then pay pro rata to what was collected.
     /// @param epoch Epoch number (one root per epoch).
     /// @param root Merkle root of (uint64 epoch, address account, uint256 amount) leaves.
     /// @param total Sum of fees and debits as signed; the most the epoch can ever pay out.
-    /// @param charges Per-query fees (queries funded or refunded, each <= its deposit) and per-payer
-    /// debits (payers strictly ascending).
+    /// @param charges Per-query fees (queries funded or refunded, each <= its deposit) and
+    /// per-(payer, gateway) debits (pairs strictly ascending, payer first).
     /// @param sigs Committee signatures.
     function postPayoutRoot(uint64 epoch, bytes32 root, uint256 total, Charges calldata charges, bytes[] calldata sigs)
         external
@@ -268,7 +306,8 @@ contract QueryEscrow is ReentrancyGuardTransient {
         committee.verify(PlanetHashes.payoutRoot(epoch, root, total, queriesHash, address(this)), sigs);
         (uint256 signed, uint256 uncharged) = _chargeQueries(epoch, charges.queryIds, charges.fees);
         if (charges.payers.length != 0) {
-            (uint256 signedDebits, uint256 unchargedDebits) = _chargePayers(epoch, charges.payers, charges.debits);
+            (uint256 signedDebits, uint256 unchargedDebits) =
+                _chargePayers(epoch, charges.payers, charges.gateways, charges.debits);
             signed += signedDebits;
             uncharged += unchargedDebits;
         }
@@ -331,8 +370,8 @@ contract QueryEscrow is ReentrancyGuardTransient {
     /// statement (re-supplied as its charges and signatures) and `other` are two different
     /// committee-signed `PayoutRoot`s for the same epoch (the same statement signed twice is not
     /// equivocation: `SameStatement`). The epoch is frozen and every charge goes back: each
-    /// charged query gets its fee back (pull with `refund`), each payer's debit returns to its
-    /// balance.
+    /// charged query gets its fee back (pull with `refund`), each (payer, gateway) debit returns to
+    /// that balance.
     /// @param epoch The posted epoch.
     /// @param charges The posted charges (from the `postPayoutRoot` call).
     /// @param postedSigs Committee signatures over the posted statement.
@@ -351,7 +390,8 @@ contract QueryEscrow is ReentrancyGuardTransient {
         if (block.timestamp >= e.claimableAt) revert ChallengeWindowClosed(epoch, e.claimableAt);
         uint256 postedTotal = e.short ? _shortfalls[epoch].total : e.unclaimed;
         _verifyEquivocation(epoch, postedTotal, _queriesHash(charges), postedSigs, other, otherSigs);
-        uint256 sum = _returnFees(charges.queryIds, charges.fees) + _returnDebits(epoch, charges.payers, charges.debits);
+        uint256 sum = _returnFees(charges.queryIds, charges.fees)
+            + _returnDebits(epoch, charges.payers, charges.gateways, charges.debits);
         // INVARIANT: exactly what the epoch collected goes back to users.
         if (sum != e.unclaimed) revert TotalMismatch(e.unclaimed, sum);
         _epochs[epoch] =
@@ -364,13 +404,24 @@ contract QueryEscrow is ReentrancyGuardTransient {
         return _deposits[queryId].tag >= TAG_FIRST_TIME;
     }
 
-    /// @notice The depositor, the wei the query still holds, its status, and its deposit time
-    /// (0 once settled or refunded).
+    /// @notice Everything a gateway checks before serving, in one call: the depositor, the wei the
+    /// query still holds, its status, its deposit time (0 once settled or refunded), the model it
+    /// is for and the gateway it is paid to (both 0 for an unknown query).
     function depositOf(bytes32 queryId)
         external
         view
-        returns (address user, uint256 amount, QueryStatus status, uint256 depositedAt)
+        returns (
+            address user,
+            uint256 amount,
+            QueryStatus status,
+            uint256 depositedAt,
+            bytes32 modelId,
+            address gateway
+        )
     {
+        Terms memory t = _terms[queryId];
+        gateway = t.gateway;
+        if (t.model != 0) modelId = _modelIds[t.model - 1];
         Deposit memory d = _deposits[queryId];
         user = d.user;
         amount = d.amount;
@@ -399,9 +450,10 @@ contract QueryEscrow is ReentrancyGuardTransient {
         return (rootOf[epoch], e.unclaimed, e.claimableAt, e.status);
     }
 
-    /// @notice `payer`'s prepaid balance and when its requested withdrawal opens (0: none).
-    function prepaidOf(address payer) external view returns (uint256 balance, uint256 withdrawableAt) {
-        Account memory a = _accounts[payer];
+    /// @notice `payer`'s prepaid balance at `gateway` and when its requested withdrawal opens
+    /// (0: none).
+    function prepaidOf(address payer, address gateway) external view returns (uint256 balance, uint256 withdrawableAt) {
+        Account memory a = _accounts[payer][gateway];
         return (a.balance, a.withdrawableAt);
     }
 
@@ -412,9 +464,21 @@ contract QueryEscrow is ReentrancyGuardTransient {
         return (s.total, s.collected);
     }
 
-    /// @notice The part of `payer`'s signed debit in `epoch` that its balance could not cover.
-    function unchargedOf(uint64 epoch, address payer) external view returns (uint256) {
-        return _uncharged[epoch][payer];
+    /// @notice The part of `payer`'s signed debit at `gateway` in `epoch` that its balance there
+    /// could not cover.
+    function unchargedOf(uint64 epoch, address payer, address gateway) external view returns (uint256) {
+        return _uncharged[epoch][payer][gateway];
+    }
+
+    /// @dev The index `_terms` stores for `modelId`, adding the model at its first deposit.
+    function _modelIndexOf(bytes32 modelId) private returns (uint96 index) {
+        index = _modelIndex[modelId];
+        if (index == 0) {
+            _modelIds.push(modelId);
+            // At most one model per deposit: the count never nears 2^96.
+            index = uint96(_modelIds.length);
+            _modelIndex[modelId] = index;
+        }
     }
 
     /// @dev Reverts unless the posted statement (stored root and total, given query list) and
@@ -440,17 +504,18 @@ contract QueryEscrow is ReentrancyGuardTransient {
     }
 
     /// @dev Checks the arrays pair up and returns `keccak256(abi.encode(queryIds, fees, payers,
-    /// debits))` (`PlanetHashes.queriesHash`), hashed straight from calldata: a canonically
-    /// encoded `Charges` tuple is byte for byte that encoding (four head offsets, then each
-    /// array's length and words), so no copy through the ABI encoder (~1k gas on every posting).
+    /// gateways, debits))` (`PlanetHashes.queriesHash`), hashed straight from calldata: a
+    /// canonically encoded `Charges` tuple is byte for byte that encoding (five head offsets, then
+    /// each array's length and words), so no copy through the ABI encoder (~1k gas on every posting).
     /// A non-canonical encoding hashes to something the committee never signed and reverts in
     /// `committee.verify`; if the bytes do match, the decoder reads the same values from them.
     function _queriesHash(Charges calldata c) private pure returns (bytes32 hash) {
         uint256 n = c.queryIds.length;
         uint256 m = c.payers.length;
         if (n != c.fees.length) revert LengthMismatch(n, c.fees.length);
+        if (m != c.gateways.length) revert LengthMismatch(m, c.gateways.length);
         if (m != c.debits.length) revert LengthMismatch(m, c.debits.length);
-        uint256 size = 256 + 64 * (n + m);
+        uint256 size = 320 + 64 * n + 96 * m;
         assembly ("memory-safe") {
             let ptr := mload(0x40)
             calldatacopy(ptr, c, size)
@@ -486,34 +551,43 @@ contract QueryEscrow is ReentrancyGuardTransient {
         }
     }
 
-    /// @dev Debits each payer (strictly ascending) up to its balance. Returns the signed sum of
-    /// debits and the part of it not collected.
-    function _chargePayers(uint64 epoch, address[] calldata payers, uint256[] calldata debits)
-        private
-        returns (uint256 signed, uint256 uncharged)
-    {
-        address previous = address(0);
+    /// @dev Debits each (payer, gateway) (pairs strictly ascending, payer first) up to its
+    /// balance. Returns the signed sum of debits and the part of it not collected.
+    function _chargePayers(
+        uint64 epoch,
+        address[] calldata payers,
+        address[] calldata gateways,
+        uint256[] calldata debits
+    ) private returns (uint256 signed, uint256 uncharged) {
+        // Starting above (0, every gateway): the zero payer is never listed.
+        address previousPayer = address(0);
+        address previousGateway = address(type(uint160).max);
         for (uint256 i = 0; i < payers.length; ++i) {
             address payer = payers[i];
-            // INVARIANT: one debit per payer per epoch.
-            if (payer <= previous) revert PayersNotSorted(i);
-            previous = payer;
+            address gateway = gateways[i];
+            // INVARIANT: one debit per (payer, gateway) per epoch.
+            if (payer < previousPayer || (payer == previousPayer && gateway <= previousGateway)) {
+                revert PayersNotSorted(i);
+            }
+            previousPayer = payer;
+            previousGateway = gateway;
             signed += debits[i];
-            uncharged += debits[i] - _debit(epoch, payer, debits[i]);
+            uncharged += debits[i] - _debit(epoch, payer, gateway, debits[i]);
         }
     }
 
-    /// @dev Debits `payer` up to its balance; returns the wei charged.
-    function _debit(uint64 epoch, address payer, uint256 debit) private returns (uint256 charged) {
-        Account storage a = _accounts[payer];
+    /// @dev Debits `payer`'s balance at `gateway` up to what it holds; returns the wei charged.
+    function _debit(uint64 epoch, address payer, address gateway, uint256 debit) private returns (uint256 charged) {
+        Account storage a = _accounts[payer][gateway];
         uint256 balance = a.balance;
+        // INVARIANT: a gateway's debit takes only from the balance deposited for that gateway.
         charged = debit <= balance ? debit : balance;
         a.balance = uint128(balance - charged);
         if (charged < debit) {
-            _uncharged[epoch][payer] = debit - charged;
-            emit DebitShortfall(epoch, payer, debit, charged);
+            _uncharged[epoch][payer][gateway] = debit - charged;
+            emit DebitShortfall(epoch, payer, gateway, debit, charged);
         }
-        emit Debited(epoch, payer, charged, balance - charged);
+        emit Debited(epoch, payer, gateway, charged, balance - charged);
     }
 
     /// @dev Gives every listed query its fee back if it was charged; returns the sum returned.
@@ -530,19 +604,23 @@ contract QueryEscrow is ReentrancyGuardTransient {
         }
     }
 
-    /// @dev Returns each payer what the epoch actually debited it; returns the sum returned.
-    function _returnDebits(uint64 epoch, address[] calldata payers, uint256[] calldata debits)
-        private
-        returns (uint256 sum)
-    {
+    /// @dev Returns each (payer, gateway) balance what the epoch actually debited it; returns
+    /// the sum returned.
+    function _returnDebits(
+        uint64 epoch,
+        address[] calldata payers,
+        address[] calldata gateways,
+        uint256[] calldata debits
+    ) private returns (uint256 sum) {
         for (uint256 i = 0; i < payers.length; ++i) {
             address payer = payers[i];
-            uint256 charged = debits[i] - _uncharged[epoch][payer];
-            Account storage a = _accounts[payer];
+            address gateway = gateways[i];
+            uint256 charged = debits[i] - _uncharged[epoch][payer][gateway];
+            Account storage a = _accounts[payer][gateway];
             uint256 balance = uint256(a.balance) + charged;
             a.balance = SafeCast.toUint128(balance);
             sum += charged;
-            emit DebitReturned(epoch, payer, charged);
+            emit DebitReturned(epoch, payer, gateway, charged);
         }
     }
 }

@@ -275,7 +275,7 @@ class GatewayNet:
         config = DeployConfig.devnet(
             committee=[(address_of(self.operator_key), 1)],
             challenge_window_s=60,
-            refund_timeout_s=120,
+            refund_timeout_s=600,  # >= the gateway's derived refund margin (timeline.py)
             dev_owner=ANVIL_DEV_ADDRESS,
         )
         self.deployment = deploy_all(
@@ -405,11 +405,11 @@ class GatewayNet:
         self._heartbeats = threading.Thread(target=self._beat, daemon=True)
         self._heartbeats.start()
 
-    def start_gateway(self) -> None:
+    def start_gateway(self, extra_args: tuple[str, ...] = ()) -> None:
         assert self.anvil is not None and self.committee is not None
         port = ephemeral_port()
         self.gateway_url = f"http://127.0.0.1:{port}"
-        log = open(self.run_dir / "gateway.log", "wb")  # noqa: SIM115
+        log = open(self.run_dir / "gateway.log", "ab")  # noqa: SIM115  (a restart appends)
         self.gateway = subprocess.Popen(
             [
                 sys.executable,
@@ -432,6 +432,8 @@ class GatewayNet:
                 str(PRICE),
                 "--port",
                 str(port),
+                "--private-endpoints",  # every registered endpoint is on loopback here
+                *extra_args,
             ],
             cwd=ROOT,
             stdout=log,
@@ -484,15 +486,34 @@ class GatewayNet:
         fee_cap: int | None = None,
         signer_key: bytes | None = None,
         model_id: bytes | None = None,
+        gateway: str | None = None,
     ) -> tuple[str, bytes]:
-        """Deposit `amount_wei` for a fresh query id; (API key, query id)."""
+        """Deposit `amount_wei` for a fresh query id, bound to this network's gateway (or to
+        `gateway`, to test a deposit made for another one); (API key, query id)."""
         query_id = secrets.token_bytes(32)
-        user.escrow.deposit(query_id, model_id or self.model_id, amount_wei)
         pool = self.pools()
+        user.escrow.deposit(
+            query_id, model_id or self.model_id, gateway or pool["gateway"], amount_wei
+        )
         domain = payment_domain(pool["chain_id"], pool["escrow"])
         payment = QueryPayment(query_id, self.model_id, pool["gateway"], fee_cap or amount_wei)
         key = signer_key if signer_key is not None else bytes(user.account.key)
         return sign_payment(key, payment, domain), query_id
+
+    def fund_balance(
+        self, payer: PlanetChain, amount_wei: int, *, gateway: str | None = None
+    ) -> int:
+        """Deposit `amount_wei` on `payer`'s prepaid balance at this network's gateway (or at
+        `gateway`); returns the balance there."""
+        at = gateway or self.pools()["gateway"]
+        payer.escrow.deposit_balance(at, amount_wei)
+        return payer.escrow.prepaid_of(payer.address, at)["balance"]
+
+    def balance_at_gateway(
+        self, payer: PlanetChain, *, gateway: str | None = None
+    ) -> dict[str, int]:
+        """{balance, withdrawable_at} of `payer`'s prepaid balance at this network's gateway."""
+        return payer.escrow.prepaid_of(payer.address, gateway or self.pools()["gateway"])
 
     def voucher(
         self, payer: PlanetChain, fee_cap: int, *, expires_in_s: int = 600

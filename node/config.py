@@ -55,7 +55,8 @@ class OperatorConfig:
     deployment: Path | None = None  # deployment file (addresses + ABIs); None: home/deployment.json
     password_file: Path | None = None  # keystore password file; None: $PLANET_PASSWORD or prompt
     # gateway: a per-query deposit whose refund opens within this many seconds is refused
-    refund_margin_s: int = 0
+    # (None: derived from the settlement timeline, node/gateway/timeline.py)
+    refund_margin_s: int | None = None
 
     @property
     def deployment_path(self) -> Path:

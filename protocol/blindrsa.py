@@ -551,15 +551,17 @@ def verify(
     """RSASSA-PSS-VERIFY of `sig` over `prepared_msg`; returns None or raises VerificationError.
 
     Deterministic and public: anyone with the key gets the same answer. A well-formed signature
-    that does not verify raises VerificationError; malformed input (wrong length, s ≥ n, an
-    oversized message) raises the matching InvalidInputError / MessageTooLongError.
+    that does not verify raises VerificationError, and so does s ≥ n (RFC 8017 RSASSA-PSS-VERIFY
+    step 2b: a signature representative out of range is an invalid signature — e.g. a signature
+    made under a larger modulus); malformed input (wrong length, an oversized message) raises
+    the matching InvalidInputError / MessageTooLongError.
     """
     prepared_msg = _check_message(prepared_msg, "prepared message")
     sig = _check_exact(sig, public_key.modulus_len, "the signature")
     n = public_key.n
     s = _os2ip(sig)
     if s >= n:
-        raise MessageOutOfRangeError("signature")
+        raise VerificationError()
     em_bits = public_key.modulus_bits - 1
     em_len = (em_bits + 7) // 8
     m = pow(s, public_key.e, n)

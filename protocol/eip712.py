@@ -534,22 +534,29 @@ def queries_hash(
     query_ids: Sequence[bytes | str],
     fees: Sequence[int],
     payers: Sequence[str] = (),
+    gateways: Sequence[str] = (),
     debits: Sequence[int] = (),
 ) -> bytes:
-    """`keccak256(abi.encode(bytes32[] queryIds, uint256[] fees, address[] payers, uint256[]
-    debits))` (dynamic ABI encoding): the per-query fees and per-payer prepaid debits an epoch
-    charges, bound into its `PayoutRoot`."""
+    """`keccak256(abi.encode(bytes32[] queryIds, uint256[] fees, address[] payers, address[]
+    gateways, uint256[] debits))` (dynamic ABI encoding): the per-query fees and the prepaid
+    debits per (payer, gateway) an epoch charges, bound into its `PayoutRoot`. The escrow wants
+    the (payer, gateway) pairs strictly ascending; this hashes them in the order given."""
     if len(query_ids) != len(fees):
         raise ProtocolError(f"{len(query_ids)} query ids but {len(fees)} fees")
-    if len(payers) != len(debits):
-        raise ProtocolError(f"{len(payers)} payers but {len(debits)} debits")
+    if not len(payers) == len(gateways) == len(debits):
+        raise ProtocolError(
+            f"{len(payers)} payers, {len(gateways)} gateways and {len(debits)} debits: "
+            "one of each per prepaid debit"
+        )
     ids = [as_bytes32(q, f"queryIds[{i}]") for i, q in enumerate(query_ids)]
     amounts = [as_uint(f, 256, f"fees[{i}]") for i, f in enumerate(fees)]
     addresses = [as_address(p, f"payers[{i}]") for i, p in enumerate(payers)]
+    spenders = [as_address(g, f"gateways[{i}]") for i, g in enumerate(gateways)]
     owed = [as_uint(d, 256, f"debits[{i}]") for i, d in enumerate(debits)]
     return keccak(
         abi_encode(
-            ["bytes32[]", "uint256[]", "address[]", "uint256[]"], [ids, amounts, addresses, owed]
+            ["bytes32[]", "uint256[]", "address[]", "address[]", "uint256[]"],
+            [ids, amounts, addresses, spenders, owed],
         )
     )
 

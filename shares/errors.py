@@ -6,8 +6,8 @@
     │   ├── AccountError           an account is not a `0x` + 40 hex EVM address
     │   ├── QueryIdError           a query id is not `0x` + 64 hex (bytes32)
     │   ├── BasisPointsError       a basis-points value is outside 0 … 10,000
-    │   ├── DuplicateError         the same account / work item / query / shard / voucher twice
-    │   ├── VoucherChargeError     a prepaid charge above its voucher's cap, or malformed
+    │   ├── DuplicateError         the same account / work item / query / shard / debit twice
+    │   ├── PageError              an epoch's pages break a rule (empty page, charges outside)
     │   └── PoolHealthError        a shard with work has no, or too small, a routable-node count
     └── NothingToPayError          the epoch has fees but no eligible share (or no fees at all):
                                    no payout root can be built; the queries stay unsettled
@@ -79,10 +79,11 @@ class DuplicateError(ShareInputError):
         self.key = key
 
 
-class VoucherChargeError(ShareInputError):
-    """A prepaid charge breaks a rule (a fee above its voucher's cap, a malformed query id)."""
+class PageError(ShareInputError):
+    """The pages of an epoch break a rule: a page that charges nothing, charges left in the
+    epoch's `EpochWork`, arrays that do not pair up."""
 
-    code = "share_voucher_charge"
+    code = "share_page_invalid"
 
 
 class PoolHealthError(ShareInputError):

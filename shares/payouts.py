@@ -14,8 +14,9 @@ subclass of `ProtocolError`):
   the number of accounts that served it.
 - `slashed`: accounts slashed in this epoch (unique).
 - `verifier_cut_bps`: the verifiers' part of the fees in basis points (0 … 10,000; default 1,000).
-- `debits`: prepaid payers' debits, `PayerDebit(payer, amount)` (0 … 2^128 − 1 wei, payers
-  unique; default none): distributed exactly like query fees.
+- `debits`: prepaid debits, `PayerDebit(payer, gateway, amount)`: what `payer`'s balance at
+  `gateway` owes (0 … 2^128 − 1 wei, (payer, gateway) unique; default none): distributed
+  exactly like query fees.
 
 Accounts are EVM addresses, `0x` + 40 hex digits in any case; they are compared and returned in
 lowercase (the registry checked their checksums when the node registered).
@@ -109,15 +110,21 @@ class SettledQuery:
 
 @dataclass(frozen=True, slots=True)
 class PayerDebit:
-    """What one prepaid payer owes for the epoch: the sum of the fees of its vouchers served in
-    it (`shares.settlement.prepaid_debits` builds these from voucher charges)."""
+    """What one prepaid payer's balance at one gateway owes: the sum of the charges that
+    gateway made under the payer's authorizations (the committee adds them up)."""
 
     payer: str
+    gateway: str
     amount: int
 
     def __post_init__(self) -> None:
         _set(self, "payer", normalize_account(self.payer, "payer"))
+        _set(self, "gateway", normalize_account(self.gateway, "gateway"))
         check_int(self.amount, "debit", 0, MAX_DEBIT)
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return (self.payer, self.gateway)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +199,7 @@ class EpochWork:
     health: tuple[ShardHealth, ...] = ()
     slashed: tuple[str, ...] = ()
     verifier_cut_bps: int = DEFAULT_VERIFIER_CUT_BPS
-    debits: tuple[PayerDebit, ...] = ()  # prepaid payers' debits, distributed like fees
+    debits: tuple[PayerDebit, ...] = ()  # prepaid debits per (payer, gateway), like fees
 
     def __post_init__(self) -> None:
         check_int(self.epoch, "epoch", 0, MAX_EPOCH)
@@ -208,7 +215,7 @@ class EpochWork:
         _items(self.health, ShardHealth, "health")
         _items(self.slashed, str, "slashed")
         _items(self.debits, PayerDebit, "debits")
-        _unique((d.payer for d in self.debits), "debits")
+        _unique((d.pair for d in self.debits), "debits")
         _set(self, "slashed", tuple(normalize_account(a, "slashed") for a in self.slashed))
         _unique((q.query_id for q in self.queries), "queries")
         _unique(((w.account, w.model, w.shard) for w in self.compute), "compute")
@@ -309,9 +316,13 @@ def eligible_shares(work: EpochWork) -> tuple[dict[str, int], dict[str, int]]:
     return compute, verification
 
 
-def payout_table(work: EpochWork) -> PayoutTable:
-    """The epoch's payout table (the module docstring states every rule)."""
-    fees = work.fees
+def payout_table(work: EpochWork, fees: int | None = None) -> PayoutTable:
+    """The epoch's payout table (the module docstring states every rule). `fees`: split this
+    amount instead of `work.fees` (an epoch settled in pages passes the sum of its pages)."""
+    if fees is None:
+        fees = work.fees
+    else:
+        check_int(fees, "fees", 0, 1 << 256)
     if fees == 0:
         raise NothingToPayError(work.epoch, "the settled queries carry no fees")
     compute, verification = eligible_shares(work)

@@ -1,47 +1,57 @@
-"""Epoch close: the payout table of an epoch becomes the statement the committee signs.
+"""Epoch close: the payout table of an epoch becomes the statements the committee signs.
 
     close_epoch(work: EpochWork) -> EpochSettlement
-        .table          the split (`shares.payouts.payout_table`)
-        .root           Merkle root over the table's rows (`shares.merkle` leaves, OpenZeppelin
+        one statement for the whole epoch (numbered `work.epoch`): `close_epoch_pages` with one
+        page holding all of `work.queries` and `work.debits`
+
+    close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[EpochSettlement]
+        an epoch settled in several statements ("pages"), each posted on its own: `work` holds
+        the shares (its `queries` and `debits` stay empty), each `PageCharges(number, queries,
+        debits)` a disjoint part of the charges. The epoch's table splits Σ of every page's
+        charges once; its rows, ascending by account, are then cut into the pages in order, so
+        that each page's rows sum to exactly its own charges (an account's row is split in two
+        where a page ends: an account claims in one page, at most in two). Every account gets
+        exactly its share of the epoch, whatever the number of pages.
+
+    EpochSettlement (one statement)
+        .epoch          the statement number (what the escrow calls the epoch; the leaves use it)
+        .table          the epoch's split (`shares.payouts.payout_table`)
+        .rows           this statement's payout rows (account ascending, amounts > 0)
+        .root           Merkle root over `rows` (`shares.merkle` leaves, OpenZeppelin
                         `StandardMerkleTree` layout: what `QueryEscrow.claim` verifies)
-        .total          Σ payouts == Σ fees of the settled queries (the escrow's `TotalMismatch`
-                        check compares it with Σ fees of the posted queries)
-        .query_ids, .fees   the settled queries, ascending by id (bytes32 as an unsigned number),
-                        fees in the same order
-        .payers, .debits    the prepaid payers, ascending by address, debits in the same order:
-                        with the two above, the exact `Charges` to pass to `postPayoutRoot`
+        .total          Σ rows == Σ fees of its queries + Σ its debits (the escrow's
+                        `TotalMismatch` check compares it with what the posting lists)
+        .query_ids, .fees   its queries, ascending by id (bytes32 as an unsigned number), fees
+                        in the same order
+        .payers, .gateways, .debits   its prepaid debits, (payer, gateway) strictly ascending,
+                        payer first: with the two above, the exact `Charges` for `postPayoutRoot`
         .queries_hash   keccak256(abi.encode(bytes32[] queryIds, uint256[] fees, address[]
-                        payers, uint256[] debits)) over those sorted arrays (the rule of
-                        `protocol.eip712.queries_hash`, encoded here word by word for speed; a
-                        test holds the two equal), so it depends only on the sets of settled
-                        queries and debits, never on the order they were recorded in
+                        payers, address[] gateways, uint256[] debits)) over those sorted arrays
+                        (the rule of `protocol.eip712.queries_hash`, encoded here word by word
+                        for speed; a test holds the two equal), so it depends only on the sets
+                        of queries and debits, never on the order they were recorded in
         .statement(escrow)  `PayoutRoot(epoch, root, total, queriesHash, consumer)`: the
                         EIP-712 struct every validator signs with its operator key
         .proof(account) (amount, sibling hashes) for `QueryEscrow.claim`
 
-    prepaid_debits(charges: Iterable[VoucherCharge]) -> tuple[PayerDebit, ...]
-                        the per-payer debits of an epoch's prepaid questions (the committee's
-                        input for `EpochWork.debits`): one charge per (payer, query id), each
-                        fee <= its voucher's cap, summed per payer, payers ascending
-
-Every validator that runs `close_epoch` on the same `EpochWork` gets byte-identical results.
+Every validator that runs these on the same input gets byte-identical results.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from protocol.eip712 import PayoutRoot
-from shares.errors import AccountError, DuplicateError, VoucherChargeError
+from shares.errors import AccountError, DuplicateError, PageError
 from shares.keccak import keccak256
 from shares.merkle import build_tree, payout_leaf_hashes, tree_proof
 from shares.payouts import (
-    MAX_DEBIT,
+    MAX_EPOCH,
     EpochWork,
     PayerDebit,
     PayoutTable,
+    SettledQuery,
     normalize_account,
     payout_table,
 )
@@ -50,20 +60,22 @@ from shares.weights import check_int
 
 @dataclass(frozen=True, slots=True)
 class EpochSettlement:
-    """One closed epoch: its payout table, Merkle root, total and settled queries."""
+    """One statement of a closed epoch: its rows, Merkle root, total and settled charges."""
 
-    epoch: int
-    table: PayoutTable
+    epoch: int  # the statement number
+    table: PayoutTable  # the whole epoch's split
+    rows: tuple[tuple[str, int], ...]  # this statement's payouts, account ascending
     root: bytes
     total: int
     query_ids: tuple[bytes, ...]
     fees: tuple[int, ...]
-    payers: tuple[str, ...]  # lowercase 0x-hex, ascending
+    payers: tuple[str, ...]  # lowercase 0x-hex, (payer, gateway) ascending
+    gateways: tuple[str, ...]
     debits: tuple[int, ...]
     queries_hash: bytes
     tree: tuple[bytes, ...] = field(repr=False, compare=False)  # build_tree's node array
     node_of: tuple[int, ...] = field(repr=False, compare=False)  # tree node of each row
-    row_of: dict[str, int] = field(repr=False, compare=False)  # account → row of table.payouts
+    row_of: dict[str, int] = field(repr=False, compare=False)  # account → row of `rows`
 
     def statement(self, escrow: str) -> PayoutRoot:
         """The `PayoutRoot` struct the committee signs for this epoch, bound to the `QueryEscrow`
@@ -79,112 +91,174 @@ class EpochSettlement:
     def amount_of(self, account: str) -> int:
         """What `account` may claim for this epoch (0 when it has no row)."""
         row = self.row_of.get(normalize_account(account))
-        return 0 if row is None else self.table.payouts[row][1]
+        return 0 if row is None else self.rows[row][1]
 
     def proof(self, account: str) -> tuple[int, list[bytes]]:
         """`(amount, proof)` for `QueryEscrow.claim(epoch, account, amount, proof)`."""
         row = self.row_of.get(normalize_account(account))
         if row is None:
             raise AccountError("account", f"{account} has no payout in epoch {self.epoch}")
-        return self.table.payouts[row][1], tree_proof(self.tree, self.node_of[row])
+        return self.rows[row][1], tree_proof(self.tree, self.node_of[row])
 
 
 def sorted_queries_hash(
     query_ids: tuple[bytes, ...],
     fees: tuple[int, ...],
     payers: tuple[str, ...] = (),
+    gateways: tuple[str, ...] = (),
     debits: tuple[int, ...] = (),
 ) -> bytes:
-    """`keccak256(abi.encode(bytes32[] queryIds, uint256[] fees, address[] payers, uint256[]
-    debits))` of already-validated arrays (32-byte ids, fees < 2^64, lowercase 0x-hex payers,
-    debits < 2^128): four head offsets, then each array as its length and its words."""
+    """`keccak256(abi.encode(bytes32[] queryIds, uint256[] fees, address[] payers, address[]
+    gateways, uint256[] debits))` of already-validated arrays (32-byte ids, fees < 2^64,
+    lowercase 0x-hex addresses, debits < 2^128): five head offsets, then each array as its
+    length and its words."""
     n, m = len(query_ids), len(payers)
-    offsets = (128, 160 + 32 * n, 192 + 64 * n, 224 + 64 * n + 32 * m)
+    if len(fees) != n or len(gateways) != m or len(debits) != m:
+        raise PageError("charges", "query ids and fees, payers, gateways and debits must pair up")
+    offsets = (160, 192 + 32 * n, 224 + 64 * n, 256 + 64 * n + 32 * m, 288 + 64 * n + 64 * m)
     words = [offset.to_bytes(32, "big") for offset in offsets]
     words.append(n.to_bytes(32, "big"))
     words.extend(query_ids)
     words.append(n.to_bytes(32, "big"))
     words.extend(fee.to_bytes(32, "big") for fee in fees)
-    words.append(m.to_bytes(32, "big"))
-    words.extend(bytes(12) + bytes.fromhex(payer[2:]) for payer in payers)
+    for addresses in (payers, gateways):
+        words.append(m.to_bytes(32, "big"))
+        words.extend(bytes(12) + bytes.fromhex(address[2:]) for address in addresses)
     words.append(m.to_bytes(32, "big"))
     words.extend(debit.to_bytes(32, "big") for debit in debits)
     return keccak256(b"".join(words))
 
 
-_QUERY_ID_HEX = re.compile(r"0x[0-9a-fA-F]{64}\Z")
-
-
 @dataclass(frozen=True, slots=True)
-class VoucherCharge:
-    """One prepaid question as the committee saw it: the payer (recovered from its voucher
-    signature by the caller), the voucher's query id and fee cap, and the fee the gateway's
-    receipt charged."""
+class PageCharges:
+    """The charges one statement of an epoch settles: its number (what the escrow calls the
+    epoch), its queries and its prepaid debits (at least one of them)."""
 
-    payer: str
-    query_id: str
-    fee: int
-    fee_cap: int
+    number: int
+    queries: tuple[SettledQuery, ...] = ()
+    debits: tuple[PayerDebit, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "payer", normalize_account(self.payer, "payer"))
-        if not isinstance(self.query_id, str) or not _QUERY_ID_HEX.match(self.query_id):
-            raise VoucherChargeError("query_id", f"not a 0x bytes32: {self.query_id!r}")
-        object.__setattr__(self, "query_id", self.query_id.lower())
-        check_int(self.fee_cap, "fee_cap", 0, MAX_DEBIT)
-        check_int(self.fee, "fee", 0, MAX_DEBIT)
-        if self.fee > self.fee_cap:
-            raise VoucherChargeError(
-                "fee",
-                f"query {self.query_id}: fee {self.fee} above the voucher's cap {self.fee_cap}",
-            )
+        check_int(self.number, "number", 0, MAX_EPOCH)
+        for query in self.queries:
+            if not isinstance(query, SettledQuery):
+                raise PageError("queries", f"expected SettledQuery items, got {query!r}"[:200])
+        for debit in self.debits:
+            if not isinstance(debit, PayerDebit):
+                raise PageError("debits", f"expected PayerDebit items, got {debit!r}"[:200])
 
-
-def prepaid_debits(charges: Iterable[VoucherCharge]) -> tuple[PayerDebit, ...]:
-    """Sum an epoch's prepaid charges per payer, payers ascending (the order `postPayoutRoot`
-    requires). A (payer, query id) charged twice is a replayed voucher: `DuplicateError`. The
-    caller checks each voucher's signature and expiry and that no earlier epoch charged it."""
-    seen: set[tuple[str, str]] = set()
-    totals: dict[str, int] = {}
-    for charge in charges:
-        if not isinstance(charge, VoucherCharge):
-            raise VoucherChargeError(
-                "charges", f"expected VoucherCharge, got {type(charge).__name__}"
-            )
-        key = (charge.payer, charge.query_id)
-        if key in seen:
-            raise DuplicateError("charges", key)
-        seen.add(key)
-        totals[charge.payer] = totals.get(charge.payer, 0) + charge.fee
-    return tuple(PayerDebit(payer, totals[payer]) for payer in sorted(totals))
+    @property
+    def total(self) -> int:
+        return sum(q.fee for q in self.queries) + sum(d.amount for d in self.debits)
 
 
 def close_epoch(work: EpochWork) -> EpochSettlement:
-    """Split the epoch's fees, build the payout tree and hash the settled queries.
+    """Split the epoch's fees, build the payout tree and hash the settled charges: one
+    statement numbered `work.epoch`.
 
     Raises `NothingToPayError` when the epoch has no fees or no eligible share (post no root);
     invalid input was already refused when `work` was built."""
-    table = payout_table(work)
-    leaves = payout_leaf_hashes(table.epoch, table.payouts)
+    page = PageCharges(work.epoch, work.queries, work.debits)
+    bare = EpochWork(
+        epoch=work.epoch,
+        queries=(),
+        compute=work.compute,
+        verification=work.verification,
+        health=work.health,
+        slashed=work.slashed,
+        verifier_cut_bps=work.verifier_cut_bps,
+    )
+    return close_epoch_pages(bare, (page,))[0]
+
+
+def close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[EpochSettlement, ...]:
+    """One statement per page (module docstring): the epoch's table splits the pages' charges
+    together and its rows are cut into the pages in order.
+
+    `PageError` when `work` carries charges itself, a page is empty or has no positive total,
+    numbers repeat, or a query / (payer, gateway) appears in two pages; `NothingToPayError` as
+    `payout_table`."""
+    if work.queries or work.debits:
+        raise PageError("work", "an epoch settled in pages carries its charges in the pages")
+    if not pages:
+        raise PageError("pages", "no page to settle")
+    numbers: set[int] = set()
+    queries: set[str] = set()
+    for page in pages:
+        if not isinstance(page, PageCharges):
+            raise PageError("pages", f"expected PageCharges, got {type(page).__name__}")
+        if page.number in numbers:
+            raise DuplicateError("pages", page.number)
+        numbers.add(page.number)
+        for query in page.queries:
+            if query.query_id in queries:
+                raise DuplicateError("queries", query.query_id)
+            queries.add(query.query_id)
+        _unique_pairs(page.debits)
+    table = payout_table(work, sum(page.total for page in pages))  # NothingToPayError at 0
+    for page in pages:
+        if page.total <= 0:
+            raise PageError("pages", f"page {page.number} charges nothing")
+    cut = _cut_rows(table.payouts, [page.total for page in pages])
+    return tuple(_statement(table, page, rows) for page, rows in zip(pages, cut, strict=True))
+
+
+def _unique_pairs(debits: tuple[PayerDebit, ...]) -> None:
+    seen: set[tuple[str, str]] = set()
+    for debit in debits:
+        if debit.pair in seen:
+            raise DuplicateError("debits", debit.pair)
+        seen.add(debit.pair)
+
+
+def _cut_rows(
+    rows: tuple[tuple[str, int], ...], totals: list[int]
+) -> list[tuple[tuple[str, int], ...]]:
+    """Cut `rows` (ascending, Σ == Σ totals) into consecutive runs summing to each total; a row
+    that straddles a boundary is split in two."""
+    cut: list[tuple[tuple[str, int], ...]] = []
+    index, left = 0, rows[0][1] if rows else 0
+    for total in totals:
+        part: list[tuple[str, int]] = []
+        need = total
+        while need:
+            take = min(need, left)
+            part.append((rows[index][0], take))
+            need -= take
+            left -= take
+            if not left:
+                index += 1
+                left = rows[index][1] if index < len(rows) else 0
+        cut.append(tuple(part))
+    return cut
+
+
+def _statement(
+    table: PayoutTable, page: PageCharges, rows: tuple[tuple[str, int], ...]
+) -> EpochSettlement:
+    leaves = payout_leaf_hashes(page.number, rows)
     tree, index_of = build_tree(leaves)
-    fee_of = {q.query_id: q.fee for q in work.queries}
+    fee_of = {q.query_id: q.fee for q in page.queries}
     ordered = sorted(fee_of)  # lowercase 0x-hex of equal length: the order of the bytes32 values
     query_ids = tuple(bytes.fromhex(query_id[2:]) for query_id in ordered)
     fees = tuple(fee_of[query_id] for query_id in ordered)
-    debit_of = {d.payer: d.amount for d in work.debits}
-    payers = tuple(sorted(debit_of))  # lowercase 0x-hex of equal length: address order
-    debits = tuple(debit_of[payer] for payer in payers)
+    debits = sorted(page.debits, key=lambda d: d.pair)  # lowercase hex: address order
+    payers = tuple(d.payer for d in debits)
+    gateways = tuple(d.gateway for d in debits)
+    amounts = tuple(d.amount for d in debits)
     return EpochSettlement(
-        epoch=table.epoch,
+        epoch=page.number,
         table=table,
+        rows=rows,
         root=tree[0],
-        total=table.total,
+        total=sum(amount for _, amount in rows),
         query_ids=query_ids,
         fees=fees,
         payers=payers,
-        debits=debits,
-        queries_hash=sorted_queries_hash(query_ids, fees, payers, debits),
+        gateways=gateways,
+        debits=amounts,
+        queries_hash=sorted_queries_hash(query_ids, fees, payers, gateways, amounts),
         tree=tree,
         node_of=index_of,
-        row_of={account: row for row, (account, _) in enumerate(table.payouts)},
+        row_of={account: row for row, (account, _) in enumerate(rows)},
     )

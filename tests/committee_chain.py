@@ -3,7 +3,8 @@
 `Chain` owns a `StateMachine` (and its `State`) over a SQLite store, deterministic ed25519
 validator keys and secp256k1 operator keys, and runs blocks the way CometBFT drives the app:
 PrepareProposal → ProcessProposal → FinalizeBlock → Commit. Keys come from fixed seeds so every
-run (and every test) sees the same addresses and hashes.
+run (and every test) sees the same addresses and hashes. `ReportingLink` is a gateway's
+`CommitteeLink` (broadcast, find by hash, committed nonce) over such a chain, with a mempool.
 """
 
 from __future__ import annotations
@@ -17,12 +18,17 @@ from typing import Any
 from nacl.signing import SigningKey
 
 from abci_app import extensions
+from abci_app.codes import Code
 from abci_app.machine import StateMachine, TxResult
+from abci_app.queries import query
 from abci_app.state import State, validator_address
 from abci_app.store import Store
+from node.chain.committee_rpc import TxRejectedError, tx_hash
+from node.chain.committee_rpc import TxResult as CommittedTx
 from protocol.commit_batch import sign_batch
 from protocol.committee.envelope import SignedTx, sign
 from protocol.eip712 import address_of
+from protocol.errors import RemoteError, UnavailableError
 
 CHAIN_ID = "planet-test"
 COMMITTEE_ADDRESS = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
@@ -191,3 +197,78 @@ class Chain:
     def advance_to(self, height: int) -> None:
         while self.state.height < height:
             self.block()
+
+
+@dataclass
+class ReportingLink:
+    """`CommitteeLink`'s reporting calls over an in-process `Chain`: CheckTx on broadcast, a
+    mempool that the next `committed` wait turns into a block, the tx index by hash. `down`
+    makes every call unreachable; `full` answers broadcasts with CometBFT's mempool error;
+    `lose` drops broadcasts on the floor (accepted, never in a block)."""
+
+    chain: Chain
+    key: SigningKey
+    mempool: list[bytes] = field(default_factory=list)
+    index: dict[str, CommittedTx] = field(default_factory=dict)
+    broadcasts: list[str] = field(default_factory=list)
+    mined: list[bytes] = field(default_factory=list)
+    down: bool = False
+    full: bool = False
+    lose: bool = False
+
+    @property
+    def signer(self) -> str:
+        return self.key.verify_key.encode().hex()
+
+    def _reachable(self) -> None:
+        if self.down:
+            raise UnavailableError("committee rpc down (test)")
+
+    async def broadcast(self, raw: bytes) -> str:
+        self._reachable()
+        self.broadcasts.append(tx_hash(raw))
+        if self.full:
+            raise RemoteError("rpc", "rpc_-32603", "mempool is full: number of txs 5000")
+        checked = self.chain.machine.check_tx(raw)
+        if checked.code != Code.OK:
+            raise TxRejectedError("rpc", code=int(checked.code), log_text=checked.log)
+        if not self.lose and raw not in self.mempool:
+            self.mempool.append(raw)
+        return tx_hash(raw)
+
+    async def find_tx(self, hash_hex: str) -> CommittedTx | None:
+        self._reachable()
+        return self.index.get(hash_hex)
+
+    async def committed_nonce(self) -> int:
+        self._reachable()
+        return self.chain.state.committed("acct", self.signer) or 0
+
+    def mine(self, extra: list[bytes] | None = None) -> None:
+        """One block of the mempool (and `extra`), indexed by hash."""
+        txs, self.mempool = [*self.mempool, *(extra or [])], []
+        self.mined.extend(txs)
+        height = self.chain.state.height + 1
+        for index, (raw, result) in enumerate(zip(txs, self.chain.block(txs), strict=True)):
+            events = [
+                {"type": kind, "attributes": [{"key": k, "value": v} for k, v in attrs]}
+                for kind, attrs in result.events
+            ]
+            self.index[tx_hash(raw)] = CommittedTx(
+                tx_hash(raw), height, index, int(result.code), result.log, events
+            )
+
+    async def committed(self, hash_hex: str, *, timeout_s: float = 15.0) -> CommittedTx:
+        self._reachable()
+        if any(tx_hash(raw) == hash_hex for raw in self.mempool):
+            self.mine()
+        found = self.index.get(hash_hex)
+        if found is None:
+            raise UnavailableError(f"tx {hash_hex[:16]} not committed within {timeout_s:g} s")
+        return found
+
+    async def query(self, path: str, **params: Any) -> Any:
+        full = path + ("?" + "&".join(f"{k}={v}" for k, v in params.items()) if params else "")
+        code, value, log = query(self.chain.state, full, b"")
+        assert code == Code.OK, log
+        return json.loads(value)

@@ -97,15 +97,16 @@ library PlanetHashes {
         return keccak256(abi.encode(r.session, r.step, r.shard, r.outputHash, r.salt));
     }
 
-    /// @notice `keccak256(abi.encode(queryIds, fees, payers, debits))`, bound into every `PayoutRoot`:
-    /// the per-query fees and the per-payer prepaid debits an epoch charges.
+    /// @notice `keccak256(abi.encode(queryIds, fees, payers, gateways, debits))`, bound into every
+    /// `PayoutRoot`: the per-query fees and the per-(payer, gateway) prepaid debits an epoch charges.
     function queriesHash(
         bytes32[] calldata queryIds,
         uint256[] calldata fees,
         address[] calldata payers,
+        address[] calldata gateways,
         uint256[] calldata debits
     ) internal pure returns (bytes32) {
-        return keccak256(abi.encode(queryIds, fees, payers, debits));
+        return keccak256(abi.encode(queryIds, fees, payers, gateways, debits));
     }
 
     /// @notice OpenZeppelin StandardMerkleTree leaf of (uint64 epoch, address account, uint256 amount).

@@ -66,11 +66,13 @@ struct PayoutStatement {
 }
 
 /// @notice What one epoch charges: per-query deposits (`queryIds`, `fees`, aligned) and prepaid
-/// balances per payer (`payers` strictly ascending, `debits` aligned). Hashed into every
-/// `PayoutRoot` as `queriesHash = keccak256(abi.encode(queryIds, fees, payers, debits))`.
+/// balances per (payer, gateway) (`payers`, `gateways`, `debits` aligned; the pairs (payer,
+/// gateway) strictly ascending, payer first). Hashed into every `PayoutRoot` as
+/// `queriesHash = keccak256(abi.encode(queryIds, fees, payers, gateways, debits))`.
 struct Charges {
     bytes32[] queryIds;
     uint256[] fees;
     address[] payers;
+    address[] gateways;
     uint256[] debits;
 }

@@ -77,7 +77,7 @@ contract EIP712Harness {
     }
 
     function queriesHash(Charges calldata c) external pure returns (bytes32) {
-        return PlanetHashes.queriesHash(c.queryIds, c.fees, c.payers, c.debits);
+        return PlanetHashes.queriesHash(c.queryIds, c.fees, c.payers, c.gateways, c.debits);
     }
 
     function digest(bytes32 domainSeparator_, bytes32 structHash) external pure returns (bytes32) {

@@ -43,6 +43,8 @@ const GATEWAY_CODES = {
   payment_wrong_model: "The deposit was made for another model.",
   payment_malformed: "The payment proof was not accepted.",
   payment_expiring: "The deposit's refund opens too soon for the gateway to be paid; ask again.",
+  payment_wrong_gateway:
+    "This deposit pays another gateway: ask that gateway, or refund it after the timeout.",
 };
 
 // The prepaid path (a voucher charged to the balance): what went wrong and what to do.
@@ -50,6 +52,9 @@ const PREPAID_CODES = {
   voucher_malformed: "The gateway could not read the voucher; reload the page and ask again.",
   voucher_expired:
     "The voucher expired before the gateway got it; ask again (a new one is signed).",
+  voucher_expiring:
+    "The voucher expires too soon for the committee to charge it after the answer; " +
+    "check your computer's clock and ask again.",
   voucher_expiry_too_far:
     "The voucher's expiry is further away than this gateway accepts; check your computer's clock.",
   voucher_over_cap:
@@ -63,6 +68,12 @@ const PREPAID_CODES = {
   balance_insufficient:
     "Your prepaid balance (minus what the gateway already holds for your recent questions) " +
     "does not cover this question. Add funds or pay per question.",
+  key_malformed: "The gateway could not read the payment key; create a new one (planet key new).",
+  key_invalid: "The payment key's signature is not valid for this gateway; create a new one.",
+  key_revoked: "This payment key was revoked; create a new one (planet key new).",
+  key_exhausted: "This payment key's spending cap is used up; create a new one with a higher cap.",
+  key_unfunded:
+    "The account behind this payment key has no prepaid balance with this gateway; add funds.",
 };
 
 // `prepaid`: the question was paid by a voucher (nothing to refund: an unanswered question is
@@ -95,6 +106,11 @@ export function explain(error, context = "", { prepaid = false } = {}) {
       return {
         text:
           `${prefix}the pool is incomplete: ${error.message}. You were not charged; ${after}`,
+      };
+    }
+    if (error.code === "chain_busy") {
+      return {
+        text: `${prefix}the gateway is busy reading the chain; ask again in a moment. ${after}`,
       };
     }
     if (error.code === "committee_unavailable" || error.code === "chain_unavailable") {

@@ -267,7 +267,8 @@ async function payAndAsk(wallet, config, question, maxTokens) {
   let receipt;
   try {
     const escrow = await wallet.escrow();
-    const tx = await escrow.deposit(queryId, config.model_id, { value: amount });
+    // Bound to this gateway: no other gateway can serve (or be paid by) this deposit.
+    const tx = await escrow.deposit(queryId, config.model_id, wallet.gateway, { value: amount });
     toast("Deposit sent", tx.hash);
     step("Step 1 of 3: waiting for the deposit to be mined…");
     receipt = await tx.wait();
@@ -452,10 +453,12 @@ async function showReceipt(queryId, amount, receipt) {
     const escrow = await state.wallet.escrow();
     const onChain = await escrow.depositOf(queryId);
     const mine = onChain.user.toLowerCase() === state.wallet.account.toLowerCase();
-    const same = onChain.amount === amount;
+    const same =
+      onChain.amount === amount &&
+      onChain.gateway.toLowerCase() === state.wallet.gateway.toLowerCase();
     $("r-chain").textContent =
       `${STATUS_NAMES[Number(onChain.status)]}: ${weiAndEth(onChain.amount)} held for ` +
-      `${short(onChain.user)}${mine ? " (you)" : ""} — ` +
+      `${short(onChain.user)}${mine ? " (you)" : ""} at gateway ${short(onChain.gateway)} — ` +
       (mine && same ? "matches your deposit" : "does NOT match your deposit");
     $("r-chain").className = mine && same ? "good" : "bad";
     $("r-chain").dataset.amount = onChain.amount.toString();

@@ -1,6 +1,7 @@
-// The prepaid balance card: what the escrow holds for the account (`prepaidOf`), what this
-// gateway holds against it (questions in flight + fees charged, not yet debited), a pending
-// withdrawal and when it opens (chain time), and the four transactions: add funds
+// The prepaid balance card: what the escrow holds for the account at the gateway serving this
+// page (`prepaidOf(account, gateway)`: a balance pays one gateway only), what this gateway holds
+// against it (questions in flight + fees charged, not yet debited), a pending withdrawal and when
+// it opens (chain time), and the four transactions, each for this gateway: add funds
 // (`depositBalance`), request / cancel a withdrawal, withdraw once it is open.
 import { parseEther } from "ethers";
 import { loadPrepaid } from "./api.js";
@@ -13,7 +14,7 @@ const MAX_BALANCE = (1n << 128n) - 1n; // QueryEscrow keeps a balance in a uint1
 export async function readPrepaid(wallet) {
   const escrow = await wallet.escrow();
   const [account, holding, now] = await Promise.all([
-    escrow.prepaidOf(wallet.account),
+    escrow.prepaidOf(wallet.account, wallet.gateway),
     loadPrepaid(wallet.account),
     wallet.chainTime(),
   ]);
@@ -58,13 +59,17 @@ export class PrepaidCard {
     this.busy = false;
     $("fund").addEventListener("click", () => this.addFunds());
     $("withdraw-request").addEventListener("click", () =>
-      this.send("Withdrawal request", "Requesting the withdrawal", (e) => e.requestWithdrawal()),
+      this.send("Withdrawal request", "Requesting the withdrawal", (e) =>
+        e.requestWithdrawal(wallet.gateway),
+      ),
     );
     $("withdraw-cancel").addEventListener("click", () =>
-      this.send("Withdrawal cancel", "Cancelling the withdrawal", (e) => e.cancelWithdrawal()),
+      this.send("Withdrawal cancel", "Cancelling the withdrawal", (e) =>
+        e.cancelWithdrawal(wallet.gateway),
+      ),
     );
     $("withdraw").addEventListener("click", () =>
-      this.send("Withdrawal", "Withdrawing the balance", (e) => e.withdrawBalance()),
+      this.send("Withdrawal", "Withdrawing the balance", (e) => e.withdrawBalance(wallet.gateway)),
     );
   }
 
@@ -87,6 +92,7 @@ export class PrepaidCard {
 
   render() {
     const info = this.info;
+    $("p-gateway").textContent = this.wallet.gateway;
     $("p-balance").textContent = weiAndEth(info.balance);
     $("p-balance").dataset.wei = info.balance.toString();
     $("p-held").textContent = weiAndEth(info.held);
@@ -122,7 +128,9 @@ export class PrepaidCard {
       );
       return;
     }
-    await this.send("Funds", "Adding funds", (e) => e.depositBalance({ value: amount.wei }));
+    await this.send("Funds", "Adding funds", (e) =>
+      e.depositBalance(this.wallet.gateway, { value: amount.wei }),
+    );
   }
 
   // label: the toasts ("Funds sent", "Funds confirmed in block N"); context: the error prefix.

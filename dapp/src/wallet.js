@@ -1,5 +1,6 @@
 // The browser wallet (EIP-1193, window.ethereum) through ethers' BrowserProvider: connect, the
-// chain check and switch, the balance, and the escrow contract bound to the user's signer.
+// chain check and switch, the balance, the escrow contract bound to the user's signer, and the
+// gateway serving the page (every deposit and prepaid balance is bound to it).
 import { BrowserProvider, Contract } from "ethers";
 
 export class Wallet {
@@ -13,6 +14,11 @@ export class Wallet {
 
   get onRightChain() {
     return this.chainId === this.config.chain_id;
+  }
+
+  // The address of the gateway serving this page: the only one that may spend what is paid here.
+  get gateway() {
+    return this.config.gateway;
   }
 
   async connect() {

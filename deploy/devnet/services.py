@@ -15,17 +15,22 @@ from deploy.committee.network import Network
 from deploy.devnet.plan import DevnetOptions, Progress, write_state
 from deploy.devnet.processes import free_port, planet_argv, spawn, wait_http
 from deploy.evm import ETHER
-from node.keys import create_dev_wallet, load_or_create_node_key
+from node.keys import create_dev_wallet, load_or_create_node_key, wallet_address
 
 
-def gateway_committee_key(options: DevnetOptions, state: dict[str, Any]) -> str:
-    """The gateway's committee key (signs its work reports), made before genesis is fixed so
-    its public key can be in genesis `gateways`; `planet gateway serve` finds it next to its
-    wallet (`node.gateway.run.committee_key_path`)."""
+def gateway_identity(options: DevnetOptions, state: dict[str, Any]) -> tuple[str, str]:
+    """The gateway's committee key (signs its work reports, 64 hex) and its EVM address (the
+    address its queries' charges are bound to), both made before genesis is fixed so genesis can
+    list the key in `gateways` and bind it to the address in `gateway_addresses`; `planet gateway
+    serve` finds the committee key next to its wallet (`node.gateway.run.committee_key_path`)."""
     password = Path(state["password_file"]).read_text()
-    path = options.dir / "gateway" / "committee_key.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return load_or_create_node_key(path, password).verify_key.encode().hex()
+    home = options.dir / "gateway"
+    home.mkdir(parents=True, exist_ok=True)
+    key = load_or_create_node_key(home / "committee_key.json", password)
+    wallet = home / "wallet.json"
+    if not wallet.exists():
+        create_dev_wallet(wallet, password)  # a devnet key
+    return key.verify_key.encode().hex(), wallet_address(wallet)
 
 
 def start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Progress) -> None:
@@ -34,8 +39,7 @@ def start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Progr
         return
     port = free_port(8000, 8999)
     log_path = options.dir / "logs" / "gateway.log"
-    password = Path(state["password_file"]).read_text()
-    create_dev_wallet(options.dir / "gateway" / "wallet.json", password)  # a devnet key
+    gateway_identity(options, state)  # the wallet genesis bound the gateway's key to
     argv = planet_argv(
         "gateway", "serve",
         "--evm-rpc", state["evm_rpc"],
@@ -47,6 +51,7 @@ def start_gateway(options: DevnetOptions, state: dict[str, Any], progress: Progr
         "--host", "127.0.0.1",
         "--port", str(port),
         "--report-min-questions", "1",  # a dev chain: settle each question quickly
+        "--private-endpoints",  # the devnet's nodes register loopback endpoints
     )  # fmt: skip
     pid = spawn(argv, log_path)
     state["pids"]["gateway"] = pid

@@ -27,7 +27,7 @@ from deploy.devnet.plan import (
 from deploy.devnet.processes import StepFailed, free_block, free_port, spawn
 from deploy.devnet.services import (
     await_gateway,
-    gateway_committee_key,
+    gateway_identity,
     start_gateway,
     start_verifiers,
 )
@@ -163,6 +163,7 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
     deployment_path = deployment.save(directory / "deployment.json")
     state["deployment"] = str(deployment_path)
     state["contracts"] = {name: c.address for name, c in deployment.contracts.items()}
+    gateway = gateway_identity(options, state) if options.gateway else None
     set_genesis_evm(
         network,
         committee_address=deployment.address("Committee"),
@@ -170,7 +171,8 @@ def _up_steps(options: DevnetOptions, state: dict[str, Any], progress: Progress)
         evm_chain_id=DEVNET_CHAIN_ID,
         models={manifest.model_hash: len(manifest.shards)},
         escrow_address=deployment.address("QueryEscrow"),
-        gateways=[gateway_committee_key(options, state)] if options.gateway else [],
+        gateways=[gateway[0]] if gateway else [],
+        gateway_addresses=dict([gateway]) if gateway else None,
         retention_epochs=DEVNET_RETENTION_EPOCHS,
     )
     registrar = PlanetChain(deployment, ANVIL_DEV_KEY, rpc_url=evm_rpc)

@@ -35,7 +35,7 @@ from protocol.errors import ProtocolError
 log = logging.getLogger(__name__)
 
 CREDIT_LIFETIME_EPOCHS = 1  # abci_app/credits.py: a credit of e is redeemable in e and e + 1
-CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH = 60, 61, 62  # abci_app/codes.py
+CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH = 77, 78, 79  # abci_app/codes.py
 _ITEM = re.compile(r"credit (\d+):")
 
 

@@ -9,6 +9,8 @@ validator RPC when one is unreachable, and turns answers into typed values:
     view = await link.node(key)            # None when not registered
     outcome = await link.submit(body)      # CheckTx passed; outcome.hash
     code = await link.committed_code(outcome.hash, timeout_s=10)
+    hash = await link.broadcast(raw)       # bytes the caller signed (it keeps the nonces)
+    found = await link.find_tx(hash)       # None until a block holds it
 
 Every failure is a `PlanetError`: `UnavailableError` when no validator answers,
 `TxRejectedError` when CheckTx refuses a tx, `RemoteError` for an app error answer.
@@ -169,6 +171,25 @@ class CommitteeLink:
             self._next_nonce = nonce + 1
             return Submitted(hash=result.hash, nonce=nonce)
         raise AssertionError("unreachable")
+
+    async def broadcast(self, raw: bytes) -> str:
+        """Pass already signed tx bytes through CheckTx (the caller keeps its own nonces);
+        returns the tx hash. The same bytes already in the mempool count as accepted."""
+        try:
+            result = await self._each("broadcast", lambda c: c.broadcast_tx_sync(raw))
+        except RemoteError as error:
+            if isinstance(error, TxRejectedError) or IN_CACHE not in error.message:
+                raise
+            return tx_hash(raw)
+        return result.hash
+
+    async def find_tx(self, hash_hex: str) -> TxResult | None:
+        """The committed result of a tx, or None when no block holds it (yet)."""
+        return await self._each(f"tx {hash_hex[:12]}", lambda c: c.tx(hash_hex))
+
+    async def committed_nonce(self) -> int:
+        """The signer's last committed nonce (0 before its first tx)."""
+        return int((await self.query("/nonce", account=self.signer))["nonce"])
 
     async def committed(self, tx_hash: str, *, timeout_s: float = 15.0) -> TxResult:
         """The FinalizeBlock result of a submitted tx once it is in a block (with its height)."""

@@ -5,10 +5,11 @@ node A → B → C → this client, the nodes forwarding to each other, one WebS
 circuit is checked first over GET /info (model hash, shards, layers 0..total).
 
 `planet ask --pay PROMPT` asks a gateway instead and pays for the question from the CLI wallet:
-a QueryEscrow deposit, a signed payment proof as the API key, the answer streamed through the
-OpenAI-shaped API, then the gateway's signed receipt (see node/gateway/client.py).
-`planet ask --voucher PROMPT` pays from the prepaid balance (`planet balance deposit`) instead:
-a signed voucher as the API key, no transaction.
+a QueryEscrow deposit bound to that gateway (no other gateway can serve it), a signed payment
+proof as the API key, the answer streamed through the OpenAI-shaped API, then the gateway's
+signed receipt (see node/gateway/client.py).
+`planet ask --voucher PROMPT` pays from the prepaid balance at that gateway (`planet balance
+deposit`) instead: a signed voucher as the API key, no transaction.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--voucher-ttl",
         type=int,
         default=600,
-        help="seconds the voucher stays valid (default 600)",
+        help="seconds the voucher stays valid (default 600); a gateway refuses one that expires "
+        "before it can report the charge (voucher_expiring: under 185 s on a default gateway)",
     )
     paying.add_argument("--gateway", default=None, help="gateway URL (default: the devnet's)")
     paying.add_argument(
@@ -267,7 +269,9 @@ async def _ask_paid(args: argparse.Namespace, settings: dict[str, Any]) -> dict[
         model_id = bytes.fromhex(str(pool["model_id"])[2:])
         query_id = gw.new_query_id()
         if args.voucher:
-            key = await _voucher_key(args, pool, chain, quote, query_id, bytes(account.key))
+            key = await _voucher_key(
+                args, gateway, pool, chain, quote, query_id, bytes(account.key)
+            )
         else:
             key = await _deposit_key(pool, chain, quote, query_id, model_id, account)
         body = {
@@ -328,33 +332,42 @@ async def _deposit_key(
             f"{account.address} holds {balance} wei, the deposit needs {quote.amount} wei",
             hint="fund the wallet, or ask with a smaller --max-tokens",
         )
-    tx = await asyncio.to_thread(chain.escrow.deposit, query_id, model_id, quote.amount)
-    _say(f"deposited: query 0x{query_id.hex()} (tx {tx.tx_hash}, gas fee {tx.fee_wei} wei)")
+    tx = await asyncio.to_thread(
+        chain.escrow.deposit, query_id, model_id, pool["gateway"], quote.amount
+    )
+    _say(
+        f"deposited: query 0x{query_id.hex()} for gateway {pool['gateway']} "
+        f"(tx {tx.tx_hash}, gas fee {tx.fee_wei} wei)"
+    )
     return gw.api_key_for(pool, query_id, quote.amount, bytes(account.key))
 
 
 async def _voucher_key(
     args: argparse.Namespace,
+    gateway_url: str,
     pool: dict[str, Any],
     chain: Any,
     quote: Any,
     query_id: bytes,
     private_key: bytes,
 ) -> str:
-    """Prepaid path: check the balance, sign a voucher capped at the quote (no transaction)."""
+    """Prepaid path: check the balance at this gateway, sign a voucher capped at the quote (no
+    transaction)."""
     from protocol.payment import Voucher, payment_domain, sign_voucher  # lazy: eth-abi
 
-    state = await asyncio.to_thread(chain.escrow.prepaid_of)
+    state = await asyncio.to_thread(chain.escrow.prepaid_of, chain.address, pool["gateway"])
+    at = f"--gateway {gateway_url}"
     if state["withdrawable_at"]:
         raise UsageError(
-            "your prepaid balance is being withdrawn; gateways refuse its vouchers",
-            hint="planet balance withdraw --cancel, or ask with --pay",
+            f"your prepaid balance at gateway {pool['gateway']} is being withdrawn; it refuses "
+            "its vouchers",
+            hint=f"planet balance withdraw --cancel {at}, or ask with --pay",
         )
     if state["balance"] < quote.amount:
         raise UsageError(
-            f"your prepaid balance is {state['balance']} wei, this question may cost up to "
-            f"{quote.amount} wei",
-            hint="planet balance deposit 0.01 (or a smaller --max-tokens)",
+            f"your prepaid balance at gateway {pool['gateway']} is {state['balance']} wei, this "
+            f"question may cost up to {quote.amount} wei (a balance pays one gateway only)",
+            hint=f"planet balance deposit 0.01 {at} (or a smaller --max-tokens)",
         )
     domain = payment_domain(int(pool["chain_id"]), pool["escrow"])
     expiry = int(time.time()) + args.voucher_ttl

@@ -96,7 +96,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="refuse a per-query deposit whose refund opens within SECONDS, so its user cannot "
         "take it back before the epoch's root lands (else $PLANET_REFUND_MARGIN_S, config.toml "
-        "refund_margin_s, 0)",
+        "refund_margin_s, else derived from the settlement timeline: report wait + epoch + "
+        "posting, docs/gateway.md)",
+    )
+    serve.add_argument(
+        "--committee-block-s",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="the committee's block interval the settlement timeline assumes (default 1.0)",
+    )
+    serve.add_argument(
+        "--private-endpoints",
+        action="store_true",
+        help="also dial nodes registered on loopback or private addresses (a devnet or LAN); "
+        "by default only globally routable endpoints are probed and dialled",
     )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
@@ -133,6 +147,8 @@ def _serve(args: argparse.Namespace) -> int:
         report_min_questions=args.report_min_questions,
         report_max_wait_s=args.report_max_wait,
         refund_margin_s=chains.refund_margin_s,
+        committee_block_s=args.committee_block_s,
+        private_endpoints=args.private_endpoints,
     ).validate()
     password = PasswordSource(file=chains.password_file).read(confirm=not args.wallet.exists())
     serve(config, password)

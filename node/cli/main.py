@@ -29,6 +29,7 @@ from node.cli import (
     devnet,
     earnings,
     gateway,
+    key,
     local,
     model,
     operator,
@@ -45,6 +46,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     local,
     ask,
     balance,
+    key,
     gateway,
     verifier,
     contracts,
@@ -63,6 +65,7 @@ examples:
   planet model prepare --parts 3 --quant int8     split the default model into 3 shards
   planet local up --nodes 3                       start 3 shard nodes on loopback
   planet ask "What is the capital of France?"     ask through the running nodes
+  planet key new --cap 0.01 --expires 7d          one API key for many paid questions
   planet local down                               stop them
 """
 

@@ -34,6 +34,7 @@ import numpy as np
 from node.client.capabilities import hop_capability, hop_feed, hop_tag, new_session_id
 from node.client.sampling import SamplingConfig, sample
 from node.client.types import Head, Hop, Timings
+from node.dial import refuse_redirects
 from protocol.errors import (
     BusyError,
     ConfigError,
@@ -231,7 +232,9 @@ class CircuitClient:
 
     async def __aenter__(self) -> CircuitClient:
         if self._http is None:
-            self._http = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
+            self._http = aiohttp.ClientSession(
+                skip_auto_headers=("User-Agent",), middlewares=(refuse_redirects,)
+            )
         try:
             for index, hop in enumerate(self.hops):
                 try:

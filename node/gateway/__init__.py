@@ -7,9 +7,14 @@
     sse.py         server-sent events framing (`data: {...}\\n\\n`, `data: [DONE]`)
     shapes.py      OpenAI's response objects (chat, completion, chunks, usage, logprobs)
     router.py      routable nodes from the committee chain → a random circuit per session
-    payments.py    payment proofs checked against QueryEscrow (a Reservation per question);
-                   receipts signed by the gateway
-    settlement.py  the work reports the gateway sends the committee chain for paid questions
+    escrow_reads.py  what the gateway reads from QueryEscrow (one call per check), cached and
+                   capped so a flood of fake keys cannot fan out RPC calls
+    payments.py    the payment desk: deposits, vouchers and payment keys checked and held (a
+                   Reservation per question), charged or released once; receipts signed
+    payment_state.py  one question's payment: reserved → serving → charged | released
+    receipt_log.py the append-only, fsync'd receipt log a restart replays
+    timeline.py    the settlement timeline: minimum voucher/key lifetime, refund margin
+    settlement.py  the work ledger (journal) and the reports it sends the committee chain
     circuits.py    CircuitPool: one live CircuitClient (node-to-node forwarding) per circuit
     engine.py      one generation over a circuit (logprobs, retries before the first token)
     dapp.py        the web dApp's routes: the page, its config, a read-only network view

@@ -6,13 +6,18 @@
     POST /v1/chat/completions        chat, streamed (SSE) or not
     POST /v1/completions             plain completion, streamed (SSE) or not
     GET  /v1/receipts/{query_id}     the signed receipt of a served query (its payer's key)
+    GET  /v1/key                     a payment key's running total, hold and cap (that key)
+    POST /v1/keys/revoke             a payer-signed revocation of one of its payment keys
 
 Handlers stay thin: the body goes through `requests` (400 on any broken rule), the API key
 through `protocol.payment.parse_bearer` and `PaymentDesk.reserve` (402), the question through
 `engine.Generation` over a circuit of nodes that forward to each other (`circuits.CircuitPool`:
 one live CircuitClient per circuit, closed at app cleanup; 503 without a circuit, 502 when a
 node fails). Every refusal is OpenAI's `{"error": {message, type, param, code}}` (error
-middleware). A failed question releases the payment (no receipt, no charge).
+middleware). What a question costs is decided by its `payment_state.QuestionPayment`, closed in
+a `finally` on every path: each token handed to the writer is charged (a failed write too: the
+client hung up, the nodes did the work), and only a question that delivered nothing is
+released (no receipt, no charge).
 """
 
 from __future__ import annotations
@@ -36,8 +41,16 @@ from node.gateway.circuits import CircuitPool
 from node.gateway.config import GatewayConfig
 from node.gateway.dapp import add_dapp_routes
 from node.gateway.engine import Generation, TokenEvent
-from node.gateway.errors import ApiError, InvalidRequest, NotFound, error_body, planet_error_body
-from node.gateway.payments import PaymentDesk, Reservation
+from node.gateway.errors import (
+    ApiError,
+    InvalidRequest,
+    NodeFailed,
+    NotFound,
+    error_body,
+    planet_error_body,
+)
+from node.gateway.payment_state import QuestionPayment
+from node.gateway.payments import PaymentDesk
 from node.gateway.requests import (
     ChatRequest,
     CompletionRequest,
@@ -49,11 +62,13 @@ from node.gateway.router import Router, pool_view
 from node.gateway.shapes import Shaper, usage
 from node.gateway.textstream import TextStream
 from protocol.errors import PlanetError
-from protocol.payment import PaymentKeyError, PaymentProof, VoucherProof, parse_bearer
+from protocol.payment import PaymentKeyError, PaymentKeyProof, Proof, parse_bearer
 
 log = logging.getLogger(__name__)
 
 _QUERY_ID = re.compile(r"(0x)?([0-9a-fA-F]{64})\Z")
+_KEY_ID = re.compile(r"0x[0-9a-f]{64}\Z")
+_SIGNATURE = re.compile(r"0x[0-9a-f]{130}\Z")
 
 
 @dataclass
@@ -122,7 +137,7 @@ async def error_middleware(
 # ----------------------------------------------------------------------------------- helpers
 
 
-def bearer_proof(request: web.Request) -> PaymentProof | VoucherProof | PaymentKeyError:
+def bearer_proof(request: web.Request) -> Proof | PaymentKeyError:
     header = request.headers.get("Authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
@@ -179,8 +194,15 @@ def _want_logprobs(req: ChatRequest | CompletionRequest) -> tuple[bool, int]:
 
 async def health(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
+    questions, held = gateway.desk.in_flight()
     return web.json_response(
-        {"status": "ok", "model": gateway.model.name, "gateway": gateway.desk.gateway}
+        {
+            "status": "ok",
+            "model": gateway.model.name,
+            "gateway": gateway.desk.gateway,
+            "in_flight": questions,  # questions reserved, not yet charged or released
+            "held_wei": str(held),  # what they hold
+        }
     )
 
 
@@ -234,14 +256,47 @@ async def receipt(request: web.Request) -> web.Response:
     if match is None:
         raise InvalidRequest("invalid_value", "a query id is 0x + 64 hex", param="query_id")
     proof = bearer_proof(request)
-    doc = gateway.desk.receipt_for(proof)
-    if doc is None or doc["query_id"] != "0x" + match[2].lower():
+    doc = gateway.desk.receipt_for(proof, bytes.fromhex(match[2]))
+    if doc is None:
         raise NotFound(
             "receipt_not_found",
             "no receipt for this query id at this gateway for this API key "
             "(send the payment proof that paid it as the API key)",
         )
     return web.json_response(doc)
+
+
+async def key_status(request: web.Request) -> web.Response:
+    """The bearer payment key's running total, hold, cap, and its payer's outstanding here."""
+    gateway = request.app[GATEWAY_KEY]
+    proof = bearer_proof(request)
+    if isinstance(proof, PaymentKeyError):
+        await gateway.desk.reserve(proof, 0)  # raises the named 402 for a malformed key
+    if not isinstance(proof, PaymentKeyProof):
+        raise InvalidRequest(
+            "invalid_value", "GET /v1/key needs a payment key (planet-key-v1...) as the API key"
+        )
+    return web.json_response(gateway.desk.key_status(proof))
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    """`{"key_id": "0x<64 hex>", "signature": "0x<130 hex>"}`: the payer's signature over
+    `KeyRevocation(this gateway, key_id)` (`planet key revoke`); the key is refused from now on."""
+    gateway = request.app[GATEWAY_KEY]
+    body = await _read_body(request)
+    key_id, signature = body.get("key_id"), body.get("signature")
+    if not isinstance(key_id, str) or not _KEY_ID.match(key_id):
+        raise InvalidRequest(
+            "invalid_value", "key_id: expected 0x + 64 lowercase hex", param="key_id"
+        )
+    if not isinstance(signature, str) or not _SIGNATURE.match(signature):
+        raise InvalidRequest(
+            "invalid_value", "signature: expected 0x + 130 lowercase hex", param="signature"
+        )
+    payer = await gateway.desk.revoke(bytes.fromhex(key_id[2:]), bytes.fromhex(signature[2:]))
+    return web.json_response(
+        {"revoked": True, "key_id": key_id, "payer": payer, "gateway": gateway.desk.gateway}
+    )
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -265,6 +320,13 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
     max_tokens = req.sampling.max_tokens
     required = gateway.desk.required_wei(len(prompt_ids), max_tokens)
     reservation = await gateway.desk.reserve(bearer_proof(request), required)
+    ledger = gateway.ledger
+    payment = QuestionPayment(
+        gateway.desk,
+        reservation,
+        len(prompt_ids),
+        on_charged=ledger.record if ledger is not None else None,
+    )
     want, top = _want_logprobs(req)
     generation = Generation(
         gateway.router,
@@ -282,11 +344,17 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
     shaper = Shaper(req.kind, gateway.model.name, gateway.head.token_text, want)
     try:
         if req.sampling.stream:
-            return await _stream(request, gateway, req, generation, shaper, reservation, prompt_ids)
-        return await _whole(gateway, req, generation, shaper, reservation, prompt_ids)
-    except BaseException:
-        gateway.desk.release(reservation)
+            return await _stream(request, gateway, req, generation, shaper, payment)
+        return await _whole(gateway, req, generation, shaper, payment)
+    except asyncio.CancelledError:  # the client hung up (aiohttp cancels its handler)
+        payment.client_gone(generation.circuit, prompt_sent=generation.started)
         raise
+    except NodeFailed as error:
+        if payment.consumed:
+            raise
+        raise NodeFailed(error.code, f"{error.message}; nothing was charged, ask again") from None
+    finally:
+        payment.close(generation.circuit)  # the one exit: charge what went out, else release
 
 
 async def _whole(
@@ -294,9 +362,12 @@ async def _whole(
     req: ChatRequest | CompletionRequest,
     generation: Generation,
     shaper: Shaper,
-    reservation: Reservation,
-    prompt_ids: list[int],
+    payment: QuestionPayment,
 ) -> web.Response:
+    """A non-streamed answer: nothing is handed to the writer before the whole body, so a
+    question that fails before it is released; once the body is built every token is charged
+    (a client that hung up meanwhile still pays: the nodes answered it)."""
+    prompt_ids = generation.prompt_ids
     text = TextStream(gateway.head.decode, req.sampling.stop)
     events: list[TokenEvent] = []
     async with contextlib.aclosing(generation.events()) as stream:
@@ -304,7 +375,9 @@ async def _whole(
             if event is None:  # a retry on a new circuit starts over
                 text = TextStream(gateway.head.decode, req.sampling.stop)
                 events = []
+                payment.restart()
                 continue
+            payment.produce()
             events.append(event)
             text.push(event.token)
             if text.stopped:
@@ -317,10 +390,8 @@ async def _whole(
     finish = "stop" if text.stopped or not generation.finished_by_length else "length"
     use = usage(len(prompt_ids), len(events))
     echoed = await generation.echoed_events()  # before charging: it can still fail
-    assert generation.circuit is not None  # set before the first event
-    signed = gateway.desk.settle(reservation, len(prompt_ids), len(events), generation.circuit.keys)
-    if gateway.ledger is not None:
-        gateway.ledger.record(signed, generation.circuit)
+    payment.deliver(len(events))  # the whole answer goes to the writer at once
+    signed = payment.finish(generation.circuit)
     body = shaper.full(answer, events, finish, use, echoed)
     body["planet_receipt"] = signed
     return web.json_response(body, dumps=_dumps)
@@ -336,9 +407,11 @@ async def _stream(
     req: ChatRequest | CompletionRequest,
     generation: Generation,
     shaper: Shaper,
-    reservation: Reservation,
-    prompt_ids: list[int],
+    payment: QuestionPayment,
 ) -> web.StreamResponse:
+    """A streamed answer: each token is handed to the writer as it comes (held-back text
+    included), so a client that hangs up, times out or meets a failed node pays for the prompt
+    and the tokens handed over up to then, and never more."""
     response = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream; charset=utf-8",
@@ -355,53 +428,66 @@ async def _stream(
         await response.write(sse.event(payload))
 
     text = TextStream(gateway.head.decode, req.sampling.stop)
-    count = 0
     first = True
     try:
-        async with contextlib.aclosing(generation.events()) as stream:
-            async for event in stream:
-                if event is None:  # only before anything was sent
-                    text, count = TextStream(gateway.head.decode, req.sampling.stop), 0
-                    continue
-                count += 1
-                delta = text.push(event.token)
-                if delta or want:
-                    chunk = shaper.chunk(
-                        delta,
-                        [event] if want else [],
-                        None,
-                        first=first,
-                        include_usage=include_usage,
-                    )
-                    await send(chunk)
-                    first = False
-                    generation.delivered = True
-                if text.stopped:
-                    break
-    except PlanetError as error:
-        if not response.prepared:
-            raise  # nothing sent yet: a plain JSON error with its status
-        gateway.desk.release(reservation)
-        status, body = planet_error_body(error)
-        log.warning("stream failed after it started status=%d code=%s", status, error.code)
-        await response.write(sse.event(body))
-        await response.write_eof()
-        return response
-    tail = text.finish()
-    finish = "stop" if text.stopped or not generation.finished_by_length else "length"
-    use = usage(len(prompt_ids), count)
-    assert generation.circuit is not None
-    signed = gateway.desk.settle(reservation, len(prompt_ids), count, generation.circuit.keys)
-    if gateway.ledger is not None:
-        gateway.ledger.record(signed, generation.circuit)
-    last = shaper.chunk(tail or None, [], finish, first=first, include_usage=include_usage)
-    if include_usage:
+        try:
+            async with contextlib.aclosing(generation.events()) as stream:
+                async for event in stream:
+                    if event is None:  # a retry: only while nothing was delivered
+                        text = TextStream(gateway.head.decode, req.sampling.stop)
+                        payment.restart()
+                        continue
+                    payment.produce()
+                    payment.deliver()  # before the write: a failed write is still charged
+                    generation.delivered = True  # no retry from here on
+                    delta = text.push(event.token)
+                    if delta or want:
+                        chunk = shaper.chunk(
+                            delta,
+                            [event] if want else [],
+                            None,
+                            first=first,
+                            include_usage=include_usage,
+                        )
+                        await send(chunk)
+                        first = False
+                    if text.stopped:
+                        break
+        except PlanetError as error:
+            if not payment.consumed:
+                raise  # nothing delivered: a plain JSON error, and the payment is released
+            payment.failed(generation.circuit)
+            signed = payment.receipt
+            status, body = planet_error_body(error)
+            body["error"]["message"] += (
+                f"; charged for the prompt and the {payment.delivered} tokens delivered "
+                "(planet_receipt)"
+            )
+            body["planet_receipt"] = signed
+            log.warning("stream failed after it started status=%d code=%s", status, error.code)
+            await send(body)
+            await response.write_eof()
+            return response
+        tail = text.finish()
+        finish = "stop" if text.stopped or not generation.finished_by_length else "length"
+        use = usage(len(generation.prompt_ids), payment.delivered)
+        signed = payment.finish(generation.circuit)
+        last = shaper.chunk(tail or None, [], finish, first=first, include_usage=include_usage)
+        if include_usage:
+            await send(last)
+            last = shaper.usage_chunk(use)
+        last["planet_receipt"] = signed
         await send(last)
-        last = shaper.usage_chunk(use)
-    last["planet_receipt"] = signed
-    await send(last)
-    await response.write(sse.DONE)
-    await response.write_eof()
+        await response.write(sse.DONE)
+        await response.write_eof()
+    except ConnectionError:  # the client hung up: a write failed
+        payment.client_gone(generation.circuit, prompt_sent=generation.started)
+        log.info(
+            "client hung up query=%s delivered=%d state=%s",
+            payment.reservation.query_hex[:18],
+            payment.delivered,
+            payment.state.value,
+        )
     return response
 
 
@@ -419,6 +505,8 @@ def create_app(gateway: Gateway) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/receipts/{query_id}", receipt)
+    app.router.add_get("/v1/key", key_status)
+    app.router.add_post("/v1/keys/revoke", revoke_key)
     add_dapp_routes(app, GATEWAY_KEY)  # the web page, its config, /v1/network (dapp.py)
     app.on_cleanup.append(_close_circuits)
     return app

@@ -34,7 +34,20 @@ class GatewayConfig:
     # nodes cannot tell echo requests (verifier challenges) from other questions; costs the
     # last node's answer T x H floats once per question
     full_prefill: bool = True
-    refund_margin_s: int = 0  # refuse per-query deposits whose refund opens within this (s)
+    report_every_s: float = 5.0  # the reporter's pass interval (seconds)
+    # refuse per-query deposits whose refund opens within this (s); None: derived from the
+    # settlement timeline at start (timeline.py), and checked against the escrow's refundTimeout
+    refund_margin_s: int | None = None
+    committee_block_s: float = 1.0  # committee block interval assumed by the timeline (seconds)
+    commit_margin_s: float = 120.0  # a report reaches a committee block within this (seconds)
+    posting_margin_s: float = 120.0  # the committee signs and posts an epoch's root within (s)
+    max_voucher_lifetime_s: int = 86_400  # vouchers expiring later are refused (seconds)
+    max_key_lifetime_s: int = 90 * 86_400  # payment keys expiring later are refused (seconds)
+    chain_reads: int = 8  # EVM reads at once for payment checks (more wait; see escrow_reads)
+    chain_read_queue: int = 256  # reads that may wait; beyond it a request gets 503 chain_busy
+    # dial registered node endpoints on non-public addresses too (devnet, LAN); by default the
+    # router applies the nodes' public-address policy (router.py)
+    private_endpoints: bool = False
     limits: Limits = field(default_factory=Limits)
 
     def validate(self) -> GatewayConfig:
@@ -46,8 +59,16 @@ class GatewayConfig:
             raise UsageError("--report-min-questions must be 1..1024")
         if not 0 < self.report_max_wait_s <= 86_400:
             raise UsageError("--report-max-wait must be 0 < seconds <= 86400")
-        if not 0 <= self.refund_margin_s <= 30 * 86_400:
+        if self.refund_margin_s is not None and not 0 <= self.refund_margin_s <= 30 * 86_400:
             raise UsageError("--refund-margin-s must be 0..2592000 seconds")
+        if not 0 < self.report_every_s <= 3_600:
+            raise UsageError("the reporter's pass interval must be 0 < seconds <= 3600")
+        if not 0 < self.committee_block_s <= 600:
+            raise UsageError("--committee-block-s must be 0 < seconds <= 600")
+        if not 0 < self.max_key_lifetime_s <= 10 * 365 * 86_400:
+            raise UsageError("--max-key-lifetime-s must be 1 .. 10 years in seconds")
+        if not 0 < self.chain_reads <= 256 or not 0 <= self.chain_read_queue <= 65_536:
+            raise UsageError("chain reads: 1..256 at once, 0..65536 waiting")
         if not 0 < self.port < 65536:
             raise UsageError(f"--port must be 1..65535, got {self.port}")
         if not self.manifest.exists():

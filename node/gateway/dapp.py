@@ -49,36 +49,42 @@ _TYPES = {
     ".png": "image/png",
 }
 
-# The QueryEscrow functions the page calls (human-readable ABI, as ethers reads it).
+# The QueryEscrow functions the page calls (human-readable ABI, as ethers reads it). A deposit and
+# a prepaid balance both name the gateway (the `gateway` of this config): one payment, one
+# gateway. tests/dapp/test_dapp_routes.py holds every entry to the compiled contract's ABI.
 ESCROW_ABI = (
-    "function deposit(bytes32 queryId, bytes32 modelId) payable",
+    "function deposit(bytes32 queryId, bytes32 modelId, address gateway) payable",
     "function refund(bytes32 queryId)",
-    "function depositOf(bytes32 queryId) view returns "
-    "(address user, uint256 amount, uint8 status, uint256 depositedAt)",
+    "function depositOf(bytes32 queryId) view returns (address user, uint256 amount, "
+    "uint8 status, uint256 depositedAt, bytes32 modelId, address gateway)",
     "function refundTimeout() view returns (uint256)",
     "event Deposited(bytes32 indexed queryId, address indexed user, bytes32 indexed modelId, "
-    "uint256 amount)",
+    "address gateway, uint256 amount)",
     "event Refunded(bytes32 indexed queryId, address indexed user, uint256 amount)",
     "error InvalidDepositAmount(uint256 amount, uint256 max)",
+    "error InvalidGateway(address gateway)",
     "error QueryExists(bytes32 queryId)",
     "error NotDepositor(bytes32 queryId, address caller)",
     "error RefundNotYetAvailable(bytes32 queryId, uint256 availableAt)",
     "error NothingToRefund(bytes32 queryId)",
-    # prepaid balance (vouchers)
-    "function depositBalance() payable",
-    "function requestWithdrawal()",
-    "function cancelWithdrawal()",
-    "function withdrawBalance()",
-    "function prepaidOf(address payer) view returns (uint256 balance, uint256 withdrawableAt)",
-    "event BalanceDeposited(address indexed payer, uint256 amount, uint256 balance)",
-    "event WithdrawalRequested(address indexed payer, uint256 balance, uint256 withdrawableAt)",
-    "event WithdrawalCancelled(address indexed payer)",
-    "event BalanceWithdrawn(address indexed payer, uint256 amount)",
-    "error BalanceOverflow(address payer, uint256 balance, uint256 amount)",
-    "error NothingToWithdraw(address payer)",
-    "error WithdrawalAlreadyRequested(address payer, uint256 withdrawableAt)",
-    "error WithdrawalNotRequested(address payer)",
-    "error WithdrawalNotYetAvailable(address payer, uint256 withdrawableAt)",
+    # prepaid balance (vouchers), one per (payer, gateway)
+    "function depositBalance(address gateway) payable",
+    "function requestWithdrawal(address gateway)",
+    "function cancelWithdrawal(address gateway)",
+    "function withdrawBalance(address gateway)",
+    "function prepaidOf(address payer, address gateway) view "
+    "returns (uint256 balance, uint256 withdrawableAt)",
+    "event BalanceDeposited(address indexed payer, address indexed gateway, uint256 amount, "
+    "uint256 balance)",
+    "event WithdrawalRequested(address indexed payer, address indexed gateway, uint256 balance, "
+    "uint256 withdrawableAt)",
+    "event WithdrawalCancelled(address indexed payer, address indexed gateway)",
+    "event BalanceWithdrawn(address indexed payer, address indexed gateway, uint256 amount)",
+    "error BalanceOverflow(address payer, address gateway, uint256 balance, uint256 amount)",
+    "error NothingToWithdraw(address payer, address gateway)",
+    "error WithdrawalAlreadyRequested(address payer, address gateway, uint256 withdrawableAt)",
+    "error WithdrawalNotRequested(address payer, address gateway)",
+    "error WithdrawalNotYetAvailable(address payer, address gateway, uint256 withdrawableAt)",
 )
 
 NOT_BUILT = """<!doctype html>

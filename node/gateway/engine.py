@@ -8,8 +8,9 @@ like any other; logprobs come from the logits the client sampled the token from 
 
 Retries (OpenTela's lesson): when a question fails before anything was shown to the user, the
 nodes of the failed circuit that do not answer /health are cooled down and a new circuit is
-built, up to `attempts` times. After the first event reached the user a failure is final:
-`NodeFailed` (502), and the caller charges nothing.
+built, up to `attempts` times. After the first event reached the user (`delivered`) a failure
+is final: `NodeFailed` (502); the caller's payment state machine decides what is charged
+(`payment_state.py`: what was delivered, or nothing).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class Generation:
         self._logits: np.ndarray | None = None  # what the last token was sampled from
         self.circuit: Circuit | None = None
         self.delivered = False  # set by the caller once an event reached the user
+        self.started = False  # the answering attempt's prompt went to its circuit
         self.count = 0
 
     async def events(self) -> AsyncIterator[TokenEvent | None]:
@@ -102,6 +104,7 @@ class Generation:
         for attempt in range(1, self.attempts + 1):
             if attempt > 1:
                 yield None
+            self.started = False
             circuit = await self.router.circuit()  # NoCircuit (503) when a shard has none
             self.circuit = circuit
             self.count = 0
@@ -110,6 +113,7 @@ class Generation:
                 async with self.router.hold(circuit), self.circuits.use(hops) as client:
                     self._prefill = []
                     self._logits = None
+                    self.started = True  # from here the nodes work for this client
                     tokens = client.generate(
                         self.head,
                         self.prompt_ids,
@@ -138,8 +142,7 @@ class Generation:
                 if self.delivered or attempt == self.attempts:
                     raise NodeFailed(
                         "node_failed",
-                        f"a compute node failed during the question ({error.message}); "
-                        "nothing was charged, ask again",
+                        f"a compute node failed during the question ({error.message})",
                     ) from None
 
     async def echoed_events(self) -> list[TokenEvent]:

@@ -1,66 +1,73 @@
-"""Payment checks against QueryEscrow and the receipts the gateway signs.
+"""The payment desk: a question's payment checked before serving, held while it runs, charged
+(or released) once, and the receipt the gateway signs for it.
 
-A request pays with its API key (see `protocol.payment`): a per-query deposit proof
-(`planet-pay-v1`) or a prepaid voucher (`planet-voucher-v1`).
+A request pays with its API key (`protocol.payment.parse_bearer`), one of three kinds:
 
-Per-query: `PaymentDesk.reserve` accepts it only when, on chain (`QueryEscrow.depositOf` and the
-`Deposited` event):
+    planet-pay-v1      a per-query deposit in QueryEscrow (one question)
+    planet-voucher-v1  a prepaid payer's voucher (one question, paid from its balance)
+    planet-key-v1      a prepaid payer's payment key (many questions, up to its cap in all)
 
-    the deposit exists and is Funded               else 402 payment_unfunded / payment_closed
-    the proof's signer is the depositor            else 402 payment_squatted
-    the deposit was made for this model            else 402 payment_wrong_model
-    fee cap <= deposit, and price × (prompt tokens + max_tokens) <= fee cap
-                                                   else 402 payment_underfunded
-    the query id was never served by this gateway  else 402 payment_used
-    its refund opens more than `refund_margin_s` from now (default 0: not yet open)
-                                                   else 402 payment_expiring
+`reserve(proof, required_wei)` checks the kind's rules (each refusal a 402 with its code, the
+tables in docs/gateway.md) and returns a `Reservation` that holds `required_wei` = price ×
+(prompt tokens + max_tokens); `settle` charges fee = price × (prompt + completion tokens) (never
+more than the hold), signs the `Receipt` and logs it (fsync'd, `receipt_log.ReceiptLog`) before
+it is returned; `release` returns the hold and frees the query id. Both are idempotent: a
+reservation is open until the first of them, the second is a no-op. Which of the two a question
+ends in is decided by `payment_state.QuestionPayment` (the per-question state machine).
 
-The query id is reserved before the first await (two requests racing with one id: one wins).
-`settle` charges fee = price × (prompt + completion tokens) (<= the checked amount <= fee cap
-<= deposit), signs a `Receipt` with the gateway wallet and records the id as used; `release`
-(the question failed) frees the id and charges nothing — the deposit stays refundable through
-`QueryEscrow.refund` after its timeout. Receipts are kept in memory and appended to a JSON-lines
-file when one is configured (reloaded at start, so a restart does not serve an id twice).
+Per-query deposit (one `depositOf` read, `escrow_reads`):
 
-Prepaid: the voucher's payer is whoever its signature recovers to (for this gateway, model and
-escrow); `reserve` accepts it only when
+    the deposit exists and is Funded               else payment_unfunded / payment_closed
+    the proof's signer is the depositor            else payment_squatted
+    the deposit was made for this gateway          else payment_wrong_gateway
+    ... and for this model                         else payment_wrong_model
+    its refund opens after now + refund_margin_s   else payment_expiring
+    fee cap <= deposit and required <= fee cap     else payment_underfunded
+    the query id was never used here               else payment_used
 
-    the voucher has not expired and expires within `max_voucher_lifetime_s`
-                                                   else 402 voucher_expired / voucher_expiry_too_far
-    price × (prompt tokens + max_tokens) <= its fee cap          else 402 voucher_over_cap
-    its query id was never served by this gateway                else 402 voucher_replayed
-    the payer has no withdrawal pending (`prepaidOf`)            else 402 balance_withdrawing
-    that amount <= balance − this gateway's outstanding for the payer
-                                                   else 402 balance_insufficient
-
-The outstanding amount is what this gateway reserved for the payer's questions in flight plus
-the fees it charged that are not yet debited on chain; checking and reserving happen with no
-await in between, so concurrent questions cannot overdraw the balance. A prepaid receipt
-carries `payer` and the signed voucher (the committee's input for the debit). When the root that
-debits those fees is posted, the gateway→chain reporting calls `mark_debited(query_ids)` (also
-persisted in the receipts file); until then a restart keeps them outstanding.
+Prepaid (vouchers and keys): the payer is whoever the signature recovers to for this gateway,
+model and escrow (anything signed for another recovers to an unfunded stranger). What the desk
+holds against a payer = holds of its questions in flight + charges not yet debited on chain;
+a question is reserved only if `required <= prepaidOf(payer, this gateway).balance − that`,
+checked and held with no await in between, so no interleaving overdraws a balance. A key also
+keeps, per (payer, key id), `charged` (the running total the committee is sent), `held`, and
+`revoked`; a key question is reserved only if `required <= cap − charged − held`. Vouchers
+and keys must stay valid `min_authorization_lifetime_s` after the question (`timeline.py`), so
+the committee never sees an expired charge from this gateway.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
-import json
+import itertools
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from node.gateway.errors import NoCircuit, PaymentRequired
-from protocol.eip712 import Domain, sign_digest
-from protocol.errors import PlanetError, ProtocolError
+from eth_utils import keccak
+
+from node.gateway.errors import PaymentRequired
+from node.gateway.escrow_reads import (
+    STATUS_NAMES,
+    EscrowReader,
+    OnChainBalance,
+    OnChainDeposit,
+)
+from node.gateway.receipt_log import ReceiptLog
+from protocol.eip712 import Domain, as_address, as_bytes32, sign_digest
+from protocol.errors import ProtocolError
 from protocol.payment import (
+    KeyFormatError,
+    KeyRevocation,
+    KeyUse,
     PaymentKeyError,
+    PaymentKeyProof,
     PaymentProof,
+    Proof,
     Receipt,
     VoucherKeyError,
     VoucherProof,
@@ -70,95 +77,41 @@ from protocol.payment import (
 
 log = logging.getLogger(__name__)
 
-FUNDED = 1
-STATUS_NAMES = {0: "none", 1: "funded", 2: "settled", 3: "reclaimed", 4: "refunded"}
+DEFAULT_MIN_AUTHORIZATION_LIFETIME_S = 185  # reporter max wait 60 + pass 5 + commit margin 120
+DEFAULT_MAX_KEY_LIFETIME_S = 90 * 86_400
+_tickets = itertools.count(1)
 
-
-@dataclass(frozen=True, slots=True)
-class OnChainDeposit:
-    user: str  # checksummed depositor
-    amount: int  # wei the query still holds
-    status: int  # 0 None, 1 Funded, 2 Settled, 3 Reclaimed, 4 Refunded
-    model_id: bytes | None  # from the Deposited event (None when not found)
-    refund_at: int = 0  # unix s when the depositor may take an unsettled deposit back (0: unknown)
-
-
-@dataclass(frozen=True, slots=True)
-class OnChainBalance:
-    balance: int  # prepaid wei left (`QueryEscrow.prepaidOf`)
-    withdrawable_at: int  # 0: no withdrawal requested
-
-
-class EscrowReader(Protocol):
-    async def deposit(self, query_id: bytes) -> OnChainDeposit: ...
-
-    async def prepaid(self, payer: str) -> OnChainBalance: ...
-
-
-class ChainEscrow:
-    """QueryEscrow read through `node.chain.evm.account.PlanetChain` (blocking web3 in a thread)."""
-
-    def __init__(self, chain: Any) -> None:
-        self.chain = chain
-        self._escrow = chain.deployment.address("QueryEscrow")
-        self._topic = chain.contracts["QueryEscrow"].events.Deposited().topic
-        self._from_block = max(0, int(getattr(chain.deployment, "block", 0) or 0) - 1)
-        self._refund_timeout: int | None = None
-
-    def _read(self, query_id: bytes) -> OnChainDeposit:
-        state = self.chain.escrow.deposit_of(query_id)
-        logs = self.chain._rpc(
-            lambda: self.chain.w3.eth.get_logs(
-                {
-                    "address": self._escrow,
-                    "fromBlock": self._from_block,
-                    "toBlock": "latest",
-                    "topics": [self._topic, "0x" + query_id.hex()],
-                }
-            )
-        )
-        model_id = bytes(logs[0]["topics"][3]) if logs else None
-        if self._refund_timeout is None:
-            self._refund_timeout = self.chain.escrow.refund_timeout()
-        deposited_at = int(state["deposited_at"])
-        refund_at = deposited_at + self._refund_timeout if deposited_at else 0
-        return OnChainDeposit(
-            state["user"], int(state["amount"]), int(state["status"]), model_id, refund_at
-        )
-
-    async def deposit(self, query_id: bytes) -> OnChainDeposit:
-        try:
-            return await asyncio.to_thread(self._read, query_id)
-        except PlanetError as error:
-            raise NoCircuit(
-                "chain_unavailable", f"cannot read the deposit from the EVM chain: {error}"
-            ) from None
-
-    async def prepaid(self, payer: str) -> OnChainBalance:
-        try:
-            state = await asyncio.to_thread(self.chain.escrow.prepaid_of, payer)
-        except PlanetError as error:
-            raise NoCircuit(
-                "chain_unavailable", f"cannot read the balance from the EVM chain: {error}"
-            ) from None
-        return OnChainBalance(state["balance"], state["withdrawable_at"])
+__all__ = ["OnChainBalance", "OnChainDeposit", "PaymentDesk", "Reservation"]
 
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """A reserved query: what was checked and how much may be charged at most."""
+    """A reserved question: what was checked, who pays, and how much may be charged at most."""
 
-    proof: PaymentProof | VoucherProof
-    depositor: str  # the depositor, or the voucher's payer
-    allowed_wei: int
+    proof: Proof
+    payer: str  # the depositor, or the voucher's / key's payer
+    allowed_wei: int  # the hold: price × (prompt tokens + max_tokens)
+    query_id: bytes  # the proof's query id, or the one the desk made for a key question
+    ticket: int  # unique per reservation: what release / settle act on once
 
     @property
     def prepaid(self) -> bool:
-        return isinstance(self.proof, VoucherProof)
+        return isinstance(self.proof, VoucherProof | PaymentKeyProof)
 
     @property
     def query_hex(self) -> str:
-        return "0x" + self.proof.query_id.hex()
+        return "0x" + self.query_id.hex()
+
+
+@dataclass
+class KeyAccount:
+    """One payment key as this gateway knows it, per (payer, key id)."""
+
+    charged: int = 0  # wei charged under the key in all (the cumulative total reported)
+    held: int = 0  # wei held for its questions in flight
+    debited: int = 0  # how much of `charged` a posted root debited
+    questions: int = 0  # query ids made for it so far
+    revoked: bool = False
 
 
 class PaymentDesk:
@@ -173,6 +126,8 @@ class PaymentDesk:
         price_wei_per_token: int,
         receipts_path: Path | None = None,
         max_voucher_lifetime_s: int = 86_400,
+        max_key_lifetime_s: int = DEFAULT_MAX_KEY_LIFETIME_S,
+        min_authorization_lifetime_s: int = DEFAULT_MIN_AUTHORIZATION_LIFETIME_S,
         refund_margin_s: int = 0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -183,55 +138,71 @@ class PaymentDesk:
         self.model_id = model_id
         self.price = price_wei_per_token
         self.receipts_path = receipts_path
-        self._in_flight: set[bytes] = set()
-        self._receipts: dict[bytes, dict[str, Any]] = {}
-        self._holders: dict[bytes, bytes] = {}  # query id → holder_digest of the proof used
-        self._file_lock = threading.Lock()
+        self._log = ReceiptLog(receipts_path) if receipts_path is not None else None
         self.max_voucher_lifetime_s = max_voucher_lifetime_s
-        # A deposit whose refund opens sooner is refused: its user could take it back before the
-        # epoch's root lands (the escrow then skips it and the epoch pays pro rata).
+        self.max_key_lifetime_s = max_key_lifetime_s
+        # a voucher or key must stay valid this long after the question (timeline.py)
+        self.min_authorization_lifetime_s = min_authorization_lifetime_s
+        # a deposit whose refund opens sooner is refused (timeline.py)
         self.refund_margin_s = refund_margin_s
         self._clock = clock
-        # payer → wei reserved for its questions in flight + fees charged, not yet debited
+        self._open: dict[int, Reservation] = {}  # ticket → reservation in flight
+        self._in_flight: set[bytes] = set()  # query ids of open reservations
+        self._receipts: dict[bytes, dict[str, Any]] = {}
+        self._holders: dict[bytes, bytes] = {}  # query id → holder_digest of the proof used
+        # payer → wei held for its questions in flight + charged here, not yet debited
         self._outstanding: dict[str, int] = {}
-        self._undebited: dict[bytes, tuple[str, int]] = {}  # query id → (payer, fee)
-        if receipts_path is not None and receipts_path.exists():
-            self._load(receipts_path)
+        self._undebited: dict[bytes, tuple[str, int]] = {}  # voucher query id → (payer, fee)
+        self._keys: dict[tuple[str, bytes], KeyAccount] = {}  # (payer, key id) → account
+        if self._log is not None:
+            for entry in self._log.entries():
+                self._replay(entry)
 
-    def _load(self, path: Path) -> None:
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            try:
-                entry = json.loads(line)
-                if "debited" in entry:
-                    self._forget([bytes.fromhex(q[2:]) for q in entry["debited"]])
-                    continue
-                doc, holder = entry["receipt"], bytes.fromhex(entry["holder"])
-                query = bytes.fromhex(doc["query_id"][2:])
-                self._receipts[query] = doc
-                self._holders[query] = holder
-                if "payer" in doc:
-                    self._charge(query, doc["payer"], int(doc["fee_wei"]))
-            except (ValueError, KeyError, TypeError, AttributeError):
-                log.warning("skipping a damaged receipt line=%d file=%s", number, path)
+    # --- restart ---------------------------------------------------------------------------
+
+    def _replay(self, entry: dict[str, Any]) -> None:
+        try:
+            if "debited" in entry:
+                self._forget([as_bytes32(q, "debited") for q in entry["debited"]])
+            elif "key_debited" in entry:
+                item = entry["key_debited"]
+                self._key_debited(
+                    as_address(item["payer"]), as_bytes32(item["key_id"]), int(item["total_wei"])
+                )
+            elif "revoked" in entry:
+                item = entry["revoked"]
+                self._account(as_address(item["payer"]), as_bytes32(item["key_id"])).revoked = True
+            else:
+                self._replay_receipt(entry["receipt"], bytes.fromhex(entry["holder"]))
+        except (ValueError, KeyError, TypeError, AttributeError, ProtocolError):
+            log.warning("skipping a damaged receipt entry file=%s", self.receipts_path)
+
+    def _replay_receipt(self, doc: dict[str, Any], holder: bytes) -> None:
+        query = as_bytes32(doc["query_id"], "query_id")
+        fee = int(doc["fee_wei"])
+        self._receipts[query] = doc
+        self._holders[query] = holder
+        if "key" in doc:
+            payer = as_address(doc["payer"])
+            account = self._account(payer, as_bytes32(doc["key"]["key_id"]))
+            total = int(doc["key"]["total_wei"])
+            account.questions += 1
+            grown = max(0, total - account.charged)
+            account.charged += grown
+            self._hold(payer, grown)
+        elif "payer" in doc:
+            self._charge(query, as_address(doc["payer"]), fee)
+
+    # --- reserving -------------------------------------------------------------------------
 
     def required_wei(self, prompt_tokens: int, max_tokens: int) -> int:
         return self.price * (prompt_tokens + max_tokens)
 
-    async def reserve(
-        self, proof: PaymentProof | VoucherProof | PaymentKeyError, required_wei: int
-    ) -> Reservation:
-        if isinstance(proof, VoucherKeyError):
-            raise PaymentRequired(
-                "voucher_malformed",
-                f"payment required: {proof.message}. Send planet-voucher-v1.<query id>."
-                "<fee cap>.<expiry>.<signature> as the API key",
-            )
+    async def reserve(self, proof: Proof | PaymentKeyError, required_wei: int) -> Reservation:
         if isinstance(proof, PaymentKeyError):
-            raise PaymentRequired(
-                "payment_malformed",
-                f"payment required: {proof.message}. Deposit into QueryEscrow and send "
-                "planet-pay-v1.<query id>.<fee cap>.<signature> as the API key",
-            )
+            raise _malformed(proof)
+        if isinstance(proof, PaymentKeyProof):
+            return await self._reserve_key(proof, required_wei)
         query = proof.query_id
         if query in self._receipts or query in self._in_flight:
             if isinstance(proof, VoucherProof):
@@ -245,25 +216,49 @@ class PaymentDesk:
         self._in_flight.add(query)
         try:
             if isinstance(proof, VoucherProof):
-                return await self._check_voucher(proof, required_wei)
-            return await self._check(proof, required_wei)
+                payer = await self._check_voucher(proof, required_wei)
+            else:
+                payer = await self._check_deposit(proof, required_wei)
         except BaseException:
             self._in_flight.discard(query)
             raise
+        return self._opened(proof, payer, required_wei, query)
 
-    async def _check_voucher(self, proof: VoucherProof, required_wei: int) -> Reservation:
+    def _opened(self, proof: Proof, payer: str, required_wei: int, query: bytes) -> Reservation:
+        reservation = Reservation(proof, payer, required_wei, query, next(_tickets))
+        self._open[reservation.ticket] = reservation
+        self._in_flight.add(query)
+        log.info(
+            "payment reserved query=%s kind=%s hold=%d",
+            reservation.query_hex[:18],
+            _kind(proof),
+            required_wei,
+        )
+        return reservation
+
+    def _check_lifetime(self, expiry: int, kind: str, max_lifetime_s: int) -> None:
         now = int(self._clock())
-        if proof.expiry <= now:
+        if expiry <= now:
             raise PaymentRequired(
-                "voucher_expired",
-                f"the voucher expired at {proof.expiry} (now {now}); sign a new one",
+                f"{kind}_expired", f"the {kind} expired at {expiry} (now {now}); sign a new one"
             )
-        if proof.expiry > now + self.max_voucher_lifetime_s:
+        floor = now + self.min_authorization_lifetime_s
+        if expiry < floor:
             raise PaymentRequired(
-                "voucher_expiry_too_far",
-                f"the voucher expires at {proof.expiry}, more than "
-                f"{self.max_voucher_lifetime_s} s from now; sign one that expires sooner",
+                f"{kind}_expiring",
+                f"the {kind} expires at {expiry}, {expiry - now} s from now; this gateway needs "
+                f"at least {self.min_authorization_lifetime_s} s so the committee can still "
+                f"charge it after the question; sign one that expires later",
             )
+        if expiry > now + max_lifetime_s:
+            raise PaymentRequired(
+                f"{kind}_expiry_too_far",
+                f"the {kind} expires at {expiry}, more than {max_lifetime_s} s from now; "
+                "sign one that expires sooner",
+            )
+
+    async def _check_voucher(self, proof: VoucherProof, required_wei: int) -> str:
+        self._check_lifetime(proof.expiry, "voucher", self.max_voucher_lifetime_s)
         if required_wei > proof.fee_cap:
             raise PaymentRequired(
                 "voucher_over_cap",
@@ -277,30 +272,17 @@ class PaymentDesk:
                 "voucher_invalid", f"the voucher signature is invalid: {error}"
             ) from None
         account = await self.escrow.prepaid(payer)
-        # No await from here to the reservation: concurrent questions see each other's holds.
-        if account.withdrawable_at != 0:
-            raise PaymentRequired(
-                "balance_withdrawing",
-                f"the prepaid balance of {payer} is being withdrawn; cancel the withdrawal "
-                "or deposit from another wallet",
-            )
-        available = account.balance - self._outstanding.get(payer, 0)
-        if required_wei > available:
-            raise PaymentRequired(
-                "balance_insufficient",
-                f"this question may cost up to {required_wei} wei but the prepaid balance of "
-                f"{payer} has {max(available, 0)} wei not yet committed at this gateway; "
-                "deposit more (planet balance deposit)",
-            )
-        self._outstanding[payer] = self._outstanding.get(payer, 0) + required_wei
-        return Reservation(proof, payer, required_wei)
+        # No await from here to the hold: concurrent questions see each other's holds.
+        self._check_balance(payer, account, required_wei, key=False)
+        self._hold(payer, required_wei)
+        return payer
 
-    async def _check(self, proof: PaymentProof, required_wei: int) -> Reservation:
+    async def _check_deposit(self, proof: PaymentProof, required_wei: int) -> str:
         query = "0x" + proof.query_id.hex()
         deposit = await self.escrow.deposit(proof.query_id)
         if deposit.status == 0:
             raise PaymentRequired("payment_unfunded", f"query {query} has no deposit in the escrow")
-        if deposit.status != FUNDED:
+        if not deposit.funded:
             state = STATUS_NAMES.get(deposit.status, str(deposit.status))
             raise PaymentRequired(
                 "payment_closed", f"query {query} is {state}, not funded; make a new deposit"
@@ -317,15 +299,24 @@ class PaymentDesk:
                 f"the payment proof for query {query} is not signed by its depositor "
                 "(or not for this gateway and model)",
             )
+        if deposit.gateway is not None and deposit.gateway.lower() != self.gateway.lower():
+            raise PaymentRequired(
+                "payment_wrong_gateway",
+                f"query {query} was deposited for gateway {deposit.gateway}, not this one "
+                f"({self.gateway}); a deposit pays one gateway only: ask that gateway, or "
+                "deposit again for this one",
+            )
         if deposit.model_id != self.model_id:
             raise PaymentRequired(
                 "payment_wrong_model", f"query {query} was deposited for another model"
             )
-        if deposit.refund_at and deposit.refund_at < int(self._clock()) + self.refund_margin_s:
+        now = int(self._clock())
+        if deposit.refund_at and deposit.refund_at < now + self.refund_margin_s:
             raise PaymentRequired(
                 "payment_expiring",
-                f"the deposit of query {query} becomes refundable at {deposit.refund_at}, too "
-                "soon for this gateway to settle it; make a new deposit",
+                f"the deposit of query {query} becomes refundable at {deposit.refund_at}, "
+                f"{deposit.refund_at - now} s from now; this gateway needs {self.refund_margin_s} "
+                "s to settle it; make a new deposit",
             )
         if proof.fee_cap > deposit.amount:
             raise PaymentRequired(
@@ -338,14 +329,104 @@ class PaymentDesk:
                 f"this question may cost up to {required_wei} wei (price {self.price} wei × "
                 f"(prompt tokens + max_tokens)); the payment allows {proof.fee_cap} wei",
             )
-        return Reservation(proof, deposit.user, required_wei)
+        return deposit.user
 
-    def release(self, reservation: Reservation) -> None:
-        """The question failed: no charge, the id can be used again."""
-        self._in_flight.discard(reservation.proof.query_id)
-        if reservation.prepaid:
-            self._hold(reservation.depositor, -reservation.allowed_wei)
+    async def _reserve_key(self, proof: PaymentKeyProof, required_wei: int) -> Reservation:
+        self._check_lifetime(proof.expiry, "key", self.max_key_lifetime_s)
+        payer = self.key_payer(proof)
+        self._check_key_room(payer, proof, required_wei)  # before reading the chain
+        balance = await self.escrow.prepaid(payer)
+        # No await from here to the hold: concurrent questions see each other's holds.
+        self._check_key_room(payer, proof, required_wei)
+        self._check_balance(payer, balance, required_wei, key=True)
+        account = self._account(payer, proof.key_id)
+        account.held += required_wei
+        self._hold(payer, required_wei)
+        query = self._key_query_id(payer, proof.key_id, account)
+        return self._opened(proof, payer, required_wei, query)
+
+    def key_payer(self, proof: PaymentKeyProof) -> str:
+        """Who signed this key for this gateway, model and escrow (402 `key_invalid`)."""
+        try:
+            return proof.payer(self.model_id, self.gateway, self.domain)
+        except ProtocolError as error:
+            raise PaymentRequired(
+                "key_invalid", f"the payment key's signature is invalid: {error}"
+            ) from None
+
+    def _check_key_room(self, payer: str, proof: PaymentKeyProof, required_wei: int) -> None:
+        account = self._keys.get((payer, proof.key_id)) or KeyAccount()
+        if account.revoked:
+            raise PaymentRequired(
+                "key_revoked",
+                f"the payer revoked this payment key (0x{proof.key_id.hex()[:16]}…) at this "
+                "gateway; make a new key (planet key new)",
+            )
+        left = proof.cap - account.charged - account.held
+        if required_wei > left:
+            raise PaymentRequired(
+                "key_exhausted",
+                f"the payment key's cap of {proof.cap} wei is used up: {account.charged} wei "
+                f"charged and {account.held} wei held for questions in flight leave "
+                f"{max(left, 0)} wei, and this question may cost up to {required_wei} wei "
+                f"(price {self.price} wei × (prompt tokens + max_tokens)); make a new key "
+                "(planet key new) or ask with a smaller max_tokens",
+            )
+
+    def _check_balance(
+        self, payer: str, account: OnChainBalance, required_wei: int, *, key: bool
+    ) -> None:
+        if account.withdrawable_at != 0:
+            raise PaymentRequired(
+                "balance_withdrawing",
+                f"the prepaid balance of {payer} is being withdrawn; cancel the withdrawal "
+                "or deposit from another wallet",
+            )
+        held = self._outstanding.get(payer, 0)
+        available = account.balance - held
+        if required_wei <= available:
+            return
+        if key and account.balance == 0 and held == 0:
+            raise PaymentRequired(
+                "key_unfunded",
+                f"the payment key's signer {payer} has no prepaid balance for this gateway "
+                f"({self.gateway}): the balance was never funded (planet balance deposit), or "
+                "the key was made for another gateway, model, escrow or chain (its signature "
+                "then recovers to an unfunded address); make the key for this gateway "
+                "(planet key new --gateway URL)",
+            )
+        raise PaymentRequired(
+            "balance_insufficient",
+            f"this question may cost up to {required_wei} wei but the prepaid balance of "
+            f"{payer} for this gateway ({account.balance} wei) has {max(available, 0)} wei not "
+            f"yet committed here ({held} wei held or charged, not yet debited); deposit more "
+            "(planet balance deposit)",
+        )
+
+    def _key_query_id(self, payer: str, key_id: bytes, account: KeyAccount) -> bytes:
+        """A fresh query id for the next question paid by the key (receipts are found by it)."""
+        while True:
+            account.questions += 1
+            query = keccak(
+                b"planet-key-question"
+                + bytes.fromhex(payer[2:])
+                + key_id
+                + account.questions.to_bytes(8, "big")
+            )
+            if query not in self._receipts and query not in self._in_flight:
+                return query
+
+    # --- ending a reservation (once) -------------------------------------------------------
+
+    def release(self, reservation: Reservation) -> bool:
+        """The question ends with nothing delivered: return the hold, free the id. False (and
+        nothing done) when the reservation was already released or settled."""
+        if self._open.pop(reservation.ticket, None) is None:
+            return False
+        self._in_flight.discard(reservation.query_id)
+        self._unhold(reservation)
         log.info("payment released (no charge) query=%s", reservation.query_hex[:18])
+        return True
 
     def settle(
         self,
@@ -354,10 +435,17 @@ class PaymentDesk:
         completion_tokens: int,
         node_keys: Sequence[str],
     ) -> dict[str, Any]:
-        """Charge for what was served; the signed receipt (as JSON)."""
+        """Charge for what was delivered: the signed receipt (as JSON), on disk before it is
+        returned. Settling a settled reservation returns its receipt again; a released one
+        cannot be settled."""
+        if self._open.pop(reservation.ticket, None) is None:
+            done = self._receipts.get(reservation.query_id)
+            if done is None:
+                raise RuntimeError(f"query {reservation.query_hex} was released, not settled")
+            return done
         fee = min(self.price * (prompt_tokens + completion_tokens), reservation.allowed_wei)
         receipt = Receipt(
-            query_id=reservation.proof.query_id,
+            query_id=reservation.query_id,
             gateway=self.gateway,
             model_id=self.model_id,
             prompt_tokens=prompt_tokens,
@@ -366,24 +454,95 @@ class PaymentDesk:
             circuit_hash=circuit_hash(node_keys),
         )
         signature = sign_digest(self._key, receipt.digest(self.domain))
-        voucher = None
-        if isinstance(reservation.proof, VoucherProof):
-            voucher = (reservation.depositor, reservation.proof)
-            self._hold(reservation.depositor, -reservation.allowed_wei)
-            self._charge(reservation.proof.query_id, reservation.depositor, fee)
-        doc = receipt_json(receipt, signature, node_keys, voucher)
-        holder = holder_digest(reservation.proof)
-        self._receipts[reservation.proof.query_id] = doc
-        self._holders[reservation.proof.query_id] = holder
-        self._in_flight.discard(reservation.proof.query_id)
-        if self.receipts_path is not None:
-            line = json.dumps({"receipt": doc, "holder": holder.hex()}, separators=(",", ":"))
-            with self._file_lock, open(self.receipts_path, "a", encoding="utf-8") as handle:
-                handle.write(line + "\n")
+        self._unhold(reservation)
+        proof, payer = reservation.proof, reservation.payer
+        voucher, key = None, None
+        if isinstance(proof, VoucherProof):
+            voucher = (payer, proof)
+            self._charge(reservation.query_id, payer, fee)
+        elif isinstance(proof, PaymentKeyProof):
+            account = self._account(payer, proof.key_id)
+            account.charged += fee
+            self._hold(payer, fee)
+            key = KeyUse(payer, proof, account.charged)
+        doc = receipt_json(receipt, signature, node_keys, voucher, key)
+        holder = holder_digest(proof)
+        self._receipts[reservation.query_id] = doc
+        self._holders[reservation.query_id] = holder
+        self._in_flight.discard(reservation.query_id)
+        if self._log is not None:
+            self._log.append({"receipt": doc, "holder": holder.hex()})
         log.info(
-            "served query=%s fee=%d tokens=%d", reservation.query_hex[:18], fee, completion_tokens
+            "payment charged query=%s fee=%d prompt=%d completion=%d",
+            reservation.query_hex[:18],
+            fee,
+            prompt_tokens,
+            completion_tokens,
         )
         return doc
+
+    def _unhold(self, reservation: Reservation) -> None:
+        if isinstance(reservation.proof, PaymentKeyProof):
+            self._account(
+                reservation.payer, reservation.proof.key_id
+            ).held -= reservation.allowed_wei
+        if reservation.prepaid:
+            self._hold(reservation.payer, -reservation.allowed_wei)
+
+    # --- keys: revocation and status ------------------------------------------------------
+
+    async def revoke(self, key_id: bytes, signature: bytes) -> str:
+        """A payer-signed `KeyRevocation(this gateway, key_id)`: refuse that key from now on
+        (logged, so a restart keeps it). Returns the payer. 402 when the signature does not
+        recover, or when its signer has nothing here to revoke (no balance, no key use)."""
+        try:
+            payer = KeyRevocation(self.gateway, key_id).recover(signature, self.domain)
+        except ProtocolError as error:
+            raise PaymentRequired(
+                "revocation_invalid", f"the revocation's signature is invalid: {error}"
+            ) from None
+        if (payer, key_id) not in self._keys:
+            balance = await self.escrow.prepaid(payer)
+            if balance.balance == 0 and self._outstanding.get(payer, 0) == 0:
+                raise PaymentRequired(
+                    "key_unfunded",
+                    f"the revocation's signer {payer} has no prepaid balance for this gateway: "
+                    "no key of it can be spent here (sign the revocation with the key's payer "
+                    "wallet, for this gateway)",
+                )
+        account = self._account(payer, key_id)
+        if not account.revoked:
+            account.revoked = True
+            if self._log is not None:
+                self._log.append({"revoked": {"payer": payer, "key_id": "0x" + key_id.hex()}})
+            log.info("payment key revoked payer=%s key=%s", payer, key_id.hex()[:16])
+        return payer
+
+    def key_status(self, proof: PaymentKeyProof) -> dict[str, Any]:
+        """What the holder of a key may know about it here (`GET /v1/key`)."""
+        payer = self.key_payer(proof)
+        account = self._keys.get((payer, proof.key_id)) or KeyAccount()
+        return {
+            "key_id": "0x" + proof.key_id.hex(),
+            "payer": payer,
+            "gateway": self.gateway,
+            "cap_wei": str(proof.cap),
+            "charged_wei": str(account.charged),
+            "held_wei": str(account.held),
+            "left_wei": str(max(proof.cap - account.charged - account.held, 0)),
+            "debited_wei": str(account.debited),
+            "expiry": proof.expiry,
+            "revoked": account.revoked,
+            "payer_outstanding_wei": str(self._outstanding.get(payer, 0)),
+        }
+
+    def _account(self, payer: str, key_id: bytes) -> KeyAccount:
+        account = self._keys.get((payer, key_id))
+        if account is None:
+            account = self._keys[(payer, key_id)] = KeyAccount()
+        return account
+
+    # --- what is held, charged and debited ------------------------------------------------
 
     def receipt(self, query_id: bytes) -> dict[str, Any] | None:
         return self._receipts.get(query_id)
@@ -392,23 +551,61 @@ class PaymentDesk:
         """Wei this gateway holds against `payer`'s balance: in flight + charged, not debited."""
         return self._outstanding.get(payer, 0)
 
+    def in_flight(self) -> tuple[int, int]:
+        """(questions reserved and not yet charged or released, wei they hold)."""
+        return len(self._open), sum(r.allowed_wei for r in self._open.values())
+
     def undebited(self) -> dict[bytes, tuple[str, int]]:
-        """Prepaid charges served here and not yet debited on chain: query id → (payer, fee)."""
+        """Voucher charges served here and not yet debited on chain: query id → (payer, fee)."""
         return dict(self._undebited)
 
+    def undebited_keys(self) -> dict[tuple[str, bytes], tuple[int, int]]:
+        """Key totals not yet all debited: (payer, key id) → (charged, debited)."""
+        return {
+            key: (account.charged, account.debited)
+            for key, account in self._keys.items()
+            if account.charged > account.debited
+        }
+
     def mark_debited(self, query_ids: Iterable[bytes]) -> int:
-        """The posted root debited these prepaid queries: stop counting them against their
-        payers' balances (persisted in the receipts file). Returns how many were outstanding."""
+        """The posted root debited these voucher charges: stop counting them against their
+        payers' balances (logged). Returns how many were outstanding."""
         ids = [q for q in query_ids if q in self._undebited]
         self._forget(ids)
-        if ids and self.receipts_path is not None:
-            line = json.dumps({"debited": ["0x" + q.hex() for q in ids]}, separators=(",", ":"))
-            with self._file_lock, open(self.receipts_path, "a", encoding="utf-8") as handle:
-                handle.write(line + "\n")
+        if ids and self._log is not None:
+            self._log.append({"debited": ["0x" + q.hex() for q in ids]})
         return len(ids)
+
+    def mark_key_debited(self, payer: str, key_id: bytes, total: int) -> int:
+        """A posted root debited the key's cumulative total up to `total`: stop counting that
+        much against the payer (logged). Returns the wei newly debited."""
+        newly = self._key_debited(payer, key_id, total)
+        if newly and self._log is not None:
+            self._log.append(
+                {
+                    "key_debited": {
+                        "payer": payer,
+                        "key_id": "0x" + key_id.hex(),
+                        "total_wei": str(total),
+                    }
+                }
+            )
+        return newly
+
+    def _key_debited(self, payer: str, key_id: bytes, total: int) -> int:
+        account = self._account(payer, key_id)
+        debited = min(total, account.charged)
+        newly = max(0, debited - account.debited)
+        if newly:
+            account.debited = debited
+            self._hold(payer, -newly)
+            self._balance_changed(payer)
+        return newly
 
     def _hold(self, payer: str, delta: int) -> None:
         left = self._outstanding.get(payer, 0) + delta
+        if left < 0:
+            log.error("payer outstanding below zero payer=%s delta=%d", payer, delta)
         if left > 0:
             self._outstanding[payer] = left
         else:
@@ -423,28 +620,70 @@ class PaymentDesk:
             entry = self._undebited.pop(query, None)
             if entry is not None:
                 self._hold(entry[0], -entry[1])
+                self._balance_changed(entry[0])
 
-    def receipt_for(
-        self, proof: PaymentProof | VoucherProof | PaymentKeyError
-    ) -> dict[str, Any] | None:
-        """The receipt of the query this proof paid, only for the holder of that proof (a
-        receipt links a query id, public on chain, to the circuit's nodes: strangers get
-        nothing)."""
+    def _balance_changed(self, payer: str) -> None:
+        forget = getattr(self.escrow, "forget_balance", None)
+        if forget is not None:
+            forget(payer)
+
+    # --- receipts for their holders -------------------------------------------------------
+
+    def receipt_for(self, proof: Proof | PaymentKeyError, query_id: bytes) -> dict[str, Any] | None:
+        """The receipt of `query_id`, only for the holder of the proof that paid it (a receipt
+        links a query id to the circuit's nodes: strangers get nothing)."""
         if isinstance(proof, PaymentKeyError):
             return None
-        holder = self._holders.get(proof.query_id)
+        holder = self._holders.get(query_id)
         if holder is None or not hmac.compare_digest(holder, holder_digest(proof)):
             return None
-        return self._receipts.get(proof.query_id)
+        return self._receipts.get(query_id)
 
 
-def holder_digest(proof: PaymentProof | VoucherProof) -> bytes:
+def _kind(proof: Proof) -> str:
+    if isinstance(proof, VoucherProof):
+        return "voucher"
+    if isinstance(proof, PaymentKeyProof):
+        return "key"
+    return "deposit"
+
+
+def _malformed(error: PaymentKeyError) -> PaymentRequired:
+    if isinstance(error, VoucherKeyError):
+        return PaymentRequired(
+            "voucher_malformed",
+            f"payment required: {error.message}. Send planet-voucher-v1.<query id>."
+            "<fee cap>.<expiry>.<signature> as the API key",
+        )
+    if isinstance(error, KeyFormatError):
+        return PaymentRequired(
+            "key_malformed",
+            f"payment required: {error.message}. Send the planet-key-v1.<key id>.<cap>."
+            "<expiry>.<signature> that `planet key new` printed as the API key",
+        )
+    return PaymentRequired(
+        "payment_malformed",
+        f"payment required: {error.message}. Deposit into QueryEscrow and send "
+        "planet-pay-v1.<query id>.<fee cap>.<signature> as the API key (or a prepaid "
+        "voucher or payment key, docs/gateway.md)",
+    )
+
+
+def holder_digest(proof: Proof) -> bytes:
     """sha256 over the proof that paid a query (what `GET /v1/receipts` asks for again)."""
     if isinstance(proof, VoucherProof):
         return hashlib.sha256(
             b"voucher"
             + proof.query_id
             + proof.fee_cap.to_bytes(32, "big")
+            + proof.expiry.to_bytes(8, "big")
+            + proof.signature
+        ).digest()
+    if isinstance(proof, PaymentKeyProof):
+        return hashlib.sha256(
+            b"key"
+            + proof.key_id
+            + proof.cap.to_bytes(32, "big")
             + proof.expiry.to_bytes(8, "big")
             + proof.signature
         ).digest()

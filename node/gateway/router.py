@@ -7,8 +7,16 @@ eligible ones, so no node holds a fixed position for a user; the gateway keeps i
 session (one question: the nodes hold its KV cache).
 
 Entries are untrusted: an endpoint must be a plain `http(s)://host:port` URL, a node key 64 hex;
-anything else is skipped. Before a node is used the first time (and again after `VERIFY_TTL_S`)
-its `/info` must name this model's hash, the shard and the shard's layers from the manifest.
+anything else is skipped. A registered endpoint is a stranger's choice, so the router applies
+the nodes' public-address policy (node/server/next_hops.py) before it probes or dials one:
+with `public_only` (the default) an IP-literal endpoint that is not globally routable
+(loopback, private, link-local, ...) is skipped, and a host name is dialled only through a
+resolver that hands out global addresses (`PublicResolver` on the gateway's connector, run.py);
+`--private-endpoints` lifts the rule for a devnet or LAN. Probes never follow a redirect (the
+gateway's session refuses them too, `node.dial.refuse_redirects`).
+
+Before a node is used the first time (and again after `VERIFY_TTL_S`) its `/info` must name
+this model's hash, the shard and the shard's layers from the manifest.
 Nodes that failed a question sit out `COOLDOWN_S` locally (they stay on chain until the
 committee marks them DOWN).
 """
@@ -29,6 +37,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from node.gateway.errors import NoCircuit
+from node.server.next_hops import is_ip_literal, is_public_address
 from protocol.errors import PlanetError
 
 log = logging.getLogger(__name__)
@@ -90,8 +99,19 @@ def clean_endpoint(value: Any) -> str | None:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def routable_by_shard(entries: Iterable[Any], shard_count: int) -> dict[int, list[RoutableNode]]:
-    """Routable, well-formed entries grouped by shard (only shards 0..shard_count-1)."""
+def dialable(endpoint: str, public_only: bool) -> bool:
+    """Whether the address policy lets the gateway dial `endpoint` (a `clean_endpoint`): with
+    `public_only` an IP literal must be globally routable (names are checked at resolution)."""
+    if not public_only:
+        return True
+    host = urlsplit(endpoint).hostname or ""
+    return not is_ip_literal(host) or is_public_address(host)
+
+
+def routable_by_shard(
+    entries: Iterable[Any], shard_count: int, *, public_only: bool = True
+) -> dict[int, list[RoutableNode]]:
+    """Routable, well-formed, dialable entries grouped by shard (only shards 0..shard_count-1)."""
     out: dict[int, list[RoutableNode]] = {s: [] for s in range(shard_count)}
     for entry in entries:
         if not isinstance(entry, dict) or entry.get("routable") is not True:
@@ -99,6 +119,9 @@ def routable_by_shard(entries: Iterable[Any], shard_count: int) -> dict[int, lis
         key, endpoint = entry.get("key"), clean_endpoint(entry.get("endpoint"))
         shards = entry.get("shards")
         if not isinstance(key, str) or not _KEY.match(key) or endpoint is None:
+            continue
+        if not dialable(endpoint, public_only):
+            log.debug("skipping a non-public endpoint endpoint=%s", endpoint)
             continue
         if not isinstance(shards, list) or len(shards) != 1:
             continue
@@ -122,8 +145,10 @@ class Router:
         refresh_s: float = 2.0,
         max_sessions_per_node: int = 16,
         slot_wait_s: float = 60.0,
+        public_only: bool = True,
     ) -> None:
         self.source = source
+        self.public_only = public_only  # dial only globally routable endpoints
         self.model_hash = model_hash
         self.shard_layers = tuple(shard_layers)
         self.http = http
@@ -146,7 +171,8 @@ class Router:
             now = time.monotonic()
             if self._cache is None or now - self._cache[0] > self.refresh_s:
                 entries = await self.source.compute_nodes()
-                self._cache = (time.monotonic(), routable_by_shard(entries, self.shard_count))
+                view = routable_by_shard(entries, self.shard_count, public_only=self.public_only)
+                self._cache = (time.monotonic(), view)
             return self._cache[1]
 
     def mark_failed(self, node: RoutableNode) -> None:
@@ -164,7 +190,7 @@ class Router:
             return True
         try:
             async with asyncio.timeout(VERIFY_TIMEOUT_S):
-                async with self.http.get(f"{node.endpoint}/info") as answer:
+                async with self.http.get(f"{node.endpoint}/info", allow_redirects=False) as answer:
                     info = await answer.json(content_type=None) if answer.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             log.warning("node unreachable endpoint=%s error=%s", node.endpoint, error)
@@ -256,7 +282,9 @@ class Router:
         async def one(node: RoutableNode) -> None:
             try:
                 async with asyncio.timeout(2):
-                    async with self.http.get(f"{node.endpoint}/health") as answer:
+                    async with self.http.get(
+                        f"{node.endpoint}/health", allow_redirects=False
+                    ) as answer:
                         if answer.status == 200:
                             return
             except (aiohttp.ClientError, TimeoutError):

@@ -1,7 +1,8 @@
 """Start-up of `planet gateway serve`: wallet, EVM chain, committee, client head, then serve.
 
 Everything that can be wrong (deployment for another chain, an unreachable RPC, a missing
-manifest, a model not registered on chain) fails here, before the port is bound, with a
+manifest, a model not registered on chain, an escrow whose refund timeout is shorter than the
+settlement timeline needs: timeline.py) fails here, before the port is bound, with a
 `PlanetError` and a hint. `/health` answers 200 once the app is serving.
 """
 
@@ -17,11 +18,15 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from node.dial import refuse_redirects
 from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
-from node.gateway.payments import ChainEscrow, PaymentDesk
+from node.gateway.escrow_reads import BoundedReads, ChainEscrow
+from node.gateway.payments import PaymentDesk
 from node.gateway.router import CommitteeNodes, Router
-from node.gateway.settlement import DebitTracker, WorkLedger, WorkReporter
+from node.gateway.settlement import DebitTracker, WorkLedger, WorkReporter, ledger_paths
+from node.gateway.timeline import Timeline, check_refund_timeout
+from node.server.next_hops import PublicResolver
 from protocol.eip712 import as_bytes32
 from protocol.errors import ConfigError, PlanetError, UnavailableError
 from protocol.payment import payment_domain
@@ -59,7 +64,7 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         )
     committee = CommitteeRpc(config.committee_rpc)
     try:
-        await committee.abci_query("/params")
+        params = await committee.abci_query("/params")
     except PlanetError as error:
         await committee.close()
         raise UnavailableError(
@@ -68,11 +73,23 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         ) from None
     configure_torch_threads(int(os.environ.get("PLANET_GATEWAY_THREADS", "1")))
     head = await asyncio.to_thread(ClientHead.load, config.manifest, "cpu")
-    http = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=300),
-        timeout=aiohttp.ClientTimeout(total=config.node_timeout_s),
-        skip_auto_headers=("User-Agent",),
+    escrow_reader = ChainEscrow(chain, wallet.address)
+    timeline = Timeline(
+        report_max_wait_s=config.report_max_wait_s,
+        report_every_s=config.report_every_s,
+        epoch_blocks=_epoch_blocks(params),
+        block_time_s=config.committee_block_s,
+        commit_margin_s=config.commit_margin_s,
+        posting_margin_s=config.posting_margin_s,
     )
+    refund_margin_s = _refund_margin(config, timeline)
+    refund_timeout = await asyncio.to_thread(escrow_reader.refund_timeout)
+    try:
+        check_refund_timeout(refund_timeout, refund_margin_s, timeline)
+    except PlanetError:
+        await committee.close()
+        raise
+    http = node_session(config)
     router = Router(
         CommitteeNodes(committee, manifest.model_hash),
         model_hash=manifest.model_hash,
@@ -81,17 +98,32 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         refresh_s=config.routing_refresh_s,
         max_sessions_per_node=config.max_sessions_per_node,
         slot_wait_s=config.slot_wait_s,
+        public_only=not config.private_endpoints,
     )
     escrow = chain.deployment.address("QueryEscrow")
+    reads = BoundedReads(
+        escrow_reader, max_concurrent=config.chain_reads, max_waiting=config.chain_read_queue
+    )
     desk = PaymentDesk(
-        ChainEscrow(chain),
+        reads,
         domain=payment_domain(chain.chain_id, escrow),
         gateway_address=wallet.address,
         gateway_key=bytes(wallet.key),
         model_id=model_id,
         price_wei_per_token=config.price_wei_per_token,
         receipts_path=config.receipts_path,
-        refund_margin_s=config.refund_margin_s,
+        max_voucher_lifetime_s=config.max_voucher_lifetime_s,
+        max_key_lifetime_s=config.max_key_lifetime_s,
+        min_authorization_lifetime_s=timeline.min_authorization_lifetime_s,
+        refund_margin_s=refund_margin_s,
+    )
+    log.info(
+        "payment timeline: vouchers and keys must live >= %d s after a question; deposits "
+        "must stay unrefundable >= %d s (escrow refund timeout %d s); %s",
+        timeline.min_authorization_lifetime_s,
+        refund_margin_s,
+        refund_timeout,
+        timeline.describe(),
     )
     gateway = Gateway(
         config=config,
@@ -108,9 +140,53 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
             [tuple(s.layers) for s in manifest.shards],
             min_questions=config.report_min_questions,
             max_wait_s=config.report_max_wait_s,
+            journal=ledger_paths(config.receipts_path)[0],
+            refused_path=ledger_paths(config.receipts_path)[1],
         ),
     )
     return gateway, [http, committee]
+
+
+def node_session(config: GatewayConfig) -> aiohttp.ClientSession:
+    """The session the gateway dials nodes on (probes, circuits). Registered endpoints are
+    strangers' choice: public addresses only unless `private_endpoints` (names resolve to
+    global addresses only), and never a redirect's Location (router.py, node/dial.py)."""
+    resolver = None if config.private_endpoints else PublicResolver()
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=300, resolver=resolver),
+        timeout=aiohttp.ClientTimeout(total=config.node_timeout_s),
+        skip_auto_headers=("User-Agent",),
+        middlewares=(refuse_redirects,),
+    )
+
+
+def _epoch_blocks(params: Any) -> int:
+    """The committee's epoch length in blocks (genesis `epoch_length` in `/params`)."""
+    genesis = params.get("genesis") if isinstance(params, dict) else None
+    length = genesis.get("epoch_length") if isinstance(genesis, dict) else None
+    if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+        return length
+    raise UnavailableError(
+        "the committee's /params names no epoch_length",
+        hint="point --committee-rpc at a Planet committee validator",
+    )
+
+
+def _refund_margin(config: GatewayConfig, timeline: Timeline) -> int:
+    """The configured margin, else the one the timeline derives (a smaller configured one is
+    the operator's choice, logged)."""
+    derived = timeline.refund_margin_s
+    if config.refund_margin_s is None:
+        return derived
+    if config.refund_margin_s < derived:
+        log.warning(
+            "refund margin %d s is below the %d s the settlement timeline needs (%s): a "
+            "deposit could be refunded before its charge lands",
+            config.refund_margin_s,
+            derived,
+            timeline.describe(),
+        )
+    return config.refund_margin_s
 
 
 def committee_key_path(config: GatewayConfig) -> Path:
@@ -128,8 +204,9 @@ async def _work_reporter(
     key = await asyncio.to_thread(load_or_create_node_key, committee_key_path(config), password)
     log.info("work reports signed by gateway key=%s", key.verify_key.encode().hex())
     link = CommitteeLink([config.committee_rpc], key)
-    debits = DebitTracker(link, desk.escrow.chain, desk)  # prepaid charges a posted root covered
-    return WorkReporter(ledger, link, debits=debits)
+    chain = desk.escrow.inner.chain  # BoundedReads → ChainEscrow → PlanetChain
+    debits = DebitTracker(link, chain.escrow, desk)  # prepaid charges a posted root covered
+    return WorkReporter(ledger, link, every_s=config.report_every_s, debits=debits)
 
 
 def serve(config: GatewayConfig, password: str) -> None:
@@ -140,7 +217,9 @@ def serve(config: GatewayConfig, password: str) -> None:
 
 async def _serve(config: GatewayConfig, password: str) -> None:
     gateway, resources = await build(config, password)
-    runner = web.AppRunner(create_app(gateway), access_log=None)
+    # a client that hangs up cancels its handler at once: the nodes stop, and the question's
+    # payment charges what the nodes did for it (payment_state.py)
+    runner = web.AppRunner(create_app(gateway), access_log=None, handler_cancellation=True)
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
@@ -170,10 +249,10 @@ async def _serve(config: GatewayConfig, password: str) -> None:
         await stop.wait()
         if reporter_task is not None:
             await reporter_task
-            try:
-                await reporter.flush(force=True)  # what the last questions earned
+            try:  # what the last questions earned; the ledger file keeps whatever is left
+                await asyncio.wait_for(reporter.flush(force=True), timeout=30)
             except Exception as error:  # the committee may be down too at shutdown
-                log.warning("last work_report not sent: %r", error)
+                log.warning("last work_report not sent (kept in the ledger file): %r", error)
             await reporter.link.close()
     finally:
         await runner.cleanup()

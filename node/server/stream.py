@@ -7,7 +7,10 @@ connection per next URL, shared by all sessions) and attaches the session there 
 token. Each frame is one work item for the batcher (decode steps of sessions arriving
 together run as one batched forward); its output goes on down the circuit, or, from the last hop,
 back on the client's link. A refusal is sent by name to the client's link of the refusing hop.
-When a client's link closes, the sessions it opened are closed (KV freed).
+When a client's link closes, the sessions it opened are closed (KV freed). Next hops are dialled
+only after the next-hop policy allowed them (next_hops.py), on a session that never follows a
+redirect (`node.dial.refuse_redirects`): a 30x from a next hop fails the dial, its Location is
+never contacted.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import aiohttp
 import numpy as np
 from aiohttp import web
 
+from node.dial import refuse_redirects
 from node.server.config import ServerConfig
 from node.server.next_hops import PublicResolver, build_policy
 from node.server.peers import peer_key
@@ -500,7 +504,10 @@ async def close_links(app: web.Application) -> AsyncIterator[None]:
     connector = None
     if config.next_hops.public_only:  # registered endpoints are strangers' choice
         connector = aiohttp.TCPConnector(resolver=PublicResolver())
-    http = aiohttp.ClientSession(skip_auto_headers=("User-Agent",), connector=connector)
+    # next hops are strangers' choice: a redirect would dial its Location behind the policy
+    http = aiohttp.ClientSession(
+        skip_auto_headers=("User-Agent",), connector=connector, middlewares=(refuse_redirects,)
+    )
     state.links = DownLinks(http, state, config.max_request_bytes)
     state.next_hops = _next_hop_policy(config, state, http)
     yield

@@ -1,17 +1,21 @@
 """`PayoutRelay`: a validator signs each closed epoch's payout statement once and, when the
 committee has gathered ≥ 2/3 of the power, relays it to the escrow.
 
+A statement is named by its number (`epoch` in the escrow's words): an epoch the committee
+settled in several pages has one statement per page (page p of epoch e is e + p·2^32), each
+signed, confirmed and posted on its own.
+
 One `step()`:
-1. `/payouts` (the stored epochs, newest first): for each epoch not settled locally yet, read
-   its statement (`/payouts?epoch=N`);
+1. `/payouts` (the stored statements, newest first, up to `listing`): for each one not settled
+   locally yet, read it (`/payouts?epoch=N`);
 2. not signed by this validator's operator yet → check the statement is bound to this
    deployment's QueryEscrow, sign `PayoutRoot` (committee EIP-712 domain), send `payout_vote`.
    The chain rebuilds the statement from its own record and checks the signature; the same
    statement signed twice is the same signature (RFC 6979) and the chain answers
    DUPLICATE_VOTE, never a second statement;
-3. `confirmed` (≥ 2/3) and the escrow has no root for the epoch → `postPayoutRoot(statement,
-   query ids, fees, signatures sorted by signer)`. `EpochAlreadyPosted` (another validator was
-   first) counts as done.
+3. `confirmed` (≥ 2/3) and the escrow has no root for the number → `postPayoutRoot(statement,
+   Charges(query ids, fees, payers, gateways, debits), signatures sorted by signer)`.
+   `EpochAlreadyPosted` (another validator was first) counts as done.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class Escrow(Protocol):
         signatures: Any,
         *,
         payers: Any = (),
+        gateways: Any = (),
         debits: Any = (),
     ) -> Any: ...
 
@@ -77,6 +82,7 @@ class PayoutRelay:
     domain: Domain
     signed: set[int] = field(default_factory=set)
     posted: set[int] = field(default_factory=set)
+    listing: int = 200  # statements read per pass (an epoch may close into several pages)
 
     @property
     def operator(self) -> str:
@@ -86,7 +92,7 @@ class PayoutRelay:
 
     async def step(self) -> list[tuple[str, int]]:
         """One pass; returns what was done as ("signed" | "posted", epoch) pairs."""
-        listing = await self.committee.query("/payouts", limit=20)
+        listing = await self.committee.query("/payouts", limit=self.listing)
         done: list[tuple[str, int]] = []
         for summary in sorted(listing.get("epochs", []), key=lambda e: int(e["epoch"])):
             epoch = int(summary["epoch"])
@@ -128,7 +134,9 @@ class PayoutRelay:
         query_ids = [bytes.fromhex(str(q)[2:]) for q in view["query_ids"]]
         fees = [int(f) for f in view["fees"]]
         signatures = [bytes.fromhex(str(s)[2:]) for s in view["signatures"]]
-        payers = [str(p) for p in view.get("payers", [])]  # prepaid debits, payers ascending
+        # prepaid debits per (payer, gateway), pairs ascending
+        payers = [str(p) for p in view.get("payers", [])]
+        gateways = [str(g) for g in view.get("gateways", [])]
         debits = [int(d) for d in view.get("debits", [])]
         try:
             await asyncio.to_thread(
@@ -139,6 +147,7 @@ class PayoutRelay:
                     fees,
                     signatures,
                     payers=payers,
+                    gateways=gateways,
                     debits=debits,
                 )
             )

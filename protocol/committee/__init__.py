@@ -24,7 +24,7 @@ Modules, read bottom-up:
                       RevealRecord)
     verification.py   verdict_vote (VerdictVote), seed_commit / seed_reveal (SeedCommit,
                       SeedReveal, seed_commitment), spot_check_report (SpotCheckReport)
-    settlement.py     work_report (WorkReport of NodeWork, PrepaidItem), contribution
+    settlement.py     work_report (WorkReport of NodeWork, ChargeItem), contribution
                       (Contribution of ShardWork), payout_vote (PayoutVote)
     credits.py        credit_key (CreditKey), mint (Mint), redeem (Redeem): bearer credits
     envelope.py       SignedTx, sign / encode / decode, the type → body registry, and

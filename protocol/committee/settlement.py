@@ -1,9 +1,10 @@
 """Settlement txs: gateway work reports, node contributions, payout votes.
 
-`work_report` (a gateway): per-node work aggregates, settled query fees and prepaid charges;
+`work_report` (a gateway): per-node work aggregates, settled query fees and cumulative charges
+under payer-signed authorizations (`ChargeItem`), each item judged on its own by the chain;
 `contribution` (a compute node): its own per-shard count, credited only up to what gateways
-reported; `payout_vote` (a validator): a signature over an epoch's `PayoutRoot` statement. The
-chain's rules: `abci_app/settlement.py`.
+reported; `payout_vote` (a validator): a signature over a `PayoutRoot` statement, named by its
+number (`statement_number(epoch, page)`). The chain's rules: `abci_app/settlement.py`.
 """
 
 from __future__ import annotations
@@ -69,90 +70,139 @@ def _shard_fields(item: list[Any], where: str) -> tuple[str, int, int, int]:
 
 
 MAX_DEBIT_WEI = (1 << 128) - 1  # QueryEscrow keeps a prepaid balance in a uint128
+CHARGE_KINDS = ("key", "voucher")  # ascending: the wire order of a report's charges
+
+# A payout statement's number (what the escrow calls its epoch): page 0 of committee epoch e is
+# e itself; page p >= 1 is e + p * 2^32, so every page has a number of its own and one-page
+# epochs keep their epoch number (abci_app/settlement.py, "pages").
+PAGE_SHIFT = 32
+MAX_COMMITTEE_EPOCH = (1 << PAGE_SHIFT) - 1
+
+
+def statement_number(epoch: int, page: int) -> int:
+    """The statement number of `page` of committee epoch `epoch` (page 0 is the epoch itself)."""
+    return epoch + (page << PAGE_SHIFT)
+
+
+def statement_page(number: int) -> tuple[int, int]:
+    """(committee epoch, page) of a statement number (the inverse of `statement_number`)."""
+    return number & MAX_COMMITTEE_EPOCH, number >> PAGE_SHIFT
+
+
+def _wei(value: Any, where: str) -> int:
+    if not isinstance(value, str) or not UINT_DEC.match(value) or int(value) > MAX_DEBIT_WEI:
+        raise TxDecodeError(f"{where}: expected a decimal wei string < 2^128")
+    return int(value)
 
 
 @dataclass(frozen=True, slots=True)
-class PrepaidItem:
-    """One prepaid question a gateway charged: what the chain needs to debit `payer` — the
-    payer-signed voucher (`gateway`, `query_id`, `model_id`, `fee_cap`, `expiry`, signature)
-    and the `fee` charged. No node, circuit or session: a payer is never tied to nodes here.
+class ChargeItem:
+    """A cumulative charge under one payer-signed authorization: "the total `gateway` charged
+    `payer` under (`kind`, `id`) is now `total` wei". `kind` "voucher": a
+    `protocol.payment.Voucher` for one question (`id` its query id, `cap` its fee cap);
+    "key": a `protocol.payment.PaymentKey` for many questions (`id` its key id, `cap` its cap).
+    The chain debits `total` minus what it charged under the same authorization before, so an
+    item sent twice never charges twice. No node, circuit or session: a payer is never tied to
+    nodes here.
 
-    Wire: `[gateway, payer, query id, model id, fee, fee cap, expiry, voucher signature]`,
-    addresses lowercase 0x-hex, fee and cap decimal wei strings (< 2^128), expiry unix seconds."""
+    Wire: `[kind, gateway, payer, id, model id, total, cap, expiry, signature]`, addresses
+    lowercase 0x-hex, total and cap decimal wei strings (< 2^128), expiry unix seconds."""
 
+    kind: str
     gateway: str
     payer: str
-    query_id: str
+    id: str
     model_id: str
-    fee: int
-    fee_cap: int
+    total: int
+    cap: int
     expiry: int
     signature: str
 
+    WIDTH: ClassVar[int] = 9
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        """(payer, gateway, kind, id): the authorization the total is kept under."""
+        return (self.payer, self.gateway, self.kind, self.id)
+
+    @property
+    def name(self) -> str:
+        """`payer/gateway/kind/id`: how the chain and the reporter name this item."""
+        return "/".join(self.key)
+
     def to_json(self) -> list[Any]:
         return [
+            self.kind,
             self.gateway,
             self.payer,
-            self.query_id,
+            self.id,
             self.model_id,
-            str(self.fee),
-            str(self.fee_cap),
+            str(self.total),
+            str(self.cap),
             self.expiry,
             self.signature,
         ]
 
     @classmethod
-    def from_json(cls, item: list[Any]) -> PrepaidItem:
-        where = "body.prepaid[]"
-        amounts = []
-        for value, name in ((item[4], "fee"), (item[5], "fee_cap")):
-            if not isinstance(value, str) or not UINT_DEC.match(value):
-                raise TxDecodeError(f"{where}.{name}: expected a decimal wei string < 2^128")
-            if int(value) > MAX_DEBIT_WEI:
-                raise TxDecodeError(f"{where}.{name}: expected a decimal wei string < 2^128")
-            amounts.append(int(value))
+    def from_json(cls, item: list[Any]) -> ChargeItem:
+        where = "body.charges[]"
+        kind = item[0]
+        if kind not in CHARGE_KINDS:
+            raise TxDecodeError(f"{where}.kind: expected one of {', '.join(CHARGE_KINDS)}")
         return cls(
-            gateway=check.text(item[0], f"{where}.gateway", ADDRESS_LOWER),
-            payer=check.text(item[1], f"{where}.payer", ADDRESS_LOWER),
-            query_id=check.text(item[2], f"{where}.query_id", HEX32_0X),
-            model_id=check.text(item[3], f"{where}.model_id", HEX32_0X),
-            fee=amounts[0],
-            fee_cap=amounts[1],
-            expiry=check.integer(item[6], f"{where}.expiry", 0, U64),
-            signature=check.text(item[7], f"{where}.signature", SIG65),
+            kind=kind,
+            gateway=check.text(item[1], f"{where}.gateway", ADDRESS_LOWER),
+            payer=check.text(item[2], f"{where}.payer", ADDRESS_LOWER),
+            id=check.text(item[3], f"{where}.id", HEX32_0X),
+            model_id=check.text(item[4], f"{where}.model_id", HEX32_0X),
+            total=_wei(item[5], f"{where}.total"),
+            cap=_wei(item[6], f"{where}.cap"),
+            expiry=check.integer(item[7], f"{where}.expiry", 0, U64),
+            signature=check.text(item[8], f"{where}.signature", SIG65),
         )
+
+
+def work_name(item: NodeWork) -> str:
+    """`node/model/shard`: how the chain and the reporter name a work item."""
+    return f"{item.node}/{item.model}/{item.shard}"
 
 
 @dataclass(frozen=True, slots=True)
 class WorkReport:
-    """A gateway's batch: per-node aggregates of the work in its signed receipts, and the query
-    ids it settled with their fees. The two lists are not linked to each other (no session, no
-    per-query node): nothing here ties a question to the nodes that computed it.
+    """A gateway's batch: per-node aggregates of the work in its signed receipts, the query
+    ids it settled with their fees, and the cumulative charges of its prepaid payers. The lists
+    are not linked to each other (no session, no per-query node): nothing here ties a question
+    to the nodes that computed it. The chain judges every item on its own.
 
     Wire: `{"work": [[node, model, shard, layers, tokens], ...], "queries": [[query id, fee wei
-    as a decimal string], ...]}`; work strictly ascending by (node, model, shard), queries
-    strictly ascending by id, at most 1024 each, at least one item in all."""
+    as a decimal string], ...], "charges": [ChargeItem, ...]}`; work strictly ascending by
+    (node, model, shard), queries by id, charges by (payer, gateway, kind, id); at most 1024
+    items in each list, at least one item in all; `charges` absent when empty."""
 
     work: tuple[NodeWork, ...]
     queries: tuple[tuple[str, int], ...]
-    prepaid: tuple[PrepaidItem, ...] = ()
+    charges: tuple[ChargeItem, ...] = ()
 
     TYPE: ClassVar[str] = "work_report"
+
+    @property
+    def items(self) -> int:
+        return len(self.work) + len(self.queries) + len(self.charges)
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "queries": [[query_id, str(fee)] for query_id, fee in self.queries],
             "work": [w.to_json() for w in self.work],
         }
-        if self.prepaid:  # absent when empty: reports without prepaid charges keep their bytes
-            doc["prepaid"] = [p.to_json() for p in self.prepaid]
+        if self.charges:  # absent when empty: reports without charges keep their bytes
+            doc["charges"] = [c.to_json() for c in self.charges]
         return doc
 
     @classmethod
     def from_json(cls, body: Any) -> WorkReport:
         keys = {"queries", "work"}
-        if isinstance(body, dict) and "prepaid" in body:
-            keys.add("prepaid")
+        if isinstance(body, dict) and "charges" in body:
+            keys.add("charges")
         b = check.exact_object(body, "body", keys)
         work = []
         for item in check.rows(b["work"], "body.work", 5, MAX_REPORT_ITEMS):
@@ -171,18 +221,20 @@ class WorkReport:
         ids = [q for q, _ in queries]
         if ids != sorted(set(ids)):
             raise TxDecodeError("body.queries: must be strictly ascending by id")
-        prepaid: list[PrepaidItem] = []
-        if "prepaid" in b:
-            items = check.rows(b["prepaid"], "body.prepaid", 8, MAX_REPORT_ITEMS)
+        charges: list[ChargeItem] = []
+        if "charges" in b:
+            items = check.rows(b["charges"], "body.charges", ChargeItem.WIDTH, MAX_REPORT_ITEMS)
             if not items:
-                raise TxDecodeError("body.prepaid: omit the key instead of an empty list")
-            prepaid = [PrepaidItem.from_json(item) for item in items]
-            charged = [(p.payer, p.query_id) for p in prepaid]
-            if charged != sorted(set(charged)):
-                raise TxDecodeError("body.prepaid: must be strictly ascending by (payer, query id)")
-        if not work and not queries and not prepaid:
+                raise TxDecodeError("body.charges: omit the key instead of an empty list")
+            charges = [ChargeItem.from_json(item) for item in items]
+            named = [c.key for c in charges]
+            if named != sorted(set(named)):
+                raise TxDecodeError(
+                    "body.charges: must be strictly ascending by (payer, gateway, kind, id)"
+                )
+        if not work and not queries and not charges:
             raise TxDecodeError("body: an empty report")
-        return cls(tuple(work), tuple(queries), tuple(prepaid))
+        return cls(tuple(work), tuple(queries), tuple(charges))
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +267,9 @@ class Contribution:
 
 @dataclass(frozen=True, slots=True)
 class PayoutVote:
-    """A validator's operator-key EIP-712 signature over the chain's `PayoutRoot` statement of
-    `epoch` (the chain rebuilds the statement from its own record; the vote carries only the
-    signature)."""
+    """A validator's operator-key EIP-712 signature over the chain's `PayoutRoot` statement
+    number `epoch` (a page of a committee epoch, `statement_number`; the chain rebuilds the
+    statement from its own record, the vote carries only the signature)."""
 
     epoch: int
     signature: str

@@ -13,13 +13,13 @@ const EpochStatus = { None: 0n, Posted: 1n, Disputed: 2n };
 describe("QueryEscrow", function () {
   async function fixture() {
     const env = await h.deployAll();
-    const [deployer, user, user2, op1, op2, stranger] = await ethers.getSigners();
+    const [deployer, user, user2, op1, op2, stranger, gateway, gateway2] = await ethers.getSigners();
     const receiver = await (await ethers.getContractFactory("ReentrantReceiver")).deploy();
     const q1 = ethers.id("query-1");
     const q2 = ethers.id("query-2");
-    await env.escrow.connect(user).deposit(q1, ethers.id("model"), { value: FEE_CAP });
-    await env.escrow.connect(user2).deposit(q2, ethers.id("model"), { value: FEE_CAP });
-    return { ...env, deployer, user, user2, op1, op2, stranger, receiver, q1, q2 };
+    await env.escrow.connect(user).deposit(q1, ethers.id("model"), gateway.address, { value: FEE_CAP });
+    await env.escrow.connect(user2).deposit(q2, ethers.id("model"), gateway.address, { value: FEE_CAP });
+    return { ...env, deployer, user, user2, op1, op2, stranger, gateway, gateway2, receiver, q1, q2 };
   }
 
   /** Signs and returns everything for an epoch paying `entries` for `queryIds`/`fees`. */
@@ -60,11 +60,11 @@ describe("QueryEscrow", function () {
   });
 
   describe("deposit", function () {
-    it("deposit_fresh_fundsQuery", async function () {
-      const { escrow, user } = await loadFixture(fixture);
+    it("deposit_fresh_fundsQueryBoundToModelAndGateway", async function () {
+      const { escrow, user, gateway2 } = await loadFixture(fixture);
       const q = ethers.id("fresh");
-      const tx = escrow.connect(user).deposit(q, ethers.id("smollm2"), { value: 123n });
-      await expect(tx).to.emit(escrow, "Deposited").withArgs(q, user.address, ethers.id("smollm2"), 123n);
+      const tx = escrow.connect(user).deposit(q, ethers.id("smollm2"), gateway2.address, { value: 123n });
+      await expect(tx).to.emit(escrow, "Deposited").withArgs(q, user.address, ethers.id("smollm2"), gateway2.address, 123n);
       await expect(tx).to.changeEtherBalances([user, escrow], [-123n, 123n]);
       expect(await escrow.isFunded(q)).to.equal(true);
       const d = await escrow.depositOf(q);
@@ -72,31 +72,73 @@ describe("QueryEscrow", function () {
       expect(d.amount).to.equal(123n);
       expect(d.status).to.equal(QueryStatus.Funded);
       expect(d.depositedAt).to.equal(BigInt(await time.latest()));
+      expect(d.modelId).to.equal(ethers.id("smollm2"));
+      expect(d.gateway).to.equal(gateway2.address);
+    });
+    it("depositOf_manyModelsAndGateways_eachQueryKeepsItsOwn", async function () {
+      const { escrow, user, gateway, gateway2, q1 } = await loadFixture(fixture);
+      // models named again, new ones, and the zero id, in an interleaved order
+      const cases = [
+        ["a", ethers.id("model"), gateway2],
+        ["b", ethers.id("other model"), gateway],
+        ["c", ethers.ZeroHash, gateway2],
+        ["d", ethers.id("other model"), gateway2],
+        ["e", ethers.id("model"), gateway],
+      ];
+      for (const [label, model, gw] of cases) await escrow.connect(user).deposit(ethers.id(label), model, gw.address, { value: 5n });
+      for (const [label, model, gw] of cases) {
+        const d = await escrow.depositOf(ethers.id(label));
+        expect([d.modelId, d.gateway], label).to.deep.equal([model, gw.address]);
+      }
+      expect((await escrow.depositOf(q1)).modelId).to.equal(ethers.id("model"));
+      // a settled or refunded query still names its model and gateway
+      await time.increase(h.DEFAULTS.refundTimeout);
+      await escrow.connect(user).refund(ethers.id("b"));
+      const d = await escrow.depositOf(ethers.id("b"));
+      expect([d.status, d.modelId, d.gateway]).to.deep.equal([QueryStatus.Refunded, ethers.id("other model"), gateway.address]);
+    });
+    it("deposit_secondForKnownModel_costsLessThanFirst", async function () {
+      const { escrow, user, gateway } = await loadFixture(fixture);
+      const gasOf = async (tx) => (await (await tx).wait()).gasUsed;
+      const first = await gasOf(escrow.connect(user).deposit(ethers.id("g1"), ethers.id("new model"), gateway.address, { value: 5n }));
+      const again = await gasOf(escrow.connect(user).deposit(ethers.id("g2"), ethers.id("new model"), gateway.address, { value: 5n }));
+      // the model id is stored once: a deposit for a known model writes two slots, not three
+      expect(first - again).to.be.greaterThan(40000n);
+      expect(again).to.be.lessThan(75000n);
     });
     it("deposit_maxAmount_accepted", async function () {
-      const { escrow, user } = await loadFixture(fixture);
-      await escrow.connect(user).deposit(ethers.id("max"), ethers.ZeroHash, { value: MAX_DEPOSIT });
+      const { escrow, user, gateway } = await loadFixture(fixture);
+      await escrow.connect(user).deposit(ethers.id("max"), ethers.ZeroHash, gateway.address, { value: MAX_DEPOSIT });
       expect((await escrow.depositOf(ethers.id("max"))).amount).to.equal(MAX_DEPOSIT);
     });
     it("deposit_zeroOrTooLarge_reverts", async function () {
-      const { escrow, user } = await loadFixture(fixture);
-      await expect(escrow.connect(user).deposit(ethers.id("z"), ethers.ZeroHash))
+      const { escrow, user, gateway } = await loadFixture(fixture);
+      await expect(escrow.connect(user).deposit(ethers.id("z"), ethers.ZeroHash, gateway.address))
         .to.be.revertedWithCustomError(escrow, "InvalidDepositAmount")
         .withArgs(0n, MAX_DEPOSIT);
-      await expect(escrow.connect(user).deposit(ethers.id("z"), ethers.ZeroHash, { value: MAX_DEPOSIT + 1n }))
+      await expect(escrow.connect(user).deposit(ethers.id("z"), ethers.ZeroHash, gateway.address, { value: MAX_DEPOSIT + 1n }))
         .to.be.revertedWithCustomError(escrow, "InvalidDepositAmount")
         .withArgs(MAX_DEPOSIT + 1n, MAX_DEPOSIT);
     });
+    it("deposit_zeroGateway_revertsInvalidGateway", async function () {
+      const { escrow, user } = await loadFixture(fixture);
+      await expect(escrow.connect(user).deposit(ethers.id("z"), ethers.ZeroHash, ethers.ZeroAddress, { value: 1n }))
+        .to.be.revertedWithCustomError(escrow, "InvalidGateway")
+        .withArgs(ethers.ZeroAddress);
+      expect((await escrow.depositOf(ethers.id("z"))).status).to.equal(QueryStatus.None);
+    });
     it("deposit_existingQueryId_reverts", async function () {
-      const { escrow, stranger, q1 } = await loadFixture(fixture);
-      await expect(escrow.connect(stranger).deposit(q1, ethers.ZeroHash, { value: 1n }))
+      const { escrow, stranger, gateway2, q1 } = await loadFixture(fixture);
+      // not even for another gateway: one payment, one gateway
+      await expect(escrow.connect(stranger).deposit(q1, ethers.ZeroHash, gateway2.address, { value: 1n }))
         .to.be.revertedWithCustomError(escrow, "QueryExists")
         .withArgs(q1);
     });
     it("isFunded_unknownQuery_false", async function () {
       const { escrow } = await loadFixture(fixture);
       expect(await escrow.isFunded(ethers.id("nope"))).to.equal(false);
-      expect((await escrow.depositOf(ethers.id("nope"))).status).to.equal(QueryStatus.None);
+      const d = await escrow.depositOf(ethers.id("nope"));
+      expect([d.status, d.modelId, d.gateway]).to.deep.equal([QueryStatus.None, ethers.ZeroHash, ethers.ZeroAddress]);
     });
   });
 
@@ -111,7 +153,7 @@ describe("QueryEscrow", function () {
       expect(await escrow.isFunded(q1)).to.equal(false);
       expect((await escrow.depositOf(q1)).status).to.equal(QueryStatus.Refunded);
       await expect(escrow.connect(user).refund(q1)).to.be.revertedWithCustomError(escrow, "NothingToRefund").withArgs(q1);
-      await expect(escrow.connect(user).deposit(q1, ethers.ZeroHash, { value: 1n })).to.be.revertedWithCustomError(escrow, "QueryExists");
+      await expect(escrow.connect(user).deposit(q1, ethers.ZeroHash, user.address, { value: 1n })).to.be.revertedWithCustomError(escrow, "QueryExists");
     });
     it("refund_beforeTimeout_reverts", async function () {
       const { escrow, user, q1 } = await loadFixture(fixture);
@@ -139,10 +181,10 @@ describe("QueryEscrow", function () {
       await expect(escrow.connect(user).refund(q1)).to.be.revertedWithCustomError(escrow, "NothingToRefund");
     });
     it("refund_receiverReenters_blocked", async function () {
-      const { escrow, receiver } = await loadFixture(fixture);
+      const { escrow, receiver, gateway } = await loadFixture(fixture);
       const q = ethers.id("hostile");
       const e = await escrow.getAddress();
-      await receiver.act(e, 1000n, escrow.interface.encodeFunctionData("deposit", [q, ethers.ZeroHash]), { value: 1000n });
+      await receiver.act(e, 1000n, escrow.interface.encodeFunctionData("deposit", [q, ethers.ZeroHash, gateway.address]), { value: 1000n });
       await time.increase(h.DEFAULTS.refundTimeout);
       await receiver.arm(e, escrow.interface.encodeFunctionData("refund", [q]));
       await receiver.act(e, 0, escrow.interface.encodeFunctionData("refund", [q]));
@@ -151,10 +193,10 @@ describe("QueryEscrow", function () {
       expect(await ethers.provider.getBalance(await receiver.getAddress())).to.equal(1000n);
     });
     it("refund_receiverRejects_revertsTransferFailed", async function () {
-      const { escrow, receiver } = await loadFixture(fixture);
+      const { escrow, receiver, gateway } = await loadFixture(fixture);
       const q = ethers.id("rejecting");
       const e = await escrow.getAddress();
-      await receiver.act(e, 1000n, escrow.interface.encodeFunctionData("deposit", [q, ethers.ZeroHash]), { value: 1000n });
+      await receiver.act(e, 1000n, escrow.interface.encodeFunctionData("deposit", [q, ethers.ZeroHash, gateway.address]), { value: 1000n });
       await time.increase(h.DEFAULTS.refundTimeout);
       await receiver.setRejectPayments(true);
       await expect(receiver.act(e, 0, escrow.interface.encodeFunctionData("refund", [q])))
@@ -173,7 +215,7 @@ describe("QueryEscrow", function () {
         h.DEFAULTS.challengeWindow,
         h.DEFAULTS.refundTimeout,
       );
-      await escrow2.connect(env.user).deposit(env.q1, ethers.id("model"), { value: FEE_CAP });
+      await escrow2.connect(env.user).deposit(env.q1, ethers.id("model"), env.gateway.address, { value: FEE_CAP });
       const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n }], [env.q1], [5n]);
       await expect(escrow2.postPayoutRoot(1n, s.tree.root, 5n, h.charges([env.q1], [5n]), s.sigs)).to.be.revertedWithCustomError(
         env.committee,

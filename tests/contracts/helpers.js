@@ -85,16 +85,36 @@ async function signAll(signers, dom, primaryType, value, keepOrder = false) {
   return Promise.all(ordered.map((w) => w.signTypedData(dom, { [primaryType]: TYPES[primaryType] }, value)));
 }
 
-/** keccak256(abi.encode(queryIds, fees, payers, debits)): what a PayoutRoot's queriesHash binds. */
-function queriesHash(queryIds, fees, payers = [], debits = []) {
+/** keccak256(abi.encode(queryIds, fees, payers, gateways, debits)): what a PayoutRoot's queriesHash binds. */
+function queriesHash(queryIds, fees, payers = [], gateways = [], debits = []) {
   return ethers.keccak256(
-    coder.encode(["bytes32[]", "uint256[]", "address[]", "uint256[]"], [queryIds, fees, payers, debits]),
+    coder.encode(
+      ["bytes32[]", "uint256[]", "address[]", "address[]", "uint256[]"],
+      [queryIds, fees, payers, gateways, debits],
+    ),
   );
 }
 
 /** The `Charges` tuple postPayoutRoot and disputeRoot take. */
-function charges(queryIds, fees, payers = [], debits = []) {
-  return { queryIds, fees, payers, debits };
+function charges(queryIds, fees, payers = [], gateways = [], debits = []) {
+  return { queryIds, fees, payers, gateways, debits };
+}
+
+/** Sorts prepaid debits [{payer, gateway, debit}] by (payer, gateway), the order a posting needs;
+ * returns {payers, gateways, debits}. */
+function sortedDebits(items) {
+  const key = (a) => [BigInt(a.payer), BigInt(a.gateway)];
+  const sorted = [...items].sort((a, b) => {
+    const [pa, ga] = key(a);
+    const [pb, gb] = key(b);
+    if (pa !== pb) return pa < pb ? -1 : 1;
+    return ga < gb ? -1 : ga > gb ? 1 : 0;
+  });
+  return {
+    payers: sorted.map((x) => x.payer),
+    gateways: sorted.map((x) => x.gateway),
+    debits: sorted.map((x) => x.debit),
+  };
 }
 
 function commitmentValue(session, step, shard, outputHash, salt) {
@@ -207,6 +227,7 @@ module.exports = {
   signAll,
   queriesHash,
   charges,
+  sortedDebits,
   commitmentValue,
   evidenceId,
   challengeCommitment,

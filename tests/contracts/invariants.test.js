@@ -85,7 +85,7 @@ describe("invariants under random sequences", function () {
       const stakes = new Map(); // address -> {amount, role, withdrawableAt}
       const credits = new Map();
       let slashedTotal = 0n;
-      const deposits = new Map(); // queryId -> {user, amount, status, depositedAt}
+      const deposits = new Map(); // queryId -> {user, amount, status, depositedAt, gateway}
       const epochs = new Map(); // epoch -> {unclaimed, claimableAt, status, tree, entries, claimed:Set, queryIds, fees, sigs, total, qh}
       let nextQuery = 0;
       let nextEpoch = 1n;
@@ -227,10 +227,12 @@ describe("invariants under random sequences", function () {
         },
         async deposit() {
           const user = pick(env.users);
+          // two gateways, alternating (no extra draw: the seeds' sequences stay as they were)
+          const gateway = env.challengers[nextQuery % 2].address;
           const q = ethers.id(`seed${seed}-q${nextQuery++}`);
           const value = randBig(h.ONE / 10n) + 1n;
-          await escrow.connect(user).deposit(q, ethers.ZeroHash, { value });
-          deposits.set(q, { user, amount: value, status: "Funded", depositedAt: await now() });
+          await escrow.connect(user).deposit(q, ethers.ZeroHash, gateway, { value });
+          deposits.set(q, { user, amount: value, status: "Funded", depositedAt: await now(), gateway });
         },
         async settle() {
           const funded = [...deposits.entries()].filter(([, d]) => d.status === "Funded");
@@ -346,6 +348,7 @@ describe("invariants under random sequences", function () {
         for (const [q, d] of deposits) {
           const onChain = await escrow.depositOf(q);
           expect(onChain.amount, ctx).to.equal(d.amount);
+          expect(onChain.gateway, ctx).to.equal(d.gateway);
           held += d.amount;
         }
         for (const [epoch, e] of epochs) {

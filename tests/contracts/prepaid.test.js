@@ -1,8 +1,10 @@
-// QueryEscrow prepaid balances: one deposit, per-payer debits in the committee-signed settlement,
-// withdrawal after a delay; the races (a refund or a withdrawal before the root is posted never
-// voids it: the shortfall rule pays claims pro rata), re-signing is not equivocation, disputes
-// return exactly what was charged, and a random sequence keeps the escrow's ETH equal to what it
-// owes (per-query deposits + prepaid balances + unclaimed epoch payouts).
+// QueryEscrow prepaid balances per (payer, gateway): one deposit, per-(payer, gateway) debits in the
+// committee-signed settlement, withdrawal after a delay; a gateway's debit takes only from the
+// balance deposited for it (one payer, two gateways: neither spends the other's); the races (a
+// refund or a withdrawal before the root is posted never voids it: the shortfall rule pays claims
+// pro rata), re-signing is not equivocation, disputes return exactly what was charged to the
+// balance it came from, and random sequences over two gateways keep the escrow's ETH equal to what
+// it owes (per-query deposits + prepaid balances + unclaimed epoch payouts).
 const { expect } = require("chai");
 const { ethers, network } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
@@ -15,145 +17,190 @@ describe("QueryEscrow prepaid", function () {
   async function fixture() {
     const env = await h.deployAll();
     const signers = await ethers.getSigners();
-    const [, a, b, c, op1, op2, stranger] = signers;
-    // payers sorted by address (postPayoutRoot requires strictly ascending payers)
-    const payers = [a, b, c].sort((x, y) => (BigInt(x.address) < BigInt(y.address) ? -1 : 1));
+    const [, a, b, c, op1, op2, stranger, g1, g2] = signers;
+    // payers and gateways sorted by address (postPayoutRoot requires ascending (payer, gateway))
+    const payers = h.sortByAddress([a, b, c]);
+    const gateways = h.sortByAddress([g1, g2]);
     const receiver = await (await ethers.getContractFactory("ReentrantReceiver")).deploy();
-    return { ...env, payers, op1, op2, stranger, receiver };
+    return { ...env, payers, gateways, gw: gateways[0].address, op1, op2, stranger, receiver };
   }
 
+  /** Every payer has 10 milli at the first gateway (`env.gw`). */
   async function fundedFixture() {
     const env = await fixture();
-    for (const p of env.payers) await env.escrow.connect(p).depositBalance({ value: 10n * MILLI });
+    for (const p of env.payers) await env.escrow.connect(p).depositBalance(env.gw, { value: 10n * MILLI });
     return env;
+  }
+
+  /** Charges of prepaid debits only: `items` are [payer, gateway, debit] (sorted here). */
+  function debitCharges(items, queryIds = [], fees = []) {
+    const d = h.sortedDebits(items.map(([payer, gateway, debit]) => ({ payer, gateway, debit })));
+    return h.charges(queryIds, fees, d.payers, d.gateways, d.debits);
   }
 
   /** Signs an epoch statement; `entries` are payout leaves, `charges` the Charges tuple. */
   async function statement(env, epoch, entries, charges, signers = env.members) {
     const tree = h.merkleTree(entries.map((e) => ({ epoch, ...e })));
     const total = [...charges.fees, ...charges.debits].reduce((x, y) => x + y, 0n);
-    const qh = h.queriesHash(charges.queryIds, charges.fees, charges.payers, charges.debits);
+    const qh = h.queriesHash(charges.queryIds, charges.fees, charges.payers, charges.gateways, charges.debits);
     const msg = { consumer: await env.escrow.getAddress(), epoch, root: tree.root, total, queriesHash: qh };
     const sigs = await h.signAll(signers, env.committeeDomain, "PayoutRoot", msg);
     return { epoch, tree, total, qh, sigs, charges, entries };
   }
   const post = (env, s) => env.escrow.postPayoutRoot(s.epoch, s.tree.root, s.total, s.charges, s.sigs);
   const claimAfterWindow = async () => time.increase(h.DEFAULTS.challengeWindow);
-  const balanceOf = async (env, who) => (await env.escrow.prepaidOf(who.address ?? who)).balance;
+  const balanceOf = async (env, who, gateway = env.gw) => (await env.escrow.prepaidOf(who.address ?? who, gateway)).balance;
 
   describe("depositBalance", function () {
     it("depositBalance_twice_addsUpAndEmits", async function () {
-      const { escrow, payers } = await loadFixture(fixture);
+      const { escrow, payers, gw } = await loadFixture(fixture);
       const [p] = payers;
-      await expect(escrow.connect(p).depositBalance({ value: 5n }))
+      await expect(escrow.connect(p).depositBalance(gw, { value: 5n }))
         .to.emit(escrow, "BalanceDeposited")
-        .withArgs(p.address, 5n, 5n);
-      const tx = escrow.connect(p).depositBalance({ value: 7n });
-      await expect(tx).to.emit(escrow, "BalanceDeposited").withArgs(p.address, 7n, 12n);
+        .withArgs(p.address, gw, 5n, 5n);
+      const tx = escrow.connect(p).depositBalance(gw, { value: 7n });
+      await expect(tx).to.emit(escrow, "BalanceDeposited").withArgs(p.address, gw, 7n, 12n);
       await expect(tx).to.changeEtherBalances([p, escrow], [-7n, 7n]);
-      const v = await escrow.prepaidOf(p.address);
+      const v = await escrow.prepaidOf(p.address, gw);
       expect(v.balance).to.equal(12n);
       expect(v.withdrawableAt).to.equal(0n);
     });
+    it("depositBalance_twoGateways_twoSeparateBalances", async function () {
+      const { escrow, payers, gateways } = await loadFixture(fixture);
+      const [p] = payers;
+      const [g1, g2] = gateways.map((g) => g.address);
+      await escrow.connect(p).depositBalance(g1, { value: 5n });
+      await expect(escrow.connect(p).depositBalance(g2, { value: 3n })).to.emit(escrow, "BalanceDeposited").withArgs(p.address, g2, 3n, 3n);
+      expect((await escrow.prepaidOf(p.address, g1)).balance).to.equal(5n);
+      expect((await escrow.prepaidOf(p.address, g2)).balance).to.equal(3n);
+      expect((await escrow.prepaidOf(payers[1].address, g1)).balance).to.equal(0n);
+    });
     it("depositBalance_zero_reverts", async function () {
-      const { escrow, payers } = await loadFixture(fixture);
-      await expect(escrow.connect(payers[0]).depositBalance())
+      const { escrow, payers, gw } = await loadFixture(fixture);
+      await expect(escrow.connect(payers[0]).depositBalance(gw))
         .to.be.revertedWithCustomError(escrow, "InvalidDepositAmount")
         .withArgs(0n, U128_MAX);
     });
-    it("depositBalance_aboveUint128_revertsBalanceOverflow", async function () {
+    it("depositBalance_zeroGateway_revertsInvalidGateway", async function () {
       const { escrow, payers } = await loadFixture(fixture);
+      await expect(escrow.connect(payers[0]).depositBalance(ethers.ZeroAddress, { value: 1n }))
+        .to.be.revertedWithCustomError(escrow, "InvalidGateway")
+        .withArgs(ethers.ZeroAddress);
+    });
+    it("depositBalance_aboveUint128_revertsBalanceOverflow", async function () {
+      const { escrow, payers, gateways, gw } = await loadFixture(fixture);
       const [p] = payers;
       await network.provider.send("hardhat_setBalance", [p.address, ethers.toQuantity(2n ** 130n)]);
-      await escrow.connect(p).depositBalance({ value: U128_MAX });
-      await expect(escrow.connect(p).depositBalance({ value: 1n }))
+      await escrow.connect(p).depositBalance(gw, { value: U128_MAX });
+      await expect(escrow.connect(p).depositBalance(gw, { value: 1n }))
         .to.be.revertedWithCustomError(escrow, "BalanceOverflow")
-        .withArgs(p.address, U128_MAX, 1n);
+        .withArgs(p.address, gw, U128_MAX, 1n);
+      // the cap is per (payer, gateway)
+      await escrow.connect(p).depositBalance(gateways[1].address, { value: 1n });
     });
   });
 
   describe("withdrawal", function () {
     it("requestWithdrawal_thenWithdrawAfterDelay_paysWholeBalance", async function () {
-      const { escrow, payers } = await loadFixture(fundedFixture);
+      const { escrow, payers, gw } = await loadFixture(fundedFixture);
       const [p] = payers;
       const at = BigInt(await time.latest()) + 1n + h.DEFAULTS.refundTimeout;
-      await expect(escrow.connect(p).requestWithdrawal()).to.emit(escrow, "WithdrawalRequested").withArgs(p.address, 10n * MILLI, at);
-      expect((await escrow.prepaidOf(p.address)).withdrawableAt).to.equal(at);
-      await expect(escrow.connect(p).withdrawBalance())
+      await expect(escrow.connect(p).requestWithdrawal(gw)).to.emit(escrow, "WithdrawalRequested").withArgs(p.address, gw, 10n * MILLI, at);
+      expect((await escrow.prepaidOf(p.address, gw)).withdrawableAt).to.equal(at);
+      await expect(escrow.connect(p).withdrawBalance(gw))
         .to.be.revertedWithCustomError(escrow, "WithdrawalNotYetAvailable")
-        .withArgs(p.address, at);
+        .withArgs(p.address, gw, at);
       await time.increaseTo(at);
-      const tx = escrow.connect(p).withdrawBalance();
-      await expect(tx).to.emit(escrow, "BalanceWithdrawn").withArgs(p.address, 10n * MILLI);
+      const tx = escrow.connect(p).withdrawBalance(gw);
+      await expect(tx).to.emit(escrow, "BalanceWithdrawn").withArgs(p.address, gw, 10n * MILLI);
       await expect(tx).to.changeEtherBalances([p, escrow], [10n * MILLI, -10n * MILLI]);
-      const v = await escrow.prepaidOf(p.address);
+      const v = await escrow.prepaidOf(p.address, gw);
       expect([v.balance, v.withdrawableAt]).to.deep.equal([0n, 0n]);
-      await expect(escrow.connect(p).withdrawBalance()).to.be.revertedWithCustomError(escrow, "WithdrawalNotRequested").withArgs(p.address);
+      await expect(escrow.connect(p).withdrawBalance(gw)).to.be.revertedWithCustomError(escrow, "WithdrawalNotRequested").withArgs(p.address, gw);
     });
     it("requestWithdrawal_emptyOrTwice_reverts", async function () {
-      const { escrow, payers, stranger } = await loadFixture(fundedFixture);
-      await expect(escrow.connect(stranger).requestWithdrawal()).to.be.revertedWithCustomError(escrow, "NothingToWithdraw").withArgs(stranger.address);
-      await escrow.connect(payers[0]).requestWithdrawal();
-      const { withdrawableAt } = await escrow.prepaidOf(payers[0].address);
-      await expect(escrow.connect(payers[0]).requestWithdrawal())
+      const { escrow, payers, gateways, stranger, gw } = await loadFixture(fundedFixture);
+      await expect(escrow.connect(stranger).requestWithdrawal(gw)).to.be.revertedWithCustomError(escrow, "NothingToWithdraw").withArgs(stranger.address, gw);
+      // a balance at one gateway is nothing to withdraw at another
+      const other = gateways[1].address;
+      await expect(escrow.connect(payers[0]).requestWithdrawal(other))
+        .to.be.revertedWithCustomError(escrow, "NothingToWithdraw")
+        .withArgs(payers[0].address, other);
+      await escrow.connect(payers[0]).requestWithdrawal(gw);
+      const { withdrawableAt } = await escrow.prepaidOf(payers[0].address, gw);
+      await expect(escrow.connect(payers[0]).requestWithdrawal(gw))
         .to.be.revertedWithCustomError(escrow, "WithdrawalAlreadyRequested")
-        .withArgs(payers[0].address, withdrawableAt);
+        .withArgs(payers[0].address, gw, withdrawableAt);
+    });
+    it("withdrawal_atOneGateway_leavesTheOtherBalanceServing", async function () {
+      const { escrow, payers, gateways, gw } = await loadFixture(fundedFixture);
+      const [p] = payers;
+      const other = gateways[1].address;
+      await escrow.connect(p).depositBalance(other, { value: 4n * MILLI });
+      await escrow.connect(p).requestWithdrawal(gw);
+      expect((await escrow.prepaidOf(p.address, other)).withdrawableAt).to.equal(0n);
+      await expect(escrow.connect(p).withdrawBalance(other)).to.be.revertedWithCustomError(escrow, "WithdrawalNotRequested").withArgs(p.address, other);
+      await expect(escrow.connect(p).cancelWithdrawal(other)).to.be.revertedWithCustomError(escrow, "WithdrawalNotRequested").withArgs(p.address, other);
+      await time.increase(h.DEFAULTS.refundTimeout);
+      await expect(escrow.connect(p).withdrawBalance(gw)).to.changeEtherBalance(p, 10n * MILLI);
+      const v = await escrow.prepaidOf(p.address, other);
+      expect([v.balance, v.withdrawableAt]).to.deep.equal([4n * MILLI, 0n]);
     });
     it("cancelWithdrawal_clearsRequest_orRevertsWithoutOne", async function () {
-      const { escrow, payers } = await loadFixture(fundedFixture);
+      const { escrow, payers, gw } = await loadFixture(fundedFixture);
       const [p] = payers;
-      await expect(escrow.connect(p).cancelWithdrawal()).to.be.revertedWithCustomError(escrow, "WithdrawalNotRequested").withArgs(p.address);
-      await escrow.connect(p).requestWithdrawal();
-      await expect(escrow.connect(p).cancelWithdrawal()).to.emit(escrow, "WithdrawalCancelled").withArgs(p.address);
-      expect((await escrow.prepaidOf(p.address)).withdrawableAt).to.equal(0n);
+      await expect(escrow.connect(p).cancelWithdrawal(gw)).to.be.revertedWithCustomError(escrow, "WithdrawalNotRequested").withArgs(p.address, gw);
+      await escrow.connect(p).requestWithdrawal(gw);
+      await expect(escrow.connect(p).cancelWithdrawal(gw)).to.emit(escrow, "WithdrawalCancelled").withArgs(p.address, gw);
+      expect((await escrow.prepaidOf(p.address, gw)).withdrawableAt).to.equal(0n);
       await time.increase(h.DEFAULTS.refundTimeout);
-      await expect(escrow.connect(p).withdrawBalance()).to.be.revertedWithCustomError(escrow, "WithdrawalNotRequested");
+      await expect(escrow.connect(p).withdrawBalance(gw)).to.be.revertedWithCustomError(escrow, "WithdrawalNotRequested");
     });
     it("withdrawBalance_allDebited_clearsRequestPaysNothing", async function () {
       const env = await loadFixture(fundedFixture);
       const [p] = env.payers;
-      await env.escrow.connect(p).requestWithdrawal();
-      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 10n * MILLI }], h.charges([], [], [p.address], [10n * MILLI]));
+      await env.escrow.connect(p).requestWithdrawal(env.gw);
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 10n * MILLI }], debitCharges([[p.address, env.gw, 10n * MILLI]]));
       await post(env, s);
       await time.increase(h.DEFAULTS.refundTimeout);
-      const tx = env.escrow.connect(p).withdrawBalance();
-      await expect(tx).to.emit(env.escrow, "BalanceWithdrawn").withArgs(p.address, 0n);
+      const tx = env.escrow.connect(p).withdrawBalance(env.gw);
+      await expect(tx).to.emit(env.escrow, "BalanceWithdrawn").withArgs(p.address, env.gw, 0n);
       await expect(tx).to.changeEtherBalance(p, 0n);
     });
     it("withdrawBalance_receiverRejects_revertsTransferFailed", async function () {
-      const { escrow, receiver } = await loadFixture(fixture);
+      const { escrow, receiver, gw } = await loadFixture(fixture);
       const e = await escrow.getAddress();
       const r = await receiver.getAddress();
-      await receiver.act(e, 1000n, escrow.interface.encodeFunctionData("depositBalance"), { value: 1000n });
-      await receiver.act(e, 0, escrow.interface.encodeFunctionData("requestWithdrawal"));
+      await receiver.act(e, 1000n, escrow.interface.encodeFunctionData("depositBalance", [gw]), { value: 1000n });
+      await receiver.act(e, 0, escrow.interface.encodeFunctionData("requestWithdrawal", [gw]));
       await time.increase(h.DEFAULTS.refundTimeout);
       await receiver.setRejectPayments(true);
-      await expect(receiver.act(e, 0, escrow.interface.encodeFunctionData("withdrawBalance")))
+      await expect(receiver.act(e, 0, escrow.interface.encodeFunctionData("withdrawBalance", [gw])))
         .to.be.revertedWithCustomError(escrow, "TransferFailed")
         .withArgs(r, 1000n);
-      expect((await escrow.prepaidOf(r)).balance).to.equal(1000n);
+      expect((await escrow.prepaidOf(r, gw)).balance).to.equal(1000n);
     });
     it("withdrawBalance_receiverReenters_blocked", async function () {
-      const { escrow, receiver } = await loadFixture(fixture);
+      const { escrow, receiver, gw } = await loadFixture(fixture);
       const e = await escrow.getAddress();
-      await receiver.act(e, 1000n, escrow.interface.encodeFunctionData("depositBalance"), { value: 1000n });
-      await receiver.act(e, 0, escrow.interface.encodeFunctionData("requestWithdrawal"));
+      await receiver.act(e, 1000n, escrow.interface.encodeFunctionData("depositBalance", [gw]), { value: 1000n });
+      await receiver.act(e, 0, escrow.interface.encodeFunctionData("requestWithdrawal", [gw]));
       await time.increase(h.DEFAULTS.refundTimeout);
-      await receiver.arm(e, escrow.interface.encodeFunctionData("withdrawBalance"));
-      await receiver.act(e, 0, escrow.interface.encodeFunctionData("withdrawBalance"));
+      await receiver.arm(e, escrow.interface.encodeFunctionData("withdrawBalance", [gw]));
+      await receiver.act(e, 0, escrow.interface.encodeFunctionData("withdrawBalance", [gw]));
       expect(await receiver.reentrySuccesses()).to.equal(0n);
       expect(await ethers.provider.getBalance(await receiver.getAddress())).to.equal(1000n);
     });
   });
 
   describe("postPayoutRoot with debits", function () {
-    it("postPayoutRoot_debits_chargesEachPayerOnce", async function () {
+    it("postPayoutRoot_debits_chargesEachPairOnce", async function () {
       const env = await loadFixture(fundedFixture);
       const [p1, p2] = env.payers;
-      const s = await statement(env, 3n, [{ account: env.op1.address, amount: 5n * MILLI }], h.charges([], [], [p1.address, p2.address], [2n * MILLI, 3n * MILLI]));
+      const s = await statement(env, 3n, [{ account: env.op1.address, amount: 5n * MILLI }], debitCharges([[p1.address, env.gw, 2n * MILLI], [p2.address, env.gw, 3n * MILLI]]));
       const tx = post(env, s);
-      await expect(tx).to.emit(env.escrow, "Debited").withArgs(3n, p1.address, 2n * MILLI, 8n * MILLI);
-      await expect(tx).to.emit(env.escrow, "Debited").withArgs(3n, p2.address, 3n * MILLI, 7n * MILLI);
+      await expect(tx).to.emit(env.escrow, "Debited").withArgs(3n, p1.address, env.gw, 2n * MILLI, 8n * MILLI);
+      await expect(tx).to.emit(env.escrow, "Debited").withArgs(3n, p2.address, env.gw, 3n * MILLI, 7n * MILLI);
       await expect(tx).not.to.emit(env.escrow, "SettlementShortfall");
       expect(await balanceOf(env, p1)).to.equal(8n * MILLI);
       expect(await balanceOf(env, p2)).to.equal(7n * MILLI);
@@ -161,54 +208,82 @@ describe("QueryEscrow prepaid", function () {
       await claimAfterWindow();
       await expect(env.escrow.connect(env.op1).claim(3n, env.op1.address, 5n * MILLI, s.tree.proof(0))).to.changeEtherBalance(env.op1, 5n * MILLI);
     });
+    it("postPayoutRoot_onePayerTwoGateways_debitsEachBalanceSeparately", async function () {
+      const env = await loadFixture(fundedFixture);
+      const [p1] = env.payers;
+      const [g1, g2] = env.gateways.map((g) => g.address);
+      await env.escrow.connect(p1).depositBalance(g2, { value: 4n * MILLI });
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n * MILLI }], debitCharges([[p1.address, g2, 3n * MILLI], [p1.address, g1, 2n * MILLI]]));
+      expect(s.charges.gateways).to.deep.equal([g1, g2]); // (payer, gateway) ascending
+      const tx = post(env, s);
+      await expect(tx).to.emit(env.escrow, "Debited").withArgs(1n, p1.address, g1, 2n * MILLI, 8n * MILLI);
+      await expect(tx).to.emit(env.escrow, "Debited").withArgs(1n, p1.address, g2, 3n * MILLI, MILLI);
+      expect(await balanceOf(env, p1, g1)).to.equal(8n * MILLI);
+      expect(await balanceOf(env, p1, g2)).to.equal(MILLI);
+    });
     it("postPayoutRoot_mixedQueriesAndDebits_totalCoversBoth", async function () {
       const env = await loadFixture(fundedFixture);
       const q = ethers.id("per-query");
-      await env.escrow.connect(env.stranger).deposit(q, ethers.id("model"), { value: MILLI });
-      const charges = h.charges([q], [MILLI / 2n], [env.payers[0].address], [MILLI]);
+      await env.escrow.connect(env.stranger).deposit(q, ethers.id("model"), env.gw, { value: MILLI });
+      const charges = debitCharges([[env.payers[0].address, env.gw, MILLI]], [q], [MILLI / 2n]);
       const s = await statement(env, 1n, [{ account: env.op1.address, amount: (3n * MILLI) / 2n }], charges);
       await expect(post(env, s)).to.emit(env.escrow, "PayoutRootPosted").withArgs(1n, s.tree.root, (3n * MILLI) / 2n, s.qh, (await time.latest()) + 1 + Number(h.DEFAULTS.challengeWindow));
       expect((await env.escrow.depositOf(q)).amount).to.equal(MILLI / 2n);
       expect(await balanceOf(env, env.payers[0])).to.equal(9n * MILLI);
     });
-    it("postPayoutRoot_payersUnsortedOrDuplicateOrZero_revertsPayersNotSorted", async function () {
+    it("postPayoutRoot_pairsUnsortedOrDuplicateOrZeroPayer_revertsPayersNotSorted", async function () {
       const env = await loadFixture(fundedFixture);
-      const [p1, p2] = env.payers;
-      for (const [list, index] of [
-        [[p2.address, p1.address], 1],
-        [[p1.address, p1.address], 1],
-        [[ethers.ZeroAddress], 0],
+      const [p1, p2] = env.payers.map((p) => p.address);
+      const [g1, g2] = env.gateways.map((g) => g.address);
+      for (const [payers, gateways, index] of [
+        [[p2, p1], [g1, g1], 1], // payers descending
+        [[p2, p1], [g1, g2], 1], // payers descending, gateways ascending
+        [[p1, p1], [g1, g1], 1], // the same pair twice
+        [[p1, p1], [g2, g1], 1], // one payer, gateways descending
+        [[p1, p2, p1], [g1, g1, g2], 2], // a pair of an earlier payer after a later one
+        [[ethers.ZeroAddress], [g1], 0], // the zero payer
       ]) {
-        const s = await statement(env, 1n, [{ account: env.op1.address, amount: 2n }], h.charges([], [], list, list.map(() => 1n)));
-        await expect(post(env, s)).to.be.revertedWithCustomError(env.escrow, "PayersNotSorted").withArgs(index);
+        const s = await statement(env, 1n, [{ account: env.op1.address, amount: 2n }], h.charges([], [], payers, gateways, payers.map(() => 1n)));
+        await expect(post(env, s), `${index}`).to.be.revertedWithCustomError(env.escrow, "PayersNotSorted").withArgs(index);
       }
     });
-    it("postPayoutRoot_payersDebitsLengthMismatch_reverts", async function () {
+    it("postPayoutRoot_gatewaysOrDebitsLengthMismatch_reverts", async function () {
       const env = await loadFixture(fundedFixture);
-      await expect(env.escrow.postPayoutRoot(1n, ethers.id("r"), 0n, h.charges([], [], [env.payers[0].address], []), []))
+      const p = env.payers[0].address;
+      await expect(env.escrow.postPayoutRoot(1n, ethers.id("r"), 0n, h.charges([], [], [p], [env.gw], []), []))
         .to.be.revertedWithCustomError(env.escrow, "LengthMismatch")
         .withArgs(1, 0);
+      await expect(env.escrow.postPayoutRoot(1n, ethers.id("r"), 0n, h.charges([], [], [p], [], [1n]), []))
+        .to.be.revertedWithCustomError(env.escrow, "LengthMismatch")
+        .withArgs(1, 0);
+      await expect(env.escrow.postPayoutRoot(1n, ethers.id("r"), 0n, h.charges([], [], [p], [env.gw, env.gw], [1n]), []))
+        .to.be.revertedWithCustomError(env.escrow, "LengthMismatch")
+        .withArgs(1, 2);
     });
     it("postPayoutRoot_totalNotSumOfFeesAndDebits_reverts", async function () {
       const env = await loadFixture(fundedFixture);
-      const charges = h.charges([], [], [env.payers[0].address], [5n]);
-      const qh = h.queriesHash([], [], [env.payers[0].address], [5n]);
+      const charges = debitCharges([[env.payers[0].address, env.gw, 5n]]);
+      const qh = h.queriesHash([], [], charges.payers, charges.gateways, charges.debits);
       const root = ethers.id("root");
       const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch: 1n, root, total: 6n, queriesHash: qh });
       await expect(env.escrow.postPayoutRoot(1n, root, 6n, charges, sigs)).to.be.revertedWithCustomError(env.escrow, "TotalMismatch").withArgs(6n, 5n);
     });
     it("postPayoutRoot_debitsDifferFromSigned_reverts", async function () {
       const env = await loadFixture(fundedFixture);
-      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n }], h.charges([], [], [env.payers[0].address], [5n]));
+      const p = env.payers[0].address;
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n }], debitCharges([[p, env.gw, 5n]]));
       // a relayer who raises a payer's debit (an over-cap charge) breaks the committee signature
-      const raised = { ...s, charges: h.charges([], [], [env.payers[0].address], [6n]), total: 6n };
+      const raised = { ...s, charges: debitCharges([[p, env.gw, 6n]]), total: 6n };
       await expect(post(env, raised)).to.be.revertedWithCustomError(env.committee, "UnknownSigner");
-      const moved = { ...s, charges: h.charges([], [], [env.payers[1].address], [5n]) };
+      const moved = { ...s, charges: debitCharges([[env.payers[1].address, env.gw, 5n]]) };
       await expect(post(env, moved)).to.be.revertedWithCustomError(env.committee, "UnknownSigner");
+      // ... or moves it to the payer's balance at another gateway
+      const elsewhere = { ...s, charges: debitCharges([[p, env.gateways[1].address, 5n]]) };
+      await expect(post(env, elsewhere)).to.be.revertedWithCustomError(env.committee, "UnknownSigner");
     });
     it("postPayoutRoot_replayedForAnotherEpoch_reverts", async function () {
       const env = await loadFixture(fundedFixture);
-      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n }], h.charges([], [], [env.payers[0].address], [5n]));
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 5n }], debitCharges([[env.payers[0].address, env.gw, 5n]]));
       await post(env, s);
       await expect(post(env, s)).to.be.revertedWithCustomError(env.escrow, "EpochAlreadyPosted").withArgs(1n);
       await expect(post(env, { ...s, epoch: 2n })).to.be.revertedWithCustomError(env.committee, "UnknownSigner");
@@ -216,12 +291,100 @@ describe("QueryEscrow prepaid", function () {
     });
   });
 
+  describe("one payer, two gateways (adversarial)", function () {
+    it("gatewayDebitsMoreThanItsBalance_chargesOnlyItsOwnSubBalance", async function () {
+      const env = await loadFixture(fixture);
+      const [p] = env.payers;
+      const [g1, g2] = env.gateways.map((g) => g.address);
+      await env.escrow.connect(p).depositBalance(g1, { value: 5n * MILLI });
+      await env.escrow.connect(p).depositBalance(g2, { value: 3n * MILLI });
+      // The payer spends its one 8-milli "wallet" twice: g1 reports 8 milli (all of both
+      // balances), g2 reports its 3. g1 can take only the 5 deposited for it; g2's 3 stay g2's.
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 11n * MILLI }], debitCharges([[p.address, g1, 8n * MILLI], [p.address, g2, 3n * MILLI]]));
+      const tx = post(env, s);
+      await expect(tx).to.emit(env.escrow, "DebitShortfall").withArgs(1n, p.address, g1, 8n * MILLI, 5n * MILLI);
+      await expect(tx).to.emit(env.escrow, "Debited").withArgs(1n, p.address, g2, 3n * MILLI, 0n);
+      await expect(tx).to.emit(env.escrow, "SettlementShortfall").withArgs(1n, 11n * MILLI, 8n * MILLI);
+      expect(await env.escrow.unchargedOf(1n, p.address, g1)).to.equal(3n * MILLI);
+      expect(await env.escrow.unchargedOf(1n, p.address, g2)).to.equal(0n);
+      expect(await balanceOf(env, p, g1)).to.equal(0n);
+      expect(await balanceOf(env, p, g2)).to.equal(0n);
+      expect((await env.escrow.epochOf(1n)).unclaimed).to.equal(8n * MILLI);
+    });
+    it("gatewayWithoutBalance_takesNothingFromTheOther", async function () {
+      const env = await loadFixture(fixture);
+      const [p] = env.payers;
+      const [g1, g2] = env.gateways.map((g) => g.address);
+      await env.escrow.connect(p).depositBalance(g2, { value: 3n * MILLI });
+      // g1 was never funded by p: its whole debit is a shortfall, g2's balance is untouched
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 2n * MILLI }], debitCharges([[p.address, g1, 2n * MILLI]]));
+      await expect(post(env, s)).to.emit(env.escrow, "DebitShortfall").withArgs(1n, p.address, g1, 2n * MILLI, 0n);
+      expect(await balanceOf(env, p, g2)).to.equal(3n * MILLI);
+      expect((await env.escrow.epochOf(1n)).unclaimed).to.equal(0n);
+    });
+    it("withdrawalAtOneGatewayBeforeRoot_onlyThatGatewaysDebitFallsShort", async function () {
+      const env = await loadFixture(fixture);
+      const [p] = env.payers;
+      const [g1, g2] = env.gateways.map((g) => g.address);
+      await env.escrow.connect(p).depositBalance(g1, { value: 5n * MILLI });
+      await env.escrow.connect(p).depositBalance(g2, { value: 5n * MILLI });
+      await env.escrow.connect(p).requestWithdrawal(g1);
+      await time.increase(h.DEFAULTS.refundTimeout);
+      await env.escrow.connect(p).withdrawBalance(g1);
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 4n * MILLI }], debitCharges([[p.address, g1, 2n * MILLI], [p.address, g2, 2n * MILLI]]));
+      const tx = post(env, s);
+      await expect(tx).to.emit(env.escrow, "DebitShortfall").withArgs(1n, p.address, g1, 2n * MILLI, 0n);
+      await expect(tx).to.emit(env.escrow, "Debited").withArgs(1n, p.address, g2, 2n * MILLI, 3n * MILLI);
+      expect(await balanceOf(env, p, g2)).to.equal(3n * MILLI);
+    });
+    for (const seed of [5, 17, 2024]) {
+      it(`randomTwoGatewayDebits_seed${seed}_eachGatewayTakesAtMostItsOwnSubBalance`, async function () {
+        const env = await loadFixture(fixture);
+        const [p] = env.payers;
+        const gws = env.gateways.map((g) => g.address);
+        const rnd = mulberry32(seed);
+        const amount = (max) => (BigInt(Math.floor(rnd() * 1e6)) * max) / 1000000n;
+        const model = new Map(gws.map((g) => [g, 0n])); // what each sub-balance holds
+        let collected = 0n;
+        for (let epoch = 1n; epoch <= 8n; epoch++) {
+          for (const g of gws) {
+            if (rnd() < 0.5) {
+              const v = amount(4n * MILLI) + 1n;
+              await env.escrow.connect(p).depositBalance(g, { value: v });
+              model.set(g, model.get(g) + v);
+            }
+          }
+          // each gateway claims any debit, often more than its own sub-balance (up to both)
+          const items = gws.filter(() => rnd() < 0.8).map((g) => [p.address, g, amount(10n * MILLI) + 1n]);
+          if (items.length === 0) continue;
+          const charges = debitCharges(items);
+          const total = charges.debits.reduce((a, b) => a + b, 0n);
+          const s = await statement(env, epoch, [{ account: env.op1.address, amount: total }], charges);
+          await post(env, s);
+          let epochCollected = 0n;
+          for (const [, g, debit] of items) {
+            const before = model.get(g);
+            const charged = debit <= before ? debit : before;
+            model.set(g, before - charged);
+            epochCollected += charged;
+            expect(await env.escrow.unchargedOf(epoch, p.address, g)).to.equal(debit - charged);
+          }
+          for (const g of gws) expect(await balanceOf(env, p, g), `seed ${seed} epoch ${epoch}`).to.equal(model.get(g));
+          expect((await env.escrow.epochOf(epoch)).unclaimed).to.equal(epochCollected);
+          collected += epochCollected;
+        }
+        const held = model.get(gws[0]) + model.get(gws[1]) + collected;
+        expect(await ethers.provider.getBalance(await env.escrow.getAddress())).to.equal(held);
+      });
+    }
+  });
+
   describe("calldata hashing", function () {
     it("postPayoutRoot_nonCanonicalChargesEncoding_revertsAndChangesNothing", async function () {
       const env = await loadFixture(fundedFixture);
       const q = ethers.id("q");
-      await env.escrow.connect(env.stranger).deposit(q, ethers.id("model"), { value: MILLI });
-      const charges = h.charges([q], [MILLI], [env.payers[0].address], [MILLI]);
+      await env.escrow.connect(env.stranger).deposit(q, ethers.id("model"), env.gw, { value: MILLI });
+      const charges = debitCharges([[env.payers[0].address, env.gw, MILLI]], [q], [MILLI]);
       const s = await statement(env, 1n, [{ account: env.op1.address, amount: 2n * MILLI }], charges);
       const data = env.escrow.interface.encodeFunctionData("postPayoutRoot", [s.epoch, s.tree.root, s.total, charges, s.sigs]);
       // Same decoded values, non-canonical bytes: a zero word between the queryIds and fees tails.
@@ -231,10 +394,11 @@ describe("QueryEscrow prepaid", function () {
       const tuple = Number(word(hex, 3)) / 32; // the Charges tuple's first word (after the selector)
       const feesAt = tuple + Number(word(hex, tuple + 1)) / 32;
       hex = put(hex, 4, word(hex, 4) + 32n); // bytes[] sigs moves one word down
-      for (const k of [1, 2, 3]) hex = put(hex, tuple + k, word(hex, tuple + k) + 32n);
+      for (const k of [1, 2, 3, 4]) hex = put(hex, tuple + k, word(hex, tuple + k) + 32n);
       hex = hex.slice(0, 8 + 64 * feesAt) + "0".repeat(64) + hex.slice(8 + 64 * feesAt);
       const decoded = env.escrow.interface.decodeFunctionData("postPayoutRoot", "0x" + hex);
       expect(decoded[3].fees).to.deep.equal([MILLI]);
+      expect(decoded[3].gateways).to.deep.equal([env.gw]);
       expect(decoded[3].debits).to.deep.equal([MILLI]);
       const [sender] = await ethers.getSigners();
       await expect(sender.sendTransaction({ to: await env.escrow.getAddress(), data: "0x" + hex })).to.be.revertedWithCustomError(env.committee, "UnknownSigner");
@@ -249,19 +413,19 @@ describe("QueryEscrow prepaid", function () {
       const env = await loadFixture(fundedFixture);
       const [p1, p2] = env.payers;
       // p1 served 4 milli, then requests and completes its withdrawal before the root lands
-      await env.escrow.connect(p1).requestWithdrawal();
+      await env.escrow.connect(p1).requestWithdrawal(env.gw);
       await time.increase(h.DEFAULTS.refundTimeout);
-      await env.escrow.connect(p1).withdrawBalance();
+      await env.escrow.connect(p1).withdrawBalance(env.gw);
       const entries = [
         { account: env.op1.address, amount: 3n * MILLI },
         { account: env.op2.address, amount: 3n * MILLI },
       ];
-      const s = await statement(env, 1n, entries, h.charges([], [], [p1.address, p2.address], [4n * MILLI, 2n * MILLI]));
+      const s = await statement(env, 1n, entries, debitCharges([[p1.address, env.gw, 4n * MILLI], [p2.address, env.gw, 2n * MILLI]]));
       const tx = post(env, s);
-      await expect(tx).to.emit(env.escrow, "DebitShortfall").withArgs(1n, p1.address, 4n * MILLI, 0n);
+      await expect(tx).to.emit(env.escrow, "DebitShortfall").withArgs(1n, p1.address, env.gw, 4n * MILLI, 0n);
       await expect(tx).to.emit(env.escrow, "SettlementShortfall").withArgs(1n, 6n * MILLI, 2n * MILLI);
       await expect(tx).to.emit(env.escrow, "PayoutRootPosted");
-      expect(await env.escrow.unchargedOf(1n, p1.address)).to.equal(4n * MILLI);
+      expect(await env.escrow.unchargedOf(1n, p1.address, env.gw)).to.equal(4n * MILLI);
       const sf = await env.escrow.shortfallOf(1n);
       expect([sf.total, sf.collected]).to.deep.equal([6n * MILLI, 2n * MILLI]);
       expect((await env.escrow.epochOf(1n)).unclaimed).to.equal(2n * MILLI);
@@ -276,10 +440,10 @@ describe("QueryEscrow prepaid", function () {
     it("partialBalance_chargedWhatItHas", async function () {
       const env = await loadFixture(fundedFixture);
       const [p1] = env.payers;
-      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 15n * MILLI }], h.charges([], [], [p1.address], [15n * MILLI]));
-      await expect(post(env, s)).to.emit(env.escrow, "DebitShortfall").withArgs(1n, p1.address, 15n * MILLI, 10n * MILLI);
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 15n * MILLI }], debitCharges([[p1.address, env.gw, 15n * MILLI]]));
+      await expect(post(env, s)).to.emit(env.escrow, "DebitShortfall").withArgs(1n, p1.address, env.gw, 15n * MILLI, 10n * MILLI);
       expect(await balanceOf(env, p1)).to.equal(0n);
-      expect(await env.escrow.unchargedOf(1n, p1.address)).to.equal(5n * MILLI);
+      expect(await env.escrow.unchargedOf(1n, p1.address, env.gw)).to.equal(5n * MILLI);
       await claimAfterWindow();
       await expect(env.escrow.connect(env.op1).claim(1n, env.op1.address, 15n * MILLI, s.tree.proof(0))).to.changeEtherBalance(env.op1, 10n * MILLI);
     });
@@ -287,8 +451,8 @@ describe("QueryEscrow prepaid", function () {
       const env = await loadFixture(fundedFixture);
       const q1 = ethers.id("late refund");
       const q2 = ethers.id("kept");
-      await env.escrow.connect(env.stranger).deposit(q1, ethers.id("model"), { value: 3n * MILLI });
-      await env.escrow.connect(env.stranger).deposit(q2, ethers.id("model"), { value: 3n * MILLI });
+      await env.escrow.connect(env.stranger).deposit(q1, ethers.id("model"), env.gw, { value: 3n * MILLI });
+      await env.escrow.connect(env.stranger).deposit(q2, ethers.id("model"), env.gw, { value: 3n * MILLI });
       await time.increase(h.DEFAULTS.refundTimeout);
       await env.escrow.connect(env.stranger).refund(q1); // after the timeout, before the root
       const entries = [{ account: env.op1.address, amount: 3n * MILLI }, { account: env.op2.address, amount: 1n }];
@@ -314,7 +478,7 @@ describe("QueryEscrow prepaid", function () {
   describe("re-signing and disputes", function () {
     it("disputeRoot_sameStatementResignedByOtherMembers_revertsSameStatement", async function () {
       const env = await loadFixture(fundedFixture);
-      const charges = h.charges([], [], [env.payers[0].address], [MILLI]);
+      const charges = debitCharges([[env.payers[0].address, env.gw, MILLI]]);
       const s = await statement(env, 1n, [{ account: env.op1.address, amount: MILLI }], charges, env.members.slice(0, 3));
       await post(env, s);
       // the committee signs the very same settlement again (another 3 of 4, e.g. after a restart)
@@ -329,19 +493,25 @@ describe("QueryEscrow prepaid", function () {
     it("disputeRoot_differentStatement_returnsChargedDebitsAndFees", async function () {
       const env = await loadFixture(fundedFixture);
       const [p1, p2] = env.payers;
+      const g2 = env.gateways[1].address;
+      await env.escrow.connect(p1).depositBalance(g2, { value: MILLI });
       const q = ethers.id("q");
-      await env.escrow.connect(env.stranger).deposit(q, ethers.id("model"), { value: MILLI });
-      // p2 is short: only 10 of its 12 milli are charged; dispute must return exactly 10
-      const charges = h.charges([q], [MILLI], [p1.address, p2.address], [2n * MILLI, 12n * MILLI]);
-      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 15n * MILLI }], charges);
+      await env.escrow.connect(env.stranger).deposit(q, ethers.id("model"), env.gw, { value: MILLI });
+      // p2 is short: only 10 of its 12 milli are charged; dispute must return exactly 10.
+      // p1 pays at both gateways: each debit goes back to the balance it came from.
+      const charges = debitCharges([[p1.address, env.gw, 2n * MILLI], [p1.address, g2, MILLI], [p2.address, env.gw, 12n * MILLI]], [q], [MILLI]);
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 16n * MILLI }], charges);
       await post(env, s);
+      expect(await balanceOf(env, p1, g2)).to.equal(0n);
       const other = { root: ethers.id("other"), total: s.total, queriesHash: s.qh };
       const otherSigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch: 1n, ...other });
       const tx = env.escrow.connect(env.stranger).disputeRoot(1n, charges, s.sigs, other, otherSigs);
-      await expect(tx).to.emit(env.escrow, "DebitReturned").withArgs(1n, p1.address, 2n * MILLI);
-      await expect(tx).to.emit(env.escrow, "DebitReturned").withArgs(1n, p2.address, 10n * MILLI);
+      await expect(tx).to.emit(env.escrow, "DebitReturned").withArgs(1n, p1.address, env.gw, 2n * MILLI);
+      await expect(tx).to.emit(env.escrow, "DebitReturned").withArgs(1n, p1.address, g2, MILLI);
+      await expect(tx).to.emit(env.escrow, "DebitReturned").withArgs(1n, p2.address, env.gw, 10n * MILLI);
       await expect(tx).to.emit(env.escrow, "RootDisputed");
       expect(await balanceOf(env, p1)).to.equal(10n * MILLI);
+      expect(await balanceOf(env, p1, g2)).to.equal(MILLI);
       expect(await balanceOf(env, p2)).to.equal(10n * MILLI);
       expect((await env.escrow.depositOf(q)).amount).to.equal(MILLI);
       const e = await env.escrow.epochOf(1n);
@@ -350,10 +520,10 @@ describe("QueryEscrow prepaid", function () {
     it("disputeRoot_withRefundedQueryInPostedList_skipsIt", async function () {
       const env = await loadFixture(fundedFixture);
       const q1 = ethers.id("refunded");
-      await env.escrow.connect(env.stranger).deposit(q1, ethers.id("model"), { value: MILLI });
+      await env.escrow.connect(env.stranger).deposit(q1, ethers.id("model"), env.gw, { value: MILLI });
       await time.increase(h.DEFAULTS.refundTimeout);
       await env.escrow.connect(env.stranger).refund(q1);
-      const charges = h.charges([q1], [MILLI], [env.payers[0].address], [MILLI]);
+      const charges = debitCharges([[env.payers[0].address, env.gw, MILLI]], [q1], [MILLI]);
       const s = await statement(env, 1n, [{ account: env.op1.address, amount: 2n * MILLI }], charges);
       await post(env, s);
       const other = { root: ethers.id("other"), total: s.total, queriesHash: s.qh };
@@ -363,32 +533,27 @@ describe("QueryEscrow prepaid", function () {
       expect((await env.escrow.depositOf(q1)).amount).to.equal(0n);
       expect(await balanceOf(env, env.payers[0])).to.equal(10n * MILLI);
     });
-    it("disputeRoot_payersDebitsLengthMismatch_reverts", async function () {
+    it("disputeRoot_gatewaysOrDebitsLengthMismatch_reverts", async function () {
       const env = await loadFixture(fundedFixture);
-      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 1n }], h.charges([], [], [env.payers[0].address], [1n]));
+      const p = env.payers[0].address;
+      const s = await statement(env, 1n, [{ account: env.op1.address, amount: 1n }], debitCharges([[p, env.gw, 1n]]));
       await post(env, s);
       const other = { root: ethers.id("other"), total: 1n, queriesHash: s.qh };
-      await expect(env.escrow.disputeRoot(1n, h.charges([], [], [env.payers[0].address], []), s.sigs, other, s.sigs))
+      await expect(env.escrow.disputeRoot(1n, h.charges([], [], [p], [env.gw], []), s.sigs, other, s.sigs))
+        .to.be.revertedWithCustomError(env.escrow, "LengthMismatch")
+        .withArgs(1, 0);
+      await expect(env.escrow.disputeRoot(1n, h.charges([], [], [p], [], [1n]), s.sigs, other, s.sigs))
         .to.be.revertedWithCustomError(env.escrow, "LengthMismatch")
         .withArgs(1, 0);
     });
   });
 
   describe("invariant: escrow ETH == deposits + balances + unclaimed", function () {
-    function mulberry32(seed) {
-      let a = seed >>> 0;
-      return () => {
-        a = (a + 0x6d2b79f5) >>> 0;
-        let t = a;
-        t = Math.imul(t ^ (t >>> 15), t | 1);
-        t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-        return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-      };
-    }
-    for (const seed of [3, 99]) {
-      it(`randomPrepaidSequence_seed${seed}_escrowHoldsExactlyWhatItOwes`, async function () {
+    for (const seed of [3, 99, 7]) {
+      it(`randomPrepaidSequence_twoGateways_seed${seed}_escrowHoldsExactlyWhatItOwes`, async function () {
         const env = await loadFixture(fixture);
         const { escrow, payers } = env;
+        const gateways = env.gateways.map((g) => g.address);
         const rnd = mulberry32(seed);
         const pick = (arr) => arr[Math.floor(rnd() * arr.length)];
         const amount = (max) => (BigInt(Math.floor(rnd() * 1e6)) * max) / 1000000n + 1n;
@@ -398,18 +563,21 @@ describe("QueryEscrow prepaid", function () {
         const ops = [env.op1, env.op2];
         const actions = {
           async fund() {
-            await escrow.connect(pick(payers)).depositBalance({ value: amount(MILLI) });
+            await escrow.connect(pick(payers)).depositBalance(pick(gateways), { value: amount(MILLI) });
           },
           async deposit() {
             const q = ethers.id(`s${seed}-q${queries.length}`);
-            await escrow.connect(pick(payers)).deposit(q, ethers.ZeroHash, { value: amount(MILLI) });
+            await escrow.connect(pick(payers)).deposit(q, ethers.ZeroHash, pick(gateways), { value: amount(MILLI) });
             queries.push(q);
           },
           async request() {
-            await escrow.connect(pick(payers)).requestWithdrawal().catch(() => {});
+            await escrow.connect(pick(payers)).requestWithdrawal(pick(gateways)).catch(() => {});
+          },
+          async cancel() {
+            await escrow.connect(pick(payers)).cancelWithdrawal(pick(gateways)).catch(() => {});
           },
           async withdraw() {
-            await escrow.connect(pick(payers)).withdrawBalance().catch(() => {});
+            await escrow.connect(pick(payers)).withdrawBalance(pick(gateways)).catch(() => {});
           },
           async refund() {
             if (queries.length === 0) return;
@@ -429,14 +597,16 @@ describe("QueryEscrow prepaid", function () {
                 fees.push(d.status === 1n ? amount(d.amount) - 1n : amount(MILLI));
               }
             }
-            const chosen = payers.filter(() => rnd() < 0.6); // sorted already
-            const debits = chosen.map(() => amount(2n * MILLI)); // may exceed the balance
-            const total = [...fees, ...debits].reduce((x, y) => x + y, 0n);
+            // any (payer, gateway) pair, debits that may exceed that balance
+            const items = [];
+            for (const p of payers) for (const g of gateways) if (rnd() < 0.4) items.push([p.address, g, amount(2n * MILLI)]);
+            const charges = debitCharges(items, queryIds, fees);
+            const total = [...fees, ...charges.debits].reduce((x, y) => x + y, 0n);
             const entries = [
               { account: ops[0].address, amount: total / 2n },
               { account: ops[1].address, amount: total - total / 2n },
             ];
-            const s = await statement(env, nextEpoch++, entries, h.charges(queryIds, fees, chosen.map((p) => p.address), debits));
+            const s = await statement(env, nextEpoch++, entries, charges);
             await post(env, s);
             epochs.push(s);
           },
@@ -465,7 +635,7 @@ describe("QueryEscrow prepaid", function () {
           await actions[name]();
           let owed = 0n;
           for (const q of queries) owed += (await escrow.depositOf(q)).amount;
-          for (const p of payers) owed += (await escrow.prepaidOf(p.address)).balance;
+          for (const p of payers) for (const g of gateways) owed += (await escrow.prepaidOf(p.address, g)).balance;
           for (const s of epochs) owed += (await escrow.epochOf(s.epoch)).unclaimed;
           expect(await ethers.provider.getBalance(await escrow.getAddress()), `seed ${seed} step ${step} (${name})`).to.equal(owed);
         }
@@ -474,3 +644,14 @@ describe("QueryEscrow prepaid", function () {
     }
   });
 });
+
+function mulberry32(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}

@@ -2,8 +2,10 @@
 // tests/vectors/generate.py): the Solidity type hashes, struct hashes, domain separators, digests,
 // ECDSA recovery and Merkle leaves/proofs must match them exactly.
 // Runs last (alphabetical) and resets the network so that the first deployment lands at the
-// vectors' verifyingContract (0x5FbDB…, deployer account 0 at nonce 0).
+// vectors' verifyingContract (0x5FbDB…, deployer account 0 at nonce 0) and the third at the
+// vectors' QueryEscrow (0x9fE46…, nonce 2), which then posts the vectors' prepaid statement.
 const { expect } = require("chai");
+const { anyValue } = require("@nomicfoundation/hardhat-chai-matchers/withArgs");
 const { ethers, network } = require("hardhat");
 const fs = require("fs");
 const path = require("path");
@@ -41,6 +43,7 @@ async function structHash(harness, primaryType, m) {
 describe("golden vectors (tests/vectors)", function () {
   let harness;
   let committee;
+  let escrow;
   before(async function () {
     await network.provider.send("hardhat_reset", []);
     // First deployment on the fresh network: lands at the vectors' Committee address.
@@ -50,6 +53,7 @@ describe("golden vectors (tests/vectors)", function () {
       cm.signers_sorted.map(() => 1n),
     );
     harness = await (await ethers.getContractFactory("EIP712Harness")).deploy();
+    escrow = await (await ethers.getContractFactory("QueryEscrow")).deploy(await committee.getAddress(), 60n, 600n);
   });
 
   it("vectors_cover_every_typed_struct", async function () {
@@ -95,9 +99,42 @@ describe("golden vectors (tests/vectors)", function () {
     expect(await fp.challengeCommitment(c.challenger, c.evidenceId, c.offence, c.salt)).to.equal(c.value);
   });
 
+  const chargesOf = (v) => ({ queryIds: v.queryIds, fees: v.fees.map(BigInt), payers: v.payers, gateways: v.gateways, debits: v.debits.map(BigInt) });
+
   it("eip712_queries_hash_matches_solidity", async function () {
+    for (const name of ["queries_hash", "queries_hash_empty"]) {
+      const v = eip712.helpers[name];
+      expect(await harness.queriesHash(chargesOf(v)), name).to.equal(v.value);
+      const types = ["bytes32[]", "uint256[]", "address[]", "address[]", "uint256[]"];
+      const c = chargesOf(v);
+      const encoded = ethers.AbiCoder.defaultAbiCoder().encode(types, [c.queryIds, c.fees, c.payers, c.gateways, c.debits]);
+      expect(ethers.keccak256(encoded), name).to.equal(v.value);
+    }
+  });
+
+  it("escrow_postsTheVectorsPrepaidStatement_itsCalldataHashMatchesPython", async function () {
+    // QueryEscrow hashes the Charges calldata in place (no ABI re-encoding): posting the
+    // committee-signed vector statement succeeds only if that hash equals the Python one.
+    const c = eip712.cases.find((x) => x.name === "payout_root_prepaid");
     const v = eip712.helpers.queries_hash;
-    expect(await harness.queriesHash({ queryIds: v.queryIds, fees: v.fees.map(BigInt), payers: v.payers, debits: v.debits.map(BigInt) })).to.equal(v.value);
+    expect(c.message.queriesHash).to.equal(v.value);
+    expect(await escrow.getAddress()).to.equal(c.message.consumer);
+    const [, user] = await ethers.getSigners();
+    v.queryIds.forEach((q, i) => expect(BigInt(v.fees[i]) < 2n ** 64n, q).to.equal(true));
+    for (const [i, q] of v.queryIds.entries()) {
+      await escrow.connect(user).deposit(q, ethers.ZeroHash, v.gateways[0], { value: BigInt(v.fees[i]) });
+    }
+    const wallets = eip712.committee.private_keys.map((k) => new ethers.Wallet(k));
+    const sorted = wallets.sort((a, b) => (BigInt(a.address) < BigInt(b.address) ? -1 : 1));
+    const sigs = await Promise.all(sorted.map((w) => w.signTypedData(c.domain, { PayoutRoot: c.types.PayoutRoot }, c.message)));
+    const posted = escrow.postPayoutRoot(BigInt(c.message.epoch), c.message.root, BigInt(c.message.total), chargesOf(v), sigs);
+    await expect(posted).to.emit(escrow, "PayoutRootPosted").withArgs(BigInt(c.message.epoch), c.message.root, BigInt(c.message.total), v.value, anyValue);
+    // the payers hold no balance: every debit falls short, the fees are collected
+    const collected = v.fees.map(BigInt).reduce((a, b) => a + b, 0n);
+    expect((await escrow.epochOf(BigInt(c.message.epoch))).unclaimed).to.equal(collected);
+    for (const [i, p] of v.payers.entries()) {
+      expect(await escrow.unchargedOf(BigInt(c.message.epoch), p, v.gateways[i])).to.equal(BigInt(v.debits[i]));
+    }
   });
 
   it("committee_contract_accepts_python_committee_signatures", async function () {

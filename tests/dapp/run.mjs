@@ -235,6 +235,7 @@ SCENARIOS.prepaid = async (page, wallet) => {
   await waitRightChain(page);
   await page.waitForFunction(() => document.getElementById("p-balance").dataset.wei !== undefined);
   out.prepaid_before_wei = await weiOf(page, "p-balance");
+  out.gateway_shown = await text(page, "#p-gateway");
   await page.getByLabel(/From my prepaid balance/).check();
   out.estimate = await text(page, "#estimate");
   await page.getByLabel("Amount to add (ETH)").fill("0.01");

@@ -113,11 +113,18 @@ async def test_dapp_config_has_chain_escrow_abi_model_and_price(aiohttp_client, 
     # the prepaid path: balance, withdrawal and the voucher lifetime the gateway accepts
     for name in ("depositBalance", "requestWithdrawal", "cancelWithdrawal", "withdrawBalance"):
         assert any(item.startswith(f"function {name}(") for item in config["escrow_abi"]), name
+    # every payment names the gateway: the one this config names
+    assert config["gateway"] == "0x" + "cd" * 20
+    assert (
+        "function deposit(bytes32 queryId, bytes32 modelId, address gateway) payable"
+        in (config["escrow_abi"])
+    )
     assert any(
-        item.startswith("function prepaidOf(address payer) view") for item in config["escrow_abi"]
+        item.startswith("function prepaidOf(address payer, address gateway) view")
+        for item in config["escrow_abi"]
     )
     assert (
-        "error WithdrawalNotYetAvailable(address payer, uint256 withdrawableAt)"
+        "error WithdrawalNotYetAvailable(address payer, address gateway, uint256 withdrawableAt)"
         in (config["escrow_abi"])
     )
     assert config["max_voucher_lifetime_s"] == 86_400
@@ -226,3 +233,42 @@ async def test_network_view_committee_down_is_503_in_plain_words(aiohttp_client,
     error = (await answer.json())["error"]
     assert error["code"] == "committee_unavailable"
     assert "unreachable" in error["message"]
+
+
+def _signature(item: str) -> tuple[str, str, str]:
+    """("function" | "event" | "error", "name(type,...)", "returns(type,...)") of one
+    human-readable ABI entry."""
+    import re
+
+    match = re.match(r"(function|event|error) (\w+)\(([^)]*)\)(.*)\Z", item)
+    assert match, item
+    kind, name, params, rest = match.groups()
+
+    def types(text: str) -> str:
+        return ",".join(p.split()[0] for p in text.split(",") if p.strip())
+
+    returns = re.search(r"returns \(([^)]*)\)", rest)
+    return kind, f"{name}({types(params)})", types(returns.group(1)) if returns else ""
+
+
+def test_dapp_escrow_abi_matches_the_compiled_contract() -> None:
+    """Every function, event and error the page names exists in QueryEscrow's compiled ABI with
+    these exact types (and outputs): the hand-written ABI cannot drift from the contract."""
+    from deploy.evm import load_artifact
+    from node.gateway.dapp import ESCROW_ABI
+
+    try:
+        abi = load_artifact("QueryEscrow")["abi"]
+    except PlanetError:
+        pytest.skip("contracts not compiled")
+    compiled = {}
+    for entry in abi:
+        if entry["type"] in ("function", "event", "error"):
+            inputs = ",".join(i["type"] for i in entry["inputs"])
+            outputs = ",".join(o["type"] for o in entry.get("outputs", []))
+            compiled[(entry["type"], f"{entry['name']}({inputs})")] = outputs
+    for item in ESCROW_ABI:
+        kind, signature, returns = _signature(item)
+        assert (kind, signature) in compiled, item
+        if kind == "function" and " view " in f" {item} ":
+            assert compiled[(kind, signature)] == returns, item

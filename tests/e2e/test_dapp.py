@@ -31,78 +31,6 @@ ARTIFACTS = REPO / "test-artifacts" / "dapp"
 UP_TIMEOUT_S = 900
 SCENARIO_TIMEOUT_S = 420
 
-ESCROW_ABI = [
-    {
-        "name": "depositOf",
-        "type": "function",
-        "stateMutability": "view",
-        "inputs": [{"name": "queryId", "type": "bytes32"}],
-        "outputs": [
-            {"name": "user", "type": "address"},
-            {"name": "amount", "type": "uint256"},
-            {"name": "status", "type": "uint8"},
-            {"name": "depositedAt", "type": "uint256"},
-        ],
-    },
-    {
-        "name": "Deposited",
-        "type": "event",
-        "anonymous": False,
-        "inputs": [
-            {"name": "queryId", "type": "bytes32", "indexed": True},
-            {"name": "user", "type": "address", "indexed": True},
-            {"name": "modelId", "type": "bytes32", "indexed": True},
-            {"name": "amount", "type": "uint256", "indexed": False},
-        ],
-    },
-    {
-        "name": "Refunded",
-        "type": "event",
-        "anonymous": False,
-        "inputs": [
-            {"name": "queryId", "type": "bytes32", "indexed": True},
-            {"name": "user", "type": "address", "indexed": True},
-            {"name": "amount", "type": "uint256", "indexed": False},
-        ],
-    },
-    {
-        "name": "prepaidOf",
-        "type": "function",
-        "stateMutability": "view",
-        "inputs": [{"name": "payer", "type": "address"}],
-        "outputs": [
-            {"name": "balance", "type": "uint256"},
-            {"name": "withdrawableAt", "type": "uint256"},
-        ],
-    },
-    {
-        "name": "BalanceDeposited",
-        "type": "event",
-        "anonymous": False,
-        "inputs": [
-            {"name": "payer", "type": "address", "indexed": True},
-            {"name": "amount", "type": "uint256", "indexed": False},
-            {"name": "balance", "type": "uint256", "indexed": False},
-        ],
-    },
-    {
-        "name": "BalanceWithdrawn",
-        "type": "event",
-        "anonymous": False,
-        "inputs": [
-            {"name": "payer", "type": "address", "indexed": True},
-            {"name": "amount", "type": "uint256", "indexed": False},
-        ],
-    },
-    {
-        "name": "refundTimeout",
-        "type": "function",
-        "stateMutability": "view",
-        "inputs": [],
-        "outputs": [{"name": "", "type": "uint256"}],
-    },
-]
-
 
 def _planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -156,8 +84,11 @@ def devnet(env: dict[str, str]) -> Iterator[dict[str, Any]]:
 def chain(devnet: dict[str, Any]) -> Any:
     from web3 import Web3
 
+    from deploy.evm import load_artifact
+
     w3 = Web3(Web3.HTTPProvider(devnet["evm_rpc"], request_kwargs={"timeout": 10}))
-    escrow = w3.eth.contract(address=devnet["contracts"]["QueryEscrow"], abi=ESCROW_ABI)
+    abi = load_artifact("QueryEscrow")["abi"]  # the compiled contract the devnet deployed
+    escrow = w3.eth.contract(address=devnet["contracts"]["QueryEscrow"], abi=abi)
     return w3, escrow
 
 
@@ -266,14 +197,16 @@ def test_dapp_pays_streams_the_answer_and_the_receipt_matches_the_chain(
     assert receipt["chain_class"] == "good", receipt["chain"]
     query_id = receipt["query"]
     on_chain = escrow.functions.depositOf(bytes.fromhex(query_id[2:])).call()
-    user_on_chain, amount, status, _ = on_chain
+    user_on_chain, amount, status, _, model_id, gateway = on_chain
     assert user_on_chain == user.address == receipt["chain_user"]
     assert status == 1  # Funded: the committee has not settled it yet
     assert int(receipt["chain_amount"]) == amount
     assert receipt["deposit"].startswith(f"{amount} wei")
+    # The deposit is bound to the gateway serving the page, for its model.
+    pool = _pool(devnet)
+    assert gateway == pool["gateway"] and "0x" + model_id.hex() == pool["model_id"]
     # The gateway's copy of the receipt: signed by the gateway, fee within the deposit, and the
     # page's fee and remainder are the receipt's.
-    pool = _pool(devnet)
     domain = payment_domain(pool["chain_id"], pool["escrow"])
     served = _served_receipt(env, query_id)
     signed, signer = verify_receipt_json(served, domain)
@@ -315,7 +248,7 @@ def test_dapp_rejected_signature_leaves_a_deposit_that_refunds_after_the_timeout
     assert "eth_signTypedData_v4" in result["wallet_calls"]
     assert result["refund_disabled_before"]
     query_id = bytes.fromhex(result["query_id"][2:])
-    user_on_chain, amount, status, _ = escrow.functions.depositOf(query_id).call()
+    user_on_chain, amount, status, *_ = escrow.functions.depositOf(query_id).call()
     assert (user_on_chain, amount, status) == (user.address, 0, 4)  # Refunded
     assert "Refunded" in result["history_after"]
     # The refund transaction (hash from the page's toast) paid back the whole deposit.
@@ -346,9 +279,11 @@ def test_dapp_prepaid_balance_pays_two_questions_by_voucher_then_withdraws(
     timeout_s = escrow.functions.refundTimeout().call()
     result = _run("prepaid", devnet, user, tmp_path, refund_timeout_s=timeout_s)
     assert "Voucher limit for this question" in result["estimate"]
+    pool = _pool(devnet)
     fund = w3.eth.get_transaction_receipt(result["fund_tx"])
     [deposited] = escrow.events.BalanceDeposited().process_receipt(fund)
     assert deposited["args"]["payer"] == user.address
+    assert deposited["args"]["gateway"] == pool["gateway"] == result["gateway_shown"]
     assert deposited["args"]["amount"] == 10**16
     funded = int(result["prepaid_funded_wei"])
     assert funded == int(result["prepaid_before_wei"]) + 10**16 == deposited["args"]["balance"]
@@ -356,7 +291,6 @@ def test_dapp_prepaid_balance_pays_two_questions_by_voucher_then_withdraws(
     calls = result["calls_while_asking"]
     assert calls.count("eth_signTypedData_v4") == 2
     assert "eth_sendTransaction" not in calls and "eth_sendRawTransaction" not in calls
-    pool = _pool(devnet)
     domain = payment_domain(pool["chain_id"], pool["escrow"])
     fees = 0
     for shown in result["questions"]:
@@ -386,9 +320,10 @@ def test_dapp_prepaid_balance_pays_two_questions_by_voucher_then_withdraws(
     assert result["withdrawal_open_text"].startswith("open now: withdraw")
     withdraw = w3.eth.get_transaction_receipt(result["withdraw_tx"])
     [withdrawn] = escrow.events.BalanceWithdrawn().process_receipt(withdraw)
-    before = escrow.functions.prepaidOf(user.address).call(
+    assert withdrawn["args"]["gateway"] == pool["gateway"]
+    before = escrow.functions.prepaidOf(user.address, pool["gateway"]).call(
         block_identifier=withdraw["blockNumber"] - 1
     )
     assert withdrawn["args"]["amount"] == before[0] in (funded, funded - fees)
-    assert tuple(escrow.functions.prepaidOf(user.address).call()) == (0, 0)
+    assert tuple(escrow.functions.prepaidOf(user.address, pool["gateway"]).call()) == (0, 0)
     assert result["prepaid_end_wei"] == "0" and result["withdrawal_end"] == "none pending"

@@ -38,6 +38,7 @@ from node.chain.evm.errors import (
     FraudWindowOpen,
     InsufficientPower,
     InvalidClaim,
+    InvalidGateway,
     QueryExists,
     QueryNotFunded,
     SignersNotSorted,
@@ -63,7 +64,7 @@ from protocol.eip712 import (
     evidence_id,
     queries_hash,
 )
-from protocol.errors import ConfigError, PlanetError, UnavailableError
+from protocol.errors import ConfigError, PlanetError, ProtocolError, UnavailableError
 from shares.merkle import PayoutTree
 
 pytestmark = pytest.mark.integration
@@ -159,6 +160,7 @@ def test_settlement_stake_deposit_post_claim_balances_exact(
     verifier = account(anvil, deployment, "verifier")
     user = account(anvil, deployment, "user")
     relayer = account(anvil, deployment, "relayer")
+    gateway = address_of(new_id("gateway key"))
 
     compute.staking.stake(ROLE_COMPUTE, 1 * ETHER)
     verifier.staking.stake(ROLE_VERIFIER, ETHER // 2)
@@ -173,9 +175,14 @@ def test_settlement_stake_deposit_post_claim_balances_exact(
     queries = [new_id("query"), new_id("query")]
     model = keccak(text="SmolLM2-135M-Instruct")
     for query in queries:
-        deposited = user.escrow.deposit(query, model, 10 * MILLI)
+        deposited = user.escrow.deposit(query, model, gateway, 10 * MILLI)
         assert deposited.event("Deposited")["amount"] == 10 * MILLI
+        assert deposited.event("Deposited")["gateway"] == gateway
         assert user.escrow.is_funded(query)
+    # one call answers everything a gateway checks before serving
+    state = relayer.escrow.deposit_of(queries[0])
+    assert (state["user"], state["amount"], state["status"]) == (user.address, 10 * MILLI, 1)
+    assert (state["model_id"], state["gateway"]) == (model, gateway)
 
     fees = [6 * MILLI, 9 * MILLI]
     epoch = 1_000 + next(_labels)
@@ -464,7 +471,7 @@ def test_dispute_second_signed_root_freezes_epoch_and_refunds_fees(
     user = account(anvil, deployment, "user")
     watcher = account(anvil, deployment, "watcher")
     query = new_id("query")
-    user.escrow.deposit(query, keccak(text="model"), 10 * MILLI)
+    user.escrow.deposit(query, keccak(text="model"), watcher.address, 10 * MILLI)
     epoch = 5_000 + next(_labels)
     tree = PayoutTree.for_epoch(epoch, {watcher.address: 4 * MILLI})
     domain = user.committee.domain()
@@ -495,50 +502,110 @@ def test_prepaid_balance_debited_by_posted_root_then_withdrawn_after_delay(
     payer = account(anvil, deployment, "payer")
     late = account(anvil, deployment, "late payer")
     operator = account(anvil, deployment, "operator")
-    payer.escrow.deposit_balance(10 * MILLI)
-    late.escrow.deposit_balance(2 * MILLI)
-    assert payer.escrow.prepaid_of() == {"balance": 10 * MILLI, "withdrawable_at": 0}
-    with pytest.raises(WithdrawalNotRequested):
-        payer.escrow.withdraw_balance()
+    gateway = address_of(new_id("gateway key"))
+    payer.escrow.deposit_balance(gateway, 10 * MILLI)
+    late.escrow.deposit_balance(gateway, 2 * MILLI)
+    assert payer.escrow.prepaid_of(payer.address, gateway) == {
+        "balance": 10 * MILLI,
+        "withdrawable_at": 0,
+    }
+    with pytest.raises(WithdrawalNotRequested) as early:
+        payer.escrow.withdraw_balance(gateway)
+    assert early.value.named_args == {"payer": payer.address, "gateway": gateway}
     # `late` withdraws before the root that debits it lands: the root still posts (shortfall).
-    late.escrow.request_withdrawal()
+    late.escrow.request_withdrawal(gateway)
     timeout = payer.escrow.refund_timeout()
     with pytest.raises(WithdrawalNotYetAvailable):
-        late.escrow.withdraw_balance()
+        late.escrow.withdraw_balance(gateway)
     travel(anvil, timeout + 1)
-    late.escrow.withdraw_balance()
-    assert late.escrow.prepaid_of()["balance"] == 0
+    late.escrow.withdraw_balance(gateway)
+    assert late.escrow.prepaid_of(late.address, gateway)["balance"] == 0
 
     epoch = 7_000 + next(_labels)
     payers = sorted([payer.address, late.address], key=lambda a: int(a, 16))
+    gateways = [gateway, gateway]
     debits = [3 * MILLI if p == payer.address else MILLI for p in payers]
     tree = PayoutTree.for_epoch(epoch, {operator.address: 4 * MILLI})
     escrow = deployment.address("QueryEscrow")
-    hashed = queries_hash([], [], payers, debits)
+    hashed = queries_hash([], [], payers, gateways, debits)
     statement = PayoutRoot(epoch, tree.root, 4 * MILLI, hashed, escrow)
     sigs = committee_signatures(statement, COMMITTEE_KEYS[:3], operator.committee.domain())
-    posted = operator.escrow.post_payout_root(statement, [], [], sigs, payers=payers, debits=debits)
+    posted = operator.escrow.post_payout_root(
+        statement, [], [], sigs, payers=payers, gateways=gateways, debits=debits
+    )
     assert posted.event("SettlementShortfall")["collected"] == 3 * MILLI
-    assert payer.escrow.prepaid_of()["balance"] == 7 * MILLI
+    assert payer.escrow.prepaid_of(payer.address, gateway)["balance"] == 7 * MILLI
     assert operator.escrow.shortfall_of(epoch) == {"total": 4 * MILLI, "collected": 3 * MILLI}
+    assert operator.escrow.uncharged_of(epoch, late.address, gateway) == MILLI
     travel(anvil, CHALLENGE_WINDOW_S + 1)
     payout, proof = tree.proof_for(epoch, operator.address)
     claimed = operator.escrow.claim(epoch, payout.amount, proof)
     assert claimed.event("Claimed")["amount"] == 3 * MILLI  # pro rata: 4 · 3/4
 
-    payer.escrow.request_withdrawal()
+    payer.escrow.request_withdrawal(gateway)
     travel(anvil, timeout + 1)
     before = payer.balance()
-    result = payer.escrow.withdraw_balance()
+    result = payer.escrow.withdraw_balance(gateway)
     assert payer.balance() - before == 7 * MILLI - result.fee_wei
+
+
+def test_prepaid_one_payer_two_gateways_each_debits_only_its_own_balance(
+    deployment: Deployment, anvil: Anvil
+) -> None:
+    """Issue 24 (7): one balance can no longer be spent at every gateway. The payer funds two
+    gateways; the first reports more than its own balance, the second its share: the first is
+    charged only what was deposited for it, the second's balance pays only the second."""
+    payer = account(anvil, deployment, "payer")
+    operator = account(anvil, deployment, "operator")
+    first, second = sorted(
+        (address_of(new_id("gateway key")) for _ in range(2)), key=lambda a: int(a, 16)
+    )
+    payer.escrow.deposit_balance(first, 5 * MILLI)
+    payer.escrow.deposit_balance(second, 3 * MILLI)
+    assert payer.escrow.prepaid_of(payer.address, second)["balance"] == 3 * MILLI
+    epoch = 8_000 + next(_labels)
+    payers, gateways, debits = [payer.address] * 2, [first, second], [8 * MILLI, 2 * MILLI]
+    tree = PayoutTree.for_epoch(epoch, {operator.address: 10 * MILLI})
+    hashed = queries_hash([], [], payers, gateways, debits)
+    statement = PayoutRoot(epoch, tree.root, 10 * MILLI, hashed, deployment.address("QueryEscrow"))
+    sigs = committee_signatures(statement, COMMITTEE_KEYS, operator.committee.domain())
+    posted = operator.escrow.post_payout_root(
+        statement, [], [], sigs, payers=payers, gateways=gateways, debits=debits
+    )
+    assert posted.event("DebitShortfall") == {
+        "epoch": epoch,
+        "payer": payer.address,
+        "gateway": first,
+        "debit": 8 * MILLI,
+        "charged": 5 * MILLI,
+    }
+    assert payer.escrow.prepaid_of(payer.address, first)["balance"] == 0
+    assert payer.escrow.prepaid_of(payer.address, second)["balance"] == MILLI
+    assert operator.escrow.uncharged_of(epoch, payer.address, first) == 3 * MILLI
+    assert operator.escrow.epoch_of(epoch)["unclaimed"] == 7 * MILLI
+    # the binding refuses unpaired debits before anything is sent
+    with pytest.raises(ProtocolError, match="gateways"):
+        operator.escrow.post_payout_root(statement, [], [], sigs, payers=payers, debits=debits)
+
+
+def test_deposit_and_balance_for_the_zero_gateway_revert_invalid_gateway(
+    deployment: Deployment, anvil: Anvil
+) -> None:
+    user = account(anvil, deployment, "user")
+    with pytest.raises(InvalidGateway) as query:
+        user.escrow.deposit(new_id("query"), keccak(text="m"), ZERO_ADDRESS, MILLI)
+    assert query.value.named_args == {"gateway": ZERO_ADDRESS} and query.value.hint
+    with pytest.raises(InvalidGateway):
+        user.escrow.deposit_balance(ZERO_ADDRESS, MILLI)
 
 
 def test_revert_decoding_typed_errors_with_arguments(deployment: Deployment, anvil: Anvil) -> None:
     user = account(anvil, deployment, "user")
     query = new_id("query")
-    user.escrow.deposit(query, keccak(text="m"), MILLI)
+    gateway = address_of(new_id("gateway key"))
+    user.escrow.deposit(query, keccak(text="m"), gateway, MILLI)
     with pytest.raises(QueryExists) as twice:
-        user.escrow.deposit(query, keccak(text="m"), MILLI)
+        user.escrow.deposit(query, keccak(text="m"), user.address, MILLI)
     assert twice.value.error_name == "QueryExists"
     assert twice.value.args == (query,)
     assert twice.value.contract == "QueryEscrow" and twice.value.function == "deposit"
@@ -733,3 +800,81 @@ def test_cli_deploy_unreachable_rpc_exits_with_hint(tmp_path: Path) -> None:
     assert "error:" in result.stderr and "hint:" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "d.json").exists()
+
+
+def _planet_balance(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PLANET_HOME": str(tmp_path / "home"),  # no devnet.json: only the flags count
+        "PLANET_PASSWORD": "pw",
+        "PLANET_LOG_LEVEL": "WARNING",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "node.cli.main", "balance", *argv],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_cli_balance_per_gateway_by_address_deposit_show_withdraw(
+    tmp_path: Path, deployment: Deployment, anvil: Anvil
+) -> None:
+    """`planet balance … --gateway 0x…` needs no running gateway (a balance at a gateway that is
+    down can still be withdrawn); each gateway's balance is its own."""
+    from node.keys import create_wallet
+
+    payer = account(anvil, deployment, "cli payer")
+    wallet = tmp_path / "wallet.json"
+    create_wallet(wallet, "pw", bytes(payer.account.key))
+    path = deployment.save(tmp_path / "deployment.json")
+    first, second = (address_of(new_id("gateway key")) for _ in range(2))
+    common = ["--deployment", str(path), "--evm-rpc", anvil.rpc_url, "--wallet", str(wallet)]
+
+    done = _planet_balance(tmp_path, "deposit", "0.002", "--gateway", first, "--json", *common)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert (answer["action"], answer["gateway"], answer["balance_wei"]) == (
+        "deposited",
+        first,
+        str(2 * MILLI),
+    )
+    assert payer.escrow.prepaid_of(payer.address, first)["balance"] == 2 * MILLI
+    shown = _planet_balance(tmp_path, "show", "--gateway", second.lower(), *common)
+    assert shown.returncode == 0, shown.stderr
+    assert f"at gateway {second}: 0 wei" in shown.stdout
+    # nothing to withdraw at the other gateway: a user mistake, error + hint, no traceback
+    empty = _planet_balance(tmp_path, "withdraw", "--gateway", second, *common)
+    assert empty.returncode == 2
+    assert "error:" in empty.stderr and "is empty" in empty.stderr and "hint:" in empty.stderr
+    assert "Traceback" not in empty.stderr
+    requested = _planet_balance(tmp_path, "withdraw", "--gateway", first, "--json", *common)
+    assert json.loads(requested.stdout)["action"] == "requested", requested.stderr
+    early = _planet_balance(tmp_path, "withdraw", "--gateway", first, *common)
+    assert early.returncode == 2 and "opens at" in early.stderr and "hint:" in early.stderr
+    travel(anvil, payer.escrow.refund_timeout() + 1)
+    withdrawn = _planet_balance(tmp_path, "withdraw", "--gateway", first, "--json", *common)
+    assert json.loads(withdrawn.stdout)["action"] == "withdrawn", withdrawn.stderr
+    assert payer.escrow.prepaid_of(payer.address, first) == {"balance": 0, "withdrawable_at": 0}
+
+
+def test_cli_balance_unreachable_gateway_url_names_the_address_way(
+    tmp_path: Path, deployment: Deployment, anvil: Anvil
+) -> None:
+    from node.keys import create_wallet
+
+    payer = account(anvil, deployment, "cli payer")
+    wallet = tmp_path / "wallet.json"
+    create_wallet(wallet, "pw", bytes(payer.account.key))
+    path = deployment.save(tmp_path / "deployment.json")
+    closed = f"http://127.0.0.1:{UNUSED_PORT}"
+    result = _planet_balance(
+        tmp_path, "show", "--gateway", closed, "--deployment", str(path),
+        "--evm-rpc", anvil.rpc_url, "--wallet", str(wallet),
+    )  # fmt: skip
+    assert result.returncode == UnavailableError.exit_status
+    assert "error:" in result.stderr and "--gateway 0x" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -89,10 +89,10 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
         first = net.submit(sign(Redeem("m", 0, tuple(spend)), node_key, 2).encode())
         assert first.get("code", 0) == 0, first
         again = net.submit(sign(Redeem("m", 0, tuple(spend[:1])), node_key, 3).encode())
-        assert again["code"] == 61 and "already redeemed" in again["log"], again  # CREDIT_SPENT
+        assert again["code"] == 78 and "already redeemed" in again["log"], again  # CREDIT_SPENT
         [last] = wallet.take(1)
         altered = replace(last, prepared=last.prepared[:-1] + bytes([last.prepared[-1] ^ 1]))
         refused = net.submit(sign(Redeem("m", 0, (altered,)), node_key, 4).encode())
-        assert refused["code"] == 60, refused  # CREDIT_INVALID
+        assert refused["code"] == 77, refused  # CREDIT_INVALID
         credited = net.query(f"/credits?account={address_of(evm).lower()}")["credits"]
         assert credited == [{"layer_tokens": 2 * LAYER_TOKENS, "model": "m", "shard": 0}]

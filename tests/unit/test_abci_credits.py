@@ -447,7 +447,7 @@ def test_credits_no_state_entry_or_tx_links_the_payer_to_the_node(tmp_path: Path
         for side, present in (("payer", has_payer), ("node", has_node)):
             if present:
                 seen[side].add(ns)
-    assert {"mint", "vseen"} <= seen["payer"] and {"node", "evm"} <= seen["node"], seen
+    assert {"mint", "spent"} <= seen["payer"] and {"node", "evm"} <= seen["node"], seen
     redeem_text = redeem_raw.decode().lower()
     assert not any(p in redeem_text for p in payer_side)
     mint_text = mint_raw.decode().lower()

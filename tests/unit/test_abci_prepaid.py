@@ -1,19 +1,29 @@
-"""Prepaid charges through the committee: a gateway's work_report carries its vouchers' charges,
-the chain checks each (signature, cap, expiry against block time, replay), the epoch close
-debits the payers in the signed statement (abci_app/settlement.py)."""
+"""Prepaid charges through the committee: a gateway's work_report carries cumulative charges under
+payer-signed authorizations (vouchers and payment keys); the chain checks each item on its own
+(signature, cap, expiry against block time, never below what it charged before), keeps the
+running total per authorization and debits each (payer, gateway) the increase in the epoch's
+statement (abci_app/settlement.py)."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 import pytest
 
 from abci_app.codes import Code
-from abci_app.prepaid import MAX_VOUCHER_LIFETIME_S
-from abci_app.settlement import model_key
+from abci_app.settlement import MAX_LIFETIME_S, model_key
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
-from protocol.committee.settlement import Contribution, NodeWork, PrepaidItem, ShardWork, WorkReport
-from protocol.eip712 import address_of
-from protocol.payment import Voucher, parse_voucher_key, payment_domain, sign_voucher
+from protocol.committee.settlement import (
+    ChargeItem,
+    Contribution,
+    NodeWork,
+    ShardWork,
+    WorkReport,
+)
+from protocol.eip712 import address_of, sign_digest
+from protocol.payment import PaymentKey, Voucher, payment_domain
 from shares.payouts import ComputeWork, EpochWork, PayerDebit, ShardHealth
 from shares.settlement import close_epoch
 from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key
@@ -32,6 +42,7 @@ pytestmark = pytest.mark.unit
 
 NOW = 1_800_000_000
 GATEWAY_EVM = "0x" + "9a" * 20
+OTHER_GATEWAY_EVM = "0x" + "9b" * 20
 MODEL_ID = "0x" + "4d" * 32
 PAYER_KEYS = {label: seeded_evm_key(label) for label in ("payer-1", "payer-2")}
 PAYMENT = payment_domain(EVM_CHAIN_ID, ESCROW)
@@ -44,34 +55,40 @@ def payer(label: str) -> str:
 def charge(
     label: str,
     n: int,
-    fee: int,
+    total: int,
     *,
+    kind: str = "voucher",
     cap: int = 10**6,
     expiry: int = NOW + 3600,
     key: bytes | None = None,
     consumer: str = ESCROW,
-) -> PrepaidItem:
-    query_id = "0x" + f"{n:064x}"
-    voucher = Voucher(
-        GATEWAY_EVM, bytes.fromhex(query_id[2:]), bytes.fromhex(MODEL_ID[2:]), cap, expiry, consumer
-    )
-    domain = payment_domain(EVM_CHAIN_ID, consumer)
-    proof = parse_voucher_key(sign_voucher(key or PAYER_KEYS[label], voucher, domain))
-    return PrepaidItem(
-        GATEWAY_EVM,
+    gateway: str = GATEWAY_EVM,
+) -> ChargeItem:
+    """A `kind` authorization number `n` of payer `label`, charged `total` in all."""
+    ident = bytes.fromhex(f"{n:064x}")
+    model = bytes.fromhex(MODEL_ID[2:])
+    struct: Voucher | PaymentKey
+    if kind == "voucher":
+        struct = Voucher(gateway, ident, model, cap, expiry, consumer)
+    else:
+        struct = PaymentKey(gateway, ident, model, cap, expiry, consumer)
+    digest = struct.digest(payment_domain(EVM_CHAIN_ID, consumer))
+    signature = sign_digest(key or PAYER_KEYS[label], digest)
+    return ChargeItem(
+        kind,
+        gateway,
         payer(label),
-        query_id,
+        "0x" + ident.hex(),
         MODEL_ID,
-        fee,
+        total,
         cap,
         expiry,
-        "0x" + proof.signature.hex(),
+        "0x" + signature.hex(),
     )
 
 
-def prepaid_report(*items: PrepaidItem, work: tuple[NodeWork, ...] = ()) -> WorkReport:
-    ordered = tuple(sorted(items, key=lambda p: (p.payer, p.query_id)))
-    return WorkReport(work=work, queries=(), prepaid=ordered)
+def charges_report(*items: ChargeItem, work: tuple[NodeWork, ...] = ()) -> WorkReport:
+    return WorkReport(work=work, queries=(), charges=tuple(sorted(items, key=lambda c: c.key)))
 
 
 def chain_at_time() -> Chain:
@@ -80,7 +97,12 @@ def chain_at_time() -> Chain:
     return chain
 
 
-def backed_and_credited(chain: Chain, *items: PrepaidItem) -> tuple[str, str]:
+def refusals(result: Any) -> list[dict[str, str]]:
+    """The `planet.item_refused` events of a tx result, as dicts."""
+    return [dict(attrs) for kind, attrs in result.events if kind == "planet.item_refused"]
+
+
+def backed_and_credited(chain: Chain, *items: ChargeItem) -> tuple[str, str]:
     """Two nodes backed by one report that also carries `items`; both contribute."""
     a, b = two_nodes(chain)
     work = tuple(
@@ -89,8 +111,8 @@ def backed_and_credited(chain: Chain, *items: PrepaidItem) -> tuple[str, str]:
             key=lambda w: (w.node, w.model, w.shard),
         )
     )
-    result = one(chain, prepaid_report(*items, work=work), GATEWAY)
-    assert result.code == Code.OK, result.log
+    result = one(chain, charges_report(*items, work=work), GATEWAY)
+    assert result.code == Code.OK and refusals(result) == [], result.log
     results = chain.block(
         [
             chain.tx(Contribution((ShardWork("m", 0, 2, 10),)), a),
@@ -101,20 +123,31 @@ def backed_and_credited(chain: Chain, *items: PrepaidItem) -> tuple[str, str]:
     return hexkey(a), hexkey(b)
 
 
-def test_prepaid_charges_become_the_statements_debits_and_match_close_epoch() -> None:
+def test_charges_become_per_payer_and_gateway_debits_and_match_close_epoch() -> None:
     chain = chain_at_time()
-    items = (charge("payer-1", 1, 300), charge("payer-1", 2, 200), charge("payer-2", 3, 101))
+    items = (
+        charge("payer-1", 1, 300),
+        charge("payer-1", 2, 200),
+        charge("payer-1", 3, 50, gateway=OTHER_GATEWAY_EVM),
+        charge("payer-2", 4, 101, kind="key"),
+    )
     node_a, node_b = backed_and_credited(chain, *items)
     epoch = next_epoch_end(chain)
     view = ask(chain, f"/payouts?epoch={epoch}")
-    first, second = sorted((payer("payer-1"), payer("payer-2")))
-    debit = {payer("payer-1"): 500, payer("payer-2"): 101}
-    assert view["payers"] == [first, second]
-    assert view["debits"] == [str(debit[first]), str(debit[second])]
-    assert view["query_ids"] == [] and view["total"] == "601"
-    # the settled list names payers and query ids only: no node, circuit or session
-    assert sorted(view["charges"]) == sorted([[p.payer, p.query_id] for p in items])
-    # the same statement `shares` computes from the same input
+    debits = sorted(
+        [
+            (payer("payer-1"), GATEWAY_EVM, 500),
+            (payer("payer-1"), OTHER_GATEWAY_EVM, 50),
+            (payer("payer-2"), GATEWAY_EVM, 101),
+        ]
+    )
+    listed = zip(view["payers"], view["gateways"], map(int, view["debits"]), strict=True)
+    assert list(listed) == debits
+    assert view["query_ids"] == [] and view["total"] == "651"
+    # what the root covers, per authorization: no node, circuit or session
+    assert sorted(view["charges"]) == sorted(
+        [[c.payer, c.gateway, c.kind, c.id, str(c.total)] for c in items]
+    )
     a_acct = chain.state.get("node", node_a)["evm_address"].lower()
     b_acct = chain.state.get("node", node_b)["evm_address"].lower()
     expected = close_epoch(
@@ -126,97 +159,157 @@ def test_prepaid_charges_become_the_statements_debits_and_match_close_epoch() ->
                 ComputeWork(b_acct, model_key("m"), 1, 1, 30),
             ),
             health=(ShardHealth(model_key("m"), 0, 1), ShardHealth(model_key("m"), 1, 1)),
-            debits=(PayerDebit(first, debit[first]), PayerDebit(second, debit[second])),
+            debits=tuple(PayerDebit(p, g, d) for p, g, d in debits),
         )
     )
     assert view["root"] == "0x" + expected.root.hex()
     assert view["queries_hash"] == "0x" + expected.queries_hash.hex()
-    # settled charges leave the pending set; their replay guard stays until expiry
-    assert chain.state.items("vpend") == []
-    replay = one(chain, prepaid_report(items[0]), GATEWAY)
-    assert replay.code == Code.VOUCHER_REPLAYED, replay.log
+    assert chain.state.items("cpend") == []
+    # the same items again after the root: charged already, nothing new to debit
+    again = one(chain, charges_report(*items), GATEWAY)
+    assert again.code == Code.OK and refusals(again) == []
+    assert chain.state.items("cpend") == []
 
 
-def test_a_charge_replayed_in_a_later_report_or_twice_pending_is_refused_by_name() -> None:
+def test_a_key_is_charged_cumulatively_never_twice_never_below_never_above_its_cap() -> None:
     chain = chain_at_time()
-    first = charge("payer-1", 7, 100)
-    assert one(chain, prepaid_report(first), GATEWAY).code == Code.OK
-    again = one(chain, prepaid_report(first), GATEWAY)
-    assert again.code == Code.VOUCHER_REPLAYED and "already charged" in again.log
-    # the same voucher with another fee is the same (payer, query id): refused too
-    other_fee = one(chain, prepaid_report(charge("payer-1", 7, 50)), GATEWAY)
-    assert other_fee.code == Code.VOUCHER_REPLAYED
-    assert len(chain.state.items("vpend")) == 1
+    first = one(chain, charges_report(charge("payer-1", 7, 100, kind="key", cap=1000)), GATEWAY)
+    assert refusals(first) == []
+    assert one(chain, charges_report(charge("payer-1", 7, 250, kind="key", cap=1000)), GATEWAY)
+    key = f"{payer('payer-1')}/{GATEWAY_EVM}/key/0x{7:064x}"
+    assert chain.state.get("cpend", key) == {"from": "0", "total": "250", "height": 1}
+    resent = one(chain, charges_report(charge("payer-1", 7, 250, kind="key", cap=1000)), GATEWAY)
+    assert refusals(resent) == [] and ("applied", "0") in dict(resent.events)["planet.work_report"]
+    lower = one(chain, charges_report(charge("payer-1", 7, 200, kind="key", cap=1000)), GATEWAY)
+    assert [(r["code"], r["kind"], r["id"]) for r in refusals(lower)] == [
+        ("CHARGE_BELOW_PREVIOUS", "charge", key)
+    ]
+    above = one(chain, charges_report(charge("payer-1", 7, 1001, kind="key", cap=1000)), GATEWAY)
+    assert [r["code"] for r in refusals(above)] == ["CHARGE_OVER_CAP"]
+    assert chain.state.get("spent", key)["total"] == "250"
+
+
+def test_a_charge_after_its_statement_debits_only_the_increase() -> None:
+    chain = chain_at_time()
+    backed_and_credited(chain, charge("payer-1", 7, 100, kind="key"))
+    epoch = next_epoch_end(chain)
+    assert ask(chain, f"/payouts?epoch={epoch}")["debits"] == ["100"]
+    assert one(chain, charges_report(charge("payer-1", 7, 160, kind="key")), GATEWAY)
+    key = f"{payer('payer-1')}/{GATEWAY_EVM}/key/0x{7:064x}"
+    assert chain.state.get("cpend", key)["from"] == "100"
 
 
 @pytest.mark.parametrize(
     ("item", "code"),
     [
-        (lambda: charge("payer-1", 1, 101, cap=100), Code.VOUCHER_INVALID),
-        (lambda: charge("payer-1", 1, 10, key=PAYER_KEYS["payer-2"]), Code.VOUCHER_INVALID),
-        (lambda: charge("payer-1", 1, 10, consumer="0x" + "12" * 20), Code.VOUCHER_INVALID),
-        (lambda: charge("payer-1", 1, 10, expiry=NOW - 1), Code.VOUCHER_EXPIRED),
+        (lambda: charge("payer-1", 1, 101, cap=100), "CHARGE_OVER_CAP"),
+        (lambda: charge("payer-1", 1, 10, key=PAYER_KEYS["payer-2"]), "AUTHORIZATION_INVALID"),
+        (lambda: charge("payer-1", 1, 10, consumer="0x" + "12" * 20), "AUTHORIZATION_INVALID"),
+        (lambda: charge("payer-1", 1, 10, kind="key", key=b"\x07" * 32), "AUTHORIZATION_INVALID"),
+        (lambda: charge("payer-1", 1, 10, expiry=NOW - 1), "AUTHORIZATION_EXPIRED"),
         (
-            lambda: charge("payer-1", 1, 10, expiry=NOW + MAX_VOUCHER_LIFETIME_S + 1),
-            Code.VOUCHER_EXPIRY_TOO_FAR,
+            lambda: charge("payer-1", 1, 10, expiry=NOW + MAX_LIFETIME_S["voucher"] + 1),
+            "AUTHORIZATION_EXPIRY_TOO_FAR",
         ),
     ],
-    ids=["over_cap", "not_the_payer", "other_escrow", "expired", "expiry_too_far"],
+    ids=["over_cap", "not_the_payer", "other_escrow", "key_not_the_payer", "expired", "too_far"],
 )
-def test_a_bad_charge_refuses_the_whole_report_with_no_trace(item: object, code: Code) -> None:
+def test_a_bad_charge_is_refused_alone_by_name_and_the_rest_applies(item: Any, code: str) -> None:
     chain = chain_at_time()
     a, _ = two_nodes(chain)
     work = (NodeWork(hexkey(a), "m", 0, 2, 10),)
-    result = one(chain, prepaid_report(item(), work=work), GATEWAY)  # type: ignore[operator]
-    assert result.code == code, result.log
-    assert chain.state.items("vpend") == [] and chain.state.items("vseen") == []
-    assert chain.state.get("backing", f"{hexkey(a)}/m/0") is None
+    bad = item()
+    good = charge("payer-2", 2, 40)
+    result = one(chain, charges_report(bad, good, work=work), GATEWAY)
+    assert result.code == Code.OK, result.log
+    [refused] = refusals(result)
+    assert (refused["kind"], refused["id"], refused["code"]) == ("charge", bad.name, code)
+    assert refused["reason"]
+    # the report's other items applied: the work is backed, the good charge is pending
+    assert chain.state.get("backing", f"{1:012d}/{hexkey(a)}/m/0") == 20
+    assert [key for key, _ in chain.state.items("cpend")] == [good.name]
+    assert [key for key, _ in chain.state.items("spent")] == [good.name]
 
 
-def test_the_replay_guard_is_pruned_after_expiry_and_the_voucher_is_then_expired() -> None:
+def test_a_charge_under_another_expiry_of_the_same_authorization_is_refused() -> None:
+    chain = chain_at_time()
+    assert one(chain, charges_report(charge("payer-1", 3, 10, kind="key")), GATEWAY)
+    other = one(
+        chain, charges_report(charge("payer-1", 3, 20, kind="key", expiry=NOW + 7200)), GATEWAY
+    )
+    assert [r["code"] for r in refusals(other)] == ["AUTHORIZATION_INVALID"]
+
+
+def test_the_replay_guard_is_pruned_after_expiry_and_the_authorization_is_then_expired() -> None:
     chain = chain_at_time()
     item = charge("payer-1", 9, 10, expiry=NOW + 60)
-    assert one(chain, prepaid_report(item), GATEWAY).code == Code.OK
-    key = f"{item.payer}/{item.query_id}"
+    assert refusals(one(chain, charges_report(item), GATEWAY)) == []
     chain.time_s = NOW + 60  # expiry itself is still valid
     chain.block()
-    assert chain.state.get("vseen", key) == NOW + 60
+    assert chain.state.get("spent", item.name) == {"total": "10", "expiry": NOW + 60}
     chain.time_s = NOW + 61
     chain.block()
-    assert chain.state.get("vseen", key) is None
+    assert chain.state.get("spent", item.name) is None
     assert chain.state.items("gcexp") == []
-    assert chain.state.get("vpend", key) is not None  # still owed: the close will debit it
-    late = one(chain, prepaid_report(item), GATEWAY)
-    assert late.code == Code.VOUCHER_EXPIRED, late.log
+    assert chain.state.get("cpend", item.name) is not None  # still owed: the close debits it
+    late = one(chain, charges_report(item), GATEWAY)
+    assert [r["code"] for r in refusals(late)] == ["AUTHORIZATION_EXPIRED"]
 
 
-def test_prepaid_without_escrow_is_settlement_disabled() -> None:
+def test_charges_without_escrow_are_refused_items_settlement_disabled() -> None:
     chain = Chain(genesis={"gateways": [hexkey(GATEWAY)]})
     chain.time_s = NOW
-    result = one(chain, prepaid_report(charge("payer-1", 1, 10)), GATEWAY)
-    assert result.code == Code.SETTLEMENT_DISABLED
+    result = one(chain, charges_report(charge("payer-1", 1, 10)), GATEWAY)
+    assert result.code == Code.OK
+    assert [r["code"] for r in refusals(result)] == ["SETTLEMENT_DISABLED"]
 
 
-def test_the_wire_keeps_old_reports_unchanged_and_refuses_hostile_prepaid_lists() -> None:
+def test_the_wire_keeps_old_reports_unchanged_and_refuses_hostile_charge_lists() -> None:
     plain = WorkReport(work=(), queries=(("0x" + "01" * 32, 5),))
-    assert "prepaid" not in plain.to_json()
+    assert "charges" not in plain.to_json()
     item = charge("payer-1", 1, 10)
-    body = prepaid_report(item)
+    body = charges_report(item, charge("payer-1", 1, 10, kind="key"))
     raw = sign(body, GATEWAY, 1).encode()
     assert decode(raw).body == body
     good = item.to_json()
     hostile = [
         [],
         [good, good],
-        [[*good[:4], "01", *good[5:]]],
-        [[*good[:4], "-1", *good[5:]]],
-        [[*good[:4], str(1 << 128), *good[5:]]],
-        [[good[0].upper(), *good[1:]]],
-        [[*good[:6], True, good[7]]],
-        [[*good[:6], 1 << 64, good[7]]],
-        [good[:7]],
+        [[*good[:5], "01", *good[6:]]],
+        [[*good[:5], "-1", *good[6:]]],
+        [[*good[:5], str(1 << 128), *good[6:]]],
+        [[*good[:6], str(1 << 128), *good[7:]]],
+        [["prepaid", *good[1:]]],
+        [[good[0], good[1].upper(), *good[2:]]],
+        [[*good[:7], True, good[8]]],
+        [[*good[:7], 1 << 64, good[8]]],
+        [good[:8]],
         "x",
     ]
     for bad in hostile:
         with pytest.raises(TxDecodeError):
-            WorkReport.from_json({"work": [], "queries": [], "prepaid": bad})
+            WorkReport.from_json({"work": [], "queries": [], "charges": bad})
+
+
+def test_a_gateway_key_bound_in_genesis_charges_only_for_its_own_address() -> None:
+    checksummed = GATEWAY_EVM.upper().replace("0X", "0x")
+    chain = settled_chain(gateway_addresses={hexkey(GATEWAY): checksummed})
+    chain.time_s = NOW
+    own, other = charge("payer-1", 1, 10), charge("payer-1", 2, 10, gateway=OTHER_GATEWAY_EVM)
+    result = one(chain, charges_report(own, other), GATEWAY)
+    assert [(r["id"], r["code"]) for r in refusals(result)] == [(other.name, "WRONG_GATEWAY")]
+    assert [key for key, _ in chain.state.items("cpend")] == [own.name]
+
+
+def test_genesis_binds_only_listed_gateway_keys_to_addresses() -> None:
+    from abci_app.genesis import Genesis
+    from protocol.errors import ConfigError
+
+    key = hexkey(GATEWAY)
+    parsed = Genesis.parse(
+        json.dumps({"gateways": [key], "gateway_addresses": {key: GATEWAY_EVM}}).encode()
+    )
+    assert parsed.gateway_addresses == {key: GATEWAY_EVM}
+    for bad in ({"ab" * 32: GATEWAY_EVM}, {key: "0x12"}, [key]):
+        with pytest.raises(ConfigError):
+            Genesis.parse(json.dumps({"gateways": [key], "gateway_addresses": bad}).encode())

@@ -4,6 +4,7 @@ and payout votes, with every refusal named (abci_app/settlement.py)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from nacl.signing import SigningKey
@@ -107,6 +108,11 @@ def served_epoch(chain: Chain) -> tuple[SigningKey, SigningKey, int]:
     return a, b, next_epoch_end(chain)
 
 
+def refused_codes(result: Any) -> list[str]:
+    """The code names of a tx result's `planet.item_refused` events, in order."""
+    return [dict(attrs)["code"] for kind, attrs in result.events if kind == "planet.item_refused"]
+
+
 def evm_of(label: str) -> str:
     return address_of(seeded_evm_key(label)).lower()
 
@@ -155,8 +161,11 @@ def test_settlement_served_work_becomes_the_close_epoch_root_and_proofs_verify()
         assert int(proof["amount"]) == amount
         steps = [bytes.fromhex(p[2:]) for p in proof["proof"]]
         assert verify(expected.root, Payout(epoch, account, amount), steps)
-    # the queries are settled: re-reporting one is refused; the credits are gone
-    assert one(chain, report(queries=((Q1, 1),)), GATEWAY).code == Code.DUPLICATE_QUERY
+    # the queries are settled: re-reporting one with its fee changes nothing, with another fee
+    # it is a refused item; the credits are gone
+    assert refused_codes(one(chain, report(queries=((Q1, 600),)), GATEWAY)) == []
+    assert refused_codes(one(chain, report(queries=((Q1, 1),)), GATEWAY)) == ["DUPLICATE_QUERY"]
+    assert chain.state.committed("sqdone", Q1) == {"fee": "600", "statement": epoch}
     assert ask(chain, f"/credits?account={evm_of('node-a')}&epoch={epoch}")["credits"] == []
 
 
@@ -211,7 +220,7 @@ def test_settlement_contribution_is_credited_only_up_to_the_backing() -> None:
     a, _ = two_nodes(chain)
     assert one(chain, report(NodeWork(hexkey(a), "m", 0, 2, 10)), GATEWAY).code == Code.OK
     assert ask(chain, f"/backing?node={hexkey(a)}")["backing"] == [
-        {"model": "m", "shard": 0, "layer_tokens": 20}
+        {"model": "m", "shard": 0, "layer_tokens": 20, "epochs": {"1": 20}}
     ]
     assert one(chain, Contribution((ShardWork("m", 0, 2, 1000),)), a).code == Code.OK
     [credit] = ask(chain, f"/credits?account={evm_of('node-a')}")["credits"]
@@ -230,19 +239,60 @@ def test_settlement_contribution_below_backing_leaves_the_rest_for_later() -> No
     assert left["layer_tokens"] == 12
 
 
-def test_settlement_work_report_refusals_are_named() -> None:
+def test_settlement_work_report_refused_whole_only_for_a_stranger() -> None:
     chain = settled_chain()
     a, _ = two_nodes(chain)
     stranger = seeded_key("not-a-gateway")
     body = report(NodeWork(hexkey(a), "m", 0, 2, 10), queries=((Q1, 5),))
     assert one(chain, body, stranger).code == Code.UNKNOWN_GATEWAY
     assert one(chain, body, a).code == Code.UNKNOWN_GATEWAY  # a node cannot back itself
-    unknown = report(NodeWork("ab" * 32, "m", 0, 2, 10))
-    assert one(chain, unknown, GATEWAY).code == Code.UNKNOWN_NODE
-    assert one(chain, body, GATEWAY).code == Code.OK
-    assert one(chain, report(queries=((Q1, 5),)), GATEWAY).code == Code.DUPLICATE_QUERY
-    # the refused reports wrote nothing: A's backing is the one accepted report's
+    assert ask(chain, f"/backing?node={hexkey(a)}")["backing"] == []
+    assert chain.state.items("squery") == []
+
+
+def test_settlement_a_bad_item_is_refused_alone_by_name_and_the_others_apply() -> None:
+    chain = settled_chain()
+    a, b = two_nodes(chain)
+    assert one(chain, report(queries=((Q1, 5),)), GATEWAY).code == Code.OK
+    verifier = register(chain, "verifier-1", role="verifier")
+    unknown = "ab" * 32
+    body = report(
+        NodeWork(hexkey(a), "m", 0, 2, 10),
+        NodeWork(unknown, "m", 0, 2, 10),
+        NodeWork(hexkey(verifier), "m", 0, 1, 1),
+        NodeWork(hexkey(b), "m", 1, 1, 4),
+        queries=((Q1, 6), (Q2, 7), (Q3, 0)),
+    )
+    result = one(chain, body, GATEWAY)
+    assert result.code == Code.OK, result.log
+    refused = [dict(attrs) for kind, attrs in result.events if kind == "planet.item_refused"]
+    work_refused = sorted(
+        [
+            ("work", f"{unknown}/m/0", "UNKNOWN_NODE"),
+            ("work", f"{hexkey(verifier)}/m/0", "WRONG_ROLE"),
+        ],
+        key=lambda r: r[1],
+    )
+    expected = [*work_refused, ("query", Q1, "DUPLICATE_QUERY")]
+    assert [(r["kind"], r["id"], r["code"]) for r in refused] == expected
+    assert all(r["reason"] for r in refused)
+    summary = dict(dict(result.events)["planet.work_report"])
+    assert (summary["applied"], summary["unchanged"], summary["refused"]) == ("3", "1", "3")
+    # the good items applied: both nodes backed, Q2 pending; Q1 keeps its first fee
     assert ask(chain, f"/backing?node={hexkey(a)}")["backing"][0]["layer_tokens"] == 20
+    assert ask(chain, f"/backing?node={hexkey(b)}")["backing"][0]["layer_tokens"] == 4
+    assert chain.state.get("squery", Q1)["fee"] == "5"
+    assert chain.state.get("squery", Q2)["fee"] == "7"
+    assert chain.state.get("squery", Q3) is None  # a zero fee charges nothing
+
+
+def test_settlement_query_fees_are_idempotent() -> None:
+    chain = settled_chain()
+    assert refused_codes(one(chain, report(queries=((Q1, 5),)), GATEWAY)) == []
+    again = one(chain, report(queries=((Q1, 5),)), GATEWAY)
+    assert again.code == Code.OK and refused_codes(again) == []
+    assert chain.state.get("squery", Q1) == {"fee": "5", "height": 1}  # not re-dated
+    assert refused_codes(one(chain, report(queries=((Q1, 4),)), GATEWAY)) == ["DUPLICATE_QUERY"]
 
 
 def test_settlement_nothing_to_pay_carries_the_queries_forward() -> None:
@@ -420,7 +470,7 @@ def test_settlement_queries_unknown_epoch_or_account_not_found() -> None:
 def test_settlement_records_are_pruned_with_their_epoch() -> None:
     chain = settled_chain(retention_epochs=1)
     _, _, epoch = served_epoch(chain)
-    assert chain.state.committed("sqdone", Q1) == epoch
+    assert chain.state.committed("sqdone", Q1) == {"fee": "600", "statement": epoch}
     length = chain.state.genesis.epoch_length
     chain.advance_to((epoch + 2) * length + 1)  # first block of epoch e + retention + 1
     assert ask_code(chain, f"/payouts?epoch={epoch}") == Code.NOT_FOUND
@@ -455,3 +505,54 @@ def test_settlement_scarcity_counts_routable_nodes_not_only_contributors() -> No
     epoch = next_epoch_end(chain)
     rows = dict(ask(chain, f"/payouts?epoch={epoch}")["rows"])
     assert rows == {evm_of("node-a"): "500", evm_of("node-b"): "200"}  # 5 : 2
+
+
+# --- credit belongs to the epoch the work was served in -----------------------------------------
+
+
+def test_settlement_backing_is_creditable_in_its_epoch_and_the_next_only() -> None:
+    chain = settled_chain()
+    a, b = two_nodes(chain)
+    length = chain.state.genesis.epoch_length
+    served = chain.state.height // length + 1
+    work = report(NodeWork(hexkey(a), "m", 0, 2, 10), NodeWork(hexkey(b), "m", 1, 3, 10))
+    assert refused_codes(one(chain, work, GATEWAY)) == []
+    chain.advance_to(served * length)  # epoch `served` closes
+    # B claims in the next epoch: one epoch of grace
+    assert one(chain, Contribution((ShardWork("m", 1, 3, 10),)), b).code == Code.OK
+    [credit] = ask(chain, f"/credits?account={evm_of('node-b')}")["credits"]
+    assert credit["layer_tokens"] == 30
+    assert ask(chain, f"/backing?node={hexkey(a)}")["backing"] == [
+        {"model": "m", "shard": 0, "layer_tokens": 20, "epochs": {str(served): 20}}
+    ]
+    chain.advance_to((served + 1) * length)  # the epoch after closes: A's backing expires
+    assert ask(chain, f"/backing?node={hexkey(a)}")["backing"] == []
+    late = one(chain, Contribution((ShardWork("m", 0, 2, 10),)), a)
+    assert late.code == Code.UNBACKED_CONTRIBUTION, late.log
+    assert ask(chain, f"/credits?account={evm_of('node-a')}")["credits"] == []
+
+
+def test_settlement_a_contribution_uses_the_older_backing_first() -> None:
+    chain = settled_chain()
+    a, _ = two_nodes(chain)
+    length = chain.state.genesis.epoch_length
+    first = chain.state.height // length + 1
+    assert refused_codes(one(chain, report(NodeWork(hexkey(a), "m", 0, 1, 6)), GATEWAY)) == []
+    chain.advance_to(first * length)
+    assert refused_codes(one(chain, report(NodeWork(hexkey(a), "m", 0, 1, 5)), GATEWAY)) == []
+    assert one(chain, Contribution((ShardWork("m", 0, 1, 8),)), a).code == Code.OK
+    [left] = ask(chain, f"/backing?node={hexkey(a)}")["backing"]
+    assert left == {"model": "m", "shard": 0, "layer_tokens": 3, "epochs": {str(first + 1): 3}}
+
+
+def test_settlement_credits_of_an_epoch_that_paid_nothing_move_on_once() -> None:
+    chain = settled_chain()
+    a, _ = two_nodes(chain)
+    assert refused_codes(one(chain, report(NodeWork(hexkey(a), "m", 0, 2, 10)), GATEWAY)) == []
+    assert one(chain, Contribution((ShardWork("m", 0, 2, 10),)), a).code == Code.OK
+    first = next_epoch_end(chain)  # no fee: the credit moves to the next epoch, marked carried
+    [carried] = ask(chain, f"/credits?account={evm_of('node-a')}")["credits"]
+    assert carried["layer_tokens"] == 20
+    second = next_epoch_end(chain)  # no fee again: a carried credit moves no further
+    assert second == first + 1
+    assert ask(chain, f"/credits?account={evm_of('node-a')}")["credits"] == []

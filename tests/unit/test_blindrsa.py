@@ -222,8 +222,11 @@ def test_blindrsa_encoding_not_coprime_with_n_refused(
 def test_blindrsa_signature_out_of_range_or_wrong_length_refused(key: RsaPrivateKey) -> None:
     prepared, sig = _credit(key, b"credit")
     k = key.public.modulus_len
-    with pytest.raises(MessageOutOfRangeError):
-        verify(key.public, prepared, key.public.n.to_bytes(k, "big"))
+    # RFC 8017 RSASSA-PSS-VERIFY 2b: a representative ≥ n is an invalid signature (the same
+    # answer a signature made under another, larger modulus gets)
+    for value in (key.public.n, 256**k - 1):
+        with pytest.raises(VerificationError):
+            verify(key.public, prepared, value.to_bytes(k, "big"))
     with pytest.raises(InvalidInputError):
         verify(key.public, prepared, sig[1:])
     with pytest.raises(InvalidInputError):

@@ -1,10 +1,11 @@
-"""`planet balance`: the ETH amount parser and the argument mistakes (error + hint, exit 2)."""
+"""`planet balance`: the ETH amount parser, the `--gateway` parser and the argument mistakes
+(error + hint, exit 2)."""
 
 from __future__ import annotations
 
 import pytest
 
-from node.cli.balance import MAX_BALANCE_WEI, parse_eth
+from node.cli.balance import MAX_BALANCE_WEI, parse_eth, parse_gateway
 from node.cli.main import main
 from protocol.errors import UsageError
 
@@ -41,6 +42,8 @@ def test_parse_eth_upper_bound_is_the_escrow_balance_width() -> None:
         (["balance", "show", "5"], "takes no amount"),
         (["balance", "deposit"], "needs an amount"),
         (["balance", "show", "--cancel"], "--cancel"),
+        (["balance", "show", "--gateway", "0x1234"], "not a gateway address"),
+        (["balance", "show", "--gateway", "gateway.example"], "not a gateway URL or address"),
     ],
 )
 def test_balance_cli_mistakes_exit_2_with_error_and_hint(
@@ -49,3 +52,21 @@ def test_balance_cli_mistakes_exit_2_with_error_and_hint(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and "hint:" in err and "Traceback" not in err
+
+
+def test_parse_gateway_address_url_or_default() -> None:
+    address = "0x" + "ab" * 20
+    checksummed, url = parse_gateway(address)
+    assert url is None and checksummed.lower() == address and checksummed != address
+    assert parse_gateway("http://127.0.0.1:8000/") == (None, "http://127.0.0.1:8000")
+    assert parse_gateway("https://gw.example") == (None, "https://gw.example")
+    assert parse_gateway(None) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "text", ["0x", "0x" + "g" * 40, "0x" + "ab" * 21, "ftp://x", "127.0.0.1:8000", "http://a b"]
+)
+def test_parse_gateway_refuses_with_hint(text: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_gateway(text)
+    assert "--gateway" in (caught.value.hint or "")

@@ -142,3 +142,20 @@ async def test_link_nodes_without_a_list_is_a_remote_error() -> None:
     rpc.abci_query = odd  # type: ignore[method-assign]
     with pytest.raises(RemoteError):
         await _link(rpc).nodes()
+
+
+async def test_link_broadcasts_signed_bytes_as_given_and_reads_nonce_and_tx() -> None:
+    first, second = FakeRpc("http://a", down=True), FakeRpc("http://b", committed_nonce=9)
+    link = _link(first, second)
+    raw = b'{"already":"signed"}'
+    assert await link.broadcast(raw) == tx_hash(raw)  # failover to b, bytes untouched
+    assert second.broadcast == [raw]
+    second.answers.append(RemoteError("http://b", "rpc", "tx already exists in cache"))
+    assert await link.broadcast(raw) == tx_hash(raw)  # an earlier copy in the mempool: fine
+    second.answers.append(RemoteError("http://b", "rpc_-32603", "mempool is full"))
+    with pytest.raises(RemoteError):
+        await link.broadcast(raw)
+    second.answers.append(TxRejectedError("http://b", code=3, log_text="bad nonce"))
+    with pytest.raises(TxRejectedError):
+        await link.broadcast(raw)
+    assert await link.committed_nonce() == 9

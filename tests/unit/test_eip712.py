@@ -113,11 +113,16 @@ def test_vector_helpers_reproduce() -> None:
     ch = helpers["challenge_commitment"]
     value = challenge_commitment(ch["challenger"], ch["evidenceId"], ch["offence"], ch["salt"])
     assert "0x" + value.hex() == ch["value"]
-    q = helpers["queries_hash"]
-    got = queries_hash(
-        q["queryIds"], [int(f) for f in q["fees"]], q["payers"], [int(d) for d in q["debits"]]
-    )
-    assert "0x" + got.hex() == q["value"]
+    for name in ("queries_hash", "queries_hash_empty"):
+        q = helpers[name]
+        got = queries_hash(
+            q["queryIds"],
+            [int(f) for f in q["fees"]],
+            q["payers"],
+            q["gateways"],
+            [int(d) for d in q["debits"]],
+        )
+        assert "0x" + got.hex() == q["value"], name
 
 
 def test_vector_committee_signatures_are_sorted_and_reproduce() -> None:
@@ -182,21 +187,33 @@ def test_queries_hash_length_mismatch_is_rejected() -> None:
 
 
 def test_queries_hash_empty_lists_is_abi_encoded() -> None:
-    types = ["bytes32[]", "uint256[]", "address[]", "uint256[]"]
-    assert queries_hash([], []) == keccak(abi_encode(types, [[], [], [], []]))
+    types = ["bytes32[]", "uint256[]", "address[]", "address[]", "uint256[]"]
+    assert queries_hash([], []) == keccak(abi_encode(types, [[], [], [], [], []]))
 
 
-def test_queries_hash_covers_payers_and_debits() -> None:
+def test_queries_hash_covers_payers_gateways_and_debits() -> None:
     ids, fees = [keccak(text="a")], [5]
     payer = address_of(KEY)
+    gateway, other = address_of(keccak(text="gateway")), address_of(keccak(text="other"))
     base = queries_hash(ids, fees)
-    with_debit = queries_hash(ids, fees, [payer], [7])
+    with_debit = queries_hash(ids, fees, [payer], [gateway], [7])
     assert with_debit != base
-    assert queries_hash(ids, fees, [payer], [8]) != with_debit
+    assert queries_hash(ids, fees, [payer], [gateway], [8]) != with_debit
+    # the same debit charged to the payer's balance at another gateway is another statement
+    assert queries_hash(ids, fees, [payer], [other], [7]) != with_debit
+
+
+def test_queries_hash_unpaired_debits_are_rejected() -> None:
+    ids, fees = [keccak(text="a")], [5]
+    payer, gateway = address_of(KEY), address_of(keccak(text="gateway"))
     with pytest.raises(ProtocolError, match="debits"):
-        queries_hash(ids, fees, [payer], [])
+        queries_hash(ids, fees, [payer], [gateway], [])
+    with pytest.raises(ProtocolError, match="gateways"):
+        queries_hash(ids, fees, [payer], [], [7])
     with pytest.raises(ProtocolError, match="payers"):
-        queries_hash(ids, fees, ["0x1234"], [1])
+        queries_hash(ids, fees, ["0x1234"], [gateway], [1])
+    with pytest.raises(ProtocolError, match="gateways"):
+        queries_hash(ids, fees, [payer], ["0x1234"], [1])
 
 
 def test_sign_digest_matches_eth_account_unsafe_sign_hash() -> None:

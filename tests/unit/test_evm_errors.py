@@ -196,3 +196,37 @@ def test_issue13_reverts_decode_from_the_compiled_abis_into_typed_classes() -> N
         name = signature.split("(")[0]
         assert type(error) is REVERT_TYPES[name] and error.error_name == name
         assert error.hint
+
+
+def test_escrow_gateway_reverts_decode_with_the_gateway_named() -> None:
+    """Issue 24: the per-(payer, gateway) errors carry the gateway and map to typed classes
+    with a hint (skipped when the contracts are not compiled)."""
+    from deploy.evm import load_artifact
+
+    try:
+        decoder = RevertDecoder([load_artifact("QueryEscrow")["abi"]])
+    except ConfigError:
+        pytest.skip("contracts not compiled")
+    payer, gateway = "0x" + "12" * 20, "0x" + "34" * 20
+    cases = [
+        ("InvalidGateway(address)", ["address"], ["0x" + "00" * 20]),
+        ("NothingToWithdraw(address,address)", ["address", "address"], [payer, gateway]),
+        ("WithdrawalNotRequested(address,address)", ["address", "address"], [payer, gateway]),
+        (
+            "WithdrawalNotYetAvailable(address,address,uint256)",
+            ["address", "address", "uint256"],
+            [payer, gateway, 99],
+        ),
+        (
+            "WithdrawalAlreadyRequested(address,address,uint256)",
+            ["address", "address", "uint256"],
+            [payer, gateway, 99],
+        ),
+    ]
+    for signature, types, values in cases:
+        error = decoder.exception(error_data(signature, types, values))
+        name = signature.split("(")[0]
+        assert type(error) is REVERT_TYPES[name] and error.error_name == name
+        assert error.hint
+        named = values[0] if name == "InvalidGateway" else gateway
+        assert error.named_args["gateway"].lower() == named

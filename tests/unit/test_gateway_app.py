@@ -5,96 +5,39 @@ payments."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 import pytest
 
-from node.gateway.app import Gateway, ModelInfo, create_app
-from node.gateway.config import GatewayConfig
-from node.gateway.payments import OnChainDeposit, PaymentDesk
-from node.gateway.router import Router
+from node.gateway.app import create_app
+from node.gateway.escrow_reads import OnChainDeposit
 from node.gateway.sse import parse_events
 from node.server.app import create_app as create_node_app
 from node.server.config import ServerConfig
 from node.server.next_hops import NextHopSpec
 from protocol.eip712 import address_of
-from protocol.payment import (
-    QueryPayment,
-    payment_domain,
-    sign_payment,
-    verify_receipt_json,
-)
+from protocol.payment import QueryPayment, sign_payment, verify_receipt_json
 from tests.doubles.fake_shard import FakeShard
+from tests.unit.gateway_fakes import (
+    CHAT,
+    DOMAIN,
+    ESCROW,
+    GATEWAY,
+    MODEL_ID,
+    NODE_KEYS,
+    PRICE,
+    USER,
+    FakeEscrow,
+    FakeSource,
+    H,
+    build_gateway,
+)
 
 pytestmark = pytest.mark.unit
 
-H, V = 8, 50
-MODEL_HASH = "sha256:" + "0" * 64  # what FakeShard reports
 FORWARD_ANY = NextHopSpec("any")
-MODEL_ID = bytes(32)
-USER = bytes.fromhex("31" * 32)
-GATEWAY_KEY = bytes.fromhex("32" * 32)
-ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
-DOMAIN = payment_domain(31337, ESCROW)
-PRICE = 1000
-NODE_KEYS = ["a1" * 32, "b2" * 32]
-
-
-class FakeHead:
-    """Token t embeds as t in every channel; the two fake shards add 1 and 2, so greedy
-    decoding from a last token t gives t+3, t+6, ...; text: one letter per token."""
-
-    eos_token_ids = frozenset({V - 1})
-    vocab_size = V
-    hidden_size = H
-    context_length = 64
-
-    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return [1, 2, 3]
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) % 10 for c in text]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(self.token_text(i) for i in ids)
-
-    def token_text(self, token: int) -> str:
-        return chr(ord("a") + token % 26)
-
-    def embed_np(self, ids: Sequence[int]) -> np.ndarray:
-        return np.repeat(np.asarray(ids, dtype=np.float32)[None, :, None], H, axis=2)
-
-    def logits_np(self, hidden_last: np.ndarray) -> np.ndarray:
-        logits = np.zeros(V, dtype=np.float32)
-        logits[round(float(hidden_last[0])) % V] = 10.0
-        return logits
-
-
-class FakeEscrow:
-    def __init__(self) -> None:
-        self.deposits: dict[bytes, OnChainDeposit] = {}
-
-    async def deposit(self, query_id: bytes) -> OnChainDeposit:
-        await asyncio.sleep(0)
-        return self.deposits.get(query_id, OnChainDeposit("0x" + "0" * 40, 0, 0, None))
-
-
-class FakeSource:
-    def __init__(self, entries: list[dict[str, Any]]) -> None:
-        self.entries = entries
-
-    async def compute_nodes(self) -> list[dict[str, Any]]:
-        return self.entries
-
-
-class FakeCommittee:
-    async def abci_query(self, path: str) -> Any:
-        return {"routable_per_shard": [1, 1], "status": "degraded", "shards": 2}
 
 
 @pytest.fixture
@@ -117,38 +60,7 @@ async def env(aiohttp_server, aiohttp_client, tmp_path: Path):
     escrow = FakeEscrow()
     http = aiohttp.ClientSession()
     source = FakeSource(entries)
-    router = Router(
-        source, model_hash=MODEL_HASH, shard_layers=[(0, 2), (2, 4)], http=http, refresh_s=0
-    )
-    config = GatewayConfig(
-        evm_rpc="http://x",
-        deployment=tmp_path / "d.json",
-        committee_rpc="http://x",
-        manifest=tmp_path / "m.json",
-        wallet=tmp_path / "wallet.json",
-        price_wei_per_token=PRICE,
-        max_body_bytes=64 * 1024,
-    )
-    desk = PaymentDesk(
-        escrow,
-        domain=DOMAIN,
-        gateway_address=address_of(GATEWAY_KEY),
-        gateway_key=GATEWAY_KEY,
-        model_id=MODEL_ID,
-        price_wei_per_token=PRICE,
-        receipts_path=tmp_path / "receipts.jsonl",
-    )
-    gateway = Gateway(
-        config=config,
-        model=ModelInfo("fake-model", MODEL_HASH, MODEL_ID, 2),
-        head=FakeHead(),
-        router=router,
-        desk=desk,
-        committee=FakeCommittee(),
-        http=http,
-        chain_id=31337,
-        escrow=ESCROW,
-    )
+    gateway = build_gateway(tmp_path, http, escrow, source)
     client = await aiohttp_client(create_app(gateway))
     yield client, escrow, source, nodes
     await http.close()
@@ -165,12 +77,9 @@ def pay(escrow: FakeEscrow, amount: int = 10**9, **kw: Any) -> tuple[dict[str, s
         kw.get("status", 1),
         kw.get("model", MODEL_ID),
     )
-    payment = QueryPayment(query, MODEL_ID, address_of(GATEWAY_KEY), kw.get("cap", amount))
+    payment = QueryPayment(query, MODEL_ID, GATEWAY, kw.get("cap", amount))
     key = sign_payment(kw.get("signer", USER), payment, DOMAIN)
     return {"Authorization": f"Bearer {key}"}, query
-
-
-CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
 
 
 async def test_gateway_chat_whole_answer_usage_receipt(env) -> None:
@@ -190,7 +99,7 @@ async def test_gateway_chat_whole_answer_usage_receipt(env) -> None:
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
     receipt, signer = verify_receipt_json(body["planet_receipt"], DOMAIN)
-    assert signer == address_of(GATEWAY_KEY) and receipt.fee == 7 * PRICE
+    assert signer == GATEWAY and receipt.fee == 7 * PRICE
     assert body["planet_receipt"]["nodes"] == NODE_KEYS
     again = await client.get(f"/v1/receipts/0x{query.hex()}", headers=headers)
     assert await again.json() == body["planet_receipt"]
@@ -356,7 +265,7 @@ async def test_gateway_pools_and_models(env) -> None:
     client, _, _, _ = env
     pools = (await (await client.get("/v1/pools")).json())["data"][0]
     assert pools["price_wei_per_token"] == str(PRICE) and pools["routable_per_shard"] == [1, 1]
-    assert pools["gateway"] == address_of(GATEWAY_KEY) and pools["escrow"] == ESCROW
+    assert pools["gateway"] == GATEWAY and pools["escrow"] == ESCROW
     models = await (await client.get("/v1/models")).json()
     assert models["data"][0]["id"] == "fake-model"
     assert (await client.get("/health")).status == 200

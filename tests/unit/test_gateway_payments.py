@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from node.gateway.errors import PaymentRequired
-from node.gateway.payments import OnChainDeposit, PaymentDesk
+from node.gateway.escrow_reads import OnChainDeposit
+from node.gateway.payments import PaymentDesk
 from protocol.eip712 import address_of
 from protocol.payment import QueryPayment, parse_api_key, payment_domain, sign_payment
 

@@ -1,5 +1,6 @@
-"""A gateway's prepaid receipts reach the committee as charges (no circuit), the chain accepts
-them, and once the posted root covers them the gateway marks them debited."""
+"""A gateway's prepaid receipts reach the committee as cumulative charges (no circuit), the chain
+accepts them, and once a posted root covers them the gateway marks them debited: voucher
+charges by query id, key charges by the total the root debited."""
 
 from __future__ import annotations
 
@@ -11,41 +12,50 @@ import pytest
 from abci_app.codes import Code
 from node.gateway.settlement import DebitTracker, WorkLedger
 from protocol.committee.settlement import Contribution, ShardWork
-from protocol.payment import Receipt, Voucher, circuit_hash, receipt_json, sign_voucher
-from protocol.payment import parse_voucher_key as parse_voucher
-from tests.unit.test_abci_prepaid import MODEL_ID, NOW, PAYER_KEYS, PAYMENT, payer
-from tests.unit.test_abci_settlement import GATEWAY, next_epoch_end, one, settled_chain, two_nodes
+from tests.unit.test_abci_prepaid import GATEWAY_EVM, NOW, charge, payer
+from tests.unit.test_abci_settlement import GATEWAY, next_epoch_end, settled_chain, two_nodes
 from tests.unit.test_abci_state import hexkey
-from tests.unit.test_gateway_work_ledger import circuit
-from tests.unit.test_watcher_payouts import ChainLink
+from tests.unit.test_gateway_work_ledger import (
+    ReportingLink,
+    circuit,
+    prepaid_receipt,
+    reporter,
+)
 
 pytestmark = pytest.mark.unit
 
-GATEWAY_EVM = "0x" + "9A" * 20  # as a wallet reports it (checksummed / mixed case)
 
-
-def prepaid_receipt(n: int, fee: int, nodes: tuple[str, ...]) -> dict[str, Any]:
-    query = bytes.fromhex(f"{n:064x}")
-    voucher = Voucher(
-        GATEWAY_EVM,
-        query,
-        bytes.fromhex(MODEL_ID[2:]),
-        10**6,
-        NOW + 600,
-        PAYMENT.verifying_contract,
+def key_receipt(n: int, total: int, fee: int) -> dict[str, Any]:
+    """A key-paid receipt: question `n` under payer-1's key 77, `total` charged under it now."""
+    item = charge("payer-1", 77, total, kind="key")
+    doc = prepaid_receipt(item)
+    del doc["voucher"]
+    doc.update(
+        query_id="0x" + f"{1000 + n:064x}",
+        fee_wei=str(fee),
+        key={
+            "key_id": item.id,
+            "cap_wei": str(item.cap),
+            "expiry": item.expiry,
+            "signature": item.signature,
+            "total_wei": str(total),
+        },
     )
-    proof = parse_voucher(sign_voucher(PAYER_KEYS["payer-1"], voucher, PAYMENT))
-    receipt = Receipt(query, GATEWAY_EVM, voucher.model_id, 3, 4, fee, circuit_hash(nodes))
-    return receipt_json(receipt, bytes(65), nodes, voucher=(payer("payer-1"), proof))
+    return doc
 
 
 @dataclass
 class Desk:
+    gateway: str = GATEWAY_EVM.upper().replace("0X", "0x")  # as a wallet spells it
     charged: dict[bytes, tuple[str, int]] = field(default_factory=dict)
+    keys: dict[tuple[str, bytes], tuple[int, int]] = field(default_factory=dict)
     marked: list[bytes] = field(default_factory=list)
 
     def undebited(self) -> dict[bytes, tuple[str, int]]:
         return dict(self.charged)
+
+    def undebited_keys(self) -> dict[tuple[str, bytes], tuple[int, int]]:
+        return {k: v for k, v in self.keys.items() if v[0] > v[1]}
 
     def mark_debited(self, query_ids: Any) -> int:
         ids = [q for q in query_ids if q in self.charged]
@@ -53,6 +63,12 @@ class Desk:
             del self.charged[q]
         self.marked.extend(ids)
         return len(ids)
+
+    def mark_key_debited(self, payer: str, key_id: bytes, total: int) -> int:
+        charged, debited = self.keys[(payer, key_id)]
+        newly = max(0, min(total, charged) - debited)
+        self.keys[(payer, key_id)] = (charged, debited + newly)
+        return newly
 
 
 @dataclass
@@ -63,26 +79,28 @@ class Escrow:
         return {"status": 1 if epoch in self.posted else 0}
 
 
-async def test_prepaid_receipts_are_reported_as_charges_accepted_and_marked_once_posted() -> None:
+async def test_prepaid_receipts_are_reported_as_charges_and_marked_once_posted() -> None:
     chain = settled_chain()
     chain.time_s = NOW
     a, b = two_nodes(chain)
     ledger = WorkLedger("m", [(0, 2), (2, 5)], min_questions=1)
-    nodes = (hexkey(a), hexkey(b))
-    ledger.record(prepaid_receipt(1, 70, nodes), circuit(*nodes))
-    ledger.record(prepaid_receipt(2, 30, nodes), circuit(*nodes))
-    work = ledger.take()
-    assert work is not None and work.prepaid == () and len(work.work) == 2
-    assert work.queries == ()  # a prepaid question is no escrow deposit
-    report = ledger.take()  # the charges: a report of their own, refused apart from the work
-    assert report is not None and report.work == () and report.queries == ()
-    assert ledger.take() is None
-    charged = [(p.payer, p.fee) for p in report.prepaid]
-    assert charged == [(payer("payer-1"), 70), (payer("payer-1"), 30)]
-    wire = str(report.to_json()["prepaid"])
-    assert all(node not in wire for node in nodes)  # charges carry no circuit
-    assert one(chain, work, GATEWAY).code == Code.OK
-    assert one(chain, report, GATEWAY).code == Code.OK
+    nodes = circuit(hexkey(a), hexkey(b))
+    vouchers = [charge("payer-1", n, fee) for n, fee in ((1, 70), (2, 30))]
+    for item in vouchers:
+        ledger.record(prepaid_receipt(item), nodes)
+    ledger.record(key_receipt(1, 40, 40), nodes)
+    ledger.record(key_receipt(2, 65, 25), nodes)  # the same key: only the new total travels
+    report = ledger.take()
+    assert report is not None and report.queries == ()  # prepaid questions are no deposits
+    assert [(c.kind, c.total) for c in report.charges] == [
+        ("key", 65),
+        ("voucher", 70),
+        ("voucher", 30),
+    ]
+    wire = str(report.to_json()["charges"])
+    assert all(hexkey(node) not in wire for node in (a, b))  # charges carry no circuit
+    link = ReportingLink(chain, GATEWAY)
+    assert await reporter(ledger, link).flush() == 1 and ledger.refused == []
     results = chain.block(
         [
             chain.tx(Contribution((ShardWork("m", 0, 2, 7),)), a),
@@ -91,23 +109,27 @@ async def test_prepaid_receipts_are_reported_as_charges_accepted_and_marked_once
     )
     assert [r.code for r in results] == [Code.OK, Code.OK]
     epoch = next_epoch_end(chain)
-    desk = Desk({bytes.fromhex(f"{n:064x}"): (payer("payer-1"), 1) for n in (1, 2, 3)})
+    desk = Desk(
+        charged={bytes.fromhex(f"{n:064x}"): (payer("payer-1"), 1) for n in (1, 2, 3)},
+        keys={(payer("payer-1"), bytes.fromhex(f"{77:064x}")): (65, 0)},
+    )
     escrow = Escrow()
-    tracker = DebitTracker(ChainLink(chain, 0), escrow, desk)
+    tracker = DebitTracker(link, escrow, desk)
     assert await tracker.step() == 0 and desk.marked == []  # root not posted yet
     escrow.posted.add(epoch)
-    assert await tracker.step() == 2
+    assert await tracker.step() == 3
     assert sorted(desk.marked) == [bytes.fromhex(f"{n:064x}") for n in (1, 2)]
-    assert list(desk.charged) == [bytes.fromhex(f"{3:064x}")]  # not in any root: outstanding
+    assert list(desk.charged) == [bytes.fromhex(f"{3:064x}")]  # in no root: still outstanding
+    assert desk.keys[(payer("payer-1"), bytes.fromhex(f"{77:064x}"))] == (65, 65)
     assert await tracker.step() == 0
 
 
-def test_a_charge_near_its_vouchers_expiry_is_reported_without_waiting_for_the_batch() -> None:
+def test_a_charge_near_its_authorizations_expiry_is_reported_without_waiting() -> None:
     now = [float(NOW)]
     ledger = WorkLedger("m", [(0, 2), (2, 5)], min_questions=4, max_wait_s=60, wall=lambda: now[0])
     ledger.clock = lambda: 0.0
-    nodes = ("aa" * 32, "bb" * 32)
-    ledger.record(prepaid_receipt(1, 5, nodes), circuit(*nodes))  # its voucher expires NOW + 600
+    nodes = circuit("aa" * 32, "bb" * 32)
+    ledger.record(prepaid_receipt(charge("payer-1", 1, 5, expiry=NOW + 600)), nodes)
     assert not ledger.ready()  # 1 question of 4, nothing waited
     now[0] = NOW + 600 - 61
     assert not ledger.ready()

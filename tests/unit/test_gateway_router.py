@@ -63,11 +63,11 @@ def test_router_clean_endpoint(value: Any, expected: str | None) -> None:
     ],
 )
 def test_router_skips_unroutable_and_malformed_entries(bad: Any) -> None:
-    assert routable_by_shard([bad], 2) == {0: [], 1: []}
+    assert routable_by_shard([bad], 2, public_only=False) == {0: [], 1: []}
 
 
 def test_router_groups_routable_by_shard() -> None:
-    grouped = routable_by_shard([entry(), entry(key="cd" * 32, shards=[1])], 2)
+    grouped = routable_by_shard([entry(), entry(key="cd" * 32, shards=[1])], 2, public_only=False)
     assert grouped == {
         0: [RoutableNode(KEY, "http://127.0.0.1:9000", 0)],
         1: [RoutableNode("cd" * 32, "http://127.0.0.1:9000", 1)],
@@ -89,6 +89,7 @@ async def test_router_picks_at_random_among_eligible_nodes() -> None:
         model_hash="sha256:" + "0" * 64,
         shard_layers=[(0, 30)],
         http=None,  # type: ignore[arg-type]
+        public_only=False,  # loopback test endpoints
         refresh_s=0,
     )
 
@@ -112,6 +113,7 @@ async def test_router_probes_few_dead_registrations_then_gives_up_with_503() -> 
         model_hash="sha256:" + "0" * 64,
         shard_layers=[(0, 30)],
         http=None,  # type: ignore[arg-type]
+        public_only=False,  # loopback test endpoints
         refresh_s=0,
     )
     probed: list[str] = []
@@ -137,6 +139,7 @@ async def test_router_hold_queues_questions_beyond_the_per_node_limit() -> None:
         model_hash="sha256:" + "0" * 64,
         shard_layers=[(0, 15), (15, 30)],
         http=None,  # type: ignore[arg-type]
+        public_only=False,  # loopback test endpoints
         max_sessions_per_node=2,
         slot_wait_s=0.2,
     )

@@ -1,7 +1,8 @@
-"""PaymentDesk with prepaid vouchers: every 402 by name (malformed, expired, too far, over cap,
-replayed, invalid signature, withdrawing, insufficient), reservations against the balance
-(concurrent questions cannot overdraw it), release / settle / mark_debited accounting, receipts
-carrying the payer, and a restart that remembers what is still outstanding."""
+"""PaymentDesk with prepaid vouchers: every 402 by name (malformed, expired, expiring before the
+committee could charge it, too far, over cap, replayed, invalid signature, withdrawing,
+insufficient), reservations against the balance (concurrent questions cannot overdraw it),
+release / settle / mark_debited accounting, receipts carrying the payer, and a restart that
+remembers what is still outstanding."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from node.gateway.errors import PaymentRequired
-from node.gateway.payments import OnChainBalance, OnChainDeposit, PaymentDesk
+from node.gateway.escrow_reads import OnChainBalance, OnChainDeposit
+from node.gateway.payments import PaymentDesk
 from protocol.eip712 import address_of
 from protocol.payment import (
     PaymentKeyError,
@@ -69,7 +71,7 @@ _ids = iter(range(1, 10_000))
 
 def voucher(
     cap: int = 500,
-    expiry: int = NOW + 60,
+    expiry: int = NOW + 600,
     key: bytes = PAYER,
     gateway: str = GATEWAY,
     query: bytes | None = None,
@@ -92,14 +94,14 @@ async def test_voucher_reserve_settle_charges_payer_and_receipt_names_it() -> No
     payments = desk(escrow)
     proof = voucher()
     reservation = await payments.reserve(proof, 100)
-    assert reservation.prepaid and reservation.depositor == address_of(PAYER)
+    assert reservation.prepaid and reservation.payer == address_of(PAYER)
     assert payments.outstanding(address_of(PAYER)) == 100
     doc = payments.settle(reservation, 3, 4, NODES)  # 70 wei charged of 100 held
     assert payments.outstanding(address_of(PAYER)) == 70
     charge = verify_prepaid_receipt_json(doc, DOMAIN)
     assert (charge.payer, charge.receipt.fee) == (address_of(PAYER), 70)
-    assert payments.receipt_for(proof) == doc
-    assert payments.receipt_for(voucher()) is None  # another voucher gets nothing
+    assert payments.receipt_for(proof, proof.query_id) == doc
+    assert payments.receipt_for(voucher(), proof.query_id) is None  # another voucher gets nothing
     assert payments.undebited() == {proof.query_id: (address_of(PAYER), 70)}
     assert payments.mark_debited([proof.query_id, bytes(32)]) == 1
     assert payments.outstanding(address_of(PAYER)) == 0
@@ -149,6 +151,7 @@ async def test_voucher_outstanding_charges_count_until_debited() -> None:
     "proof,code",
     [
         (lambda: voucher(expiry=NOW), "voucher_expired"),
+        (lambda: voucher(expiry=NOW + 184), "voucher_expiring"),
         (lambda: voucher(expiry=NOW + 3_601), "voucher_expiry_too_far"),
         (lambda: voucher(cap=99), "voucher_over_cap"),
         (lambda: VoucherKeyError("bad"), "voucher_malformed"),
@@ -189,4 +192,4 @@ async def test_voucher_restart_remembers_receipts_and_outstanding(tmp_path: Path
     assert restarted.outstanding(address_of(PAYER)) == 60
     assert restarted.undebited() == {second.query_id: (address_of(PAYER), 60)}
     assert await refused(restarted, first) == "voucher_replayed"
-    assert restarted.receipt_for(second) is not None
+    assert restarted.receipt_for(second, second.query_id) is not None

@@ -1,18 +1,27 @@
-"""The gateway's work ledger: receipts become per-node aggregates and a query list, nothing
-that ties a query to its nodes."""
+"""The gateway's work ledger and reporter against an in-process committee chain: receipts become
+per-node aggregates, query fees and cumulative charges (nothing that ties a query to its nodes);
+reports are split by their encoded bytes, sent once, awaited, retried when they did not reach a
+block, and their refused items are kept by name; the journal makes a restart report everything
+exactly once."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from nacl.signing import SigningKey
 
-from node.chain.committee_rpc import TxRejectedError
+from node.chain.committee_rpc import tx_hash
 from node.gateway.router import Circuit, RoutableNode
-from node.gateway.settlement import WorkLedger, WorkReporter
-from protocol.committee.envelope import decode, sign
+from node.gateway.settlement import WorkLedger, WorkReporter, charge_item, ledger_paths
+from protocol.committee.envelope import MAX_TX_BYTES, decode, sign
 from protocol.committee.settlement import WorkReport
-from tests.unit.test_abci_settlement import GATEWAY
+from protocol.errors import RemoteError, UnavailableError
+from tests.committee_chain import Chain, ReportingLink
+from tests.unit.test_abci_settlement import GATEWAY, settled_chain, two_nodes
+from tests.unit.test_abci_state import hexkey
 
 pytestmark = pytest.mark.unit
 
@@ -32,6 +41,16 @@ def circuit(*keys: str) -> Circuit:
     return Circuit(tuple(RoutableNode(k, f"http://{i}", i) for i, k in enumerate(keys)))
 
 
+def backed(chain: Chain, node: SigningKey, shard: int) -> int:
+    """The node's backing on (m, shard), summed over the epochs that hold it."""
+    suffix = f"/{hexkey(node)}/m/{shard}"
+    return sum(v for k, v in chain.state.items("backing") if k.endswith(suffix))
+
+
+def reporter(ledger: WorkLedger, link: ReportingLink, **kwargs: Any) -> WorkReporter:
+    return WorkReporter(ledger, link, settle_s=0.0, **kwargs)
+
+
 def test_ledger_aggregates_per_node_and_lists_queries_apart() -> None:
     ledger = WorkLedger("sha256:" + "0" * 64, [(0, 10), (10, 30)])
     ledger.record(receipt(2, 5, 3, 80), circuit(A, B))
@@ -45,52 +64,260 @@ def test_ledger_aggregates_per_node_and_lists_queries_apart() -> None:
         (C, 0, 10, 4),
     ]
     assert report.queries == (("0x" + f"{1:064x}", 40), ("0x" + f"{2:064x}", 80))
-    assert ledger.take() is None
+    assert report.charges == ()
     # the wire form is a valid, canonical work_report
     assert decode(sign(report, GATEWAY, 1).encode()).body == report
 
 
-class FlakyLink:
-    def __init__(self, error: Exception | None) -> None:
-        self.error = error
-        self.sent: list[WorkReport] = []
-
-    async def submit(self, body: Any) -> Any:
-        if self.error is not None:
-            raise self.error
-        self.sent.append(body)
-
-
 async def test_reporter_batches_questions_until_enough_or_the_oldest_waited() -> None:
+    chain = settled_chain()
+    a, _ = two_nodes(chain)
     now = [0.0]
     ledger = WorkLedger("m", [(0, 2)], min_questions=3, max_wait_s=60, clock=lambda: now[0])
-    link = FlakyLink(None)
-    reporter = WorkReporter(ledger, link)
-    ledger.record(receipt(1, 1, 1, 5), circuit(A))
-    ledger.record(receipt(2, 1, 1, 5), circuit(A))
-    assert await reporter.flush() == 0  # 2 questions: one report would narrow them down
-    ledger.record(receipt(3, 1, 1, 5), circuit(A))
-    assert await reporter.flush() == 1 and len(link.sent[0].queries) == 3
-    ledger.record(receipt(4, 1, 1, 5), circuit(A))
+    link = ReportingLink(chain, GATEWAY)
+    sender = reporter(ledger, link)
+    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
+    ledger.record(receipt(2, 1, 1, 5), circuit(hexkey(a)))
+    assert await sender.flush() == 0  # 2 questions: one report would narrow them down
+    ledger.record(receipt(3, 1, 1, 5), circuit(hexkey(a)))
+    assert await sender.flush() == 1 and len(chain.state.items("squery")) == 3
+    ledger.record(receipt(4, 1, 1, 5), circuit(hexkey(a)))
     now[0] = 59.0
-    assert await reporter.flush() == 0
+    assert await sender.flush() == 0
     now[0] = 61.0  # the oldest waited long enough: reported alone
-    assert await reporter.flush() == 1 and len(link.sent[1].queries) == 1
-    ledger.record(receipt(5, 1, 1, 5), circuit(A))
-    assert await reporter.flush(force=True) == 1  # at shutdown
+    assert await sender.flush() == 1 and len(chain.state.items("squery")) == 4
+    ledger.record(receipt(5, 1, 1, 5), circuit(hexkey(a)))
+    assert await sender.flush(force=True) == 1  # at shutdown
+    assert not ledger.pending and ledger.in_flight is None
 
 
-async def test_reporter_puts_back_what_did_not_reach_the_chain() -> None:
+async def test_what_did_not_reach_a_block_is_resent_byte_for_byte_and_applied_once() -> None:
+    chain = settled_chain()
+    a, _ = two_nodes(chain)
+    ledger = WorkLedger("m", [(0, 2)], min_questions=1)
+    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
+    link = ReportingLink(chain, GATEWAY, down=True)
+    sender = reporter(ledger, link)
+    with pytest.raises(UnavailableError):  # no nonce to sign with: nothing leaves the ledger
+        await sender.flush()
+    assert ledger.pending and ledger.in_flight is None
+    link.down, link.full = False, True  # the RPC answers, its mempool is full
+    with pytest.raises(RemoteError):
+        await sender.flush()
+    sent = ledger.in_flight
+    assert sent is not None and not ledger.pending  # signed, on its way, out of the pending lists
+    link.full, link.down = False, True
+    with pytest.raises(UnavailableError):
+        await sender.flush()
+    assert ledger.in_flight is sent
+    link.down = False
+    link.lose = True  # accepted, then lost from the mempool (a validator restart)
+    assert await sender.flush() == 0 and ledger.in_flight is sent
+    link.lose = False
+    assert await sender.flush() == 1 and ledger.in_flight is None
+    assert set(link.broadcasts) == {sent.hash}  # always the same bytes: one nonce, one effect
+    assert chain.state.get("squery", "0x" + f"{1:064x}")["fee"] == "5"
+    assert backed(chain, a, 0) == 4
+
+
+async def test_a_report_whose_nonce_was_taken_goes_back_and_is_sent_again() -> None:
+    chain = settled_chain()
+    a, _ = two_nodes(chain)
+    ledger = WorkLedger("m", [(0, 2)], min_questions=1)
+    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
+    link = ReportingLink(chain, GATEWAY, lose=True)
+    sender = reporter(ledger, link)
+    assert await sender.flush() == 0
+    lost = ledger.in_flight
+    assert lost is not None
+    # another report of this key takes the nonce first (a second gateway process, a bug)
+    other = WorkReport(work=(), queries=(("0x" + "ee" * 32, 9),))
+    link.lose = False
+    link.mine([sign(other, GATEWAY, lost.nonce).encode()])
+    assert await sender.flush() == 1  # dead: the items went back and travelled again
+    assert ledger.in_flight is None and not ledger.pending
+    assert chain.state.get("squery", "0x" + f"{1:064x}")["fee"] == "5"
+    assert backed(chain, a, 0) == 4
+
+
+async def test_refused_items_are_logged_and_kept_by_name_the_rest_applies(tmp_path: Path) -> None:
+    chain = settled_chain()
+    a, _ = two_nodes(chain)
+    journal, refused_file = ledger_paths(tmp_path / "gw-receipts.jsonl")
+    ledger = WorkLedger(
+        "m", [(0, 2), (2, 5)], min_questions=1, journal=journal, refused_path=refused_file
+    )
+    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a), "ab" * 32))  # one unknown node
+    assert await reporter(ledger, ReportingLink(chain, GATEWAY)).flush() == 1
+    [refused] = ledger.refused
+    assert (refused["kind"], refused["id"], refused["code"]) == (
+        "work",
+        f"{'ab' * 32}/m/1",
+        "UNKNOWN_NODE",
+    )
+    kept = [json.loads(line) for line in refused_file.read_text().splitlines()]
+    assert kept[0]["refused"] == [refused]
+    assert chain.state.get("squery", "0x" + f"{1:064x}") is not None  # the rest applied
+    assert not ledger.pending and ledger.in_flight is None
+
+
+async def test_a_whole_tx_refusal_names_every_item() -> None:
+    chain = settled_chain()
     ledger = WorkLedger("m", [(0, 2)], min_questions=1)
     ledger.record(receipt(1, 1, 1, 5), circuit(A))
-    down = WorkReporter(ledger, FlakyLink(OSError("down")))
-    with pytest.raises(OSError):
-        await down.flush()
-    link = FlakyLink(None)
-    assert await WorkReporter(ledger, link).flush() == 1
-    [report] = link.sent
-    assert report.work[0].tokens == 2 and report.queries[0][1] == 5
-    ledger.record(receipt(2, 1, 1, 5), circuit(A))
-    refused = FlakyLink(TxRejectedError("rpc", code=30, log_text="not a gateway"))
-    assert await WorkReporter(ledger, refused).flush() == 0
-    assert ledger.take() is None  # a refused report is not resent forever
+    link = ReportingLink(chain, key=SigningKey(b"\x05" * 32))  # not a genesis gateway
+    assert await reporter(ledger, link).flush() == 1
+    assert {(r["kind"], r["code"]) for r in ledger.refused} == {
+        ("work", "UNKNOWN_GATEWAY"),
+        ("query", "UNKNOWN_GATEWAY"),
+    }
+    assert not ledger.pending
+
+
+# --- restarts: the journal ---------------------------------------------------------------------
+
+
+def reopened(ledger: WorkLedger) -> WorkLedger:
+    """The ledger a restarted gateway loads from the same file."""
+    return WorkLedger(ledger.model, ledger.shard_layers, min_questions=1, journal=ledger.journal)
+
+
+async def test_a_restart_reports_what_was_recorded_exactly_once(tmp_path: Path) -> None:
+    chain = settled_chain()
+    a, _ = two_nodes(chain)
+    path = tmp_path / "ledger.jsonl"
+    ledger = WorkLedger("m", [(0, 2)], min_questions=10, journal=path)
+    for n in range(1, 4):
+        ledger.record(receipt(n, 1, 1, 5), circuit(hexkey(a)))
+    assert await reporter(ledger, ReportingLink(chain, GATEWAY)).flush() == 0  # batch not full
+    # killed here; the new process finds the three questions and reports them
+    again = reopened(ledger)
+    assert sorted(again.queries) == ["0x" + f"{n:064x}" for n in range(1, 4)]
+    assert await reporter(again, ReportingLink(chain, GATEWAY)).flush() == 1
+    # and a third start finds nothing left to report
+    third = reopened(again)
+    assert not third.pending and third.in_flight is None
+    assert backed(chain, a, 0) == 12
+
+
+@pytest.mark.parametrize("stage", ["signed", "broadcast", "committed"])
+async def test_a_restart_with_a_report_in_flight_never_reports_it_twice(
+    tmp_path: Path, stage: str
+) -> None:
+    chain = settled_chain()
+    a, _ = two_nodes(chain)
+    ledger = WorkLedger("m", [(0, 2)], min_questions=1, journal=tmp_path / "ledger.jsonl")
+    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
+    report = ledger.take()
+    assert report is not None
+    raw = sign(report, GATEWAY, 1).encode()
+    ledger.sending(report, raw, 1)  # on disk; killed after this line, at `stage`
+    first = ReportingLink(chain, GATEWAY)
+    if stage in ("broadcast", "committed"):
+        await first.broadcast(raw)
+    if stage == "committed":
+        first.mine()
+    again = reopened(ledger)
+    assert again.in_flight is not None and again.in_flight.hash == tx_hash(raw)
+    link = ReportingLink(chain, GATEWAY, mempool=list(first.mempool), index=dict(first.index))
+    assert await reporter(again, link).flush() == 1
+    assert not again.pending and again.in_flight is None
+    assert backed(chain, a, 0) == 4  # once, not twice
+    assert chain.state.committed("acct", hexkey(GATEWAY)) == 1
+
+
+async def test_the_journal_survives_a_torn_last_line_and_compacts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from node.gateway import settlement
+
+    chain = settled_chain()
+    a, _ = two_nodes(chain)
+    path = tmp_path / "ledger.jsonl"
+    ledger = WorkLedger("m", [(0, 2)], min_questions=100, journal=path)
+    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
+    with open(path, "a") as handle:
+        handle.write('{"q": {"seq": 2, "wo')  # the crash cut the line: that receipt never left
+    monkeypatch.setattr(settlement, "COMPACT_LINES", 2)
+    again = reopened(ledger)
+    again.record(receipt(3, 1, 1, 7), circuit(hexkey(a)))
+    assert await reporter(again, ReportingLink(chain, GATEWAY)).flush() == 1
+    assert len(path.read_text().splitlines()) == 1  # compacted into a snapshot
+    ledger_after = reopened(again)
+    assert not ledger_after.pending and ledger_after.nonce == 1
+    assert sorted(k for k, _ in chain.state.items("squery")) == [
+        "0x" + f"{1:064x}",
+        "0x" + f"{3:064x}",
+    ]
+
+
+# --- volume: reports split by their encoded bytes ----------------------------------------------
+
+
+async def test_2000_charges_and_1000_queries_reach_the_chain_in_fitting_reports(
+    tmp_path: Path,
+) -> None:
+    from tests.unit.test_abci_prepaid import NOW, charge
+
+    chain = settled_chain(epoch_length=1_000)
+    chain.time_s = NOW
+    a, b = two_nodes(chain)
+    ledger = WorkLedger("m", [(0, 2), (2, 5)], min_questions=1, journal=tmp_path / "l.jsonl")
+    nodes = circuit(hexkey(a), hexkey(b))
+    items = [charge("payer-1" if n % 2 else "payer-2", n, 10 + n % 7) for n in range(1, 2001)]
+    for n, item in enumerate(items, 1):
+        ledger.record(prepaid_receipt(item), nodes)
+        if n % 2 == 0:
+            ledger.record(receipt(10_000 + n, 2, 3, 100 + n), nodes)
+    link = ReportingLink(chain, GATEWAY)
+    sender = reporter(ledger, link)
+    assert await sender.flush() >= 5
+    assert not ledger.pending and ledger.in_flight is None and ledger.refused == []
+    sizes = [len(raw) for raw in link.mined]
+    assert max(sizes) <= MAX_TX_BYTES and len(sizes) >= 5
+    assert len(chain.state.items("squery")) == 1_000
+    pending = dict(chain.state.items("cpend"))
+    assert len(pending) == 2_000
+    assert sum(int(e["total"]) for e in pending.values()) == sum(i.total for i in items)
+    tokens = 3_000 * 5
+    assert (backed(chain, a, 0), backed(chain, b, 1)) == (2 * tokens, 3 * tokens)
+
+
+def prepaid_receipt(item: Any) -> dict[str, Any]:
+    """A voucher receipt carrying `item`'s authorization (what the payment desk signs)."""
+    return {
+        "query_id": item.id,
+        "gateway": item.gateway,
+        "model_id": item.model_id,
+        "prompt_tokens": 2,
+        "completion_tokens": 3,
+        "fee_wei": str(item.total),
+        "payer": item.payer,
+        "voucher": {
+            "fee_cap_wei": str(item.cap),
+            "expiry": item.expiry,
+            "signature": item.signature,
+        },
+    }
+
+
+def test_a_receipt_becomes_the_charge_the_chain_checks() -> None:
+    from tests.unit.test_abci_prepaid import charge
+
+    item = charge("payer-1", 3, 40)
+    assert charge_item(prepaid_receipt(item)) == item
+    key = {
+        **prepaid_receipt(item),
+        "key": {
+            "key_id": "0x" + "cd" * 32,
+            "cap_wei": "900",
+            "expiry": item.expiry,
+            "signature": item.signature,
+            "total_wei": "120",
+        },
+    }
+    del key["voucher"]
+    made = charge_item(key)
+    assert made is not None
+    assert (made.kind, made.id, made.total, made.cap) == ("key", "0x" + "cd" * 32, 120, 900)
+    assert charge_item(receipt(1, 1, 1, 5)) is None

@@ -1,61 +1,85 @@
-"""Prepaid debits: the epoch close hashes them as the escrow does, pays them out like fees, and
-`prepaid_debits` aggregates voucher charges per payer (no replay, no charge above the cap)."""
+"""Prepaid debits per (payer, gateway): the epoch close hashes them as the escrow does
+(`Charges(queryIds, fees, payers, gateways, debits)`) and pays them out like fees; an epoch in
+pages cuts the epoch's rows so each page pays exactly its own charges."""
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
+from collections.abc import Sequence
 
 import pytest
+from eth_abi import encode as abi_encode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.eip712 import queries_hash
-from shares.errors import DuplicateError, VoucherChargeError
+from protocol import eip712
+from shares.errors import DuplicateError, PageError
 from shares.keccak import keccak256
 from shares.payouts import ComputeWork, EpochWork, PayerDebit, SettledQuery, ShardHealth
-from shares.settlement import VoucherCharge, close_epoch, prepaid_debits, sorted_queries_hash
+from shares.settlement import PageCharges, close_epoch, close_epoch_pages, sorted_queries_hash
 
 pytestmark = pytest.mark.unit
 
 M = "smollm2-135m"
 A = "0x" + "a" * 40
+B = "0x" + "b" * 40
 P1 = "0x" + "1" * 40
 P2 = "0x" + "2" * 40
 P3 = "0x" + "F" * 40
+G1 = "0x" + "6" * 40
+G2 = "0x" + "7" * 40
 Q1 = "0x" + "01" * 32
 Q2 = "0x" + "02" * 32
 
 
-def work(debits: tuple[PayerDebit, ...], queries: tuple[SettledQuery, ...] = ()) -> EpochWork:
+def normative_queries_hash(
+    ids: Sequence[bytes],
+    fees: Sequence[int],
+    payers: Sequence[str] = (),
+    gateways: Sequence[str] = (),
+    debits: Sequence[int] = (),
+) -> bytes:
+    """keccak256(abi.encode(bytes32[], uint256[], address[], address[], uint256[])) by eth-abi."""
+    types = ["bytes32[]", "uint256[]", "address[]", "address[]", "uint256[]"]
+    values = [list(ids), list(fees), list(payers), list(gateways), list(debits)]
+    return keccak256(abi_encode(types, values))
+
+
+def work(debits: tuple[PayerDebit, ...] = (), queries: tuple[SettledQuery, ...] = ()) -> EpochWork:
     return EpochWork(
         epoch=4,
         queries=queries,
-        compute=(ComputeWork(A, M, 0, 2, 10),),
+        compute=(ComputeWork(A, M, 0, 2, 10), ComputeWork(B, M, 0, 1, 10)),
         health=(ShardHealth(M, 0, 3),),
         debits=debits,
     )
 
 
-def test_close_epoch_debits_sorted_by_payer_and_hashed_as_the_escrow_does() -> None:
-    settlement = close_epoch(work((PayerDebit(P3, 9), PayerDebit(P1, 5)), (SettledQuery(Q1, 2),)))
-    assert settlement.payers == (P1, P3.lower())
-    assert settlement.debits == (5, 9)
-    assert settlement.total == 16
-    assert settlement.amount_of(A) == 16
-    assert settlement.queries_hash == queries_hash([Q1], [2], [P1, P3], [5, 9])
-    again = close_epoch(work((PayerDebit(P1, 5), PayerDebit(P3, 9)), (SettledQuery(Q1, 2),)))
+def test_close_epoch_debits_sorted_by_payer_then_gateway_and_hashed_as_the_escrow_does() -> None:
+    debits = (PayerDebit(P3, G1, 9), PayerDebit(P1, G2, 5), PayerDebit(P1, G1, 4))
+    settlement = close_epoch(work(debits, (SettledQuery(Q1, 2),)))
+    assert settlement.payers == (P1, P1, P3.lower())
+    assert settlement.gateways == (G1, G2, G1)
+    assert settlement.debits == (4, 5, 9)
+    assert settlement.total == 20
+    expected = normative_queries_hash(
+        [bytes.fromhex(Q1[2:])], [2], [P1, P1, P3], [G1, G2, G1], [4, 5, 9]
+    )
+    assert settlement.queries_hash == expected
+    again = close_epoch(work(tuple(reversed(debits)), (SettledQuery(Q1, 2),)))
     assert again.queries_hash == settlement.queries_hash
 
 
-def test_close_epoch_without_debits_hashes_empty_payer_arrays() -> None:
+def test_close_epoch_without_debits_hashes_empty_payer_and_gateway_arrays() -> None:
     settlement = close_epoch(work((), (SettledQuery(Q1, 2),)))
-    assert (settlement.payers, settlement.debits) == ((), ())
-    assert settlement.queries_hash == queries_hash([Q1], [2], [], [])
+    assert (settlement.payers, settlement.gateways, settlement.debits) == ((), (), ())
+    assert settlement.queries_hash == normative_queries_hash([bytes.fromhex(Q1[2:])], [2])
 
 
-def test_epoch_work_duplicate_payer_refused() -> None:
+def test_epoch_work_one_debit_per_payer_and_gateway() -> None:
+    work((PayerDebit(P1, G1, 1), PayerDebit(P1, G2, 2)))  # one payer, two gateways: two debits
     with pytest.raises(DuplicateError):
-        work((PayerDebit(P1, 1), PayerDebit(P1.upper().replace("0X", "0x"), 2)))
+        work((PayerDebit(P1, G1, 1), PayerDebit(P1.upper().replace("0X", "0x"), G1, 2)))
 
 
 @settings(deadline=None)
@@ -63,50 +87,64 @@ def test_epoch_work_duplicate_payer_refused() -> None:
     n=st.integers(0, 5),
     debits=st.lists(st.integers(0, (1 << 128) - 1), min_size=0, max_size=5),
 )
-def test_sorted_queries_hash_with_debits_equals_the_normative_encoding(
-    n: int, debits: list[int]
-) -> None:
+def test_sorted_queries_hash_equals_the_normative_encoding(n: int, debits: list[int]) -> None:
     ids = tuple(keccak256(bytes([i])) for i in range(n))
     fees = tuple((1 << 64) - 1 - i for i in range(n))
     payers = tuple(f"0x{i + 1:040x}" for i in range(len(debits)))
-    expected = queries_hash(ids, fees, payers, debits)
-    assert sorted_queries_hash(ids, fees, payers, tuple(debits)) == expected
+    gateways = tuple(f"0x{255 - i:040x}" for i in range(len(debits)))
+    expected = normative_queries_hash(ids, fees, payers, gateways, debits)
+    assert sorted_queries_hash(ids, fees, payers, gateways, tuple(debits)) == expected
 
 
-def test_prepaid_debits_sums_per_payer_sorted() -> None:
-    charges = [
-        VoucherCharge(P2, Q1, 3, 10),
-        VoucherCharge(P1, Q1, 4, 4),
-        VoucherCharge(P2, Q2, 5, 5),
-    ]
-    assert prepaid_debits(charges) == (PayerDebit(P1, 4), PayerDebit(P2, 8))
-    assert prepaid_debits(reversed(charges)) == prepaid_debits(charges)
-    assert prepaid_debits([]) == ()
+@pytest.mark.skipif(
+    "gateways" not in inspect.signature(eip712.queries_hash).parameters,
+    reason="protocol.eip712.queries_hash gains `gateways` with the escrow change (issue 24)",
+)
+def test_sorted_queries_hash_equals_protocol_queries_hash() -> None:
+    ids = (keccak256(b"a"), keccak256(b"b"))
+    args = {"payers": [P1, P2], "gateways": [G2, G1], "debits": [3, 4]}
+    expected = eip712.queries_hash(ids, [5, 6], **args)  # type: ignore[call-arg]
+    assert sorted_queries_hash(ids, (5, 6), (P1, P2), (G2, G1), (3, 4)) == expected
 
 
-def test_prepaid_debits_replayed_voucher_refused() -> None:
-    with pytest.raises(DuplicateError):
-        prepaid_debits(
-            [VoucherCharge(P1, "0x" + "ab" * 32, 1, 2), VoucherCharge(P1, "0x" + "AB" * 32, 1, 2)]
-        )
-
-
-def test_voucher_charge_above_cap_refused() -> None:
-    with pytest.raises(VoucherChargeError, match="cap"):
-        VoucherCharge(P1, Q1, 11, 10)
+def test_pages_cut_the_epochs_rows_so_each_pays_exactly_its_charges() -> None:
+    pages = (
+        PageCharges(4, (SettledQuery(Q1, 700),)),
+        PageCharges(4 + (1 << 32), (SettledQuery(Q2, 250),), (PayerDebit(P1, G1, 51),)),
+    )
+    settled = close_epoch_pages(work(), pages)
+    whole = close_epoch(
+        work((PayerDebit(P1, G1, 51),), (SettledQuery(Q1, 700), SettledQuery(Q2, 250)))
+    )
+    assert [s.epoch for s in settled] == [4, 4 + (1 << 32)]
+    assert [s.total for s in settled] == [700, 301]
+    for page in settled:
+        assert sum(amount for _, amount in page.rows) == page.total
+        for account, amount in page.rows:
+            assert page.proof(account)[0] == amount
+    paid: dict[str, int] = {}
+    for page in settled:
+        for account, amount in page.rows:
+            paid[account] = paid.get(account, 0) + amount
+    assert paid == dict(whole.table.payouts)  # A 2/3, B 1/3 of 1,001 in all
+    # an account's row is split only where a page ends: at most one account claims twice
+    assert sum(len(page.rows) for page in settled) <= len(whole.table.payouts) + len(pages) - 1
 
 
 @pytest.mark.parametrize(
-    "field,value",
-    [("payer", "0x12"), ("query_id", "0x" + "1" * 63), ("query_id", 7), ("fee", -1), ("fee", True)],
+    "pages",
+    [
+        (),
+        (PageCharges(4, (SettledQuery(Q1, 1),)), PageCharges(5)),
+        (PageCharges(4, (SettledQuery(Q1, 1),)), PageCharges(4, (SettledQuery(Q2, 1),))),
+        (PageCharges(4, (SettledQuery(Q1, 1),)), PageCharges(5, (SettledQuery(Q1, 1),))),
+    ],
+    ids=["none", "empty", "same_number", "query_twice"],
 )
-def test_voucher_charge_malformed_refused(field: str, value: object) -> None:
-    good = {"payer": P1, "query_id": Q1, "fee": 1, "fee_cap": 2}
-    with pytest.raises(Exception) as caught:
-        VoucherCharge(**{**good, field: value})
-    assert type(caught.value).__name__ in {"AccountError", "VoucherChargeError", "CountError"}
-
-
-def test_prepaid_debits_rejects_foreign_items() -> None:
-    with pytest.raises(VoucherChargeError):
-        prepaid_debits([dataclasses.asdict(VoucherCharge(P1, Q1, 1, 2))])  # type: ignore[list-item]
+def test_pages_that_break_a_rule_are_refused(pages: tuple[PageCharges, ...]) -> None:
+    with pytest.raises((PageError, DuplicateError)):
+        close_epoch_pages(work(), pages)
+    with pytest.raises(PageError):
+        close_epoch_pages(
+            work(queries=(SettledQuery(Q1, 1),)), (PageCharges(4, (SettledQuery(Q2, 1),)),)
+        )

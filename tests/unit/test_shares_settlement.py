@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from eth_utils import keccak as eth_keccak
 
-from protocol.eip712 import PayoutRoot, queries_hash
+from protocol.eip712 import PayoutRoot
 from protocol.errors import ProtocolError
 from shares.errors import AccountError, NothingToPayError
 from shares.keccak import bulk_keccak256, keccak256
@@ -18,6 +18,7 @@ from shares.payouts import (
     VerificationWork,
 )
 from shares.settlement import close_epoch, sorted_queries_hash
+from tests.unit.test_shares_debits import normative_queries_hash
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +82,8 @@ def test_close_epoch_queries_are_sorted_and_hashed_as_the_escrow_does() -> None:
         bytes.fromhex(Q3[2:]),
     )
     assert settlement.fees == (1_000, 1, 7)
-    assert settlement.queries_hash == queries_hash([Q1, Q2, Q3], [1_000, 1, 7])
+    ids = [bytes.fromhex(q[2:]) for q in (Q1, Q2, Q3)]
+    assert settlement.queries_hash == normative_queries_hash(ids, [1_000, 1, 7])
     assert settlement.total == sum(settlement.fees)
     reordered = close_epoch(work(tuple(reversed(queries))))
     assert reordered.queries_hash == settlement.queries_hash
@@ -92,7 +94,7 @@ def test_close_epoch_queries_are_sorted_and_hashed_as_the_escrow_does() -> None:
 def test_sorted_queries_hash_equals_the_normative_encoding(n: int) -> None:
     ids = tuple(keccak256(bytes([i])) for i in range(n))
     fees = tuple((1 << 64) - 1 - 3 * i for i in range(n))
-    assert sorted_queries_hash(ids, fees) == queries_hash(ids, fees)
+    assert sorted_queries_hash(ids, fees) == normative_queries_hash(ids, fees)
 
 
 def test_close_epoch_nothing_to_pay_raises_named_error() -> None:

@@ -59,12 +59,20 @@ class FakeEscrow:
     debits: list[tuple[Any, Any]] = field(default_factory=list)
 
     def post_payout_root(
-        self, statement: Any, query_ids: Any, fees: Any, sigs: Any, *, payers: Any, debits: Any
+        self,
+        statement: Any,
+        query_ids: Any,
+        fees: Any,
+        sigs: Any,
+        *,
+        payers: Any,
+        gateways: Any,
+        debits: Any,
     ) -> Any:
         if self.already:
             raise ContractRevert("EpochAlreadyPosted", (statement.epoch,))
         self.posts.append((statement, query_ids, fees, sigs))
-        self.debits.append((payers, debits))
+        self.debits.append((payers, gateways, debits))
 
 
 def relay(chain: Chain, index: int, escrow: FakeEscrow) -> PayoutRelay:
@@ -122,7 +130,13 @@ async def test_payout_relay_skips_a_statement_for_another_escrow() -> None:
 
 
 async def test_payout_relay_posts_the_statements_prepaid_debits() -> None:
-    from tests.unit.test_abci_prepaid import NOW, backed_and_credited, charge, payer
+    from tests.unit.test_abci_prepaid import (
+        GATEWAY_EVM,
+        NOW,
+        backed_and_credited,
+        charge,
+        payer,
+    )
 
     chain = settled_chain()
     chain.time_s = NOW
@@ -131,8 +145,8 @@ async def test_payout_relay_posts_the_statements_prepaid_debits() -> None:
     escrow = FakeEscrow()
     for i in range(3):
         await relay(chain, i, escrow).step()
-    [(payers, debits)] = escrow.debits
-    expected = sorted([(payer("payer-1"), 300), (payer("payer-2"), 5)])
-    assert list(zip(payers, debits, strict=True)) == expected
+    [(payers, gateways, debits)] = escrow.debits
+    expected = sorted([(payer("payer-1"), GATEWAY_EVM, 300), (payer("payer-2"), GATEWAY_EVM, 5)])
+    assert list(zip(payers, gateways, debits, strict=True)) == expected
     view = await relay(chain, 0, escrow).committee.query("/payouts", epoch=epoch)
-    assert view["payers"] == [p for p, _ in expected]
+    assert view["payers"] == [p for p, _, _ in expected]

@@ -66,6 +66,16 @@ SIGNER_KEY = key("signer")
 COMMITTEE_KEYS = [key(f"committee {i}") for i in range(4)]
 
 
+def prepaid_debits() -> tuple[list[str], list[str], list[int]]:
+    """Debits per (payer, gateway), ascending by (payer, gateway) as the escrow wants them: two
+    payers, the first paying at two gateways, one debit above 2^64 (the escrow posts this
+    statement in tests/contracts/vectors.test.js, so its total stays below 2^128)."""
+    payers = sorted((address_of(key(f"payer {i}")) for i in range(2)), key=lambda a: int(a, 16))
+    gateways = sorted((address_of(key(f"gateway {i}")) for i in range(2)), key=lambda a: int(a, 16))
+    pairs = [(payers[0], gateways[0]), (payers[0], gateways[1]), (payers[1], gateways[0])]
+    return [p for p, _ in pairs], [g for _, g in pairs], [7 * 10**15, 5, 2**127 + 1]
+
+
 def structs() -> list[tuple[str, TypedStruct, Domain]]:
     committee = committee_domain(CHAIN_ID, COMMITTEE_ADDRESS)
     fraud = fraud_proofs_domain(CHAIN_ID, FRAUD_PROOFS_ADDRESS)
@@ -120,6 +130,18 @@ def structs() -> list[tuple[str, TypedStruct, Domain]]:
             PayoutRoot(2**64 - 1, b"\xff" * 32, 2**256 - 1, b"\x00" * 32, ESCROW_ADDRESS),
             committee,
         ),
+        # An epoch that charges queries and prepaid balances at two gateways.
+        (
+            "payout_root_prepaid",
+            PayoutRoot(
+                3,
+                b32("prepaid root"),
+                sum(fees) + sum(prepaid_debits()[2]),
+                queries_hash(ids, fees, *prepaid_debits()),
+                ESCROW_ADDRESS,
+            ),
+            committee,
+        ),
     ]
 
 
@@ -146,8 +168,7 @@ def eip712_vectors() -> dict[str, Any]:
     session, output_hash, salt = b32("session 1"), b32("output 1"), b32("salt 1")
     ids = [b32("query 1"), b32("query 2"), b32("query 3")]
     fees = [10**15, 2 * 10**15, 3 * 10**15 + 1]
-    payers = sorted((address_of(key(f"payer {i}")) for i in range(2)), key=lambda a: int(a, 16))
-    debits = [7 * 10**15, 2**128 - 1]
+    payers, gateways, debits = prepaid_debits()
     return {
         "signer_private_key": hexs(SIGNER_KEY),
         "signer_address": address_of(SIGNER_KEY),
@@ -191,11 +212,22 @@ def eip712_vectors() -> dict[str, Any]:
                 ),
             },
             "queries_hash": {
+                "encoding": "keccak256(abi.encode(bytes32[] queryIds, uint256[] fees, "
+                "address[] payers, address[] gateways, uint256[] debits))",
                 "queryIds": [hexs(q) for q in ids],
                 "fees": [str(f) for f in fees],
                 "payers": payers,
+                "gateways": gateways,
                 "debits": [str(d) for d in debits],
-                "value": hexs(queries_hash(ids, fees, payers, debits)),
+                "value": hexs(queries_hash(ids, fees, payers, gateways, debits)),
+            },
+            "queries_hash_empty": {
+                "queryIds": [],
+                "fees": [],
+                "payers": [],
+                "gateways": [],
+                "debits": [],
+                "value": hexs(queries_hash([], [])),
             },
         },
     }

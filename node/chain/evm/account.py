@@ -2,7 +2,7 @@
 
     chain = PlanetChain(Deployment.load(path), private_key)
     chain.staking.stake(ROLE_COMPUTE, amount_wei)
-    chain.escrow.deposit(query_id, model_id, fee_cap_wei)
+    chain.escrow.deposit(query_id, model_id, gateway, fee_cap_wei)
     chain.fraud_proofs.prove_reveal_mismatch(commitment, sig, reveal, sig)
     chain.committee.domain(), chain.registry.shard_hashes_of(model_id)
 

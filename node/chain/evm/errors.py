@@ -120,15 +120,18 @@ WrongConsumer = _typed("WrongConsumer", "the committee signed this for another d
 WorkAlreadyCovered = _typed(
     "WorkAlreadyCovered", "a later piece of the node's work is already recorded"
 )
-NothingToWithdraw = _typed("NothingToWithdraw", "the prepaid balance is empty")
+NothingToWithdraw = _typed("NothingToWithdraw", "the prepaid balance at this gateway is empty")
 WithdrawalAlreadyRequested = _typed(
     "WithdrawalAlreadyRequested", "a withdrawal is already pending; wait for it, or cancel it"
 )
 WithdrawalNotRequested = _typed(
-    "WithdrawalNotRequested", "request the withdrawal first (planet balance withdraw --request)"
+    "WithdrawalNotRequested", "request the withdrawal first (`planet balance withdraw` requests it)"
 )
 WithdrawalNotYetAvailable = _typed(
     "WithdrawalNotYetAvailable", "wait until the withdrawal delay has passed"
+)
+InvalidGateway = _typed(
+    "InvalidGateway", "name the gateway by its signing address (`gateway` in its /v1/pools)"
 )
 
 
