@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from node.cli.main import main
 from node.client.credit_purchase import buy_credits
 from node.client.credit_wallet import CreditWallet
+from node.keys import create_wallet
 from protocol.committee.credits import CreditKey, Redeem
 from protocol.committee.envelope import sign
 from protocol.committee.registry import RegisterNode, sign_registration
@@ -84,6 +86,15 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
             buy_credits([net.rpc], payer, 3, wallet, expiry=int(time.time()) + 3600)
         )
         assert len(credits) == 3 and wallet.count() == 3
+        # the same through the CLI, from an encrypted keystore
+        keystore, password = tmp_path / "payer.json", tmp_path / "password"
+        password.write_text("credits-test")
+        create_wallet(keystore, "credits-test", payer)
+        cli_file = tmp_path / "cli-credits.json"
+        argv = ["credits", "buy", "2", "--committee-rpc", net.rpc, "--wallet", str(keystore)]
+        argv += ["--password-file", str(password), "--credits-file", str(cli_file)]
+        assert main(argv) == 0
+        assert CreditWallet(cli_file).count() == 2
 
         spend = wallet.take(2)
         first = net.submit(sign(Redeem("m", 0, tuple(spend)), node_key, 2).encode())
