@@ -184,7 +184,7 @@ class VerifierWorker:
             published = (await self.link.query("/credit_keys", epoch=target))["keys"]
             if any(k["validator"] == self.validator_address for k in published):
                 continue
-            private = self.credit_keys.ensure(target)
+            private = await asyncio.to_thread(self.credit_keys.ensure, target)  # RSA keygen
             await self._send(CreditKey(target, private.public.to_der()), "credit_key")
 
     async def _send(self, body: Any, what: str) -> int | None:
