@@ -22,6 +22,8 @@ feature modules never import each other:
     seeds.py           seed_commit, seed_reveal (verifier seeds)
     spot_reports.py    spot_check_report (spot checks credited to verifiers)
     settlement.py      work_report, contribution, payout_vote; the epoch close (payout roots)
+    credits.py         credit_key, mint, redeem: bearer credits blind-signed by the validators
+    credit_queries.py  /credit_keys, /mints, and this validator's /credit_signatures
     epochs.py          epoch records (leader, challenge list, verifiers), reputation updates
     retention.py       pruning of settled and time-bound records
     rules.py           what every rule shares: signer checks, epoch of a height, pruning index

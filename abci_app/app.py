@@ -2,7 +2,9 @@
 
 Nothing here decides anything the chain agrees on; it converts between CometBFT's messages and
 the pure state machine (`machine.py`), and reads the validator's local reputation scores for
-ExtendVote from `<home>/reputation_scores.json`:
+ExtendVote from `<home>/reputation_scores.json`, and blind-signs paid mints with the validator's
+credit keys in `<home>/credit_keys/` (`/credit_signatures`, abci_app/credit_queries.py).
+Scores file:
 
     {"epoch": 3, "scores": {"<node key hex>": 812345, ...}, "invalid": ["<node key hex>"]}
 
@@ -20,10 +22,12 @@ from typing import Any
 
 from abci_app import extensions
 from abci_app.codes import CODESPACE, Code
+from abci_app.credit_queries import SIGNATURES_PATH, signatures
 from abci_app.machine import StateMachine, TxResult
 from abci_app.proto import abci_pb
 from abci_app.queries import query as run_query
 from protocol.canonical import JsonInputError, parse_json
+from protocol.credit_keys import CREDIT_KEYS_DIR, CreditKeyStore
 from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -76,6 +80,10 @@ class CommitteeApp:
         self.machine = machine
         self.state = machine.state
         self.home = home
+        self.credit_keys = CreditKeyStore((home or Path(".")) / CREDIT_KEYS_DIR)
+        self.local_routes = {
+            SIGNATURES_PATH: lambda state, params: signatures(state, self.credit_keys, params)
+        }
         self.handlers: dict[str, Callable[[Any], Any]] = {
             "echo": lambda r: pb.ResponseEcho(message=r.message),
             "flush": lambda r: pb.ResponseFlush(),
@@ -257,7 +265,7 @@ class CommitteeApp:
 
     def query(self, req: Any) -> Any:
         try:
-            code, value, message = run_query(self.state, req.path, req.data)
+            code, value, message = run_query(self.state, req.path, req.data, self.local_routes)
         except Exception:  # a query reads committed state only: a bug must not stop the node
             log.exception("query failed path=%s", ascii(req.path)[:200])
             code, value, message = Code.INTERNAL, b"", "internal error while answering the query"

@@ -62,6 +62,18 @@ class Code(IntEnum):
     # more charge-item refusals (abci_app/settlement.py)
     CHARGE_OVER_CAP = 60  # a total above the authorization's cap
     WRONG_GATEWAY = 61  # a charge names another gateway than the one genesis binds the key to
+    # credits (abci_app/credits.py); 70+ to leave 53-59 and 62-69 to settlement
+    CREDITS_DISABLED = 70  # genesis has no credits section (or no escrow)
+    CREDIT_KEY_EPOCH = 71  # credit_key for an epoch already over, or more than 2 ahead
+    DUPLICATE_CREDIT_KEY = 72  # this validator already published a key for that epoch
+    CREDIT_KEY_INVALID = 73  # not an RSA public key of 2048..4096 bits
+    MINT_INVALID = 74  # purchase signature not by the payer, or amount != credits x price
+    MINT_REPLAYED = 75  # this mint id was minted before
+    NO_CREDIT_KEYS = 76  # the epoch's published keys hold under 2/3 of the power
+    CREDIT_INVALID = 77  # a credit without valid signatures of >= 2/3 of the power
+    CREDIT_SPENT = 78  # a credit already redeemed (or listed twice)
+    CREDIT_EPOCH = 79  # a credit of an epoch not redeemable in this block's epoch
+    REDEEM_SHARD = 80  # redeem for a (model, shard) the node did not register
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

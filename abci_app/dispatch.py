@@ -5,9 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from abci_app import commitments, coverage, registry, seeds, settlement, spot_reports, verdicts
+from abci_app import (
+    commitments,
+    coverage,
+    credits,
+    registry,
+    seeds,
+    settlement,
+    spot_reports,
+    verdicts,
+)
 from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
+from protocol.committee.credits import CreditKey, Mint, Redeem
 from protocol.committee.envelope import SignedTx
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import Contribution, PayoutVote, WorkReport
@@ -36,4 +46,7 @@ HANDLERS: dict[str, Handler] = {
     WorkReport.TYPE: work_report,
     Contribution.TYPE: settlement.contribution,
     PayoutVote.TYPE: settlement.payout_vote,
+    CreditKey.TYPE: credits.credit_key,
+    Mint.TYPE: credits.mint,
+    Redeem.TYPE: credits.redeem,
 }

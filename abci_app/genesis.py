@@ -22,9 +22,12 @@
       "verifier_cut_bps": 1000,             # verifiers' part of each epoch's fees
       "spot_check_ppm": 50000,              # spot-check selection rate (protocol/spotcheck.py)
       "spot_check_floor": 1,                # expected checks per node and epoch at least (0: off)
-      "commit_grace_epochs": 2              # epochs a node has to commit what gateways reported
+      "commit_grace_epochs": 2,             # epochs a node has to commit what gateways reported
+      "credits": {"price_wei": "1000000000000", "layer_tokens": 4096}  # one credit's price
+                                          #   and the layer-tokens its redemption credits
     }
-`evm.escrow_address` (the QueryEscrow that consumes `PayoutRoot`s) enables epoch settlement.
+`evm.escrow_address` (the QueryEscrow that consumes `PayoutRoot`s) enables epoch settlement;
+`credits` (with the escrow) enables minting and redeeming credits (abci_app/credits.py).
 
 Every field is optional (defaults above; without `evm` and its `fraud_proofs_address`, verdict
 votes are refused). Unknown
@@ -61,6 +64,7 @@ _KEYS = {
     "spot_check_ppm",
     "spot_check_floor",
     "commit_grace_epochs",
+    "credits",
 }
 DEFAULT_MIN_STAKE = {"compute": 10**18, "verifier": 5 * 10**17}
 MAX_PARAM = (1 << 63) - 1
@@ -112,6 +116,8 @@ class Genesis:
     spot_check_ppm: int = 50_000  # selection rate the chain credits spot-check reports under
     spot_check_floor: int = 1  # a node's blocks of an epoch are drawn at ≥ floor / blocks
     commit_grace_epochs: int = 2  # reported work must be committed within this many epochs
+    credit_price_wei: int | None = None  # one credit's price; None: credits disabled
+    credit_layer_tokens: int = 0  # layer-tokens a redeemed credit adds to the node's work
 
     @classmethod
     def parse(cls, app_state: bytes) -> Genesis:
@@ -199,6 +205,11 @@ class Genesis:
             ):
                 raise ConfigError(f"genesis app_state.validators.{key}: expected an EVM address")
             operators[key] = operator
+        credits = doc.get("credits")
+        if credits is not None and (
+            not isinstance(credits, dict) or set(credits) != {"price_wei", "layer_tokens"}
+        ):
+            raise ConfigError("genesis app_state.credits: expected {price_wei, layer_tokens}")
         return cls(
             epoch_length=_int(doc, "epoch_length", 20, 1),
             heartbeat_timeout=_int(doc, "heartbeat_timeout", 30, 1),
@@ -220,6 +231,10 @@ class Genesis:
             spot_check_ppm=_int(doc, "spot_check_ppm", 50_000, 0, 1_000_000),
             spot_check_floor=_int(doc, "spot_check_floor", 1, 0, 1_000),
             commit_grace_epochs=_int(doc, "commit_grace_epochs", 2, 1, 1_000),
+            credit_price_wei=(
+                _int(credits, "price_wei", 0, 1, (1 << 64) - 1) if credits is not None else None
+            ),
+            credit_layer_tokens=_int(credits, "layer_tokens", 0, 1) if credits is not None else 0,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -266,6 +281,16 @@ class Genesis:
             **(
                 {"commit_grace_epochs": self.commit_grace_epochs}
                 if self.commit_grace_epochs != 2
+                else {}
+            ),
+            **(
+                {
+                    "credits": {
+                        "layer_tokens": self.credit_layer_tokens,
+                        "price_wei": str(self.credit_price_wei),
+                    }
+                }
+                if self.credit_price_wei is not None
                 else {}
             ),
         }

@@ -31,6 +31,7 @@ from typing import Any
 
 from abci_app import coverage, schema
 from abci_app.codes import Code
+from abci_app.credit_queries import CREDIT_ROUTES
 from abci_app.payout_queries import PAYOUT_ROUTES
 from abci_app.query_params import (
     HASH32,
@@ -296,7 +297,8 @@ def _params(state: State, params: dict[str, Any]) -> Any:
     }
 
 
-ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
+Route = Callable[[State, dict[str, Any]], Any]
+ROUTES: dict[str, Route] = {
     "/nodes": _nodes,
     "/node": _node,
     "/pool_health": _pool_health,
@@ -312,16 +314,20 @@ ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
     "/spot_reports": _spot_reports,
     "/coverage": _coverage,
     **PAYOUT_ROUTES,
+    **CREDIT_ROUTES,
 }
 
 
-def query(state: State, path: str, data: bytes) -> tuple[Code, bytes, str]:
+def query(
+    state: State, path: str, data: bytes, local: dict[str, Route] | None = None
+) -> tuple[Code, bytes, str]:
     """(code, canonical JSON answer, log) for one ABCI query. Parameters are typed per route
     (strings ≤ 256 chars, integers as JSON integers or ASCII digits within bounds); a
-    parameter of the wrong type or out of range answers BAD_QUERY; unknown names are ignored."""
+    parameter of the wrong type or out of range answers BAD_QUERY; unknown names are ignored.
+    `local`: routes whose answer needs this validator's own files (its credit keys)."""
     try:
         route_path, params = parse_params(path, data)
-        route = ROUTES.get(route_path)
+        route = ROUTES.get(route_path) or (local or {}).get(route_path)
         if route is None:
             return (
                 Code.UNKNOWN_QUERY,

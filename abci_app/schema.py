@@ -103,6 +103,17 @@ PAYOUT = "payout"
 # uncommitted_since (epoch or null)}: what a node committed against what it served
 COVERAGE = "cover"
 
+# --- credits (credits.py) --------------------------------------------------------------------
+
+# ckey/<epoch>/<validator key>: {epoch, validator (address), key (DER hex), height}, a
+# validator's RSA blind-signing key for that epoch's credits
+CREDIT_KEY = "ckey"
+# mint/<mint id>: {epoch, payer, count, amount, blinded, height}; validators blind-sign the
+# blinded messages with their key of that epoch when asked (/credit_signatures)
+MINT = "mint"
+# cspent/<sha256 of the credit nonce>: the height that redeemed it (the double-spend guard)
+CREDIT_SPENT = "cspent"
+
 # --- retention (retention.py, rules.track*) ------------------------------------------------------
 
 # gc/<epoch>/<ns>/<key>: delete ns/key once that epoch is settled and past retention

@@ -26,6 +26,7 @@ Modules, read bottom-up:
                       SeedReveal, seed_commitment), spot_check_report (SpotCheckReport)
     settlement.py     work_report (WorkReport of NodeWork, ChargeItem), contribution
                       (Contribution of ShardWork), payout_vote (PayoutVote)
+    credits.py        credit_key (CreditKey), mint (Mint), redeem (Redeem): bearer credits
     envelope.py       SignedTx, sign / encode / decode, the type → body registry, and
                       TxSignatureError
 
@@ -45,6 +46,9 @@ Tx types (`type` → dataclass):
     seed_commit     SeedCommit     a validator's verifier commits to its secret challenge seed
                                    for a future epoch (`seed_commitment`)
     seed_reveal     SeedReveal     ... and opens it once that epoch has closed
+    credit_key      CreditKey      a validator's RSA blind-signing key for an epoch's credits
+    mint            Mint           a payer buys credits: blinded messages + a signed purchase
+    redeem          Redeem         a compute node cashes the credits it was paid with
 
 `TxDecodeError` (malformed bytes or fields) and `TxSignatureError` (bad ed25519 signature) are
 typed `ProtocolError`s; the ABCI app maps them to named result codes. The compact binary

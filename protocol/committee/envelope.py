@@ -17,6 +17,7 @@ from nacl.signing import SigningKey, VerifyKey
 
 from protocol.canonical import JsonInputError, canonical_json, canonical_text, parse_json
 from protocol.committee.commitments import CommitBatch, RevealBatch
+from protocol.committee.credits import CreditKey, Mint, Redeem
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import Contribution, PayoutVote, WorkReport
@@ -58,6 +59,9 @@ TxBody = (
     | SeedCommit
     | SeedReveal
     | SpotCheckReport
+    | CreditKey
+    | Mint
+    | Redeem
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -75,6 +79,9 @@ BODY_TYPES: dict[str, Any] = {
         SeedCommit,
         SeedReveal,
         SpotCheckReport,
+        CreditKey,
+        Mint,
+        Redeem,
     )
 }
 

@@ -29,6 +29,7 @@ SLOW = pytest.mark.slow
 SMOKE: dict[str, tuple[tuple[str, ...], tuple[pytest.MarkDecorator, ...]]] = {
     "abci_tx_cost": ((), ()),
     "codec": ((), ()),
+    "credits": ((), ()),
     "committee": ((), (SLOW,)),
     "concurrency": ((), (SLOW,)),
     "devnet": ((), (SLOW,)),

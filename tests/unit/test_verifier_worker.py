@@ -5,6 +5,7 @@ with C = 0 and the honest ones with 10^6, and a verdict vote follows agreed low 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -18,7 +19,9 @@ from node.verifier.echo import vocabulary_index
 from node.verifier.report import SCORES_FILE
 from node.verifier.scoring import Challenge, CredibilityMap
 from node.verifier.worker import VerifierWorker, WorkerSettings, failed_verification_verdict
+from protocol.committee.credits import CreditKey
 from protocol.committee.verification import SeedCommit, SeedReveal, VerdictVote, seed_commitment
+from protocol.credit_keys import CREDIT_KEYS_DIR, CreditKeyStore
 from protocol.eip712 import address_of
 from tests.unit.test_verifier_echo import TEXTS, _gateway_doc
 
@@ -59,6 +62,7 @@ class FakeLink:
     epoch: int = 3
     sent: list[Any] = field(default_factory=list)
     reputations: dict[str, Any] = field(default_factory=dict)
+    credit_keys_published: bool = True  # False: the chain holds only what this worker sent
     key: Any = field(
         default_factory=lambda: SimpleNamespace(
             verify_key=SimpleNamespace(encode=lambda: bytes(32))
@@ -76,6 +80,10 @@ class FakeLink:
             return {"seeds": [{"signer": "00" * 32} for _ in committed]}
         if path == "/reputations":
             return {"reputations": self.reputations}
+        if path == "/credit_keys":
+            sent = [b for b in self.sent if isinstance(b, CreditKey) and b.epoch == params["epoch"]]
+            mine = self.credit_keys_published or sent
+            return {"keys": [{"validator": SELF_ADDRESS, "key": "00"}] if mine else []}
         if path == "/params":
             return {
                 "genesis": {
@@ -98,6 +106,9 @@ class FakeLink:
 
     async def node(self, key: str) -> dict[str, Any]:
         return {"evm_address": "0x" + "44" * 20}
+
+
+SELF_ADDRESS = hashlib.sha256(bytes(32)).digest()[:20].hex().upper()
 
 
 def _worker(tmp_path, link: FakeLink) -> VerifierWorker:
@@ -217,3 +228,17 @@ async def test_spot_check_findings_become_the_same_verdict_for_every_verifier(tm
         "0x" + "22" * 20,
     )
     assert verdict.nonce == int.from_bytes(verdict.evidence_hash[:8], "big")
+
+
+async def test_worker_publishes_generated_credit_keys_once(tmp_path) -> None:
+    link = FakeLink(epoch=3, credit_keys_published=False)
+    worker = _worker(tmp_path, link)
+    await worker.credit_key_turn(3)
+    await worker.credit_key_turn(3)
+    keys = [b for b in link.sent if isinstance(b, CreditKey)]
+    assert [k.epoch for k in keys] == [3, 4]
+    assert keys[0].key != keys[1].key
+    store = CreditKeyStore(tmp_path / CREDIT_KEYS_DIR)
+    for k in keys:
+        private = store.private_for(k.key)
+        assert private is not None and private.public.to_der() == k.key

@@ -1,0 +1,105 @@
+"""Credit queries: the published keys and mints (committed state), and this validator's blind
+signatures for a mint (its local key; no other validator's answer is the same).
+
+/credit_keys        ?epoch           the epoch's credit keys: [{validator, key (DER hex), power}],
+                                     total_power (default: the current epoch)
+/mints              ?id              one mint record (NOT_FOUND when absent)
+/credit_signatures  ?mint            this validator's blind signatures over the mint's messages
+                                     for it: {mint, epoch, signatures: {validator address:
+                                     [hex, ...]}} (empty when it holds no key the mint names)
+
+The last route is the one answer that is not a function of the chain state: it needs the
+validator's private key (`protocol.credit_keys.CreditKeyStore`), so `app.py` serves it with
+`signatures(...)`. Blind signing is deterministic given the key (RSA), and the answer only
+ever covers messages a committed, paid mint carries.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from abci_app import rules, schema
+from abci_app.codes import Code
+from abci_app.query_params import HASH32, QueryError, int_param, str_param
+from abci_app.state import State
+from protocol import blindrsa
+from protocol.credit_keys import CreditKeyStore
+
+MAX_EPOCH = (1 << 63) - 1
+SIGNATURES_PATH = "/credit_signatures"
+SIGNED_CACHE = 256  # mints whose signatures are kept: a repeated query costs a lookup
+
+# (mint id, validator address, its key) → blind signatures hex, used only by an app holding
+# that key. RSA signing is deterministic given the
+# key, so the cache changes no answer; it keeps repeated queries (one per client retry, or a
+# flood) from costing a validator ~3 ms of private-key work per message each time.
+_signed: OrderedDict[tuple[str, str, bytes], list[str]] = OrderedDict()
+
+
+def _credit_keys(state: State, params: dict[str, Any]) -> Any:
+    current = rules.epoch_of(state, state.height + 1)
+    epoch = int_param(params, "epoch", current, 1, MAX_EPOCH) or current
+    keys = []
+    for key, record in state.committed_items(schema.CREDIT_KEY, *schema.epoch_range(epoch)):
+        validator = state.validator_by_signer(key.split("/", 1)[1])
+        if validator is not None:
+            keys.append(
+                {
+                    "validator": record["validator"],
+                    "key": record["key"],
+                    "power": validator["power"],
+                }
+            )
+    keys.sort(key=lambda k: k["validator"])
+    return {"epoch": epoch, "keys": keys, "total_power": state.total_power}
+
+
+def _mint_record(state: State, params: dict[str, Any], name: str) -> dict[str, Any]:
+    identifier = str_param(params, name, HASH32)
+    if identifier is None:
+        raise QueryError(Code.BAD_QUERY, f"{name}: required")
+    record = state.committed(schema.MINT, identifier)
+    if record is None:
+        raise QueryError(Code.NOT_FOUND, f"no mint {identifier}")
+    return {"id": identifier, **record}
+
+
+def _mints(state: State, params: dict[str, Any]) -> Any:
+    return _mint_record(state, params, "id")
+
+
+def signatures(state: State, store: CreditKeyStore, params: dict[str, Any]) -> Any:
+    """This validator's blind signatures for the mint `params["mint"]` (module docstring)."""
+    record = _mint_record(state, params, "mint")
+    epoch = record["epoch"]
+    published = {
+        entry["validator"]: bytes.fromhex(entry["key"])
+        for _, entry in state.committed_items(schema.CREDIT_KEY, *schema.epoch_range(epoch))
+    }
+    answer: dict[str, list[str]] = {}
+    for address, messages in sorted(record["blinded"].items()):
+        der = published.get(address)
+        private = store.private_for(der) if der is not None else None
+        if private is None:
+            continue
+        cache_key = (record["id"], address, der)
+        cached = _signed.get(cache_key)
+        if cached is not None:
+            _signed.move_to_end(cache_key)
+            answer[address] = cached
+            continue
+        answer[address] = [
+            blindrsa.blind_sign(private, bytes.fromhex(message)).hex() for message in messages
+        ]
+        _signed[cache_key] = answer[address]
+        if len(_signed) > SIGNED_CACHE:
+            _signed.popitem(last=False)
+    return {"mint": record["id"], "epoch": epoch, "signatures": answer}
+
+
+CREDIT_ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
+    "/credit_keys": _credit_keys,
+    "/mints": _mints,
+}

@@ -1,0 +1,260 @@
+"""Bearer credits on the committee: epoch keys, mints paid from a prepaid balance, redemptions.
+
+    credit_key{epoch e, key}   a validator publishes its RSA blind-signing key of epoch e
+                               (generated on its own machine, never derived): current ≤ e ≤
+                               current + 2 (CREDIT_KEY_EPOCH); once per (validator, e)
+                               (DUPLICATE_CREDIT_KEY); an RSA key of 2048–4096 bits in
+                               canonical DER, not published by another validator for e
+                               (CREDIT_KEY_INVALID: a copied key would count one signature
+                               twice). → `ckey/<e>/<validator key>`.
+    mint{payer, epoch, blinded, amount, expiry, signature}
+                               buy `count` credits: epoch = the block's epoch (CREDIT_EPOCH);
+                               every listed validator has a key of that epoch and the listed
+                               ones hold ≥ 2/3 of the power (NO_CREDIT_KEYS); each blinded
+                               message has its key's length and is below its modulus, amount =
+                               count · genesis price, the `CreditPurchase` signature recovers to
+                               `payer` (MINT_INVALID); the mint id is new (MINT_REPLAYED); block
+                               time ≤ expiry ≤ block time + 7 days (AUTHORIZATION_EXPIRED,
+                               AUTHORIZATION_EXPIRY_TOO_FAR). → `mint/<id>` and a charge of
+                               `amount` on the payer's balance at the escrow's own address
+                               (`depositBalance(escrow)`): `spent/` and `cpend/<payer>/<escrow>/
+                               mint/<id>`, debited in the next payout statement like a gateway's
+                               charges (settlement.py). Each validator then
+                               blind-signs the mint's messages for it when asked
+                               (`/credit_signatures?mint=`, answered from its local key).
+    redeem{model, shard, credits}
+                               a compute node, not LEFT, on a (model, shard) it registered
+                               (REDEEM_SHARD), cashes credits: each of an epoch e with
+                               current − CREDIT_LIFETIME_EPOCHS ≤ e ≤ current (CREDIT_EPOCH),
+                               valid under e's keys (`protocol.credits.check_credit`:
+                               CREDIT_INVALID), its nonce never redeemed nor listed twice
+                               (CREDIT_SPENT). → `cspent/<sha256 nonce>` per credit and
+                               `credit/<current epoch>/<evm address>/<shard>/<model>` grows by
+                               count · genesis `credits.layer_tokens`: the node's share record for
+                               the epoch's payout (docs/shares.md), as a contribution's is.
+
+Whole txs are refused on any failing item (nothing written). Without genesis `credits` (or an
+escrow) every credit tx but `credit_key` is CREDITS_DISABLED. The spent set is pruned with the
+redeeming epoch's records (`rules.track`); since `retention_epochs ≥ 1`, no entry goes before
+its credit's last redeemable epoch has ended.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from abci_app import rules, schema
+from abci_app.codes import Code
+from abci_app.state import State
+from protocol import blindrsa
+from protocol.blindrsa import RsaPublicKey
+from protocol.committee.credits import CreditKey, Mint, Redeem
+from protocol.committee.envelope import SignedTx
+from protocol.credits import (
+    CreditInvalidError,
+    CreditPurchase,
+    EpochKeys,
+    check_credit,
+    mint_id,
+    spent_id,
+)
+from protocol.eip712 import recover_digest
+from protocol.errors import ProtocolError
+from protocol.payment import payment_domain
+
+KEY_AHEAD = 2  # a key may be published for at most the epoch after next
+CREDIT_LIFETIME_EPOCHS = 1  # a credit of epoch e is redeemable in e and e + 1
+MINT_KIND = "mint"  # the kind of a mint's charge in `spent/` and `cpend/` (settlement.py)
+MAX_MINT_LIFETIME_S = 7 * 86_400  # bounds how long a mint's charge guard (`spent/`) is kept
+
+
+def _enabled(state: State) -> None:
+    genesis = state.genesis
+    if genesis.credit_price_wei is None or not (genesis.escrow_address and genesis.evm_chain_id):
+        rules.reject(Code.CREDITS_DISABLED, "genesis has no credits section or no escrow")
+
+
+def epoch_keys(state: State, epoch: int) -> EpochKeys:
+    """The published credit keys of `epoch` with their validators' power (state reads only)."""
+    keys: dict[str, tuple[RsaPublicKey, int]] = {}
+    for key, record in state.items(schema.CREDIT_KEY, *schema.epoch_range(epoch)):
+        validator = state.validator_by_signer(key.split("/", 1)[1])
+        if validator is not None:
+            public = RsaPublicKey.from_der(bytes.fromhex(record["key"]))
+            keys[record["validator"]] = (public, validator["power"])
+    return EpochKeys(epoch=epoch, keys=keys, total_power=state.total_power)
+
+
+# --- tx handlers --------------------------------------------------------------------------------
+
+
+def credit_key(state: State, tx: SignedTx) -> None:
+    body: CreditKey = tx.body
+    validator = rules.validator(state, tx.signer)
+    current = rules.epoch_of(state, state.block_height)
+    if not current <= body.epoch <= current + KEY_AHEAD:
+        rules.reject(
+            Code.CREDIT_KEY_EPOCH,
+            f"a credit key for epoch {body.epoch} must be published during epochs "
+            f"{body.epoch - KEY_AHEAD} … {body.epoch} (this block is in epoch {current})",
+        )
+    entry = schema.in_epoch(body.epoch, tx.signer)
+    if state.get(schema.CREDIT_KEY, entry) is not None:
+        rules.reject(
+            Code.DUPLICATE_CREDIT_KEY, f"a credit key for epoch {body.epoch} is already published"
+        )
+    try:
+        public = RsaPublicKey.from_der(body.key)
+    except blindrsa.BlindRsaError as error:
+        rules.reject(Code.CREDIT_KEY_INVALID, error.message)
+    if public.to_der() != body.key:
+        rules.reject(Code.CREDIT_KEY_INVALID, "the key is not in canonical DER")
+    for _, record in state.items(schema.CREDIT_KEY, *schema.epoch_range(body.epoch)):
+        if record["key"] == body.key.hex():
+            rules.reject(
+                Code.CREDIT_KEY_INVALID, f"validator {record['validator']} published this key"
+            )
+    state.put(
+        schema.CREDIT_KEY,
+        entry,
+        {
+            "epoch": body.epoch,
+            "validator": validator["address"],
+            "key": body.key.hex(),
+            "height": state.block_height,
+        },
+    )
+    state.emit("planet.credit_key", epoch=body.epoch, validator=validator["address"])
+
+
+def mint(state: State, tx: SignedTx) -> None:
+    body: Mint = tx.body
+    _enabled(state)
+    genesis = state.genesis
+    current = rules.epoch_of(state, state.block_height)
+    if body.epoch != current:
+        rules.reject(Code.CREDIT_EPOCH, f"a mint of epoch {body.epoch} in epoch {current}")
+    keys = epoch_keys(state, current)
+    power = 0
+    for address, messages in body.blinded.items():
+        entry = keys.keys.get(address)
+        if entry is None:
+            rules.reject(
+                Code.NO_CREDIT_KEYS, f"validator {address} has no credit key in epoch {current}"
+            )
+        public, weight = entry
+        power += weight
+        for message in messages:
+            if len(message) != public.modulus_len or int.from_bytes(message, "big") >= public.n:
+                rules.reject(Code.MINT_INVALID, f"a blinded message does not fit {address}'s key")
+    if not state.has_two_thirds(power):
+        rules.reject(
+            Code.NO_CREDIT_KEYS, f"the listed keys hold {power} of {state.total_power} power"
+        )
+    count = body.count
+    price = genesis.credit_price_wei or 0
+    if body.amount != count * price:
+        rules.reject(
+            Code.MINT_INVALID, f"amount {body.amount} is not {count} credits × {price} wei"
+        )
+    identifier = mint_id(body.payer, body.epoch, body.blinded)
+    if state.get(schema.MINT, identifier) is not None:
+        rules.reject(Code.MINT_REPLAYED, f"mint {identifier} was already minted")
+    where = f"mint {identifier} of {body.payer}"
+    if state.block_time > body.expiry:
+        rules.reject(
+            Code.AUTHORIZATION_EXPIRED,
+            f"{where}: expired at {body.expiry} < block time {state.block_time}",
+        )
+    if body.expiry > state.block_time + MAX_MINT_LIFETIME_S:
+        rules.reject(
+            Code.AUTHORIZATION_EXPIRY_TOO_FAR,
+            f"{where}: expiry {body.expiry} is more than {MAX_MINT_LIFETIME_S} s ahead",
+        )
+    escrow = (genesis.escrow_address or "").lower()
+    charge = schema.charge_key(body.payer, escrow, MINT_KIND, identifier)
+    if state.get(schema.SPENT, charge) is not None:
+        rules.reject(Code.MINT_REPLAYED, f"{where}: already charged")
+    purchase = CreditPurchase(
+        mint_id=bytes.fromhex(identifier[2:]),
+        credits=count,
+        amount=body.amount,
+        expiry=body.expiry,
+        consumer=genesis.escrow_address or "",
+    )
+    try:
+        domain = payment_domain(genesis.evm_chain_id or 0, genesis.escrow_address or "")
+        signer = recover_digest(purchase.digest(domain), bytes.fromhex(body.signature[2:]))
+    except ProtocolError as error:
+        rules.reject(Code.MINT_INVALID, f"{where}: {error.message}")
+    if signer.lower() != body.payer:
+        rules.reject(Code.MINT_INVALID, f"{where}: signed by {signer}, not by its payer")
+    state.put(
+        schema.MINT,
+        identifier,
+        {
+            "epoch": body.epoch,
+            "payer": body.payer,
+            "count": count,
+            "amount": str(body.amount),
+            "blinded": {a: [m.hex() for m in body.blinded[a]] for a in sorted(body.blinded)},
+            "height": state.block_height,
+        },
+    )
+    rules.track(state, schema.MINT, identifier)
+    state.put(schema.SPENT, charge, {"total": str(body.amount), "expiry": body.expiry})
+    rules.track_until(state, schema.SPENT, charge, body.expiry)
+    state.put(
+        schema.PENDING_CHARGE,
+        charge,
+        {"from": "0", "total": str(body.amount), "height": state.block_height},
+    )
+    state.emit("planet.mint", mint=identifier, epoch=body.epoch, credits=count)
+
+
+def redeem(state: State, tx: SignedTx) -> None:
+    body: Redeem = tx.body
+    _enabled(state)
+    node = rules.compute_node(state, tx.signer)
+    if body.model != node["model"] or body.shard not in node["shards"]:
+        rules.reject(
+            Code.REDEEM_SHARD, f"shard {body.shard} of {body.model} is not registered by this node"
+        )
+    current = rules.epoch_of(state, state.block_height)
+    keys_of: dict[int, EpochKeys] = {}
+    spent: list[str] = []
+    for index, credit in enumerate(body.credits):
+        where = f"credit {index}"
+        if not current - CREDIT_LIFETIME_EPOCHS <= credit.epoch <= current:
+            rules.reject(
+                Code.CREDIT_EPOCH,
+                f"{where}: a credit of epoch {credit.epoch} is not redeemable in epoch {current}",
+            )
+        keys = keys_of.get(credit.epoch) or epoch_keys(state, credit.epoch)
+        keys_of[credit.epoch] = keys
+        try:
+            check_credit(keys, credit)
+            identifier = spent_id(credit.prepared)
+        except CreditInvalidError as error:
+            rules.reject(Code.CREDIT_INVALID, f"{where}: {error.reason}")
+        if identifier in spent or state.get(schema.CREDIT_SPENT, identifier) is not None:
+            rules.reject(Code.CREDIT_SPENT, f"{where}: already redeemed")
+        spent.append(identifier)
+    for identifier in spent:
+        state.put(schema.CREDIT_SPENT, identifier, state.block_height)
+    rules.track_many(state, schema.CREDIT_SPENT, spent)
+    layer_tokens = len(spent) * state.genesis.credit_layer_tokens
+    account = str(node["evm_address"]).lower()
+    key = schema.credit_key(current, account, body.model, body.shard)
+    previous: dict[str, Any] | None = state.get(schema.CREDIT, key)
+    state.put(
+        schema.CREDIT,
+        key,
+        {
+            "account": account,
+            "model": body.model,
+            "shard": body.shard,
+            "layer_tokens": (previous["layer_tokens"] if previous else 0) + layer_tokens,
+        },
+    )
+    state.emit("planet.redeem", node=tx.signer, epoch=current, credits=len(spent))

@@ -1,0 +1,199 @@
+"""Credits on the committee app in-process (no sockets, no CometBFT): one JSON object.
+
+A 4-validator chain (`tests/committee_chain.py`) with genesis `credits`; every validator
+publishes a freshly generated 2048-bit RSA key for the epoch. Then, --mints times:
+
+- mint: the client draws --credits nonces and blinds each under every validator's key
+  (`client_blind_ms`), the mint tx runs through a block (`chain_mint_ms`: PrepareProposal →
+  FinalizeBlock → Commit), each validator blind-signs the mint's messages for it
+  (`sign_ms_per_validator`, what one `/credit_signatures` query costs), the client unblinds and
+  verifies (`finalize_ms`). `mint_ms_p50` = the sum, request → usable credits, without network
+  or block time (a real chain adds ≥ one block interval and 4 query round trips).
+- redeem: the credits go to compute nodes in redeem txs of --per-tx credits (3 of 4 signatures
+  each, the least that reaches 2/3), --txs-per-block txs per block; `redeem_records_s` =
+  credits / CPU seconds of the blocks that carry them (every validator verifies every
+  signature: 3 RSA-2048 verifications per credit).
+
+Times are CPU time of this process (`time.process_time`).
+
+    .venv/bin/python bench/credits.py          # ~30 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from abci_app.credit_queries import signatures
+from abci_app.queries import query
+from bench._common import machine, parse_with_quick
+from node.client.credit_wallet import MintRequest
+from protocol.committee.credits import CreditKey, Redeem
+from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
+from protocol.credit_keys import CreditKeyStore
+from protocol.credits import Credit, epoch_keys_from_query
+from protocol.eip712 import address_of
+from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key, seeded_key
+
+ESCROW = "0x" + "ee" * 20
+PRICE = 10**12
+NOW = 1_800_000_000
+
+
+def ask(chain: Chain, path: str) -> Any:
+    code, value, log = query(chain.state, path, b"")
+    if code != 0:
+        raise RuntimeError(log)
+    return json.loads(value)
+
+
+def nodes(chain: Chain, count: int) -> list[Any]:
+    keys = [seeded_key(f"credit-bench-{i}") for i in range(count)]
+    txs = []
+    for i, key in enumerate(keys):
+        evm = seeded_evm_key(f"credit-bench-{i}")
+        body = RegisterNode(
+            address_of(evm),
+            sign_registration(evm, key.verify_key.encode().hex()),
+            "compute",
+            "m",
+            (0,),
+            "e",
+            1,
+        )
+        txs.append(chain.tx(body, key))
+    assert all(r.code == 0 for r in chain.block(txs))
+    stake = [chain.tx(Heartbeat(), key) for key in keys]
+    for key in keys:
+        node = key.verify_key.encode().hex()
+        stake += [chain.tx(AttestStake(node, 10**18), v.key) for v in chain.validators[:3]]
+    assert all(r.code == 0 for r in chain.block(stake))
+    return keys
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        chain = Chain(
+            db=Path(tmp) / "app.sqlite",
+            genesis={
+                "epoch_length": 1_000_000,
+                "evm": {
+                    "chain_id": EVM_CHAIN_ID,
+                    "committee_address": "0x" + "cc" * 20,
+                    "escrow_address": ESCROW,
+                },
+                "credits": {"price_wei": str(PRICE), "layer_tokens": 4096},
+            },
+        )
+        chain.time_s = NOW
+        workers = nodes(chain, args.nodes)
+        stores = []
+        txs = []
+        for index, validator in enumerate(chain.validators):
+            store = CreditKeyStore(Path(tmp) / f"keys-{index}")
+            txs.append(chain.tx(CreditKey(1, store.generate(1).public.to_der()), validator.key))
+            stores.append(store)
+        assert all(r.code == 0 for r in chain.block(txs))
+        keys = epoch_keys_from_query(ask(chain, "/credit_keys?epoch=1"))
+        payer = seeded_evm_key("credit-bench-payer")
+        blind_ms, mint_ms, sign_ms, finalize_ms, total_ms = [], [], [], [], []
+        credits: list[Credit] = []
+        mint_bytes = []
+        for i in range(args.mints):
+            t0 = time.process_time()
+            request = MintRequest.create(
+                keys, args.credits, payer, PRICE, EVM_CHAIN_ID, ESCROW, NOW + 3600
+            )
+            t1 = time.process_time()
+            raw = chain.tx(request.body, seeded_key(f"credit-bench-minter-{i}"))
+            mint_bytes.append(len(raw))
+            [result] = chain.block([raw])
+            assert result.code == 0, result.log
+            t2 = time.process_time()
+            answers: dict[str, list[bytes]] = {}
+            per_validator = []
+            for store in stores:
+                s0 = time.process_time()
+                answer = signatures(chain.state, store, {"mint": request.mint_id})
+                per_validator.append((time.process_time() - s0) * 1000)
+                for address, sigs in answer["signatures"].items():
+                    answers[address] = [bytes.fromhex(s) for s in sigs]
+            t3 = time.process_time()
+            credits += request.finalize(keys, answers)
+            t4 = time.process_time()
+            blind_ms.append((t1 - t0) * 1000)
+            mint_ms.append((t2 - t1) * 1000)
+            sign_ms.append(median(per_validator))
+            finalize_ms.append((t4 - t3) * 1000)
+            total_ms.append((t4 - t0) * 1000)
+        # redeem: 3 of 4 signatures per credit, --per-tx credits per tx
+        trimmed = [
+            Credit(c.epoch, c.prepared, c.signatures[1:]) for c in credits
+        ]  # the least that reaches 2/3
+        batches = [trimmed[i : i + args.per_tx] for i in range(0, len(trimmed), args.per_tx)]
+        redeem_txs = [
+            chain.tx(Redeem("m", 0, tuple(batch)), workers[i % len(workers)])
+            for i, batch in enumerate(batches)
+        ]
+        redeem_bytes = [len(raw) for raw in redeem_txs]
+        cpu = 0.0
+        redeemed = 0
+        for start in range(0, len(redeem_txs), args.txs_per_block):
+            block = redeem_txs[start : start + args.txs_per_block]
+            t0 = time.process_time()
+            results = chain.block(block)
+            cpu += time.process_time() - t0
+            assert all(r.code == 0 for r in results), [r.log for r in results]
+            redeemed += sum(len(b) for b in batches[start : start + args.txs_per_block])
+        return {
+            "bench": "credits",
+            "machine": machine(),
+            "config": {
+                "validators": 4,
+                "rsa_bits": 2048,
+                "credits_per_mint": args.credits,
+                "mints": args.mints,
+                "credits_per_redeem_tx": args.per_tx,
+                "redeem_txs_per_block": args.txs_per_block,
+                "signatures_per_redeemed_credit": 3,
+                "clock": "process CPU time, in-process app (no network, no block interval)",
+            },
+            "metrics": {
+                "mint_ms_p50": round(median(total_ms), 2),
+                "mint_ms_per_credit_p50": round(median(total_ms) / args.credits, 2),
+                "client_blind_ms_p50": round(median(blind_ms), 2),
+                "chain_mint_ms_p50": round(median(mint_ms), 2),
+                "sign_ms_per_validator_p50": round(median(sign_ms), 2),
+                "finalize_ms_p50": round(median(finalize_ms), 2),
+                "mint_tx_bytes": max(mint_bytes),
+                "redeem_records_s": round(redeemed / cpu, 1) if cpu else 0.0,
+                "redeem_tx_bytes_per_credit": round(sum(redeem_bytes) / len(trimmed), 1),
+                "redeemed_credits": redeemed,
+            },
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mints", type=int, default=8)
+    parser.add_argument("--credits", type=int, default=16, help="credits per mint (≤ ~30)")
+    parser.add_argument("--per-tx", type=int, default=24, help="credits per redeem tx")
+    parser.add_argument("--txs-per-block", type=int, default=4)
+    parser.add_argument("--nodes", type=int, default=4)
+    args = parse_with_quick(parser, {"mints": 2, "credits": 4, "per_tx": 4}, argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    print(json.dumps(run(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

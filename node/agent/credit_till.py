@@ -1,0 +1,110 @@
+"""`CreditTill`: a compute node's side of being paid with bearer credits — accept, hold, redeem.
+
+    till = CreditTill(link, model, shard)
+    await till.accept(credit)     checked at once as the chain will check it (the epoch's
+                                  published keys, ≥ 2/3 of the power, an epoch the chain still
+                                  redeems) and against the credits this till already holds or
+                                  redeemed; raises `CreditInvalidError` / `CreditRefused`
+    await till.redeem()           `redeem` txs of up to `per_tx` held credits; a credit the chain
+                                  refuses by name (spent elsewhere, invalid) is dropped and the
+                                  rest of its batch sent again; returns the credits redeemed
+
+What a client pays with is a bearer credit: whoever shows it first gets it. So a node redeems
+what it was paid before the credit's window closes (the mint's epoch and the next), and a client
+that spends one credit at two nodes pays only the first to redeem it (`CREDIT_SPENT`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from node.chain.committee_rpc import TxRejectedError
+from protocol.committee.credits import Redeem
+from protocol.credits import (
+    Credit,
+    EpochKeys,
+    check_credit,
+    epoch_keys_from_query,
+    spent_id,
+)
+from protocol.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+CREDIT_LIFETIME_EPOCHS = 1  # abci_app/credits.py: a credit of e is redeemable in e and e + 1
+CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH = 77, 78, 79  # abci_app/codes.py
+_ITEM = re.compile(r"credit (\d+):")
+
+
+class CreditRefused(ProtocolError):
+    """A credit this node will not take: already held or redeemed here, or out of its window."""
+
+    code = "credit_refused"
+
+
+class Link(Protocol):
+    async def query(self, path: str, **params: Any) -> Any: ...
+    async def submit(self, body: Any) -> Any: ...
+    async def committed_code(self, tx_hash: str, *, timeout_s: float = 15.0) -> tuple[int, str]: ...
+
+
+@dataclass
+class CreditTill:
+    link: Link
+    model: str
+    shard: int
+    per_tx: int = 24  # 3–4 signatures of RSA-2048 per credit: ~2 KB each, under 64 KiB
+    held: list[Credit] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)  # spent ids held or redeemed by this till
+    _keys: dict[int, EpochKeys] = field(default_factory=dict)
+
+    async def _epoch_keys(self, epoch: int) -> EpochKeys:
+        if epoch not in self._keys:
+            self._keys[epoch] = epoch_keys_from_query(
+                await self.link.query("/credit_keys", epoch=epoch)
+            )
+        return self._keys[epoch]
+
+    async def current_epoch(self) -> int:
+        return int((await self.link.query("/credit_keys"))["epoch"])
+
+    async def accept(self, credit: Credit) -> None:
+        current = await self.current_epoch()
+        if not current - CREDIT_LIFETIME_EPOCHS <= credit.epoch <= current:
+            raise CreditRefused(f"a credit of epoch {credit.epoch} expires before epoch {current}")
+        check_credit(await self._epoch_keys(credit.epoch), credit)
+        identifier = spent_id(credit.prepared)
+        if identifier in self.seen:
+            raise CreditRefused("this credit was already paid to this node")
+        self.seen.add(identifier)
+        self.held.append(credit)
+
+    async def redeem(self) -> int:
+        """Send the held credits in batches; returns how many the chain accepted."""
+        redeemed = 0
+        while self.held:
+            batch = self.held[: self.per_tx]
+            code, text = await self._send(batch)
+            if code == 0:
+                del self.held[: len(batch)]
+                redeemed += len(batch)
+                continue
+            match = _ITEM.search(text)
+            if code in (CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH) and match:
+                bad = batch[int(match.group(1))]
+                log.warning("credit dropped code=%d %s", code, text)
+                self.held.remove(bad)
+                continue
+            log.warning("redeem refused code=%d %s (credits kept)", code, text)
+            break
+        return redeemed
+
+    async def _send(self, batch: list[Credit]) -> tuple[int, str]:
+        try:
+            sent = await self.link.submit(Redeem(self.model, self.shard, tuple(batch)))
+        except TxRejectedError as error:
+            return error.tx_code, error.log_text
+        return await self.link.committed_code(sent.hash)

@@ -1,0 +1,132 @@
+"""`planet credits buy|show`: bearer credits the committee blind-signs (docs/credits.md).
+
+`buy N` mints N credits paid from your balance at the escrow's own address (deposit it with
+`planet balance deposit` naming the escrow address as `--gateway`), gathers every validator's
+blind signatures, unblinds them here and stores the credits in your credit file (default
+`$PLANET_HOME/credits.json`, mode 0600). The committee sees your address and how many credits you
+bought, never which credits: the blinding factors stay in this process. `show` counts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from node.client.credit_wallet import CreditWallet
+from node.client.nodesfile import planet_home
+from protocol.errors import UsageError
+
+MAX_BUY = 30  # credits per mint: one blinded message per validator each, under 64 KiB
+DEFAULT_TTL_S = 3600
+
+EXAMPLES = """\
+examples:
+  planet credits buy 20                 mint 20 credits from your balance at the escrow
+  planet credits show --json            how many credits your credit file holds
+defaults (committee RPCs, wallet) come from `planet devnet up`; flags win.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "credits",
+        help="bearer credits for paying nodes without being linked to your questions",
+        description="Buy credits from the committee (blind-signed) or count the ones you hold.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("action", choices=("buy", "show"), help="what to do")
+    parser.add_argument("count", nargs="?", default=None, help=f"credits to buy (1 … {MAX_BUY})")
+    parser.add_argument(
+        "--committee-rpc",
+        action="append",
+        default=None,
+        help="a validator's CometBFT RPC URL; give one per validator (default: the devnet's)",
+    )
+    parser.add_argument("--credits-file", type=Path, default=None, help="where credits are kept")
+    parser.add_argument("--wallet", type=Path, default=None, help="keystore that pays")
+    parser.add_argument("--password-file", type=Path, default=None, help="wallet password file")
+    parser.add_argument("--ttl", type=int, default=DEFAULT_TTL_S, help="purchase lifetime, s")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run)
+
+
+def parse_count(text: str | None) -> int:
+    """The number of credits to buy: ASCII digits, 1 … MAX_BUY; raises `UsageError`."""
+    if text is None:
+        raise UsageError("buy needs a number of credits", hint="planet credits buy 10")
+    if not (isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 3):
+        raise UsageError(f"not a number of credits: {text!r}", hint=f"1 … {MAX_BUY}")
+    count = int(text)
+    if not 1 <= count <= MAX_BUY:
+        raise UsageError(f"{count} credits is out of range", hint=f"buy 1 … {MAX_BUY} at a time")
+    return count
+
+
+def _devnet() -> dict[str, Any]:
+    path = planet_home() / "devnet" / "devnet.json"
+    if not path.exists():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError:
+        raise UsageError(f"{path} is not JSON", hint="run `planet devnet up` again") from None
+    return doc if isinstance(doc, dict) else {}
+
+
+def run(args: argparse.Namespace) -> int:
+    wallet_file = args.credits_file or planet_home() / "credits.json"
+    if args.action == "show":
+        if args.count is not None:
+            raise UsageError("`credits show` takes no count", hint="planet credits show")
+        held = CreditWallet(wallet_file).count()
+        print(json.dumps({"credits": held, "file": str(wallet_file)}) if args.json else held)
+        return 0
+    count = parse_count(args.count)
+    if not 60 <= args.ttl <= 7 * 86_400:
+        raise UsageError(f"--ttl {args.ttl} s is out of range", hint="60 … 604800 seconds")
+    devnet = _devnet()
+    rpcs = args.committee_rpc or [str(u) for u in devnet.get("committee_rpc") or []]
+    if not rpcs:
+        raise UsageError(
+            "no committee RPC to buy from",
+            hint="pass --committee-rpc URL once per validator, or start `planet devnet up`",
+        )
+    key = _payer_key(args, devnet)
+    from node.client.credit_purchase import buy_credits  # lazy: aiohttp
+
+    credits = asyncio.run(
+        buy_credits(rpcs, key, count, CreditWallet(wallet_file), expiry=int(time.time()) + args.ttl)
+    )
+    held = CreditWallet(wallet_file).count()
+    if args.json:
+        print(json.dumps({"bought": len(credits), "credits": held, "file": str(wallet_file)}))
+    else:
+        print(f"bought {len(credits)} credits; {held} held in {wallet_file}")
+    return 0
+
+
+def _payer_key(args: argparse.Namespace, devnet: dict[str, Any]) -> bytes:
+    from node.keys import PasswordSource, load_wallet  # lazy: eth-account
+
+    wallet, password_file = args.wallet, args.password_file
+    if wallet is None:
+        wallet = planet_home() / "wallet.json"
+        users = [
+            a
+            for a in devnet.get("accounts") or []
+            if isinstance(a, dict) and a.get("name") == "user"
+        ]
+        if not wallet.exists() and users and users[0].get("keystore"):
+            wallet = Path(users[0]["keystore"])
+            if password_file is None and "PLANET_PASSWORD" not in os.environ:
+                password_file = devnet.get("password_file")
+    if not Path(wallet).exists():
+        raise UsageError(f"no wallet at {wallet}", hint="pass --wallet FILE (a funded keystore)")
+    password = PasswordSource(file=Path(password_file) if password_file else None).read()
+    return bytes(load_wallet(Path(wallet), password).key)

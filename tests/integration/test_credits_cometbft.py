@@ -1,0 +1,109 @@
+"""Bearer credits through one real CometBFT v0.38 validator and the committee app's socket.
+
+The validator's key is generated into `<home>/credit_keys/` and published with a `credit_key`
+tx; a payer buys credits (`buy_credits`: the mint through `broadcast_tx_sync`, the app's blind
+signatures through CometBFT's `abci_query /credit_signatures`, finalized into the wallet), a
+registered compute node redeems them: accepted once, then refused as `CREDIT_SPENT`, and an
+altered credit as `CREDIT_INVALID`; the node's credited work shows in `/credits`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from node.cli.main import main
+from node.client.credit_purchase import buy_credits
+from node.client.credit_wallet import CreditWallet
+from node.keys import create_wallet
+from protocol.committee.credits import CreditKey, Redeem
+from protocol.committee.envelope import sign
+from protocol.committee.registry import RegisterNode, sign_registration
+from protocol.credit_keys import CreditKeyStore
+from protocol.credits import epoch_keys_from_query
+from protocol.eip712 import address_of
+from tests.committee_chain import seeded_evm_key, seeded_key
+from tests.integration.test_abci_cometbft import (
+    COMMITTEE,
+    EVM_CHAIN_ID,
+    FRAUD_PROOFS,
+    OPERATOR_KEY,
+    open_net,
+    validator_key,
+)
+
+pytestmark = pytest.mark.integration
+
+ESCROW = "0x" + "ee" * 20
+PRICE = 10**12
+LAYER_TOKENS = 4096
+
+
+def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
+    with open_net(tmp_path, app_state={}) as net:
+        genesis_path = net.home / "config" / "genesis.json"
+        genesis = json.loads(genesis_path.read_text())
+        genesis["app_state"] = {
+            "epoch_length": 100_000,
+            "heartbeat_timeout": 100_000,
+            "evm": {
+                "chain_id": EVM_CHAIN_ID,
+                "committee_address": COMMITTEE,
+                "fraud_proofs_address": FRAUD_PROOFS,
+                "escrow_address": ESCROW,
+            },
+            "validators": {net.validator_address: address_of(OPERATOR_KEY)},
+            "credits": {"price_wei": str(PRICE), "layer_tokens": LAYER_TOKENS},
+        }
+        genesis_path.write_text(json.dumps(genesis, indent=1))
+        net.start_app()
+        net.start_node()
+        net.wait_height(2)
+
+        store = CreditKeyStore(net.home / "credit_keys")
+        der = store.generate(1).public.to_der()
+        tx = sign(CreditKey(1, der), validator_key(net.home), 1).encode()
+        assert net.submit(tx).get("code", 0) == 0
+
+        node_key = seeded_key("credits-integration-node")
+        node = node_key.verify_key.encode().hex()
+        evm = seeded_evm_key("credits-integration-node")
+        body = RegisterNode(
+            address_of(evm), sign_registration(evm, node), "compute", "m", (0,), "http://n", 1
+        )
+        assert net.submit(sign(body, node_key, 1).encode()).get("code", 0) == 0
+
+        keys = epoch_keys_from_query(net.query("/credit_keys?epoch=1"))
+        assert list(keys.keys) == [net.validator_address]
+        payer = seeded_evm_key("credits-integration-payer")
+        wallet = CreditWallet(tmp_path / "wallet.json")
+        credits = asyncio.run(
+            buy_credits([net.rpc], payer, 3, wallet, expiry=int(time.time()) + 3600)
+        )
+        assert len(credits) == 3 and wallet.count() == 3
+        # the same through the CLI, from an encrypted keystore
+        keystore, password = tmp_path / "payer.json", tmp_path / "password"
+        password.write_text("credits-test")
+        create_wallet(keystore, "credits-test", payer)
+        cli_file = tmp_path / "cli-credits.json"
+        argv = ["credits", "buy", "2", "--committee-rpc", net.rpc, "--wallet", str(keystore)]
+        argv += ["--password-file", str(password), "--credits-file", str(cli_file)]
+        assert main(argv) == 0
+        assert CreditWallet(cli_file).count() == 2
+
+        spend = wallet.take(2)
+        first = net.submit(sign(Redeem("m", 0, tuple(spend)), node_key, 2).encode())
+        assert first.get("code", 0) == 0, first
+        again = net.submit(sign(Redeem("m", 0, tuple(spend[:1])), node_key, 3).encode())
+        assert again["code"] == 78 and "already redeemed" in again["log"], again  # CREDIT_SPENT
+        [last] = wallet.take(1)
+        altered = replace(last, prepared=last.prepared[:-1] + bytes([last.prepared[-1] ^ 1]))
+        refused = net.submit(sign(Redeem("m", 0, (altered,)), node_key, 4).encode())
+        assert refused["code"] == 77, refused  # CREDIT_INVALID
+        credited = net.query(f"/credits?account={address_of(evm).lower()}")["credits"]
+        assert credited == [{"layer_tokens": 2 * LAYER_TOKENS, "model": "m", "shard": 0}]

@@ -1,0 +1,58 @@
+"""`planet credits`: the count parser, argument mistakes (error + hint, exit 2, no traceback) and
+`show` over a credit file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from node.cli.credits import MAX_BUY, parse_count
+from node.cli.main import main
+from node.client.credit_wallet import CreditWallet
+from protocol.credits import Credit
+from protocol.errors import UsageError
+
+pytestmark = pytest.mark.unit
+
+
+def test_parse_count_bounds() -> None:
+    assert parse_count("1") == 1 and parse_count(str(MAX_BUY)) == MAX_BUY
+    for text in (None, "", "0", str(MAX_BUY + 1), "-1", "1.5", "١", "abc", "9999"):
+        with pytest.raises(UsageError) as caught:
+            parse_count(text)
+        assert caught.value.hint
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["credits", "buy"], "needs a number"),
+        (["credits", "buy", "0"], "out of range"),
+        (["credits", "show", "3"], "takes no count"),
+        (["credits", "buy", "2", "--ttl", "5"], "--ttl"),
+    ],
+)
+def test_credits_cli_mistakes_exit_2_with_error_and_hint(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main([*argv, "--credits-file", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "hint:" in err and "Traceback" not in err
+
+
+def test_credits_buy_without_a_committee_names_the_fix(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLANET_HOME", str(tmp_path / "home"))
+    assert main(["credits", "buy", "2", "--credits-file", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert "no committee RPC" in err and "--committee-rpc" in err
+
+
+def test_credits_show_counts_the_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    credit = Credit(1, b"\x00" * 81, (("A" * 40, b"\x01" * 256),))
+    CreditWallet(path).add([credit, credit])
+    assert main(["credits", "show", "--json", "--credits-file", str(path)]) == 0
+    assert '"credits": 2' in capsys.readouterr().out

@@ -1,0 +1,87 @@
+"""A node's credit till (node/agent/credit_till.py) against the in-process committee chain: it
+takes only credits the chain would take, refuses a credit shown twice, redeems in batches and
+drops a credit another node redeemed first without losing the rest of its batch."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from nacl.signing import SigningKey
+
+from abci_app.queries import query
+from node.agent.credit_till import CreditRefused, CreditTill
+from protocol.committee.credits import Redeem
+from protocol.credits import CreditInvalidError
+from tests.committee_chain import Chain
+from tests.unit.test_abci_credits import minted, node_chain
+from tests.unit.test_abci_state import make_routable, register
+
+pytestmark = pytest.mark.unit
+
+
+class ChainLink:
+    """The part of `CommitteeLink` the till uses, over an in-process chain (one block per tx)."""
+
+    def __init__(self, chain: Chain, key: SigningKey) -> None:
+        self.chain = chain
+        self.key = key
+        self.results: dict[str, tuple[int, str]] = {}
+
+    async def query(self, path: str, **params: Any) -> Any:
+        query_string = "&".join(f"{k}={v}" for k, v in params.items())
+        code, value, log = query(self.chain.state, f"{path}?{query_string}", b"")
+        assert code == 0, log
+        return json.loads(value)
+
+    async def submit(self, body: Any) -> Any:
+        [result] = self.chain.block([self.chain.tx(body, self.key)])
+        tx_hash = str(len(self.results))
+        self.results[tx_hash] = (result.code, result.log)
+        return SimpleNamespace(hash=tx_hash)
+
+    async def committed_code(self, tx_hash: str, *, timeout_s: float = 15.0) -> tuple[int, str]:
+        return self.results[tx_hash]
+
+
+async def test_till_accepts_valid_credits_once_and_redeems_them(tmp_path: Path) -> None:
+    chain, node = node_chain()
+    credits, _, _ = minted(chain, tmp_path, count=3)
+    till = CreditTill(ChainLink(chain, node), "m", 0, per_tx=2)
+    for credit in credits:
+        await till.accept(credit)
+    with pytest.raises(CreditRefused):
+        await till.accept(credits[0])
+    with pytest.raises(CreditInvalidError):
+        await till.accept(replace(credits[1], signatures=credits[1].signatures[:2]))
+    assert await till.redeem() == 3
+    assert till.held == []
+
+
+async def test_till_drops_a_credit_spent_elsewhere_and_redeems_the_rest(tmp_path: Path) -> None:
+    chain, node = node_chain()
+    other = register(chain, "other-node", shards=(0,))
+    make_routable(chain, other)
+    credits, _, _ = minted(chain, tmp_path, count=3)
+    till = CreditTill(ChainLink(chain, node), "m", 0)
+    for credit in credits:
+        await till.accept(credit)
+    # the client also paid another node with the middle credit, which redeemed it first
+    [first] = chain.block([chain.tx(Redeem("m", 0, (credits[1],)), other)])
+    assert first.code == 0, first.log
+    assert await till.redeem() == 2
+    assert till.held == []
+
+
+async def test_till_refuses_a_credit_past_its_window(tmp_path: Path) -> None:
+    chain, node = node_chain()
+    credits, _, _ = minted(chain, tmp_path, count=1)
+    length = chain.state.genesis.epoch_length
+    chain.advance_to((credits[0].epoch + 1) * length + 1)
+    till = CreditTill(ChainLink(chain, node), "m", 0)
+    with pytest.raises(CreditRefused):
+        await till.accept(credits[0])
