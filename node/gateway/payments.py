@@ -150,6 +150,10 @@ class PaymentDesk:
         self._in_flight: set[bytes] = set()  # query ids of open reservations
         self._receipts: dict[bytes, dict[str, Any]] = {}
         self._holders: dict[bytes, bytes] = {}  # query id → holder_digest of the proof used
+        # query id → its receipt's number: 1, 2, … in the order the log holds them (the work
+        # ledger records receipts in this order and catches up on a restart from the last)
+        self._numbers: dict[bytes, int] = {}
+        self._last_number = 0
         # payer → wei held for its questions in flight + charged here, not yet debited
         self._outstanding: dict[str, int] = {}
         self._undebited: dict[bytes, tuple[str, int]] = {}  # voucher query id → (payer, fee)
@@ -173,15 +177,18 @@ class PaymentDesk:
                 item = entry["revoked"]
                 self._account(as_address(item["payer"]), as_bytes32(item["key_id"])).revoked = True
             else:
-                self._replay_receipt(entry["receipt"], bytes.fromhex(entry["holder"]))
+                number = int(entry.get("n", self._last_number + 1))
+                self._replay_receipt(entry["receipt"], bytes.fromhex(entry["holder"]), number)
         except (ValueError, KeyError, TypeError, AttributeError, ProtocolError):
             log.warning("skipping a damaged receipt entry file=%s", self.receipts_path)
 
-    def _replay_receipt(self, doc: dict[str, Any], holder: bytes) -> None:
+    def _replay_receipt(self, doc: dict[str, Any], holder: bytes, number: int) -> None:
         query = as_bytes32(doc["query_id"], "query_id")
         fee = int(doc["fee_wei"])
         self._receipts[query] = doc
         self._holders[query] = holder
+        self._numbers[query] = number
+        self._last_number = max(self._last_number, number)
         if "key" in doc:
             payer = as_address(doc["payer"])
             account = self._account(payer, as_bytes32(doc["key"]["key_id"]))
@@ -467,11 +474,14 @@ class PaymentDesk:
             key = KeyUse(payer, proof, account.charged)
         doc = receipt_json(receipt, signature, node_keys, voucher, key)
         holder = holder_digest(proof)
+        self._last_number += 1
+        number = self._last_number
         self._receipts[reservation.query_id] = doc
         self._holders[reservation.query_id] = holder
+        self._numbers[reservation.query_id] = number
         self._in_flight.discard(reservation.query_id)
         if self._log is not None:
-            self._log.append({"receipt": doc, "holder": holder.hex()})
+            self._log.append({"receipt": doc, "holder": holder.hex(), "n": number})
         log.info(
             "payment charged query=%s fee=%d prompt=%d completion=%d",
             reservation.query_hex[:18],
@@ -546,6 +556,16 @@ class PaymentDesk:
 
     def receipt(self, query_id: bytes) -> dict[str, Any] | None:
         return self._receipts.get(query_id)
+
+    def receipt_number(self, query_id: bytes) -> int:
+        """The number of a settled question's receipt (1, 2, … in log order)."""
+        return self._numbers[query_id]
+
+    def receipts_after(self, number: int) -> list[tuple[int, dict[str, Any]]]:
+        """(number, receipt) of every receipt numbered above `number`, in order: what a work
+        ledger that recorded up to `number` has not seen (a crash between the two files)."""
+        later = [(n, self._receipts[q]) for q, n in self._numbers.items() if n > number]
+        return sorted(later, key=lambda pair: pair[0])
 
     def outstanding(self, payer: str) -> int:
         """Wei this gateway holds against `payer`'s balance: in flight + charged, not debited."""

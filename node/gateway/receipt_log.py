@@ -1,6 +1,7 @@
 """The gateway's receipt log: an append-only JSON-lines file, one money event a line.
 
-    {"receipt": {...}, "holder": "<hex>"}               a charged question (its signed receipt)
+    {"receipt": {...}, "holder": "<hex>", "n": 7}       a charged question (its signed receipt,
+                                                         numbered 1, 2, … in log order)
     {"debited": ["0x<query id>", ...]}                   voucher charges a posted root debited
     {"key_debited": {"payer", "key_id", "total_wei"}}    a key's total a posted root debited
     {"revoked": {"payer", "key_id"}}                     a payer revoked its payment key here

@@ -125,6 +125,15 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         refund_timeout,
         timeline.describe(),
     )
+    ledger = WorkLedger(
+        manifest.model_hash,
+        [tuple(s.layers) for s in manifest.shards],
+        min_questions=config.report_min_questions,
+        max_wait_s=config.report_max_wait_s,
+        journal=ledger_paths(config.receipts_path)[0],
+        refused_path=ledger_paths(config.receipts_path)[1],
+    )
+    ledger.catch_up(desk.receipts_after(ledger.recorded_through))  # killed between the files
     gateway = Gateway(
         config=config,
         model=ModelInfo(manifest.model_id, manifest.model_hash, model_id, len(manifest.shards)),
@@ -135,14 +144,7 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         http=http,
         chain_id=chain.chain_id,
         escrow=escrow,
-        ledger=WorkLedger(
-            manifest.model_hash,
-            [tuple(s.layers) for s in manifest.shards],
-            min_questions=config.report_min_questions,
-            max_wait_s=config.report_max_wait_s,
-            journal=ledger_paths(config.receipts_path)[0],
-            refused_path=ledger_paths(config.receipts_path)[1],
-        ),
+        ledger=ledger,
     )
     return gateway, [http, committee]
 
@@ -204,8 +206,8 @@ async def _work_reporter(
     key = await asyncio.to_thread(load_or_create_node_key, committee_key_path(config), password)
     log.info("work reports signed by gateway key=%s", key.verify_key.encode().hex())
     link = CommitteeLink([config.committee_rpc], key)
-    chain = desk.escrow.inner.chain  # BoundedReads → ChainEscrow → PlanetChain
-    debits = DebitTracker(link, chain.escrow, desk)  # prepaid charges a posted root covered
+    escrow = desk.escrow.inner.escrow  # BoundedReads → ChainEscrow → the QueryEscrow binding
+    debits = DebitTracker(link, escrow, desk)  # prepaid charges a posted root covered
     return WorkReporter(ledger, link, every_s=config.report_every_s, debits=debits)
 
 

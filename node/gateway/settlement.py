@@ -12,15 +12,17 @@ With a `journal` path the ledger is an append-only JSON-lines file (`Journal`, e
 fsync'd before `record` returns), next to the receipt log:
 
     {"q": {"seq", "work": [[node, shard, tokens]], "query": [id, fee] | null,
-           "charge": ChargeItem | null}}                   a charged question
+           "charge": ChargeItem | null, "n": receipt number}}  a charged question
     {"tx": {"hash", "nonce", "raw": base64}}               a report signed, about to be sent
     {"done": {"hash", "height", "code", "refused": [...]}} its committed result
     {"dead": {"hash"}}                                     it can never reach a block
     {"snapshot": {...}}                                    what the file said before compaction
 
 A restart replays the file: what was recorded minus what a sent report carries is pending; a
-report still in flight is resolved against the chain first. So a gateway killed at any point
-reports every question exactly once.
+report still in flight is resolved against the chain first. The receipt log is written first
+(its receipts are numbered); a gateway killed between the two writes leaves receipts the ledger
+never saw, and `catch_up` records them at start (every receipt numbered above the highest the
+ledger recorded). So a gateway killed at any point reports every question exactly once.
 
 **The reporter** (`WorkReporter.flush`, every `every_s`; once `min_questions` are pending, the
 oldest waited `max_wait_s`, or a charge's authorization nears its expiry). One report at a time:
@@ -60,7 +62,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -215,6 +217,7 @@ class WorkLedger:
     questions: int = 0  # recorded since the last report
     first_at: float | None = None  # when the oldest of them was recorded
     seq: int = 0  # record counter: the order "oldest first" follows
+    recorded_through: int = 0  # the highest receipt number recorded (receipt log order)
     _file: Journal | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -238,10 +241,13 @@ class WorkLedger:
         waited = self.clock() - (self.first_at if self.first_at is not None else self.clock())
         return self.questions >= self.min_questions or waited >= self.max_wait_s
 
-    def record(self, receipt: dict[str, Any], circuit: Any) -> None:
-        """A charged question (before its receipt leaves the gateway): on disk, then pending."""
+    def record(self, receipt: dict[str, Any], circuit: Any, number: int | None = None) -> None:
+        """A charged question (before its receipt leaves the gateway): on disk, then pending.
+        `circuit` None: nothing was computed, the charge alone; `number`: the receipt's number
+        in the receipt log (`catch_up` starts after the highest one recorded)."""
         tokens = int(receipt["prompt_tokens"]) + int(receipt["completion_tokens"])
-        work = [[node.key, node.shard, tokens] for node in circuit.nodes]
+        nodes = circuit.nodes if circuit is not None else ()
+        work = [[node.key, node.shard, tokens] for node in nodes]
         fee = int(receipt["fee_wei"])
         item = charge_item(receipt)
         query = None
@@ -253,6 +259,7 @@ class WorkLedger:
             "work": work,
             "query": query,
             "charge": item.to_json() if item is not None and item.total > 0 else None,
+            "n": number,
         }
         if self._file is not None:
             self._file.append({"q": entry})
@@ -261,9 +268,26 @@ class WorkLedger:
             self.first_at = self.clock()
         self.questions += 1
 
+    def catch_up(self, receipts: Iterable[tuple[int, dict[str, Any]]]) -> int:
+        """Record the receipts the receipt log holds after the last one this ledger recorded
+        (a gateway killed between the receipt's fsync and the ledger's), each credited to the
+        nodes it names, shard by shard in circuit order. Returns how many were recorded."""
+        recorded = 0
+        for number, receipt in receipts:
+            if number <= self.recorded_through:
+                continue
+            nodes = [_Hop(str(key), shard) for shard, key in enumerate(receipt.get("nodes", ()))]
+            self.record(receipt, _Hops(nodes) if nodes else None, number)
+            recorded += 1
+        if recorded:
+            log.warning("ledger caught up on %d receipts the receipt log held alone", recorded)
+        return recorded
+
     def _apply_question(self, entry: dict[str, Any]) -> None:
         seq = int(entry["seq"])
         self.seq = max(self.seq, seq)
+        if entry.get("n") is not None:
+            self.recorded_through = max(self.recorded_through, int(entry["n"]))
         for node, shard, tokens in entry["work"]:
             place = (str(node), int(shard))
             self.work[place] = self.work.get(place, 0) + int(tokens)
@@ -431,6 +455,7 @@ class WorkLedger:
     def _snapshot(self) -> dict[str, Any]:
         return {
             "seq": self.seq,
+            "recorded_through": self.recorded_through,
             "nonce": self.nonce,
             "work": [[node, shard, tokens] for (node, shard), tokens in sorted(self.work.items())],
             "queries": [[q, fee, seq] for q, (fee, seq) in self.queries.items()],
@@ -439,6 +464,7 @@ class WorkLedger:
 
     def _load_snapshot(self, doc: dict[str, Any]) -> None:
         self.seq, self.nonce = int(doc["seq"]), int(doc["nonce"])
+        self.recorded_through = int(doc.get("recorded_through", 0))
         self.work = {(str(n), int(s)): int(t) for n, s, t in doc["work"]}
         self.queries = {str(q): (int(fee), int(seq)) for q, fee, seq in doc["queries"]}
         self.charges = {}
@@ -448,6 +474,19 @@ class WorkLedger:
     def _maybe_compact(self) -> None:
         if self._file is not None and self.in_flight is None and self._file.lines > COMPACT_LINES:
             self._file.rewrite({"snapshot": self._snapshot()})
+
+
+@dataclass(frozen=True, slots=True)
+class _Hop:
+    key: str
+    shard: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Hops:
+    """A circuit as a logged receipt names it (its nodes, shard 0 first)."""
+
+    nodes: list[_Hop]
 
 
 def _envelope_bytes(signer: str) -> int:
