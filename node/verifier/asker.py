@@ -93,7 +93,9 @@ class GatewayAsker:
     async def _pay(self, pool: Pool, tokens: int) -> tuple[str, bytes]:
         query_id = secrets.token_bytes(32)
         amount = pool.price_wei_per_token * tokens
-        await asyncio.to_thread(self.chain.escrow.deposit, query_id, pool.model_id, amount)
+        await asyncio.to_thread(
+            self.chain.escrow.deposit, query_id, pool.model_id, pool.gateway, amount
+        )
         payment = QueryPayment(query_id, pool.model_id, pool.gateway, amount)
         key = sign_payment(bytes(self.chain.account.key), payment, _domain(pool))
         return key, query_id

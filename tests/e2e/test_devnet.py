@@ -433,16 +433,34 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
 
 
 def test_devnet_node_without_attested_stake_is_never_routable(env, devnet) -> None:
-    """A fresh wallet with no stake registers a node key through a real agent process: the
-    committee lists it SERVING, the watchers attest 0, and it never becomes routable."""
+    """A fresh wallet with no stake serves a node under its own key and registers it through a
+    real agent process: the committee lists it SERVING, the watchers attest 0, and it never
+    becomes routable."""
     from node.keys import create_node_key, create_wallet
+    from node.server.launcher import free_ports, start_node, stop_pid, wait_healthy
 
     home = Path(env["PLANET_HOME"]) / "unstaked"
     create_wallet(home / "wallet.json", "pw")
     node_key = create_node_key(home / "node_key.json", "pw").verify_key.encode().hex()
-    endpoint = json.loads((Path(devnet["operators"][0]) / "run" / "joined.json").read_text())[
-        "endpoint"
-    ]
+    # its own node: the agent checks that its endpoint proves this key (TLS bound to it)
+    node = start_node(
+        manifest=Path(devnet["manifest"]),
+        shard=0,
+        port=free_ports(1, 19100, 19900)[0],
+        run_dir=home / "run",
+        extra_env={"PLANET_PASSWORD": "pw"},
+        node_key=home / "node_key.json",
+    )
+    try:
+        wait_healthy([node], timeout_s=120)
+        _unstaked_agent_is_never_routable(env, devnet, home, node_key, node.url)
+    finally:
+        stop_pid(node.pid)
+
+
+def _unstaked_agent_is_never_routable(
+    env: dict[str, str], devnet: dict[str, Any], home: Path, node_key: str, endpoint: str
+) -> None:
     log_path = home / "agent.log"
     with open(log_path, "wb") as log_file:
         agent = subprocess.Popen(

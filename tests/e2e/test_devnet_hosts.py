@@ -182,7 +182,7 @@ def test_hosts_public_only_node_refuses_the_devnets_private_next_hops(env, devne
         sys.executable, "-m", "node.cli.main", "devnet", "exec", "user", "--", "planet", "node",
         "serve", "--manifest", devnet["manifest"], "--shard", "0", "--host", user, "--port",
         str(PUBLIC_ONLY_PORT), "--next-hops", "committee", "--committee-rpc",
-        devnet["committee_rpc"][0],
+        devnet["committee_rpc"][0], "--plaintext-links",  # a throwaway node, no key of its own
     ]  # fmt: skip
     with open(log, "wb") as out:
         node = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -204,7 +204,8 @@ def test_hosts_public_only_node_refuses_the_devnets_private_next_hops(env, devne
         )
         assert ready.returncode == 0 and node.poll() is None, log.read_text()[-3000:]
         refused = _in_host(
-            env, "user", "ask", "--nodes", str(nodes_file), "--max-tokens", "1", QUESTION,
+            env, "user", "ask", "--nodes", str(nodes_file), "--max-tokens", "1",
+            "--plaintext-links", QUESTION,
             timeout=120,
         )  # fmt: skip
         assert refused.returncode != 0
@@ -246,7 +247,7 @@ def test_hosts_operator_in_its_own_host_funds_stakes_joins_and_is_routable(
     report = json.loads(_planet(env, "devnet", "status", "--json", timeout=120).stdout)
     listed = [n for n in report["nodes"] if n["key"] == mine["node_key"]]
     assert listed and listed[0]["routable"], report["nodes"]
-    assert listed[0]["endpoint"].startswith(f"http://{address_of_host}:")
+    assert listed[0]["endpoint"].startswith(f"https://{address_of_host}:")  # TLS, its key
     assert wallet in [a["address"] for a in report["accounts"]]
     left = _in_host(operator, "operator0", "leave", "--home", home, timeout=120)
     assert left.returncode == 0 and "chain status LEFT" in left.stdout, left.stderr
