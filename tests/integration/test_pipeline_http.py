@@ -209,6 +209,7 @@ def test_node_serve_corrupted_shard_refuses_to_start_naming_both_hashes(tmp_path
             "1",
             "--port",
             str(port),
+            "--plaintext-links",
         ],
         capture_output=True,
         text=True,
