@@ -608,7 +608,13 @@ def check_link(case: Case, answer: aiohttp.WSMessage, link_closed: bool) -> tupl
             return f"an output frame answered a {case.kind}", "frame"
         rows = 1 if sent.last_only else sent.count  # the last hop answers the last row only
         expected = FrameHeader(
-            sent.sid, sent.start + sent.count - rows, rows, sent.dtype, sent.codec, sent.last_only
+            sent.sid,
+            sent.start + sent.count - rows,
+            rows,
+            sent.dtype,
+            sent.codec,
+            sent.last_only,
+            sent.rewind,  # a rewound frame (speculative decoding) is answered as one
         )
         try:
             header, _ = parse_frame(answer.data, H, 8192)
