@@ -9,8 +9,10 @@ Scores file:
     {"epoch": 3, "scores": {"<node key hex>": 812345, ...}, "invalid": ["<node key hex>"]}
 
 `scores`: C(T) at 10**6 per node; `invalid`: nodes that did not answer their challenge (or
-answered with a bad signature); `epoch` and `invalid` are optional. A missing or invalid file
-yields an empty report (logged), never a failed vote.
+answered with a bad signature); `epoch` and `invalid` are optional. A file written for epoch e
+is this validator's report at the closes of e … e + SCORES_MAX_AGE_EPOCHS (its latest
+measurement: a verifier may need more than one epoch per challenge), older or later ones give
+none. A missing or invalid file yields an empty report (logged), never a failed vote.
 """
 
 from __future__ import annotations
@@ -29,12 +31,17 @@ from abci_app.queries import query as run_query
 from protocol.canonical import JsonInputError, parse_json
 from protocol.credit_keys import CREDIT_KEYS_DIR, CreditKeyStore
 from protocol.errors import ProtocolError
+from protocol.fields import is_int
 
 log = logging.getLogger(__name__)
 
 APP_VERSION = 1
 SCORES_FILE = "reputation_scores.json"
 MAX_SCORES_FILE_BYTES = 4 * 1024 * 1024
+# A verifier's latest scores stay its report for this many epochs after the one they were
+# measured in: a challenge may take longer than an epoch (a busy verifier, short epochs), and
+# the chain agrees a node's C only from ≥ 2/3 of the power reporting it at the same close.
+SCORES_MAX_AGE_EPOCHS = 3
 MAX_LOG_CHARS = 512
 
 
@@ -208,10 +215,12 @@ class CommitteeApp:
             doc = parse_json(raw, max_bytes=MAX_SCORES_FILE_BYTES, max_depth=2)
             if not isinstance(doc, dict):
                 raise extensions.VoteExtensionError("expected an object")
-            if "epoch" in doc and doc["epoch"] != epoch:
+            written = doc.get("epoch", epoch)
+            if not is_int(written, max(0, epoch - SCORES_MAX_AGE_EPOCHS), epoch):
                 log.info(
-                    "scores file is for epoch %s, not %d: extending with none",
-                    ascii(doc["epoch"])[:40],
+                    "scores file is for epoch %s, not %d-%d: extending with none",
+                    ascii(written)[:40],
+                    epoch - SCORES_MAX_AGE_EPOCHS,
                     epoch,
                 )
                 return extensions.EMPTY_REPORT

@@ -12,10 +12,13 @@ A confirmed verdict on a failed verification (offence 3, a challenge or spot-che
 not routable; abci_app/epochs.py raises it again only from agreed challenge scores, which an
 unroutable node no longer gets), and `vconv/<account>` records the epoch.
 
-A vote is an accusation: when the verdict it supports is not confirmed by the end of the epoch
-AFTER the one of its first vote, it is settled. Deterministic and height-driven:
+A vote is an accusation: when the verdict it supports is not confirmed by the end of the
+SETTLE_EPOCHS-th epoch after the one of its first vote, it is settled. The other verifiers
+re-judge a finding from their own tickets first (node/verifier/spotchecks.py: a ticket fetch
+and a shard's recomputation, tens of seconds on a busy machine, longer than a short epoch):
+settling sooner would count their lag as disagreement. Deterministic and height-driven:
 
-- the first vote of a verdict in epoch e adds its id to `vdue/<e+1>` (a list);
+- the first vote of a verdict in epoch e adds its id to `vdue/<e + SETTLE_EPOCHS>` (a list);
 - EndBlock of the last height of epoch d settles `vdue/<d>` (`settle_accusations`): the verdict
   record gets `settled`, each voter's `vrep/<validator address>` = {confirmed, refused,
   unconfirmed, last_epoch, benched_until} is counted, then `vdue/<d>` is deleted. Outcomes:
@@ -57,7 +60,8 @@ from protocol.eip712 import (
 from protocol.errors import ProtocolError
 
 BENCH_EPOCHS = 10  # epochs benched per refused accusation (escalates with each one)
-ACCUSED_EPOCHS = 3  # epochs of accusers kept per node: a verdict's vote … settlement
+SETTLE_EPOCHS = 3  # a verdict first voted in epoch e is settled at the close of e + SETTLE_EPOCHS
+ACCUSED_EPOCHS = SETTLE_EPOCHS + 2  # epochs of accusers kept per node: vote − 1 … settlement
 
 
 def benched(state: State, address: str, epoch: int) -> bool:
@@ -127,7 +131,7 @@ def verdict_vote(state: State, tx: SignedTx) -> None:
         )
     updated = rules.add_vote(state, record, validator, operator, body.signature)
     if not record["votes"]:
-        _settle_after_next_epoch(state, ident)
+        _settle_later(state, ident)
     _note_accuser(state, verdict.node, validator["address"], current)
     if updated["confirmed"] and not record["confirmed"]:
         state.emit("planet.verdict", id=ident, confirmed="true")
@@ -170,9 +174,10 @@ def _accused_by_two_thirds(state: State, account: str, first: int, last: int) ->
     return state.has_two_thirds(sum(powers[v][1] for v in voters if v in powers))
 
 
-def _settle_after_next_epoch(state: State, verdict_id: str) -> None:
-    """A verdict's first vote: its accusation is settled when the next epoch closes."""
-    deadline = schema.epoch_key(rules.epoch_of(state, state.block_height) + 1)
+def _settle_later(state: State, verdict_id: str) -> None:
+    """A verdict's first vote: its accusation is settled when the SETTLE_EPOCHS-th epoch after
+    this one closes."""
+    deadline = schema.epoch_key(rules.epoch_of(state, state.block_height) + SETTLE_EPOCHS)
     pending = state.get(schema.VERDICT_DUE, deadline) or []
     if verdict_id not in pending:
         state.put(schema.VERDICT_DUE, deadline, sorted([*pending, verdict_id]))
@@ -187,7 +192,7 @@ def _outcome(state: State, record: dict[str, Any]) -> str:
     voted_in = rules.epoch_of(state, record["first_height"])
     if convicted is not None and convicted >= voted_in - 1:
         return "unconfirmed"
-    if _accused_by_two_thirds(state, str(record["node"]), voted_in - 1, voted_in + 1):
+    if _accused_by_two_thirds(state, str(record["node"]), voted_in - 1, voted_in + SETTLE_EPOCHS):
         return "unconfirmed"
     return "refused"
 

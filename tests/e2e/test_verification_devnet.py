@@ -161,6 +161,19 @@ def test_cheaters_untrusted_and_slashed_within_5_epochs_honest_rise(env, devnet)
     untrusted_at: dict[str, int] = {}
     seen_unroutable_honest: list[str] = []
 
+    epoch_length = int(_query(rpc, "/params")["genesis"]["epoch_length"])
+
+    def confirmed_epoch(name: str) -> int | None:
+        """The epoch of the first confirmed verdict against `name` (a convicted node is
+        untrusted from then on, and its registration may expire before the next poll)."""
+        address = operators[name]["address"].lower()
+        heights = [
+            v["confirmed_height"]
+            for v in _query(rpc, "/verdicts?confirmed=true")["verdicts"]
+            if v["node"].lower() == address and v["confirmed_height"] is not None
+        ]
+        return min(heights) // epoch_length if heights else None
+
     def convicted() -> bool:
         _alive(devnet)
         nodes = _nodes(devnet)
@@ -168,11 +181,13 @@ def test_cheaters_untrusted_and_slashed_within_5_epochs_honest_rise(env, devnet)
         seen_unroutable_honest.extend(h for h in honest if not (nodes[h] or {}).get("routable"))
         for name in cheaters:
             view = nodes[name]
-            if (
-                name not in untrusted_at
-                and view is not None
-                and view["reputation"] < (UNTRUSTED_BELOW)
-            ):
+            if name in untrusted_at:
+                continue
+            if view is None:
+                verdict_epoch = confirmed_epoch(name)
+                if verdict_epoch is not None:
+                    untrusted_at[name] = verdict_epoch
+            elif view["reputation"] < UNTRUSTED_BELOW:
                 assert view["untrusted"] and not view["routable"], view
                 untrusted_at[name] = epoch
         return len(untrusted_at) == len(cheaters)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from abci_app import extensions
-from abci_app.app import CommitteeApp
+from abci_app.app import SCORES_MAX_AGE_EPOCHS, CommitteeApp
 from abci_app.codes import Code
 from abci_app.encoding import encode_uvarint
 from abci_app.proto import abci_pb, canonical_pb
@@ -205,9 +205,22 @@ def test_extensions_app_extend_vote_reads_local_scores_file(tmp_path: Path) -> N
     extension = app.extend_vote(pb.RequestExtendVote(height=5)).vote_extension
     assert extensions.parse_extension(extension, 5, 5) == extensions.Report({node: 7}, (other,))
     assert app.extend_vote(pb.RequestExtendVote(height=4)).vote_extension == b""
-    # a file for another epoch or a broken file gives an empty (still valid) extension
-    later = app.extend_vote(pb.RequestExtendVote(height=10)).vote_extension
-    assert extensions.parse_extension(later, 10, 5) == extensions.EMPTY_REPORT
+    # the latest scores stay the report for SCORES_MAX_AGE_EPOCHS more closes (a verifier may
+    # need more than an epoch per challenge); older, later or broken files give an empty one
+    last = 5 * (1 + SCORES_MAX_AGE_EPOCHS)
+    for height in range(10, last + 1, 5):
+        later = app.extend_vote(pb.RequestExtendVote(height=height)).vote_extension
+        assert extensions.parse_extension(later, height, 5) == extensions.Report(
+            {node: 7}, (other,)
+        )
+    stale = app.extend_vote(pb.RequestExtendVote(height=last + 5)).vote_extension
+    assert extensions.parse_extension(stale, last + 5, 5) == extensions.EMPTY_REPORT
+    doc["epoch"] = 2
+    (tmp_path / "reputation_scores.json").write_text(json.dumps(doc))
+    assert app.extend_vote(pb.RequestExtendVote(height=5)).vote_extension == empty  # future
+    doc["epoch"] = "1"
+    (tmp_path / "reputation_scores.json").write_text(json.dumps(doc))
+    assert app.extend_vote(pb.RequestExtendVote(height=5)).vote_extension == empty
     (tmp_path / "reputation_scores.json").write_text("{broken")
     assert app.extend_vote(pb.RequestExtendVote(height=5)).vote_extension == empty
     (tmp_path / "reputation_scores.json").write_text(json.dumps({"scores": {node: 2.5}}))

@@ -10,7 +10,7 @@ import secrets
 import pytest
 
 from abci_app.codes import Code
-from abci_app.verdicts import BENCH_EPOCHS
+from abci_app.verdicts import BENCH_EPOCHS, SETTLE_EPOCHS
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.verification import SeedCommit, SeedReveal, seed_commitment
@@ -19,6 +19,13 @@ from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 from tests.unit.test_abci_state import VERDICT, ask, verdict_vote
 
 pytestmark = pytest.mark.unit
+
+LENGTH = 5  # the in-process chain's epoch length
+
+
+def settles(voted_in: int) -> int:
+    """The height whose EndBlock settles a verdict first voted in epoch `voted_in`."""
+    return LENGTH * (voted_in + SETTLE_EPOCHS)
 
 
 def _signer(chain: Chain, index: int) -> str:
@@ -101,30 +108,32 @@ def test_seed_tx_round_trips_and_commitment_needs_valid_inputs() -> None:
 
 def test_accusation_refused_verdict_marks_its_voter_and_confirmed_verdict_credits() -> None:
     """Validator 0 accuses alone (10 of 40 power): the verdict is never confirmed, and at the
-    end of the epoch after its vote it is settled `refused` and validator 0 gets one refused
-    mark. A verdict three validators vote for is confirmed and credits all three."""
+    end of the SETTLE_EPOCHS-th epoch after its vote it is settled `refused` and validator 0
+    gets one refused mark. A verdict three validators vote for is confirmed and credits all
+    three."""
     chain = Chain()
     assert chain.block([verdict_vote(chain, 0, VERDICT)])[0].code == Code.OK  # height 1
-    chain.advance_to(9)
-    assert ask(chain, "/verifiers")["verifiers"] == {}
-    chain.advance_to(10)  # the end of epoch 2 settles it
+    chain.advance_to(settles(1) - 1)
+    assert ask(chain, "/verifiers")["verifiers"] == {}  # the others may still re-judge it
+    chain.advance_to(settles(1))
     accuser = chain.validators[0].address
     marks = ask(chain, "/verifiers")["verifiers"]
+    last = 1 + SETTLE_EPOCHS
     assert marks == {
         accuser: {
             "confirmed": 0,
             "refused": 1,
             "unconfirmed": 0,
-            "last_epoch": 2,
-            "benched_until": 2 + BENCH_EPOCHS,
+            "last_epoch": last,
+            "benched_until": last + BENCH_EPOCHS,
         }
     }
     [verdict] = ask(chain, "/verdicts")["verdicts"]
     assert verdict["confirmed"] is False and verdict["settled"] == "refused"
 
     honest = dataclasses.replace(VERDICT, node=address_of(seeded_evm_key("cheater")))
-    chain.block([verdict_vote(chain, i, honest) for i in (1, 2, 3)])  # height 11, epoch 3
-    chain.advance_to(20)
+    chain.block([verdict_vote(chain, i, honest) for i in (1, 2, 3)])  # epoch last + 1
+    chain.advance_to(settles(last + 1))
     marks = ask(chain, "/verifiers")["verifiers"]
     assert marks[accuser]["refused"] == 1 and marks[accuser]["confirmed"] == 0
     for index in (1, 2, 3):
@@ -133,7 +142,7 @@ def test_accusation_refused_verdict_marks_its_voter_and_confirmed_verdict_credit
             "confirmed": 1,
             "refused": 0,
             "unconfirmed": 0,
-            "last_epoch": 4,
+            "last_epoch": last + 1 + SETTLE_EPOCHS,
             "benched_until": 0,
         }
 
@@ -141,9 +150,9 @@ def test_accusation_refused_verdict_marks_its_voter_and_confirmed_verdict_credit
 def test_accusation_confirmed_late_within_the_window_is_not_refused() -> None:
     chain = Chain()
     chain.block([verdict_vote(chain, 0, VERDICT)])  # epoch 1
-    chain.advance_to(8)
-    chain.block([verdict_vote(chain, 1, VERDICT), verdict_vote(chain, 2, VERDICT)])  # epoch 2
-    chain.advance_to(10)
+    chain.advance_to(settles(1) - 2)  # the others' re-judgements arrive in the last epoch
+    chain.block([verdict_vote(chain, 1, VERDICT), verdict_vote(chain, 2, VERDICT)])
+    chain.advance_to(settles(1))
     marks = ask(chain, "/verifiers")["verifiers"]
     assert {m["refused"] for m in marks.values()} == {0} and len(marks) == 3
 
@@ -154,15 +163,17 @@ def test_false_accusation_benches_its_author_from_votes_and_spot_checks() -> Non
     so it is assigned no checks and earns no verification share, until the bench ends."""
     chain = Chain()
     assert chain.block([verdict_vote(chain, 0, VERDICT)])[0].code == Code.OK  # epoch 1
-    chain.advance_to(10)  # settled refused at the end of epoch 2
+    chain.advance_to(settles(1))  # settled refused
+    now = 2 + SETTLE_EPOCHS
     other = dataclasses.replace(VERDICT, evidence_hash=b"\x43" * 32)
-    [result] = chain.block([verdict_vote(chain, 0, other)])  # epoch 3
+    [result] = chain.block([verdict_vote(chain, 0, other)])  # epoch `now`
     assert result.code == Code.VERIFIER_BENCHED
     others = chain.block([verdict_vote(chain, i, other) for i in (1, 2, 3)])
     assert [r.code for r in others] == [Code.OK] * 3  # the others still vote (and confirm)
-    chain.block([commit(chain, 0, 5, b"\x00" * 32), commit(chain, 1, 5, b"\x01" * 32)])
-    chain.advance_to(20)  # epoch 5's record fixes its verifiers
-    [record] = ask(chain, "/epochs?epoch=5")["epochs"]
+    target = now + 2
+    chain.block([commit(chain, 0, target, b"\x00" * 32), commit(chain, 1, target, b"\x01" * 32)])
+    chain.advance_to(LENGTH * (target - 1))  # the target epoch's record fixes its verifiers
+    [record] = ask(chain, f"/epochs?epoch={target}")["epochs"]
     assert record["verifiers"] == [_signer(chain, 1)]
     until = ask(chain, "/verifiers")["verifiers"][chain.validators[0].address]["benched_until"]
     chain.advance_to(until * 5)  # the bench's last epoch has closed
@@ -175,7 +186,7 @@ def test_timeout_accusation_nobody_confirms_costs_nothing() -> None:
     chain = Chain()
     timeout = dataclasses.replace(VERDICT, offence=4)
     chain.block([verdict_vote(chain, 0, timeout)])
-    chain.advance_to(10)
+    chain.advance_to(settles(1))
     [verdict] = ask(chain, "/verdicts")["verdicts"]
     assert verdict["settled"] == "unconfirmed"
     mark = ask(chain, "/verifiers")["verifiers"][chain.validators[0].address]
@@ -190,7 +201,7 @@ def test_accusation_on_a_node_convicted_meanwhile_is_not_false() -> None:
     lone = dataclasses.replace(VERDICT, evidence_hash=b"\x44" * 32)
     chain.block([verdict_vote(chain, 0, lone)])  # epoch 1, never confirmed
     chain.block([verdict_vote(chain, i, VERDICT) for i in (1, 2, 3)])  # confirmed
-    chain.advance_to(10)
+    chain.advance_to(settles(1))
     views = {v["evidence_hash"]: v for v in ask(chain, "/verdicts")["verdicts"]}
     assert views["0x" + "44" * 32]["settled"] == "unconfirmed"
     assert ask(chain, "/verifiers")["verifiers"][chain.validators[0].address]["refused"] == 0
@@ -218,7 +229,7 @@ def test_failed_finding_withheld_from_the_rest_costs_its_finders_nothing() -> No
     chain.block([verdict_vote(chain, i, VERDICT) for i in (0, 1)])  # epoch 1: failed, 2 of 4
     chain.advance_to(6)
     chain.block([verdict_vote(chain, i, timeout) for i in (2, 3)])  # epoch 2: timeout, 2 of 4
-    chain.advance_to(15)  # both settled
+    chain.advance_to(settles(2))  # both settled
     views = {v["evidence_hash"]: v for v in ask(chain, "/verdicts")["verdicts"]}
     assert views["0x" + VERDICT.evidence_hash.hex()]["settled"] == "unconfirmed"
     assert views["0x" + "45" * 32]["settled"] == "unconfirmed"
@@ -234,7 +245,7 @@ def test_false_accusation_by_a_third_is_refused_even_with_a_second_verdict() -> 
     other = dataclasses.replace(VERDICT, offence=4, evidence_hash=b"\x46" * 32)
     chain.block([verdict_vote(chain, i, VERDICT) for i in (0, 1)])
     chain.block([verdict_vote(chain, i, other) for i in (0, 1)])
-    chain.advance_to(10)
+    chain.advance_to(settles(1))
     views = {v["evidence_hash"]: v for v in ask(chain, "/verdicts")["verdicts"]}
     assert views["0x" + VERDICT.evidence_hash.hex()]["settled"] == "refused"
     marks = ask(chain, "/verifiers")["verifiers"]
