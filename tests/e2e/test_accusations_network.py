@@ -3,7 +3,8 @@
 Four CometBFT validators running the committee app (`planet committee init/up`, genesis with
 the EVM section so verdict votes are accepted; epochs of 5 blocks). Validator 0's verifier
 accuses a node alone (10 of 40 power): the verdict never reaches 2/3, and at the close of the
-3rd epoch after its vote (`SETTLE_EPOCHS`) the chain settles it `refused` and marks validator 0 (`/verifiers`).
+3rd epoch after its vote (`SETTLE_EPOCHS`) the chain settles it `refused` and marks
+validator 0 (`/verifiers`).
 Three validators agreeing on another verdict confirm it: each of them gets a `confirmed`
 mark. The false accuser is then benched: its next verdict vote is refused (VERIFIER_BENCHED) and
 its verifier is left out of the spot-check verifier set although it committed a seed. Every
