@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from deploy.committee.network import load_network
@@ -18,23 +19,26 @@ from node.agent.launch import stop_joined
 from protocol.errors import PlanetError
 
 
-def _stop_pid(pid: int | None, marker: str, grace_s: float = 10.0) -> bool:
-    if not ours(pid, marker):
-        return False
-    assert pid is not None
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(int(pid), signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and pid_alive(int(pid)):
-        time.sleep(0.05)
-    if pid_alive(int(pid)):
+def _stop_pids(targets: list[tuple[int | None, str]], grace_s: float = 10.0) -> list[int]:
+    """SIGTERM every (pid, marker) that is still ours at once, wait for all of them (one
+    shared deadline), SIGKILL what is left; the pids stopped."""
+    mine = [int(pid) for pid, marker in targets if pid is not None and ours(pid, marker)]
+    for pid in mine:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
-    return True
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(pid_alive(pid) for pid in mine):
+        time.sleep(0.05)
+    for pid in mine:
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return mine
 
 
 def down(home: Path, progress: Progress) -> list[str]:
-    """Stop every process of the devnet (gateway, agents → leave, nodes, committee, anvil).
+    """Stop every process of the devnet (verifiers, gateway and cheating nodes together; the
+    operators' agents → leave, nodes, all operators at once; the committee; anvil).
     Idempotent; returns what was stopped."""
     directory = devnet_dir(home)
     state = read_state(directory)
@@ -42,23 +46,23 @@ def down(home: Path, progress: Progress) -> list[str]:
         return []
     stopped = []
     pids = state.get("pids", {})
-    for pid in pids.get("verifiers", []):
-        if _stop_pid(pid, "verifier"):
-            stopped.append(f"verifier {pid}")
-            progress(f"stopped the verifier (pid {pid})")
-    if _stop_pid(pids.get("gateway"), "gateway"):
-        stopped.append("gateway")
-        progress("stopped the gateway")
-    for pid in pids.get("cheat_nodes", []):  # their agents stop (and leave) below
-        if _stop_pid(pid, CHEAT_NODE_MODULE):
-            stopped.append(f"cheating node {pid}")
-            progress(f"stopped the cheating node (pid {pid})")
-    for operator in state.get("operators", []):
-        result = stop_joined(Path(operator) / "run")
-        name = Path(operator).name
-        if result["agent"] or result["node"]:
-            stopped.append(name)
-            progress(f"stopped {name} (agent sent `leave`, node stopped)")
+    front = [(pid, "verifier", "verifier") for pid in pids.get("verifiers", [])]
+    front += [(pids.get("gateway"), "gateway", "gateway")]
+    front += [(pid, CHEAT_NODE_MODULE, "cheating node") for pid in pids.get("cheat_nodes", [])]
+    labels = {pid: label for pid, _, label in front}
+    # the cheating nodes' agents stop (and leave) with the operators below
+    for pid in _stop_pids([(pid, marker) for pid, marker, _ in front]):
+        label = labels[pid]
+        stopped.append("gateway" if label == "gateway" else f"{label} {pid}")
+        progress(f"stopped the {label} (pid {pid})")
+    operators = [Path(operator) for operator in state.get("operators", [])]
+    if operators:  # each agent sends `leave` and waits for it: all of them at once
+        with ThreadPoolExecutor(max_workers=len(operators)) as pool:
+            results = list(pool.map(lambda home: stop_joined(home / "run"), operators))
+        for operator, result in zip(operators, results, strict=True):
+            if result["agent"] or result["node"]:
+                stopped.append(operator.name)
+                progress(f"stopped {operator.name} (agent sent `leave`, node stopped)")
     if state.get("committee_dir"):
         with contextlib.suppress(PlanetError):
             network = load_network(Path(state["committee_dir"]))
@@ -66,7 +70,7 @@ def down(home: Path, progress: Progress) -> list[str]:
             if names:
                 stopped += names
                 progress(f"stopped the committee ({', '.join(names)})")
-    if _stop_pid(pids.get("anvil"), "anvil"):
+    if _stop_pids([(pids.get("anvil"), "anvil")]):
         stopped.append("anvil")
         progress("stopped anvil")
     for item in stop_lab(state):  # last: the agents' `leave` crossed the hosts' links
