@@ -18,7 +18,9 @@ Flow (ABCI 2.0, CometBFT v0.38):
 4. FinalizeBlock at h+1 applies, per node: C = 0 when validators with more than 1/3 of the
    power reported it invalid (PlanetServe: one leader's report alone never lowers a node);
    otherwise the power-weighted lower median of the reported scores, when validators with
-   ≥ 2/3 of the power reported a score for it; otherwise nothing.
+   ≥ 2/3 of the power reported a score for it; otherwise nothing. The reports of validators
+   benched for a false accusation are dropped first (machine.py; abci_app/verdicts.py), the
+   thresholds stay fractions of the whole power.
 """
 
 from __future__ import annotations

@@ -308,10 +308,13 @@ class StateMachine:
         except extensions.VoteExtensionError as error:
             return TxResult(Code.BAD_VOTE_EXTENSIONS, error.message)
         powers = {v["address"]: v["power"] for v in state.validators}
-        agreed = extensions.agreed_scores(reports, powers, state.total_power)
         epoch = commit.height // state.genesis.epoch_length
+        # a verifier benched for a false accusation (verdicts.py) moves no reputation either:
+        # its report is dropped, while 2/3 is still counted of the whole power
+        counted = {a: r for a, r in reports.items() if not verdicts.benched(state, a, epoch)}
+        agreed = extensions.agreed_scores(counted, powers, state.total_power)
         applied = epochs.apply_reputation(state, epoch, agreed)
-        state.emit("planet.reputation", epoch=epoch, applied=applied, reporters=len(reports))
+        state.emit("planet.reputation", epoch=epoch, applied=applied, reporters=len(counted))
         return TxResult(Code.OK, "", tuple(state.events))
 
     def end_block(self) -> bytes:

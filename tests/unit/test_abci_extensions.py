@@ -260,3 +260,27 @@ def test_extensions_disabled_when_enable_height_zero() -> None:
     chain.block()
     assert chain.state.height == 6
     assert chain.state.chain_id == CHAIN_ID
+
+
+def test_extensions_a_benched_verifiers_report_moves_no_reputation() -> None:
+    """Validator 0 accused alone and was settled `refused` (benched, abci_app/verdicts.py):
+    its vote extension no longer counts, neither toward a score's 2/3 nor toward the > 1/3
+    that zeroes a node reported invalid."""
+    from abci_app.verdicts import SETTLE_EPOCHS
+    from tests.unit.test_abci_state import VERDICT, verdict_vote
+
+    chain = Chain()
+    scored, accused = register_compute(chain, "n1"), register_compute(chain, "n2")
+    assert chain.block([verdict_vote(chain, 0, VERDICT)])[0].code == Code.OK  # epoch 1
+    chain.advance_to(5 * (1 + SETTLE_EPOCHS))  # settled refused: validator 0 benched
+    marks = json.loads(query(chain.state, "/verifiers", b"")[1])["verifiers"]
+    assert marks[chain.validators[0].address]["benched_until"] > 2 + SETTLE_EPOCHS
+    chain.advance_to(5 * (2 + SETTLE_EPOCHS))
+    chain.block(
+        scores={0: {scored: 900_000}, 1: {scored: 900_000}, 2: {scored: 900_000}},
+        invalid={0: (accused,), 1: (accused,)},
+    )
+    reps = json.loads(query(chain.state, "/reputations", b"")[1])["reputations"]
+    # 20 of 40 power left for `scored` (< 2/3), 10 of 40 reporting `accused` invalid (≤ 1/3)
+    assert reps[scored]["r"] == 500_000 and reps[scored]["window"] == []
+    assert reps[accused]["r"] == 500_000 and reps[accused]["window"] == []
