@@ -260,3 +260,46 @@ async def test_node_rate_limits_one_caller(
     assert statuses[:4] == [200] * 4
     limited = await client.get("/v1/shards/0/chunks/4")
     assert limited.status == 429 and int(limited.headers["Retry-After"]) >= 1
+
+
+async def test_hostile_chunk_routes_get_named_refusals_and_the_node_keeps_serving(
+    aiohttp_client: Any, shard_file: tuple[ShardEntry, bytes], tmp_path: Path
+) -> None:
+    """Whatever a stranger puts in `/v1/shards/{shard}/chunks/{index}` and `/v1/shards/{shard}`
+    (signs, spaces, non-ASCII digits, huge numbers, escapes, dots) gets a JSON refusal with a
+    named code — 400 malformed, 404 not served — never a 500 or a chunk it did not ask for."""
+    import random
+    import urllib.parse
+
+    entry, data = shard_file
+    manifest = _model_dir(tmp_path, data, entry)
+    client = await _chunk_client(aiohttp_client, manifest)
+    rng = random.Random(2611)
+    pieces = ["0", "5", "6", "-1", "+1", " 1", "1 ", "0x1", "1e3", "1.0", "٣", "５", "²", "",
+              "9" * 9, "9" * 10, "0" * 12 + "1", "%00", "\x00", "..", "../0", "1/2", "\u202e1",
+              "NaN", "inf", "true", "🙂", "a" * 300, "18446744073709551616"]  # fmt: skip
+    answered: dict[int, int] = {}
+    for case in range(300):
+        shard, index = rng.choice(pieces), rng.choice(pieces)
+        if rng.random() < 0.5:
+            shard = shard or "0"
+        path = "/v1/shards/" + urllib.parse.quote(shard, safe="")
+        if case % 3:
+            path += "/chunks/" + urllib.parse.quote(index, safe="")
+        answer = await client.get(path)
+        answered[answer.status] = answered.get(answer.status, 0) + 1
+        assert answer.status in (200, 400, 404, 405), (path, answer.status)
+        if answer.status == 200:
+            body = await answer.read()
+            if "/chunks/" in path:  # only a well-formed in-range index of shard 0
+                number = int(index)
+                assert shard.isascii() and shard.isdigit() and int(shard) == 0
+                assert index.isascii() and index.isdigit() and number < len(entry.chunks)
+                offset, length = entry.chunk_span(number)
+                assert body == data[offset : offset + length]
+            continue
+        if answer.content_type == "application/json":
+            assert isinstance((await answer.json())["code"], str), path
+    assert answered.get(400, 0) and answered.get(404, 0), answered
+    good = await client.get("/v1/shards/0/chunks/1")
+    assert good.status == 200 and await good.read() == data[CHUNK : 2 * CHUNK]
