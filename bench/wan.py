@@ -244,7 +244,7 @@ async def one_generation(
     hops: list[Any],
     min_ngram: int = 2,
 ) -> dict[str, Any]:
-    from node.client.speculation import SpeculationConfig, SpeculationStats, generate_speculative
+    from node.client.speculation import SpeculationConfig, SpeculationStats
     from node.client.types import Timings
 
     timings = Timings()
@@ -253,8 +253,7 @@ async def one_generation(
     if lookahead is None:
         gen = client.generate(head, ids, max_new_tokens=new_tokens, timings=timings)
     else:
-        gen = generate_speculative(
-            client,
+        gen = client.generate(
             head,
             ids,
             max_new_tokens=new_tokens,

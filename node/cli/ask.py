@@ -71,7 +71,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="compress activations on the wire (hq9: ~30 %% of fp32 bytes; lossy, see docs)",
     )
     parser.add_argument(
-        "--json", action="store_true", help="print one JSON object (text, tokens, timings, circuit)"
+        "--speculate",
+        type=int,
+        nargs="?",
+        const=8,
+        default=0,
+        metavar="K",
+        help="guess up to K next tokens from the text so far (prompt lookup, default K 8) and "
+        "check them in one pass through the circuit: fewer round trips over slow links; greedy "
+        "tokens are plain decoding's, sampled ones follow the same distribution (docs/compute.md)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (text, tokens, timings, circuit, speculation)",
     )
     parser.add_argument(
         "--plaintext-links",
@@ -117,6 +130,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from node.client.sampling import SamplingConfig  # lazy: numpy
+    from node.client.speculation import MAX_LOOKAHEAD
 
     if args.max_tokens < 1:
         raise UsageError("--max-tokens must be >= 1")
@@ -127,6 +141,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--pay and --voucher are two ways to pay; pick one")
     if not 1 <= args.voucher_ttl <= 86_400:
         raise UsageError("--voucher-ttl must be 1 … 86400 seconds")
+    if not 0 <= args.speculate <= MAX_LOOKAHEAD:
+        raise UsageError(f"--speculate takes 1 … {MAX_LOOKAHEAD} guesses per pass")
+    if args.speculate and (args.pay or args.voucher):
+        raise UsageError(
+            "--speculate is for the nodes you ask directly; a gateway decodes for you",
+            hint="drop --speculate, or ask the nodes of a nodes file (without --pay/--voucher)",
+        )
     if args.pay or args.voucher:
         result = asyncio.run(_ask_paid(args, _pay_defaults(args)))
         if args.json:
@@ -154,6 +175,7 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
     from node.client.failover import FailoverPolicy, generate
     from node.client.info import check_circuit
     from node.client.replicas import ReplicaCircuits
+    from node.client.speculation import SpeculationConfig, SpeculationStats
     from node.client.types import Hop, Timings
     from node.model.head import ClientHead
     from node.server.run import configure_torch_threads
@@ -166,6 +188,8 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
     hops = [Hop(url=n.url, shard=n.shard, key=n.key) for n in nodes.nodes]
     plaintext = bool(args.plaintext_links)
     timings = Timings()
+    speculation = SpeculationConfig(lookahead=args.speculate) if args.speculate else None
+    stats = SpeculationStats()
     tokens: list[int] = []
     printed = ""
     codec = COMPRESSED_CODEC if args.compress else "raw"
@@ -193,6 +217,8 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
             sampling=sampling,
             timings=timings,
             policy=FailoverPolicy(),
+            speculation=speculation,
+            stats=stats,
         ):
             tokens.append(token)
             if not args.json:
@@ -217,6 +243,7 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
         ],
         "model": manifest.model_id,
         "codec": codec,
+        "speculation": {"lookahead": args.speculate, **stats.to_json()} if speculation else None,
     }
 
 

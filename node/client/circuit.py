@@ -40,6 +40,7 @@ import numpy as np
 
 from node.client.capabilities import hop_capability, hop_feed, hop_tag
 from node.client.sampling import SamplingConfig
+from node.client.speculation import SpeculationConfig, SpeculationStats
 from node.client.types import Head, Hop, Timings
 from node.dial import refuse_redirects
 from node.links import link_ssl, refusal
@@ -488,6 +489,8 @@ class CircuitClient:
         prefill_last_only: bool = True,
         on_prefill: Callable[[int, np.ndarray], None] | None = None,
         on_logits: Callable[[np.ndarray], None] | None = None,
+        speculation: SpeculationConfig | None = None,
+        stats: SpeculationStats | None = None,
     ) -> AsyncIterator[int]:
         """Yield new token ids as they are chosen; stops on EOS (not yielded) or the limit.
         `stop_on_eos=False` (benchmarks) always runs `max_new_tokens` steps.
@@ -496,6 +499,7 @@ class CircuitClient:
         other); `on_prefill(start, hidden)` sees each prefill chunk's final hidden states.
         `on_logits(logits)` sees the logits each token is sampled from, before it is yielded
         (the head stays the caller's one object, so sessions sharing it batch their logits).
+        `speculation`: several tokens per pass (node/client/speculation.py), counted in `stats`.
         On this one circuit only: the first failure is raised (`node.client.failover`
         replaces failed hops and continues)."""
         from node.client.failover import NO_FAILOVER, FixedCircuit, generate  # no cycle at import
@@ -512,4 +516,6 @@ class CircuitClient:
             on_prefill=on_prefill,
             on_logits=on_logits,
             policy=NO_FAILOVER,
+            speculation=speculation,
+            stats=stats,
         )

@@ -50,6 +50,7 @@ import numpy as np
 
 from node.client.capabilities import new_session_id
 from node.client.sampling import SamplingConfig, sample
+from node.client.speculation import SpeculationConfig, SpeculationStats, propose, verify
 from node.client.types import Failover, Head, Hop, Timings
 from node.links import link_ssl
 from protocol.errors import BusyError, PlanetError, ProtocolError, RemoteError, UnavailableError
@@ -103,7 +104,13 @@ class Circuit(Protocol):
     ) -> np.ndarray: ...
 
     async def send(
-        self, sid: int, start: int, hidden: np.ndarray, last_only: bool = True
+        self,
+        sid: int,
+        start: int,
+        hidden: np.ndarray,
+        last_only: bool = True,
+        *,
+        rewind: bool = False,
     ) -> None: ...
 
     async def receive(
@@ -198,13 +205,21 @@ async def generate(
     on_prefill: Callable[[int, np.ndarray], None] | None = None,
     on_logits: Callable[[np.ndarray], None] | None = None,
     policy: FailoverPolicy | None = None,
+    speculation: SpeculationConfig | None = None,
+    stats: SpeculationStats | None = None,
 ) -> AsyncIterator[int]:
     """Yield new token ids as they are chosen (see CircuitClient.generate for the arguments),
     replacing failed hops as the module docstring says. `timings.failovers` records each
     recovery; the last failure is raised once `policy.attempts` replacements were used.
-    `on_prefill` may see a chunk again when the prompt's own prefill was interrupted."""
+    `on_prefill` may see a chunk again when the prompt's own prefill was interrupted.
+    `speculation`: several tokens per pass (node/client/speculation.py): each decode frame
+    carries the last chosen token and the guesses, with the rewind flag; `stats` counts the
+    passes. The history holds only chosen tokens, so a replay never replays a guess."""
     policy = policy or FailoverPolicy()
     sampling = (sampling or SamplingConfig()).validate()
+    if speculation is not None:
+        speculation = speculation.validate()
+        stats = stats if stats is not None else SpeculationStats()
     rng = sampling.rng()
     timings = timings if timings is not None else Timings()
     timings.begin(len(prompt_ids))
@@ -239,27 +254,52 @@ async def generate(
                     if recovering is not None:
                         recovering.replayed = position
                         recovering.replay_ms = (time.perf_counter() - opened_s) * 1000
+                    logits = await client.logits(head, out[0, -1])
+                    rows = logits[None, :]  # the logits each token of `pass_tokens` comes from
+                    pass_tokens = [sample(logits, sampling, rng)]
                     while True:
-                        logits = await client.logits(head, out[0, -1])
-                        if on_logits is not None:
-                            on_logits(logits)
-                        token = sample(logits, sampling, rng)
-                        chosen += 1
-                        timings.chose(chosen)
-                        if recovering is not None:
-                            timings.failovers.append(recovering.done())
-                            recovering = None
-                        if stop_on_eos and token in head.eos_token_ids:
-                            return
-                        timings.new_tokens += 1
-                        yield token
-                        if chosen == max_new_tokens:
-                            return
-                        fed.append(token)
-                        await client.send(sid, position, head.embed_np([token]))
-                        out = await client.receive(sid, position, 1, policy.stall_s)
-                        timings.decode_steps += 1
-                        position += 1
+                        for row, token in zip(rows, pass_tokens, strict=False):
+                            if on_logits is not None:
+                                on_logits(row)
+                            chosen += 1
+                            timings.chose(chosen)
+                            if chosen > 1:
+                                timings.decode_steps += 1
+                            if recovering is not None:
+                                timings.failovers.append(recovering.done())
+                                recovering = None
+                            if stop_on_eos and token in head.eos_token_ids:
+                                return
+                            timings.new_tokens += 1
+                            yield token
+                            if chosen == max_new_tokens:
+                                return
+                            fed.append(token)
+                        # the circuit holds `position` positions; the last chosen token is next
+                        guesses: list[int] = []
+                        if speculation is not None:
+                            left = max_new_tokens - chosen - 1  # wanted after this pass's first
+                            guesses = propose(prompt + fed, speculation)[: max(0, left)]
+                        feed = [fed[-1], *guesses]
+                        await client.send(
+                            sid,
+                            position,
+                            head.embed_np(feed),
+                            last_only=not guesses,
+                            rewind=speculation is not None,
+                        )
+                        out = await client.receive(sid, position, len(feed), policy.stall_s)
+                        if guesses:
+                            rows = head.logits_batch_np(out[0])
+                            pass_tokens = verify(rows, guesses, sampling, rng)
+                        else:
+                            rows = (await client.logits(head, out[0, -1]))[None, :]
+                            pass_tokens = [sample(rows[0], sampling, rng)]
+                        if stats is not None:
+                            stats.passes += 1
+                            stats.proposed += len(guesses)
+                            stats.accepted += len(pass_tokens) - 1
+                        position += len(pass_tokens)  # the fed token and the kept guesses
                         served = position
                 finally:
                     timings.wire_bytes_sent += client.bytes_sent - sent0

@@ -21,23 +21,21 @@ The next frame carries the rewind flag (protocol/frames/header.py) and starts at
 length: every hop drops the rejected positions from its KV cache before computing it, in the
 frame's own path through the circuit (no extra message, and no race with it). A pass without a
 guess is a plain one-position decode step.
+
+The decode loop is the one of every generation (`node.client.failover.generate`, also behind
+`CircuitClient.generate`): pass `speculation=SpeculationConfig()` and it proposes, verifies and
+rewinds as above — with failover, since the token history holds only chosen tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from node.client.capabilities import new_session_id
 from node.client.sampling import SamplingConfig, sample
-from node.client.types import Head, Timings
 from protocol.errors import ConfigError
-
-if TYPE_CHECKING:
-    from node.client.circuit import CircuitClient
 
 MAX_LOOKAHEAD = 16  # guesses per pass (a frame of at most 17 positions)
 LOOKUP_WINDOW = 4096  # context tokens searched for an earlier occurrence of the suffix
@@ -134,62 +132,3 @@ def verify(
                 return [*tokens, int(rng.choice(len(probs), p=probs / total))]
         tokens.append(guess)
     return [*tokens, sample(rows[len(guesses)], sampling, rng)]
-
-
-async def generate_speculative(
-    client: CircuitClient,
-    head: Head,
-    prompt_ids: Sequence[int],
-    *,
-    max_new_tokens: int,
-    sampling: SamplingConfig | None = None,
-    speculation: SpeculationConfig | None = None,
-    timings: Timings | None = None,
-    stats: SpeculationStats | None = None,
-    stop_on_eos: bool = True,
-) -> AsyncIterator[int]:
-    """`CircuitClient.generate` with several tokens per pass (see the module's docstring):
-    yields new token ids; stops on EOS (not yielded) or the limit. `timings.decode_steps`
-    counts tokens after the first (so `decode_tok_s` is tokens/s); `stats` counts passes."""
-    sampling = (sampling or SamplingConfig()).validate()
-    config = (speculation or SpeculationConfig()).validate()
-    rng = sampling.rng()
-    timings = timings if timings is not None else Timings()
-    stats = stats if stats is not None else SpeculationStats()
-    timings.begin(len(prompt_ids))
-    sent0, received0 = client.bytes_sent, client.bytes_received
-    sid = await client.open(new_session_id())
-    try:
-        out = await client.prefill(sid, head.embed_np(list(prompt_ids)))
-        context = list(prompt_ids)
-        length = len(prompt_ids)  # positions every hop keeps (later ones are rewound)
-        chosen = [sample(head.logits_np(out[0, -1]), sampling, rng)]
-        produced = 0
-        while True:
-            for token in chosen:
-                timings.chose(produced + 1)
-                if stop_on_eos and token in head.eos_token_ids:
-                    return
-                produced += 1
-                timings.new_tokens += 1
-                if produced > 1:
-                    timings.decode_steps += 1
-                yield token
-                context.append(token)
-                if produced == max_new_tokens:
-                    return
-            left = max_new_tokens - produced  # tokens still wanted after this pass's first
-            guesses = propose(context, config)[: max(0, left - 1)]
-            feed = [context[-1], *guesses]
-            await client.send(sid, length, head.embed_np(feed), last_only=not guesses, rewind=True)
-            out = await client.receive(sid, length, len(feed))
-            rows = head.logits_batch_np(out[0])
-            chosen = verify(rows, guesses, sampling, rng)
-            stats.passes += 1
-            stats.proposed += len(guesses)
-            stats.accepted += len(chosen) - 1
-            length += len(chosen)  # the fed last token and the kept guesses
-    finally:
-        timings.wire_bytes_sent += client.bytes_sent - sent0
-        timings.wire_bytes_received += client.bytes_received - received0
-        await client.close(sid)

@@ -78,7 +78,7 @@ class Timings:
     new_tokens: int = 0
     prefill_ms: float = 0.0  # prompt in → first token chosen
     decode_ms: float = 0.0  # first token chosen → last token chosen
-    decode_steps: int = 0  # forward passes in decode_ms (one per token after the first)
+    decode_steps: int = 0  # tokens chosen in decode_ms (after the first; a pass may choose several)
     wire_bytes_sent: int = 0  # the client's own WebSocket bytes, framing included
     wire_bytes_received: int = 0
     failovers: list[Failover] = field(default_factory=list)  # recoveries, in order

@@ -13,7 +13,7 @@ import pytest
 
 from bench._prompt_sets import heldout_prompts, repetitive_prompts
 from node.client.circuit import CircuitClient
-from node.client.speculation import SpeculationConfig, SpeculationStats, generate_speculative
+from node.client.speculation import SpeculationConfig, SpeculationStats
 from node.client.types import Hop
 from node.model.head import ClientHead
 from node.server.launcher import NodeProcess, free_ports, start_node, stop_pid, wait_healthy
@@ -55,8 +55,7 @@ def _both(head: ClientHead, hops: list[Hop], ids: list[int], stats: SpeculationS
             plain = [t async for t in client.generate(head, ids, max_new_tokens=MAX_NEW_TOKENS)]
             spec = [
                 t
-                async for t in generate_speculative(
-                    client,
+                async for t in client.generate(
                     head,
                     ids,
                     max_new_tokens=MAX_NEW_TOKENS,

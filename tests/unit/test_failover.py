@@ -18,6 +18,7 @@ from aiohttp import web
 
 from node.client.failover import FailoverPolicy, generate
 from node.client.replicas import ReplicaCircuits
+from node.client.speculation import SpeculationConfig, SpeculationStats
 from node.client.types import Hop, Timings
 from node.model.head import ClientHead
 from node.model.prepare import prepare
@@ -171,6 +172,45 @@ async def test_failover_hop_gone_mid_answer_replica_continues_same_greedy_tokens
     # the prompt's own chunks (5) are kept; the fed tokens follow as their own chunk(s)
     assert replacement[0] == (0, 5) and (len(ids), min(5, kill_at)) in replacement
     assert failover.recovery_ms > 0 and failover.replay_ms > 0
+
+
+async def test_failover_while_speculating_replays_only_chosen_tokens_and_stays_exact(
+    aiohttp_server, tiny
+):
+    """Speculative passes (guesses + rewind) on a circuit whose hop dies mid-answer: the
+    replacement replays the prompt and the chosen tokens only, and greedy tokens are those of
+    plain decoding."""
+    _, model, manifest = tiny
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    shards = [0, 1, 1]
+    servers, _ = await _nodes(aiohttp_server, manifest, shards)
+    hops = _hops(servers, shards)
+    stats = SpeculationStats()
+    timings = Timings()
+    tokens: list[int] = []
+    async with aiohttp.ClientSession() as http:
+        source = _source(http, manifest, hops)
+        async for token in generate(
+            source,
+            head,
+            ids,
+            max_new_tokens=STEPS,
+            stop_on_eos=False,
+            timings=timings,
+            policy=FailoverPolicy(backoff_s=0.01),
+            speculation=SpeculationConfig(lookahead=4, min_ngram=1),
+            stats=stats,
+        ):
+            tokens.append(token)
+            if len(tokens) == STEPS // 2:
+                await servers[hops.index(source.current[1])].close()
+    assert tokens == _expected(model, ids)
+    (failover,) = timings.failovers
+    assert failover.hops == (1,)
+    assert len(ids) < failover.replayed <= len(ids) + STEPS // 2 + 4  # no guess replayed
+    assert stats.proposed > 0 and stats.passes > 0
+    assert timings.new_tokens == STEPS and timings.decode_steps == STEPS - 1
 
 
 async def test_failover_first_hop_gone_upstream_replaced_and_exact(aiohttp_server, tiny):

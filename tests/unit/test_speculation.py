@@ -17,7 +17,6 @@ from node.client.speculation import (
     SpeculationConfig,
     SpeculationStats,
     distribution,
-    generate_speculative,
     propose,
     verify,
 )
@@ -140,8 +139,7 @@ async def test_speculative_greedy_tokens_equal_plain_circuit_decoding(aiohttp_se
         ]
         spec = [
             t
-            async for t in generate_speculative(
-                client,
+            async for t in client.generate(
                 head,
                 ids,
                 max_new_tokens=STEPS,
@@ -199,8 +197,7 @@ async def test_sampled_speculation_runs_and_stays_in_step(aiohttp_server, tiny):
     async with CircuitClient(hops, hidden_size=64) as client:
         tokens = [
             t
-            async for t in generate_speculative(
-                client,
+            async for t in client.generate(
                 head,
                 head.encode(PROMPTS[1]),
                 max_new_tokens=STEPS,
