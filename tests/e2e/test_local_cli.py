@@ -151,6 +151,21 @@ def test_ask_json_reports_text_tokens_timings_circuit(env, local_up, expected_te
     assert body["timings"]["prefill_ms"] > 0
     assert body["timings"]["wire_bytes_received"] > 0
     assert body["tokens"] == expected_ids[: len(body["tokens"])]
+    assert body["speculation"] is None  # off unless asked for
+
+
+def test_ask_speculate_gives_the_plain_greedy_tokens_and_reports_its_passes(
+    env, local_up, expected_ids
+):
+    ask = _planet(env, "ask", QUESTION, "--max-tokens", str(MAX_TOKENS), "--speculate", "--json")
+    assert ask.returncode == 0, ask.stderr
+    body = json.loads(ask.stdout)
+    assert body["tokens"] == expected_ids[: len(body["tokens"])] and body["tokens"]
+    passes = body["speculation"]
+    assert passes["lookahead"] == 8 and passes["passes"] >= 1
+    # every token after the first came from a pass: its first row or a kept guess
+    chosen_after_first = passes["passes"] + passes["accepted"]
+    assert len(body["tokens"]) - 1 <= chosen_after_first <= len(body["tokens"])
 
 
 def test_local_up_twice_refuses_with_hint(env, local_up):
