@@ -91,6 +91,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "over (default 10)",
     )
     serve.add_argument(
+        "--speculate",
+        type=int,
+        default=0,
+        metavar="K",
+        help="guess up to K tokens per decode pass from the text so far and verify them in one "
+        "pass through the circuit (fewer round trips over slow links; greedy answers unchanged); "
+        "rejected guesses cost the nodes unpaid positions (default 0: off)",
+    )
+    serve.add_argument(
         "--report-min-questions",
         type=int,
         default=4,
@@ -160,6 +169,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions_per_node=args.max_sessions_per_node,
         attempts=args.failover_attempts,
         stall_s=args.stall_s,
+        speculate=args.speculate,
         report_min_questions=args.report_min_questions,
         report_max_wait_s=args.report_max_wait,
         refund_margin_s=chains.refund_margin_s,

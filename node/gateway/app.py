@@ -339,6 +339,7 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
         top_logprobs=top,
         attempts=gateway.config.attempts,
         stall_s=gateway.config.stall_s,
+        speculate=gateway.config.speculate,
         echo=isinstance(req, CompletionRequest) and req.echo,
         full_prefill=gateway.config.full_prefill,
     )

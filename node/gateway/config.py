@@ -27,6 +27,9 @@ class GatewayConfig:
     routing_refresh_s: float = 2.0  # how stale the routable-node list may be (seconds)
     attempts: int = 5  # circuits per question, failovers included (node/gateway/engine.py)
     stall_s: float = 10.0  # a circuit silent this long mid-answer is stalled: fail over (s)
+    # guesses per decode pass (prompt lookup, node/client/speculation.py); 0: one token a pass.
+    # Rejected guesses are positions the nodes compute that no user pays for (docs/gateway.md)
+    speculate: int = 0
     max_sessions_per_node: int = 16  # questions at once on one node from this gateway (queue after)
     slot_wait_s: float = 120.0  # longest a question queues for node slots before 503 (seconds)
     report_min_questions: int = 4  # questions batched per work_report (fewer: wait, see below)
@@ -66,6 +69,8 @@ class GatewayConfig:
             raise UsageError("--failover-attempts must be 1..20")
         if not 0.5 <= self.stall_s <= 600:
             raise UsageError("--stall-s must be 0.5..600 seconds")
+        if not 0 <= self.speculate <= 16:
+            raise UsageError("--speculate must be 0..16 guesses per pass")
         if not 0 < self.report_every_s <= 3_600:
             raise UsageError("the reporter's pass interval must be 0 < seconds <= 3600")
         if not 0 < self.committee_block_s <= 600:

@@ -36,6 +36,7 @@ import numpy as np
 
 from node.client.failover import FAILURES, FailoverPolicy, generate, unhealthy_hops
 from node.client.sampling import SamplingConfig
+from node.client.speculation import SpeculationConfig
 from node.client.types import Head, Hop, Timings
 from node.gateway.circuits import CircuitPool
 from node.gateway.errors import NoCircuit, NodeFailed
@@ -139,6 +140,7 @@ class Generation:
         echo: bool = False,
         full_prefill: bool = True,
         stall_s: float = STALL_S,
+        speculate: int = 0,
     ) -> None:
         self.router = router
         self.head = head
@@ -150,6 +152,7 @@ class Generation:
         self.top_logprobs = top_logprobs
         self.policy = FailoverPolicy(attempts=max(attempts - 1, 0), stall_s=stall_s)
         self.echo = echo
+        self.speculation = SpeculationConfig(lookahead=speculate) if speculate else None
         # every question's prompt frames ask the last node for all positions, so a question
         # with echo (a verifier's challenge, say) looks like any other to the nodes
         self.full_prefill = full_prefill
@@ -188,6 +191,7 @@ class Generation:
             on_prefill=self._keep_prefill if self.echo else None,
             on_logits=self._keep_logits if self.logprobs else None,
             policy=self.policy,
+            speculation=self.speculation,
         )
         try:
             async with contextlib.aclosing(tokens):

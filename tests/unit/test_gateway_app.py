@@ -304,9 +304,9 @@ async def test_gateway_every_question_prefills_like_an_echo_request(env, monkeyp
     seen: list[tuple[int, bool]] = []
     original = CircuitClient.send
 
-    async def recording(self, sid, start, hidden, last_only=True):
+    async def recording(self, sid, start, hidden, last_only=True, *, rewind=False):
         seen.append((int(hidden.shape[1]), last_only))
-        return await original(self, sid, start, hidden, last_only)
+        return await original(self, sid, start, hidden, last_only, rewind=rewind)
 
     monkeypatch.setattr(CircuitClient, "send", recording)
     client, escrow, _, _ = env
