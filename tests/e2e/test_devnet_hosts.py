@@ -172,6 +172,35 @@ def test_hosts_paid_question_from_the_user_host_has_the_loopback_tokens(
     assert "(verified)" in asked.stderr
 
 
+def test_hosts_official_openai_client_from_the_user_host_has_the_loopback_text(
+    env, devnet, loopback
+) -> None:
+    """The user host deposits a prepaid balance, makes an API key (`planet key new`), and the
+    official `openai` client asks the gateway's host across the 50 ms links."""
+    deposited = _in_host(env, "user", "balance", "deposit", "0.01", timeout=180)
+    assert deposited.returncode == 0, deposited.stderr[-2000:]
+    made = _in_host(env, "user", "key", "new", "--cap", "0.005", "--json", timeout=180)
+    assert made.returncode == 0, made.stderr[-2000:]
+    key = json.loads(made.stdout)["key"]
+    ask = (
+        "import json, sys, openai; "
+        f"c = openai.OpenAI(base_url='{devnet['gateway_url']}/v1', api_key=sys.argv[1], "
+        "max_retries=0, timeout=240); "
+        "r = c.chat.completions.create(model=c.models.list().data[0].id, "
+        f"messages=[{{'role': 'user', 'content': {QUESTION!r}}}], max_tokens={MAX_TOKENS}, "
+        "temperature=0); "
+        "print(json.dumps({'text': r.choices[0].message.content, "
+        "'completion_tokens': r.usage.completion_tokens}))"
+    )
+    asked = _planet(
+        env, "devnet", "exec", "user", "--", sys.executable, "-c", ask, key, timeout=300
+    )
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    answer = json.loads(asked.stdout.strip().splitlines()[-1])
+    assert answer["text"].strip() == loopback["text"].strip() != ""
+    assert answer["completion_tokens"] == len(loopback["tokens"])
+
+
 def test_hosts_public_only_node_refuses_the_devnets_private_next_hops(env, devnet) -> None:
     """The devnet's nodes registered 10.77.0.x: a node whose committee policy is public-only
     (no --private-next-hops) refuses to dial them, by name, before any dial."""
