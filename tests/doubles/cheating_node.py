@@ -13,19 +13,13 @@ with `stop_pid(pid, module=MODULE)`.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 
-from node.cli.main import build_parser
-from node.cli.node import server_config
-from node.server.backend import ModelShardBackend
-from node.server.run import configure_torch_threads, serve
-from protocol.errors import PlanetError, UsageError
 from tests.doubles.cheating import parse_mode, wrap
+from tests.doubles.wrapped_node import main_of, serve_wrapped
 
 MODULE = "tests.doubles.cheating_node"
-log = logging.getLogger(__name__)
 
 
 def cheat_args(mode: str) -> tuple[str, str]:
@@ -39,30 +33,17 @@ def run(argv: Sequence[str]) -> int:
     own.add_argument("--cheat", required=True, metavar="MODE")
     known, rest = own.parse_known_args(argv)
     mode = parse_mode(known.cheat)
-    if [word for word in rest if not word.startswith("-")][:2] != ["node", "serve"]:
-        raise UsageError("only `node serve` can cheat", hint=f"{MODULE} -v node serve ...")
-    args = build_parser().parse_args(rest)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    return serve_wrapped(
+        MODULE,
+        "cheat",
+        rest,
+        lambda honest: wrap(honest, mode, seed=honest.shard_id),
+        f"CHEATING NODE mode={mode}",
     )
-    config, node_key = server_config(args)
-    configure_torch_threads(config.torch_threads)  # before the load, as serve() does
-    honest = ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)
-    log.warning("CHEATING NODE mode=%s (tests only)", mode)
-    serve(config, node_key, backend=wrap(honest, mode, seed=honest.shard_id))
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        return run(sys.argv[1:] if argv is None else argv)
-    except PlanetError as error:
-        print(f"error: {error.message}", file=sys.stderr)
-        if error.hint:
-            print(f"hint: {error.hint}", file=sys.stderr)
-        return error.exit_status
+    return main_of(run, argv)
 
 
 if __name__ == "__main__":

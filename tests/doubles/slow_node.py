@@ -13,7 +13,6 @@ node on a CPU with 1/FACTOR of the share. The product knows nothing of it; start
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -21,14 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from node.cli.main import build_parser
-from node.cli.node import server_config
-from node.server.backend import ModelShardBackend
-from node.server.run import configure_torch_threads, serve
-from protocol.errors import PlanetError, UsageError
+from protocol.errors import UsageError
+from tests.doubles.wrapped_node import main_of, serve_wrapped
 
 MODULE = "tests.doubles.slow_node"
-log = logging.getLogger(__name__)
 
 
 class Slowed:
@@ -63,30 +58,13 @@ def run(argv: Sequence[str]) -> int:
     known, rest = own.parse_known_args(argv)
     if not 1.0 <= known.slow_factor <= 100.0:
         raise UsageError("--slow-factor must be 1..100")
-    if [word for word in rest if not word.startswith("-")][:2] != ["node", "serve"]:
-        raise UsageError("only `node serve` can be slowed", hint=f"{MODULE} -v node serve ...")
-    args = build_parser().parse_args(rest)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    config, ticket_key = server_config(args)
-    configure_torch_threads(config.torch_threads)
-    backend = ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)
-    log.warning("SLOW NODE factor=%g (tests only)", known.slow_factor)
-    serve(config, ticket_key, backend=Slowed(backend, known.slow_factor))
-    return 0
+    factor = known.slow_factor
+    slowed = f"SLOW NODE factor={factor:g}"
+    return serve_wrapped(MODULE, "be slowed", rest, lambda honest: Slowed(honest, factor), slowed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        return run(sys.argv[1:] if argv is None else argv)
-    except PlanetError as error:
-        print(f"error: {error.message}", file=sys.stderr)
-        if error.hint:
-            print(f"hint: {error.hint}", file=sys.stderr)
-        return error.exit_status
+    return main_of(run, argv)
 
 
 if __name__ == "__main__":
