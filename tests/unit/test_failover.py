@@ -118,7 +118,15 @@ def _source(http: aiohttp.ClientSession, manifest: Path, hops: list[Hop]) -> Rep
     return ReplicaCircuits(http, hops, expected=expected, hidden_size=H, prefill_chunk=5)
 
 
-async def _answer(source: ReplicaCircuits, head: Any, ids: list[int], on_token: Any, **policy: Any):
+async def _answer(
+    source: ReplicaCircuits,
+    head: Any,
+    ids: list[int],
+    on_token: Any,
+    speculation: SpeculationConfig | None = None,
+    stats: SpeculationStats | None = None,
+    **policy: Any,
+):
     timings = Timings()
     tokens: list[int] = []
     async for token in generate(
@@ -129,6 +137,8 @@ async def _answer(source: ReplicaCircuits, head: Any, ids: list[int], on_token: 
         stop_on_eos=False,
         timings=timings,
         policy=FailoverPolicy(backoff_s=0.01, **policy),
+        speculation=speculation,
+        stats=stats,
     ):
         tokens.append(token)
         await on_token(len(tokens))
@@ -187,24 +197,15 @@ async def test_failover_while_speculating_replays_only_chosen_tokens_and_stays_e
     servers, _ = await _nodes(aiohttp_server, manifest, shards)
     hops = _hops(servers, shards)
     stats = SpeculationStats()
-    timings = Timings()
-    tokens: list[int] = []
     async with aiohttp.ClientSession() as http:
         source = _source(http, manifest, hops)
-        async for token in generate(
-            source,
-            head,
-            ids,
-            max_new_tokens=STEPS,
-            stop_on_eos=False,
-            timings=timings,
-            policy=FailoverPolicy(backoff_s=0.01),
-            speculation=SpeculationConfig(lookahead=4, min_ngram=1),
-            stats=stats,
-        ):
-            tokens.append(token)
-            if len(tokens) == STEPS // 2:
+
+        async def on_token(count: int) -> None:
+            if count == STEPS // 2:
                 await servers[hops.index(source.current[1])].close()
+
+        speculation = SpeculationConfig(lookahead=4, min_ngram=1)
+        tokens, timings = await _answer(source, head, ids, on_token, speculation, stats)
     assert tokens == _expected(model, ids)
     (failover,) = timings.failovers
     assert failover.hops == (1,)
