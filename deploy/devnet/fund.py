@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import time
 import urllib.error
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from deploy.devnet.hosts import Placement, inside, require_lab
 from deploy.devnet.plan import devnet_dir, read_state, write_state
 from deploy.evm import ETHER
 from protocol.errors import PlanetError, UnavailableError, UsageError
+from protocol.eth import parse_eth
 
 DEFAULT_FUND_ETH = "10"
 MAX_FUND_WEI = 1000 * ETHER  # anvil's dev account holds 10000 ETH
@@ -45,18 +45,13 @@ class NotADevnetChain(UsageError):
 
 def parse_fund_amount(text: str) -> int:
     """'10' / '0.5' ETH → wei (> 0, at most 18 decimals, at most 1000 ETH)."""
-    try:
-        value = Decimal(text.strip())
-    except InvalidOperation:
-        raise UsageError(f"{text!r} is not an amount of ETH", hint="e.g. 10 or 0.5") from None
-    if not value.is_finite() or value <= 0:
-        raise UsageError(f"the amount must be positive ETH (got {text!r})", hint="e.g. 10")
-    wei = value * ETHER
-    if wei != wei.to_integral_value():
-        raise UsageError(f"{text} ETH has more than 18 decimals")
-    if wei > MAX_FUND_WEI:
-        raise UsageError(f"{text} ETH is more than a dev faucet gives (1000 ETH at most)")
-    return int(wei)
+    return parse_eth(
+        text,
+        what="the amount",
+        max_wei=MAX_FUND_WEI,
+        most="a dev faucet gives (1000 ETH at most)",
+        hint="e.g. 10 or 0.5",
+    )
 
 
 def parse_address(text: str) -> str:

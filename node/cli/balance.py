@@ -18,15 +18,15 @@ import asyncio
 import json
 import re
 import time
-from decimal import Decimal, InvalidOperation, localcontext
 from pathlib import Path
 from typing import Any
 
 from node.cli.ask import _open_wallet, _pay_defaults
 from protocol.errors import UnavailableError, UsageError
+from protocol.eth import MAX_UINT128, WEI_PER_ETH
+from protocol.eth import parse_eth as parse_eth_amount
 
-WEI_PER_ETH = 10**18
-MAX_BALANCE_WEI = (1 << 128) - 1
+MAX_BALANCE_WEI = MAX_UINT128
 ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}\Z")
 URL = re.compile(r"https?://[^\s]{1,2000}\Z")
 
@@ -77,22 +77,7 @@ def parse_eth(text: str | None) -> int:
     """Decimal ETH (at most 18 decimals) to wei; raises `UsageError`."""
     if text is None:
         raise UsageError("deposit needs an amount in ETH", hint="planet balance deposit 0.05")
-    if not isinstance(text, str) or len(text) > 40 or not text.isascii():
-        raise UsageError(f"not an amount of ETH: {text!r}", hint="e.g. 0.05")
-    try:
-        value = Decimal(text)
-    except InvalidOperation:
-        raise UsageError(f"not an amount of ETH: {text!r}", hint="e.g. 0.05") from None
-    if not value.is_finite():
-        raise UsageError(f"not an amount of ETH: {text!r}", hint="e.g. 0.05")
-    with localcontext() as exact:
-        exact.prec = 80  # 40 input characters + 18 decimals: no rounding
-        wei = value * WEI_PER_ETH
-    if wei != wei.to_integral_value():
-        raise UsageError(f"{text} ETH is not a whole number of wei", hint="at most 18 decimals")
-    if not 0 < wei <= MAX_BALANCE_WEI:
-        raise UsageError(f"{text} ETH is out of range", hint="a positive amount")
-    return int(wei)
+    return parse_eth_amount(text, what="amount", max_wei=MAX_BALANCE_WEI, hint="e.g. 0.05")
 
 
 def parse_gateway(text: str | None) -> tuple[str | None, str | None]:

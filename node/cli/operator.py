@@ -23,7 +23,7 @@ import socket
 import sys
 import time
 import urllib.parse
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from node.cli.model import add_fetch_sources, fetch_with_progress
 from node.config import resolve_config
 from node.model.manifest import Manifest
 from protocol.errors import ConfigError, PlanetError, UnavailableError, UsageError
+from protocol.eth import parse_eth as parse_eth_amount
 
 ETHER = 10**18
 ROLES = {"compute": 1, "verifier": 2}
@@ -72,19 +73,9 @@ class WrongChain(ConfigError):
 
 
 def parse_eth(text: str) -> int:
-    """'1.5' → 1_500_000_000_000_000_000 wei (at most 18 decimals, > 0)."""
-    try:
-        value = Decimal(text.strip())
-    except (InvalidOperation, AttributeError):
-        raise UsageError(f"--amount {text!r} is not a number", hint="ETH units, e.g. 1.5") from None
-    if not value.is_finite() or value <= 0:
-        raise UsageError(f"--amount must be a positive amount of ETH (got {text!r})")
-    wei = value * ETHER
-    if wei != wei.to_integral_value():
-        raise UsageError(f"--amount {text!r} has more than 18 decimals")
-    if wei >= 2**128:  # the Staking contract keeps amounts as uint128
-        raise UsageError(f"--amount {text!r} is more ETH than exists")
-    return int(wei)
+    """'1.5' → 1_500_000_000_000_000_000 wei (at most 18 decimals, > 0, the Staking contract's
+    uint128 at most)."""
+    return parse_eth_amount(text, what="--amount", hint="ETH units, e.g. 1.5")
 
 
 def format_eth(wei: int) -> str:

@@ -215,8 +215,11 @@ def test_fund_refuses_a_chain_that_is_not_a_devnet_by_name(tmp_path: Path, capsy
         ([ADDRESS], "no devnet is up in"),
         (["0x1234", "1"], "'0x1234' is not an EVM address"),
         ([ADDRESS, "-1"], "the amount must be positive ETH"),
-        ([ADDRESS, "ten"], "'ten' is not an amount of ETH"),
-        ([ADDRESS, "5000"], "5000 ETH is more than a dev faucet gives"),
+        ([ADDRESS, "ten"], "the amount 'ten' is not an amount of ETH"),
+        ([ADDRESS, "5000"], "the amount 5000 ETH is more than a dev faucet gives"),
+        ([ADDRESS, "1e999999999"], "the amount '1e999999999' is not an amount of ETH"),
+        ([ADDRESS, "1e-999999999"], "the amount '1e-999999999' is not an amount of ETH"),
+        ([ADDRESS, "0.0000000000000000001"], "the amount '0.0000000000000000001' has more than"),
     ],
 )
 def test_fund_mistakes_are_usage_errors(
