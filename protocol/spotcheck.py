@@ -47,6 +47,14 @@ from protocol.errors import ProtocolError
 
 SCALE_PPM = 1_000_000
 DEFAULT_RATE_PPM = 50_000  # 5 %, UNFED's "~5 % of layer batches"
+# A node answers ticket requests under the seeds of the current epoch and the
+# TICKET_LOOKBACK_EPOCHS before it (node/server/tickets.py); a verifier starts no check or
+# re-judgement under an older seed than current − CHECK_LOOKBACK_EPOCHS
+# (node/verifier/spotchecks.py): a verifier running late would otherwise ask for tickets the
+# node may no longer give, and every refused ticket is a timeout accusation of an honest node.
+# The gap (4 epochs) outlasts a ticket's 30 s deadline at the devnet's shortest epochs (~8 s).
+TICKET_LOOKBACK_EPOCHS = 8
+CHECK_LOOKBACK_EPOCHS = 4
 _SELECT_DOMAIN = b"planet/spot-check/v1"
 _VERIFIER_DOMAIN = b"planet/spot-check-verifier/v1"
 _EVIDENCE_DOMAIN = b"planet/spot-check-evidence/v1"

@@ -52,7 +52,12 @@ from protocol.eip712 import commitment_value
 from protocol.errors import PlanetError
 from protocol.fingerprint import BLOCK_POSITIONS, TOPK, encode_block
 from protocol.served import InputsChain, served_output_hash
-from protocol.spotcheck import epoch_verifiers, is_selected, node_rate_ppm
+from protocol.spotcheck import (
+    TICKET_LOOKBACK_EPOCHS,
+    epoch_verifiers,
+    is_selected,
+    node_rate_ppm,
+)
 from protocol.tickets import (
     MAX_POSITIONS,
     MAX_REQUEST_BYTES,
@@ -255,7 +260,12 @@ class CommitteePolicy:
     with `async abci_query(path)`)."""
 
     def __init__(
-        self, rpc: object, *, rate_ppm: int, lookback: int = 3, refresh_s: float = 5.0
+        self,
+        rpc: object,
+        *,
+        rate_ppm: int,
+        lookback: int = TICKET_LOOKBACK_EPOCHS,
+        refresh_s: float = 5.0,
     ) -> None:
         self.rpc = rpc
         self.rate_ppm = rate_ppm

@@ -54,6 +54,7 @@ from protocol.committee.verification import MAX_SPOT_REPORT, SpotCheckReport
 from protocol.errors import PlanetError
 from protocol.fingerprint import Tolerance
 from protocol.spotcheck import (
+    CHECK_LOOKBACK_EPOCHS,
     DEFAULT_RATE_PPM,
     Outcome,
     SelectionError,
@@ -152,6 +153,13 @@ def assignments(
     return [a for a in chosen if assign_verifier(a.seed, a.triple, verifiers) == me]
 
 
+def too_late(epoch: int, current: int) -> bool:
+    """Whether the checks of `epoch`'s commitments (selected under epoch + 1's seed) start too
+    late at committee epoch `current`: the node may refuse their tickets by then
+    (protocol/spotcheck.py, CHECK_LOOKBACK_EPOCHS), and a refused ticket is an accusation."""
+    return epoch + 1 < current - CHECK_LOOKBACK_EPOCHS
+
+
 class SpotChecker:
     def __init__(
         self,
@@ -193,9 +201,19 @@ class SpotChecker:
                 if self.last_epoch == 0:
                     self.last_epoch = max(0, current - 2)
                 while self.last_epoch + 1 < current and not stop.is_set():
-                    await self.check_epoch(self.last_epoch + 1)
+                    epoch = self.last_epoch + 1
+                    if too_late(epoch, current):
+                        log.warning(
+                            "spot checks epoch=%d skipped: the committee is at epoch %d, too "
+                            "late for the nodes' tickets (this verifier fell behind)",
+                            epoch,
+                            current,
+                        )
+                    else:
+                        await self.check_epoch(epoch)
                     self.last_epoch += 1
-                await self.rejudge()
+                    current = int((await self.link.query("/epochs"))["current"])
+                await self.rejudge(current)
             except PlanetError as error:
                 log.warning("spot checks: %s", error.message)
             except (KeyError, TypeError, ValueError, aiohttp.ClientError) as error:
@@ -301,9 +319,10 @@ class SpotChecker:
         )
         return result
 
-    async def rejudge(self) -> list[TicketResult]:
+    async def rejudge(self, current: int | None = None) -> list[TicketResult]:
         """Re-judge every peer finding on chain (a `verdict_vote` whose evidence names a
-        selected check of a recent epoch) and vote it too when this verifier finds the same."""
+        selected check of a recent epoch) and vote it too when this verifier finds the same;
+        findings of epochs `too_late` at committee epoch `current` are left alone."""
         if not self.findable:
             return []
         verdicts = (await self.link.query("/verdicts", confirmed="false"))["verdicts"]
@@ -314,6 +333,8 @@ class SpotChecker:
                 continue
             self.rejudged.add(ident)
             item, outcome = self.findable[ident]
+            if current is not None and too_late(item.epoch, current):
+                continue  # its ticket may be refused now: no accusation from lateness
             result = await self.judge(item, "re-judged spot check")
             if result is None:
                 continue

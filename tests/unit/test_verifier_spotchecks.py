@@ -235,3 +235,46 @@ async def test_a_withheld_ticket_turns_the_rejudgement_into_a_timeout_vote(tmp_p
         link.verdicts.append({"evidence_hash": "0x" + timed_out.hex()})  # its own, and peers'
         await checker.rejudge()
     assert votes == [(Outcome.TIMEOUT, timed_out, NODE, 2)]
+
+
+async def test_a_verifier_running_late_leaves_old_findings_alone(tmp_path: Path) -> None:
+    """A finding whose seed epoch the nodes may no longer ticket (CHECK_LOOKBACK_EPOCHS behind
+    the committee) is not re-judged: a refused ticket would be a timeout accusation of a node
+    that did nothing wrong. The same finding at an epoch still in reach is re-judged."""
+    from node.verifier.spotchecks import too_late
+    from node.verifier.tickets import _result
+    from protocol.spotcheck import CHECK_LOOKBACK_EPOCHS, TICKET_LOOKBACK_EPOCHS
+
+    assert CHECK_LOOKBACK_EPOCHS < TICKET_LOOKBACK_EPOCHS  # slack for the ticket's deadline
+    late = 2 + 1 + CHECK_LOOKBACK_EPOCHS + 1  # epoch 2's checks use epoch 3's seed
+    assert too_late(2, late) and not too_late(2, late - 1)
+
+    votes = []
+
+    async def vote(result, node_key, epoch) -> None:
+        votes.append((result.outcome, node_key, epoch))
+
+    triple = Triple(NODE, "0x" + f"{0:064x}", 0, 1)
+    failed = evidence_hash(SEED, triple, Outcome.FAILED)
+    asked = []
+
+    async def check(item):
+        asked.append(item.triple)
+        return _result(TicketRequest(item.triple, item.seed, _hex(ME)), Outcome.TIMEOUT, "x")
+
+    async def rejudged_at(current: int) -> list:
+        link = _Link("http://127.0.0.1:1", verifiers=(OTHER,))
+        async with aiohttp.ClientSession() as http:
+            checker = SpotChecker(
+                link, [object(), object()], Tolerance(1, 1000, 0), http, vote, home=tmp_path,
+                rate_ppm=10**6,
+            )  # fmt: skip
+            checker.check = check  # type: ignore[method-assign]
+            await checker.check_epoch(2)  # indexes the epoch's checks (none assigned here)
+            link.verdicts = [{"evidence_hash": "0x" + failed.hex()}]
+            return await checker.rejudge(current)
+
+    assert await rejudged_at(late) == [] and asked == [] and votes == []
+    results = await rejudged_at(late - 1)
+    assert [r.outcome for r in results] == [Outcome.TIMEOUT] and asked == [triple]
+    assert votes == [(Outcome.TIMEOUT, NODE, 2)]
