@@ -97,6 +97,13 @@ class _Link:
         return {"key": key, "endpoint": self.endpoint, "evm_address": "0x" + "00" * 20}
 
 
+def _checker(link: _Link, http: aiohttp.ClientSession, vote: object, home: Path) -> SpotChecker:
+    """A checker of every selected block (rate 10^6) with the strictest tolerance."""
+    return SpotChecker(
+        link, [object(), object()], Tolerance(1, 1000, 0), http, vote, home=home, rate_ppm=10**6
+    )  # type: ignore[arg-type]
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -139,10 +146,7 @@ async def test_a_failed_check_is_voted_over_an_earlier_timeout(tmp_path: Path) -
 
     link = _Link("http://127.0.0.1:1")
     async with aiohttp.ClientSession() as http:
-        checker = SpotChecker(
-            link, [object(), object()], Tolerance(1, 1000, 0), http, vote, home=tmp_path,
-            rate_ppm=10**6,
-        )  # fmt: skip
+        checker = _checker(link, http, vote, tmp_path)
         outcomes = iter([Outcome.TIMEOUT, Outcome.FAILED, Outcome.TIMEOUT, Outcome.FAILED])
 
         async def check(item):
@@ -173,10 +177,7 @@ async def test_peer_findings_are_rejudged_with_an_own_ticket_and_voted_when_conf
     triples = [Triple(NODE, "0x" + f"{i:064x}", 0, 1) for i in range(2)]
     link = _Link("http://127.0.0.1:1", verifiers=(OTHER,))
     async with aiohttp.ClientSession() as http:
-        checker = SpotChecker(
-            link, [object(), object()], Tolerance(1, 1000, 0), http, vote, home=tmp_path,
-            rate_ppm=10**6,
-        )  # fmt: skip
+        checker = _checker(link, http, vote, tmp_path)
         asked = []
         scripted = {triples[0]: Outcome.FAILED, triples[1]: Outcome.PASSED}
 
@@ -217,10 +218,7 @@ async def test_a_withheld_ticket_turns_the_rejudgement_into_a_timeout_vote(tmp_p
     triple = Triple(NODE, "0x" + f"{0:064x}", 0, 1)
     link = _Link("http://127.0.0.1:1", verifiers=(OTHER,))
     async with aiohttp.ClientSession() as http:
-        checker = SpotChecker(
-            link, [object(), object()], Tolerance(1, 1000, 0), http, vote, home=tmp_path,
-            rate_ppm=10**6,
-        )  # fmt: skip
+        checker = _checker(link, http, vote, tmp_path)
 
         async def check(item):
             request = TicketRequest(item.triple, item.seed, _hex(ME))
@@ -265,10 +263,7 @@ async def test_a_verifier_running_late_leaves_old_findings_alone(tmp_path: Path)
     async def rejudged_at(current: int) -> list:
         link = _Link("http://127.0.0.1:1", verifiers=(OTHER,))
         async with aiohttp.ClientSession() as http:
-            checker = SpotChecker(
-                link, [object(), object()], Tolerance(1, 1000, 0), http, vote, home=tmp_path,
-                rate_ppm=10**6,
-            )  # fmt: skip
+            checker = _checker(link, http, vote, tmp_path)
             checker.check = check  # type: ignore[method-assign]
             await checker.check_epoch(2)  # indexes the epoch's checks (none assigned here)
             link.verdicts = [{"evidence_hash": "0x" + failed.hex()}]
