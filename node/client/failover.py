@@ -258,6 +258,7 @@ async def generate(
                     rows = logits[None, :]  # the logits each token of `pass_tokens` comes from
                     pass_tokens = [sample(logits, sampling, rng)]
                     while True:
+                        # a pass rejecting a guess yields fewer tokens than it has rows
                         for row, token in zip(rows, pass_tokens, strict=False):
                             if on_logits is not None:
                                 on_logits(row)
