@@ -9,6 +9,7 @@ validator RPC when one is unreachable, and turns answers into typed values:
     view = await link.node(key)            # None when not registered
     outcome = await link.submit(body)      # CheckTx passed; outcome.hash
     code = await link.committed_code(outcome.hash, timeout_s=10)
+    code, text = await link.send(body)  # submit, wait for the block, re-sign a lost nonce
     hash = await link.broadcast(raw)       # bytes the caller signed (it keeps the nonces)
     found = await link.find_tx(hash)       # None until a block holds it
 
@@ -43,6 +44,7 @@ NOT_FOUND_QUERY = "query_42"
 # CometBFT's answer when the same tx bytes are already in its mempool cache: an earlier try
 # (whose answer was lost to a timeout) got through, which is success for the sender.
 IN_CACHE = "tx already exists in cache"
+SEND_TRIES = 3  # a tx refused at delivery for its nonce is signed again (send)
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,24 @@ class CommitteeLink:
             f"tx {tx_hash[:12]}", lambda c: c.wait_for_tx(tx_hash, timeout_s=timeout_s)
         )
         return result.code, result.log
+
+    async def send(self, body: Any, *, timeout_s: float = 15.0) -> tuple[int, str]:
+        """Submit `body` and wait for its block: (FinalizeBlock code, log).
+
+        Another process signing with the same key — a validator's stake watcher and its
+        verifier both sign with the consensus key — can take a nonce between this link's
+        CheckTx and the block: the tx is then refused at delivery with BAD_NONCE and changed
+        nothing, so it is signed again with a nonce read afresh (at most SEND_TRIES times)."""
+        for _ in range(SEND_TRIES):
+            sent = await self.submit(body)
+            code, text = await self.committed_code(sent.hash, timeout_s=timeout_s)
+            if code != BAD_NONCE:
+                break
+            log.info("tx %s lost nonce %d to another signer: signed again", body.TYPE, sent.nonce)
+            async with self._submitting:
+                if self._next_nonce is not None and self._next_nonce <= sent.nonce + 1:
+                    self._next_nonce = None
+        return code, text
 
 
 _KEY = re.compile(r"[0-9a-f]{64}\Z")

@@ -257,7 +257,8 @@ class SpotChecker:
             floor=floor,
             blocks=await self._blocks(keys, epoch) if floor else None,
         )
-        self._index(chosen)
+        if self.me in verifiers:
+            self._index(chosen)  # a verifier outside the set gets no ticket: it re-judges none
         todo = [a for a in chosen if assign_verifier(a.seed, a.triple, verifiers) == self.me]
         results = []
         done: list[Triple] = []
@@ -321,8 +322,10 @@ class SpotChecker:
 
     async def rejudge(self, current: int | None = None) -> list[TicketResult]:
         """Re-judge every peer finding on chain (a `verdict_vote` whose evidence names a
-        selected check of a recent epoch) and vote it too when this verifier finds the same;
-        findings of epochs `too_late` at committee epoch `current` are left alone."""
+        selected check of a recent epoch whose verifier set holds this verifier) and vote it
+        too when this verifier finds the same; findings of epochs `too_late` at committee
+        epoch `current` are left alone. Outside the set (its seed commit missed the window)
+        the node rightly refuses this verifier's ticket: that refusal is no timeout."""
         if not self.findable:
             return []
         verdicts = (await self.link.query("/verdicts", confirmed="false"))["verdicts"]
@@ -359,8 +362,7 @@ class SpotChecker:
         """Send the epoch's `spot_check_report`; the committed code (None: not sent)."""
         checks = sorted((t.node, t.session, t.block, t.shard) for t in done)[:MAX_SPOT_REPORT]
         try:
-            sent = await self.link.submit(SpotCheckReport(epoch, tuple(checks)))
-            code, text = await self.link.committed_code(sent.hash, timeout_s=15)
+            code, text = await self.link.send(SpotCheckReport(epoch, tuple(checks)), timeout_s=15)
         except PlanetError as error:
             log.warning("spot_check_report not sent: %s", error.message)
             return None

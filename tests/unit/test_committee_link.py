@@ -10,7 +10,7 @@ import pytest
 from nacl.signing import SigningKey
 
 from node.chain.committee_link import CommitteeLink
-from node.chain.committee_rpc import BroadcastResult, TxRejectedError, tx_hash
+from node.chain.committee_rpc import BroadcastResult, TxRejectedError, TxResult, tx_hash
 from protocol.committee.envelope import decode
 from protocol.committee.registry import Heartbeat
 from protocol.errors import RemoteError, UnavailableError
@@ -27,6 +27,7 @@ class FakeRpc:
     committed_nonce: int = 4
     answers: list[Any] = field(default_factory=list)  # queued exceptions for broadcast
     broadcast: list[bytes] = field(default_factory=list)
+    delivered: list[int] = field(default_factory=list)  # queued FinalizeBlock codes (else 0)
 
     def _check(self) -> None:
         if self.down:
@@ -47,6 +48,13 @@ class FakeRpc:
         if self.answers:
             raise self.answers.pop(0)
         return BroadcastResult(hash=tx_hash(raw))
+
+    async def wait_for_tx(self, hash_hex: str, *, timeout_s: float) -> TxResult:
+        self._check()
+        code = self.delivered.pop(0) if self.delivered else 0
+        # the block used the last tx's nonce: that tx's own, or another signer's tx with it
+        self.committed_nonce = decode(self.broadcast[-1]).nonce
+        return TxResult(hash_hex, 9, 0, code, "nonce taken" if code else "")
 
     async def status(self) -> Any:
         self._check()
@@ -97,6 +105,23 @@ async def test_link_concurrent_submits_never_share_a_nonce() -> None:
     link = _link(rpc)
     sent = await asyncio.gather(*(link.submit(Heartbeat()) for _ in range(4)))
     assert sorted(s.nonce for s in sent) == [5, 6, 7, 8]
+
+
+async def test_link_send_signs_again_when_another_signer_took_the_nonce() -> None:
+    """A validator's watcher and verifier sign with one key from two processes: the tx whose
+    nonce the other used first is refused in its block (BAD_NONCE, no effect) and is signed
+    again with the nonce read afresh; other refusals come back as they are, once."""
+    rpc = FakeRpc("http://a")
+    link = _link(rpc)
+    rpc.delivered = [3]  # nonce 5 was the watcher's
+    assert await link.send(Heartbeat()) == (0, "")
+    assert [decode(raw).nonce for raw in rpc.broadcast] == [5, 6]
+    rpc.delivered = [3, 3, 3]
+    assert (await link.send(Heartbeat()))[0] == 3  # bounded: three tries, then the code
+    assert [decode(raw).nonce for raw in rpc.broadcast[2:]] == [7, 8, 9]
+    rpc.delivered = [54]
+    assert await link.send(Heartbeat()) == (54, "nonce taken")
+    assert len(rpc.broadcast) == 6
 
 
 async def test_link_tx_already_in_cache_counts_as_sent() -> None:

@@ -180,6 +180,7 @@ async def test_worker_sampled_challenges_score_by_replay_with_the_committed_seed
     worker = VerifierWorker(settings, SampledReference(), CredibilityMap(8050, 16963), asker, link)
     worker.run_challenge = _skip  # type: ignore[method-assign]  # echo: test_verifier_worker.py
     await worker.step()  # epoch 3: commits the seed of 4, no challenges
+    await worker.settle()
     link.epoch = 4
     for _ in range(6):
         await worker.step()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from types import SimpleNamespace
 
 import aiohttp
 import pytest
@@ -16,7 +15,7 @@ from nacl.signing import SigningKey
 from node.verifier.spotchecks import COUNTS_FILE, SpotChecker, assignments
 from protocol.committee.verification import SpotCheckReport
 from protocol.fingerprint import Tolerance
-from protocol.spotcheck import Outcome, Triple, evidence_hash
+from protocol.spotcheck import Outcome, Triple, assign_verifier, evidence_hash
 from protocol.tickets import TicketRequest
 
 pytestmark = pytest.mark.unit
@@ -29,6 +28,21 @@ SEED = "cd" * 32
 
 def _hex(key: SigningKey) -> str:
     return key.verify_key.encode().hex()
+
+
+def _outranking_me() -> SigningKey:
+    """A verifier key that `assign_verifier` prefers to ME for both blocks `_Link` serves:
+    with it, ME is in the epoch's verifier set but assigned nothing (it only re-judges)."""
+    triples = [Triple(NODE, "0x" + f"{i:064x}", 0, 1) for i in range(2)]
+    for seed in range(0x22, 0x80):
+        key = SigningKey(bytes([seed]) * 32)
+        both = [_hex(key), _hex(ME)]
+        if all(assign_verifier(SEED, t, both) == _hex(key) for t in triples):
+            return key
+    raise AssertionError("no key outranks ME on both blocks")
+
+
+PEER = _outranking_me()
 
 
 def _commitments(n: int, height: int = 7) -> list[dict]:
@@ -68,11 +82,8 @@ class _Link:
         self.verifiers = [_hex(k) for k in verifiers]
         self.verdicts: list[dict] = []  # unconfirmed verdict votes on chain
 
-    async def submit(self, body: object) -> object:
+    async def send(self, body: object, *, timeout_s: float = 15) -> tuple[int, str]:
         self.sent.append(body)
-        return SimpleNamespace(hash="01")
-
-    async def committed_code(self, tx_hash: str, *, timeout_s: float = 15) -> tuple[int, str]:
         return 0, ""
 
     async def query(self, path: str, **params: object) -> dict:
@@ -164,7 +175,7 @@ async def test_a_failed_check_is_voted_over_an_earlier_timeout(tmp_path: Path) -
 async def test_peer_findings_are_rejudged_with_an_own_ticket_and_voted_when_confirmed(
     tmp_path: Path,
 ) -> None:
-    """Both blocks are assigned to OTHER; its FAILED vote on block 0 and TIMEOUT vote on block 1
+    """Both blocks are assigned to PEER; its FAILED vote on block 0 and TIMEOUT vote on block 1
     appear on chain. This verifier fetches its own tickets: block 0 fails here too → it votes the
     same verdict (same evidence, so the same id); block 1's ticket comes → no vote."""
     from node.verifier.tickets import _result
@@ -175,7 +186,7 @@ async def test_peer_findings_are_rejudged_with_an_own_ticket_and_voted_when_conf
         votes.append((result.outcome, result.evidence_hash, node_key, epoch))
 
     triples = [Triple(NODE, "0x" + f"{i:064x}", 0, 1) for i in range(2)]
-    link = _Link("http://127.0.0.1:1", verifiers=(OTHER,))
+    link = _Link("http://127.0.0.1:1", verifiers=(PEER, ME))
     async with aiohttp.ClientSession() as http:
         checker = _checker(link, http, vote, tmp_path)
         asked = []
@@ -205,7 +216,7 @@ async def test_peer_findings_are_rejudged_with_an_own_ticket_and_voted_when_conf
 
 
 async def test_a_withheld_ticket_turns_the_rejudgement_into_a_timeout_vote(tmp_path: Path) -> None:
-    """OTHER found block 0 FAILED; the node withholds this verifier's ticket (TIMEOUT here): it
+    """PEER found block 0 FAILED; the node withholds this verifier's ticket (TIMEOUT here): it
     votes its own finding, the timeout verdict on that block, once — so the committee's
     accusation of the node is on chain although the failed verdict cannot reach 2/3."""
     from node.verifier.tickets import _result
@@ -216,7 +227,7 @@ async def test_a_withheld_ticket_turns_the_rejudgement_into_a_timeout_vote(tmp_p
         votes.append((result.outcome, result.evidence_hash, node_key, epoch))
 
     triple = Triple(NODE, "0x" + f"{0:064x}", 0, 1)
-    link = _Link("http://127.0.0.1:1", verifiers=(OTHER,))
+    link = _Link("http://127.0.0.1:1", verifiers=(PEER, ME))
     async with aiohttp.ClientSession() as http:
         checker = _checker(link, http, vote, tmp_path)
 
@@ -261,7 +272,7 @@ async def test_a_verifier_running_late_leaves_old_findings_alone(tmp_path: Path)
         return _result(TicketRequest(item.triple, item.seed, _hex(ME)), Outcome.TIMEOUT, "x")
 
     async def rejudged_at(current: int) -> list:
-        link = _Link("http://127.0.0.1:1", verifiers=(OTHER,))
+        link = _Link("http://127.0.0.1:1", verifiers=(PEER, ME))
         async with aiohttp.ClientSession() as http:
             checker = _checker(link, http, vote, tmp_path)
             checker.check = check  # type: ignore[method-assign]
@@ -273,3 +284,28 @@ async def test_a_verifier_running_late_leaves_old_findings_alone(tmp_path: Path)
     results = await rejudged_at(late - 1)
     assert [r.outcome for r in results] == [Outcome.TIMEOUT] and asked == [triple]
     assert votes == [(Outcome.TIMEOUT, NODE, 2)]
+
+
+async def test_a_verifier_outside_the_epochs_set_rejudges_nothing(tmp_path: Path) -> None:
+    """A verifier whose seed commit missed the epoch is not in its set: the node refuses its
+    tickets by rule, so it asks none and votes no timeout on a peer's finding."""
+    votes: list[object] = []
+    asked: list[object] = []
+
+    async def vote(result, node_key, epoch) -> None:
+        votes.append(result)
+
+    async def check(item):
+        asked.append(item.triple)
+        raise AssertionError("a ticket asked outside the verifier set")
+
+    triple = Triple(NODE, "0x" + f"{0:064x}", 0, 1)
+    link = _Link("http://127.0.0.1:1", verifiers=(PEER,))
+    async with aiohttp.ClientSession() as http:
+        checker = _checker(link, http, vote, tmp_path)
+        checker.check = check  # type: ignore[method-assign]
+        assert await checker.check_epoch(2) == []
+        failed = evidence_hash(SEED, triple, Outcome.FAILED)
+        link.verdicts = [{"evidence_hash": "0x" + failed.hex()}]
+        assert await checker.rejudge(3) == []
+    assert asked == [] and votes == []

@@ -5,6 +5,7 @@ with C = 0 and the honest ones with 10^6, and a verdict vote follows agreed low 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -97,11 +98,8 @@ class FakeLink:
             }
         raise AssertionError(path)
 
-    async def submit(self, body: Any) -> Any:
+    async def send(self, body: Any, *, timeout_s: float = 15) -> tuple[int, str]:
         self.sent.append(body)
-        return SimpleNamespace(hash=str(len(self.sent)))
-
-    async def committed_code(self, tx_hash: str, *, timeout_s: float = 15) -> tuple[int, str]:
         return 0, ""
 
     async def node(self, key: str) -> dict[str, Any]:
@@ -109,6 +107,12 @@ class FakeLink:
 
 
 SELF_ADDRESS = hashlib.sha256(bytes(32)).digest()[:20].hex().upper()
+
+
+async def _step(worker: VerifierWorker) -> None:
+    """One step and the chain txs it started (they run beside the challenges)."""
+    await worker.step()
+    await worker.settle()
 
 
 def _worker(tmp_path, link: FakeLink) -> VerifierWorker:
@@ -128,7 +132,7 @@ def _worker(tmp_path, link: FakeLink) -> VerifierWorker:
 async def test_worker_commits_next_seed_and_skips_an_epoch_without_its_own_seed(tmp_path) -> None:
     link = FakeLink(epoch=3)
     worker = _worker(tmp_path, link)
-    await worker.step()
+    await _step(worker)
     [commit] = link.sent
     assert isinstance(commit, SeedCommit) and commit.epoch == 4
     assert commit.commitment == seed_commitment("00" * 32, 4, worker.seeds.get(4))
@@ -139,10 +143,10 @@ async def test_worker_commits_next_seed_and_skips_an_epoch_without_its_own_seed(
 async def test_worker_challenges_scores_substitute_zero_reveals_and_votes(tmp_path) -> None:
     link = FakeLink(epoch=3)
     worker = _worker(tmp_path, link)
-    await worker.step()
+    await _step(worker)
     link.epoch = 4
     for _ in range(5):
-        await worker.step()
+        await _step(worker)
     report = json.loads((tmp_path / SCORES_FILE).read_text())
     assert report["epoch"] == 4
     assert report["scores"] == {A: 1_000_000, B: 1_000_000, S: 0}
@@ -152,7 +156,7 @@ async def test_worker_challenges_scores_substitute_zero_reveals_and_votes(tmp_pa
         A: {"window": [1_000_000], "last_epoch": 4},
     }
     link.epoch = 5
-    await worker.step()
+    await _step(worker)
     kinds = [type(b) for b in link.sent]
     assert kinds == [SeedCommit, SeedCommit, SeedReveal, SeedCommit, VerdictVote]
     reveal = link.sent[2]
@@ -165,15 +169,16 @@ async def test_worker_challenges_scores_substitute_zero_reveals_and_votes(tmp_pa
     assert vote.challenger == "0x" + "33" * 20 and vote.offence == 3
     assert address_of(OPERATOR) != vote.challenger  # the leader's operator, agreed data
     await worker.open_epoch(6)
+    await worker.settle()
     assert sum(isinstance(b, VerdictVote) for b in link.sent) == 1  # once per node
 
 
 async def test_worker_result_finishing_after_its_epoch_counts_in_the_next(tmp_path) -> None:
     link = FakeLink(epoch=3)
     worker = _worker(tmp_path, link)
-    await worker.step()
+    await _step(worker)
     link.epoch = 4
-    await worker.step()  # epoch 4: (A, B) clean
+    await _step(worker)  # epoch 4: (A, B) clean
     original = worker.asker.ask
 
     async def slow_ask(challenge: Challenge) -> Asked:
@@ -182,7 +187,7 @@ async def test_worker_result_finishing_after_its_epoch_counts_in_the_next(tmp_pa
         return asked
 
     worker.asker.ask = slow_ask
-    await worker.step()
+    await _step(worker)
     report = json.loads((tmp_path / SCORES_FILE).read_text())
     assert report["epoch"] == 5 and report["scores"] == {}  # (A, S) alone: ambiguous
     assert worker.state is not None and worker.state.epoch == 5
@@ -242,3 +247,26 @@ async def test_worker_publishes_generated_credit_keys_once(tmp_path) -> None:
     for k in keys:
         private = store.private_for(k.key)
         assert private is not None and private.public.to_der() == k.key
+
+
+async def test_worker_challenges_while_its_seed_txs_wait_for_their_blocks(tmp_path) -> None:
+    """A busy committee takes seconds per block: the epoch's first challenge runs while the
+    epoch's seed commit (of epoch 5) still waits for its block, not after it."""
+    link = FakeLink(epoch=3)
+    worker = _worker(tmp_path, link)
+    await _step(worker)  # epoch 3: seed of 4 committed
+    gate = asyncio.Event()
+    sent_before = link.send
+
+    async def slow_send(body: Any, *, timeout_s: float = 15) -> tuple[int, str]:
+        await gate.wait()
+        return await sent_before(body, timeout_s=timeout_s)
+
+    link.send = slow_send  # type: ignore[method-assign]
+    link.epoch = 4
+    await worker.step()  # opens epoch 4 and runs its first challenge
+    assert worker.state is not None and worker.state.epoch == 4 and len(worker.state.results) == 1
+    assert [b.epoch for b in link.sent if isinstance(b, SeedCommit)] == [4]  # 5's waits
+    gate.set()
+    await worker.settle()
+    assert [b.epoch for b in link.sent if isinstance(b, SeedCommit)] == [4, 5]
