@@ -254,8 +254,15 @@ def test_silent_node_is_flagged_unroutable_and_earns_nothing(devnet) -> None:
 
 
 def test_no_verifier_is_marked_for_a_false_accusation(devnet) -> None:
-    marks = _query(devnet["committee_rpc"][0], "/verifiers")["verifiers"]
-    assert marks and all(m["refused"] == 0 and m["benched_until"] == 0 for m in marks.values())
+    """Accusations are settled SETTLE_EPOCHS after their vote: wait for the convictions' marks,
+    then no verifier has a refused accusation or a bench."""
+
+    def settled() -> dict[str, Any]:
+        marks = _query(devnet["committee_rpc"][0], "/verifiers")["verifiers"]
+        return marks if any(m["confirmed"] for m in marks.values()) else {}
+
+    marks = _wait(settled, 240, "the verifiers' accusations settled")
+    assert all(m["refused"] == 0 and m["benched_until"] == 0 for m in marks.values()), marks
 
 
 def test_status_commands_and_the_dapp_show_the_flags(env, devnet) -> None:
