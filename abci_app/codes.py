@@ -74,6 +74,9 @@ class Code(IntEnum):
     CREDIT_SPENT = 78  # a credit already redeemed (or listed twice)
     CREDIT_EPOCH = 79  # a credit of an epoch not redeemable in this block's epoch
     REDEEM_SHARD = 80  # redeem for a (model, shard) the node did not register
+    MINT_UNKNOWN = 81  # fund_mint of a mint id the chain does not hold
+    MINT_FUND_LATE = 82  # fund_mint after the mint's epoch + 1, or past its purchase expiry
+    MINT_UNFUNDED = 83  # /credit_signatures of a mint not yet vouched for by >= 2/3 of the power
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

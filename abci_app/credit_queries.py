@@ -4,9 +4,12 @@ signatures for a mint (its local key; no other validator's answer is the same).
 /credit_keys        ?epoch           the epoch's credit keys: [{validator, key (DER hex), power}],
                                      total_power (default: the current epoch)
 /mints              ?id              one mint record (NOT_FOUND when absent)
+                    ?pending=true    the mints waiting for ≥ 2/3 of the power to vouch for them
+                    ?payer           a payer's retained mints (funded or not), oldest first
 /credit_signatures  ?mint            this validator's blind signatures over the mint's messages
                                      for it: {mint, epoch, signatures: {validator address:
-                                     [hex, ...]}} (empty when it holds no key the mint names)
+                                     [hex, ...]}} (empty when it holds no key the mint names;
+                                     MINT_UNFUNDED until the mint is funded)
 
 The last route is the one answer that is not a function of the chain state: it needs the
 validator's private key (`protocol.credit_keys.CreditKeyStore`), so `app.py` serves it with
@@ -22,7 +25,15 @@ from typing import Any
 
 from abci_app import rules, schema
 from abci_app.codes import Code
-from abci_app.query_params import HASH32, QueryError, int_param, str_param
+from abci_app.query_params import (
+    ACCOUNT,
+    HASH32,
+    MAX_ITEMS,
+    QueryError,
+    bool_param,
+    int_param,
+    str_param,
+)
 from abci_app.state import State
 from protocol import blindrsa
 from protocol.credit_keys import CreditKeyStore
@@ -67,12 +78,38 @@ def _mint_record(state: State, params: dict[str, Any], name: str) -> dict[str, A
 
 
 def _mints(state: State, params: dict[str, Any]) -> Any:
-    return _mint_record(state, params, "id")
+    """One mint (`?id`), the mints waiting for their funding (`?pending=true`, oldest first),
+    or one payer's retained mints (`?payer`): what a watcher weighs against a balance."""
+    if params.get("id") is not None:
+        return _mint_record(state, params, "id")
+    if bool_param(params, "pending"):
+        ids = [key for key, _ in state.committed_items(schema.MINT_UNFUNDED)]
+    else:
+        payer = str_param(params, "payer", ACCOUNT)
+        if payer is None:
+            raise QueryError(Code.BAD_QUERY, "one of id, pending=true or payer is required")
+        payer = payer.lower()
+        rows = state.committed_items(schema.MINT_BY_PAYER, payer + "/", payer + "0")
+        ids = [key.split("/", 1)[1] for key, _ in rows]
+    mints = []
+    for identifier in ids[:MAX_ITEMS]:
+        record = state.committed(schema.MINT, identifier)
+        if record is not None:
+            brief = {k: v for k, v in record.items() if k != "blinded"}
+            mints.append({"id": identifier, **brief})
+    mints.sort(key=lambda m: (m["height"], m["id"]))
+    return {"mints": mints}
 
 
 def signatures(state: State, store: CreditKeyStore, params: dict[str, Any]) -> Any:
     """This validator's blind signatures for the mint `params["mint"]` (module docstring)."""
     record = _mint_record(state, params, "mint")
+    if record.get("funded_height") is None:
+        raise QueryError(
+            Code.MINT_UNFUNDED,
+            f"mint {record['id']} is not funded yet: validators with 2/3 of the power have not "
+            "vouched that its payer's prepaid balance covers it",
+        )
     epoch = record["epoch"]
     published = {
         entry["validator"]: bytes.fromhex(entry["key"])

@@ -48,9 +48,10 @@ from abci_app.codes import Code
 from abci_app.state import State
 from protocol import blindrsa
 from protocol.blindrsa import RsaPublicKey
-from protocol.committee.credits import CreditKey, Mint, Redeem
+from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
 from protocol.credits import (
+    FUND_EPOCHS,
     CreditInvalidError,
     CreditPurchase,
     EpochKeys,
@@ -197,19 +198,67 @@ def mint(state: State, tx: SignedTx) -> None:
             "payer": body.payer,
             "count": count,
             "amount": str(body.amount),
+            "expiry": body.expiry,
             "blinded": {a: [m.hex() for m in body.blinded[a]] for a in sorted(body.blinded)},
             "height": state.block_height,
+            "vouched": [],
+            "funded_height": None,
         },
     )
+    state.put(schema.MINT_UNFUNDED, identifier, 0)
+    state.put(schema.MINT_BY_PAYER, f"{body.payer}/{identifier}", 0)
     rules.track(state, schema.MINT, identifier)
-    state.put(schema.SPENT, charge, {"total": str(body.amount), "expiry": body.expiry})
-    rules.track_until(state, schema.SPENT, charge, body.expiry)
+    rules.track(state, schema.MINT_UNFUNDED, identifier)
+    rules.track(state, schema.MINT_BY_PAYER, f"{body.payer}/{identifier}")
+    state.emit("planet.mint", mint=identifier, epoch=body.epoch, credits=count)
+
+
+def fund_mint(state: State, tx: SignedTx) -> None:
+    """A validator vouches for a mint; at ≥ 2/3 of the power it is funded: charged to its
+    payer's balance at the escrow (the pending debit of the next payout statement) and signable.
+    A vote after that changes nothing (votes race; each validator's watcher sends its own)."""
+    body: FundMint = tx.body
+    _enabled(state)
+    validator = rules.validator(state, tx.signer)
+    record = state.get(schema.MINT, body.mint)
+    if record is None:
+        rules.reject(Code.MINT_UNKNOWN, f"no mint {body.mint}")
+    if record["funded_height"] is not None:
+        return
+    current = rules.epoch_of(state, state.block_height)
+    if current > record["epoch"] + FUND_EPOCHS:
+        rules.reject(
+            Code.MINT_FUND_LATE,
+            f"mint {body.mint} of epoch {record['epoch']} can be funded until epoch "
+            f"{record['epoch'] + FUND_EPOCHS} (this block is in epoch {current})",
+        )
+    if state.block_time > record["expiry"]:
+        rules.reject(
+            Code.MINT_FUND_LATE,
+            f"mint {body.mint}: its purchase expired at {record['expiry']} "
+            f"< block time {state.block_time}",
+        )
+    vouched = sorted({*record["vouched"], validator["address"]})
+    power = sum(state.by_address[a]["power"] for a in vouched if a in state.by_address)
+    funded = state.has_two_thirds(power)
+    state.put(
+        schema.MINT,
+        body.mint,
+        {**record, "vouched": vouched, "funded_height": state.block_height if funded else None},
+    )
+    if not funded:
+        return
+    state.delete(schema.MINT_UNFUNDED, body.mint)
+    escrow = (state.genesis.escrow_address or "").lower()
+    charge = schema.charge_key(record["payer"], escrow, MINT_KIND, body.mint)
+    state.put(schema.SPENT, charge, {"total": record["amount"], "expiry": record["expiry"]})
+    rules.track_until(state, schema.SPENT, charge, record["expiry"])
     state.put(
         schema.PENDING_CHARGE,
         charge,
-        {"from": "0", "total": str(body.amount), "height": state.block_height},
+        {"from": "0", "total": record["amount"], "height": state.block_height},
     )
-    state.emit("planet.mint", mint=identifier, epoch=body.epoch, credits=count)
+    state.emit("planet.mint_funded", mint=body.mint, epoch=record["epoch"])
 
 
 def redeem(state: State, tx: SignedTx) -> None:

@@ -17,7 +17,7 @@ from abci_app import (
 )
 from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
-from protocol.committee.credits import CreditKey, Mint, Redeem
+from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import Contribution, PayoutVote, WorkReport
@@ -48,5 +48,6 @@ HANDLERS: dict[str, Handler] = {
     PayoutVote.TYPE: settlement.payout_vote,
     CreditKey.TYPE: credits.credit_key,
     Mint.TYPE: credits.mint,
+    FundMint.TYPE: credits.fund_mint,
     Redeem.TYPE: credits.redeem,
 }

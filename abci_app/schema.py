@@ -108,9 +108,14 @@ COVERAGE = "cover"
 # ckey/<epoch>/<validator key>: {epoch, validator (address), key (DER hex), height}, a
 # validator's RSA blind-signing key for that epoch's credits
 CREDIT_KEY = "ckey"
-# mint/<mint id>: {epoch, payer, count, amount, blinded, height}; validators blind-sign the
-# blinded messages with their key of that epoch when asked (/credit_signatures)
+# mint/<mint id>: {epoch, payer, count, amount, blinded, height, vouched [validator addresses],
+# funded_height (null until vouched by ≥ 2/3 of the power)}; validators blind-sign the blinded
+# messages with their key of that epoch when asked (/credit_signatures), once funded
 MINT = "mint"
+# mpend/<mint id>: 0 while the mint waits for its funding (the watchers' work list)
+MINT_UNFUNDED = "mpend"
+# mpay/<payer>/<mint id>: 0 for each mint of a payer (what the watchers count against a balance)
+MINT_BY_PAYER = "mpay"
 # cspent/<sha256 of the credit nonce>: the height that redeemed it (the double-spend guard)
 CREDIT_SPENT = "cspent"
 

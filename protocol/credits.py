@@ -45,6 +45,7 @@ NONCE_BYTES = 32
 PREPARED_BYTES = blindrsa.PREFIX_BYTES + len(CREDIT_DOMAIN) + NONCE_BYTES
 MINT_DOMAIN = b"planet-mint/v1\n"
 VARIANT = blindrsa.PSS_RANDOMIZED
+FUND_EPOCHS = 1  # a mint of epoch e can be funded (`fund_mint`) in epochs e and e + 1
 
 
 class CreditInvalidError(ProtocolError):

@@ -76,6 +76,7 @@ def set_genesis_evm(
     gateways: list[str] | None = None,
     gateway_addresses: dict[str, str] | None = None,
     retention_epochs: int | None = None,
+    credits: dict[str, Any] | None = None,
 ) -> None:
     """Write the deployed Committee address (and FraudProofs, the verdicts' consumer), the EVM
     chain id and the served models ({model: shard count}) into every validator's genesis; with
@@ -84,7 +85,8 @@ def set_genesis_evm(
     the EVM address its charges must name (a charge for another gateway is refused);
     `retention_epochs` (genesis default 10)
     is how many settled epochs keep their records, payout statements and claim proofs
-    included. Only before the first start."""
+    included; `credits` ({price_wei, layer_tokens}, with an escrow) sells bearer credits.
+    Only before the first start."""
     for address in (
         committee_address,
         fraud_proofs_address or committee_address,
@@ -115,4 +117,6 @@ def set_genesis_evm(
             state["retention_epochs"] = retention_epochs
         if models:
             state["models"] = {name: {"shards": n} for name, n in sorted(models.items())}
+        if credits:
+            state["credits"] = dict(sorted(credits.items()))
         path.write_text(json.dumps(genesis, indent=2) + "\n")

@@ -1,8 +1,10 @@
 """`planet credits buy|show`: bearer credits the committee blind-signs (docs/credits.md).
 
 `buy N` mints N credits paid from your balance at the escrow's own address (deposit it with
-`planet balance deposit` naming the escrow address as `--gateway`), gathers every validator's
-blind signatures, unblinds them here and stores the credits in your credit file (default
+`planet balance deposit` naming the escrow address as `--gateway`), waits (up to 60 s) until
+the validators have checked that the balance covers it (nothing is charged otherwise), gathers
+every validator's blind signatures, unblinds them here and stores the credits in your credit
+file (default
 `$PLANET_HOME/credits.json`, mode 0600). The committee sees your address and how many credits you
 bought, never which credits: the blinding factors stay in this process. `show` counts them.
 """
@@ -13,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -101,7 +104,14 @@ def run(args: argparse.Namespace) -> int:
     from node.client.credit_purchase import buy_credits  # lazy: aiohttp
 
     credits = asyncio.run(
-        buy_credits(rpcs, key, count, CreditWallet(wallet_file), expiry=int(time.time()) + args.ttl)
+        buy_credits(
+            rpcs,
+            key,
+            count,
+            CreditWallet(wallet_file),
+            expiry=int(time.time()) + args.ttl,
+            progress=lambda line: print(line, file=sys.stderr),
+        )
     )
     held = CreditWallet(wallet_file).count()
     if args.json:

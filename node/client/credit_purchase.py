@@ -1,5 +1,6 @@
-"""Buying credits against a live committee: request → mint tx → each validator's blind
-signatures → finalized credits in the wallet.
+"""Buying credits against a live committee: request → mint tx → funded (validators with ≥ 2/3
+of the power vouched that the payer's prepaid balance covers it, node/watcher/funding.py) →
+each validator's blind signatures → finalized credits in the wallet.
 
     credits = await buy_credits(validator_rpcs, payer_key, count, wallet, expiry=now + 3600)
 
@@ -9,13 +10,15 @@ answers from validators holding ≥ 2/3 of the power). The mint tx is signed wit
 key drawn for this purchase (it only carries the tx; the payer is authenticated by its EIP-712
 `CreditPurchase` signature), so mints of one payer share no committee account. Price, escrow
 and chain id come from the committee's `/params`. Errors are `PlanetError`s: `MintIncomplete`
-when too few validators answered, `MintRefused` when the chain refused the mint (by code).
+when too few validators answered, `MintRefused` when the chain refused the mint (by code),
+`MintUnfunded` when the validators did not vouch for it in time (nothing is charged then).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from nacl.signing import SigningKey
 
@@ -37,6 +40,41 @@ class MintRefused(ProtocolError):
         self.tx_code = tx_code
 
 
+class MintUnfunded(ProtocolError):
+    """The validators did not vouch that the payer's balance covers the mint: never charged."""
+
+    code = "mint_unfunded"
+
+
+async def wait_funded(
+    link: CommitteeLink,
+    mint_id: str,
+    *,
+    timeout_s: float,
+    poll_s: float = 1.0,
+    progress: Callable[[str], None] = log.info,
+) -> int:
+    """The height that funded mint `mint_id`, polled until `timeout_s` (then `MintUnfunded`)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    progress(f"mint {mint_id[:18]}… sent; waiting for the validators to check your balance")
+    while True:
+        record = await link.query("/mints", id=mint_id)
+        funded = record.get("funded_height") if isinstance(record, dict) else None
+        if type(funded) is int:
+            return funded
+        if loop.time() >= deadline:
+            vouched = record.get("vouched") if isinstance(record, dict) else None
+            raise MintUnfunded(
+                f"mint {mint_id} was not funded within {timeout_s:.0f} s "
+                f"({len(vouched) if isinstance(vouched, list) else 0} validators vouched): "
+                "nothing was charged",
+                hint="deposit to your balance at the escrow's own address (`planet balance "
+                "deposit --gateway <escrow>`), wait for it to be mined, and buy again",
+            )
+        await asyncio.sleep(poll_s)
+
+
 async def buy_credits(
     validator_rpcs: Sequence[str],
     payer_key: bytes,
@@ -45,6 +83,8 @@ async def buy_credits(
     *,
     expiry: int,
     timeout_s: float = 20.0,
+    fund_timeout_s: float = 60.0,
+    progress: Callable[[str], None] = log.info,
 ) -> list[Credit]:
     """Mint `count` credits paid from `payer_key`'s prepaid balance; store and return them."""
     link = CommitteeLink(list(validator_rpcs), SigningKey.generate())
@@ -68,6 +108,8 @@ async def buy_credits(
         code, text = await link.committed_code(sent.hash, timeout_s=timeout_s)
         if code != 0:
             raise MintRefused(code, text)
+        await wait_funded(link, request.mint_id, timeout_s=fund_timeout_s, progress=progress)
+        progress("funded; gathering the validators' blind signatures")
     finally:
         await link.close()
     answers: dict[str, list[bytes]] = {}

@@ -7,7 +7,9 @@ Signs `attest_stake` with the validator's CometBFT consensus key
 (`VALIDATOR_HOME/config/priv_validator_key.json`), and each closed epoch's payout statement
 with its operator key (`VALIDATOR_HOME/config/operator_key.json`), relaying confirmed ones to
 the QueryEscrow (`node/watcher/payouts.py`), and relays the verdicts the committee confirmed to
-FraudProofs (`node/watcher/verdicts.py`: the convicted node is slashed). Runs until
+FraudProofs (`node/watcher/verdicts.py`: the convicted node is slashed), and vouches for the
+credit mints its EVM read says the payer's balance covers (`node/watcher/funding.py`, with the
+consensus key; a validator without an operator key runs none of these three). Runs until
 SIGTERM/SIGINT; an EVM RPC or a validator that is down is logged and retried with backoff,
 never fatal.
 """
@@ -32,6 +34,7 @@ from node.keys import operator_key_path, read_operator_key
 from node.procs import run_service
 from node.retry import Backoff, sleep_or_stop
 from node.watcher.evm import StakingReader
+from node.watcher.funding import MintFunder
 from node.watcher.payouts import PayoutRelay
 from node.watcher.verdicts import VerdictRelay
 from node.watcher.watcher import StakeWatcher
@@ -78,6 +81,7 @@ async def run(args: argparse.Namespace) -> int:
     watcher: StakeWatcher | None = None
     relay: PayoutRelay | None = None
     verdicts: VerdictRelay | None = None
+    funder: MintFunder | None = None
     key_path = operator_key_path(args.home)
     operator_key = read_operator_key(key_path) if key_path.exists() else None
     if operator_key is None:
@@ -100,11 +104,16 @@ async def run(args: argparse.Namespace) -> int:
                     verdicts = await asyncio.to_thread(
                         verdict_relay, deployment, operator_key, link, args.evm_rpc
                     )
+                    funder = await asyncio.to_thread(
+                        mint_funder, deployment, operator_key, link, args.evm_rpc
+                    )
                 await watcher.step()
                 if relay is not None:
                     await _relay_step(relay)
                 if verdicts is not None:
                     await _relay_step(verdicts)
+                if funder is not None:
+                    await _relay_step(funder)
                 backoff.reset()
                 delay = args.poll
             except PlanetError as error:
@@ -121,7 +130,7 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _relay_step(relay: PayoutRelay | VerdictRelay) -> None:
+async def _relay_step(relay: PayoutRelay | VerdictRelay | MintFunder) -> None:
     """One relay pass; its failures are logged and never slow the stake attestations."""
     what = type(relay).__name__
     try:
@@ -140,6 +149,16 @@ def verdict_relay(
 
     chain = PlanetChain(deployment, operator_key, rpc_url=evm_rpc)
     return VerdictRelay(committee=link, fraud_proofs=chain.fraud_proofs)
+
+
+def mint_funder(
+    deployment: Deployment, operator_key: bytes, link: CommitteeLink, evm_rpc: str | None
+) -> MintFunder:
+    """The voucher for credit mints the payer's escrow balance covers (reads only)."""
+    from node.chain.evm.account import PlanetChain
+
+    escrow = PlanetChain(deployment, operator_key, rpc_url=evm_rpc).escrow
+    return MintFunder(committee=link, escrow=escrow)
 
 
 def payout_relay(

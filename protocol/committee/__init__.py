@@ -26,7 +26,8 @@ Modules, read bottom-up:
                       SeedReveal, seed_commitment), spot_check_report (SpotCheckReport)
     settlement.py     work_report (WorkReport of NodeWork, ChargeItem), contribution
                       (Contribution of ShardWork), payout_vote (PayoutVote)
-    credits.py        credit_key (CreditKey), mint (Mint), redeem (Redeem): bearer credits
+    credits.py        credit_key (CreditKey), mint (Mint), fund_mint (FundMint), redeem (Redeem):
+                      bearer credits
     envelope.py       SignedTx, sign / encode / decode, the type → body registry, and
                       TxSignatureError
 
@@ -48,6 +49,7 @@ Tx types (`type` → dataclass):
     seed_reveal     SeedReveal     ... and opens it once that epoch has closed
     credit_key      CreditKey      a validator's RSA blind-signing key for an epoch's credits
     mint            Mint           a payer buys credits: blinded messages + a signed purchase
+    fund_mint       FundMint       a validator saw the mint's payer's balance cover it
     redeem          Redeem         a compute node cashes the credits it was paid with
 
 `TxDecodeError` (malformed bytes or fields) and `TxSignatureError` (bad ed25519 signature) are

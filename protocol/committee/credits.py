@@ -7,6 +7,11 @@
                                     `[[validator address, [blinded hex × count]], ...]`;
                                     `signature` is the payer's EIP-712 `CreditPurchase` over
                                     `mint_id(payer, epoch, blinded)`
+    fund_mint{mint}                 a validator vouches that the mint's payer can cover it: its
+                                    own EVM read of the payer's prepaid balance at the escrow,
+                                    less the payer's mints not yet debited there (node.watcher.
+                                    funding); a mint is signed for only once vouched for by
+                                    ≥ 2/3 of the power
     redeem{model, shard, credits}   a compute node presents credits it was paid with for work
                                     on (model, shard); each credit `[epoch, prepared hex,
                                     [[validator address, signature hex], ...]]`
@@ -24,6 +29,7 @@ from typing import Any, ClassVar
 from protocol import blindrsa
 from protocol.committee.grammar import (
     ADDRESS_LOWER,
+    HEX32_0X,
     NAME,
     SIG65,
     U64,
@@ -130,6 +136,23 @@ class Mint:
             expiry=check.integer(b["expiry"], "body.expiry", 0, U64),
             signature=check.text(b["signature"], "body.signature", SIG65),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class FundMint:
+    """A validator vouches that mint `mint` (its id, 0x hex) is covered by its payer's balance."""
+
+    mint: str
+
+    TYPE: ClassVar[str] = "fund_mint"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mint": self.mint}
+
+    @classmethod
+    def from_json(cls, body: Any) -> FundMint:
+        b = check.exact_object(body, "body", {"mint"})
+        return cls(mint=check.text(b["mint"], "body.mint", HEX32_0X))
 
 
 def _credit(item: Any) -> Credit:

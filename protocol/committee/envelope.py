@@ -17,7 +17,7 @@ from nacl.signing import SigningKey, VerifyKey
 
 from protocol.canonical import JsonInputError, canonical_json, canonical_text, parse_json
 from protocol.committee.commitments import CommitBatch, RevealBatch
-from protocol.committee.credits import CreditKey, Mint, Redeem
+from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import Contribution, PayoutVote, WorkReport
@@ -61,6 +61,7 @@ TxBody = (
     | SpotCheckReport
     | CreditKey
     | Mint
+    | FundMint
     | Redeem
 )
 BODY_TYPES: dict[str, Any] = {
@@ -81,6 +82,7 @@ BODY_TYPES: dict[str, Any] = {
         SpotCheckReport,
         CreditKey,
         Mint,
+        FundMint,
         Redeem,
     )
 }

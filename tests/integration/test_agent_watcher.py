@@ -4,6 +4,11 @@ watcher), a real compute node and its agent: routability follows the EVM stake.
 stake → the watcher attests it → the agent registers and heartbeats → routable in /nodes;
 the validator's RPC frozen for a while → the agent keeps running and heartbeats again;
 unstake → the watcher attests 0 → not routable; SIGTERM to the agent → `leave` → LEFT.
+
+Credits (genesis sells them; the escrow is the deployed QueryEscrow): the watcher vouches for a
+mint only when its read of the payer's balance at the escrow covers it and the payer's mints in
+flight — a payer with no balance, or one whose balance is already spoken for, gets no credits
+and no charge.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ from node.server.launcher import start_node, stop_pid, wait_healthy
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ETHER = 10**18
+PRICE = 10**15  # wei per credit
+# anvil's account 2 (public dev key): a payer with ether for its escrow deposit
+PAYER_KEY = "0x5de4111afa1a4b94908f83103eb1f1706367c2e68ca870fc3fb9a804cdab365a"
 # anvil's account 1 (public dev key of the default mnemonic): the operator's staking wallet
 OPERATOR_KEY = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d"
 
@@ -80,6 +88,8 @@ def world(tmp_path_factory) -> Iterator[World]:
             network,
             committee_address=deployment.address("Committee"),
             fraud_proofs_address=deployment.address("FraudProofs"),
+            escrow_address=deployment.address("QueryEscrow"),
+            credits={"price_wei": str(PRICE), "layer_tokens": 4096},
         )
         start_network(network, timeout_s=90)
         start_watchers(network, deployment=deployment_path, evm_rpc=anvil.rpc_url)
@@ -182,3 +192,58 @@ def test_agent_and_watcher_routability_follows_the_evm_stake(world: World) -> No
     assert code == 0, log_path.read_text()[-2000:]
     assert _query(world, "/node", key=world.node_key)["status"] == "LEFT"
     assert "left the network" in log_path.read_text()
+
+
+async def _publish_credit_keys(world: World) -> None:
+    """The validator's credit keys for this epoch and the next two (its verifier publishes them
+    on a devnet), signed with the consensus key the watcher also signs with."""
+    from node.chain.committee_link import CommitteeLink
+    from node.verifier.service import consensus_key
+    from protocol.committee.credits import CreditKey
+    from protocol.credit_keys import CREDIT_KEYS_DIR, CreditKeyStore
+
+    home = Path(world.network.validators[0].home)
+    store = CreditKeyStore(home / CREDIT_KEYS_DIR)
+    link = CommitteeLink([world.network.validators[0].rpc_url], consensus_key(home))
+    try:
+        current = int((await link.query("/epochs"))["current"])
+        for epoch in range(current, current + 3):
+            private = store.ensure(epoch)
+            code, text = await link.send(CreditKey(epoch, private.public.to_der()))
+            assert code == 0, text
+    finally:
+        await link.close()
+
+
+def test_watcher_vouches_only_for_mints_the_payers_escrow_balance_covers(
+    world: World, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from node.client.credit_purchase import MintUnfunded, buy_credits
+    from node.client.credit_wallet import CreditWallet
+
+    asyncio.run(_publish_credit_keys(world))
+    rpcs = [world.network.validators[0].rpc_url]
+    payer_chain = PlanetChain(world.chain.deployment, PAYER_KEY, rpc_url=world.rpc)
+    escrow = payer_chain.escrow
+    escrow.deposit_balance(escrow.address, 3 * PRICE)
+    wallet = CreditWallet(tmp_path / "credits.json")
+
+    def buy(key: bytes | str, count: int) -> list[Any]:
+        secret = bytes.fromhex(key[2:]) if isinstance(key, str) else key
+        expiry = int(time.time()) + 3600
+        return asyncio.run(
+            buy_credits(rpcs, secret, count, wallet, expiry=expiry, fund_timeout_s=15)
+        )
+
+    assert len(buy(PAYER_KEY, 2)) == 2 and wallet.count() == 2  # 3 prices cover 2
+    with pytest.raises(MintUnfunded):
+        buy(PAYER_KEY, 2)  # 3 − 2 in flight < 2: the same balance never pays twice
+    broke = bytes(range(1, 33))  # an EVM key that never deposited
+    with pytest.raises(MintUnfunded):
+        buy(broke, 1)
+    assert wallet.count() == 2
+    mints = _query(world, "/mints", payer=payer_chain.address.lower())["mints"]
+    assert [m["funded_height"] is not None for m in mints] == [True, False]
+    assert mints[1]["vouched"] == []  # the watcher never vouched: never charged, never signed

@@ -10,10 +10,14 @@ altered credit as `CREDIT_INVALID`; the node's credited work shows in `/credits`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +25,7 @@ from node.cli.main import main
 from node.client.credit_purchase import buy_credits
 from node.client.credit_wallet import CreditWallet
 from node.keys import create_wallet
-from protocol.committee.credits import CreditKey, Redeem
+from protocol.committee.credits import CreditKey, FundMint, Redeem
 from protocol.committee.envelope import sign
 from protocol.committee.registry import RegisterNode, sign_registration
 from protocol.credit_keys import CreditKeyStore
@@ -42,6 +46,31 @@ pytestmark = pytest.mark.integration
 ESCROW = "0x" + "ee" * 20
 PRICE = 10**12
 LAYER_TOKENS = 4096
+
+
+@contextlib.contextmanager
+def _vouching(net: Any, first_nonce: int) -> Iterator[None]:
+    """While open, the validator sends `fund_mint` for every mint waiting for funding."""
+    stop = threading.Event()
+    key = validator_key(net.home)
+
+    def vouch() -> None:
+        nonce, done = first_nonce, set()
+        while not stop.wait(0.3):
+            for mint in net.query("/mints?pending=true")["mints"]:
+                if mint["id"] not in done:
+                    answer = net.submit(sign(FundMint(mint["id"]), key, nonce).encode())
+                    assert answer.get("code", 0) == 0, answer
+                    nonce += 1
+                    done.add(mint["id"])
+
+    thread = threading.Thread(target=vouch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
 
 
 def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
@@ -82,19 +111,22 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
         assert list(keys.keys) == [net.validator_address]
         payer = seeded_evm_key("credits-integration-payer")
         wallet = CreditWallet(tmp_path / "wallet.json")
-        credits = asyncio.run(
-            buy_credits([net.rpc], payer, 3, wallet, expiry=int(time.time()) + 3600)
-        )
-        assert len(credits) == 3 and wallet.count() == 3
-        # the same through the CLI, from an encrypted keystore
-        keystore, password = tmp_path / "payer.json", tmp_path / "password"
-        password.write_text("credits-test")
-        create_wallet(keystore, "credits-test", payer)
-        cli_file = tmp_path / "cli-credits.json"
-        argv = ["credits", "buy", "2", "--committee-rpc", net.rpc, "--wallet", str(keystore)]
-        argv += ["--password-file", str(password), "--credits-file", str(cli_file)]
-        assert main(argv) == 0
-        assert CreditWallet(cli_file).count() == 2
+        # no EVM here: the validator vouches for every mint itself, as its watcher does for
+        # a covered one (tests/integration/test_agent_watcher.py runs the real watcher)
+        with _vouching(net, first_nonce=2):
+            credits = asyncio.run(
+                buy_credits([net.rpc], payer, 3, wallet, expiry=int(time.time()) + 3600)
+            )
+            assert len(credits) == 3 and wallet.count() == 3
+            # the same through the CLI, from an encrypted keystore
+            keystore, password = tmp_path / "payer.json", tmp_path / "password"
+            password.write_text("credits-test")
+            create_wallet(keystore, "credits-test", payer)
+            cli_file = tmp_path / "cli-credits.json"
+            argv = ["credits", "buy", "2", "--committee-rpc", net.rpc, "--wallet", str(keystore)]
+            argv += ["--password-file", str(password), "--credits-file", str(cli_file)]
+            assert main(argv) == 0
+            assert CreditWallet(cli_file).count() == 2
 
         spend = wallet.take(2)
         first = net.submit(sign(Redeem("m", 0, tuple(spend)), node_key, 2).encode())

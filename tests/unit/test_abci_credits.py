@@ -15,6 +15,7 @@ from nacl.signing import SigningKey
 from abci_app.codes import Code
 from abci_app.credit_queries import signatures
 from abci_app.queries import query
+from abci_app.query_params import QueryError
 from node.client.credit_wallet import (
     CreditWallet,
     MintIncomplete,
@@ -22,7 +23,7 @@ from node.client.credit_wallet import (
 )
 from protocol import blindrsa
 from protocol.blindrsa import RsaPrivateKey
-from protocol.committee.credits import CreditKey, Mint, Redeem
+from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
 from protocol.credit_keys import CreditKeyStore
@@ -93,6 +94,15 @@ def send(chain: Chain, body: object, key: SigningKey) -> object:
     return result
 
 
+def fund(chain: Chain, mint_id: str, vouchers: int | None = None) -> list[object]:
+    """The first `vouchers` validators (all by default) vouch for the mint in one block, as
+    their watchers do once the payer's balance covers it (node/watcher/funding.py)."""
+    validators = chain.validators[: len(chain.validators) if vouchers is None else vouchers]
+    results = chain.block([chain.tx(FundMint(mint_id), v.key) for v in validators])
+    assert all(r.code == Code.OK for r in results), [r.log for r in results]
+    return results
+
+
 def answers(chain: Chain, stores: list[CreditKeyStore], mint_id: str) -> dict[str, list[bytes]]:
     gathered: dict[str, list[bytes]] = {}
     for store in stores:
@@ -103,14 +113,17 @@ def answers(chain: Chain, stores: list[CreditKeyStore], mint_id: str) -> dict[st
 
 
 def minted(chain: Chain, tmp: Path, count: int = 3) -> tuple[list[Credit], EpochKeys, str]:
-    """Keys published for the current epoch, a paid mint, its credits finalized by the client."""
-    if chain.state.height % chain.state.genesis.epoch_length >= 3:
+    """Keys published for the current epoch, a funded mint, its credits finalized by the client
+    (three blocks, all in one epoch: keys, mint, funding)."""
+    length = chain.state.genesis.epoch_length
+    if chain.state.height % length > length - 4:
         next_epoch_end(chain)
     stores = publish_keys(chain, epoch_now(chain), tmp)
     keys = keys_of(chain, epoch_now(chain))
     request = mint(chain, keys, count)
     result = send(chain, request.body, seeded_key("mint-sender"))
     assert result.code == Code.OK, result.log
+    fund(chain, request.mint_id)
     return request.finalize(keys, answers(chain, stores, request.mint_id)), keys, request.mint_id
 
 
@@ -276,6 +289,7 @@ def test_credits_mint_rules(tmp_path: Path) -> None:
     assert send(chain, under, sender).code == Code.NO_CREDIT_KEYS
     assert send(chain, body, sender).code == Code.OK
     assert send(chain, body, sender).code == Code.MINT_REPLAYED
+    fund(chain, request.mint_id)
     got = answers(chain, stores, request.mint_id)
     assert sorted(got) == sorted(keys.keys)
     assert len(request.finalize(keys, got)) == 2
@@ -301,6 +315,7 @@ def test_credits_finalize_needs_two_thirds_of_answers(tmp_path: Path) -> None:
     keys = keys_of(chain, 1)
     request = mint(chain, keys, 1)
     assert send_fix(chain, request.body).code == Code.OK
+    fund(chain, request.mint_id)
     got = answers(chain, stores[:2], request.mint_id)
     with pytest.raises(MintIncomplete):
         request.finalize(keys, got)
@@ -308,6 +323,84 @@ def test_credits_finalize_needs_two_thirds_of_answers(tmp_path: Path) -> None:
     first = sorted(bad)[0]
     bad[first] = [b"\x01" * len(bad[first][0])]
     assert len(request.finalize(keys, bad)[0].signatures) == 3
+
+
+# --- funding: no signature before ≥ 2/3 of the power vouched for the payer's balance -----------
+
+
+def _one_mint(chain: Chain, tmp: Path, count: int = 2) -> tuple[MintRequest, list[CreditKeyStore]]:
+    length = chain.state.genesis.epoch_length
+    if chain.state.height % length > length - 4:
+        next_epoch_end(chain)
+    stores = publish_keys(chain, epoch_now(chain), tmp)
+    request = mint(chain, keys_of(chain, epoch_now(chain)), count)
+    assert send_fix(chain, request.body).code == Code.OK
+    return request, stores
+
+
+def _pending_debits(chain: Chain) -> list[str]:
+    return [k for k, _ in chain.state.committed_items("cpend")]
+
+
+def test_credits_an_unfunded_mint_gets_no_signature_and_no_charge(tmp_path: Path) -> None:
+    """A payer with no balance sends a valid mint: no watcher vouches for it, so no validator
+    signs its messages (MINT_UNFUNDED by name) and nothing is charged to anyone's statement."""
+    chain = credit_chain()
+    request, stores = _one_mint(chain, tmp_path)
+    for store in stores:
+        with pytest.raises(QueryError) as refused:
+            signatures(chain.state, store, {"mint": request.mint_id})
+        assert refused.value.code == Code.MINT_UNFUNDED
+    assert _pending_debits(chain) == []
+    record = ask(chain, f"/mints?id={request.mint_id}")
+    assert record["funded_height"] is None and record["vouched"] == []
+    assert [m["id"] for m in ask(chain, "/mints?pending=true")["mints"]] == [request.mint_id]
+
+
+def test_credits_a_mint_is_funded_at_two_thirds_of_the_power_and_charged_once(
+    tmp_path: Path,
+) -> None:
+    chain = credit_chain()
+    request, stores = _one_mint(chain, tmp_path)
+    fund(chain, request.mint_id, vouchers=2)  # 2 of 4 equal validators: half the power
+    assert ask(chain, f"/mints?id={request.mint_id}")["funded_height"] is None
+    assert _pending_debits(chain) == []
+    [third] = chain.block([chain.tx(FundMint(request.mint_id), chain.validators[2].key)])
+    assert third.code == Code.OK
+    record = ask(chain, f"/mints?id={request.mint_id}")
+    assert record["funded_height"] == chain.state.height and len(record["vouched"]) == 3
+    assert len(_pending_debits(chain)) == 1  # the charge, once
+    assert ask(chain, "/mints?pending=true")["mints"] == []
+    fund(chain, request.mint_id)  # late and repeated votes change nothing
+    assert ask(chain, f"/mints?id={request.mint_id}")["funded_height"] == record["funded_height"]
+    assert len(_pending_debits(chain)) == 1
+    keys = keys_of(chain, request.body.epoch)
+    assert len(request.finalize(keys, answers(chain, stores, request.mint_id))) == 2
+    payer = address_of(PAYER).lower()
+    mine = ask(chain, f"/mints?payer={payer}")["mints"]
+    assert [m["id"] for m in mine] == [request.mint_id] and "blinded" not in mine[0]
+
+
+def test_credits_fund_mint_refusals_are_named(tmp_path: Path) -> None:
+    chain = credit_chain(epoch_length=20)
+    request, _ = _one_mint(chain, tmp_path)
+    stranger = send(chain, FundMint(request.mint_id), seeded_key("not-a-validator"))
+    assert stranger.code == Code.NOT_VALIDATOR
+    unknown = send(chain, FundMint("0x" + "00" * 32), chain.validators[0].key)
+    assert unknown.code == Code.MINT_UNKNOWN
+    chain.advance_to((request.body.epoch + 1) * 20)  # its epoch and the next are over
+    late = send(chain, FundMint(request.mint_id), chain.validators[0].key)
+    assert late.code == Code.MINT_FUND_LATE, late.log
+    with pytest.raises(TxDecodeError):
+        FundMint.from_json({"mint": "0x" + "zz" * 32})
+
+
+def test_credits_a_mint_whose_purchase_expired_is_not_funded(tmp_path: Path) -> None:
+    chain = credit_chain()
+    request, _ = _one_mint(chain, tmp_path)
+    chain.time_s = NOW + 3601  # past the purchase's expiry (mint(...) signs NOW + 3600)
+    late = send(chain, FundMint(request.mint_id), chain.validators[0].key)
+    assert late.code == Code.MINT_FUND_LATE and "expired" in late.log
 
 
 # --- keys -------------------------------------------------------------------------------------
@@ -425,6 +518,7 @@ def test_credits_no_state_entry_or_tx_links_the_payer_to_the_node(tmp_path: Path
     request = mint(chain, keys, 2)
     mint_raw = chain.tx(request.body, seeded_key("mint-sender"))
     assert chain.block([mint_raw])[0].code == Code.OK
+    fund(chain, request.mint_id)
     credits = request.finalize(keys, answers(chain, stores, request.mint_id))
     redeem_raw = chain.tx(Redeem("m", 0, tuple(credits)), node)
     assert chain.block([redeem_raw])[0].code == Code.OK

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from abci_app.codes import Code
-from protocol.committee.credits import CreditKey, Mint, Redeem
+from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
 from protocol.credits import PREPARED_BYTES, Credit
@@ -70,12 +70,13 @@ def _mutations(doc: Any) -> st.SearchStrategy[Any]:
 CREDIT = Credit(1, b"\x00" * PREPARED_BYTES, (("A" * 40, b"\x01" * 256), ("B" * 40, b"\x02" * 256)))
 REDEEM = Redeem("m", 0, (CREDIT,)).to_json()
 KEY = CreditKey(1, b"\x30" * 300).to_json()
+FUND = FundMint("0x" + "ab" * 32).to_json()
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(_mutations(REDEEM), _mutations(KEY)))
+@given(st.one_of(_mutations(REDEEM), _mutations(KEY), _mutations(FUND)))
 def test_credits_hostile_mutated_bodies_decode_or_raise_the_named_error(body: Any) -> None:
-    for cls in (Redeem, CreditKey):
+    for cls in (Redeem, CreditKey, FundMint):
         with contextlib.suppress(TxDecodeError):
             cls.from_json(body)
 

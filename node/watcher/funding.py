@@ -1,0 +1,153 @@
+"""`MintFunder`: a validator vouches for a credit mint only when the payer's balance covers it.
+
+The committee blind-signs a mint's credits only once validators with ≥ 2/3 of the power sent
+`fund_mint` for it (abci_app/credits.py): the chain cannot read the EVM, so each validator's
+watcher reads it and vouches on its own. A mint is paid from the payer's prepaid balance at the
+escrow's own address (`prepaidOf(payer, escrow)`), debited when the payout statement of the
+epoch that funded it is posted. So, per payer with mints waiting (`/mints?pending=true`):
+
+    covered = balance − Σ amount of the payer's mints still in flight ≥ this mint's amount
+
+where a mint is in flight when it is funded (or vouched for here) and its funding epoch's
+statements are not all posted on the escrow yet: the EVM balance does not reflect it. A payer
+with a withdrawal requested gets no vouching at all (the balance may leave before the debit).
+Each payer's waiting mints are weighed oldest first, each counted in flight once vouched for:
+two mints that each need the whole balance get one vouch from an honest watcher, and with
+< 1/3 of the power faulty no two such mints both reach 2/3.
+
+Failures (an EVM read, a tx not sent) end the pass; the mint is weighed again next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from protocol.committee.credits import FundMint
+from protocol.committee.settlement import statement_page
+from protocol.credits import FUND_EPOCHS
+from protocol.errors import PlanetError
+
+log = logging.getLogger(__name__)
+
+POSTED = 1  # QueryEscrow.epochOf status: the root is posted (2 Disputed: charges returned)
+
+
+class Committee(Protocol):
+    async def query(self, path: str, **params: Any) -> Any: ...
+    async def send(self, body: Any, *, timeout_s: float = ...) -> tuple[int, str]: ...
+
+
+class Escrow(Protocol):
+    """The EVM side (`node.chain.evm.escrow.QueryEscrow`, or a fake in unit tests)."""
+
+    address: str
+
+    def prepaid_of(self, payer: str, gateway: str) -> dict[str, int]: ...
+    def epoch_of(self, epoch: int) -> dict[str, Any]: ...
+
+
+def funding_epoch(funded_height: int, epoch_length: int) -> int:
+    """The epoch of the block that funded a mint (its charge is in that epoch's statement)."""
+    return (funded_height - 1) // epoch_length + 1
+
+
+@dataclass
+class MintFunder:
+    committee: Committee
+    escrow: Escrow
+    vouched: dict[str, int] = field(default_factory=dict)  # mint id → amount, vouched here
+    settled: set[int] = field(default_factory=set)  # epochs whose statements are all posted
+
+    async def step(self) -> list[str]:
+        """One pass; returns the ids of the mints vouched for."""
+        waiting = (await self.committee.query("/mints", pending="true"))["mints"]
+        current = int((await self.committee.query("/epochs"))["current"])
+        todo: dict[str, list[dict[str, Any]]] = {}
+        for mint in waiting:
+            if mint["id"] not in self.vouched and current <= int(mint["epoch"]) + FUND_EPOCHS:
+                todo.setdefault(str(mint["payer"]).lower(), []).append(mint)
+        if not todo:
+            return []
+        length = int((await self.committee.query("/params"))["genesis"]["epoch_length"])
+        statements = await self._statements()
+        done = []
+        for payer, mints in sorted(todo.items()):
+            done += await self._weigh(payer, mints, current, length, statements)
+        return done
+
+    async def _weigh(
+        self,
+        payer: str,
+        mints: list[dict[str, Any]],
+        current: int,
+        length: int,
+        statements: dict[int, list[int]],
+    ) -> list[str]:
+        prepaid = await asyncio.to_thread(self.escrow.prepaid_of, payer, self.escrow.address)
+        if prepaid["withdrawable_at"] != 0:
+            log.info("mints of %s not vouched for: a withdrawal of its balance is open", payer)
+            return []
+        in_flight = 0
+        for mint in (await self.committee.query("/mints", payer=payer))["mints"]:
+            funded = mint.get("funded_height")
+            if funded is None:
+                if mint["id"] in self.vouched and current > int(mint["epoch"]) + FUND_EPOCHS:
+                    del self.vouched[mint["id"]]  # never funded, and never will be: no charge
+                if mint["id"] not in self.vouched:
+                    continue
+            elif await self._debited(funding_epoch(int(funded), length), statements):
+                self.vouched.pop(mint["id"], None)
+                continue
+            in_flight += int(mint["amount"])
+        done = []
+        for mint in sorted(mints, key=lambda m: (int(m["height"]), str(m["id"]))):
+            amount = int(mint["amount"])
+            if prepaid["balance"] - in_flight < amount:
+                log.info(
+                    "mint %s of %s not vouched for: balance %d, in flight %d, needs %d",
+                    mint["id"][:18],
+                    payer,
+                    prepaid["balance"],
+                    in_flight,
+                    amount,
+                )
+                break  # oldest first: a later mint never overtakes one the balance cannot cover
+            try:
+                code, text = await self.committee.send(FundMint(mint["id"]))
+            except PlanetError as error:
+                log.warning("fund_mint not sent mint=%s: %s", mint["id"][:18], error.message)
+                break
+            if code != 0:
+                log.warning("fund_mint refused mint=%s code=%d %s", mint["id"][:18], code, text)
+                continue
+            self.vouched[mint["id"]] = amount
+            in_flight += amount
+            done.append(mint["id"])
+            log.info("vouched for mint %s of %s amount=%d", mint["id"][:18], payer, amount)
+        return done
+
+    async def _statements(self) -> dict[int, list[int]]:
+        """Epoch → the numbers of its stored payout statements (one per page)."""
+        listing = await self.committee.query("/payouts", limit=200)
+        out: dict[int, list[int]] = {}
+        for summary in listing.get("epochs", []):
+            number = int(summary["epoch"])
+            out.setdefault(statement_page(number)[0], []).append(number)
+        return out
+
+    async def _debited(self, epoch: int, statements: dict[int, list[int]]) -> bool:
+        """Whether every statement of `epoch` is posted (its debits are in the EVM balance)."""
+        if epoch in self.settled:
+            return True
+        numbers = statements.get(epoch)
+        if not numbers:
+            return False  # not closed yet (or listed beyond the window: counted, conservative)
+        for number in numbers:
+            view = await asyncio.to_thread(self.escrow.epoch_of, number)
+            if int(view["status"]) != POSTED:
+                return False
+        self.settled.add(epoch)
+        return True
