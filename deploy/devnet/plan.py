@@ -25,6 +25,9 @@ DEVNET_EPOCH_LENGTH = 20  # ≈ 6-10 s at the devnet's 300 ms blocks: settlement
 # after the escrow's 60 s window; 360 ≈ 40-60 minutes.
 DEVNET_RETENTION_EPOCHS = 360
 OPERATOR_GAS_WEI = 10**18  # each validator's operator key pays for relaying payout roots
+# Bearer credits on sale (`planet credits buy`, docs/credits.md): 10^12 wei each, worth 4096
+# layer-tokens of a node's work when redeemed.
+DEVNET_CREDITS = {"price_wei": str(10**12), "layer_tokens": 4096}
 
 
 @dataclass(frozen=True)

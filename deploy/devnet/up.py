@@ -29,6 +29,7 @@ from deploy.devnet.hosts import (
 )
 from deploy.devnet.operators import fund_operators, run_operator_commands
 from deploy.devnet.plan import (
+    DEVNET_CREDITS,
     DEVNET_RETENTION_EPOCHS,
     DevnetOptions,
     Progress,
@@ -222,6 +223,7 @@ def _up_steps(
         gateways=[gateway[0]] if gateway else [],
         gateway_addresses=dict([gateway]) if gateway else None,
         retention_epochs=DEVNET_RETENTION_EPOCHS,
+        credits=DEVNET_CREDITS,
     )
     registrar = PlanetChain(deployment, ANVIL_DEV_KEY, rpc_url=evm_rpc)
     model_id = model_id_bytes(manifest.model_hash)

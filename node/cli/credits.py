@@ -1,7 +1,7 @@
 """`planet credits buy|show`: bearer credits the committee blind-signs (docs/credits.md).
 
 `buy N` mints N credits paid from your balance at the escrow's own address (deposit it with
-`planet balance deposit` naming the escrow address as `--gateway`), waits (up to 60 s) until
+`planet balance deposit` naming the escrow address as `--gateway`), waits (`--wait`, 60 s) until
 the validators have checked that the balance covers it (nothing is charged otherwise), gathers
 every validator's blind signatures, unblinds them here and stores the credits in your credit
 file (default
@@ -26,6 +26,7 @@ from protocol.errors import UsageError
 
 MAX_BUY = 30  # credits per mint: one blinded message per validator each, under 64 KiB
 DEFAULT_TTL_S = 3600
+DEFAULT_WAIT_S = 60.0
 
 EXAMPLES = """\
 examples:
@@ -55,6 +56,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--wallet", type=Path, default=None, help="keystore that pays")
     parser.add_argument("--password-file", type=Path, default=None, help="wallet password file")
     parser.add_argument("--ttl", type=int, default=DEFAULT_TTL_S, help="purchase lifetime, s")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=DEFAULT_WAIT_S,
+        help=f"seconds to wait for the validators to check your balance ({DEFAULT_WAIT_S:.0f})",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
 
@@ -93,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     count = parse_count(args.count)
     if not 60 <= args.ttl <= 7 * 86_400:
         raise UsageError(f"--ttl {args.ttl} s is out of range", hint="60 … 604800 seconds")
+    if not 1 <= args.wait <= 3600:
+        raise UsageError(f"--wait {args.wait} s is out of range", hint="1 … 3600 seconds")
     devnet = _devnet()
     rpcs = args.committee_rpc or [str(u) for u in devnet.get("committee_rpc") or []]
     if not rpcs:
@@ -110,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
             count,
             CreditWallet(wallet_file),
             expiry=int(time.time()) + args.ttl,
+            fund_timeout_s=args.wait,
             progress=lambda line: print(line, file=sys.stderr),
         )
     )

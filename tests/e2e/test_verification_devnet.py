@@ -21,7 +21,10 @@ What the module shows, each from the chain's own answers:
 - Q is flagged `uncommitted`, unroutable, and earns nothing; the honest nodes' reputation rises
   above its initial 0.5 and they stay routable; no verifier is ever marked for a false
   accusation (honest verifiers never split);
-- `planet devnet status`, `planet status` and the dApp's `/v1/network` show all of it.
+- `planet devnet status`, `planet status` and the dApp's `/v1/network` show all of it;
+- credits (the verifiers publish every validator's keys): `planet credits buy` is funded by
+  the 4 watchers only against the user's balance at the escrow — covered once, refused by
+  name (nothing charged) when the same balance is asked to pay again.
 """
 
 from __future__ import annotations
@@ -279,3 +282,18 @@ def test_status_commands_and_the_dapp_show_the_flags(env, devnet) -> None:
     nodes = _operators(devnet)
     assert flags[nodes["node4"]["key"]] == (False, True)
     assert flags[nodes["node0"]["key"]] == (False, False)
+
+
+def test_credits_are_bought_only_against_the_escrow_balance(env, devnet) -> None:
+    escrow = devnet["contracts"]["QueryEscrow"]
+    deposit = _planet(env, "balance", "deposit", "0.000003", "--gateway", escrow, timeout=120)
+    assert deposit.returncode == 0, deposit.stderr  # 3 credits' worth at 10^12 wei each
+    bought = _planet(env, "credits", "buy", "2", "--json", timeout=240)
+    assert bought.returncode == 0, bought.stderr
+    assert json.loads(bought.stdout)["bought"] == 2
+    assert "waiting for the validators" in bought.stderr  # progress shown
+    again = _planet(env, "credits", "buy", "2", "--wait", "20", timeout=240)
+    assert again.returncode != 0 and "Traceback" not in again.stderr
+    assert "not funded" in again.stderr and "nothing was charged" in again.stderr, again.stderr
+    held = _planet(env, "credits", "show", "--json", timeout=60)
+    assert json.loads(held.stdout)["credits"] == 2
