@@ -30,7 +30,11 @@ DEFAULT_WAIT_S = 60.0
 
 EXAMPLES = """\
 examples:
-  planet credits buy 20                 mint 20 credits from your balance at the escrow
+  planet balance deposit 0.001 --gateway ESCROW
+                                        prepay credits: your balance at the escrow's own
+                                        address (ESCROW: QueryEscrow in `planet devnet status`)
+  planet credits buy 20                 mint 20 credits from that balance, once the
+                                        validators saw it covers them (--wait, 60 s)
   planet credits show --json            how many credits your credit file holds
 defaults (committee RPCs, wallet) come from `planet devnet up`; flags win.
 """
