@@ -15,7 +15,10 @@ Each payer's waiting mints are weighed oldest first, each counted in flight once
 two mints that each need the whole balance get one vouch from an honest watcher, and with
 < 1/3 of the power faulty no two such mints both reach 2/3.
 
-Failures (an EVM read, a tx not sent) end the pass; the mint is weighed again next pass.
+Failures (an EVM read, a tx not sent) end the pass; the mint is weighed again next pass. A pass
+weighs at most `payers_per_pass` payers, those weighed longest ago first: mint txs cost nothing
+to send, so a flood of payers without balance slows the vouching for others (each waits its
+turn) but never stalls the watcher's pass.
 """
 
 from __future__ import annotations
@@ -58,8 +61,12 @@ def funding_epoch(funded_height: int, epoch_length: int) -> int:
 class MintFunder:
     committee: Committee
     escrow: Escrow
+    payers_per_pass: int = 16  # EVM reads a pass may cost: mints are free to send, so many
+    # payers without balance must not stall the watcher's pass (its stake attestations)
     vouched: dict[str, int] = field(default_factory=dict)  # mint id → amount, vouched here
     settled: set[int] = field(default_factory=set)  # epochs whose statements are all posted
+    weighed: dict[str, int] = field(default_factory=dict)  # payer → the pass it was last weighed
+    passes: int = 0
 
     async def step(self) -> list[str]:
         """One pass; returns the ids of the mints vouched for."""
@@ -73,9 +80,19 @@ class MintFunder:
             return []
         length = int((await self.committee.query("/params"))["genesis"]["epoch_length"])
         statements = await self._statements()
+        self.passes += 1
+        # the payers weighed longest ago first (never weighed: first of all), then by their
+        # oldest waiting mint: every payer gets its turn however many others wait
+        order = sorted(
+            todo,
+            key=lambda p: (self.weighed.get(p, 0), min(int(m["height"]) for m in todo[p]), p),
+        )
         done = []
-        for payer, mints in sorted(todo.items()):
-            done += await self._weigh(payer, mints, current, length, statements)
+        for payer in order[: self.payers_per_pass]:
+            self.weighed[payer] = self.passes
+            done += await self._weigh(payer, todo[payer], current, length, statements)
+        for payer in [p for p in self.weighed if p not in todo]:
+            del self.weighed[payer]  # nothing waiting: forgotten
         return done
 
     async def _weigh(

@@ -155,3 +155,27 @@ async def test_a_refused_vouch_is_not_counted_and_is_tried_again() -> None:
     funder = _funder(chain, escrow)
     assert await funder.step() == []
     assert await funder.step() == [mint]
+
+
+async def test_a_flood_of_payers_without_balance_is_weighed_a_few_per_pass_in_turn() -> None:
+    """Mint txs are free: 40 payers with nothing cost at most `payers_per_pass` EVM reads a
+    pass, and the one payer with a balance still gets its turn within ⌈41 / 16⌉ passes."""
+    chain, escrow = Chain(), Escrow(balances={PAYER: PRICE})
+    for n in range(40):
+        chain.mint(n, payer="0x" + f"{n:040x}")
+    mine = chain.mint(99)  # the newest mint: last in line
+    reads: list[str] = []
+    prepaid_of = escrow.prepaid_of
+
+    def counting(payer: str, gateway: str) -> dict[str, int]:
+        reads.append(payer)
+        return prepaid_of(payer, gateway)
+
+    escrow.prepaid_of = counting  # type: ignore[method-assign]
+    funder = _funder(chain, escrow)
+    vouched: list[str] = []
+    while not vouched and funder.passes < 5:
+        before = len(reads)
+        vouched += await funder.step()
+        assert len(reads) - before <= funder.payers_per_pass
+    assert vouched == [mine] and funder.passes == 3
