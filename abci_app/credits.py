@@ -15,11 +15,17 @@
                                count · genesis price, the `CreditPurchase` signature recovers to
                                `payer` (MINT_INVALID); the mint id is new (MINT_REPLAYED); block
                                time ≤ expiry ≤ block time + 7 days (AUTHORIZATION_EXPIRED,
-                               AUTHORIZATION_EXPIRY_TOO_FAR). → `mint/<id>` and a charge of
-                               `amount` on the payer's balance at the escrow's own address
-                               (`depositBalance(escrow)`): `spent/` and `cpend/<payer>/<escrow>/
-                               mint/<id>`, debited in the next payout statement like a gateway's
-                               charges (settlement.py). Each validator then
+                               AUTHORIZATION_EXPIRY_TOO_FAR). → `mint/<id>`, unfunded
+                               (`mpend/<id>`, `mpay/<payer>/<id>`): nothing charged or signed.
+    fund_mint{mint}            a validator (its watcher read the payer's escrow balance and it
+                               covers the mint: node/watcher/funding.py) vouches for it
+                               (NOT_VALIDATOR; MINT_UNKNOWN; MINT_FUND_LATE after the mint's
+                               epoch + FUND_EPOCHS or past its expiry). At ≥ 2/3 of the power
+                               the mint is funded, once: a charge of `amount` on the payer's
+                               balance at the escrow's own address (`depositBalance(escrow)`):
+                               `spent/` and `cpend/<payer>/<escrow>/mint/<id>`, debited in the
+                               next payout statement like a gateway's charges (settlement.py).
+                               A vote on a funded mint changes nothing. Each validator then
                                blind-signs the mint's messages for it when asked
                                (`/credit_signatures?mint=`, answered from its local key).
     redeem{model, shard, credits}
