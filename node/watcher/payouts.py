@@ -51,7 +51,7 @@ def statement_of(view: dict[str, Any]) -> PayoutRoot:
 
 class Committee(Protocol):
     async def query(self, path: str, **params: Any) -> Any: ...
-    async def submit(self, body: Any) -> Any: ...
+    async def send(self, body: Any, *, timeout_s: float = ...) -> tuple[int, str]: ...
 
 
 class Escrow(Protocol):
@@ -106,22 +106,33 @@ class PayoutRelay:
                 continue
             signers = [str(s).lower() for s in view.get("signers", [])]
             mine = epoch in self.signed or self.operator.lower() in signers
-            if not mine and await self._vote(statement):
-                done.append(("signed", epoch))
-                view = await self.committee.query("/payouts", epoch=epoch)  # with our vote
+            if not mine:
+                voted = await self._vote(statement)
+                if voted is None:
+                    continue  # not on chain: signed again next pass
+                if voted:
+                    done.append(("signed", epoch))
+                    view = await self.committee.query("/payouts", epoch=epoch)  # with our vote
             self.signed.add(epoch)
             if view.get("confirmed") and await self._post(view, statement):
                 done.append(("posted", epoch))
         return done
 
-    async def _vote(self, statement: PayoutRoot) -> bool:
+    async def _vote(self, statement: PayoutRoot) -> bool | None:
+        """True: this vote is in a block now; False: it was there before (DUPLICATE_VOTE);
+        None: refused or lost (sent and waited for: the verifier signs with the same key)."""
         signature = statement.sign(self.operator_key, self.domain)
         try:
-            await self.committee.submit(PayoutVote(statement.epoch, "0x" + signature.hex()))
+            code, text = await self.committee.send(
+                PayoutVote(statement.epoch, "0x" + signature.hex())
+            )
         except TxRejectedError as error:
-            if error.tx_code != DUPLICATE_VOTE:
-                log.warning("payout_vote refused epoch=%d code=%d", statement.epoch, error.tx_code)
+            code, text = error.tx_code, error.log_text
+        if code == DUPLICATE_VOTE:
             return False
+        if code != 0:
+            log.warning("payout_vote refused epoch=%d code=%d %s", statement.epoch, code, text)
+            return None
         log.info("signed payout root epoch=%d root=%s", statement.epoch, statement.root.hex())
         return True
 

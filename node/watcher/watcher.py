@@ -63,7 +63,7 @@ class Attester(Protocol):
     """The committee side (`CommitteeLink`)."""
 
     async def nodes(self, **filters: Any) -> list[dict[str, Any]]: ...
-    async def submit(self, body: Any) -> Any: ...
+    async def send(self, body: Any, *, timeout_s: float = ...) -> tuple[int, str]: ...
 
 
 @dataclass
@@ -95,15 +95,14 @@ class StakeWatcher:
             amount = effective_stake(self.evm.stake_info(address), role)
             if self.attested.get(key) == amount:
                 continue
+            # sent and waited for: this validator's verifier signs with the same key, and an
+            # attestation lost in its block would never be sent again (the amount is unchanged)
             try:
-                await self.committee.submit(AttestStake(node=key, amount=amount))
+                code, text = await self.committee.send(AttestStake(node=key, amount=amount))
             except TxRejectedError as error:
-                log.warning(
-                    "attest_stake refused node=%s code=%d log=%s",
-                    key[:16],
-                    error.tx_code,
-                    error.log_text,
-                )
+                code, text = error.tx_code, error.log_text
+            if code != 0:
+                log.warning("attest_stake refused node=%s code=%d log=%s", key[:16], code, text)
                 continue
             self.attested[key] = amount
             sent.append((key, amount))

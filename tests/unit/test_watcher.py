@@ -55,11 +55,16 @@ class FakeCommittee:
     async def nodes(self, **_filters: Any) -> list[dict[str, Any]]:
         return [dict(n) for n in self.nodes_list]
 
-    async def submit(self, body: Any) -> Any:
+    lost: int = 0  # the next sends refused in their block (another signer took the nonce)
+
+    async def send(self, body: Any, *, timeout_s: float = 15) -> tuple[int, str]:
         if self.refuse:
             raise TxRejectedError("rpc", code=14, log_text="not a validator")
+        if self.lost:
+            self.lost -= 1
+            return 3, "nonce 7 ≤ last nonce 7"
         self.sent.append(body)
-        return None
+        return 0, ""
 
 
 def _node(key: str, address: str, status: str = "SERVING", role: str = "compute") -> dict:
@@ -167,3 +172,13 @@ def test_due_nodes_new_changed_or_resync() -> None:
     assert [k for k, _, _ in due_nodes(nodes, {B.lower()}, {KEY_A: 1, KEY_B: 1}, False)] == [KEY_B]
     assert [k for k, _, _ in due_nodes(nodes, set(), {KEY_A: 1}, False)] == [KEY_B]
     assert len(due_nodes(nodes, set(), {KEY_A: 1, KEY_B: 1}, resync=True)) == 2
+
+
+async def test_watcher_attestation_lost_in_its_block_is_sent_again() -> None:
+    """The verifier signs with the watcher's key: an attestation refused in its block (its
+    nonce taken) changed nothing and must go again, although the amount did not change."""
+    staking, committee, clock = FakeStaking(), FakeCommittee([_node(KEY_A, A)], lost=1), [0.0]
+    staking.set(A, ETHER)
+    watcher = _watcher(staking, committee, clock)
+    assert await watcher.step() == []
+    assert await watcher.step() == [(KEY_A, ETHER)]
