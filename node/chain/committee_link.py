@@ -44,7 +44,9 @@ NOT_FOUND_QUERY = "query_42"
 # CometBFT's answer when the same tx bytes are already in its mempool cache: an earlier try
 # (whose answer was lost to a timeout) got through, which is success for the sender.
 IN_CACHE = "tx already exists in cache"
-SEND_TRIES = 3  # a tx refused at delivery for its nonce is signed again (send)
+SEND_TRIES = 3  # a tx whose nonce another signer took is signed again (send)
+LANDED_POLL_S = 0.25  # send: how often it looks for its tx and the signer's committed nonce
+LANDED_GRACE_POLLS = 4  # ... and how long the tx index may lag a used nonce (4 × 0.25 s)
 
 
 @dataclass(frozen=True)
@@ -216,19 +218,44 @@ class CommitteeLink:
         """Submit `body` and wait for its block: (FinalizeBlock code, log).
 
         Another process signing with the same key — a validator's stake watcher and its
-        verifier both sign with the consensus key — can take a nonce between this link's
-        CheckTx and the block: the tx is then refused at delivery with BAD_NONCE and changed
-        nothing, so it is signed again with a nonce read afresh (at most SEND_TRIES times)."""
+        verifier both sign with the consensus key — can take this tx's nonce: the tx is then
+        refused in its block with BAD_NONCE, or dropped from the mempool on recheck and never
+        committed. Either way it changed nothing, so it is signed again with a nonce read
+        afresh (at most SEND_TRIES times). `UnavailableError` when it is not committed and its
+        nonce not used within `timeout_s`."""
         for _ in range(SEND_TRIES):
             sent = await self.submit(body)
-            code, text = await self.committed_code(sent.hash, timeout_s=timeout_s)
-            if code != BAD_NONCE:
-                break
+            landed = await self._landed(sent, timeout_s)
+            if landed is not None and landed.code != BAD_NONCE:
+                return landed.code, landed.log
             log.info("tx %s lost nonce %d to another signer: signed again", body.TYPE, sent.nonce)
             async with self._submitting:
                 if self._next_nonce is not None and self._next_nonce <= sent.nonce + 1:
                     self._next_nonce = None
-        return code, text
+        return BAD_NONCE, f"{body.TYPE}: nonce taken by another signer {SEND_TRIES} times"
+
+    async def _landed(self, sent: Submitted, timeout_s: float) -> TxResult | None:
+        """The block result of `sent`, or None once its nonce is used by another tx."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            found = await self.find_tx(sent.hash)
+            if found is not None:
+                return found
+            if await self.committed_nonce() >= sent.nonce:
+                # used: by this tx (the tx index can lag the state a moment) or another one
+                for _ in range(LANDED_GRACE_POLLS):
+                    await asyncio.sleep(LANDED_POLL_S)
+                    found = await self.find_tx(sent.hash)
+                    if found is not None:
+                        return found
+                return None
+            if loop.time() >= deadline:
+                raise UnavailableError(
+                    f"tx {sent.hash[:16]} not committed within {timeout_s:g} s",
+                    hint="the chain may be halted: check `planet committee status`",
+                )
+            await asyncio.sleep(LANDED_POLL_S)
 
 
 _KEY = re.compile(r"[0-9a-f]{64}\Z")

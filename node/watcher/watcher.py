@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
 from protocol.committee.registry import AttestStake
+from protocol.errors import PlanetError
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,9 @@ class StakeWatcher:
                 code, text = await self.committee.send(AttestStake(node=key, amount=amount))
             except TxRejectedError as error:
                 code, text = error.tx_code, error.log_text
+            except PlanetError as error:  # not committed in time: the rest next pass
+                log.warning("attest_stake not sent node=%s: %s", key[:16], error.message)
+                break
             if code != 0:
                 log.warning("attest_stake refused node=%s code=%d log=%s", key[:16], code, text)
                 continue

@@ -18,6 +18,9 @@ from protocol.errors import RemoteError, UnavailableError
 pytestmark = pytest.mark.unit
 
 
+DROPPED = -1  # FakeRpc.delivered: the tx never reaches a block (evicted on recheck)
+
+
 @dataclass
 class FakeRpc:
     """Stands in for one validator's CommitteeRpc."""
@@ -28,6 +31,8 @@ class FakeRpc:
     answers: list[Any] = field(default_factory=list)  # queued exceptions for broadcast
     broadcast: list[bytes] = field(default_factory=list)
     delivered: list[int] = field(default_factory=list)  # queued FinalizeBlock codes (else 0)
+    landed: dict[str, TxResult] = field(default_factory=dict)
+    dropped: set[str] = field(default_factory=set)
 
     def _check(self) -> None:
         if self.down:
@@ -49,12 +54,22 @@ class FakeRpc:
             raise self.answers.pop(0)
         return BroadcastResult(hash=tx_hash(raw))
 
-    async def wait_for_tx(self, hash_hex: str, *, timeout_s: float) -> TxResult:
+    async def tx(self, hash_hex: str) -> TxResult | None:
+        """The last broadcast tx goes into a block when first looked up, with the next queued
+        code (`DROPPED`: another signer's tx used its nonce and it left the mempool)."""
         self._check()
-        code = self.delivered.pop(0) if self.delivered else 0
-        # the block used the last tx's nonce: that tx's own, or another signer's tx with it
-        self.committed_nonce = decode(self.broadcast[-1]).nonce
-        return TxResult(hash_hex, 9, 0, code, "nonce taken" if code else "")
+        last = self.broadcast[-1]
+        if tx_hash(last) != hash_hex:
+            return self.landed.get(hash_hex)
+        if hash_hex not in self.landed and hash_hex not in self.dropped:
+            code = self.delivered.pop(0) if self.delivered else 0
+            # the block used the tx's nonce: that tx's own, or another signer's tx with it
+            self.committed_nonce = decode(last).nonce
+            if code == DROPPED:
+                self.dropped.add(hash_hex)
+            else:
+                self.landed[hash_hex] = TxResult(hash_hex, 9, 0, code, "taken" if code else "")
+        return self.landed.get(hash_hex)
 
     async def status(self) -> Any:
         self._check()
@@ -120,8 +135,26 @@ async def test_link_send_signs_again_when_another_signer_took_the_nonce() -> Non
     assert (await link.send(Heartbeat()))[0] == 3  # bounded: three tries, then the code
     assert [decode(raw).nonce for raw in rpc.broadcast[2:]] == [7, 8, 9]
     rpc.delivered = [54]
-    assert await link.send(Heartbeat()) == (54, "nonce taken")
+    assert await link.send(Heartbeat()) == (54, "taken")
     assert len(rpc.broadcast) == 6
+    # evicted from the mempool (the other signer's tx with its nonce committed): signed again
+    # as soon as the nonce shows as used, not after a timeout
+    rpc.delivered = [DROPPED]
+    assert await link.send(Heartbeat(), timeout_s=60) == (0, "")
+    assert [decode(raw).nonce for raw in rpc.broadcast[6:]] == [11, 12]
+
+
+async def test_link_send_names_a_tx_neither_committed_nor_outrun() -> None:
+    rpc = FakeRpc("http://a")
+    link = _link(rpc)
+
+    async def never(hash_hex: str) -> None:
+        return None
+
+    rpc.tx = never  # type: ignore[method-assign]  # the chain halted: no block at all
+    with pytest.raises(UnavailableError) as raised:
+        await link.send(Heartbeat(), timeout_s=0.6)
+    assert "not committed within 0.6 s" in raised.value.message
 
 
 async def test_link_tx_already_in_cache_counts_as_sent() -> None:
