@@ -20,13 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from node.cli.key import parse_duration
 from node.client.credit_wallet import CreditWallet
 from node.client.nodesfile import planet_home
 from protocol.errors import UsageError
 
 MAX_BUY = 30  # credits per mint: one blinded message per validator each, under 64 KiB
 DEFAULT_TTL_S = 3600
-DEFAULT_WAIT_S = 60.0
+DEFAULT_WAIT_S = 60
 
 EXAMPLES = """\
 examples:
@@ -59,12 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--credits-file", type=Path, default=None, help="where credits are kept")
     parser.add_argument("--wallet", type=Path, default=None, help="keystore that pays")
     parser.add_argument("--password-file", type=Path, default=None, help="wallet password file")
-    parser.add_argument("--ttl", type=int, default=DEFAULT_TTL_S, help="purchase lifetime, s")
+    parser.add_argument(
+        "--ttl", default=str(DEFAULT_TTL_S), help="purchase lifetime: 3600, 90m, 2h, 7d (1 h)"
+    )
     parser.add_argument(
         "--wait",
-        type=float,
-        default=DEFAULT_WAIT_S,
-        help=f"seconds to wait for the validators to check your balance ({DEFAULT_WAIT_S:.0f})",
+        default=str(DEFAULT_WAIT_S),
+        help=f"how long the validators may take to check your balance: 60, 5m ({DEFAULT_WAIT_S} s)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
@@ -102,10 +104,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"credits": held, "file": str(wallet_file)}) if args.json else held)
         return 0
     count = parse_count(args.count)
-    if not 60 <= args.ttl <= 7 * 86_400:
-        raise UsageError(f"--ttl {args.ttl} s is out of range", hint="60 … 604800 seconds")
-    if not 1 <= args.wait <= 3600:
-        raise UsageError(f"--wait {args.wait} s is out of range", hint="1 … 3600 seconds")
+    ttl, wait = _seconds("--ttl", args.ttl), _seconds("--wait", args.wait)
+    if not 60 <= ttl <= 7 * 86_400:
+        raise UsageError(f"--ttl {args.ttl} is out of range", hint="60 s … 7 days")
+    if not 1 <= wait <= 3600:
+        raise UsageError(f"--wait {args.wait} is out of range", hint="1 s … 1 hour")
     devnet = _devnet()
     rpcs = args.committee_rpc or [str(u) for u in devnet.get("committee_rpc") or []]
     if not rpcs:
@@ -122,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
             key,
             count,
             CreditWallet(wallet_file),
-            expiry=int(time.time()) + args.ttl,
-            fund_timeout_s=args.wait,
+            expiry=int(time.time()) + ttl,
+            fund_timeout_s=wait,
             progress=lambda line: print(line, file=sys.stderr),
         )
     )
@@ -133,6 +136,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"bought {len(credits)} credits; {held} held in {wallet_file}")
     return 0
+
+
+def _seconds(flag: str, text: str) -> int:
+    """A duration flag (`parse_duration`), its error naming the flag."""
+    try:
+        return parse_duration(text)
+    except UsageError as error:
+        raise UsageError(f"{flag}: {error.message}", hint=error.hint) from None
 
 
 def _payer_key(args: argparse.Namespace, devnet: dict[str, Any]) -> bytes:

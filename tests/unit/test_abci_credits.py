@@ -546,3 +546,33 @@ def test_credits_no_state_entry_or_tx_links_the_payer_to_the_node(tmp_path: Path
     assert not any(p in redeem_text for p in payer_side)
     mint_text = mint_raw.decode().lower()
     assert not any(n in mint_text for n in node_side)
+
+
+def test_credits_mints_query_refuses_hostile_parameters_by_name(tmp_path: Path) -> None:
+    """`/mints` from a stranger: wrong types, non-ASCII digits, oversized and nested values are
+    BAD_QUERY (or NOT_FOUND for a well-formed unknown id); the app answers normally after."""
+    chain = credit_chain()
+    request, _ = _one_mint(chain, tmp_path)
+    payer = address_of(PAYER).lower()
+    hostile = [
+        ("/mints", b""),
+        ("/mints?pending=yes", b""),
+        ("/mints?pending=1", b""),
+        ("/mints?payer=0x" + "٣" * 40, b""),
+        ("/mints?payer=" + payer + "00", b""),
+        ("/mints?payer=" + "a" * 5000, b""),
+        ("/mints?id=0x" + "zz" * 32, b""),
+        ("/mints", json.dumps({"payer": [[[[payer]]]]}).encode()),
+        ("/mints", json.dumps({"pending": {"a": 1}}).encode()),
+        ("/mints", json.dumps({"id": 7}).encode()),
+    ]
+    for path, data in hostile:
+        code, _, log = query(chain.state, path, data)
+        assert code == Code.BAD_QUERY, (path, data, code, log)
+    code, _, _ = query(chain.state, "/mints?id=0x" + "00" * 32, b"")
+    assert code == Code.NOT_FOUND
+    with pytest.raises(QueryError) as refused:
+        signatures(chain.state, CreditKeyStore(tmp_path / "none"), {"mint": "0x" + "٣" * 64})
+    assert refused.value.code == Code.BAD_QUERY
+    code, value, _ = query(chain.state, "/mints?pending=true", b"")
+    assert code == Code.OK and [m["id"] for m in json.loads(value)["mints"]] == [request.mint_id]

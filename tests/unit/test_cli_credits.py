@@ -31,6 +31,13 @@ def test_parse_count_bounds() -> None:
         (["credits", "buy", "0"], "out of range"),
         (["credits", "show", "3"], "takes no count"),
         (["credits", "buy", "2", "--ttl", "5"], "--ttl"),
+        (["credits", "buy", "2", "--ttl", "8d"], "--ttl"),
+        (["credits", "buy", "2", "--wait", "0"], "--wait"),
+        (["credits", "buy", "2", "--wait", "2h"], "--wait"),
+        (["credits", "buy", "2", "--wait", "nan"], "not a duration"),
+        (["credits", "buy", "2", "--wait", "-5"], "not a duration"),
+        (["credits", "buy", "2", "--wait", "١٠"], "not a duration"),  # Arabic-Indic digits
+        (["credits", "buy", "2", "--wait", "9" * 400], "not a duration"),
     ],
 )
 def test_credits_cli_mistakes_exit_2_with_error_and_hint(
