@@ -28,6 +28,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from node.watcher.payouts import Committee
 from protocol.committee.credits import FundMint
 from protocol.committee.settlement import statement_page
 from protocol.credits import FUND_EPOCHS
@@ -36,11 +37,6 @@ from protocol.errors import PlanetError
 log = logging.getLogger(__name__)
 
 POSTED = 1  # QueryEscrow.epochOf status: the root is posted (2 Disputed: charges returned)
-
-
-class Committee(Protocol):
-    async def query(self, path: str, **params: Any) -> Any: ...
-    async def send(self, body: Any, *, timeout_s: float = ...) -> tuple[int, str]: ...
 
 
 class Escrow(Protocol):
@@ -66,6 +62,7 @@ class MintFunder:
     vouched: dict[str, int] = field(default_factory=dict)  # mint id → amount, vouched here
     settled: set[int] = field(default_factory=set)  # epochs whose statements are all posted
     weighed: dict[str, int] = field(default_factory=dict)  # payer → the pass it was last weighed
+    said: dict[str, tuple[int, int]] = field(default_factory=dict)  # mint → (balance, in flight)
     passes: int = 0
 
     async def step(self) -> list[str]:
@@ -93,6 +90,9 @@ class MintFunder:
             done += await self._weigh(payer, todo[payer], current, length, statements)
         for payer in [p for p in self.weighed if p not in todo]:
             del self.weighed[payer]  # nothing waiting: forgotten
+        waiting_ids = {m["id"] for m in waiting}
+        for ident in [i for i in self.said if i not in waiting_ids]:
+            del self.said[ident]
         return done
 
     async def _weigh(
@@ -123,6 +123,9 @@ class MintFunder:
         for mint in sorted(mints, key=lambda m: (int(m["height"]), str(m["id"]))):
             amount = int(mint["amount"])
             if prepaid["balance"] - in_flight < amount:
+                if self.said.get(mint["id"]) == (prepaid["balance"], in_flight):
+                    break  # logged already for this balance (a waiting mint is weighed often)
+                self.said[mint["id"]] = (prepaid["balance"], in_flight)
                 log.info(
                     "mint %s of %s not vouched for: balance %d, in flight %d, needs %d",
                     mint["id"][:18],

@@ -179,3 +179,15 @@ async def test_a_flood_of_payers_without_balance_is_weighed_a_few_per_pass_in_tu
         vouched += await funder.step()
         assert len(reads) - before <= funder.payers_per_pass
     assert vouched == [mine] and funder.passes == 3
+
+
+async def test_a_waiting_mint_is_logged_once_per_balance(caplog: pytest.LogCaptureFixture) -> None:
+    chain, escrow = Chain(), Escrow(balances={PAYER: PRICE // 2})
+    chain.mint(1)
+    funder = _funder(chain, escrow)
+    with caplog.at_level("INFO", logger="node.watcher.funding"):
+        for _ in range(3):
+            assert await funder.step() == []
+        escrow.balances[PAYER] = PRICE - 1
+        assert await funder.step() == []
+    assert sum("not vouched for" in r.getMessage() for r in caplog.records) == 2
