@@ -1,4 +1,4 @@
-"""`planet credits buy|show`: bearer credits the committee blind-signs (docs/credits.md).
+"""`planet credits buy|finish|show`: bearer credits the committee blind-signs (docs/credits.md).
 
 `buy N` mints N credits paid from your balance at the escrow's own address (deposit it with
 `planet balance deposit` naming the escrow address as `--gateway`), waits (`--wait`, 60 s) until
@@ -6,7 +6,10 @@ the validators have checked that the balance covers it (nothing is charged other
 every validator's blind signatures, unblinds them here and stores the credits in your credit
 file (default
 `$PLANET_HOME/credits.json`, mode 0600). The committee sees your address and how many credits you
-bought, never which credits: the blinding factors stay in this process. `show` counts them.
+bought, never which credits: the blinding factors stay in this process and that file. A
+purchase is written to the file before its mint is sent: if this command is stopped (or the
+validators take longer than `--wait`), `finish` — and every later `buy` — completes it, so a
+paid purchase is never lost. `show` counts credits and purchases in flight.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ examples:
                                         address (ESCROW: QueryEscrow in `planet devnet status`)
   planet credits buy 20                 mint 20 credits from that balance, once the
                                         validators saw it covers them (--wait, 60 s)
-  planet credits show --json            how many credits your credit file holds
+  planet credits finish                 complete purchases an earlier run left in flight
+  planet credits show --json            credits held and purchases in flight
 defaults (committee RPCs, wallet) come from `planet devnet up`; flags win.
 """
 
@@ -49,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("action", choices=("buy", "show"), help="what to do")
+    parser.add_argument("action", choices=("buy", "finish", "show"), help="what to do")
     parser.add_argument("count", nargs="?", default=None, help=f"credits to buy (1 … {MAX_BUY})")
     parser.add_argument(
         "--committee-rpc",
@@ -97,13 +101,19 @@ def _devnet() -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     wallet_file = args.credits_file or planet_home() / "credits.json"
+    wallet = CreditWallet(wallet_file)
+    if args.action in ("show", "finish") and args.count is not None:
+        raise UsageError(
+            f"`credits {args.action}` takes no count", hint=f"planet credits {args.action}"
+        )
     if args.action == "show":
-        if args.count is not None:
-            raise UsageError("`credits show` takes no count", hint="planet credits show")
-        held = CreditWallet(wallet_file).count()
-        print(json.dumps({"credits": held, "file": str(wallet_file)}) if args.json else held)
+        held, pending = wallet.count(), len(wallet.pending())
+        if args.json:
+            print(json.dumps({"credits": held, "pending": pending, "file": str(wallet_file)}))
+        else:
+            print(held if not pending else f"{held} ({pending} purchase(s) in flight: finish)")
         return 0
-    count = parse_count(args.count)
+    count = parse_count(args.count) if args.action == "buy" else 0
     ttl, wait = _seconds("--ttl", args.ttl), _seconds("--wait", args.wait)
     if not 60 <= ttl <= 7 * 86_400:
         raise UsageError(f"--ttl {args.ttl} is out of range", hint="60 s … 7 days")
@@ -116,25 +126,37 @@ def run(args: argparse.Namespace) -> int:
             "no committee RPC to buy from",
             hint="pass --committee-rpc URL once per validator, or start `planet devnet up`",
         )
-    key = _payer_key(args, devnet)
-    from node.client.credit_purchase import buy_credits  # lazy: aiohttp
+    from node.client.credit_purchase import buy_credits, finish_pending  # lazy: aiohttp
 
-    credits = asyncio.run(
-        buy_credits(
-            rpcs,
-            key,
-            count,
-            CreditWallet(wallet_file),
-            expiry=int(time.time()) + ttl,
-            fund_timeout_s=wait,
-            progress=lambda line: print(line, file=sys.stderr),
-        )
-    )
-    held = CreditWallet(wallet_file).count()
-    if args.json:
-        print(json.dumps({"bought": len(credits), "credits": held, "file": str(wallet_file)}))
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    if args.action == "finish":
+        finished = asyncio.run(finish_pending(rpcs, wallet, fund_timeout_s=wait, progress=progress))
+        credits = len(finished)
     else:
-        print(f"bought {len(credits)} credits; {held} held in {wallet_file}")
+        key = _payer_key(args, devnet)
+        credits = len(
+            asyncio.run(
+                buy_credits(
+                    rpcs,
+                    key,
+                    count,
+                    wallet,
+                    expiry=int(time.time()) + ttl,
+                    fund_timeout_s=wait,
+                    progress=progress,
+                )
+            )
+        )
+    held, pending = wallet.count(), len(wallet.pending())
+    if args.json:
+        doc = {"credits": held, "pending": pending, "file": str(wallet_file)}
+        print(json.dumps({"bought" if args.action == "buy" else "finished": credits, **doc}))
+    else:
+        verb = "bought" if args.action == "buy" else "finished"
+        left = f"; {pending} purchase(s) still in flight" if pending else ""
+        print(f"{verb} {credits} credits; {held} held in {wallet_file}{left}")
     return 0
 
 

@@ -11,23 +11,40 @@ key drawn for this purchase (it only carries the tx; the payer is authenticated 
 `CreditPurchase` signature), so mints of one payer share no committee account. Price, escrow
 and chain id come from the committee's `/params`. Errors are `PlanetError`s: `MintIncomplete`
 when too few validators answered, `MintRefused` when the chain refused the mint (by code),
-`MintUnfunded` when the validators did not vouch for it in time (nothing is charged then).
+`MintUnfunded` when the validators did not vouch for it within the wait.
+
+Nothing paid is lost when the client dies or gives up: the purchase (its blinding inverses
+included) is written to the wallet file before the mint tx is sent (`CreditWallet.hold`), and
+`finish_pending` — run first by every `buy_credits` — takes each one on from where the chain
+has it:
+
+    not on the chain, its epoch still open   → the mint tx is sent (again; the id is unique)
+    not on the chain, its epoch over         → dropped: it can never be charged
+    on the chain, funded                     → signatures gathered, credits into the wallet
+    on the chain, still fundable             → waited for; kept pending when the wait ends
+    on the chain, past its funding window    → dropped: never charged (the chain refuses to
+                                               fund it, `MINT_FUND_LATE`)
+    landed once, gone now                    → pruned after the retention window: reported
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from nacl.signing import SigningKey
 
 from node.chain.committee_link import CommitteeLink
-from node.client.credit_wallet import CreditWallet, MintRequest
-from protocol.credits import Credit, epoch_keys_from_query
-from protocol.errors import PlanetError, ProtocolError
+from node.chain.committee_rpc import TxRejectedError
+from node.client.credit_wallet import CreditWallet, MintRequest, PendingMint
+from protocol.credits import FUND_EPOCHS, Credit, epoch_keys_from_query
+from protocol.errors import PlanetError, ProtocolError, RemoteError
 
 log = logging.getLogger(__name__)
+
+NOT_FOUND_QUERY = "query_42"
+MINT_REPLAYED = 75  # abci_app/codes.py: the mint is already on the chain (an earlier send)
 
 
 class MintRefused(ProtocolError):
@@ -41,9 +58,16 @@ class MintRefused(ProtocolError):
 
 
 class MintUnfunded(ProtocolError):
-    """The validators did not vouch that the payer's balance covers the mint: never charged."""
+    """The validators did not vouch for the mint within the wait; it stays pending in the
+    wallet while it can still be funded (then `finish_pending` completes it)."""
 
     code = "mint_unfunded"
+
+
+class MintLost(ProtocolError):
+    """A mint that landed is no longer on the chain (pruned past the retention window)."""
+
+    code = "mint_lost"
 
 
 async def wait_funded(
@@ -68,11 +92,137 @@ async def wait_funded(
             raise MintUnfunded(
                 f"mint {mint_id} was not funded within {timeout_s:.0f} s "
                 f"({len(vouched) if isinstance(vouched, list) else 0} validators vouched): "
-                "nothing was charged",
+                "nothing is charged unless the validators vouch for it before its epoch "
+                f"+ {FUND_EPOCHS} ends; it stays in your credit file until then",
                 hint="deposit to your balance at the escrow's own address (`planet balance "
-                "deposit --gateway <escrow>`), wait for it to be mined, and buy again",
+                "deposit --gateway <escrow>`), wait for it to be mined, then run `planet "
+                "credits finish`",
             )
         await asyncio.sleep(poll_s)
+
+
+async def _record(link: CommitteeLink, mint_id: str) -> dict[str, object] | None:
+    try:
+        record = await link.query("/mints", id=mint_id)
+    except RemoteError as error:
+        if error.code == NOT_FOUND_QUERY:
+            return None
+        raise
+    return record if isinstance(record, dict) else None
+
+
+Gather = Callable[[str], Awaitable[dict[str, list[bytes]]]]
+
+
+def signatures_from(validator_rpcs: Sequence[str], timeout_s: float) -> Gather:
+    """Each validator's own blind signatures for a mint: {validator address: [signature]}
+    (a validator that does not answer is logged and left out; `finalize` decides)."""
+
+    async def gather(mint_id: str) -> dict[str, list[bytes]]:
+        answers: dict[str, list[bytes]] = {}
+        for url in validator_rpcs:
+            one = CommitteeLink([url], timeout_s=timeout_s)
+            try:
+                answer = await one.query("/credit_signatures", mint=mint_id)
+            except PlanetError as error:
+                log.warning("validator %s gave no signatures: %s", url, error.message)
+                continue
+            finally:
+                await one.close()
+            for address, signatures in answer["signatures"].items():
+                answers[address] = [bytes.fromhex(s) for s in signatures]
+        return answers
+
+    return gather
+
+
+async def complete(
+    link: CommitteeLink,
+    gather: Gather,
+    wallet: CreditWallet,
+    pending: PendingMint,
+    *,
+    timeout_s: float,
+    fund_timeout_s: float,
+    progress: Callable[[str], None] = log.info,
+) -> list[Credit]:
+    """Take one purchase in flight to credits in the wallet (module docstring's table)."""
+    identifier, epoch = pending.mint_id, pending.request.body.epoch
+    current = int((await link.query("/credit_keys"))["epoch"])  # the next block's epoch
+    record = await _record(link, identifier)
+    if record is None:
+        if pending.landed:
+            wallet.drop(identifier)
+            raise MintLost(
+                f"mint {identifier} of epoch {epoch} landed but is no longer on the chain: "
+                "it was pruned before its credits were gathered",
+                hint="ask the committee's operators; finish purchases within the retention "
+                "window (`planet credits finish`)",
+            )
+        if current != epoch:
+            wallet.drop(identifier)
+            progress(f"mint {identifier[:18]}… never landed in epoch {epoch}: nothing charged")
+            return []
+        try:
+            sent = await link.submit(pending.request.body)
+            code, text = await link.committed_code(sent.hash, timeout_s=timeout_s)
+        except TxRejectedError as error:
+            code, text = error.tx_code, error.message
+        if code not in (0, MINT_REPLAYED):
+            wallet.drop(identifier)
+            raise MintRefused(code, text)
+        pending = pending.seen_landed()
+        wallet.hold(pending)
+        record = {}
+    elif not pending.landed:
+        pending = pending.seen_landed()
+        wallet.hold(pending)
+    if type(record.get("funded_height")) is not int:
+        if current > epoch + FUND_EPOCHS:
+            wallet.drop(identifier)
+            progress(f"mint {identifier[:18]}… was never funded in time: nothing charged")
+            return []
+        await wait_funded(link, identifier, timeout_s=fund_timeout_s, progress=progress)
+    progress("funded; gathering the validators' blind signatures")
+    finalized = pending.request.finalize(pending.keys, await gather(identifier))
+    wallet.settle(identifier, finalized)
+    return finalized
+
+
+async def finish_pending(
+    validator_rpcs: Sequence[str],
+    wallet: CreditWallet,
+    *,
+    timeout_s: float = 20.0,
+    fund_timeout_s: float = 60.0,
+    progress: Callable[[str], None] = log.info,
+) -> list[Credit]:
+    """Complete every purchase in flight that `wallet` holds; return the credits gained.
+    A purchase that cannot complete now stays pending (its error is logged); one that never can
+    be charged is dropped."""
+    held = wallet.pending()
+    if not held:
+        return []
+    progress(f"finishing {len(held)} purchase(s) in flight from an earlier run")
+    gained: list[Credit] = []
+    link = CommitteeLink(list(validator_rpcs), SigningKey.generate())
+    try:
+        for pending in held:
+            try:
+                gained += await complete(
+                    link,
+                    signatures_from(validator_rpcs, timeout_s),
+                    wallet,
+                    pending,
+                    timeout_s=timeout_s,
+                    fund_timeout_s=fund_timeout_s,
+                    progress=progress,
+                )
+            except PlanetError as error:
+                progress(f"mint {pending.mint_id[:18]}…: {error.message}")
+    finally:
+        await link.close()
+    return gained
 
 
 async def buy_credits(
@@ -86,7 +236,15 @@ async def buy_credits(
     fund_timeout_s: float = 60.0,
     progress: Callable[[str], None] = log.info,
 ) -> list[Credit]:
-    """Mint `count` credits paid from `payer_key`'s prepaid balance; store and return them."""
+    """Mint `count` credits paid from `payer_key`'s prepaid balance; store and return them
+    (credits of purchases finished from earlier runs go to the wallet, not into this list)."""
+    await finish_pending(
+        validator_rpcs,
+        wallet,
+        timeout_s=timeout_s,
+        fund_timeout_s=fund_timeout_s,
+        progress=progress,
+    )
     link = CommitteeLink(list(validator_rpcs), SigningKey.generate())
     try:
         params = await link.query("/params")
@@ -94,9 +252,9 @@ async def buy_credits(
         evm, credits = genesis.get("evm") or {}, genesis.get("credits")
         if not credits or not evm.get("escrow_address"):
             raise ProtocolError("this committee does not sell credits (no genesis credits)")
-        keys = epoch_keys_from_query(await link.query("/credit_keys"))
+        keys_answer = await link.query("/credit_keys")
         request = MintRequest.create(
-            keys,
+            epoch_keys_from_query(keys_answer),
             count,
             payer_key,
             int(credits["price_wei"]),
@@ -104,26 +262,16 @@ async def buy_credits(
             evm["escrow_address"],
             expiry,
         )
-        sent = await link.submit(request.body)
-        code, text = await link.committed_code(sent.hash, timeout_s=timeout_s)
-        if code != 0:
-            raise MintRefused(code, text)
-        await wait_funded(link, request.mint_id, timeout_s=fund_timeout_s, progress=progress)
-        progress("funded; gathering the validators' blind signatures")
+        pending = PendingMint(request, keys_answer)
+        wallet.hold(pending)  # on disk before anything is sent: nothing paid is ever lost
+        return await complete(
+            link,
+            signatures_from(validator_rpcs, timeout_s),
+            wallet,
+            pending,
+            timeout_s=timeout_s,
+            fund_timeout_s=fund_timeout_s,
+            progress=progress,
+        )
     finally:
         await link.close()
-    answers: dict[str, list[bytes]] = {}
-    for url in validator_rpcs:
-        one = CommitteeLink([url], timeout_s=timeout_s)
-        try:
-            answer = await one.query("/credit_signatures", mint=request.mint_id)
-        except PlanetError as error:
-            log.warning("validator %s gave no signatures: %s", url, error.message)
-            continue
-        finally:
-            await one.close()
-        for address, signatures in answer["signatures"].items():
-            answers[address] = [bytes.fromhex(s) for s in signatures]
-    finalized = request.finalize(keys, answers)
-    wallet.add(finalized)
-    return finalized

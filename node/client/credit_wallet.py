@@ -7,23 +7,32 @@
                                                   gathered from each validator's
                                                   /credit_signatures?mint=<request.mint_id>
     wallet = CreditWallet(path); wallet.add(credits); wallet.take(n)   spend n credits
+    wallet.hold(pending); wallet.pending()
+    wallet.settle(mint_id, credits); wallet.drop(mint_id)
+                                                  a purchase in flight (`PendingMint`): written
+                                                  before its mint tx is sent, so a client that
+                                                  dies after paying finishes it on the next run
 
 Everything that links a credit to its mint stays in this process and in the wallet file (mode
-0600): the nonces, the RFC 9474 prefixes and the blinding inverses. The mint tx and the
-signers see blinded messages only (uniformly random units mod each validator's modulus). A
-credit is finalized only with signatures of validators holding ≥ 2/3 of the epoch's power; a
-signer whose answer does not unblind to a valid signature is left out (its answer named in
-`MintIncomplete` when too few remain).
+0600): the nonces, the RFC 9474 prefixes and the blinding inverses. The file is changed under
+an exclusive lock (`<file>.lock`), so two `planet credits` runs at once lose nothing. The
+mint tx and the signers see blinded messages only (uniformly random units mod each validator's
+modulus). A credit is finalized only with signatures of validators holding ≥ 2/3 of the
+epoch's power; a signer whose answer does not unblind to a valid signature is left out (its
+answer named in `MintIncomplete` when too few remain).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import secrets
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from protocol import blindrsa
 from protocol.committee.credits import Mint
@@ -35,10 +44,11 @@ from protocol.credits import (
     EpochKeys,
     check_credit,
     credit_message,
+    epoch_keys_from_query,
     mint_id,
 )
 from protocol.eip712 import address_of
-from protocol.errors import ProtocolError
+from protocol.errors import ProtocolError, UsageError
 from protocol.payment import payment_domain
 
 
@@ -110,6 +120,38 @@ class MintRequest:
         )
         return cls(body=body, mint_id=identifier, secrets=tuple(secret_list))
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mint_id": self.mint_id,
+            "body": self.body.to_json(),
+            "secrets": [
+                {
+                    "prepared": secret.prepared.hex(),
+                    "inverses": {a: format(v, "x") for a, v in sorted(secret.inverses.items())},
+                }
+                for secret in self.secrets
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any) -> MintRequest:
+        """A request as `to_json` wrote it; the mint id is recomputed from the body and must
+        match (`ProtocolError` otherwise: the file was altered)."""
+        body = Mint.from_json(doc["body"])
+        identifier = mint_id(body.payer, body.epoch, body.blinded)
+        if identifier != doc["mint_id"]:
+            raise ProtocolError(f"pending mint {doc['mint_id']}: its body is of mint {identifier}")
+        secret_list = tuple(
+            _Secret(
+                bytes.fromhex(item["prepared"]),
+                {str(a): int(v, 16) for a, v in item["inverses"].items()},
+            )
+            for item in doc["secrets"]
+        )
+        if len(secret_list) != body.count:
+            raise ProtocolError(f"pending mint {identifier}: {len(secret_list)} secrets")
+        return cls(body=body, mint_id=identifier, secrets=secret_list)
+
     def finalize(self, keys: EpochKeys, answers: Mapping[str, list[bytes]]) -> list[Credit]:
         """Unblind every signer's answer; each credit keeps the signatures that verify and must
         reach 2/3 of the power (`MintIncomplete` otherwise)."""
@@ -139,43 +181,141 @@ class MintRequest:
         return credits
 
 
+@dataclass(frozen=True)
+class PendingMint:
+    """A purchase not yet in the wallet: the request, the `/credit_keys` answer of its epoch
+    (to finalize with, whatever epoch it is later) and whether its mint tx was seen committed."""
+
+    request: MintRequest
+    keys_answer: Mapping[str, Any]
+    landed: bool = False
+
+    @property
+    def mint_id(self) -> str:
+        return self.request.mint_id
+
+    @property
+    def keys(self) -> EpochKeys:
+        return epoch_keys_from_query(self.keys_answer)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.request.to_json(), "keys": dict(self.keys_answer), "landed": self.landed}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> PendingMint:
+        pending = cls(MintRequest.from_json(doc), dict(doc["keys"]), bool(doc["landed"]))
+        if pending.keys.epoch != pending.request.body.epoch:
+            raise ProtocolError(f"pending mint {pending.mint_id}: keys of another epoch")
+        return pending
+
+    def seen_landed(self) -> PendingMint:
+        return replace(self, landed=True)
+
+
+@dataclass
+class _Contents:
+    credits: list[Credit]
+    pending: list[PendingMint]
+
+
 class CreditWallet:
-    """Finalized credits in a JSON file (mode 0600): `add`, `take`, `count`."""
+    """Finalized credits and purchases in flight in a JSON file (mode 0600)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def _load(self) -> list[Credit]:
-        if not self.path.exists():
-            return []
-        doc = json.loads(self.path.read_text())
-        return [
-            Credit(
-                epoch=item[0],
-                prepared=bytes.fromhex(item[1]),
-                signatures=tuple((a, bytes.fromhex(s)) for a, s in item[2]),
-            )
-            for item in doc["credits"]
-        ]
-
-    def _save(self, credits: list[Credit]) -> None:
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _load(self) -> _Contents:
+        if not self.path.exists():
+            return _Contents([], [])
+        try:
+            doc = json.loads(self.path.read_text())
+            credits = [
+                Credit(
+                    epoch=item[0],
+                    prepared=bytes.fromhex(item[1]),
+                    signatures=tuple((a, bytes.fromhex(s)) for a, s in item[2]),
+                )
+                for item in doc["credits"]
+            ]
+            pending = [PendingMint.from_json(item) for item in doc.get("pending", [])]
+        except (ValueError, KeyError, TypeError, IndexError, ProtocolError) as error:
+            raise UsageError(
+                f"{self.path} is not a credit file ({type(error).__name__}: {error})",
+                hint="restore it from a backup: it holds bearer credits and paid purchases",
+            ) from None
+        return _Contents(credits, pending)
+
+    def _save(self, contents: _Contents) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
-            json.dump({"credits": [credit.to_json() for credit in credits]}, handle)
+            json.dump(
+                {
+                    "credits": [credit.to_json() for credit in contents.credits],
+                    "pending": [item.to_json() for item in contents.pending],
+                },
+                handle,
+            )
+            handle.flush()
+            os.fsync(handle.fileno())
         tmp.replace(self.path)
 
     def add(self, credits: list[Credit]) -> None:
-        self._save(self._load() + list(credits))
+        with self._locked():
+            contents = self._load()
+            contents.credits.extend(credits)
+            self._save(contents)
 
     def count(self) -> int:
-        return len(self._load())
+        return len(self._load().credits)
 
     def take(self, n: int) -> list[Credit]:
         """Remove and return the `n` oldest credits (ProtocolError when fewer are held)."""
-        held = self._load()
-        if n > len(held):
-            raise ProtocolError(f"the wallet holds {len(held)} credits, {n} asked")
-        self._save(held[n:])
+        with self._locked():
+            contents = self._load()
+            held = contents.credits
+            if n > len(held):
+                raise ProtocolError(f"the wallet holds {len(held)} credits, {n} asked")
+            contents.credits = held[n:]
+            self._save(contents)
         return held[:n]
+
+    # -- purchases in flight -------------------------------------------------------------------
+
+    def pending(self) -> list[PendingMint]:
+        return self._load().pending
+
+    def hold(self, pending: PendingMint) -> None:
+        """Record (or update) a purchase in flight, on disk before this returns."""
+        with self._locked():
+            contents = self._load()
+            contents.pending = [p for p in contents.pending if p.mint_id != pending.mint_id]
+            contents.pending.append(pending)
+            self._save(contents)
+
+    def settle(self, mint_id: str, credits: list[Credit]) -> None:
+        """Add a purchase's finalized credits and forget the purchase, in one write."""
+        with self._locked():
+            contents = self._load()
+            if not any(p.mint_id == mint_id for p in contents.pending):
+                raise ProtocolError(f"no pending mint {mint_id} (settled by another run?)")
+            contents.pending = [p for p in contents.pending if p.mint_id != mint_id]
+            contents.credits.extend(credits)
+            self._save(contents)
+
+    def drop(self, mint_id: str) -> None:
+        """Forget a purchase that can never be charged."""
+        with self._locked():
+            contents = self._load()
+            contents.pending = [p for p in contents.pending if p.mint_id != mint_id]
+            self._save(contents)

@@ -4,7 +4,9 @@ The validator's key is generated into `<home>/credit_keys/` and published with a
 tx; a payer buys credits (`buy_credits`: the mint through `broadcast_tx_sync`, the app's blind
 signatures through CometBFT's `abci_query /credit_signatures`, finalized into the wallet), a
 registered compute node redeems them: accepted once, then refused as `CREDIT_SPENT`, and an
-altered credit as `CREDIT_INVALID`; the node's credited work shows in `/credits`.
+altered credit as `CREDIT_INVALID`; the node's credited work shows in `/credits`. A `planet
+credits buy` killed with SIGKILL while its mint waits for funding leaves the purchase in its
+credit file, and `planet credits finish` turns it into credits once it is funded.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -49,13 +53,14 @@ LAYER_TOKENS = 4096
 
 
 @contextlib.contextmanager
-def _vouching(net: Any, first_nonce: int) -> Iterator[None]:
+def _vouching(net: Any) -> Iterator[None]:
     """While open, the validator sends `fund_mint` for every mint waiting for funding."""
     stop = threading.Event()
     key = validator_key(net.home)
+    signer = key.verify_key.encode().hex()
 
     def vouch() -> None:
-        nonce, done = first_nonce, set()
+        nonce, done = net.query(f"/nonce?account={signer}")["nonce"] + 1, set()
         while not stop.wait(0.3):
             for mint in net.query("/mints?pending=true")["mints"]:
                 if mint["id"] not in done:
@@ -71,6 +76,10 @@ def _vouching(net: Any, first_nonce: int) -> Iterator[None]:
     finally:
         stop.set()
         thread.join(timeout=10)
+
+
+def _mints_of(net: Any, payer: bytes) -> list[dict[str, Any]]:
+    return net.query(f"/mints?payer={address_of(payer).lower()}")["mints"]
 
 
 def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
@@ -113,7 +122,7 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
         wallet = CreditWallet(tmp_path / "wallet.json")
         # no EVM here: the validator vouches for every mint itself, as its watcher does for
         # a covered one (tests/integration/test_agent_watcher.py runs the real watcher)
-        with _vouching(net, first_nonce=2):
+        with _vouching(net):
             credits = asyncio.run(
                 buy_credits([net.rpc], payer, 3, wallet, expiry=int(time.time()) + 3600)
             )
@@ -127,6 +136,27 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
             argv += ["--password-file", str(password), "--credits-file", str(cli_file)]
             assert main(argv) == 0
             assert CreditWallet(cli_file).count() == 2
+
+        # a buyer killed (-9) while the validators check its balance loses nothing: the next
+        # run (`planet credits finish`) gathers the signatures of the mint it paid for
+        killed_file = tmp_path / "killed-credits.json"
+        argv = [*argv[:-1], str(killed_file), "--wait", "300"]
+        buyer = subprocess.Popen([sys.executable, "-m", "node.cli.main", *argv])
+        try:
+            deadline = time.monotonic() + 60
+            while not [m for m in _mints_of(net, payer) if m["funded_height"] is None]:
+                assert buyer.poll() is None and time.monotonic() < deadline, "mint never landed"
+                time.sleep(0.2)
+        finally:
+            buyer.kill()
+            buyer.wait(timeout=10)
+        killed = CreditWallet(killed_file)
+        assert killed.count() == 0 and len(killed.pending()) == 1
+        finish = ["credits", "finish", "--committee-rpc", net.rpc, "--credits-file"]
+        with _vouching(net):
+            assert main([*finish, str(killed_file)]) == 0
+        assert killed.count() == 2 and killed.pending() == []
+        assert all(m["funded_height"] is not None for m in _mints_of(net, payer))
 
         spend = wallet.take(2)
         first = net.submit(sign(Redeem("m", 0, tuple(spend)), node_key, 2).encode())

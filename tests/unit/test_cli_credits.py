@@ -30,6 +30,7 @@ def test_parse_count_bounds() -> None:
         (["credits", "buy"], "needs a number"),
         (["credits", "buy", "0"], "out of range"),
         (["credits", "show", "3"], "takes no count"),
+        (["credits", "finish", "3"], "takes no count"),
         (["credits", "buy", "2", "--ttl", "5"], "--ttl"),
         (["credits", "buy", "2", "--ttl", "8d"], "--ttl"),
         (["credits", "buy", "2", "--wait", "0"], "--wait"),
