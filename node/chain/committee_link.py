@@ -13,6 +13,12 @@ validator RPC when one is unreachable, and turns answers into typed values:
     hash = await link.broadcast(raw)       # bytes the caller signed (it keeps the nonces)
     found = await link.find_tx(hash)       # None until a block holds it
 
+Two processes signing with one key — a validator's stake watcher and its verifier both sign
+with the consensus key — share one nonce sequence through `nonce_file` (in the validator's
+home, `signer_nonce_file(home)`): each nonce is taken from it under an exclusive lock held until
+the tx is through CheckTx, so the two never sign the same nonce and their txs reach the mempool
+in nonce order. Without the file, `send` still recovers a nonce the other process took.
+
 Every failure is a `PlanetError`: `UnavailableError` when no validator answers,
 `TxRejectedError` when CheckTx refuses a tx, `RemoteError` for an app error answer.
 Callers decide whether to retry (see `node.retry`).
@@ -21,11 +27,15 @@ Callers decide whether to retry (see `node.retry`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -47,6 +57,12 @@ IN_CACHE = "tx already exists in cache"
 SEND_TRIES = 3  # a tx whose nonce another signer took is signed again (send)
 LANDED_POLL_S = 0.25  # send: how often it looks for its tx and the signer's committed nonce
 LANDED_GRACE_POLLS = 4  # ... and how long the tx index may lag a used nonce (4 × 0.25 s)
+NONCE_LOCK_POLL_S = 0.005  # how often a signer retries the shared nonce file's lock
+
+
+def signer_nonce_file(home: Path) -> Path:
+    """The nonce file the processes signing with a validator's consensus key share."""
+    return home / "data" / "planet_signer_nonce"
 
 
 @dataclass(frozen=True)
@@ -61,12 +77,18 @@ class CommitteeLink:
     """Signed submissions and queries over a list of validator RPC URLs (failover in order)."""
 
     def __init__(
-        self, urls: Sequence[str], key: SigningKey | None = None, *, timeout_s: float = 10.0
+        self,
+        urls: Sequence[str],
+        key: SigningKey | None = None,
+        *,
+        timeout_s: float = 10.0,
+        nonce_file: Path | None = None,
     ) -> None:
         if not urls:
             raise ValueError("at least one committee RPC URL is needed")
         self.urls = [u.rstrip("/") for u in urls]
         self.key = key
+        self.nonce_file = nonce_file
         self.signer = key.verify_key.encode().hex() if key is not None else ""
         self.timeout_s = timeout_s
         self._clients = [CommitteeRpc(u, timeout_s=timeout_s) for u in self.urls]
@@ -151,11 +173,51 @@ class CommitteeLink:
         async with self._submitting:  # one nonce per tx, also for concurrent callers
             return await self._submit(body, binary)
 
+    @contextlib.asynccontextmanager
+    async def _shared_nonce(self) -> AsyncIterator[int | None]:
+        """With a nonce file: hold its lock (polled, so the event loop runs) and yield the last
+        nonce any process took from it (0 when none yet); otherwise yield None."""
+        if self.nonce_file is None:
+            yield None
+            return
+        self.nonce_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.nonce_file, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(NONCE_LOCK_POLL_S)
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            yield int(text) if text.isdigit() else 0
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _take_shared(self, nonce: int) -> None:
+        """Record `nonce` as taken in the nonce file (called with its lock held)."""
+        if self.nonce_file is not None:
+            fd = os.open(self.nonce_file, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(nonce).encode(), 0)
+            finally:
+                os.close(fd)
+
     async def _submit(self, body: Any, binary: bool) -> Submitted:
+        async with self._shared_nonce() as shared:
+            return await self._submit_locked(body, binary, shared)
+
+    async def _submit_locked(self, body: Any, binary: bool, shared: int | None) -> Submitted:
         for attempt in (1, 2):
             if self._next_nonce is None:
                 self._next_nonce = await self._fetch_nonce()
+            if shared is not None:  # another process may have signed since
+                self._next_nonce = max(self._next_nonce, shared + 1)
             nonce = self._next_nonce
+            self._take_shared(nonce)
+            if shared is not None:
+                shared = nonce
             if binary:
                 raw = sign_batch(body, self.key, nonce).raw
             else:

@@ -92,7 +92,7 @@ def spot_checker(
 
 
 async def serve(config: VerifierConfig) -> int:
-    from node.chain.committee_link import CommitteeLink
+    from node.chain.committee_link import CommitteeLink, signer_nonce_file
     from node.chain.evm.account import PlanetChain
     from node.chain.evm.deployment import Deployment
     from node.keys import load_or_create_wallet
@@ -114,7 +114,9 @@ async def serve(config: VerifierConfig) -> int:
     reference.check_registered(
         registered, await asyncio.to_thread(chain.registry.shard_hashes_of, model_id)
     )
-    link = CommitteeLink(list(config.committee_rpc), key)
+    link = CommitteeLink(
+        list(config.committee_rpc), key, nonce_file=signer_nonce_file(config.settings.home)
+    )
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
     try:
         await link.params()  # the committee answers

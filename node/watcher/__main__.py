@@ -28,7 +28,7 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from node.chain.committee_link import CommitteeLink
+from node.chain.committee_link import CommitteeLink, signer_nonce_file
 from node.chain.evm.deployment import Deployment
 from node.keys import operator_key_path, read_operator_key
 from node.procs import run_service
@@ -75,7 +75,7 @@ async def run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    link = CommitteeLink(args.committee_rpc, key)
+    link = CommitteeLink(args.committee_rpc, key, nonce_file=signer_nonce_file(args.home))
     backoff = Backoff(initial_s=0.5, max_s=10.0)
     reader: StakingReader | None = None
     watcher: StakeWatcher | None = None

@@ -228,3 +228,34 @@ async def test_link_broadcasts_signed_bytes_as_given_and_reads_nonce_and_tx() ->
     with pytest.raises(TxRejectedError):
         await link.broadcast(raw)
     assert await link.committed_nonce() == 9
+
+
+async def test_two_processes_signing_with_one_key_share_its_nonces_through_the_file(
+    tmp_path,
+) -> None:
+    """A validator's watcher and verifier sign with its consensus key from two processes (two
+    links here, each its own nonce counter): through the shared nonce file they never sign one
+    nonce twice, and the txs reach the validator's mempool in nonce order (a tx that overtook
+    a lower nonce would make that one fail in its block). Without the file they collide."""
+    rpc = FakeRpc("http://a")
+    nonce_file = tmp_path / "data" / "planet_signer_nonce"
+    watcher, verifier = (
+        CommitteeLink([rpc.url], SigningKey(b"\x01" * 32), nonce_file=nonce_file) for _ in "ab"
+    )
+    for link in (watcher, verifier):
+        link._clients = [rpc]  # type: ignore[assignment]
+    await asyncio.gather(
+        *(link.submit(Heartbeat()) for _ in range(6) for link in (watcher, verifier))
+    )
+    nonces = [decode(raw).nonce for raw in rpc.broadcast]
+    assert nonces == list(range(5, 17))  # 12 txs, each nonce once, broadcast in order
+    assert nonce_file.read_text() == "16"
+    rpc.committed_nonce = 40  # txs signed elsewhere meanwhile: the chain's count still wins
+    watcher._next_nonce = None
+    assert (await watcher.submit(Heartbeat())).nonce == 41
+    assert (await verifier.submit(Heartbeat())).nonce == 42
+
+    alone = FakeRpc("http://b")
+    apart = [_link(alone), _link(alone)]
+    await asyncio.gather(*(link.submit(Heartbeat()) for link in apart))
+    assert [decode(raw).nonce for raw in alone.broadcast] == [5, 5]  # what the file prevents
