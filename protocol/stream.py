@@ -28,6 +28,8 @@ capability. `next: null` marks the last hop: it sends its output back on the cli
 next hop, whose TLS handshake must prove it (the node pins it when it dials), optional for a
 plaintext one.
 Errors about a session always go to the client's link of the hop that refused, by name.
+Frames may follow an open or an attach on the same link at once (the receiving hop holds them
+until that control message is handled), so no round trip comes before a session's first pass.
 """
 
 from __future__ import annotations

@@ -310,17 +310,22 @@ class CircuitClient:
         """A fresh sid for `open` (so a caller knows it even when the open fails)."""
         return next(self._sids)
 
-    async def open(self, secret: str, sid: int | None = None) -> int:
+    async def open(self, secret: str, sid: int | None = None, *, wait: bool = True) -> int:
         """Open the session on every hop at once (one round trip, not one per hop: a hop whose
         upstream attaches before the client's open arrived waits for it); returns the sid that
-        names it on the client's links. The first refusal closes the session everywhere."""
+        names it on the client's links. The first refusal closes the session everywhere.
+
+        `wait=False` returns once the opens are sent: the caller's frames may follow at once
+        (each hop holds a session's frames until its open, or its upstream's attach, settled),
+        which takes the open's round trips off the first token (4 one-way delays, not 8, on a
+        3-hop circuit). A refusal then comes out of `receive` by name, its hop blamed."""
         if not self.links:
             raise RuntimeError("CircuitClient used outside `async with`")
         sid = self.new_sid() if sid is None else sid
         self.outputs[sid] = asyncio.Queue()
         caps, feeds = self.capabilities(secret), self.feeds(secret)
         last = len(self.hops) - 1
-        requests = []
+        bodies = []
         for index in range(last, -1, -1):  # last first: its open is the first on its way
             nxt = None
             if index < last:
@@ -329,9 +334,22 @@ class CircuitClient:
             body = open_message(
                 sid, caps[index], self.hops[index].shard, feeds[index] if index else None, nxt
             )
-            requests.append(
-                asyncio.create_task(self.links[index].request(body, sid, self.request_timeout_s))
-            )
+            bodies.append((index, body))
+        if not wait:
+            for index, body in bodies:
+                try:
+                    await self.links[index].ws.send_json(body)
+                except (ConnectionError, RuntimeError) as error:
+                    self.blame_hop(sid, index)
+                    await self.close(sid)
+                    raise UnavailableError(
+                        f"node {self.hops[index].url} stream failed: {error}"
+                    ) from None
+            return sid
+        requests = [
+            asyncio.create_task(self.links[index].request(body, sid, self.request_timeout_s))
+            for index, body in bodies
+        ]
         try:
             done, pending = await asyncio.wait(requests, return_when=asyncio.FIRST_EXCEPTION)
             failed = [task for task in done if task.exception() is not None]

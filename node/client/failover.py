@@ -87,7 +87,7 @@ class Circuit(Protocol):
 
     def new_sid(self) -> int: ...
 
-    async def open(self, secret: str, sid: int | None = None) -> int: ...
+    async def open(self, secret: str, sid: int | None = None, *, wait: bool = True) -> int: ...
 
     async def close(self, sid: int) -> None: ...
 
@@ -239,7 +239,7 @@ async def generate(
                 sent0, received0 = client.bytes_sent, client.bytes_received
                 try:
                     opened_s = time.perf_counter()
-                    await client.open(new_session_id(), sid)
+                    await client.open(new_session_id(), sid, wait=False)
                     history = prompt + fed
                     first = chosen == 0
                     out = await client.prefill(

@@ -110,12 +110,22 @@ class DownLink:
             if not future.done():
                 future.set_exception(DownstreamError(f"link to next hop {self.url} closed"))
 
-    async def attach(self, feed: str) -> int:
+    async def attach(self, feed: str) -> tuple[int, asyncio.Future[None]]:
+        """Send an attach; returns its sid at once (frames for it may follow on this link: the
+        next hop holds them until the attach settles) and the future of the next hop's answer
+        (`wait_attached`)."""
         sid = self._next_sid
         self._next_sid += 1
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending[sid] = future
-        await self.send_json({"op": "attach", "sid": sid, "feed": feed})
+        try:
+            await self.send_json({"op": "attach", "sid": sid, "feed": feed})
+        except DownstreamError:
+            self._pending.pop(sid, None)
+            raise
+        return sid, future
+
+    async def wait_attached(self, sid: int, future: asyncio.Future[None]) -> None:
         try:
             async with asyncio.timeout(ATTACH_TIMEOUT_S):
                 await future
@@ -123,7 +133,6 @@ class DownLink:
             raise DownstreamError(f"next hop {self.url} did not answer the attach") from None
         finally:
             self._pending.pop(sid, None)
-        return sid
 
     async def send_json(self, body: dict[str, Any]) -> None:
         try:
@@ -208,8 +217,11 @@ class Route:
     reply: web.WebSocketResponse  # the client's link: errors, and the last hop's outputs
     reply_sid: int
     feed_tag: str | None = None  # an upstream attaches with the feed whose tag this is
+    forwards: bool = False  # not the last hop: outputs go to `down` once the attach is sent
     down: DownLink | None = None
     down_sid: int = 0
+    # set once the attach to the next hop is sent (down, down_sid known) or failed (down None)
+    down_sent: asyncio.Event = field(default_factory=asyncio.Event)
     frames: int = 0  # frames of this session queued or computing here
 
 
@@ -224,6 +236,10 @@ class _Link:
     inbound: dict[int, Route] = field(default_factory=dict)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     attach_waits: int = 0  # attaches on this link waiting for their session's open
+    # sids whose open or attach is being handled: their frames, sent right behind the control
+    # message (a client does not wait for `opened`, an upstream hop not for `attached`), wait
+    # for it here instead of being refused as unknown
+    settling: dict[int, asyncio.Future[None]] = field(default_factory=dict)
 
 
 async def _send(state: NodeState, ws: web.WebSocketResponse, data: bytes | dict[str, Any]) -> None:
@@ -252,6 +268,31 @@ def _close_route(state: NodeState, route: Route) -> None:
 
 
 async def _open(state: NodeState, link: _Link, control: Control) -> None:
+    settled = _settling(link, control.sid)
+    try:
+        await _open_settling(state, link, control, settled)
+    finally:
+        _settled(link, control.sid, settled)
+
+
+def _settling(link: _Link, sid: int) -> asyncio.Future[None]:
+    """Frames of `sid` arriving from now on wait for this future (`_data`)."""
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    if sid not in link.settling:
+        link.settling[sid] = future
+    return future
+
+
+def _settled(link: _Link, sid: int, future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+    if link.settling.get(sid) is future:
+        del link.settling[sid]
+
+
+async def _open_settling(
+    state: NodeState, link: _Link, control: Control, settled: asyncio.Future[None]
+) -> None:
     backend = state.backend
     if control.shard != backend.shard_id:
         raise WrongShardError(int(control.shard or 0), backend.shard_id)
@@ -279,10 +320,17 @@ async def _open(state: NodeState, link: _Link, control: Control) -> None:
             if not waiter.done():
                 waiter.set_result(route)
     if control.next is not None:
+        route.forwards = True
+        settled.set_result(None)  # frames may compute now; their outputs wait for `down_sent`
         try:
-            route.down = await state.links.get(control.next.url, control.next.key)
-            route.down_sid = await route.down.attach(control.next.feed)
+            down = await state.links.get(control.next.url, control.next.key)
+            route.down_sid, answer = await down.attach(control.next.feed)
+            route.down = down
+            route.down_sent.set()
+            await down.wait_attached(route.down_sid, answer)
         except FrameError:  # unreachable, refused, or not the node key the open names
+            route.down = None
+            route.down_sent.set()
             link.opened.pop(control.sid, None)
             link.inbound.pop(control.sid, None)
             _close_route(state, route)
@@ -299,7 +347,16 @@ async def _open(state: NodeState, link: _Link, control: Control) -> None:
 
 async def _attach(state: NodeState, link: _Link, control: Control) -> None:
     """An upstream hop attaches to a session by its feed token; the session's open may still
-    be on its way from the client (opens go to every hop at once): wait for it, bounded."""
+    be on its way from the client (opens go to every hop at once): wait for it, bounded. The
+    upstream hop's frames for it may follow at once: they wait until this settles."""
+    settled = _settling(link, control.sid)
+    try:
+        await _attach_settling(state, link, control)
+    finally:
+        _settled(link, control.sid, settled)
+
+
+async def _attach_settling(state: NodeState, link: _Link, control: Control) -> None:
     if control.feed is None:  # parse_control sets it for every "attach"
         raise BadControlError("attach needs a feed token")
     if control.sid in link.inbound:
@@ -359,6 +416,9 @@ async def _data(state: NodeState, link: _Link, data: bytes) -> None:
     except FrameError as error:
         await _refuse(state, link.ws, 0, error)
         return
+    settling = link.settling.get(header.sid)
+    if settling is not None:
+        await settling  # its open or attach is being handled (bounded by their timeouts)
     route = link.inbound.get(header.sid)
     if route is None:
         await _refuse(state, link.ws, header.sid, UnknownStreamError(f"sid {header.sid} unknown"))
@@ -440,7 +500,7 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
                 raise SessionExpiredError(short_tag(session.tag))
             after_forward(state, session.tag, header.start, hidden, out)
             start, count = header.start, header.count
-            last = route.down is None
+            last = not route.forwards
             if last and header.last_only and count > 1:
                 out = out[:, -1:, :]
                 start, count = start + count - 1, 1
@@ -464,7 +524,15 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
                     header.rewind,
                 )
                 await _send(state, route.reply, pack_frame(out_header, encoded))
-            elif route.down is not None:
+            else:
+                if not route.down_sent.is_set():
+                    try:
+                        async with asyncio.timeout(ATTACH_TIMEOUT_S):
+                            await route.down_sent.wait()
+                    except TimeoutError:
+                        raise DownstreamError("the next hop was not dialled in time") from None
+                if route.down is None:
+                    return  # the attach failed: the open refused the session by name
                 out_header = FrameHeader(
                     route.down_sid,
                     start,

@@ -23,8 +23,9 @@ from node.server.app import STATE_KEY
 from node.server.config import ServerConfig
 from node.server.next_hops import ForwardAny, ForwardNone
 from protocol.errors import BusyError, ConfigError, RemoteError
-from protocol.frames.header import FrameHeader, pack_frame
-from protocol.stream import MAX_SESSION_FRAMES
+from protocol.frames.codecs import decode_values, encode_body
+from protocol.frames.header import FrameHeader, pack_frame, parse_frame
+from protocol.stream import MAX_SESSION_FRAMES, NextHop, open_message
 from tests.doubles.fake_shard import FakeShard
 from tests.unit.fake_head import FakeHead, H
 from tests.unit.stream_circuit import serve_circuit
@@ -421,3 +422,70 @@ async def test_stream_open_fails_with_the_first_refusal_not_the_upstream_wait(
             async with asyncio.timeout(10):  # not hop 0's 30 s attach wait
                 with pytest.raises(BusyError):
                     await client.open("s" * 43)
+
+
+async def _next_control(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+    message = await ws.receive(timeout=10)
+    assert message.type == aiohttp.WSMsgType.TEXT, message.type
+    return json.loads(message.data)
+
+
+async def test_stream_frames_right_behind_the_opens_flow_through_a_late_hop(aiohttp_server):
+    """A client sends the opens and the prompt without waiting for `opened` (the first token
+    then costs the data path only): hop 0 computes the frame while its attach is on its way and
+    forwards it behind the attach; hop 1, whose open from the client comes last, holds that
+    frame until its open arrives. The output comes from the last hop, once, with every shard's
+    offset; no hop refuses a frame or answers it as if it were last."""
+    _, hops = await _nodes(aiohttp_server, 3)
+    caps, feeds = ["a" * 43, "b" * 43, "c" * 43], [None, "e" * 43, "g" * 43]
+
+    def nxt(index: int) -> NextHop | None:
+        if index == 2:
+            return None
+        return NextHop(url=hops[index + 1].url, shard=index + 1, feed=feeds[index + 1], key=None)
+
+    hidden = np.arange(3 * H, dtype=np.float32).reshape(1, 3, H)
+    frame = pack_frame(
+        FrameHeader(1, 0, 3, "float32", "raw", False), encode_body(hidden, "float32", "raw")
+    )
+    async with aiohttp.ClientSession() as http:
+        links = [await http.ws_connect(f"{hop.url}/v1/stream") for hop in hops]
+        await links[2].send_json(open_message(1, caps[2], 2, feeds[2], nxt(2)))
+        await links[0].send_json(open_message(1, caps[0], 0, None, nxt(0)))
+        await links[0].send_bytes(frame)
+        await asyncio.sleep(0.3)  # hop 0's attach and its frame reach hop 1 before this open
+        await links[1].send_json(open_message(1, caps[1], 1, feeds[1], nxt(1)))
+        assert await _next_control(links[2]) == {"op": "opened", "sid": 1}
+        message = await links[2].receive(timeout=10)
+        assert message.type == aiohttp.WSMsgType.BINARY
+        header, body = parse_frame(message.data, H, 16)
+        assert (header.sid, header.start, header.count) == (1, 0, 3)
+        out = decode_values("float32", "raw", (1, 3, H), body)
+        assert np.array_equal(out, hidden + 6)  # + 1 + 2 + 3
+        for link in links[:2]:  # each earlier hop answered its open, nothing else
+            assert await _next_control(link) == {"op": "opened", "sid": 1}
+            with pytest.raises(asyncio.TimeoutError):
+                await link.receive(timeout=0.3)
+        for link in links:
+            await link.close()
+
+
+async def test_stream_a_refused_open_comes_out_of_the_generation_by_name(aiohttp_server):
+    """The generation does not wait for `opened`: a hop that refuses its open (full) fails
+    the generation with its refusal by name, and the client blames that hop."""
+    from node.client.failover import NO_FAILOVER, FixedCircuit
+    from node.client.failover import generate as generate_on
+
+    _, hops = await _nodes(aiohttp_server, 2, max_sessions=1)
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{hops[1].url}/v1/stream") as ws:
+        squat = {"op": "open", "sid": 1, "session": "q" * 43, "shard": 1, "feed": None}
+        await ws.send_str(json.dumps({**squat, "next": None}))
+        assert json.loads((await ws.receive(timeout=5)).data)["op"] == "opened"
+        async with CircuitClient(hops, hidden_size=H) as client:
+            gen = generate_on(
+                FixedCircuit(client), FakeHead(), [1, 2], max_new_tokens=2, policy=NO_FAILOVER
+            )
+            async with asyncio.timeout(10):
+                with pytest.raises(BusyError):
+                    [t async for t in gen]
+            assert client.suspects(1) == {1}
