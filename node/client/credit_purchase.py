@@ -21,7 +21,8 @@ has it:
     not on the chain, its epoch still open   → the mint tx is sent (again; the id is unique)
     not on the chain, its epoch over         → dropped: it can never be charged
     on the chain, funded                     → signatures gathered, credits into the wallet
-    on the chain, still fundable             → waited for; kept pending when the wait ends
+    on the chain, still fundable             → waited for (until funded, the wait's end or
+                                               the window's end); kept pending while fundable
     on the chain, past its funding window    → dropped: never charged (the chain refuses to
                                                fund it, `MINT_FUND_LATE`)
     landed once, gone now                    → pruned after the retention window: reported
@@ -58,10 +59,15 @@ class MintRefused(ProtocolError):
 
 
 class MintUnfunded(ProtocolError):
-    """The validators did not vouch for the mint within the wait; it stays pending in the
-    wallet while it can still be funded (then `finish_pending` completes it)."""
+    """The validators did not vouch for the mint. `final`: its funding window is over, so it
+    can never be charged (dropped from the wallet); otherwise it stays pending in the wallet
+    while it can still be funded (then `finish_pending` completes it)."""
 
     code = "mint_unfunded"
+
+    def __init__(self, message: str, *, final: bool, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.final = final
 
 
 class MintLost(ProtocolError):
@@ -70,15 +76,23 @@ class MintLost(ProtocolError):
     code = "mint_lost"
 
 
+async def current_epoch(link: CommitteeLink) -> int:
+    """The epoch of the committee's next block (a mint of an earlier epoch can no longer land;
+    one of an epoch before this − FUND_EPOCHS can no longer be funded)."""
+    return int((await link.query("/credit_keys"))["epoch"])
+
+
 async def wait_funded(
     link: CommitteeLink,
     mint_id: str,
+    epoch: int,
     *,
     timeout_s: float,
     poll_s: float = 1.0,
     progress: Callable[[str], None] = log.info,
 ) -> int:
-    """The height that funded mint `mint_id`, polled until `timeout_s` (then `MintUnfunded`)."""
+    """The height that funded mint `mint_id` (of `epoch`), polled until `timeout_s` or until its
+    funding window is over (then `MintUnfunded`, `final` in the second case)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     progress(f"mint {mint_id[:18]}… sent; waiting for the validators to check your balance")
@@ -87,16 +101,27 @@ async def wait_funded(
         funded = record.get("funded_height") if isinstance(record, dict) else None
         if type(funded) is int:
             return funded
-        if loop.time() >= deadline:
-            vouched = record.get("vouched") if isinstance(record, dict) else None
+        vouched = record.get("vouched") if isinstance(record, dict) else None
+        voters = len(vouched) if isinstance(vouched, list) else 0
+        hint = (
+            "deposit to your balance at the escrow's own address (`planet balance deposit "
+            "--gateway <escrow>`), wait for it to be mined, and buy again"
+        )
+        if await current_epoch(link) > epoch + FUND_EPOCHS:
             raise MintUnfunded(
-                f"mint {mint_id} was not funded within {timeout_s:.0f} s "
-                f"({len(vouched) if isinstance(vouched, list) else 0} validators vouched): "
-                "nothing is charged unless the validators vouch for it before its epoch "
-                f"+ {FUND_EPOCHS} ends; it stays in your credit file until then",
-                hint="deposit to your balance at the escrow's own address (`planet balance "
-                "deposit --gateway <escrow>`), wait for it to be mined, then run `planet "
-                "credits finish`",
+                f"mint {mint_id} was not funded by the end of epoch {epoch + FUND_EPOCHS} "
+                f"({voters} validators vouched; your balance did not cover it): nothing was "
+                "charged",
+                final=True,
+                hint=hint,
+            )
+        if loop.time() >= deadline:
+            raise MintUnfunded(
+                f"mint {mint_id} was not funded within {timeout_s:.0f} s ({voters} validators "
+                "vouched): nothing is charged unless the validators vouch for it by the end of "
+                f"epoch {epoch + FUND_EPOCHS}; it stays in your credit file until then",
+                final=False,
+                hint=hint.replace("and buy again", "then run `planet credits finish`"),
             )
         await asyncio.sleep(poll_s)
 
@@ -148,7 +173,7 @@ async def complete(
 ) -> list[Credit]:
     """Take one purchase in flight to credits in the wallet (module docstring's table)."""
     identifier, epoch = pending.mint_id, pending.request.body.epoch
-    current = int((await link.query("/credit_keys"))["epoch"])  # the next block's epoch
+    current = await current_epoch(link)
     record = await _record(link, identifier)
     if record is None:
         if pending.landed:
@@ -182,7 +207,12 @@ async def complete(
             wallet.drop(identifier)
             progress(f"mint {identifier[:18]}… was never funded in time: nothing charged")
             return []
-        await wait_funded(link, identifier, timeout_s=fund_timeout_s, progress=progress)
+        try:
+            await wait_funded(link, identifier, epoch, timeout_s=fund_timeout_s, progress=progress)
+        except MintUnfunded as unfunded:
+            if unfunded.final:
+                wallet.drop(identifier)
+            raise
     progress("funded; gathering the validators' blind signatures")
     finalized = pending.request.finalize(pending.keys, await gather(identifier))
     wallet.settle(identifier, finalized)
@@ -238,12 +268,10 @@ async def buy_credits(
 ) -> list[Credit]:
     """Mint `count` credits paid from `payer_key`'s prepaid balance; store and return them
     (credits of purchases finished from earlier runs go to the wallet, not into this list)."""
+    # purchases an earlier run left: finish those that are ready, without waiting for the rest
+    # (`planet credits finish` waits for them)
     await finish_pending(
-        validator_rpcs,
-        wallet,
-        timeout_s=timeout_s,
-        fund_timeout_s=fund_timeout_s,
-        progress=progress,
+        validator_rpcs, wallet, timeout_s=timeout_s, fund_timeout_s=0.0, progress=progress
     )
     link = CommitteeLink(list(validator_rpcs), SigningKey.generate())
     try:

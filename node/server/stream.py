@@ -44,7 +44,7 @@ from protocol.frames.errors import (
     SessionExpiredError,
     WrongShardError,
 )
-from protocol.frames.header import FrameHeader, pack_frame, parse_frame
+from protocol.frames.header import FrameHeader, frame_sid, pack_frame, parse_frame
 from protocol.frames.sessions import session_tag
 from protocol.links import check_link
 from protocol.stream import (
@@ -67,6 +67,9 @@ ATTACH_TIMEOUT_S = 10.0
 # upstream hop hears the refusal), at most MAX_ATTACH_WAITS of them per link.
 ATTACH_WAIT_S = 5.0
 MAX_ATTACH_WAITS = 64
+# frames held on one link while their session's open or attach is handled: beyond this they are
+# handled at once (a stranger's flood is refused as for an unknown session, not buffered)
+MAX_HELD_BYTES = 64 * 1024**2
 _FROM_PEERS = frozenset({"open", "close", "attach"})
 _TO_UPSTREAM = frozenset({"attached", "error", "closed"})
 
@@ -236,10 +239,13 @@ class _Link:
     inbound: dict[int, Route] = field(default_factory=dict)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     attach_waits: int = 0  # attaches on this link waiting for their session's open
-    # sids whose open or attach is being handled: their frames, sent right behind the control
-    # message (a client does not wait for `opened`, an upstream hop not for `attached`), wait
-    # for it here instead of being refused as unknown
-    settling: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+    # sids whose open or attach is being handled → their frames that arrived meanwhile, in
+    # order. A client does not wait for `opened`, nor an upstream hop for `attached`: frames
+    # sent right behind the control message are held here (by the reader, which sees messages
+    # in order) and started in that order once it settles (`_release`), never refused as
+    # unknown nor overtaken by a later frame of the session.
+    settling: dict[int, list[bytes]] = field(default_factory=dict)
+    held_bytes: int = 0  # of the frames held in `settling` (at most MAX_HELD_BYTES)
 
 
 async def _send(state: NodeState, ws: web.WebSocketResponse, data: bytes | dict[str, Any]) -> None:
@@ -267,32 +273,38 @@ def _close_route(state: NodeState, route: Route) -> None:
         state.routes_by_feed.pop(route.feed_tag, None)
 
 
-async def _open(state: NodeState, link: _Link, control: Control) -> None:
-    settled = _settling(link, control.sid)
+def _spawn(link: _Link, work: Any) -> None:
+    task = asyncio.create_task(work)
+    link.tasks.add(task)
+    task.add_done_callback(link.tasks.discard)
+
+
+def _hold(link: _Link, text: str) -> None:
+    """The reader saw an open or attach: hold the frames of its sid until it settles."""
     try:
-        await _open_settling(state, link, control, settled)
+        control = parse_control(text, _FROM_PEERS)
+    except FrameError:
+        return  # `_control` names the refusal
+    if control.op in ("open", "attach") and control.sid not in link.settling:
+        link.settling[control.sid] = []
+
+
+def _release(state: NodeState, link: _Link, sid: int) -> None:
+    """Start the frames held for `sid`, in their order (synchronously with dropping the hold,
+    so every frame the reader sees later starts after them)."""
+    for data in link.settling.pop(sid, None) or ():
+        link.held_bytes -= len(data)
+        _spawn(link, _data(state, link, data))
+
+
+async def _open(state: NodeState, link: _Link, control: Control) -> None:
+    try:
+        await _open_settling(state, link, control)
     finally:
-        _settled(link, control.sid, settled)
+        _release(state, link, control.sid)
 
 
-def _settling(link: _Link, sid: int) -> asyncio.Future[None]:
-    """Frames of `sid` arriving from now on wait for this future (`_data`)."""
-    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    if sid not in link.settling:
-        link.settling[sid] = future
-    return future
-
-
-def _settled(link: _Link, sid: int, future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-    if link.settling.get(sid) is future:
-        del link.settling[sid]
-
-
-async def _open_settling(
-    state: NodeState, link: _Link, control: Control, settled: asyncio.Future[None]
-) -> None:
+async def _open_settling(state: NodeState, link: _Link, control: Control) -> None:
     backend = state.backend
     if control.shard != backend.shard_id:
         raise WrongShardError(int(control.shard or 0), backend.shard_id)
@@ -321,7 +333,7 @@ async def _open_settling(
                 waiter.set_result(route)
     if control.next is not None:
         route.forwards = True
-        settled.set_result(None)  # frames may compute now; their outputs wait for `down_sent`
+        _release(state, link, control.sid)  # frames compute now; outputs wait for `down_sent`
         try:
             down = await state.links.get(control.next.url, control.next.key)
             route.down_sid, answer = await down.attach(control.next.feed)
@@ -349,11 +361,10 @@ async def _attach(state: NodeState, link: _Link, control: Control) -> None:
     """An upstream hop attaches to a session by its feed token; the session's open may still
     be on its way from the client (opens go to every hop at once): wait for it, bounded. The
     upstream hop's frames for it may follow at once: they wait until this settles."""
-    settled = _settling(link, control.sid)
     try:
         await _attach_settling(state, link, control)
     finally:
-        _settled(link, control.sid, settled)
+        _release(state, link, control.sid)
 
 
 async def _attach_settling(state: NodeState, link: _Link, control: Control) -> None:
@@ -416,9 +427,6 @@ async def _data(state: NodeState, link: _Link, data: bytes) -> None:
     except FrameError as error:
         await _refuse(state, link.ws, 0, error)
         return
-    settling = link.settling.get(header.sid)
-    if settling is not None:
-        await settling  # its open or attach is being handled (bounded by their timeouts)
     route = link.inbound.get(header.sid)
     if route is None:
         await _refuse(state, link.ws, header.sid, UnknownStreamError(f"sid {header.sid} unknown"))
@@ -558,13 +566,22 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
         async for message in ws:
             if message.type == aiohttp.WSMsgType.BINARY:
                 state.stream_bytes_in += ws_frame_bytes(len(message.data), masked=True)
-                task = asyncio.create_task(_data(state, link, message.data))
+                held = link.settling.get(frame_sid(message.data))
+                size = len(message.data)
+                if (
+                    held is not None
+                    and len(held) < MAX_SESSION_FRAMES
+                    and link.held_bytes + size <= MAX_HELD_BYTES
+                ):
+                    held.append(message.data)  # its open or attach is being handled
+                    link.held_bytes += size
+                    continue
+                _spawn(link, _data(state, link, message.data))
             elif message.type == aiohttp.WSMsgType.TEXT:
-                task = asyncio.create_task(_control(state, link, message.data))
+                _hold(link, message.data)
+                _spawn(link, _control(state, link, message.data))
             else:
                 break
-            link.tasks.add(task)
-            task.add_done_callback(link.tasks.discard)
     finally:
         state.streams.discard(ws)
         for route in link.opened.values():

@@ -106,3 +106,11 @@ def parse_frame(
     body = view[FRAME_HEADER_BYTES:]
     check_body_size(header.dtype, header.codec, count, hidden_size, len(body))
     return header, body
+
+
+def frame_sid(data: bytes) -> int | None:
+    """The sid field of a frame's raw bytes, unchecked (None when too short): for routing a
+    frame before `parse_frame` checks it."""
+    if len(data) < FRAME_HEADER_BYTES:
+        return None
+    return int.from_bytes(data[2:6], "big")

@@ -292,8 +292,11 @@ def test_credits_are_bought_only_against_the_escrow_balance(env, devnet) -> None
     assert bought.returncode == 0, bought.stderr
     assert json.loads(bought.stdout)["bought"] == 2
     assert "waiting for the validators" in bought.stderr  # progress shown
-    again = _planet(env, "credits", "buy", "2", "--wait", "20", timeout=240)
+    # the balance covers 1 more credit, not 2: no validator vouches; the purchase waits in the
+    # credit file while it could still be funded, and is dropped, uncharged, once it cannot
+    again = _planet(env, "credits", "buy", "2", "--wait", "120", timeout=240)
     assert again.returncode != 0 and "Traceback" not in again.stderr
-    assert "not funded" in again.stderr and "nothing was charged" in again.stderr, again.stderr
+    assert "not funded by the end of epoch" in again.stderr, again.stderr
+    assert "nothing was charged" in again.stderr, again.stderr
     held = _planet(env, "credits", "show", "--json", timeout=60)
-    assert json.loads(held.stdout)["credits"] == 2
+    assert json.loads(held.stdout) | {"file": ""} == {"credits": 2, "pending": 0, "file": ""}

@@ -254,3 +254,32 @@ def test_two_runs_changing_one_credit_file_lose_nothing(tmp_path: Path) -> None:
         assert worker.exitcode == 0
     held = CreditWallet(Path(path)).take(120)
     assert len({credit.prepared for credit in held}) == 120
+
+
+@dataclass
+class _EpochsPassLink(ChainLink):
+    """Each poll of the mint sees the chain one epoch further (the wait outlives the window)."""
+
+    async def query(self, path: str, **params: Any) -> Any:
+        if path == "/mints":
+            next_epoch_end(self.chain)
+        return await ChainLink.query(self, path, **params)
+
+
+def test_a_wait_that_outlives_the_funding_window_says_nothing_was_charged(tmp_path: Path) -> None:
+    chain, stores, request, _, wallet = _setup(tmp_path)
+    chain.block([chain.tx(request.body, seeded_key("mint-sender"))])
+    [pending] = wallet.pending()
+
+    async def gather(mint_id: str) -> dict[str, list[bytes]]:
+        return answers(chain, stores, mint_id)
+
+    with pytest.raises(MintUnfunded) as unfunded:
+        asyncio.run(
+            complete(
+                _EpochsPassLink(chain), gather, wallet, pending, timeout_s=1, fund_timeout_s=60
+            )
+        )
+    assert unfunded.value.final and "nothing was charged" in unfunded.value.message
+    assert wallet.pending() == [] and _pending_debits(chain) == []
+    assert Code.MINT_FUND_LATE in _fund(chain, request.mint_id)

@@ -489,3 +489,49 @@ async def test_stream_a_refused_open_comes_out_of_the_generation_by_name(aiohttp
                 with pytest.raises(BusyError):
                     [t async for t in gen]
             assert client.suspects(1) == {1}
+
+
+async def test_stream_frames_held_behind_an_open_keep_their_order(aiohttp_server):
+    """Hop 0's open is still being handled (its next-hop check ends only once both prompt
+    frames have been read off the link): the frames start in the order they came, so the second
+    never reaches the session before the first (which was `bad_positions` on a devnet when a
+    frame read in the same turn as the check's end overtook one already waiting)."""
+    servers, hops = await _nodes(aiohttp_server, 2)
+    state = servers[0].app[STATE_KEY]
+    policy = state.next_hops
+    original = policy.check
+    frames = [
+        pack_frame(
+            FrameHeader(1, start, 2, "float32", "raw", False),
+            encode_body(np.full((1, 2, H), start, np.float32), "float32", "raw"),
+        )
+        for start in (0, 2)
+    ]
+
+    async def read_both_first(nxt):
+        while state.stream_bytes_in < sum(len(f) for f in frames):
+            await asyncio.sleep(0)
+        return await original(nxt)
+
+    policy.check = read_both_first
+    async with aiohttp.ClientSession() as http:
+        links = [await http.ws_connect(f"{hop.url}/v1/stream") for hop in hops]
+        feed = "e" * 43
+        await links[1].send_json(open_message(1, "b" * 43, 1, feed, None))
+        nxt = NextHop(url=hops[1].url, shard=1, feed=feed, key=None)
+        await links[0].send_json(open_message(1, "a" * 43, 0, None, nxt))
+        for frame in frames:
+            await links[0].send_bytes(frame)
+            await asyncio.sleep(0.05)  # the first waits for the open; the second comes as it ends
+        assert await _next_control(links[1]) == {"op": "opened", "sid": 1}
+        for start in (0, 2):
+            message = await links[1].receive(timeout=10)
+            assert message.type == aiohttp.WSMsgType.BINARY, message.data
+            header, body = parse_frame(message.data, H, 16)
+            assert (header.start, header.count) == (start, 2)
+            assert np.array_equal(
+                decode_values("float32", "raw", (1, 2, H), body)[0, :, 0], [start + 3] * 2
+            )
+        assert await _next_control(links[0]) == {"op": "opened", "sid": 1}
+        for link in links:
+            await link.close()
