@@ -38,7 +38,7 @@ from nacl.signing import SigningKey
 
 from node.chain.committee_link import CommitteeLink
 from node.chain.committee_rpc import TxRejectedError
-from node.client.credit_wallet import CreditWallet, MintRequest, PendingMint
+from node.client.credit_wallet import CreditWallet, MintRequest, NoCreditKeys, PendingMint
 from protocol.credits import FUND_EPOCHS, Credit, epoch_keys_from_query
 from protocol.errors import PlanetError, ProtocolError, RemoteError
 
@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 
 NOT_FOUND_QUERY = "query_42"
 MINT_REPLAYED = 75  # abci_app/codes.py: the mint is already on the chain (an earlier send)
+# abci_app/codes.py NO_CREDIT_KEYS, CREDIT_EPOCH: a mint drawn against keys of an epoch that
+# ended before it landed (or before 2/3 of the power published the new epoch's keys)
+RETRY_CODES = frozenset({76, 79})
+MINT_TRIES = 3
 
 
 class MintRefused(ProtocolError):
@@ -280,26 +284,46 @@ async def buy_credits(
         evm, credits = genesis.get("evm") or {}, genesis.get("credits")
         if not credits or not evm.get("escrow_address"):
             raise ProtocolError("this committee does not sell credits (no genesis credits)")
-        keys_answer = await link.query("/credit_keys")
-        request = MintRequest.create(
-            epoch_keys_from_query(keys_answer),
-            count,
-            payer_key,
-            int(credits["price_wei"]),
-            int(evm["chain_id"]),
-            evm["escrow_address"],
-            expiry,
-        )
-        pending = PendingMint(request, keys_answer)
-        wallet.hold(pending)  # on disk before anything is sent: nothing paid is ever lost
-        return await complete(
-            link,
-            signatures_from(validator_rpcs, timeout_s),
-            wallet,
-            pending,
-            timeout_s=timeout_s,
-            fund_timeout_s=fund_timeout_s,
-            progress=progress,
-        )
+        loop = asyncio.get_running_loop()
+        keys_deadline = loop.time() + fund_timeout_s
+        for attempt in range(1, MINT_TRIES + 1):
+            while True:
+                keys_answer = await link.query("/credit_keys")
+                try:
+                    request = MintRequest.create(
+                        epoch_keys_from_query(keys_answer),
+                        count,
+                        payer_key,
+                        int(credits["price_wei"]),
+                        int(evm["chain_id"]),
+                        evm["escrow_address"],
+                        expiry,
+                    )
+                    break
+                except NoCreditKeys as missing:
+                    if loop.time() >= keys_deadline:
+                        raise
+                    progress(f"waiting for credit keys: {missing.message}")
+                    await asyncio.sleep(1.0)
+            pending = PendingMint(request, keys_answer)
+            wallet.hold(pending)  # on disk before anything is sent: nothing paid is ever lost
+            try:
+                return await complete(
+                    link,
+                    signatures_from(validator_rpcs, timeout_s),
+                    wallet,
+                    pending,
+                    timeout_s=timeout_s,
+                    fund_timeout_s=fund_timeout_s,
+                    progress=progress,
+                )
+            except MintRefused as refused:
+                # drawn against one epoch's keys, landed in the next (or the new epoch's keys
+                # were not all published yet): nothing was charged; draw it again
+                if refused.tx_code not in RETRY_CODES or attempt == MINT_TRIES:
+                    raise
+                progress("the epoch turned while the mint was on its way; sending it again")
+                await asyncio.sleep(attempt * 0.5)
+        raise AssertionError("unreachable")
     finally:
         await link.close()

@@ -58,6 +58,12 @@ class MintIncomplete(ProtocolError):
     code = "mint_incomplete"
 
 
+class NoCreditKeys(ProtocolError):
+    """Too few validators published credit keys for the current epoch (yet)."""
+
+    code = "no_credit_keys"
+
+
 @dataclass(frozen=True)
 class _Secret:
     """One credit being minted: its prepared message and, per validator, the blinding inverse."""
@@ -88,6 +94,13 @@ class MintRequest:
         """Draw `count` nonces, blind each under every key of `keys`, sign the purchase."""
         if not 1 <= count <= 64:
             raise ProtocolError("a mint buys 1 … 64 credits")
+        published = sum(power for _, power in keys.keys.values())
+        if not keys.keys or 3 * published < 2 * keys.total_power:
+            raise NoCreditKeys(
+                f"validators holding {published} of {keys.total_power} power published credit "
+                f"keys for epoch {keys.epoch}; a mint needs 2/3",
+                hint="the validators publish each epoch's keys as it starts: try again shortly",
+            )
         payer = address_of(payer_key).lower()
         secret_list: list[_Secret] = []
         blinded: dict[str, list[bytes]] = {address: [] for address in keys.keys}

@@ -23,9 +23,9 @@ from abci_app.queries import query
 from node.chain.committee_link import Submitted
 from node.client import credit_purchase
 from node.client.credit_purchase import MintLost, MintUnfunded, complete
-from node.client.credit_wallet import CreditWallet, MintRequest, PendingMint
+from node.client.credit_wallet import CreditWallet, MintRequest, NoCreditKeys, PendingMint
 from protocol.committee.credits import FundMint
-from protocol.credits import FUND_EPOCHS, Credit, check_credit
+from protocol.credits import FUND_EPOCHS, Credit, EpochKeys, check_credit
 from protocol.errors import RemoteError, UsageError
 from tests.committee_chain import Chain, seeded_key
 from tests.unit.test_abci_credits import (
@@ -283,3 +283,73 @@ def test_a_wait_that_outlives_the_funding_window_says_nothing_was_charged(tmp_pa
     assert unfunded.value.final and "nothing was charged" in unfunded.value.message
     assert wallet.pending() == [] and _pending_debits(chain) == []
     assert Code.MINT_FUND_LATE in _fund(chain, request.mint_id)
+
+
+@dataclass
+class _EpochTurnsLink(ChainLink):
+    """The first mint lands one block after its epoch ended; the validators vouch for every
+    mint they are asked about."""
+
+    turned: bool = False
+
+    async def submit(self, body: Any) -> Submitted:
+        if not self.turned:
+            self.turned = True
+            next_epoch_end(self.chain)
+        return await ChainLink.submit(self, body)
+
+    async def query(self, path: str, **params: Any) -> Any:
+        if path == "/mints" and "id" in params:
+            record = await ChainLink.query(self, path, **params)
+            if record["funded_height"] is None:
+                _fund(self.chain, params["id"])
+        return await ChainLink.query(self, path, **params)
+
+
+def test_a_mint_that_lands_after_its_epoch_is_drawn_again_and_charged_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chain = credit_chain()
+    length = chain.state.genesis.epoch_length
+    if chain.state.height % length > length - 6:
+        next_epoch_end(chain)
+    epoch = epoch_now(chain)
+    stores = publish_keys(chain, epoch, tmp_path) + publish_keys(chain, epoch + 1, tmp_path)
+    link = _EpochTurnsLink(chain)
+    monkeypatch.setattr(credit_purchase, "CommitteeLink", lambda *a, **k: link)
+
+    def gather_from(rpcs: Any, timeout_s: float) -> Any:
+        async def gather(mint_id: str) -> dict[str, list[bytes]]:
+            return answers(chain, stores, mint_id)
+
+        return gather
+
+    monkeypatch.setattr(credit_purchase, "signatures_from", gather_from)
+    wallet = CreditWallet(tmp_path / "credits.json")
+    lines: list[str] = []
+    credits = asyncio.run(
+        credit_purchase.buy_credits(
+            ["http://v"], PAYER, 2, wallet, expiry=1_800_003_600, progress=lines.append
+        )
+    )
+    assert next(iter(link.results.values()))[0] == Code.CREDIT_EPOCH  # the first, refused
+    assert len(credits) == 2 and credits[0].epoch == epoch + 1 and wallet.pending() == []
+    assert any("epoch turned" in line for line in lines)
+    assert len(_pending_debits(chain)) == 1  # the refused mint charged nothing
+
+
+def test_no_purchase_is_drawn_before_two_thirds_of_the_power_published_keys(
+    tmp_path: Path,
+) -> None:
+    """At an epoch's start the keys may not be published yet: no request is drawn (it would be
+    refused, and an empty one is not a purchase the wallet could keep)."""
+    chain = credit_chain()
+    keys = keys_of(chain, epoch_now(chain))  # nobody published
+    with pytest.raises(NoCreditKeys) as missing:
+        mint(chain, keys, 2)
+    assert f"0 of {keys.total_power} power" in missing.value.message and missing.value.hint
+    publish_keys(chain, epoch_now(chain), tmp_path)
+    full = keys_of(chain, epoch_now(chain))
+    one = EpochKeys(full.epoch, dict(list(full.keys.items())[:1]), full.total_power)
+    with pytest.raises(NoCreditKeys):
+        mint(chain, one, 2)
