@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "credits",
         help="bearer credits for paying nodes without being linked to your questions",
-        description="Buy credits from the committee (blind-signed) or count the ones you hold.",
+        description="Buy credits from the committee (blind-signed), finish purchases an earlier "
+        "run left in flight, or count the credits you hold.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
