@@ -65,6 +65,21 @@ def signer_nonce_file(home: Path) -> Path:
     return home / "data" / "planet_signer_nonce"
 
 
+class _SharedNonce:
+    """The nonce file, open and locked: the last nonce any process took from it (0 when none
+    yet), and `take` to record the next one."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        self.last = int(text) if text.isdigit() else 0
+
+    def take(self, nonce: int) -> None:
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(nonce).encode(), 0)
+        self.last = nonce
+
+
 @dataclass(frozen=True)
 class Submitted:
     """A tx CheckTx accepted: its hash and the nonce it used."""
@@ -174,9 +189,9 @@ class CommitteeLink:
             return await self._submit(body, binary)
 
     @contextlib.asynccontextmanager
-    async def _shared_nonce(self) -> AsyncIterator[int | None]:
-        """With a nonce file: hold its lock (polled, so the event loop runs) and yield the last
-        nonce any process took from it (0 when none yet); otherwise yield None."""
+    async def _shared_nonce(self) -> AsyncIterator[_SharedNonce | None]:
+        """With a nonce file: hold its lock (polled, so the event loop runs) and yield it open;
+        otherwise yield None."""
         if self.nonce_file is None:
             yield None
             return
@@ -189,35 +204,24 @@ class CommitteeLink:
                     break
                 except BlockingIOError:
                     await asyncio.sleep(NONCE_LOCK_POLL_S)
-            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-            yield int(text) if text.isdigit() else 0
+            yield _SharedNonce(fd)
         finally:
             os.close(fd)  # releases the lock
-
-    def _take_shared(self, nonce: int) -> None:
-        """Record `nonce` as taken in the nonce file (called with its lock held)."""
-        if self.nonce_file is not None:
-            fd = os.open(self.nonce_file, os.O_WRONLY)
-            try:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, str(nonce).encode(), 0)
-            finally:
-                os.close(fd)
 
     async def _submit(self, body: Any, binary: bool) -> Submitted:
         async with self._shared_nonce() as shared:
             return await self._submit_locked(body, binary, shared)
 
-    async def _submit_locked(self, body: Any, binary: bool, shared: int | None) -> Submitted:
+    async def _submit_locked(
+        self, body: Any, binary: bool, shared: _SharedNonce | None
+    ) -> Submitted:
         for attempt in (1, 2):
             if self._next_nonce is None:
                 self._next_nonce = await self._fetch_nonce()
             if shared is not None:  # another process may have signed since
-                self._next_nonce = max(self._next_nonce, shared + 1)
+                self._next_nonce = max(self._next_nonce, shared.last + 1)
+                shared.take(self._next_nonce)
             nonce = self._next_nonce
-            self._take_shared(nonce)
-            if shared is not None:
-                shared = nonce
             if binary:
                 raw = sign_batch(body, self.key, nonce).raw
             else:

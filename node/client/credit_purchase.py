@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from nacl.signing import SigningKey
 
-from node.chain.committee_link import CommitteeLink
+from node.chain.committee_link import NOT_FOUND_QUERY, CommitteeLink
 from node.chain.committee_rpc import TxRejectedError
 from node.client.credit_wallet import CreditWallet, MintRequest, NoCreditKeys, PendingMint
 from protocol.credits import FUND_EPOCHS, Credit, epoch_keys_from_query
@@ -44,7 +44,6 @@ from protocol.errors import PlanetError, ProtocolError, RemoteError
 
 log = logging.getLogger(__name__)
 
-NOT_FOUND_QUERY = "query_42"
 MINT_REPLAYED = 75  # abci_app/codes.py: the mint is already on the chain (an earlier send)
 # abci_app/codes.py NO_CREDIT_KEYS, CREDIT_EPOCH: a mint drawn against keys of an epoch that
 # ended before it landed (or before 2/3 of the power published the new epoch's keys)

@@ -279,12 +279,8 @@ def _spawn(link: _Link, work: Any) -> None:
     task.add_done_callback(link.tasks.discard)
 
 
-def _hold(link: _Link, text: str) -> None:
+def _hold(link: _Link, control: Control) -> None:
     """The reader saw an open or attach: hold the frames of its sid until it settles."""
-    try:
-        control = parse_control(text, _FROM_PEERS)
-    except FrameError:
-        return  # `_control` names the refusal
     if control.op in ("open", "attach") and control.sid not in link.settling:
         link.settling[control.sid] = []
 
@@ -401,11 +397,13 @@ async def _attach_settling(state: NodeState, link: _Link, control: Control) -> N
     await _send(state, link.ws, {"op": "attached", "sid": control.sid})
 
 
-async def _control(state: NodeState, link: _Link, text: str) -> None:
-    sid = 0
+async def _control(state: NodeState, link: _Link, parsed: Control | FrameError) -> None:
+    """Handle one control message the reader parsed (or refuse the one it could not parse)."""
+    if isinstance(parsed, FrameError):
+        await _refuse(state, link.ws, 0, parsed)
+        return
+    control = parsed
     try:
-        control = parse_control(text, _FROM_PEERS)
-        sid = control.sid
         if control.op == "open":
             await _open(state, link, control)
         elif control.op == "attach":
@@ -418,7 +416,7 @@ async def _control(state: NodeState, link: _Link, text: str) -> None:
             _close_route(state, route)
             await _send(state, link.ws, {"op": "closed", "sid": control.sid})
     except (FrameError, BusyError) as error:
-        await _refuse(state, link.ws, sid, error)
+        await _refuse(state, link.ws, control.sid, error)
 
 
 async def _data(state: NodeState, link: _Link, data: bytes) -> None:
@@ -578,8 +576,12 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
                     continue
                 _spawn(link, _data(state, link, message.data))
             elif message.type == aiohttp.WSMsgType.TEXT:
-                _hold(link, message.data)
-                _spawn(link, _control(state, link, message.data))
+                try:  # parsed here, in message order, so an open holds the frames behind it
+                    parsed: Control | FrameError = parse_control(message.data, _FROM_PEERS)
+                    _hold(link, parsed)
+                except FrameError as error:
+                    parsed = error
+                _spawn(link, _control(state, link, parsed))
             else:
                 break
     finally:
