@@ -535,3 +535,29 @@ async def test_stream_frames_held_behind_an_open_keep_their_order(aiohttp_server
         assert await _next_control(links[0]) == {"op": "opened", "sid": 1}
         for link in links:
             await link.close()
+
+
+async def test_stream_frames_behind_a_bogus_attach_are_held_only_up_to_the_cap(
+    aiohttp_server, monkeypatch
+):
+    """A stranger attaches with a feed no session expects and floods frames behind it: the node
+    holds at most MAX_HELD_BYTES of them (5 frames here), refuses the rest at once as unknown,
+    refuses the attach by name when its wait ends, then the held ones — and keeps serving."""
+    monkeypatch.setattr(node.server.stream, "ATTACH_WAIT_S", 0.5)
+    frame = pack_frame(
+        FrameHeader(9, 0, 2, "float32", "raw", False),
+        encode_body(np.zeros((1, 2, H), np.float32), "float32", "raw"),
+    )
+    monkeypatch.setattr(node.server.stream, "MAX_HELD_BYTES", 5 * len(frame))
+    _, hops = await _nodes(aiohttp_server, 1)
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{hops[0].url}/v1/stream") as ws:
+        await _attach(ws, 9, "z" * 43)
+        for _ in range(20):
+            await ws.send_bytes(frame)
+        answers = [await _next_control(ws) for _ in range(21)]
+        codes = [(a["op"], a.get("code")) for a in answers]
+        assert codes[:15] == [("error", "unknown_stream")] * 15  # not held: refused at once
+        assert codes[15] == ("error", "bad_feed")  # the attach, when its wait ends
+        assert codes[16:] == [("error", "unknown_stream")] * 5  # the held ones, after it
+    async with CircuitClient(hops, hidden_size=H) as client:
+        assert await _generate(client, [1, 2], 2) == [3, 4]
