@@ -92,15 +92,21 @@ def _setup(tmp: Path) -> tuple[Chain, list, MintRequest, PendingMint, CreditWall
     return chain, stores, request, pending, wallet
 
 
-def _finish(chain: Chain, stores: list, wallet: CreditWallet, **kwargs: Any) -> list[Credit]:
+def _gather(chain: Chain, stores: list) -> Any:
+    """Each validator's blind signatures, straight from the in-process app."""
+
     async def gather(mint_id: str) -> dict[str, list[bytes]]:
         return answers(chain, stores, mint_id)
 
+    return gather
+
+
+def _finish(chain: Chain, stores: list, wallet: CreditWallet, **kwargs: Any) -> list[Credit]:
     [pending] = wallet.pending()
     return asyncio.run(
         complete(
             ChainLink(chain),
-            gather,
+            _gather(chain, stores),
             wallet,
             pending,
             timeout_s=1.0,
@@ -151,12 +157,13 @@ def test_a_purchase_is_on_disk_before_its_mint_is_sent(
     assert ask(chain, f"/mints?payer={pending.request.body.payer}")["mints"] == []
 
     # next run: the mint is sent now (its epoch is still open), funded, finalized
-    async def gather(mint_id: str) -> dict[str, list[bytes]]:
-        return answers(chain, stores, mint_id)
-
     link = ChainLink(chain)
     with pytest.raises(MintUnfunded):
-        asyncio.run(complete(link, gather, wallet, pending, timeout_s=1, fund_timeout_s=0.01))
+        asyncio.run(
+            complete(
+                link, _gather(chain, stores), wallet, pending, timeout_s=1, fund_timeout_s=0.01
+            )
+        )
     [still] = wallet.pending()
     assert still.landed and link.submitted == 1
     assert _fund(chain, pending.mint_id) == [Code.OK] * len(chain.validators)
@@ -271,9 +278,7 @@ def test_a_wait_that_outlives_the_funding_window_says_nothing_was_charged(tmp_pa
     chain.block([chain.tx(request.body, seeded_key("mint-sender"))])
     [pending] = wallet.pending()
 
-    async def gather(mint_id: str) -> dict[str, list[bytes]]:
-        return answers(chain, stores, mint_id)
-
+    gather = _gather(chain, stores)
     with pytest.raises(MintUnfunded) as unfunded:
         asyncio.run(
             complete(
@@ -318,13 +323,7 @@ def test_a_mint_that_lands_after_its_epoch_is_drawn_again_and_charged_once(
     link = _EpochTurnsLink(chain)
     monkeypatch.setattr(credit_purchase, "CommitteeLink", lambda *a, **k: link)
 
-    def gather_from(rpcs: Any, timeout_s: float) -> Any:
-        async def gather(mint_id: str) -> dict[str, list[bytes]]:
-            return answers(chain, stores, mint_id)
-
-        return gather
-
-    monkeypatch.setattr(credit_purchase, "signatures_from", gather_from)
+    monkeypatch.setattr(credit_purchase, "signatures_from", lambda *_: _gather(chain, stores))
     wallet = CreditWallet(tmp_path / "credits.json")
     lines: list[str] = []
     credits = asyncio.run(
