@@ -6,6 +6,9 @@ signatures for a mint (its local key; no other validator's answer is the same).
 /mints              ?id              one mint record (NOT_FOUND when absent)
                     ?pending=true    the mints waiting for ≥ 2/3 of the power to vouch for them
                     ?payer           a payer's retained mints (funded or not), oldest first
+/credit_spent       ?id              {id, height}: the height whose block redeemed the credit whose
+                                     spent id (protocol.credits.spent_id) this is, or null —
+                                     what a node asks before it takes a credit as pay
 /credit_signatures  ?mint            this validator's blind signatures over the mint's messages
                                      for it: {mint, epoch, signatures: {validator address:
                                      [hex, ...]}} (empty when it holds no key the mint names;
@@ -19,6 +22,7 @@ ever covers messages a committed, paid mint carries.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -75,6 +79,16 @@ def _mint_record(state: State, params: dict[str, Any], name: str) -> dict[str, A
     if record is None:
         raise QueryError(Code.NOT_FOUND, f"no mint {identifier}")
     return {"id": identifier, **record}
+
+
+_SPENT_ID = re.compile(r"[0-9a-f]{64}\Z")
+
+
+def _credit_spent(state: State, params: dict[str, Any]) -> Any:
+    identifier = str_param(params, "id", _SPENT_ID)
+    if identifier is None:
+        raise QueryError(Code.BAD_QUERY, "id (64 lowercase hex, a credit's spent id) is required")
+    return {"id": identifier, "height": state.committed(schema.CREDIT_SPENT, identifier)}
 
 
 def _mints(state: State, params: dict[str, Any]) -> Any:
@@ -139,4 +153,5 @@ def signatures(state: State, store: CreditKeyStore, params: dict[str, Any]) -> A
 CREDIT_ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
     "/credit_keys": _credit_keys,
     "/mints": _mints,
+    "/credit_spent": _credit_spent,
 }

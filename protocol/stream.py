@@ -8,11 +8,12 @@ Two kinds of message:
 **Frames** (binary): activations, a 17-byte header then the body (protocol/frames/header.py);
 the body's size is checked against count × hidden size before anything is decoded.
 
-**Control** (text, one JSON object, at most 4 KiB, nesting ≤ 3):
+**Control** (text, one JSON object, at most 16 KiB, nesting ≤ 4):
 
     client → node   {"op": "open", "sid", "session": capability, "shard",
                      "feed": token | null, "next": {"url", "shard", "feed": token} | null}
     client → node   {"op": "close", "sid"}
+    client → node   {"op": "pay", "sid", "credit": [epoch, prepared hex, [[validator, sig hex]…]]}
     node → node     {"op": "attach", "sid", "feed": token}
     node → peer     {"op": "opened" | "attached" | "closed", "sid"}
     node → client   {"op": "error", "sid", "code", "message"}
@@ -28,6 +29,12 @@ capability. `next: null` marks the last hop: it sends its output back on the cli
 next hop, whose TLS handshake must prove it (the node pins it when it dials), optional for a
 plaintext one.
 Errors about a session always go to the client's link of the hop that refused, by name.
+A node that charges for its work (`credit_positions` > 0, node/server/payments.py) computes a
+session's positions only while the credits paid for it cover them: the client pays each hop on
+its own link, one bearer credit (docs/credits.md) per `pay`, ahead of the positions it sends; a
+frame that would go past what is paid waits a few seconds for the `pay` (a later hop's `pay`
+and its upstream's frame race on two links), then the session is refused `payment_required`
+and closed. A client is at most one credit ahead of the work; a node never works unpaid.
 Frames may follow an open or an attach on the same link at once (the receiving hop holds them
 until that control message is handled), so no round trip comes before a session's first pass.
 """
@@ -39,19 +46,22 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from protocol.canonical import JsonTooDeepError, loads_bounded
+from protocol.committee.credits import parse_credit
+from protocol.committee.grammar import TxDecodeError
+from protocol.credits import Credit
 from protocol.frames.errors import FrameError, TooLargeError
 from protocol.frames.sessions import check_session_id
 from protocol.links import MissingNodeKeyError, check_node_key, is_encrypted
 from protocol.urls import BadUrlError, canonical_url
 
-MAX_CONTROL_BYTES: Final = 4096
+MAX_CONTROL_BYTES: Final = 16384  # a `pay` carries a credit: ~2 KB with 4 RSA-2048 signers
 MAX_SID: Final = 2**32 - 1
 MAX_URL_CHARS: Final = 200
 # frames of ONE session a node holds queued or computing; the session's first one counts
 # against its caller's in-flight limit, the rest only against this (a pipelined prefill sends
 # several chunks of one session back to back); one more is refused as busy
 MAX_SESSION_FRAMES: Final = 16
-OPS_FROM_CLIENT: Final = frozenset({"open", "close", "attach"})
+OPS_FROM_CLIENT: Final = frozenset({"open", "close", "attach", "pay"})
 OPS_TO_CLIENT: Final = frozenset({"opened", "attached", "closed", "error"})
 
 
@@ -89,6 +99,14 @@ class BadFeedError(FrameError):
     http_status = 403
 
 
+class PaymentRequiredError(FrameError):
+    """The node computes only positions paid for with credits, and this session's credits do not
+    cover the frame (none came in time); the session is closed."""
+
+    code = "payment_required"
+    http_status = 402
+
+
 class DownstreamError(FrameError):
     """The next hop of the circuit could not be reached or refused the attach."""
 
@@ -117,12 +135,14 @@ class Control:
     next: NextHop | None = None
     code: str | None = None
     message: str | None = None
+    credit: Credit | None = None
 
 
 _FIELDS: Final[dict[str, frozenset[str]]] = {
     "open": frozenset({"op", "sid", "session", "shard", "feed", "next"}),
     "close": frozenset({"op", "sid"}),
     "attach": frozenset({"op", "sid", "feed"}),
+    "pay": frozenset({"op", "sid", "credit"}),
     "opened": frozenset({"op", "sid"}),
     "attached": frozenset({"op", "sid"}),
     "closed": frozenset({"op", "sid"}),
@@ -174,9 +194,9 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
     if len(text) > MAX_CONTROL_BYTES:
         raise TooLargeError(f"control message over {MAX_CONTROL_BYTES} bytes")
     try:
-        raw = loads_bounded(text, max_depth=3, parse_constant=_no_constant)
+        raw = loads_bounded(text, max_depth=4, parse_constant=_no_constant)
     except (ValueError, JsonTooDeepError, RecursionError):
-        raise BadControlError("control message is not a JSON object of depth <= 3") from None
+        raise BadControlError("control message is not a JSON object of depth <= 4") from None
     if not isinstance(raw, dict):
         raise BadControlError("control message must be a JSON object")
     op = raw.get("op")
@@ -210,6 +230,12 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
         )
     if op == "attach":
         return Control(op=op, sid=sid, feed=_token(raw["feed"], "feed"))
+    if op == "pay":
+        try:
+            credit = parse_credit(raw["credit"], "credit")
+        except TxDecodeError as error:
+            raise BadControlError(error.reason) from None
+        return Control(op=op, sid=sid, credit=credit)
     if op == "error":
         code, message = raw["code"], raw["message"]
         if not isinstance(code, str) or not _CODE_RE.fullmatch(code):
@@ -236,6 +262,10 @@ def open_message(
     return {"op": "open", "sid": sid, "session": session, "shard": shard, "feed": feed, "next": nxt}
 
 
+def pay_message(sid: int, credit: Credit) -> dict[str, Any]:
+    return {"op": "pay", "sid": sid, "credit": credit.to_json()}
+
+
 def error_message(sid: int, error: Any) -> dict[str, Any]:
     return {"op": "error", "sid": sid, "code": error.code, "message": error.message[:300]}
 
@@ -255,9 +285,11 @@ __all__ = [
     "DownstreamError",
     "NextHop",
     "NextHopNotAllowedError",
+    "PaymentRequiredError",
     "UnknownStreamError",
     "error_message",
     "open_message",
     "parse_control",
+    "pay_message",
     "ws_frame_bytes",
 ]

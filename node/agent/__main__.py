@@ -25,11 +25,13 @@ import aiohttp
 from node.agent.agent import AgentConfig, NodeAgent
 from node.agent.commitments import Committer
 from node.agent.contributions import CONTRIBUTIONS_FILE, ContributionReporter, Served
+from node.agent.credit_till import CreditTill, SpoolRedeemer
 from node.chain.committee_link import CommitteeLink
 from node.keys import PasswordSource, load_node_key, load_wallet
 from node.links import NodeKeyPin, link_ssl
 from node.model.manifest import Manifest
 from node.procs import run_service
+from node.server.payments import CreditSpool
 from protocol.committee.registry import sign_registration
 from protocol.errors import UnavailableError
 
@@ -55,6 +57,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--commit-dir",
         type=Path,
         help="the compute node's --commit-dir: commit and reveal its served work from there",
+    )
+    parser.add_argument(
+        "--credits-dir",
+        type=Path,
+        help="the compute node's --credits-dir: redeem the credits it was paid with from there",
     )
     parser.add_argument("--log-level", default=os.environ.get("PLANET_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
@@ -128,6 +135,11 @@ async def run(args: argparse.Namespace) -> int:
             healthy=lambda: _healthy(session, config.endpoint, pin),
             contributions=reporter,
             committer=committer,
+            redeemer=None
+            if args.credits_dir is None
+            else SpoolRedeemer(
+                CreditTill(link, manifest.model_hash, args.shard), CreditSpool(args.credits_dir)
+            ),
         )
         try:
             return await agent.run(stop)

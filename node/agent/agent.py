@@ -100,6 +100,7 @@ class NodeAgent:
         backoff: Backoff | None = None,
         committer: Any = None,
         contributions: Any = None,
+        redeemer: Any = None,
     ) -> None:
         self.config = config
         self.link = link
@@ -115,6 +116,8 @@ class NodeAgent:
         self.retention_epochs = 10
         # `node.agent.contributions.ContributionReporter` (None: the agent claims no work)
         self.contributions = contributions
+        # `node.agent.credit_till.SpoolRedeemer` (None: the node is not paid with credits)
+        self.redeemer = redeemer
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -283,6 +286,8 @@ class NodeAgent:
                         force = False
                     if self.committer is not None and self.epoch_length > 0:
                         await self.committer.step(height, self.epoch_length, self.retention_epochs)
+                    if self.redeemer is not None:
+                        await self.redeemer.step()
                     checks += 1
                     if checks % 5 == 1:
                         view = await self.link.node(self.key)

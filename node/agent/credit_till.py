@@ -9,6 +9,11 @@
                                   refuses by name (spent elsewhere, invalid) is dropped and the
                                   rest of its batch sent again; returns the credits redeemed
 
+    redeemer = SpoolRedeemer(till, CreditSpool(dir))
+    await redeemer.step()         the credits the compute node spooled as pay (its
+                                  `--credits-dir`, node/server/payments.py) redeemed; a file
+                                  goes once the chain took its credit or refused it for good
+
 What a client pays with is a bearer credit: whoever shows it first gets it. So a node redeems
 what it was paid before the credit's window closes (the mint's epoch and the next), and a client
 that spends one credit at two nodes pays only the first to redeem it (`CREDIT_SPENT`).
@@ -19,9 +24,11 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
+from node.server.payments import CreditSpool
 from protocol.committee.credits import Redeem
 from protocol.credits import (
     Credit,
@@ -108,3 +115,33 @@ class CreditTill:
         except TxRejectedError as error:
             return error.tx_code, error.log_text
         return await self.link.committed_code(sent.hash)
+
+
+@dataclass
+class SpoolRedeemer:
+    """The node agent's side of paid work: redeem what the compute node spooled, each pass."""
+
+    till: CreditTill
+    spool: CreditSpool
+    redeemed: int = 0  # credits the chain took since start
+
+    async def step(self) -> int:
+        files: dict[str, Path] = {}
+        self.till.held = []
+        for path, credit in self.spool.held():
+            files[spent_id(credit.prepared)] = path
+            self.till.held.append(credit)
+            self.till.seen.add(spent_id(credit.prepared))
+        if not files:
+            return 0
+        redeemed = await self.till.redeem()
+        kept = {spent_id(credit.prepared) for credit in self.till.held}
+        for identifier, path in files.items():
+            if identifier not in kept:  # redeemed, or refused for good by name
+                self.spool.remove(path)
+        self.redeemed += redeemed
+        if redeemed:
+            log.info(
+                "credits redeemed count=%d total=%d left=%d", redeemed, self.redeemed, len(kept)
+            )
+        return redeemed

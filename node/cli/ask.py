@@ -92,6 +92,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="local mode: dial http:// nodes off loopback too (unencrypted; a network you own); "
         "https:// nodes are always pinned to the node key the nodes file gives",
     )
+    parser.add_argument(
+        "--credits",
+        action="store_true",
+        help="pay the nodes that charge (their /info credit_positions) with bearer credits from "
+        "your credit file as the answer runs: a credit per chunk of positions per node, nothing "
+        "that names you (buy them with `planet credits buy N`)",
+    )
+    parser.add_argument(
+        "--credits-file",
+        type=Path,
+        default=None,
+        help="credits to pay with (default $PLANET_HOME/credits.json, as `planet credits`)",
+    )
     paying = parser.add_argument_group("paying a gateway (--pay)")
     paying.add_argument(
         "--pay", action="store_true", help="ask a gateway, paying from your wallet (QueryEscrow)"
@@ -143,6 +156,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--voucher-ttl must be 1 … 86400 seconds")
     if not 0 <= args.speculate <= MAX_LOOKAHEAD:
         raise UsageError(f"--speculate takes 1 … {MAX_LOOKAHEAD} guesses per pass")
+    if args.credits and (args.pay or args.voucher):
+        raise UsageError(
+            "--credits pays the nodes you ask directly; --pay and --voucher pay a gateway",
+            hint="pick one way to pay",
+        )
     if args.speculate and (args.pay or args.voucher):
         raise UsageError(
             "--speculate is for the nodes you ask directly; a gateway decodes for you",
@@ -208,6 +226,7 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
             hidden_size=manifest.hidden_size,
             codec=codec,
             plaintext_links=plaintext,
+            credits=_credit_wallet(args),
         )
         async for token in generate(
             source,
@@ -244,7 +263,25 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
         "model": manifest.model_id,
         "codec": codec,
         "speculation": {"lookahead": args.speculate, **stats.to_json()} if speculation else None,
+        "credits_spent": None if source.payer is None else source.payer.spent,
     }
+
+
+def _credit_wallet(args: argparse.Namespace) -> Any:
+    """The credit file `--credits` pays from (None without --credits); a missing or empty one
+    is a usage error before anything is dialled."""
+    if not args.credits:
+        return None
+    from node.client.credit_wallet import CreditWallet
+
+    path = args.credits_file or planet_home() / "credits.json"
+    wallet = CreditWallet(path)
+    if not path.is_file() or wallet.count() == 0:
+        raise UsageError(
+            f"no credits to pay with in {path}",
+            hint="buy some with `planet credits buy N` (a running devnet: `planet devnet up`)",
+        )
+    return wallet
 
 
 # --- paying a gateway ---------------------------------------------------------------------------

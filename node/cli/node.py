@@ -162,6 +162,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the node agent (`planet join` sets it); default: record nothing",
     )
     serve.add_argument(
+        "--credit-positions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="charge for work: compute a session's positions only while bearer credits paid "
+        "for it cover them, N positions per credit (default 0: free); needs --committee-rpc "
+        "(credits are checked against its keys and spent set) and --credits-dir",
+    )
+    serve.add_argument(
+        "--credits-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the credits this node is paid with are kept until its agent redeems them "
+        "(`python -m node.agent --credits-dir DIR`)",
+    )
+    serve.add_argument(
         "--served-max-mb",
         type=_finite,
         default=256.0,
@@ -340,5 +356,7 @@ def server_config(args: argparse.Namespace) -> tuple[ServerConfig, object | None
         next_hops=next_hops,
         plaintext_links=args.plaintext_links,
         chunk_bytes_per_s_per_peer=max(1, int(args.chunk_rate_mb * 1024 * 1024)),
+        credit_positions=args.credit_positions,
+        credits_dir=args.credits_dir,
     ).validate()
     return config, node_key

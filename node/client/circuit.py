@@ -39,6 +39,7 @@ import aiohttp
 import numpy as np
 
 from node.client.capabilities import hop_capability, hop_feed, hop_tag
+from node.client.paying import CreditPayer
 from node.client.sampling import SamplingConfig
 from node.client.speculation import SpeculationConfig, SpeculationStats
 from node.client.types import Head, Hop, Timings
@@ -60,6 +61,7 @@ from protocol.stream import (
     NextHop,
     open_message,
     parse_control,
+    pay_message,
     ws_frame_bytes,
 )
 
@@ -228,6 +230,7 @@ class CircuitClient:
         prefill_window: int = PREFILL_WINDOW,
         http: aiohttp.ClientSession | None = None,
         plaintext_links: bool = False,
+        payer: CreditPayer | None = None,
     ) -> None:
         if not hops:
             raise ConfigError("a circuit needs at least one node")
@@ -243,6 +246,10 @@ class CircuitClient:
         # local mode: http:// hops off loopback too (protocol/links.py); https:// hops are
         # always pinned to their node key
         self.plaintext_links = plaintext_links
+        # pays the charging hops a credit per chunk of positions, ahead of each frame
+        # (node/client/paying.py); None: the nodes compute for free (or are paid otherwise)
+        self.payer = payer
+        self._sent: dict[int, int] = {}  # sid → positions sent (every hop computes each)
         self._http = http
         self._own_http = http is None
         self.links: list[_Link] = []
@@ -369,6 +376,9 @@ class CircuitClient:
     async def close(self, sid: int) -> None:
         """Close the session on every hop (best effort; a closed link closed it already)."""
         self.outputs.pop(sid, None)
+        self._sent.pop(sid, None)
+        if self.payer is not None:
+            self.payer.forget(sid)
         for link in self.links:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await link.ws.send_json({"op": "close", "sid": sid})
@@ -388,12 +398,34 @@ class CircuitClient:
             sid, start, int(hidden.shape[1]), self.dtype, self.codec, last_only, rewind
         )
         message = pack_frame(header, encode_body(hidden, self.dtype, self.codec))
+        if self.payer is not None:
+            await self._pay(sid, header.count)
         try:
             await self.links[0].ws.send_bytes(message)
         except (ConnectionError, RuntimeError) as error:
             self.blame_hop(sid, 0)
             raise UnavailableError(f"node {self.hops[0].url} stream failed: {error}") from None
         self.bytes_sent += ws_frame_bytes(len(message), masked=True)
+
+    async def _pay(self, sid: int, count: int) -> None:
+        """Pay every charging hop for the positions sent so far and `count` more, each on the
+        client's own link to it (ahead of the frame: the first hop reads the `pay` first)."""
+        assert self.payer is not None
+        sent = self._sent.get(sid, 0) + count
+        urls = [hop.url for hop in self.hops]
+        owed = self.payer.due(sid, urls, sent)
+        if any(owed):
+            for index, credits in enumerate(self.payer.take(owed)):
+                for credit in credits:
+                    try:
+                        await self.links[index].ws.send_json(pay_message(sid, credit))
+                    except (ConnectionError, RuntimeError) as error:
+                        self.blame_hop(sid, index)
+                        raise UnavailableError(
+                            f"node {self.hops[index].url} stream failed: {error}"
+                        ) from None
+                    self.payer.paid(sid, index, urls[index], 1)
+        self._sent[sid] = sent
 
     async def receive(
         self, sid: int, start: int, count: int, timeout_s: float | None = None

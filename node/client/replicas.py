@@ -22,8 +22,10 @@ import aiohttp
 
 from node.client.circuit import CircuitClient
 from node.client.costs import CostBook
+from node.client.credit_wallet import CreditWallet
 from node.client.failover import unhealthy_hops
 from node.client.info import node_info
+from node.client.paying import CreditPayer
 from node.client.types import Hop
 from protocol.errors import ConfigError, PlanetError
 
@@ -52,6 +54,7 @@ class ReplicaCircuits:
         probe_timeout_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         plaintext_links: bool = False,
+        credits: CreditWallet | None = None,
     ) -> None:
         self.http = http
         self.plaintext_links = plaintext_links  # plaintext beyond loopback (explicit local mode)
@@ -78,6 +81,9 @@ class ReplicaCircuits:
         self._wrong: set[Hop] = set()  # answered for another model, shard or layers
         self.current: tuple[Hop, ...] | None = None
         self.circuits: list[tuple[Hop, ...]] = []  # every circuit leased, in order
+        # paying the nodes that charge (their /info `credit_positions`) from a credit wallet
+        self.prices: dict[str, int] = {}
+        self.payer = None if credits is None else CreditPayer(credits, self.prices)
 
     # ------------------------------------------------------------------------------ choosing
     async def refresh(self) -> None:
@@ -99,6 +105,8 @@ class ReplicaCircuits:
             self.costs.observe_failure(hop.url)
             return
         self.costs.observe_info(hop.url, info, time.perf_counter() - started)
+        price = info.get("credit_positions", 0)
+        self.prices[hop.url] = price if isinstance(price, int) and 0 <= price < 2**31 else 0
         model_hash, layers = self.expected[hop.shard]
         if (
             info.get("model_hash") != model_hash
@@ -153,6 +161,7 @@ class ReplicaCircuits:
             prefill_chunk=self.prefill_chunk,
             http=self.http,
             plaintext_links=self.plaintext_links,
+            payer=self.payer,
         )
         async with client:
             yield client

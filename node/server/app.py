@@ -29,6 +29,7 @@ from aiohttp import web
 from node.server.backend import ShardBackend
 from node.server.batcher import Batcher
 from node.server.config import ServerConfig
+from node.server.payments import install_payments
 from node.server.sessions import SessionStore, short_tag
 from node.server.shards import install_chunks
 from node.server.state import CONFIG_KEY, STATE_KEY, NodeState
@@ -94,6 +95,11 @@ async def info(request: web.Request) -> web.Response:
             "max_inflight_per_peer": config.max_inflight_per_peer,
             "idle_timeout_s": config.idle_timeout_s,
             "next_hops": config.next_hops.mode,  # the policy only, never its URLs
+            # positions one credit pays for on this node (0: free; node/server/payments.py)
+            "credit_positions": config.credit_positions,
+            "credits": None
+            if state.payments is None
+            else {"accepted": state.payments.accepted, "refused": state.payments.refused},
             "load": {
                 "in_flight": state.in_flight,
                 "forwards": state.forwards,
@@ -179,6 +185,8 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
         from node.server.served import install_served  # torch: only when recording
 
         install_served(app, app[STATE_KEY], config)
+    if config.credit_positions:
+        install_payments(app, app[STATE_KEY], config)
     app.cleanup_ctx.append(close_links)
     app.on_shutdown.append(close_streams)
     app.router.add_get("/v1/stream", stream)

@@ -74,6 +74,13 @@ class ServerConfig:
     chunk_bytes_per_s_per_peer: int = 32 * 1024**2
     max_chunk_requests_per_peer: int = 4
     max_chunk_requests: int = 16
+    # paid work (node/server/payments.py): positions one credit pays for, per session (0: the
+    # node computes without credits); the credits taken are spooled to `credits_dir` for the
+    # node agent to redeem (needs committee_rpc, whose keys and spent set they are checked
+    # against); a frame past what is paid waits this long for the `pay` on its way
+    credit_positions: int = 0
+    credits_dir: Path | None = None
+    pay_wait_s: float = 5.0
 
     def validate(self) -> ServerConfig:
         problems = []
@@ -123,6 +130,12 @@ class ServerConfig:
             problems.append("next hops from the committee need a committee RPC")
         if self.next_hops.mode == "list" and not self.next_hops.urls:
             problems.append("a next-hop list needs at least one URL")
+        if self.credit_positions < 0:
+            problems.append("positions per credit must be >= 0 (0: no credits asked)")
+        if self.credit_positions and not (self.committee_rpc and self.credits_dir):
+            problems.append("a node paid with credits needs a committee RPC and a credits dir")
+        if not self.pay_wait_s > 0:
+            problems.append("pay wait must be > 0 seconds")
         if problems:
             raise ConfigError("invalid node config: " + "; ".join(problems))
         return self

@@ -62,6 +62,7 @@ class NodeState:
         default_factory=list
     )
     served: Any = None  # node.server.served.ServedLog with --commit-dir (install_served)
+    payments: Any = None  # node.server.payments.Payments with --credit-positions (paid work)
 
 
 def after_forward(

@@ -32,6 +32,7 @@ from node.dial import refuse_redirects
 from node.links import link_ssl, refusal
 from node.server.config import ServerConfig
 from node.server.next_hops import PublicResolver, build_policy
+from node.server.payments import Account
 from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, short_tag
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
@@ -48,11 +49,13 @@ from protocol.frames.header import FrameHeader, frame_sid, pack_frame, parse_fra
 from protocol.frames.sessions import session_tag
 from protocol.links import check_link
 from protocol.stream import (
+    MAX_CONTROL_BYTES,
     MAX_SESSION_FRAMES,
     BadControlError,
     BadFeedError,
     Control,
     DownstreamError,
+    PaymentRequiredError,
     UnknownStreamError,
     error_message,
     parse_control,
@@ -70,7 +73,7 @@ MAX_ATTACH_WAITS = 64
 # frames held on one link while their session's open or attach is handled: beyond this they are
 # handled at once (a stranger's flood is refused as for an unknown session, not buffered)
 MAX_HELD_BYTES = 64 * 1024**2
-_FROM_PEERS = frozenset({"open", "close", "attach"})
+_FROM_PEERS = frozenset({"open", "close", "attach", "pay"})
 _TO_UPSTREAM = frozenset({"attached", "error", "closed"})
 
 
@@ -226,6 +229,7 @@ class Route:
     # set once the attach to the next hop is sent (down, down_sid known) or failed (down None)
     down_sent: asyncio.Event = field(default_factory=asyncio.Event)
     frames: int = 0  # frames of this session queued or computing here
+    account: Account = field(default_factory=Account)  # credits paid, positions used (paid work)
 
 
 @dataclass(eq=False)
@@ -244,8 +248,9 @@ class _Link:
     # sent right behind the control message are held here (by the reader, which sees messages
     # in order) and started in that order once it settles (`_release`), never refused as
     # unknown nor overtaken by a later frame of the session.
-    settling: dict[int, list[bytes]] = field(default_factory=dict)
-    held_bytes: int = 0  # of the frames held in `settling` (at most MAX_HELD_BYTES)
+    # A `pay` for a settling sid is held with them, in order.
+    settling: dict[int, list[bytes | Control]] = field(default_factory=dict)
+    held_bytes: int = 0  # of the messages held in `settling` (at most MAX_HELD_BYTES)
 
 
 async def _send(state: NodeState, ws: web.WebSocketResponse, data: bytes | dict[str, Any]) -> None:
@@ -285,12 +290,25 @@ def _hold(link: _Link, control: Control) -> None:
         link.settling[control.sid] = []
 
 
+def _holds(link: _Link, held: list[bytes | Control] | None, size: int) -> bool:
+    """Whether a message of `size` bytes joins `held` (its sid is settling) within the caps."""
+    return (
+        held is not None
+        and len(held) < MAX_SESSION_FRAMES
+        and link.held_bytes + size <= MAX_HELD_BYTES
+    )
+
+
 def _release(state: NodeState, link: _Link, sid: int) -> None:
     """Start the frames held for `sid`, in their order (synchronously with dropping the hold,
     so every frame the reader sees later starts after them)."""
-    for data in link.settling.pop(sid, None) or ():
-        link.held_bytes -= len(data)
-        _spawn(link, _data(state, link, data))
+    for item in link.settling.pop(sid, None) or ():
+        if isinstance(item, Control):
+            link.held_bytes -= MAX_CONTROL_BYTES
+            _spawn(link, _control(state, link, item))
+        else:
+            link.held_bytes -= len(item)
+            _spawn(link, _data(state, link, item))
 
 
 async def _open(state: NodeState, link: _Link, control: Control) -> None:
@@ -408,6 +426,8 @@ async def _control(state: NodeState, link: _Link, parsed: Control | FrameError) 
             await _open(state, link, control)
         elif control.op == "attach":
             await _attach(state, link, control)
+        elif control.op == "pay":
+            await _pay(state, link, control)
         else:  # close
             route = link.opened.pop(control.sid, None)
             if route is None:
@@ -417,6 +437,22 @@ async def _control(state: NodeState, link: _Link, parsed: Control | FrameError) 
             await _send(state, link.ws, {"op": "closed", "sid": control.sid})
     except (FrameError, BusyError) as error:
         await _refuse(state, link.ws, control.sid, error)
+    except PlanetError as error:  # a credit refused, or the committee not reachable to check it
+        if control.op != "pay":
+            raise
+        await _refuse(state, link.ws, control.sid, error)
+
+
+async def _pay(state: NodeState, link: _Link, control: Control) -> None:
+    """A credit for a session this link opened (the client's link to this hop)."""
+    route = link.opened.get(control.sid)
+    if route is None:
+        raise UnknownStreamError(f"sid {control.sid} was not opened on this link")
+    if state.payments is None:
+        raise BadControlError("this node computes without credits: do not pay it")
+    if control.credit is None:  # parse_control sets it for every "pay"
+        raise BadControlError("pay needs a credit")
+    await state.payments.accept(route.account, control.credit)
 
 
 async def _data(state: NodeState, link: _Link, data: bytes) -> None:
@@ -485,6 +521,12 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
                     raise BadPositionsError(error.message) from None
                 store.rewound(session, header.start, state.backend.cache_bytes(session.cache))
             store.check_start(session, header.start)
+            if state.payments is not None:
+                try:
+                    await state.payments.cover(route.account, header.count)
+                except PaymentRequiredError:
+                    store.close(session.tag)  # a client that stops paying is stopped
+                    raise
             hidden = decode_values(
                 header.dtype, header.codec, (1, header.count, state.backend.hidden_size), body
             )
@@ -497,6 +539,8 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
                 out, _ = await state.batcher.run(session.peer, session.cache, hidden, header.start)
             except BusyError:
                 store.release(session, header.count)
+                if state.payments is not None:
+                    state.payments.refund(route.account, header.count)
                 raise
             except Exception as error:
                 store.close(session.tag)
@@ -566,11 +610,7 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
                 state.stream_bytes_in += ws_frame_bytes(len(message.data), masked=True)
                 held = link.settling.get(frame_sid(message.data))
                 size = len(message.data)
-                if (
-                    held is not None
-                    and len(held) < MAX_SESSION_FRAMES
-                    and link.held_bytes + size <= MAX_HELD_BYTES
-                ):
+                if _holds(link, held, size):
                     held.append(message.data)  # its open or attach is being handled
                     link.held_bytes += size
                     continue
@@ -581,6 +621,12 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
                     _hold(link, parsed)
                 except FrameError as error:
                     parsed = error
+                if isinstance(parsed, Control) and parsed.op == "pay":
+                    held = link.settling.get(parsed.sid)
+                    if _holds(link, held, MAX_CONTROL_BYTES):  # paid right behind its open
+                        held.append(parsed)  # type: ignore[union-attr]
+                        link.held_bytes += MAX_CONTROL_BYTES
+                        continue
                 _spawn(link, _control(state, link, parsed))
             else:
                 break

@@ -155,8 +155,9 @@ class FundMint:
         return cls(mint=check.text(b["mint"], "body.mint", HEX32_0X))
 
 
-def _credit(item: Any) -> Credit:
-    where = "body.credits[]"
+def parse_credit(item: Any, where: str = "body.credits[]") -> Credit:
+    """One credit `[epoch, prepared hex, [[validator, signature hex], ...]]` from a peer, typed
+    (sizes and shapes only: `protocol.credits.check_credit` verifies it), or TxDecodeError."""
     if not isinstance(item, list) or len(item) != 3:
         raise TxDecodeError(f"{where}: expected [epoch, prepared, signatures]")
     signatures = []
@@ -193,7 +194,7 @@ class Redeem:
     def from_json(cls, body: Any) -> Redeem:
         b = check.exact_object(body, "body", {"credits", "model", "shard"})
         credits = tuple(
-            _credit(item) for item in check.items(b["credits"], "body.credits", MAX_REDEEM)
+            parse_credit(item) for item in check.items(b["credits"], "body.credits", MAX_REDEEM)
         )
         return cls(
             model=check.text(b["model"], "body.model", NAME),

@@ -1,0 +1,264 @@
+"""A node paid per chunk with bearer credits: it computes a session's positions only while the
+credits paid for that session cover them (issue 28; protocol/stream.py `pay`, docs/credits.md).
+
+    payments = Payments(positions=256, check=CreditCheck(link), spool=CreditSpool(dir))
+    await payments.accept(account, credit)   checked as the chain will check its redemption,
+                                             written to the spool (fsync), then the session's
+                                             `account.paid` grows by `positions`
+    await payments.cover(account, count)     returns once `paid` covers `count` more positions,
+                                             waiting up to `wait_s` for a `pay` on its way;
+                                             else PaymentRequiredError (the caller closes the
+                                             session: a client that stops paying is stopped)
+    payments.refund(account, count)          a frame refused as busy was not computed
+
+**The spool** (`CreditSpool`, `--credits-dir`) is the hand-over to the node agent, which redeems
+what is in it on the committee chain (`node.agent.credit_redeemer`) and removes what the chain
+took or refused for good: one file `<spent id>.json` per credit, written to a dot-file, fsynced
+and renamed, so a node that dies keeps every credit it was paid with, and a credit shown twice to
+this node is refused by the file that is already there.
+
+**What is checked before a credit counts** (`CreditCheck`, the chain's `redeem` rules read ahead,
+so a credit the node takes is one it can cash): its epoch is the current one or the one before
+(the chain redeems a credit of epoch e in e and e + 1; the current epoch is read again at most
+every `refresh_s`); every signature verifies under its validator's key of that epoch and the
+signers hold ≥ 2/3 of the power (`protocol.credits.check_credit`, the keys cached per epoch);
+the committee has not redeemed it already (`/credit_spent`), nor did this node take it before.
+A bearer credit can still be shown to two nodes at once: the first to redeem it is paid, the
+other loses that one credit — at most one chunk of positions per session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from protocol.committee.credits import parse_credit
+from protocol.committee.grammar import TxDecodeError
+from protocol.credits import (
+    Credit,
+    EpochKeys,
+    check_credit,
+    epoch_keys_from_query,
+    spent_id,
+)
+from protocol.errors import ProtocolError
+from protocol.stream import PaymentRequiredError
+
+log = logging.getLogger(__name__)
+
+CREDIT_LIFETIME_EPOCHS = 1  # abci_app/credits.py: a credit of epoch e is redeemable in e, e + 1
+PAY_WAIT_S = 5.0
+EPOCH_REFRESH_S = 5.0
+MAX_SEEN = 1 << 20  # spent ids remembered in memory (the spool and the chain remember the rest)
+
+
+class CreditRefusedError(ProtocolError):
+    """A credit this node will not take as pay: out of its redemption window, already redeemed
+    on the committee chain, or already paid to this node."""
+
+    code = "credit_refused"
+    http_status = 402
+
+
+class QueryLink(Protocol):
+    async def query(self, path: str, **params: Any) -> Any: ...
+
+
+@dataclass
+class Account:
+    """What one session on this node has paid for and used, in positions."""
+
+    paid: int = 0
+    used: int = 0
+    credits: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class CreditCheck:
+    """The chain's redemption rules for one credit, checked before the node takes it."""
+
+    def __init__(self, link: QueryLink, *, refresh_s: float = EPOCH_REFRESH_S) -> None:
+        self.link = link
+        self.refresh_s = refresh_s
+        self._keys: dict[int, EpochKeys] = {}
+        self._epoch = 0
+        self._epoch_at = float("-inf")
+
+    async def current_epoch(self, at_least: int = 0) -> int:
+        stale = time.monotonic() - self._epoch_at > self.refresh_s
+        if stale or self._epoch < at_least:
+            answer = await self.link.query("/credit_keys")
+            self._epoch, self._epoch_at = int(answer["epoch"]), time.monotonic()
+        return self._epoch
+
+    async def check(self, credit: Credit) -> None:
+        current = await self.current_epoch(at_least=credit.epoch)
+        if not current - CREDIT_LIFETIME_EPOCHS <= credit.epoch <= current:
+            raise CreditRefusedError(
+                f"a credit of epoch {credit.epoch} is not redeemable in epoch {current} "
+                f"(credits are good in their epoch and the next)"
+            )
+        if credit.epoch not in self._keys:
+            keys = epoch_keys_from_query(await self.link.query("/credit_keys", epoch=credit.epoch))
+            if not keys.keys:  # not published yet: ask again next time
+                check_credit(keys, credit)
+            self._keys[credit.epoch] = keys
+            for old in [e for e in self._keys if e < current - CREDIT_LIFETIME_EPOCHS]:
+                del self._keys[old]
+        check_credit(self._keys[credit.epoch], credit)
+        answer = await self.link.query("/credit_spent", id=spent_id(credit.prepared))
+        if answer.get("height") is not None:
+            raise CreditRefusedError(
+                f"this credit was redeemed on the committee chain at height {answer['height']}"
+            )
+
+
+class CreditSpool:
+    """Credits a node was paid with and has not redeemed yet: one file each, in `dir`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def path(self, credit: Credit) -> Path:
+        return self.dir / f"{spent_id(credit.prepared)}.json"
+
+    def add(self, credit: Credit) -> None:
+        """Keep `credit` durably; CreditRefusedError if this node holds it already."""
+        final = self.path(credit)
+        if final.exists():
+            raise CreditRefusedError("this credit was already paid to this node")
+        temporary = self.dir / f".{final.name}.{os.getpid()}.tmp"
+        data = json.dumps(credit.to_json(), separators=(",", ":")).encode()
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(descriptor, data)
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        try:
+            os.link(temporary, final)  # fails if it exists: two payments of one credit race
+        except FileExistsError:
+            raise CreditRefusedError("this credit was already paid to this node") from None
+        finally:
+            temporary.unlink()
+        directory = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def held(self) -> Iterator[tuple[Path, Credit]]:
+        """Every credit in the spool (a file that does not parse is logged and skipped)."""
+        for path in sorted(self.dir.glob("[0-9a-f]*.json")):
+            try:
+                credit = parse_credit(json.loads(path.read_bytes()), path.name)
+            except (OSError, ValueError, TxDecodeError) as error:
+                log.warning("credit spool file skipped path=%s error=%s", path, error)
+                continue
+            yield path, credit
+
+    @staticmethod
+    def remove(path: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+class Payments:
+    """A node's price (positions per credit) and the accounts of its sessions."""
+
+    def __init__(
+        self,
+        positions: int,
+        check: CreditCheck,
+        spool: CreditSpool,
+        *,
+        wait_s: float = PAY_WAIT_S,
+    ) -> None:
+        if positions < 1:
+            raise ValueError("a credit pays for at least one position")
+        self.positions = positions
+        self.check = check
+        self.spool = spool
+        self.wait_s = wait_s
+        self.seen: set[str] = set()
+        self.accepted = 0  # credits taken as pay since start
+        self.refused = 0
+
+    async def accept(self, account: Account, credit: Credit) -> None:
+        identifier = spent_id(credit.prepared)
+        try:
+            if identifier in self.seen:
+                raise CreditRefusedError("this credit was already paid to this node")
+            await self.check.check(credit)
+            if identifier in self.seen:  # paid again while the first was being checked
+                raise CreditRefusedError("this credit was already paid to this node")
+            self.spool.add(credit)
+        except ProtocolError:
+            self.refused += 1
+            raise
+        if len(self.seen) >= MAX_SEEN:
+            self.seen.clear()
+        self.seen.add(identifier)
+        self.accepted += 1
+        account.credits += 1
+        account.paid += self.positions
+        account.notify()
+
+    async def cover(self, account: Account, count: int) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_s
+        while account.used + count > account.paid:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise PaymentRequiredError(
+                    f"this node computes paid positions only: {account.credits} credits paid "
+                    f"for {account.paid} positions of this session, {account.used} used, this "
+                    f"frame needs {count} more; pay a credit ({self.positions} positions each) "
+                    "before the positions it covers"
+                )
+            changed = account.changed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await changed.wait()
+        account.used += count
+
+    @staticmethod
+    def refund(account: Account, count: int) -> None:
+        account.used -= count
+
+
+def install_payments(app: Any, state: Any, config: Any) -> None:
+    """With `config.credit_positions`: the node's Payments on `state`, its committee link opened
+    and closed with the app (aiohttp cleanup_ctx)."""
+    from node.chain.committee_link import CommitteeLink
+
+    async def lifetime(_app: Any) -> Any:
+        link = CommitteeLink([config.committee_rpc])
+        state.payments = Payments(
+            config.credit_positions,
+            CreditCheck(link),
+            CreditSpool(config.credits_dir),
+            wait_s=config.pay_wait_s,
+        )
+        log.info(
+            "paid work: %d positions per credit, credits spooled to %s",
+            config.credit_positions,
+            config.credits_dir,
+        )
+        yield
+        await link.close()
+
+    app.cleanup_ctx.append(lifetime)

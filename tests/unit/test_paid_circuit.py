@@ -1,0 +1,259 @@
+"""Nodes paid per chunk with bearer credits (node/server/payments.py, node/client/paying.py):
+in-process tiny-model nodes that charge, checking credits against the in-process committee chain.
+
+A paying client gets generate's exact tokens and pays each node exactly ceil(positions / price)
+credits, which the node spools and its agent's redeemer cashes on the chain (then nothing is
+left to redeem twice); a client that does not pay is stopped by name and the node goes on
+serving; a credit shown twice or altered is refused by name; a wallet that runs dry stops the
+answer with the wallet's error (no failover spends more)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+
+from node.agent.credit_till import CreditTill, SpoolRedeemer
+from node.client.circuit import CircuitClient
+from node.client.credit_wallet import CreditWallet
+from node.client.failover import FailoverPolicy, generate
+from node.client.paying import CreditPayer, OutOfCreditsError
+from node.client.replicas import ReplicaCircuits
+from node.model.head import ClientHead
+from node.model.manifest import Manifest
+from node.model.prepare import prepare
+from node.server.app import STATE_KEY
+from node.server.backend import ModelShardBackend
+from node.server.config import ServerConfig
+from node.server.payments import Account, CreditCheck, CreditRefusedError, CreditSpool, Payments
+from protocol.committee.credits import Redeem
+from protocol.credits import CreditInvalidError, spent_id
+from protocol.errors import RemoteError
+from protocol.stream import PaymentRequiredError, open_message, pay_message
+from tests.doubles.tiny_model import make_tiny_model
+from tests.unit.stream_circuit import serve_circuit
+from tests.unit.test_abci_credits import minted, node_chain
+from tests.unit.test_credit_till import ChainLink
+
+pytestmark = pytest.mark.unit
+
+PROMPT = "w1 w7 w3 w40 w5 w99 w12 w8 w9 w10 w11 w2"
+STEPS = 12
+PRICE = 8  # positions per credit
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    root = tmp_path_factory.mktemp("paid-circuit")
+    model = make_tiny_model(root / "src", layers=4, hidden=64, tied=False)
+    manifest = prepare(root / "src", parts=2, out=root / "p2", progress=lambda _: None)
+    return Path(manifest), model
+
+
+async def _paid_nodes(aiohttp_server: Any, manifest: Path, tmp: Path, chain: Any, node: Any):
+    servers, hops = await serve_circuit(
+        aiohttp_server,
+        [
+            (
+                ServerConfig(
+                    manifest_path=manifest,
+                    shard_id=shard,
+                    credit_positions=PRICE,  # what /info tells clients
+                    committee_rpc="http://127.0.0.1:9",  # replaced: the in-process chain
+                    credits_dir=tmp / f"spool-{shard}",
+                ),
+                ModelShardBackend(manifest, shard, device="cpu"),
+            )
+            for shard in range(2)
+        ],
+    )
+    spools = []
+    for shard, server in enumerate(servers):
+        spools.append(CreditSpool(tmp / f"spool-{shard}"))
+        check = CreditCheck(ChainLink(chain, node))
+        server.app[STATE_KEY].payments = Payments(PRICE, check, spools[-1], wait_s=0.5)
+    return servers, hops, spools
+
+
+def _generate(client: CircuitClient, head: Any, ids: list[int]) -> Any:
+    return client.generate(head, ids, max_new_tokens=STEPS, stop_on_eos=False)
+
+
+async def test_paid_circuit_exact_tokens_each_node_paid_per_chunk_and_redeemed(
+    aiohttp_server, tiny, tmp_path
+) -> None:
+    manifest, model = tiny
+    chain, node = node_chain()
+    credits, _, _ = minted(chain, tmp_path, count=10)
+    wallet = CreditWallet(tmp_path / "credits.json")
+    wallet.add(credits)
+    servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    # the path of `planet ask --credits`: prices from each node's /info, opens not waited for
+    # (each `pay` goes right behind its open), the failover loop around the circuit
+    plan = Manifest.load(manifest)
+    async with aiohttp.ClientSession() as http:
+        source = ReplicaCircuits(
+            http,
+            hops,
+            expected={s.shard_id: (plan.model_hash, s.layers) for s in plan.shards},
+            hidden_size=64,
+            prefill_chunk=5,
+            credits=wallet,
+        )
+        tokens = [
+            t
+            async for t in generate(
+                source,
+                head,
+                ids,
+                max_new_tokens=STEPS,
+                stop_on_eos=False,
+                policy=FailoverPolicy(attempts=0),
+            )
+        ]
+    payer = source.payer
+    assert payer is not None and source.prices == {hop.url: PRICE for hop in hops}
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False
+        )
+    assert tokens == out[0, len(ids) :].tolist()
+    fed = len(ids) + STEPS - 1  # the last token chosen is never fed
+    per_node = -(-fed // PRICE)
+    assert payer.spent == 2 * per_node and wallet.count() == 10 - 2 * per_node
+    assert [len(list(spool.held())) for spool in spools] == [per_node, per_node]
+    for server in servers:
+        assert server.app[STATE_KEY].payments.accepted == per_node
+
+    paid = [spent_id(c.prepared) for spool in spools for _, c in spool.held()]
+    link = ChainLink(chain, node)
+    for shard, spool in enumerate(spools):
+        redeemer = SpoolRedeemer(CreditTill(link, "m", shard), spool)
+        assert await redeemer.step() == per_node
+        assert list(spool.held()) == [] and await redeemer.step() == 0
+    for identifier in paid:  # every credit a node took is redeemed on the chain, once
+        assert (await link.query("/credit_spent", id=identifier))["height"] is not None
+
+
+async def test_a_client_that_does_not_pay_is_stopped_by_name_and_the_node_serves_on(
+    aiohttp_server, tiny, tmp_path
+) -> None:
+    manifest, _ = tiny
+    chain, node = node_chain()
+    credits, _, _ = minted(chain, tmp_path, count=8)
+    servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    async with CircuitClient(hops, hidden_size=64) as client:
+        with pytest.raises(RemoteError) as refused:
+            _ = [t async for t in _generate(client, head, ids)]
+    assert refused.value.code == "payment_required"
+    assert "0 credits paid" in refused.value.message
+    assert [len(s.app[STATE_KEY].store) for s in servers] == [0, 0]  # closed, KV freed
+    assert [list(spool.held()) for spool in spools] == [[], []]
+    wallet = CreditWallet(tmp_path / "credits.json")
+    wallet.add(credits)
+    payer = CreditPayer(wallet, {hop.url: PRICE for hop in hops})
+    async with CircuitClient(hops, hidden_size=64, payer=payer) as client:
+        assert len([t async for t in _generate(client, head, ids)]) == STEPS
+
+
+async def test_a_credit_shown_twice_altered_or_for_another_link_is_refused_by_name(
+    aiohttp_server, tiny, tmp_path
+) -> None:
+    manifest, _ = tiny
+    chain, node = node_chain()
+    [credit, other], _, _ = minted(chain, tmp_path, count=2)
+    servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    altered = replace(other, prepared=other.prepared[:-1] + bytes([other.prepared[-1] ^ 1]))
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{hops[0].url}/v1/stream") as ws:
+        await ws.send_json(open_message(1, "s" * 43, 0, None, None))
+        assert (await ws.receive_json(timeout=10))["op"] == "opened"
+        for sid, paid in ((1, credit), (1, credit), (1, altered), (2, other)):
+            await ws.send_json(pay_message(sid, paid))  # the first one taken: no answer
+        answers = [await ws.receive_json(timeout=10) for _ in range(3)]
+    assert [a["code"] for a in answers] == ["credit_refused", "credit_invalid", "unknown_stream"]
+    assert "already paid to this node" in answers[0]["message"]
+    assert [len(list(spool.held())) for spool in spools] == [1, 0]  # the good one, once
+    assert servers[0].app[STATE_KEY].payments.accepted == 1
+
+
+async def test_a_wallet_that_runs_dry_stops_the_answer_with_its_own_error(
+    aiohttp_server, tiny, tmp_path
+) -> None:
+    manifest, _ = tiny
+    chain, node = node_chain()
+    credits, _, _ = minted(chain, tmp_path, count=3)
+    _, hops, _ = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    wallet = CreditWallet(tmp_path / "credits.json")
+    wallet.add(credits)
+    payer = CreditPayer(wallet, {hop.url: PRICE for hop in hops})
+    async with CircuitClient(hops, hidden_size=64, prefill_chunk=4, payer=payer) as client:
+        with pytest.raises(OutOfCreditsError) as dry:
+            _ = [t async for t in _generate(client, head, ids)]
+    assert "ask for 2 more credits and the credit wallet holds 1" in dry.value.message
+    assert wallet.count() == 1 and payer.spent == 2  # nothing taken by the refused payment
+
+
+def test_pay_control_is_parsed_at_the_boundary_and_malformed_ones_named() -> None:
+    from protocol.frames.errors import FrameError
+    from protocol.stream import MAX_CONTROL_BYTES, OPS_FROM_CLIENT, parse_control
+
+    good = [3, "ab" * 81, [["A" * 40, "cd" * 256]]]
+    parsed = parse_control(json.dumps({"op": "pay", "sid": 7, "credit": good}), OPS_FROM_CLIENT)
+    assert parsed.sid == 7 and parsed.credit is not None and parsed.credit.epoch == 3
+    for credit in (
+        None,
+        [3, "ab" * 81],
+        [3, "zz" * 81, [["A" * 40, "cd" * 256]]],
+        [0, "ab" * 81, [["A" * 40, "cd" * 256]]],
+        [3, "ab" * 81, []],
+        [3, "ab" * 81, [["a" * 40, "cd" * 256]]],
+        [3, "ab" * 81, [["A" * 40, "cd" * 256, "x"]]],
+    ):
+        with pytest.raises(FrameError) as bad:
+            parse_control(json.dumps({"op": "pay", "sid": 7, "credit": credit}), OPS_FROM_CLIENT)
+        assert bad.value.code == "bad_control", credit
+    with pytest.raises(FrameError) as big:
+        huge = {"op": "pay", "sid": 1, "credit": [3, "ab" * 81, [["A" * 40, "c" * 20000]]]}
+        parse_control(json.dumps(huge), OPS_FROM_CLIENT)
+    assert big.value.code == "too_large" and MAX_CONTROL_BYTES == 16384
+
+
+async def test_the_node_checks_a_credit_as_the_chain_will_redeem_it(tmp_path) -> None:
+    chain, node = node_chain()
+    credits, _, _ = minted(chain, tmp_path, count=3)
+    spool = CreditSpool(tmp_path / "spool")
+    payments = Payments(PRICE, CreditCheck(ChainLink(chain, node)), spool, wait_s=0.2)
+    account = Account()
+    # redeemed on the chain already (the client paid another node with it first)
+    [result] = chain.block([chain.tx(Redeem("m", 0, (credits[0],)), node)])
+    assert result.code == 0, result.log
+    with pytest.raises(CreditRefusedError, match="redeemed on the committee chain at height"):
+        await payments.accept(account, credits[0])
+    # signers under 2/3 of the power
+    with pytest.raises(CreditInvalidError):
+        await payments.accept(account, replace(credits[1], signatures=credits[1].signatures[:2]))
+    await payments.accept(account, credits[1])
+    assert (account.paid, account.credits, payments.refused) == (PRICE, 1, 2)
+    await payments.cover(account, PRICE)  # paid: at once
+    with pytest.raises(PaymentRequiredError):
+        await payments.cover(account, 1)  # nothing more came within wait_s
+    payments.refund(account, PRICE)  # a busy refusal: not computed, not charged
+    await payments.cover(account, PRICE)
+    # a credit past its window (the chain redeems a credit of e in e and e + 1 only)
+    length = chain.state.genesis.epoch_length
+    chain.advance_to((credits[2].epoch + 1) * length + 1)
+    check = CreditCheck(ChainLink(chain, node), refresh_s=0.0)
+    with pytest.raises(CreditRefusedError, match="not redeemable in epoch"):
+        await Payments(PRICE, check, spool).accept(Account(), credits[2])
+    assert [path.name for path, _ in spool.held()] == [f"{spent_id(credits[1].prepared)}.json"]
