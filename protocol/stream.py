@@ -34,7 +34,11 @@ session's positions only while the credits paid for it cover them: the client pa
 its own link, one bearer credit (docs/credits.md) per `pay`, ahead of the positions it sends; a
 frame that would go past what is paid waits a few seconds for the `pay` (a later hop's `pay`
 and its upstream's frame race on two links), then the session is refused `payment_required`
-and closed. A client is at most one credit ahead of the work; a node never works unpaid.
+and closed. A client is at most one credit ahead of the work; a node never works unpaid. A `pay`
+the node does not keep through no fault of the credit (its session is not open on that link, or
+its open failed after the `pay` came) is refused `credit_not_taken` naming the credit's spent
+id, and the client puts that credit back; a node keeps the credits of a session it answered
+`opened` for.
 Frames may follow an open or an attach on the same link at once (the receiving hop holds them
 until that control message is handled), so no round trip comes before a session's first pass.
 """
@@ -105,6 +109,28 @@ class PaymentRequiredError(FrameError):
 
     code = "payment_required"
     http_status = 402
+
+
+class CreditNotTakenError(FrameError):
+    """A `pay` the node did not keep, through no fault of the credit: its session was not open
+    on this link (never, or its open failed), or the node computes without credits. The message
+    names the credit by its spent id (`protocol.credits.spent_id`), so the client puts exactly
+    that credit back into its wallet; a session's other messages are not affected."""
+
+    code = "credit_not_taken"
+
+    def __init__(self, identifier: str, reason: str) -> None:
+        super().__init__(f"credit {identifier} not taken: {reason}")
+        self.identifier = identifier
+
+
+_NOT_TAKEN = re.compile(r"credit ([0-9a-f]{64}) not taken: ")
+
+
+def not_taken_id(message: str) -> str | None:
+    """The spent id a `credit_not_taken` refusal names, or None."""
+    match = _NOT_TAKEN.match(message)
+    return match.group(1) if match else None
 
 
 class DownstreamError(FrameError):
@@ -282,12 +308,14 @@ __all__ = [
     "BadFeedError",
     "BadRouteError",
     "Control",
+    "CreditNotTakenError",
     "DownstreamError",
     "NextHop",
     "NextHopNotAllowedError",
     "PaymentRequiredError",
     "UnknownStreamError",
     "error_message",
+    "not_taken_id",
     "open_message",
     "parse_control",
     "pay_message",

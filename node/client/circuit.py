@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -58,7 +59,9 @@ from protocol.frames.errors import FrameError
 from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 from protocol.stream import (
     MAX_SESSION_FRAMES,
+    CreditNotTakenError,
     NextHop,
+    not_taken_id,
     open_message,
     parse_control,
     pay_message,
@@ -70,6 +73,7 @@ log = logging.getLogger(__name__)
 _FROM_NODE = frozenset({"opened", "closed", "error"})
 PREFILL_WINDOW = 8  # prefill chunks outstanding per session (≤ MAX_SESSION_FRAMES)
 MAX_ANSWER_TOKENS = 8192
+SETTLE_CREDITS_S = 2.0  # a closing client waits this long for credits a hop did not keep
 MAX_BLAMED = 1024  # failed sessions whose faulty hop a client remembers
 
 
@@ -98,6 +102,7 @@ class _Link:
         self.hop = client.hops[index]
         self.ws = ws
         self.pending: dict[int, asyncio.Future[None]] = {}
+        self.opened: set[int] = set()  # sids this hop answered `opened` for
         self.reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -129,6 +134,13 @@ class _Link:
             log.warning("node %s sent a bad control message: %s", self.hop.url, error.message)
             return
         future = self.pending.pop(control.sid, None)
+        if control.op == "opened":
+            self.opened.add(control.sid)
+        if control.op == "error" and control.code == CreditNotTakenError.code:
+            self._not_taken(control.sid, control.message or "")
+            if future is not None:  # not the answer it waits for
+                self.pending[control.sid] = future
+            return
         if control.op == "error":
             code = control.code or "http_error"
             error = _node_error(self.hop, code, control.message or "")
@@ -143,6 +155,14 @@ class _Link:
                 log.warning("node %s refused: %s", self.hop.url, error.message)
         elif future is not None and not future.done():
             future.set_result(None)
+
+    def _not_taken(self, sid: int, message: str) -> None:
+        """The hop did not keep a credit it was paid (the session was not open there): back
+        into the wallet with it. Not a session error: the session goes on or failed anyway."""
+        identifier = not_taken_id(message)
+        payer = self.client.payer
+        if identifier is None or payer is None or not payer.give_back(sid, self.index, identifier):
+            log.warning("node %s: a credit not taken, unknown here: %s", self.hop.url, message)
 
     def _data(self, data: bytes) -> None:
         client = self.client
@@ -291,6 +311,7 @@ class CircuitClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self._settle_credits()
         self.closing = True
         for link in self.links:
             await link.ws.close()
@@ -301,6 +322,27 @@ class CircuitClient:
         if self._own_http and self._http is not None:
             await self._http.close()
             self._http = None
+
+    async def _settle_credits(self) -> None:
+        """Before the links close: wait (bounded) for the hops that neither opened a session
+        nor refused its credits yet — a refused open's credits come back `credit_not_taken`
+        right behind the refusal, and go back into the wallet."""
+        payer = self.payer
+        if payer is None or not self.links:
+            return
+        links = self.links
+
+        def opened(sid: int, hop: int) -> bool:
+            return sid in links[hop].opened or links[hop].reader.done()
+
+        deadline = time.monotonic() + SETTLE_CREDITS_S
+        while payer.unsettled(opened) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if payer.unsettled(opened):
+            log.warning(
+                "credits sent to hops that never opened their session nor gave them back: %d",
+                payer.unsettled(opened),
+            )
 
     # ------------------------------------------------------------------------------- tokens
     def capabilities(self, secret: str) -> list[str]:
@@ -378,7 +420,9 @@ class CircuitClient:
         self.outputs.pop(sid, None)
         self._sent.pop(sid, None)
         if self.payer is not None:
-            self.payer.forget(sid)
+            self.payer.forget(sid, {i for i, link in enumerate(self.links) if sid in link.opened})
+        for link in self.links:
+            link.opened.discard(sid)
         for link in self.links:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await link.ws.send_json({"op": "close", "sid": sid})
@@ -424,7 +468,7 @@ class CircuitClient:
                         raise UnavailableError(
                             f"node {self.hops[index].url} stream failed: {error}"
                         ) from None
-                    self.payer.paid(sid, index, urls[index], 1)
+                    self.payer.paid(sid, index, urls[index], credit)
         self._sent[sid] = sent
 
     async def receive(

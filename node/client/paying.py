@@ -12,17 +12,20 @@ never works unpaid. A free hop (0, or not listed) is never paid.
 
 Credits are taken out of the wallet file before they are sent (a credit shown to a node is the
 node's: a client that died after sending must not show it to another node, whose redemption
-would then fail). A session that fails keeps what it paid: a failover's replay is paid again
-on the new session (at most one credit per hop lost per failure).
+would then fail). A session that fails after a hop opened it keeps what that hop was paid: a
+failover's replay is paid again on the new session (a hop keeps at most the credits paid ahead
+of its work: one chunk, or the first frame's positions). A credit a hop did not keep (the
+session was not open there, or its open failed after the `pay`) comes back refused
+`credit_not_taken`, naming it: it goes back into the wallet (`give_back`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from node.client.credit_wallet import CreditWallet
-from protocol.credits import Credit
+from protocol.credits import Credit, spent_id
 from protocol.errors import ProtocolError
 
 
@@ -46,6 +49,8 @@ class CreditPayer:
     prices: Mapping[str, int]  # node URL → positions one credit pays for (0: free)
     spent: int = 0  # credits sent to nodes by this payer
     _paid: dict[tuple[int, int], int] = field(default_factory=dict)  # (sid, hop) → positions
+    # (sid, hop) → the credits sent there and the positions each paid for
+    _sent: dict[tuple[int, int], list[tuple[Credit, int]]] = field(default_factory=dict)
 
     def price(self, url: str) -> int:
         return max(0, int(self.prices.get(url, 0)))
@@ -76,10 +81,36 @@ class CreditPayer:
             at += count
         return out
 
-    def paid(self, sid: int, index: int, url: str, credits: int) -> None:
-        key = (sid, index)
-        self._paid[key] = self._paid.get(key, 0) + credits * self.price(url)
+    def paid(self, sid: int, index: int, url: str, credit: Credit) -> None:
+        key, price = (sid, index), self.price(url)
+        self._paid[key] = self._paid.get(key, 0) + price
+        self._sent.setdefault(key, []).append((credit, price))
 
-    def forget(self, sid: int) -> None:
+    def give_back(self, sid: int, index: int, identifier: str) -> bool:
+        """Hop `index` did not keep the credit of spent id `identifier` it was sent for `sid`:
+        back into the wallet (False when no such credit was sent there)."""
+        sent = self._sent.get((sid, index), [])
+        for item in sent:
+            credit, price = item
+            if spent_id(credit.prepared) == identifier:
+                sent.remove(item)
+                if (sid, index) in self._paid:  # the session still runs: pay it again
+                    self._paid[(sid, index)] -= price
+                self.wallet.add([credit])
+                self.spent -= 1
+                return True
+        return False
+
+    def forget(self, sid: int, opened: set[int]) -> None:
+        """`sid` is closed: the hops in `opened` answered `opened` and keep what they were
+        paid; what the others were sent stays here until they refuse it (`give_back`)."""
         for key in [k for k in self._paid if k[0] == sid]:
             del self._paid[key]
+        for key in [k for k in self._sent if k[0] == sid]:
+            if key[1] in opened or not self._sent[key]:
+                del self._sent[key]
+
+    def unsettled(self, opened: Callable[[int, int], bool]) -> int:
+        """Credits sent to hops that neither opened their session (`opened(sid, hop)`) nor
+        refused them yet."""
+        return sum(len(sent) for (sid, hop), sent in self._sent.items() if not opened(sid, hop))

@@ -10,6 +10,10 @@ credits paid for that session cover them (issue 28; protocol/stream.py `pay`, do
                                              else PaymentRequiredError (the caller closes the
                                              session: a client that stops paying is stopped)
     payments.refund(account, count)          a frame refused as busy was not computed
+    payments.give_back(account)              the session's open failed after credits came:
+                                             they are not kept (returned, to be refused
+                                             `credit_not_taken` by name; the client puts each
+                                             back into its wallet)
 
 **The spool** (`CreditSpool`, `--credits-dir`) is the hand-over to the node agent, which redeems
 what is in it on the committee chain (`node.agent.credit_redeemer`) and removes what the chain
@@ -79,6 +83,8 @@ class Account:
     paid: int = 0
     used: int = 0
     credits: int = 0
+    opened: bool = False  # `opened` sent: the credits are kept whatever happens next
+    taken: list[Credit] = field(default_factory=list)  # taken before `opened`
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def notify(self) -> None:
@@ -213,6 +219,8 @@ class Payments:
             self.seen.clear()
         self.seen.add(identifier)
         self.accepted += 1
+        if not account.opened:
+            account.taken.append(credit)
         account.credits += 1
         account.paid += self.positions
         account.notify()
@@ -238,6 +246,17 @@ class Payments:
     @staticmethod
     def refund(account: Account, count: int) -> None:
         account.used -= count
+
+    def give_back(self, account: Account) -> list[Credit]:
+        """The session's open failed (no `opened` was sent): un-take its credits."""
+        returned = list(account.taken)
+        for credit in returned:
+            self.spool.remove(self.spool.path(credit))
+            self.seen.discard(spent_id(credit.prepared))
+            self.accepted -= 1
+        account.taken.clear()
+        account.paid = account.credits = 0
+        return returned
 
 
 def install_payments(app: Any, state: Any, config: Any) -> None:

@@ -36,6 +36,7 @@ from node.server.payments import Account
 from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, short_tag
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
+from protocol.credits import spent_id
 from protocol.errors import BusyError, PlanetError, ProtocolError
 from protocol.frames.codecs import decode_values, encode_body
 from protocol.frames.errors import (
@@ -54,6 +55,7 @@ from protocol.stream import (
     BadControlError,
     BadFeedError,
     Control,
+    CreditNotTakenError,
     DownstreamError,
     PaymentRequiredError,
     UnknownStreamError,
@@ -360,6 +362,14 @@ async def _open_settling(state: NodeState, link: _Link, control: Control) -> Non
             link.opened.pop(control.sid, None)
             link.inbound.pop(control.sid, None)
             _close_route(state, route)
+            if state.payments is not None:  # no `opened`: the client takes its credits back
+                for credit in state.payments.give_back(route.account):
+                    await _refuse(
+                        state,
+                        link.ws,
+                        control.sid,
+                        CreditNotTakenError(spent_id(credit.prepared), "the open failed"),
+                    )
             raise
     log.info(
         "stream session opened session=%s peer=%s last=%s sessions=%d",
@@ -368,6 +378,8 @@ async def _open_settling(state: NodeState, link: _Link, control: Control) -> Non
         route.down is None,
         len(state.store),
     )
+    route.account.opened = True  # its credits are kept from here on, whatever happens
+    route.account.taken.clear()
     await _send(state, link.ws, {"op": "opened", "sid": control.sid})
 
 
@@ -445,13 +457,14 @@ async def _control(state: NodeState, link: _Link, parsed: Control | FrameError) 
 
 async def _pay(state: NodeState, link: _Link, control: Control) -> None:
     """A credit for a session this link opened (the client's link to this hop)."""
-    route = link.opened.get(control.sid)
-    if route is None:
-        raise UnknownStreamError(f"sid {control.sid} was not opened on this link")
-    if state.payments is None:
-        raise BadControlError("this node computes without credits: do not pay it")
     if control.credit is None:  # parse_control sets it for every "pay"
         raise BadControlError("pay needs a credit")
+    identifier = spent_id(control.credit.prepared)
+    route = link.opened.get(control.sid)
+    if route is None:
+        raise CreditNotTakenError(identifier, f"sid {control.sid} is not open on this link")
+    if state.payments is None:
+        raise CreditNotTakenError(identifier, "this node computes without credits")
     await state.payments.accept(route.account, control.credit)
 
 

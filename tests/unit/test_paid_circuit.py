@@ -30,11 +30,12 @@ from node.model.prepare import prepare
 from node.server.app import STATE_KEY
 from node.server.backend import ModelShardBackend
 from node.server.config import ServerConfig
+from node.server.next_hops import ForwardList
 from node.server.payments import Account, CreditCheck, CreditRefusedError, CreditSpool, Payments
 from protocol.committee.credits import Redeem
 from protocol.credits import CreditInvalidError, spent_id
 from protocol.errors import RemoteError
-from protocol.stream import PaymentRequiredError, open_message, pay_message
+from protocol.stream import PaymentRequiredError, not_taken_id, open_message, pay_message
 from tests.doubles.tiny_model import make_tiny_model
 from tests.unit.stream_circuit import serve_circuit
 from tests.unit.test_abci_credits import minted, node_chain
@@ -179,10 +180,46 @@ async def test_a_credit_shown_twice_altered_or_for_another_link_is_refused_by_na
         for sid, paid in ((1, credit), (1, credit), (1, altered), (2, other)):
             await ws.send_json(pay_message(sid, paid))  # the first one taken: no answer
         answers = [await ws.receive_json(timeout=10) for _ in range(3)]
-    assert [a["code"] for a in answers] == ["credit_refused", "credit_invalid", "unknown_stream"]
+    assert [a["code"] for a in answers] == ["credit_refused", "credit_invalid", "credit_not_taken"]
     assert "already paid to this node" in answers[0]["message"]
+    # a credit for a session that is not open here is not taken, and named so the client can
+    # put it back into its wallet
+    assert not_taken_id(answers[2]["message"]) == spent_id(other.prepared)
     assert [len(list(spool.held())) for spool in spools] == [1, 0]  # the good one, once
     assert servers[0].app[STATE_KEY].payments.accepted == 1
+
+
+async def test_credits_sent_to_a_hop_whose_open_failed_go_back_into_the_wallet(
+    aiohttp_server, tiny, tmp_path
+) -> None:
+    manifest, _ = tiny
+    chain, node = node_chain()
+    credits, _, _ = minted(chain, tmp_path, count=6)
+    servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    servers[0].app[STATE_KEY].next_hops = ForwardList(0, frozenset())  # refuses every next hop
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    wallet = CreditWallet(tmp_path / "credits.json")
+    wallet.add(credits)
+    payer = CreditPayer(wallet, {hop.url: PRICE for hop in hops})
+    async with CircuitClient(hops, hidden_size=64, prefill_chunk=16, payer=payer) as client:
+        sid = await client.open("a-secret-of-this-question", wait=False)  # pays right behind
+        await client.send(sid, 0, _rows(len(ids)))
+        with pytest.raises(RemoteError) as refused:
+            await client.receive(sid, 0, 1)
+        assert refused.value.code == "next_hop_not_allowed"
+        await client.close(sid)
+    # the first hop never opened the session: both credits it was sent are back; the last hop
+    # opened it and keeps what it was paid ahead (the one chunk at risk)
+    kept = len(list(spools[1].held()))
+    assert list(spools[0].held()) == [] and kept == 2
+    assert wallet.count() == 6 - kept and payer.spent == kept
+
+
+def _rows(count: int) -> Any:
+    import numpy as np
+
+    return np.zeros((1, count, 64), dtype=np.float32)
 
 
 async def test_a_wallet_that_runs_dry_stops_the_answer_with_its_own_error(
@@ -191,7 +228,7 @@ async def test_a_wallet_that_runs_dry_stops_the_answer_with_its_own_error(
     manifest, _ = tiny
     chain, node = node_chain()
     credits, _, _ = minted(chain, tmp_path, count=3)
-    _, hops, _ = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    _, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
     head = ClientHead.load(manifest, device="cpu")
     ids = head.encode(PROMPT)
     wallet = CreditWallet(tmp_path / "credits.json")
@@ -201,7 +238,10 @@ async def test_a_wallet_that_runs_dry_stops_the_answer_with_its_own_error(
         with pytest.raises(OutOfCreditsError) as dry:
             _ = [t async for t in _generate(client, head, ids)]
     assert "ask for 2 more credits and the credit wallet holds 1" in dry.value.message
-    assert wallet.count() == 1 and payer.spent == 2  # nothing taken by the refused payment
+    # nothing taken by the refused payment; what the nodes did not keep of the closed session
+    # (a close can overtake the `pay`s held behind the open) came back into the wallet
+    kept = len(list(spools[0].held())) + len(list(spools[1].held()))
+    assert payer.spent == kept <= 2 and wallet.count() == 3 - kept
 
 
 def test_pay_control_is_parsed_at_the_boundary_and_malformed_ones_named() -> None:

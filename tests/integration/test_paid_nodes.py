@@ -1,0 +1,230 @@
+"""Nodes paid per chunk with bearer credits, all real processes: one CometBFT validator with the
+committee app (credits on, its blind-signing key published), two `planet node serve` processes of
+a tiny model that charge (`--credit-positions 8 --credits-dir`), and their two real node agents
+(`python -m node.agent --credits-dir`), which register the nodes and redeem what they were paid.
+
+A payer buys credits with `planet credits buy`, then `planet ask --credits` (its own process)
+answers through the two nodes and pays each exactly ceil(positions / 8) credits; the agents
+redeem every one on the chain, where each node's work shows in `/credits` and its spool empties.
+An `ask` that does not pay is stopped by the first node by name (`payment_required`); one whose
+credits do not cover the next chunk stops with the wallet's own error and a hint, the credits
+kept; neither prints a traceback, and the nodes serve on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eth_utils import keccak
+
+from harness.gateway_net import Committee, ephemeral_port, start_committee, wait_for
+from node.cli.main import main
+from node.client.credit_wallet import CreditWallet
+from node.client.nodesfile import NodeRef, NodesFile
+from node.keys import create_node_key, create_wallet
+from node.model.head import ClientHead
+from node.model.prepare import prepare
+from node.procs import spawn_logged
+from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
+from protocol.committee.credits import CreditKey, FundMint
+from protocol.credit_keys import CreditKeyStore
+from protocol.eip712 import address_of
+from tests.doubles.tiny_model import make_tiny_model
+
+pytestmark = pytest.mark.integration
+
+PRICE_POSITIONS = 8
+LAYER_TOKENS = 4096
+PASSWORD = "paid-nodes-test"
+PROMPT = "w1 w7 w3 w40 w5"
+MAX_TOKENS = 6
+EVM = {
+    "chain_id": 31337,
+    "committee_address": "0x" + "c0" * 20,
+    "fraud_proofs_address": "0x" + "f0" * 20,
+    "escrow_address": "0x" + "ee" * 20,
+}
+
+
+@contextmanager
+def _vouching(committee: Committee) -> Iterator[None]:
+    """While open, the validator vouches (`fund_mint`) for every mint waiting for funding, as
+    its stake watcher does for a covered one (tests/integration/test_agent_watcher.py)."""
+    stop, done = threading.Event(), set()
+
+    def vouch() -> None:
+        while not stop.wait(0.3):
+            for mint in committee.query("/mints?pending=true")["mints"]:
+                if mint["id"] not in done:
+                    committee.submit(committee.validator_sign(FundMint(mint["id"])))
+                    done.add(mint["id"])
+
+    thread = threading.Thread(target=vouch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("paid-nodes")
+    make_tiny_model(root / "src", layers=4, hidden=64, tied=False)
+    manifest = Path(prepare(root / "src", parts=2, out=root / "p2", progress=lambda _: None))
+    model_hash = json.loads(manifest.read_text())["model_hash"]
+    nodes: list[NodeProcess] = []
+    agents: list[subprocess.Popen[bytes]] = []
+    committee = None
+    try:
+        committee = start_committee(
+            root,
+            address_of(keccak(text="paid-nodes operator")),
+            epoch_length=100_000,
+            evm=EVM,
+            app_state={"credits": {"price_wei": "1000", "layer_tokens": LAYER_TOKENS}},
+        )
+        public = CreditKeyStore(committee.home / "credit_keys").generate(1).public
+        committee.submit(committee.validator_sign(CreditKey(1, public.to_der())))
+        password = root / "password"
+        password.write_text(PASSWORD)
+        homes, accounts = [], []
+        ports = [ephemeral_port(), ephemeral_port()]
+        for shard in range(2):
+            home = root / f"operator-{shard}"
+            home.mkdir()
+            evm = keccak(text=f"paid-nodes evm {shard}")
+            accounts.append(create_wallet(home / "wallet.json", PASSWORD, evm).address.lower())
+            create_node_key(home / "node_key.json", PASSWORD)
+            homes.append(home)
+            nodes.append(
+                start_node(
+                    manifest=manifest,
+                    shard=shard,
+                    port=ports[shard],
+                    run_dir=root / "run",
+                    extra_args=[
+                        *("--threads", "1", "--committee-rpc", committee.rpc),
+                        *("--next-hops", f"http://127.0.0.1:{ports[1]}" if shard == 0 else "none"),
+                        *("--credit-positions", str(PRICE_POSITIONS)),
+                        *("--credits-dir", str(home / "credits")),
+                    ],
+                )
+            )
+        wait_healthy(nodes, timeout_s=120)
+        for shard, (home, node) in enumerate(zip(homes, nodes, strict=True)):
+            command = [sys.executable, "-m", "node.agent", "--home", str(home)]
+            command += ["--manifest", str(manifest), "--shard", str(shard)]
+            command += ["--endpoint", node.url, "--committee-rpc", committee.rpc]
+            command += ["--credits-dir", str(home / "credits"), "--password-file", str(password)]
+            agents.append(spawn_logged(command, root / "run" / f"agent-{shard}.log"))
+
+        def registered() -> bool:
+            answer = committee.query(f"/nodes?model={model_hash}&role=compute")
+            return len(answer["nodes"]) == 2
+
+        wait_for(registered, 60, "the agents did not register both nodes")
+        payer = root / "payer.json"
+        create_wallet(payer, PASSWORD, keccak(text="paid-nodes payer"))
+        nodes_file = root / "nodes.json"
+        NodesFile(
+            manifest,
+            tuple(NodeRef(n.url, n.shard, tuple(s["layers"])) for n, s in _shards(manifest, nodes)),
+        ).save(nodes_file)
+        yield {
+            "root": root,
+            "manifest": manifest,
+            "committee": committee,
+            "nodes": nodes,
+            "homes": homes,
+            "accounts": accounts,
+            "payer": payer,
+            "password": password,
+            "nodes_file": nodes_file,
+        }
+    finally:
+        for agent in agents:
+            agent.terminate()
+            agent.wait(timeout=30)
+        for node in nodes:
+            stop_pid(node.pid, grace_s=5)
+        if committee is not None:
+            for process in committee.processes:
+                process.terminate()
+                process.wait(timeout=10)
+
+
+def _shards(manifest: Path, nodes: list[NodeProcess]) -> list[tuple[NodeProcess, Any]]:
+    shards = json.loads(manifest.read_text())["shards"]
+    return [(node, shards[node.shard]) for node in nodes]
+
+
+def _buy(net: dict[str, Any], count: int, credits_file: Path) -> None:
+    argv = ["credits", "buy", str(count), "--committee-rpc", net["committee"].rpc]
+    argv += ["--wallet", str(net["payer"]), "--password-file", str(net["password"])]
+    argv += ["--credits-file", str(credits_file)]
+    with _vouching(net["committee"]):
+        assert main(argv) == 0
+    assert CreditWallet(credits_file).count() == count
+
+
+def _ask(net: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "node.cli.main", "ask", PROMPT, "--nodes"]
+    command += [str(net["nodes_file"]), "--max-tokens", str(MAX_TOKENS), "--json", *extra]
+    env = {**os.environ, "PLANET_HOME": str(net["root"] / "client-home")}
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_ask_pays_each_node_per_chunk_and_the_agents_redeem_every_credit(net) -> None:
+    credits_file = net["root"] / "credits.json"
+    _buy(net, 12, credits_file)
+    done = _ask(net, "--credits", "--credits-file", str(credits_file))
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    head = ClientHead.load(net["manifest"], device="cpu")
+    fed = len(head.chat_ids([{"role": "user", "content": PROMPT}])) + len(answer["tokens"]) - 1
+    per_node = -(-fed // PRICE_POSITIONS)
+    assert answer["tokens"] and answer["credits_spent"] == 2 * per_node
+    assert CreditWallet(credits_file).count() == 12 - 2 * per_node
+    committee = net["committee"]
+
+    def redeemed() -> list[tuple[int, int]] | None:
+        if any(list((home / "credits").glob("*.json")) for home in net["homes"]):
+            return None
+        rows = []
+        for account in net["accounts"]:
+            rows += committee.query(f"/credits?account={account}")["credits"]
+        return sorted((row["shard"], row["layer_tokens"]) for row in rows) or None
+
+    # each agent redeems its node's spool on its next pass (about a second apart)
+    assert wait_for(redeemed, 60, "the agents did not redeem the credits") == [
+        (0, per_node * LAYER_TOKENS),
+        (1, per_node * LAYER_TOKENS),
+    ]
+
+
+def test_an_unpaid_or_underfunded_ask_is_stopped_by_name_and_the_nodes_serve_on(net) -> None:
+    unpaid = _ask(net)
+    assert unpaid.returncode != 0
+    assert "payment_required" in unpaid.stderr and "0 credits paid" in unpaid.stderr
+    assert "Traceback" not in unpaid.stderr
+    credits_file = net["root"] / "few-credits.json"
+    _buy(net, 2, credits_file)  # one chunk per node: the prompt alone needs more
+    short = _ask(net, "--credits", "--credits-file", str(credits_file))
+    assert short.returncode != 0 and "Traceback" not in short.stderr
+    assert "ask for 4 more credits and the credit wallet holds 2" in short.stderr
+    assert "planet credits buy" in short.stderr
+    assert CreditWallet(credits_file).count() == 2  # nothing taken for a payment refused
+    for node in net["nodes"]:  # both nodes serve on
+        info = json.loads(urllib.request.urlopen(f"{node.url}/info", timeout=10).read())
+        assert info["credit_positions"] == PRICE_POSITIONS and info["credits"]["refused"] == 0
