@@ -251,6 +251,12 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
     if not args.json:
         sys.stdout.write((text[len(printed) :] if text.startswith(printed) else "") + "\n")
         sys.stdout.flush()
+        if source.payer is not None:
+            print(
+                f"paid {source.payer.spent} credits to the nodes; "
+                f"{source.payer.wallet.count()} left in {source.payer.wallet.path}",
+                file=sys.stderr,
+            )
     final = source.current or ()
     return {
         "text": text,

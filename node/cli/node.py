@@ -171,6 +171,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(credits are checked against its keys and spent set) and --credits-dir",
     )
     serve.add_argument(
+        "--pay-wait",
+        type=_finite,
+        default=5.0,
+        metavar="SECONDS",
+        help="with --credit-positions: how long a frame past what is paid waits for the client's "
+        "credit before the session is refused payment_required (default 5)",
+    )
+    serve.add_argument(
         "--credits-dir",
         type=Path,
         metavar="DIR",
@@ -358,5 +366,6 @@ def server_config(args: argparse.Namespace) -> tuple[ServerConfig, object | None
         chunk_bytes_per_s_per_peer=max(1, int(args.chunk_rate_mb * 1024 * 1024)),
         credit_positions=args.credit_positions,
         credits_dir=args.credits_dir,
+        pay_wait_s=args.pay_wait,
     ).validate()
     return config, node_key
