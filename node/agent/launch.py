@@ -30,6 +30,7 @@ from protocol.urls import canonical_url
 
 JOINED_FILE = "joined.json"
 SERVED_DIR = "served"  # the node's served-work spool, read by the agent (commit-reveal)
+CREDITS_DIR = "credits"  # credits the node was paid with, until the agent redeems them
 AGENT_LOG = "agent.log"
 _HASH_PREFIX = "sha256:"
 
@@ -177,6 +178,12 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def _credit_args(positions: int, run_dir: Path) -> list[str]:
+    if not positions:
+        return []
+    return ["--credit-positions", str(positions), "--credits-dir", str(run_dir / CREDITS_DIR)]
+
+
 def start_node_and_agent(
     *,
     home: Path,
@@ -190,9 +197,12 @@ def start_node_and_agent(
     node_key: str,
     host: str = "127.0.0.1",
     private_range: str | None = None,
+    credit_positions: int = 0,
 ) -> Joined:
     """Spawn the compute node (bound to `host`:`port`, registered at that address) and the
-    agent, detached; returns at once. `private_range`: see `_next_hop_args`."""
+    agent, detached; returns at once. `private_range`: see `_next_hop_args`.
+    `credit_positions` > 0: the node computes only what clients pay for with credits, that many
+    positions each; they are spooled to `<home>/run/credits` and the agent redeems them."""
     run_dir = home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     node = start_node(
@@ -208,6 +218,7 @@ def start_node_and_agent(
             str(run_dir / SERVED_DIR),
             *_ticket_args(committee_rpcs),
             *_next_hop_args(committee_rpcs, f"https://{_url_host(host)}:{port}", private_range),
+            *_credit_args(credit_positions, run_dir),
         ],
         extra_env={PASSWORD_ENV: password},
         node_key=home / "node_key.json",  # TLS bound to the registered key: https:// endpoint
@@ -223,6 +234,8 @@ def start_node_and_agent(
     ]  # fmt: skip
     for url in committee_rpcs:
         argv += ["--committee-rpc", url]
+    if credit_positions:
+        argv += ["--credits-dir", str(run_dir / CREDITS_DIR)]
     agent_log = run_dir / AGENT_LOG
     agent = spawn_logged(argv, agent_log, env={**os.environ, "PLANET_PASSWORD": password})
     joined = Joined(

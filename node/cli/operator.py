@@ -136,6 +136,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "next_hop_range, PLANET_NEXT_HOP_RANGE; a devnet gives its own; default: any private)",
     )
     join.add_argument("--capacity", type=int, default=16, help="max sessions (default 16)")
+    join.add_argument(
+        "--credit-positions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="be paid by clients with bearer credits as they ask: compute only positions paid "
+        "for, N per credit (default 0: free, paid through gateways' work reports); the agent "
+        "redeems the credits on the committee chain (docs/credits.md)",
+    )
     join.add_argument("--timeout", type=float, default=180.0, help="seconds to wait (180)")
     join.add_argument("--no-wait", action="store_true", help="return once processes started")
     add_fetch_sources(join)  # when the shard file is not on disk: nodes serving it, then origin
@@ -321,6 +330,8 @@ def _join(args: argparse.Namespace) -> int:
     config = _config(args)
     if not 1 <= args.capacity <= 1_000_000:
         raise UsageError("--capacity must be 1..1000000")
+    if not 0 <= args.credit_positions < 2**31:
+        raise UsageError("--credit-positions must be 0 (free) or a positive count of positions")
     given_host = _parse_host(args.host) if args.host is not None else None
     joined = read_joined(config.run_dir)
     if joined is not None and agent_alive(joined):
@@ -374,6 +385,7 @@ def _join(args: argparse.Namespace) -> int:
         node_key=key_hex,
         host=host,
         private_range=config.next_hop_range,
+        credit_positions=args.credit_positions,
     )
     _say(f"  node pid {joined.node_pid} (log {joined.node_log})")
     _say(f"  agent pid {joined.agent_pid} (log {joined.agent_log})")
