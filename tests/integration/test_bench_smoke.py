@@ -39,6 +39,7 @@ SMOKE: dict[str, tuple[tuple[str, ...], tuple[pytest.MarkDecorator, ...]]] = {
     "gpu_sweep": ((), ()),
     "links": ((), (SLOW,)),
     # --parts 3: the default 2,3,5 fails until the transport's fix; its --quick alone takes ~170 s
+    "paid_circuit": ((), ()),  # two tiny in-process nodes, ~15 s
     "pipeline": (
         ("--parts", "3", "--repeats", "1", "--max-new-tokens", "8", "--skip-ppl", "--skip-codec"),
         (SLOW,),
