@@ -292,13 +292,13 @@ def _hold(link: _Link, control: Control) -> None:
         link.settling[control.sid] = []
 
 
-def _holds(link: _Link, held: list[bytes | Control] | None, size: int) -> bool:
-    """Whether a message of `size` bytes joins `held` (its sid is settling) within the caps."""
-    return (
-        held is not None
-        and len(held) < MAX_SESSION_FRAMES
-        and link.held_bytes + size <= MAX_HELD_BYTES
-    )
+def _holds(link: _Link, held: list[bytes | Control] | None, size: int, *, pay: bool) -> bool:
+    """Whether a message of `size` bytes joins `held` (its sid is settling) within the caps:
+    MAX_SESSION_FRAMES frames, and as many `pay`s (a client pays ahead of each frame)."""
+    if held is None or link.held_bytes + size > MAX_HELD_BYTES:
+        return False
+    pays = sum(isinstance(item, Control) for item in held)
+    return (pays if pay else len(held) - pays) < MAX_SESSION_FRAMES
 
 
 def _release(state: NodeState, link: _Link, sid: int) -> None:
@@ -623,7 +623,7 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
                 state.stream_bytes_in += ws_frame_bytes(len(message.data), masked=True)
                 held = link.settling.get(frame_sid(message.data))
                 size = len(message.data)
-                if _holds(link, held, size):
+                if _holds(link, held, size, pay=False):
                     held.append(message.data)  # its open or attach is being handled
                     link.held_bytes += size
                     continue
@@ -636,7 +636,7 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
                     parsed = error
                 if isinstance(parsed, Control) and parsed.op == "pay":
                     held = link.settling.get(parsed.sid)
-                    if _holds(link, held, MAX_CONTROL_BYTES):  # paid right behind its open
+                    if _holds(link, held, MAX_CONTROL_BYTES, pay=True):  # paid behind its open
                         held.append(parsed)  # type: ignore[union-attr]
                         link.held_bytes += MAX_CONTROL_BYTES
                         continue
