@@ -104,6 +104,7 @@ async def _question(
         expected={s.shard_id: (plan.model_hash, s.layers) for s in plan.shards},
         hidden_size=plan.hidden_size,
         credits=wallet,
+        min_credit_positions=1,
     )
     started = time.perf_counter()
     count = 0

@@ -100,6 +100,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "that names you (buy them with `planet credits buy N`)",
     )
     parser.add_argument(
+        "--min-credit-positions",
+        type=int,
+        default=16,
+        metavar="N",
+        help="with --credits: never pay a node that asks a credit per fewer than N positions "
+        "(default 16; a node's price is in its /info)",
+    )
+    parser.add_argument(
         "--credits-file",
         type=Path,
         default=None,
@@ -156,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--voucher-ttl must be 1 … 86400 seconds")
     if not 0 <= args.speculate <= MAX_LOOKAHEAD:
         raise UsageError(f"--speculate takes 1 … {MAX_LOOKAHEAD} guesses per pass")
+    if args.min_credit_positions < 1:
+        raise UsageError("--min-credit-positions must be >= 1")
     if args.credits and (args.pay or args.voucher):
         raise UsageError(
             "--credits pays the nodes you ask directly; --pay and --voucher pay a gateway",
@@ -227,6 +237,7 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
             codec=codec,
             plaintext_links=plaintext,
             credits=_credit_wallet(args),
+            min_credit_positions=args.min_credit_positions,
         )
         async for token in generate(
             source,

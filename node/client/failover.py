@@ -49,7 +49,7 @@ import aiohttp
 import numpy as np
 
 from node.client.capabilities import new_session_id
-from node.client.paying import OutOfCreditsError
+from node.client.paying import OutOfCreditsError, PriceTooHighError
 from node.client.sampling import SamplingConfig, sample
 from node.client.speculation import SpeculationConfig, SpeculationStats, propose, verify
 from node.client.types import Failover, Head, Hop, Timings
@@ -307,8 +307,8 @@ async def generate(
                     timings.wire_bytes_sent += client.bytes_sent - sent0
                     timings.wire_bytes_received += client.bytes_received - received0
                     await client.close(sid)
-        except OutOfCreditsError:
-            raise  # the wallet's, not a node's: another circuit would not help
+        except (OutOfCreditsError, PriceTooHighError):
+            raise  # the wallet's or the user's limit: another try would pay nothing better
         except FAILURES as error:
             seen_s = time.perf_counter()
             failures += 1

@@ -41,6 +41,22 @@ class OutOfCreditsError(ProtocolError):
         )
 
 
+class PriceTooHighError(ProtocolError):
+    """A node asks more than this client pays: fewer positions per credit than its floor."""
+
+    code = "price_too_high"
+
+    def __init__(self, url: str, price: int, floor: int) -> None:
+        super().__init__(
+            f"node {url} asks a credit per {price} positions; this client pays at most one per "
+            f"{floor}",
+            hint="ask other nodes, or lower --min-credit-positions if you accept the price",
+        )
+
+
+MIN_POSITIONS = 16  # a client's default floor: it never pays a credit per fewer positions
+
+
 @dataclass
 class CreditPayer:
     """The wallet credits come from, and each charging node's price (positions per credit)."""
@@ -48,6 +64,7 @@ class CreditPayer:
     wallet: CreditWallet
     prices: Mapping[str, int]  # node URL → positions one credit pays for (0: free)
     spent: int = 0  # credits sent to nodes by this payer
+    min_positions: int = MIN_POSITIONS  # the dearest price paid: a credit per this many
     _paid: dict[tuple[int, int], int] = field(default_factory=dict)  # (sid, hop) → positions
     # (sid, hop) → the credits sent there and the positions each paid for
     _sent: dict[tuple[int, int], list[tuple[Credit, int]]] = field(default_factory=dict)
@@ -60,6 +77,8 @@ class CreditPayer:
         owed = []
         for index, url in enumerate(urls):
             price = self.price(url)
+            if 0 < price < self.min_positions:
+                raise PriceTooHighError(url, price, self.min_positions)
             paid = self._paid.get((sid, index), 0)
             owed.append(0 if price == 0 or paid >= used else -(-(used - paid) // price))
         return owed

@@ -25,7 +25,7 @@ from node.client.costs import CostBook
 from node.client.credit_wallet import CreditWallet
 from node.client.failover import unhealthy_hops
 from node.client.info import node_info
-from node.client.paying import CreditPayer
+from node.client.paying import MIN_POSITIONS, CreditPayer
 from node.client.types import Hop
 from protocol.errors import ConfigError, PlanetError
 
@@ -55,6 +55,7 @@ class ReplicaCircuits:
         clock: Callable[[], float] = time.monotonic,
         plaintext_links: bool = False,
         credits: CreditWallet | None = None,
+        min_credit_positions: int = MIN_POSITIONS,
     ) -> None:
         self.http = http
         self.plaintext_links = plaintext_links  # plaintext beyond loopback (explicit local mode)
@@ -83,7 +84,11 @@ class ReplicaCircuits:
         self.circuits: list[tuple[Hop, ...]] = []  # every circuit leased, in order
         # paying the nodes that charge (their /info `credit_positions`) from a credit wallet
         self.prices: dict[str, int] = {}
-        self.payer = None if credits is None else CreditPayer(credits, self.prices)
+        self.payer = (
+            None
+            if credits is None
+            else CreditPayer(credits, self.prices, min_positions=min_credit_positions)
+        )
 
     # ------------------------------------------------------------------------------ choosing
     async def refresh(self) -> None:

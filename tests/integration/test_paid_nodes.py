@@ -181,6 +181,7 @@ def _buy(net: dict[str, Any], count: int, credits_file: Path) -> None:
 def _ask(net: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "node.cli.main", "ask", PROMPT, "--nodes"]
     command += [str(net["nodes_file"]), "--max-tokens", str(MAX_TOKENS), "--json", *extra]
+    command += ["--min-credit-positions", str(PRICE_POSITIONS)]  # the nodes' price is accepted
     env = {**os.environ, "PLANET_HOME": str(net["root"] / "client-home")}
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 

@@ -22,7 +22,7 @@ from node.agent.credit_till import CreditTill, SpoolRedeemer
 from node.client.circuit import CircuitClient
 from node.client.credit_wallet import CreditWallet
 from node.client.failover import FailoverPolicy, generate
-from node.client.paying import CreditPayer, OutOfCreditsError
+from node.client.paying import CreditPayer, OutOfCreditsError, PriceTooHighError
 from node.client.replicas import ReplicaCircuits
 from node.model.head import ClientHead
 from node.model.manifest import Manifest
@@ -107,6 +107,7 @@ async def test_paid_circuit_exact_tokens_each_node_paid_per_chunk_and_redeemed(
             hidden_size=64,
             prefill_chunk=5,
             credits=wallet,
+            min_credit_positions=PRICE,
         )
         tokens = [
             t
@@ -161,7 +162,7 @@ async def test_a_client_that_does_not_pay_is_stopped_by_name_and_the_node_serves
     assert [list(spool.held()) for spool in spools] == [[], []]
     wallet = CreditWallet(tmp_path / "credits.json")
     wallet.add(credits)
-    payer = CreditPayer(wallet, {hop.url: PRICE for hop in hops})
+    payer = CreditPayer(wallet, {hop.url: PRICE for hop in hops}, min_positions=PRICE)
     async with CircuitClient(hops, hidden_size=64, payer=payer) as client:
         assert len([t async for t in _generate(client, head, ids)]) == STEPS
 
@@ -201,7 +202,7 @@ async def test_credits_sent_to_a_hop_whose_open_failed_go_back_into_the_wallet(
     ids = head.encode(PROMPT)
     wallet = CreditWallet(tmp_path / "credits.json")
     wallet.add(credits)
-    payer = CreditPayer(wallet, {hop.url: PRICE for hop in hops})
+    payer = CreditPayer(wallet, {hop.url: PRICE for hop in hops}, min_positions=PRICE)
     async with CircuitClient(hops, hidden_size=64, prefill_chunk=16, payer=payer) as client:
         sid = await client.open("a-secret-of-this-question", wait=False)  # pays right behind
         await client.send(sid, 0, _rows(len(ids)))
@@ -222,6 +223,24 @@ def _rows(count: int) -> Any:
     return np.zeros((1, count, 64), dtype=np.float32)
 
 
+async def test_a_node_dearer_than_the_clients_floor_is_never_paid(
+    aiohttp_server, tiny, tmp_path
+) -> None:
+    manifest, _ = tiny
+    chain, node = node_chain()
+    credits, _, _ = minted(chain, tmp_path, count=4)
+    _, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    head = ClientHead.load(manifest, device="cpu")
+    wallet = CreditWallet(tmp_path / "credits.json")
+    wallet.add(credits)
+    payer = CreditPayer(wallet, {hop.url: PRICE for hop in hops})  # the default floor: 16
+    async with CircuitClient(hops, hidden_size=64, payer=payer) as client:
+        with pytest.raises(PriceTooHighError, match=f"a credit per {PRICE} positions"):
+            _ = [t async for t in _generate(client, head, head.encode(PROMPT))]
+    assert wallet.count() == 4 and payer.spent == 0
+    assert [list(spool.held()) for spool in spools] == [[], []]
+
+
 async def test_a_wallet_that_runs_dry_stops_the_answer_with_its_own_error(
     aiohttp_server, tiny, tmp_path
 ) -> None:
@@ -233,7 +252,7 @@ async def test_a_wallet_that_runs_dry_stops_the_answer_with_its_own_error(
     ids = head.encode(PROMPT)
     wallet = CreditWallet(tmp_path / "credits.json")
     wallet.add(credits)
-    payer = CreditPayer(wallet, {hop.url: PRICE for hop in hops})
+    payer = CreditPayer(wallet, {hop.url: PRICE for hop in hops}, min_positions=PRICE)
     async with CircuitClient(hops, hidden_size=64, prefill_chunk=4, payer=payer) as client:
         with pytest.raises(OutOfCreditsError) as dry:
             _ = [t async for t in _generate(client, head, ids)]
