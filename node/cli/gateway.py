@@ -16,6 +16,10 @@ examples:
       --price-wei-per-token 1000000000000 --port 8000
 then, with the official OpenAI client (the API key is the payment proof, see docs/gateway.md):
   OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="planet-pay-v1.<query>.<cap>.<sig>")
+your own client, paying the nodes with your credits (no deposit, no API key, loopback only):
+  planet credits buy 50
+  planet gateway serve --personal --manifest M/manifest.json --committee-rpc http://HOST:26657
+  OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
 ready when GET /health answers 200; logs go to stderr.
 """
 
@@ -41,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="EVM JSON-RPC URL (else $PLANET_EVM_RPC, config.toml, http://127.0.0.1:8545)",
     )
     serve.add_argument(
-        "--deployment", type=Path, required=True, help="contract deployment JSON (addresses, ABIs)"
+        "--deployment", type=Path, help="contract deployment JSON (addresses, ABIs; hosted only)"
     )
     serve.add_argument(
         "--committee-rpc",
@@ -50,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--manifest", type=Path, required=True, help="the model's manifest.json")
     serve.add_argument(
-        "--wallet", type=Path, required=True, help="gateway keystore (created on first use)"
+        "--wallet", type=Path, help="gateway keystore (created on first use; hosted only)"
     )
     serve.add_argument(
         "--password-file",
@@ -135,6 +139,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also dial nodes registered on loopback or private addresses (a devnet or LAN); "
         "by default only globally routable endpoints are probed and dialled",
     )
+    personal = serve.add_argument_group(
+        "your own client (--personal)",
+        "OpenAI's API on this machine for your own tools: circuits from the committee's node "
+        "directory, the nodes paid with your bearer credits as answers run (docs/privacy.md says "
+        "what this hides from whom)",
+    )
+    personal.add_argument(
+        "--personal",
+        action="store_true",
+        help="serve yourself: no deposits or API keys, loopback only, nodes paid with credits",
+    )
+    personal.add_argument(
+        "--credits-file",
+        type=Path,
+        default=None,
+        help="credits to pay with (default $PLANET_HOME/credits.json, as `planet credits`)",
+    )
+    personal.add_argument(
+        "--min-credit-positions",
+        type=int,
+        default=16,
+        metavar="N",
+        help="never pay a node that asks a credit per fewer than N positions (default 16)",
+    )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
 
@@ -145,6 +173,13 @@ def _serve(args: argparse.Namespace) -> int:
     from node.gateway.run import serve
     from node.keys import PasswordSource
 
+    if args.personal:
+        return _serve_personal(args)
+    if args.deployment is None or args.wallet is None:
+        raise UsageError(
+            "a hosted gateway needs --deployment and --wallet",
+            hint="or serve yourself with --personal (paying the nodes with your credits)",
+        )
     if args.price_wei_per_token < 1:
         raise UsageError("--price-wei-per-token must be at least 1")
     # The same precedence and URL checks as every operator command: flags > env > config.toml.
@@ -178,4 +213,30 @@ def _serve(args: argparse.Namespace) -> int:
     ).validate()
     password = PasswordSource(file=chains.password_file).read(confirm=not args.wallet.exists())
     serve(config, password)
+    return 0
+
+
+def _serve_personal(args: argparse.Namespace) -> int:
+    from node.client.nodesfile import planet_home
+    from node.gateway.config import GatewayConfig
+    from node.gateway.personal import serve
+
+    if args.min_credit_positions < 1:
+        raise UsageError("--min-credit-positions must be >= 1")
+    chains = resolve_config({"committee_rpc": args.committee_rpc})
+    config = GatewayConfig(
+        evm_rpc="",  # no EVM: the nodes are paid with credits, not through an escrow
+        deployment=Path(),
+        committee_rpc=chains.committee_rpc,
+        manifest=args.manifest,
+        wallet=Path(),
+        host=args.host,
+        port=args.port,
+        max_sessions_per_node=args.max_sessions_per_node,
+        attempts=args.failover_attempts,
+        stall_s=args.stall_s,
+        speculate=args.speculate,
+        private_endpoints=args.private_endpoints,
+    ).validate()
+    serve(config, args.credits_file or planet_home() / "credits.json", args.min_credit_positions)
     return 0

@@ -33,6 +33,7 @@ class OutOfCreditsError(ProtocolError):
     """The credit wallet has no credit left to pay the circuit's nodes with."""
 
     code = "out_of_credits"
+    http_status = 402
 
     def __init__(self, needed: int, held: int) -> None:
         super().__init__(
@@ -45,6 +46,7 @@ class PriceTooHighError(ProtocolError):
     """A node asks more than this client pays: fewer positions per credit than its floor."""
 
     code = "price_too_high"
+    http_status = 402
 
     def __init__(self, url: str, price: int, floor: int) -> None:
         super().__init__(

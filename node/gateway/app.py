@@ -91,6 +91,8 @@ class Gateway:
     chain_id: int
     escrow: str
     ledger: Any = None  # `node.gateway.settlement.WorkLedger` (None: no work reports)
+    # pays the nodes with credits as answers run (the personal client, node/gateway/personal.py)
+    payer: Any = None
     circuits: CircuitPool = field(init=False)  # live circuit clients per circuit, on `http`
 
     def __post_init__(self) -> None:
@@ -98,6 +100,7 @@ class Gateway:
             self.http,
             hidden_size=self.head.hidden_size,
             request_timeout_s=self.config.node_timeout_s,
+            payer=self.payer,
         )
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from node.client.circuit import CircuitClient
+from node.client.paying import CreditPayer
 from node.client.types import Hop
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,10 @@ class CircuitPool:
         request_timeout_s: float = 60.0,
         idle_s: float = IDLE_S,
         prefill_chunk: int = PREFILL_CHUNK,
+        payer: CreditPayer | None = None,
     ) -> None:
         self.http = http
+        self.payer = payer  # pays the charging nodes with credits (a personal client)
         self.hidden_size = hidden_size
         self.codec = codec
         self.dtype = dtype
@@ -109,6 +112,7 @@ class CircuitPool:
                 request_timeout_s=self.request_timeout_s,
                 prefill_chunk=self.prefill_chunk,
                 http=self.http,
+                payer=self.payer,
             )
             await client.__aenter__()  # UnavailableError when a node cannot be reached
             self.dials += 1

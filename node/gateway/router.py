@@ -173,6 +173,9 @@ class Router:
         self.model_hash = model_hash
         self.shard_layers = tuple(shard_layers)
         self.http = http
+        # endpoint → positions one credit pays for there (its /info; 0: free): what a personal
+        # client's payer reads (node/client/paying.py)
+        self.prices: dict[str, int] = {}
         self.refresh_s = refresh_s
         self._cache: tuple[float, dict[int, list[RoutableNode]]] | None = None
         self._lock = asyncio.Lock()
@@ -247,6 +250,7 @@ class Router:
             log.warning("node serves something else endpoint=%s", node.endpoint)
             self.mark_failed(node)
             return False
+        self._note_price(node, info)
         self._verified[node] = time.monotonic()
         return True
 
@@ -359,6 +363,13 @@ class Router:
             self.costs.observe_failure(node.endpoint)
             return
         self.costs.observe_info(node.endpoint, info, time.perf_counter() - started)
+        if isinstance(info, dict):
+            self._note_price(node, info)
+
+    def _note_price(self, node: RoutableNode, info: dict[str, Any]) -> None:
+        price = info.get("credit_positions", 0)
+        valid = type(price) is int and 0 <= price < 2**31
+        self.prices[node.endpoint] = price if valid else 0
 
     async def probe(self, circuit: Circuit) -> None:
         """After a failed question: put every node of `circuit` that does not answer /health

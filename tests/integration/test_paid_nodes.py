@@ -36,6 +36,7 @@ from node.model.prepare import prepare
 from node.procs import spawn_logged
 from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
 from protocol.committee.credits import CreditKey, FundMint
+from protocol.committee.registry import AttestStake
 from protocol.credit_keys import CreditKeyStore
 from protocol.eip712 import address_of
 from tests.doubles.tiny_model import make_tiny_model
@@ -98,14 +99,14 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
         committee.submit(committee.validator_sign(CreditKey(1, public.to_der())))
         password = root / "password"
         password.write_text(PASSWORD)
-        homes, accounts = [], []
+        homes, accounts, keys = [], [], []
         ports = [ephemeral_port(), ephemeral_port()]
         for shard in range(2):
             home = root / f"operator-{shard}"
             home.mkdir()
             evm = keccak(text=f"paid-nodes evm {shard}")
             accounts.append(create_wallet(home / "wallet.json", PASSWORD, evm).address.lower())
-            create_node_key(home / "node_key.json", PASSWORD)
+            keys.append(create_node_key(home / "node_key.json", PASSWORD).verify_key.encode().hex())
             homes.append(home)
             nodes.append(
                 start_node(
@@ -134,6 +135,8 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
             return len(answer["nodes"]) == 2
 
         wait_for(registered, 60, "the agents did not register both nodes")
+        for key in keys:  # staked (as the watchers attest a stake): routable for clients
+            committee.submit(committee.validator_sign(AttestStake(key, 10**18)))
         payer = root / "payer.json"
         create_wallet(payer, PASSWORD, keccak(text="paid-nodes payer"))
         nodes_file = root / "nodes.json"
@@ -229,3 +232,50 @@ def test_an_unpaid_or_underfunded_ask_is_stopped_by_name_and_the_nodes_serve_on(
     for node in net["nodes"]:  # both nodes serve on
         info = json.loads(urllib.request.urlopen(f"{node.url}/info", timeout=10).read())
         assert info["credit_positions"] == PRICE_POSITIONS and info["credits"]["refused"] == 0
+
+
+def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai_client(
+    net,
+) -> None:
+    """`planet gateway serve --personal`: OpenAI's API on loopback for the user's own tools,
+    circuits from the committee's directory, every node paid with the user's credits."""
+    import openai
+
+    credits_file = net["root"] / "personal-credits.json"
+    _buy(net, 16, credits_file)
+    port = ephemeral_port()
+    command = [sys.executable, "-m", "node.cli.main", "gateway", "serve", "--personal"]
+    command += ["--manifest", str(net["manifest"]), "--committee-rpc", net["committee"].rpc]
+    command += ["--credits-file", str(credits_file), "--port", str(port)]
+    command += ["--min-credit-positions", str(PRICE_POSITIONS), "--private-endpoints"]
+    env = {**os.environ, "PLANET_HOME": str(net["root"] / "personal-home")}
+    log_path = net["root"] / "run" / "personal.log"
+    client = spawn_logged(command, log_path, env=env)
+    try:
+
+        def healthy() -> bool:
+            assert client.poll() is None, log_path.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, 120, "the personal client did not come up")
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        model = json.loads(net["manifest"].read_text())["model_id"]
+        messages = [{"role": "user", "content": PROMPT}]
+        whole = api.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS)
+        assert whole.choices[0].message.content is not None and whole.usage.completion_tokens
+        receipt = whole.model_extra["planet_receipt"]
+        assert receipt["paid_with"] == "credits" and receipt["credits_spent"] >= 2
+        streamed = api.chat.completions.create(
+            model=model, messages=messages, max_tokens=MAX_TOKENS, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        assert receipt["credits_left"] == 16 - receipt["credits_spent"]
+        # the streamed question was paid from the same credit file, on new sessions
+        assert CreditWallet(credits_file).count() < receipt["credits_left"]
+    finally:
+        client.terminate()
+        client.wait(timeout=30)

@@ -1,0 +1,221 @@
+"""The personal client: `planet gateway serve --personal` — OpenAI's API on 127.0.0.1 for the
+user's own tools, the nodes paid with the user's own bearer credits (issue 28).
+
+The same app as the hosted gateway (node/gateway/app.py: request parsing, streaming, failover,
+the router over the committee's directory of routable nodes), with two parts swapped:
+
+- **No payer at the door.** `PersonalDesk` charges nothing and asks for no API key: the user is
+  the only caller (the server binds loopback only; `--host` must be a loopback address), and
+  what a question costs is paid to the nodes directly.
+- **The nodes are paid as the answer runs** (node/client/paying.py): each circuit client pays
+  every charging node of its circuit one credit per chunk of positions, from the user's credit
+  file (`planet credits buy`), at each node's price from its `/info`, never dearer than
+  `--min-credit-positions`. Each answer's `planet_receipt` says how many credits the client had
+  spent by then and how many are left.
+
+No work report, no receipt signed by a gateway wallet, no EVM chain: the committee RPC (the
+node directory) and the model's manifest are all it needs. See docs/privacy.md for what it
+hides (the hosted gateway's view of every prompt and payer) and what it does not (nodes see the
+user's IP address; timing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import secrets
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from node.client.credit_wallet import CreditWallet
+from node.client.paying import CreditPayer
+from node.gateway.app import Gateway, ModelInfo, create_app
+from node.gateway.config import GatewayConfig
+from node.gateway.router import CommitteeNodes, Router
+from node.gateway.run import node_session
+from protocol.eip712 import as_bytes32
+from protocol.errors import ConfigError, PlanetError, UnavailableError
+from protocol.links import is_loopback_host
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PersonalReservation:
+    """A question of the user's own: nothing held, a fresh id for the logs."""
+
+    query_id: bytes
+    ticket: int
+    prepaid: bool = False
+
+    @property
+    def query_hex(self) -> str:
+        return "0x" + self.query_id.hex()
+
+
+class PersonalDesk:
+    """The hosted gateway's payment desk, for one user who pays the nodes with credits."""
+
+    gateway = "personal"
+    price = 0
+
+    def __init__(self, payer: CreditPayer) -> None:
+        self.payer = payer
+        self._open: dict[int, PersonalReservation] = {}
+        self._tickets = itertools.count(1)
+        self._numbers: dict[bytes, int] = {}
+
+    @property
+    def domain(self) -> Any:
+        raise UnavailableError("a personal client takes no payments: it pays the nodes itself")
+
+    def required_wei(self, prompt_tokens: int, max_tokens: int) -> int:
+        return 0
+
+    async def reserve(self, proof: Any, required: int) -> PersonalReservation:
+        reservation = PersonalReservation(secrets.token_bytes(32), next(self._tickets))
+        self._open[reservation.ticket] = reservation
+        return reservation
+
+    def release(self, reservation: PersonalReservation) -> bool:
+        return self._open.pop(reservation.ticket, None) is not None
+
+    def settle(
+        self,
+        reservation: PersonalReservation,
+        prompt_tokens: int,
+        completion_tokens: int,
+        keys: tuple[str, ...],
+    ) -> dict[str, Any]:
+        self._open.pop(reservation.ticket, None)
+        self._numbers[reservation.query_id] = len(self._numbers) + 1
+        return {
+            "paid_with": "credits",
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "credits_spent": self.payer.spent,
+            "credits_left": self.payer.wallet.count(),
+        }
+
+    def receipt_number(self, query_id: bytes) -> int:
+        return self._numbers[query_id]
+
+    def in_flight(self) -> tuple[int, int]:
+        return len(self._open), 0
+
+    def receipt_for(self, proof: Any, query_id: bytes) -> Any:
+        raise UnavailableError("a personal client signs no receipts")
+
+    def key_status(self, proof: Any) -> Any:
+        raise UnavailableError("a personal client takes no payment keys")
+
+    async def revoke(self, key_id: bytes, signature: bytes) -> Any:
+        raise UnavailableError("a personal client takes no payment keys")
+
+
+async def build(
+    config: GatewayConfig, credits_file: Path, min_credit_positions: int
+) -> tuple[Gateway, list[Any]]:
+    """The personal Gateway and the resources to close at shutdown."""
+    from node.chain.committee_rpc import CommitteeRpc
+    from node.model.head import ClientHead
+    from node.model.manifest import Manifest
+    from node.server.run import configure_torch_threads
+
+    manifest = Manifest.load(config.manifest)
+    wallet = CreditWallet(credits_file)
+    if not credits_file.is_file() or wallet.count() == 0:
+        raise ConfigError(
+            f"no credits to pay the nodes with in {credits_file}",
+            hint="buy some with `planet credits buy N`",
+        )
+    committee = CommitteeRpc(config.committee_rpc)
+    try:
+        await committee.abci_query("/params")
+    except PlanetError as error:
+        await committee.close()
+        raise UnavailableError(
+            f"the committee RPC {config.committee_rpc} does not answer: {error.message}",
+            hint="pass --committee-rpc (a validator of the network you pay)",
+        ) from None
+    configure_torch_threads(int(os.environ.get("PLANET_GATEWAY_THREADS", "1")))
+    head = await asyncio.to_thread(ClientHead.load, config.manifest, "cpu")
+    http = node_session(config)
+    router = Router(
+        CommitteeNodes(committee, manifest.model_hash),
+        model_hash=manifest.model_hash,
+        shard_layers=[tuple(s.layers) for s in manifest.shards],
+        http=http,
+        refresh_s=config.routing_refresh_s,
+        max_sessions_per_node=config.max_sessions_per_node,
+        slot_wait_s=config.slot_wait_s,
+        public_only=not config.private_endpoints,
+    )
+    payer = CreditPayer(wallet, router.prices, min_positions=min_credit_positions)
+    gateway = Gateway(
+        config=config,
+        model=ModelInfo(
+            manifest.model_id,
+            manifest.model_hash,
+            as_bytes32(manifest.model_hash, "model_hash"),
+            len(manifest.shards),
+        ),
+        head=head,
+        router=router,
+        desk=PersonalDesk(payer),  # type: ignore[arg-type]
+        committee=committee,
+        http=http,
+        chain_id=0,
+        escrow="",
+        payer=payer,
+    )
+    return gateway, [http, committee]
+
+
+def serve(config: GatewayConfig, credits_file: Path, min_credit_positions: int) -> None:
+    """Blocks until SIGINT/SIGTERM."""
+    config.validate()
+    if not is_loopback_host(config.host):
+        raise ConfigError(
+            f"a personal client serves its own user only: {config.host} is not a loopback address",
+            hint="drop --host (127.0.0.1), or run the hosted gateway for others",
+        )
+    asyncio.run(_serve(config, credits_file, min_credit_positions))
+
+
+async def _serve(config: GatewayConfig, credits_file: Path, min_credit_positions: int) -> None:
+    gateway, resources = await build(config, credits_file, min_credit_positions)
+    runner = web.AppRunner(create_app(gateway), access_log=None, handler_cancellation=True)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as error:
+            raise ConfigError(
+                f"cannot listen on {config.host}:{config.port}: {error.strerror}",
+                hint="pick another --port",
+            ) from None
+        log.info(
+            "personal client serving url=http://%s:%d model=%s credits=%s (%d held)",
+            config.host,
+            config.port,
+            gateway.model.name,
+            credits_file,
+            gateway.desk.payer.wallet.count(),  # type: ignore[attr-defined]
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        for resource in resources:
+            await resource.close()
