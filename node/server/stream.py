@@ -37,7 +37,7 @@ from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, short_tag
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
 from protocol.credits import spent_id
-from protocol.errors import BusyError, PlanetError, ProtocolError
+from protocol.errors import BusyError, PlanetError, ProtocolError, RemoteError, UnavailableError
 from protocol.frames.codecs import decode_values, encode_body
 from protocol.frames.errors import (
     BadPositionsError,
@@ -465,7 +465,15 @@ async def _pay(state: NodeState, link: _Link, control: Control) -> None:
         raise CreditNotTakenError(identifier, f"sid {control.sid} is not open on this link")
     if state.payments is None:
         raise CreditNotTakenError(identifier, "this node computes without credits")
-    await state.payments.accept(route.account, control.credit)
+    try:
+        await state.payments.accept(route.account, control.credit)
+    except (UnavailableError, RemoteError) as error:  # its validator does not answer
+        raise CreditNotTakenError(
+            identifier, f"the node cannot check credits now ({error.code})"
+        ) from None
+    except OSError as error:  # its spool cannot be written (disk full, permissions)
+        log.error("credit not kept: the credits dir cannot be written: %s", error)
+        raise CreditNotTakenError(identifier, "the node cannot keep credits now") from None
 
 
 async def _data(state: NodeState, link: _Link, data: bytes) -> None:

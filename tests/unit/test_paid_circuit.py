@@ -34,7 +34,7 @@ from node.server.next_hops import ForwardList
 from node.server.payments import Account, CreditCheck, CreditRefusedError, CreditSpool, Payments
 from protocol.committee.credits import Redeem
 from protocol.credits import CreditInvalidError, spent_id
-from protocol.errors import RemoteError
+from protocol.errors import RemoteError, UnavailableError
 from protocol.stream import PaymentRequiredError, not_taken_id, open_message, pay_message
 from tests.doubles.tiny_model import make_tiny_model
 from tests.unit.stream_circuit import serve_circuit
@@ -221,6 +221,31 @@ def _rows(count: int) -> Any:
     import numpy as np
 
     return np.zeros((1, count, 64), dtype=np.float32)
+
+
+class _Unreachable:
+    async def query(self, path: str, **params: Any) -> Any:
+        raise UnavailableError("the validator does not answer")
+
+
+async def test_a_credit_the_node_cannot_check_or_keep_goes_back_to_the_client(
+    aiohttp_server, tiny, tmp_path
+) -> None:
+    manifest, _ = tiny
+    chain, node = node_chain()
+    credits, _, _ = minted(chain, tmp_path, count=4)
+    servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    head = ClientHead.load(manifest, device="cpu")
+    wallet = CreditWallet(tmp_path / "credits.json")
+    wallet.add(credits)
+    payer = CreditPayer(wallet, {hops[0].url: PRICE}, min_positions=PRICE)
+    servers[0].app[STATE_KEY].payments.check = CreditCheck(_Unreachable())  # type: ignore[arg-type]
+    async with CircuitClient(hops, hidden_size=64, prefill_chunk=16, payer=payer) as client:
+        with pytest.raises(RemoteError) as refused:
+            _ = [t async for t in _generate(client, head, head.encode(PROMPT))]
+        assert refused.value.code == "payment_required"  # nothing paid: the session stops
+    assert wallet.count() == 4 and payer.spent == 0  # both credits sent came back
+    assert list(spools[0].held()) == []
 
 
 async def test_a_node_dearer_than_the_clients_floor_is_never_paid(
