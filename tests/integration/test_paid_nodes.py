@@ -12,6 +12,7 @@ kept; neither prints a traceback, and the nodes serve on."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -36,8 +37,10 @@ from node.model.prepare import prepare
 from node.procs import spawn_logged
 from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
 from protocol.committee.credits import CreditKey, FundMint
+from protocol.committee.envelope import decode
 from protocol.committee.registry import AttestStake
 from protocol.credit_keys import CreditKeyStore
+from protocol.credits import nonce_of, spent_id
 from protocol.eip712 import address_of
 from tests.doubles.tiny_model import make_tiny_model
 
@@ -279,3 +282,36 @@ def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai
     finally:
         client.terminate()
         client.wait(timeout=30)
+
+
+def test_no_tx_on_the_chain_links_a_payer_to_a_node_a_credit_or_a_question(net) -> None:
+    """Every tx of every block so far (the mints of the purchases above and the agents'
+    redemptions of what the questions paid): a mint names its payer and carries only blinded
+    messages; a redemption names its node and carries the finalized credits. No redemption holds
+    the payer, no mint holds a node key, a credit's nonce, prepared message, signature or spent
+    id, and no tx holds anything of a question."""
+    committee = net["committee"]
+    payer = address_of(keccak(text="paid-nodes payer")).lower().removeprefix("0x")
+    txs = []
+    for height in range(1, committee.height() + 1):
+        for raw in committee.call("block", height=str(height))["block"]["data"]["txs"] or ():
+            txs.append(decode(base64.b64decode(raw)))
+    mints = [tx for tx in txs if tx.type == "mint"]
+    redeems = [tx for tx in txs if tx.type == "redeem"]
+    assert mints and redeems and {tx.body.payer.lower() for tx in mints} == {"0x" + payer}
+    nodes = {tx.signer for tx in redeems}
+    secrets = set(nodes)  # what a mint must not hold: who was paid, and with which credits
+    for tx in redeems:
+        for credit in tx.body.credits:
+            secrets |= {credit.prepared.hex(), nonce_of(credit.prepared).hex()}
+            secrets |= {spent_id(credit.prepared), *(sig.hex() for _, sig in credit.signatures)}
+    for tx in mints:
+        text = tx.raw.decode().lower()
+        assert tx.signer not in nodes  # minted under a key no node uses
+        assert not [secret for secret in secrets if secret in text]
+    for tx in redeems:
+        assert payer not in tx.raw.decode().lower()
+    prompt_ids = ClientHead.load(net["manifest"], device="cpu").encode(PROMPT)
+    for tx in txs:
+        text = tx.raw.decode()
+        assert PROMPT not in text and ",".join(map(str, prompt_ids)) not in text
