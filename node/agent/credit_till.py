@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
-from node.server.payments import CreditSpool
+from node.server.payments import CREDIT_LIFETIME_EPOCHS, CreditRefusedError, CreditSpool
 from protocol.committee.credits import Redeem
 from protocol.credits import (
     Credit,
@@ -37,19 +37,15 @@ from protocol.credits import (
     epoch_keys_from_query,
     spent_id,
 )
-from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
-CREDIT_LIFETIME_EPOCHS = 1  # abci_app/credits.py: a credit of e is redeemable in e and e + 1
 CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH = 77, 78, 79  # abci_app/codes.py
 _ITEM = re.compile(r"credit (\d+):")
 
 
-class CreditRefused(ProtocolError):
-    """A credit this node will not take: already held or redeemed here, or out of its window."""
-
-    code = "credit_refused"
+# a credit this node will not take: already held or redeemed here, or out of its window
+CreditRefused = CreditRefusedError
 
 
 class Link(Protocol):

@@ -38,7 +38,7 @@ from node.client.paying import CreditPayer
 from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
 from node.gateway.router import CommitteeNodes, Router
-from node.gateway.run import node_session
+from node.gateway.run import listen, node_session
 from protocol.eip712 import as_bytes32
 from protocol.errors import ConfigError, PlanetError, UnavailableError
 from protocol.links import is_loopback_host
@@ -194,14 +194,7 @@ async def _serve(config: GatewayConfig, credits_file: Path, min_credit_positions
     runner = web.AppRunner(create_app(gateway), access_log=None, handler_cancellation=True)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as error:
-            raise ConfigError(
-                f"cannot listen on {config.host}:{config.port}: {error.strerror}",
-                hint="pick another --port",
-            ) from None
+        await listen(runner, config)
         log.info(
             "personal client serving url=http://%s:%d model=%s credits=%s (%d held)",
             config.host,

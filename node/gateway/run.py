@@ -211,6 +211,18 @@ async def _work_reporter(
     return WorkReporter(ledger, link, every_s=config.report_every_s, debits=debits)
 
 
+async def listen(runner: web.AppRunner, config: GatewayConfig) -> None:
+    """Bind the app on config.host:port (ConfigError naming the port when it cannot)."""
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as error:
+        raise ConfigError(
+            f"cannot listen on {config.host}:{config.port}: {error.strerror}",
+            hint="pick another --port",
+        ) from None
+
+
 def serve(config: GatewayConfig, password: str) -> None:
     """Blocks until SIGINT/SIGTERM."""
     config.validate()
@@ -224,14 +236,7 @@ async def _serve(config: GatewayConfig, password: str) -> None:
     runner = web.AppRunner(create_app(gateway), access_log=None, handler_cancellation=True)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as error:
-            raise ConfigError(
-                f"cannot listen on {config.host}:{config.port}: {error.strerror}",
-                hint="pick another --port",
-            ) from None
+        await listen(runner, config)
         log.info(
             "gateway serving url=http://%s:%d model=%s gateway=%s price=%d",
             config.host,
