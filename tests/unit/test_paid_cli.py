@@ -53,3 +53,15 @@ def test_the_personal_client_serves_loopback_only_and_refuses_a_bad_floor(
     assert status == 2 and "--min-credit-positions must be >= 1" in err
     status, err = _run(capsys, ["gateway", "serve", "--manifest", str(manifest)])
     assert status == 2 and "needs --deployment and --wallet" in err and "--personal" in err
+
+
+def test_the_spent_query_refuses_what_a_stranger_sends_by_name() -> None:
+    from abci_app.queries import query
+    from tests.unit.test_abci_credits import node_chain
+
+    chain, _ = node_chain()
+    for bad in ("", "zz" * 32, "AB" * 32, "١" * 64, "a" * 63, "a" * 5000, "a" * 64 + "&id=b"):
+        code, _, log = query(chain.state, f"/credit_spent?id={bad}", b"")
+        assert code != 0 and log, bad
+    code, value, _ = query(chain.state, "/credit_spent?id=" + "ab" * 32, b"")
+    assert code == 0 and b'"height":null' in value.replace(b" ", b"")
