@@ -12,6 +12,12 @@ receipt tells the paying verifier which nodes served it. Over one epoch:
 So an honest node is never blamed for a cheater it shared a circuit with, as long as the
 cheater's other circuits or the honest node's own clean circuits tell them apart; a circuit of
 two cheaters blames neither until one of them is seen alone.
+
+A verifier whose epoch fits few challenges (a slow machine, short epochs) may end an epoch with a
+low circuit still ambiguous: `unresolved` names those results, and the worker carries them into
+the next epoch's attribution once, where they can only blame (a low score clears nobody) — so a
+cheater seen beside an honest node at the end of epoch e is blamed in e+1 as soon as that honest
+node scores clean there.
 """
 
 from __future__ import annotations
@@ -44,3 +50,14 @@ def attribute(results: Sequence[CircuitScore], clean: int = SCALE) -> dict[str, 
             node = suspects[0]
             blamed[node] = min(blamed.get(node, SCALE), result.credibility)
     return {**cleared, **blamed}
+
+
+def unresolved(results: Sequence[CircuitScore], clean: int = SCALE) -> list[CircuitScore]:
+    """The results scoring below `clean` that `attribute` blamed on nobody (two or more of
+    their nodes uncleared), in order."""
+    cleared = {node for r in results if r.credibility >= clean for node in r.nodes}
+    return [
+        r
+        for r in results
+        if r.credibility < clean and len({n for n in r.nodes if n not in cleared}) > 1
+    ]

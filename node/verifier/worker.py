@@ -16,7 +16,8 @@ Per committee epoch e (followed through `/epochs` on the committee RPC):
    secret (`sampled.sampling_seed`), checked by replaying the sampler on the reference;
 3. score each answer against its own reference pass (echo: `echo.echo_gap` → the calibrated
    `echo_map` → C; sampled: `sampled.replay` → `SampledMap` → C), attribute circuit scores to
-   nodes (`attribution.attribute`) and rewrite `<home>/reputation_scores.json` for epoch e
+   nodes (`attribution.attribute`; the last epoch's still ambiguous low circuits are carried in
+   once, `attribution.unresolved`) and rewrite `<home>/reputation_scores.json` for epoch e
    after every challenge; the validator's ExtendVote at e's last height carries it
    (docs/committee.md, "Vote extensions");
 4. verdicts: when the chain's agreed window for a node holds `verdict_after` consecutive
@@ -39,7 +40,7 @@ from typing import Any
 
 from node.client.sampling import SamplingConfig
 from node.verifier.asker import GatewayAsker
-from node.verifier.attribution import CircuitScore, attribute
+from node.verifier.attribution import CircuitScore, attribute, unresolved
 from node.verifier.challenges import epoch_challenges, generated_text, text_length
 from node.verifier.echo import EchoAnswerError, echo_gap, parse_echo
 from node.verifier.reference import Reference
@@ -85,6 +86,12 @@ class EpochState:
     next_sampled: int = 0
     results: list[CircuitScore] = field(default_factory=list)
     scores: dict[str, int] = field(default_factory=dict)
+    carried: list[CircuitScore] = field(default_factory=list)  # the last epoch's ambiguous lows
+
+    def attribute(self) -> dict[str, int]:
+        """This epoch's scores: its own results, plus the last epoch's ambiguous low circuits
+        (they can only blame, never clear: attribution.py)."""
+        return attribute([*self.carried, *self.results])
 
     @property
     def pending(self) -> bool:
@@ -180,9 +187,11 @@ class VerifierWorker:
         return int(answer["current"])
 
     async def open_epoch(self, epoch: int) -> None:
+        carried: list[CircuitScore] = []
         if self.state is not None:
             self.last_scores = dict(self.state.scores)
-        self.state = EpochState(epoch)
+            carried = unresolved(self.state.results)  # its own results only: carried once
+        self.state = EpochState(epoch, carried=carried)
         self.seeds.ensure(epoch + 1)  # committed by the chain turn; its text is prepared now
         # the chain txs wait for their blocks (seconds each on a busy committee): they go on
         # beside the challenges, which start at once; one epoch's turn after the other's
@@ -309,7 +318,7 @@ class VerifierWorker:
             gap.top1,
             credibility,
         )
-        state.scores = attribute(state.results)
+        state.scores = state.attribute()
         write_scores(self.settings.home / SCORES_FILE, state.epoch, state.scores)
 
     # -- one sampled challenge -------------------------------------------------------------------
@@ -346,7 +355,7 @@ class VerifierWorker:
             assert self.state is not None
             state = self.state
         state.results.append(CircuitScore(asked.nodes, credibility))
-        state.scores = attribute(state.results)
+        state.scores = state.attribute()
         write_scores(self.settings.home / SCORES_FILE, state.epoch, state.scores)
 
     # -- verdicts --------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.extensions import VX_PREFIX
+from node.chain.committee_link import CommitteeLink
 from node.chain.committee_rpc import CommitteeRpc, TxRejectedError, decode_block_txs
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.envelope import sign
@@ -317,11 +318,8 @@ def test_committee_txs_registration_and_commit_batches_committed(
             await _assert_all_committed([s.hash for s in sent], via=0, timeout_s=30)
             # the validators attest the nodes' stake (as their stake watchers would): unstaked
             # registrations expire after registration_ttl blocks (docs/committee.md)
-            attestations = [
-                await rpcs[v].broadcast_tx_sync(tx)
-                for v, tx in _stake_attestations(net, [a.hex for a in accounts])
-            ]
-            await _assert_all_committed([s.hash for s in attestations], via=0, timeout_s=30)
+            codes = await _attest_stake(net, [a.hex for a in accounts])
+            assert codes == [0] * (3 * len(accounts)), codes
             # validator 0 found them committed; validator 1 may still be a block behind
             node = await rpcs[0].abci_query(f"/node?key={accounts[0].hex}")
             assert node["stake"] == str(10**18)
@@ -362,18 +360,28 @@ def test_committee_txs_registration_and_commit_batches_committed(
     run(scenario())
 
 
-def _stake_attestations(directory: Path, nodes: list[str]) -> list[tuple[int, bytes]]:
-    """(validator index, attest_stake tx of 10**18 wei) for each node from validators 0-2."""
-    out = []
-    for index in range(3):
+async def _attest_stake(directory: Path, nodes: list[str]) -> list[int]:
+    """Validators 0-2 each attest 10**18 wei for every node, as their stake watchers do: through
+    `CommitteeLink.send`, one tx at a time, each waited for in its block (a burst of one signer's
+    txs can reach the proposer out of nonce order along two gossip paths, and the later nonce
+    then refuses the earlier one). The validators send side by side; the block codes come back."""
+
+    async def one_validator(index: int) -> list[int]:
         doc = json.loads(
             (directory / f"node{index}" / "config" / "priv_validator_key.json").read_text()
         )
         key = SigningKey(base64.b64decode(doc["priv_key"]["value"])[:32])
-        for nonce, node in enumerate(nodes, start=1_000):
-            body = AttestStake(node=node, amount=10**18)
-            out.append((index, sign(body, key, nonce).encode()))
-    return out
+        link = CommitteeLink([rpc_url(index)], key)
+        try:
+            return [
+                (await link.send(AttestStake(node=node, amount=10**18), timeout_s=30))[0]
+                for node in nodes
+            ]
+        finally:
+            await link.close()
+
+    per_validator = await asyncio.gather(*(one_validator(i) for i in range(3)))
+    return [code for codes in per_validator for code in codes]
 
 
 async def _load(

@@ -13,7 +13,7 @@ import torch
 
 from node.gateway.engine import token_event
 from node.gateway.shapes import completion_logprobs
-from node.verifier.attribution import CircuitScore, attribute
+from node.verifier.attribution import CircuitScore, attribute, unresolved
 from node.verifier.challenges import epoch_challenges
 from node.verifier.echo import (
     EchoAnswerError,
@@ -161,6 +161,15 @@ def test_attribution_two_cheaters_together_blame_nobody_until_seen_apart() -> No
         [CircuitScore((x, y), 0), CircuitScore((a, y), 0), CircuitScore((a, b), SCALE)]
     )
     assert scores == {a: SCALE, b: SCALE, y: 0}
+
+
+def test_unresolved_names_only_the_low_circuits_that_blamed_nobody() -> None:
+    a, b, s, x, y = "a" * 64, "b" * 64, "c" * 64, "d" * 64, "e" * 64
+    ambiguous = CircuitScore((x, y), 0)
+    results = [CircuitScore((a, b), SCALE), CircuitScore((a, s), 0), ambiguous]
+    assert unresolved(results) == [ambiguous]  # (a, s) blamed s; (a, b) is clean
+    assert unresolved([CircuitScore((s, s), 0)]) == []  # one node twice: blamed, not ambiguous
+    assert unresolved([]) == []
 
 
 def test_seedbook_persists_privately_and_refuses_a_corrupt_file(tmp_path) -> None:

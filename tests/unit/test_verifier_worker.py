@@ -194,6 +194,32 @@ async def test_worker_result_finishing_after_its_epoch_counts_in_the_next(tmp_pa
     assert len(worker.state.results) == 1 and worker.last_scores == {A: 10**6, B: 10**6}
 
 
+async def test_an_ambiguous_low_circuit_is_carried_once_and_blamed_when_its_partner_clears(
+    tmp_path,
+) -> None:
+    """One challenge per epoch (a slow verifier): epoch 4 sees only (A, S) low — ambiguous —;
+    epoch 5's clean (A, B) clears A, so S is blamed in epoch 5's report; epoch 6 does not carry
+    the (A, S) result again (it was carried once) and says nothing of S."""
+    link = FakeLink(epoch=3)
+    worker = _worker(tmp_path, link)
+    await _step(worker)
+    worker.asker.count = 1  # the next circuit asked is (A, S)
+    link.epoch = 4
+    await _step(worker)
+    report = json.loads((tmp_path / SCORES_FILE).read_text())
+    assert (report["epoch"], report["scores"]) == (4, {})
+    link.epoch = 5
+    worker.asker.count = 0  # (A, B)
+    await _step(worker)
+    report = json.loads((tmp_path / SCORES_FILE).read_text())
+    assert (report["epoch"], report["scores"]) == (5, {A: 10**6, B: 10**6, S: 0})
+    link.epoch = 6
+    worker.asker.count = 0  # (A, B)
+    await _step(worker)
+    report = json.loads((tmp_path / SCORES_FILE).read_text())
+    assert (report["epoch"], report["scores"]) == (6, {A: 10**6, B: 10**6})
+
+
 async def test_spot_check_findings_become_the_same_verdict_for_every_verifier(tmp_path) -> None:
     """A failed check → offence 3, a timeout → offence 4; evidence from the finding, nonce and
     challenger from agreed data: two verifiers' votes carry one verdict (the same struct hash
