@@ -26,7 +26,9 @@ so a credit the node takes is one it can cash): its epoch is the current one or 
 (the chain redeems a credit of epoch e in e and e + 1; the current epoch is read again at most
 every `refresh_s`); every signature verifies under its validator's key of that epoch and the
 signers hold ≥ 2/3 of the power (`protocol.credits.check_credit`, the keys cached per epoch);
-the committee has not redeemed it already (`/credit_spent`), nor did this node take it before.
+the committee has not redeemed it already (`/credit_spent`; a credit found spent is remembered,
+so a client replaying it costs the validators one query, not one per pay), nor did this node
+take it before.
 A bearer credit can still be shown to two nodes at once: the first to redeem it is paid, the
 other loses that one credit — at most one chunk of positions per session.
 """
@@ -61,6 +63,7 @@ log = logging.getLogger(__name__)
 CREDIT_LIFETIME_EPOCHS = 1  # abci_app/credits.py: a credit of epoch e is redeemable in e, e + 1
 PAY_WAIT_S = 5.0
 EPOCH_REFRESH_S = 5.0
+MAX_SPENT_KNOWN = 1 << 16  # credits found redeemed on chain, refused again without a query
 MAX_SEEN = 1 << 20  # spent ids remembered in memory (the spool and the chain remember the rest)
 
 
@@ -99,6 +102,7 @@ class CreditCheck:
         self.link = link
         self.refresh_s = refresh_s
         self._keys: dict[int, EpochKeys] = {}
+        self._spent: dict[str, Any] = {}  # spent id → the height the chain redeemed it at
         self._epoch = 0
         self._epoch_at = float("-inf")
 
@@ -124,10 +128,18 @@ class CreditCheck:
             for old in [e for e in self._keys if e < current - CREDIT_LIFETIME_EPOCHS]:
                 del self._keys[old]
         check_credit(self._keys[credit.epoch], credit)
-        answer = await self.link.query("/credit_spent", id=spent_id(credit.prepared))
-        if answer.get("height") is not None:
+        identifier = spent_id(credit.prepared)
+        height = self._spent.get(identifier)
+        if height is None:
+            answer = await self.link.query("/credit_spent", id=identifier)
+            height = answer.get("height")
+        if height is not None:
+            # remembered: a client replaying a spent credit costs the validators one query
+            if identifier not in self._spent and len(self._spent) >= MAX_SPENT_KNOWN:
+                self._spent.clear()
+            self._spent[identifier] = height
             raise CreditRefusedError(
-                f"this credit was redeemed on the committee chain at height {answer['height']}"
+                f"this credit was redeemed on the committee chain at height {height}"
             )
 
 

@@ -341,3 +341,26 @@ async def test_the_node_checks_a_credit_as_the_chain_will_redeem_it(tmp_path) ->
     with pytest.raises(CreditRefusedError, match="not redeemable in epoch"):
         await Payments(PRICE, check, spool).accept(Account(), credits[2])
     assert [path.name for path, _ in spool.held()] == [f"{spent_id(credits[1].prepared)}.json"]
+
+
+async def test_a_spent_credit_replayed_costs_the_validators_one_query(tmp_path) -> None:
+    """A client showing a credit the chain already redeemed, pay after pay, is refused each time;
+    the node asks `/credit_spent` once and remembers the answer."""
+    chain, node = node_chain()
+    [credit] = minted(chain, tmp_path, count=1)[0]
+    [result] = chain.block([chain.tx(Redeem("m", 0, (credit,)), node)])
+    assert result.code == 0, result.log
+    link = ChainLink(chain, node)
+    asked: list[str] = []
+    original = link.query
+
+    async def counted(path: str, **params: Any) -> Any:
+        asked.append(path)
+        return await original(path, **params)
+
+    link.query = counted  # type: ignore[method-assign]
+    payments = Payments(PRICE, CreditCheck(link), CreditSpool(tmp_path / "spool"), wait_s=0.2)
+    for _ in range(5):
+        with pytest.raises(CreditRefusedError, match="redeemed on the committee chain at height"):
+            await payments.accept(Account(), credit)
+    assert asked.count("/credit_spent") == 1 and payments.refused == 5
