@@ -21,6 +21,13 @@ A node whose queue or session table is full is **overloaded** and treated as unr
 it is tried. `choose` picks uniformly at random among the candidates whose cost is within
 `near` × the cheapest (+ `slack_s`): equal replicas share the load and no node always gets a
 user's position, while a node several times slower than its replicas is left out.
+
+Only the round trip is the client's own measurement; the compute term comes from the node's
+own counters, and a stranger can lie there (zero step, empty queue) to draw every user's
+positions to itself — the privacy seed's adversary wants exactly that. So in `choose` a node's
+compute term counts as at least the median of its replicas' terms ÷ `near`: a liar lands in
+the near-equal band and gets its random share, not the whole load; a really faster node gets
+the same share (the price of not trusting the claim), a really slower one is still left out.
 """
 
 from __future__ import annotations
@@ -128,15 +135,25 @@ class CostBook:
         stats.rtt_s = _ewma(stats.rtt_s, 2 * DEFAULT_RTT_S, self.alpha)
         stats.updated_s = self._clock()
 
-    def cost_s(
-        self, url: str, default_step_s: float = 0.0, default_rtt_s: float = DEFAULT_RTT_S
-    ) -> float:
+    def compute_s(self, url: str, default_step_s: float = 0.0) -> float:
+        """The compute term of a hop's cost: its step, stretched by its queue and sessions."""
         stats = self.get(url)
-        rtt = default_rtt_s if stats.rtt_s is None else stats.rtt_s
         step = default_step_s if stats.step_s is None else stats.step_s
         waiting = 1 + stats.queued / stats.max_batch
         sharing = 1 + (stats.sessions / stats.max_sessions if stats.max_sessions else 0.0)
-        return rtt / 2 + step * waiting * sharing
+        return step * waiting * sharing
+
+    def cost_s(
+        self,
+        url: str,
+        default_step_s: float = 0.0,
+        default_rtt_s: float = DEFAULT_RTT_S,
+        floor_s: float = 0.0,
+    ) -> float:
+        """rtt / 2 + compute, the compute term no lower than `floor_s` (see `choose`)."""
+        stats = self.get(url)
+        rtt = default_rtt_s if stats.rtt_s is None else stats.rtt_s
+        return rtt / 2 + max(self.compute_s(url, default_step_s), floor_s)
 
     def overloaded(self, url: str) -> bool:
         return self.get(url).overloaded
@@ -153,7 +170,21 @@ class CostBook:
         # (and its measurements) instead of starving behind a guess
         rtts = [s.rtt_s for c in usable if (s := self.get(url(c))).rtt_s is not None]
         default_rtt = statistics.median(rtts) if rtts else DEFAULT_RTT_S
-        costs = [self.cost_s(url(c), default_step, default_rtt) for c in usable]
+        # the compute term is self-reported: a node may claim no queue and a zero step. It is
+        # floored at the median of its replicas' terms / `near`, so a claim can buy a place
+        # among the near-equal (a share of the load), never the whole load
+        computes = [self.compute_s(url(c), default_step) for c in usable]
+        costs = [
+            self.cost_s(
+                url(c),
+                default_step,
+                default_rtt,
+                statistics.median(computes[:i] + computes[i + 1 :]) / self.near
+                if len(usable) > 1
+                else 0.0,
+            )
+            for i, c in enumerate(usable)
+        ]
         best = min(costs)
         limit = best * self.near + self.slack_s
         near = [c for c, cost in zip(usable, costs, strict=True) if cost <= limit]

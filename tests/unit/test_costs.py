@@ -64,6 +64,22 @@ def test_costs_random_among_near_equal_never_the_slow_replica() -> None:
     assert picks["a"] > 120 and picks["b"] > 120  # both near-equal replicas get questions
 
 
+def test_a_node_lying_about_its_load_gets_a_share_never_the_whole_load() -> None:
+    """`liar` reports a zero step and an empty queue; its three honest replicas report what
+    they do. Trusting the claim sent every position to the liar; now it shares them."""
+    book = _book({"liar": 0.0, "a": 0.050, "b": 0.052, "c": 0.055})
+    picks = Counter(book.choose(["liar", "a", "b", "c"], str) for _ in range(800))
+    assert picks["liar"] < 400, picks  # was 800 of 800
+    assert min(picks[k] for k in "abc") > 100, picks
+    # alone with one honest replica it still cannot take everything
+    book = _book({"liar": 0.0, "a": 0.050})
+    picks = Counter(book.choose(["liar", "a"], str) for _ in range(400))
+    assert picks["a"] > 120, picks
+    # and a slow node stays out even beside a liar
+    book = _book({"liar": 0.0, "a": 0.050, "b": 0.050, "slow": 0.200})
+    assert Counter(book.choose(["liar", "a", "b", "slow"], str) for _ in range(400))["slow"] == 0
+
+
 def test_costs_unknown_node_gets_the_median_step_and_default_rtt() -> None:
     book = _book({"a": 0.05, "b": 0.07})
     assert book.cost_s("new", default_step_s=0.06) == pytest.approx(DEFAULT_RTT_S / 2 + 0.06)
