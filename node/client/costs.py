@@ -28,6 +28,10 @@ positions to itself — the privacy seed's adversary wants exactly that. So in `
 compute term counts as at least the median of its replicas' terms ÷ `near`: a liar lands in
 the near-equal band and gets its random share, not the whole load; a really faster node gets
 the same share (the price of not trusting the claim), a really slower one is still left out.
+The floor needs `FLOOR_MIN_REPLICAS` candidates: between two, "a liar and an honest node" and
+"a fast node and one 3× slower" report the same numbers, and leaving the slow one out wins —
+there a liar still draws the pair's load (telling them apart needs the client's own per-hop
+timings, not built).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ ALPHA = 0.3  # weight of the newest sample in the averages
 NEAR = 1.5  # candidates within this factor of the cheapest are "near-equal" ...
 SLACK_S = 0.01  # ... plus this many seconds (the noise of a shared machine's step times)
 STALE_S = 2.0  # stats older than this are refreshed before (or while) choosing
+FLOOR_MIN_REPLICAS = 3  # the claim floor needs ≥ 2 other replicas to take a median of
 
 
 @dataclass
@@ -180,7 +185,7 @@ class CostBook:
                 default_step,
                 default_rtt,
                 statistics.median(computes[:i] + computes[i + 1 :]) / self.near
-                if len(usable) > 1
+                if len(usable) >= FLOOR_MIN_REPLICAS
                 else 0.0,
             )
             for i, c in enumerate(usable)
