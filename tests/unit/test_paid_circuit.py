@@ -9,6 +9,7 @@ answer with the wallet's error (no failover spends more)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -142,6 +143,62 @@ async def test_paid_circuit_exact_tokens_each_node_paid_per_chunk_and_redeemed(
         assert list(spool.held()) == [] and await redeemer.step() == 0
     for identifier in paid:  # every credit a node took is redeemed on the chain, once
         assert (await link.query("/credit_spent", id=identifier))["height"] is not None
+
+
+async def test_a_client_gone_mid_answer_and_a_node_dead_before_redeeming_lose_no_credit(
+    aiohttp_server, tiny, tmp_path
+) -> None:
+    """The client vanishes after 10 of 40 tokens (its links drop, no close); the nodes keep
+    every credit that left the wallet, at most one chunk ahead of the work each. Their
+    processes then die before redeeming: a new spool over the same directory (the restarted
+    node's agent) cashes every one on the chain, and the credits still in the wallet stay
+    good."""
+    manifest, _ = tiny
+    chain, node = node_chain()
+    credits, _, _ = minted(chain, tmp_path, count=20)
+    wallet = CreditWallet(tmp_path / "credits.json")
+    wallet.add(credits)
+    servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    http = aiohttp.ClientSession()
+    payer = CreditPayer(wallet, {h.url: PRICE for h in hops}, min_positions=PRICE)
+    client = CircuitClient(hops, hidden_size=64, prefill_chunk=5, http=http, payer=payer)
+    await client.__aenter__()
+    got = 0
+    answer = client.generate(head, ids, max_new_tokens=40, stop_on_eos=False)
+    async for _ in answer:
+        got += 1
+        if got == 10:
+            break
+    await http.close()  # gone: the connections drop under the open sessions, no close sent
+    for link in client.links:
+        link.reader.cancel()
+    taken = 20 - wallet.count()
+    payments = [server.app[STATE_KEY].payments for server in servers]
+
+    async def settled() -> bool:
+        return sum(p.accepted for p in payments) == taken
+
+    for _ in range(100):
+        if await settled():
+            break
+        await asyncio.sleep(0.02)
+    fed = len(ids) + got  # positions each node computed, the frame in flight included
+    for spool in spools:
+        kept = len(list(spool.held()))
+        assert 1 <= kept <= -(-fed // PRICE) + 1  # at most one credit ahead of its work
+    assert sum(len(list(spool.held())) for spool in spools) == taken  # none lost in between
+    # the nodes die here: only their spool directories remain
+    link = ChainLink(chain, node)
+    redeemed = 0
+    for shard in range(2):
+        restarted = CreditSpool(tmp_path / f"spool-{shard}")
+        redeemed += await SpoolRedeemer(CreditTill(link, "m", shard), restarted).step()
+        assert list(restarted.held()) == []
+    assert redeemed == taken
+    for credit in CreditWallet(tmp_path / "credits.json").take(wallet.count()):
+        assert (await link.query("/credit_spent", id=spent_id(credit.prepared)))["height"] is None
 
 
 async def test_a_client_that_does_not_pay_is_stopped_by_name_and_the_node_serves_on(
