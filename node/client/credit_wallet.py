@@ -229,13 +229,28 @@ class PendingMint:
 class _Contents:
     credits: list[Credit]
     pending: list[PendingMint]
+    generation: str = ""  # the file's write id (`_save`); "" in files written before it
+
+
+TAKEN_RECORD = 64  # bytes of the taken record: "<generation> <offset>", space-padded
 
 
 class CreditWallet:
-    """Finalized credits and purchases in flight in a JSON file (mode 0600)."""
+    """Finalized credits and purchases in flight in a JSON file (mode 0600).
+
+    Paying takes credits from the front of the list, one per hop and chunk, while an answer
+    runs: rewriting the whole file each time cost 47 ms at 1,000 credits and 212 ms at 5,000
+    (this box, 2026-11-27), on the answer's critical path. So `take` writes only how many
+    credits of the file are gone: a fixed-size record `<file>.taken` ("<generation> <offset>",
+    rewritten in place, fsynced). The file's other changes rewrite it without those credits
+    under a new `generation`, which voids the record: a crash before the rename keeps the old
+    file and its record, after it the new file and no offset — no credit comes back, none is
+    skipped. The parsed file is kept while its inode, size and mtime stay the same."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.taken_path = path.with_name(path.name + ".taken")
+        self._cache: tuple[tuple[int, int, int], _Contents] | None = None
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -247,9 +262,15 @@ class CreditWallet:
         finally:
             os.close(fd)  # releases the lock
 
-    def _load(self) -> _Contents:
-        if not self.path.exists():
+    def _read(self) -> _Contents:
+        """The whole file as written (taken credits included), parsed once per version."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
             return _Contents([], [])
+        version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        if self._cache is not None and self._cache[0] == version:
+            return self._cache[1]
         try:
             doc = json.loads(self.path.read_text())
             credits = [
@@ -261,12 +282,36 @@ class CreditWallet:
                 for item in doc["credits"]
             ]
             pending = [PendingMint.from_json(item) for item in doc.get("pending", [])]
+            generation = doc.get("generation", "")
+            if not isinstance(generation, str) or len(generation) > 32:
+                raise ValueError("bad generation")
         except (ValueError, KeyError, TypeError, IndexError, ProtocolError) as error:
             raise UsageError(
                 f"{self.path} is not a credit file ({type(error).__name__}: {error})",
                 hint="restore it from a backup: it holds bearer credits and paid purchases",
             ) from None
-        return _Contents(credits, pending)
+        contents = _Contents(credits, pending, generation)
+        self._cache = (version, contents)
+        return contents
+
+    def _offset(self, contents: _Contents) -> int:
+        """How many credits at the front of `contents` (the file as written) are taken."""
+        generation = contents.generation
+        if not generation:
+            return 0
+        try:
+            fields = self.taken_path.read_text().split()
+        except FileNotFoundError:
+            return 0
+        if len(fields) != 2 or fields[0] != generation or not fields[1].isdigit():
+            return 0  # a record of an older file (voided by its rewrite)
+        return min(int(fields[1]), len(contents.credits))
+
+    def _load(self) -> _Contents:
+        """The credits held (taken ones left out) and the purchases in flight: fresh lists."""
+        contents = self._read()
+        offset = self._offset(contents)
+        return _Contents(contents.credits[offset:], list(contents.pending), contents.generation)
 
     def _save(self, contents: _Contents) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -274,6 +319,7 @@ class CreditWallet:
         with os.fdopen(fd, "w") as handle:
             json.dump(
                 {
+                    "generation": secrets.token_hex(16),
                     "credits": [credit.to_json() for credit in contents.credits],
                     "pending": [item.to_json() for item in contents.pending],
                 },
@@ -282,6 +328,19 @@ class CreditWallet:
             handle.flush()
             os.fsync(handle.fileno())
         tmp.replace(self.path)
+        _fsync_dir(self.path.parent)
+
+    def _write_offset(self, generation: str, offset: int) -> None:
+        record = f"{generation} {offset}".ljust(TAKEN_RECORD - 1) + "\n"
+        created = not self.taken_path.exists()
+        fd = os.open(self.taken_path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, record.encode(), 0)  # one small write in place: all or nothing
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if created:
+            _fsync_dir(self.path.parent)
 
     def add(self, credits: list[Credit]) -> None:
         with self._locked():
@@ -290,17 +349,22 @@ class CreditWallet:
             self._save(contents)
 
     def count(self) -> int:
-        return len(self._load().credits)
+        contents = self._read()
+        return len(contents.credits) - self._offset(contents)
 
     def take(self, n: int) -> list[Credit]:
-        """Remove and return the `n` oldest credits (ProtocolError when fewer are held)."""
+        """Remove and return the `n` oldest credits (ProtocolError when fewer are held): on
+        disk, the taken record moves on by `n` (the class docstring)."""
         with self._locked():
-            contents = self._load()
-            held = contents.credits
+            contents = self._read()
+            offset = self._offset(contents)
+            held = contents.credits[offset:]
             if n > len(held):
                 raise ProtocolError(f"the wallet holds {len(held)} credits, {n} asked")
-            contents.credits = held[n:]
-            self._save(contents)
+            if contents.generation:
+                self._write_offset(contents.generation, offset + n)
+            else:  # a file from before the taken record: rewritten once, with a generation
+                self._save(_Contents(held[n:], list(contents.pending)))
         return held[:n]
 
     # -- purchases in flight -------------------------------------------------------------------
@@ -332,3 +396,12 @@ class CreditWallet:
             contents = self._load()
             contents.pending = [p for p in contents.pending if p.mint_id != mint_id]
             self._save(contents)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename or a new file in `directory` survive a crash."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
