@@ -156,6 +156,9 @@ async def build(
         max_sessions_per_node=config.max_sessions_per_node,
         slot_wait_s=config.slot_wait_s,
         public_only=not config.private_endpoints,
+        # free nodes, and charging ones no dearer than this client's floor (a dearer one would
+        # stop the question with price_too_high: node/client/paying.py)
+        accept_price=lambda price: price == 0 or price >= min_credit_positions,
     )
     payer = CreditPayer(wallet, router.prices, min_positions=min_credit_positions)
     gateway = Gateway(

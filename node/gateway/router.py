@@ -38,7 +38,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -167,8 +167,13 @@ class Router:
         max_sessions_per_node: int = 16,
         slot_wait_s: float = 60.0,
         public_only: bool = True,
+        accept_price: Callable[[int], bool] | None = None,
     ) -> None:
         self.source = source
+        # which nodes this gateway can pay, by the positions a credit buys there (its /info;
+        # 0: free): by default free ones only — a hosted gateway pays nodes through its work
+        # reports, and a node charging credits would refuse its every question (402)
+        self.accept_price = accept_price or (lambda price: price == 0)
         self.public_only = public_only  # dial only globally routable endpoints
         self.model_hash = model_hash
         self.shard_layers = tuple(shard_layers)
@@ -223,8 +228,9 @@ class Router:
 
     async def _verify(self, node: RoutableNode) -> bool:
         checked = self._verified.get(node)
-        if checked is not None and time.monotonic() - checked < VERIFY_TTL_S:
-            return True
+        fresh = checked is not None and time.monotonic() - checked < VERIFY_TTL_S
+        if fresh and self.accept_price(self.prices.get(node.endpoint, 0)):
+            return True  # (a price seen since by the background /info refresh counts)
         pin = self._pin(node)
         if pin is None:
             return False
@@ -251,6 +257,14 @@ class Router:
             self.mark_failed(node)
             return False
         self._note_price(node, info)
+        if not self.accept_price(self.prices[node.endpoint]):
+            log.info(
+                "node charges what this gateway does not pay endpoint=%s credit_positions=%d",
+                node.endpoint,
+                self.prices[node.endpoint],
+            )
+            self.mark_failed(node)  # looked at again after the cooldown: prices change
+            return False
         self._verified[node] = time.monotonic()
         return True
 

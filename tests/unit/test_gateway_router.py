@@ -222,3 +222,60 @@ async def test_router_replace_cools_the_failed_node_and_keeps_the_healthy_hops()
     # shard 1 has no other node: the same node is tried again (after the caller's backoff)
     again = await router.replace(replaced, [1])
     assert again.keys == replaced.keys
+
+
+async def test_router_leaves_out_nodes_charging_what_this_gateway_does_not_pay(
+    aiohttp_server: Any,
+) -> None:
+    """A hosted gateway pays by work reports: a node asking credits (`credit_positions` in its
+    /info) would refuse its every question, so it is not routed to; a personal client takes
+    free nodes and those no dearer than its floor. A free node that starts charging is left
+    out once the router sees the new price."""
+    import aiohttp
+    from aiohttp import web
+
+    from node.gateway.errors import NoCircuit
+
+    prices = {9: 0, 8: 8, 64: 64}
+    servers = {}
+    for name, price in prices.items():
+        app = web.Application()
+
+        async def info(_: web.Request, price: int = price, name: int = name) -> web.Response:
+            return web.json_response(
+                {
+                    "model_hash": "sha256:" + "0" * 64,
+                    "shard": 0,
+                    "layers": [0, 30],
+                    "credit_positions": prices[name],
+                }
+            )
+
+        app.router.add_get("/info", info)
+        servers[name] = await aiohttp_server(app)
+    entries = [
+        entry(key=f"{name:02x}" * 32, endpoint=f"http://127.0.0.1:{server.port}")
+        for name, server in servers.items()
+    ]
+    async with aiohttp.ClientSession() as http:
+
+        def router(accept: Any = None) -> Router:
+            return Router(
+                Source(entries),
+                model_hash="sha256:" + "0" * 64,
+                shard_layers=[(0, 30)],
+                http=http,
+                public_only=False,
+                refresh_s=0,
+                accept_price=accept,
+            )
+
+        hosted = router()
+        assert {(await hosted.circuit()).keys[0] for _ in range(24)} == {"09" * 32}
+        personal = router(lambda price: price == 0 or price >= 16)
+        assert {(await personal.circuit()).keys[0] for _ in range(48)} == {"09" * 32, "40" * 32}
+        prices[9] = 4  # the free node starts charging: seen at the next /info
+        node = next(n for n in (await hosted.routable())[0] if n.key == "09" * 32)
+        await hosted._observe(node)
+        with pytest.raises(NoCircuit):
+            await hosted.circuit()
