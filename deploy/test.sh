@@ -21,4 +21,4 @@ npx hardhat test
 .tools/slither-venv/bin/slither . --hardhat-ignore-compile --fail-medium
 
 step "python: unit, integration and e2e tests"
-pytest tests "$@"
+pytest tests --durations=30 "$@"
