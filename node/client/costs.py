@@ -29,9 +29,18 @@ compute term counts as at least the median of its replicas' terms ÷ `near`: a l
 the near-equal band and gets its random share, not the whole load; a really faster node gets
 the same share (the price of not trusting the claim), a really slower one is still left out.
 The floor needs `FLOOR_MIN_REPLICAS` candidates: between two, "a liar and an honest node" and
-"a fast node and one 3× slower" report the same numbers, and leaving the slow one out wins —
-there a liar still draws the pair's load (telling them apart needs the client's own per-hop
-timings, not built).
+"a fast node and one 3× slower" report the same numbers, and leaving the slow one out wins.
+
+**Claims checked against what the client saw.** Each generation tells the book how long its
+decode passes took through its circuit (`observe_circuit`, the client's own clock; EWMA per
+node, forgotten after `SEEN_TTL_S`). Replicas of a shard are paired with the other shards'
+nodes alike, so what a circuit adds beyond one node's own cost — the other hops, the links,
+the client — is common to them: `shared` = min over the seen nodes of (seen − claimed cost),
+and a node's cost is at least seen − shared. An honest node's claim explains its passes; a
+node claiming less than it costs explains less, so `shared` comes from an honest one and the
+liar is priced at what it does (a liar as fast as it claims is not lying). A node not seen
+lately beside seen ones counts as the cheapest, so it is tried and then measured. A node
+claiming *more* than it costs can only flatten the choice toward uniform, never draw load.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ NEAR = 1.5  # candidates within this factor of the cheapest are "near-equal" ...
 SLACK_S = 0.01  # ... plus this many seconds (the noise of a shared machine's step times)
 STALE_S = 2.0  # stats older than this are refreshed before (or while) choosing
 FLOOR_MIN_REPLICAS = 3  # the claim floor needs ≥ 2 other replicas to take a median of
+SEEN_TTL_S = 60.0  # a node's observed passes older than this are forgotten (it is explored again)
 
 
 @dataclass
@@ -65,6 +75,8 @@ class NodeStats:
     decode_s: float | None = None  # the node's counters at the last answer
     decode_batches: int | None = None
     updated_s: float = float("-inf")
+    seen_s: float | None = None  # EWMA of the decode passes of circuits through this node
+    seen_at_s: float = float("-inf")
 
     @property
     def overloaded(self) -> bool:
@@ -134,6 +146,22 @@ class CostBook:
         stats.max_queued = _count(info.get("max_queued"))
         stats.max_sessions = _count(info.get("max_sessions"))
 
+    def observe_circuit(self, urls: Sequence[str], pass_s: float) -> None:
+        """A circuit through `urls` took `pass_s` seconds per decode pass (the client's own
+        clock, send to answer): counted for each of its nodes."""
+        if not 0 <= pass_s < 1e6:
+            return
+        now = self._clock()
+        for url in dict.fromkeys(urls):
+            stats = self.get(url)
+            fresh = now - stats.seen_at_s <= SEEN_TTL_S
+            stats.seen_s = _ewma(stats.seen_s if fresh else None, pass_s, self.alpha)
+            stats.seen_at_s = now
+
+    def _seen(self, url: str) -> float | None:
+        stats = self.get(url)
+        return stats.seen_s if self._clock() - stats.seen_at_s <= SEEN_TTL_S else None
+
     def observe_failure(self, url: str) -> None:
         """The node did not answer: its round trip counts as unknown-and-slow until it does."""
         stats = self.get(url)
@@ -159,6 +187,25 @@ class CostBook:
         stats = self.get(url)
         rtt = default_rtt_s if stats.rtt_s is None else stats.rtt_s
         return rtt / 2 + max(self.compute_s(url, default_step_s), floor_s)
+
+    @staticmethod
+    def _checked(costs: list[float], seen: list[float | None]) -> list[float]:
+        """The claimed costs checked against what the client saw (module docstring)."""
+        measured = {i: value for i, value in enumerate(seen) if value is not None}
+        if not measured or len(seen) == 1:
+            return costs
+        if len(measured) < len(seen):  # not seen lately: as cheap as the cheapest, so tried
+            cheapest = min(costs)
+            costs = [cost if i in measured else cheapest for i, cost in enumerate(costs)]
+        if len(measured) < 2:
+            return costs
+        # what a circuit adds beyond one node's own cost, from the node whose claim explains
+        # the most of what was seen (an under-claimer explains less: never the one)
+        shared = min(value - costs[i] for i, value in measured.items())
+        return [
+            max(cost, measured[i] - shared) if i in measured else cost
+            for i, cost in enumerate(costs)
+        ]
 
     def overloaded(self, url: str) -> bool:
         return self.get(url).overloaded
@@ -190,6 +237,7 @@ class CostBook:
             )
             for i, c in enumerate(usable)
         ]
+        costs = self._checked(costs, [self._seen(url(c)) for c in usable])
         best = min(costs)
         limit = best * self.near + self.slack_s
         near = [c for c, cost in zip(usable, costs, strict=True) if cost <= limit]

@@ -79,6 +79,47 @@ def test_a_node_lying_about_its_load_gets_a_share_never_the_whole_load() -> None
     assert Counter(book.choose(["liar", "a", "b", "slow"], str) for _ in range(400))["slow"] == 0
 
 
+def _run(book: CostBook, true_s: dict[str, float], rounds: int, overhead_s: float = 0.030):
+    """`rounds` questions on one shard: the book chooses, the client sees the pass take the
+    chosen node's true step plus what the rest of the circuit adds (with a little jitter)."""
+    jitter = random.Random(11)
+    picks: Counter[str] = Counter()
+    for _ in range(rounds):
+        chosen = book.choose(list(true_s), str)
+        assert chosen is not None
+        picks[chosen] += 1
+        book.observe_circuit([chosen], overhead_s + true_s[chosen] + jitter.uniform(0, 0.004))
+    return picks
+
+
+def test_a_liar_between_two_replicas_is_priced_at_what_the_client_sees() -> None:
+    """Two replicas, no claim floor: `liar` claims a zero step but computes as slowly as
+    `slow` really does (3x `honest`); what the client's passes show prices it out."""
+    book = _book({"liar": 0.0, "honest": 0.050})
+    picks = _run(book, {"liar": 0.150, "honest": 0.050}, 300)
+    assert picks["honest"] > 280, picks  # the liar: tried, measured, then left out
+    # as fast as it claims, it is no liar: the two share the load
+    book = _book({"fast": 0.0, "honest": 0.050})
+    picks = _run(book, {"fast": 0.050, "honest": 0.050}, 300)
+    assert min(picks.values()) > 60, picks
+
+
+def test_seen_passes_keep_a_slow_replica_out_and_an_over_claimer_draws_nothing() -> None:
+    clock = [0.0]
+    book = CostBook(rng=random.Random(5), clock=lambda: clock[0])
+    for url, step in {"fast": 0.050, "slow": 0.150}.items():
+        book.observe_info(url, _info(0.0, 0), 0.002)
+        book.observe_info(url, _info(10 * step, 10), 0.002)
+    picks = _run(book, {"fast": 0.050, "slow": 0.150}, 300)
+    assert picks["slow"] <= 2, picks  # tried once when not seen lately, then left out
+    clock[0] += 61  # seen passes age out: the slow node is tried again, once
+    assert _run(book, {"fast": 0.050, "slow": 0.150}, 100)["slow"] <= 2
+    # a node claiming 3x its cost: never more than its share
+    book = _book({"modest": 0.150, "a": 0.050, "b": 0.050})
+    picks = _run(book, {"modest": 0.050, "a": 0.050, "b": 0.050}, 300)
+    assert picks["modest"] < 150, picks
+
+
 def test_costs_unknown_node_gets_the_median_step_and_default_rtt() -> None:
     book = _book({"a": 0.05, "b": 0.07})
     assert book.cost_s("new", default_step_s=0.06) == pytest.approx(DEFAULT_RTT_S / 2 + 0.06)
