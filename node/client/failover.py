@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 
 # what a failed hop (not the caller) can make a session raise
 FAILURES = (UnavailableError, BusyError, RemoteError, ProtocolError)
+MIN_OBSERVED_PASSES = 3  # a circuit's passes tell the cost book something from this many on
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +138,12 @@ class CircuitSource(Protocol):
         """Indices of the last leased circuit's hops that do not answer GET /health in time."""
         ...
 
+    def observe(self, urls: Sequence[str], pass_s: float) -> None:
+        """A leased circuit through `urls` took `pass_s` seconds per decode pass (its mean,
+        measured by this client): what load-aware choice checks the nodes' claims against
+        (node/client/costs.py `observe_circuit`)."""
+        ...
+
 
 class FixedCircuit:
     """One circuit, never replaced (`CircuitClient.generate`)."""
@@ -149,6 +156,9 @@ class FixedCircuit:
 
     async def probe(self) -> set[int]:
         return set()
+
+    def observe(self, urls: Sequence[str], pass_s: float) -> None:
+        pass  # one circuit: nothing to choose between
 
 
 async def unhealthy_hops(
@@ -238,6 +248,7 @@ async def generate(
             async with source.lease(replace) as client:
                 sid = client.new_sid()
                 sent0, received0 = client.bytes_sent, client.bytes_received
+                passes, passes_s = 0, 0.0  # decode passes on this circuit, and their time
                 try:
                     opened_s = time.perf_counter()
                     await client.open(new_session_id(), sid, wait=False)
@@ -283,6 +294,7 @@ async def generate(
                             left = max_new_tokens - chosen - 1  # wanted after this pass's first
                             guesses = propose(prompt + fed, speculation)[: max(0, left)]
                         feed = [fed[-1], *guesses]
+                        sent_s = time.perf_counter()
                         await client.send(
                             sid,
                             position,
@@ -291,6 +303,7 @@ async def generate(
                             rewind=speculation is not None,
                         )
                         out = await client.receive(sid, position, len(feed), policy.stall_s)
+                        passes, passes_s = passes + 1, passes_s + time.perf_counter() - sent_s
                         if guesses:
                             rows = head.logits_batch_np(out[0])
                             pass_tokens = verify(rows, guesses, sampling, rng)
@@ -306,6 +319,8 @@ async def generate(
                 finally:
                     timings.wire_bytes_sent += client.bytes_sent - sent0
                     timings.wire_bytes_received += client.bytes_received - received0
+                    if passes >= MIN_OBSERVED_PASSES:
+                        source.observe([hop.url for hop in client.hops], passes_s / passes)
                     await client.close(sid)
         except (OutOfCreditsError, PriceTooHighError):
             raise  # the wallet's or the user's limit: another try would pay nothing better

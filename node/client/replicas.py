@@ -171,6 +171,9 @@ class ReplicaCircuits:
         async with client:
             yield client
 
+    def observe(self, urls: Sequence[str], pass_s: float) -> None:
+        self.costs.observe_circuit(urls, pass_s)
+
     async def probe(self) -> set[int]:
         if self.current is None:
             return set()

@@ -71,6 +71,9 @@ class RouterCircuits:
         async with self.router.hold(circuit), self.pool.use(hops) as client:
             yield client
 
+    def observe(self, urls: Sequence[str], pass_s: float) -> None:
+        self.router.costs.observe_circuit(urls, pass_s)
+
     async def probe(self) -> set[int]:
         if not self.circuits:
             return set()

@@ -123,6 +123,8 @@ async def test_paid_circuit_exact_tokens_each_node_paid_per_chunk_and_redeemed(
         ]
     payer = source.payer
     assert payer is not None and source.prices == {hop.url: PRICE for hop in hops}
+    # the client's own decode passes went into its cost book, for every hop (costs.py)
+    assert all(0 < (source.costs.get(hop.url).seen_s or 0) < 10 for hop in hops)
     with torch.no_grad():
         out = model.generate(
             torch.tensor([ids]), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False
