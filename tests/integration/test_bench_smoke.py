@@ -30,6 +30,7 @@ SMOKE: dict[str, tuple[tuple[str, ...], tuple[pytest.MarkDecorator, ...]]] = {
     "abci_tx_cost": ((), ()),
     "codec": ((), ()),
     "credits": ((), ()),
+    "credit_wallet": ((), ()),  # real files and fsyncs, ~1 s
     "committee": ((), (SLOW,)),
     "concurrency": ((), (SLOW,)),
     "devnet": ((), (SLOW,)),
