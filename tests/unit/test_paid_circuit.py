@@ -82,6 +82,15 @@ async def _paid_nodes(aiohttp_server: Any, manifest: Path, tmp: Path, chain: Any
     return servers, hops, spools
 
 
+def _paying_client(manifest: Path, tmp: Path, credits: int) -> tuple[Any, ...]:
+    """A chain, its node key, a wallet of `credits` minted credits, the head and PROMPT's ids."""
+    chain, node = node_chain()
+    wallet = CreditWallet(tmp / "credits.json")
+    wallet.add(minted(chain, tmp, count=credits)[0])
+    head = ClientHead.load(manifest, device="cpu")
+    return chain, node, wallet, head, head.encode(PROMPT)
+
+
 def _generate(client: CircuitClient, head: Any, ids: list[int]) -> Any:
     return client.generate(head, ids, max_new_tokens=STEPS, stop_on_eos=False)
 
@@ -90,13 +99,8 @@ async def test_paid_circuit_exact_tokens_each_node_paid_per_chunk_and_redeemed(
     aiohttp_server, tiny, tmp_path
 ) -> None:
     manifest, model = tiny
-    chain, node = node_chain()
-    credits, _, _ = minted(chain, tmp_path, count=10)
-    wallet = CreditWallet(tmp_path / "credits.json")
-    wallet.add(credits)
+    chain, node, wallet, head, ids = _paying_client(manifest, tmp_path, 10)
     servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
-    head = ClientHead.load(manifest, device="cpu")
-    ids = head.encode(PROMPT)
     # the path of `planet ask --credits`: prices from each node's /info, opens not waited for
     # (each `pay` goes right behind its open), the failover loop around the circuit
     plan = Manifest.load(manifest)
@@ -156,13 +160,8 @@ async def test_a_client_gone_mid_answer_and_a_node_dead_before_redeeming_lose_no
     node's agent) cashes every one on the chain, and the credits still in the wallet stay
     good."""
     manifest, _ = tiny
-    chain, node = node_chain()
-    credits, _, _ = minted(chain, tmp_path, count=20)
-    wallet = CreditWallet(tmp_path / "credits.json")
-    wallet.add(credits)
+    chain, node, wallet, head, ids = _paying_client(manifest, tmp_path, 20)
     servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
-    head = ClientHead.load(manifest, device="cpu")
-    ids = head.encode(PROMPT)
     http = aiohttp.ClientSession()
     payer = CreditPayer(wallet, {h.url: PRICE for h in hops}, min_positions=PRICE)
     client = CircuitClient(hops, hidden_size=64, prefill_chunk=5, http=http, payer=payer)
