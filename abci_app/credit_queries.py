@@ -68,7 +68,12 @@ def _credit_keys(state: State, params: dict[str, Any]) -> Any:
                 }
             )
     keys.sort(key=lambda k: k["validator"])
-    return {"epoch": epoch, "keys": keys, "total_power": state.total_power}
+    return {
+        "epoch": epoch,
+        "keys": keys,
+        "total_power": state.total_power,
+        "lifetime_epochs": state.genesis.credit_lifetime_epochs,
+    }
 
 
 def _mint_record(state: State, params: dict[str, Any], name: str) -> dict[str, Any]:

@@ -31,7 +31,8 @@
     redeem{model, shard, credits}
                                a compute node, not LEFT, on a (model, shard) it registered
                                (REDEEM_SHARD), cashes credits: each of an epoch e with
-                               current − CREDIT_LIFETIME_EPOCHS ≤ e ≤ current (CREDIT_EPOCH),
+                               e ≤ current ≤ e + genesis `credits.lifetime_epochs`
+                               (CREDIT_EPOCH),
                                valid under e's keys (`protocol.credits.check_credit`:
                                CREDIT_INVALID), its nonce never redeemed nor listed twice
                                (CREDIT_SPENT). → `cspent/<sha256 nonce>` per credit and
@@ -41,8 +42,8 @@
 
 Whole txs are refused on any failing item (nothing written). Without genesis `credits` (or an
 escrow) every credit tx but `credit_key` is CREDITS_DISABLED. The spent set is pruned with the
-redeeming epoch's records (`rules.track`); since `retention_epochs ≥ 1`, no entry goes before
-its credit's last redeemable epoch has ended.
+credit's last redeemable epoch, e + lifetime (`rules.track_at`): since `retention_epochs ≥ 1`,
+no entry goes before that epoch has ended, and no credit can be spent twice.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from protocol.credits import (
     EpochKeys,
     check_credit,
     mint_id,
+    redeemable,
     spent_id,
 )
 from protocol.eip712 import recover_digest
@@ -70,7 +72,6 @@ from protocol.errors import ProtocolError
 from protocol.payment import payment_domain
 
 KEY_AHEAD = 2  # a key may be published for at most the epoch after next
-CREDIT_LIFETIME_EPOCHS = 1  # a credit of epoch e is redeemable in e and e + 1
 MINT_KIND = "mint"  # the kind of a mint's charge in `spent/` and `cpend/` (settlement.py)
 MAX_MINT_LIFETIME_S = 7 * 86_400  # bounds how long a mint's charge guard (`spent/`) is kept
 
@@ -276,11 +277,12 @@ def redeem(state: State, tx: SignedTx) -> None:
             Code.REDEEM_SHARD, f"shard {body.shard} of {body.model} is not registered by this node"
         )
     current = rules.epoch_of(state, state.block_height)
+    lifetime = state.genesis.credit_lifetime_epochs
     keys_of: dict[int, EpochKeys] = {}
-    spent: list[str] = []
+    spent: list[tuple[str, int]] = []
     for index, credit in enumerate(body.credits):
         where = f"credit {index}"
-        if not current - CREDIT_LIFETIME_EPOCHS <= credit.epoch <= current:
+        if not redeemable(credit.epoch, current, lifetime):
             rules.reject(
                 Code.CREDIT_EPOCH,
                 f"{where}: a credit of epoch {credit.epoch} is not redeemable in epoch {current}",
@@ -292,12 +294,16 @@ def redeem(state: State, tx: SignedTx) -> None:
             identifier = spent_id(credit.prepared)
         except CreditInvalidError as error:
             rules.reject(Code.CREDIT_INVALID, f"{where}: {error.reason}")
-        if identifier in spent or state.get(schema.CREDIT_SPENT, identifier) is not None:
+        if (
+            any(identifier == seen for seen, _ in spent)
+            or state.get(schema.CREDIT_SPENT, identifier) is not None
+        ):
             rules.reject(Code.CREDIT_SPENT, f"{where}: already redeemed")
-        spent.append(identifier)
-    for identifier in spent:
+        spent.append((identifier, credit.epoch))
+    for identifier, epoch in spent:
         state.put(schema.CREDIT_SPENT, identifier, state.block_height)
-    rules.track_many(state, schema.CREDIT_SPENT, spent)
+        # kept until the credit's window is over: pruned with epoch e + lifetime, not before
+        rules.track_at(state, schema.CREDIT_SPENT, identifier, epoch + lifetime)
     layer_tokens = len(spent) * state.genesis.credit_layer_tokens
     account = str(node["evm_address"]).lower()
     key = schema.credit_key(current, account, body.model, body.shard)

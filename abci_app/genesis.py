@@ -23,8 +23,11 @@
       "spot_check_ppm": 50000,              # spot-check selection rate (protocol/spotcheck.py)
       "spot_check_floor": 1,                # expected checks per node and epoch at least (0: off)
       "commit_grace_epochs": 2,             # epochs a node has to commit what gateways reported
-      "credits": {"price_wei": "1000000000000", "layer_tokens": 4096}  # one credit's price
-                                          #   and the layer-tokens its redemption credits
+      "credits": {"price_wei": "1000000000000", "layer_tokens": 4096,  # one credit's price
+                  "lifetime_epochs": 4320}  #   and the layer-tokens its redemption credits; a
+                                          #   credit of epoch e is redeemable up to epoch
+                                          #   e + lifetime_epochs (default 4320: a day of
+                                          #   20 s epochs)
     }
 `evm.escrow_address` (the QueryEscrow that consumes `PayoutRoot`s) enables epoch settlement;
 `credits` (with the escrow) enables minting and redeeming credits (abci_app/credits.py).
@@ -68,6 +71,12 @@ _KEYS = {
 }
 DEFAULT_MIN_STAKE = {"compute": 10**18, "verifier": 5 * 10**17}
 MAX_PARAM = (1 << 63) - 1
+# How long a credit stays redeemable, in epochs after its mint's: long enough that credits a
+# user bought are still worth something after a break (a day of 20-block epochs at ~1 s), short
+# enough that the spent set (kept for that long) stays bounded.
+DEFAULT_CREDIT_LIFETIME_EPOCHS = 4_320
+MAX_CREDIT_LIFETIME_EPOCHS = 1_000_000
+_CREDIT_KEYS = {"price_wei", "layer_tokens", "lifetime_epochs"}
 MAX_SHARDS = 65536  # register_node shard indexes are 0 … 65535
 _GATEWAY = re.compile(r"[0-9a-f]{64}\Z")
 _DECIMAL = re.compile(r"[0-9]{1,78}\Z")  # ASCII only: str.isdigit accepts other scripts
@@ -118,6 +127,7 @@ class Genesis:
     commit_grace_epochs: int = 2  # reported work must be committed within this many epochs
     credit_price_wei: int | None = None  # one credit's price; None: credits disabled
     credit_layer_tokens: int = 0  # layer-tokens a redeemed credit adds to the node's work
+    credit_lifetime_epochs: int = DEFAULT_CREDIT_LIFETIME_EPOCHS  # redeemable in e … e + this
 
     @classmethod
     def parse(cls, app_state: bytes) -> Genesis:
@@ -207,9 +217,12 @@ class Genesis:
             operators[key] = operator
         credits = doc.get("credits")
         if credits is not None and (
-            not isinstance(credits, dict) or set(credits) != {"price_wei", "layer_tokens"}
+            not isinstance(credits, dict)
+            or not {"price_wei", "layer_tokens"} <= set(credits) <= _CREDIT_KEYS
         ):
-            raise ConfigError("genesis app_state.credits: expected {price_wei, layer_tokens}")
+            raise ConfigError(
+                "genesis app_state.credits: expected {price_wei, layer_tokens[, lifetime_epochs]}"
+            )
         return cls(
             epoch_length=_int(doc, "epoch_length", 20, 1),
             heartbeat_timeout=_int(doc, "heartbeat_timeout", 30, 1),
@@ -235,6 +248,17 @@ class Genesis:
                 _int(credits, "price_wei", 0, 1, (1 << 64) - 1) if credits is not None else None
             ),
             credit_layer_tokens=_int(credits, "layer_tokens", 0, 1) if credits is not None else 0,
+            credit_lifetime_epochs=(
+                _int(
+                    credits,
+                    "lifetime_epochs",
+                    DEFAULT_CREDIT_LIFETIME_EPOCHS,
+                    1,
+                    MAX_CREDIT_LIFETIME_EPOCHS,
+                )
+                if credits is not None
+                else DEFAULT_CREDIT_LIFETIME_EPOCHS
+            ),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -287,6 +311,7 @@ class Genesis:
                 {
                     "credits": {
                         "layer_tokens": self.credit_layer_tokens,
+                        "lifetime_epochs": self.credit_lifetime_epochs,
                         "price_wei": str(self.credit_price_wei),
                     }
                 }

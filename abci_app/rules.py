@@ -7,6 +7,7 @@ retention) import this module, `schema` and `state`, and never each other.
     registered_node / compute_node / validator   the signer checks, each with its named code
     epoch_of(state, height)     heights (e−1)·L+1 … e·L are epoch e (L = genesis epoch_length)
     track / track_many          index records for pruning once their epoch is settled
+    track_at                    … once a given (later) epoch is settled
     track_until                 index a record for deletion once block time passes a moment
     add_vote                    a validator's signed vote on a verdict or payout statement
 """
@@ -65,6 +66,12 @@ def track_many(state: State, ns: str, keys: list[str]) -> None:
     epoch = epoch_of(state, state.block_height)
     for key in keys:
         state.put(schema.PRUNE_INDEX, schema.prune_key(epoch, ns, key), 0)
+
+
+def track_at(state: State, ns: str, key: str, epoch: int) -> None:
+    """Index a record for pruning once `epoch` (or the current one, if later) is settled."""
+    epoch = max(epoch, epoch_of(state, state.block_height))
+    state.put(schema.PRUNE_INDEX, schema.prune_key(epoch, ns, key), 0)
 
 
 def add_vote(

@@ -39,6 +39,7 @@ from protocol import blindrsa
 from protocol.blindrsa import RsaPublicKey
 from protocol.eip712 import TypedStruct
 from protocol.errors import ProtocolError
+from protocol.fields import is_int
 
 CREDIT_DOMAIN = b"planet-credit/v1\n"
 NONCE_BYTES = 32
@@ -147,6 +148,23 @@ def epoch_keys_from_query(answer: Mapping[str, Any]) -> EpochKeys:
         for entry in answer["keys"]
     }
     return EpochKeys(epoch=answer["epoch"], keys=keys, total_power=answer["total_power"])
+
+
+MAX_LIFETIME_EPOCHS = 1_000_000  # abci_app/genesis.py MAX_CREDIT_LIFETIME_EPOCHS
+
+
+def lifetime_from_query(answer: Mapping[str, Any]) -> int:
+    """How many epochs after its own a credit stays redeemable, from a `/credit_keys` answer
+    (1 where a validator does not say: the window before the genesis parameter existed)."""
+    lifetime = answer.get("lifetime_epochs", 1)
+    if not is_int(lifetime, 1, MAX_LIFETIME_EPOCHS):
+        raise ProtocolError(f"/credit_keys: lifetime_epochs {lifetime!a} is not 1 … 10^6")
+    return lifetime
+
+
+def redeemable(credit_epoch: int, current: int, lifetime: int) -> bool:
+    """The chain's redemption window (abci_app/credits.py): epoch e in e … e + lifetime."""
+    return current - lifetime <= credit_epoch <= current
 
 
 def check_credit(keys: EpochKeys, credit: Credit) -> None:

@@ -15,7 +15,8 @@
                                   goes once the chain took its credit or refused it for good
 
 What a client pays with is a bearer credit: whoever shows it first gets it. So a node redeems
-what it was paid before the credit's window closes (the mint's epoch and the next), and a client
+what it was paid before the credit's window closes (the mint's epoch e to e + genesis
+`credits.lifetime_epochs`), and a client
 that spends one credit at two nodes pays only the first to redeem it (`CREDIT_SPENT`).
 """
 
@@ -28,13 +29,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
-from node.server.payments import CREDIT_LIFETIME_EPOCHS, CreditRefusedError, CreditSpool
+from node.server.payments import CreditRefusedError, CreditSpool
 from protocol.committee.credits import Redeem
 from protocol.credits import (
     Credit,
     EpochKeys,
     check_credit,
     epoch_keys_from_query,
+    lifetime_from_query,
+    redeemable,
     spent_id,
 )
 
@@ -71,12 +74,14 @@ class CreditTill:
             )
         return self._keys[epoch]
 
-    async def current_epoch(self) -> int:
-        return int((await self.link.query("/credit_keys"))["epoch"])
+    async def current_epoch(self) -> tuple[int, int]:
+        """The current epoch and the credits' lifetime in epochs."""
+        answer = await self.link.query("/credit_keys")
+        return int(answer["epoch"]), lifetime_from_query(answer)
 
     async def accept(self, credit: Credit) -> None:
-        current = await self.current_epoch()
-        if not current - CREDIT_LIFETIME_EPOCHS <= credit.epoch <= current:
+        current, lifetime = await self.current_epoch()
+        if not redeemable(credit.epoch, current, lifetime):
             raise CreditRefused(f"a credit of epoch {credit.epoch} expires before epoch {current}")
         check_credit(await self._epoch_keys(credit.epoch), credit)
         identifier = spent_id(credit.prepared)

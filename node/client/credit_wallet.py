@@ -367,6 +367,17 @@ class CreditWallet:
                 self._save(_Contents(held[n:], list(contents.pending)))
         return held[:n]
 
+    def drop_expired(self, oldest_epoch: int) -> int:
+        """Forget the credits minted before `oldest_epoch`: the chain no longer redeems them,
+        so every node refuses them. Returns how many went."""
+        with self._locked():
+            contents = self._read()
+            held = contents.credits[self._offset(contents) :]
+            kept = [credit for credit in held if credit.epoch >= oldest_epoch]
+            if len(kept) < len(held):
+                self._save(_Contents(kept, list(contents.pending)))
+        return len(held) - len(kept)
+
     # -- purchases in flight -------------------------------------------------------------------
 
     def pending(self) -> list[PendingMint]:

@@ -21,12 +21,17 @@ session was not open there, or its open failed after the `pay`) comes back refus
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from node.client.credit_wallet import CreditWallet
-from protocol.credits import Credit, spent_id
-from protocol.errors import ProtocolError
+from protocol.credits import Credit, lifetime_from_query, spent_id
+from protocol.errors import PlanetError, ProtocolError
+
+log = logging.getLogger(__name__)
 
 
 class OutOfCreditsError(ProtocolError):
@@ -135,3 +140,46 @@ class CreditPayer:
         """Credits sent to hops that neither opened their session (`opened(sid, hop)`) nor
         refused them yet."""
         return sum(len(sent) for (sid, hop), sent in self._sent.items() if not opened(sid, hop))
+
+
+EXPIRY_CHECK_S = 30.0  # how often a long-running client looks for credits past their window
+
+
+@dataclass
+class CreditExpiry:
+    """Keeps credits the chain no longer redeems out of the wallet (a node refuses them by
+    name, which would cost the client a failed pay): the committee's current epoch and the
+    credits' lifetime (`/credit_keys`), read at most every `every_s`."""
+
+    wallet: CreditWallet
+    query: Callable[[str], Awaitable[Any]]  # a committee ABCI query: path → answer
+    every_s: float = EXPIRY_CHECK_S
+    dropped: int = 0
+    _checked_at: float = float("-inf")
+
+    async def check(self) -> int:
+        """Drop the expired credits, if due; returns how many went (logged)."""
+        if time.monotonic() - self._checked_at < self.every_s:
+            return 0
+        answer = await self.query("/credit_keys")
+        current, lifetime = int(answer["epoch"]), lifetime_from_query(answer)
+        self._checked_at = time.monotonic()
+        gone = self.wallet.drop_expired(current - lifetime)
+        if gone:
+            self.dropped += gone
+            log.warning(
+                "dropped %d credits minted before epoch %d: the chain no longer redeems them "
+                "(credits are good for %d epochs after their mint's)",
+                gone,
+                current - lifetime,
+                lifetime,
+            )
+        return gone
+
+    async def check_quietly(self) -> None:
+        """`check`, where a committee that does not answer only delays it: the nodes refuse
+        an expired credit by name anyway."""
+        try:
+            await self.check()
+        except (PlanetError, KeyError, TypeError, ValueError) as error:
+            log.warning("could not check the credits' expiry: %s", error)

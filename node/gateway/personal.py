@@ -34,7 +34,7 @@ from typing import Any
 from aiohttp import web
 
 from node.client.credit_wallet import CreditWallet
-from node.client.paying import CreditPayer
+from node.client.paying import CreditExpiry, CreditPayer
 from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
 from node.gateway.router import CommitteeNodes, Router
@@ -65,8 +65,9 @@ class PersonalDesk:
     gateway = "personal"
     price = 0
 
-    def __init__(self, payer: CreditPayer) -> None:
+    def __init__(self, payer: CreditPayer, expiry: CreditExpiry | None = None) -> None:
         self.payer = payer
+        self.expiry = expiry
         self._open: dict[int, PersonalReservation] = {}
         self._tickets = itertools.count(1)
         self._numbers: dict[bytes, int] = {}
@@ -79,6 +80,8 @@ class PersonalDesk:
         return 0
 
     async def reserve(self, proof: Any, required: int) -> PersonalReservation:
+        if self.expiry is not None:  # never pay with a credit the chain no longer redeems
+            await self.expiry.check_quietly()
         reservation = PersonalReservation(secrets.token_bytes(32), next(self._tickets))
         self._open[reservation.ticket] = reservation
         return reservation
@@ -136,14 +139,22 @@ async def build(
             hint="buy some with `planet credits buy N`",
         )
     committee = CommitteeRpc(config.committee_rpc)
+    expiry = CreditExpiry(wallet, committee.abci_query)
     try:
         await committee.abci_query("/params")
+        expired = await expiry.check()
     except PlanetError as error:
         await committee.close()
         raise UnavailableError(
             f"the committee RPC {config.committee_rpc} does not answer: {error.message}",
             hint="pass --committee-rpc (a validator of the network you pay)",
         ) from None
+    if wallet.count() == 0:
+        await committee.close()
+        raise ConfigError(
+            f"the {expired} credits in {credits_file} are past their epochs: no node takes them",
+            hint="buy fresh ones with `planet credits buy N`",
+        )
     configure_torch_threads(int(os.environ.get("PLANET_GATEWAY_THREADS", "1")))
     head = await asyncio.to_thread(ClientHead.load, config.manifest, "cpu")
     http = node_session(config)
@@ -171,7 +182,7 @@ async def build(
         ),
         head=head,
         router=router,
-        desk=PersonalDesk(payer),  # type: ignore[arg-type]
+        desk=PersonalDesk(payer, expiry),  # type: ignore[arg-type]
         committee=committee,
         http=http,
         chain_id=0,

@@ -22,9 +22,9 @@ and renamed, so a node that dies keeps every credit it was paid with, and a cred
 this node is refused by the file that is already there.
 
 **What is checked before a credit counts** (`CreditCheck`, the chain's `redeem` rules read ahead,
-so a credit the node takes is one it can cash): its epoch is the current one or the one before
-(the chain redeems a credit of epoch e in e and e + 1; the current epoch is read again at most
-every `refresh_s`); every signature verifies under its validator's key of that epoch and the
+so a credit the node takes is one it can cash): its epoch e is within the chain's window, e ≤
+current ≤ e + lifetime (genesis `credits.lifetime_epochs`, published with `/credit_keys`; the
+current epoch is read again at most every `refresh_s`); every signature verifies under its validator's key of that epoch and the
 signers hold ≥ 2/3 of the power (`protocol.credits.check_credit`, the keys cached per epoch);
 the committee has not redeemed it already (`/credit_spent`; a credit found spent is remembered,
 so a client replaying it costs the validators one query, not one per pay), nor did this node
@@ -53,6 +53,8 @@ from protocol.credits import (
     EpochKeys,
     check_credit,
     epoch_keys_from_query,
+    lifetime_from_query,
+    redeemable,
     spent_id,
 )
 from protocol.errors import ProtocolError
@@ -60,9 +62,9 @@ from protocol.stream import PaymentRequiredError
 
 log = logging.getLogger(__name__)
 
-CREDIT_LIFETIME_EPOCHS = 1  # abci_app/credits.py: a credit of epoch e is redeemable in e, e + 1
 PAY_WAIT_S = 5.0
 EPOCH_REFRESH_S = 5.0
+MAX_KEY_EPOCHS = 64  # epochs whose credit keys stay cached (a few KB each)
 MAX_SPENT_KNOWN = 1 << 16  # credits found redeemed on chain, refused again without a query
 MAX_SEEN = 1 << 20  # spent ids remembered in memory (the spool and the chain remember the rest)
 
@@ -104,29 +106,33 @@ class CreditCheck:
         self._keys: dict[int, EpochKeys] = {}
         self._spent: dict[str, Any] = {}  # spent id → the height the chain redeemed it at
         self._epoch = 0
+        self._lifetime = 1  # epochs after its own a credit is redeemable (genesis, read below)
         self._epoch_at = float("-inf")
 
     async def current_epoch(self, at_least: int = 0) -> int:
         stale = time.monotonic() - self._epoch_at > self.refresh_s
         if stale or self._epoch < at_least:
             answer = await self.link.query("/credit_keys")
+            self._lifetime = lifetime_from_query(answer)
             self._epoch, self._epoch_at = int(answer["epoch"]), time.monotonic()
         return self._epoch
 
     async def check(self, credit: Credit) -> None:
         current = await self.current_epoch(at_least=credit.epoch)
-        if not current - CREDIT_LIFETIME_EPOCHS <= credit.epoch <= current:
+        if not redeemable(credit.epoch, current, self._lifetime):
             raise CreditRefusedError(
                 f"a credit of epoch {credit.epoch} is not redeemable in epoch {current} "
-                f"(credits are good in their epoch and the next)"
+                f"(credits are good for {self._lifetime} epochs after their own)"
             )
         if credit.epoch not in self._keys:
             keys = epoch_keys_from_query(await self.link.query("/credit_keys", epoch=credit.epoch))
             if not keys.keys:  # not published yet: ask again next time
                 check_credit(keys, credit)
             self._keys[credit.epoch] = keys
-            for old in [e for e in self._keys if e < current - CREDIT_LIFETIME_EPOCHS]:
+            for old in [e for e in self._keys if not redeemable(e, current, self._lifetime)]:
                 del self._keys[old]
+            while len(self._keys) > MAX_KEY_EPOCHS:  # oldest first (insertion order)
+                del self._keys[next(iter(self._keys))]
         check_credit(self._keys[credit.epoch], credit)
         identifier = spent_id(credit.prepared)
         height = self._spent.get(identifier)

@@ -14,6 +14,7 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.credit_queries import signatures
+from abci_app.genesis import DEFAULT_CREDIT_LIFETIME_EPOCHS, Genesis
 from abci_app.queries import query
 from abci_app.query_params import QueryError
 from node.client.credit_wallet import (
@@ -27,8 +28,15 @@ from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
 from protocol.credit_keys import CreditKeyStore
-from protocol.credits import Credit, EpochKeys, epoch_keys_from_query
+from protocol.credits import (
+    Credit,
+    EpochKeys,
+    epoch_keys_from_query,
+    lifetime_from_query,
+    spent_id,
+)
 from protocol.eip712 import address_of
+from protocol.errors import ConfigError, ProtocolError
 from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key, seeded_key
 from tests.unit.test_abci_settlement import ESCROW, ask, next_epoch_end, settled_chain
 from tests.unit.test_abci_state import make_routable, register
@@ -47,8 +55,11 @@ def rsa_key(index: int) -> RsaPrivateKey:
     return RsaPrivateKey.generate()
 
 
-def credit_chain(**extra: object) -> Chain:
-    chain = settled_chain(credits={"price_wei": str(PRICE), "layer_tokens": LAYER_TOKENS}, **extra)
+def credit_chain(lifetime_epochs: int | None = None, **extra: object) -> Chain:
+    credits: dict[str, object] = {"price_wei": str(PRICE), "layer_tokens": LAYER_TOKENS}
+    if lifetime_epochs is not None:
+        credits["lifetime_epochs"] = lifetime_epochs
+    chain = settled_chain(credits=credits, **extra)
     chain.time_s = NOW
     return chain
 
@@ -135,8 +146,8 @@ def close_last_blocks_epoch(chain: Chain) -> int:
     return epoch
 
 
-def node_chain(**extra: object) -> tuple[Chain, SigningKey]:
-    chain = credit_chain(**extra)
+def node_chain(lifetime_epochs: int | None = None, **extra: object) -> tuple[Chain, SigningKey]:
+    chain = credit_chain(lifetime_epochs, **extra)
     node = register(chain, "credit-node", shards=(0, 1))
     make_routable(chain, node)
     return chain, node
@@ -240,7 +251,7 @@ def test_credits_under_two_thirds_of_the_power_is_credit_invalid(tmp_path: Path)
 
 
 def test_credits_wrong_or_expired_epoch_is_refused(tmp_path: Path) -> None:
-    chain, node = node_chain()
+    chain, node = node_chain(lifetime_epochs=1)
     credits, keys, _ = minted(chain, tmp_path, count=2)
     epoch = keys.epoch
     # relabelled as a credit of the next epoch (whose keys are other keys): invalid
@@ -255,6 +266,52 @@ def test_credits_wrong_or_expired_epoch_is_refused(tmp_path: Path) -> None:
     next_epoch_end(chain)
     late = redeem(chain, node, credits[1:])
     assert late.code == Code.CREDIT_EPOCH, late.log
+
+
+def test_credits_stay_redeemable_for_their_lifetime_and_spent_ones_stay_spent(
+    tmp_path: Path,
+) -> None:
+    """A credit of epoch e is good until e + lifetime_epochs (genesis), however long ago it was
+    bought; its spent entry is kept that long too, even past `retention_epochs`: a credit
+    redeemed in e is refused again in e + lifetime, then for its age."""
+    chain, node = node_chain(lifetime_epochs=5, retention_epochs=1)
+    credits, keys, _ = minted(chain, tmp_path, count=3)
+    assert redeem(chain, node, credits[:1]).code == Code.OK
+    for _ in range(5):  # to epoch e + 5: settled, pruned with retention 1 all along
+        next_epoch_end(chain)
+    assert epoch_now(chain) == keys.epoch + 5
+    replay = redeem(chain, node, credits[:1])
+    assert replay.code == Code.CREDIT_SPENT, replay.log
+    assert redeem(chain, node, credits[1:2]).code == Code.OK  # bought 5 epochs ago, still good
+    next_epoch_end(chain)
+    late = redeem(chain, node, credits[2:])
+    assert late.code == Code.CREDIT_EPOCH, late.log
+    # the spent entries go once no credit of their epoch can come back
+    for _ in range(3):
+        next_epoch_end(chain)
+    assert ask(chain, f"/credit_spent?id={spent_id(credits[0].prepared)}")["height"] is None
+
+
+def test_credits_genesis_lifetime_is_checked_and_published() -> None:
+    chain = credit_chain()
+    answer = ask(chain, "/credit_keys")
+    assert answer["lifetime_epochs"] == DEFAULT_CREDIT_LIFETIME_EPOCHS == 4_320
+    assert lifetime_from_query(answer) == 4_320
+    assert lifetime_from_query({"epoch": 1}) == 1  # a validator from before the parameter
+    for bad in (0, -1, 10**6 + 1, "7", True, None):
+        with pytest.raises(ProtocolError):
+            lifetime_from_query({"lifetime_epochs": bad})
+    for bad in (0, 10**6 + 1, "x"):
+        doc = {"credits": {"price_wei": "1", "layer_tokens": 1, "lifetime_epochs": bad}}
+        with pytest.raises(ConfigError, match="lifetime_epochs"):
+            Genesis.parse(json.dumps(doc).encode())
+    unknown = {"credits": {"price_wei": "1", "layer_tokens": 1, "x": 1}}
+    with pytest.raises(ConfigError, match="credits"):
+        Genesis.parse(json.dumps(unknown).encode())
+    doc = {"credits": {"price_wei": "1", "layer_tokens": 1, "lifetime_epochs": 9}}
+    custom = Genesis.parse(json.dumps(doc).encode())
+    assert custom.credit_lifetime_epochs == 9
+    assert Genesis.from_json(custom.to_json()) == custom
 
 
 def test_credits_redeem_on_an_unregistered_shard_or_by_a_stranger(tmp_path: Path) -> None:

@@ -78,10 +78,13 @@ async def test_till_drops_a_credit_spent_elsewhere_and_redeems_the_rest(tmp_path
 
 
 async def test_till_refuses_a_credit_past_its_window(tmp_path: Path) -> None:
-    chain, node = node_chain()
-    credits, _, _ = minted(chain, tmp_path, count=1)
+    """The window is the chain's genesis `lifetime_epochs` (here 3): e … e + 3."""
+    chain, node = node_chain(lifetime_epochs=3)
+    credits, _, _ = minted(chain, tmp_path, count=2)
     length = chain.state.genesis.epoch_length
-    chain.advance_to((credits[0].epoch + 1) * length + 1)
+    chain.advance_to((credits[0].epoch + 2) * length + 1)  # e + 3
     till = CreditTill(ChainLink(chain, node), "m", 0)
-    with pytest.raises(CreditRefused):
+    await till.accept(credits[1])
+    chain.advance_to((credits[0].epoch + 3) * length + 1)  # e + 4
+    with pytest.raises(CreditRefused, match="expires before"):
         await till.accept(credits[0])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,18 @@ def test_a_file_written_before_the_taken_record_is_read_and_spent(tmp_path: Path
     generation = json.loads(path.read_text())["generation"]
     (tmp_path / "credits.json.taken").write_text(f"{generation} 99")
     assert CreditWallet(path).count() == 0
+
+
+def test_expired_credits_are_dropped_and_the_rest_kept_in_order(tmp_path: Path) -> None:
+    """`drop_expired(e)` forgets credits minted before epoch e (the chain no longer redeems
+    them), keeps the others in their order, and leaves purchases in flight alone; a taken
+    credit stays taken."""
+    wallet = CreditWallet(tmp_path / "credits.json")
+    epochs = (3, 4, 5, 4, 6)
+    credits = [replace(c, epoch=e) for c, e in zip(_canonical(_credits(5)), epochs, strict=True)]
+    wallet.add(credits)
+    assert wallet.take(1) == credits[:1]
+    assert wallet.drop_expired(3) == 0 and wallet.count() == 4
+    assert wallet.drop_expired(5) == 2
+    assert wallet.count() == 2 and wallet.take(2) == [credits[2], credits[4]]
+    assert wallet.drop_expired(9) == 0

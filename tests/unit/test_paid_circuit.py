@@ -23,7 +23,7 @@ from node.agent.credit_till import CreditTill, SpoolRedeemer
 from node.client.circuit import CircuitClient
 from node.client.credit_wallet import CreditWallet
 from node.client.failover import FailoverPolicy, generate
-from node.client.paying import CreditPayer, OutOfCreditsError, PriceTooHighError
+from node.client.paying import CreditExpiry, CreditPayer, OutOfCreditsError, PriceTooHighError
 from node.client.replicas import ReplicaCircuits
 from node.model.head import ClientHead
 from node.model.manifest import Manifest
@@ -372,8 +372,8 @@ def test_pay_control_is_parsed_at_the_boundary_and_malformed_ones_named() -> Non
 
 
 async def test_the_node_checks_a_credit_as_the_chain_will_redeem_it(tmp_path) -> None:
-    chain, node = node_chain()
-    credits, _, _ = minted(chain, tmp_path, count=3)
+    chain, node = node_chain(lifetime_epochs=2)
+    credits, _, _ = minted(chain, tmp_path, count=4)
     spool = CreditSpool(tmp_path / "spool")
     payments = Payments(PRICE, CreditCheck(ChainLink(chain, node)), spool, wait_s=0.2)
     account = Account()
@@ -392,13 +392,17 @@ async def test_the_node_checks_a_credit_as_the_chain_will_redeem_it(tmp_path) ->
         await payments.cover(account, 1)  # nothing more came within wait_s
     payments.refund(account, PRICE)  # a busy refusal: not computed, not charged
     await payments.cover(account, PRICE)
-    # a credit past its window (the chain redeems a credit of e in e and e + 1 only)
+    # the window is the chain's (genesis lifetime_epochs 2: a credit of e in e … e + 2)
     length = chain.state.genesis.epoch_length
-    chain.advance_to((credits[2].epoch + 1) * length + 1)
+    chain.advance_to((credits[2].epoch + 1) * length + 1)  # epoch e + 2: still good
     check = CreditCheck(ChainLink(chain, node), refresh_s=0.0)
-    with pytest.raises(CreditRefusedError, match="not redeemable in epoch"):
+    await Payments(PRICE, check, spool).accept(Account(), credits[3])
+    chain.advance_to((credits[2].epoch + 2) * length + 1)  # e + 3: past it
+    with pytest.raises(CreditRefusedError, match=r"not redeemable in epoch.*good for 2 epochs"):
         await Payments(PRICE, check, spool).accept(Account(), credits[2])
-    assert [path.name for path, _ in spool.held()] == [f"{spent_id(credits[1].prepared)}.json"]
+    assert sorted(path.name for path, _ in spool.held()) == sorted(
+        f"{spent_id(c.prepared)}.json" for c in (credits[1], credits[3])
+    )
 
 
 async def test_a_spent_credit_replayed_costs_the_validators_one_query(tmp_path) -> None:
@@ -422,3 +426,27 @@ async def test_a_spent_credit_replayed_costs_the_validators_one_query(tmp_path) 
         with pytest.raises(CreditRefusedError, match="redeemed on the committee chain at height"):
             await payments.accept(Account(), credit)
     assert asked.count("/credit_spent") == 1 and payments.refused == 5
+
+
+async def test_the_client_drops_credits_past_their_window_before_it_pays(tmp_path) -> None:
+    """`CreditExpiry` (the personal client's, before each question): the committee's epoch
+    and lifetime say which credits no node will take; those leave the wallet, the rest stay;
+    it asks again only after `every_s`."""
+    chain, node = node_chain(lifetime_epochs=1)
+    old, _, _ = minted(chain, tmp_path / "old", count=2)
+    length = chain.state.genesis.epoch_length
+    chain.advance_to((old[0].epoch + 1) * length + 1)  # e + 2: the old ones are past
+    fresh, _, _ = minted(chain, tmp_path / "fresh", count=3)
+    wallet = CreditWallet(tmp_path / "credits.json")
+    wallet.add(old + fresh)
+    link = ChainLink(chain, node)
+    asked: list[str] = []
+
+    async def query(path: str) -> Any:
+        asked.append(path)
+        return await link.query(path)
+
+    expiry = CreditExpiry(wallet, query, every_s=3600)
+    assert await expiry.check() == 2 and wallet.count() == 3
+    assert wallet.take(3) == fresh
+    assert await expiry.check() == 0 and asked == ["/credit_keys"]  # not due again
