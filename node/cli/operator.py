@@ -324,6 +324,7 @@ def _join(args: argparse.Namespace) -> int:
         start_node_and_agent,
     )
     from node.keys import load_or_create_node_key
+    from node.model.manifest import CONFIG_FILE
     from node.model.source import models_dir  # lazy: importlib.metadata, ~10 % of start-up
     from node.server.launcher import free_ports
 
@@ -341,6 +342,12 @@ def _join(args: argparse.Namespace) -> int:
         )
     manifest_file = resolve_manifest(args.model, models_dir())
     model_hash = Manifest.load(manifest_file).model_hash
+    if not (manifest_file.parent / CONFIG_FILE).is_file():  # fetched: the shard, not this
+        raise UsageError(
+            f"{manifest_file.parent} has the manifest but no {CONFIG_FILE}: the node needs both",
+            hint=f"copy the model's {CONFIG_FILE} beside the manifest (its hash is in it); "
+            "the shard file itself is fetched from the nodes serving it",
+        )
     password = _password(config)
     chain = _chain(config, password)
     minimum = chain.staking.minimum_stake(ROLES["compute"])

@@ -172,6 +172,7 @@ def test_parse_eth_exact_wei() -> None:
 
 def _tiny_model(directory: Path) -> Path:
     directory.mkdir(parents=True)
+    (directory / "config.json").write_text("{}")
     shards = []
     for index in range(2):
         path = directory / f"shard-{index}.safetensors"
@@ -239,6 +240,21 @@ def test_join_unregistered_model_is_refused(env, capsys, monkeypatch) -> None:
     assert "is not registered in the ModelRegistry on chain" in err
 
 
+def test_join_without_the_models_config_is_refused_before_anything_is_fetched(
+    env, capsys, monkeypatch
+) -> None:
+    """The shard file is fetched from peers; config.json must be there (the node loads it)."""
+    manifest_file = _tiny_model(env / "models" / "tiny-2p")
+    (manifest_file.parent / "config.json").unlink()
+    (manifest_file.parent / "shard-0.safetensors").unlink()
+    fetched: list[object] = []
+    monkeypatch.setattr(operator, "fetch_with_progress", lambda *a: fetched.append(a))
+    code, err = _run(capsys, "join", "--model", str(manifest_file), "--shard", "0")
+    assert code == 2 and fetched == []
+    assert "has the manifest but no config.json" in err and "hint:" in err
+    assert not (env / "run" / "joined.json").exists()
+
+
 def test_join_unknown_model_name_is_refused(env, capsys) -> None:
     code, err = _run(capsys, "join", "--model", "no-such-model", "--shard", "0")
     assert code == 2
@@ -259,6 +275,7 @@ def _chunked_tiny_model(env: Path) -> tuple[Path, Path]:
     home = env / "models" / "tiny-2p"
     home.mkdir(parents=True)
     (home / "shard-1.safetensors").write_bytes((source.parent / "shard-1.safetensors").read_bytes())
+    (home / "config.json").write_text("{}")  # the model's small files come with the manifest
     return chunked.save(home / "manifest.json"), source.parent
 
 
