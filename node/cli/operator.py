@@ -326,7 +326,7 @@ def _join(args: argparse.Namespace) -> int:
     from node.keys import load_or_create_node_key
     from node.model.manifest import CONFIG_FILE
     from node.model.source import models_dir  # lazy: importlib.metadata, ~10 % of start-up
-    from node.server.launcher import free_ports
+    from node.server.launcher import random_free_port
 
     config = _config(args)
     if not 1 <= args.capacity <= 1_000_000:
@@ -378,7 +378,7 @@ def _join(args: argparse.Namespace) -> int:
     if not args.port and previous is not None and previous.shard == args.shard:
         port = previous.port  # the endpoint on chain names this port
     else:
-        port = args.port or free_ports(1, 18100, 18999)[0]
+        port = args.port or random_free_port(18100, 18999)
     _say(f"starting the compute node at {host}:{port} and its agent…")
     joined = start_node_and_agent(
         home=config.home,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -58,6 +59,20 @@ def free_ports(count: int, start: int, end: int) -> list[int]:
             hint="stop other nodes (`planet local down`) or pick another --base-port",
         )
     return ports
+
+
+def random_free_port(start: int, end: int) -> int:
+    """A port in [start, end) free to bind right now, drawn at random: two commands choosing
+    at once (operators joining side by side on one host) rarely draw the same one, where
+    "lowest first" gives both the same port."""
+    candidates = list(range(start, end))
+    random.SystemRandom().shuffle(candidates)
+    for port in candidates:
+        if port_is_free(port):
+            return port
+    raise UnavailableError(
+        f"no free port in {start}-{end - 1}", hint="pass --port, or stop other nodes"
+    )
 
 
 def node_env() -> dict[str, str]:

@@ -24,11 +24,11 @@ this node is refused by the file that is already there.
 **What is checked before a credit counts** (`CreditCheck`, the chain's `redeem` rules read ahead,
 so a credit the node takes is one it can cash): its epoch e is within the chain's window, e ≤
 current ≤ e + lifetime (genesis `credits.lifetime_epochs`, published with `/credit_keys`; the
-current epoch is read again at most every `refresh_s`); every signature verifies under its validator's key of that epoch and the
-signers hold ≥ 2/3 of the power (`protocol.credits.check_credit`, the keys cached per epoch);
-the committee has not redeemed it already (`/credit_spent`; a credit found spent is remembered,
-so a client replaying it costs the validators one query, not one per pay), nor did this node
-take it before.
+current epoch is read again at most every `refresh_s`); every signature verifies under its
+validator's key of that epoch and the signers hold ≥ 2/3 of the power
+(`protocol.credits.check_credit`, the keys cached per epoch); the committee has not redeemed
+it already (`/credit_spent`; a credit found spent is remembered, so a client replaying it costs
+the validators one query, not one per pay), nor did this node take it before.
 A bearer credit can still be shown to two nodes at once: the first to redeem it is paid, the
 other loses that one credit — at most one chunk of positions per session.
 """

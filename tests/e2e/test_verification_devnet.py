@@ -24,7 +24,12 @@ What the module shows, each from the chain's own answers:
 - `planet devnet status`, `planet status` and the dApp's `/v1/network` show all of it;
 - credits (the verifiers publish every validator's keys): `planet credits buy` is funded by
   the 4 watchers only against the user's balance at the escrow — covered once, refused by
-  name (nothing charged) when the same balance is asked to pay again.
+  name (nothing charged) when the same balance is asked to pay again;
+- last, a network of charging nodes only (3 new operators join with `--credit-positions`, the
+  honest free nodes leave): the user's own client (`planet gateway serve --personal`) answers
+  the official `openai` client, paying the nodes with credits; the nodes redeem them, a posted
+  statement pays them and settles the mint, each claims exactly its row; no tx since and no
+  state entry links the payer to those nodes or holds a question.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -51,6 +57,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 UP_TIMEOUT_S = 900
 UNTRUSTED_BELOW = 400_000
 CHEATS = ("substitute-skip:2", "silent", "noise:0.1:4")  # nodes 3, 4, 5: shards 0, 1, 2
+MODEL = "smollm2-135m-3p-int8"  # what `planet devnet up` serves by default (--quant int8)
+CHALLENGE_WINDOW_S = 60  # DeployConfig.devnet's QueryEscrow window
 
 
 def _planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -300,3 +308,238 @@ def test_credits_are_bought_only_against_the_escrow_balance(env, devnet) -> None
     assert "nothing was charged" in again.stderr, again.stderr
     held = _planet(env, "credits", "show", "--json", timeout=60)
     assert json.loads(held.stdout) | {"file": ""} == {"credits": 2, "pending": 0, "file": ""}
+
+
+PAID_POSITIONS = 64  # positions one credit buys on the charging nodes below
+PAID_QUESTIONS = ("Name a planet.", "What is two plus two?", "Say hello in French.")
+
+
+def test_personal_client_pays_charging_nodes_with_credits_they_claim_and_nothing_links_the_payer(
+    env, devnet
+) -> None:
+    """A network where every routable node charges credits: three new operators join one
+    charging node per shard (`planet join --credit-positions`, each given the manifest and the
+    model's config only, so it fetches its shard from the nodes serving it), then the honest
+    free nodes leave.
+    The user buys credits from the escrow balance and asks through its own client (`planet
+    gateway serve --personal`) with the official `openai` client. The nodes redeem what they
+    were paid, the epoch closes with the mint's debit in a statement that pays the three
+    nodes, the watchers post it and each node claims exactly its row. Then every tx since the
+    test began and every state entry of a validator: nothing names both the payer and one of
+    the nodes that served it (the payout statement aside, which lists the epoch's payers and
+    payees together as totals), no mint holds a node key or a credit that was redeemed, and
+    no record holds a question."""
+    import openai
+
+    from node.keys import load_or_create_wallet
+
+    rpc = devnet["committee_rpc"][0]
+    password = Path(devnet["password_file"]).read_text()
+    with_password = {**env, "PLANET_PASSWORD": password}
+    start_height = int(_rpc(rpc, "status")["sync_info"]["latest_block_height"])
+
+    # three operators, each one charging node: stake and join (the joins side by side)
+    paid: dict[int, dict[str, str]] = {}
+    joins = []
+    ports = _free_ports(3)  # three at once on one host: each its own
+    for shard in range(3):
+        home = Path(env["PLANET_HOME"]) / f"charging{shard}"
+        home.mkdir()
+        address = load_or_create_wallet(home / "wallet.json", password).address
+        funded = _planet(env, "devnet", "fund", address, timeout=60)
+        assert funded.returncode == 0, funded.stderr
+        staked = _planet(with_password, "stake", "--role", "compute", "--amount", "1",
+                         "--home", str(home), timeout=180)  # fmt: skip
+        assert staked.returncode == 0, staked.stderr
+        paid[shard] = {"home": str(home), "address": address.lower()}
+        # the manifest alone: `join` fetches its shard from the nodes serving it (issue 27)
+        manifest = home / "model" / Path(devnet["manifest"]).name
+        manifest.parent.mkdir()
+        shutil.copy(devnet["manifest"], manifest)
+        shutil.copy(Path(devnet["manifest"]).parent / "config.json", manifest.parent)
+        argv = [sys.executable, "-m", "node.cli.main", "join", "--model", str(manifest),
+                "--shard", str(shard), "--credit-positions", str(PAID_POSITIONS),
+                "--port", str(ports[shard]), "--home", str(home)]  # fmt: skip
+        joins.append(
+            subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=with_password
+            )
+        )
+    for shard, join in enumerate(joins):
+        _, err = join.communicate(timeout=420)
+        assert join.returncode == 0, err[-3000:]
+        assert "Traceback" not in err and "fetch" in err.lower(), err[-3000:]
+        entry = json.loads(Path(devnet["manifest"]).read_text())["shards"][shard]
+        assert (Path(paid[shard]["home"]) / "model" / entry["file"]).is_file()
+        paid[shard]["key"] = json.loads(
+            (Path(paid[shard]["home"]) / "run" / "joined.json").read_text()
+        )["node_key"]
+    # the free honest nodes leave: every node still routable charges credits
+    for name in ("node0", "node1", "node2"):
+        left = _planet(with_password, "leave", "--home", _operators(devnet)[name]["home"])
+        assert left.returncode == 0, left.stderr
+
+    def only_charging_routable() -> bool:
+        routable = {n["key"] for n in _query(rpc, "/nodes")["nodes"] if n["routable"]}
+        return routable == {p["key"] for p in paid.values()}
+
+    _wait(only_charging_routable, 120, "the charging nodes alone routable")
+
+    # the user buys credits (the escrow balance pays the mint) and asks through its own client
+    escrow = devnet["contracts"]["QueryEscrow"]
+    deposit = _planet(env, "balance", "deposit", "0.00003", "--gateway", escrow, timeout=120)
+    assert deposit.returncode == 0, deposit.stderr
+    bought = _planet(env, "credits", "buy", "24", "--json", timeout=240)
+    assert bought.returncode == 0, bought.stderr
+    held = json.loads(_planet(env, "credits", "show", "--json", timeout=60).stdout)["credits"]
+    port = _free_port()
+    command = [sys.executable, "-m", "node.cli.main", "gateway", "serve", "--personal",
+               "--manifest", devnet["manifest"], "--committee-rpc", rpc, "--port", str(port),
+               "--min-credit-positions", str(PAID_POSITIONS), "--private-endpoints"]  # fmt: skip
+    log_path = Path(devnet["dir"]) / "logs" / "personal.log"
+    with log_path.open("w") as log:
+        client = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+
+        def healthy() -> bool:
+            assert client.poll() is None, log_path.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        _wait(healthy, 180, "the personal client serving", every_s=1.0)
+        api = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="personal", max_retries=0
+        )
+        receipts = []
+        for question in PAID_QUESTIONS:
+            answer = api.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": question}],
+                max_tokens=6,
+                timeout=180,
+            )
+            assert answer.choices[0].message.content and answer.usage.completion_tokens
+            receipts.append(answer.model_extra["planet_receipt"])
+    finally:
+        client.terminate()
+        client.wait(timeout=30)
+    assert all(r["paid_with"] == "credits" for r in receipts)
+    spent = receipts[-1]["credits_spent"]
+    # each question pays each of the 3 nodes at least one credit (its first chunk)
+    assert spent >= 3 * len(PAID_QUESTIONS) and receipts[-1]["credits_left"] == held - spent
+    user = next(a["address"] for a in devnet["accounts"] if a["name"] == "user").lower()
+
+    # the nodes redeem, the epoch closes: a posted statement pays each charging node and
+    # settles the user's mint
+    w3, contract = _escrow(devnet)
+
+    def settled() -> dict[str, dict[int, int]] | None:
+        rows: dict[str, dict[int, int]] = {p["address"]: {} for p in paid.values()}
+        minted = False
+        for summary in _query(rpc, "/payouts")["epochs"]:
+            epoch = summary["epoch"]
+            if summary["closed_height"] < start_height:
+                continue
+            view = _query(rpc, f"/payouts?epoch={epoch}")
+            if contract.functions.epochOf(epoch).call()[3] != 1:
+                return None  # closed, not posted yet
+            minted |= any(c[0].lower() == user and c[2] == "mint" for c in view["charges"])
+            for account, amount in view["rows"]:
+                if account.lower() in rows:
+                    rows[account.lower()][epoch] = int(amount)
+        return rows if minted and all(rows.values()) else None
+
+    earned = _wait(settled, 300, "a posted statement paying the charging nodes")
+    w3.provider.make_request("evm_increaseTime", [CHALLENGE_WINDOW_S + 1])
+    w3.provider.make_request("evm_mine", [])
+    for operator in paid.values():
+        before = w3.eth.get_balance(w3.to_checksum_address(operator["address"]))
+        claimed = _planet(with_password, "claim", "--home", operator["home"], timeout=120)
+        assert claimed.returncode == 0, claimed.stderr[-2000:]
+        fees = 0
+        for line in claimed.stdout.splitlines():
+            receipt = w3.eth.get_transaction_receipt(line.rsplit("(tx ", 1)[1].rstrip(")"))
+            fees += receipt["gasUsed"] * receipt["effectiveGasPrice"]
+        after = w3.eth.get_balance(w3.to_checksum_address(operator["address"]))
+        assert after == before + sum(earned[operator["address"]].values()) - fees
+
+    _assert_nothing_links(devnet, user, paid, start_height)
+
+
+def _assert_nothing_links(
+    devnet: dict[str, Any], user: str, paid: dict[int, dict[str, str]], start_height: int
+) -> None:
+    """Every tx from `start_height` and every state entry of validator 0 (its app.sqlite)."""
+    import sqlite3
+
+    from protocol.committee.envelope import decode
+    from protocol.credits import nonce_of, spent_id
+
+    rpc = devnet["committee_rpc"][0]
+    payer = user.removeprefix("0x")
+    nodes = {p["key"] for p in paid.values()} | {p["address"][2:] for p in paid.values()}
+    txs = []
+    top = int(_rpc(rpc, "status")["sync_info"]["latest_block_height"])
+    for height in range(start_height, top + 1):
+        block = _rpc(rpc, "block", height=str(height))
+        txs += [decode(base64.b64decode(raw)) for raw in block["block"]["data"]["txs"] or ()]
+    mints = [tx for tx in txs if tx.type == "mint" and tx.body.payer.lower() == user]
+    redeems = [tx for tx in txs if tx.type == "redeem" and tx.signer in nodes]
+    assert mints and len({tx.signer for tx in redeems}) == 3
+    redeemed = set()
+    for tx in redeems:
+        for credit in tx.body.credits:
+            redeemed |= {credit.prepared.hex(), nonce_of(credit.prepared).hex()}
+            redeemed |= {spent_id(credit.prepared), *(sig.hex() for _, sig in credit.signatures)}
+    for tx in txs:
+        text = tx.raw.decode().lower()
+        assert not (payer in text and [n for n in nodes if n in text]), tx.type
+        assert not [q for q in PAID_QUESTIONS if q.lower() in text]
+    for tx in mints:
+        assert not [secret for secret in redeemed if secret in tx.raw.decode().lower()]
+    [store] = Path(devnet["committee_dir"]).glob("node0/**/app.sqlite")
+    with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT ns, key, value FROM kv").fetchall()
+    for ns, key, value in rows:
+        text = f"{key} {value}".lower()
+        assert not [q for q in PAID_QUESTIONS if q.lower() in text]
+        if payer in text and ns != "payout":  # a statement: the epoch's totals, all together
+            assert not [n for n in nodes if n in text], (ns, key)
+        if ns == "mint":
+            assert not [secret for secret in redeemed if secret in text]
+
+
+def _rpc(rpc: str, method: str, **params: str) -> Any:
+    url = f"{rpc}/{method}" + ("?" + urllib.parse.urlencode(params) if params else "")
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return json.load(answer)["result"]
+
+
+def _escrow(devnet: dict[str, Any]) -> Any:
+    from web3 import Web3
+
+    deployment = json.loads(Path(devnet["deployment"]).read_text())
+    escrow = deployment["contracts"]["QueryEscrow"]
+    w3 = Web3(Web3.HTTPProvider(devnet["evm_rpc"]))
+    return w3, w3.eth.contract(address=escrow["address"], abi=escrow["abi"])
+
+
+def _free_port() -> int:
+    return _free_ports(1)[0]
+
+
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct ports free right now (held open together while drawn)."""
+    import socket
+
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
