@@ -12,6 +12,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,24 @@ def run_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def peer_ssl(keys: Mapping[str, str]) -> Callable[[str], Any]:
+    """aiohttp's `ssl=` per peer URL. Nodes serve TLS bound to their node key (node/links.py):
+    a peer whose key the committee lists is pinned to it; an https `--peer` without a known key
+    is dialled without authentication — every chunk is checked against the manifest's hash, so
+    an impostor can waste a fetch's time (and is banned), never change the file."""
+    from node.links import NodeKeyPin, probe_context  # lazy: cryptography
+
+    unpinned = probe_context()
+    pins = {url.rstrip("/"): NodeKeyPin(key) for url, key in keys.items()}
+
+    def ssl_for(peer: str) -> Any:
+        if not peer.startswith("https://"):
+            return True
+        return pins.get(peer.rstrip("/"), unpinned)
+
+    return ssl_for
+
+
 def check_peer_urls(peers: list[str]) -> list[str]:
     for url in peers:
         if not url.startswith(("http://", "https://")):
@@ -221,10 +240,15 @@ def check_peer_urls(peers: list[str]) -> list[str]:
 
 
 def fetch_with_progress(
-    manifest_file: Path, shard: int, peers: list[str], origin: str | None
+    manifest_file: Path,
+    shard: int,
+    peers: list[str],
+    origin: str | None,
+    keys: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Fetch shard `shard`'s file beside `manifest_file` unless it is there and whole, with a
-    progress line on stderr; returns the fetch's summary (node/model/fetch.py `Progress`)."""
+    progress line on stderr; returns the fetch's summary (node/model/fetch.py `Progress`).
+    `keys`: the node key of each peer URL the committee lists (its TLS is pinned to it)."""
     from node.model.fetch import Progress, fetch_shard  # lazy: aiohttp
     from node.model.manifest import verify_file
     from protocol.errors import IntegrityError
@@ -267,7 +291,11 @@ def fetch_with_progress(
         f"{len(peers)} peers" + (f", origin {origin}" if origin else ""),
         file=sys.stderr,
     )
-    report = asyncio.run(fetch_shard(entry, target, peers, origin=origin, on_progress=show))
+    report = asyncio.run(
+        fetch_shard(
+            entry, target, peers, origin=origin, on_progress=show, peer_ssl=peer_ssl(keys or {})
+        )
+    )
     for peer, why in sorted(report.banned.items()):
         print(f"banned {peer}: {why}", file=sys.stderr)
     print(f"fetched {target} in {report.seconds:.1f} s", file=sys.stderr)

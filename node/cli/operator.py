@@ -362,8 +362,9 @@ def _join(args: argparse.Namespace) -> int:
     registered = chain.registry.shard_hashes_of(model_id_bytes(model_hash))
     entry = check_registered(manifest_file, args.shard, registered).shard(args.shard)
     if not (manifest_file.parent / entry.file).is_file() or args.peer:
-        peers = [*args.peer, *_serving_peers(config, model_hash, args.shard)]
-        fetch_with_progress(manifest_file, args.shard, peers, args.origin)
+        serving = _serving_peers(config, model_hash, args.shard)
+        peers = [*args.peer, *serving]
+        fetch_with_progress(manifest_file, args.shard, peers, args.origin, keys=serving)
     manifest = check_shard(manifest_file, args.shard, registered)
     node_key = load_or_create_node_key(config.node_key_path, password)
     key_hex = node_key.verify_key.encode().hex()
@@ -467,8 +468,9 @@ def _committee_view(config: Any, key: str) -> dict[str, Any] | None:
     return asyncio.run(read())
 
 
-def _serving_peers(config: Any, model_hash: str, shard: int) -> list[str]:
-    """Endpoints of the nodes the committee lists as serving `shard` of the model."""
+def _serving_peers(config: Any, model_hash: str, shard: int) -> dict[str, str]:
+    """{endpoint: node key} of the nodes the committee lists as serving `shard` of the model
+    (each dialled pinned to its key: nodes serve TLS bound to it)."""
     from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
 
     async def read() -> list[dict[str, Any]]:
@@ -482,8 +484,14 @@ def _serving_peers(config: Any, model_hash: str, shard: int) -> list[str]:
         nodes = asyncio.run(read())
     except PlanetError as error:
         _say(f"could not list the nodes serving shard {shard}: {error.message}")
-        return []
-    return [n["endpoint"] for n in nodes if isinstance(n.get("endpoint"), str) and n["endpoint"]]
+        return {}
+    return {
+        node["endpoint"]: node["key"]
+        for node in nodes
+        if isinstance(node.get("endpoint"), str)
+        and node["endpoint"]
+        and isinstance(node.get("key"), str)
+    }
 
 
 async def _wait_routable(config: Any, joined: Any, timeout_s: float) -> None:

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -128,6 +129,8 @@ class _Fetch:
     started: float
     queue: list[int] = field(default_factory=list)
     fd: int = -1
+    # aiohttp's `ssl=` for a peer URL: nodes serve TLS bound to their node key (node/links.py)
+    peer_ssl: Callable[[str], Any] = lambda _peer: True
 
     def write(self, index: int, data: bytes, source: str) -> None:
         offset, _ = self.entry.chunk_span(index)
@@ -147,7 +150,7 @@ class _Fetch:
     async def from_peer(self, peer: str, index: int) -> bytes:
         url = f"{peer.rstrip('/')}/v1/shards/{self.entry.shard_id}/chunks/{index}"
         timeout = aiohttp.ClientTimeout(total=CHUNK_TIMEOUT_S)
-        async with self.http.get(url, timeout=timeout) as response:
+        async with self.http.get(url, timeout=timeout, ssl=self.peer_ssl(peer)) as response:
             if response.status in (429, 503):
                 retry = response.headers.get("Retry-After", "1")
                 wait = float(retry) if retry.isdigit() else 1.0
@@ -281,8 +284,10 @@ async def fetch_shard(
     origin: str | None = None,
     http: aiohttp.ClientSession | None = None,
     on_progress: Callable[[Progress], None] = lambda _p: None,
+    peer_ssl: Callable[[str], Any] = lambda _peer: True,
 ) -> Progress:
-    """Make `target` the shard file `entry` describes; see the module docstring."""
+    """Make `target` the shard file `entry` describes; see the module docstring. `peer_ssl`
+    gives aiohttp's `ssl=` for each peer URL (the caller pins each node's TLS key)."""
     if not entry.chunks:
         raise ConfigError(
             f"shard {entry.shard_id}'s manifest has no chunk list (prepared before chunk lists)",
@@ -302,7 +307,9 @@ async def fetch_shard(
     session = http or aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
     fd = os.open(part, os.O_WRONLY)
     try:
-        fetch = _Fetch(entry, target, session, progress, on_progress, started, fd=fd)
+        fetch = _Fetch(
+            entry, target, session, progress, on_progress, started, fd=fd, peer_ssl=peer_ssl
+        )
         fetch.queue = [i for i in range(len(entry.chunks)) if i not in done]
         on_progress(progress)
         await fetch.from_peers(list(dict.fromkeys(peers)))

@@ -2,7 +2,9 @@
 node/server/shards.py): SmolLM2 int8 in 2 shards with chunk lists (1 MiB chunks), three nodes
 serving shard 0 — two honest, one corrupting every chunk it sends (tests/doubles/bad_chunk_node.py).
 A new home with only the manifest fetches shard 0 from all three: the corrupting peer is banned,
-the file is whole, the honest peers shared the download, progress was on screen."""
+the file is whole, the honest peers shared the download (one of them over TLS bound to its node
+key, an https `--peer` with no key known: every chunk is checked against the manifest instead),
+progress was on screen."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pytest
 
 from harness.gateway_net import ephemeral_port, http_json, prepared_manifest
 from harness.replica_net import chunked_model
+from node.keys import PASSWORD_ENV, create_node_key
 from node.model.manifest import Manifest
 from node.server.launcher import NODE_MARKER, start_node, stop_pid, wait_healthy
 from protocol.canonical import hash_file
@@ -31,8 +34,12 @@ def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, li
     root = tmp_path_factory.mktemp("fetch")
     manifest = chunked_model(prepared_manifest(parts=2, quant="int8"), root / "model")
     processes = []
+    key = root / "node_key.json"
+    create_node_key(key, "fetch-test")
     try:
         for index, module in enumerate((NODE_MARKER, NODE_MARKER, BAD_MODULE)):
+            # the second honest node serves TLS bound to its node key, as every network node
+            tls = {"node_key": key, "extra_env": {PASSWORD_ENV: "fetch-test"}} if index == 1 else {}
             processes.append(
                 start_node(
                     manifest=manifest,
@@ -41,10 +48,11 @@ def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, li
                     run_dir=root / f"node-{index}",
                     extra_args=("--threads", "1"),
                     module=module,
+                    **tls,  # type: ignore[arg-type]
                 )
             )
         wait_healthy(processes, timeout_s=240)
-        urls = [f"http://127.0.0.1:{p.port}" for p in processes]
+        urls = [p.url for p in processes]
         yield manifest, urls[:2], urls[2]
     finally:
         for process in processes:

@@ -286,9 +286,9 @@ def test_join_fetches_a_missing_shard_file_then_goes_on(env, capsys, monkeypatch
     _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=registered))
     asked: list[tuple[str, int]] = []
 
-    def serving(_config: Any, model_hash: str, shard: int) -> list[str]:
+    def serving(_config: Any, model_hash: str, shard: int) -> dict[str, str]:
         asked.append((model_hash, shard))
-        return ["http://127.0.0.1:9"]  # listed but down: the origin takes over
+        return {"http://127.0.0.1:9": "ab" * 32}  # listed but down: the origin takes over
 
     def stop_here(*_args: Any) -> None:
         raise UsageError("stopped after the shard check")
@@ -309,7 +309,7 @@ def test_join_with_a_missing_shard_and_no_source_says_what_to_do(env, capsys, mo
     manifest = Manifest.load(manifest_file)
     registered = [bytes.fromhex(s.hash[7:]) for s in manifest.shards]
     _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=registered))
-    monkeypatch.setattr(operator, "_serving_peers", lambda *_a: [])
+    monkeypatch.setattr(operator, "_serving_peers", lambda *_a: {})
     code, err = _run(capsys, "join", "--model", str(manifest_file), "--shard", "0")
     assert code == 6
     assert "error:" in err and "missing and no peer is left" in err
