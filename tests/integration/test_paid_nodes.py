@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -246,25 +247,7 @@ def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai
 
     credits_file = net["root"] / "personal-credits.json"
     _buy(net, 16, credits_file)
-    port = ephemeral_port()
-    command = [sys.executable, "-m", "node.cli.main", "gateway", "serve", "--personal"]
-    command += ["--manifest", str(net["manifest"]), "--committee-rpc", net["committee"].rpc]
-    command += ["--credits-file", str(credits_file), "--port", str(port)]
-    command += ["--min-credit-positions", str(PRICE_POSITIONS), "--private-endpoints"]
-    env = {**os.environ, "PLANET_HOME": str(net["root"] / "personal-home")}
-    log_path = net["root"] / "run" / "personal.log"
-    client = spawn_logged(command, log_path, env=env)
-    try:
-
-        def healthy() -> bool:
-            assert client.poll() is None, log_path.read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        wait_for(healthy, 120, "the personal client did not come up")
+    with _personal_client(net, credits_file) as port:
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         model = json.loads(net["manifest"].read_text())["model_id"]
         messages = [{"role": "user", "content": PROMPT}]
@@ -279,9 +262,98 @@ def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai
         assert receipt["credits_left"] == 16 - receipt["credits_spent"]
         # the streamed question was paid from the same credit file, on new sessions
         assert CreditWallet(credits_file).count() < receipt["credits_left"]
+
+
+@contextmanager
+def _personal_client(net: dict[str, Any], credits_file: Path) -> Iterator[int]:
+    """`planet gateway serve --personal` paying from `credits_file`, serving; yields its port."""
+    port = ephemeral_port()
+    command = [sys.executable, "-m", "node.cli.main", "gateway", "serve", "--personal"]
+    command += ["--manifest", str(net["manifest"]), "--committee-rpc", net["committee"].rpc]
+    command += ["--credits-file", str(credits_file), "--port", str(port)]
+    command += ["--min-credit-positions", str(PRICE_POSITIONS), "--private-endpoints"]
+    env = {**os.environ, "PLANET_HOME": str(net["root"] / "personal-home")}
+    log_path = net["root"] / "run" / f"personal-{port}.log"
+    client = spawn_logged(command, log_path, env=env)
+    try:
+
+        def healthy() -> bool:
+            assert client.poll() is None, log_path.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, 120, "the personal client did not come up")
+        yield port
     finally:
         client.terminate()
         client.wait(timeout=30)
+
+
+def _redeemed_layer_tokens(net: dict[str, Any]) -> tuple[int] | None:
+    """(what the chain credited both nodes so far,), once their spools are empty (None before)."""
+    if any(list((home / "credits").glob("*.json")) for home in net["homes"]):
+        return None
+    total = 0
+    for account in net["accounts"]:
+        total += sum(r["layer_tokens"] for r in net["committee"].query(
+            f"/credits?account={account}")["credits"])  # fmt: skip
+    return (total,)
+
+
+def test_a_hang_up_on_the_personal_client_stops_the_pays_and_no_credit_taken_is_lost(
+    net,
+) -> None:
+    """The user's tool asks for a long streamed answer and hangs up after a few chunks: the
+    personal client stops the circuit, so it stops paying (far fewer credits than the whole
+    answer costs, and none after the hang-up); every credit that left the credit file reaches
+    a node and is redeemed on the chain."""
+    import http.client
+
+    credits_file = net["root"] / "hang-up-credits.json"
+    bought = 30
+    _buy(net, bought, credits_file)
+    [before] = wait_for(lambda: _redeemed_layer_tokens(net), 60, "earlier spools redeemed")
+    max_tokens = 400
+    head = ClientHead.load(net["manifest"], device="cpu")
+    prompt = len(head.chat_ids([{"role": "user", "content": PROMPT}]))
+    whole = 2 * -(-(prompt + max_tokens - 1) // PRICE_POSITIONS)  # both nodes, every chunk
+    assert whole > bought  # the whole answer is not even affordable: only a hang-up ends it
+    model = json.loads(net["manifest"].read_text())["model_id"]
+    with _personal_client(net, credits_file) as port:
+        body = json.dumps(
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": PROMPT}],
+                "max_tokens": max_tokens,
+                "stream": True,
+            }
+        )
+        link = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        link.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        answer = link.getresponse()
+        assert answer.status == 200
+        chunks = 0
+        while chunks < 3:
+            line = answer.fp.readline()
+            assert line, "the stream ended before 3 chunks"
+            chunks += line.startswith(b"data: {")
+        link.sock.close()  # the tool hangs up mid-answer: no close, no more reads
+        link.close()
+
+        def settled() -> tuple[int] | None:
+            first = CreditWallet(credits_file).count()
+            time.sleep(2.0)
+            return (first,) if CreditWallet(credits_file).count() == first else None
+
+        [left] = wait_for(settled, 60, "the personal client kept paying after the hang-up")
+    taken = bought - left
+    # paid for what ran, then stopped: well before the credits (or the answer) ran out
+    assert 2 <= taken < bought < whole, (taken, bought, whole)
+    [after] = wait_for(lambda: _redeemed_layer_tokens(net), 60, "the nodes' spools redeemed")
+    assert after - before == taken * LAYER_TOKENS  # every credit taken is a node's, redeemed
 
 
 def test_no_tx_on_the_chain_links_a_payer_to_a_node_a_credit_or_a_question(net) -> None:
