@@ -29,6 +29,7 @@ import pytest
 from eth_utils import keccak
 
 from harness.gateway_net import Committee, ephemeral_port, start_committee, wait_for
+from harness.personal_client import personal_client
 from node.cli.main import main
 from node.client.credit_wallet import CreditWallet
 from node.client.nodesfile import NodeRef, NodesFile
@@ -267,29 +268,16 @@ def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai
 @contextmanager
 def _personal_client(net: dict[str, Any], credits_file: Path) -> Iterator[int]:
     """`planet gateway serve --personal` paying from `credits_file`, serving; yields its port."""
-    port = ephemeral_port()
-    command = [sys.executable, "-m", "node.cli.main", "gateway", "serve", "--personal"]
-    command += ["--manifest", str(net["manifest"]), "--committee-rpc", net["committee"].rpc]
-    command += ["--credits-file", str(credits_file), "--port", str(port)]
-    command += ["--min-credit-positions", str(PRICE_POSITIONS), "--private-endpoints"]
     env = {**os.environ, "PLANET_HOME": str(net["root"] / "personal-home")}
-    log_path = net["root"] / "run" / f"personal-{port}.log"
-    client = spawn_logged(command, log_path, env=env)
-    try:
-
-        def healthy() -> bool:
-            assert client.poll() is None, log_path.read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        wait_for(healthy, 120, "the personal client did not come up")
+    with personal_client(
+        net["manifest"],
+        net["committee"].rpc,
+        min_positions=PRICE_POSITIONS,
+        env=env,
+        log_path=net["root"] / "run" / f"personal-{credits_file.stem}.log",
+        credits_file=credits_file,
+    ) as port:
         yield port
-    finally:
-        client.terminate()
-        client.wait(timeout=30)
 
 
 def _redeemed_layer_tokens(net: dict[str, Any]) -> tuple[int] | None:

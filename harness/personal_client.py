@@ -1,0 +1,62 @@
+"""`planet gateway serve --personal` as its own process, for tests: started, waited for until
+`/health` answers, stopped.
+
+    with personal_client(manifest, committee_rpc, min_positions=8, env=env, log_path=p) as port:
+        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="personal")
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def personal_client(
+    manifest: Path | str,
+    committee_rpc: str,
+    *,
+    min_positions: int,
+    env: Mapping[str, str],
+    log_path: Path,
+    credits_file: Path | None = None,
+    timeout_s: float = 180.0,
+) -> Iterator[int]:
+    """The personal client paying from `credits_file` (default: $PLANET_HOME's), serving on a
+    free loopback port; yields the port. Raises AssertionError with the log's tail if it exits
+    or does not answer within `timeout_s`."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "node.cli.main", "gateway", "serve", "--personal"]
+    command += ["--manifest", str(manifest), "--committee-rpc", committee_rpc]
+    command += ["--port", str(port), "--min-credit-positions", str(min_positions)]
+    command += ["--private-endpoints"]
+    command += ["--credits-file", str(credits_file)] if credits_file is not None else []
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        client = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(env))
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert client.poll() is None, log_path.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, (
+                "the personal client did not come up\n" + (log_path.read_text()[-3000:])
+            )
+            time.sleep(0.5)
+        yield port
+    finally:
+        client.terminate()
+        client.wait(timeout=30)
