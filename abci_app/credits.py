@@ -21,10 +21,11 @@
                                covers the mint: node/watcher/funding.py) vouches for it
                                (NOT_VALIDATOR; MINT_UNKNOWN; MINT_FUND_LATE after the mint's
                                epoch + FUND_EPOCHS or past its expiry). At ≥ 2/3 of the power
-                               the mint is funded, once: a charge of `amount` on the payer's
+                               the mint is funded, once: a purchase of `amount` on the payer's
                                balance at the escrow's own address (`depositBalance(escrow)`):
-                               `spent/` and `cpend/<payer>/<escrow>/mint/<id>`, debited in the
-                               next payout statement like a gateway's charges (settlement.py).
+                               `spent/` and `cpend/<payer>/<escrow>/mint/<id>`, debited by the
+                               next close into the escrow's credit pool (settlement.py), and
+                               `cissue/<mint epoch>`.funded += count.
                                A vote on a funded mint changes nothing. Each validator then
                                blind-signs the mint's messages for it when asked
                                (`/credit_signatures?mint=`, answered from its local key).
@@ -38,7 +39,10 @@
                                (CREDIT_SPENT). → `cspent/<sha256 nonce>` per credit and
                                `credit/<current epoch>/<evm address>/<shard>/<model>` grows by
                                count · genesis `credits.layer_tokens`: the node's share record for
-                               the epoch's payout (docs/shares.md), as a contribution's is.
+                               the epoch's payout (docs/shares.md), as a contribution's is; the
+                               credits' price is due to the epoch (`cdue/<current epoch>`: the
+                               close draws it from the credit pool) and `cissue/<e>`.redeemed
+                               grows per credit epoch e.
 
 Whole txs are refused on any failing item (nothing written). Without genesis `credits` (or an
 escrow) every credit tx but `credit_key` is CREDITS_DISABLED. The spent set is pruned with the
@@ -265,6 +269,10 @@ def fund_mint(state: State, tx: SignedTx) -> None:
         charge,
         {"from": "0", "total": record["amount"], "height": state.block_height},
     )
+    issued = schema.epoch_key(record["epoch"])
+    counts = state.get(schema.CREDIT_ISSUED, issued) or {"funded": 0, "redeemed": 0}
+    funded = counts["funded"] + record["count"]
+    state.put(schema.CREDIT_ISSUED, issued, {**counts, "funded": funded})
     state.emit("planet.mint_funded", mint=body.mint, epoch=record["epoch"])
 
 
@@ -300,10 +308,20 @@ def redeem(state: State, tx: SignedTx) -> None:
         ):
             rules.reject(Code.CREDIT_SPENT, f"{where}: already redeemed")
         spent.append((identifier, credit.epoch))
+    redeemed: dict[int, int] = {}
     for identifier, epoch in spent:
         state.put(schema.CREDIT_SPENT, identifier, state.block_height)
         # kept until the credit's window is over: pruned with epoch e + lifetime, not before
         rules.track_at(state, schema.CREDIT_SPENT, identifier, epoch + lifetime)
+        redeemed[epoch] = redeemed.get(epoch, 0) + 1
+    for epoch, count in sorted(redeemed.items()):
+        issued = schema.epoch_key(epoch)
+        counts = state.get(schema.CREDIT_ISSUED, issued) or {"funded": 0, "redeemed": 0}
+        state.put(schema.CREDIT_ISSUED, issued, {**counts, "redeemed": counts["redeemed"] + count})
+    due = schema.epoch_key(current)
+    price = state.genesis.credit_price_wei or 0
+    owed = int(state.get(schema.CREDIT_DUE, due) or 0) + len(spent) * price
+    state.put(schema.CREDIT_DUE, due, str(owed))
     layer_tokens = len(spent) * state.genesis.credit_layer_tokens
     account = str(node["evm_address"]).lower()
     key = schema.credit_key(current, account, body.model, body.shard)

@@ -125,6 +125,8 @@ def _proof(state: State, params: dict[str, Any]) -> Any:
         raise QueryError(Code.BAD_QUERY, "epoch and account are required")
     record = _record(state, epoch)
     account = account.lower()
+    if not record["rows"]:  # a statement of credit purchases only pays nothing out
+        raise QueryError(Code.NOT_FOUND, f"{account} has no payout in epoch {epoch}")
     tree, node_of, row_of = _tree(epoch, record)
     row = row_of.get(account)
     if row is None:

@@ -118,6 +118,16 @@ MINT_UNFUNDED = "mpend"
 MINT_BY_PAYER = "mpay"
 # cspent/<sha256 of the credit nonce>: the height that redeemed it (the double-spend guard)
 CREDIT_SPENT = "cspent"
+# cissue/<credit epoch>: {funded, redeemed}: how many credits of that epoch funded mints bought
+# and nodes redeemed; the price of the rest is due at the close of epoch + lifetime (expired)
+CREDIT_ISSUED = "cissue"
+# cdue/<epoch>: wei (decimal string) the credit pool owes the workers of that epoch: the price of
+# the credits redeemed in it and of those that expired at its close (settlement.py draws it)
+CREDIT_DUE = "cdue"
+# cpool/balance: wei (decimal string) in the escrow's credit pool as the committee counts it:
+# the purchases its statements listed, less the draws they listed
+CREDIT_POOL = "cpool"
+POOL_BALANCE = "balance"
 
 # --- retention (retention.py, rules.track*) ------------------------------------------------------
 

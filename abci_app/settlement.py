@@ -58,26 +58,34 @@ address; the model id hashed to fit `shares`' grammar; layers 1 and tokens = lay
 gives the same shares); pool health per (model, shard) = max(nodes routable there now, accounts
 credited there); accounts whose verdict was confirmed in the epoch are `slashed`; the spot
 checks credited in the epoch (`vwork/<e>/…`) are the `VerificationWork`. Then **everything
-pending is settled, oldest reported first, in pages**: the pending queries and pending charges
-are ordered by the height that reported them (then by id) and cut greedily into statements
-whose `postPayoutRoot` stays within `MAX_STATEMENT_GAS` (estimated `BASE_GAS` + `QUERY_GAS` per
-query + `DEBIT_GAS` per (payer, gateway) debit) and that name at most `MAX_STATEMENT_CHARGES`
-queries and authorizations; at most `MAX_PAGES` pages per close (what is left waits, still
-first in line, for the next close). A pair's debit in one page stays below 2^128 (the escrow's
-uint128 balance): an item that would pass it opens a new page. Page p of epoch e is statement
-number `statement_number(e, p)` = e + p·2^32 (page 0 is e itself), stored at
-`payout/<e>[/<p>]`. `shares.settlement.close_epoch_pages` splits Σ of all pages' charges over
-the epoch's shares once and cuts the rows into the pages (docs/shares.md), so every account gets
-its exact share of the epoch whatever the number of pages. Each record holds its statement, its
-sorted query ids and fees, payers / gateways / debits (what `postPayoutRoot` takes), the
-authorizations it debits with their totals `charges` [[payer, gateway, kind, id, total]] (so
-gateways learn what a root covered), its rows, the epoch's compute shares (page 0 only), and
-`committee_epoch`, `page`, `pages`. Settled queries move to `sqdone/<id>` = {fee, statement},
-settled charges leave `cpend/`. Nothing pending, or `NothingToPayError` (no eligible share) → no
-statement: the charges stay pending and the epoch's credits that it earned itself move to e+1
-once (a credit moved in is dropped if e+1 pays nothing either). The epoch's slash marks are
-deleted either way. `payout/` and `sqdone/` entries are pruned with the epoch's other records
-(`rules.track`).
+pending is settled, oldest reported first, in pages**. Credit purchases (funded mints'
+charges, kind "mint", abci_app/credits.py) come first and are debited at every close, whole,
+into the escrow's credit pool (`PageCharges.purchases`: listed, not paid out): with no work to
+pay, or no eligible share, they alone make the statements (total 0, no rows). Then the draw:
+the (escrow, escrow) debit of what the pool owes this epoch — `cdue/<e>` (the price of the
+credits redeemed in it, and of what the pool could not pay the epoch before) plus the price of
+the credits whose window ends with this close unredeemed (`cissue/`) — at most the pool
+(`cpool/balance`) plus this close's purchases; the rest is due to e+1. Then the pending queries
+and pending charges, ordered by the height that reported them (then by id). All are cut
+greedily into statements whose `postPayoutRoot` stays within `MAX_STATEMENT_GAS` (estimated
+`BASE_GAS` + `QUERY_GAS` per query + `DEBIT_GAS` per (payer, gateway) debit) and that name at
+most `MAX_STATEMENT_CHARGES` queries and authorizations; at most `MAX_PAGES` pages per close
+(what is left waits, still first in line, for the next close: a purchase stays pending, the
+draw stays due). A pair's debit in one page stays below 2^128 (the escrow's uint128 balance):
+an item that would pass it opens a new page. Page p of epoch e is statement number
+`statement_number(e, p)` = e + p·2^32 (page 0 is e itself), stored at `payout/<e>[/<p>]`.
+`shares.settlement.close_epoch_pages` splits Σ of all pages' charges over the epoch's shares
+once and cuts the rows into the pages (docs/shares.md), so every account gets its exact share
+of the epoch whatever the number of pages. Each record holds its statement, its sorted query
+ids and fees, payers / gateways / debits (what `postPayoutRoot` takes), the authorizations it
+debits with their totals `charges` [[payer, gateway, kind, id, total]] (so gateways learn what
+a root covered; purchases too, the draw not), its rows, the epoch's compute shares (page 0
+only), and `committee_epoch`, `page`, `pages`. Settled queries move to `sqdone/<id>` = {fee,
+statement}, settled charges leave `cpend/`. Nothing pending to pay out, or `NothingToPayError`
+(no eligible share) → no statement but the purchases': the other charges stay pending, the
+draw stays due, and the epoch's credits that it earned itself move to e+1 once (a credit moved
+in is dropped if e+1 pays nothing either). The epoch's slash marks are deleted either way.
+`payout/` and `sqdone/` entries are pruned with the epoch's other records (`rules.track`).
 """
 
 from __future__ import annotations
@@ -88,6 +96,7 @@ from typing import Any
 
 from abci_app import coverage, rules, schema
 from abci_app.codes import Code, Rejected
+from abci_app.credits import MINT_KIND
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
 from protocol.committee.settlement import (
@@ -114,7 +123,7 @@ from shares.payouts import (
     ShardHealth,
     VerificationWork,
 )
-from shares.settlement import PageCharges, close_epoch_pages
+from shares.settlement import EpochSettlement, PageCharges, close_epoch_pages
 
 MAX_LAYER_TOKENS = (1 << 63) - 1
 # bounds how long an authorization's replay guard (`spent/`) is kept, per kind
@@ -229,6 +238,9 @@ def _charge(state: State, item: ChargeItem, bound: str | None) -> bool:
         rules.reject(
             Code.WRONG_GATEWAY, f"this gateway key reports for {bound}, not {item.gateway}"
         )
+    if item.gateway.lower() == genesis.escrow_address.lower():
+        # a (payer, escrow) debit is a credit purchase on the escrow: never a gateway's charge
+        rules.reject(Code.WRONG_GATEWAY, "the escrow is not a gateway: its balances buy credits")
     if item.total > item.cap:
         rules.reject(Code.CHARGE_OVER_CAP, f"total {item.total} above its cap {item.cap}")
     if state.block_time > item.expiry:
@@ -479,16 +491,29 @@ def _carry_forward(
 
 @dataclass(frozen=True, slots=True)
 class _Unit:
-    """One pending charge to settle: a query (`fee`) or an authorization's pending increase."""
+    """One pending charge to settle: a query (`fee`), an authorization's pending increase, a
+    credit purchase (a funded mint's charge) or the draw from the credit pool."""
 
     height: int
     order: tuple[str, ...]  # ("q", id) or ("c", payer, gateway, kind, id)
     amount: int
     total: int = 0  # an authorization's cumulative total once this is debited
 
+    @property
+    def kind(self) -> str:
+        """ "query", "charge", "purchase" (kind mint) or "draw" (kind pool)."""
+        if self.order[0] == "q":
+            return "query"
+        return {MINT_KIND: "purchase", POOL_KIND: "draw"}.get(self.order[3], "charge")
 
-def _pending_units(state: State) -> list[_Unit]:
-    """Everything waiting for a statement, oldest reported first (then by id)."""
+
+POOL_KIND = "pool"  # the draw's kind: the pair (escrow, escrow), the escrow's credit pool
+
+
+def _pending_units(state: State) -> tuple[list[_Unit], list[_Unit]]:
+    """(credit purchases, everything else) waiting for a statement, each oldest reported first
+    (then by id)."""
+    purchases: list[_Unit] = []
     units = [
         _Unit(entry["height"], ("q", query_id), int(entry["fee"]))
         for query_id, entry in state.items(schema.PENDING_QUERY)
@@ -497,16 +522,19 @@ def _pending_units(state: State) -> list[_Unit]:
         payer, gateway, kind, id = key.split("/")
         total = int(entry["total"])
         increase = total - int(entry["from"])
-        units.append(_Unit(entry["height"], ("c", payer, gateway, kind, id), increase, total))
+        unit = _Unit(entry["height"], ("c", payer, gateway, kind, id), increase, total)
+        (purchases if kind == MINT_KIND else units).append(unit)
+    purchases.sort(key=lambda u: (u.height, u.order))
     units.sort(key=lambda u: (u.height, u.order))
-    return units
+    return purchases, units
 
 
 @dataclass
 class _Page:
     queries: list[_Unit] = field(default_factory=list)
-    charges: list[_Unit] = field(default_factory=list)
-    debits: dict[tuple[str, str], int] = field(default_factory=dict)
+    charges: list[_Unit] = field(default_factory=list)  # authorizations, purchases, the draw
+    debits: dict[tuple[str, str], int] = field(default_factory=dict)  # paid out in the rows
+    purchases: dict[tuple[str, str], int] = field(default_factory=dict)  # into the pool
     gas: int = BASE_GAS
 
     def fits(self, unit: _Unit) -> bool:
@@ -514,9 +542,10 @@ class _Page:
             return False
         if unit.order[0] == "q":
             return self.gas + QUERY_GAS <= MAX_STATEMENT_GAS
+        pairs = self.purchases if unit.kind == "purchase" else self.debits
         pair = (unit.order[1], unit.order[2])
-        if pair in self.debits:
-            return self.debits[pair] + unit.amount <= MAX_DEBIT
+        if pair in pairs:
+            return pairs[pair] + unit.amount <= MAX_DEBIT
         return self.gas + DEBIT_GAS <= MAX_STATEMENT_GAS
 
     def add(self, unit: _Unit) -> None:
@@ -524,11 +553,20 @@ class _Page:
             self.queries.append(unit)
             self.gas += QUERY_GAS
             return
+        pairs = self.purchases if unit.kind == "purchase" else self.debits
         pair = (unit.order[1], unit.order[2])
-        if pair not in self.debits:
+        if pair not in pairs:
             self.gas += DEBIT_GAS
-        self.debits[pair] = self.debits.get(pair, 0) + unit.amount
+        pairs[pair] = pairs.get(pair, 0) + unit.amount
         self.charges.append(unit)
+
+    def page_charges(self, number: int) -> PageCharges:
+        return PageCharges(
+            number,
+            tuple(SettledQuery(u.order[1], u.amount) for u in self.queries),
+            tuple(PayerDebit(p, g, amount) for (p, g), amount in sorted(self.debits.items())),
+            tuple(PayerDebit(p, g, amount) for (p, g), amount in sorted(self.purchases.items())),
+        )
 
 
 def _plan_pages(units: list[_Unit]) -> list[_Page]:
@@ -541,6 +579,20 @@ def _plan_pages(units: list[_Unit]) -> list[_Page]:
             pages.append(_Page())
         pages[-1].add(unit)
     return pages
+
+
+def _expire_credits(state: State, epoch: int) -> int:
+    """The price of the credits whose window ends with this close and were never redeemed (due
+    to this epoch's workers, as a redemption's is); their counts are forgotten."""
+    last = epoch - state.genesis.credit_lifetime_epochs  # credits of ≤ last expire now
+    if last < 0:
+        return 0
+    price = state.genesis.credit_price_wei or 0
+    due = 0
+    for key, counts in state.items(schema.CREDIT_ISSUED, "", schema.epoch_key(last + 1)):
+        due += max(counts["funded"] - counts["redeemed"], 0) * price
+        state.delete(schema.CREDIT_ISSUED, key)
+    return due
 
 
 def _epoch_work(
@@ -589,25 +641,44 @@ def close(state: State, height: int) -> None:
     for key, _ in slashed:
         state.delete(schema.SLASHED, key)
     escrow = state.genesis.escrow_address
-    if escrow is None or not credits or epoch > MAX_COMMITTEE_EPOCH:
+    if escrow is None or epoch > MAX_COMMITTEE_EPOCH:
         return
-    pages = _plan_pages(_pending_units(state))
-    if not pages[0].queries and not pages[0].charges:
-        _carry_forward(state, epoch, credits, slashed)
-        return
-    charges = [
-        PageCharges(
-            statement_number(epoch, index),
-            tuple(SettledQuery(u.order[1], u.amount) for u in page.queries),
-            tuple(PayerDebit(p, g, amount) for (p, g), amount in sorted(page.debits.items())),
+    escrow = escrow.lower()
+    due = int(state.get(schema.CREDIT_DUE, schema.epoch_key(epoch)) or 0)
+    state.delete(schema.CREDIT_DUE, schema.epoch_key(epoch))
+    due += _expire_credits(state, epoch)
+    pool = int(state.get(schema.CREDIT_POOL, schema.POOL_BALANCE) or 0)
+    purchases, others = _pending_units(state)
+    paying: list[_Unit] = []
+    if credits:
+        # the pool pays what this epoch's redemptions are due, after this close's purchases
+        draw = min(due, pool + sum(u.amount for u in purchases))
+        if draw:
+            paying.append(_Unit(0, ("c", escrow, escrow, POOL_KIND, "draw"), draw))
+        paying += others
+    settled = None
+    if paying:
+        pages = _plan_pages(purchases + paying)
+        try:
+            settled = close_epoch_pages(
+                _epoch_work(state, epoch, credits, slashed),
+                [page.page_charges(statement_number(epoch, i)) for i, page in enumerate(pages)],
+            )
+        except NothingToPayError:  # no eligible share: the charges wait, the credits move on
+            settled = None
+    if settled is None:
+        if credits:
+            _carry_forward(state, epoch, credits, slashed)
+        if not purchases:
+            _owe(state, epoch + 1, due)
+            return
+        # purchases are debited at once whatever else waits: a payer's balance must not be
+        # able to leave (withdrawal) before its credits are paid for
+        pages = _plan_pages(purchases)
+        settled = close_epoch_pages(
+            _epoch_work(state, epoch, [], []),
+            [page.page_charges(statement_number(epoch, i)) for i, page in enumerate(pages)],
         )
-        for index, page in enumerate(pages)
-    ]
-    try:
-        settled = close_epoch_pages(_epoch_work(state, epoch, credits, slashed), charges)
-    except NothingToPayError:  # no root: the charges and the credits wait for the next epoch
-        _carry_forward(state, epoch, credits, slashed)
-        return
     for index, (page, statement) in enumerate(zip(pages, settled, strict=True)):
         for unit in page.queries:
             query_id = unit.order[1]
@@ -619,41 +690,67 @@ def close(state: State, height: int) -> None:
             )
             rules.track(state, schema.SETTLED_QUERY, query_id)
         for unit in page.charges:
+            if unit.kind == "draw":
+                pool -= unit.amount
+                due -= unit.amount
+                continue
+            if unit.kind == "purchase":
+                pool += unit.amount
             state.delete(schema.PENDING_CHARGE, schema.charge_key(*unit.order[1:]))
-        key = schema.statement_key(epoch, index)
-        table = statement.table
-        state.put(
-            schema.PAYOUT,
-            key,
-            {
-                "epoch": statement.epoch,
-                "committee_epoch": epoch,
-                "page": index,
-                "pages": len(pages),
-                "root": "0x" + statement.root.hex(),
-                "total": str(statement.total),
-                "queries_hash": "0x" + statement.queries_hash.hex(),
-                "consumer": escrow,
-                "query_ids": ["0x" + q.hex() for q in statement.query_ids],
-                "fees": [str(fee) for fee in statement.fees],
-                "payers": list(statement.payers),
-                "gateways": list(statement.gateways),
-                "debits": [str(debit) for debit in statement.debits],
-                "charges": [[*u.order[1:], str(u.total)] for u in page.charges],
-                "rows": [[account, str(amount)] for account, amount in statement.rows],
-                "shares": (
-                    {a: str(s) for a, s in sorted(table.compute_shares.items())}
-                    if index == 0
-                    else {}
-                ),
-                "closed_height": height,
-                "votes": {},
-                "power": 0,
-                "confirmed": False,
-                "confirmed_height": None,
-            },
-        )
-        rules.track(state, schema.PAYOUT, key)
+        _store_statement(state, epoch, index, len(pages), page, statement, height)
+    state.put(schema.CREDIT_POOL, schema.POOL_BALANCE, str(pool))
+    _owe(state, epoch + 1, due)
+
+
+def _owe(state: State, epoch: int, due: int) -> None:
+    """What the pool could not pay this close (not reached, or waiting for its purchases) is
+    due to the next epoch's workers."""
+    if due > 0:
+        key = schema.epoch_key(epoch)
+        state.put(schema.CREDIT_DUE, key, str(int(state.get(schema.CREDIT_DUE, key) or 0) + due))
+
+
+def _store_statement(
+    state: State,
+    epoch: int,
+    index: int,
+    pages: int,
+    page: _Page,
+    statement: EpochSettlement,
+    height: int,
+) -> None:
+    key = schema.statement_key(epoch, index)
+    table = statement.table
+    state.put(
+        schema.PAYOUT,
+        key,
+        {
+            "epoch": statement.epoch,
+            "committee_epoch": epoch,
+            "page": index,
+            "pages": pages,
+            "root": "0x" + statement.root.hex(),
+            "total": str(statement.total),
+            "queries_hash": "0x" + statement.queries_hash.hex(),
+            "consumer": state.genesis.escrow_address,
+            "query_ids": ["0x" + q.hex() for q in statement.query_ids],
+            "fees": [str(fee) for fee in statement.fees],
+            "payers": list(statement.payers),
+            "gateways": list(statement.gateways),
+            "debits": [str(debit) for debit in statement.debits],
+            "charges": [[*u.order[1:], str(u.total)] for u in page.charges if u.kind != "draw"],
+            "rows": [[account, str(amount)] for account, amount in statement.rows],
+            "shares": (
+                {a: str(s) for a, s in sorted(table.compute_shares.items())} if index == 0 else {}
+            ),
+            "closed_height": height,
+            "votes": {},
+            "power": 0,
+            "confirmed": False,
+            "confirmed_height": None,
+        },
+    )
+    rules.track(state, schema.PAYOUT, key)
 
 
 def verification_work(state: State, epoch: int) -> tuple[VerificationWork, ...]:

@@ -21,6 +21,11 @@ import {Charges, PayoutStatement} from "./libraries/PlanetTypes.sol";
 ///   at two gateways. `postPayoutRoot` debits each listed (payer, gateway) once per epoch (one slot
 ///   per pair, not per question); `requestWithdrawal(gateway)`, then `withdrawBalance(gateway)`
 ///   after `refundTimeout`.
+/// - credits: a balance deposited for this escrow itself (`depositBalance(escrow)`) buys the
+///   committee's bearer credits. A statement's (payer, escrow) debit is a purchase: it moves into
+///   the credit pool (the escrow's own (escrow, escrow) balance), not into that statement's total;
+///   the pool pays nodes as the credits are redeemed, through an (escrow, escrow) debit of the
+///   statement of the epoch they were redeemed in, charged after the statement's purchases.
 /// Posting never reverts because of what a user did: a query refunded after its timeout or a
 /// balance withdrawn (or short) is simply not charged, and the epoch pays its claims pro rata to
 /// what it collected (the shortfall rule, docs/contracts.md). So a committee-signed root can always
@@ -119,6 +124,9 @@ contract QueryEscrow is ReentrancyGuardTransient {
     mapping(uint64 epoch => mapping(address account => bool)) public claimed;
     mapping(address payer => mapping(address gateway => Account)) private _accounts;
     mapping(uint64 epoch => Shortfall) private _shortfalls;
+    /// @notice Wei the committee counts in the credit pool that purchases never paid (a payer's
+    /// balance short at its purchase's debit): the only part of a draw the pool may pay short.
+    uint256 public creditPoolDeficit;
     /// @dev The part of a (payer, gateway)'s signed debit an epoch could not charge (written only
     /// when short).
     mapping(uint64 epoch => mapping(address payer => mapping(address gateway => uint256))) private _uncharged;
@@ -147,6 +155,7 @@ contract QueryEscrow is ReentrancyGuardTransient {
     event QueryUncharged(uint64 indexed epoch, bytes32 indexed queryId, uint256 fee);
     event SettlementShortfall(uint64 indexed epoch, uint256 total, uint256 collected);
     event DebitReturned(uint64 indexed epoch, address indexed payer, address indexed gateway, uint256 amount);
+    event CreditsBought(uint64 indexed epoch, address indexed payer, uint256 amount, uint256 charged, uint256 pool);
 
     error InvalidDepositAmount(uint256 amount, uint256 max);
     error QueryExists(bytes32 queryId);
@@ -177,6 +186,7 @@ contract QueryEscrow is ReentrancyGuardTransient {
     error WithdrawalNotRequested(address payer, address gateway);
     error WithdrawalNotYetAvailable(address payer, address gateway, uint256 withdrawableAt);
     error PayersNotSorted(uint256 index);
+    error CreditPoolShort(uint64 epoch, uint256 draw, uint256 pool);
 
     /// @param committee_ Committee that signs payout roots.
     /// @param challengeWindow_ Seconds between posting a root and claims opening (60 on the devnet).
@@ -292,7 +302,10 @@ contract QueryEscrow is ReentrancyGuardTransient {
     /// (`DebitShortfall`); claims then pay pro rata to what was collected.
     /// @param epoch Epoch number (one root per epoch).
     /// @param root Merkle root of (uint64 epoch, address account, uint256 amount) leaves.
-    /// @param total Sum of fees and debits as signed; the most the epoch can ever pay out.
+    /// A draw from the credit pool beyond the pool reverts `CreditPoolShort` unless a purchase
+    /// was never collected (the deficit): the statements holding its purchases are posted first.
+    /// @param total Sum of fees and debits as signed, credit purchases excluded; the most the
+    /// epoch can ever pay out.
     /// @param charges Per-query fees (queries funded or refunded, each <= its deposit) and
     /// per-(payer, gateway) debits (pairs strictly ascending, payer first).
     /// @param sigs Committee signatures.
@@ -552,7 +565,9 @@ contract QueryEscrow is ReentrancyGuardTransient {
     }
 
     /// @dev Debits each (payer, gateway) (pairs strictly ascending, payer first) up to its
-    /// balance. Returns the signed sum of debits and the part of it not collected.
+    /// balance; a (payer, escrow) pair is a credit purchase into the pool (outside the signed
+    /// total), the (escrow, escrow) pair a draw from it, charged last. Returns the signed sum of
+    /// debits and the part of it not collected.
     function _chargePayers(
         uint64 epoch,
         address[] calldata payers,
@@ -562,6 +577,7 @@ contract QueryEscrow is ReentrancyGuardTransient {
         // Starting above (0, every gateway): the zero payer is never listed.
         address previousPayer = address(0);
         address previousGateway = address(type(uint160).max);
+        uint256 poolAt = payers.length; // the (escrow, escrow) draw: charged after the purchases
         for (uint256 i = 0; i < payers.length; ++i) {
             address payer = payers[i];
             address gateway = gateways[i];
@@ -571,9 +587,53 @@ contract QueryEscrow is ReentrancyGuardTransient {
             }
             previousPayer = payer;
             previousGateway = gateway;
-            signed += debits[i];
-            uncharged += debits[i] - _debit(epoch, payer, gateway, debits[i]);
+            if (gateway != address(this)) {
+                signed += debits[i];
+                uncharged += debits[i] - _debit(epoch, payer, gateway, debits[i]);
+            } else if (payer == address(this)) {
+                poolAt = i;
+            } else {
+                _buyCredits(epoch, payer, debits[i]);
+            }
         }
+        if (poolAt < payers.length) {
+            signed += debits[poolAt];
+            uncharged += debits[poolAt] - _drawPool(epoch, debits[poolAt]);
+        }
+    }
+
+    /// @dev A credit purchase: `payer`'s balance at this escrow pays `amount` into the credit
+    /// pool (not into this statement: the pool pays the nodes that redeem the credits, in the
+    /// statements of the epochs they redeem them). What the balance could not pay is the pool's
+    /// deficit.
+    function _buyCredits(uint64 epoch, address payer, uint256 amount) private {
+        uint256 charged = _debit(epoch, payer, address(this), amount);
+        Account storage pool = _accounts[address(this)][address(this)];
+        uint256 balance = uint256(pool.balance) + charged;
+        pool.balance = SafeCast.toUint128(balance);
+        if (charged < amount) creditPoolDeficit += amount - charged;
+        emit CreditsBought(epoch, payer, amount, charged, balance);
+    }
+
+    /// @dev Pays `draw` from the credit pool into this statement. Short only by the deficit of
+    /// purchases never collected (claims then pay pro rata); a draw beyond the pool and that
+    /// deficit means the statements holding its purchases are not posted yet: it reverts, and
+    /// the statement is posted after them.
+    function _drawPool(uint64 epoch, uint256 draw) private returns (uint256 charged) {
+        Account storage pool = _accounts[address(this)][address(this)];
+        uint256 balance = pool.balance;
+        charged = draw;
+        if (draw > balance) {
+            uint256 missing = draw - balance;
+            // INVARIANT: the pool never pays out a purchase that is still to be posted.
+            if (missing > creditPoolDeficit) revert CreditPoolShort(epoch, draw, balance);
+            creditPoolDeficit -= missing;
+            charged = balance;
+            _uncharged[epoch][address(this)][address(this)] = missing;
+            emit DebitShortfall(epoch, address(this), address(this), draw, charged);
+        }
+        pool.balance = uint128(balance - charged);
+        emit Debited(epoch, address(this), address(this), charged, balance - charged);
     }
 
     /// @dev Debits `payer`'s balance at `gateway` up to what it holds; returns the wei charged.
@@ -615,6 +675,8 @@ contract QueryEscrow is ReentrancyGuardTransient {
         for (uint256 i = 0; i < payers.length; ++i) {
             address payer = payers[i];
             address gateway = gateways[i];
+            // a credit purchase stays in the pool: its credits were issued and are spendable
+            if (gateway == address(this) && payer != address(this)) continue;
             uint256 charged = debits[i] - _uncharged[epoch][payer][gateway];
             Account storage a = _accounts[payer][gateway];
             uint256 balance = uint256(a.balance) + charged;

@@ -7,23 +7,31 @@
     close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[EpochSettlement]
         an epoch settled in several statements ("pages"), each posted on its own: `work` holds
         the shares (its `queries` and `debits` stay empty), each `PageCharges(number, queries,
-        debits)` a disjoint part of the charges. The epoch's table splits Σ of every page's
-        charges once; its rows, ascending by account, are then cut into the pages in order, so
-        that each page's rows sum to exactly its own charges (an account's row is split in two
-        where a page ends: an account claims in one page, at most in two). Every account gets
-        exactly its share of the epoch, whatever the number of pages.
+        debits, purchases)` a disjoint part of the charges. `purchases` are credit purchases
+        (a payer's debit at the escrow itself): listed in the page's `Charges`, but paid into
+        the escrow's credit pool, not out in the page's rows (the pool pays through the
+        (escrow, escrow) debit of the epochs that redeem the credits). A close whose pages
+        charge nothing but purchases has no rows at all, and needs no share. The epoch's
+        table splits Σ of every page's charges once; its rows, ascending by account, are then
+        cut into the pages in order, so that each page's rows sum to exactly its own charges
+        (an account's row is split in two where a page ends: an account claims in one page, at
+        most in two). Every account gets exactly its share of the epoch, whatever the number
+        of pages.
 
     EpochSettlement (one statement)
         .epoch          the statement number (what the escrow calls the epoch; the leaves use it)
         .table          the epoch's split (`shares.payouts.payout_table`)
         .rows           this statement's payout rows (account ascending, amounts > 0)
         .root           Merkle root over `rows` (`shares.merkle` leaves, OpenZeppelin
-                        `StandardMerkleTree` layout: what `QueryEscrow.claim` verifies)
-        .total          Σ rows == Σ fees of its queries + Σ its debits (the escrow's
-                        `TotalMismatch` check compares it with what the posting lists)
+                        `StandardMerkleTree` layout: what `QueryEscrow.claim` verifies); with
+                        no rows, `no_rows_root(number)`: no leaf proves against it
+        .total          Σ rows == Σ fees of its queries + Σ its debits, purchases excluded
+                        (the escrow's `TotalMismatch` check compares it with what the posting
+                        lists)
         .query_ids, .fees   its queries, ascending by id (bytes32 as an unsigned number), fees
                         in the same order
-        .payers, .gateways, .debits   its prepaid debits, (payer, gateway) strictly ascending,
+        .payers, .gateways, .debits   its prepaid debits and purchases, (payer, gateway)
+                        strictly ascending,
                         payer first: with the two above, the exact `Charges` for `postPayoutRoot`
         .queries_hash   keccak256(abi.encode(bytes32[] queryIds, uint256[] fees, address[]
                         payers, address[] gateways, uint256[] debits)) over those sorted arrays
@@ -132,23 +140,25 @@ def sorted_queries_hash(
 @dataclass(frozen=True, slots=True)
 class PageCharges:
     """The charges one statement of an epoch settles: its number (what the escrow calls the
-    epoch), its queries and its prepaid debits (at least one of them)."""
+    epoch), its queries, its prepaid debits and its credit purchases (at least one of them)."""
 
     number: int
     queries: tuple[SettledQuery, ...] = ()
     debits: tuple[PayerDebit, ...] = ()
+    purchases: tuple[PayerDebit, ...] = ()  # paid into the credit pool, not out in rows
 
     def __post_init__(self) -> None:
         check_int(self.number, "number", 0, MAX_EPOCH)
         for query in self.queries:
             if not isinstance(query, SettledQuery):
                 raise PageError("queries", f"expected SettledQuery items, got {query!r}"[:200])
-        for debit in self.debits:
+        for debit in (*self.debits, *self.purchases):
             if not isinstance(debit, PayerDebit):
                 raise PageError("debits", f"expected PayerDebit items, got {debit!r}"[:200])
 
     @property
     def total(self) -> int:
+        """What the page pays out: its fees and debits (purchases go into the pool)."""
         return sum(q.fee for q in self.queries) + sum(d.amount for d in self.debits)
 
 
@@ -175,9 +185,9 @@ def close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[Ep
     """One statement per page (module docstring): the epoch's table splits the pages' charges
     together and its rows are cut into the pages in order.
 
-    `PageError` when `work` carries charges itself, a page is empty or has no positive total,
+    `PageError` when `work` carries charges itself, a page is empty or charges nothing,
     numbers repeat, or a query / (payer, gateway) appears in two pages; `NothingToPayError` as
-    `payout_table`."""
+    `payout_table` (not when the pages charge only purchases: nothing is paid out)."""
     if work.queries or work.debits:
         raise PageError("work", "an epoch settled in pages carries its charges in the pages")
     if not pages:
@@ -194,13 +204,37 @@ def close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[Ep
             if query.query_id in queries:
                 raise DuplicateError("queries", query.query_id)
             queries.add(query.query_id)
-        _unique_pairs(page.debits)
-    table = payout_table(work, sum(page.total for page in pages))  # NothingToPayError at 0
+        _unique_pairs((*page.debits, *page.purchases))
+    paid = sum(page.total for page in pages)
+    bought = any(d.amount for page in pages for d in page.purchases)
+    # NothingToPayError when nothing is paid out (and nothing bought) or no share is eligible
+    table = payout_table(work, paid) if paid or not bought else _empty_table(work.epoch)
     for page in pages:
-        if page.total <= 0:
+        if page.total <= 0 and not any(d.amount for d in page.purchases):
             raise PageError("pages", f"page {page.number} charges nothing")
     cut = _cut_rows(table.payouts, [page.total for page in pages])
     return tuple(_statement(table, page, rows) for page, rows in zip(pages, cut, strict=True))
+
+
+def no_rows_root(number: int) -> bytes:
+    """The root of a statement that pays nothing out (only credit purchases): nonzero, as the
+    escrow requires, and the hash of no leaf (a leaf hashes 96 bytes, this a 30-byte tag):
+    nothing can be claimed against it."""
+    return keccak256(keccak256(b"planet: no payout rows" + number.to_bytes(8, "big")))
+
+
+def _empty_table(epoch: int) -> PayoutTable:
+    return PayoutTable(
+        epoch=epoch,
+        fees=0,
+        compute_pool=0,
+        verifier_pool=0,
+        compute_shares={},
+        verification_shares={},
+        compute_payouts={},
+        verifier_payouts={},
+        payouts=(),
+    )
 
 
 def _unique_pairs(debits: tuple[PayerDebit, ...]) -> None:
@@ -236,13 +270,15 @@ def _cut_rows(
 def _statement(
     table: PayoutTable, page: PageCharges, rows: tuple[tuple[str, int], ...]
 ) -> EpochSettlement:
-    leaves = payout_leaf_hashes(page.number, rows)
-    tree, index_of = build_tree(leaves)
+    if rows:
+        tree, index_of = build_tree(payout_leaf_hashes(page.number, rows))
+    else:
+        tree, index_of = (no_rows_root(page.number),), ()
     fee_of = {q.query_id: q.fee for q in page.queries}
     ordered = sorted(fee_of)  # lowercase 0x-hex of equal length: the order of the bytes32 values
     query_ids = tuple(bytes.fromhex(query_id[2:]) for query_id in ordered)
     fees = tuple(fee_of[query_id] for query_id in ordered)
-    debits = sorted(page.debits, key=lambda d: d.pair)  # lowercase hex: address order
+    debits = sorted((*page.debits, *page.purchases), key=lambda d: d.pair)  # address order
     payers = tuple(d.payer for d in debits)
     gateways = tuple(d.gateway for d in debits)
     amounts = tuple(d.amount for d in debits)

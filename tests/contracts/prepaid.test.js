@@ -548,6 +548,95 @@ describe("QueryEscrow prepaid", function () {
     });
   });
 
+  describe("credit pool: purchases fill it, the epochs that redeem draw from it", function () {
+    /** A statement whose (payer, escrow) debits are purchases: outside the signed total. */
+    async function poolStatement(env, epoch, entries, items) {
+      const escrow = await env.escrow.getAddress();
+      const charges = debitCharges(items);
+      const total = items.filter(([p, g]) => !(g === escrow && p !== escrow)).reduce((x, [, , d]) => x + d, 0n);
+      const tree = entries.length ? h.merkleTree(entries.map((e) => ({ epoch, ...e }))) : { root: ethers.id(`no rows ${epoch}`) };
+      const qh = h.queriesHash(charges.queryIds, charges.fees, charges.payers, charges.gateways, charges.debits);
+      const msg = { consumer: escrow, epoch, root: tree.root, total, queriesHash: qh };
+      const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", msg);
+      return { epoch, tree, total, qh, sigs, charges, entries };
+    }
+    /** A payer whose address sorts above the escrow's: its purchase is listed after the draw. */
+    async function buyerFixture() {
+      const env = await fixture();
+      const escrow = await env.escrow.getAddress();
+      const buyer = (await ethers.getSigners()).find((s) => BigInt(s.address) > BigInt(escrow));
+      await env.escrow.connect(buyer).depositBalance(escrow, { value: 10n * MILLI });
+      return { ...env, escrowAddress: escrow, buyer };
+    }
+    const pool = async (env) => (await env.escrow.prepaidOf(env.escrowAddress, env.escrowAddress)).balance;
+
+    it("purchase_movesIntoThePool_notIntoTheStatement", async function () {
+      const env = await loadFixture(buyerFixture);
+      const s = await poolStatement(env, 1n, [], [[env.buyer.address, env.escrowAddress, 4n * MILLI]]);
+      expect(s.total).to.equal(0n);
+      const tx = post(env, s);
+      await expect(tx).to.emit(env.escrow, "CreditsBought").withArgs(1n, env.buyer.address, 4n * MILLI, 4n * MILLI, 4n * MILLI);
+      await expect(tx).to.emit(env.escrow, "Debited").withArgs(1n, env.buyer.address, env.escrowAddress, 4n * MILLI, 6n * MILLI);
+      await expect(tx).not.to.emit(env.escrow, "SettlementShortfall");
+      expect(await pool(env)).to.equal(4n * MILLI);
+      expect((await env.escrow.epochOf(1n)).unclaimed).to.equal(0n);
+    });
+    it("draw_paysTheRedeemersClaims_fromThePool", async function () {
+      const env = await loadFixture(buyerFixture);
+      await post(env, await poolStatement(env, 1n, [], [[env.buyer.address, env.escrowAddress, 4n * MILLI]]));
+      const s = await poolStatement(env, 2n, [{ account: env.op1.address, amount: 3n * MILLI }], [[env.escrowAddress, env.escrowAddress, 3n * MILLI]]);
+      await expect(post(env, s)).to.emit(env.escrow, "Debited").withArgs(2n, env.escrowAddress, env.escrowAddress, 3n * MILLI, MILLI);
+      expect(await pool(env)).to.equal(MILLI);
+      await claimAfterWindow();
+      await expect(env.escrow.connect(env.op1).claim(2n, env.op1.address, 3n * MILLI, s.tree.proof(0))).to.changeEtherBalance(env.op1, 3n * MILLI);
+    });
+    it("purchaseAndDrawInOneStatement_theDrawIsChargedAfterThePurchase", async function () {
+      const env = await loadFixture(buyerFixture);
+      const s = await poolStatement(env, 1n, [{ account: env.op1.address, amount: 2n * MILLI }], [
+        [env.buyer.address, env.escrowAddress, 5n * MILLI],
+        [env.escrowAddress, env.escrowAddress, 2n * MILLI],
+      ]);
+      expect(s.charges.payers[0]).to.equal(env.escrowAddress); // the draw is listed first
+      await expect(post(env, s)).to.emit(env.escrow, "Debited").withArgs(1n, env.escrowAddress, env.escrowAddress, 2n * MILLI, 3n * MILLI);
+      expect((await env.escrow.epochOf(1n)).unclaimed).to.equal(2n * MILLI);
+    });
+    it("drawBeyondThePool_revertsCreditPoolShort_untilItsPurchasesArePosted", async function () {
+      const env = await loadFixture(buyerFixture);
+      const buy = await poolStatement(env, 1n, [], [[env.buyer.address, env.escrowAddress, 4n * MILLI]]);
+      const draw = await poolStatement(env, 2n, [{ account: env.op1.address, amount: 3n * MILLI }], [[env.escrowAddress, env.escrowAddress, 3n * MILLI]]);
+      await expect(post(env, draw)).to.be.revertedWithCustomError(env.escrow, "CreditPoolShort").withArgs(2n, 3n * MILLI, 0n);
+      await post(env, buy);
+      await expect(post(env, draw)).to.emit(env.escrow, "PayoutRootPosted");
+    });
+    it("purchaseShort_isThePoolsDeficit_andOnlyThatDrawPaysShort", async function () {
+      const env = await loadFixture(buyerFixture);
+      const tx = post(env, await poolStatement(env, 1n, [], [[env.buyer.address, env.escrowAddress, 12n * MILLI]]));
+      await expect(tx).to.emit(env.escrow, "CreditsBought").withArgs(1n, env.buyer.address, 12n * MILLI, 10n * MILLI, 10n * MILLI);
+      expect(await env.escrow.creditPoolDeficit()).to.equal(2n * MILLI);
+      const over = await poolStatement(env, 2n, [{ account: env.op1.address, amount: 13n * MILLI }], [[env.escrowAddress, env.escrowAddress, 13n * MILLI]]);
+      await expect(post(env, over)).to.be.revertedWithCustomError(env.escrow, "CreditPoolShort").withArgs(2n, 13n * MILLI, 10n * MILLI);
+      const s = await poolStatement(env, 3n, [{ account: env.op1.address, amount: 12n * MILLI }], [[env.escrowAddress, env.escrowAddress, 12n * MILLI]]);
+      await expect(post(env, s)).to.emit(env.escrow, "SettlementShortfall").withArgs(3n, 12n * MILLI, 10n * MILLI);
+      expect([await pool(env), await env.escrow.creditPoolDeficit()]).to.deep.equal([0n, 0n]);
+    });
+    it("disputeRoot_keepsPurchasesInThePool_andReturnsTheDrawToIt", async function () {
+      const env = await loadFixture(buyerFixture);
+      const s = await poolStatement(env, 1n, [{ account: env.op1.address, amount: 2n * MILLI }], [
+        [env.buyer.address, env.escrowAddress, 5n * MILLI],
+        [env.escrowAddress, env.escrowAddress, 2n * MILLI],
+      ]);
+      await post(env, s);
+      const other = { root: ethers.id("other"), total: s.total, queriesHash: s.qh };
+      const otherSigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: env.escrowAddress, epoch: 1n, ...other });
+      const tx = env.escrow.connect(env.stranger).disputeRoot(1n, s.charges, s.sigs, other, otherSigs);
+      const receipt = await (await tx).wait();
+      const returned = receipt.logs.map((l) => env.escrow.interface.parseLog(l)).filter((e) => e && e.name === "DebitReturned");
+      expect(returned.map((e) => [e.args.payer, e.args.amount])).to.deep.equal([[env.escrowAddress, 2n * MILLI]]);
+      expect(await pool(env)).to.equal(5n * MILLI);
+      expect(await balanceOf(env, env.buyer, env.escrowAddress)).to.equal(5n * MILLI);
+    });
+  });
+
   describe("invariant: escrow ETH == deposits + balances + unclaimed", function () {
     for (const seed of [3, 99, 7]) {
       it(`randomPrepaidSequence_twoGateways_seed${seed}_escrowHoldsExactlyWhatItOwes`, async function () {

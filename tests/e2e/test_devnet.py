@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from node.server.launcher import pid_alive
+from tests.e2e.escrow_reads import escrow_contract
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -166,15 +167,6 @@ def test_devnet_committee_contract_has_the_genesis_operators(env, devnet) -> Non
 CHALLENGE_WINDOW_S = 60  # DeployConfig.devnet's QueryEscrow window
 
 
-def _escrow(devnet: dict[str, Any]) -> Any:
-    from web3 import Web3
-
-    deployment = json.loads(Path(devnet["deployment"]).read_text())
-    escrow = deployment["contracts"]["QueryEscrow"]
-    w3 = Web3(Web3.HTTPProvider(devnet["evm_rpc"]))
-    return w3, w3.eth.contract(address=escrow["address"], abi=escrow["abi"])
-
-
 def _paid(devnet: dict[str, Any], accounts: list[str]) -> dict[str, dict[int, int]] | None:
     """{account: {epoch: amount}} over epochs posted on the escrow, once every account has
     some; None before (also when a busy RPC did not answer in time: asked again)."""
@@ -186,7 +178,7 @@ def _paid(devnet: dict[str, Any], accounts: list[str]) -> dict[str, dict[int, in
 
 
 def _paid_now(devnet: dict[str, Any], accounts: list[str]) -> dict[str, dict[int, int]] | None:
-    _, escrow = _escrow(devnet)
+    _, escrow = escrow_contract(devnet)
     listing = _query(devnet["committee_rpc"][0], "/payouts") or {"epochs": []}
     paid: dict[str, dict[int, int]] = {a.lower(): {} for a in accounts}
     for summary in listing["epochs"]:
@@ -289,7 +281,7 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devn
     assert code == 30, log  # UNKNOWN_GATEWAY
 
     # claims open after the escrow's window: move anvil's clock past it
-    w3, escrow = _escrow(devnet)
+    w3, escrow = escrow_contract(devnet)
     w3.provider.make_request("evm_increaseTime", [CHALLENGE_WINDOW_S + 1])
     w3.provider.make_request("evm_mine", [])
     password = Path(devnet["password_file"]).read_text()
@@ -355,7 +347,7 @@ def _debited_in(devnet: dict[str, Any], payer: str, query_id: str) -> dict[str, 
     """The stored statement whose settled charges hold (payer, query id), once its root is
     posted on the escrow; None before (also when a busy RPC did not answer: asked again)."""
     try:
-        _, escrow = _escrow(devnet)
+        _, escrow = escrow_contract(devnet)
         rpc = devnet["committee_rpc"][0]
         for summary in (_query(rpc, "/payouts") or {"epochs": []})["epochs"]:
             view = _query(rpc, "/payouts", epoch=str(summary["epoch"]))
@@ -384,7 +376,7 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
     payer = load_wallet(Path(devnet["dir"]) / "user" / "wallet.json", password).address.lower()
     deposited = _planet(env, "balance", "deposit", "0.01", timeout=120)
     assert deposited.returncode == 0, deposited.stderr[-2000:]
-    w3, escrow = _escrow(devnet)
+    w3, escrow = escrow_contract(devnet)
     with urllib.request.urlopen(devnet["gateway_url"] + "/v1/pools", timeout=10) as answer:
         gateway = json.load(answer)["data"][0]["gateway"]  # the balance is this gateway's
     balance_of = escrow.functions.prepaidOf(w3.to_checksum_address(payer), gateway)

@@ -28,8 +28,8 @@ What the module shows, each from the chain's own answers:
 - last, a network of charging nodes only (3 new operators join with `--credit-positions`, the
   honest free nodes leave): the user's own client (`planet gateway serve --personal`) answers
   the official `openai` client, paying the nodes with credits; the nodes redeem every one, the
-  mint is debited once in a posted statement; no tx since and no state entry links the payer
-  to those nodes or holds a question.
+  purchase is debited once into the escrow's credit pool, which pays the redeeming nodes; no
+  tx since and no state entry links the payer to those nodes or holds a question.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ import pytest
 
 from harness.personal_client import personal_client
 from node.server.launcher import pid_alive
+from tests.e2e.escrow_reads import escrow_contract
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -322,12 +323,13 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     model's config only, so it fetches its shard from the nodes serving it), then the honest
     free nodes leave. The user buys credits from the escrow balance and asks through its own
     client (`planet gateway serve --personal`) with the official `openai` client. Every credit
-    that left the credit file is redeemed by the nodes on the chain; the mint is debited once
-    in a statement the watchers post. Then every tx since the test began and every state entry
-    of a validator: nothing names both the payer and one of the nodes that served it (the
-    payout statement aside, which lists the epoch's payers and payees together as totals), no
-    mint holds a node key or any part of a credit that was redeemed, no record holds a
-    question. (Which nodes a mint's money pays: docs/credits.md, "Who a mint pays".)"""
+    that left the credit file is redeemed by the nodes on the chain; the purchase is debited once
+    into the escrow's credit pool and the pool pays exactly the credits redeemed, in posted
+    statements whose rows hold the charging nodes. Then every tx since the test began and every
+    state entry of a validator: nothing names both the payer and one of the nodes that served
+    it (the payout statement aside, which lists the epoch's payers and payees together as
+    totals), no mint holds a node key or any part of a credit that was redeemed, no record
+    holds a question."""
     import openai
 
     from node.keys import load_or_create_wallet
@@ -432,24 +434,38 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         by_node[tx.signer] = by_node.get(tx.signer, 0) + len(tx.body.credits)
     assert sum(by_node.values()) == spent and all(by_node[p["key"]] for p in paid.values())
 
-    # the user's mint is debited in a statement the watchers post: the payer paid, once
-    _, contract = _escrow(devnet)
+    # the user's purchase goes into the escrow's credit pool in a statement the watchers post,
+    # and the pool pays the epochs the charging nodes redeemed in: each credit spent, once
+    _, contract = escrow_contract(devnet)
+    pool = escrow.lower()
+    price = 10**12  # the devnet's credit price
 
-    def debited() -> list[list[str]] | None:
+    def pairs(view: dict[str, Any]) -> dict[tuple[str, str], int]:
+        return {
+            (p.lower(), g.lower()): int(d)
+            for p, g, d in zip(view["payers"], view["gateways"], view["debits"], strict=True)
+        }
+
+    def paid_out() -> list[dict[str, Any]] | None:
+        views = []
         for summary in _query(rpc, "/payouts")["epochs"]:
             if summary["closed_height"] < start_height:
                 continue
-            view = _query(rpc, f"/payouts?epoch={summary['epoch']}")
-            mint = [c for c in view["charges"] if c[0].lower() == user and c[2] == "mint"]
-            if mint and contract.functions.epochOf(summary["epoch"]).call()[3] == 1:
-                return mint
-        return None
+            if contract.functions.epochOf(summary["epoch"]).call()[3] != 1:
+                return None  # not every statement since is posted yet
+            views.append(_query(rpc, f"/payouts?epoch={summary['epoch']}"))
+        drawn = sum(pairs(v).get((pool, pool), 0) for v in views)
+        return views if drawn >= spent * price else None
 
-    [charge] = _wait(debited, 300, "the user's mint debited in a posted statement")
-    assert int(charge[4]) == 24 * 10**12  # 24 credits at the devnet's price, charged once
-    # Which nodes that money pays is the open defect of docs/credits.md ("Who a mint pays"):
-    # the charge settles at the first close with any work, here often before the charging nodes
-    # redeem, and a redemption that finds no pot is carried once, then dropped.
+    views = _wait(paid_out, 300, "the redeemed credits paid from the pool in posted statements")
+    purchases = [pairs(v)[(user, pool)] for v in views if (user, pool) in pairs(v)]
+    assert purchases == [24 * price]  # 24 credits at the devnet's price, debited once
+    assert sum(pairs(v).get((pool, pool), 0) for v in views) == spent * price
+    payees = {a.lower() for v in views if (pool, pool) in pairs(v) for a, _ in v["rows"]}
+    assert {p["address"] for p in paid.values()} <= payees, payees
+    # what stays in the pool: every credit bought on this devnet (the 2 of the test before
+    # too) that was not redeemed
+    assert contract.functions.prepaidOf(escrow, escrow).call()[0] == (held - spent) * price
 
     _assert_nothing_links(devnet, user, paid, start_height)
 
@@ -530,15 +546,6 @@ def _rpc(rpc: str, method: str, **params: str) -> Any:
     url = f"{rpc}/{method}" + ("?" + urllib.parse.urlencode(params) if params else "")
     with urllib.request.urlopen(url, timeout=10) as answer:
         return json.load(answer)["result"]
-
-
-def _escrow(devnet: dict[str, Any]) -> Any:
-    from web3 import Web3
-
-    deployment = json.loads(Path(devnet["deployment"]).read_text())
-    escrow = deployment["contracts"]["QueryEscrow"]
-    w3 = Web3(Web3.HTTPProvider(devnet["evm_rpc"]))
-    return w3, w3.eth.contract(address=escrow["address"], abi=escrow["abi"])
 
 
 def _free_ports(count: int) -> list[int]:

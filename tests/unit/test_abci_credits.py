@@ -172,11 +172,27 @@ def test_credits_mint_finalize_redeem_becomes_work_and_the_payer_is_debited(tmp_
     account = address_of(seeded_evm_key("credit-node")).lower()
     epoch = close_last_blocks_epoch(chain)
     payout = ask(chain, f"/payouts?epoch={epoch}")
+    # the purchase goes into the escrow's credit pool, the pool pays the redeeming node
+    assert _pairs(payout) == {
+        (address_of(PAYER).lower(), ESCROW): str(3 * PRICE),
+        (ESCROW, ESCROW): str(3 * PRICE),
+    }
     assert payout["statement"]["total"] == str(3 * PRICE)
-    assert payout["payers"] == [address_of(PAYER).lower()]
-    assert payout["debits"] == [str(3 * PRICE)]
     rows = dict(payout["rows"])
     assert rows[account] == str(3 * PRICE)
+
+
+def _pairs(payout: dict) -> dict[tuple[str, str], str]:
+    """A statement's debits by (payer, gateway)."""
+    return {
+        (p, g): d
+        for p, g, d in zip(payout["payers"], payout["gateways"], payout["debits"], strict=True)
+    }
+
+
+def _statements(chain: Chain) -> list[dict]:
+    listing = ask(chain, "/payouts?limit=200")["epochs"]
+    return [ask(chain, f"/payouts?epoch={s['epoch']}") for s in listing]
 
 
 def test_credits_redemptions_become_layer_tokens_of_the_node(tmp_path: Path) -> None:
@@ -430,10 +446,13 @@ def test_credits_a_mint_is_funded_at_two_thirds_of_the_power_and_charged_once(
     assert ask(chain, "/mints?pending=true")["mints"] == []
     fund(chain, request.mint_id)  # late and repeated votes change nothing
     assert ask(chain, f"/mints?id={request.mint_id}")["funded_height"] == record["funded_height"]
-    assert len(_pending_debits(chain)) == 1
+    close_last_blocks_epoch(chain)
+    assert _pending_debits(chain) == []  # debited by the close, once, into the credit pool
+    payer = address_of(PAYER).lower()
+    debits = [_pairs(p).get((payer, ESCROW)) for p in _statements(chain)]
+    assert [d for d in debits if d] == [str(2 * PRICE)]
     keys = keys_of(chain, request.body.epoch)
     assert len(request.finalize(keys, answers(chain, stores, request.mint_id))) == 2
-    payer = address_of(PAYER).lower()
     mine = ask(chain, f"/mints?payer={payer}")["mints"]
     assert [m["id"] for m in mine] == [request.mint_id] and "blinded" not in mine[0]
 

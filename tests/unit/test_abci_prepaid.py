@@ -212,8 +212,18 @@ def test_a_charge_after_its_statement_debits_only_the_increase() -> None:
             lambda: charge("payer-1", 1, 10, expiry=NOW + MAX_LIFETIME_S["voucher"] + 1),
             "AUTHORIZATION_EXPIRY_TOO_FAR",
         ),
+        # signed by the payer, but the pair (payer, escrow) is a credit purchase on the escrow
+        (lambda: charge("payer-1", 1, 10, gateway=ESCROW), "WRONG_GATEWAY"),
     ],
-    ids=["over_cap", "not_the_payer", "other_escrow", "key_not_the_payer", "expired", "too_far"],
+    ids=[
+        "over_cap",
+        "not_the_payer",
+        "other_escrow",
+        "key_not_the_payer",
+        "expired",
+        "too_far",
+        "the_escrow",
+    ],
 )
 def test_a_bad_charge_is_refused_alone_by_name_and_the_rest_applies(item: Any, code: str) -> None:
     chain = chain_at_time()

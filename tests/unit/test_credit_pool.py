@@ -1,0 +1,171 @@
+"""Who a credit purchase pays (abci_app/settlement.py, QueryEscrow's credit pool): a funded mint
+is debited from its payer at the next close, into the escrow's credit pool; the pool pays the
+price of each credit to the workers of the epoch that redeemed it, and the price of credits
+that expired unredeemed to the workers of the epoch they expired in. Nothing else is paid from
+it: a purchase never pays the epoch it was bought in, and the pool never pays more than it got.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from abci_app.codes import Code
+from abci_app.queries import query
+from abci_app.schema import epoch_key
+from protocol.credits import Credit
+from protocol.eip712 import address_of
+from tests.committee_chain import Chain, seeded_evm_key
+from tests.unit.test_abci_credits import (
+    PAYER,
+    PRICE,
+    _pairs,
+    _statements,
+    close_last_blocks_epoch,
+    minted,
+    node_chain,
+    redeem,
+)
+from tests.unit.test_abci_settlement import ESCROW, ask, next_epoch_end
+
+pytestmark = pytest.mark.unit
+
+NODE = address_of(seeded_evm_key("credit-node")).lower()
+BUYER = address_of(PAYER).lower()
+
+
+def bought(payout: dict) -> int:
+    return sum(int(d) for (p, g), d in _pairs(payout).items() if g == ESCROW and p != ESCROW)
+
+
+def drawn(payout: dict) -> int:
+    return int(_pairs(payout).get((ESCROW, ESCROW), 0))
+
+
+def statement(chain: Chain, epoch: int) -> dict:
+    return ask(chain, f"/payouts?epoch={epoch}")
+
+
+def pool(chain: Chain) -> int:
+    return int(chain.state.get("cpool", "balance") or 0)
+
+
+def epoch_of_last_block(chain: Chain) -> int:
+    return (chain.state.height - 1) // chain.state.genesis.epoch_length + 1
+
+
+def test_a_purchase_pays_the_epochs_that_redeem_its_credits_not_the_one_it_was_bought_in(
+    tmp_path: Path,
+) -> None:
+    """The defect this fixes: a mint's whole charge was paid to the first epoch that settled
+    anything, and later redemptions found nothing to pay them."""
+    chain, node = node_chain()
+    credits, _, _ = minted(chain, tmp_path, count=3)
+    first = close_last_blocks_epoch(chain)
+    bought_in = statement(chain, first)  # bought, nothing redeemed: into the pool, no rows
+    assert (bought(bought_in), drawn(bought_in)) == (3 * PRICE, 0)
+    assert bought_in["statement"]["total"] == "0" and bought_in["rows"] == []
+    assert pool(chain) == 3 * PRICE
+    for epoch, spent in ((first + 1, credits[:1]), (first + 2, credits[1:])):
+        assert redeem(chain, node, spent).code == Code.OK
+        assert close_last_blocks_epoch(chain) == epoch
+        payout = statement(chain, epoch)
+        assert (bought(payout), drawn(payout)) == (0, len(spent) * PRICE)
+        assert dict(payout["rows"]) == {NODE: str(len(spent) * PRICE)}
+    assert pool(chain) == 0
+
+
+def test_a_statement_of_purchases_only_has_no_rows_and_no_proof(tmp_path: Path) -> None:
+    chain, _ = node_chain()
+    minted(chain, tmp_path, count=2)
+    epoch = close_last_blocks_epoch(chain)
+    payout = statement(chain, epoch)
+    assert payout["rows"] == [] and int(payout["statement"]["root"], 16) != 0
+    code, _, log = query(chain.state, f"/payouts/proof?epoch={epoch}&account={NODE}", b"")
+    assert code == Code.NOT_FOUND, log
+
+
+def test_expired_credits_are_paid_to_the_epoch_they_expire_in(tmp_path: Path) -> None:
+    chain, node = node_chain(lifetime_epochs=2)
+    credits, keys, _ = minted(chain, tmp_path, count=3)
+    assert redeem(chain, node, credits[:1]).code == Code.OK
+    m = keys.epoch
+    assert close_last_blocks_epoch(chain) == m
+    payout = statement(chain, m)  # bought and one redeemed in one statement
+    assert (bought(payout), drawn(payout)) == (3 * PRICE, PRICE)
+    next_epoch_end(chain)  # m + 1: nothing
+    assert ask(chain, "/payouts?limit=200")["epochs"][0]["epoch"] == m
+    more, _, _ = minted(chain, tmp_path, count=1)  # epoch m + 2: the last of m's window
+    assert redeem(chain, node, more).code == Code.OK
+    assert close_last_blocks_epoch(chain) == m + 2
+    payout = statement(chain, m + 2)
+    # the redeemed credit and the two of epoch m that nobody redeemed
+    assert (bought(payout), drawn(payout)) == (PRICE, 3 * PRICE)
+    assert dict(payout["rows"]) == {NODE: str(3 * PRICE)}
+    assert pool(chain) == 0 and chain.state.get("cissue", epoch_key(m)) is None
+    late = redeem(chain, node, credits[1:2])
+    assert late.code == Code.CREDIT_EPOCH, late.log
+
+
+@pytest.mark.parametrize("seed", [3, 11, 2026])
+def test_random_purchases_and_redemptions_every_credit_paid_once(tmp_path: Path, seed: int) -> None:
+    """Random mints, redemptions and idle epochs; then every credit's window ends. Each close:
+    the pool never pays out more than purchases put in (statement by statement, in order) and
+    the chain's pool is what the statements moved. At the end every purchase was debited once
+    and everything bought was paid out: Σ draws == Σ purchases == Σ funded."""
+    rng = random.Random(seed)
+    lifetime = 3
+    chain, node = node_chain(lifetime_epochs=lifetime, retention_epochs=100)
+    held: list[Credit] = []
+    funded = redeemed_value = 0
+    for step in range(8):
+        action = rng.choice(["buy", "redeem", "idle"])
+        if action == "buy":
+            count = rng.randint(1, 3)
+            credits, _, _ = minted(chain, tmp_path / f"{step}", count=count)
+            held += credits
+            funded += count * PRICE
+        elif action == "redeem" and held:
+            current = epoch_of_last_block(chain) + 1
+            live = [c for c in held if c.epoch + lifetime >= current]
+            spend = live[: rng.randint(1, 2)]
+            if spend:
+                assert redeem(chain, node, spend).code == Code.OK
+                redeemed_value += len(spend) * PRICE
+                held = [c for c in held if c not in spend]
+        close_last_blocks_epoch(chain)
+        _check_pool(chain)
+    for _ in range(lifetime + 1):
+        next_epoch_end(chain)
+    # an epoch with work to pay the expired credits' price to
+    last, _, _ = minted(chain, tmp_path / "last", count=1)
+    assert redeem(chain, node, last).code == Code.OK
+    funded += PRICE
+    redeemed_value += PRICE
+    for _ in range(lifetime + 2):
+        close_last_blocks_epoch(chain)
+        if chain.state.items("cdue"):
+            minted_now, _, _ = minted(chain, tmp_path / f"x{chain.state.height}", count=1)
+            assert redeem(chain, node, minted_now).code == Code.OK
+            funded += PRICE
+            redeemed_value += PRICE
+        next_epoch_end(chain)
+    statements = _check_pool(chain)
+    assert sum(bought(s) for s in statements) == funded
+    assert sum(drawn(s) for s in statements) == funded and pool(chain) == 0
+    assert redeemed_value <= funded
+    assert chain.state.items("cpend") == []
+
+
+def _check_pool(chain: Chain) -> list[dict]:
+    statements = sorted(_statements(chain), key=lambda s: int(s["epoch"]))
+    balance = 0
+    for payout in statements:
+        balance += bought(payout)
+        balance -= drawn(payout)
+        assert balance >= 0, payout["epoch"]
+        assert int(payout["statement"]["total"]) == sum(int(a) for _, a in payout["rows"])
+    assert balance == pool(chain)
+    return statements
