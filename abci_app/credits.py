@@ -260,6 +260,11 @@ def fund_mint(state: State, tx: SignedTx) -> None:
     if not funded:
         return
     state.delete(schema.MINT_UNFUNDED, body.mint)
+    # paid for: the record (what `/credit_signatures` answers from) stays as long as its credits
+    # can be redeemed, so a client that comes back late still finishes its purchase
+    state.delete(schema.PRUNE_INDEX, schema.prune_key(record["epoch"], schema.MINT, body.mint))
+    lifetime = state.genesis.credit_lifetime_epochs
+    rules.track_at(state, schema.MINT, body.mint, record["epoch"] + lifetime)
     escrow = (state.genesis.escrow_address or "").lower()
     charge = schema.charge_key(record["payer"], escrow, MINT_KIND, body.mint)
     state.put(schema.SPENT, charge, {"total": record["amount"], "expiry": record["expiry"]})

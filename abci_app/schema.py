@@ -110,7 +110,8 @@ COVERAGE = "cover"
 CREDIT_KEY = "ckey"
 # mint/<mint id>: {epoch, payer, count, amount, blinded, height, vouched [validator addresses],
 # funded_height (null until vouched by ≥ 2/3 of the power)}; validators blind-sign the blinded
-# messages with their key of that epoch when asked (/credit_signatures), once funded
+# messages with their key of that epoch when asked (/credit_signatures), once funded; pruned
+# with its epoch while unfunded, with epoch + credits.lifetime_epochs once funded
 MINT = "mint"
 # mpend/<mint id>: 0 while the mint waits for its funding (the watchers' work list)
 MINT_UNFUNDED = "mpend"

@@ -457,6 +457,24 @@ def test_credits_a_mint_is_funded_at_two_thirds_of_the_power_and_charged_once(
     assert [m["id"] for m in mine] == [request.mint_id] and "blinded" not in mine[0]
 
 
+def test_credits_a_funded_mint_can_be_finished_until_its_credits_expire(tmp_path: Path) -> None:
+    """A client that comes back after `retention_epochs` still gathers the signatures of a mint
+    it paid for (it was `MintLost` before); once the credits' window is over the record goes."""
+    chain = credit_chain(lifetime_epochs=4, retention_epochs=1)
+    request, stores = _one_mint(chain, tmp_path)
+    fund(chain, request.mint_id)
+    for _ in range(3):  # epoch + 3: an unfunded mint would be pruned by now
+        next_epoch_end(chain)
+    chain.block()
+    keys = keys_of(chain, request.body.epoch)
+    assert len(request.finalize(keys, answers(chain, stores, request.mint_id))) == 2
+    for _ in range(3):  # past epoch + lifetime + retention
+        next_epoch_end(chain)
+    chain.block()
+    code, _, _ = query(chain.state, f"/mints?id={request.mint_id}", b"")
+    assert code == Code.NOT_FOUND
+
+
 def test_credits_fund_mint_refusals_are_named(tmp_path: Path) -> None:
     chain = credit_chain(epoch_length=20)
     request, _ = _one_mint(chain, tmp_path)
