@@ -77,6 +77,7 @@ class Code(IntEnum):
     MINT_UNKNOWN = 81  # fund_mint of a mint id the chain does not hold
     MINT_FUND_LATE = 82  # fund_mint after the mint's epoch + 1, or past its purchase expiry
     MINT_UNFUNDED = 83  # /credit_signatures of a mint not yet vouched for by >= 2/3 of the power
+    UNCOMMITTED_REDEMPTION = 84  # redeem with fewer committed, unconsumed positions than credits
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

@@ -9,7 +9,10 @@ gateways report, per node and shard, the tokens of the questions they were paid 
    it: each record stands for 32 positions (a session's last, partial block too: an upper
    bound), and a contribution of `tokens` on a shard consumes that many committed positions,
    oldest epoch first (`take_credit`). A node that serves without committing has nothing to
-   consume: its contributions are refused (`UNCOMMITTED_CONTRIBUTION`).
+   consume: its contributions are refused (`UNCOMMITTED_CONTRIBUTION`). A `redeem` of n
+   credits consumes n of those positions the same way (`take_positions`;
+   `UNCOMMITTED_REDEMPTION` when fewer are left): credit-paid work is committed, and so
+   selectable for spot checks, or it is not paid.
 2. **No commitment, no routing.** When an epoch e closes, every (node, shard) whose committed
    positions are below `COVER_MIN_PPM` of the tokens gateways reported for it up to the close
    of epoch e − `commit_grace_epochs` is flagged `uncommitted` (`uncommitted_since` = the
@@ -105,7 +108,8 @@ def record_report(state: State, body: WorkReport) -> None:
 
 
 def creditable(state: State, record: dict[str, Any], epoch: int) -> int:
-    """Committed positions of the creditable epochs not yet consumed by contributions."""
+    """Committed positions of the creditable epochs not yet consumed by contributions or
+    redemptions."""
     oldest = epoch - state.genesis.commit_grace_epochs
     return sum(r[1] * BLOCK_POSITIONS - r[2] for r in record["recent"] if oldest <= r[0] <= epoch)
 
@@ -122,18 +126,42 @@ def take_credit(state: State, node: str, shard: int, layers: int, layer_tokens: 
             f"no committed served work left for this node on shard {shard} (commit first)",
         )
     credited = min(layer_tokens, layers * available)
-    tokens = -(-credited // layers)  # positions consumed: a partial layer-token uses a position
+    _consume(state, node, shard, record, -(-credited // layers), epoch)  # partial: a position
+    return credited
+
+
+def take_positions(state: State, node: str, shard: int, count: int) -> None:
+    """A redemption of `count` credits on `shard` needs `count` committed positions of the node
+    there not yet consumed (one per credit: a credit buys at least one position, so an honest
+    node that commits what it serves always has them); consumes them. Refuses the tx
+    (`UNCOMMITTED_REDEMPTION`) otherwise: a node serving credit-paid work without committing it
+    is never paid for it, and what it commits is what spot checks select from."""
+    epoch = rules.epoch_of(state, state.block_height)
+    record = _trim(state, _load(state, node, shard), epoch)
+    available = creditable(state, record, epoch)
+    if available < count:
+        rules.reject(
+            Code.UNCOMMITTED_REDEMPTION,
+            f"{count} credits need as many committed served positions on shard {shard}; "
+            f"{available} are left (commit first)",
+        )
+    _consume(state, node, shard, record, count, epoch)
+
+
+def _consume(
+    state: State, node: str, shard: int, record: dict[str, Any], positions: int, epoch: int
+) -> None:
+    """Mark `positions` committed positions of the creditable epochs used, oldest first."""
     oldest = epoch - state.genesis.commit_grace_epochs
     for row in record["recent"]:
-        if tokens == 0:
+        if positions == 0:
             break
         if not oldest <= row[0] <= epoch:
             continue
-        used = min(tokens, row[1] * BLOCK_POSITIONS - row[2])
+        used = min(positions, row[1] * BLOCK_POSITIONS - row[2])
         row[2] += used
-        tokens -= used
+        positions -= used
     state.put(schema.COVERAGE, schema.coverage_key(node, shard), record)
-    return credited
 
 
 # --- epoch close ---------------------------------------------------------------------------------

@@ -36,7 +36,10 @@
                                (CREDIT_EPOCH),
                                valid under e's keys (`protocol.credits.check_credit`:
                                CREDIT_INVALID), its nonce never redeemed nor listed twice
-                               (CREDIT_SPENT). → `cspent/<sha256 nonce>` per credit and
+                               (CREDIT_SPENT); one committed served position of the node on the
+                               shard, not yet consumed, per credit (coverage.py
+                               `take_positions`: UNCOMMITTED_REDEMPTION; consumed).
+                               → `cspent/<sha256 nonce>` per credit and
                                `credit/<current epoch>/<evm address>/<shard>/<model>` grows by
                                count · genesis `credits.layer_tokens`: the node's share record for
                                the epoch's payout (docs/shares.md), as a contribution's is; the
@@ -54,7 +57,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from abci_app import rules, schema
+from abci_app import coverage, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol import blindrsa
@@ -313,6 +316,7 @@ def redeem(state: State, tx: SignedTx) -> None:
         ):
             rules.reject(Code.CREDIT_SPENT, f"{where}: already redeemed")
         spent.append((identifier, credit.epoch))
+    coverage.take_positions(state, tx.signer, body.shard, len(spent))
     redeemed: dict[int, int] = {}
     for identifier, epoch in spent:
         state.put(schema.CREDIT_SPENT, identifier, state.block_height)

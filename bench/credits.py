@@ -40,7 +40,9 @@ from abci_app.credit_queries import signatures
 from abci_app.queries import query
 from bench._common import machine, parse_with_quick
 from node.client.credit_wallet import MintRequest
+from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.credits import CreditKey, FundMint, Redeem
+from protocol.committee.grammar import MAX_BATCH
 from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
 from protocol.credit_keys import CreditKeyStore
 from protocol.credits import Credit, epoch_keys_from_query
@@ -81,6 +83,23 @@ def nodes(chain: Chain, count: int) -> list[Any]:
         stake += [chain.tx(AttestStake(node, 10**18), v.key) for v in chain.validators[:3]]
     assert all(r.code == 0 for r in chain.block(stake))
     return keys
+
+
+def commit_served(chain: Chain, workers: list[Any], credits: int) -> None:
+    """Each worker commits records covering a position per credit it may redeem (one credit
+    needs one committed position, abci_app/coverage.py): untimed, as the nodes' agents do it
+    beside serving."""
+    records = -(-credits // 32) + 1
+    txs = []
+    for key in workers:
+        for start in range(0, records, MAX_BATCH):
+            batch = tuple(
+                CommitmentRecord("0x" + f"{start:064x}", step, 0, "0x" + "c0" * 32)
+                for step in range(start, min(records, start + MAX_BATCH))
+            )
+            txs.append(chain.tx(CommitBatch(batch), key))
+    results = chain.block(txs)
+    assert all(r.code == 0 for r in results), [r.log for r in results][:3]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -147,6 +166,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             Credit(c.epoch, c.prepared, c.signatures[1:]) for c in credits
         ]  # the least that reaches 2/3
         batches = [trimmed[i : i + args.per_tx] for i in range(0, len(trimmed), args.per_tx)]
+        commit_served(chain, workers, len(trimmed))  # a redemption needs committed work
         redeem_txs = [
             chain.tx(Redeem("m", 0, tuple(batch)), workers[i % len(workers)])
             for i, batch in enumerate(batches)

@@ -29,6 +29,7 @@ from node.cli.main import main
 from node.client.credit_purchase import buy_credits
 from node.client.credit_wallet import CreditWallet
 from node.keys import create_wallet
+from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.credits import CreditKey, FundMint, Redeem
 from protocol.committee.envelope import sign
 from protocol.committee.registry import RegisterNode, sign_registration
@@ -159,13 +160,19 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
         assert all(m["funded_height"] is not None for m in _mints_of(net, payer))
 
         spend = wallet.take(2)
-        first = net.submit(sign(Redeem("m", 0, tuple(spend)), node_key, 2).encode())
+        # the node commits what it served (one record, 32 positions): no commitment, no pay
+        uncommitted = net.submit(sign(Redeem("m", 0, tuple(spend)), node_key, 2).encode())
+        assert uncommitted["code"] == 84, uncommitted  # UNCOMMITTED_REDEMPTION
+        record = CommitmentRecord("0x" + "5e" * 32, 0, 0, "0x" + "c0" * 32)
+        committed = net.submit(sign(CommitBatch((record,)), node_key, 3).encode())
+        assert committed.get("code", 0) == 0, committed
+        first = net.submit(sign(Redeem("m", 0, tuple(spend)), node_key, 4).encode())
         assert first.get("code", 0) == 0, first
-        again = net.submit(sign(Redeem("m", 0, tuple(spend[:1])), node_key, 3).encode())
+        again = net.submit(sign(Redeem("m", 0, tuple(spend[:1])), node_key, 5).encode())
         assert again["code"] == 78 and "already redeemed" in again["log"], again  # CREDIT_SPENT
         [last] = wallet.take(1)
         altered = replace(last, prepared=last.prepared[:-1] + bytes([last.prepared[-1] ^ 1]))
-        refused = net.submit(sign(Redeem("m", 0, (altered,)), node_key, 4).encode())
+        refused = net.submit(sign(Redeem("m", 0, (altered,)), node_key, 6).encode())
         assert refused["code"] == 77, refused  # CREDIT_INVALID
         credited = net.query(f"/credits?account={address_of(evm).lower()}")["credits"]
         assert credited == [{"layer_tokens": 2 * LAYER_TOKENS, "model": "m", "shard": 0}]

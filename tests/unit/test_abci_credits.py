@@ -39,7 +39,7 @@ from protocol.eip712 import address_of
 from protocol.errors import ConfigError, ProtocolError
 from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key, seeded_key
 from tests.unit.test_abci_settlement import ESCROW, ask, next_epoch_end, settled_chain
-from tests.unit.test_abci_state import make_routable, register
+from tests.unit.test_abci_state import hexkey, make_routable, register, served_commit_tx
 
 pytestmark = pytest.mark.unit
 
@@ -154,7 +154,11 @@ def node_chain(lifetime_epochs: int | None = None, **extra: object) -> tuple[Cha
 
 
 def redeem(chain: Chain, node: SigningKey, credits: list[Credit], shard: int = 0) -> object:
-    return send(chain, Redeem("m", shard, tuple(credits)), node)
+    """The node commits the positions it served (one record: 32, a position per credit at
+    least) and redeems, in one block: a redemption needs committed work (coverage.py)."""
+    commit = served_commit_tx(chain, node, shard, blocks=max(1, -(-len(credits) // 32)))
+    [_, result] = chain.block([commit, chain.tx(Redeem("m", shard, tuple(credits)), node)])
+    return result  # (a stranger's commit is refused: the redeem's own refusal is the point)
 
 
 # --- the whole path ---------------------------------------------------------------------------
@@ -201,9 +205,10 @@ def test_credits_redemptions_become_layer_tokens_of_the_node(tmp_path: Path) -> 
     if (chain.state.height + 1) % chain.state.genesis.epoch_length == 0:
         chain.block()  # not the epoch's last block: its close would move the record
     results = chain.block(
-        [chain.tx(Redeem("m", 1, (credit,)), node) for credit in credits]
+        [served_commit_tx(chain, node, 1, blocks=1)]
+        + [chain.tx(Redeem("m", 1, (credit,)), node) for credit in credits]
     )  # two redemptions in one block: one epoch's record
-    assert [r.code for r in results] == [Code.OK, Code.OK]
+    assert [r.code for r in results] == [Code.OK, Code.OK, Code.OK]
     account = address_of(seeded_evm_key("credit-node")).lower()
     credited = ask(chain, f"/credits?account={account}")
     assert credited["credits"] == [{"layer_tokens": 2 * LAYER_TOKENS, "model": "m", "shard": 1}]
@@ -336,6 +341,22 @@ def test_credits_redeem_on_an_unregistered_shard_or_by_a_stranger(tmp_path: Path
     assert redeem(chain, node, credits, shard=7).code == Code.REDEEM_SHARD
     assert redeem(chain, seeded_key("stranger"), credits).code == Code.UNKNOWN_NODE
     assert redeem(chain, node, credits).code == Code.OK
+
+
+def test_credits_redeem_needs_a_committed_position_per_credit(tmp_path: Path) -> None:
+    """No commitment, no pay — for credits too: a node that never commits what it served cannot
+    redeem what it was paid (a silent node earns 0 and is never spot-checked); one committed
+    record (32 positions) covers at most 32 credits, consumed, and the refusal writes nothing."""
+    chain, node = node_chain()
+    credits, _, _ = minted(chain, tmp_path, count=3)
+    silent = send(chain, Redeem("m", 0, tuple(credits)), node)
+    assert silent.code == Code.UNCOMMITTED_REDEMPTION, silent.log
+    assert chain.state.items("cspent") == [] and chain.state.items("credit") == []
+    assert redeem(chain, node, credits[:2]).code == Code.OK  # commits one record: 32 positions
+    assert send(chain, Redeem("m", 0, tuple(credits[2:])), node).code == Code.OK  # 30 left
+    record = chain.state.get("cover", f"{hexkey(node)}/00000")
+    assert sum(row[2] for row in record["recent"]) == 3  # a position consumed per credit
+    assert len(chain.state.items("cspent")) == 3
 
 
 # --- mint refusals ----------------------------------------------------------------------------
@@ -614,8 +635,10 @@ def test_credits_no_state_entry_or_tx_links_the_payer_to_the_node(tmp_path: Path
     assert chain.block([mint_raw])[0].code == Code.OK
     fund(chain, request.mint_id)
     credits = request.finalize(keys, answers(chain, stores, request.mint_id))
+    commit_raw = served_commit_tx(chain, node, 0, blocks=1)
     redeem_raw = chain.tx(Redeem("m", 0, tuple(credits)), node)
-    assert chain.block([redeem_raw])[0].code == Code.OK
+    results = chain.block([commit_raw, redeem_raw])
+    assert [r.code for r in results] == [Code.OK, Code.OK]
     payer = address_of(PAYER)
     payer_side = {payer.lower(), payer[2:].lower(), request.mint_id, request.mint_id[2:]}
     for messages in request.body.blinded.values():

@@ -19,7 +19,7 @@ from protocol.committee.credits import Redeem
 from protocol.credits import CreditInvalidError
 from tests.committee_chain import Chain
 from tests.unit.test_abci_credits import minted, node_chain
-from tests.unit.test_abci_state import make_routable, register
+from tests.unit.test_abci_state import commit_served, make_routable, register
 
 pytestmark = pytest.mark.unit
 
@@ -58,6 +58,10 @@ async def test_till_accepts_valid_credits_once_and_redeems_them(tmp_path: Path) 
         await till.accept(credits[0])
     with pytest.raises(CreditInvalidError):
         await till.accept(replace(credits[1], signatures=credits[1].signatures[:2]))
+    # the node's commitments are not on the chain yet: refused, and every credit kept
+    assert await till.redeem() == 0
+    assert till.held == credits
+    commit_served(chain, node, 0, blocks=1)
     assert await till.redeem() == 3
     assert till.held == []
 
@@ -71,6 +75,8 @@ async def test_till_drops_a_credit_spent_elsewhere_and_redeems_the_rest(tmp_path
     for credit in credits:
         await till.accept(credit)
     # the client also paid another node with the middle credit, which redeemed it first
+    commit_served(chain, other, 0, blocks=1)
+    commit_served(chain, node, 0, blocks=1)
     [first] = chain.block([chain.tx(Redeem("m", 0, (credits[1],)), other)])
     assert first.code == 0, first.log
     assert await till.redeem() == 2

@@ -33,13 +33,13 @@ from node.server.backend import ModelShardBackend
 from node.server.config import ServerConfig
 from node.server.next_hops import ForwardList
 from node.server.payments import Account, CreditCheck, CreditRefusedError, CreditSpool, Payments
-from protocol.committee.credits import Redeem
 from protocol.credits import CreditInvalidError, spent_id
 from protocol.errors import RemoteError, UnavailableError
 from protocol.stream import PaymentRequiredError, not_taken_id, open_message, pay_message
 from tests.doubles.tiny_model import make_tiny_model
 from tests.unit.stream_circuit import serve_circuit
-from tests.unit.test_abci_credits import minted, node_chain
+from tests.unit.test_abci_credits import minted, node_chain, redeem
+from tests.unit.test_abci_state import commit_served
 from tests.unit.test_credit_till import ChainLink
 
 pytestmark = pytest.mark.unit
@@ -143,6 +143,8 @@ async def test_paid_circuit_exact_tokens_each_node_paid_per_chunk_and_redeemed(
 
     paid = [spent_id(c.prepared) for spool in spools for _, c in spool.held()]
     link = ChainLink(chain, node)
+    for shard in range(2):  # the agents commit what the nodes served (a redemption needs it)
+        commit_served(chain, node, shard, blocks=1)
     for shard, spool in enumerate(spools):
         redeemer = SpoolRedeemer(CreditTill(link, "m", shard), spool)
         assert await redeemer.step() == per_node
@@ -190,8 +192,10 @@ async def test_a_client_gone_mid_answer_and_a_node_dead_before_redeeming_lose_no
         kept = len(list(spool.held()))
         assert 1 <= kept <= -(-fed // PRICE) + 1  # at most one credit ahead of its work
     assert sum(len(list(spool.held())) for spool in spools) == taken  # none lost in between
-    # the nodes die here: only their spool directories remain
+    # the nodes die here: only their spool directories (and their commitments) remain
     link = ChainLink(chain, node)
+    for shard in range(2):
+        commit_served(chain, node, shard, blocks=1)
     redeemed = 0
     for shard in range(2):
         restarted = CreditSpool(tmp_path / f"spool-{shard}")
@@ -378,7 +382,7 @@ async def test_the_node_checks_a_credit_as_the_chain_will_redeem_it(tmp_path) ->
     payments = Payments(PRICE, CreditCheck(ChainLink(chain, node)), spool, wait_s=0.2)
     account = Account()
     # redeemed on the chain already (the client paid another node with it first)
-    [result] = chain.block([chain.tx(Redeem("m", 0, (credits[0],)), node)])
+    result = redeem(chain, node, credits[:1])
     assert result.code == 0, result.log
     with pytest.raises(CreditRefusedError, match="redeemed on the committee chain at height"):
         await payments.accept(account, credits[0])
@@ -410,7 +414,7 @@ async def test_a_spent_credit_replayed_costs_the_validators_one_query(tmp_path) 
     the node asks `/credit_spent` once and remembers the answer."""
     chain, node = node_chain()
     [credit] = minted(chain, tmp_path, count=1)[0]
-    [result] = chain.block([chain.tx(Redeem("m", 0, (credit,)), node)])
+    result = redeem(chain, node, [credit])
     assert result.code == 0, result.log
     link = ChainLink(chain, node)
     asked: list[str] = []
