@@ -169,9 +169,7 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
         for node in nodes:
             stop_pid(node.pid, grace_s=5)
         if committee is not None:
-            for process in committee.processes:
-                process.terminate()
-                process.wait(timeout=10)
+            committee.stop()
 
 
 def _shards(manifest: Path, nodes: list[NodeProcess]) -> list[tuple[NodeProcess, Any]]:
