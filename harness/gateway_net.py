@@ -122,6 +122,18 @@ class Compute:
             return self.nonce
 
 
+def terminate(process: subprocess.Popen[Any], grace_s: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it is still running `grace_s` later; waits for the exit."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(grace_s)
+
+
 @dataclass
 class Committee:
     home: Path
@@ -143,13 +155,7 @@ class Committee:
         """Terminate its processes (CometBFT, then the app), killing any that outlive 10 s: a
         loaded box is no reason to leak a validator."""
         for process in reversed(self.processes):
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(10)
+            terminate(process)
 
     def height(self) -> int:
         try:

@@ -42,6 +42,7 @@ from abci_app.codes import Code
 from abci_app.encoding import decode_uvarint
 from abci_app.proto import abci_pb
 from abci_app.server import frame
+from harness.gateway_net import terminate
 from protocol.canonical import canonical_json
 from protocol.committee.envelope import decode, sign
 from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
@@ -611,12 +612,7 @@ def app_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Socke
         yield client, baseline
         assert process.poll() is None, "the app process died"
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        terminate(process)
         log.close()
 
 
