@@ -100,6 +100,21 @@ def epoch_keys(state: State, epoch: int) -> EpochKeys:
     return EpochKeys(epoch=epoch, keys=keys, total_power=state.total_power)
 
 
+def count_issued(state: State, epoch: int, field: str, count: int) -> None:
+    """`cissue/<epoch>`.`field` ("funded" | "redeemed") += count."""
+    key = schema.epoch_key(epoch)
+    counts = state.get(schema.CREDIT_ISSUED, key) or {"funded": 0, "redeemed": 0}
+    state.put(schema.CREDIT_ISSUED, key, {**counts, field: counts[field] + count})
+
+
+def owe(state: State, epoch: int, wei: int) -> None:
+    """The credit pool owes `wei` more to the workers of `epoch` (`cdue/<epoch>`: its close
+    draws it, settlement.py)."""
+    if wei > 0:
+        key = schema.epoch_key(epoch)
+        state.put(schema.CREDIT_DUE, key, str(int(state.get(schema.CREDIT_DUE, key) or 0) + wei))
+
+
 # --- tx handlers --------------------------------------------------------------------------------
 
 
@@ -277,10 +292,7 @@ def fund_mint(state: State, tx: SignedTx) -> None:
         charge,
         {"from": "0", "total": record["amount"], "height": state.block_height},
     )
-    issued = schema.epoch_key(record["epoch"])
-    counts = state.get(schema.CREDIT_ISSUED, issued) or {"funded": 0, "redeemed": 0}
-    funded = counts["funded"] + record["count"]
-    state.put(schema.CREDIT_ISSUED, issued, {**counts, "funded": funded})
+    count_issued(state, record["epoch"], "funded", record["count"])
     state.emit("planet.mint_funded", mint=body.mint, epoch=record["epoch"])
 
 
@@ -324,13 +336,8 @@ def redeem(state: State, tx: SignedTx) -> None:
         rules.track_at(state, schema.CREDIT_SPENT, identifier, epoch + lifetime)
         redeemed[epoch] = redeemed.get(epoch, 0) + 1
     for epoch, count in sorted(redeemed.items()):
-        issued = schema.epoch_key(epoch)
-        counts = state.get(schema.CREDIT_ISSUED, issued) or {"funded": 0, "redeemed": 0}
-        state.put(schema.CREDIT_ISSUED, issued, {**counts, "redeemed": counts["redeemed"] + count})
-    due = schema.epoch_key(current)
-    price = state.genesis.credit_price_wei or 0
-    owed = int(state.get(schema.CREDIT_DUE, due) or 0) + len(spent) * price
-    state.put(schema.CREDIT_DUE, due, str(owed))
+        count_issued(state, epoch, "redeemed", count)
+    owe(state, current, len(spent) * (state.genesis.credit_price_wei or 0))
     layer_tokens = len(spent) * state.genesis.credit_layer_tokens
     account = str(node["evm_address"]).lower()
     key = schema.credit_key(current, account, body.model, body.shard)

@@ -96,7 +96,7 @@ from typing import Any
 
 from abci_app import coverage, rules, schema
 from abci_app.codes import Code, Rejected
-from abci_app.credits import MINT_KIND
+from abci_app.credits import MINT_KIND, owe
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
 from protocol.committee.settlement import (
@@ -660,25 +660,19 @@ def close(state: State, height: int) -> None:
     if paying:
         pages = _plan_pages(purchases + paying)
         try:
-            settled = close_epoch_pages(
-                _epoch_work(state, epoch, credits, slashed),
-                [page.page_charges(statement_number(epoch, i)) for i, page in enumerate(pages)],
-            )
+            settled = _settle(_epoch_work(state, epoch, credits, slashed), epoch, pages)
         except NothingToPayError:  # no eligible share: the charges wait, the credits move on
             settled = None
     if settled is None:
         if credits:
             _carry_forward(state, epoch, credits, slashed)
         if not purchases:
-            _owe(state, epoch + 1, due)
+            owe(state, epoch + 1, due)  # what this close did not pay: due to the next epoch
             return
         # purchases are debited at once whatever else waits: a payer's balance must not be
         # able to leave (withdrawal) before its credits are paid for
         pages = _plan_pages(purchases)
-        settled = close_epoch_pages(
-            _epoch_work(state, epoch, [], []),
-            [page.page_charges(statement_number(epoch, i)) for i, page in enumerate(pages)],
-        )
+        settled = _settle(_epoch_work(state, epoch, [], []), epoch, pages)
     for index, (page, statement) in enumerate(zip(pages, settled, strict=True)):
         for unit in page.queries:
             query_id = unit.order[1]
@@ -699,15 +693,13 @@ def close(state: State, height: int) -> None:
             state.delete(schema.PENDING_CHARGE, schema.charge_key(*unit.order[1:]))
         _store_statement(state, epoch, index, len(pages), page, statement, height)
     state.put(schema.CREDIT_POOL, schema.POOL_BALANCE, str(pool))
-    _owe(state, epoch + 1, due)
+    owe(state, epoch + 1, due)  # what this close did not pay: due to the next epoch
 
 
-def _owe(state: State, epoch: int, due: int) -> None:
-    """What the pool could not pay this close (not reached, or waiting for its purchases) is
-    due to the next epoch's workers."""
-    if due > 0:
-        key = schema.epoch_key(epoch)
-        state.put(schema.CREDIT_DUE, key, str(int(state.get(schema.CREDIT_DUE, key) or 0) + due))
+def _settle(work: EpochWork, epoch: int, pages: list[_Page]) -> tuple[EpochSettlement, ...]:
+    """One statement per planned page (`NothingToPayError` as `close_epoch_pages`)."""
+    numbered = [page.page_charges(statement_number(epoch, i)) for i, page in enumerate(pages)]
+    return close_epoch_pages(work, numbered)
 
 
 def _store_statement(
