@@ -135,12 +135,29 @@ def read_joined(run_dir: Path) -> Joined | None:
         return None
 
 
-def is_agent(pid: int) -> bool:
+def _cmdline(pid: int) -> list[bytes] | None:
+    """`pid`'s command line; None if it does not run. Empty while an `exec` is under way: the
+    kernel closes the close-on-exec pipe that `subprocess.Popen` waits on before it lays out
+    the new program's arguments, so a just-spawned child can read as empty for a moment."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return False
-    return AGENT_MARKER.encode() in cmdline
+        return None
+    return raw.split(b"\0") if raw else []
+
+
+def is_agent(pid: int) -> bool:
+    """True if `pid` runs the agent (strict: a process still in its `exec` is not)."""
+    return AGENT_MARKER.encode() in (_cmdline(pid) or [])
+
+
+def agent_exited(pid: int) -> bool:
+    """True once the agent we just spawned as `pid` is gone: dead, or its pid runs another
+    program. A child still in its `exec` (empty command line) has not exited."""
+    if not pid_alive(pid):
+        return True
+    cmdline = _cmdline(pid)
+    return cmdline is None or (cmdline != [] and AGENT_MARKER.encode() not in cmdline)
 
 
 def agent_alive(joined: Joined) -> bool:

@@ -496,7 +496,7 @@ def _serving_peers(config: Any, model_hash: str, shard: int) -> dict[str, str]:
 
 async def _wait_routable(config: Any, joined: Any, timeout_s: float) -> None:
     # lazy: aiohttp, numpy
-    from node.agent.launch import is_agent
+    from node.agent.launch import agent_exited
     from node.chain.committee_link import CommitteeLink
     from node.server.launcher import pid_alive
 
@@ -509,7 +509,7 @@ async def _wait_routable(config: Any, joined: Any, timeout_s: float) -> None:
                 ("compute node", joined.node_pid, joined.node_log),
                 ("agent", joined.agent_pid, joined.agent_log),
             ):
-                if not pid_alive(pid) or (what == "agent" and not is_agent(pid)):
+                if agent_exited(pid) if what == "agent" else not pid_alive(pid):
                     tail = Path(log_path).read_text(errors="replace").splitlines()[-5:]
                     raise UnavailableError(
                         f"the {what} (pid {pid}) exited; last lines of {log_path}:\n"

@@ -1,0 +1,48 @@
+"""`agent_exited`: how `planet join` tells that the agent it just spawned has died. A child
+whose `exec` is still under way has an empty command line for a moment (CI of 26fa046: the
+hosts devnet's join said "the agent exited" of a live agent); that is not an exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from node.agent import launch
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def sleeper():
+    """A real process whose command line names the agent module, as the agent's does."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)", launch.AGENT_MARKER]
+    )
+    yield child
+    child.kill()
+    child.wait()
+
+
+def test_a_running_agent_has_not_exited(sleeper) -> None:
+    assert launch.is_agent(sleeper.pid)
+    assert not launch.agent_exited(sleeper.pid)
+
+
+def test_a_dead_agent_has_exited(sleeper) -> None:
+    sleeper.kill()
+    sleeper.wait()
+    assert launch.agent_exited(sleeper.pid)
+    assert not launch.is_agent(sleeper.pid)
+
+
+def test_a_pid_running_another_program_is_an_exited_agent() -> None:
+    assert launch.agent_exited(os.getpid())  # pytest, not the agent
+
+
+def test_a_child_still_in_its_exec_has_not_exited(sleeper, monkeypatch) -> None:
+    monkeypatch.setattr(launch, "_cmdline", lambda pid: [])  # what /proc shows mid-exec
+    assert not launch.agent_exited(sleeper.pid)
+    assert not launch.is_agent(sleeper.pid)  # stop/status stay strict
