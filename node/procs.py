@@ -53,6 +53,17 @@ def spawn_logged(
         )
 
 
+def command_line(pid: int) -> list[bytes] | None:
+    """`pid`'s argv from /proc; None if it does not run. Empty while an `exec` is under way:
+    the kernel closes the close-on-exec pipe that `subprocess.Popen` waits on before it lays
+    out the new program's arguments, so a just-spawned child can read as empty for a moment."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.split(b"\0") if raw else []
+
+
 def since_last_start(text: str) -> str:
     """What a log written by `spawn_logged` holds after its latest start marker line."""
     if START_MARKER not in text:

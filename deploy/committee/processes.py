@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from deploy.committee.network import Network
-from node.procs import since_last_start, spawn_logged
+from node.procs import command_line, since_last_start, spawn_logged
 from protocol.errors import UnavailableError
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,7 @@ def pid_alive(pid: int) -> bool:
 
 def cmdline(pid: int) -> str:
     """The command line of `pid` (empty when it is gone or unreadable)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
+    return b" ".join(command_line(pid) or []).decode()
 
 
 def read_pid(network: Network, process: str, index: int) -> int | None:

@@ -22,7 +22,7 @@ from typing import Any
 from node.agent.__main__ import AGENT_MARKER
 from node.keys import PASSWORD_ENV
 from node.model.manifest import Manifest, manifest_path, verify_file
-from node.procs import spawn_logged
+from node.procs import command_line, spawn_logged
 from node.server.launcher import pid_alive, start_node, stop_pid
 from node.server.next_hops import is_ip_literal, is_public_address, url_host
 from protocol.errors import ConfigError, IntegrityError, PlanetError, UsageError
@@ -135,20 +135,9 @@ def read_joined(run_dir: Path) -> Joined | None:
         return None
 
 
-def _cmdline(pid: int) -> list[bytes] | None:
-    """`pid`'s command line; None if it does not run. Empty while an `exec` is under way: the
-    kernel closes the close-on-exec pipe that `subprocess.Popen` waits on before it lays out
-    the new program's arguments, so a just-spawned child can read as empty for a moment."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return raw.split(b"\0") if raw else []
-
-
 def is_agent(pid: int) -> bool:
     """True if `pid` runs the agent (strict: a process still in its `exec` is not)."""
-    return AGENT_MARKER.encode() in (_cmdline(pid) or [])
+    return AGENT_MARKER.encode() in (command_line(pid) or [])
 
 
 def agent_exited(pid: int) -> bool:
@@ -156,7 +145,7 @@ def agent_exited(pid: int) -> bool:
     program. A child still in its `exec` (empty command line) has not exited."""
     if not pid_alive(pid):
         return True
-    cmdline = _cmdline(pid)
+    cmdline = command_line(pid)
     return cmdline is None or (cmdline != [] and AGENT_MARKER.encode() not in cmdline)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from node.keys import node_public_key
 from node.links import probe_context
 from node.net import port_is_free
-from node.procs import spawn_logged
+from node.procs import command_line, spawn_logged
 from protocol.errors import UnavailableError
 
 NODE_MARKER = "node.cli.main"
@@ -150,10 +150,7 @@ def pid_alive(pid: int) -> bool:
 
 def is_planet_node(pid: int, module: str = NODE_MARKER) -> bool:
     """True if `pid`'s command line is a node that `start_node(module=module)` started."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (FileNotFoundError, PermissionError):
-        return False
+    cmdline = command_line(pid) or []
     return module.encode() in cmdline and b"serve" in cmdline
 
 

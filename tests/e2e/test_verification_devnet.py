@@ -53,6 +53,7 @@ import pytest
 
 from harness.personal_client import personal_client
 from node.server.launcher import pid_alive
+from protocol.credits import spent_id
 from tests.e2e.escrow_reads import escrow_contract
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -428,8 +429,6 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         )
 
     _wait(spools_empty, 120, "the charging nodes' agents redeeming what they were paid")
-    from protocol.credits import spent_id
-
     # distinct credits: a redeem sent before the node's commitments landed is refused
     # (UNCOMMITTED_REDEMPTION, in a block all the same) and its credits sent again
     by_node: dict[str, set[str]] = {p["key"]: set() for p in paid.values()}
@@ -511,7 +510,7 @@ def _assert_nothing_links(
     import sqlite3
 
     from protocol.committee.envelope import decode
-    from protocol.credits import nonce_of, spent_id
+    from protocol.credits import nonce_of
 
     payer = user.removeprefix("0x")
     nodes = {p["key"] for p in paid.values()} | {p["address"][2:] for p in paid.values()}
