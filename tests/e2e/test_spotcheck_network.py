@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from harness.gateway_net import prepared_manifest, wait_for
+from harness.gateway_net import Compute, prepared_manifest, wait_for
 from protocol.eip712 import address_of
 from protocol.spotcheck import Outcome, Triple, epoch_of_height, evidence_hash
 from tests.integration.spot_net import SpotNet
@@ -67,6 +67,21 @@ def _spot_evidence(snet: SpotNet, node: str, outcome: Outcome) -> set[str]:
     return out
 
 
+def _diagnosis(snet: SpotNet, node: Compute) -> str:
+    """What a failed wait shows: the verifier's checks and challenges, the node's committed
+    blocks and the committer's errors."""
+    lines = snet.log.read_text().splitlines()
+    seen = [ln for ln in lines if "spot check" in ln or "challenge" in ln or "skipped" in ln]
+    return "\n".join(
+        [
+            f"commitments of {node.public[:12]}: {snet.committed(node)}",
+            f"commit errors: {snet.commit_errors}",
+            "verifier log:",
+            *seen[-40:],
+        ]
+    )
+
+
 def test_noisy_node_caught_by_spot_check_verdict_slashes_half(snet: SpotNet) -> None:
     noisy = snet.cheaters[0]
     checksummed = address_of(noisy.evm_key)
@@ -79,7 +94,10 @@ def test_noisy_node_caught_by_spot_check_verdict_slashes_half(snet: SpotNet) -> 
         failed = _spot_evidence(snet, noisy.public, Outcome.FAILED)
         return [v for v in mine if v["evidence_hash"] in failed]
 
-    [verdict, *_] = wait_for(spot_verdict, 240, "no confirmed spot-check verdict", interval=2.0)
+    try:
+        [verdict, *_] = wait_for(spot_verdict, 240, "no confirmed spot-check verdict", interval=2.0)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{_diagnosis(snet, noisy)}") from None
     assert verdict["offence"] == 3
     # the verifier set that assigned the checks is the chain's: this validator's seed put it there
     signer = snet.net.committee.validator_key().verify_key.encode().hex()  # type: ignore[union-attr]
@@ -106,7 +124,10 @@ def test_honest_nodes_checks_pass_and_reports_are_credited(snet: SpotNet) -> Non
         lines = snet.log.read_text().splitlines()
         return any(f"node={honest.public[:12]}" in ln and "outcome=passed" in ln for ln in lines)
 
-    wait_for(honest_passed, 120, "no passed spot check of the honest node", interval=2.0)
+    try:
+        wait_for(honest_passed, 240, "no passed spot check of the honest node", interval=2.0)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{_diagnosis(snet, honest)}") from None
     lines = [ln for ln in snet.log.read_text().splitlines() if "spot check epoch=" in ln]
     assert not [ln for ln in lines if f"node={honest.public[:12]}" in ln and "passed" not in ln]
     honest_address = address_of(honest.evm_key).lower()
