@@ -597,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-commit", default="300ms")
     parser.add_argument("--epoch-length", type=int, default=100)
     parser.add_argument("--drain", type=float, default=20.0, help="max seconds to drain")
-    parser.add_argument("--base-port", type=int, default=27200)
+    parser.add_argument("--base-port", type=int, default=24000)
     parser.add_argument("--skip-kvstore", action="store_true")
     parser.add_argument("--skip-planet", action="store_true")
     parser.add_argument(

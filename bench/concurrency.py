@@ -45,7 +45,7 @@ PROMPTS = (
     "List three fruits and say what colour each one is.",
     "What makes a good cup of tea?",
 )
-PORTS = (18800, 19000)
+PORTS = (20800, 21000)
 # The GPU sweep (a Llama-3-8B-shaped model with random weights, bf16 and int4, 4 shards
 # on one GPU): bench/gpu_sweep.py.
 GPU_COMMAND = "python bench/gpu_sweep.py --quants bf16,int8,int4 --sessions 32 --new-tokens 64"

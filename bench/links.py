@@ -34,7 +34,7 @@ from bench._common import machine, median, parse_with_quick, spread
 log = logging.getLogger("bench.links")
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
-PORTS = (19000, 19200)
+PORTS = (20500, 20700)
 PASSWORD = "bench links"
 HANDSHAKES = 10  # fresh connections per node for the handshake figure
 

@@ -49,7 +49,7 @@ CHECK_PROMPTS: list[list[dict[str, str]]] = [
         {"role": "user", "content": "Nice. Now one for a white dog, and say why."},
     ],
 ]
-PORTS = (18100, 18300)
+PORTS = (20100, 20300)
 
 
 class _Stamps:

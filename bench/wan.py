@@ -42,7 +42,7 @@ from bench._common import machine, parse_with_quick
 from bench._prompt_sets import heldout_prompts, repetitive_prompts
 
 log = logging.getLogger("bench.wan")
-PORTS = (18900, 19000)  # this bench's share of the port range: 3 nodes, 3 proxies, 1 API
+PORTS = (20400, 20500)  # this bench's share of the port range: 3 nodes, 3 proxies, 1 API
 TOXIPROXY = Path(__file__).resolve().parents[1] / ".tools" / "bin" / "toxiproxy-server"
 
 

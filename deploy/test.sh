@@ -21,4 +21,41 @@ npx hardhat test
 .tools/slither-venv/bin/slither . --hardhat-ignore-compile --fail-medium
 
 step "python: unit, integration and e2e tests"
-pytest tests --durations=30 "$@"
+if [ "$#" -gt 0 ]; then
+  pytest tests --durations=30 "$@"
+  exit
+fi
+# Two lanes side by side: one test process alone leaves a core idle most of the time (waiting on
+# blocks, links and other processes). Lane `e2e`: the devnets and the tests marked `e2e_lane`
+# (those on the devnets' ports 8000-8999, 18100-19999, 27000-29999 or in network namespaces,
+# and a few long benchmark smokes that even the lanes: ~29 min each on 2 cores); lane `rest`:
+# every other test, on ephemeral ports or its module's own share of 20000-26999, so nothing in
+# one lane binds a port the other is about to. Each line says its lane; both lanes always finish,
+# and the run fails if either does. The shared model cache is filled first, so the lanes never
+# prepare the same shard set at once.
+python -m harness.warm_models
+lanes=$(mktemp -d "${TMPDIR:-/tmp}/planet-lanes.XXXXXX")
+trap 'kill 0' INT TERM
+lane() {
+  local name=$1
+  shift
+  {
+    rc=0
+    pytest "$@" --durations=20 --basetemp="$lanes/$name" 2>&1 | tee "$lanes/$name.log" || rc=$?
+    echo "$rc" >"$lanes/$name.rc"
+  } |
+    sed -u "s/^/[$name] /"
+}
+lane e2e tests -m "e2e or e2e_lane" &
+lane rest tests -m "not (e2e or e2e_lane)"
+wait
+status=0
+step "both lanes' results"
+for name in e2e rest; do
+  grep -E '^(FAILED|ERROR) |^=+ .*(passed|failed|error)' "$lanes/$name.log" | sed "s/^/[$name] /" || true
+  rc=$(cat "$lanes/$name.rc" 2>/dev/null || echo 1)
+  printf 'lane %s: pytest exit %s\n' "$name" "$rc" >&2
+  [ "$rc" = 0 ] || status=1
+done
+if [ "$status" = 0 ]; then rm -rf "$lanes"; else printf 'test files kept in %s\n' "$lanes" >&2; fi
+exit "$status"

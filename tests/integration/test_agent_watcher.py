@@ -74,11 +74,11 @@ def world(tmp_path_factory) -> Iterator[World]:
     from node.model.prepare import prepare
 
     root = tmp_path_factory.mktemp("agent-watcher")
-    anvil = start_anvil(_free(18600), log_path=root / "anvil.log")
+    anvil = start_anvil(_free(22600), log_path=root / "anvil.log")
     network = None
     try:
         network = init_network(
-            InitOptions(directory=root / "committee", validators=1, base_port=_free(28000, 10, 10))
+            InitOptions(directory=root / "committee", validators=1, base_port=_free(23000, 10, 10))
         )
         deployment = deploy_all(
             anvil.rpc_url, ANVIL_DEV_KEY, DeployConfig.devnet(committee_members(network))
@@ -97,7 +97,7 @@ def world(tmp_path_factory) -> Iterator[World]:
         create_wallet(home / "wallet.json", "pw", OPERATOR_KEY)
         node_key = create_node_key(home / "node_key.json", "pw").verify_key.encode().hex()
         manifest = Path(prepare(parts=3, quant="int8"))
-        node = start_node(manifest=manifest, shard=0, port=_free(18650), run_dir=home / "run")
+        node = start_node(manifest=manifest, shard=0, port=_free(22650), run_dir=home / "run")
         try:
             wait_healthy([node], timeout_s=180)
             yield World(

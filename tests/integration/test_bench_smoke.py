@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 SLOW = pytest.mark.slow
+E2E_LANE = pytest.mark.e2e_lane  # deploy/test.sh: the devnet's ports, or evening the two lanes
 
 # bench -> (arguments after `--quick`, marks)
 SMOKE: dict[str, tuple[tuple[str, ...], tuple[pytest.MarkDecorator, ...]]] = {
@@ -33,10 +34,10 @@ SMOKE: dict[str, tuple[tuple[str, ...], tuple[pytest.MarkDecorator, ...]]] = {
     "credit_wallet": ((), ()),  # real files and fsyncs, ~1 s
     "committee": ((), (SLOW,)),
     "concurrency": ((), (SLOW,)),
-    "devnet": ((), (SLOW,)),
+    "devnet": ((), (SLOW, E2E_LANE)),  # `planet devnet up`: the devnets' ports
     "epoch": ((), ()),
     "evm_client": ((), ()),
-    "gateway": ((), (SLOW,)),
+    "gateway": ((), (SLOW, E2E_LANE)),
     "gpu_sweep": ((), ()),
     "links": ((), (SLOW,)),
     # --parts 3: the default 2,3,5 fails until the transport's fix; its --quick alone takes ~170 s
@@ -45,15 +46,15 @@ SMOKE: dict[str, tuple[tuple[str, ...], tuple[pytest.MarkDecorator, ...]]] = {
         ("--parts", "3", "--repeats", "1", "--max-new-tokens", "8", "--skip-ppl", "--skip-codec"),
         (SLOW,),
     ),
-    "resilience": ((), (SLOW,)),  # 9 node processes; its --quick takes ~2 min on 2 cores
+    "resilience": ((), (SLOW, E2E_LANE)),  # 9 node processes; its --quick takes ~2 min on 2 cores
     "served": ((), ()),
     "settlement": ((), ()),
     "spotcheck_cost": ((), ()),
     "spotcheck_detection": ((), ()),
     "verification": ((), ()),
-    "verifier_honest": ((), (SLOW,)),
+    "verifier_honest": ((), (SLOW, E2E_LANE)),
     "wan": ((), (SLOW,)),  # 3 node processes behind delaying proxies, 0 and 20 ms links
-    "zk": ((), (SLOW,)),
+    "zk": ((), (SLOW, E2E_LANE)),
 }
 TIMEOUT_S = 900
 

@@ -21,7 +21,7 @@ from protocol.frames.codecs import COMPRESSED_CODEC
 pytestmark = pytest.mark.integration
 
 MAX_NEW_TOKENS = 24
-PORTS = (18600, 18700)  # this module's share of the test port range
+PORTS = (21600, 21700)  # this module's share of the test port range
 PROMPTS: dict[str, list[dict[str, str]]] = {
     "short": [{"role": "user", "content": "What is the capital of France?"}],
 }  # one prompt keeps the module near 30 s on an idle 2-core box

@@ -43,7 +43,7 @@ from protocol.links import NodeKeyMismatchError
 
 pytestmark = pytest.mark.integration
 
-PORTS = (18900, 19000)  # this module's share of the test port range
+PORTS = (21900, 22000)  # this module's share of the test port range
 PASSWORD = "links test"
 NEW_TOKENS = 16
 QUESTION = [{"role": "user", "content": "Name three rivers in Europe and one fact each."}]

@@ -33,7 +33,7 @@ from deploy.netlab import (
 )
 from deploy.netlab.hosts import Host
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.e2e_lane]
 
 ECHO = Path(__file__).with_name("netlab_echo.py")
 ECHO_PORT = 7000

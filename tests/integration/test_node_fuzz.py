@@ -67,7 +67,7 @@ pytestmark = pytest.mark.integration
 
 SEED = int(os.environ.get("PLANET_FUZZ_SEED", "1302"))
 CASES = int(os.environ.get("PLANET_FUZZ_CASES", "10000"))
-PORTS = (18400, 18500)  # this module's share of the test port range
+PORTS = (21400, 21500)  # this module's share of the test port range
 FUZZ_PEERS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 CONNECTIONS_PER_PEER = 3
 MAX_REQUEST_MB = 1

@@ -36,7 +36,7 @@ from node.server.launcher import (
 pytestmark = pytest.mark.integration
 
 MAX_NEW_TOKENS = 24
-PORTS = (18100, 18200)  # this module's share of the test port range
+PORTS = (21100, 21200)  # this module's share of the test port range
 
 LONG_TEXT = (
     "The river starts as snow high in the mountains. In spring the snow melts, and small "

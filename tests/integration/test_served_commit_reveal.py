@@ -78,7 +78,7 @@ def committee(tmp_path_factory) -> Iterator[Any]:
         InitOptions(
             directory=root / "committee",
             validators=1,
-            base_port=_free(28400, 10, 10),
+            base_port=_free(23400, 10, 10),
             epoch_length=EPOCH_LENGTH,
         )
     )
@@ -98,7 +98,7 @@ def test_node_commits_what_it_served_and_reveals_after_the_epoch(committee, tmp_
     node_key = create_node_key(home / "node_key.json", "pw").verify_key.encode().hex()
     manifest = Path(prepare(parts=2, quant="int8", progress=lambda _m: None))
     spool_dir = home / "run" / "served"
-    ports = free_ports(2, 18700, 18800)
+    ports = free_ports(2, 21700, 21800)
     nodes = [
         start_node(
             manifest=manifest,

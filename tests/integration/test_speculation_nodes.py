@@ -21,7 +21,7 @@ from node.server.launcher import NodeProcess, free_ports, start_node, stop_pid, 
 pytestmark = pytest.mark.integration
 
 MAX_NEW_TOKENS = 24
-PORTS = (18800, 18900)  # this module's share of the test port range
+PORTS = (21800, 21900)  # this module's share of the test port range
 SETS = {"heldout": heldout_prompts(), "repetitive": repetitive_prompts()}
 
 
