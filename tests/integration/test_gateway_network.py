@@ -344,9 +344,12 @@ def test_gateway_routes_only_staked_nodes_and_drops_a_node_that_left(
     net: GatewayNet, user: Any
 ) -> None:
     a, b, d, c = net.nodes  # staked: a, b (shard 0), d (shard 1); c: shard 0, no stake
+    assert net.pools()["routable_per_shard"] == [2, 1]  # a and b eligible; c not
     used = _nodes_used(net, user, 12)
     assert c.public not in used  # registered and SERVING, but its stake is not attested
-    assert {a.public, b.public, d.public} == used  # random among eligible nodes
+    # which of a and b: the load-aware choice (random only among near-equal costs; a replica
+    # measured > 1.5x slower, as under a loaded CI box, is left out: tests/unit/test_costs.py)
+    assert d.public in used and used <= {a.public, b.public, d.public}
     net.leave(b)
 
     def gone() -> bool:
