@@ -52,9 +52,10 @@ wait
 status=0
 step "both lanes' results"
 for name in e2e rest; do
-  grep -E '^(FAILED|ERROR) |^=+ .*(passed|failed|error)' "$lanes/$name.log" | sed "s/^/[$name] /" || true
   rc=$(cat "$lanes/$name.rc" 2>/dev/null || echo 1)
   printf 'lane %s: pytest exit %s\n' "$name" "$rc" >&2
+  # unprefixed, as pytest printed them, for whoever reads the run's failures from its end
+  grep -E '^(FAILED|ERROR) |^=+ .*(passed|failed|error)' "$lanes/$name.log" || true
   [ "$rc" = 0 ] || status=1
 done
 if [ "$status" = 0 ]; then rm -rf "$lanes"; else printf 'test files kept in %s\n' "$lanes" >&2; fi
