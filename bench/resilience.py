@@ -12,7 +12,9 @@ shards, two nodes per shard, the client (node/client/failover.py) in this proces
 3. **Slow node**: a second network whose node 2 (shard 1) is 3× slower than its replica
    (tests/doubles/slow_node.py); `--slow-questions` questions one after another with the
    load-aware choice (node/client/costs.py) and with uniform random choice: p50/p99 of the
-   first-token and inter-token latency.
+   first-token and inter-token latency, after `--slow-warmup` questions not counted (a fresh
+   client has seen no node: it tries the slow one too, then backs its trials off: 120 s,
+   240 s, … 600 s apart), and how many counted questions went through the slow node.
 4. **Join download**: shard 0 fetched by chunks (node/model/fetch.py) from 1 and from 3 nodes
    serving it (each node rate-limits one caller to `--chunk-rate-mb` MiB/s).
 
@@ -191,11 +193,17 @@ async def load(
 # -- 3. slow node --------------------------------------------------------------------------------
 
 
-async def latencies(net: ReplicaNet, head: Any, args: argparse.Namespace, book: CostBook) -> dict:
+async def latencies(
+    net: ReplicaNet, head: Any, args: argparse.Namespace, book: CostBook, slow_url: str
+) -> dict:
+    """First-token and inter-token latency over `--slow-questions` questions asked one after
+    another with `book`, after `--slow-warmup` questions that are not counted (a fresh client
+    has seen no node yet: it tries them), and how many counted questions used the slow node."""
     first: list[float] = []
     gaps: list[float] = []
+    through_slow = 0
     async with aiohttp.ClientSession() as http:
-        for turn in range(args.slow_questions):
+        for turn in range(args.slow_warmup + args.slow_questions):
             question = QUESTIONS[turn % len(QUESTIONS)]
             ids = head.chat_ids([{"role": "user", "content": question}])
             stamps: list[float] = []
@@ -203,7 +211,7 @@ async def latencies(net: ReplicaNet, head: Any, args: argparse.Namespace, book: 
             async def on_token(count: int, source: Any, marks: list[float] = stamps) -> None:
                 marks.append(time.perf_counter())
 
-            _, timings, _ = await net.answer(
+            _, timings, source = await net.answer(
                 head,
                 ids,
                 max_new_tokens=args.tokens,
@@ -211,13 +219,17 @@ async def latencies(net: ReplicaNet, head: Any, args: argparse.Namespace, book: 
                 on_token=on_token,
                 source_args={"costs": book},
             )
+            if turn < args.slow_warmup:
+                continue
             first.append(timings.prefill_ms)
             gaps += [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
+            through_slow += any(hop.url == slow_url for c in source.circuits for hop in c)
     return {
         "first_token_ms_p50": percentile(first, 50),
         "first_token_ms_p99": percentile(first, 99),
         "inter_token_ms_p50": percentile(gaps, 50),
         "inter_token_ms_p99": percentile(gaps, 99),
+        "questions_through_slow_node": through_slow,
     }
 
 
@@ -251,7 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--churn-s", type=float, default=120.0, help="seconds per load run")
     parser.add_argument("--churn-concurrency", type=int, default=16)
     parser.add_argument("--churn-every-s", type=float, default=10.0)
-    parser.add_argument("--slow-questions", type=int, default=16)
+    parser.add_argument("--slow-questions", type=int, default=16, help="counted (16)")
+    parser.add_argument(
+        "--slow-warmup",
+        type=int,
+        default=2,
+        help="questions first, not counted: a fresh client tries each node it has not seen (2)",
+    )
     parser.add_argument("--slow-factor", type=float, default=3.0)
     parser.add_argument("--chunk-rate-mb", type=float, default=32.0)
     args = parse_with_quick(
@@ -264,9 +282,12 @@ def main(argv: list[str] | None = None) -> int:
             "churn_concurrency": 2,
             "churn_every_s": 4.0,
             "slow_questions": 2,
+            "slow_warmup": 1,
         },
         argv,
     )
+    if args.slow_questions < 1 or args.slow_warmup < 0:
+        parser.error("--slow-questions must be at least 1 and --slow-warmup at least 0")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     metrics: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="planet-resilience-") as tmp:
@@ -307,14 +328,17 @@ def main(argv: list[str] | None = None) -> int:
         log.info("one node %gx slower: load-aware vs random", args.slow_factor)
         slow = ReplicaNet.start(root / "slow", manifest, [0, 0, 1, 1], slow={2: args.slow_factor})
         try:
-            aware = asyncio.run(latencies(slow, head, args, CostBook()))
-            uniform = asyncio.run(latencies(slow, head, args, CostBook(near=1e9, slack_s=1e9)))
+            slow_url = slow.replicas[2].url
+            aware = asyncio.run(latencies(slow, head, args, CostBook(), slow_url))
+            random_book = CostBook(near=1e9, slack_s=1e9)
+            uniform = asyncio.run(latencies(slow, head, args, random_book, slow_url))
         finally:
             slow.close()
         for name, value in aware.items():
             metrics[f"{name}_load_aware"] = round(value, 1)
         for name, value in uniform.items():
             metrics[f"{name}_random"] = round(value, 1)
+        metrics["questions_slow_node_counted"] = args.slow_questions
         metrics["ratio_p99_load_aware_vs_random_slow_node"] = round(
             aware["inter_token_ms_p99"] / max(uniform["inter_token_ms_p99"], 1e-9), 3
         )

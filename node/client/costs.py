@@ -41,6 +41,15 @@ node claiming less than it costs explains less, so `shared` comes from an honest
 liar is priced at what it does (a liar as fast as it claims is not lying). A node not seen
 lately beside seen ones counts as the cheapest, so it is tried and then measured. A node
 claiming *more* than it costs can only flatten the choice toward uniform, never draw load.
+
+**Trials back off.** Each such trial costs the user whose question it is: a node 3× slower than
+its replica, tried once a minute, puts its slow steps into that minute's p99. So a node picked
+while not seen lately (a trial) is not counted as the cheapest again before `TRIAL_BACKOFF_S`
+× 2^(trials in a row), at most `MAX_TRIAL_BACKOFF_S`; meanwhile its claim prices it like any
+node's. A pick while it is seen (it is among the near-equal) ends the row. A node the client
+saw slow stays out longer and longer; a liar claiming to be cheap is still picked by its own
+claim and measured again as soon as its passes age out; one trial at a time, however many
+questions start together.
 """
 
 from __future__ import annotations
@@ -61,6 +70,8 @@ SLACK_S = 0.01  # ... plus this many seconds (the noise of a shared machine's st
 STALE_S = 2.0  # stats older than this are refreshed before (or while) choosing
 FLOOR_MIN_REPLICAS = 3  # the claim floor needs ≥ 2 other replicas to take a median of
 SEEN_TTL_S = 60.0  # a node's observed passes older than this are forgotten (it is explored again)
+TRIAL_BACKOFF_S = 60.0  # after a trial, not counted as the cheapest for this × 2^trials ...
+MAX_TRIAL_BACKOFF_S = 600.0  # ... at most this long
 
 
 @dataclass
@@ -77,6 +88,8 @@ class NodeStats:
     updated_s: float = float("-inf")
     seen_s: float | None = None  # EWMA of the decode passes of circuits through this node
     seen_at_s: float = float("-inf")
+    trials: int = 0  # picks in a row while not seen lately (module docstring)
+    trial_after_s: float = float("-inf")  # not counted as the cheapest before this
 
     @property
     def overloaded(self) -> bool:
@@ -189,14 +202,20 @@ class CostBook:
         return rtt / 2 + max(self.compute_s(url, default_step_s), floor_s)
 
     @staticmethod
-    def _checked(costs: list[float], seen: list[float | None]) -> list[float]:
-        """The claimed costs checked against what the client saw (module docstring)."""
+    def _checked(
+        costs: list[float], seen: list[float | None], triable: list[bool] | None = None
+    ) -> list[float]:
+        """The claimed costs checked against what the client saw (module docstring); a node
+        not seen lately counts as the cheapest when `triable` (default: every one)."""
         measured = {i: value for i, value in enumerate(seen) if value is not None}
         if not measured or len(seen) == 1:
             return costs
         if len(measured) < len(seen):  # not seen lately: as cheap as the cheapest, so tried
             cheapest = min(costs)
-            costs = [cost if i in measured else cheapest for i, cost in enumerate(costs)]
+            costs = [
+                cost if i in measured or (triable and not triable[i]) else cheapest
+                for i, cost in enumerate(costs)
+            ]
         if len(measured) < 2:
             return costs
         # what a circuit adds beyond one node's own cost, from the node whose claim explains
@@ -237,8 +256,24 @@ class CostBook:
             )
             for i, c in enumerate(usable)
         ]
-        costs = self._checked(costs, [self._seen(url(c)) for c in usable])
+        seen = [self._seen(url(c)) for c in usable]
+        now = self._clock()
+        triable = [now >= self.get(url(c)).trial_after_s for c in usable]
+        costs = self._checked(costs, seen, triable)
         best = min(costs)
         limit = best * self.near + self.slack_s
-        near = [c for c, cost in zip(usable, costs, strict=True) if cost <= limit]
-        return near[self._random.randrange(len(near))]
+        near = [i for i, cost in enumerate(costs) if cost <= limit]
+        pick = near[self._random.randrange(len(near))]
+        trial = seen[pick] is None and any(value is not None for value in seen)
+        self._count_trial(url(usable[pick]), trial, now)
+        return usable[pick]
+
+    def _count_trial(self, url: str, trial: bool, now: float) -> None:
+        """A pick of a node not seen lately beside seen ones is a trial: back off the next."""
+        stats = self.get(url)
+        if not trial:
+            stats.trials = 0
+            return
+        stats.trials += 1
+        wait = TRIAL_BACKOFF_S * 2 ** min(stats.trials, 16)
+        stats.trial_after_s = now + min(wait, MAX_TRIAL_BACKOFF_S)

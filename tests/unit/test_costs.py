@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 
@@ -171,3 +172,45 @@ def test_a_node_not_measured_yet_is_chosen_like_a_typical_one() -> None:
     book.observe_info("measured", {"sessions": 0, "max_sessions": 64}, 0.002)
     picks = {book.choose(["measured", "new"], lambda u: u) for _ in range(40)}
     assert picks == {"measured", "new"}
+
+
+def test_trials_of_a_node_seen_slow_back_off_and_happen_one_at_a_time() -> None:
+    """A node 3x slower than its replica is tried when not seen lately, but each trial in a row
+    waits twice as long as the last (120, 240, 480 s, then every 600 s); questions that start
+    together make one trial, not one each; a node that is among the near-equal is never held
+    back (its row ends when it is picked while seen)."""
+    clock = [0.0]
+    book = CostBook(rng=random.Random(9), clock=lambda: clock[0])
+    true_s = {"fast": 0.050, "slow": 0.150}
+    for url, step in true_s.items():
+        book.observe_info(url, _info(0.0, 0), 0.002)
+        book.observe_info(url, _info(10 * step, 10), 0.002)
+    book.observe_circuit(["fast"], 0.030 + true_s["fast"])  # the first question went to fast
+    trials = []
+    while clock[0] < 2400:  # one question every 2 s for 40 minutes
+        chosen = book.choose(list(true_s), str)
+        if chosen == "slow":
+            trials.append(clock[0])
+        book.observe_circuit([chosen], 0.030 + true_s[chosen])
+        clock[0] += 2
+    gaps = [b - a for a, b in itertools.pairwise(trials)]
+    # (once due, a trial is a coin flip per question: the tried node counts as the cheapest,
+    # tied with it). The old rule tried it about once a minute: 36 trials in 40 minutes
+    assert trials[0] == 0 and len(trials) == 6, trials
+    for gap, due in zip(gaps, [120, 240, 480, 600, 600], strict=True):
+        assert due <= gap <= due + 12, gaps
+    # eight questions start before any pass is seen: one of them tries the slow node
+    clock[0] = book.get("slow").trial_after_s  # due again; fast was seen just now
+    book.observe_circuit(["fast"], 0.030 + true_s["fast"])
+    picks = Counter(book.choose(list(true_s), str) for _ in range(8))
+    assert picks == Counter(fast=7, slow=1), picks
+    # near-equal replicas: both always in rotation, however long it runs
+    clock[0] = 0.0
+    book = _book({"a": 0.050, "b": 0.052}, clock=lambda: clock[0])
+    counts: Counter[str] = Counter()
+    for minute in range(30):
+        picks = _run(book, {"a": 0.050, "b": 0.052}, 30)
+        counts.update(picks)
+        assert min(picks["a"], picks["b"]) > 3, (minute, picks)
+        clock[0] += 60
+    assert min(counts.values()) > 300, counts
