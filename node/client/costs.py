@@ -202,18 +202,16 @@ class CostBook:
         return rtt / 2 + max(self.compute_s(url, default_step_s), floor_s)
 
     @staticmethod
-    def _checked(
-        costs: list[float], seen: list[float | None], triable: list[bool] | None = None
-    ) -> list[float]:
+    def _checked(costs: list[float], seen: list[float | None], triable: list[bool]) -> list[float]:
         """The claimed costs checked against what the client saw (module docstring); a node
-        not seen lately counts as the cheapest when `triable` (default: every one)."""
+        not seen lately counts as the cheapest when `triable`."""
         measured = {i: value for i, value in enumerate(seen) if value is not None}
         if not measured or len(seen) == 1:
             return costs
         if len(measured) < len(seen):  # not seen lately: as cheap as the cheapest, so tried
             cheapest = min(costs)
             costs = [
-                cost if i in measured or (triable and not triable[i]) else cheapest
+                cost if i in measured or not triable[i] else cheapest
                 for i, cost in enumerate(costs)
             ]
         if len(measured) < 2:
@@ -235,6 +233,39 @@ class CostBook:
         if not candidates:
             return None
         usable = [c for c in candidates if not self.overloaded(url(c))] or list(candidates)
+        now = self._clock()
+        seen = [self._seen(url(c)) for c in usable]
+        triable = [now >= self.get(url(c)).trial_after_s for c in usable]
+        costs = self._priced(usable, url, seen, triable)
+        limit = min(costs) * self.near + self.slack_s
+        near = [i for i, cost in enumerate(costs) if cost <= limit]
+        pick = near[self._random.randrange(len(near))]
+        trial = seen[pick] is None and any(value is not None for value in seen)
+        self._count_trial(url(usable[pick]), trial, now)
+        return usable[pick]
+
+    def outpriced(self, candidates: Sequence[T], url: Callable[[T], str], node: T) -> bool:
+        """Whether `node`, picked on trial and now seen, costs more than the near-equal band
+        of `candidates` (its shard's, itself among them): the client moves off it mid-answer
+        instead of finishing the answer on it. Nodes not seen lately count at their claims
+        here (no trial is made by asking)."""
+        if self.get(url(node)).trials == 0 or self._seen(url(node)) is None:
+            return False
+        usable = [c for c in candidates if not self.overloaded(url(c))]
+        if node not in usable or len(usable) < 2:
+            return False
+        seen = [self._seen(url(c)) for c in usable]
+        costs = self._priced(usable, url, seen, [False] * len(usable))
+        return costs[usable.index(node)] > min(costs) * self.near + self.slack_s
+
+    def _priced(
+        self,
+        usable: Sequence[T],
+        url: Callable[[T], str],
+        seen: list[float | None],
+        triable: list[bool],
+    ) -> list[float]:
+        """Each usable candidate's expected cost, its claim floored and checked (docstring)."""
         known = [s.step_s for c in usable if (s := self.get(url(c))).step_s is not None]
         default_step = statistics.median(known) if known else 0.0
         # a node not measured yet costs what the typical measured one does: it gets its turns
@@ -256,17 +287,7 @@ class CostBook:
             )
             for i, c in enumerate(usable)
         ]
-        seen = [self._seen(url(c)) for c in usable]
-        now = self._clock()
-        triable = [now >= self.get(url(c)).trial_after_s for c in usable]
-        costs = self._checked(costs, seen, triable)
-        best = min(costs)
-        limit = best * self.near + self.slack_s
-        near = [i for i, cost in enumerate(costs) if cost <= limit]
-        pick = near[self._random.randrange(len(near))]
-        trial = seen[pick] is None and any(value is not None for value in seen)
-        self._count_trial(url(usable[pick]), trial, now)
-        return usable[pick]
+        return self._checked(costs, seen, triable)
 
     def _count_trial(self, url: str, trial: bool, now: float) -> None:
         """A pick of a node not seen lately beside seen ones is a trial: back off the next."""

@@ -32,6 +32,16 @@ computed as one chunk instead of one step each, which changes results only in th
 
 Every surviving hop is in the new session too (its old session was fed by, or fed into, the
 failed hop); they recompute the history, and are credited for it (`Failover.served`).
+
+**Moving off a slow hop on trial.** Load-aware choice tries a node it has not seen lately
+(node/client/costs.py); if that node is much slower than its replicas, the question it was
+tried on would run every step at its pace. So after a circuit's first `MIN_OBSERVED_PASSES`
+decode passes the loop tells the source what they took and asks which hops on trial are now
+priced out (`CircuitSource.outpriced`); those are replaced the same way — a new circuit, the
+history replayed, the same positions — without a backoff, without counting as a failure or
+being avoided, at most `attempts` times per generation, recorded as a failover with the code
+`outpriced` (so each circuit is paid what it served). A trial costs its user a few slow steps
+and one replay instead of a whole answer.
 """
 
 from __future__ import annotations
@@ -61,6 +71,14 @@ log = logging.getLogger(__name__)
 # what a failed hop (not the caller) can make a session raise
 FAILURES = (UnavailableError, BusyError, RemoteError, ProtocolError)
 MIN_OBSERVED_PASSES = 3  # a circuit's passes tell the cost book something from this many on
+
+
+class Outpriced(Exception):
+    """Hops picked on trial turned out slow (`CircuitSource.outpriced`): move off them."""
+
+    def __init__(self, hops: set[int]) -> None:
+        super().__init__(sorted(hops))
+        self.hops = hops
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +145,21 @@ class Circuit(Protocol):
 class CircuitSource(Protocol):
     """Where a generation gets its circuit, and replacements for the hops that failed."""
 
-    def lease(self, replace: frozenset[int]) -> AbstractAsyncContextManager[Circuit]:
+    def lease(
+        self, replace: frozenset[int], *, failed: bool = True
+    ) -> AbstractAsyncContextManager[Circuit]:
         """A live circuit, held while the block runs: the first call's (`replace` empty), then
         the last one with the hops at the indices in `replace` replaced (empty after a failure
-        that named nobody: any circuit). A failure to build or dial it raises a FAILURES error
-        (counted as one attempt) or, when nothing can serve a shard, a final error."""
+        that named nobody: any circuit); `failed=False`: they did not fail, they were
+        `outpriced` (not avoided, not counted against them). A failure to build or dial it
+        raises a FAILURES error (counted as one attempt) or, when nothing can serve a shard, a
+        final error."""
+        ...
+
+    def outpriced(self, hops: Sequence[Hop]) -> set[int]:
+        """Indices of `hops` (the last leased circuit's) picked on trial that the client's own
+        passes now price out of their shard's near-equal band (node/client/costs.py
+        `outpriced`): the generation moves off them instead of finishing on them."""
         ...
 
     async def probe(self) -> set[int]:
@@ -151,11 +179,16 @@ class FixedCircuit:
     def __init__(self, client: Circuit) -> None:
         self.client = client
 
-    def lease(self, replace: frozenset[int]) -> AbstractAsyncContextManager[Circuit]:
+    def lease(
+        self, replace: frozenset[int], *, failed: bool = True
+    ) -> AbstractAsyncContextManager[Circuit]:
         return contextlib.nullcontext(self.client)
 
     async def probe(self) -> set[int]:
         return set()
+
+    def outpriced(self, hops: Sequence[Hop]) -> set[int]:
+        return set()  # one circuit: nowhere to move
 
     def observe(self, urls: Sequence[str], pass_s: float) -> None:
         pass  # one circuit: nothing to choose between
@@ -238,17 +271,20 @@ async def generate(
     fed: list[int] = []  # tokens yielded and sent on: the circuit must hold their positions
     chosen = 0
     failures = 0
+    moves = 0  # circuits left because a hop on trial was outpriced (not failures)
     replace: frozenset[int] = frozenset()
+    moved = False
     recovering: _Recovery | None = None
     while True:
         client: Circuit | None = None
         sid = 0
         served = 0  # positions the current session answered
         try:
-            async with source.lease(replace) as client:
+            async with source.lease(replace, failed=not moved) as client:
                 sid = client.new_sid()
                 sent0, received0 = client.bytes_sent, client.bytes_received
                 passes, passes_s = 0, 0.0  # decode passes on this circuit, and their time
+                checked = False  # its first passes observed and its hops on trial judged
                 try:
                     opened_s = time.perf_counter()
                     await client.open(new_session_id(), sid, wait=False)
@@ -288,6 +324,16 @@ async def generate(
                             if chosen == max_new_tokens:
                                 return
                             fed.append(token)
+                        if passes == MIN_OBSERVED_PASSES and not checked:
+                            # a hop on trial is judged on its first passes, not the whole answer
+                            checked = True
+                            source.observe([hop.url for hop in client.hops], passes_s / passes)
+                            passes, passes_s = 0, 0.0
+                            slow = (
+                                source.outpriced(client.hops) if moves < policy.attempts else set()
+                            )
+                            if slow:
+                                raise Outpriced(slow)
                         # the circuit holds `position` positions; the last chosen token is next
                         guesses: list[int] = []
                         if speculation is not None:
@@ -324,6 +370,24 @@ async def generate(
                     await client.close(sid)
         except (OutOfCreditsError, PriceTooHighError):
             raise  # the wallet's or the user's limit: another try would pay nothing better
+        except Outpriced as slow:
+            moves += 1
+            if recovering is not None:
+                timings.failovers.append(recovering.done())
+            # recorded like a failover (what each circuit served is paid from these records)
+            recovering = _Recovery(
+                code="outpriced",
+                hops=tuple(sorted(slow.hops)),
+                served=served,
+                seen_s=time.perf_counter(),
+            )
+            log.info(
+                "hops on trial slower than their replicas; moving off them hops=%s positions=%d",
+                list(recovering.hops),
+                len(prompt) + len(fed),
+            )
+            replace, moved = frozenset(slow.hops), True
+            continue
         except FAILURES as error:
             seen_s = time.perf_counter()
             failures += 1
@@ -350,5 +414,5 @@ async def generate(
                 len(prompt) + len(fed),
                 error.message,
             )
-            replace = frozenset(suspects)
+            replace, moved = frozenset(suspects), False
             await asyncio.sleep(policy.delay(failures))

@@ -141,10 +141,12 @@ class ReplicaCircuits:
 
     # ------------------------------------------------------------------------------ leasing
     @contextlib.asynccontextmanager
-    async def lease(self, replace: frozenset[int]) -> AsyncIterator[CircuitClient]:
+    async def lease(
+        self, replace: frozenset[int], *, failed: bool = True
+    ) -> AsyncIterator[CircuitClient]:
         """A dialled circuit (see CircuitSource.lease); closed when the block ends."""
         previous = self.current
-        if previous is not None:
+        if previous is not None and failed:
             for index in replace:
                 self.fail(previous[index])
         await self.refresh()
@@ -173,6 +175,18 @@ class ReplicaCircuits:
 
     def observe(self, urls: Sequence[str], pass_s: float) -> None:
         self.costs.observe_circuit(urls, pass_s)
+
+    def outpriced(self, hops: Sequence[Hop]) -> set[int]:
+        out = set()
+        for index, hop in enumerate(hops):
+            usable = [
+                h
+                for h in self.by_shard.get(hop.shard, [])
+                if h not in self._wrong and not self._avoided(h)
+            ]
+            if hop in usable and self.costs.outpriced(usable, lambda h: h.url, hop):
+                out.add(index)
+        return out
 
     async def probe(self) -> set[int]:
         if self.current is None:

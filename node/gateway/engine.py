@@ -61,9 +61,9 @@ class RouterCircuits:
         self.circuits: list[Circuit] = []  # every circuit leased, in order
 
     @contextlib.asynccontextmanager
-    async def lease(self, replace: frozenset[int]) -> AsyncIterator[Any]:
+    async def lease(self, replace: frozenset[int], *, failed: bool = True) -> AsyncIterator[Any]:
         if self.circuits and replace:
-            circuit = await self.router.replace(self.circuits[-1], replace)
+            circuit = await self.router.replace(self.circuits[-1], replace, failed=failed)
         else:
             circuit = await self.router.circuit()  # NoCircuit (503) when a shard has none
         self.circuits.append(circuit)
@@ -73,6 +73,9 @@ class RouterCircuits:
 
     def observe(self, urls: Sequence[str], pass_s: float) -> None:
         self.router.costs.observe_circuit(urls, pass_s)
+
+    def outpriced(self, hops: Sequence[Hop]) -> set[int]:
+        return self.router.outpriced(self.circuits[-1]) if self.circuits else set()
 
     async def probe(self) -> set[int]:
         if not self.circuits:

@@ -314,16 +314,19 @@ class Router:
         chosen = [await self._choose(routable, shard) for shard in range(self.shard_count)]
         return Circuit(tuple(chosen))
 
-    async def replace(self, circuit: Circuit, indices: Iterable[int]) -> Circuit:
+    async def replace(
+        self, circuit: Circuit, indices: Iterable[int], *, failed: bool = True
+    ) -> Circuit:
         """`circuit` with the nodes at `indices` (which failed) cooling down and replaced by
         the next choice for their shard; a shard with no other node keeps its node (tried
-        again after the caller's backoff: the failure may have been passing)."""
+        again after the caller's backoff: the failure may have been passing). `failed=False`:
+        they were `outpriced`, replaced without cooling down."""
         routable = await self.routable()
-        failed = set(indices)
-        for index in failed:
+        chosen = set(indices)
+        for index in chosen if failed else ():
             self.mark_failed(circuit.nodes[index])
         nodes = list(circuit.nodes)
-        for index in sorted(failed):
+        for index in sorted(chosen):
             try:
                 nodes[index] = await self._choose(routable, index, circuit.nodes[index].key)
             except NoCircuit:
@@ -356,6 +359,19 @@ class Router:
             f"no routable compute node serves shard {shard} of {self.shard_count} "
             "right now; try again later",
         )
+
+    def outpriced(self, circuit: Circuit) -> set[int]:
+        """Indices of `circuit`'s nodes picked on trial that the client's passes now price
+        out of their shard's near-equal band (node/client/costs.py `outpriced`)."""
+        if self._cache is None:
+            return set()
+        routable = self._cache[1]
+        out = set()
+        for index, node in enumerate(circuit.nodes[: self.shard_count]):
+            pool = [n for n in routable.get(index, []) if not self._cooling(n)]
+            if node in pool and self.costs.outpriced(pool, lambda n: n.endpoint, node):
+                out.add(index)
+        return out
 
     def _observe_stale(self, nodes: Iterable[RoutableNode]) -> None:
         """Refresh, in the background, the cost stats of the nodes whose stats are stale (one

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 from aiohttp import web
 
+from node.client.costs import CostBook
 from node.client.failover import FailoverPolicy, generate
 from node.client.replicas import ReplicaCircuits
 from node.client.speculation import SpeculationConfig, SpeculationStats
@@ -59,6 +61,7 @@ class _Freezable:
         self.inner = inner
         self.frozen = threading.Event()
         self.thawed = threading.Event()
+        self.slow_s = 0.0  # added to every forward (a slow node)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -66,11 +69,13 @@ class _Freezable:
     def forward(self, hidden: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
         if self.frozen.is_set():
             self.thawed.wait(30)
+        time.sleep(self.slow_s)
         return self.inner.forward(hidden, positions, cache)
 
     def forward_batch(self, hidden: np.ndarray, positions: np.ndarray, caches: Any) -> np.ndarray:
         if self.frozen.is_set():
             self.thawed.wait(30)
+        time.sleep(self.slow_s)
         return self.inner.forward_batch(hidden, positions, caches)
 
 
@@ -286,6 +291,66 @@ async def test_failover_bounded_attempts_then_the_last_error(aiohttp_server, tin
         with pytest.raises(UnavailableError):
             await _answer(source, head, ids, on_token, attempts=2)
     assert len(source.circuits) == 3  # the first circuit and two replacements
+
+
+class _Pick:
+    """The cost book's randomness made a choice: the first or the last near-equal node."""
+
+    def __init__(self) -> None:
+        self.last = False
+
+    def randrange(self, n: int) -> int:
+        return n - 1 if self.last else 0
+
+
+async def test_a_slow_node_on_trial_is_left_after_its_first_passes_and_tokens_stay_exact(
+    aiohttp_server, tiny
+):
+    """Shard 1 has a fast node (seen by an earlier question) and a slow one (+0.1 s per
+    forward) not seen yet: the next question tries the slow one, and after its first
+    MIN_OBSERVED_PASSES decode passes moves to the fast one (the history replayed at the same
+    positions), not at the end of the answer; the slow node is not avoided or marked failed,
+    the record says `outpriced` and what it served; greedy tokens are those of the model.
+    The fast node on trial is kept: only a slow one is left."""
+    _, model, manifest = tiny
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    shards = [0, 1, 1]
+    servers, _ = await _nodes(aiohttp_server, manifest, shards)
+    servers[2].app[STATE_KEY].backend.slow_s = 0.1
+    hops = _hops(servers, shards)
+    pick = _Pick()
+    from node.model.manifest import Manifest
+
+    loaded = Manifest.load(manifest)
+    expected = {s.shard_id: (loaded.model_hash, s.layers) for s in loaded.shards}
+    async with aiohttp.ClientSession() as http:
+        source = ReplicaCircuits(
+            http, hops, expected=expected, hidden_size=H, costs=CostBook(rng=pick)
+        )
+
+        async def nothing(count: int) -> None:
+            pass
+
+        first, quiet = await _answer(source, head, ids, nothing)  # nothing seen: the first
+        assert source.circuits == [(hops[0], hops[1])] and quiet.failovers == []
+        pick.last = True  # the slow node, tied with the fast one as the cheapest: tried
+        tokens, timings = await _answer(source, head, ids, nothing)
+        rtt_after = source.costs.get(hops[2].url).rtt_s
+        # the fast node's passes forgotten, the slow one's not: the fast one is tried, and kept
+        source.costs.get(hops[1].url).seen_at_s = float("-inf")
+        pick.last = False  # (beside only one node seen, claims alone price the two alike)
+        again, kept = await _answer(source, head, ids, nothing)
+    assert first == tokens == again == _expected(model, ids)
+    assert source.circuits[1:] == [(hops[0], hops[2]), (hops[0], hops[1]), (hops[0], hops[1])]
+    (moved,) = timings.failovers
+    assert moved.code == "outpriced" and moved.hops == (1,)
+    # the slow circuit served the prompt and three decode passes; the replay adds the 4th token
+    assert moved.served == len(ids) + 3 and moved.replayed == len(ids) + 4
+    assert moved.recovery_ms > 0
+    assert not source._avoided(hops[2]) and rtt_after is not None and rtt_after < 0.1
+    assert source.costs.get(hops[2].url).trials == 1  # backed off: not the cheapest for 120 s
+    assert kept.failovers == [] and source.costs.get(hops[1].url).trials == 1
 
 
 async def test_failover_policy_backoff_doubles_and_is_capped():

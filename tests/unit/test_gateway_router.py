@@ -224,6 +224,36 @@ async def test_router_replace_cools_the_failed_node_and_keeps_the_healthy_hops()
     assert again.keys == replaced.keys
 
 
+async def test_router_moves_off_a_slow_node_on_trial_without_cooling_it() -> None:
+    """Shard 0: `fast` seen, `slow` not seen lately (so tried: as cheap as the cheapest); once
+    the client's passes through `slow` show it 3x slower, the router names its hop outpriced
+    and replaces it by `fast` without cooling `slow` down; `fast` picked while seen is never
+    outpriced."""
+    fast, slow, other = "0f" * 32, "05" * 32, "a1" * 32
+    urls = {fast: "http://127.0.0.1:9000", slow: "http://127.0.0.1:9001"}
+    router = _router(
+        [
+            *(entry(key=k, endpoint=u) for k, u in urls.items()),
+            entry(key=other, endpoint="http://127.0.0.1:9002", shards=[1]),
+        ],
+        [(0, 15), (15, 30)],
+    )
+    for url in urls.values():
+        _seen(router, url, 0.05)  # both claim the same step
+    router.costs.observe_circuit([urls[fast], "http://127.0.0.1:9002"], 0.13)
+    for _ in range(64):  # a tie at the cheapest: sooner or later the slow one is tried
+        circuit = await router.circuit()
+        if circuit.keys[0] == slow:
+            break
+        assert router.outpriced(circuit) == set()
+    assert circuit.keys[0] == slow
+    router.costs.observe_circuit([urls[slow], "http://127.0.0.1:9002"], 0.33)
+    assert router.outpriced(circuit) == {0}
+    moved = await router.replace(circuit, [0], failed=False)
+    assert moved.keys == (fast, other) and not router._cooling(circuit.nodes[0])
+    assert router.outpriced(moved) == set()
+
+
 async def test_router_leaves_out_nodes_charging_what_this_gateway_does_not_pay(
     aiohttp_server: Any,
 ) -> None:
