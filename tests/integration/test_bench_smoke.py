@@ -33,7 +33,7 @@ SMOKE: dict[str, tuple[tuple[str, ...], tuple[pytest.MarkDecorator, ...]]] = {
     "credits": ((), ()),
     "credit_wallet": ((), ()),  # real files and fsyncs, ~1 s
     "committee": ((), (SLOW,)),
-    "concurrency": ((), (SLOW,)),
+    "concurrency": ((), (SLOW, E2E_LANE)),
     "devnet": ((), (SLOW, E2E_LANE)),  # `planet devnet up`: the devnets' ports
     "epoch": ((), ()),
     "evm_client": ((), ()),
@@ -44,7 +44,7 @@ SMOKE: dict[str, tuple[tuple[str, ...], tuple[pytest.MarkDecorator, ...]]] = {
     "paid_circuit": ((), ()),  # two tiny in-process nodes, ~15 s
     "pipeline": (
         ("--parts", "3", "--repeats", "1", "--max-new-tokens", "8", "--skip-ppl", "--skip-codec"),
-        (SLOW,),
+        (SLOW, E2E_LANE),
     ),
     "resilience": ((), (SLOW, E2E_LANE)),  # 9 node processes; its --quick takes ~2 min on 2 cores
     "served": ((), ()),
