@@ -191,11 +191,18 @@ class ReplicaNet:
                 stop_pid(replica.process.pid, grace_s=3, module=replica.module)
 
     # --- asking -----------------------------------------------------------------------------
-    def source(self, http: aiohttp.ClientSession, **kwargs: Any) -> ReplicaCircuits:
+    def source(
+        self, http: aiohttp.ClientSession, hops: Sequence[Hop] | None = None, **kwargs: Any
+    ) -> ReplicaCircuits:
+        """A client's circuits over `hops` (default: every node)."""
         manifest = self.manifest
         expected = {s.shard_id: (manifest.model_hash, s.layers) for s in manifest.shards}
         return ReplicaCircuits(
-            http, self.hops, expected=expected, hidden_size=manifest.hidden_size, **kwargs
+            http,
+            self.hops if hops is None else list(hops),
+            expected=expected,
+            hidden_size=manifest.hidden_size,
+            **kwargs,
         )
 
     async def answer(

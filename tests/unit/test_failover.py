@@ -29,6 +29,7 @@ from node.server.backend import ModelShardBackend
 from node.server.config import ServerConfig
 from node.server.next_hops import ForwardList
 from protocol.errors import UnavailableError
+from tests.doubles.choice import FirstOrLast
 from tests.doubles.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.unit
@@ -293,16 +294,6 @@ async def test_failover_bounded_attempts_then_the_last_error(aiohttp_server, tin
     assert len(source.circuits) == 3  # the first circuit and two replacements
 
 
-class _Pick:
-    """The cost book's randomness made a choice: the first or the last near-equal node."""
-
-    def __init__(self) -> None:
-        self.last = False
-
-    def randrange(self, n: int) -> int:
-        return n - 1 if self.last else 0
-
-
 async def test_a_slow_node_on_trial_is_left_after_its_first_passes_and_tokens_stay_exact(
     aiohttp_server, tiny
 ):
@@ -319,7 +310,7 @@ async def test_a_slow_node_on_trial_is_left_after_its_first_passes_and_tokens_st
     servers, _ = await _nodes(aiohttp_server, manifest, shards)
     servers[2].app[STATE_KEY].backend.slow_s = 0.1
     hops = _hops(servers, shards)
-    pick = _Pick()
+    pick = FirstOrLast()
     from node.model.manifest import Manifest
 
     loaded = Manifest.load(manifest)
