@@ -6,6 +6,7 @@ with C = 0 and the honest ones with 10^6, and a verdict vote follows agreed low 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -296,3 +297,42 @@ async def test_worker_challenges_while_its_seed_txs_wait_for_their_blocks(tmp_pa
     gate.set()
     await worker.settle()
     assert [b.epoch for b in link.sent if isinstance(b, SeedCommit)] == [4, 5]
+
+
+async def test_worker_commits_every_epochs_seed_while_a_long_challenge_runs(tmp_path) -> None:
+    """Epochs shorter than one challenge (a slow box, a short-epoch devnet): while the first
+    challenge of epoch 4 runs, the committee moves through epochs 5 and 6, and the seeds of 6
+    and 7 are committed as those epochs begin — not skipped until the challenge ends (an epoch
+    without this verifier's seed leaves the spot checks of the blocks before it to nobody)."""
+    link = FakeLink(epoch=3)
+    worker = _worker(tmp_path, link)
+    worker.settings = dataclasses.replace(worker.settings, poll_s=0.01)
+    await _step(worker)  # epoch 3: seed of 4 committed
+    gate, asking = asyncio.Event(), asyncio.Event()
+    answer = worker.asker.ask
+
+    async def slow_ask(challenge: Challenge) -> Asked:
+        asking.set()
+        await gate.wait()
+        return await answer(challenge)
+
+    worker.asker.ask = slow_ask  # type: ignore[method-assign]
+    link.epoch = 4
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    await asyncio.wait_for(asking.wait(), 5)  # epoch 4's first challenge is under way
+
+    def committed() -> list[int]:
+        return [b.epoch for b in link.sent if isinstance(b, SeedCommit)]
+
+    for epoch in (5, 6):
+        link.epoch = epoch
+        for _ in range(200):
+            if epoch + 1 in committed():
+                break
+            await asyncio.sleep(0.01)
+    assert committed() == [4, 5, 6, 7]
+    assert worker.state is not None and worker.state.epoch == 4  # still in its challenge
+    gate.set()
+    stop.set()
+    await asyncio.wait_for(running, 5)
