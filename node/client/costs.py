@@ -70,6 +70,7 @@ SLACK_S = 0.01  # ... plus this many seconds (the noise of a shared machine's st
 STALE_S = 2.0  # stats older than this are refreshed before (or while) choosing
 FLOOR_MIN_REPLICAS = 3  # the claim floor needs ≥ 2 other replicas to take a median of
 SEEN_TTL_S = 60.0  # a node's observed passes older than this are forgotten (it is explored again)
+MOVE_FACTOR = 2.0  # a node on trial is left mid-answer beyond this × the cheapest (+ slack_s)
 TRIAL_BACKOFF_S = 60.0  # after a trial, not counted as the cheapest for this × 2^trials ...
 MAX_TRIAL_BACKOFF_S = 600.0  # ... at most this long
 
@@ -245,10 +246,11 @@ class CostBook:
         return usable[pick]
 
     def outpriced(self, candidates: Sequence[T], url: Callable[[T], str], node: T) -> bool:
-        """Whether `node`, picked on trial and now seen, costs more than the near-equal band
-        of `candidates` (its shard's, itself among them): the client moves off it mid-answer
-        instead of finishing the answer on it. Nodes not seen lately count at their claims
-        here (no trial is made by asking)."""
+        """Whether `node`, picked on trial and now seen, costs more than `MOVE_FACTOR` × the
+        cheapest of `candidates` (its shard's, itself among them; at least the near band): the
+        client moves off it mid-answer instead of finishing the answer on it. Wider than the
+        band, because a move costs a replay and three passes on a busy machine are noisy.
+        Nodes not seen lately count at their claims here (no trial is made by asking)."""
         if self.get(url(node)).trials == 0 or self._seen(url(node)) is None:
             return False
         usable = [c for c in candidates if not self.overloaded(url(c))]
@@ -256,7 +258,7 @@ class CostBook:
             return False
         seen = [self._seen(url(c)) for c in usable]
         costs = self._priced(usable, url, seen, [False] * len(usable))
-        return costs[usable.index(node)] > min(costs) * self.near + self.slack_s
+        return costs[usable.index(node)] > min(costs) * max(self.near, MOVE_FACTOR) + self.slack_s
 
     def _priced(
         self,

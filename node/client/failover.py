@@ -36,12 +36,12 @@ failed hop); they recompute the history, and are credited for it (`Failover.serv
 **Moving off a slow hop on trial.** Load-aware choice tries a node it has not seen lately
 (node/client/costs.py); if that node is much slower than its replicas, the question it was
 tried on would run every step at its pace. So after a circuit's first `MIN_OBSERVED_PASSES`
-decode passes the loop tells the source what they took and asks which hops on trial are now
-priced out (`CircuitSource.outpriced`); those are replaced the same way — a new circuit, the
-history replayed, the same positions — without a backoff, without counting as a failure or
-being avoided, at most `attempts` times per generation, recorded as a failover with the code
-`outpriced` (so each circuit is paid what it served). A trial costs its user a few slow steps
-and one replay instead of a whole answer.
+decode passes the loop tells the source what they took and asks which hops on trial now cost
+more than twice the cheapest replica (`CircuitSource.outpriced`); those are replaced the same
+way — a new circuit, the history replayed, the same positions — without a backoff, without
+counting as a failure or being avoided, at most `attempts` times per generation, recorded as a
+failover with the code `outpriced` (so each circuit is paid what it served). A trial costs
+its user a few slow steps and one replay instead of a whole answer.
 """
 
 from __future__ import annotations
