@@ -158,7 +158,7 @@ class CircuitSource(Protocol):
 
     def outpriced(self, hops: Sequence[Hop]) -> set[int]:
         """Indices of `hops` (the last leased circuit's) picked on trial that the client's own
-        passes now price out of their shard's near-equal band (node/client/costs.py
+        passes now price above `MOVE_FACTOR` × their shard's cheapest (node/client/costs.py
         `outpriced`): the generation moves off them instead of finishing on them."""
         ...
 

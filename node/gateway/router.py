@@ -362,7 +362,7 @@ class Router:
 
     def outpriced(self, circuit: Circuit) -> set[int]:
         """Indices of `circuit`'s nodes picked on trial that the client's passes now price
-        out of their shard's near-equal band (node/client/costs.py `outpriced`)."""
+        above `MOVE_FACTOR` × their shard's cheapest (node/client/costs.py `outpriced`)."""
         if self._cache is None:
             return set()
         routable = self._cache[1]
