@@ -36,8 +36,9 @@ failed hop); they recompute the history, and are credited for it (`Failover.serv
 **Moving off a slow hop on trial.** Load-aware choice tries a node it has not seen lately
 (node/client/costs.py); if that node is much slower than its replicas, the question it was
 tried on would run every step at its pace. So after a circuit's first `MIN_OBSERVED_PASSES`
-decode passes the loop tells the source what they took and asks which hops on trial now cost
-more than twice the cheapest replica (`CircuitSource.outpriced`); those are replaced the same
+decode passes the loop tells the source what the median one took (one hiccup in three
+passes does not count) and asks which hops on trial now cost more than twice the cheapest
+replica (`CircuitSource.outpriced`); those are replaced the same
 way — a new circuit, the history replayed, the same positions — without a backoff, without
 counting as a failure or being avoided, at most `attempts` times per generation, recorded as a
 failover with the code `outpriced` (so each circuit is paid what it served). A trial costs
@@ -49,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import statistics
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -284,6 +286,7 @@ async def generate(
                 sid = client.new_sid()
                 sent0, received0 = client.bytes_sent, client.bytes_received
                 passes, passes_s = 0, 0.0  # decode passes on this circuit, and their time
+                first_passes: list[float] = []  # the first ones' times, to judge a trial on
                 checked = False  # its first passes observed and its hops on trial judged
                 try:
                     opened_s = time.perf_counter()
@@ -327,7 +330,10 @@ async def generate(
                         if passes == MIN_OBSERVED_PASSES and not checked:
                             # a hop on trial is judged on its first passes, not the whole answer
                             checked = True
-                            source.observe([hop.url for hop in client.hops], passes_s / passes)
+                            # the median: one hiccup (a page-in, a GC, the box's other load)
+                            # in three passes does not move a question off an equal replica
+                            typical = statistics.median(first_passes)
+                            source.observe([hop.url for hop in client.hops], typical)
                             passes, passes_s = 0, 0.0
                             slow = (
                                 source.outpriced(client.hops) if moves < policy.attempts else set()
@@ -349,7 +355,10 @@ async def generate(
                             rewind=speculation is not None,
                         )
                         out = await client.receive(sid, position, len(feed), policy.stall_s)
-                        passes, passes_s = passes + 1, passes_s + time.perf_counter() - sent_s
+                        took_s = time.perf_counter() - sent_s
+                        passes, passes_s = passes + 1, passes_s + took_s
+                        if not checked:
+                            first_passes.append(took_s)
                         if guesses:
                             rows = head.logits_batch_np(out[0])
                             pass_tokens = verify(rows, guesses, sampling, rng)

@@ -207,7 +207,8 @@ def _assert_went_over_the_circuit(
     """The question rode the circuit's links (client → shard 0 → shard 1 → client): shard 0
     forwarded every position to shard 1 node to node, shard 1 returned every prompt position
     (full prefill, raw float32) on the gateway's link, and D's forward count is exactly the
-    circuit's frames (a relay through the gateway would add as many again)."""
+    circuit's frames (a relay through the gateway would add as many again; a move to another
+    replica adds its replay)."""
     grew = [
         {k: a[k] - b[k] for k in a if isinstance(a[k], int)}
         for b, a in zip(before, after, strict=True)
@@ -221,7 +222,12 @@ def _assert_went_over_the_circuit(
     assert d["stream_bytes_out"] - d["stream_bytes_forwarded"] >= (prompt + completion - 1) * row
     assert d["stream_bytes_forwarded"] == 0  # the last hop sends only to the client
     steps = completion - 1 if answer.choices[0].finish_reason == "length" else completion
-    assert d["forwards"] == -(-prompt // PREFILL_CHUNK) + steps
+    # a shard-0 replica tried and found slow is left after its first passes (a move,
+    # node/client/failover.py): the new circuit replays the history, one chunk here
+    moves = sum(1 for g in shard0 if g["forwards"] > 0) - 1
+    assert moves == 0 or prompt + completion <= PREFILL_CHUNK
+    assert d["forwards"] == -(-prompt // PREFILL_CHUNK) + steps + moves
+    assert sum(g["forwards"] for g in shard0) == d["forwards"]  # each frame: shard 0, then D
 
 
 def _refused(net: GatewayNet, key: str) -> dict[str, Any]:

@@ -63,6 +63,7 @@ class _Freezable:
         self.frozen = threading.Event()
         self.thawed = threading.Event()
         self.slow_s = 0.0  # added to every forward (a slow node)
+        self.hiccups: list[float] = []  # added to the next one-position forwards, one each
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -70,7 +71,8 @@ class _Freezable:
     def forward(self, hidden: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
         if self.frozen.is_set():
             self.thawed.wait(30)
-        time.sleep(self.slow_s)
+        decode = hidden.shape[1] == 1
+        time.sleep(self.slow_s + (self.hiccups.pop(0) if decode and self.hiccups else 0.0))
         return self.inner.forward(hidden, positions, cache)
 
     def forward_batch(self, hidden: np.ndarray, positions: np.ndarray, caches: Any) -> np.ndarray:
@@ -342,6 +344,35 @@ async def test_a_slow_node_on_trial_is_left_after_its_first_passes_and_tokens_st
     assert not source._avoided(hops[2]) and rtt_after is not None and rtt_after < 0.1
     assert source.costs.get(hops[2].url).trials == 1  # backed off: not the cheapest for 120 s
     assert kept.failovers == [] and source.costs.get(hops[1].url).trials == 1
+
+
+async def test_one_hiccup_in_a_trial_nodes_first_passes_does_not_move_the_question(
+    aiohttp_server, tiny
+):
+    """A node on trial as fast as its replica but with one slow decode pass (a page-in, the
+    box's other load) among its first MIN_OBSERVED_PASSES: judged on the median pass, it keeps
+    the question (the mean of the three would price it far above the seen replica)."""
+    _, model, manifest = tiny
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    shards = [0, 1, 1]
+    servers, _ = await _nodes(aiohttp_server, manifest, shards)
+    hops = _hops(servers, shards)
+    pick = FirstOrLast()
+    async with aiohttp.ClientSession() as http:
+        source = _source(http, manifest, hops)
+        source.costs = CostBook(rng=pick)
+
+        async def nothing(count: int) -> None:
+            pass
+
+        await _answer(source, head, ids, nothing)  # the first node of shard 1 seen
+        pick.last = True  # the other one, not seen: tried
+        servers[2].app[STATE_KEY].backend.hiccups = [0.5]
+        tokens, timings = await _answer(source, head, ids, nothing)
+    assert source.circuits[1:] == [(hops[0], hops[2])]
+    assert timings.failovers == [] and tokens == _expected(model, ids)
+    assert source.costs.get(hops[2].url).trials == 1  # it was a trial
 
 
 async def test_failover_policy_backoff_doubles_and_is_capped():
