@@ -18,8 +18,10 @@ examples:
       --gateway http://127.0.0.1:8000 --deployment deployment.json \\
       --wallet verifier-wallet.json --password-file pw.txt
   planet verifier serve ... --committee-rpc http://127.0.0.1:27001 --challenges-per-epoch 8
+  planet verifier serve ... --personal-client http://127.0.0.1:8001   # reaches charging nodes
 what it does each committee epoch: commits a secret seed for the next epoch and reveals the
-last one; asks its challenges through the gateway like a paying user (echo + logprobs); scores
+last one; asks its challenges through the gateway like a paying user (echo + logprobs), or
+through your own personal client, paying nodes that charge with your credits; scores
 them against its own copy of the registered model; writes <home>/reputation_scores.json for the
 validator's vote extension; votes verdicts on nodes the committee has agreed are failing.
 """
@@ -46,7 +48,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--manifest", type=Path, required=True, help="the registered model's manifest.json"
     )
-    serve.add_argument("--gateway", required=True, help="gateway URL (OpenAI API)")
+    asks = serve.add_mutually_exclusive_group(required=True)
+    asks.add_argument(
+        "--gateway", help="ask through this hosted gateway (OpenAI API; reaches free nodes only)"
+    )
+    asks.add_argument(
+        "--personal-client",
+        metavar="URL",
+        help="ask through your own personal client instead (`planet gateway serve --personal` "
+        "with credits you bought): its circuits take nodes that charge credits too",
+    )
     serve.add_argument("--deployment", type=Path, required=True, help="contract deployment JSON")
     serve.add_argument(
         "--evm-rpc", default=None, help="EVM RPC (else $PLANET_EVM_RPC, config.toml, :8545)"
@@ -139,6 +150,13 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError("--spot-check-ppm must be 0 … 1000000", hint="e.g. 50000 (5 %)")
     if not 1 <= args.ticket_deadline <= 3600:
         raise UsageError("--ticket-deadline must be 1 … 3600 seconds", hint="e.g. 30")
+    for flag, url in (("--gateway", args.gateway), ("--personal-client", args.personal_client)):
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise UsageError(
+                f"{flag} must be an http(s) URL, got {url!r}",
+                hint="e.g. http://127.0.0.1:8000 (a hosted gateway) or http://127.0.0.1:8001 "
+                "(your `planet gateway serve --personal`)",
+            )
     if not (args.home / "config" / "priv_validator_key.json").exists():
         raise UsageError(
             f"{args.home} is not a validator home (no config/priv_validator_key.json)",
@@ -190,7 +208,8 @@ def _serve(args: argparse.Namespace) -> int:
             sampled_tokens=args.sampled_tokens,
         ),
         manifest=args.manifest,
-        gateway_url=args.gateway,
+        gateway_url=args.personal_client or args.gateway,
+        personal=args.personal_client is not None,
         committee_rpc=rpcs,
         evm_rpc=chains.evm_rpc,
         deployment=args.deployment,

@@ -104,6 +104,9 @@ class PersonalDesk:
             "completion_tokens": completion_tokens,
             "credits_spent": self.payer.spent,
             "credits_left": self.payer.wallet.count(),
+            # the circuit (then any node of a circuit it left), for the user's own tools: a
+            # verifier attributes its challenges by it (node/verifier/asker.py PersonalAsker)
+            "nodes": list(keys),
         }
 
     def receipt_number(self, query_id: bytes) -> int:

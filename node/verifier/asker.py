@@ -10,6 +10,16 @@ the verifier attributes the score; the receipt's signature and circuit hash are 
 
     asker = GatewayAsker(gateway_url, chain, http)
     answer = await asker.ask(challenge)      # Asked(doc, nodes), or a PlanetError
+
+A hosted gateway routes to free nodes only (it pays nodes through its work reports), so a node
+that charges credits is never in its circuits. `PersonalAsker` asks through the verifier
+operator's own personal client instead (`planet gateway serve --personal`, which pays every
+charging node with the operator's bearer credits, docs/gateway.md): its circuits take free and
+charging nodes alike, its questions look like any personal client's, and its answer's
+`planet_receipt` names the circuit's node keys to its one local caller. Nothing is signed
+there, so the receipt is only as good as the operator's own client — which is the point.
+
+    asker = PersonalAsker("http://127.0.0.1:8001", http, model_hash)
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +45,7 @@ from protocol.payment import QueryPayment, payment_domain, sign_payment, verify_
 log = logging.getLogger(__name__)
 
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
+NODE_KEY = re.compile(r"[0-9a-fA-F]{64}")  # an ed25519 node key, as receipts name it
 
 
 @dataclass(frozen=True)
@@ -59,23 +71,9 @@ class GatewayAsker:
         self.http = http
         self._pool: Pool | None = None
 
-    async def _get_json(self, path: str) -> Any:
-        try:
-            async with self.http.get(self.url + path) as answer:
-                body = await answer.content.read(MAX_ANSWER_BYTES)
-                if answer.status != 200:
-                    raise RemoteError(
-                        f"gateway {path}", f"http_{answer.status}", body[:200].decode()
-                    )
-                return json.loads(body)
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise UnavailableError(f"gateway {self.url} unreachable: {error}") from None
-        except ValueError as error:
-            raise ProtocolError(f"gateway {path}: not JSON ({error})") from None
-
     async def pool(self) -> Pool:
         if self._pool is None:
-            doc = await self._get_json("/v1/pools")
+            doc = await _get_json(self.http, self.url, "/v1/pools")
             try:
                 entry = doc["data"][0]
                 self._pool = Pool(
@@ -117,22 +115,7 @@ class GatewayAsker:
 
     async def _ask(self, pool: Pool, body: dict[str, Any], tokens: int) -> Asked:
         key, query_id = await self._pay(pool, tokens)
-        try:
-            async with self.http.post(
-                f"{self.url}/v1/completions",
-                json=body,
-                headers={"Authorization": f"Bearer {key}"},
-            ) as answer:
-                raw = await answer.content.read(MAX_ANSWER_BYTES)
-                if answer.status != 200:
-                    raise RemoteError("gateway", f"http_{answer.status}", raw[:300].decode())
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise UnavailableError(f"gateway {self.url} unreachable: {error}") from None
-        try:
-            doc = json.loads(raw)
-            receipt_doc = doc["planet_receipt"]
-        except (ValueError, KeyError, TypeError):
-            raise ProtocolError("the gateway's answer has no planet_receipt") from None
+        doc, receipt_doc = await _complete(self.http, self.url, body, f"Bearer {key}")
         receipt, signer = verify_receipt_json(receipt_doc, _domain(pool))
         if signer.lower() != pool.gateway.lower() or receipt.query_id != query_id:
             raise ProtocolError("the receipt is not the gateway's receipt for this question")
@@ -141,3 +124,97 @@ class GatewayAsker:
 
 def _domain(pool: Pool) -> Any:
     return payment_domain(pool.chain_id, pool.escrow)
+
+
+class PersonalAsker:
+    """The verifier as the user of its operator's own personal client (module docstring)."""
+
+    def __init__(self, url: str, http: aiohttp.ClientSession, model_hash: str) -> None:
+        self.url = url.rstrip("/")
+        self.http = http
+        self.model_hash = model_hash  # the verifier's reference: the client must serve it
+        self._model: str | None = None
+
+    async def model(self) -> str:
+        """The name the client serves the verifier's model under (checked by its hash)."""
+        if self._model is None:
+            doc = await _get_json(self.http, self.url, "/v1/models")
+            try:
+                entry = doc["data"][0]
+                name, served = str(entry["id"]), str(entry["planet_model_hash"])
+            except (KeyError, IndexError, TypeError) as error:
+                raise ProtocolError(
+                    f"personal client /v1/models: unexpected shape ({error})"
+                ) from None
+            if served.lower() != self.model_hash.lower():
+                raise ProtocolError(
+                    f"the personal client serves model {served}, not the verifier's "
+                    f"{self.model_hash}"
+                )
+            self._model = name
+        return self._model
+
+    async def ask(self, challenge: Challenge) -> Asked:
+        return await self._ask(echo_request(await self.model(), challenge))
+
+    async def ask_sampled(
+        self, prompt_ids: Sequence[int], *, max_tokens: int, seed: int, temperature: float
+    ) -> Asked:
+        """A sampled completion with the verifier's seed (node/verifier/sampled.py)."""
+        body = sampled_request(
+            await self.model(),
+            prompt_ids,
+            max_tokens=max_tokens,
+            seed=seed,
+            temperature=temperature,
+        )
+        return await self._ask(body)
+
+    async def _ask(self, body: dict[str, Any]) -> Asked:
+        doc, receipt = await _complete(self.http, self.url, body, "Bearer personal")
+        nodes = receipt.get("nodes") if isinstance(receipt, dict) else None
+        if (
+            not isinstance(receipt, dict)
+            or receipt.get("paid_with") != "credits"
+            or not isinstance(nodes, list)
+            or not nodes
+            or not all(isinstance(n, str) and NODE_KEY.fullmatch(n) for n in nodes)
+        ):
+            raise ProtocolError(
+                "the personal client's receipt names no circuit (paid_with credits, nodes: "
+                "node keys); is it a personal client of this version?"
+            )
+        return Asked(doc, tuple(nodes))
+
+
+async def _get_json(http: aiohttp.ClientSession, url: str, path: str) -> Any:
+    try:
+        async with http.get(url + path) as answer:
+            body = await answer.content.read(MAX_ANSWER_BYTES)
+            if answer.status != 200:
+                raise RemoteError(f"gateway {path}", f"http_{answer.status}", body[:200].decode())
+            return json.loads(body)
+    except (aiohttp.ClientError, TimeoutError) as error:
+        raise UnavailableError(f"gateway {url} unreachable: {error}") from None
+    except ValueError as error:
+        raise ProtocolError(f"gateway {path}: not JSON ({error})") from None
+
+
+async def _complete(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any], authorization: str
+) -> tuple[dict[str, Any], Any]:
+    """POST /v1/completions: the answer and its `planet_receipt` (unchecked)."""
+    try:
+        async with http.post(
+            f"{url}/v1/completions", json=body, headers={"Authorization": authorization}
+        ) as answer:
+            raw = await answer.content.read(MAX_ANSWER_BYTES)
+            if answer.status != 200:
+                raise RemoteError("gateway", f"http_{answer.status}", raw[:300].decode())
+    except (aiohttp.ClientError, TimeoutError) as error:
+        raise UnavailableError(f"gateway {url} unreachable: {error}") from None
+    try:
+        doc = json.loads(raw)
+        return doc, doc["planet_receipt"]
+    except (ValueError, KeyError, TypeError):
+        raise ProtocolError("the gateway's answer has no planet_receipt") from None

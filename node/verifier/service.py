@@ -2,8 +2,9 @@
 
 Fails before any challenge is sent, with a `PlanetError` and a hint, when: the validator home
 has no consensus key, the local manifest's shards do not hash to the manifest, the manifest is
-not the one registered in ModelRegistry, the calibration has no echo map, or an RPC does not
-answer.
+not the one registered in ModelRegistry, the calibration has no echo map, an RPC does not
+answer, or the personal client (`--personal-client`) serves another model (one not answering
+yet is waited for: each challenge asks it again).
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from typing import Any
 import aiohttp
 from nacl.signing import SigningKey
 
-from node.verifier.asker import GatewayAsker
+from node.verifier.asker import GatewayAsker, PersonalAsker
 from node.verifier.calibration import CALIBRATION_FILE
 from node.verifier.reference import Reference
 from node.verifier.scoring import CredibilityMap
 from node.verifier.spotchecks import SpotChecker
 from node.verifier.worker import VerifierWorker, WorkerSettings
 from protocol.eip712 import as_bytes32
-from protocol.errors import ConfigError, IntegrityError
+from protocol.errors import ConfigError, IntegrityError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +37,14 @@ log = logging.getLogger(__name__)
 class VerifierConfig:
     settings: WorkerSettings
     manifest: Path
-    gateway_url: str
+    gateway_url: str  # where challenges are asked: a hosted gateway, or ...
     committee_rpc: tuple[str, ...]
     evm_rpc: str
     deployment: Path
     wallet: Path
     password: str
     calibration: Path = CALIBRATION_FILE
+    personal: bool = False  # ... the operator's own personal client (asker.PersonalAsker)
 
 
 def consensus_key(home: Path) -> SigningKey:
@@ -120,12 +122,23 @@ async def serve(config: VerifierConfig) -> int:
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
     try:
         await link.params()  # the committee answers
-        asker = GatewayAsker(config.gateway_url, chain, http)
+        asker: GatewayAsker | PersonalAsker
+        if config.personal:
+            asker = PersonalAsker(config.gateway_url, http, reference.model_hash)
+            try:
+                await asker.model()  # another model: a ConfigError-like stop, before any work
+            except UnavailableError as error:  # not up yet: seeds, spot checks and verdicts
+                log.warning(  # go on; each challenge asks again (and logs if not served)
+                    "personal client not answering yet: %s", error.message
+                )
+        else:
+            asker = GatewayAsker(config.gateway_url, chain, http)
         worker = VerifierWorker(config.settings, reference, credibility, asker, link)
         log.info(
-            "verifier serving home=%s model=%s gateway=%s wallet=%s",
+            "verifier serving home=%s model=%s %s=%s wallet=%s",
             config.settings.home,
             reference.model_hash,
+            "personal_client" if config.personal else "gateway",
             config.gateway_url,
             wallet.address,
         )

@@ -161,6 +161,7 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
             "payer": payer,
             "password": password,
             "nodes_file": nodes_file,
+            "keys": keys,  # the nodes' ed25519 keys, shard order
         }
     finally:
         for agent in agents:
@@ -263,6 +264,46 @@ def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai
         assert receipt["credits_left"] == 16 - receipt["credits_spent"]
         # the streamed question was paid from the same credit file, on new sessions
         assert CreditWallet(credits_file).count() < receipt["credits_left"]
+
+
+def test_a_verifier_challenges_charging_nodes_through_its_own_personal_client(net) -> None:
+    """A hosted gateway routes to free nodes only, so charging nodes were never challenged.
+    The verifier's `PersonalAsker` asks a teacher-forced challenge through the operator's own
+    personal client, which pays these charging nodes with credits: the answer echoes every
+    position with logprobs that match the reference model, and names the circuit's node keys
+    (what attribution blames); a client serving another model is refused by name."""
+    import asyncio
+
+    import aiohttp
+
+    from node.verifier.asker import PersonalAsker
+    from node.verifier.echo import echo_gap, parse_echo
+    from node.verifier.reference import Reference
+    from node.verifier.scoring import Challenge
+    from protocol.errors import ProtocolError
+
+    reference = Reference.load(net["manifest"])
+    ids = reference.head.encode(PROMPT)
+    challenge = Challenge(tuple(ids[:3]), tuple(ids[3:]))
+    credits_file = net["root"] / "verifier-credits.json"
+    _buy(net, 8, credits_file)
+    with _personal_client(net, credits_file) as port:
+        url = f"http://127.0.0.1:{port}"
+
+        async def ask() -> Any:
+            async with aiohttp.ClientSession() as http:
+                asked = await PersonalAsker(url, http, reference.model_hash).ask(challenge)
+                with pytest.raises(ProtocolError, match="serves model"):
+                    await PersonalAsker(url, http, "sha256:" + "0" * 64).ask(challenge)
+                return asked
+
+        asked = asyncio.run(ask())
+    assert asked.nodes == tuple(net["keys"])  # charging nodes, shard order
+    answer = parse_echo(asked.doc, challenge, reference.vocab)
+    gap = echo_gap(challenge, answer, reference.logits(challenge.ids))
+    assert gap.tokens == len(challenge.continuation_ids) and gap.top1 == 1.0
+    assert gap.kl < 1e-3  # the honest nodes compute the reference model
+    assert CreditWallet(credits_file).count() < 8  # the challenge paid the nodes
 
 
 @contextmanager

@@ -18,10 +18,15 @@ def _home(tmp_path: Path) -> Path:
     return home
 
 
-def _args(home: Path, *extra: str, manifest: str = "m.json") -> list[str]:
+def _args(
+    home: Path,
+    *extra: str,
+    manifest: str = "m.json",
+    asks: tuple[str, ...] = ("--gateway", "http://127.0.0.1:1"),
+) -> list[str]:
     return [
         "verifier", "serve", "--home", str(home), "--manifest", manifest,
-        "--gateway", "http://127.0.0.1:1", "--deployment", manifest, "--wallet", "w.json", *extra,
+        *asks, "--deployment", manifest, "--wallet", "w.json", *extra,
     ]  # fmt: skip
 
 
@@ -32,6 +37,7 @@ def _args(home: Path, *extra: str, manifest: str = "m.json") -> list[str]:
         ("no-manifest", "no manifest at"),
         ("zero-challenges", "--challenges-per-epoch must be at least 1"),
         ("missing-operator-key", "no operator key at"),
+        ("personal-client-not-a-url", "--personal-client must be an http(s) URL"),
     ],
 )
 def test_verifier_cli_mistakes_are_one_error_and_a_hint(
@@ -47,6 +53,9 @@ def test_verifier_cli_mistakes_are_one_error_and_a_hint(
         "missing-operator-key": _args(
             home, "--operator-key", str(tmp_path / "k.json"), manifest=str(manifest)
         ),
+        "personal-client-not-a-url": _args(
+            home, manifest=str(manifest), asks=("--personal-client", "127.0.0.1:8001")
+        ),
     }[case]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
@@ -58,3 +67,13 @@ def test_verifier_cli_help_has_examples(capsys) -> None:
         cli.main(["verifier", "serve", "--help"])
     out = capsys.readouterr().out
     assert "examples:" in out and "--challenges-per-epoch" in out
+
+
+def test_verifier_cli_asks_through_one_gateway_or_a_personal_client_not_both(capsys) -> None:
+    both = ("--gateway", "http://127.0.0.1:1", "--personal-client", "http://127.0.0.1:2")
+    for asks in ((), both):
+        with pytest.raises(SystemExit) as exited:
+            cli.main(_args(Path("/nonexistent"), asks=asks))
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert "--gateway" in err and "--personal-client" in err and "Traceback" not in err

@@ -1,0 +1,85 @@
+"""The verifier's `PersonalAsker` parses what its personal client answers at one boundary: the
+model it serves must be the verifier's, and the answer's receipt must name the circuit; anything
+else is a named error, never a score attributed to nobody (in-process HTTP server)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from node.verifier.asker import PersonalAsker
+from node.verifier.scoring import Challenge
+from protocol.errors import ProtocolError, RemoteError, UnavailableError
+
+pytestmark = pytest.mark.unit
+
+MODEL_HASH = "sha256:" + "ab" * 32
+KEY_A, KEY_B = "11" * 32, "22" * 32
+CHALLENGE = Challenge((1, 2, 3), (4, 5))
+
+
+async def _client(aiohttp_server: Any, receipt: Any, status: int = 200) -> tuple[str, list]:
+    """A personal client double: /v1/models and /v1/completions answering `receipt`."""
+    bodies: list[dict[str, Any]] = []
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"data": [{"id": "smollm2-135m", "planet_model_hash": MODEL_HASH}]}
+        )
+
+    async def completions(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        if status != 200:
+            return web.json_response({"error": {"message": "no"}}, status=status)
+        return web.json_response({"choices": [], "planet_receipt": receipt})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    server = await aiohttp_server(app)
+    return str(server.make_url("")).rstrip("/"), bodies
+
+
+async def test_the_receipts_nodes_are_the_circuit_and_the_request_names_the_model(
+    aiohttp_server,
+) -> None:
+    url, bodies = await _client(aiohttp_server, {"paid_with": "credits", "nodes": [KEY_A, KEY_B]})
+    async with aiohttp.ClientSession() as http:
+        asked = await PersonalAsker(url, http, MODEL_HASH).ask(CHALLENGE)
+    assert asked.nodes == (KEY_A, KEY_B)
+    assert bodies[0]["model"] == "smollm2-135m" and bodies[0]["echo"] is True
+
+
+@pytest.mark.parametrize(
+    "receipt",
+    [
+        None,
+        {"paid_with": "credits"},
+        {"paid_with": "credits", "nodes": []},
+        {"paid_with": "credits", "nodes": ["not a key"]},
+        {"paid_with": "credits", "nodes": [KEY_A, 7]},
+        {"paid_with": "wei", "nodes": [KEY_A, KEY_B]},
+    ],
+)
+async def test_a_receipt_that_names_no_circuit_is_refused_by_name(
+    aiohttp_server, receipt: Any
+) -> None:
+    url, _ = await _client(aiohttp_server, receipt)
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(ProtocolError, match="names no circuit"):
+            await PersonalAsker(url, http, MODEL_HASH).ask(CHALLENGE)
+
+
+async def test_another_model_a_refusal_and_no_client_are_named_errors(aiohttp_server) -> None:
+    url, bodies = await _client(aiohttp_server, {}, status=402)
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(ProtocolError, match="serves model"):
+            await PersonalAsker(url, http, "sha256:" + "cd" * 32).ask(CHALLENGE)
+        assert bodies == []  # nothing asked of a client serving another model
+        with pytest.raises(RemoteError, match="http_402"):
+            await PersonalAsker(url, http, MODEL_HASH).ask(CHALLENGE)
+        with pytest.raises(UnavailableError, match="unreachable"):
+            await PersonalAsker("http://127.0.0.1:9", http, MODEL_HASH).ask(CHALLENGE)
