@@ -39,14 +39,16 @@ the client — is common to them: `shared` = min over the seen nodes of (seen �
 and a node's cost is at least seen − shared. An honest node's claim explains its passes; a
 node claiming less than it costs explains less, so `shared` comes from an honest one and the
 liar is priced at what it does (a liar as fast as it claims is not lying). A node not seen
-lately beside seen ones counts as the cheapest, so it is tried and then measured. A node
+lately beside seen ones counts as the cheapest and is tried first (not on a coin flip among
+the near-equal), then measured. A node
 claiming *more* than it costs can only flatten the choice toward uniform, never draw load.
 
 **Trials back off.** Each such trial costs the user whose question it is: a node 3× slower than
 its replica, tried once a minute, puts its slow steps into that minute's p99. So a node picked
 while not seen lately (a trial) is not counted as the cheapest again before `TRIAL_BACKOFF_S`
 × 2^(trials in a row), at most `MAX_TRIAL_BACKOFF_S`; meanwhile its claim prices it like any
-node's. A pick while it is seen (it is among the near-equal) ends the row. A node the client
+node's. A pick while it is seen (it is among the near-equal) ends the row; a node seen outside
+the band counts as one failed trial (`_seen_slow`). A node the client
 saw slow stays out longer and longer; a liar claiming to be cheap is still picked by its own
 claim and measured again as soon as its passes age out; one trial at a time, however many
 questions start together.
@@ -240,6 +242,13 @@ class CostBook:
         costs = self._priced(usable, url, seen, triable)
         limit = min(costs) * self.near + self.slack_s
         near = [i for i, cost in enumerate(costs) if cost <= limit]
+        if any(value is not None for value in seen):
+            # explore first: a node due for a trial is tried now, not on a coin flip
+            due = [i for i in near if seen[i] is None and triable[i]]
+            near = due or near
+            for i, cost in enumerate(costs):
+                if seen[i] is not None and cost > limit:
+                    self._seen_slow(url(usable[i]))
         pick = near[self._random.randrange(len(near))]
         trial = seen[pick] is None and any(value is not None for value in seen)
         self._count_trial(url(usable[pick]), trial, now)
@@ -290,6 +299,17 @@ class CostBook:
             for i, c in enumerate(usable)
         ]
         return self._checked(costs, seen, triable)
+
+    def _seen_slow(self, url: str) -> None:
+        """A node the client's own passes put outside the band counts as a failed trial: once
+        its passes age out it is not counted as the cheapest for `TRIAL_BACKOFF_S` × 2 more
+        (a node first met slow on a cold start, before anything else was seen, is otherwise
+        tried again as soon as its passes are forgotten)."""
+        stats = self.get(url)
+        if stats.trials == 0:
+            stats.trials = 1
+            due = stats.seen_at_s + SEEN_TTL_S + TRIAL_BACKOFF_S * 2
+            stats.trial_after_s = max(stats.trial_after_s, due)
 
     def _count_trial(self, url: str, trial: bool, now: float) -> None:
         """A pick of a node not seen lately beside seen ones is a trial: back off the next."""

@@ -214,3 +214,37 @@ def test_trials_of_a_node_seen_slow_back_off_and_happen_one_at_a_time() -> None:
         assert min(picks["a"], picks["b"]) > 3, (minute, picks)
         clock[0] += 60
     assert min(counts.values()) > 300, counts
+
+
+def test_a_node_due_for_a_trial_is_tried_first_not_on_a_coin_flip() -> None:
+    """A fresh client saw one replica (its first question's); the next question tries the
+    other one, whatever the random draw: the cold start ends after one question per replica."""
+    for seed in range(20):
+        book = CostBook(rng=random.Random(seed))
+        for url in ("seen", "new"):
+            book.observe_info(url, _info(0.0, 0), 0.002)
+            book.observe_info(url, _info(0.5, 10), 0.002)
+        book.observe_circuit(["seen"], 0.080)
+        assert book.choose(["seen", "new"], str) == "new", seed
+        assert book.get("new").trials == 1  # a trial: backed off if it turns out slow
+
+
+def test_a_node_met_slow_on_a_cold_start_is_not_retried_as_soon_as_its_passes_age_out() -> None:
+    """A fresh client's first question went through the slow node (nothing was seen yet, so
+    no trial); once the fast one is seen, the slow one is outside the band, which counts as a
+    failed trial: it is not retried before its passes age out and 120 s more."""
+    clock = [0.0]
+    book = CostBook(rng=random.Random(1), clock=lambda: clock[0])
+    true_s = {"fast": 0.050, "slow": 0.150}
+    for url, step in true_s.items():
+        book.observe_info(url, _info(0.0, 0), 0.002)
+        book.observe_info(url, _info(10 * step, 10), 0.002)
+    book.observe_circuit(["slow"], 0.030 + true_s["slow"])  # the cold start's pick
+    tried = []
+    while clock[0] < 400:
+        chosen = book.choose(list(true_s), str)
+        if chosen == "slow":
+            tried.append(clock[0])
+        book.observe_circuit([chosen], 0.030 + true_s[chosen])
+        clock[0] += 2
+    assert tried and tried[0] >= 60 + 120, tried  # the old rule: again at 62 s
