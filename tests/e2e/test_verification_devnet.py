@@ -29,7 +29,9 @@ What the module shows, each from the chain's own answers:
   honest free nodes leave): the user's own client (`planet gateway serve --personal`) answers
   the official `openai` client, paying the nodes with credits; the nodes redeem every one, the
   purchase is debited once into the escrow's credit pool, which pays the redeeming nodes; no
-  tx since and no state entry links the payer to those nodes or holds a question.
+  tx since and no state entry links the payer to those nodes or holds a question; and
+  validator 0's verifier, restarted with `--personal-client` (its operator's own client, paying
+  with credits), challenges those charging nodes and scores them fully.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from typing import Any
 import pytest
 
 from harness.personal_client import personal_client
+from node.client.credit_wallet import CreditWallet
 from node.server.launcher import pid_alive
 from protocol.credits import spent_id
 from tests.e2e.escrow_reads import escrow_contract
@@ -316,8 +319,18 @@ PAID_POSITIONS = 64  # positions one credit buys on the charging nodes below
 PAID_QUESTIONS = ("Name a planet.", "What is two plus two?", "Say hello in French.")
 
 
+@pytest.fixture(scope="module")
+def joined_homes(devnet: dict[str, Any]) -> Iterator[list[Path]]:
+    """Homes of operators the tests join themselves (`devnet down` does not know them): their
+    nodes serve to the module's end (the last test asks them), then are stopped."""
+    homes: list[Path] = []
+    yield homes
+    for home in homes:
+        _stop_joined(home)
+
+
 def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_payer(
-    env, devnet, request
+    env, devnet, joined_homes
 ) -> None:
     """A network where every routable node charges credits: three new operators join one
     charging node per shard (`planet join --credit-positions`, each given the manifest and the
@@ -347,7 +360,7 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     for shard in range(3):
         home = Path(env["PLANET_HOME"]) / f"charging{shard}"
         home.mkdir()
-        request.addfinalizer(lambda home=home: _stop_joined(home))  # not a devnet operator
+        joined_homes.append(home)  # not a devnet operator: stopped at the module's end
         address = load_or_create_wallet(home / "wallet.json", password).address
         funded = _planet(env, "devnet", "fund", address, timeout=60)
         assert funded.returncode == 0, funded.stderr
@@ -471,6 +484,66 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     assert contract.functions.prepaidOf(escrow, escrow).call()[0] == (held - spent) * price
 
     _assert_nothing_links(devnet, user, paid, start_height)
+
+
+def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_nodes(
+    env, devnet, joined_homes
+) -> None:
+    """After the test before, every routable node charges credits, so a verifier asking
+    through the hosted gateway finds no circuit. Validator 0's operator buys credits, runs their
+    own personal client and restarts their verifier with `--personal-client`: its next
+    challenge runs on the charging nodes (paid with those credits), names them, and scores the
+    honest ones fully. (The credits come from the devnet's user wallet: a verifier operator
+    buys them like any user.)"""
+    from deploy.committee.network import load_network
+    from node.procs import spawn_logged
+
+    rpc = devnet["committee_rpc"][0]
+    charging = {n["key"][:12] for n in _query(rpc, "/nodes")["nodes"] if n["routable"]}
+    assert len(charging) == 3 and len(joined_homes) == 3, charging  # the test before's nodes
+    escrow = devnet["contracts"]["QueryEscrow"]
+    deposit = _planet(env, "balance", "deposit", "0.00003", "--gateway", escrow, timeout=120)
+    assert deposit.returncode == 0, deposit.stderr
+    credits_file = Path(env["PLANET_HOME"]) / "verifier0-credits.json"
+    bought = _planet(env, "credits", "buy", "24", "--credits-file", str(credits_file),
+                     timeout=240)  # fmt: skip
+    assert bought.returncode == 0, bought.stderr
+    validator = load_network(Path(devnet["committee_dir"])).validators[0]
+    hosted = devnet["pids"]["verifiers"][0]  # validator 0's verifier, asking the gateway
+    os.kill(hosted, signal.SIGTERM)
+    _wait(lambda: not pid_alive(hosted), 60, "validator 0's verifier stopping", every_s=0.5)
+    log_path = Path(devnet["dir"]) / "logs" / "verifier0-personal.log"
+    with personal_client(
+        devnet["manifest"],
+        rpc,
+        min_positions=PAID_POSITIONS,
+        env=env,
+        log_path=Path(devnet["dir"]) / "logs" / "verifier0-personal-client.log",
+        credits_file=credits_file,
+    ) as port:
+        argv = [sys.executable, "-m", "node.cli.main", "verifier", "serve",
+                "--home", validator.home, "--manifest", devnet["manifest"],
+                "--personal-client", f"http://127.0.0.1:{port}",
+                "--deployment", devnet["deployment"], "--evm-rpc", devnet["evm_rpc"],
+                "--committee-rpc", validator.rpc_url,
+                "--wallet", str(Path(devnet["dir"]) / "verifier0" / "wallet.json"),
+                "--password-file", devnet["password_file"], "--challenge-source", "corpus",
+                "--challenges-per-epoch", "1", "--sampled-per-epoch", "0"]  # fmt: skip
+        verifier = spawn_logged(argv, log_path, env=env)
+        try:
+
+            def challenged() -> list[tuple[str, str]]:
+                assert verifier.poll() is None, log_path.read_text()[-3000:]
+                return re.findall(r"challenge epoch=\d+ circuit=(\[[^]]*\]).* C=(\d+)",
+                                  log_path.read_text())  # fmt: skip
+
+            circuit, credibility = _wait(challenged, 300, "a challenge through the client")[0]
+        finally:
+            verifier.terminate()
+            verifier.wait(timeout=30)
+    assert set(json.loads(circuit.replace("'", '"'))) == charging
+    assert int(credibility) == 1_000_000  # honest charging nodes score fully
+    assert CreditWallet(credits_file).count() < 24  # the verifier's credits paid them
 
 
 def _stop_joined(home: Path) -> None:
