@@ -52,6 +52,7 @@ ENV_NAMES = {
     "next_hop_range": "PLANET_NEXT_HOP_RANGE",
 }
 DEVNET_ENV = "PLANET_DEVNET"
+DEVNET_PORTS_ENV = "PLANET_DEVNET_PORTS"  # inside a devnet host: the ports other hosts reach
 DEVNET_STATE = "devnet.json"
 DEVNET_KEYS = ("evm_rpc", "committee_rpc", "chain_id", "deployment", "next_hop_range")
 MAX_REFUND_MARGIN_S = 30 * 86_400
@@ -276,3 +277,14 @@ def _check(key: str, value: Any, source: str, home: Path) -> Any:
         return int(text)
     path = Path(str(value)).expanduser()
     return path if path.is_absolute() else home / path
+
+
+def devnet_ports(env: Mapping[str, str]) -> tuple[int, ...]:
+    """The ports the other hosts reach in this devnet host (`planet devnet exec` sets them);
+    () outside one, or when the value is not a list of ports."""
+    raw = env.get(DEVNET_PORTS_ENV, "")
+    try:
+        ports = tuple(int(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        return ()
+    return ports if all(0 < port < 65536 for port in ports) else ()

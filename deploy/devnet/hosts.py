@@ -57,7 +57,7 @@ from deploy.netlab import (
 )
 from deploy.netlab.regions import default_matrix, link_shapes, load_matrix
 from deploy.netlab.shape import Shape
-from node.config import DEVNET_ENV
+from node.config import DEVNET_ENV, DEVNET_PORTS_ENV
 from protocol.errors import UnavailableError, UsageError
 
 LOOPBACK = "127.0.0.1"
@@ -313,7 +313,8 @@ def exec_argv(
     state: Mapping[str, Any], directory: Path, host: str, command: Sequence[str]
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, env) that run `command` inside the devnet's `host`, with PLANET_DEVNET set so
-    every `planet` command there finds this devnet; `planet` is this interpreter's CLI."""
+    every `planet` command there finds this devnet, and PLANET_DEVNET_PORTS to the ports the
+    other hosts reach there; `planet` is this interpreter's CLI."""
     place = Placement.from_state(state)
     if not place.on_hosts:
         raise UsageError(
@@ -327,4 +328,19 @@ def exec_argv(
         argv = [sys.executable, "-m", "node.cli.main", *argv[1:]]
     argv = place.argv(host, argv)  # an unknown host is refused here, naming the hosts
     require_lab(state)
-    return argv, {**os.environ, DEVNET_ENV: str(directory)}
+    env = {**os.environ, DEVNET_ENV: str(directory)}
+    ports = exposed_ports(host)
+    if ports:  # `planet join` there picks one of these: other hosts reach no other port
+        env[DEVNET_PORTS_ENV] = ",".join(str(port) for port in ports)
+    return argv, env
+
+
+def exposed_ports(host: str) -> tuple[int, ...]:
+    """The ports of `host` that the lab's links carry to the other hosts (plan_hosts)."""
+    if host.startswith("operator"):
+        return OPERATOR_PORTS
+    if host.startswith("node"):
+        return (NODE_PORT,)
+    if host.startswith("validator"):
+        return (COMMITTEE_BASE_PORT, COMMITTEE_BASE_PORT + 1)
+    return {"anvil": (ANVIL_PORT,), "gateway": (GATEWAY_PORT,)}.get(host, ())

@@ -379,7 +379,7 @@ def _join(args: argparse.Namespace) -> int:
     if not args.port and previous is not None and previous.shard == args.shard:
         port = previous.port  # the endpoint on chain names this port
     else:
-        port = args.port or random_free_port(18100, 18999)
+        port = args.port or _devnet_host_port(host) or random_free_port(18100, 18999)
     _say(f"starting the compute node at {host}:{port} and its agent…")
     joined = start_node_and_agent(
         home=config.home,
@@ -707,3 +707,24 @@ def _status(args: argparse.Namespace) -> int:
             f"{'up' if local['agent_alive'] else 'DOWN'}"
         )
     return 0
+
+
+def _devnet_host_port(host: str) -> int:
+    """Inside a `planet devnet exec` host: a free one of the ports the other hosts reach there
+    (0 outside one). Any other port would be registered and unreachable."""
+    import os
+
+    from node.config import DEVNET_PORTS_ENV, devnet_ports
+    from node.net import port_is_free
+
+    exposed = devnet_ports(os.environ)
+    if not exposed:
+        return 0
+    for port in exposed:
+        if port_is_free(port, host):
+            return port
+    raise UsageError(
+        f"every port this devnet host exposes ({DEVNET_PORTS_ENV}: "
+        f"{', '.join(map(str, exposed))}) is taken",
+        hint="stop a node joined from this host (planet leave), or join from another operator host",
+    )

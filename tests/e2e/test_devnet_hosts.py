@@ -6,7 +6,9 @@ runs a command inside a host). Checks: a paid question asked from the `user` hos
 the same greedy tokens as the same shards on loopback (`planet local up --quant int8`); a node
 whose next-hop policy is public-only refuses the devnet's nodes, registered at private
 addresses, by name; a new operator in its own host is funded, stakes, joins at its host's
-address and is listed routable. `planet devnet down` always runs and leaves no namespace.
+address and is listed routable; with its node beside node0's on shard 0, a question whose
+shard-0 node is killed (SIGKILL) after its third decode pass ends with the text of the same
+question asked without a kill. `planet devnet down` always runs and leaves no namespace.
 
 Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), `ip netns` and toxiproxy: skipped, with the
 reason `python -m deploy.netlab check` gives, where these are missing.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -245,10 +248,16 @@ def test_hosts_public_only_node_refuses_the_devnets_private_next_hops(env, devne
         node.wait(30)
 
 
+@pytest.fixture(scope="module")
+def operator_home(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """operator0's home: it joins shard 0 in one test and leaves in the last."""
+    return str(tmp_path_factory.mktemp("operator0"))
+
+
 def test_hosts_operator_in_its_own_host_funds_stakes_joins_and_is_routable(
-    env, devnet, tmp_path_factory
+    env, devnet, operator_home
 ) -> None:
-    home = str(tmp_path_factory.mktemp("operator0"))
+    home = operator_home
     operator = {**env, "PLANET_PASSWORD": "operator0 pw"}
     address_of_host = devnet["hosts"]["hosts"]["operator0"]["address"]
     broke = _in_host(
@@ -278,5 +287,73 @@ def test_hosts_operator_in_its_own_host_funds_stakes_joins_and_is_routable(
     assert listed and listed[0]["routable"], report["nodes"]
     assert listed[0]["endpoint"].startswith(f"https://{address_of_host}:")  # TLS, its key
     assert wallet in [a["address"] for a in report["accounts"]]
-    left = _in_host(operator, "operator0", "leave", "--home", home, timeout=120)
+
+
+FAILOVER_TOKENS = 32  # long enough over 50 ms links to kill a node between two tokens
+WATCH = """
+import json, ssl, sys, time, urllib.request as u
+plain = ssl.create_default_context(); plain.check_hostname = False
+plain.verify_mode = ssl.CERT_NONE  # a probe of the counters only: no activations
+def passes(url):
+    with u.urlopen(url + "/info", timeout=2, context=plain) as r:
+        return json.load(r)["load"]["decode_batches"]
+urls = sys.argv[1:]
+start = {url: passes(url) for url in urls}
+print("ready", flush=True)
+for _ in range(1200):  # 2 minutes at most
+    for url in urls:
+        if passes(url) >= start[url] + 3:
+            print(url, flush=True)
+            sys.exit(0)
+    time.sleep(0.1)
+sys.exit(1)
+"""
+
+
+def test_hosts_node_killed_mid_answer_same_text_from_its_replica(
+    env, devnet, operator_home
+) -> None:
+    """Shard 0 now has two nodes in two hosts (node0's and operator0's). A paid question from
+    the user host, across the 50 ms links, whose shard-0 node is killed with SIGKILL after its
+    third decode pass: the gateway replays the history into the other one and the answer is
+    the same text as the same question asked without a kill, its receipt naming the killed
+    node beside the final circuit. The verifier is paused meanwhile (SIGSTOP), so the only
+    decode passes are the question's. Then operator0 leaves."""
+    operator = {**env, "PLANET_PASSWORD": "operator0 pw"}
+    homes = [*devnet["operators"], operator_home]
+    joined = [json.loads((Path(h) / "run" / "joined.json").read_text()) for h in homes]
+    shard0 = {j["endpoint"]: (j["node_pid"], j["node_key"]) for j in joined if j["shard"] == 0}
+    assert len(shard0) == 2, joined
+    ask = ("ask", "--pay", "--json", "--max-tokens", str(FAILOVER_TOKENS), QUESTION)
+    verifiers = devnet["pids"].get("verifiers", [])
+    for pid in verifiers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        # (asked first without a kill: also the time a paused verifier's last question needs)
+        quiet = _in_host(env, "user", *ask, timeout=300)
+        assert quiet.returncode == 0, quiet.stderr[-3000:]
+        argv = [sys.executable, "-m", "node.cli.main", "devnet", "exec", "user", "--"]
+        watch = subprocess.Popen(
+            [*argv, sys.executable, "-c", WATCH, *shard0], env=env, stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        assert watch.stdout is not None and watch.stdout.readline().strip() == "ready"
+        asked = subprocess.Popen(
+            [*argv, "planet", *ask], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        serving = watch.stdout.readline().strip()
+        assert watch.wait(30) == 0 and serving in shard0, serving
+        os.kill(shard0[serving][0], signal.SIGKILL)
+        out, err = asked.communicate(timeout=300)
+    finally:
+        for pid in verifiers:
+            os.kill(pid, signal.SIGCONT)
+    assert asked.returncode == 0 and "Traceback" not in err, err[-3000:]
+    killed, answer = json.loads(out), json.loads(quiet.stdout)
+    assert killed["text"] == answer["text"] != ""
+    assert killed["receipt"]["completion_tokens"] == answer["receipt"]["completion_tokens"]
+    # the final circuit (3 shards), then the node it failed over from
+    assert killed["receipt"]["nodes"][3:] == [shard0[serving][1]], killed["receipt"]
+    left = _in_host(operator, "operator0", "leave", "--home", operator_home, timeout=120)
     assert left.returncode == 0 and "chain status LEFT" in left.stdout, left.stderr

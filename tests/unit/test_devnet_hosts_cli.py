@@ -320,3 +320,35 @@ def test_status_of_a_devnet_whose_hosts_are_gone(tmp_path: Path, capsys) -> None
     _devnet(tmp_path, hosts={"hosts": {}, "pid": 999_999_999}, dir=str(tmp_path / "devnet"))
     code, out, _ = _run(capsys, "devnet", "status", "--home", str(tmp_path))
     assert code == 0 and "its hosts are gone (keeper exited)" in out
+
+
+def test_the_ports_exec_names_are_the_ports_the_lab_exposes_and_join_takes_one(
+    monkeypatch,
+) -> None:
+    """`planet devnet exec HOST` names HOST's exposed ports (PLANET_DEVNET_PORTS), the same
+    the lab's links carry (plan_hosts); `planet join` there takes a free one of them, not a
+    random port no other host reaches, and says so by name when all are taken."""
+    import socket
+
+    from deploy.devnet.hosts import exposed_ports
+    from node.cli.operator import _devnet_host_port
+    from node.config import DEVNET_PORTS_ENV, devnet_ports
+
+    plan = plan_hosts(validators=2, nodes=3, gateway=True, operators=2, links=LinkPlan(50))
+    for host in plan.names:
+        assert exposed_ports(host) == plan.services.get(host, ()), host
+    assert devnet_ports({DEVNET_PORTS_ENV: "18100,18101"}) == (18100, 18101)
+    assert devnet_ports({DEVNET_PORTS_ENV: "x"}) == devnet_ports({}) == ()
+    monkeypatch.delenv(DEVNET_PORTS_ENV, raising=False)
+    assert _devnet_host_port("127.0.0.1") == 0  # outside a devnet host: any free port
+    with socket.socket() as one, socket.socket() as two:
+        one.bind(("127.0.0.1", 0))
+        two.bind(("127.0.0.1", 0))
+        taken, other = one.getsockname()[1], two.getsockname()[1]
+        one.listen()
+        monkeypatch.setenv(DEVNET_PORTS_ENV, f"{taken},{other}")
+        two.close()
+        assert _devnet_host_port("127.0.0.1") == other
+        monkeypatch.setenv(DEVNET_PORTS_ENV, str(taken))
+        with pytest.raises(UsageError, match="every port this devnet host exposes"):
+            _devnet_host_port("127.0.0.1")
