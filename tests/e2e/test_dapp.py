@@ -295,6 +295,7 @@ def test_dapp_prepaid_balance_pays_two_questions_by_voucher_then_withdraws(
     assert "eth_sendTransaction" not in calls and "eth_sendRawTransaction" not in calls
     domain = payment_domain(pool["chain_id"], pool["escrow"])
     fees = 0
+    each: list[int] = []  # each question's fee
     for shown in result["questions"]:
         assert shown["notice"] is None, shown["notice"]
         assert shown["answer"].strip(), "no answer text"
@@ -308,11 +309,14 @@ def test_dapp_prepaid_balance_pays_two_questions_by_voucher_then_withdraws(
         assert shown["deposit"].startswith(f"{charge.voucher.fee_cap} wei")
         assert shown["fee"].startswith(f"{charge.receipt.fee} wei")
         fees += charge.receipt.fee
+        each.append(charge.receipt.fee)
     assert result["questions"][0]["query"] != result["questions"][1]["query"]
     # Until the epoch's root debits them, the gateway holds the fees against the balance; once
     # it is posted the escrow balance falls by them (whichever the page saw).
+    # (the two may settle in different epochs: roots so far have debited none, one or both)
+    debited = {0, each[0], each[1], fees}
     shown = (int(result["prepaid_after_wei"]), int(result["held_after_wei"]))
-    assert shown in {(funded, fees), (funded - fees, 0), (funded - fees, fees)}, (shown, fees)
+    assert shown in {(funded - d, h) for d in debited for h in (fees - d, fees)}, (shown, each)
     # Withdrawal: pending with its opening time, questions refused in words, cancel, withdraw.
     assert result["withdrawal_text"].startswith("requested: opens at ")
     assert int(result["withdrawable_at"]) > 0 and result["withdraw_disabled_before"]
@@ -326,6 +330,7 @@ def test_dapp_prepaid_balance_pays_two_questions_by_voucher_then_withdraws(
     before = escrow.functions.prepaidOf(user.address, pool["gateway"]).call(
         block_identifier=withdraw["blockNumber"] - 1
     )
-    assert withdrawn["args"]["amount"] == before[0] in (funded, funded - fees)
+    # at the withdrawal too, the roots posted so far have debited none, one or both of them
+    assert withdrawn["args"]["amount"] == before[0] in {funded - d for d in debited}
     assert tuple(escrow.functions.prepaidOf(user.address, pool["gateway"]).call()) == (0, 0)
     assert result["prepaid_end_wei"] == "0" and result["withdrawal_end"] == "none pending"
