@@ -282,9 +282,8 @@ def _check(key: str, value: Any, source: str, home: Path) -> Any:
 def devnet_ports(env: Mapping[str, str]) -> tuple[int, ...]:
     """The ports the other hosts reach in this devnet host (`planet devnet exec` sets them);
     () outside one, or when the value is not a list of ports."""
-    raw = env.get(DEVNET_PORTS_ENV, "")
-    try:
-        ports = tuple(int(part) for part in raw.split(",") if part.strip())
-    except ValueError:
-        return ()
+    parts = [part.strip() for part in env.get(DEVNET_PORTS_ENV, "").split(",") if part.strip()]
+    if not all(part.isascii() and part.isdigit() and len(part) <= 5 for part in parts):
+        return ()  # int() would take "١٨١٠٠" or "1_8100"
+    ports = tuple(int(part) for part in parts)
     return ports if all(0 < port < 65536 for port in ports) else ()

@@ -184,15 +184,7 @@ def plan_hosts(
 ) -> HostsPlan:
     """The lab for a devnet of this size (UsageError for a matrix that does not load)."""
     names = host_names(validators, nodes, gateway, operators)
-    services: dict[str, tuple[int, ...]] = {"anvil": (ANVIL_PORT,)}
-    for i in range(validators):
-        services[f"validator{i}"] = (COMMITTEE_BASE_PORT, COMMITTEE_BASE_PORT + 1)
-    for i in range(nodes):
-        services[f"node{i}"] = (NODE_PORT,)
-    if gateway:
-        services["gateway"] = (GATEWAY_PORT,)
-    for i in range(operators):
-        services[f"operator{i}"] = OPERATOR_PORTS
+    services = {name: ports for name in names if (ports := exposed_ports(name))}
     if links.link_ms is not None:
         shape = Shape.from_latency(links.link_ms, kbytes_per_s=links.kbytes_per_s)
         shapes = {(a, b): shape for a in names for b in names if a != b}
@@ -336,7 +328,8 @@ def exec_argv(
 
 
 def exposed_ports(host: str) -> tuple[int, ...]:
-    """The ports of `host` that the lab's links carry to the other hosts (plan_hosts)."""
+    """The ports of `host` (a `host_names` name) that the lab's links carry to the other hosts:
+    what `plan_hosts` exposes and `exec_argv` names to the commands run there."""
     if host.startswith("operator"):
         return OPERATOR_PORTS
     if host.startswith("node"):

@@ -338,7 +338,9 @@ def test_the_ports_exec_names_are_the_ports_the_lab_exposes_and_join_takes_one(
     for host in plan.names:
         assert exposed_ports(host) == plan.services.get(host, ()), host
     assert devnet_ports({DEVNET_PORTS_ENV: "18100,18101"}) == (18100, 18101)
-    assert devnet_ports({DEVNET_PORTS_ENV: "x"}) == devnet_ports({}) == ()
+    for junk in ("x", "١٨١٠٠", "1_8100", "0", "70000", "18100,-1", "9" * 400):
+        assert devnet_ports({DEVNET_PORTS_ENV: junk}) == (), junk
+    assert devnet_ports({}) == ()
     monkeypatch.delenv(DEVNET_PORTS_ENV, raising=False)
     assert _devnet_host_port("127.0.0.1") == 0  # outside a devnet host: any free port
     with socket.socket() as one, socket.socket() as two:

@@ -73,6 +73,23 @@ async def test_a_receipt_that_names_no_circuit_is_refused_by_name(
             await PersonalAsker(url, http, MODEL_HASH).ask(CHALLENGE)
 
 
+async def test_an_answer_that_is_not_json_is_refused_by_name(aiohttp_server) -> None:
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m", "planet_model_hash": MODEL_HASH}]})
+
+    async def completions(request: web.Request) -> web.Response:
+        return web.Response(body=b"\xff" * 100_000 + b"{[")
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    server = await aiohttp_server(app)
+    async with aiohttp.ClientSession() as http:
+        asker = PersonalAsker(str(server.make_url("")).rstrip("/"), http, MODEL_HASH)
+        with pytest.raises(ProtocolError, match="no planet_receipt"):
+            await asker.ask(CHALLENGE)
+
+
 async def test_another_model_a_refusal_and_no_client_are_named_errors(aiohttp_server) -> None:
     url, bodies = await _client(aiohttp_server, {}, status=402)
     async with aiohttp.ClientSession() as http:
