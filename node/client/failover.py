@@ -277,151 +277,157 @@ async def generate(
     replace: frozenset[int] = frozenset()
     moved = False
     recovering: _Recovery | None = None
-    while True:
-        client: Circuit | None = None
-        sid = 0
-        served = 0  # positions the current session answered
-        try:
-            async with source.lease(replace, failed=not moved) as client:
-                sid = client.new_sid()
-                sent0, received0 = client.bytes_sent, client.bytes_received
-                passes, passes_s = 0, 0.0  # decode passes on this circuit, and their time
-                first_passes: list[float] = []  # the first ones' times, to judge a trial on
-                checked = False  # its first passes observed and its hops on trial judged
-                try:
-                    opened_s = time.perf_counter()
-                    await client.open(new_session_id(), sid, wait=False)
-                    history = prompt + fed
-                    first = chosen == 0
-                    out = await client.prefill(
-                        sid,
-                        head.embed_np(history),
-                        last_only=prefill_last_only if first else True,
-                        on_chunk=on_prefill if first else None,
-                        split_at=len(prompt),
-                        timeout_s=policy.stall_s,
-                    )
-                    served = position = len(history)
-                    if recovering is not None:
-                        recovering.replayed = position
-                        recovering.replay_ms = (time.perf_counter() - opened_s) * 1000
-                    logits = await client.logits(head, out[0, -1])
-                    rows = logits[None, :]  # the logits each token of `pass_tokens` comes from
-                    pass_tokens = [sample(logits, sampling, rng)]
-                    while True:
-                        # a pass rejecting a guess yields fewer tokens than it has rows
-                        for row, token in zip(rows, pass_tokens, strict=False):
-                            if on_logits is not None:
-                                on_logits(row)
-                            chosen += 1
-                            timings.chose(chosen)
-                            if chosen > 1:
-                                timings.decode_steps += 1
-                            if recovering is not None:
-                                timings.failovers.append(recovering.done())
-                                recovering = None
-                            if stop_on_eos and token in head.eos_token_ids:
-                                return
-                            timings.new_tokens += 1
-                            yield token
-                            if chosen == max_new_tokens:
-                                return
-                            fed.append(token)
-                        if passes == MIN_OBSERVED_PASSES and not checked:
-                            # a hop on trial is judged on its first passes, not the whole answer
-                            checked = True
-                            # the median: one hiccup (a page-in, a GC, the box's other load)
-                            # in three passes does not move a question off an equal replica
-                            typical = statistics.median(first_passes)
-                            source.observe([hop.url for hop in client.hops], typical)
-                            passes, passes_s = 0, 0.0
-                            slow = (
-                                source.outpriced(client.hops) if moves < policy.attempts else set()
-                            )
-                            if slow:
-                                raise Outpriced(slow)
-                        # the circuit holds `position` positions; the last chosen token is next
-                        guesses: list[int] = []
-                        if speculation is not None:
-                            left = max_new_tokens - chosen - 1  # wanted after this pass's first
-                            guesses = propose(prompt + fed, speculation)[: max(0, left)]
-                        feed = [fed[-1], *guesses]
-                        sent_s = time.perf_counter()
-                        await client.send(
+    try:
+        while True:
+            client: Circuit | None = None
+            sid = 0
+            served = 0  # positions the current session answered
+            try:
+                async with source.lease(replace, failed=not moved) as client:
+                    sid = client.new_sid()
+                    sent0, received0 = client.bytes_sent, client.bytes_received
+                    passes, passes_s = 0, 0.0  # decode passes on this circuit, and their time
+                    first_passes: list[float] = []  # the first ones' times, to judge a trial on
+                    checked = False  # its first passes observed and its hops on trial judged
+                    try:
+                        opened_s = time.perf_counter()
+                        await client.open(new_session_id(), sid, wait=False)
+                        history = prompt + fed
+                        first = chosen == 0
+                        out = await client.prefill(
                             sid,
-                            position,
-                            head.embed_np(feed),
-                            last_only=not guesses,
-                            rewind=speculation is not None,
+                            head.embed_np(history),
+                            last_only=prefill_last_only if first else True,
+                            on_chunk=on_prefill if first else None,
+                            split_at=len(prompt),
+                            timeout_s=policy.stall_s,
                         )
-                        out = await client.receive(sid, position, len(feed), policy.stall_s)
-                        took_s = time.perf_counter() - sent_s
-                        passes, passes_s = passes + 1, passes_s + took_s
-                        if not checked:
-                            first_passes.append(took_s)
-                        if guesses:
-                            rows = head.logits_batch_np(out[0])
-                            pass_tokens = verify(rows, guesses, sampling, rng)
-                        else:
-                            rows = (await client.logits(head, out[0, -1]))[None, :]
-                            pass_tokens = [sample(rows[0], sampling, rng)]
-                        if stats is not None:
-                            stats.passes += 1
-                            stats.proposed += len(guesses)
-                            stats.accepted += len(pass_tokens) - 1
-                        position += len(pass_tokens)  # the fed token and the kept guesses
-                        served = position
-                finally:
-                    timings.wire_bytes_sent += client.bytes_sent - sent0
-                    timings.wire_bytes_received += client.bytes_received - received0
-                    if passes >= MIN_OBSERVED_PASSES:
-                        source.observe([hop.url for hop in client.hops], passes_s / passes)
-                    await client.close(sid)
-        except (OutOfCreditsError, PriceTooHighError):
-            raise  # the wallet's or the user's limit: another try would pay nothing better
-        except Outpriced as slow:
-            moves += 1
-            if recovering is not None:
-                timings.failovers.append(recovering.done())
-            # recorded like a failover (what each circuit served is paid from these records)
-            recovering = _Recovery(
-                code="outpriced",
-                hops=tuple(sorted(slow.hops)),
-                served=served,
-                seen_s=time.perf_counter(),
-            )
-            log.info(
-                "hops on trial slower than their replicas; moving off them hops=%s positions=%d",
-                list(recovering.hops),
-                len(prompt) + len(fed),
-            )
-            replace, moved = frozenset(slow.hops), True
-            continue
-        except FAILURES as error:
-            seen_s = time.perf_counter()
-            failures += 1
-            suspects = client.suspects(sid) if client is not None else set()
-            if not suspects and failures <= policy.attempts:
-                suspects = await source.probe()
-            failed = _Recovery(
-                code=error.code,
-                hops=tuple(sorted(suspects)),
-                served=served,
-                seen_s=seen_s,
-            )
-            if recovering is not None:  # the replacement failed too: one record per circuit
-                timings.failovers.append(recovering.done())
-            recovering = failed
-            if failures > policy.attempts:
-                timings.failovers.append(recovering.done())
-                raise
-            log.warning(
-                "circuit failed; replaying on a replacement attempt=%d hops=%s positions=%d "
-                "error=%s",
-                failures,
-                list(failed.hops),
-                len(prompt) + len(fed),
-                error.message,
-            )
-            replace, moved = frozenset(suspects), False
-            await asyncio.sleep(policy.delay(failures))
+                        served = position = len(history)
+                        if recovering is not None:
+                            recovering.replayed = position
+                            recovering.replay_ms = (time.perf_counter() - opened_s) * 1000
+                        logits = await client.logits(head, out[0, -1])
+                        rows = logits[None, :]  # the logits each token of `pass_tokens` comes from
+                        pass_tokens = [sample(logits, sampling, rng)]
+                        while True:
+                            # a pass rejecting a guess yields fewer tokens than it has rows
+                            for row, token in zip(rows, pass_tokens, strict=False):
+                                if on_logits is not None:
+                                    on_logits(row)
+                                chosen += 1
+                                timings.chose(chosen)
+                                if chosen > 1:
+                                    timings.decode_steps += 1
+                                if recovering is not None:
+                                    timings.failovers.append(recovering.done())
+                                    recovering = None
+                                if stop_on_eos and token in head.eos_token_ids:
+                                    return
+                                timings.new_tokens += 1
+                                yield token
+                                if chosen == max_new_tokens:
+                                    return
+                                fed.append(token)
+                            if passes == MIN_OBSERVED_PASSES and not checked:
+                                # a hop on trial is judged on its first passes, not the whole answer
+                                checked = True
+                                # the median: one hiccup (a page-in, a GC, the box's other load)
+                                # in three passes does not move a question off an equal replica
+                                typical = statistics.median(first_passes)
+                                source.observe([hop.url for hop in client.hops], typical)
+                                passes, passes_s = 0, 0.0
+                                slow = set()
+                                if moves < policy.attempts:
+                                    slow = source.outpriced(client.hops)
+                                if slow:
+                                    raise Outpriced(slow)
+                            # the circuit holds `position` positions; the last chosen token is next
+                            guesses: list[int] = []
+                            if speculation is not None:
+                                left = max_new_tokens - chosen - 1  # wanted after this pass's first
+                                guesses = propose(prompt + fed, speculation)[: max(0, left)]
+                            feed = [fed[-1], *guesses]
+                            sent_s = time.perf_counter()
+                            await client.send(
+                                sid,
+                                position,
+                                head.embed_np(feed),
+                                last_only=not guesses,
+                                rewind=speculation is not None,
+                            )
+                            out = await client.receive(sid, position, len(feed), policy.stall_s)
+                            took_s = time.perf_counter() - sent_s
+                            passes, passes_s = passes + 1, passes_s + took_s
+                            if not checked:
+                                first_passes.append(took_s)
+                            if guesses:
+                                rows = head.logits_batch_np(out[0])
+                                pass_tokens = verify(rows, guesses, sampling, rng)
+                            else:
+                                rows = (await client.logits(head, out[0, -1]))[None, :]
+                                pass_tokens = [sample(rows[0], sampling, rng)]
+                            if stats is not None:
+                                stats.passes += 1
+                                stats.proposed += len(guesses)
+                                stats.accepted += len(pass_tokens) - 1
+                            position += len(pass_tokens)  # the fed token and the kept guesses
+                            served = position
+                    finally:
+                        timings.wire_bytes_sent += client.bytes_sent - sent0
+                        timings.wire_bytes_received += client.bytes_received - received0
+                        if passes >= MIN_OBSERVED_PASSES:
+                            source.observe([hop.url for hop in client.hops], passes_s / passes)
+                        await client.close(sid)
+            except (OutOfCreditsError, PriceTooHighError):
+                raise  # the wallet's or the user's limit: another try would pay nothing better
+            except Outpriced as slow:
+                moves += 1
+                if recovering is not None:
+                    timings.failovers.append(recovering.done())
+                # recorded like a failover (what each circuit served is paid from these records)
+                recovering = _Recovery(
+                    code="outpriced",
+                    hops=tuple(sorted(slow.hops)),
+                    served=served,
+                    seen_s=time.perf_counter(),
+                )
+                log.info(
+                    "hops on trial slower than their replicas; moving off them "
+                    "hops=%s positions=%d",
+                    list(recovering.hops),
+                    len(prompt) + len(fed),
+                )
+                replace, moved = frozenset(slow.hops), True
+                continue
+            except FAILURES as error:
+                seen_s = time.perf_counter()
+                failures += 1
+                suspects = client.suspects(sid) if client is not None else set()
+                if not suspects and failures <= policy.attempts:
+                    suspects = await source.probe()
+                failed = _Recovery(
+                    code=error.code,
+                    hops=tuple(sorted(suspects)),
+                    served=served,
+                    seen_s=seen_s,
+                )
+                if recovering is not None:  # the replacement failed too: one record per circuit
+                    timings.failovers.append(recovering.done())
+                recovering = failed
+                if failures > policy.attempts:
+                    raise  # its record: `finally` below
+                log.warning(
+                    "circuit failed; replaying on a replacement attempt=%d hops=%s positions=%d "
+                    "error=%s",
+                    failures,
+                    list(failed.hops),
+                    len(prompt) + len(fed),
+                    error.message,
+                )
+                replace, moved = frozenset(suspects), False
+                await asyncio.sleep(policy.delay(failures))
+    finally:
+        # the question ended while it was leaving a circuit (the client hung up, the wallet ran
+        # out, no replacement, the last attempt failed): that circuit's record still counts
+        if recovering is not None:
+            timings.failovers.append(recovering.done())

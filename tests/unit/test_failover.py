@@ -375,6 +375,81 @@ async def test_one_hiccup_in_a_trial_nodes_first_passes_does_not_move_the_questi
     assert source.costs.get(hops[2].url).trials == 1  # it was a trial
 
 
+async def _hang_up_when(task: asyncio.Task, ready: Any) -> None:
+    """Cancel `task` (the client hung up) once `ready()` holds and the replay has begun."""
+    for _ in range(400):
+        if ready():
+            break
+        await asyncio.sleep(0.05)
+    assert ready(), "the replacement circuit was never leased"
+    await asyncio.sleep(0.3)  # its replay is under way, frozen on the replica
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@pytest.mark.parametrize("cause", ["node_gone", "outpriced"])
+async def test_a_hang_up_during_the_replay_keeps_the_left_circuits_record(
+    aiohttp_server, tiny, cause
+):
+    """The question leaves a circuit (its shard-1 node killed, or on trial and slow), and the
+    client hangs up while the replacement replays the history (frozen here, so the replay is
+    surely under way). What the left circuit served is still recorded: the records are how each
+    circuit is paid (node/gateway/engine.py `served_circuit`), and a record lost here left the
+    hosted gateway unable to close the question's payment."""
+    _, _, manifest = tiny
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    shards = [0, 1, 1]
+    servers, _ = await _nodes(aiohttp_server, manifest, shards)
+    hops = _hops(servers, shards)
+    pick = FirstOrLast()
+    replica = servers[2].app[STATE_KEY].backend
+    timings = Timings()
+    async with aiohttp.ClientSession() as http:
+        source = _source(http, manifest, hops)
+        source.costs = CostBook(rng=pick)
+
+        async def nothing(count: int) -> None:
+            pass
+
+        if cause == "outpriced":
+            await _answer(source, head, ids, nothing)  # the fast node of shard 1 seen
+            pick.last = True  # the slow one, not seen: tried, and left after its first passes
+            servers[2].app[STATE_KEY].backend.slow_s = 0.1
+            replica = servers[1].app[STATE_KEY].backend
+        kill_at = 3
+
+        async def on_token(count: int) -> None:
+            replica.frozen.set()  # the replacement hangs in its replay
+            if cause == "node_gone" and count == kill_at:
+                await servers[1].close()
+
+        async def answer() -> None:
+            async for token in generate(
+                source,
+                head,
+                ids,
+                max_new_tokens=STEPS,
+                stop_on_eos=False,
+                timings=timings,
+                policy=FailoverPolicy(backoff_s=0.01, stall_s=30),
+            ):
+                await on_token(timings.new_tokens)
+                del token
+
+        leased = len(source.circuits)
+        task = asyncio.create_task(answer())
+        try:
+            await _hang_up_when(task, lambda: len(source.circuits) == leased + 2)
+        finally:
+            replica.thawed.set()
+    (left,) = timings.failovers
+    assert (left.code == "outpriced") == (cause == "outpriced") and left.hops == (1,)
+    served = len(ids) + (kill_at - 1 if cause == "node_gone" else 3)
+    assert left.served == served and left.replayed == 0
+
+
 async def test_failover_policy_backoff_doubles_and_is_capped():
     policy = FailoverPolicy(backoff_s=0.1, backoff_max_s=0.3)
     assert [policy.delay(n) for n in (1, 2, 3, 4)] == [0.1, 0.2, 0.3, 0.3]
