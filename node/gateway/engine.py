@@ -67,6 +67,12 @@ class RouterCircuits:
         else:
             circuit = await self.router.circuit()  # NoCircuit (503) when a shard has none
         self.circuits.append(circuit)
+        if self.circuits[1:]:
+            log.info(
+                "replacement circuit leased circuits=%d shards=%s",
+                len(self.circuits),
+                sorted(replace),
+            )
         hops = [Hop(url=n.endpoint, shard=n.shard, key=n.key) for n in circuit.nodes]
         async with self.router.hold(circuit), self.pool.use(hops) as client:
             yield client

@@ -5,13 +5,15 @@ payer hanging up after every answer never gets more than its balance holds; the 
 `openai` client spends ONE payment key (`planet key new`) over 20 questions, streamed and not,
 and the 21st is refused by name; `planet key revoke` stops it; a voucher or key expiring before
 the committee could charge it is refused; a gateway whose escrow refunds too early does not
-start.
+start; a client hanging up while its answer moves to a replica (the serving node killed, the
+replica frozen mid-replay) is charged what the nodes produced, and the question ends.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -35,6 +37,7 @@ from harness.gateway_net import (
     ephemeral_port,
     http_json,
     prepared_manifest,
+    wait_for,
 )
 from protocol.payment import (
     PaymentKey,
@@ -442,3 +445,58 @@ def test_a_gateway_whose_escrow_refunds_too_early_refuses_to_start(
     assert started.returncode == 2, started.stderr[-2000:]
     assert "refund timeout is 600 s, shorter than the refund margin of" in started.stderr
     assert "hint:" in started.stderr and "Traceback" not in started.stderr
+
+
+# --- a hang-up while the answer moves to a replica (runs last: it adds a node and kills one) ----
+
+
+def _forwards(node: Any) -> int:
+    """The node's forward count (0 once it no longer answers)."""
+    try:
+        return int(http_json(f"{node.process.url}/info", timeout=2)["load"]["forwards"])
+    except (OSError, ValueError):
+        return 0
+
+
+def test_a_hang_up_while_the_answer_moves_to_a_replica_is_charged_and_the_question_ends(
+    net: GatewayNet, user: Any, prompt_tokens: int
+) -> None:
+    """A second node joins shard 0. Mid-answer (not streamed) the serving shard-0 node is
+    killed and its replica frozen (SIGSTOP), so the gateway's replay of the history hangs there;
+    the client hangs up during that replay. The question still ends: charged the prompt and the
+    tokens produced, the killed node among the receipt's nodes, nothing left held. (Before, the
+    left circuit's record was lost on this hang-up and the gateway never closed the payment.)"""
+    (extra,) = net.start_nodes([0])
+    net.register(extra, stake=True)
+    wait_for(lambda: net.pools()["routable_per_shard"][0] == 2, 60, "the new node routable")
+    time.sleep(2.5)  # the gateway's routing view refreshes every 2 s
+    shard0 = [next(n for n in net.nodes if n.process.shard == 0), extra]
+    last = next(n for n in net.nodes if n.process.shard == 1)
+    log = net.run_dir / "gateway.log"
+    replays = log.read_text(errors="replace").count("replacement circuit leased")
+    key, query = net.pay(user, DEPOSIT)
+    before = [_forwards(n) for n in [*shard0, last]]
+    raw = Raw(net, ask_body(net, stream=False, max_tokens=64), key)
+    wait_for(lambda: _forwards(last) >= before[-1] + 4, 60, "decode steps under way", 0.02)
+    (serving,) = [n for n, count in zip(shard0, before, strict=False) if _forwards(n) > count]
+    (replica,) = [n for n in shard0 if n is not serving]
+    os.kill(replica.process.pid, signal.SIGSTOP)
+    try:
+        net.kill_node(serving)
+        wait_for(
+            lambda: log.read_text(errors="replace").count("replacement circuit leased") > replays,
+            30,
+            "the gateway replaying the answer on the replica",
+        )
+        time.sleep(0.5)  # its links opening or its replay under way, frozen at the replica
+        raw.reset()
+        time.sleep(0.5)
+    finally:
+        os.kill(replica.process.pid, signal.SIGCONT)
+    wait_settled(net)
+    doc = receipt(net, query, key)
+    assert doc is not None, "the nodes worked for this client: it pays"
+    assert doc["prompt_tokens"] == prompt_tokens
+    assert 1 <= doc["completion_tokens"] < 64  # what the killed circuit produced
+    assert serving.public in doc["nodes"], doc  # the circuit it left is credited
+    assert "Traceback" not in log.read_text(errors="replace")
