@@ -294,11 +294,6 @@ async def generate(
                         await client.open(new_session_id(), sid, wait=False)
                         history = prompt + fed
                         first = chosen == 0
-                        if recovering is not None:
-                            log.info(
-                                "replaying the history on the replacement positions=%d",
-                                len(history),
-                            )
                         out = await client.prefill(
                             sid,
                             head.embed_np(history),

@@ -67,7 +67,7 @@ class RouterCircuits:
         else:
             circuit = await self.router.circuit()  # NoCircuit (503) when a shard has none
         self.circuits.append(circuit)
-        if self.circuits[1:]:
+        if len(self.circuits) > 1:
             log.info(
                 "replacement circuit leased circuits=%d shards=%s",
                 len(self.circuits),

@@ -133,9 +133,10 @@ async def _answer(
     on_token: Any,
     speculation: SpeculationConfig | None = None,
     stats: SpeculationStats | None = None,
+    timings: Timings | None = None,
     **policy: Any,
 ):
-    timings = Timings()
+    timings = timings if timings is not None else Timings()
     tokens: list[int] = []
     async for token in generate(
         source,
@@ -425,21 +426,10 @@ async def test_a_hang_up_during_the_replay_keeps_the_left_circuits_record(
             if cause == "node_gone" and count == kill_at:
                 await servers[1].close()
 
-        async def answer() -> None:
-            async for token in generate(
-                source,
-                head,
-                ids,
-                max_new_tokens=STEPS,
-                stop_on_eos=False,
-                timings=timings,
-                policy=FailoverPolicy(backoff_s=0.01, stall_s=30),
-            ):
-                await on_token(timings.new_tokens)
-                del token
-
         leased = len(source.circuits)
-        task = asyncio.create_task(answer())
+        task = asyncio.create_task(
+            _answer(source, head, ids, on_token, timings=timings, stall_s=30)
+        )
         try:
             await _hang_up_when(task, lambda: len(source.circuits) == leased + 2)
         finally:
