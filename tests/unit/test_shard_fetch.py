@@ -27,6 +27,12 @@ ASKED = web.AppKey("asked", list[int])
 SIZE = 5 * CHUNK + 300  # six chunks, the last one short
 
 
+def _flip(data: bytes, at: int) -> bytes:
+    """`data` with the byte at `at` inverted: surely changed (writing a fixed byte over random
+    data leaves it unchanged once in 256 runs)."""
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+
+
 @pytest.fixture
 def shard_file(tmp_path: Path) -> tuple[ShardEntry, bytes]:
     data = os.urandom(SIZE)
@@ -180,7 +186,7 @@ async def test_origin_over_http_with_ranges_and_a_bad_origin_is_an_integrity_err
     target = tmp_path / entry.file
     report = await fetch_shard(entry, target, [], origin=f"{base}/model")
     assert target.read_bytes() == data and report.by_source == {"origin": 6}
-    (served / entry.file).write_bytes(data[:100] + b"x" + data[101:])
+    (served / entry.file).write_bytes(_flip(data, 100))
     target.unlink()
     with pytest.raises(IntegrityError, match="origin"):
         await fetch_shard(entry, target, [], origin=f"{base}/model")
@@ -243,7 +249,7 @@ async def test_node_serves_its_chunks_checked_and_refuses_others(
     assert (await client.get("/v1/shards/0/chunks/-1")).status == 400
     # the file changed on disk: the node refuses rather than spreading a bad chunk
     path = manifest.parent / entry.file
-    path.write_bytes(data[:10] + b"!" + data[11:])
+    path.write_bytes(_flip(data, 10))
     refused = await client.get("/v1/shards/0/chunks/0")
     assert refused.status == 409
     assert (await refused.json())["code"] == "integrity"
