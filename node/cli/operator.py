@@ -501,8 +501,7 @@ async def _wait_routable(config: Any, joined: Any, timeout_s: float) -> None:
     from node.server.launcher import pid_alive
 
     link = CommitteeLink([config.committee_rpc])
-    started = time.monotonic()
-    last = ""
+    progress = JoinProgress(time.monotonic())
     try:
         while True:
             for what, pid, log_path in (
@@ -521,12 +520,12 @@ async def _wait_routable(config: Any, joined: Any, timeout_s: float) -> None:
             except PlanetError:
                 view = None
             line = _progress_line(view)
-            if line != last:
-                _say(f"  [{time.monotonic() - started:5.1f} s] {line}")
-                last = line
+            said = progress.say(line, time.monotonic())
+            if said is not None:
+                _say(said)
             if view is not None and view.get("routable"):
                 return
-            if time.monotonic() - started > timeout_s:
+            if time.monotonic() - progress.started > timeout_s:
                 raise UnavailableError(
                     f"the node is not routable after {timeout_s:.0f} s ({line})",
                     hint="routable needs SERVING, stake attested by 2/3 of the validators' stake "
@@ -535,6 +534,31 @@ async def _wait_routable(config: Any, joined: Any, timeout_s: float) -> None:
             await asyncio.sleep(0.5)
     finally:
         await link.close()
+
+
+STILL_EVERY_S = 15.0
+
+
+class JoinProgress:
+    """What `join` prints while it waits for its node: each new state once, and the same state
+    again every STILL_EVERY_S seconds. Loading a shard takes a minute on a busy machine (3 nodes
+    and a gateway starting at once on 2 cores: ~60 s), and a minute of silence looks like a hang."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.last = ""
+        self.said_at = started
+
+    def say(self, state: str, now: float) -> str | None:
+        """The line to print at `now` for `state`, or None to stay quiet."""
+        elapsed = f"  [{now - self.started:5.1f} s]"
+        if state != self.last:
+            self.last, self.said_at = state, now
+            return f"{elapsed} {state}"
+        if now - self.said_at >= STILL_EVERY_S:
+            self.said_at = now
+            return f"{elapsed} still: {state}"
+        return None
 
 
 def _reputation(value: Any) -> str:

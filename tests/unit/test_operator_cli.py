@@ -314,3 +314,20 @@ def test_join_with_a_missing_shard_and_no_source_says_what_to_do(env, capsys, mo
     assert code == 6
     assert "error:" in err and "missing and no peer is left" in err
     assert "hint:" in err and "origin" in err
+
+
+def test_join_progress_says_each_state_once_and_a_long_wait_again_every_15_s() -> None:
+    progress = operator.JoinProgress(100.0)
+    loading = "waiting for the node to load its shard and register"
+    said = [progress.say(loading, 100.0 + t) for t in (0.0, 0.5, 14.9, 15.0, 15.5, 30.0)]
+    assert said == [
+        f"  [  0.0 s] {loading}",
+        None,
+        None,
+        f"  [ 15.0 s] still: {loading}",
+        None,
+        f"  [ 30.0 s] still: {loading}",
+    ]
+    joined = "JOIN, stake not yet agreed, reputation 0.500, routable False"
+    assert progress.say(joined, 31.0 + 100.0) == f"  [ 31.0 s] {joined}"  # a new state at once
+    assert progress.say(joined, 100.0 + 31.0 + operator.STILL_EVERY_S - 0.1) is None
