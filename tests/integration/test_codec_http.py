@@ -1,53 +1,35 @@
 """The opt-in codecs (ohq7, rq) through a real 2-node circuit of SmolLM2 (the nodes forward to
 each other over WebSockets): greedy tokens equal the uncompressed circuit's on the short prompt
 of test_pipeline_http.py, and the nodes answer in the codec they were sent (the client checks
-every answer's codec). `--compress` stays hq9. One circuit (two node processes) for the module.
+every answer's codec). `--compress` stays hq9. The 2-part circuit (two node processes) is the
+session's shared one (tests/integration/conftest.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from node.client.circuit import CircuitClient
 from node.client.types import Hop
 from node.model.head import ClientHead
-from node.server.launcher import NodeProcess, free_ports, start_node, stop_pid, wait_healthy
+from node.server.launcher import NodeProcess
 from protocol.frames.codecs import COMPRESSED_CODEC
 
 pytestmark = pytest.mark.integration
 
 MAX_NEW_TOKENS = 24
-PORTS = (21600, 21700)  # this module's share of the test port range
 PROMPTS: dict[str, list[dict[str, str]]] = {
     "short": [{"role": "user", "content": "What is the capital of France?"}],
 }  # one prompt keeps the module near 30 s on an idle 2-core box
 
 
 @pytest.fixture(scope="module")
-def circuit(tmp_path_factory) -> Iterator[tuple[Path, list[NodeProcess]]]:
-    from node.model.prepare import prepare
-
-    manifest = Path(prepare(parts=2, quant="none", progress=lambda _msg: None))
-    run_dir = tmp_path_factory.mktemp("nodes-codec")
-    nodes: list[NodeProcess] = []
-    ports = free_ports(2, *PORTS)
-    next_hops = ("--next-hops", ",".join(f"http://127.0.0.1:{port}" for port in ports))
-    try:
-        for shard, port in enumerate(ports):
-            nodes.append(
-                start_node(
-                    manifest=manifest, shard=shard, port=port, run_dir=run_dir, extra_args=next_hops
-                )
-            )
-        wait_healthy(nodes, timeout_s=240)
-        yield manifest, nodes
-    finally:
-        for node in nodes:
-            stop_pid(node.pid, grace_s=5)
+def circuit(plain_circuits: Any) -> tuple[Path, list[NodeProcess]]:
+    return plain_circuits.get(2)  # kept for test_pipeline_http's 2-part circuit (conftest.py)
 
 
 def _greedy(nodes: list[NodeProcess], head: ClientHead, ids: list[int], codec: str) -> list[int]:

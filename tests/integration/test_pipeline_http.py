@@ -2,9 +2,10 @@
 forward to each other over WebSockets) equals monolithic transformers `generate`, token for
 token, with unquantized shards of the real SmolLM2.
 
-Circuits: 2 and 5 even parts and 3 uneven ones (4/17/9 layers). Nodes start once per circuit
-(module-scoped fixture, each node with its circuit as --next-hops, as `planet local up` starts
-them) and the prepared model cache is reused across runs.
+Circuits: 2 and 5 even parts and 3 uneven ones (4/17/9 layers), the session's shared plaintext
+circuits (tests/integration/conftest.py: each node with its circuit as --next-hops, as `planet
+local up` starts them; the 2-part one may come from test_codec_http, the 3-part one stays for
+test_speculation_nodes), and the prepared model cache is reused across runs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -28,15 +28,12 @@ from node.server.launcher import (
     NodeProcess,
     free_ports,
     pid_alive,
-    start_node,
-    stop_pid,
-    wait_healthy,
 )
 
 pytestmark = pytest.mark.integration
 
 MAX_NEW_TOKENS = 24
-PORTS = (21100, 21200)  # this module's share of the test port range
+PORTS = (21600, 21700)  # this module's share of the test port range (conftest.py: 21100-21200)
 
 LONG_TEXT = (
     "The river starts as snow high in the mountains. In spring the snow melts, and small "
@@ -100,35 +97,16 @@ def reference() -> dict[str, tuple[list[int], list[int]]]:
     return out
 
 
-def _prepare(parts: int, split: list[int] | None) -> Path:
-    from node.model.prepare import prepare
-
-    kwargs: dict[str, Any] = {"parts": parts, "quant": "none", "progress": lambda _msg: None}
-    if split is not None:
-        kwargs["split"] = split
-    return Path(prepare(**kwargs))
+# test_speculation_nodes runs on the uneven 3-part circuit next: kept for it (conftest.py)
+KEPT = {(3, (4, 17, 9))}
 
 
 @pytest.fixture(scope="module", params=CIRCUITS, ids=[c[0] for c in CIRCUITS])
-def circuit(request, tmp_path_factory) -> Iterator[tuple[Path, list[NodeProcess]]]:
-    name, parts, split = request.param
-    manifest = _prepare(parts, split)
-    run_dir = tmp_path_factory.mktemp(f"nodes-{name}")
-    nodes: list[NodeProcess] = []
-    ports = free_ports(parts, *PORTS)
-    next_hops = ("--next-hops", ",".join(f"http://127.0.0.1:{port}" for port in ports))
-    try:
-        for shard, port in enumerate(ports):
-            nodes.append(
-                start_node(
-                    manifest=manifest, shard=shard, port=port, run_dir=run_dir, extra_args=next_hops
-                )
-            )
-        wait_healthy(nodes, timeout_s=240)
-        yield manifest, nodes
-    finally:
-        for node in nodes:
-            stop_pid(node.pid, grace_s=5)
+def circuit(request, plain_circuits) -> Iterator[tuple[Path, list[NodeProcess]]]:
+    _name, parts, split = request.param
+    yield plain_circuits.get(parts, split)
+    if (parts, None if split is None else tuple(split)) not in KEPT:
+        plain_circuits.release(parts, split)
 
 
 @pytest.fixture(scope="module")
@@ -180,8 +158,9 @@ def test_pipeline_http_greedy_equals_transformers_generate(circuit, reference, h
 
 def test_node_serve_corrupted_shard_refuses_to_start_naming_both_hashes(tmp_path):
     from node.model.manifest import Manifest
+    from node.model.prepare import prepare
 
-    manifest_path = _prepare(2, None)
+    manifest_path = Path(prepare(parts=2, quant="none", progress=lambda _msg: None))
     source = manifest_path.parent
     target = tmp_path / "model"
     target.mkdir()
