@@ -40,7 +40,7 @@ from node.chain.committee_link import NOT_FOUND_QUERY, CommitteeLink
 from node.chain.committee_rpc import TxRejectedError
 from node.client.credit_wallet import CreditWallet, MintRequest, NoCreditKeys, PendingMint
 from protocol.credits import FUND_EPOCHS, Credit, epoch_keys_from_query
-from protocol.errors import PlanetError, ProtocolError, RemoteError
+from protocol.errors import PlanetError, ProtocolError, RemoteError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +270,10 @@ async def buy_credits(
     progress: Callable[[str], None] = log.info,
 ) -> list[Credit]:
     """Mint `count` credits paid from `payer_key`'s prepaid balance; store and return them
-    (credits of purchases finished from earlier runs go to the wallet, not into this list)."""
+    (credits of purchases finished from earlier runs go to the wallet, not into this list).
+    A mint whose epoch ended before it landed (refused, or dropped before it was sent) charged
+    nothing and is drawn again with the new epoch's keys, up to MINT_TRIES times; it never
+    returns an empty purchase (UnavailableError after the last try)."""
     # purchases an earlier run left: finish those that are ready, without waiting for the rest
     # (`planet credits finish` waits for them)
     await finish_pending(
@@ -307,7 +310,7 @@ async def buy_credits(
             pending = PendingMint(request, keys_answer)
             wallet.hold(pending)  # on disk before anything is sent: nothing paid is ever lost
             try:
-                return await complete(
+                bought = await complete(
                     link,
                     signatures_from(validator_rpcs, timeout_s),
                     wallet,
@@ -323,6 +326,17 @@ async def buy_credits(
                     raise
                 progress("the epoch turned while the mint was on its way; sending it again")
                 await asyncio.sleep(attempt * 0.5)
-        raise AssertionError("unreachable")
+                continue
+            if bought:
+                return bought
+            # dropped uncharged before it was sent (its epoch ended while it was drawn): a
+            # purchase of nothing is not a purchase; draw it again with the new epoch's keys
+            progress("the epoch turned before the mint was sent; drawing it again")
+            await asyncio.sleep(attempt * 0.5)
+        raise UnavailableError(
+            f"no mint of {count} credits landed in {MINT_TRIES} tries: the committee's epoch "
+            "turned each time before the mint was on the chain (nothing was charged)",
+            hint="run it again; if it keeps failing, the committee's epochs may be too short",
+        )
     finally:
         await link.close()

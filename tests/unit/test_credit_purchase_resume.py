@@ -352,3 +352,53 @@ def test_no_purchase_is_drawn_before_two_thirds_of_the_power_published_keys(
     one = EpochKeys(full.epoch, dict(list(full.keys.items())[:1]), full.total_power)
     with pytest.raises(NoCreditKeys):
         mint(chain, one, 2)
+
+
+@dataclass
+class _EpochTurnsBeforeSendLink(_EpochTurnsLink):
+    """The epoch ends between drawing the first mint and sending it (`complete` then finds it
+    never landed in its epoch and drops it uncharged); validators vouch for every mint."""
+
+    key_queries: int = 0
+
+    async def submit(self, body: Any) -> Submitted:
+        return await ChainLink.submit(self, body)
+
+    async def query(self, path: str, **params: Any) -> Any:
+        if path == "/credit_keys":
+            self.key_queries += 1
+            if self.key_queries == 2:  # `complete`'s look at the current epoch, first try
+                next_epoch_end(self.chain)
+        return await _EpochTurnsLink.query(self, path, **params)
+
+
+def test_a_mint_whose_epoch_ends_before_it_is_sent_is_drawn_again_not_bought_as_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, `buy` returned 0 credits and exit 0 here (seen once in the devnet e2e: the
+    verifier operator's `credits buy 24` left an empty file)."""
+    chain = credit_chain()
+    length = chain.state.genesis.epoch_length
+    if chain.state.height % length > length - 6:
+        next_epoch_end(chain)
+    epoch = epoch_now(chain)
+    stores = publish_keys(chain, epoch, tmp_path) + publish_keys(chain, epoch + 1, tmp_path)
+    link = _EpochTurnsBeforeSendLink(chain)
+    monkeypatch.setattr(credit_purchase, "CommitteeLink", lambda *a, **k: link)
+    monkeypatch.setattr(credit_purchase, "signatures_from", lambda *_: _gather(chain, stores))
+    monkeypatch.setattr(credit_purchase.asyncio, "sleep", _no_sleep)
+    wallet = CreditWallet(tmp_path / "credits.json")
+    lines: list[str] = []
+    credits = asyncio.run(
+        credit_purchase.buy_credits(
+            ["http://v"], PAYER, 2, wallet, expiry=1_800_003_600, progress=lines.append
+        )
+    )
+    assert len(credits) == 2 and credits[0].epoch == epoch + 1 and wallet.count() == 2
+    assert wallet.pending() == [] and link.submitted == 1  # the first draw was never sent
+    assert any("drawing it again" in line for line in lines)
+    assert len(_pending_debits(chain)) == 1  # charged once
+
+
+async def _no_sleep(_seconds: float) -> None:
+    return None
