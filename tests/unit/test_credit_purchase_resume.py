@@ -311,19 +311,29 @@ class _EpochTurnsLink(ChainLink):
         return await ChainLink.query(self, path, **params)
 
 
-def test_a_mint_that_lands_after_its_epoch_is_drawn_again_and_charged_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _keys_for_two_epochs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, link_type: type[ChainLink]
+) -> tuple[Chain, int]:
+    """A credit chain with this epoch's and the next one's keys published, and buy_credits
+    wired to one `link_type` link on it (`credit_purchase.CommitteeLink()` returns that link)
+    and to the in-process validators' signatures. Returns the chain and this epoch."""
     chain = credit_chain()
     length = chain.state.genesis.epoch_length
     if chain.state.height % length > length - 6:
         next_epoch_end(chain)
     epoch = epoch_now(chain)
     stores = publish_keys(chain, epoch, tmp_path) + publish_keys(chain, epoch + 1, tmp_path)
-    link = _EpochTurnsLink(chain)
+    link = link_type(chain)
     monkeypatch.setattr(credit_purchase, "CommitteeLink", lambda *a, **k: link)
-
     monkeypatch.setattr(credit_purchase, "signatures_from", lambda *_: _gather(chain, stores))
+    return chain, epoch
+
+
+def test_a_mint_that_lands_after_its_epoch_is_drawn_again_and_charged_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chain, epoch = _keys_for_two_epochs(tmp_path, monkeypatch, _EpochTurnsLink)
+    link = credit_purchase.CommitteeLink()
     wallet = CreditWallet(tmp_path / "credits.json")
     lines: list[str] = []
     credits = asyncio.run(
@@ -377,15 +387,8 @@ def test_a_mint_whose_epoch_ends_before_it_is_sent_is_drawn_again_not_bought_as_
 ) -> None:
     """Before, `buy` returned 0 credits and exit 0 here (seen once in the devnet e2e: the
     verifier operator's `credits buy 24` left an empty file)."""
-    chain = credit_chain()
-    length = chain.state.genesis.epoch_length
-    if chain.state.height % length > length - 6:
-        next_epoch_end(chain)
-    epoch = epoch_now(chain)
-    stores = publish_keys(chain, epoch, tmp_path) + publish_keys(chain, epoch + 1, tmp_path)
-    link = _EpochTurnsBeforeSendLink(chain)
-    monkeypatch.setattr(credit_purchase, "CommitteeLink", lambda *a, **k: link)
-    monkeypatch.setattr(credit_purchase, "signatures_from", lambda *_: _gather(chain, stores))
+    chain, epoch = _keys_for_two_epochs(tmp_path, monkeypatch, _EpochTurnsBeforeSendLink)
+    link = credit_purchase.CommitteeLink()
     monkeypatch.setattr(credit_purchase.asyncio, "sleep", _no_sleep)
     wallet = CreditWallet(tmp_path / "credits.json")
     lines: list[str] = []
