@@ -26,7 +26,7 @@ from node.client.credit_purchase import MintLost, MintUnfunded, complete
 from node.client.credit_wallet import CreditWallet, MintRequest, NoCreditKeys, PendingMint
 from protocol.committee.credits import FundMint
 from protocol.credits import FUND_EPOCHS, Credit, EpochKeys, check_credit
-from protocol.errors import RemoteError, UsageError
+from protocol.errors import RemoteError, UnavailableError, UsageError
 from tests.committee_chain import Chain, seeded_key
 from tests.unit.test_abci_credits import (
     PAYER,
@@ -405,3 +405,32 @@ def test_a_mint_whose_epoch_ends_before_it_is_sent_is_drawn_again_not_bought_as_
 
 async def _no_sleep(_seconds: float) -> None:
     return None
+
+
+@dataclass
+class _EpochAlwaysTurnsLink(_EpochTurnsBeforeSendLink):
+    """Every mint's epoch ends between drawing it and sending it."""
+
+    async def query(self, path: str, **params: Any) -> Any:
+        if path == "/credit_keys":
+            self.key_queries += 1
+            if self.key_queries % 2 == 0:  # each try's `complete` looks at the current epoch
+                next_epoch_end(self.chain)
+        return await _EpochTurnsLink.query(self, path, **params)
+
+
+def test_a_buy_whose_every_mint_misses_its_epoch_fails_by_name_and_charges_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # two tries: keys exist for this epoch and the next only (published ≤ 2 epochs ahead)
+    chain, _ = _keys_for_two_epochs(tmp_path, monkeypatch, _EpochAlwaysTurnsLink)
+    link = credit_purchase.CommitteeLink()
+    monkeypatch.setattr(credit_purchase, "MINT_TRIES", 2)
+    monkeypatch.setattr(credit_purchase.asyncio, "sleep", _no_sleep)
+    wallet = CreditWallet(tmp_path / "credits.json")
+    buy = credit_purchase.buy_credits(["http://v"], PAYER, 2, wallet, expiry=1_800_003_600)
+    with pytest.raises(UnavailableError, match="nothing was charged") as failed:
+        asyncio.run(buy)
+    assert failed.value.hint
+    assert link.submitted == 0 and wallet.count() == 0 and wallet.pending() == []
+    assert _pending_debits(chain) == []
