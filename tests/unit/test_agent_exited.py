@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -21,6 +22,11 @@ def sleeper():
     child = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(30)", launch.AGENT_MARKER]
     )
+    # Popen returns once the exec has begun, not once /proc shows its arguments (CI of
+    # d8b007d read an empty command line here): wait, bounded, for the exec to finish
+    deadline = time.monotonic() + 10
+    while launch.command_line(child.pid) == [] and time.monotonic() < deadline:
+        time.sleep(0.01)
     yield child
     child.kill()
     child.wait()
