@@ -160,6 +160,9 @@ def open_net(tmp_path: Path, app_state: dict[str, Any] | None = None) -> Iterato
     genesis["app_state"] = app_state or {
         "epoch_length": 5,
         "heartbeat_timeout": 1000,
+        # nodes registered here are not always staked: at 150 ms blocks the default TTL
+        # (100 blocks) can delete one mid-test on a loaded machine
+        "registration_ttl": 1000,
         "evm": {
             "chain_id": EVM_CHAIN_ID,
             "committee_address": COMMITTEE,

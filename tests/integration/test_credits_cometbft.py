@@ -90,6 +90,9 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
         genesis["app_state"] = {
             "epoch_length": 100_000,
             "heartbeat_timeout": 100_000,
+            # the node is never staked here: the default 100 blocks would delete its
+            # registration before it redeems on a loaded machine (CI of d8b007d)
+            "registration_ttl": 100_000,
             "evm": {
                 "chain_id": EVM_CHAIN_ID,
                 "committee_address": COMMITTEE,
