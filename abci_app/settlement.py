@@ -56,7 +56,8 @@ same validator (`DUPLICATE_VOTE`).
 of epoch e−1 expires. The epoch's credits become `ComputeWork` items (account = the node's EVM
 address; the model id hashed to fit `shares`' grammar; layers 1 and tokens = layer-tokens, which
 gives the same shares); pool health per (model, shard) = max(nodes routable there now, accounts
-credited there); accounts whose verdict was confirmed in the epoch are `slashed`; the spot
+credited there), routable as `/pool_health` counts it (serving, trusted, staked, not flagged
+uncommitted); accounts whose verdict was confirmed in the epoch are `slashed`; the spot
 checks credited in the epoch (`vwork/<e>/…`) are the `VerificationWork`. Then **everything
 pending is settled, oldest reported first, in pages**. Credit purchases (funded mints'
 charges, kind "mint", abci_app/credits.py) come first and are debited at every close, whole,
@@ -440,15 +441,24 @@ def payout_vote(state: State, tx: SignedTx) -> None:
 
 
 def _routable_counts(state: State) -> dict[tuple[str, int], int]:
-    """Routable compute nodes per (model, shard), as `/pool_health` counts them. Three ordered
-    range scans (node, stake, rep) instead of two point lookups per node."""
+    """Routable compute nodes per (model, shard), as `/pool_health` counts them: serving,
+    trusted, staked and not flagged uncommitted (a flag on any shard makes the node
+    unroutable, coverage.py). Four ordered range scans (node, stake, rep, coverage) instead of
+    point lookups per node."""
     counts: dict[tuple[str, int], int] = {}
     untrusted_below = state.genesis.reputation.untrusted_below
     minimum = state.genesis.min_stake.get("compute", 0)
     stakes = dict(state.items(schema.STAKE))
     reps = dict(state.items(schema.REPUTATION))
+    uncommitted = {
+        key.rsplit("/", 1)[0]
+        for key, record in state.items(schema.COVERAGE)
+        if record["uncommitted_since"] is not None
+    }
     for key, node in state.items(schema.NODE):
         if node["role"] != "compute" or node["status"] != schema.SERVING:
+            continue
+        if key in uncommitted:
             continue
         rep, stake = reps.get(key), stakes.get(key)
         if rep is None or rep["r"] < untrusted_below:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from abci_app import settlement
 from abci_app.codes import Code
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.settlement import Contribution, NodeWork, ShardWork
@@ -112,6 +113,23 @@ def test_coverage_silent_node_is_flagged_and_unroutable_after_the_grace_window()
     commit_served(chain, seeded_key("silent"), shard=0, blocks=4)  # 128 ≥ half of 200
     close_epochs(chain, 1)
     assert ask(chain, f"/node?key={silent}")["routable"] is True
+
+
+def test_settlement_pool_health_leaves_out_a_flagged_node_as_pool_health_does() -> None:
+    """The scarcity bonus's count of routable nodes (settlement, at each epoch close) is the
+    one `/pool_health` answers: a node flagged uncommitted does not make its shard look well
+    served (before: it still counted, so the honest nodes' shard lost scarcity bonus)."""
+    chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
+    silent = routable_node(chain, "silent", shard=0)
+    honest = routable_node(chain, "honest", shard=0)
+    work = report(NodeWork(silent, "m", 0, 2, 200), NodeWork(honest, "m", 0, 2, 200))
+    assert one(chain, work, GATEWAY).code == Code.OK
+    commit_served(chain, seeded_key("honest"), shard=0, blocks=7)
+    assert settlement._routable_counts(chain.state)[("m", 0)] == 2
+    close_epochs(chain, 2)
+    assert ask(chain, f"/node?key={silent}")["uncommitted"] is True
+    assert ask(chain, "/pool_health?model=m")["routable_per_shard"][0] == 1
+    assert settlement._routable_counts(chain.state)[("m", 0)] == 1
 
 
 def test_coverage_node_committing_less_than_half_is_flagged() -> None:
