@@ -1,5 +1,5 @@
 """Load-aware choice with real node processes (harness/replica_net.py): SmolLM2 int8 in 2
-shards, one node for shard 0 and two for shard 1, one of them 3x slower
+shards, one node for shard 0 and two for shard 1, one of them 8x slower
 (tests/doubles/slow_node.py); the client in this process (node/client/failover.py over
 node/client/replicas.py) with its own cost book.
 
@@ -8,6 +8,14 @@ replica next (not seen yet, so counted as cheap as the cheapest; the book's rand
 it here), and after its first 3 decode passes moves to the fast one mid-answer: the same greedy
 text, one `outpriced` record with what the slow circuit served, the slow node not avoided. A
 third question does not try it again (its trials back off) and runs on the fast replica alone.
+
+Why 8x: the client moves off a node priced above `MOVE_FACTOR` (2) x its replica + `SLACK_S`
+(10 ms), and a node's price is what its passes took beyond what the circuit's other hops cost
+(node/client/costs.py), so the noise in the fast replica's earlier passes comes off the slow
+one's price. Measured on the idle 2-core box (a shard-1 step ~15 ms): at 3x the slow node was
+priced 32 ms against a line of 12 ms, a 20 ms margin that the load of the CI's other lane once
+ate (clean-clone CI of 7c7da8b: the answer stayed on the slow node); at 5x, 67 ms; at 8x,
+116 ms.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ QUESTION = "Why is the sky blue?"
 def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaNet]:
     manifest = prepared_manifest(parts=2, quant="int8")
     network = ReplicaNet.start(
-        tmp_path_factory.mktemp("load-aware"), manifest, [0, 1, 1], slow={2: 3.0}
+        tmp_path_factory.mktemp("load-aware"), manifest, [0, 1, 1], slow={2: 8.0}
     )
     try:
         yield network
