@@ -146,6 +146,7 @@ class RunningDevnet:
     accounts: tuple[Mapping[str, Any], ...]  # {name, address, keystore, home} it funded
     next_hop_range: str | None  # the devnet's addresses (127.0.0.0/8, or its hosts' network)
     hosts: Mapping[str, Any] | None  # {host: {address, netns}} when it runs in namespaces
+    manifest: Path | None = None  # the model its nodes serve (a personal client's default)
 
     @property
     def source(self) -> str:
@@ -202,6 +203,7 @@ def find_devnet(env: Mapping[str, str] | None = None) -> RunningDevnet | None:
             accounts=tuple(a for a in state.get("accounts") or [] if isinstance(a, dict)),
             next_hop_range=state.get("next_hop_range") or None,
             hosts=(state.get("hosts") or {}).get("hosts") or None,
+            manifest=Path(state["manifest"]) if state.get("manifest") else None,
         )
     except (KeyError, TypeError, AttributeError) as error:
         raise ConfigError(

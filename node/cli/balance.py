@@ -5,9 +5,12 @@ deposit can never be spent at two gateways. The gateway is the running devnet's 
 `--gateway URL` reads its address from the gateway's `/v1/pools`, and `--gateway 0x…` names the
 address directly (no request: a balance at a gateway that is down can still be withdrawn).
 
+`--credits` names the balance that pays for bearer credits instead (`planet credits buy`): the
+one at the escrow's own address, read from the deployment.
+
 One deposit pays for many questions: `planet ask --voucher` signs a voucher per question
 (no transaction, no gas); the committee debits the balance once per epoch. Withdrawing is two
-steps: `withdraw` requests it (that gateway stops taking vouchers at once), then, after the
+steps: `withdraw` requests it (that gateway stops taking vouchers within 2 s), then, after the
 escrow's refund timeout, `withdraw` again pays out what is left (`--cancel` keeps the balance).
 """
 
@@ -41,6 +44,8 @@ examples:
   planet balance withdraw --cancel     keep the balance after all
   planet balance deposit 0.01 --gateway http://127.0.0.1:8000   a balance at another gateway
   planet balance withdraw --gateway 0xAbC…                      by address, the gateway may be down
+  planet balance deposit 0.001 --credits   the balance `planet credits buy` mints from (the
+                                       escrow's own address); `show --credits` shows it
 a balance pays one gateway only; defaults (gateway, EVM RPC, deployment, wallet) come from
 `planet devnet up`; flags win.
 """
@@ -62,6 +67,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="the gateway the balance pays: its URL (address read from /v1/pools) or its "
         "address 0x… (default: the devnet's gateway)",
+    )
+    parser.add_argument(
+        "--credits",
+        action="store_true",
+        help="the balance that pays for bearer credits (`planet credits buy`): the escrow's "
+        "own address, from the deployment",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--wallet", type=Path, default=None, help="keystore (see planet ask)")
@@ -90,12 +101,16 @@ def parse_gateway(text: str | None) -> tuple[str | None, str | None]:
     if text.startswith("0x"):
         if not ADDRESS.match(text):
             raise UsageError(f"not a gateway address: {text!r}", hint=_GATEWAY_HINT)
-        from eth_utils import to_checksum_address  # lazy: eth-utils
-
-        return to_checksum_address(text), None
+        return to_checksum(text), None
     if not URL.match(text):
         raise UsageError(f"not a gateway URL or address: {text!r}", hint=_GATEWAY_HINT)
     return None, text.rstrip("/")
+
+
+def to_checksum(address: str) -> str:
+    from eth_utils import to_checksum_address  # lazy: eth-utils
+
+    return to_checksum_address(address)
 
 
 _GATEWAY_HINT = "--gateway http://HOST:PORT (the gateway's URL) or --gateway 0x… (its address)"
@@ -107,6 +122,11 @@ def run(args: argparse.Namespace) -> int:
     if args.action != "deposit" and args.amount is not None:
         raise UsageError(
             f"`balance {args.action}` takes no amount", hint="planet balance deposit AMOUNT"
+        )
+    if args.credits and args.gateway is not None:
+        raise UsageError(
+            "--credits and --gateway name two different balances",
+            hint="--credits: the one credit mints are paid from; --gateway: a gateway's",
         )
     if args.cancel and args.action != "withdraw":
         raise UsageError(
@@ -139,8 +159,11 @@ async def _act(
 
     deployment = Deployment.load(settings["deployment"])
     chain = await asyncio.to_thread(PlanetChain, deployment, key, rpc_url=settings["evm_rpc"])
+    escrow = deployment.address("QueryEscrow")
+    if args.credits:  # credit mints are paid from the escrow's own address
+        address = to_checksum(escrow)
     url = None if address else settings["gateway"]
-    gateway = address or await _gateway_of(url, chain.chain_id, deployment.address("QueryEscrow"))
+    gateway = address or await _gateway_of(url, chain.chain_id, escrow)
     state = await asyncio.to_thread(chain.escrow.prepaid_of, chain.address, gateway)
     done = "shown"
     tx_hash = None
@@ -161,6 +184,7 @@ async def _act(
         "payer": chain.address,
         "gateway": gateway,
         "gateway_url": url,
+        "pays": "credits" if args.credits else "questions",
         "balance_wei": str(state["balance"]),
         "withdrawable_at": state["withdrawable_at"],
         "deposited_wei": str(amount) if amount is not None else None,
@@ -227,10 +251,16 @@ async def _withdraw(
     return (await asyncio.to_thread(chain.escrow.withdraw_balance, gateway)).tx_hash, "withdrawn"
 
 
+def _where(result: dict[str, Any]) -> str:
+    if result.get("pays") == "credits":
+        return f"the escrow {result['gateway']} (pays for credits: `planet credits buy N`)"
+    return f"gateway {result['gateway']}"
+
+
 def _describe(result: dict[str, Any]) -> str:
     balance = int(result["balance_wei"])
     line = (
-        f"prepaid balance of {result['payer']} at gateway {result['gateway']}: {balance} wei "
+        f"prepaid balance of {result['payer']} at {_where(result)}: {balance} wei "
         f"({balance / WEI_PER_ETH:.6f} ETH)"
     )
     if result["withdrawable_at"]:

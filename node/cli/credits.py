@@ -1,7 +1,7 @@
 """`planet credits buy|finish|show`: bearer credits the committee blind-signs (docs/credits.md).
 
 `buy N` mints N credits paid from your balance at the escrow's own address (deposit it with
-`planet balance deposit` naming the escrow address as `--gateway`), waits (`--wait`, 60 s) until
+`planet balance deposit AMOUNT --credits`), waits (`--wait`, 60 s) until
 the validators have checked that the balance covers it (nothing is charged otherwise), gathers
 every validator's blind signatures, unblinds them here and stores the credits in your credit
 file (default
@@ -34,9 +34,9 @@ DEFAULT_WAIT_S = 60
 
 EXAMPLES = """\
 examples:
-  planet balance deposit 0.001 --gateway ESCROW
+  planet balance deposit 0.001 --credits
                                         prepay credits: your balance at the escrow's own
-                                        address (ESCROW: QueryEscrow in `planet devnet status`)
+                                        address (`planet balance show --credits` shows it)
   planet credits buy 20                 mint 20 credits from that balance, once the
                                         validators saw it covers them (--wait, 60 s)
   planet credits finish                 complete purchases an earlier run left in flight

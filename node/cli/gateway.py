@@ -20,6 +20,7 @@ your own client, paying the nodes with your credits (no deposit, no API key, loo
   planet credits buy 50
   planet gateway serve --personal --manifest M/manifest.json --committee-rpc http://HOST:26657
   OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+  planet gateway serve --personal --port 8001   on the running devnet: its committee and model
 ready when GET /health answers 200; logs go to stderr.
 """
 
@@ -52,7 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="a validator's CometBFT RPC (else $PLANET_COMMITTEE_RPC, config.toml, :26657)",
     )
-    serve.add_argument("--manifest", type=Path, required=True, help="the model's manifest.json")
+    serve.add_argument(
+        "--manifest",
+        type=Path,
+        default=None,
+        help="the model's manifest.json (--personal: default the running devnet's model)",
+    )
     serve.add_argument(
         "--wallet", type=Path, help="gateway keystore (created on first use; hosted only)"
     )
@@ -175,9 +181,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.personal:
         return _serve_personal(args)
-    if args.deployment is None or args.wallet is None:
+    if args.deployment is None or args.wallet is None or args.manifest is None:
         raise UsageError(
-            "a hosted gateway needs --deployment and --wallet",
+            "a hosted gateway needs --deployment, --wallet and --manifest",
             hint="or serve yourself with --personal (paying the nodes with your credits)",
         )
     if args.price_wei_per_token < 1:
@@ -224,11 +230,12 @@ def _serve_personal(args: argparse.Namespace) -> int:
     if args.min_credit_positions < 1:
         raise UsageError("--min-credit-positions must be >= 1")
     chains = resolve_config({"committee_rpc": args.committee_rpc})
+    manifest, private = _personal_devnet_defaults(args, chains.committee_rpc)
     config = GatewayConfig(
         evm_rpc="",  # no EVM: the nodes are paid with credits, not through an escrow
         deployment=Path(),
         committee_rpc=chains.committee_rpc,
-        manifest=args.manifest,
+        manifest=manifest,
         wallet=Path(),
         host=args.host,
         port=args.port,
@@ -236,7 +243,26 @@ def _serve_personal(args: argparse.Namespace) -> int:
         attempts=args.failover_attempts,
         stall_s=args.stall_s,
         speculate=args.speculate,
-        private_endpoints=args.private_endpoints,
+        private_endpoints=private,
     ).validate()
     serve(config, args.credits_file or planet_home() / "credits.json", args.min_credit_positions)
     return 0
+
+
+def _personal_devnet_defaults(args: argparse.Namespace, committee_rpc: str) -> tuple[Path, bool]:
+    """The manifest and the private-endpoints rule of a personal client: the flags, else, when
+    its committee is the running devnet's, that devnet's model and its loopback/private node
+    addresses (a devnet registers nothing else). A committee of strangers keeps the
+    public-only default."""
+    from node.config import find_devnet
+
+    devnet = find_devnet()
+    ours = devnet is not None and committee_rpc in devnet.committee_rpc
+    manifest = args.manifest or (devnet.manifest if ours and devnet else None)
+    if manifest is None:
+        raise UsageError(
+            "--personal needs --manifest (no running devnet whose model to use)",
+            hint="the model's manifest.json, e.g. ~/.cache/planet/models/<model>/manifest.json "
+            "(planet model prepare)",
+        )
+    return manifest, args.private_endpoints or ours

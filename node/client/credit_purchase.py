@@ -107,8 +107,8 @@ async def wait_funded(
         vouched = record.get("vouched") if isinstance(record, dict) else None
         voters = len(vouched) if isinstance(vouched, list) else 0
         hint = (
-            "deposit to your balance at the escrow's own address (`planet balance deposit "
-            "--gateway <escrow>`), wait for it to be mined, and buy again"
+            "deposit to the balance credits are paid from (`planet balance deposit 0.001 "
+            "--credits`: the escrow's own address), wait for it to be mined, and buy again"
         )
         if await current_epoch(link) > epoch + FUND_EPOCHS:
             raise MintUnfunded(

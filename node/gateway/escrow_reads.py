@@ -37,6 +37,7 @@ from protocol.errors import PlanetError
 FUNDED = 1
 STATUS_NAMES = {0: "none", 1: "funded", 2: "settled", 3: "reclaimed", 4: "refunded"}
 CACHE_ENTRIES = 4096  # per cache; the oldest go first
+POSITIVE_TTL_S = 2.0  # a funded deposit or balance is read again after this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +159,7 @@ class BoundedReads:
         *,
         max_concurrent: int = 8,
         max_waiting: int = 256,
-        positive_ttl_s: float = 2.0,
+        positive_ttl_s: float = POSITIVE_TTL_S,
         negative_ttl_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -33,6 +33,7 @@ from node.client.circuit import CircuitClient
 from node.client.sampling import SamplingConfig
 from node.client.types import Hop
 from node.gateway.circuits import PREFILL_CHUNK
+from node.gateway.escrow_reads import POSITIVE_TTL_S
 from protocol.payment import payment_domain, verify_receipt_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -472,6 +473,15 @@ def test_gateway_prepaid_one_deposit_many_questions_by_voucher(
     assert json.loads(done.stdout)["balance_wei"] == str(ETHER // 1000)
     pool = net.pools()
     domain = payment_domain(pool["chain_id"], pool["escrow"])
+    # the balance credit mints are paid from is another one: the escrow's own address
+    credits = _planet_cli(
+        tmp_path, "balance", "deposit", "0.002", "--credits", "--json", *common[:4]
+    )
+    assert credits.returncode == 0, credits.stderr
+    shown = json.loads(credits.stdout)
+    assert shown["pays"] == "credits" and shown["gateway"].lower() == pool["escrow"].lower()
+    assert net.balance_at_gateway(payer, gateway=pool["escrow"])["balance"] == 2 * ETHER // 1000
+    assert net.balance_at_gateway(payer)["balance"] == ETHER // 1000  # the gateway's: untouched
     # ... then questions with the official client, each paid by a signed voucher, no transaction
     for _ in range(2):
         key, query_id = net.voucher(payer, DEPOSIT // 100)
@@ -511,6 +521,8 @@ def test_gateway_prepaid_one_deposit_many_questions_by_voucher(
     # a pending withdrawal stops the vouchers at once
     requested = _planet_cli(tmp_path, "balance", "withdraw", "--json", *common)
     assert json.loads(requested.stdout)["action"] == "requested", requested.stderr
+    # the gateway sees it once its cached read of the balance (from the question above) expires
+    time.sleep(POSITIVE_TTL_S + 0.2)
     assert _refused(net, net.voucher(payer, DEPOSIT // 100)[0])["code"] == "balance_withdrawing"
 
 

@@ -44,6 +44,7 @@ def test_parse_eth_upper_bound_is_the_escrow_balance_width() -> None:
         (["balance", "show", "--cancel"], "--cancel"),
         (["balance", "show", "--gateway", "0x1234"], "not a gateway address"),
         (["balance", "show", "--gateway", "gateway.example"], "not a gateway URL or address"),
+        (["balance", "show", "--credits", "--gateway", "0x" + "ab" * 20], "two different balances"),
     ],
 )
 def test_balance_cli_mistakes_exit_2_with_error_and_hint(

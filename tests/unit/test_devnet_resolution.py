@@ -237,3 +237,23 @@ def test_join_registers_the_address_it_reaches_the_committee_from() -> None:
     assert operator._reachable_address("http://127.0.0.1:26657") == "127.0.0.1"
     assert operator._parse_host(" 10.77.0.7 ") == "10.77.0.7"
     assert operator._parse_host("[::1]") == "::1"
+
+
+def test_personal_client_takes_the_running_devnets_model_and_its_private_addresses(
+    env: Path,
+) -> None:
+    from node.cli.gateway import _personal_devnet_defaults
+
+    state = _devnet(env / "devnet", manifest=str(env / "models" / "m" / "manifest.json"))
+    ours = state["committee_rpc"][0]
+    args = cli.build_parser().parse_args(["gateway", "serve", "--personal"])
+    assert _personal_devnet_defaults(args, ours) == (Path(state["manifest"]), True)
+    # a committee of strangers: public addresses only, and the model must be named
+    args = cli.build_parser().parse_args(["gateway", "serve", "--personal", "--manifest", "x"])
+    assert _personal_devnet_defaults(args, "http://203.0.113.9:26657") == (Path("x"), False)
+
+
+def test_personal_client_without_a_devnet_or_manifest_says_what_to_name(env: Path, capsys) -> None:
+    code, _, err = _run(capsys, "gateway", "serve", "--personal")
+    assert code == 2
+    assert "error: --personal needs --manifest" in err and "hint:" in err
