@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.devnet.plan import LinkPlan, Progress
-from deploy.devnet.processes import StepFailed, ours, spawn
+from deploy.devnet.processes import StepFailed, exited, ours, spawn
 from deploy.netlab import (
     DEFAULT_NETWORK,
     NetlabError,
@@ -250,7 +250,8 @@ def start_lab(plan: HostsPlan, directory: Path, progress: Progress) -> dict[str,
     pid = spawn(argv, log_path)
     deadline = time.monotonic() + KEEPER_READY_S
     while not ready_file.is_file():
-        if not ours(pid, KEEPER_MODULE) or time.monotonic() > deadline:
+        if exited(pid, KEEPER_MODULE) or time.monotonic() > deadline:
+            stop_lab({"hosts": {"pid": pid}})  # a keeper still starting removes what it made
             raise StepFailed("making the hosts", f"the hosts' keeper (pid {pid})", log_path)
         time.sleep(0.1)
     ready = json.loads(ready_file.read_text())

@@ -52,7 +52,8 @@ def test_the_personal_client_serves_loopback_only_and_refuses_a_bad_floor(
     status, err = _run(capsys, [*argv, "--min-credit-positions", "0"])
     assert status == 2 and "--min-credit-positions must be >= 1" in err
     status, err = _run(capsys, ["gateway", "serve", "--manifest", str(manifest)])
-    assert status == 2 and "needs --deployment and --wallet" in err and "--personal" in err
+    assert status == 2 and "needs --deployment, --wallet and --manifest" in err
+    assert "--personal" in err
 
 
 def test_the_spent_query_refuses_what_a_stranger_sends_by_name() -> None:
