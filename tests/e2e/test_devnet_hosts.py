@@ -3,7 +3,9 @@ namespace with its own 10.77.0.x address, every link between two hosts 50 ms eac
 
 Real processes throughout, driven only through the CLI (`planet devnet exec HOST -- planet …`
 runs a command inside a host). Checks: a paid question asked from the `user` host answers with
-the same greedy tokens as the same shards on loopback (`planet local up --quant int8`); a node
+the same greedy tokens as the same shards on loopback (`planet local up --quant int8`); a packet
+capture on the lab's bridge finds no prompt text, embeddings or control JSON on the links of the
+gateway and the nodes (and does find the question in the user's plain-HTTP request); a node
 whose next-hop policy is public-only refuses the devnet's nodes, registered at private
 addresses, by name; a new operator in its own host is funded, stakes, joins at its host's
 address and is listed routable; with its node beside node0's on shard 0, a question whose
@@ -173,6 +175,48 @@ def test_hosts_paid_question_from_the_user_host_has_the_loopback_tokens(
     assert answer["text"].strip() == loopback["text"].strip() != ""
     assert answer["receipt"]["completion_tokens"] == len(loopback["tokens"])
     assert "(verified)" in asked.stderr
+
+
+def test_hosts_bridge_capture_finds_no_prompt_text_or_activations_on_the_node_links(
+    env, devnet
+) -> None:
+    """A packet capture on the lab's bridge while the user host asks a paid question: the
+    gateway's and nodes' links (TLS, keys pinned to the chain) carry the prompt's activations
+    and show neither its text, its embeddings nor the stream's control JSON. The positive
+    control is the user's own request to the devnet's gateway, plain HTTP: the capture reads
+    the question there (a hosted gateway's operator puts TLS in front of its API)."""
+    from node.model.head import ClientHead
+    from node.model.source import models_dir
+    from tests.bridge_capture import BridgeCapture
+
+    lab = devnet["hosts"]
+    addresses = {name: host["address"] for name, host in lab["hosts"].items()}
+    nodes = {addresses[name] for name in addresses if name.startswith("node")}
+    gateway_port = int(devnet["gateway_url"].rsplit(":", 1)[1])
+    with BridgeCapture(lab["run_id"], len(addresses) + 4) as capture:
+        asked = _in_host(
+            env, "user", "ask", "--pay", "--json", "--max-tokens", str(MAX_TOKENS), QUESTION,
+            timeout=300,
+        )  # fmt: skip
+        assert asked.returncode == 0, asked.stderr[-3000:]
+    flows = capture.flows()
+    to_gateway = b"".join(
+        data
+        for (src, _, dst, dport), data in flows.items()
+        if src == addresses["user"] and dst == addresses["gateway"] and dport == gateway_port
+    )
+    assert QUESTION.encode() in to_gateway  # the capture reads what crosses the bridge
+    node_links = b"".join(
+        data for (src, _, dst, _), data in flows.items() if src in nodes or dst in nodes
+    )
+    head = ClientHead.load(models_dir() / MODEL / "manifest.json", device="cpu")
+    rows = head.embed_np(head.chat_ids([{"role": "user", "content": QUESTION}]))[0]
+    windows = [rows[i].tobytes()[:64] for i in range(len(rows))]
+    print(f"bridge capture: {capture.frames} frames, {len(node_links)} bytes on node links")
+    assert len(node_links) > len(rows) * head.hidden_size // 2  # the activations went through
+    assert QUESTION.encode() not in node_links
+    assert not any(window in node_links for window in windows)
+    assert b'"op"' not in node_links and b"/v1/stream" not in node_links
 
 
 def test_hosts_official_openai_client_from_the_user_host_has_the_loopback_text(
