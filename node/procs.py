@@ -64,6 +64,14 @@ def command_line(pid: int) -> list[bytes] | None:
     return raw.split(b"\0") if raw else []
 
 
+def runs_another_program(pid: int, marker: str) -> bool:
+    """Whether a process spawned as `pid`, whose argv names `marker`, no longer runs it: gone
+    from /proc, or its pid now runs something else. Not while its `exec` is under way (an
+    empty command line, above): a just-spawned child is not taken for a dead one."""
+    command = command_line(pid)
+    return command is None or (command != [] and marker.encode() not in command)
+
+
 def since_last_start(text: str) -> str:
     """What a log written by `spawn_logged` holds after its latest start marker line."""
     if START_MARKER not in text:

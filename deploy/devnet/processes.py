@@ -19,7 +19,7 @@ from typing import Any
 from deploy.committee.processes import cmdline, log_tail, pid_alive
 from deploy.devnet.plan import Progress
 from node.net import port_is_free
-from node.procs import command_line, spawn_logged
+from node.procs import runs_another_program, spawn_logged
 from protocol.errors import UnavailableError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,10 +46,7 @@ def exited(pid: int, marker: str) -> bool:
     """True once a process just spawned as `pid` is gone: dead, or its pid runs another program.
     Not while its `exec` is under way: /proc shows an empty command line for a moment after
     `Popen` returns (node.procs.command_line), and `ours` is then False of a live child."""
-    if not pid_alive(pid):
-        return True
-    command = command_line(pid)
-    return command is None or (command != [] and marker not in cmdline(pid))
+    return not pid_alive(pid) or runs_another_program(pid, marker)
 
 
 def free_port(start: int, end: int) -> int:

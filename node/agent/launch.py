@@ -22,7 +22,7 @@ from typing import Any
 from node.agent.__main__ import AGENT_MARKER
 from node.keys import PASSWORD_ENV
 from node.model.manifest import Manifest, manifest_path, verify_file
-from node.procs import command_line, spawn_logged
+from node.procs import command_line, runs_another_program, spawn_logged
 from node.server.launcher import pid_alive, start_node, stop_pid
 from node.server.next_hops import is_ip_literal, is_public_address, url_host
 from protocol.errors import ConfigError, IntegrityError, PlanetError, UsageError
@@ -143,10 +143,7 @@ def is_agent(pid: int) -> bool:
 def agent_exited(pid: int) -> bool:
     """True once the agent we just spawned as `pid` is gone: dead, or its pid runs another
     program. A child still in its `exec` (empty command line) has not exited."""
-    if not pid_alive(pid):
-        return True
-    cmdline = command_line(pid)
-    return cmdline is None or (cmdline != [] and AGENT_MARKER.encode() not in cmdline)
+    return not pid_alive(pid) or runs_another_program(pid, AGENT_MARKER)
 
 
 def agent_alive(joined: Joined) -> bool:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from node import procs
 from node.agent import launch
 
 pytestmark = pytest.mark.unit
@@ -50,5 +51,6 @@ def test_a_pid_running_another_program_is_an_exited_agent() -> None:
 
 def test_a_child_still_in_its_exec_has_not_exited(sleeper, monkeypatch) -> None:
     monkeypatch.setattr(launch, "command_line", lambda pid: [])  # what /proc shows mid-exec
+    monkeypatch.setattr(procs, "command_line", lambda pid: [])
     assert not launch.agent_exited(sleeper.pid)
     assert not launch.is_agent(sleeper.pid)  # stop/status stay strict

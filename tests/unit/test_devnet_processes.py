@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from deploy.devnet import processes
+from node import procs
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +28,7 @@ def child():
 
 
 def test_a_child_still_in_its_exec_has_not_exited(child, monkeypatch) -> None:
-    monkeypatch.setattr(processes, "command_line", lambda pid: [])  # what /proc shows mid-exec
+    monkeypatch.setattr(procs, "command_line", lambda pid: [])  # what /proc shows mid-exec
     monkeypatch.setattr(processes, "cmdline", lambda pid: "")
     assert not processes.exited(child.pid, MARKER)
     assert not processes.ours(child.pid, MARKER)  # status and down stay strict
