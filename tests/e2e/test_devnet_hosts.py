@@ -333,7 +333,11 @@ def test_hosts_operator_in_its_own_host_funds_stakes_joins_and_is_routable(
     assert wallet in [a["address"] for a in report["accounts"]]
 
 
-FAILOVER_TOKENS = 32  # long enough over 50 ms links to kill a node between two tokens
+FAILOVER_TOKENS = 32  # long enough over 50 ms links to kill a node between two tokens ...
+# ... if the answer runs that long: the capital question ends at EOS after a few tokens, and
+# the watcher's TLS probes over the 50 ms links saw its third pass so late once that the answer
+# had finished before the kill (clean-clone CI of 8337959: no failover in the receipt)
+FAILOVER_QUESTION = "Name the eight planets of the solar system and one fact about each."
 WATCH = """
 import json, ssl, sys, time, urllib.request as u
 plain = ssl.create_default_context(); plain.check_hostname = False
@@ -368,7 +372,7 @@ def test_hosts_node_killed_mid_answer_same_text_from_its_replica(
     joined = [json.loads((Path(h) / "run" / "joined.json").read_text()) for h in homes]
     shard0 = {j["endpoint"]: (j["node_pid"], j["node_key"]) for j in joined if j["shard"] == 0}
     assert len(shard0) == 2, joined
-    ask = ("ask", "--pay", "--json", "--max-tokens", str(FAILOVER_TOKENS), QUESTION)
+    ask = ("ask", "--pay", "--json", "--max-tokens", str(FAILOVER_TOKENS), FAILOVER_QUESTION)
     verifiers = devnet["pids"].get("verifiers", [])
     for pid in verifiers:
         os.kill(pid, signal.SIGSTOP)
@@ -397,6 +401,7 @@ def test_hosts_node_killed_mid_answer_same_text_from_its_replica(
     killed, answer = json.loads(out), json.loads(quiet.stdout)
     assert killed["text"] == answer["text"] != ""
     assert killed["receipt"]["completion_tokens"] == answer["receipt"]["completion_tokens"]
+    print(f"failover answer: {answer['receipt']['completion_tokens']} tokens")
     # the final circuit (3 shards), then the node it failed over from
     assert killed["receipt"]["nodes"][3:] == [shard0[serving][1]], killed["receipt"]
     left = _in_host(operator, "operator0", "leave", "--home", operator_home, timeout=120)
