@@ -14,6 +14,7 @@ its hint) and turned into the error's exit status instead of a traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import subprocess
@@ -70,6 +71,39 @@ def runs_another_program(pid: int, marker: str) -> bool:
     empty command line, above): a just-spawned child is not taken for a dead one."""
     command = command_line(pid)
     return command is None or (command != [] and marker.encode() not in command)
+
+
+_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether `pid` itself holds a listening TCP socket on `port` (in its own network
+    namespace): a LISTEN row for the port in /proc/PID/net/tcp{,6} whose socket inode is one
+    of its open files. None where /proc cannot tell (no such files: not Linux, or another
+    user's process). A health answer on a node's port proves only that *someone* listens
+    there: another program may hold the port the node then failed to bind."""
+    inodes: set[str] = set()
+    try:
+        for table in ("tcp", "tcp6"):
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+            for row in rows:
+                fields = row.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == _LISTEN and int(local.rsplit(":", 1)[1], 16) == port:
+                    inodes.add(inode)
+        if not inodes:
+            return False
+        fds = Path(f"/proc/{pid}/fd")
+        for fd in fds.iterdir():
+            with contextlib.suppress(OSError):  # an fd closed while we look
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    return True
+    except FileNotFoundError:
+        return False if Path("/proc/self/net/tcp").exists() else None  # gone, or no /proc
+    except (OSError, IndexError, ValueError):
+        return None
+    return False
 
 
 def since_last_start(text: str) -> str:

@@ -4,7 +4,8 @@ Each node is a separate detached process (`python -m node.cli.main node serve ..
 entry point that takes the same arguments) with its log and pid file in a run directory. With a
 node key file it serves TLS bound to that key (its url is https://, `key` the public half to
 pin); without one it runs in local mode, `--plaintext-links` (http://, loopback only).
-`wait_healthy` polls `/health`; on failure it names the node and its log. `stop_pid` sends
+`wait_healthy` polls `/health` and checks the answer came from the node's own process;
+on failure it names the node and its log. `stop_pid` sends
 SIGTERM, then SIGKILL after a grace period, and only ever signals a pid whose command line is a
 Planet node (pids get reused).
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 from node.keys import node_public_key
 from node.links import probe_context
 from node.net import port_is_free
-from node.procs import command_line, spawn_logged
+from node.procs import command_line, listens_on, spawn_logged
 from protocol.errors import UnavailableError
 
 NODE_MARKER = "node.cli.main"
@@ -212,7 +213,8 @@ def wait_healthy(
     pending = list(nodes)
     while pending:
         for node in list(pending):
-            if _healthy(node.url):
+            # its own answer: a port it failed to bind may be answered by another program
+            if _healthy(node.url) and listens_on(node.pid, node.port) is not False:
                 pending.remove(node)
                 if on_ready:
                     on_ready(node, time.monotonic() - t0)

@@ -51,3 +51,26 @@ def test_run_service_maps_planet_error_to_exit_status_without_traceback(caplog) 
         assert run_service(failing, log_level="INFO", log=log) == UnavailableError.exit_status
     assert "rpc down (hint: start it)" in caplog.text
     assert run_service(fine, log_level="INFO", log=log) == 0
+
+
+def test_listens_on_names_the_process_that_holds_the_port() -> None:
+    import os
+    import socket
+    import subprocess
+
+    from node.procs import listens_on
+
+    with socket.socket() as server, socket.socket() as bound_only:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        bound_only.bind(("127.0.0.1", 0))  # bound, not listening
+        port, idle = server.getsockname()[1], bound_only.getsockname()[1]
+        assert listens_on(os.getpid(), port) is True
+        assert listens_on(os.getpid(), idle) is False
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert listens_on(other.pid, port) is False  # the port answers, but not from it
+        finally:
+            other.kill()
+            other.wait(timeout=30)
+        assert listens_on(other.pid, port) is False  # gone
