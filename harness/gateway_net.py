@@ -38,6 +38,7 @@ from nacl.signing import SigningKey
 
 from deploy.anvil import ANVIL_DEV_ADDRESS, ANVIL_DEV_KEY, Anvil, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
+from harness.ports import ephemeral_port
 from node.chain.evm.account import PlanetChain
 from node.model.manifest import Manifest
 from node.server.launcher import (
@@ -79,25 +80,6 @@ def prepared_manifest(parts: int = 2, quant: str = "int8") -> Path:
     from node.model.prepare import prepare
 
     return Path(prepare(parts=parts, quant=quant, progress=lambda _m: None))
-
-
-_HANDED_OUT: set[int] = set()  # every port this test process was given
-_HANDED_OUT_LOCK = threading.Lock()
-
-
-def ephemeral_port() -> int:
-    """A loopback port free right now and never handed out before in this process. The
-    kernel may give a port released a moment ago again: two nodes started side by side got
-    one port, the second could not bind it, and the first answered for both."""
-    with _HANDED_OUT_LOCK:
-        for _ in range(1000):
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                port = int(probe.getsockname()[1])
-            if port not in _HANDED_OUT:
-                _HANDED_OUT.add(port)
-                return port
-    raise RuntimeError("no loopback port left that this test run has not handed out")
 
 
 def http_json(url: str, *, timeout: float = 10) -> Any:

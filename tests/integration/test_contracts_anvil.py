@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from eth_utils import keccak
 
 from deploy.anvil import ANVIL_DEV_KEY, REPO_ROOT, Anvil, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all, load_artifact
+from harness.ports import ephemeral_port
 from node.chain.evm.account import PlanetChain
 from node.chain.evm.deployment import Deployment
 from node.chain.evm.errors import (
@@ -73,16 +73,9 @@ ETHER = 10**18
 MILLI = 10**15
 
 
-def free_port() -> int:
-    """A port nobody listens on right now (never a fixed one: engineers share this machine)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-PORT = free_port()
-CLI_PORT = free_port()
-UNUSED_PORT = free_port()
+PORT = ephemeral_port()
+CLI_PORT = ephemeral_port()
+UNUSED_PORT = ephemeral_port()
 CHALLENGE_WINDOW_S = 60
 BURN_ADDRESS = "0x000000000000000000000000000000000000dEaD"
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"

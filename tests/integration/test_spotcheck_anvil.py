@@ -14,7 +14,6 @@ challenger's credit is half the stake, the other half is burned.
 from __future__ import annotations
 
 import hashlib
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -22,6 +21,7 @@ from eth_utils import keccak
 
 from deploy.anvil import ANVIL_DEV_KEY, Anvil, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
+from harness.ports import ephemeral_port
 from node.chain.evm.account import PlanetChain
 from node.chain.evm.deployment import Deployment
 from node.chain.evm.errors import ContractRevert
@@ -50,16 +50,10 @@ MANIFEST = keccak(text="manifest")
 INPUT = keccak(text="input")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def anvil() -> Iterator[Anvil]:
     compile_contracts()
-    with start_anvil(_free_port()) as node:
+    with start_anvil(ephemeral_port()) as node:
         yield node
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import pytest
 import torch
 from nacl.signing import SigningKey
 
+from harness.ports import ephemeral_port
 from node.client.circuit import CircuitClient
 from node.client.types import Hop
 from node.model.evaluate import heldout_text
@@ -47,12 +47,6 @@ SEED = "0x" + hashlib.sha256(b"spot-check test epoch").hexdigest()
 VERIFIER = SigningKey(hashlib.sha256(b"spot-check test verifier").digest())
 NODE_SEEDS = {"noisy": b"\x21" * 32, "int8": b"\x22" * 32}
 PROMPT, TOTAL = 32, 96
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _healthy(url: str) -> bool:
@@ -79,7 +73,7 @@ def nodes(manifests: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
     procs: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
         for name, (manifest, extra) in specs.items():
-            port = _free_port()
+            port = ephemeral_port()
             cmd = [
                 sys.executable,
                 str(SCRIPT),

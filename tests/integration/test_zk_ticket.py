@@ -12,7 +12,6 @@ setup); later runs reuse the cache.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +23,7 @@ from eth_utils import keccak
 from deploy.anvil import ANVIL_DEV_KEY, Anvil, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
 from deploy.zk import deploy_fault_verifier
+from harness.ports import ephemeral_port
 from node.chain.evm.account import PlanetChain
 from node.chain.evm.errors import ContractRevert
 from node.model.prepare import prepare
@@ -43,16 +43,10 @@ TEXT = "The quick brown fox jumps over the lazy dog."
 COMMITTEE_KEYS = [keccak(text=f"planet zk committee {i}") for i in range(4)]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def anvil() -> Iterator[Anvil]:
     compile_contracts()
-    with start_anvil(free_port()) as node:
+    with start_anvil(ephemeral_port()) as node:
         yield node
 
 
