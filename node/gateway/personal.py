@@ -39,6 +39,7 @@ from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
 from node.gateway.router import CommitteeNodes, Router
 from node.gateway.run import listen, node_session
+from node.http_logs import quiet_malformed_http_logs
 from protocol.eip712 import as_bytes32
 from protocol.errors import ConfigError, PlanetError, UnavailableError
 from protocol.links import is_loopback_host
@@ -203,6 +204,7 @@ def serve(config: GatewayConfig, credits_file: Path, min_credit_positions: int) 
             f"a personal client serves its own user only: {config.host} is not a loopback address",
             hint="drop --host (127.0.0.1), or run the hosted gateway for others",
         )
+    quiet_malformed_http_logs()
     asyncio.run(_serve(config, credits_file, min_credit_positions))
 
 

@@ -26,6 +26,7 @@ from node.gateway.payments import PaymentDesk
 from node.gateway.router import CommitteeNodes, Router
 from node.gateway.settlement import DebitTracker, WorkLedger, WorkReporter, ledger_paths
 from node.gateway.timeline import Timeline, check_refund_timeout
+from node.http_logs import quiet_malformed_http_logs
 from node.server.next_hops import PublicResolver
 from protocol.eip712 import as_bytes32
 from protocol.errors import ConfigError, PlanetError, UnavailableError
@@ -226,6 +227,7 @@ async def listen(runner: web.AppRunner, config: GatewayConfig) -> None:
 def serve(config: GatewayConfig, password: str) -> None:
     """Blocks until SIGINT/SIGTERM."""
     config.validate()
+    quiet_malformed_http_logs()  # a stranger's unparseable request: one line, not a traceback
     asyncio.run(_serve(config, password))
 
 

@@ -7,8 +7,8 @@ import os
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
+from node.http_logs import quiet_malformed_http_logs
 from node.links import server_context
 from node.server.app import create_app
 from node.server.backend import ModelShardBackend, ShardBackend
@@ -35,30 +35,6 @@ def configure_torch_threads(threads: int) -> int:
         threads = default_torch_threads()
     torch.set_num_threads(threads)
     return threads
-
-
-class MalformedHttpLogFilter(logging.Filter):
-    """aiohttp logs every request it cannot parse with a full traceback at ERROR; strangers
-    could fill the log with them. Such records become one INFO line without the traceback."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        if isinstance(error, HttpProcessingError):
-            text = str(getattr(error, "message", "") or error)
-            first = next((line for line in text.splitlines() if line.strip()), "")
-            record.msg = "malformed HTTP refused: %s: %s"
-            record.args = (type(error).__name__, first[:120])
-            record.exc_info = None
-            record.exc_text = None
-            record.levelno, record.levelname = logging.INFO, "INFO"
-        return True
-
-
-def quiet_malformed_http_logs() -> None:
-    """Install MalformedHttpLogFilter on aiohttp's server logger (once)."""
-    server_log = logging.getLogger("aiohttp.server")
-    if not any(isinstance(f, MalformedHttpLogFilter) for f in server_log.filters):
-        server_log.addFilter(MalformedHttpLogFilter())
 
 
 def serve(

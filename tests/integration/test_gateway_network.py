@@ -332,6 +332,10 @@ def test_gateway_process_refuses_hostile_requests_by_name_and_keeps_answering(
     # runs: a plain-text 400 (not OpenAI's shape; docs/gateway.md), and the process goes on.
     status, _ = _post_raw(net, body(), "planet-pay-v1." + "0" * 10_000)
     assert status == 400
+    # ... and its log gets one line for it, not aiohttp's traceback at ERROR (log flooding)
+    log_text = (net.run_dir / "gateway.log").read_text()
+    assert "malformed HTTP refused: LineTooLong" in log_text
+    assert "Error handling request" not in log_text
     assert urllib.request.urlopen(f"{net.gateway_url}/health", timeout=10).status == 200
     answer = client(net, key).chat.completions.create(
         model=model_name(net), messages=QUESTION, max_tokens=4, temperature=0

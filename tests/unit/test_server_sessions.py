@@ -153,7 +153,7 @@ def test_malformed_http_log_record_becomes_one_info_line():
 
     from aiohttp.http_exceptions import BadHttpMessage
 
-    from node.server.run import MalformedHttpLogFilter
+    from node.http_logs import MalformedHttpLogFilter
 
     try:
         raise BadHttpMessage("Invalid method encountered:\n\n  b'BREW / HTTP/1.1'")
