@@ -9,7 +9,8 @@ paths answer `UNKNOWN_QUERY`.
     /pool_health  ?model ?shards                per-shard routable counts and status
                                                 (healthy: every shard ≥ 3; degraded: some 1–2;
                                                  incomplete: some 0)
-    /commitments  ?node ?session ?limit         commit-reveal records (at most 1000)
+    /commitments  ?node ?session ?limit ?after  commit-reveal records, 1000 a page (`next`:
+                                                the `after` of the next page, or null)
     /evidence     ?node ?limit                  reveal mismatches and equivocations
     /reputations                                R, window, untrusted per node
     /epochs       ?epoch                        leader, challenge list (default: the current epoch)
@@ -26,7 +27,7 @@ paths answer `UNKNOWN_QUERY`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from abci_app import coverage, schema
@@ -34,6 +35,7 @@ from abci_app.codes import Code
 from abci_app.credit_queries import CREDIT_ROUTES
 from abci_app.payout_queries import PAYOUT_ROUTES
 from abci_app.query_params import (
+    COMMITMENT_KEY,
     HASH32,
     NODE_KEY,
     QueryError,
@@ -141,27 +143,36 @@ def _pool_health(state: State, params: dict[str, Any]) -> Any:
 
 
 def _commitments(state: State, params: dict[str, Any]) -> Any:
+    """Records in key order, a page at a time: `next` is the last key of a full page when more
+    follow (pass it back as `after`), else null."""
     prefix = str_param(params, "node", NODE_KEY)
     session_filter = str_param(params, "session", HASH32)
+    after = str_param(params, "after", COMMITMENT_KEY)
     limit = limit_param(params)
     out: list[dict[str, Any]] = []
     if prefix is None:
-        items: Iterator[tuple[str, Any]] = state.committed_items(schema.COMMITMENT)
+        lower, upper = "", None
     elif session_filter is None:
-        items = state.committed_items(schema.COMMITMENT, prefix + "/", prefix + "0")
+        lower, upper = prefix + "/", prefix + "0"
     else:
         lower = f"{prefix}/{session_filter}/"
-        items = state.committed_items(schema.COMMITMENT, lower, lower[:-1] + "0")
-    for key, record in items:
+        upper = lower[:-1] + "0"
+    if after is not None and after > lower:
+        lower = after
+    last: str | None = None
+    for key, record in state.committed_items(schema.COMMITMENT, lower, upper):
+        if key == after:
+            continue  # the previous page's last record
         node, session, step, shard = key.split("/")
         if session_filter is not None and session != session_filter:
             continue
         if len(out) == limit:
-            break
+            return {"commitments": out, "next": last}
         out.append(
             {"node": node, "session": session, "step": int(step), "shard": int(shard), **record}
         )
-    return {"commitments": out}
+        last = key
+    return {"commitments": out, "next": None}
 
 
 def _evidence(state: State, params: dict[str, Any]) -> Any:

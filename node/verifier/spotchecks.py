@@ -70,6 +70,7 @@ from protocol.tickets import TicketRequest
 log = logging.getLogger(__name__)
 
 COUNTS_FILE = Path("verifier") / "spot_checks.json"
+MAX_COMMITMENT_PAGES = 100  # 100 000 records of one node per epoch check (/commitments pages)
 
 Vote = Callable[[TicketResult, str, int], Awaitable[None]]  # (result, node key, epoch)
 
@@ -233,6 +234,27 @@ class SpotChecker:
             out[node] = count
         return out
 
+    async def _commitments_of(self, node: str) -> list[object]:
+        """Every retained commitment record of `node`, page by page (`/commitments` answers
+        1 000 at a time), at most `MAX_COMMITMENT_PAGES` pages."""
+        records: list[object] = []
+        after: str | None = None
+        for _ in range(MAX_COMMITMENT_PAGES):
+            params = {"node": node, "limit": 1000} | ({"after": after} if after else {})
+            answer = await self.link.query("/commitments", **params)
+            page = answer.get("commitments", []) if isinstance(answer, dict) else []
+            records += page if isinstance(page, list) else []
+            following = answer.get("next") if isinstance(answer, dict) else None
+            if not isinstance(following, str) or following == after:
+                return records
+            after = following
+        log.warning(
+            "commitments of node %s past %d pages are not checked this epoch",
+            node[:16],
+            MAX_COMMITMENT_PAGES,
+        )
+        return records
+
     async def check_epoch(self, epoch: int) -> list[TicketResult]:
         """Do every check of `epoch`'s commitments assigned here; vote on findings."""
         params = await self.link.query("/params")
@@ -246,8 +268,7 @@ class SpotChecker:
         commitments: list[object] = []
         keys = [str(node["key"]) for node in await self.link.nodes()]
         for key in keys:
-            answer = await self.link.query("/commitments", node=key, limit=1000)
-            commitments += answer.get("commitments", [])
+            commitments += await self._commitments_of(key)
         chosen, verifiers = selections(
             records[0],
             commitments,

@@ -212,3 +212,37 @@ def test_abci_state_get_many_equals_get_through_every_layer() -> None:
     many = state.get_many("commit", [*keys, f"{prefix}9/0"])
     assert many == {k: state.get("commit", k) for k in keys if state.get("commit", k) is not None}
     assert set(many) == set(keys[1:])
+
+
+def test_commitments_query_pages_every_record_once_in_key_order() -> None:
+    """`/commitments` answers a page at a time: `next` is the `after` of the next page, so a
+    verifier sees every retained record of a node, not only the first page's (the first 1 000)."""
+    chain = Chain()
+    key, other = register(chain, "n1"), register(chain, "n2")
+    steps = (1, 2, 3, 10, 11, 20, 100)  # key order is string order: 1, 10, 100, 11, 2, 20, 3
+    assert chain.block([chain.batch_tx(commits(*steps), key)])[0].code == Code.OK
+    assert chain.block([chain.batch_tx(commits(5), other)])[0].code == Code.OK
+    node = key.verify_key.encode().hex()
+    whole = ask(chain, f"/commitments?node={node}")
+    assert whole["next"] is None and len(whole["commitments"]) == len(steps)
+    seen: list[int] = []
+    after, pages = "", 0
+    while True:
+        cursor = f"&after={after}" if after else ""
+        page = ask(chain, f"/commitments?node={node}&limit=3{cursor}")
+        pages += 1
+        seen += [c["step"] for c in page["commitments"]]
+        assert all(c["node"] == node for c in page["commitments"])
+        if page["next"] is None:
+            break
+        last = page["commitments"][-1]
+        assert page["next"] == f"{node}/{last['session']}/{last['step']}/{last['shard']}"
+        after = page["next"]
+    assert pages == 3
+    assert seen == [c["step"] for c in whole["commitments"]] == [1, 10, 100, 11, 2, 20, 3]
+    # a full last page says nothing follows only when nothing does
+    six = ask(chain, f"/commitments?node={node}&limit=6")
+    assert ask(chain, f"/commitments?node={node}&limit=1&after={six['next']}")["next"] is None
+    # a cursor is a record key or nothing: anything else is refused by name
+    code, _, log = query(chain.state, f"/commitments?node={node}&after=../../x", b"")
+    assert code == Code.BAD_QUERY and "after" in log

@@ -309,3 +309,37 @@ async def test_a_verifier_outside_the_epochs_set_rejudges_nothing(tmp_path: Path
         link.verdicts = [{"evidence_hash": "0x" + failed.hex()}]
         assert await checker.rejudge(3) == []
     assert asked == [] and votes == []
+
+
+class _PagedLink(_Link):
+    """`/commitments` in pages of 2 as the chain answers them (`next`: the last key of a full
+    page); `repeat` answers the same page forever (a broken or hostile committee)."""
+
+    def __init__(self, count: int, repeat: bool = False) -> None:
+        super().__init__("http://127.0.0.1:1")
+        self.records = _commitments(count)
+        self.repeat = repeat
+        self.asked: list[object] = []
+
+    async def query(self, path: str, **params: object) -> dict:
+        if path != "/commitments":
+            return await super().query(path, **params)
+        self.asked.append(params.get("after"))
+        start = 0 if self.repeat or params.get("after") is None else int(str(params["after"]))
+        page = self.records[start : start + 2]
+        more = start + 2 < len(self.records)
+        return {"commitments": page, "next": str(start + 2) if more or self.repeat else None}
+
+
+async def test_the_checker_reads_every_page_of_a_nodes_commitments(tmp_path: Path) -> None:
+    async def vote(*_args: object) -> None:
+        raise AssertionError("no vote")
+
+    async with aiohttp.ClientSession() as http:
+        link = _PagedLink(count=5)
+        checker = _checker(link, http, vote, tmp_path)  # type: ignore[arg-type]
+        assert await checker._commitments_of(NODE) == link.records
+        assert link.asked == [None, "2", "4"]
+        stuck = _PagedLink(count=5, repeat=True)
+        records = await _checker(stuck, http, vote, tmp_path)._commitments_of(NODE)  # type: ignore[arg-type]
+        assert len(stuck.asked) == 2 and len(records) == 4  # the same cursor twice: it stops
