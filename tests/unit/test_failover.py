@@ -326,10 +326,16 @@ async def test_a_slow_node_on_trial_is_left_after_its_first_passes_and_tokens_st
         async def nothing(count: int) -> None:
             pass
 
+        first_hop = servers[0].app[STATE_KEY]
         first, quiet = await _answer(source, head, ids, nothing)  # nothing seen: the first
         assert source.circuits == [(hops[0], hops[1])] and quiet.failovers == []
+        unmoved = first_hop.forwards
         pick.last = True  # the slow node, tied with the fast one as the cheapest: tried
         tokens, timings = await _answer(source, head, ids, nothing)
+        # the replay sends the prompt and the answer so far as two frames (`split_at`), which
+        # stand in for the 4th token's decode pass: a move costs the first hop one frame more
+        # (the count tests/integration/test_gateway_network.py expects of a move)
+        assert first_hop.forwards - unmoved == unmoved + 1
         rtt_after = source.costs.get(hops[2].url).rtt_s
         # the fast node's passes forgotten, the slow one's not: the fast one is tried, and kept
         source.costs.get(hops[1].url).seen_at_s = float("-inf")
