@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+
+from harness.ports import ephemeral_port
 
 
 @contextmanager
@@ -31,9 +32,7 @@ def personal_client(
     """The personal client paying from `credits_file` (default: $PLANET_HOME's), serving on a
     free loopback port; yields the port. Raises AssertionError with the log's tail if it exits
     or does not answer within `timeout_s`."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = ephemeral_port()
     command = [sys.executable, "-m", "node.cli.main", "gateway", "serve", "--personal"]
     command += ["--manifest", str(manifest), "--committee-rpc", committee_rpc]
     command += ["--port", str(port), "--min-credit-positions", str(min_positions)]

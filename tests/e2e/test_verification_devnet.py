@@ -54,6 +54,7 @@ from typing import Any
 import pytest
 
 from harness.personal_client import personal_client
+from harness.ports import ephemeral_port
 from node.client.credit_wallet import CreditWallet
 from node.server.launcher import pid_alive
 from protocol.credits import spent_id
@@ -356,7 +357,7 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     # three operators, each one charging node: stake and join (the joins side by side)
     paid: dict[int, dict[str, str]] = {}
     joins = []
-    ports = _free_ports(3)  # three at once on one host: each its own
+    ports = [ephemeral_port() for _ in range(3)]  # three at once on one host: each its own
     for shard in range(3):
         home = Path(env["PLANET_HOME"]) / f"charging{shard}"
         home.mkdir()
@@ -622,17 +623,3 @@ def _rpc(rpc: str, method: str, **params: str) -> Any:
     url = f"{rpc}/{method}" + ("?" + urllib.parse.urlencode(params) if params else "")
     with urllib.request.urlopen(url, timeout=10) as answer:
         return json.load(answer)["result"]
-
-
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct ports free right now (held open together while drawn)."""
-    import socket
-
-    probes = [socket.socket() for _ in range(count)]
-    try:
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [probe.getsockname()[1] for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()
