@@ -4,10 +4,9 @@ Each node is a separate detached process (`python -m node.cli.main node serve ..
 entry point that takes the same arguments) with its log and pid file in a run directory. With a
 node key file it serves TLS bound to that key (its url is https://, `key` the public half to
 pin); without one it runs in local mode, `--plaintext-links` (http://, loopback only).
-`wait_healthy` polls `/health` and checks the answer came from the node's own process;
-on failure it names the node and its log. `stop_pid` sends
-SIGTERM, then SIGKILL after a grace period, and only ever signals a pid whose command line is a
-Planet node (pids get reused).
+`wait_healthy` polls `/health` and checks that the answer came from the node's own process; on
+failure it names the node and its log. `stop_pid` sends SIGTERM, then SIGKILL after a grace
+period, and only ever signals a pid whose command line is a Planet node (pids get reused).
 """
 
 from __future__ import annotations
