@@ -144,7 +144,14 @@ async def test_gateway_stop_sequence_and_logprobs(env) -> None:
 async def test_gateway_completions_stream_text_completion_chunks(env) -> None:
     client, escrow, _, _ = env
     headers, _ = pay(escrow)
-    doc = {"model": "fake-model", "prompt": [1, 2], "max_tokens": 2, "stream": True}
+    # temperature 0: OpenAI's default of 1 samples off the fake logits' peak 0.2 % of the time
+    doc = {
+        "model": "fake-model",
+        "prompt": [1, 2],
+        "max_tokens": 2,
+        "stream": True,
+        "temperature": 0,
+    }
     events = parse_events(
         await (await client.post("/v1/completions", json=doc, headers=headers)).read()
     )
@@ -277,7 +284,13 @@ async def test_gateway_completions_echo_gives_every_prompt_tokens_logprob(env) -
     is unlikely), position 1 predicts 5 (token 5 is likely), then 5 → 8 is the answer."""
     client, escrow, _, _ = env
     headers, _ = pay(escrow)
-    doc = {"model": "fake-model", "prompt": [1, 2, 5], "max_tokens": 1, "echo": True}
+    doc = {
+        "model": "fake-model",
+        "prompt": [1, 2, 5],
+        "max_tokens": 1,
+        "echo": True,
+        "temperature": 0,
+    }
     body = await (
         await client.post("/v1/completions", json={**doc, "logprobs": 2}, headers=headers)
     ).json()
@@ -315,6 +328,12 @@ async def test_gateway_every_question_prefills_like_an_echo_request(env, monkeyp
     chat = list(seen)
     seen.clear()
     headers, _ = pay(escrow)
-    doc = {"model": "fake-model", "prompt": [1, 2, 5], "max_tokens": 3, "echo": True}
+    doc = {
+        "model": "fake-model",
+        "prompt": [1, 2, 5],
+        "max_tokens": 3,
+        "echo": True,
+        "temperature": 0,
+    }
     await client.post("/v1/completions", json={**doc, "logprobs": 5}, headers=headers)
     assert chat == seen == [(3, False), (1, True), (1, True)]
