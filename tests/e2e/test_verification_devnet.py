@@ -426,6 +426,7 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
                 model=json.loads(Path(devnet["manifest"]).read_text())["model_id"],
                 messages=[{"role": "user", "content": question}],
                 max_tokens=6,
+                temperature=0,  # OpenAI's default of 1 may sample EOS first: an empty answer
                 timeout=180,
             )
             assert answer.choices[0].message.content and answer.usage.completion_tokens
