@@ -44,6 +44,7 @@ from node.model.source import (
     DEFAULT_MODEL,
     ModelSource,
     Progress,
+    default_layer_count,
     models_dir,
     replace_dir,
     resolve_source,
@@ -125,6 +126,8 @@ def prepare(
     check_quant(quant)
     if parts < 1:
         raise UsageError(f"--parts must be at least 1, got {parts}")
+    if str(model) == DEFAULT_MODEL and (layers := default_layer_count()) is not None:
+        split_layers(layers, parts, split)  # a bad --parts/--split: refused before converting
     source = resolve_source(model, progress)
     config = load_config(source.directory)
     ranges = split_layers(config.num_hidden_layers, parts, split)

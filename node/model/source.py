@@ -153,6 +153,21 @@ def default_fp32_dir() -> Path:
     return models_dir() / f"{DEFAULT_MODEL_ID}-fp32"
 
 
+def default_layer_count() -> int | None:
+    """The default model's layer count before its first conversion (about a minute), from the
+    GGUF's `llama.block_count` (~2 s); None once converted (its config.json is read then) or
+    when the GGUF does not say."""
+    if (default_fp32_dir() / _DONE_MARKER).is_file():
+        return None
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(locate_gguf())).fields.get("llama.block_count")
+    if field is None or not field.data:
+        return None
+    count = field.parts[field.data[0]]
+    return int(count[0]) if len(count) == 1 else None
+
+
 def ensure_default_fp32(progress: Progress = stderr_progress) -> Path:
     """The cached fp32 copy of the default model, converting the GGUF on first use."""
     target = default_fp32_dir()

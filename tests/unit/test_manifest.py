@@ -210,3 +210,23 @@ def test_prepare_same_inputs_give_same_model_hash(tmp_path: Path, prepared: Path
     second = prepare(source, parts=2, quant=quant, out=tmp_path / "b", progress=lambda _: None)
     assert Manifest.load(first).model_hash == Manifest.load(second).model_hash
     assert Manifest.load(first).model_hash != Manifest.load(prepared).model_hash
+
+
+def test_prepare_refuses_too_many_parts_before_converting_the_default_model(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A first `planet model prepare --parts 99` used to convert the GGUF (about a minute) and
+    only then say the model has 30 layers; the GGUF's own layer count refuses it at once."""
+    from node.model import source
+
+    monkeypatch.setenv("PLANET_HOME", str(tmp_path))  # nothing converted yet
+
+    def no_conversion(*_args: object) -> None:
+        raise AssertionError("converted before the parts were checked")
+
+    monkeypatch.setattr(source, "convert_gguf", no_conversion)
+    assert source.default_layer_count() == 30  # SmolLM2-135M, from the GGUF's metadata
+    with pytest.raises(UsageError, match="more than the model's 30 layers"):
+        prepare(parts=99)
+    with pytest.raises(UsageError, match="--split sums to 29"):
+        prepare(parts=2, split=[15, 14])
