@@ -278,19 +278,18 @@ async def test_gateway_pools_and_models(env) -> None:
     assert (await client.get("/health")).status == 200
 
 
+# a completion echoing its prompt [1, 2, 5], greedy (OpenAI's default temperature 1 samples
+# off the fake logits' peak 0.2 % of the time)
+ECHO = {"model": "fake-model", "prompt": [1, 2, 5], "echo": True, "temperature": 0}
+
+
 async def test_gateway_completions_echo_gives_every_prompt_tokens_logprob(env) -> None:
     """echo + logprobs: the prompt's tokens come first with their logprobs from the same
     prefill (the first token has none); prompt [1, 2, 5]: position 0 predicts 4 (so token 2
     is unlikely), position 1 predicts 5 (token 5 is likely), then 5 → 8 is the answer."""
     client, escrow, _, _ = env
     headers, _ = pay(escrow)
-    doc = {
-        "model": "fake-model",
-        "prompt": [1, 2, 5],
-        "max_tokens": 1,
-        "echo": True,
-        "temperature": 0,
-    }
+    doc = {**ECHO, "max_tokens": 1}
     body = await (
         await client.post("/v1/completions", json={**doc, "logprobs": 2}, headers=headers)
     ).json()
@@ -328,12 +327,6 @@ async def test_gateway_every_question_prefills_like_an_echo_request(env, monkeyp
     chat = list(seen)
     seen.clear()
     headers, _ = pay(escrow)
-    doc = {
-        "model": "fake-model",
-        "prompt": [1, 2, 5],
-        "max_tokens": 3,
-        "echo": True,
-        "temperature": 0,
-    }
+    doc = {**ECHO, "max_tokens": 3}
     await client.post("/v1/completions", json={**doc, "logprobs": 5}, headers=headers)
     assert chat == seen == [(3, False), (1, True), (1, True)]
