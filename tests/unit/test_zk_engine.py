@@ -1,6 +1,7 @@
-"""`run_step`: a worker step that crashes (SIGSEGV) runs once more; a step that fails, or
-crashes twice, raises `ZkStepError` naming the step and its exit. The worker is a stand-in
-"python" (a shell script through PLANET_EZKL_PYTHON) that crashes the first `crashes` times."""
+"""`run_step`: a worker step that crashes (SIGSEGV, SIGBUS, SIGABRT) runs once more; a step
+that fails, or crashes twice, raises `ZkStepError` naming the step and its exit. The worker is a
+stand-in "python" (a shell script through PLANET_EZKL_PYTHON) that crashes the first `crashes`
+times."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.unit
 FAKE_PYTHON = """#!/bin/sh
 # argv: WORKER STEP ARGS RESULT; counts its runs in $RUNS
 runs=$(($(cat "$RUNS") + 1)); echo "$runs" > "$RUNS"
-if [ "$runs" -le "$CRASHES" ]; then kill -SEGV $$; fi
+if [ "$runs" -le "$CRASHES" ]; then kill -"$SIGNAL" $$; fi
 if [ "$FAIL" = 1 ]; then echo "bad settings" >&2; exit 1; fi
 cp "$3" "$4"
 """
@@ -33,16 +34,18 @@ def worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("RUNS", str(runs))
     monkeypatch.setenv("FAIL", "0")
 
-    def configure(crashes: int, fail: bool = False) -> Path:
+    def configure(crashes: int, fail: bool = False, signal: str = "SEGV") -> Path:
         monkeypatch.setenv("CRASHES", str(crashes))
+        monkeypatch.setenv("SIGNAL", signal)
         monkeypatch.setenv("FAIL", "1" if fail else "0")
         return runs
 
     return configure
 
 
-def test_a_step_that_crashed_once_runs_again_and_returns_its_result(worker) -> None:
-    runs = worker(crashes=1)
+@pytest.mark.parametrize("signal", ["SEGV", "BUS", "ABRT"])
+def test_a_step_that_crashed_once_runs_again_and_returns_its_result(worker, signal: str) -> None:
+    runs = worker(crashes=1, signal=signal)
     assert engine.run_step("build", {"dir": "d"}) == {"dir": "d"}
     assert runs.read_text().strip() == "2"
 
