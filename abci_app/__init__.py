@@ -21,6 +21,7 @@ feature modules never import each other:
     verdicts.py        verdict_vote; accusations settled at the epoch after the first vote
     seeds.py           seed_commit, seed_reveal (verifier seeds)
     spot_reports.py    spot_check_report (spot checks credited to verifiers)
+    verifier_endpoints.py  verifier_endpoint (where a verifier forwards its findings)
     settlement.py      work_report, contribution, payout_vote; the epoch close (payout roots)
     credits.py         credit_key, mint, redeem: bearer credits blind-signed by the validators
     credit_queries.py  /credit_keys, /mints, and this validator's /credit_signatures

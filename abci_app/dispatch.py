@@ -14,6 +14,7 @@ from abci_app import (
     settlement,
     spot_reports,
     verdicts,
+    verifier_endpoints,
 )
 from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
@@ -21,7 +22,13 @@ from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import Contribution, PayoutVote, WorkReport
-from protocol.committee.verification import SeedCommit, SeedReveal, SpotCheckReport, VerdictVote
+from protocol.committee.verification import (
+    SeedCommit,
+    SeedReveal,
+    SpotCheckReport,
+    VerdictVote,
+    VerifierEndpoint,
+)
 
 Handler = Callable[[State, SignedTx], None]
 
@@ -43,6 +50,7 @@ HANDLERS: dict[str, Handler] = {
     SeedCommit.TYPE: seeds.seed_commit,
     SeedReveal.TYPE: seeds.seed_reveal,
     SpotCheckReport.TYPE: spot_reports.spot_check_report,
+    VerifierEndpoint.TYPE: verifier_endpoints.verifier_endpoint,
     WorkReport.TYPE: work_report,
     Contribution.TYPE: settlement.contribution,
     PayoutVote.TYPE: settlement.payout_vote,

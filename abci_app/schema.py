@@ -68,6 +68,8 @@ SLASHED = "slashed"
 EPOCH = "epoch"
 # seed/<epoch>/<validator key>: {epoch, validator, commitment, height, seed, revealed_height}
 SEED = "seed"
+# vurl/<validator key>: {url, validator, height}, where its verifier forwards its findings
+VERIFIER_ENDPOINT = "vurl"
 # spotrep/<epoch checked>/<validator key>: {count, height}
 SPOT_REPORT = "spotrep"
 # vwork/<epoch credited>/<lowercase operator>: spot checks credited to that operator then

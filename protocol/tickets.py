@@ -258,9 +258,10 @@ def seal(ticket_bytes: bytes, request: TicketRequest, node_key: SigningKey) -> b
     return SealedBox(public).encrypt(signature + ticket_bytes)
 
 
-def open_sealed(sealed: bytes, request: TicketRequest, verifier_key: SigningKey) -> Ticket:
-    """Open a sealed ticket with the verifier's ed25519 signing key, check the node's signature
-    over it (bound to `request`) and parse it."""
+def unseal(sealed: bytes, request: TicketRequest, verifier_key: SigningKey) -> bytes:
+    """Open a sealed ticket with the verifier's ed25519 signing key and check the node's
+    signature over it (bound to `request`): the node's signed statement, signature ‖ ticket
+    bytes — what the verifier may forward to its peers (`forward`)."""
     if not isinstance(sealed, bytes | bytearray | memoryview):
         raise TicketSealError("sealed ticket must be bytes")
     if len(sealed) > MAX_SEALED_BYTES:
@@ -276,14 +277,73 @@ def open_sealed(sealed: bytes, request: TicketRequest, verifier_key: SigningKey)
         raise TicketSealError(
             "does not open with this verifier's key (tampered or not ours)"
         ) from None
-    signature, ticket_bytes = plain[:SIGNATURE_BYTES], plain[SIGNATURE_BYTES:]
+    _check_statement(plain, request)
+    return plain
+
+
+def _check_statement(statement: bytes, request: TicketRequest) -> None:
+    """The node of `request.triple` signed the ticket bytes in `statement` for `request`."""
+    signature, ticket_bytes = statement[:SIGNATURE_BYTES], statement[SIGNATURE_BYTES:]
     try:
         VerifyKey(bytes.fromhex(request.triple.node)).verify(
             _ticket_sign_bytes(request, ticket_bytes), signature
         )
     except (BadSignatureError, ValueError):
         raise TicketSealError("not signed by the node for this request") from None
-    return decode_ticket(ticket_bytes)
+
+
+def open_sealed(sealed: bytes, request: TicketRequest, verifier_key: SigningKey) -> Ticket:
+    """Open a sealed ticket with the verifier's ed25519 signing key, check the node's signature
+    over it (bound to `request`) and parse it."""
+    return decode_ticket(unseal(sealed, request, verifier_key)[SIGNATURE_BYTES:])
+
+
+# ---- forwarding a node's signed ticket to another verifier ------------------------------------
+# A node may answer the verifier a check is assigned to and withhold the ticket from the others.
+# The finder then forwards what it holds: its own signed request and the node's signed statement
+# (signature ‖ ticket bytes), sealed to one peer verifier. Both signatures check without the
+# finder's help, and the ticket opens the node's commitment, so the peer judges the node's own
+# bytes — the finder cannot forge or alter them.
+#
+#     sealed to the peer: "PFW\x01" ‖ u16 request length ‖ request (canonical JSON) ‖ statement
+FORWARD_MAGIC: Final = b"PFW\x01"
+MAX_FORWARDED_BYTES: Final = MAX_SEALED_BYTES + 6 + 2048  # + magic, length, request
+
+
+def forward(request: TicketRequest, statement: bytes, peer: str) -> bytes:
+    """The node's `statement` for `request`, with the request, sealed to verifier `peer`."""
+    _check_statement(statement, request)
+    try:
+        public: PublicKey = _verify_key(peer).to_curve25519_public_key()
+    except CryptoError:
+        raise TicketRequestError("peer key is not a valid ed25519 point") from None
+    encoded = request.encode()
+    plain = FORWARD_MAGIC + struct.pack(">H", len(encoded)) + encoded + statement
+    return SealedBox(public).encrypt(plain)
+
+
+def open_forwarded(sealed: bytes, verifier_key: SigningKey) -> tuple[TicketRequest, bytes, Ticket]:
+    """A forwarded ticket opened with this verifier's key: the finder's request (its signature
+    checked), the node's statement (its signature checked) and the parsed ticket. Whether the
+    request names the selected check is the caller's to compare."""
+    if not isinstance(sealed, bytes | bytearray | memoryview):
+        raise TicketSealError("forwarded ticket must be bytes")
+    if len(sealed) > MAX_FORWARDED_BYTES:
+        raise TicketTooLargeError(f"{len(sealed)} forwarded bytes exceed {MAX_FORWARDED_BYTES}")
+    try:
+        plain = SealedBox(verifier_key.to_curve25519_private_key()).decrypt(bytes(sealed))
+    except CryptoError:
+        raise TicketSealError("forwarded ticket does not open with this verifier's key") from None
+    if len(plain) < 6 or plain[:4] != FORWARD_MAGIC:
+        raise TicketMagicError("not a version-1 forwarded ticket")
+    (length,) = struct.unpack_from(">H", plain, 4)
+    if len(plain) < 6 + length + SIGNATURE_BYTES:
+        raise TicketTruncatedError("forwarded ticket shorter than its request and signature")
+    request = decode_request(plain[6 : 6 + length])
+    request.verify()
+    statement = plain[6 + length :]
+    _check_statement(statement, request)
+    return request, statement, decode_ticket(statement[SIGNATURE_BYTES:])
 
 
 # ---- the request ------------------------------------------------------------------------------

@@ -67,6 +67,7 @@ ANVIL_PORT = 8545
 COMMITTEE_BASE_PORT = 26656  # p2p; RPC +1, app +2 (loopback), pprof +3 (loopback)
 NODE_PORT = 18100
 GATEWAY_PORT = 8000
+FINDINGS_PORT = 8700  # a validator host's verifier serves its findings to the other verifiers
 OPERATOR_PORTS = tuple(range(18100, 18104))  # exposed on the empty operator hosts
 KEEPER_MODULE = "deploy.devnet.keeper"
 KEEPER_READY_S = 60.0
@@ -336,5 +337,5 @@ def exposed_ports(host: str) -> tuple[int, ...]:
     if host.startswith("node"):
         return (NODE_PORT,)
     if host.startswith("validator"):
-        return (COMMITTEE_BASE_PORT, COMMITTEE_BASE_PORT + 1)
+        return (COMMITTEE_BASE_PORT, COMMITTEE_BASE_PORT + 1, FINDINGS_PORT)
     return {"anvil": (ANVIL_PORT,), "gateway": (GATEWAY_PORT,)}.get(host, ())

@@ -12,9 +12,9 @@ from typing import Any
 
 from deploy.anvil import rpc_call
 from deploy.committee.network import Network
-from deploy.devnet.hosts import GATEWAY_PORT, Placement
+from deploy.devnet.hosts import FINDINGS_PORT, GATEWAY_PORT, LOOPBACK_RANGE, Placement
 from deploy.devnet.plan import DevnetOptions, Progress, write_state
-from deploy.devnet.processes import free_port, planet_argv, spawn, wait_http
+from deploy.devnet.processes import free_port, free_ports, planet_argv, spawn, wait_http
 from deploy.evm import ETHER
 from node.keys import create_dev_wallet, load_or_create_node_key, wallet_address
 
@@ -73,13 +73,16 @@ def start_verifiers(
 ) -> None:
     """`planet verifier serve` on the first `options.verifier_count` validators' homes (every
     validator by default), each with its own funded dev wallet (it pays for its challenges like
-    a user); logs logs/verifier<i>.log."""
+    a user), serving its failed spot checks to the others (`--findings-listen`, the devnet's
+    private range allowed: `--private-peers`); logs logs/verifier<i>.log."""
     if not state.get("gateway_url"):
         progress("      verifiers: skipped (they ask through the gateway, which is not running)")
         return
     password = Path(state["password_file"]).read_text()
     pids = state["pids"].setdefault("verifiers", [])
-    for validator in network.validators[: options.verifier_count]:
+    chosen = network.validators[: options.verifier_count]
+    ports = [FINDINGS_PORT] * len(chosen) if place.on_hosts else free_ports(len(chosen), 8700, 8900)
+    for validator, port in zip(chosen, ports, strict=True):
         wallet = options.dir / f"verifier{validator.index}" / "wallet.json"
         wallet.parent.mkdir(parents=True, exist_ok=True)
         account = create_dev_wallet(wallet, password)
@@ -97,6 +100,8 @@ def start_verifiers(
             # one machine runs every verifier: the public corpus, not text each verifier's
             # model writes per epoch (~10 s of CPU each); a real verifier keeps the default
             "--challenge-source", "corpus",
+            "--findings-listen", f"{place.address(validator.name)}:{port}",
+            "--private-peers", state.get("next_hop_range", LOOPBACK_RANGE),
         )  # fmt: skip
         log_path = options.dir / "logs" / f"verifier{validator.index}.log"
         pids.append(spawn(place.argv(validator.name, argv), log_path))

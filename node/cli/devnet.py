@@ -100,7 +100,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         metavar="MODE",
         help="also join a node that cheats, for demos and tests of verification (repeatable): "
-        "substitute-skip:N, noise:R:K, silent (serves, commits nothing), … — the node is the "
+        "substitute-skip:N, noise:R:K[:withhold] (withhold: its tickets only to the assigned "
+        "verifier), silent (serves, commits nothing), … — the node is the "
         "test double tests/doubles/cheating_node.py, joined by tests/doubles/cheating_join.py",
     )
     up.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from node.config import resolve_config
 from node.procs import run_service
@@ -19,11 +20,16 @@ examples:
       --wallet verifier-wallet.json --password-file pw.txt
   planet verifier serve ... --committee-rpc http://127.0.0.1:27001 --challenges-per-epoch 8
   planet verifier serve ... --personal-client http://127.0.0.1:8001   # reaches charging nodes
+  planet verifier serve ... --findings-listen 0.0.0.0:8700 \\
+      --findings-url http://203.0.113.7:8700        # hand failed checks to the other verifiers
 what it does each committee epoch: commits a secret seed for the next epoch and reveals the
 last one; asks its challenges through the gateway like a paying user (echo + logprobs), or
 through your own personal client, paying nodes that charge with your credits; scores
 them against its own copy of the registered model; writes <home>/reputation_scores.json for the
-validator's vote extension; votes verdicts on nodes the committee has agreed are failing.
+validator's vote extension; votes verdicts on nodes the committee has agreed are failing;
+spot-checks the nodes' committed work and serves its failed checks (the node's own signed
+tickets, sealed to each peer) at --findings-listen, so a node that withholds its tickets from
+the other verifiers is convicted all the same.
 """
 
 
@@ -126,6 +132,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="a node that sends no valid ticket by then is voted for a timeout (default 30)",
     )
+    serve.add_argument(
+        "--findings-listen",
+        metavar="HOST:PORT",
+        help="serve this verifier's failed spot checks to the other verifiers here, and publish "
+        "the URL on the committee chain (default: not served; peers then cannot convict a node "
+        "that withholds its tickets from them)",
+    )
+    serve.add_argument(
+        "--findings-url",
+        metavar="URL",
+        help="the URL peers reach --findings-listen at (default http://HOST:PORT; required when "
+        "HOST is 0.0.0.0 or ::)",
+    )
+    serve.add_argument(
+        "--private-peers",
+        metavar="CIDR[,CIDR]",
+        help="also fetch peers' findings from these private ranges, IP addresses only (a devnet: "
+        "127.0.0.0/8; default: public addresses only)",
+    )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
 
@@ -169,6 +194,7 @@ def _serve(args: argparse.Namespace) -> int:
                 hint="the registered model's manifest (planet model prepare) and the deployment "
                 "file of the network (e.g. <devnet>/deployment.json)",
             )
+    findings_listen, findings_url, private_peers = _findings_options(args)
     operator_path = args.operator_key or operator_key_path(args.home)
     operator_key = None
     if operator_path.exists():
@@ -215,8 +241,49 @@ def _serve(args: argparse.Namespace) -> int:
         deployment=args.deployment,
         wallet=args.wallet,
         password=password,
+        findings_listen=findings_listen,
+        findings_url=findings_url,
+        private_peers=private_peers,
     )
     # a service: its own progress (epochs, challenges, verdicts) at INFO even without -v
     logging.getLogger("node.verifier").setLevel(logging.INFO)
     level = os.environ.get("PLANET_LOG_LEVEL", "INFO")
     return run_service(lambda: serve(config), log_level=level, log=logging.getLogger("verifier"))
+
+
+def _findings_options(
+    args: argparse.Namespace,
+) -> tuple[tuple[str, int] | None, str | None, tuple[Any, ...] | None]:
+    """(--findings-listen as (host, port), --findings-url canonical, --private-peers ranges)."""
+    from node.server.next_hops import parse_ranges
+    from protocol.urls import BadUrlError, canonical_url
+
+    ranges = parse_ranges(args.private_peers, "--private-peers") if args.private_peers else None
+    if args.findings_listen is None:
+        if args.findings_url is not None:
+            raise UsageError(
+                "--findings-url needs --findings-listen", hint="e.g. --findings-listen 0.0.0.0:8700"
+            )
+        return None, None, ranges
+    host, _, port_text = args.findings_listen.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise UsageError(
+            f"--findings-listen must be HOST:PORT, got {args.findings_listen!r}",
+            hint="e.g. 127.0.0.1:8700 or 0.0.0.0:8700",
+        )
+    url = args.findings_url
+    if url is None:
+        if host in ("0.0.0.0", "::"):
+            raise UsageError(
+                f"--findings-listen {args.findings_listen} names no address peers can reach",
+                hint="add --findings-url http://<your public address>:" + port_text,
+            )
+        url = f"http://[{host}]:{port_text}" if ":" in host else f"http://{host}:{port_text}"
+    try:
+        url = canonical_url(url)
+    except BadUrlError as error:
+        raise UsageError(
+            f"--findings-url: {error.message}", hint="e.g. http://203.0.113.7:8700"
+        ) from None
+    return (host, int(port_text)), url, ranges

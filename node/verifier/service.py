@@ -21,14 +21,17 @@ from typing import Any
 import aiohttp
 from nacl.signing import SigningKey
 
+from node.server.next_hops import Network
 from node.verifier.asker import GatewayAsker, PersonalAsker
 from node.verifier.calibration import CALIBRATION_FILE
+from node.verifier.findings import PeerFindings, serve_findings
 from node.verifier.reference import Reference
 from node.verifier.scoring import CredibilityMap
 from node.verifier.spotchecks import SpotChecker
 from node.verifier.worker import VerifierWorker, WorkerSettings
+from protocol.committee.verification import VerifierEndpoint
 from protocol.eip712 import as_bytes32
-from protocol.errors import ConfigError, IntegrityError, UnavailableError
+from protocol.errors import ConfigError, IntegrityError, PlanetError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,9 @@ class VerifierConfig:
     password: str
     calibration: Path = CALIBRATION_FILE
     personal: bool = False  # ... the operator's own personal client (asker.PersonalAsker)
+    findings_listen: tuple[str, int] | None = None  # serve its findings to the peers here
+    findings_url: str | None = None  # ... published on chain as reachable at this URL
+    private_peers: tuple[Network, ...] | None = None  # peers' private ranges it may dial
 
 
 def consensus_key(home: Path) -> SigningKey:
@@ -74,10 +80,15 @@ def echo_map(path: Path) -> CredibilityMap:
 
 
 def spot_checker(
-    config: VerifierConfig, reference: Reference, link: Any, http: Any, worker: VerifierWorker
+    config: VerifierConfig,
+    reference: Reference,
+    link: Any,
+    http: Any,
+    worker: VerifierWorker,
+    peers: PeerFindings | None = None,
 ) -> SpotChecker:
     """Spot checks with the verifier's own shards and the manifest quantization's tolerance;
-    findings go to the worker's verdict votes."""
+    findings go to the worker's verdict votes; peers' findings are fetched through `peers`."""
     from node.verifier.calibration import load_calibration
 
     quant = str(getattr(reference.shards[0], "quant", "none"))
@@ -90,7 +101,32 @@ def spot_checker(
         home=config.settings.home,
         rate_ppm=config.settings.spot_check_ppm,
         deadline_s=config.settings.ticket_deadline_s,
+        peers=peers,
     )
+
+
+async def publish_endpoint(link: Any, url: str, *, tries: int = 5, pause_s: float = 3.0) -> bool:
+    """Send `verifier_endpoint{url}` until the committee accepts it (a few tries: the chain may
+    be catching up); whether it did. Without it the peers cannot fetch this verifier's
+    findings, which is logged as a warning."""
+    for attempt in range(1, tries + 1):
+        try:
+            code, text = await link.send(VerifierEndpoint(url), timeout_s=15)
+        except PlanetError as error:
+            code, text = -1, error.message
+        if code == 0:
+            log.info("findings published at %s", url)
+            return True
+        log.warning("verifier_endpoint not accepted (try %d of %d): %d %s", attempt, tries,
+                    code, text)  # fmt: skip
+        if attempt < tries:
+            await asyncio.sleep(pause_s)
+    log.warning(
+        "the peers cannot fetch this verifier's findings: its URL %s is not on chain, so a "
+        "node that withholds its tickets from them escapes its failed checks",
+        url,
+    )
+    return False
 
 
 async def serve(config: VerifierConfig) -> int:
@@ -120,6 +156,8 @@ async def serve(config: VerifierConfig) -> int:
         list(config.committee_rpc), key, nonce_file=signer_nonce_file(config.settings.home)
     )
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
+    peers = PeerFindings(config.private_peers)
+    findings = None
     try:
         await link.params()  # the committee answers
         asker: GatewayAsker | PersonalAsker
@@ -148,9 +186,23 @@ async def serve(config: VerifierConfig) -> int:
             loop.add_signal_handler(sig, stop.set)
         runs = [worker.run(stop)]
         if config.settings.spot_check_ppm > 0:
-            runs.append(spot_checker(config, reference, link, http, worker).run(stop))
+            checker = spot_checker(config, reference, link, http, worker, peers)
+            if config.findings_listen is not None:
+                host, port = config.findings_listen
+                findings = await serve_findings(checker.book, host, port)
+                url = config.findings_url or f"http://{host}:{port}"
+                runs.append(publish_endpoint(link, url))
+            else:
+                log.warning(
+                    "findings not served (no --findings-listen): the other verifiers cannot "
+                    "re-judge this verifier's failed checks from the node's own tickets"
+                )
+            runs.append(checker.run(stop))
         await asyncio.gather(*runs)
     finally:
+        if findings is not None:
+            await findings.cleanup()
+        await peers.close()
         await http.close()
         await link.close()
     return 0

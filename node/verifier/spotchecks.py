@@ -29,9 +29,16 @@ requests with (node.server.tickets.CommitteePolicy). This verifier (its consensu
    differs but is not a pass (the node withheld this verifier's ticket: TIMEOUT where a peer
    found FAILED), it votes its own finding: the chain then sees that ≥ 2/3 of the power
    accused the node and does not count the finder's unconfirmed verdict as a false accusation
-   (abci_app/verdicts.py).
+   (abci_app/verdicts.py);
+5. **forwards its FAILED findings** (node/verifier/findings.py): it keeps the node's signed
+   statement of each failed ticket with its own signed request, and serves it sealed to each
+   verifier of that epoch's set. Re-judging a peer's FAILED finding, a verifier first fetches
+   the finders' copies (`peers`, from the URLs on chain) and judges the node's own bytes — so a
+   node that answers only the assigned verifier and withholds its ticket from the others is
+   convicted all the same; with no copy it asks the node for its own ticket, as above.
 
-    checker = SpotChecker(link, shards, tolerance, http, vote, home=home)
+    checker = SpotChecker(link, shards, tolerance, http, vote, home=home, peers=PeerFindings())
+    runner = await serve_findings(checker.book, host, port)   # its findings, for its peers
     await checker.run(stop)
 """
 
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -48,8 +56,9 @@ from typing import Any
 
 import aiohttp
 
+from node.verifier.findings import FindingBook, PeerFindings
 from node.verifier.ticket_client import spot_check
-from node.verifier.tickets import TicketResult
+from node.verifier.tickets import TicketResult, judge_ticket
 from protocol.committee.verification import MAX_SPOT_REPORT, SpotCheckReport
 from protocol.errors import PlanetError
 from protocol.fingerprint import Tolerance
@@ -65,7 +74,7 @@ from protocol.spotcheck import (
     evidence_hash,
     select,
 )
-from protocol.tickets import TicketRequest
+from protocol.tickets import TicketRequest, open_forwarded
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +184,7 @@ class SpotChecker:
         deadline_s: float = 30.0,
         retry_s: float = 1.0,
         poll_s: float = 1.0,
+        peers: PeerFindings | None = None,
     ) -> None:
         self.link = link
         self.shards = shards
@@ -194,6 +204,9 @@ class SpotChecker:
         # evidence hash (0x hex) of a possible finding → (the selected check, that outcome)
         self.findable: dict[str, tuple[Assignment, Outcome]] = {}
         self.rejudged: set[str] = set()  # evidence hashes already looked at (or voted here)
+        self.sets: dict[int, list[str]] = {}  # epoch checked → its verifier set (this in it)
+        self.book = FindingBook()  # FAILED findings held here, forwarded to the peers
+        self.peers = peers  # fetching peers' findings (None: own tickets only)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -279,6 +292,7 @@ class SpotChecker:
             blocks=await self._blocks(keys, epoch) if floor else None,
         )
         if self.me in verifiers:
+            self.sets[epoch] = list(verifiers)
             self._index(chosen)  # a verifier outside the set gets no ticket: it re-judges none
         todo = [a for a in chosen if assign_verifier(a.seed, a.triple, verifiers) == self.me]
         results = []
@@ -316,6 +330,9 @@ class SpotChecker:
         for ident, (item, _) in list(self.findable.items()):
             if item.epoch < oldest:
                 del self.findable[ident]
+        self.book.prune(oldest)
+        for epoch in [e for e in self.sets if e < oldest]:
+            del self.sets[epoch]
 
     async def judge(self, item: Assignment, what: str) -> TicketResult | None:
         """One check (own ticket request, recomputation), logged and counted once."""
@@ -325,6 +342,20 @@ class SpotChecker:
         result = await self.check(item)
         if result is None:
             return None
+        if result.statement and result.evidence_hash is not None:
+            request = TicketRequest(item.triple, item.seed, self.me).signed(self.link.key)
+            self._keep(item, request, result)  # ed25519 signs deterministically: as sent
+        self._record(item, result, what)
+        return result
+
+    def _keep(self, item: Assignment, request: TicketRequest, result: TicketResult) -> None:
+        """Hold a FAILED finding's node-signed statement for the peers of its epoch's set."""
+        verifiers = self.sets.get(item.epoch)
+        if verifiers and result.evidence_hash is not None:
+            ident = "0x" + result.evidence_hash.hex()
+            self.book.keep(ident, item.epoch, verifiers, request, result.statement)
+
+    def _record(self, item: Assignment, result: TicketResult, what: str) -> None:
         self.judged[item.triple] = result
         counts = self.checked.setdefault(item.epoch, {})
         counts[result.outcome.value] = counts.get(result.outcome.value, 0) + 1
@@ -339,14 +370,53 @@ class SpotChecker:
             result.outcome.value,
             result.reason,
         )
-        return result
+
+    async def forwarded(self, item: Assignment, ident: str) -> TicketResult | None:
+        """Judge a finder's copy of the node's ticket for finding `ident` (the first peer of the
+        epoch's set that hands one over); None when no peer does."""
+        verifiers = self.sets.get(item.epoch, [])
+        if self.peers is None or item.triple.shard >= len(self.shards) or not verifiers:
+            return None
+        answer = await self.link.query("/verifier_endpoints")
+        urls = answer.get("endpoints", {}) if isinstance(answer, dict) else {}
+        urls = urls if isinstance(urls, dict) else {}
+        for peer in verifiers:
+            if peer == self.me or peer not in urls:
+                continue
+            try:
+                sealed = await self.peers.fetch(urls[peer], ident, self.me)
+                request, statement, ticket = open_forwarded(sealed, self.link.key)
+            except (PlanetError, aiohttp.ClientError, OSError, TimeoutError) as error:
+                log.info("no finding from verifier %s: %s", peer[:12], str(error)[:160])
+                continue
+            if (request.triple, request.seed) != (item.triple, item.seed) or (
+                request.verifier not in verifiers
+            ):
+                log.warning("verifier %s forwarded a ticket of another check", peer[:12])
+                continue
+            result = await asyncio.to_thread(
+                judge_ticket,
+                ticket,
+                request,
+                shard=self.shards[item.triple.shard],
+                commitment=item.commitment,
+                tolerance=self.tolerance,
+            )
+            if result.evidence_hash is not None:
+                result = dataclasses.replace(result, statement=statement)
+                self._keep(item, request, result)  # forwardable from here too
+            self._record(item, result, f"re-judged spot check (forwarded by {peer[:12]})")
+            return result
+        return None
 
     async def rejudge(self, current: int | None = None) -> list[TicketResult]:
         """Re-judge every peer finding on chain (a `verdict_vote` whose evidence names a
-        selected check of a recent epoch whose verifier set holds this verifier) and vote it
-        too when this verifier finds the same; findings of epochs `too_late` at committee
-        epoch `current` are left alone. Outside the set (its seed commit missed the window)
-        the node rightly refuses this verifier's ticket: that refusal is no timeout."""
+        selected check of a recent epoch whose verifier set holds this verifier) — a FAILED one
+        from a finder's forwarded copy of the node's ticket when one comes, else from an own
+        ticket — and vote it too when this verifier finds the same; findings of epochs
+        `too_late` at committee epoch `current` are left alone. Outside the set (its seed
+        commit missed the window) the node rightly refuses this verifier's ticket: that
+        refusal is no timeout."""
         if not self.findable:
             return []
         verdicts = (await self.link.query("/verdicts", confirmed="false"))["verdicts"]
@@ -359,7 +429,12 @@ class SpotChecker:
             item, outcome = self.findable[ident]
             if current is not None and too_late(item.epoch, current):
                 continue  # its ticket may be refused now: no accusation from lateness
-            result = await self.judge(item, "re-judged spot check")
+            held = self.judged.get(item.triple)
+            result = None
+            if outcome is Outcome.FAILED and (held is None or held.outcome is Outcome.TIMEOUT):
+                result = await self.forwarded(item, ident)  # the node's ticket, from a finder
+            if result is None:
+                result = await self.judge(item, "re-judged spot check")
             if result is None:
                 continue
             out.append(result)

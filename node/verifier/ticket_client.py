@@ -9,12 +9,15 @@
 from the committee chain. Until `deadline_s` runs out, refusals, unreachable nodes and answers
 that are not a valid ticket from that node are retried every `retry_s`; then the result is
 `Outcome.TIMEOUT` (offence 4, 5 %). A valid ticket is judged once (`judge_ticket`): PASSED or
-FAILED (offence 3, 50 %). The recomputation runs on a worker thread, off the event loop.
+FAILED (offence 3, 50 %); a FAILED result keeps the node's signed statement (`statement`), which
+the finder forwards to its peers (node/verifier/findings.py). The recomputation runs on a worker
+thread, off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -27,7 +30,14 @@ from node.links import link_ssl
 from node.verifier.tickets import TicketResult, judge_ticket, timeout_result
 from protocol.errors import ProtocolError
 from protocol.fingerprint import Tolerance
-from protocol.tickets import MAX_SEALED_BYTES, TicketRequest, open_sealed
+from protocol.spotcheck import Outcome
+from protocol.tickets import (
+    MAX_SEALED_BYTES,
+    SIGNATURE_BYTES,
+    TicketRequest,
+    decode_ticket,
+    unseal,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +89,15 @@ async def spot_check(
             return timeout_result(request)
         try:
             sealed = await fetch_ticket(http, endpoint, request, left)
-            ticket = open_sealed(sealed, request, verifier_key)
+            statement = unseal(sealed, request, verifier_key)
+            ticket = decode_ticket(statement[SIGNATURE_BYTES:])
         except (aiohttp.ClientError, TimeoutError, ProtocolError) as error:
             log.info("no valid ticket yet endpoint=%s error=%s", endpoint, str(error)[:160])
             await asyncio.sleep(min(retry_s, max(0.0, deadline - time.monotonic())))
             continue
-        return await asyncio.to_thread(
+        result = await asyncio.to_thread(
             judge_ticket, ticket, request, shard=shard, commitment=commitment, tolerance=tolerance
         )
+        if result.outcome is Outcome.FAILED:
+            result = dataclasses.replace(result, statement=statement)
+        return result

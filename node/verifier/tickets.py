@@ -22,7 +22,7 @@ The shard is any object with `forward(hidden [1, T, H] torch, positions [T], cac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,6 +51,9 @@ class TicketResult:
     verdict: Verdict | None = None  # the fingerprint comparison, when it ran
     evidence_hash: bytes | None = None  # the verdict's evidenceHash (None when passed)
     bad_positions: tuple[int, ...] = ()  # absolute positions under MIN_VALUES_PER_POSITION
+    # the node's signed statement judged (signature ‖ ticket bytes, protocol.tickets.unseal),
+    # kept on a FAILED result so the finder can forward it to its peers (node/verifier/findings)
+    statement: bytes = field(default=b"", repr=False, compare=False)
 
 
 def bad_positions(

@@ -23,7 +23,8 @@ Modules, read bottom-up:
     commitments.py    commit (CommitBatch of CommitmentRecord), reveal (RevealBatch of
                       RevealRecord)
     verification.py   verdict_vote (VerdictVote), seed_commit / seed_reveal (SeedCommit,
-                      SeedReveal, seed_commitment), spot_check_report (SpotCheckReport)
+                      SeedReveal, seed_commitment), spot_check_report (SpotCheckReport),
+                      verifier_endpoint (VerifierEndpoint)
     settlement.py     work_report (WorkReport of NodeWork, ChargeItem), contribution
                       (Contribution of ShardWork), payout_vote (PayoutVote)
     credits.py        credit_key (CreditKey), mint (Mint), fund_mint (FundMint), redeem (Redeem):
@@ -47,6 +48,8 @@ Tx types (`type` → dataclass):
     seed_commit     SeedCommit     a validator's verifier commits to its secret challenge seed
                                    for a future epoch (`seed_commitment`)
     seed_reveal     SeedReveal     ... and opens it once that epoch has closed
+    verifier_endpoint VerifierEndpoint  where a validator's verifier hands its findings to
+                                   the other verifiers (the latest URL counts)
     credit_key      CreditKey      a validator's RSA blind-signing key for an epoch's credits
     mint            Mint           a payer buys credits: blinded messages + a signed purchase
     fund_mint       FundMint       a validator saw the mint's payer's balance cover it

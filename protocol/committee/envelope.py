@@ -26,6 +26,7 @@ from protocol.committee.verification import (
     SeedReveal,
     SpotCheckReport,
     VerdictVote,
+    VerifierEndpoint,
 )
 from protocol.errors import ProtocolError
 
@@ -59,6 +60,7 @@ TxBody = (
     | SeedCommit
     | SeedReveal
     | SpotCheckReport
+    | VerifierEndpoint
     | CreditKey
     | Mint
     | FundMint
@@ -80,6 +82,7 @@ BODY_TYPES: dict[str, Any] = {
         SeedCommit,
         SeedReveal,
         SpotCheckReport,
+        VerifierEndpoint,
         CreditKey,
         Mint,
         FundMint,

@@ -1,5 +1,5 @@
 """Verification txs of validators and their verifiers: `verdict_vote`, `seed_commit`,
-`seed_reveal`, `spot_check_report`.
+`seed_reveal`, `spot_check_report`, `verifier_endpoint`.
 
 A verdict vote carries an operator key's EIP-712 signature over a `Verdict` (the chain checks
 it against the genesis domain). A verifier commits to the secret seed its challenges of an
@@ -23,6 +23,7 @@ from protocol.committee.grammar import (
     TxDecodeError,
     check,
 )
+from protocol.urls import BadUrlError, canonical_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,3 +158,32 @@ class SpotCheckReport:
         if list(checks) != sorted(set(checks)):
             raise TxDecodeError("body.checks: must be strictly ascending")
         return cls(epoch=check.integer(b["epoch"], "body.epoch", 1, U64), checks=checks)
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierEndpoint:
+    """Where a validator's verifier hands its spot-check findings to the other verifiers (the
+    node-signed tickets it judged FAILED, each sealed to one verifier of the epoch's set:
+    node/verifier/findings.py): `url` in canonical form (protocol/urls.py), the latest one
+    counts."""
+
+    url: str
+
+    TYPE: ClassVar[str] = "verifier_endpoint"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url}
+
+    @classmethod
+    def from_json(cls, body: Any) -> VerifierEndpoint:
+        b = check.exact_object(body, "body", {"url"})
+        url = b["url"]
+        if not isinstance(url, str):
+            raise TxDecodeError("body.url: expected a string")
+        try:
+            canonical = canonical_url(url)
+        except BadUrlError as error:
+            raise TxDecodeError(f"body.url: {error.message}") from None
+        if canonical != url:
+            raise TxDecodeError(f"body.url: not in canonical form (expected {canonical})")
+        return cls(url=url)

@@ -13,6 +13,10 @@ Modes (`parse_mode`):
                            weight (fp32 shards only; quantized weights refuse)
     noise:R:K              noise of R x the position's RMS on the outputs of every position
                            p with p % K == 0 (a node that guesses some steps)
+    noise:R:K:withhold     noise:R:K, and the node hands a spot-check ticket only to the
+                           verifier assigned to the check (`protocol.spotcheck.assign_verifier`):
+                           every other verifier of the epoch's set, asking to re-judge a peer's
+                           finding, is refused (`withholding`, applied by cheating_node.py)
     no-tickets             computes honestly; `answers_tickets` is false (no ticket endpoint
                            consults it yet, so it still answers spot-check tickets)
     silent                 computes honestly; its operator's agent commits nothing
@@ -21,20 +25,26 @@ Modes (`parse_mode`):
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from protocol.errors import ConfigError
+from protocol.spotcheck import assign_verifier
+from protocol.tickets import TicketRequest
+
+log = logging.getLogger(__name__)
 
 KINDS = ("substitute-skip", "substitute-perturb", "noise", "no-tickets", "silent")
 _NUMBER = r"(?:0|[1-9][0-9]{0,5})(?:\.[0-9]{1,6})?"
 _PATTERNS = {
     "substitute-skip": re.compile(r"substitute-skip:([2-9]|[1-9][0-9])\Z"),
     "substitute-perturb": re.compile(rf"substitute-perturb:({_NUMBER})\Z"),
-    "noise": re.compile(rf"noise:({_NUMBER}):([1-9][0-9]{{0,3}})\Z"),
+    "noise": re.compile(rf"noise:({_NUMBER}):([1-9][0-9]{{0,3}})(:withhold)?\Z"),
     "no-tickets": re.compile(r"no-tickets\Z"),
     "silent": re.compile(r"silent\Z"),
 }
@@ -45,6 +55,7 @@ class CheatMode:
     kind: str  # one of KINDS
     every: int = 0  # substitute-skip: keep every N-th layer; noise: every K-th position
     relative: float = 0.0  # substitute-perturb / noise: noise scale
+    withhold: bool = False  # noise: tickets only for the assigned verifier
 
     def __str__(self) -> str:
         if self.kind == "substitute-skip":
@@ -52,7 +63,8 @@ class CheatMode:
         if self.kind == "substitute-perturb":
             return f"{self.kind}:{self.relative:g}"
         if self.kind == "noise":
-            return f"{self.kind}:{self.relative:g}:{self.every}"
+            withhold = ":withhold" if self.withhold else ""
+            return f"{self.kind}:{self.relative:g}:{self.every}{withhold}"
         return self.kind
 
 
@@ -67,12 +79,35 @@ def parse_mode(text: str) -> CheatMode:
         if kind == "substitute-perturb":
             return CheatMode(kind, relative=float(match[1]))
         if kind == "noise":
-            return CheatMode(kind, every=int(match[2]), relative=float(match[1]))
+            return CheatMode(
+                kind, every=int(match[2]), relative=float(match[1]), withhold=bool(match[3])
+            )
         return CheatMode(kind)
     raise ConfigError(
         f"unknown cheat mode {text[:60]!r}",
-        hint="substitute-skip:N, substitute-perturb:R, noise:R:K, no-tickets or silent",
+        hint="substitute-skip:N, substitute-perturb:R, noise:R:K[:withhold], no-tickets or silent",
     )
+
+
+Authorize = Callable[..., None]
+
+
+def withholding(authorize: Authorize) -> Authorize:
+    """`node.server.tickets.authorize_selection` of a node that withholds its tickets: what
+    `authorize` refuses stays refused, and of the epoch's verifiers only the one assigned to the
+    triple (`assign_verifier(request.seed, request.triple, verifiers)`) gets a ticket; the
+    others (re-judging a peer's finding) get TicketRefusedError."""
+    from node.server.tickets import TicketRefusedError
+
+    def authorize_assigned_only(
+        request: TicketRequest, seeds: Any, verifiers: Any, rate_ppm: int, **kwargs: Any
+    ) -> None:
+        authorize(request, seeds, verifiers, rate_ppm, **kwargs)
+        if request.verifier != assign_verifier(request.seed, request.triple, verifiers):
+            log.warning("ticket withheld from verifier %s", request.verifier[:12])
+            raise TicketRefusedError("the requester is not the verifier assigned to this check")
+
+    return authorize_assigned_only
 
 
 class CheatingBackend:

@@ -5,6 +5,9 @@
 Takes the arguments of `planet node serve` (parsed and checked by the CLI's own code,
 `node.cli.node.server_config`) and one more, `--cheat MODE` (tests/doubles/cheating.py lists the
 modes); loads the shard, wraps it in the cheat and hands it to the real `node.server.run.serve`.
+In a `...:withhold` mode the process also replaces `node.server.tickets.authorize_selection`
+(looked up by the ticket policies at each request) with `cheating.withholding` of it while it
+serves: only the assigned verifier of a spot check gets the ticket.
 The product's CLI and ServerConfig know nothing of cheats: a test starts this module with the
 node launcher (`start_node(module=MODULE, extra_args=(..., "--cheat", MODE))`) and stops it
 with `stop_pid(pid, module=MODULE)`.
@@ -16,7 +19,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tests.doubles.cheating import parse_mode, wrap
+from node.server import tickets
+from tests.doubles.cheating import parse_mode, withholding, wrap
 from tests.doubles.wrapped_node import main_of, serve_wrapped
 
 MODULE = "tests.doubles.cheating_node"
@@ -33,13 +37,19 @@ def run(argv: Sequence[str]) -> int:
     own.add_argument("--cheat", required=True, metavar="MODE")
     known, rest = own.parse_known_args(argv)
     mode = parse_mode(known.cheat)
-    return serve_wrapped(
-        MODULE,
-        "cheat",
-        rest,
-        lambda honest: wrap(honest, mode, seed=honest.shard_id),
-        f"CHEATING NODE mode={mode}",
-    )
+    honest_authorize = tickets.authorize_selection
+    if mode.withhold:  # the policies look it up in the module at each request
+        tickets.authorize_selection = withholding(honest_authorize)
+    try:
+        return serve_wrapped(
+            MODULE,
+            "cheat",
+            rest,
+            lambda honest: wrap(honest, mode, seed=honest.shard_id),
+            f"CHEATING NODE mode={mode}",
+        )
+    finally:
+        tickets.authorize_selection = honest_authorize
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,20 +2,22 @@
 through the CLI, HTTP and RPC (one `planet devnet up` for the module).
 
     planet devnet up --detach --cheat-node substitute-skip:2 --cheat-node silent \
-        --cheat-node noise:0.1:4
+        --cheat-node noise:0.1:4:withhold
 
 Real processes throughout: anvil with the contracts, 4 CometBFT validators with their apps and
 stake watchers (which relay confirmed verdicts to FraudProofs), `planet verifier serve` on all 4
 validators, the gateway, 3 honest int8 nodes (one per shard) joined with `planet join`, and 3
 nodes joined by the test entry point tests/doubles/cheating_join.py: S (shard 0) a substitute
 that skips every other layer, Q (shard 1) honest but its agent commits nothing (silent), N
-(shard 2) adding 10 % noise to every 4th position.
+(shard 2) adding 10 % noise to every 4th position and handing each spot-check ticket only to
+the verifier the check is assigned to (it withholds it from the other three).
 
 What the module shows, each from the chain's own answers:
 - S and N are untrusted (R < 0.4) and unroutable within 5 epochs of the first epoch the
   verifiers checked (challenge or spot check), through verdicts confirmed by ≥ 2/3 of the
-  power (a spot check one verifier failed, re-judged by the others from their own tickets) and
-  relayed by the watchers: their stake on the EVM chain is slashed;
+  power (a spot check one verifier failed, re-judged by the others from the node's own ticket
+  the finder forwarded them, since N refuses them theirs) and relayed by the watchers: their
+  stake on the EVM chain is slashed;
 - every spot check of N's blocks failed (the detection table: noise on every 4th position fails
   24 of 24 blocks), and every check of an honest node passed;
 - Q is flagged `uncommitted`, unroutable, and earns nothing; the honest nodes' reputation rises
@@ -64,7 +66,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 UP_TIMEOUT_S = 900
 UNTRUSTED_BELOW = 400_000
-CHEATS = ("substitute-skip:2", "silent", "noise:0.1:4")  # nodes 3, 4, 5: shards 0, 1, 2
+CHEATS = ("substitute-skip:2", "silent", "noise:0.1:4:withhold")  # nodes 3, 4, 5: shards 0, 1, 2
 
 
 def _planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -248,8 +250,15 @@ def test_spot_checks_fail_every_noisy_block_and_pass_every_honest_one(devnet) ->
     for name in ("node0", "node1", "node2"):
         checks = [ln for ln in lines if f"node={nodes[name]['key'][:12]}" in ln]
         assert all("outcome=passed" in ln for ln in checks), checks[:5]
-    # the failures reached 2/3 because other verifiers re-judged them from their own tickets
-    assert any("re-judged spot check" in ln and "outcome=failed" in ln for ln in lines)
+    # N hands its tickets to the assigned verifier only, yet the failures reached 2/3: the
+    # others re-judged the node's own tickets, forwarded by the verifier that found them (so
+    # they never needed to ask N, which would have refused them)
+    node_logs = Path(nodes["node5"]["home"]).rglob("*.log")
+    banner = "CHEATING NODE mode=noise:0.1:4:withhold"
+    assert any(banner in p.read_text(errors="replace") for p in node_logs)
+    logged = _verifier_logs(devnet).splitlines()
+    forwarded = [ln for ln in logged if "re-judged spot check (forwarded by" in ln]
+    assert forwarded and all("outcome=failed" in ln for ln in forwarded), forwarded[:5]
 
 
 def test_silent_node_is_flagged_unroutable_and_earns_nothing(devnet) -> None:

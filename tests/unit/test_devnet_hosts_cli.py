@@ -55,7 +55,7 @@ def test_plan_flat_links_every_ordered_pair_and_exposes_each_service() -> None:
     assert len(plan.shapes) == len(plan.names) * (len(plan.names) - 1)
     assert set(plan.shapes.values()) == {Shape(50, 3)}  # jitter 5 % of the delay, rounded
     assert plan.services["anvil"] == (8545,)
-    assert plan.services["validator1"] == (26656, 26657)
+    assert plan.services["validator1"] == (26656, 26657, 8700)  # p2p, RPC, findings
     assert plan.services["node2"] == (NODE_PORT,) and plan.services["gateway"] == (8000,)
     assert plan.services["operator0"] == OPERATOR_PORTS
     assert CONTROL_HOST not in plan.services  # the user host serves nothing

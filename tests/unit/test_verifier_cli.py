@@ -38,6 +38,11 @@ def _args(
         ("zero-challenges", "--challenges-per-epoch must be at least 1"),
         ("missing-operator-key", "no operator key at"),
         ("personal-client-not-a-url", "--personal-client must be an http(s) URL"),
+        ("findings-listen-no-port", "--findings-listen must be HOST:PORT"),
+        ("findings-listen-anywhere", "names no address peers can reach"),
+        ("findings-url-alone", "--findings-url needs --findings-listen"),
+        ("findings-url-bad", "--findings-url:"),
+        ("private-peers-bad", "--private-peers: 'lan' is not an address range"),
     ],
 )
 def test_verifier_cli_mistakes_are_one_error_and_a_hint(
@@ -46,6 +51,7 @@ def test_verifier_cli_mistakes_are_one_error_and_a_hint(
     home = _home(tmp_path)
     manifest = tmp_path / "m.json"
     manifest.write_text("{}")
+    m = str(manifest)
     argv = {
         "no-home": _args(tmp_path / "nothing", manifest=str(manifest)),
         "no-manifest": _args(home, manifest=str(tmp_path / "absent.json")),
@@ -56,6 +62,13 @@ def test_verifier_cli_mistakes_are_one_error_and_a_hint(
         "personal-client-not-a-url": _args(
             home, manifest=str(manifest), asks=("--personal-client", "127.0.0.1:8001")
         ),
+        "findings-listen-no-port": _args(home, "--findings-listen", "127.0.0.1", manifest=m),
+        "findings-listen-anywhere": _args(home, "--findings-listen", "0.0.0.0:8700", manifest=m),
+        "findings-url-alone": _args(home, "--findings-url", "http://1.2.3.4:1", manifest=m),
+        "findings-url-bad": _args(
+            home, "--findings-listen", "0.0.0.0:8700", "--findings-url", "http://x/y", manifest=m
+        ),
+        "private-peers-bad": _args(home, "--private-peers", "lan", manifest=m),
     }[case]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
