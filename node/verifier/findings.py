@@ -9,6 +9,7 @@ node/verifier/tickets.py `judge_ticket`), so a finder can neither forge nor alte
 what it forwards convicts the node only if the node's bytes fail the peer's own recomputation.
 
     finder   FindingBook.keep(evidence, epoch, verifiers, request, statement)   a FAILED finding
+                                      (kept on disk too: a restarted verifier still has it)
              serve_findings(book, host, port)   GET /v1/findings/{evidence}/{peer key}: the
                                       finding sealed to that peer (only a verifier of the
                                       check's epoch set; 404 otherwise)
@@ -26,10 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
 import re
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Final
 
 import aiohttp
@@ -46,7 +50,7 @@ from node.server.next_hops import (
     url_host,
 )
 from protocol.errors import PlanetError
-from protocol.tickets import MAX_FORWARDED_BYTES, TicketRequest, forward
+from protocol.tickets import MAX_FORWARDED_BYTES, TicketRequest, decode_request, forward
 from protocol.urls import BadUrlError, canonical_url
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,7 @@ FINDINGS_PATH: Final = "/v1/findings"
 FETCH_TIMEOUT_S: Final = 30.0  # one finder's answer (a ticket is ~0.3 MB on SmolLM2)
 _EVIDENCE = re.compile(r"0x[0-9a-f]{64}\Z")
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
+_SUFFIX = ".finding"
 
 
 class PeerNotAllowedError(PlanetError):
@@ -74,10 +79,15 @@ class _Finding:
 
 
 class FindingBook:
-    """The FAILED findings this verifier can forward, by evidence hash (0x hex)."""
+    """The FAILED findings this verifier can forward, by evidence hash (0x hex). With a
+    `directory`, each one is also written there (`<evidence>.finding`) and read back at start,
+    so a restarted verifier still hands over the findings its peers have not fetched yet."""
 
-    def __init__(self) -> None:
+    def __init__(self, directory: Path | None = None) -> None:
         self._held: dict[str, _Finding] = {}
+        self.directory = directory
+        if directory is not None:
+            self._load(directory)
 
     def __len__(self) -> int:
         return len(self._held)
@@ -91,8 +101,43 @@ class FindingBook:
         statement: bytes,
     ) -> None:
         """Hold a finding of a check of `epoch` whose verifier set is `verifiers`."""
-        if evidence not in self._held:
+        if evidence in self._held or not _EVIDENCE.match(evidence):
+            return
+        self._held[evidence] = _Finding(epoch, frozenset(verifiers), request, statement)
+        if self.directory is not None:
+            header = json.dumps(
+                {
+                    "epoch": epoch,
+                    "verifiers": sorted(verifiers),
+                    "request": request.encode().decode(),
+                }
+            ).encode()
+            path = self.directory / f"{evidence}{_SUFFIX}"
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(struct.pack(">I", len(header)) + header + statement)
+            tmp.replace(path)
+
+    def _load(self, directory: Path) -> None:
+        for path in sorted(directory.glob(f"*{_SUFFIX}")):
+            evidence = path.name.removesuffix(_SUFFIX)
+            try:
+                raw = path.read_bytes()
+                (length,) = struct.unpack_from(">I", raw)
+                header = json.loads(raw[4 : 4 + length])
+                request = decode_request(header["request"].encode())
+                epoch, verifiers = header["epoch"], header["verifiers"]
+                if not _EVIDENCE.match(evidence) or type(epoch) is not int:
+                    raise ValueError("not a finding")
+                if not all(isinstance(v, str) and _KEY.match(v) for v in verifiers):
+                    raise ValueError("bad verifier keys")
+            except (OSError, ValueError, KeyError, TypeError, struct.error, PlanetError) as error:
+                log.warning("finding %s not read back: %s", path.name, error)
+                continue
+            statement = raw[4 + length :]
             self._held[evidence] = _Finding(epoch, frozenset(verifiers), request, statement)
+        if self._held:
+            log.info("%d findings read back from %s", len(self._held), directory)
 
     def sealed_for(self, evidence: str, peer: str) -> bytes | None:
         """The finding sealed to `peer`; None if not held or `peer` is not of its epoch's set."""
@@ -100,14 +145,20 @@ class FindingBook:
         if held is None or peer not in held.verifiers or peer == held.request.verifier:
             return None
         if peer not in held.sealed:
-            held.sealed[peer] = forward(held.request, held.statement, peer)
+            try:
+                held.sealed[peer] = forward(held.request, held.statement, peer)
+            except PlanetError as error:  # a damaged file read back: nothing to hand over
+                log.warning("finding %s not forwardable: %s", evidence[:18], error)
+                return None
         return held.sealed[peer]
 
     def prune(self, oldest_epoch: int) -> None:
-        """Forget findings of checks older than `oldest_epoch`."""
+        """Forget findings of checks older than `oldest_epoch` (their files too)."""
         for evidence, held in list(self._held.items()):
             if held.epoch < oldest_epoch:
                 del self._held[evidence]
+                if self.directory is not None:
+                    (self.directory / f"{evidence}{_SUFFIX}").unlink(missing_ok=True)
 
 
 def findings_app(book: FindingBook) -> web.Application:

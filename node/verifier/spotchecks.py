@@ -79,6 +79,7 @@ from protocol.tickets import TicketRequest, open_forwarded
 log = logging.getLogger(__name__)
 
 COUNTS_FILE = Path("verifier") / "spot_checks.json"
+FINDINGS_DIR = Path("verifier") / "findings"  # the FAILED findings held for the peers
 MAX_COMMITMENT_PAGES = 100  # 100 000 records of one node per epoch check (/commitments pages)
 
 Vote = Callable[[TicketResult, str, int], Awaitable[None]]  # (result, node key, epoch)
@@ -205,7 +206,7 @@ class SpotChecker:
         self.findable: dict[str, tuple[Assignment, Outcome]] = {}
         self.rejudged: set[str] = set()  # evidence hashes already looked at (or voted here)
         self.sets: dict[int, list[str]] = {}  # epoch checked → its verifier set (this in it)
-        self.book = FindingBook()  # FAILED findings held here, forwarded to the peers
+        self.book = FindingBook(home / FINDINGS_DIR)  # FAILED findings, for the peers
         self.peers = peers  # fetching peers' findings (None: own tickets only)
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -31,7 +31,14 @@ from protocol.eip712 import commitment_value
 from protocol.fingerprint import Tolerance
 from protocol.served import inputs_digests, served_output_hash
 from protocol.spotcheck import Outcome, Triple, assign_verifier, evidence_hash
-from protocol.tickets import TicketRequest, decode_request, encode_ticket, seal, unseal
+from protocol.tickets import (
+    TicketRequest,
+    decode_request,
+    encode_ticket,
+    open_forwarded,
+    seal,
+    unseal,
+)
 from tests.unit.test_verifier_tickets import INPUTS, TinyShard
 
 pytestmark = pytest.mark.unit
@@ -265,3 +272,25 @@ async def test_the_dial_policy_refuses_private_addresses_unless_allowed() -> Non
         await public_only.fetch("http://127.0.0.1:1", "0x" + "00" * 32, "11" * 32)
     await public_only.close()
     await ranged.close()
+
+
+def test_a_restarted_verifier_still_hands_over_its_findings(tmp_path: Path) -> None:
+    """Findings are written to the verifier's home and read back: a restart between finding
+    and the peers' fetch loses nothing; a damaged file is skipped with a warning, and pruning
+    removes the files of old epochs."""
+    request = TicketRequest(TRIPLE, "0x" + SEED, _hex(FINDER)).signed(FINDER)
+    statement = unseal(seal(PLAIN, request, NODE), request, FINDER)
+    failed = "0x" + evidence_hash("0x" + SEED, TRIPLE, Outcome.FAILED).hex()
+    verifiers = [_hex(k) for k in (FINDER, PEER, THIRD)]
+    directory = tmp_path / "findings"
+    FindingBook(directory).keep(failed, 2, verifiers, request, statement)
+    (directory / ("0x" + "ab" * 32 + ".finding")).write_bytes(b"\x00\x00\x00\x09not json!")
+    restarted = FindingBook(directory)
+    assert len(restarted) == 1
+    sealed = restarted.sealed_for(failed, _hex(PEER))
+    assert sealed is not None
+    got, got_statement, _ = open_forwarded(sealed, PEER)
+    assert got == request and got_statement == statement
+    restarted.prune(3)
+    assert len(restarted) == 0 and not (directory / f"{failed}.finding").exists()
+    assert len(FindingBook(directory)) == 0
