@@ -5,6 +5,12 @@ users are (32-token prefill, then one position per forward); the checked block i
 (positions 96…127, so the ticket carries 128 positions of inputs). Compared with what serving
 that block cost the node (32 decode steps of its shard). Medians of --repeats.
 
+A FAILED finding is forwarded by its finder to each peer verifier (node/verifier/findings.py):
+`forwarded_bytes` (request + node-signed ticket, sealed), the finder's `forward` and the peer's
+`open_forwarded` (both signatures checked) in ms, and `forwarded_fetch_ms_loopback`: the
+peer's GET from the finder's findings server over real loopback HTTP (PeerFindings, sealing
+included on the first fetch of each peer).
+
     python bench/spotcheck_cost.py [--repeats 5]
 """
 
@@ -33,9 +39,58 @@ from node.verifier.tickets import check_ticket
 from protocol.eip712 import commitment_value
 from protocol.served import inputs_digests, served_output_hash
 from protocol.spotcheck import Triple
-from protocol.tickets import TicketRequest, encode_ticket, seal
+from protocol.tickets import TicketRequest, encode_ticket, forward, open_forwarded, seal, unseal
 
 POSITIONS, BLOCK = 128, 3
+
+
+def forwarding(
+    request: TicketRequest, sealed: bytes, finder: SigningKey, repeats: int
+) -> dict[str, float]:
+    """The finder's forward, the peer's open, and loopback fetches of one finding (ms)."""
+    import asyncio
+    import ipaddress
+
+    from harness.ports import ephemeral_port
+    from node.verifier.findings import FindingBook, PeerFindings, serve_findings
+
+    statement = unseal(sealed, request, finder)
+    peers = [SigningKey(secrets.token_bytes(32)) for _ in range(repeats)]
+    seal_ms, open_ms = [], []
+    for peer in peers:
+        t0 = time.perf_counter()
+        forwarded = forward(request, statement, peer.verify_key.encode().hex())
+        t1 = time.perf_counter()
+        open_forwarded(forwarded, peer)
+        open_ms.append((time.perf_counter() - t1) * 1000)
+        seal_ms.append((t1 - t0) * 1000)
+    evidence = "0x" + "ab" * 32
+    keys = [p.verify_key.encode().hex() for p in peers]
+
+    async def fetches() -> list[float]:
+        book = FindingBook()
+        book.keep(evidence, 1, [request.verifier, *keys], request, statement)
+        port = ephemeral_port()
+        runner = await serve_findings(book, "127.0.0.1", port)
+        client = PeerFindings((ipaddress.ip_network("127.0.0.0/8"),))
+        out = []
+        try:
+            for key in keys:
+                t0 = time.perf_counter()
+                await client.fetch(f"http://127.0.0.1:{port}", evidence, key)
+                out.append((time.perf_counter() - t0) * 1000)
+        finally:
+            await client.close()
+            await runner.cleanup()
+        return out
+
+    fetch_ms = asyncio.run(fetches())
+    return {
+        "forwarded_bytes": len(forwarded),
+        "finder_forward_ms": round(statistics.median(seal_ms), 2),
+        "peer_open_forwarded_ms": round(statistics.median(open_ms), 2),
+        "forwarded_fetch_ms_loopback": round(statistics.median(fetch_ms), 2),
+    }
 
 
 def main() -> None:
@@ -80,6 +135,7 @@ def main() -> None:
             for position in range(start, POSITIONS):
                 shard.forward(inputs[:, position : position + 1], torch.tensor([position]), cache)
             decode.append(time.perf_counter() - t0)
+    forwarded = forwarding(request, sealed, verifier, args.repeats)
     check_ms = statistics.median(check) * 1000
     serve_ms = statistics.median(decode) * 1000
     print(
@@ -104,6 +160,7 @@ def main() -> None:
                     "verifier_check_ms": round(check_ms, 1),
                     "node_serving_ms_for_the_block": round(serve_ms, 1),
                     "ratio_verifier_check_vs_serving_block": round(check_ms / serve_ms, 3),
+                    **forwarded,
                     "loadavg_end": list(os.getloadavg()),
                 },
                 "targets": {},
