@@ -129,6 +129,22 @@ def devnet(env: dict[str, str], loopback: dict[str, Any]) -> Iterator[dict[str, 
             assert not pid_alive(int(lab["pid"])), "the hosts' keeper outlived `devnet down`"
 
 
+# run in another host: the verifiers' URLs on chain, then the first one's findings server
+FINDINGS_PROBE = """
+import base64, json, sys, time, urllib.request as u
+query = sys.argv[1] + '/abci_query?path=%22/verifier_endpoints%22'
+for _ in range(90):  # the verifier publishes once its model is loaded: up to a minute or so
+    answer = json.load(u.urlopen(query, timeout=10))
+    value = json.loads(base64.b64decode(answer['result']['response']['value']))
+    urls = sorted(value['endpoints'].values())
+    if urls:
+        break
+    time.sleep(1)
+health = json.load(u.urlopen(urls[0] + '/health', timeout=10)) if urls else None
+print(json.dumps([urls, health]))
+"""
+
+
 def test_hosts_devnet_every_service_at_its_own_address_behind_50_ms_links(env, devnet) -> None:
     lab = devnet["hosts"]
     hosts = lab["hosts"]
@@ -159,6 +175,15 @@ def test_hosts_devnet_every_service_at_its_own_address_behind_50_ms_links(env, d
     timed = _planet(env, *probe, timeout=60)
     assert timed.returncode == 0, timed.stderr
     assert float(timed.stdout) >= 2 * LINK_MS / 1000 * 0.9
+    # each verifier serves its findings at its validator's address, published on chain, and a
+    # peer on another host reaches it (docs/verification.md §6b)
+    reach = ["devnet", "exec", "user", "--", sys.executable, "-c", FINDINGS_PROBE,
+             devnet["committee_rpc"][0]]  # fmt: skip
+    reached = _planet(env, *reach, timeout=180)
+    assert reached.returncode == 0, reached.stderr
+    urls, health = json.loads(reached.stdout)
+    assert urls == [f"http://{addresses['validator0']}:8700"]
+    assert health == {"status": "ok", "findings": 0}
 
 
 def test_hosts_paid_question_from_the_user_host_has_the_loopback_tokens(
