@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -101,6 +103,49 @@ def _status(state: dict[str, Any], out: dict[str, Any]) -> None:
                 out["gateway_healthy"] = answer.status == 200
         except (urllib.error.URLError, OSError):
             out["gateway_healthy"] = False
+    if pids.get("verifiers") and state.get("committee_dir") and state.get("committee_rpc"):
+        try:
+            out["verifiers"] = _verifiers(state, pids["verifiers"])
+        except PlanetError as error:
+            out["verifiers_error"] = error.message
+
+
+def consensus_public_key(home: str | Path) -> str | None:
+    """A validator's ed25519 consensus key (64 hex) from its CometBFT home; None if unreadable."""
+    path = Path(home) / "config" / "priv_validator_key.json"
+    try:
+        raw = base64.b64decode(json.loads(path.read_text())["pub_key"]["value"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return raw.hex() if len(raw) == 32 else None
+
+
+def _verifiers(state: dict[str, Any], pids: list[int]) -> list[dict[str, Any]]:
+    """Each verifier the devnet started: alive, and the findings URL its validator published
+    (`/verifier_endpoints`; None until its verifier has sent it)."""
+    network = load_network(Path(state["committee_dir"]))
+    endpoints = asyncio.run(_endpoints(state["committee_rpc"]))
+    rows = []
+    for validator, pid in zip(network.validators, pids, strict=False):
+        key = consensus_public_key(validator.home)
+        rows.append(
+            {
+                "validator": validator.index,
+                "alive": ours(pid, "verifier"),
+                "findings_url": endpoints.get(key) if key else None,
+            }
+        )
+    return rows
+
+
+async def _endpoints(urls: list[str]) -> dict[str, str]:
+    link = CommitteeLink(urls, timeout_s=3.0)
+    try:
+        answer = await link.query("/verifier_endpoints")
+    finally:
+        await link.close()
+    endpoints = answer.get("endpoints") if isinstance(answer, dict) else None
+    return endpoints if isinstance(endpoints, dict) else {}
 
 
 async def _chain_view(urls: list[str], model: str) -> tuple[list[dict[str, Any]], Any]:

@@ -351,6 +351,12 @@ def _status(args: argparse.Namespace) -> int:
             f"  gateway {report['gateway_url']}: "
             f"{'healthy' if report.get('gateway_healthy') else 'NOT ANSWERING'}"
         )
+    for row in report.get("verifiers", []):
+        url = row.get("findings_url")
+        print(
+            f"  verifier of validator{row['validator']}: {'up' if row.get('alive') else 'DOWN'}, "
+            + (f"findings at {url}" if url else "findings URL not on chain yet")
+        )
     _accounts(report)
     _hosts(report)
     return 0

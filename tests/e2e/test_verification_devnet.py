@@ -295,6 +295,10 @@ def test_status_commands_and_the_dapp_show_the_flags(env, devnet) -> None:
     status = _planet(env, "devnet", "status", timeout=60)
     assert status.returncode == 0, status.stderr
     assert "(uncommitted)" in status.stdout
+    # each verifier up, its findings URL on chain (where its peers fetch the tickets it failed)
+    shown = r"verifier of validator(\d): up, findings at (http://\S+)"
+    verifiers = re.findall(shown, status.stdout)
+    assert sorted(i for i, _ in verifiers) == ["0", "1", "2", "3"], status.stdout
     silent_home = devnet["operators"][4]
     mine = _planet(env, "status", "--home", silent_home, timeout=60)
     assert mine.returncode == 0, mine.stderr

@@ -87,3 +87,40 @@ def test_cheating_join_refuses_other_commands_and_bad_modes(capsys) -> None:
     assert "only `join` can cheat" in capsys.readouterr().err
     assert cheating_join.main(["--cheat", "lazy", "join"]) != 0
     assert "unknown cheat mode" in capsys.readouterr().err
+
+
+def test_devnet_status_shows_each_verifier_and_its_findings_url(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import deploy.devnet.status as devnet_status
+
+    report = {
+        "status": "up", "running": True, "dir": str(tmp_path), "evm_rpc": "http://127.0.0.1:8545",
+        "processes": {"anvil": True},
+        "verifiers": [
+            {"validator": 0, "alive": True, "findings_url": "http://127.0.0.1:8700"},
+            {"validator": 1, "alive": False, "findings_url": None},
+        ],
+    }  # fmt: skip
+    monkeypatch.setattr(devnet_status, "status", lambda home: report)
+    assert cli.main(["devnet", "status", "--home", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "verifier of validator0: up, findings at http://127.0.0.1:8700" in out
+    assert "verifier of validator1: DOWN, findings URL not on chain yet" in out
+
+
+def test_consensus_public_key_is_read_from_the_validator_home(tmp_path: Path) -> None:
+    import base64
+
+    from nacl.signing import SigningKey
+
+    from deploy.devnet.status import consensus_public_key
+
+    key = SigningKey(b"\x07" * 32)
+    public = key.verify_key.encode()
+    (tmp_path / "config").mkdir()
+    record = {"pub_key": {"type": "tendermint/PubKeyEd25519",
+                          "value": base64.b64encode(public).decode()}}  # fmt: skip
+    (tmp_path / "config" / "priv_validator_key.json").write_text(json.dumps(record))
+    assert consensus_public_key(tmp_path) == public.hex()
+    assert consensus_public_key(tmp_path / "absent") is None
