@@ -57,8 +57,9 @@ CONVICTED = "vconv"
 # vacc/<lowercase account>: {epoch: [validator addresses]}, who voted any verdict against the
 # account in each of its last ACCUSED_EPOCHS epochs (whether the committee accused it at all)
 ACCUSERS = "vacc"
-# slashed/<epoch>/<lowercase account>: a verdict against the account was confirmed in that
-# epoch, so it earns nothing then (deleted when the epoch closes)
+# slashed/<epoch>/<lowercase account>: [offences], verdicts against the account confirmed in
+# that epoch, so it earns nothing then and is not slashed twice for one offence (deleted when
+# the epoch closes)
 SLASHED = "slashed"
 
 # --- epochs, verifier seeds, spot checks (epochs.py, seeds.py, spot_reports.py) ------------------

@@ -4,7 +4,13 @@
 evidenceHash, challenger, nonce, consumer = genesis fraud_proofs_address)` in the committee
 domain of genesis `evm`. `verdict/<id>` (id = 0x struct hash) accumulates `votes` and `power`;
 `confirmed` at ≥ 2/3 of the power, which also marks the accused account `slashed/<epoch>/<account>`
-(it earns nothing that epoch: settlement.py). Codes: NOT_VALIDATOR, VERDICTS_DISABLED,
+= [offences confirmed] (it earns nothing that epoch: settlement.py). **One slash per node, epoch
+and offence**: a verdict that reaches 2/3 in an epoch where the same node already has a
+confirmed verdict of the same offence, or of a failed verification (which convicts it and
+covers everything else), is not confirmed but `superseded` (the height it reached 2/3): it is
+not relayed to FraudProofs, and its accusation costs its voters nothing (settled
+`unconfirmed`). Several verifiers that each find a different failing block of one node in one
+epoch then halve its stake once, not once per finding. Codes: NOT_VALIDATOR, VERDICTS_DISABLED,
 BAD_VERDICT_SIGNATURE, DUPLICATE_VOTE.
 
 A confirmed verdict on a failed verification (offence 3, a challenge or spot-check finding
@@ -134,9 +140,19 @@ def verdict_vote(state: State, tx: SignedTx) -> None:
         _settle_later(state, ident)
     _note_accuser(state, verdict.node, validator["address"], current)
     if updated["confirmed"] and not record["confirmed"]:
-        state.emit("planet.verdict", id=ident, confirmed="true")
-        state.put(schema.SLASHED, schema.in_epoch(current, verdict.node.lower()), 1)
-        _convict(state, verdict.node, verdict.offence, current)
+        slot = schema.in_epoch(current, verdict.node.lower())
+        earlier = state.get(schema.SLASHED, slot) or []
+        if OFFENCE_FAILED_VERIFICATION in earlier or verdict.offence in earlier:
+            # one slash per node, epoch and offence (a failed verification covers all): the
+            # node already answers for this epoch; the verdict is right but not executed
+            updated = {**updated, "confirmed": False, "confirmed_height": None}
+            if not record.get("superseded"):
+                updated["superseded"] = state.block_height
+                state.emit("planet.verdict", id=ident, confirmed="false", superseded="true")
+        else:
+            state.emit("planet.verdict", id=ident, confirmed="true")
+            state.put(schema.SLASHED, slot, sorted([*earlier, verdict.offence]))
+            _convict(state, verdict.node, verdict.offence, current)
     state.put(schema.VERDICT, ident, updated)
 
 
@@ -186,7 +202,7 @@ def _settle_later(state: State, verdict_id: str) -> None:
 def _outcome(state: State, record: dict[str, Any]) -> str:
     if record["confirmed"]:
         return "confirmed"
-    if record["offence"] == OFFENCE_TIMEOUT:
+    if record["offence"] == OFFENCE_TIMEOUT or record.get("superseded"):
         return "unconfirmed"
     convicted = state.get(schema.CONVICTED, str(record["node"]).lower())
     voted_in = rules.epoch_of(state, record["first_height"])

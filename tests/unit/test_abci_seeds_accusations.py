@@ -251,3 +251,44 @@ def test_false_accusation_by_a_third_is_refused_even_with_a_second_verdict() -> 
     marks = ask(chain, "/verifiers")["verifiers"]
     for index in (0, 1):
         assert marks[chain.validators[index].address]["benched_until"] > 0
+
+
+def test_one_slash_per_node_epoch_and_offence() -> None:
+    """Verifiers found two different failing blocks of one node in one epoch: the first verdict
+    to reach 2/3 is confirmed (and relayed: `/verdicts?confirmed=true`), the second is
+    superseded — right, but not executed — and costs its voters nothing; the next epoch's
+    finding is confirmed again. A timeout verdict is superseded by a second timeout, not by a
+    failed verification, which still convicts."""
+    chain = Chain()
+    second = dataclasses.replace(VERDICT, evidence_hash=b"\x47" * 32, nonce=2)
+    chain.block([verdict_vote(chain, i, VERDICT) for i in (0, 1, 2)])  # epoch 1: confirmed
+    chain.block([verdict_vote(chain, i, second) for i in (0, 1, 2, 3)])  # 2/3 at height 2
+    views = {v["evidence_hash"]: v for v in ask(chain, "/verdicts")["verdicts"]}
+    first_view, second_view = views["0x" + "42" * 32], views["0x" + "47" * 32]
+    assert first_view["confirmed"] is True
+    assert second_view["confirmed"] is False and second_view["superseded"] == 2
+    assert second_view["confirmed_height"] is None and second_view["power"] == 40
+    relayed = ask(chain, "/verdicts?confirmed=true")["verdicts"]
+    assert [v["evidence_hash"] for v in relayed] == ["0x" + "42" * 32]
+    chain.advance_to(settles(1))
+    views = {v["evidence_hash"]: v for v in ask(chain, "/verdicts")["verdicts"]}
+    assert views["0x" + "47" * 32]["settled"] == "unconfirmed"
+    marks = ask(chain, "/verifiers")["verifiers"]
+    assert {m["refused"] for m in marks.values()} == {0}
+    assert {m["benched_until"] for m in marks.values()} == {0}
+    later = dataclasses.replace(VERDICT, evidence_hash=b"\x48" * 32, nonce=3)
+    chain.block([verdict_vote(chain, i, later) for i in (0, 1, 2)])  # another epoch
+    assert ask(chain, f"/verdicts?id=0x{later.struct_hash().hex()}")["confirmed"] is True
+
+    node = address_of(seeded_evm_key("n2"))
+    timeout = dataclasses.replace(VERDICT, node=node, offence=4, evidence_hash=b"\x49" * 32)
+    again = dataclasses.replace(timeout, evidence_hash=b"\x4a" * 32)
+    failed = dataclasses.replace(VERDICT, node=node, evidence_hash=b"\x4b" * 32)
+    for verdict in (timeout, again, failed):
+        chain.block([verdict_vote(chain, i, verdict) for i in (0, 1, 2)])
+    confirmed = {
+        v["evidence_hash"]: v["confirmed"]
+        for v in ask(chain, "/verdicts")["verdicts"]
+        if v["node"].lower() == node.lower()
+    }
+    assert confirmed == {"0x" + "49" * 32: True, "0x" + "4a" * 32: False, "0x" + "4b" * 32: True}
