@@ -276,12 +276,17 @@ def stop_agent(pid: int, grace_s: float = 25.0) -> bool:
     return True
 
 
-def stop_joined(run_dir: Path) -> dict[str, Any]:
-    """Stop agent (leave) then node; remove joined.json. What was stopped."""
+def stop_joined(run_dir: Path, *, node: bool = True) -> dict[str, Any]:
+    """Stop agent (leave) then node; remove joined.json. What was stopped. With `node=False`
+    only the agent stops: the node keeps answering (spot-check tickets of its last work) until
+    `stop_joined` is called again."""
     joined = read_joined(run_dir)
     if joined is None:
         return {"agent": False, "node": False}
-    stopped = {"agent": stop_agent(joined.agent_pid), "node": stop_pid(joined.node_pid, 5.0)}
+    stopped = {"agent": stop_agent(joined.agent_pid), "node": False}
+    if not node:
+        return stopped
+    stopped["node"] = stop_pid(joined.node_pid, 5.0)
     for name in (JOINED_FILE, "agent.pid", f"node-{joined.shard}.pid"):
         (run_dir / name).unlink(missing_ok=True)
     return stopped

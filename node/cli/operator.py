@@ -149,7 +149,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     join.add_argument("--no-wait", action="store_true", help="return once processes started")
     add_fetch_sources(join)  # when the shard file is not on disk: nodes serving it, then origin
     _common(join)
-    leave = command("leave", "leave the network: the agent sends `leave`, node stops", _leave)
+    leave = command(
+        "leave",
+        "leave the network: the agent sends `leave`; the node answers the spot checks of its "
+        "last work, then stops",
+        _leave,
+    )
+    leave.add_argument(
+        "--now",
+        action="store_true",
+        help="stop the node at once instead: a verifier that then asks for the ticket of one of "
+        "its last blocks gets no answer, and a timeout verdict slashes 5 %% of the stake",
+    )
     _common(leave)
     status = command("status", "stake, lifecycle, reputation, routability, pool health", _status)
     status.add_argument("--json", action="store_true", help="print one JSON object")
@@ -587,28 +598,90 @@ def _leave(args: argparse.Namespace) -> int:
     if joined is None:
         print("not joined (nothing runs from this home)")
         return 0
-    _say(f"stopping the agent (it sends `leave`) and the node of shard {joined.shard}…")
-    stopped = stop_joined(config.run_dir)
+    if args.now:
+        _say(f"stopping the agent (it sends `leave`) and the node of shard {joined.shard}…")
+    else:
+        _say(
+            "stopping the agent (it sends `leave`); the node of shard "
+            f"{joined.shard} stays up to answer the spot checks of its last work…"
+        )
+    stopped = stop_joined(config.run_dir, node=args.now)
     try:
         view = _committee_view(config, joined.node_key)
+        if view is not None and view.get("status") != "LEFT":
+            # The agent was not running (crashed, killed) or could not get `leave` committed:
+            # send it from here with the same node key.
+            _say("the chain does not list the node as LEFT yet; sending `leave` from here…")
+            view = asyncio.run(_send_leave(config, joined.node_key))
+        if not args.now:
+            _drain(config, joined.node_pid)
     except PlanetError as error:
+        if not args.now:
+            stopped = {**stop_joined(config.run_dir), "agent": stopped["agent"]}
         raise UnavailableError(
             f"stopped the node, but the committee at {config.committee_rpc} did not answer "
             f"({error.message}): the chain may not list it as LEFT",
             hint=_unreachable_hint(config, "--committee-rpc / set PLANET_COMMITTEE_RPC")
             + "; then `planet status` shows the node's state",
         ) from None
-    if view is not None and view.get("status") != "LEFT":
-        # The agent was not running (crashed, killed) or could not get `leave` committed:
-        # send it from here with the same node key.
-        _say("the chain does not list the node as LEFT yet; sending `leave` from here…")
-        view = asyncio.run(_send_leave(config, joined.node_key))
+    except KeyboardInterrupt:
+        stop_joined(config.run_dir)
+        _say("interrupted: node stopped before the spot checks of its last work were done")
+        raise
+    if not args.now:
+        stopped = {**stop_joined(config.run_dir), "agent": stopped["agent"]}
     status = view.get("status") if view else "not registered"
     print(
         f"left: agent {'stopped' if stopped['agent'] else 'was not running'}, node "
         f"{'stopped' if stopped['node'] else 'was not running'}; chain status {status}"
     )
     return 0
+
+
+_DRAIN_POLL_S = 2.0
+
+
+def _drain(config: Any, node_pid: int) -> None:
+    """Wait while the left node still answers the spot checks of its last work: verifiers check
+    the blocks committed in epoch e under e + 1's seed, and start no check or re-judgement
+    later than CHECK_LOOKBACK_EPOCHS after that (protocol/spotcheck.py). So from the epoch the
+    node left in, L (its agent committed its last records before `leave`), it stays up until
+    the committee reaches epoch L + CHECK_LOOKBACK_EPOCHS + 2; a node that exits meanwhile
+    ends the wait. Progress on stderr; PlanetError when the committee stops answering (polled
+    every _DRAIN_POLL_S)."""
+    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
+    from node.server.launcher import pid_alive
+    from protocol.spotcheck import CHECK_LOOKBACK_EPOCHS
+
+    async def current(link: Any) -> int:
+        answer = await link.query("/epochs")
+        try:
+            return int(answer["current"])
+        except (KeyError, TypeError, ValueError):
+            raise UnavailableError(
+                f"the committee's /epochs answer is malformed: {answer!r:.80}"
+            ) from None
+
+    async def wait() -> None:
+        link = CommitteeLink([config.committee_rpc])
+        try:
+            until = await current(link) + CHECK_LOOKBACK_EPOCHS + 2
+            shown = -1
+            while pid_alive(node_pid):
+                epoch = await current(link)
+                if epoch >= until:
+                    return
+                if epoch != shown:
+                    _say(
+                        f"  epoch {epoch}: answering spot checks of its last work until epoch "
+                        f"{until} (Ctrl-C or `planet leave --now` stops it at once)"
+                    )
+                    shown = epoch
+                await asyncio.sleep(_DRAIN_POLL_S)
+        finally:
+            await link.close()
+
+    asyncio.run(wait())
 
 
 # -- status ---------------------------------------------------------------------------------------

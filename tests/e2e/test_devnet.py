@@ -492,9 +492,10 @@ def test_devnet_node_that_leaves_drops_out_of_the_routable_set(env, devnet) -> N
     joined = json.loads((Path(home) / "run" / "joined.json").read_text())
     key = joined["node_key"]
     assert _view(devnet, key)["routable"]
-    done = _planet(
-        env, "leave", "--home", home, "--password-file", devnet["password_file"], timeout=90
-    )
+    done = _planet(  # --now: the wait for spot checks is the verification devnet's to show
+        env, "leave", "--now", "--home", home, "--password-file", devnet["password_file"],
+        timeout=90,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "chain status LEFT" in done.stdout
     view = _view(devnet, key)
@@ -561,7 +562,7 @@ def test_devnet_new_operator_funds_stakes_joins_and_leaves_with_only_the_readme(
     assert report["committee_rpc"] == devnet["committee_rpc"][0]
     assert report["committee"]["routable"] is True and report["local"]["node_alive"]
     key = report["node_key"]
-    left = _planet(operator, "leave", "--home", home, timeout=90)
+    left = _planet(operator, "leave", "--now", "--home", home, timeout=90)
     assert left.returncode == 0, left.stderr
     assert "chain status LEFT" in left.stdout and "unreachable" not in left.stdout + left.stderr
     assert _view(devnet, key)["status"] == "LEFT"

@@ -429,5 +429,5 @@ def test_hosts_node_killed_mid_answer_same_text_from_its_replica(
     print(f"failover answer: {answer['receipt']['completion_tokens']} tokens")
     # the final circuit (3 shards), then the node it failed over from
     assert killed["receipt"]["nodes"][3:] == [shard0[serving][1]], killed["receipt"]
-    left = _in_host(operator, "operator0", "leave", "--home", operator_home, timeout=120)
+    left = _in_host(operator, "operator0", "leave", "--now", "--home", operator_home, timeout=120)
     assert left.returncode == 0 and "chain status LEFT" in left.stdout, left.stderr

@@ -215,12 +215,17 @@ def test_cheaters_untrusted_and_slashed_within_5_epochs_honest_rise(env, devnet)
     first = _first_checked_epoch(devnet)
     assert all(epoch - first <= 5 for epoch in untrusted_at.values()), (first, untrusted_at)
     assert seen_unroutable_honest == []
-    # verdicts confirmed by ≥ 2/3 of the power (3 of 4 validators) against both cheaters
-    verdicts = _query(rpc, "/verdicts?confirmed=true")["verdicts"]
-    for name in cheaters:
-        address = operators[name]["address"].lower()
-        mine = [v for v in verdicts if v["node"].lower() == address]
-        assert mine and all(len(v["signers"]) >= 3 for v in mine), name
+
+    # verdicts confirmed by ≥ 2/3 of the power (3 of 4 validators) against both cheaters (a
+    # node untrusted by its agreed challenge scores gets its verdict an epoch or so later)
+    def confirmed() -> list[dict[str, Any]]:
+        verdicts = _query(rpc, "/verdicts?confirmed=true")["verdicts"]
+        addresses = {operators[name]["address"].lower() for name in cheaters}
+        found = [v for v in verdicts if v["node"].lower() in addresses]
+        return found if {v["node"].lower() for v in found} == addresses else []
+
+    verdicts = _wait(confirmed, 240, "confirmed verdicts against both cheaters")
+    assert all(len(v["signers"]) >= 3 for v in verdicts), verdicts
     # the watchers relayed them: the cheaters' stake on the EVM chain is slashed
     for name in cheaters:
         home = operators[name]["home"]
@@ -404,11 +409,24 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         paid[shard]["key"] = json.loads(
             (Path(paid[shard]["home"]) / "run" / "joined.json").read_text()
         )["node_key"]
-    # the free honest nodes leave: every node still routable charges credits
+    # the free honest nodes leave, side by side: every node still routable charges credits.
+    # Each node answers the spot checks of its last work before it stops (no timeout verdict
+    # can slash an honest node for leaving: checked at the end of the module)
     operators = _operators(devnet)  # read before they leave (leaving removes joined.json)
-    for name in ("node0", "node1", "node2"):
-        left = _planet(with_password, "leave", "--home", operators[name]["home"])
-        assert left.returncode == 0, left.stderr
+    leaving = [
+        subprocess.Popen(
+            [sys.executable, "-m", "node.cli.main", "leave", "--home", operators[name]["home"]],
+            env=with_password,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("node0", "node1", "node2")
+    ]
+    for process in leaving:
+        out, err = process.communicate(timeout=400)
+        assert process.returncode == 0 and "chain status LEFT" in out, err[-3000:]
+        assert "answering spot checks of its last work until epoch" in err, err[-3000:]
 
     def only_charging_routable() -> bool:
         routable = {n["key"] for n in _query(rpc, "/nodes")["nodes"] if n["routable"]}
@@ -637,3 +655,14 @@ def _rpc(rpc: str, method: str, **params: str) -> Any:
     url = f"{rpc}/{method}" + ("?" + urllib.parse.urlencode(params) if params else "")
     with urllib.request.urlopen(url, timeout=10) as answer:
         return json.load(answer)["result"]
+
+
+def test_no_honest_node_is_slashed_for_leaving(devnet) -> None:
+    """Last: the honest nodes left minutes ago (`planet leave` kept each one answering the spot
+    checks of its last work first), and no verdict against any of them was ever confirmed —
+    in particular no ticket timeout for blocks they committed before leaving."""
+    rpc = devnet["committee_rpc"][0]
+    addresses = {a["name"]: a["address"].lower() for a in devnet["accounts"]}
+    honest = {addresses[name] for name in ("node0", "node1", "node2")}
+    confirmed = _query(rpc, "/verdicts?confirmed=true")["verdicts"]
+    assert not [v for v in confirmed if v["node"].lower() in honest], confirmed

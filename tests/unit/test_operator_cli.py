@@ -331,3 +331,71 @@ def test_join_progress_says_each_state_once_and_a_long_wait_again_every_15_s() -
     joined = "JOIN, stake not yet agreed, reputation 0.500, routable False"
     assert progress.say(joined, 31.0 + 100.0) == f"  [ 31.0 s] {joined}"  # a new state at once
     assert progress.say(joined, 100.0 + 31.0 + operator.STILL_EVERY_S - 0.1) is None
+
+
+def test_leave_keeps_the_node_answering_spot_checks_of_its_last_work(
+    env: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`planet leave`: the agent's `leave` is on chain, then the node stays up until the
+    committee is CHECK_LOOKBACK_EPOCHS + 2 epochs past the epoch it left in (the verifiers'
+    last checks of its last blocks), then stops; `--now` stops it at once."""
+    import json
+    import subprocess
+    import sys
+
+    import node.chain.committee_link as committee_link
+    from node.server.launcher import pid_alive
+    from protocol.spotcheck import CHECK_LOOKBACK_EPOCHS
+
+    epochs: list[int] = []
+    alive_at: dict[int, bool] = {}
+
+    def stand_in_node() -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-c", "import time; time.sleep(120)", "node.cli.main", "serve"]
+        return subprocess.Popen(argv)
+
+    def joined(node: subprocess.Popen[bytes]) -> None:
+        run = env / "run"
+        run.mkdir(exist_ok=True)
+        record = {
+            "shard": 0, "port": 1, "endpoint": "http://127.0.0.1:1", "model": "m",
+            "manifest": "m", "node_pid": node.pid, "agent_pid": 999_999_998, "node_key": "ab",
+            "node_log": "n", "agent_log": "a",
+        }  # fmt: skip
+        (run / "joined.json").write_text(json.dumps(record))
+
+    class Link:
+        def __init__(self, urls: Any, **kwargs: Any) -> None:
+            pass
+
+        async def node(self, key: str) -> dict[str, Any]:
+            return {"key": key, "status": "LEFT"}
+
+        async def query(self, path: str, **params: Any) -> dict[str, Any]:
+            assert path == "/epochs"
+            epochs.append(10 + len(epochs))  # one epoch further at every poll
+            alive_at[epochs[-1]] = pid_alive(node.pid)
+            return {"current": epochs[-1]}
+
+        async def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(committee_link, "CommitteeLink", Link)
+    monkeypatch.setattr(operator, "_DRAIN_POLL_S", 0.01)
+    node = stand_in_node()
+    try:
+        joined(node)
+        code, err = _run(capsys, "leave")
+        assert code == 0
+        until = 10 + CHECK_LOOKBACK_EPOCHS + 2
+        assert epochs[-1] == until and all(alive_at[e] for e in epochs)  # up until the end
+        assert node.wait(timeout=10) is not None  # then stopped
+        assert f"answering spot checks of its last work until epoch {until}" in err
+        epochs.clear()
+        node = stand_in_node()
+        joined(node)
+        code, _ = _run(capsys, "leave", "--now")
+        assert code == 0 and epochs == [] and node.wait(timeout=10) is not None
+    finally:
+        if node.poll() is None:
+            node.kill()
