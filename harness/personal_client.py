@@ -31,9 +31,11 @@ def personal_client(
 ) -> Iterator[int]:
     """The personal client paying from `credits_file` (default: $PLANET_HOME's), serving on a
     free loopback port; yields the port. Raises AssertionError with the log's tail if it exits
-    or does not answer within `timeout_s`."""
+    or does not answer within `timeout_s`; when the body fails, the log's tail (INFO and up)
+    goes to stderr, which pytest shows with the failure."""
     port = ephemeral_port()
-    command = [sys.executable, "-m", "node.cli.main", "gateway", "serve", "--personal"]
+    # -v: its INFO lines (circuits, payments, refusals) in the log, for whoever reads a failure
+    command = [sys.executable, "-m", "node.cli.main", "-v", "gateway", "serve", "--personal"]
     command += ["--manifest", str(manifest), "--committee-rpc", committee_rpc]
     command += ["--port", str(port), "--min-credit-positions", str(min_positions)]
     command += ["--private-endpoints"]
@@ -55,7 +57,13 @@ def personal_client(
                 "the personal client did not come up\n" + (log_path.read_text()[-3000:])
             )
             time.sleep(0.5)
-        yield port
+        try:
+            yield port
+        except BaseException:  # the test failed while it ran: show what the client said
+            print(
+                f"personal client log {log_path}:\n{log_path.read_text()[-4000:]}", file=sys.stderr
+            )
+            raise
     finally:
         client.terminate()
         client.wait(timeout=30)
