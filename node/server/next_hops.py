@@ -185,6 +185,30 @@ def is_ip_literal(host: str) -> bool:
     return True
 
 
+Refusal = Literal["private", "host_name", "outside_ranges"]
+
+
+def address_refusal(
+    url: str, public_only: bool, private_ranges: tuple[Network, ...] = ()
+) -> Refusal | None:
+    """Why a dialler under this address policy must not dial canonical `url` (None: it may).
+    `public_only`: an IP literal must be globally routable (`private`; a host name passes here
+    and meets `PublicResolver` at connect time). Else, with `private_ranges`: only IP literals
+    (`host_name`: a name could resolve anywhere), public or inside a range (`outside_ranges`).
+    Else anything. Shared by next hops and a verifier's peers (node/verifier/findings.py)."""
+    host = url_host(url)
+    if public_only:
+        return "private" if is_ip_literal(host) and not is_public_address(host) else None
+    if not private_ranges:
+        return None
+    if not is_ip_literal(host):
+        return "host_name"
+    if is_public_address(host):
+        return None
+    address = ipaddress.ip_address(host)
+    return None if any(address in n for n in private_ranges) else "outside_ranges"
+
+
 class NonPublicAddressError(OSError):
     """A next hop's name resolved to no globally routable address."""
 
@@ -341,23 +365,6 @@ class ForwardCommittee:
             self._view = registered_hops(answer)
             self._fetched_s = self.clock()
 
-    def _check_range(self, url: str, host: str) -> None:
-        """Under `--private-next-hops CIDR`: a non-public literal must lie in a range; a name
-        is refused (it could resolve outside them)."""
-        ranges = ", ".join(str(r) for r in self.private_ranges)
-        if not is_ip_literal(host):
-            raise NextHopNotAllowedError(
-                f"{url} names a host; a node limited to the private ranges {ranges} dials IP "
-                "addresses only"
-            )
-        if is_public_address(host):
-            return
-        address = ipaddress.ip_address(host)
-        if not any(address in network for network in self.private_ranges):
-            raise NextHopNotAllowedError(
-                f"{url} is outside this node's private next-hop ranges ({ranges})"
-            )
-
     def _allowed(self, hop: NextHop) -> bool:
         """`hop.url` is registered for `hop.shard`, and under the key the client names (the
         key this node will pin) when it names one."""
@@ -368,15 +375,23 @@ class ForwardCommittee:
 
     async def check(self, hop: NextHop) -> None:
         _check_order(self.own_shard, hop)
-        host = url_host(hop.url)
-        if self.public_only and is_ip_literal(host) and not is_public_address(host):
+        refusal = address_refusal(hop.url, self.public_only, self.private_ranges)
+        ranges = ", ".join(str(r) for r in self.private_ranges)
+        if refusal == "private":
             raise NextHopNotAllowedError(
                 f"{hop.url} is not a public address; a node on the committee policy dials only "
                 "globally routable addresses (its operator can allow private ones with "
                 "--private-next-hops on a devnet or LAN)"
             )
-        if not self.public_only and self.private_ranges:
-            self._check_range(hop.url, host)
+        if refusal == "host_name":
+            raise NextHopNotAllowedError(
+                f"{hop.url} names a host; a node limited to the private ranges {ranges} dials IP "
+                "addresses only"
+            )
+        if refusal == "outside_ranges":
+            raise NextHopNotAllowedError(
+                f"{hop.url} is outside this node's private next-hop ranges ({ranges})"
+            )
         if self._view is None or self.clock() - self._fetched_s > self.max_age_s:
             await self._refresh(older_than_s=self.miss_refresh_s)
         if not self._allowed(hop):

@@ -26,7 +26,6 @@ private ranges (`--private-peers`: a devnet or a LAN); redirects are never follo
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import re
@@ -42,13 +41,7 @@ from aiohttp import web
 from node.client.answers import read_bounded
 from node.dial import refuse_redirects
 from node.http_logs import quiet_malformed_http_logs
-from node.server.next_hops import (
-    Network,
-    PublicResolver,
-    is_ip_literal,
-    is_public_address,
-    url_host,
-)
+from node.server.next_hops import Network, PublicResolver, address_refusal
 from protocol.errors import PlanetError
 from protocol.tickets import MAX_FORWARDED_BYTES, TicketRequest, decode_request, forward
 from protocol.urls import BadUrlError, canonical_url
@@ -225,7 +218,7 @@ class PeerFindings:
         if self._http is None:
             connector = (
                 aiohttp.TCPConnector(resolver=PublicResolver())
-                if self.private_ranges is None
+                if not self.private_ranges
                 else aiohttp.TCPConnector()
             )
             self._http = aiohttp.ClientSession(
@@ -241,23 +234,19 @@ class PeerFindings:
             canonical = canonical_url(url)
         except BadUrlError as error:
             raise PeerNotAllowedError(f"verifier URL refused: {error.message}") from None
-        host = url_host(canonical)
-        if self.private_ranges is None:
-            if is_ip_literal(host) and not is_public_address(host):
-                raise PeerNotAllowedError(
-                    f"{canonical} is not a public address (allow private ranges with "
-                    "--private-peers on a devnet or LAN)"
-                )
-            return canonical
-        if not is_ip_literal(host):
+        ranges = self.private_ranges or ()
+        refusal = address_refusal(canonical, not ranges, ranges)  # no ranges: public only
+        if refusal == "private":
+            raise PeerNotAllowedError(
+                f"{canonical} is not a public address (allow private ranges with "
+                "--private-peers on a devnet or LAN)"
+            )
+        if refusal == "host_name":
             raise PeerNotAllowedError(
                 f"{canonical} names a host; limited to private ranges, this verifier dials IP "
                 "addresses only"
             )
-        address = ipaddress.ip_address(host)
-        if not is_public_address(host) and not any(
-            address in network for network in self.private_ranges
-        ):
+        if refusal == "outside_ranges":
             raise PeerNotAllowedError(f"{canonical} is outside the allowed private ranges")
         return canonical
 

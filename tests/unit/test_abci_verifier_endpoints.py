@@ -50,6 +50,10 @@ def test_a_stranger_cannot_publish_a_verifier_endpoint() -> None:
         "ftp://127.0.0.1:8701",
         "http://user@127.0.0.1:8701",
         "http://127.1:8701",  # another spelling of an address
+        "http://127.0.0.1:\uff18\uff17\uff10\uff11",  # full-width digits
+        "http://v\u00e9rifier.example:8701",  # a non-ASCII host name
+        "http://" + "a" * 10_000 + ".example",  # huge
+        {"url": {"url": {"url": "http://127.0.0.1:8701"}}},  # nested
         17,
     ],
 )

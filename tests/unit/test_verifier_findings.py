@@ -294,3 +294,31 @@ def test_a_restarted_verifier_still_hands_over_its_findings(tmp_path: Path) -> N
     restarted.prune(3)
     assert len(restarted) == 0 and not (directory / f"{failed}.finding").exists()
     assert len(FindingBook(directory)) == 0
+
+
+async def test_the_findings_server_refuses_strangers_by_name_and_keeps_answering() -> None:
+    """Malformed evidence or keys, non-ASCII, a huge path, another method: each refused by name
+    (400 / 404 / 405 / 414-ish), and the server answers its health check afterwards."""
+    port = ephemeral_port()
+    runner = await serve_findings(FindingBook(), "127.0.0.1", port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path, status in (
+                (f"{FINDINGS_PATH}/0x{'ab' * 32}/{'77' * 32}", 404),
+                (f"{FINDINGS_PATH}/0x{'AB' * 32}/{'77' * 32}", 400),
+                (f"{FINDINGS_PATH}/0x{'ab' * 32}/{'7' * 63}\u0667", 400),
+                (f"{FINDINGS_PATH}/{'0' * 5000}/{'77' * 32}", 400),
+            ):
+                async with http.get(base + path) as answer:
+                    assert answer.status == status, path
+                    if status in (400, 404):
+                        assert (await answer.json())["code"] in ("bad_request", "not_found")
+            async with http.post(f"{base}{FINDINGS_PATH}/0x{'ab' * 32}/{'77' * 32}") as answer:
+                assert answer.status == 405
+            async with http.get(f"{base}/{'x' * 20_000}") as answer:
+                assert answer.status >= 400
+            async with http.get(f"{base}/health") as answer:
+                assert answer.status == 200 and (await answer.json())["findings"] == 0
+    finally:
+        await runner.cleanup()
