@@ -175,9 +175,10 @@ def sampled_detection(reference, served: dict, prompts, tokens: int) -> dict[str
     """Detection rate vs tokens observed for each served circuit (module docstring)."""
     from node.client.sampling import SamplingConfig
     from node.verifier.measure import run_prefill
-    from node.verifier.sampled import SampledMap, replay, sampling_seed
+    from node.verifier.sampled import SampledAnswer, SampledMap, replay, sampling_seed
 
     head, scores = reference.head, SampledMap()
+    stops = frozenset(head.eos_token_ids)
     metrics: dict[str, float] = {}
     for name, shards in served.items():
         checks = []
@@ -185,7 +186,8 @@ def sampled_detection(reference, served: dict, prompts, tokens: int) -> dict[str
             seed = sampling_seed(b"bench-sampled".ljust(32, b"\0"), 1, run)
             answer = sample_served(reference, shards, list(prompt), tokens, seed)
             logits = head.all_logits(run_prefill(reference.shards, head.embed([*prompt, *answer])))
-            check = replay(logits, len(prompt), answer, SamplingConfig(1.0, 1.0, seed))
+            config = SamplingConfig(1.0, 1.0, seed)
+            check = replay(logits, len(prompt), SampledAnswer(tuple(answer), False), config, stops)
             checks.append(check)
             log.info("sampled %s run %d: %d of %d mismatched", name, run, check.mismatched, tokens)
         for n in (n for n in SAMPLED_CHECKPOINTS if n <= tokens):
@@ -205,7 +207,7 @@ def verifier_cpu_per_epoch(reference, challenges) -> dict[str, float]:
     from node.verifier.challenges import generated_text, text_length
     from node.verifier.echo import vocabulary_index
     from node.verifier.measure import run_prefill
-    from node.verifier.sampled import replay
+    from node.verifier.sampled import SampledAnswer, replay
 
     class Model:  # the Reference shape generated_text drives
         head, shards = reference.head, reference.shards
@@ -229,8 +231,11 @@ def verifier_cpu_per_epoch(reference, challenges) -> dict[str, float]:
     )
     ids = list(challenges[0].ids[:64])
     config = SamplingConfig(1.0, 1.0, 7)
+    answer = SampledAnswer(tuple(ids[32:]), False)
     sampled_s = cpu(
-        lambda: replay(head.all_logits(run_prefill(shards, head.embed(ids))), 32, ids[32:], config)
+        lambda: replay(
+            head.all_logits(run_prefill(shards, head.embed(ids))), 32, answer, config, frozenset()
+        )
     )
     middle = shards[1]
     hidden = torch.randn(1, 128, head.hidden_size)

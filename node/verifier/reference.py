@@ -4,6 +4,7 @@ reference = Reference.load(manifest_path)          # IntegrityError on a wrong s
 reference.check_registered(manifest_hash, shard_hashes)   # what ModelRegistry says
 logits = reference.logits(challenge.ids)            # [T, V], one forward pass
 reference.vocab                                     # token text → id (unambiguous texts)
+reference.stop_ids                                  # the model's end-of-sequence ids
 reference.corpus_ids                                # the challenge corpus, tokenized
 """
 
@@ -31,6 +32,7 @@ class Reference:
     shards: list[Any]
     vocab: dict[str, int]
     corpus_ids: list[int]
+    stop_ids: frozenset[int]
 
     @classmethod
     def load(cls, manifest_path: Path, corpus: str | None = None) -> Reference:
@@ -54,6 +56,7 @@ class Reference:
             shards=shards,
             vocab=vocabulary_index(texts),
             corpus_ids=list(head.encode(corpus if corpus is not None else heldout_text())),
+            stop_ids=frozenset(head.eos_token_ids),
         )
 
     def check_registered(self, manifest_hash: bytes, shard_hashes: Sequence[bytes]) -> None:

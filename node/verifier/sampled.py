@@ -14,13 +14,18 @@ differ, and each position is an independent chance that the replay picks another
 
     seed = sampling_seed(secret, epoch, index)                     # < 2^63 (the gateway's range)
     body = sampled_request(model, prompt_ids, max_tokens=32, seed=seed, temperature=1.0)
-    tokens = parse_sampled(doc, vocab)                              # the answer's token ids
-    check = replay(reference.logits([*prompt_ids, *tokens]), len(prompt_ids), tokens, config)
+    answer = parse_sampled(doc, vocab)                              # the answer's token ids
+    logits = reference.logits([*prompt_ids, *answer.tokens])
+    check = replay(logits, len(prompt_ids), answer, config, reference.stop_ids)
     c = SampledMap().credibility(check)                             # 10^6 … 0
 
 Only tokens whose text names one id are checked (`parse_sampled` stops at the first other):
 `check.observed` counts the positions checked, `check.mismatched` the ones the replay chose
-differently. The detection rate against tokens observed is measured by bench/verification.py.
+differently. An answer that ended by itself (`finish_reason` "stop": the verifier asks with no
+stop strings, so the circuit sampled an end-of-sequence token) is one more observed position: the
+replay must pick one of the model's stop ids there. Without it, a circuit whose first sampled
+token is a stop id would answer nothing and escape the check. The detection rate against tokens
+observed is measured by bench/verification.py.
 """
 
 from __future__ import annotations
@@ -71,21 +76,32 @@ def sampled_request(
     }
 
 
-def parse_sampled(doc: Any, vocab: Mapping[str, int]) -> tuple[int, ...]:
+@dataclass(frozen=True, slots=True)
+class SampledAnswer:
+    tokens: tuple[int, ...]  # the generated ids, up to the first ambiguous text
+    stopped: bool  # the circuit sampled a stop id right after `tokens` (finish_reason "stop")
+
+
+def parse_sampled(doc: Any, vocab: Mapping[str, int]) -> SampledAnswer:
     """The generated token ids of a /v1/completions answer, up to the first token whose text
-    does not name exactly one id."""
+    does not name exactly one id; `stopped` when every token was read and the answer ended by
+    itself (finish_reason "stop", not "length")."""
     try:
-        tokens = doc["choices"][0]["logprobs"]["tokens"]
+        choice = doc["choices"][0]
+        tokens = choice["logprobs"]["tokens"]
     except (KeyError, IndexError, TypeError):
         raise SampledAnswerError("the answer has no choices[0].logprobs.tokens") from None
     if not isinstance(tokens, list):
         raise SampledAnswerError("logprobs.tokens must be a list")
+    finish = choice.get("finish_reason")
+    if finish not in ("stop", "length"):
+        raise SampledAnswerError(f"finish_reason must be 'stop' or 'length', not {finish!r}")
     out = []
     for text in tokens:
         if not isinstance(text, str) or text not in vocab:
             break
         out.append(vocab[text])
-    return tuple(out)
+    return SampledAnswer(tuple(out), finish == "stop" and len(out) == len(tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +126,24 @@ class SampledCheck:
 
 @torch.inference_mode()
 def replay(
-    reference: torch.Tensor, prompt_len: int, tokens: Sequence[int], config: SamplingConfig
+    reference: torch.Tensor,
+    prompt_len: int,
+    answer: SampledAnswer,
+    config: SamplingConfig,
+    stop_ids: frozenset[int],
 ) -> SampledCheck:
     """Replay the gateway's sampler (same seed, one draw per token) on the reference's [T, V]
-    logits over prompt + `tokens`; count where it picks another token than the circuit did."""
+    logits over prompt + the answer's tokens; count where it picks another token than the
+    circuit did. A `stopped` answer adds the position after its tokens, where the replay must
+    pick one of `stop_ids`."""
     if config.seed is None or config.greedy:
         raise ProtocolError("a sampled check needs a seed and a temperature above 0")
-    if reference.dim() != 2 or reference.shape[0] < prompt_len + len(tokens) - 1:
+    tokens = answer.tokens
+    rows_needed = prompt_len + len(tokens) - 1 + int(answer.stopped)
+    if reference.dim() != 2 or reference.shape[0] < rows_needed:
         raise ProtocolError("reference logits must cover the prompt and the answer")
+    if answer.stopped and not stop_ids:
+        raise ProtocolError("a stopped answer is checked against the model's stop ids")
     rows = reference.to(torch.float32).numpy()
     rng = config.rng()
     mismatches = [
@@ -125,7 +151,12 @@ def replay(
         for index, token in enumerate(tokens)
         if sample(np.asarray(rows[prompt_len - 1 + index]), config, rng) != token
     ]
-    return SampledCheck(len(tokens), tuple(mismatches))
+    observed = len(tokens)
+    if answer.stopped:
+        if sample(np.asarray(rows[prompt_len - 1 + observed]), config, rng) not in stop_ids:
+            mismatches.append(observed)
+        observed += 1
+    return SampledCheck(observed, tuple(mismatches))
 
 
 @dataclass(frozen=True, slots=True)

@@ -360,19 +360,20 @@ class VerifierWorker:
                 seed=seed,
                 temperature=settings.sampled_temperature,
             )
-            tokens = parse_sampled(asked.doc, self.reference.vocab)
+            answer = parse_sampled(asked.doc, self.reference.vocab)
         except PlanetError as error:
             log.warning("sampled challenge not served: %s", error.message)
             return
-        reference = await asyncio.to_thread(self.reference.logits, [*prompt, *tokens])
+        reference = await asyncio.to_thread(self.reference.logits, [*prompt, *answer.tokens])
         config = SamplingConfig(settings.sampled_temperature, 1.0, seed)
-        check = replay(reference, len(prompt), tokens, config)
+        check = replay(reference, len(prompt), answer, config, self.reference.stop_ids)
         credibility = self.sampled_map.credibility(check)
         log.info(
-            "sampled epoch=%d circuit=%s observed=%d mismatched=%d C=%s",
+            "sampled epoch=%d circuit=%s observed=%d%s mismatched=%d C=%s",
             state.epoch,
             [n[:12] for n in asked.nodes],
             check.observed,
+            " (stopped)" if answer.stopped else "",
             check.mismatched,
             credibility,
         )

@@ -16,6 +16,7 @@ from node.verifier.challenges import epoch_challenges, generated_text, text_leng
 from node.verifier.echo import vocabulary_index
 from node.verifier.report import SCORES_FILE
 from node.verifier.sampled import (
+    SampledAnswer,
     SampledAnswerError,
     SampledCheck,
     SampledMap,
@@ -26,6 +27,7 @@ from node.verifier.sampled import (
 )
 from node.verifier.scoring import CredibilityMap
 from node.verifier.worker import VerifierWorker, WorkerSettings
+from protocol.errors import ProtocolError
 from tests.unit.test_verifier_worker import A, B, FakeLink, S
 
 pytestmark = pytest.mark.unit
@@ -56,7 +58,8 @@ def test_sampled_replay_matches_an_honest_circuit_and_catches_a_substitute() -> 
     config = SamplingConfig(1.0, 1.0, sampling_seed(b"\x01" * 32, 5, 0))
     for flip, expect_clean in ((False, True), (True, False)):
         tokens = sampled_by(prompt, 64, config, flip)
-        check = replay(table([*prompt, *tokens]), len(prompt), tokens, config)
+        answer = SampledAnswer(tuple(tokens), stopped=False)
+        check = replay(table([*prompt, *tokens]), len(prompt), answer, config, STOPS)
         assert check.observed == 64
         if expect_clean:
             assert check.mismatched == 0 and check.first_mismatch is None
@@ -86,12 +89,72 @@ def test_sampling_seed_is_a_function_of_the_secret_epoch_and_index() -> None:
     assert body["seed"] == 7 and body["logprobs"] == 0 and body["temperature"] == 1.0
 
 
+def _doc(texts: list[str], finish: object = "length") -> dict:
+    return {"choices": [{"logprobs": {"tokens": texts}, "finish_reason": finish}]}
+
+
 def test_parse_sampled_stops_at_the_first_ambiguous_token() -> None:
-    doc = {"choices": [{"logprobs": {"tokens": [TEXTS[3], TEXTS[5], "??", TEXTS[7]]}}]}
-    assert parse_sampled(doc, VOCAB) == (3, 5)
-    for bad in ({}, {"choices": [{"logprobs": {"tokens": "x"}}]}, {"choices": []}):
+    assert parse_sampled(_doc([TEXTS[3], TEXTS[5], "??", TEXTS[7]]), VOCAB) == SampledAnswer(
+        (3, 5), stopped=False
+    )
+    # an answer that ended by itself: its stop position is checked too, unless a token was
+    # left unread (then the stop is not the position after the tokens read)
+    assert parse_sampled(_doc([TEXTS[3]], "stop"), VOCAB) == SampledAnswer((3,), stopped=True)
+    assert parse_sampled(_doc([], "stop"), VOCAB) == SampledAnswer((), stopped=True)
+    assert not parse_sampled(_doc([TEXTS[3], "??"], "stop"), VOCAB).stopped
+    bad_docs = (
+        {},
+        _doc("x"),  # type: ignore[arg-type]
+        {"choices": []},
+        _doc([TEXTS[3]], None),
+        _doc([TEXTS[3]], "content_filter"),
+        _doc([TEXTS[3]], ["stop"]),
+    )
+    for bad in bad_docs:
         with pytest.raises(SampledAnswerError):
             parse_sampled(bad, VOCAB)
+
+
+STOP = 0  # the bigram model's end-of-sequence id in these tests
+STOPS = frozenset({STOP})
+
+
+def _stop_seed(prompt: list[int], want: bool) -> tuple[SamplingConfig, int]:
+    """A sampling config whose first draw on the reference after `prompt` picks STOP (`want`)
+    or another token, and that token."""
+    for index in range(10_000):
+        config = SamplingConfig(1.0, 1.0, sampling_seed(b"\x02" * 32, 1, index))
+        first = sampled_by(prompt, 1, config, flip=False)[0]
+        if (first == STOP) == want:
+            return config, first
+    raise AssertionError("no seed found")
+
+
+def test_a_stopped_answer_is_checked_at_its_stop() -> None:
+    """A circuit that answers nothing (its first sampled token a stop id) is still checked: the
+    stop is one observed position. The old check observed 0 positions and scored nothing."""
+    prompt = [1, 2, 3]
+    logits = table(prompt)
+    # the reference would have sampled another token: the empty answer is one mismatch
+    config, _ = _stop_seed(prompt, want=False)
+    check = replay(logits, len(prompt), SampledAnswer((), stopped=True), config, STOPS)
+    assert check == SampledCheck(1, (0,))
+    # the reference samples the stop id too: an honest early stop matches
+    config, _ = _stop_seed(prompt, want=True)
+    check = replay(logits, len(prompt), SampledAnswer((), stopped=True), config, STOPS)
+    assert check == SampledCheck(1, ())
+    # after some tokens: the stop position is the one after them, with the next draw
+    config = SamplingConfig(1.0, 1.0, sampling_seed(b"\x03" * 32, 1, 0))
+    tokens = sampled_by(prompt, 5, config, flip=False)
+    answer = SampledAnswer(tuple(tokens), stopped=True)
+    expected_stop = sampled_by(prompt, 6, config, flip=False)[5]
+    check = replay(table([*prompt, *tokens]), len(prompt), answer, config, STOPS)
+    assert check.observed == 6
+    assert check.mismatches == (() if expected_stop == STOP else (5,))
+    with pytest.raises(ProtocolError):  # the stop position needs its row
+        replay(table([*prompt, *tokens[:-1]]), len(prompt), answer, config, STOPS)
+    with pytest.raises(ProtocolError):  # and the model's stop ids
+        replay(table([*prompt, *tokens]), len(prompt), answer, config, frozenset())
 
 
 class TinyModel:
@@ -154,12 +217,13 @@ class SamplingAsker:
         nodes = (A, B) if self.count % 2 else (A, S)
         config = SamplingConfig(temperature, 1.0, seed)
         tokens = sampled_by(list(prompt), max_tokens, config, flip=nodes[1] == S)
-        doc = {"choices": [{"logprobs": {"tokens": [TEXTS[t] for t in tokens]}}]}
+        doc = _doc([TEXTS[t] for t in tokens])
         return Asked(doc, nodes)
 
 
 class SampledReference(TinyModel):
     corpus_ids = list(range(V)) * 3
+    stop_ids = STOPS
 
     def logits(self, ids: list[int]) -> torch.Tensor:
         return table(list(ids))
