@@ -348,8 +348,20 @@ def joined_homes(devnet: dict[str, Any]) -> Iterator[list[Path]]:
         _stop_joined(home)
 
 
+@pytest.fixture(scope="module")
+def leaving(devnet: dict[str, Any]) -> Iterator[list[subprocess.Popen]]:
+    """The honest nodes' `planet leave` commands: each keeps its node answering the spot checks
+    of its last work for a few epochs, while the module goes on; the last test collects them."""
+    processes: list[subprocess.Popen] = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
 def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_payer(
-    env, devnet, joined_homes
+    env, devnet, joined_homes, leaving
 ) -> None:
     """A network where every routable node charges credits: three new operators join one
     charging node per shard (`planet join --credit-positions`, each given the manifest and the
@@ -410,10 +422,11 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
             (Path(paid[shard]["home"]) / "run" / "joined.json").read_text()
         )["node_key"]
     # the free honest nodes leave, side by side: every node still routable charges credits.
-    # Each node answers the spot checks of its last work before it stops (no timeout verdict
-    # can slash an honest node for leaving: checked at the end of the module)
+    # Each node answers the spot checks of its last work before it stops (about a minute: the
+    # module goes on meanwhile; the last test waits for them and checks that no timeout verdict
+    # slashed an honest node for leaving)
     operators = _operators(devnet)  # read before they leave (leaving removes joined.json)
-    leaving = [
+    leaving.extend(
         subprocess.Popen(
             [sys.executable, "-m", "node.cli.main", "leave", "--home", operators[name]["home"]],
             env=with_password,
@@ -422,11 +435,7 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
             text=True,
         )
         for name in ("node0", "node1", "node2")
-    ]
-    for process in leaving:
-        out, err = process.communicate(timeout=400)
-        assert process.returncode == 0 and "chain status LEFT" in out, err[-3000:]
-        assert "answering spot checks of its last work until epoch" in err, err[-3000:]
+    )
 
     def only_charging_routable() -> bool:
         routable = {n["key"] for n in _query(rpc, "/nodes")["nodes"] if n["routable"]}
@@ -657,10 +666,17 @@ def _rpc(rpc: str, method: str, **params: str) -> Any:
         return json.load(answer)["result"]
 
 
-def test_no_honest_node_is_slashed_for_leaving(devnet) -> None:
-    """Last: the honest nodes left minutes ago (`planet leave` kept each one answering the spot
-    checks of its last work first), and no verdict against any of them was ever confirmed —
-    in particular no ticket timeout for blocks they committed before leaving."""
+def test_no_honest_node_is_slashed_for_leaving(devnet, leaving) -> None:
+    """Last: the honest nodes' `planet leave` (started by the personal-client test) kept each
+    node answering the spot checks of its last work, then stopped it; and no verdict against any
+    of them was ever confirmed — in particular no ticket timeout for blocks they committed
+    before leaving."""
+    assert len(leaving) == 3, "the honest nodes never left (the personal-client test failed)"
+    for process in leaving:
+        out, err = process.communicate(timeout=400)
+        assert process.returncode == 0 and "chain status LEFT" in out, err[-3000:]
+        assert "answering spot checks of its last work until epoch" in err, err[-3000:]
+        assert "node stopped" in out, out
     rpc = devnet["committee_rpc"][0]
     addresses = {a["name"]: a["address"].lower() for a in devnet["accounts"]}
     honest = {addresses[name] for name in ("node0", "node1", "node2")}
