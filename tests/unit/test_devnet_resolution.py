@@ -156,6 +156,9 @@ def test_stake_reaches_the_running_devnets_chain(env: Path, capsys) -> None:
     assert f"hint: is the devnet in {env / 'devnet'} still up?" in err
 
 
+# the default EVM RPC is 127.0.0.1:8545, the devnets' first anvil port: in the lane that runs
+# the devnets (deploy/test.sh), never beside one (the other lane's devnet made it answer)
+@pytest.mark.e2e_lane
 def test_stake_without_any_devnet_says_how_to_get_one(env: Path, capsys) -> None:
     code, _, err = _run(capsys, "stake", "--role", "compute", "--amount", "1")
     assert code == 6 and f"EVM RPC {DEFAULT_EVM_RPC} is unreachable" in err
