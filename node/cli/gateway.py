@@ -8,6 +8,8 @@ from pathlib import Path
 from node.config import resolve_config
 from protocol.errors import UsageError
 
+ROUTES = ("private", "cost")  # node/gateway/router.py ROUTES (not imported: aiohttp at --help)
+
 EXAMPLES = """\
 examples:
   planet gateway serve --deployment deployment.json --manifest M/manifest.json \\
@@ -169,6 +171,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="never pay a node that asks a credit per fewer than N positions (default 16)",
     )
+    personal.add_argument(
+        "--route",
+        choices=ROUTES,
+        default=None,
+        help="how each shard's node is chosen. private (default): one node per shard drawn at "
+        "random and kept until it fails or 30 days pass, so no node gets your questions by "
+        "being fast or cheap; cost: the cheapest nodes by load and latency, drawn afresh for "
+        "every question (faster, but a fast stranger draws most of your questions)",
+    )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
 
@@ -181,6 +192,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.personal:
         return _serve_personal(args)
+    if args.route is not None:
+        raise UsageError(
+            "--route is a personal client's choice",
+            hint="a hosted gateway chooses by cost for all its users; add --personal",
+        )
     if args.deployment is None or args.wallet is None or args.manifest is None:
         raise UsageError(
             "a hosted gateway needs --deployment, --wallet and --manifest",
@@ -225,7 +241,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_personal(args: argparse.Namespace) -> int:
     from node.client.nodesfile import planet_home
     from node.gateway.config import GatewayConfig
-    from node.gateway.personal import serve
+    from node.gateway.guards import GUARDS_FILE
+    from node.gateway.personal import PersonalSettings, serve
 
     if args.min_credit_positions < 1:
         raise UsageError("--min-credit-positions must be >= 1")
@@ -245,7 +262,13 @@ def _serve_personal(args: argparse.Namespace) -> int:
         speculate=args.speculate,
         private_endpoints=private,
     ).validate()
-    serve(config, args.credits_file or planet_home() / "credits.json", args.min_credit_positions)
+    settings = PersonalSettings(
+        credits_file=args.credits_file or planet_home() / "credits.json",
+        min_credit_positions=args.min_credit_positions,
+        route=args.route or "private",
+        guards_file=planet_home() / GUARDS_FILE,
+    )
+    serve(config, settings)
     return 0
 
 

@@ -37,6 +37,7 @@ from node.client.credit_wallet import CreditWallet
 from node.client.paying import CreditExpiry, CreditPayer
 from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
+from node.gateway.guards import Guards
 from node.gateway.router import CommitteeNodes, Router
 from node.gateway.run import listen, node_session
 from node.http_logs import quiet_malformed_http_logs
@@ -126,10 +127,17 @@ class PersonalDesk:
         raise UnavailableError("a personal client takes no payment keys")
 
 
-async def build(
-    config: GatewayConfig, credits_file: Path, min_credit_positions: int
-) -> tuple[Gateway, list[Any]]:
+@dataclass(frozen=True, slots=True)
+class PersonalSettings:
+    credits_file: Path  # the user's credits (`planet credits buy`)
+    min_credit_positions: int  # never pay a node a credit per fewer positions
+    route: str = "private"  # how each shard's node is chosen (node/gateway/router.py ROUTES)
+    guards_file: Path | None = None  # route="private": where the guards are kept (None: memory)
+
+
+async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gateway, list[Any]]:
     """The personal Gateway and the resources to close at shutdown."""
+    credits_file, min_credit_positions = settings.credits_file, settings.min_credit_positions
     from node.chain.committee_rpc import CommitteeRpc
     from node.model.head import ClientHead
     from node.model.manifest import Manifest
@@ -174,6 +182,8 @@ async def build(
         # free nodes, and charging ones no dearer than this client's floor (a dearer one would
         # stop the question with price_too_high: node/client/paying.py)
         accept_price=lambda price: price == 0 or price >= min_credit_positions,
+        route=settings.route,
+        guards=Guards(settings.guards_file, manifest.model_hash),
     )
     payer = CreditPayer(wallet, router.prices, min_positions=min_credit_positions)
     gateway = Gateway(
@@ -196,7 +206,7 @@ async def build(
     return gateway, [http, committee]
 
 
-def serve(config: GatewayConfig, credits_file: Path, min_credit_positions: int) -> None:
+def serve(config: GatewayConfig, settings: PersonalSettings) -> None:
     """Blocks until SIGINT/SIGTERM."""
     config.validate()
     if not is_loopback_host(config.host):
@@ -205,22 +215,23 @@ def serve(config: GatewayConfig, credits_file: Path, min_credit_positions: int) 
             hint="drop --host (127.0.0.1), or run the hosted gateway for others",
         )
     quiet_malformed_http_logs()
-    asyncio.run(_serve(config, credits_file, min_credit_positions))
+    asyncio.run(_serve(config, settings))
 
 
-async def _serve(config: GatewayConfig, credits_file: Path, min_credit_positions: int) -> None:
-    gateway, resources = await build(config, credits_file, min_credit_positions)
+async def _serve(config: GatewayConfig, settings: PersonalSettings) -> None:
+    gateway, resources = await build(config, settings)
     runner = web.AppRunner(create_app(gateway), access_log=None, handler_cancellation=True)
     await runner.setup()
     try:
         await listen(runner, config)
         log.info(
-            "personal client serving url=http://%s:%d model=%s credits=%s (%d held)",
+            "personal client serving url=http://%s:%d model=%s credits=%s (%d held) route=%s",
             config.host,
             config.port,
             gateway.model.name,
-            credits_file,
+            settings.credits_file,
             gateway.desk.payer.wallet.count(),  # type: ignore[attr-defined]
+            settings.route,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

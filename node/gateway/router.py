@@ -24,6 +24,13 @@ pinned to its registered key (https://, TLS whose certificate key must be the no
 node/links.py); a plaintext endpoint is dialled only on loopback (protocol/links.py), others
 are cooled down.
 
+**`route="private"`** (a personal client's default, node/gateway/guards.py): no choice by cost.
+Each shard's node is the client's guard there — drawn uniformly at random from the shard's
+routable nodes, kept for every question until it fails, stops being routable or rotates, then
+drawn again uniformly — and no hop is ever moved for being slower than its replicas
+(`outpriced` is empty). An adversary then gets a hop with probability f (its fraction of the
+shard's nodes) per draw, whatever its speed or claims.
+
 Before a node is used the first time (and again after `VERIFY_TTL_S`) its `/info` must name
 this model's hash, the shard and the shard's layers from the manifest.
 Nodes that failed a question sit out `COOLDOWN_S` locally (they stay on chain until the
@@ -47,6 +54,7 @@ import aiohttp
 
 from node.client.costs import CostBook
 from node.gateway.errors import NoCircuit
+from node.gateway.guards import Guards
 from node.links import NodeKeyPin, link_ssl
 from node.server.next_hops import is_ip_literal, is_public_address
 from protocol.errors import PlanetError
@@ -57,6 +65,7 @@ VERIFY_TTL_S = 60.0
 VERIFY_TIMEOUT_S = 3.0
 COOLDOWN_S = 30.0
 MAX_TRIES_PER_SHARD = 4  # unverified candidates probed per shard for one circuit
+ROUTES = ("cost", "private")  # how a shard's node is chosen (module docstring)
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
 
 
@@ -168,8 +177,15 @@ class Router:
         slot_wait_s: float = 60.0,
         public_only: bool = True,
         accept_price: Callable[[int], bool] | None = None,
+        route: str = "cost",
+        guards: Guards | None = None,
     ) -> None:
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {ROUTES}, not {route!r}")
         self.source = source
+        self.route = route
+        # route="private": the node kept per shard (in memory unless the caller persists it)
+        self.guards = guards or Guards(None, model_hash)
         # which nodes this gateway can pay, by the positions a credit buys there (its /info;
         # 0: free): by default free ones only — a hosted gateway pays nodes through its work
         # reports, and a node charging credits would refuse its every question (402)
@@ -339,6 +355,8 @@ class Router:
         candidates = [
             n for n in routable.get(shard, []) if not self._cooling(n) and n.key != exclude
         ]
+        if self.route == "private":
+            return await self._guard(candidates, shard)
         self._observe_stale(candidates)
         # a node whose gateway slots are all taken is overloaded for this gateway
         free = [n for n in candidates if not self._slot(n).locked()]
@@ -354,16 +372,49 @@ class Router:
             if await self._verify(node):
                 return node
             pool.remove(node)
-        raise NoCircuit(
+        raise self._none_for(shard)
+
+    def _none_for(self, shard: int) -> NoCircuit:
+        return NoCircuit(
             "no_routable_node",
             f"no routable compute node serves shard {shard} of {self.shard_count} "
             "right now; try again later",
         )
 
+    async def _guard(self, candidates: list[RoutableNode], shard: int) -> RoutableNode:
+        """route="private": the shard's guard while it is a candidate and verifies, else a new
+        one drawn uniformly from the candidates (and kept)."""
+        pool = list(candidates)
+        kept = self.guards.get(shard)
+        node = next((n for n in pool if n.key == kept), None)
+        probes = 0
+        while pool:
+            if node is None:
+                node = pool[self._random.randrange(len(pool))]
+                if node not in self._verified:
+                    probes += 1
+                    if probes > MAX_TRIES_PER_SHARD:
+                        break
+            if await self._verify(node):
+                if node.key != kept:
+                    log.info(
+                        "route: shard %d through node %s from now on (drawn at random among %d)",
+                        shard,
+                        node.key[:16],
+                        len(candidates),
+                    )
+                self.guards.keep(shard, node.key)
+                return node
+            pool.remove(node)
+            node = None
+        raise self._none_for(shard)
+
     def outpriced(self, circuit: Circuit) -> set[int]:
         """Indices of `circuit`'s nodes picked on trial that the client's passes now price
-        above `MOVE_FACTOR` × their shard's cheapest (node/client/costs.py `outpriced`)."""
-        if self._cache is None:
+        above `MOVE_FACTOR` × their shard's cheapest (node/client/costs.py `outpriced`); none
+        with route="private" (no node is left for being slower: that would hand the hop to
+        the fastest)."""
+        if self._cache is None or self.route == "private":
             return set()
         routable = self._cache[1]
         out = set()

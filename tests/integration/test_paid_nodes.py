@@ -267,6 +267,12 @@ def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai
         assert receipt["credits_left"] == 16 - receipt["credits_spent"]
         # the streamed question was paid from the same credit file, on new sessions
         assert CreditWallet(credits_file).count() < receipt["credits_left"]
+    # the private route (the default): the circuit's nodes are kept as the user's guards, in a
+    # file only the user reads, for the next questions and the next run
+    route = net["root"] / "personal-home" / "route.json"
+    guards = json.loads(route.read_text())["guards"]
+    assert [guards[str(shard)]["key"] for shard in range(2)] == receipt["nodes"]
+    assert route.stat().st_mode & 0o077 == 0
 
 
 def test_a_verifier_challenges_charging_nodes_through_its_own_personal_client(net) -> None:
