@@ -27,6 +27,7 @@ def personal_client(
     env: Mapping[str, str],
     log_path: Path,
     credits_file: Path | None = None,
+    route: str | None = None,
     timeout_s: float = 180.0,
 ) -> Iterator[int]:
     """The personal client paying from `credits_file` (default: $PLANET_HOME's), serving on a
@@ -40,6 +41,7 @@ def personal_client(
     command += ["--port", str(port), "--min-credit-positions", str(min_positions)]
     command += ["--private-endpoints"]
     command += ["--credits-file", str(credits_file)] if credits_file is not None else []
+    command += ["--route", route] if route is not None else []  # None: the default (private)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         client = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(env))

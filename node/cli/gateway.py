@@ -8,7 +8,7 @@ from pathlib import Path
 from node.config import resolve_config
 from protocol.errors import UsageError
 
-ROUTES = ("private", "cost")  # node/gateway/router.py ROUTES (not imported: aiohttp at --help)
+ROUTES = ("private", "cost", "uniform")  # router.py ROUTES (not imported: aiohttp at --help)
 
 EXAMPLES = """\
 examples:
@@ -178,7 +178,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="how each shard's node is chosen. private (default): one node per shard drawn at "
         "random and kept until it fails or 30 days pass, so no node gets your questions by "
         "being fast or cheap; cost: the cheapest nodes by load and latency, drawn afresh for "
-        "every question (faster, but a fast stranger draws most of your questions)",
+        "every question (faster, but a fast stranger draws most of your questions); uniform: "
+        "drawn at random afresh for every question (a verifier's client: its challenges reach "
+        "every node)",
     )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)

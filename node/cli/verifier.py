@@ -19,6 +19,7 @@ examples:
       --gateway http://127.0.0.1:8000 --deployment deployment.json \\
       --wallet verifier-wallet.json --password-file pw.txt
   planet verifier serve ... --committee-rpc http://127.0.0.1:27001 --challenges-per-epoch 8
+  planet gateway serve --personal --route uniform --port 8001   # your own client, then:
   planet verifier serve ... --personal-client http://127.0.0.1:8001   # reaches charging nodes
   planet verifier serve ... --findings-listen 0.0.0.0:8700 \\
       --findings-url http://203.0.113.7:8700        # hand failed checks to the other verifiers
@@ -61,8 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     asks.add_argument(
         "--personal-client",
         metavar="URL",
-        help="ask through your own personal client instead (`planet gateway serve --personal` "
-        "with credits you bought): its circuits take nodes that charge credits too",
+        help="ask through your own personal client instead (`planet gateway serve --personal "
+        "--route uniform` with credits you bought): its circuits take nodes that charge "
+        "credits too",
     )
     serve.add_argument("--deployment", type=Path, required=True, help="contract deployment JSON")
     serve.add_argument(

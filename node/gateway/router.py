@@ -29,7 +29,9 @@ Each shard's node is the client's guard there — drawn uniformly at random from
 routable nodes, kept for every question until it fails, stops being routable or rotates, then
 drawn again uniformly — and no hop is ever moved for being slower than its replicas
 (`outpriced` is empty). An adversary then gets a hop with probability f (its fraction of the
-shard's nodes) per draw, whatever its speed or claims.
+shard's nodes) per draw, whatever its speed or claims. **`route="uniform"`** draws the same way
+for every question afresh and keeps nothing: a verifier's own client, whose challenges must
+reach every routable node, unpredictably.
 
 Before a node is used the first time (and again after `VERIFY_TTL_S`) its `/info` must name
 this model's hash, the shard and the shard's layers from the manifest.
@@ -65,7 +67,7 @@ VERIFY_TTL_S = 60.0
 VERIFY_TIMEOUT_S = 3.0
 COOLDOWN_S = 30.0
 MAX_TRIES_PER_SHARD = 4  # unverified candidates probed per shard for one circuit
-ROUTES = ("cost", "private")  # how a shard's node is chosen (module docstring)
+ROUTES = ("cost", "private", "uniform")  # how a shard's node is chosen (module docstring)
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
 
 
@@ -355,8 +357,8 @@ class Router:
         candidates = [
             n for n in routable.get(shard, []) if not self._cooling(n) and n.key != exclude
         ]
-        if self.route == "private":
-            return await self._guard(candidates, shard)
+        if self.route != "cost":
+            return await self._draw(candidates, shard)
         self._observe_stale(candidates)
         # a node whose gateway slots are all taken is overloaded for this gateway
         free = [n for n in candidates if not self._slot(n).locked()]
@@ -381,11 +383,12 @@ class Router:
             "right now; try again later",
         )
 
-    async def _guard(self, candidates: list[RoutableNode], shard: int) -> RoutableNode:
+    async def _draw(self, candidates: list[RoutableNode], shard: int) -> RoutableNode:
         """route="private": the shard's guard while it is a candidate and verifies, else a new
-        one drawn uniformly from the candidates (and kept)."""
+        one drawn uniformly from the candidates (and kept); route="uniform": a fresh draw."""
         pool = list(candidates)
-        kept = self.guards.get(shard)
+        keeping = self.route == "private"
+        kept = self.guards.get(shard) if keeping else None
         node = next((n for n in pool if n.key == kept), None)
         probes = 0
         while pool:
@@ -396,6 +399,8 @@ class Router:
                     if probes > MAX_TRIES_PER_SHARD:
                         break
             if await self._verify(node):
+                if not keeping:
+                    return node
                 if node.key != kept:
                     log.info(
                         "route: shard %d through node %s from now on (drawn at random among %d)",
@@ -412,9 +417,9 @@ class Router:
     def outpriced(self, circuit: Circuit) -> set[int]:
         """Indices of `circuit`'s nodes picked on trial that the client's passes now price
         above `MOVE_FACTOR` × their shard's cheapest (node/client/costs.py `outpriced`); none
-        with route="private" (no node is left for being slower: that would hand the hop to
-        the fastest)."""
-        if self._cache is None or self.route == "private":
+        unless route="cost" (no node is left for being slower: that would hand the hop to the
+        fastest)."""
+        if self._cache is None or self.route != "cost":
             return set()
         routable = self._cache[1]
         out = set()

@@ -17,7 +17,10 @@ operator's own personal client instead (`planet gateway serve --personal`, which
 charging node with the operator's bearer credits, docs/gateway.md): its circuits take free and
 charging nodes alike, its questions look like any personal client's, and its answer's
 `planet_receipt` names the circuit's node keys to its one local caller. Nothing is signed
-there, so the receipt is only as good as the operator's own client — which is the point.
+there, so the receipt is only as good as the operator's own client — which is the point. The
+client must draw its circuits afresh for every question (`--route uniform`, or `cost`): one
+that keeps its nodes (`private`, the personal client's default) would send every challenge to
+the same nodes for a month, so it is refused by name (`planet_route` in its /v1/models).
 
     asker = PersonalAsker("http://127.0.0.1:8001", http, model_hash)
 """
@@ -39,13 +42,15 @@ from node.verifier.echo import echo_request
 from node.verifier.sampled import sampled_request
 from node.verifier.scoring import Challenge
 from protocol.eip712 import as_bytes32
-from protocol.errors import ProtocolError, RemoteError, UnavailableError
+from protocol.errors import ConfigError, ProtocolError, RemoteError, UnavailableError
 from protocol.payment import QueryPayment, payment_domain, sign_payment, verify_receipt_json
 
 log = logging.getLogger(__name__)
 
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
 NODE_KEY = re.compile(r"[0-9a-fA-F]{64}")  # an ed25519 node key, as receipts name it
+# a personal client's routes that draw circuits afresh per question (node/gateway/router.py)
+SPREADING_ROUTES = ("uniform", "cost")
 
 
 @dataclass(frozen=True)
@@ -142,10 +147,17 @@ class PersonalAsker:
             try:
                 entry = doc["data"][0]
                 name, served = str(entry["id"]), str(entry["planet_model_hash"])
-            except (KeyError, IndexError, TypeError) as error:
+                route = entry.get("planet_route")
+            except (KeyError, IndexError, TypeError, AttributeError) as error:
                 raise ProtocolError(
                     f"personal client /v1/models: unexpected shape ({error})"
                 ) from None
+            if route not in SPREADING_ROUTES:
+                raise ConfigError(
+                    f"the personal client at {self.url} chooses circuits by route {route!r}: "
+                    "the verifier's challenges must reach every routable node",
+                    hint="run the verifier's personal client with `--route uniform`",
+                )
             if served.lower() != self.model_hash.lower():
                 raise ProtocolError(
                     f"the personal client serves model {served}, not the verifier's "

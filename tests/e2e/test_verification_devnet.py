@@ -562,6 +562,7 @@ def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_n
         env=env,
         log_path=Path(devnet["dir"]) / "logs" / "verifier0-personal-client.log",
         credits_file=credits_file,
+        route="uniform",  # a verifier's client: its challenges reach every routable node
     ) as port:
         argv = [sys.executable, "-m", "node.cli.main", "verifier", "serve",
                 "--home", validator.home, "--manifest", devnet["manifest"],

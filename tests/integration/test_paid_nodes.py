@@ -280,7 +280,9 @@ def test_a_verifier_challenges_charging_nodes_through_its_own_personal_client(ne
     The verifier's `PersonalAsker` asks a teacher-forced challenge through the operator's own
     personal client, which pays these charging nodes with credits: the answer echoes every
     position with logprobs that match the reference model, and names the circuit's node keys
-    (what attribution blames); a client serving another model is refused by name."""
+    (what attribution blames); a client serving another model is refused by name, and so is
+    one that keeps its nodes (`--route private`, the default: every challenge to the same
+    nodes); the verifier's client draws afresh (`--route uniform`)."""
     import asyncio
 
     import aiohttp
@@ -289,14 +291,24 @@ def test_a_verifier_challenges_charging_nodes_through_its_own_personal_client(ne
     from node.verifier.echo import echo_gap, parse_echo
     from node.verifier.reference import Reference
     from node.verifier.scoring import Challenge
-    from protocol.errors import ProtocolError
+    from protocol.errors import ConfigError, ProtocolError
 
     reference = Reference.load(net["manifest"])
     ids = reference.head.encode(PROMPT)
     challenge = Challenge(tuple(ids[:3]), tuple(ids[3:]))
     credits_file = net["root"] / "verifier-credits.json"
     _buy(net, 8, credits_file)
-    with _personal_client(net, credits_file) as port:
+    with _personal_client(net, credits_file, route="private") as port:
+        # the default route keeps its nodes: every challenge would go to them, so refused
+        async def refused() -> None:
+            async with aiohttp.ClientSession() as http:
+                with pytest.raises(ConfigError, match="must reach every routable node"):
+                    await PersonalAsker(
+                        f"http://127.0.0.1:{port}", http, reference.model_hash
+                    ).model()
+
+        asyncio.run(refused())
+    with _personal_client(net, credits_file, route="uniform") as port:
         url = f"http://127.0.0.1:{port}"
 
         async def ask() -> Any:
@@ -316,7 +328,9 @@ def test_a_verifier_challenges_charging_nodes_through_its_own_personal_client(ne
 
 
 @contextmanager
-def _personal_client(net: dict[str, Any], credits_file: Path) -> Iterator[int]:
+def _personal_client(
+    net: dict[str, Any], credits_file: Path, route: str | None = None
+) -> Iterator[int]:
     """`planet gateway serve --personal` paying from `credits_file`, serving; yields its port."""
     env = {**os.environ, "PLANET_HOME": str(net["root"] / "personal-home")}
     with personal_client(
@@ -326,6 +340,7 @@ def _personal_client(net: dict[str, Any], credits_file: Path) -> Iterator[int]:
         env=env,
         log_path=net["root"] / "run" / f"personal-{credits_file.stem}.log",
         credits_file=credits_file,
+        route=route,
     ) as port:
         yield port
 

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from node.verifier.asker import PersonalAsker
 from node.verifier.scoring import Challenge
-from protocol.errors import ProtocolError, RemoteError, UnavailableError
+from protocol.errors import ConfigError, ProtocolError, RemoteError, UnavailableError
 
 pytestmark = pytest.mark.unit
 
@@ -21,14 +21,15 @@ KEY_A, KEY_B = "11" * 32, "22" * 32
 CHALLENGE = Challenge((1, 2, 3), (4, 5))
 
 
-async def _client(aiohttp_server: Any, receipt: Any, status: int = 200) -> tuple[str, list]:
+async def _client(
+    aiohttp_server: Any, receipt: Any, status: int = 200, route: Any = "uniform"
+) -> tuple[str, list]:
     """A personal client double: /v1/models and /v1/completions answering `receipt`."""
     bodies: list[dict[str, Any]] = []
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response(
-            {"data": [{"id": "smollm2-135m", "planet_model_hash": MODEL_HASH}]}
-        )
+        model = {"id": "smollm2-135m", "planet_model_hash": MODEL_HASH, "planet_route": route}
+        return web.json_response({"data": [model]})
 
     async def completions(request: web.Request) -> web.Response:
         bodies.append(await request.json())
@@ -53,6 +54,20 @@ async def test_the_receipts_nodes_are_the_circuit_and_the_request_names_the_mode
     assert bodies[0]["model"] == "smollm2-135m" and bodies[0]["echo"] is True
 
 
+@pytest.mark.parametrize("route", ["private", None, 7, "fastest"])
+async def test_a_client_that_keeps_its_nodes_is_refused_before_any_challenge(
+    aiohttp_server, route: Any
+) -> None:
+    """Its guards would take every challenge to the same nodes for a month (or it says nothing
+    of how it routes): refused at the verifier's start, with the flag to use."""
+    url, bodies = await _client(aiohttp_server, {"paid_with": "credits"}, route=route)
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(ConfigError, match="must reach every routable node") as caught:
+            await PersonalAsker(url, http, MODEL_HASH).model()
+    assert "--route uniform" in (caught.value.hint or "")
+    assert bodies == []
+
+
 @pytest.mark.parametrize(
     "receipt",
     [
@@ -75,7 +90,8 @@ async def test_a_receipt_that_names_no_circuit_is_refused_by_name(
 
 async def test_an_answer_that_is_not_json_is_refused_by_name(aiohttp_server) -> None:
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "m", "planet_model_hash": MODEL_HASH}]})
+        model = {"id": "m", "planet_model_hash": MODEL_HASH, "planet_route": "cost"}
+        return web.json_response({"data": [model]})
 
     async def completions(request: web.Request) -> web.Response:
         return web.Response(body=b"\xff" * 100_000 + b"{[")

@@ -187,3 +187,19 @@ def test_route_flag_only_for_a_personal_client(capsys: pytest.CaptureFixture[str
         main(["gateway", "serve", "--personal", "--route", "fastest"])
     assert caught.value.code == 2
     assert "invalid choice: 'fastest'" in capsys.readouterr().err
+
+
+async def test_the_uniform_route_draws_afresh_for_every_question_and_keeps_nothing(
+    tmp_path: Path,
+) -> None:
+    """A verifier's client: its challenges reach every routable node, the fast one no more
+    often than the others, and no guard is written."""
+    keys = _keys(4)
+    path = tmp_path / "route.json"
+    router = _router(keys, "uniform", guards=Guards(path, MODEL))
+    for i, key in enumerate(keys):
+        _seen(router, f"http://127.0.0.1:{9000 + i}", 0.05 if key == keys[0] else 0.15)
+    picks = [(await router.circuit()).keys[0] for _ in range(400)]
+    assert set(picks) == set(keys)
+    assert 70 <= picks.count(keys[0]) <= 130, picks.count(keys[0])  # binomial(400, 1/4)
+    assert not path.exists()
