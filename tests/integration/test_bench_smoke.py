@@ -47,6 +47,7 @@ SMOKE: dict[str, tuple[tuple[str, ...], tuple[pytest.MarkDecorator, ...]]] = {
         (SLOW, E2E_LANE),
     ),
     "resilience": ((), (SLOW, E2E_LANE)),  # 9 node processes; its --quick takes ~2 min on 2 cores
+    "route_capture": ((), ()),  # the real Router in process, no sockets, ~1 s
     "served": ((), ()),
     "settlement": ((), ()),
     "spotcheck_cost": ((), ()),
