@@ -9,13 +9,14 @@ probability f per draw — whatever its speed, price or claims — instead of wi
 1 − (1 − f)^n over n questions drawn afresh each time, or up to 1 by being the fastest
 (docs/privacy.md).
 
-The guards are kept in a JSON file (`<PLANET_HOME>/route.json`, mode 0600), per model:
+The guards are kept in a JSON file (`<PLANET_HOME>/route.json`, mode 0600), per model (the
+other models' guards are kept as they are when one model's change):
 
-    {"version": 1, "model_hash": "sha256:…",
-     "guards": {"0": {"key": "<64 hex>", "drawn_at": 1790000000}, …}}
+    {"version": 1,
+     "models": {"sha256:…": {"0": {"key": "<64 hex>", "drawn_at": 1790000000}, …}, …}}
 
-A file that does not parse, names another model or holds a malformed entry is not trusted:
-those guards are drawn again (a warning says so). Writes replace the file atomically.
+A file that does not parse or holds a malformed entry is not trusted: its guards are drawn again
+(a warning says so). Writes replace the file atomically.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ class Guards:
         self.model_hash = model_hash
         self.rotate_s = rotate_s
         self._clock = clock
-        self._guards: dict[int, Guard] = self._load() if path is not None else {}
+        # every model's guards in the file; this model's are self._guards
+        self._models: dict[str, dict[int, Guard]] = self._load() if path is not None else {}
+        self._guards = self._models.setdefault(model_hash, {})
 
     def get(self, shard: int) -> str | None:
         """The shard's guard's node key, or None when there is none or it is due to rotate."""
@@ -77,7 +80,7 @@ class Guards:
         self._guards[shard] = Guard(key, int(self._clock()))
         self._save()
 
-    def _load(self) -> dict[int, Guard]:
+    def _load(self) -> dict[str, dict[int, Guard]]:
         assert self.path is not None
         try:
             with self.path.open("rb") as handle:
@@ -95,14 +98,19 @@ class Guards:
             log.warning("route guards in %s not trusted, drawing new ones: %s", self.path, error)
             return {}
 
-    def _parse(self, doc: Any) -> dict[int, Guard]:
+    @staticmethod
+    def _parse(doc: Any) -> dict[str, dict[int, Guard]]:
         if not isinstance(doc, dict) or doc.get("version") != 1:
             raise ValueError("not a version 1 guards file")
-        if doc.get("model_hash") != self.model_hash:
-            return {}  # another model's guards: this model's are drawn afresh
-        entries = doc.get("guards")
-        if not isinstance(entries, dict):
-            raise ValueError("guards must be an object")
+        models = doc.get("models")
+        if not isinstance(models, dict) or len(models) > 1024:
+            raise ValueError("models must be an object (at most 1024)")
+        return {str(model): Guards._parse_model(entries) for model, entries in models.items()}
+
+    @staticmethod
+    def _parse_model(entries: Any) -> dict[int, Guard]:
+        if not isinstance(entries, dict) or len(entries) > 1024:
+            raise ValueError("a model's guards must be an object (at most 1024 shards)")
         out = {}
         for shard_text, entry in entries.items():
             if not (isinstance(shard_text, str) and shard_text.isascii() and shard_text.isdigit()):
@@ -122,10 +130,13 @@ class Guards:
             return
         doc = {
             "version": 1,
-            "model_hash": self.model_hash,
-            "guards": {
-                str(shard): {"key": guard.key, "drawn_at": guard.drawn_at}
-                for shard, guard in sorted(self._guards.items())
+            "models": {
+                model: {
+                    str(shard): {"key": guard.key, "drawn_at": guard.drawn_at}
+                    for shard, guard in sorted(guards.items())
+                }
+                for model, guards in sorted(self._models.items())
+                if guards
             },
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -270,7 +270,8 @@ def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai
     # the private route (the default): the circuit's nodes are kept as the user's guards, in a
     # file only the user reads, for the next questions and the next run
     route = net["root"] / "personal-home" / "route.json"
-    guards = json.loads(route.read_text())["guards"]
+    model_hash = json.loads(net["manifest"].read_text())["model_hash"]
+    guards = json.loads(route.read_text())["models"][model_hash]
     assert [guards[str(shard)]["key"] for shard in range(2)] == receipt["nodes"]
     assert route.stat().st_mode & 0o077 == 0
 

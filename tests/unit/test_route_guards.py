@@ -93,9 +93,7 @@ async def test_the_private_route_keeps_its_guard_for_every_question_and_across_r
     # kept on disk, readable by the user only; a restarted client takes the same nodes
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     doc = json.loads(path.read_text())
-    assert doc["model_hash"] == MODEL and [g["key"] for g in doc["guards"].values()] == list(
-        first.keys
-    )
+    assert [g["key"] for g in doc["models"][MODEL].values()] == list(first.keys)
     for seed in range(5):
         again = _router(keys, "private", guards=Guards(path, MODEL), seed=seed + 1, shards=2)
         assert (await again.circuit()).keys == first.keys
@@ -129,29 +127,25 @@ async def test_the_private_route_draws_again_when_its_guard_fails_leaves_or_rota
     assert len(drawn) >= 2
 
 
+def _file(guards: object) -> bytes:
+    return json.dumps({"version": 1, "models": {MODEL: guards}}).encode()
+
+
 @pytest.mark.parametrize(
     "content",
     [
         b"not json",
         b"[]",
-        json.dumps({"version": 2, "model_hash": MODEL, "guards": {}}).encode(),
-        json.dumps({"version": 1, "model_hash": MODEL, "guards": []}).encode(),
-        json.dumps(
-            {"version": 1, "model_hash": MODEL, "guards": {"0": {"key": "AB" * 32, "drawn_at": 1}}}
-        ).encode(),
-        json.dumps(
-            {
-                "version": 1,
-                "model_hash": MODEL,
-                "guards": {"0": {"key": "ab" * 32, "drawn_at": True}},
-            }
-        ).encode(),
-        json.dumps(
-            {"version": 1, "model_hash": MODEL, "guards": {"x": {"key": "ab" * 32, "drawn_at": 1}}}
-        ).encode(),
-        json.dumps(
-            {"version": 1, "model_hash": MODEL, "guards": {"٣": {"key": "ab" * 32, "drawn_at": 1}}}
-        ).encode(),
+        json.dumps({"version": 2, "models": {}}).encode(),
+        json.dumps({"version": 1, "models": []}).encode(),
+        _file([]),
+        _file({"0": {"key": "AB" * 32, "drawn_at": 1}}),
+        _file({"0": {"key": "ab" * 32, "drawn_at": True}}),
+        _file({"0": {"key": "ab" * 32, "drawn_at": -1}}),
+        _file({"x": {"key": "ab" * 32, "drawn_at": 1}}),
+        _file({"٣": {"key": "ab" * 32, "drawn_at": 1}}),
+        _file({"9" * 5000: {"key": "ab" * 32, "drawn_at": 1}}),
+        _file({"0": "ab" * 32}),
         b" " * (2 << 20),
     ],
 )
@@ -168,10 +162,13 @@ def test_a_guards_file_that_does_not_parse_is_not_trusted(
     assert Guards(path, MODEL, clock=lambda: 2.0).get(0) == "cd" * 32
 
 
-def test_another_models_guards_are_not_used(tmp_path: Path) -> None:
+def test_each_model_has_its_own_guards_in_one_file(tmp_path: Path) -> None:
     path = tmp_path / "route.json"
-    Guards(path, "sha256:" + "1" * 64).keep(0, "ab" * 32)
-    assert Guards(path, MODEL).get(0) is None
+    other = "sha256:" + "1" * 64
+    Guards(path, other).keep(0, "ab" * 32)
+    assert Guards(path, MODEL).get(0) is None  # another model's guard is not this model's
+    Guards(path, MODEL).keep(0, "cd" * 32)  # ... and drawing this one keeps the other
+    assert Guards(path, other).get(0) == "ab" * 32 and Guards(path, MODEL).get(0) == "cd" * 32
 
 
 def test_route_flag_only_for_a_personal_client(capsys: pytest.CaptureFixture[str]) -> None:
