@@ -6,9 +6,8 @@ import argparse
 from pathlib import Path
 
 from node.config import resolve_config
+from node.gateway.guards import ROUTES
 from protocol.errors import UsageError
-
-ROUTES = ("private", "cost", "uniform")  # router.py ROUTES (not imported: aiohttp at --help)
 
 EXAMPLES = """\
 examples:

@@ -221,7 +221,7 @@ async def models(request: web.Request) -> web.Response:
                     "created": 0,
                     "owned_by": "planet",
                     "planet_model_hash": gateway.model.model_hash,
-                    # how its circuits are chosen (node/gateway/router.py ROUTES): a verifier
+                    # how its circuits are chosen (node/gateway/guards.py ROUTES): a verifier
                     # refuses a client that keeps the same nodes (node/verifier/asker.py)
                     "planet_route": gateway.router.route,
                 }

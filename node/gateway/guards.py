@@ -34,6 +34,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+# how a client chooses each shard's node (node/gateway/router.py): here, without aiohttp, so the
+# CLI lists them at --help time; the personal client's default first
+ROUTES = ("private", "cost", "uniform")
 ROTATE_S = 30 * 24 * 3600  # a guard is drawn again after this long, even if it never failed
 GUARDS_FILE = "route.json"
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
@@ -74,8 +77,7 @@ class Guards:
 
     def keep(self, shard: int, key: str) -> None:
         """`key` is the shard's guard from now on (written through when it is a new one)."""
-        current = self._guards.get(shard)
-        if current is not None and current.key == key and self.get(shard) == key:
+        if self.get(shard) == key:
             return
         self._guards[shard] = Guard(key, int(self._clock()))
         self._save()

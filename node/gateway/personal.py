@@ -131,7 +131,7 @@ class PersonalDesk:
 class PersonalSettings:
     credits_file: Path  # the user's credits (`planet credits buy`)
     min_credit_positions: int  # never pay a node a credit per fewer positions
-    route: str = "private"  # how each shard's node is chosen (node/gateway/router.py ROUTES)
+    route: str = "private"  # how each shard's node is chosen (node/gateway/guards.py ROUTES)
     guards_file: Path | None = None  # route="private": where the guards are kept (None: memory)
 
 

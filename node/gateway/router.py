@@ -56,7 +56,7 @@ import aiohttp
 
 from node.client.costs import CostBook
 from node.gateway.errors import NoCircuit
-from node.gateway.guards import Guards
+from node.gateway.guards import ROUTES, Guards
 from node.links import NodeKeyPin, link_ssl
 from node.server.next_hops import is_ip_literal, is_public_address
 from protocol.errors import PlanetError
@@ -67,7 +67,6 @@ VERIFY_TTL_S = 60.0
 VERIFY_TIMEOUT_S = 3.0
 COOLDOWN_S = 30.0
 MAX_TRIES_PER_SHARD = 4  # unverified candidates probed per shard for one circuit
-ROUTES = ("cost", "private", "uniform")  # how a shard's node is chosen (module docstring)
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
 
 

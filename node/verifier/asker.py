@@ -154,7 +154,7 @@ class PersonalAsker:
                 ) from None
             if route not in SPREADING_ROUTES:
                 raise ConfigError(
-                    f"the personal client at {self.url} chooses circuits by route {route!r}: "
+                    f"the personal client at {self.url} chooses circuits by route {route!r:.40}: "
                     "the verifier's challenges must reach every routable node",
                     hint="run the verifier's personal client with `--route uniform`",
                 )

@@ -54,7 +54,7 @@ async def test_the_receipts_nodes_are_the_circuit_and_the_request_names_the_mode
     assert bodies[0]["model"] == "smollm2-135m" and bodies[0]["echo"] is True
 
 
-@pytest.mark.parametrize("route", ["private", None, 7, "fastest"])
+@pytest.mark.parametrize("route", ["private", None, 7, "fastest", "x" * 100_000, {"a": [[[]]]}])
 async def test_a_client_that_keeps_its_nodes_is_refused_before_any_challenge(
     aiohttp_server, route: Any
 ) -> None:
@@ -65,6 +65,7 @@ async def test_a_client_that_keeps_its_nodes_is_refused_before_any_challenge(
         with pytest.raises(ConfigError, match="must reach every routable node") as caught:
             await PersonalAsker(url, http, MODEL_HASH).model()
     assert "--route uniform" in (caught.value.hint or "")
+    assert len(caught.value.message) < 300  # a stranger's huge value is not echoed whole
     assert bodies == []
 
 
