@@ -9,7 +9,7 @@ feature modules never import each other:
     server.py          asyncio ABCI socket server (uvarint-framed protobuf, 4 connections)
     app.py             thin adapters: protobuf Request → StateMachine call → protobuf Response
     queries.py         path-based JSON queries over the committed state (`query`, ROUTES)
-    payout_queries.py  the settlement queries (/payouts, /payouts/proof, /backing, /credits)
+    payout_queries.py  the settlement queries (/payouts, /payouts/proof, /credits)
     query_params.py    query parameters: one parse step to typed values or BAD_QUERY
     machine.py         the deterministic state machine: CheckTx, proposals, FinalizeBlock
                        (nonces, atomic txs, end-of-block rules), Commit
@@ -22,7 +22,7 @@ feature modules never import each other:
     seeds.py           seed_commit, seed_reveal (verifier seeds)
     spot_reports.py    spot_check_report (spot checks credited to verifiers)
     verifier_endpoints.py  verifier_endpoint (where a verifier forwards its findings)
-    settlement.py      work_report, contribution, payout_vote; the epoch close (payout roots)
+    settlement.py      work_report, payout_vote; the epoch close (payout roots)
     credits.py         credit_key, mint, redeem: bearer credits blind-signed by the validators
     credit_queries.py  /credit_keys, /mints, and this validator's /credit_signatures
     epochs.py          epoch records (leader, challenge list, verifiers), reputation updates

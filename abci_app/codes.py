@@ -42,7 +42,7 @@ class Code(IntEnum):
     SEED_MISMATCH = 28  # the revealed seed does not open the commitment
     # settlement (abci_app/settlement.py); numbered from 30 to leave 24-29 to other tx types
     UNKNOWN_GATEWAY = 30  # work_report not signed by a genesis gateway key
-    UNBACKED_CONTRIBUTION = 31  # no creditable gateway-reported work for the node on that shard
+    # 31: UNBACKED_CONTRIBUTION of the retired contribution tx (never reuse)
     DUPLICATE_QUERY = 32  # a query id already reported with another fee (same fee: no-op)
     NO_STATEMENT = 33  # payout_vote for an epoch without a stored statement
     BAD_PAYOUT_SIGNATURE = 34  # not the validator operator's signature over the statement
@@ -57,7 +57,7 @@ class Code(IntEnum):
     DUPLICATE_SPOT_REPORT = 51  # this validator already reported that epoch
     SPOT_CHECK_NOT_ASSIGNED = 52  # a listed triple was not committed then, selected, or assigned
     # coverage and verifier standing (abci_app/coverage.py, abci_app/verdicts.py)
-    UNCOMMITTED_CONTRIBUTION = 53  # no committed served work left for that node and shard
+    # 53: UNCOMMITTED_CONTRIBUTION of the retired contribution tx (never reuse)
     VERIFIER_BENCHED = 54  # the validator's verifier is benched for a false accusation
     # more charge-item refusals (abci_app/settlement.py)
     CHARGE_OVER_CAP = 60  # a total above the authorization's cap

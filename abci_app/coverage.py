@@ -1,18 +1,16 @@
 """Commitment coverage: no commitment, no pay, no routing.
 
 A compute node commits one record per block of 32 positions it served (commitments.py). The
-gateways report, per node and shard, the tokens of the questions they were paid for (settlement's
-`work_report`). This module holds the two counts side by side and enforces three rules:
+gateways report, per node and shard, the tokens of the questions they served through it
+(settlement's `work_report`: a count for this module only, never a basis for pay). This module
+holds the two counts side by side and enforces three rules:
 
-1. **No commitment, no pay.** A `contribution` is credited only against committed records of
-   the same node and shard, committed in the block's epoch or the `commit_grace_epochs` before
-   it: each record stands for 32 positions (a session's last, partial block too: an upper
-   bound), and a contribution of `tokens` on a shard consumes that many committed positions,
-   oldest epoch first (`take_credit`). A node that serves without committing has nothing to
-   consume: its contributions are refused (`UNCOMMITTED_CONTRIBUTION`). A `redeem` of n
-   credits consumes n of those positions the same way (`take_positions`;
-   `UNCOMMITTED_REDEMPTION` when fewer are left): credit-paid work is committed, and so
-   selectable for spot checks, or it is not paid.
+1. **No commitment, no pay.** A compute node is paid through the credits it redeems, and a
+   `redeem` of n credits on a shard consumes n committed positions of the same node and
+   shard, committed in the block's epoch or the `commit_grace_epochs` before it, oldest epoch
+   first (`take_positions`; `UNCOMMITTED_REDEMPTION` when fewer are left; each record stands
+   for 32 positions, a session's last, partial block too: an upper bound). Credit-paid work is
+   committed, and so selectable for spot checks, or it is not paid.
 2. **No commitment, no routing.** When an epoch e closes, every (node, shard) whose committed
    positions are below `COVER_MIN_PPM` of the tokens gateways reported for it up to the close
    of epoch e − `commit_grace_epochs` is flagged `uncommitted` (`uncommitted_since` = the
@@ -28,7 +26,7 @@ gateways report, per node and shard, the tokens of the questions they were paid 
 
 State: `cover/<node>/<shard:05d>` = {committed (positions, cumulative), reported (tokens,
 cumulative), marks [[epoch, reported at that epoch's close]] (the last grace + 1 closes),
-recent [[epoch, records, credited tokens]] (epochs still creditable or selectable),
+recent [[epoch, records, consumed positions]] (epochs still redeemable or selectable),
 uncommitted_since (epoch or null)}. Entries of nodes that are no longer registered, or have
 LEFT, are deleted at the next close. Queries: `/coverage?node=` (per shard, creditable
 tokens, blocks per recent epoch, the flag) and `/coverage` (the flagged nodes).
@@ -108,26 +106,9 @@ def record_report(state: State, body: WorkReport) -> None:
 
 
 def creditable(state: State, record: dict[str, Any], epoch: int) -> int:
-    """Committed positions of the creditable epochs not yet consumed by contributions or
-    redemptions."""
+    """Committed positions of the creditable epochs not yet consumed by redemptions."""
     oldest = epoch - state.genesis.commit_grace_epochs
     return sum(r[1] * BLOCK_POSITIONS - r[2] for r in record["recent"] if oldest <= r[0] <= epoch)
-
-
-def take_credit(state: State, node: str, shard: int, layers: int, layer_tokens: int) -> int:
-    """The part of a contribution's `layer_tokens` (already bounded by the backing) that
-    committed records cover; consumes those positions. Refuses the tx when none are left."""
-    epoch = rules.epoch_of(state, state.block_height)
-    record = _trim(state, _load(state, node, shard), epoch)
-    available = creditable(state, record, epoch)
-    if available <= 0:
-        rules.reject(
-            Code.UNCOMMITTED_CONTRIBUTION,
-            f"no committed served work left for this node on shard {shard} (commit first)",
-        )
-    credited = min(layer_tokens, layers * available)
-    _consume(state, node, shard, record, -(-credited // layers), epoch)  # partial: a position
-    return credited
 
 
 def take_positions(state: State, node: str, shard: int, count: int) -> None:

@@ -21,7 +21,7 @@ from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
-from protocol.committee.settlement import Contribution, PayoutVote, WorkReport
+from protocol.committee.settlement import PayoutVote, WorkReport
 from protocol.committee.verification import (
     SeedCommit,
     SeedReveal,
@@ -52,7 +52,6 @@ HANDLERS: dict[str, Handler] = {
     SpotCheckReport.TYPE: spot_reports.spot_check_report,
     VerifierEndpoint.TYPE: verifier_endpoints.verifier_endpoint,
     WorkReport.TYPE: work_report,
-    Contribution.TYPE: settlement.contribution,
     PayoutVote.TYPE: settlement.payout_vote,
     CreditKey.TYPE: credits.credit_key,
     Mint.TYPE: credits.mint,

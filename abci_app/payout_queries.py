@@ -5,10 +5,7 @@
                                          `epoch` the stored statements (newest first), each
                                          with `amount` for `account` when given
 /payouts/proof  ?epoch ?account          amount + Merkle proof for `QueryEscrow.claim`
-/backing        ?node                    a node's uncredited gateway-backed layer-tokens that a
-                                         contribution can still credit (this epoch's and the
-                                         previous epoch's reports)
-/credits        ?account ?epoch          credited layer-tokens of an account in an epoch
+/credits        ?account ?epoch          redeemed layer-tokens of an account in an epoch
                                          (default: the current one, not yet closed)
 """
 
@@ -22,7 +19,6 @@ from abci_app import schema
 from abci_app.codes import Code
 from abci_app.query_params import (
     ACCOUNT,
-    NODE_KEY,
     QueryError,
     int_param,
     limit_param,
@@ -156,25 +152,6 @@ def _tree(epoch: int, record: dict[str, Any]) -> tuple[Any, Any, dict[str, int]]
     return built
 
 
-def _backing(state: State, params: dict[str, Any]) -> Any:
-    node = str_param(params, "node", NODE_KEY)
-    if node is None:
-        raise QueryError(Code.BAD_QUERY, "node is required")
-    current = state.committed(schema.META, "current_epoch") or 1
-    totals: dict[tuple[str, int], dict[str, Any]] = {}
-    for epoch in (current - 1, current) if current > 1 else (current,):
-        prefix = f"{schema.in_epoch(epoch, node)}/"
-        for key, layer_tokens in state.committed_items(schema.BACKING, prefix, prefix[:-1] + "0"):
-            model, shard = key[len(prefix) :].rsplit("/", 1)
-            entry = totals.setdefault(
-                (model, int(shard)),
-                {"model": model, "shard": int(shard), "layer_tokens": 0, "epochs": {}},
-            )
-            entry["layer_tokens"] += layer_tokens
-            entry["epochs"][str(epoch)] = layer_tokens
-    return {"node": node, "epoch": current, "backing": [totals[k] for k in sorted(totals)]}
-
-
 def _credits(state: State, params: dict[str, Any]) -> Any:
     account = str_param(params, "account", ACCOUNT)
     if account is None:
@@ -192,6 +169,5 @@ def _credits(state: State, params: dict[str, Any]) -> Any:
 PAYOUT_ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
     "/payouts": _payouts,
     "/payouts/proof": _proof,
-    "/backing": _backing,
     "/credits": _credits,
 }

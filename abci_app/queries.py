@@ -23,7 +23,7 @@ paths answer `UNKNOWN_QUERY`.
     /spot_reports ?epoch                        spot-check reports of e's checks, credits in e
     /coverage     ?node                         committed vs reported work per shard, the
                                                 `uncommitted` flag (without node: flagged nodes)
-    /payouts, /payouts/proof, /backing, /credits   settlement (`payout_queries.py`)
+    /payouts, /payouts/proof, /credits   settlement (`payout_queries.py`)
 """
 
 from __future__ import annotations

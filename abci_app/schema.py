@@ -78,10 +78,8 @@ SPOT_CREDIT = "vwork"
 
 # --- settlement (settlement.py) ------------------------------------------------------------------
 
-# backing/<epoch>/<node>/<model>/<shard>: layer-tokens gateways reported for the node in that
-# epoch and not yet credited; creditable in that epoch and the next, deleted when the next closes
-BACKING = "backing"
-# squery/<query id>: {fee, height}, reported by a gateway and not yet settled
+# squery/<query id>: {fee, height, gateway}, reported by a gateway (paid to `gateway`, its bound
+# address) and not yet settled
 PENDING_QUERY = "squery"
 # sqdone/<query id>: {fee, statement}: the statement number whose payout root settled the query
 SETTLED_QUERY = "sqdone"
@@ -92,7 +90,7 @@ SPENT = "spent"
 # total (total − from) not yet debited in a payout statement, first reported at `height`
 PENDING_CHARGE = "cpend"
 # credit/<epoch>/<account>/<shard, 5 digits>/<model>: {account, model, shard, layer_tokens[,
-# carried]}, a node's credited work in that epoch (`carried`: the part moved in from the
+# carried]}, a node's redeemed work in that epoch (`carried`: the part moved in from the
 # epoch before, which paid nothing; it moves no further)
 CREDIT = "credit"
 # payout/<epoch>[/<page, 4 digits>]: a payout statement (page 0 has no page part), its charges,
@@ -158,10 +156,6 @@ def in_epoch(epoch: int, name: str) -> str:
 
 def commitment_key(node: str, session: str, step: int, shard: int) -> str:
     return f"{node}/{session}/{step}/{shard}"
-
-
-def backing_key(epoch: int, node: str, model: str, shard: int) -> str:
-    return f"{epoch_key(epoch)}/{node}/{model}/{shard}"
 
 
 def coverage_key(node: str, shard: int) -> str:

@@ -1,6 +1,11 @@
-"""Epoch settlement on the committee chain: evidence-backed work → shares → signed payout roots.
+"""Epoch settlement on the committee chain: what payers owe → signed payout roots.
 
-Three tx types (`protocol.committee.settlement`) and one EndBlock rule.
+Two tx types (`protocol.committee.settlement`) and one EndBlock rule. There is one way a node is
+paid: the credits it redeems (abci_app/credits.py). Whoever pays it — a user's personal client
+or a hosted gateway — bought those credits from a balance at the escrow; the redemptions are
+the node's shares of the epoch, paid from the escrow's credit pool. A gateway's users pay the
+gateway: their charges are its revenue, paid to its own address. Nothing a gateway reports is
+the basis of anyone else's pay.
 
 **`work_report`** (a gateway listed in genesis `gateways`). Refused whole only for what concerns
 the whole tx: a signer that is not a genesis gateway (`UNKNOWN_GATEWAY`; malformed or oversized
@@ -9,39 +14,34 @@ named in the tx result by a `planet.item_refused` event (`kind` work | query | c
 `code` name, `reason`), the others apply. The lists are independent (no session, no per-query
 node), so nothing on chain links a question (or its payer) to the nodes that computed it.
 
-- work `[node, model, shard, layers, tokens]`: per-node aggregates of the gateway's receipts.
-  Refused: node not registered (`UNKNOWN_NODE`) or not a compute node (`WRONG_ROLE`). Effect:
-  `backing/<e>/<node>/<model>/<shard>` += layers·tokens, e = the block's epoch.
-- query `[query id, fee]`: a per-query deposit the gateway settled. The same id with the same
-  fee again (pending or settled) changes nothing; a fee of 0 changes nothing (nothing to
-  charge); another fee is refused (`DUPLICATE_QUERY`). Effect: `squery/<id>` = {fee, height}.
+- work `[node, model, shard, layers, tokens]`: per-node counts of the tokens the gateway's
+  questions ran through the node. Refused: node not registered (`UNKNOWN_NODE`) or not a
+  compute node (`WRONG_ROLE`). Effect: the node's commitment coverage (coverage.py: a node that
+  serves without committing is flagged and no longer routed to); never any pay.
+- query `[query id, fee]`: a per-query deposit the gateway settled, paid to the address genesis
+  `gateway_addresses` binds to the reporting key (none bound: `WRONG_GATEWAY`, its fees would
+  have no payee). The same id with the same fee again (pending or settled) changes nothing; a
+  fee of 0 changes nothing (nothing to charge); another fee is refused (`DUPLICATE_QUERY`).
+  Effect: `squery/<id>` = {fee, height, gateway}.
 - charge `ChargeItem(kind, gateway, payer, id, model id, total, cap, expiry, signature)`: "the
-  total charged under this payer-signed authorization is now `total`". Checked in this order:
-  no escrow in genesis (`SETTLEMENT_DISABLED`); total > cap (`CHARGE_OVER_CAP`); block time
-  (CometBFT's BFT time, the same on every node) past the expiry (`AUTHORIZATION_EXPIRED`);
-  expiry more than `MAX_LIFETIME_S[kind]` ahead (`AUTHORIZATION_EXPIRY_TOO_FAR`: the guard
-  below must stay bounded); the authorization charged before under another expiry
-  (`AUTHORIZATION_INVALID`); total below what was charged before (`CHARGE_BELOW_PREVIOUS`);
-  total equal to it: nothing to do (a resent item never charges twice); the signature does not
-  recover to `payer` (`AUTHORIZATION_INVALID`; `protocol.payment.Voucher` for "voucher" with
-  query id = id and fee cap = cap, `PaymentKey` for "key" with key id = id; payment domain of
-  genesis `evm`, consumer = the escrow). Effect: `spent/<payer>/<gateway>/<kind>/<id>` =
-  {total, expiry}, deleted once a block's time is past the expiry (`retention.track_until`;
-  the authorization is refused as expired after that), and the increase joins the pending
-  debit `cpend/<payer>/<gateway>/<kind>/<id>` = {from, total, height}.
+  total charged under this payer-signed authorization is now `total`", paid to the gateway it
+  names. Checked in this order: no escrow in genesis (`SETTLEMENT_DISABLED`); a gateway other
+  than the one genesis binds to the reporting key, or the escrow itself (`WRONG_GATEWAY`);
+  total > cap (`CHARGE_OVER_CAP`); block time (CometBFT's BFT time, the same on every node)
+  past the expiry (`AUTHORIZATION_EXPIRED`); expiry more than `MAX_LIFETIME_S[kind]` ahead
+  (`AUTHORIZATION_EXPIRY_TOO_FAR`: the guard below must stay bounded); the authorization
+  charged before under another expiry (`AUTHORIZATION_INVALID`); total below what was charged
+  before (`CHARGE_BELOW_PREVIOUS`); total equal to it: nothing to do (a resent item never
+  charges twice); the signature does not recover to `payer` (`AUTHORIZATION_INVALID`;
+  `protocol.payment.Voucher` for "voucher" with query id = id and fee cap = cap, `PaymentKey`
+  for "key" with key id = id; payment domain of genesis `evm`, consumer = the escrow). Effect:
+  `spent/<payer>/<gateway>/<kind>/<id>` = {total, expiry}, deleted once a block's time is past
+  the expiry (`retention.track_until`; the authorization is refused as expired after that), and
+  the increase joins the pending debit `cpend/<payer>/<gateway>/<kind>/<id>` = {from, total,
+  height}.
   The gateway's receipt signature is *not* sent: it covers the circuit hash, which over the
   public node registry names the circuit, so next to a payer it would link the payer to nodes.
   The report's own signature (a genesis gateway's committee key) is the gateway's word.
-
-**`contribution`** (a compute node, not LEFT): the node's own count `[model, shard, layers,
-tokens]` since its last contribution. Each item is credited `min(layers·tokens, backing)`, where
-backing is what gateways reported for the node in the previous epoch and in this one (the
-previous epoch's first): **credit belongs to the epoch in which the work was served**, with one
-epoch of grace for a contribution that lands after the epoch's last block. The credit goes to
-`credit/<epoch>/<evm address>/<shard>/<model>` of the block's epoch. An item on a shard the node
-did not register, or with no creditable backing left, refuses the whole tx
-(`UNBACKED_CONTRIBUTION`): the chain never credits work nobody paid a gateway for, and never more
-than a node claims for itself.
 
 **`payout_vote`** (a validator): its operator key's EIP-712 signature over the stored `PayoutRoot`
 statement number `epoch` (committee domain of genesis `evm`). A statement is fixed when written
@@ -52,41 +52,44 @@ needs two *different* signed statements). The record accumulates `votes` and `po
 that does not recover to the validator's operator (`BAD_PAYOUT_SIGNATURE`), a second vote of the
 same validator (`DUPLICATE_VOTE`).
 
-**Epoch close** (`close`, EndBlock of height e·L, before the next epoch is fixed). The backing
-of epoch e−1 expires. The epoch's credits become `ComputeWork` items (account = the node's EVM
+**Epoch close** (`close`, EndBlock of height e·L, before the next epoch is fixed). The epoch's
+redemption records (`credit/<e>/…`) become `ComputeWork` items (account = the node's EVM
 address; the model id hashed to fit `shares`' grammar; layers 1 and tokens = layer-tokens, which
 gives the same shares); pool health per (model, shard) = max(nodes routable there now, accounts
 credited there), routable as `/pool_health` counts it (serving, trusted, staked, not flagged
-uncommitted); accounts whose verdict was confirmed in the epoch are `slashed`; the spot
-checks credited in the epoch (`vwork/<e>/…`) are the `VerificationWork`. Then **everything
-pending is settled, oldest reported first, in pages**. Credit purchases (funded mints'
-charges, kind "mint", abci_app/credits.py) come first and are debited at every close, whole,
-into the escrow's credit pool (`PageCharges.purchases`: listed, not paid out): with no work to
-pay, or no eligible share, they alone make the statements (total 0, no rows). Then the draw:
-the (escrow, escrow) debit of what the pool owes this epoch — `cdue/<e>` (the price of the
-credits redeemed in it, and of what the pool could not pay the epoch before) plus the price of
-the credits whose window ends with this close unredeemed (`cissue/`) — at most the pool
-(`cpool/balance`) plus this close's purchases; the rest is due to e+1. Then the pending queries
-and pending charges, ordered by the height that reported them (then by id). All are cut
-greedily into statements whose `postPayoutRoot` stays within `MAX_STATEMENT_GAS` (estimated
-`BASE_GAS` + `QUERY_GAS` per query + `DEBIT_GAS` per (payer, gateway) debit) and that name at
-most `MAX_STATEMENT_CHARGES` queries and authorizations; at most `MAX_PAGES` pages per close
-(what is left waits, still first in line, for the next close: a purchase stays pending, the
-draw stays due). A pair's debit in one page stays below 2^128 (the escrow's uint128 balance):
-an item that would pass it opens a new page. Page p of epoch e is statement number
-`statement_number(e, p)` = e + p·2^32 (page 0 is e itself), stored at `payout/<e>[/<p>]`.
-`shares.settlement.close_epoch_pages` splits Σ of all pages' charges over the epoch's shares
-once and cuts the rows into the pages (docs/shares.md), so every account gets its exact share
-of the epoch whatever the number of pages. Each record holds its statement, its sorted query
-ids and fees, payers / gateways / debits (what `postPayoutRoot` takes), the authorizations it
-debits with their totals `charges` [[payer, gateway, kind, id, total]] (so gateways learn what
-a root covered; purchases too, the draw not), its rows, the epoch's compute shares (page 0
-only), and `committee_epoch`, `page`, `pages`. Settled queries move to `sqdone/<id>` = {fee,
-statement}, settled charges leave `cpend/`. Nothing pending to pay out, or `NothingToPayError`
-(no eligible share) → no statement but the purchases': the other charges stay pending, the
-draw stays due, and the epoch's credits that it earned itself move to e+1 once (a credit moved
-in is dropped if e+1 pays nothing either). The epoch's slash marks are deleted either way.
-`payout/` and `sqdone/` entries are pruned with the epoch's other records (`rules.track`).
+uncommitted); accounts whose verdict was confirmed in the epoch are `slashed`; the spot checks
+credited in the epoch (`vwork/<e>/…`) are the `VerificationWork`. Then **everything pending is
+settled, in pages** (`shares.settlement.close_epoch_pages`), in this order:
+1. *The pool's pages.* Credit purchases (funded mints' charges, kind "mint", oldest first) are
+   debited at every close, whole, into the escrow's credit pool (`PageCharges.purchases`:
+   listed, not paid out). Then, when the epoch has redemptions, the draw: the (escrow, escrow)
+   debit of what the pool owes this epoch — `cdue/<e>` (the price of the credits redeemed in
+   it, and of what the pool could not pay the epoch before) plus the price of the credits whose
+   window ends with this close unredeemed (`cissue/`) — at most the pool (`cpool/balance`) plus
+   this close's purchases; the rest is due to e+1. The epoch's table (docs/shares.md: weights,
+   scarcity bonus, the verifiers' cut) splits the draw over the shares; its rows are the pool
+   pages' rows. With no eligible share (`NothingToPayError`) the draw waits (due to e+1) and
+   the epoch's credits that it earned itself move to e+1 once (a credit moved in is dropped if
+   e+1 pays nothing either); so they do when there is nothing to draw.
+2. *Each gateway's pages*, the gateway with the oldest pending item first: its pending queries
+   and charges, oldest reported first (then by id). A gateway page has one row: the gateway,
+   for the page's total. So a payer the escrow finds short when it posts the page (its balance
+   left before the debit) scales that page only: one gateway's short payer never cuts the pay
+   of a node or of another gateway.
+A new page starts where the payee changes (the pool, or a gateway) or where the page is full:
+its `postPayoutRoot` stays within `MAX_STATEMENT_GAS` (estimated `BASE_GAS` + `QUERY_GAS` per
+query + `DEBIT_GAS` per (payer, gateway) debit), it names at most `MAX_STATEMENT_CHARGES`
+queries and authorizations, and a pair's debit in one page stays below 2^128 (the escrow's
+uint128 balance). At most `MAX_PAGES` pages per close: what is left waits, still first in line,
+for the next close (a purchase stays pending, the draw stays due). Page p of epoch e is
+statement number `statement_number(e, p)` = e + p·2^32 (page 0 is e itself), stored at
+`payout/<e>[/<p>]`. Each record holds its statement, its sorted query ids and fees, payers /
+gateways / debits (what `postPayoutRoot` takes), the authorizations it debits with their totals
+`charges` [[payer, gateway, kind, id, total]] (so gateways learn what a root covered; purchases
+too, the draw not), its rows, the epoch's compute shares (page 0 only), and `committee_epoch`,
+`page`, `pages`. Settled queries move to `sqdone/<id>` = {fee, statement}, settled charges leave
+`cpend/`. The epoch's slash marks are deleted either way. `payout/` and `sqdone/` entries are
+pruned with the epoch's other records (`rules.track`).
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from abci_app import coverage, rules, schema
+from abci_app import rules, schema
 from abci_app.codes import Code, Rejected
 from abci_app.credits import MINT_KIND, owe
 from abci_app.state import State
@@ -103,7 +106,6 @@ from protocol.committee.envelope import SignedTx
 from protocol.committee.settlement import (
     MAX_COMMITTEE_EPOCH,
     ChargeItem,
-    Contribution,
     NodeWork,
     PayoutVote,
     WorkReport,
@@ -157,9 +159,11 @@ def work_report(state: State, tx: SignedTx) -> None:
     outcome = _Outcome()
     for item in body.work:
         outcome.judge(state, "work", work_name(item), lambda item=item: _work(state, item))
-    for query_id, fee in body.queries:
-        outcome.judge(state, "query", query_id, lambda q=query_id, f=fee: _query(state, q, f))
     bound = state.genesis.gateway_addresses.get(tx.signer)
+    for query_id, fee in body.queries:
+        outcome.judge(
+            state, "query", query_id, lambda q=query_id, f=fee: _query(state, q, f, bound)
+        )
     for charge in body.charges:
         outcome.judge(state, "charge", charge.name, lambda c=charge: _charge(state, c, bound))
     state.emit(
@@ -204,19 +208,22 @@ class _Outcome:
 
 
 def _work(state: State, item: NodeWork) -> bool:
+    """A served count: dispatch counts it against the node's commitments (coverage.py); it no
+    longer backs any pay (nodes are paid through the credits they redeem)."""
     node = state.get(schema.NODE, item.node)
     if node is None:
         rules.reject(Code.UNKNOWN_NODE, f"node {item.node} is not registered")
     if node["role"] != "compute":
         rules.reject(Code.WRONG_ROLE, f"node {item.node} is not a compute node")
-    epoch = rules.epoch_of(state, state.block_height)
-    key = schema.backing_key(epoch, item.node, item.model, item.shard)
-    current = state.get(schema.BACKING, key) or 0
-    state.put(schema.BACKING, key, min(MAX_LAYER_TOKENS, current + item.layers * item.tokens))
     return True
 
 
-def _query(state: State, query_id: str, fee: int) -> bool:
+def _query(state: State, query_id: str, fee: int, bound: str | None) -> bool:
+    if bound is None:
+        rules.reject(
+            Code.WRONG_GATEWAY,
+            "no EVM address is bound to this gateway key in genesis: its fees have no payee",
+        )
     known = state.get(schema.PENDING_QUERY, query_id) or state.get(schema.SETTLED_QUERY, query_id)
     if known is not None:
         if int(known["fee"]) != fee:
@@ -227,7 +234,11 @@ def _query(state: State, query_id: str, fee: int) -> bool:
         return False
     if fee == 0:
         return False  # nothing to charge: the deposit stays refundable
-    state.put(schema.PENDING_QUERY, query_id, {"fee": str(fee), "height": state.block_height})
+    state.put(
+        schema.PENDING_QUERY,
+        query_id,
+        {"fee": str(fee), "height": state.block_height, "gateway": bound.lower()},
+    )
     return True
 
 
@@ -319,59 +330,6 @@ def _check_signature(state: State, item: ChargeItem) -> None:
         rules.reject(Code.AUTHORIZATION_INVALID, error.message)
     if signer.lower() != item.payer:
         rules.reject(Code.AUTHORIZATION_INVALID, f"signed by {signer}, not by its payer")
-
-
-# --- contribution: credit within the epoch the work was served --------------------------------
-
-
-def contribution(state: State, tx: SignedTx) -> None:
-    body: Contribution = tx.body
-    node = rules.registered_node(state, tx.signer)
-    if node["role"] != "compute":
-        rules.reject(Code.WRONG_ROLE, f"node {tx.signer} is not a compute node")
-    if node["status"] == schema.LEFT:
-        rules.reject(Code.INVALID_LIFECYCLE, f"node {tx.signer} has left")
-    epoch = rules.epoch_of(state, state.block_height)
-    creditable = [epoch - 1, epoch] if epoch > 1 else [epoch]  # the older backing first
-    credits: list[tuple[str, int, int, list[tuple[str, int]]]] = []
-    for item in body.work:
-        if item.model != node["model"] or item.shard not in node["shards"]:
-            rules.reject(
-                Code.UNBACKED_CONTRIBUTION,
-                f"shard {item.shard} of {item.model} is not registered by this node",
-            )
-        backings = []
-        for served in creditable:
-            key = schema.backing_key(served, tx.signer, item.model, item.shard)
-            backings.append((key, state.get(schema.BACKING, key) or 0))
-        backed = sum(amount for _, amount in backings)
-        if backed == 0:
-            rules.reject(
-                Code.UNBACKED_CONTRIBUTION,
-                f"no gateway-reported work creditable now for this node on shard {item.shard} "
-                f"(backing counts in the epoch it was reported and the next)",
-            )
-        bounded = min(item.layers * item.tokens, backed)
-        covered = coverage.take_credit(state, tx.signer, item.shard, item.layers, bounded)
-        credits.append((item.model, item.shard, covered, backings))
-    account = str(node["evm_address"]).lower()
-    total = 0
-    for model, shard, credited, backings in credits:
-        left = credited
-        for key, amount in backings:
-            used = min(left, amount)
-            left -= used
-            if used == amount and amount:
-                state.delete(schema.BACKING, key)
-            elif used:
-                state.put(schema.BACKING, key, amount - used)
-        key = schema.credit_key(epoch, account, model, shard)
-        previous = state.get(schema.CREDIT, key)
-        record = dict(previous) if previous else {"account": account, "model": model}
-        record.update(shard=shard, layer_tokens=record.get("layer_tokens", 0) + credited)
-        state.put(schema.CREDIT, key, record)
-        total += credited
-    state.emit("planet.contribution", node=tx.signer, epoch=epoch, layer_tokens=total)
 
 
 # --- payout_vote ----------------------------------------------------------------------------------
@@ -508,6 +466,7 @@ class _Unit:
     order: tuple[str, ...]  # ("q", id) or ("c", payer, gateway, kind, id)
     amount: int
     total: int = 0  # an authorization's cumulative total once this is debited
+    gateway: str = ""  # a query's payee (a charge names its gateway in `order`)
 
     @property
     def kind(self) -> str:
@@ -516,16 +475,24 @@ class _Unit:
             return "query"
         return {MINT_KIND: "purchase", POOL_KIND: "draw"}.get(self.order[3], "charge")
 
+    @property
+    def payee(self) -> str:
+        """The gateway a query or charge pays; "" for a purchase or the draw (the pool)."""
+        if self.kind == "query":
+            return self.gateway
+        return self.order[2] if self.kind == "charge" else ""
+
 
 POOL_KIND = "pool"  # the draw's kind: the pair (escrow, escrow), the escrow's credit pool
 
 
 def _pending_units(state: State) -> tuple[list[_Unit], list[_Unit]]:
-    """(credit purchases, everything else) waiting for a statement, each oldest reported first
-    (then by id)."""
+    """(credit purchases, every gateway's queries and charges) waiting for a statement. The
+    purchases oldest reported first (then by id); the gateways' grouped per gateway, the
+    gateway with the oldest pending item first, each group oldest first (then by id)."""
     purchases: list[_Unit] = []
     units = [
-        _Unit(entry["height"], ("q", query_id), int(entry["fee"]))
+        _Unit(entry["height"], ("q", query_id), int(entry["fee"]), gateway=entry["gateway"])
         for query_id, entry in state.items(schema.PENDING_QUERY)
     ]
     for key, entry in state.items(schema.PENDING_CHARGE):
@@ -536,11 +503,16 @@ def _pending_units(state: State) -> tuple[list[_Unit], list[_Unit]]:
         (purchases if kind == MINT_KIND else units).append(unit)
     purchases.sort(key=lambda u: (u.height, u.order))
     units.sort(key=lambda u: (u.height, u.order))
+    first: dict[str, int] = {}
+    for position, unit in enumerate(units):
+        first.setdefault(unit.payee, position)
+    units.sort(key=lambda u: first[u.payee])  # stable: each group keeps its order
     return purchases, units
 
 
 @dataclass
 class _Page:
+    payee: str  # the gateway whose revenue the page is, or "" for a pool page
     queries: list[_Unit] = field(default_factory=list)
     charges: list[_Unit] = field(default_factory=list)  # authorizations, purchases, the draw
     debits: dict[tuple[str, str], int] = field(default_factory=dict)  # paid out in the rows
@@ -548,6 +520,8 @@ class _Page:
     gas: int = BASE_GAS
 
     def fits(self, unit: _Unit) -> bool:
+        if unit.payee != self.payee:
+            return False
         if len(self.queries) + len(self.charges) >= MAX_STATEMENT_CHARGES:
             return False
         if unit.order[0] == "q":
@@ -576,17 +550,19 @@ class _Page:
             tuple(SettledQuery(u.order[1], u.amount) for u in self.queries),
             tuple(PayerDebit(p, g, amount) for (p, g), amount in sorted(self.debits.items())),
             tuple(PayerDebit(p, g, amount) for (p, g), amount in sorted(self.purchases.items())),
+            gateway=self.payee or None,
         )
 
 
 def _plan_pages(units: list[_Unit]) -> list[_Page]:
-    """Cut the ordered units greedily into at most `MAX_PAGES` pages (module docstring)."""
-    pages = [_Page()]
+    """Cut the ordered units greedily into at most `MAX_PAGES` pages, a new one where the payee
+    changes (module docstring)."""
+    pages: list[_Page] = []
     for unit in units:
-        if not pages[-1].fits(unit):
+        if not pages or not pages[-1].fits(unit):
             if len(pages) == MAX_PAGES:
                 break
-            pages.append(_Page())
+            pages.append(_Page(unit.payee))
         pages[-1].add(unit)
     return pages
 
@@ -641,9 +617,6 @@ def _epoch_work(
 def close(state: State, height: int) -> None:
     """EndBlock of the epoch's last height: settle the epoch (module docstring)."""
     epoch = height // state.genesis.epoch_length
-    if epoch > 1:  # the backing of e−1 could be credited in e−1 and e: no longer
-        for key, _ in state.items(schema.BACKING, *schema.epoch_range(epoch - 1)):
-            state.delete(schema.BACKING, key)
     credits = state.items(schema.CREDIT, *schema.epoch_range(epoch))
     slashed = state.items(schema.SLASHED, *schema.epoch_range(epoch))
     for key, _ in credits:
@@ -658,31 +631,24 @@ def close(state: State, height: int) -> None:
     state.delete(schema.CREDIT_DUE, schema.epoch_key(epoch))
     due += _expire_credits(state, epoch)
     pool = int(state.get(schema.CREDIT_POOL, schema.POOL_BALANCE) or 0)
-    purchases, others = _pending_units(state)
-    paying: list[_Unit] = []
+    purchases, revenue = _pending_units(state)
+    draw: list[_Unit] = []
     if credits:
         # the pool pays what this epoch's redemptions are due, after this close's purchases
-        draw = min(due, pool + sum(u.amount for u in purchases))
-        if draw:
-            paying.append(_Unit(0, ("c", escrow, escrow, POOL_KIND, "draw"), draw))
-        paying += others
-    settled = None
-    if paying:
-        pages = _plan_pages(purchases + paying)
+        amount = min(due, pool + sum(u.amount for u in purchases))
+        if amount:
+            draw = [_Unit(0, ("c", escrow, escrow, POOL_KIND, "draw"), amount)]
+    pages = _plan_pages(purchases + draw + revenue)
+    settled: tuple[EpochSettlement, ...] = ()
+    if pages:
         try:
             settled = _settle(_epoch_work(state, epoch, credits, slashed), epoch, pages)
-        except NothingToPayError:  # no eligible share: the charges wait, the credits move on
-            settled = None
-    if settled is None:
-        if credits:
-            _carry_forward(state, epoch, credits, slashed)
-        if not purchases:
-            owe(state, epoch + 1, due)  # what this close did not pay: due to the next epoch
-            return
-        # purchases are debited at once whatever else waits: a payer's balance must not be
-        # able to leave (withdrawal) before its credits are paid for
-        pages = _plan_pages(purchases)
-        settled = _settle(_epoch_work(state, epoch, [], []), epoch, pages)
+        except NothingToPayError:  # no eligible share: the draw waits, the credits move on
+            pages = _plan_pages(purchases + revenue)
+            settled = _settle(_epoch_work(state, epoch, [], []), epoch, pages) if pages else ()
+    drawn = any(unit.kind == "draw" for page in pages for unit in page.charges)
+    if credits and not drawn:
+        _carry_forward(state, epoch, credits, slashed)
     for index, (page, statement) in enumerate(zip(pages, settled, strict=True)):
         for unit in page.queries:
             query_id = unit.order[1]

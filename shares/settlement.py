@@ -7,16 +7,21 @@
     close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[EpochSettlement]
         an epoch settled in several statements ("pages"), each posted on its own: `work` holds
         the shares (its `queries` and `debits` stay empty), each `PageCharges(number, queries,
-        debits, purchases)` a disjoint part of the charges. `purchases` are credit purchases
-        (a payer's debit at the escrow itself): listed in the page's `Charges`, but paid into
-        the escrow's credit pool, not out in the page's rows (the pool pays through the
-        (escrow, escrow) debit of the epochs that redeem the credits). A close whose pages
-        charge nothing but purchases has no rows at all, and needs no share. The epoch's
-        table splits Σ of every page's charges once; its rows, ascending by account, are then
-        cut into the pages in order, so that each page's rows sum to exactly its own charges
-        (an account's row is split in two where a page ends: an account claims in one page, at
-        most in two). Every account gets exactly its share of the epoch, whatever the number
-        of pages.
+        debits, purchases, gateway)` a disjoint part of the charges. A page is one of two kinds:
+        - a **gateway page** (`gateway` set): that gateway's revenue, what its own payers were
+          charged (its queries' fees and its (payer, gateway) debits, every debit naming it; no
+          purchases). Its rows are one: the gateway, for the page's total. A payer found short
+          when the escrow posts the page scales this page only, so one gateway's short payer
+          never cuts anyone else's pay;
+        - a **pool page** (`gateway` None): what the epoch's shares are paid from (the draw on
+          the escrow's credit pool, the (escrow, escrow) debit) and credit purchases (a payer's
+          debit at the escrow itself: listed in the page's `Charges`, but paid into the
+          escrow's credit pool, not out in the page's rows). The epoch's table splits Σ of the
+          pool pages' totals once; its rows, ascending by account, are then cut into the pool
+          pages in order, so that each pool page's rows sum to exactly its own total (an
+          account's row is split in two where a page ends). Every account gets exactly its
+          share of the epoch, whatever the number of pages. A pool page holding only purchases
+          has no rows at all, and needs no share.
 
     EpochSettlement (one statement)
         .epoch          the statement number (what the escrow calls the epoch; the leaves use it)
@@ -140,12 +145,15 @@ def sorted_queries_hash(
 @dataclass(frozen=True, slots=True)
 class PageCharges:
     """The charges one statement of an epoch settles: its number (what the escrow calls the
-    epoch), its queries, its prepaid debits and its credit purchases (at least one of them)."""
+    epoch), its queries, its prepaid debits and its credit purchases (at least one of them),
+    and `gateway`: the gateway whose revenue the page is (its one row), or None for a pool page
+    (its rows are the epoch's shares)."""
 
     number: int
     queries: tuple[SettledQuery, ...] = ()
     debits: tuple[PayerDebit, ...] = ()
     purchases: tuple[PayerDebit, ...] = ()  # paid into the credit pool, not out in rows
+    gateway: str | None = None
 
     def __post_init__(self) -> None:
         check_int(self.number, "number", 0, MAX_EPOCH)
@@ -155,6 +163,16 @@ class PageCharges:
         for debit in (*self.debits, *self.purchases):
             if not isinstance(debit, PayerDebit):
                 raise PageError("debits", f"expected PayerDebit items, got {debit!r}"[:200])
+        if self.gateway is None:
+            return
+        object.__setattr__(self, "gateway", normalize_account(self.gateway, "gateway"))
+        if self.purchases:
+            raise PageError("purchases", "a gateway page holds no credit purchases")
+        for debit in self.debits:
+            if debit.gateway != self.gateway:
+                raise PageError(
+                    "debits", f"a debit at {debit.gateway} on {self.gateway}'s page"[:200]
+                )
 
     @property
     def total(self) -> int:
@@ -182,12 +200,14 @@ def close_epoch(work: EpochWork) -> EpochSettlement:
 
 
 def close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[EpochSettlement, ...]:
-    """One statement per page (module docstring): the epoch's table splits the pages' charges
-    together and its rows are cut into the pages in order.
+    """One statement per page (module docstring): each gateway page pays its gateway its total;
+    the epoch's table splits the pool pages' totals together and its rows are cut into them in
+    order.
 
     `PageError` when `work` carries charges itself, a page is empty or charges nothing,
-    numbers repeat, or a query / (payer, gateway) appears in two pages; `NothingToPayError` as
-    `payout_table` (not when the pages charge only purchases: nothing is paid out)."""
+    numbers repeat, a query / (payer, gateway) appears in two pages, or a gateway page holds
+    purchases or another gateway's debit; `NothingToPayError` as `payout_table` when the pool
+    pages pay out (or nothing is paid, bought or earned at all)."""
     if work.queries or work.debits:
         raise PageError("work", "an epoch settled in pages carries its charges in the pages")
     if not pages:
@@ -205,15 +225,27 @@ def close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[Ep
                 raise DuplicateError("queries", query.query_id)
             queries.add(query.query_id)
         _unique_pairs((*page.debits, *page.purchases))
-    paid = sum(page.total for page in pages)
-    bought = any(d.amount for page in pages for d in page.purchases)
-    # NothingToPayError when nothing is paid out (and nothing bought) or no share is eligible
-    table = payout_table(work, paid) if paid or not bought else _empty_table(work.epoch)
+    pool = [page for page in pages if page.gateway is None]
+    paid = sum(page.total for page in pool)
+    bought = any(d.amount for page in pool for d in page.purchases)
+    revenue = any(page.gateway is not None for page in pages)
+    # NothingToPayError when nothing is paid at all or the pool pays and no share is eligible
+    if paid or not (bought or revenue):
+        table = payout_table(work, paid)
+    else:
+        table = _empty_table(work.epoch)
     for page in pages:
         if page.total <= 0 and not any(d.amount for d in page.purchases):
             raise PageError("pages", f"page {page.number} charges nothing")
-    cut = _cut_rows(table.payouts, [page.total for page in pages])
-    return tuple(_statement(table, page, rows) for page, rows in zip(pages, cut, strict=True))
+    cut = iter(_cut_rows(table.payouts, [page.total for page in pool]))
+    return tuple(
+        _statement(
+            table,
+            page,
+            next(cut) if page.gateway is None else ((page.gateway, page.total),),
+        )
+        for page in pages
+    )
 
 
 def no_rows_root(number: int) -> bytes:

@@ -24,7 +24,6 @@ import aiohttp
 
 from node.agent.agent import AgentConfig, NodeAgent
 from node.agent.commitments import Committer
-from node.agent.contributions import CONTRIBUTIONS_FILE, ContributionReporter, Served
 from node.agent.credit_till import CreditTill, SpoolRedeemer
 from node.chain.committee_link import CommitteeLink
 from node.keys import PasswordSource, load_node_key, load_wallet
@@ -33,7 +32,6 @@ from node.model.manifest import Manifest
 from node.procs import run_service
 from node.server.payments import CreditSpool
 from protocol.committee.registry import sign_registration
-from protocol.errors import UnavailableError
 
 log = logging.getLogger("node.agent")
 AGENT_MARKER = "node.agent"
@@ -75,20 +73,6 @@ async def _healthy(session: aiohttp.ClientSession, endpoint: str, pin: NodeKeyPi
         return False
 
 
-async def _served(session: aiohttp.ClientSession, endpoint: str, pin: NodeKeyPin | bool) -> Served:
-    """Tokens the node ran through its layers, its layer count and instance, from `/info`."""
-    try:
-        async with asyncio.timeout(5.0), session.get(f"{endpoint}/info", ssl=pin) as answer:
-            info = await answer.json()
-    except (TimeoutError, aiohttp.ClientError, OSError) as error:
-        raise UnavailableError(f"node {endpoint}/info: {error!r}"[:300]) from None
-    tokens, layers = info["load"]["tokens"], len(info["layers"])
-    if type(tokens) is not int or tokens < 0:
-        raise ValueError("node /info: bad load.tokens")
-    instance = info.get("instance", "")
-    return Served(tokens, layers, instance if isinstance(instance, str) else "")
-
-
 async def run(args: argparse.Namespace) -> int:
     password = PasswordSource(file=args.password_file, interactive=False).read()
     wallet = load_wallet(args.home / "wallet.json", password)
@@ -122,18 +106,10 @@ async def run(args: argparse.Namespace) -> int:
     )
     async with aiohttp.ClientSession() as session:
         committer = Committer(args.commit_dir, link) if args.commit_dir is not None else None
-        reporter = ContributionReporter(
-            link,
-            manifest.model_hash,
-            args.shard,
-            lambda: _served(session, config.endpoint, pin),
-            state_path=args.home / CONTRIBUTIONS_FILE,
-        )
         agent = NodeAgent(
             config,
             link,
             healthy=lambda: _healthy(session, config.endpoint, pin),
-            contributions=reporter,
             committer=committer,
             redeemer=None
             if args.credits_dir is None

@@ -8,7 +8,7 @@ more than T blocks → DOWN, leave → LEFT (final). The agent
    operator's staking address by an EIP-191 signature of that address's key;
 3. sends a heartbeat whenever `heartbeat_every` blocks have passed since the last one (a third
    of the chain's `heartbeat_timeout` by default), or at once when the chain says DOWN/JOIN;
-4. every few passes claims the node's served work that gateways backed (`contributions.py`);
+4. redeems the credits its clients paid with (`credit_till.py`): the node's only pay;
 5. on stop (SIGTERM/SIGINT) sends `leave` and waits for it to commit (bounded).
 
 A validator RPC that is down is retried with backoff (and the next URL tried); nothing a
@@ -99,7 +99,6 @@ class NodeAgent:
         healthy: Callable[[], Awaitable[bool]],
         backoff: Backoff | None = None,
         committer: Any = None,
-        contributions: Any = None,
         redeemer: Any = None,
     ) -> None:
         self.config = config
@@ -114,8 +113,6 @@ class NodeAgent:
         self.committer = committer
         self.epoch_length = 0
         self.retention_epochs = 10
-        # `node.agent.contributions.ContributionReporter` (None: the agent claims no work)
-        self.contributions = contributions
         # `node.agent.credit_till.SpoolRedeemer` (None: the node is not paid with credits)
         self.redeemer = redeemer
 
@@ -296,8 +293,6 @@ class NodeAgent:
                             force = force or view.get("status") in ("DOWN", "JOIN")
                             if view.get("status") == LEFT:
                                 raise FatalAgentError(f"node {self.key[:16]}… has LEFT")
-                        if self.contributions is not None:
-                            await self.contributions.step()
                     self.backoff.reset()
                     delay = self.config.poll_s
                 except (UnavailableError, RemoteError) as error:

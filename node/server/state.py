@@ -38,8 +38,7 @@ class NodeState:
     executor: ThreadPoolExecutor
     batcher: Batcher
     started_s: float = field(default_factory=time.monotonic)
-    # this process's id in /info: counters (load.tokens) start at 0 in a new one (the agent's
-    # contribution claims follow it across its own restarts, node/agent/contributions.py)
+    # this process's id in /info: counters (load.tokens) start at 0 in a new one
     instance: str = field(default_factory=lambda: secrets.token_hex(8))
     in_flight: int = 0
     peer_in_flight: dict[str, int] = field(default_factory=dict)

@@ -25,8 +25,8 @@ Modules, read bottom-up:
     verification.py   verdict_vote (VerdictVote), seed_commit / seed_reveal (SeedCommit,
                       SeedReveal, seed_commitment), spot_check_report (SpotCheckReport),
                       verifier_endpoint (VerifierEndpoint)
-    settlement.py     work_report (WorkReport of NodeWork, ChargeItem), contribution
-                      (Contribution of ShardWork), payout_vote (PayoutVote)
+    settlement.py     work_report (WorkReport of NodeWork, ChargeItem), payout_vote
+                      (PayoutVote)
     credits.py        credit_key (CreditKey), mint (Mint), fund_mint (FundMint), redeem (Redeem):
                       bearer credits
     envelope.py       SignedTx, sign / encode / decode, the type → body registry, and
@@ -41,8 +41,7 @@ Tx types (`type` → dataclass):
     commit          CommitBatch    many (session, step, shard, commitment) records
     reveal          RevealBatch    many (session, step, shard, output_hash, salt) openings
     verdict_vote    VerdictVote    a validator's EIP-712 signature over a `Verdict`
-    work_report     WorkReport     a gateway's per-node work aggregates + settled query fees
-    contribution    Contribution   a compute node's own per-shard layer/token count
+    work_report     WorkReport     a gateway's served counts, settled query fees and charges
     payout_vote     PayoutVote     a validator's EIP-712 signature over an epoch's `PayoutRoot`
     spot_check_report SpotCheckReport  a validator's verifier lists the spot checks it did
     seed_commit     SeedCommit     a validator's verifier commits to its secret challenge seed

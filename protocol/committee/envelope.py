@@ -20,7 +20,7 @@ from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
-from protocol.committee.settlement import Contribution, PayoutVote, WorkReport
+from protocol.committee.settlement import PayoutVote, WorkReport
 from protocol.committee.verification import (
     SeedCommit,
     SeedReveal,
@@ -55,7 +55,6 @@ TxBody = (
     | RevealBatch
     | VerdictVote
     | WorkReport
-    | Contribution
     | PayoutVote
     | SeedCommit
     | SeedReveal
@@ -77,7 +76,6 @@ BODY_TYPES: dict[str, Any] = {
         RevealBatch,
         VerdictVote,
         WorkReport,
-        Contribution,
         PayoutVote,
         SeedCommit,
         SeedReveal,

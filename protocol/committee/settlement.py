@@ -1,10 +1,10 @@
-"""Settlement txs: gateway work reports, node contributions, payout votes.
+"""Settlement txs: gateway work reports, payout votes.
 
-`work_report` (a gateway): per-node work aggregates, settled query fees and cumulative charges
-under payer-signed authorizations (`ChargeItem`), each item judged on its own by the chain;
-`contribution` (a compute node): its own per-shard count, credited only up to what gateways
-reported; `payout_vote` (a validator): a signature over a `PayoutRoot` statement, named by its
-number (`statement_number(epoch, page)`). The chain's rules: `abci_app/settlement.py`.
+`work_report` (a gateway): per-node served counts (commitment coverage only: nodes are paid
+through the credits they redeem), settled query fees and cumulative charges under payer-signed
+authorizations (`ChargeItem`), each item judged on its own by the chain; `payout_vote` (a
+validator): a signature over a `PayoutRoot` statement, named by its number
+(`statement_number(epoch, page)`). The chain's rules: `abci_app/settlement.py`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from protocol.committee.grammar import (
 
 MAX_REPORT_ITEMS = 1024
 MAX_LAYERS = 65_536
-MAX_TOKENS = (1 << 48) - 1  # per report item and per contribution item
+MAX_TOKENS = (1 << 48) - 1  # per report item
 _FEE_DEC = re.compile(r"(?:0|[1-9][0-9]{0,19})\Z")
 MAX_FEE = (1 << 64) - 1  # the escrow's deposit cap
 
@@ -45,19 +45,6 @@ class NodeWork:
 
     def to_json(self) -> list[Any]:
         return [self.node, self.model, self.shard, self.layers, self.tokens]
-
-
-@dataclass(frozen=True, slots=True)
-class ShardWork:
-    """A compute node's own count: `layers` layers of (`model`, `shard`) over `tokens` tokens."""
-
-    model: str
-    shard: int
-    layers: int
-    tokens: int
-
-    def to_json(self) -> list[Any]:
-        return [self.model, self.shard, self.layers, self.tokens]
 
 
 def _shard_fields(item: list[Any], where: str) -> tuple[str, int, int, int]:
@@ -235,34 +222,6 @@ class WorkReport:
         if not work and not queries and not charges:
             raise TxDecodeError("body: an empty report")
         return cls(tuple(work), tuple(queries), tuple(charges))
-
-
-@dataclass(frozen=True, slots=True)
-class Contribution:
-    """A compute node's own per-shard count since its last contribution. The chain credits it
-    only up to the work gateways reported for this node (see `abci_app/settlement.py`).
-
-    Wire: `{"work": [[model, shard, layers, tokens], ...]}`, 1–256 items strictly ascending by
-    (model, shard)."""
-
-    work: tuple[ShardWork, ...]
-
-    TYPE: ClassVar[str] = "contribution"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"work": [w.to_json() for w in self.work]}
-
-    @classmethod
-    def from_json(cls, body: Any) -> Contribution:
-        b = check.exact_object(body, "body", {"work"})
-        items = check.rows(b["work"], "body.work", 4, 256)
-        if not items:
-            raise TxDecodeError("body.work: expected 1..256 items")
-        work = tuple(ShardWork(*_shard_fields(item, "body.work[]")) for item in items)
-        keys = [(w.model, w.shard) for w in work]
-        if keys != sorted(set(keys)):
-            raise TxDecodeError("body.work: must be strictly ascending by (model, shard)")
-        return cls(work)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,13 @@
-"""Settlement on the committee chain: gateway work reports, node contributions, the epoch close
-and payout votes, with every refusal named (abci_app/settlement.py)."""
+"""Settlement on the committee chain: gateway work reports (served counts, query fees), the
+epoch close — the credit pool's draw split over the epoch's redemptions, each gateway's revenue
+paid to it on its own pages — and payout votes, with every refusal named
+(abci_app/settlement.py)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,16 +15,19 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.queries import query
-from abci_app.rules import epoch_of
+from protocol.committee.credits import Redeem
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.registry import Heartbeat
-from protocol.committee.settlement import Contribution, NodeWork, PayoutVote, ShardWork, WorkReport
+from protocol.committee.settlement import (
+    NodeWork,
+    PayoutVote,
+    WorkReport,
+    statement_number,
+)
 from protocol.committee.verification import VerdictVote
 from protocol.eip712 import PayoutRoot, Verdict, address_of, committee_domain
 from shares.merkle import Payout, verify
-from shares.payouts import ComputeWork, EpochWork, SettledQuery, ShardHealth
-from shares.settlement import close_epoch
 from tests.committee_chain import (
     COMMITTEE_ADDRESS,
     EVM_CHAIN_ID,
@@ -40,23 +47,30 @@ pytestmark = pytest.mark.unit
 
 ESCROW = "0x" + "ee" * 20
 GATEWAY = seeded_key("gateway")
+GATEWAY_EVM = "0x" + "9a" * 20  # the address genesis binds to GATEWAY: its revenue's payee
 DOMAIN = committee_domain(EVM_CHAIN_ID, COMMITTEE_ADDRESS)
 Q1, Q2, Q3 = ("0x" + f"{i:02x}" * 32 for i in (1, 2, 3))
+CREDIT_PRICE = 10**12  # as tests/unit/test_abci_credits.py
+CREDIT_LAYER_TOKENS = 4096
+CREDIT_NOW = 1_800_000_000
 
 
 def settled_chain(**extra: object) -> Chain:
-    return Chain(
-        genesis={
-            "gateways": [hexkey(GATEWAY)],
-            "evm": {
-                "chain_id": EVM_CHAIN_ID,
-                "committee_address": COMMITTEE_ADDRESS,
-                "fraud_proofs_address": FRAUD_PROOFS_ADDRESS,
-                "escrow_address": ESCROW,
-            },
-            **extra,
-        }
-    )
+    genesis: dict[str, object] = {
+        "gateways": [hexkey(GATEWAY)],
+        "gateway_addresses": {hexkey(GATEWAY): GATEWAY_EVM},
+        "evm": {
+            "chain_id": EVM_CHAIN_ID,
+            "committee_address": COMMITTEE_ADDRESS,
+            "fraud_proofs_address": FRAUD_PROOFS_ADDRESS,
+            "escrow_address": ESCROW,
+        },
+        "credits": {"price_wei": str(CREDIT_PRICE), "layer_tokens": CREDIT_LAYER_TOKENS},
+    }
+    genesis.update(extra)
+    chain = Chain(genesis=genesis)
+    chain.time_s = CREDIT_NOW  # block time: what mints' and charges' expiries are checked against
+    return chain
 
 
 def ask(chain: Chain, path: str) -> dict:
@@ -74,7 +88,7 @@ def two_nodes(chain: Chain) -> tuple[SigningKey, SigningKey]:
     b = register(chain, "node-b", shards=(1,))
     make_routable(chain, a)
     make_routable(chain, b)
-    # both nodes' committed served work in one block (a contribution is credited against it)
+    # both nodes' committed served work in one block (what redemptions consume)
     results = chain.block([served_commit_tx(chain, a, 0), served_commit_tx(chain, b, 1)])
     assert [r.code for r in results] == [Code.OK, Code.OK]
     return a, b
@@ -98,22 +112,50 @@ def next_epoch_end(chain: Chain) -> int:
     return end // length
 
 
-def served_epoch(chain: Chain) -> tuple[SigningKey, SigningKey, int]:
-    """Both nodes backed (A 2 layers × 10 tokens, B 3 × 10), both contribute, the epoch closes."""
+def close_current(chain: Chain) -> int:
+    """Advance to the close of the epoch the last block belongs to (closed already when that
+    block was its last); returns that epoch."""
+    length = chain.state.genesis.epoch_length
+    epoch = -(-chain.state.height // length)
+    chain.advance_to(epoch * length)
+    return epoch
+
+
+def redeemed(
+    chain: Chain,
+    tmp: Path,
+    shares: dict[SigningKey, tuple[int, int]],
+    others: Callable[[], list[bytes]] = list,
+) -> list[object]:
+    """Credits bought (one funded mint), then each node (key → (shard, credits)) commits what it
+    served and redeems its credits, in one block with the txs `others()` makes then (after the
+    mint's, so their nonces follow): all in one epoch."""
+    from tests.unit.test_abci_credits import minted
+
+    length = chain.state.genesis.epoch_length
+    if chain.state.height % length > length - 5:  # minted's 3 blocks and this one fit
+        next_epoch_end(chain)
+    credits, _, _ = minted(chain, tmp, count=sum(n for _, n in shares.values()))
+    txs, taken = [], 0
+    for key, (shard, count) in shares.items():
+        txs.append(served_commit_tx(chain, key, shard))
+        redeem = Redeem("m", shard, tuple(credits[taken : taken + count]))
+        txs.append(chain.tx(redeem, key))
+        taken += count
+    return chain.block([*txs, *others()])
+
+
+def served_epoch(chain: Chain, tmp: Path) -> tuple[SigningKey, SigningKey, int]:
+    """A redeems 2 credits on shard 0, B 3 on shard 1; the gateway reports its served counts and
+    two query fees (600 and 401); the epoch closes."""
     a, b = two_nodes(chain)
     work = report(
         NodeWork(hexkey(a), "m", 0, 2, 10),
         NodeWork(hexkey(b), "m", 1, 3, 10),
         queries=((Q1, 600), (Q2, 401)),
     )
-    assert one(chain, work, GATEWAY).code == Code.OK
-    results = chain.block(
-        [
-            chain.tx(Contribution((ShardWork("m", 0, 2, 10),)), a),
-            chain.tx(Contribution((ShardWork("m", 1, 3, 10),)), b),
-        ]
-    )
-    assert [r.code for r in results] == [Code.OK, Code.OK], [r.log for r in results]
+    results = redeemed(chain, tmp, {a: (0, 2), b: (1, 3)}, lambda: [chain.tx(work, GATEWAY)])
+    assert [r.code for r in results] == [Code.OK] * 5, [r.log for r in results]
     return a, b, next_epoch_end(chain)
 
 
@@ -140,47 +182,57 @@ def vote(chain: Chain, index: int, epoch: int, key: bytes | None = None) -> obje
     return one(chain, PayoutVote(epoch, "0x" + signature.hex()), validator.key)
 
 
+def rows(chain: Chain, number: int) -> dict[str, int]:
+    return {a: int(amount) for a, amount in ask(chain, f"/payouts?epoch={number}")["rows"]}
+
+
 # --- the whole path ---------------------------------------------------------------------------
 
 
-def test_settlement_served_work_becomes_the_close_epoch_root_and_proofs_verify() -> None:
+def test_settlement_the_pool_pays_redemptions_and_the_gateway_its_revenue_with_proofs(
+    tmp_path: Path,
+) -> None:
     chain = settled_chain()
-    _, _, epoch = served_epoch(chain)
-    view = ask(chain, f"/payouts?epoch={epoch}")
-    expected = close_epoch(
-        EpochWork(
-            epoch=epoch,
-            queries=(SettledQuery(Q1, 600), SettledQuery(Q2, 401)),
-            compute=(
-                ComputeWork(evm_of("node-a"), "m", 0, 2, 10),
-                ComputeWork(evm_of("node-b"), "m", 1, 3, 10),
-            ),
-            # each shard has one routable node: the 5x scarcity bonus on both (it cancels)
-            health=(ShardHealth("m", 0, 1), ShardHealth("m", 1, 1)),
-        )
-    )
-    assert view["root"] == "0x" + expected.root.hex()
-    assert view["total"] == "1001" == str(expected.total)
-    assert view["queries_hash"] == "0x" + expected.queries_hash.hex()
-    assert view["consumer"] == ESCROW
-    amounts = {account: int(amount) for account, amount in view["rows"]}
-    assert amounts == {evm_of("node-a"): 400, evm_of("node-b"): 601}
-    for account, amount in amounts.items():
-        proof = ask(chain, f"/payouts/proof?epoch={epoch}&account={account}")
-        assert int(proof["amount"]) == amount
-        steps = [bytes.fromhex(p[2:]) for p in proof["proof"]]
-        assert verify(expected.root, Payout(epoch, account, amount), steps)
+    _, _, epoch = served_epoch(chain, tmp_path)
+    pool = ask(chain, f"/payouts?epoch={epoch}")
+    revenue = ask(chain, f"/payouts?epoch={statement_number(epoch, 1)}")
+    assert (pool["page"], pool["pages"], revenue["page"], revenue["pages"]) == (0, 2, 1, 2)
+    # page 0, the pool's: the mint's purchase goes in, the draw (5 credits' price) comes out
+    # split over the redemptions, 2 : 3 (both shards alone: their 5x scarcity cancels)
+    assert pool["gateways"] == [ESCROW, ESCROW] and pool["query_ids"] == []
+    assert pool["total"] == str(5 * CREDIT_PRICE)
+    assert rows(chain, epoch) == {
+        evm_of("node-a"): 2 * CREDIT_PRICE,
+        evm_of("node-b"): 3 * CREDIT_PRICE,
+    }
+    # page 1, the gateway's: its two query fees, one row, its own address
+    assert revenue["query_ids"] == [Q1, Q2] and revenue["fees"] == ["600", "401"]
+    assert revenue["total"] == "1001" and revenue["payers"] == []
+    assert rows(chain, statement_number(epoch, 1)) == {GATEWAY_EVM: 1001}
+    assert revenue["consumer"] == pool["consumer"] == ESCROW
+    for number, view in ((epoch, pool), (statement_number(epoch, 1), revenue)):
+        root = bytes.fromhex(view["root"][2:])
+        for account, amount in rows(chain, number).items():
+            proof = ask(chain, f"/payouts/proof?epoch={number}&account={account}")
+            assert int(proof["amount"]) == amount
+            steps = [bytes.fromhex(p[2:]) for p in proof["proof"]]
+            assert verify(root, Payout(number, account, amount), steps)
     # the queries are settled: re-reporting one with its fee changes nothing, with another fee
-    # it is a refused item; the credits are gone
+    # it is a refused item; the redemptions are gone
     assert refused_codes(one(chain, report(queries=((Q1, 600),)), GATEWAY)) == []
     assert refused_codes(one(chain, report(queries=((Q1, 1),)), GATEWAY)) == ["DUPLICATE_QUERY"]
-    assert chain.state.committed("sqdone", Q1) == {"fee": "600", "statement": epoch}
+    assert chain.state.committed("sqdone", Q1) == {
+        "fee": "600",
+        "statement": statement_number(epoch, 1),
+    }
     assert ask(chain, f"/credits?account={evm_of('node-a')}&epoch={epoch}")["credits"] == []
 
 
-def test_settlement_payout_votes_confirm_at_two_thirds_and_resigning_is_a_duplicate() -> None:
+def test_settlement_payout_votes_confirm_at_two_thirds_and_resigning_is_a_duplicate(
+    tmp_path: Path,
+) -> None:
     chain = settled_chain()
-    _, _, epoch = served_epoch(chain)
+    _, _, epoch = served_epoch(chain, tmp_path)
     assert vote(chain, 0, epoch).code == Code.OK
     assert vote(chain, 1, epoch).code == Code.OK
     assert ask(chain, f"/payouts?epoch={epoch}")["confirmed"] is False
@@ -195,9 +247,9 @@ def test_settlement_payout_votes_confirm_at_two_thirds_and_resigning_is_a_duplic
     assert ask(chain, f"/payouts?epoch={epoch}")["root"] == before
 
 
-def test_settlement_payout_vote_refusals_are_named() -> None:
+def test_settlement_payout_vote_refusals_are_named(tmp_path: Path) -> None:
     chain = settled_chain()
-    _, _, epoch = served_epoch(chain)
+    _, _, epoch = served_epoch(chain, tmp_path)
     stranger = seeded_evm_key("not-the-operator")
     assert vote(chain, 0, epoch, key=stranger).code == Code.BAD_PAYOUT_SIGNATURE
     no_statement = one(chain, PayoutVote(epoch + 7, "0x" + "11" * 65), chain.validators[0].key)
@@ -209,44 +261,13 @@ def test_settlement_payout_vote_refusals_are_named() -> None:
     assert refused.code == Code.SETTLEMENT_DISABLED
 
 
-# --- evidence rules -----------------------------------------------------------------------------
+# --- what a gateway reports ---------------------------------------------------------------------
 
 
-def test_settlement_contribution_without_backing_is_refused() -> None:
-    chain = settled_chain()
-    a, _ = two_nodes(chain)
-    result = one(chain, Contribution((ShardWork("m", 0, 2, 10),)), a)
-    assert result.code == Code.UNBACKED_CONTRIBUTION
-    assert ask(chain, f"/credits?account={evm_of('node-a')}")["credits"] == []
-    # a shard the node did not register, even with backing on its own shard
-    assert one(chain, report(NodeWork(hexkey(a), "m", 0, 2, 10)), GATEWAY).code == Code.OK
-    other = one(chain, Contribution((ShardWork("m", 1, 2, 10),)), a)
-    assert other.code == Code.UNBACKED_CONTRIBUTION
-
-
-def test_settlement_contribution_is_credited_only_up_to_the_backing() -> None:
-    chain = settled_chain()
-    a, _ = two_nodes(chain)
-    assert one(chain, report(NodeWork(hexkey(a), "m", 0, 2, 10)), GATEWAY).code == Code.OK
-    epoch = str(epoch_of(chain.state, chain.state.height))  # the report's block
-    assert ask(chain, f"/backing?node={hexkey(a)}")["backing"] == [
-        {"model": "m", "shard": 0, "layer_tokens": 20, "epochs": {epoch: 20}}
-    ]
-    assert one(chain, Contribution((ShardWork("m", 0, 2, 1000),)), a).code == Code.OK
-    [credit] = ask(chain, f"/credits?account={evm_of('node-a')}")["credits"]
-    assert credit["layer_tokens"] == 20
-    assert ask(chain, f"/backing?node={hexkey(a)}")["backing"] == []
-    again = one(chain, Contribution((ShardWork("m", 0, 2, 1),)), a)
-    assert again.code == Code.UNBACKED_CONTRIBUTION
-
-
-def test_settlement_contribution_below_backing_leaves_the_rest_for_later() -> None:
-    chain = settled_chain()
-    a, _ = two_nodes(chain)
-    assert one(chain, report(NodeWork(hexkey(a), "m", 0, 2, 10)), GATEWAY).code == Code.OK
-    assert one(chain, Contribution((ShardWork("m", 0, 2, 4),)), a).code == Code.OK
-    [left] = ask(chain, f"/backing?node={hexkey(a)}")["backing"]
-    assert left["layer_tokens"] == 12
+def reported(chain: Chain, key: SigningKey, shard: int) -> int:
+    """The tokens gateways reported for a node on a shard (its commitment coverage)."""
+    record = chain.state.get("cover", f"{hexkey(key)}/{shard:05d}")
+    return 0 if record is None else record["reported"]
 
 
 def test_settlement_work_report_refused_whole_only_for_a_stranger() -> None:
@@ -255,9 +276,24 @@ def test_settlement_work_report_refused_whole_only_for_a_stranger() -> None:
     stranger = seeded_key("not-a-gateway")
     body = report(NodeWork(hexkey(a), "m", 0, 2, 10), queries=((Q1, 5),))
     assert one(chain, body, stranger).code == Code.UNKNOWN_GATEWAY
-    assert one(chain, body, a).code == Code.UNKNOWN_GATEWAY  # a node cannot back itself
-    assert ask(chain, f"/backing?node={hexkey(a)}")["backing"] == []
+    assert one(chain, body, a).code == Code.UNKNOWN_GATEWAY  # a node cannot report itself
+    assert reported(chain, a, 0) == 0
     assert chain.state.items("squery") == []
+
+
+def test_settlement_served_counts_feed_coverage_and_never_pay(tmp_path: Path) -> None:
+    chain = settled_chain()
+    a, b = two_nodes(chain)
+    work = report(NodeWork(hexkey(a), "m", 0, 2, 10_000), NodeWork(hexkey(b), "m", 1, 3, 10))
+    assert refused_codes(one(chain, work, GATEWAY)) == []
+    assert (reported(chain, a, 0), reported(chain, b, 1)) == (10_000, 10)
+    epoch = next_epoch_end(chain)  # nothing redeemed, no fee: nothing to pay anyone
+    assert ask_code(chain, f"/payouts?epoch={epoch}") == Code.NOT_FOUND
+    # B redeems one credit: the draw is all B's, whatever A was reported to have served
+    results = redeemed(chain, tmp_path, {b: (1, 1)})
+    assert [r.code for r in results] == [Code.OK] * 2
+    later = next_epoch_end(chain)
+    assert rows(chain, later) == {evm_of("node-b"): CREDIT_PRICE}
 
 
 def test_settlement_a_bad_item_is_refused_alone_by_name_and_the_others_apply() -> None:
@@ -288,9 +324,8 @@ def test_settlement_a_bad_item_is_refused_alone_by_name_and_the_others_apply() -
     assert all(r["reason"] for r in refused)
     summary = dict(dict(result.events)["planet.work_report"])
     assert (summary["applied"], summary["unchanged"], summary["refused"]) == ("3", "1", "3")
-    # the good items applied: both nodes backed, Q2 pending; Q1 keeps its first fee
-    assert ask(chain, f"/backing?node={hexkey(a)}")["backing"][0]["layer_tokens"] == 20
-    assert ask(chain, f"/backing?node={hexkey(b)}")["backing"][0]["layer_tokens"] == 4
+    # the good items applied: both nodes' counts, Q2 pending; Q1 keeps its first fee
+    assert (reported(chain, a, 0), reported(chain, b, 1)) == (10, 4)
     assert chain.state.get("squery", Q1)["fee"] == "5"
     assert chain.state.get("squery", Q2)["fee"] == "7"
     assert chain.state.get("squery", Q3) is None  # a zero fee charges nothing
@@ -301,63 +336,38 @@ def test_settlement_query_fees_are_idempotent() -> None:
     assert refused_codes(one(chain, report(queries=((Q1, 5),)), GATEWAY)) == []
     again = one(chain, report(queries=((Q1, 5),)), GATEWAY)
     assert again.code == Code.OK and refused_codes(again) == []
-    assert chain.state.get("squery", Q1) == {"fee": "5", "height": 1}  # not re-dated
+    # not re-dated; paid to the address genesis binds to the reporting key
+    assert chain.state.get("squery", Q1) == {"fee": "5", "height": 1, "gateway": GATEWAY_EVM}
     assert refused_codes(one(chain, report(queries=((Q1, 4),)), GATEWAY)) == ["DUPLICATE_QUERY"]
 
 
-def test_settlement_nothing_to_pay_carries_the_queries_forward() -> None:
-    chain = settled_chain()
+def test_settlement_a_gateway_without_a_bound_address_has_no_payee_for_fees() -> None:
+    chain = settled_chain(gateway_addresses={})
     a, _ = two_nodes(chain)
-    # fees but no credited work in this epoch: no statement
+    result = one(chain, report(NodeWork(hexkey(a), "m", 0, 1, 3), queries=((Q1, 5),)), GATEWAY)
+    assert result.code == Code.OK and refused_codes(result) == ["WRONG_GATEWAY"]
+    assert chain.state.get("squery", Q1) is None
+    assert reported(chain, a, 0) == 3  # its served counts still apply
+
+
+def test_settlement_revenue_is_paid_with_no_redemption_and_no_share_at_all() -> None:
+    chain = settled_chain()
+    # fees, no node paid by credits this epoch: the gateway is paid anyway (no share needed)
     assert one(chain, report(queries=((Q3, 70),)), GATEWAY).code == Code.OK
-    first = next_epoch_end(chain)
-    assert ask_code(chain, f"/payouts?epoch={first}") == Code.NOT_FOUND
-    # the next epoch has work: the carried query is settled there
-    assert one(chain, report(NodeWork(hexkey(a), "m", 0, 1, 7)), GATEWAY).code == Code.OK
-    assert one(chain, Contribution((ShardWork("m", 0, 1, 7),)), a).code == Code.OK
-    second = next_epoch_end(chain)
-    view = ask(chain, f"/payouts?epoch={second}")
-    assert view["query_ids"] == [Q3] and view["rows"] == [[evm_of("node-a"), "70"]]
+    epoch = next_epoch_end(chain)
+    view = ask(chain, f"/payouts?epoch={epoch}")
+    assert view["query_ids"] == [Q3] and view["rows"] == [[GATEWAY_EVM, "70"]]
+    assert view["pages"] == 1 and view["shares"] == {}
 
 
-def test_settlement_work_before_its_fees_waits_for_them() -> None:
-    chain = settled_chain()
-    a, b = two_nodes(chain)
-    assert one(chain, report(NodeWork(hexkey(a), "m", 0, 2, 10)), GATEWAY).code == Code.OK
-    assert one(chain, Contribution((ShardWork("m", 0, 2, 10),)), a).code == Code.OK
-    first = next_epoch_end(chain)  # work, no fee yet: no statement, the credit moves on
-    assert ask_code(chain, f"/payouts?epoch={first}") == Code.NOT_FOUND
-    assert ask(chain, f"/credits?account={evm_of('node-a')}")["credits"][0]["layer_tokens"] == 20
-    work = report(NodeWork(hexkey(b), "m", 1, 1, 20), queries=((Q1, 100),))
-    assert one(chain, work, GATEWAY).code == Code.OK
-    assert one(chain, Contribution((ShardWork("m", 1, 1, 20),)), b).code == Code.OK
-    second = next_epoch_end(chain)
-    rows = ask(chain, f"/payouts?epoch={second}")["rows"]
-    # equal layer-tokens (20 each), both shards alone (5x): half each
-    assert rows == sorted([[evm_of("node-a"), "50"], [evm_of("node-b"), "50"]])
-
-
-def test_settlement_node_slashed_in_the_epoch_earns_nothing() -> None:
-    chain = settled_chain()
-    a, b = two_nodes(chain)
-    work = report(
-        NodeWork(hexkey(a), "m", 0, 2, 10),
-        NodeWork(hexkey(b), "m", 1, 3, 10),
-        queries=((Q1, 1000),),
-    )
-    assert one(chain, work, GATEWAY).code == Code.OK
-    chain.block(
-        [
-            chain.tx(Contribution((ShardWork("m", 0, 2, 10),)), a),
-            chain.tx(Contribution((ShardWork("m", 1, 3, 10),)), b),
-        ]
-    )
+def slash_votes(chain: Chain, label: str, tag: int) -> list[bytes]:
+    """Three validators' votes confirming a verdict against `label`'s node."""
     verdict = Verdict(
-        node=address_of(seeded_evm_key("node-b")),
+        node=address_of(seeded_evm_key(label)),
         offence=1,
-        evidence_hash=b"\x07" * 32,
+        evidence_hash=bytes([tag]) * 32,
         challenger=address_of(seeded_evm_key("challenger")),
-        nonce=1,
+        nonce=tag,
         consumer=FRAUD_PROOFS_ADDRESS,
     )
     votes = []
@@ -368,19 +378,61 @@ def test_settlement_node_slashed_in_the_epoch_earns_nothing() -> None:
             offence=1,
             evidence_hash="0x" + verdict.evidence_hash.hex(),
             challenger=verdict.challenger,
-            verdict_nonce=1,
+            verdict_nonce=tag,
             signature="0x" + signature.hex(),
         )
         votes.append(chain.tx(body, validator.key))
-    assert [r.code for r in chain.block(votes)] == [Code.OK] * 3
-    epoch = next_epoch_end(chain)
-    assert ask(chain, f"/payouts?epoch={epoch}")["rows"] == [[evm_of("node-a"), "1000"]]
+    return votes
 
 
-def test_settlement_same_txs_give_the_same_app_hash() -> None:
+def test_settlement_slashed_node_earns_nothing_and_the_gateway_is_paid_anyway(
+    tmp_path: Path,
+) -> None:
+    chain = settled_chain()
+    a, b = two_nodes(chain)
+    fee = report(queries=((Q1, 1000),))
+    results = redeemed(chain, tmp_path, {a: (0, 1), b: (1, 3)}, lambda: [chain.tx(fee, GATEWAY)])
+    assert [r.code for r in results] == [Code.OK] * 5, [r.log for r in results]
+    assert [r.code for r in chain.block(slash_votes(chain, "node-b", 7))] == [Code.OK] * 3
+    epoch = close_current(chain)
+    # the draw (4 credits' price) is all A's; the gateway's fee is its own, untouched
+    assert rows(chain, epoch) == {evm_of("node-a"): 4 * CREDIT_PRICE}
+    assert rows(chain, statement_number(epoch, 1)) == {GATEWAY_EVM: 1000}
+
+
+def test_settlement_a_draw_nobody_may_take_waits_for_the_next_epochs_redeemers(
+    tmp_path: Path,
+) -> None:
+    chain = settled_chain()
+    a, b = two_nodes(chain)
+    results = redeemed(chain, tmp_path, {a: (0, 2)})
+    assert [r.code for r in results] == [Code.OK] * 2
+    assert [r.code for r in chain.block(slash_votes(chain, "node-a", 8))] == [Code.OK] * 3
+    first = close_current(chain)  # only a slashed redeemer: the purchase goes in, no draw
+    view = ask(chain, f"/payouts?epoch={first}")
+    assert view["rows"] == [] and view["gateways"] == [ESCROW]
+    assert rows(chain, first) == {}
+    results = redeemed(chain, tmp_path / "later", {b: (1, 1)})
+    assert [r.code for r in results] == [Code.OK] * 2
+    later = next_epoch_end(chain)  # B's redemption is paid what A's could not take, too
+    assert rows(chain, later) == {evm_of("node-b"): 3 * CREDIT_PRICE}
+
+
+def test_settlement_same_txs_give_the_same_app_hash(tmp_path: Path) -> None:
     one_chain, other = settled_chain(), settled_chain()
-    served_epoch(one_chain)
-    served_epoch(other)
+    blocks: list[tuple[int, list[bytes]]] = []
+    deliver = one_chain.block
+
+    def recording(txs: list[bytes] | None = None, **kwargs: Any) -> list[Any]:
+        blocks.append((one_chain.state.height, list(txs or [])))
+        return deliver(txs, **kwargs)
+
+    one_chain.block = recording  # type: ignore[method-assign]
+    served_epoch(one_chain, tmp_path)
+    for height, txs in blocks:  # the same bytes at the same heights (mints carry random nonces)
+        other.advance_to(height)
+        other.block(txs)
+    other.advance_to(one_chain.state.height)
     assert one_chain.state.app_hash == other.state.app_hash
 
 
@@ -421,10 +473,7 @@ NODE = "ab" * 32
         ("work_report", {"queries": [], "work": [[NODE, "m", True, 1, 1]]}),
         ("work_report", {"queries": "x", "work": []}),
         ("work_report", {"work": []}),
-        ("contribution", {"work": []}),
-        ("contribution", {"work": [["m", 0, 1, 1], ["m", 0, 1, 1]]}),
-        ("contribution", {"work": [["m", 0, 1]]}),
-        ("contribution", {"work": [["m", -1, 1, 1]]}),
+        ("contribution", {"work": [["m", 0, 1, 1]]}),  # the retired tx: no such type now
         ("payout_vote", {"epoch": 0, "signature": "0x" + "11" * 65}),
         ("payout_vote", {"epoch": 1, "signature": "0x" + "11" * 64}),
         ("payout_vote", {"epoch": 1, "signature": "0x" + "11" * 65, "extra": 1}),
@@ -441,7 +490,6 @@ def test_settlement_hostile_bodies_are_malformed_never_a_crash(kind: str, body: 
 def test_settlement_tx_bodies_round_trip() -> None:
     for body in (
         report(NodeWork(NODE, "m", 0, 2, 10), queries=((Q1, 0), (Q2, (1 << 64) - 1))),
-        Contribution((ShardWork("a", 0, 1, 1), ShardWork("m", 3, 2, 5))),
         PayoutVote(3, "0x" + "11" * 65),
     ):
         tx = sign(body, GATEWAY, 5)
@@ -456,8 +504,6 @@ def test_settlement_tx_bodies_round_trip() -> None:
         "/payouts?account=0x12",
         "/payouts/proof?epoch=1",
         "/payouts/proof?account=0x" + "11" * 20,
-        "/backing",
-        "/backing?node=XYZ",
         "/credits",
         "/credits?account=" + "11" * 20,
     ],
@@ -466,106 +512,52 @@ def test_settlement_queries_bad_parameters_are_bad_query(path: str) -> None:
     assert ask_code(settled_chain(), path) == Code.BAD_QUERY
 
 
-def test_settlement_queries_unknown_epoch_or_account_not_found() -> None:
+def test_settlement_queries_unknown_epoch_or_account_not_found(tmp_path: Path) -> None:
     chain = settled_chain()
-    _, _, epoch = served_epoch(chain)
+    _, _, epoch = served_epoch(chain, tmp_path)
     assert ask_code(chain, "/payouts?epoch=99") == Code.NOT_FOUND
     stranger = "0x" + "12" * 20
     assert ask_code(chain, f"/payouts/proof?epoch={epoch}&account={stranger}") == Code.NOT_FOUND
     listed = ask(chain, f"/payouts?account={evm_of('node-a')}")
-    assert [e["epoch"] for e in listed["epochs"]] == [epoch]
-    assert listed["epochs"][0]["amount"] == "400"
+    assert [e["amount"] for e in listed["epochs"] if e["epoch"] == epoch] == [str(2 * CREDIT_PRICE)]
+    revenue = ask(chain, f"/payouts?account={GATEWAY_EVM}")
+    assert [e["amount"] for e in revenue["epochs"] if e["epoch"] == epoch + (1 << 32)] == ["1001"]
 
 
-def test_settlement_records_are_pruned_with_their_epoch() -> None:
+def test_settlement_records_are_pruned_with_their_epoch(tmp_path: Path) -> None:
     chain = settled_chain(retention_epochs=1)
-    _, _, epoch = served_epoch(chain)
-    assert chain.state.committed("sqdone", Q1) == {"fee": "600", "statement": epoch}
+    _, _, epoch = served_epoch(chain, tmp_path)
+    page = statement_number(epoch, 1)
+    assert chain.state.committed("sqdone", Q1) == {"fee": "600", "statement": page}
     length = chain.state.genesis.epoch_length
     chain.advance_to((epoch + 2) * length + 1)  # first block of epoch e + retention + 1
     assert ask_code(chain, f"/payouts?epoch={epoch}") == Code.NOT_FOUND
+    assert ask_code(chain, f"/payouts?epoch={page}") == Code.NOT_FOUND
     assert chain.state.committed("sqdone", Q1) is None
     assert list(chain.state.committed_items("credit")) == []
     assert list(chain.state.committed_items("squery")) == []
 
 
-def test_settlement_scarcity_counts_routable_nodes_not_only_contributors() -> None:
+def test_settlement_scarcity_counts_routable_nodes_not_only_redeemers(tmp_path: Path) -> None:
     chain = settled_chain()
     a, b = two_nodes(chain)  # A alone on shard 0 (5x); B on shard 1 ...
     c = register(chain, "node-c", shards=(1,))
     make_routable(chain, c)  # ... with C routable there too (2x), though C earns nothing
     unstaked = register(chain, "node-d", shards=(0,))  # not routable: no effect on shard 0
-    work = report(
-        NodeWork(hexkey(a), "m", 0, 1, 10),
-        NodeWork(hexkey(b), "m", 1, 1, 10),
-        queries=((Q1, 700),),
-    )
-    assert one(chain, work, GATEWAY).code == Code.OK
     length = chain.state.genesis.epoch_length
-    end = (chain.state.height // length + 1) * length
-    if chain.state.height > end - 2:  # no room before this epoch's end: the next one's
-        end += length
-    chain.advance_to(end - 2)
+    next_epoch_end(chain)
     # in the epoch's last blocks, so they are SERVING at the close (heartbeat timeout 4)
-    results = chain.block(
-        [
-            chain.tx(Contribution((ShardWork("m", 0, 1, 10),)), a),
-            chain.tx(Contribution((ShardWork("m", 1, 1, 10),)), b),
-            *(chain.tx(Heartbeat(), key) for key in (a, b, c, unstaked)),
-        ]
+    results = redeemed(
+        chain,
+        tmp_path,
+        {a: (0, 1), b: (1, 1)},
+        lambda: [chain.tx(Heartbeat(), key) for key in (a, b, c, unstaked)],
     )
-    assert [r.code for r in results] == [Code.OK] * 6
+    assert [r.code for r in results] == [Code.OK] * 8, [r.log for r in results]
+    assert chain.state.height % length == length - 1
     epoch = next_epoch_end(chain)
-    rows = dict(ask(chain, f"/payouts?epoch={epoch}")["rows"])
-    assert rows == {evm_of("node-a"): "500", evm_of("node-b"): "200"}  # 5 : 2
-
-
-# --- credit belongs to the epoch the work was served in -----------------------------------------
-
-
-def test_settlement_backing_is_creditable_in_its_epoch_and_the_next_only() -> None:
-    chain = settled_chain()
-    a, b = two_nodes(chain)
-    length = chain.state.genesis.epoch_length
-    served = chain.state.height // length + 1
-    work = report(NodeWork(hexkey(a), "m", 0, 2, 10), NodeWork(hexkey(b), "m", 1, 3, 10))
-    assert refused_codes(one(chain, work, GATEWAY)) == []
-    chain.advance_to(served * length)  # epoch `served` closes
-    # B claims in the next epoch: one epoch of grace
-    assert one(chain, Contribution((ShardWork("m", 1, 3, 10),)), b).code == Code.OK
-    [credit] = ask(chain, f"/credits?account={evm_of('node-b')}")["credits"]
-    assert credit["layer_tokens"] == 30
-    assert ask(chain, f"/backing?node={hexkey(a)}")["backing"] == [
-        {"model": "m", "shard": 0, "layer_tokens": 20, "epochs": {str(served): 20}}
-    ]
-    chain.advance_to((served + 1) * length)  # the epoch after closes: A's backing expires
-    assert ask(chain, f"/backing?node={hexkey(a)}")["backing"] == []
-    late = one(chain, Contribution((ShardWork("m", 0, 2, 10),)), a)
-    assert late.code == Code.UNBACKED_CONTRIBUTION, late.log
-    assert ask(chain, f"/credits?account={evm_of('node-a')}")["credits"] == []
-
-
-def test_settlement_a_contribution_uses_the_older_backing_first() -> None:
-    chain = settled_chain()
-    a, _ = two_nodes(chain)
-    length = chain.state.genesis.epoch_length
-    first = chain.state.height // length + 1
-    assert refused_codes(one(chain, report(NodeWork(hexkey(a), "m", 0, 1, 6)), GATEWAY)) == []
-    chain.advance_to(first * length)
-    assert refused_codes(one(chain, report(NodeWork(hexkey(a), "m", 0, 1, 5)), GATEWAY)) == []
-    assert one(chain, Contribution((ShardWork("m", 0, 1, 8),)), a).code == Code.OK
-    [left] = ask(chain, f"/backing?node={hexkey(a)}")["backing"]
-    assert left == {"model": "m", "shard": 0, "layer_tokens": 3, "epochs": {str(first + 1): 3}}
-
-
-def test_settlement_credits_of_an_epoch_that_paid_nothing_move_on_once() -> None:
-    chain = settled_chain()
-    a, _ = two_nodes(chain)
-    assert refused_codes(one(chain, report(NodeWork(hexkey(a), "m", 0, 2, 10)), GATEWAY)) == []
-    assert one(chain, Contribution((ShardWork("m", 0, 2, 10),)), a).code == Code.OK
-    first = next_epoch_end(chain)  # no fee: the credit moves to the next epoch, marked carried
-    [carried] = ask(chain, f"/credits?account={evm_of('node-a')}")["credits"]
-    assert carried["layer_tokens"] == 20
-    second = next_epoch_end(chain)  # no fee again: a carried credit moves no further
-    assert second == first + 1
-    assert ask(chain, f"/credits?account={evm_of('node-a')}")["credits"] == []
+    # equal redemptions, 5 : 2 of the draw (2 credits' price)
+    assert rows(chain, epoch) == {
+        evm_of("node-a"): 2 * CREDIT_PRICE * 5 // 7,
+        evm_of("node-b"): 2 * CREDIT_PRICE - 2 * CREDIT_PRICE * 5 // 7,
+    }
