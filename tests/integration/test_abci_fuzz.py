@@ -72,7 +72,6 @@ TX_TYPES = (
     "reveal",
     "verdict_vote",
     "work_report",
-    "contribution",
     "payout_vote",
     "seed_commit",
     "seed_reveal",
@@ -121,7 +120,6 @@ ROUTES = (
     "/params",
     "/payouts",
     "/payouts/proof",
-    "/backing",
     "/credits",
     "/spot_reports",
 )

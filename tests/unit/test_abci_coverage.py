@@ -3,12 +3,15 @@ routing, and a spot-check floor that serving little cannot dodge."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from abci_app import settlement
 from abci_app.codes import Code
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
-from protocol.committee.settlement import Contribution, NodeWork, ShardWork
+from protocol.committee.credits import Redeem
+from protocol.committee.settlement import NodeWork
 from protocol.committee.verification import SpotCheckReport
 from protocol.spotcheck import Triple, checks_for, epoch_verifiers, node_rate_ppm, select
 from tests.committee_chain import Chain, seeded_key
@@ -32,7 +35,7 @@ def routable_node(chain: Chain, label: str, shard: int = 0) -> str:
     return hexkey(seeded_key(label))
 
 
-def credits(chain: Chain, label: str) -> int:
+def credits_of(chain: Chain, label: str) -> int:
     found = ask(chain, f"/credits?account={evm_of(label)}")["credits"]
     return sum(c["layer_tokens"] for c in found)
 
@@ -42,48 +45,23 @@ def close_epochs(chain: Chain, count: int) -> None:
     chain.advance_to((chain.state.height // length + count) * length)
 
 
-def test_coverage_contribution_without_commitments_is_refused_and_earns_nothing() -> None:
-    chain = settled_chain()
-    silent = routable_node(chain, "silent")
-    assert one(chain, report(NodeWork(silent, "m", 0, 2, 100)), GATEWAY).code == Code.OK
-    result = one(chain, Contribution((ShardWork("m", 0, 2, 100),)), seeded_key("silent"))
-    assert result.code == Code.UNCOMMITTED_CONTRIBUTION
-    assert credits(chain, "silent") == 0
-    assert ask(chain, f"/backing?node={silent}")["backing"][0]["layer_tokens"] == 200
+def test_coverage_commitments_older_than_the_grace_window_do_not_cover_a_redemption(
+    tmp_path: Path,
+) -> None:
+    from tests.unit.test_abci_credits import minted
 
-
-def test_coverage_contribution_is_capped_by_committed_positions() -> None:
-    chain = settled_chain()
-    node = routable_node(chain, "node")
-    key = seeded_key("node")
-    assert one(chain, report(NodeWork(node, "m", 0, 2, 100)), GATEWAY).code == Code.OK
-    commit_served(chain, key, shard=0, blocks=2)  # 64 positions
-    assert one(chain, Contribution((ShardWork("m", 0, 2, 100),)), key).code == Code.OK
-    assert credits(chain, "node") == 2 * 64
-    [shard] = ask(chain, f"/coverage?node={node}")["shards"]
-    assert shard["committed_positions"] == 64 and shard["creditable_tokens"] == 0
-    assert shard["reported_tokens"] == 100
-    again = one(chain, Contribution((ShardWork("m", 0, 2, 1),)), key)
-    assert again.code == Code.UNCOMMITTED_CONTRIBUTION  # the commitments are used up
-    # commitments on another shard do not cover this one
-    commit_served(chain, key, shard=1, blocks=2)
-    assert one(chain, Contribution((ShardWork("m", 0, 2, 1),)), key).code == (
-        Code.UNCOMMITTED_CONTRIBUTION
-    )
-
-
-def test_coverage_commitments_older_than_the_grace_window_are_not_credited() -> None:
     chain = settled_chain(commit_grace_epochs=1)
-    node = routable_node(chain, "node")
+    routable_node(chain, "node")
     key = seeded_key("node")
     commit_served(chain, key, shard=0, blocks=1)
     close_epochs(chain, 2)  # the commitment's epoch is now two epochs old
-    assert one(chain, report(NodeWork(node, "m", 0, 2, 10)), GATEWAY).code == Code.OK
-    assert one(chain, Contribution((ShardWork("m", 0, 2, 10),)), key).code == (
-        Code.UNCOMMITTED_CONTRIBUTION
-    )
+    credits, _, _ = minted(chain, tmp_path, count=2)
+    stale = one(chain, Redeem("m", 0, (credits[0],)), key)
+    assert stale.code == Code.UNCOMMITTED_REDEMPTION, stale.log
+    assert credits_of(chain, "node") == 0
     commit_served(chain, key, shard=0, blocks=1)
-    assert one(chain, Contribution((ShardWork("m", 0, 2, 10),)), key).code == Code.OK
+    assert one(chain, Redeem("m", 0, (credits[0],)), key).code == Code.OK
+    assert credits_of(chain, "node") == chain.state.genesis.credit_layer_tokens
 
 
 def test_coverage_silent_node_is_flagged_and_unroutable_after_the_grace_window() -> None:

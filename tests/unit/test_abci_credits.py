@@ -394,7 +394,7 @@ def send_fix(chain: Chain, body: object) -> object:
 
 
 def test_credits_mint_without_genesis_credits_is_disabled(tmp_path: Path) -> None:
-    chain = settled_chain()
+    chain = settled_chain(credits=None)
     chain.time_s = NOW
     chain.advance_to(1)
     publish_keys(chain, 1, tmp_path)

@@ -1,25 +1,31 @@
 """Settlement keeps up: an epoch settles everything pending, oldest reported first, in as many
-payout statements ("pages") as posting needs; each page is its own committee-signed root whose
-rows pay exactly its charges, and every account gets its exact share of the epoch
-(abci_app/settlement.py, shares.settlement.close_epoch_pages)."""
+payout statements ("pages") as posting needs; each page is its own committee-signed root: the
+pool's pages split the credit pool's draw over the epoch's redemptions, each gateway's pages pay
+that gateway exactly its own charges (abci_app/settlement.py,
+shares.settlement.close_epoch_pages)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from nacl.signing import SigningKey
 
 from abci_app import settlement
 from abci_app.codes import Code
-from protocol.committee.settlement import Contribution, NodeWork, ShardWork, statement_number
+from protocol.committee.settlement import statement_number
 from shares.merkle import Payout, verify
-from shares.payouts import ComputeWork, EpochWork, SettledQuery, ShardHealth
-from shares.settlement import close_epoch
 from tests.committee_chain import Chain, seeded_key
 from tests.unit.test_abci_settlement import (
+    CREDIT_PRICE,
+    ESCROW,
     GATEWAY,
+    GATEWAY_EVM,
     ask,
     evm_of,
     next_epoch_end,
     one,
+    redeemed,
     refused_codes,
     report,
     settled_chain,
@@ -30,26 +36,21 @@ from tests.unit.test_abci_state import hexkey
 
 pytestmark = pytest.mark.unit
 
+OTHER = seeded_key("other-gateway")
+OTHER_EVM = "0x" + "9b" * 20
+
 
 def query_id(n: int) -> str:
     return "0x" + f"{n:064x}"
 
 
-def serve(chain: Chain, queries: list[tuple[str, int]], per_report: int = 500) -> None:
-    """Both nodes backed and credited; `queries` reported `per_report` at a time, in order."""
-    a, b = two_nodes(chain)
-    work = report(NodeWork(hexkey(a), "m", 0, 2, 10), NodeWork(hexkey(b), "m", 1, 3, 10))
-    assert refused_codes(one(chain, work, GATEWAY)) == []
+def serve(
+    chain: Chain, queries: list[tuple[str, int]], per_report: int = 500, key: SigningKey = GATEWAY
+) -> None:
+    """`queries` reported by the gateway `key`, `per_report` at a time, in order."""
     for start in range(0, len(queries), per_report):
         batch = tuple(sorted(queries[start : start + per_report]))
-        assert refused_codes(one(chain, report(queries=batch), GATEWAY)) == []
-    results = chain.block(
-        [
-            chain.tx(Contribution((ShardWork("m", 0, 2, 10),)), a),
-            chain.tx(Contribution((ShardWork("m", 1, 3, 10),)), b),
-        ]
-    )
-    assert [r.code for r in results] == [Code.OK, Code.OK]
+        assert refused_codes(one(chain, report(queries=batch), key)) == []
 
 
 def test_an_epoch_settles_more_than_the_old_500_queries_in_one_statement() -> None:
@@ -60,54 +61,54 @@ def test_an_epoch_settles_more_than_the_old_500_queries_in_one_statement() -> No
     view = ask(chain, f"/payouts?epoch={epoch}")
     assert len(view["query_ids"]) == 1_200 and view["pages"] == 1
     assert int(view["total"]) == sum(fee for _, fee in queries)
+    assert view["rows"] == [[GATEWAY_EVM, view["total"]]]
     assert chain.state.items("squery") == []
 
 
 @pytest.fixture
 def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three queries per statement (its gas budget), at most three statements per close."""
+    """Three queries per statement (its gas budget), at most four statements per close."""
     gas = settlement.BASE_GAS + 3 * settlement.QUERY_GAS
     monkeypatch.setattr(settlement, "MAX_STATEMENT_GAS", gas)
-    monkeypatch.setattr(settlement, "MAX_PAGES", 3)
+    monkeypatch.setattr(settlement, "MAX_PAGES", 4)
 
 
-def test_pages_each_pay_their_own_charges_and_sum_to_the_epochs_split(small_pages: None) -> None:
+def test_the_pools_page_splits_the_draw_and_each_revenue_page_pays_its_own_charges(
+    small_pages: None, tmp_path: Path
+) -> None:
     chain = settled_chain(epoch_length=20)
+    a, b = two_nodes(chain)
     queries = [(query_id(i), 100 * i + 1) for i in range(1, 9)]
     serve(chain, queries, per_report=3)  # heights: q1-3, q4-6, q7-8
+    results = redeemed(chain, tmp_path, {a: (0, 2), b: (1, 3)})
+    assert [r.code for r in results] == [Code.OK] * 4
     epoch = next_epoch_end(chain)
-    numbers = [statement_number(epoch, page) for page in range(3)]
-    assert numbers == [epoch, epoch + (1 << 32), epoch + (2 << 32)]
+    numbers = [statement_number(epoch, page) for page in range(4)]
+    assert numbers == [epoch, epoch + (1 << 32), epoch + (2 << 32), epoch + (3 << 32)]
     listing = ask(chain, "/payouts")["epochs"]
     assert [s["epoch"] for s in listing] == numbers[::-1]
-    assert all(s["committee_epoch"] == epoch and s["pages"] == 3 for s in listing)
+    assert all(s["committee_epoch"] == epoch and s["pages"] == 4 for s in listing)
     views = [ask(chain, f"/payouts?epoch={n}") for n in numbers]
-    assert [len(v["query_ids"]) for v in views] == [3, 3, 2]
+    # page 0, the pool's: the purchase in, the draw out, split 2 : 3 over the redemptions
+    assert views[0]["query_ids"] == [] and views[0]["gateways"] == [ESCROW, ESCROW]
+    assert dict(views[0]["rows"]) == {
+        evm_of("node-a"): str(2 * CREDIT_PRICE),
+        evm_of("node-b"): str(3 * CREDIT_PRICE),
+    }
+    # pages 1-3, the gateway's: its queries oldest first, one row each, its exact charges
+    assert [len(v["query_ids"]) for v in views[1:]] == [3, 3, 2]
     fee_of = dict(queries)
-    whole = close_epoch(
-        EpochWork(
-            epoch=epoch,
-            queries=tuple(SettledQuery(q, f) for q, f in queries),
-            compute=(
-                ComputeWork(evm_of("node-a"), "m", 0, 2, 10),
-                ComputeWork(evm_of("node-b"), "m", 1, 3, 10),
-            ),
-            health=(ShardHealth("m", 0, 1), ShardHealth("m", 1, 1)),
-        )
-    )
-    paid: dict[str, int] = {}
     for number, view in zip(numbers, views, strict=True):
-        total = sum(fee_of[q] for q in view["query_ids"])
-        assert int(view["total"]) == total == sum(int(amount) for _, amount in view["rows"])
         root = bytes.fromhex(view["root"][2:])
+        assert int(view["total"]) == sum(int(amount) for _, amount in view["rows"])
         for account, amount in view["rows"]:
-            paid[account] = paid.get(account, 0) + int(amount)
             proof = ask(chain, f"/payouts/proof?epoch={number}&account={account}")
             steps = [bytes.fromhex(p[2:]) for p in proof["proof"]]
             assert verify(root, Payout(number, account, int(amount)), steps)
-    # every account's pages add up to exactly its share of the whole epoch
-    assert paid == dict(whole.table.payouts)
-    assert chain.state.committed("sqdone", query_id(8)) == {"fee": "801", "statement": numbers[2]}
+    for view in views[1:]:
+        total = sum(fee_of[q] for q in view["query_ids"])
+        assert view["rows"] == [[GATEWAY_EVM, str(total)]]
+    assert chain.state.committed("sqdone", query_id(8)) == {"fee": "801", "statement": numbers[3]}
     # a page is signed and confirmed on its own
     for index in range(3):
         assert vote(chain, index, numbers[1]).code == Code.OK
@@ -118,21 +119,36 @@ def test_pages_each_pay_their_own_charges_and_sum_to_the_epochs_split(small_page
 def test_the_oldest_reported_settle_first_and_the_rest_next_close(small_pages: None) -> None:
     chain = settled_chain(epoch_length=40)
     # reported newest-id first: the ascending-id order of the old rule would pick the wrong ones
-    queries = [(query_id(100 - i), 10 + i) for i in range(11)]
+    queries = [(query_id(100 - i), 10 + i) for i in range(14)]
     serve(chain, queries, per_report=1)
     epoch = next_epoch_end(chain)
     settled = [
-        q for n in range(3) for q in ask(chain, f"/payouts?epoch={epoch + (n << 32)}")["query_ids"]
+        q for n in range(4) for q in ask(chain, f"/payouts?epoch={epoch + (n << 32)}")["query_ids"]
     ]
-    assert sorted(settled) == sorted(q for q, _ in queries[:9])  # 3 pages × 3, oldest first
-    assert [key for key, _ in chain.state.items("squery")] == sorted(q for q, _ in queries[9:])
-    # the next epoch has work again: the two left over settle there, first in line
-    a, b = (seeded_key("node-a"), seeded_key("node-b"))
-    work = report(NodeWork(hexkey(a), "m", 0, 1, 1), NodeWork(hexkey(b), "m", 1, 1, 1))
-    assert refused_codes(one(chain, work, GATEWAY)) == []
+    assert sorted(settled) == sorted(q for q, _ in queries[:12])  # 4 pages × 3, oldest first
+    assert [key for key, _ in chain.state.items("squery")] == sorted(q for q, _ in queries[12:])
+    # the two left over settle at the next close, first in line
     assert one(chain, report(queries=((query_id(1), 5),)), GATEWAY).code == Code.OK
-    assert one(chain, Contribution((ShardWork("m", 0, 1, 1),)), a).code == Code.OK
     following = next_epoch_end(chain)
     view = ask(chain, f"/payouts?epoch={following}")
-    assert sorted(view["query_ids"]) == sorted([*(q for q, _ in queries[9:]), query_id(1)])
+    assert sorted(view["query_ids"]) == sorted([*(q for q, _ in queries[12:]), query_id(1)])
     assert chain.state.items("squery") == []
+
+
+def test_each_gateway_has_its_own_pages_the_oldest_pending_first(small_pages: None) -> None:
+    chain = settled_chain(
+        gateways=sorted([hexkey(GATEWAY), hexkey(OTHER)]),
+        gateway_addresses={hexkey(GATEWAY): GATEWAY_EVM, hexkey(OTHER): OTHER_EVM},
+    )
+    serve(chain, [(query_id(50), 7)], key=OTHER)  # the other gateway reported first
+    serve(chain, [(query_id(1), 100), (query_id(2), 200)])
+    serve(chain, [(query_id(51), 9)], key=OTHER)
+    epoch = next_epoch_end(chain)
+    views = [ask(chain, f"/payouts?epoch={statement_number(epoch, p)}") for p in range(2)]
+    assert [v["rows"] for v in views] == [[[OTHER_EVM, "16"]], [[GATEWAY_EVM, "300"]]]
+    assert [sorted(v["query_ids"]) for v in views] == [
+        [query_id(50), query_id(51)],
+        [query_id(1), query_id(2)],
+    ]
+    # a key cannot report for another: the query's payee is the reporting key's own address
+    assert chain.state.committed("sqdone", query_id(1))["statement"] == views[1]["epoch"]

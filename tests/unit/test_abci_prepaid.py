@@ -12,21 +12,14 @@ from typing import Any
 import pytest
 
 from abci_app.codes import Code
-from abci_app.rules import epoch_of
-from abci_app.settlement import MAX_LIFETIME_S, model_key
+from abci_app.settlement import MAX_LIFETIME_S
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
-from protocol.committee.settlement import (
-    ChargeItem,
-    Contribution,
-    NodeWork,
-    ShardWork,
-    WorkReport,
-)
+from protocol.committee.settlement import ChargeItem, NodeWork, WorkReport, statement_number
 from protocol.eip712 import address_of, sign_digest
 from protocol.payment import PaymentKey, Voucher, payment_domain
-from shares.payouts import ComputeWork, EpochWork, PayerDebit, ShardHealth
-from shares.settlement import close_epoch
+from shares.payouts import EpochWork, PayerDebit
+from shares.settlement import PageCharges, close_epoch_pages
 from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key
 from tests.unit.test_abci_settlement import (
     ESCROW,
@@ -103,8 +96,8 @@ def refusals(result: Any) -> list[dict[str, str]]:
     return [dict(attrs) for kind, attrs in result.events if kind == "planet.item_refused"]
 
 
-def backed_and_credited(chain: Chain, *items: ChargeItem) -> tuple[str, str]:
-    """Two nodes backed by one report that also carries `items`; both contribute."""
+def reported_with(chain: Chain, *items: ChargeItem) -> tuple[str, str]:
+    """Two nodes' served counts in one report that also carries `items`."""
     a, b = two_nodes(chain)
     work = tuple(
         sorted(
@@ -114,57 +107,48 @@ def backed_and_credited(chain: Chain, *items: ChargeItem) -> tuple[str, str]:
     )
     result = one(chain, charges_report(*items, work=work), GATEWAY)
     assert result.code == Code.OK and refusals(result) == [], result.log
-    results = chain.block(
-        [
-            chain.tx(Contribution((ShardWork("m", 0, 2, 10),)), a),
-            chain.tx(Contribution((ShardWork("m", 1, 3, 10),)), b),
-        ]
-    )
-    assert [r.code for r in results] == [Code.OK, Code.OK], [r.log for r in results]
     return hexkey(a), hexkey(b)
 
 
-def test_charges_become_per_payer_and_gateway_debits_and_match_close_epoch() -> None:
-    chain = chain_at_time()
+def test_charges_are_debited_on_each_gateways_own_pages_and_paid_to_it() -> None:
+    chain = settled_chain(gateway_addresses={})  # unbound: its charges may name any gateway
+    chain.time_s = NOW
     items = (
         charge("payer-1", 1, 300),
         charge("payer-1", 2, 200),
         charge("payer-1", 3, 50, gateway=OTHER_GATEWAY_EVM),
         charge("payer-2", 4, 101, kind="key"),
     )
-    node_a, node_b = backed_and_credited(chain, *items)
+    reported_with(chain, *items)
     epoch = next_epoch_end(chain)
-    view = ask(chain, f"/payouts?epoch={epoch}")
-    debits = sorted(
-        [
-            (payer("payer-1"), GATEWAY_EVM, 500),
-            (payer("payer-1"), OTHER_GATEWAY_EVM, 50),
-            (payer("payer-2"), GATEWAY_EVM, 101),
-        ]
-    )
-    listed = zip(view["payers"], view["gateways"], map(int, view["debits"]), strict=True)
-    assert list(listed) == debits
-    assert view["query_ids"] == [] and view["total"] == "651"
-    # what the root covers, per authorization: no node, circuit or session
-    assert sorted(view["charges"]) == sorted(
-        [[c.payer, c.gateway, c.kind, c.id, str(c.total)] for c in items]
-    )
-    a_acct = chain.state.get("node", node_a)["evm_address"].lower()
-    b_acct = chain.state.get("node", node_b)["evm_address"].lower()
-    expected = close_epoch(
-        EpochWork(
-            epoch=epoch,
-            queries=(),
-            compute=(
-                ComputeWork(a_acct, model_key("m"), 0, 1, 20),
-                ComputeWork(b_acct, model_key("m"), 1, 1, 30),
-            ),
-            health=(ShardHealth(model_key("m"), 0, 1), ShardHealth(model_key("m"), 1, 1)),
-            debits=tuple(PayerDebit(p, g, d) for p, g, d in debits),
+    views = [ask(chain, f"/payouts?epoch={statement_number(epoch, page)}") for page in (0, 1)]
+    assert [view["pages"] for view in views] == [2, 2]
+    by_gateway = {view["rows"][0][0]: view for view in views}
+    expected = {
+        GATEWAY_EVM: sorted(
+            [(payer("payer-1"), GATEWAY_EVM, 500), (payer("payer-2"), GATEWAY_EVM, 101)]
+        ),
+        OTHER_GATEWAY_EVM: [(payer("payer-1"), OTHER_GATEWAY_EVM, 50)],
+    }
+    assert sorted(by_gateway) == sorted(expected)
+    for gateway, debits in expected.items():
+        view = by_gateway[gateway]
+        listed = zip(view["payers"], view["gateways"], map(int, view["debits"]), strict=True)
+        assert list(listed) == debits
+        total = sum(d for _, _, d in debits)
+        # one row: the gateway, for what its own payers were charged; no node, no share
+        assert view["rows"] == [[gateway, str(total)]] and view["total"] == str(total)
+        assert view["query_ids"] == [] and view["shares"] == {}
+        # what the root covers, per authorization: no node, circuit or session
+        assert sorted(view["charges"]) == sorted(
+            [c.payer, c.gateway, c.kind, c.id, str(c.total)] for c in items if c.gateway == gateway
         )
-    )
-    assert view["root"] == "0x" + expected.root.hex()
-    assert view["queries_hash"] == "0x" + expected.queries_hash.hex()
+        page = PageCharges(
+            view["epoch"], debits=tuple(PayerDebit(p, g, d) for p, g, d in debits), gateway=gateway
+        )
+        [statement] = close_epoch_pages(EpochWork(epoch=epoch, queries=(), compute=()), [page])
+        assert view["root"] == "0x" + statement.root.hex()
+        assert view["queries_hash"] == "0x" + statement.queries_hash.hex()
     assert chain.state.items("cpend") == []
     # the same items again after the root: charged already, nothing new to debit
     again = one(chain, charges_report(*items), GATEWAY)
@@ -192,7 +176,7 @@ def test_a_key_is_charged_cumulatively_never_twice_never_below_never_above_its_c
 
 def test_a_charge_after_its_statement_debits_only_the_increase() -> None:
     chain = chain_at_time()
-    backed_and_credited(chain, charge("payer-1", 7, 100, kind="key"))
+    reported_with(chain, charge("payer-1", 7, 100, kind="key"))
     epoch = next_epoch_end(chain)
     assert ask(chain, f"/payouts?epoch={epoch}")["debits"] == ["100"]
     assert one(chain, charges_report(charge("payer-1", 7, 160, kind="key")), GATEWAY)
@@ -236,9 +220,8 @@ def test_a_bad_charge_is_refused_alone_by_name_and_the_rest_applies(item: Any, c
     [refused] = refusals(result)
     assert (refused["kind"], refused["id"], refused["code"]) == ("charge", bad.name, code)
     assert refused["reason"]
-    # the report's other items applied: the work is backed, the good charge is pending
-    epoch = epoch_of(chain.state, chain.state.height)  # the report's block
-    assert chain.state.get("backing", f"{epoch:012d}/{hexkey(a)}/m/0") == 20
+    # the report's other items applied: the served count, the good charge is pending
+    assert chain.state.get("cover", f"{hexkey(a)}/00000")["reported"] == 10
     assert [key for key, _ in chain.state.items("cpend")] == [good.name]
     assert [key for key, _ in chain.state.items("spent")] == [good.name]
 

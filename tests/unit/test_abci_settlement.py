@@ -56,6 +56,8 @@ CREDIT_NOW = 1_800_000_000
 
 
 def settled_chain(**extra: object) -> Chain:
+    """A chain whose genesis settles epochs (escrow), binds GATEWAY to GATEWAY_EVM and sells
+    credits; `extra` overrides genesis keys (None drops one)."""
     genesis: dict[str, object] = {
         "gateways": [hexkey(GATEWAY)],
         "gateway_addresses": {hexkey(GATEWAY): GATEWAY_EVM},
@@ -68,7 +70,7 @@ def settled_chain(**extra: object) -> Chain:
         "credits": {"price_wei": str(CREDIT_PRICE), "layer_tokens": CREDIT_LAYER_TOKENS},
     }
     genesis.update(extra)
-    chain = Chain(genesis=genesis)
+    chain = Chain(genesis={k: v for k, v in genesis.items() if v is not None})
     chain.time_s = CREDIT_NOW  # block time: what mints' and charges' expiries are checked against
     return chain
 

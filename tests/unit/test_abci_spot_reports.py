@@ -4,43 +4,53 @@ assigned among that epoch's verifier set), and settlement pays the verifiers' cu
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from abci_app.codes import Code
 from abci_app.settlement import verification_work
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
+from protocol.committee.credits import Redeem
 from protocol.committee.grammar import TxDecodeError
-from protocol.committee.settlement import Contribution, NodeWork, ShardWork
 from protocol.committee.verification import SpotCheckReport
 from protocol.spotcheck import Triple, checks_for, epoch_verifiers
-from shares.payouts import ComputeWork, EpochWork, SettledQuery, ShardHealth, VerificationWork
+from shares.payouts import ComputeWork, EpochWork, PayerDebit, ShardHealth, VerificationWork
 from shares.settlement import close_epoch
 from tests.committee_chain import Chain
 from tests.unit.test_abci_seeds_accusations import _signer, commit
 from tests.unit.test_abci_settlement import (
-    GATEWAY,
-    Q1,
+    CREDIT_LAYER_TOKENS,
+    CREDIT_PRICE,
+    ESCROW,
     ask,
     evm_of,
     one,
-    report,
     settled_chain,
     two_nodes,
 )
-from tests.unit.test_abci_state import hexkey
+from tests.unit.test_abci_state import hexkey, served_commit_tx
 
 pytestmark = pytest.mark.unit
 
 
-def _epoch1_with_commitments(chain: Chain):
-    """Validators 0 and 1 commit verifier seeds for epoch 2; node A commits 16 blocks, all in
-    epoch 1 (10 blocks); the chain reaches epoch 2 (every block is selected: 10^6 ppm)."""
+def _epoch1_with_commitments(chain: Chain, tmp: Path):
+    """Validators 0 and 1 commit verifier seeds for epoch 2; node A commits 16 blocks and a
+    payer buys one credit (keys, mint, funding), all in epoch 1 (10 blocks); the chain reaches
+    epoch 2 (every block is selected: 10^6 ppm). Returns the credit too."""
+    from tests.unit.test_abci_credits import answers, fund, keys_of, mint, publish_keys, send
+
     chain.block([commit(chain, 0, 2, b"\x00" * 32), commit(chain, 1, 2, b"\x01" * 32)])
     a, b = two_nodes(chain)
     records = tuple(
         CommitmentRecord("0x" + f"{i:064x}", 0, 0, "0x" + "aa" * 32) for i in range(1, 17)
     )
     assert one(chain, CommitBatch(records), a).code == Code.OK
+    stores = publish_keys(chain, 1, tmp)
+    request = mint(chain, keys_of(chain, 1), 1)
+    assert send(chain, request.body, b).code == Code.OK
+    fund(chain, request.mint_id)
+    credits = request.finalize(keys_of(chain, 1), answers(chain, stores, request.mint_id))
     assert chain.state.height <= 10
     chain.advance_to(10)
     seed, verifiers = epoch_verifiers(ask(chain, "/epochs?epoch=2")["epochs"][0])
@@ -48,16 +58,18 @@ def _epoch1_with_commitments(chain: Chain):
     triples = [Triple(hexkey(a), r.session, 0, 0) for r in records]
     owed = [checks_for(seed, triples, verifiers, _signer(chain, i), 10**6) for i in (0, 1)]
     assert owed[0] and owed[1] and len(owed[0]) + len(owed[1]) == 16
-    return a, b, owed
+    return a, b, owed, credits
 
 
 def _report(triples: list[Triple], epoch: int = 1) -> SpotCheckReport:
     return SpotCheckReport(epoch, tuple((t.node, t.session, t.block, t.shard) for t in triples))
 
 
-def test_reports_are_credited_only_for_assigned_checks_and_paid_at_settlement() -> None:
+def test_reports_are_credited_only_for_assigned_checks_and_paid_at_settlement(
+    tmp_path: Path,
+) -> None:
     chain = settled_chain(spot_check_ppm=1_000_000, epoch_length=10)
-    a, _, owed = _epoch1_with_commitments(chain)
+    a, _, owed, credits = _epoch1_with_commitments(chain, tmp_path)
     v0, v1, v2 = (chain.validators[i].key for i in range(3))
     assert one(chain, _report(owed[0]), v1).code == Code.SPOT_CHECK_NOT_ASSIGNED  # v0's checks
     assert one(chain, _report(owed[1][:1]), v2).code == Code.SPOT_CHECK_NOT_ASSIGNED  # no seed
@@ -84,19 +96,20 @@ def test_reports_are_credited_only_for_assigned_checks_and_paid_at_settlement() 
         _signer(chain, 0): len(owed[0]),
         _signer(chain, 1): 2,
     }
-    # epoch 2 has paid work: the payout rows include the verifiers' cut, split by checks
-    work = report(NodeWork(hexkey(a), "m", 0, 2, 10), queries=((Q1, 1000),))
-    assert one(chain, work, GATEWAY).code == Code.OK
-    assert one(chain, Contribution((ShardWork("m", 0, 2, 10),)), a).code == Code.OK
+    # epoch 2 has paid work (A redeems the credit): the pool's draw is split with the
+    # verifiers' cut, by checks
+    results = chain.block([served_commit_tx(chain, a, 0), chain.tx(Redeem("m", 0, credits), a)])
+    assert [r.code for r in results] == [Code.OK] * 2, [r.log for r in results]
     chain.advance_to(20)
     view = ask(chain, "/payouts?epoch=2")
     expected = close_epoch(
         EpochWork(
             epoch=2,
-            queries=(SettledQuery(Q1, 1000),),
-            compute=(ComputeWork(evm_of("node-a"), "m", 0, 2, 10),),
+            queries=(),
+            compute=(ComputeWork(evm_of("node-a"), "m", 0, 1, CREDIT_LAYER_TOKENS),),
             verification=credited,
             health=(ShardHealth("m", 0, 1),),
+            debits=(PayerDebit(ESCROW, ESCROW, CREDIT_PRICE),),  # the draw: the rows' total
         )
     )
     assert view["root"] == "0x" + expected.root.hex()
@@ -107,9 +120,9 @@ def test_reports_are_credited_only_for_assigned_checks_and_paid_at_settlement() 
     assert one(chain, _report(owed[1][2:]), v1).code == Code.SPOT_REPORT_EPOCH
 
 
-def test_a_commitment_of_another_epoch_is_not_credited() -> None:
+def test_a_commitment_of_another_epoch_is_not_credited(tmp_path: Path) -> None:
     chain = settled_chain(spot_check_ppm=1_000_000, epoch_length=10)
-    a, _, owed = _epoch1_with_commitments(chain)
+    a, _, owed, _ = _epoch1_with_commitments(chain, tmp_path)
     late = CommitmentRecord("0x" + "77" * 32, 0, 0, "0x" + "aa" * 32)
     assert one(chain, CommitBatch((late,)), a).code == Code.OK  # epoch 2
     chain.advance_to(20)

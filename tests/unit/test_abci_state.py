@@ -76,7 +76,7 @@ def node(chain: Chain, key: SigningKey) -> dict:
 
 def commit_served(chain: Chain, key: SigningKey, shard: int = 0, blocks: int = 4) -> None:
     """`blocks` commitment records of `key` on `shard` (32 positions each): the committed served
-    work a contribution is credited against (abci_app/coverage.py)."""
+    work a redemption consumes (abci_app/coverage.py)."""
     [result] = chain.block([served_commit_tx(chain, key, shard, blocks)])
     assert result.code == Code.OK, result.log
 

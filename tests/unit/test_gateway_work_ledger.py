@@ -41,10 +41,10 @@ def circuit(*keys: str) -> Circuit:
     return Circuit(tuple(RoutableNode(k, f"http://{i}", i) for i, k in enumerate(keys)))
 
 
-def backed(chain: Chain, node: SigningKey, shard: int) -> int:
-    """The node's backing on (m, shard), summed over the epochs that hold it."""
-    suffix = f"/{hexkey(node)}/m/{shard}"
-    return sum(v for k, v in chain.state.items("backing") if k.endswith(suffix))
+def served(chain: Chain, node: SigningKey, shard: int) -> int:
+    """The tokens reported for the node on (m, shard): its commitment coverage's count."""
+    record = chain.state.get("cover", f"{hexkey(node)}/{shard:05d}")
+    return 0 if record is None else record["reported"]
 
 
 def reporter(ledger: WorkLedger, link: ReportingLink, **kwargs: Any) -> WorkReporter:
@@ -117,7 +117,7 @@ async def test_what_did_not_reach_a_block_is_resent_byte_for_byte_and_applied_on
     assert await sender.flush() == 1 and ledger.in_flight is None
     assert set(link.broadcasts) == {sent.hash}  # always the same bytes: one nonce, one effect
     assert chain.state.get("squery", "0x" + f"{1:064x}")["fee"] == "5"
-    assert backed(chain, a, 0) == 4
+    assert served(chain, a, 0) == 2
 
 
 async def test_a_report_whose_nonce_was_taken_goes_back_and_is_sent_again() -> None:
@@ -137,7 +137,7 @@ async def test_a_report_whose_nonce_was_taken_goes_back_and_is_sent_again() -> N
     assert await sender.flush() == 1  # dead: the items went back and travelled again
     assert ledger.in_flight is None and not ledger.pending
     assert chain.state.get("squery", "0x" + f"{1:064x}")["fee"] == "5"
-    assert backed(chain, a, 0) == 4
+    assert served(chain, a, 0) == 2
 
 
 async def test_refused_items_are_logged_and_kept_by_name_the_rest_applies(tmp_path: Path) -> None:
@@ -197,7 +197,7 @@ async def test_a_restart_reports_what_was_recorded_exactly_once(tmp_path: Path) 
     # and a third start finds nothing left to report
     third = reopened(again)
     assert not third.pending and third.in_flight is None
-    assert backed(chain, a, 0) == 12
+    assert served(chain, a, 0) == 6
 
 
 @pytest.mark.parametrize("stage", ["signed", "broadcast", "committed"])
@@ -222,7 +222,7 @@ async def test_a_restart_with_a_report_in_flight_never_reports_it_twice(
     link = ReportingLink(chain, GATEWAY, mempool=list(first.mempool), index=dict(first.index))
     assert await reporter(again, link).flush() == 1
     assert not again.pending and again.in_flight is None
-    assert backed(chain, a, 0) == 4  # once, not twice
+    assert served(chain, a, 0) == 2  # once, not twice
     assert chain.state.committed("acct", hexkey(GATEWAY)) == 1
 
 
@@ -280,7 +280,7 @@ async def test_2000_charges_and_1000_queries_reach_the_chain_in_fitting_reports(
     assert len(pending) == 2_000
     assert sum(int(e["total"]) for e in pending.values()) == sum(i.total for i in items)
     tokens = 3_000 * 5
-    assert (backed(chain, a, 0), backed(chain, b, 1)) == (2 * tokens, 3 * tokens)
+    assert (served(chain, a, 0), served(chain, b, 1)) == (tokens, tokens)
 
 
 def prepaid_receipt(item: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import eip712
-from shares.errors import DuplicateError, PageError
+from shares.errors import AccountError, DuplicateError, PageError
 from shares.keccak import keccak256
 from shares.payouts import ComputeWork, EpochWork, PayerDebit, SettledQuery, ShardHealth
 from shares.settlement import PageCharges, close_epoch, close_epoch_pages, sorted_queries_hash
@@ -148,3 +148,37 @@ def test_pages_that_break_a_rule_are_refused(pages: tuple[PageCharges, ...]) -> 
         close_epoch_pages(
             work(queries=(SettledQuery(Q1, 1),)), (PageCharges(4, (SettledQuery(Q2, 1),)),)
         )
+
+
+def test_a_gateway_page_pays_its_gateway_alone_and_the_pool_pages_split_the_rest() -> None:
+    draw = PayerDebit(G2, G2, 900)  # the pool's draw (the escrow's own pair)
+    pages = (
+        PageCharges(4, debits=(draw,), purchases=(PayerDebit(P1, G2, 900),)),
+        PageCharges(4 + (1 << 32), (SettledQuery(Q1, 700),), (PayerDebit(P1, G1, 51),), gateway=G1),
+        PageCharges(4 + (2 << 32), debits=(PayerDebit(P2, B, 8),), gateway="0x" + B[2:].upper()),
+    )
+    pool, first, second = close_epoch_pages(work(), pages)
+    whole = close_epoch(work((draw,)))
+    assert pool.rows == whole.rows and pool.total == 900  # the shares split the draw only
+    assert first.rows == ((G1, 751),) and first.total == 751
+    assert second.rows == ((B, 8),)  # an account that also has a share: its page is its own
+    assert first.proof(G1)[0] == 751 and first.table is pool.table
+    # the same pages without the pool's: no share is needed to pay a gateway
+    alone = close_epoch_pages(EpochWork(epoch=4, queries=(), compute=()), pages[1:2])
+    assert [s.rows for s in alone] == [((G1, 751),)]
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        lambda: PageCharges(4, debits=(PayerDebit(P1, G2, 5),), gateway=G1),
+        lambda: PageCharges(
+            4, (SettledQuery(Q1, 1),), purchases=(PayerDebit(P1, G2, 5),), gateway=G1
+        ),
+        lambda: PageCharges(4, (SettledQuery(Q1, 1),), gateway="0x12"),
+    ],
+    ids=["another_gateways_debit", "a_purchase", "not_an_address"],
+)
+def test_a_gateway_page_holds_only_its_own_charges(page: object) -> None:
+    with pytest.raises((PageError, AccountError)):
+        page()  # type: ignore[operator]

@@ -4,7 +4,8 @@ the measured scoring numbers (node/verifier/calibration.json), on the in-process
 Four validators of equal power; nine honest nodes (fp32, int8, int4 on each of 3 shards). Every
 epoch, per node: a gateway reports three 97-token questions (96 prompt positions + 1 generated
 token, a verifier's echo challenge), the node commits the blocks it served (3 per question:
-96 positions, its own spool), claims its work, and every validator's vote extension carries
+96 positions, its own spool), redeems the credit it was paid with (the first epoch), and every
+validator's vote extension carries
 the credibility its verifier would give the node's quant at its WORST measured echo challenge
 (`echo_gaps[quant].kl` through `echo_map`). Spot checks of honest blocks pass (calibration's
 `fingerprint_cases`: every honest block passed), so no verifier votes a verdict.
@@ -18,13 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from node.verifier.calibration import CALIBRATION_FILE
 from node.verifier.scoring import CredibilityMap, Gap
+from protocol.committee.credits import Redeem
 from protocol.committee.registry import Heartbeat
-from protocol.committee.settlement import Contribution, NodeWork, ShardWork
+from protocol.committee.settlement import NodeWork
 from tests.committee_chain import Chain, seeded_key
 from tests.unit.test_abci_settlement import GATEWAY, ask, evm_of, report, settled_chain
 from tests.unit.test_abci_state import commit_served, hexkey, make_routable, register
@@ -58,8 +62,11 @@ def test_calibration_says_honest_quants_score_full_and_their_blocks_pass() -> No
         assert case["blocks_passed"] == case["blocks"] > 0
 
 
-def _epoch(chain: Chain, nodes: dict[str, tuple[str, int]], scores: dict[str, int]) -> None:
-    """One epoch of honest traffic and verification, ending with its close."""
+def _epoch(
+    chain: Chain, nodes: dict[str, tuple[str, int]], scores: dict[str, int], paid: dict[str, Any]
+) -> None:
+    """One epoch of honest traffic and verification, ending with its close; each node in `paid`
+    redeems its credit."""
     length = chain.state.genesis.epoch_length
     work = [
         NodeWork(hexkey(seeded_key(label)), "m", shard, 10, TOKENS * QUESTIONS)
@@ -71,10 +78,12 @@ def _epoch(chain: Chain, nodes: dict[str, tuple[str, int]], scores: dict[str, in
     for label, (_, shard) in nodes.items():
         commit_served(chain, seeded_key(label), shard=shard, blocks=BLOCKS * QUESTIONS)
     claims = [
-        chain.tx(Contribution((ShardWork("m", shard, 10, 96 * QUESTIONS),)), seeded_key(label))
+        chain.tx(Redeem("m", shard, (paid[label],)), seeded_key(label))
         for label, (_, shard) in nodes.items()
+        if label in paid
     ]
-    assert [r.code for r in chain.block(claims)] == [0] * len(claims)
+    results = chain.block(claims)
+    assert [r.code for r in results] == [0] * len(claims), [r.log for r in results]
     end = (chain.state.height // length + 1) * length
     chain.advance_to(end - 1)
     heartbeats = [chain.tx(_heartbeat(), seeded_key(label)) for label in nodes]
@@ -87,7 +96,11 @@ def _heartbeat() -> Heartbeat:
     return Heartbeat()
 
 
-def test_honest_fp32_int8_int4_nodes_stay_routable_and_unslashed_for_50_epochs() -> None:
+def test_honest_fp32_int8_int4_nodes_stay_routable_and_unslashed_for_50_epochs(
+    tmp_path: Path,
+) -> None:
+    from tests.unit.test_abci_credits import minted
+
     chain: Chain = settled_chain(epoch_length=10, heartbeat_timeout=30)
     nodes: dict[str, tuple[str, int]] = {}
     for quant in QUANTS:
@@ -98,9 +111,13 @@ def test_honest_fp32_int8_int4_nodes_stay_routable_and_unslashed_for_50_epochs()
             nodes[label] = (quant, shard)
     keyed = {hexkey(seeded_key(label)): (quant, shard) for label, (quant, shard) in nodes.items()}
     scores = {key: worst_honest_credibility(quant) for key, (quant, _) in keyed.items()}
+    credits, _, _ = minted(chain, tmp_path, count=len(nodes))
     lowest: dict[str, int] = {}
-    for _ in range(EPOCHS):
-        _epoch(chain, nodes, scores)
+    for epoch in range(EPOCHS):
+        _epoch(chain, nodes, scores, dict(zip(nodes, credits, strict=True)) if epoch == 0 else {})
+        if epoch == 0:  # the first close paid every node for its credit
+            pool = max(s["epoch"] for s in ask(chain, "/payouts")["epochs"] if s["epoch"] < 2**32)
+            paid = {a: int(n) for a, n in ask(chain, f"/payouts?epoch={pool}")["rows"]}
         for key in keyed:
             view = ask(chain, f"/node?key={key}")
             assert view["routable"], view
@@ -110,8 +127,4 @@ def test_honest_fp32_int8_int4_nodes_stay_routable_and_unslashed_for_50_epochs()
     assert all(ask(chain, f"/node?key={k}")["reputation"] > 990_000 for k in keyed)
     assert ask(chain, "/verdicts")["verdicts"] == []
     assert ask(chain, "/coverage")["uncommitted"] == []
-    paid: dict[str, int] = {}
-    for summary in ask(chain, "/payouts")["epochs"]:
-        for account, amount in ask(chain, f"/payouts?epoch={summary['epoch']}")["rows"]:
-            paid[account] = paid.get(account, 0) + int(amount)
     assert all(paid.get(evm_of(label), 0) > 0 for label in nodes)

@@ -17,8 +17,12 @@ from tests.committee_chain import Chain
 from tests.unit.test_abci_settlement import (
     DOMAIN,
     ESCROW,
+    GATEWAY,
+    Q1,
+    Q2,
     next_epoch_end,
-    served_epoch,
+    one,
+    report,
     settled_chain,
 )
 
@@ -77,6 +81,12 @@ class FakeEscrow:
         self.debits.append((payers, gateways, debits))
 
 
+def fees_epoch(chain: Chain) -> tuple[None, None, int]:
+    """The gateway reports two query fees (600 and 401); the epoch closes: one statement."""
+    assert one(chain, report(queries=((Q1, 600), (Q2, 401))), GATEWAY).code == Code.OK
+    return None, None, next_epoch_end(chain)
+
+
 def relay(chain: Chain, index: int, escrow: FakeEscrow) -> PayoutRelay:
     return PayoutRelay(
         committee=ChainLink(chain, index),
@@ -89,7 +99,7 @@ def relay(chain: Chain, index: int, escrow: FakeEscrow) -> PayoutRelay:
 
 async def test_payout_relay_signs_once_posts_at_two_thirds_once() -> None:
     chain = settled_chain()
-    _, _, epoch = served_epoch(chain)
+    _, _, epoch = fees_epoch(chain)
     escrow = FakeEscrow()
     relays = [relay(chain, i, escrow) for i in range(4)]
     assert await relays[0].step() == [("signed", epoch)]
@@ -111,7 +121,7 @@ async def test_payout_relay_signs_once_posts_at_two_thirds_once() -> None:
 
 async def test_payout_relay_another_relayer_first_is_success() -> None:
     chain = settled_chain()
-    _, _, epoch = served_epoch(chain)
+    _, _, epoch = fees_epoch(chain)
     escrow = FakeEscrow(already=True)
     for i in range(3):
         await relay(chain, i, escrow).step()
@@ -122,12 +132,12 @@ async def test_payout_relay_another_relayer_first_is_success() -> None:
 
 async def test_payout_relay_skips_a_statement_for_another_escrow() -> None:
     chain = settled_chain()
-    served_epoch(chain)
+    _, _, epoch = fees_epoch(chain)
     escrow = FakeEscrow()
     other = relay(chain, 0, escrow)
     other.escrow_address = "0x" + "12" * 20
     assert await other.step() == []
-    view = await other.committee.query("/payouts", epoch=2)
+    view = await other.committee.query("/payouts", epoch=epoch)
     assert view["signers"] == []
 
 
@@ -135,14 +145,14 @@ async def test_payout_relay_posts_the_statements_prepaid_debits() -> None:
     from tests.unit.test_abci_prepaid import (
         GATEWAY_EVM,
         NOW,
-        backed_and_credited,
         charge,
         payer,
+        reported_with,
     )
 
     chain = settled_chain()
     chain.time_s = NOW
-    backed_and_credited(chain, charge("payer-1", 1, 300), charge("payer-2", 2, 5))
+    reported_with(chain, charge("payer-1", 1, 300), charge("payer-2", 2, 5))
     epoch = next_epoch_end(chain)
     escrow = FakeEscrow()
     for i in range(3):
@@ -156,7 +166,7 @@ async def test_payout_relay_posts_the_statements_prepaid_debits() -> None:
 
 async def test_payout_relay_vote_lost_in_its_block_is_signed_again() -> None:
     chain = settled_chain()
-    _, _, epoch = served_epoch(chain)
+    _, _, epoch = fees_epoch(chain)
     escrow = FakeEscrow()
     first = relay(chain, 0, escrow)
     first.committee.lost = 1  # type: ignore[attr-defined]
