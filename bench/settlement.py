@@ -4,19 +4,22 @@
 1,000) served by 2 gateways, each paid by a per-query deposit, a voucher or a payment key (by
 index, one third each) of 8 payers. Each gateway's `WorkLedger` records its receipts in its
 journal and its `WorkReporter` sends them to an in-process committee chain (`Chain`: the real
-`StateMachine`, blocks as CometBFT drives them), split by encoded bytes; the 4 compute nodes
-contribute what they served; the epoch closes into its statements (pages when
-`--statement-gas` makes one too small), 3 of 4 validators sign each, and a simulated escrow
+`StateMachine`, blocks as CometBFT drives them), split by encoded bytes (their per-node served
+counts feed the chain's commitment coverage, never pay: nodes are paid through the credits they
+redeem); the epoch closes into its statements, each gateway's charges on its own pages (more
+when `--statement-gas` makes one too small), 3 of 4 validators sign each, and a simulated escrow
 posts them — it checks each statement's `queriesHash` against the arrays it is given and its
 total, charges every listed query once and debits every listed (payer, gateway) balance, like
 `QueryEscrow.postPayoutRoot` — and every row is claimed with its Merkle proof from
 `/payouts/proof`. Checked: no report or item refused, every question's fee charged exactly
-once (per query, or in its (payer, gateway) debit), claims sum exactly to what was collected.
+once (per query, or in its (payer, gateway) debit), claims sum exactly to what was collected,
+each gateway claims exactly its own users' fees, every served token was counted.
 
 **close**: for each size N, a committee state (SQLite in memory, as the app's store) holding N
 SERVING, staked compute nodes over 32 shards of one model and, committed in the block before,
-N credits (one per node) and --pending queries (default 500; more than ~1,770 close into several
-pages); then the epoch-closing block. Timed
+N redemption records (one per node), the credit pool's draw due to them, and --pending queries of
+one gateway (default 500; more than ~1,770 close into several pages); then the epoch-closing
+block. Timed
 (median over --repeats): `settlement.close` alone and the whole EndBlock, wall and (close) CPU;
 plus one `/payouts/proof` query. Every value derives from its index (no randomness).
 
@@ -49,12 +52,9 @@ from abci_app.store import Store
 from bench._common import machine, median, parse_with_quick, spread
 from node.gateway.router import Circuit, RoutableNode
 from node.gateway.settlement import WorkLedger, WorkReporter, ledger_paths
-from protocol.commit_batch import KIND_COMMIT, MAX_RECORDS
-from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
-from protocol.committee.settlement import Contribution, PayoutVote, ShardWork
+from protocol.committee.settlement import PayoutVote
 from protocol.eip712 import PayoutRoot, address_of, committee_domain, sign_digest
-from protocol.fingerprint import BLOCK_POSITIONS
 from protocol.payment import PaymentKey, Voucher, payment_domain
 from shares.merkle import Payout, verify
 from shares.settlement import sorted_queries_hash
@@ -72,6 +72,7 @@ MODEL = "sha256:" + "ab" * 32
 SHARDS = 32
 EPOCH = 10
 ESCROW = "0x" + "ee" * 20
+BOOKS_GATEWAY = "0x" + "9a" * 20  # the close runs' one gateway address
 QUERIES_PER_CLOSE = 500  # pending queries in the close-cost runs (default of --pending)
 
 # --- books --------------------------------------------------------------------------------------
@@ -97,6 +98,7 @@ class Escrow:
     debited: dict[tuple[str, str], int] = field(default_factory=dict)
     collected: dict[int, int] = field(default_factory=dict)  # statement → wei collected
     claimed: dict[int, int] = field(default_factory=dict)
+    claimed_by: dict[str, int] = field(default_factory=dict)  # account → wei claimed
 
     def post(self, view: dict[str, Any]) -> None:
         number = int(view["epoch"])
@@ -138,26 +140,8 @@ class Escrow:
             if not verify(root, Payout(number, account, int(amount)), steps):
                 raise AssertionError(f"statement {number}: a proof does not verify")
             paid += int(amount)
+            self.claimed_by[account] = self.claimed_by.get(account, 0) + int(amount)
         self.claimed[number] = paid
-
-
-def _commit_served(chain: Chain, key: Any, shard: int, tokens: int) -> None:
-    """The node's served-work commitments for `tokens` positions (one record per 32), which
-    its contribution is credited against (abci_app/coverage.py: no commitment, no pay)."""
-    blocks = -(-tokens // BLOCK_POSITIONS)
-    txs = []
-    for first in range(0, blocks, MAX_RECORDS[KIND_COMMIT]):
-        session = (
-            "0x"
-            + hashlib.sha256(b"served/%d/%d" % (shard, first) + key.verify_key.encode()).hexdigest()
-        )
-        steps = range(first, min(blocks, first + MAX_RECORDS[KIND_COMMIT]))
-        records = tuple(
-            CommitmentRecord(session, step, shard, "0x" + hashlib.sha256(b"%d" % step).hexdigest())
-            for step in steps
-        )
-        txs.append(chain.tx(CommitBatch(records), key))
-    assert [r.code for r in chain.block(txs)] == [Code.OK] * len(txs)
 
 
 def _register(chain: Chain, label: str, shard: int) -> Any:
@@ -246,6 +230,11 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
         genesis={
             "epoch_length": BOOKS_EPOCH,
             "gateways": sorted(k.verify_key.encode().hex() for k in gateway_keys),
+            # each gateway key bound to the address its receipts name: its revenue's payee
+            "gateway_addresses": {
+                k.verify_key.encode().hex(): address_of(seeded_evm_key(f"gateway-{g}")).lower()
+                for g, k in enumerate(gateway_keys)
+            },
             "evm": {
                 "chain_id": EVM_CHAIN_ID,
                 "committee_address": COMMITTEE_ADDRESS,
@@ -291,14 +280,12 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
     report_s = time.perf_counter() - t0
     refused = sum(len(ledger.refused) for ledger in ledgers)
     left = sum(bool(ledger.pending or ledger.in_flight) for ledger in ledgers)
-    for (shard, n), tokens in sorted(served.items()):
-        _commit_served(chain, nodes[shard][n], shard, tokens)
-    contributions = []
-    for (shard, n), tokens in sorted(served.items()):
-        layers = BOOKS_LAYERS[shard][1] - BOOKS_LAYERS[shard][0]
-        body = Contribution((ShardWork(BOOKS_MODEL, shard, layers, tokens),))
-        contributions.append(chain.tx(body, nodes[shard][n]))
-    assert [r.code for r in chain.block(contributions)] == [Code.OK] * len(contributions)
+    reported = {
+        (shard, n): chain.state.get(
+            "cover", f"{nodes[shard][n].verify_key.encode().hex()}/{shard:05d}"
+        )["reported"]
+        for (shard, n) in served
+    }
     original = settlement.MAX_STATEMENT_GAS
     settlement.MAX_STATEMENT_GAS = statement_gas
     try:
@@ -334,6 +321,10 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
     per_query = {
         doc["query_id"]: int(doc["fee_wei"]) for _, doc, _ in receipts if "payer" not in doc
     }
+    revenue: dict[str, int] = {}  # gateway → the fees its own users paid
+    for _, doc, _ in receipts:
+        revenue[doc["gateway"]] = revenue.get(doc["gateway"], 0) + int(doc["fee_wei"])
+    own_revenue = escrow.claimed_by == revenue
     every_fee_once = escrow.settled == per_query and escrow.debited == owed
     collected = sum(escrow.collected.values())
     served_fees = sum(int(doc["fee_wei"]) for _, doc, _ in receipts)
@@ -354,6 +345,8 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
         "books_claimed_wei": str(sum(escrow.claimed.values())),
         "books_every_fee_debited_once": every_fee_once,
         "books_payouts_equal_collected": escrow.claimed == escrow.collected,
+        "books_each_gateway_paid_its_own_fees": own_revenue,
+        "books_served_counts_reported": reported == served,
         "books_sign_s": round(signed_s, 3),
         "books_record_s": round(record_s, 3),
         "books_report_s": round(report_s, 3),
@@ -367,6 +360,8 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
             ("a fee not debited exactly once", every_fee_once),
             ("claims differ from what was collected", escrow.claimed == escrow.collected),
             ("collected differs from the fees served", collected == served_fees),
+            ("a gateway was paid another's fees", own_revenue),
+            ("served counts differ from what the nodes served", reported == served),
         )
         if not ok
     ]
@@ -441,10 +436,16 @@ def one_run(n: int, pending: int = QUERIES_PER_CLOSE) -> dict[str, float]:
     ]
     queries = [
         ("squery", "0x" + hashlib.sha256(b"q/%d" % i).hexdigest(), {"fee": str(10**12 + i),
-                                                                    "height": 2})
+                                                                    "height": 2,
+                                                                    "gateway": BOOKS_GATEWAY})
         for i in range(pending)
     ]  # fmt: skip
-    _block(machine, EPOCH - 1, credits + queries)
+    # what the epoch's redemptions are due, and a pool that holds it: the draw the close splits
+    due = [
+        (schema.CREDIT_DUE, schema.epoch_key(1), str(10**12 * n)),
+        (schema.CREDIT_POOL, schema.POOL_BALANCE, str(10**12 * n)),
+    ]
+    _block(machine, EPOCH - 1, credits + queries + due)
     timed: dict[str, float] = {}
     original = settlement.close
 
@@ -461,8 +462,8 @@ def one_run(n: int, pending: int = QUERIES_PER_CLOSE) -> dict[str, float]:
         settlement.close = original  # type: ignore[assignment]
     records = [record for _, record in state.committed_items("payout")]
     accounts_paid = {account for record in records for account, _ in record["rows"]}
-    if len(accounts_paid) != n:
-        raise SystemExit(f"bench: epoch 1 did not pay {n} accounts")
+    if accounts_paid != {*accounts, BOOKS_GATEWAY}:
+        raise SystemExit(f"bench: epoch 1 did not pay its {n} accounts and the gateway")
     account = accounts[n // 2]
     number = next(r["epoch"] for r in records if any(a == account for a, _ in r["rows"]))
     t0 = time.perf_counter()
@@ -529,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
                     "books_refused_items": {"op": "==", "value": 0},
                     "books_every_fee_debited_once": {"op": "==", "value": True},
                     "books_payouts_equal_collected": {"op": "==", "value": True},
+                    "books_each_gateway_paid_its_own_fees": {"op": "==", "value": True},
                 },
             }
         )
