@@ -4,7 +4,9 @@ that no report is ever lost, sent twice, or dropped in silence.
 **The ledger** (`WorkLedger`). `record(receipt, circuit)` runs for each charged question before
 its receipt leaves the gateway: every node of the circuit ran its shard's layers over the
 question's tokens (prompt + completion, the receipt's counts), so `(node, shard)` gains that
-many tokens of backing; a per-query deposit's id and fee join the query list; a prepaid
+many served tokens (the chain counts them against the node's commitments: a node that serves
+without committing stops being routed to; they are never pay — nodes are paid through the
+credits they redeem); a per-query deposit's id and fee join the query list; a prepaid
 question (`payer` and its `voucher` or payment `key` in the receipt) becomes a cumulative
 `ChargeItem` (kind, gateway, payer, id, model, total, cap, expiry, payer signature: no circuit),
 and only the highest total per authorization is kept (the chain debits `total − previous`).
