@@ -61,7 +61,8 @@ class Code(IntEnum):
     VERIFIER_BENCHED = 54  # the validator's verifier is benched for a false accusation
     # more charge-item refusals (abci_app/settlement.py)
     CHARGE_OVER_CAP = 60  # a total above the authorization's cap
-    WRONG_GATEWAY = 61  # a charge names another gateway than the one genesis binds the key to
+    WRONG_GATEWAY = 61  # a charge names another gateway than the key's bound one, or the escrow;
+    # a query from a key with no bound address (its fee would have no payee)
     # credits (abci_app/credits.py); 70+ to leave 53-59 and 62-69 to settlement
     CREDITS_DISABLED = 70  # genesis has no credits section (or no escrow)
     CREDIT_KEY_EPOCH = 71  # credit_key for an epoch already over, or more than 2 ahead

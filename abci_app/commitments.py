@@ -8,7 +8,7 @@ evidence when a node equivocates or a reveal does not open its commitment (`comm
   ALREADY_REVEALED), else the whole batch is refused; the record gets {output_hash, salt,
   revealed_height, match} and a mismatch stores `reveal_mismatch` evidence.
 - Every stored record counts as 32 committed positions of its (node, shard) in the block's
-  epoch (`coverage.record_commits`: what contributions are credited against).
+  epoch (`coverage.record_commits`: what redemptions consume).
 - Evidence: `evidence/<id>`, id = 0x sha256 of the canonical record (also the verdict's
   `evidenceHash`). Commitments and evidence are indexed for pruning (`rules.track`).
 """

@@ -42,7 +42,7 @@
                                → `cspent/<sha256 nonce>` per credit and
                                `credit/<current epoch>/<evm address>/<shard>/<model>` grows by
                                count · genesis `credits.layer_tokens`: the node's share record for
-                               the epoch's payout (docs/shares.md), as a contribution's is; the
+                               the epoch's payout (docs/shares.md), its only pay; the
                                credits' price is due to the epoch (`cdue/<current epoch>`: the
                                close draws it from the credit pool) and `cissue/<e>`.redeemed
                                grows per credit epoch e.

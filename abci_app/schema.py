@@ -100,7 +100,7 @@ PAYOUT = "payout"
 # --- commitment coverage (coverage.py) -----------------------------------------------------------
 
 # cover/<node>/<shard, 5 digits>: {committed (positions, 32 per record), reported (tokens gateways
-# reported), marks [[epoch, reported at its close]], recent [[epoch, records, credited tokens]],
+# reported), marks [[epoch, reported at its close]], recent [[epoch, records, consumed positions]],
 # uncommitted_since (epoch or null)}: what a node committed against what it served
 COVERAGE = "cover"
 

@@ -431,10 +431,10 @@ def _routable_counts(state: State) -> dict[tuple[str, int], int]:
 def _carry_forward(
     state: State, epoch: int, credits: list[tuple[str, Any]], slashed: list[tuple[str, Any]]
 ) -> None:
-    """The credits an epoch that paid nothing earned itself move to the next epoch once (merged
-    per account and shard, marked `carried`), so work done just before its fees were reported
-    is not lost; credits moved in before, and the work of accounts slashed in the epoch, are
-    dropped."""
+    """The credits an epoch whose draw was not paid (no eligible share, nothing to draw) earned
+    itself move to the next epoch once (merged per account and shard, marked `carried`), so
+    redeemed work is not lost to one empty close; credits moved in before, and the work of
+    accounts slashed in the epoch, are dropped."""
     dropped = {key.split("/", 1)[1] for key, _ in slashed}
     for _, credit in credits:
         own = credit["layer_tokens"] - credit.get("carried", 0)
@@ -492,7 +492,8 @@ def _pending_units(state: State) -> tuple[list[_Unit], list[_Unit]]:
     gateway with the oldest pending item first, each group oldest first (then by id)."""
     purchases: list[_Unit] = []
     units = [
-        _Unit(entry["height"], ("q", query_id), int(entry["fee"]), gateway=entry["gateway"])
+        # (a query pending from before fees had a payee has none: the pool's, as it was then)
+        _Unit(entry["height"], ("q", query_id), int(entry["fee"]), gateway=entry.get("gateway", ""))
         for query_id, entry in state.items(schema.PENDING_QUERY)
     ]
     for key, entry in state.items(schema.PENDING_CHARGE):

@@ -1,4 +1,4 @@
-"""The share-chain: contributions, share weights, epoch payouts and Merkle proofs.
+"""The share-chain: redeemed work, share weights, epoch payouts and Merkle proofs.
 
 Pure and deterministic: integers and canonical bytes only.
 """
