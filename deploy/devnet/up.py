@@ -250,7 +250,7 @@ def _up_steps(
 
     # 7. gateway
     _step(progress, 7, "gateway")
-    await_gateway(state)
+    await_gateway(state, progress)
     write_state(directory, state)
     done("gateway " + ("at " + state["gateway_url"] if state.get("gateway_url") else "skipped"))
     if options.verifier_count:
