@@ -12,11 +12,14 @@
 6. per compute node an operator home funded from anvil's dev account, then the SAME commands an
    operator types, as subprocesses: `planet stake --role compute --amount 1` and
    `planet join --model M --shard K --credit-positions 64` (which waits until the node is
-   routable; the node charges a bearer credit per 64 positions, `--credit-positions 0`: free);
+   routable; the node charges a bearer credit per 64 positions; free by default when fewer
+   than 2/3 of the validators run a verifier, which publishes the keys credits are signed
+   with; `--credit-positions 0`: free);
 7. the gateway (`planet gateway serve`, unless `--no-gateway`; started before the joins, so it
    loads its part of the model meanwhile, after its wallet deposited 1 ETH at the escrow's own
-   address, the balance its credits are bought from; ready when `/health` answers and its
-   top-up bought its first credits), then the verifiers (`planet verifier serve`) if asked for.
+   address, the balance its credits are bought from; ready when `/health` answers), then the
+   verifiers (`planet verifier serve`) if asked for; when the nodes charge, `up` ends once the
+   gateway's top-up bought its first credits.
 
 Run directory `$PLANET_HOME/devnet/`:
 

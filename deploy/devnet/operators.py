@@ -153,7 +153,7 @@ def run_operator_commands(
                     "--timeout",
                     str(int(options.join_timeout_s)),
                     "--credit-positions",  # paid by the gateway's credits as answers run
-                    str(options.credit_positions),
+                    str(options.node_price),
                 ),
             ),
             home / "join.log",

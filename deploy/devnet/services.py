@@ -69,10 +69,14 @@ def start_gateway(
     host = place.address("gateway")
     log_path = options.dir / "logs" / "gateway.log"
     gateway_identity(options, state)  # the wallet genesis bound the gateway's key to
-    fund_gateway_credits(options, state, progress)
     credits = options.dir / "gateway" / "credits.json"
     state["gateway_credits"] = str(credits)
-    buy_from = [arg for url in state["committee_rpc"] for arg in ("--validator-rpc", url)]
+    if options.node_price:  # the nodes charge: the gateway buys credits to pay them
+        fund_gateway_credits(options, state, progress)
+        buy = ["--top-up-below", str(GATEWAY_TOP_UP_BELOW), "--top-up", str(GATEWAY_TOP_UP)]
+        buy += [arg for url in state["committee_rpc"] for arg in ("--validator-rpc", url)]
+    else:  # free nodes (and maybe no credit keys to mint with): nothing to buy
+        buy = ["--top-up", "0"]
     argv = place.argv("gateway", planet_argv(
         "gateway", "serve",
         "--evm-rpc", state["evm_rpc"],
@@ -85,10 +89,8 @@ def start_gateway(
         "--port", str(port),
         "--report-min-questions", "1",  # a dev chain: settle each question quickly
         "--private-endpoints",  # the devnet's nodes register loopback or 10.77.0.x endpoints
-        "--credits-file", str(credits),  # pays the nodes that charge (all of the devnet's)
-        "--top-up-below", str(GATEWAY_TOP_UP_BELOW),
-        "--top-up", str(GATEWAY_TOP_UP),
-        *buy_from,  # every validator blind-signs its share of each mint
+        "--credits-file", str(credits),  # pays the nodes that charge
+        *buy,  # its top-up, from every validator: each blind-signs its share of a mint
     ))  # fmt: skip
     pid = spawn(argv, log_path)
     state["pids"]["gateway"] = pid
@@ -157,22 +159,31 @@ def start_verifiers(
         progress(f"      verifier of validator{validator.index}: pid {pids[-1]}, log {log_path}")
 
 
-def await_gateway(state: dict[str, Any], progress: Progress) -> None:
-    """Wait until the gateway started by `start_gateway` answers /health and holds its first
-    GATEWAY_READY_CREDITS credits (its top-up buys on in the background)."""
+def await_gateway(state: dict[str, Any]) -> None:
+    """Wait until the gateway started by `start_gateway` answers /health."""
     pending = state.pop("gateway_pending", None)
     if pending is None:
         return
-    url, log_path, pid = pending["url"], Path(pending["log"]), state["pids"]["gateway"]
-    wait_http(f"{url}/health", pid, "gateway", log_path, 240)
+    url = pending["url"]
+    wait_http(f"{url}/health", state["pids"]["gateway"], "gateway", Path(pending["log"]), 240)
     state["gateway_url"] = url
+
+
+def await_gateway_credits(
+    options: DevnetOptions, state: dict[str, Any], progress: Progress
+) -> None:
+    """When the nodes charge, wait until the gateway holds its first GATEWAY_READY_CREDITS
+    credits (its top-up buys on meanwhile). Minting needs the credit keys the verifiers publish:
+    call it once they run."""
+    if not options.node_price or not state.get("gateway_url"):
+        return
+    log_path, pid = options.dir / "logs" / "gateway.log", state["pids"]["gateway"]
     wallet = CreditWallet(Path(state["gateway_credits"]))
     deadline = time.monotonic() + GATEWAY_CREDITS_WAIT_S
     while wallet.count() < GATEWAY_READY_CREDITS:
         if not pid_alive(pid):
-            raise StepFailed(
-                "buying the gateway's credits", f"gateway (pid {pid}) exited", log_path
-            )
+            step = "buying the gateway's credits"
+            raise StepFailed(step, f"gateway (pid {pid}) exited", log_path)
         if time.monotonic() > deadline:
             raise StepFailed(
                 "buying the gateway's credits",
@@ -182,6 +193,6 @@ def await_gateway(state: dict[str, Any], progress: Progress) -> None:
             )
         time.sleep(0.5)
     progress(
-        f"      gateway: {wallet.count()} credits to pay the nodes with (it buys up to "
+        f"      gateway: {wallet.count()} credits to pay the nodes with (it buys "
         f"{GATEWAY_TOP_UP} whenever it holds fewer than {GATEWAY_TOP_UP_BELOW})"
     )

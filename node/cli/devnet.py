@@ -107,10 +107,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--credit-positions",
         type=int,
-        default=64,
+        default=None,
         metavar="N",
         help="what each compute node charges: a bearer credit per N positions, paid by the "
-        "gateway from credits it buys as it runs low (default 64; 0: free nodes)",
+        "gateway from credits it buys as it runs low (default 64 when verifiers run on 2/3 of "
+        "the validators: they publish the keys credits are signed with; else 0: free nodes)",
     )
     up.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
     hosts = up.add_argument_group(
@@ -247,7 +248,7 @@ def _up(args: argparse.Namespace) -> int:
             f"--verifiers must be 0 to --validators ({args.validators}), got {args.verifiers}",
             hint="one verifier per validator at most",
         )
-    if not 0 <= args.credit_positions < 2**31:
+    if args.credit_positions is not None and not 0 <= args.credit_positions < 2**31:
         raise UsageError(
             f"--credit-positions must be 0 (free) or a positive count, got {args.credit_positions}"
         )

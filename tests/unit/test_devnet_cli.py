@@ -11,6 +11,7 @@ from deploy.devnet.plan import read_state
 from deploy.devnet.processes import argv_tail
 from deploy.devnet.status import running
 from node.cli import main as cli
+from protocol.errors import UsageError
 
 pytestmark = pytest.mark.unit
 
@@ -131,12 +132,21 @@ def test_devnet_nodes_charge_credits_and_the_gateway_pays_them_buying_from_every
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every compute node joins charging a credit per DEVNET_CREDIT_POSITIONS (64) positions,
-    and the gateway starts with its credit file and its top-up buying from every validator."""
+    and the gateway starts with its credit file and its top-up buying from every validator —
+    when verifiers on 2/3 of the validators publish the keys credits are signed with; else the
+    nodes are free by default, and asking them to charge is refused by name."""
     from deploy.devnet import operators, services
     from deploy.devnet.hosts import Placement
     from deploy.devnet.plan import DEVNET_CREDIT_POSITIONS, DevnetOptions
+    from deploy.devnet.up import up
 
-    assert DEVNET_CREDIT_POSITIONS == 64 == DevnetOptions(home=tmp_path).credit_positions
+    assert DEVNET_CREDIT_POSITIONS == 64 == DevnetOptions(home=tmp_path).node_price
+    assert DevnetOptions(home=tmp_path, verifiers=3).node_price == 64  # 3 of 4: 2/3
+    assert DevnetOptions(home=tmp_path, verifiers=2).node_price == 0
+    assert DevnetOptions(home=tmp_path, verifiers=0, credit_positions=0).node_price == 0
+    with pytest.raises(UsageError, match="--credit-positions 8: no credit can be bought"):
+        up(DevnetOptions(home=tmp_path, verifiers=0, credit_positions=8), lambda _: None)
+    assert not (tmp_path / "devnet").exists()
     started: dict[str, list[list[str]]] = {}
 
     def run_parallel(commands: list, timeout_s: float, progress: object, step: str) -> None:
@@ -166,3 +176,9 @@ def test_devnet_nodes_charge_credits_and_the_gateway_pays_them_buying_from_every
     assert gateway[gateway.index("--credits-file") + 1] == state["gateway_credits"]
     assert [gateway[i + 1] for i, a in enumerate(gateway) if a == "--validator-rpc"] == rpcs
     assert int(gateway[gateway.index("--top-up") + 1]) > 0
+    assert "--top-up-below" in gateway and "--top-up" in gateway
+    free = DevnetOptions(home=tmp_path, nodes=2, verifiers=0)
+    started.clear()
+    services.start_gateway(free, state, place, lambda _: None)
+    [gateway] = started["gw"]
+    assert gateway[gateway.index("--top-up") + 1] == "0" and "--validator-rpc" not in gateway
