@@ -245,15 +245,20 @@ def resolve_config(
     return OperatorConfig(**values)
 
 
+def rpc_url(value: Any, source: str) -> str:
+    """An http(s) URL without its trailing slash; a ConfigError naming `source` otherwise."""
+    text = str(value).strip().rstrip("/")
+    if not _URL.match(text):
+        raise ConfigError(
+            f"{source}: {value!r} is not an http(s) URL",
+            hint="for example http://127.0.0.1:8545",
+        )
+    return text
+
+
 def _check(key: str, value: Any, source: str, home: Path) -> Any:
     if key in ("evm_rpc", "committee_rpc"):
-        text = str(value).strip().rstrip("/")
-        if not _URL.match(text):
-            raise ConfigError(
-                f"{source}: {value!r} is not an http(s) URL",
-                hint="for example http://127.0.0.1:8545",
-            )
-        return text
+        return rpc_url(value, source)
     if key == "chain_id":
         text = str(value).strip()
         if isinstance(value, bool) or not text.isdigit() or not 0 < int(text) < 2**63:

@@ -11,10 +11,15 @@
 5. the validators with their apps and stake watchers;
 6. per compute node an operator home funded from anvil's dev account, then the SAME commands an
    operator types, as subprocesses: `planet stake --role compute --amount 1` and
-   `planet join --model M --shard K` (which waits until the node is routable);
+   `planet join --model M --shard K --credit-positions 64` (which waits until the node is
+   routable; the node charges a bearer credit per 64 positions; free by default when fewer
+   than 2/3 of the validators run a verifier, which publishes the keys credits are signed
+   with; `--credit-positions 0`: free);
 7. the gateway (`planet gateway serve`, unless `--no-gateway`; started before the joins, so it
-   loads its part of the model meanwhile; ready when `/health` answers), then the verifiers
-   (`planet verifier serve`) if asked for.
+   loads its part of the model meanwhile, after its wallet deposited 1 ETH at the escrow's own
+   address, the balance its credits are bought from; ready when `/health` answers), then the
+   verifiers (`planet verifier serve`) if asked for; when the nodes charge, `up` ends once the
+   gateway's top-up bought its first credits.
 
 Run directory `$PLANET_HOME/devnet/`:
 
@@ -28,7 +33,8 @@ Run directory `$PLANET_HOME/devnet/`:
     committee/         the validators (logs/app<i>.log, cometbft<i>.log, watcher<i>.log)
     operators/node<i>/ an operator home: wallet.json, node_key.json, config.toml, stake.log,
                        join.log, run/ (node-<K>.log, agent.log, joined.json)
-    gateway/           the gateway's wallet
+    gateway/           the gateway's wallet, committee key, receipts and credits.json (the
+                       credits it pays the nodes with: `planet credits show --credits-file`)
     user/wallet.json   a wallet funded with 100 ETH for paid questions (`planet ask --pay`)
 
 A failed step raises a `PlanetError` naming the process and its log; `up` then stops what it

@@ -152,6 +152,8 @@ def run_operator_commands(
                     password_file,
                     "--timeout",
                     str(int(options.join_timeout_s)),
+                    "--credit-positions",  # paid by the gateway's credits as answers run
+                    str(options.node_price),
                 ),
             ),
             home / "join.log",

@@ -2,21 +2,46 @@
 
 Both are the `planet` commands an operator would run (`planet gateway serve`, `planet verifier
 serve`), started detached with the devnet's dev wallets; the gateway starts before the nodes
-join, so it loads its part of the model meanwhile, and is awaited after the joins.
+join, so it loads its part of the model meanwhile, and is awaited after the joins. The nodes
+charge credits: before the gateway starts, its wallet deposits a balance at the escrow's own
+address (what `planet balance deposit X --credits` does), which its top-up buys credits from;
+`up` is done once the gateway holds its first credits.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from deploy.anvil import rpc_call
 from deploy.committee.network import Network
+from deploy.committee.processes import pid_alive
 from deploy.devnet.hosts import FINDINGS_PORT, GATEWAY_PORT, LOOPBACK_RANGE, Placement
-from deploy.devnet.plan import DevnetOptions, Progress, write_state
-from deploy.devnet.processes import free_port, free_ports, planet_argv, spawn, wait_http
+from deploy.devnet.plan import (
+    GATEWAY_CREDIT_DEPOSIT_WEI,
+    GATEWAY_CREDITS_WAIT_S,
+    GATEWAY_FUNDS_WEI,
+    GATEWAY_READY_CREDITS,
+    GATEWAY_TOP_UP,
+    GATEWAY_TOP_UP_BELOW,
+    DevnetOptions,
+    Progress,
+    write_state,
+)
+from deploy.devnet.processes import (
+    StepFailed,
+    free_port,
+    free_ports,
+    planet_argv,
+    spawn,
+    wait_http,
+)
 from deploy.evm import ETHER
-from node.keys import create_dev_wallet, load_or_create_node_key, wallet_address
+from node.chain.evm.account import PlanetChain
+from node.chain.evm.deployment import Deployment
+from node.client.credit_wallet import CreditWallet
+from node.keys import create_dev_wallet, load_or_create_node_key, load_wallet, wallet_address
 
 
 def gateway_identity(options: DevnetOptions, state: dict[str, Any]) -> tuple[str, str]:
@@ -44,6 +69,14 @@ def start_gateway(
     host = place.address("gateway")
     log_path = options.dir / "logs" / "gateway.log"
     gateway_identity(options, state)  # the wallet genesis bound the gateway's key to
+    credits = options.dir / "gateway" / "credits.json"
+    state["gateway_credits"] = str(credits)
+    if options.node_price:  # the nodes charge: the gateway buys credits to pay them
+        fund_gateway_credits(options, state, progress)
+        buy = ["--top-up-below", str(GATEWAY_TOP_UP_BELOW), "--top-up", str(GATEWAY_TOP_UP)]
+        buy += [arg for url in state["committee_rpc"] for arg in ("--validator-rpc", url)]
+    else:  # free nodes (and maybe no credit keys to mint with): nothing to buy
+        buy = ["--top-up", "0"]
     argv = place.argv("gateway", planet_argv(
         "gateway", "serve",
         "--evm-rpc", state["evm_rpc"],
@@ -56,12 +89,30 @@ def start_gateway(
         "--port", str(port),
         "--report-min-questions", "1",  # a dev chain: settle each question quickly
         "--private-endpoints",  # the devnet's nodes register loopback or 10.77.0.x endpoints
+        "--credits-file", str(credits),  # pays the nodes that charge
+        *buy,  # its top-up, from every validator: each blind-signs its share of a mint
     ))  # fmt: skip
     pid = spawn(argv, log_path)
     state["pids"]["gateway"] = pid
     state["gateway_pending"] = {"url": f"http://{host}:{port}", "log": str(log_path)}
     write_state(options.dir, state)
     progress(f"      gateway: loading in the background (pid {pid}, log {log_path})")
+
+
+def fund_gateway_credits(options: DevnetOptions, state: dict[str, Any], progress: Progress) -> None:
+    """The gateway wallet gets ETH from anvil and deposits GATEWAY_CREDIT_DEPOSIT_WEI at the
+    escrow's own address: the balance its credit mints are paid from (its top-up buys them)."""
+    password = Path(state["password_file"]).read_text()
+    account = load_wallet(options.dir / "gateway" / "wallet.json", password)
+    rpc_call(state["evm_rpc"], "anvil_setBalance", [account.address, hex(GATEWAY_FUNDS_WEI)])
+    deployment = Deployment.load(Path(state["deployment"]))
+    chain = PlanetChain(deployment, bytes(account.key), rpc_url=state["evm_rpc"])
+    escrow = deployment.address("QueryEscrow")
+    tx = chain.escrow.deposit_balance(escrow, GATEWAY_CREDIT_DEPOSIT_WEI)
+    progress(
+        f"      gateway: {account.address} deposited {GATEWAY_CREDIT_DEPOSIT_WEI / ETHER:g} ETH "
+        f"at the escrow for its credits (tx {tx.tx_hash[:18]}…)"
+    )
 
 
 def start_verifiers(
@@ -116,3 +167,32 @@ def await_gateway(state: dict[str, Any]) -> None:
     url = pending["url"]
     wait_http(f"{url}/health", state["pids"]["gateway"], "gateway", Path(pending["log"]), 240)
     state["gateway_url"] = url
+
+
+def await_gateway_credits(
+    options: DevnetOptions, state: dict[str, Any], progress: Progress
+) -> None:
+    """When the nodes charge, wait until the gateway holds its first GATEWAY_READY_CREDITS
+    credits (its top-up buys on meanwhile). Minting needs the credit keys the verifiers publish:
+    call it once they run."""
+    if not options.node_price or not state.get("gateway_url"):
+        return
+    log_path, pid = options.dir / "logs" / "gateway.log", state["pids"]["gateway"]
+    wallet = CreditWallet(Path(state["gateway_credits"]))
+    deadline = time.monotonic() + GATEWAY_CREDITS_WAIT_S
+    while wallet.count() < GATEWAY_READY_CREDITS:
+        if not pid_alive(pid):
+            step = "buying the gateway's credits"
+            raise StepFailed(step, f"gateway (pid {pid}) exited", log_path)
+        if time.monotonic() > deadline:
+            raise StepFailed(
+                "buying the gateway's credits",
+                f"the gateway holds {wallet.count()} credits after "
+                f"{GATEWAY_CREDITS_WAIT_S:.0f} s (its top-up: `credit top-up` lines)",
+                log_path,
+            )
+        time.sleep(0.5)
+    progress(
+        f"      gateway: {wallet.count()} credits to pay the nodes with (it buys "
+        f"{GATEWAY_TOP_UP} whenever it holds fewer than {GATEWAY_TOP_UP_BELOW})"
+    )

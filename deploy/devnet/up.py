@@ -39,6 +39,7 @@ from deploy.devnet.plan import (
 from deploy.devnet.processes import StepFailed, free_block, free_port, spawn
 from deploy.devnet.services import (
     await_gateway,
+    await_gateway_credits,
     gateway_identity,
     start_gateway,
     start_verifiers,
@@ -67,6 +68,13 @@ def up(options: DevnetOptions, progress: Progress) -> dict[str, Any]:
         raise UsageError("--validators must be 1..16")
     if not 1 <= options.nodes <= 9 or options.all_nodes > 12:
         raise UsageError("--nodes must be 1..9, with --cheat-node 12 in all (~200 MB each)")
+    if options.node_price and not options.sells_credits:
+        raise UsageError(
+            f"--credit-positions {options.node_price}: no credit can be bought on this devnet: "
+            f"{options.verifier_count} of {options.validators} validators run a verifier, which "
+            "publishes the keys that sign credits (2/3 of them must)",
+            hint="more --verifiers, or free nodes: --credit-positions 0",
+        )
     hosts_plan = None
     if options.hosts is not None:
         if not 0 <= options.operator_hosts <= MAX_OPERATOR_HOSTS:
@@ -241,7 +249,13 @@ def _up_steps(
 
     # 6. operators: fund, stake, join — the operator's own commands
     cheats = f" (+{len(options.cheat_nodes)} cheating)" if options.cheat_nodes else ""
-    _step(progress, 6, f"compute nodes: {options.nodes}{cheats} operators stake and join")
+    price = (
+        f"each charging a credit per {options.node_price} positions"
+        if options.node_price
+        else "free"
+        + ("" if options.sells_credits else " (too few verifiers publish credit keys to mint)")
+    )
+    _step(progress, 6, f"compute nodes: {options.nodes}{cheats} operators stake and join, {price}")
     start_gateway(options, state, place, progress)  # loads its model while the nodes join
     operators = fund_operators(options, state, registrar, network, progress)
     run_operator_commands(options, state, operators, place, progress)
@@ -256,6 +270,7 @@ def _up_steps(
     if options.verifier_count:
         start_verifiers(options, state, network, place, progress)
         write_state(directory, state)
+    await_gateway_credits(options, state, progress)  # minted with the keys verifiers publish
 
 
 def _prepared_model(shards: int, quant: str, progress: Progress) -> Path:

@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from node.cli.key import parse_duration
-from node.client.credit_wallet import CreditWallet
+from node.client.credit_wallet import MAX_BUY, CreditWallet
 from node.client.nodesfile import planet_home
 from protocol.errors import UsageError
 
-MAX_BUY = 30  # credits per mint: one blinded message per validator each, under 64 KiB
 DEFAULT_TTL_S = 3600
 DEFAULT_WAIT_S = 60
 

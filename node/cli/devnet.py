@@ -104,6 +104,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "verifier), silent (serves, commits nothing), … — the node is the "
         "test double tests/doubles/cheating_node.py, joined by tests/doubles/cheating_join.py",
     )
+    up.add_argument(
+        "--credit-positions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="what each compute node charges: a bearer credit per N positions, paid by the "
+        "gateway from credits it buys as it runs low (default 64 when verifiers run on 2/3 of "
+        "the validators: they publish the keys credits are signed with; else 0: free nodes)",
+    )
     up.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
     hosts = up.add_argument_group(
         "many hosts (--hosts: root, or CAP_NET_ADMIN + CAP_SYS_ADMIN; docs/network.md)"
@@ -239,6 +248,10 @@ def _up(args: argparse.Namespace) -> int:
             f"--verifiers must be 0 to --validators ({args.validators}), got {args.verifiers}",
             hint="one verifier per validator at most",
         )
+    if args.credit_positions is not None and not 0 <= args.credit_positions < 2**31:
+        raise UsageError(
+            f"--credit-positions must be 0 (free) or a positive count, got {args.credit_positions}"
+        )
     if args.cheat_node and args.no_gateway:
         raise UsageError(
             "--cheat-node needs the gateway", hint="the verifiers challenge through it"
@@ -254,6 +267,7 @@ def _up(args: argparse.Namespace) -> int:
         hosts=_links(args),
         operator_hosts=args.operator_hosts,
         cheat_nodes=tuple(args.cheat_node),
+        credit_positions=args.credit_positions,
     )
     state = up(options, _say)
     _summary(state)
@@ -279,6 +293,8 @@ def _summary(state: dict[str, Any]) -> None:
     for index, url in enumerate(state.get("committee_rpc", [])):
         print(f"  validator{index}     {url}")
     print(f"  gateway        {state.get('gateway_url') or '(not started)'}")
+    if state.get("gateway_credits"):
+        print(f"  its credits    {state['gateway_credits']} (`planet credits show --credits-file`)")
     print(f"  model          {state['model_hash']} ({state['shards']} shards)")
     print(f"  deployment     {state['deployment']}")
     for name, address in sorted(state.get("contracts", {}).items()):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from node.client.credit_wallet import MAX_BUY
 from node.config import resolve_config
+from node.gateway.credit_payer import MIN_CREDIT_POSITIONS, TOP_UP, TOP_UP_BELOW
 from node.gateway.guards import ROUTES
 from protocol.errors import UsageError
 
@@ -17,6 +19,9 @@ examples:
       --price-wei-per-token 1000000000000 --port 8000
 then, with the official OpenAI client (the API key is the payment proof, see docs/gateway.md):
   OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="planet-pay-v1.<query>.<cap>.<sig>")
+it pays the nodes that charge with credits it buys as it runs low (--top-up), from its wallet's
+balance at the escrow:
+  planet balance deposit 0.1 --credits --wallet ~/.cache/planet/gateway/wallet.json
 your own client, paying the nodes with your credits (no deposit, no API key, loopback only):
   planet credits buy 50
   planet gateway serve --personal --manifest M/manifest.json --committee-rpc http://HOST:26657
@@ -37,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="serve /v1/chat/completions, /v1/completions, /v1/pools, receipts",
         description="Serve OpenAI's API. Each question is paid by a QueryEscrow deposit whose "
-        "depositor signs the API key; answers carry a receipt signed by the gateway wallet.",
+        "depositor signs the API key; answers carry a receipt signed by the gateway wallet. "
+        "Nodes that charge are paid with the gateway's bearer credits, bought as it runs low.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -146,6 +152,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also dial nodes registered on loopback or private addresses (a devnet or LAN); "
         "by default only globally routable endpoints are probed and dialled",
     )
+    credits = serve.add_argument_group(
+        "paying the nodes that charge, with bearer credits",
+        "both a hosted gateway and your own client pay each node that charges credits (its "
+        "/info credit_positions) as answers run; free nodes are not paid (docs/gateway.md)",
+    )
+    credits.add_argument(
+        "--credits-file",
+        type=Path,
+        default=None,
+        help="credits to pay with (default: hosted, <wallet>-credits.json next to --wallet; "
+        "--personal, $PLANET_HOME/credits.json, as `planet credits`)",
+    )
+    credits.add_argument(
+        "--min-credit-positions",
+        type=int,
+        default=MIN_CREDIT_POSITIONS,
+        metavar="N",
+        help="never pay a node that asks a credit per fewer than N positions: such a node is "
+        f"never put in a circuit (default {MIN_CREDIT_POSITIONS})",
+    )
+    credits.add_argument(
+        "--top-up-below",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"hosted: buy credits when the wallet holds fewer than N (default {TOP_UP_BELOW})",
+    )
+    credits.add_argument(
+        "--top-up",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"hosted: credits bought each time, in mints of at most {MAX_BUY}, paid from the "
+        "gateway wallet's balance at the escrow (`planet balance deposit X --credits --wallet "
+        f"W`); 0: never buy (default {TOP_UP})",
+    )
+    credits.add_argument(
+        "--validator-rpc",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="hosted: a validator's CometBFT RPC to buy credits from; give one per validator, "
+        "each blind-signs its share (default: the running devnet's validators when "
+        "--committee-rpc is one of them, else --committee-rpc alone)",
+    )
     personal = serve.add_argument_group(
         "your own client (--personal)",
         "OpenAI's API on this machine for your own tools: circuits from the committee's node "
@@ -156,19 +207,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--personal",
         action="store_true",
         help="serve yourself: no deposits or API keys, loopback only, nodes paid with credits",
-    )
-    personal.add_argument(
-        "--credits-file",
-        type=Path,
-        default=None,
-        help="credits to pay with (default $PLANET_HOME/credits.json, as `planet credits`)",
-    )
-    personal.add_argument(
-        "--min-credit-positions",
-        type=int,
-        default=16,
-        metavar="N",
-        help="never pay a node that asks a credit per fewer than N positions (default 16)",
     )
     personal.add_argument(
         "--route",
@@ -233,6 +271,11 @@ def _serve(args: argparse.Namespace) -> int:
         refund_margin_s=chains.refund_margin_s,
         committee_block_s=args.committee_block_s,
         private_endpoints=args.private_endpoints,
+        credits=args.credits_file,
+        min_credit_positions=args.min_credit_positions,
+        top_up_below=TOP_UP_BELOW if args.top_up_below is None else args.top_up_below,
+        top_up=TOP_UP if args.top_up is None else args.top_up,
+        validator_rpcs=_validator_rpcs(args.validator_rpc, chains.committee_rpc),
     ).validate()
     password = PasswordSource(file=chains.password_file).read(confirm=not args.wallet.exists())
     serve(config, password)
@@ -247,6 +290,16 @@ def _serve_personal(args: argparse.Namespace) -> int:
 
     if args.min_credit_positions < 1:
         raise UsageError("--min-credit-positions must be >= 1")
+    for flag, value in (
+        ("--top-up-below", args.top_up_below),
+        ("--top-up", args.top_up),
+        ("--validator-rpc", args.validator_rpc),
+    ):
+        if value is not None:
+            raise UsageError(
+                f"{flag} is a hosted gateway's: it buys its own credits as it runs low",
+                hint="a personal client pays with the credits you buy: planet credits buy N",
+            )
     chains = resolve_config({"committee_rpc": args.committee_rpc})
     manifest, private = _personal_devnet_defaults(args, chains.committee_rpc)
     config = GatewayConfig(
@@ -271,6 +324,19 @@ def _serve_personal(args: argparse.Namespace) -> int:
     )
     serve(config, settings)
     return 0
+
+
+def _validator_rpcs(flags: list[str] | None, committee_rpc: str) -> tuple[str, ...]:
+    """The validators a hosted gateway buys credits from: `--validator-rpc` (each checked), else
+    the running devnet's when the committee RPC is one of them, else () (the committee RPC)."""
+    from node.config import find_devnet, rpc_url
+
+    if flags:
+        return tuple(rpc_url(url, "--validator-rpc") for url in flags)
+    devnet = find_devnet()
+    if devnet is not None and committee_rpc in devnet.committee_rpc:
+        return devnet.committee_rpc
+    return ()
 
 
 def _personal_devnet_defaults(args: argparse.Namespace, committee_rpc: str) -> tuple[Path, bool]:

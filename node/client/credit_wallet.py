@@ -51,6 +51,8 @@ from protocol.eip712 import address_of
 from protocol.errors import ProtocolError, UsageError
 from protocol.payment import payment_domain
 
+MAX_BUY = 30  # credits per mint a client draws: one blinded message per validator each, < 64 KiB
+
 
 class MintIncomplete(ProtocolError):
     """The signers' answers do not give ≥ 2/3 of the power for some credit of the mint."""

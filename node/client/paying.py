@@ -64,6 +64,13 @@ class PriceTooHighError(ProtocolError):
 MIN_POSITIONS = 16  # a client's default floor: it never pays a credit per fewer positions
 
 
+def accepts_price(min_positions: int) -> Callable[[int], bool]:
+    """The nodes a payer with floor `min_positions` takes into a circuit, by their price
+    (positions per credit): free ones, and charging ones no dearer than the floor (a dearer one
+    would stop the question with `PriceTooHighError`). A router's `accept_price`."""
+    return lambda price: price == 0 or price >= min_positions
+
+
 @dataclass
 class CreditPayer:
     """The wallet credits come from, and each charging node's price (positions per credit)."""

@@ -16,6 +16,10 @@
     timeline.py    the settlement timeline: minimum voucher/key lifetime, refund margin
     settlement.py  the work ledger (journal) and the reports it sends the committee chain
     circuits.py    CircuitPool: one live CircuitClient (node-to-node forwarding) per circuit
+    credit_payer.py  the hosted gateway pays charging nodes with its credits (`HostedPayer`),
+                   and fails a question it cannot pay by name (`GatewayOutOfCredits`, 503)
+    topup.py       the background task that keeps its credit wallet stocked (buys when low,
+                   finishes purchases in flight, drops expired credits)
     engine.py      one generation over a circuit (logprobs, retries before the first token)
     dapp.py        the web dApp's routes: the page, its config, a read-only network view
     app.py         aiohttp app factory and thin handlers
@@ -23,5 +27,6 @@
     client.py      the other side: asking a gateway and paying for it (`planet ask --pay`)
 
 Nodes never receive the wallet, the query id or the receipt: the gateway checks payments and
-sends nodes only activations over a circuit (per-hop capabilities, positions, activations).
+sends nodes only activations over a circuit (per-hop capabilities, positions, activations), and
+pays those that charge with bearer credits, which name no one.
 """

@@ -39,6 +39,7 @@ from node.client.types import Head
 from node.gateway import sse
 from node.gateway.circuits import CircuitPool
 from node.gateway.config import GatewayConfig
+from node.gateway.credit_payer import GatewayOutOfCredits
 from node.gateway.dapp import add_dapp_routes
 from node.gateway.engine import Generation, TokenEvent
 from node.gateway.errors import (
@@ -91,8 +92,10 @@ class Gateway:
     chain_id: int
     escrow: str
     ledger: Any = None  # `node.gateway.settlement.WorkLedger` (None: no work reports)
-    # pays the nodes with credits as answers run (the personal client, node/gateway/personal.py)
+    # pays the charging nodes with credits as answers run (`CreditPayer`: the personal client's,
+    # node/gateway/personal.py; the hosted gateway's `HostedPayer`, credit_payer.py)
     payer: Any = None
+    top_up: Any = None  # keeps the payer's wallet stocked (hosted: topup.py `TopUp`), or None
     circuits: CircuitPool = field(init=False)  # live circuit clients per circuit, on `http`
 
     def __post_init__(self) -> None:
@@ -361,6 +364,10 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
         if payment.consumed:
             raise
         raise NodeFailed(error.code, f"{error.message}; nothing was charged, ask again") from None
+    except GatewayOutOfCredits as error:  # the gateway could not pay the nodes: 503
+        if payment.consumed:
+            raise
+        raise error.uncharged() from None
     finally:
         payment.close(generation.circuit)  # the one exit: charge what went out, else release
 

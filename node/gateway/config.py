@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from node.gateway.credit_payer import MAX_TOP_UP, MIN_CREDIT_POSITIONS, TOP_UP, TOP_UP_BELOW
 from node.gateway.requests import Limits
 from protocol.errors import UsageError
 
@@ -52,6 +53,14 @@ class GatewayConfig:
     # dial registered node endpoints on non-public addresses too (devnet, LAN); by default the
     # router applies the nodes' public-address policy (router.py)
     private_endpoints: bool = False
+    # the credits a hosted gateway pays charging nodes with (None: `<wallet>-credits.json`)
+    credits: Path | None = None
+    min_credit_positions: int = MIN_CREDIT_POSITIONS  # never pay a credit per fewer positions
+    top_up_below: int = TOP_UP_BELOW  # buy credits when the wallet holds fewer (credits)
+    top_up: int = TOP_UP  # credits bought per top-up (0: never buy; `planet credits buy` by hand)
+    # every validator's CometBFT RPC, to buy credits from (each signs its own share; empty:
+    # committee_rpc alone, enough only for a committee where it holds 2/3 of the power)
+    validator_rpcs: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
 
     def validate(self) -> GatewayConfig:
@@ -79,6 +88,21 @@ class GatewayConfig:
             raise UsageError("--max-key-lifetime-s must be 1 .. 10 years in seconds")
         if not 0 < self.chain_reads <= 256 or not 0 <= self.chain_read_queue <= 65_536:
             raise UsageError("chain reads: 1..256 at once, 0..65536 waiting")
+        if self.min_credit_positions < 1:
+            raise UsageError("--min-credit-positions must be >= 1")
+        if not 0 <= self.top_up <= MAX_TOP_UP:
+            raise UsageError(
+                f"--top-up must be 0 (never buy) .. {MAX_TOP_UP} credits, got {self.top_up}"
+            )
+        if not 0 <= self.top_up_below <= 10 * MAX_TOP_UP:
+            raise UsageError(
+                f"--top-up-below must be 0 .. {10 * MAX_TOP_UP} credits, got {self.top_up_below}"
+            )
+        if self.top_up and not self.top_up_below:
+            raise UsageError(
+                "--top-up-below 0 never buys",
+                hint="give the low-water mark in credits, or turn buying off with --top-up 0",
+            )
         if not 0 < self.port < 65536:
             raise UsageError(f"--port must be 1..65535, got {self.port}")
         if not self.manifest.exists():
@@ -96,3 +120,12 @@ class GatewayConfig:
     @property
     def receipts_path(self) -> Path:
         return self.receipts or self.wallet.with_name(self.wallet.stem + "-receipts.jsonl")
+
+    @property
+    def credits_path(self) -> Path:
+        return self.credits or self.wallet.with_name(self.wallet.stem + "-credits.json")
+
+    @property
+    def credit_rpcs(self) -> tuple[str, ...]:
+        """The validators credits are bought from (`validator_rpcs`, else the committee RPC)."""
+        return self.validator_rpcs or (self.committee_rpc,)

@@ -34,7 +34,7 @@ from typing import Any
 from aiohttp import web
 
 from node.client.credit_wallet import CreditWallet
-from node.client.paying import CreditExpiry, CreditPayer
+from node.client.paying import CreditExpiry, CreditPayer, accepts_price
 from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
 from node.gateway.guards import Guards
@@ -179,9 +179,7 @@ async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gate
         max_sessions_per_node=config.max_sessions_per_node,
         slot_wait_s=config.slot_wait_s,
         public_only=not config.private_endpoints,
-        # free nodes, and charging ones no dearer than this client's floor (a dearer one would
-        # stop the question with price_too_high: node/client/paying.py)
-        accept_price=lambda price: price == 0 or price >= min_credit_positions,
+        accept_price=accepts_price(min_credit_positions),  # free nodes, and no dearer than that
         route=settings.route,
         guards=Guards(settings.guards_file, manifest.model_hash),
     )

@@ -188,15 +188,16 @@ class Router:
         # route="private": the node kept per shard (in memory unless the caller persists it)
         self.guards = guards or Guards(None, model_hash)
         # which nodes this gateway can pay, by the positions a credit buys there (its /info;
-        # 0: free): by default free ones only — a hosted gateway pays nodes through its work
-        # reports, and a node charging credits would refuse its every question (402)
+        # 0: free): by default free ones only — without a credit payer, a node charging credits
+        # would refuse its every question (402); the hosted gateway and the personal client
+        # pass `accepts_price(floor)` (node/client/paying.py)
         self.accept_price = accept_price or (lambda price: price == 0)
         self.public_only = public_only  # dial only globally routable endpoints
         self.model_hash = model_hash
         self.shard_layers = tuple(shard_layers)
         self.http = http
-        # endpoint → positions one credit pays for there (its /info; 0: free): what a personal
-        # client's payer reads (node/client/paying.py)
+        # endpoint → positions one credit pays for there (its /info; 0: free): what the
+        # gateway's credit payer reads (node/client/paying.py)
         self.prices: dict[str, int] = {}
         self.refresh_s = refresh_s
         self._cache: tuple[float, dict[int, list[RoutableNode]]] | None = None

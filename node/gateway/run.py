@@ -1,4 +1,5 @@
-"""Start-up of `planet gateway serve`: wallet, EVM chain, committee, client head, then serve.
+"""Start-up of `planet gateway serve`: wallet, EVM chain, committee, client head, the credit
+wallet that pays charging nodes (credit_payer.py) and its top-up task (topup.py), then serve.
 
 Everything that can be wrong (deployment for another chain, an unreachable RPC, a missing
 manifest, a model not registered on chain, an escrow whose refund timeout is shorter than the
@@ -9,6 +10,7 @@ settlement timeline needs: timeline.py) fails here, before the port is bound, wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -18,14 +20,18 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from node.client.credit_wallet import CreditWallet
+from node.client.paying import CreditExpiry, accepts_price
 from node.dial import refuse_redirects
 from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
+from node.gateway.credit_payer import HostedPayer
 from node.gateway.escrow_reads import BoundedReads, ChainEscrow
 from node.gateway.payments import PaymentDesk
 from node.gateway.router import CommitteeNodes, Router
 from node.gateway.settlement import DebitTracker, WorkLedger, WorkReporter, ledger_paths
 from node.gateway.timeline import Timeline, check_refund_timeout
+from node.gateway.topup import CommitteeShop, TopUp
 from node.http_logs import quiet_malformed_http_logs
 from node.server.next_hops import PublicResolver
 from protocol.eip712 import as_bytes32
@@ -91,16 +97,15 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         await committee.close()
         raise
     http = node_session(config)
-    router = Router(
-        CommitteeNodes(committee, manifest.model_hash),
-        model_hash=manifest.model_hash,
-        shard_layers=[tuple(s.layers) for s in manifest.shards],
-        http=http,
-        refresh_s=config.routing_refresh_s,
-        max_sessions_per_node=config.max_sessions_per_node,
-        slot_wait_s=config.slot_wait_s,
-        public_only=not config.private_endpoints,
+    router = hosted_router(config, manifest, committee, http)
+    credits = CreditWallet(config.credits_path)
+    payer = HostedPayer(credits, router.prices, min_positions=config.min_credit_positions)
+    expiry = CreditExpiry(credits, committee.abci_query)
+    shop = CommitteeShop(config.credit_rpcs, bytes(wallet.key), credits)
+    top_up = TopUp(
+        credits, shop.buy, shop.finish, config.top_up_below, config.top_up, expiry=expiry
     )
+    _log_credits(config, credits)  # a credit file that is not one stops the start here, by name
     escrow = chain.deployment.address("QueryEscrow")
     reads = BoundedReads(
         escrow_reader, max_concurrent=config.chain_reads, max_waiting=config.chain_read_queue
@@ -146,8 +151,27 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         chain_id=chain.chain_id,
         escrow=escrow,
         ledger=ledger,
+        payer=payer,
+        top_up=top_up,
     )
     return gateway, [http, committee]
+
+
+def hosted_router(config: GatewayConfig, manifest: Any, committee: Any, http: Any) -> Router:
+    """The hosted gateway's router over the committee's routable nodes of `manifest`'s model:
+    free nodes, and those charging a credit per `min_credit_positions` positions or more (paid
+    from its credit wallet, credit_payer.py); a dearer node is never put in a circuit."""
+    return Router(
+        CommitteeNodes(committee, manifest.model_hash),
+        model_hash=manifest.model_hash,
+        shard_layers=[tuple(s.layers) for s in manifest.shards],
+        http=http,
+        refresh_s=config.routing_refresh_s,
+        max_sessions_per_node=config.max_sessions_per_node,
+        slot_wait_s=config.slot_wait_s,
+        public_only=not config.private_endpoints,
+        accept_price=accepts_price(config.min_credit_positions),
+    )
 
 
 def node_session(config: GatewayConfig) -> aiohttp.ClientSession:
@@ -190,6 +214,21 @@ def _refund_margin(config: GatewayConfig, timeline: Timeline) -> int:
             timeline.describe(),
         )
     return config.refund_margin_s
+
+
+def _log_credits(config: GatewayConfig, credits: CreditWallet) -> None:
+    log.info(
+        "paying charging nodes with credits file=%s held=%d in_flight=%d floor=%d positions; "
+        "top-up: %s",
+        credits.path,
+        credits.count(),
+        len(credits.pending()),
+        config.min_credit_positions,
+        f"buy {config.top_up} when fewer than {config.top_up_below} held, from "
+        f"{len(config.credit_rpcs)} validator RPC(s)"
+        if config.top_up
+        else "off (--top-up 0)",
+    )
 
 
 def committee_key_path(config: GatewayConfig) -> Path:
@@ -255,7 +294,12 @@ async def _serve(config: GatewayConfig, password: str) -> None:
         if gateway.ledger is not None:
             reporter = await _work_reporter(config, gateway.ledger, password, gateway.desk)
             reporter_task = asyncio.create_task(reporter.run(stop))
+        top_up_task = asyncio.create_task(gateway.top_up.run(stop)) if gateway.top_up else None
         await stop.wait()
+        if top_up_task is not None:  # a purchase in flight is on disk: the next start ends it
+            top_up_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await top_up_task
         if reporter_task is not None:
             await reporter_task
             try:  # what the last questions earned; the ledger file keeps whatever is left

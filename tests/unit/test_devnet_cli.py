@@ -11,6 +11,7 @@ from deploy.devnet.plan import read_state
 from deploy.devnet.processes import argv_tail
 from deploy.devnet.status import running
 from node.cli import main as cli
+from protocol.errors import UsageError
 
 pytestmark = pytest.mark.unit
 
@@ -32,6 +33,7 @@ def test_devnet_status_and_down_without_a_devnet(tmp_path: Path, capsys) -> None
         ("--nodes", "10", "--nodes must be 1..9"),
         ("--verifiers", "5", "--verifiers must be 0 to --validators (4)"),
         ("--verifiers", "-1", "--verifiers must be 0 to --validators (4)"),
+        ("--credit-positions", "-1", "--credit-positions must be 0 (free) or a positive count"),
     ],
 )
 def test_devnet_up_bad_sizes_are_usage_errors_before_anything_starts(
@@ -124,3 +126,59 @@ def test_consensus_public_key_is_read_from_the_validator_home(tmp_path: Path) ->
     (tmp_path / "config" / "priv_validator_key.json").write_text(json.dumps(record))
     assert consensus_public_key(tmp_path) == public.hex()
     assert consensus_public_key(tmp_path / "absent") is None
+
+
+def test_devnet_nodes_charge_credits_and_the_gateway_pays_them_buying_from_every_validator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every compute node joins charging a credit per DEVNET_CREDIT_POSITIONS (64) positions,
+    and the gateway starts with its credit file and its top-up buying from every validator —
+    when verifiers on 2/3 of the validators publish the keys credits are signed with; else the
+    nodes are free by default, and asking them to charge is refused by name."""
+    from deploy.devnet import operators, services
+    from deploy.devnet.hosts import Placement
+    from deploy.devnet.plan import DEVNET_CREDIT_POSITIONS, DevnetOptions
+    from deploy.devnet.up import up
+
+    assert DEVNET_CREDIT_POSITIONS == 64 == DevnetOptions(home=tmp_path).node_price
+    assert DevnetOptions(home=tmp_path, verifiers=3).node_price == 64  # 3 of 4: 2/3
+    assert DevnetOptions(home=tmp_path, verifiers=2).node_price == 0
+    assert DevnetOptions(home=tmp_path, verifiers=0, credit_positions=0).node_price == 0
+    with pytest.raises(UsageError, match="--credit-positions 8: no credit can be bought"):
+        up(DevnetOptions(home=tmp_path, verifiers=0, credit_positions=8), lambda _: None)
+    assert not (tmp_path / "devnet").exists()
+    started: dict[str, list[list[str]]] = {}
+
+    def run_parallel(commands: list, timeout_s: float, progress: object, step: str) -> None:
+        started[step] = [argv for _, argv, _ in commands]
+
+    monkeypatch.setattr(operators, "run_parallel", run_parallel)
+    monkeypatch.setattr(operators, "read_joined", lambda run: None)
+    monkeypatch.setattr(operators, "write_state", lambda *a: None)
+    monkeypatch.setattr(services, "write_state", lambda *a: None)
+    monkeypatch.setattr(services, "gateway_identity", lambda *a: ("k", "0x"))
+    monkeypatch.setattr(services, "fund_gateway_credits", lambda *a: None)
+    monkeypatch.setattr(services, "spawn", lambda argv, log: started.setdefault("gw", [argv]) and 1)
+    rpcs = ["http://127.0.0.1:27001", "http://127.0.0.1:27011"]
+    state = {
+        "password_file": "pw", "shards": 3, "manifest": "m.json", "pids": {},
+        "evm_rpc": "http://127.0.0.1:8545", "deployment": "d.json", "committee_rpc": rpcs,
+    }  # fmt: skip
+    options = DevnetOptions(home=tmp_path, nodes=2)
+    place = Placement.from_state({})
+    operators.run_operator_commands(
+        options, state, [tmp_path / "n0", tmp_path / "n1"], place, lambda _: None
+    )
+    for argv in started["planet join"]:
+        assert argv[argv.index("--credit-positions") + 1] == "64"
+    services.start_gateway(options, state, place, lambda _: None)
+    [gateway] = started["gw"]
+    assert gateway[gateway.index("--credits-file") + 1] == state["gateway_credits"]
+    assert [gateway[i + 1] for i, a in enumerate(gateway) if a == "--validator-rpc"] == rpcs
+    assert int(gateway[gateway.index("--top-up") + 1]) > 0
+    assert "--top-up-below" in gateway and "--top-up" in gateway
+    free = DevnetOptions(home=tmp_path, nodes=2, verifiers=0)
+    started.clear()
+    services.start_gateway(free, state, place, lambda _: None)
+    [gateway] = started["gw"]
+    assert gateway[gateway.index("--top-up") + 1] == "0" and "--validator-rpc" not in gateway

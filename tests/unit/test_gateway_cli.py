@@ -95,3 +95,83 @@ def test_gateway_serve_bad_refund_margin_is_named_error_without_traceback(
     err = capsys.readouterr().err
     assert err.startswith("error: --refund-margin-s:") and "hint:" in err
     assert "Traceback" not in err and "config" not in served
+
+
+def test_gateway_serve_pays_nodes_from_a_credit_file_next_to_its_wallet_and_tops_it_up(
+    served: dict[str, Any], tmp_path: Path
+) -> None:
+    assert main(served["argv"]) == 0
+    config = served["config"]
+    assert config.credits_path == tmp_path / "wallet-credits.json"
+    assert (config.min_credit_positions, config.top_up_below, config.top_up) == (16, 100, 300)
+    assert config.credit_rpcs == (config.committee_rpc,)  # no devnet: the committee RPC alone
+    argv = [
+        *served["argv"],
+        "--credits-file", str(tmp_path / "c.json"),
+        "--min-credit-positions", "64",
+        "--top-up-below", "500",
+        "--top-up", "0",
+        "--validator-rpc", "http://10.0.0.1:26657/",
+        "--validator-rpc", "http://10.0.0.2:26657",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    config = served["config"]
+    assert config.credits_path == tmp_path / "c.json"
+    assert (config.min_credit_positions, config.top_up_below, config.top_up) == (64, 500, 0)
+    assert config.credit_rpcs == ("http://10.0.0.1:26657", "http://10.0.0.2:26657")
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--top-up", "-1"], "error: --top-up must be 0 (never buy) .. 100000 credits"),
+        (["--top-up", "100001"], "error: --top-up must be 0 (never buy) .. 100000 credits"),
+        (["--top-up-below", "-5"], "error: --top-up-below must be 0 .. 1000000 credits"),
+        (["--top-up-below", "0"], "error: --top-up-below 0 never buys"),
+        (["--min-credit-positions", "0"], "error: --min-credit-positions must be >= 1"),
+        (["--validator-rpc", "ftp://x"], "error: --validator-rpc: 'ftp://x' is not an http(s)"),
+    ],
+)
+def test_gateway_serve_bad_credit_flags_are_named_errors_without_traceback(
+    served: dict[str, Any], capsys: pytest.CaptureFixture[str], flags: list[str], named: str
+) -> None:
+    assert main([*served["argv"], *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(named), err
+    assert "Traceback" not in err and "config" not in served
+
+
+def test_gateway_serve_top_up_flags_are_refused_by_a_personal_client(
+    served: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    base = ["gateway", "serve", "--personal", "--manifest", str(tmp_path / "manifest.json")]
+    for flags in (["--top-up", "30"], ["--top-up-below", "9"], ["--validator-rpc", "http://v:1"]):
+        assert main([*base, *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {flags[0]} is a hosted gateway's"), err
+        assert "hint: a personal client pays with the credits you buy" in err
+
+
+def test_gateway_serve_buys_from_every_validator_of_the_running_devnet(
+    served: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    devnet = served["home"] / "devnet"
+    devnet.mkdir()
+    rpcs = ["http://127.0.0.1:27001", "http://127.0.0.1:27011", "http://127.0.0.1:27021"]
+    (devnet / "devnet.json").write_text(
+        json.dumps(
+            {
+                "status": "up",
+                "evm_rpc": "http://127.0.0.1:8545",
+                "committee_rpc": rpcs,
+                "chain_id": 31337,
+                "deployment": str(devnet / "deployment.json"),
+            }
+        )
+    )
+    assert main(served["argv"]) == 0  # the devnet's committee RPC (its first validator)
+    assert served["config"].credit_rpcs == tuple(rpcs)
+    assert main([*served["argv"], "--committee-rpc", "http://10.0.0.9:26657"]) == 0
+    assert served["config"].credit_rpcs == ("http://10.0.0.9:26657",)  # another committee

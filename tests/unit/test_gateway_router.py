@@ -257,10 +257,11 @@ async def test_router_moves_off_a_slow_node_on_trial_without_cooling_it() -> Non
 async def test_router_leaves_out_nodes_charging_what_this_gateway_does_not_pay(
     aiohttp_server: Any,
 ) -> None:
-    """A hosted gateway pays by work reports: a node asking credits (`credit_positions` in its
-    /info) would refuse its every question, so it is not routed to; a personal client takes
-    free nodes and those no dearer than its floor. A free node that starts charging is left
-    out once the router sees the new price."""
+    """A router with no credit payer (the default `accept_price`): a node asking credits
+    (`credit_positions` in its /info) would refuse its every question, so it is not routed to;
+    a payer's router (the personal client's, the hosted gateway's) takes free nodes and those no
+    dearer than its floor. A free node that starts charging is left out once the router sees
+    the new price."""
     import aiohttp
     from aiohttp import web
 
@@ -309,3 +310,63 @@ async def test_router_leaves_out_nodes_charging_what_this_gateway_does_not_pay(
         await hosted._observe(node)
         with pytest.raises(NoCircuit):
             await hosted.circuit()
+
+
+async def test_hosted_router_takes_charging_nodes_at_or_above_its_floor_and_refuses_dearer(
+    aiohttp_server: Any, tmp_path: Any
+) -> None:
+    """The hosted gateway pays charging nodes with its credits (node/gateway/credit_payer.py):
+    its router (`run.hosted_router`) puts free nodes and nodes asking a credit per
+    `--min-credit-positions` positions or more in circuits, never a dearer one."""
+    from types import SimpleNamespace
+
+    import aiohttp
+    from aiohttp import web
+
+    from node.gateway.config import GatewayConfig
+    from node.gateway.run import hosted_router
+
+    prices = {0: 0, 8: 8, 15: 15, 16: 16, 64: 64}  # node name → its credit_positions
+    entries = []
+    for name, price in prices.items():
+        app = web.Application()
+
+        async def info(_: web.Request, price: int = price) -> web.Response:
+            return web.json_response(
+                {
+                    "model_hash": "sha256:" + "0" * 64,
+                    "shard": 0,
+                    "layers": [0, 30],
+                    "credit_positions": price,
+                }
+            )
+
+        app.router.add_get("/info", info)
+        server = await aiohttp_server(app)
+        entries.append(entry(key=f"{name:02x}" * 32, endpoint=f"http://127.0.0.1:{server.port}"))
+
+    class Committee:
+        async def abci_query(self, path: str) -> Any:
+            return {"nodes": entries}
+
+    manifest = SimpleNamespace(
+        model_hash="sha256:" + "0" * 64, shards=[SimpleNamespace(layers=[0, 30])]
+    )
+
+    def config(floor: int) -> GatewayConfig:
+        return GatewayConfig(
+            evm_rpc="http://x",
+            deployment=tmp_path / "d.json",
+            committee_rpc="http://x",
+            manifest=tmp_path / "m.json",
+            wallet=tmp_path / "wallet.json",
+            private_endpoints=True,  # loopback test nodes
+            min_credit_positions=floor,
+        )
+
+    async with aiohttp.ClientSession() as http:
+        for floor, taken in ((16, {0, 16, 64}), (64, {0, 64}), (1, set(prices))):
+            router = hosted_router(config(floor), manifest, Committee(), http)
+            chosen = {(await router.circuit()).keys[0] for _ in range(96)}
+            assert chosen == {f"{name:02x}" * 32 for name in taken}, floor
+            assert router.prices[entries[1]["endpoint"]] == 8  # what its payer reads
