@@ -235,47 +235,64 @@ def _send_signed(key: Any, devnet: dict[str, Any], body: Any) -> tuple[int, str]
     return asyncio.run(send())
 
 
+def _gateway_account(devnet: dict[str, Any]) -> tuple[str, str]:
+    """(the gateway's home, its wallet's address): its revenue's payee."""
+    from node.keys import wallet_address
+
+    home = Path(devnet["dir"]) / "gateway"
+    return str(home), wallet_address(home / "wallet.json").lower()
+
+
 def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devnet) -> None:
-    """questions answered → gateway reports + node contributions → the epoch closes → the
-    root is posted with ≥ 2/3 operator signatures → each node claims exactly its amount;
-    unbacked work, a double claim and a forged or under-signed root are refused."""
+    """questions answered, paid to the gateway by deposit → the gateway pays the charging nodes
+    with its credits, the nodes redeem them → the epoch closes: the credit pool's draw paid to
+    the nodes on the pool's page, the fees to the gateway on its own → the roots are posted
+    with ≥ 2/3 operator signatures → each node, and the gateway, claims exactly its amount;
+    a node's own work report, a double claim and a forged or under-signed root are refused."""
     if not devnet.get("gateway_url"):
         pytest.skip("this checkout has no gateway")
     from node.chain.evm.account import PlanetChain
     from node.chain.evm.deployment import Deployment
     from node.chain.evm.errors import ContractRevert
     from node.keys import load_wallet
-    from protocol.committee.settlement import Contribution, NodeWork, ShardWork, WorkReport
+    from protocol.committee.settlement import NodeWork, WorkReport
     from protocol.eip712 import PayoutRoot, committee_domain, committee_signatures, queries_hash
 
     operators = [a for a in devnet["accounts"] if a["name"].startswith("node")]
-    addresses = [a["address"] for a in operators]
+    gateway_home, gateway = _gateway_account(devnet)
+    addresses = [a["address"] for a in operators] + [gateway]
     paid = None
     for question in ("What is two plus two?", "Name a colour.", "Say hello."):
         asked = _planet(env, "ask", "--pay", "--max-tokens", "6", question, timeout=300)
         assert asked.returncode == 0, asked.stderr[-3000:]
         try:
-            paid = _wait(lambda: _paid(devnet, addresses), 60, "every node paid in a root")
+            paid = _wait(
+                lambda: _paid(devnet, addresses), 90, "every node and the gateway paid in roots"
+            )
             break
         except AssertionError:
-            continue  # a node's work landed after its epoch's fees: the next question pays it
-    assert paid is not None, "no epoch root paid all three nodes"
+            continue  # a redemption or report landed after its epoch closed: the next one
+    assert paid is not None, "no epoch roots paid all three nodes and the gateway"
     rpc = devnet["committee_rpc"][0]
-    epochs = sorted({e for per in paid.values() for e in per})
-    for epoch in epochs:
-        view = _query(rpc, "/payouts", epoch=str(epoch))
-        assert view["confirmed"] and 3 * view["power"] >= 2 * 4  # 4 validators, power 1 each
-        assert int(view["total"]) == sum(int(f) for f in view["fees"]) > 0
+    escrow_address = devnet["contracts"]["QueryEscrow"].lower()
+    for account, per in paid.items():
+        for epoch in per:
+            view = _query(rpc, "/payouts", epoch=str(epoch))
+            assert view["confirmed"] and 3 * view["power"] >= 2 * 4  # 4 validators, power 1 each
+            assert int(view["total"]) == sum(int(a) for _, a in view["rows"]) > 0
+            if account == gateway:  # its own page: its users' fees, one row
+                assert view["rows"] == [[gateway, view["total"]]] and view["query_ids"]
+            else:  # the pool's page: the draw on the credit pool, split over redemptions
+                assert view["query_ids"] == [] and [escrow_address] * 2 in [
+                    [p.lower(), g.lower()]
+                    for p, g in zip(view["payers"], view["gateways"], strict=True)
+                ]
 
-    # a contribution nobody paid for: a shard no gateway reported this node on
+    # a node cannot report served work or fees for itself: only genesis gateways report
     from node.keys import node_public_key
 
     node_key = node_public_key(Path(devnet["operators"][0]) / "node_key.json")
     [shard] = _view(devnet, node_key)["shards"]
-    other = ShardWork(devnet["model_hash"], (shard + 1) % 3, 10, 5)
-    code, log = _signed(0, devnet, Contribution((other,)))
-    assert code == 31, log  # UNBACKED_CONTRIBUTION
-    # a node cannot back its own work: only genesis gateways report
     forged = WorkReport((NodeWork(node_key, devnet["model_hash"], shard, 10, 5),), ())
     code, log = _signed(0, devnet, forged)
     assert code == 30, log  # UNKNOWN_GATEWAY
@@ -285,7 +302,8 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devn
     w3.provider.make_request("evm_increaseTime", [CHALLENGE_WINDOW_S + 1])
     w3.provider.make_request("evm_mine", [])
     password = Path(devnet["password_file"]).read_text()
-    for operator in operators:
+    homes = [{"home": gateway_home, "address": gateway}, *operators]
+    for operator in homes:
         home = operator["home"]
         expected = sum(paid[operator["address"].lower()].values())
         before = w3.eth.get_balance(operator["address"])
@@ -363,9 +381,10 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
     env, devnet
 ) -> None:
     """a prepaid balance pays a question by voucher → the gateway's work_report carries the
-    charge → the epoch's signed statement debits the payer → the relayed root takes exactly
-    that debit from the payer's balance on anvil → the nodes claim it; the same charge sent
-    again by the gateway changes nothing (charges are cumulative: never debited twice)."""
+    charge → the gateway's page of the epoch's statements debits the payer → the relayed root
+    takes exactly that debit from the payer's balance on anvil → the gateway claims it (it paid
+    the nodes with its own credits); the same charge sent again by the gateway changes nothing
+    (charges are cumulative: never debited twice)."""
     if not devnet.get("gateway_url"):
         pytest.skip("this checkout has no gateway")
     from node.gateway.settlement import charge_item
@@ -397,25 +416,21 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
     assert after == before - charge.total  # the posted root debited exactly the charged fee
     assert int(view["total"]) == sum(int(f) for f in view["fees"]) + charge.total
 
-    # the nodes claim the epoch that the voucher paid (after the escrow's window)
+    # the gateway's own page: one row, the gateway, for everything it charged in it
+    gateway_home, gateway = _gateway_account(devnet)
+    assert view["rows"] == [[gateway, view["total"]]]
+    # the gateway claims the page the voucher paid (after the escrow's window)
     w3.provider.make_request("evm_increaseTime", [CHALLENGE_WINDOW_S + 1])
     w3.provider.make_request("evm_mine", [])
-    rows = {account: int(amount) for account, amount in view["rows"]}
-    claimed_total = 0
-    for operator in (a for a in devnet["accounts"] if a["name"].startswith("node")):
-        amount = rows.get(operator["address"].lower(), 0)
-        if not amount:
-            continue
-        before_claim = w3.eth.get_balance(operator["address"])
-        claimed = _planet(env, "claim", "--epoch", str(epoch), "--home", operator["home"],
-                          "--password-file", devnet["password_file"], timeout=120)  # fmt: skip
-        assert claimed.returncode == 0, claimed.stderr[-2000:]
-        tx = claimed.stdout.strip().splitlines()[-1].rsplit("(tx ", 1)[1].rstrip(")")
-        receipt = w3.eth.get_transaction_receipt(tx)
-        gas = receipt["gasUsed"] * receipt["effectiveGasPrice"]
-        assert w3.eth.get_balance(operator["address"]) == before_claim + amount - gas
-        claimed_total += amount
-    assert claimed_total == sum(rows.values()) > 0
+    before_claim = w3.eth.get_balance(w3.to_checksum_address(gateway))
+    claimed = _planet(env, "claim", "--epoch", str(epoch), "--home", gateway_home,
+                      "--password-file", devnet["password_file"], timeout=120)  # fmt: skip
+    assert claimed.returncode == 0, claimed.stderr[-2000:]
+    tx = claimed.stdout.strip().splitlines()[-1].rsplit("(tx ", 1)[1].rstrip(")")
+    receipt = w3.eth.get_transaction_receipt(tx)
+    gas = receipt["gasUsed"] * receipt["effectiveGasPrice"]
+    after_claim = w3.eth.get_balance(w3.to_checksum_address(gateway))
+    assert after_claim == before_claim + int(view["total"]) - gas
 
     # the gateway sends the same charge again: charged already, the report changes nothing
     key = load_node_key(Path(devnet["dir"]) / "gateway" / "committee_key.json", password)

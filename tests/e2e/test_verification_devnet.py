@@ -450,6 +450,11 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     bought = _planet(env, "credits", "buy", "24", "--json", timeout=240)
     assert bought.returncode == 0, bought.stderr
     held = json.loads(_planet(env, "credits", "show", "--json", timeout=60).stdout)["credits"]
+    # the user's own credits (the file's format: node/client/credit_wallet.py): the nodes are
+    # paid by the hosted gateway's credits too, and nothing on chain tells the two apart
+    wallet_doc = json.loads((Path(env["PLANET_HOME"]) / "credits.json").read_text())
+    users_credits = {spent_id(bytes.fromhex(item[1])) for item in wallet_doc["credits"]}
+    assert len(users_credits) == held
     with personal_client(
         devnet["manifest"],
         rpc,
@@ -484,13 +489,14 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         )
 
     _wait(spools_empty, 120, "the charging nodes' agents redeeming what they were paid")
+    redeemed_by = int(_rpc(rpc, "status")["sync_info"]["latest_block_height"])
     # distinct credits: a redeem sent before the node's commitments landed is refused
     # (UNCOMMITTED_REDEMPTION, in a block all the same) and its credits sent again
     by_node: dict[str, set[str]] = {p["key"]: set() for p in paid.values()}
     for tx in _txs_since(rpc, start_height, "redeem"):
         by_node.setdefault(tx.signer, set()).update(spent_id(c.prepared) for c in tx.body.credits)
-    assert sum(len(c) for c in by_node.values()) == spent
-    assert all(by_node[p["key"]] for p in paid.values())
+    assert len(users_credits & set().union(*by_node.values())) == spent
+    assert all(by_node[p["key"]] & users_credits for p in paid.values())
 
     # the user's purchase goes into the escrow's credit pool in a statement the watchers post,
     # and the pool pays the epochs the charging nodes redeemed in: each credit spent, once
@@ -512,18 +518,20 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
             if contract.functions.epochOf(summary["epoch"]).call()[3] != 1:
                 return None  # not every statement since is posted yet
             views.append(_query(rpc, f"/payouts?epoch={summary['epoch']}"))
+        if not any(v["closed_height"] >= redeemed_by for v in views):
+            return None  # the epoch of the last redemption has not closed yet
         drawn = sum(pairs(v).get((pool, pool), 0) for v in views)
         return views if drawn >= spent * price else None
 
     views = _wait(paid_out, 300, "the redeemed credits paid from the pool in posted statements")
     purchases = [pairs(v)[(user, pool)] for v in views if (user, pool) in pairs(v)]
     assert purchases == [24 * price]  # 24 credits at the devnet's price, debited once
-    assert sum(pairs(v).get((pool, pool), 0) for v in views) == spent * price
+    # the pool paid at least the user's credits (the gateway's, redeemed meanwhile, too)
+    assert sum(pairs(v).get((pool, pool), 0) for v in views) >= spent * price
     payees = {a.lower() for v in views if (pool, pool) in pairs(v) for a, _ in v["rows"]}
     assert {p["address"] for p in paid.values()} <= payees, payees
-    # what stays in the pool: every credit bought on this devnet (the 2 of the test before
-    # too) that was not redeemed
-    assert contract.functions.prepaidOf(escrow, escrow).call()[0] == (held - spent) * price
+    # what stays in the pool backs at least every credit the user still holds
+    assert contract.functions.prepaidOf(escrow, escrow).call()[0] >= (held - spent) * price
 
     _assert_nothing_links(devnet, user, paid, start_height)
 
@@ -531,9 +539,10 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
 def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_nodes(
     env, devnet, joined_homes
 ) -> None:
-    """After the test before, every routable node charges credits, so a verifier asking
-    through the hosted gateway finds no circuit. Validator 0's operator buys credits, runs their
-    own personal client and restarts their verifier with `--personal-client`: its next
+    """After the test before, the routable nodes are the three charging ones that joined.
+    Validator 0's operator buys credits, runs their own personal client (route uniform, so
+    every routable node is challenged) and restarts their verifier with `--personal-client`
+    instead of asking through the hosted gateway (which sees every challenge): its next
     challenge runs on the charging nodes (paid with those credits), names them, and scores the
     honest ones fully. (The credits come from the devnet's user wallet: a verifier operator
     buys them like any user.)"""
