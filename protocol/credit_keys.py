@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from protocol.blindrsa import RsaPrivateKey
 from protocol.errors import ConfigError
 
-CREDIT_KEYS_DIR = "credit_keys"  # under a validator's home: what the ABCI app and verifier share
+CREDIT_KEYS_DIR = "credit_keys"  # under a validator's home: its watcher writes, its ABCI app reads
 
 
 def key_id(public_der: bytes) -> str:

@@ -8,13 +8,12 @@
 4. the contracts deployed with the Committee = those operators and powers, the genesis given
    the Committee address and the model's shard count, the model registered
    (`ModelRegistry.devRegister`, chain 31337 only);
-5. the validators with their apps and stake watchers;
+5. the validators with their apps and stake watchers (which also publish the credit keys);
 6. per compute node an operator home funded from anvil's dev account, then the SAME commands an
    operator types, as subprocesses: `planet stake --role compute --amount 1` and
    `planet join --model M --shard K --credit-positions 64` (which waits until the node is
-   routable; the node charges a bearer credit per 64 positions; free by default when fewer
-   than 2/3 of the validators run a verifier, which publishes the keys credits are signed
-   with; `--credit-positions 0`: free);
+   routable; the node charges a bearer credit per 64 positions, signed with the keys every
+   validator's stake watcher publishes; `--credit-positions 0`: free);
 7. the gateway (`planet gateway serve`, unless `--no-gateway`; started before the joins, so it
    loads its part of the model meanwhile, after its wallet deposited 1 ETH at the escrow's own
    address, the balance its credits are bought from; ready when `/health` answers), then the

@@ -31,9 +31,9 @@ DEVNET_CREDITS = {"price_wei": str(10**12), "layer_tokens": 4096}
 # The compute nodes charge bearer credits (`planet join --credit-positions`): a credit per 64
 # positions. The gateway pays them with credits it buys as it runs low (node/gateway/topup.py)
 # from a balance the devnet deposits for it at the escrow's own address: 1 ETH is 10^6 credits
-# at DEVNET_CREDITS' price, ~10^5 questions of ~10 credits on 3 shards. Credits exist only while
-# validators holding 2/3 of the power publish their blind-signing keys, which their verifiers
-# do (node/verifier/worker.py): with fewer verifiers the nodes are free by default.
+# at DEVNET_CREDITS' price, ~10^5 questions of ~10 credits on 3 shards. Credits need the
+# blind-signing keys of validators holding 2/3 of the power: every validator's stake watcher
+# publishes them (node/watcher/credit_keys.py), with or without --verifiers.
 DEVNET_CREDIT_POSITIONS = 64
 GATEWAY_CREDIT_DEPOSIT_WEI = ETHER
 GATEWAY_FUNDS_WEI = 2 * ETHER  # the gateway wallet: the deposit and its gas
@@ -73,8 +73,7 @@ class DevnetOptions:
     cheat_nodes: tuple[str, ...] = ()  # extra nodes joined with a cheat mode (tests, demos)
     hosts: LinkPlan | None = None  # every process in its own network namespace (`--hosts`)
     operator_hosts: int = 1  # with hosts: empty hosts operator0… for new operators
-    # each compute node's price, positions per credit (0: free; None: DEVNET_CREDIT_POSITIONS
-    # when credits can be minted, `sells_credits`, else free)
+    # each compute node's price, positions per credit (0: free; None: DEVNET_CREDIT_POSITIONS)
     credit_positions: int | None = None
 
     @property
@@ -86,17 +85,12 @@ class DevnetOptions:
         return self.validators if self.verifiers is None else self.verifiers
 
     @property
-    def sells_credits(self) -> bool:
-        """Whether credits can be minted: verifiers on validators holding ≥ 2/3 of the power
-        (the devnet's validators have equal power) publish the keys that sign them."""
-        return 3 * self.verifier_count >= 2 * self.validators
-
-    @property
     def node_price(self) -> int:
-        """What each compute node charges: a credit per this many positions (0: free)."""
+        """What each compute node charges: a credit per this many positions (0: free). Credits
+        can always be minted: every validator's watcher publishes its credit keys."""
         if self.credit_positions is not None:
             return self.credit_positions
-        return DEVNET_CREDIT_POSITIONS if self.sells_credits else 0
+        return DEVNET_CREDIT_POSITIONS
 
     @property
     def all_nodes(self) -> int:

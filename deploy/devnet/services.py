@@ -75,7 +75,7 @@ def start_gateway(
         fund_gateway_credits(options, state, progress)
         buy = ["--top-up-below", str(GATEWAY_TOP_UP_BELOW), "--top-up", str(GATEWAY_TOP_UP)]
         buy += [arg for url in state["committee_rpc"] for arg in ("--validator-rpc", url)]
-    else:  # free nodes (and maybe no credit keys to mint with): nothing to buy
+    else:  # free nodes: nothing to buy
         buy = ["--top-up", "0"]
     argv = place.argv("gateway", planet_argv(
         "gateway", "serve",
@@ -173,8 +173,8 @@ def await_gateway_credits(
     options: DevnetOptions, state: dict[str, Any], progress: Progress
 ) -> None:
     """When the nodes charge, wait until the gateway holds its first GATEWAY_READY_CREDITS
-    credits (its top-up buys on meanwhile). Minting needs the credit keys the verifiers publish:
-    call it once they run."""
+    credits (its top-up buys on meanwhile). Minting needs the credit keys the validators'
+    stake watchers publish: call it once they run."""
     if not options.node_price or not state.get("gateway_url"):
         return
     log_path, pid = options.dir / "logs" / "gateway.log", state["pids"]["gateway"]

@@ -68,13 +68,6 @@ def up(options: DevnetOptions, progress: Progress) -> dict[str, Any]:
         raise UsageError("--validators must be 1..16")
     if not 1 <= options.nodes <= 9 or options.all_nodes > 12:
         raise UsageError("--nodes must be 1..9, with --cheat-node 12 in all (~200 MB each)")
-    if options.node_price and not options.sells_credits:
-        raise UsageError(
-            f"--credit-positions {options.node_price}: no credit can be bought on this devnet: "
-            f"{options.verifier_count} of {options.validators} validators run a verifier, which "
-            "publishes the keys that sign credits (2/3 of them must)",
-            hint="more --verifiers, or free nodes: --credit-positions 0",
-        )
     hosts_plan = None
     if options.hosts is not None:
         if not 0 <= options.operator_hosts <= MAX_OPERATOR_HOSTS:
@@ -249,12 +242,8 @@ def _up_steps(
 
     # 6. operators: fund, stake, join — the operator's own commands
     cheats = f" (+{len(options.cheat_nodes)} cheating)" if options.cheat_nodes else ""
-    price = (
-        f"each charging a credit per {options.node_price} positions"
-        if options.node_price
-        else "free"
-        + ("" if options.sells_credits else " (too few verifiers publish credit keys to mint)")
-    )
+    price = f"each charging a credit per {options.node_price} positions"
+    price = price if options.node_price else "free"
     _step(progress, 6, f"compute nodes: {options.nodes}{cheats} operators stake and join, {price}")
     start_gateway(options, state, place, progress)  # loads its model while the nodes join
     operators = fund_operators(options, state, registrar, network, progress)
@@ -270,7 +259,7 @@ def _up_steps(
     if options.verifier_count:
         start_verifiers(options, state, network, place, progress)
         write_state(directory, state)
-    await_gateway_credits(options, state, progress)  # minted with the keys verifiers publish
+    await_gateway_credits(options, state, progress)  # minted with the keys watchers publish
 
 
 def _prepared_model(shards: int, quant: str, progress: Progress) -> Path:

@@ -110,8 +110,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="N",
         help="what each compute node charges: a bearer credit per N positions, paid by the "
-        "gateway from credits it buys as it runs low (default 64 when verifiers run on 2/3 of "
-        "the validators: they publish the keys credits are signed with; else 0: free nodes)",
+        "gateway from credits it buys as it runs low (default 64; 0: free nodes)",
     )
     up.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
     hosts = up.add_argument_group(

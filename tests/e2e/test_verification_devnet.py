@@ -24,7 +24,7 @@ What the module shows, each from the chain's own answers:
   above its initial 0.5 and they stay routable; no verifier is ever marked for a false
   accusation (honest verifiers never split);
 - `planet devnet status`, `planet status` and the dApp's `/v1/network` show all of it;
-- credits (the verifiers publish every validator's keys): `planet credits buy` is funded by
+- credits (the stake watchers publish every validator's keys): `planet credits buy` is funded by
   the 4 watchers only against the user's balance at the escrow — covered once, refused by
   name (nothing charged) when the same balance is asked to pay again;
 - last, a network of charging nodes only (3 new operators join with `--credit-positions`, the

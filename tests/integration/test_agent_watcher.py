@@ -5,10 +5,10 @@ stake → the watcher attests it → the agent registers and heartbeats → rout
 the validator's RPC frozen for a while → the agent keeps running and heartbeats again;
 unstake → the watcher attests 0 → not routable; SIGTERM to the agent → `leave` → LEFT.
 
-Credits (genesis sells them; the escrow is the deployed QueryEscrow): the watcher vouches for a
-mint only when its read of the payer's balance at the escrow covers it and the payer's mints in
-flight — a payer with no balance, or one whose balance is already spoken for, gets no credits
-and no charge.
+Credits (genesis sells them; the escrow is the deployed QueryEscrow): the watcher publishes the
+validator's credit keys by itself, and vouches for a mint only when its read of the payer's
+balance at the escrow covers it and the payer's mints in flight — a payer with no balance, or
+one whose balance is already spoken for, gets no credits and no charge.
 """
 
 from __future__ import annotations
@@ -194,25 +194,25 @@ def test_agent_and_watcher_routability_follows_the_evm_stake(world: World) -> No
     assert "left the network" in log_path.read_text()
 
 
-async def _publish_credit_keys(world: World) -> None:
-    """The validator's credit keys for this epoch and the next two (its verifier publishes them
-    on a devnet), signed with the consensus key the watcher also signs with."""
-    from node.chain.committee_link import CommitteeLink
-    from node.verifier.service import consensus_key
-    from protocol.committee.credits import CreditKey
+def _watcher_credit_keys(world: World) -> None:
+    """The watcher publishes the validator's credit keys of this epoch and the next on its own
+    (node/watcher/credit_keys.py), each from the validator home's key store, which its app
+    signs mints with."""
     from protocol.credit_keys import CREDIT_KEYS_DIR, CreditKeyStore
 
-    home = Path(world.network.validators[0].home)
-    store = CreditKeyStore(home / CREDIT_KEYS_DIR)
-    link = CommitteeLink([world.network.validators[0].rpc_url], consensus_key(home))
-    try:
-        current = int((await link.query("/epochs"))["current"])
-        for epoch in range(current, current + 3):
-            private = store.ensure(epoch)
-            code, text = await link.send(CreditKey(epoch, private.public.to_der()))
-            assert code == 0, text
-    finally:
-        await link.close()
+    store = CreditKeyStore(Path(world.network.validators[0].home) / CREDIT_KEYS_DIR)
+
+    def published() -> list[bytes] | None:
+        epoch = int(_query(world, "/epochs")["current"])
+        keys = [
+            bytes.fromhex(k["key"])
+            for e in (epoch, epoch + 1)
+            for k in _query(world, "/credit_keys", epoch=str(e))["keys"]
+        ]
+        return keys if len(keys) == 2 else None
+
+    for der in _wait(published, 60, "the watcher's credit keys of this epoch and the next"):
+        assert store.private_for(der) is not None
 
 
 def test_watcher_vouches_only_for_mints_the_payers_escrow_balance_covers(
@@ -223,7 +223,7 @@ def test_watcher_vouches_only_for_mints_the_payers_escrow_balance_covers(
     from node.client.credit_purchase import MintUnfunded, buy_credits
     from node.client.credit_wallet import CreditWallet
 
-    asyncio.run(_publish_credit_keys(world))
+    _watcher_credit_keys(world)
     rpcs = [world.network.validators[0].rpc_url]
     payer_chain = PlanetChain(world.chain.deployment, PAYER_KEY, rpc_url=world.rpc)
     escrow = payer_chain.escrow

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -23,7 +22,7 @@ from node.verifier.scoring import Challenge, CredibilityMap
 from node.verifier.worker import VerifierWorker, WorkerSettings, failed_verification_verdict
 from protocol.committee.credits import CreditKey
 from protocol.committee.verification import SeedCommit, SeedReveal, VerdictVote, seed_commitment
-from protocol.credit_keys import CREDIT_KEYS_DIR, CreditKeyStore
+from protocol.credit_keys import CREDIT_KEYS_DIR
 from protocol.eip712 import address_of
 from tests.unit.test_verifier_echo import TEXTS, _gateway_doc
 
@@ -64,7 +63,7 @@ class FakeLink:
     epoch: int = 3
     sent: list[Any] = field(default_factory=list)
     reputations: dict[str, Any] = field(default_factory=dict)
-    credit_keys_published: bool = True  # False: the chain holds only what this worker sent
+    queried: list[str] = field(default_factory=list)
     key: Any = field(
         default_factory=lambda: SimpleNamespace(
             verify_key=SimpleNamespace(encode=lambda: bytes(32))
@@ -72,6 +71,7 @@ class FakeLink:
     )
 
     async def query(self, path: str, **params: Any) -> Any:
+        self.queried.append(path)
         if path == "/epochs":
             if "epoch" in params:
                 return {"epochs": [{"leader": "V0"}]}
@@ -82,10 +82,6 @@ class FakeLink:
             return {"seeds": [{"signer": "00" * 32} for _ in committed]}
         if path == "/reputations":
             return {"reputations": self.reputations}
-        if path == "/credit_keys":
-            sent = [b for b in self.sent if isinstance(b, CreditKey) and b.epoch == params["epoch"]]
-            mine = self.credit_keys_published or sent
-            return {"keys": [{"validator": SELF_ADDRESS, "key": "00"}] if mine else []}
         if path == "/params":
             return {
                 "genesis": {
@@ -105,9 +101,6 @@ class FakeLink:
 
     async def node(self, key: str) -> dict[str, Any]:
         return {"evm_address": "0x" + "44" * 20}
-
-
-SELF_ADDRESS = hashlib.sha256(bytes(32)).digest()[:20].hex().upper()
 
 
 async def _step(worker: VerifierWorker) -> None:
@@ -262,18 +255,18 @@ async def test_spot_check_findings_become_the_same_verdict_for_every_verifier(tm
     assert verdict.nonce == int.from_bytes(verdict.evidence_hash[:8], "big")
 
 
-async def test_worker_publishes_generated_credit_keys_once(tmp_path) -> None:
-    link = FakeLink(epoch=3, credit_keys_published=False)
+async def test_worker_leaves_credit_keys_to_the_watcher(tmp_path) -> None:
+    """The validator's watcher is the one process that generates and publishes its credit keys
+    (node/watcher/credit_keys.py, tests/unit/test_watcher_credit_keys.py): the verifier's epoch
+    turns neither read nor send one, and write no key file its ABCI app could sign with."""
+    link = FakeLink(epoch=3)
     worker = _worker(tmp_path, link)
-    await worker.credit_key_turn(3)
-    await worker.credit_key_turn(3)
-    keys = [b for b in link.sent if isinstance(b, CreditKey)]
-    assert [k.epoch for k in keys] == [3, 4]
-    assert keys[0].key != keys[1].key
-    store = CreditKeyStore(tmp_path / CREDIT_KEYS_DIR)
-    for k in keys:
-        private = store.private_for(k.key)
-        assert private is not None and private.public.to_der() == k.key
+    await _step(worker)
+    link.epoch = 4
+    await _step(worker)
+    assert link.sent and not any(isinstance(b, CreditKey) for b in link.sent)
+    assert "/credit_keys" not in link.queried
+    assert not (tmp_path / CREDIT_KEYS_DIR).exists()
 
 
 async def test_worker_challenges_while_its_seed_txs_wait_for_their_blocks(tmp_path) -> None:
