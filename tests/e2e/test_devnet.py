@@ -306,7 +306,7 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devn
     for operator in homes:
         home = operator["home"]
         expected = sum(paid[operator["address"].lower()].values())
-        before = w3.eth.get_balance(operator["address"])
+        before = w3.eth.get_balance(w3.to_checksum_address(operator["address"]))
         claimed = _planet(env, "claim", "--home", home, "--password-file",
                           devnet["password_file"], timeout=120)  # fmt: skip
         assert claimed.returncode == 0, claimed.stderr[-2000:]
@@ -315,7 +315,10 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devn
             tx = line.rsplit("(tx ", 1)[1].rstrip(")")
             receipt = w3.eth.get_transaction_receipt(tx)
             fees += receipt["gasUsed"] * receipt["effectiveGasPrice"]
-        assert w3.eth.get_balance(operator["address"]) == before + expected - fees
+        assert (
+            w3.eth.get_balance(w3.to_checksum_address(operator["address"]))
+            == before + expected - fees
+        )
         # the CLI's view after claiming, for one operator (each `planet` start costs seconds)
         if operator is operators[0]:
             earnings = _planet(env, "earnings", "--home", home, "--json", timeout=60)
