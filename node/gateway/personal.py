@@ -34,12 +34,11 @@ from typing import Any
 from aiohttp import web
 
 from node.client.credit_wallet import CreditWallet
-from node.client.paying import CreditExpiry, CreditPayer, accepts_price
+from node.client.paying import CreditExpiry, CreditPayer
 from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
 from node.gateway.guards import Guards
-from node.gateway.router import CommitteeNodes, Router
-from node.gateway.run import listen, node_session
+from node.gateway.run import committee_router, listen, node_session
 from node.http_logs import quiet_malformed_http_logs
 from protocol.eip712 import as_bytes32
 from protocol.errors import ConfigError, PlanetError, UnavailableError
@@ -170,16 +169,12 @@ async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gate
     configure_torch_threads(int(os.environ.get("PLANET_GATEWAY_THREADS", "1")))
     head = await asyncio.to_thread(ClientHead.load, config.manifest, "cpu")
     http = node_session(config)
-    router = Router(
-        CommitteeNodes(committee, manifest.model_hash),
-        model_hash=manifest.model_hash,
-        shard_layers=[tuple(s.layers) for s in manifest.shards],
-        http=http,
-        refresh_s=config.routing_refresh_s,
-        max_sessions_per_node=config.max_sessions_per_node,
-        slot_wait_s=config.slot_wait_s,
-        public_only=not config.private_endpoints,
-        accept_price=accepts_price(min_credit_positions),  # free nodes, and no dearer than that
+    router = committee_router(
+        config,
+        manifest,
+        committee,
+        http,
+        min_credit_positions,
         route=settings.route,
         guards=Guards(settings.guards_file, manifest.model_hash),
     )

@@ -97,7 +97,7 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         await committee.close()
         raise
     http = node_session(config)
-    router = hosted_router(config, manifest, committee, http)
+    router = committee_router(config, manifest, committee, http, config.min_credit_positions)
     credits = CreditWallet(config.credits_path)
     payer = HostedPayer(credits, router.prices, min_positions=config.min_credit_positions)
     expiry = CreditExpiry(credits, committee.abci_query)
@@ -157,10 +157,18 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
     return gateway, [http, committee]
 
 
-def hosted_router(config: GatewayConfig, manifest: Any, committee: Any, http: Any) -> Router:
-    """The hosted gateway's router over the committee's routable nodes of `manifest`'s model:
-    free nodes, and those charging a credit per `min_credit_positions` positions or more (paid
-    from its credit wallet, credit_payer.py); a dearer node is never put in a circuit."""
+def committee_router(
+    config: GatewayConfig,
+    manifest: Any,
+    committee: Any,
+    http: Any,
+    min_credit_positions: int,
+    **choice: Any,
+) -> Router:
+    """A gateway's router over the committee's routable nodes of `manifest`'s model: free
+    nodes, and those charging a credit per `min_credit_positions` positions or more (paid from
+    its credit wallet as the answer runs); a dearer node is never put in a circuit. `choice`:
+    how a personal client draws each shard's node (`route`, `guards`: router.py)."""
     return Router(
         CommitteeNodes(committee, manifest.model_hash),
         model_hash=manifest.model_hash,
@@ -170,7 +178,8 @@ def hosted_router(config: GatewayConfig, manifest: Any, committee: Any, http: An
         max_sessions_per_node=config.max_sessions_per_node,
         slot_wait_s=config.slot_wait_s,
         public_only=not config.private_endpoints,
-        accept_price=accepts_price(config.min_credit_positions),
+        accept_price=accepts_price(min_credit_positions),
+        **choice,
     )
 
 

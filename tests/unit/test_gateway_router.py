@@ -316,7 +316,7 @@ async def test_hosted_router_takes_charging_nodes_at_or_above_its_floor_and_refu
     aiohttp_server: Any, tmp_path: Any
 ) -> None:
     """The hosted gateway pays charging nodes with its credits (node/gateway/credit_payer.py):
-    its router (`run.hosted_router`) puts free nodes and nodes asking a credit per
+    its router (`run.committee_router`) puts free nodes and nodes asking a credit per
     `--min-credit-positions` positions or more in circuits, never a dearer one."""
     from types import SimpleNamespace
 
@@ -324,7 +324,7 @@ async def test_hosted_router_takes_charging_nodes_at_or_above_its_floor_and_refu
     from aiohttp import web
 
     from node.gateway.config import GatewayConfig
-    from node.gateway.run import hosted_router
+    from node.gateway.run import committee_router
 
     prices = {0: 0, 8: 8, 15: 15, 16: 16, 64: 64}  # node name → its credit_positions
     entries = []
@@ -366,7 +366,7 @@ async def test_hosted_router_takes_charging_nodes_at_or_above_its_floor_and_refu
 
     async with aiohttp.ClientSession() as http:
         for floor, taken in ((16, {0, 16, 64}), (64, {0, 64}), (1, set(prices))):
-            router = hosted_router(config(floor), manifest, Committee(), http)
+            router = committee_router(config(floor), manifest, Committee(), http, floor)
             chosen = {(await router.circuit()).keys[0] for _ in range(96)}
             assert chosen == {f"{name:02x}" * 32 for name in taken}, floor
             assert router.prices[entries[1]["endpoint"]] == 8  # what its payer reads
