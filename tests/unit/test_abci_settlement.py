@@ -514,6 +514,14 @@ def test_settlement_queries_bad_parameters_are_bad_query(path: str) -> None:
     assert ask_code(settled_chain(), path) == Code.BAD_QUERY
 
 
+def test_settlement_the_retired_backing_query_is_unknown_and_the_app_answers_on() -> None:
+    chain = settled_chain()
+    for path in ("/backing", "/backing?node=" + "ab" * 32, "/backing?node=١٢"):
+        assert ask_code(chain, path) == Code.UNKNOWN_QUERY
+    assert ask_code(chain, "/backing?node=" + "x" * 100_000) == Code.BAD_QUERY  # too long at all
+    assert ask(chain, "/payouts")["epochs"] == []  # still answering
+
+
 def test_settlement_queries_unknown_epoch_or_account_not_found(tmp_path: Path) -> None:
     chain = settled_chain()
     _, _, epoch = served_epoch(chain, tmp_path)
