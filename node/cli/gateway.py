@@ -288,8 +288,6 @@ def _serve_personal(args: argparse.Namespace) -> int:
     from node.gateway.guards import GUARDS_FILE
     from node.gateway.personal import PersonalSettings, serve
 
-    if args.min_credit_positions < 1:
-        raise UsageError("--min-credit-positions must be >= 1")
     for flag, value in (
         ("--top-up-below", args.top_up_below),
         ("--top-up", args.top_up),
@@ -315,6 +313,7 @@ def _serve_personal(args: argparse.Namespace) -> int:
         stall_s=args.stall_s,
         speculate=args.speculate,
         private_endpoints=private,
+        min_credit_positions=args.min_credit_positions,  # checked with the rest: validate()
     ).validate()
     settings = PersonalSettings(
         credits_file=args.credits_file or planet_home() / "credits.json",
