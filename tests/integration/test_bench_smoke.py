@@ -52,6 +52,7 @@ SMOKE: dict[str, tuple[tuple[str, ...], tuple[pytest.MarkDecorator, ...]]] = {
     "settlement": ((), ()),
     "spotcheck_cost": ((), ()),
     "spotcheck_detection": ((), ()),
+    "threshold_credits": ((), ()),
     "verification": ((), ()),  # ~30 s in process, no ports: in the shorter lane
     "verifier_honest": ((), (SLOW,)),  # in process, no ports (~45 s): evens the lanes
     "wan": ((), (SLOW,)),  # 3 node processes behind delaying proxies, 0 and 20 ms links
