@@ -8,9 +8,11 @@ from __future__ import annotations
 import secrets
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from nacl.public import PrivateKey
 
-from protocol import blind_bls, bls, dkg
+from protocol import blind_bls, bls, dkg, dkg_wire
 from tests.threshold_committee import Committee, reshare, run_dkg
 
 pytestmark = pytest.mark.unit
@@ -202,3 +204,55 @@ def test_configs_state_their_threshold() -> None:
         dkg.DkgConfig(b"short", config.dealers, config.receivers, 3)
     with pytest.raises(dkg.DkgMessageError):
         dkg.DkgConfig(config.session, (1, 2), config.receivers, 3)
+
+
+def test_messages_have_one_canonical_encoding() -> None:
+    config, keys = _fresh_config()
+    deal, secret = dkg.deal(config, 2)
+    encoded = dkg_wire.encode_deal(deal)
+    assert len(encoded) == 6 + 3 * 96 + 4 * dkg.CIPHERTEXT_BYTES
+    assert dkg_wire.decode_deal(encoded) == deal
+    for bad in (encoded[:-1], encoded + b"\x00", encoded[:100], b"", b"\x00" * 5):
+        with pytest.raises(dkg.DkgMessageError):
+            dkg_wire.decode_deal(bad)
+    decoded = dkg_wire.decode_deal(encoded)
+    assert dkg.open_share(config, 3, keys[2], decoded) is not None
+    complaint = dkg.Complaint(3, 2)
+    assert dkg_wire.decode_complaint(dkg_wire.encode_complaint(complaint)) == complaint
+    answer = dkg.justify(secret, complaint)
+    assert dkg_wire.decode_justification(dkg_wire.encode_justification(answer)) == answer
+    with pytest.raises(dkg.DkgMessageError):
+        dkg_wire.decode_complaint(b"\x00" * 5)
+    with pytest.raises(dkg.DkgMessageError):
+        dkg_wire.decode_justification(dkg_wire.encode_justification(answer)[:-1])
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    size=st.sampled_from([4, 7]),
+    data=st.data(),
+)
+def test_the_key_forms_with_any_tolerable_set_of_faulty_participants(
+    size: int, data: st.DataObject
+) -> None:
+    """Up to n - t participants misbehave (offline, or dealing bad shares and answering with
+    nothing, a wrong or the right share): the key forms from the rest, each dealer of a bad
+    share is excluded unless it answered rightly, and any t online shares sign."""
+    t = dkg.threshold_for(size)
+    everyone = list(range(1, size + 1))
+    faulty = data.draw(st.sets(st.sampled_from(everyone), max_size=size - t))
+    offline = data.draw(
+        st.sets(st.sampled_from(sorted(faulty)), max_size=len(faulty)) if faulty else st.just(set())
+    )
+    honest_targets = [j for j in everyone if j not in offline]
+    cheats = sorted(faulty - offline)
+    bad = {
+        d: data.draw(st.sets(st.sampled_from(honest_targets), min_size=1, max_size=2))
+        for d in cheats
+    }
+    answer = data.draw(st.sampled_from(["none", "wrong", "right"]))
+    c = run_dkg(size, bad_shares=bad, answer=answer, offline=offline)
+    excluded = set(offline) | (set(cheats) if answer != "right" else set())
+    assert set(c.result.qualified) == set(everyone) - excluded
+    signers = tuple(sorted(c.shares)[-t:])
+    blind_bls.verify_credit(c.group_key, mint_one(c, signers))
