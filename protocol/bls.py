@@ -23,8 +23,9 @@ Errors (all `ProtocolError`: a peer's bad point maps to a 400 / a named result c
     ├── IdentityError         the point at infinity where a real point is required
     └── ScalarError           a scalar of the wrong length, ≥ ORDER, or zero where refused
 
-Side channels: blst's scalar multiplication is constant-time; Python's big-integer arithmetic
-on scalars (Lagrange coefficients, inverses, polynomial evaluation) is not.
+Side channels: blst is written to run in constant time, but nobody has checked pyblst's wrapper
+for it, and Python's big-integer arithmetic on scalars (Lagrange coefficients, inverses, polynomial
+evaluation, a validator's share before it reaches blst) is not constant-time.
 """
 
 from __future__ import annotations
