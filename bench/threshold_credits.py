@@ -18,7 +18,7 @@ this one process):
 Times are CPU time of this process (`time.process_time`), medians over --repeats; the machine
 is shared, so compare numbers of one run only.
 
-    .venv/bin/python bench/threshold_credits.py            # ~1 min
+    .venv/bin/python bench/threshold_credits.py            # ~30 s
     .venv/bin/python bench/threshold_credits.py --quick    # < 20 s
 """
 
