@@ -427,7 +427,7 @@ class GatewayNet:
             [
                 sys.executable,
                 "-m",
-                "node.cli.main",
+                "planet",
                 "-v",
                 "gateway",
                 "serve",
