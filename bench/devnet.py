@@ -31,7 +31,7 @@ STEPS = ("model", "anvil", "committee_init", "contracts", "committee_up", "nodes
 
 def planet(env: dict[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "node.cli.main", *args],
+        [sys.executable, "-m", "planet", *args],
         capture_output=True, text=True, timeout=timeout, env=env,
     )  # fmt: skip
 

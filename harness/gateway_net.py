@@ -274,6 +274,7 @@ class GatewayNet:
         self.gateway_url = ""
         self._stop = threading.Event()
         self._heartbeats: threading.Thread | None = None
+        self._beating = threading.Lock()  # held while a heartbeat round signs and sends
         self.deployment_path = run_dir / "deployment.json"
         # the committee's RPC port, fixed before the nodes start: they ask it which next hops
         # (routable nodes) a circuit's `open` may make them dial (`--next-hops committee`)
@@ -394,7 +395,8 @@ class GatewayNet:
         """Send `leave` (retried: a concurrent heartbeat may have taken a higher nonce)."""
         assert self.committee is not None
         node.left = True
-        time.sleep(0.5)
+        with self._beating:  # a round under way has sent its heartbeat: no nonce race with it
+            pass
         for _ in range(5):
             try:
                 self.committee.submit(sign(Leave(), node.key, node.next_nonce()).encode())
@@ -405,14 +407,15 @@ class GatewayNet:
 
     def _beat(self) -> None:
         while not self._stop.wait(2.0):
-            for node in list(self.nodes):
-                if node.left or self.committee is None:
-                    continue
-                try:
-                    raw = sign(Heartbeat(), node.key, node.next_nonce()).encode()
-                    self.committee.submit(raw, wait=False)
-                except (OSError, RuntimeError):
-                    continue
+            with self._beating:
+                for node in list(self.nodes):
+                    if node.left or self.committee is None:
+                        continue
+                    try:
+                        raw = sign(Heartbeat(), node.key, node.next_nonce()).encode()
+                        self.committee.submit(raw, wait=False)
+                    except (OSError, RuntimeError):
+                        continue
 
     def start_heartbeats(self) -> None:
         self._heartbeats = threading.Thread(target=self._beat, daemon=True)
@@ -427,7 +430,7 @@ class GatewayNet:
             [
                 sys.executable,
                 "-m",
-                "node.cli.main",
+                "planet",
                 "-v",
                 "gateway",
                 "serve",

@@ -36,7 +36,7 @@ def personal_client(
     goes to stderr, which pytest shows with the failure."""
     port = ephemeral_port()
     # -v: its INFO lines (circuits, payments, refusals) in the log, for whoever reads a failure
-    command = [sys.executable, "-m", "node.cli.main", "-v", "gateway", "serve", "--personal"]
+    command = [sys.executable, "-m", "planet", "-v", "gateway", "serve", "--personal"]
     command += ["--manifest", str(manifest), "--committee-rpc", committee_rpc]
     command += ["--port", str(port), "--min-credit-positions", str(min_positions)]
     command += ["--private-endpoints"]

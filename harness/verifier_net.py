@@ -100,7 +100,7 @@ class VerifierNet:
         account = create_dev_wallet(wallet, PASSWORD)
         rpc_call(net.anvil.rpc_url, "anvil_setBalance", [account.address, hex(100 * ETHER)])
         argv = [
-            sys.executable, "-m", "node.cli.main", "verifier", "serve",
+            sys.executable, "-m", "planet", "verifier", "serve",
             "--home", str(net.committee.home),
             "--manifest", str(net.manifest_path),
             "--gateway", net.gateway_url,

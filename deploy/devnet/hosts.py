@@ -319,7 +319,7 @@ def exec_argv(
         raise UsageError("no command to run", hint="planet devnet exec operator0 -- planet status")
     argv = list(command)
     if argv[0] == "planet":
-        argv = [sys.executable, "-m", "node.cli.main", *argv[1:]]
+        argv = [sys.executable, "-m", "planet", *argv[1:]]
     argv = place.argv(host, argv)  # an unknown host is refused here, naming the hosts
     require_lab(state)
     env = {**os.environ, DEVNET_ENV: str(directory)}

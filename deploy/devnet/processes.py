@@ -76,7 +76,7 @@ def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) ->
 
 
 def planet_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "node.cli.main", *args]
+    return [sys.executable, "-m", "planet", *args]
 
 
 def wait_http(url: str, pid: int, what: str, log_path: Path, timeout_s: float) -> None:

@@ -42,8 +42,9 @@ result (`CommitteeLink.find_tx` by hash):
 - never in a block (RPC down, mempool full, a timeout): it stays in flight and is sent again,
   byte for byte, on the next pass, with exponential backoff (`every_s · 2^failures`, at most
   `max_backoff_s`); its nonce makes a second copy harmless. Only when the committed nonce has
-  passed it and no block holds it (checked again after `settle_s`) is it dead: its items go
-  back to pending and travel in a new report with a new nonce.
+  passed it and no block holds it (looked up again until `settle_s` is over: the index trails
+  the block a little) is it dead: its items go back to pending and travel in a new report with
+  a new nonce.
 
 `DebitTracker.step()` (each reporter pass) reads the committee's stored statements and, for each
 one the escrow has posted, tells the payment desk which of this gateway's authorizations it
@@ -557,6 +558,9 @@ def whole_refusal(report: WorkReport, code: int, why: str) -> list[dict[str, str
     return [{"kind": k, "id": i, "code": name, "reason": why[:300]} for k, i in items]
 
 
+SETTLE_POLL_S = 0.2  # how often a tx whose nonce a block took is looked up again (settle_s)
+
+
 @dataclass
 class WorkReporter:
     ledger: WorkLedger
@@ -600,14 +604,24 @@ class WorkReporter:
                 break
         return self.reported - before
 
+    async def _indexed_within_settle(self, tx_hash: str) -> TxResult | None:
+        """`find_tx` again until the tx shows in the index or `settle_s` is over (the index
+        trails the block a little): the answer, or None when it never showed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settle_s
+        while True:
+            await asyncio.sleep(min(SETTLE_POLL_S, max(0.0, deadline - loop.time())))
+            found = await self.link.find_tx(tx_hash)
+            if found is not None or loop.time() >= deadline:
+                return found
+
     async def _resolve(self, sent: Sent, *, resend: bool = True) -> bool:
         """Bring `sent` to a block (or find it dead); True once it is off the ledger. False:
         still in flight (tried again on the next pass)."""
         found = await self.link.find_tx(sent.hash)
         if found is None:
             if not resend or await self.link.committed_nonce() >= sent.nonce:
-                await asyncio.sleep(self.settle_s)  # the tx index trails the block a little
-                found = await self.link.find_tx(sent.hash)
+                found = await self._indexed_within_settle(sent.hash)
                 if found is None:
                     log.warning(
                         "work_report tx=%s never reached a block: resending its items",

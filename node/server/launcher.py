@@ -1,6 +1,6 @@
 """Start and stop shard node processes on loopback (`planet local`, integration tests, bench).
 
-Each node is a separate detached process (`python -m node.cli.main node serve ...`, or a test
+Each node is a separate detached process (`python -m planet node serve ...`, or a test
 entry point that takes the same arguments) with its log and pid file in a run directory. With a
 node key file it serves TLS bound to that key (its url is https://, `key` the public half to
 pin); without one it runs in local mode, `--plaintext-links` (http://, loopback only).
@@ -30,7 +30,7 @@ from node.net import port_is_free
 from node.procs import command_line, listens_on, spawn_logged
 from protocol.errors import UnavailableError
 
-NODE_MARKER = "node.cli.main"
+NODE_MARKER = "planet"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from aiohttp import web
 
 import node.server.app as server_app
-from node.cli.main import main as planet_main
 from node.server.config import ServerConfig
 from node.server.shards import CHUNKS_KEY, ChunkServer
+from planet.main import main as planet_main
 
 MODULE = "tests.doubles.bad_chunk_node"
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from node.agent import launch
-from node.cli.main import main as planet
+from planet.main import main as planet
 from protocol.errors import PlanetError
 from tests.doubles import cheating_node
 from tests.doubles.cheating import parse_mode

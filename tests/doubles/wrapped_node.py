@@ -15,10 +15,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from node.cli.main import build_parser
 from node.cli.node import server_config
 from node.server.backend import ModelShardBackend
 from node.server.run import configure_torch_threads, serve
+from planet.main import build_parser
 from protocol.errors import PlanetError, UsageError
 
 log = logging.getLogger(__name__)

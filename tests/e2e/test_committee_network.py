@@ -84,7 +84,7 @@ HOSTILE_TXS_PER_VALIDATOR = 250
 
 def _planet_command() -> list[str]:
     script = Path(sys.executable).parent / "planet"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "node.cli.main"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "planet"]
 
 
 def planet(directory: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -52,7 +52,7 @@ def _namespaces() -> None:
 
 def _planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     done = subprocess.run(
-        [sys.executable, "-m", "node.cli.main", *args],
+        [sys.executable, "-m", "planet", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -280,7 +280,7 @@ def test_hosts_public_only_node_refuses_the_devnets_private_next_hops(env, devne
     url = f"http://{user}:{PUBLIC_ONLY_PORT}"
     log = Path(env["PLANET_HOME"]) / "public-only-node.log"
     argv = [
-        sys.executable, "-m", "node.cli.main", "devnet", "exec", "user", "--", "planet", "node",
+        sys.executable, "-m", "planet", "devnet", "exec", "user", "--", "planet", "node",
         "serve", "--manifest", devnet["manifest"], "--shard", "0", "--host", user, "--port",
         str(PUBLIC_ONLY_PORT), "--next-hops", "committee", "--committee-rpc",
         devnet["committee_rpc"][0], "--plaintext-links",  # a throwaway node, no key of its own
@@ -405,7 +405,7 @@ def test_hosts_node_killed_mid_answer_same_text_from_its_replica(
         # (asked first without a kill: also the time a paused verifier's last question needs)
         quiet = _in_host(env, "user", *ask, timeout=300)
         assert quiet.returncode == 0, quiet.stderr[-3000:]
-        argv = [sys.executable, "-m", "node.cli.main", "devnet", "exec", "user", "--"]
+        argv = [sys.executable, "-m", "planet", "devnet", "exec", "user", "--"]
         watch = subprocess.Popen(
             [*argv, sys.executable, "-c", WATCH, *shard0], env=env, stdout=subprocess.PIPE,
             text=True,

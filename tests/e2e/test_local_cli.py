@@ -28,7 +28,7 @@ BASE_PORT = 18200  # busy ports are skipped by `planet local up`
 
 def _planet(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "node.cli.main", *args],
+        [sys.executable, "-m", "planet", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

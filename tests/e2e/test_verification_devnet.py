@@ -71,7 +71,7 @@ CHEATS = ("substitute-skip:2", "silent", "noise:0.1:4:withhold")  # nodes 3, 4, 
 
 def _planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "node.cli.main", *args],
+        [sys.executable, "-m", "planet", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -404,7 +404,7 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         manifest.parent.mkdir()
         shutil.copy(devnet["manifest"], manifest)
         shutil.copy(Path(devnet["manifest"]).parent / "config.json", manifest.parent)
-        argv = [sys.executable, "-m", "node.cli.main", "join", "--model", str(manifest),
+        argv = [sys.executable, "-m", "planet", "join", "--model", str(manifest),
                 "--shard", str(shard), "--credit-positions", str(PAID_POSITIONS),
                 "--port", str(ports[shard]), "--home", str(home)]  # fmt: skip
         joins.append(
@@ -428,7 +428,7 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     operators = _operators(devnet)  # read before they leave (leaving removes joined.json)
     leaving.extend(
         subprocess.Popen(
-            [sys.executable, "-m", "node.cli.main", "leave", "--home", operators[name]["home"]],
+            [sys.executable, "-m", "planet", "leave", "--home", operators[name]["home"]],
             env=with_password,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -577,7 +577,7 @@ def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_n
         credits_file=credits_file,
         route="uniform",  # a verifier's client: its challenges reach every routable node
     ) as port:
-        argv = [sys.executable, "-m", "node.cli.main", "verifier", "serve",
+        argv = [sys.executable, "-m", "planet", "verifier", "serve",
                 "--home", validator.home, "--manifest", devnet["manifest"],
                 "--personal-client", f"http://127.0.0.1:{port}",
                 "--deployment", devnet["deployment"], "--evm-rpc", devnet["evm_rpc"],

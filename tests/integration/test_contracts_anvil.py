@@ -739,7 +739,7 @@ def test_cli_deploy_own_anvil_serves_until_sigterm(tmp_path: Path, anvil: Anvil)
     command = [
         sys.executable,
         "-m",
-        "node.cli.main",
+        "planet",
         "contracts",
         "deploy",
         "--port",
@@ -775,7 +775,7 @@ def test_cli_deploy_unreachable_rpc_exits_with_hint(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "node.cli.main",
+            "planet",
             "contracts",
             "deploy",
             "--rpc",
@@ -803,7 +803,7 @@ def _planet_balance(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[s
         "PLANET_LOG_LEVEL": "WARNING",
     }
     return subprocess.run(
-        [sys.executable, "-m", "node.cli.main", "balance", *argv],
+        [sys.executable, "-m", "planet", "balance", *argv],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,

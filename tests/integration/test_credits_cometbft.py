@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from node.cli.main import main
 from node.client.credit_purchase import buy_credits
 from node.client.credit_wallet import CreditWallet
 from node.keys import create_wallet
+from planet.main import main
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.credits import CreditKey, FundMint, Redeem
 from protocol.committee.envelope import sign
@@ -145,7 +145,7 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
         # run (`planet credits finish`) gathers the signatures of the mint it paid for
         killed_file = tmp_path / "killed-credits.json"
         argv = [*argv[:-1], str(killed_file), "--wait", "300"]
-        buyer = subprocess.Popen([sys.executable, "-m", "node.cli.main", *argv])
+        buyer = subprocess.Popen([sys.executable, "-m", "planet", *argv])
         try:
             deadline = time.monotonic() + 60
             while not [m for m in _mints_of(net, payer) if m["funded_height"] is None]:

@@ -379,7 +379,7 @@ def test_gateway_routes_only_staked_nodes_and_drops_a_node_that_left(
 def _planet(net: GatewayNet, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PLANET_HOME": str(home), "PLANET_PASSWORD": "pw"}
     return subprocess.run(
-        [sys.executable, "-m", "node.cli.main", "ask", "--pay", *args],
+        [sys.executable, "-m", "planet", "ask", "--pay", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -452,7 +452,7 @@ def test_planet_ask_pay_deposits_streams_and_prints_the_receipt(
 def _planet_cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PLANET_HOME": str(home), "PLANET_PASSWORD": "pw"}
     return subprocess.run(
-        [sys.executable, "-m", "node.cli.main", *args],
+        [sys.executable, "-m", "planet", *args],
         capture_output=True,
         text=True,
         env=env,

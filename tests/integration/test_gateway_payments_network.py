@@ -338,7 +338,7 @@ def test_vouchers_and_keys_expiring_before_the_committee_could_charge_them_are_r
 def _planet(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PLANET_HOME": str(home), "PLANET_PASSWORD": "pw"}
     return subprocess.run(
-        [sys.executable, "-m", "node.cli.main", *args],
+        [sys.executable, "-m", "planet", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -427,7 +427,7 @@ def test_a_gateway_whose_escrow_refunds_too_early_refuses_to_start(
     assert net.anvil is not None and net.committee is not None
     started = subprocess.run(
         [
-            sys.executable, "-m", "node.cli.main", "gateway", "serve",
+            sys.executable, "-m", "planet", "gateway", "serve",
             "--evm-rpc", net.anvil.rpc_url,
             "--deployment", str(net.deployment_path),
             "--committee-rpc", net.committee.rpc,

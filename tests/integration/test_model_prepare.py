@@ -38,7 +38,7 @@ def fp32_dir() -> Path:
 def fp32_manifest(tmp_path_factory: pytest.TempPathFactory, fp32_dir: Path) -> Path:
     out = tmp_path_factory.mktemp("smollm2") / "3p-none"
     result = subprocess.run(
-        [sys.executable, "-m", "node.cli.main", "model", "prepare", "--parts", "3",
+        [sys.executable, "-m", "planet", "model", "prepare", "--parts", "3",
          "--quant", "none", "--out", str(out), "--json"],
         capture_output=True, text=True, timeout=300, env={**os.environ}, check=False,
     )  # fmt: skip

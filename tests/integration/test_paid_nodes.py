@@ -30,7 +30,6 @@ from eth_utils import keccak
 
 from harness.gateway_net import Committee, ephemeral_port, start_committee, wait_for
 from harness.personal_client import personal_client
-from node.cli.main import main
 from node.client.credit_wallet import CreditWallet
 from node.client.nodesfile import NodeRef, NodesFile
 from node.keys import create_node_key, create_wallet
@@ -38,6 +37,7 @@ from node.model.head import ClientHead
 from node.model.prepare import prepare
 from node.procs import spawn_logged
 from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
+from planet.main import main
 from protocol.committee.credits import CreditKey, FundMint
 from protocol.committee.envelope import decode
 from protocol.committee.registry import AttestStake
@@ -188,7 +188,7 @@ def _buy(net: dict[str, Any], count: int, credits_file: Path) -> None:
 
 
 def _ask(net: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "node.cli.main", "ask", PROMPT, "--nodes"]
+    command = [sys.executable, "-m", "planet", "ask", PROMPT, "--nodes"]
     command += [str(net["nodes_file"]), "--max-tokens", str(MAX_TOKENS), "--json", *extra]
     command += ["--min-credit-positions", str(PRICE_POSITIONS)]  # the nodes' price is accepted
     env = {**os.environ, "PLANET_HOME": str(net["root"] / "client-home")}

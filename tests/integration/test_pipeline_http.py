@@ -179,7 +179,7 @@ def test_node_serve_corrupted_shard_refuses_to_start_naming_both_hashes(tmp_path
         [
             sys.executable,
             "-m",
-            "node.cli.main",
+            "planet",
             "node",
             "serve",
             "--manifest",

@@ -70,7 +70,7 @@ def test_fetch_from_three_nodes_bans_the_corrupting_one_and_completes(
     home.mkdir()
     manifest.write_bytes(manifest_path.read_bytes())
     peers = [arg for url in (bad, *honest) for arg in ("--peer", url)]
-    command = [sys.executable, "-m", "node.cli.main", "model", "fetch", "--model", str(home)]
+    command = [sys.executable, "-m", "planet", "model", "fetch", "--model", str(home)]
     command += ["--shard", "0", "--json", *peers]
     done = subprocess.run(
         command,

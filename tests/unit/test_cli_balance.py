@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from node.cli.balance import MAX_BALANCE_WEI, parse_eth, parse_gateway
-from node.cli.main import main
+from planet.main import main
 from protocol.errors import UsageError
 
 pytestmark = pytest.mark.unit

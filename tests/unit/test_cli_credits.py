@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from node.cli.credits import MAX_BUY, parse_count
-from node.cli.main import main
 from node.client.credit_wallet import CreditWallet
+from planet.main import main
 from protocol.credits import Credit
 from protocol.errors import UsageError
 

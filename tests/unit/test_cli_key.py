@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from node.cli.key import MAX_KEY_SECONDS, parse_duration
-from node.cli.main import main
+from planet.main import main
 from protocol.errors import UsageError
 
 pytestmark = pytest.mark.unit

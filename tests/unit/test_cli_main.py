@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from node.cli import main as cli
+from planet import main as cli
 from protocol.errors import IntegrityError, UsageError
 
 pytestmark = pytest.mark.unit

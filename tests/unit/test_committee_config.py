@@ -241,7 +241,7 @@ def test_read_pid_foreign_process_is_not_ours(tmp_path: Path) -> None:
 def test_cli_status_uninitialised_dir_exits_2_with_hint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from node.cli.main import main
+    from planet.main import main
 
     status = main(["committee", "status", "--dir", str(tmp_path)])
     err = capsys.readouterr().err

@@ -10,7 +10,7 @@ import pytest
 from deploy.devnet.plan import read_state
 from deploy.devnet.processes import argv_tail
 from deploy.devnet.status import running
-from node.cli import main as cli
+from planet import main as cli
 
 pytestmark = pytest.mark.unit
 
@@ -55,7 +55,7 @@ def test_devnet_state_of_a_dead_devnet_is_not_running(tmp_path: Path) -> None:
 
 
 def test_devnet_failed_command_is_shown_as_typed() -> None:
-    argv = ["/usr/bin/python3", "-m", "node.cli.main", "join", "--shard", "1"]
+    argv = ["/usr/bin/python3", "-m", "planet", "join", "--shard", "1"]
     assert argv_tail(argv) == ["planet", "join", "--shard", "1"]
 
 

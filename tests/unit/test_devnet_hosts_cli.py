@@ -27,7 +27,7 @@ from deploy.devnet.hosts import (
 )
 from deploy.devnet.plan import LinkPlan
 from deploy.netlab.shape import Shape
-from node.cli import main as cli
+from planet import main as cli
 from protocol.errors import UnavailableError, UsageError
 
 pytestmark = pytest.mark.unit
@@ -139,7 +139,7 @@ def test_devnet_up_hosts_without_privileges_says_how_to_get_them(tmp_path: Path)
         pytest.skip("root without setpriv: cannot drop the namespace privileges")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_")}
     done = subprocess.run(
-        [*prefix, sys.executable, "-m", "node.cli.main", "devnet", "up", "--hosts", "--detach"],
+        [*prefix, sys.executable, "-m", "planet", "devnet", "up", "--hosts", "--detach"],
         env={**env, "PLANET_HOME": str(tmp_path), "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from node.cli import main as cli
 from node.cli.ask import _pay_defaults
 from node.config import (
     DEFAULT_EVM_RPC,
@@ -23,6 +22,7 @@ from node.config import (
     write_config_file,
 )
 from node.keys import create_dev_wallet
+from planet import main as cli
 from protocol.errors import ConfigError
 
 pytestmark = pytest.mark.unit

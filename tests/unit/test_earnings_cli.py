@@ -12,7 +12,7 @@ from node.cli.earnings import (
     RootNotPosted,
     _check_claimable,
 )
-from node.cli.main import main
+from planet.main import main
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from node.cli.main import main
+from planet.main import main
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 
 from node.cli.ask import _pay_defaults
-from node.cli.main import build_parser
 from node.gateway import client as gw
+from planet.main import build_parser
 from protocol.errors import ConfigError, UnavailableError, UsageError
 
 pytestmark = pytest.mark.unit

@@ -40,7 +40,7 @@ def test_speculate_out_of_range_is_a_usage_error(tmp_path: Path, speculate: int)
 
 @pytest.mark.parametrize("argv", [["--speculate", "17"], ["--speculate", "-3"]])
 def test_planet_ask_speculate_out_of_range_exits_2_with_the_range(capsys, argv) -> None:
-    from node.cli.main import main
+    from planet.main import main
 
     assert main(["ask", "hi", *argv]) == 2
     assert "--speculate takes 1 … 16" in capsys.readouterr().err

@@ -6,6 +6,7 @@ exactly once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,40 @@ async def test_a_report_whose_nonce_was_taken_goes_back_and_is_sent_again() -> N
     assert ledger.in_flight is None and not ledger.pending
     assert chain.state.get("squery", "0x" + f"{1:064x}")["fee"] == "5"
     assert served(chain, a, 0) == 2
+
+
+class _LaggingIndex(ReportingLink):
+    """The tx index answers None for a tx's first `lag` lookups after its block (CometBFT's
+    indexer trails the block a little)."""
+
+    lag: int = 0
+
+    async def find_tx(self, hash_hex: str) -> Any:
+        found = await super().find_tx(hash_hex)
+        if found is not None and self.lag > 0:
+            self.lag -= 1
+            return None
+        return found
+
+
+async def test_a_report_the_index_shows_late_is_found_while_settle_lasts_not_resent() -> None:
+    chain = settled_chain()
+    a, _ = two_nodes(chain)
+    ledger = WorkLedger("m", [(0, 2)], min_questions=1)
+    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
+    link = _LaggingIndex(chain, GATEWAY, lose=True)
+    sender = WorkReporter(ledger, link, settle_s=10.0)
+    assert await sender.flush() == 0
+    sent = ledger.in_flight
+    assert sent is not None
+    link.lose = False
+    link.mine([sent.raw])  # a block holds it; the index misses it for 4 lookups
+    link.lag = 4
+    started = asyncio.get_running_loop().time()
+    assert await sender.flush() == 1 and ledger.in_flight is None and not ledger.pending
+    assert asyncio.get_running_loop().time() - started < 5.0  # as soon as the index shows it
+    assert link.mined == [sent.raw]  # found, not declared dead and sent again
+    assert chain.state.get("squery", "0x" + f"{1:064x}")["fee"] == "5"
 
 
 async def test_refused_items_are_logged_and_kept_by_name_the_rest_applies(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from node.agent.launch import _next_hop_args
-from node.cli import main as cli
 from node.server.config import ServerConfig
 from node.server.next_hops import ForwardCommittee, NextHopSpec, build_policy, parse_ranges
+from planet import main as cli
 from protocol.errors import UsageError
 from protocol.stream import NextHop, NextHopNotAllowedError
 from protocol.urls import canonical_url

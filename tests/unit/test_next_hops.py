@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from aiohttp.abc import AbstractResolver
 
-from node.cli import main as cli
 from node.server.config import ServerConfig
 from node.server.next_hops import (
     ForwardAny,
@@ -27,6 +26,7 @@ from node.server.next_hops import (
     read_next_hops_file,
     routable_hops,
 )
+from planet import main as cli
 from protocol.errors import ConfigError, RemoteError, UsageError
 from protocol.stream import NextHop, NextHopNotAllowedError
 from protocol.urls import canonical_url

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from node.cli import main as cli
 from node.server import tickets
 from node.server.config import ServerConfig
 from node.server.tickets import CommitteePolicy, TicketRefusedError
+from planet import main as cli
 from protocol.errors import ConfigError, UsageError
 from protocol.spotcheck import Triple, assign_verifier
 from protocol.tickets import TicketRequest

@@ -340,7 +340,7 @@ async def test_client_info_not_an_object_is_named_error(aiohttp_server):
 # ------------------------------------------------------------------------- CLI
 def test_ask_nodes_directory_prints_error_and_hint_without_traceback(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "node.cli.main", "ask", "hello", "--nodes", str(tmp_path)],
+        [sys.executable, "-m", "planet", "ask", "hello", "--nodes", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -368,7 +368,7 @@ GARBLED = {
 
 @pytest.mark.parametrize("name", list(GARBLED))
 def test_ask_garbled_nodes_file_is_error_and_hint(tmp_path, capsys, name):
-    from node.cli.main import main
+    from planet.main import main
 
     path = tmp_path / "nodes.json"
     path.write_bytes(GARBLED[name])
@@ -378,7 +378,7 @@ def test_ask_garbled_nodes_file_is_error_and_hint(tmp_path, capsys, name):
 
 
 def test_ask_nodes_file_naming_a_directory_as_manifest_is_error(tmp_path, capsys):
-    from node.cli.main import main
+    from planet.main import main
 
     path = tmp_path / "nodes.json"
     nodes = [{"url": "http://127.0.0.1:1", "shard": 0, "layers": [0, 2]}]

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from node.cli import main as cli
 from node.cli import node as node_cli
 from node.keys import PASSWORD_ENV, KeyFileError, create_node_key
+from planet import main as cli
 from protocol.errors import UsageError
 
 pytestmark = pytest.mark.unit

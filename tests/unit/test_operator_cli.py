@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from safetensors.numpy import save_file
 
-from node.cli import main as cli
 from node.cli import operator
 from node.model.manifest import Manifest, ShardEntry, with_chunk_lists
+from planet import main as cli
 from protocol.canonical import hash_file
 from protocol.errors import UsageError
 
@@ -351,7 +351,7 @@ def test_leave_keeps_the_node_answering_spot_checks_of_its_last_work(
     alive_at: dict[int, bool] = {}
 
     def stand_in_node() -> subprocess.Popen[bytes]:
-        argv = [sys.executable, "-c", "import time; time.sleep(120)", "node.cli.main", "serve"]
+        argv = [sys.executable, "-c", "import time; time.sleep(120)", "planet", "serve"]
         return subprocess.Popen(argv)
 
     def joined(node: subprocess.Popen[bytes]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from node.agent.launch import CREDITS_DIR, _credit_args
-from node.cli import main as cli
+from planet import main as cli
 
 pytestmark = pytest.mark.unit
 

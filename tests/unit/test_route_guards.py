@@ -173,7 +173,7 @@ def test_each_model_has_its_own_guards_in_one_file(tmp_path: Path) -> None:
 
 def test_route_flag_only_for_a_personal_client(capsys: pytest.CaptureFixture[str]) -> None:
     from node.cli import gateway as cli
-    from node.cli.main import main
+    from planet.main import main
 
     assert set(cli.ROUTES) == set(ROUTES)
     code = main(["gateway", "serve", "--route", "private"])

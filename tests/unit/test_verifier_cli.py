@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from node.cli import main as cli
+from planet import main as cli
 
 pytestmark = pytest.mark.unit
 

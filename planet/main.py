@@ -1,6 +1,9 @@
-"""`planet`: the one command line for users, node operators and verifier operators.
+"""`planet`: the one command line for users, node operators, verifier operators and whoever
+runs a network.
 
-Each command group lives in its own module under `node.cli`, imported below, and exposes
+Each command group lives in its own module, imported below: the user and operator commands
+under `node.cli`, the network's commands (`devnet`, `committee`, `contracts`) under `deploy.cli`,
+so the layers read top-down (this entry -> deploy -> node). Each group exposes
 `register(subparsers)`, which adds its sub-parser and sets `handler=<callable(args) -> int>` on
 each leaf command. A group with sub-commands sets `help_parser=<its parser>` instead: `planet
 GROUP` alone prints that group's help and exits 2.
@@ -21,13 +24,11 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from deploy.cli import committee, contracts, devnet
 from node.cli import (
     ask,
     balance,
-    committee,
-    contracts,
     credits,
-    devnet,
     earnings,
     gateway,
     key,
@@ -116,7 +117,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
