@@ -408,7 +408,7 @@ def _join(args: argparse.Namespace) -> int:
     key_hex = node_key.verify_key.encode().hex()
     placement = None
     if args.shard is None:
-        placement = _place(config, model_hash, len(registered), key_hex)
+        placement = place(config, model_hash, len(registered), key_hex)
         _say(f"placement: {placement.reason}")
     shard: int = placement.shard if placement is not None else args.shard
     _say(f"checking shard {shard} of {model_hash} against the ModelRegistry…")
@@ -470,9 +470,11 @@ def _join(args: argparse.Namespace) -> int:
     return 0
 
 
-def _place(config: Any, model_hash: str, shard_count: int, key: str) -> Placement:
-    """--shard auto: the shard of the model's pool that raises its throughput most, from the
-    committee's list of the model's compute nodes (node/agent/placement.py)."""
+def place(config: Any, model_hash: str, shard_count: int, key: str) -> Placement:
+    """--shard auto: the shard of the model's pool (`shard_count` shards in the ModelRegistry)
+    that raises its throughput most, from the committee's list of the model's compute nodes
+    (node/agent/placement.py); `key`, this home's node key, keeps the shard it is registered
+    for. Refuses an unregistered model and a malformed answer by name."""
     from node.agent.placement import MalformedPoolAnswer, PoolNode, choose_shard, read_pool
     from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
 
