@@ -1,7 +1,8 @@
 """Operator commands: `planet stake | unstake | withdraw | join | leave | status`.
 
 A node operator's whole story: lock stake in the Staking contract from an encrypted wallet,
-join a model's pool with one shard (the shard is checked against the `ModelRegistry` on chain,
+join a model's pool with one shard (by default the shard the pool lacks most, read from the
+committee: node/agent/placement.py; the shard is checked against the `ModelRegistry` on chain,
 a compute node and its agent start in the background, the command waits until the committee
 lists the node as routable), look at it, leave, unstake, withdraw.
 
@@ -25,13 +26,16 @@ import time
 import urllib.parse
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node.cli.model import add_fetch_sources, fetch_with_progress
 from node.config import resolve_config
 from node.model.manifest import Manifest
 from protocol.errors import ConfigError, PlanetError, UnavailableError, UsageError
 from protocol.eth import parse_eth as parse_eth_amount
+
+if TYPE_CHECKING:
+    from node.agent.placement import Placement
 
 ETHER = 10**18
 ROLES = {"compute": 1, "verifier": 2}
@@ -50,9 +54,16 @@ commands inside a host: planet devnet exec operator0 -- planet stake --role comp
 """,
     "join": """\
 examples:
-  planet join --model smollm2-135m-3p-int8 --shard 1          a prepared model by name
-  planet join --model ~/.cache/planet/models/smollm2-135m-3p-int8 --shard 0 --port 18200
-  planet join --model smollm2-135m-3p-int8 --shard 0 --host 203.0.113.7    bind and register
+  planet join --model smollm2-135m-3p-int8                    the shard the pool lacks most
+  planet join --model smollm2-135m-3p-int8 --shard 1          a shard of your choice
+  planet join --model ~/.cache/planet/models/smollm2-135m-3p-int8 --port 18200 --json
+  planet join --model smollm2-135m-3p-int8 --host 203.0.113.7    bind and register an address
+auto placement (no --shard, or --shard auto): a question passes every shard in turn, so the
+pool answers no faster than its weakest shard. join asks the committee which nodes serve each
+shard of the model and takes the weakest: a shard nobody serves first, then the one with the
+fewest routable nodes (ties: fewer nodes still joining, then the lowest index), and prints
+why, e.g. "shard 2 of 3: it has 0 routable nodes (shards 0 and 1 have 1 each)". A node key
+already registered keeps its shard. One shard per node; a node does not move later.
 the node binds and registers --host (default: the address this machine reaches the committee
 from: 127.0.0.1 on the loopback devnet, the host's own address inside `devnet exec HOST`)
 """,
@@ -76,6 +87,19 @@ def parse_eth(text: str) -> int:
     """'1.5' → 1_500_000_000_000_000_000 wei (at most 18 decimals, > 0, the Staking contract's
     uint128 at most)."""
     return parse_eth_amount(text, what="--amount", hint="ETH units, e.g. 1.5")
+
+
+def parse_shard(text: str) -> int | None:
+    """--shard: a shard index, or `auto` (None: the committee's view decides)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        shard = int(text)
+    except ValueError:
+        shard = -1
+    if not 0 <= shard < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shard index (0-65535) or auto")
+    return shard
 
 
 def format_eth(wei: int) -> str:
@@ -121,7 +145,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(withdraw)
     join = command("join", "serve one shard of a model on the network", _join)
     join.add_argument("--model", required=True, help="manifest path, model dir, name or hash")
-    join.add_argument("--shard", type=int, required=True, help="shard index to serve")
+    join.add_argument(
+        "--shard",
+        type=parse_shard,
+        default=None,
+        metavar="K|auto",
+        help="shard index to serve, or auto (the default): the weakest shard of the pool, "
+        "as the committee lists it (see below)",
+    )
     join.add_argument("--port", type=int, default=0, help="node port (default: a free one)")
     join.add_argument(
         "--host",
@@ -147,6 +178,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     join.add_argument("--timeout", type=float, default=180.0, help="seconds to wait (180)")
     join.add_argument("--no-wait", action="store_true", help="return once processes started")
+    join.add_argument(
+        "--json", action="store_true", help="print one JSON object (with the placement)"
+    )
     add_fetch_sources(join)  # when the shard file is not on disk: nodes serving it, then origin
     _common(join)
     leave = command(
@@ -369,16 +403,21 @@ def _join(args: argparse.Namespace) -> int:
             f"({STAKE_STATUS.get(status, status)}); a compute node needs {format_eth(minimum)}",
             hint=f"planet stake --role compute --amount {format_eth(minimum)[:-4]}",
         )
-    _say(f"checking shard {args.shard} of {model_hash} against the ModelRegistry…")
     registered = chain.registry.shard_hashes_of(model_id_bytes(model_hash))
-    entry = check_registered(manifest_file, args.shard, registered).shard(args.shard)
-    if not (manifest_file.parent / entry.file).is_file() or args.peer:
-        serving = _serving_peers(config, model_hash, args.shard)
-        peers = [*args.peer, *serving]
-        fetch_with_progress(manifest_file, args.shard, peers, args.origin, keys=serving)
-    manifest = check_shard(manifest_file, args.shard, registered)
     node_key = load_or_create_node_key(config.node_key_path, password)
     key_hex = node_key.verify_key.encode().hex()
+    placement = None
+    if args.shard is None:
+        placement = place(config, model_hash, len(registered), key_hex)
+        _say(f"placement: {placement.reason}")
+    shard: int = placement.shard if placement is not None else args.shard
+    _say(f"checking shard {shard} of {model_hash} against the ModelRegistry…")
+    entry = check_registered(manifest_file, shard, registered).shard(shard)
+    if not (manifest_file.parent / entry.file).is_file() or args.peer:
+        serving = _serving_peers(config, model_hash, shard)
+        peers = [*args.peer, *serving]
+        fetch_with_progress(manifest_file, shard, peers, args.origin, keys=serving)
+    manifest = check_shard(manifest_file, shard, registered)
     view = _committee_view(config, key_hex)
     if view is not None and view.get("status") == "LEFT":
         raise UsageError(
@@ -387,7 +426,7 @@ def _join(args: argparse.Namespace) -> int:
         )
     host = given_host or _reachable_address(config.committee_rpc)
     previous = read_joined(config.run_dir)
-    if not args.port and previous is not None and previous.shard == args.shard:
+    if not args.port and previous is not None and previous.shard == shard:
         port = previous.port  # the endpoint on chain names this port
     else:
         port = args.port or _devnet_host_port(host) or random_free_port(18100, 18999)
@@ -396,7 +435,7 @@ def _join(args: argparse.Namespace) -> int:
         home=config.home,
         manifest_file=manifest_file,
         manifest=manifest,
-        shard=args.shard,
+        shard=shard,
         port=port,
         capacity=args.capacity,
         committee_rpcs=[config.committee_rpc],
@@ -408,12 +447,58 @@ def _join(args: argparse.Namespace) -> int:
     )
     _say(f"  node pid {joined.node_pid} (log {joined.node_log})")
     _say(f"  agent pid {joined.agent_pid} (log {joined.agent_log})")
-    if args.no_wait:
-        print(f"started shard {args.shard} at {joined.endpoint}; node key {key_hex}")
-        return 0
-    asyncio.run(_wait_routable(config, joined, args.timeout))
-    print(f"routable: shard {args.shard} of {model_hash} at {joined.endpoint}; node key {key_hex}")
+    if not args.no_wait:
+        asyncio.run(_wait_routable(config, joined, args.timeout))
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": model_hash,
+                    "shard": shard,
+                    "endpoint": joined.endpoint,
+                    "node_key": key_hex,
+                    "routable": not args.no_wait,
+                    "placement": placement.to_json() if placement is not None else None,
+                },
+                indent=1,
+            )
+        )
+    elif args.no_wait:
+        print(f"started shard {shard} at {joined.endpoint}; node key {key_hex}")
+    else:
+        print(f"routable: shard {shard} of {model_hash} at {joined.endpoint}; node key {key_hex}")
     return 0
+
+
+def place(config: Any, model_hash: str, shard_count: int, key: str) -> Placement:
+    """--shard auto: the shard of the model's pool (`shard_count` shards in the ModelRegistry)
+    that raises its throughput most, from the committee's list of the model's compute nodes
+    (node/agent/placement.py); `key`, this home's node key, keeps the shard it is registered
+    for. Refuses an unregistered model and a malformed answer by name."""
+    from node.agent.placement import MalformedPoolAnswer, PoolNode, choose_shard, read_pool
+    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
+
+    async def read() -> tuple[PoolNode, ...]:
+        link = CommitteeLink([config.committee_rpc])
+        try:
+            return await read_pool(link, model_hash)
+        finally:
+            await link.close()
+
+    nodes: tuple[PoolNode, ...] = ()
+    if shard_count:  # else choose_shard refuses the unregistered model by name
+        try:
+            nodes = asyncio.run(read())
+        except MalformedPoolAnswer:
+            raise
+        except PlanetError as error:
+            raise UnavailableError(
+                f"cannot read the pool of {model_hash} from the committee at "
+                f"{config.committee_rpc} to pick a shard: {error.message}",
+                hint=_unreachable_hint(config, "--committee-rpc / set PLANET_COMMITTEE_RPC")
+                + "; or pick the shard yourself: --shard K",
+            ) from None
+    return choose_shard(model_hash, shard_count, nodes, own_key=key)
 
 
 def _parse_host(given: str) -> str:

@@ -399,3 +399,132 @@ def test_leave_keeps_the_node_answering_spot_checks_of_its_last_work(
     finally:
         if node.poll() is None:
             node.kill()
+
+
+# -- join without --shard: auto placement from the committee's /nodes ----------------------------
+
+
+def _committee_answering(monkeypatch: pytest.MonkeyPatch, answer: Any) -> list[tuple[str, Any]]:
+    """CommitteeLink replaced by one that answers /nodes with `answer`; returns what was asked."""
+    import node.chain.committee_link as committee_link
+
+    asked: list[tuple[str, Any]] = []
+
+    class Link:
+        def __init__(self, urls: Any, **kwargs: Any) -> None:
+            pass
+
+        async def query(self, path: str, **params: Any) -> Any:
+            asked.append((path, params))
+            return answer
+
+        async def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(committee_link, "CommitteeLink", Link)
+    return asked
+
+
+def _pool_entry(model: str, shard: int) -> dict[str, Any]:
+    return {
+        "key": f"{shard + 1:064x}", "role": "compute", "model": model, "shards": [shard],
+        "status": "SERVING", "routable": True,
+    }  # fmt: skip
+
+
+def _stop_after_the_shard_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    def stop_here(*_args: Any) -> None:
+        raise UsageError("stopped after the shard check")
+
+    monkeypatch.setattr(operator, "_committee_view", stop_here)
+
+
+def test_join_without_shard_takes_the_shard_the_pool_lacks(env, capsys, monkeypatch) -> None:
+    manifest_file = _tiny_model(env / "models" / "tiny-2p")
+    manifest = Manifest.load(manifest_file)
+    registered = [bytes.fromhex(s.hash[7:]) for s in manifest.shards]
+    _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=registered))
+    asked = _committee_answering(monkeypatch, {"nodes": [_pool_entry(manifest.model_hash, 0)]})
+    _stop_after_the_shard_check(monkeypatch)
+    code, err = _run(capsys, "join", "--model", "tiny-2p")
+    assert code == 2 and "stopped after the shard check" in err, err
+    assert asked == [("/nodes", {"model": manifest.model_hash, "role": "compute"})]
+    assert "placement: shard 1 of 2: it has 0 routable nodes (shard 0 has 1)" in err
+    assert f"checking shard 1 of {manifest.model_hash}" in err
+
+
+def test_join_shard_auto_on_an_empty_pool_takes_shard_0(env, capsys, monkeypatch) -> None:
+    manifest_file = _tiny_model(env / "models" / "tiny-2p")
+    registered = [bytes.fromhex(s.hash[7:]) for s in Manifest.load(manifest_file).shards]
+    _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=registered))
+    _committee_answering(monkeypatch, {"nodes": []})
+    _stop_after_the_shard_check(monkeypatch)
+    code, err = _run(capsys, "join", "--model", "tiny-2p", "--shard", "auto")
+    assert code == 2 and "placement: shard 0 of 2: no shard has a routable node yet" in err
+
+
+def test_join_with_an_explicit_shard_does_not_ask_for_a_placement(env, capsys, monkeypatch) -> None:
+    manifest_file = _tiny_model(env / "models" / "tiny-2p")
+    registered = [bytes.fromhex(s.hash[7:]) for s in Manifest.load(manifest_file).shards]
+    _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=registered))
+    asked = _committee_answering(monkeypatch, {"nodes": []})
+    _stop_after_the_shard_check(monkeypatch)
+    code, err = _run(capsys, "join", "--model", "tiny-2p", "--shard", "1")
+    assert code == 2 and "checking shard 1 of" in err
+    assert asked == [] and "placement:" not in err
+
+
+def test_join_auto_refuses_an_unregistered_model_by_name(env, capsys, monkeypatch) -> None:
+    manifest_file = _tiny_model(env / "models" / "tiny-2p")
+    model_hash = Manifest.load(manifest_file).model_hash
+    _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=[]))
+    asked = _committee_answering(monkeypatch, {"nodes": []})
+    code, err = _run(capsys, "join", "--model", "tiny-2p")
+    assert code == 2
+    assert f"error: model {model_hash} is not registered in the ModelRegistry" in err
+    assert "hint:" in err and asked == []
+
+
+def test_join_auto_refuses_a_malformed_committee_answer_by_name(env, capsys, monkeypatch) -> None:
+    manifest_file = _tiny_model(env / "models" / "tiny-2p")
+    manifest = Manifest.load(manifest_file)
+    registered = [bytes.fromhex(s.hash[7:]) for s in manifest.shards]
+    _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=registered))
+    bad = {**_pool_entry(manifest.model_hash, 0), "shards": ["0"]}
+    _committee_answering(monkeypatch, {"nodes": [bad]})
+    code, err = _run(capsys, "join", "--model", "tiny-2p")
+    assert code == 4
+    assert "error: the committee's /nodes answer is malformed: nodes[0].shards" in err
+    assert "hint:" in err and "--shard K" in err
+    assert not (env / "run" / "joined.json").exists()
+
+
+def test_join_auto_with_the_committee_down_says_how_to_go_on(env, capsys, monkeypatch) -> None:
+    manifest_file = _tiny_model(env / "models" / "tiny-2p")
+    registered = [bytes.fromhex(s.hash[7:]) for s in Manifest.load(manifest_file).shards]
+    _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=registered))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, err = _run(
+        capsys, "join", "--model", "tiny-2p", "--committee-rpc", f"http://127.0.0.1:{port}"
+    )
+    assert code == 6
+    assert "error: cannot read the pool of sha256:" in err and "to pick a shard" in err
+    assert "--shard K" in err
+
+
+@pytest.mark.parametrize("given", ["x", "-1", "65536", "1.5", ""])
+def test_join_bad_shard_is_a_usage_error(env, capsys, given: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["join", "--model", "m", "--shard", given])
+    assert exited.value.code == 2
+    assert "is not a shard index (0-65535) or auto" in capsys.readouterr().err
+
+
+def test_join_help_teaches_auto_placement(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["join", "--help"])
+    out = capsys.readouterr().out
+    assert "auto placement" in out and "weakest shard" in out
+    assert "--shard K|auto" in out

@@ -1,0 +1,286 @@
+"""Where a joining compute node goes: the shard of a model's pool that raises the pool's
+end-to-end throughput most (`planet join --model M` without `--shard`, or `--shard auto`).
+
+A question passes every shard of the model in turn, so the pool answers no faster than its
+weakest shard: pool throughput = min over shards of (the shard's routable replicas × their
+speed). Adding a node to any other shard leaves that minimum where it is, so the node takes the
+weakest shard: a shard nobody serves first (the pool answers nothing until every shard has a
+node), then the one with the fewest replicas, or the slowest ones when speeds are measured.
+
+    weakest by (throughput, pending, index)
+      throughput  sum of the routable replicas' measured speeds when every one is measured,
+                  else the count of routable replicas (the committee records no speed today)
+      pending     nodes registered on the shard (JOIN or SERVING) that are not routable yet:
+                  among equally weak shards, the one fewer nodes are on their way to
+      index       the lowest shard index: the same pool state gives every joiner the same
+                  answer
+
+A node key the committee already lists for the model keeps its registered shard (a registration
+is final; moving needs `planet leave` and a new home).
+
+The committee's answer is untrusted input (a validator's RPC is a peer): `parse_nodes` turns
+the `/nodes?model=M&role=compute` answer into typed `PoolNode`s at this one boundary or refuses
+it as `MalformedPoolAnswer`, naming the field. Pure: no I/O, no clock; `read_pool` takes any
+object with the `CommitteeLink.query` coroutine.
+
+Not here (issue 44, later): spans of several consecutive shards in one process, rebalancing a
+running node, several models in one node.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from protocol.errors import ProtocolError, UsageError
+
+MAX_SHARDS = 65536  # shard indexes are 0 … 65535 (register_node)
+MAX_NODES = 100_000  # entries one /nodes answer may list before it is refused as malformed
+MAX_SHARDS_PER_NODE = 256  # register_node's limit
+STATUSES = ("JOIN", "SERVING", "DOWN", "LEFT")
+PENDING = ("JOIN", "SERVING")  # registered and not (yet) routable: on its way
+_KEY = re.compile(r"[0-9a-f]{64}\Z")
+
+
+class ModelNotRegistered(UsageError):
+    code = "model_not_registered"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"model {model} is not registered in the ModelRegistry on chain: it has no pool to "
+            "place a node in",
+            hint="join a model the network serves (`planet devnet status` lists the devnet's)",
+        )
+        self.model = model
+
+
+class MalformedPoolAnswer(ProtocolError):
+    code = "malformed_committee_answer"
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"the committee's /nodes answer is malformed: {what}",
+            hint="ask another validator (--committee-rpc), or pick the shard yourself: --shard K",
+        )
+
+
+class PoolQuery(Protocol):
+    async def query(self, path: str, **params: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PoolNode:
+    """One compute node of the model as the committee lists it."""
+
+    key: str
+    shards: tuple[int, ...]
+    status: str
+    routable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSupply:
+    """What one shard of the pool has."""
+
+    shard: int
+    replicas: int  # routable nodes serving it
+    throughput: int  # their summed measured speed (tokens/s), or `replicas` when not measured
+    pending: int  # registered on it, not routable (yet)
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "shard": self.shard,
+            "replicas": self.replicas,
+            "throughput": self.throughput,
+            "pending": self.pending,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The shard chosen, the pool it was chosen from, and the one-line reason."""
+
+    model: str
+    shard: int
+    supply: tuple[ShardSupply, ...]
+    measured: bool  # throughput is measured speed (else: counts of routable replicas)
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "shard": self.shard,
+            "shards": len(self.supply),
+            "measured": self.measured,
+            "reason": self.reason,
+            "supply": [s.to_json() for s in self.supply],
+        }
+
+
+# -- the boundary: the committee's answer → typed values -----------------------------------------
+
+
+def parse_nodes(answer: Any, model: str) -> tuple[PoolNode, ...]:
+    """`/nodes?model=M&role=compute` → its nodes, or `MalformedPoolAnswer` naming what is wrong."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("nodes"), list):
+        raise MalformedPoolAnswer("expected an object with a `nodes` list")
+    entries = answer["nodes"]
+    if len(entries) > MAX_NODES:
+        raise MalformedPoolAnswer(f"{len(entries)} nodes listed, more than {MAX_NODES}")
+    return tuple(_parse_node(entry, i, model) for i, entry in enumerate(entries))
+
+
+def _parse_node(entry: Any, index: int, model: str) -> PoolNode:
+    where = f"nodes[{index}]"
+    if not isinstance(entry, dict):
+        raise MalformedPoolAnswer(f"{where}: expected an object")
+    key = entry.get("key")
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise MalformedPoolAnswer(f"{where}.key: expected 64 lowercase hex digits")
+    if entry.get("model") != model:
+        raise MalformedPoolAnswer(f"{where}.model: a node of another model than the one asked")
+    if entry.get("role") != "compute":
+        raise MalformedPoolAnswer(f"{where}.role: expected compute (the role asked)")
+    status = entry.get("status")
+    if status not in STATUSES:
+        raise MalformedPoolAnswer(f"{where}.status: expected one of {', '.join(STATUSES)}")
+    routable = entry.get("routable")
+    if not isinstance(routable, bool):
+        raise MalformedPoolAnswer(f"{where}.routable: expected true or false")
+    shards = entry.get("shards")
+    if (
+        not isinstance(shards, list)
+        or not 1 <= len(shards) <= MAX_SHARDS_PER_NODE
+        or not all(type(s) is int and 0 <= s < MAX_SHARDS for s in shards)
+        or shards != sorted(set(shards))
+    ):
+        raise MalformedPoolAnswer(
+            f"{where}.shards: expected 1-{MAX_SHARDS_PER_NODE} ascending shard indexes "
+            f"0-{MAX_SHARDS - 1}"
+        )
+    return PoolNode(key=key, shards=tuple(shards), status=status, routable=routable)
+
+
+async def read_pool(link: PoolQuery, model: str) -> tuple[PoolNode, ...]:
+    """The model's compute nodes from the committee (`CommitteeLink` or anything with its
+    `query`), parsed."""
+    return parse_nodes(await link.query("/nodes", model=model, role="compute"), model)
+
+
+# -- the choice ----------------------------------------------------------------------------------
+
+
+def pool_supply(
+    nodes: Sequence[PoolNode], shard_count: int, speeds: Mapping[str, int] | None = None
+) -> tuple[tuple[ShardSupply, ...], bool]:
+    """Per shard: routable replicas, their throughput, pending nodes; and whether throughput is
+    measured speed (`speeds`: node key → tokens/s, used only when it covers every routable
+    node). Shards a node lists beyond `shard_count` are not the registered model's: skipped."""
+    routable = [n for n in nodes if n.routable]
+    measured = speeds is not None and all(
+        isinstance(speeds.get(n.key), int) and speeds[n.key] > 0 for n in routable
+    )
+    replicas = [0] * shard_count
+    throughput = [0] * shard_count
+    pending = [0] * shard_count
+    for node in nodes:
+        for shard in node.shards:
+            if shard >= shard_count:
+                continue
+            if node.routable:
+                replicas[shard] += 1
+                throughput[shard] += speeds[node.key] if measured and speeds else 1
+            elif node.status in PENDING:
+                pending[shard] += 1
+    supply = tuple(
+        ShardSupply(shard, replicas[shard], throughput[shard], pending[shard])
+        for shard in range(shard_count)
+    )
+    return supply, measured
+
+
+def choose_shard(
+    model: str,
+    shard_count: int,
+    nodes: Sequence[PoolNode],
+    *,
+    own_key: str | None = None,
+    speeds: Mapping[str, int] | None = None,
+) -> Placement:
+    """The shard a new node of `model` (`shard_count` shards in the ModelRegistry; 0: not
+    registered) should serve, and why."""
+    if shard_count == 0:
+        raise ModelNotRegistered(model)
+    if not 0 < shard_count <= MAX_SHARDS:
+        raise UsageError(f"model {model}: {shard_count} shards is not a shard count")
+    supply, measured = pool_supply(nodes, shard_count, speeds)
+    own = next((n for n in nodes if n.key == own_key), None) if own_key else None
+    if own is not None and own.shards[0] < shard_count:
+        shard = own.shards[0]
+        reason = (
+            f"shard {shard} of {shard_count}: this node key is already registered for it "
+            "(a registration is final; to move, `planet leave` and join from a new home)"
+        )
+        return Placement(model, shard, supply, measured, reason)
+    weakest = min(supply, key=lambda s: (s.throughput, s.pending, s.shard))
+    return Placement(model, weakest.shard, supply, measured, _reason(weakest, supply, measured))
+
+
+# -- the reason, in one line ---------------------------------------------------------------------
+
+
+def _reason(chosen: ShardSupply, supply: tuple[ShardSupply, ...], measured: bool) -> str:
+    head = f"shard {chosen.shard} of {len(supply)}"
+    if len(supply) == 1:
+        return f"{head}: the model has one shard"
+    others = [s for s in supply if s.shard != chosen.shard]
+    tied = any((s.throughput, s.pending) == (chosen.throughput, chosen.pending) for s in others)
+    if all((s.throughput, s.pending) == (chosen.throughput, chosen.pending) for s in others):
+        every = (
+            "no shard has a routable node yet"
+            if chosen.replicas == 0
+            else f"every shard has {_amount(chosen, measured)}"
+        )
+        return f"{head}: {every}; ties go to the lowest shard index"
+    line = f"{head}: it has {_amount(chosen, measured)}{_joining(chosen.pending)} "
+    line += f"({_summary(others, measured)})"
+    return line + ("; ties go to the lowest shard index" if tied else "")
+
+
+def _amount(supply: ShardSupply, measured: bool) -> str:
+    nodes = f"{supply.replicas} routable node{'' if supply.replicas == 1 else 's'}"
+    return f"{supply.throughput} tokens/s over {nodes}" if measured else nodes
+
+
+def _joining(pending: int) -> str:
+    return f" + {pending} joining" if pending else ""
+
+
+def _summary(others: list[ShardSupply], measured: bool) -> str:
+    """'shards 0 and 1 have 1 each', 'shard 0 has 2, shard 1 has 1 + 1 joining'."""
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for s in others:
+        groups.setdefault((s.throughput, s.replicas, s.pending), []).append(s.shard)
+    parts = []
+    for (throughput, replicas, pending), shards in sorted(groups.items(), key=lambda g: g[1][0]):
+        amount = f"{throughput} tokens/s over {replicas}" if measured else str(replicas)
+        if len(shards) == 1:
+            parts.append(f"shard {shards[0]} has {amount}{_joining(pending)}")
+        else:
+            parts.append(f"shards {_listing(shards)} have {amount} each{_joining(pending)}")
+    return ", ".join(parts)
+
+
+def _listing(shards: list[int]) -> str:
+    """[0, 1] → '0 and 1'; [0, 1, 2, 5, 7, 8] → '0-2, 5, 7-8' (long lists stay short)."""
+    if len(shards) <= 3:
+        return ", ".join(map(str, shards[:-1])) + f" and {shards[-1]}"
+    runs: list[list[int]] = []
+    for shard in shards:
+        if runs and shard == runs[-1][-1] + 1:
+            runs[-1].append(shard)
+        else:
+            runs.append([shard])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
