@@ -1,8 +1,8 @@
 """Wire-codec benchmark: bytes vs teacher-forced quality of every lossy activation codec — one
 JSON object on stdout, logs on stderr.
 
-    python bench/codec.py                 # SmolLM2-135M, 3 shards, the held-out text
-    python bench/codec.py --parts 2 --model /path/to/hf-model
+    .venv/bin/python bench/codec.py                 # SmolLM2-135M, 3 shards, the held-out text
+    .venv/bin/python bench/codec.py --parts 2 --model /path/to/hf-model
 
 The held-out text is cut in two at a paragraph boundary (`node.model.evaluate.heldout_split`):
 settings are chosen on the first half (`tune_*` metrics) and every figure without a prefix is

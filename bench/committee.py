@@ -55,6 +55,8 @@ from typing import Any
 
 import aiohttp
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from bench._common import parse_with_quick
 from deploy.committee.cometbft import COMETBFT_VERSION
 from deploy.committee.generate import InitOptions, init_network

@@ -23,6 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from bench._common import machine, parse_with_quick
 
 STEPS = ("model", "anvil", "committee_init", "contracts", "committee_up", "nodes_routable",

@@ -11,7 +11,7 @@ A FAILED finding is forwarded by its finder to each peer verifier (node/verifier
 peer's GET from the finder's findings server over real loopback HTTP (PeerFindings, sealing
 included on the first fetch of each peer).
 
-    python bench/spotcheck_cost.py [--repeats 5]
+    .venv/bin/python bench/spotcheck_cost.py [--repeats 5]
 """
 
 from __future__ import annotations

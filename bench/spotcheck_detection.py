@@ -15,7 +15,7 @@ Two parts, both on the real protocol code:
    deterministic (same inputs, same recomputation), so each measured block's outcome is reused
    for the triples mapped to it instead of recomputing it every run.
 
-    python bench/spotcheck_detection.py [--runs 2000] [--sequences 4] [--out table.json]
+    .venv/bin/python bench/spotcheck_detection.py [--runs 2000] [--sequences 4] [--out table.json]
 
 Prints one JSON object (BENCHMARKS.md); `metrics.table` lists per (p, n): runs, caught,
 detection rate, expected 1 − (1 − p)^n and the 95 % interval of a binomial with that mean.
@@ -214,7 +214,7 @@ def main() -> None:
             "sequences": args.sequences,
             "runs_per_cell": args.runs,
             "quick": args.quick,
-            "command": "python bench/spotcheck_detection.py " + " ".join(sys.argv[1:]),
+            "command": ".venv/bin/python bench/spotcheck_detection.py " + " ".join(sys.argv[1:]),
             "loadavg_start": load_start,
         },
         "metrics": {

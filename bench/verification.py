@@ -2,8 +2,8 @@
 fingerprint size, spot-check cost, and a node's cost of fingerprinting — one JSON object on
 stdout, logs on stderr.
 
-    python bench/verification.py            # 3 repeats
-    python bench/verification.py --quick    # 1 repeat
+    .venv/bin/python bench/verification.py            # 3 repeats
+    .venv/bin/python bench/verification.py --quick    # 1 repeat
 
 One challenge = a 32-token natural prompt + a 100-token answer (held-out text), SmolLM2-135M,
 3 fp32 shards in this process (no HTTP: both methods would pay the same hops per request, so
