@@ -1,7 +1,7 @@
 """Concurrency sweep: 1 / 8 / 32 sessions at once through one 3-node SmolLM2 circuit on CPU —
 aggregate decode tok/s and p99 inter-token time — one JSON object on stdout, logs on stderr.
 
-    .venv/bin/python bench/concurrency.py                       # sessions 1,8,32; 16 new tokens each
+    .venv/bin/python bench/concurrency.py     # sessions 1,8,32; 16 new tokens each
     .venv/bin/python bench/concurrency.py --sessions 1,8 --new-tokens 8
 
 Real node processes (started as `planet local up` starts them, via node/server/launcher.py) on
@@ -48,7 +48,9 @@ PROMPTS = (
 PORTS = (20800, 21000)
 # The issue's GPU sweep (a Llama-3-8B-shaped model with random weights, bf16 and int4, 4 shards
 # on one GPU): bench/gpu_sweep.py.
-GPU_COMMAND = ".venv/bin/python bench/gpu_sweep.py --quants bf16,int8,int4 --sessions 32 --new-tokens 64"
+GPU_COMMAND = (
+    ".venv/bin/python bench/gpu_sweep.py --quants bf16,int8,int4 --sessions 32 --new-tokens 64"
+)
 
 
 async def _session(client: Any, head: Any, ids: list[int], new_tokens: int) -> list[float]:

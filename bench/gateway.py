@@ -4,9 +4,9 @@ What the gateway costs per token against the bare circuit client, how it holds 8
 concurrent paid questions, and whether a hostile mix of clients gets anything unpaid — one JSON
 object on stdout, logs on stderr.
 
-    .venv/bin/python bench/gateway.py             # 48 tokens × 3 repeats; 8 and 32 concurrent × 32 tokens;
-                                        # hostile mix of 32
-    .venv/bin/python bench/gateway.py --quick     # 24 tokens × 2 repeats; 8 concurrent; hostile mix of 12
+    .venv/bin/python bench/gateway.py    # 48 tokens × 3 repeats; 8 and 32 concurrent × 32
+                                         # tokens; hostile mix of 32
+    .venv/bin/python bench/gateway.py --quick
 
 The network is real (harness/gateway_net.py): anvil with the contracts, one CometBFT
 validator with the committee app, one int8 SmolLM2 node per shard (2 shards; so the gateway's

@@ -1,9 +1,9 @@
 """GPU sweep: a Llama-3-8B-shaped model with random weights (no download), bf16 and int4, as 4
 shards on one GPU against the monolithic model — one JSON object on stdout, logs on stderr.
 
-    .venv/bin/python bench/gpu_sweep.py                     # on a CUDA machine: the issue's figures
-                                                  # (without a usable GPU: the tiny shape)
-    .venv/bin/python bench/gpu_sweep.py --tiny              # a tiny Llama, on whatever device (CI, CPU)
+    .venv/bin/python bench/gpu_sweep.py         # on a CUDA machine: the issue's figures
+                                                # (without a usable GPU: the tiny shape)
+    .venv/bin/python bench/gpu_sweep.py --tiny  # a tiny Llama, on whatever device (CI, CPU)
     .venv/bin/python bench/gpu_sweep.py --quants bf16,int8,int4 --sessions 32 --new-tokens 64
 
 Per quant, in one process and interleaved with the monolithic reference:
