@@ -628,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append((encoding, int(size)))
     machine = _machine()  # before this bench loads the machine
     metrics: dict[str, Any] = {}
+    reject_logs: dict[str, list[str]] = {}  # beside the metrics: the first CheckTx refusals
     if not args.skip_in_process:
         metrics.update(app_cpu_per_record())
     if not args.skip_planet:
@@ -642,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
                 concurrency=args.batch_concurrency if big else args.concurrency,
                 rate_records_s=args.rate if big else 0.0,
             )
+            reject_logs[f"{encoding}_{batch}"] = result.pop("reject_logs")
             if index == 0:
                 metrics.update(result)
             for key in (
@@ -660,6 +662,7 @@ def main(argv: list[str] | None = None) -> int:
                 metrics[f"{key}_{encoding}_{batch}"] = result[key]
     if not args.skip_kvstore:
         kv = bench_app("kvstore", args, args.base_port + 100)
+        reject_logs["kvstore"] = kv.pop("reject_logs")
         metrics.update({f"{k}_kvstore": v for k, v in kv.items()})
         for encoding in ("binary", "json"):
             plain = metrics.get(f"committed_tx_s_{encoding}_1")
@@ -687,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
                     "all validators' RPC ports; NewBlock websocket on validator 0",
                 },
                 "metrics": metrics,
+                "reject_logs": reject_logs,
                 "targets": {
                     "commitments_s": {"op": ">=", "value": 10000},
                     "block_time_ms": {"op": "<=", "value": 1000},
