@@ -2,7 +2,7 @@
 `.venv/bin/python bench/NAME.py --quick` (tiny sizes, one repeat, no extra arguments), as its own
 process from the repository root with no PYTHONPATH, exits 0 and prints exactly one JSON object of
 the BENCHMARKS.md shape (`bench`, `machine`, `config`, `metrics`) on stdout, every metric a finite
-number, a list of them (a spread) or null. And `npx hardhat run bench/gas.js`.
+number, a list of them (a spread) or null (NOT_FLAT_YET aside). And `npx hardhat run bench/gas.js`.
 
 Benches share the prepared SmolLM2 shards in $PLANET_HOME/models (prepared on first use, as the
 benches themselves do). Those that start whole networks (CometBFT validators, anvil, node
