@@ -1,8 +1,8 @@
 """Wire-codec benchmark: bytes vs teacher-forced quality of every lossy activation codec — one
 JSON object on stdout, logs on stderr.
 
-    python bench/codec.py                 # SmolLM2-135M, 3 shards, the held-out text
-    python bench/codec.py --parts 2 --model /path/to/hf-model
+    .venv/bin/python bench/codec.py                 # SmolLM2-135M, 3 shards, the held-out text
+    .venv/bin/python bench/codec.py --parts 2 --model /path/to/hf-model
 
 The held-out text is cut in two at a paragraph boundary (`node.model.evaluate.heldout_split`):
 settings are chosen on the first half (`tune_*` metrics) and every figure without a prefix is
@@ -46,6 +46,19 @@ TARGET_RATIO = 0.20
 TARGET_AGREEMENT = 0.995
 TARGET_PPL_RATIO = 1.005
 SWEEP = (18, 20, 22, 24, 26, 27, 28, 29, 30, 32, 34)
+QUICK_SWEEP = (24, 29)  # --quick: one below the default and the default
+
+
+def _exponents(text: str) -> tuple[int, ...]:
+    try:
+        exponents = tuple(sorted({int(part) for part in text.split(",")}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text}"
+        ) from None
+    if not exponents:
+        raise argparse.ArgumentTypeError("give at least one exponent")
+    return exponents
 
 
 def _ohq_probe(bits: int) -> Any:
@@ -115,7 +128,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--text-chars", type=int, default=0, help="cut each half to this many characters (0: all)"
     )
-    args = parse_with_quick(parser, {"text_chars": 400}, argv)
+    parser.add_argument(
+        "--rq-sweep",
+        type=_exponents,
+        default=SWEEP,
+        help=f"rq exponents tried on the tuning half (default {','.join(map(str, SWEEP))})",
+    )
+    parser.add_argument(
+        "--roundtrips", type=int, default=200, help="timed encode + decode rounds per codec"
+    )
+    args = parse_with_quick(
+        parser,
+        {"text_chars": 120, "rq_sweep": QUICK_SWEEP, "roundtrips": 10},
+        argv,
+    )
+    if args.roundtrips < 1 or args.text_chars < 0:
+        parser.error("--roundtrips must be at least 1 and --text-chars at least 0")
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
@@ -140,15 +168,15 @@ def main(argv: list[str] | None = None) -> int:
         tune, test = tune[: args.text_chars], test[: args.text_chars]
 
     # 1. Tuning half: the rq exponent that matches hq9's quality at the fewest bytes.
-    log.info("tuning half: rq exponents %s against hq9", SWEEP)
-    sweep = {f"rq{e}": _Rq(e) for e in SWEEP}
+    log.info("tuning half: rq exponents %s against hq9", args.rq_sweep)
+    sweep = {f"rq{e}": _Rq(e) for e in args.rq_sweep}
     tuned = codec_quality(head, shards, tune, {"hq9": codec_roundtrip("hq9"), **sweep})
     metrics: dict[str, Any] = {f"tune_{k}": v for k, v in tuned.items()}
     for name, rq in sweep.items():
         metrics[f"tune_ratio_activation_bytes_{name}_vs_fp32"] = round(rq.ratio(), 4)
     good = [
         e
-        for e in SWEEP
+        for e in args.rq_sweep
         if tuned[f"kl_rq{e}"] <= tuned["kl_hq9"]
         and tuned[f"gap_error_rms_rq{e}"] <= tuned["gap_error_rms_hq9"]
     ]
@@ -164,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     table["fp8_probe"] = _fp8
     table["ohq6_probe"] = _ohq_probe(6)
     table["ohq8_probe"] = _ohq_probe(8)
-    test_sweep = {f"rq{e}": _Rq(e) for e in SWEEP if e != DEFAULT_EXPONENT}
+    test_sweep = {f"rq{e}": _Rq(e) for e in args.rq_sweep if e != DEFAULT_EXPONENT}
     table.update(test_sweep)
     log.info("test half: %s", list(table))
     metrics.update(codec_quality(head, shards, test, table))
@@ -198,10 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         roundtrip = table[name] if name not in VARIABLE_CODECS else codec_roundtrip(name)
         roundtrip(one)
         t0 = time.perf_counter()
-        for _ in range(200):
+        for _ in range(args.roundtrips):
             roundtrip(one)
-        metrics[f"roundtrip_us_per_token_{name}"] = round((time.perf_counter() - t0) / 200 * 1e6)
-    metrics["compressed_codec"] = COMPRESSED_CODEC
+        elapsed = time.perf_counter() - t0
+        metrics[f"roundtrip_us_per_token_{name}"] = round(elapsed / args.roundtrips * 1e6)
     c = COMPRESSED_CODEC
     metrics["ratio_activation_bytes_compressed_vs_fp32"] = metrics[
         f"ratio_activation_bytes_{c}_vs_fp32"
@@ -220,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             "wire_boundaries": args.parts + 1,
             "text": "node/model/data/heldout.txt: first half tunes (tune_*), second half "
             "measures (teacher-forced, one pass each)",
-            "rq_sweep": list(SWEEP),
+            "rq_sweep": list(args.rq_sweep),
+            "roundtrips": args.roundtrips,
+            "compressed_codec": COMPRESSED_CODEC,
             "torch_threads": 1,
             "note": "quality figures are deterministic; wall_s and roundtrip_us are from a "
             "shared, loaded 2-core box",

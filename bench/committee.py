@@ -29,6 +29,7 @@ machine.loadavg_1m_at_start and metrics.loadavg_1m_at_end say how busy it was.
 
     .venv/bin/python bench/committee.py --rate 12000          # ~4 minutes
     .venv/bin/python bench/committee.py --runs binary:1024 --rate 10000 --skip-kvstore --duration 10
+    .venv/bin/python bench/committee.py --quick   # one validator, binary:16 for 1 s, no kvstore
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import parse_with_quick
 from deploy.committee.cometbft import COMETBFT_VERSION
@@ -604,9 +607,11 @@ def main(argv: list[str] | None = None) -> int:
         "--skip-in-process", action="store_true", help="skip the one-app CPU measurement"
     )
     parser.add_argument("--keep", action="store_true", help="keep the network directories")
+    # --quick: one 1-validator network, one binary run, 1 s of load (the kvstore ceiling is
+    # CometBFT's own code, not Planet's: not started)
     quick = {
-        "validators": 1, "duration": 2.0, "concurrency": 4, "runs": "binary:16,json:1",
-        "batch_concurrency": 2, "drain": 5.0, "skip_in_process": True,
+        "validators": 1, "duration": 1.0, "concurrency": 4, "runs": "binary:16",
+        "batch_concurrency": 2, "drain": 3.0, "skip_in_process": True, "skip_kvstore": True,
     }  # fmt: skip
     args = parse_with_quick(parser, quick, argv)
     logging.basicConfig(
@@ -623,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append((encoding, int(size)))
     machine = _machine()  # before this bench loads the machine
     metrics: dict[str, Any] = {}
+    reject_logs: dict[str, list[str]] = {}  # beside the metrics: the first CheckTx refusals
     if not args.skip_in_process:
         metrics.update(app_cpu_per_record())
     if not args.skip_planet:
@@ -637,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
                 concurrency=args.batch_concurrency if big else args.concurrency,
                 rate_records_s=args.rate if big else 0.0,
             )
+            reject_logs[f"{encoding}_{batch}"] = result.pop("reject_logs")
             if index == 0:
                 metrics.update(result)
             for key in (
@@ -655,6 +662,7 @@ def main(argv: list[str] | None = None) -> int:
                 metrics[f"{key}_{encoding}_{batch}"] = result[key]
     if not args.skip_kvstore:
         kv = bench_app("kvstore", args, args.base_port + 100)
+        reject_logs["kvstore"] = kv.pop("reject_logs")
         metrics.update({f"{k}_kvstore": v for k, v in kv.items()})
         for encoding in ("binary", "json"):
             plain = metrics.get(f"committed_tx_s_{encoding}_1")
@@ -682,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
                     "all validators' RPC ports; NewBlock websocket on validator 0",
                 },
                 "metrics": metrics,
+                "reject_logs": reject_logs,
                 "targets": {
                     "commitments_s": {"op": ">=", "value": 10000},
                     "block_time_ms": {"op": "<=", "value": 1000},

@@ -1,8 +1,9 @@
 """Concurrency sweep: 1 / 8 / 32 sessions at once through one 3-node SmolLM2 circuit on CPU —
 aggregate decode tok/s and p99 inter-token time — one JSON object on stdout, logs on stderr.
 
-    python bench/concurrency.py                       # sessions 1,8,32; 16 new tokens each
-    python bench/concurrency.py --sessions 1,8 --new-tokens 8
+    .venv/bin/python bench/concurrency.py     # sessions 1,8,32; 16 new tokens each
+    .venv/bin/python bench/concurrency.py --sessions 1,8 --new-tokens 8
+    .venv/bin/python bench/concurrency.py --quick  # 2 shards, sessions 1,2 × 4 tokens, no warm-up
 
 Real node processes (started as `planet local up` starts them, via node/server/launcher.py) on
 loopback ports picked free at start, driven by the real CircuitClient (node-to-node forwarding,
@@ -48,7 +49,9 @@ PROMPTS = (
 PORTS = (20800, 21000)
 # The issue's GPU sweep (a Llama-3-8B-shaped model with random weights, bf16 and int4, 4 shards
 # on one GPU): bench/gpu_sweep.py.
-GPU_COMMAND = "python bench/gpu_sweep.py --quants bf16,int8,int4 --sessions 32 --new-tokens 64"
+GPU_COMMAND = (
+    ".venv/bin/python bench/gpu_sweep.py --quants bf16,int8,int4 --sessions 32 --new-tokens 64"
+)
 
 
 async def _session(client: Any, head: Any, ids: list[int], new_tokens: int) -> list[float]:
@@ -110,7 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="default", help="'default' or a local HF directory")
     parser.add_argument("--quant", default="none", help="none, int8 or int4 shards")
     parser.add_argument("--device", default="cpu", help="nodes' device: cpu (default) or cuda")
-    args = parse_with_quick(parser, {"sessions": "1,2", "new_tokens": 4}, argv)
+    parser.add_argument(
+        "--warm-ups", type=int, default=1, help="one 4-token session first, untimed (1)"
+    )
+    # --quick: the smallest circuit that forwards node to node (2 shards), no warm-up
+    args = parse_with_quick(
+        parser, {"sessions": "1,2", "new_tokens": 4, "parts": 2, "warm_ups": 0}, argv
+    )
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
@@ -150,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         wait_healthy(nodes, timeout_s=300)
         head = ClientHead.load(manifest, device="cpu")
         hops = [Hop(url=n.url, shard=n.shard) for n in nodes]
-        asyncio.run(sweep_point(hops, head, 1, 4))  # warm-up
+        for _ in range(args.warm_ups):
+            asyncio.run(sweep_point(hops, head, 1, 4))
         for n in points:
             log.info("%d concurrent sessions x %d tokens", n, args.new_tokens)
             before = _batch_stats(hops)
@@ -183,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             "sessions": points,
             "quick": args.quick,
             "new_tokens_per_session": args.new_tokens,
+            "warm_ups": args.warm_ups,
             "codec": "raw",
             "loadavg_start": load_start,
             "loadavg_end": [round(x, 2) for x in __import__("os").getloadavg()],

@@ -2,10 +2,18 @@
 
 Runs `planet devnet up --detach` in a temporary PLANET_HOME (its models/ links to the real model
 cache, so the prepared model is reused), reads the step times from devnet.json, then measures
-on the running devnet: `planet unstake` → the watchers attest 0 (seconds until the node is not
-routable), and `planet leave` → LEFT. Ends with `planet devnet down`. One JSON object on stdout.
+on the running devnet: an operator's `planet status`, the committee's `/node` query, the block
+interval, `planet unstake` → the watchers attest 0 (seconds until the node is not routable), and
+`planet leave` → LEFT. Ends with `planet devnet down`. One JSON object on stdout.
 
     .venv/bin/python bench/devnet.py [--validators 4] [--nodes 3] [--no-gateway]
+    .venv/bin/python bench/devnet.py --devnet ~/.cache/planet/devnet   # one already running
+
+`--devnet DIR` measures a devnet someone else started (DIR is its state directory, where
+`$PLANET_DEVNET` points, default `$PLANET_HOME/devnet`) and leaves it as it found it: the start-up
+figures are the ones it recorded in devnet.json, then `planet status`, the `/node` query and the
+block interval are measured on it; unstake and leave are not run (they would take nodes out of a
+network others use), so their metrics are null.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import argparse
 import base64
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,7 +30,9 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import machine, parse_with_quick
 
@@ -53,12 +64,125 @@ def seconds_until(condition: Any, timeout_s: float = 120) -> float:
     raise TimeoutError("condition not reached")
 
 
+def height(rpc: str) -> int:
+    with urllib.request.urlopen(f"{rpc}/status", timeout=10) as answer:
+        return int(json.load(answer)["result"]["sync_info"]["latest_block_height"])
+
+
+def startup_metrics(state: dict[str, Any]) -> dict[str, Any]:
+    """The start-up figures devnet.json recorded: the whole and each step."""
+    metrics: dict[str, Any] = {"devnet_up_s": state["startup_s"]}
+    previous = 0.0
+    for name, (_, at) in zip(STEPS, sorted(state["steps_s"].items(), key=lambda x: int(x[0])),
+                             strict=False):  # fmt: skip
+        metrics[f"step_{name}_s"] = round(at - previous, 1)
+        previous = at
+    return metrics
+
+
+def read_only_metrics(env: dict[str, str], state: dict[str, Any]) -> dict[str, Any]:
+    """What can be measured on a running devnet without changing it: an operator's `planet
+    status`, the committee's `/node` query for every joined node, one block interval."""
+    rpc = state["committee_rpc"][0]
+    operators = state["operators"]
+    started = time.monotonic()
+    status = planet(env, "status", "--json", "--home", operators[0],
+                    "--password-file", state["password_file"], timeout=120)  # fmt: skip
+    assert status.returncode == 0, status.stderr[-3000:]
+    assert isinstance(json.loads(status.stdout), dict), status.stdout[-3000:]
+    status_s = time.monotonic() - started
+    query_ms = []
+    for home in operators:
+        key = json.loads((Path(home) / "run" / "joined.json").read_text())["node_key"]
+        started = time.perf_counter()
+        node = query(rpc, "/node", key=key)
+        query_ms.append(1000 * (time.perf_counter() - started))
+        assert node is not None and "routable" in node, node
+    first = height(rpc)
+    seconds_until(lambda: height(rpc) > first, 60)  # the next block starts the interval
+    second = height(rpc)
+    block_s = seconds_until(lambda: height(rpc) > second, 60)
+    return {
+        "status_command_s": round(status_s, 2),
+        "node_query_ms_median": round(statistics.median(query_ms), 2),
+        "block_interval_s": block_s,
+    }
+
+
+def fail(message: str, hint: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    print(f"hint: {hint}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def attached(args: argparse.Namespace) -> dict[str, Any]:
+    """Metrics of the devnet already running in args.devnet, left as it was (module docstring)."""
+    from node.config import DEVNET_ENV, DEVNET_STATE, find_devnet
+    from protocol.errors import ConfigError
+
+    directory = args.devnet.expanduser().resolve()
+    hint = "give the state directory of a running devnet ($PLANET_HOME/devnet), or no --devnet"
+    try:
+        running = find_devnet({DEVNET_ENV: str(directory)})
+    except ConfigError as error:
+        missing = not (directory / DEVNET_STATE).exists()
+        message = f"no {DEVNET_STATE} in {directory}" if missing else error.message
+        fail(f"--devnet: {message}", hint if missing else error.hint or hint)
+    if running is None:
+        fail(f"--devnet: the devnet in {directory} is not up", hint)
+    state = json.loads((directory / DEVNET_STATE).read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_")}
+    env.update({DEVNET_ENV: str(directory), "NO_COLOR": "1"})
+    metrics = startup_metrics(state)
+    metrics["devnet_up_wall_s"] = None  # started by someone else
+    metrics.update(read_only_metrics(env, state))
+    metrics["unstake_to_unroutable_s"] = None  # not run on a devnet others use
+    metrics["leave_command_s"] = None
+    args.validators = len(running.committee_rpc)
+    args.nodes = len(state["operators"])
+    metrics["gateway_started"] = bool(running.gateway_url)
+    return metrics
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--validators", type=int, default=4)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--no-gateway", action="store_true")
+    parser.add_argument(
+        "--devnet",
+        type=Path,
+        metavar="DIR",
+        help="measure the devnet already running in DIR (its state directory) without changing "
+        "it, instead of starting one",
+    )
     args = parse_with_quick(parser, {"validators": 1, "nodes": 3, "no_gateway": True})
+    metrics = attached(args) if args.devnet is not None else standalone(args)
+    print(
+        json.dumps(
+            {
+                "bench": "devnet",
+                "machine": machine(),
+                "config": {
+                    "validators": args.validators,
+                    "nodes": args.nodes,
+                    "gateway": bool(metrics.pop("gateway_started", False)),
+                    "quant": "int8",
+                    "quick": args.quick,
+                    "devnet": "attached: " + str(args.devnet) if args.devnet else "started",
+                },
+                "metrics": metrics,
+                "targets": {"devnet_up_s": {"op": "<=", "value": 180}},
+            }
+        )
+    )
+    return 0
+
+
+def standalone(args: argparse.Namespace) -> dict[str, Any]:
+    """Start a devnet in a temporary home, measure it (module docstring), take it down."""
     from node.model.source import models_dir
 
     home = Path(tempfile.mkdtemp(prefix="bench-devnet-"))
@@ -78,14 +202,10 @@ def main() -> int:
             print(up.stderr[-3000:], file=sys.stderr)
             raise SystemExit(1)
         state = json.loads((home / "devnet" / "devnet.json").read_text())
-        metrics["devnet_up_s"] = state["startup_s"]
+        metrics.update(startup_metrics(state))
         metrics["gateway_started"] = bool(state.get("gateway_url"))
         metrics["devnet_up_wall_s"] = round(wall, 1)
-        previous = 0.0
-        for name, (_, at) in zip(STEPS, sorted(state["steps_s"].items(), key=lambda x: int(x[0])),
-                                 strict=False):  # fmt: skip
-            metrics[f"step_{name}_s"] = round(at - previous, 1)
-            previous = at
+        metrics.update(read_only_metrics(env, state))
         rpc = state["committee_rpc"][0]
         operators = state["operators"]
         key = json.loads((Path(operators[0]) / "run" / "joined.json").read_text())["node_key"]
@@ -105,24 +225,7 @@ def main() -> int:
         metrics["leave_command_s"] = round(time.monotonic() - started, 2)
     finally:
         planet(env, "devnet", "down", timeout=300)
-    print(
-        json.dumps(
-            {
-                "bench": "devnet",
-                "machine": machine(),
-                "config": {
-                    "validators": args.validators,
-                    "nodes": args.nodes,
-                    "gateway": bool(metrics.pop("gateway_started", False)),
-                    "quant": "int8",
-                    "quick": args.quick,
-                },
-                "metrics": metrics,
-                "targets": {"devnet_up_s": {"op": "<=", "value": 180}},
-            }
-        )
-    )
-    return 0
+    return metrics
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@ What the gateway costs per token against the bare circuit client, how it holds 8
 concurrent paid questions, and whether a hostile mix of clients gets anything unpaid — one JSON
 object on stdout, logs on stderr.
 
-    python bench/gateway.py             # 48 tokens × 3 repeats; 8 and 32 concurrent × 32 tokens;
-                                        # hostile mix of 32
-    python bench/gateway.py --quick     # 24 tokens × 2 repeats; 8 concurrent; hostile mix of 12
+    .venv/bin/python bench/gateway.py    # 48 tokens × 3 repeats; 8 and 32 concurrent × 32
+                                         # tokens; hostile mix of 32
+    .venv/bin/python bench/gateway.py --quick    # a smoke run: 4 tokens × 1 repeat, no warm-up;
+                                         # 2 concurrent × 4 tokens; hostile mix of 6
 
 The network is real (harness/gateway_net.py): anvil with the contracts, one CometBFT
 validator with the committee app, one int8 SmolLM2 node per shard (2 shards; so the gateway's
@@ -292,13 +293,14 @@ async def run(net: Any, args: argparse.Namespace) -> dict[str, Any]:
     urls = [node.process.url for node in net.nodes]
     model = net.manifest.model_id
     user = net.account("bench-user", ether=1000)
-    counts = [8] if args.quick else [8, 32]
+    counts = args.concurrency
     keys = [net.pay(user, DEPOSIT)[0] for _ in range(args.repeats + sum(counts))]
     hostile = [net.pay(user, DEPOSIT) for _ in range(args.hostile)]
     log.info("made %d deposits", len(keys) + len(hostile))
     bare, gateway = [], []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
-        await bare_per_token_ms(head, urls, 4)  # warm-up: connections, caches
+        for _ in range(args.warm_ups):  # connections, caches
+            await bare_per_token_ms(head, urls, 4)
         for repeat in range(args.repeats):
             bare.append(await bare_per_token_ms(head, urls, args.tokens))
             ok, _, times, completion = await ask(
@@ -330,6 +332,18 @@ async def run(net: Any, args: argparse.Namespace) -> dict[str, Any]:
     return metrics
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text}"
+        ) from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError("every count must be at least 1")
+    return counts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=48, help="tokens per overhead repeat")
@@ -339,9 +353,28 @@ def main() -> int:
     )
     parser.add_argument("--hostile", type=int, default=32, help="questions in the hostile mix")
     parser.add_argument("--seed", type=int, default=24, help="who hangs up where")
-    args = parse_with_quick(
-        parser, {"tokens": 24, "repeats": 2, "concurrent_tokens": 16, "hostile": 12}
+    parser.add_argument(
+        "--concurrency",
+        type=_counts,
+        default=(8, 32),
+        help="concurrent questions, comma-separated (default 8,32)",
     )
+    parser.add_argument(
+        "--warm-ups", type=int, default=1, help="bare 4-token questions first, untimed (1)"
+    )
+    args = parse_with_quick(
+        parser,
+        {
+            "tokens": 4,
+            "repeats": 1,
+            "concurrent_tokens": 4,
+            "hostile": 6,
+            "concurrency": (2,),
+            "warm_ups": 0,
+        },
+    )
+    if args.tokens < 2 or args.repeats < 1 or args.hostile < 0:
+        parser.error("--tokens must be at least 2, --repeats at least 1, --hostile at least 0")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -354,7 +387,7 @@ def main() -> int:
             metrics = asyncio.run(run(net, args))
         finally:
             net.close()
-    counts = [8] if args.quick else [8, 32]
+    counts = list(args.concurrency)
     targets: dict[str, Any] = {
         "gateway_overhead_per_token": {"op": "<=", "value": 0.05},
         "hostile_mix_tokens_delivered_minus_charged": {"op": "==", "value": 0},
@@ -374,6 +407,8 @@ def main() -> int:
                     "transport": "circuit (node-to-node WebSocket forwarding), bare and gateway",
                     "tokens": args.tokens,
                     "repeats": args.repeats,
+                    "warm_ups": args.warm_ups,
+                    "quick": args.quick,
                     "concurrent_tokens": args.concurrent_tokens,
                     "concurrency": counts,
                     "hostile_mix": {

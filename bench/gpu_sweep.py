@@ -1,10 +1,10 @@
 """GPU sweep: a Llama-3-8B-shaped model with random weights (no download), bf16 and int4, as 4
 shards on one GPU against the monolithic model — one JSON object on stdout, logs on stderr.
 
-    python bench/gpu_sweep.py                     # on a CUDA machine: the issue's figures
-                                                  # (without a usable GPU: the tiny shape)
-    python bench/gpu_sweep.py --tiny              # a tiny Llama, on whatever device (CI, CPU)
-    python bench/gpu_sweep.py --quants bf16,int8,int4 --sessions 32 --new-tokens 64
+    .venv/bin/python bench/gpu_sweep.py         # on a CUDA machine: the issue's figures
+                                                # (without a usable GPU: the tiny shape)
+    .venv/bin/python bench/gpu_sweep.py --tiny  # a tiny Llama, on whatever device (CI, CPU)
+    .venv/bin/python bench/gpu_sweep.py --quants bf16,int8,int4 --sessions 32 --new-tokens 64
 
 Per quant, in one process and interleaved with the monolithic reference:
 - single session: greedy decode tok/s of the monolithic model (one forward per token over all
@@ -57,7 +57,7 @@ TINY = {
     "max_position_embeddings": 512,
     "rope_theta": 500000.0,
 }
-COMMAND = "python bench/gpu_sweep.py"
+COMMAND = ".venv/bin/python bench/gpu_sweep.py"
 
 
 def build_model(shape: dict[str, Any], device: Any, dtype: Any, seed: int) -> Any:

@@ -17,6 +17,7 @@ The paid run uses `planet ask --credits`'s path (`ReplicaCircuits(credits=…)`,
 - `credits_per_question`: what one question cost (both nodes).
 
     .venv/bin/python bench/paid_circuit.py          # ~1 min
+    .venv/bin/python bench/paid_circuit.py --quick  # 4 tokens, one question each way, no warm-up
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     free, paid, spent = [], [], []
     try:
         async with aiohttp.ClientSession() as http:
-            await _question(http, free_hops, plan, head, ids, args.tokens, None)  # warm up
+            for _ in range(args.warm_ups):
+                await _question(http, free_hops, plan, head, ids, args.tokens, None)
             for _ in range(args.repeats):
                 tok_s, _ = await _question(http, free_hops, plan, head, ids, args.tokens, None)
                 free.append(tok_s)
@@ -167,6 +169,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "prompt_tokens": len(ids),
             "max_new_tokens": args.tokens,
             "repeats": args.repeats,
+            "warm_ups": args.warm_ups,
+            "quick": args.quick,
         },
         "metrics": {
             "decode_tok_s_free": round(median(free), 1),
@@ -187,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--positions", type=int, default=64, help="positions per credit (64)")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per question (64)")
     parser.add_argument("--repeats", type=int, default=5, help="questions each way (5)")
-    args = parse_with_quick(parser, {"tokens": 16, "repeats": 2}, argv)
+    parser.add_argument("--warm-ups", type=int, default=1, help="free questions first, untimed (1)")
+    args = parse_with_quick(parser, {"tokens": 4, "repeats": 1, "warm_ups": 0}, argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     print(json.dumps(asyncio.run(run(args))))
     return 0

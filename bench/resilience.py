@@ -39,6 +39,8 @@ from typing import Any
 
 import aiohttp
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from bench._common import machine, parse_with_quick
 from harness.gateway_net import prepared_manifest
 from harness.replica_net import ReplicaNet, chunked_model

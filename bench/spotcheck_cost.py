@@ -11,7 +11,7 @@ A FAILED finding is forwarded by its finder to each peer verifier (node/verifier
 peer's GET from the finder's findings server over real loopback HTTP (PeerFindings, sealing
 included on the first fetch of each peer).
 
-    python bench/spotcheck_cost.py [--repeats 5]
+    .venv/bin/python bench/spotcheck_cost.py [--repeats 5]
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def main() -> None:
                     "loadavg_start": load_start,
                 },
                 "metrics": {
-                    "outcome": result.outcome.value,
+                    "outcome_passed": int(result.outcome.value == "passed"),  # 1: the check passed
                     "ticket_bytes": len(plain),
                     "sealed_ticket_bytes": len(sealed),
                     "node_ticket_build_seal_ms": round(statistics.median(build) * 1000, 2),

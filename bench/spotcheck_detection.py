@@ -15,10 +15,15 @@ Two parts, both on the real protocol code:
    deterministic (same inputs, same recomputation), so each measured block's outcome is reused
    for the triples mapped to it instead of recomputing it every run.
 
-    python bench/spotcheck_detection.py [--runs 2000] [--sequences 4] [--out table.json]
+    .venv/bin/python bench/spotcheck_detection.py [--runs 2000] [--sequences 4] [--out table.json]
 
-Prints one JSON object (BENCHMARKS.md); `metrics.table` lists per (p, n): runs, caught,
-detection rate, expected 1 − (1 − p)^n and the 95 % interval of a binomial with that mean.
+Prints one JSON object (BENCHMARKS.md): flat metrics (`detection_rate_<node>_p<ppm>_n<n>`, its
+`expected_…`, blocks checked and failed per node, false positives per honest node) and, beside
+them, `table`: per (node, p, n) runs, caught, detection rate, expected 1 − (1 − p)^n and the 95 %
+interval of a binomial with that mean.
+
+`--quick` (a smoke run): one 64-token text, the fp32 nodes only (noisy every 4th and 32nd,
+honest), 20 runs per cell.
 """
 
 from __future__ import annotations
@@ -138,17 +143,20 @@ def simulate(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2000, help="runs per (p, n) cell")
-    parser.add_argument("--sequences", type=int, default=4, help="132-token texts served")
+    parser.add_argument("--sequences", type=int, default=4, help="texts served (4)")
+    parser.add_argument(
+        "--answer-tokens", type=int, default=100, help="tokens served after a 32-token prompt"
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
-    args = parse_with_quick(parser, {"runs": 50, "sequences": 1})
+    args = parse_with_quick(parser, {"runs": 20, "sequences": 1, "answer_tokens": 32})
     torch.set_num_threads(1)
     load_start = list(os.getloadavg())
     t0 = time.perf_counter()
     fp32 = load_circuit("none")
-    int8 = load_circuit("int8")
-    int4 = load_circuit("int4")
     head = fp32.head
-    texts = text_challenges(head, heldout_text(), count=args.sequences)
+    texts = text_challenges(
+        head, heldout_text(), count=args.sequences, continuation_tokens=args.answer_tokens
+    )
     c = cheats.CHEAT
     nodes = {
         "noisy_every_4th": (cheats.NoisyShard(fp32.shards[1], 0.1, 4, 7, confirm=c), fp32, "none"),
@@ -163,9 +171,13 @@ def main() -> None:
             "none",
         ),
         "honest_fp32": (fp32.shards[1], fp32, "none"),
-        "honest_int8": (int8.shards[1], int8, "int8"),
-        "honest_int4": (int4.shards[1], int4, "int4"),
     }
+    if args.quick:
+        del nodes["noisy_every_16th"]
+    else:
+        int8, int4 = load_circuit("int8"), load_circuit("int4")
+        nodes["honest_int8"] = (int8.shards[1], int8, "int8")
+        nodes["honest_int4"] = (int4.shards[1], int4, "int4")
     measured: dict[str, list[Outcome]] = {name: [] for name in nodes}
     block_rule: dict[str, list[bool]] = {name: [] for name in nodes}
     with torch.inference_mode():
@@ -201,8 +213,20 @@ def main() -> None:
     ]
     false_positives = {
         name: simulate(measured[name], 50_000, 100, args.runs, name)["caught"]
-        for name in ("honest_fp32", "honest_int8", "honest_int4")
+        for name in nodes
+        if name.startswith("honest_")
     }
+    flat: dict[str, Any] = {}
+    for name, counts in per_node.items():
+        flat[f"blocks_checked_{name}"] = counts["blocks"]
+        flat[f"blocks_failed_{name}"] = counts["failed"]
+        flat[f"blocks_failed_by_block_rule_alone_{name}"] = counts["failed_by_block_rule_alone"]
+    for row in table:
+        cell = f"{row['node']}_p{round(row['p'] * 1e6)}_n{row['n']}"
+        flat[f"detection_rate_{cell}"] = row["rate"]
+        flat[f"expected_detection_rate_{cell}"] = row["expected"]
+    for name, caught in false_positives.items():
+        flat[f"false_positive_runs_p5_n100_{name}"] = caught
     result = {
         "bench": "spotcheck_detection",
         "machine": machine(),
@@ -212,15 +236,15 @@ def main() -> None:
             "checked_shard": 1,
             "noise": "10 % of the position's RMS on every k-th position",
             "sequences": args.sequences,
+            "answer_tokens": args.answer_tokens,
+            "nodes": list(nodes),
             "runs_per_cell": args.runs,
             "quick": args.quick,
-            "command": "python bench/spotcheck_detection.py " + " ".join(sys.argv[1:]),
+            "command": ".venv/bin/python bench/spotcheck_detection.py " + " ".join(sys.argv[1:]),
             "loadavg_start": load_start,
         },
         "metrics": {
-            "blocks_checked_for_real": per_node,
-            "table": table,
-            "false_positive_runs_p5_n100": false_positives,
+            **flat,
             "cells_within_95pct": sum(row["within95"] for row in table),
             "cells": len(table),
             "sum_z2": round(sum(z2), 1),
@@ -230,6 +254,7 @@ def main() -> None:
             "loadavg_end": list(os.getloadavg()),
         },
         "targets": {"detection_rate": {"op": "~=", "value": "1 - (1 - p)^n"}},
+        "table": table,
     }
     text = json.dumps(result, indent=1)
     if args.out:

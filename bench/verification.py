@@ -2,8 +2,13 @@
 fingerprint size, spot-check cost, and a node's cost of fingerprinting — one JSON object on
 stdout, logs on stderr.
 
-    python bench/verification.py            # 3 repeats
-    python bench/verification.py --quick    # 1 repeat
+    .venv/bin/python bench/verification.py            # 3 repeats
+    .venv/bin/python bench/verification.py --quick    # a smoke run: 16-token answer, 64 served
+                                                      # positions, 1 repeat, no warm-up; fp32
+                                                      # stands in for int8 in the sampled check
+                                                      # (honest and one layer skipped, 8
+                                                      # tokens) and the epoch (1 challenge, 1
+                                                      # node)
 
 One challenge = a 32-token natural prompt + a 100-token answer (held-out text), SmolLM2-135M,
 3 fp32 shards in this process (no HTTP: both methods would pay the same hops per request, so
@@ -83,7 +88,16 @@ def one_pass(circuit, challenge) -> tuple[float, float, float]:
     return ended - started, ended - middle, time.process_time() - cpu
 
 
-def per_token(circuit, challenge, full: bool) -> tuple[float, float]:
+def sampled_steps(count: int, sample: int = PER_TOKEN_SAMPLE) -> list[int]:
+    """The answer prefixes timed of `count`, about `sample` of them evenly spread (i = 5, 15,
+    …, 95 of 100: their lengths average the same as all of them)."""
+    stride = max(1, count // sample)
+    return list(range(min(5, count - 1), count, stride))
+
+
+def per_token(
+    circuit, challenge, full: bool, sample: int = PER_TOKEN_SAMPLE
+) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one verification the per-token way (sampled requests
     scaled to all of them unless `full`)."""
     from node.verifier.measure import run_prefill
@@ -92,7 +106,7 @@ def per_token(circuit, challenge, full: bool) -> tuple[float, float]:
     prompt = list(challenge.prompt_ids)
     answer = list(challenge.continuation_ids)
     count = len(answer)
-    steps = list(range(count)) if full else list(range(5, count, count // PER_TOKEN_SAMPLE))
+    steps = list(range(count)) if full else sampled_steps(count, sample)
     cpu = time.process_time()
     started = time.perf_counter()
     for i in steps:
@@ -201,7 +215,13 @@ def sampled_detection(reference, served: dict, prompts, tokens: int) -> dict[str
 
 
 @torch.inference_mode()
-def verifier_cpu_per_epoch(reference, challenges) -> dict[str, float]:
+def verifier_cpu_per_epoch(
+    reference,
+    challenges,
+    count: int = EPOCH_CHALLENGES,
+    nodes: int = EPOCH_NODES,
+    window: tuple[int, int] = (32, 64),
+) -> dict[str, float]:
     """CPU seconds of one verifier's epoch (module docstring), by part."""
     from node.client.sampling import SamplingConfig
     from node.verifier.challenges import generated_text, text_length
@@ -220,13 +240,13 @@ def verifier_cpu_per_epoch(reference, challenges) -> dict[str, float]:
         action()
         return time.process_time() - started
 
-    length = text_length(EPOCH_CHALLENGES, 32, 64)
+    length = text_length(count, *window)
     text_s = cpu(lambda: generated_text(Model, b"\x05" * 32, 1, length))
     head, shards = reference.head, reference.shards
     echo_s = cpu(
         lambda: [
             head.all_logits(run_prefill(shards, head.embed(list(c.ids[:96]))))
-            for c in challenges[:EPOCH_CHALLENGES]
+            for c in challenges[:count]
         ]
     )
     ids = list(challenges[0].ids[:64])
@@ -241,8 +261,7 @@ def verifier_cpu_per_epoch(reference, challenges) -> dict[str, float]:
     hidden = torch.randn(1, 128, head.hidden_size)
     spot_s = cpu(
         lambda: [
-            middle.forward(hidden, torch.arange(128), middle.new_cache())
-            for _ in range(EPOCH_NODES)
+            middle.forward(hidden, torch.arange(128), middle.new_cache()) for _ in range(nodes)
         ]
     )
     return {
@@ -254,16 +273,18 @@ def verifier_cpu_per_epoch(reference, challenges) -> dict[str, float]:
     }
 
 
-def sampled_and_epoch(args: argparse.Namespace, challenges) -> dict[str, float]:
-    """The sampled-detection table and the verifier's CPU per epoch, on the int8 model."""
+def sampled_and_epoch(args: argparse.Namespace, challenges, registered) -> dict[str, float]:
+    """The sampled-detection table and the verifier's CPU per epoch, on the registered model
+    (int8; --quick: the fp32 circuit already loaded, the honest and the skipping circuit only,
+    one challenge and one node per epoch)."""
     from node.model.evaluate import heldout_text
     from node.verifier import cheats
     from node.verifier.measure import load_circuit
 
-    registered = load_circuit("int8")
+    honest = "honest_fp32" if args.quick else "honest_int8"
     served = {
-        "honest_int8": registered.shards,
-        "int4_for_int8": load_circuit("int4").shards,
+        honest: registered.shards,
+        **({} if args.quick else {"int4_for_int8": load_circuit("int4").shards}),
         "skip_one_layer": [
             registered.shards[0],
             cheats.drop_layer(registered.shards[1], 5, confirm=cheats.CHEAT),
@@ -276,12 +297,15 @@ def sampled_and_epoch(args: argparse.Namespace, challenges) -> dict[str, float]:
         ],
     }
     if args.quick:
-        served = {k: served[k] for k in ("honest_int8", "skip_one_layer")}
+        del served["noise_every_4th"]
     ids = registered.head.encode(heldout_text())
     step = max(1, (len(ids) - 32) // max(1, args.sampled_runs))
     prompts = [tuple(ids[i * step : i * step + 32]) for i in range(args.sampled_runs)]
     metrics = sampled_detection(registered, served, prompts, args.sampled_tokens)
-    metrics.update(verifier_cpu_per_epoch(registered, challenges))
+    if args.quick:  # one challenge of a 16-token text, one node
+        metrics.update(verifier_cpu_per_epoch(registered, challenges, 1, 1, (8, 8)))
+    else:
+        metrics.update(verifier_cpu_per_epoch(registered, challenges))
     return metrics
 
 
@@ -293,8 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampled-runs", type=int, default=6, help="prompts per circuit")
     parser.add_argument("--sampled-tokens", type=int, default=128, help="tokens per answer")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.sampled_runs, args.sampled_tokens = 1, 16
+    # the challenge's answer, the positions a node serves for the spot check (blocks of 32;
+    # the last one is recomputed; from the long challenge), untimed warm-ups, per-token
+    # requests timed
+    args.answer_tokens, args.served_positions, args.warm_ups = 100, 128, 1
+    args.per_token_sample = PER_TOKEN_SAMPLE
+    if args.quick:  # the fp32 circuit stands in for the registered int8 one: loaded once
+        args.sampled_runs, args.sampled_tokens = 1, 8
+        args.answer_tokens, args.served_positions, args.warm_ups = 16, 64, 0
+        args.per_token_sample = 3
     if args.sampled_runs < 1 or args.sampled_tokens < 1:
         parser.error("--sampled-runs and --sampled-tokens must be at least 1")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
@@ -306,8 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     from node.verifier.measure import load_circuit, text_challenges
 
     circuit = load_circuit("none")
-    challenges = text_challenges(circuit.head, heldout_text(), count=max(2, repeats))
-    one_pass(circuit, challenges[0])  # warm-up (first forwards initialise lazily): not timed
+    answer = args.answer_tokens
+    challenges = text_challenges(
+        circuit.head, heldout_text(), count=max(2, repeats), continuation_tokens=answer
+    )
+    for _ in range(args.warm_ups):  # first forwards initialise lazily: not timed
+        one_pass(circuit, challenges[0])
     one, per, verifier_side, one_cpu, per_cpu = [], [], [], [], []
     for index in range(repeats):
         challenge = challenges[index]
@@ -315,16 +350,19 @@ def main(argv: list[str] | None = None) -> int:
         one.append(total)
         verifier_side.append(own)
         one_cpu.append(cpu)
-        wall, cpu = per_token(circuit, challenge, args.full_per_token)
+        wall, cpu = per_token(circuit, challenge, args.full_per_token, args.per_token_sample)
         per.append(wall)
         per_cpu.append(cpu)
         log.info("repeat %d: one pass %.2f s, per token %.2f s", index + 1, one[-1], per[-1])
-    spot = [serving_and_spot_check(circuit, list(challenges[0].ids[:128])) for _ in range(repeats)]
-    long = text_challenges(circuit.head, heldout_text(), count=1, continuation_tokens=200)[0]
+    long = text_challenges(circuit.head, heldout_text(), count=1, continuation_tokens=2 * answer)[0]
+    served_ids = list(long.ids[: args.served_positions])
+    spot = [serving_and_spot_check(circuit, served_ids) for _ in range(repeats)]
     long_one, _, _ = one_pass(circuit, long)
-    long_per, _ = per_token(circuit, long, args.full_per_token)
-    del circuit  # the fp32 circuit: the rest runs on the registered int8 model and its cheats
-    extra = sampled_and_epoch(args, challenges)
+    long_per, _ = per_token(circuit, long, args.full_per_token, args.per_token_sample)
+    if not args.quick:
+        del circuit  # the fp32 circuit: the rest runs on the registered int8 model and its cheats
+        circuit = load_circuit("int8")
+    extra = sampled_and_epoch(args, challenges, circuit)
     one_s, per_s = median(one), median(per)
     decode_ms = median([s["decode_ms_per_position"] for s in spot])
     fingerprint_ms = median([s["fingerprint_ms_per_position"] for s in spot])
@@ -359,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_one_pass_vs_per_token_answer_200": round(long_per / long_one, 1),
         **extra,
     }
+    n = args.served_positions
     body = {
         "bench": "verification",
         "machine": machine(),
@@ -366,17 +405,25 @@ def main(argv: list[str] | None = None) -> int:
             "model": "smollm2-135m",
             "shards": 3,
             "quant": "none",
+            "quick": args.quick,
             "prompt_tokens": 32,
-            "answer_tokens": 100,
+            "answer_tokens": answer,
+            "answer_tokens_long": 2 * answer,  # ratio_one_pass_vs_per_token_answer_200
+            "served_positions": args.served_positions,
+            "warm_ups": args.warm_ups,
             "repeats": repeats,
-            "per_token_requests_timed": 100 if args.full_per_token else PER_TOKEN_SAMPLE,
+            "per_token_requests_timed": answer
+            if args.full_per_token
+            else len(sampled_steps(answer, args.per_token_sample)),
             "spot_check_rate": SPOT_CHECK_RATE,
-            "spot_check": "middle shard (10 layers), block [96, 128) recomputed by one "
-            "128-position prefill",
+            "spot_check": f"middle shard (10 layers), block [{n - 32}, {n}) recomputed by one "
+            f"{n}-position prefill",
             "shared_box": "2 CPU cores shared with ~5 engineers running tests and devnets",
             "sampled_runs": args.sampled_runs,
             "sampled_tokens": args.sampled_tokens,
-            "sampled_registered": "int8",
+            "sampled_registered": "none (fp32)" if args.quick else "int8",
+            "epoch_challenges_nodes": [1, 1] if args.quick else [EPOCH_CHALLENGES, EPOCH_NODES],
+            "epoch_text_window": [8, 8] if args.quick else [32, 64],
             "load_average_start": round(load_start, 2),
             "load_average_end": round(os.getloadavg()[0], 2),
         },
