@@ -79,6 +79,15 @@ def accepts_price(min_positions: int) -> Callable[[int], bool]:
     return lambda price: price == 0 or price >= min_positions
 
 
+def split(credits: list[Credit], owed: list[int]) -> list[list[Credit]]:
+    """`credits` cut into consecutive runs of `owed[i]` each (one run per hop)."""
+    out, at = [], 0
+    for count in owed:
+        out.append(credits[at : at + count])
+        at += count
+    return out
+
+
 @dataclass
 class CreditPayer:
     """The wallet credits come from, and each charging node's price (positions per credit)."""
@@ -116,11 +125,7 @@ class CreditPayer:
         except ProtocolError:
             raise OutOfCreditsError(needed, self.wallet.count()) from None
         self.spent += needed
-        out, at = [], 0
-        for count in owed:
-            out.append(credits[at : at + count])
-            at += count
-        return out
+        return split(credits, owed)
 
     def paid(self, sid: int, index: int, url: str, credit: Credit) -> None:
         key, price = (sid, index), self.price(url)
