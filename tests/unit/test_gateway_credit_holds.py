@@ -23,11 +23,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-import node.gateway.app as gateway_app
 from node.gateway.app import create_app
 from node.gateway.credit_holds import circuit_credits, session_positions
 from tests.unit.gateway_credit_fakes import fail_pass, paid_gateway
-from tests.unit.gateway_fakes import CHAT, FakeEscrow, RawClient, Script, ScriptedGeneration
+from tests.unit.gateway_fakes import CHAT, FakeEscrow, RawClient, Script
 from tests.unit.test_gateway_hangups import deposit, settled, stream_body
 
 pytestmark = pytest.mark.unit
@@ -118,14 +117,9 @@ async def test_a_question_the_wallet_cannot_cover_is_refused_before_any_node_is_
         assert status == 503 and body["error"]["code"] == "gateway_out_of_credits"
         assert "nothing was charged" in body["error"]["message"]
         assert env.nodes.credits == 0 and env.nodes.frames == 0  # nothing sent to any node
-        assert env.gateway.desk.receipt(query) is None
-        assert (await env.gateway.desk.reserve(gateway_app.parse_bearer(_key(env)), 1)) is not None
+        assert env.gateway.desk.receipt(query) is None  # released: the proof pays another
+        assert env.gateway.desk.in_flight() == (0, 0)
         env.balanced()
-
-
-def _key(env: Env) -> str:
-    key, _ = deposit(env.escrow)
-    return key
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -265,6 +259,23 @@ async def test_credits_gone_from_under_a_hold_still_leave_no_free_answer(
         env.balanced(taken_elsewhere=gone)
 
 
-def test_the_scripted_generation_takes_the_credit_hold() -> None:
-    """(The other gateway tests' stand-in accepts the new option.)"""
-    ScriptedGeneration(None, None, None, [1], max_tokens=1, credits=None)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_failover_during_the_prompt_charges_the_prompt_the_nodes_were_paid_for(
+    aiohttp_server, tmp_path: Path, stream: bool
+) -> None:
+    """The first circuit fails before its first token (its nodes were paid for the prompt: 2
+    credits); the replacement needs 2 more than the question still holds and 1 is unheld: a
+    503 that charges the prompt, with nothing to hand over — never a release."""
+    async with Env(aiohttp_server, tmp_path, COST + 1) as env:
+        env.script.fail(fail_pass())
+        client, query = await env.ask(stream)
+        status, body = await answer(client)
+        assert status == 503 and body["error"]["code"] == "gateway_out_of_credits"
+        assert body["planet_partial"] == {"text": "", "completion_tokens": 0}
+        receipt = env.gateway.desk.receipt(query)
+        assert receipt is not None and receipt["completion_tokens"] == 0
+        assert body["planet_receipt"] == receipt
+        await settled(env.gateway)
+        assert env.nodes.credits == 2
+        env.paid_only_if_charged(query)
+        env.balanced()
