@@ -2,13 +2,16 @@
 signatures for a mint (its local key; no other validator's answer is the same).
 
 /credit_keys        ?epoch           the epoch's credit keys: [{validator, key (DER hex), power}],
-                                     total_power (default: the current epoch)
+                                     total_power (default: the current epoch); the credits'
+                                     lifetime_epochs, epoch_length and committed_height (the
+                                     chain's time: what a node checks a credit's window against)
 /mints              ?id              one mint record (NOT_FOUND when absent)
                     ?pending=true    the mints waiting for ≥ 2/3 of the power to vouch for them
                     ?payer           a payer's retained mints (funded or not), oldest first
-/credit_spent       ?id              {id, height}: the height whose block redeemed the credit whose
-                                     spent id (protocol.credits.spent_id) this is, or null —
-                                     what a node asks before it takes a credit as pay
+/credit_spent       ?id              {id, height, committed_height}: the height whose block
+                                     redeemed the credit whose spent id (protocol.credits.spent_id)
+                                     this is, or null, and the latest committed height — what a
+                                     node asks before it takes a credit as pay
 /credit_signatures  ?mint            this validator's blind signatures over the mint's messages
                                      for it: {mint, epoch, signatures: {validator address:
                                      [hex, ...]}} (empty when it holds no key the mint names;
@@ -73,6 +76,9 @@ def _credit_keys(state: State, params: dict[str, Any]) -> Any:
         "keys": keys,
         "total_power": state.total_power,
         "lifetime_epochs": state.genesis.credit_lifetime_epochs,
+        # the chain's time, for a node that takes a credit (protocol/credits.py `takeable`)
+        "committed_height": state.height,
+        "epoch_length": state.genesis.epoch_length,
     }
 
 
@@ -93,7 +99,11 @@ def _credit_spent(state: State, params: dict[str, Any]) -> Any:
     identifier = str_param(params, "id", _SPENT_ID)
     if identifier is None:
         raise QueryError(Code.BAD_QUERY, "id (64 lowercase hex, a credit's spent id) is required")
-    return {"id": identifier, "height": state.committed(schema.CREDIT_SPENT, identifier)}
+    return {
+        "id": identifier,
+        "height": state.committed(schema.CREDIT_SPENT, identifier),
+        "committed_height": state.height,  # the latest block this answer is true at
+    }
 
 
 def _mints(state: State, params: dict[str, Any]) -> Any:

@@ -167,6 +167,87 @@ def redeemable(credit_epoch: int, current: int, lifetime: int) -> bool:
     return current - lifetime <= credit_epoch <= current
 
 
+# a node's default redemption delay in blocks (`planet node serve --credit-margin-blocks`): it
+# takes a credit only while the chain will still redeem it this many blocks on (`takeable`)
+NODE_MARGIN_BLOCKS = 60
+# a paying client drops credits nodes may refuse soon: twice the nodes' default margin, so one
+# read of the chain's height serves its next checks (node/client/paying.py `CreditExpiry`)
+CLIENT_MARGIN_BLOCKS = 2 * NODE_MARGIN_BLOCKS
+MAX_EPOCH_LENGTH = 1 << 20  # blocks per epoch a /credit_keys answer may state
+MAX_HEIGHT = (1 << 63) - 1
+
+
+class CreditExpiringError(ProtocolError):
+    """A credit whose redemption window ends too soon after the chain's latest height for the
+    node that was shown it to redeem it in time (`takeable`)."""
+
+    code = "credit_expiring"
+    http_status = 402
+
+
+@dataclass(frozen=True, slots=True)
+class ChainClock:
+    """The committee's time as one validator reports it: its latest committed height, the
+    blocks per epoch and the credits' lifetime in epochs (a `/credit_keys` answer)."""
+
+    height: int
+    epoch_length: int
+    lifetime: int
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next block (the one a tx sent now lands in at the earliest)."""
+        return epoch_at(self.height + 1, self.epoch_length)
+
+
+def epoch_at(height: int, epoch_length: int) -> int:
+    """The epoch of a block height: heights (e−1)·L+1 … e·L are epoch e (abci_app/rules.py)."""
+    return max(1, (height - 1) // epoch_length + 1)
+
+
+def window_end(credit_epoch: int, lifetime: int, epoch_length: int) -> int:
+    """The last height whose block still redeems a credit of `credit_epoch`: the last block of
+    epoch e + lifetime (the chain redeems in a block of epoch c only when e ≤ c ≤ e + lifetime)."""
+    return (credit_epoch + lifetime) * epoch_length
+
+
+def takeable(credit_epoch: int, clock: ChainClock, margin_blocks: int) -> bool:
+    """Whether a node takes a credit as pay at `clock.height`: the chain redeems credits of its
+    epoch already (e ≤ the next block's epoch) and still will `margin_blocks` blocks after the
+    latest committed one (h + M ≤ window_end). M is the node's redemption delay in blocks: a
+    credit taken is then redeemable whenever the node redeems it within M blocks. Integers only."""
+    if credit_epoch > clock.epoch:
+        return False
+    return clock.height + margin_blocks <= window_end(
+        credit_epoch, clock.lifetime, clock.epoch_length
+    )
+
+
+def oldest_takeable_epoch(clock: ChainClock, margin_blocks: int) -> int:
+    """The oldest credit epoch `takeable` at `clock` with `margin_blocks`:
+    e ≥ ⌈(h + M) / L⌉ − lifetime."""
+    return -(-(clock.height + margin_blocks) // clock.epoch_length) - clock.lifetime
+
+
+def committed_height_from_query(answer: Mapping[str, Any], path: str) -> int:
+    """The validator's latest committed height in a `/credit_keys` or `/credit_spent` answer
+    (ProtocolError, by name, when it is missing or not a height: a validator from before it)."""
+    height = answer.get("committed_height")
+    if not is_int(height, 0, MAX_HEIGHT):
+        raise ProtocolError(f"{path}: committed_height {height!a} is not a block height")
+    return height
+
+
+def clock_from_query(answer: Mapping[str, Any]) -> ChainClock:
+    """The typed `ChainClock` of a `/credit_keys` answer (ProtocolError, by name, on an answer
+    without a valid height, epoch length or lifetime)."""
+    length = answer.get("epoch_length")
+    if not is_int(length, 1, MAX_EPOCH_LENGTH):
+        raise ProtocolError(f"/credit_keys: epoch_length {length!a} is not 1 … {MAX_EPOCH_LENGTH}")
+    height = committed_height_from_query(answer, "/credit_keys")
+    return ChainClock(height, length, lifetime_from_query(answer))
+
+
 def check_credit(keys: EpochKeys, credit: Credit) -> None:
     """Raise CreditInvalidError unless every listed signature verifies under its validator's key
     of `credit.epoch` and the signers hold ≥ 2/3 of the total power. Deterministic."""

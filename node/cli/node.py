@@ -179,6 +179,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "credit before the session is refused payment_required (default 5)",
     )
     serve.add_argument(
+        "--credit-margin-blocks",
+        type=int,
+        default=60,
+        metavar="BLOCKS",
+        help="with --credit-positions: take a credit only while the chain will still redeem it "
+        "this many blocks after its latest one (the agent's redemption delay; default 60); a "
+        "credit closer to its window's end is refused credit_expiring",
+    )
+    serve.add_argument(
         "--credits-dir",
         type=Path,
         metavar="DIR",
@@ -367,5 +376,6 @@ def server_config(args: argparse.Namespace) -> tuple[ServerConfig, object | None
         credit_positions=args.credit_positions,
         credits_dir=args.credits_dir,
         pay_wait_s=args.pay_wait,
+        credit_margin_blocks=args.credit_margin_blocks,
     ).validate()
     return config, node_key

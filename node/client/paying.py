@@ -28,7 +28,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.client.credit_wallet import CreditWallet
-from protocol.credits import Credit, lifetime_from_query, spent_id
+from protocol.credits import (
+    CLIENT_MARGIN_BLOCKS,
+    NODE_MARGIN_BLOCKS,
+    Credit,
+    clock_from_query,
+    lifetime_from_query,
+    oldest_takeable_epoch,
+    spent_id,
+)
 from protocol.errors import PlanetError, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -71,6 +79,15 @@ def accepts_price(min_positions: int) -> Callable[[int], bool]:
     return lambda price: price == 0 or price >= min_positions
 
 
+def split(credits: list[Credit], owed: list[int]) -> list[list[Credit]]:
+    """`credits` cut into consecutive runs of `owed[i]` each (one run per hop)."""
+    out, at = [], 0
+    for count in owed:
+        out.append(credits[at : at + count])
+        at += count
+    return out
+
+
 @dataclass
 class CreditPayer:
     """The wallet credits come from, and each charging node's price (positions per credit)."""
@@ -108,11 +125,7 @@ class CreditPayer:
         except ProtocolError:
             raise OutOfCreditsError(needed, self.wallet.count()) from None
         self.spent += needed
-        out, at = [], 0
-        for count in owed:
-            out.append(credits[at : at + count])
-            at += count
-        return out
+        return split(credits, owed)
 
     def paid(self, sid: int, index: int, url: str, credit: Credit) -> None:
         key, price = (sid, index), self.price(url)
@@ -154,13 +167,17 @@ EXPIRY_CHECK_S = 30.0  # how often a long-running client looks for credits past 
 
 @dataclass
 class CreditExpiry:
-    """Keeps credits the chain no longer redeems out of the wallet (a node refuses them by
-    name, which would cost the client a failed pay): the committee's current epoch and the
-    credits' lifetime (`/credit_keys`), read at most every `every_s`."""
+    """Keeps credits the chain no longer redeems, or soon will not, out of the wallet (a node
+    refuses them by name, which would cost the client a failed pay): the committee's current
+    epoch, height, epoch length and the credits' lifetime (`/credit_keys`), read at most every
+    `every_s`; a credit whose window ends within `margin` blocks goes."""
 
     wallet: CreditWallet
     query: Callable[[str], Awaitable[Any]]  # a committee ABCI query: path → answer
     every_s: float = EXPIRY_CHECK_S
+    # blocks before a credit's window ends from which it counts as gone: the nodes refuse it
+    # from NODE_MARGIN_BLOCKS on (`credit_expiring`), and this check runs every `every_s`
+    margin: int = CLIENT_MARGIN_BLOCKS
     dropped: int = 0
     _checked_at: float = float("-inf")
 
@@ -170,16 +187,21 @@ class CreditExpiry:
             return 0
         answer = await self.query("/credit_keys")
         current, lifetime = int(answer["epoch"]), lifetime_from_query(answer)
+        oldest = current - lifetime
+        if "committed_height" in answer:  # the chain's time: what the nodes check against
+            oldest = max(oldest, oldest_takeable_epoch(clock_from_query(answer), self.margin))
         self._checked_at = time.monotonic()
-        gone = self.wallet.drop_expired(current - lifetime)
+        gone = self.wallet.drop_expired(oldest)
         if gone:
             self.dropped += gone
             log.warning(
-                "dropped %d credits minted before epoch %d: the chain no longer redeems them "
-                "(credits are good for %d epochs after their mint's)",
+                "dropped %d credits minted before epoch %d: the chain no longer redeems them, "
+                "or not for long enough that a node takes them (credits are good for %d epochs "
+                "after their mint's; a node takes one only %d+ blocks before its window ends)",
                 gone,
-                current - lifetime,
+                oldest,
                 lifetime,
+                NODE_MARGIN_BLOCKS,
             )
         return gone
 

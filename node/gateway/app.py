@@ -39,7 +39,8 @@ from node.client.types import Head
 from node.gateway import sse
 from node.gateway.circuits import CircuitPool
 from node.gateway.config import GatewayConfig
-from node.gateway.credit_payer import GatewayOutOfCredits
+from node.gateway.credit_holds import CURRENT_HOLD, CreditHold
+from node.gateway.credit_payer import GatewayOutOfCredits, HostedPayer
 from node.gateway.dapp import add_dapp_routes
 from node.gateway.engine import Generation, TokenEvent
 from node.gateway.errors import (
@@ -337,6 +338,8 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
         on_charged=ledger.record if ledger is not None else None,
     )
     want, top = _want_logprobs(req)
+    # the hosted gateway's credits this question holds for its nodes (credit_holds.py)
+    hold = gateway.payer.hold() if isinstance(gateway.payer, HostedPayer) else None
     generation = Generation(
         gateway.router,
         gateway.head,
@@ -351,12 +354,14 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
         speculate=gateway.config.speculate,
         echo=isinstance(req, CompletionRequest) and req.echo,
         full_prefill=gateway.config.full_prefill,
+        credits=hold,
     )
     shaper = Shaper(req.kind, gateway.model.name, gateway.head.token_text, want)
+    holding = CURRENT_HOLD.set(hold)  # the pays made for this question draw on its hold
     try:
         if req.sampling.stream:
             return await _stream(request, gateway, req, generation, shaper, payment)
-        return await _whole(gateway, req, generation, shaper, payment)
+        return await _whole(gateway, req, generation, shaper, payment, hold)
     except asyncio.CancelledError:  # the client hung up (aiohttp cancels its handler)
         payment.client_gone(generation.circuit, prompt_sent=generation.started)
         raise
@@ -367,9 +372,37 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
     except GatewayOutOfCredits as error:  # the gateway could not pay the nodes: 503
         if payment.consumed:
             raise
+        if hold is not None and hold.drawn:  # its nodes were paid: the user pays the prompt
+            return _paid_refusal(error, payment, generation, [], "")
         raise error.uncharged() from None
     finally:
         payment.close(generation.circuit)  # the one exit: charge what went out, else release
+        if hold is not None:
+            hold.release()  # what it still holds goes back to the wallet's unheld credits
+        CURRENT_HOLD.reset(holding)
+
+
+def _paid_refusal(
+    error: GatewayOutOfCredits,
+    payment: QuestionPayment,
+    generation: Generation,
+    events: list[TokenEvent],
+    text: str,
+) -> web.Response:
+    """The gateway ran out of credits after it paid nodes for this question (it outran its
+    hold: credit_holds.py): the user is charged for the prompt and the `events` the nodes
+    computed, which this 503 hands over (`planet_partial`), with the receipt."""
+    payment.deliver(len(events))
+    payment.failed(generation.circuit)  # serving: charges the prompt and what was delivered
+    status, body = planet_error_body(error)
+    body["error"]["message"] += (
+        f"; charged for the prompt and the {len(events)} tokens computed before it "
+        "(planet_partial, planet_receipt)"
+    )
+    body["planet_partial"] = {"text": text, "completion_tokens": len(events)}
+    body["planet_receipt"] = payment.receipt
+    log.warning("question outran the gateway's credits; charged what its nodes computed")
+    return web.json_response(body, status=status, dumps=_dumps)
 
 
 async def _whole(
@@ -378,25 +411,32 @@ async def _whole(
     generation: Generation,
     shaper: Shaper,
     payment: QuestionPayment,
+    hold: CreditHold | None = None,
 ) -> web.Response:
     """A non-streamed answer: nothing is handed to the writer before the whole body, so a
     question that fails before it is released; once the body is built every token is charged
-    (a client that hung up meanwhile still pays: the nodes answered it)."""
+    (a client that hung up meanwhile still pays: the nodes answered it). One that outruns the
+    gateway's credits after its nodes were paid hands over what they computed, charged."""
     prompt_ids = generation.prompt_ids
     text = TextStream(gateway.head.decode, req.sampling.stop)
     events: list[TokenEvent] = []
-    async with contextlib.aclosing(generation.events()) as stream:
-        async for event in stream:
-            if event is None:  # a retry on a new circuit starts over
-                text = TextStream(gateway.head.decode, req.sampling.stop)
-                events = []
-                payment.restart()
-                continue
-            payment.produce()
-            events.append(event)
-            text.push(event.token)
-            if text.stopped:
-                break
+    try:
+        async with contextlib.aclosing(generation.events()) as stream:
+            async for event in stream:
+                if event is None:  # a retry on a new circuit starts over
+                    text = TextStream(gateway.head.decode, req.sampling.stop)
+                    events = []
+                    payment.restart()
+                    continue
+                payment.produce()
+                events.append(event)
+                text.push(event.token)
+                if text.stopped:
+                    break
+    except GatewayOutOfCredits as error:
+        if hold is None or not hold.drawn:
+            raise  # no node was paid for it: released, nothing charged (the caller)
+        return _paid_refusal(error, payment, generation, events, text.text + text.finish())
     answer = text.text + text.finish()
     if generation.echo:
         prompt = req.prompt if isinstance(req, CompletionRequest) else None

@@ -8,20 +8,30 @@ positions per charging hop, never dearer than the floor; free nodes are not paid
 gateway's wallet, which its top-up task keeps stocked (node/gateway/topup.py). Its users pay the
 gateway as before (deposits, vouchers, payment keys: payments.py), never the nodes.
 
-When the wallet cannot pay the next chunk, the question fails with `GatewayOutOfCredits`: 503
-`gateway_out_of_credits` (the user's payment is fine, the gateway is short), and its payment
-state machine releases the user's hold when nothing was delivered (payment_state.py): the
-nodes are never worked unpaid, the user is never charged for an answer they did not get.
+Before a question uses a circuit it holds the credits that circuit can cost it
+(node/gateway/credit_holds.py: `HostedPayer.hold()`, `CURRENT_HOLD`): when the wallet's unheld
+credits cannot cover them, the question fails with `GatewayOutOfCredits` — 503
+`gateway_out_of_credits` (the user's payment is fine, the gateway is short) — before anything
+is sent to that circuit's nodes, and the user is charged nothing. Where a question still runs
+past its hold (a failover, a price change, credits expired under the holds) and the wallet is
+dry, it fails the same way, and its user is charged for the prompt and the tokens its nodes
+computed, which the answer hands over (node/gateway/app.py): the nodes are never worked
+unpaid, the gateway never pays for an answer nobody pays for.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from node.client.paying import MIN_POSITIONS, CreditPayer, OutOfCreditsError
+from node.client.paying import MIN_POSITIONS, CreditPayer, split
+from node.gateway.credit_holds import (
+    CURRENT_HOLD,
+    CreditHold,
+    CreditReserve,
+    GatewayOutOfCredits,
+)
 from protocol.credits import Credit
-from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -32,42 +42,46 @@ TOP_UP = 300  # credits bought per top-up, in mints of at most MAX_BUY (30)
 MAX_TOP_UP = 100_000  # the most `--top-up` takes
 
 
-class GatewayOutOfCredits(OutOfCreditsError):
-    """The hosted gateway's credit wallet holds too few credits to pay the circuit's nodes."""
-
-    code = "gateway_out_of_credits"
-    http_status = 503
-
-    def __init__(self, needed: int, held: int, *, charged: bool = True) -> None:
-        ProtocolError.__init__(
-            self,
-            f"this gateway holds {held} credits and the compute nodes ask for {needed} more: it "
-            "cannot pay them" + ("" if charged else "; nothing was charged"),
-            hint="ask again shortly: the gateway buys credits as it runs low",
-        )
-        self.needed = needed
-        self.held = held
-
-    def uncharged(self) -> GatewayOutOfCredits:
-        """The same refusal, saying the user was charged nothing (nothing was delivered)."""
-        return GatewayOutOfCredits(self.needed, self.held, charged=False)
-
-
 @dataclass
 class HostedPayer(CreditPayer):
-    """A `CreditPayer` whose empty wallet is the gateway's shortfall, not its user's."""
+    """A `CreditPayer` whose empty wallet is the gateway's shortfall, not its user's, and whose
+    credits questions hold before they start (`reserve`, credit_holds.py): a pay made for a
+    question draws on that question's hold (`CURRENT_HOLD`), any other pay only on credits
+    nobody holds."""
+
+    reserve: CreditReserve = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reserve = CreditReserve(self.wallet)
+
+    def hold(self) -> CreditHold:
+        """A new, empty hold for one question (release it on every exit)."""
+        return self.reserve.hold()
 
     def take(self, owed: list[int]) -> list[list[Credit]]:
+        needed = sum(owed)
+        if not needed:
+            return [[] for _ in owed]
+        hold = CURRENT_HOLD.get()
         try:
-            return super().take(owed)
-        except OutOfCreditsError:
-            needed, held = sum(owed), self.wallet.count()
+            if hold is None:
+                hold = self.reserve.hold()  # a pay for no question: unheld credits only
+                try:
+                    credits = hold.draw(needed, self.wallet.take)
+                finally:
+                    hold.release()
+            else:
+                credits = hold.draw(needed, self.wallet.take)
+        except GatewayOutOfCredits:
             log.warning(
-                "credit wallet cannot pay the nodes: a question needs %d credits, %d held in %s; "
-                "the question fails and is charged only what was delivered (see the top-up's "
-                "lines: --top-up-below, --top-up)",
+                "credit wallet cannot pay the nodes: a question needs %d credits, %d held in %s "
+                "(%d of them held for other questions); the question fails and is charged for "
+                "what its nodes computed (see the top-up's lines: --top-up-below, --top-up)",
                 needed,
-                held,
+                self.wallet.count(),
                 self.wallet.path,
+                self.reserve.reserved,
             )
-            raise GatewayOutOfCredits(needed, held) from None
+            raise
+        self.spent += needed
+        return split(credits, owed)

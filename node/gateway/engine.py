@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ from node.client.sampling import SamplingConfig
 from node.client.speculation import SpeculationConfig
 from node.client.types import Head, Hop, Timings
 from node.gateway.circuits import CircuitPool
+from node.gateway.credit_holds import CircuitCover, CreditHold, session_positions
 from node.gateway.errors import NoCircuit, NodeFailed
 from node.gateway.router import Circuit, RoutableNode, Router
 from protocol.errors import ProtocolError
@@ -54,10 +55,19 @@ class RouterCircuits:
     """The gateway's `CircuitSource`: circuits from the router, live clients from the pool
     (shared with the other questions on the same circuit), session slots held while used."""
 
-    def __init__(self, router: Router, pool: CircuitPool, probe_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        router: Router,
+        pool: CircuitPool,
+        probe_timeout_s: float = 2.0,
+        cover: Callable[[Sequence[str]], None] | None = None,
+    ) -> None:
         self.router = router
         self.pool = pool
         self.probe_timeout_s = probe_timeout_s
+        # before a circuit is used: its question holds the credits it can cost, by the circuit's
+        # endpoints (credit_holds.py `CircuitCover`), or raises GatewayOutOfCredits
+        self.cover = cover
         self.circuits: list[Circuit] = []  # every circuit leased, in order
 
     @contextlib.asynccontextmanager
@@ -66,6 +76,8 @@ class RouterCircuits:
             circuit = await self.router.replace(self.circuits[-1], replace, failed=failed)
         else:
             circuit = await self.router.circuit()  # NoCircuit (503) when a shard has none
+        if self.cover is not None:  # nothing was sent to its nodes yet
+            self.cover([node.endpoint for node in circuit.nodes])
         self.circuits.append(circuit)
         if len(self.circuits) > 1:
             log.info(
@@ -154,6 +166,7 @@ class Generation:
         full_prefill: bool = True,
         stall_s: float = STALL_S,
         speculate: int = 0,
+        credits: CreditHold | None = None,
     ) -> None:
         self.router = router
         self.head = head
@@ -171,7 +184,11 @@ class Generation:
         self.full_prefill = full_prefill
         self._prefill: dict[int, np.ndarray] = {}  # echo: final hidden states by chunk start
         self._logits: np.ndarray | None = None  # what the last token was sampled from
-        self.source = RouterCircuits(router, circuits)
+        cover = None
+        if credits is not None:  # each circuit's session is covered before it is used
+            positions = session_positions(len(self.prompt_ids), max_tokens, speculate)
+            cover = CircuitCover(credits, router.prices, positions)
+        self.source = RouterCircuits(router, circuits, cover=cover)
         self.timings = Timings()
         self.delivered = False  # set by the caller once an event reached the user
         self.count = 0

@@ -81,6 +81,9 @@ class ServerConfig:
     credit_positions: int = 0
     credits_dir: Path | None = None
     pay_wait_s: float = 5.0
+    # blocks: a credit is taken only while the chain will still redeem it this many blocks after
+    # its latest committed height (the node's redemption delay; protocol/credits.py `takeable`)
+    credit_margin_blocks: int = 60  # protocol/credits.py NODE_MARGIN_BLOCKS
 
     def validate(self) -> ServerConfig:
         problems = []
@@ -136,6 +139,8 @@ class ServerConfig:
             problems.append("a node paid with credits needs a committee RPC and a credits dir")
         if not self.pay_wait_s > 0:
             problems.append("pay wait must be > 0 seconds")
+        if not 1 <= self.credit_margin_blocks <= 1_000_000:
+            problems.append("the credit margin must be 1 … 1,000,000 blocks")
         if problems:
             raise ConfigError("invalid node config: " + "; ".join(problems))
         return self

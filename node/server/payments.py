@@ -42,20 +42,26 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from protocol.committee.credits import parse_credit
 from protocol.committee.grammar import TxDecodeError
 from protocol.credits import (
+    NODE_MARGIN_BLOCKS,
+    ChainClock,
     Credit,
+    CreditExpiringError,
     EpochKeys,
     check_credit,
+    clock_from_query,
+    committed_height_from_query,
     epoch_keys_from_query,
-    lifetime_from_query,
     redeemable,
     spent_id,
+    takeable,
+    window_end,
 )
 from protocol.errors import ProtocolError
 from protocol.stream import PaymentRequiredError
@@ -64,6 +70,10 @@ log = logging.getLogger(__name__)
 
 PAY_WAIT_S = 5.0
 EPOCH_REFRESH_S = 5.0
+# the node's redemption delay in blocks: it takes a credit only while the chain will still
+# redeem it this many blocks after its latest committed height (protocol/credits.py `takeable`;
+# the agent's pass, the node's commitments landing, the redeem tx's own block, with room)
+CREDIT_MARGIN_BLOCKS = NODE_MARGIN_BLOCKS
 MAX_KEY_EPOCHS = 64  # epochs whose credit keys stay cached (a few KB each)
 MAX_SPENT_KNOWN = 1 << 16  # credits found redeemed on chain, refused again without a query
 MAX_SEEN = 1 << 20  # spent ids remembered in memory (the spool and the chain remember the rest)
@@ -100,36 +110,49 @@ class Account:
 class CreditCheck:
     """The chain's redemption rules for one credit, checked before the node takes it."""
 
-    def __init__(self, link: QueryLink, *, refresh_s: float = EPOCH_REFRESH_S) -> None:
+    def __init__(
+        self,
+        link: QueryLink,
+        *,
+        refresh_s: float = EPOCH_REFRESH_S,
+        margin_blocks: int = CREDIT_MARGIN_BLOCKS,
+    ) -> None:
+        if margin_blocks < 1:  # a redeem lands in the next block at the earliest
+            raise ValueError("margin_blocks must be ≥ 1")
         self.link = link
         self.refresh_s = refresh_s
+        self.margin_blocks = margin_blocks  # the node's redemption delay, in blocks
         self._keys: dict[int, EpochKeys] = {}
         self._spent: dict[str, Any] = {}  # spent id → the height the chain redeemed it at
-        self._epoch = 0
-        self._lifetime = 1  # epochs after its own a credit is redeemable (genesis, read below)
+        self._clock: ChainClock | None = None  # the chain's time at the last /credit_keys read
         self._epoch_at = float("-inf")
 
-    async def current_epoch(self, at_least: int = 0) -> int:
+    async def clock(self, at_least: int = 0) -> ChainClock:
+        """The chain's time as last read (at most `refresh_s` old, or older than a credit of
+        epoch `at_least`): for the key cache and a quick refusal, never for the window's end."""
         stale = time.monotonic() - self._epoch_at > self.refresh_s
-        if stale or self._epoch < at_least:
-            answer = await self.link.query("/credit_keys")
-            self._lifetime = lifetime_from_query(answer)
-            self._epoch, self._epoch_at = int(answer["epoch"]), time.monotonic()
-        return self._epoch
+        if stale or self._clock is None or self._clock.epoch < at_least:
+            self._clock = clock_from_query(await self.link.query("/credit_keys"))
+            self._epoch_at = time.monotonic()
+        return self._clock
+
+    async def current_epoch(self, at_least: int = 0) -> int:
+        return (await self.clock(at_least)).epoch
 
     async def check(self, credit: Credit) -> None:
-        current = await self.current_epoch(at_least=credit.epoch)
-        if not redeemable(credit.epoch, current, self._lifetime):
+        cached = await self.clock(at_least=credit.epoch)
+        current, lifetime = cached.epoch, cached.lifetime
+        if not redeemable(credit.epoch, current, lifetime):  # the cache lags: past it already
             raise CreditRefusedError(
                 f"a credit of epoch {credit.epoch} is not redeemable in epoch {current} "
-                f"(credits are good for {self._lifetime} epochs after their own)"
+                f"(credits are good for {lifetime} epochs after their own)"
             )
         if credit.epoch not in self._keys:
             keys = epoch_keys_from_query(await self.link.query("/credit_keys", epoch=credit.epoch))
             if not keys.keys:  # not published yet: ask again next time
                 check_credit(keys, credit)
             self._keys[credit.epoch] = keys
-            for old in [e for e in self._keys if not redeemable(e, current, self._lifetime)]:
+            for old in [e for e in self._keys if not redeemable(e, current, lifetime)]:
                 del self._keys[old]
             while len(self._keys) > MAX_KEY_EPOCHS:  # oldest first (insertion order)
                 del self._keys[next(iter(self._keys))]
@@ -139,6 +162,9 @@ class CreditCheck:
         if height is None:
             answer = await self.link.query("/credit_spent", id=identifier)
             height = answer.get("height")
+            if height is None:  # the answer is the chain's time now: the window is read there
+                now = committed_height_from_query(answer, "/credit_spent")
+                self._check_window(credit, replace(cached, height=max(now, cached.height)))
         if height is not None:
             # remembered: a client replaying a spent credit costs the validators one query
             if identifier not in self._spent and len(self._spent) >= MAX_SPENT_KNOWN:
@@ -147,6 +173,29 @@ class CreditCheck:
             raise CreditRefusedError(
                 f"this credit was redeemed on the committee chain at height {height}"
             )
+
+    def _check_window(self, credit: Credit, now: ChainClock) -> None:
+        """`takeable` at the chain's latest committed height, as its answer to `/credit_spent`
+        just said: CreditRefusedError when no later block redeems the credit (its window is
+        over, or not begun), CreditExpiringError when its window ends within `margin_blocks`."""
+        if takeable(credit.epoch, now, self.margin_blocks):
+            return
+        end = window_end(credit.epoch, now.lifetime, now.epoch_length)
+        if credit.epoch > now.epoch:
+            raise CreditRefusedError(
+                f"a credit of epoch {credit.epoch} is not redeemable before epoch {credit.epoch}; "
+                f"the chain is in epoch {now.epoch}"
+            )
+        if now.height >= end:
+            raise CreditRefusedError(
+                f"a credit of epoch {credit.epoch} was redeemable up to height {end}; the chain "
+                f"is at height {now.height}"
+            )
+        raise CreditExpiringError(
+            f"a credit of epoch {credit.epoch} is redeemed up to height {end}; the chain is at "
+            f"height {now.height} and this node takes only credits it can still redeem "
+            f"{self.margin_blocks} blocks from now"
+        )
 
 
 class CreditSpool:
@@ -286,7 +335,7 @@ def install_payments(app: Any, state: Any, config: Any) -> None:
         link = CommitteeLink([config.committee_rpc])
         state.payments = Payments(
             config.credit_positions,
-            CreditCheck(link),
+            CreditCheck(link, margin_blocks=config.credit_margin_blocks),
             CreditSpool(config.credits_dir),
             wait_s=config.pay_wait_s,
         )

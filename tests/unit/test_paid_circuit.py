@@ -379,7 +379,9 @@ async def test_the_node_checks_a_credit_as_the_chain_will_redeem_it(tmp_path) ->
     chain, node = node_chain(lifetime_epochs=2)
     credits, _, _ = minted(chain, tmp_path, count=4)
     spool = CreditSpool(tmp_path / "spool")
-    payments = Payments(PRICE, CreditCheck(ChainLink(chain, node)), spool, wait_s=0.2)
+    # margin 1: the chain's own window (a redeem lands in the next block); test_credit_window.py
+    check = CreditCheck(ChainLink(chain, node), margin_blocks=1)
+    payments = Payments(PRICE, check, spool, wait_s=0.2)
     account = Account()
     # redeemed on the chain already (the client paid another node with it first)
     result = redeem(chain, node, credits[:1])
@@ -399,7 +401,7 @@ async def test_the_node_checks_a_credit_as_the_chain_will_redeem_it(tmp_path) ->
     # the window is the chain's (genesis lifetime_epochs 2: a credit of e in e … e + 2)
     length = chain.state.genesis.epoch_length
     chain.advance_to((credits[2].epoch + 1) * length + 1)  # epoch e + 2: still good
-    check = CreditCheck(ChainLink(chain, node), refresh_s=0.0)
+    check = CreditCheck(ChainLink(chain, node), refresh_s=0.0, margin_blocks=1)
     await Payments(PRICE, check, spool).accept(Account(), credits[3])
     chain.advance_to((credits[2].epoch + 2) * length + 1)  # e + 3: past it
     with pytest.raises(CreditRefusedError, match=r"not redeemable in epoch.*good for 2 epochs"):
@@ -450,7 +452,7 @@ async def test_the_client_drops_credits_past_their_window_before_it_pays(tmp_pat
         asked.append(path)
         return await link.query(path)
 
-    expiry = CreditExpiry(wallet, query, every_s=3600)
+    expiry = CreditExpiry(wallet, query, every_s=3600, margin=1)  # the window alone
     assert await expiry.check() == 2 and wallet.count() == 3
     assert wallet.take(3) == fresh
     assert await expiry.check() == 0 and asked == ["/credit_keys"]  # not due again
