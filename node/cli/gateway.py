@@ -26,7 +26,7 @@ your own client, paying the nodes with your credits (no deposit, loopback only; 
 the token it prints at its first start and keeps in $PLANET_HOME/personal-token, mode 0600):
   planet credits buy 50
   planet gateway serve --personal --manifest M/manifest.json --committee-rpc http://HOST:26657
-  OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=open(".../personal-token").read().strip())
+  OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=TOKEN)   # TOKEN: that file's one line
   planet gateway serve --personal --port 8001   on the running devnet: its committee and model
 ready when GET /health answers 200; logs go to stderr.
 """
