@@ -1,8 +1,11 @@
 """`planet gateway serve --personal` as its own process, for tests: started, waited for until
-`/health` answers, stopped.
+`/health` answers (with its token), stopped.
 
-    with personal_client(manifest, committee_rpc, min_positions=8, env=env, log_path=p) as port:
-        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="personal")
+    with personal_client(manifest, committee_rpc, min_positions=8, env=env, log_path=p) as client:
+        openai.OpenAI(base_url=client.base_url, api_key=client.token)
+
+The client answers nothing without its bearer token (node/gateway/personal_token.py): it is
+read from the token file the client writes at start (`token_file`, default next to the log).
 """
 
 from __future__ import annotations
@@ -13,9 +16,29 @@ import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.ports import ephemeral_port
+
+
+@dataclass(frozen=True, slots=True)
+class PersonalClient:
+    port: int
+    token: str  # its bearer token: every request's `Authorization: Bearer <token>`
+    token_file: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
 
 
 @contextmanager
@@ -28,12 +51,14 @@ def personal_client(
     log_path: Path,
     credits_file: Path | None = None,
     route: str | None = None,
+    token_file: Path | None = None,
     timeout_s: float = 180.0,
-) -> Iterator[int]:
+) -> Iterator[PersonalClient]:
     """The personal client paying from `credits_file` (default: $PLANET_HOME's), serving on a
-    free loopback port; yields the port. Raises AssertionError with the log's tail if it exits
-    or does not answer within `timeout_s`; when the body fails, the log's tail (INFO and up)
-    goes to stderr, which pytest shows with the failure."""
+    free loopback port with its token in `token_file` (default: `<log_path>.token`; drawn at
+    its first start, reused after); yields its port and token. Raises AssertionError with the
+    log's tail if it exits or does not answer within `timeout_s`; when the body fails, the
+    log's tail (INFO and up) goes to stderr, which pytest shows with the failure."""
     port = ephemeral_port()
     # -v: its INFO lines (circuits, payments, refusals) in the log, for whoever reads a failure
     command = [sys.executable, "-m", "planet", "-v", "gateway", "serve", "--personal"]
@@ -42,15 +67,22 @@ def personal_client(
     command += ["--private-endpoints"]
     command += ["--credits-file", str(credits_file)] if credits_file is not None else []
     command += ["--route", route] if route is not None else []  # None: the default (private)
+    token_file = token_file or log_path.with_suffix(".token")
+    command += ["--token-file", str(token_file)]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         client = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(env))
     try:
         deadline = time.monotonic() + timeout_s
+        token = ""
         while True:
             assert client.poll() is None, log_path.read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            try:  # the client writes its token before it listens
+                token = token or token_file.read_text().strip()
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/health", headers={"Authorization": f"Bearer {token}"}
+                )
+                with urllib.request.urlopen(request, timeout=2) as r:
                     if r.status == 200:
                         break
             except OSError:
@@ -60,7 +92,7 @@ def personal_client(
             )
             time.sleep(0.5)
         try:
-            yield port
+            yield PersonalClient(port, token, token_file)
         except BaseException:  # the test failed while it ran: show what the client said
             print(
                 f"personal client log {log_path}:\n{log_path.read_text()[-4000:]}", file=sys.stderr

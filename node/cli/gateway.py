@@ -22,10 +22,11 @@ then, with the official OpenAI client (the API key is the payment proof, see doc
 it pays the nodes that charge with credits it buys as it runs low (--top-up), from its wallet's
 balance at the escrow:
   planet balance deposit 0.1 --credits --wallet ~/.cache/planet/gateway/wallet.json
-your own client, paying the nodes with your credits (no deposit, no API key, loopback only):
+your own client, paying the nodes with your credits (no deposit, loopback only; the API key is
+the token it prints at its first start and keeps in $PLANET_HOME/personal-token, mode 0600):
   planet credits buy 50
   planet gateway serve --personal --manifest M/manifest.json --committee-rpc http://HOST:26657
-  OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+  OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=TOKEN)   # TOKEN: that file's one line
   planet gateway serve --personal --port 8001   on the running devnet: its committee and model
 ready when GET /health answers 200; logs go to stderr.
 """
@@ -206,7 +207,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     personal.add_argument(
         "--personal",
         action="store_true",
-        help="serve yourself: no deposits or API keys, loopback only, nodes paid with credits",
+        help="serve yourself: no deposits or payment keys, loopback only, a bearer token of "
+        "your own (--token-file), nodes paid with credits",
     )
     personal.add_argument(
         "--route",
@@ -218,6 +220,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "every question (faster, but a fast stranger draws most of your questions); uniform: "
         "drawn at random afresh for every question (a verifier's client: its challenges reach "
         "every node)",
+    )
+    personal.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the bearer token every request must carry (your tools' API key): drawn at the "
+        "first start, printed once, kept here with mode 0600 and reused (default "
+        "$PLANET_PERSONAL_TOKEN_FILE, else $PLANET_HOME/personal-token)",
     )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
@@ -231,6 +242,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.personal:
         return _serve_personal(args)
+    if args.token_file is not None:
+        raise UsageError(
+            "--token-file is a personal client's",
+            hint="a hosted gateway's callers pay with their own API keys; add --personal",
+        )
     if args.route is not None:
         raise UsageError(
             "--route is a personal client's choice",
@@ -287,6 +303,7 @@ def _serve_personal(args: argparse.Namespace) -> int:
     from node.gateway.config import GatewayConfig
     from node.gateway.guards import GUARDS_FILE
     from node.gateway.personal import PersonalSettings, serve
+    from node.gateway.personal_token import default_token_file
 
     for flag, value in (
         ("--top-up-below", args.top_up_below),
@@ -320,6 +337,7 @@ def _serve_personal(args: argparse.Namespace) -> int:
         min_credit_positions=args.min_credit_positions,
         route=args.route or "private",
         guards_file=planet_home() / GUARDS_FILE,
+        token_file=default_token_file(args.token_file),
     )
     serve(config, settings)
     return 0

@@ -66,6 +66,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--route uniform` with credits you bought): its circuits take nodes that charge "
         "credits too",
     )
+    serve.add_argument(
+        "--personal-token-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="with --personal-client: the token file that client keeps (its --token-file; "
+        "default $PLANET_PERSONAL_TOKEN_FILE, else $PLANET_HOME/personal-token)",
+    )
     serve.add_argument("--deployment", type=Path, required=True, help="contract deployment JSON")
     serve.add_argument(
         "--evm-rpc", default=None, help="EVM RPC (else $PLANET_EVM_RPC, config.toml, :8545)"
@@ -184,6 +192,7 @@ def _serve(args: argparse.Namespace) -> int:
                 hint="e.g. http://127.0.0.1:8000 (a hosted gateway) or http://127.0.0.1:8001 "
                 "(your `planet gateway serve --personal`)",
             )
+    personal_token = _personal_token(args)
     if not (args.home / "config" / "priv_validator_key.json").exists():
         raise UsageError(
             f"{args.home} is not a validator home (no config/priv_validator_key.json)",
@@ -238,6 +247,7 @@ def _serve(args: argparse.Namespace) -> int:
         manifest=args.manifest,
         gateway_url=args.personal_client or args.gateway,
         personal=args.personal_client is not None,
+        personal_token=personal_token,
         committee_rpc=rpcs,
         evm_rpc=chains.evm_rpc,
         deployment=args.deployment,
@@ -289,3 +299,27 @@ def _findings_options(
             f"--findings-url: {error.message}", hint="e.g. http://203.0.113.7:8700"
         ) from None
     return (host, int(port_text)), url, ranges
+
+
+def _personal_token(args: argparse.Namespace) -> str:
+    """The personal client's bearer token ("" when asking a hosted gateway)."""
+    from node.gateway.personal_token import default_token_file, read_token
+
+    if args.personal_client is None:
+        if args.personal_token_file is not None:
+            raise UsageError(
+                "--personal-token-file goes with --personal-client",
+                hint="a hosted gateway is paid per question; drop the flag",
+            )
+        return ""
+    path = default_token_file(args.personal_token_file)
+    try:
+        return read_token(path)
+    except FileNotFoundError:
+        raise UsageError(
+            f"no personal client token at {path}",
+            hint="start the personal client first (planet gateway serve --personal writes it), "
+            "or pass its --token-file as --personal-token-file",
+        ) from None
+    except ConfigError as error:
+        raise UsageError(error.message, hint=error.hint) from None

@@ -27,7 +27,7 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,7 @@ from node.gateway.errors import (
     InvalidRequest,
     NodeFailed,
     NotFound,
+    UnsupportedMediaType,
     error_body,
     planet_error_body,
 )
@@ -109,6 +110,7 @@ class Gateway:
 
 
 GATEWAY_KEY = web.AppKey("gateway", Gateway)
+Middleware = Callable[..., Awaitable[web.StreamResponse]]
 
 
 # --------------------------------------------------------------------------------- middleware
@@ -156,6 +158,14 @@ def bearer_proof(request: web.Request) -> Proof | PaymentKeyError:
 
 
 async def _read_body(request: web.Request) -> dict[str, Any]:
+    # only JSON: a cross-site form or "simple" request (text/plain, form bodies) cannot send
+    # application/json without a CORS preflight, which this app never grants (issue 42)
+    if request.content_type != "application/json":
+        given = request.headers.get("Content-Type", "")
+        raise UnsupportedMediaType(
+            "unsupported_media_type",
+            f"the request body must be Content-Type: application/json, not {given[:80]!r}",
+        )
     raw = await request.read()  # aiohttp enforces client_max_size (413)
     return parse_body(raw)
 
@@ -549,9 +559,11 @@ async def _stream(
 # ------------------------------------------------------------------------------------- app
 
 
-def create_app(gateway: Gateway) -> web.Application:
+def create_app(gateway: Gateway, *, guards: Sequence[Middleware] = ()) -> web.Application:
+    """The app; `guards` run inside the error middleware, before any route (the personal
+    client's door: node/gateway/personal_guard.py)."""
     app = web.Application(
-        client_max_size=gateway.config.max_body_bytes, middlewares=[error_middleware]
+        client_max_size=gateway.config.max_body_bytes, middlewares=[error_middleware, *guards]
     )
     app[GATEWAY_KEY] = gateway
     app.router.add_get("/health", health)

@@ -3,8 +3,11 @@
     PlanetError
     └── ApiError                 .http_status, .error_type, .param, .code (all in the body)
         ├── InvalidRequest       400 invalid_request_error (a request field broke a rule)
+        ├── Unauthorized         401 authentication_error (personal client: no or wrong token)
         ├── PaymentRequired      402 payment_required (unpaid, underfunded, squatted, used)
+        ├── Forbidden            403 permission_error (personal client: foreign Host, Origin)
         ├── NotFound             404 not_found_error (model, receipt, route)
+        ├── UnsupportedMediaType 415 invalid_request_error (a body that is not application/json)
         ├── NoCircuit            503 service_unavailable (a shard has no routable node)
         └── NodeFailed           502 bad_gateway (a node failed during the question)
 
@@ -39,6 +42,21 @@ class PaymentRequired(ApiError):
     error_type = "payment_required"
 
 
+class Unauthorized(ApiError):
+    http_status = 401
+    error_type = "authentication_error"
+
+
+class Forbidden(ApiError):
+    http_status = 403
+    error_type = "permission_error"
+
+
+class UnsupportedMediaType(ApiError):
+    http_status = 415
+    error_type = "invalid_request_error"
+
+
 class NotFound(ApiError):
     http_status = 404
     error_type = "not_found_error"
@@ -58,10 +76,12 @@ _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
     402: "payment_required",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     503: "service_unavailable",
 }
 

@@ -112,6 +112,10 @@ class KeyAccount:
     debited: int = 0  # how much of `charged` a posted root debited
     questions: int = 0  # query ids made for it so far
     revoked: bool = False
+    # the (cap, expiry) the key id was first used with here: a key id binds them (the committee
+    # charges a key id under one expiry, abci_app/settlement.py), so another key signed with the
+    # same id is refused (`key_id_conflict`) before anything is served on it; None: not used yet
+    terms: tuple[int, int] | None = None
 
 
 class PaymentDesk:
@@ -193,6 +197,8 @@ class PaymentDesk:
             payer = as_address(doc["payer"])
             account = self._account(payer, as_bytes32(doc["key"]["key_id"]))
             total = int(doc["key"]["total_wei"])
+            if account.terms is None:
+                account.terms = (int(doc["key"]["cap_wei"]), int(doc["key"]["expiry"]))
             account.questions += 1
             grown = max(0, total - account.charged)
             account.charged += grown
@@ -347,6 +353,7 @@ class PaymentDesk:
         self._check_key_room(payer, proof, required_wei)
         self._check_balance(payer, balance, required_wei, key=True)
         account = self._account(payer, proof.key_id)
+        account.terms = (proof.cap, proof.expiry)  # checked unbound or equal just above
         account.held += required_wei
         self._hold(payer, required_wei)
         query = self._key_query_id(payer, proof.key_id, account)
@@ -362,7 +369,7 @@ class PaymentDesk:
             ) from None
 
     def _check_key_room(self, payer: str, proof: PaymentKeyProof, required_wei: int) -> None:
-        account = self._keys.get((payer, proof.key_id)) or KeyAccount()
+        account = self._bound_account(payer, proof)
         if account.revoked:
             raise PaymentRequired(
                 "key_revoked",
@@ -528,10 +535,25 @@ class PaymentDesk:
             log.info("payment key revoked payer=%s key=%s", payer, key_id.hex()[:16])
         return payer
 
+    def _bound_account(self, payer: str, proof: PaymentKeyProof) -> KeyAccount:
+        """The key's account here (a blank one if never used); 402 `key_id_conflict` when its id
+        was first used under another cap or expiry."""
+        account = self._keys.get((payer, proof.key_id)) or KeyAccount()
+        if account.terms is not None and account.terms != (proof.cap, proof.expiry):
+            cap, expiry = account.terms
+            raise PaymentRequired(
+                "key_id_conflict",
+                f"the payment key id 0x{proof.key_id.hex()[:16]}… was first used here with cap "
+                f"{cap} wei and expiry {expiry}; this key names cap {proof.cap} wei and expiry "
+                f"{proof.expiry}. A key id binds its cap and expiry (the committee charges a key "
+                "id under one expiry); make a new key (planet key new)",
+            )
+        return account
+
     def key_status(self, proof: PaymentKeyProof) -> dict[str, Any]:
         """What the holder of a key may know about it here (`GET /v1/key`)."""
         payer = self.key_payer(proof)
-        account = self._keys.get((payer, proof.key_id)) or KeyAccount()
+        account = self._bound_account(payer, proof)
         return {
             "key_id": "0x" + proof.key_id.hex(),
             "payer": payer,

@@ -4,9 +4,12 @@ user's own tools, the nodes paid with the user's own bearer credits (issue 28).
 The same app as the hosted gateway (node/gateway/app.py: request parsing, streaming, failover,
 the router over the committee's directory of routable nodes), with two parts swapped:
 
-- **No payer at the door.** `PersonalDesk` charges nothing and asks for no API key: the user is
-  the only caller (the server binds loopback only; `--host` must be a loopback address), and
-  what a question costs is paid to the nodes directly.
+- **No payer at the door, but a lock.** `PersonalDesk` charges nothing and asks for no payment
+  key: the user is the only caller, and what a question costs is paid to the nodes directly.
+  The server binds loopback only (`--host` must be a loopback address), and every request must
+  carry the client's bearer token (drawn at the first start, kept in a 0600 file:
+  personal_token.py), name this client in its Host, and come from no foreign web Origin
+  (personal_guard.py): a web page the user visits cannot spend the user's credits.
 - **The nodes are paid as the answer runs** (node/client/paying.py): each circuit client pays
   every charging node of its circuit one credit per chunk of positions, from the user's credit
   file (`planet credits buy`), at each node's price from its `/info`, never dearer than
@@ -38,6 +41,8 @@ from node.client.paying import CreditExpiry, CreditPayer
 from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
 from node.gateway.guards import Guards
+from node.gateway.personal_guard import personal_guard
+from node.gateway.personal_token import default_token_file, load_or_create
 from node.gateway.run import committee_router, listen, node_session
 from node.http_logs import quiet_malformed_http_logs
 from protocol.eip712 import as_bytes32
@@ -132,6 +137,8 @@ class PersonalSettings:
     min_credit_positions: int  # never pay a node a credit per fewer positions
     route: str = "private"  # how each shard's node is chosen (node/gateway/guards.py ROUTES)
     guards_file: Path | None = None  # route="private": where the guards are kept (None: memory)
+    # the bearer token every request must carry (personal_token.py; drawn there if absent)
+    token_file: Path | None = None  # None: <PLANET_HOME>/personal-token
 
 
 async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gateway, list[Any]]:
@@ -207,24 +214,43 @@ def serve(config: GatewayConfig, settings: PersonalSettings) -> None:
             f"a personal client serves its own user only: {config.host} is not a loopback address",
             hint="drop --host (127.0.0.1), or run the hosted gateway for others",
         )
+    token_file = settings.token_file or default_token_file(None)
+    token, created = load_or_create(token_file)
+    if created:  # printed once: later starts reuse it (delete the file for a new one)
+        print(
+            f"personal client token (your tools' API key), kept in {token_file} (mode 0600):\n"
+            f"  {token}\n"
+            f'  OpenAI(base_url="http://{_url_host(config.host)}:{config.port}/v1", '
+            'api_key="<the token>")',
+            flush=True,
+        )
     quiet_malformed_http_logs()
-    asyncio.run(_serve(config, settings))
+    asyncio.run(_serve(config, settings, token, token_file))
 
 
-async def _serve(config: GatewayConfig, settings: PersonalSettings) -> None:
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def _serve(
+    config: GatewayConfig, settings: PersonalSettings, token: str, token_file: Path
+) -> None:
     gateway, resources = await build(config, settings)
-    runner = web.AppRunner(create_app(gateway), access_log=None, handler_cancellation=True)
+    app = create_app(gateway, guards=[personal_guard(token, config.host)])
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     try:
         await listen(runner, config)
         log.info(
-            "personal client serving url=http://%s:%d model=%s credits=%s (%d held) route=%s",
-            config.host,
+            "personal client serving url=http://%s:%d model=%s credits=%s (%d held) route=%s "
+            "token_file=%s",
+            _url_host(config.host),
             config.port,
             gateway.model.name,
             settings.credits_file,
             gateway.desk.payer.wallet.count(),  # type: ignore[attr-defined]
             settings.route,
+            token_file,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -134,16 +134,21 @@ def _domain(pool: Pool) -> Any:
 class PersonalAsker:
     """The verifier as the user of its operator's own personal client (module docstring)."""
 
-    def __init__(self, url: str, http: aiohttp.ClientSession, model_hash: str) -> None:
+    def __init__(self, url: str, http: aiohttp.ClientSession, model_hash: str, token: str) -> None:
         self.url = url.rstrip("/")
         self.http = http
         self.model_hash = model_hash  # the verifier's reference: the client must serve it
+        # the personal client's bearer token (node/gateway/personal_token.py): it answers
+        # nothing without it
+        self._authorization = f"Bearer {token}"
         self._model: str | None = None
 
     async def model(self) -> str:
         """The name the client serves the verifier's model under (checked by its hash)."""
         if self._model is None:
-            doc = await _get_json(self.http, self.url, "/v1/models")
+            doc = await _get_json(
+                self.http, self.url, "/v1/models", {"Authorization": self._authorization}
+            )
             try:
                 entry = doc["data"][0]
                 name, served = str(entry["id"]), str(entry["planet_model_hash"])
@@ -183,7 +188,7 @@ class PersonalAsker:
         return await self._ask(body)
 
     async def _ask(self, body: dict[str, Any]) -> Asked:
-        doc, receipt = await _complete(self.http, self.url, body, "Bearer personal")
+        doc, receipt = await _complete(self.http, self.url, body, self._authorization)
         nodes = receipt.get("nodes") if isinstance(receipt, dict) else None
         if (
             not isinstance(receipt, dict)
@@ -199,9 +204,11 @@ class PersonalAsker:
         return Asked(doc, tuple(nodes))
 
 
-async def _get_json(http: aiohttp.ClientSession, url: str, path: str) -> Any:
+async def _get_json(
+    http: aiohttp.ClientSession, url: str, path: str, headers: dict[str, str] | None = None
+) -> Any:
     try:
-        async with http.get(url + path) as answer:
+        async with http.get(url + path, headers=headers) as answer:
             body = await answer.content.read(MAX_ANSWER_BYTES)
             if answer.status != 200:
                 raise RemoteError(f"gateway {path}", f"http_{answer.status}", body[:200].decode())

@@ -48,6 +48,7 @@ class VerifierConfig:
     password: str
     calibration: Path = CALIBRATION_FILE
     personal: bool = False  # ... the operator's own personal client (asker.PersonalAsker)
+    personal_token: str = ""  # that client's bearer token (node/gateway/personal_token.py)
     findings_listen: tuple[str, int] | None = None  # serve its findings to the peers here
     findings_url: str | None = None  # ... published on chain as reachable at this URL
     private_peers: tuple[Network, ...] | None = None  # peers' private ranges it may dial
@@ -162,7 +163,9 @@ async def serve(config: VerifierConfig) -> int:
         await link.params()  # the committee answers
         asker: GatewayAsker | PersonalAsker
         if config.personal:
-            asker = PersonalAsker(config.gateway_url, http, reference.model_hash)
+            asker = PersonalAsker(
+                config.gateway_url, http, reference.model_hash, config.personal_token
+            )
             try:
                 await asker.model()  # another model: a ConfigError-like stop, before any work
             except UnavailableError as error:  # not up yet: seeds, spot checks and verdicts

@@ -461,10 +461,8 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         min_positions=PAID_POSITIONS,
         env=env,
         log_path=Path(devnet["dir"]) / "logs" / "personal.log",
-    ) as port:
-        api = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="personal", max_retries=0
-        )
+    ) as client:
+        api = openai.OpenAI(base_url=client.base_url, api_key=client.token, max_retries=0)
         receipts = []
         for question in PAID_QUESTIONS:
             answer = api.chat.completions.create(
@@ -576,10 +574,11 @@ def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_n
         log_path=Path(devnet["dir"]) / "logs" / "verifier0-personal-client.log",
         credits_file=credits_file,
         route="uniform",  # a verifier's client: its challenges reach every routable node
-    ) as port:
+    ) as client:
         argv = [sys.executable, "-m", "planet", "verifier", "serve",
                 "--home", validator.home, "--manifest", devnet["manifest"],
-                "--personal-client", f"http://127.0.0.1:{port}",
+                "--personal-client", client.url,
+                "--personal-token-file", str(client.token_file),
                 "--deployment", devnet["deployment"], "--evm-rpc", devnet["evm_rpc"],
                 "--committee-rpc", validator.rpc_url,
                 "--wallet", str(Path(devnet["dir"]) / "verifier0" / "wallet.json"),

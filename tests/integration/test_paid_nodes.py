@@ -29,7 +29,7 @@ import pytest
 from eth_utils import keccak
 
 from harness.gateway_net import Committee, ephemeral_port, start_committee, wait_for
-from harness.personal_client import personal_client
+from harness.personal_client import PersonalClient, personal_client
 from node.client.credit_wallet import CreditWallet
 from node.client.nodesfile import NodeRef, NodesFile
 from node.keys import create_node_key, create_wallet
@@ -249,8 +249,17 @@ def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai
 
     credits_file = net["root"] / "personal-credits.json"
     _buy(net, 16, credits_file)
-    with _personal_client(net, credits_file) as port:
-        api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    with _personal_client(net, credits_file) as client:
+        # the client's own token is the API key; without it (or with another) nothing is served
+        for wrong in ("unused", client.token[:-1] + ("A" if client.token[-1] != "A" else "B")):
+            stranger = openai.OpenAI(base_url=client.base_url, api_key=wrong, max_retries=0)
+            with pytest.raises(openai.AuthenticationError) as caught:
+                stranger.chat.completions.create(
+                    model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=1
+                )
+            assert caught.value.code == "token_invalid"
+        assert CreditWallet(credits_file).count() == 16  # nothing was paid for them
+        api = openai.OpenAI(base_url=client.base_url, api_key=client.token, max_retries=0)
         model = json.loads(net["manifest"].read_text())["model_id"]
         messages = [{"role": "user", "content": PROMPT}]
         # temperature 0: at OpenAI's default of 1 a first sampled EOS (rare) is an empty answer
@@ -274,6 +283,12 @@ def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai
     guards = json.loads(route.read_text())["models"][model_hash]
     assert [guards[str(shard)]["key"] for shard in range(2)] == receipt["nodes"]
     assert route.stat().st_mode & 0o077 == 0
+    # the token: drawn at the first start, kept for its user alone, the same on the next start
+    token_file = net["root"] / "personal-home" / "personal-token"
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert token_file.read_text().strip() == client.token
+    with _personal_client(net, credits_file) as again:
+        assert again.token == client.token
 
 
 def test_a_verifier_challenges_charging_nodes_through_its_own_personal_client(net) -> None:
@@ -299,24 +314,24 @@ def test_a_verifier_challenges_charging_nodes_through_its_own_personal_client(ne
     challenge = Challenge(tuple(ids[:3]), tuple(ids[3:]))
     credits_file = net["root"] / "verifier-credits.json"
     _buy(net, 8, credits_file)
-    with _personal_client(net, credits_file, route="private") as port:
+    with _personal_client(net, credits_file, route="private") as client:
         # the default route keeps its nodes: every challenge would go to them, so refused
         async def refused() -> None:
             async with aiohttp.ClientSession() as http:
                 with pytest.raises(ConfigError, match="must reach every routable node"):
                     await PersonalAsker(
-                        f"http://127.0.0.1:{port}", http, reference.model_hash
+                        client.url, http, reference.model_hash, client.token
                     ).model()
 
         asyncio.run(refused())
-    with _personal_client(net, credits_file, route="uniform") as port:
-        url = f"http://127.0.0.1:{port}"
+    with _personal_client(net, credits_file, route="uniform") as client:
+        url, token = client.url, client.token
 
         async def ask() -> Any:
             async with aiohttp.ClientSession() as http:
-                asked = await PersonalAsker(url, http, reference.model_hash).ask(challenge)
+                asked = await PersonalAsker(url, http, reference.model_hash, token).ask(challenge)
                 with pytest.raises(ProtocolError, match="serves model"):
-                    await PersonalAsker(url, http, "sha256:" + "0" * 64).ask(challenge)
+                    await PersonalAsker(url, http, "sha256:" + "0" * 64, token).ask(challenge)
                 return asked
 
         asked = asyncio.run(ask())
@@ -331,9 +346,11 @@ def test_a_verifier_challenges_charging_nodes_through_its_own_personal_client(ne
 @contextmanager
 def _personal_client(
     net: dict[str, Any], credits_file: Path, route: str | None = None
-) -> Iterator[int]:
-    """`planet gateway serve --personal` paying from `credits_file`, serving; yields its port."""
-    env = {**os.environ, "PLANET_HOME": str(net["root"] / "personal-home")}
+) -> Iterator[PersonalClient]:
+    """`planet gateway serve --personal` paying from `credits_file`, serving; yields its port
+    and token (one token file for every start: `$PLANET_HOME/personal-token`)."""
+    home = net["root"] / "personal-home"
+    env = {**os.environ, "PLANET_HOME": str(home)}
     with personal_client(
         net["manifest"],
         net["committee"].rpc,
@@ -342,8 +359,9 @@ def _personal_client(
         log_path=net["root"] / "run" / f"personal-{credits_file.stem}.log",
         credits_file=credits_file,
         route=route,
-    ) as port:
-        yield port
+        token_file=home / "personal-token",
+    ) as client:
+        yield client
 
 
 def _redeemed_layer_tokens(net: dict[str, Any]) -> tuple[int] | None:
@@ -376,7 +394,7 @@ def test_a_hang_up_on_the_personal_client_stops_the_pays_and_no_credit_taken_is_
     whole = 2 * -(-(prompt + max_tokens - 1) // PRICE_POSITIONS)  # both nodes, every chunk
     assert whole > bought  # the whole answer is not even affordable: only a hang-up ends it
     model = json.loads(net["manifest"].read_text())["model_id"]
-    with _personal_client(net, credits_file) as port:
+    with _personal_client(net, credits_file) as client:
         body = json.dumps(
             {
                 "model": model,
@@ -385,8 +403,13 @@ def test_a_hang_up_on_the_personal_client_stops_the_pays_and_no_credit_taken_is_
                 "stream": True,
             }
         )
-        link = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        link.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        link = http.client.HTTPConnection("127.0.0.1", client.port, timeout=60)
+        link.request(
+            "POST",
+            "/v1/chat/completions",
+            body,
+            {"Content-Type": "application/json", **client.headers},
+        )
         answer = link.getresponse()
         assert answer.status == 200
         chunks = 0

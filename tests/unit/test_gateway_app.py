@@ -5,6 +5,7 @@ payments."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -185,12 +186,19 @@ async def test_gateway_bad_requests_are_400_before_payment(env, doc, code) -> No
 async def test_gateway_transport_errors_in_openai_shape(env) -> None:
     client, _, _, _ = env
     big = b'{"model": "' + b"x" * 70_000 + b'"}'
-    assert (await _error(await client.post("/v1/chat/completions", data=big), 413))["code"] == (
-        "body_too_large"
-    )
-    assert (await _error(await client.post("/v1/chat/completions", data=b"{"), 400))["code"] == (
-        "invalid_json"
-    )
+    as_json = {"Content-Type": "application/json"}
+    post = client.post
+    assert (await _error(await post("/v1/chat/completions", data=big, headers=as_json), 413))[
+        "code"
+    ] == "body_too_large"
+    assert (await _error(await post("/v1/chat/completions", data=b"{", headers=as_json), 400))[
+        "code"
+    ] == "invalid_json"
+    # only JSON bodies, at the hosted gateway too: a text/plain or form body is no question
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {"Content-Type": content_type} if content_type else {}
+        refused = await post("/v1/chat/completions", data=json.dumps(CHAT), headers=headers)
+        assert (await _error(refused, 415))["code"] == "unsupported_media_type"
     await _error(await client.get("/v1/nothing"), 404)
     await _error(await client.get("/v1/chat/completions"), 405)
     wrong = {**CHAT, "model": "gpt-4"}

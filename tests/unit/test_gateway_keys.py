@@ -185,6 +185,49 @@ async def test_a_stranger_reusing_a_key_id_spends_only_its_own_total() -> None:
     assert (await payments.reserve(parse_payment_key(mine), 200)).allowed_wei == 200
 
 
+@pytest.mark.parametrize(
+    "other", [{"expiry": NOW + 8 * 86_400}, {"cap": 10**9}], ids=["other-expiry", "other-cap"]
+)
+async def test_a_second_key_with_the_same_key_id_is_refused_before_the_chain_and_after_restart(
+    tmp_path: Path, other: dict[str, int]
+) -> None:
+    """Issue 42 attack 7: a key id binds its cap and expiry. A second key the payer signed with
+    the same id (another expiry: the committee refuses its charges, AUTHORIZATION_INVALID; or
+    another cap) is refused by name, before any chain read, and still after a restart; the first
+    key keeps paying."""
+    path = tmp_path / "receipts.jsonl"
+    escrow = funded()
+    payments = desk(escrow, path)
+    key_id = secrets.token_bytes(32)
+    first = key_text(10**6, key_id=key_id)
+    cap, expiry = other.get("cap", 10**6), other.get("expiry", NOW + 7 * 86_400)
+    second = key_text(cap, key_id=key_id, expiry=expiry)
+    payments.settle(await payments.reserve(parse_payment_key(first), 100), 5, 5, NODES)
+    reads = escrow.reads
+    assert await refused(payments, second) == "key_id_conflict"
+    assert escrow.reads == reads  # refused before the chain was read
+    with pytest.raises(PaymentRequired) as caught:  # GET /v1/key: the same refusal
+        payments.key_status(parse_payment_key(second))
+    assert caught.value.code == "key_id_conflict"
+    assert await refused(desk(funded(), path), second) == "key_id_conflict"  # after a restart
+    assert (await payments.reserve(parse_payment_key(first), 100)).allowed_wei == 100
+
+
+async def test_a_second_key_id_use_in_flight_is_refused_too() -> None:
+    """The binding holds from the first reservation, not the first charge: two keys with one id
+    asked at once cannot both be served."""
+    payments = desk(funded())
+    key_id = secrets.token_bytes(32)
+    held = await payments.reserve(parse_payment_key(key_text(1_000, key_id=key_id)), 100)
+    assert await refused(payments, key_text(1_000, key_id=key_id, expiry=NOW + 86_400)) == (
+        "key_id_conflict"
+    )
+    payments.release(held)
+    assert await refused(payments, key_text(1_000, key_id=key_id, expiry=NOW + 86_400)) == (
+        "key_id_conflict"
+    )
+
+
 async def test_revocation_refuses_the_key_and_survives_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "receipts.jsonl"
     payments = desk(funded(), path)
@@ -295,6 +338,39 @@ async def test_http_key_status_revoke_and_receipts(app_client) -> None:
     )
     assert refused_answer.status == 402
     assert (await refused_answer.json())["error"]["code"] == "key_revoked"
+
+
+async def test_http_a_second_key_with_the_same_id_is_refused_and_nothing_is_served(
+    app_client,
+) -> None:
+    """Over HTTP: the first key is served; a second key with its id and another expiry gets
+    402 `key_id_conflict` and no circuit is asked (nothing served, nothing charged)."""
+    client, script = app_client
+    required = PRICE * (PROMPT_TOKENS + 2)
+    key_id = secrets.token_bytes(32)
+    expiry = int(time.time()) + 3_600
+    first = key_text(10 * required, key_id=key_id, expiry=expiry)
+    second = key_text(10 * required, key_id=key_id, expiry=expiry + 600)
+    script.tokens(10, 11)
+    answer = await client.post(
+        "/v1/chat/completions",
+        json={**CHAT, "max_tokens": 2},
+        headers={"Authorization": f"Bearer {first}"},
+    )
+    assert answer.status == 200
+    script.started.clear()
+    script.tokens(12, 13)  # what the nodes would answer, were they asked
+    refused_answer = await client.post(
+        "/v1/chat/completions",
+        json={**CHAT, "max_tokens": 2},
+        headers={"Authorization": f"Bearer {second}"},
+    )
+    assert refused_answer.status == 402
+    error = (await refused_answer.json())["error"]
+    assert error["code"] == "key_id_conflict" and "planet key new" in error["message"]
+    assert not script.started.is_set() and script.queue.qsize() == 2  # no circuit was asked
+    status = await client.get("/v1/key", headers={"Authorization": f"Bearer {first}"})
+    assert (await status.json())["charged_wei"] == str(required)  # the first key's charge only
 
 
 @pytest.mark.parametrize(

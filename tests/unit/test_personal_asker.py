@@ -19,6 +19,7 @@ pytestmark = pytest.mark.unit
 MODEL_HASH = "sha256:" + "ab" * 32
 KEY_A, KEY_B = "11" * 32, "22" * 32
 CHALLENGE = Challenge((1, 2, 3), (4, 5))
+TOKEN = "planet-personal-" + "t" * 43
 
 
 async def _client(
@@ -28,10 +29,12 @@ async def _client(
     bodies: list[dict[str, Any]] = []
 
     async def models(request: web.Request) -> web.Response:
+        assert request.headers["Authorization"] == f"Bearer {TOKEN}"  # the client's token
         model = {"id": "smollm2-135m", "planet_model_hash": MODEL_HASH, "planet_route": route}
         return web.json_response({"data": [model]})
 
     async def completions(request: web.Request) -> web.Response:
+        assert request.headers["Authorization"] == f"Bearer {TOKEN}"
         bodies.append(await request.json())
         if status != 200:
             return web.json_response({"error": {"message": "no"}}, status=status)
@@ -49,7 +52,7 @@ async def test_the_receipts_nodes_are_the_circuit_and_the_request_names_the_mode
 ) -> None:
     url, bodies = await _client(aiohttp_server, {"paid_with": "credits", "nodes": [KEY_A, KEY_B]})
     async with aiohttp.ClientSession() as http:
-        asked = await PersonalAsker(url, http, MODEL_HASH).ask(CHALLENGE)
+        asked = await PersonalAsker(url, http, MODEL_HASH, TOKEN).ask(CHALLENGE)
     assert asked.nodes == (KEY_A, KEY_B)
     assert bodies[0]["model"] == "smollm2-135m" and bodies[0]["echo"] is True
 
@@ -63,7 +66,7 @@ async def test_a_client_that_keeps_its_nodes_is_refused_before_any_challenge(
     url, bodies = await _client(aiohttp_server, {"paid_with": "credits"}, route=route)
     async with aiohttp.ClientSession() as http:
         with pytest.raises(ConfigError, match="must reach every routable node") as caught:
-            await PersonalAsker(url, http, MODEL_HASH).model()
+            await PersonalAsker(url, http, MODEL_HASH, TOKEN).model()
     assert "--route uniform" in (caught.value.hint or "")
     assert len(caught.value.message) < 300  # a stranger's huge value is not echoed whole
     assert bodies == []
@@ -86,11 +89,12 @@ async def test_a_receipt_that_names_no_circuit_is_refused_by_name(
     url, _ = await _client(aiohttp_server, receipt)
     async with aiohttp.ClientSession() as http:
         with pytest.raises(ProtocolError, match="names no circuit"):
-            await PersonalAsker(url, http, MODEL_HASH).ask(CHALLENGE)
+            await PersonalAsker(url, http, MODEL_HASH, TOKEN).ask(CHALLENGE)
 
 
 async def test_an_answer_that_is_not_json_is_refused_by_name(aiohttp_server) -> None:
     async def models(request: web.Request) -> web.Response:
+        assert request.headers["Authorization"] == f"Bearer {TOKEN}"  # the client's token
         model = {"id": "m", "planet_model_hash": MODEL_HASH, "planet_route": "cost"}
         return web.json_response({"data": [model]})
 
@@ -102,7 +106,7 @@ async def test_an_answer_that_is_not_json_is_refused_by_name(aiohttp_server) -> 
     app.router.add_post("/v1/completions", completions)
     server = await aiohttp_server(app)
     async with aiohttp.ClientSession() as http:
-        asker = PersonalAsker(str(server.make_url("")).rstrip("/"), http, MODEL_HASH)
+        asker = PersonalAsker(str(server.make_url("")).rstrip("/"), http, MODEL_HASH, TOKEN)
         with pytest.raises(ProtocolError, match="no planet_receipt"):
             await asker.ask(CHALLENGE)
 
@@ -111,9 +115,9 @@ async def test_another_model_a_refusal_and_no_client_are_named_errors(aiohttp_se
     url, bodies = await _client(aiohttp_server, {}, status=402)
     async with aiohttp.ClientSession() as http:
         with pytest.raises(ProtocolError, match="serves model"):
-            await PersonalAsker(url, http, "sha256:" + "cd" * 32).ask(CHALLENGE)
+            await PersonalAsker(url, http, "sha256:" + "cd" * 32, TOKEN).ask(CHALLENGE)
         assert bodies == []  # nothing asked of a client serving another model
         with pytest.raises(RemoteError, match="http_402"):
-            await PersonalAsker(url, http, MODEL_HASH).ask(CHALLENGE)
+            await PersonalAsker(url, http, MODEL_HASH, TOKEN).ask(CHALLENGE)
         with pytest.raises(UnavailableError, match="unreachable"):
-            await PersonalAsker("http://127.0.0.1:9", http, MODEL_HASH).ask(CHALLENGE)
+            await PersonalAsker("http://127.0.0.1:9", http, MODEL_HASH, TOKEN).ask(CHALLENGE)

@@ -38,6 +38,9 @@ def _args(
         ("zero-challenges", "--challenges-per-epoch must be at least 1"),
         ("missing-operator-key", "no operator key at"),
         ("personal-client-not-a-url", "--personal-client must be an http(s) URL"),
+        ("personal-token-missing", "no personal client token at"),
+        ("personal-token-open", "is open to others"),
+        ("personal-token-for-a-gateway", "--personal-token-file goes with --personal-client"),
         ("findings-listen-no-port", "--findings-listen must be HOST:PORT"),
         ("findings-listen-anywhere", "names no address peers can reach"),
         ("findings-url-alone", "--findings-url needs --findings-listen"),
@@ -52,6 +55,10 @@ def test_verifier_cli_mistakes_are_one_error_and_a_hint(
     manifest = tmp_path / "m.json"
     manifest.write_text("{}")
     m = str(manifest)
+    personal = ("--personal-client", "http://127.0.0.1:8001")
+    open_token = tmp_path / "token"
+    open_token.write_text("planet-personal-" + "a" * 43)
+    open_token.chmod(0o644)
     argv = {
         "no-home": _args(tmp_path / "nothing", manifest=str(manifest)),
         "no-manifest": _args(home, manifest=str(tmp_path / "absent.json")),
@@ -62,6 +69,13 @@ def test_verifier_cli_mistakes_are_one_error_and_a_hint(
         "personal-client-not-a-url": _args(
             home, manifest=str(manifest), asks=("--personal-client", "127.0.0.1:8001")
         ),
+        "personal-token-missing": _args(
+            home, "--personal-token-file", str(tmp_path / "none"), manifest=m, asks=personal
+        ),
+        "personal-token-open": _args(
+            home, "--personal-token-file", str(open_token), manifest=m, asks=personal
+        ),
+        "personal-token-for-a-gateway": _args(home, "--personal-token-file", "t", manifest=m),
         "findings-listen-no-port": _args(home, "--findings-listen", "127.0.0.1", manifest=m),
         "findings-listen-anywhere": _args(home, "--findings-listen", "0.0.0.0:8700", manifest=m),
         "findings-url-alone": _args(home, "--findings-url", "http://1.2.3.4:1", manifest=m),
