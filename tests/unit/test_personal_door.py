@@ -263,7 +263,7 @@ def test_the_cli_prints_the_token_once_and_reuses_it(
     """`planet gateway serve --personal`: the token is drawn at the first start (printed, with
     where it is kept), reused at the next (not printed again); `$PLANET_PERSONAL_TOKEN_FILE`
     names the file. (The starts here stop at the model: the token comes first.)"""
-    from node.cli import main as cli
+    from planet import main as cli
 
     manifest = tmp_path / "manifest.json"
     manifest.write_text("{}")
