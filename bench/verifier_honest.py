@@ -8,6 +8,9 @@ validator, three honest staked SmolLM2 nodes over 2 shards of that quant, the ga
 verifier has scored challenges in `--epochs` epochs. Counted: challenges, challenges with
 C < 10^6 (false positives), the largest coarsened KL seen, the lowest reputation any honest
 node had at any poll (1 s) and polls where one was untrusted.
+
+`--quick` (the smoke run): the int8 pool only, two honest nodes (one per shard), epochs of 5
+blocks, until one challenge has been scored.
 """
 
 from __future__ import annotations
@@ -31,7 +34,12 @@ LINE = re.compile(r"challenge epoch=(\d+) circuit=\[[^\]]*\] kl=([0-9.]+) top1=[
 
 
 def run_pool(
-    quant: str, epochs: int, challenges: int, timeout_s: float, epoch_blocks: int
+    quant: str,
+    epochs: int,
+    challenges: int,
+    timeout_s: float,
+    epoch_blocks: int,
+    honest: list[int],
 ) -> dict[str, Any]:
     from harness.gateway_net import prepared_manifest
     from harness.verifier_net import VerifierNet
@@ -39,7 +47,7 @@ def run_pool(
     manifest = prepared_manifest(parts=2, quant=quant)
     with tempfile.TemporaryDirectory(prefix=f"verifier-honest-{quant}-") as tmp:
         net = VerifierNet.start(
-            Path(tmp), manifest, honest=[0, 1, 1], challenges=challenges, epoch_blocks=epoch_blocks
+            Path(tmp), manifest, honest=honest, challenges=challenges, epoch_blocks=epoch_blocks
         )
         try:
             keys = [c.public for c in net.honest]
@@ -87,13 +95,26 @@ def main() -> int:
     parser.add_argument("--challenges", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per pool")
     parser.add_argument("--epoch-blocks", type=int, default=50, help="committee epoch length")
-    quick = {"quants": "int8", "epochs": 1, "challenges": 1, "timeout": 300.0, "epoch_blocks": 20}
+    parser.add_argument(
+        "--honest", default="0,1,1", help="the honest nodes' shards (default 0,1,1)"
+    )
+    quick = {
+        "quants": "int8",
+        "epochs": 1,
+        "challenges": 1,
+        "timeout": 300.0,
+        "epoch_blocks": 5,
+        "honest": "0,1",
+    }
     args = parse_with_quick(parser, quick)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     metrics: dict[str, Any] = {}
     for quant in args.quants.split(","):
         started = time.monotonic()
-        result = run_pool(quant, args.epochs, args.challenges, args.timeout, args.epoch_blocks)
+        honest = [int(shard) for shard in args.honest.split(",")]
+        result = run_pool(
+            quant, args.epochs, args.challenges, args.timeout, args.epoch_blocks, honest
+        )
         label = {"none": "fp32"}.get(quant, quant)
         for name, value in result.items():
             metrics[f"{name}_{label}"] = value
@@ -107,7 +128,8 @@ def main() -> int:
                 "config": {
                     "model": "smollm2-135m",
                     "shards": 2,
-                    "honest_nodes": 3,
+                    "honest_nodes": len(args.honest.split(",")),
+                    "honest_shards": args.honest,
                     "epochs": args.epochs,
                     "challenges_per_epoch": args.challenges,
                     "epoch_blocks": args.epoch_blocks,
