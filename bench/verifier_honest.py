@@ -10,7 +10,8 @@ C < 10^6 (false positives), the largest coarsened KL seen, the lowest reputation
 node had at any poll (1 s) and polls where one was untrusted.
 
 `--quick` (the smoke run): the int8 pool only, two honest nodes (one per shard), epochs of 5
-blocks, until one challenge has been scored.
+blocks, challenges of 8 prompt + 4 continuation tokens and 4-token sampled checks, until one
+challenge has been scored.
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import machine, parse_with_quick
 
 log = logging.getLogger("bench.verifier_honest")
+# --quick: short challenges and sampled checks (the reference writes ~70 ms of CPU per token)
+QUICK_VERIFIER_ARGS = (
+    "--prompt-tokens",
+    "8",
+    "--continuation-tokens",
+    "4",
+    "--sampled-tokens",
+    "4",
+)
 LINE = re.compile(r"challenge epoch=(\d+) circuit=\[[^\]]*\] kl=([0-9.]+) top1=[0-9.]+ C=(\d+)")
 
 
@@ -40,6 +50,7 @@ def run_pool(
     timeout_s: float,
     epoch_blocks: int,
     honest: list[int],
+    verifier_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     from harness.gateway_net import prepared_manifest
     from harness.verifier_net import VerifierNet
@@ -47,7 +58,12 @@ def run_pool(
     manifest = prepared_manifest(parts=2, quant=quant)
     with tempfile.TemporaryDirectory(prefix=f"verifier-honest-{quant}-") as tmp:
         net = VerifierNet.start(
-            Path(tmp), manifest, honest=honest, challenges=challenges, epoch_blocks=epoch_blocks
+            Path(tmp),
+            manifest,
+            honest=honest,
+            challenges=challenges,
+            epoch_blocks=epoch_blocks,
+            verifier_args=verifier_args,
         )
         try:
             keys = [c.public for c in net.honest]
@@ -109,11 +125,12 @@ def main() -> int:
     args = parse_with_quick(parser, quick)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     metrics: dict[str, Any] = {}
+    short = QUICK_VERIFIER_ARGS if args.quick else ()
     for quant in args.quants.split(","):
         started = time.monotonic()
         honest = [int(shard) for shard in args.honest.split(",")]
         result = run_pool(
-            quant, args.epochs, args.challenges, args.timeout, args.epoch_blocks, honest
+            quant, args.epochs, args.challenges, args.timeout, args.epoch_blocks, honest, short
         )
         label = {"none": "fp32"}.get(quant, quant)
         for name, value in result.items():
@@ -133,6 +150,7 @@ def main() -> int:
                     "epochs": args.epochs,
                     "challenges_per_epoch": args.challenges,
                     "epoch_blocks": args.epoch_blocks,
+                    "verifier_args": list(short),
                     "quick": args.quick,
                 },
                 "metrics": metrics,
