@@ -241,6 +241,7 @@ def _start(
     node may forward to as well. `quick` takes the cached prepared shards without hashing them
     first (each node checks its own shard file's hash when it starts)."""
     from harness.gateway_net import prepared_manifest
+    from harness.ports import ephemeral_port
     from node.keys import PASSWORD_ENV, create_node_key
     from node.model.prepare import prepare
     from node.server.launcher import free_ports, start_node
@@ -250,7 +251,10 @@ def _start(
         if quick
         else Path(prepare(parts=parts, quant="none", progress=lambda m: log.info("%s", m)))
     )
-    ports = free_ports(4 * parts, *PORTS)
+    # quick (the smoke run, beside other tests): the test range (harness/ports.py), off the
+    # devnets' fixed ranges
+    count = 4 * parts
+    ports = [ephemeral_port() for _ in range(count)] if quick else free_ports(count, *PORTS)
     tls_ports, plain_ports, relays = ports[:parts], ports[parts : 2 * parts], ports[2 * parts :]
     tls, plain = [], []
     for shard in range(parts):

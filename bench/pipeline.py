@@ -216,13 +216,17 @@ def wire_bytes_per_token(
     return (used[1] - used[0]) / (lengths[1] - lengths[0])
 
 
-def circuit_ports(parts_list: list[int]) -> dict[int, list[int]]:
+def circuit_ports(parts_list: list[int], quick: bool = False) -> dict[int, list[int]]:
     """Each circuit's own ports, chosen together before any node starts: a port picked while
     an earlier circuit's nodes are still starting (not yet bound) would look free again, and
-    two circuits would share a node whose --next-hops lists only the other circuit's URLs."""
+    two circuits would share a node whose --next-hops lists only the other circuit's URLs.
+    `quick` (the smoke run, beside other tests): from the test range (harness/ports.py,
+    PLANET_TEST_PORTS), off the devnets' fixed ranges."""
+    from harness.ports import ephemeral_port
     from node.server.launcher import free_ports
 
-    ports = free_ports(sum(parts_list), *PORTS)
+    count = sum(parts_list)
+    ports = [ephemeral_port() for _ in range(count)] if quick else free_ports(count, *PORTS)
     out: dict[int, list[int]] = {}
     for parts in parts_list:
         out[parts], ports = ports[:parts], ports[parts:]
@@ -432,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     circuits: dict[int, tuple[Path, list[Any]]] = {}
     try:
         log.info("starting node processes for %s-part circuits", parts_list)
-        for parts, ports in circuit_ports(parts_list).items():
+        for parts, ports in circuit_ports(parts_list, args.quick).items():
             circuits[parts] = start_circuit(parts, ports, run_dir, args.quick)
         manifest3 = Path(next(iter(circuits.values()))[0])
         manifest3 = Path(circuits[3][0]) if 3 in circuits else manifest3

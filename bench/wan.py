@@ -207,6 +207,7 @@ def circuit(
     `quick` takes the cached prepared shards without hashing them first (each node checks its
     own shard file's hash when it starts)."""
     from harness.gateway_net import prepared_manifest
+    from harness.ports import ephemeral_port
     from node.client.types import Hop
     from node.model.prepare import prepare
     from node.server.launcher import free_ports, start_node, stop_pid, wait_healthy
@@ -216,7 +217,10 @@ def circuit(
         if quick
         else Path(prepare(parts=parts, quant="none", progress=lambda m: log.info("%s", m)))
     )
-    ports = free_ports(2 * parts + 1, *PORTS)
+    # quick (the smoke run, beside other tests): the test range (harness/ports.py), off the
+    # devnets' fixed ranges
+    count = 2 * parts + 1
+    ports = [ephemeral_port() for _ in range(count)] if quick else free_ports(count, *PORTS)
     node_ports, proxy_ports, api_port = ports[:parts], ports[parts : 2 * parts], ports[-1]
     use_toxiproxy = links_kind == "toxiproxy" or (links_kind == "auto" and TOXIPROXY.exists())
     links: Any = ToxiproxyLinks(TOXIPROXY, api_port, run_dir) if use_toxiproxy else RelayLinks()
