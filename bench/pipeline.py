@@ -505,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
             )
 
         # ---- wire bytes per generated token, all hops, framing included ----------------
+        log.info("wire bytes per token")
+        wire_ids = ids[:8] if args.quick else ids  # quick: a short prefill (it cancels out)
         wire_parts = 3 if 3 in hops else parts_list[-1]
         wire_runs = (
             ("float32", "raw", "raw"),
@@ -513,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for dtype, codec, label in wire_runs:
             metrics[f"wire_bytes_per_token_{label}_{wire_parts}"] = round(
-                wire_bytes_per_token(hops[wire_parts], head, ids, dtype, codec, wire_lengths)
+                wire_bytes_per_token(hops[wire_parts], head, wire_ids, dtype, codec, wire_lengths)
             )
         # what the star relay (client POSTs every step to each node, retired) measured at 3
         # nodes before the forwarding transport replaced it
@@ -571,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
             for node in nodes:
                 stop_pid(node.pid, grace_s=5)
 
+    log.info("nodes stopped")
     sizes = shard_sizes(args.quick)
     for name, size in sizes.items():
         metrics[f"shard_bytes_{name}"] = size
