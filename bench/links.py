@@ -2,7 +2,8 @@
 keys and over plaintext, on loopback, interleaved in one run — one JSON object on stdout.
 
     python bench/links.py                       # 3 nodes, 48 new tokens, 5 repeats
-    python bench/links.py --quick               # smoke run: 2 nodes, 8 new tokens, 1 repeat
+    python bench/links.py --quick               # smoke run: 2 nodes, 4 new tokens, 1 repeat,
+                                                # no warm-up, 2 handshakes per node
 
 Two circuits of the same prepared SmolLM2 shards (fp32) run side by side: one whose nodes serve
 TLS 1.3 with their node keys (`planet node serve --node-key`, https://, every link pinned:
@@ -158,12 +159,14 @@ def encryption_cost(
     new_tokens: int,
     repeats: int,
     label: str = "loopback",
+    warm_up: bool = True,
 ) -> dict[str, Any]:
     """Interleaved runs of the same circuit over plaintext and TLS → decode tok/s, first
     token (handshakes included), their ratios and whether the greedy tokens agree (keys
     suffixed with `label`)."""
-    asyncio.run(_run(plain_hops, head, ids, 4))  # warm-up: connections, first allocations
-    asyncio.run(_run(tls_hops, head, ids, 4))
+    if warm_up:  # connections, first allocations
+        asyncio.run(_run(plain_hops, head, ids, 4))
+        asyncio.run(_run(tls_hops, head, ids, 4))
     runs: dict[str, list[tuple[Any, float]]] = {"plain": [], "tls": []}
     same = True
     for repeat in range(repeats):
@@ -211,12 +214,14 @@ def link_costs(
     ids: list[int],
     *,
     new_tokens: int,
+    handshakes: int = HANDSHAKES,
 ) -> dict[str, Any]:
-    """A fresh connection's cost per node and the bytes per decoded token on all links
-    (`relays`: the counting relays' ports for "tls" and "plain", one per node)."""
+    """A fresh connection's cost per node (median of `handshakes` per node) and the bytes per
+    decoded token on all links (`relays`: the counting relays' ports for "tls" and "plain",
+    one per node)."""
     out: dict[str, Any] = {}
     for name, hops in (("plain", plain_hops), ("tls", tls_hops)):
-        out[f"connect_ms_{name}"] = round(asyncio.run(_connect_ms(hops, HANDSHAKES)), 2)
+        out[f"connect_ms_{name}"] = round(asyncio.run(_connect_ms(hops, handshakes)), 2)
     out["handshake_ms_tls_minus_plain"] = round(out["connect_ms_tls"] - out["connect_ms_plain"], 2)
     for name, hops in (("plain", plain_hops), ("tls", tls_hops)):
         one, many = asyncio.run(_wire_bytes(hops, relays[name], head, ids, new_tokens))
@@ -228,16 +233,28 @@ def link_costs(
     return out
 
 
-def _start(parts: int, run_dir: Path) -> tuple[Path, list[Any], list[Any], list[int]]:
+def _start(
+    parts: int, run_dir: Path, quick: bool = False
+) -> tuple[Path, list[Any], list[Any], list[int]]:
     """The TLS circuit's and the plaintext circuit's node processes (not yet healthy), and
     the ports of the counting relays (TLS nodes' first, then the plaintext nodes'), which every
-    node may forward to as well."""
+    node may forward to as well. `quick` takes the cached prepared shards without hashing them
+    first (each node checks its own shard file's hash when it starts)."""
+    from harness.gateway_net import prepared_manifest
+    from harness.ports import ephemeral_port
     from node.keys import PASSWORD_ENV, create_node_key
     from node.model.prepare import prepare
     from node.server.launcher import free_ports, start_node
 
-    manifest = Path(prepare(parts=parts, quant="none", progress=lambda m: log.info("%s", m)))
-    ports = free_ports(4 * parts, *PORTS)
+    manifest = (
+        prepared_manifest(parts=parts, quant="none")
+        if quick
+        else Path(prepare(parts=parts, quant="none", progress=lambda m: log.info("%s", m)))
+    )
+    # quick (the smoke run, beside other tests): the test range (harness/ports.py), off the
+    # devnets' fixed ranges
+    count = 4 * parts
+    ports = [ephemeral_port() for _ in range(count)] if quick else free_ports(count, *PORTS)
     tls_ports, plain_ports, relays = ports[:parts], ports[parts : 2 * parts], ports[2 * parts :]
     tls, plain = [], []
     for shard in range(parts):
@@ -274,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", type=int, default=3, help="nodes per circuit (default 3)")
     parser.add_argument("--new-tokens", type=int, default=48, help="tokens per run (default 48)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved pairs (default 5)")
-    args = parse_with_quick(parser, {"parts": 2, "new_tokens": 8, "repeats": 1}, argv)
+    args = parse_with_quick(parser, {"parts": 2, "new_tokens": 4, "repeats": 1}, argv)
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # the client's idle threads sleep, as the nodes'
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
@@ -291,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="planet-bench-links-"))
     nodes: list[Any] = []
     try:
-        manifest, tls, plain, relays = _start(args.parts, run_dir)
+        manifest, tls, plain, relays = _start(args.parts, run_dir, args.quick)
         nodes = tls + plain
         head = ClientHead.load(manifest, device="cpu")
         ids = head.chat_ids([{"role": "user", "content": PROMPT}])
@@ -299,7 +316,13 @@ def main(argv: list[str] | None = None) -> int:
         tls_hops = [Hop(n.url, n.shard, n.key) for n in tls]
         plain_hops = [Hop(n.url, n.shard) for n in plain]
         metrics = encryption_cost(
-            tls_hops, plain_hops, head, ids, new_tokens=args.new_tokens, repeats=args.repeats
+            tls_hops,
+            plain_hops,
+            head,
+            ids,
+            new_tokens=args.new_tokens,
+            repeats=args.repeats,
+            warm_up=not args.quick,
         )
         metrics |= link_costs(
             tls_hops,
@@ -308,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             head,
             ids,
             new_tokens=args.new_tokens,
+            handshakes=2 if args.quick else HANDSHAKES,
         )
     finally:
         for node in nodes:
@@ -321,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             "parts": args.parts,
             "new_tokens": args.new_tokens,
             "repeats": args.repeats,
+            "warm_up": not args.quick,
+            "handshakes_per_node": 2 if args.quick else HANDSHAKES,
             "prompt_tokens": len(ids),
             "links": "TLS 1.3 (ed25519 node-key certificates, pinned) vs --plaintext-links",
             "quick": args.quick,

@@ -2,7 +2,10 @@
 per quant, activation bytes on the wire raw vs int8 — one JSON object on stdout, logs on stderr.
 
     python bench/pipeline.py            # 64 new tokens, 3 repeats
-    python bench/pipeline.py --quick    # smoke run: 16 new tokens, 1 repeat, no perplexity
+    python bench/pipeline.py --quick    # smoke run: the 3-part circuit, 4 new tokens, 1 repeat,
+                                        # no warm-up, monolithic at 1 thread in the client's
+                                        # process, wire bytes from a 4- minus a 2-token run,
+                                        # no perplexity, no codec check
 
 Everything is measured in one run, side by side and interleaved (the machine is shared):
 - monolithic: transformers `generate` on the whole fp32 model in this process (the reference a
@@ -205,31 +208,48 @@ def wire_bytes_per_token(
     ids: list[int],
     dtype: str = "float32",
     codec: str = "raw",
+    lengths: tuple[int, int] = (8, 40),
 ) -> float:
     """Loopback bytes per generated token over all hops (client sockets + node-to-node), from
-    a 40-token minus an 8-token generation (prefill and session set-up cancel out)."""
-    used = [asyncio.run(_counted_run(hops, head, ids, tokens, dtype, codec)) for tokens in (8, 40)]
-    return (used[1] - used[0]) / 32
+    a 40-token minus an 8-token generation (`lengths`; prefill and session set-up cancel out)."""
+    used = [asyncio.run(_counted_run(hops, head, ids, tokens, dtype, codec)) for tokens in lengths]
+    return (used[1] - used[0]) / (lengths[1] - lengths[0])
 
 
-def circuit_ports(parts_list: list[int]) -> dict[int, list[int]]:
+def circuit_ports(parts_list: list[int], quick: bool = False) -> dict[int, list[int]]:
     """Each circuit's own ports, chosen together before any node starts: a port picked while
     an earlier circuit's nodes are still starting (not yet bound) would look free again, and
-    two circuits would share a node whose --next-hops lists only the other circuit's URLs."""
+    two circuits would share a node whose --next-hops lists only the other circuit's URLs.
+    `quick` (the smoke run, beside other tests): from the test range (harness/ports.py,
+    PLANET_TEST_PORTS), off the devnets' fixed ranges."""
+    from harness.ports import ephemeral_port
     from node.server.launcher import free_ports
 
-    ports = free_ports(sum(parts_list), *PORTS)
+    count = sum(parts_list)
+    ports = [ephemeral_port() for _ in range(count)] if quick else free_ports(count, *PORTS)
     out: dict[int, list[int]] = {}
     for parts in parts_list:
         out[parts], ports = ports[:parts], ports[parts:]
     return out
 
 
-def start_circuit(parts: int, ports: list[int], run_dir: Path) -> tuple[Path, list[Any]]:
+def prepared(parts: int, quant: str, quick: bool) -> Path:
+    """The prepared shards' manifest; --quick takes the cached one without hashing every shard
+    first (each node still checks its own shard file's hash when it starts)."""
+    from harness.gateway_net import prepared_manifest
     from node.model.prepare import prepare
+
+    if quick:
+        return prepared_manifest(parts=parts, quant=quant)
+    return Path(prepare(parts=parts, quant=quant, progress=lambda m: log.info("%s", m)))
+
+
+def start_circuit(
+    parts: int, ports: list[int], run_dir: Path, quick: bool = False
+) -> tuple[Path, list[Any]]:
     from node.server.launcher import start_node
 
-    manifest = Path(prepare(parts=parts, quant="none", progress=lambda m: log.info("%s", m)))
+    manifest = prepared(parts, "none", quick)
     hops = ["--next-hops", ",".join(f"http://127.0.0.1:{port}" for port in ports)]
     nodes = [
         start_node(
@@ -244,13 +264,12 @@ def start_circuit(parts: int, ports: list[int], run_dir: Path) -> tuple[Path, li
     return manifest, nodes
 
 
-def shard_sizes(progress: Any) -> dict[str, int]:
+def shard_sizes(quick: bool) -> dict[str, int]:
     from node.model.manifest import Manifest
-    from node.model.prepare import prepare
 
     sizes = {}
     for quant, name in (("none", "fp32"), ("int8", "int8"), ("int4", "int4")):
-        manifest = Manifest.load(prepare(parts=3, quant=quant, progress=progress))
+        manifest = Manifest.load(prepared(3, quant, quick))
         sizes[name] = sum(entry.size for entry in manifest.shards)
     return sizes
 
@@ -279,11 +298,20 @@ def perplexities(progress: Any) -> tuple[dict[str, float], int]:
     return out, tokens
 
 
-def monolithic_worker(manifest: Path, new_tokens: int, threads: int) -> None:
+def monolithic_worker(manifest: Path, new_tokens: int, threads: int, warm_up: bool) -> None:
     """Child process (default OpenMP wait policy, as a user's own process would run):
     one measurement of transformers generate and of the in-process shards, as JSON."""
     import json
 
+    print(json.dumps(measure_monolithic(manifest, new_tokens, threads, warm_up)))
+
+
+def measure_monolithic(
+    manifest: Path, new_tokens: int, threads: int, warm_up: bool
+) -> dict[str, tuple[float, float]]:
+    """transformers generate on the whole model and the shards chained in this process, at
+    `threads` torch threads: {"monolithic": (prefill_ms, decode_tok_s), "monolithic_inprocess":
+    ...}."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -301,22 +329,33 @@ def monolithic_worker(manifest: Path, new_tokens: int, threads: int) -> None:
         ShardModel.load(manifest, e.shard_id, device="cpu") for e in Manifest.load(manifest).shards
     ]
     ids = head.chat_ids([{"role": "user", "content": SPEED_PROMPT}])
-    bench_monolithic_generate(model, ids, 4)
-    bench_inprocess_shards(head, shards, ids, 4)
-    print(
-        json.dumps(
-            {
-                "monolithic": bench_monolithic_generate(model, ids, new_tokens),
-                "monolithic_inprocess": bench_inprocess_shards(head, shards, ids, new_tokens),
-            }
-        )
-    )
+    if warm_up:
+        bench_monolithic_generate(model, ids, 4)
+        bench_inprocess_shards(head, shards, ids, 4)
+    return {
+        "monolithic": bench_monolithic_generate(model, ids, new_tokens),
+        "monolithic_inprocess": bench_inprocess_shards(head, shards, ids, new_tokens),
+    }
 
 
-def run_monolithic(manifest: Path, new_tokens: int, threads: int) -> dict[str, tuple[float, float]]:
+def run_monolithic(
+    manifest: Path, new_tokens: int, threads: int, warm_up: bool = True, own_process: bool = True
+) -> dict[str, tuple[float, float]]:
+    """`measure_monolithic` in its own process (default OpenMP wait policy), or in this one
+    (`own_process=False`, --quick: one process start fewer; this process's torch threads are
+    set back afterwards)."""
     import json
     import os
     import subprocess
+
+    if not own_process:
+        from node.server.run import configure_torch_threads
+
+        before = configure_torch_threads(0)
+        try:
+            return measure_monolithic(manifest, new_tokens, threads, warm_up)
+        finally:
+            configure_torch_threads(before)
 
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     done = subprocess.run(
@@ -327,6 +366,7 @@ def run_monolithic(manifest: Path, new_tokens: int, threads: int) -> dict[str, t
             str(manifest),
             str(new_tokens),
             str(threads),
+            "1" if warm_up else "0",
         ],
         capture_output=True,
         text=True,
@@ -341,25 +381,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 16 new tokens, 1 repeat, one prompt for the codec check, no perplexity",
+        help="smoke run: 3 parts, 4 new tokens, 1 repeat, no warm-up, monolithic at 1 thread "
+        "in this process, no perplexity, no codec check",
     )
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--parts", default="2,3,5", help="pipelines to run (default 2,3,5)")
+    parser.add_argument(
+        "--parts", default=None, help="pipelines to run (default 2,3,5; --quick: 3)"
+    )
     parser.add_argument("--skip-ppl", action="store_true")
     parser.add_argument(
         "--skip-codec", action="store_true", help="skip the compressed-codec greedy check"
     )
     parser.add_argument(
         "--monolithic-worker",
-        nargs=3,
-        metavar=("MANIFEST", "TOKENS", "THREADS"),
+        nargs=4,
+        metavar=("MANIFEST", "TOKENS", "THREADS", "WARM_UP"),
         help=argparse.SUPPRESS,
     )
     args = parser.parse_args(argv)
     if args.monolithic_worker:
-        manifest, tokens, threads = args.monolithic_worker
-        monolithic_worker(Path(manifest), int(tokens), int(threads))
+        manifest, tokens, threads, warm_up = args.monolithic_worker
+        monolithic_worker(Path(manifest), int(tokens), int(threads), warm_up == "1")
         return 0
     # This process is the pipeline client: idle OpenMP threads must sleep, not spin, while
     # the nodes compute (the nodes get the same setting from the launcher).
@@ -369,10 +412,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
-    new_tokens = args.max_new_tokens or (16 if args.quick else 64)
+    new_tokens = args.max_new_tokens or (4 if args.quick else 64)
     repeats = args.repeats or (1 if args.quick else 3)
     check_prompts = CHECK_PROMPTS[:1] if args.quick else CHECK_PROMPTS
-    parts_list = [int(p) for p in args.parts.split(",")]
+    parts_list = [int(p) for p in (args.parts or ("3" if args.quick else "2,3,5")).split(",")]
+    skip_codec = args.skip_codec or args.quick
+    warm_up = not args.quick
+    mono_threads_list = (1,) if args.quick else (1, 2)
+    wire_lengths = (2, 4) if args.quick else (8, 40)
     progress = lambda message: log.info("%s", message)  # noqa: E731
 
     from node.client.types import Hop
@@ -389,8 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     circuits: dict[int, tuple[Path, list[Any]]] = {}
     try:
         log.info("starting node processes for %s-part circuits", parts_list)
-        for parts, ports in circuit_ports(parts_list).items():
-            circuits[parts] = start_circuit(parts, ports, run_dir)
+        for parts, ports in circuit_ports(parts_list, args.quick).items():
+            circuits[parts] = start_circuit(parts, ports, run_dir, args.quick)
         manifest3 = Path(next(iter(circuits.values()))[0])
         manifest3 = Path(circuits[3][0]) if 3 in circuits else manifest3
         head = ClientHead.load(manifest3, device="cpu")
@@ -403,15 +450,18 @@ def main(argv: list[str] | None = None) -> int:
             for parts, (_, nodes) in circuits.items()
         }
         # warm-up: one short run of each (first-call allocations, connection set-up)
-        for parts in parts_list:
+        for parts in parts_list if warm_up else ():
             asyncio.run(_pipeline_run(hops[parts], head, ids, 4))
 
         runs: dict[str, list[tuple[float, float]]] = {}
         for repeat in range(repeats):
             log.info("repeat %d/%d", repeat + 1, repeats)
             # transformers generate with 1 and with 2 threads; the faster one is "monolithic"
-            for mono_threads in (1, 2):
-                for name, value in run_monolithic(manifest3, new_tokens, mono_threads).items():
+            for mono_threads in mono_threads_list:
+                measured = run_monolithic(
+                    manifest3, new_tokens, mono_threads, warm_up, own_process=not args.quick
+                )
+                for name, value in measured.items():
                     runs.setdefault(f"{name}_{mono_threads}t", []).append(value)
             for parts in parts_list:
                 _, timings = asyncio.run(_pipeline_run(hops[parts], head, ids, new_tokens))
@@ -429,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics[f"decode_tok_s_{name}_spread"] = spread(decode)
             metrics[f"prefill_ms_{name}"] = round(median(prefill), 1)
             metrics[f"prefill_ms_{name}_spread"] = spread(prefill, 1)
-        best = max((1, 2), key=lambda t: metrics[f"decode_tok_s_monolithic_{t}t"])
+        best = max(mono_threads_list, key=lambda t: metrics[f"decode_tok_s_monolithic_{t}t"])
         metrics["monolithic_best_threads"] = best
         for key in ("decode_tok_s", "prefill_ms"):
             metrics[f"{key}_monolithic"] = metrics[f"{key}_monolithic_{best}t"]
@@ -455,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
             )
 
         # ---- wire bytes per generated token, all hops, framing included ----------------
+        log.info("wire bytes per token")
+        wire_ids = ids[:8] if args.quick else ids  # quick: a short prefill (it cancels out)
         wire_parts = 3 if 3 in hops else parts_list[-1]
         wire_runs = (
             ("float32", "raw", "raw"),
@@ -463,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for dtype, codec, label in wire_runs:
             metrics[f"wire_bytes_per_token_{label}_{wire_parts}"] = round(
-                wire_bytes_per_token(hops[wire_parts], head, ids, dtype, codec)
+                wire_bytes_per_token(hops[wire_parts], head, wire_ids, dtype, codec, wire_lengths)
             )
         # what the star relay (client POSTs every step to each node, retired) measured at 3
         # nodes before the forwarding transport replaced it
@@ -494,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         metrics[f"activation_bytes_prefill_{len(ids)}_tokens_raw"] = n_prompt * 4
         check_parts = 3 if 3 in hops else parts_list[-1]
-        checked = () if args.skip_codec else ((COMPRESSED_CODEC, "compressed"), ("int8", "int8"))
+        checked = () if skip_codec else ((COMPRESSED_CODEC, "compressed"), ("int8", "int8"))
         for codec, label in checked:
             unchanged = []
             first_divergence = []
@@ -521,7 +573,8 @@ def main(argv: list[str] | None = None) -> int:
             for node in nodes:
                 stop_pid(node.pid, grace_s=5)
 
-    sizes = shard_sizes(progress)
+    log.info("nodes stopped")
+    sizes = shard_sizes(args.quick)
     for name, size in sizes.items():
         metrics[f"shard_bytes_{name}"] = size
     metrics["ratio_shard_bytes_int8_vs_fp32"] = round(sizes["int8"] / sizes["fp32"], 4)
@@ -548,8 +601,12 @@ def main(argv: list[str] | None = None) -> int:
             "WebSockets; loopback",
             "loadavg_start": load_start,
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-            "monolithic": "transformers generate, fp32, own process per repeat, 1 and 2 torch "
-            "threads measured, the faster one compared",
+            "monolithic": "transformers generate, fp32, "
+            + ("in the client's process, " if args.quick else "own process per repeat, ")
+            + f"{' and '.join(map(str, mono_threads_list))} torch thread(s) measured, the "
+            "faster one compared",
+            "warm_up": warm_up,
+            "wire_bytes_lengths": list(wire_lengths),
             "client_omp_wait_policy": "PASSIVE",
             "ppl_text": "node/model/data/heldout.txt (teacher forced, 3 shards)",
             "quick": args.quick,

@@ -20,6 +20,13 @@ shards, two nodes per shard, the client (node/client/failover.py) in this proces
 
     python bench/resilience.py            # ~10 min on 2 cores
     python bench/resilience.py --quick    # a smoke run (tests/integration/test_bench_smoke.py)
+
+`--quick` runs every phase once, small, on ONE network of 3 nodes (shard 0, shard 1 twice, the
+second shard-1 node slowed): shard 1 downloaded from 1 and from 2 peers; one counted question
+load-aware and one random after one warm-up; one kill -9 mid-answer and its failover, the killed
+node restarted while the quiet answers and the quiet load run (the smoke proves the path, not the
+figure); 2 s of quiet load and 2 s of churn with one kill of a replicated node (restarted without
+waiting: the network closes next). 4 new tokens per answer.
 """
 
 from __future__ import annotations
@@ -77,14 +84,21 @@ def long_prompt(words: int) -> str:
 # -- 1. recovery ---------------------------------------------------------------------------------
 
 
-async def recovery(net: ReplicaNet, head: Any, args: argparse.Namespace) -> dict[str, Any]:
+async def recovery(
+    net: ReplicaNet, head: Any, args: argparse.Namespace, *, wait_restart: bool = True
+) -> dict[str, Any]:
+    """Kills a node serving a hop mid-answer (`--kills` per prompt length) and restarts it
+    (waiting until it is healthy unless not `wait_restart`). Only shards with a replica are
+    hit."""
     rng = random.Random(27)
     rows: list[dict[str, float]] = []
+    shards = [r.shard for r in net.replicas]
+    replicated = sorted({s for s in shards if shards.count(s) > 1})
     for words in args.prompt_words:
         ids = head.chat_ids([{"role": "user", "content": long_prompt(words)}])
         for _ in range(args.kills):
-            shard = rng.randrange(2)
-            kill_at = rng.randint(2, args.tokens - 2)
+            shard = replicated[rng.randrange(len(replicated))]
+            kill_at = rng.randint(2, max(2, args.tokens - 2))
             killed: list[int] = []
 
             async def on_token(
@@ -101,7 +115,7 @@ async def recovery(net: ReplicaNet, head: Any, args: argparse.Namespace) -> dict
             for failover in timings.failovers:
                 rows.append({"replayed": failover.replayed, "ms": failover.recovery_ms})
             for index in killed:
-                await asyncio.to_thread(net.restart, index)
+                await asyncio.to_thread(net.restart, index, wait=wait_restart)
     by_length: dict[str, float] = {}
     for bucket, replayed in _groups(rows):
         values = [r["ms"] for r in rows if r["replayed"] in replayed]
@@ -140,6 +154,8 @@ async def load(
     tokens = 0
     failed = wrong = failovers = 0
     kills = 0
+    shards = [r.shard for r in net.replicas]
+    killable = [i for i, s in enumerate(shards) if shards.count(s) > 1]  # a replica answers on
 
     async def killer(stop: asyncio.Event) -> None:
         nonlocal kills
@@ -147,10 +163,13 @@ async def load(
             try:
                 await asyncio.wait_for(stop.wait(), args.churn_every_s)
             except TimeoutError:
-                index = rng.randrange(len(net.replicas))
+                index = killable[rng.randrange(len(killable))]
                 net.kill(index)
                 kills += 1
-                await asyncio.to_thread(net.restart, index)
+                # --quick: one kill, restarted without waiting (the network closes next)
+                await asyncio.to_thread(net.restart, index, wait=not args.quick)
+                if args.quick:
+                    return
 
     async def asker(worker: int, deadline: float) -> None:
         nonlocal tokens, failed, wrong, failovers
@@ -238,11 +257,11 @@ async def latencies(
 # -- 4. join download ----------------------------------------------------------------------------
 
 
-async def download(net: ReplicaNet, peers: int, root: Path) -> float:
+async def download(net: ReplicaNet, peers: int, root: Path, shard: int = 0) -> float:
     manifest = net.manifest
-    entry = manifest.shard(0)
-    urls = [r.url for r in net.replicas if r.shard == 0][:peers]
-    target = root / f"download-{peers}" / entry.file
+    entry = manifest.shard(shard)
+    urls = [r.url for r in net.replicas if r.shard == shard][:peers]
+    target = root / f"download-{shard}-{peers}" / entry.file
     target.parent.mkdir(parents=True)
     started = time.monotonic()
     await fetch_shard(entry, target, urls)
@@ -277,14 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_with_quick(
         parser,
         {
-            "tokens": 8,
+            "tokens": 4,
             "prompt_words": [8],
             "kills": 1,
-            "churn_s": 8.0,
+            "churn_s": 2.0,
             "churn_concurrency": 2,
-            "churn_every_s": 4.0,
-            "slow_questions": 2,
+            "churn_every_s": 1.0,
+            "slow_questions": 1,
             "slow_warmup": 1,
+            "chunk_rate_mb": 256.0,
         },
         argv,
     )
@@ -295,61 +315,25 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="planet-resilience-") as tmp:
         root = Path(tmp)
         manifest = chunked_model(prepared_manifest(parts=2, quant="int8"), root / "model")
+        rate = ("--chunk-rate-mb", f"{args.chunk_rate_mb:g}")
         from node.model.head import ClientHead  # lazy: torch
 
         head = ClientHead.load(manifest, device="cpu")
-        rate = ("--chunk-rate-mb", f"{args.chunk_rate_mb:g}")
-        net = ReplicaNet.start(root / "net", manifest, [0, 0, 1, 1, 0], extra_args=rate)
-        try:
-            log.info("join download from 1 and 3 peers")
-            one = asyncio.run(download(net, 1, root))
-            three = asyncio.run(download(net, 3, root))
-            metrics["shard_download_s_1_peers"] = round(one, 2)
-            metrics["shard_download_s_3_peers"] = round(three, 2)
-            metrics["ratio_shard_download_3_vs_1_peers"] = round(three / one, 3)
-            metrics["shard_bytes"] = Manifest.load(manifest).shard(0).size
-            log.info("recovery after kill -9")
-            metrics.update(asyncio.run(recovery(net, head, args)))
-            log.info("quiet answers")
-            quiet = {}
-            for question in QUESTIONS:
-                ids = head.chat_ids([{"role": "user", "content": question}])
-                quiet[question] = asyncio.run(net.answer(head, ids, max_new_tokens=args.tokens))[0]
-            log.info("load, quiet then churn")
-            calm = asyncio.run(load(net, head, args, quiet, churn=False))
-            churn = asyncio.run(load(net, head, args, quiet, churn=True))
-        finally:
-            net.close()
-        metrics["tok_s_quiet"] = round(calm["tok_s"], 2)
-        metrics["tok_s_churn"] = round(churn["tok_s"], 2)
-        metrics["ratio_tok_s_churn_vs_quiet"] = round(churn["tok_s"] / max(calm["tok_s"], 1e-9), 3)
-        metrics["failed_questions_churn"] = churn["failed"] + calm["failed"]
-        metrics["wrong_answers_churn"] = churn["wrong"] + calm["wrong"]
-        metrics["failovers_churn"] = churn["failovers"]
-        metrics["kills_churn"] = churn["kills"]
-        log.info("one node %gx slower: load-aware vs random", args.slow_factor)
-        slow = ReplicaNet.start(root / "slow", manifest, [0, 0, 1, 1], slow={2: args.slow_factor})
-        try:
-            slow_url = slow.replicas[2].url
-            aware = asyncio.run(latencies(slow, head, args, CostBook(), slow_url))
-            random_book = CostBook(near=1e9, slack_s=1e9)
-            uniform = asyncio.run(latencies(slow, head, args, random_book, slow_url))
-        finally:
-            slow.close()
-        for name, value in aware.items():
-            metrics[f"{name}_load_aware"] = round(value, 1)
-        for name, value in uniform.items():
-            metrics[f"{name}_random"] = round(value, 1)
-        metrics["questions_slow_node_counted"] = args.slow_questions
-        metrics["ratio_p99_load_aware_vs_random_slow_node"] = round(
-            aware["inter_token_ms_p99"] / max(uniform["inter_token_ms_p99"], 1e-9), 3
-        )
-        metrics["ratio_first_token_p99_load_aware_vs_random_slow_node"] = round(
-            aware["first_token_ms_p99"] / max(uniform["first_token_ms_p99"], 1e-9), 3
-        )
+        if args.quick:
+            net = ReplicaNet.start(
+                root / "net", manifest, [0, 1, 1], slow={2: args.slow_factor}, extra_args=rate
+            )
+            try:
+                metrics.update(quick_phases(net, head, args, root))
+            finally:
+                net.close()
+        else:
+            metrics.update(full_phases(manifest, head, args, root, rate))
     config = {
         "model": "smollm2-135m-2p-int8",
-        "nodes": "shard 0 ×3, shard 1 ×2 (slow run: 2 + 2, one of shard 1 slowed)",
+        "nodes": "shard 0, shard 1 ×2, the second slowed; one network for every phase"
+        if args.quick
+        else "shard 0 ×3, shard 1 ×2 (slow run: 2 + 2, one of shard 1 slowed)",
         **{k: v for k, v in vars(args).items()},
     }
     print(
@@ -369,6 +353,108 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     return 0
+
+
+def quick_phases(
+    net: ReplicaNet, head: Any, args: argparse.Namespace, root: Path
+) -> dict[str, Any]:
+    """--quick: every phase once, small, on one network [0, 1, 1 slowed] (the module doc)."""
+    metrics: dict[str, Any] = {}
+    log.info("join download of shard 1 from 1 and 2 peers")
+    one = asyncio.run(download(net, 1, root, shard=1))
+    two = asyncio.run(download(net, 2, root, shard=1))
+    metrics["shard_download_s_1_peers"] = round(one, 2)
+    metrics["shard_download_s_2_peers"] = round(two, 2)
+    metrics["ratio_shard_download_2_vs_1_peers"] = round(two / one, 3)
+    metrics["shard_bytes"] = net.manifest.shard(1).size
+    log.info("slow node: load-aware vs random")
+    slow_url = net.replicas[2].url
+    aware = asyncio.run(latencies(net, head, args, CostBook(), slow_url))
+    uniform = asyncio.run(latencies(net, head, args, CostBook(near=1e9, slack_s=1e9), slow_url))
+    metrics.update(_slow_metrics(aware, uniform, args))
+    log.info("recovery after kill -9 (the killed node restarts during the quiet runs)")
+    metrics.update(asyncio.run(recovery(net, head, args, wait_restart=False)))
+    quiet = _quiet_answers(net, head, args)
+    calm = asyncio.run(load(net, head, args, quiet, churn=False))
+    net.wait()
+    log.info("churn: one kill")
+    churn = asyncio.run(load(net, head, args, quiet, churn=True))
+    metrics.update(_load_metrics(calm, churn))
+    return metrics
+
+
+def _quiet_answers(net: ReplicaNet, head: Any, args: argparse.Namespace) -> dict[str, list[int]]:
+    log.info("quiet answers")
+    quiet = {}
+    for question in QUESTIONS:
+        ids = head.chat_ids([{"role": "user", "content": question}])
+        quiet[question] = asyncio.run(net.answer(head, ids, max_new_tokens=args.tokens))[0]
+    return quiet
+
+
+def _load_metrics(calm: dict[str, Any], churn: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "tok_s_quiet": round(calm["tok_s"], 2),
+        "tok_s_churn": round(churn["tok_s"], 2),
+        "ratio_tok_s_churn_vs_quiet": round(churn["tok_s"] / max(calm["tok_s"], 1e-9), 3),
+        "failed_questions_churn": churn["failed"] + calm["failed"],
+        "wrong_answers_churn": churn["wrong"] + calm["wrong"],
+        "failovers_churn": churn["failovers"],
+        "kills_churn": churn["kills"],
+    }
+
+
+def _slow_metrics(aware: dict, uniform: dict, args: argparse.Namespace) -> dict[str, Any]:
+    metrics: dict[str, Any] = {}
+    for name, value in aware.items():
+        metrics[f"{name}_load_aware"] = round(value, 1)
+    for name, value in uniform.items():
+        metrics[f"{name}_random"] = round(value, 1)
+    metrics["questions_slow_node_counted"] = args.slow_questions
+    metrics["ratio_p99_load_aware_vs_random_slow_node"] = round(
+        aware["inter_token_ms_p99"] / max(uniform["inter_token_ms_p99"], 1e-9), 3
+    )
+    metrics["ratio_first_token_p99_load_aware_vs_random_slow_node"] = round(
+        aware["first_token_ms_p99"] / max(uniform["first_token_ms_p99"], 1e-9), 3
+    )
+    return metrics
+
+
+def full_phases(
+    manifest: Path, head: Any, args: argparse.Namespace, root: Path, rate: tuple[str, str]
+) -> dict[str, Any]:
+    """The full run: a network of 5 for download, recovery and churn, then one of 4 with a
+    slow node."""
+    metrics: dict[str, Any] = {}
+    net = ReplicaNet.start(root / "net", manifest, [0, 0, 1, 1, 0], extra_args=rate)
+    try:
+        log.info("join download from 1 and 3 peers")
+        one = asyncio.run(download(net, 1, root))
+        three = asyncio.run(download(net, 3, root))
+        metrics["shard_download_s_1_peers"] = round(one, 2)
+        metrics["shard_download_s_3_peers"] = round(three, 2)
+        metrics["ratio_shard_download_3_vs_1_peers"] = round(three / one, 3)
+        metrics["shard_bytes"] = Manifest.load(manifest).shard(0).size
+        log.info("recovery after kill -9")
+        metrics.update(asyncio.run(recovery(net, head, args)))
+        quiet = _quiet_answers(net, head, args)
+        log.info("load, quiet then churn")
+        calm = asyncio.run(load(net, head, args, quiet, churn=False))
+        churn = asyncio.run(load(net, head, args, quiet, churn=True))
+    finally:
+        net.close()
+    metrics.update(_load_metrics(calm, churn))
+    log.info("one node %gx slower: load-aware vs random", args.slow_factor)
+    slow = ReplicaNet.start(root / "slow", manifest, [0, 0, 1, 1], slow={2: args.slow_factor})
+    try:
+        slow_url = slow.replicas[2].url
+        aware = asyncio.run(latencies(slow, head, args, CostBook(), slow_url))
+        random_book = CostBook(near=1e9, slack_s=1e9)
+        uniform = asyncio.run(latencies(slow, head, args, random_book, slow_url))
+    finally:
+        slow.close()
+    metrics.update(_slow_metrics(aware, uniform, args))
+    return metrics
 
 
 if __name__ == "__main__":

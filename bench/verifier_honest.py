@@ -8,6 +8,10 @@ validator, three honest staked SmolLM2 nodes over 2 shards of that quant, the ga
 verifier has scored challenges in `--epochs` epochs. Counted: challenges, challenges with
 C < 10^6 (false positives), the largest coarsened KL seen, the lowest reputation any honest
 node had at any poll (1 s) and polls where one was untrusted.
+
+`--quick` (the smoke run): the int8 pool only, two honest nodes (one per shard), epochs of 5
+blocks, challenges of 8 prompt + 4 continuation tokens and 4-token sampled checks, until one
+challenge has been scored.
 """
 
 from __future__ import annotations
@@ -27,11 +31,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import machine, parse_with_quick
 
 log = logging.getLogger("bench.verifier_honest")
+# --quick: short challenges and sampled checks (the reference writes ~70 ms of CPU per token)
+QUICK_VERIFIER_ARGS = (
+    "--prompt-tokens",
+    "8",
+    "--continuation-tokens",
+    "4",
+    "--sampled-tokens",
+    "4",
+)
 LINE = re.compile(r"challenge epoch=(\d+) circuit=\[[^\]]*\] kl=([0-9.]+) top1=[0-9.]+ C=(\d+)")
 
 
 def run_pool(
-    quant: str, epochs: int, challenges: int, timeout_s: float, epoch_blocks: int
+    quant: str,
+    epochs: int,
+    challenges: int,
+    timeout_s: float,
+    epoch_blocks: int,
+    honest: list[int],
+    verifier_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     from harness.gateway_net import prepared_manifest
     from harness.verifier_net import VerifierNet
@@ -39,7 +58,12 @@ def run_pool(
     manifest = prepared_manifest(parts=2, quant=quant)
     with tempfile.TemporaryDirectory(prefix=f"verifier-honest-{quant}-") as tmp:
         net = VerifierNet.start(
-            Path(tmp), manifest, honest=[0, 1, 1], challenges=challenges, epoch_blocks=epoch_blocks
+            Path(tmp),
+            manifest,
+            honest=honest,
+            challenges=challenges,
+            epoch_blocks=epoch_blocks,
+            verifier_args=verifier_args,
         )
         try:
             keys = [c.public for c in net.honest]
@@ -87,13 +111,27 @@ def main() -> int:
     parser.add_argument("--challenges", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per pool")
     parser.add_argument("--epoch-blocks", type=int, default=50, help="committee epoch length")
-    quick = {"quants": "int8", "epochs": 1, "challenges": 1, "timeout": 300.0, "epoch_blocks": 20}
+    parser.add_argument(
+        "--honest", default="0,1,1", help="the honest nodes' shards (default 0,1,1)"
+    )
+    quick = {
+        "quants": "int8",
+        "epochs": 1,
+        "challenges": 1,
+        "timeout": 300.0,
+        "epoch_blocks": 5,
+        "honest": "0,1",
+    }
     args = parse_with_quick(parser, quick)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     metrics: dict[str, Any] = {}
+    short = QUICK_VERIFIER_ARGS if args.quick else ()
     for quant in args.quants.split(","):
         started = time.monotonic()
-        result = run_pool(quant, args.epochs, args.challenges, args.timeout, args.epoch_blocks)
+        honest = [int(shard) for shard in args.honest.split(",")]
+        result = run_pool(
+            quant, args.epochs, args.challenges, args.timeout, args.epoch_blocks, honest, short
+        )
         label = {"none": "fp32"}.get(quant, quant)
         for name, value in result.items():
             metrics[f"{name}_{label}"] = value
@@ -107,10 +145,12 @@ def main() -> int:
                 "config": {
                     "model": "smollm2-135m",
                     "shards": 2,
-                    "honest_nodes": 3,
+                    "honest_nodes": len(args.honest.split(",")),
+                    "honest_shards": args.honest,
                     "epochs": args.epochs,
                     "challenges_per_epoch": args.challenges,
                     "epoch_blocks": args.epoch_blocks,
+                    "verifier_args": list(short),
                     "quick": args.quick,
                 },
                 "metrics": metrics,

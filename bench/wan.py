@@ -2,6 +2,9 @@
 
     python bench/wan.py [--latencies 0,20,50,100] [--new-tokens 48] [--lookahead 6] [--quick]
 
+`--quick` (the smoke run): 2 nodes, 0 ms links only (the proxies still relay every byte), 4 new
+tokens, one prompt of each set, the monolithic prefill timed once, the cached prepared shards.
+
 Three node processes on loopback; every connection to node i (the client's link and the
 previous node's) goes through a proxy that delays the bytes of each direction by the link's
 one-way latency: toxiproxy's latency toxic (`.tools/bin/toxiproxy-server`, the binary
@@ -196,15 +199,29 @@ class RelayLinks:
 
 # ------------------------------------------------------------------------------ the circuit
 @contextlib.contextmanager
-def circuit(run_dir: Path, links_kind: str) -> Iterator[tuple[Path, list[Any], Any]]:
-    """3 SmolLM2 nodes behind delaying proxies: (manifest, hops through the proxies, links)."""
+def circuit(
+    run_dir: Path, links_kind: str, quick: bool = False, parts: int = 3
+) -> Iterator[tuple[Path, list[Any], Any]]:
+    """`parts` SmolLM2 nodes behind delaying proxies: (manifest, hops through the proxies,
+    links).
+    `quick` takes the cached prepared shards without hashing them first (each node checks its
+    own shard file's hash when it starts)."""
+    from harness.gateway_net import prepared_manifest
+    from harness.ports import ephemeral_port
     from node.client.types import Hop
     from node.model.prepare import prepare
     from node.server.launcher import free_ports, start_node, stop_pid, wait_healthy
 
-    manifest = Path(prepare(parts=3, quant="none", progress=lambda m: log.info("%s", m)))
-    ports = free_ports(7, *PORTS)
-    node_ports, proxy_ports, api_port = ports[:3], ports[3:6], ports[6]
+    manifest = (
+        prepared_manifest(parts=parts, quant="none")
+        if quick
+        else Path(prepare(parts=parts, quant="none", progress=lambda m: log.info("%s", m)))
+    )
+    # quick (the smoke run, beside other tests): the test range (harness/ports.py), off the
+    # devnets' fixed ranges
+    count = 2 * parts + 1
+    ports = [ephemeral_port() for _ in range(count)] if quick else free_ports(count, *PORTS)
+    node_ports, proxy_ports, api_port = ports[:parts], ports[parts : 2 * parts], ports[-1]
     use_toxiproxy = links_kind == "toxiproxy" or (links_kind == "auto" and TOXIPROXY.exists())
     links: Any = ToxiproxyLinks(TOXIPROXY, api_port, run_dir) if use_toxiproxy else RelayLinks()
     nodes = []
@@ -342,7 +359,9 @@ async def measure(
                     for name, messages in chosen:
                         ids = head.chat_ids(messages)
                         if tuple(ids) not in mono:
-                            mono[tuple(ids)] = monolithic_prefill_ms(manifest, head, ids)
+                            mono[tuple(ids)] = monolithic_prefill_ms(
+                                manifest, head, ids, repeats=1 if args.quick else 3
+                            )
                         plain = await one_generation(client, head, ids, args.new_tokens, None, hops)
                         spec = await one_generation(
                             client, head, ids, args.new_tokens, args.lookahead, hops, args.min_ngram
@@ -385,14 +404,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=4, help="prompts of each set (at most)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--links", choices=("auto", "toxiproxy", "relay"), default="auto")
-    args = parse_with_quick(parser, {"latencies": "0,20", "new_tokens": 8, "prompts": 1}, argv)
+    parser.add_argument("--parts", type=int, default=3, help="nodes in the circuit (3)")
+    args = parse_with_quick(
+        parser, {"latencies": "0", "new_tokens": 4, "prompts": 1, "parts": 2}, argv
+    )
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     from node.model.head import ClientHead
 
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory(prefix="planet-wan-") as tmp,
-        circuit(Path(tmp), args.links) as (manifest, hops, links),
+        circuit(Path(tmp), args.links, args.quick, args.parts) as (manifest, hops, links),
     ):
         head = ClientHead.load(manifest, device="cpu")
         metrics = asyncio.run(measure(hops, head, links, args, manifest))
@@ -416,10 +438,11 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "wan",
         "machine": machine(),
         "config": {
-            "model": "smollm2-135m fp32, 3 shards, 3 node processes on loopback",
+            "model": f"smollm2-135m fp32, {args.parts} shards, {args.parts} node processes on "
+            "loopback",
             "links": kind,
-            "latency": "one-way ms on every link, each direction (a token costs 4 without "
-            "speculation)",
+            "latency": "one-way ms on every link, each direction (a token costs "
+            f"{args.parts + 1} without speculation)",
             "latencies": args.latencies,
             "new_tokens": args.new_tokens,
             "lookahead": args.lookahead,

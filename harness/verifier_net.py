@@ -57,6 +57,7 @@ class VerifierNet:
         epoch_blocks: int = 50,
         challenges: int = 4,
         verdict_after: int = 1,
+        verifier_args: tuple[str, ...] = (),  # more `planet verifier serve` arguments
     ) -> VerifierNet:
         if cheats and not cheating_node:
             raise ValueError("cheats need the cheating_node module that serves them")
@@ -76,7 +77,7 @@ class VerifierNet:
             net.start_heartbeats()
             net.start_gateway()
             wait_for(self._all_routable, 60, "the nodes are not all routable")
-            self.start_verifier(challenges, verdict_after)
+            self.start_verifier(challenges, verdict_after, verifier_args)
         except BaseException:
             self.close()
             raise

@@ -82,8 +82,12 @@ class OpSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def load_op(manifest: str | Path, shard: int = 1, head: int = 0) -> tuple[NormSliceOp, OpSpec]:
-    """The operation at the start of `shard` of a prepared fp32 model (its file hash-checked)."""
+def load_op(
+    manifest: str | Path, shard: int = 1, head: int = 0, width: int = HEAD_WIDTH
+) -> tuple[NormSliceOp, OpSpec]:
+    """The operation at the start of `shard` of a prepared fp32 model (its file hash-checked).
+    `width` < 64 keeps only the head's first `width` query rows: a smaller circuit of the same
+    computation (bench/zk.py --quick); the product's circuit is the whole head."""
     from safetensors import safe_open
 
     path = manifest_path(manifest)
@@ -101,13 +105,15 @@ def load_op(manifest: str | Path, shard: int = 1, head: int = 0) -> tuple[NormSl
         raise UsageError(f"the ZK op needs {HEAD_WIDTH}-wide heads, the model has {head_dim}")
     if not 0 <= head < heads:
         raise UsageError(f"head {head} outside [0, {heads})")
+    if not 1 <= width <= HEAD_WIDTH:
+        raise UsageError(f"width {width} outside [1, {HEAD_WIDTH}]")
     file = path.parent / entry.file
     verify_file(file, entry.hash)
     layer = entry.layers[0]
     with safe_open(str(file), "pt") as tensors:
         norm = tensors.get_tensor(f"model.layers.{layer}.input_layernorm.weight")
         q_proj = tensors.get_tensor(f"model.layers.{layer}.self_attn.q_proj.weight")
-    rows = q_proj[HEAD_WIDTH * head : HEAD_WIDTH * (head + 1)]
+    rows = q_proj[HEAD_WIDTH * head : HEAD_WIDTH * head + width]
     op = NormSliceOp(norm, rows, float(config.rms_norm_eps)).eval()
     digest = hashlib.sha256()
     digest.update(op.norm_weight.detach().numpy().tobytes())
