@@ -1,11 +1,12 @@
 """One devnet per test run for the e2e modules whose scenarios do not disturb each other.
 
 `shared_devnet` is `planet devnet up --detach --verifiers 0 --epoch-length 10` once per
-session (test_devnet.py and test_dapp.py share it); each test gets its own funded wallet
-(`fresh_user`) and, to stake, join, unstake or leave, its own operator homes
-(`new_operator`), never the genesis operators. `shared_devnet_dir` is the devnet's state dir
-(the folder holding devnet.json) for tools that measure a running devnet. At the end of the
-session `planet devnet down` must stop every process, and a second `down` says none runs.
+session (PLANET_E2E_VERIFIERS=N: N verifiers instead); test_devnet.py and test_dapp.py share it.
+Each test gets its own funded wallet (`fresh_user`) and, to stake, join, unstake or leave, its
+own operator homes (`new_operator`), never the genesis operators. `shared_devnet_dir` is the
+devnet's state dir (the folder holding devnet.json) for tools that measure a running devnet.
+At the end of the session `planet devnet down` must stop every process, and a second `down`
+says none runs.
 
 Modules that kill validators, cheat, or need network namespaces keep their own networks (see
 each module's docstring).
@@ -34,6 +35,7 @@ from tests.e2e.devnet_session import (
     pids_alive,
     planet,
     release_operator,
+    shared_verifiers,
     state_path,
 )
 
@@ -59,7 +61,8 @@ def shared_devnet(devnet_env: dict[str, str]) -> Iterator[dict[str, Any]]:
     """devnet.json of the session's devnet: anvil, the gateway, 4 validators (app, CometBFT,
     stake watcher), 3 compute nodes with their agents; no verifiers (the sharing tests stake,
     leave and settle by hand; tests/e2e/test_verification_devnet.py runs its own with them)."""
-    up = planet(devnet_env, "devnet", "up", "--detach", "--verifiers", "0",
+    verifiers = shared_verifiers()
+    up = planet(devnet_env, "devnet", "up", "--detach", "--verifiers", str(verifiers),
                 "--epoch-length", str(SHARED_EPOCH_LENGTH), timeout=UP_TIMEOUT_S)  # fmt: skip
     try:
         assert up.returncode == 0, up.stderr[-4000:]
@@ -67,7 +70,7 @@ def shared_devnet(devnet_env: dict[str, str]) -> Iterator[dict[str, Any]]:
         state = devnet_state(devnet_env)
         gateway = 1 if state.get("gateway_url") else 0
         # anvil (+ gateway), app + cometbft + watcher per validator, node + agent per operator
-        assert len(pids_alive(state)) == 1 + gateway + 3 * 4 + 2 * 3
+        assert len(pids_alive(state)) == 1 + gateway + 3 * 4 + 2 * 3 + verifiers
         yield state
     finally:
         path = state_path(devnet_env)

@@ -29,10 +29,21 @@ UP_TIMEOUT_S = 900
 # scenarios that wait for an epoch's roots wait half as long; the gateway reports and the
 # nodes redeem within a few blocks, and a charge that misses its epoch lands in the next.
 SHARED_EPOCH_LENGTH = 10
+VERIFIERS_VARIABLE = "PLANET_E2E_VERIFIERS"
 FUND_ETH = "10"
 STAKE_ETH = "1"
 
 T = TypeVar("T")
+
+
+def shared_verifiers() -> int:
+    """Verifiers of the shared devnet: none (the sharing tests settle by hand, and on a 2-core
+    machine each verifier's own model copy slows the whole run), unless PLANET_E2E_VERIFIERS
+    asks for some (`planet devnet up --verifiers N`), e.g. to check the tests with them on."""
+    text = os.environ.get(VERIFIERS_VARIABLE, "0")
+    if not text.isdigit() or int(text) > 4:
+        raise ValueError(f"{VERIFIERS_VARIABLE} must be 0-4 (verifiers), got {text!r}")
+    return int(text)
 
 
 def planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
