@@ -56,8 +56,42 @@ def devnet_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {**clean, "PLANET_HOME": str(home), "NO_COLOR": "1"}
 
 
+class _Lifetime:
+    """Brings the shared devnet down once, checking that every process stopped: after the last
+    test that uses it (so no other devnet of the run meets it on the devnets' ports or on the
+    CPU), or at the end of the session when that test never ran (-x, -k)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.done = False
+
+    def down(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        path = state_path(self.env)
+        before = pids_alive(json.loads(path.read_text()), _OPERATOR_HOMES) if path.is_file() else []
+        down = planet(self.env, "devnet", "down", timeout=180)
+        assert down.returncode == 0, down.stderr
+        survivors = [p for p in before if pid_alive(p)]
+        assert not survivors, f"processes {survivors} outlived `planet devnet down`"
+        again = planet(self.env, "devnet", "down", timeout=60)
+        assert again.returncode == 0 and "no devnet was running" in again.stdout
+
+
+_LIFETIMES: list[_Lifetime] = []  # the session's shared devnet, once it was asked for
+
+
 @pytest.fixture(scope="session")
-def shared_devnet(devnet_env: dict[str, str]) -> Iterator[dict[str, Any]]:
+def _shared_devnet_lifetime(devnet_env: dict[str, str]) -> _Lifetime:
+    _LIFETIMES.append(_Lifetime(devnet_env))
+    return _LIFETIMES[-1]
+
+
+@pytest.fixture(scope="session")
+def shared_devnet(
+    devnet_env: dict[str, str], _shared_devnet_lifetime: _Lifetime
+) -> Iterator[dict[str, Any]]:
     """devnet.json of the session's devnet: anvil, the gateway, 4 validators (app, CometBFT,
     stake watcher), 3 compute nodes with their agents; no verifiers (the sharing tests stake,
     leave and settle by hand; tests/e2e/test_verification_devnet.py runs its own with them)."""
@@ -73,14 +107,24 @@ def shared_devnet(devnet_env: dict[str, str]) -> Iterator[dict[str, Any]]:
         assert len(pids_alive(state)) == 1 + gateway + 3 * 4 + 2 * 3 + verifiers
         yield state
     finally:
-        path = state_path(devnet_env)
-        before = pids_alive(json.loads(path.read_text()), _OPERATOR_HOMES) if path.is_file() else []
-        down = planet(devnet_env, "devnet", "down", timeout=180)
-        assert down.returncode == 0, down.stderr
-        survivors = [p for p in before if pid_alive(p)]
-        assert not survivors, f"processes {survivors} outlived `planet devnet down`"
-        again = planet(devnet_env, "devnet", "down", timeout=60)
-        assert again.returncode == 0 and "no devnet was running" in again.stdout
+        _shared_devnet_lifetime.down()
+
+
+@pytest.fixture(autouse=True)
+def _shared_devnet_down_after_its_last_test(
+    request: pytest.FixtureRequest,
+) -> Iterator[None]:
+    """After the last collected test that uses the shared devnet: `planet devnet down` (its
+    checks fail that test's teardown), not at the end of the session."""
+    yield
+    item = request.node
+    if "shared_devnet" not in item.fixturenames:
+        return
+    items = request.session.items
+    later = items[items.index(item) + 1 :]
+    if not any("shared_devnet" in getattr(other, "fixturenames", ()) for other in later):
+        for lifetime in _LIFETIMES:
+            lifetime.down()
 
 
 @pytest.fixture(scope="session")
