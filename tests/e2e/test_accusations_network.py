@@ -10,6 +10,9 @@ mark. The false accuser is then benched: its next verdict vote is refused (VERIF
 its verifier is left out of the spot-check verifier set although it committed a seed. Every
 vote is the verifier's own code path (`failed_verification_verdict`, signed with
 the validator's operator keystore) over the validators' real RPCs.
+
+Its own committee, not the shared devnet (tests/e2e/conftest.py): 5-block epochs, a
+validator's verifier benched for a false accusation, which would change the shared set.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ The tests run in file order on one network (module fixture) and build on each ot
 
 Ports: the first free block of 40 from 27100 on (step 100). Every wait is bounded; the fixture
 stops every process even on failure.
+
+Its own network, not the shared devnet (tests/e2e/conftest.py): it kills validators, halts
+the chain and restarts one with a Byzantine app, which would stop every other scenario.
 """
 
 from __future__ import annotations
@@ -413,7 +416,8 @@ def test_committee_one_validator_killed_under_load_keeps_committing_no_tx_lost(
     async def scenario() -> tuple[int, int, int]:
         start = time.monotonic()
         load = asyncio.create_task(_load(accounts, [0, 1, 2], start + 8.0, accepted))
-        await asyncio.sleep(2.5)
+        while len(accepted) < 10 and not load.done():  # the load is flowing: kill under it
+            await asyncio.sleep(0.1)
         kill(victim["cometbft_pid"])
         kill(victim["app_pid"])
         after_kill = max(h for h in await _heights() if h is not None)
@@ -521,7 +525,7 @@ def _spawn_byzantine(directory: Path, index: int) -> None:
     junk proposals and junk vote extensions) in place of its app; pid files let `planet
     committee down` stop it as usual."""
     from deploy.committee.network import load_network
-    from deploy.committee.start import app_command, cometbft_command
+    from deploy.committee.start import app_command, cometbft_command, wait_port_open
 
     network = load_network(directory)
     validator = network.validators[index]
@@ -550,8 +554,9 @@ def _spawn_byzantine(directory: Path, index: int) -> None:
                 env=env,
             )
         network.pid_path(process, index).write_text(f"{child.pid}\n")
-        if process == "app":
-            time.sleep(2.0)  # let the app listen before cometbft connects
+        if process == "app":  # cometbft connects once the app listens
+            wait_port_open(validator.abci_port, child.pid, f"byzantine app{index}",
+                           network.log_path("app", index), timeout_s=60)  # fmt: skip
 
 
 def _rejections(directory: Path, index: int) -> tuple[int, int]:

@@ -1,11 +1,12 @@
-"""The web dApp in a real Chromium against the real devnet (`planet devnet up --detach` once).
+"""The web dApp in a real Chromium against the session's shared devnet (tests/e2e/conftest.py).
 
 Each test runs `node tests/dapp/run.mjs <scenario>`: Debian's /usr/bin/chromium driven by
 playwright-core, the page served by the devnet gateway at `/`, and an injected EIP-1193 provider
 that signs with a devnet key and forwards everything else to the real anvil. The page's words
 are checked here, and what it claims (deposit, depositor, balance, receipt) against the chain
 with web3 and `protocol.payment`. Screenshots (desktop 1280x800, phone 390x844) go to
-test-artifacts/dapp/. No console error is allowed in any scenario.
+test-artifacts/dapp/. No console error is allowed in any scenario. Each scenario signs with a
+wallet of its own, funded by `planet devnet fund`, so balances and prepaid amounts are its own.
 """
 
 from __future__ import annotations
@@ -14,72 +15,38 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from node.server.launcher import pid_alive
+from tests.e2e.devnet_session import User
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts" / "dapp"
-UP_TIMEOUT_S = 900
 SCENARIO_TIMEOUT_S = 420
 
 
-def _planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "planet", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
 @pytest.fixture(scope="module")
-def env(tmp_path_factory) -> dict[str, str]:
-    from node.model.source import models_dir
-
+def env(devnet_env: dict[str, str]) -> dict[str, str]:
     if not CHROMIUM.is_file() or shutil.which("node") is None:
         pytest.skip("needs Debian's chromium and node (deploy/setup.sh installs both)")
     if not (REPO / "node_modules" / "playwright-core").is_dir():
         pytest.skip("needs npm packages (npm install; deploy/setup.sh does it)")
-    home = tmp_path_factory.mktemp("planet-dapp")
-    real_models = models_dir()
-    real_models.mkdir(parents=True, exist_ok=True)
-    (home / "models").symlink_to(real_models, target_is_directory=True)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_")}
-    return {**clean, "PLANET_HOME": str(home), "NO_COLOR": "1"}
+    return devnet_env
 
 
 @pytest.fixture(scope="module")
-def devnet(env: dict[str, str]) -> Iterator[dict[str, Any]]:
+def devnet(env: dict[str, str], shared_devnet: dict[str, Any]) -> dict[str, Any]:
     built = subprocess.run(
         ["node", "dapp/build.mjs"], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert built.returncode == 0, built.stderr
-    # no verifiers: this test pays and settles by hand (tests/e2e/test_verification_devnet.py
-    # runs the devnet with its default verifier per validator)
-    up = _planet(env, "devnet", "up", "--detach", "--verifiers", "0", timeout=UP_TIMEOUT_S)
-    state_path = Path(env["PLANET_HOME"]) / "devnet" / "devnet.json"
-    try:
-        assert up.returncode == 0, up.stderr[-4000:]
-        state = json.loads(state_path.read_text())
-        assert state.get("gateway_url"), "the devnet started no gateway"
-        yield state
-    finally:
-        pids = []
-        if state_path.is_file():
-            pids = [p for p in json.loads(state_path.read_text()).get("pids", {}).values() if p]
-        down = _planet(env, "devnet", "down", timeout=180)
-        assert down.returncode == 0, down.stderr
-        assert not [p for p in pids if pid_alive(p)], "processes outlived `planet devnet down`"
+    assert shared_devnet.get("gateway_url"), "the devnet started no gateway"
+    return shared_devnet
 
 
 @pytest.fixture(scope="module")
@@ -94,13 +61,10 @@ def chain(devnet: dict[str, Any]) -> Any:
     return w3, escrow
 
 
-@pytest.fixture(scope="module")
-def user(devnet: dict[str, Any]) -> Any:
-    from node.keys import load_wallet
-
-    record = next(a for a in devnet["accounts"] if a["name"] == "user")
-    password = Path(devnet["password_file"]).read_text()
-    return load_wallet(Path(record["keystore"]), password)
+@pytest.fixture
+def user(devnet: dict[str, Any], fresh_user: User) -> Any:
+    """This test's own funded wallet (eth_account's LocalAccount)."""
+    return fresh_user.key
 
 
 def _run(scenario: str, devnet: dict[str, Any], user: Any, tmp_path: Path, **extra: Any) -> dict:

@@ -1,119 +1,52 @@
-"""`planet devnet up --detach` once for the module, driven only through the CLI and RPC.
+"""The session's shared devnet (tests/e2e/conftest.py), driven only through the CLI and RPC.
 
 Real processes throughout: anvil, 4 CometBFT validators with their ABCI apps and stake
 watchers, 3 compute nodes staked and joined by `planet stake` / `planet join`, each with its
-agent. Checks: everything is alive and listed; a node that leaves drops out of the routable
-set; an unstaked node stops being routable; a node whose stake was never attested is never
-routable; a new operator home with no config funds (`planet devnet fund`), stakes, joins and
-leaves through commands that find the devnet by themselves. `planet devnet down` at the end
-stops every process (and is idempotent).
+agent. Checks: everything is alive and listed; served questions are settled, posted and
+claimed; a prepaid question is debited once; an unstaked node stops being routable; a node
+whose stake was never attested is never routable; a new operator home with no config funds
+(`planet devnet fund`), stakes, joins and leaves (dropping out of the routable set) through
+commands that find the devnet by themselves. Each test pays from a wallet of its own and
+stakes, unstakes or leaves only with operators of its own, so the genesis nodes keep serving
+every module that shares the devnet. `planet devnet down` at the end of the session stops
+every process (and is idempotent): the conftest's teardown checks it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from node.server.launcher import pid_alive
+from tests.e2e.devnet_session import (
+    operator_env,
+    release_operator,
+)
+from tests.e2e.devnet_session import planet as _planet
+from tests.e2e.devnet_session import query as _query
+from tests.e2e.devnet_session import wait as _wait
 from tests.e2e.escrow_reads import escrow_contract
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-UP_TIMEOUT_S = 900
-
-
-def _planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "planet", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
-def _query(rpc: str, path: str, **params: str) -> Any:
-    full = path + ("?" + urllib.parse.urlencode(params) if params else "")
-    url = f"{rpc}/abci_query?path=" + urllib.parse.quote(json.dumps(full))
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        response = json.load(answer)["result"]["response"]
-    import base64
-
-    if response.get("code", 0):
-        return None
-    return json.loads(base64.b64decode(response["value"]))
-
-
-def _wait(condition: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+GENESIS_ACCOUNTS = ["node0", "node1", "node2", "user"]
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory) -> dict[str, str]:
-    from node.model.source import models_dir
-
-    home = tmp_path_factory.mktemp("planet-devnet")
-    real_models = models_dir()
-    real_models.mkdir(parents=True, exist_ok=True)
-    (home / "models").symlink_to(real_models, target_is_directory=True)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_")}
-    return {**clean, "PLANET_HOME": str(home), "NO_COLOR": "1"}
+def env(devnet_env: dict[str, str]) -> dict[str, str]:
+    return devnet_env
 
 
 @pytest.fixture(scope="module")
-def devnet(env: dict[str, str]) -> Iterator[dict[str, Any]]:
-    # no verifiers: this test stakes, leaves and settles by hand (tests/e2e/
-    # test_verification_devnet.py runs the devnet with its default verifier per validator)
-    up = _planet(env, "devnet", "up", "--detach", "--verifiers", "0", timeout=UP_TIMEOUT_S)
-    try:
-        assert up.returncode == 0, up.stderr[-4000:]
-        assert "Traceback" not in up.stderr
-        state = json.loads((Path(env["PLANET_HOME"]) / "devnet" / "devnet.json").read_text())
-        gateway = 1 if state.get("gateway_url") else 0
-        # anvil (+ gateway), app + cometbft + watcher per validator, node + agent per operator
-        assert len(_pids_alive(state)) == 1 + gateway + 3 * 4 + 2 * 3
-        yield state
-    finally:
-        state_path = Path(env["PLANET_HOME"]) / "devnet" / "devnet.json"
-        before = _pids_alive(json.loads(state_path.read_text())) if state_path.is_file() else []
-        down = _planet(env, "devnet", "down", timeout=180)
-        assert down.returncode == 0, down.stderr
-        survivors = [p for p in before if pid_alive(p)]
-        assert not survivors, f"processes {survivors} outlived `planet devnet down`"
-        again = _planet(env, "devnet", "down", timeout=60)
-        assert again.returncode == 0 and "no devnet was running" in again.stdout
-
-
-def _pids_alive(state: dict[str, Any]) -> list[int]:
-    """Every pid the devnet recorded that still runs (anvil, gateway, validators, nodes)."""
-    pids = []
-    for value in state.get("pids", {}).values():  # a pid, or a list of them (verifiers, …)
-        pids += [p for p in (value if isinstance(value, list) else [value]) if p]
-    run = Path(state["committee_dir"]) / "run"
-    pids += [int(p.read_text()) for p in run.glob("*.pid")] if run.is_dir() else []
-    for home in state.get("operators", []):
-        joined = Path(home) / "run" / "joined.json"
-        if joined.is_file():
-            record = json.loads(joined.read_text())
-            pids += [record["node_pid"], record["agent_pid"]]
-    return [p for p in pids if pid_alive(p)]
+def devnet(shared_devnet: dict[str, Any]) -> dict[str, Any]:
+    return shared_devnet
 
 
 def _status(env: dict[str, str]) -> dict[str, Any]:
@@ -145,8 +78,10 @@ def test_devnet_status_lists_validators_routable_nodes_pool_and_contracts(env, d
         assert status["contracts"][name].startswith("0x")
     for local in status["local_nodes"]:
         assert local["node_alive"] and local["agent_alive"]
-    assert [a["name"] for a in status["accounts"]] == ["node0", "node1", "node2", "user"]
-    for account in status["accounts"]:
+    # the genesis accounts, then any the session's tests funded (`planet devnet fund`)
+    names = [a["name"] for a in status["accounts"]]
+    assert names[:4] == GENESIS_ACCOUNTS and set(names[4:]) <= {"funded"}
+    for account in status["accounts"][:4]:
         assert Path(account["keystore"]).is_file()
 
 
@@ -243,7 +178,9 @@ def _gateway_account(devnet: dict[str, Any]) -> tuple[str, str]:
     return str(home), wallet_address(home / "wallet.json").lower()
 
 
-def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devnet) -> None:
+def test_devnet_served_questions_are_settled_signed_posted_and_claimed(
+    env, devnet, fresh_user
+) -> None:
     """questions answered, paid to the gateway by deposit → the gateway pays the charging nodes
     with its credits, the nodes redeem them → the epoch closes: the credit pool's draw paid to
     the nodes on the pool's page, the fees to the gateway on its own → the roots are posted
@@ -263,7 +200,8 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(env, devn
     addresses = [a["address"] for a in operators] + [gateway]
     paid = None
     for question in ("What is two plus two?", "Name a colour.", "Say hello."):
-        asked = _planet(env, "ask", "--pay", "--max-tokens", "6", question, timeout=300)
+        asked = _planet(env, "ask", "--pay", *fresh_user.pay_args(), "--max-tokens", "6",
+                        question, timeout=300)  # fmt: skip
         assert asked.returncode == 0, asked.stderr[-3000:]
         try:
             paid = _wait(
@@ -381,7 +319,7 @@ def _debited_in(devnet: dict[str, Any], payer: str, query_id: str) -> dict[str, 
 
 
 def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_refused(
-    env, devnet
+    env, devnet, fresh_user
 ) -> None:
     """a prepaid balance pays a question by voucher → the gateway's work_report carries the
     charge → the gateway's page of the epoch's statements debits the payer → the relayed root
@@ -391,20 +329,20 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
     if not devnet.get("gateway_url"):
         pytest.skip("this checkout has no gateway")
     from node.gateway.settlement import charge_item
-    from node.keys import load_node_key, load_wallet
+    from node.keys import load_node_key
     from protocol.committee.settlement import WorkReport
 
     password = Path(devnet["password_file"]).read_text()
-    payer = load_wallet(Path(devnet["dir"]) / "user" / "wallet.json", password).address.lower()
-    deposited = _planet(env, "balance", "deposit", "0.01", timeout=120)
+    payer = fresh_user.address.lower()
+    deposited = _planet(env, "balance", "deposit", "0.01", *fresh_user.pay_args(), timeout=120)
     assert deposited.returncode == 0, deposited.stderr[-2000:]
     w3, escrow = escrow_contract(devnet)
     with urllib.request.urlopen(devnet["gateway_url"] + "/v1/pools", timeout=10) as answer:
         gateway = json.load(answer)["data"][0]["gateway"]  # the balance is this gateway's
     balance_of = escrow.functions.prepaidOf(w3.to_checksum_address(payer), gateway)
     before = balance_of.call()[0]
-    asked = _planet(env, "ask", "--voucher", "--voucher-ttl", "3600", "--json", "--max-tokens", "6",
-                    "Say yes.", timeout=300)  # fmt: skip
+    asked = _planet(env, "ask", "--voucher", *fresh_user.pay_args(), "--voucher-ttl", "3600",
+                    "--json", "--max-tokens", "6", "Say yes.", timeout=300)  # fmt: skip
     assert asked.returncode == 0, asked.stderr[-3000:]
     charge = charge_item(json.loads(asked.stdout)["receipt"])
     assert charge is not None and charge.payer == payer and charge.total > 0
@@ -442,14 +380,14 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
     assert code == 0, log
 
 
-def test_devnet_node_without_attested_stake_is_never_routable(env, devnet) -> None:
+def test_devnet_node_without_attested_stake_is_never_routable(env, devnet, tmp_path) -> None:
     """A fresh wallet with no stake serves a node under its own key and registers it through a
     real agent process: the committee lists it SERVING, the watchers attest 0, and it never
     becomes routable."""
     from node.keys import create_node_key, create_wallet
     from node.server.launcher import free_ports, start_node, stop_pid, wait_healthy
 
-    home = Path(env["PLANET_HOME"]) / "unstaked"
+    home = tmp_path / "unstaked"
     create_wallet(home / "wallet.json", "pw")
     node_key = create_node_key(home / "node_key.json", "pw").verify_key.encode().hex()
     # its own node: the agent checks that its endpoint proves this key (TLS bound to it)
@@ -466,6 +404,12 @@ def test_devnet_node_without_attested_stake_is_never_routable(env, devnet) -> No
         _unstaked_agent_is_never_routable(env, devnet, home, node_key, node.url)
     finally:
         stop_pid(node.pid)
+
+
+def _height(devnet: dict[str, Any]) -> int:
+    """The committee's latest block height (validator 0's CometBFT)."""
+    with urllib.request.urlopen(devnet["committee_rpc"][0] + "/status", timeout=10) as answer:
+        return int(json.load(answer)["result"]["sync_info"]["latest_block_height"])
 
 
 def _unstaked_agent_is_never_routable(
@@ -493,8 +437,10 @@ def _unstaked_agent_is_never_routable(
             return bool(view and view["status"] == "SERVING" and view["stake_attestations"] >= 3)
 
         _wait(serving_and_attested, 60, f"the unstaked node to be SERVING ({log_path})")
-        time.sleep(2)
-        seen.append(_view(devnet, node_key))
+        # still unroutable over the next blocks (each block recomputes routability)
+        start = _height(devnet)
+        _wait(lambda: seen.append(_view(devnet, node_key)) or _height(devnet) >= start + 5, 30,
+              "5 more committee blocks")  # fmt: skip
         assert all(not v["routable"] for v in seen)
         assert seen[-1]["stake"] == "0"
         listed = _query(devnet["committee_rpc"][0], "/nodes", model=devnet["model_hash"])
@@ -505,32 +451,13 @@ def _unstaked_agent_is_never_routable(
     assert _view(devnet, node_key)["status"] == "LEFT"  # clean shutdown sent `leave`
 
 
-def test_devnet_node_that_leaves_drops_out_of_the_routable_set(env, devnet) -> None:
-    home = devnet["operators"][2]
-    joined = json.loads((Path(home) / "run" / "joined.json").read_text())
-    key = joined["node_key"]
-    assert _view(devnet, key)["routable"]
-    done = _planet(  # --now: the wait for spot checks is the verification devnet's to show
-        env, "leave", "--now", "--home", home, "--password-file", devnet["password_file"],
-        timeout=90,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert "chain status LEFT" in done.stdout
-    view = _view(devnet, key)
-    assert view["status"] == "LEFT" and not view["routable"]
-    listed = _query(devnet["committee_rpc"][0], "/nodes", model=devnet["model_hash"])
-    assert key not in {n["key"] for n in listed["nodes"] if n["routable"]}
-    pool = _query(devnet["committee_rpc"][0], "/pool_health", model=devnet["model_hash"])
-    assert pool["status"] == "incomplete" and pool["routable_per_shard"][2] == 0
-    assert not pid_alive(joined["agent_pid"]) and not pid_alive(joined["node_pid"])
-
-
-def test_devnet_unstake_makes_the_node_unroutable(env, devnet) -> None:
-    home = devnet["operators"][1]
-    key = json.loads((Path(home) / "run" / "joined.json").read_text())["node_key"]
-    done = _planet(
-        env, "unstake", "--home", home, "--password-file", devnet["password_file"], timeout=90
-    )
+def test_devnet_unstake_makes_the_node_unroutable(env, devnet, new_operator) -> None:
+    """An operator of the test's own (funded, staked, joined to shard 1) unstakes: the watchers
+    attest 0 and its node, still SERVING, is no longer routable."""
+    operator = new_operator(1)
+    home, key = str(operator.home), operator.node_key
+    assert _wait(lambda: (v := _view(devnet, key)) and v["routable"], 60, "the node routable")
+    done = _planet(operator.env, "unstake", "--home", home, timeout=90)
     assert done.returncode == 0, done.stderr
     view = _wait(
         lambda: (v := _view(devnet, key)) and v["stake"] == "0" and v,
@@ -538,21 +465,33 @@ def test_devnet_unstake_makes_the_node_unroutable(env, devnet) -> None:
         "the watchers to attest 0 after unstake",
     )
     assert view["status"] == "SERVING" and not view["routable"]
-    status = _planet(env, "status", "--json", "--home", home, timeout=60)
+    status = _planet(operator.env, "status", "--json", "--home", home, timeout=60)
     assert status.returncode == 0, status.stderr
     report = json.loads(status.stdout)
     assert report["stake"]["status"] == "unbonding"
     assert report["committee"]["routable"] is False
 
 
-def test_devnet_new_operator_funds_stakes_joins_and_leaves_with_only_the_readme(
-    env, devnet
+def test_devnet_new_operator_funds_stakes_joins_and_leaves_dropping_out_of_the_routable_set(
+    env, devnet, tmp_path
 ) -> None:
     """A new operator home with no config: every command finds the running devnet by itself.
     The first `stake` says how to fund the new wallet; `devnet fund` funds it; `devnet status`
-    lists it; stake, join (routable), status, and `leave` reaching the committee (LEFT)."""
-    home = str(Path(env["PLANET_HOME"]) / "new-operator")
-    operator = {**env, "PLANET_PASSWORD": "new operator pw"}
+    lists it; stake, join shard 2 (routable: two nodes serve it), status, and `leave` reaching
+    the committee: LEFT, out of the routable set and of /nodes, shard 2 back to one routable
+    node, its node and agent stopped. (This test also holds what test_devnet_node_that_leaves_
+    drops_out_of_the_routable_set checked, with a genesis node, before the devnet was shared.)"""
+    home = str(tmp_path / "new-operator")
+    operator = operator_env(env, Path(home))
+    try:
+        _new_operator_joins_and_leaves(env, devnet, operator, home)
+    finally:
+        release_operator(operator, Path(home))
+
+
+def _new_operator_joins_and_leaves(
+    env: dict[str, str], devnet: dict[str, Any], operator: dict[str, str], home: str
+) -> None:
     broke = _planet(operator, "stake", "--role", "compute", "--amount", "1", "--home", home)
     assert broke.returncode != 0 and "Traceback" not in broke.stderr
     shown = _planet(operator, "status", "--json", "--home", home, timeout=60)
@@ -568,10 +507,10 @@ def test_devnet_new_operator_funds_stakes_joins_and_leaves_with_only_the_readme(
     assert address in [a["address"] for a in _status(env)["accounts"]]
     staked = _planet(operator, "stake", "--role", "compute", "--amount", "1", "--home", home)
     assert staked.returncode == 0, staked.stderr
+    model = Path(devnet["manifest"]).parent.name
     joined = _planet(
-        operator, "join", "--model", "smollm2-135m-3p-int8", "--shard", "2", "--home", home,
-        timeout=300,
-    )  # fmt: skip
+        operator, "join", "--model", model, "--shard", "2", "--home", home, timeout=300
+    )
     assert joined.returncode == 0, joined.stderr
     status = _planet(operator, "status", "--json", "--home", home, timeout=60)
     assert status.returncode == 0, status.stderr
@@ -580,10 +519,21 @@ def test_devnet_new_operator_funds_stakes_joins_and_leaves_with_only_the_readme(
     assert report["committee_rpc"] == devnet["committee_rpc"][0]
     assert report["committee"]["routable"] is True and report["local"]["node_alive"]
     key = report["node_key"]
+    pids = json.loads((Path(home) / "run" / "joined.json").read_text())
+    rpc = devnet["committee_rpc"][0]
+    pool = _query(rpc, "/pool_health", model=devnet["model_hash"])
+    assert pool["routable_per_shard"][2] == 2  # the genesis node2 and this one
+
     left = _planet(operator, "leave", "--now", "--home", home, timeout=90)
     assert left.returncode == 0, left.stderr
     assert "chain status LEFT" in left.stdout and "unreachable" not in left.stdout + left.stderr
-    assert _view(devnet, key)["status"] == "LEFT"
+    view = _view(devnet, key)
+    assert view["status"] == "LEFT" and not view["routable"]
+    listed_nodes = _query(rpc, "/nodes", model=devnet["model_hash"])
+    assert key not in {n["key"] for n in listed_nodes["nodes"] if n["routable"]}
+    pool = _query(rpc, "/pool_health", model=devnet["model_hash"])
+    assert pool["routable_per_shard"] == [1, 1, 1]
+    assert not pid_alive(pids["agent_pid"]) and not pid_alive(pids["node_pid"])
 
 
 def test_devnet_up_twice_refuses_and_down_is_idempotent(env, devnet) -> None:

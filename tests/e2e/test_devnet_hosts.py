@@ -14,6 +14,9 @@ question asked without a kill. `planet devnet down` always runs and leaves no na
 
 Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), `ip netns` and toxiproxy: skipped, with the
 reason `python -m deploy.netlab check` gives, where these are missing.
+
+Its own devnet, not the shared one (tests/e2e/conftest.py): every process in a network
+namespace with shaped links, and a node killed mid-question.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Runs in its own PLANET_HOME (run dir, nodes file) whose models/ links to the real model cache,
 so the prepared model is reused. The expected answer is transformers' greedy `generate` on the
 whole model, decoded: the circuit of unquantized shards must print exactly that.
+
+No chain at all (`planet local up`: nodes only), so not the shared devnet of conftest.py.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ fetches each ticket from the node that served the block and recomputes: N's chec
 PASS; it votes the spot-check verdict (offence 3, evidence = the finding's evidence hash), the
 committee confirms it, anyone relays it to FraudProofs: N's stake is halved; A is never accused.
 The verifier reports its checks (`spot_check_report`) and the chain credits them.
+
+Its own network, not the shared devnet (tests/e2e/conftest.py): a cheating node, every block
+spot-checked (`spot_check_ppm` 10^6 in genesis) and a verifier that slashes.
 """
 
 from __future__ import annotations

@@ -34,6 +34,10 @@ What the module shows, each from the chain's own answers:
   tx since and no state entry links the payer to those nodes or holds a question; and
   validator 0's verifier, restarted with `--personal-client` (its operator's own client, paying
   with credits), challenges those charging nodes and scores them fully.
+
+Its own devnet, not the shared one (tests/e2e/conftest.py): cheating nodes, a verifier per
+validator that slashes them, and at the end the honest nodes leave — the shared devnet runs
+no verifiers and its genesis nodes serve every other module.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ epochs S is untrusted and no longer routable while A and B stay trusted every ep
 verifier then votes a FAILED_VERIFICATION verdict on S, the committee confirms it, and anyone
 relays it to FraudProofs.slashByVerdict: S's stake is halved. The seeds the verifier used are
 revealed on chain and open their commitments.
+
+Its own network, not the shared devnet (tests/e2e/conftest.py): a cheating node, a verifier
+that makes it unroutable and slashes it, and verdicts enabled with short epochs.
 """
 
 from __future__ import annotations
