@@ -24,7 +24,7 @@ def test_gpu_sweep_tiny_cpu_prints_one_json_with_the_issue_metrics(capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["bench"] == "gpu_sweep"
     assert result["config"]["device"] == "cpu" and result["config"]["shape"] == "tiny"
-    assert result["config"]["command"].startswith("python bench/gpu_sweep.py --tiny")
+    assert result["config"]["command"].startswith(".venv/bin/python bench/gpu_sweep.py --tiny")
     metrics = result["metrics"]
     for quant in ("bf16", "int4"):
         assert metrics[f"decode_tok_s_monolithic_{quant}"] > 0
