@@ -25,8 +25,10 @@ from typing import Any
 import pytest
 
 from node.server.launcher import pid_alive
+from tests.bench_runs import one_benchmark_object, run_bench
 from tests.e2e.devnet_session import (
     operator_env,
+    pids_alive,
     release_operator,
 )
 from tests.e2e.devnet_session import planet as _planet
@@ -534,6 +536,20 @@ def _new_operator_joins_and_leaves(
     pool = _query(rpc, "/pool_health", model=devnet["model_hash"])
     assert pool["routable_per_shard"] == [1, 1, 1]
     assert not pid_alive(pids["agent_pid"]) and not pid_alive(pids["node_pid"])
+
+
+def test_bench_devnet_quick_measures_the_shared_devnet(shared_devnet_dir: Path) -> None:
+    """`bench/devnet.py --quick --devnet DIR`, run as its doc says, measures the running devnet
+    (the start-up figures it recorded, `planet status`, the `/node` query, a block interval) and
+    prints one benchmark object; the devnet's processes are left as they were (issue 41: the
+    bench's smoke without a devnet of its own)."""
+    before = json.loads((shared_devnet_dir / "devnet.json").read_text())
+    completed = run_bench("devnet", "--quick", "--devnet", str(shared_devnet_dir), timeout_s=300)
+    one_benchmark_object(completed, "devnet")
+    body = json.loads(completed.stdout)
+    assert body["bench"] == "devnet" and body["config"]["devnet"].startswith("attached: ")
+    after = json.loads((shared_devnet_dir / "devnet.json").read_text())
+    assert pids_alive(before) == pids_alive(after)
 
 
 def test_devnet_up_twice_refuses_and_down_is_idempotent(env, devnet) -> None:

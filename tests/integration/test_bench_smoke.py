@@ -13,14 +13,13 @@ processes, the devnet) or ezkl are also marked slow. A bench added without a row
 from __future__ import annotations
 
 import json
-import math
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench_runs import bench_env, is_metric_value, one_benchmark_object, run_bench
 
 pytestmark = pytest.mark.integration
 
@@ -37,14 +36,13 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "credit_wallet": (),  # real files and fsyncs, ~1 s
     "committee": (SLOW,),
     "concurrency": (SLOW, E2E_LANE),
-    "devnet": (SLOW, E2E_LANE),  # `planet devnet up`: the devnets' ports
     "epoch": (),
     "evm_client": (),
     "gateway": (SLOW, E2E_LANE),
     "gpu_sweep": (),
     "links": (SLOW,),
     "paid_circuit": (),  # two tiny in-process nodes
-    "pipeline": (SLOW, E2E_LANE),
+    "pipeline": (SLOW,),  # its --quick takes ports from PLANET_TEST_PORTS
     "resilience": (SLOW, E2E_LANE),  # 9 node processes
     "route_capture": (),  # the real Router in process, no sockets, ~1 s
     "served": (),
@@ -58,75 +56,37 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "zk": (SLOW, E2E_LANE),
 }
 TIMEOUT_S = 900
+# Benches smoked elsewhere, against a network the suite already runs: bench/devnet.py --quick
+# --devnet measures the session's shared devnet (a devnet of its own costs ~80 s of set-up).
+SMOKED_ELSEWHERE = {
+    "devnet": "tests/e2e/test_devnet.py::test_bench_devnet_quick_measures_the_shared_devnet",
+}
 # Benches whose metrics still hold text, nested lists or dicts (a per-latency table, a codec's
 # name, [start, end] load pairs): every other bench's metrics must be flat numbers. Take a name
 # out once its metrics are (issue 41).
 NOT_FLAT_YET = frozenset({"links", "pipeline", "resilience", "wan"})
-# the interpreter the docs name; a checkout without .venv (the suite run by another python) uses
-# the one running the tests
-VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
-PYTHON = str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
-
-
-def _env() -> dict[str, str]:
-    """The caller's environment as a person's shell has it: no PYTHONPATH (a bench finds its
-    repository by itself), OMP threads that yield the shared cores."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return {**env, "OMP_WAIT_POLICY": "PASSIVE"}
-
-
-def _is_metric_value(value: object) -> bool:
-    """A finite int or float, null, or a list of those (a spread: [min, max] of repeats)."""
-    if value is None:
-        return True
-    if isinstance(value, list):
-        return all(_is_metric_value(item) and not isinstance(item, list) for item in value)
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _one_benchmark_object(
-    completed: subprocess.CompletedProcess[str], name: str, *, flat: bool = True
-) -> None:
-    tail = completed.stderr[-3000:]
-    assert completed.returncode == 0, f"{name} exited {completed.returncode}:\n{tail}"
-    try:
-        body = json.loads(completed.stdout)
-    except json.JSONDecodeError as error:
-        raise AssertionError(f"{name}: stdout is not one JSON object ({error})") from None
-    assert isinstance(body, dict), f"{name}: stdout is not a JSON object"
-    assert {"bench", "machine", "config", "metrics"} <= set(body), sorted(body)
-    assert isinstance(body["metrics"], dict) and body["metrics"], f"{name}: no metrics"
-    assert isinstance(body["machine"], dict) and isinstance(body["config"], dict)
-    wrong = {k: v for k, v in body["metrics"].items() if flat and not _is_metric_value(v)}
-    assert not wrong, f"{name}: metrics that are not finite numbers, spreads or null: {wrong}"
 
 
 def test_every_bench_has_a_smoke_run() -> None:
     scripts = {p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_")}
-    assert scripts == set(SMOKE)
+    assert scripts == set(SMOKE) | set(SMOKED_ELSEWHERE)
+    assert not set(SMOKE) & set(SMOKED_ELSEWHERE)
     assert set(SMOKE) >= NOT_FLAT_YET
 
 
 def test_metric_values_are_finite_numbers_spreads_or_null() -> None:
     for good in (0, 1.5, -2, None, [0.1, 0.9], []):
-        assert _is_metric_value(good), good
+        assert is_metric_value(good), good
     for bad in ("hq9", True, float("nan"), float("inf"), {"a": 1}, [[1, 2]], ["x"], [True]):
-        assert not _is_metric_value(bad), bad
+        assert not is_metric_value(bad), bad
 
 
 @pytest.mark.parametrize(
     "name", [pytest.param(name, marks=marks, id=name) for name, marks in SMOKE.items()]
 )
 def test_bench_quick_run_prints_one_benchmark_object(name: str) -> None:
-    completed = subprocess.run(
-        [PYTHON, f"bench/{name}.py", "--quick"],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-    _one_benchmark_object(completed, name, flat=name not in NOT_FLAT_YET)
+    completed = run_bench(name, "--quick", timeout_s=TIMEOUT_S)
+    one_benchmark_object(completed, name, flat=name not in NOT_FLAT_YET)
     assert json.loads(completed.stdout)["bench"] == name
 
 
@@ -139,9 +99,9 @@ def test_bench_gas_js_under_hardhat_prints_one_benchmark_object() -> None:
     completed = subprocess.run(
         [npx, "hardhat", "run", "bench/gas.js"],
         cwd=ROOT,
-        env=_env(),
+        env=bench_env(),
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
     )
-    _one_benchmark_object(completed, "gas")
+    one_benchmark_object(completed, "gas")
