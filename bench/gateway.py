@@ -272,9 +272,11 @@ async def hostile_mix(
         "hostile_mix_prompt_only": sum(
             1 for doc in receipts if doc and not doc["completion_tokens"]
         ),
-        "hostile_mix_by_plan": {
-            plan: {"questions": n, "received": r, "charged": c}
-            for plan, (n, r, c) in by_plan.items()
+        # per hang-up plan, flat (BENCHMARKS.md): hostile_mix_<plan>_{questions,received,charged}
+        **{
+            f"hostile_mix_{plan}_{field}": value
+            for plan, stats in by_plan.items()
+            for field, value in zip(("questions", "received", "charged"), stats, strict=True)
         },
         "holds_left_after": int(health["held_wei"]),
         "in_flight_after": int(health["in_flight"]),

@@ -220,8 +220,10 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(
             view = _query(rpc, "/payouts", epoch=str(epoch))
             assert view["confirmed"] and 3 * view["power"] >= 2 * 4  # 4 validators, power 1 each
             assert int(view["total"]) == sum(int(a) for _, a in view["rows"]) > 0
-            if account == gateway:  # its own page: its users' fees, one row
-                assert view["rows"] == [[gateway, view["total"]]] and view["query_ids"]
+            if account == gateway:  # its own page: its users' fees or charges, one row (the
+                # shared devnet's other tests pay the gateway by voucher too: charges, no ids)
+                assert view["rows"] == [[gateway, view["total"]]]
+                assert view["query_ids"] or view["debits"] or view["charges"], view
             else:  # the pool's page: the draw on the credit pool, split over redemptions
                 assert view["query_ids"] == [] and [escrow_address] * 2 in [
                     [p.lower(), g.lower()]
