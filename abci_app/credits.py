@@ -219,6 +219,7 @@ def mint(state: State, tx: SignedTx) -> None:
         rules.reject(Code.MINT_INVALID, f"{where}: {error.message}")
     if signer.lower() != body.payer:
         rules.reject(Code.MINT_INVALID, f"{where}: signed by {signer}, not by its payer")
+    _bound_pending(state, body.payer, current, where)
     state.put(
         schema.MINT,
         identifier,
@@ -234,12 +235,35 @@ def mint(state: State, tx: SignedTx) -> None:
             "funded_height": None,
         },
     )
-    state.put(schema.MINT_UNFUNDED, identifier, 0)
+    lane = schema.NEW_PAYER_LANE
+    if state.get(schema.MINT_BUYER, body.payer) is not None:
+        lane = schema.BUYER_LANE
+    waiting = f"{lane}/{identifier}"
+    own = f"{body.payer}/{schema.epoch_key(body.epoch)}/{identifier}"
+    state.put(schema.MINT_UNFUNDED, waiting, 0)
     state.put(schema.MINT_BY_PAYER, f"{body.payer}/{identifier}", 0)
+    state.put(schema.MINT_PAYER_PENDING, own, 0)
     rules.track(state, schema.MINT, identifier)
-    rules.track(state, schema.MINT_UNFUNDED, identifier)
+    rules.track(state, schema.MINT_UNFUNDED, waiting)
     rules.track(state, schema.MINT_BY_PAYER, f"{body.payer}/{identifier}")
+    rules.track(state, schema.MINT_PAYER_PENDING, own)
     state.emit("planet.mint", mint=identifier, epoch=body.epoch, credits=count)
+
+
+def _bound_pending(state: State, payer: str, current: int, where: str) -> None:
+    """MINT_PENDING_LIMIT when `payer` already holds genesis `credits.max_pending_mints`
+    unfunded mints that can still be funded (of epochs current − FUND_EPOCHS … current): a
+    read of at most that many entries, whatever the payer sent before."""
+    limit = state.genesis.credit_max_pending_mints
+    start = f"{payer}/{schema.epoch_key(max(1, current - FUND_EPOCHS))}/"
+    stop = f"{payer}/{schema.epoch_key(current)}0"
+    held = len(state.items(schema.MINT_PAYER_PENDING, start, stop))
+    if held >= limit:
+        rules.reject(
+            Code.MINT_PENDING_LIMIT,
+            f"{where}: its payer already holds {held} unfunded mints (at most {limit}); "
+            "one is funded or lapses when its funding window ends",
+        )
 
 
 def fund_mint(state: State, tx: SignedTx) -> None:
@@ -277,7 +301,14 @@ def fund_mint(state: State, tx: SignedTx) -> None:
     )
     if not funded:
         return
-    state.delete(schema.MINT_UNFUNDED, body.mint)
+    for lane in (schema.BUYER_LANE, schema.NEW_PAYER_LANE):
+        if state.get(schema.MINT_UNFUNDED, f"{lane}/{body.mint}") is not None:
+            state.delete(schema.MINT_UNFUNDED, f"{lane}/{body.mint}")
+    payer = record["payer"]
+    state.delete(
+        schema.MINT_PAYER_PENDING, f"{payer}/{schema.epoch_key(record['epoch'])}/{body.mint}"
+    )
+    state.put(schema.MINT_BUYER, payer, state.block_height)
     # paid for: the record (what `/credit_signatures` answers from) stays as long as its credits
     # can be redeemed, so a client that comes back late still finishes its purchase
     state.delete(schema.PRUNE_INDEX, schema.prune_key(record["epoch"], schema.MINT, body.mint))
