@@ -221,3 +221,17 @@ def test_mints_query_cursors_are_typed(tmp_path: Path) -> None:
         "/mints?pending=true&limit=-1",
     ):
         assert query(chain.state, path, b"")[0] == Code.BAD_QUERY, path
+
+
+def test_a_client_refused_for_its_pending_mints_is_told_why_and_what_to_do(tmp_path: Path) -> None:
+    from node.client.credit_purchase import MintRefused
+    from tests.unit.test_credit_purchase_resume import _finish, _setup
+
+    chain, stores, _, _, wallet = _setup(tmp_path)
+    _, codes = flood(chain, [PAYER], DEFAULT_MAX_PENDING_MINTS)  # earlier purchases, unfunded
+    assert codes == [Code.OK] * DEFAULT_MAX_PENDING_MINTS
+    with pytest.raises(MintRefused) as refused:
+        _finish(chain, stores, wallet)
+    assert refused.value.tx_code == Code.MINT_PENDING_LIMIT
+    assert refused.value.hint is not None and "planet credits finish" in refused.value.hint
+    assert wallet.pending() == []  # never on the chain: nothing to finish, nothing charged
