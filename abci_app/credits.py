@@ -15,8 +15,13 @@
                                count · genesis price, the `CreditPurchase` signature recovers to
                                `payer` (MINT_INVALID); the mint id is new (MINT_REPLAYED); block
                                time ≤ expiry ≤ block time + 7 days (AUTHORIZATION_EXPIRED,
-                               AUTHORIZATION_EXPIRY_TOO_FAR). → `mint/<id>`, unfunded
-                               (`mpend/<id>`, `mpay/<payer>/<id>`): nothing charged or signed.
+                               AUTHORIZATION_EXPIRY_TOO_FAR); the payer holds fewer than
+                               genesis `credits.max_pending_mints` unfunded mints of the epochs
+                               still fundable (MINT_PENDING_LIMIT: junk of its own cannot bury
+                               its in-flight mint, issue 42). → `mint/<id>`, unfunded
+                               (`mpend/<lane>/<id>`: lane 0 when the payer had a mint funded
+                               before, so returning buyers list first; `mpay/<payer>/<id>`;
+                               `mpp/<payer>/<epoch>/<id>`): nothing charged or signed.
     fund_mint{mint}            a validator (its watcher read the payer's escrow balance and it
                                covers the mint: node/watcher/funding.py) vouches for it
                                (NOT_VALIDATOR; MINT_UNKNOWN; MINT_FUND_LATE after the mint's
@@ -25,7 +30,8 @@
                                balance at the escrow's own address (`depositBalance(escrow)`):
                                `spent/` and `cpend/<payer>/<escrow>/mint/<id>`, debited by the
                                next close into the escrow's credit pool (settlement.py), and
-                               `cissue/<mint epoch>`.funded += count.
+                               `cissue/<mint epoch>`.funded += count; `mbuyer/<payer>` = the
+                               height (a returning buyer from then on).
                                A vote on a funded mint changes nothing. Each validator then
                                blind-signs the mint's messages for it when asked
                                (`/credit_signatures?mint=`, answered from its local key).
