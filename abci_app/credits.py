@@ -21,7 +21,7 @@
                                its in-flight mint, issue 42). → `mint/<id>`, unfunded
                                (`mpend/<lane>/<id>`: lane 0 when the payer had a mint funded
                                before, so returning buyers list first; `mpay/<payer>/<id>`;
-                               `mpp/<payer>/<epoch>/<id>`): nothing charged or signed.
+                               `mpp/<payer>/<epoch>` += 1): nothing charged or signed.
     fund_mint{mint}            a validator (its watcher read the payer's escrow balance and it
                                covers the mint: node/watcher/funding.py) vouches for it
                                (NOT_VALIDATOR; MINT_UNKNOWN; MINT_FUND_LATE after the mint's
@@ -245,31 +245,45 @@ def mint(state: State, tx: SignedTx) -> None:
     if state.get(schema.MINT_BUYER, body.payer) is not None:
         lane = schema.BUYER_LANE
     waiting = f"{lane}/{identifier}"
-    own = f"{body.payer}/{schema.epoch_key(body.epoch)}/{identifier}"
     state.put(schema.MINT_UNFUNDED, waiting, 0)
     state.put(schema.MINT_BY_PAYER, f"{body.payer}/{identifier}", 0)
-    state.put(schema.MINT_PAYER_PENDING, own, 0)
+    _count_pending(state, body.payer, body.epoch, +1)
     rules.track(state, schema.MINT, identifier)
     rules.track(state, schema.MINT_UNFUNDED, waiting)
     rules.track(state, schema.MINT_BY_PAYER, f"{body.payer}/{identifier}")
-    rules.track(state, schema.MINT_PAYER_PENDING, own)
+    rules.track(state, schema.MINT_PAYER_PENDING, _pending_key(body.payer, body.epoch))
     state.emit("planet.mint", mint=identifier, epoch=body.epoch, credits=count)
 
 
 def _bound_pending(state: State, payer: str, current: int, where: str) -> None:
     """MINT_PENDING_LIMIT when `payer` already holds genesis `credits.max_pending_mints`
-    unfunded mints that can still be funded (of epochs current − FUND_EPOCHS … current): a
-    read of at most that many entries, whatever the payer sent before."""
+    unfunded mints that can still be funded (of epochs current − FUND_EPOCHS … current): two
+    counter reads (`mpp/<payer>/<epoch>`), whatever the payer sent before."""
     limit = state.genesis.credit_max_pending_mints
-    start = f"{payer}/{schema.epoch_key(max(1, current - FUND_EPOCHS))}/"
-    stop = f"{payer}/{schema.epoch_key(current)}0"
-    held = len(state.items(schema.MINT_PAYER_PENDING, start, stop))
+    held = sum(
+        int(state.get(schema.MINT_PAYER_PENDING, _pending_key(payer, epoch)) or 0)
+        for epoch in range(max(1, current - FUND_EPOCHS), current + 1)
+    )
     if held >= limit:
         rules.reject(
             Code.MINT_PENDING_LIMIT,
             f"{where}: its payer already holds {held} unfunded mints (at most {limit}); "
             "one is funded or lapses when its funding window ends",
         )
+
+
+def _pending_key(payer: str, epoch: int) -> str:
+    return f"{payer}/{schema.epoch_key(epoch)}"
+
+
+def _count_pending(state: State, payer: str, epoch: int, change: int) -> None:
+    """`mpp/<payer>/<epoch>` += change (deleted at 0; pruned with the epoch)."""
+    key = _pending_key(payer, epoch)
+    count = int(state.get(schema.MINT_PAYER_PENDING, key) or 0) + change
+    if count > 0:
+        state.put(schema.MINT_PAYER_PENDING, key, count)
+    elif count == 0 and state.get(schema.MINT_PAYER_PENDING, key) is not None:
+        state.delete(schema.MINT_PAYER_PENDING, key)
 
 
 def fund_mint(state: State, tx: SignedTx) -> None:
@@ -310,11 +324,8 @@ def fund_mint(state: State, tx: SignedTx) -> None:
     for lane in (schema.BUYER_LANE, schema.NEW_PAYER_LANE):
         if state.get(schema.MINT_UNFUNDED, f"{lane}/{body.mint}") is not None:
             state.delete(schema.MINT_UNFUNDED, f"{lane}/{body.mint}")
-    payer = record["payer"]
-    state.delete(
-        schema.MINT_PAYER_PENDING, f"{payer}/{schema.epoch_key(record['epoch'])}/{body.mint}"
-    )
-    state.put(schema.MINT_BUYER, payer, state.block_height)
+    _count_pending(state, record["payer"], record["epoch"], -1)
+    state.put(schema.MINT_BUYER, record["payer"], state.block_height)
     # paid for: the record (what `/credit_signatures` answers from) stays as long as its credits
     # can be redeemed, so a client that comes back late still finishes its purchase
     state.delete(schema.PRUNE_INDEX, schema.prune_key(record["epoch"], schema.MINT, body.mint))

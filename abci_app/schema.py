@@ -122,8 +122,9 @@ MINT_UNFUNDED = "mpend"
 BUYER_LANE, NEW_PAYER_LANE = "0", "1"
 # mpay/<payer>/<mint id>: 0 for each mint of a payer (what the watchers count against a balance)
 MINT_BY_PAYER = "mpay"
-# mpp/<payer>/<epoch>/<mint id>: 0 while the mint waits for its funding: what bounds a payer's
-# unfunded mints (genesis `credits.max_pending_mints`; only the epochs still fundable are read)
+# mpp/<payer>/<epoch>: how many of the payer's mints of that epoch wait for their funding (int,
+# deleted at 0, pruned with the epoch): what bounds a payer's unfunded mints (genesis
+# `credits.max_pending_mints`; only the epochs still fundable are read)
 MINT_PAYER_PENDING = "mpp"
 # mbuyer/<payer>: the height of the payer's last funded mint (not pruned: one entry per payer that
 # ever paid for a credit)
