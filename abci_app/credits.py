@@ -61,6 +61,7 @@ no entry goes before that epoch has ended, and no credit can be spent twice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from abci_app import coverage, rules, schema
@@ -255,21 +256,40 @@ def mint(state: State, tx: SignedTx) -> None:
     state.emit("planet.mint", mint=identifier, epoch=body.epoch, credits=count)
 
 
-def _bound_pending(state: State, payer: str, current: int, where: str) -> None:
-    """MINT_PENDING_LIMIT when `payer` already holds genesis `credits.max_pending_mints`
-    unfunded mints that can still be funded (of epochs current − FUND_EPOCHS … current): two
-    counter reads (`mpp/<payer>/<epoch>`), whatever the payer sent before."""
-    limit = state.genesis.credit_max_pending_mints
-    held = sum(
-        int(state.get(schema.MINT_PAYER_PENDING, _pending_key(payer, epoch)) or 0)
+def pending_held(read: Callable[[str, str], Any], payer: str, current: int) -> int:
+    """How many unfunded mints `payer` holds that can still be funded in epoch `current` (of
+    epochs current − FUND_EPOCHS … current): two counter reads (`mpp/<payer>/<epoch>`) through
+    `read` (`state.get`, or `state.committed` for the mempool)."""
+    return sum(
+        int(read(schema.MINT_PAYER_PENDING, _pending_key(payer, epoch)) or 0)
         for epoch in range(max(1, current - FUND_EPOCHS), current + 1)
     )
+
+
+def _bound_pending(state: State, payer: str, current: int, where: str) -> None:
+    """MINT_PENDING_LIMIT when `payer` already holds genesis `credits.max_pending_mints`
+    unfunded mints that can still be funded, whatever the payer sent before."""
+    limit = state.genesis.credit_max_pending_mints
+    held = pending_held(state.get, payer, current)
     if held >= limit:
         rules.reject(
             Code.MINT_PENDING_LIMIT,
             f"{where}: its payer already holds {held} unfunded mints (at most {limit}); "
             "one is funded or lapses when its funding window ends",
         )
+
+
+def admit_mint(state: State, body: Mint) -> str | None:
+    """Mempool admission of a mint (CheckTx, committed state only): why it would be refused
+    MINT_PENDING_LIMIT in the next block, or None. FinalizeBlock decides; this keeps a payer's
+    mints beyond its bound out of blocks."""
+    if state.genesis.credit_price_wei is None:
+        return None
+    limit = state.genesis.credit_max_pending_mints
+    held = pending_held(state.committed, body.payer, rules.epoch_of(state, state.height + 1))
+    if held >= limit:
+        return f"payer {body.payer} already holds {held} unfunded mints (at most {limit})"
+    return None
 
 
 def _pending_key(payer: str, epoch: int) -> str:

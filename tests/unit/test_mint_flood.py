@@ -235,3 +235,16 @@ def test_a_client_refused_for_its_pending_mints_is_told_why_and_what_to_do(tmp_p
     assert refused.value.tx_code == Code.MINT_PENDING_LIMIT
     assert refused.value.hint is not None and "planet credits finish" in refused.value.hint
     assert wallet.pending() == []  # never on the chain: nothing to finish, nothing charged
+
+
+def test_the_mempool_refuses_a_mint_beyond_the_payers_bound(tmp_path: Path) -> None:
+    """CheckTx reads the committed counters: a payer at its bound gets no mint into a block."""
+    chain = flood_chain(tmp_path, max_pending_mints=2)
+    keys = keys_of(chain, epoch_now(chain))
+    first, codes = flood(chain, [PAYER], 2)
+    assert codes == [Code.OK, Code.OK]
+    _, body = junk_mint(keys, PAYER, PRICE, EVM_CHAIN_ID, ESCROW, NOW + 3600, 1 << 24)
+    checked = chain.machine.check_tx(chain.tx(body, JUNK_SENDER))
+    assert checked.code == Code.MINT_PENDING_LIMIT and "at most 2" in checked.log
+    fund(chain, first[0])
+    assert chain.machine.check_tx(chain.tx(body, JUNK_SENDER)).code == Code.OK
