@@ -79,6 +79,7 @@ class Code(IntEnum):
     MINT_FUND_LATE = 82  # fund_mint after the mint's epoch + 1, or past its purchase expiry
     MINT_UNFUNDED = 83  # /credit_signatures of a mint not yet vouched for by >= 2/3 of the power
     UNCOMMITTED_REDEMPTION = 84  # redeem with fewer committed, unconsumed positions than credits
+    MINT_PENDING_LIMIT = 85  # the payer already holds credits.max_pending_mints unfunded mints
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

@@ -6,8 +6,12 @@ signatures for a mint (its local key; no other validator's answer is the same).
                                      lifetime_epochs, epoch_length and committed_height (the
                                      chain's time: what a node checks a credit's window against)
 /mints              ?id              one mint record (NOT_FOUND when absent)
-                    ?pending=true    the mints waiting for ≥ 2/3 of the power to vouch for them
-                    ?payer           a payer's retained mints (funded or not), oldest first
+                    ?pending=true    a page of the mints waiting for ≥ 2/3 of the power to vouch
+                                     for them: returning buyers' (`buyer`: true) first, then new
+                                     payers', by id within each lane
+                    ?payer           a page of a payer's retained mints (funded or not), by id
+                    ?after ?limit    both lists page: {mints, next}; `next` is the `after` of
+                                     the next page, null on the last (1,000 a page at most)
 /credit_spent       ?id              {id, height, committed_height}: the height whose block
                                      redeemed the credit whose spent id (protocol.credits.spent_id)
                                      this is, or null, and the latest committed height — what a
@@ -35,10 +39,10 @@ from abci_app.codes import Code
 from abci_app.query_params import (
     ACCOUNT,
     HASH32,
-    MAX_ITEMS,
     QueryError,
     bool_param,
     int_param,
+    limit_param,
     str_param,
 )
 from abci_app.state import State
@@ -106,28 +110,69 @@ def _credit_spent(state: State, params: dict[str, Any]) -> Any:
     }
 
 
+# a cursor of `/mints?pending=true`: the lane and id of the last mint of a page (schema.py)
+PENDING_CURSOR = re.compile(r"[01]/0x[0-9a-f]{64}\Z")
+
+
+def _page(
+    state: State, ns: str, lower: str, upper: str, after: str | None, limit: int
+) -> tuple[list[str], str | None]:
+    """Up to `limit` keys of `ns` in [lower, upper) after `after`, and the cursor of the next
+    page (the last key returned) when more follow, else None."""
+    start = lower if after is None or after < lower else after
+    keys: list[str] = []
+    for key, _ in state.committed_items(ns, start, upper):
+        if key == after:
+            continue  # the previous page's last entry
+        if len(keys) == limit:
+            return keys, keys[-1]
+        keys.append(key)
+    return keys, None
+
+
+def _brief(state: State, identifier: str) -> dict[str, Any] | None:
+    record = state.committed(schema.MINT, identifier)
+    if record is None:
+        return None
+    return {"id": identifier, **{k: v for k, v in record.items() if k != "blinded"}}
+
+
 def _mints(state: State, params: dict[str, Any]) -> Any:
-    """One mint (`?id`), the mints waiting for their funding (`?pending=true`, oldest first),
-    or one payer's retained mints (`?payer`): what a watcher weighs against a balance."""
+    """One mint (`?id`), or a page of the mints waiting for their funding (`?pending=true`:
+    returning buyers' first, then new payers', each lane by id) or of one payer's retained
+    mints (`?payer`, by id): `next` is the `after` of the next page, null on the last one —
+    every mint is listed once over the pages, and nothing is left out silently."""
     if params.get("id") is not None:
         return _mint_record(state, params, "id")
+    limit = limit_param(params)
+    mints: list[dict[str, Any]] = []
     if bool_param(params, "pending"):
-        ids = [key for key, _ in state.committed_items(schema.MINT_UNFUNDED)]
-    else:
-        payer = str_param(params, "payer", ACCOUNT)
-        if payer is None:
-            raise QueryError(Code.BAD_QUERY, "one of id, pending=true or payer is required")
-        payer = payer.lower()
-        rows = state.committed_items(schema.MINT_BY_PAYER, payer + "/", payer + "0")
-        ids = [key.split("/", 1)[1] for key, _ in rows]
-    mints = []
-    for identifier in ids[:MAX_ITEMS]:
-        record = state.committed(schema.MINT, identifier)
-        if record is not None:
-            brief = {k: v for k, v in record.items() if k != "blinded"}
-            mints.append({"id": identifier, **brief})
-    mints.sort(key=lambda m: (m["height"], m["id"]))
-    return {"mints": mints}
+        after = str_param(params, "after", PENDING_CURSOR)
+        keys, cursor = _page(state, schema.MINT_UNFUNDED, "", "2", after, limit)
+        for key in keys:
+            lane, identifier = key.split("/", 1)
+            brief = _brief(state, identifier)
+            if brief is not None:
+                mints.append({**brief, "buyer": lane == schema.BUYER_LANE})
+        return {"mints": mints, "next": cursor}
+    payer = str_param(params, "payer", ACCOUNT)
+    if payer is None:
+        raise QueryError(Code.BAD_QUERY, "one of id, pending=true or payer is required")
+    payer = payer.lower()
+    after = str_param(params, "after", HASH32)
+    keys, cursor = _page(
+        state,
+        schema.MINT_BY_PAYER,
+        payer + "/",
+        payer + "0",
+        None if after is None else f"{payer}/{after}",
+        limit,
+    )
+    for key in keys:
+        brief = _brief(state, key.split("/", 1)[1])
+        if brief is not None:
+            mints.append(brief)
+    return {"mints": mints, "next": None if cursor is None else cursor.split("/", 1)[1]}
 
 
 def signatures(state: State, store: CreditKeyStore, params: dict[str, Any]) -> Any:

@@ -15,8 +15,13 @@
                                count · genesis price, the `CreditPurchase` signature recovers to
                                `payer` (MINT_INVALID); the mint id is new (MINT_REPLAYED); block
                                time ≤ expiry ≤ block time + 7 days (AUTHORIZATION_EXPIRED,
-                               AUTHORIZATION_EXPIRY_TOO_FAR). → `mint/<id>`, unfunded
-                               (`mpend/<id>`, `mpay/<payer>/<id>`): nothing charged or signed.
+                               AUTHORIZATION_EXPIRY_TOO_FAR); the payer holds fewer than
+                               genesis `credits.max_pending_mints` unfunded mints of the epochs
+                               still fundable (MINT_PENDING_LIMIT: junk of its own cannot bury
+                               its in-flight mint, issue 42). → `mint/<id>`, unfunded
+                               (`mpend/<lane>/<id>`: lane 0 when the payer had a mint funded
+                               before, so returning buyers list first; `mpay/<payer>/<id>`;
+                               `mpp/<payer>/<epoch>` += 1): nothing charged or signed.
     fund_mint{mint}            a validator (its watcher read the payer's escrow balance and it
                                covers the mint: node/watcher/funding.py) vouches for it
                                (NOT_VALIDATOR; MINT_UNKNOWN; MINT_FUND_LATE after the mint's
@@ -25,7 +30,8 @@
                                balance at the escrow's own address (`depositBalance(escrow)`):
                                `spent/` and `cpend/<payer>/<escrow>/mint/<id>`, debited by the
                                next close into the escrow's credit pool (settlement.py), and
-                               `cissue/<mint epoch>`.funded += count.
+                               `cissue/<mint epoch>`.funded += count; `mbuyer/<payer>` = the
+                               height (a returning buyer from then on).
                                A vote on a funded mint changes nothing. Each validator then
                                blind-signs the mint's messages for it when asked
                                (`/credit_signatures?mint=`, answered from its local key).
@@ -55,6 +61,7 @@ no entry goes before that epoch has ended, and no credit can be spent twice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from abci_app import coverage, rules, schema
@@ -219,6 +226,7 @@ def mint(state: State, tx: SignedTx) -> None:
         rules.reject(Code.MINT_INVALID, f"{where}: {error.message}")
     if signer.lower() != body.payer:
         rules.reject(Code.MINT_INVALID, f"{where}: signed by {signer}, not by its payer")
+    _bound_pending(state, body.payer, current, where)
     state.put(
         schema.MINT,
         identifier,
@@ -234,12 +242,68 @@ def mint(state: State, tx: SignedTx) -> None:
             "funded_height": None,
         },
     )
-    state.put(schema.MINT_UNFUNDED, identifier, 0)
+    lane = schema.NEW_PAYER_LANE
+    if state.get(schema.MINT_BUYER, body.payer) is not None:
+        lane = schema.BUYER_LANE
+    waiting = f"{lane}/{identifier}"
+    state.put(schema.MINT_UNFUNDED, waiting, 0)
     state.put(schema.MINT_BY_PAYER, f"{body.payer}/{identifier}", 0)
+    _count_pending(state, body.payer, body.epoch, +1)
     rules.track(state, schema.MINT, identifier)
-    rules.track(state, schema.MINT_UNFUNDED, identifier)
+    rules.track(state, schema.MINT_UNFUNDED, waiting)
     rules.track(state, schema.MINT_BY_PAYER, f"{body.payer}/{identifier}")
+    rules.track(state, schema.MINT_PAYER_PENDING, _pending_key(body.payer, body.epoch))
     state.emit("planet.mint", mint=identifier, epoch=body.epoch, credits=count)
+
+
+def pending_held(read: Callable[[str, str], Any], payer: str, current: int) -> int:
+    """How many unfunded mints `payer` holds that can still be funded in epoch `current` (of
+    epochs current − FUND_EPOCHS … current): two counter reads (`mpp/<payer>/<epoch>`) through
+    `read` (`state.get`, or `state.committed` for the mempool)."""
+    return sum(
+        int(read(schema.MINT_PAYER_PENDING, _pending_key(payer, epoch)) or 0)
+        for epoch in range(max(1, current - FUND_EPOCHS), current + 1)
+    )
+
+
+def _bound_pending(state: State, payer: str, current: int, where: str) -> None:
+    """MINT_PENDING_LIMIT when `payer` already holds genesis `credits.max_pending_mints`
+    unfunded mints that can still be funded, whatever the payer sent before."""
+    limit = state.genesis.credit_max_pending_mints
+    held = pending_held(state.get, payer, current)
+    if held >= limit:
+        rules.reject(
+            Code.MINT_PENDING_LIMIT,
+            f"{where}: its payer already holds {held} unfunded mints (at most {limit}); "
+            "one is funded or lapses when its funding window ends",
+        )
+
+
+def admit_mint(state: State, body: Mint) -> str | None:
+    """Mempool admission of a mint (CheckTx, committed state only): why it would be refused
+    MINT_PENDING_LIMIT in the next block, or None. FinalizeBlock decides; this keeps a payer's
+    mints beyond its bound out of blocks."""
+    if state.genesis.credit_price_wei is None:
+        return None
+    limit = state.genesis.credit_max_pending_mints
+    held = pending_held(state.committed, body.payer, rules.epoch_of(state, state.height + 1))
+    if held >= limit:
+        return f"payer {body.payer} already holds {held} unfunded mints (at most {limit})"
+    return None
+
+
+def _pending_key(payer: str, epoch: int) -> str:
+    return f"{payer}/{schema.epoch_key(epoch)}"
+
+
+def _count_pending(state: State, payer: str, epoch: int, change: int) -> None:
+    """`mpp/<payer>/<epoch>` += change (deleted at 0; pruned with the epoch)."""
+    key = _pending_key(payer, epoch)
+    count = int(state.get(schema.MINT_PAYER_PENDING, key) or 0) + change
+    if count > 0:
+        state.put(schema.MINT_PAYER_PENDING, key, count)
+    elif count == 0 and state.get(schema.MINT_PAYER_PENDING, key) is not None:
+        state.delete(schema.MINT_PAYER_PENDING, key)
 
 
 def fund_mint(state: State, tx: SignedTx) -> None:
@@ -277,7 +341,11 @@ def fund_mint(state: State, tx: SignedTx) -> None:
     )
     if not funded:
         return
-    state.delete(schema.MINT_UNFUNDED, body.mint)
+    for lane in (schema.BUYER_LANE, schema.NEW_PAYER_LANE):
+        if state.get(schema.MINT_UNFUNDED, f"{lane}/{body.mint}") is not None:
+            state.delete(schema.MINT_UNFUNDED, f"{lane}/{body.mint}")
+    _count_pending(state, record["payer"], record["epoch"], -1)
+    state.put(schema.MINT_BUYER, record["payer"], state.block_height)
     # paid for: the record (what `/credit_signatures` answers from) stays as long as its credits
     # can be redeemed, so a client that comes back late still finishes its purchase
     state.delete(schema.PRUNE_INDEX, schema.prune_key(record["epoch"], schema.MINT, body.mint))

@@ -24,10 +24,11 @@
       "spot_check_floor": 1,                # expected checks per node and epoch at least (0: off)
       "commit_grace_epochs": 2,             # epochs a node has to commit what gateways reported
       "credits": {"price_wei": "1000000000000", "layer_tokens": 4096,  # one credit's price
-                  "lifetime_epochs": 4320}  #   and the layer-tokens its redemption credits; a
+                  "lifetime_epochs": 4320,  #   and the layer-tokens its redemption credits; a
                                           #   credit of epoch e is redeemable up to epoch
                                           #   e + lifetime_epochs (default 4320: a day of
                                           #   20 s epochs)
+                  "max_pending_mints": 4}  # unfunded mints one payer may hold at once
     }
 `evm.escrow_address` (the QueryEscrow that consumes `PayoutRoot`s) enables epoch settlement;
 `credits` (with the escrow) enables minting and redeeming credits (abci_app/credits.py).
@@ -76,7 +77,12 @@ MAX_PARAM = (1 << 63) - 1
 # enough that the spent set (kept for that long) stays bounded.
 DEFAULT_CREDIT_LIFETIME_EPOCHS = 4_320
 MAX_CREDIT_LIFETIME_EPOCHS = 1_000_000
-_CREDIT_KEYS = {"price_wei", "layer_tokens", "lifetime_epochs"}
+# Unfunded mints one payer may hold at once (its mints of the epochs still fundable): mint txs
+# cost nothing to send, so without a bound one payer could bury its own in-flight mint, or the
+# watchers' work list, under junk (issue 42). A client buys one mint at a time.
+DEFAULT_MAX_PENDING_MINTS = 4
+MAX_MAX_PENDING_MINTS = 64
+_CREDIT_KEYS = {"price_wei", "layer_tokens", "lifetime_epochs", "max_pending_mints"}
 MAX_SHARDS = 65536  # register_node shard indexes are 0 … 65535
 _GATEWAY = re.compile(r"[0-9a-f]{64}\Z")
 _DECIMAL = re.compile(r"[0-9]{1,78}\Z")  # ASCII only: str.isdigit accepts other scripts
@@ -128,6 +134,7 @@ class Genesis:
     credit_price_wei: int | None = None  # one credit's price; None: credits disabled
     credit_layer_tokens: int = 0  # layer-tokens a redeemed credit adds to the node's work
     credit_lifetime_epochs: int = DEFAULT_CREDIT_LIFETIME_EPOCHS  # redeemable in e … e + this
+    credit_max_pending_mints: int = DEFAULT_MAX_PENDING_MINTS  # a payer's unfunded mints at once
 
     @classmethod
     def parse(cls, app_state: bytes) -> Genesis:
@@ -221,7 +228,8 @@ class Genesis:
             or not {"price_wei", "layer_tokens"} <= set(credits) <= _CREDIT_KEYS
         ):
             raise ConfigError(
-                "genesis app_state.credits: expected {price_wei, layer_tokens[, lifetime_epochs]}"
+                "genesis app_state.credits: expected {price_wei, layer_tokens[, lifetime_epochs]"
+                "[, max_pending_mints]}"
             )
         return cls(
             epoch_length=_int(doc, "epoch_length", 20, 1),
@@ -258,6 +266,17 @@ class Genesis:
                 )
                 if credits is not None
                 else DEFAULT_CREDIT_LIFETIME_EPOCHS
+            ),
+            credit_max_pending_mints=(
+                _int(
+                    credits,
+                    "max_pending_mints",
+                    DEFAULT_MAX_PENDING_MINTS,
+                    1,
+                    MAX_MAX_PENDING_MINTS,
+                )
+                if credits is not None
+                else DEFAULT_MAX_PENDING_MINTS
             ),
         )
 
@@ -312,6 +331,11 @@ class Genesis:
                     "credits": {
                         "layer_tokens": self.credit_layer_tokens,
                         "lifetime_epochs": self.credit_lifetime_epochs,
+                        **(
+                            {"max_pending_mints": self.credit_max_pending_mints}
+                            if self.credit_max_pending_mints != DEFAULT_MAX_PENDING_MINTS
+                            else {}
+                        ),
                         "price_wei": str(self.credit_price_wei),
                     }
                 }

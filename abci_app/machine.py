@@ -4,7 +4,8 @@ What CometBFT asks of the app, without protobuf (`app.py` adapts the messages):
 
     init_chain        install genesis, open epoch 1; returns app_hash(0)
     check_tx          mempool admission: decode, ed25519 (and EIP-191 for registrations)
-                      signatures, nonce against committed state only
+                      signatures, nonce against committed state only; a mint whose payer
+                      already holds its bound of unfunded mints (credits.admit_mint)
     prepare_proposal  the extended-commit tx first when due, then txs up to the byte and work
                       budgets (`MAX_PROPOSAL_WORK`)
     process_proposal  only well-formed, correctly signed txs, the extended-commit tx exactly
@@ -26,6 +27,7 @@ from typing import Any
 
 from abci_app import (
     coverage,
+    credits,
     epochs,
     extensions,
     registry,
@@ -39,6 +41,7 @@ from abci_app.dispatch import HANDLERS
 from abci_app.encoding import proto_tx_size
 from abci_app.state import Event, State
 from protocol.commit_batch import decode_tx, is_batch
+from protocol.committee.credits import Mint
 from protocol.committee.envelope import SignedTx, TxSignatureError
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.registry import RegisterNode, recover_registration
@@ -177,6 +180,10 @@ class StateMachine:
         last = self.state.committed(schema.NONCE, tx.signer) or 0
         if tx.nonce <= last:
             return TxResult(Code.BAD_NONCE, f"nonce {tx.nonce} ≤ last committed nonce {last}")
+        if isinstance(tx.body, Mint):
+            refused = credits.admit_mint(self.state, tx.body)
+            if refused is not None:
+                return TxResult(Code.MINT_PENDING_LIMIT, refused)
         return TxResult(Code.OK)
 
     # --- proposals ----------------------------------------------------------------------------

@@ -114,10 +114,21 @@ CREDIT_KEY = "ckey"
 # messages with their key of that epoch when asked (/credit_signatures), once funded; pruned
 # with its epoch while unfunded, with epoch + credits.lifetime_epochs once funded
 MINT = "mint"
-# mpend/<mint id>: 0 while the mint waits for its funding (the watchers' work list)
+# mpend/<lane>/<mint id>: 0 while the mint waits for its funding (the watchers' work list,
+# paged in key order): lane "0" when its payer had a funded mint before (`mbuyer/`: a paying
+# customer), "1" for a payer new to the chain, so no number of strangers' mints can list before
+# a returning buyer's
 MINT_UNFUNDED = "mpend"
+BUYER_LANE, NEW_PAYER_LANE = "0", "1"
 # mpay/<payer>/<mint id>: 0 for each mint of a payer (what the watchers count against a balance)
 MINT_BY_PAYER = "mpay"
+# mpp/<payer>/<epoch>: how many of the payer's mints of that epoch wait for their funding (int,
+# deleted at 0, pruned with the epoch): what bounds a payer's unfunded mints (genesis
+# `credits.max_pending_mints`; only the epochs still fundable are read)
+MINT_PAYER_PENDING = "mpp"
+# mbuyer/<payer>: the height of the payer's last funded mint (not pruned: one entry per payer that
+# ever paid for a credit)
+MINT_BUYER = "mbuyer"
 # cspent/<sha256 of the credit nonce>: the height that redeemed it (the double-spend guard)
 CREDIT_SPENT = "cspent"
 # cissue/<credit epoch>: {funded, redeemed}: how many credits of that epoch funded mints bought

@@ -17,6 +17,9 @@ publishes a freshly generated 2048-bit RSA key for the epoch. Then, --mints time
   credits / CPU seconds of the blocks that carry them (every validator verifies every
   signature: 3 RSA-2048 verifications per credit).
 
+- flood (issue 42): --flood junk mints nobody pays for, and the watchers' whole waiting list
+  read back page by page (`bench/_mint_flood.py`; `flood` in the metrics).
+
 Times are CPU time of this process (`time.process_time`).
 
     .venv/bin/python bench/credits.py          # ~30 s
@@ -39,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from abci_app.credit_queries import signatures
 from abci_app.queries import query
 from bench._common import machine, parse_with_quick
+from bench._mint_flood import flood_figures
 from node.client.credit_wallet import MintRequest
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.credits import CreditKey, FundMint, Redeem
@@ -181,6 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cpu += time.process_time() - t0
             assert all(r.code == 0 for r in results), [r.log for r in results]
             redeemed += sum(len(b) for b in batches[start : start + args.txs_per_block])
+        flood = flood_figures(chain, keys, args.flood, PRICE, ESCROW, NOW + 3600)
         return {
             "bench": "credits",
             "machine": machine(),
@@ -206,6 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "redeem_records_s": round(redeemed / cpu, 1) if cpu else 0.0,
                 "redeem_tx_bytes_per_credit": round(sum(redeem_bytes) / len(trimmed), 1),
                 "redeemed_credits": redeemed,
+                "flood": flood,
             },
         }
 
@@ -217,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-tx", type=int, default=24, help="credits per redeem tx")
     parser.add_argument("--txs-per-block", type=int, default=4)
     parser.add_argument("--nodes", type=int, default=4)
-    args = parse_with_quick(parser, {"mints": 2, "credits": 4, "per_tx": 4}, argv)
+    parser.add_argument("--flood", type=int, default=2000, help="junk mints (issue 42)")
+    args = parse_with_quick(parser, {"mints": 2, "credits": 4, "per_tx": 4, "flood": 200}, argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     print(json.dumps(run(args)))
     return 0

@@ -51,6 +51,7 @@ MINT_REPLAYED = 75  # abci_app/codes.py: the mint is already on the chain (an ea
 # abci_app/codes.py NO_CREDIT_KEYS, CREDIT_EPOCH: a mint drawn against keys of an epoch that
 # ended before it landed (or before 2/3 of the power published the new epoch's keys)
 RETRY_CODES = frozenset({76, 79})
+MINT_PENDING_LIMIT = 85  # the payer holds genesis credits.max_pending_mints unfunded mints
 MINT_TRIES = 3
 
 
@@ -60,7 +61,14 @@ class MintRefused(ProtocolError):
     code = "mint_refused"
 
     def __init__(self, tx_code: int, text: str) -> None:
-        super().__init__(f"the committee refused the mint (code {tx_code}): {text}")
+        hint = None
+        if tx_code == MINT_PENDING_LIMIT:
+            hint = (
+                "your earlier purchases still wait for their funding: deposit enough to cover "
+                "them (`planet balance deposit … --credits`) and run `planet credits finish`, "
+                "or buy again once they lapse (two epochs after they were sent)"
+            )
+        super().__init__(f"the committee refused the mint (code {tx_code}): {text}", hint=hint)
         self.tx_code = tx_code
 
 

@@ -164,9 +164,10 @@ def mint_funder(
 ) -> MintFunder:
     """The voucher for credit mints the payer's escrow balance covers (reads only)."""
     from node.chain.evm.account import PlanetChain
+    from node.watcher.depositors import EscrowDepositors
 
     escrow = PlanetChain(deployment, operator_key, rpc_url=evm_rpc).escrow
-    return MintFunder(committee=link, escrow=escrow)
+    return MintFunder(committee=link, escrow=escrow, deposits=EscrowDepositors(deployment, evm_rpc))
 
 
 def payout_relay(

@@ -15,10 +15,19 @@ Each payer's waiting mints are weighed oldest first, each counted in flight once
 two mints that each need the whole balance get one vouch from an honest watcher, and with
 < 1/3 of the power faulty no two such mints both reach 2/3.
 
-Failures (an EVM read, a tx not sent) end the pass; the mint is weighed again next pass. A pass
-weighs at most `payers_per_pass` payers, those weighed longest ago first: mint txs cost nothing
-to send, so a flood of payers without balance slows the vouching for others (each waits its
-turn) but never stalls the watcher's pass.
+Both lists are read whole, page by page (`node.chain.committee_pages`): a payer's mints to the
+last page, or none of its mints is vouched for this pass (its in-flight sum would be short); the
+waiting list up to `PENDING_PAGES` pages, which lists returning buyers' mints (`buyer`: the
+payer had a mint funded before) ahead of new payers'. Mint txs cost nothing to send and a chain
+holds each payer to genesis `credits.max_pending_mints` unfunded mints, but payer addresses are
+free. So the funder weighs only payers that ever deposited at the escrow's address (`deposits`:
+the escrow's `BalanceDeposited` log, node/watcher/depositors.py; anyone else's balance is 0),
+and a pass weighs at most `payers_per_pass` of them, returning buyers first, then those weighed
+longest ago: a flood of mints from fresh addresses costs no EVM read and delays no honest
+purchase; a flood from addresses that each paid a deposit's gas delays a new payer by its turn
+among them, and never a returning buyer (a hosted gateway's top-up) (issue 42).
+
+Failures (an EVM read, a tx not sent) end the pass; the mint is weighed again next pass.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from node.chain.committee_pages import TooManyPages, all_pages, read_pages
 from node.watcher.payouts import Committee
 from protocol.committee.credits import FundMint
 from protocol.committee.settlement import statement_page
@@ -37,6 +47,9 @@ from protocol.errors import PlanetError
 log = logging.getLogger(__name__)
 
 POSTED = 1  # QueryEscrow.epochOf status: the root is posted (2 Disputed: charges returned)
+PENDING_PAGES = 64  # pages of the waiting list read per pass (1,000 mints a page): returning
+# buyers' mints come first, so only new payers' beyond 64,000 wait for a later pass
+PAYER_PAGES = 64  # pages of one payer's mints: a longer list is not weighed (never partly)
 
 
 class Escrow(Protocol):
@@ -48,6 +61,12 @@ class Escrow(Protocol):
     def epoch_of(self, epoch: int) -> dict[str, Any]: ...
 
 
+class DepositLog(Protocol):
+    """Who ever deposited at the escrow's address (`node.watcher.depositors.EscrowDepositors`)."""
+
+    def depositors(self) -> set[str]: ...
+
+
 def funding_epoch(funded_height: int, epoch_length: int) -> int:
     """The epoch of the block that funded a mint (its charge is in that epoch's statement)."""
     return (funded_height - 1) // epoch_length + 1
@@ -57,6 +76,7 @@ def funding_epoch(funded_height: int, epoch_length: int) -> int:
 class MintFunder:
     committee: Committee
     escrow: Escrow
+    deposits: DepositLog | None = None  # None: every payer's balance is read (tests)
     payers_per_pass: int = 16  # EVM reads a pass may cost: mints are free to send, so many
     # payers without balance must not stall the watcher's pass (its stake attestations)
     vouched: dict[str, int] = field(default_factory=dict)  # mint id → amount, vouched here
@@ -67,22 +87,40 @@ class MintFunder:
 
     async def step(self) -> list[str]:
         """One pass; returns the ids of the mints vouched for."""
-        waiting = (await self.committee.query("/mints", pending="true"))["mints"]
+        waiting, whole = await read_pages(
+            self.committee.query, "/mints", "mints", max_pages=PENDING_PAGES, pending="true"
+        )
+        if not whole:
+            log.warning("over %d mints wait for funding: the rest waits a pass", len(waiting))
         current = int((await self.committee.query("/epochs"))["current"])
         todo: dict[str, list[dict[str, Any]]] = {}
+        buyers: set[str] = set()
         for mint in waiting:
             if mint["id"] not in self.vouched and current <= int(mint["epoch"]) + FUND_EPOCHS:
-                todo.setdefault(str(mint["payer"]).lower(), []).append(mint)
+                payer = str(mint["payer"]).lower()
+                todo.setdefault(payer, []).append(mint)
+                if mint.get("buyer") is True:
+                    buyers.add(payer)
+        if todo and self.deposits is not None:
+            deposited = await asyncio.to_thread(self.deposits.depositors)
+            for payer in [p for p in todo if p not in buyers and p not in deposited]:
+                del todo[payer]  # never deposited: its balance is 0, no read needed
         if not todo:
             return []
         length = int((await self.committee.query("/params"))["genesis"]["epoch_length"])
         statements = await self._statements()
         self.passes += 1
-        # the payers weighed longest ago first (never weighed: first of all), then by their
-        # oldest waiting mint: every payer gets its turn however many others wait
+        # returning buyers first (a purchase funded before: it cost them a credit at least),
+        # then the payers weighed longest ago (never weighed: first), then by their oldest
+        # waiting mint: every payer gets its turn however many others wait
         order = sorted(
             todo,
-            key=lambda p: (self.weighed.get(p, 0), min(int(m["height"]) for m in todo[p]), p),
+            key=lambda p: (
+                p not in buyers,
+                self.weighed.get(p, 0),
+                min(int(m["height"]) for m in todo[p]),
+                p,
+            ),
         )
         done = []
         for payer in order[: self.payers_per_pass]:
@@ -107,8 +145,15 @@ class MintFunder:
         if prepaid["withdrawable_at"] != 0:
             log.info("mints of %s not vouched for: a withdrawal of its balance is open", payer)
             return []
+        try:
+            every = await all_pages(
+                self.committee.query, "/mints", "mints", max_pages=PAYER_PAGES, payer=payer
+            )
+        except TooManyPages as error:
+            log.warning("mints of %s not vouched for: %s", payer, error.message)
+            return []
         in_flight = 0
-        for mint in (await self.committee.query("/mints", payer=payer))["mints"]:
+        for mint in every:
             funded = mint.get("funded_height")
             if funded is None:
                 if mint["id"] in self.vouched and current > int(mint["epoch"]) + FUND_EPOCHS:
