@@ -63,7 +63,8 @@ from protocol.frames.codecs import CODECS, DTYPES, encode_body
 from protocol.frames.errors import NonFiniteError
 from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 
-pytestmark = pytest.mark.integration
+# e2e_lane: ~2 min of hostile traffic on its own nodes, run beside the devnets to even the lanes
+pytestmark = [pytest.mark.integration, pytest.mark.e2e_lane]
 
 SEED = int(os.environ.get("PLANET_FUZZ_SEED", "1302"))
 CASES = int(os.environ.get("PLANET_FUZZ_CASES", "10000"))
