@@ -247,20 +247,31 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(
     homes = [{"home": gateway_home, "address": gateway}, *operators]
     for operator in homes:
         home = operator["home"]
-        expected = sum(paid[operator["address"].lower()].values())
-        before = w3.eth.get_balance(w3.to_checksum_address(operator["address"]))
         claimed = _planet(env, "claim", "--home", home, "--password-file",
                           devnet["password_file"], timeout=120)  # fmt: skip
         assert claimed.returncode == 0, claimed.stderr[-2000:]
-        fees = 0
+        # what each claim tx paid the account: its balance across the tx's own block, plus the
+        # tx's fee (anvil mines one tx a block; on the shared devnet the gateway's wallet also
+        # buys credits meanwhile, so the balance before and after the command is no measure)
+        account = w3.to_checksum_address(operator["address"])
+        received = 0
+        epochs = []  # "claimed <eth> for epoch <E> (tx <hash>)"
         for line in claimed.stdout.splitlines():
+            epochs.append(int(line.split(" for epoch ", 1)[1].split(" ", 1)[0]))
             tx = line.rsplit("(tx ", 1)[1].rstrip(")")
             receipt = w3.eth.get_transaction_receipt(tx)
-            fees += receipt["gasUsed"] * receipt["effectiveGasPrice"]
-        assert (
-            w3.eth.get_balance(w3.to_checksum_address(operator["address"]))
-            == before + expected - fees
+            block = receipt["blockNumber"]
+            assert w3.eth.get_block(block)["transactions"] == [receipt["transactionHash"]]
+            fee = receipt["gasUsed"] * receipt["effectiveGasPrice"]
+            delta = w3.eth.get_balance(account, block) - w3.eth.get_balance(account, block - 1)
+            received += delta + fee
+        # every epoch found paid above, and any posted since, each for exactly its row
+        assert set(paid[operator["address"].lower()]) <= set(epochs)
+        expected = sum(
+            int(_query(rpc, "/payouts/proof", epoch=str(e), account=operator["address"])["amount"])
+            for e in epochs
         )
+        assert received == expected
         # the CLI's view after claiming, for one operator (each `planet` start costs seconds)
         if operator is operators[0]:
             earnings = _planet(env, "earnings", "--home", home, "--json", timeout=60)
