@@ -173,8 +173,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         metavar="N",
         help="be paid by clients with bearer credits as they ask: compute only positions paid "
-        "for, N per credit (default 0: free, paid through gateways' work reports); the agent "
-        "redeems the credits on the committee chain (docs/credits.md)",
+        "for, N per credit (the devnet's nodes charge 64); the agent redeems the credits on the "
+        "committee chain, and redeemed credits are a node's only pay (docs/credits.md). "
+        "Default 0: free, nobody pays this node",
     )
     join.add_argument("--timeout", type=float, default=180.0, help="seconds to wait (180)")
     join.add_argument("--no-wait", action="store_true", help="return once processes started")
@@ -445,6 +446,11 @@ def _join(args: argparse.Namespace) -> int:
         private_range=config.next_hop_range,
         credit_positions=args.credit_positions,
     )
+    if args.credit_positions == 0:
+        _say(
+            "  free node: it serves without charging, and nothing else pays it (credits are a "
+            "node's only pay); `--credit-positions 64` to be paid"
+        )
     _say(f"  node pid {joined.node_pid} (log {joined.node_log})")
     _say(f"  agent pid {joined.agent_pid} (log {joined.agent_log})")
     if not args.no_wait:
