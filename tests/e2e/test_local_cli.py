@@ -13,13 +13,13 @@ import itertools
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from node.server.launcher import pid_alive
+from tests.e2e.devnet_session import planet
 
 pytestmark = pytest.mark.e2e
 
@@ -29,13 +29,7 @@ BASE_PORT = 18200  # busy ports are skipped by `planet local up`
 
 
 def _planet(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "planet", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    return planet(env, *args, timeout=timeout)  # `planet local up` loads shards: a longer wait
 
 
 @pytest.fixture(scope="module")

@@ -64,6 +64,7 @@ from harness.ports import ephemeral_port
 from node.client.credit_wallet import CreditWallet
 from node.server.launcher import pid_alive
 from protocol.credits import spent_id
+from tests.e2e.devnet_session import planet as _planet
 from tests.e2e.escrow_reads import escrow_contract
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -71,16 +72,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 UP_TIMEOUT_S = 900
 UNTRUSTED_BELOW = 400_000
 CHEATS = ("substitute-skip:2", "silent", "noise:0.1:4:withhold")  # nodes 3, 4, 5: shards 0, 1, 2
-
-
-def _planet(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "planet", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
 
 
 def _query(rpc: str, path: str) -> Any:
