@@ -28,7 +28,7 @@ fi
 # Two lanes side by side: one test process alone leaves a core idle most of the time (waiting on
 # blocks, links and other processes). Lane `e2e`: the devnets and the tests marked `e2e_lane`
 # (those on the devnets' ports 8000-8999, 18100-19999, 27000-29999 or in network namespaces,
-# and a few long benchmark smokes that even the lanes: ~25 min each on 2 cores); lane `rest`:
+# and a few long benchmark smokes that even the lanes: ~28-30 min each on a quiet 2-core machine, CPU-bound); lane `rest`:
 # every other test, on its lane's half of 10000-17999 (harness/ports.py) or its module's own
 # share of 20000-26999, so nothing in one lane binds a port the other is about to. Each line says its lane; both lanes always finish,
 # and the run fails if either does. The shared model cache is filled first, so the lanes never
