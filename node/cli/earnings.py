@@ -62,6 +62,7 @@ class EpochEarning:
     epoch: int
     shares: int  # compute shares credited to the account
     amount: int  # wei in the payout root (0: no row)
+    payable: int  # wei the escrow pays for it: `amount`, scaled down when the epoch was short
     confirmed: bool  # ≥ 2/3 of the committee signed the statement
     escrow_status: int  # 0 not posted, 1 posted, 2 disputed
     claimable_at: int  # unix time (0 when not posted)
@@ -81,6 +82,7 @@ class EpochEarning:
             "epoch": self.epoch,
             "shares": str(self.shares),
             "amount": str(self.amount),
+            "payable": str(self.payable),
             "state": self.state(now),
             "claimable_at": self.claimable_at,
             "claimed": self.claimed,
@@ -156,6 +158,13 @@ class EscrowView:
     def now(self) -> int:
         return int(self.w3.eth.get_block("latest")["timestamp"])
 
+    def payable(self, epoch: int, amount: int) -> int:
+        """What a claim of `amount` pays: amount × collected ÷ total when the epoch was short."""
+        total, collected = self.contract.functions.shortfallOf(epoch).call()
+        if int(total) == 0:
+            return amount
+        return amount * int(collected) // int(total)
+
     def epoch_of(self, epoch: int) -> tuple[int, int]:
         """(status, claimable_at)."""
         _root, _unclaimed, claimable_at, status = self.contract.functions.epochOf(epoch).call()
@@ -194,6 +203,7 @@ def earnings_of(config: Any, account: str, epoch: int | None) -> tuple[list[Epoc
                 epoch=number,
                 shares=int(summary.get("shares", "0")),
                 amount=amount,
+                payable=escrow.payable(number, amount) if status == 1 else amount,
                 confirmed=bool(summary["confirmed"]),
                 escrow_status=status,
                 claimable_at=claimable_at,
@@ -212,7 +222,7 @@ def _earnings(args: argparse.Namespace) -> int:
         state = row.state(now)
         key = state if state in ("claimable", "claimed") else "pending"
         if state != "disputed":
-            totals[key] += row.amount
+            totals[key] += row.payable
     current = sum(int(c["layer_tokens"]) for c in credits["credits"])
     if args.json:
         doc = {
@@ -232,6 +242,8 @@ def _earnings(args: argparse.Namespace) -> int:
         state = row.state(now)
         if state == "challenge window":
             state += f" (claimable in {max(0, row.claimable_at - now)} s)"
+        if row.payable != row.amount:
+            state += f" (short epoch: pays {format_eth(row.payable)} of the signed amount)"
         print(f"epoch {row.epoch:<5} {format_eth(row.amount):>24}  shares {row.shares:<12} {state}")
     for name, value in totals.items():
         print(f"{name:<11} {format_eth(value)}")
@@ -262,7 +274,8 @@ def _claim(args: argparse.Namespace) -> int:
         amount = int(proof["amount"])
         steps = [bytes.fromhex(str(p)[2:]) for p in proof["proof"]]
         result = chain.escrow.claim(row.epoch, amount, steps)
-        print(f"claimed {format_eth(amount)} for epoch {row.epoch} (tx {result.tx_hash})")
+        paid = row.payable if amount == row.amount else amount
+        print(f"claimed {format_eth(paid)} for epoch {row.epoch} (tx {result.tx_hash})")
     return 0
 
 

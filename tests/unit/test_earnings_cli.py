@@ -8,6 +8,7 @@ from node.cli.earnings import (
     AlreadyClaimed,
     ChallengeWindowOpen,
     EpochEarning,
+    EscrowView,
     NothingToClaim,
     RootNotPosted,
     _check_claimable,
@@ -24,6 +25,7 @@ def earning(**changes: object) -> EpochEarning:
         "epoch": 3,
         "shares": 800,
         "amount": 515,
+        "payable": 515,
         "confirmed": True,
         "escrow_status": 1,
         "claimable_at": NOW - 1,
@@ -76,3 +78,28 @@ def test_earnings_bad_epoch_is_a_usage_error(capsys) -> None:
         main(["earnings", "--epoch", "٣"])
     assert exited.value.code == 2
     assert "not an epoch number" in capsys.readouterr().err
+
+
+class _Shortfall:
+    def __init__(self, total: int, collected: int) -> None:
+        self.value = (total, collected)
+
+    def shortfallOf(self, epoch: int) -> _Shortfall:
+        return self
+
+    def call(self) -> tuple[int, int]:
+        return self.value
+
+
+@pytest.mark.parametrize(
+    ("total", "collected", "pays"), [(0, 0, 515), (1000, 1000, 515), (1000, 400, 206), (3, 1, 171)]
+)
+def test_a_short_epoch_pays_its_scaled_amount(total: int, collected: int, pays: int) -> None:
+    escrow = EscrowView.__new__(EscrowView)  # no chain: only the shortfall read is exercised
+    escrow.contract = type("C", (), {"functions": _Shortfall(total, collected)})()
+    assert escrow.payable(3, 515) == pays  # the contract's rule: amount × collected ÷ total
+
+
+def test_a_short_epoch_counts_what_it_pays() -> None:
+    row = earning(payable=206)
+    assert row.to_json(NOW)["payable"] == "206" and row.to_json(NOW)["amount"] == "515"
