@@ -41,6 +41,7 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "gateway": (SLOW, E2E_LANE),
     "gpu_sweep": (),
     "links": (SLOW,),
+    "overlay": (),  # in process: S-IDA cloves, ~1 s
     "paid_circuit": (),  # two tiny in-process nodes
     "pipeline": (SLOW,),  # its --quick takes ports from PLANET_TEST_PORTS
     "resilience": (SLOW, E2E_LANE),  # 9 node processes
