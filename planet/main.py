@@ -35,6 +35,7 @@ from node.cli import (
     local,
     model,
     operator,
+    relay,
     verifier,
 )
 from node.cli import node as node_commands
@@ -52,6 +53,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     key,
     gateway,
     verifier,
+    relay,
     contracts,
     operator,
     earnings,

@@ -33,7 +33,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -251,6 +251,7 @@ class CircuitClient:
         http: aiohttp.ClientSession | None = None,
         plaintext_links: bool = False,
         payer: CreditPayer | None = None,
+        overlay: Callable[[Hop], Awaitable[Any]] | None = None,
     ) -> None:
         if not hops:
             raise ConfigError("a circuit needs at least one node")
@@ -266,6 +267,9 @@ class CircuitClient:
         # local mode: http:// hops off loopback too (protocol/links.py); https:// hops are
         # always pinned to their node key
         self.plaintext_links = plaintext_links
+        # reach each hop through relay paths instead of a direct WebSocket: called per hop, it
+        # returns an entered `node.client.overlay.OverlayLink` (the node never sees this client)
+        self.overlay = overlay
         # pays the charging hops a credit per chunk of positions, ahead of each frame
         # (node/client/paying.py); None: the nodes compute for free (or are paid otherwise)
         self.payer = payer
@@ -289,6 +293,9 @@ class CircuitClient:
             )
         try:
             for index, hop in enumerate(self.hops):
+                if self.overlay is not None:
+                    self.links.append(_Link(self, index, await self.overlay(hop)))
+                    continue
                 pin = link_ssl(hop.url, hop.key, plaintext_ok=self.plaintext_links)
                 try:
                     async with asyncio.timeout(self.request_timeout_s):

@@ -29,6 +29,7 @@ from aiohttp import web
 from node.server.backend import ShardBackend
 from node.server.batcher import Batcher
 from node.server.config import ServerConfig
+from node.server.overlay import install_overlay
 from node.server.payments import install_payments
 from node.server.sessions import SessionStore, short_tag
 from node.server.shards import install_chunks
@@ -190,6 +191,7 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
     app.cleanup_ctx.append(close_links)
     app.on_shutdown.append(close_streams)
     app.router.add_get("/v1/stream", stream)
+    install_overlay(app)  # the same links, reached through users' relay paths
     install_chunks(app, config)  # its shard file by chunks, for joining nodes
     app.router.add_get("/info", info)
     app.router.add_get("/health", health)

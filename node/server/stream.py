@@ -624,7 +624,18 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(max_msg_size=config.max_request_bytes, autoping=True)
     await ws.prepare(request)
     state.streams.add(ws)
-    link = _Link(ws=ws, peer=peer_key(request.remote), max_inflight=config.max_inflight_per_peer)
+    try:
+        await serve_link(state, config, ws, peer_key(request.remote))
+    finally:
+        state.streams.discard(ws)
+    return ws
+
+
+async def serve_link(state: NodeState, config: ServerConfig, ws: Any, peer: str) -> None:
+    """Serve one client link until it ends: `ws` is an accepted WebSocket, or anything that
+    iterates WebSocket messages and has `send_bytes` and `send_json` (the overlay's links,
+    node/server/overlay.py); `peer` is the caller its sessions count against."""
+    link = _Link(ws=ws, peer=peer, max_inflight=config.max_inflight_per_peer)
     try:
         async for message in ws:
             if message.type == aiohttp.WSMsgType.BINARY:
@@ -652,12 +663,10 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
             else:
                 break
     finally:
-        state.streams.discard(ws)
         for route in link.opened.values():
             _close_route(state, route)
         if link.opened:
             log.info("stream link closed sessions_closed=%d", len(link.opened))
-    return ws
 
 
 async def close_streams(app: web.Application) -> None:

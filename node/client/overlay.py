@@ -1,0 +1,265 @@
+"""The user's side of the overlay: a link to a node that travels n relay paths as S-IDA cloves
+(docs/overlay.md), usable wherever the client would open a WebSocket to the node.
+
+    paths = choose_paths(relays, n=4, length=3)          distinct relays, no relay twice
+    async with OverlayLink(http, paths, node_url, k=3) as ws:
+        await ws.send_json({...}); await ws.send_bytes(frame)
+        async for message in ws: ...                      aiohttp.WSMessage, in order
+
+Each message (a control message or a frame of the stream protocol) becomes a link message
+(`protocol.overlay.LinkMessage`: this link's random id, its sequence number), dispersed into n
+cloves (`protocol.sida`), clove i wrapped in path i's layers and sent as one DATA cell. Answers
+come back the same way and are put back in sequence order. Any n − k paths may fail; a path
+whose cells stop opening is torn down by its relays and counted in `failed_paths`.
+
+The node sees its exit relays, never this client's address; no single relay sees more than
+its neighbours, path ids and the size of the cells.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import aiohttp
+
+from protocol import sida
+from protocol.errors import UnavailableError, UsageError
+from protocol.overlay import (
+    Cell,
+    CellKind,
+    Hop,
+    LinkMessage,
+    MessageKind,
+    OverlayError,
+    build_onion,
+    new_path_id,
+    unwrap_backward,
+    wrap_forward,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PATHS: Final = 4  # the seed's n
+DEFAULT_NEEDED: Final = 3  # the seed's k
+DEFAULT_LENGTH: Final = 3  # the seed's l
+SETUP_TIMEOUT_S: Final = 15.0
+MAX_EARLY: Final = 256
+
+
+def choose_paths(
+    relays: Sequence[Hop], n: int = DEFAULT_PATHS, length: int = DEFAULT_LENGTH
+) -> list[list[Hop]]:
+    """n paths of `length` relays drawn at random, no relay on two paths (or twice on one)."""
+    if n * length > len(relays):
+        raise UsageError(
+            f"{n} paths of {length} relays need {n * length} distinct relays, {len(relays)} known",
+            hint="use fewer or shorter paths, or add relays",
+        )
+    drawn = random.SystemRandom().sample(list(relays), n * length)
+    return [drawn[i * length : (i + 1) * length] for i in range(n)]
+
+
+@dataclass(eq=False)
+class _Path:
+    hops: list[Hop]
+    keys: list[bytes] = field(default_factory=list)
+    ws: aiohttp.ClientWebSocketResponse | None = None
+    ident: int = 0
+    forward_seq: int = 0
+    backward_seq: int = 0
+    created: asyncio.Future[None] | None = None
+    reader: asyncio.Task[None] | None = None
+    alive: bool = False
+
+
+class OverlayLink:
+    """One link to a node over n paths; the subset of aiohttp's client WebSocket the circuit
+    client uses (`send_json`, `send_bytes`, `close`, `closed`, async iteration)."""
+
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        paths: Sequence[Sequence[Hop]],
+        node_url: str,
+        *,
+        k: int = DEFAULT_NEEDED,
+    ) -> None:
+        if not 2 <= k <= len(paths) <= sida.MAX_CLOVES:
+            raise UsageError(
+                f"need 2 ≤ k ≤ paths ≤ {sida.MAX_CLOVES}, got {len(paths)} paths and k={k}"
+            )
+        self.http = http
+        self.paths = [_Path(list(hops)) for hops in paths]
+        self.node_url = node_url
+        self.k = k
+        self.ident = os.urandom(16)
+        self.sent = 0
+        self.expected = 0
+        self.early: dict[int, LinkMessage] = {}
+        self.inbox: asyncio.Queue[aiohttp.WSMessage | None] = asyncio.Queue()
+        self.collector = sida.Collector()
+        self.closed = False
+        self.failed_paths = 0
+        self.cells_sent = 0
+        self.bytes_sent = 0
+        self._lock = asyncio.Lock()
+
+    async def __aenter__(self) -> OverlayLink:
+        try:
+            await asyncio.gather(*(self._open(path) for path in self.paths))
+        except BaseException:
+            await self.close()
+            raise
+        alive = sum(path.alive for path in self.paths)
+        if alive < self.k:
+            await self.close()
+            raise UnavailableError(
+                f"only {alive} of {len(self.paths)} overlay paths to {self.node_url} came up, "
+                f"{self.k} needed",
+                hint="relays are down or refuse the next hop; try other relays",
+            )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _open(self, path: _Path) -> None:
+        onion, path.keys = build_onion(path.hops, self.node_url)
+        path.ident = new_path_id()
+        path.created = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(SETUP_TIMEOUT_S):
+                path.ws = await self.http.ws_connect(
+                    path.hops[0].url.rstrip("/") + "/v1/relay", max_msg_size=4 * 1024 * 1024
+                )
+                path.reader = asyncio.create_task(self._read(path))
+                await path.ws.send_bytes(Cell(CellKind.SETUP, path.ident, onion).to_bytes())
+                await path.created
+            path.alive = True
+        except (aiohttp.ClientError, OSError, TimeoutError, OverlayError) as error:
+            log.info("overlay: a path via %s did not come up: %s", path.hops[0].url, error)
+            self.failed_paths += 1
+
+    async def _read(self, path: _Path) -> None:
+        assert path.ws is not None
+        try:
+            async for message in path.ws:
+                if message.type != aiohttp.WSMsgType.BINARY:
+                    break
+                cell = Cell.from_bytes(message.data)
+                if cell.path != path.ident:
+                    continue
+                if cell.kind is CellKind.CREATED and path.created and not path.created.done():
+                    path.created.set_result(None)
+                elif cell.kind is CellKind.DATA:
+                    raw = unwrap_backward(path.keys, path.backward_seq, cell.body)
+                    path.backward_seq += 1
+                    self._clove(raw)
+                elif cell.kind is CellKind.DESTROY:
+                    break
+        except OverlayError as error:  # the path lied: it is over, the others go on
+            log.info("overlay: path via %s dropped: %s", path.hops[0].url, error.message)
+        finally:
+            if path.alive and not self.closed:  # lost while the link was in use
+                self.failed_paths += 1
+            path.alive = False
+            if path.created and not path.created.done():
+                path.created.set_exception(UnavailableError("the path was torn down"))
+            if not self.closed and sum(p.alive for p in self.paths) < self.k:
+                self.inbox.put_nowait(None)
+
+    def _clove(self, raw: bytes) -> None:
+        try:
+            whole = self.collector.add(sida.Clove.from_bytes(raw))
+        except sida.CloveReplayed:
+            return  # a late clove of a message already whole
+        except sida.CloveError as error:
+            log.info("overlay: refused a clove: %s", error.message)
+            return
+        if whole is None:
+            return
+        message = LinkMessage.from_bytes(whole)
+        if message.link != self.ident or message.sequence < self.expected:
+            return
+        self.early[message.sequence] = message
+        if len(self.early) > MAX_EARLY:
+            self.inbox.put_nowait(None)
+            return
+        while self.expected in self.early:
+            ready = self.early.pop(self.expected)
+            self.expected += 1
+            if ready.kind is MessageKind.TEXT:
+                self.inbox.put_nowait(
+                    aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, ready.body.decode(), None)
+                )
+            elif ready.kind is MessageKind.BINARY:
+                self.inbox.put_nowait(aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, ready.body, None))
+            else:
+                self.inbox.put_nowait(None)
+
+    # -- the WebSocket surface ------------------------------------------------------------------
+
+    def __aiter__(self) -> OverlayLink:
+        return self
+
+    async def __anext__(self) -> aiohttp.WSMessage:
+        if self.closed and self.inbox.empty():
+            raise StopAsyncIteration
+        message = await self.inbox.get()
+        if message is None:
+            self.closed = True
+            raise StopAsyncIteration
+        return message
+
+    async def send_json(self, body: Any) -> None:
+        await self._send(MessageKind.TEXT, json.dumps(body).encode())
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self._send(MessageKind.BINARY, bytes(data))
+
+    async def _send(self, kind: MessageKind, body: bytes) -> None:
+        if self.closed:
+            raise ConnectionResetError("the overlay link is closed")
+        async with self._lock:  # cloves leave in sequence order on every path
+            message = LinkMessage(self.ident, self.sent, kind, body)
+            self.sent += 1
+            cloves = sida.disperse(message.to_bytes(), len(self.paths), self.k)
+            for path, clove in zip(self.paths, cloves, strict=True):
+                if not path.alive or path.ws is None:
+                    continue
+                payload = wrap_forward(path.keys, path.forward_seq, clove.to_bytes())
+                path.forward_seq += 1
+                cell = Cell(CellKind.DATA, path.ident, payload).to_bytes()
+                try:
+                    await path.ws.send_bytes(cell)
+                except (ConnectionError, RuntimeError):
+                    path.alive = False
+                    continue
+                self.cells_sent += 1
+                self.bytes_sent += len(cell)
+            if sum(p.alive for p in self.paths) < self.k:
+                raise ConnectionResetError("fewer than k overlay paths are left")
+
+    async def close(self) -> None:
+        if not self.closed and sum(p.alive for p in self.paths) >= self.k:
+            with contextlib.suppress(ConnectionError):
+                await self._send(MessageKind.CLOSE, b"")
+        self.closed = True
+        self.inbox.put_nowait(None)
+        for path in self.paths:
+            if path.ws is not None and not path.ws.closed:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await path.ws.send_bytes(Cell(CellKind.DESTROY, path.ident).to_bytes())
+                await path.ws.close()
+            if path.reader is not None:
+                path.reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await path.reader

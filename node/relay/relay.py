@@ -1,0 +1,283 @@
+"""A relay of the overlay: it forwards cells along paths it knows only one step of each way
+(docs/overlay.md).
+
+    client or relay ──/v1/relay──► this relay ──/v1/relay──► next relay
+                                              └─/v1/overlay─► node (this relay is the exit)
+
+A SETUP cell on an incoming link opens the relay's box of the onion (`protocol.overlay`): its
+hop key and where the path goes next. The relay picks a fresh path id for its outgoing link,
+dials the next hop (one WebSocket per next-hop URL, shared by every path through it) and
+sends the rest of the onion on; the exit answers CREATED as soon as its link to the node is up,
+and every relay passes CREATED back. DATA forward loses one layer here (ChaCha20-Poly1305 under
+the hop key at the cell's sequence number), DATA backward gains one. DESTROY, or either link
+closing, tears the path down both ways.
+
+What a relay can learn: its neighbours' addresses, the path ids of its two links, cell sizes and
+times. Cloves are S-IDA cloves under layers it cannot open past its own. A cell that does not
+open (altered, replayed, reordered) ends its path; nothing a peer sends ends the relay.
+Next hops are strangers' choice, so they are dialled only at global addresses (an IP literal)
+unless `allow_private` is set (a devnet on loopback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+from nacl.public import PrivateKey
+
+from protocol.errors import ProtocolError
+from protocol.overlay import (
+    BACKWARD,
+    FORWARD,
+    MAX_PAYLOAD_BYTES,
+    SETUP_BYTES,
+    Cell,
+    CellKind,
+    NextKind,
+    OverlayError,
+    new_path_id,
+    open_layer,
+    peel_onion,
+    seal_layer,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_PATHS: Final = 4096  # over all links
+MAX_PATHS_PER_LINK: Final = 256
+DIAL_TIMEOUT_S: Final = 10.0
+MAX_CELL_BYTES: Final = 9 + max(SETUP_BYTES, MAX_PAYLOAD_BYTES)
+
+
+class NextHopRefused(OverlayError):
+    code = "next_hop_not_allowed"
+
+
+@dataclass(eq=False)
+class Path:
+    key: bytes
+    inbound: Any  # the WebSocket the path came in on (client or previous relay)
+    in_id: int
+    outbound: Link | None = None
+    out_id: int = 0
+    forward_seq: int = 0
+    backward_seq: int = 0
+
+
+@dataclass(eq=False)
+class Link:
+    """One outgoing WebSocket (to a relay's /v1/relay or a node's /v1/overlay)."""
+
+    url: str
+    ws: aiohttp.ClientWebSocketResponse
+    paths: dict[int, Path] = field(default_factory=dict)  # by out id
+    reader: asyncio.Task[None] | None = None
+
+
+class Relay:
+    def __init__(self, private: PrivateKey, *, allow_private: bool = False) -> None:
+        self.private = private
+        self.allow_private = allow_private
+        self.paths: dict[tuple[int, int], Path] = {}  # (id(inbound ws), in id) -> path
+        self.links: dict[str, Link] = {}
+        self._dialling: dict[str, asyncio.Lock] = {}
+        self.http: aiohttp.ClientSession | None = None
+        self.cells_forwarded = 0
+
+    async def start(self) -> None:
+        self.http = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
+
+    async def close(self) -> None:
+        for link in list(self.links.values()):
+            await link.ws.close()
+        if self.http is not None:
+            await self.http.close()
+
+    # -- from an inbound link -------------------------------------------------------------------
+
+    async def inbound(self, ws: Any, cell: Cell) -> None:
+        key = (id(ws), cell.path)
+        if cell.kind is CellKind.SETUP:
+            await self._setup(ws, cell)
+        elif cell.kind is CellKind.DATA:
+            path = self.paths.get(key)
+            if path is None or path.outbound is None:
+                return  # unknown or not yet set up: dropped
+            try:
+                payload = open_layer(path.key, FORWARD, path.forward_seq, cell.body)
+            except OverlayError:
+                await self._destroy(path)
+                raise
+            path.forward_seq += 1
+            self.cells_forwarded += 1
+            await _send(path.outbound.ws, Cell(CellKind.DATA, path.out_id, payload))
+        elif cell.kind is CellKind.DESTROY:
+            path = self.paths.get(key)
+            if path is not None:
+                await self._destroy(path, tell_inbound=False)
+        else:
+            raise OverlayError("cell", f"{cell.kind.name} does not travel forward")
+
+    async def _setup(self, ws: Any, cell: Cell) -> None:
+        key = (id(ws), cell.path)
+        if key in self.paths:
+            raise OverlayError("setup", f"path {cell.path} is already set up on this link")
+        if len(self.paths) >= MAX_PATHS:
+            raise OverlayError("setup", f"this relay carries {MAX_PATHS} paths already")
+        if sum(1 for (link, _) in self.paths if link == id(ws)) >= MAX_PATHS_PER_LINK:
+            raise OverlayError("setup", f"a link may set up {MAX_PATHS_PER_LINK} paths")
+        layer, onion = peel_onion(self.private, cell.body)
+        path = Path(layer.key, ws, cell.path)
+        self.paths[key] = path
+        try:
+            suffix = "/v1/relay" if layer.next_kind is NextKind.RELAY else "/v1/overlay"
+            link = await self._link(layer.next_url, suffix)
+        except (OverlayError, aiohttp.ClientError, OSError, TimeoutError) as error:
+            self.paths.pop(key, None)
+            await _send(ws, Cell(CellKind.DESTROY, cell.path))
+            log.info("relay: next hop %s not reached: %s", layer.next_url, error)
+            return
+        path.outbound = link
+        path.out_id = new_path_id()
+        link.paths[path.out_id] = path
+        if layer.next_kind is NextKind.RELAY:
+            await _send(link.ws, Cell(CellKind.SETUP, path.out_id, onion))
+        else:  # the exit: the node needs no set-up, the path is ready
+            await _send(ws, Cell(CellKind.CREATED, cell.path))
+
+    # -- from an outbound link ------------------------------------------------------------------
+
+    async def _outbound(self, link: Link) -> None:
+        try:
+            async for message in link.ws:
+                if message.type != aiohttp.WSMsgType.BINARY:
+                    break
+                try:
+                    cell = Cell.from_bytes(message.data)
+                except ProtocolError as error:
+                    log.info("relay: bad cell from %s: %s", link.url, error.message)
+                    continue
+                path = link.paths.get(cell.path)
+                if path is None:
+                    continue
+                if cell.kind is CellKind.CREATED:
+                    await _send(path.inbound, Cell(CellKind.CREATED, path.in_id))
+                elif cell.kind is CellKind.DATA:
+                    payload = seal_layer(path.key, BACKWARD, path.backward_seq, cell.body)
+                    path.backward_seq += 1
+                    self.cells_forwarded += 1
+                    await _send(path.inbound, Cell(CellKind.DATA, path.in_id, payload))
+                elif cell.kind is CellKind.DESTROY:
+                    await self._destroy(path, tell_outbound=False)
+        finally:
+            self.links.pop(link.url, None)
+            for path in list(link.paths.values()):
+                await self._destroy(path, tell_outbound=False)
+
+    async def _link(self, url: str, suffix: str) -> Link:
+        target = url.rstrip("/") + suffix
+        self._check_next(url)
+        async with self._dialling.setdefault(target, asyncio.Lock()):
+            link = self.links.get(target)
+            if link is not None and not link.ws.closed:
+                return link
+            assert self.http is not None
+            async with asyncio.timeout(DIAL_TIMEOUT_S):
+                ws = await self.http.ws_connect(target, max_msg_size=MAX_CELL_BYTES)
+            link = Link(target, ws)
+            self.links[target] = link
+            link.reader = asyncio.create_task(self._outbound(link))
+            return link
+
+    def _check_next(self, url: str) -> None:
+        parts = urlsplit(url)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.path not in ("", "/")
+        ):
+            raise NextHopRefused("next hop", f"{url!r} is not an http(s) origin")
+        try:
+            address = ipaddress.ip_address(parts.hostname)
+        except ValueError:
+            raise NextHopRefused("next hop", f"{parts.hostname!r} is not an IP address") from None
+        if not address.is_global and not self.allow_private:
+            raise NextHopRefused("next hop", f"{address} is not a public address")
+
+    async def _destroy(
+        self, path: Path, *, tell_inbound: bool = True, tell_outbound: bool = True
+    ) -> None:
+        if self.paths.pop((id(path.inbound), path.in_id), None) is None:
+            return
+        if path.outbound is not None:
+            path.outbound.paths.pop(path.out_id, None)
+            if tell_outbound:
+                await _send(path.outbound.ws, Cell(CellKind.DESTROY, path.out_id))
+        if tell_inbound:
+            await _send(path.inbound, Cell(CellKind.DESTROY, path.in_id))
+
+    async def inbound_gone(self, ws: Any) -> None:
+        for (link, _), path in list(self.paths.items()):
+            if link == id(ws):
+                await self._destroy(path, tell_inbound=False)
+
+
+async def _send(ws: Any, cell: Cell) -> None:
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await ws.send_bytes(cell.to_bytes())
+
+
+RELAY_KEY: Final = web.AppKey("relay", Relay)
+
+
+async def relay_link(request: web.Request) -> web.WebSocketResponse:
+    """`/v1/relay`: a client's or a previous relay's link."""
+    relay = request.app[RELAY_KEY]
+    ws = web.WebSocketResponse(max_msg_size=MAX_CELL_BYTES, autoping=True)
+    await ws.prepare(request)
+    try:
+        async for message in ws:
+            if message.type != aiohttp.WSMsgType.BINARY:
+                break
+            try:
+                await relay.inbound(ws, Cell.from_bytes(message.data))
+            except ProtocolError as error:  # one bad cell ends its path at most
+                log.info("relay: refused %s from %s: %s", error.code, request.remote, error.message)
+    finally:
+        await relay.inbound_gone(ws)
+    return ws
+
+
+async def info(request: web.Request) -> web.Response:
+    relay = request.app[RELAY_KEY]
+    return web.json_response(
+        {"role": "relay", "key": bytes(relay.private.public_key).hex(), "paths": len(relay.paths)}
+    )
+
+
+def create_app(relay: Relay) -> web.Application:
+    app = web.Application()
+    app[RELAY_KEY] = relay
+
+    async def lifecycle(app: web.Application) -> Any:
+        await relay.start()
+        yield
+        await relay.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/v1/relay", relay_link)
+    app.router.add_get("/info", info)
+    app.router.add_get("/health", health)
+    return app
+
+
+async def health(_request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})

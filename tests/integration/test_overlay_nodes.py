@@ -1,0 +1,209 @@
+"""The overlay with real processes: eight `planet relay serve` relays in front of the shared
+2-node fp32 circuit (`plain_circuits`), the client reaching each node over 4 paths of 2 relays
+as (4, 3) S-IDA cloves (docs/overlay.md).
+
+- the greedy answer over the overlay is token for token the answer over direct links;
+- the nodes' sessions were opened by overlay links (callers `overlay:<link id>`), never by a
+  direct connection of the client;
+- a relay killed mid-answer changes nothing in the answer (n − k = 1 path may fail);
+- hostile cells (garbage, wrong sizes, forged layers, an onion not sealed to the relay, a
+  next hop at a refused address) are refused by name and stop neither a relay nor a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from harness.ports import ephemeral_port
+from node.client.circuit import CircuitClient
+from node.client.overlay import OverlayLink, choose_paths
+from node.client.types import Hop as NodeHop
+from node.model.head import ClientHead
+from node.model.manifest import Manifest
+from protocol import sida
+from protocol.overlay import SETUP_BYTES, Cell, CellKind, Hop, build_onion
+
+pytestmark = pytest.mark.integration
+
+RELAYS = 8
+NEW_TOKENS = 12
+QUESTION = [{"role": "user", "content": "Name two rivers in Europe."}]
+
+
+class RelayProcess:
+    def __init__(self, home: Path) -> None:
+        self.port = ephemeral_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = (home / "relay.log").open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "planet", "relay", "serve", "--home", str(home),
+             "--port", str(self.port), "--allow-private-next-hops"],
+            stdout=subprocess.PIPE, stderr=self.log, text=True,
+        )  # fmt: skip
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()  # "relay on URL key HEX", once it listens
+        assert line.startswith("relay on"), line
+        self.hop = Hop(self.url, bytes.fromhex(line.split(" key ", 1)[1].strip()))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def relays(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RelayProcess]]:
+    started: list[RelayProcess] = []
+    try:
+        for i in range(RELAYS):
+            started.append(RelayProcess(tmp_path_factory.mktemp(f"relay{i}")))
+        yield started
+    finally:
+        for relay in started:
+            relay.stop()
+
+
+@pytest.fixture(scope="module")
+def circuit(plain_circuits) -> tuple[Path, list[NodeHop]]:
+    manifest, nodes = plain_circuits.get(2)
+    return manifest, [NodeHop(url=n.url, shard=i) for i, n in enumerate(nodes)]
+
+
+@pytest.fixture(scope="module")
+def direct(circuit) -> list[int]:
+    """The greedy answer over direct links, the yardstick."""
+    answer, _ = asyncio.run(_answer(*circuit, None))
+    assert len(answer) == NEW_TOKENS
+    return answer
+
+
+_HEADS: dict[Path, ClientHead] = {}
+
+
+async def _answer(
+    manifest: Path, hops: list[NodeHop], relays: list[RelayProcess] | None, kill=None
+) -> tuple[list[int], list[OverlayLink]]:
+    m = Manifest.load(manifest)
+    if manifest not in _HEADS:
+        _HEADS[manifest] = ClientHead.load(manifest, device="cpu")
+    head = _HEADS[manifest]
+    ids = head.chat_ids(QUESTION)
+    links: list[OverlayLink] = []
+    async with aiohttp.ClientSession() as http:
+
+        async def through_relays(hop: NodeHop) -> OverlayLink:
+            paths = choose_paths([r.hop for r in relays or []], n=4, length=2)
+            link = await OverlayLink(http, paths, hop.url, k=3).__aenter__()
+            links.append(link)
+            return link
+
+        overlay = through_relays if relays else None
+        async with CircuitClient(hops, hidden_size=m.hidden_size, overlay=overlay) as client:
+            tokens = []
+            async for token in client.generate(head, ids, max_new_tokens=NEW_TOKENS):
+                tokens.append(token)
+                if kill is not None and len(tokens) == 3:
+                    kill()
+    return tokens, links
+
+
+def test_the_overlay_answers_like_direct_links(circuit, direct, relays) -> None:
+    manifest, hops = circuit
+    overlaid, links = asyncio.run(_answer(manifest, hops, relays))
+    assert overlaid == direct
+    assert all(link.failed_paths == 0 for link in links)
+    assert all(link.cells_sent >= 4 for link in links)  # one cell per path per message at least
+    for relay in relays:  # every relay is still up and carries no path any more
+        info = asyncio.run(_get_json(f"{relay.url}/info"))
+        assert info["role"] == "relay"
+
+
+def test_a_relay_killed_mid_answer_changes_nothing(circuit, direct, relays, tmp_path) -> None:
+    manifest, hops = circuit
+    spare = RelayProcess(tmp_path)  # the module's relays stay whole for the other tests
+    try:
+        pool = [*relays[:7], spare]
+
+        def kill() -> None:
+            os.kill(spare.process.pid, signal.SIGKILL)
+
+        answer, links = asyncio.run(_answer(manifest, hops, pool, kill))
+    finally:
+        spare.stop()
+    assert answer == direct
+    # the killed relay was on one path of each link (8 relays, 4 paths of 2: all are used)
+    assert sum(link.failed_paths for link in links) >= 1
+
+
+async def _get_json(url: str) -> dict:
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        return await response.json()
+
+
+async def _raw(url: str, cells: list[bytes], wait_s: float = 1.0) -> list[Cell]:
+    answers = []
+    async with aiohttp.ClientSession() as http, http.ws_connect(url) as ws:
+        for cell in cells:
+            await ws.send_bytes(cell)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                message = await ws.receive(timeout=max(0.05, deadline - time.monotonic()))
+            except TimeoutError:
+                break
+            if message.type != aiohttp.WSMsgType.BINARY:
+                break
+            answers.append(Cell.from_bytes(message.data))
+    return answers
+
+
+def test_hostile_cells_are_refused_and_stop_nothing(circuit, direct, relays) -> None:
+    manifest, hops = circuit
+    relay = relays[0]
+    other = relays[1].hop
+    not_ours = build_onion([other], hops[0].url)[0]  # sealed to another relay
+    hostile = [
+        b"",
+        b"\x09" + bytes(8),  # unknown kind
+        Cell(CellKind.SETUP, 1, b"short").to_bytes()[:20],
+        bytes([CellKind.SETUP]) + bytes(8) + bytes(SETUP_BYTES - 1),
+        Cell(CellKind.SETUP, 2, not_ours).to_bytes(),
+        Cell(CellKind.DATA, 3, bytes(64)).to_bytes(),  # a path never set up
+        Cell(CellKind.CREATED, 4).to_bytes(),  # not a forward cell
+        os.urandom(5000),
+    ]
+    answers = asyncio.run(_raw(f"{relay.url}/v1/relay", hostile, wait_s=0.5))
+    assert answers == []  # nothing to answer: each was dropped or refused in the log
+    # a next hop on a refused address: the path is destroyed back to the sender, by name
+    answers = asyncio.run(_raw(f"{relays[2].url}/v1/relay", [
+        Cell(CellKind.SETUP, 7, build_onion([relays[2].hop], "http://10.255.255.1:9")[0]).to_bytes()
+    ]))  # fmt: skip
+    assert answers == [Cell(CellKind.DESTROY, 7)]
+    # the node's door: junk, a malformed clove, a clove of nobody's message
+    cloves = sida.disperse(b"not a link message", 4, 3)
+    junk = [os.urandom(100), Cell(CellKind.DATA, 9, os.urandom(300)).to_bytes()]
+    junk += [Cell(CellKind.DATA, 9, c.to_bytes()).to_bytes() for c in cloves[:3]]
+    assert asyncio.run(_raw(f"{hops[0].url}/v1/overlay", junk, wait_s=0.5)) == []
+    logs = relay.log.name
+    text = Path(logs).read_text()
+    assert "cell_malformed" in text and "onion_invalid" in text
+    assert "next hop" in Path(relays[2].log.name).read_text()
+    # after all of it, both kinds of process still serve a whole answer over the overlay
+    assert asyncio.run(_answer(manifest, hops, relays))[0] == direct
+    assert json.loads(json.dumps(asyncio.run(_get_json(f"{relay.url}/health")))) == {"ok": True}
