@@ -53,6 +53,7 @@ def personal_client(
     route: str | None = None,
     token_file: Path | None = None,
     timeout_s: float = 180.0,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[PersonalClient]:
     """The personal client paying from `credits_file` (default: $PLANET_HOME's), serving on a
     free loopback port with its token in `token_file` (default: `<log_path>.token`; drawn at
@@ -68,7 +69,7 @@ def personal_client(
     command += ["--credits-file", str(credits_file)] if credits_file is not None else []
     command += ["--route", route] if route is not None else []  # None: the default (private)
     token_file = token_file or log_path.with_suffix(".token")
-    command += ["--token-file", str(token_file)]
+    command += ["--token-file", str(token_file), *extra_args]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         client = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(env))

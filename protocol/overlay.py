@@ -17,7 +17,8 @@ of one path share no id.
 Onion (set-up). The client draws a 32-byte hop key k_i per relay and builds, for relays 1..l:
 
     box_i   = SealedBox(relay i's X25519 key, k_i ‖ next kind u8 ‖ next URL length u8 ‖
-                        next URL padded to 255)                         BOX_BYTES each
+                        next URL padded to 255 ‖ next node key (32, zeros: none))
+                                                                        BOX_BYTES each
     onion   = box_1 ‖ S_1(box_2 ‖ S_2(box_3 ‖ … S_{l-1}(box_l ‖ pad)))   SETUP_BYTES in all
 
 S_i is ChaCha20 under k_i with the set-up nonce. Relay i opens the first BOX_BYTES, decrypts the
@@ -60,7 +61,8 @@ from protocol.errors import ProtocolError
 MAX_HOPS: Final = 5
 KEY_BYTES: Final = 32
 URL_BYTES: Final = 255
-_BOX_PLAIN: Final = KEY_BYTES + 1 + 1 + URL_BYTES
+NODE_KEY_BYTES: Final = 32  # the next hop's ed25519 node key (its TLS pin), zeros for none
+_BOX_PLAIN: Final = KEY_BYTES + 1 + 1 + URL_BYTES + NODE_KEY_BYTES
 BOX_BYTES: Final = _BOX_PLAIN + 48  # a sealed box adds its ephemeral key (32) and a MAC (16)
 SETUP_BYTES: Final = MAX_HOPS * BOX_BYTES
 TAG_BYTES: Final = 16
@@ -160,6 +162,7 @@ class Layer:
     key: bytes
     next_kind: NextKind
     next_url: str
+    next_key: str | None = None  # the node's key (hex) an https:// next hop must prove
 
 
 def _stream(key: bytes, data: bytes) -> bytes:
@@ -171,20 +174,27 @@ def _box(hop: Hop, layer: Layer) -> bytes:
     url = layer.next_url.encode()
     if len(url) > URL_BYTES:
         raise OnionInvalid("next url", f"{len(url)} bytes is over {URL_BYTES}")
-    plain = layer.key + bytes([layer.next_kind, len(url)]) + url.ljust(URL_BYTES, b"\0")
+    pin = bytes.fromhex(layer.next_key) if layer.next_key else bytes(NODE_KEY_BYTES)
+    if len(pin) != NODE_KEY_BYTES:
+        raise OnionInvalid("next key", f"{len(pin)} bytes, not {NODE_KEY_BYTES}")
+    padded = url.ljust(URL_BYTES, b"\0")
+    plain = layer.key + bytes([layer.next_kind, len(url)]) + padded + pin
     sealed = SealedBox(PublicKey(hop.key)).encrypt(plain)
     assert len(sealed) == BOX_BYTES
     return sealed
 
 
-def build_onion(relays: list[Hop], node_url: str) -> tuple[bytes, list[bytes]]:
-    """The SETUP body for a path through `relays` to the node at `node_url`, and the hop keys
-    (relay order) the client keeps for the path's layers."""
+def build_onion(
+    relays: list[Hop], node_url: str, node_key: str | None = None
+) -> tuple[bytes, list[bytes]]:
+    """The SETUP body for a path through `relays` to the node at `node_url` (pinned to
+    `node_key`, hex, when it is https://), and the hop keys (relay order) the client keeps for
+    the path's layers."""
     if not 1 <= len(relays) <= MAX_HOPS:
         raise OnionInvalid("path", f"{len(relays)} relays, allowed 1..{MAX_HOPS}")
     keys = [os.urandom(KEY_BYTES) for _ in relays]
     nexts = [Layer(keys[i], NextKind.RELAY, relays[i + 1].url) for i in range(len(relays) - 1)]
-    nexts.append(Layer(keys[-1], NextKind.NODE, node_url))
+    nexts.append(Layer(keys[-1], NextKind.NODE, node_url, node_key))
     # From the exit inwards: O_l = box_l ‖ random, O_i = box_i ‖ S_i(O_{i+1} cut by BOX_BYTES).
     # Relay i turns its rest back into O_{i+1}'s first part and appends BOX_BYTES of junk; junk
     # moves one box forward per relay, so with at most MAX_HOPS relays it never reaches a box.
@@ -204,7 +214,8 @@ def peel_onion(private: PrivateKey, onion: bytes) -> tuple[Layer, bytes]:
     except CryptoError:
         raise OnionInvalid("onion", "its first box is not sealed to this relay's key") from None
     key, kind, size = plain[:KEY_BYTES], plain[KEY_BYTES], plain[KEY_BYTES + 1]
-    url_field = plain[KEY_BYTES + 2 :]
+    url_field = plain[KEY_BYTES + 2 : KEY_BYTES + 2 + URL_BYTES]
+    pin = plain[KEY_BYTES + 2 + URL_BYTES :]
     try:
         next_kind = NextKind(kind)
     except ValueError:
@@ -215,7 +226,7 @@ def peel_onion(private: PrivateKey, onion: bytes) -> tuple[Layer, bytes]:
         url = url_field[:size].decode("ascii")
     except UnicodeDecodeError:
         raise OnionInvalid("next url", "not ASCII") from None
-    layer = Layer(key, next_kind, url)
+    layer = Layer(key, next_kind, url, pin.hex() if any(pin) else None)
     if next_kind is NextKind.NODE:
         return layer, b""
     return layer, _stream(key, onion[BOX_BYTES:]) + os.urandom(BOX_BYTES)

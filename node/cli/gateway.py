@@ -230,8 +230,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "first start, printed once, kept here with mode 0600 and reused (default "
         "$PLANET_PERSONAL_TOKEN_FILE, else $PLANET_HOME/personal-token)",
     )
+    personal.add_argument(
+        "--relays",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="reach every node through the overlay: n paths of relays drawn from FILE (one "
+        "`URL KEY` line per relay, as `planet relay serve` prints it), the messages cut into "
+        "S-IDA cloves, so no node sees this machine's address (docs/overlay.md)",
+    )
+    personal.add_argument(
+        "--overlay",
+        type=_overlay_shape,
+        default=None,
+        metavar="N,K,L",
+        help="with --relays: N paths per node, any K of them enough, L relays per path "
+        "(default 4,3,3, the seed's; needs N × L relays in the file)",
+    )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
+
+
+def _overlay_shape(text: str) -> tuple[int, int, int]:
+    parts = text.split(",")
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not N,K,L (e.g. 4,3,3)")
+    n, k, length = (int(p) for p in parts)
+    if not (2 <= k <= n <= 16 and 1 <= length <= 5):
+        raise argparse.ArgumentTypeError(f"{text!r}: need 2 ≤ K ≤ N ≤ 16 and 1 ≤ L ≤ 5")
+    return n, k, length
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -251,6 +278,12 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(
             "--route is a personal client's choice",
             hint="a hosted gateway chooses by cost for all its users; add --personal",
+        )
+    if args.relays is not None or args.overlay is not None:
+        raise UsageError(
+            "--relays and --overlay are a personal client's",
+            hint="the overlay hides a user's address from nodes; a hosted gateway's address is "
+            "no one's secret; add --personal",
         )
     if args.deployment is None or args.wallet is None or args.manifest is None:
         raise UsageError(
@@ -332,7 +365,16 @@ def _serve_personal(args: argparse.Namespace) -> int:
         private_endpoints=private,
         min_credit_positions=args.min_credit_positions,  # checked with the rest: validate()
     ).validate()
+    overlay = None
+    if args.relays is not None:
+        from node.client.overlay import OverlayRoute, read_relays
+
+        n, k, length = args.overlay or (4, 3, 3)
+        overlay = OverlayRoute(read_relays(args.relays), paths=n, needed=k, length=length)
+    elif args.overlay is not None:
+        raise UsageError("--overlay shapes the paths of --relays", hint="add --relays FILE")
     settings = PersonalSettings(
+        overlay=overlay,
         credits_file=args.credits_file or planet_home() / "credits.json",
         min_credit_positions=args.min_credit_positions,
         route=args.route or "private",

@@ -24,8 +24,9 @@ import json
 import logging
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
@@ -91,6 +92,7 @@ class OverlayLink:
         node_url: str,
         *,
         k: int = DEFAULT_NEEDED,
+        node_key: str | None = None,
     ) -> None:
         if not 2 <= k <= len(paths) <= sida.MAX_CLOVES:
             raise UsageError(
@@ -99,6 +101,7 @@ class OverlayLink:
         self.http = http
         self.paths = [_Path(list(hops)) for hops in paths]
         self.node_url = node_url
+        self.node_key = node_key  # an https:// node's key: the exits pin it
         self.k = k
         self.ident = os.urandom(16)
         self.sent = 0
@@ -132,7 +135,7 @@ class OverlayLink:
         await self.close()
 
     async def _open(self, path: _Path) -> None:
-        onion, path.keys = build_onion(path.hops, self.node_url)
+        onion, path.keys = build_onion(path.hops, self.node_url, self.node_key)
         path.ident = new_path_id()
         path.created = asyncio.get_running_loop().create_future()
         try:
@@ -263,3 +266,61 @@ class OverlayLink:
                 path.reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await path.reader
+
+
+@dataclass(frozen=True)
+class OverlayRoute:
+    """How a client reaches nodes over the overlay: the relays it draws from and the shape of a
+    link (n paths of `length` relays, any k of them enough)."""
+
+    relays: tuple[Hop, ...]
+    paths: int = DEFAULT_PATHS
+    needed: int = DEFAULT_NEEDED
+    length: int = DEFAULT_LENGTH
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.needed <= self.paths <= sida.MAX_CLOVES:
+            raise UsageError(
+                f"overlay: need 2 ≤ k ≤ n ≤ {sida.MAX_CLOVES}, got n={self.paths} k={self.needed}"
+            )
+        choose_paths(self.relays, self.paths, self.length)  # enough distinct relays
+
+    def dialer(self, http: aiohttp.ClientSession) -> Callable[[Any], Awaitable[OverlayLink]]:
+        """`CircuitClient(overlay=...)`: an entered OverlayLink to each hop, on fresh paths."""
+
+        async def dial(hop: Any) -> OverlayLink:
+            paths = choose_paths(self.relays, self.paths, self.length)
+            link = OverlayLink(http, paths, hop.url, k=self.needed, node_key=hop.key)
+            return await link.__aenter__()
+
+        return dial
+
+
+def read_relays(path: Path) -> tuple[Hop, ...]:
+    """A relays file: one relay per line, `URL KEY` (its X25519 key, 64 hex digits, as
+    `planet relay serve` prints it); blank lines and `#` comments are skipped."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        raise UsageError(f"cannot read the relays file {path}: {error.strerror}") from None
+    relays = []
+    for number, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        parts = text.split()
+        try:
+            if len(parts) != 2 or not parts[0].startswith(("http://", "https://")):
+                raise ValueError
+            key = bytes.fromhex(parts[1])
+            if len(key) != 32:
+                raise ValueError
+        except ValueError:
+            raise UsageError(
+                f"{path}:{number}: expected `URL KEY` (http(s) URL, 64 hex digits)",
+                hint="copy the line `planet relay serve` prints: relay on URL key HEX",
+            ) from None
+        relays.append(Hop(parts[0].rstrip("/"), key))
+    if len({hop.url for hop in relays}) != len(relays):
+        raise UsageError(f"{path}: a relay is listed twice")
+    return tuple(relays)

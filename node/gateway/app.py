@@ -98,6 +98,8 @@ class Gateway:
     # node/gateway/personal.py; the hosted gateway's `HostedPayer`, credit_payer.py)
     payer: Any = None
     top_up: Any = None  # keeps the payer's wallet stocked (hosted: topup.py `TopUp`), or None
+    # the personal client's overlay (node/client/overlay.py `OverlayRoute`): None, direct links
+    overlay: Any = None
     circuits: CircuitPool = field(init=False)  # live circuit clients per circuit, on `http`
 
     def __post_init__(self) -> None:
@@ -106,6 +108,7 @@ class Gateway:
             hidden_size=self.head.hidden_size,
             request_timeout_s=self.config.node_timeout_s,
             payer=self.payer,
+            overlay=None if self.overlay is None else self.overlay.dialer(self.http),
         )
 
 

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -61,8 +62,11 @@ class CircuitPool:
         idle_s: float = IDLE_S,
         prefill_chunk: int = PREFILL_CHUNK,
         payer: CreditPayer | None = None,
+        overlay: Any = None,
     ) -> None:
         self.http = http
+        # reach nodes through relay paths (node/client/overlay.py `OverlayRoute.dialer`)
+        self.overlay = overlay
         self.payer = payer  # pays the charging nodes with credits (a personal client)
         self.hidden_size = hidden_size
         self.codec = codec
@@ -113,6 +117,7 @@ class CircuitPool:
                 prefill_chunk=self.prefill_chunk,
                 http=self.http,
                 payer=self.payer,
+                overlay=self.overlay,
             )
             await client.__aenter__()  # UnavailableError when a node cannot be reached
             self.dials += 1

@@ -139,6 +139,8 @@ class PersonalSettings:
     guards_file: Path | None = None  # route="private": where the guards are kept (None: memory)
     # the bearer token every request must carry (personal_token.py; drawn there if absent)
     token_file: Path | None = None  # None: <PLANET_HOME>/personal-token
+    # reach every node through relay paths (node/client/overlay.py `OverlayRoute`); None: direct
+    overlay: Any = None
 
 
 async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gateway, list[Any]]:
@@ -202,6 +204,7 @@ async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gate
         chain_id=0,
         escrow="",
         payer=payer,
+        overlay=settings.overlay,
     )
     return gateway, [http, committee]
 

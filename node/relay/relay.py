@@ -33,6 +33,7 @@ import aiohttp
 from aiohttp import web
 from nacl.public import PrivateKey
 
+from node.links import link_ssl
 from protocol.errors import ProtocolError
 from protocol.overlay import (
     BACKWARD,
@@ -78,6 +79,7 @@ class Link:
 
     url: str
     ws: aiohttp.ClientWebSocketResponse
+    key: str | None = None
     paths: dict[int, Path] = field(default_factory=dict)  # by out id
     reader: asyncio.Task[None] | None = None
 
@@ -139,7 +141,7 @@ class Relay:
         self.paths[key] = path
         try:
             suffix = "/v1/relay" if layer.next_kind is NextKind.RELAY else "/v1/overlay"
-            link = await self._link(layer.next_url, suffix)
+            link = await self._link(layer.next_url, suffix, layer.next_key)
         except (OverlayError, aiohttp.ClientError, OSError, TimeoutError) as error:
             self.paths.pop(key, None)
             await _send(ws, Cell(CellKind.DESTROY, cell.path))
@@ -182,17 +184,23 @@ class Relay:
             for path in list(link.paths.values()):
                 await self._destroy(path, tell_outbound=False)
 
-    async def _link(self, url: str, suffix: str) -> Link:
+    async def _link(self, url: str, suffix: str, key: str | None) -> Link:
         target = url.rstrip("/") + suffix
         self._check_next(url)
+        try:  # an https:// node proves the key the onion names (node/links.py)
+            pin = link_ssl(url, key, plaintext_ok=True)
+        except ProtocolError as error:
+            raise NextHopRefused("next hop", error.message) from None
         async with self._dialling.setdefault(target, asyncio.Lock()):
             link = self.links.get(target)
+            if link is not None and key is not None and link.key != key:
+                link = None  # another key for the same URL: its own link, its own pin
             if link is not None and not link.ws.closed:
                 return link
             assert self.http is not None
             async with asyncio.timeout(DIAL_TIMEOUT_S):
-                ws = await self.http.ws_connect(target, max_msg_size=MAX_CELL_BYTES)
-            link = Link(target, ws)
+                ws = await self.http.ws_connect(target, max_msg_size=MAX_CELL_BYTES, ssl=pin)
+            link = Link(target, ws, key)
             self.links[target] = link
             link.reader = asyncio.create_task(self._outbound(link))
             return link
@@ -259,7 +267,12 @@ async def relay_link(request: web.Request) -> web.WebSocketResponse:
 async def info(request: web.Request) -> web.Response:
     relay = request.app[RELAY_KEY]
     return web.json_response(
-        {"role": "relay", "key": bytes(relay.private.public_key).hex(), "paths": len(relay.paths)}
+        {
+            "role": "relay",
+            "key": bytes(relay.private.public_key).hex(),
+            "paths": len(relay.paths),
+            "cells_forwarded": relay.cells_forwarded,
+        }
     )
 
 

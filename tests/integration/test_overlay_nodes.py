@@ -16,8 +16,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,14 +23,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from harness.ports import ephemeral_port
+from harness.relays import RelayProcess
+from harness.relays import relays as started_relays
 from node.client.circuit import CircuitClient
 from node.client.overlay import OverlayLink, choose_paths
 from node.client.types import Hop as NodeHop
 from node.model.head import ClientHead
 from node.model.manifest import Manifest
 from protocol import sida
-from protocol.overlay import SETUP_BYTES, Cell, CellKind, Hop, build_onion
+from protocol.overlay import SETUP_BYTES, Cell, CellKind, build_onion
 
 pytestmark = pytest.mark.integration
 
@@ -41,42 +40,10 @@ NEW_TOKENS = 12
 QUESTION = [{"role": "user", "content": "Name two rivers in Europe."}]
 
 
-class RelayProcess:
-    def __init__(self, home: Path) -> None:
-        self.port = ephemeral_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = (home / "relay.log").open("w")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "planet", "relay", "serve", "--home", str(home),
-             "--port", str(self.port), "--allow-private-next-hops"],
-            stdout=subprocess.PIPE, stderr=self.log, text=True,
-        )  # fmt: skip
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()  # "relay on URL key HEX", once it listens
-        assert line.startswith("relay on"), line
-        self.hop = Hop(self.url, bytes.fromhex(line.split(" key ", 1)[1].strip()))
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
 def relays(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RelayProcess]]:
-    started: list[RelayProcess] = []
-    try:
-        for i in range(RELAYS):
-            started.append(RelayProcess(tmp_path_factory.mktemp(f"relay{i}")))
+    with started_relays(RELAYS, tmp_path_factory.mktemp("relays")) as started:
         yield started
-    finally:
-        for relay in started:
-            relay.stop()
 
 
 @pytest.fixture(scope="module")
@@ -129,14 +96,14 @@ def test_the_overlay_answers_like_direct_links(circuit, direct, relays) -> None:
     assert overlaid == direct
     assert all(link.failed_paths == 0 for link in links)
     assert all(link.cells_sent >= 4 for link in links)  # one cell per path per message at least
-    for relay in relays:  # every relay is still up and carries no path any more
-        info = asyncio.run(_get_json(f"{relay.url}/info"))
-        assert info["role"] == "relay"
+    for relay in relays:  # every relay carried cells and holds no path any more
+        info = relay.info()
+        assert info["cells_forwarded"] > 0 and info["paths"] == 0, info
 
 
 def test_a_relay_killed_mid_answer_changes_nothing(circuit, direct, relays, tmp_path) -> None:
     manifest, hops = circuit
-    spare = RelayProcess(tmp_path)  # the module's relays stay whole for the other tests
+    spare = RelayProcess(tmp_path / "spare")  # the module's relays stay whole for the others
     try:
         pool = [*relays[:7], spare]
 
@@ -200,10 +167,9 @@ def test_hostile_cells_are_refused_and_stop_nothing(circuit, direct, relays) -> 
     junk = [os.urandom(100), Cell(CellKind.DATA, 9, os.urandom(300)).to_bytes()]
     junk += [Cell(CellKind.DATA, 9, c.to_bytes()).to_bytes() for c in cloves[:3]]
     assert asyncio.run(_raw(f"{hops[0].url}/v1/overlay", junk, wait_s=0.5)) == []
-    logs = relay.log.name
-    text = Path(logs).read_text()
+    text = relay.log_path.read_text()
     assert "cell_malformed" in text and "onion_invalid" in text
-    assert "next hop" in Path(relays[2].log.name).read_text()
+    assert "next hop" in relays[2].log_path.read_text()
     # after all of it, both kinds of process still serve a whole answer over the overlay
     assert asyncio.run(_answer(manifest, hops, relays))[0] == direct
     assert json.loads(json.dumps(asyncio.run(_get_json(f"{relay.url}/health")))) == {"ok": True}

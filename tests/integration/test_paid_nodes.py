@@ -30,6 +30,7 @@ from eth_utils import keccak
 
 from harness.gateway_net import Committee, ephemeral_port, start_committee, wait_for
 from harness.personal_client import PersonalClient, personal_client
+from harness.relays import relays, write_relays_file
 from node.client.credit_wallet import CreditWallet
 from node.client.nodesfile import NodeRef, NodesFile
 from node.keys import create_node_key, create_wallet
@@ -291,6 +292,37 @@ def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai
         assert again.token == client.token
 
 
+def test_the_personal_client_over_the_overlay_answers_the_same_through_relays(net) -> None:
+    """`--relays FILE --overlay 4,3,1`: every node of the circuit reached over 4 relay paths as
+    (4, 3) S-IDA cloves; the official `openai` client's greedy answer is the direct one, every node is paid with credits as before, and
+    the relays carried it (docs/overlay.md)."""
+    import openai
+
+    credits_file = net["root"] / "overlay-credits.json"
+    _buy(net, 12, credits_file)
+    model = json.loads(net["manifest"].read_text())["model_id"]
+    messages = [{"role": "user", "content": PROMPT}]
+
+    def ask(client: PersonalClient) -> tuple[str, dict]:
+        api = openai.OpenAI(base_url=client.base_url, api_key=client.token, max_retries=0)
+        whole = api.chat.completions.create(
+            model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0
+        )
+        return whole.choices[0].message.content or "", whole.model_extra["planet_receipt"]
+
+    with _personal_client(net, credits_file) as client:
+        direct, _ = ask(client)
+    with relays(4, net["root"] / "relays") as started:
+        listed = write_relays_file(net["root"] / "relays.txt", started)
+        overlay = ("--relays", str(listed), "--overlay", "4,3,1")
+        with _personal_client(net, credits_file, extra=overlay) as client:
+            overlaid, receipt = ask(client)
+        carried = [relay.info()["cells_forwarded"] for relay in started]
+    assert overlaid == direct and direct
+    assert receipt["paid_with"] == "credits" and receipt["credits_spent"] >= 2
+    assert all(cells > 0 for cells in carried), carried  # each of the 4 paths carried cloves
+
+
 def test_a_verifier_challenges_charging_nodes_through_its_own_personal_client(net) -> None:
     """A hosted gateway routes to free nodes only, so charging nodes were never challenged.
     The verifier's `PersonalAsker` asks a teacher-forced challenge through the operator's own
@@ -345,7 +377,7 @@ def test_a_verifier_challenges_charging_nodes_through_its_own_personal_client(ne
 
 @contextmanager
 def _personal_client(
-    net: dict[str, Any], credits_file: Path, route: str | None = None
+    net: dict[str, Any], credits_file: Path, route: str | None = None, extra: tuple = ()
 ) -> Iterator[PersonalClient]:
     """`planet gateway serve --personal` paying from `credits_file`, serving; yields its port
     and token (one token file for every start: `$PLANET_HOME/personal-token`)."""
@@ -360,6 +392,7 @@ def _personal_client(
         credits_file=credits_file,
         route=route,
         token_file=home / "personal-token",
+        extra_args=extra,
     ) as client:
         yield client
 

@@ -1,0 +1,72 @@
+"""`planet relay serve` processes for tests: started (each prints its URL and key once it
+listens), stopped.
+
+    with relays(8, root) as started:
+        hops = [relay.hop for relay in started]          # protocol.overlay.Hop: URL + X25519 key
+        write_relays_file(root / "relays.txt", started)  # for `planet gateway serve --relays`
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from harness.ports import ephemeral_port
+from protocol.overlay import Hop
+
+
+class RelayProcess:
+    def __init__(self, home: Path) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        self.port = ephemeral_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = home / "relay.log"
+        self.log = self.log_path.open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "planet", "relay", "serve", "--home", str(home),
+             "--port", str(self.port), "--allow-private-next-hops"],
+            stdout=subprocess.PIPE, stderr=self.log, text=True,
+        )  # fmt: skip
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()  # "relay on URL key HEX", once it listens
+        assert line.startswith("relay on"), (line, self.log_path.read_text()[-2000:])
+        self.hop = Hop(self.url, bytes.fromhex(line.split(" key ", 1)[1].strip()))
+
+    def info(self) -> dict:
+        with urllib.request.urlopen(f"{self.url}/info", timeout=5) as response:
+            return json.load(response)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        self.log.close()
+
+
+@contextmanager
+def relays(count: int, root: Path) -> Iterator[list[RelayProcess]]:
+    started: list[RelayProcess] = []
+    try:
+        for i in range(count):
+            started.append(RelayProcess(root / f"relay{i}"))
+        yield started
+    finally:
+        for relay in started:
+            relay.stop()
+
+
+def write_relays_file(path: Path, started: Sequence[RelayProcess]) -> Path:
+    path.write_text("".join(f"{r.url} {r.hop.key.hex()}\n" for r in started))
+    return path
