@@ -294,8 +294,8 @@ def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai
 
 def test_the_personal_client_over_the_overlay_answers_the_same_through_relays(net) -> None:
     """`--relays FILE --overlay 4,3,1`: every node of the circuit reached over 4 relay paths as
-    (4, 3) S-IDA cloves; the official `openai` client's greedy answer is the direct one, every node is paid with credits as before, and
-    the relays carried it (docs/overlay.md)."""
+    (4, 3) S-IDA cloves; the official `openai` client's greedy answer is the direct one, every
+    node is paid with credits as before, and the relays carried it (docs/overlay.md)."""
     import openai
 
     credits_file = net["root"] / "overlay-credits.json"
