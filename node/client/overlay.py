@@ -112,7 +112,8 @@ class OverlayLink:
         self.closed = False
         self.failed_paths = 0
         self.cells_sent = 0
-        self.bytes_sent = 0
+        self.bytes_sent = 0  # cells on this client's links to its first relays (payloads)
+        self.bytes_received = 0
         self._lock = asyncio.Lock()
 
     async def __aenter__(self) -> OverlayLink:
@@ -157,6 +158,7 @@ class OverlayLink:
             async for message in path.ws:
                 if message.type != aiohttp.WSMsgType.BINARY:
                     break
+                self.bytes_received += len(message.data)
                 cell = Cell.from_bytes(message.data)
                 if cell.path != path.ident:
                     continue
