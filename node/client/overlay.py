@@ -79,6 +79,13 @@ class _Path:
     created: asyncio.Future[None] | None = None
     reader: asyncio.Task[None] | None = None
     alive: bool = False
+    failed: bool = False  # came up, then was torn down or lied while the link was in use
+    delivered: int = 0  # cloves that came back on it
+
+
+# A path that brought back no clove while another brought back this many is dropping cloves
+# (in either direction: the node answers only on paths its cloves arrived on).
+SILENT_AFTER: Final = 3
 
 
 class OverlayLink:
@@ -93,6 +100,7 @@ class OverlayLink:
         *,
         k: int = DEFAULT_NEEDED,
         node_key: str | None = None,
+        on_close: Callable[[OverlayLink], None] | None = None,
     ) -> None:
         if not 2 <= k <= len(paths) <= sida.MAX_CLOVES:
             raise UsageError(
@@ -102,6 +110,7 @@ class OverlayLink:
         self.paths = [_Path(list(hops)) for hops in paths]
         self.node_url = node_url
         self.node_key = node_key  # an https:// node's key: the exits pin it
+        self.on_close = on_close  # sees the link once it is closed (its suspects)
         self.k = k
         self.ident = os.urandom(16)
         self.sent = 0
@@ -124,7 +133,7 @@ class OverlayLink:
             raise
         alive = sum(path.alive for path in self.paths)
         if alive < self.k:
-            await self.close()
+            await self.close()  # its suspects are reported: the next draw avoids them
             raise UnavailableError(
                 f"only {alive} of {len(self.paths)} overlay paths to {self.node_url} came up, "
                 f"{self.k} needed",
@@ -151,6 +160,7 @@ class OverlayLink:
         except (aiohttp.ClientError, OSError, TimeoutError, OverlayError) as error:
             log.info("overlay: a path via %s did not come up: %s", path.hops[0].url, error)
             self.failed_paths += 1
+            path.failed = True
 
     async def _read(self, path: _Path) -> None:
         assert path.ws is not None
@@ -167,6 +177,7 @@ class OverlayLink:
                 elif cell.kind is CellKind.DATA:
                     raw = unwrap_backward(path.keys, path.backward_seq, cell.body)
                     path.backward_seq += 1
+                    path.delivered += 1
                     self._clove(raw)
                 elif cell.kind is CellKind.DESTROY:
                     break
@@ -175,6 +186,7 @@ class OverlayLink:
         finally:
             if path.alive and not self.closed:  # lost while the link was in use
                 self.failed_paths += 1
+                path.failed = True
             path.alive = False
             if path.created and not path.created.done():
                 path.created.set_exception(UnavailableError("the path was torn down"))
@@ -253,7 +265,24 @@ class OverlayLink:
             if sum(p.alive for p in self.paths) < self.k:
                 raise ConnectionResetError("fewer than k overlay paths are left")
 
+    def suspects(self) -> set[str]:
+        """URLs of the relays on paths that failed, or that stayed silent while another path
+        brought back SILENT_AFTER cloves: one of each such path's relays drops, alters or
+        lost its link (which one, the client cannot tell)."""
+        busiest = max((path.delivered for path in self.paths), default=0)
+        out: set[str] = set()
+        for path in self.paths:
+            if path.failed or (busiest >= SILENT_AFTER and path.delivered == 0):
+                out.update(hop.url for hop in path.hops)
+        return out
+
     async def close(self) -> None:
+        was_closed = self.closed
+        await self._close()
+        if not was_closed and self.on_close is not None:
+            self.on_close(self)
+
+    async def _close(self) -> None:
         if not self.closed and sum(p.alive for p in self.paths) >= self.k:
             with contextlib.suppress(ConnectionError):
                 await self._send(MessageKind.CLOSE, b"")
@@ -270,15 +299,21 @@ class OverlayLink:
                     await path.reader
 
 
-@dataclass(frozen=True)
+@dataclass
 class OverlayRoute:
     """How a client reaches nodes over the overlay: the relays it draws from and the shape of a
-    link (n paths of `length` relays, any k of them enough)."""
+    link (n paths of `length` relays, any k of them enough).
+
+    Relays on a path that failed or stayed silent (`OverlayLink.suspects`) are avoided by later
+    draws while enough others remain (the honest relays of such a path are avoided with the
+    culprit: the client cannot tell them apart, as with Tor's path failures). `avoided` holds
+    them for this process's life."""
 
     relays: tuple[Hop, ...]
     paths: int = DEFAULT_PATHS
     needed: int = DEFAULT_NEEDED
     length: int = DEFAULT_LENGTH
+    avoided: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if not 2 <= self.needed <= self.paths <= sida.MAX_CLOVES:
@@ -291,11 +326,25 @@ class OverlayRoute:
         """`CircuitClient(overlay=...)`: an entered OverlayLink to each hop, on fresh paths."""
 
         async def dial(hop: Any) -> OverlayLink:
-            paths = choose_paths(self.relays, self.paths, self.length)
-            link = OverlayLink(http, paths, hop.url, k=self.needed, node_key=hop.key)
+            link = OverlayLink(
+                http, self.draw(), hop.url, k=self.needed, node_key=hop.key, on_close=self.report
+            )
             return await link.__aenter__()
 
         return dial
+
+    def draw(self) -> list[list[Hop]]:
+        """Fresh paths, from the relays not avoided when enough of them remain."""
+        trusted = [relay for relay in self.relays if relay.url not in self.avoided]
+        if len(trusted) >= self.paths * self.length:
+            return choose_paths(trusted, self.paths, self.length)
+        return choose_paths(self.relays, self.paths, self.length)
+
+    def report(self, link: OverlayLink) -> None:
+        found = link.suspects()
+        if found - self.avoided:
+            log.warning("overlay: avoiding relays on failed or silent paths: %s", sorted(found))
+        self.avoided |= found
 
 
 def read_relays(path: Path) -> tuple[Hop, ...]:

@@ -6,6 +6,8 @@ as (4, 3) S-IDA cloves (docs/overlay.md).
 - the nodes' sessions were opened by overlay links (callers `overlay:<link id>`), never by a
   direct connection of the client;
 - a relay killed mid-answer changes nothing in the answer (n − k = 1 path may fail);
+- a relay that drops every clove changes nothing in the answer either, is named by the client
+  (its path stayed silent) and left out of later draws;
 - hostile cells (garbage, wrong sizes, forged layers, an onion not sealed to the relay, a
   next hop at a refused address) are refused by name and stop neither a relay nor a node.
 """
@@ -22,21 +24,25 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
+from nacl.public import PrivateKey
 
+from harness.ports import ephemeral_port
 from harness.relays import RelayProcess
 from harness.relays import relays as started_relays
 from node.client.circuit import CircuitClient
-from node.client.overlay import OverlayLink, choose_paths
+from node.client.overlay import OverlayLink, OverlayRoute, choose_paths
 from node.client.types import Hop as NodeHop
 from node.model.head import ClientHead
 from node.model.manifest import Manifest
+from node.relay.relay import Relay, create_app
 from protocol import sida
-from protocol.overlay import SETUP_BYTES, Cell, CellKind, build_onion
+from protocol.overlay import SETUP_BYTES, Cell, CellKind, Hop, build_onion
 
 pytestmark = pytest.mark.integration
 
 RELAYS = 8
-NEW_TOKENS = 12
+NEW_TOKENS = 8
 QUESTION = [{"role": "user", "content": "Name two rivers in Europe."}]
 
 
@@ -116,6 +122,46 @@ def test_a_relay_killed_mid_answer_changes_nothing(circuit, direct, relays, tmp_
     assert answer == direct
     # the killed relay was on one path of each link (8 relays, 4 paths of 2: all are used)
     assert sum(link.failed_paths for link in links) >= 1
+
+
+class DroppingRelay(Relay):
+    """A relay that sets paths up like any other, then drops every clove sent forward."""
+
+    async def inbound(self, ws, cell: Cell) -> None:
+        if cell.kind is not CellKind.DATA:
+            await super().inbound(ws, cell)
+
+
+def test_a_relay_that_drops_cloves_is_seen_and_avoided(circuit, direct, relays) -> None:
+    manifest, hops = circuit
+    m = Manifest.load(manifest)
+    head = _HEADS[manifest]
+
+    async def scenario() -> tuple[list[int], OverlayRoute]:
+        bad = DroppingRelay(PrivateKey.generate(), allow_private=True)
+        runner = web.AppRunner(create_app(bad))
+        await runner.setup()
+        port = ephemeral_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        bad_hop = Hop(f"http://127.0.0.1:{port}", bytes(bad.private.public_key))
+        # 4 paths of one relay from exactly 4 relays: the dropping one is on a path of each link
+        route = OverlayRoute((*[r.hop for r in relays[:3]], bad_hop), paths=4, needed=3, length=1)
+        try:
+            async with aiohttp.ClientSession() as http:
+                overlay = route.dialer(http)
+                async with CircuitClient(hops, hidden_size=m.hidden_size, overlay=overlay) as c:
+                    ids = head.chat_ids(QUESTION)
+                    tokens = [t async for t in c.generate(head, ids, max_new_tokens=NEW_TOKENS)]
+        finally:
+            await runner.cleanup()
+        return tokens, route
+
+    answer, route = asyncio.run(scenario())
+    assert answer == direct  # 3 of 4 paths carried every message
+    [bad_url] = [hop.url for hop in route.relays if hop.url not in {r.url for r in relays}]
+    assert route.avoided == {bad_url}  # only the silent path's relay is suspected
+    later = OverlayRoute((*[r.hop for r in relays], *route.relays[3:]), 4, 3, 1, route.avoided)
+    assert all(bad_url not in {p[0].url for p in later.draw()} for _ in range(50))
 
 
 async def _get_json(url: str) -> dict:
