@@ -368,9 +368,14 @@ def _serve_personal(args: argparse.Namespace) -> int:
     overlay = None
     if args.relays is not None:
         from node.client.overlay import OverlayRoute, read_relays
+        from node.client.relay_guards import GUARDS_FILE as RELAY_GUARDS_FILE
+        from node.client.relay_guards import RelayGuards
 
         n, k, length = args.overlay or (4, 3, 3)
-        overlay = OverlayRoute(read_relays(args.relays), paths=n, needed=k, length=length)
+        guards = RelayGuards(planet_home() / RELAY_GUARDS_FILE)  # the paths' entry relays
+        overlay = OverlayRoute(
+            read_relays(args.relays), paths=n, needed=k, length=length, guards=guards
+        )
     elif args.overlay is not None:
         raise UsageError("--overlay shapes the paths of --relays", hint="add --relays FILE")
     settings = PersonalSettings(

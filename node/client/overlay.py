@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -28,9 +29,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import aiohttp
 
+from node.client.relay_guards import RelayGuards
 from protocol import sida
 from protocol.errors import UnavailableError, UsageError
 from protocol.overlay import (
@@ -55,17 +58,47 @@ SETUP_TIMEOUT_S: Final = 15.0
 MAX_EARLY: Final = 256
 
 
+def network_of(url: str) -> str:
+    """The /16 an IPv4 relay sits in (/32 for IPv6), else its host name: relays in one such
+    network are likely one operator's, or one network's to watch."""
+    host = urlsplit(url).hostname or url
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    prefix = 16 if address.version == 4 else 32
+    return str(ipaddress.ip_network((address, prefix), strict=False))
+
+
 def choose_paths(
-    relays: Sequence[Hop], n: int = DEFAULT_PATHS, length: int = DEFAULT_LENGTH
+    relays: Sequence[Hop],
+    n: int = DEFAULT_PATHS,
+    length: int = DEFAULT_LENGTH,
+    entries: Sequence[Hop] | None = None,
 ) -> list[list[Hop]]:
-    """n paths of `length` relays drawn at random, no relay on two paths (or twice on one)."""
+    """n paths of `length` relays drawn at random: no relay on two paths (or twice on one),
+    path i entered by `entries[i]` when given (the guards), and no two relays of a path in one
+    network (`network_of`) while the relays not yet used offer another."""
     if n * length > len(relays):
         raise UsageError(
             f"{n} paths of {length} relays need {n * length} distinct relays, {len(relays)} known",
             hint="use fewer or shorter paths, or add relays",
         )
-    drawn = random.SystemRandom().sample(list(relays), n * length)
-    return [drawn[i * length : (i + 1) * length] for i in range(n)]
+    draw = random.SystemRandom()
+    entries = list(entries or [])
+    used = {hop.url for hop in entries}
+    pool = [relay for relay in relays if relay.url not in used]
+    draw.shuffle(pool)
+    paths: list[list[Hop]] = []
+    for i in range(n):
+        path = [entries[i]] if i < len(entries) else []
+        while len(path) < length:
+            seen = {network_of(hop.url) for hop in path}
+            pick = next((r for r in pool if network_of(r.url) not in seen), pool[0])
+            pool.remove(pick)
+            path.append(pick)
+        paths.append(path)
+    return paths
 
 
 @dataclass(eq=False)
@@ -314,6 +347,8 @@ class OverlayRoute:
     needed: int = DEFAULT_NEEDED
     length: int = DEFAULT_LENGTH
     avoided: set[str] = field(default_factory=set)
+    # the entry relays kept across questions (node/client/relay_guards.py); None: drawn afresh
+    guards: RelayGuards | None = None
 
     def __post_init__(self) -> None:
         if not 2 <= self.needed <= self.paths <= sida.MAX_CLOVES:
@@ -334,11 +369,16 @@ class OverlayRoute:
         return dial
 
     def draw(self) -> list[list[Hop]]:
-        """Fresh paths, from the relays not avoided when enough of them remain."""
+        """Fresh paths entered by the guards, from the relays not avoided when enough of them
+        remain."""
+        entries = None
+        if self.guards is not None:
+            entries = self.guards.entries(self.relays, self.paths, self.avoided)
         trusted = [relay for relay in self.relays if relay.url not in self.avoided]
-        if len(trusted) >= self.paths * self.length:
-            return choose_paths(trusted, self.paths, self.length)
-        return choose_paths(self.relays, self.paths, self.length)
+        pool = trusted if len(trusted) >= self.paths * self.length else list(self.relays)
+        kept = {hop.url for hop in entries or []}
+        pool = [*(entries or []), *(r for r in pool if r.url not in kept)]
+        return choose_paths(pool, self.paths, self.length, entries)
 
     def report(self, link: OverlayLink) -> None:
         found = link.suspects()
