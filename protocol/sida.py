@@ -2,8 +2,8 @@
 give it back and any fewer of which reveal nothing but its padded length.
 
     disperse(message, n, k) → n cloves                       the sender
-      1. pad the message to a length bucket (`padded_length`: 64, 256, 1,024 bytes, then steps of
-         a quarter of a power of two up to 1 MiB): cloves of messages in one bucket are the
+      1. pad the message to a length bucket (`padded_length`: 64, 256 bytes, then steps of a
+         quarter of a power of two from 1 KiB to 1 MiB): cloves of messages in one bucket are the
          same size
       2. encrypt it with a fresh AES-256-GCM key K (used for this message only)
       3. cut the ciphertext into k blocks and extend them to n with a systematic Reed–Solomon
@@ -54,12 +54,12 @@ ID_BYTES: Final = 16
 DIGEST_BYTES: Final = 16  # SHA-256 cut to 128 bits: a second preimage costs 2^128
 TAG_BYTES: Final = 16
 MAX_MESSAGE_BYTES: Final = 1 << 20
-# Padded plaintext sizes: a message's clove size says only which bucket it fell into. Small
-# messages (a token, a control message) share a few coarse buckets; from 4 KiB on (prefill
-# frames) steps of a quarter of a power of two waste at most 25 % on padding.
+# Padded plaintext sizes: a message's clove size says only which bucket it fell into. Control
+# messages share two coarse buckets; from 1 KiB on (one token's activations are ~2.3 KB for
+# SmolLM2, prefill frames more) steps of a quarter of a power of two waste at most 25 %.
 BUCKETS: Final = tuple(
-    [64, 256, 1024]
-    + [p * q // 4 for p in (1 << e for e in range(12, 20)) for q in (4, 5, 6, 7)]
+    [64, 256]
+    + [p * q // 4 for p in (1 << e for e in range(10, 20)) for q in (4, 5, 6, 7)]
     + [MAX_MESSAGE_BYTES + 4]
 )
 _HEADER: Final = struct.Struct(">BBBB16sI")
