@@ -399,13 +399,13 @@ def test_gateway_keeps_answering_through_a_node_whose_heartbeats_stop(
             answer, _ = ask(net, user, max_tokens=1)
             answered += 1
             time.sleep(1.0)
-        view = _status(net, d)
-        assert (view["routable"], view["grace"]) == (False, True)
         time.sleep(2.5)  # the gateway's routing view refreshes every 2 s
-        for _ in range(3):
+        for _ in range(3):  # (before: 503 no_routable_node, an openai.APIStatusError)
             answer, _ = ask(net, user, max_tokens=1)
             used = answer.model_extra["planet_receipt"]["nodes"]
             assert d.public in used and len(used) == 2
+        view = _status(net, d)
+        assert (view["status"], view["routable"], view.get("grace")) == ("DOWN", False, True)
     finally:
         d.beating = True
     wait_for_routable = time.monotonic() + 20
