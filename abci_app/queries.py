@@ -9,7 +9,8 @@ paths answer `UNKNOWN_QUERY`.
     /node         ?key                          one node
     /pool_health  ?model ?shards                per-shard routable counts and status
                                                 (healthy: every shard ≥ 3; degraded: some 1–2;
-                                                 incomplete: some 0)
+                                                 incomplete: some 0), the replica floor and
+                                                the shards below it
     /commitments  ?node ?session ?limit ?after  commit-reveal records, 1000 a page (`next`:
                                                 the `after` of the next page, or null)
     /evidence     ?node ?limit                  reveal mismatches and equivocations
@@ -121,6 +122,7 @@ def pool_health(state: State, model: str, shard_count: int | None = None) -> dic
                 counts[shard] = counts.get(shard, 0) + 1
     total = min(shard_count or state.genesis.models.get(model) or highest + 1, MAX_SHARDS)
     per_shard = [counts.get(shard, 0) for shard in range(total)]
+    floor = state.genesis.replica_floor
     if not per_shard or min(per_shard) == 0:
         status = "incomplete"
     elif min(per_shard) < HEALTHY_MIN:
@@ -132,6 +134,9 @@ def pool_health(state: State, model: str, shard_count: int | None = None) -> dic
         "shards": total,
         "routable_per_shard": per_shard,
         "status": status,
+        # the shards with fewer routable nodes than genesis `replica_floor` (joiners fill them)
+        "replica_floor": floor,
+        "below_floor": [shard for shard, count in enumerate(per_shard) if count < floor],
     }
 
 

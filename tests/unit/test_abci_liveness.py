@@ -90,3 +90,17 @@ def test_liveness_grace_never_lists_an_unstaked_or_left_node() -> None:
     assert node(chain, unstaked)["status"] == "DOWN"
     assert node(chain, unstaked)["grace"] is False
     assert node(chain, left)["grace"] is False
+
+
+def test_pool_health_names_the_shards_below_the_replica_floor() -> None:
+    from tests.unit.test_abci_state import ask
+
+    chain = Chain(genesis={"replica_floor": 2, "models": {"m": {"shards": 2}}})
+    for label, shard in (("a", 0), ("b", 0), ("c", 1)):
+        make_routable(chain, register(chain, label, shards=(shard,)))
+    health = ask(chain, "/pool_health?model=m")
+    assert health["routable_per_shard"] == [2, 1]
+    assert (health["replica_floor"], health["below_floor"]) == (2, [1])
+    assert ask(chain, "/params")["genesis"].get("replica_floor") is None  # the default: unstored
+    lone = Chain(genesis={"replica_floor": 1})
+    assert ask(lone, "/params")["genesis"]["replica_floor"] == 1
