@@ -279,11 +279,11 @@ def _up(args: argparse.Namespace) -> int:
         gateway=not args.no_gateway,
         available=available_memory(),
     )
-    _say(f"compute nodes: {count.nodes}, {count.note}")
     options = DevnetOptions(
         home=_home(args),
         validators=args.validators,
         nodes=count.nodes,
+        nodes_note=count.note,
         quant=args.quant,
         gateway=not args.no_gateway,
         epoch_length=args.epoch_length,
