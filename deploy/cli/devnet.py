@@ -386,6 +386,13 @@ def _status(args: argparse.Namespace) -> int:
     pool = report.get("pool")
     if pool:
         print(f"  pool {pool.get('status')}: routable per shard {pool.get('routable_per_shard')}")
+        short = pool.get("below_floor")
+        if isinstance(short, list) and short:  # the committee's answer: shown, never trusted
+            shards = ", ".join(str(s) for s in short[:16] if type(s) is int)
+            print(
+                f"  below the replica floor of {pool.get('replica_floor')}: shard {shards} "
+                "(the next `planet join --model M` fills it)"
+            )
     if report.get("gateway_url"):
         print(
             f"  gateway {report['gateway_url']}: "
