@@ -8,8 +8,11 @@ nodes on each of the model's `DEVNET_SHARDS` shards when the machine's available
 why. `--replicas N` sets it; `--nodes N` (the total, as before) overrides both.
 
 Memory per process is a planning figure, measured on the 2-core test machine (PSS, shared
-pages split): a compute node serving half of SmolLM2-135M int8 holds ~0.85 GB (torch and the
-dequantized weights), a third of it less; the gateway and each verifier load the model too.
+pages split): a devnet compute node (a third of SmolLM2-135M int8) holds ~0.75 GB, one serving
+half of it ~0.85 GB (torch and the dequantized weights); the gateway and each verifier load the
+model too. Two per shard double step 6 (stake and join): `devnet up --validators 1 --verifiers
+0` took 110 s with 6 nodes against 55 s with 3 on that machine (load ~7, noisy), so the test
+suite's devnets pass `--replicas 1`.
 """
 
 from __future__ import annotations
