@@ -9,6 +9,7 @@ from abci_app import (
     commitments,
     coverage,
     credits,
+    liveness,
     registry,
     seeds,
     settlement,
@@ -34,9 +35,22 @@ Handler = Callable[[State, SignedTx], None]
 
 
 def work_report(state: State, tx: SignedTx) -> None:
-    """Settlement's rule, then the reported tokens counted against the nodes' commitments."""
+    """Settlement's rule, then the reported tokens counted against the nodes' commitments, and
+    each node named counted alive (it served the gateway's questions: liveness.py)."""
     settlement.work_report(state, tx)
     coverage.record_report(state, tx.body)
+    for node in sorted({item.node for item in tx.body.work}):
+        liveness.note_service(state, node)
+
+
+def serving(handler: Handler) -> Handler:
+    """`handler`, then its signer counted alive: the tx shows the node at work (liveness.py)."""
+
+    def run(state: State, tx: SignedTx) -> None:
+        handler(state, tx)
+        liveness.note_service(state, tx.signer)
+
+    return run
 
 
 HANDLERS: dict[str, Handler] = {
@@ -44,8 +58,8 @@ HANDLERS: dict[str, Handler] = {
     Heartbeat.TYPE: registry.heartbeat,
     Leave.TYPE: registry.leave,
     AttestStake.TYPE: registry.attest_stake,
-    CommitBatch.TYPE: commitments.commit,
-    RevealBatch.TYPE: commitments.reveal,
+    CommitBatch.TYPE: serving(commitments.commit),
+    RevealBatch.TYPE: serving(commitments.reveal),
     VerdictVote.TYPE: verdicts.verdict_vote,
     SeedCommit.TYPE: seeds.seed_commit,
     SeedReveal.TYPE: seeds.seed_reveal,
@@ -56,5 +70,5 @@ HANDLERS: dict[str, Handler] = {
     CreditKey.TYPE: credits.credit_key,
     Mint.TYPE: credits.mint,
     FundMint.TYPE: credits.fund_mint,
-    Redeem.TYPE: credits.redeem,
+    Redeem.TYPE: serving(credits.redeem),
 }

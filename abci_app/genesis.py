@@ -23,6 +23,8 @@
       "spot_check_ppm": 50000,              # spot-check selection rate (protocol/spotcheck.py)
       "spot_check_floor": 1,                # expected checks per node and epoch at least (0: off)
       "commit_grace_epochs": 2,             # epochs a node has to commit what gateways reported
+      "replica_floor": 2,                   # routable nodes each shard should have at least:
+                                          #   joiners fill shards below it first (/pool_health)
       "credits": {"price_wei": "1000000000000", "layer_tokens": 4096,  # one credit's price
                   "lifetime_epochs": 4320,  #   and the layer-tokens its redemption credits; a
                                           #   credit of epoch e is redeemable up to epoch
@@ -69,6 +71,7 @@ _KEYS = {
     "spot_check_floor",
     "commit_grace_epochs",
     "credits",
+    "replica_floor",
 }
 DEFAULT_MIN_STAKE = {"compute": 10**18, "verifier": 5 * 10**17}
 MAX_PARAM = (1 << 63) - 1
@@ -84,6 +87,10 @@ DEFAULT_MAX_PENDING_MINTS = 4
 MAX_MAX_PENDING_MINTS = 64
 _CREDIT_KEYS = {"price_wei", "layer_tokens", "lifetime_epochs", "max_pending_mints"}
 MAX_SHARDS = 65536  # register_node shard indexes are 0 … 65535
+# Routable nodes a shard should have at least (issue 44): with one, a node that stalls leaves
+# its shard with nobody; placement fills shards below the floor first (node/agent/placement.py)
+DEFAULT_REPLICA_FLOOR = 2
+MAX_REPLICA_FLOOR = 64
 _GATEWAY = re.compile(r"[0-9a-f]{64}\Z")
 _DECIMAL = re.compile(r"[0-9]{1,78}\Z")  # ASCII only: str.isdigit accepts other scripts
 
@@ -131,6 +138,7 @@ class Genesis:
     spot_check_ppm: int = 50_000  # selection rate the chain credits spot-check reports under
     spot_check_floor: int = 1  # a node's blocks of an epoch are drawn at ≥ floor / blocks
     commit_grace_epochs: int = 2  # reported work must be committed within this many epochs
+    replica_floor: int = DEFAULT_REPLICA_FLOOR  # routable nodes a shard should have at least
     credit_price_wei: int | None = None  # one credit's price; None: credits disabled
     credit_layer_tokens: int = 0  # layer-tokens a redeemed credit adds to the node's work
     credit_lifetime_epochs: int = DEFAULT_CREDIT_LIFETIME_EPOCHS  # redeemable in e … e + this
@@ -252,6 +260,7 @@ class Genesis:
             spot_check_ppm=_int(doc, "spot_check_ppm", 50_000, 0, 1_000_000),
             spot_check_floor=_int(doc, "spot_check_floor", 1, 0, 1_000),
             commit_grace_epochs=_int(doc, "commit_grace_epochs", 2, 1, 1_000),
+            replica_floor=_int(doc, "replica_floor", DEFAULT_REPLICA_FLOOR, 1, MAX_REPLICA_FLOOR),
             credit_price_wei=(
                 _int(credits, "price_wei", 0, 1, (1 << 64) - 1) if credits is not None else None
             ),
@@ -324,6 +333,11 @@ class Genesis:
             **(
                 {"commit_grace_epochs": self.commit_grace_epochs}
                 if self.commit_grace_epochs != 2
+                else {}
+            ),
+            **(
+                {"replica_floor": self.replica_floor}
+                if self.replica_floor != DEFAULT_REPLICA_FLOOR
                 else {}
             ),
             **(

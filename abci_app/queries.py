@@ -4,11 +4,13 @@ Parameters come from the path's query string (`/nodes?model=m&shard=1`) and/or a
 the request's `data` (`query_params.py` types them). Every answer is canonical JSON; unknown
 paths answer `UNKNOWN_QUERY`.
 
-    /nodes        ?model ?shard ?status ?role   nodes with lifecycle, stake, reputation, routable
+    /nodes        ?model ?shard ?status ?role   nodes with lifecycle, stake, reputation, routable,
+                                                grace (DOWN lately, else routable: liveness.py)
     /node         ?key                          one node
     /pool_health  ?model ?shards                per-shard routable counts and status
                                                 (healthy: every shard ≥ 3; degraded: some 1–2;
-                                                 incomplete: some 0)
+                                                 incomplete: some 0), the replica floor and
+                                                the shards below it
     /commitments  ?node ?session ?limit ?after  commit-reveal records, 1000 a page (`next`:
                                                 the `after` of the next page, or null)
     /evidence     ?node ?limit                  reveal mismatches and equivocations
@@ -31,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import coverage, schema, verifier_endpoints
+from abci_app import coverage, liveness, schema, verifier_endpoints
 from abci_app.codes import Code
 from abci_app.credit_queries import CREDIT_ROUTES
 from abci_app.payout_queries import PAYOUT_ROUTES
@@ -65,6 +67,7 @@ def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
     trusted = rep["r"] >= params.untrusted_below
     entries = [r for _, r in state.committed_items(schema.COVERAGE, key + "/", key + "0")]
     uncommitted = coverage.flagged(entries)
+    standing = staked and trusted and not uncommitted
     return {
         **node,
         "reputation": rep["r"],
@@ -72,7 +75,9 @@ def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
         "uncommitted": uncommitted,
         "stake": agreed,
         "stake_attestations": len(stake["attestations"]),
-        "routable": node["status"] == schema.SERVING and staked and trusted and not uncommitted,
+        "routable": node["status"] == schema.SERVING and standing,
+        # DOWN lately, otherwise routable: a fallback while it answers clients (liveness.py)
+        "grace": standing and liveness.in_grace(state, node, state.height),
     }
 
 
@@ -117,6 +122,7 @@ def pool_health(state: State, model: str, shard_count: int | None = None) -> dic
                 counts[shard] = counts.get(shard, 0) + 1
     total = min(shard_count or state.genesis.models.get(model) or highest + 1, MAX_SHARDS)
     per_shard = [counts.get(shard, 0) for shard in range(total)]
+    floor = state.genesis.replica_floor
     if not per_shard or min(per_shard) == 0:
         status = "incomplete"
     elif min(per_shard) < HEALTHY_MIN:
@@ -128,6 +134,9 @@ def pool_health(state: State, model: str, shard_count: int | None = None) -> dic
         "shards": total,
         "routable_per_shard": per_shard,
         "status": status,
+        # the shards with fewer routable nodes than genesis `replica_floor` (joiners fill them)
+        "replica_floor": floor,
+        "below_floor": [shard for shard, count in enumerate(per_shard) if count < floor],
     }
 
 

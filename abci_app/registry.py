@@ -8,8 +8,9 @@ Lifecycle (`node/<key>.status`): JOIN at registration; a heartbeat makes JOIN/DO
 `leave` makes it LEFT (final). Two height-driven rules end a node's standing, each checked at
 the exact height it is due (never a scan of all nodes):
 
-- **Heartbeat timeout**: a JOIN/SERVING node whose last heartbeat is more than
-  `heartbeat_timeout` blocks old becomes DOWN (`hbdue/<height>` index, `expire_heartbeats`).
+- **Heartbeat timeout**: a JOIN/SERVING node whose last heartbeat — or last evidence of
+  service (`last_served`, liveness.py) — is more than `heartbeat_timeout` blocks old becomes
+  DOWN (`hbdue/<height>` index, `expire_heartbeats`).
 - **Unstaked registrations expire**: each registration schedules a check at
   `registered_height + registration_ttl` (`regdue/<height>`, genesis `registration_ttl`,
   default 100 blocks); an `attest_stake` that moves the agreed amount below `min_stake[role]`
@@ -19,6 +20,8 @@ the exact height it is due (never a scan of all nodes):
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from abci_app import rules, schema
 from abci_app.codes import Code
@@ -136,8 +139,14 @@ def schedule_heartbeat_check(state: State, node_key: str, last_heartbeat: int) -
         state.put(schema.HEARTBEAT_DUE, due, sorted([*pending, node_key]))
 
 
+def last_alive(node: dict[str, Any]) -> int:
+    """The last height the node showed it was alive: its heartbeat or evidence of service
+    (`last_served`, set by liveness.py; absent until the first)."""
+    return max(int(node["last_heartbeat"]), int(node.get("last_served", 0)))
+
+
 def expire_heartbeats(state: State, height: int) -> None:
-    """EndBlock: the nodes due at `height` that sent no heartbeat since become DOWN."""
+    """EndBlock: the nodes due at `height` that showed no sign of life since become DOWN."""
     due = state.get(schema.HEARTBEAT_DUE, str(height))
     if due is None:
         return
@@ -147,7 +156,7 @@ def expire_heartbeats(state: State, height: int) -> None:
         if (
             node
             and node["status"] in (schema.JOIN, schema.SERVING)
-            and node["last_heartbeat"] + timeout < height
+            and last_alive(node) + timeout < height
         ):
             state.put(schema.NODE, key, {**node, "status": schema.DOWN, "status_height": height})
             state.emit("planet.node", node=key, status=schema.DOWN)

@@ -106,6 +106,7 @@ class Compute:
     evm_key: bytes
     nonce: int = 1
     left: bool = False
+    beating: bool = True  # False: its heartbeats stop (a stalled agent) while it serves on
 
     @property
     def public(self) -> str:
@@ -409,7 +410,7 @@ class GatewayNet:
         while not self._stop.wait(2.0):
             with self._beating:
                 for node in list(self.nodes):
-                    if node.left or self.committee is None:
+                    if node.left or not node.beating or self.committee is None:
                         continue
                     try:
                         raw = sign(Heartbeat(), node.key, node.next_nonce()).encode()

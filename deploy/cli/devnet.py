@@ -27,7 +27,9 @@ from protocol.errors import UsageError
 
 EXAMPLES = """\
 examples:
-  planet devnet up --detach                 4 validators, 3 compute nodes, gateway; returns
+  planet devnet up --detach                 4 validators, 2 compute nodes on each of 3 shards
+                                            (1 where memory is short: it says), gateway
+  planet devnet up --detach --replicas 1    one node per shard (less memory, no spare)
   planet devnet up --validators 1 --nodes 3 the smallest committee, stays in the foreground
   planet devnet up --detach --nodes 3 --cheat-node substitute-skip:2
                                             a 4th node that cheats (a test double): watch the
@@ -70,7 +72,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     up.add_argument("--validators", type=int, default=4, help="committee size (default 4)")
-    up.add_argument("--nodes", type=int, default=3, help="compute nodes (default 3)")
+    up.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="compute nodes per shard of the model's 3 (default: 2, the replica floor, where "
+        "the available memory holds them, else 1, and `up` says why)",
+    )
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="compute nodes in all instead (1-9; fewer than 3: that many shards)",
+    )
     up.add_argument(
         "--quant",
         choices=("none", "int8", "int4"),
@@ -240,6 +255,7 @@ def _up(args: argparse.Namespace) -> int:
     # lazy: the web3 stack, aiohttp (deploy.devnet starts and talks to everything)
     from deploy.devnet.down import down
     from deploy.devnet.plan import DevnetOptions
+    from deploy.devnet.replicas import available_memory, node_count
     from deploy.devnet.up import up
 
     if args.verifiers is not None and not 0 <= args.verifiers <= args.validators:
@@ -255,10 +271,19 @@ def _up(args: argparse.Namespace) -> int:
         raise UsageError(
             "--cheat-node needs the gateway", hint="the verifiers challenge through it"
         )
+    count = node_count(
+        nodes=args.nodes,
+        replicas=args.replicas,
+        validators=args.validators,
+        verifiers=args.validators if args.verifiers is None else args.verifiers,
+        gateway=not args.no_gateway,
+        available=available_memory(),
+    )
     options = DevnetOptions(
         home=_home(args),
         validators=args.validators,
-        nodes=args.nodes,
+        nodes=count.nodes,
+        nodes_note=count.note,
         quant=args.quant,
         gateway=not args.no_gateway,
         epoch_length=args.epoch_length,
@@ -361,6 +386,13 @@ def _status(args: argparse.Namespace) -> int:
     pool = report.get("pool")
     if pool:
         print(f"  pool {pool.get('status')}: routable per shard {pool.get('routable_per_shard')}")
+        short = pool.get("below_floor")
+        if isinstance(short, list) and short:  # the committee's answer: shown, never trusted
+            shards = ", ".join(str(s) for s in short[:16] if type(s) is int)
+            print(
+                f"  below the replica floor of {pool.get('replica_floor')}: shard {shards} "
+                "(the next `planet join --model M` fills it)"
+            )
     if report.get("gateway_url"):
         print(
             f"  gateway {report['gateway_url']}: "

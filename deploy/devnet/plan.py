@@ -64,6 +64,7 @@ class DevnetOptions:
     home: Path  # PLANET_HOME
     validators: int = 4
     nodes: int = 3
+    nodes_note: str = ""  # how the node count was chosen (deploy/devnet/replicas.py), shown
     quant: str = "int8"
     gateway: bool = True
     join_timeout_s: float = 240.0

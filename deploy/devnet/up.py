@@ -67,7 +67,7 @@ def up(options: DevnetOptions, progress: Progress) -> dict[str, Any]:
     if not 1 <= options.validators <= 16:
         raise UsageError("--validators must be 1..16")
     if not 1 <= options.nodes <= 9 or options.all_nodes > 12:
-        raise UsageError("--nodes must be 1..9, with --cheat-node 12 in all (~200 MB each)")
+        raise UsageError("--nodes must be 1..9, with --cheat-node 12 in all (~1 GB each)")
     hosts_plan = None
     if options.hosts is not None:
         if not 0 <= options.operator_hosts <= MAX_OPERATOR_HOSTS:
@@ -140,8 +140,10 @@ def _up_steps(
         progress(f"      {what} ({elapsed:.1f} s)")
 
     # 1. model
-    _step(progress, 1, f"model: default in {options.nodes} shards, quant {options.quant}")
     shards = min(options.nodes, 3)  # 3 shards (SmolLM2's 30 layers as 10+10+10), or fewer nodes
+    _step(progress, 1, f"model: default in {shards} shards, quant {options.quant}")
+    if options.nodes_note:
+        progress(f"      compute nodes: {options.nodes}, {options.nodes_note}")
     manifest_file = _prepared_model(shards, options.quant, progress)
     manifest = Manifest.load(manifest_file)
     state.update(manifest=str(manifest_file), model_hash=manifest.model_hash, shards=shards)

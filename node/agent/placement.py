@@ -7,7 +7,11 @@ speed). Adding a node to any other shard leaves that minimum where it is, so the
 weakest shard: a shard nobody serves first (the pool answers nothing until every shard has a
 node), then the one with the fewest replicas, or the slowest ones when speeds are measured.
 
-    weakest by (throughput, pending, index)
+    weakest by (above the floor, throughput, pending, index)
+      above the floor  whether the shard's routable + pending nodes reach the chain's
+                  `replica_floor` (genesis, default 2; `/params`): a shard below it is filled
+                  first, however fast its one node, since a node that stalls leaves it with
+                  nobody (issue 44)
       throughput  sum of the routable replicas' measured speeds when every one is measured,
                   else the count of routable replicas (the committee records no speed today)
       pending     nodes registered on the shard (JOIN or SERVING) that are not routable yet:
@@ -24,7 +28,8 @@ it as `MalformedPoolAnswer`, naming the field. Pure: no I/O, no clock; `read_poo
 object with the `CommitteeLink.query` coroutine.
 
 Not here (issue 44, later): spans of several consecutive shards in one process, rebalancing a
-running node, several models in one node.
+running node (a shard that falls below the floor is filled by the next joiner, not yet by a
+running node moving), several models in one node.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ MAX_SHARDS = 65536  # shard indexes are 0 … 65535 (register_node)
 MAX_NODES = 100_000  # entries one /nodes answer may list before it is refused as malformed
 MAX_SHARDS_PER_NODE = 256  # register_node's limit
 STATUSES = ("JOIN", "SERVING", "DOWN", "LEFT")
+DEFAULT_REPLICA_FLOOR = 2  # the chain's genesis default (abci_app/genesis.py)
+MAX_REPLICA_FLOOR = 64
 PENDING = ("JOIN", "SERVING")  # registered and not (yet) routable: on its way
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
 
@@ -163,6 +170,23 @@ def _parse_node(entry: Any, index: int, model: str) -> PoolNode:
     return PoolNode(key=key, shards=tuple(shards), status=status, routable=routable)
 
 
+def parse_floor(params: Any) -> int:
+    """The chain's `replica_floor` from its `/params` answer (absent: the default, a chain from
+    before the floor), or `MalformedPoolAnswer`."""
+    genesis = params.get("genesis") if isinstance(params, dict) else None
+    if not isinstance(genesis, dict):
+        raise MalformedPoolAnswer("/params: expected an object with a `genesis` object")
+    floor = genesis.get("replica_floor", DEFAULT_REPLICA_FLOOR)
+    if type(floor) is not int or not 1 <= floor <= MAX_REPLICA_FLOOR:
+        raise MalformedPoolAnswer(f"genesis.replica_floor: expected 1-{MAX_REPLICA_FLOOR}")
+    return floor
+
+
+async def read_floor(link: PoolQuery) -> int:
+    """The committee's replica floor (`CommitteeLink` or anything with its `query`)."""
+    return parse_floor(await link.query("/params"))
+
+
 async def read_pool(link: PoolQuery, model: str) -> tuple[PoolNode, ...]:
     """The model's compute nodes from the committee (`CommitteeLink` or anything with its
     `query`), parsed."""
@@ -208,9 +232,10 @@ def choose_shard(
     *,
     own_key: str | None = None,
     speeds: Mapping[str, int] | None = None,
+    floor: int = DEFAULT_REPLICA_FLOOR,
 ) -> Placement:
     """The shard a new node of `model` (`shard_count` shards in the ModelRegistry; 0: not
-    registered) should serve, and why."""
+    registered) should serve, and why (`floor`: the chain's replica floor)."""
     if shard_count == 0:
         raise ModelNotRegistered(model)
     if not 0 < shard_count <= MAX_SHARDS:
@@ -224,8 +249,19 @@ def choose_shard(
             "(a registration is final; to move, `planet leave` and join from a new home)"
         )
         return Placement(model, shard, supply, measured, reason)
-    weakest = min(supply, key=lambda s: (s.throughput, s.pending, s.shard))
-    return Placement(model, weakest.shard, supply, measured, _reason(weakest, supply, measured))
+
+    def filled(s: ShardSupply) -> bool:
+        return s.replicas + s.pending >= floor
+
+    weakest = min(supply, key=lambda s: (filled(s), s.throughput, s.pending, s.shard))
+    reason = _reason(weakest, supply, measured)
+    slowest = min(supply, key=lambda s: (s.throughput, s.pending, s.shard))
+    if slowest.shard != weakest.shard:  # the floor decided, not the throughput
+        reason += (
+            f"; below the replica floor of {floor} (shard {slowest.shard} has "
+            f"{_amount(slowest, measured)}, at or above it)"
+        )
+    return Placement(model, weakest.shard, supply, measured, reason)
 
 
 # -- the reason, in one line ---------------------------------------------------------------------

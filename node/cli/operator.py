@@ -481,20 +481,28 @@ def place(config: Any, model_hash: str, shard_count: int, key: str) -> Placement
     that raises its throughput most, from the committee's list of the model's compute nodes
     (node/agent/placement.py); `key`, this home's node key, keeps the shard it is registered
     for. Refuses an unregistered model and a malformed answer by name."""
-    from node.agent.placement import MalformedPoolAnswer, PoolNode, choose_shard, read_pool
+    from node.agent.placement import (
+        DEFAULT_REPLICA_FLOOR,
+        MalformedPoolAnswer,
+        PoolNode,
+        choose_shard,
+        read_floor,
+        read_pool,
+    )
     from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
 
-    async def read() -> tuple[PoolNode, ...]:
+    async def read() -> tuple[tuple[PoolNode, ...], int]:
         link = CommitteeLink([config.committee_rpc])
         try:
-            return await read_pool(link, model_hash)
+            return await read_pool(link, model_hash), await read_floor(link)
         finally:
             await link.close()
 
     nodes: tuple[PoolNode, ...] = ()
+    floor = DEFAULT_REPLICA_FLOOR
     if shard_count:  # else choose_shard refuses the unregistered model by name
         try:
-            nodes = asyncio.run(read())
+            nodes, floor = asyncio.run(read())
         except MalformedPoolAnswer:
             raise
         except PlanetError as error:
@@ -504,7 +512,7 @@ def place(config: Any, model_hash: str, shard_count: int, key: str) -> Placement
                 hint=_unreachable_hint(config, "--committee-rpc / set PLANET_COMMITTEE_RPC")
                 + "; or pick the shard yourself: --shard K",
             ) from None
-    return choose_shard(model_hash, shard_count, nodes, own_key=key)
+    return choose_shard(model_hash, shard_count, nodes, own_key=key, floor=floor)
 
 
 def _parse_host(given: str) -> str:

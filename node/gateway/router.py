@@ -37,6 +37,12 @@ Before a node is used the first time (and again after `VERIFY_TTL_S`) its `/info
 this model's hash, the shard and the shard's layers from the manifest.
 Nodes that failed a question sit out `COOLDOWN_S` locally (they stay on chain until the
 committee marks them DOWN).
+
+**A DOWN mark is a hint; a live answer wins** (issue 44). A node the committee lists with
+`grace` (DOWN lately, otherwise routable: it missed heartbeats, abci_app/liveness.py) is a
+fallback: a shard whose routable nodes are all gone or failing is routed through a graced node
+that answers its `/info` now, rather than refused with 503 `no_routable_node`. It is never
+preferred to a routable node, and one that does not answer cools down like any other.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ class RoutableNode:
     endpoint: str  # base URL
     shard: int
     capacity: int = field(default=0, compare=False)  # registered max sessions (0: unknown)
+    grace: bool = field(default=False, compare=False)  # DOWN on chain, a fallback (see above)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,10 +149,14 @@ def dialable(endpoint: str, public_only: bool) -> bool:
 def routable_by_shard(
     entries: Iterable[Any], shard_count: int, *, public_only: bool = True
 ) -> dict[int, list[RoutableNode]]:
-    """Routable, well-formed, dialable entries grouped by shard (only shards 0..shard_count-1)."""
+    """Routable (or graced: `RoutableNode.grace`), well-formed, dialable entries grouped by
+    shard (only shards 0..shard_count-1)."""
     out: dict[int, list[RoutableNode]] = {s: [] for s in range(shard_count)}
     for entry in entries:
-        if not isinstance(entry, dict) or entry.get("routable") is not True:
+        if not isinstance(entry, dict):
+            continue
+        grace = entry.get("routable") is not True and entry.get("grace") is True
+        if entry.get("routable") is not True and not grace:
             continue
         key, endpoint = entry.get("key"), clean_endpoint(entry.get("endpoint"))
         shards = entry.get("shards")
@@ -161,7 +172,7 @@ def routable_by_shard(
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             capacity = 0
         if isinstance(shard, int) and not isinstance(shard, bool) and 0 <= shard < shard_count:
-            out[shard].append(RoutableNode(key, endpoint, shard, capacity))
+            out[shard].append(RoutableNode(key, endpoint, shard, capacity, grace))
     return out
 
 
@@ -357,6 +368,22 @@ class Router:
         candidates = [
             n for n in routable.get(shard, []) if not self._cooling(n) and n.key != exclude
         ]
+        try:
+            return await self._choose_among([n for n in candidates if not n.grace], shard)
+        except NoCircuit:
+            graced = [n for n in candidates if n.grace]
+            if not graced:
+                raise
+        node = await self._choose_among(graced, shard)
+        log.warning(
+            "shard %d has no routable node that answers; routing through node %s, DOWN on "
+            "chain (missed heartbeats) but answering now",
+            shard,
+            node.key[:16],
+        )
+        return node
+
+    async def _choose_among(self, candidates: list[RoutableNode], shard: int) -> RoutableNode:
         if self.route != "cost":
             return await self._draw(candidates, shard)
         self._observe_stale(candidates)
@@ -424,7 +451,7 @@ class Router:
         routable = self._cache[1]
         out = set()
         for index, node in enumerate(circuit.nodes[: self.shard_count]):
-            pool = [n for n in routable.get(index, []) if not self._cooling(n)]
+            pool = [n for n in routable.get(index, []) if not self._cooling(n) and not n.grace]
             if node in pool and self.costs.outpriced(pool, lambda n: n.endpoint, node):
                 out.add(index)
         return out

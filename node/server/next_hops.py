@@ -9,7 +9,8 @@ dial and refuses with `next_hop_not_allowed` (403) by name:
                 hop
     list        only these URLs (`--next-hops URL[,URL...]` / `--next-hops-file`; `planet local
                 up` passes its own nodes)
-    committee   only compute nodes the committee chain lists as routable for this node's model
+    committee   only compute nodes the committee chain lists as routable (or graced: DOWN
+                lately but otherwise routable, abci_app/liveness.py) for this node's model
                 AND for the shard the client names, under the node key the client names
                 (the key the node pins when it dials: node/links.py) (`planet join`, devnet)
     any         everything (development only; logged as a warning at start)
@@ -285,11 +286,15 @@ class NodeSource(Protocol):
 
 def registered_hops(answer: Any) -> dict[str, dict[int, frozenset[str]]]:
     """Canonical URL → shard → node keys registered there, from a committee `/nodes` answer
-    (untrusted: entries that are not routable or not well-formed are skipped)."""
+    (untrusted: entries that are neither routable nor graced — DOWN lately, otherwise routable,
+    a fallback the clients may route through while it answers (abci_app/liveness.py) — or not
+    well-formed are skipped)."""
     nodes = answer.get("nodes") if isinstance(answer, dict) else None
     out: dict[str, dict[int, set[str]]] = {}
     for entry in nodes if isinstance(nodes, list) else []:
-        if not isinstance(entry, dict) or entry.get("routable") is not True:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("routable") is not True and entry.get("grace") is not True:
             continue
         key, shards = entry.get("key"), entry.get("shards")
         if not isinstance(key, str) or not _KEY_RE.match(key) or not isinstance(shards, list):

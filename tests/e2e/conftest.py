@@ -96,8 +96,11 @@ def shared_devnet(
     stake watcher), 3 compute nodes with their agents; no verifiers (the sharing tests stake,
     leave and settle by hand; tests/e2e/test_verification_devnet.py runs its own with them)."""
     verifiers = shared_verifiers()
-    up = planet(devnet_env, "devnet", "up", "--detach", "--verifiers", str(verifiers),
-                "--epoch-length", str(SHARED_EPOCH_LENGTH), timeout=UP_TIMEOUT_S)  # fmt: skip
+    # one node per shard (`--replicas 1`): the suite's tests need no spares, and three more
+    # nodes cost the whole session their load time and memory
+    up = planet(devnet_env, "devnet", "up", "--detach", "--replicas", "1",
+                "--verifiers", str(verifiers), "--epoch-length", str(SHARED_EPOCH_LENGTH),
+                timeout=UP_TIMEOUT_S)  # fmt: skip
     try:
         assert up.returncode == 0, up.stderr[-4000:]
         assert "Traceback" not in up.stderr

@@ -115,6 +115,7 @@ def devnet(env: dict[str, str], loopback: dict[str, Any]) -> Iterator[dict[str, 
     try:
         up = _planet(
             env, "devnet", "up", "--hosts", "--link-ms", str(LINK_MS), "--validators", "1",
+            "--replicas", "1",
             "--detach", timeout=UP_TIMEOUT_S,
         )  # fmt: skip
         print(f"devnet up --hosts: {time.monotonic() - started:.1f} s", file=sys.stderr)

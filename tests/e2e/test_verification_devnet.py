@@ -107,7 +107,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def devnet(env: dict[str, str]) -> Iterator[dict[str, Any]]:
     cheats = [arg for mode in CHEATS for arg in ("--cheat-node", mode)]
-    up = _planet(env, "devnet", "up", "--detach", *cheats, timeout=UP_TIMEOUT_S)
+    up = _planet(env, "devnet", "up", "--detach", "--replicas", "1", *cheats, timeout=UP_TIMEOUT_S)
     state_path = Path(env["PLANET_HOME"]) / "devnet" / "devnet.json"
     try:
         assert up.returncode == 0, up.stderr[-4000:]

@@ -376,6 +376,45 @@ def test_gateway_routes_only_staked_nodes_and_drops_a_node_that_left(
     assert used == {a.public, d.public}
 
 
+def _status(net: GatewayNet, node: Any) -> dict[str, Any]:
+    assert net.committee is not None
+    return net.committee.query(f"/node?key={node.public}")
+
+
+def test_gateway_keeps_answering_through_a_node_whose_heartbeats_stop(
+    net: GatewayNet, user: Any
+) -> None:
+    """Issue 44: on a loaded machine a node's agent can miss its heartbeats while the node
+    serves. D, shard 1's only node, stops heartbeating (its compute process serves on): the
+    chain marks it DOWN, lists it with `grace`, and every question meanwhile is answered
+    through it (the gateway routes through a graced node that answers; A dials it as its next
+    hop), where the chain's DOWN alone answered 503 no_routable_node."""
+    d = net.nodes[2]
+    d.beating = False
+    try:
+        answered = 0
+        deadline = time.monotonic() + 60  # heartbeat_timeout: 60 blocks of ~200 ms
+        while _status(net, d)["status"] != "DOWN":
+            assert time.monotonic() < deadline, "the chain never marked D DOWN"
+            answer, _ = ask(net, user, max_tokens=1)
+            answered += 1
+            time.sleep(1.0)
+        time.sleep(2.5)  # the gateway's routing view refreshes every 2 s
+        for _ in range(3):  # (before: 503 no_routable_node, an openai.APIStatusError)
+            answer, _ = ask(net, user, max_tokens=1)
+            used = answer.model_extra["planet_receipt"]["nodes"]
+            assert d.public in used and len(used) == 2
+        view = _status(net, d)
+        assert (view["status"], view["routable"], view.get("grace")) == ("DOWN", False, True)
+    finally:
+        d.beating = True
+    wait_for_routable = time.monotonic() + 20
+    while not _status(net, d)["routable"]:  # its next heartbeat makes it SERVING again
+        assert time.monotonic() < wait_for_routable, "D never came back after its heartbeats"
+        time.sleep(0.2)
+    assert answered >= 1
+
+
 def _planet(net: GatewayNet, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PLANET_HOME": str(home), "PLANET_PASSWORD": "pw"}
     return subprocess.run(

@@ -370,3 +370,44 @@ async def test_hosted_router_takes_charging_nodes_at_or_above_its_floor_and_refu
             chosen = {(await router.circuit()).keys[0] for _ in range(96)}
             assert chosen == {f"{name:02x}" * 32 for name in taken}, floor
             assert router.prices[entries[1]["endpoint"]] == 8  # what its payer reads
+
+
+def test_router_lists_graced_entries_as_fallbacks_and_skips_malformed_grace() -> None:
+    grouped = routable_by_shard(
+        [entry(routable=False, grace=True), entry(key="cd" * 32, routable=False, grace="true")],
+        1,
+        public_only=False,
+    )
+    assert [n.grace for n in grouped[0]] == [True] and grouped[0][0].key == KEY
+
+
+async def test_router_routes_through_a_graced_node_only_when_no_routable_one_answers() -> None:
+    """Issue 44: a node the chain marks DOWN for missed heartbeats while it serves (`grace`)
+    is a fallback: never chosen over a routable node that answers, chosen (not a 503) when none
+    does, and cooled down like any node when it does not answer either."""
+    from node.gateway.errors import NoCircuit
+
+    live, graced = "0a" * 32, "0b" * 32
+    router = _router(
+        [
+            entry(key=live, endpoint="http://127.0.0.1:9000"),
+            entry(key=graced, endpoint="http://127.0.0.1:9001", routable=False, grace=True),
+        ],
+        [(0, 30)],
+    )
+    assert {(await router.circuit()).keys[0] for _ in range(32)} == {live}
+    answering = {graced}
+
+    async def verify(node: RoutableNode) -> bool:
+        if node.key not in answering:
+            router.mark_failed(node)
+            return False
+        return True
+
+    router._verify = verify  # type: ignore[method-assign]
+    assert (await router.circuit()).keys == (graced,)  # the routable node died: the fallback
+    assert router.outpriced(await router.circuit()) == set()
+    answering.clear()
+    router._cooldown.clear()
+    with pytest.raises(NoCircuit, match="no routable compute node"):
+        await router.circuit()

@@ -527,3 +527,12 @@ async def test_committee_node_dials_a_name_only_if_it_resolves_public(
     finally:
         canary.close()
         await canary.wait_closed()
+
+
+def test_routable_hops_take_graced_nodes_and_no_other_unroutable_one() -> None:
+    """A node DOWN lately but otherwise routable (`grace`, abci_app/liveness.py) stays a next
+    hop this node dials: the client routes through it only while it answers."""
+    graced = {**entry(A, 1), "routable": False, "grace": True}
+    down = {**entry(B, 1), "routable": False, "grace": False}
+    lying = {**entry("http://c.nodes.example:18101", 1), "routable": False, "grace": "true"}
+    assert routable_hops({"nodes": [graced, down, lying]}) == {A: frozenset({1})}

@@ -405,7 +405,8 @@ def test_leave_keeps_the_node_answering_spot_checks_of_its_last_work(
 
 
 def _committee_answering(monkeypatch: pytest.MonkeyPatch, answer: Any) -> list[tuple[str, Any]]:
-    """CommitteeLink replaced by one that answers /nodes with `answer`; returns what was asked."""
+    """CommitteeLink replaced by one that answers /nodes with `answer` (and /params with a
+    genesis that keeps the default replica floor); returns what was asked."""
     import node.chain.committee_link as committee_link
 
     asked: list[tuple[str, Any]] = []
@@ -416,7 +417,7 @@ def _committee_answering(monkeypatch: pytest.MonkeyPatch, answer: Any) -> list[t
 
         async def query(self, path: str, **params: Any) -> Any:
             asked.append((path, params))
-            return answer
+            return {"genesis": {}} if path == "/params" else answer
 
         async def close(self) -> None:
             pass
@@ -448,7 +449,7 @@ def test_join_without_shard_takes_the_shard_the_pool_lacks(env, capsys, monkeypa
     _stop_after_the_shard_check(monkeypatch)
     code, err = _run(capsys, "join", "--model", "tiny-2p")
     assert code == 2 and "stopped after the shard check" in err, err
-    assert asked == [("/nodes", {"model": manifest.model_hash, "role": "compute"})]
+    assert asked == [("/nodes", {"model": manifest.model_hash, "role": "compute"}), ("/params", {})]
     assert "placement: shard 1 of 2: it has 0 routable nodes (shard 0 has 1)" in err
     assert f"checking shard 1 of {manifest.model_hash}" in err
 

@@ -14,6 +14,7 @@ from node.agent.placement import (
     ModelNotRegistered,
     PoolNode,
     choose_shard,
+    parse_floor,
     parse_nodes,
     read_pool,
 )
@@ -212,3 +213,29 @@ def test_read_pool_asks_for_the_models_compute_nodes() -> None:
 
     assert asyncio.run(read_pool(Link(), MODEL)) == (node(1, 0),)
     assert asked == [("/nodes", {"model": MODEL, "role": "compute"})]
+
+
+def test_a_shard_below_the_replica_floor_is_filled_before_a_slower_one() -> None:
+    """Issue 44: shard 0 has one fast node (90), shard 1 two slow ones (2 × 30): by throughput
+    alone shard 1 is the weakest, but shard 0 has one node, below the floor of 2 — a node that
+    stalls there leaves it with nobody — so the joiner takes shard 0 and says why."""
+    pool = [node(1, 0), node(2, 1), node(3, 1)]
+    speeds = {key(1): 90, key(2): 30, key(3): 30}
+    placement = choose_shard(MODEL, 2, pool, speeds=speeds)
+    assert placement.shard == 0
+    assert placement.reason.endswith(
+        "; below the replica floor of 2 (shard 1 has 60 tokens/s over 2 routable nodes, "
+        "at or above it)"
+    )
+    assert choose_shard(MODEL, 2, pool, speeds=speeds, floor=1).shard == 1  # no floor: speed
+    joining = [*pool, node(4, 0, status="JOIN", routable=False)]  # shard 0's second is on its way
+    assert choose_shard(MODEL, 2, joining, speeds=speeds).shard == 1
+
+
+def test_the_replica_floor_is_read_from_params_or_refused_by_name() -> None:
+    assert parse_floor({"genesis": {}}) == 2  # a chain from before the floor: the default
+    assert parse_floor({"genesis": {"replica_floor": 3}}) == 3
+    floors: list[Any] = [0, 65, True, "2", None]
+    for bad in [None, {"genesis": []}, *({"genesis": {"replica_floor": f}} for f in floors)]:
+        with pytest.raises(MalformedPoolAnswer):
+            parse_floor(bad)
