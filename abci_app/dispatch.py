@@ -9,6 +9,7 @@ from abci_app import (
     commitments,
     coverage,
     credits,
+    prices,
     registry,
     seeds,
     settlement,
@@ -20,6 +21,7 @@ from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
+from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import PayoutVote, WorkReport
 from protocol.committee.verification import (
@@ -57,4 +59,5 @@ HANDLERS: dict[str, Handler] = {
     Mint.TYPE: credits.mint,
     FundMint.TYPE: credits.fund_mint,
     Redeem.TYPE: credits.redeem,
+    SetPrice.TYPE: prices.set_price,
 }

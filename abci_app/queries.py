@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import coverage, schema, verifier_endpoints
+from abci_app import coverage, prices, schema, verifier_endpoints
 from abci_app.codes import Code
 from abci_app.credit_queries import CREDIT_ROUTES
 from abci_app.payout_queries import PAYOUT_ROUTES
@@ -73,6 +73,7 @@ def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
         "stake": agreed,
         "stake_attestations": len(stake["attestations"]),
         "routable": node["status"] == schema.SERVING and staked and trusted and not uncommitted,
+        "prices": prices.current_prices(state, key),
     }
 
 
@@ -326,6 +327,7 @@ ROUTES: dict[str, Route] = {
     "/verifier_endpoints": verifier_endpoints.endpoints,
     "/spot_reports": _spot_reports,
     "/coverage": _coverage,
+    "/prices": prices.prices_query,
     **PAYOUT_ROUTES,
     **CREDIT_ROUTES,
 }
