@@ -127,9 +127,7 @@ def creditable(state: State, record: dict[str, Any], epoch: int, price: int = 1)
     """Committed positions of the creditable epochs not yet consumed by redemptions (at
     `price` positions per credit: see `_capacity`)."""
     oldest = epoch - state.genesis.commit_grace_epochs
-    return sum(
-        max(0, _capacity(r, price)) for r in record["recent"] if oldest <= r[0] <= epoch
-    )
+    return sum(max(0, _capacity(r, price)) for r in record["recent"] if oldest <= r[0] <= epoch)
 
 
 def take_positions(state: State, node: str, shard: int, count: int, price: int = 1) -> None:

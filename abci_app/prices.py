@@ -83,9 +83,7 @@ def set_price(state: State, tx: SignedTx) -> None:
         if price_at({"schedule": schedule}, current) != body.positions:
             schedule.append([starts, body.positions])
     oldest = current - state.genesis.commit_grace_epochs
-    state.put(
-        schema.PRICE, key, {"model": body.model, "schedule": _trimmed(schedule, oldest)}
-    )
+    state.put(schema.PRICE, key, {"model": body.model, "schedule": _trimmed(schedule, oldest)})
     state.emit(
         "planet.price", node=tx.signer, shard=body.shard, positions=body.positions, epoch=starts
     )

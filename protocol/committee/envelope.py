@@ -18,8 +18,8 @@ from nacl.signing import SigningKey, VerifyKey
 from protocol.canonical import JsonInputError, canonical_json, canonical_text, parse_json
 from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
-from protocol.committee.prices import SetPrice
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
+from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import PayoutVote, WorkReport
 from protocol.committee.verification import (

@@ -41,6 +41,7 @@ class SetPrice:
             positions=check.integer(b["positions"], "body.positions", 0, MAX_PRICE_POSITIONS),
         )
 
+
 # what a new paid node charges when no node of its model has registered a price yet (a credit
 # per 64 positions: one question of a few dozen tokens costs each hop a credit or two)
 DEFAULT_PRICE_POSITIONS = 64
