@@ -193,6 +193,7 @@ def prune_key(epoch: int, ns: str, key: str) -> str:
 def expiry_key(until: int, ns: str, key: str) -> str:
     return f"{until:020d}/{ns}/{key}"
 
+
 # --- prices (prices.py) -----------------------------------------------------------------------
 
 # price/<node>/<shard, 5 digits>: {model, schedule [[from epoch, positions per credit], ...]} in
