@@ -180,8 +180,10 @@ def chain_price(entry: dict[str, Any], shard: int) -> int:
 def price_trusted(registered: int, advertised: Any) -> bool:
     """Whether a node whose /info asks `advertised` positions per credit can be paid at its
     `registered` price: both free, or both charging and the node granting at least the
-    registered positions per credit (a raise waiting for the next epoch grants more; a node
-    asking more credits than registered would stop every session paid at the chain's price)."""
+    registered positions per credit (a price cut waiting for the next epoch grants more; a
+    node asking more credits than registered — a raise it charges before the chain counts
+    it — would stop every session paid at the chain's price). A charging node follows the
+    chain's price itself (node/server/chain_price.py), so its /info says the registered one."""
     if type(advertised) is not int or not 0 <= advertised < 2**31:
         return False
     if registered == 0 or advertised == 0:

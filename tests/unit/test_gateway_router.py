@@ -387,9 +387,9 @@ async def test_router_pays_the_registered_price_and_distrusts_an_info_that_asks_
 ) -> None:
     """The price a gateway pays is the one the node registered on the committee chain (its
     `/nodes` entry's `prices`), never its /info: a node whose /info asks more credits than it
-    registered (or asks credits where it registered none) is not routed to; one that raised
-    its price mid-epoch (the raise counts from the next epoch) is routed and paid the
-    registered price."""
+    registered (a raise charged before the chain counts it), or asks credits where it
+    registered none, is not routed to; one that cut its price mid-epoch (a credit buys more
+    there from the next epoch) is routed and paid the registered price."""
     import aiohttp
     from aiohttp import web
 

@@ -82,3 +82,28 @@ async def test_the_agent_registers_its_price_once_the_chain_lacks_it() -> None:
     assert registered_price({"prices": link.rows}, NODE, 2) == 64
     assert registered_price({"prices": link.rows}, NODE, 1) is None
     assert registered_price("odd", NODE, 2) is None
+
+
+async def test_a_node_raising_its_price_mid_epoch_charges_the_registered_one() -> None:
+    """node/server/chain_price.py: the compute process charges the price on the chain for the
+    current epoch, whatever its own flag now says; the raise counts from the next epoch."""
+    from types import SimpleNamespace
+
+    from node.server.chain_price import refresh
+    from tests.unit.test_abci_credits import next_epoch_end, node_chain
+    from tests.unit.test_abci_state import hexkey
+    from tests.unit.test_credit_till import ChainLink
+
+    chain, node = node_chain(heartbeat_timeout=10_000, epoch_length=20)
+    link = ChainLink(chain, node)
+    length = chain.state.genesis.epoch_length
+    if chain.state.height % length > length - 4:
+        next_epoch_end(chain)
+    await link.submit(SetPrice("m", 0, 64))
+    await link.submit(SetPrice("m", 0, 16))  # restarted with a raise: a credit per 16 positions
+    state = SimpleNamespace(payments=SimpleNamespace(positions=16))  # what its flag says
+    await refresh(state, link, hexkey(node), "m", 0)
+    assert state.payments.positions == 64  # its clients pay a credit per 64 this epoch
+    next_epoch_end(chain)
+    await refresh(state, link, hexkey(node), "m", 0)
+    assert state.payments.positions == 16
