@@ -158,3 +158,15 @@ def test_prices_the_going_price_is_the_median_or_the_default() -> None:
     set_price(chain, node, 48)
     assert ask(chain, "/prices?model=m")["going_price"] == 48
     assert ask(chain, "/prices?model=other")["prices"] == []
+
+
+def test_prices_go_with_an_expired_registration() -> None:
+    from tests.unit.test_abci_settlement import settled_chain
+
+    chain = settled_chain(registration_ttl=10, epoch_length=20)
+    node = register(chain, "never-staked", shards=(0,))
+    set_price(chain, node, 64)
+    assert ask(chain, "/prices?model=m")["prices"] != []
+    chain.advance_to(chain.state.height + 12)  # unstaked past its ttl: deleted
+    assert ask(chain, "/prices?model=m")["prices"] == []
+    assert list(chain.state.committed_items("price")) == []
