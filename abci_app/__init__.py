@@ -25,6 +25,8 @@ feature modules never import each other:
     settlement.py      work_report, payout_vote; the epoch close (payout roots)
     credits.py         credit_key, mint, redeem: bearer credits blind-signed by the validators
     credit_queries.py  /credit_keys, /mints, and this validator's /credit_signatures
+    prices.py          set_price: a node's positions per credit (changes from the next
+                       epoch), what a redemption consumes per credit, /prices
     epochs.py          epoch records (leader, challenge list, verifiers), reputation updates
     retention.py       pruning of settled and time-bound records
     rules.py           what every rule shares: signer checks, epoch of a height, pruning index

@@ -8,7 +8,8 @@ evidence when a node equivocates or a reveal does not open its commitment (`comm
   ALREADY_REVEALED), else the whole batch is refused; the record gets {output_hash, salt,
   revealed_height, match} and a mismatch stores `reveal_mismatch` evidence.
 - Every stored record counts as 32 committed positions of its (node, shard) in the block's
-  epoch (`coverage.record_commits`: what redemptions consume).
+  epoch, and a stored step 0 as one session begun there (`coverage.record_commits`: what
+  redemptions consume).
 - Evidence: `evidence/<id>`, id = 0x sha256 of the canonical record (also the verdict's
   `evidenceHash`). Commitments and evidence are indexed for pruning (`rules.track`).
 """
@@ -73,12 +74,16 @@ def commit(state: State, tx: SignedTx) -> None:
             )
     height = state.block_height
     per_shard: dict[int, int] = {}
+    sessions: dict[int, int] = {}  # per shard: sessions whose first block (step 0) is new here
     for key, value in fresh:
         state.put(schema.COMMITMENT, key, {"commitment": value, "height": height})
-        shard = int(key.rsplit("/", 1)[1])
+        _, _, step, shard_text = key.rsplit("/", 3)
+        shard = int(shard_text)
         per_shard[shard] = per_shard.get(shard, 0) + 1
+        if step == "0":
+            sessions[shard] = sessions.get(shard, 0) + 1
     rules.track_many(state, schema.COMMITMENT, [key for key, _ in fresh])
-    coverage.record_commits(state, tx.signer, per_shard)
+    coverage.record_commits(state, tx.signer, per_shard, sessions)
     state.emit("planet.commit", node=tx.signer, count=len(fresh))
 
 

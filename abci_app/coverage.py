@@ -26,7 +26,8 @@ holds the two counts side by side and enforces three rules:
 
 State: `cover/<node>/<shard:05d>` = {committed (positions, cumulative), reported (tokens,
 cumulative), marks [[epoch, reported at that epoch's close]] (the last grace + 1 closes),
-recent [[epoch, records, consumed positions]] (epochs still redeemable or selectable),
+recent [[epoch, records, consumed positions, sessions begun]] (epochs still redeemable or
+selectable),
 uncommitted_since (epoch or null)}. Entries of nodes that are no longer registered, or have
 LEFT, are deleted at the next close. Queries: `/coverage?node=` (per shard, creditable
 tokens, blocks per recent epoch, the flag) and `/coverage` (the flagged nodes).
@@ -63,11 +64,14 @@ def _load(state: State, node: str, shard: int) -> dict[str, Any]:
 
 
 def _row(record: dict[str, Any], epoch: int) -> list[int]:
-    """The `recent` row of `epoch` (appended when missing; rows stay in epoch order)."""
-    for row in record["recent"]:
+    """The `recent` row of `epoch` (appended when missing; rows stay in epoch order; a row of
+    three, written before sessions were counted, gets its fourth: 0)."""
+    for index, row in enumerate(record["recent"]):
         if row[0] == epoch:
+            if len(row) < 4:
+                row = record["recent"][index] = [*row, 0]
             return row
-    row = [epoch, 0, 0]
+    row = [epoch, 0, 0, 0]
     record["recent"] = [*record["recent"], row]
     return row
 
@@ -80,8 +84,11 @@ def _trim(state: State, record: dict[str, Any], epoch: int) -> dict[str, Any]:
 # --- hooks of other rules -------------------------------------------------------------------------
 
 
-def record_commits(state: State, node: str, per_shard: dict[int, int]) -> None:
-    """`commit` stored `per_shard[s]` new records of `node` on shard s (commitments.py)."""
+def record_commits(
+    state: State, node: str, per_shard: dict[int, int], sessions: dict[int, int] | None = None
+) -> None:
+    """`commit` stored `per_shard[s]` new records of `node` on shard s, `sessions[s]` of them a
+    session's first block (commitments.py)."""
     epoch = rules.epoch_of(state, state.block_height)
     for shard in sorted(per_shard):
         count = per_shard[shard]
@@ -90,6 +97,9 @@ def record_commits(state: State, node: str, per_shard: dict[int, int]) -> None:
         record = _trim(state, _load(state, node, shard), epoch)
         row = _row(record, epoch)
         row[1] = min(MAX_COUNT, row[1] + count)
+        begun = (sessions or {}).get(shard, 0)
+        if begun:
+            row[3] = min(MAX_COUNT, row[3] + begun)
         record["committed"] = min(MAX_COUNT, record["committed"] + count * BLOCK_POSITIONS)
         state.put(schema.COVERAGE, schema.coverage_key(node, shard), record)
 
@@ -105,42 +115,67 @@ def record_report(state: State, body: WorkReport) -> None:
         state.put(schema.COVERAGE, schema.coverage_key(item.node, item.shard), record)
 
 
-def creditable(state: State, record: dict[str, Any], epoch: int) -> int:
-    """Committed positions of the creditable epochs not yet consumed by redemptions."""
+def _capacity(row: list[int], price: int) -> int:
+    """What a `recent` row can still pay for at `price` positions per credit: its records'
+    positions, plus price − 1 per session begun (each session's last credit is paid ahead and
+    may be used in part: ceil(s / price) · price ≤ s + price − 1), less what was consumed."""
+    sessions = row[3] if len(row) > 3 else 0
+    return row[1] * BLOCK_POSITIONS + sessions * (price - 1) - row[2]
+
+
+def creditable(state: State, record: dict[str, Any], epoch: int, price: int = 1) -> int:
+    """Committed positions of the creditable epochs not yet consumed by redemptions (at
+    `price` positions per credit: see `_capacity`)."""
     oldest = epoch - state.genesis.commit_grace_epochs
-    return sum(r[1] * BLOCK_POSITIONS - r[2] for r in record["recent"] if oldest <= r[0] <= epoch)
+    return sum(max(0, _capacity(r, price)) for r in record["recent"] if oldest <= r[0] <= epoch)
 
 
-def take_positions(state: State, node: str, shard: int, count: int) -> None:
-    """A redemption of `count` credits on `shard` needs `count` committed positions of the node
-    there not yet consumed (one per credit: a credit buys at least one position, so an honest
-    node that commits what it serves always has them); consumes them. Refuses the tx
-    (`UNCOMMITTED_REDEMPTION`) otherwise: a node serving credit-paid work without committing it
-    is never paid for it, and what it commits is what spot checks select from."""
+def take_positions(state: State, node: str, shard: int, count: int, price: int = 1) -> None:
+    """A redemption of `count` credits on `shard` at `price` positions per credit (the node's
+    registered price, prices.py `redemption_price`) needs count × price committed positions of
+    the node there not yet consumed (`_capacity`: an honest node that commits what it serves
+    always has them); consumes them. Refuses the tx otherwise: `UNCOMMITTED_REDEMPTION` when
+    nothing is left at all (a node serving credit-paid work without committing it is never
+    paid for it, and what it commits is what spot checks select from),
+    `REDEMPTION_OVER_PRICE` when what is left pays for fewer credits at the registered price."""
     epoch = rules.epoch_of(state, state.block_height)
     record = _trim(state, _load(state, node, shard), epoch)
-    available = creditable(state, record, epoch)
-    if available < count:
+    available = creditable(state, record, epoch, price)
+    needed = count * price
+    if available < needed:
+        if available == 0 or price == 1:
+            rules.reject(
+                Code.UNCOMMITTED_REDEMPTION,
+                f"{count} credits need {needed} committed served positions on shard {shard}; "
+                f"{available} are left (commit first)",
+            )
         rules.reject(
-            Code.UNCOMMITTED_REDEMPTION,
-            f"{count} credits need as many committed served positions on shard {shard}; "
-            f"{available} are left (commit first)",
+            Code.REDEMPTION_OVER_PRICE,
+            f"{count} credits at the registered price of {price} positions each need {needed} "
+            f"committed served positions on shard {shard}; {available} are left: at most "
+            f"{available // price} credits",
         )
-    _consume(state, node, shard, record, count, epoch)
+    _consume(state, node, shard, record, needed, epoch, price)
 
 
 def _consume(
-    state: State, node: str, shard: int, record: dict[str, Any], positions: int, epoch: int
+    state: State,
+    node: str,
+    shard: int,
+    record: dict[str, Any],
+    positions: int,
+    epoch: int,
+    price: int = 1,
 ) -> None:
     """Mark `positions` committed positions of the creditable epochs used, oldest first."""
     oldest = epoch - state.genesis.commit_grace_epochs
-    for row in record["recent"]:
+    for index, row in enumerate(record["recent"]):
         if positions == 0:
             break
         if not oldest <= row[0] <= epoch:
             continue
-        used = min(positions, row[1] * BLOCK_POSITIONS - row[2])
-        row[2] += used
+        used = min(positions, max(0, _capacity(row, price)))
+        record["recent"][index] = [row[0], row[1], row[2] + used, *row[3:]]
         positions -= used
     state.put(schema.COVERAGE, schema.coverage_key(node, shard), record)
 

@@ -42,9 +42,11 @@
                                (CREDIT_EPOCH),
                                valid under e's keys (`protocol.credits.check_credit`:
                                CREDIT_INVALID), its nonce never redeemed nor listed twice
-                               (CREDIT_SPENT); one committed served position of the node on the
-                               shard, not yet consumed, per credit (coverage.py
-                               `take_positions`: UNCOMMITTED_REDEMPTION; consumed).
+                               (CREDIT_SPENT); the node's registered price p on the shard
+                               (prices.py `redemption_price`) committed served positions of
+                               the node on the shard, not yet consumed, per credit (coverage.py
+                               `take_positions`: UNCOMMITTED_REDEMPTION, REDEMPTION_OVER_PRICE;
+                               consumed).
                                → `cspent/<sha256 nonce>` per credit and
                                `credit/<current epoch>/<evm address>/<shard>/<model>` grows by
                                count · genesis `credits.layer_tokens`: the node's share record for
@@ -64,7 +66,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import coverage, rules, schema
+from abci_app import coverage, prices, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol import blindrsa
@@ -396,7 +398,8 @@ def redeem(state: State, tx: SignedTx) -> None:
         ):
             rules.reject(Code.CREDIT_SPENT, f"{where}: already redeemed")
         spent.append((identifier, credit.epoch))
-    coverage.take_positions(state, tx.signer, body.shard, len(spent))
+    price = prices.redemption_price(state, tx.signer, body.shard)
+    coverage.take_positions(state, tx.signer, body.shard, len(spent), price)
     redeemed: dict[int, int] = {}
     for identifier, epoch in spent:
         state.put(schema.CREDIT_SPENT, identifier, state.block_height)

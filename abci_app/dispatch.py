@@ -10,6 +10,7 @@ from abci_app import (
     coverage,
     credits,
     liveness,
+    prices,
     registry,
     seeds,
     settlement,
@@ -21,6 +22,7 @@ from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
+from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import PayoutVote, WorkReport
 from protocol.committee.verification import (
@@ -71,4 +73,5 @@ HANDLERS: dict[str, Handler] = {
     Mint.TYPE: credits.mint,
     FundMint.TYPE: credits.fund_mint,
     Redeem.TYPE: serving(credits.redeem),
+    SetPrice.TYPE: prices.set_price,
 }

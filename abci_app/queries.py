@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import coverage, liveness, schema, verifier_endpoints
+from abci_app import coverage, liveness, prices, schema, verifier_endpoints
 from abci_app.codes import Code
 from abci_app.credit_queries import CREDIT_ROUTES
 from abci_app.payout_queries import PAYOUT_ROUTES
@@ -78,6 +78,7 @@ def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
         "routable": node["status"] == schema.SERVING and standing,
         # DOWN lately, otherwise routable: a fallback while it answers clients (liveness.py)
         "grace": standing and liveness.in_grace(state, node, state.height),
+        "prices": prices.current_prices(state, key),
     }
 
 
@@ -335,6 +336,7 @@ ROUTES: dict[str, Route] = {
     "/verifier_endpoints": verifier_endpoints.endpoints,
     "/spot_reports": _spot_reports,
     "/coverage": _coverage,
+    "/prices": prices.prices_query,
     **PAYOUT_ROUTES,
     **CREDIT_ROUTES,
 }

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from abci_app import rules, schema
+from abci_app import prices, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
@@ -187,6 +187,7 @@ def delete_node(state: State, node_key: str, node: dict[str, object]) -> None:
     evm = str(node["evm_address"]).lower()
     if state.get(schema.EVM_BINDING, evm) == node_key:
         state.delete(schema.EVM_BINDING, evm)
+    prices.forget(state, node_key)
 
 
 def expire_registrations(state: State, height: int) -> None:

@@ -192,3 +192,15 @@ def prune_key(epoch: int, ns: str, key: str) -> str:
 
 def expiry_key(until: int, ns: str, key: str) -> str:
     return f"{until:020d}/{ns}/{key}"
+
+
+# --- prices (prices.py) -----------------------------------------------------------------------
+
+# price/<node>/<shard, 5 digits>: {model, schedule [[from epoch, positions per credit], ...]} in
+# epoch order: the node's registered price from each epoch on (0: free); the entries that no
+# creditable epoch reads any more are dropped
+PRICE = "price"
+
+
+def price_key(node: str, shard: int) -> str:
+    return f"{node}/{shard:05d}"

@@ -124,8 +124,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="what each compute node charges: a bearer credit per N positions, paid by the "
-        "gateway from credits it buys as it runs low (default 64; 0: free nodes)",
+        help="what each compute node charges: a bearer credit per N positions, registered on "
+        "the committee chain by its agent and paid by the gateway from credits it buys as it "
+        "runs low (default 64; 0: free nodes)",
     )
     up.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
     hosts = up.add_argument_group(

@@ -25,12 +25,14 @@ import aiohttp
 from node.agent.agent import AgentConfig, NodeAgent
 from node.agent.commitments import Committer
 from node.agent.credit_till import CreditTill, SpoolRedeemer
+from node.agent.pricing import PriceKeeper
 from node.chain.committee_link import CommitteeLink
 from node.keys import PasswordSource, load_node_key, load_wallet
 from node.links import NodeKeyPin, link_ssl
 from node.model.manifest import Manifest
 from node.procs import run_service
 from node.server.payments import CreditSpool
+from protocol.committee.prices import MAX_PRICE_POSITIONS
 from protocol.committee.registry import sign_registration
 
 log = logging.getLogger("node.agent")
@@ -61,8 +63,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         help="the compute node's --credits-dir: redeem the credits it was paid with from there",
     )
+    parser.add_argument(
+        "--credit-positions",
+        type=int,
+        help="register this price on the committee chain: positions one credit buys on the "
+        "shard (0: free); a change counts from the next epoch",
+    )
     parser.add_argument("--log-level", default=os.environ.get("PLANET_LOG_LEVEL", "INFO"))
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.credit_positions is not None and not 0 <= args.credit_positions <= MAX_PRICE_POSITIONS:
+        parser.error(f"--credit-positions must be 0 (free) … {MAX_PRICE_POSITIONS}")
+    return args
 
 
 async def _healthy(session: aiohttp.ClientSession, endpoint: str, pin: NodeKeyPin | bool) -> bool:
@@ -111,6 +122,9 @@ async def run(args: argparse.Namespace) -> int:
             link,
             healthy=lambda: _healthy(session, config.endpoint, pin),
             committer=committer,
+            pricer=None
+            if args.credit_positions is None
+            else PriceKeeper(link, manifest.model_hash, args.shard, args.credit_positions),
             redeemer=None
             if args.credits_dir is None
             else SpoolRedeemer(

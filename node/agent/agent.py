@@ -8,7 +8,8 @@ more than T blocks → DOWN, leave → LEFT (final). The agent
    operator's staking address by an EIP-191 signature of that address's key;
 3. sends a heartbeat whenever `heartbeat_every` blocks have passed since the last one (a third
    of the chain's `heartbeat_timeout` by default), or at once when the chain says DOWN/JOIN;
-4. redeems the credits its clients paid with (`credit_till.py`): the node's only pay;
+4. registers the node's price on the chain (`pricing.py`: positions per credit, 0 = free)
+   and redeems the credits its clients paid with (`credit_till.py`): the node's only pay;
 5. on stop (SIGTERM/SIGINT) sends `leave` and waits for it to commit (bounded).
 
 A validator RPC that is down is retried with backoff (and the next URL tried); nothing a
@@ -100,6 +101,7 @@ class NodeAgent:
         backoff: Backoff | None = None,
         committer: Any = None,
         redeemer: Any = None,
+        pricer: Any = None,
     ) -> None:
         self.config = config
         self.link = link
@@ -115,6 +117,8 @@ class NodeAgent:
         self.retention_epochs = 10
         # `node.agent.credit_till.SpoolRedeemer` (None: the node is not paid with credits)
         self.redeemer = redeemer
+        # `node.agent.pricing.PriceKeeper` (None: the node registers no price)
+        self.pricer = pricer
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -283,6 +287,8 @@ class NodeAgent:
                         force = False
                     if self.committer is not None and self.epoch_length > 0:
                         await self.committer.step(height, self.epoch_length, self.retention_epochs)
+                    if self.pricer is not None:
+                        await self.pricer.step()
                     if self.redeemer is not None:
                         await self.redeemer.step()
                     checks += 1

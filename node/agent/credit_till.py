@@ -7,7 +7,10 @@
                                   redeemed; raises `CreditInvalidError` / `CreditRefused`
     await till.redeem()           `redeem` txs of up to `per_tx` held credits; a credit the chain
                                   refuses by name (spent elsewhere, invalid) is dropped and the
-                                  rest of its batch sent again; returns the credits redeemed
+                                  rest of its batch sent again; a batch its commitments pay for
+                                  only in part at its price (REDEMPTION_OVER_PRICE, "at most K")
+                                  is cut to K, the rest kept for later; returns the credits
+                                  redeemed
 
     redeemer = SpoolRedeemer(till, CreditSpool(dir))
     await redeemer.step()         the credits the compute node spooled as pay (its
@@ -44,7 +47,9 @@ from protocol.credits import (
 log = logging.getLogger(__name__)
 
 CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH = 77, 78, 79  # abci_app/codes.py
+REDEMPTION_OVER_PRICE = 91  # abci_app/codes.py: what is committed pays for fewer credits
 _ITEM = re.compile(r"credit (\d+):")
+_AT_MOST = re.compile(r"at most (\d+) credits")
 
 
 # a credit this node will not take: already held or redeemed here, or out of its window
@@ -93,18 +98,24 @@ class CreditTill:
     async def redeem(self) -> int:
         """Send the held credits in batches; returns how many the chain accepted."""
         redeemed = 0
+        size = self.per_tx
         while self.held:
-            batch = self.held[: self.per_tx]
+            batch = self.held[:size]
             code, text = await self._send(batch)
             if code == 0:
                 del self.held[: len(batch)]
                 redeemed += len(batch)
+                size = self.per_tx
                 continue
             match = _ITEM.search(text)
             if code in (CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH) and match:
                 bad = batch[int(match.group(1))]
                 log.warning("credit dropped code=%d %s", code, text)
                 self.held.remove(bad)
+                continue
+            fits = _AT_MOST.search(text) if code == REDEMPTION_OVER_PRICE else None
+            if fits is not None and 0 < int(fits.group(1)) < len(batch):
+                size = int(fits.group(1))  # what the commitments pay for now; the rest waits
                 continue
             log.warning("redeem refused code=%d %s (credits kept)", code, text)
             break

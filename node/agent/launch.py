@@ -205,7 +205,9 @@ def start_node_and_agent(
     """Spawn the compute node (bound to `host`:`port`, registered at that address) and the
     agent, detached; returns at once. `private_range`: see `_next_hop_args`.
     `credit_positions` > 0: the node computes only what clients pay for with credits, that many
-    positions each; they are spooled to `<home>/run/credits` and the agent redeems them."""
+    positions each; they are spooled to `<home>/run/credits` and the agent redeems them. The
+    agent registers `credit_positions` as the node's price on the committee chain (0: free),
+    the price clients read and redemptions are held to (abci_app/prices.py)."""
     run_dir = home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     node = start_node(
@@ -237,6 +239,7 @@ def start_node_and_agent(
     ]  # fmt: skip
     for url in committee_rpcs:
         argv += ["--committee-rpc", url]
+    argv += ["--credit-positions", str(credit_positions)]  # the price it registers (0: free)
     if credit_positions:
         argv += ["--credits-dir", str(run_dir / CREDITS_DIR)]
     agent_log = run_dir / AGENT_LOG

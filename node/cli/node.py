@@ -168,7 +168,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="charge for work: compute a session's positions only while bearer credits paid "
         "for it cover them, N positions per credit (default 0: free); needs --committee-rpc "
-        "(credits are checked against its keys and spent set) and --credits-dir",
+        "(credits are checked against its keys and spent set) and --credits-dir. Clients pay "
+        "the price registered on the committee chain (the agent's --credit-positions, as "
+        "`planet join` passes it): once that is read, with a node key, the node charges it",
     )
     serve.add_argument(
         "--pay-wait",

@@ -28,6 +28,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from node.cli.join_price import going_price, join_price
 from node.cli.model import add_fetch_sources, fetch_with_progress
 from node.config import resolve_config
 from node.model.manifest import Manifest
@@ -170,12 +171,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     join.add_argument(
         "--credit-positions",
         type=int,
-        default=0,
+        default=None,
         metavar="N",
-        help="be paid by clients with bearer credits as they ask: compute only positions paid "
-        "for, N per credit (the devnet's nodes charge 64); the agent redeems the credits on the "
-        "committee chain, and redeemed credits are a node's only pay (docs/credits.md). "
-        "Default 0: free, nobody pays this node",
+        help="the node's price: one bearer credit buys N positions (prompt and generated "
+        "tokens, on this shard). Clients pay credits ahead as they ask and the node computes "
+        "only what is paid; the agent registers N on the committee chain, where clients read "
+        "it, and redeems the credits there: N credits need N × price committed served "
+        "positions, and redeemed credits are a node's only pay (docs/credits.md). A changed "
+        "price counts from the next epoch. Default: the pool's going price (the median "
+        "registered for the model, else 64); 0 is free",
+    )
+    join.add_argument(
+        "--free",
+        action="store_true",
+        help="serve without charging (price 0): nobody pays this node",
     )
     join.add_argument("--timeout", type=float, default=180.0, help="seconds to wait (180)")
     join.add_argument("--no-wait", action="store_true", help="return once processes started")
@@ -377,8 +386,7 @@ def _join(args: argparse.Namespace) -> int:
     config = _config(args)
     if not 1 <= args.capacity <= 1_000_000:
         raise UsageError("--capacity must be 1..1000000")
-    if not 0 <= args.credit_positions < 2**31:
-        raise UsageError("--credit-positions must be 0 (free) or a positive count of positions")
+    join_price(args.credit_positions, args.free, lambda: 0)  # the flags, before any work
     given_host = _parse_host(args.host) if args.host is not None else None
     joined = read_joined(config.run_dir)
     if joined is not None and agent_alive(joined):
@@ -431,6 +439,11 @@ def _join(args: argparse.Namespace) -> int:
         port = previous.port  # the endpoint on chain names this port
     else:
         port = args.port or _devnet_host_port(host) or random_free_port(18100, 18999)
+    price = join_price(
+        args.credit_positions, args.free, lambda: going_price(config.committee_rpc, model_hash)
+    )
+    if args.credit_positions is None and not args.free:
+        _say(f"price: a credit per {price} positions (the pool's going price; --credit-positions)")
     _say(f"starting the compute node at {host}:{port} and its agent…")
     joined = start_node_and_agent(
         home=config.home,
@@ -444,12 +457,13 @@ def _join(args: argparse.Namespace) -> int:
         node_key=key_hex,
         host=host,
         private_range=config.next_hop_range,
-        credit_positions=args.credit_positions,
+        credit_positions=price,
     )
-    if args.credit_positions == 0:
+    if price == 0:
         _say(
             "  free node: it serves without charging, and nothing else pays it (credits are a "
-            "node's only pay); `--credit-positions 64` to be paid"
+            "node's only pay); join without --free / --credit-positions 0 to be paid the "
+            "pool's going price"
         )
     _say(f"  node pid {joined.node_pid} (log {joined.node_log})")
     _say(f"  agent pid {joined.agent_pid} (log {joined.agent_log})")

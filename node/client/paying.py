@@ -3,6 +3,10 @@
     payer = CreditPayer(CreditWallet(path), {hop.url: info["credit_positions"], ...})
     CircuitClient(hops, ..., payer=payer)
 
+`prices` is each node's price in positions per credit: the gateway's router fills it with the
+price the node registered on the committee chain (node/gateway/router.py; docs/committee.md,
+*Prices*), `planet ask` over a nodes file (no chain) with each node's /info.
+
 A node that charges (`credit_positions` > 0 in its /info; node/server/payments.py) computes a
 session's positions only while credits paid for that session cover them. Before the client
 sends a frame it pays every charging hop, on the client's own link to that hop, enough credits

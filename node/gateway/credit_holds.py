@@ -19,11 +19,11 @@ nobody holds.
 
 **Where a question can still outrun its hold**, and what happens then (node/gateway/app.py):
 a failover to a new circuit needs a new `cover` (the first circuit's credits are spent), a
-node's price seen to fall mid-answer asks more than was held, and credits past their window
-leave the wallet (topup.py) under the holds. A draw past the hold takes unheld credits; when
-there are none the question fails `gateway_out_of_credits`, and since its nodes were paid
-(`drawn`), its user is charged for the prompt and the tokens computed, which the answer hands
-over: the gateway never pays for an answer nobody pays for.
+node's registered price falling at an epoch's start mid-answer asks more than was held, and
+credits past their window leave the wallet (topup.py) under the holds. A draw past the hold
+takes unheld credits; when there are none the question fails `gateway_out_of_credits`, and
+since its nodes were paid (`drawn`), its user is charged for the prompt and the tokens
+computed, which the answer hands over: the gateway never pays for an answer nobody pays for.
 
 Single-threaded (the gateway's event loop): each method runs to its end without a switch.
 """

@@ -83,6 +83,9 @@ class RoutableNode:
     shard: int
     capacity: int = field(default=0, compare=False)  # registered max sessions (0: unknown)
     grace: bool = field(default=False, compare=False)  # DOWN on chain, a fallback (see above)
+    # positions one credit buys there, as registered on the committee chain for this epoch
+    # (abci_app/prices.py; 0: free or unpriced): what this gateway pays, never its /info
+    price: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +175,33 @@ def routable_by_shard(
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             capacity = 0
         if isinstance(shard, int) and not isinstance(shard, bool) and 0 <= shard < shard_count:
-            out[shard].append(RoutableNode(key, endpoint, shard, capacity, grace))
+            price = chain_price(entry, shard)
+            out[shard].append(
+                RoutableNode(key, endpoint, shard, capacity, grace=grace, price=price)
+            )
     return out
+
+
+def chain_price(entry: dict[str, Any], shard: int) -> int:
+    """The price a `/nodes` entry's node registered for `shard` this epoch (its `prices`;
+    0 when it registered none: free on the chain)."""
+    prices = entry.get("prices")
+    price = prices.get(str(shard)) if isinstance(prices, dict) else None
+    return price if type(price) is int and 0 <= price < 2**31 else 0
+
+
+def price_trusted(registered: int, advertised: Any) -> bool:
+    """Whether a node whose /info asks `advertised` positions per credit can be paid at its
+    `registered` price: both free, or both charging and the node granting at least the
+    registered positions per credit (a price cut waiting for the next epoch grants more; a
+    node asking more credits than registered — a raise it charges before the chain counts
+    it — would stop every session paid at the chain's price). A charging node follows the
+    chain's price itself (node/server/chain_price.py), so its /info says the registered one."""
+    if type(advertised) is not int or not 0 <= advertised < 2**31:
+        return False
+    if registered == 0 or advertised == 0:
+        return registered == advertised
+    return advertised >= registered
 
 
 class Router:
@@ -198,17 +226,19 @@ class Router:
         self.route = route
         # route="private": the node kept per shard (in memory unless the caller persists it)
         self.guards = guards or Guards(None, model_hash)
-        # which nodes this gateway can pay, by the positions a credit buys there (its /info;
-        # 0: free): by default free ones only — without a credit payer, a node charging credits
-        # would refuse its every question (402); the hosted gateway and the personal client
-        # pass `accepts_price(floor)` (node/client/paying.py)
+        # which nodes this gateway can pay, by the positions a credit buys there (its price
+        # registered on the committee chain; 0: free): by default free ones only — without a
+        # credit payer, a node charging credits would refuse its every question (402); the
+        # hosted gateway and the personal client pass `accepts_price(floor)`
+        # (node/client/paying.py)
         self.accept_price = accept_price or (lambda price: price == 0)
         self.public_only = public_only  # dial only globally routable endpoints
         self.model_hash = model_hash
         self.shard_layers = tuple(shard_layers)
         self.http = http
-        # endpoint → positions one credit pays for there (its /info; 0: free): what the
-        # gateway's credit payer reads (node/client/paying.py)
+        # endpoint → positions one credit pays for there (its price on the committee chain,
+        # checked against its /info; 0: free): what the gateway's credit payer reads
+        # (node/client/paying.py)
         self.prices: dict[str, int] = {}
         self.refresh_s = refresh_s
         self._cache: tuple[float, dict[int, list[RoutableNode]]] | None = None
@@ -258,7 +288,9 @@ class Router:
     async def _verify(self, node: RoutableNode) -> bool:
         checked = self._verified.get(node)
         fresh = checked is not None and time.monotonic() - checked < VERIFY_TTL_S
-        if fresh and self.accept_price(self.prices.get(node.endpoint, 0)):
+        if fresh:
+            self.prices[node.endpoint] = node.price  # the chain's, refreshed with the list
+        if fresh and self.accept_price(node.price):
             return True  # (a price seen since by the background /info refresh counts)
         pin = self._pin(node)
         if pin is None:
@@ -285,7 +317,16 @@ class Router:
             log.warning("node serves something else endpoint=%s", node.endpoint)
             self.mark_failed(node)
             return False
-        self._note_price(node, info)
+        if not self._note_price(node, info):
+            log.warning(
+                "node's /info price is not its registered one endpoint=%s registered=%d "
+                "advertised=%r",
+                node.endpoint,
+                node.price,
+                info.get("credit_positions"),
+            )
+            self.mark_failed(node)  # looked at again after the cooldown: prices change
+            return False
         if not self.accept_price(self.prices[node.endpoint]):
             log.info(
                 "node charges what this gateway does not pay endpoint=%s credit_positions=%d",
@@ -476,13 +517,14 @@ class Router:
             self.costs.observe_failure(node.endpoint)
             return
         self.costs.observe_info(node.endpoint, info, time.perf_counter() - started)
-        if isinstance(info, dict):
-            self._note_price(node, info)
+        if isinstance(info, dict) and not self._note_price(node, info):
+            self.mark_failed(node)
 
-    def _note_price(self, node: RoutableNode, info: dict[str, Any]) -> None:
-        price = info.get("credit_positions", 0)
-        valid = type(price) is int and 0 <= price < 2**31
-        self.prices[node.endpoint] = price if valid else 0
+    def _note_price(self, node: RoutableNode, info: dict[str, Any]) -> bool:
+        """The node's price is its registered one (`node.price`, from the chain); its /info
+        is only checked against it (`price_trusted`). False: not a node to pay or route to."""
+        self.prices[node.endpoint] = node.price
+        return price_trusted(node.price, info.get("credit_positions", 0))
 
     async def probe(self, circuit: Circuit) -> None:
         """After a failed question: put every node of `circuit` that does not answer /health

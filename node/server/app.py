@@ -96,8 +96,11 @@ async def info(request: web.Request) -> web.Response:
             "max_inflight_per_peer": config.max_inflight_per_peer,
             "idle_timeout_s": config.idle_timeout_s,
             "next_hops": config.next_hops.mode,  # the policy only, never its URLs
-            # positions one credit pays for on this node (0: free; node/server/payments.py)
-            "credit_positions": config.credit_positions,
+            # positions one credit pays for on this node (0: free; node/server/payments.py):
+            # its price registered on the chain once read (node/server/chain_price.py)
+            "credit_positions": config.credit_positions
+            if state.payments is None
+            else state.payments.positions,
             "credits": None
             if state.payments is None
             else {"accepted": state.payments.accepted, "refused": state.payments.refused},

@@ -65,6 +65,11 @@ def serve(
         threads,
     )
     app = create_app(config, backend)
+    if node_key is not None and config.committee_rpc and config.credit_positions:
+        from node.server.chain_price import follow_chain_price
+
+        key_hex = node_key.verify_key.encode().hex()
+        follow_chain_price(app, key_hex, backend.model_hash, backend.shard_id)
     if node_key is not None and config.committee_rpc:
         from node.server.tickets import enable_tickets
 

@@ -29,6 +29,7 @@ Modules, read bottom-up:
                       (PayoutVote)
     credits.py        credit_key (CreditKey), mint (Mint), fund_mint (FundMint), redeem (Redeem):
                       bearer credits
+    prices.py         set_price (SetPrice): what a credit buys on a node's shard
     envelope.py       SignedTx, sign / encode / decode, the type → body registry, and
                       TxSignatureError
 
@@ -53,6 +54,7 @@ Tx types (`type` → dataclass):
     mint            Mint           a payer buys credits: blinded messages + a signed purchase
     fund_mint       FundMint       a validator saw the mint's payer's balance cover it
     redeem          Redeem         a compute node cashes the credits it was paid with
+    set_price       SetPrice       a compute node's positions per credit on a shard
 
 `TxDecodeError` (malformed bytes or fields) and `TxSignatureError` (bad ed25519 signature) are
 typed `ProtocolError`s; the ABCI app maps them to named result codes. The compact binary

@@ -493,24 +493,30 @@ def test_devnet_unstake_makes_the_node_unroutable(env, devnet, new_operator) -> 
 
 
 def test_devnet_new_operator_funds_stakes_joins_and_leaves_dropping_out_of_the_routable_set(
-    env, devnet, tmp_path
+    env, devnet, fresh_user, tmp_path
 ) -> None:
     """A new operator home with no config: every command finds the running devnet by itself.
     The first `stake` says how to fund the new wallet; `devnet fund` funds it; `devnet status`
-    lists it; stake, join shard 2 (routable: two nodes serve it), status, and `leave` reaching
+    lists it; stake, join shard 2 with no price flag (a paid node at the pool's going price,
+    registered on the chain, and paid: the gateway's credits for a user's questions, redeemed
+    at that price), routable: two nodes serve it), status, and `leave` reaching
     the committee: LEFT, out of the routable set and of /nodes, shard 2 back to one routable
     node, its node and agent stopped. (This test also holds what test_devnet_node_that_leaves_
     drops_out_of_the_routable_set checked, with a genesis node, before the devnet was shared.)"""
     home = str(tmp_path / "new-operator")
     operator = operator_env(env, Path(home))
     try:
-        _new_operator_joins_and_leaves(env, devnet, operator, home)
+        _new_operator_joins_and_leaves(env, devnet, operator, home, fresh_user.pay_args())
     finally:
         release_operator(operator, Path(home))
 
 
 def _new_operator_joins_and_leaves(
-    env: dict[str, str], devnet: dict[str, Any], operator: dict[str, str], home: str
+    env: dict[str, str],
+    devnet: dict[str, Any],
+    operator: dict[str, str],
+    home: str,
+    pay_args: list[str],
 ) -> None:
     broke = _planet(operator, "stake", "--role", "compute", "--amount", "1", "--home", home)
     assert broke.returncode != 0 and "Traceback" not in broke.stderr
@@ -543,6 +549,7 @@ def _new_operator_joins_and_leaves(
     rpc = devnet["committee_rpc"][0]
     pool = _query(rpc, "/pool_health", model=devnet["model_hash"])
     assert pool["routable_per_shard"][2] == 2  # the genesis node2 and this one
+    _new_node_is_paid_its_going_price(env, devnet, joined.stderr, key, address, pay_args)
 
     left = _planet(operator, "leave", "--now", "--home", home, timeout=90)
     assert left.returncode == 0, left.stderr
@@ -554,6 +561,46 @@ def _new_operator_joins_and_leaves(
     pool = _query(rpc, "/pool_health", model=devnet["model_hash"])
     assert pool["routable_per_shard"] == [1, 1, 1]
     assert not pid_alive(pids["agent_pid"]) and not pid_alive(pids["node_pid"])
+
+
+def _new_node_is_paid_its_going_price(
+    env: dict[str, str],
+    devnet: dict[str, Any],
+    said: str,
+    key: str,
+    address: str,
+    pay_args: list[str],
+) -> None:
+    """`planet join` without a price flag: the pool's going price (the genesis nodes charge 64),
+    registered on the chain by the agent; the gateway pays the node at that price (its router
+    reads it from `/nodes`), and the agent redeems what it was paid."""
+    rpc, model = devnet["committee_rpc"][0], devnet["model_hash"]
+    assert "price: a credit per 64 positions (the pool's going price" in said, said
+    [row] = _query(rpc, "/prices", model=model, node=key)["prices"]
+    assert row["positions"] == 64 and row["shard"] == 2, row
+    assert _query(rpc, "/prices", model=model)["going_price"] == 64
+    if not devnet.get("gateway_url"):
+        return
+    since = _query(rpc, "/epochs")["current"]
+
+    def redeemed() -> int:
+        current = _query(rpc, "/credits", account=address)["epoch"]
+        return sum(
+            c["layer_tokens"]
+            for epoch in range(max(1, since - 1), current + 1)
+            for c in _query(rpc, "/credits", account=address, epoch=str(epoch))["credits"]
+        )
+
+    for question in ("Count to three.", "Name a fruit.", "Say yes.", "Name a month."):
+        asked = _planet(env, "ask", "--pay", *pay_args, "--max-tokens", "6", question,
+                        timeout=300)  # fmt: skip
+        assert asked.returncode == 0, asked.stderr[-3000:]
+        try:  # the gateway explores a node it has not seen first: it serves within a question
+            _wait(redeemed, 40, "the new node's credits redeemed", every_s=2.0)
+            return
+        except AssertionError:
+            continue
+    raise AssertionError("the new operator's node was never paid for the questions it served")
 
 
 def test_bench_devnet_quick_measures_the_shared_devnet(shared_devnet_dir: Path) -> None:

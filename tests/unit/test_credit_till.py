@@ -94,3 +94,24 @@ async def test_till_refuses_a_credit_past_its_window(tmp_path: Path) -> None:
     chain.advance_to((credits[0].epoch + 3) * length + 1)  # e + 4
     with pytest.raises(CreditRefused, match="expires before"):
         await till.accept(credits[0])
+
+
+async def test_till_redeems_what_its_commitments_pay_for_at_its_price_and_keeps_the_rest(
+    tmp_path: Path,
+) -> None:
+    """A batch the node's commitments pay for only in part at its registered price is refused
+    REDEMPTION_OVER_PRICE ("at most K credits"): the till sends K, keeps the rest for later."""
+    from protocol.committee.prices import SetPrice
+
+    chain, node = node_chain(heartbeat_timeout=10_000)
+    credits, _, _ = minted(chain, tmp_path, count=3)
+    [priced] = chain.block([chain.tx(SetPrice("m", 0, 64), node)])
+    assert priced.code == 0, priced.log
+    till = CreditTill(ChainLink(chain, node), "m", 0)
+    for credit in credits:
+        await till.accept(credit)
+    commit_served(chain, node, 0, blocks=2)  # one session of 64 positions: 127 at 64 → one
+    assert await till.redeem() == 1
+    assert till.held == credits[1:]
+    commit_served(chain, node, 0, blocks=4)  # another: 63 left + 128 + 63 → two more
+    assert await till.redeem() == 2 and till.held == []

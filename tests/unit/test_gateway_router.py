@@ -285,7 +285,11 @@ async def test_router_leaves_out_nodes_charging_what_this_gateway_does_not_pay(
         app.router.add_get("/info", info)
         servers[name] = await aiohttp_server(app)
     entries = [
-        entry(key=f"{name:02x}" * 32, endpoint=f"http://127.0.0.1:{server.port}")
+        entry(
+            key=f"{name:02x}" * 32,
+            endpoint=f"http://127.0.0.1:{server.port}",
+            prices={"0": prices[name]},  # registered on the chain
+        )
         for name, server in servers.items()
     ]
     async with aiohttp.ClientSession() as http:
@@ -305,7 +309,7 @@ async def test_router_leaves_out_nodes_charging_what_this_gateway_does_not_pay(
         assert {(await hosted.circuit()).keys[0] for _ in range(24)} == {"09" * 32}
         personal = router(lambda price: price == 0 or price >= 16)
         assert {(await personal.circuit()).keys[0] for _ in range(48)} == {"09" * 32, "40" * 32}
-        prices[9] = 4  # the free node starts charging: seen at the next /info
+        prices[9] = 4  # the node free on the chain asks credits: seen at the next /info
         node = next(n for n in (await hosted.routable())[0] if n.key == "09" * 32)
         await hosted._observe(node)
         with pytest.raises(NoCircuit):
@@ -343,7 +347,13 @@ async def test_hosted_router_takes_charging_nodes_at_or_above_its_floor_and_refu
 
         app.router.add_get("/info", info)
         server = await aiohttp_server(app)
-        entries.append(entry(key=f"{name:02x}" * 32, endpoint=f"http://127.0.0.1:{server.port}"))
+        entries.append(
+            entry(
+                key=f"{name:02x}" * 32,
+                endpoint=f"http://127.0.0.1:{server.port}",
+                prices={"0": price},
+            )
+        )
 
     class Committee:
         async def abci_query(self, path: str) -> Any:
@@ -411,3 +421,60 @@ async def test_router_routes_through_a_graced_node_only_when_no_routable_one_ans
     router._cooldown.clear()
     with pytest.raises(NoCircuit, match="no routable compute node"):
         await router.circuit()
+
+
+async def test_router_pays_the_registered_price_and_distrusts_an_info_that_asks_more(
+    aiohttp_server: Any,
+) -> None:
+    """The price a gateway pays is the one the node registered on the committee chain (its
+    `/nodes` entry's `prices`), never its /info: a node whose /info asks more credits than it
+    registered (a raise charged before the chain counts it), or asks credits where it
+    registered none, is not routed to; one that cut its price mid-epoch (a credit buys more
+    there from the next epoch) is routed and paid the registered price."""
+    import aiohttp
+    from aiohttp import web
+
+    from node.gateway.router import price_trusted
+
+    # node name → (registered price on the chain, the price its /info advertises)
+    nodes = {1: (64, 16), 2: (64, 128), 3: (0, 64), 4: (64, 0), 5: (32, 32)}
+    entries = []
+    for name, (registered, advertised) in nodes.items():
+        app = web.Application()
+
+        async def info(_: web.Request, advertised: int = advertised) -> web.Response:
+            return web.json_response(
+                {
+                    "model_hash": "sha256:" + "0" * 64,
+                    "shard": 0,
+                    "layers": [0, 30],
+                    "credit_positions": advertised,
+                }
+            )
+
+        app.router.add_get("/info", info)
+        server = await aiohttp_server(app)
+        entries.append(
+            entry(
+                key=f"{name:02x}" * 32,
+                endpoint=f"http://127.0.0.1:{server.port}",
+                prices={"0": registered},
+            )
+        )
+    async with aiohttp.ClientSession() as http:
+        router = Router(
+            Source(entries),
+            model_hash="sha256:" + "0" * 64,
+            shard_layers=[(0, 30)],
+            http=http,
+            public_only=False,
+            refresh_s=0,
+            accept_price=lambda price: price == 0 or price >= 16,
+        )
+        chosen = {(await router.circuit()).keys[0] for _ in range(96)}
+        assert chosen == {"02" * 32, "05" * 32}
+        assert router.prices[entries[1]["endpoint"]] == 64  # registered, not its /info's 128
+        assert router.prices[entries[4]["endpoint"]] == 32
+    assert price_trusted(0, 0) and price_trusted(8, 8) and price_trusted(8, 9)
+    assert not price_trusted(8, 7) and not price_trusted(0, 8) and not price_trusted(8, 0)
+    assert not price_trusted(8, "8") and not price_trusted(8, None)

@@ -456,3 +456,59 @@ async def test_the_client_drops_credits_past_their_window_before_it_pays(tmp_pat
     assert await expiry.check() == 2 and wallet.count() == 3
     assert wallet.take(3) == fresh
     assert await expiry.check() == 0 and asked == ["/credit_keys"]  # not due again
+
+
+async def test_speculation_every_verified_position_is_paid_by_one_rule_both_sides_count(
+    aiohttp_server, tiny, tmp_path, monkeypatch
+) -> None:
+    """The speculation rule (docs/committee.md, *Commitment coverage*): all verified positions.
+    A speculative pass sends the last token and its guesses as one frame; every hop computes
+    them all, so the client pays (`_pay` over the positions sent) and each node charges
+    (`cover` per frame) every position of every frame, rejected guesses and positions
+    recomputed after a rewind included: both count the frames, nothing else."""
+    from node.client.speculation import SpeculationConfig
+
+    manifest, _ = tiny
+    chain, node, wallet, head, _ = _paying_client(manifest, tmp_path, 24)
+    # prompt lookup proposes what followed the last token(s) before: the tiny model's own
+    # choice (it repeats token 68, "w60") is guessed to be followed by w1 w2 w3, and is not
+    ids = head.encode("w60 w1 w2 w3 w60 w1 w2 w3 w9 w60")
+    servers, hops, _ = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    counted: dict[int, int] = {}  # id(Payments) → positions the node charged
+    cover = Payments.cover
+
+    async def counting(self: Payments, account: Account, count: int) -> None:
+        counted[id(self)] = counted.get(id(self), 0) + count
+        await cover(self, account, count)
+
+    monkeypatch.setattr(Payments, "cover", counting)
+    plan = Manifest.load(manifest)
+    async with aiohttp.ClientSession() as http:
+        source = ReplicaCircuits(
+            http,
+            hops,
+            expected={s.shard_id: (plan.model_hash, s.layers) for s in plan.shards},
+            hidden_size=64,
+            prefill_chunk=5,
+            credits=wallet,
+            min_credit_positions=PRICE,
+        )
+        tokens = [
+            t
+            async for t in generate(
+                source,
+                head,
+                ids,
+                max_new_tokens=STEPS,
+                stop_on_eos=False,
+                policy=FailoverPolicy(attempts=0),
+                speculation=SpeculationConfig(lookahead=4, min_ngram=1),
+            )
+        ]
+    assert len(tokens) == STEPS
+    charged = [counted[id(server.app[STATE_KEY].payments)] for server in servers]
+    accepted_only = len(ids) + STEPS - 1
+    assert charged[0] == charged[1] > accepted_only  # guesses were rejected, and paid
+    per_node = -(-charged[0] // PRICE)
+    assert [server.app[STATE_KEY].payments.accepted for server in servers] == [per_node] * 2
+    assert source.payer is not None and source.payer.spent == 2 * per_node

@@ -1,0 +1,161 @@
+"""Prices on chain: how many positions one bearer credit buys on a compute node's shard.
+
+    set_price{model, shard, positions}
+        a compute node, not LEFT, on a (model, shard) it registered (PRICE_SHARD; WRONG_ROLE,
+        INVALID_LIFECYCLE, NOT_REGISTERED by `rules.compute_node`), registers its price:
+        `positions` per credit, 0 = free. The node's first price on the shard counts from the
+        block's own epoch (nothing was on the chain before it that anyone relied on); every
+        later change counts from the NEXT epoch, so the price of an epoch is fixed once the
+        epoch has begun and clients paying during it pay what the chain said at its start.
+        A second change in the same epoch replaces the first; a change back to the current
+        price cancels the pending one. → `price/<node>/<shard>` = {model, schedule [[from
+        epoch, positions], ...]}, trimmed to the entries a creditable epoch still reads.
+
+**Reading a price** (`price_at`): the positions of the last schedule entry whose `from` ≤ the
+epoch; none before the first entry (unpriced).
+
+**What a redemption consumes** (`redemption_price`, used by credits.py `redeem`): a redemption
+of N credits on a shard consumes N × p committed served positions, p = the lowest positive
+price the node had registered on that shard during the creditable epochs (the block's epoch
+and the `commit_grace_epochs` before it: the epochs whose commitments a redemption may
+consume, coverage.py). The lowest, because credits taken in one of those epochs at its price
+may be redeemed in a later one: an honest node never needs more positions than it served, and a
+node can never redeem more credits than its lowest recent price allows. A node with no
+positive price there is held to the floor every credit buys, one position per credit
+(`UNPRICED_POSITIONS`): a node that registered no price is free on the chain, clients never
+pay it, so it has nothing but stray credits to redeem.
+
+**The going price** (`going_price`, `/prices?model=`): the median of the positive current
+prices registered for the model (the lower middle of an even count), else
+`protocol.committee.prices.DEFAULT_PRICE_POSITIONS`: what `planet join` charges when not told.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from abci_app import rules, schema
+from abci_app.codes import Code
+from abci_app.query_params import NODE_KEY, str_param
+from abci_app.state import State
+from protocol.committee.envelope import SignedTx
+from protocol.committee.prices import DEFAULT_PRICE_POSITIONS, SetPrice
+
+UNPRICED_POSITIONS = 1  # what a credit buys on a shard its node never priced above 0
+
+
+def price_at(record: dict[str, Any] | None, epoch: int) -> int | None:
+    """The registered positions per credit in `epoch` (None: not priced yet then)."""
+    price = None
+    for start, positions in (record or {}).get("schedule", []):
+        if start > epoch:
+            break
+        price = positions
+    return price
+
+
+def _trimmed(schedule: list[list[int]], oldest: int) -> list[list[int]]:
+    """`schedule` without the entries no epoch ≥ `oldest` reads (the last one with from ≤
+    oldest stays: it is the price of `oldest`)."""
+    first = 0
+    for index, (start, _) in enumerate(schedule):
+        if start <= oldest:
+            first = index
+    return [list(entry) for entry in schedule[first:]]
+
+
+def set_price(state: State, tx: SignedTx) -> None:
+    body: SetPrice = tx.body
+    node = rules.compute_node(state, tx.signer)
+    if body.model != node["model"] or body.shard not in node["shards"]:
+        rules.reject(
+            Code.PRICE_SHARD, f"shard {body.shard} of {body.model} is not registered by this node"
+        )
+    current = rules.epoch_of(state, state.block_height)
+    key = schema.price_key(tx.signer, body.shard)
+    record = state.get(schema.PRICE, key)
+    if record is None:
+        schedule = [[current, body.positions]]
+        starts = current
+    else:
+        schedule = [list(e) for e in record["schedule"] if e[0] <= current]
+        starts = current + 1
+        if price_at({"schedule": schedule}, current) != body.positions:
+            schedule.append([starts, body.positions])
+    oldest = current - state.genesis.commit_grace_epochs
+    state.put(schema.PRICE, key, {"model": body.model, "schedule": _trimmed(schedule, oldest)})
+    state.emit(
+        "planet.price", node=tx.signer, shard=body.shard, positions=body.positions, epoch=starts
+    )
+
+
+def redemption_price(state: State, node: str, shard: int) -> int:
+    """Positions one credit redeemed by `node` on `shard` in this block consumes (module doc)."""
+    current = rules.epoch_of(state, state.block_height)
+    record = state.get(schema.PRICE, schema.price_key(node, shard))
+    grace = state.genesis.commit_grace_epochs
+    prices = [price_at(record, epoch) for epoch in range(max(1, current - grace), current + 1)]
+    positive = [p for p in prices if p]
+    return min(positive) if positive else UNPRICED_POSITIONS
+
+
+def forget(state: State, node: str) -> None:
+    """The node's registration was deleted: its prices go with it."""
+    for key, _ in state.items(schema.PRICE, node + "/", node + "0"):
+        state.delete(schema.PRICE, key)
+
+
+# --- queries ------------------------------------------------------------------------------------
+
+
+def current_prices(state: State, node: str) -> dict[str, int]:
+    """{shard: positions per credit} of `node` in the epoch of the next block (committed view;
+    unpriced shards absent)."""
+    epoch = rules.epoch_of(state, state.height + 1)
+    out: dict[str, int] = {}
+    for key, record in state.committed_items(schema.PRICE, node + "/", node + "0"):
+        price = price_at(record, epoch)
+        if price is not None:
+            out[str(int(key.rsplit("/", 1)[1]))] = price
+    return out
+
+
+def going_price(prices: list[int]) -> int:
+    """The median of the positive `prices` (lower middle), else the default."""
+    positive = sorted(p for p in prices if p > 0)
+    if not positive:
+        return DEFAULT_PRICE_POSITIONS
+    return positive[(len(positive) - 1) // 2]
+
+
+def prices_query(state: State, params: dict[str, Any]) -> Any:
+    """`/prices?model=M[&node=K]`: every registered price of the model's (or one node's)
+    shards in the next block's epoch, the next change of each, and the model's going price."""
+    model = str_param(params, "model")
+    only = str_param(params, "node", NODE_KEY)
+    epoch = rules.epoch_of(state, state.height + 1)
+    rows = []
+    current: list[int] = []
+    for key, record in state.committed_items(schema.PRICE):
+        node_key, shard = key.split("/", 1)
+        if model is not None and record["model"] != model:
+            continue
+        if only is not None and node_key != only:
+            continue
+        node = state.committed(schema.NODE, node_key)
+        if node is None or node["status"] == schema.LEFT:
+            continue
+        price = price_at(record, epoch)
+        pending = [e for e in record["schedule"] if e[0] > epoch]
+        rows.append(
+            {
+                "node": node_key,
+                "model": record["model"],
+                "shard": int(shard),
+                "positions": price,
+                "next": {"epoch": pending[0][0], "positions": pending[0][1]} if pending else None,
+            }
+        )
+        if price is not None:
+            current.append(price)
+    return {"epoch": epoch, "prices": rows, "going_price": going_price(current)}
