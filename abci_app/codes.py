@@ -80,6 +80,7 @@ class Code(IntEnum):
     MINT_UNFUNDED = 83  # /credit_signatures of a mint not yet vouched for by >= 2/3 of the power
     UNCOMMITTED_REDEMPTION = 84  # redeem with fewer committed, unconsumed positions than credits
     MINT_PENDING_LIMIT = 85  # the payer already holds credits.max_pending_mints unfunded mints
+    CREDIT_LOCKED = 86  # a credit another node locked first (credit_lock, redeem: credit_locks.py)
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

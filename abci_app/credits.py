@@ -42,7 +42,8 @@
                                (CREDIT_EPOCH),
                                valid under e's keys (`protocol.credits.check_credit`:
                                CREDIT_INVALID), its nonce never redeemed nor listed twice
-                               (CREDIT_SPENT); one committed served position of the node on the
+                               (CREDIT_SPENT), nor locked by another node (CREDIT_LOCKED:
+                               credit_locks.py); one committed served position of the node on the
                                shard, not yet consumed, per credit (coverage.py
                                `take_positions`: UNCOMMITTED_REDEMPTION; consumed).
                                → `cspent/<sha256 nonce>` per credit and
@@ -64,7 +65,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import coverage, rules, schema
+from abci_app import coverage, credit_locks, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol import blindrsa
@@ -395,6 +396,7 @@ def redeem(state: State, tx: SignedTx) -> None:
             or state.get(schema.CREDIT_SPENT, identifier) is not None
         ):
             rules.reject(Code.CREDIT_SPENT, f"{where}: already redeemed")
+        credit_locks.check_redeemer(state, identifier, tx.signer, where)
         spent.append((identifier, credit.epoch))
     coverage.take_positions(state, tx.signer, body.shard, len(spent))
     redeemed: dict[int, int] = {}

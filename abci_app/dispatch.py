@@ -8,6 +8,7 @@ from collections.abc import Callable
 from abci_app import (
     commitments,
     coverage,
+    credit_locks,
     credits,
     registry,
     seeds,
@@ -18,6 +19,7 @@ from abci_app import (
 )
 from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
+from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
@@ -57,4 +59,5 @@ HANDLERS: dict[str, Handler] = {
     Mint.TYPE: credits.mint,
     FundMint.TYPE: credits.fund_mint,
     Redeem.TYPE: credits.redeem,
+    CreditLock.TYPE: credit_locks.credit_lock,
 }

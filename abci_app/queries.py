@@ -33,6 +33,7 @@ from typing import Any
 
 from abci_app import coverage, schema, verifier_endpoints
 from abci_app.codes import Code
+from abci_app.credit_locks import LOCK_ROUTES
 from abci_app.credit_queries import CREDIT_ROUTES
 from abci_app.payout_queries import PAYOUT_ROUTES
 from abci_app.query_params import (
@@ -328,6 +329,7 @@ ROUTES: dict[str, Route] = {
     "/coverage": _coverage,
     **PAYOUT_ROUTES,
     **CREDIT_ROUTES,
+    **LOCK_ROUTES,
 }
 
 
