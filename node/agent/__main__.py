@@ -24,6 +24,7 @@ import aiohttp
 
 from node.agent.agent import AgentConfig, NodeAgent
 from node.agent.commitments import Committer
+from node.agent.credit_locker import SpoolLocker
 from node.agent.credit_till import CreditTill, SpoolRedeemer
 from node.chain.committee_link import CommitteeLink
 from node.keys import PasswordSource, load_node_key, load_wallet
@@ -114,7 +115,11 @@ async def run(args: argparse.Namespace) -> int:
             redeemer=None
             if args.credits_dir is None
             else SpoolRedeemer(
-                CreditTill(link, manifest.model_hash, args.shard), CreditSpool(args.credits_dir)
+                CreditTill(link, manifest.model_hash, args.shard),
+                CreditSpool(args.credits_dir),
+                locker=SpoolLocker(
+                    link, manifest.model_hash, args.shard, CreditSpool(args.credits_dir)
+                ),
             ),
         )
         try:

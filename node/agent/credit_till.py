@@ -9,10 +9,12 @@
                                   refuses by name (spent elsewhere, invalid) is dropped and the
                                   rest of its batch sent again; returns the credits redeemed
 
-    redeemer = SpoolRedeemer(till, CreditSpool(dir))
+    redeemer = SpoolRedeemer(till, CreditSpool(dir), locker=SpoolLocker(...))
     await redeemer.step()         the credits the compute node spooled as pay (its
-                                  `--credits-dir`, node/server/payments.py) redeemed; a file
-                                  goes once the chain took its credit or refused it for good
+                                  `--credits-dir`, node/server/payments.py) locked for this
+                                  node (credit_locker.py), then those whose lock it won
+                                  redeemed; a file goes once the chain took its credit or
+                                  refused it for good, or another node locked it first
 
 What a client pays with is a bearer credit: whoever shows it first gets it. So a node redeems
 what it was paid before the credit's window closes (the mint's epoch e to e + genesis
@@ -28,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from node.agent.credit_locker import SpoolLocker
 from node.chain.committee_rpc import TxRejectedError
+from node.server.credit_locks import LOST, LockMarks
 from node.server.payments import CreditRefusedError, CreditSpool
 from protocol.committee.credits import Redeem
 from protocol.credits import (
@@ -125,11 +129,24 @@ class SpoolRedeemer:
     till: CreditTill
     spool: CreditSpool
     redeemed: int = 0  # credits the chain took since start
+    # locks each credit first (credit_locker.py): only credits whose lock this node won are
+    # redeemed, and one another node locked is dropped (None: redeem whatever was spooled)
+    locker: SpoolLocker | None = None
 
     async def step(self) -> int:
         files: dict[str, Path] = {}
         self.till.held = []
+        if self.locker is not None:
+            await self.locker.step()
+        marks = LockMarks(self.spool.dir)
         for path, credit in self.spool.held():
+            if self.locker is not None:
+                status = marks.status(spent_id(credit.prepared))
+                if status == LOST:  # another node's: never redeemed here
+                    self.spool.remove(path)
+                    continue
+                if status is None:  # its lock is not decided yet
+                    continue
             files[spent_id(credit.prepared)] = path
             self.till.held.append(credit)
             self.till.seen.add(spent_id(credit.prepared))

@@ -46,6 +46,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from node.server.credit_locks import (
+    LOCK_WAIT_S,
+    LOST,
+    UNLOCKED_CREDITS,
+    WON,
+    CreditDoubleSpentError,
+    CreditLockTimeoutError,
+    LockMarks,
+)
 from protocol.committee.credits import parse_credit
 from protocol.committee.grammar import TxDecodeError
 from protocol.credits import (
@@ -74,6 +83,7 @@ EPOCH_REFRESH_S = 5.0
 # redeem it this many blocks after its latest committed height (protocol/credits.py `takeable`;
 # the agent's pass, the node's commitments landing, the redeem tx's own block, with room)
 CREDIT_MARGIN_BLOCKS = NODE_MARGIN_BLOCKS
+LOCK_POLL_S = 0.05  # how often a session waiting for a lock reads the agent's marks
 MAX_KEY_EPOCHS = 64  # epochs whose credit keys stay cached (a few KB each)
 MAX_SPENT_KNOWN = 1 << 16  # credits found redeemed on chain, refused again without a query
 MAX_SEEN = 1 << 20  # spent ids remembered in memory (the spool and the chain remember the rest)
@@ -100,6 +110,8 @@ class Account:
     credits: int = 0
     opened: bool = False  # `opened` sent: the credits are kept whatever happens next
     taken: list[Credit] = field(default_factory=list)  # taken before `opened`
+    # credits whose lock is not won yet (spent id → loop time taken): node/server/credit_locks.py
+    pending: dict[str, float] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def notify(self) -> None:
@@ -259,16 +271,27 @@ class Payments:
         spool: CreditSpool,
         *,
         wait_s: float = PAY_WAIT_S,
+        locks: LockMarks | None = None,
+        unlocked: int = UNLOCKED_CREDITS,
+        lock_wait_s: float = LOCK_WAIT_S,
     ) -> None:
         if positions < 1:
             raise ValueError("a credit pays for at least one position")
+        if unlocked < 0:
+            raise ValueError("unlocked credits must be ≥ 0")
         self.positions = positions
         self.check = check
         self.spool = spool
         self.wait_s = wait_s
+        # None: every credit counts once spooled (in-process tests without an agent); else a
+        # session is served on at most `unlocked` credits whose lock is not won yet
+        self.locks = locks
+        self.unlocked = unlocked
+        self.lock_wait_s = lock_wait_s
         self.seen: set[str] = set()
         self.accepted = 0  # credits taken as pay since start
         self.refused = 0
+        self.double_spent = 0  # sessions stopped: a credit's lock went to another node
 
     async def accept(self, account: Account, credit: Credit) -> None:
         identifier = spent_id(credit.prepared)
@@ -288,25 +311,62 @@ class Payments:
         self.accepted += 1
         if not account.opened:
             account.taken.append(credit)
+        if self.locks is not None:
+            account.pending[identifier] = asyncio.get_running_loop().time()
         account.credits += 1
         account.paid += self.positions
         account.notify()
 
+    def servable(self, account: Account) -> int:
+        """The positions this session may use: those of its credits whose lock is won, and of
+        at most `unlocked` credits whose lock is still in flight."""
+        in_flight = max(0, len(account.pending) - self.unlocked)
+        return account.paid - in_flight * self.positions
+
+    def _settle(self, account: Account) -> None:
+        """Drop the credits whose lock this node won from `pending`; CreditDoubleSpentError
+        (the session is closed) when another node locked or redeemed one first."""
+        if self.locks is None:
+            return
+        for identifier in list(account.pending):
+            status = self.locks.status(identifier)
+            if status == WON:
+                del account.pending[identifier]
+            elif status == LOST:
+                self.double_spent += 1
+                raise CreditDoubleSpentError(
+                    f"credit {identifier} paid to this session was locked or redeemed by "
+                    f"another node first ({self.locks.reason(identifier)[:200]}): a credit "
+                    "pays one node once; the session is closed"
+                )
+
     async def cover(self, account: Account, count: int) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_s
-        while account.used + count > account.paid:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise PaymentRequiredError(
-                    f"this node computes paid positions only: {account.credits} credits paid "
-                    f"for {account.paid} positions of this session, {account.used} used, this "
-                    f"frame needs {count} more; pay a credit ({self.positions} positions each) "
-                    "before the positions it covers"
-                )
+        while True:
+            self._settle(account)
+            if account.used + count <= self.servable(account):
+                break
+            if account.used + count > account.paid:
+                wait = deadline - loop.time()
+                if wait <= 0:
+                    raise PaymentRequiredError(
+                        f"this node computes paid positions only: {account.credits} credits "
+                        f"paid for {account.paid} positions of this session, {account.used} "
+                        f"used, this frame needs {count} more; pay a credit ({self.positions} "
+                        "positions each) before the positions it covers"
+                    )
+            else:  # paid, but more of it waits for its locks than this node serves on
+                if loop.time() - min(account.pending.values()) > self.lock_wait_s:
+                    raise CreditLockTimeoutError(
+                        f"{len(account.pending)} credits of this session were not locked for "
+                        f"this node within {self.lock_wait_s:g} s; it serves at most "
+                        f"{self.unlocked} credits' positions before their locks are committed"
+                    )
+                wait = LOCK_POLL_S
             changed = account.changed
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
+                async with asyncio.timeout(wait):
                     await changed.wait()
         account.used += count
 
@@ -322,6 +382,7 @@ class Payments:
             self.seen.discard(spent_id(credit.prepared))
             self.accepted -= 1
         account.taken.clear()
+        account.pending.clear()
         account.paid = account.credits = 0
         return returned
 
@@ -338,6 +399,8 @@ def install_payments(app: Any, state: Any, config: Any) -> None:
             CreditCheck(link, margin_blocks=config.credit_margin_blocks),
             CreditSpool(config.credits_dir),
             wait_s=config.pay_wait_s,
+            locks=LockMarks(config.credits_dir),
+            unlocked=config.credit_unlocked,
         )
         log.info(
             "paid work: %d positions per credit, credits spooled to %s",
