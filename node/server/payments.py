@@ -56,7 +56,7 @@ from node.server.credit_locks import (
     LockMarks,
 )
 from protocol.committee.credits import parse_credit
-from protocol.committee.grammar import TxDecodeError
+from protocol.committee.grammar import HEX64, TxDecodeError
 from protocol.credits import (
     NODE_MARGIN_BLOCKS,
     ChainClock,
@@ -135,7 +135,7 @@ class CreditCheck:
         self.refresh_s = refresh_s
         self.margin_blocks = margin_blocks  # the node's redemption delay, in blocks
         self._keys: dict[int, EpochKeys] = {}
-        self._spent: dict[str, Any] = {}  # spent id → the height the chain redeemed it at
+        self._spent: dict[str, str] = {}  # spent id → why: redeemed, or locked, on the chain
         self._clock: ChainClock | None = None  # the chain's time at the last /credit_keys read
         self._epoch_at = float("-inf")
 
@@ -170,21 +170,28 @@ class CreditCheck:
                 del self._keys[next(iter(self._keys))]
         check_credit(self._keys[credit.epoch], credit)
         identifier = spent_id(credit.prepared)
-        height = self._spent.get(identifier)
-        if height is None:
+        refusal = self._spent.get(identifier)
+        if refusal is None:
             answer = await self.link.query("/credit_spent", id=identifier)
             height = answer.get("height")
-            if height is None:  # the answer is the chain's time now: the window is read there
+            locked_by = answer.get("locked_by")
+            if locked_by is not None and not (
+                isinstance(locked_by, str) and HEX64.match(locked_by)
+            ):
+                raise ProtocolError(f"/credit_spent: locked_by {locked_by!a} is not a node key")
+            if height is not None:
+                refusal = f"this credit was redeemed on the committee chain at height {height}"
+            elif locked_by is not None:  # another node's, or given back after this one locked it
+                refusal = f"this credit is locked on the committee chain by node {locked_by[:16]}…"
+            else:  # the answer is the chain's time now: the window is read there
                 now = committed_height_from_query(answer, "/credit_spent")
                 self._check_window(credit, replace(cached, height=max(now, cached.height)))
-        if height is not None:
-            # remembered: a client replaying a spent credit costs the validators one query
+        if refusal is not None:
+            # remembered: a client replaying a spent or locked credit costs one query
             if identifier not in self._spent and len(self._spent) >= MAX_SPENT_KNOWN:
                 self._spent.clear()
-            self._spent[identifier] = height
-            raise CreditRefusedError(
-                f"this credit was redeemed on the committee chain at height {height}"
-            )
+            self._spent[identifier] = refusal
+            raise CreditRefusedError(refusal)
 
     def _check_window(self, credit: Credit, now: ChainClock) -> None:
         """`takeable` at the chain's latest committed height, as its answer to `/credit_spent`

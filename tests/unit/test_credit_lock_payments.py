@@ -8,7 +8,7 @@ The bound (docs/credits.md "One credit pays one node"): a node serves a session 
 credit's lock served at most `unlocked · positions` on it, then stops the session by name
 (`credit_double_spent`); the credit pays the winner only, once. With `unlocked` 0 the loser
 serves nothing; a lock that never comes stops the session (`credit_lock_timeout`) after the
-same bound."""
+same bound; and once a lock is committed, every other node refuses the credit when shown it."""
 
 from __future__ import annotations
 
@@ -24,7 +24,13 @@ from node.server.credit_locks import (
     CreditLockTimeoutError,
     LockMarks,
 )
-from node.server.payments import Account, CreditCheck, CreditSpool, Payments
+from node.server.payments import (
+    Account,
+    CreditCheck,
+    CreditRefusedError,
+    CreditSpool,
+    Payments,
+)
 from protocol.credits import spent_id
 from protocol.stream import PaymentRequiredError
 from tests.unit.test_abci_credits import minted, node_chain
@@ -99,6 +105,10 @@ async def test_one_credit_shown_to_two_nodes_pays_the_first_lock_and_the_other_s
     assert await b.locker.step() == 1  # b's lock of the shared credit is refused by name
     assert b.locker.lost == 1
     assert LockMarks(b.payments.spool.dir).status(spent_id(shared.prepared)) == "lost"
+    # once a's lock is committed, no other node takes the credit at all (not redeemed yet)
+    late = Node(chain, keys[1], tmp_path / "spool-late", 1, 5.0)
+    with pytest.raises(CreditRefusedError, match="locked on the committee chain by node"):
+        await late.payments.accept(late.account, own_a)
     # a serves on everything it was paid; b stops the session by name at its next frame
     done_a, stopped = await asyncio.gather(*sessions)
     assert type(done_a) is PaymentRequiredError and a.served == 2 * PRICE
