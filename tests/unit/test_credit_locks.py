@@ -33,9 +33,11 @@ def test_the_first_lock_wins_the_second_node_is_refused_by_name_and_cannot_redee
     make_routable(chain, b)
     credits, _, _ = minted(chain, tmp_path, count=3)
     # one block, two nodes locking the same credit: the earlier tx wins, the later is refused
-    [first, second] = chain.block([chain.tx(lock(credits[:1]), a), chain.tx(lock(credits), b)])
+    every = lock(credits)
+    [first, second] = chain.block([chain.tx(lock(credits[:1]), a), chain.tx(every, b)])
     assert first.code == Code.OK, first.log
-    assert second.code == Code.CREDIT_LOCKED and "credit 0:" in second.log
+    index = [identifier for identifier, _ in every.locks].index(spent_id(credits[0].prepared))
+    assert second.code == Code.CREDIT_LOCKED and f"credit {index}:" in second.log
     answer = ask(chain, f"/credit_lock?id={spent_id(credits[0].prepared)}")
     assert answer["node"] == a.verify_key.encode().hex() and answer["spent"] is None
     # the refused tx wrote nothing: the other two credits are free for b
