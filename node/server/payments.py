@@ -29,8 +29,11 @@ validator's key of that epoch and the signers hold ≥ 2/3 of the power
 (`protocol.credits.check_credit`, the keys cached per epoch); the committee has not redeemed
 it already (`/credit_spent`; a credit found spent is remembered, so a client replaying it costs
 the validators one query, not one per pay), nor did this node take it before.
-A bearer credit can still be shown to two nodes at once: the first to redeem it is paid, the
-other loses that one credit — at most one chunk of positions per session.
+A bearer credit can still be shown to two nodes at once, so a credit taken is *provisional*
+until the node's agent has locked it on the committee (node/server/credit_locks.py): a session
+is served at most `unlocked` credits' positions beyond its credits whose lock this node won,
+and is stopped `credit_double_spent` when another node locked one first (docs/credits.md, "One
+credit pays one node, once").
 """
 
 from __future__ import annotations
