@@ -47,7 +47,7 @@ from protocol.credits import (
 
 log = logging.getLogger(__name__)
 
-CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH = 77, 78, 79  # abci_app/codes.py
+CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED = 77, 78, 79, 86  # abci_app/codes.py
 _ITEM = re.compile(r"credit (\d+):")
 
 
@@ -105,7 +105,7 @@ class CreditTill:
                 redeemed += len(batch)
                 continue
             match = _ITEM.search(text)
-            if code in (CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH) and match:
+            if code in (CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED) and match:
                 bad = batch[int(match.group(1))]
                 log.warning("credit dropped code=%d %s", code, text)
                 self.held.remove(bad)

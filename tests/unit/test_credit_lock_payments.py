@@ -147,3 +147,17 @@ async def test_a_lock_that_never_comes_stops_the_session_after_the_same_bound(
     stopped = await a.serve()  # no agent pass: neither lock is decided
     assert isinstance(stopped, CreditLockTimeoutError) and stopped.code == "credit_lock_timeout"
     assert a.served == PRICE
+
+
+async def test_a_till_without_a_lock_drops_a_credit_another_node_locked(tmp_path: Path) -> None:
+    """A till that redeems without locking first (an agent from before the locks) loses a credit
+    another node locked: refused CREDIT_LOCKED by name, dropped, the rest of its batch redeemed."""
+    chain, (a, _), credits, (_, node_b) = _two_nodes(tmp_path)
+    assert await node_b.locker.step() == 0  # b's spool is empty: nothing to lock yet
+    node_b.payments.spool.add(credits[0])
+    assert await node_b.locker.step() == 1
+    till = CreditTill(ChainLink(chain, a), "m", 0)
+    for credit in credits[:2]:
+        await till.accept(credit)
+    commit_served(chain, a, 0, blocks=1)
+    assert await till.redeem() == 1 and till.held == []
