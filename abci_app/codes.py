@@ -80,6 +80,7 @@ class Code(IntEnum):
     MINT_UNFUNDED = 83  # /credit_signatures of a mint not yet vouched for by >= 2/3 of the power
     UNCOMMITTED_REDEMPTION = 84  # redeem with fewer committed, unconsumed positions than credits
     MINT_PENDING_LIMIT = 85  # the payer already holds credits.max_pending_mints unfunded mints
+    CREDIT_LOCKED = 86  # a credit another node locked first (credit_lock, redeem: credit_locks.py)
     # prices (abci_app/prices.py); 90+ to leave 86-89 to the credit modules
     PRICE_SHARD = 90  # set_price for a (model, shard) the node did not register
     REDEMPTION_OVER_PRICE = 91  # redeem of N credits with fewer than N x price committed positions

@@ -12,10 +12,12 @@ signatures for a mint (its local key; no other validator's answer is the same).
                     ?payer           a page of a payer's retained mints (funded or not), by id
                     ?after ?limit    both lists page: {mints, next}; `next` is the `after` of
                                      the next page, null on the last (1,000 a page at most)
-/credit_spent       ?id              {id, height, committed_height}: the height whose block
-                                     redeemed the credit whose spent id (protocol.credits.spent_id)
-                                     this is, or null, and the latest committed height — what a
-                                     node asks before it takes a credit as pay
+/credit_spent       ?id              {id, height, committed_height, locked_by}: the height whose
+                                     block redeemed the credit whose spent id
+                                     (protocol.credits.spent_id) this is, or null, the latest
+                                     committed height, and the node key that locked it
+                                     (credit_locks.py) or null — what a node asks before it takes
+                                     a credit as pay
 /credit_signatures  ?mint            this validator's blind signatures over the mint's messages
                                      for it: {mint, epoch, signatures: {validator address:
                                      [hex, ...]}} (empty when it holds no key the mint names;
@@ -103,10 +105,13 @@ def _credit_spent(state: State, params: dict[str, Any]) -> Any:
     identifier = str_param(params, "id", _SPENT_ID)
     if identifier is None:
         raise QueryError(Code.BAD_QUERY, "id (64 lowercase hex, a credit's spent id) is required")
+    lock = state.committed(schema.CREDIT_LOCK, identifier)
     return {
         "id": identifier,
         "height": state.committed(schema.CREDIT_SPENT, identifier),
         "committed_height": state.height,  # the latest block this answer is true at
+        # the node that locked it (credit_locks.py), or null: another node's credit to refuse
+        "locked_by": None if lock is None else lock["node"],
     }
 
 

@@ -42,7 +42,8 @@
                                (CREDIT_EPOCH),
                                valid under e's keys (`protocol.credits.check_credit`:
                                CREDIT_INVALID), its nonce never redeemed nor listed twice
-                               (CREDIT_SPENT); the node's registered price p on the shard
+                               (CREDIT_SPENT), nor locked by another node (CREDIT_LOCKED:
+                               credit_locks.py); the node's registered price p on the shard
                                (prices.py `redemption_price`) committed served positions of
                                the node on the shard, not yet consumed, per credit (coverage.py
                                `take_positions`: UNCOMMITTED_REDEMPTION, REDEMPTION_OVER_PRICE;
@@ -66,7 +67,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import coverage, prices, rules, schema
+from abci_app import coverage, credit_locks, prices, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol import blindrsa
@@ -397,6 +398,7 @@ def redeem(state: State, tx: SignedTx) -> None:
             or state.get(schema.CREDIT_SPENT, identifier) is not None
         ):
             rules.reject(Code.CREDIT_SPENT, f"{where}: already redeemed")
+        credit_locks.check_redeemer(state, identifier, tx.signer, where)
         spent.append((identifier, credit.epoch))
     price = prices.redemption_price(state, tx.signer, body.shard)
     coverage.take_positions(state, tx.signer, body.shard, len(spent), price)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from abci_app import (
     commitments,
     coverage,
+    credit_locks,
     credits,
     liveness,
     prices,
@@ -20,6 +21,7 @@ from abci_app import (
 )
 from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
+from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
 from protocol.committee.prices import SetPrice
@@ -74,4 +76,5 @@ HANDLERS: dict[str, Handler] = {
     FundMint.TYPE: credits.fund_mint,
     Redeem.TYPE: serving(credits.redeem),
     SetPrice.TYPE: prices.set_price,
+    CreditLock.TYPE: credit_locks.credit_lock,
 }

@@ -5,7 +5,9 @@ What CometBFT asks of the app, without protobuf (`app.py` adapts the messages):
     init_chain        install genesis, open epoch 1; returns app_hash(0)
     check_tx          mempool admission: decode, ed25519 (and EIP-191 for registrations)
                       signatures, nonce against committed state only; a mint whose payer
-                      already holds its bound of unfunded mints (credits.admit_mint)
+                      already holds its bound of unfunded mints (credits.admit_mint); a
+                      credit lock of a credit locked by another node or spent
+                      (credit_locks.admit_lock)
     prepare_proposal  the extended-commit tx first when due, then txs up to the byte and work
                       budgets (`MAX_PROPOSAL_WORK`)
     process_proposal  only well-formed, correctly signed txs, the extended-commit tx exactly
@@ -27,6 +29,7 @@ from typing import Any
 
 from abci_app import (
     coverage,
+    credit_locks,
     credits,
     epochs,
     extensions,
@@ -41,6 +44,7 @@ from abci_app.dispatch import HANDLERS
 from abci_app.encoding import proto_tx_size
 from abci_app.state import Event, State
 from protocol.commit_batch import decode_tx, is_batch
+from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import Mint
 from protocol.committee.envelope import SignedTx, TxSignatureError
 from protocol.committee.grammar import TxDecodeError
@@ -78,7 +82,12 @@ def tx_work(tx: Any) -> int:
     body = tx.body
     if isinstance(body, WorkReport):
         return 1 + body.items
-    records = getattr(body, "commitments", None) or getattr(body, "reveals", None) or ()
+    records = (
+        getattr(body, "commitments", None)
+        or getattr(body, "reveals", None)
+        or getattr(body, "locks", None)  # credit_lock: one entry written per credit
+        or ()
+    )
     return 1 + len(records)
 
 
@@ -184,6 +193,10 @@ class StateMachine:
             refused = credits.admit_mint(self.state, tx.body)
             if refused is not None:
                 return TxResult(Code.MINT_PENDING_LIMIT, refused)
+        if isinstance(tx.body, CreditLock):
+            lock_refused = credit_locks.admit_lock(self.state, tx.signer, tx.body)
+            if lock_refused is not None:
+                return TxResult(*lock_refused)
         return TxResult(Code.OK)
 
     # --- proposals ----------------------------------------------------------------------------

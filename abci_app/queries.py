@@ -35,6 +35,7 @@ from typing import Any
 
 from abci_app import coverage, liveness, prices, schema, verifier_endpoints
 from abci_app.codes import Code
+from abci_app.credit_locks import LOCK_ROUTES
 from abci_app.credit_queries import CREDIT_ROUTES
 from abci_app.payout_queries import PAYOUT_ROUTES
 from abci_app.query_params import (
@@ -339,6 +340,7 @@ ROUTES: dict[str, Route] = {
     "/prices": prices.prices_query,
     **PAYOUT_ROUTES,
     **CREDIT_ROUTES,
+    **LOCK_ROUTES,
 }
 
 

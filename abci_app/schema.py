@@ -131,6 +131,9 @@ MINT_PAYER_PENDING = "mpp"
 MINT_BUYER = "mbuyer"
 # cspent/<sha256 of the credit nonce>: the height that redeemed it (the double-spend guard)
 CREDIT_SPENT = "cspent"
+# clock/<sha256 of the credit nonce>: {node, height}: the compute node the credit pays, locked
+# before it served (credit_locks.py); pruned with the credit's window, like `cspent/`
+CREDIT_LOCK = "clock"
 # cissue/<credit epoch>: {funded, redeemed}: how many credits of that epoch funded mints bought
 # and nodes redeemed; the price of the rest is due at the close of epoch + lifetime (expired)
 CREDIT_ISSUED = "cissue"

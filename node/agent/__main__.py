@@ -24,6 +24,7 @@ import aiohttp
 
 from node.agent.agent import AgentConfig, NodeAgent
 from node.agent.commitments import Committer
+from node.agent.credit_locker import SpoolLocker
 from node.agent.credit_till import CreditTill, SpoolRedeemer
 from node.agent.pricing import PriceKeeper
 from node.chain.committee_link import CommitteeLink
@@ -128,7 +129,11 @@ async def run(args: argparse.Namespace) -> int:
             redeemer=None
             if args.credits_dir is None
             else SpoolRedeemer(
-                CreditTill(link, manifest.model_hash, args.shard), CreditSpool(args.credits_dir)
+                CreditTill(link, manifest.model_hash, args.shard),
+                CreditSpool(args.credits_dir),
+                locker=SpoolLocker(
+                    link, manifest.model_hash, args.shard, CreditSpool(args.credits_dir)
+                ),
             ),
         )
         try:

@@ -12,10 +12,12 @@
                                   is cut to K, the rest kept for later; returns the credits
                                   redeemed
 
-    redeemer = SpoolRedeemer(till, CreditSpool(dir))
+    redeemer = SpoolRedeemer(till, CreditSpool(dir), locker=SpoolLocker(...))
     await redeemer.step()         the credits the compute node spooled as pay (its
-                                  `--credits-dir`, node/server/payments.py) redeemed; a file
-                                  goes once the chain took its credit or refused it for good
+                                  `--credits-dir`, node/server/payments.py) locked for this
+                                  node (credit_locker.py), then those whose lock it won
+                                  redeemed; a file goes once the chain took its credit or
+                                  refused it for good, or another node locked it first
 
 What a client pays with is a bearer credit: whoever shows it first gets it. So a node redeems
 what it was paid before the credit's window closes (the mint's epoch e to e + genesis
@@ -31,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from node.agent.credit_locker import SpoolLocker
 from node.chain.committee_rpc import TxRejectedError
+from node.server.credit_locks import LOST, LockMarks
 from node.server.payments import CreditRefusedError, CreditSpool
 from protocol.committee.credits import Redeem
 from protocol.credits import (
@@ -46,7 +50,7 @@ from protocol.credits import (
 
 log = logging.getLogger(__name__)
 
-CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH = 77, 78, 79  # abci_app/codes.py
+CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED = 77, 78, 79, 86  # abci_app/codes.py
 REDEMPTION_OVER_PRICE = 91  # abci_app/codes.py: what is committed pays for fewer credits
 _ITEM = re.compile(r"credit (\d+):")
 _AT_MOST = re.compile(r"at most (\d+) credits")
@@ -108,7 +112,7 @@ class CreditTill:
                 size = self.per_tx
                 continue
             match = _ITEM.search(text)
-            if code in (CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH) and match:
+            if code in (CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED) and match:
                 bad = batch[int(match.group(1))]
                 log.warning("credit dropped code=%d %s", code, text)
                 self.held.remove(bad)
@@ -136,11 +140,24 @@ class SpoolRedeemer:
     till: CreditTill
     spool: CreditSpool
     redeemed: int = 0  # credits the chain took since start
+    # locks each credit first (credit_locker.py): only credits whose lock this node won are
+    # redeemed, and one another node locked is dropped (None: redeem whatever was spooled)
+    locker: SpoolLocker | None = None
 
     async def step(self) -> int:
         files: dict[str, Path] = {}
         self.till.held = []
+        if self.locker is not None:
+            await self.locker.step()
+        marks = LockMarks(self.spool.dir)
         for path, credit in self.spool.held():
+            if self.locker is not None:
+                status = marks.status(spent_id(credit.prepared))
+                if status == LOST:  # another node's: never redeemed here
+                    self.spool.remove(path)
+                    continue
+                if status is None:  # its lock is not decided yet
+                    continue
             files[spent_id(credit.prepared)] = path
             self.till.held.append(credit)
             self.till.seen.add(spent_id(credit.prepared))

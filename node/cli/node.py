@@ -190,6 +190,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "credit closer to its window's end is refused credit_expiring",
     )
     serve.add_argument(
+        "--credit-unlocked",
+        type=int,
+        default=1,
+        metavar="CREDITS",
+        help="with --credit-positions: per session, serve on at most this many credits whose "
+        "lock on the committee is still in flight (what a client that shows one credit to "
+        "several nodes can get from each node that loses it; 0: none, at the cost of a block's "
+        "wait before the first output; default 1)",
+    )
+    serve.add_argument(
         "--credits-dir",
         type=Path,
         metavar="DIR",
@@ -379,5 +389,6 @@ def server_config(args: argparse.Namespace) -> tuple[ServerConfig, object | None
         credits_dir=args.credits_dir,
         pay_wait_s=args.pay_wait,
         credit_margin_blocks=args.credit_margin_blocks,
+        credit_unlocked=args.credit_unlocked,
     ).validate()
     return config, node_key

@@ -103,7 +103,12 @@ async def info(request: web.Request) -> web.Response:
             else state.payments.positions,
             "credits": None
             if state.payments is None
-            else {"accepted": state.payments.accepted, "refused": state.payments.refused},
+            else {
+                "accepted": state.payments.accepted,
+                "refused": state.payments.refused,
+                # sessions stopped credit_double_spent (node/server/credit_locks.py)
+                "double_spent": state.payments.double_spent,
+            },
             "load": {
                 "in_flight": state.in_flight,
                 "forwards": state.forwards,

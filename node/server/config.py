@@ -84,6 +84,9 @@ class ServerConfig:
     # blocks: a credit is taken only while the chain will still redeem it this many blocks after
     # its latest committed height (the node's redemption delay; protocol/credits.py `takeable`)
     credit_margin_blocks: int = 60  # protocol/credits.py NODE_MARGIN_BLOCKS
+    # credits per session served on while their locks are in flight (node/server/credit_locks.py):
+    # what a client that shows one credit to several nodes gets from each node that loses it
+    credit_unlocked: int = 1
 
     def validate(self) -> ServerConfig:
         problems = []
@@ -141,6 +144,8 @@ class ServerConfig:
             problems.append("pay wait must be > 0 seconds")
         if not 1 <= self.credit_margin_blocks <= 1_000_000:
             problems.append("the credit margin must be 1 … 1,000,000 blocks")
+        if not 0 <= self.credit_unlocked <= 64:
+            problems.append("credits served on before their locks must be 0 … 64")
         if problems:
             raise ConfigError("invalid node config: " + "; ".join(problems))
         return self

@@ -29,8 +29,11 @@ validator's key of that epoch and the signers hold ≥ 2/3 of the power
 (`protocol.credits.check_credit`, the keys cached per epoch); the committee has not redeemed
 it already (`/credit_spent`; a credit found spent is remembered, so a client replaying it costs
 the validators one query, not one per pay), nor did this node take it before.
-A bearer credit can still be shown to two nodes at once: the first to redeem it is paid, the
-other loses that one credit — at most one chunk of positions per session.
+A bearer credit can still be shown to two nodes at once, so a credit taken is *provisional*
+until the node's agent has locked it on the committee (node/server/credit_locks.py): a session
+is served at most `unlocked` credits' positions beyond its credits whose lock this node won,
+and is stopped `credit_double_spent` when another node locked one first (docs/credits.md, "One
+credit pays one node, once").
 """
 
 from __future__ import annotations
@@ -46,8 +49,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from node.server.credit_locks import (
+    LOCK_WAIT_S,
+    LOST,
+    UNLOCKED_CREDITS,
+    WON,
+    CreditDoubleSpentError,
+    CreditLockTimeoutError,
+    LockMarks,
+)
 from protocol.committee.credits import parse_credit
-from protocol.committee.grammar import TxDecodeError
+from protocol.committee.grammar import HEX64, TxDecodeError
 from protocol.credits import (
     NODE_MARGIN_BLOCKS,
     ChainClock,
@@ -74,6 +86,7 @@ EPOCH_REFRESH_S = 5.0
 # redeem it this many blocks after its latest committed height (protocol/credits.py `takeable`;
 # the agent's pass, the node's commitments landing, the redeem tx's own block, with room)
 CREDIT_MARGIN_BLOCKS = NODE_MARGIN_BLOCKS
+LOCK_POLL_S = 0.05  # how often a session waiting for a lock reads the agent's marks
 MAX_KEY_EPOCHS = 64  # epochs whose credit keys stay cached (a few KB each)
 MAX_SPENT_KNOWN = 1 << 16  # credits found redeemed on chain, refused again without a query
 MAX_SEEN = 1 << 20  # spent ids remembered in memory (the spool and the chain remember the rest)
@@ -100,6 +113,8 @@ class Account:
     credits: int = 0
     opened: bool = False  # `opened` sent: the credits are kept whatever happens next
     taken: list[Credit] = field(default_factory=list)  # taken before `opened`
+    # credits whose lock is not won yet (spent id → loop time taken): node/server/credit_locks.py
+    pending: dict[str, float] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def notify(self) -> None:
@@ -123,7 +138,7 @@ class CreditCheck:
         self.refresh_s = refresh_s
         self.margin_blocks = margin_blocks  # the node's redemption delay, in blocks
         self._keys: dict[int, EpochKeys] = {}
-        self._spent: dict[str, Any] = {}  # spent id → the height the chain redeemed it at
+        self._spent: dict[str, str] = {}  # spent id → why: redeemed, or locked, on the chain
         self._clock: ChainClock | None = None  # the chain's time at the last /credit_keys read
         self._epoch_at = float("-inf")
 
@@ -158,21 +173,28 @@ class CreditCheck:
                 del self._keys[next(iter(self._keys))]
         check_credit(self._keys[credit.epoch], credit)
         identifier = spent_id(credit.prepared)
-        height = self._spent.get(identifier)
-        if height is None:
+        refusal = self._spent.get(identifier)
+        if refusal is None:
             answer = await self.link.query("/credit_spent", id=identifier)
             height = answer.get("height")
-            if height is None:  # the answer is the chain's time now: the window is read there
+            locked_by = answer.get("locked_by")
+            if locked_by is not None and not (
+                isinstance(locked_by, str) and HEX64.match(locked_by)
+            ):
+                raise ProtocolError(f"/credit_spent: locked_by {locked_by!a} is not a node key")
+            if height is not None:
+                refusal = f"this credit was redeemed on the committee chain at height {height}"
+            elif locked_by is not None:  # another node's, or given back after this one locked it
+                refusal = f"this credit is locked on the committee chain by node {locked_by[:16]}…"
+            else:  # the answer is the chain's time now: the window is read there
                 now = committed_height_from_query(answer, "/credit_spent")
                 self._check_window(credit, replace(cached, height=max(now, cached.height)))
-        if height is not None:
-            # remembered: a client replaying a spent credit costs the validators one query
+        if refusal is not None:
+            # remembered: a client replaying a spent or locked credit costs one query
             if identifier not in self._spent and len(self._spent) >= MAX_SPENT_KNOWN:
                 self._spent.clear()
-            self._spent[identifier] = height
-            raise CreditRefusedError(
-                f"this credit was redeemed on the committee chain at height {height}"
-            )
+            self._spent[identifier] = refusal
+            raise CreditRefusedError(refusal)
 
     def _check_window(self, credit: Credit, now: ChainClock) -> None:
         """`takeable` at the chain's latest committed height, as its answer to `/credit_spent`
@@ -259,16 +281,27 @@ class Payments:
         spool: CreditSpool,
         *,
         wait_s: float = PAY_WAIT_S,
+        locks: LockMarks | None = None,
+        unlocked: int = UNLOCKED_CREDITS,
+        lock_wait_s: float = LOCK_WAIT_S,
     ) -> None:
         if positions < 1:
             raise ValueError("a credit pays for at least one position")
+        if unlocked < 0:
+            raise ValueError("unlocked credits must be ≥ 0")
         self.positions = positions
         self.check = check
         self.spool = spool
         self.wait_s = wait_s
+        # None: every credit counts once spooled (in-process tests without an agent); else a
+        # session is served on at most `unlocked` credits whose lock is not won yet
+        self.locks = locks
+        self.unlocked = unlocked
+        self.lock_wait_s = lock_wait_s
         self.seen: set[str] = set()
         self.accepted = 0  # credits taken as pay since start
         self.refused = 0
+        self.double_spent = 0  # sessions stopped: a credit's lock went to another node
 
     async def accept(self, account: Account, credit: Credit) -> None:
         identifier = spent_id(credit.prepared)
@@ -288,25 +321,62 @@ class Payments:
         self.accepted += 1
         if not account.opened:
             account.taken.append(credit)
+        if self.locks is not None:
+            account.pending[identifier] = asyncio.get_running_loop().time()
         account.credits += 1
         account.paid += self.positions
         account.notify()
 
+    def servable(self, account: Account) -> int:
+        """The positions this session may use: those of its credits whose lock is won, and of
+        at most `unlocked` credits whose lock is still in flight."""
+        in_flight = max(0, len(account.pending) - self.unlocked)
+        return account.paid - in_flight * self.positions
+
+    def _settle(self, account: Account) -> None:
+        """Drop the credits whose lock this node won from `pending`; CreditDoubleSpentError
+        (the session is closed) when another node locked or redeemed one first."""
+        if self.locks is None:
+            return
+        for identifier in list(account.pending):
+            status = self.locks.status(identifier)
+            if status == WON:
+                del account.pending[identifier]
+            elif status == LOST:
+                self.double_spent += 1
+                raise CreditDoubleSpentError(
+                    f"credit {identifier} paid to this session was locked or redeemed by "
+                    f"another node first ({self.locks.reason(identifier)[:200]}): a credit "
+                    "pays one node once; the session is closed"
+                )
+
     async def cover(self, account: Account, count: int) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_s
-        while account.used + count > account.paid:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise PaymentRequiredError(
-                    f"this node computes paid positions only: {account.credits} credits paid "
-                    f"for {account.paid} positions of this session, {account.used} used, this "
-                    f"frame needs {count} more; pay a credit ({self.positions} positions each) "
-                    "before the positions it covers"
-                )
+        while True:
+            self._settle(account)
+            if account.used + count <= self.servable(account):
+                break
+            if account.used + count > account.paid:
+                wait = deadline - loop.time()
+                if wait <= 0:
+                    raise PaymentRequiredError(
+                        f"this node computes paid positions only: {account.credits} credits "
+                        f"paid for {account.paid} positions of this session, {account.used} "
+                        f"used, this frame needs {count} more; pay a credit ({self.positions} "
+                        "positions each) before the positions it covers"
+                    )
+            else:  # paid, but more of it waits for its locks than this node serves on
+                if loop.time() - min(account.pending.values()) > self.lock_wait_s:
+                    raise CreditLockTimeoutError(
+                        f"{len(account.pending)} credits of this session were not locked for "
+                        f"this node within {self.lock_wait_s:g} s; it serves at most "
+                        f"{self.unlocked} credits' positions before their locks are committed"
+                    )
+                wait = LOCK_POLL_S
             changed = account.changed
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
+                async with asyncio.timeout(wait):
                     await changed.wait()
         account.used += count
 
@@ -322,6 +392,7 @@ class Payments:
             self.seen.discard(spent_id(credit.prepared))
             self.accepted -= 1
         account.taken.clear()
+        account.pending.clear()
         account.paid = account.credits = 0
         return returned
 
@@ -338,6 +409,8 @@ def install_payments(app: Any, state: Any, config: Any) -> None:
             CreditCheck(link, margin_blocks=config.credit_margin_blocks),
             CreditSpool(config.credits_dir),
             wait_s=config.pay_wait_s,
+            locks=LockMarks(config.credits_dir),
+            unlocked=config.credit_unlocked,
         )
         log.info(
             "paid work: %d positions per credit, credits spooled to %s",

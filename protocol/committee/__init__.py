@@ -55,6 +55,8 @@ Tx types (`type` → dataclass):
     fund_mint       FundMint       a validator saw the mint's payer's balance cover it
     redeem          Redeem         a compute node cashes the credits it was paid with
     set_price       SetPrice       a compute node's positions per credit on a shard
+    credit_lock     CreditLock     a compute node claims credits it was paid with, before it
+                                   serves beyond its bound on them (credit_locks.py)
 
 `TxDecodeError` (malformed bytes or fields) and `TxSignatureError` (bad ed25519 signature) are
 typed `ProtocolError`s; the ABCI app maps them to named result codes. The compact binary

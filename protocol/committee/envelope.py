@@ -17,6 +17,7 @@ from nacl.signing import SigningKey, VerifyKey
 
 from protocol.canonical import JsonInputError, canonical_json, canonical_text, parse_json
 from protocol.committee.commitments import CommitBatch, RevealBatch
+from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.prices import SetPrice
@@ -66,6 +67,7 @@ TxBody = (
     | FundMint
     | Redeem
     | SetPrice
+    | CreditLock
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -88,6 +90,7 @@ BODY_TYPES: dict[str, Any] = {
         FundMint,
         Redeem,
         SetPrice,
+        CreditLock,
     )
 }
 

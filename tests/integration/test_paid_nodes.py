@@ -12,6 +12,7 @@ kept; neither prints a traceback, and the nodes serve on."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -31,8 +32,11 @@ from eth_utils import keccak
 from harness.gateway_net import Committee, ephemeral_port, start_committee, wait_for
 from harness.personal_client import PersonalClient, personal_client
 from harness.relays import relays, write_relays_file
+from node.client.circuit import CircuitClient
 from node.client.credit_wallet import CreditWallet
 from node.client.nodesfile import NodeRef, NodesFile
+from node.client.paying import CreditPayer
+from node.client.types import Hop
 from node.keys import create_node_key, create_wallet
 from node.model.head import ClientHead
 from node.model.prepare import prepare
@@ -43,8 +47,9 @@ from protocol.committee.credits import CreditKey, FundMint
 from protocol.committee.envelope import decode
 from protocol.committee.registry import AttestStake
 from protocol.credit_keys import CreditKeyStore
-from protocol.credits import nonce_of, spent_id
+from protocol.credits import Credit, nonce_of, spent_id
 from protocol.eip712 import address_of
+from protocol.errors import RemoteError
 from tests.doubles.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -464,6 +469,66 @@ def test_a_hang_up_on_the_personal_client_stops_the_pays_and_no_credit_taken_is_
     assert 2 <= taken < bought < whole, (taken, bought, whole)
     [after] = wait_for(lambda: _redeemed_layer_tokens(net), 60, "the nodes' spools redeemed")
     assert after - before == taken * LAYER_TOKENS  # every credit taken is a node's, redeemed
+
+
+class _DoubleSpendingWallet(CreditWallet):
+    """The attacker of issue 42, attack 4: every hop of the circuit is shown the same credits
+    (a frame owing k credits to each of two hops takes k from the file and sends both hops
+    those k)."""
+
+    shown: list[Credit]
+
+    def take(self, n: int) -> list[Credit]:
+        real = super().take(-(-n // 2))
+        self.shown = [*getattr(self, "shown", []), *real]
+        return (real + real)[:n]
+
+
+def test_one_credit_shown_to_both_nodes_at_once_pays_one_and_buys_no_more_than_its_positions(
+    net,
+) -> None:
+    """Both nodes are shown the same credits at once: each serves on them only while their
+    locks are in flight, the first node to lock a credit is paid for it, and the answer stops
+    with `credit_double_spent` once the first credit's positions are used — the client gets no
+    more than one credit buys, where before both nodes served the whole answer (half price)."""
+    credits_file = net["root"] / "double-spender.json"
+    _buy(net, 6, credits_file)
+    wallet = _DoubleSpendingWallet(credits_file)
+    head = ClientHead.load(net["manifest"], device="cpu")
+    ids = head.encode(PROMPT)
+    hops = [Hop(node.url, node.shard) for node in net["nodes"]]
+    payer = CreditPayer(wallet, {hop.url: PRICE_POSITIONS for hop in hops}, min_positions=8)
+    tokens: list[int] = []
+
+    async def attack() -> None:
+        async with CircuitClient(hops, hidden_size=64, payer=payer) as client:
+            gen = client.generate(head, ids, max_new_tokens=MAX_TOKENS, stop_on_eos=False)
+            async for token in gen:
+                tokens.append(token)
+
+    with pytest.raises(RemoteError) as stopped:
+        asyncio.run(attack())
+    assert stopped.value.code == "credit_double_spent", stopped.value.message
+    # the positions fed were at most one credit's: the prompt and the tokens after it
+    assert len(ids) + len(tokens) - 1 <= PRICE_POSITIONS < len(ids) + MAX_TOKENS - 1
+    shown = [spent_id(credit.prepared) for credit in wallet.shown]
+    assert shown and len(shown) == 6 - wallet.count()  # each was shown to both nodes
+    committee = net["committee"]
+
+    def settled() -> list[dict[str, Any]] | None:
+        if any(list((home / "credits").glob("*.json")) for home in net["homes"]):
+            return None  # an agent has not locked and redeemed (or dropped) all it was paid
+        return [committee.query(f"/credit_lock?id={identifier}") for identifier in shown]
+
+    locks = wait_for(settled, 60, "the agents did not settle the double-spent credits")
+    # each credit shown to both nodes is locked by one of them and redeemed (by that one only:
+    # the chain refuses another's redemption CREDIT_LOCKED), so it paid one node once
+    assert all(lock["node"] in net["keys"] and lock["spent"] is not None for lock in locks)
+    infos = [
+        json.loads(urllib.request.urlopen(f"{node.url}/info", timeout=10).read())
+        for node in net["nodes"]
+    ]
+    assert sum(info["credits"]["double_spent"] for info in infos) >= 1
 
 
 def test_no_tx_on_the_chain_links_a_payer_to_a_node_a_credit_or_a_question(net) -> None:

@@ -1,0 +1,96 @@
+"""`SpoolLocker`: the node agent locks, on the committee, the credits its compute process was
+just paid with (`credit_lock`, abci_app/credit_locks.py; issue 42, attack 4), and tells the
+compute process which locks it won (node/server/credit_locks.py `LockMarks`).
+
+    locker = SpoolLocker(link, model, shard, CreditSpool(dir))
+    await locker.step()     every spooled credit without a mark is locked, up to MAX_LOCKS a
+                            tx; a credit the chain refuses by name (CREDIT_LOCKED: another node
+                            locked it first; CREDIT_SPENT: redeemed; CREDIT_EPOCH: its window is
+                            over) is marked lost and the rest of its batch sent again at once;
+                            a committed tx marks its credits won. Any other failure marks
+                            nothing (the next pass tries again). Returns the credits won.
+
+The redeemer (credit_till.py `SpoolRedeemer`) redeems only credits marked won and deletes the
+ones marked lost: a node never redeems, and never counts as paid, a credit another node locked.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from node.chain.committee_rpc import TxRejectedError
+from node.server.credit_locks import LockMarks
+from node.server.payments import CreditSpool
+from protocol.committee.credit_locks import MAX_LOCKS, CreditLock
+from protocol.credits import spent_id
+
+log = logging.getLogger(__name__)
+
+CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED = 78, 79, 86  # abci_app/codes.py
+LOST_CODES = (CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED)
+_ITEM = re.compile(r"credit (\d+):")
+
+
+class Link(Protocol):
+    async def submit(self, body: Any) -> Any: ...
+    async def committed_code(self, tx_hash: str, *, timeout_s: float = 15.0) -> tuple[int, str]: ...
+
+
+@dataclass
+class SpoolLocker:
+    link: Link
+    model: str
+    shard: int
+    spool: CreditSpool
+    per_tx: int = MAX_LOCKS
+    won: int = 0  # locks won since start
+    lost: int = 0  # credits another node locked or redeemed first, since start
+
+    @property
+    def marks(self) -> LockMarks:
+        return LockMarks(self.spool.dir)
+
+    async def step(self) -> int:
+        marks = self.marks
+        waiting = sorted(
+            {
+                (spent_id(credit.prepared), credit.epoch)
+                for _, credit in self.spool.held()
+                if marks.status(spent_id(credit.prepared)) is None
+            }
+        )
+        won = 0
+        while waiting:
+            batch = waiting[: self.per_tx]
+            code, text = await self._send(batch)
+            if code == 0:
+                for identifier, _ in batch:
+                    marks.mark(identifier, won=True)
+                del waiting[: len(batch)]
+                won += len(batch)
+                continue
+            match = _ITEM.search(text)
+            if code in LOST_CODES and match and int(match.group(1)) < len(batch):
+                identifier, _ = batch[int(match.group(1))]
+                marks.mark(identifier, won=False, reason=f"{code} {text}")
+                waiting.remove(batch[int(match.group(1))])
+                self.lost += 1
+                log.warning("credit lock lost code=%d %s", code, text)
+                continue
+            log.warning("credit lock refused code=%d %s (tried again next pass)", code, text)
+            break
+        marks.prune()
+        self.won += won
+        if won:
+            log.info("credits locked count=%d total=%d", won, self.won)
+        return won
+
+    async def _send(self, batch: list[tuple[str, int]]) -> tuple[int, str]:
+        try:
+            sent = await self.link.submit(CreditLock(self.model, self.shard, tuple(batch)))
+        except TxRejectedError as error:
+            return error.tx_code, error.log_text
+        return await self.link.committed_code(sent.hash)
