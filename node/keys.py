@@ -12,6 +12,9 @@ the call fails with a `KeyFileError` that says how to pass one.
 
     wallet = load_or_create_wallet(home / "wallet.json", password)
     node_key = load_or_create_node_key(home / "node_key.json", password)
+
+eth-account (~0.4 s to import) is imported by the wallet and operator-key functions that use it,
+so a compute node that only opens its node key never loads it.
 """
 
 from __future__ import annotations
@@ -22,18 +25,18 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nacl.exceptions
 import nacl.pwhash
 import nacl.secret
 import nacl.signing
 import nacl.utils
-from eth_account import Account
-from eth_account.signers.local import LocalAccount
-from eth_utils import to_checksum_address
 
 from protocol.errors import ConfigError, PlanetError
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
 
 PASSWORD_ENV = "PLANET_PASSWORD"
 NODE_KEY_FORMAT = "planet-node-key/v1"
@@ -96,6 +99,8 @@ def _non_empty(value: str, where: str) -> str:
 
 def load_wallet(path: Path, password: str) -> LocalAccount:
     """Open an existing keystore; a wrong password or a damaged file is a `KeyFileError`."""
+    from eth_account import Account  # lazy: eth-account (~0.4 s)
+
     data = _read_json(path, "wallet keystore")
     try:
         secret = Account.decrypt(data, password)
@@ -113,6 +118,8 @@ def create_wallet(
     path: Path, password: str, private_key: str | bytes | None = None
 ) -> LocalAccount:
     """Write a new keystore (a fresh key, or `private_key` imported); never overwrites a file."""
+    from eth_account import Account  # lazy: eth-account (~0.4 s)
+
     account = Account.from_key(private_key) if private_key is not None else Account.create()
     _write_new(path, json.dumps(Account.encrypt(account.key, password)))
     return account
@@ -122,6 +129,8 @@ def create_dev_wallet(path: Path, password: str) -> LocalAccount:
     """A fresh keystore with a cheap KDF (PBKDF2, 1,000 rounds) instead of scrypt's ~2 s: only
     for throwaway accounts on a local devnet, whose keys guard nothing of value. Opens with
     `load_wallet` like any other keystore; never overwrites a file."""
+    from eth_account import Account  # lazy: eth-account (~0.4 s)
+
     account = Account.create()
     keystore = Account.encrypt(account.key, password, kdf="pbkdf2", iterations=1000)
     _write_new(path, json.dumps(keystore))
@@ -134,6 +143,8 @@ def load_or_create_wallet(path: Path, password: str) -> LocalAccount:
 
 def wallet_address(path: Path) -> str:
     """The checksummed address a keystore holds, read without the password."""
+    from eth_utils import to_checksum_address  # lazy: eth-utils
+
     data = _read_json(path, "wallet keystore")
     raw = data.get("address") if isinstance(data, dict) else None
     if not isinstance(raw, str) or len(raw.removeprefix("0x")) != 40:
@@ -157,6 +168,8 @@ def operator_key_path(home: Path) -> Path:
 def write_operator_key(path: Path) -> str:
     """A fresh secp256k1 operator key as an eth-account keystore (empty password), mode 0600;
     returns its address."""
+    from eth_account import Account  # lazy: eth-account (~0.4 s)
+
     account = Account.create()
     keystore = Account.encrypt(account.key, "", kdf="pbkdf2", iterations=2)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -168,6 +181,8 @@ def write_operator_key(path: Path) -> str:
 def read_operator_key(path: Path) -> bytes:
     """The private key of an operator key file (`write_operator_key`); `ConfigError` when the
     file cannot be read or is not such a keystore."""
+    from eth_account import Account  # lazy: eth-account (~0.4 s)
+
     try:
         return bytes(Account.decrypt(json.loads(path.read_text()), ""))
     except (OSError, ValueError, KeyError, TypeError) as error:

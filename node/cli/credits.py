@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from node.cli.key import parse_duration
-from node.client.credit_wallet import MAX_BUY, CreditWallet
+from node.client.credit_sizes import MAX_BUY
 from node.client.nodesfile import planet_home
 from protocol.errors import UsageError
 
@@ -100,6 +100,9 @@ def _devnet() -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: the blind-RSA and committee codecs (cryptography), ~0.25 s of every `planet` start
+    from node.client.credit_wallet import CreditWallet
+
     wallet_file = args.credits_file or planet_home() / "credits.json"
     wallet = CreditWallet(wallet_file)
     if args.action in ("show", "finish") and args.count is not None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from node.client.credit_wallet import MAX_BUY
+from node.client.credit_sizes import MAX_BUY
 from node.config import resolve_config
-from node.gateway.credit_payer import MIN_CREDIT_POSITIONS, TOP_UP, TOP_UP_BELOW
+from node.gateway.credit_defaults import MIN_CREDIT_POSITIONS, TOP_UP, TOP_UP_BELOW
 from node.gateway.guards import ROUTES
 from protocol.errors import UsageError
 

@@ -281,8 +281,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _node_key(args: argparse.Namespace) -> object | None:
     """The node key (TLS certificate; spot-check tickets with --committee-rpc), or None."""
-    from node.keys import PasswordSource, load_node_key  # lazy: eth-account, nacl
-
     if args.spot_check_ppm is not None:
         try:
             check_rate(args.spot_check_ppm)
@@ -295,6 +293,8 @@ def _node_key(args: argparse.Namespace) -> object | None:
             f"no node key at {args.node_key}",
             hint="`planet join` creates <home>/node_key.json on first use",
         )
+    from node.keys import PasswordSource, load_node_key  # lazy: eth-account, nacl
+
     password = PasswordSource(file=args.password_file, interactive=False).read()
     return load_node_key(args.node_key, password)
 

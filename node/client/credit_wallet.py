@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from node.client.credit_sizes import MAX_BUY as MAX_BUY  # re-exported: where callers look
 from protocol import blindrsa
 from protocol.committee.credits import Mint
 from protocol.credits import (
@@ -50,8 +51,6 @@ from protocol.credits import (
 from protocol.eip712 import address_of
 from protocol.errors import ProtocolError, UsageError
 from protocol.payment import payment_domain
-
-MAX_BUY = 30  # credits per mint a client draws: one blinded message per validator each, < 64 KiB
 
 
 class MintIncomplete(ProtocolError):

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.client.credit_sizes import MIN_POSITIONS as MIN_POSITIONS  # re-exported
 from node.client.credit_wallet import CreditWallet
 from protocol.credits import (
     CLIENT_MARGIN_BLOCKS,
@@ -73,7 +74,6 @@ class PriceTooHighError(ProtocolError):
         )
 
 
-MIN_POSITIONS = 16  # a client's default floor: it never pays a credit per fewer positions
 
 
 def accepts_price(min_positions: int) -> Callable[[int], bool]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.gateway.credit_payer import MAX_TOP_UP, MIN_CREDIT_POSITIONS, TOP_UP, TOP_UP_BELOW
+from node.gateway.credit_defaults import MAX_TOP_UP, MIN_CREDIT_POSITIONS, TOP_UP, TOP_UP_BELOW
 from node.gateway.requests import Limits
 from protocol.errors import UsageError
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from node.client.paying import MIN_POSITIONS, CreditPayer, split
+from node.client.paying import CreditPayer, split
 from node.gateway.credit_holds import (
     CURRENT_HOLD,
     CreditHold,
@@ -34,12 +34,6 @@ from node.gateway.credit_holds import (
 from protocol.credits import Credit
 
 log = logging.getLogger(__name__)
-
-# The hosted gateway's defaults (`planet gateway serve` flags; light to import for its --help)
-MIN_CREDIT_POSITIONS = MIN_POSITIONS  # the floor: never a credit per fewer positions (16)
-TOP_UP_BELOW = 100  # credits: the top-up buys when the wallet holds fewer (topup.py)
-TOP_UP = 300  # credits bought per top-up, in mints of at most MAX_BUY (30)
-MAX_TOP_UP = 100_000  # the most `--top-up` takes
 
 
 @dataclass

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from node.client.credit_purchase import MintUnfunded, buy_credits, finish_pending
-from node.client.credit_wallet import MAX_BUY, CreditWallet
+from node.client.credit_sizes import MAX_BUY
+from node.client.credit_wallet import CreditWallet
 from node.client.paying import CreditExpiry
 from protocol.credits import Credit
 from protocol.errors import PlanetError

@@ -22,6 +22,7 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "llama": ("transformers.models.llama.modeling_llama", "Llama"),
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
 }
+MODEL_TYPES: frozenset[str] = frozenset(_FAMILIES)  # what family_for accepts, without importing
 
 
 @dataclass(frozen=True)

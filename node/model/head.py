@@ -6,6 +6,10 @@ arrays (`embed_np`, `logits_np`, `logits_batch_np`) for circuits and the gateway
 through the `node.client.types.Head` protocol. `client.safetensors` holds
 `model.embed_tokens.weight`, `model.norm.weight` and, when the model does not tie them to the
 embeddings, `lm_head.weight`.
+
+The head reads `config.json` itself (`HeadConfig`) and applies the final RMSNorm itself, so
+loading it imports transformers' tokenizer only, never its modelling stack (~2 s of CPU a
+process: gateways, `planet ask`; node/model/head_config.py says why).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 from torch import nn
 
 from node.model.device import resolve_device
-from node.model.family import family_for, load_config
+from node.model.head_config import HeadConfig
 from node.model.manifest import (
     CLIENT_FILE,
     TOKENIZER_DIR,
@@ -47,7 +51,11 @@ class ClientHead:
     """Tokenizer + embeddings + final norm + LM head of a prepared model."""
 
     def __init__(
-        self, config: Any, tokenizer: Any, tensors: Mapping[str, torch.Tensor], device: torch.device
+        self,
+        config: HeadConfig,
+        tokenizer: Any,
+        tensors: Mapping[str, torch.Tensor],
+        device: torch.device,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -55,17 +63,14 @@ class ClientHead:
         self.hidden_size: int = config.hidden_size
         embed = tensors[EMBED_KEY].to(device, torch.float32)
         self._embed = embed  # [V, H]
-        self._norm = family_for(config).rms_norm(config.hidden_size, eps=config.rms_norm_eps)
-        self._norm.weight = nn.Parameter(
-            tensors[NORM_KEY].to(device, torch.float32), requires_grad=False
-        )
-        self._norm.to(device).eval()
+        self._norm_weight = tensors[NORM_KEY].to(device, torch.float32)
+        self._norm_eps = config.rms_norm_eps
         head = tensors.get(LM_HEAD_KEY)
         self._lm_head = embed if head is None else head.to(device, torch.float32)  # [V, H]
         self.vocab_size: int = int(self._lm_head.shape[0])
         self.eos_token_ids: frozenset[int] = _eos_ids(config, tokenizer)
         # positions the model was trained for (prompt + answer)
-        self.context_length: int = int(getattr(config, "max_position_embeddings", 2048) or 2048)
+        self.context_length: int = config.max_position_embeddings
 
     @classmethod
     def load(
@@ -80,7 +85,7 @@ class ClientHead:
         client_file = directory / CLIENT_FILE
         if verify:
             verify_file(client_file, parsed.client_hash)
-        config = load_config(directory)
+        config = HeadConfig.load(directory)
         tokenizer = AutoTokenizer.from_pretrained(str(directory / TOKENIZER_DIR))
         tensors = load_file(str(client_file), device="cpu")
         return cls(config, tokenizer, tensors, resolve_device(device))
@@ -132,7 +137,15 @@ class ClientHead:
         """[T, V] float32 logits for every position of `hidden` [1, T, H] (CPU)."""
         states = hidden.to(self.device, torch.float32).reshape(1, -1, self.hidden_size)
         # F.linear, as the model's nn.Linear head does, so argmax ties break the same way.
-        return nn.functional.linear(self._norm(states), self._lm_head)[0].to("cpu")
+        return nn.functional.linear(self._final_norm(states), self._lm_head)[0].to("cpu")
+
+    def _final_norm(self, states: torch.Tensor) -> torch.Tensor:
+        """The final RMSNorm of every family in node.model.family (Llama, Qwen2): transformers'
+        `LlamaRMSNorm.forward` / `Qwen2RMSNorm.forward` op for op on float32, so the logits are
+        bit-identical (tests/unit/test_head_config.py checks it against both classes). A family
+        with another final norm needs its own here."""
+        variance = states.pow(2).mean(-1, keepdim=True)
+        return self._norm_weight * (states * torch.rsqrt(variance + self._norm_eps))
 
     # ---- numpy, for circuits and the gateway -----------------------------------------------
     def embed_np(self, ids: Sequence[int]) -> np.ndarray:
@@ -153,13 +166,8 @@ class ClientHead:
             return self.all_logits(rows.reshape(1, -1, rows.shape[-1])).float().numpy()
 
 
-def _eos_ids(config: Any, tokenizer: Any) -> frozenset[int]:
-    ids: set[int] = set()
-    configured = getattr(config, "eos_token_id", None)
-    if isinstance(configured, int):
-        ids.add(configured)
-    elif isinstance(configured, list | tuple):
-        ids.update(int(i) for i in configured)
+def _eos_ids(config: HeadConfig, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set(config.eos_token_id)
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(int(tokenizer.eos_token_id))
     return frozenset(ids)

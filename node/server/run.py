@@ -10,10 +10,12 @@ from aiohttp import web
 
 from node.http_logs import quiet_malformed_http_logs
 from node.links import server_context
+from node.model.backends import skip_unused_backends
+from node.model.manifest import Manifest
 from node.server.app import create_app
 from node.server.backend import ModelShardBackend, ShardBackend
 from node.server.config import ServerConfig
-from protocol.errors import ConfigError, UnavailableError
+from protocol.errors import ConfigError, PlanetError, UnavailableError
 from protocol.links import is_loopback_host
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,18 @@ def configure_torch_threads(threads: int) -> int:
     return threads
 
 
+def _skip_unused_backends(config: ServerConfig) -> None:
+    """This process serves one shard: keep the other quants' libraries out of it (hqq alone is
+    ~1 s of every fp32/int8 node's start; node/model/backends.py). A manifest that does not
+    load is left for the shard's load to report, as before."""
+    try:
+        quant = Manifest.load(config.manifest_path).shard(config.shard_id).quant
+    except PlanetError:
+        return
+    skipped = skip_unused_backends({quant})
+    log.debug("quant=%s: not importing %s", quant, ", ".join(skipped) or "-")
+
+
 def serve(
     config: ServerConfig, node_key: Any = None, *, backend: ShardBackend | None = None
 ) -> None:
@@ -53,6 +67,8 @@ def serve(
             "a node serves TLS bound to its node key, and none was given",
             hint="pass --node-key FILE, or --plaintext-links for loopback/local tests",
         )
+    if backend is None:
+        _skip_unused_backends(config)
     threads = configure_torch_threads(config.torch_threads)
     if backend is None:
         backend = ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)

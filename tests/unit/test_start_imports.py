@@ -1,0 +1,110 @@
+"""What a process pays to start: each entry point imports only the libraries it uses (issue 41).
+
+Every integration and e2e test starts many `planet` processes (nodes, gateways, agents, watchers,
+CLI commands); a heavy import that creeps into one of their module graphs costs every start.
+Each check runs a fresh interpreter (`python -c`) and reads its `sys.modules`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from node.model.backends import skip_unused_backends
+from tests.doubles.tiny_model import make_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_STACK = ("torch", "transformers", "hqq", "torchao")
+
+
+def loaded_after(code: str, *names: str) -> list[str]:
+    """Which of `names` a fresh interpreter has imported after running `code`."""
+    listed = f"[n for n in {list(names)!r} if sys.modules.get(n)]"
+    probe = f"{code}\nimport json, sys\nprint(json.dumps({listed}))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return list(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    [
+        # the `planet` command line: every command's parser, no command's runtime
+        (
+            "planet.main",
+            (*MODEL_STACK, "numpy", "aiohttp", "web3", "eth_account", "eth_abi", "cryptography"),
+        ),
+        # processes that never run a model layer
+        ("node.gateway.run", (*MODEL_STACK, "web3", "eth_account")),
+        ("node.gateway.personal", (*MODEL_STACK, "web3", "eth_account")),
+        ("node.agent.__main__", MODEL_STACK),
+        ("node.watcher.__main__", MODEL_STACK),
+        # the node's server loads torch only when it loads its shard
+        ("node.server.run", (*MODEL_STACK, "web3", "eth_account")),
+        # a node opening its node key needs nacl, not eth-account
+        ("node.keys", ("eth_account", "eth_utils", "web3")),
+    ],
+)
+def test_entry_point_imports_stay_light(module: str, forbidden: tuple[str, ...]) -> None:
+    assert loaded_after(f"import {module}", *forbidden) == []
+
+
+def test_client_head_loads_without_the_modelling_stack(tmp_path: Path) -> None:
+    """A gateway's or `planet ask`'s head: torch and the tokenizer, not transformers' model
+    classes (nor, through them, hqq and torchao)."""
+    from node.model.prepare import prepare
+
+    make_tiny_model(tmp_path / "src", layers=2, hidden=32)
+    manifest = prepare(tmp_path / "src", parts=1, out=tmp_path / "m", progress=lambda _: None)
+    heavy = ("transformers.modeling_utils", "transformers.activations", "hqq", "torchao")
+    code = f"from node.model.head import ClientHead\nClientHead.load({str(manifest)!r}, 'cpu')"
+    assert loaded_after(code, *heavy) == []
+
+
+def test_an_fp32_node_loads_its_layers_without_hqq_or_torchao() -> None:
+    """The real effect, in a fresh interpreter: `skip_unused_backends` before transformers, and
+    the decoder layers load without the quant libraries an fp32 shard does not use."""
+    code = (
+        "from node.model.backends import skip_unused_backends\n"
+        "assert skip_unused_backends({'none'}) == ('hqq', 'torchao')\n"
+        "import transformers.models.llama.modeling_llama"
+    )
+    assert loaded_after(code, "hqq", "torchao") == []
+
+
+@pytest.mark.parametrize(
+    ("quant", "skipped"), [("none", ("hqq", "torchao")), ("int8", ("hqq",)), ("int4", ("torchao",))]
+)
+def test_each_quant_skips_only_the_other_quants_libraries(
+    monkeypatch: pytest.MonkeyPatch, quant: str, skipped: tuple[str, ...]
+) -> None:
+    # a stand-in module table: the decision is read off it, this process's imports stay as they are
+    table = {
+        name: module
+        for name, module in sys.modules.items()
+        if name.split(".")[0] not in ("transformers", "hqq", "torchao")
+    }
+    monkeypatch.setattr(sys, "modules", table)
+    assert skip_unused_backends({quant}) == skipped
+    assert [name for name in ("hqq", "torchao") if name in table] == list(skipped)
+    assert all(table[name] is None for name in skipped)
+
+
+def test_skipping_changes_nothing_once_transformers_or_the_library_is_loaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loaded = object()
+    monkeypatch.setattr(sys, "modules", {"transformers": loaded})
+    assert skip_unused_backends({"none"}) == ()
+    assert sys.modules == {"transformers": loaded}
+    monkeypatch.setattr(sys, "modules", {"hqq": loaded})
+    assert skip_unused_backends({"none"}) == ("torchao",)
+    assert sys.modules == {"hqq": loaded, "torchao": None}
