@@ -346,6 +346,17 @@ class ShardModel:
         for index in range(start, end):
             cache.layers[index].crop(length - held)  # negative: positions to remove
 
+    def cache_kv(self, cache: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [1, kv_heads, length, head_dim] that `cache` holds for model layer
+        `layer` (one of ours), whichever path made it (tests and inspection)."""
+        if isinstance(cache, StaticKV):
+            index = layer - self.layers[0]
+            return (
+                cache.keys[index, :, : cache.length].unsqueeze(0),
+                cache.values[index, :, : cache.length].unsqueeze(0),
+            )
+        return cache.layers[layer].keys, cache.layers[layer].values
+
     def cache_bytes_per_position(self) -> int:
         """KV bytes one position costs in a session's cache (keys and values, all our layers)."""
         config = self.config
