@@ -1,5 +1,5 @@
 """The fast shard path (node/model/fast.py) against the hf path it replaces on CPU: greedy
-tokens identical for fp32 shards (tiny Llama and Qwen2, several prompts, 40 tokens, across a
+tokens identical for fp32 shards (tiny Llama and Qwen2, three prompts, 32 tokens, across a
 cache that has to grow), pooled static-cache slots reused by a later session without anything
 of the earlier one leaking into it, and positions that do not continue a cache refused."""
 
