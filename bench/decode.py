@@ -126,10 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         metrics[f"ratio_int8_vs_fp32_fast_{count}t"] = _ratio(
             rate(f"decode_tok_s_fast_int8_{count}t"), rate(f"decode_tok_s_fast_fp32_{count}t")
         )
-        metrics[f"tokens_identical_fast_vs_hf_fp32_{count}t"] = (
+        metrics[f"tokens_identical_fast_vs_hf_fp32_{count}t"] = int(
             tokens[f"fast_fp32_{count}t"] == tokens[f"hf_fp32_{count}t"]
         )
-        metrics[f"tokens_identical_fast_vs_hf_int8_{count}t"] = (
+        metrics[f"tokens_identical_fast_vs_hf_int8_{count}t"] = int(
             tokens[f"fast_int8_{count}t"] == tokens[f"hf_int8_{count}t"]
         )
     if 1 in threads and 2 in threads:
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {
             "ratio_int8_vs_fp32_fast_1t": {"op": ">=", "value": 2.0},
             "ratio_2t_vs_1t_fast_int8": {"op": ">=", "value": 1.3},
-            "tokens_identical_fast_vs_hf_fp32_1t": {"op": "==", "value": True},
+            "tokens_identical_fast_vs_hf_fp32_1t": {"op": "==", "value": 1},
         },
     }
     print(json.dumps(result))
