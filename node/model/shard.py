@@ -31,6 +31,7 @@ from node.model.batched import decode_step_batched, supports_batched_decode
 from node.model.device import activation_dtype_for, resolve_device
 from node.model.family import family_for, layer_types, load_config
 from node.model.fast import FastDecoder, StaticKV, fast_supported, pack_int8_linears
+from node.model.layers import decoder_layer as fast_decoder_layer
 from node.model.manifest import CONFIG_FILE, Manifest, manifest_path, verify_file
 from node.model.quant import QUANT_INT8, QUANT_NONE, file_quant, load_into, quantize_module
 from protocol.errors import ConfigError, ProtocolError
@@ -68,17 +69,16 @@ def layer_key_prefix(index: int) -> str:
 
 
 def build_layers(
-    config: Any, start: int, end: int, *, device: torch.device | str = "meta"
+    config: Any, start: int, end: int, *, device: torch.device | str = "meta", path: str = "hf"
 ) -> nn.Module:
     """An (uninitialised) module whose state-dict keys are `model.layers.<i>.*` for i in
-    [start, end), each layer built with its original `layer_idx`."""
-    family = family_for(config)
+    [start, end), each layer built with its original `layer_idx`: transformers' decoder layers
+    (`path="hf"`) or the fast path's weight containers (node/model/layers.py, same keys)."""
+    make = fast_decoder_layer if path == "fast" else family_for(config).decoder_layer
     root = nn.Module()
     root.model = nn.Module()
     with torch.device(device):
-        root.model.layers = nn.ModuleDict(
-            {str(i): family.decoder_layer(config, i) for i in range(start, end)}
-        )
+        root.model.layers = nn.ModuleDict({str(i): make(config, i) for i in range(start, end)})
     return root
 
 
@@ -111,7 +111,10 @@ class ShardModel:
         if self.dtype != torch.float32:
             _cast_plain_floats(self._root, self.dtype)
         self._modules = [root.model.layers[str(i)] for i in range(start, end)]
-        self._rotary = family_for(config).rotary(config=config).to(device).eval()
+        self.path = resolve_path(path, config, self.layers, device)
+        self._rotary: Any = None  # the hf path's rotary embedding (transformers' modeling)
+        if self.path == "hf":
+            self._rotary = family_for(config).rotary(config=config).to(device).eval()
         types = layer_types(config)
         self._types = [types[i] for i in range(start, end)]
         self.batched_decode = supports_batched_decode(self._modules, self._types)
@@ -119,7 +122,6 @@ class ShardModel:
         self._mask_layer: dict[str, int] = {}
         for i in range(start, end):
             self._mask_layer.setdefault(types[i], i)
-        self.path = resolve_path(path, config, self.layers, device)
         self._fast: FastDecoder | None = None
         if self.path == "fast":
             if not fast_supported(self._modules, self._types):
@@ -182,17 +184,14 @@ class ShardModel:
         tensors, metadata = read_safetensors(shard_file)
         quant = file_quant(metadata)
         _check_keys_in_range(tensors, layers, shard_file)
-        root = build_layers(config, *layers, device="meta")
-        keep_int8 = (
-            quant == QUANT_INT8
-            and runtime == "auto"
-            and target.type == "cpu"
-            and resolve_path(path, config, layers, target) == "fast"
-        )
+        chosen = resolve_path(path, config, layers, target)
+        root = build_layers(config, *layers, device="meta", path=chosen)
+        keep_int8 = quant == QUANT_INT8 and runtime == "auto" and target.type == "cpu"
+        keep_int8 = keep_int8 and chosen == "fast"
         load_into(root, tensors, metadata, target, runtime="packed" if keep_int8 else runtime)
         if keep_int8:
             pack_int8_linears(root)
-        return cls(config, layers, root, target, quant, activation_dtype, path)
+        return cls(config, layers, root, target, quant, activation_dtype, chosen)
 
     @classmethod
     def from_state_dict(
@@ -213,7 +212,8 @@ class ShardModel:
             for key, value in state.items()
             if _layer_of(key) is not None and start <= _layer_of(key) < end  # type: ignore[operator]
         }
-        root = build_layers(config, start, end, device="meta")
+        chosen = resolve_path(path, config, layers, target)
+        root = build_layers(config, start, end, device="meta", path=chosen)
         try:
             root.load_state_dict(
                 {k: v.detach().to(target, torch.float32) for k, v in own.items()},
@@ -223,7 +223,7 @@ class ShardModel:
         except RuntimeError as error:
             raise ConfigError(f"weights do not fit layers [{start}, {end}): {error}") from error
         quantize_module(root, quant)
-        return cls(config, layers, root, target, quant, activation_dtype, path)
+        return cls(config, layers, root, target, quant, activation_dtype, chosen)
 
     @property
     def module(self) -> nn.Module:
