@@ -11,12 +11,13 @@ KV cache (`StaticKV`): one preallocated tensor per session for keys and one for 
 [layers, kv_heads, capacity, head_dim]; a step writes its positions in place and attends to
 `[:length]`. Capacity is a multiple of `BLOCK` positions and doubles when a prefill needs more
 (the only allocation after the first). Buffers of a dropped session return to the shard's pool
-(`weakref.finalize`, at most `POOL_SLOTS` kept) and the next session reuses them: it starts at
-length 0 and never reads beyond what it wrote, so nothing leaks between sessions.
+(`weakref.finalize`; at most `POOL_SLOTS` kept, none larger than `POOL_MAX_CAPACITY`
+positions) and the next session reuses them: it starts at length 0 and never reads beyond
+what it wrote, so nothing leaks between sessions.
 
 int8 shards: each Linear keeps torchao's int8 rows and fp32 per-row scales (`Int8Linear`) and
-multiplies with torch's packed int8 kernel `torch._weight_int8pack_mm` (bf16 activations, fp32
-accumulate; the per-row scale applied in fp32 afterwards). Measured on this machine's 2 cores
+multiplies with torch's packed int8 kernel `torch._weight_int8pack_mm` (bf16 activations in,
+bf16 out; the fp32 per-row scale applied afterwards). Measured on this machine's 2 cores
 (docs/compute.md): the fp32 activation variant of that kernel is ~10x slower than fp32 `F.linear`
 and de-quantizing per call ~50x, so bf16 activations it is.
 
@@ -36,6 +37,7 @@ from torch.nn import functional as F
 
 BLOCK = 256  # cache capacity grows in multiples of this many positions
 POOL_SLOTS = 8  # freed session buffers kept for reuse, per shard
+POOL_MAX_CAPACITY = 4 * BLOCK  # larger (grown) buffers are freed, not kept idle
 
 
 class Int8Linear(nn.Module):
@@ -164,7 +166,9 @@ class _Pool:
         self.free: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def give(self, buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        if buffers and len(self.free) < POOL_SLOTS:
+        if not buffers or len(self.free) >= POOL_SLOTS:
+            return
+        if buffers[0][0].shape[2] <= POOL_MAX_CAPACITY:
             self.free.append(buffers[0])
 
 
