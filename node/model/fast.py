@@ -27,8 +27,9 @@ Supported: full-attention layers of the families in node/model/family.py; anythi
 
 from __future__ import annotations
 
+import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -38,6 +39,13 @@ from torch.nn import functional as F
 BLOCK = 256  # cache capacity grows in multiples of this many positions
 POOL_SLOTS = 8  # freed session buffers kept for reuse, per shard
 POOL_MAX_CAPACITY = 4 * BLOCK  # larger (grown) buffers are freed, not kept idle
+COMPILE_ENV = "PLANET_SHARD_COMPILE"  # "1": torch.compile the one-position decode step
+
+
+def compile_requested() -> bool:
+    """Opt-in: compiling costs ~2 minutes on the first decode step of every process (measured
+    on 2 shared cores), far too slow for node start in tests; see docs/compute.md."""
+    return os.environ.get(COMPILE_ENV, "").strip() == "1"
 
 
 class Int8Linear(nn.Module):
@@ -187,6 +195,8 @@ class FastDecoder:
         self.n_layers = n_layers
         self.rotary = Rotary(config, device)
         self._pool = _Pool()
+        self._compiled: Callable[..., torch.Tensor] | None = None
+        self.compile = compile_requested()
 
     # ---- caches ------------------------------------------------------------------------
     def _alloc(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,7 +236,19 @@ class FastDecoder:
         self, modules: Sequence[nn.Module], hidden: torch.Tensor, start: int, cache: StaticKV
     ) -> torch.Tensor:
         """hidden [1, T, H] at positions start..start+T-1, with `cache` holding exactly
-        `start` positions → [1, T, H]; the cache then holds start+T."""
+        `start` positions → [1, T, H]; the cache then holds start+T. With `compile`, a
+        one-position step runs `torch.compile`d (dynamic shapes: one graph for every start
+        and capacity; compiled on the first such step)."""
+        if self.compile and hidden.shape[1] == 1:
+            self._reserve(cache, start + 1)
+            if self._compiled is None:
+                self._compiled = torch.compile(self._step, dynamic=True)
+            return self._compiled(list(modules), hidden, start, cache)
+        return self._step(modules, hidden, start, cache)
+
+    def _step(
+        self, modules: Sequence[nn.Module], hidden: torch.Tensor, start: int, cache: StaticKV
+    ) -> torch.Tensor:
         steps = hidden.shape[1]
         end = start + steps
         self._reserve(cache, end)
