@@ -191,8 +191,9 @@ def quant_report(
     Latency: shard 1 of each quant is timed round-robin (`latency_repeats` rounds of
     `latency_steps` single-token steps, median), so a busy machine slows all quants alike.
     With `packed`, quantized shards are also timed kept packed (the library de-quantizing in
-    every forward: `decode_ms_per_shard_<q>_packed`); `runtime="auto"` (what nodes use)
-    de-quantizes once at load on CPU and keeps them packed on CUDA."""
+    every forward: `decode_ms_per_shard_<q>_packed`); `runtime="auto"` (what nodes use) keeps
+    them packed on CUDA and, on CPU, keeps int8 as int8 on the fast shard path
+    (node/model/fast.py) and de-quantizes the rest once at load."""
     text = heldout_text() if text is None else text
     metrics: dict[str, Any] = {}
     manifests: dict[str, str] = {}

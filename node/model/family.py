@@ -36,13 +36,21 @@ class Family:
     rms_norm: type
 
 
-def family_for(config: Any) -> Family:
+def check_family(config: Any) -> str:
+    """The config's model_type if it is a supported family (`ConfigError` if not), without
+    importing its modeling module."""
     model_type = getattr(config, "model_type", None)
     if model_type not in _FAMILIES:
         raise ConfigError(
             f"model_type {model_type!r} is not supported",
             hint=f"supported families: {', '.join(sorted(_FAMILIES))}",
         )
+    return str(model_type)
+
+
+def family_for(config: Any) -> Family:
+    """The family's transformers classes (imports its modeling module)."""
+    model_type = check_family(config)
     module_name, prefix = _FAMILIES[model_type]
     module = importlib.import_module(module_name)
     return Family(
@@ -61,7 +69,7 @@ def load_config(directory: Path) -> Any:
         config = AutoConfig.from_pretrained(str(directory))
     except (OSError, ValueError) as error:
         raise ConfigError(f"cannot read the model config in {directory}: {error}") from error
-    family_for(config)  # reject unsupported families early
+    check_family(config)  # reject unsupported families early
     config._attn_implementation = "sdpa"
     return config
 

@@ -183,7 +183,8 @@ def load_into(
     Linear (fp32 memory and speed, same values); "auto" = packed on CUDA, dequantized on CPU,
     where the per-call de-quantization dominates a decode step (measured on 2 cores, one
     10-layer SmolLM2 shard: hqq int4 packed ~0.4-1.4 s, torchao int8 packed 30-600 ms, fp32
-    ~25-80 ms). On CPU the quantized formats thus save disk and transfer, not RAM.
+    ~25-80 ms). (`ShardModel.from_file` asks for "packed" int8 on the CPU fast path and swaps
+    torchao's weights for `node.model.fast.Int8Linear`, which multiplies in int8.)
 
     Raises `ConfigError` when keys are missing or unexpected, so a wrong file never runs.
     """

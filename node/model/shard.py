@@ -2,7 +2,13 @@
 
 `ShardModel` builds only its own layers (keeping their original `layer_idx`) plus the model's
 rotary embedding, loads the shard file (checking its hash against the manifest first), and runs
-them with a per-session transformers `DynamicCache`. transformers 5.23 specifics it handles:
+them one of two ways (`path`):
+- "fast" (the default on CPU for full-attention Llama/Qwen2 shards, node/model/fast.py): our
+  own decoder step over the same weights with a static, pooled per-session KV cache; int8
+  shards keep their int8 weights and use torch's packed int8 kernel;
+- "hf" (the default elsewhere, and selectable with `path="hf"` or `PLANET_SHARD_PATH=hf`):
+  transformers' decoder layers with a per-session `DynamicCache`.
+transformers 5.23 specifics the hf path handles:
 positions travel as `position_ids` only (no `cache_position`); each layer gets
 `position_embeddings=(cos, sin)` from `rotary_emb`; a decoder layer returns a Tensor; the
 causal mask is sized with `layer_idx=<first layer of the shard>` because the shard's cache has
@@ -12,6 +18,7 @@ empty slots below it (without that, chunked prefill silently goes wrong under sd
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,13 +30,37 @@ from torch import nn
 from node.model.batched import decode_step_batched, supports_batched_decode
 from node.model.device import activation_dtype_for, resolve_device
 from node.model.family import family_for, layer_types, load_config
+from node.model.fast import FastDecoder, StaticKV, fast_supported, pack_int8_linears
+from node.model.layers import decoder_layer as fast_decoder_layer
 from node.model.manifest import CONFIG_FILE, Manifest, manifest_path, verify_file
-from node.model.quant import QUANT_NONE, file_quant, load_into, quantize_module
+from node.model.quant import QUANT_INT8, QUANT_NONE, file_quant, load_into, quantize_module
 from protocol.errors import ConfigError, ProtocolError
 
 log = logging.getLogger(__name__)
 
 ACTIVATION_DTYPE = torch.float32  # what forward() returns (and takes) at its boundary
+PATHS: tuple[str, ...] = ("auto", "fast", "hf")
+PATH_ENV = "PLANET_SHARD_PATH"  # overrides path="auto" (bench and comparison runs)
+
+
+def resolve_path(path: str, config: Any, layers: tuple[int, int], device: torch.device) -> str:
+    """The path to run, "fast" or "hf". "auto": the `PLANET_SHARD_PATH` environment variable
+    if set, else fast on CPU when every layer is full attention, else hf. An explicit "fast"
+    on layers it cannot run is a `ConfigError`."""
+    if path not in PATHS:
+        raise ConfigError(f"unknown shard path {path!r}", hint=f"use one of: {', '.join(PATHS)}")
+    if path == "auto":
+        chosen = os.environ.get(PATH_ENV, "").strip().lower()
+        if chosen and chosen not in PATHS:
+            raise ConfigError(f"{PATH_ENV}={chosen!r} is not a shard path", hint="use fast or hf")
+        path = chosen or "auto"
+    types = layer_types(config)[layers[0] : layers[1]]
+    full = all(kind == "full_attention" for kind in types)
+    if path == "auto":
+        return "fast" if device.type == "cpu" and full else "hf"
+    if path == "fast" and not full:
+        raise ConfigError("the fast shard path runs full-attention layers only", hint="use hf")
+    return path
 
 
 def layer_key_prefix(index: int) -> str:
@@ -38,17 +69,16 @@ def layer_key_prefix(index: int) -> str:
 
 
 def build_layers(
-    config: Any, start: int, end: int, *, device: torch.device | str = "meta"
+    config: Any, start: int, end: int, *, device: torch.device | str = "meta", path: str = "hf"
 ) -> nn.Module:
     """An (uninitialised) module whose state-dict keys are `model.layers.<i>.*` for i in
-    [start, end), each layer built with its original `layer_idx`."""
-    family = family_for(config)
+    [start, end), each layer built with its original `layer_idx`: transformers' decoder layers
+    (`path="hf"`) or the fast path's weight containers (node/model/layers.py, same keys)."""
+    make = fast_decoder_layer if path == "fast" else family_for(config).decoder_layer
     root = nn.Module()
     root.model = nn.Module()
     with torch.device(device):
-        root.model.layers = nn.ModuleDict(
-            {str(i): family.decoder_layer(config, i) for i in range(start, end)}
-        )
+        root.model.layers = nn.ModuleDict({str(i): make(config, i) for i in range(start, end)})
     return root
 
 
@@ -63,6 +93,7 @@ class ShardModel:
         device: torch.device,
         quant: str = QUANT_NONE,
         activation_dtype: str | torch.dtype = "auto",
+        path: str = "auto",
     ) -> None:
         start, end = layers
         if not 0 <= start < end <= config.num_hidden_layers:
@@ -80,7 +111,10 @@ class ShardModel:
         if self.dtype != torch.float32:
             _cast_plain_floats(self._root, self.dtype)
         self._modules = [root.model.layers[str(i)] for i in range(start, end)]
-        self._rotary = family_for(config).rotary(config=config).to(device).eval()
+        self.path = resolve_path(path, config, self.layers, device)
+        self._rotary: Any = None  # the hf path's rotary embedding (transformers' modeling)
+        if self.path == "hf":
+            self._rotary = family_for(config).rotary(config=config).to(device).eval()
         types = layer_types(config)
         self._types = [types[i] for i in range(start, end)]
         self.batched_decode = supports_batched_decode(self._modules, self._types)
@@ -88,6 +122,11 @@ class ShardModel:
         self._mask_layer: dict[str, int] = {}
         for i in range(start, end):
             self._mask_layer.setdefault(types[i], i)
+        self._fast: FastDecoder | None = None
+        if self.path == "fast":
+            if not fast_supported(self._modules, self._types):
+                raise ConfigError("these layers are not Llama/Qwen2 decoder layers", hint="hf")
+            self._fast = FastDecoder(config, end - start, device, self.dtype)
 
     # ---- construction ------------------------------------------------------------------
     @classmethod
@@ -100,13 +139,15 @@ class ShardModel:
         verify: bool = True,
         runtime: str = "auto",
         activation_dtype: str = "auto",
+        path: str = "auto",
     ) -> ShardModel:
         """Load shard `shard_id` of a prepared model; the file's hash is checked first
-        (`IntegrityError` naming both hashes). `runtime`: see `quant.load_into`."""
-        path = manifest_path(manifest)
-        parsed = Manifest.load(path)
+        (`IntegrityError` naming both hashes). `runtime`: see `quant.load_into`; `path`: see
+        `resolve_path`."""
+        where = manifest_path(manifest)
+        parsed = Manifest.load(where)
         entry = parsed.shard(shard_id)
-        directory = path.parent
+        directory = where.parent
         shard_file = directory / entry.file
         if verify:
             verify_file(shard_file, entry.hash)
@@ -123,6 +164,7 @@ class ShardModel:
             device=device,
             runtime=runtime,
             activation_dtype=activation_dtype,
+            path=path,
         )
 
     @classmethod
@@ -134,15 +176,22 @@ class ShardModel:
         device: str | torch.device = "auto",
         runtime: str = "auto",
         activation_dtype: str = "auto",
+        path: str = "auto",
     ) -> ShardModel:
-        """Load a shard file (no hash check) for layers [start, end)."""
+        """Load a shard file (no hash check) for layers [start, end). On the fast path an int8
+        file stays int8 in memory (`runtime="auto"`; "dequantized" still expands it)."""
         target = resolve_device(device)
         tensors, metadata = read_safetensors(shard_file)
         quant = file_quant(metadata)
         _check_keys_in_range(tensors, layers, shard_file)
-        root = build_layers(config, *layers, device="meta")
-        load_into(root, tensors, metadata, target, runtime=runtime)
-        return cls(config, layers, root, target, quant, activation_dtype)
+        chosen = resolve_path(path, config, layers, target)
+        root = build_layers(config, *layers, device="meta", path=chosen)
+        keep_int8 = quant == QUANT_INT8 and runtime == "auto" and target.type == "cpu"
+        keep_int8 = keep_int8 and chosen == "fast"
+        load_into(root, tensors, metadata, target, runtime="packed" if keep_int8 else runtime)
+        if keep_int8:
+            pack_int8_linears(root)
+        return cls(config, layers, root, target, quant, activation_dtype, chosen)
 
     @classmethod
     def from_state_dict(
@@ -153,6 +202,7 @@ class ShardModel:
         device: str | torch.device = "auto",
         quant: str = QUANT_NONE,
         activation_dtype: str = "auto",
+        path: str = "auto",
     ) -> ShardModel:
         """Build from full-model weights (keys `model.layers.<i>.*`), quantizing if asked."""
         target = resolve_device(device)
@@ -162,7 +212,8 @@ class ShardModel:
             for key, value in state.items()
             if _layer_of(key) is not None and start <= _layer_of(key) < end  # type: ignore[operator]
         }
-        root = build_layers(config, start, end, device="meta")
+        chosen = resolve_path(path, config, layers, target)
+        root = build_layers(config, start, end, device="meta", path=chosen)
         try:
             root.load_state_dict(
                 {k: v.detach().to(target, torch.float32) for k, v in own.items()},
@@ -172,7 +223,7 @@ class ShardModel:
         except RuntimeError as error:
             raise ConfigError(f"weights do not fit layers [{start}, {end}): {error}") from error
         quantize_module(root, quant)
-        return cls(config, layers, root, target, quant, activation_dtype)
+        return cls(config, layers, root, target, quant, activation_dtype, chosen)
 
     @property
     def module(self) -> nn.Module:
@@ -181,7 +232,10 @@ class ShardModel:
 
     # ---- running -----------------------------------------------------------------------
     def new_cache(self) -> Any:
-        """A fresh per-session KV cache (a transformers `DynamicCache`)."""
+        """A fresh per-session KV cache: a pooled `StaticKV` slot on the fast path, a
+        transformers `DynamicCache` on the hf path."""
+        if self._fast is not None:
+            return self._fast.new_cache()
         from transformers import DynamicCache
 
         return DynamicCache(config=self.config)
@@ -190,11 +244,6 @@ class ShardModel:
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         """Run our layers on `hidden` [1, T, H] at absolute `positions` [T] (int64), appending
         to `cache`; returns [1, T, H] float32 on CPU."""
-        from transformers.masking_utils import (
-            create_causal_mask,
-            create_sliding_window_causal_mask,
-        )
-
         if hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[2] != self.hidden_size:
             raise ProtocolError(
                 f"hidden must be [1, T, {self.hidden_size}], got {list(hidden.shape)}"
@@ -204,6 +253,15 @@ class ShardModel:
                 f"positions must be [T={hidden.shape[1]}], got {list(positions.shape)}"
             )
         hidden = hidden.to(self.device, self.dtype)
+        if self._fast is not None:
+            start = _contiguous_start(positions, cache)
+            out = self._fast.forward(self._modules, hidden, start, cache)
+            return out.to("cpu", ACTIVATION_DTYPE)
+        from transformers.masking_utils import (
+            create_causal_mask,
+            create_sliding_window_causal_mask,
+        )
+
         position_ids = positions.to(self.device, torch.long).unsqueeze(0)  # [1, T]
         cos_sin = self._rotary(hidden, position_ids)
         masks: dict[str, Any] = {}
@@ -248,6 +306,12 @@ class ShardModel:
             )
         if positions.shape != (batch,) or len(caches) != batch:
             raise ProtocolError("one position and one cache per session")
+        if self._fast is not None and batch > 1:
+            starts = [_contiguous_start(positions[b : b + 1], c) for b, c in enumerate(caches)]
+            out = self._fast.forward_batch(
+                self._modules, hidden.to(self.device, self.dtype), starts, caches
+            )
+            return out.to("cpu", ACTIVATION_DTYPE)
         if batch == 1 or not self.batched_decode:
             rows = [
                 self.forward(hidden[b : b + 1], positions[b : b + 1], caches[b])
@@ -273,11 +337,25 @@ class ShardModel:
             raise ProtocolError(f"cannot rewind to {length}: the cache holds {held} positions")
         if length == held:
             return
+        if isinstance(cache, StaticKV):
+            cache.length = length  # positions beyond are never read, and overwritten next
+            return
         if any(kind != "full_attention" for kind in self._types):
             raise ProtocolError("this shard's sliding-window layers cannot rewind")
         start, end = self.layers
         for index in range(start, end):
             cache.layers[index].crop(length - held)  # negative: positions to remove
+
+    def cache_kv(self, cache: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [1, kv_heads, length, head_dim] that `cache` holds for model layer
+        `layer` (one of ours), whichever path made it (tests and inspection)."""
+        if isinstance(cache, StaticKV):
+            index = layer - self.layers[0]
+            return (
+                cache.keys[index, :, : cache.length].unsqueeze(0),
+                cache.values[index, :, : cache.length].unsqueeze(0),
+            )
+        return cache.layers[layer].keys, cache.layers[layer].values
 
     def cache_bytes_per_position(self) -> int:
         """KV bytes one position costs in a session's cache (keys and values, all our layers)."""
@@ -290,6 +368,8 @@ class ShardModel:
 
     def cache_length(self, cache: Any) -> int:
         """Tokens held in `cache` for our layers."""
+        if isinstance(cache, StaticKV):
+            return cache.length
         return int(cache.get_seq_length(self.layers[0]))
 
     def parameter_bytes(self) -> int:
@@ -305,7 +385,11 @@ class ShardModel:
 
 
 def cache_bytes(cache: Any) -> int:
-    """Memory held by a session's KV cache, in bytes."""
+    """Memory a session's KV cache holds, in bytes (for a `StaticKV`: of the positions it
+    holds, not of its preallocated capacity, so that admission accounts per position)."""
+    if isinstance(cache, StaticKV):
+        layers, kv_heads, _, head_dim = cache.keys.shape
+        return 2 * layers * kv_heads * cache.length * head_dim * cache.keys.element_size()
     total = 0
     for layer in getattr(cache, "layers", ()):
         for name in ("keys", "values"):
@@ -313,6 +397,19 @@ def cache_bytes(cache: Any) -> int:
             if isinstance(tensor, torch.Tensor):
                 total += tensor.numel() * tensor.element_size()
     return total
+
+
+def _contiguous_start(positions: torch.Tensor, cache: StaticKV) -> int:
+    """The first of `positions`, which must continue `cache` exactly (`ProtocolError`)."""
+    if not isinstance(cache, StaticKV):
+        raise ProtocolError("this cache does not belong to a fast-path shard")
+    steps = int(positions.shape[0])
+    start = int(positions[0])
+    if start != cache.length or (steps > 1 and int(positions[-1]) != start + steps - 1):
+        raise ProtocolError(
+            f"positions must continue the cache at {cache.length}, got {start}..+{steps}"
+        )
+    return start
 
 
 def _cast_plain_floats(root: nn.Module, dtype: torch.dtype) -> None:

@@ -22,12 +22,16 @@ STEPS = 10
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
-def circuit(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[ClientHead, list[Any]]:
+def prepared(request, tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp(f"tiny-rewind-{request.param}")
     make_tiny_model(root / "src", model_type=request.param, layers=4, hidden=64, tied=False)
-    manifest = prepare(root / "src", parts=2, out=root / "p2", progress=lambda _: None)
-    head = ClientHead.load(manifest)
-    return head, [ShardModel.load(manifest, k) for k in range(2)]
+    return prepare(root / "src", parts=2, out=root / "p2", progress=lambda _: None)
+
+
+@pytest.fixture(scope="module", params=["fast", "hf"])
+def circuit(request, prepared: Any) -> tuple[ClientHead, list[Any]]:
+    head = ClientHead.load(prepared)
+    return head, [ShardModel.load(prepared, k, path=request.param) for k in range(2)]
 
 
 def _run(shards: list[ShardModel], caches: list[Any], hidden: torch.Tensor, start: int):
@@ -92,8 +96,10 @@ def test_rewind_cache_equals_plain_cache(circuit) -> None:
     for shard, a, b in zip(shards, plain, spec, strict=True):
         assert shard.cache_length(a) == shard.cache_length(b) == len(ids)
         for index in range(*shard.layers):
-            torch.testing.assert_close(a.layers[index].keys, b.layers[index].keys)
-            torch.testing.assert_close(a.layers[index].values, b.layers[index].values)
+            for mine, theirs in zip(
+                shard.cache_kv(a, index), shard.cache_kv(b, index), strict=True
+            ):
+                torch.testing.assert_close(mine, theirs)
 
 
 def test_rewind_bounds(circuit) -> None:
