@@ -9,6 +9,7 @@ from abci_app import (
     commitments,
     coverage,
     credits,
+    gateway_bindings,
     registry,
     seeds,
     settlement,
@@ -20,6 +21,7 @@ from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
+from protocol.committee.gateways import GatewayBind
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import PayoutVote, WorkReport
 from protocol.committee.verification import (
@@ -36,7 +38,8 @@ Handler = Callable[[State, SignedTx], None]
 def work_report(state: State, tx: SignedTx) -> None:
     """Settlement's rule, then the reported tokens counted against the nodes' commitments."""
     settlement.work_report(state, tx)
-    coverage.record_report(state, tx.body)
+    if tx.signer in state.genesis.gateways:  # served counts only from genesis gateways
+        coverage.record_report(state, tx.body)
 
 
 HANDLERS: dict[str, Handler] = {
@@ -57,4 +60,5 @@ HANDLERS: dict[str, Handler] = {
     Mint.TYPE: credits.mint,
     FundMint.TYPE: credits.fund_mint,
     Redeem.TYPE: credits.redeem,
+    GatewayBind.TYPE: gateway_bindings.gateway,
 }

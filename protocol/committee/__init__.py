@@ -29,6 +29,7 @@ Modules, read bottom-up:
                       (PayoutVote)
     credits.py        credit_key (CreditKey), mint (Mint), fund_mint (FundMint), redeem (Redeem):
                       bearer credits
+    gateways.py       gateway (GatewayBind): a gateway key bound to its payee address
     envelope.py       SignedTx, sign / encode / decode, the type → body registry, and
                       TxSignatureError
 
@@ -53,6 +54,8 @@ Tx types (`type` → dataclass):
     mint            Mint           a payer buys credits: blinded messages + a signed purchase
     fund_mint       FundMint       a validator saw the mint's payer's balance cover it
     redeem          Redeem         a compute node cashes the credits it was paid with
+    gateway         GatewayBind    a gateway key bound to (or released from) its payee EVM
+                                   address, under that address's EIP-712 signature
 
 `TxDecodeError` (malformed bytes or fields) and `TxSignatureError` (bad ed25519 signature) are
 typed `ProtocolError`s; the ABCI app maps them to named result codes. The compact binary

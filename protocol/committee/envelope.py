@@ -18,6 +18,7 @@ from nacl.signing import SigningKey, VerifyKey
 from protocol.canonical import JsonInputError, canonical_json, canonical_text, parse_json
 from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
+from protocol.committee.gateways import GatewayBind
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import PayoutVote, WorkReport
@@ -64,6 +65,7 @@ TxBody = (
     | Mint
     | FundMint
     | Redeem
+    | GatewayBind
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -85,6 +87,7 @@ BODY_TYPES: dict[str, Any] = {
         Mint,
         FundMint,
         Redeem,
+        GatewayBind,
     )
 }
 
