@@ -24,6 +24,7 @@ from node.client.credit_wallet import CreditWallet
 from node.client.paying import CreditExpiry, accepts_price
 from node.dial import refuse_redirects
 from node.gateway.app import Gateway, ModelInfo, create_app
+from node.gateway.binding import ensure_bound
 from node.gateway.config import GatewayConfig
 from node.gateway.credit_payer import HostedPayer
 from node.gateway.escrow_reads import BoundedReads, ChainEscrow
@@ -241,8 +242,8 @@ def _log_credits(config: GatewayConfig, credits: CreditWallet) -> None:
 
 
 def committee_key_path(config: GatewayConfig) -> Path:
-    """The gateway's ed25519 committee key (signs `work_report`), next to its wallet; its
-    public key must be in the committee's genesis `gateways` list."""
+    """The gateway's ed25519 committee key (signs `work_report` and its `gateway` binding), next
+    to its wallet; bound on chain to the wallet's address at the first start (binding.py)."""
     return config.wallet.with_name("committee_key.json")
 
 
@@ -255,6 +256,11 @@ async def _work_reporter(
     key = await asyncio.to_thread(load_or_create_node_key, committee_key_path(config), password)
     log.info("work reports signed by gateway key=%s", key.verify_key.encode().hex())
     link = CommitteeLink([config.committee_rpc], key)
+    try:  # the chain pays this key's fees to the address it is bound to: bind it once
+        await ensure_bound(link, desk.signing_key, desk.gateway, await link.params())
+    except PlanetError:
+        await link.close()
+        raise
     escrow = desk.escrow.inner.escrow  # BoundedReads → ChainEscrow → the QueryEscrow binding
     debits = DebitTracker(link, escrow, desk)  # prepaid charges a posted root covered
     return WorkReporter(ledger, link, every_s=config.report_every_s, debits=debits)
