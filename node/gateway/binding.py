@@ -32,18 +32,21 @@ class BindingLink(Protocol):
     async def send(self, body: Any, *, timeout_s: float = 15.0) -> tuple[int, str]: ...
 
 
-def _domain(params: Any) -> tuple[str, int, str]:
-    """(CometBFT chain id, EVM chain id, committee address) from the committee's `/params`."""
+def _domain(params: Any) -> tuple[str, int, str] | None:
+    """(CometBFT chain id, EVM chain id, committee address) from the committee's `/params`;
+    None when its genesis names no committee contract (such a chain settles nothing)."""
     try:
-        evm = params["genesis"].get("evm") or {}
-        chain_id, evm_chain_id = params["chain_id"], evm["chain_id"]
-        committee = evm["committee_address"]
+        genesis = params["genesis"]
+        evm = genesis.get("evm") or {}
+        chain_id = params["chain_id"]
     except (KeyError, TypeError, AttributeError):
         raise ConfigError(
-            "the committee's /params names no evm {chain_id, committee_address}: a gateway "
-            "cannot bind its payee address there",
-            hint="point --committee-rpc at a Planet committee validator with settlement on",
+            "the committee's /params is not a Planet committee's",
+            hint="point --committee-rpc at a Planet committee validator",
         ) from None
+    committee, evm_chain_id = evm.get("committee_address"), evm.get("chain_id")
+    if not committee:
+        return None
     if not isinstance(chain_id, str) or not isinstance(evm_chain_id, int):
         raise ConfigError("the committee's /params has a malformed chain id")
     return chain_id, evm_chain_id, str(committee)
@@ -55,6 +58,10 @@ async def ensure_bound(link: BindingLink, evm_key: bytes, address: str, params: 
     or the chain refuses the binding; `UnavailableError` (from the link) when it does not land."""
     address = address.lower()
     key = link.signer
+    domain = _domain(params)
+    if domain is None:
+        log.warning("the committee names no committee contract (no settlement): not binding")
+        return False
     mine = await link.query("/gateways", key=key)
     if mine.get("address") == address:
         log.info("gateway key=%s is bound to address=%s", key, address)
@@ -72,7 +79,7 @@ async def ensure_bound(link: BindingLink, evm_key: bytes, address: str, params: 
             hint="serve with that key's committee_key.json, or a fresh wallet",
         )
     nonce = int(latest["nonce"]) + 1 if latest is not None else 1
-    chain_id, evm_chain_id, committee = _domain(params)
+    chain_id, evm_chain_id, committee = domain
     body: GatewayBind = sign_binding(
         evm_key,
         key,
