@@ -621,6 +621,23 @@ describe("QueryEscrow", function () {
       const buy = await pageStatement(env, 2n, [{ account: env.op1.address, amount: 12n }], [env.q1], [5n], [env.user2.address], [e], [7n]);
       await expect(post(env, buy)).to.be.revertedWithCustomError(env.escrow, "WrongGatewayDebit").withArgs(env.user2.address, e, env.op1.address);
     });
+    it("deposit_frontRunForAnotherGateway_bindsOnlyTheFrontRunnersMoney", async function () {
+      const env = await loadFixture(twoGateways);
+      // a front-runner sees a user's deposit of q4 for op1 and deposits q4 first, for gateway2
+      const q4 = ethers.id("query-4");
+      await env.escrow.connect(env.stranger).deposit(q4, ethers.id("model"), env.gateway2.address, { value: 3n });
+      await expect(env.escrow.connect(env.user).deposit(q4, ethers.id("model"), env.op1.address, { value: FEE_CAP }))
+        .to.be.revertedWithCustomError(env.escrow, "QueryExists")
+        .withArgs(q4);
+      // the binding is the front-runner's own (op1 sees another gateway and depositor and
+      // refuses to serve q4); op1 cannot be paid the front-runner's deposit either
+      const d = await env.escrow.depositOf(q4);
+      expect([d.user, d.gateway, d.amount]).to.deep.equal([env.stranger.address, env.gateway2.address, 3n]);
+      const s = await pageStatement(env, 1n, [{ account: env.op1.address, amount: 3n }], [env.q1, q4], [0n, 3n]);
+      await expect(post(env, s))
+        .to.be.revertedWithCustomError(env.escrow, "WrongGatewayQuery")
+        .withArgs(q4, env.gateway2.address, env.op1.address);
+    });
     it("postPayoutRoot_ownDepositsAndDebits_paysTheGatewayAlone", async function () {
       const env = await loadFixture(twoGateways);
       await env.escrow.connect(env.user2).depositBalance(env.gateway2.address, { value: 7n });
