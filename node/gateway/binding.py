@@ -12,10 +12,12 @@ bound to another address, or its wallet bound to another key → it refuses to s
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Protocol
 
 from protocol.committee.gateways import GatewayBind, sign_binding
-from protocol.errors import ConfigError
+from protocol.errors import ConfigError, RemoteError
+from protocol.fields import is_int
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,32 @@ def _domain(params: Any) -> tuple[str, int, str] | None:
     return chain_id, evm_chain_id, str(committee)
 
 
+_ADDRESS = re.compile(r"0x[0-9a-f]{40}\Z")
+_KEY = re.compile(r"[0-9a-f]{64}\Z")
+
+
+def _bound_to(answer: Any) -> str | None:
+    """`/gateways?key=`'s `address`: a lowercase address or null, else `RemoteError`."""
+    address = answer.get("address") if isinstance(answer, dict) else ""
+    if address is not None and not (isinstance(address, str) and _ADDRESS.match(address)):
+        raise RemoteError("committee", "bad_answer", f"/gateways: malformed {answer!r}"[:200])
+    return address
+
+
+def _latest(answer: Any) -> tuple[str, bool, int] | None:
+    """`/gateways?address=`'s `binding` as (key, bound, nonce), or None; else `RemoteError`."""
+    binding = answer.get("binding", "") if isinstance(answer, dict) else ""
+    if binding is None:
+        return None
+    try:
+        key, bound, nonce = binding["key"], binding["bound"], binding["nonce"]
+        if _KEY.match(key) and isinstance(bound, bool) and is_int(nonce, 1, (1 << 64) - 1):
+            return key, bound, nonce
+    except (TypeError, KeyError):
+        pass
+    raise RemoteError("committee", "bad_answer", f"/gateways: malformed {answer!r}"[:200])
+
+
 async def ensure_bound(link: BindingLink, evm_key: bytes, address: str, params: Any) -> bool:
     """Bind `link`'s signer key to `address` (the wallet of `evm_key`) unless it already is;
     True when this call bound it. `ConfigError` when the key or the address is bound elsewhere
@@ -62,23 +90,23 @@ async def ensure_bound(link: BindingLink, evm_key: bytes, address: str, params: 
     if domain is None:
         log.warning("the committee names no committee contract (no settlement): not binding")
         return False
-    mine = await link.query("/gateways", key=key)
-    if mine.get("address") == address:
+    mine = _bound_to(await link.query("/gateways", key=key))
+    if mine == address:
         log.info("gateway key=%s is bound to address=%s", key, address)
         return False
-    if mine.get("address") is not None:
+    if mine is not None:
         raise ConfigError(
-            f"this gateway's committee key {key} is bound to {mine['address']}, not to its "
+            f"this gateway's committee key {key} is bound to {mine}, not to its "
             f"wallet {address}: its fees would be paid there",
             hint="serve with the wallet that address belongs to, or a new committee key",
         )
-    latest = (await link.query("/gateways", address=address)).get("binding")
-    if latest is not None and latest.get("bound") and latest.get("key") != key:
+    latest = _latest(await link.query("/gateways", address=address))
+    if latest is not None and latest[1] and latest[0] != key:
         raise ConfigError(
-            f"the wallet {address} is bound to another gateway key {latest['key']}",
+            f"the wallet {address} is bound to another gateway key {latest[0]}",
             hint="serve with that key's committee_key.json, or a fresh wallet",
         )
-    nonce = int(latest["nonce"]) + 1 if latest is not None else 1
+    nonce = latest[2] + 1 if latest is not None else 1
     chain_id, evm_chain_id, committee = domain
     body: GatewayBind = sign_binding(
         evm_key,
@@ -90,10 +118,12 @@ async def ensure_bound(link: BindingLink, evm_key: bytes, address: str, params: 
         committee_address=committee,
     )
     code, reason = await link.send(body)
-    if code == GATEWAY_ALREADY_BOUND:  # a concurrent start bound it meanwhile: look again
-        again = await link.query("/gateways", key=key)
-        if again.get("address") == address:
-            return False
+    # a concurrent start bound it meanwhile: look again
+    if (
+        code == GATEWAY_ALREADY_BOUND
+        and _bound_to(await link.query("/gateways", key=key)) == address
+    ):
+        return False
     if code != 0:
         raise ConfigError(
             f"the committee refused this gateway's binding (code {code}): {reason}",

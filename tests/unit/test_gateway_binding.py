@@ -14,7 +14,7 @@ from nacl.signing import SigningKey
 from abci_app.queries import query
 from node.gateway.binding import ensure_bound
 from protocol.eip712 import address_of
-from protocol.errors import ConfigError
+from protocol.errors import ConfigError, RemoteError
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 from tests.unit.test_abci_settlement import (
     GATEWAY,
@@ -75,3 +75,26 @@ async def test_a_key_or_wallet_bound_elsewhere_stops_the_start_by_name() -> None
         await ensure_bound(ChainLink(chain, GATEWAY), FRESH_EVM_KEY, FRESH_EVM, params)
     with pytest.raises(ConfigError, match="bound to another gateway key"):
         await ensure_bound(ChainLink(chain, FRESH), GATEWAY_EVM_KEY, GATEWAY_EVM, params)
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        [["not", "a dict"]],
+        [{"address": "0xNOPE"}],
+        [{"address": None}, {"binding": {"key": "zz", "bound": True, "nonce": 1}}],
+        [{"address": None}, {"binding": {"key": "ab" * 32, "bound": "yes", "nonce": 1}}],
+    ],
+)
+async def test_a_malformed_committee_answer_is_refused_by_name(answers: list[Any]) -> None:
+    chain = settled_chain()
+    link = ChainLink(chain, FRESH)
+    params = await link.query("/params")
+    replies = iter(answers)
+
+    async def junk(path: str, **params: Any) -> Any:
+        return next(replies)
+
+    link.query = junk  # type: ignore[method-assign]
+    with pytest.raises(RemoteError, match="bad_answer"):
+        await ensure_bound(link, FRESH_EVM_KEY, FRESH_EVM, params)
