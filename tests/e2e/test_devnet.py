@@ -465,7 +465,7 @@ def test_devnet_a_second_gateway_binds_itself_is_paid_its_users_fees_and_not_the
     try:
         _wait(lambda: _healthy(url) or process.poll() is not None, 300, "the second gateway up")
         assert process.poll() is None, log.read_text()[-3000:]
-        assert "gateway bound: committee key=" in log.read_text()
+        assert "gateway bound: committee key " in log.read_text()  # said before serving
         rpc = devnet["committee_rpc"][0]
         assert gateway2 in _query(rpc, "/gateways")["gateways"].values()
         for _ in range(3):  # its first credits may still be in flight (mints are blind-signed)
