@@ -41,7 +41,8 @@ class Code(IntEnum):
     SEED_NOT_CLOSED = 27  # seed_reveal before that epoch closed
     SEED_MISMATCH = 28  # the revealed seed does not open the commitment
     # settlement (abci_app/settlement.py); numbered from 30 to leave 24-29 to other tx types
-    UNKNOWN_GATEWAY = 30  # work_report not signed by a genesis gateway key
+    UNKNOWN_GATEWAY = 30  # work_report by a key neither in genesis gateways nor bound; a work
+    # item from a key not in genesis gateways (served counts are taken from those only)
     # 31: UNBACKED_CONTRIBUTION of the retired contribution tx (never reuse)
     DUPLICATE_QUERY = 32  # a query id already reported with another fee (same fee: no-op)
     NO_STATEMENT = 33  # payout_vote for an epoch without a stored statement
@@ -63,6 +64,11 @@ class Code(IntEnum):
     CHARGE_OVER_CAP = 60  # a total above the authorization's cap
     WRONG_GATEWAY = 61  # a charge names another gateway than the key's bound one, or the escrow;
     # a query from a key with no bound address (its fee would have no payee)
+    # gateway bindings (abci_app/gateway_bindings.py)
+    GATEWAY_BINDING_INVALID = 62  # the address's signature does not recover to it (or no domain)
+    GATEWAY_BINDING_REPLAYED = 63  # a nonce not above the address's last binding nonce
+    GATEWAY_ALREADY_BOUND = 64  # the key or the address is bound elsewhere: release it first
+    GATEWAY_NOT_BOUND = 65  # a release of a binding that does not hold
     # credits (abci_app/credits.py); 70+ to leave 53-59 and 62-69 to settlement
     CREDITS_DISABLED = 70  # genesis has no credits section (or no escrow)
     CREDIT_KEY_EPOCH = 71  # credit_key for an epoch already over, or more than 2 ahead

@@ -10,6 +10,7 @@ from abci_app import (
     coverage,
     credit_locks,
     credits,
+    gateway_bindings,
     liveness,
     prices,
     registry,
@@ -24,6 +25,7 @@ from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
+from protocol.committee.gateways import GatewayBind
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import PayoutVote, WorkReport
@@ -42,9 +44,12 @@ def work_report(state: State, tx: SignedTx) -> None:
     """Settlement's rule, then the reported tokens counted against the nodes' commitments, and
     each node named counted alive (it served the gateway's questions: liveness.py)."""
     settlement.work_report(state, tx)
-    coverage.record_report(state, tx.body)
-    for node in sorted({item.node for item in tx.body.work}):
-        liveness.note_service(state, node)
+    # served counts and liveness only from genesis gateways: anyone may bind a reporting key now,
+    # and such a key's counts could drop nodes from routing or keep a dead node alive
+    if tx.signer in state.genesis.gateways:
+        coverage.record_report(state, tx.body)
+        for node in sorted({item.node for item in tx.body.work}):
+            liveness.note_service(state, node)
 
 
 def serving(handler: Handler) -> Handler:
@@ -77,4 +82,5 @@ HANDLERS: dict[str, Handler] = {
     Redeem.TYPE: serving(credits.redeem),
     SetPrice.TYPE: prices.set_price,
     CreditLock.TYPE: credit_locks.credit_lock,
+    GatewayBind.TYPE: gateway_bindings.gateway,
 }

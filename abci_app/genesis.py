@@ -16,9 +16,9 @@
       "evm": {"chain_id": 31337, "committee_address": "0x…",  # EIP-712 domain of verdicts
               "fraud_proofs_address": "0x…"},  # the verdicts' consumer (FraudProofs)
       "validators": {"<validator address hex | base64 pub_key>": "0x<operator EVM address>"},
-      "gateways": ["<ed25519 public key hex>"],  # who may send work_report (settlement.py)
-      "gateway_addresses": {"<gateway key hex>": "0x<its EVM address>"},  # optional: the only
-                                          #   gateway address that key's charges may name
+      "gateways": ["<ed25519 public key hex>"],  # gateways whose served counts feed coverage
+                                          #   (any key bound by a `gateway` tx may report its
+                                          #   fees and charges: gateway_bindings.py)
       "verifier_cut_bps": 1000,             # verifiers' part of each epoch's fees
       "spot_check_ppm": 50000,              # spot-check selection rate (protocol/spotcheck.py)
       "spot_check_floor": 1,                # expected checks per node and epoch at least (0: off)
@@ -65,7 +65,6 @@ _KEYS = {
     "evm",
     "validators",
     "gateways",
-    "gateway_addresses",
     "verifier_cut_bps",
     "spot_check_ppm",
     "spot_check_floor",
@@ -131,9 +130,7 @@ class Genesis:
     fraud_proofs_address: str | None = None  # Verdict.consumer
     operators: dict[str, str] = field(default_factory=dict)  # raw key → operator address
     escrow_address: str | None = None  # PayoutRoot.consumer (QueryEscrow); None: no settlement
-    gateways: tuple[str, ...] = ()  # ed25519 keys (64 lowercase hex) allowed to report work
-    # gateway key → the lowercase EVM address its charge items must name (absent: any)
-    gateway_addresses: dict[str, str] = field(default_factory=dict)
+    gateways: tuple[str, ...] = ()  # ed25519 keys (64 lowercase hex) whose served counts count
     verifier_cut_bps: int = 1_000
     spot_check_ppm: int = 50_000  # selection rate the chain credits spot-check reports under
     spot_check_floor: int = 1  # a node's blocks of an epoch are drawn at ≥ floor / blocks
@@ -154,6 +151,11 @@ class Genesis:
             raise ConfigError(f"genesis app_state is not JSON ({error.message})") from None
         if not isinstance(doc, dict):
             raise ConfigError("genesis app_state: expected an object")
+        if "gateway_addresses" in doc:
+            raise ConfigError(
+                "genesis app_state.gateway_addresses was removed: a gateway binds its key to its "
+                "payee address on chain with a `gateway` tx (docs/committee.md, Gateway bindings)"
+            )
         unknown = set(doc) - _KEYS
         if unknown:
             raise ConfigError(f"genesis app_state: unknown keys {sorted(unknown)}")
@@ -209,14 +211,6 @@ class Genesis:
             isinstance(g, str) and _GATEWAY.match(g) for g in gateways
         ):
             raise ConfigError("genesis app_state.gateways: expected a list of 64-hex ed25519 keys")
-        bound = doc.get("gateway_addresses", {})
-        if not isinstance(bound, dict) or not all(
-            isinstance(k, str) and k in gateways and _is_address(v) for k, v in bound.items()
-        ):
-            raise ConfigError(
-                "genesis app_state.gateway_addresses: expected {gateway key: EVM address} for "
-                "keys listed in gateways"
-            )
         operators: dict[str, str] = {}
         operator_map = doc.get("validators") or {}
         if not isinstance(operator_map, dict):
@@ -255,7 +249,6 @@ class Genesis:
             operators=operators,
             escrow_address=escrow,
             gateways=tuple(sorted(set(gateways))),
-            gateway_addresses={k: v.lower() for k, v in sorted(bound.items())},
             verifier_cut_bps=_int(doc, "verifier_cut_bps", 1_000, 0, 10_000),
             spot_check_ppm=_int(doc, "spot_check_ppm", 50_000, 0, 1_000_000),
             spot_check_floor=_int(doc, "spot_check_floor", 1, 0, 1_000),
@@ -318,11 +311,6 @@ class Genesis:
             ),
             "validators": dict(sorted(self.operators.items())),
             **({"gateways": list(self.gateways)} if self.gateways else {}),
-            **(
-                {"gateway_addresses": dict(self.gateway_addresses)}
-                if self.gateway_addresses
-                else {}
-            ),
             **(
                 {"verifier_cut_bps": self.verifier_cut_bps}
                 if self.verifier_cut_bps != 1_000

@@ -22,6 +22,7 @@ paths answer `UNKNOWN_QUERY`.
     /seeds        ?epoch                        verifier seed commitments and reveals of an epoch
     /verifiers                                  confirmed / refused accusation marks per validator
     /verifier_endpoints                         where each verifier forwards its findings
+    /gateways     ?key ?address                 gateway keys' payee bindings (gateway_bindings.py)
     /spot_reports ?epoch                        spot-check reports of e's checks, credits in e
     /coverage     ?node                         committed vs reported work per shard, the
                                                 `uncommitted` flag (without node: flagged nodes)
@@ -33,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import coverage, liveness, prices, schema, verifier_endpoints
+from abci_app import coverage, gateway_bindings, liveness, prices, schema, verifier_endpoints
 from abci_app.codes import Code
 from abci_app.credit_locks import LOCK_ROUTES
 from abci_app.credit_queries import CREDIT_ROUTES
@@ -335,6 +336,7 @@ ROUTES: dict[str, Route] = {
     "/seeds": _seeds,
     "/verifiers": _verifiers,
     "/verifier_endpoints": verifier_endpoints.endpoints,
+    "/gateways": gateway_bindings.gateways,
     "/spot_reports": _spot_reports,
     "/coverage": _coverage,
     "/prices": prices.prices_query,

@@ -78,10 +78,10 @@ SPOT_CREDIT = "vwork"
 
 # --- settlement (settlement.py) ------------------------------------------------------------------
 
-# squery/<query id>: {fee, height, gateway}, reported by a gateway (paid to `gateway`, its bound
-# address) and not yet settled
+# squery/<query id>/<gateway>: {fee, height, gateway}, reported by the gateway key bound to
+# `gateway` (paid to it, if the deposit names it: the escrow's page rule) and not yet settled
 PENDING_QUERY = "squery"
-# sqdone/<query id>: {fee, statement}: the statement number whose payout root settled the query
+# sqdone/<query id>/<gateway>: {fee, statement}: the statement number whose payout root settled it
 SETTLED_QUERY = "sqdone"
 # spent/<payer>/<gateway>/<kind>/<id>: {total, expiry}: the cumulative wei charged under a
 # payer-signed authorization (kind "voucher" | "key"), kept until its expiry (replay guard)
@@ -96,6 +96,14 @@ CREDIT = "credit"
 # payout/<epoch>[/<page, 4 digits>]: a payout statement (page 0 has no page part), its charges,
 # rows, shares (page 0), votes, confirmed
 PAYOUT = "payout"
+
+# --- gateway bindings (gateway_bindings.py) -------------------------------------------------------
+
+# gwaddr/<lowercase address>: {key, bound, nonce, height}: the address's latest binding (kept
+# after a release: its nonce is the replay guard)
+GATEWAY_ADDRESS = "gwaddr"
+# gwkey/<gateway key>: {address, nonce, height} while the key is bound
+GATEWAY_KEY = "gwkey"
 
 # --- commitment coverage (coverage.py) -----------------------------------------------------------
 
@@ -174,6 +182,11 @@ def commitment_key(node: str, session: str, step: int, shard: int) -> str:
 
 def coverage_key(node: str, shard: int) -> str:
     return f"{node}/{shard:05d}"
+
+
+def query_key(query_id: str, gateway: str) -> str:
+    """`squery/` and `sqdone/` key: one record per (query id, reporting gateway's address)."""
+    return f"{query_id}/{gateway}"
 
 
 def charge_key(payer: str, gateway: str, kind: str, id: str) -> str:

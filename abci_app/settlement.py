@@ -7,26 +7,31 @@ the node's shares of the epoch, paid from the escrow's credit pool. A gateway's 
 gateway: their charges are its revenue, paid to its own address. Nothing a gateway reports is
 the basis of anyone else's pay.
 
-**`work_report`** (a gateway listed in genesis `gateways`). Refused whole only for what concerns
-the whole tx: a signer that is not a genesis gateway (`UNKNOWN_GATEWAY`; malformed or oversized
-bytes never get this far). Every item is then judged on its own: a refused item is skipped and
+**`work_report`** (a gateway: listed in genesis `gateways`, or a key bound to its payee address
+by a `gateway` tx, gateway_bindings.py). Refused whole only for what concerns the whole tx: a
+signer that is neither (`UNKNOWN_GATEWAY`; malformed or oversized bytes never get this far).
+Every item is then judged on its own: a refused item is skipped and
 named in the tx result by a `planet.item_refused` event (`kind` work | query | charge, `id`,
 `code` name, `reason`), the others apply. The lists are independent (no session, no per-query
 node), so nothing on chain links a question (or its payer) to the nodes that computed it.
 
 - work `[node, model, shard, layers, tokens]`: per-node counts of the tokens the gateway's
   questions ran through the node. Refused: node not registered (`UNKNOWN_NODE`) or not a
-  compute node (`WRONG_ROLE`). Effect: the node's commitment coverage (coverage.py: a node that
-  serves without committing is flagged and no longer routed to); never any pay.
-- query `[query id, fee]`: a per-query deposit the gateway settled, paid to the address genesis
-  `gateway_addresses` binds to the reporting key (none bound: `WRONG_GATEWAY`, its fees would
-  have no payee). The same id with the same fee again (pending or settled) changes nothing; a
+  compute node (`WRONG_ROLE`), or reported by a key not in genesis `gateways` (`UNKNOWN_GATEWAY`:
+  a key anyone can bind could flag honest nodes). Effect: the node's commitment coverage
+  (coverage.py: a node that serves without committing is flagged and no longer routed to);
+  never any pay.
+- query `[query id, fee]`: a per-query deposit the gateway settled, paid to the address the
+  reporting key is bound to (`gwkey/`; none bound: `WRONG_GATEWAY`, its fees would have no
+  payee). The escrow pays it only if the deposit names that address (the page rule,
+  docs/contracts.md): a key reporting another gateway's query id is never paid for it.
+  The same id with the same fee again (pending or settled) changes nothing; a
   fee of 0 changes nothing (nothing to charge); another fee is refused (`DUPLICATE_QUERY`).
-  Effect: `squery/<id>` = {fee, height, gateway}.
+  Effect: `squery/<id>/<gateway>` = {fee, height, gateway}.
 - charge `ChargeItem(kind, gateway, payer, id, model id, total, cap, expiry, signature)`: "the
   total charged under this payer-signed authorization is now `total`", paid to the gateway it
   names. Checked in this order: no escrow in genesis (`SETTLEMENT_DISABLED`); a gateway other
-  than the one genesis binds to the reporting key, or the escrow itself (`WRONG_GATEWAY`);
+  than the one the reporting key is bound to, or the escrow itself (`WRONG_GATEWAY`);
   total > cap (`CHARGE_OVER_CAP`); block time (CometBFT's BFT time, the same on every node)
   past the expiry (`AUTHORIZATION_EXPIRED`); expiry more than `MAX_LIFETIME_S[kind]` ahead
   (`AUTHORIZATION_EXPIRY_TOO_FAR`: the guard below must stay bounded); the authorization
@@ -41,7 +46,7 @@ node), so nothing on chain links a question (or its payer) to the nodes that com
   height}.
   The gateway's receipt signature is *not* sent: it covers the circuit hash, which over the
   public node registry names the circuit, so next to a payer it would link the payer to nodes.
-  The report's own signature (a genesis gateway's committee key) is the gateway's word.
+  The report's own signature (the gateway's committee key) is the gateway's word.
 
 **`payout_vote`** (a validator): its operator key's EIP-712 signature over the stored `PayoutRoot`
 statement number `epoch` (committee domain of genesis `evm`). A statement is fixed when written
@@ -98,7 +103,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from abci_app import rules, schema
+from abci_app import gateway_bindings, rules, schema
 from abci_app.codes import Code, Rejected
 from abci_app.credits import MINT_KIND, owe
 from abci_app.state import State
@@ -132,11 +137,11 @@ MAX_LAYER_TOKENS = (1 << 63) - 1
 # bounds how long an authorization's replay guard (`spent/`) is kept, per kind
 MAX_LIFETIME_S = {"voucher": 7 * 86_400, "key": 366 * 86_400}
 MAX_VOUCHER_LIFETIME_S = MAX_LIFETIME_S["voucher"]
-# What one statement may cost to post (gas of `QueryEscrow.postPayoutRoot`, bench/gas.js: 771,510
-# for 100 queries, 8,841 per extra (payer, gateway) debit, ~120,000 with 4 signatures), kept far
-# below a block's 30 M gas.
+# What one statement may cost to post (gas of `QueryEscrow.postPayoutRoot`, bench/gas.js:
+# 1,019,382 for 100 queries (each query's gateway binding is read and compared), 8,841 per extra
+# (payer, gateway) debit, ~124,000 with 4 signatures), kept far below a block's 30 M gas.
 BASE_GAS = 150_000
-QUERY_GAS = 6_700
+QUERY_GAS = 9_000
 DEBIT_GAS = 9_000
 MAX_STATEMENT_GAS = 12_000_000
 MAX_STATEMENT_CHARGES = 4_096  # queries + authorizations one statement names (its record size)
@@ -154,12 +159,16 @@ def model_key(model: str) -> str:
 
 def work_report(state: State, tx: SignedTx) -> None:
     body: WorkReport = tx.body
-    if tx.signer not in state.genesis.gateways:
-        rules.reject(Code.UNKNOWN_GATEWAY, f"signer {tx.signer} is not a genesis gateway")
+    bound = gateway_bindings.bound_address(state, tx.signer)
+    listed = tx.signer in state.genesis.gateways
+    if not listed and bound is None:
+        rules.reject(
+            Code.UNKNOWN_GATEWAY,
+            f"signer {tx.signer} is neither a genesis gateway nor bound by a gateway tx",
+        )
     outcome = _Outcome()
     for item in body.work:
-        outcome.judge(state, "work", work_name(item), lambda item=item: _work(state, item))
-    bound = state.genesis.gateway_addresses.get(tx.signer)
+        outcome.judge(state, "work", work_name(item), lambda item=item: _work(state, item, listed))
     for query_id, fee in body.queries:
         outcome.judge(
             state, "query", query_id, lambda q=query_id, f=fee: _query(state, q, f, bound)
@@ -207,9 +216,14 @@ class _Outcome:
             self.unchanged += 1
 
 
-def _work(state: State, item: NodeWork) -> bool:
+def _work(state: State, item: NodeWork, listed: bool) -> bool:
     """A served count: dispatch counts it against the node's commitments (coverage.py); it no
-    longer backs any pay (nodes are paid through the credits they redeem)."""
+    longer backs any pay (nodes are paid through the credits they redeem). Taken only from a
+    genesis gateway: a key anyone can bind could otherwise flag honest nodes uncommitted."""
+    if not listed:
+        rules.reject(
+            Code.UNKNOWN_GATEWAY, "served counts are taken only from genesis gateways' reports"
+        )
     node = state.get(schema.NODE, item.node)
     if node is None:
         rules.reject(Code.UNKNOWN_NODE, f"node {item.node} is not registered")
@@ -222,9 +236,12 @@ def _query(state: State, query_id: str, fee: int, bound: str | None) -> bool:
     if bound is None:
         rules.reject(
             Code.WRONG_GATEWAY,
-            "no EVM address is bound to this gateway key in genesis: its fees have no payee",
+            "no EVM address is bound to this gateway key (gateway tx): its fees have no payee",
         )
-    known = state.get(schema.PENDING_QUERY, query_id) or state.get(schema.SETTLED_QUERY, query_id)
+    # keyed per (query, payee): another key's report of the same id (a gateway reporting a deposit
+    # it does not hold) neither blocks nor changes this one; the escrow pays only the deposit's own
+    key = schema.query_key(query_id, bound.lower())
+    known = state.get(schema.PENDING_QUERY, key) or state.get(schema.SETTLED_QUERY, key)
     if known is not None:
         if int(known["fee"]) != fee:
             rules.reject(
@@ -236,7 +253,7 @@ def _query(state: State, query_id: str, fee: int, bound: str | None) -> bool:
         return False  # nothing to charge: the deposit stays refundable
     state.put(
         schema.PENDING_QUERY,
-        query_id,
+        key,
         {"fee": str(fee), "height": state.block_height, "gateway": bound.lower()},
     )
     return True
@@ -463,7 +480,7 @@ class _Unit:
     credit purchase (a funded mint's charge) or the draw from the credit pool."""
 
     height: int
-    order: tuple[str, ...]  # ("q", id) or ("c", payer, gateway, kind, id)
+    order: tuple[str, ...]  # ("q", id, gateway) or ("c", payer, gateway, kind, id)
     amount: int
     total: int = 0  # an authorization's cumulative total once this is debited
     gateway: str = ""  # a query's payee (a charge names its gateway in `order`)
@@ -493,8 +510,13 @@ def _pending_units(state: State) -> tuple[list[_Unit], list[_Unit]]:
     purchases: list[_Unit] = []
     units = [
         # (a query pending from before fees had a payee has none: the pool's, as it was then)
-        _Unit(entry["height"], ("q", query_id), int(entry["fee"]), gateway=entry.get("gateway", ""))
-        for query_id, entry in state.items(schema.PENDING_QUERY)
+        _Unit(
+            entry["height"],
+            ("q", key.partition("/")[0], entry.get("gateway", "")),
+            int(entry["fee"]),
+            gateway=entry.get("gateway", ""),
+        )
+        for key, entry in state.items(schema.PENDING_QUERY)
     ]
     for key, entry in state.items(schema.PENDING_CHARGE):
         payer, gateway, kind, id = key.split("/")
@@ -652,14 +674,14 @@ def close(state: State, height: int) -> None:
         _carry_forward(state, epoch, credits, slashed)
     for index, (page, statement) in enumerate(zip(pages, settled, strict=True)):
         for unit in page.queries:
-            query_id = unit.order[1]
-            state.delete(schema.PENDING_QUERY, query_id)
+            key = schema.query_key(unit.order[1], unit.gateway)
+            state.delete(schema.PENDING_QUERY, key)
             state.put(
                 schema.SETTLED_QUERY,
-                query_id,
+                key,
                 {"fee": str(unit.amount), "statement": statement.epoch},
             )
-            rules.track(state, schema.SETTLED_QUERY, query_id)
+            rules.track(state, schema.SETTLED_QUERY, key)
         for unit in page.charges:
             if unit.kind == "draw":
                 pool -= unit.amount

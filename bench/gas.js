@@ -20,7 +20,8 @@ async function settleGas(nSigners) {
   await env.escrow.connect(user).deposit(queryId, ethers.id("model"), gateway.address, { value: h.ONE / 100n });
   const fee = h.ONE / 200n;
   const epoch = 1n;
-  const tree = h.merkleTree([{ epoch, account: user.address, amount: fee }]);
+  // a page charging a deposit pays the deposit's gateway alone (one leaf)
+  const tree = h.merkleTree([{ epoch, account: gateway.address, amount: fee }]);
   const qh = h.queriesHash([queryId], [fee]);
   const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch, root: tree.root, total: fee, queriesHash: qh });
   return gasOf(env.escrow.postPayoutRoot(epoch, tree.root, fee, h.charges([queryId], [fee]), sigs));
@@ -70,7 +71,7 @@ async function perQuestionGas(questions, payerCount) {
   for (let i = 0; i < questions; i++) {
     perQuery += await gasOf(env.escrow.connect(users[i]).deposit(queryIds[i], ethers.id("model"), gateway, { value: 2n * fee }));
   }
-  const settleQueries = await postGas(env, 1n, queryIds, queryIds.map(() => fee), [], payee.address);
+  const settleQueries = await postGas(env, 1n, queryIds, queryIds.map(() => fee), [], gateway);
   perQuery += settleQueries;
   let refunds = 0;
   for (let i = 0; i < questions; i++) refunds += await gasOf(env.escrow.connect(users[i]).refund(queryIds[i]));
@@ -135,9 +136,11 @@ async function main() {
   const entries = [{ epoch: 7n, account: operator.address, amount: fee / 2n }];
   for (let i = 1; i < 16; i++) entries.push({ epoch: 7n, account: ethers.Wallet.createRandom().address, amount: fee / 32n });
   const tree = h.merkleTree(entries);
-  const qh = h.queriesHash([ethers.id("q1")], [fee]);
+  // (a prepaid debit pays it: a page listing a per-query deposit pays that deposit's gateway alone)
+  await (await env.escrow.connect(user).depositBalance(gateway.address, { value: fee })).wait();
+  const qh = h.queriesHash([], [], [user.address], [gateway.address], [fee]);
   const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch: 7n, root: tree.root, total: fee, queriesHash: qh });
-  await (await env.escrow.postPayoutRoot(7n, tree.root, fee, h.charges([ethers.id("q1")], [fee]), sigs)).wait();
+  await (await env.escrow.postPayoutRoot(7n, tree.root, fee, h.charges([], [], [user.address], [gateway.address], [fee]), sigs)).wait();
   await hre.network.provider.send("evm_increaseTime", [Number(h.DEFAULTS.challengeWindow)]);
   await hre.network.provider.send("evm_mine", []);
   m.claim_gas = await gasOf(env.escrow.connect(operator).claim(7n, operator.address, fee / 2n, tree.proof(0)));

@@ -52,6 +52,7 @@ from abci_app.store import Store
 from bench._common import machine, median, parse_with_quick, spread
 from node.gateway.router import Circuit, RoutableNode
 from node.gateway.settlement import WorkLedger, WorkReporter, ledger_paths
+from protocol.committee.gateways import sign_binding
 from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
 from protocol.committee.settlement import PayoutVote
 from protocol.eip712 import PayoutRoot, address_of, committee_domain, sign_digest
@@ -59,6 +60,7 @@ from protocol.payment import PaymentKey, Voucher, payment_domain
 from shares.merkle import Payout, verify
 from shares.settlement import sorted_queries_hash
 from tests.committee_chain import (
+    CHAIN_ID,
     COMMITTEE_ADDRESS,
     EVM_CHAIN_ID,
     Chain,
@@ -230,11 +232,6 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
         genesis={
             "epoch_length": BOOKS_EPOCH,
             "gateways": sorted(k.verify_key.encode().hex() for k in gateway_keys),
-            # each gateway key bound to the address its receipts name: its revenue's payee
-            "gateway_addresses": {
-                k.verify_key.encode().hex(): address_of(seeded_evm_key(f"gateway-{g}")).lower()
-                for g, k in enumerate(gateway_keys)
-            },
             "evm": {
                 "chain_id": EVM_CHAIN_ID,
                 "committee_address": COMMITTEE_ADDRESS,
@@ -243,6 +240,23 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
         }
     )
     chain.time_s = NOW
+    # each gateway key bound (gateway tx) to the address its receipts name: its revenue's payee
+    bindings = [
+        chain.tx(
+            sign_binding(
+                seeded_evm_key(f"gateway-{g}"),
+                k.verify_key.encode().hex(),
+                bound=True,
+                nonce=1,
+                chain_id=CHAIN_ID,
+                evm_chain_id=EVM_CHAIN_ID,
+                committee_address=COMMITTEE_ADDRESS,
+            ),
+            k,
+        )
+        for g, k in enumerate(gateway_keys)
+    ]
+    assert [r.code for r in chain.block(bindings)] == [Code.OK] * len(bindings)
     nodes = [[_register(chain, f"node-{s}-{n}", s) for n in range(2)] for s in range(2)]
     t0 = time.perf_counter()
     receipts = _receipts(questions)
@@ -435,7 +449,8 @@ def one_run(n: int, pending: int = QUERIES_PER_CLOSE) -> dict[str, float]:
         for i, account in enumerate(accounts)
     ]
     queries = [
-        ("squery", "0x" + hashlib.sha256(b"q/%d" % i).hexdigest(), {"fee": str(10**12 + i),
+        ("squery", "0x" + hashlib.sha256(b"q/%d" % i).hexdigest() + "/" + BOOKS_GATEWAY,
+                                                                   {"fee": str(10**12 + i),
                                                                     "height": 2,
                                                                     "gateway": BOOKS_GATEWAY})
         for i in range(pending)

@@ -12,7 +12,8 @@ import {Charges, PayoutStatement} from "./libraries/PlanetTypes.sol";
 /// @title QueryEscrow: users prepay queries, the committee settles them per epoch, operators claim.
 /// @notice Two ways to pay, one pot, and every payment bound to one gateway:
 /// - per query: `deposit(queryId, modelId, gateway)` (payable, value = fee cap) → Funded; only that
-///   gateway serves it (`depositOf` answers everything it checks in one call);
+///   gateway serves it (`depositOf` answers everything it checks in one call), and only that
+///   gateway is paid its fee: a page listing it must pay that gateway alone (one leaf);
 ///   `postPayoutRoot` charges each listed query its fee (<= its deposit) → Settled, the remainder
 ///   stays on the query, pulled with `refund`; if never settled, `refund` after `refundTimeout`
 ///   returns the whole deposit → Refunded;
@@ -187,6 +188,9 @@ contract QueryEscrow is ReentrancyGuardTransient {
     error WithdrawalNotYetAvailable(address payer, address gateway, uint256 withdrawableAt);
     error PayersNotSorted(uint256 index);
     error CreditPoolShort(uint64 epoch, uint256 draw, uint256 pool);
+    error WrongGatewayQuery(bytes32 queryId, address gateway, address payee);
+    error WrongGatewayDebit(address payer, address gateway, address payee);
+    error RootNotPayee(uint64 epoch, address payee, uint256 total);
 
     /// @param committee_ Committee that signs payout roots.
     /// @param challengeWindow_ Seconds between posting a root and claims opening (60 on the devnet).
@@ -297,6 +301,11 @@ contract QueryEscrow is ReentrancyGuardTransient {
     /// with `queriesHash = keccak256(abi.encode(queryIds, fees, payers, gateways, debits))` and
     /// `consumer` this escrow; charges every listed query its fee and debits every listed
     /// (payer, gateway) balance.
+    /// A page that lists per-query deposits pays exactly one gateway, the one its first query's
+    /// deposit names (`payee`): every listed deposit must name it (`WrongGatewayQuery`), every
+    /// listed debit must be a balance held for it (`WrongGatewayDebit`), and `root` must be the
+    /// one leaf `(epoch, payee, total)` (`RootNotPayee`). So a gateway is paid only its own
+    /// deposits' fees, and no other account can claim them.
     /// Never reverts because of a user: a query refunded after its timeout is not charged
     /// (`QueryUncharged`), a (payer, gateway) whose balance is short is charged what it has
     /// (`DebitShortfall`); claims then pay pro rata to what was collected.
@@ -317,8 +326,12 @@ contract QueryEscrow is ReentrancyGuardTransient {
         bytes32 queriesHash = _queriesHash(charges);
         // INVARIANT: the statement names this escrow as its consumer (no replay on another deployment).
         committee.verify(PlanetHashes.payoutRoot(epoch, root, total, queriesHash, address(this)), sigs);
-        (uint256 signed, uint256 uncharged) = _chargeQueries(epoch, charges.queryIds, charges.fees);
+        // A page that charges per-query deposits pays one gateway: the one its first query's
+        // deposit names (address(0) for a page without queries: pool pages, prepaid-only pages).
+        address payee = charges.queryIds.length == 0 ? address(0) : _terms[charges.queryIds[0]].gateway;
+        (uint256 signed, uint256 uncharged) = _chargeQueries(epoch, charges.queryIds, charges.fees, payee);
         if (charges.payers.length != 0) {
+            if (payee != address(0)) _checkDebitsPay(payee, charges.payers, charges.gateways);
             (uint256 signedDebits, uint256 unchargedDebits) =
                 _chargePayers(epoch, charges.payers, charges.gateways, charges.debits);
             signed += signedDebits;
@@ -326,6 +339,11 @@ contract QueryEscrow is ReentrancyGuardTransient {
         }
         // INVARIANT: the signed total is exactly the fees and debits the statement lists.
         if (signed != total) revert TotalMismatch(total, signed);
+        // INVARIANT: a per-query fee is paid only to the gateway its deposit names: a page with
+        // queries has exactly one leaf, (epoch, payee, total), so nobody else can claim from it.
+        if (payee != address(0) && root != PlanetHashes.payoutLeaf(epoch, payee, total)) {
+            revert RootNotPayee(epoch, payee, total);
+        }
         uint256 collected = signed - uncharged;
         bool short = uncharged != 0;
         if (short) {
@@ -536,9 +554,9 @@ contract QueryEscrow is ReentrancyGuardTransient {
         }
     }
 
-    /// @dev Charges each funded query its fee; a query its user refunded after the timeout is
-    /// skipped. Returns the signed sum of fees and the part of it not collected.
-    function _chargeQueries(uint64 epoch, bytes32[] calldata queryIds, uint256[] calldata fees)
+    /// @dev Charges each funded query its fee (each must be bound to `payee`); a query its user
+    /// refunded after the timeout is skipped. Returns the signed sum of fees and the part of it not collected.
+    function _chargeQueries(uint64 epoch, bytes32[] calldata queryIds, uint256[] calldata fees, address payee)
         private
         returns (uint256 signed, uint256 uncharged)
     {
@@ -546,6 +564,11 @@ contract QueryEscrow is ReentrancyGuardTransient {
             Deposit storage d = _deposits[queryIds[i]];
             uint32 tag = d.tag;
             uint256 fee = fees[i];
+            if (d.user != address(0)) {
+                address gateway = _terms[queryIds[i]].gateway;
+                // INVARIANT: a page charges only deposits bound to the gateway it pays.
+                if (gateway != payee) revert WrongGatewayQuery(queryIds[i], gateway, payee);
+            }
             signed += fee;
             if (tag >= TAG_FIRST_TIME) {
                 uint256 available = d.amount;
@@ -561,6 +584,15 @@ contract QueryEscrow is ReentrancyGuardTransient {
                 // INVARIANT: a query is charged at most once, and only if it was ever funded.
                 revert QueryNotFunded(queryIds[i]);
             }
+        }
+    }
+
+    /// @dev Reverts unless every listed debit is a balance held for `payee` (a page paying one
+    /// gateway never takes another gateway's balances, nor buys or draws credits).
+    function _checkDebitsPay(address payee, address[] calldata payers, address[] calldata gateways) private pure {
+        for (uint256 i = 0; i < gateways.length; ++i) {
+            // INVARIANT: a page that pays one gateway debits only balances held for it.
+            if (gateways[i] != payee) revert WrongGatewayDebit(payers[i], gateways[i], payee);
         }
     }
 

@@ -16,6 +16,8 @@ tests, so the Python signers and the Solidity verifiers cannot drift.
     │                                                                consumer = QueryEscrow
     ├── ModelRegistration(bytes32 modelId,bytes32 manifestHash,bytes32[] shardHashes,uint64 nonce,
     │                     address consumer)                          consumer = ModelRegistry
+    ├── GatewayBinding(bytes32 gatewayKey,address gateway,bool bound,uint64 nonce,
+    │                  bytes32 chain)                 signed by `gateway`, committee domain
     ├── Commitment(bytes32 session,uint64 step,uint32 shard,bytes32 commitment,uint64 signedAt)
     └── Reveal(bytes32 session,uint64 step,uint32 shard,bytes32 manifestHash,bytes32 inputHash,
                bytes32 outputHash,bytes32 salt,uint64 signedAt)
@@ -185,6 +187,10 @@ def _check_field(value: Any, solidity_type: str, field: str) -> Any:
         return as_bytes32(value, field)
     if solidity_type.startswith("uint"):
         return as_uint(value, int(solidity_type[4:]), field)
+    if solidity_type == "bool":
+        if not isinstance(value, bool):
+            raise ProtocolError(f"{field}: expected a boolean, got {value!r}")
+        return value
     raise ProtocolError(f"{field}: unsupported type {solidity_type}")  # pragma: no cover
 
 
@@ -395,6 +401,34 @@ class ModelRegistration(TypedStruct):
         ("nonce", "nonce", "uint64"),
         ("consumer", "consumer", "address"),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayBinding(TypedStruct):
+    """An EVM address's consent that the gateway committee key `gateway_key` (ed25519, 32 bytes)
+    is paid at it (`bound`), or no longer (`bound` false: revoked), on the committee chain whose
+    CometBFT chain id hashes to `chain`; `nonce` strictly above the address's last one. Signed by
+    `gateway` under the committee domain (docs/committee.md, *Gateway bindings*)."""
+
+    gateway_key: bytes
+    gateway: str
+    bound: bool
+    nonce: int
+    chain: bytes
+
+    PRIMARY_TYPE: ClassVar[str] = "GatewayBinding"
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("gatewayKey", "gateway_key", "bytes32"),
+        ("gateway", "gateway", "address"),
+        ("bound", "bound", "bool"),
+        ("nonce", "nonce", "uint64"),
+        ("chain", "chain", "bytes32"),
+    )
+
+
+def committee_chain_hash(chain_id: str) -> bytes:
+    """`GatewayBinding.chain`: keccak256 of the committee chain's CometBFT chain id (UTF-8)."""
+    return keccak(text=chain_id)
 
 
 @dataclass(frozen=True, slots=True)

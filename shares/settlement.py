@@ -205,15 +205,17 @@ def close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[Ep
     order.
 
     `PageError` when `work` carries charges itself, a page is empty or charges nothing,
-    numbers repeat, a query / (payer, gateway) appears in two pages, or a gateway page holds
-    purchases or another gateway's debit; `NothingToPayError` as `payout_table` when the pool
-    pages pay out (or nothing is paid, bought or earned at all)."""
+    numbers repeat, a query appears in two pages of one payee, a (payer, gateway) in two
+    pages, or a gateway page holds purchases or another gateway's debit; `NothingToPayError` as
+    `payout_table` when the pool pages pay out (or nothing is paid, bought or earned at all)."""
     if work.queries or work.debits:
         raise PageError("work", "an epoch settled in pages carries its charges in the pages")
     if not pages:
         raise PageError("pages", "no page to settle")
     numbers: set[int] = set()
-    queries: set[str] = set()
+    # a query id once per payee: two gateways may both report one id (the escrow pays only the
+    # page of the gateway its deposit names), one gateway never twice
+    queries: set[tuple[str | None, str]] = set()
     for page in pages:
         if not isinstance(page, PageCharges):
             raise PageError("pages", f"expected PageCharges, got {type(page).__name__}")
@@ -221,9 +223,9 @@ def close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[Ep
             raise DuplicateError("pages", page.number)
         numbers.add(page.number)
         for query in page.queries:
-            if query.query_id in queries:
+            if (page.gateway, query.query_id) in queries:
                 raise DuplicateError("queries", query.query_id)
-            queries.add(query.query_id)
+            queries.add((page.gateway, query.query_id))
         _unique_pairs((*page.debits, *page.purchases))
     pool = [page for page in pages if page.gateway is None]
     paid = sum(page.total for page in pool)

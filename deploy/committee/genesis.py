@@ -74,15 +74,14 @@ def set_genesis_evm(
     models: dict[str, int] | None = None,
     escrow_address: str | None = None,
     gateways: list[str] | None = None,
-    gateway_addresses: dict[str, str] | None = None,
     retention_epochs: int | None = None,
     credits: dict[str, Any] | None = None,
 ) -> None:
     """Write the deployed Committee address (and FraudProofs, the verdicts' consumer), the EVM
     chain id and the served models ({model: shard count}) into every validator's genesis; with
     `escrow_address` (the QueryEscrow that consumes payout roots) and `gateways` (their ed25519
-    committee keys, 64 hex) epoch settlement is on; `gateway_addresses` binds a gateway key to
-    the EVM address its charges must name (a charge for another gateway is refused);
+    committee keys, 64 hex: the gateways whose served counts feed coverage) epoch settlement is
+    on; every gateway binds its own payee address on chain (`gateway` tx) when it first starts;
     `retention_epochs` (genesis default 10)
     is how many settled epochs keep their records, payout statements and claim proofs
     included; `credits` ({price_wei, layer_tokens}, with an escrow) sells bearer credits.
@@ -111,8 +110,6 @@ def set_genesis_evm(
             state["evm"]["escrow_address"] = escrow_address
         if gateways:
             state["gateways"] = sorted(gateways)
-        if gateway_addresses:
-            state["gateway_addresses"] = dict(sorted(gateway_addresses.items()))
         if retention_epochs is not None:
             state["retention_epochs"] = retention_epochs
         if models:

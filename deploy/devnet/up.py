@@ -224,7 +224,6 @@ def _up_steps(
         models={manifest.model_hash: len(manifest.shards)},
         escrow_address=deployment.address("QueryEscrow"),
         gateways=[gateway[0]] if gateway else [],
-        gateway_addresses=dict([gateway]) if gateway else None,
         retention_epochs=DEVNET_RETENTION_EPOCHS,
         credits=DEVNET_CREDITS,
     )

@@ -168,6 +168,11 @@ class PaymentDesk:
 
     # --- restart ---------------------------------------------------------------------------
 
+    @property
+    def signing_key(self) -> bytes:
+        """The gateway wallet's secp256k1 key (receipts; the committee binding, binding.py)."""
+        return self._key
+
     def _replay(self, entry: dict[str, Any]) -> None:
         try:
             if "debited" in entry:

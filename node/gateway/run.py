@@ -24,6 +24,7 @@ from node.client.credit_wallet import CreditWallet
 from node.client.paying import CreditExpiry, accepts_price
 from node.dial import refuse_redirects
 from node.gateway.app import Gateway, ModelInfo, create_app
+from node.gateway.binding import ensure_bound
 from node.gateway.config import GatewayConfig
 from node.gateway.credit_payer import HostedPayer
 from node.gateway.escrow_reads import BoundedReads, ChainEscrow
@@ -241,8 +242,8 @@ def _log_credits(config: GatewayConfig, credits: CreditWallet) -> None:
 
 
 def committee_key_path(config: GatewayConfig) -> Path:
-    """The gateway's ed25519 committee key (signs `work_report`), next to its wallet; its
-    public key must be in the committee's genesis `gateways` list."""
+    """The gateway's ed25519 committee key (signs `work_report` and its `gateway` binding), next
+    to its wallet; bound on chain to the wallet's address at the first start (binding.py)."""
     return config.wallet.with_name("committee_key.json")
 
 
@@ -255,6 +256,16 @@ async def _work_reporter(
     key = await asyncio.to_thread(load_or_create_node_key, committee_key_path(config), password)
     log.info("work reports signed by gateway key=%s", key.verify_key.encode().hex())
     link = CommitteeLink([config.committee_rpc], key)
+    try:  # the chain pays this key's fees to the address it is bound to: bind it once
+        if await ensure_bound(link, desk.signing_key, desk.gateway, await link.params()):
+            print(  # the operator's one line about it (logs are off by default)
+                f"gateway bound: committee key {link.signer} is now paid at {desk.gateway.lower()}"
+                " (gateway tx): its users' fees are paid to this address",
+                flush=True,
+            )
+    except PlanetError:
+        await link.close()
+        raise
     escrow = desk.escrow.inner.escrow  # BoundedReads → ChainEscrow → the QueryEscrow binding
     debits = DebitTracker(link, escrow, desk)  # prepaid charges a posted root covered
     return WorkReporter(ledger, link, every_s=config.report_every_s, debits=debits)
@@ -285,7 +296,10 @@ async def _serve(config: GatewayConfig, password: str) -> None:
     # payment charges what the nodes did for it (payment_state.py)
     runner = web.AppRunner(create_app(gateway), access_log=None, handler_cancellation=True)
     await runner.setup()
+    reporter, started = None, False
     try:
+        if gateway.ledger is not None:  # bound on chain before it serves a paid question
+            reporter = await _work_reporter(config, gateway.ledger, password, gateway.desk)
         await listen(runner, config)
         log.info(
             "gateway serving url=http://%s:%d model=%s gateway=%s price=%d",
@@ -300,9 +314,9 @@ async def _serve(config: GatewayConfig, password: str) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         reporter_task = None
-        if gateway.ledger is not None:
-            reporter = await _work_reporter(config, gateway.ledger, password, gateway.desk)
+        if reporter is not None:
             reporter_task = asyncio.create_task(reporter.run(stop))
+            started = True
         top_up_task = asyncio.create_task(gateway.top_up.run(stop)) if gateway.top_up else None
         await stop.wait()
         if top_up_task is not None:  # a purchase in flight is on disk: the next start ends it
@@ -317,6 +331,8 @@ async def _serve(config: GatewayConfig, password: str) -> None:
                 log.warning("last work_report not sent (kept in the ledger file): %r", error)
             await reporter.link.close()
     finally:
+        if reporter is not None and not started:  # stopped before serving (a port in use)
+            await reporter.link.close()
         await runner.cleanup()
         for resource in resources:
             await resource.close()

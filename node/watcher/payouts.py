@@ -33,6 +33,10 @@ from protocol.eip712 import Domain, PayoutRoot
 
 log = logging.getLogger(__name__)
 
+# the escrow's page rule (docs/contracts.md): a page listing a deposit of another gateway than
+# the one it pays reverts so at every try
+NEVER_POSTABLE = frozenset({"WrongGatewayQuery", "WrongGatewayDebit", "RootNotPayee"})
+
 DUPLICATE_VOTE = 21
 ESCROW_NONE = 0  # QueryEscrow.epochOf status: nothing posted
 
@@ -165,6 +169,9 @@ class PayoutRelay:
         except ContractRevert as error:
             if error.error_name == "EpochAlreadyPosted":
                 self.posted.add(epoch)
+            elif error.error_name in NEVER_POSTABLE:  # a gateway reported another's deposit
+                self.posted.add(epoch)  # its page can never pay it: not tried again
+                log.error("payout root epoch=%d can never be posted: %s", epoch, error.message)
             else:  # tried again next pass (the revert is found by gas estimation: no tx sent)
                 log.warning("postPayoutRoot epoch=%d reverted: %s", epoch, error.message)
             return False

@@ -29,6 +29,7 @@ Modules, read bottom-up:
                       (PayoutVote)
     credits.py        credit_key (CreditKey), mint (Mint), fund_mint (FundMint), redeem (Redeem):
                       bearer credits
+    gateways.py       gateway (GatewayBind): a gateway key bound to its payee address
     prices.py         set_price (SetPrice): what a credit buys on a node's shard
     envelope.py       SignedTx, sign / encode / decode, the type → body registry, and
                       TxSignatureError
@@ -54,6 +55,8 @@ Tx types (`type` → dataclass):
     mint            Mint           a payer buys credits: blinded messages + a signed purchase
     fund_mint       FundMint       a validator saw the mint's payer's balance cover it
     redeem          Redeem         a compute node cashes the credits it was paid with
+    gateway         GatewayBind    a gateway key bound to (or released from) its payee EVM
+                                   address, under that address's EIP-712 signature
     set_price       SetPrice       a compute node's positions per credit on a shard
     credit_lock     CreditLock     a compute node claims credits it was paid with, before it
                                    serves beyond its bound on them (credit_locks.py)

@@ -19,6 +19,7 @@ from protocol.canonical import JsonInputError, canonical_json, canonical_text, p
 from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
+from protocol.committee.gateways import GatewayBind
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
@@ -68,6 +69,7 @@ TxBody = (
     | Redeem
     | SetPrice
     | CreditLock
+    | GatewayBind
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -91,6 +93,7 @@ BODY_TYPES: dict[str, Any] = {
         Redeem,
         SetPrice,
         CreditLock,
+        GatewayBind,
     )
 }
 

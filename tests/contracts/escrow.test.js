@@ -17,8 +17,9 @@ describe("QueryEscrow", function () {
     const receiver = await (await ethers.getContractFactory("ReentrantReceiver")).deploy();
     const q1 = ethers.id("query-1");
     const q2 = ethers.id("query-2");
-    await env.escrow.connect(user).deposit(q1, ethers.id("model"), gateway.address, { value: FEE_CAP });
-    await env.escrow.connect(user2).deposit(q2, ethers.id("model"), gateway.address, { value: FEE_CAP });
+    // q1 and q2 are paid to op1 (their gateway): a page listing them pays op1 alone (one leaf)
+    await env.escrow.connect(user).deposit(q1, ethers.id("model"), op1.address, { value: FEE_CAP });
+    await env.escrow.connect(user2).deposit(q2, ethers.id("model"), op1.address, { value: FEE_CAP });
     return { ...env, deployer, user, user2, op1, op2, stranger, gateway, gateway2, receiver, q1, q2 };
   }
 
@@ -30,7 +31,28 @@ describe("QueryEscrow", function () {
     const sigs = await h.signAll(signers, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch, root: tree.root, total, queriesHash: qh });
     return { epoch, tree, total, qh, sigs, queryIds, fees };
   }
-  const post = (env, s) => env.escrow.postPayoutRoot(s.epoch, s.tree.root, s.total, h.charges(s.queryIds, s.fees), s.sigs);
+  const post = (env, s) =>
+    env.escrow.postPayoutRoot(s.epoch, s.tree.root, s.total, h.charges(s.queryIds, s.fees, s.payers, s.gateways, s.debits), s.sigs);
+
+  /** A statement with no per-query deposit (its rows may pay anyone): `user` prepays `gateway`
+   * `total` and the statement debits it, paying `entries`. */
+  async function prepaidStatement(env, epoch, entries, total) {
+    await env.escrow.connect(env.user).depositBalance(env.gateway.address, { value: total });
+    const tree = h.merkleTree(entries.map((e) => ({ epoch, ...e })));
+    const [payers, gateways, debits] = [[env.user.address], [env.gateway.address], [total]];
+    const qh = h.queriesHash([], [], payers, gateways, debits);
+    const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch, root: tree.root, total, queriesHash: qh });
+    return { epoch, tree, total, qh, sigs, queryIds: [], fees: [], payers, gateways, debits };
+  }
+
+  /** A statement charging `queryIds`/`fees` plus optional debits, paying `entries`. */
+  async function pageStatement(env, epoch, entries, queryIds, fees, payers = [], gateways = [], debits = []) {
+    const tree = h.merkleTree(entries.map((e) => ({ epoch, ...e })));
+    const total = [...fees, ...debits].reduce((a, b) => a + b, 0n);
+    const qh = h.queriesHash(queryIds, fees, payers, gateways, debits);
+    const sigs = await h.signAll(env.members, env.committeeDomain, "PayoutRoot", { consumer: await env.escrow.getAddress(), epoch, root: tree.root, total, queriesHash: qh });
+    return { epoch, tree, total, qh, sigs, queryIds, fees, payers, gateways, debits };
+  }
 
   async function settledFixture() {
     const env = await fixture();
@@ -38,10 +60,7 @@ describe("QueryEscrow", function () {
     const s = await statement(
       env,
       1n,
-      [
-        { account: env.op1.address, amount: (FEE_CAP * 3n) / 8n },
-        { account: env.op2.address, amount: (FEE_CAP * 3n) / 8n },
-      ],
+      [{ account: env.op1.address, amount: (FEE_CAP * 3n) / 4n }],
       [env.q1, env.q2],
       fees,
     );
@@ -310,7 +329,7 @@ describe("QueryEscrow", function () {
   describe("claim", function () {
     it("claim_afterWindow_paysAccountOnce", async function () {
       const env = await loadFixture(settledFixture);
-      const amount = (FEE_CAP * 3n) / 8n;
+      const amount = (FEE_CAP * 3n) / 4n;
       await time.increaseTo((await env.escrow.epochOf(1n)).claimableAt);
       const tx = env.escrow.connect(env.op1).claim(1n, env.op1.address, amount, env.s.tree.proof(0));
       await expect(tx).to.emit(env.escrow, "Claimed").withArgs(1n, env.op1.address, amount);
@@ -320,8 +339,11 @@ describe("QueryEscrow", function () {
       await expect(env.escrow.connect(env.op1).claim(1n, env.op1.address, amount, env.s.tree.proof(0)))
         .to.be.revertedWithCustomError(env.escrow, "AlreadyClaimed")
         .withArgs(1n, env.op1.address);
-      await env.escrow.connect(env.op2).claim(1n, env.op2.address, amount, env.s.tree.proof(1));
-      expect((await env.escrow.epochOf(1n)).unclaimed).to.equal(0n);
+      // the page pays its gateway alone: nobody else has a leaf in it
+      await expect(env.escrow.connect(env.op2).claim(1n, env.op2.address, amount, env.s.tree.proof(0))).to.be.revertedWithCustomError(
+        env.escrow,
+        "InvalidClaim",
+      );
     });
     it("claim_withinWindow_reverts", async function () {
       const env = await loadFixture(settledFixture);
@@ -359,15 +381,14 @@ describe("QueryEscrow", function () {
     });
     it("claim_zeroAmountLeaf_revertsInvalidClaim", async function () {
       const env = await loadFixture(fixture);
-      const s = await statement(
+      const s = await prepaidStatement(
         env,
         4n,
         [
           { account: env.op2.address, amount: 1n },
           { account: env.op1.address, amount: 0n },
         ],
-        [env.q1],
-        [1n],
+        1n,
       );
       await post(env, s);
       await time.increase(h.DEFAULTS.challengeWindow);
@@ -377,15 +398,14 @@ describe("QueryEscrow", function () {
     it("claim_leavesAboveTotal_neverPaysMoreThanEpochHolds", async function () {
       const env = await loadFixture(fixture);
       // A (buggy) root whose leaves sum to more than the epoch's fees.
-      const s = await statement(
+      const s = await prepaidStatement(
         env,
         3n,
         [
           { account: env.op1.address, amount: FEE_CAP },
           { account: env.op2.address, amount: FEE_CAP },
         ],
-        [env.q1],
-        [FEE_CAP],
+        FEE_CAP,
       );
       await post(env, s);
       await time.increase(h.DEFAULTS.challengeWindow);
@@ -397,15 +417,14 @@ describe("QueryEscrow", function () {
     it("claim_receiverReenters_blockedAndPaidOnce", async function () {
       const env = await loadFixture(fixture);
       const r = await env.receiver.getAddress();
-      const s = await statement(
+      const s = await prepaidStatement(
         env,
         6n,
         [
           { account: r, amount: FEE_CAP / 2n },
           { account: env.op1.address, amount: FEE_CAP / 2n },
         ],
-        [env.q1],
-        [FEE_CAP],
+        FEE_CAP,
       );
       await post(env, s);
       await time.increase(h.DEFAULTS.challengeWindow);
@@ -421,7 +440,7 @@ describe("QueryEscrow", function () {
     it("claim_receiverRejects_revertsAndStaysClaimable", async function () {
       const env = await loadFixture(fixture);
       const r = await env.receiver.getAddress();
-      const s = await statement(env, 6n, [{ account: r, amount: FEE_CAP }], [env.q1], [FEE_CAP]);
+      const s = await prepaidStatement(env, 6n, [{ account: r, amount: FEE_CAP }], FEE_CAP);
       await post(env, s);
       await time.increase(h.DEFAULTS.challengeWindow);
       await env.receiver.setRejectPayments(true);
@@ -544,6 +563,93 @@ describe("QueryEscrow", function () {
       await expect(env.escrow.disputeRoot(1n, h.charges([env.q1], [4n]), altSigs, { root: s.tree.root, total: 5n, queriesHash: s.qh }, s.sigs))
         .to.be.revertedWithCustomError(env.escrow, "TotalMismatch")
         .withArgs(5n, 4n);
+    });
+  });
+  describe("a page pays only its own gateway's deposits", function () {
+    // q1, q2 are op1's deposits; q3 is gateway2's.
+    async function twoGateways() {
+      const env = await fixture();
+      const q3 = ethers.id("query-3");
+      await env.escrow.connect(env.user).deposit(q3, ethers.id("model"), env.gateway2.address, { value: FEE_CAP });
+      return { ...env, q3 };
+    }
+    it("postPayoutRoot_gatewayListsAnothersDeposit_revertsWrongGatewayQuery", async function () {
+      const env = await loadFixture(twoGateways);
+      // gateway2's page (its own q3 first) also lists op1's q1: the page cannot be posted
+      const s = await pageStatement(env, 1n, [{ account: env.gateway2.address, amount: 2n }], [env.q3, env.q1], [1n, 1n]);
+      await expect(post(env, s))
+        .to.be.revertedWithCustomError(env.escrow, "WrongGatewayQuery")
+        .withArgs(env.q1, env.op1.address, env.gateway2.address);
+      expect(await env.escrow.isFunded(env.q1)).to.equal(true);
+    });
+    it("postPayoutRoot_anothersDepositListedFirst_revertsRootNotPayee", async function () {
+      const env = await loadFixture(twoGateways);
+      // gateway2 claims op1's deposit alone: its root pays gateway2, the deposit names op1
+      const s = await pageStatement(env, 1n, [{ account: env.gateway2.address, amount: 5n }], [env.q1], [5n]);
+      await expect(post(env, s)).to.be.revertedWithCustomError(env.escrow, "RootNotPayee").withArgs(1n, env.op1.address, 5n);
+    });
+    it("postPayoutRoot_pageMixingTwoGatewaysRows_revertsRootNotPayee", async function () {
+      const env = await loadFixture(twoGateways);
+      const rows = [
+        { account: env.op1.address, amount: 3n },
+        { account: env.gateway2.address, amount: 2n },
+      ];
+      const s = await pageStatement(env, 1n, rows, [env.q1], [5n]);
+      await expect(post(env, s)).to.be.revertedWithCustomError(env.escrow, "RootNotPayee").withArgs(1n, env.op1.address, 5n);
+      const mixed = await pageStatement(env, 2n, rows, [env.q1, env.q3], [3n, 2n]);
+      await expect(post(env, mixed))
+        .to.be.revertedWithCustomError(env.escrow, "WrongGatewayQuery")
+        .withArgs(env.q3, env.gateway2.address, env.op1.address);
+    });
+    it("postPayoutRoot_anothersRefundedDepositListed_revertsWrongGatewayQuery", async function () {
+      const env = await loadFixture(twoGateways);
+      await time.increase(h.DEFAULTS.refundTimeout);
+      await env.escrow.connect(env.user).refund(env.q1);
+      const s = await pageStatement(env, 1n, [{ account: env.gateway2.address, amount: 2n }], [env.q3, env.q1], [1n, 1n]);
+      await expect(post(env, s)).to.be.revertedWithCustomError(env.escrow, "WrongGatewayQuery");
+    });
+    it("postPayoutRoot_queryPageDebitsAnotherGatewaysBalance_revertsWrongGatewayDebit", async function () {
+      const env = await loadFixture(twoGateways);
+      await env.escrow.connect(env.user2).depositBalance(env.gateway2.address, { value: 7n });
+      const s = await pageStatement(env, 1n, [{ account: env.op1.address, amount: 12n }], [env.q1], [5n], [env.user2.address], [env.gateway2.address], [7n]);
+      await expect(post(env, s))
+        .to.be.revertedWithCustomError(env.escrow, "WrongGatewayDebit")
+        .withArgs(env.user2.address, env.gateway2.address, env.op1.address);
+      // nor does a query page buy credits (a (payer, escrow) debit) or draw on the pool
+      const e = await env.escrow.getAddress();
+      await env.escrow.connect(env.user2).depositBalance(e, { value: 7n });
+      const buy = await pageStatement(env, 2n, [{ account: env.op1.address, amount: 12n }], [env.q1], [5n], [env.user2.address], [e], [7n]);
+      await expect(post(env, buy)).to.be.revertedWithCustomError(env.escrow, "WrongGatewayDebit").withArgs(env.user2.address, e, env.op1.address);
+    });
+    it("deposit_frontRunForAnotherGateway_bindsOnlyTheFrontRunnersMoney", async function () {
+      const env = await loadFixture(twoGateways);
+      // a front-runner sees a user's deposit of q4 for op1 and deposits q4 first, for gateway2
+      const q4 = ethers.id("query-4");
+      await env.escrow.connect(env.stranger).deposit(q4, ethers.id("model"), env.gateway2.address, { value: 3n });
+      await expect(env.escrow.connect(env.user).deposit(q4, ethers.id("model"), env.op1.address, { value: FEE_CAP }))
+        .to.be.revertedWithCustomError(env.escrow, "QueryExists")
+        .withArgs(q4);
+      // the binding is the front-runner's own (op1 sees another gateway and depositor and
+      // refuses to serve q4); op1 cannot be paid the front-runner's deposit either
+      const d = await env.escrow.depositOf(q4);
+      expect([d.user, d.gateway, d.amount]).to.deep.equal([env.stranger.address, env.gateway2.address, 3n]);
+      const s = await pageStatement(env, 1n, [{ account: env.op1.address, amount: 3n }], [env.q1, q4], [0n, 3n]);
+      await expect(post(env, s))
+        .to.be.revertedWithCustomError(env.escrow, "WrongGatewayQuery")
+        .withArgs(q4, env.gateway2.address, env.op1.address);
+    });
+    it("postPayoutRoot_ownDepositsAndDebits_paysTheGatewayAlone", async function () {
+      const env = await loadFixture(twoGateways);
+      await env.escrow.connect(env.user2).depositBalance(env.gateway2.address, { value: 7n });
+      const s = await pageStatement(env, 1n, [{ account: env.gateway2.address, amount: 12n }], [env.q3], [5n], [env.user2.address], [env.gateway2.address], [7n]);
+      await post(env, s);
+      await time.increase(h.DEFAULTS.challengeWindow);
+      // the other gateway holds no leaf in it
+      await expect(env.escrow.connect(env.op1).claim(1n, env.op1.address, 12n, [])).to.be.revertedWithCustomError(env.escrow, "InvalidClaim");
+      await expect(env.escrow.connect(env.gateway2).claim(1n, env.gateway2.address, 12n, [])).to.changeEtherBalance(env.gateway2, 12n);
+      // op1's deposits are untouched, still payable on op1's own page
+      expect(await env.escrow.isFunded(env.q1)).to.equal(true);
+      await post(env, await pageStatement(env, 2n, [{ account: env.op1.address, amount: 5n }], [env.q1], [5n]));
     });
   });
 });

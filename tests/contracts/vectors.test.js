@@ -5,7 +5,7 @@
 // vectors' verifyingContract (0x5FbDB…, deployer account 0 at nonce 0) and the third at the
 // vectors' QueryEscrow (0x9fE46…, nonce 2), which then posts the vectors' prepaid statement.
 const { expect } = require("chai");
-const { anyValue } = require("@nomicfoundation/hardhat-chai-matchers/withArgs");
+
 const { ethers, network } = require("hardhat");
 const fs = require("fs");
 const path = require("path");
@@ -128,13 +128,13 @@ describe("golden vectors (tests/vectors)", function () {
     const sorted = wallets.sort((a, b) => (BigInt(a.address) < BigInt(b.address) ? -1 : 1));
     const sigs = await Promise.all(sorted.map((w) => w.signTypedData(c.domain, { PayoutRoot: c.types.PayoutRoot }, c.message)));
     const posted = escrow.postPayoutRoot(BigInt(c.message.epoch), c.message.root, BigInt(c.message.total), chargesOf(v), sigs);
-    await expect(posted).to.emit(escrow, "PayoutRootPosted").withArgs(BigInt(c.message.epoch), c.message.root, BigInt(c.message.total), v.value, anyValue);
-    // the payers hold no balance: every debit falls short, the fees are collected
-    const collected = v.fees.map(BigInt).reduce((a, b) => a + b, 0n);
-    expect((await escrow.epochOf(BigInt(c.message.epoch))).unclaimed).to.equal(collected);
-    for (const [i, p] of v.payers.entries()) {
-      expect(await escrow.unchargedOf(BigInt(c.message.epoch), p, v.gateways[i])).to.equal(BigInt(v.debits[i]));
-    }
+    // The committee accepted the signatures over the calldata hash (else `UnknownSigner`): the
+    // statement then fails the page rule, since it lists queries of gateway 0 next to a debit
+    // of gateway 1 (a page charging deposits pays their gateway alone).
+    const second = v.gateways.findIndex((g) => g !== v.gateways[0]);
+    await expect(posted)
+      .to.be.revertedWithCustomError(escrow, "WrongGatewayDebit")
+      .withArgs(v.payers[second], v.gateways[second], v.gateways[0]);
   });
 
   it("committee_contract_accepts_python_committee_signatures", async function () {

@@ -18,6 +18,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -398,6 +399,131 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
 
     code, log = _send_signed(key, devnet, WorkReport((), (), (charge,)))
     assert code == 0, log
+
+
+def _second_gateway(
+    env: dict[str, str], devnet: dict[str, Any], home: Path
+) -> tuple[subprocess.Popen, str, str, Path]:
+    """`planet gateway serve` with a fresh wallet of its own (funded; a balance at the escrow for
+    its credits), on a port of this test run's range: (process, URL, address, log)."""
+    import os
+    import socket
+
+    from node.chain.evm.account import PlanetChain
+    from node.chain.evm.deployment import Deployment
+    from node.keys import create_wallet
+    from tests.e2e.devnet_session import fund
+
+    password_file = devnet["password_file"]
+    account = create_wallet(home / "wallet.json", Path(password_file).read_text())
+    fund(env, account.address, "3")
+    deployment = Deployment.load(devnet["deployment"])
+    chain = PlanetChain(deployment, bytes(account.key))
+    chain.escrow.deposit_balance(deployment.address("QueryEscrow"), 10**18)  # buys its credits
+    low, high = (int(p) for p in os.environ.get("PLANET_TEST_PORTS", "12500-12999").split("-"))
+    port = next(p for p in range(high, low, -1) if socket.socket().connect_ex(("127.0.0.1", p)))
+    rpcs = [a for url in devnet["committee_rpc"] for a in ("--validator-rpc", url)]
+    log = home / "gateway.log"
+    argv = [sys.executable, "-m", "planet", "gateway", "serve",
+            "--evm-rpc", devnet["evm_rpc"], "--deployment", devnet["deployment"],
+            "--committee-rpc", devnet["committee_rpc"][0], "--manifest", devnet["manifest"],
+            "--wallet", str(home / "wallet.json"), "--password-file", password_file,
+            "--host", "127.0.0.1", "--port", str(port), "--report-min-questions", "1",
+            "--private-endpoints", "--credits-file", str(home / "credits.json"),
+            "--top-up-below", "20", "--top-up", "60", *rpcs]  # fmt: skip
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return process, f"http://127.0.0.1:{port}", account.address.lower(), log
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+def test_devnet_a_second_gateway_binds_itself_is_paid_its_users_fees_and_not_the_firsts(
+    env, devnet, fresh_user, tmp_path
+) -> None:
+    """No genesis change: a second `planet gateway serve` with a fresh wallet binds its committee
+    key to its wallet on first start and says so → a user's per-query deposit to it is settled on
+    its own page (one row: itself) → it claims exactly that → a statement paying it a deposit
+    made for the first gateway cannot be posted, even with every committee signature."""
+    if not devnet.get("gateway_url"):
+        pytest.skip("this checkout has no gateway")
+    from node.chain.evm.account import PlanetChain
+    from node.chain.evm.deployment import Deployment
+    from node.chain.evm.errors import ContractRevert
+    from node.keys import load_wallet, read_operator_key
+    from protocol.eip712 import PayoutRoot, committee_domain, committee_signatures, queries_hash
+    from shares.merkle import leaf_hash
+
+    home = tmp_path / "gateway2"
+    home.mkdir()
+    process, url, gateway2, log = _second_gateway(env, devnet, home)
+    try:
+        _wait(lambda: _healthy(url) or process.poll() is not None, 300, "the second gateway up")
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert "gateway bound: committee key " in log.read_text()  # said before serving
+        rpc = devnet["committee_rpc"][0]
+        assert gateway2 in _query(rpc, "/gateways")["gateways"].values()
+        for _ in range(3):  # its first credits may still be in flight (mints are blind-signed)
+            asked = _planet(env, "ask", "--pay", "--gateway", url, *fresh_user.pay_args(),
+                            "--max-tokens", "4", "Say hello.", timeout=300)  # fmt: skip
+            if asked.returncode == 0:
+                break
+            time.sleep(10)
+        assert asked.returncode == 0, asked.stderr[-3000:] + log.read_text()[-3000:]
+        paid = _wait(lambda: _paid(devnet, [gateway2]), 120, "the second gateway paid in a root")
+        assert paid is not None
+        [(epoch, amount)] = paid[gateway2].items()
+        view = _query(rpc, "/payouts", epoch=str(epoch))
+        assert view["rows"] == [[gateway2, str(amount)]] and view["query_ids"]
+        w3, escrow = escrow_contract(devnet)
+        w3.provider.make_request("evm_increaseTime", [CHALLENGE_WINDOW_S + 1])
+        w3.provider.make_request("evm_mine", [])
+        claimed = _planet(env, "claim", "--epoch", str(epoch), "--home", str(home),
+                          "--password-file", devnet["password_file"], timeout=120)  # fmt: skip
+        assert claimed.returncode == 0, claimed.stderr[-2000:]
+        assert escrow.functions.claimed(epoch, w3.to_checksum_address(gateway2)).call()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    # a deposit made for the first gateway cannot be paid to the second, whoever signs
+    _, first = _gateway_account(devnet)
+    password = Path(devnet["password_file"]).read_text()
+    deployment = Deployment.load(devnet["deployment"])
+    user = PlanetChain(deployment, bytes(load_wallet(fresh_user.wallet, password).key))
+    theirs, mine = b"\x45" * 32, b"\x46" * 32
+    first, gateway2 = w3.to_checksum_address(first), w3.to_checksum_address(gateway2)
+    user.escrow.deposit(theirs, bytes(32), first, 10**12)
+    user.escrow.deposit(mine, bytes(32), gateway2, 10**12)
+    committee_dir = Path(devnet["committee_dir"])
+    keys = [read_operator_key(committee_dir / f"node{i}" / "config" / "operator_key.json")
+            for i in range(4)]  # fmt: skip
+    domain = committee_domain(deployment.chain_id, deployment.address("Committee"))
+    for number, ids, reason in ((10**6 + 1, [theirs], "RootNotPayee"),
+                                (10**6 + 2, [mine, theirs], "WrongGatewayQuery")):  # fmt: skip
+        fees = [10**12] * len(ids)
+        statement = PayoutRoot(
+            epoch=number,
+            root=leaf_hash(number, gateway2, sum(fees)),
+            total=sum(fees),
+            queries_hash=queries_hash(ids, fees),
+            consumer=deployment.address("QueryEscrow"),
+        )
+        sigs = committee_signatures(statement, keys, domain)
+        with pytest.raises(ContractRevert) as refused:
+            user.escrow.post_payout_root(statement, ids, fees, sigs)
+        assert refused.value.error_name == reason
+    assert user.escrow.is_funded(theirs)
 
 
 def test_devnet_node_without_attested_stake_is_never_routable(env, devnet, tmp_path) -> None:

@@ -39,13 +39,12 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayNet]:
         network.start_chain()
         # the gateway's committee key exists before genesis, so genesis can list it
         key = load_or_create_node_key(run_dir / "gateway" / "committee_key.json", PASSWORD)
-        wallet = load_or_create_wallet(run_dir / "gateway" / "wallet.json", PASSWORD)
+        load_or_create_wallet(run_dir / "gateway" / "wallet.json", PASSWORD)
         gateway = key.verify_key.encode().hex()
         deployment = network.deployment
         network.start_committee(
             app_state={
-                "gateways": [gateway],
-                "gateway_addresses": {gateway: wallet.address},
+                "gateways": [gateway],  # its wallet's address: bound by the gateway itself
                 "evm": {
                     "chain_id": deployment.chain_id,
                     "committee_address": deployment.address("Committee"),

@@ -59,7 +59,7 @@ def credit_chain(lifetime_epochs: int | None = None, **extra: object) -> Chain:
     credits: dict[str, object] = {"price_wei": str(PRICE), "layer_tokens": LAYER_TOKENS}
     if lifetime_epochs is not None:
         credits["lifetime_epochs"] = lifetime_epochs
-    chain = settled_chain(credits=credits, **extra)
+    chain = settled_chain(bindings={}, credits=credits, **extra)  # no gateway tx: heights as before
     chain.time_s = NOW
     return chain
 

@@ -14,13 +14,15 @@ from nacl.signing import SigningKey
 from abci_app import settlement
 from abci_app.codes import Code
 from protocol.committee.settlement import statement_number
+from protocol.eip712 import address_of
 from shares.merkle import Payout, verify
-from tests.committee_chain import Chain, seeded_key
+from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 from tests.unit.test_abci_settlement import (
     CREDIT_PRICE,
     ESCROW,
     GATEWAY,
     GATEWAY_EVM,
+    GATEWAY_EVM_KEY,
     ask,
     evm_of,
     next_epoch_end,
@@ -37,7 +39,8 @@ from tests.unit.test_abci_state import hexkey
 pytestmark = pytest.mark.unit
 
 OTHER = seeded_key("other-gateway")
-OTHER_EVM = "0x" + "9b" * 20
+OTHER_EVM_KEY = seeded_evm_key("other-gateway")
+OTHER_EVM = address_of(OTHER_EVM_KEY).lower()
 
 
 def query_id(n: int) -> str:
@@ -108,7 +111,10 @@ def test_the_pools_page_splits_the_draw_and_each_revenue_page_pays_its_own_charg
     for view in views[1:]:
         total = sum(fee_of[q] for q in view["query_ids"])
         assert view["rows"] == [[GATEWAY_EVM, str(total)]]
-    assert chain.state.committed("sqdone", query_id(8)) == {"fee": "801", "statement": numbers[3]}
+    assert chain.state.committed("sqdone", f"{query_id(8)}/{GATEWAY_EVM}") == {
+        "fee": "801",
+        "statement": numbers[3],
+    }
     # a page is signed and confirmed on its own
     for index in range(3):
         assert vote(chain, index, numbers[1]).code == Code.OK
@@ -126,7 +132,9 @@ def test_the_oldest_reported_settle_first_and_the_rest_next_close(small_pages: N
         q for n in range(4) for q in ask(chain, f"/payouts?epoch={epoch + (n << 32)}")["query_ids"]
     ]
     assert sorted(settled) == sorted(q for q, _ in queries[:12])  # 4 pages × 3, oldest first
-    assert [key for key, _ in chain.state.items("squery")] == sorted(q for q, _ in queries[12:])
+    assert [key for key, _ in chain.state.items("squery")] == sorted(
+        f"{q}/{GATEWAY_EVM}" for q, _ in queries[12:]
+    )
     # the two left over settle at the next close, first in line
     assert one(chain, report(queries=((query_id(1), 5),)), GATEWAY).code == Code.OK
     following = next_epoch_end(chain)
@@ -138,7 +146,7 @@ def test_the_oldest_reported_settle_first_and_the_rest_next_close(small_pages: N
 def test_each_gateway_has_its_own_pages_the_oldest_pending_first(small_pages: None) -> None:
     chain = settled_chain(
         gateways=sorted([hexkey(GATEWAY), hexkey(OTHER)]),
-        gateway_addresses={hexkey(GATEWAY): GATEWAY_EVM, hexkey(OTHER): OTHER_EVM},
+        bindings={GATEWAY: GATEWAY_EVM_KEY, OTHER: OTHER_EVM_KEY},
     )
     serve(chain, [(query_id(50), 7)], key=OTHER)  # the other gateway reported first
     serve(chain, [(query_id(1), 100), (query_id(2), 200)])
@@ -151,4 +159,7 @@ def test_each_gateway_has_its_own_pages_the_oldest_pending_first(small_pages: No
         [query_id(1), query_id(2)],
     ]
     # a key cannot report for another: the query's payee is the reporting key's own address
-    assert chain.state.committed("sqdone", query_id(1))["statement"] == views[1]["epoch"]
+    assert (
+        chain.state.committed("sqdone", f"{query_id(1)}/{GATEWAY_EVM}")["statement"]
+        == views[1]["epoch"]
+    )

@@ -24,6 +24,7 @@ from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key
 from tests.unit.test_abci_settlement import (
     ESCROW,
     GATEWAY,
+    GATEWAY_EVM,
     ask,
     next_epoch_end,
     one,
@@ -35,8 +36,7 @@ from tests.unit.test_abci_state import hexkey
 pytestmark = pytest.mark.unit
 
 NOW = 1_800_000_000
-GATEWAY_EVM = "0x" + "9a" * 20
-OTHER_GATEWAY_EVM = "0x" + "9b" * 20
+OTHER_GATEWAY_EVM = address_of(seeded_evm_key("other-gateway")).lower()
 MODEL_ID = "0x" + "4d" * 32
 PAYER_KEYS = {label: seeded_evm_key(label) for label in ("payer-1", "payer-2")}
 PAYMENT = payment_domain(EVM_CHAIN_ID, ESCROW)
@@ -111,7 +111,7 @@ def reported_with(chain: Chain, *items: ChargeItem) -> tuple[str, str]:
 
 
 def test_charges_are_debited_on_each_gateways_own_pages_and_paid_to_it() -> None:
-    chain = settled_chain(gateway_addresses={})  # unbound: its charges may name any gateway
+    chain = settled_chain(bindings={})  # unbound: its charges may name any gateway
     chain.time_s = NOW
     items = (
         charge("payer-1", 1, 300),
@@ -162,7 +162,7 @@ def test_a_key_is_charged_cumulatively_never_twice_never_below_never_above_its_c
     assert refusals(first) == []
     assert one(chain, charges_report(charge("payer-1", 7, 250, kind="key", cap=1000)), GATEWAY)
     key = f"{payer('payer-1')}/{GATEWAY_EVM}/key/0x{7:064x}"
-    assert chain.state.get("cpend", key) == {"from": "0", "total": "250", "height": 1}
+    assert chain.state.get("cpend", key) == {"from": "0", "total": "250", "height": 2}
     resent = one(chain, charges_report(charge("payer-1", 7, 250, kind="key", cap=1000)), GATEWAY)
     assert refusals(resent) == [] and ("applied", "0") in dict(resent.events)["planet.work_report"]
     lower = one(chain, charges_report(charge("payer-1", 7, 200, kind="key", cap=1000)), GATEWAY)
@@ -286,9 +286,8 @@ def test_the_wire_keeps_old_reports_unchanged_and_refuses_hostile_charge_lists()
             WorkReport.from_json({"work": [], "queries": [], "charges": bad})
 
 
-def test_a_gateway_key_bound_in_genesis_charges_only_for_its_own_address() -> None:
-    checksummed = GATEWAY_EVM.upper().replace("0X", "0x")
-    chain = settled_chain(gateway_addresses={hexkey(GATEWAY): checksummed})
+def test_a_bound_gateway_key_charges_only_for_its_own_address() -> None:
+    chain = settled_chain()  # GATEWAY bound to GATEWAY_EVM by a gateway tx
     chain.time_s = NOW
     own, other = charge("payer-1", 1, 10), charge("payer-1", 2, 10, gateway=OTHER_GATEWAY_EVM)
     result = one(chain, charges_report(own, other), GATEWAY)
@@ -296,15 +295,12 @@ def test_a_gateway_key_bound_in_genesis_charges_only_for_its_own_address() -> No
     assert [key for key, _ in chain.state.items("cpend")] == [own.name]
 
 
-def test_genesis_binds_only_listed_gateway_keys_to_addresses() -> None:
+def test_genesis_gateway_addresses_is_refused_by_name() -> None:
     from abci_app.genesis import Genesis
     from protocol.errors import ConfigError
 
     key = hexkey(GATEWAY)
-    parsed = Genesis.parse(
-        json.dumps({"gateways": [key], "gateway_addresses": {key: GATEWAY_EVM}}).encode()
-    )
-    assert parsed.gateway_addresses == {key: GATEWAY_EVM}
-    for bad in ({"ab" * 32: GATEWAY_EVM}, {key: "0x12"}, [key]):
-        with pytest.raises(ConfigError):
-            Genesis.parse(json.dumps({"gateways": [key], "gateway_addresses": bad}).encode())
+    with pytest.raises(ConfigError, match="gateway_addresses was removed"):
+        Genesis.parse(
+            json.dumps({"gateways": [key], "gateway_addresses": {key: GATEWAY_EVM}}).encode()
+        )

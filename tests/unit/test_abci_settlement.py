@@ -17,6 +17,7 @@ from abci_app.codes import Code
 from abci_app.queries import query
 from protocol.committee.credits import Redeem
 from protocol.committee.envelope import decode, sign
+from protocol.committee.gateways import sign_binding
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.registry import Heartbeat
 from protocol.committee.settlement import (
@@ -29,6 +30,7 @@ from protocol.committee.verification import VerdictVote
 from protocol.eip712 import PayoutRoot, Verdict, address_of, committee_domain
 from shares.merkle import Payout, verify
 from tests.committee_chain import (
+    CHAIN_ID,
     COMMITTEE_ADDRESS,
     EVM_CHAIN_ID,
     FRAUD_PROOFS_ADDRESS,
@@ -47,7 +49,8 @@ pytestmark = pytest.mark.unit
 
 ESCROW = "0x" + "ee" * 20
 GATEWAY = seeded_key("gateway")
-GATEWAY_EVM = "0x" + "9a" * 20  # the address genesis binds to GATEWAY: its revenue's payee
+GATEWAY_EVM_KEY = seeded_evm_key("gateway")
+GATEWAY_EVM = address_of(GATEWAY_EVM_KEY).lower()  # GATEWAY's bound address: its revenue's payee
 DOMAIN = committee_domain(EVM_CHAIN_ID, COMMITTEE_ADDRESS)
 Q1, Q2, Q3 = ("0x" + f"{i:02x}" * 32 for i in (1, 2, 3))
 CREDIT_PRICE = 10**12  # as tests/unit/test_abci_credits.py
@@ -55,12 +58,28 @@ CREDIT_LAYER_TOKENS = 4096
 CREDIT_NOW = 1_800_000_000
 
 
-def settled_chain(**extra: object) -> Chain:
-    """A chain whose genesis settles epochs (escrow), binds GATEWAY to GATEWAY_EVM and sells
-    credits; `extra` overrides genesis keys (None drops one)."""
+def bind_gateway(
+    chain: Chain, key: SigningKey, evm_key: bytes, *, bound: bool = True, nonce: int = 1
+) -> bytes:
+    """A `gateway` tx of `key` binding (or releasing) the address of `evm_key`."""
+    body = sign_binding(
+        evm_key,
+        hexkey(key),
+        bound=bound,
+        nonce=nonce,
+        chain_id=CHAIN_ID,
+        evm_chain_id=EVM_CHAIN_ID,
+        committee_address=COMMITTEE_ADDRESS,
+    )
+    return chain.tx(body, key)
+
+
+def settled_chain(bindings: dict[SigningKey, bytes] | None = None, **extra: object) -> Chain:
+    """A chain whose genesis settles epochs (escrow) and sells credits, where each key of
+    `bindings` (default: GATEWAY) is bound to its EVM key's address by a `gateway` tx in block
+    1; `extra` overrides genesis keys (None drops one)."""
     genesis: dict[str, object] = {
         "gateways": [hexkey(GATEWAY)],
-        "gateway_addresses": {hexkey(GATEWAY): GATEWAY_EVM},
         "evm": {
             "chain_id": EVM_CHAIN_ID,
             "committee_address": COMMITTEE_ADDRESS,
@@ -72,6 +91,10 @@ def settled_chain(**extra: object) -> Chain:
     genesis.update(extra)
     chain = Chain(genesis={k: v for k, v in genesis.items() if v is not None})
     chain.time_s = CREDIT_NOW  # block time: what mints' and charges' expiries are checked against
+    bindings = {GATEWAY: GATEWAY_EVM_KEY} if bindings is None else bindings
+    if bindings:
+        txs = [bind_gateway(chain, key, evm_key) for key, evm_key in bindings.items()]
+        assert [r.code for r in chain.block(txs)] == [Code.OK] * len(txs)
     return chain
 
 
@@ -223,7 +246,7 @@ def test_settlement_the_pool_pays_redemptions_and_the_gateway_its_revenue_with_p
     # it is a refused item; the redemptions are gone
     assert refused_codes(one(chain, report(queries=((Q1, 600),)), GATEWAY)) == []
     assert refused_codes(one(chain, report(queries=((Q1, 1),)), GATEWAY)) == ["DUPLICATE_QUERY"]
-    assert chain.state.committed("sqdone", Q1) == {
+    assert chain.state.committed("sqdone", f"{Q1}/{GATEWAY_EVM}") == {
         "fee": "600",
         "statement": statement_number(epoch, 1),
     }
@@ -328,9 +351,9 @@ def test_settlement_a_bad_item_is_refused_alone_by_name_and_the_others_apply() -
     assert (summary["applied"], summary["unchanged"], summary["refused"]) == ("3", "1", "3")
     # the good items applied: both nodes' counts, Q2 pending; Q1 keeps its first fee
     assert (reported(chain, a, 0), reported(chain, b, 1)) == (10, 4)
-    assert chain.state.get("squery", Q1)["fee"] == "5"
-    assert chain.state.get("squery", Q2)["fee"] == "7"
-    assert chain.state.get("squery", Q3) is None  # a zero fee charges nothing
+    assert chain.state.get("squery", f"{Q1}/{GATEWAY_EVM}")["fee"] == "5"
+    assert chain.state.get("squery", f"{Q2}/{GATEWAY_EVM}")["fee"] == "7"
+    assert chain.state.get("squery", f"{Q3}/{GATEWAY_EVM}") is None  # a zero fee charges nothing
 
 
 def test_settlement_query_fees_are_idempotent() -> None:
@@ -338,17 +361,21 @@ def test_settlement_query_fees_are_idempotent() -> None:
     assert refused_codes(one(chain, report(queries=((Q1, 5),)), GATEWAY)) == []
     again = one(chain, report(queries=((Q1, 5),)), GATEWAY)
     assert again.code == Code.OK and refused_codes(again) == []
-    # not re-dated; paid to the address genesis binds to the reporting key
-    assert chain.state.get("squery", Q1) == {"fee": "5", "height": 1, "gateway": GATEWAY_EVM}
+    # not re-dated (block 1 bound the gateway); paid to the address bound to the reporting key
+    assert chain.state.get("squery", f"{Q1}/{GATEWAY_EVM}") == {
+        "fee": "5",
+        "height": 2,
+        "gateway": GATEWAY_EVM,
+    }
     assert refused_codes(one(chain, report(queries=((Q1, 4),)), GATEWAY)) == ["DUPLICATE_QUERY"]
 
 
 def test_settlement_a_gateway_without_a_bound_address_has_no_payee_for_fees() -> None:
-    chain = settled_chain(gateway_addresses={})
+    chain = settled_chain(bindings={})
     a, _ = two_nodes(chain)
     result = one(chain, report(NodeWork(hexkey(a), "m", 0, 1, 3), queries=((Q1, 5),)), GATEWAY)
     assert result.code == Code.OK and refused_codes(result) == ["WRONG_GATEWAY"]
-    assert chain.state.get("squery", Q1) is None
+    assert chain.state.get("squery", f"{Q1}/{GATEWAY_EVM}") is None
     assert reported(chain, a, 0) == 3  # its served counts still apply
 
 
@@ -538,12 +565,15 @@ def test_settlement_records_are_pruned_with_their_epoch(tmp_path: Path) -> None:
     chain = settled_chain(retention_epochs=1)
     _, _, epoch = served_epoch(chain, tmp_path)
     page = statement_number(epoch, 1)
-    assert chain.state.committed("sqdone", Q1) == {"fee": "600", "statement": page}
+    assert chain.state.committed("sqdone", f"{Q1}/{GATEWAY_EVM}") == {
+        "fee": "600",
+        "statement": page,
+    }
     length = chain.state.genesis.epoch_length
     chain.advance_to((epoch + 2) * length + 1)  # first block of epoch e + retention + 1
     assert ask_code(chain, f"/payouts?epoch={epoch}") == Code.NOT_FOUND
     assert ask_code(chain, f"/payouts?epoch={page}") == Code.NOT_FOUND
-    assert chain.state.committed("sqdone", Q1) is None
+    assert chain.state.committed("sqdone", f"{Q1}/{GATEWAY_EVM}") is None
     assert list(chain.state.committed_items("credit")) == []
     assert list(chain.state.committed_items("squery")) == []
 

@@ -68,7 +68,7 @@ def _report(triples: list[Triple], epoch: int = 1) -> SpotCheckReport:
 def test_reports_are_credited_only_for_assigned_checks_and_paid_at_settlement(
     tmp_path: Path,
 ) -> None:
-    chain = settled_chain(spot_check_ppm=1_000_000, epoch_length=10)
+    chain = settled_chain(bindings={}, spot_check_ppm=1_000_000, epoch_length=10)
     a, _, owed, credits = _epoch1_with_commitments(chain, tmp_path)
     v0, v1, v2 = (chain.validators[i].key for i in range(3))
     assert one(chain, _report(owed[0]), v1).code == Code.SPOT_CHECK_NOT_ASSIGNED  # v0's checks
@@ -121,7 +121,7 @@ def test_reports_are_credited_only_for_assigned_checks_and_paid_at_settlement(
 
 
 def test_a_commitment_of_another_epoch_is_not_credited(tmp_path: Path) -> None:
-    chain = settled_chain(spot_check_ppm=1_000_000, epoch_length=10)
+    chain = settled_chain(bindings={}, spot_check_ppm=1_000_000, epoch_length=10)
     a, _, owed, _ = _epoch1_with_commitments(chain, tmp_path)
     late = CommitmentRecord("0x" + "77" * 32, 0, 0, "0x" + "aa" * 32)
     assert one(chain, CommitBatch((late,)), a).code == Code.OK  # epoch 2

@@ -338,3 +338,25 @@ def test_vectors_generator_reproduces_committed_files_byte_for_byte() -> None:
     vectors = path.parent
     assert generate.render(generate.eip712_vectors()) == (vectors / "eip712.json").read_text()
     assert generate.render(generate.merkle_vectors()) == (vectors / "merkle.json").read_text()
+
+
+def test_gateway_binding_digest_matches_eth_account_typed_data() -> None:
+    """`GatewayBinding` (bool and bytes32 fields, committee domain) hashes as a maintained
+    EIP-712 implementation hashes it: eth_account's signature recovers under our digest."""
+    from protocol.eip712 import GatewayBinding, committee_chain_hash
+
+    key = keccak(text="gateway binding vector")
+    domain = committee_domain(31337, address_of(keccak(text="committee")))
+    for bound in (True, False):
+        binding = GatewayBinding(
+            gateway_key=keccak(text="ed25519 key"),
+            gateway=address_of(key),
+            bound=bound,
+            nonce=7,
+            chain=committee_chain_hash("planet-devnet"),
+        )
+        signed = Account.sign_message(
+            encode_typed_data(full_message=binding.typed_data(domain)), key
+        )
+        assert binding.recover(bytes(signed.signature), domain) == address_of(key)
+        assert binding.sign(key, domain) == bytes(signed.signature)

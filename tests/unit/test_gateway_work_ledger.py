@@ -21,7 +21,7 @@ from protocol.committee.envelope import MAX_TX_BYTES, decode, sign
 from protocol.committee.settlement import WorkReport
 from protocol.errors import RemoteError, UnavailableError
 from tests.committee_chain import Chain, ReportingLink
-from tests.unit.test_abci_settlement import GATEWAY, settled_chain, two_nodes
+from tests.unit.test_abci_settlement import GATEWAY, GATEWAY_EVM, settled_chain, two_nodes
 from tests.unit.test_abci_state import hexkey
 
 pytestmark = pytest.mark.unit
@@ -117,7 +117,7 @@ async def test_what_did_not_reach_a_block_is_resent_byte_for_byte_and_applied_on
     link.lose = False
     assert await sender.flush() == 1 and ledger.in_flight is None
     assert set(link.broadcasts) == {sent.hash}  # always the same bytes: one nonce, one effect
-    assert chain.state.get("squery", "0x" + f"{1:064x}")["fee"] == "5"
+    assert chain.state.get("squery", f"0x{1:064x}/{GATEWAY_EVM}")["fee"] == "5"
     assert served(chain, a, 0) == 2
 
 
@@ -137,7 +137,7 @@ async def test_a_report_whose_nonce_was_taken_goes_back_and_is_sent_again() -> N
     link.mine([sign(other, GATEWAY, lost.nonce).encode()])
     assert await sender.flush() == 1  # dead: the items went back and travelled again
     assert ledger.in_flight is None and not ledger.pending
-    assert chain.state.get("squery", "0x" + f"{1:064x}")["fee"] == "5"
+    assert chain.state.get("squery", f"0x{1:064x}/{GATEWAY_EVM}")["fee"] == "5"
     assert served(chain, a, 0) == 2
 
 
@@ -172,7 +172,7 @@ async def test_a_report_the_index_shows_late_is_found_while_settle_lasts_not_res
     assert await sender.flush() == 1 and ledger.in_flight is None and not ledger.pending
     assert asyncio.get_running_loop().time() - started < 5.0  # as soon as the index shows it
     assert link.mined == [sent.raw]  # found, not declared dead and sent again
-    assert chain.state.get("squery", "0x" + f"{1:064x}")["fee"] == "5"
+    assert chain.state.get("squery", f"0x{1:064x}/{GATEWAY_EVM}")["fee"] == "5"
 
 
 async def test_refused_items_are_logged_and_kept_by_name_the_rest_applies(tmp_path: Path) -> None:
@@ -192,7 +192,7 @@ async def test_refused_items_are_logged_and_kept_by_name_the_rest_applies(tmp_pa
     )
     kept = [json.loads(line) for line in refused_file.read_text().splitlines()]
     assert kept[0]["refused"] == [refused]
-    assert chain.state.get("squery", "0x" + f"{1:064x}") is not None  # the rest applied
+    assert chain.state.get("squery", f"0x{1:064x}/{GATEWAY_EVM}") is not None  # the rest applied
     assert not ledger.pending and ledger.in_flight is None
 
 
@@ -239,7 +239,7 @@ async def test_a_restart_reports_what_was_recorded_exactly_once(tmp_path: Path) 
 async def test_a_restart_with_a_report_in_flight_never_reports_it_twice(
     tmp_path: Path, stage: str
 ) -> None:
-    chain = settled_chain()
+    chain = settled_chain(bindings={})  # no binding tx: the report below is the key's nonce 1
     a, _ = two_nodes(chain)
     ledger = WorkLedger("m", [(0, 2)], min_questions=1, journal=tmp_path / "ledger.jsonl")
     ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
@@ -279,10 +279,10 @@ async def test_the_journal_survives_a_torn_last_line_and_compacts(
     assert await reporter(again, ReportingLink(chain, GATEWAY)).flush() == 1
     assert len(path.read_text().splitlines()) == 1  # compacted into a snapshot
     ledger_after = reopened(again)
-    assert not ledger_after.pending and ledger_after.nonce == 1
+    assert not ledger_after.pending and ledger_after.nonce == 2  # nonce 1: the binding tx
     assert sorted(k for k, _ in chain.state.items("squery")) == [
-        "0x" + f"{1:064x}",
-        "0x" + f"{3:064x}",
+        f"0x{1:064x}/{GATEWAY_EVM}",
+        f"0x{3:064x}/{GATEWAY_EVM}",
     ]
 
 

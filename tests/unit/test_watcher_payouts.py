@@ -58,6 +58,8 @@ class FakeEscrow:
     address: str = ESCROW
     posts: list[tuple[Any, ...]] = field(default_factory=list)
     already: bool = False
+    revert: str = ""  # every posting reverts with this error (the page rule)
+    tries: int = 0
 
     def epoch_of(self, epoch: int) -> dict[str, Any]:
         return {"status": 1 if self.posts else 0}
@@ -75,8 +77,11 @@ class FakeEscrow:
         gateways: Any,
         debits: Any,
     ) -> Any:
+        self.tries += 1
         if self.already:
             raise ContractRevert("EpochAlreadyPosted", (statement.epoch,))
+        if self.revert:
+            raise ContractRevert(self.revert, (statement.epoch,))
         self.posts.append((statement, query_ids, fees, sigs))
         self.debits.append((payers, gateways, debits))
 
@@ -172,3 +177,28 @@ async def test_payout_relay_vote_lost_in_its_block_is_signed_again() -> None:
     first.committee.lost = 1  # type: ignore[attr-defined]
     assert await first.step() == []
     assert await first.step() == [("signed", epoch)]
+
+
+@pytest.mark.parametrize("error", ["WrongGatewayQuery", "RootNotPayee", "WrongGatewayDebit"])
+async def test_payout_relay_a_page_the_escrow_can_never_post_is_not_tried_again(
+    error: str,
+) -> None:
+    """A page listing a deposit another gateway holds reverts at every try (the escrow's page
+    rule): the relay says so once and moves on; other reverts are tried again next pass."""
+    chain = settled_chain()
+    fees_epoch(chain)
+    escrow = FakeEscrow(revert=error)
+    relays = [relay(chain, i, escrow) for i in range(3)]
+    for r in relays:
+        await r.step()
+    assert escrow.tries == 1 and escrow.posts == []
+    await relays[2].step()
+    assert escrow.tries == 1
+    retried = FakeEscrow(revert="ChallengeWindowOpen")
+    chain2 = settled_chain()
+    fees_epoch(chain2)
+    again = [relay(chain2, i, retried) for i in range(3)]
+    for r in again:
+        await r.step()
+    await again[2].step()
+    assert retried.tries == 2
