@@ -34,6 +34,14 @@ fi
 # and the run fails if either does. The shared model cache is filled first, so the lanes never
 # prepare the same shard set at once.
 python -m harness.warm_models
+# One intra-op thread per torch process in the lanes (every process a test starts inherits it;
+# `planet node serve` already defaults to half the cores, 1 here): the two lanes keep both cores
+# busy, and a 2-thread OpenMP process then spends its time waiting at barriers for a descheduled
+# thread. Measured side by side on this 2-core machine under load (user CPU, wall), torch's
+# default 2 threads -> 1: test_verifier_smollm2 52-56 s, 105-125 s -> 20-22 s, 35-70 s;
+# test_model_prepare 72 s, 576 s -> 38 s, 406 s; test_paid_nodes (its nodes already at one
+# thread) 95 s -> 94 s of CPU.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 lanes=$(mktemp -d "${TMPDIR:-/tmp}/planet-lanes.XXXXXX")
 trap 'kill 0' INT TERM
 lane() {

@@ -54,6 +54,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ def _query(rpc: str, path: str) -> Any:
     return json.loads(base64.b64decode(response["value"]))
 
 
-def _wait(condition: Any, timeout_s: float, what: str, every_s: float = 2.0) -> Any:
+def _wait(condition: Any, timeout_s: float, what: str, every_s: float = 1.0) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         result = condition()
@@ -149,6 +150,16 @@ def _evm_stake(env: dict[str, str], home: str) -> int:
     return int(json.loads(done.stdout)["stake"]["amount_wei"])
 
 
+def _staking_contract(devnet: dict[str, Any]) -> Any:
+    """The devnet's Staking contract over the EVM RPC: polled while a slash is awaited (a read
+    per poll, where `planet status` would start a process per poll)."""
+    from web3 import Web3
+
+    staking = json.loads(Path(devnet["deployment"]).read_text())["contracts"]["Staking"]
+    w3 = Web3(Web3.HTTPProvider(devnet["evm_rpc"]))
+    return w3.eth.contract(address=staking["address"], abi=staking["abi"])
+
+
 def _verifier_logs(devnet: dict[str, Any]) -> str:
     logs = Path(devnet["dir"]) / "logs"
     return "".join(p.read_text() for p in sorted(logs.glob("verifier*.log")))
@@ -169,6 +180,8 @@ def _first_checked_epoch(devnet: dict[str, Any]) -> int:
 
 
 def test_cheaters_untrusted_and_slashed_within_5_epochs_honest_rise(env, devnet) -> None:
+    from web3 import Web3
+
     rpc = devnet["committee_rpc"][0]
     honest, cheaters = ("node0", "node1", "node2"), ("node3", "node5")
     operators = _operators(devnet)
@@ -221,10 +234,18 @@ def test_cheaters_untrusted_and_slashed_within_5_epochs_honest_rise(env, devnet)
 
     verdicts = _wait(confirmed, 240, "confirmed verdicts against both cheaters")
     assert all(len(v["signers"]) >= 3 for v in verdicts), verdicts
-    # the watchers relayed them: the cheaters' stake on the EVM chain is slashed
+    # the watchers relayed them: the cheaters' stake on the EVM chain is slashed (polled on
+    # the contract; `planet status` then shows each cheater's and each honest node's stake)
+    staking = _staking_contract(devnet)
     for name in cheaters:
-        home = operators[name]["home"]
-        _wait(lambda home=home: _evm_stake(env, home) < 10**18, 120, f"{name}'s stake slashed")
+        address = Web3.to_checksum_address(operators[name]["address"])
+        _wait(
+            lambda a=address: staking.functions.stakeOf(a).call() < 10**18,
+            120,
+            f"{name}'s stake slashed",
+            every_s=1.0,
+        )
+    assert all(_evm_stake(env, operators[c]["home"]) < 10**18 for c in cheaters)
     assert all(_evm_stake(env, operators[h]["home"]) == 10**18 for h in honest)
 
     # honest nodes: reputation up from 0.5, routable, never accused
@@ -329,6 +350,18 @@ def test_credits_are_bought_only_against_the_escrow_balance(env, devnet) -> None
     assert json.loads(held.stdout) | {"file": ""} == {"credits": 2, "pending": 0, "file": ""}
 
 
+def _deposit_and_buy(
+    env: dict[str, str], devnet: dict[str, Any], eth: str, credits: str, *extra: str
+) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess | None]:
+    """`planet balance deposit ETH` at the escrow, then `planet credits buy CREDITS` (not run
+    when the deposit failed: None)."""
+    escrow = devnet["contracts"]["QueryEscrow"]
+    deposit = _planet(env, "balance", "deposit", eth, "--gateway", escrow, timeout=120)
+    if deposit.returncode != 0:
+        return deposit, None
+    return deposit, _planet(env, "credits", "buy", credits, *extra, timeout=240)
+
+
 PAID_POSITIONS = 64  # positions one credit buys on the charging nodes below
 PAID_QUESTIONS = ("Name a planet.", "What is two plus two?", "Say hello in French.")
 
@@ -379,7 +412,8 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     with_password = {**env, "PLANET_PASSWORD": password}
     start_height = int(_rpc(rpc, "status")["sync_info"]["latest_block_height"])
 
-    # three operators, each one charging node: stake and join (the joins side by side)
+    # three operators, each one charging node: funded one after another (`devnet fund` adds
+    # each address to devnet.json), then the stakes side by side, then the joins side by side
     paid: dict[int, dict[str, str]] = {}
     joins = []
     ports = [ephemeral_port() for _ in range(3)]  # three at once on one host: each its own
@@ -390,10 +424,28 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         address = load_or_create_wallet(home / "wallet.json", password).address
         funded = _planet(env, "devnet", "fund", address, timeout=60)
         assert funded.returncode == 0, funded.stderr
-        staked = _planet(with_password, "stake", "--role", "compute", "--amount", "1",
-                         "--home", str(home), timeout=180)  # fmt: skip
-        assert staked.returncode == 0, staked.stderr
         paid[shard] = {"home": str(home), "address": address.lower()}
+    stake = [sys.executable, "-m", "planet", "stake", "--role", "compute", "--amount", "1"]
+    stakes = [
+        subprocess.Popen(
+            [*stake, "--home", paid[shard]["home"]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=with_password,
+        )
+        for shard in range(3)
+    ]
+    for staking in stakes:
+        _, err = staking.communicate(timeout=180)
+        assert staking.returncode == 0, err[-3000:]
+    # meanwhile the user buys credits (the escrow balance pays the mint): nothing of it depends
+    # on which nodes serve, so it runs while the charging nodes join and the free ones leave
+    purchase = ThreadPoolExecutor(max_workers=1)
+    buying = purchase.submit(_deposit_and_buy, env, devnet, "0.00003", "24", "--json")
+    purchase.shutdown(wait=False)
+    for shard in range(3):
+        home = Path(paid[shard]["home"])
         # the manifest alone: `join` fetches its shard from the nodes serving it (issue 27)
         manifest = home / "model" / Path(devnet["manifest"]).name
         manifest.parent.mkdir()
@@ -438,11 +490,10 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
 
     _wait(only_charging_routable, 300, "the charging nodes alone routable")
 
-    # the user buys credits (the escrow balance pays the mint) and asks through its own client
+    # the user's credits bought, it asks through its own client
     escrow = devnet["contracts"]["QueryEscrow"]
-    deposit = _planet(env, "balance", "deposit", "0.00003", "--gateway", escrow, timeout=120)
+    deposit, bought = buying.result(timeout=400)
     assert deposit.returncode == 0, deposit.stderr
-    bought = _planet(env, "credits", "buy", "24", "--json", timeout=240)
     assert bought.returncode == 0, bought.stderr
     held = json.loads(_planet(env, "credits", "show", "--json", timeout=60).stdout)["credits"]
     # the user's own credits (the file's format: node/client/credit_wallet.py): the nodes are
