@@ -80,6 +80,10 @@ class Code(IntEnum):
     MINT_UNFUNDED = 83  # /credit_signatures of a mint not yet vouched for by >= 2/3 of the power
     UNCOMMITTED_REDEMPTION = 84  # redeem with fewer committed, unconsumed positions than credits
     MINT_PENDING_LIMIT = 85  # the payer already holds credits.max_pending_mints unfunded mints
+    # the credit key periods' DKG (abci_app/credit_dkg.py); 92+ to leave 86-91 to other credit txs
+    DKG_PHASE = 92  # a DKG message outside its phase's blocks, or for a period with no run
+    DKG_MESSAGE_INVALID = 93  # malformed, not the signer's own index, duplicate, nothing to answer
+    NOT_DKG_PARTICIPANT = 94  # the signer is not a receiver of that period's run
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

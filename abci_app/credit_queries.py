@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import rules, schema
+from abci_app import period_queries, rules, schema
 from abci_app.codes import Code
 from abci_app.query_params import (
     ACCOUNT,
@@ -214,4 +214,5 @@ CREDIT_ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
     "/credit_keys": _credit_keys,
     "/mints": _mints,
     "/credit_spent": _credit_spent,
+    "/credit_period": period_queries.credit_period,
 }

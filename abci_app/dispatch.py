@@ -8,6 +8,7 @@ from collections.abc import Callable
 from abci_app import (
     commitments,
     coverage,
+    credit_dkg,
     credits,
     registry,
     seeds,
@@ -18,6 +19,7 @@ from abci_app import (
 )
 from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
+from protocol.committee.credit_dkg import DkgComplaint, DkgDeal, DkgJustify
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
@@ -57,4 +59,7 @@ HANDLERS: dict[str, Handler] = {
     Mint.TYPE: credits.mint,
     FundMint.TYPE: credits.fund_mint,
     Redeem.TYPE: credits.redeem,
+    DkgDeal.TYPE: credit_dkg.dkg_deal,
+    DkgComplaint.TYPE: credit_dkg.dkg_complaint,
+    DkgJustify.TYPE: credit_dkg.dkg_justify,
 }

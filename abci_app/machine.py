@@ -27,6 +27,7 @@ from typing import Any
 
 from abci_app import (
     coverage,
+    credit_dkg,
     credits,
     epochs,
     extensions,
@@ -333,6 +334,7 @@ class StateMachine:
         registry.expire_registrations(state, height)
         retention.prune(state, height)
         retention.prune_expired(state, state.block_time)
+        credit_dkg.end_block(state, height)
         if height % state.genesis.epoch_length == 0:
             settlement.close(state, height)
             coverage.close(state, height // state.genesis.epoch_length)

@@ -17,6 +17,7 @@ from nacl.signing import SigningKey, VerifyKey
 
 from protocol.canonical import JsonInputError, canonical_json, canonical_text, parse_json
 from protocol.committee.commitments import CommitBatch, RevealBatch
+from protocol.committee.credit_dkg import DkgComplaint, DkgDeal, DkgJustify
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
@@ -64,6 +65,9 @@ TxBody = (
     | Mint
     | FundMint
     | Redeem
+    | DkgDeal
+    | DkgComplaint
+    | DkgJustify
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -85,6 +89,9 @@ BODY_TYPES: dict[str, Any] = {
         Mint,
         FundMint,
         Redeem,
+        DkgDeal,
+        DkgComplaint,
+        DkgJustify,
     )
 }
 
