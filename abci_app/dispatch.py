@@ -14,6 +14,7 @@ from abci_app import (
     seeds,
     settlement,
     spot_reports,
+    threshold_credits,
     verdicts,
     verifier_endpoints,
 )
@@ -24,6 +25,7 @@ from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import PayoutVote, WorkReport
+from protocol.committee.threshold_credits import ThresholdMint, ThresholdRedeem
 from protocol.committee.verification import (
     SeedCommit,
     SeedReveal,
@@ -62,4 +64,6 @@ HANDLERS: dict[str, Handler] = {
     DkgDeal.TYPE: credit_dkg.dkg_deal,
     DkgComplaint.TYPE: credit_dkg.dkg_complaint,
     DkgJustify.TYPE: credit_dkg.dkg_justify,
+    ThresholdMint.TYPE: threshold_credits.credit_mint,
+    ThresholdRedeem.TYPE: threshold_credits.credit_redeem,
 }

@@ -47,6 +47,7 @@ from protocol.committee.envelope import SignedTx, TxSignatureError
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.registry import RegisterNode, recover_registration
 from protocol.committee.settlement import WorkReport
+from protocol.committee.threshold_credits import ThresholdMint
 from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ class StateMachine:
         last = self.state.committed(schema.NONCE, tx.signer) or 0
         if tx.nonce <= last:
             return TxResult(Code.BAD_NONCE, f"nonce {tx.nonce} ≤ last committed nonce {last}")
-        if isinstance(tx.body, Mint):
+        if isinstance(tx.body, Mint | ThresholdMint):
             refused = credits.admit_mint(self.state, tx.body)
             if refused is not None:
                 return TxResult(Code.MINT_PENDING_LIMIT, refused)

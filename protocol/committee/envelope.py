@@ -22,6 +22,7 @@ from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import PayoutVote, WorkReport
+from protocol.committee.threshold_credits import ThresholdMint, ThresholdRedeem
 from protocol.committee.verification import (
     SeedCommit,
     SeedReveal,
@@ -68,6 +69,8 @@ TxBody = (
     | DkgDeal
     | DkgComplaint
     | DkgJustify
+    | ThresholdMint
+    | ThresholdRedeem
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -92,6 +95,8 @@ BODY_TYPES: dict[str, Any] = {
         DkgDeal,
         DkgComplaint,
         DkgJustify,
+        ThresholdMint,
+        ThresholdRedeem,
     )
 }
 
