@@ -83,6 +83,7 @@ def _credit_keys(state: State, params: dict[str, Any]) -> Any:
         # the chain's time, for a node that takes a credit (protocol/credits.py `takeable`)
         "committed_height": state.height,
         "epoch_length": state.genesis.epoch_length,
+        "key_period_blocks": state.genesis.credit_key_period_blocks,  # a threshold credit's window
     }
 
 

@@ -15,10 +15,13 @@ credit pool's accounting (`cissue/<epoch>`, settlement.py) uses that epoch uncha
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
 
+from protocol import bls
 from protocol.credit_periods import KeySchedule
+from protocol.errors import ProtocolError
 
 THRESHOLD_MINT_DOMAIN: Final = b"planet-mint/v2\n"
 
@@ -49,3 +52,41 @@ def period_redeemable(
     current ≤ issue epoch + lifetime."""
     first = max(1, (schedule.period_start(period) - 1) // epoch_length + 1)
     return first <= current_epoch <= issue_epoch(schedule, period, epoch_length) + lifetime
+
+
+class NoPeriodKey(ProtocolError):
+    """The key period has no committee key (its DKG is running, or failed)."""
+
+    code = "no_period_key"
+
+
+@dataclass(frozen=True)
+class PeriodKey:
+    """A key period's formed key, as `/credit_period` answers it."""
+
+    period: int
+    key: bls.G2
+    threshold: int
+    public_shares: Mapping[int, bytes]  # receiver index → X_i (compressed G2)
+    index_of: Mapping[str, int]  # validator address → index
+
+    @classmethod
+    def from_answer(cls, answer: Mapping[str, Any]) -> PeriodKey:
+        run = answer.get("run") or {}
+        result = run.get("result") or {}
+        if "key" not in result:
+            raise NoPeriodKey(
+                f"key period {answer.get('period')} has no committee key yet",
+                hint="the validators form each period's key in its first blocks: try again",
+            )
+        index_of = {address: i for i, (address, _) in enumerate(run["receivers"], start=1)}
+        return cls(
+            period=int(answer["period"]),
+            key=bls.parse_g2(bytes.fromhex(result["key"]), "committee key"),
+            threshold=int(result["threshold"]),
+            public_shares={
+                index_of[address]: bytes.fromhex(share)
+                for address, share in result["public_shares"].items()
+            },
+            index_of=index_of,
+        )

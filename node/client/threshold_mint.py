@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from protocol import blind_bls, bls
@@ -29,51 +29,13 @@ from protocol.credits import CreditPurchase
 from protocol.eip712 import address_of
 from protocol.errors import ProtocolError
 from protocol.payment import payment_domain
-from protocol.threshold_mint import threshold_mint_id
-
-
-class NoPeriodKey(ProtocolError):
-    """The current key period has no committee key (its DKG is running, or failed)."""
-
-    code = "no_period_key"
+from protocol.threshold_mint import PeriodKey, threshold_mint_id
 
 
 class MintIncomplete(ProtocolError):
     """Fewer than t validators gave partials that check, for some credit of the mint."""
 
     code = "mint_incomplete"
-
-
-@dataclass(frozen=True)
-class PeriodKey:
-    """A key period's formed key, as `/credit_period` answers it."""
-
-    period: int
-    key: bls.G2
-    threshold: int
-    public_shares: Mapping[int, bytes]  # receiver index → X_i (compressed G2)
-    index_of: Mapping[str, int]  # validator address → index
-
-    @classmethod
-    def from_answer(cls, answer: Mapping[str, Any]) -> PeriodKey:
-        run = answer.get("run") or {}
-        result = run.get("result") or {}
-        if "key" not in result:
-            raise NoPeriodKey(
-                f"key period {answer.get('period')} has no committee key yet",
-                hint="the validators form each period's key in its first blocks: try again",
-            )
-        index_of = {address: i for i, (address, _) in enumerate(run["receivers"], start=1)}
-        return cls(
-            period=int(answer["period"]),
-            key=bls.parse_g2(bytes.fromhex(result["key"]), "committee key"),
-            threshold=int(result["threshold"]),
-            public_shares={
-                index_of[address]: bytes.fromhex(share)
-                for address, share in result["public_shares"].items()
-            },
-            index_of=index_of,
-        )
 
 
 @dataclass(frozen=True)
@@ -177,3 +139,73 @@ class ThresholdMintRequest:
             combined = blind_bls.combine(checked[slot], period.threshold)
             credits.append(blind_bls.unblind(blinding, combined, period.key))
         return credits
+
+
+@dataclass(frozen=True)
+class PendingThresholdMint:
+    """A threshold purchase not yet in the wallet: the request, the `/credit_period` answer of
+    its key period (to finalize with), the epoch it was drawn in (its funding window starts
+    there or later: the record's own epoch wins once the mint is on chain) and whether its
+    mint tx was seen committed."""
+
+    request: ThresholdMintRequest
+    period_answer: Mapping[str, Any]
+    epoch: int
+    landed: bool = False
+
+    KIND = "threshold"
+
+    @property
+    def mint_id(self) -> str:
+        return self.request.mint_id
+
+    @property
+    def period(self) -> PeriodKey:
+        return PeriodKey.from_answer(self.period_answer)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.request.to_json(),
+            "kind": self.KIND,
+            "period_answer": dict(self.period_answer),
+            "epoch": self.epoch,
+            "landed": self.landed,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any) -> PendingThresholdMint:
+        pending = cls(
+            ThresholdMintRequest.from_json(doc),
+            dict(doc["period_answer"]),
+            int(doc["epoch"]),
+            bool(doc["landed"]),
+        )
+        if pending.period.period != pending.request.body.period:
+            raise ProtocolError(f"pending mint {pending.mint_id}: the key of another period")
+        return pending
+
+    def seen_landed(self) -> PendingThresholdMint:
+        return replace(self, landed=True)
+
+
+class AnonymitySetTooSmall(ProtocolError):
+    """The key period's buyers so far are fewer than the client's `--min-anonymity`."""
+
+    code = "anonymity_set_too_small"
+
+
+def check_anonymity(answer: Mapping[str, Any], minimum: int) -> int:
+    """The period's anonymity set (`buyers` of a `/credit_period` answer), or
+    AnonymitySetTooSmall when it is below `minimum` (this purchase would make it one more)."""
+    buyers = answer.get("buyers")
+    if not isinstance(buyers, int) or isinstance(buyers, bool) or buyers < 0:
+        raise ProtocolError(f"/credit_period: buyers {buyers!a} is not a count")
+    if buyers + 1 < minimum:
+        raise AnonymitySetTooSmall(
+            f"key period {answer.get('period')} has {buyers} other buyers so far; with you "
+            f"{buyers + 1}, under your --min-anonymity {minimum}: a credit of this period would "
+            "point at one of so few buyers",
+            hint="buy later in the period (`planet credits buy … --min-anonymity N` waits for "
+            "nobody: run it again), or lower --min-anonymity if you accept the smaller set",
+        )
+    return buyers + 1
