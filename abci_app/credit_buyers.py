@@ -5,7 +5,7 @@
 
 A credit names its key period only, so whoever sees a redemption learns "one of this period's
 buyers" and no more (docs/privacy.md). Kept while the period's credits can be redeemed (pruned
-with the period's issue epoch + lifetime).
+with the period's issue epoch + lifetime, when its credits' window is over).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from abci_app import rules, schema
 from abci_app.state import State
 
 
-def note(state: State, period: int, payer: str) -> None:
-    """Count `payer` among `period`'s buyers (once)."""
+def note(state: State, period: int, payer: str, issue_epoch: int) -> None:
+    """Count `payer` among `period`'s buyers (once); kept until its credits' window ends
+    (`issue_epoch` + lifetime)."""
     key = f"{schema.epoch_key(period)}/{payer}"
     if state.get(schema.CREDIT_PERIOD_BUYER, key) is not None:
         return
@@ -23,6 +24,6 @@ def note(state: State, period: int, payer: str) -> None:
     count_key = schema.epoch_key(period)
     count = int(state.get(schema.CREDIT_PERIOD_BUYERS, count_key) or 0) + 1
     state.put(schema.CREDIT_PERIOD_BUYERS, count_key, count)
-    until = rules.epoch_of(state, state.block_height) + state.genesis.credit_lifetime_epochs + 1
+    until = issue_epoch + state.genesis.credit_lifetime_epochs
     rules.track_at(state, schema.CREDIT_PERIOD_BUYER, key, until)
     rules.track_at(state, schema.CREDIT_PERIOD_BUYERS, count_key, until)

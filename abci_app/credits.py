@@ -373,7 +373,7 @@ def fund_mint(state: State, tx: SignedTx) -> None:
     )
     count_issued(state, issued, "funded", record["count"])
     if "period" in record:
-        credit_buyers.note(state, record["period"], record["payer"])
+        credit_buyers.note(state, record["period"], record["payer"], issued)
     state.emit("planet.mint_funded", mint=body.mint, epoch=record["epoch"])
 
 
