@@ -4,13 +4,15 @@ the justify blocks, shares in each validator's store (0600), and every refusal b
 
 from __future__ import annotations
 
+import asyncio
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from abci_app.codes import Code
-from node.watcher.credit_dkg import plan
+from node.watcher.credit_dkg import CreditDkgDriver, plan
 from protocol import blind_bls, bls, dkg_wire
 from protocol.committee.credit_dkg import DkgComplaint, DkgDeal, DkgJustify
 from protocol.credit_periods import KeySchedule
@@ -149,3 +151,39 @@ def test_refusals_by_name(tmp_path: Path) -> None:
     chain.advance_to(SCHEDULE.dkg_finish_height(0))
     result = ask(chain, "/credit_period?period=0")["run"]["result"]
     assert "failed" in result  # nobody dealt: that period sells no credits
+
+
+class _Committee:
+    """The watcher's committee link on the in-process chain: sends go into the next block."""
+
+    def __init__(self, chain: Chain, key: Any, mempool: list[bytes]) -> None:
+        self.chain, self.key, self.mempool = chain, key, mempool
+
+    async def query(self, path: str, **params: Any) -> Any:
+        suffix = "?" + "&".join(f"{k}={v}" for k, v in params.items()) if params else ""
+        return ask(self.chain, path + suffix)
+
+    async def send(self, body: Any, *, timeout_s: float = 15.0) -> tuple[int, str]:
+        self.mempool.append(self.chain.tx(body, self.key))
+        return 0, ""
+
+
+def test_the_watchers_driver_forms_the_key_pass_after_pass(tmp_path: Path) -> None:
+    chain = dkg_chain()
+    mempool: list[bytes] = []
+    drivers = [
+        CreditDkgDriver(
+            _Committee(chain, v.key, mempool), v.key, CreditShareStore(tmp_path / f"w{i}")
+        )
+        for i, v in enumerate(chain.validators)
+    ]
+    while chain.state.height <= SCHEDULE.dkg_finish_height(0) + 1:
+        for driver in drivers:
+            asyncio.run(driver.step())
+        results = chain.block(mempool)
+        assert all(r.code == Code.OK for r in results), [r.log for r in results]
+        mempool.clear()
+    for driver in drivers:
+        asyncio.run(driver.step())  # the key is formed: each writes its share
+    assert all(d.store.share(0) is not None for d in drivers)
+    assert ask(chain, "/credit_period?period=0")["run"]["result"]["qualified"] == [1, 2, 3, 4]
