@@ -12,10 +12,13 @@ validators in txs, phases by block height (`protocol.credit_periods.KeySchedule`
     dkg_justify{p, receiver, share}
                             in the justify blocks; the signer (dealer) answers a complaint
                             against it, once
-    end of block s + 3P − 1 the run is replayed through `protocol.dkg.DkgState` from the stored
-                            messages: QUAL, X_p = Σ C_{i,0}, every receiver's public share X_j
-                            (by validator address) in `cdkg/<p>`.result, or {failed: reason}
-                            when fewer than t dealers qualify (that period sells no credits)
+    end of block s + 3P − 1 (the record's `finish`) the run is replayed through
+                            `protocol.dkg.DkgState` from the stored messages: QUAL,
+                            X_p = Σ C_{i,0}, every receiver's public share X_j (by validator
+                            address) in `cdkg/<p>`.result, or {failed: reason}
+                            when fewer than t dealers qualify: then attempt a + 1 is configured
+                            with a new session, its deal blocks from the next block on (while
+                            the period lasts); its messages are keyed by attempt
 
 A message outside its phase's blocks is DKG_PHASE. Every rule reads and writes state only:
 integers, bytes, the stored messages in key order — every validator forms the same key.
@@ -35,7 +38,7 @@ from protocol import bls, dkg_wire
 from protocol.committee.credit_dkg import DkgComplaint, DkgDeal, DkgJustify
 from protocol.committee.envelope import SignedTx
 from protocol.credit_dkg_run import config_of, session_of
-from protocol.credit_periods import DkgWindow, KeySchedule
+from protocol.credit_periods import PHASES, DkgWindow, KeySchedule
 from protocol.dkg import (
     Complaint,
     DkgConfig,
@@ -72,8 +75,8 @@ def _config(record: dict[str, Any]) -> DkgConfig:
     )
 
 
-def _msg(period: int, *parts: str) -> str:
-    return "/".join((schema.epoch_key(period), *parts))
+def _msg(period: int, attempt: int, *parts: str) -> str:
+    return "/".join((schema.epoch_key(period), f"{attempt:04d}", *parts))
 
 
 def _open_run(state: State, tx: SignedTx, period: int, phase: DkgWindow) -> tuple[dict, int]:
@@ -81,7 +84,7 @@ def _open_run(state: State, tx: SignedTx, period: int, phase: DkgWindow) -> tupl
     record = run_record(state, period)
     if record is None:
         rules.reject(Code.DKG_PHASE, f"no DKG run for key period {period}")
-    window = schedule(state).window(period, state.block_height)
+    window = schedule(state).window_from(record["start"], state.block_height)
     if window is not phase:
         rules.reject(
             Code.DKG_PHASE,
@@ -96,6 +99,7 @@ def _open_run(state: State, tx: SignedTx, period: int, phase: DkgWindow) -> tupl
 def dkg_deal(state: State, tx: SignedTx) -> None:
     body: DkgDeal = tx.body
     record, index = _open_run(state, tx, body.period, DkgWindow.DEAL)
+    attempt = record["attempt"]
     try:
         deal = dkg_wire.decode_deal(body.deal)
         if deal.dealer != index:
@@ -107,7 +111,7 @@ def dkg_deal(state: State, tx: SignedTx) -> None:
         rules.reject(Code.DKG_MESSAGE_INVALID, error.message)
     except bls.BlsError as error:
         rules.reject(Code.DKG_MESSAGE_INVALID, error.message)
-    key = _msg(body.period, "d", _INDEX.format(index))
+    key = _msg(body.period, attempt, "d", _INDEX.format(index))
     if state.get(schema.CREDIT_DKG_MESSAGE, key) is not None:
         rules.reject(Code.DKG_MESSAGE_INVALID, f"dealer {index} already dealt")
     state.put(schema.CREDIT_DKG_MESSAGE, key, body.deal.hex())
@@ -116,11 +120,12 @@ def dkg_deal(state: State, tx: SignedTx) -> None:
 
 def dkg_complaint(state: State, tx: SignedTx) -> None:
     body: DkgComplaint = tx.body
-    _, index = _open_run(state, tx, body.period, DkgWindow.COMPLAINT)
-    dealt = _msg(body.period, "d", _INDEX.format(body.dealer))
+    record, index = _open_run(state, tx, body.period, DkgWindow.COMPLAINT)
+    attempt = record["attempt"]
+    dealt = _msg(body.period, attempt, "d", _INDEX.format(body.dealer))
     if state.get(schema.CREDIT_DKG_MESSAGE, dealt) is None:
         rules.reject(Code.DKG_MESSAGE_INVALID, f"dealer {body.dealer} did not deal")
-    key = _msg(body.period, "c", _INDEX.format(body.dealer), _INDEX.format(index))
+    key = _msg(body.period, attempt, "c", _INDEX.format(body.dealer), _INDEX.format(index))
     if state.get(schema.CREDIT_DKG_MESSAGE, key) is not None:
         rules.reject(Code.DKG_MESSAGE_INVALID, "a receiver complains once per dealer")
     state.put(schema.CREDIT_DKG_MESSAGE, key, 0)
@@ -129,11 +134,12 @@ def dkg_complaint(state: State, tx: SignedTx) -> None:
 
 def dkg_justify(state: State, tx: SignedTx) -> None:
     body: DkgJustify = tx.body
-    _, index = _open_run(state, tx, body.period, DkgWindow.JUSTIFY)
+    record, index = _open_run(state, tx, body.period, DkgWindow.JUSTIFY)
+    attempt = record["attempt"]
     pair = (_INDEX.format(index), _INDEX.format(body.receiver))
-    if state.get(schema.CREDIT_DKG_MESSAGE, _msg(body.period, "c", *pair)) is None:
+    if state.get(schema.CREDIT_DKG_MESSAGE, _msg(body.period, attempt, "c", *pair)) is None:
         rules.reject(Code.DKG_MESSAGE_INVALID, f"no complaint of {body.receiver} against {index}")
-    key = _msg(body.period, "j", *pair)
+    key = _msg(body.period, attempt, "j", *pair)
     if state.get(schema.CREDIT_DKG_MESSAGE, key) is not None:
         rules.reject(Code.DKG_MESSAGE_INVALID, "a complaint is answered once")
     try:
@@ -153,56 +159,64 @@ def end_block(state: State, height: int) -> None:
         return
     plan = schedule(state)
     for period in plan.configured_at(height):
-        _configure(state, plan, period)
-    for period in plan.finished_at(height):
-        _finish(state, period)
+        if run_record(state, period) is None:
+            _configure(state, plan, period, 0, plan.dkg_start(period))
+    current = plan.period_of(height)
+    for period in (current, current + 1):
+        record = run_record(state, period)
+        if record is None or record["result"] is not None or record["finish"] != height:
+            continue
+        if _finish(state, period, record) or height >= plan.period_end(period):
+            continue
+        # failed (validators not up, or cheating): run it again from the next block
+        _configure(state, plan, period, record["attempt"] + 1, height + 1)
 
 
-def _configure(state: State, plan: KeySchedule, period: int) -> None:
+def _configure(state: State, plan: KeySchedule, period: int, attempt: int, start: int) -> None:
     key = schema.epoch_key(period)
-    if state.get(schema.CREDIT_DKG, key) is not None:
-        return
     validators = sorted(state.validators, key=lambda v: v["address"])
     state.put(
         schema.CREDIT_DKG,
         key,
         {
             "period": period,
-            "session": session_of(state.chain_id, period).hex(),
+            "session": session_of(state.chain_id, period, attempt).hex(),
+            "attempt": attempt,
             "receivers": [[v["address"], v["pub_key"]] for v in validators],
             "threshold": threshold_for(len(validators)),
-            "start": plan.dkg_start(period),
-            "finish": plan.dkg_finish_height(period),
+            "start": start,
+            "finish": start + PHASES * plan.phase_blocks - 1,
             "result": None,
         },
     )
-    state.emit("planet.dkg_start", period=period, receivers=len(validators))
+    state.emit("planet.dkg_start", period=period, attempt=attempt, receivers=len(validators))
 
 
-def messages(items: Callable[..., Iterable[tuple[str, Any]]], period: int) -> dict[str, Any]:
+def messages(
+    items: Callable[..., Iterable[tuple[str, Any]]], period: int, attempt: int
+) -> dict[str, Any]:
     """The run's stored messages read through `items` (`state.items`, or `committed_items` for
     a query): {deals {dealer: hex}, complaints [[dealer, receiver]], justifications [[dealer,
     receiver, share hex]]} (key order: deterministic)."""
-    start, stop = schema.epoch_range(period)
+    prefix = f"{schema.epoch_key(period)}/{attempt:04d}/"
+    start, stop = prefix, prefix[:-1] + "0"
     deals: dict[int, str] = {}
     complaints: list[list[int]] = []
     answers: list[list[Any]] = []
     for key, value in items(schema.CREDIT_DKG_MESSAGE, start, stop):
-        parts = key.split("/")
-        if parts[1] == "d":
-            deals[int(parts[2])] = value
-        elif parts[1] == "c":
-            complaints.append([int(parts[2]), int(parts[3])])
+        parts = key.split("/")[2:]
+        if parts[0] == "d":
+            deals[int(parts[1])] = value
+        elif parts[0] == "c":
+            complaints.append([int(parts[1]), int(parts[2])])
         else:
-            answers.append([int(parts[2]), int(parts[3]), value])
+            answers.append([int(parts[1]), int(parts[2]), value])
     return {"deals": deals, "complaints": complaints, "justifications": answers}
 
 
-def _finish(state: State, period: int) -> None:
-    record = run_record(state, period)
-    if record is None or record["result"] is not None:
-        return
-    stored = messages(state.items, period)
+def _finish(state: State, period: int, record: dict[str, Any]) -> bool:
+    """Form the key of `period`'s run; False when the run failed."""
+    stored = messages(state.items, period, record["attempt"])
     config = _config(record)
     run = DkgState(config)
     try:
@@ -221,6 +235,7 @@ def _finish(state: State, period: int) -> None:
     except DkgError as error:
         outcome: dict[str, Any] = {"failed": error.reason}
         state.emit("planet.dkg_failed", period=period, reason=error.reason)
+        formed = False
     else:
         addresses = [address for address, _ in record["receivers"]]
         outcome = {
@@ -233,4 +248,8 @@ def _finish(state: State, period: int) -> None:
             "threshold": result.threshold,
         }
         state.emit("planet.dkg_key", period=period, qualified=len(result.qualified))
+        formed = True
+    # a failed attempt's record is replaced by the next attempt's (same key): kept only when
+    # the period has no time left for another
     state.put(schema.CREDIT_DKG, schema.epoch_key(period), {**record, "result": outcome})
+    return formed

@@ -36,7 +36,7 @@ def credit_period(state: State, params: dict[str, Any]) -> Any:
     record = state.committed(schema.CREDIT_DKG, schema.epoch_key(period))
     run = None
     if record is not None:
-        run = {**record, **credit_dkg.messages(state.committed_items, period)}
+        run = {**record, **credit_dkg.messages(state.committed_items, period, record["attempt"])}
         run["deals"] = {str(k): v for k, v in run["deals"].items()}
     return {
         "period": period,

@@ -23,10 +23,15 @@ from protocol.dkg import DkgConfig, DkgMessageError, Receiver, threshold_for
 SESSION_DOMAIN: Final = b"planet-credit-dkg/v1\n"
 
 
-def session_of(chain_id: str, period: int) -> bytes:
-    """The run's 32-byte session id: sha256(domain ‖ chain id ‖ 0 ‖ period as 8 bytes)."""
+def session_of(chain_id: str, period: int, attempt: int = 0) -> bytes:
+    """The run's 32-byte session id: sha256(domain ‖ chain id ‖ 0 ‖ period as 8 bytes ‖
+    attempt as 4 bytes)."""
     return hashlib.sha256(
-        SESSION_DOMAIN + chain_id.encode() + b"\0" + period.to_bytes(8, "big")
+        SESSION_DOMAIN
+        + chain_id.encode()
+        + b"\0"
+        + period.to_bytes(8, "big")
+        + attempt.to_bytes(4, "big")
     ).digest()
 
 

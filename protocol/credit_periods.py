@@ -11,8 +11,10 @@ blocks each, ending with the last block before the period starts:
     justify  blocks s + 2P … s + 3P − 1      the key is formed at the end of block s + 3P − 1
 
 For p ≥ 1 the key exists before the period's first block; period 0's run starts at block 2, so
-its credits can be minted from block 3P + 2 on. A credit names its period and nothing finer: the
-anonymity set of a credit is the buyers of its period.
+its credits can be minted from block 3P + 2 on. A run that fails (too few dealers: validators
+not up yet) is run again, as attempt a + 1, from the block after its end while its period
+lasts. A credit names its period and nothing finer: the anonymity set of a credit is the
+buyers of its period.
 """
 
 from __future__ import annotations
@@ -60,8 +62,13 @@ class KeySchedule:
         return self.dkg_start(period) + PHASES * self.phase_blocks - 1
 
     def window(self, period: int, height: int) -> DkgWindow:
-        """Which DKG phase of `period` a block at `height` is in."""
-        offset = height - self.dkg_start(period)
+        """Which DKG phase of `period`'s first run a block at `height` is in."""
+        return self.window_from(self.dkg_start(period), height)
+
+    def window_from(self, start: int, height: int) -> DkgWindow:
+        """Which phase of a run whose deal blocks start at `start` a block at `height` is in
+        (a run that failed is run again from the block after its end: its own start)."""
+        offset = height - start
         if offset < 0:
             return DkgWindow.BEFORE
         phase = offset // self.phase_blocks

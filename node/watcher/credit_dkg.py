@@ -71,10 +71,13 @@ def plan(answer: dict[str, Any], key: SigningKey, store: CreditShareStore) -> li
     index = keys.index(mine) + 1
     config = config_of(bytes.fromhex(run["session"]), [bytes.fromhex(k) for k in keys])
     schedule = KeySchedule(int(answer["key_period_blocks"]), int(answer["dkg_phase_blocks"]))
-    window = schedule.window(period, int(answer["committed_height"]) + 1)
-    doc = store.load(period) or {"index": index, "polynomial": None, "opened": {}, "share": None}
-    if doc.get("share"):
+    window = schedule.window_from(int(run["start"]), int(answer["committed_height"]) + 1)
+    attempt = int(run["attempt"])
+    doc = store.load(period)
+    if doc is not None and doc.get("share"):
         return []
+    if doc is None or doc.get("attempt", 0) != attempt:  # a new attempt: deal afresh
+        doc = {"index": index, "attempt": attempt, "polynomial": None, "opened": {}, "share": None}
     deals = {int(d): dkg_wire.decode_deal(bytes.fromhex(h)) for d, h in run["deals"].items()}
     if window is DkgWindow.DEAL and index not in deals:
         if doc["polynomial"] is None:

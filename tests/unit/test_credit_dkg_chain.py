@@ -149,8 +149,22 @@ def test_refusals_by_name(tmp_path: Path) -> None:
     [r] = chain.block([chain.tx(DkgJustify(0, 2, b"\x01" * 32), v[0].key)])
     assert r.code == Code.DKG_MESSAGE_INVALID  # nothing to answer
     chain.advance_to(SCHEDULE.dkg_finish_height(0))
+    run = ask(chain, "/credit_period?period=0")["run"]
+    # nobody dealt: the run failed, and it runs again from the next block, a new session
+    assert run["attempt"] == 1 and run["result"] is None
+    assert run["start"] == SCHEDULE.dkg_finish_height(0) + 1 and run["deals"] == {}
+
+
+def test_validators_up_late_form_the_key_in_a_later_attempt(tmp_path: Path) -> None:
+    chain = dkg_chain()
+    shares = stores(tmp_path, chain)
+    chain.advance_to(SCHEDULE.dkg_finish_height(0))  # nobody was up for the first run
+    run = ask(chain, "/credit_period?period=0")["run"]
+    assert run["attempt"] == 1
+    play(chain, shares, 0, run["finish"] + 1)
     result = ask(chain, "/credit_period?period=0")["run"]["result"]
-    assert "failed" in result  # nobody dealt: that period sells no credits
+    assert result["qualified"] == [1, 2, 3, 4]
+    assert all(s.share(0) is not None for s in shares)
 
 
 class _Committee:
