@@ -28,8 +28,10 @@ from abci_app.credit_queries import SIGNATURES_PATH, signatures
 from abci_app.machine import StateMachine, TxResult
 from abci_app.proto import abci_pb
 from abci_app.queries import query as run_query
+from abci_app.threshold_queries import PARTIALS_PATH, partials
 from protocol.canonical import JsonInputError, parse_json
 from protocol.credit_keys import CREDIT_KEYS_DIR, CreditKeyStore
+from protocol.credit_shares import CREDIT_SHARES_DIR, CreditShareStore
 from protocol.errors import ProtocolError
 from protocol.fields import is_int
 
@@ -88,8 +90,10 @@ class CommitteeApp:
         self.state = machine.state
         self.home = home
         self.credit_keys = CreditKeyStore((home or Path(".")) / CREDIT_KEYS_DIR)
+        self.credit_shares = CreditShareStore((home or Path(".")) / CREDIT_SHARES_DIR)
         self.local_routes = {
-            SIGNATURES_PATH: lambda state, params: signatures(state, self.credit_keys, params)
+            SIGNATURES_PATH: lambda state, params: signatures(state, self.credit_keys, params),
+            PARTIALS_PATH: lambda state, params: partials(state, self.credit_shares, params),
         }
         self.handlers: dict[str, Callable[[Any], Any]] = {
             "echo": lambda r: pb.ResponseEcho(message=r.message),

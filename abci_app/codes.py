@@ -90,6 +90,10 @@ class Code(IntEnum):
     # prices (abci_app/prices.py); 90+ to leave 86-89 to the credit modules
     PRICE_SHARD = 90  # set_price for a (model, shard) the node did not register
     REDEMPTION_OVER_PRICE = 91  # redeem of N credits with fewer than N x price committed positions
+    # the credit key periods' DKG (abci_app/credit_dkg.py); 92+ to leave 86-91 to other credit txs
+    DKG_PHASE = 92  # a DKG message outside its phase's blocks, or for a period with no run
+    DKG_MESSAGE_INVALID = 93  # malformed, not the signer's own index, duplicate, nothing to answer
+    NOT_DKG_PARTICIPANT = 94  # the signer is not a receiver of that period's run
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import rules, schema
+from abci_app import period_queries, rules, schema
 from abci_app.codes import Code
 from abci_app.query_params import (
     ACCOUNT,
@@ -85,6 +85,7 @@ def _credit_keys(state: State, params: dict[str, Any]) -> Any:
         # the chain's time, for a node that takes a credit (protocol/credits.py `takeable`)
         "committed_height": state.height,
         "epoch_length": state.genesis.epoch_length,
+        "key_period_blocks": state.genesis.credit_key_period_blocks,  # a threshold credit's window
     }
 
 
@@ -219,4 +220,5 @@ CREDIT_ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
     "/credit_keys": _credit_keys,
     "/mints": _mints,
     "/credit_spent": _credit_spent,
+    "/credit_period": period_queries.credit_period,
 }

@@ -67,13 +67,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import coverage, credit_locks, prices, rules, schema
+from abci_app import coverage, credit_buyers, credit_locks, prices, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol import blindrsa
 from protocol.blindrsa import RsaPublicKey
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
+from protocol.committee.threshold_credits import ThresholdMint
 from protocol.credits import (
     FUND_EPOCHS,
     CreditInvalidError,
@@ -93,7 +94,7 @@ MINT_KIND = "mint"  # the kind of a mint's charge in `spent/` and `cpend/` (sett
 MAX_MINT_LIFETIME_S = 7 * 86_400  # bounds how long a mint's charge guard (`spent/`) is kept
 
 
-def _enabled(state: State) -> None:
+def enabled(state: State) -> None:
     genesis = state.genesis
     if genesis.credit_price_wei is None or not (genesis.escrow_address and genesis.evm_chain_id):
         rules.reject(Code.CREDITS_DISABLED, "genesis has no credits section or no escrow")
@@ -169,8 +170,7 @@ def credit_key(state: State, tx: SignedTx) -> None:
 
 def mint(state: State, tx: SignedTx) -> None:
     body: Mint = tx.body
-    _enabled(state)
-    genesis = state.genesis
+    enabled(state)
     current = rules.epoch_of(state, state.block_height)
     if body.epoch != current:
         rules.reject(Code.CREDIT_EPOCH, f"a mint of epoch {body.epoch} in epoch {current}")
@@ -191,13 +191,23 @@ def mint(state: State, tx: SignedTx) -> None:
         rules.reject(
             Code.NO_CREDIT_KEYS, f"the listed keys hold {power} of {state.total_power} power"
         )
+    identifier = mint_id(body.payer, body.epoch, body.blinded)
+    blinded = {a: [m.hex() for m in body.blinded[a]] for a in sorted(body.blinded)}
+    accept_mint(state, body, identifier, {"blinded": blinded})
+
+
+def accept_mint(state: State, body: Any, identifier: str, extra: dict[str, Any]) -> None:
+    """The rules every mint form shares (RSA `mint`, threshold `credit_mint`): amount = count ·
+    price, a new id, expiry, the payer's `CreditPurchase` signature over `identifier`, the
+    payer's bound of unfunded mints; then the unfunded record (`extra` adds its own fields)."""
+    genesis = state.genesis
+    current = rules.epoch_of(state, state.block_height)
     count = body.count
     price = genesis.credit_price_wei or 0
     if body.amount != count * price:
         rules.reject(
             Code.MINT_INVALID, f"amount {body.amount} is not {count} credits × {price} wei"
         )
-    identifier = mint_id(body.payer, body.epoch, body.blinded)
     if state.get(schema.MINT, identifier) is not None:
         rules.reject(Code.MINT_REPLAYED, f"mint {identifier} was already minted")
     where = f"mint {identifier} of {body.payer}"
@@ -234,12 +244,12 @@ def mint(state: State, tx: SignedTx) -> None:
         schema.MINT,
         identifier,
         {
-            "epoch": body.epoch,
+            "epoch": current,
             "payer": body.payer,
             "count": count,
             "amount": str(body.amount),
             "expiry": body.expiry,
-            "blinded": {a: [m.hex() for m in body.blinded[a]] for a in sorted(body.blinded)},
+            **extra,
             "height": state.block_height,
             "vouched": [],
             "funded_height": None,
@@ -251,12 +261,12 @@ def mint(state: State, tx: SignedTx) -> None:
     waiting = f"{lane}/{identifier}"
     state.put(schema.MINT_UNFUNDED, waiting, 0)
     state.put(schema.MINT_BY_PAYER, f"{body.payer}/{identifier}", 0)
-    _count_pending(state, body.payer, body.epoch, +1)
+    _count_pending(state, body.payer, current, +1)
     rules.track(state, schema.MINT, identifier)
     rules.track(state, schema.MINT_UNFUNDED, waiting)
     rules.track(state, schema.MINT_BY_PAYER, f"{body.payer}/{identifier}")
-    rules.track(state, schema.MINT_PAYER_PENDING, _pending_key(body.payer, body.epoch))
-    state.emit("planet.mint", mint=identifier, epoch=body.epoch, credits=count)
+    rules.track(state, schema.MINT_PAYER_PENDING, _pending_key(body.payer, current))
+    state.emit("planet.mint", mint=identifier, epoch=current, credits=count)
 
 
 def pending_held(read: Callable[[str, str], Any], payer: str, current: int) -> int:
@@ -282,7 +292,7 @@ def _bound_pending(state: State, payer: str, current: int, where: str) -> None:
         )
 
 
-def admit_mint(state: State, body: Mint) -> str | None:
+def admit_mint(state: State, body: Mint | ThresholdMint) -> str | None:
     """Mempool admission of a mint (CheckTx, committed state only): why it would be refused
     MINT_PENDING_LIMIT in the next block, or None. FinalizeBlock decides; this keeps a payer's
     mints beyond its bound out of blocks."""
@@ -314,7 +324,7 @@ def fund_mint(state: State, tx: SignedTx) -> None:
     payer's balance at the escrow (the pending debit of the next payout statement) and signable.
     A vote after that changes nothing (votes race; each validator's watcher sends its own)."""
     body: FundMint = tx.body
-    _enabled(state)
+    enabled(state)
     validator = rules.validator(state, tx.signer)
     record = state.get(schema.MINT, body.mint)
     if record is None:
@@ -353,7 +363,8 @@ def fund_mint(state: State, tx: SignedTx) -> None:
     # can be redeemed, so a client that comes back late still finishes its purchase
     state.delete(schema.PRUNE_INDEX, schema.prune_key(record["epoch"], schema.MINT, body.mint))
     lifetime = state.genesis.credit_lifetime_epochs
-    rules.track_at(state, schema.MINT, body.mint, record["epoch"] + lifetime)
+    issued = record.get("issue_epoch", record["epoch"])  # a threshold mint's: its period's
+    rules.track_at(state, schema.MINT, body.mint, issued + lifetime)
     escrow = (state.genesis.escrow_address or "").lower()
     charge = schema.charge_key(record["payer"], escrow, MINT_KIND, body.mint)
     state.put(schema.SPENT, charge, {"total": record["amount"], "expiry": record["expiry"]})
@@ -363,13 +374,15 @@ def fund_mint(state: State, tx: SignedTx) -> None:
         charge,
         {"from": "0", "total": record["amount"], "height": state.block_height},
     )
-    count_issued(state, record["epoch"], "funded", record["count"])
+    count_issued(state, issued, "funded", record["count"])
+    if "period" in record:
+        credit_buyers.note(state, record["period"], record["payer"], issued)
     state.emit("planet.mint_funded", mint=body.mint, epoch=record["epoch"])
 
 
 def redeem(state: State, tx: SignedTx) -> None:
     body: Redeem = tx.body
-    _enabled(state)
+    enabled(state)
     node = rules.compute_node(state, tx.signer)
     if body.model != node["model"] or body.shard not in node["shards"]:
         rules.reject(
@@ -400,8 +413,25 @@ def redeem(state: State, tx: SignedTx) -> None:
             rules.reject(Code.CREDIT_SPENT, f"{where}: already redeemed")
         credit_locks.check_redeemer(state, identifier, tx.signer, where)
         spent.append((identifier, credit.epoch))
-    price = prices.redemption_price(state, tx.signer, body.shard)
-    coverage.take_positions(state, tx.signer, body.shard, len(spent), price)
+    credit_work(state, tx.signer, node, body.model, body.shard, spent)
+
+
+def credit_work(
+    state: State,
+    signer: str,
+    node: dict[str, Any],
+    model: str,
+    shard: int,
+    spent: list[tuple[str, int]],
+) -> None:
+    """A redemption's effects once every credit checked out (`spent`: (spent id, the epoch its
+    credit counts in)): the node's registered price in committed positions consumed per credit
+    (REDEMPTION_OVER_PRICE otherwise), the spent set, the issue counters, the credits' price due
+    to this epoch, the node's layer-tokens."""
+    current = rules.epoch_of(state, state.block_height)
+    lifetime = state.genesis.credit_lifetime_epochs
+    price = prices.redemption_price(state, signer, shard)
+    coverage.take_positions(state, signer, shard, len(spent), price)
     redeemed: dict[int, int] = {}
     for identifier, epoch in spent:
         state.put(schema.CREDIT_SPENT, identifier, state.block_height)
@@ -413,16 +443,16 @@ def redeem(state: State, tx: SignedTx) -> None:
     owe(state, current, len(spent) * (state.genesis.credit_price_wei or 0))
     layer_tokens = len(spent) * state.genesis.credit_layer_tokens
     account = str(node["evm_address"]).lower()
-    key = schema.credit_key(current, account, body.model, body.shard)
+    key = schema.credit_key(current, account, model, shard)
     previous: dict[str, Any] | None = state.get(schema.CREDIT, key)
     state.put(
         schema.CREDIT,
         key,
         {
             "account": account,
-            "model": body.model,
-            "shard": body.shard,
+            "model": model,
+            "shard": shard,
             "layer_tokens": (previous["layer_tokens"] if previous else 0) + layer_tokens,
         },
     )
-    state.emit("planet.redeem", node=tx.signer, epoch=current, credits=len(spent))
+    state.emit("planet.redeem", node=signer, epoch=current, credits=len(spent))

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from abci_app import (
     commitments,
     coverage,
+    credit_dkg,
     credit_locks,
     credits,
     gateway_bindings,
@@ -17,11 +18,13 @@ from abci_app import (
     seeds,
     settlement,
     spot_reports,
+    threshold_credits,
     verdicts,
     verifier_endpoints,
 )
 from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
+from protocol.committee.credit_dkg import DkgComplaint, DkgDeal, DkgJustify
 from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.envelope import SignedTx
@@ -29,6 +32,7 @@ from protocol.committee.gateways import GatewayBind
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import PayoutVote, WorkReport
+from protocol.committee.threshold_credits import ThresholdMint, ThresholdRedeem
 from protocol.committee.verification import (
     SeedCommit,
     SeedReveal,
@@ -83,4 +87,9 @@ HANDLERS: dict[str, Handler] = {
     SetPrice.TYPE: prices.set_price,
     CreditLock.TYPE: credit_locks.credit_lock,
     GatewayBind.TYPE: gateway_bindings.gateway,
+    DkgDeal.TYPE: credit_dkg.dkg_deal,
+    DkgComplaint.TYPE: credit_dkg.dkg_complaint,
+    DkgJustify.TYPE: credit_dkg.dkg_justify,
+    ThresholdMint.TYPE: threshold_credits.credit_mint,
+    ThresholdRedeem.TYPE: serving(threshold_credits.credit_redeem),
 }

@@ -30,7 +30,12 @@
                                           #   credit of epoch e is redeemable up to epoch
                                           #   e + lifetime_epochs (default 4320: a day of
                                           #   20 s epochs)
-                  "max_pending_mints": 4}  # unfunded mints one payer may hold at once
+                  "max_pending_mints": 4,  # unfunded mints one payer may hold at once
+                  "key_period_blocks": 86400,  # blocks of one credit key period (≈ a day at
+                                          #   ~1 s blocks): the committee's blind-BLS key X_p
+                                          #   and the anonymity set of its credits
+                  "dkg_phase_blocks": 20}  # blocks of each DKG phase (deal, complaint,
+                                          #   justify); 3 · this < key_period_blocks
     }
 `evm.escrow_address` (the QueryEscrow that consumes `PayoutRoot`s) enables epoch settlement;
 `credits` (with the escrow) enables minting and redeeming credits (abci_app/credits.py).
@@ -84,7 +89,20 @@ MAX_CREDIT_LIFETIME_EPOCHS = 1_000_000
 # watchers' work list, under junk (issue 42). A client buys one mint at a time.
 DEFAULT_MAX_PENDING_MINTS = 4
 MAX_MAX_PENDING_MINTS = 64
-_CREDIT_KEYS = {"price_wei", "layer_tokens", "lifetime_epochs", "max_pending_mints"}
+# A credit key period (docs/credits.md "Key periods"): one committee key X_p per period, made by
+# an on-chain DKG (abci_app/credit_dkg.py) whose three phases of `dkg_phase_blocks` each end
+# before the period starts. Long periods give large anonymity sets (a credit names its period).
+DEFAULT_KEY_PERIOD_BLOCKS = 86_400
+DEFAULT_DKG_PHASE_BLOCKS = 20
+MAX_KEY_PERIOD_BLOCKS = 10_000_000
+_CREDIT_KEYS = {
+    "price_wei",
+    "layer_tokens",
+    "lifetime_epochs",
+    "max_pending_mints",
+    "key_period_blocks",
+    "dkg_phase_blocks",
+}
 MAX_SHARDS = 65536  # register_node shard indexes are 0 … 65535
 # Routable nodes a shard should have at least (issue 44): with one, a node that stalls leaves
 # its shard with nobody; placement fills shards below the floor first (node/agent/placement.py)
@@ -103,6 +121,19 @@ def _int(doc: dict[str, Any], key: str, default: int, lo: int = 0, hi: int = MAX
             f"genesis app_state.{key}: expected an integer in [{lo}, {hi}], got {value!a}"
         )
     return value
+
+
+def _key_periods(credits: dict[str, Any] | None) -> tuple[int, int]:
+    """(key_period_blocks, dkg_phase_blocks): a DKG's three phases fit in one period."""
+    if credits is None:
+        return DEFAULT_KEY_PERIOD_BLOCKS, DEFAULT_DKG_PHASE_BLOCKS
+    period = _int(credits, "key_period_blocks", DEFAULT_KEY_PERIOD_BLOCKS, 4, MAX_KEY_PERIOD_BLOCKS)
+    phase = _int(credits, "dkg_phase_blocks", DEFAULT_DKG_PHASE_BLOCKS, 1, MAX_KEY_PERIOD_BLOCKS)
+    if 3 * phase >= period:
+        raise ConfigError(
+            "genesis app_state.credits: 3 · dkg_phase_blocks must be below key_period_blocks"
+        )
+    return period, phase
 
 
 def _is_address(value: Any) -> bool:
@@ -140,6 +171,8 @@ class Genesis:
     credit_layer_tokens: int = 0  # layer-tokens a redeemed credit adds to the node's work
     credit_lifetime_epochs: int = DEFAULT_CREDIT_LIFETIME_EPOCHS  # redeemable in e … e + this
     credit_max_pending_mints: int = DEFAULT_MAX_PENDING_MINTS  # a payer's unfunded mints at once
+    credit_key_period_blocks: int = DEFAULT_KEY_PERIOD_BLOCKS  # blocks of one credit key period
+    credit_dkg_phase_blocks: int = DEFAULT_DKG_PHASE_BLOCKS  # blocks of each DKG phase
 
     @classmethod
     def parse(cls, app_state: bytes) -> Genesis:
@@ -231,8 +264,9 @@ class Genesis:
         ):
             raise ConfigError(
                 "genesis app_state.credits: expected {price_wei, layer_tokens[, lifetime_epochs]"
-                "[, max_pending_mints]}"
+                "[, max_pending_mints][, key_period_blocks][, dkg_phase_blocks]}"
             )
+        period_blocks, phase_blocks = _key_periods(credits)
         return cls(
             epoch_length=_int(doc, "epoch_length", 20, 1),
             heartbeat_timeout=_int(doc, "heartbeat_timeout", 30, 1),
@@ -280,6 +314,8 @@ class Genesis:
                 if credits is not None
                 else DEFAULT_MAX_PENDING_MINTS
             ),
+            credit_key_period_blocks=period_blocks,
+            credit_dkg_phase_blocks=phase_blocks,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -336,6 +372,16 @@ class Genesis:
                         **(
                             {"max_pending_mints": self.credit_max_pending_mints}
                             if self.credit_max_pending_mints != DEFAULT_MAX_PENDING_MINTS
+                            else {}
+                        ),
+                        **(
+                            {"key_period_blocks": self.credit_key_period_blocks}
+                            if self.credit_key_period_blocks != DEFAULT_KEY_PERIOD_BLOCKS
+                            else {}
+                        ),
+                        **(
+                            {"dkg_phase_blocks": self.credit_dkg_phase_blocks}
+                            if self.credit_dkg_phase_blocks != DEFAULT_DKG_PHASE_BLOCKS
                             else {}
                         ),
                         "price_wei": str(self.credit_price_wei),

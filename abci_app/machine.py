@@ -29,6 +29,7 @@ from typing import Any
 
 from abci_app import (
     coverage,
+    credit_dkg,
     credit_locks,
     credits,
     epochs,
@@ -50,6 +51,7 @@ from protocol.committee.envelope import SignedTx, TxSignatureError
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.registry import RegisterNode, recover_registration
 from protocol.committee.settlement import WorkReport
+from protocol.committee.threshold_credits import ThresholdMint
 from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -189,7 +191,7 @@ class StateMachine:
         last = self.state.committed(schema.NONCE, tx.signer) or 0
         if tx.nonce <= last:
             return TxResult(Code.BAD_NONCE, f"nonce {tx.nonce} ≤ last committed nonce {last}")
-        if isinstance(tx.body, Mint):
+        if isinstance(tx.body, Mint | ThresholdMint):
             refused = credits.admit_mint(self.state, tx.body)
             if refused is not None:
                 return TxResult(Code.MINT_PENDING_LIMIT, refused)
@@ -346,6 +348,7 @@ class StateMachine:
         registry.expire_registrations(state, height)
         retention.prune(state, height)
         retention.prune_expired(state, state.block_time)
+        credit_dkg.end_block(state, height)
         if height % state.genesis.epoch_length == 0:
             settlement.close(state, height)
             coverage.close(state, height // state.genesis.epoch_length)

@@ -117,6 +117,18 @@ COVERAGE = "cover"
 # ckey/<epoch>/<validator key>: {epoch, validator (address), key (DER hex), height}, a
 # validator's RSA blind-signing key for that epoch's credits
 CREDIT_KEY = "ckey"
+# cdkg/<period>: {period, session, receivers [[address, pub_key]], threshold, start, finish,
+# result: null | {key, commitments, public_shares {address: hex}, qualified, threshold} |
+# {failed: reason}}: one key period's DKG and its committee key (credit_dkg.py)
+CREDIT_DKG = "cdkg"
+# cdkgm/<period>/d/<dealer, 5 digits>: the deal's canonical bytes (hex);
+# cdkgm/<period>/c/<dealer>/<receiver>: 0, a complaint; cdkgm/<period>/j/<dealer>/<receiver>: the
+# revealed share (hex). Kept with the run: a receiver that was offline opens its deals later
+CREDIT_DKG_MESSAGE = "cdkgm"
+# cbuyer/<period>/<payer>: the height of the payer's first funded mint of that key period;
+# cbuyers/<period>: how many distinct payers bought credits of it (its anonymity set)
+CREDIT_PERIOD_BUYER = "cbuyer"
+CREDIT_PERIOD_BUYERS = "cbuyers"
 # mint/<mint id>: {epoch, payer, count, amount, blinded, height, vouched [validator addresses],
 # funded_height (null until vouched by ≥ 2/3 of the power)}; validators blind-sign the blinded
 # messages with their key of that epoch when asked (/credit_signatures), once funded; pruned

@@ -193,6 +193,7 @@ class ChainClock:
     height: int
     epoch_length: int
     lifetime: int
+    period_blocks: int = 0  # credits.key_period_blocks (0: a chain from before key periods)
 
     @property
     def epoch(self) -> int:
@@ -245,7 +246,10 @@ def clock_from_query(answer: Mapping[str, Any]) -> ChainClock:
     if not is_int(length, 1, MAX_EPOCH_LENGTH):
         raise ProtocolError(f"/credit_keys: epoch_length {length!a} is not 1 … {MAX_EPOCH_LENGTH}")
     height = committed_height_from_query(answer, "/credit_keys")
-    return ChainClock(height, length, lifetime_from_query(answer))
+    period_blocks = answer.get("key_period_blocks", 0)
+    if not is_int(period_blocks, 0, MAX_HEIGHT):
+        raise ProtocolError(f"/credit_keys: key_period_blocks {period_blocks!a} is not a count")
+    return ChainClock(height, length, lifetime_from_query(answer), period_blocks)
 
 
 def check_credit(keys: EpochKeys, credit: Credit) -> None:

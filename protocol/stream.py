@@ -13,7 +13,8 @@ the body's size is checked against count × hidden size before anything is decod
     client → node   {"op": "open", "sid", "session": capability, "shard",
                      "feed": token | null, "next": {"url", "shard", "feed": token} | null}
     client → node   {"op": "close", "sid"}
-    client → node   {"op": "pay", "sid", "credit": [epoch, prepared hex, [[validator, sig hex]…]]}
+    client → node   {"op": "pay", "sid", "credit": 176 hex chars (a threshold credit: period ‖
+                    nonce ‖ σ), or the RSA form [epoch, prepared hex, [[validator, sig hex]…]]}
     node → node     {"op": "attach", "sid", "feed": token}
     node → peer     {"op": "opened" | "attached" | "closed", "sid"}
     node → client   {"op": "error", "sid", "code", "message"}
@@ -50,12 +51,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from protocol.canonical import JsonTooDeepError, loads_bounded
-from protocol.committee.credits import parse_credit
 from protocol.committee.grammar import TxDecodeError
-from protocol.credits import Credit
 from protocol.frames.errors import FrameError, TooLargeError
 from protocol.frames.sessions import check_session_id
 from protocol.links import MissingNodeKeyError, check_node_key, is_encrypted
+from protocol.paid_credits import PaidCredit, credit_json, parse_paid_credit
 from protocol.urls import BadUrlError, canonical_url
 
 MAX_CONTROL_BYTES: Final = 16384  # a `pay` carries a credit: ~2 KB with 4 RSA-2048 signers
@@ -161,7 +161,7 @@ class Control:
     next: NextHop | None = None
     code: str | None = None
     message: str | None = None
-    credit: Credit | None = None
+    credit: PaidCredit | None = None
 
 
 _FIELDS: Final[dict[str, frozenset[str]]] = {
@@ -258,7 +258,7 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
         return Control(op=op, sid=sid, feed=_token(raw["feed"], "feed"))
     if op == "pay":
         try:
-            credit = parse_credit(raw["credit"], "credit")
+            credit = parse_paid_credit(raw["credit"], "credit")
         except TxDecodeError as error:
             raise BadControlError(error.reason) from None
         return Control(op=op, sid=sid, credit=credit)
@@ -288,8 +288,8 @@ def open_message(
     return {"op": "open", "sid": sid, "session": session, "shard": shard, "feed": feed, "next": nxt}
 
 
-def pay_message(sid: int, credit: Credit) -> dict[str, Any]:
-    return {"op": "pay", "sid": sid, "credit": credit.to_json()}
+def pay_message(sid: int, credit: PaidCredit) -> dict[str, Any]:
+    return {"op": "pay", "sid": sid, "credit": credit_json(credit)}
 
 
 def error_message(sid: int, error: Any) -> dict[str, Any]:

@@ -37,21 +37,26 @@ from node.agent.credit_locker import SpoolLocker
 from node.chain.committee_rpc import TxRejectedError
 from node.server.credit_locks import LOST, LockMarks
 from node.server.payments import CreditRefusedError, CreditSpool
+from protocol import blind_bls, bls
+from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import Redeem
+from protocol.committee.threshold_credits import ThresholdRedeem
 from protocol.credits import (
-    Credit,
     EpochKeys,
     check_credit,
+    clock_from_query,
     epoch_keys_from_query,
     lifetime_from_query,
     redeemable,
-    spent_id,
 )
+from protocol.paid_credits import PaidCredit, paid_redeemable, paid_spent_id
+from protocol.threshold_mint import PeriodKey
 
 log = logging.getLogger(__name__)
 
 CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED = 77, 78, 79, 86  # abci_app/codes.py
 REDEMPTION_OVER_PRICE = 91  # abci_app/codes.py: what is committed pays for fewer credits
+MAX_THRESHOLD_REDEEM = 64  # protocol/committee/credits.py MAX_REDEEM
 _ITEM = re.compile(r"credit (\d+):")
 _AT_MOST = re.compile(r"at most (\d+) credits")
 
@@ -72,9 +77,10 @@ class CreditTill:
     model: str
     shard: int
     per_tx: int = 24  # 3–4 signatures of RSA-2048 per credit: ~2 KB each, under 64 KiB
-    held: list[Credit] = field(default_factory=list)
+    held: list[PaidCredit] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)  # spent ids held or redeemed by this till
     _keys: dict[int, EpochKeys] = field(default_factory=dict)
+    _period_keys: dict[int, PeriodKey] = field(default_factory=dict)
 
     async def _epoch_keys(self, epoch: int) -> EpochKeys:
         if epoch not in self._keys:
@@ -88,26 +94,48 @@ class CreditTill:
         answer = await self.link.query("/credit_keys")
         return int(answer["epoch"]), lifetime_from_query(answer)
 
-    async def accept(self, credit: Credit) -> None:
-        current, lifetime = await self.current_epoch()
-        if not redeemable(credit.epoch, current, lifetime):
-            raise CreditRefused(f"a credit of epoch {credit.epoch} expires before epoch {current}")
-        check_credit(await self._epoch_keys(credit.epoch), credit)
-        identifier = spent_id(credit.prepared)
+    async def accept(self, credit: PaidCredit) -> None:
+        if isinstance(credit, ThresholdCredit):
+            await self._accept_threshold(credit)
+        else:
+            current, lifetime = await self.current_epoch()
+            if not redeemable(credit.epoch, current, lifetime):
+                raise CreditRefused(
+                    f"a credit of epoch {credit.epoch} expires before epoch {current}"
+                )
+            check_credit(await self._epoch_keys(credit.epoch), credit)
+        identifier = paid_spent_id(credit)
         if identifier in self.seen:
             raise CreditRefused("this credit was already paid to this node")
         self.seen.add(identifier)
         self.held.append(credit)
+
+    async def _accept_threshold(self, credit: ThresholdCredit) -> None:
+        clock = clock_from_query(await self.link.query("/credit_keys"))
+        if not paid_redeemable(credit, clock):
+            raise CreditRefused(
+                f"a credit of key period {credit.period} is not redeemable in epoch {clock.epoch}"
+            )
+        if credit.period not in self._period_keys:
+            answer = await self.link.query("/credit_period", period=credit.period)
+            self._period_keys[credit.period] = PeriodKey.from_answer(answer)
+        try:
+            blind_bls.verify_credit(self._period_keys[credit.period].key, credit)
+        except (blind_bls.ThresholdCreditError, bls.BlsError) as error:
+            raise CreditRefused(f"the credit does not verify: {error.message}") from None
 
     async def redeem(self) -> int:
         """Send the held credits in batches; returns how many the chain accepted."""
         redeemed = 0
         size = self.per_tx
         while self.held:
-            batch = self.held[:size]
+            # one form per tx: the threshold credits first (88 bytes each: 64 fit easily)
+            threshold = [c for c in self.held if isinstance(c, ThresholdCredit)]
+            batch = threshold[: min(size, MAX_THRESHOLD_REDEEM)] or self.held[:size]
             code, text = await self._send(batch)
             if code == 0:
-                del self.held[: len(batch)]
+                gone = {id(c) for c in batch}
+                self.held = [c for c in self.held if id(c) not in gone]
                 redeemed += len(batch)
                 size = self.per_tx
                 continue
@@ -125,9 +153,14 @@ class CreditTill:
             break
         return redeemed
 
-    async def _send(self, batch: list[Credit]) -> tuple[int, str]:
+    async def _send(self, batch: list[PaidCredit]) -> tuple[int, str]:
+        body: Redeem | ThresholdRedeem
+        if all(isinstance(c, ThresholdCredit) for c in batch):
+            body = ThresholdRedeem(self.model, self.shard, tuple(batch))  # type: ignore[arg-type]
+        else:
+            body = Redeem(self.model, self.shard, tuple(batch))  # type: ignore[arg-type]
         try:
-            sent = await self.link.submit(Redeem(self.model, self.shard, tuple(batch)))
+            sent = await self.link.submit(body)
         except TxRejectedError as error:
             return error.tx_code, error.log_text
         return await self.link.committed_code(sent.hash)
@@ -152,19 +185,19 @@ class SpoolRedeemer:
         marks = LockMarks(self.spool.dir)
         for path, credit in self.spool.held():
             if self.locker is not None:
-                status = marks.status(spent_id(credit.prepared))
+                status = marks.status(paid_spent_id(credit))
                 if status == LOST:  # another node's: never redeemed here
                     self.spool.remove(path)
                     continue
                 if status is None:  # its lock is not decided yet
                     continue
-            files[spent_id(credit.prepared)] = path
+            files[paid_spent_id(credit)] = path
             self.till.held.append(credit)
-            self.till.seen.add(spent_id(credit.prepared))
+            self.till.seen.add(paid_spent_id(credit))
         if not files:
             return 0
         redeemed = await self.till.redeem()
-        kept = {spent_id(credit.prepared) for credit in self.till.held}
+        kept = {paid_spent_id(credit) for credit in self.till.held}
         for identifier, path in files.items():
             if identifier not in kept:  # redeemed, or refused for good by name
                 self.spool.remove(path)

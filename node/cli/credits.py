@@ -30,6 +30,8 @@ from protocol.errors import UsageError
 
 DEFAULT_TTL_S = 3600
 DEFAULT_WAIT_S = 60
+DEFAULT_MIN_ANONYMITY = 1  # node/client/credit_purchase.py DEFAULT_MIN_ANONYMITY
+MAX_MIN_ANONYMITY = 1_000_000
 
 EXAMPLES = """\
 examples:
@@ -71,6 +73,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--wait",
         default=str(DEFAULT_WAIT_S),
         help=f"how long the validators may take to check your balance: 60, 5m ({DEFAULT_WAIT_S} s)",
+    )
+    parser.add_argument(
+        "--min-anonymity",
+        default=str(DEFAULT_MIN_ANONYMITY),
+        help="refuse to buy under a key period with fewer buyers than this, you included: a "
+        "credit names its period, so it points at one of that period's buyers "
+        f"(default {DEFAULT_MIN_ANONYMITY}: refuses nothing; docs/privacy.md)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
@@ -122,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--ttl {args.ttl} is out of range", hint="60 s … 7 days")
     if not 1 <= wait <= 3600:
         raise UsageError(f"--wait {args.wait} is out of range", hint="1 s … 1 hour")
+    min_anonymity = _min_anonymity(args.min_anonymity)
     devnet = _devnet()
     rpcs = args.committee_rpc or [str(u) for u in devnet.get("committee_rpc") or []]
     if not rpcs:
@@ -149,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
                     expiry=int(time.time()) + ttl,
                     fund_timeout_s=wait,
                     progress=progress,
+                    min_anonymity=min_anonymity,
                 )
             )
         )
@@ -161,6 +172,15 @@ def run(args: argparse.Namespace) -> int:
         left = f"; {pending} purchase(s) still in flight" if pending else ""
         print(f"{verb} {credits} credits; {held} held in {wallet_file}{left}")
     return 0
+
+
+def _min_anonymity(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_MIN_ANONYMITY:
+        raise UsageError(
+            f"--min-anonymity {text!a} is not a count of buyers",
+            hint=f"1 … {MAX_MIN_ANONYMITY}, e.g. --min-anonymity 20",
+        )
+    return int(text)
 
 
 def _seconds(flag: str, text: str) -> int:

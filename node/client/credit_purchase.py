@@ -36,14 +36,28 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from nacl.signing import SigningKey
 
 from node.chain.committee_link import NOT_FOUND_QUERY, CommitteeLink
 from node.chain.committee_rpc import TxRejectedError
-from node.client.credit_wallet import CreditWallet, MintRequest, NoCreditKeys, PendingMint
-from protocol.credits import FUND_EPOCHS, Credit, epoch_keys_from_query
+from node.client.credit_wallet import (
+    CreditWallet,
+    MintRequest,
+    NoCreditKeys,
+    Pending,
+    PendingMint,
+)
+from node.client.threshold_mint import (
+    PendingThresholdMint,
+    ThresholdMintRequest,
+    check_anonymity,
+)
+from protocol.credits import FUND_EPOCHS, epoch_keys_from_query
 from protocol.errors import PlanetError, ProtocolError, RemoteError, UnavailableError
+from protocol.paid_credits import PaidCredit
+from protocol.threshold_mint import NoPeriodKey, PeriodKey
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +67,29 @@ MINT_REPLAYED = 75  # abci_app/codes.py: the mint is already on the chain (an ea
 RETRY_CODES = frozenset({76, 79})
 MINT_PENDING_LIMIT = 85  # the payer holds genesis credits.max_pending_mints unfunded mints
 MINT_TRIES = 3
+UNKNOWN_QUERY = "query_40"  # abci_app/codes.py: a validator from before `/credit_period`
+# `planet credits buy --min-anonymity`: the fewest buyers of a key period (this one included)
+# under which the client refuses to mint (docs/privacy.md "Key periods"); 1 refuses nothing
+DEFAULT_MIN_ANONYMITY = 1
+
+
+async def _period_answer(link: CommitteeLink) -> dict[str, Any] | None:
+    """The current key period's `/credit_period` answer when its committee key is formed (the
+    threshold path), or None: a committee from before key periods, or one whose key is still
+    being made — the transition's RSA path (docs/credits.md "Not wired yet")."""
+    try:
+        answer = await link.query("/credit_period")
+    except RemoteError as error:
+        if error.code in (NOT_FOUND_QUERY, UNKNOWN_QUERY):
+            return None
+        raise
+    if not isinstance(answer, dict):
+        return None
+    try:
+        PeriodKey.from_answer(answer)
+    except NoPeriodKey:
+        return None
+    return answer
 
 
 class MintRefused(ProtocolError):
@@ -151,6 +188,35 @@ async def _record(link: CommitteeLink, mint_id: str) -> dict[str, object] | None
 
 
 Gather = Callable[[str], Awaitable[dict[str, list[bytes]]]]
+GatherPartials = Callable[[str], Awaitable[list[dict[str, Any]]]]
+
+
+def partials_from(validator_rpcs: Sequence[str], timeout_s: float) -> GatherPartials:
+    """Each validator's partial signatures for a threshold mint (`/credit_partials`): a
+    validator that does not answer is logged and left out; `finalize` checks every partial
+    against that validator's public share and needs t of them."""
+
+    async def gather(mint_id: str) -> list[dict[str, Any]]:
+        answers: list[dict[str, Any]] = []
+        for url in validator_rpcs:
+            one = CommitteeLink([url], timeout_s=timeout_s)
+            try:
+                answer = await one.query("/credit_partials", mint=mint_id)
+            except PlanetError as error:
+                log.warning("validator %s gave no partial signatures: %s", url, error.message)
+                continue
+            finally:
+                await one.close()
+            if isinstance(answer, dict):
+                answers.append(answer)
+        return answers
+
+    return gather
+
+
+async def current_period(link: CommitteeLink) -> int:
+    """The key period of the committee's next block."""
+    return int((await link.query("/credit_period"))["current_period"])
 
 
 def signatures_from(validator_rpcs: Sequence[str], timeout_s: float) -> Gather:
@@ -179,16 +245,22 @@ async def complete(
     link: CommitteeLink,
     gather: Gather,
     wallet: CreditWallet,
-    pending: PendingMint,
+    pending: Pending,
     *,
     timeout_s: float,
     fund_timeout_s: float,
     progress: Callable[[str], None] = log.info,
-) -> list[Credit]:
-    """Take one purchase in flight to credits in the wallet (module docstring's table)."""
-    identifier, epoch = pending.mint_id, pending.request.body.epoch
+    gather_partials: GatherPartials | None = None,
+) -> list[PaidCredit]:
+    """Take one purchase in flight to credits in the wallet (module docstring's table).
+    A threshold purchase gathers with `gather_partials` (required for one)."""
+    identifier = pending.mint_id
+    threshold = isinstance(pending, PendingThresholdMint)
+    epoch = pending.epoch if threshold else pending.request.body.epoch
     current = await current_epoch(link)
     record = await _record(link, identifier)
+    if record is not None and isinstance(record.get("epoch"), int):
+        epoch = int(record["epoch"])  # the epoch it landed in: its funding window's start
     if record is None:
         if pending.landed:
             wallet.drop(identifier)
@@ -198,9 +270,14 @@ async def complete(
                 hint="ask the committee's operators; finish purchases within the retention "
                 "window (`planet credits finish`)",
             )
-        if current != epoch:
+        landable = (
+            await current_period(link) == pending.request.body.period
+            if isinstance(pending, PendingThresholdMint)
+            else current == epoch
+        )
+        if not landable:
             wallet.drop(identifier)
-            progress(f"mint {identifier[:18]}… never landed in epoch {epoch}: nothing charged")
+            progress(f"mint {identifier[:18]}… never landed in its time: nothing charged")
             return []
         try:
             sent = await link.submit(pending.request.body)
@@ -213,6 +290,8 @@ async def complete(
         pending = pending.seen_landed()
         wallet.hold(pending)
         record = {}
+        if threshold:
+            epoch = await current_epoch(link)  # landed now or just before: fundable from here
     elif not pending.landed:
         pending = pending.seen_landed()
         wallet.hold(pending)
@@ -227,13 +306,24 @@ async def complete(
             if unfunded.final:
                 wallet.drop(identifier)
             raise
+    if isinstance(pending, PendingThresholdMint):
+        if gather_partials is None:
+            raise ProtocolError(f"mint {identifier}: no way to gather partial signatures")
+        progress("funded; gathering the validators' partial signatures")
+        partial_answers = await gather_partials(identifier)
+        # checking every partial is ~1 ms of pairings each: off the event loop
+        finalized: list[PaidCredit] = list(
+            await asyncio.to_thread(pending.request.finalize, pending.period, partial_answers)
+        )
+        wallet.settle(identifier, finalized)
+        return finalized
     progress("funded; gathering the validators' blind signatures")
     answers = await gather(identifier)
     # unblinding and checking every credit's signatures is CPU work (~35 ms for 30 credits and
     # 4 validators): off the event loop, which may be a gateway's streaming answers
-    finalized = await asyncio.to_thread(pending.request.finalize, pending.keys, answers)
-    wallet.settle(identifier, finalized)
-    return finalized
+    rsa_credits = await asyncio.to_thread(pending.request.finalize, pending.keys, answers)
+    wallet.settle(identifier, rsa_credits)
+    return list(rsa_credits)
 
 
 async def finish_pending(
@@ -243,7 +333,7 @@ async def finish_pending(
     timeout_s: float = 20.0,
     fund_timeout_s: float = 60.0,
     progress: Callable[[str], None] = log.info,
-) -> list[Credit]:
+) -> list[PaidCredit]:
     """Complete every purchase in flight that `wallet` holds; return the credits gained.
     A purchase that cannot complete now stays pending (its error is logged); one that never can
     be charged is dropped."""
@@ -251,7 +341,7 @@ async def finish_pending(
     if not held:
         return []
     progress(f"finishing {len(held)} purchase(s) in flight from an earlier run")
-    gained: list[Credit] = []
+    gained: list[PaidCredit] = []
     link = CommitteeLink(list(validator_rpcs), SigningKey.generate())
     try:
         for pending in held:
@@ -264,6 +354,7 @@ async def finish_pending(
                     timeout_s=timeout_s,
                     fund_timeout_s=fund_timeout_s,
                     progress=progress,
+                    gather_partials=partials_from(validator_rpcs, timeout_s),
                 )
             except PlanetError as error:
                 progress(f"mint {pending.mint_id[:18]}…: {error.message}")
@@ -282,7 +373,8 @@ async def buy_credits(
     timeout_s: float = 20.0,
     fund_timeout_s: float = 60.0,
     progress: Callable[[str], None] = log.info,
-) -> list[Credit]:
+    min_anonymity: int = DEFAULT_MIN_ANONYMITY,
+) -> list[PaidCredit]:
     """Mint `count` credits paid from `payer_key`'s prepaid balance; store and return them
     (credits of purchases finished from earlier runs go to the wallet, not into this list).
     A mint whose epoch ended before it landed (refused, or dropped before it was sent) charged
@@ -303,6 +395,45 @@ async def buy_credits(
         loop = asyncio.get_running_loop()
         keys_deadline = loop.time() + fund_timeout_s
         for attempt in range(1, MINT_TRIES + 1):
+            period_answer = await _period_answer(link)
+            if period_answer is not None:
+                check_anonymity(period_answer, min_anonymity)
+                drawn = await asyncio.to_thread(
+                    ThresholdMintRequest.create,
+                    PeriodKey.from_answer(period_answer),
+                    count,
+                    payer_key,
+                    int(credits["price_wei"]),
+                    int(evm["chain_id"]),
+                    evm["escrow_address"],
+                    expiry,
+                )
+                threshold_pending = PendingThresholdMint(
+                    drawn, period_answer, await current_epoch(link)
+                )
+                wallet.hold(threshold_pending)  # on disk before anything is sent
+                try:
+                    bought = await complete(
+                        link,
+                        signatures_from(validator_rpcs, timeout_s),
+                        wallet,
+                        threshold_pending,
+                        timeout_s=timeout_s,
+                        fund_timeout_s=fund_timeout_s,
+                        progress=progress,
+                        gather_partials=partials_from(validator_rpcs, timeout_s),
+                    )
+                except MintRefused as refused:
+                    if refused.tx_code not in RETRY_CODES or attempt == MINT_TRIES:
+                        raise
+                    progress("the key period turned while the mint was on its way; again")
+                    await asyncio.sleep(attempt * 0.5)
+                    continue
+                if bought:
+                    return bought
+                progress("the key period turned before the mint was sent; drawing it again")
+                await asyncio.sleep(attempt * 0.5)
+                continue
             while True:
                 keys_answer = await link.query("/credit_keys")
                 try:

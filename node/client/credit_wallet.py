@@ -29,16 +29,19 @@ import fcntl
 import json
 import os
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from node.client.credit_sizes import MAX_BUY as MAX_BUY  # re-exported: where callers look
+from node.client.threshold_mint import PendingThresholdMint
 from protocol import blindrsa
 from protocol.committee.credits import Mint
+from protocol.committee.threshold_credits import parse_threshold_credit
 from protocol.credits import (
     VARIANT,
+    ChainClock,
     Credit,
     CreditInvalidError,
     CreditPurchase,
@@ -50,6 +53,7 @@ from protocol.credits import (
 )
 from protocol.eip712 import address_of
 from protocol.errors import ProtocolError, UsageError
+from protocol.paid_credits import PaidCredit, credit_json, expiry_epoch
 from protocol.payment import payment_domain
 
 
@@ -226,10 +230,29 @@ class PendingMint:
         return replace(self, landed=True)
 
 
+Pending = PendingMint | PendingThresholdMint
+
+
+def pending_from_json(doc: Any) -> Pending:
+    if isinstance(doc, dict) and doc.get("kind") == PendingThresholdMint.KIND:
+        return PendingThresholdMint.from_json(doc)
+    return PendingMint.from_json(doc)
+
+
+def _credit_from_file(item: Any) -> PaidCredit:
+    if isinstance(item, str):
+        return parse_threshold_credit(item, "credit")
+    return Credit(
+        epoch=item[0],
+        prepared=bytes.fromhex(item[1]),
+        signatures=tuple((a, bytes.fromhex(s)) for a, s in item[2]),
+    )
+
+
 @dataclass
 class _Contents:
-    credits: list[Credit]
-    pending: list[PendingMint]
+    credits: list[PaidCredit]
+    pending: list[Pending]
     generation: str = ""  # the file's write id (`_save`); "" in files written before it
 
 
@@ -274,15 +297,8 @@ class CreditWallet:
             return self._cache[1]
         try:
             doc = json.loads(self.path.read_text())
-            credits = [
-                Credit(
-                    epoch=item[0],
-                    prepared=bytes.fromhex(item[1]),
-                    signatures=tuple((a, bytes.fromhex(s)) for a, s in item[2]),
-                )
-                for item in doc["credits"]
-            ]
-            pending = [PendingMint.from_json(item) for item in doc.get("pending", [])]
+            credits = [_credit_from_file(item) for item in doc["credits"]]
+            pending = [pending_from_json(item) for item in doc.get("pending", [])]
             generation = doc.get("generation", "")
             if not isinstance(generation, str) or len(generation) > 32:
                 raise ValueError("bad generation")
@@ -321,7 +337,7 @@ class CreditWallet:
             json.dump(
                 {
                     "generation": secrets.token_hex(16),
-                    "credits": [credit.to_json() for credit in contents.credits],
+                    "credits": [credit_json(credit) for credit in contents.credits],
                     "pending": [item.to_json() for item in contents.pending],
                 },
                 handle,
@@ -343,7 +359,7 @@ class CreditWallet:
         if created:
             _fsync_dir(self.path.parent)
 
-    def add(self, credits: list[Credit]) -> None:
+    def add(self, credits: Sequence[PaidCredit]) -> None:
         with self._locked():
             contents = self._load()
             contents.credits.extend(credits)
@@ -353,7 +369,7 @@ class CreditWallet:
         contents = self._read()
         return len(contents.credits) - self._offset(contents)
 
-    def take(self, n: int) -> list[Credit]:
+    def take(self, n: int) -> list[PaidCredit]:
         """Remove and return the `n` oldest credits (ProtocolError when fewer are held): on
         disk, the taken record moves on by `n` (the class docstring)."""
         with self._locked():
@@ -368,23 +384,30 @@ class CreditWallet:
                 self._save(_Contents(held[n:], list(contents.pending)))
         return held[:n]
 
-    def drop_expired(self, oldest_epoch: int) -> int:
-        """Forget the credits minted before `oldest_epoch`: the chain no longer redeems them,
-        so every node refuses them. Returns how many went."""
+    def drop_expired(self, oldest_epoch: int, clock: ChainClock | None = None) -> int:
+        """Forget the credits minted before `oldest_epoch` (a threshold credit: whose period's
+        issue epoch is before it, read on `clock`; kept without one): the chain no longer
+        redeems them, so every node refuses them. Returns how many went."""
+
+        def kept_one(credit: PaidCredit) -> bool:
+            if isinstance(credit, Credit):
+                return credit.epoch >= oldest_epoch
+            return clock is None or expiry_epoch(credit, clock) >= oldest_epoch
+
         with self._locked():
             contents = self._read()
             held = contents.credits[self._offset(contents) :]
-            kept = [credit for credit in held if credit.epoch >= oldest_epoch]
+            kept = [credit for credit in held if kept_one(credit)]
             if len(kept) < len(held):
                 self._save(_Contents(kept, list(contents.pending)))
         return len(held) - len(kept)
 
     # -- purchases in flight -------------------------------------------------------------------
 
-    def pending(self) -> list[PendingMint]:
+    def pending(self) -> list[Pending]:
         return self._load().pending
 
-    def hold(self, pending: PendingMint) -> None:
+    def hold(self, pending: Pending) -> None:
         """Record (or update) a purchase in flight, on disk before this returns."""
         with self._locked():
             contents = self._load()
@@ -392,7 +415,7 @@ class CreditWallet:
             contents.pending.append(pending)
             self._save(contents)
 
-    def settle(self, mint_id: str, credits: list[Credit]) -> None:
+    def settle(self, mint_id: str, credits: Sequence[PaidCredit]) -> None:
         """Add a purchase's finalized credits and forget the purchase, in one write."""
         with self._locked():
             contents = self._load()

@@ -36,13 +36,12 @@ from node.client.credit_wallet import CreditWallet
 from protocol.credits import (
     CLIENT_MARGIN_BLOCKS,
     NODE_MARGIN_BLOCKS,
-    Credit,
     clock_from_query,
     lifetime_from_query,
     oldest_takeable_epoch,
-    spent_id,
 )
 from protocol.errors import PlanetError, ProtocolError
+from protocol.paid_credits import PaidCredit, paid_spent_id
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +82,7 @@ def accepts_price(min_positions: int) -> Callable[[int], bool]:
     return lambda price: price == 0 or price >= min_positions
 
 
-def split(credits: list[Credit], owed: list[int]) -> list[list[Credit]]:
+def split(credits: list[PaidCredit], owed: list[int]) -> list[list[PaidCredit]]:
     """`credits` cut into consecutive runs of `owed[i]` each (one run per hop)."""
     out, at = [], 0
     for count in owed:
@@ -102,7 +101,7 @@ class CreditPayer:
     min_positions: int = MIN_POSITIONS  # the dearest price paid: a credit per this many
     _paid: dict[tuple[int, int], int] = field(default_factory=dict)  # (sid, hop) → positions
     # (sid, hop) → the credits sent there and the positions each paid for
-    _sent: dict[tuple[int, int], list[tuple[Credit, int]]] = field(default_factory=dict)
+    _sent: dict[tuple[int, int], list[tuple[PaidCredit, int]]] = field(default_factory=dict)
 
     def price(self, url: str) -> int:
         return max(0, int(self.prices.get(url, 0)))
@@ -118,7 +117,7 @@ class CreditPayer:
             owed.append(0 if price == 0 or paid >= used else -(-(used - paid) // price))
         return owed
 
-    def take(self, owed: list[int]) -> list[list[Credit]]:
+    def take(self, owed: list[int]) -> list[list[PaidCredit]]:
         """Take the credits `owed` per hop out of the wallet at once (OutOfCreditsError, and
         nothing taken, when it holds fewer)."""
         needed = sum(owed)
@@ -131,7 +130,7 @@ class CreditPayer:
         self.spent += needed
         return split(credits, owed)
 
-    def paid(self, sid: int, index: int, url: str, credit: Credit) -> None:
+    def paid(self, sid: int, index: int, url: str, credit: PaidCredit) -> None:
         key, price = (sid, index), self.price(url)
         self._paid[key] = self._paid.get(key, 0) + price
         self._sent.setdefault(key, []).append((credit, price))
@@ -142,7 +141,7 @@ class CreditPayer:
         sent = self._sent.get((sid, index), [])
         for item in sent:
             credit, price = item
-            if spent_id(credit.prepared) == identifier:
+            if paid_spent_id(credit) == identifier:
                 sent.remove(item)
                 if (sid, index) in self._paid:  # the session still runs: pay it again
                     self._paid[(sid, index)] -= price
@@ -192,10 +191,12 @@ class CreditExpiry:
         answer = await self.query("/credit_keys")
         current, lifetime = int(answer["epoch"]), lifetime_from_query(answer)
         oldest = current - lifetime
+        clock = None
         if "committed_height" in answer:  # the chain's time: what the nodes check against
-            oldest = max(oldest, oldest_takeable_epoch(clock_from_query(answer), self.margin))
+            clock = clock_from_query(answer)
+            oldest = max(oldest, oldest_takeable_epoch(clock, self.margin))
         self._checked_at = time.monotonic()
-        gone = self.wallet.drop_expired(oldest)
+        gone = self.wallet.drop_expired(oldest, clock if clock and clock.period_blocks else None)
         if gone:
             self.dropped += gone
             log.warning(

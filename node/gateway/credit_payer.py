@@ -31,7 +31,7 @@ from node.gateway.credit_holds import (
     CreditReserve,
     GatewayOutOfCredits,
 )
-from protocol.credits import Credit
+from protocol.paid_credits import PaidCredit
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class HostedPayer(CreditPayer):
         """A new, empty hold for one question (release it on every exit)."""
         return self.reserve.hold()
 
-    def take(self, owed: list[int]) -> list[list[Credit]]:
+    def take(self, owed: list[int]) -> list[list[PaidCredit]]:
         needed = sum(owed)
         if not needed:
             return [[] for _ in owed]

@@ -33,8 +33,8 @@ from node.client.credit_purchase import MintUnfunded, buy_credits, finish_pendin
 from node.client.credit_sizes import MAX_BUY
 from node.client.credit_wallet import CreditWallet
 from node.client.paying import CreditExpiry
-from protocol.credits import Credit
 from protocol.errors import PlanetError
+from protocol.paid_credits import PaidCredit
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class CommitteeShop:
     ttl_s: int = PURCHASE_TTL_S
     fund_wait_s: float = FUND_WAIT_S
 
-    async def buy(self, count: int) -> list[Credit]:
+    async def buy(self, count: int) -> list[PaidCredit]:
         return await buy_credits(
             list(self.validator_rpcs),
             self.payer_key,
@@ -171,7 +171,7 @@ class CommitteeShop:
             progress=_progress,
         )
 
-    async def finish(self) -> list[Credit]:
+    async def finish(self) -> list[PaidCredit]:
         return await finish_pending(
             list(self.validator_rpcs),
             self.wallet,

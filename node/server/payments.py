@@ -58,12 +58,12 @@ from node.server.credit_locks import (
     CreditLockTimeoutError,
     LockMarks,
 )
-from protocol.committee.credits import parse_credit
+from protocol import blind_bls, bls
+from protocol.blind_bls import ThresholdCredit
 from protocol.committee.grammar import HEX64, TxDecodeError
 from protocol.credits import (
     NODE_MARGIN_BLOCKS,
     ChainClock,
-    Credit,
     CreditExpiringError,
     EpochKeys,
     check_credit,
@@ -71,12 +71,20 @@ from protocol.credits import (
     committed_height_from_query,
     epoch_keys_from_query,
     redeemable,
-    spent_id,
-    takeable,
-    window_end,
 )
 from protocol.errors import ProtocolError
+from protocol.paid_credits import (
+    PaidCredit,
+    credit_json,
+    paid_redeemable,
+    paid_spent_id,
+    paid_takeable,
+    paid_window_end,
+    parse_paid_credit,
+    started,
+)
 from protocol.stream import PaymentRequiredError
+from protocol.threshold_mint import PeriodKey
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +120,7 @@ class Account:
     used: int = 0
     credits: int = 0
     opened: bool = False  # `opened` sent: the credits are kept whatever happens next
-    taken: list[Credit] = field(default_factory=list)  # taken before `opened`
+    taken: list[PaidCredit] = field(default_factory=list)  # taken before `opened`
     # credits whose lock is not won yet (spent id → loop time taken): node/server/credit_locks.py
     pending: dict[str, float] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -138,6 +146,7 @@ class CreditCheck:
         self.refresh_s = refresh_s
         self.margin_blocks = margin_blocks  # the node's redemption delay, in blocks
         self._keys: dict[int, EpochKeys] = {}
+        self._period_keys: dict[int, PeriodKey] = {}  # key period → its committee key
         self._spent: dict[str, str] = {}  # spent id → why: redeemed, or locked, on the chain
         self._clock: ChainClock | None = None  # the chain's time at the last /credit_keys read
         self._epoch_at = float("-inf")
@@ -154,7 +163,10 @@ class CreditCheck:
     async def current_epoch(self, at_least: int = 0) -> int:
         return (await self.clock(at_least)).epoch
 
-    async def check(self, credit: Credit) -> None:
+    async def check(self, credit: PaidCredit) -> None:
+        if isinstance(credit, ThresholdCredit):
+            await self._check_threshold(credit)
+            return
         cached = await self.clock(at_least=credit.epoch)
         current, lifetime = cached.epoch, cached.lifetime
         if not redeemable(credit.epoch, current, lifetime):  # the cache lags: past it already
@@ -172,7 +184,35 @@ class CreditCheck:
             while len(self._keys) > MAX_KEY_EPOCHS:  # oldest first (insertion order)
                 del self._keys[next(iter(self._keys))]
         check_credit(self._keys[credit.epoch], credit)
-        identifier = spent_id(credit.prepared)
+        await self._check_unspent(credit, cached)
+
+    async def _period_key(self, period: int) -> PeriodKey:
+        if period not in self._period_keys:
+            answer = await self.link.query("/credit_period", period=period)
+            self._period_keys[period] = PeriodKey.from_answer(answer)  # NoPeriodKey: ask again
+            while len(self._period_keys) > MAX_KEY_EPOCHS:
+                del self._period_keys[next(iter(self._period_keys))]
+        return self._period_keys[period]
+
+    async def _check_threshold(self, credit: ThresholdCredit) -> None:
+        """The chain's rules for a threshold credit: its period's window, σ under X_p, unspent."""
+        cached = await self.clock()
+        if not paid_redeemable(credit, cached):
+            cached = await self.clock(at_least=cached.epoch + 1)  # the cache may lag: re-read
+            if not paid_redeemable(credit, cached):
+                raise CreditRefusedError(
+                    f"a credit of key period {credit.period} is not redeemable in epoch "
+                    f"{cached.epoch}"
+                )
+        key = await self._period_key(credit.period)
+        try:
+            blind_bls.verify_credit(key.key, credit)
+        except (blind_bls.ThresholdCreditError, bls.BlsError) as error:
+            raise CreditRefusedError(f"the credit does not verify: {error.message}") from None
+        await self._check_unspent(credit, cached)
+
+    async def _check_unspent(self, credit: PaidCredit, cached: ChainClock) -> None:
+        identifier = paid_spent_id(credit)
         refusal = self._spent.get(identifier)
         if refusal is None:
             answer = await self.link.query("/credit_spent", id=identifier)
@@ -196,25 +236,29 @@ class CreditCheck:
             self._spent[identifier] = refusal
             raise CreditRefusedError(refusal)
 
-    def _check_window(self, credit: Credit, now: ChainClock) -> None:
+    def _check_window(self, credit: PaidCredit, now: ChainClock) -> None:
         """`takeable` at the chain's latest committed height, as its answer to `/credit_spent`
         just said: CreditRefusedError when no later block redeems the credit (its window is
         over, or not begun), CreditExpiringError when its window ends within `margin_blocks`."""
-        if takeable(credit.epoch, now, self.margin_blocks):
+        if paid_takeable(credit, now, self.margin_blocks):
             return
-        end = window_end(credit.epoch, now.lifetime, now.epoch_length)
-        if credit.epoch > now.epoch:
+        end = paid_window_end(credit, now)
+        what = (
+            f"key period {credit.period}"
+            if isinstance(credit, ThresholdCredit)
+            else f"epoch {credit.epoch}"
+        )
+        if not started(credit, now):
             raise CreditRefusedError(
-                f"a credit of epoch {credit.epoch} is not redeemable before epoch {credit.epoch}; "
-                f"the chain is in epoch {now.epoch}"
+                f"a credit of {what} is not redeemable yet; the chain is in epoch {now.epoch}"
             )
         if now.height >= end:
             raise CreditRefusedError(
-                f"a credit of epoch {credit.epoch} was redeemable up to height {end}; the chain "
+                f"a credit of {what} was redeemable up to height {end}; the chain "
                 f"is at height {now.height}"
             )
         raise CreditExpiringError(
-            f"a credit of epoch {credit.epoch} is redeemed up to height {end}; the chain is at "
+            f"a credit of {what} is redeemed up to height {end}; the chain is at "
             f"height {now.height} and this node takes only credits it can still redeem "
             f"{self.margin_blocks} blocks from now"
         )
@@ -227,16 +271,16 @@ class CreditSpool:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
-    def path(self, credit: Credit) -> Path:
-        return self.dir / f"{spent_id(credit.prepared)}.json"
+    def path(self, credit: PaidCredit) -> Path:
+        return self.dir / f"{paid_spent_id(credit)}.json"
 
-    def add(self, credit: Credit) -> None:
+    def add(self, credit: PaidCredit) -> None:
         """Keep `credit` durably; CreditRefusedError if this node holds it already."""
         final = self.path(credit)
         if final.exists():
             raise CreditRefusedError("this credit was already paid to this node")
         temporary = self.dir / f".{final.name}.{os.getpid()}.tmp"
-        data = json.dumps(credit.to_json(), separators=(",", ":")).encode()
+        data = json.dumps(credit_json(credit), separators=(",", ":")).encode()
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(descriptor, data)
@@ -255,11 +299,11 @@ class CreditSpool:
         finally:
             os.close(directory)
 
-    def held(self) -> Iterator[tuple[Path, Credit]]:
+    def held(self) -> Iterator[tuple[Path, PaidCredit]]:
         """Every credit in the spool (a file that does not parse is logged and skipped)."""
         for path in sorted(self.dir.glob("[0-9a-f]*.json")):
             try:
-                credit = parse_credit(json.loads(path.read_bytes()), path.name)
+                credit = parse_paid_credit(json.loads(path.read_bytes()), path.name)
             except (OSError, ValueError, TxDecodeError) as error:
                 log.warning("credit spool file skipped path=%s error=%s", path, error)
                 continue
@@ -303,8 +347,8 @@ class Payments:
         self.refused = 0
         self.double_spent = 0  # sessions stopped: a credit's lock went to another node
 
-    async def accept(self, account: Account, credit: Credit) -> None:
-        identifier = spent_id(credit.prepared)
+    async def accept(self, account: Account, credit: PaidCredit) -> None:
+        identifier = paid_spent_id(credit)
         try:
             if identifier in self.seen:
                 raise CreditRefusedError("this credit was already paid to this node")
@@ -384,12 +428,12 @@ class Payments:
     def refund(account: Account, count: int) -> None:
         account.used -= count
 
-    def give_back(self, account: Account) -> list[Credit]:
+    def give_back(self, account: Account) -> list[PaidCredit]:
         """The session's open failed (no `opened` was sent): un-take its credits."""
         returned = list(account.taken)
         for credit in returned:
             self.spool.remove(self.spool.path(credit))
-            self.seen.discard(spent_id(credit.prepared))
+            self.seen.discard(paid_spent_id(credit))
             self.accepted -= 1
         account.taken.clear()
         account.pending.clear()

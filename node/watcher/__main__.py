@@ -36,6 +36,7 @@ from node.chain.evm.deployment import Deployment
 from node.keys import operator_key_path, read_operator_key
 from node.procs import run_service
 from node.retry import Backoff, sleep_or_stop
+from node.watcher.credit_dkg import CreditDkgDriver
 from node.watcher.credit_keys import CreditKeyPublisher
 from node.watcher.evm import StakingReader
 from node.watcher.funding import MintFunder
@@ -87,6 +88,7 @@ async def run(args: argparse.Namespace) -> int:
     verdicts: VerdictRelay | None = None
     funder: MintFunder | None = None
     publisher = CreditKeyPublisher.of_validator(link, key.verify_key.encode(), args.home)
+    dkg = CreditDkgDriver.of_validator(link, key, args.home)
     key_path = operator_key_path(args.home)
     operator_key = read_operator_key(key_path) if key_path.exists() else None
     if operator_key is None:
@@ -100,6 +102,7 @@ async def run(args: argparse.Namespace) -> int:
         while not stop.is_set():
             try:
                 await _relay_step(publisher)  # first: it needs no EVM read, no operator key
+                await _relay_step(dkg)  # the key periods' DKG: the consensus key only
                 if watcher is None:
                     reader = await asyncio.to_thread(StakingReader, deployment, args.evm_rpc)
                     watcher = StakeWatcher(reader, link, deployment.block, resync_s=args.resync)
@@ -137,7 +140,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def _relay_step(
-    relay: PayoutRelay | VerdictRelay | MintFunder | CreditKeyPublisher,
+    relay: PayoutRelay | VerdictRelay | MintFunder | CreditKeyPublisher | CreditDkgDriver,
 ) -> None:
     """One relay pass; its failures are logged and never slow the stake attestations."""
     what = type(relay).__name__

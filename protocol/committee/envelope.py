@@ -17,6 +17,7 @@ from nacl.signing import SigningKey, VerifyKey
 
 from protocol.canonical import JsonInputError, canonical_json, canonical_text, parse_json
 from protocol.committee.commitments import CommitBatch, RevealBatch
+from protocol.committee.credit_dkg import DkgComplaint, DkgDeal, DkgJustify
 from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
 from protocol.committee.gateways import GatewayBind
@@ -24,6 +25,7 @@ from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import PayoutVote, WorkReport
+from protocol.committee.threshold_credits import ThresholdMint, ThresholdRedeem
 from protocol.committee.verification import (
     SeedCommit,
     SeedReveal,
@@ -70,6 +72,11 @@ TxBody = (
     | SetPrice
     | CreditLock
     | GatewayBind
+    | DkgDeal
+    | DkgComplaint
+    | DkgJustify
+    | ThresholdMint
+    | ThresholdRedeem
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -94,6 +101,11 @@ BODY_TYPES: dict[str, Any] = {
         SetPrice,
         CreditLock,
         GatewayBind,
+        DkgDeal,
+        DkgComplaint,
+        DkgJustify,
+        ThresholdMint,
+        ThresholdRedeem,
     )
 }
 

@@ -64,7 +64,8 @@ from harness.personal_client import personal_client
 from harness.ports import ephemeral_port
 from node.client.credit_wallet import CreditWallet
 from node.server.launcher import pid_alive
-from protocol.credits import spent_id
+from protocol.blind_bls import ThresholdCredit
+from protocol.paid_credits import paid_spent_id, parse_paid_credit
 from tests.e2e.devnet_session import planet as _planet
 from tests.e2e.escrow_reads import escrow_contract
 
@@ -499,7 +500,7 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     # the user's own credits (the file's format: node/client/credit_wallet.py): the nodes are
     # paid by the hosted gateway's credits too, and nothing on chain tells the two apart
     wallet_doc = json.loads((Path(env["PLANET_HOME"]) / "credits.json").read_text())
-    users_credits = {spent_id(bytes.fromhex(item[1])) for item in wallet_doc["credits"]}
+    users_credits = {paid_spent_id(parse_paid_credit(item)) for item in wallet_doc["credits"]}
     assert len(users_credits) == held
     with personal_client(
         devnet["manifest"],
@@ -542,8 +543,9 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     # each charging node redeemed some of them (a redeem refused before the node's commitments
     # landed, UNCOMMITTED_REDEMPTION, is in a block all the same: its credits were sent again)
     by_node: dict[str, set[str]] = {p["key"]: set() for p in paid.values()}
-    for tx in _txs_since(rpc, start_height, "redeem"):
-        by_node.setdefault(tx.signer, set()).update(spent_id(c.prepared) for c in tx.body.credits)
+    for tx in _txs_since(rpc, start_height):
+        if tx.type in REDEEM_TXS:  # threshold credits (the default) or RSA ones (transition)
+            by_node.setdefault(tx.signer, set()).update(paid_spent_id(c) for c in tx.body.credits)
     assert all(by_node[p["key"]] & users_credits for p in paid.values())
 
     # the user's purchase goes into the escrow's credit pool in a statement the watchers post,
@@ -668,6 +670,10 @@ def _raw_txs_since(rpc: str, start_height: int) -> list[bytes]:
     return raws
 
 
+MINT_TXS = frozenset({"credit_mint", "mint"})  # threshold (the default), RSA (the transition)
+REDEEM_TXS = frozenset({"credit_redeem", "redeem"})
+
+
 def _txs_since(rpc: str, start_height: int, kind: str | None = None) -> list[Any]:
     """The decoded committee txs (of `kind`, or all) from `start_height`; the proposers'
     injected extended-commit txs (binary, abci_app/extensions.py) are not committee txs."""
@@ -693,14 +699,18 @@ def _assert_nothing_links(
         if raw[:1] != b"{":
             assert bytes.fromhex(payer) not in raw and payer.encode() not in raw.lower()
     txs = [decode(raw) for raw in raws if raw[:1] == b"{"]
-    mints = [tx for tx in txs if tx.type == "mint" and tx.body.payer.lower() == user]
-    redeems = [tx for tx in txs if tx.type == "redeem" and tx.signer in nodes]
+    mints = [tx for tx in txs if tx.type in MINT_TXS and tx.body.payer.lower() == user]
+    redeems = [tx for tx in txs if tx.type in REDEEM_TXS and tx.signer in nodes]
     assert mints and len({tx.signer for tx in redeems}) == 3
     redeemed = set()
     for tx in redeems:
         for credit in tx.body.credits:
+            redeemed.add(paid_spent_id(credit))
+            if isinstance(credit, ThresholdCredit):  # its nonce, σ and bytes: none in a mint
+                redeemed |= {credit.nonce.hex(), credit.signature.hex(), credit.to_bytes().hex()}
+                continue
             redeemed |= {credit.prepared.hex(), nonce_of(credit.prepared).hex()}
-            redeemed |= {spent_id(credit.prepared), *(sig.hex() for _, sig in credit.signatures)}
+            redeemed |= {*(sig.hex() for _, sig in credit.signatures)}
     for tx in txs:
         text = tx.raw.decode().lower()
         assert not (payer in text and [n for n in nodes if n in text]), tx.type

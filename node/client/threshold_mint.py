@@ -1,0 +1,211 @@
+"""The client's side of a threshold-BLS purchase: blind N credits into ONE list, then combine
+the validators' partial signatures into N credits (`protocol.blind_bls`).
+
+    period = /credit_period answer (its run's result: the committee key X_p and each X_i)
+    request = ThresholdMintRequest.create(period, count, payer_key, price_wei, chain_id,
+                                          escrow, expiry)
+    request.body                                   the `credit_mint` tx body
+    credits = request.finalize(period, answers)    answers: each validator's
+                                                   /credit_partials?mint=<request.mint_id>
+
+`finalize` trusts no answer: each partial is checked against the chain's public share X_i of
+the validator it names (e(s_i, G2) = e(B, X_i)); a validator whose answer does not check is
+left out. Each credit needs t checked partials on its own blinded point; the combined signature
+is unblinded and verified under X_p before it is kept (`MintIncomplete` otherwise). The
+blinding factors and nonces never leave this process and the wallet file.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from protocol import blind_bls, bls
+from protocol.blind_bls import Blinding, ThresholdCredit
+from protocol.committee.threshold_credits import MAX_THRESHOLD_MINT, ThresholdMint
+from protocol.credits import CreditPurchase
+from protocol.eip712 import address_of
+from protocol.errors import ProtocolError
+from protocol.payment import payment_domain
+from protocol.threshold_mint import PeriodKey, threshold_mint_id
+
+
+class MintIncomplete(ProtocolError):
+    """Fewer than t validators gave partials that check, for some credit of the mint."""
+
+    code = "mint_incomplete"
+
+
+@dataclass(frozen=True)
+class ThresholdMintRequest:
+    body: ThresholdMint
+    mint_id: str
+    blindings: tuple[Blinding, ...]
+
+    @classmethod
+    def create(
+        cls,
+        period: PeriodKey,
+        count: int,
+        payer_key: bytes,
+        price_wei: int,
+        chain_id: int,
+        escrow: str,
+        expiry: int,
+    ) -> ThresholdMintRequest:
+        if not 1 <= count <= MAX_THRESHOLD_MINT:
+            raise ProtocolError(f"a mint buys 1 … {MAX_THRESHOLD_MINT} credits")
+        blindings = tuple(
+            blind_bls.blind(period.period, secrets.token_bytes(blind_bls.NONCE_BYTES))
+            for _ in range(count)
+        )
+        points = tuple(b.blinded for b in blindings)
+        payer = address_of(payer_key).lower()
+        identifier = threshold_mint_id(payer, period.period, points)
+        amount = count * price_wei
+        purchase = CreditPurchase(
+            mint_id=bytes.fromhex(identifier[2:]),
+            credits=count,
+            amount=amount,
+            expiry=expiry,
+            consumer=escrow,
+        )
+        signature = purchase.sign(payer_key, payment_domain(chain_id, escrow))
+        body = ThresholdMint(
+            payer=payer,
+            period=period.period,
+            blinded=points,
+            amount=amount,
+            expiry=expiry,
+            signature="0x" + signature.hex(),
+        )
+        return cls(body, identifier, blindings)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mint_id": self.mint_id,
+            "body": self.body.to_json(),
+            "blindings": [[b.nonce.hex(), format(b.factor, "x")] for b in self.blindings],
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any) -> ThresholdMintRequest:
+        """As `to_json` wrote it; every blinded point is recomputed and must match the body."""
+        body = ThresholdMint.from_json(doc["body"])
+        blindings = tuple(
+            blind_bls.blind(body.period, bytes.fromhex(nonce), int(factor, 16))
+            for nonce, factor in doc["blindings"]
+        )
+        if tuple(b.blinded for b in blindings) != body.blinded:
+            raise ProtocolError(f"pending mint {doc['mint_id']}: its secrets do not match")
+        identifier = threshold_mint_id(body.payer, body.period, body.blinded)
+        if identifier != doc["mint_id"]:
+            raise ProtocolError(f"pending mint {doc['mint_id']}: its body is of mint {identifier}")
+        return cls(body, identifier, blindings)
+
+    def finalize(
+        self, period: PeriodKey, answers: Sequence[Mapping[str, Any]]
+    ) -> list[ThresholdCredit]:
+        """N credits from the validators' `/credit_partials` answers (module docstring)."""
+        checked: list[dict[int, bytes]] = [{} for _ in self.blindings]
+        for answer in answers:
+            index = period.index_of.get(str(answer.get("validator")))
+            if index is None or answer.get("mint") != self.mint_id:
+                continue
+            public = bls.parse_g2(period.public_shares[index], "public share")
+            partials = answer.get("partials") or []
+            if len(partials) != len(self.blindings):
+                continue
+            try:
+                for slot, (blinding, partial) in enumerate(
+                    zip(self.blindings, partials, strict=True)
+                ):
+                    raw = bytes.fromhex(str(partial))
+                    blind_bls.verify_partial(public, blinding.blinded, raw)
+                    checked[slot][index] = raw
+            except (ValueError, bls.BlsError, blind_bls.ThresholdCreditError):
+                for slot in checked:
+                    slot.pop(index, None)  # one bad partial: none of this validator's count
+        credits = []
+        for slot, blinding in enumerate(self.blindings):
+            if len(checked[slot]) < period.threshold:
+                raise MintIncomplete(
+                    f"credit {slot} of mint {self.mint_id}: {len(checked[slot])} validators "
+                    f"answered with partials that check, {period.threshold} needed",
+                    hint="run `planet credits buy` again later: the purchase is kept",
+                )
+            combined = blind_bls.combine(checked[slot], period.threshold)
+            credits.append(blind_bls.unblind(blinding, combined, period.key))
+        return credits
+
+
+@dataclass(frozen=True)
+class PendingThresholdMint:
+    """A threshold purchase not yet in the wallet: the request, the `/credit_period` answer of
+    its key period (to finalize with), the epoch it was drawn in (its funding window starts
+    there or later: the record's own epoch wins once the mint is on chain) and whether its
+    mint tx was seen committed."""
+
+    request: ThresholdMintRequest
+    period_answer: Mapping[str, Any]
+    epoch: int
+    landed: bool = False
+
+    KIND = "threshold"
+
+    @property
+    def mint_id(self) -> str:
+        return self.request.mint_id
+
+    @property
+    def period(self) -> PeriodKey:
+        return PeriodKey.from_answer(self.period_answer)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.request.to_json(),
+            "kind": self.KIND,
+            "period_answer": dict(self.period_answer),
+            "epoch": self.epoch,
+            "landed": self.landed,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any) -> PendingThresholdMint:
+        pending = cls(
+            ThresholdMintRequest.from_json(doc),
+            dict(doc["period_answer"]),
+            int(doc["epoch"]),
+            bool(doc["landed"]),
+        )
+        if pending.period.period != pending.request.body.period:
+            raise ProtocolError(f"pending mint {pending.mint_id}: the key of another period")
+        return pending
+
+    def seen_landed(self) -> PendingThresholdMint:
+        return replace(self, landed=True)
+
+
+class AnonymitySetTooSmall(ProtocolError):
+    """The key period's buyers so far are fewer than the client's `--min-anonymity`."""
+
+    code = "anonymity_set_too_small"
+
+
+def check_anonymity(answer: Mapping[str, Any], minimum: int) -> int:
+    """The period's anonymity set (`buyers` of a `/credit_period` answer), or
+    AnonymitySetTooSmall when it is below `minimum` (this purchase would make it one more)."""
+    buyers = answer.get("buyers")
+    if not isinstance(buyers, int) or isinstance(buyers, bool) or buyers < 0:
+        raise ProtocolError(f"/credit_period: buyers {buyers!a} is not a count")
+    if buyers + 1 < minimum:
+        raise AnonymitySetTooSmall(
+            f"key period {answer.get('period')} has {buyers} other buyers so far; with you "
+            f"{buyers + 1}, under your --min-anonymity {minimum}: a credit of this period would "
+            "point at one of so few buyers",
+            hint="buy later in the period (`planet credits buy … --min-anonymity N` waits for "
+            "nobody: run it again), or lower --min-anonymity if you accept the smaller set",
+        )
+    return buyers + 1
