@@ -3,9 +3,12 @@
 `ShardModel` builds only its own layers (keeping their original `layer_idx`) plus the model's
 rotary embedding, loads the shard file (checking its hash against the manifest first), and runs
 them one of two ways (`path`):
-- "fast" (the default on CPU for full-attention Llama/Qwen2 shards, node/model/fast.py): our
-  own decoder step over the same weights with a static, pooled per-session KV cache; int8
-  shards keep their int8 weights and use torch's packed int8 kernel;
+- "fast" (the default on CPU for full-attention Llama/Qwen2 fp32 shards, node/model/fast.py):
+  our own decoder step over the same weights with a static, pooled per-session KV cache; int8
+  shards on it (asked for by name: `path="fast"`, `PLANET_SHARD_PATH=fast` or
+  `PLANET_INT8_KERNEL=1`) keep their int8 weights and use torch's packed int8 kernel, whose
+  served steps differ from the verifiers' recomputation by more than their calibration allows
+  (see `from_file`), so "auto" keeps int8 shards on hf;
 - "hf" (the default elsewhere, and selectable with `path="hf"` or `PLANET_SHARD_PATH=hf`):
   transformers' decoder layers with a per-session `DynamicCache`.
 transformers 5.23 specifics the hf path handles:
@@ -61,6 +64,17 @@ def resolve_path(path: str, config: Any, layers: tuple[int, int], device: torch.
     if path == "fast" and not full:
         raise ConfigError("the fast shard path runs full-attention layers only", hint="use hf")
     return path
+
+
+INT8_KERNEL_ENV = "PLANET_INT8_KERNEL"  # "1": int8 shards on the fast path by default too
+
+
+def _fast_int8_allowed(path: str) -> bool:
+    """An int8 shard runs the fast path (its int8 kernel) when asked by name: `path="fast"`,
+    `PLANET_SHARD_PATH=fast`, or `PLANET_INT8_KERNEL=1`; "auto" alone keeps it on hf."""
+    if path == "fast" or os.environ.get(PATH_ENV, "").strip().lower() == "fast":
+        return True
+    return os.environ.get(INT8_KERNEL_ENV, "").strip() == "1"
 
 
 def layer_key_prefix(index: int) -> str:
@@ -185,6 +199,13 @@ class ShardModel:
         quant = file_quant(metadata)
         _check_keys_in_range(tensors, layers, shard_file)
         chosen = resolve_path(path, config, layers, target)
+        if quant == QUANT_INT8 and chosen == "fast" and not _fast_int8_allowed(path):
+            # the int8 kernel (bf16 activations) serves one position at a time with up to 42
+            # ULP between a served step and the verifier's one-prefill recomputation, against
+            # the 2 the verifiers' int8 calibration allows (node/verifier/calibration.json; at
+            # 84 ULP an int4 node passing as int8 is no longer caught): int8 shards keep the
+            # hf path by default until spot checks replay the served schedule
+            chosen = "hf"
         root = build_layers(config, *layers, device="meta", path=chosen)
         keep_int8 = quant == QUANT_INT8 and runtime == "auto" and target.type == "cpu"
         keep_int8 = keep_int8 and chosen == "fast"

@@ -86,13 +86,28 @@ def test_quant_dequantized_runtime_equals_packed(tiny, quant, packed_type) -> No
     )
 
 
-def test_quant_int8_fast_path_keeps_int8_weights(tiny) -> None:
-    """On CPU the default (fast) path keeps an int8 file's weights int8 and multiplies them
-    with torch's packed int8 kernel: a third of the fp32 bytes, outputs close to the
-    de-quantized fp32 computation (bf16 activations into the kernel)."""
+def test_quant_int8_stays_on_hf_unless_its_kernel_is_asked_for(tiny, monkeypatch) -> None:
+    """"auto" keeps an int8 shard on the hf path (the verifiers' int8 calibration is of it);
+    the fast path's int8 kernel is taken only when asked for by name."""
     root, config, state = tiny
     _, path = _write(root, config, state, "int8")
-    fast = ShardModel.from_file(config, LAYERS, path, device="cpu")  # auto: fast, int8 kept
+    monkeypatch.delenv("PLANET_SHARD_PATH", raising=False)
+    monkeypatch.delenv("PLANET_INT8_KERNEL", raising=False)
+    assert ShardModel.from_file(config, LAYERS, path, device="cpu").path == "hf"
+    monkeypatch.setenv("PLANET_INT8_KERNEL", "1")
+    assert ShardModel.from_file(config, LAYERS, path, device="cpu").path == "fast"
+    _, fp32 = _write(root, config, state, "none")
+    monkeypatch.delenv("PLANET_INT8_KERNEL")
+    assert ShardModel.from_file(config, LAYERS, fp32, device="cpu").path == "fast"
+
+
+def test_quant_int8_fast_path_keeps_int8_weights(tiny) -> None:
+    """On CPU the fast path keeps an int8 file's weights int8 and multiplies them with torch's
+    packed int8 kernel: a third of the fp32 bytes, outputs close to the de-quantized fp32
+    computation (bf16 activations into the kernel)."""
+    root, config, state = tiny
+    _, path = _write(root, config, state, "int8")
+    fast = ShardModel.from_file(config, LAYERS, path, device="cpu", path="fast")  # int8 kept
     dequantized = ShardModel.from_file(
         config, LAYERS, path, device="cpu", runtime="dequantized", path="hf"
     )
