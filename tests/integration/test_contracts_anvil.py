@@ -153,7 +153,8 @@ def test_settlement_stake_deposit_post_claim_balances_exact(
     verifier = account(anvil, deployment, "verifier")
     user = account(anvil, deployment, "user")
     relayer = account(anvil, deployment, "relayer")
-    gateway = address_of(new_id("gateway key"))
+    gateway_chain = account(anvil, deployment, "gateway")  # the deposits' gateway: the payee
+    gateway = gateway_chain.address
 
     compute.staking.stake(ROLE_COMPUTE, 1 * ETHER)
     verifier.staking.stake(ROLE_VERIFIER, ETHER // 2)
@@ -179,20 +180,29 @@ def test_settlement_stake_deposit_post_claim_balances_exact(
 
     fees = [6 * MILLI, 9 * MILLI]
     epoch = 1_000 + next(_labels)
-    tree = PayoutTree.for_epoch(epoch, {compute.address: 12 * MILLI, verifier.address: 3 * MILLI})
+    # A page of per-query fees pays only the deposits' own gateway: one leaf (QueryEscrow's
+    # page rule; a page that pays the nodes too reverts RootNotPayee, below)
+    tree = PayoutTree.for_epoch(epoch, {gateway: 15 * MILLI})
     assert tree.total == sum(fees)
     statement = PayoutRoot(
         epoch, tree.root, tree.total, queries_hash(queries, fees), deployment.address("QueryEscrow")
     )
     # 3 of 4 equal powers: 3·3 ≥ 2·4.
     sigs = committee_signatures(statement, COMMITTEE_KEYS[:3], relayer.committee.domain())
+    split = PayoutTree.for_epoch(epoch, {compute.address: 12 * MILLI, verifier.address: 3 * MILLI})
+    escrow = deployment.address("QueryEscrow")
+    spread = PayoutRoot(epoch, split.root, split.total, queries_hash(queries, fees), escrow)
+    spread_sigs = committee_signatures(spread, COMMITTEE_KEYS[:3], relayer.committee.domain())
+    with pytest.raises(ContractRevert) as not_payee:
+        relayer.escrow.post_payout_root(spread, queries, fees, spread_sigs)
+    assert not_payee.value.error_name == "RootNotPayee"
     posted = relayer.escrow.post_payout_root(statement, queries, fees, sigs)
     assert posted.event("PayoutRootPosted")["epoch"] == epoch
     assert not user.escrow.is_funded(queries[0]) and not user.escrow.is_funded(queries[1])
 
-    payout, proof = tree.proof_for(epoch, compute.address)
+    payout, proof = tree.proof_for(epoch, gateway)
     with pytest.raises(ChallengeWindowOpen) as early:
-        compute.escrow.claim(epoch, payout.amount, proof)
+        gateway_chain.escrow.claim(epoch, payout.amount, proof)
     assert early.value.named_args["epoch"] == epoch
 
     travel(anvil, CHALLENGE_WINDOW_S + 1)
@@ -201,22 +211,16 @@ def test_settlement_stake_deposit_post_claim_balances_exact(
     with pytest.raises(ContractRevert) as relayed:
         relayer.transact("QueryEscrow", "claim", epoch, payout.account, payout.amount, proof)
     assert relayed.value.error_name == "NotPayee"
-    # Each payee receives exactly its amount, minus exactly the fee it paid.
-    for node, amount in ((compute, 12 * MILLI), (verifier, 3 * MILLI)):
-        payout, proof = tree.proof_for(epoch, node.address)
-        before = node.balance()
-        claimed = node.escrow.claim(epoch, payout.amount, proof)
-        assert node.balance() - before == amount - claimed.fee_wei
-        assert claimed.event("Claimed") == {
-            "epoch": epoch,
-            "account": node.address,
-            "amount": amount,
-        }
-        assert node.escrow.is_claimed(epoch, node.address)
+    # The payee receives exactly its amount, minus exactly the fee it paid.
+    before = gateway_chain.balance()
+    claimed = gateway_chain.escrow.claim(epoch, payout.amount, proof)
+    assert gateway_chain.balance() - before == 15 * MILLI - claimed.fee_wei
+    assert claimed.event("Claimed") == {"epoch": epoch, "account": gateway, "amount": 15 * MILLI}
+    assert gateway_chain.escrow.is_claimed(epoch, gateway)
     assert verifier.escrow.epoch_of(epoch)["unclaimed"] == 0
 
     with pytest.raises(AlreadyClaimed):
-        verifier.escrow.claim(epoch, payout.amount, proof)
+        gateway_chain.escrow.claim(epoch, payout.amount, proof)
     with pytest.raises(InvalidClaim):  # a leaf the tree does not hold
         relayer.escrow.claim(epoch, 1, proof)
 

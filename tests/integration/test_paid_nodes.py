@@ -141,6 +141,8 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
             command += ["--endpoint", node.url, "--committee-rpc", committee.rpc]
             command += ["--credits-dir", str(home / "credits"), "--password-file", str(password)]
             command += ["--commit-dir", str(home / "served")]
+            # the price on the chain (set_price): clients pay it, never the node's /info alone
+            command += ["--credit-positions", str(PRICE_POSITIONS)]
             agents.append(spawn_logged(command, root / "run" / f"agent-{shard}.log"))
 
         def registered() -> bool:
