@@ -36,7 +36,6 @@ from node.server.payments import Account
 from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, short_tag
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
-from protocol.credits import spent_id
 from protocol.errors import BusyError, PlanetError, ProtocolError, RemoteError, UnavailableError
 from protocol.frames.codecs import decode_values, encode_body
 from protocol.frames.errors import (
@@ -49,6 +48,7 @@ from protocol.frames.errors import (
 from protocol.frames.header import FrameHeader, frame_sid, pack_frame, parse_frame
 from protocol.frames.sessions import session_tag
 from protocol.links import check_link
+from protocol.paid_credits import paid_spent_id
 from protocol.stream import (
     MAX_CONTROL_BYTES,
     MAX_SESSION_FRAMES,
@@ -368,7 +368,7 @@ async def _open_settling(state: NodeState, link: _Link, control: Control) -> Non
                         state,
                         link.ws,
                         control.sid,
-                        CreditNotTakenError(spent_id(credit.prepared), "the open failed"),
+                        CreditNotTakenError(paid_spent_id(credit), "the open failed"),
                     )
             raise
     log.info(
@@ -459,7 +459,7 @@ async def _pay(state: NodeState, link: _Link, control: Control) -> None:
     """A credit for a session this link opened (the client's link to this hop)."""
     if control.credit is None:  # parse_control sets it for every "pay"
         raise BadControlError("pay needs a credit")
-    identifier = spent_id(control.credit.prepared)
+    identifier = paid_spent_id(control.credit)  # either form: RSA or threshold
     route = link.opened.get(control.sid)
     if route is None:
         raise CreditNotTakenError(identifier, f"sid {control.sid} is not open on this link")
