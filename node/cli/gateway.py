@@ -348,6 +348,19 @@ def _serve_personal(args: argparse.Namespace) -> int:
                 f"{flag} is a hosted gateway's: it buys its own credits as it runs low",
                 hint="a personal client pays with the credits you buy: planet credits buy N",
             )
+    overlay = None  # the relays file is read first: its mistakes need no chain to find
+    if args.relays is not None:
+        from node.client.overlay import OverlayRoute, read_relays
+        from node.client.relay_guards import GUARDS_FILE as RELAY_GUARDS_FILE
+        from node.client.relay_guards import RelayGuards
+
+        n, k, length = args.overlay or (4, 3, 3)
+        guards = RelayGuards(planet_home() / RELAY_GUARDS_FILE)  # the paths' entry relays
+        overlay = OverlayRoute(
+            read_relays(args.relays), paths=n, needed=k, length=length, guards=guards
+        )
+    elif args.overlay is not None:
+        raise UsageError("--overlay shapes the paths of --relays", hint="add --relays FILE")
     chains = resolve_config({"committee_rpc": args.committee_rpc})
     manifest, private = _personal_devnet_defaults(args, chains.committee_rpc)
     config = GatewayConfig(
@@ -365,19 +378,6 @@ def _serve_personal(args: argparse.Namespace) -> int:
         private_endpoints=private,
         min_credit_positions=args.min_credit_positions,  # checked with the rest: validate()
     ).validate()
-    overlay = None
-    if args.relays is not None:
-        from node.client.overlay import OverlayRoute, read_relays
-        from node.client.relay_guards import GUARDS_FILE as RELAY_GUARDS_FILE
-        from node.client.relay_guards import RelayGuards
-
-        n, k, length = args.overlay or (4, 3, 3)
-        guards = RelayGuards(planet_home() / RELAY_GUARDS_FILE)  # the paths' entry relays
-        overlay = OverlayRoute(
-            read_relays(args.relays), paths=n, needed=k, length=length, guards=guards
-        )
-    elif args.overlay is not None:
-        raise UsageError("--overlay shapes the paths of --relays", hint="add --relays FILE")
     settings = PersonalSettings(
         overlay=overlay,
         credits_file=args.credits_file or planet_home() / "credits.json",
