@@ -302,3 +302,28 @@ class LinkMessage:
             except UnicodeDecodeError:
                 raise CellMalformed("text message", "not UTF-8") from None
         return cls(link, sequence, kind, body)
+
+
+class InOrder:
+    """One direction of a link: its messages handed on in sequence order, each once (they can
+    be recovered out of order when paths differ in latency). `add` returns the messages now in
+    order (a duplicate or stale one gives none), or None once more than `limit` wait behind a
+    gap that does not fill: the link is then over."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.expected = 0  # the next sequence number to hand on
+        self.early: dict[int, LinkMessage] = {}
+
+    def add(self, message: LinkMessage) -> list[LinkMessage] | None:
+        if message.sequence < self.expected or message.sequence in self.early:
+            return []
+        self.early[message.sequence] = message
+        if len(self.early) > self.limit:
+            self.early.clear()
+            return None
+        ready = []
+        while self.expected in self.early:
+            ready.append(self.early.pop(self.expected))
+            self.expected += 1
+        return ready

@@ -40,6 +40,7 @@ from protocol.overlay import (
     Cell,
     CellKind,
     Hop,
+    InOrder,
     LinkMessage,
     MessageKind,
     OverlayError,
@@ -147,8 +148,7 @@ class OverlayLink:
         self.k = k
         self.ident = os.urandom(16)
         self.sent = 0
-        self.expected = 0
-        self.early: dict[int, LinkMessage] = {}
+        self.order = InOrder(MAX_EARLY)  # what the node sends, handed on in sequence order
         self.inbox: asyncio.Queue[aiohttp.WSMessage | None] = asyncio.Queue()
         self.collector = sida.Collector()
         self.closed = False
@@ -237,21 +237,19 @@ class OverlayLink:
         if whole is None:
             return
         message = LinkMessage.from_bytes(whole)
-        if message.link != self.ident or message.sequence < self.expected:
+        if message.link != self.ident:
             return
-        self.early[message.sequence] = message
-        if len(self.early) > MAX_EARLY:
+        ready = self.order.add(message)
+        if ready is None:  # a gap that never fills: the link is over
             self.inbox.put_nowait(None)
             return
-        while self.expected in self.early:
-            ready = self.early.pop(self.expected)
-            self.expected += 1
-            if ready.kind is MessageKind.TEXT:
+        for one in ready:
+            if one.kind is MessageKind.TEXT:
                 self.inbox.put_nowait(
-                    aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, ready.body.decode(), None)
+                    aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, one.body.decode(), None)
                 )
-            elif ready.kind is MessageKind.BINARY:
-                self.inbox.put_nowait(aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, ready.body, None))
+            elif one.kind is MessageKind.BINARY:
+                self.inbox.put_nowait(aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, one.body, None))
             else:
                 self.inbox.put_nowait(None)
 

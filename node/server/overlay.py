@@ -33,7 +33,7 @@ from node.server.state import CONFIG_KEY, STATE_KEY, NodeState
 from node.server.stream import serve_link
 from protocol import sida
 from protocol.errors import ProtocolError
-from protocol.overlay import Cell, CellKind, LinkMessage, MessageKind, OverlayError
+from protocol.overlay import Cell, CellKind, InOrder, LinkMessage, MessageKind, OverlayError
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,7 @@ class OverlayLink:
     ident: bytes
     k: int
     paths: list[tuple[web.WebSocketResponse, int]] = field(default_factory=list)
-    expected: int = 0  # the next sequence number to hand to serve_link
-    early: dict[int, LinkMessage] = field(default_factory=dict)
+    order: InOrder = field(default_factory=lambda: InOrder(MAX_EARLY_MESSAGES))
     inbox: asyncio.Queue[aiohttp.WSMessage | None] = field(default_factory=asyncio.Queue)
     sent: int = 0  # sequence numbers of what the node sends back
     task: asyncio.Task[None] | None = None
@@ -65,24 +64,19 @@ class OverlayLink:
     def deliver(self, message: LinkMessage) -> None:
         """Queue `message` for serve_link in sequence order (a duplicate or stale one is
         dropped; too many out of order ends the link)."""
-        if message.sequence < self.expected or message.sequence in self.early:
-            return
-        self.early[message.sequence] = message
-        if len(self.early) > MAX_EARLY_MESSAGES:  # a gap that never fills: the link is over
-            self.early.clear()
+        ready = self.order.add(message)
+        if ready is None:  # a gap that never fills: the link is over
             self.inbox.put_nowait(None)
             return
-        while self.expected in self.early:
-            ready = self.early.pop(self.expected)
-            self.expected += 1
-            if ready.kind is MessageKind.CLOSE:
+        for one in ready:
+            if one.kind is MessageKind.CLOSE:
                 self.inbox.put_nowait(None)
-            elif ready.kind is MessageKind.TEXT:
+            elif one.kind is MessageKind.TEXT:
                 self.inbox.put_nowait(
-                    aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, ready.body.decode(), None)
+                    aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, one.body.decode(), None)
                 )
             else:
-                self.inbox.put_nowait(aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, ready.body, None))
+                self.inbox.put_nowait(aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, one.body, None))
 
     # -- what serve_link sees as its WebSocket -------------------------------------------------
 

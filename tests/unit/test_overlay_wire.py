@@ -137,3 +137,15 @@ def test_link_messages_are_strict() -> None:
     with pytest.raises(CellMalformed, match="shorter"):
         LinkMessage.from_bytes(b"short")
     assert Cell(CellKind.DESTROY, 3).to_bytes() == b"\x04" + (3).to_bytes(8, "big")
+
+
+def test_link_messages_are_handed_on_in_order_once() -> None:
+    order = overlay.InOrder(limit=3)
+    message = [LinkMessage(b"l" * 16, i, MessageKind.BINARY, bytes([i])) for i in range(6)]
+    assert order.add(message[1]) == [] and order.add(message[2]) == []  # waiting on 0
+    assert order.add(message[0]) == message[:3]
+    assert order.add(message[1]) == [] and order.add(message[0]) == []  # stale: dropped
+    assert order.add(message[3]) == [message[3]]
+    gap = overlay.InOrder(limit=2)
+    assert gap.add(message[2]) == [] and gap.add(message[3]) == []
+    assert gap.add(message[4]) is None  # three behind a gap that does not fill: over
