@@ -115,6 +115,31 @@ class CreditPurchase(TypedStruct):
     )
 
 
+def sign_purchase(
+    payer_key: bytes,
+    identifier: str,
+    count: int,
+    price_wei: int,
+    expiry: int,
+    chain_id: int,
+    escrow: str,
+) -> tuple[int, str]:
+    """(amount, "0x" signature): the payer's `CreditPurchase` of `count` credits at
+    `price_wei` each for mint `identifier` ("0x" + 64 hex), bound to `escrow` on `chain_id`;
+    either mint form (RSA or threshold) carries the two."""
+    from protocol.payment import payment_domain  # eth_utils: only when a purchase is signed
+
+    amount = count * price_wei
+    purchase = CreditPurchase(
+        mint_id=bytes.fromhex(identifier[2:]),
+        credits=count,
+        amount=amount,
+        expiry=expiry,
+        consumer=escrow,
+    )
+    return amount, "0x" + purchase.sign(payer_key, payment_domain(chain_id, escrow)).hex()
+
+
 @dataclass(frozen=True, slots=True)
 class Credit:
     """A finalized credit: the epoch of its keys, the prepared message, and one signature per

@@ -44,17 +44,16 @@ from protocol.credits import (
     ChainClock,
     Credit,
     CreditInvalidError,
-    CreditPurchase,
     EpochKeys,
     check_credit,
     credit_message,
     epoch_keys_from_query,
     mint_id,
+    sign_purchase,
 )
 from protocol.eip712 import address_of
 from protocol.errors import ProtocolError, UsageError
 from protocol.paid_credits import PaidCredit, credit_json, expiry_epoch
-from protocol.payment import payment_domain
 
 
 class MintIncomplete(ProtocolError):
@@ -119,22 +118,16 @@ class MintRequest:
             secret_list.append(_Secret(prepared, inverses))
         frozen = {address: tuple(messages) for address, messages in blinded.items()}
         identifier = mint_id(payer, keys.epoch, frozen)
-        amount = count * price_wei
-        purchase = CreditPurchase(
-            mint_id=bytes.fromhex(identifier[2:]),
-            credits=count,
-            amount=amount,
-            expiry=expiry,
-            consumer=escrow,
+        amount, signature = sign_purchase(
+            payer_key, identifier, count, price_wei, expiry, chain_id, escrow
         )
-        signature = purchase.sign(payer_key, payment_domain(chain_id, escrow))
         body = Mint(
             payer=payer,
             epoch=keys.epoch,
             blinded=frozen,
             amount=amount,
             expiry=expiry,
-            signature="0x" + signature.hex(),
+            signature=signature,
         )
         return cls(body=body, mint_id=identifier, secrets=tuple(secret_list))
 

@@ -25,10 +25,9 @@ from typing import Any
 from protocol import blind_bls, bls
 from protocol.blind_bls import Blinding, ThresholdCredit
 from protocol.committee.threshold_credits import MAX_THRESHOLD_MINT, ThresholdMint
-from protocol.credits import CreditPurchase
+from protocol.credits import sign_purchase
 from protocol.eip712 import address_of
 from protocol.errors import ProtocolError
-from protocol.payment import payment_domain
 from protocol.threshold_mint import PeriodKey, threshold_mint_id
 
 
@@ -64,22 +63,16 @@ class ThresholdMintRequest:
         points = tuple(b.blinded for b in blindings)
         payer = address_of(payer_key).lower()
         identifier = threshold_mint_id(payer, period.period, points)
-        amount = count * price_wei
-        purchase = CreditPurchase(
-            mint_id=bytes.fromhex(identifier[2:]),
-            credits=count,
-            amount=amount,
-            expiry=expiry,
-            consumer=escrow,
+        amount, signature = sign_purchase(
+            payer_key, identifier, count, price_wei, expiry, chain_id, escrow
         )
-        signature = purchase.sign(payer_key, payment_domain(chain_id, escrow))
         body = ThresholdMint(
             payer=payer,
             period=period.period,
             blinded=points,
             amount=amount,
             expiry=expiry,
-            signature="0x" + signature.hex(),
+            signature=signature,
         )
         return cls(body, identifier, blindings)
 
