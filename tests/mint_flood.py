@@ -6,9 +6,8 @@ list ordered by id. Used by the unit and integration tests and bench/credits.py.
 from __future__ import annotations
 
 from protocol.committee.credits import Mint
-from protocol.credits import CreditPurchase, EpochKeys, mint_id
+from protocol.credits import EpochKeys, mint_id, sign_purchase
 from protocol.eip712 import address_of
-from protocol.payment import payment_domain
 
 
 def junk_mint(
@@ -34,20 +33,13 @@ def junk_mint(
         if identifier < below:
             break
         counter += 1
-    purchase = CreditPurchase(
-        mint_id=bytes.fromhex(identifier[2:]),
-        credits=1,
-        amount=price_wei,
-        expiry=expiry,
-        consumer=escrow,
-    )
-    signature = purchase.sign(payer_key, payment_domain(chain_id, escrow))
+    amount, signature = sign_purchase(payer_key, identifier, 1, price_wei, expiry, chain_id, escrow)
     body = Mint(
         payer=payer,
         epoch=keys.epoch,
         blinded=blinded,
-        amount=price_wei,
+        amount=amount,
         expiry=expiry,
-        signature="0x" + signature.hex(),
+        signature=signature,
     )
     return identifier, body
