@@ -25,14 +25,15 @@ if [ "$#" -gt 0 ]; then
   pytest tests --durations=30 "$@"
   exit
 fi
-# Two lanes side by side: one test process alone leaves a core idle most of the time (waiting on
-# blocks, links and other processes). Lane `e2e`: the devnets and the tests marked `e2e_lane`
-# (those on the devnets' ports 8000-8999, 18100-19999, 27000-29999 or in network namespaces,
-# and a few long benchmark smokes that even the lanes: ~28-30 min each on a quiet 2-core machine, CPU-bound); lane `rest`:
-# every other test, on its lane's half of 10000-17999 (harness/ports.py) or its module's own
-# share of 20000-26999, so nothing in one lane binds a port the other is about to. Each line says its lane; both lanes always finish,
-# and the run fails if either does. The shared model cache is filled first, so the lanes never
-# prepare the same shard set at once.
+# Lanes side by side: one test process alone leaves a core idle most of the time (waiting on
+# blocks, links and other processes). harness/lanes.py splits the collected tests into
+# $PLANET_TEST_LANES lanes (default 4) longest-first by tests/durations.json, whole modules at a
+# time; each lane runs in a network namespace of its own, so the lanes' devnets, fixed ports and
+# servers never meet. Without root (no namespaces) two lanes split by marker instead: `e2e`
+# (the devnets and the tests marked `e2e_lane`: the devnets' ports or network namespaces) and
+# `rest`, each on its half of the test ports (harness/ports.py). Each line says its lane; every
+# lane finishes, and the run fails if any does. The shared model cache is filled first, so the
+# lanes never prepare the same shard set at once.
 python -m harness.warm_models
 # One intra-op thread per torch process in the lanes (every process a test starts inherits it;
 # `planet node serve` already defaults to half the cores, 1 here): the two lanes keep both cores
@@ -43,30 +44,60 @@ python -m harness.warm_models
 # thread) 95 s -> 94 s of CPU.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 lanes=$(mktemp -d "${TMPDIR:-/tmp}/planet-lanes.XXXXXX")
-trap 'kill 0' INT TERM
+namespaces=()
+stop_namespaces() {
+  for ns in "${namespaces[@]}"; do
+    left=$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ')
+    if [ -n "$left" ]; then
+      printf 'lane namespace %s: processes left running, killed: %s\n' "$ns" "$left" >&2
+      kill -9 $left 2>/dev/null || true
+    fi
+    ip netns del "$ns" 2>/dev/null || true
+  done
+}
+trap 'stop_namespaces; kill 0' INT TERM
+trap stop_namespaces EXIT
 lane() {
-  local name=$1 ports=$2
-  shift 2
+  local name=$1
+  shift
   {
     rc=0
-    PLANET_TEST_PORTS=$ports pytest "$@" --durations=20 --basetemp="$lanes/$name" 2>&1 |
-      tee "$lanes/$name.log" || rc=$?
+    "$@" --durations=20 --basetemp="$lanes/$name" 2>&1 | tee "$lanes/$name.log" || rc=$?
     echo "$rc" >"$lanes/$name.rc"
   } |
     sed -u "s/^/[$name] /"
 }
-# harness/ports.py draws the tests' own loopback ports: each lane from its half of 10000-17999
-lane e2e 10000-13999 tests -m "e2e or e2e_lane" &
-lane rest 14000-17999 tests -m "not (e2e or e2e_lane)"
-wait
+count=${PLANET_TEST_LANES:-4}
+probe="planet-probe-$$"
+if [ "$(id -u)" = 0 ] && ip netns add "$probe" 2>/dev/null; then
+  ip netns del "$probe"
+  names=()
+  for ((i = 0; i < count; i++)); do
+    ns="planet-lane-$$-$i"
+    ip netns add "$ns"
+    namespaces+=("$ns")
+    ip netns exec "$ns" ip link set lo up
+    names+=("lane$i")
+    lane "lane$i" ip netns exec "$ns" env PLANET_LANE="$i/$count" pytest tests -p harness.lanes &
+  done
+  wait
+else
+  names=(e2e rest)
+  PLANET_TEST_PORTS=10000-13999 lane e2e pytest tests -m "e2e or e2e_lane" &
+  PLANET_TEST_PORTS=14000-17999 lane rest pytest tests -m "not (e2e or e2e_lane)"
+  wait
+fi
 status=0
-step "both lanes' results"
-for name in e2e rest; do
+step "the lanes' results"
+for name in "${names[@]}"; do
   rc=$(cat "$lanes/$name.rc" 2>/dev/null || echo 1)
   printf 'lane %s: pytest exit %s\n' "$name" "$rc" >&2
   # unprefixed, as pytest printed them, for whoever reads the run's failures from its end
   grep -E '^(FAILED|ERROR) |^=+ .*(passed|failed|error)' "$lanes/$name.log" || true
   [ "$rc" = 0 ] || status=1
 done
+if [ "${#namespaces[@]}" -gt 0 ]; then
+  python -m harness.lanes check "$lanes"/lane*.log || status=1
+fi
 if [ "$status" = 0 ]; then rm -rf "$lanes"; else printf 'test files kept in %s\n' "$lanes" >&2; fi
 exit "$status"

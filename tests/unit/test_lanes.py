@@ -1,0 +1,99 @@
+"""harness/lanes.py: the lanes of deploy/test.sh together run every collected test once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.lanes import check, parse_lane, plan, record, unit_of
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+NODEIDS = [
+    "tests/unit/test_a.py::test_one",
+    "tests/unit/test_a.py::test_two",
+    "tests/unit/test_b.py::test_one",
+    "tests/integration/test_bench_smoke.py::test_bench_quick_run_prints_one_benchmark_object[zk]",
+    "tests/integration/test_bench_smoke.py::test_bench_quick_run_prints_one_benchmark_object[wan]",
+    "tests/integration/test_nodes.py::test_x",
+    "tests/e2e/test_dapp.py::test_page",
+    "tests/e2e/test_devnet.py::test_up",
+    "tests/e2e/test_verification_devnet.py::test_slash",
+    "tests/e2e/test_local_cli.py::test_up",
+]
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 3, 4, 7, 20])
+def test_every_test_is_in_exactly_one_lane_and_lanes_agree(lanes: int) -> None:
+    known = {"tests/e2e/test_verification_devnet.py": 600.0, "tests/unit/test_b.py": 3.0}
+    assigned = plan(NODEIDS, lanes, known)
+    again = plan(list(reversed(NODEIDS)), lanes, dict(reversed(list(known.items()))))
+    assert assigned == again  # every lane computes the same plan, whatever the order
+    per_lane = [[n for n in NODEIDS if assigned[unit_of(n)] == i] for i in range(lanes)]
+    assert sorted(n for lane in per_lane for n in lane) == sorted(NODEIDS)
+    assert all(0 <= lane < lanes for lane in assigned.values())
+
+
+def test_a_module_stays_in_one_lane_the_smokes_split_and_the_shared_devnet_is_one_unit() -> None:
+    assigned = plan(NODEIDS, 4, {})
+    lane_of = {n: assigned[unit_of(n)] for n in NODEIDS}
+    assert lane_of["tests/unit/test_a.py::test_one"] == lane_of["tests/unit/test_a.py::test_two"]
+    dapp, devnet = "tests/e2e/test_dapp.py::test_page", "tests/e2e/test_devnet.py::test_up"
+    assert lane_of[dapp] == lane_of[devnet]
+    smokes = [n for n in NODEIDS if "bench_smoke" in n]
+    assert {unit_of(n) for n in smokes} == set(smokes)
+
+
+def test_longest_first_puts_the_long_modules_apart() -> None:
+    known = {
+        "tests/e2e/test_verification_devnet.py": 600.0,
+        "tests/e2e/test_local_cli.py": 500.0,
+        "tests/e2e/test_dapp.py + tests/e2e/test_devnet.py": 400.0,
+    }
+    assigned = plan(NODEIDS, 3, known)
+    heavy = [assigned[u] for u in known]
+    assert sorted(heavy) == [0, 1, 2]
+
+
+def test_parse_lane_refuses_out_of_range() -> None:
+    assert parse_lane("2/4") == (2, 4)
+    for bad in ("4/4", "-1/4", "a/b", "3", "1/0"):
+        with pytest.raises(ValueError):
+            parse_lane(bad)
+
+
+def test_record_sums_each_unit_from_junit(tmp_path: Path) -> None:
+    junit = tmp_path / "lane.xml"
+    junit.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.unit.test_a" name="test_one" time="1.5"/>'
+        '<testcase classname="tests.unit.test_a" name="test_two" time="2.0"/>'
+        '<testcase classname="tests.unit.test_c.TestGroup" name="test_in_class" time="0.25"/>'
+        '<testcase classname="tests.integration.test_bench_smoke" '
+        'name="test_bench_quick_run_prints_one_benchmark_object[zk]" time="30"/>'
+        "</testsuite></testsuites>"
+    )
+    assert record([junit]) == {
+        "tests/integration/test_bench_smoke.py::"
+        "test_bench_quick_run_prints_one_benchmark_object[zk]": 30.0,
+        "tests/unit/test_a.py": 3.5,
+        "tests/unit/test_c.py": 0.2,
+    }
+
+
+def test_check_fails_when_the_lanes_ran_fewer_than_collected(tmp_path: Path) -> None:
+    (tmp_path / "lane0.log").write_text("x\nlane 0/2: 5 of 9 tests\n")
+    (tmp_path / "lane1.log").write_text("lane 1/2: 4 of 9 tests\n")
+    assert check(sorted(tmp_path.glob("*.log"))) == (9, {9})
+    (tmp_path / "lane1.log").write_text("lane 1/2: 3 of 9 tests\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.lanes", "check", *map(str, tmp_path.glob("*.log"))],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1 and "lanes ran 8 tests; collected [9]" in done.stderr
+
