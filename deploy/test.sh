@@ -27,9 +27,10 @@ if [ "$#" -gt 0 ]; then
 fi
 # Lanes side by side: one test process alone leaves a core idle most of the time (waiting on
 # blocks, links and other processes). harness/lanes.py splits the collected tests into
-# $PLANET_TEST_LANES lanes (default 4) longest-first by tests/durations.json, whole modules at a
+# $PLANET_TEST_LANES lanes (default 3) longest-first by tests/durations.json, whole modules at a
 # time; each lane runs in a network namespace of its own, so the lanes' devnets, fixed ports and
-# servers never meet. Without root (no namespaces) two lanes split by marker instead: `e2e`
+# servers never meet; the devnets' memory is shared out by harness/lanes.py's gate (four lanes
+# with their devnets filled this 23 GiB machine). Without root (no namespaces) two lanes split by marker instead: `e2e`
 # (the devnets and the tests marked `e2e_lane`: the devnets' ports or network namespaces) and
 # `rest`, each on its half of the test ports (harness/ports.py). Each line says its lane; every
 # lane finishes, and the run fails if any does. The shared model cache is filled first, so the
@@ -67,7 +68,7 @@ lane() {
   } |
     sed -u "s/^/[$name] /"
 }
-count=${PLANET_TEST_LANES:-4}
+count=${PLANET_TEST_LANES:-3}
 probe="planet-probe-$$"
 if [ "$(id -u)" = 0 ] && ip netns add "$probe" 2>/dev/null; then
   ip netns del "$probe"
@@ -78,7 +79,8 @@ if [ "$(id -u)" = 0 ] && ip netns add "$probe" 2>/dev/null; then
     namespaces+=("$ns")
     ip netns exec "$ns" ip link set lo up
     names+=("lane$i")
-    lane "lane$i" ip netns exec "$ns" env PLANET_LANE="$i/$count" pytest tests -p harness.lanes &
+    lane "lane$i" ip netns exec "$ns" env PLANET_LANE="$i/$count" PLANET_LANE_GATE="$lanes" \
+      pytest tests -p harness.lanes &
   done
   wait
 else

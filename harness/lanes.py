@@ -19,13 +19,22 @@ Units:
 
 deploy/test.sh runs each lane in its own network namespace, so the lanes' servers, devnets and
 fixed ports never meet.
+
+Memory: a python process that imports torch (the CUDA build) holds ~300 MB of its own before it
+loads a weight, so a devnet with verifiers holds 10+ GB. Units listed in `WEIGHTS_GB` take their
+weight from one budget shared by the lanes (`PLANET_LANE_GATE`: a folder for the budget's file)
+before their first test and give it back after their last; a lane whose next unit does not fit
+waits (and says how long at the end). An even lane runs its heavy units first, an odd lane
+last, so they rarely wait.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
+import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -39,10 +48,24 @@ SPLIT = frozenset({"tests/integration/test_bench_smoke.py"})
 TOGETHER = (frozenset({"tests/e2e/test_dapp.py", "tests/e2e/test_devnet.py"}),)
 DEFAULT_S = {"tests/unit": 0.1, "tests/dapp": 0.5, "tests/integration": 10.0, "tests/e2e": 60.0}
 UNKNOWN_S = 5.0
+HEAVY_FOLDER, HEAVY_S = "tests/e2e/", 100.0  # a whole devnet for this long: see lane_order
+# peak GB a unit's processes hold (nodes ~0.9, verifiers ~1.5, gateways ~0.7 each), measured
+# on this machine's runs; every other unit is taken as fitting beside them
+WEIGHTS_GB = {
+    "tests/e2e/test_verification_devnet.py": 12.0,  # 4 verifiers, 6 nodes, the gateway
+    "tests/e2e/test_devnet_hosts.py": 9.0,  # 4 verifiers, 3 nodes, the gateway
+    "tests/e2e/test_dapp.py + tests/e2e/test_devnet.py": 5.0,  # 3 nodes, joiners, Chromium
+    "tests/e2e/test_verifier_network.py": 5.0,  # 3 nodes, a verifier, the gateway
+    "tests/e2e/test_spotcheck_network.py": 4.0,
+    "tests/e2e/test_local_cli.py": 3.0,
+    "tests/integration/test_bench_smoke.py::"
+    "test_bench_quick_run_prints_one_benchmark_object[resilience]": 8.0,  # 9 nodes
+}
+RESERVED_GB = 9.0  # the lanes' own pytest processes and the units not weighed
 
 
 def parse_lane(text: str) -> tuple[int, int]:
-    """"I/N" -> (I, N), 0 <= I < N."""
+    """`I/N` -> (I, N), 0 <= I < N."""
     index, _, count = text.partition("/")
     if not (index.isdigit() and count.isdigit() and 0 <= int(index) < int(count)):
         raise ValueError(f"PLANET_LANE must be I/N with 0 <= I < N, got {text!r}")
@@ -66,16 +89,21 @@ def default_seconds(nodeid: str) -> float:
     return UNKNOWN_S
 
 
-def plan(nodeids: Sequence[str], lanes: int, known: dict[str, float]) -> dict[str, int]:
-    """Unit -> lane for the units of `nodeids`, longest-first by `known` seconds per unit."""
+def expected_seconds(nodeids: Sequence[str], known: dict[str, float]) -> dict[str, float]:
+    """Seconds each unit of `nodeids` is expected to take: `known`'s, or its tests' defaults."""
     expected: dict[str, float] = defaultdict(float)
     for nodeid in nodeids:
         unit = unit_of(nodeid)
-        if unit not in known:
-            expected[unit] += default_seconds(nodeid)
-    for unit in {unit_of(n) for n in nodeids}:
         if unit in known:
             expected[unit] = known[unit]
+        else:
+            expected[unit] += default_seconds(nodeid)
+    return dict(expected)
+
+
+def plan(nodeids: Sequence[str], lanes: int, known: dict[str, float]) -> dict[str, int]:
+    """Unit -> lane for the units of `nodeids`, longest-first by `known` seconds per unit."""
+    expected = expected_seconds(nodeids, known)
     load = [0.0] * lanes
     assigned: dict[str, int] = {}
     for unit in sorted(expected, key=lambda u: (-expected[u], u)):
@@ -83,6 +111,19 @@ def plan(nodeids: Sequence[str], lanes: int, known: dict[str, float]) -> dict[st
         assigned[unit] = lane
         load[lane] += expected[unit]
     return assigned
+
+
+def lane_order(units: Sequence[str], expected: dict[str, float], index: int) -> list[str]:
+    """`units` (one lane's, in collection order) with its devnets placed so that the lanes do
+    not all hold one at once: an even lane runs its heavy units first, an odd lane last. Each
+    devnet is ~20 processes and several GB; four at once filled this 23 GiB machine."""
+    heavy = [u for u in units if is_heavy(u, expected[u])]
+    light = [u for u in units if u not in heavy]
+    return heavy + light if index % 2 == 0 else light + heavy
+
+
+def is_heavy(unit: str, seconds: float) -> bool:
+    return unit.startswith(HEAVY_FOLDER) and seconds >= HEAVY_S
 
 
 def known_durations(path: Path = DURATIONS) -> dict[str, float]:
@@ -97,13 +138,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not text:
         return
     index, count = parse_lane(text)
-    assigned = plan([item.nodeid for item in items], count, known_durations())
-    kept = [item for item in items if assigned[unit_of(item.nodeid)] == index]
-    dropped = [item for item in items if assigned[unit_of(item.nodeid)] != index]
+    nodeids = [item.nodeid for item in items]
+    known = known_durations()
+    assigned = plan(nodeids, count, known)
+    expected = expected_seconds(nodeids, known)
+    mine: dict[str, list[pytest.Item]] = {}
+    dropped = []
+    for item in items:
+        unit = unit_of(item.nodeid)
+        if assigned[unit] == index:
+            mine.setdefault(unit, []).append(item)
+        else:
+            dropped.append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     total = len(items)
-    items[:] = kept
+    items[:] = [item for unit in lane_order(list(mine), expected, index) for item in mine[unit]]
+    kept = items
+    folder = os.environ.get("PLANET_LANE_GATE", "")
+    if folder:
+        _GATED["gate"] = Gate(Path(folder), index)
+        for unit, unit_items in mine.items():
+            if unit in WEIGHTS_GB:
+                _GATED[unit_items[0].nodeid] = ("take", WEIGHTS_GB[unit])
+                _GATED[unit_items[-1].nodeid + " end"] = ("give_back", 0.0)
     # one line the run's end reads to check that the lanes together ran every test
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     line = f"lane {index}/{count}: {len(kept)} of {total} tests"
@@ -111,6 +169,69 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reporter.write_line(line)
     else:
         print(line, file=sys.stderr)
+
+
+_GATED: dict[str, object] = {}  # "gate": this lane's Gate; first/last nodeids of weighed units
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    step = _GATED.get(item.nodeid)
+    if isinstance(step, tuple):
+        _GATED["gate"].take(step[1])  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
+    yield
+    if item.nodeid + " end" in _GATED:
+        _GATED["gate"].give_back()  # type: ignore[attr-defined]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    gate = _GATED.get("gate")
+    if isinstance(gate, Gate):
+        terminalreporter.write_line(f"lane waited {gate.waited_s:.0f} s for memory")
+
+
+def budget_gb() -> float:
+    """GB the weighed units may hold at once: the machine's memory less `RESERVED_GB`, and never
+    less than the heaviest unit (which then runs alone)."""
+    total_kb = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            total_kb = int(line.split()[1])
+    return max(max(WEIGHTS_GB.values()), total_kb / 2**20 - RESERVED_GB)
+
+
+class Gate:
+    """The lanes' shared memory budget: a JSON file of {lane: GB held}, read and written under
+    an exclusive lock on its folder's lock file."""
+
+    def __init__(self, folder: Path, lane: int) -> None:
+        self.lock, self.state, self.lane = folder / "gate.lock", folder / "gate.json", str(lane)
+        self.waited_s = 0.0
+
+    def _update(self, change: dict[str, float] | None, fits: float | None) -> bool:
+        with open(self.lock, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            held = json.loads(self.state.read_text()) if self.state.is_file() else {}
+            others = sum(v for k, v in held.items() if k != self.lane)
+            if fits is not None and others and others + fits > budget_gb():
+                return False
+            held.pop(self.lane, None)
+            held.update(change or {})
+            self.state.write_text(json.dumps(held))
+            return True
+
+    def take(self, gb: float) -> None:
+        start = time.monotonic()
+        while not self._update({self.lane: gb}, gb):
+            time.sleep(1.0)
+        self.waited_s += time.monotonic() - start
+
+    def give_back(self) -> None:
+        self._update(None, None)
 
 
 def record(junit_files: Iterable[Path]) -> dict[str, float]:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from harness.lanes import check, parse_lane, plan, record, unit_of
+from harness.lanes import Gate, check, lane_order, parse_lane, plan, record, unit_of
 
 pytestmark = pytest.mark.unit
 
@@ -97,3 +99,38 @@ def test_check_fails_when_the_lanes_ran_fewer_than_collected(tmp_path: Path) -> 
     )  # fmt: skip
     assert done.returncode == 1 and "lanes ran 8 tests; collected [9]" in done.stderr
 
+
+def test_heavy_units_run_first_in_even_lanes_and_last_in_odd_ones() -> None:
+    units = [
+        "tests/dapp/test_x.py",
+        "tests/e2e/test_verification_devnet.py",
+        "tests/unit/test_y.py",
+    ]
+    expected = {units[0]: 5.0, units[1]: 400.0, units[2]: 1.0}
+    assert lane_order(units, expected, 0) == [units[1], units[0], units[2]]
+    assert lane_order(units, expected, 1) == [units[0], units[2], units[1]]
+
+
+def test_a_weighed_unit_waits_until_the_budget_fits_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("harness.lanes.budget_gb", lambda: 14.0)
+    first, second = Gate(tmp_path, 0), Gate(tmp_path, 1)
+    first.take(12.0)
+    taken = threading.Event()
+    waiter = threading.Thread(target=lambda: (second.take(9.0), taken.set()))
+    waiter.start()
+    assert not taken.wait(2.5)  # 12 + 9 > 14: the second lane waits
+    first.give_back()
+    assert taken.wait(5.0)
+    waiter.join()
+    assert json.loads((tmp_path / "gate.json").read_text()) == {"1": 9.0}
+    assert second.waited_s >= 2.0
+    first.take(3.0)  # 9 + 3 fits beside it
+    assert json.loads((tmp_path / "gate.json").read_text()) == {"1": 9.0, "0": 3.0}
+
+
+def test_a_unit_heavier_than_the_budget_runs_alone_instead_of_never(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr("harness.lanes.budget_gb", lambda: 10.0)
+    Gate(tmp_path, 0).take(12.0)  # nothing else held: it runs
+    assert json.loads((tmp_path / "gate.json").read_text()) == {"0": 12.0}
