@@ -62,6 +62,8 @@ WEIGHTS_GB = {
     "test_bench_quick_run_prints_one_benchmark_object[resilience]": 8.0,  # 9 nodes
 }
 RESERVED_GB = 9.0  # the lanes' own pytest processes and the units not weighed
+SPARE_GB = 2.0  # free beyond a unit's weight before it starts
+WAIT_S = 900.0  # after this long a unit starts when the budget fits it, whatever is free
 
 
 def parse_lane(text: str) -> tuple[int, int]:
@@ -204,6 +206,14 @@ def budget_gb() -> float:
     return max(max(WEIGHTS_GB.values()), total_kb / 2**20 - RESERVED_GB)
 
 
+def available_gb() -> float:
+    """MemAvailable, in GB."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return float("inf")
+
+
 class Gate:
     """The lanes' shared memory budget: a JSON file of {lane: GB held}, read and written under
     an exclusive lock on its folder's lock file."""
@@ -219,16 +229,19 @@ class Gate:
             others = sum(v for k, v in held.items() if k != self.lane)
             if fits is not None and others and others + fits > budget_gb():
                 return False
+            if fits is not None and available_gb() < fits + SPARE_GB and self.waited_s < WAIT_S:
+                return False  # something outside the lanes holds the memory (another run)
             held.pop(self.lane, None)
             held.update(change or {})
             self.state.write_text(json.dumps(held))
             return True
 
     def take(self, gb: float) -> None:
-        start = time.monotonic()
+        start, before = time.monotonic(), self.waited_s
         while not self._update({self.lane: gb}, gb):
             time.sleep(1.0)
-        self.waited_s += time.monotonic() - start
+            self.waited_s = before + time.monotonic() - start
+        self.waited_s = before + time.monotonic() - start
 
     def give_back(self) -> None:
         self._update(None, None)

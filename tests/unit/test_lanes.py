@@ -113,6 +113,7 @@ def test_heavy_units_run_first_in_even_lanes_and_last_in_odd_ones() -> None:
 
 def test_a_weighed_unit_waits_until_the_budget_fits_it(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr("harness.lanes.budget_gb", lambda: 14.0)
+    monkeypatch.setattr("harness.lanes.available_gb", lambda: 100.0)
     first, second = Gate(tmp_path, 0), Gate(tmp_path, 1)
     first.take(12.0)
     taken = threading.Event()
@@ -132,5 +133,21 @@ def test_a_unit_heavier_than_the_budget_runs_alone_instead_of_never(
     tmp_path: Path, monkeypatch
 ) -> None:
     monkeypatch.setattr("harness.lanes.budget_gb", lambda: 10.0)
+    monkeypatch.setattr("harness.lanes.available_gb", lambda: 100.0)
     Gate(tmp_path, 0).take(12.0)  # nothing else held: it runs
     assert json.loads((tmp_path / "gate.json").read_text()) == {"0": 12.0}
+
+
+def test_a_weighed_unit_waits_while_memory_outside_the_lanes_is_short(
+    tmp_path: Path, monkeypatch
+) -> None:
+    free = [3.0]
+    monkeypatch.setattr("harness.lanes.budget_gb", lambda: 14.0)
+    monkeypatch.setattr("harness.lanes.available_gb", lambda: free[0])
+    gate, taken = Gate(tmp_path, 0), threading.Event()
+    waiter = threading.Thread(target=lambda: (gate.take(5.0), taken.set()))
+    waiter.start()
+    assert not taken.wait(2.5)  # 3 GB free < 5 + 2
+    free[0] = 8.0
+    assert taken.wait(5.0)
+    waiter.join()
