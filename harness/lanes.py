@@ -38,6 +38,7 @@ import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -159,11 +160,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     kept = items
     folder = os.environ.get("PLANET_LANE_GATE", "")
     if folder:
-        _GATED["gate"] = Gate(Path(folder), index)
-        for unit, unit_items in mine.items():
-            if unit in WEIGHTS_GB:
-                _GATED[unit_items[0].nodeid] = ("take", WEIGHTS_GB[unit])
-                _GATED[unit_items[-1].nodeid + " end"] = ("give_back", 0.0)
+        order = lane_order(list(mine), expected, index)
+        _LANE.gate = Gate(Path(folder), index)
+        _LANE.units = [(mine[unit], WEIGHTS_GB.get(unit, 0.0)) for unit in order]
     # one line the run's end reads to check that the lanes together ran every test
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     line = f"lane {index}/{count}: {len(kept)} of {total} tests"
@@ -173,27 +172,65 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         print(line, file=sys.stderr)
 
 
-_GATED: dict[str, object] = {}  # "gate": this lane's Gate; first/last nodeids of weighed units
+@dataclass
+class _Lane:
+    """This lane's gate and units (items, GB), once collection chose them."""
+
+    gate: Gate | None = None
+    units: list[tuple[list[pytest.Item], float]] = field(default_factory=list)
+
+
+_LANE = _Lane()
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    step = _GATED.get(item.nodeid)
-    if isinstance(step, tuple):
-        _GATED["gate"].take(step[1])  # type: ignore[attr-defined]
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """With a gate: run this lane's units one after another, each whole, and when the next
+    weighed unit does not fit the memory budget now, run a unit that does first (every unit
+    still runs once; a unit's tests keep their order, so its fixtures are set up once)."""
+    gate = _LANE.gate
+    if gate is None or session.config.option.collectonly:
+        return None
+    if session.testsfailed and not session.config.option.continue_on_collection_errors:
+        raise session.Interrupted(f"{session.testsfailed} errors during collection")
+    pending = list(_LANE.units)
+    current = _next_unit(pending, gate)
+    while current is not None:
+        items, weight = current
+        if weight:
+            gate.take(weight)
+        following = None
+        for position, item in enumerate(items):
+            if position + 1 < len(items):
+                nextitem: pytest.Item | None = items[position + 1]
+            else:  # the unit's last test: which unit comes next decides what it tears down
+                following = _next_unit(pending, gate)
+                nextitem = following[0][0] if following else None
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+            if session.shouldfail:
+                raise session.Failed(session.shouldfail)
+            if session.shouldstop:
+                raise session.Interrupted(session.shouldstop)
+        if weight:
+            gate.give_back()
+        current = following
+    return True
 
 
-@pytest.hookimpl(hookwrapper=True, trylast=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
-    yield
-    if item.nodeid + " end" in _GATED:
-        _GATED["gate"].give_back()  # type: ignore[attr-defined]
+def _next_unit(
+    pending: list[tuple[list[pytest.Item], float]], gate: Gate
+) -> tuple[list[pytest.Item], float] | None:
+    """The first pending unit that needs no memory or fits it now; else the first (its lane
+    then waits for the budget). Taken out of `pending`."""
+    for position, (_items, weight) in enumerate(pending):
+        if not weight or gate.fits(weight):
+            return pending.pop(position)
+    return pending.pop(0) if pending else None
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
-    gate = _GATED.get("gate")
-    if isinstance(gate, Gate):
-        terminalreporter.write_line(f"lane waited {gate.waited_s:.0f} s for memory")
+    if _LANE.gate is not None:
+        terminalreporter.write_line(f"lane waited {_LANE.gate.waited_s:.0f} s for memory")
 
 
 def budget_gb() -> float:
@@ -222,7 +259,13 @@ class Gate:
         self.lock, self.state, self.lane = folder / "gate.lock", folder / "gate.json", str(lane)
         self.waited_s = 0.0
 
-    def _update(self, change: dict[str, float] | None, fits: float | None) -> bool:
+    def fits(self, gb: float) -> bool:
+        """Whether `gb` would be taken now (nothing is taken)."""
+        return self._update(None, gb, dry=True)
+
+    def _update(
+        self, change: dict[str, float] | None, fits: float | None, dry: bool = False
+    ) -> bool:
         with open(self.lock, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             held = json.loads(self.state.read_text()) if self.state.is_file() else {}
@@ -231,6 +274,8 @@ class Gate:
                 return False
             if fits is not None and available_gb() < fits + SPARE_GB and self.waited_s < WAIT_S:
                 return False  # something outside the lanes holds the memory (another run)
+            if dry:
+                return True
             held.pop(self.lane, None)
             held.update(change or {})
             self.state.write_text(json.dumps(held))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -151,3 +152,34 @@ def test_a_weighed_unit_waits_while_memory_outside_the_lanes_is_short(
     free[0] = 8.0
     assert taken.wait(5.0)
     waiter.join()
+
+
+def test_a_lane_runs_light_units_first_while_its_heavy_one_does_not_fit(tmp_path: Path) -> None:
+    """A real pytest run as one lane of one: another lane holds 8 of the 10 GB, so the weighed
+    module (first in collection) waits behind the light ones, which free the budget."""
+    (tmp_path / "gate").mkdir()
+    (tmp_path / "gate" / "gate.json").write_text('{"7": 8.0}')
+    order = tmp_path / "order.txt"
+    (tmp_path / "conftest.py").write_text(
+        "import harness.lanes as lanes\n"
+        "lanes.WEIGHTS_GB = {'test_heavy.py': 5.0}\n"
+        "lanes.budget_gb = lambda: 10.0\n"
+        "lanes.available_gb = lambda: 100.0\n"
+    )
+    (tmp_path / "test_heavy.py").write_text(
+        f"def test_heavy():\n    open({str(order)!r}, 'a').write('heavy\\n')\n"
+    )
+    (tmp_path / "test_light.py").write_text(
+        f"def test_light():\n    open({str(order)!r}, 'a').write('light\\n')\n"
+        "def test_other_lane_gives_back():\n"
+        f"    open({str(tmp_path / 'gate' / 'gate.json')!r}, 'w').write('{{}}')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "harness.lanes", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PLANET_LANE": "0/1",
+             "PLANET_LANE_GATE": str(tmp_path / "gate")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout
+    assert order.read_text().split() == ["light", "heavy"]
