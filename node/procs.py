@@ -14,14 +14,17 @@ its hint) and turned into the error's exit status instead of a traceback.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import NoReturn
 
 from protocol.errors import PlanetError
 
@@ -121,3 +124,37 @@ def run_service(run: Callable[[], Awaitable[int]], *, log_level: str, log: loggi
     except PlanetError as error:
         log.error("%s%s", error.message, f" (hint: {error.hint})" if error.hint else "")
         return error.exit_status
+
+
+def exit_code(stop: SystemExit) -> int:
+    """The status `sys.exit(arg)` would give: None -> 0, an int as is, anything else printed to
+    stderr -> 1."""
+    if stop.code is None:
+        return 0
+    if isinstance(stop.code, int):
+        return stop.code
+    print(stop.code, file=sys.stderr)
+    return 1
+
+
+def exit_process(main: Callable[[], int | None]) -> NoReturn:
+    """`sys.exit(main())` for a process's entry point, without tearing the interpreter down.
+
+    A normal exit finalizes every module and object the process holds: 1-2 s of CPU for a node
+    with torch and its weights loaded (measured here: 7.7 -> 5.9 s of CPU for an import of the
+    node's stack and exit), which a test run pays for every process it stops. What a normal exit
+    does that matters still runs, in its order: non-daemon threads are joined (executors shut
+    down), atexit handlers run (logging's flush and close, a lab's namespaces torn down), then
+    stdout and stderr are flushed. Files left open and unflushed by the program are not
+    flushed: every writer here closes its files (or fsyncs) before it returns."""
+    try:
+        code = main()
+        status = 0 if code is None else code
+    except SystemExit as stop:
+        status = exit_code(stop)
+    threading._shutdown()  # type: ignore[attr-defined]  # what interpreter exit runs first
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)

@@ -17,7 +17,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -31,7 +30,7 @@ from node.chain.committee_link import CommitteeLink
 from node.keys import PasswordSource, load_node_key, load_wallet
 from node.links import NodeKeyPin, link_ssl
 from node.model.manifest import Manifest
-from node.procs import run_service
+from node.procs import exit_process, run_service
 from node.server.payments import CreditSpool
 from protocol.committee.prices import MAX_PRICE_POSITIONS
 from protocol.committee.registry import sign_registration
@@ -148,4 +147,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main)

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 
 from nacl.signing import SigningKey
@@ -34,7 +33,7 @@ from nacl.signing import SigningKey
 from node.chain.committee_link import CommitteeLink, signer_nonce_file
 from node.chain.evm.deployment import Deployment
 from node.keys import operator_key_path, read_operator_key
-from node.procs import run_service
+from node.procs import exit_process, run_service
 from node.retry import Backoff, sleep_or_stop
 from node.watcher.credit_dkg import CreditDkgDriver
 from node.watcher.credit_keys import CreditKeyPublisher
@@ -196,4 +195,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 import node.server.app as server_app
+from node.procs import exit_process
 from node.server.config import ServerConfig
 from node.server.shards import CHUNKS_KEY, ChunkServer
 from planet.main import main as planet_main
@@ -49,4 +50,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from node.agent import launch
+from node.procs import exit_process
 from planet.main import main as planet
 from protocol.errors import PlanetError
 from tests.doubles import cheating_node
@@ -65,4 +66,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main)

@@ -16,9 +16,9 @@ with `stop_pid(pid, module=MODULE)`.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
+from node.procs import exit_process
 from node.server import tickets
 from tests.doubles.cheating import parse_mode, withholding, wrap
 from tests.doubles.wrapped_node import main_of, serve_wrapped
@@ -57,4 +57,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main)

@@ -13,13 +13,13 @@ node on a CPU with 1/FACTOR of the share. The product knows nothing of it; start
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from node.procs import exit_process
 from protocol.errors import UsageError
 from tests.doubles.wrapped_node import main_of, serve_wrapped
 
@@ -68,4 +68,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main)
