@@ -109,7 +109,7 @@ def _devnet() -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    # lazy: the blind-RSA and committee codecs (cryptography), ~0.25 s of every `planet` start
+    # lazy: the BLS and committee codecs, a noticeable part of every `planet` start
     from node.client.credit_wallet import CreditWallet
 
     wallet_file = args.credits_file or planet_home() / "credits.json"
