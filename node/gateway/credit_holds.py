@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from node.client.paying import OutOfCreditsError
-from protocol.paid_credits import PaidCredit
 from protocol.errors import ProtocolError
+from protocol.paid_credits import PaidCredit
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,9 @@ credit mints its EVM read says the payer's balance covers (`node/watcher/funding
 consensus key; a validator without an operator key runs none of these three). It also takes
 part in each credit key period's DKG (`node/watcher/credit_dkg.py`, with the consensus key, its
 key share written to `VALIDATOR_HOME/credit_shares/`, where the ABCI app signs mints with it):
-it needs neither the EVM nor the operator key, so every validator does it. Runs until SIGTERM/SIGINT; an EVM RPC
-or a validator that is down is logged and retried with backoff, never fatal.
+it needs neither the EVM nor the operator key, so every validator does it. Runs until
+SIGTERM/SIGINT; an EVM RPC or a validator that is down is logged and retried with backoff,
+never fatal.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ from harness.ports import ephemeral_port
 from node.client.credit_wallet import CreditWallet
 from node.server.launcher import pid_alive
 from protocol.blind_bls import ThresholdCredit
-from protocol.paid_credits import paid_spent_id, parse_paid_credit
+from protocol.paid_credits import parse_paid_credit, spent_id
 from tests.e2e.devnet_session import planet as _planet
 from tests.e2e.escrow_reads import escrow_contract
 
@@ -500,7 +500,7 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     # the user's own credits (the file's format: node/client/credit_wallet.py): the nodes are
     # paid by the hosted gateway's credits too, and nothing on chain tells the two apart
     wallet_doc = json.loads((Path(env["PLANET_HOME"]) / "credits.json").read_text())
-    users_credits = {paid_spent_id(parse_paid_credit(item)) for item in wallet_doc["credits"]}
+    users_credits = {spent_id(parse_paid_credit(item)) for item in wallet_doc["credits"]}
     assert len(users_credits) == held
     with personal_client(
         devnet["manifest"],
@@ -545,7 +545,7 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     by_node: dict[str, set[str]] = {p["key"]: set() for p in paid.values()}
     for tx in _txs_since(rpc, start_height):
         if tx.type in REDEEM_TXS:  # threshold credits (the default) or RSA ones (transition)
-            by_node.setdefault(tx.signer, set()).update(paid_spent_id(c) for c in tx.body.credits)
+            by_node.setdefault(tx.signer, set()).update(spent_id(c) for c in tx.body.credits)
     assert all(by_node[p["key"]] & users_credits for p in paid.values())
 
     # the user's purchase goes into the escrow's credit pool in a statement the watchers post,
@@ -705,7 +705,7 @@ def _assert_nothing_links(
     redeemed = set()
     for tx in redeems:
         for credit in tx.body.credits:
-            redeemed.add(paid_spent_id(credit))
+            redeemed.add(spent_id(credit))
             if isinstance(credit, ThresholdCredit):  # its nonce, σ and bytes: none in a mint
                 redeemed |= {credit.nonce.hex(), credit.signature.hex(), credit.to_bytes().hex()}
                 continue

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from protocol.credit_keys import CreditKeyStore
 
 from node.client.credit_purchase import buy_credits
 from node.client.credit_wallet import CreditWallet
@@ -33,7 +34,6 @@ from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.credits import CreditKey, FundMint, Redeem
 from protocol.committee.envelope import sign
 from protocol.committee.registry import RegisterNode, sign_registration
-from protocol.credit_keys import CreditKeyStore
 from protocol.credits import epoch_keys_from_query
 from protocol.eip712 import address_of
 from tests.committee_chain import seeded_evm_key, seeded_key

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from protocol.credit_keys import CreditKeyStore
 
 from node.chain.committee_link import CommitteeLink
 from node.client.credit_purchase import buy_credits
@@ -28,7 +29,6 @@ from node.client.credit_wallet import CreditWallet
 from node.watcher.funding import MintFunder
 from protocol.committee.credits import CreditKey
 from protocol.committee.envelope import sign
-from protocol.credit_keys import CreditKeyStore
 from protocol.credits import epoch_keys_from_query
 from protocol.eip712 import address_of
 from tests.committee_chain import seeded_evm_key, seeded_key

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 from eth_utils import keccak
+from protocol.credit_keys import CreditKeyStore
 
 from harness.gateway_net import Committee, ephemeral_port, start_committee, wait_for
 from harness.personal_client import PersonalClient, personal_client
@@ -46,7 +47,6 @@ from planet.main import main
 from protocol.committee.credits import CreditKey, FundMint
 from protocol.committee.envelope import decode
 from protocol.committee.registry import AttestStake
-from protocol.credit_keys import CreditKeyStore
 from protocol.credits import Credit, nonce_of, spent_id
 from protocol.eip712 import address_of
 from protocol.errors import RemoteError
