@@ -281,6 +281,8 @@ def fund_mint(state: State, tx: SignedTx) -> None:
     record = state.get(schema.MINT, body.mint)
     if record is None:
         rules.reject(Code.MINT_UNKNOWN, f"no mint {body.mint}")
+    if "period" not in record:  # an RSA mint recorded before that form was retired
+        rules.reject(Code.MINT_UNKNOWN, f"mint {body.mint} is of the retired RSA form")
     if record["funded_height"] is not None:
         return
     current = rules.epoch_of(state, state.block_height)

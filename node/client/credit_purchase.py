@@ -49,8 +49,9 @@ from node.chain.committee_rpc import TxRejectedError
 from node.client.credit_wallet import CreditWallet, retired_note
 from node.client.mint_request import MintRequest, PendingMint, check_anonymity
 from protocol.credit_periods import KeySchedule
-from protocol.credits import FUND_EPOCHS
+from protocol.credits import FUND_EPOCHS, MAX_HEIGHT
 from protocol.errors import PlanetError, ProtocolError, RemoteError, UnavailableError
+from protocol.fields import is_int
 from protocol.paid_credits import PaidCredit
 from protocol.threshold_mint import NoPeriodKey, PeriodKey
 
@@ -96,13 +97,23 @@ async def _period_answer(link: CommitteeLink) -> dict[str, Any]:
 
 def key_progress(answer: Mapping[str, Any]) -> tuple[int, int]:
     """(H, N) of a `/credit_period` answer whose key is not formed: the committed height and
-    the block whose end forms the key (the run's `finish`, else the schedule's)."""
-    height = int(answer["committed_height"])
+    the block whose end forms the key (the run's `finish`, else the schedule's); ProtocolError,
+    by name, for an answer without them."""
+
+    def count(value: Any, name: str, low: int = 0) -> int:
+        if not is_int(value, low, MAX_HEIGHT):
+            raise ProtocolError(f"/credit_period: {name} {value!a} is not a block count")
+        return int(value)
+
+    height = count(answer.get("committed_height"), "committed_height")
     run = answer.get("run")
-    if isinstance(run, dict) and isinstance(run.get("finish"), int):
+    if isinstance(run, dict) and is_int(run.get("finish"), 0, MAX_HEIGHT):
         return height, int(run["finish"])
-    schedule = KeySchedule(int(answer["key_period_blocks"]), int(answer["dkg_phase_blocks"]))
-    return height, schedule.dkg_finish_height(int(answer["period"]))
+    schedule = KeySchedule(
+        count(answer.get("key_period_blocks"), "key_period_blocks", 1),
+        count(answer.get("dkg_phase_blocks"), "dkg_phase_blocks", 1),
+    )
+    return height, schedule.dkg_finish_height(count(answer.get("period"), "period"))
 
 
 async def wait_for_key(

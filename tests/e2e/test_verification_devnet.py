@@ -25,8 +25,8 @@ What the module shows, each from the chain's own answers:
   accusation (honest verifiers never split);
 - `planet devnet status`, `planet status` and the dApp's `/v1/network` show all of it;
 - credits (the stake watchers form each key period's committee key by DKG): `planet credits
-  buy` is funded by the 4 watchers only against the user's balance at the escrow — covered once, refused by
-  name (nothing charged) when the same balance is asked to pay again;
+  buy` is funded by the 4 watchers only against the user's balance at the escrow — covered
+  once, refused by name (nothing charged) when the same balance is asked to pay again;
 - last, a network of charging nodes only (3 new operators join with `--credit-positions`, the
   honest free nodes leave): the user's own client (`planet gateway serve --personal`) answers
   the official `openai` client, paying the nodes with credits; the nodes redeem every one, the
