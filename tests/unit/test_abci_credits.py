@@ -414,8 +414,9 @@ def test_credits_the_rsa_mint_and_redeem_are_unknown_kinds_and_give_no_credit(
     """Issue 42 attack 1 through the retired RSA form: a `mint` listing a different set of
     blinded messages to each validator (a credit needed only 2/3 of the signers, so a mint of 3
     gave 4). The kind is gone: the envelope refuses `mint`, `redeem` and `credit_key` by name as
-    unknown tx kinds, nothing is written, no mint is listed for funding, and the payer is never
-    charged. (Before, `mint` decoded and the chain took it.)"""
+    unknown tx kinds (CheckTx; PrepareProposal leaves them out), nothing is written, no mint is
+    listed for funding, and the payer is never charged. (Before, `mint` decoded and the chain
+    took it.)"""
     chain, node = node_chain(tmp_path)
     payer = address_of(PAYER).lower()
     addresses = sorted(v["address"] for v in chain.state.validators)
@@ -445,9 +446,10 @@ def test_credits_the_rsa_mint_and_redeem_are_unknown_kinds_and_give_no_credit(
         raw = _retired_tx(kind, body, key)
         with pytest.raises(TxDecodeError, match=f"unknown tx type '{kind}'"):
             decode(raw)
-        [result] = chain.block([raw])
-        assert result.code == Code.MALFORMED_TX, (kind, result.log)
-        assert f"unknown tx type '{kind}'" in result.log
+        checked = chain.machine.check_tx(raw)  # the mempool's door
+        assert checked.code == Code.MALFORMED_TX, (kind, checked.log)
+        assert f"unknown tx type '{kind}'" in checked.log
+        assert chain.block([raw]) == []  # never proposed: no block carries it
     assert chain.state.items("mint") == [] and chain.state.items("mpend") == []
     assert ask(chain, "/mints?pending=true")["mints"] == []
     assert ask(chain, f"/mints?payer={payer}")["mints"] == []
