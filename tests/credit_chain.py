@@ -19,6 +19,7 @@ from nacl.signing import SigningKey
 from abci_app.codes import Code
 from abci_app.threshold_queries import partials
 from node.client.mint_request import MintRequest
+from node.watcher.credit_dkg import plan
 from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import CreditRedeem, FundMint
 from protocol.credit_periods import KeySchedule
@@ -53,6 +54,8 @@ def ensure_key(chain: Chain, tmp_path: Path, max_blocks: int = 400) -> None:
     for _ in range(max_blocks):
         answer = ask(chain, "/credit_period")
         if ((answer.get("run") or {}).get("result") or {}).get("key"):
+            for validator, store in zip(chain.validators, stores, strict=True):
+                plan(answer, validator.key, store)  # each watcher's next pass: its share saved
             return
         play(chain, stores, int(answer["period"]), chain.state.height + 1)
     raise AssertionError(f"no committee key within {max_blocks} blocks")

@@ -23,11 +23,11 @@ def junk_mint(
     below: str = "0x" + "f" * 64,
 ) -> tuple[str, CreditMint]:
     """(mint id, body) of a one-credit mint of key `period` by `payer_key` whose id is below
-    `below` (ground from `seed`: the point (seed + 1)·G, then + G per try; an id below "0x8…"
-    takes two tries on average)."""
+    `below` (ground from `seed`: the point (seed · 2^32 + 1)·G, then + G per try, so two seeds
+    never meet; an id below "0x8…" takes two tries on average)."""
     payer = address_of(payer_key).lower()
     generator = bls.g1_generator()
-    point = bls.g1_mul(generator, (seed % (1 << 64)) + 1)
+    point = bls.g1_mul(generator, ((seed % (1 << 64)) << 32) + 1)
     while True:
         blinded = (bls.g1_bytes(point),)
         identifier = threshold_mint_id(payer, period, blinded)

@@ -39,6 +39,7 @@ from tests.credit_chain import (
     PHASE,
     PRICE,
     credit_chain,
+    ensure_key,
     epoch_now,
     gather,
     period_key,
@@ -93,6 +94,7 @@ def _pending_debits(chain: Chain) -> list[str]:
 def _setup(tmp: Path) -> tuple[Chain, Path, MintRequest, PendingMint, CreditWallet]:
     """A chain with its first period's key, a purchase of 3 drawn and held (not sent)."""
     chain = credit_chain(tmp)
+    next_epoch_end(chain)  # a whole epoch ahead: the steps below before its close
     req = request(chain, 3)
     pending = PendingMint(req, ask(chain, "/credit_period"), epoch_now(chain))
     wallet = CreditWallet(tmp / "credits.json")
@@ -303,6 +305,7 @@ def _turn(chain: Chain, stores: Path) -> None:
     key on the way (their watchers' DKG messages)."""
     period = chain.state.height // PERIOD_BLOCKS  # of the next block
     play(chain, shares(stores, chain), period + 1, (period + 1) * PERIOD_BLOCKS)
+    ensure_key(chain, stores)  # formed: each watcher's next pass saves its share
 
 
 @dataclass

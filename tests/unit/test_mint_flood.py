@@ -49,7 +49,7 @@ def flood(
     chain: Chain, payers: list[bytes], per_payer: int, below: str = "0x8", seed: int = 0
 ) -> tuple[list[str], list[Code]]:
     """`per_payer` junk mints of each payer in one block, ids below `below`, drawn from `seed`
-    (another seed for each flood of one payer in one epoch): (ids, codes)."""
+    (another seed for each flood of one payer in one key period): (ids, codes)."""
     period = period_key(chain).period
     ids, txs = [], []
     for index, payer in enumerate(payers):
@@ -175,10 +175,10 @@ def test_the_pending_bound_frees_a_slot_on_funding_and_when_a_mint_lapses(tmp_pa
     _, codes = flood(chain, [PAYER], 2, seed=1 << 20)  # the funded one no longer counts
     assert codes == [Code.OK, Code.MINT_PENDING_LIMIT]
     chain.advance_to(chain.state.height + 40)  # the next epoch: the first epoch's still count
-    _, codes = flood(chain, [PAYER], 1)
+    _, codes = flood(chain, [PAYER], 1, seed=2 << 20)
     assert codes == [Code.MINT_PENDING_LIMIT]
     chain.advance_to(chain.state.height + 40)  # past their funding window: lapsed
-    _, codes = flood(chain, [PAYER], 3)
+    _, codes = flood(chain, [PAYER], 3, seed=3 << 20)
     assert codes == [Code.OK, Code.OK, Code.MINT_PENDING_LIMIT]
     other, _ = flood(chain, strangers(1, "other-payer"), 1)  # the bound is per payer
     assert ask(chain, f"/mints?id={other[0]}")["funded_height"] is None
