@@ -24,6 +24,12 @@ from protocol.errors import ProtocolError
 PaidCredit = ThresholdCredit
 
 
+class CreditInvalidError(ProtocolError):
+    """A credit whose σ does not verify under its key period's committee key."""
+
+    code = "credit_invalid"
+
+
 def credit_json(credit: PaidCredit) -> Any:
     return credit.to_bytes().hex()
 

@@ -4,7 +4,7 @@
     await till.accept(credit)     checked at once as the chain will check it (σ under its key
                                   period's committee key, a window the chain still redeems in)
                                   and against the credits this till already holds or
-                                  redeemed; raises `CreditRefused`
+                                  redeemed; raises `CreditInvalidError` / `CreditRefused`
     await till.redeem()           `credit_redeem` txs of up to `per_tx` held credits; a credit
                                   the chain refuses by name (spent elsewhere, invalid) is
                                   dropped and the rest of its batch sent again; a batch its
@@ -41,7 +41,7 @@ from protocol import blind_bls, bls
 from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import MAX_REDEEM, CreditRedeem
 from protocol.credits import clock_from_query, lifetime_from_query
-from protocol.paid_credits import PaidCredit, paid_redeemable, spent_id
+from protocol.paid_credits import CreditInvalidError, PaidCredit, paid_redeemable, spent_id
 from protocol.threshold_mint import PeriodKey
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class CreditTill:
         try:
             blind_bls.verify_credit(self._period_keys[credit.period].key, credit)
         except (blind_bls.ThresholdCreditError, bls.BlsError) as error:
-            raise CreditRefused(f"the credit does not verify: {error.message}") from None
+            raise CreditInvalidError(f"the credit does not verify: {error.message}") from None
 
     async def redeem(self) -> int:
         """Send the held credits in batches; returns how many the chain accepted."""

@@ -68,6 +68,7 @@ from protocol.credits import (
 )
 from protocol.errors import ProtocolError
 from protocol.paid_credits import (
+    CreditInvalidError,
     PaidCredit,
     credit_json,
     paid_redeemable,
@@ -178,7 +179,7 @@ class CreditCheck:
         try:
             blind_bls.verify_credit(key.key, credit)
         except (blind_bls.ThresholdCreditError, bls.BlsError) as error:
-            raise CreditRefusedError(f"the credit does not verify: {error.message}") from None
+            raise CreditInvalidError(f"the credit does not verify: {error.message}") from None
         await self._check_unspent(credit, cached)
 
     async def _check_unspent(self, credit: PaidCredit, cached: ChainClock) -> None:

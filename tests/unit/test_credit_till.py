@@ -16,6 +16,7 @@ from nacl.signing import SigningKey
 from abci_app.queries import query
 from node.agent.credit_till import CreditRefused, CreditTill
 from protocol.committee.credits import CreditRedeem
+from protocol.paid_credits import CreditInvalidError
 from tests.committee_chain import Chain
 from tests.credit_chain import minted, node_chain
 from tests.unit.test_abci_settlement import ask
@@ -56,7 +57,7 @@ async def test_till_accepts_valid_credits_once_and_redeems_them(tmp_path: Path) 
         await till.accept(credit)
     with pytest.raises(CreditRefused):
         await till.accept(credits[0])
-    with pytest.raises(CreditRefused, match="does not verify"):
+    with pytest.raises(CreditInvalidError, match="does not verify"):
         await till.accept(replace(credits[1], signature=credits[2].signature))
     # the node's commitments are not on the chain yet: refused, and every credit kept
     assert await till.redeem() == 0

@@ -34,7 +34,7 @@ from node.server.config import ServerConfig
 from node.server.next_hops import ForwardList
 from node.server.payments import Account, CreditCheck, CreditRefusedError, CreditSpool, Payments
 from protocol.errors import RemoteError, UnavailableError
-from protocol.paid_credits import spent_id
+from protocol.paid_credits import CreditInvalidError, spent_id
 from protocol.stream import PaymentRequiredError, not_taken_id, open_message, pay_message
 from tests.credit_chain import minted, node_chain, redeem
 from tests.doubles.tiny_model import make_tiny_model
@@ -392,7 +392,7 @@ async def test_the_node_checks_a_credit_as_the_chain_will_redeem_it(tmp_path) ->
     with pytest.raises(CreditRefusedError, match="redeemed on the committee chain at height"):
         await payments.accept(account, credits[0])
     # a σ that is not this credit's (another credit's): does not verify under the period's key
-    with pytest.raises(CreditRefusedError, match="does not verify"):
+    with pytest.raises(CreditInvalidError, match="does not verify"):
         await payments.accept(account, replace(credits[1], signature=credits[2].signature))
     await payments.accept(account, credits[1])
     assert (account.paid, account.credits, payments.refused) == (PRICE, 1, 2)

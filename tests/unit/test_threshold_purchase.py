@@ -18,9 +18,10 @@ from node.agent.credit_till import CreditTill
 from node.client import credit_purchase
 from node.client.credit_wallet import CreditWallet
 from node.client.mint_request import AnonymitySetTooSmall
-from node.server.payments import CreditCheck, CreditRefusedError
+from node.server.payments import CreditCheck
 from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
+from protocol.paid_credits import CreditInvalidError
 from protocol.threshold_mint import threshold_mint_id
 from tests.credit_chain import PAYER
 from tests.unit.test_credit_purchase_resume import ChainLink
@@ -72,7 +73,7 @@ def test_buy_mints_one_list_and_the_node_takes_and_redeems_the_credits(
     check = CreditCheck(link)
     asyncio.run(check.check(bought[0]))
     forged = ThresholdCredit(bought[0].period, bought[1].nonce, bought[0].signature)
-    with pytest.raises(CreditRefusedError):
+    with pytest.raises(CreditInvalidError):
         asyncio.run(check.check(forged))
     sent: list[Any] = []
 
