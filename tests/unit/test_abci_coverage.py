@@ -60,6 +60,8 @@ def test_coverage_commitments_older_than_the_grace_window_do_not_cover_a_redempt
     stale = one(chain, CreditRedeem("m", 0, (credits[0],)), key)
     assert stale.code == Code.UNCOMMITTED_REDEMPTION, stale.log
     assert credits_of(chain, "node") == 0
+    if (chain.state.height + 2) % chain.state.genesis.epoch_length == 0:
+        chain.block()  # the redemption not in the epoch's last block: its close moves the record
     commit_served(chain, key, shard=0, blocks=1)
     assert one(chain, CreditRedeem("m", 0, (credits[0],)), key).code == Code.OK
     assert credits_of(chain, "node") == chain.state.genesis.credit_layer_tokens
