@@ -205,9 +205,10 @@ class Committee:
 
         def formed() -> dict[str, Any] | None:
             answer = self.query("/credit_period")
+            bodies = plan(answer, key, store)  # once formed: the share saved, nothing to send
             if ((answer.get("run") or {}).get("result") or {}).get("key"):
                 return answer
-            for body in plan(answer, key, store):
+            for body in bodies:
                 self.submit(self.validator_sign(body))
             return None
 
