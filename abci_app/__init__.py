@@ -23,8 +23,9 @@ feature modules never import each other:
     spot_reports.py    spot_check_report (spot checks credited to verifiers)
     verifier_endpoints.py  verifier_endpoint (where a verifier forwards its findings)
     settlement.py      work_report, payout_vote; the epoch close (payout roots)
-    credits.py         credit_key, mint, redeem: bearer credits blind-signed by the validators
-    credit_queries.py  /credit_keys, /mints, and this validator's /credit_signatures
+    credits.py         credit_mint, fund_mint, credit_redeem: threshold blind BLS bearer
+                       credits under the key period's committee key
+    credit_queries.py  /credit_keys (the credits' clock), /mints, /credit_spent
     prices.py          set_price: a node's positions per credit (changes from the next
                        epoch), what a redemption consumes per credit, /prices
     epochs.py          epoch records (leader, challenge list, verifiers), reputation updates

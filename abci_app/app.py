@@ -2,8 +2,8 @@
 
 Nothing here decides anything the chain agrees on; it converts between CometBFT's messages and
 the pure state machine (`machine.py`), and reads the validator's local reputation scores for
-ExtendVote from `<home>/reputation_scores.json`, and blind-signs paid mints with the validator's
-credit keys in `<home>/credit_keys/` (`/credit_signatures`, abci_app/credit_queries.py).
+ExtendVote from `<home>/reputation_scores.json`, and signs paid mints with the validator's
+credit key shares in `<home>/credit_shares/` (`/credit_partials`, abci_app/threshold_queries.py).
 Scores file:
 
     {"epoch": 3, "scores": {"<node key hex>": 812345, ...}, "invalid": ["<node key hex>"]}
@@ -24,13 +24,11 @@ from typing import Any
 
 from abci_app import extensions
 from abci_app.codes import CODESPACE, Code
-from abci_app.credit_queries import SIGNATURES_PATH, signatures
 from abci_app.machine import StateMachine, TxResult
 from abci_app.proto import abci_pb
 from abci_app.queries import query as run_query
 from abci_app.threshold_queries import PARTIALS_PATH, partials
 from protocol.canonical import JsonInputError, parse_json
-from protocol.credit_keys import CREDIT_KEYS_DIR, CreditKeyStore
 from protocol.credit_shares import CREDIT_SHARES_DIR, CreditShareStore
 from protocol.errors import ProtocolError
 from protocol.fields import is_int
@@ -89,10 +87,8 @@ class CommitteeApp:
         self.machine = machine
         self.state = machine.state
         self.home = home
-        self.credit_keys = CreditKeyStore((home or Path(".")) / CREDIT_KEYS_DIR)
         self.credit_shares = CreditShareStore((home or Path(".")) / CREDIT_SHARES_DIR)
         self.local_routes = {
-            SIGNATURES_PATH: lambda state, params: signatures(state, self.credit_keys, params),
             PARTIALS_PATH: lambda state, params: partials(state, self.credit_shares, params),
         }
         self.handlers: dict[str, Callable[[Any], Any]] = {

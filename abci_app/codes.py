@@ -71,19 +71,17 @@ class Code(IntEnum):
     GATEWAY_NOT_BOUND = 65  # a release of a binding that does not hold
     # credits (abci_app/credits.py); 70+ to leave 53-59 and 62-69 to settlement
     CREDITS_DISABLED = 70  # genesis has no credits section (or no escrow)
-    CREDIT_KEY_EPOCH = 71  # credit_key for an epoch already over, or more than 2 ahead
-    DUPLICATE_CREDIT_KEY = 72  # this validator already published a key for that epoch
-    CREDIT_KEY_INVALID = 73  # not an RSA public key of 2048..4096 bits
+    # 71-73 retired (the per-validator RSA `credit_key` tx is gone): never reuse them
     MINT_INVALID = 74  # purchase signature not by the payer, or amount != credits x price
     MINT_REPLAYED = 75  # this mint id was minted before
-    NO_CREDIT_KEYS = 76  # the epoch's published keys hold under 2/3 of the power
-    CREDIT_INVALID = 77  # a credit without valid signatures of >= 2/3 of the power
+    NO_CREDIT_KEYS = 76  # the key period has no committee key (its DKG is running or failed)
+    CREDIT_INVALID = 77  # a credit whose signature does not verify under its period's key
     CREDIT_SPENT = 78  # a credit already redeemed (or listed twice)
-    CREDIT_EPOCH = 79  # a credit of an epoch not redeemable in this block's epoch
+    CREDIT_EPOCH = 79  # a mint of another key period, or a credit outside its window
     REDEEM_SHARD = 80  # redeem for a (model, shard) the node did not register
     MINT_UNKNOWN = 81  # fund_mint of a mint id the chain does not hold
     MINT_FUND_LATE = 82  # fund_mint after the mint's epoch + 1, or past its purchase expiry
-    MINT_UNFUNDED = 83  # /credit_signatures of a mint not yet vouched for by >= 2/3 of the power
+    MINT_UNFUNDED = 83  # /credit_partials of a mint not yet vouched for by >= 2/3 of the power
     UNCOMMITTED_REDEMPTION = 84  # redeem with fewer committed, unconsumed positions than credits
     MINT_PENDING_LIMIT = 85  # the payer already holds credits.max_pending_mints unfunded mints
     CREDIT_LOCKED = 86  # a credit another node locked first (credit_lock, redeem: credit_locks.py)

@@ -1,10 +1,10 @@
-"""Credit queries: the published keys and mints (committed state), and this validator's blind
-signatures for a mint (its local key; no other validator's answer is the same).
+"""Credit queries (committed state): the chain's credit clock, the mints, the spent set.
 
-/credit_keys        ?epoch           the epoch's credit keys: [{validator, key (DER hex), power}],
-                                     total_power (default: the current epoch); the credits'
-                                     lifetime_epochs, epoch_length and committed_height (the
-                                     chain's time: what a node checks a credit's window against)
+/credit_keys        ?epoch           the credits' clock: epoch (default: the current one),
+                                     lifetime_epochs, epoch_length, key_period_blocks and
+                                     committed_height (the chain's time: what a node checks a
+                                     credit's window against, `protocol.credits.ChainClock`);
+                                     the name is kept from the per-validator keys it once listed
 /mints              ?id              one mint record (NOT_FOUND when absent)
                     ?pending=true    a page of the mints waiting for ≥ 2/3 of the power to vouch
                                      for them: returning buyers' (`buyer`: true) first, then new
@@ -14,25 +14,19 @@ signatures for a mint (its local key; no other validator's answer is the same).
                                      the next page, null on the last (1,000 a page at most)
 /credit_spent       ?id              {id, height, committed_height, locked_by}: the height whose
                                      block redeemed the credit whose spent id
-                                     (protocol.credits.spent_id) this is, or null, the latest
-                                     committed height, and the node key that locked it
+                                     (protocol.paid_credits.spent_id) this is, or null, the
+                                     latest committed height, and the node key that locked it
                                      (credit_locks.py) or null — what a node asks before it takes
                                      a credit as pay
-/credit_signatures  ?mint            this validator's blind signatures over the mint's messages
-                                     for it: {mint, epoch, signatures: {validator address:
-                                     [hex, ...]}} (empty when it holds no key the mint names;
-                                     MINT_UNFUNDED until the mint is funded)
+/credit_period      ?period          a key period's DKG run and key (period_queries.py)
 
-The last route is the one answer that is not a function of the chain state: it needs the
-validator's private key (`protocol.credit_keys.CreditKeyStore`), so `app.py` serves it with
-`signatures(...)`. Blind signing is deterministic given the key (RSA), and the answer only
-ever covers messages a committed, paid mint carries.
+A validator's partial signatures for a funded mint (`/credit_partials`) need its key share:
+threshold_queries.py.
 """
 
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -48,44 +42,20 @@ from abci_app.query_params import (
     str_param,
 )
 from abci_app.state import State
-from protocol import blindrsa
-from protocol.credit_keys import CreditKeyStore
 
 MAX_EPOCH = (1 << 63) - 1
-SIGNATURES_PATH = "/credit_signatures"
-SIGNED_CACHE = 256  # mints whose signatures are kept: a repeated query costs a lookup
-
-# (mint id, validator address, its key) → blind signatures hex, used only by an app holding
-# that key. RSA signing is deterministic given the
-# key, so the cache changes no answer; it keeps repeated queries (one per client retry, or a
-# flood) from costing a validator ~3 ms of private-key work per message each time.
-_signed: OrderedDict[tuple[str, str, bytes], list[str]] = OrderedDict()
 
 
 def _credit_keys(state: State, params: dict[str, Any]) -> Any:
     current = rules.epoch_of(state, state.height + 1)
     epoch = int_param(params, "epoch", current, 1, MAX_EPOCH) or current
-    keys = []
-    for key, record in state.committed_items(schema.CREDIT_KEY, *schema.epoch_range(epoch)):
-        validator = state.validator_by_signer(key.split("/", 1)[1])
-        if validator is not None:
-            keys.append(
-                {
-                    "validator": record["validator"],
-                    "key": record["key"],
-                    "power": validator["power"],
-                }
-            )
-    keys.sort(key=lambda k: k["validator"])
     return {
         "epoch": epoch,
-        "keys": keys,
-        "total_power": state.total_power,
         "lifetime_epochs": state.genesis.credit_lifetime_epochs,
-        # the chain's time, for a node that takes a credit (protocol/credits.py `takeable`)
+        # the chain's time, for a node that takes a credit (protocol/paid_credits.py)
         "committed_height": state.height,
         "epoch_length": state.genesis.epoch_length,
-        "key_period_blocks": state.genesis.credit_key_period_blocks,  # a threshold credit's window
+        "key_period_blocks": state.genesis.credit_key_period_blocks,  # a credit's window
     }
 
 
@@ -140,7 +110,7 @@ def _brief(state: State, identifier: str) -> dict[str, Any] | None:
     record = state.committed(schema.MINT, identifier)
     if record is None:
         return None
-    return {"id": identifier, **{k: v for k, v in record.items() if k != "blinded"}}
+    return {"id": identifier, **record}
 
 
 def _mints(state: State, params: dict[str, Any]) -> Any:
@@ -179,41 +149,6 @@ def _mints(state: State, params: dict[str, Any]) -> Any:
         if brief is not None:
             mints.append(brief)
     return {"mints": mints, "next": None if cursor is None else cursor.split("/", 1)[1]}
-
-
-def signatures(state: State, store: CreditKeyStore, params: dict[str, Any]) -> Any:
-    """This validator's blind signatures for the mint `params["mint"]` (module docstring)."""
-    record = _mint_record(state, params, "mint")
-    if record.get("funded_height") is None:
-        raise QueryError(
-            Code.MINT_UNFUNDED,
-            f"mint {record['id']} is not funded yet: validators with 2/3 of the power have not "
-            "vouched that its payer's prepaid balance covers it",
-        )
-    epoch = record["epoch"]
-    published = {
-        entry["validator"]: bytes.fromhex(entry["key"])
-        for _, entry in state.committed_items(schema.CREDIT_KEY, *schema.epoch_range(epoch))
-    }
-    answer: dict[str, list[str]] = {}
-    for address, messages in sorted(record["blinded"].items()):
-        der = published.get(address)
-        private = store.private_for(der) if der is not None else None
-        if private is None:
-            continue
-        cache_key = (record["id"], address, der)
-        cached = _signed.get(cache_key)
-        if cached is not None:
-            _signed.move_to_end(cache_key)
-            answer[address] = cached
-            continue
-        answer[address] = [
-            blindrsa.blind_sign(private, bytes.fromhex(message)).hex() for message in messages
-        ]
-        _signed[cache_key] = answer[address]
-        if len(_signed) > SIGNED_CACHE:
-            _signed.popitem(last=False)
-    return {"mint": record["id"], "epoch": epoch, "signatures": answer}
 
 
 CREDIT_ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {

@@ -1,27 +1,23 @@
-"""Bearer credits on the committee: epoch keys, mints paid from a prepaid balance, redemptions.
+"""Bearer credits on the committee: threshold blind BLS credits under the key period's committee
+key X_p (abci_app/credit_dkg.py made it), mints paid from a prepaid balance, redemptions.
 
-    credit_key{epoch e, key}   a validator publishes its RSA blind-signing key of epoch e
-                               (generated on its own machine, never derived): current ≤ e ≤
-                               current + 2 (CREDIT_KEY_EPOCH); once per (validator, e)
-                               (DUPLICATE_CREDIT_KEY); an RSA key of 2048–4096 bits in
-                               canonical DER, not published by another validator for e
-                               (CREDIT_KEY_INVALID: a copied key would count one signature
-                               twice). → `ckey/<e>/<validator key>`.
-    mint{payer, epoch, blinded, amount, expiry, signature}
-                               buy `count` credits: epoch = the block's epoch (CREDIT_EPOCH);
-                               every listed validator has a key of that epoch and the listed
-                               ones hold ≥ 2/3 of the power (NO_CREDIT_KEYS); each blinded
-                               message has its key's length and is below its modulus, amount =
-                               count · genesis price, the `CreditPurchase` signature recovers to
-                               `payer` (MINT_INVALID); the mint id is new (MINT_REPLAYED); block
-                               time ≤ expiry ≤ block time + 7 days (AUTHORIZATION_EXPIRED,
-                               AUTHORIZATION_EXPIRY_TOO_FAR); the payer holds fewer than
-                               genesis `credits.max_pending_mints` unfunded mints of the epochs
-                               still fundable (MINT_PENDING_LIMIT: junk of its own cannot bury
-                               its in-flight mint, issue 42). → `mint/<id>`, unfunded
-                               (`mpend/<lane>/<id>`: lane 0 when the payer had a mint funded
-                               before, so returning buyers list first; `mpay/<payer>/<id>`;
-                               `mpp/<payer>/<epoch>` += 1): nothing charged or signed.
+    credit_mint{payer, period, blinded, amount, expiry, signature}
+                               buy len(blinded) credits: period = the block's key period
+                               (CREDIT_EPOCH) whose key is formed (NO_CREDIT_KEYS: its DKG is
+                               still going, or failed); every blinded point parses strictly as
+                               a G1 point, not the identity (MINT_INVALID); amount = count ·
+                               genesis price, the `CreditPurchase` signature over
+                               `threshold_mint_id` recovers to `payer` (MINT_INVALID); the mint
+                               id is new (MINT_REPLAYED); block time ≤ expiry ≤ block time + 7
+                               days (AUTHORIZATION_EXPIRED, AUTHORIZATION_EXPIRY_TOO_FAR); the
+                               payer holds fewer than genesis `credits.max_pending_mints`
+                               unfunded mints of the epochs still fundable (MINT_PENDING_LIMIT:
+                               junk of its own cannot bury its in-flight mint, issue 42).
+                               → `mint/<id>` with the one list, `period` and `issue_epoch`
+                               (`protocol.threshold_mint`), unfunded (`mpend/<lane>/<id>`: lane
+                               0 when the payer had a mint funded before, so returning buyers
+                               list first; `mpay/<payer>/<id>`; `mpp/<payer>/<epoch>` += 1):
+                               nothing charged or signed.
     fund_mint{mint}            a validator (its watcher read the payer's escrow balance and it
                                covers the mint: node/watcher/funding.py) vouches for it
                                (NOT_VALIDATOR; MINT_UNKNOWN; MINT_FUND_LATE after the mint's
@@ -30,36 +26,42 @@
                                balance at the escrow's own address (`depositBalance(escrow)`):
                                `spent/` and `cpend/<payer>/<escrow>/mint/<id>`, debited by the
                                next close into the escrow's credit pool (settlement.py), and
-                               `cissue/<mint epoch>`.funded += count; `mbuyer/<payer>` = the
-                               height (a returning buyer from then on).
-                               A vote on a funded mint changes nothing. Each validator then
-                               blind-signs the mint's messages for it when asked
-                               (`/credit_signatures?mint=`, answered from its local key).
-    redeem{model, shard, credits}
+                               `cissue/<issue epoch>`.funded += count; `mbuyer/<payer>` = the
+                               height (a returning buyer from then on); the payer counts among
+                               the period's buyers (`credit_buyers`). A vote on a funded mint
+                               changes nothing. Each validator then signs the mint's one list
+                               with its share x_i when asked (`/credit_partials`,
+                               abci_app/threshold_queries.py).
+    credit_redeem{model, shard, credits}
                                a compute node, not LEFT, on a (model, shard) it registered
-                               (REDEEM_SHARD), cashes credits: each of an epoch e with
-                               e ≤ current ≤ e + genesis `credits.lifetime_epochs`
-                               (CREDIT_EPOCH),
-                               valid under e's keys (`protocol.credits.check_credit`:
-                               CREDIT_INVALID), its nonce never redeemed nor listed twice
-                               (CREDIT_SPENT), nor locked by another node (CREDIT_LOCKED:
-                               credit_locks.py); the node's registered price p on the shard
-                               (prices.py `redemption_price`) committed served positions of
-                               the node on the shard, not yet consumed, per credit (coverage.py
-                               `take_positions`: UNCOMMITTED_REDEMPTION, REDEMPTION_OVER_PRICE;
-                               consumed).
+                               (REDEEM_SHARD); each credit of a period whose window holds this
+                               epoch (CREDIT_EPOCH: issue epoch + genesis
+                               `credits.lifetime_epochs`), the period's key formed
+                               (CREDIT_INVALID otherwise), its nonce never redeemed nor listed
+                               twice (CREDIT_SPENT: `cspent/<sha256 nonce>`), nor locked by
+                               another node (CREDIT_LOCKED: credit_locks.py), and σ valid under
+                               X_p: all credits of a period checked in one batch
+                               (`blind_bls.verify_credits`, 128-bit coefficients hashed from the
+                               credits: deterministic), then one by one only when the batch
+                               fails, to name the bad one (CREDIT_INVALID); the node's
+                               registered price p on the shard (prices.py `redemption_price`)
+                               committed served positions of the node on the shard, not yet
+                               consumed, per credit (coverage.py `take_positions`:
+                               UNCOMMITTED_REDEMPTION, REDEMPTION_OVER_PRICE; consumed).
                                → `cspent/<sha256 nonce>` per credit and
                                `credit/<current epoch>/<evm address>/<shard>/<model>` grows by
                                count · genesis `credits.layer_tokens`: the node's share record for
                                the epoch's payout (docs/shares.md), its only pay; the
                                credits' price is due to the epoch (`cdue/<current epoch>`: the
                                close draws it from the credit pool) and `cissue/<e>`.redeemed
-                               grows per credit epoch e.
+                               grows per issue epoch e.
 
 Whole txs are refused on any failing item (nothing written). Without genesis `credits` (or an
-escrow) every credit tx but `credit_key` is CREDITS_DISABLED. The spent set is pruned with the
-credit's last redeemable epoch, e + lifetime (`rules.track_at`): since `retention_epochs ≥ 1`,
-no entry goes before that epoch has ended, and no credit can be spent twice.
+escrow) every credit tx is CREDITS_DISABLED. The spent set is pruned with the credit's last
+redeemable epoch, e + lifetime (`rules.track_at`): since `retention_epochs ≥ 1`, no entry goes
+before that epoch has ended, and no credit can be spent twice. The per-validator RSA `mint`,
+`redeem` and `credit_key` txs of before are no tx kinds any more (the envelope refuses them as
+unknown).
 """
 
 from __future__ import annotations
@@ -67,29 +69,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import coverage, credit_buyers, credit_locks, prices, rules, schema
+from abci_app import coverage, credit_buyers, credit_dkg, credit_locks, prices, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
-from protocol import blindrsa
-from protocol.blindrsa import RsaPublicKey
-from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
+from protocol import blind_bls, bls
+from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
 from protocol.committee.envelope import SignedTx
-from protocol.committee.threshold_credits import ThresholdMint
-from protocol.credits import (
-    FUND_EPOCHS,
-    CreditInvalidError,
-    CreditPurchase,
-    EpochKeys,
-    check_credit,
-    mint_id,
-    redeemable,
-    spent_id,
-)
+from protocol.credits import FUND_EPOCHS, CreditPurchase
 from protocol.eip712 import recover_digest
 from protocol.errors import ProtocolError
+from protocol.paid_credits import spent_id
 from protocol.payment import payment_domain
+from protocol.threshold_mint import issue_epoch, period_redeemable, threshold_mint_id
 
-KEY_AHEAD = 2  # a key may be published for at most the epoch after next
 MINT_KIND = "mint"  # the kind of a mint's charge in `spent/` and `cpend/` (settlement.py)
 MAX_MINT_LIFETIME_S = 7 * 86_400  # bounds how long a mint's charge guard (`spent/`) is kept
 
@@ -98,17 +90,6 @@ def enabled(state: State) -> None:
     genesis = state.genesis
     if genesis.credit_price_wei is None or not (genesis.escrow_address and genesis.evm_chain_id):
         rules.reject(Code.CREDITS_DISABLED, "genesis has no credits section or no escrow")
-
-
-def epoch_keys(state: State, epoch: int) -> EpochKeys:
-    """The published credit keys of `epoch` with their validators' power (state reads only)."""
-    keys: dict[str, tuple[RsaPublicKey, int]] = {}
-    for key, record in state.items(schema.CREDIT_KEY, *schema.epoch_range(epoch)):
-        validator = state.validator_by_signer(key.split("/", 1)[1])
-        if validator is not None:
-            public = RsaPublicKey.from_der(bytes.fromhex(record["key"]))
-            keys[record["validator"]] = (public, validator["power"])
-    return EpochKeys(epoch=epoch, keys=keys, total_power=state.total_power)
 
 
 def count_issued(state: State, epoch: int, field: str, count: int) -> None:
@@ -129,77 +110,48 @@ def owe(state: State, epoch: int, wei: int) -> None:
 # --- tx handlers --------------------------------------------------------------------------------
 
 
-def credit_key(state: State, tx: SignedTx) -> None:
-    body: CreditKey = tx.body
-    validator = rules.validator(state, tx.signer)
-    current = rules.epoch_of(state, state.block_height)
-    if not current <= body.epoch <= current + KEY_AHEAD:
+def period_group_key(state: State, period: int) -> bls.G2 | None:
+    formed = credit_dkg.period_key(state, period)
+    if formed is None:
+        return None
+    return bls.parse_g2(bytes.fromhex(formed["key"]), "committee key")
+
+
+def credit_mint(state: State, tx: SignedTx) -> None:
+    body: CreditMint = tx.body
+    enabled(state)
+    plan = credit_dkg.schedule(state)
+    period = plan.period_of(state.block_height)
+    if body.period != period:
+        rules.reject(Code.CREDIT_EPOCH, f"a mint of key period {body.period} in period {period}")
+    if credit_dkg.period_key(state, period) is None:
         rules.reject(
-            Code.CREDIT_KEY_EPOCH,
-            f"a credit key for epoch {body.epoch} must be published during epochs "
-            f"{body.epoch - KEY_AHEAD} … {body.epoch} (this block is in epoch {current})",
+            Code.NO_CREDIT_KEYS,
+            f"key period {period} has no committee key (its DKG is running or failed)",
         )
-    entry = schema.in_epoch(body.epoch, tx.signer)
-    if state.get(schema.CREDIT_KEY, entry) is not None:
-        rules.reject(
-            Code.DUPLICATE_CREDIT_KEY, f"a credit key for epoch {body.epoch} is already published"
-        )
-    try:
-        public = RsaPublicKey.from_der(body.key)
-    except blindrsa.BlindRsaError as error:
-        rules.reject(Code.CREDIT_KEY_INVALID, error.message)
-    if public.to_der() != body.key:
-        rules.reject(Code.CREDIT_KEY_INVALID, "the key is not in canonical DER")
-    for _, record in state.items(schema.CREDIT_KEY, *schema.epoch_range(body.epoch)):
-        if record["key"] == body.key.hex():
-            rules.reject(
-                Code.CREDIT_KEY_INVALID, f"validator {record['validator']} published this key"
-            )
-    state.put(
-        schema.CREDIT_KEY,
-        entry,
+    for index, point in enumerate(body.blinded):
+        try:
+            bls.parse_g1(point, f"blinded point {index}")
+        except bls.BlsError as error:
+            rules.reject(Code.MINT_INVALID, error.message)
+    identifier = threshold_mint_id(body.payer, period, body.blinded)
+    issued = issue_epoch(plan, period, state.genesis.epoch_length)
+    accept_mint(
+        state,
+        body,
+        identifier,
         {
-            "epoch": body.epoch,
-            "validator": validator["address"],
-            "key": body.key.hex(),
-            "height": state.block_height,
+            "period": period,
+            "issue_epoch": issued,
+            "points": [point.hex() for point in body.blinded],
         },
     )
-    state.emit("planet.credit_key", epoch=body.epoch, validator=validator["address"])
 
 
-def mint(state: State, tx: SignedTx) -> None:
-    body: Mint = tx.body
-    enabled(state)
-    current = rules.epoch_of(state, state.block_height)
-    if body.epoch != current:
-        rules.reject(Code.CREDIT_EPOCH, f"a mint of epoch {body.epoch} in epoch {current}")
-    keys = epoch_keys(state, current)
-    power = 0
-    for address, messages in body.blinded.items():
-        entry = keys.keys.get(address)
-        if entry is None:
-            rules.reject(
-                Code.NO_CREDIT_KEYS, f"validator {address} has no credit key in epoch {current}"
-            )
-        public, weight = entry
-        power += weight
-        for message in messages:
-            if len(message) != public.modulus_len or int.from_bytes(message, "big") >= public.n:
-                rules.reject(Code.MINT_INVALID, f"a blinded message does not fit {address}'s key")
-    if not state.has_two_thirds(power):
-        rules.reject(
-            Code.NO_CREDIT_KEYS, f"the listed keys hold {power} of {state.total_power} power"
-        )
-    identifier = mint_id(body.payer, body.epoch, body.blinded)
-    blinded = {a: [m.hex() for m in body.blinded[a]] for a in sorted(body.blinded)}
-    accept_mint(state, body, identifier, {"blinded": blinded})
-
-
-def accept_mint(state: State, body: Any, identifier: str, extra: dict[str, Any]) -> None:
-    """The rules every mint form shares (RSA `mint`, threshold `credit_mint`): amount = count ·
-    price, a new id, expiry, the payer's `CreditPurchase` signature over `identifier`, the
-    payer's bound of unfunded mints; then the unfunded record (`extra` adds its own fields)."""
+def accept_mint(state: State, body: CreditMint, identifier: str, extra: dict[str, Any]) -> None:
+    """A mint's payment rules: amount = count · price, a new id, expiry, the payer's
+    `CreditPurchase` signature over `identifier`, the payer's bound of unfunded mints; then the
+    unfunded record (`extra`: its period, issue epoch and points)."""
     genesis = state.genesis
     current = rules.epoch_of(state, state.block_height)
     count = body.count
@@ -292,7 +244,7 @@ def _bound_pending(state: State, payer: str, current: int, where: str) -> None:
         )
 
 
-def admit_mint(state: State, body: Mint | ThresholdMint) -> str | None:
+def admit_mint(state: State, body: CreditMint) -> str | None:
     """Mempool admission of a mint (CheckTx, committed state only): why it would be refused
     MINT_PENDING_LIMIT in the next block, or None. FinalizeBlock decides; this keeps a payer's
     mints beyond its bound out of blocks."""
@@ -329,6 +281,8 @@ def fund_mint(state: State, tx: SignedTx) -> None:
     record = state.get(schema.MINT, body.mint)
     if record is None:
         rules.reject(Code.MINT_UNKNOWN, f"no mint {body.mint}")
+    if "period" not in record:  # an RSA mint recorded before that form was retired
+        rules.reject(Code.MINT_UNKNOWN, f"mint {body.mint} is of the retired RSA form")
     if record["funded_height"] is not None:
         return
     current = rules.epoch_of(state, state.block_height)
@@ -359,11 +313,11 @@ def fund_mint(state: State, tx: SignedTx) -> None:
             state.delete(schema.MINT_UNFUNDED, f"{lane}/{body.mint}")
     _count_pending(state, record["payer"], record["epoch"], -1)
     state.put(schema.MINT_BUYER, record["payer"], state.block_height)
-    # paid for: the record (what `/credit_signatures` answers from) stays as long as its credits
+    # paid for: the record (what `/credit_partials` answers from) stays as long as its credits
     # can be redeemed, so a client that comes back late still finishes its purchase
     state.delete(schema.PRUNE_INDEX, schema.prune_key(record["epoch"], schema.MINT, body.mint))
     lifetime = state.genesis.credit_lifetime_epochs
-    issued = record.get("issue_epoch", record["epoch"])  # a threshold mint's: its period's
+    issued = record["issue_epoch"]
     rules.track_at(state, schema.MINT, body.mint, issued + lifetime)
     escrow = (state.genesis.escrow_address or "").lower()
     charge = schema.charge_key(record["payer"], escrow, MINT_KIND, body.mint)
@@ -375,44 +329,54 @@ def fund_mint(state: State, tx: SignedTx) -> None:
         {"from": "0", "total": record["amount"], "height": state.block_height},
     )
     count_issued(state, issued, "funded", record["count"])
-    if "period" in record:
-        credit_buyers.note(state, record["period"], record["payer"], issued)
+    credit_buyers.note(state, record["period"], record["payer"], issued)
     state.emit("planet.mint_funded", mint=body.mint, epoch=record["epoch"])
 
 
-def redeem(state: State, tx: SignedTx) -> None:
-    body: Redeem = tx.body
+def credit_redeem(state: State, tx: SignedTx) -> None:
+    body: CreditRedeem = tx.body
     enabled(state)
     node = rules.compute_node(state, tx.signer)
     if body.model != node["model"] or body.shard not in node["shards"]:
         rules.reject(
             Code.REDEEM_SHARD, f"shard {body.shard} of {body.model} is not registered by this node"
         )
+    plan = credit_dkg.schedule(state)
+    epoch_length = state.genesis.epoch_length
     current = rules.epoch_of(state, state.block_height)
     lifetime = state.genesis.credit_lifetime_epochs
-    keys_of: dict[int, EpochKeys] = {}
+    by_period: dict[int, list[int]] = {}
     spent: list[tuple[str, int]] = []
+    seen: set[str] = set()
     for index, credit in enumerate(body.credits):
         where = f"credit {index}"
-        if not redeemable(credit.epoch, current, lifetime):
+        if not period_redeemable(plan, credit.period, epoch_length, current, lifetime):
             rules.reject(
                 Code.CREDIT_EPOCH,
-                f"{where}: a credit of epoch {credit.epoch} is not redeemable in epoch {current}",
+                f"{where}: a credit of key period {credit.period} is not redeemable in epoch "
+                f"{current}",
             )
-        keys = keys_of.get(credit.epoch) or epoch_keys(state, credit.epoch)
-        keys_of[credit.epoch] = keys
-        try:
-            check_credit(keys, credit)
-            identifier = spent_id(credit.prepared)
-        except CreditInvalidError as error:
-            rules.reject(Code.CREDIT_INVALID, f"{where}: {error.reason}")
-        if (
-            any(identifier == seen for seen, _ in spent)
-            or state.get(schema.CREDIT_SPENT, identifier) is not None
-        ):
+        identifier = spent_id(credit)
+        if identifier in seen or state.get(schema.CREDIT_SPENT, identifier) is not None:
             rules.reject(Code.CREDIT_SPENT, f"{where}: already redeemed")
-        credit_locks.check_redeemer(state, identifier, tx.signer, where)
-        spent.append((identifier, credit.epoch))
+        credit_locks.check_redeemer(state, identifier, tx.signer, where)  # CREDIT_LOCKED
+        seen.add(identifier)
+        by_period.setdefault(credit.period, []).append(index)
+        spent.append((identifier, issue_epoch(plan, credit.period, epoch_length)))
+    for period, indices in sorted(by_period.items()):
+        key = period_group_key(state, period)
+        if key is None:
+            rules.reject(Code.CREDIT_INVALID, f"key period {period} has no committee key")
+        batch = [body.credits[i] for i in indices]
+        try:
+            blind_bls.verify_credits(key, batch)
+        except (blind_bls.ThresholdCreditError, bls.BlsError):
+            for i in indices:  # name the first bad one
+                try:
+                    blind_bls.verify_credit(key, body.credits[i])
+                except (blind_bls.ThresholdCreditError, bls.BlsError) as error:
+                    rules.reject(Code.CREDIT_INVALID, f"credit {i}: {error.message}")
+            rules.reject(Code.CREDIT_INVALID, f"a credit of key period {period} does not verify")
     credit_work(state, tx.signer, node, body.model, body.shard, spent)
 
 

@@ -18,7 +18,6 @@ from abci_app import (
     seeds,
     settlement,
     spot_reports,
-    threshold_credits,
     verdicts,
     verifier_endpoints,
 )
@@ -26,13 +25,12 @@ from abci_app.state import State
 from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.credit_dkg import DkgComplaint, DkgDeal, DkgJustify
 from protocol.committee.credit_locks import CreditLock
-from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
+from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
 from protocol.committee.envelope import SignedTx
 from protocol.committee.gateways import GatewayBind
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import PayoutVote, WorkReport
-from protocol.committee.threshold_credits import ThresholdMint, ThresholdRedeem
 from protocol.committee.verification import (
     SeedCommit,
     SeedReveal,
@@ -80,16 +78,13 @@ HANDLERS: dict[str, Handler] = {
     VerifierEndpoint.TYPE: verifier_endpoints.verifier_endpoint,
     WorkReport.TYPE: work_report,
     PayoutVote.TYPE: settlement.payout_vote,
-    CreditKey.TYPE: credits.credit_key,
-    Mint.TYPE: credits.mint,
     FundMint.TYPE: credits.fund_mint,
-    Redeem.TYPE: serving(credits.redeem),
     SetPrice.TYPE: prices.set_price,
     CreditLock.TYPE: credit_locks.credit_lock,
     GatewayBind.TYPE: gateway_bindings.gateway,
     DkgDeal.TYPE: credit_dkg.dkg_deal,
     DkgComplaint.TYPE: credit_dkg.dkg_complaint,
     DkgJustify.TYPE: credit_dkg.dkg_justify,
-    ThresholdMint.TYPE: threshold_credits.credit_mint,
-    ThresholdRedeem.TYPE: serving(threshold_credits.credit_redeem),
+    CreditMint.TYPE: credits.credit_mint,
+    CreditRedeem.TYPE: serving(credits.credit_redeem),
 }

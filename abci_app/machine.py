@@ -46,12 +46,11 @@ from abci_app.encoding import proto_tx_size
 from abci_app.state import Event, State
 from protocol.commit_batch import decode_tx, is_batch
 from protocol.committee.credit_locks import CreditLock
-from protocol.committee.credits import Mint
+from protocol.committee.credits import CreditMint
 from protocol.committee.envelope import SignedTx, TxSignatureError
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.registry import RegisterNode, recover_registration
 from protocol.committee.settlement import WorkReport
-from protocol.committee.threshold_credits import ThresholdMint
 from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -191,7 +190,7 @@ class StateMachine:
         last = self.state.committed(schema.NONCE, tx.signer) or 0
         if tx.nonce <= last:
             return TxResult(Code.BAD_NONCE, f"nonce {tx.nonce} ≤ last committed nonce {last}")
-        if isinstance(tx.body, Mint | ThresholdMint):
+        if isinstance(tx.body, CreditMint):
             refused = credits.admit_mint(self.state, tx.body)
             if refused is not None:
                 return TxResult(Code.MINT_PENDING_LIMIT, refused)

@@ -114,9 +114,6 @@ COVERAGE = "cover"
 
 # --- credits (credits.py) --------------------------------------------------------------------
 
-# ckey/<epoch>/<validator key>: {epoch, validator (address), key (DER hex), height}, a
-# validator's RSA blind-signing key for that epoch's credits
-CREDIT_KEY = "ckey"
 # cdkg/<period>: {period, session, receivers [[address, pub_key]], threshold, start, finish,
 # result: null | {key, commitments, public_shares {address: hex}, qualified, threshold} |
 # {failed: reason}}: one key period's DKG and its committee key (credit_dkg.py)
@@ -129,10 +126,10 @@ CREDIT_DKG_MESSAGE = "cdkgm"
 # cbuyers/<period>: how many distinct payers bought credits of it (its anonymity set)
 CREDIT_PERIOD_BUYER = "cbuyer"
 CREDIT_PERIOD_BUYERS = "cbuyers"
-# mint/<mint id>: {epoch, payer, count, amount, blinded, height, vouched [validator addresses],
-# funded_height (null until vouched by ≥ 2/3 of the power)}; validators blind-sign the blinded
-# messages with their key of that epoch when asked (/credit_signatures), once funded; pruned
-# with its epoch while unfunded, with epoch + credits.lifetime_epochs once funded
+# mint/<mint id>: {epoch, payer, count, amount, expiry, period, issue_epoch, points, height,
+# vouched [validator addresses], funded_height (null until vouched by ≥ 2/3 of the power)};
+# validators sign its points with their key share when asked (/credit_partials), once funded;
+# pruned with its epoch while unfunded, with issue_epoch + credits.lifetime_epochs once funded
 MINT = "mint"
 # mpend/<lane>/<mint id>: 0 while the mint waits for its funding (the watchers' work list,
 # paged in key order): lane "0" when its payer had a funded mint before (`mbuyer/`: a paying

@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 from abci_app.queries import query
-from protocol.credits import EpochKeys
 from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key, seeded_key
 from tests.mint_flood import junk_mint
 
@@ -24,13 +23,13 @@ BLOCK = 500
 
 
 def flood_figures(
-    chain: Chain, keys: EpochKeys, count: int, price: int, escrow: str, expiry: int
+    chain: Chain, period: int, count: int, price: int, escrow: str, expiry: int
 ) -> dict[str, Any]:
     sender = seeded_key("flood-bench-sender")
     txs = []
     for n in range(count):
         payer = seeded_evm_key(f"flood-bench-payer-{n // PER_PAYER}")
-        _, body = junk_mint(keys, payer, price, EVM_CHAIN_ID, escrow, expiry, n)
+        _, body = junk_mint(period, payer, price, EVM_CHAIN_ID, escrow, expiry, n)
         txs.append(chain.tx(body, sender))
     cpu = 0.0
     for start in range(0, len(txs), BLOCK):

@@ -1,12 +1,12 @@
 """The client's credit file under payment (node/client/credit_wallet.py): one JSON object.
 
 Paying takes one credit per charging hop and chunk of positions while an answer runs, so a take
-sits on the answer's critical path. For wallets of --sizes credits (4 signers, ~2.4 KB each on
-disk) it times --takes takes of one credit by the same wallet (`take_ms_<n>`, the paying
-client's case: the parsed file stays cached) and the first take of a fresh reader
-(`first_take_ms_<n>`: a new process parses the file once), and reports the file's size.
-Medians; the spread of the repeated takes is kept. Real files and fsyncs in a temporary
-directory, so the disk's fsync time is most of a take.
+sits on the answer's critical path. For wallets of --sizes credits (threshold BLS: 88 bytes,
+176 hex chars each on disk) it times --takes takes of one credit by the same wallet
+(`take_ms_<n>`, the paying client's case: the parsed file stays cached) and the first take of
+a fresh reader (`first_take_ms_<n>`: a new process parses the file once), and reports the
+file's size. Medians; the spread of the repeated takes is kept. Real files and fsyncs in a
+temporary directory, so the disk's fsync time is most of a take.
 
     .venv/bin/python bench/credit_wallet.py          # ~10 s
 """
@@ -26,21 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import machine, median, parse_with_quick, spread
 from node.client.credit_wallet import CreditWallet
-from protocol.credits import Credit
+from protocol import bls
+from protocol.blind_bls import ThresholdCredit
 
-SIGNERS = 4
-SIGNATURE_BYTES = 256  # RSA-2048
+SIGMA = bls.g1_bytes(bls.g1_generator())  # a valid point: the file is parsed strictly
 
 
-def _credits(count: int) -> list[Credit]:
-    return [
-        Credit(
-            epoch=5,
-            prepared=os.urandom(96),
-            signatures=tuple((f"{v:040X}", os.urandom(SIGNATURE_BYTES)) for v in range(SIGNERS)),
-        )
-        for _ in range(count)
-    ]
+def _credits(count: int) -> list[ThresholdCredit]:
+    return [ThresholdCredit(5, os.urandom(32), SIGMA) for _ in range(count)]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -64,7 +57,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "bench": "credit_wallet",
         "machine": machine(),
-        "config": {"sizes": args.sizes, "takes": args.takes, "signers": SIGNERS},
+        "config": {"sizes": args.sizes, "takes": args.takes, "form": "threshold BLS"},
         "metrics": metrics,
         "targets": {},
     }

@@ -1,21 +1,20 @@
 """Credits on the committee app in-process (no sockets, no CometBFT): one JSON object.
 
-A 4-validator chain (`tests/committee_chain.py`) with genesis `credits`; every validator
-publishes a freshly generated 2048-bit RSA key for the epoch. Then, --mints times:
+A 4-validator chain (`tests/committee_chain.py`) with genesis `credits`; the validators form the
+first key period's committee key by the on-chain DKG (their watchers' messages, untimed;
+`tests/credit_chain.py`), t = 3 of 4. Then, --mints times:
 
-- mint: the client draws --credits nonces and blinds each under every validator's key
-  (`client_blind_ms`), the mint tx runs through a block (`chain_mint_ms`: PrepareProposal →
-  FinalizeBlock → Commit), each validator blind-signs the mint's messages for it
-  (`sign_ms_per_validator`, what one `/credit_signatures` query costs), the client unblinds and
-  verifies (`finalize_ms`). `mint_ms_p50` = the sum, request → usable credits, without network
-  or block time (a real chain adds ≥ one block interval and 4 query round trips);
-  `chain_fund_ms` is the block of the 4 validators' `fund_mint` vouches in between (the EVM
-  balance reads behind them are the watchers', not timed here: a real chain adds ≥ one more
-  block interval).
-- redeem: the credits go to compute nodes in redeem txs of --per-tx credits (3 of 4 signatures
-  each, the least that reaches 2/3), --txs-per-block txs per block; `redeem_records_s` =
-  credits / CPU seconds of the blocks that carry them (every validator verifies every
-  signature: 3 RSA-2048 verifications per credit).
+- mint: the client draws --credits nonces and blinds each into ONE list (`client_blind_ms`),
+  the `credit_mint` tx runs through a block (`chain_mint_ms`: PrepareProposal → FinalizeBlock →
+  Commit), each validator signs the mint's points with its key share
+  (`sign_ms_per_validator`, what one `/credit_partials` query costs), the client checks every
+  partial, combines t, unblinds and verifies (`finalize_ms`). `mint_ms_p50` = the sum, request
+  → usable credits, without network or block time (a real chain adds ≥ one block interval and
+  4 query round trips); `chain_fund_ms` is the block of the 4 validators' `fund_mint` vouches
+  in between (the EVM balance reads behind them are the watchers', not timed here).
+- redeem: the credits go to compute nodes in `credit_redeem` txs of --per-tx credits,
+  --txs-per-block txs per block; `redeem_records_s` = credits / CPU seconds of the blocks that
+  carry them (every validator checks every credit: one batched pairing check per period and tx).
 
 - flood (issue 42): --flood junk mints nobody pays for, and the watchers' whole waiting list
   read back page by page (`bench/_mint_flood.py`; the `flood_*` metrics).
@@ -39,19 +38,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from abci_app.credit_queries import signatures
 from abci_app.queries import query
+from abci_app.threshold_queries import partials
 from bench._common import machine, parse_with_quick
 from bench._mint_flood import flood_figures
-from node.client.credit_wallet import MintRequest
+from node.client.mint_request import MintRequest
+from protocol.blind_bls import ThresholdCredit
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
-from protocol.committee.credits import CreditKey, FundMint, Redeem
+from protocol.committee.credits import CreditRedeem, FundMint
 from protocol.committee.grammar import MAX_BATCH
 from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
-from protocol.credit_keys import CreditKeyStore
-from protocol.credits import Credit, epoch_keys_from_query
 from protocol.eip712 import address_of
+from protocol.threshold_mint import PeriodKey
 from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key, seeded_key
+from tests.credit_chain import ensure_key, shares
 
 ESCROW = "0x" + "ee" * 20
 PRICE = 10**12
@@ -117,27 +117,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "committee_address": "0x" + "cc" * 20,
                     "escrow_address": ESCROW,
                 },
-                "credits": {"price_wei": str(PRICE), "layer_tokens": 4096},
+                "credits": {
+                    "price_wei": str(PRICE),
+                    "layer_tokens": 4096,
+                    "key_period_blocks": 1_000_000,
+                    "dkg_phase_blocks": 2,
+                },
             },
         )
         chain.time_s = NOW
+        ensure_key(chain, Path(tmp))  # the DKG's blocks: untimed
+        stores = shares(Path(tmp), chain)
         workers = nodes(chain, args.nodes)
-        stores = []
-        txs = []
-        for index, validator in enumerate(chain.validators):
-            store = CreditKeyStore(Path(tmp) / f"keys-{index}")
-            txs.append(chain.tx(CreditKey(1, store.generate(1).public.to_der()), validator.key))
-            stores.append(store)
-        assert all(r.code == 0 for r in chain.block(txs))
-        keys = epoch_keys_from_query(ask(chain, "/credit_keys?epoch=1"))
+        period = PeriodKey.from_answer(ask(chain, "/credit_period"))
         payer = seeded_evm_key("credit-bench-payer")
         blind_ms, mint_ms, fund_ms, sign_ms, finalize_ms, total_ms = [], [], [], [], [], []
-        credits: list[Credit] = []
+        credits: list[ThresholdCredit] = []
         mint_bytes = []
         for i in range(args.mints):
             t0 = time.process_time()
             request = MintRequest.create(
-                keys, args.credits, payer, PRICE, EVM_CHAIN_ID, ESCROW, NOW + 3600
+                period, args.credits, payer, PRICE, EVM_CHAIN_ID, ESCROW, NOW + 3600
             )
             t1 = time.process_time()
             raw = chain.tx(request.body, seeded_key(f"credit-bench-minter-{i}"))
@@ -148,16 +148,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             vouches = [chain.tx(FundMint(request.mint_id), v.key) for v in chain.validators]
             assert all(r.code == 0 for r in chain.block(vouches))  # the watchers' fund_mint
             t_funded = time.process_time()
-            answers: dict[str, list[bytes]] = {}
+            answers: list[dict[str, Any]] = []
             per_validator = []
             for store in stores:
                 s0 = time.process_time()
-                answer = signatures(chain.state, store, {"mint": request.mint_id})
+                answers.append(partials(chain.state, store, {"mint": request.mint_id}))
                 per_validator.append((time.process_time() - s0) * 1000)
-                for address, sigs in answer["signatures"].items():
-                    answers[address] = [bytes.fromhex(s) for s in sigs]
             t3 = time.process_time()
-            credits += request.finalize(keys, answers)
+            credits += request.finalize(period, answers)
             t4 = time.process_time()
             blind_ms.append((t1 - t0) * 1000)
             mint_ms.append((t2 - t1) * 1000)
@@ -165,14 +163,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sign_ms.append(median(per_validator))
             finalize_ms.append((t4 - t3) * 1000)
             total_ms.append((t4 - t0) * 1000)
-        # redeem: 3 of 4 signatures per credit, --per-tx credits per tx
-        trimmed = [
-            Credit(c.epoch, c.prepared, c.signatures[1:]) for c in credits
-        ]  # the least that reaches 2/3
-        batches = [trimmed[i : i + args.per_tx] for i in range(0, len(trimmed), args.per_tx)]
-        commit_served(chain, workers, len(trimmed))  # a redemption needs committed work
+        batches = [credits[i : i + args.per_tx] for i in range(0, len(credits), args.per_tx)]
+        commit_served(chain, workers, len(credits))  # a redemption needs committed work
         redeem_txs = [
-            chain.tx(Redeem("m", 0, tuple(batch)), workers[i % len(workers)])
+            chain.tx(CreditRedeem("m", 0, tuple(batch)), workers[i % len(workers)])
             for i, batch in enumerate(batches)
         ]
         redeem_bytes = [len(raw) for raw in redeem_txs]
@@ -185,18 +179,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cpu += time.process_time() - t0
             assert all(r.code == 0 for r in results), [r.log for r in results]
             redeemed += sum(len(b) for b in batches[start : start + args.txs_per_block])
-        flood = flood_figures(chain, keys, args.flood, PRICE, ESCROW, NOW + 3600)
+        flood = flood_figures(chain, period.period, args.flood, PRICE, ESCROW, NOW + 3600)
         return {
             "bench": "credits",
             "machine": machine(),
             "config": {
                 "validators": 4,
-                "rsa_bits": 2048,
+                "threshold": period.threshold,
+                "scheme": "threshold blind BLS12-381 (one committee key per key period)",
                 "credits_per_mint": args.credits,
                 "mints": args.mints,
                 "credits_per_redeem_tx": args.per_tx,
                 "redeem_txs_per_block": args.txs_per_block,
-                "signatures_per_redeemed_credit": 3,
                 "clock": "process CPU time, in-process app (no network, no block interval)",
             },
             "metrics": {
@@ -209,7 +203,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "finalize_ms_p50": round(median(finalize_ms), 2),
                 "mint_tx_bytes": max(mint_bytes),
                 "redeem_records_s": round(redeemed / cpu, 1) if cpu else 0.0,
-                "redeem_tx_bytes_per_credit": round(sum(redeem_bytes) / len(trimmed), 1),
+                "redeem_tx_bytes_per_credit": round(sum(redeem_bytes) / len(credits), 1),
                 "redeemed_credits": redeemed,
                 # flat (BENCHMARKS.md): flood_mints(_s), flood_pending_{listed,pages,list_ms}
                 **{k if k.startswith("flood_") else f"flood_{k}": v for k, v in flood.items()},
@@ -220,8 +214,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mints", type=int, default=8)
-    parser.add_argument("--credits", type=int, default=16, help="credits per mint (≤ ~30)")
-    parser.add_argument("--per-tx", type=int, default=24, help="credits per redeem tx")
+    parser.add_argument("--credits", type=int, default=16, help="credits per mint (≤ 64)")
+    parser.add_argument("--per-tx", type=int, default=64, help="credits per redeem tx")
     parser.add_argument("--txs-per-block", type=int, default=4)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--flood", type=int, default=2000, help="junk mints (issue 42)")

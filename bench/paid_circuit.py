@@ -3,9 +3,10 @@ free and paid, side by side in one run. One JSON object.
 
 In-process: two aiohttp nodes of a tiny model (`tests/doubles/tiny_model.py`, so the figures are
 the payment's own overhead, not hidden under a big model's compute) and the in-process 4-validator
-committee chain (`tests/committee_chain.py`) the nodes check credits against: each credit's three
-or four RSA-2048 signatures, its epoch and the spent set (`/credit_spent`) — a real node asks
-its validator over RPC instead (add one round trip per credit to `node_accept_ms_per_credit`).
+committee chain (`tests/committee_chain.py`) the nodes check credits against: each credit's
+threshold BLS signature under its key period's key, its window and the spent set
+(`/credit_spent`) — a real node asks its validator over RPC instead (add one round trip per
+credit to `node_accept_ms_per_credit`).
 The paid run uses `planet ask --credits`'s path (`ReplicaCircuits(credits=…)`, prices from
 `/info`), --positions positions per credit.
 
@@ -52,8 +53,8 @@ from node.server.config import ServerConfig
 from node.server.next_hops import ForwardList
 from node.server.payments import CreditCheck, CreditSpool, Payments
 from protocol.stream import pay_message, ws_frame_bytes
+from tests.credit_chain import minted, node_chain
 from tests.doubles.tiny_model import make_tiny_model
-from tests.unit.test_abci_credits import minted, node_chain
 from tests.unit.test_credit_till import ChainLink
 
 PROMPT = "w1 w7 w3 w40 w5 w99 w12 w8 w9 w10 w11 w2"
@@ -131,10 +132,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     ids = head.encode(PROMPT)
     fed = len(ids) + args.tokens - 1
     per_question = 2 * -(-fed // args.positions)
-    chain, node = node_chain()
+    chain, node = node_chain(root)
     credits = []
     while len(credits) < per_question * args.repeats:
-        batch, _, _ = minted(chain, root, count=min(32, per_question * args.repeats))
+        batch, _ = minted(chain, root, count=min(32, per_question * args.repeats))
         credits += batch
     wallet = CreditWallet(root / "credits.json")
     wallet.add(credits)

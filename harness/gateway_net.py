@@ -192,6 +192,28 @@ class Committee:
             self.validator_nonce += 1
             return sign(body, self.validator_key(), self.validator_nonce).encode()
 
+    def form_credit_key(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        """Play the validator's part in the current key period's DKG (what its watcher does:
+        `node.watcher.credit_dkg.plan`, its share into `<home>/credit_shares/` where its app
+        signs with it) until the period's committee key is formed; its `/credit_period`
+        answer. A committee without a watcher needs this before it sells a credit."""
+        from node.watcher.credit_dkg import plan  # lazy: only committees that sell credits
+        from protocol.credit_shares import CREDIT_SHARES_DIR, CreditShareStore
+
+        store = CreditShareStore(self.home / CREDIT_SHARES_DIR)
+        key = self.validator_key()
+
+        def formed() -> dict[str, Any] | None:
+            answer = self.query("/credit_period")
+            bodies = plan(answer, key, store)  # once formed: the share saved, nothing to send
+            if ((answer.get("run") or {}).get("result") or {}).get("key"):
+                return answer
+            for body in bodies:
+                self.submit(self.validator_sign(body))
+            return None
+
+        return wait_for(formed, timeout_s, "the credit key period's DKG formed no key")
+
 
 def start_committee(
     run_dir: Path,

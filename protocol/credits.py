@@ -1,97 +1,32 @@
-"""Bearer credits: what a credit is, what a payer signs to buy credits, and the validity rule.
+"""Bearer credits: what a payer signs to buy credits, and the chain's time a credit is taken by.
 
-A credit is an RSA blind signature (RFC 9474, `protocol.blindrsa`, RSABSSA-SHA384-PSS-Randomized)
-by validators of the committee over a message the client chose and the signers never saw:
-
-    message  = CREDIT_DOMAIN ‖ nonce            nonce: 32 random bytes, drawn by the client
-    prepared = prefix ‖ message                 prefix: RFC 9474's random 32 bytes
-    credit   = (epoch, prepared, [(validator address, signature), ...])
-
-`epoch` names the key set: each validator publishes one RSA key per epoch (`credit_key` tx),
-and a credit minted in epoch e is signed with the keys of e. It is valid (`check_credit`) when
-every listed signature verifies under its validator's key of that epoch and the listed
-validators hold ≥ 2/3 of the power (`3·power ≥ 2·total`). Nothing in it names the payer: the
-mint tx carries only blinded messages, and each blinded message is a uniformly random unit
-mod n, independent of the message and of the finalized signature (the blinding inverse never
-leaves the client).
+A credit is a threshold blind BLS signature by the committee's key of one key period
+(`protocol.blind_bls.ThresholdCredit`; the mint id and the period's window:
+`protocol.threshold_mint`). Nothing in it names the payer: the mint tx carries only blinded
+points, and the blinding factors never leave the client.
 
 What a payer signs to buy `count` credits (EIP-712, the payment domain of `protocol.payment`,
 a struct of its own so that a gateway voucher can never be charged as a purchase or back):
 
     CreditPurchase(bytes32 mintId,uint64 credits,uint256 amount,uint64 expiry,address consumer)
 
-Each validator has its own key, so a client blinds every credit once per validator key (a
-uniformly random factor per key): a mint lists, per validator, its blinded messages.
-`mintId = mint_id(payer, epoch, blinded)` binds the signature to exactly those blinded messages, so
-nobody can reuse the payment for messages of their own. `amount = credits · price` (genesis
-`credits.price_wei`); the committee records it as a prepaid charge (debited from the payer's
-`QueryEscrow` balance in the epoch's payout root). Pure: integers, bytes, hashlib.
+`mintId = threshold_mint_id(payer, period, blinded)` binds the signature to exactly those
+blinded points, so nobody can reuse the payment for points of their own. `amount = credits ·
+price` (genesis `credits.price_wei`); the committee records it as a prepaid charge (debited from
+the payer's `QueryEscrow` balance in the epoch's payout root). Pure: integers, bytes, hashlib.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from protocol import blindrsa
-from protocol.blindrsa import RsaPublicKey
 from protocol.eip712 import TypedStruct
 from protocol.errors import ProtocolError
 from protocol.fields import is_int
 
-CREDIT_DOMAIN = b"planet-credit/v1\n"
-NONCE_BYTES = 32
-PREPARED_BYTES = blindrsa.PREFIX_BYTES + len(CREDIT_DOMAIN) + NONCE_BYTES
-MINT_DOMAIN = b"planet-mint/v1\n"
-VARIANT = blindrsa.PSS_RANDOMIZED
 FUND_EPOCHS = 1  # a mint of epoch e can be funded (`fund_mint`) in epochs e and e + 1
-
-
-class CreditInvalidError(ProtocolError):
-    """A credit that does not carry valid signatures of ≥ 2/3 of the power; `reason` says why."""
-
-    code = "credit_invalid"
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"invalid credit: {reason}")
-        self.reason = reason
-
-
-def credit_message(nonce: bytes) -> bytes:
-    """The message a credit's signatures are over (before RFC 9474's random prefix)."""
-    if len(nonce) != NONCE_BYTES:
-        raise CreditInvalidError(f"a credit nonce is {NONCE_BYTES} bytes")
-    return CREDIT_DOMAIN + nonce
-
-
-def nonce_of(prepared: bytes) -> bytes:
-    """The nonce inside a prepared credit message, or CreditInvalidError for any other shape."""
-    if len(prepared) != PREPARED_BYTES:
-        raise CreditInvalidError(f"a prepared credit message is {PREPARED_BYTES} bytes")
-    message = prepared[blindrsa.PREFIX_BYTES :]
-    if not message.startswith(CREDIT_DOMAIN):
-        raise CreditInvalidError("the message is not a Planet credit")
-    return message[len(CREDIT_DOMAIN) :]
-
-
-def spent_id(prepared: bytes) -> str:
-    """The spent-set key of a credit: sha256 of its nonce (one nonce is spent once, whatever the
-    prefix), 64 lowercase hex."""
-    return hashlib.sha256(nonce_of(prepared)).hexdigest()
-
-
-def mint_id(payer: str, epoch: int, blinded: Mapping[str, tuple[bytes, ...]]) -> str:
-    """`0x` + sha256 over MINT_DOMAIN, the lowercase payer, the epoch and, per validator address
-    ascending, the address and its blinded messages (each length-prefixed): the mint's id, the
-    `mintId` the payer signs."""
-    digest = hashlib.sha256(MINT_DOMAIN + payer.lower().encode() + epoch.to_bytes(8, "big"))
-    for address in sorted(blinded):
-        digest.update(address.encode() + len(blinded[address]).to_bytes(2, "big"))
-        for message in blinded[address]:
-            digest.update(len(message).to_bytes(2, "big") + message)
-    return "0x" + digest.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +60,8 @@ def sign_purchase(
     escrow: str,
 ) -> tuple[int, str]:
     """(amount, "0x" signature): the payer's `CreditPurchase` of `count` credits at
-    `price_wei` each for mint `identifier` ("0x" + 64 hex), bound to `escrow` on `chain_id`;
-    either mint form (RSA or threshold) carries the two."""
+    `price_wei` each for mint `identifier` ("0x" + 64 hex), bound to `escrow` on `chain_id`:
+    what a `credit_mint` carries."""
     from protocol.payment import payment_domain  # eth_utils: only when a purchase is signed
 
     amount = count * price_wei
@@ -138,41 +73,6 @@ def sign_purchase(
         consumer=escrow,
     )
     return amount, "0x" + purchase.sign(payer_key, payment_domain(chain_id, escrow)).hex()
-
-
-@dataclass(frozen=True, slots=True)
-class Credit:
-    """A finalized credit: the epoch of its keys, the prepared message, and one signature per
-    listed validator (address uppercase hex, strictly ascending)."""
-
-    epoch: int
-    prepared: bytes
-    signatures: tuple[tuple[str, bytes], ...]
-
-    def to_json(self) -> list[object]:
-        return [
-            self.epoch,
-            self.prepared.hex(),
-            [[address, signature.hex()] for address, signature in self.signatures],
-        ]
-
-
-@dataclass(frozen=True, slots=True)
-class EpochKeys:
-    """The credit keys of one epoch: validator address → (public key, power), and total power."""
-
-    epoch: int
-    keys: Mapping[str, tuple[RsaPublicKey, int]]
-    total_power: int
-
-
-def epoch_keys_from_query(answer: Mapping[str, Any]) -> EpochKeys:
-    """The typed key set of a `/credit_keys` query answer (each key parsed and size-checked)."""
-    keys = {
-        entry["validator"]: (RsaPublicKey.from_der(bytes.fromhex(entry["key"])), entry["power"])
-        for entry in answer["keys"]
-    }
-    return EpochKeys(epoch=answer["epoch"], keys=keys, total_power=answer["total_power"])
 
 
 MAX_LIFETIME_EPOCHS = 1_000_000  # abci_app/genesis.py MAX_CREDIT_LIFETIME_EPOCHS
@@ -275,29 +175,3 @@ def clock_from_query(answer: Mapping[str, Any]) -> ChainClock:
     if not is_int(period_blocks, 0, MAX_HEIGHT):
         raise ProtocolError(f"/credit_keys: key_period_blocks {period_blocks!a} is not a count")
     return ChainClock(height, length, lifetime_from_query(answer), period_blocks)
-
-
-def check_credit(keys: EpochKeys, credit: Credit) -> None:
-    """Raise CreditInvalidError unless every listed signature verifies under its validator's key
-    of `credit.epoch` and the signers hold ≥ 2/3 of the total power. Deterministic."""
-    if credit.epoch != keys.epoch:
-        raise CreditInvalidError(f"checked against the keys of epoch {keys.epoch}")
-    nonce_of(credit.prepared)
-    addresses = [address for address, _ in credit.signatures]
-    if addresses != sorted(set(addresses)):
-        raise CreditInvalidError("signatures must be strictly ascending by validator address")
-    power = 0
-    for address, signature in credit.signatures:
-        entry = keys.keys.get(address)
-        if entry is None:
-            raise CreditInvalidError(f"validator {address} has no credit key in epoch {keys.epoch}")
-        public, weight = entry
-        try:
-            blindrsa.verify(public, credit.prepared, signature, VARIANT)
-        except blindrsa.BlindRsaError:
-            raise CreditInvalidError(
-                f"the signature of validator {address} does not verify"
-            ) from None
-        power += weight
-    if 3 * power < 2 * keys.total_power:
-        raise CreditInvalidError(f"signers hold {power} of {keys.total_power} power, under 2/3")

@@ -1,15 +1,12 @@
-"""A credit as clients and nodes pass it around: the RSA form (`protocol.credits.Credit`, being
-retired) or the threshold-BLS form (`protocol.blind_bls.ThresholdCredit`, the default).
+"""A credit as clients and nodes pass it around (`protocol.blind_bls.ThresholdCredit`).
 
-    on the wire and in files   RSA: [epoch, prepared hex, [[validator, sig hex], ...]]
-                               threshold: 176 hex chars (period ‖ nonce ‖ σ)
-    spent id                   sha256 of the nonce, either form (the chain's `cspent/` key)
-    window                     RSA: epochs e … e + lifetime; threshold: from its period's start
-                               to its issue epoch (the epoch of the period's last block) +
-                               lifetime (`protocol.threshold_mint`)
+    on the wire and in files   176 hex chars (period ‖ nonce ‖ σ)
+    spent id                   sha256 of the nonce (the chain's `cspent/` key)
+    window                     from its period's start to its issue epoch (the epoch of the
+                               period's last block) + lifetime (`protocol.threshold_mint`)
 
-Integers only; the window functions mirror the chain's rules (abci_app/credits.py,
-abci_app/threshold_credits.py) on a `ChainClock` read from `/credit_keys`.
+Integers only; the window functions mirror the chain's rules (abci_app/credits.py) on a
+`ChainClock` read from `/credit_keys`.
 """
 
 from __future__ import annotations
@@ -19,31 +16,34 @@ from typing import Any
 
 from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import parse_credit
-from protocol.committee.threshold_credits import parse_threshold_credit
+from protocol.committee.grammar import TxDecodeError
 from protocol.credit_periods import KeySchedule
-from protocol.credits import ChainClock, Credit, spent_id, takeable, window_end
+from protocol.credits import ChainClock, window_end
 from protocol.errors import ProtocolError
 
-PaidCredit = Credit | ThresholdCredit
+PaidCredit = ThresholdCredit
+
+
+class CreditInvalidError(ProtocolError):
+    """A credit whose σ does not verify under its key period's committee key."""
+
+    code = "credit_invalid"
 
 
 def credit_json(credit: PaidCredit) -> Any:
-    if isinstance(credit, ThresholdCredit):
-        return credit.to_bytes().hex()
-    return credit.to_json()
+    return credit.to_bytes().hex()
 
 
 def parse_paid_credit(item: Any, where: str = "credit") -> PaidCredit:
-    """Either form from a peer or a file (TxDecodeError, by name, otherwise)."""
-    if isinstance(item, str):
-        return parse_threshold_credit(item, where)
+    """A credit from a peer or a file (TxDecodeError, by name, otherwise: an RSA credit of
+    before, `[epoch, prepared, signatures]`, is named as such)."""
+    if isinstance(item, list):
+        raise TxDecodeError(f"{where}: an RSA credit, which the committee no longer redeems")
     return parse_credit(item, where)
 
 
-def paid_spent_id(credit: PaidCredit) -> str:
-    if isinstance(credit, ThresholdCredit):
-        return hashlib.sha256(credit.nonce).hexdigest()
-    return spent_id(credit.prepared)
+def spent_id(credit: PaidCredit) -> str:
+    return hashlib.sha256(credit.nonce).hexdigest()
 
 
 def _schedule(clock: ChainClock) -> KeySchedule:
@@ -53,20 +53,15 @@ def _schedule(clock: ChainClock) -> KeySchedule:
 
 
 def expiry_epoch(credit: PaidCredit, clock: ChainClock) -> int:
-    """The epoch whose + lifetime ends the credit's window (its own epoch, or its period's
-    issue epoch)."""
-    if isinstance(credit, ThresholdCredit):
-        end = _schedule(clock).period_end(credit.period)
-        return max(1, (end - 1) // clock.epoch_length + 1)
-    return credit.epoch
+    """The epoch whose + lifetime ends the credit's window: its period's issue epoch."""
+    end = _schedule(clock).period_end(credit.period)
+    return max(1, (end - 1) // clock.epoch_length + 1)
 
 
 def started(credit: PaidCredit, clock: ChainClock) -> bool:
     """Whether the chain's next block is in the credit's window or after its start."""
-    if isinstance(credit, ThresholdCredit):
-        first = _schedule(clock).period_start(credit.period)
-        return clock.height + 1 >= first
-    return credit.epoch <= clock.epoch
+    first = _schedule(clock).period_start(credit.period)
+    return clock.height + 1 >= first
 
 
 def paid_redeemable(credit: PaidCredit, clock: ChainClock) -> bool:
@@ -75,9 +70,8 @@ def paid_redeemable(credit: PaidCredit, clock: ChainClock) -> bool:
 
 
 def paid_takeable(credit: PaidCredit, clock: ChainClock, margin_blocks: int) -> bool:
-    """`protocol.credits.takeable` for either form."""
-    if isinstance(credit, Credit):
-        return takeable(credit.epoch, clock, margin_blocks)
+    """Whether a node takes the credit at `clock` with `margin_blocks` of redemption delay:
+    its window has started and still holds `margin_blocks` after the latest committed block."""
     if not started(credit, clock):
         return False
     end = window_end(expiry_epoch(credit, clock), clock.lifetime, clock.epoch_length)

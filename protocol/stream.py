@@ -13,8 +13,8 @@ the body's size is checked against count × hidden size before anything is decod
     client → node   {"op": "open", "sid", "session": capability, "shard",
                      "feed": token | null, "next": {"url", "shard", "feed": token} | null}
     client → node   {"op": "close", "sid"}
-    client → node   {"op": "pay", "sid", "credit": 176 hex chars (a threshold credit: period ‖
-                    nonce ‖ σ), or the RSA form [epoch, prepared hex, [[validator, sig hex]…]]}
+    client → node   {"op": "pay", "sid", "credit": 176 hex chars (a credit: period ‖ nonce ‖
+                    σ)}
     node → node     {"op": "attach", "sid", "feed": token}
     node → peer     {"op": "opened" | "attached" | "closed", "sid"}
     node → client   {"op": "error", "sid", "code", "message"}
@@ -58,7 +58,7 @@ from protocol.links import MissingNodeKeyError, check_node_key, is_encrypted
 from protocol.paid_credits import PaidCredit, credit_json, parse_paid_credit
 from protocol.urls import BadUrlError, canonical_url
 
-MAX_CONTROL_BYTES: Final = 16384  # a `pay` carries a credit: ~2 KB with 4 RSA-2048 signers
+MAX_CONTROL_BYTES: Final = 16384  # a `pay` carries a credit: 176 hex chars
 MAX_SID: Final = 2**32 - 1
 MAX_URL_CHARS: Final = 200
 # frames of ONE session a node holds queued or computing; the session's first one counts

@@ -5,7 +5,8 @@
 
 ONE list of blinded G1 points per mint: every validator signs that same list, so a mint of N
 buys N credits whatever the payer does (`protocol.blind_bls`). The payer's EIP-712
-`CreditPurchase` signs this id (a domain of its own: no RSA mint id can equal one).
+`CreditPurchase` signs this id (a domain of its own, v2: no id of the retired RSA mints,
+`planet-mint/v1`, can equal one).
 
 A credit of key period p is redeemable as a credit of its *issue epoch*: the settlement epoch of
 the period's last block (`issue_epoch`), for `credits.lifetime_epochs` epochs after it. The

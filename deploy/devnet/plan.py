@@ -31,9 +31,10 @@ DEVNET_CREDITS = {"price_wei": str(10**12), "layer_tokens": 4096}
 # The compute nodes charge bearer credits (`planet join --credit-positions`): a credit per 64
 # positions. The gateway pays them with credits it buys as it runs low (node/gateway/topup.py)
 # from a balance the devnet deposits for it at the escrow's own address: 1 ETH is 10^6 credits
-# at DEVNET_CREDITS' price, ~10^5 questions of ~10 credits on 3 shards. Credits need the
-# blind-signing keys of validators holding 2/3 of the power: every validator's stake watcher
-# publishes them (node/watcher/credit_keys.py), with or without --verifiers.
+# at DEVNET_CREDITS' price, ~10^5 questions of ~10 credits on 3 shards. Credits need the key
+# period's committee key: every validator's stake watcher takes part in its DKG
+# (node/watcher/credit_dkg.py), with or without --verifiers; a new devnet has it after its
+# first ~3 · dkg_phase_blocks blocks, and a purchase waits for it.
 DEVNET_CREDIT_POSITIONS = 64
 GATEWAY_CREDIT_DEPOSIT_WEI = ETHER
 GATEWAY_FUNDS_WEI = 2 * ETHER  # the gateway wallet: the deposit and its gas

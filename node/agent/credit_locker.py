@@ -24,10 +24,9 @@ from typing import Any, Protocol
 from node.chain.committee_rpc import TxRejectedError
 from node.server.credit_locks import LockMarks
 from node.server.payments import CreditSpool
-from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credit_locks import MAX_LOCKS, CreditLock
 from protocol.credits import clock_from_query
-from protocol.paid_credits import paid_spent_id
+from protocol.paid_credits import spent_id
 
 log = logging.getLogger(__name__)
 
@@ -58,20 +57,15 @@ class SpoolLocker:
     async def step(self) -> int:
         marks = self.marks
         undecided = [
-            credit for _, credit in self.spool.held() if marks.status(paid_spent_id(credit)) is None
+            credit for _, credit in self.spool.held() if marks.status(spent_id(credit)) is None
         ]
-        now = None
-        if any(isinstance(credit, ThresholdCredit) for credit in undecided):
-            # a threshold credit carries its key period, not an epoch: it is locked under the
-            # chain's current epoch (the lock lasts that epoch's credit lifetime; the node
-            # redeems what it won within a pass or two)
+        waiting: list[tuple[str, int]] = []
+        if undecided:
+            # a credit carries its key period, not an epoch: it is locked under the chain's
+            # current epoch (the lock lasts that epoch's credit lifetime; the node redeems what
+            # it won within a pass or two)
             now = clock_from_query(await self.link.query("/credit_keys")).epoch
-        waiting = sorted(
-            {
-                (paid_spent_id(c), now if isinstance(c, ThresholdCredit) else c.epoch)
-                for c in undecided
-            }
-        )
+            waiting = sorted({(spent_id(c), now) for c in undecided})
         won = 0
         while waiting:
             batch = waiting[: self.per_tx]

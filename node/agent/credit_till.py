@@ -1,16 +1,16 @@
 """`CreditTill`: a compute node's side of being paid with bearer credits — accept, hold, redeem.
 
     till = CreditTill(link, model, shard)
-    await till.accept(credit)     checked at once as the chain will check it (the epoch's
-                                  published keys, ≥ 2/3 of the power, an epoch the chain still
-                                  redeems) and against the credits this till already holds or
+    await till.accept(credit)     checked at once as the chain will check it (σ under its key
+                                  period's committee key, a window the chain still redeems in)
+                                  and against the credits this till already holds or
                                   redeemed; raises `CreditInvalidError` / `CreditRefused`
-    await till.redeem()           `redeem` txs of up to `per_tx` held credits; a credit the chain
-                                  refuses by name (spent elsewhere, invalid) is dropped and the
-                                  rest of its batch sent again; a batch its commitments pay for
-                                  only in part at its price (REDEMPTION_OVER_PRICE, "at most K")
-                                  is cut to K, the rest kept for later; returns the credits
-                                  redeemed
+    await till.redeem()           `credit_redeem` txs of up to `per_tx` held credits; a credit
+                                  the chain refuses by name (spent elsewhere, invalid) is
+                                  dropped and the rest of its batch sent again; a batch its
+                                  commitments pay for only in part at its price
+                                  (REDEMPTION_OVER_PRICE, "at most K") is cut to K, the rest
+                                  kept for later; returns the credits redeemed
 
     redeemer = SpoolRedeemer(till, CreditSpool(dir), locker=SpoolLocker(...))
     await redeemer.step()         the credits the compute node spooled as pay (its
@@ -20,7 +20,7 @@
                                   refused it for good, or another node locked it first
 
 What a client pays with is a bearer credit: whoever shows it first gets it. So a node redeems
-what it was paid before the credit's window closes (the mint's epoch e to e + genesis
+what it was paid before the credit's window closes (its key period's issue epoch e + genesis
 `credits.lifetime_epochs`), and a client
 that spends one credit at two nodes pays only the first to redeem it (`CREDIT_SPENT`).
 """
@@ -39,24 +39,15 @@ from node.server.credit_locks import LOST, LockMarks
 from node.server.payments import CreditRefusedError, CreditSpool
 from protocol import blind_bls, bls
 from protocol.blind_bls import ThresholdCredit
-from protocol.committee.credits import Redeem
-from protocol.committee.threshold_credits import ThresholdRedeem
-from protocol.credits import (
-    EpochKeys,
-    check_credit,
-    clock_from_query,
-    epoch_keys_from_query,
-    lifetime_from_query,
-    redeemable,
-)
-from protocol.paid_credits import PaidCredit, paid_redeemable, paid_spent_id
+from protocol.committee.credits import MAX_REDEEM, CreditRedeem
+from protocol.credits import clock_from_query, lifetime_from_query
+from protocol.paid_credits import CreditInvalidError, PaidCredit, paid_redeemable, spent_id
 from protocol.threshold_mint import PeriodKey
 
 log = logging.getLogger(__name__)
 
 CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED = 77, 78, 79, 86  # abci_app/codes.py
 REDEMPTION_OVER_PRICE = 91  # abci_app/codes.py: what is committed pays for fewer credits
-MAX_THRESHOLD_REDEEM = 64  # protocol/committee/credits.py MAX_REDEEM
 _ITEM = re.compile(r"credit (\d+):")
 _AT_MOST = re.compile(r"at most (\d+) credits")
 
@@ -76,18 +67,10 @@ class CreditTill:
     link: Link
     model: str
     shard: int
-    per_tx: int = 24  # 3–4 signatures of RSA-2048 per credit: ~2 KB each, under 64 KiB
+    per_tx: int = MAX_REDEEM  # 88 bytes a credit: 64 fit well under the 64 KiB tx limit
     held: list[PaidCredit] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)  # spent ids held or redeemed by this till
-    _keys: dict[int, EpochKeys] = field(default_factory=dict)
     _period_keys: dict[int, PeriodKey] = field(default_factory=dict)
-
-    async def _epoch_keys(self, epoch: int) -> EpochKeys:
-        if epoch not in self._keys:
-            self._keys[epoch] = epoch_keys_from_query(
-                await self.link.query("/credit_keys", epoch=epoch)
-            )
-        return self._keys[epoch]
 
     async def current_epoch(self) -> tuple[int, int]:
         """The current epoch and the credits' lifetime in epochs."""
@@ -95,22 +78,14 @@ class CreditTill:
         return int(answer["epoch"]), lifetime_from_query(answer)
 
     async def accept(self, credit: PaidCredit) -> None:
-        if isinstance(credit, ThresholdCredit):
-            await self._accept_threshold(credit)
-        else:
-            current, lifetime = await self.current_epoch()
-            if not redeemable(credit.epoch, current, lifetime):
-                raise CreditRefused(
-                    f"a credit of epoch {credit.epoch} expires before epoch {current}"
-                )
-            check_credit(await self._epoch_keys(credit.epoch), credit)
-        identifier = paid_spent_id(credit)
+        await self._check(credit)
+        identifier = spent_id(credit)
         if identifier in self.seen:
             raise CreditRefused("this credit was already paid to this node")
         self.seen.add(identifier)
         self.held.append(credit)
 
-    async def _accept_threshold(self, credit: ThresholdCredit) -> None:
+    async def _check(self, credit: ThresholdCredit) -> None:
         clock = clock_from_query(await self.link.query("/credit_keys"))
         if not paid_redeemable(credit, clock):
             raise CreditRefused(
@@ -122,16 +97,14 @@ class CreditTill:
         try:
             blind_bls.verify_credit(self._period_keys[credit.period].key, credit)
         except (blind_bls.ThresholdCreditError, bls.BlsError) as error:
-            raise CreditRefused(f"the credit does not verify: {error.message}") from None
+            raise CreditInvalidError(f"the credit does not verify: {error.message}") from None
 
     async def redeem(self) -> int:
         """Send the held credits in batches; returns how many the chain accepted."""
         redeemed = 0
         size = self.per_tx
         while self.held:
-            # one form per tx: the threshold credits first (88 bytes each: 64 fit easily)
-            threshold = [c for c in self.held if isinstance(c, ThresholdCredit)]
-            batch = threshold[: min(size, MAX_THRESHOLD_REDEEM)] or self.held[:size]
+            batch = self.held[: min(size, MAX_REDEEM)]
             code, text = await self._send(batch)
             if code == 0:
                 gone = {id(c) for c in batch}
@@ -154,11 +127,7 @@ class CreditTill:
         return redeemed
 
     async def _send(self, batch: list[PaidCredit]) -> tuple[int, str]:
-        body: Redeem | ThresholdRedeem
-        if all(isinstance(c, ThresholdCredit) for c in batch):
-            body = ThresholdRedeem(self.model, self.shard, tuple(batch))  # type: ignore[arg-type]
-        else:
-            body = Redeem(self.model, self.shard, tuple(batch))  # type: ignore[arg-type]
+        body = CreditRedeem(self.model, self.shard, tuple(batch))
         try:
             sent = await self.link.submit(body)
         except TxRejectedError as error:
@@ -185,19 +154,19 @@ class SpoolRedeemer:
         marks = LockMarks(self.spool.dir)
         for path, credit in self.spool.held():
             if self.locker is not None:
-                status = marks.status(paid_spent_id(credit))
+                status = marks.status(spent_id(credit))
                 if status == LOST:  # another node's: never redeemed here
                     self.spool.remove(path)
                     continue
                 if status is None:  # its lock is not decided yet
                     continue
-            files[paid_spent_id(credit)] = path
+            files[spent_id(credit)] = path
             self.till.held.append(credit)
-            self.till.seen.add(paid_spent_id(credit))
+            self.till.seen.add(spent_id(credit))
         if not files:
             return 0
         redeemed = await self.till.redeem()
-        kept = {paid_spent_id(credit) for credit in self.till.held}
+        kept = {spent_id(credit) for credit in self.till.held}
         for identifier, path in files.items():
             if identifier not in kept:  # redeemed, or refused for good by name
                 self.spool.remove(path)

@@ -109,7 +109,7 @@ def _devnet() -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    # lazy: the blind-RSA and committee codecs (cryptography), ~0.25 s of every `planet` start
+    # lazy: the BLS and committee codecs, a noticeable part of every `planet` start
     from node.client.credit_wallet import CreditWallet
 
     wallet_file = args.credits_file or planet_home() / "credits.json"
@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.action == "show":
         held, pending = wallet.count(), len(wallet.pending())
+        _note_retired(wallet)
         if args.json:
             print(json.dumps({"credits": held, "pending": pending, "file": str(wallet_file)}))
         else:
@@ -145,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
 
     if args.action == "finish":
+        _note_retired(wallet)
         finished = asyncio.run(finish_pending(rpcs, wallet, fund_timeout_s=wait, progress=progress))
         credits = len(finished)
     else:
@@ -172,6 +174,15 @@ def run(args: argparse.Namespace) -> int:
         left = f"; {pending} purchase(s) still in flight" if pending else ""
         print(f"{verb} {credits} credits; {held} held in {wallet_file}{left}")
     return 0
+
+
+def _note_retired(wallet: Any) -> None:
+    """One line on stderr about the RSA credits of before a credit file holds (never spent)."""
+    from node.client.credit_wallet import retired_note
+
+    retired = wallet.retired()
+    if retired:
+        print(f"note: {retired_note(retired)}", file=sys.stderr)
 
 
 def _min_anonymity(text: str) -> int:

@@ -1,29 +1,33 @@
 """Buying credits against a live committee: request → mint tx → funded (validators with ≥ 2/3
 of the power vouched that the payer's prepaid balance covers it, node/watcher/funding.py) →
-each validator's blind signatures → finalized credits in the wallet.
+each validator's partial signatures → finalized credits in the wallet.
 
     credits = await buy_credits(validator_rpcs, payer_key, count, wallet, expiry=now + 3600)
 
 `validator_rpcs` lists one CometBFT RPC URL per validator: each validator's app answers
-`/credit_signatures` with its own key only, so the client asks every one of them (and needs
-answers from validators holding ≥ 2/3 of the power). The mint tx is signed with a fresh ed25519
-key drawn for this purchase (it only carries the tx; the payer is authenticated by its EIP-712
-`CreditPurchase` signature), so mints of one payer share no committee account. Price, escrow
-and chain id come from the committee's `/params`. Errors are `PlanetError`s: `MintIncomplete`
-when too few validators answered, `MintRefused` when the chain refused the mint (by code),
-`MintUnfunded` when the validators did not vouch for it within the wait.
+`/credit_partials` with its own key share only, so the client asks every one of them (and
+needs t partials that check against the validators' public shares, node/client/mint_request.py).
+The mint tx is signed with a fresh ed25519 key drawn for this purchase (it only carries the
+tx; the payer is authenticated by its EIP-712 `CreditPurchase` signature), so mints of one
+payer share no committee account. Price, escrow and chain id come from the committee's
+`/params`. Errors are `PlanetError`s: `MintIncomplete` when too few validators answered,
+`MintRefused` when the chain refused the mint (by code),
+`MintUnfunded` when the validators did not vouch for it within the wait, `NoCreditKey` when
+the key period's committee key did not form within the wait (a new chain's first blocks run
+its DKG: the purchase waits for it, one progress line per block, "waiting for the committee's
+credit key (DKG) — block H of ~N").
 
 The CPU work (blinding, unblinding) runs off the event loop, so a long-running process (the
 hosted gateway's top-up, node/gateway/topup.py) can buy while it serves.
 
-Nothing paid is lost when the client dies or gives up: the purchase (its blinding inverses
+Nothing paid is lost when the client dies or gives up: the purchase (its blinding factors
 included) is written to the wallet file before the mint tx is sent (`CreditWallet.hold`), and
 `finish_pending` — run first by every `buy_credits` — takes each one on from where the chain
 has it:
 
-    not on the chain, its epoch still open   → the mint tx is sent (again; the id is unique)
-    not on the chain, its epoch over         → dropped: it can never be charged
-    on the chain, funded                     → signatures gathered, credits into the wallet
+    not on the chain, its period still open  → the mint tx is sent (again; the id is unique)
+    not on the chain, its period over        → dropped: it can never be charged
+    on the chain, funded                     → partials gathered, credits into the wallet
     on the chain, still fundable             → waited for (until funded, the wait's end or
                                                the window's end); kept pending while fundable
     on the chain, past its funding window    → dropped: never charged (the chain refuses to
@@ -35,35 +39,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from nacl.signing import SigningKey
 
 from node.chain.committee_link import NOT_FOUND_QUERY, CommitteeLink
 from node.chain.committee_rpc import TxRejectedError
-from node.client.credit_wallet import (
-    CreditWallet,
-    MintRequest,
-    NoCreditKeys,
-    Pending,
-    PendingMint,
-)
-from node.client.threshold_mint import (
-    PendingThresholdMint,
-    ThresholdMintRequest,
-    check_anonymity,
-)
-from protocol.credits import FUND_EPOCHS, epoch_keys_from_query
+from node.client.credit_wallet import CreditWallet, retired_note
+from node.client.mint_request import MintRequest, PendingMint, check_anonymity
+from protocol.credit_periods import KeySchedule
+from protocol.credits import FUND_EPOCHS, MAX_HEIGHT
 from protocol.errors import PlanetError, ProtocolError, RemoteError, UnavailableError
+from protocol.fields import is_int
 from protocol.paid_credits import PaidCredit
 from protocol.threshold_mint import NoPeriodKey, PeriodKey
 
 log = logging.getLogger(__name__)
 
 MINT_REPLAYED = 75  # abci_app/codes.py: the mint is already on the chain (an earlier send)
-# abci_app/codes.py NO_CREDIT_KEYS, CREDIT_EPOCH: a mint drawn against keys of an epoch that
-# ended before it landed (or before 2/3 of the power published the new epoch's keys)
+# abci_app/codes.py NO_CREDIT_KEYS, CREDIT_EPOCH: a mint drawn against the key of a period that
+# ended before it landed (or whose next key was not formed yet)
 RETRY_CODES = frozenset({76, 79})
 MINT_PENDING_LIMIT = 85  # the payer holds genesis credits.max_pending_mints unfunded mints
 MINT_TRIES = 3
@@ -71,25 +67,90 @@ UNKNOWN_QUERY = "query_40"  # abci_app/codes.py: a validator from before `/credi
 # `planet credits buy --min-anonymity`: the fewest buyers of a key period (this one included)
 # under which the client refuses to mint (docs/privacy.md "Key periods"); 1 refuses nothing
 DEFAULT_MIN_ANONYMITY = 1
+# how long a purchase waits for the key period's committee key (a new chain's DKG runs in its
+# first ~3 · dkg_phase_blocks blocks: about a minute at one block a second)
+KEY_WAIT_S = 180.0
 
 
-async def _period_answer(link: CommitteeLink) -> dict[str, Any] | None:
-    """The current key period's `/credit_period` answer when its committee key is formed (the
-    threshold path), or None: a committee from before key periods, or one whose key is still
-    being made — the transition's RSA path (docs/credits.md "Not wired yet")."""
+class NoCreditKey(ProtocolError):
+    """The key period's committee key did not form within the purchase's wait."""
+
+    code = "no_credit_key"
+
+
+async def _period_answer(link: CommitteeLink) -> dict[str, Any]:
+    """The current key period's `/credit_period` answer (ProtocolError, by name, from a
+    committee from before key periods: it sells no credits this client can buy)."""
     try:
         answer = await link.query("/credit_period")
     except RemoteError as error:
         if error.code in (NOT_FOUND_QUERY, UNKNOWN_QUERY):
-            return None
+            raise ProtocolError(
+                "this committee has no credit key periods: it sells no credits this client can buy",
+                hint="upgrade the committee's validators",
+            ) from None
         raise
     if not isinstance(answer, dict):
-        return None
-    try:
-        PeriodKey.from_answer(answer)
-    except NoPeriodKey:
-        return None
+        raise ProtocolError(f"/credit_period: expected an object, got {type(answer).__name__}")
     return answer
+
+
+def key_progress(answer: Mapping[str, Any]) -> tuple[int, int]:
+    """(H, N) of a `/credit_period` answer whose key is not formed: the committed height and
+    the block whose end forms the key (the run's `finish`, else the schedule's); ProtocolError,
+    by name, for an answer without them."""
+
+    def count(value: Any, name: str, low: int = 0) -> int:
+        if not is_int(value, low, MAX_HEIGHT):
+            raise ProtocolError(f"/credit_period: {name} {value!a} is not a block count")
+        return int(value)
+
+    height = count(answer.get("committed_height"), "committed_height")
+    run = answer.get("run")
+    if isinstance(run, dict) and is_int(run.get("finish"), 0, MAX_HEIGHT):
+        return height, int(run["finish"])
+    schedule = KeySchedule(
+        count(answer.get("key_period_blocks"), "key_period_blocks", 1),
+        count(answer.get("dkg_phase_blocks"), "dkg_phase_blocks", 1),
+    )
+    return height, schedule.dkg_finish_height(count(answer.get("period"), "period"))
+
+
+async def wait_for_key(
+    link: CommitteeLink,
+    *,
+    timeout_s: float,
+    poll_s: float = 1.0,
+    progress: Callable[[str], None] = log.info,
+) -> tuple[dict[str, Any], PeriodKey]:
+    """The current key period's answer and formed key, waited for up to `timeout_s` (one
+    progress line per new block: "waiting for the committee's credit key (DKG) — block H of
+    ~N"); `NoCreditKey`, named, with a hint, when it does not form in time."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    shown = -1
+    while True:
+        answer = await _period_answer(link)
+        try:
+            return answer, PeriodKey.from_answer(answer)
+        except NoPeriodKey:
+            pass
+        height, finish = key_progress(answer)
+        if loop.time() >= deadline:
+            run = answer.get("run") or {}
+            failed = (run.get("result") or {}).get("failed") if isinstance(run, dict) else None
+            why = f" (its last run failed: {failed})" if failed else ""
+            raise NoCreditKey(
+                f"the committee's credit key of key period {answer.get('period')} did not form "
+                f"within {timeout_s:.0f} s{why}: block {height} of ~{finish}",
+                hint="the validators make it by an on-chain DKG in a new chain's first blocks "
+                "(and again before each key period): run `planet credits buy` again in a "
+                "minute; nothing was charged",
+            )
+        if height != shown:
+            shown = height
+            progress(f"waiting for the committee's credit key (DKG) — block {height} of ~{finish}")
+        await asyncio.sleep(poll_s)
 
 
 class MintRefused(ProtocolError):
@@ -187,7 +248,6 @@ async def _record(link: CommitteeLink, mint_id: str) -> dict[str, object] | None
     return record if isinstance(record, dict) else None
 
 
-Gather = Callable[[str], Awaitable[dict[str, list[bytes]]]]
 GatherPartials = Callable[[str], Awaitable[list[dict[str, Any]]]]
 
 
@@ -219,44 +279,19 @@ async def current_period(link: CommitteeLink) -> int:
     return int((await link.query("/credit_period"))["current_period"])
 
 
-def signatures_from(validator_rpcs: Sequence[str], timeout_s: float) -> Gather:
-    """Each validator's own blind signatures for a mint: {validator address: [signature]}
-    (a validator that does not answer is logged and left out; `finalize` decides)."""
-
-    async def gather(mint_id: str) -> dict[str, list[bytes]]:
-        answers: dict[str, list[bytes]] = {}
-        for url in validator_rpcs:
-            one = CommitteeLink([url], timeout_s=timeout_s)
-            try:
-                answer = await one.query("/credit_signatures", mint=mint_id)
-            except PlanetError as error:
-                log.warning("validator %s gave no signatures: %s", url, error.message)
-                continue
-            finally:
-                await one.close()
-            for address, signatures in answer["signatures"].items():
-                answers[address] = [bytes.fromhex(s) for s in signatures]
-        return answers
-
-    return gather
-
-
 async def complete(
     link: CommitteeLink,
-    gather: Gather,
+    gather_partials: GatherPartials,
     wallet: CreditWallet,
-    pending: Pending,
+    pending: PendingMint,
     *,
     timeout_s: float,
     fund_timeout_s: float,
     progress: Callable[[str], None] = log.info,
-    gather_partials: GatherPartials | None = None,
 ) -> list[PaidCredit]:
-    """Take one purchase in flight to credits in the wallet (module docstring's table).
-    A threshold purchase gathers with `gather_partials` (required for one)."""
+    """Take one purchase in flight to credits in the wallet (module docstring's table)."""
     identifier = pending.mint_id
-    threshold = isinstance(pending, PendingThresholdMint)
-    epoch = pending.epoch if threshold else pending.request.body.epoch
+    epoch = pending.epoch
     current = await current_epoch(link)
     record = await _record(link, identifier)
     if record is not None and isinstance(record.get("epoch"), int):
@@ -270,12 +305,7 @@ async def complete(
                 hint="ask the committee's operators; finish purchases within the retention "
                 "window (`planet credits finish`)",
             )
-        landable = (
-            await current_period(link) == pending.request.body.period
-            if isinstance(pending, PendingThresholdMint)
-            else current == epoch
-        )
-        if not landable:
+        if await current_period(link) != pending.request.body.period:
             wallet.drop(identifier)
             progress(f"mint {identifier[:18]}… never landed in its time: nothing charged")
             return []
@@ -290,8 +320,7 @@ async def complete(
         pending = pending.seen_landed()
         wallet.hold(pending)
         record = {}
-        if threshold:
-            epoch = await current_epoch(link)  # landed now or just before: fundable from here
+        epoch = await current_epoch(link)  # landed now or just before: fundable from here
     elif not pending.landed:
         pending = pending.seen_landed()
         wallet.hold(pending)
@@ -306,24 +335,22 @@ async def complete(
             if unfunded.final:
                 wallet.drop(identifier)
             raise
-    if isinstance(pending, PendingThresholdMint):
-        if gather_partials is None:
-            raise ProtocolError(f"mint {identifier}: no way to gather partial signatures")
-        progress("funded; gathering the validators' partial signatures")
-        partial_answers = await gather_partials(identifier)
-        # checking every partial is ~1 ms of pairings each: off the event loop
-        finalized: list[PaidCredit] = list(
-            await asyncio.to_thread(pending.request.finalize, pending.period, partial_answers)
-        )
-        wallet.settle(identifier, finalized)
-        return finalized
-    progress("funded; gathering the validators' blind signatures")
-    answers = await gather(identifier)
-    # unblinding and checking every credit's signatures is CPU work (~35 ms for 30 credits and
-    # 4 validators): off the event loop, which may be a gateway's streaming answers
-    rsa_credits = await asyncio.to_thread(pending.request.finalize, pending.keys, answers)
-    wallet.settle(identifier, rsa_credits)
-    return list(rsa_credits)
+    progress("funded; gathering the validators' partial signatures")
+    answers = await gather_partials(identifier)
+    # checking every partial is ~1 ms of pairings each: off the event loop, which may be a
+    # gateway's streaming answers
+    finalized: list[PaidCredit] = list(
+        await asyncio.to_thread(pending.request.finalize, pending.period, answers)
+    )
+    wallet.settle(identifier, finalized)
+    return finalized
+
+
+def note_retired(wallet: CreditWallet, progress: Callable[[str], None]) -> None:
+    """Name the RSA credits of before the wallet file holds (they are never spent)."""
+    retired = wallet.retired()
+    if retired:
+        progress(retired_note(retired))
 
 
 async def finish_pending(
@@ -348,13 +375,12 @@ async def finish_pending(
             try:
                 gained += await complete(
                     link,
-                    signatures_from(validator_rpcs, timeout_s),
+                    partials_from(validator_rpcs, timeout_s),
                     wallet,
                     pending,
                     timeout_s=timeout_s,
                     fund_timeout_s=fund_timeout_s,
                     progress=progress,
-                    gather_partials=partials_from(validator_rpcs, timeout_s),
                 )
             except PlanetError as error:
                 progress(f"mint {pending.mint_id[:18]}…: {error.message}")
@@ -372,14 +398,18 @@ async def buy_credits(
     expiry: int,
     timeout_s: float = 20.0,
     fund_timeout_s: float = 60.0,
+    key_timeout_s: float = KEY_WAIT_S,
     progress: Callable[[str], None] = log.info,
     min_anonymity: int = DEFAULT_MIN_ANONYMITY,
 ) -> list[PaidCredit]:
     """Mint `count` credits paid from `payer_key`'s prepaid balance; store and return them
     (credits of purchases finished from earlier runs go to the wallet, not into this list).
-    A mint whose epoch ended before it landed (refused, or dropped before it was sent) charged
-    nothing and is drawn again with the new epoch's keys, up to MINT_TRIES times; it never
-    returns an empty purchase (UnavailableError after the last try)."""
+    Before the key period's committee key has formed (a new chain's first blocks) it waits for
+    it up to `key_timeout_s` (`wait_for_key`). A mint whose key period ended before it landed
+    (refused, or dropped before it was sent) charged nothing and is drawn again with the new
+    period's key, up to MINT_TRIES times; it never returns an empty purchase (UnavailableError
+    after the last try)."""
+    note_retired(wallet, progress)
     # purchases an earlier run left: finish those that are ready, without waiting for the rest
     # (`planet credits finish` waits for them)
     await finish_pending(
@@ -392,75 +422,27 @@ async def buy_credits(
         evm, credits = genesis.get("evm") or {}, genesis.get("credits")
         if not credits or not evm.get("escrow_address"):
             raise ProtocolError("this committee does not sell credits (no genesis credits)")
-        loop = asyncio.get_running_loop()
-        keys_deadline = loop.time() + fund_timeout_s
         for attempt in range(1, MINT_TRIES + 1):
-            period_answer = await _period_answer(link)
-            if period_answer is not None:
-                check_anonymity(period_answer, min_anonymity)
-                drawn = await asyncio.to_thread(
-                    ThresholdMintRequest.create,
-                    PeriodKey.from_answer(period_answer),
-                    count,
-                    payer_key,
-                    int(credits["price_wei"]),
-                    int(evm["chain_id"]),
-                    evm["escrow_address"],
-                    expiry,
-                )
-                threshold_pending = PendingThresholdMint(
-                    drawn, period_answer, await current_epoch(link)
-                )
-                wallet.hold(threshold_pending)  # on disk before anything is sent
-                try:
-                    bought = await complete(
-                        link,
-                        signatures_from(validator_rpcs, timeout_s),
-                        wallet,
-                        threshold_pending,
-                        timeout_s=timeout_s,
-                        fund_timeout_s=fund_timeout_s,
-                        progress=progress,
-                        gather_partials=partials_from(validator_rpcs, timeout_s),
-                    )
-                except MintRefused as refused:
-                    if refused.tx_code not in RETRY_CODES or attempt == MINT_TRIES:
-                        raise
-                    progress("the key period turned while the mint was on its way; again")
-                    await asyncio.sleep(attempt * 0.5)
-                    continue
-                if bought:
-                    return bought
-                progress("the key period turned before the mint was sent; drawing it again")
-                await asyncio.sleep(attempt * 0.5)
-                continue
-            while True:
-                keys_answer = await link.query("/credit_keys")
-                try:
-                    # blinding every credit under every validator's key is CPU work (~90 ms for
-                    # 30 credits and 4 validators): off the event loop
-                    request = await asyncio.to_thread(
-                        MintRequest.create,
-                        epoch_keys_from_query(keys_answer),
-                        count,
-                        payer_key,
-                        int(credits["price_wei"]),
-                        int(evm["chain_id"]),
-                        evm["escrow_address"],
-                        expiry,
-                    )
-                    break
-                except NoCreditKeys as missing:
-                    if loop.time() >= keys_deadline:
-                        raise
-                    progress(f"waiting for credit keys: {missing.message}")
-                    await asyncio.sleep(1.0)
-            pending = PendingMint(request, keys_answer)
+            period_answer, period = await wait_for_key(
+                link, timeout_s=key_timeout_s, progress=progress
+            )
+            check_anonymity(period_answer, min_anonymity)
+            drawn = await asyncio.to_thread(
+                MintRequest.create,
+                period,
+                count,
+                payer_key,
+                int(credits["price_wei"]),
+                int(evm["chain_id"]),
+                evm["escrow_address"],
+                expiry,
+            )
+            pending = PendingMint(drawn, period_answer, await current_epoch(link))
             wallet.hold(pending)  # on disk before anything is sent: nothing paid is ever lost
             try:
                 bought = await complete(
                     link,
-                    signatures_from(validator_rpcs, timeout_s),
+                    partials_from(validator_rpcs, timeout_s),
                     wallet,
                     pending,
                     timeout_s=timeout_s,
@@ -468,23 +450,22 @@ async def buy_credits(
                     progress=progress,
                 )
             except MintRefused as refused:
-                # drawn against one epoch's keys, landed in the next (or the new epoch's keys
-                # were not all published yet): nothing was charged; draw it again
+                # drawn under one period's key, landed in the next: nothing was charged
                 if refused.tx_code not in RETRY_CODES or attempt == MINT_TRIES:
                     raise
-                progress("the epoch turned while the mint was on its way; sending it again")
+                progress("the key period turned while the mint was on its way; again")
                 await asyncio.sleep(attempt * 0.5)
                 continue
             if bought:
                 return bought
-            # dropped uncharged before it was sent (its epoch ended while it was drawn): a
-            # purchase of nothing is not a purchase; draw it again with the new epoch's keys
-            progress("the epoch turned before the mint was sent; drawing it again")
+            # dropped uncharged before it was sent (its period ended while it was drawn): a
+            # purchase of nothing is not a purchase; draw it again under the new period's key
+            progress("the key period turned before the mint was sent; drawing it again")
             await asyncio.sleep(attempt * 0.5)
         raise UnavailableError(
-            f"no mint of {count} credits landed in {MINT_TRIES} tries: the committee's epoch "
-            "turned each time before the mint was on the chain (nothing was charged)",
-            hint="run it again; if it keeps failing, the committee's epochs may be too short",
+            f"no mint of {count} credits landed in {MINT_TRIES} tries: the committee's key "
+            "period turned each time before the mint was on the chain (nothing was charged)",
+            hint="run it again; if it keeps failing, the committee's key periods may be too short",
         )
     finally:
         await link.close()

@@ -1,25 +1,23 @@
-"""The client's credit wallet: request a mint, finalize the committee's answers, keep, spend.
+"""The client's credit wallet: keep credits and purchases in flight, spend.
 
-    keys = epoch_keys_from_query(answer)          (protocol.credits) /credit_keys → EpochKeys
-    request = MintRequest.create(keys, count, payer_key, price_wei, chain_id, escrow, expiry)
-    request.body                                  the `mint` tx body (blinded messages only)
-    credits = request.finalize(keys, answers)     answers: {validator address: [blind sig]},
-                                                  gathered from each validator's
-                                                  /credit_signatures?mint=<request.mint_id>
     wallet = CreditWallet(path); wallet.add(credits); wallet.take(n)   spend n credits
     wallet.hold(pending); wallet.pending()
     wallet.settle(mint_id, credits); wallet.drop(mint_id)
-                                                  a purchase in flight (`PendingMint`): written
-                                                  before its mint tx is sent, so a client that
-                                                  dies after paying finishes it on the next run
+                                                  a purchase in flight (`PendingMint`,
+                                                  node/client/mint_request.py): written before
+                                                  its mint tx is sent, so a client that dies
+                                                  after paying finishes it on the next run
+    wallet.retired()                              how many RSA credits (and RSA purchases in
+                                                  flight) of before the file holds
 
 Everything that links a credit to its mint stays in this process and in the wallet file (mode
-0600): the nonces, the RFC 9474 prefixes and the blinding inverses. The file is changed under
-an exclusive lock (`<file>.lock`), so two `planet credits` runs at once lose nothing. The
-mint tx and the signers see blinded messages only (uniformly random units mod each validator's
-modulus). A credit is finalized only with signatures of validators holding ≥ 2/3 of the
-epoch's power; a signer whose answer does not unblind to a valid signature is left out (its
-answer named in `MintIncomplete` when too few remain).
+0600): the nonces and the blinding factors. The file is changed under an exclusive lock
+(`<file>.lock`), so two `planet credits` runs at once lose nothing.
+
+A file written before the RSA credit form was retired may still hold RSA credits (`[epoch,
+prepared, signatures]`) and RSA purchases in flight: the committee no longer redeems or mints
+them, so they are never spent or finished; they are kept in the file as they were (under
+`retired`), counted by `retired()` and named to the user (`retired_note`).
 """
 
 from __future__ import annotations
@@ -29,224 +27,44 @@ import fcntl
 import json
 import os
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from node.client.credit_sizes import MAX_BUY as MAX_BUY  # re-exported: where callers look
-from node.client.threshold_mint import PendingThresholdMint
-from protocol import blindrsa
-from protocol.committee.credits import Mint
-from protocol.committee.threshold_credits import parse_threshold_credit
-from protocol.credits import (
-    VARIANT,
-    ChainClock,
-    Credit,
-    CreditInvalidError,
-    EpochKeys,
-    check_credit,
-    credit_message,
-    epoch_keys_from_query,
-    mint_id,
-    sign_purchase,
-)
-from protocol.eip712 import address_of
+from node.client.mint_request import PendingMint
+from protocol.credits import ChainClock
 from protocol.errors import ProtocolError, UsageError
-from protocol.paid_credits import PaidCredit, credit_json, expiry_epoch
+from protocol.paid_credits import PaidCredit, credit_json, expiry_epoch, parse_paid_credit
 
 
-class MintIncomplete(ProtocolError):
-    """The signers' answers do not give ≥ 2/3 of the power for some credit of the mint."""
-
-    code = "mint_incomplete"
-
-
-class NoCreditKeys(ProtocolError):
-    """Too few validators published credit keys for the current epoch (yet)."""
-
-    code = "no_credit_keys"
+def _is_rsa_credit(item: Any) -> bool:
+    """An RSA credit of before: `[epoch, prepared hex, [[validator, signature hex], ...]]`."""
+    return isinstance(item, list) and len(item) == 3
 
 
-@dataclass(frozen=True)
-class _Secret:
-    """One credit being minted: its prepared message and, per validator, the blinding inverse."""
-
-    prepared: bytes
-    inverses: dict[str, int]
+def _is_rsa_pending(item: Any) -> bool:
+    """An RSA purchase in flight of before: a pending entry without `kind` (its body per
+    validator)."""
+    return isinstance(item, dict) and "kind" not in item and "keys" in item
 
 
-@dataclass(frozen=True)
-class MintRequest:
-    """A mint in flight: the tx body to send and the secrets to finalize it with."""
-
-    body: Mint
-    mint_id: str
-    secrets: tuple[_Secret, ...]
-
-    @classmethod
-    def create(
-        cls,
-        keys: EpochKeys,
-        count: int,
-        payer_key: bytes,
-        price_wei: int,
-        chain_id: int,
-        escrow: str,
-        expiry: int,
-    ) -> MintRequest:
-        """Draw `count` nonces, blind each under every key of `keys`, sign the purchase."""
-        if not 1 <= count <= 64:
-            raise ProtocolError("a mint buys 1 … 64 credits")
-        published = sum(power for _, power in keys.keys.values())
-        if not keys.keys or 3 * published < 2 * keys.total_power:
-            raise NoCreditKeys(
-                f"validators holding {published} of {keys.total_power} power published credit "
-                f"keys for epoch {keys.epoch}; a mint needs 2/3",
-                hint="the validators publish each epoch's keys as it starts: try again shortly",
-            )
-        payer = address_of(payer_key).lower()
-        secret_list: list[_Secret] = []
-        blinded: dict[str, list[bytes]] = {address: [] for address in keys.keys}
-        for _ in range(count):
-            prepared = blindrsa.prepare(credit_message(secrets.token_bytes(32)), VARIANT)
-            inverses = {}
-            for address, (public, _) in sorted(keys.keys.items()):
-                blinding = blindrsa.blind(public, prepared, VARIANT)
-                blinded[address].append(blinding.blinded_msg)
-                inverses[address] = blinding.inv
-            secret_list.append(_Secret(prepared, inverses))
-        frozen = {address: tuple(messages) for address, messages in blinded.items()}
-        identifier = mint_id(payer, keys.epoch, frozen)
-        amount, signature = sign_purchase(
-            payer_key, identifier, count, price_wei, expiry, chain_id, escrow
-        )
-        body = Mint(
-            payer=payer,
-            epoch=keys.epoch,
-            blinded=frozen,
-            amount=amount,
-            expiry=expiry,
-            signature=signature,
-        )
-        return cls(body=body, mint_id=identifier, secrets=tuple(secret_list))
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "mint_id": self.mint_id,
-            "body": self.body.to_json(),
-            "secrets": [
-                {
-                    "prepared": secret.prepared.hex(),
-                    "inverses": {a: format(v, "x") for a, v in sorted(secret.inverses.items())},
-                }
-                for secret in self.secrets
-            ],
-        }
-
-    @classmethod
-    def from_json(cls, doc: Any) -> MintRequest:
-        """A request as `to_json` wrote it; the mint id is recomputed from the body and must
-        match (`ProtocolError` otherwise: the file was altered)."""
-        body = Mint.from_json(doc["body"])
-        identifier = mint_id(body.payer, body.epoch, body.blinded)
-        if identifier != doc["mint_id"]:
-            raise ProtocolError(f"pending mint {doc['mint_id']}: its body is of mint {identifier}")
-        secret_list = tuple(
-            _Secret(
-                bytes.fromhex(item["prepared"]),
-                {str(a): int(v, 16) for a, v in item["inverses"].items()},
-            )
-            for item in doc["secrets"]
-        )
-        if len(secret_list) != body.count:
-            raise ProtocolError(f"pending mint {identifier}: {len(secret_list)} secrets")
-        return cls(body=body, mint_id=identifier, secrets=secret_list)
-
-    def finalize(self, keys: EpochKeys, answers: Mapping[str, list[bytes]]) -> list[Credit]:
-        """Unblind every signer's answer; each credit keeps the signatures that verify and must
-        reach 2/3 of the power (`MintIncomplete` otherwise)."""
-        credits = []
-        for index, secret in enumerate(self.secrets):
-            signatures = []
-            for address in sorted(answers):
-                entry = keys.keys.get(address)
-                blind_sigs = answers[address]
-                if entry is None or address not in secret.inverses or len(blind_sigs) <= index:
-                    continue
-                try:
-                    signature = blindrsa.finalize(
-                        entry[0], secret.prepared, blind_sigs[index], secret.inverses[address]
-                    )
-                except blindrsa.BlindRsaError:
-                    continue
-                signatures.append((address, signature))
-            credit = Credit(keys.epoch, secret.prepared, tuple(signatures))
-            try:
-                check_credit(keys, credit)
-            except CreditInvalidError as error:
-                raise MintIncomplete(
-                    f"credit {index} of mint {self.mint_id}: {error.reason}"
-                ) from None
-            credits.append(credit)
-        return credits
-
-
-@dataclass(frozen=True)
-class PendingMint:
-    """A purchase not yet in the wallet: the request, the `/credit_keys` answer of its epoch
-    (to finalize with, whatever epoch it is later) and whether its mint tx was seen committed."""
-
-    request: MintRequest
-    keys_answer: Mapping[str, Any]
-    landed: bool = False
-
-    @property
-    def mint_id(self) -> str:
-        return self.request.mint_id
-
-    @property
-    def keys(self) -> EpochKeys:
-        return epoch_keys_from_query(self.keys_answer)
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.request.to_json(), "keys": dict(self.keys_answer), "landed": self.landed}
-
-    @classmethod
-    def from_json(cls, doc: Any) -> PendingMint:
-        pending = cls(MintRequest.from_json(doc), dict(doc["keys"]), bool(doc["landed"]))
-        if pending.keys.epoch != pending.request.body.epoch:
-            raise ProtocolError(f"pending mint {pending.mint_id}: keys of another epoch")
-        return pending
-
-    def seen_landed(self) -> PendingMint:
-        return replace(self, landed=True)
-
-
-Pending = PendingMint | PendingThresholdMint
-
-
-def pending_from_json(doc: Any) -> Pending:
-    if isinstance(doc, dict) and doc.get("kind") == PendingThresholdMint.KIND:
-        return PendingThresholdMint.from_json(doc)
-    return PendingMint.from_json(doc)
-
-
-def _credit_from_file(item: Any) -> PaidCredit:
-    if isinstance(item, str):
-        return parse_threshold_credit(item, "credit")
-    return Credit(
-        epoch=item[0],
-        prepared=bytes.fromhex(item[1]),
-        signatures=tuple((a, bytes.fromhex(s)) for a, s in item[2]),
+def retired_note(count: int) -> str:
+    """What a user is told about the RSA credits a file holds."""
+    return (
+        f"{count} old RSA credits can no longer be spent: the committee redeems threshold "
+        "credits only (they stay in the file, ignored)"
     )
 
 
 @dataclass
 class _Contents:
     credits: list[PaidCredit]
-    pending: list[Pending]
+    pending: list[PendingMint]
     generation: str = ""  # the file's write id (`_save`); "" in files written before it
+    # RSA credits and purchases of before, as the file had them: kept, never spent
+    retired: dict[str, list[Any]] = field(default_factory=lambda: {"credits": [], "pending": []})
 
 
 TAKEN_RECORD = 64  # bytes of the taken record: "<generation> <offset>", space-padded
@@ -280,7 +98,9 @@ class CreditWallet:
             os.close(fd)  # releases the lock
 
     def _read(self) -> _Contents:
-        """The whole file as written (taken credits included), parsed once per version."""
+        """The whole file as written (taken credits included), parsed once per version. A file
+        that still lists RSA credits among its credits is read with its taken record applied
+        (generation ""): the record counts the RSA ones too, which are set apart here."""
         try:
             stat = self.path.stat()
         except FileNotFoundError:
@@ -290,23 +110,39 @@ class CreditWallet:
             return self._cache[1]
         try:
             doc = json.loads(self.path.read_text())
-            credits = [_credit_from_file(item) for item in doc["credits"]]
-            pending = [pending_from_json(item) for item in doc.get("pending", [])]
+            items = list(doc["credits"])
             generation = doc.get("generation", "")
             if not isinstance(generation, str) or len(generation) > 32:
                 raise ValueError("bad generation")
+            retired = doc.get("retired") or {"credits": [], "pending": []}
+            retired = {"credits": list(retired["credits"]), "pending": list(retired["pending"])}
+            if any(_is_rsa_credit(item) for item in items):
+                items = items[self._taken(generation, len(items)) :]
+                generation = ""
+                retired["credits"] += [item for item in items if _is_rsa_credit(item)]
+            credits = [parse_paid_credit(item) for item in items if not _is_rsa_credit(item)]
+            pending = []
+            for item in doc.get("pending", []):
+                if _is_rsa_pending(item):
+                    retired["pending"].append(item)
+                else:
+                    pending.append(PendingMint.from_json(item))
         except (ValueError, KeyError, TypeError, IndexError, ProtocolError) as error:
             raise UsageError(
                 f"{self.path} is not a credit file ({type(error).__name__}: {error})",
                 hint="restore it from a backup: it holds bearer credits and paid purchases",
             ) from None
-        contents = _Contents(credits, pending, generation)
+        contents = _Contents(credits, pending, generation, retired)
         self._cache = (version, contents)
         return contents
 
-    def _offset(self, contents: _Contents) -> int:
-        """How many credits at the front of `contents` (the file as written) are taken."""
-        generation = contents.generation
+    def retired(self) -> int:
+        """How many RSA credits of before the file holds (never spent: `retired_note`)."""
+        return len(self._read().retired["credits"])
+
+    def _taken(self, generation: str, count: int) -> int:
+        """How many of the file's `count` credits the taken record of `generation` says are
+        gone (0 without a record of that generation)."""
         if not generation:
             return 0
         try:
@@ -315,13 +151,19 @@ class CreditWallet:
             return 0
         if len(fields) != 2 or fields[0] != generation or not fields[1].isdigit():
             return 0  # a record of an older file (voided by its rewrite)
-        return min(int(fields[1]), len(contents.credits))
+        return min(int(fields[1]), count)
+
+    def _offset(self, contents: _Contents) -> int:
+        """How many credits at the front of `contents` (the file as written) are taken."""
+        return self._taken(contents.generation, len(contents.credits))
 
     def _load(self) -> _Contents:
         """The credits held (taken ones left out) and the purchases in flight: fresh lists."""
         contents = self._read()
         offset = self._offset(contents)
-        return _Contents(contents.credits[offset:], list(contents.pending), contents.generation)
+        return _Contents(
+            contents.credits[offset:], list(contents.pending), contents.generation, contents.retired
+        )
 
     def _save(self, contents: _Contents) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -332,6 +174,7 @@ class CreditWallet:
                     "generation": secrets.token_hex(16),
                     "credits": [credit_json(credit) for credit in contents.credits],
                     "pending": [item.to_json() for item in contents.pending],
+                    **({"retired": contents.retired} if any(contents.retired.values()) else {}),
                 },
                 handle,
             )
@@ -374,17 +217,15 @@ class CreditWallet:
             if contents.generation:
                 self._write_offset(contents.generation, offset + n)
             else:  # a file from before the taken record: rewritten once, with a generation
-                self._save(_Contents(held[n:], list(contents.pending)))
+                self._save(_Contents(held[n:], list(contents.pending), "", contents.retired))
         return held[:n]
 
     def drop_expired(self, oldest_epoch: int, clock: ChainClock | None = None) -> int:
-        """Forget the credits minted before `oldest_epoch` (a threshold credit: whose period's
-        issue epoch is before it, read on `clock`; kept without one): the chain no longer
-        redeems them, so every node refuses them. Returns how many went."""
+        """Forget the credits whose period's issue epoch is before `oldest_epoch` (read on
+        `clock`; all kept without one): the chain no longer redeems them, so every node refuses
+        them. Returns how many went."""
 
         def kept_one(credit: PaidCredit) -> bool:
-            if isinstance(credit, Credit):
-                return credit.epoch >= oldest_epoch
             return clock is None or expiry_epoch(credit, clock) >= oldest_epoch
 
         with self._locked():
@@ -392,15 +233,15 @@ class CreditWallet:
             held = contents.credits[self._offset(contents) :]
             kept = [credit for credit in held if kept_one(credit)]
             if len(kept) < len(held):
-                self._save(_Contents(kept, list(contents.pending)))
+                self._save(_Contents(kept, list(contents.pending), "", contents.retired))
         return len(held) - len(kept)
 
     # -- purchases in flight -------------------------------------------------------------------
 
-    def pending(self) -> list[Pending]:
+    def pending(self) -> list[PendingMint]:
         return self._load().pending
 
-    def hold(self, pending: Pending) -> None:
+    def hold(self, pending: PendingMint) -> None:
         """Record (or update) a purchase in flight, on disk before this returns."""
         with self._locked():
             contents = self._load()

@@ -41,7 +41,7 @@ from protocol.credits import (
     oldest_takeable_epoch,
 )
 from protocol.errors import PlanetError, ProtocolError
-from protocol.paid_credits import PaidCredit, paid_spent_id
+from protocol.paid_credits import PaidCredit, spent_id
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,6 @@ class PriceTooHighError(ProtocolError):
             f"{floor}",
             hint="ask other nodes, or lower --min-credit-positions if you accept the price",
         )
-
-
 
 
 def accepts_price(min_positions: int) -> Callable[[int], bool]:
@@ -141,7 +139,7 @@ class CreditPayer:
         sent = self._sent.get((sid, index), [])
         for item in sent:
             credit, price = item
-            if paid_spent_id(credit) == identifier:
+            if spent_id(credit) == identifier:
                 sent.remove(item)
                 if (sid, index) in self._paid:  # the session still runs: pay it again
                     self._paid[(sid, index)] -= price

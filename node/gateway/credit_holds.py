@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from node.client.paying import OutOfCreditsError
-from protocol.credits import Credit
 from protocol.errors import ProtocolError
+from protocol.paid_credits import PaidCredit
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class CreditHold:
         self.reserve.reserved += extra
         self.held += extra
 
-    def draw(self, count: int, take: Callable[[int], list[Credit]]) -> list[Credit]:
+    def draw(self, count: int, take: Callable[[int], list[PaidCredit]]) -> list[PaidCredit]:
         """`count` credits out of the wallet (`take`) for this question's nodes: what it holds
         first, unheld credits past that; GatewayOutOfCredits, nothing taken, when short."""
         if self.released:

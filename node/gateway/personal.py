@@ -36,7 +36,7 @@ from typing import Any
 
 from aiohttp import web
 
-from node.client.credit_wallet import CreditWallet
+from node.client.credit_wallet import CreditWallet, retired_note
 from node.client.paying import CreditExpiry, CreditPayer
 from node.gateway.app import Gateway, ModelInfo, create_app
 from node.gateway.config import GatewayConfig
@@ -153,11 +153,15 @@ async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gate
 
     manifest = Manifest.load(config.manifest)
     wallet = CreditWallet(credits_file)
+    retired = wallet.retired() if credits_file.is_file() else 0
+    old = f" ({retired_note(retired)})" if retired else ""
     if not credits_file.is_file() or wallet.count() == 0:
         raise ConfigError(
-            f"no credits to pay the nodes with in {credits_file}",
+            f"no credits to pay the nodes with in {credits_file}{old}",
             hint="buy some with `planet credits buy N`",
         )
+    if retired:
+        log.warning("%s: %s", credits_file, retired_note(retired))
     committee = CommitteeRpc(config.committee_rpc)
     expiry = CreditExpiry(wallet, committee.abci_query)
     try:

@@ -21,12 +21,11 @@ took or refused for good: one file `<spent id>.json` per credit, written to a do
 and renamed, so a node that dies keeps every credit it was paid with, and a credit shown twice to
 this node is refused by the file that is already there.
 
-**What is checked before a credit counts** (`CreditCheck`, the chain's `redeem` rules read ahead,
-so a credit the node takes is one it can cash): its epoch e is within the chain's window, e ≤
-current ≤ e + lifetime (genesis `credits.lifetime_epochs`, published with `/credit_keys`; the
-current epoch is read again at most every `refresh_s`); every signature verifies under its
-validator's key of that epoch and the signers hold ≥ 2/3 of the power
-(`protocol.credits.check_credit`, the keys cached per epoch); the committee has not redeemed
+**What is checked before a credit counts** (`CreditCheck`, the chain's `credit_redeem` rules read
+ahead, so a credit the node takes is one it can cash): its key period's window holds the
+chain's epoch (its issue epoch + genesis `credits.lifetime_epochs`, published with
+`/credit_keys`; the chain's time is read again at most every `refresh_s`); σ verifies under the
+period's committee key (`/credit_period`, cached per period); the committee has not redeemed
 it already (`/credit_spent`; a credit found spent is remembered, so a client replaying it costs
 the validators one query, not one per pay), nor did this node take it before.
 A bearer credit can still be shown to two nodes at once, so a credit taken is *provisional*
@@ -59,28 +58,24 @@ from node.server.credit_locks import (
     LockMarks,
 )
 from protocol import blind_bls, bls
-from protocol.blind_bls import ThresholdCredit
 from protocol.committee.grammar import HEX64, TxDecodeError
 from protocol.credits import (
     NODE_MARGIN_BLOCKS,
     ChainClock,
     CreditExpiringError,
-    EpochKeys,
-    check_credit,
     clock_from_query,
     committed_height_from_query,
-    epoch_keys_from_query,
-    redeemable,
 )
 from protocol.errors import ProtocolError
 from protocol.paid_credits import (
+    CreditInvalidError,
     PaidCredit,
     credit_json,
     paid_redeemable,
-    paid_spent_id,
     paid_takeable,
     paid_window_end,
     parse_paid_credit,
+    spent_id,
     started,
 )
 from protocol.stream import PaymentRequiredError
@@ -95,7 +90,7 @@ EPOCH_REFRESH_S = 5.0
 # the agent's pass, the node's commitments landing, the redeem tx's own block, with room)
 CREDIT_MARGIN_BLOCKS = NODE_MARGIN_BLOCKS
 LOCK_POLL_S = 0.05  # how often a session waiting for a lock reads the agent's marks
-MAX_KEY_EPOCHS = 64  # epochs whose credit keys stay cached (a few KB each)
+MAX_KEY_PERIODS = 64  # key periods whose committee keys stay cached
 MAX_SPENT_KNOWN = 1 << 16  # credits found redeemed on chain, refused again without a query
 MAX_SEEN = 1 << 20  # spent ids remembered in memory (the spool and the chain remember the rest)
 
@@ -145,7 +140,6 @@ class CreditCheck:
         self.link = link
         self.refresh_s = refresh_s
         self.margin_blocks = margin_blocks  # the node's redemption delay, in blocks
-        self._keys: dict[int, EpochKeys] = {}
         self._period_keys: dict[int, PeriodKey] = {}  # key period → its committee key
         self._spent: dict[str, str] = {}  # spent id → why: redeemed, or locked, on the chain
         self._clock: ChainClock | None = None  # the chain's time at the last /credit_keys read
@@ -153,7 +147,7 @@ class CreditCheck:
 
     async def clock(self, at_least: int = 0) -> ChainClock:
         """The chain's time as last read (at most `refresh_s` old, or older than a credit of
-        epoch `at_least`): for the key cache and a quick refusal, never for the window's end."""
+        epoch `at_least`): for a quick refusal, never for the window's end."""
         stale = time.monotonic() - self._epoch_at > self.refresh_s
         if stale or self._clock is None or self._clock.epoch < at_least:
             self._clock = clock_from_query(await self.link.query("/credit_keys"))
@@ -163,39 +157,16 @@ class CreditCheck:
     async def current_epoch(self, at_least: int = 0) -> int:
         return (await self.clock(at_least)).epoch
 
-    async def check(self, credit: PaidCredit) -> None:
-        if isinstance(credit, ThresholdCredit):
-            await self._check_threshold(credit)
-            return
-        cached = await self.clock(at_least=credit.epoch)
-        current, lifetime = cached.epoch, cached.lifetime
-        if not redeemable(credit.epoch, current, lifetime):  # the cache lags: past it already
-            raise CreditRefusedError(
-                f"a credit of epoch {credit.epoch} is not redeemable in epoch {current} "
-                f"(credits are good for {lifetime} epochs after their own)"
-            )
-        if credit.epoch not in self._keys:
-            keys = epoch_keys_from_query(await self.link.query("/credit_keys", epoch=credit.epoch))
-            if not keys.keys:  # not published yet: ask again next time
-                check_credit(keys, credit)
-            self._keys[credit.epoch] = keys
-            for old in [e for e in self._keys if not redeemable(e, current, lifetime)]:
-                del self._keys[old]
-            while len(self._keys) > MAX_KEY_EPOCHS:  # oldest first (insertion order)
-                del self._keys[next(iter(self._keys))]
-        check_credit(self._keys[credit.epoch], credit)
-        await self._check_unspent(credit, cached)
-
     async def _period_key(self, period: int) -> PeriodKey:
         if period not in self._period_keys:
             answer = await self.link.query("/credit_period", period=period)
             self._period_keys[period] = PeriodKey.from_answer(answer)  # NoPeriodKey: ask again
-            while len(self._period_keys) > MAX_KEY_EPOCHS:
+            while len(self._period_keys) > MAX_KEY_PERIODS:
                 del self._period_keys[next(iter(self._period_keys))]
         return self._period_keys[period]
 
-    async def _check_threshold(self, credit: ThresholdCredit) -> None:
-        """The chain's rules for a threshold credit: its period's window, σ under X_p, unspent."""
+    async def check(self, credit: PaidCredit) -> None:
+        """The chain's rules for a credit: its period's window, σ under X_p, unspent."""
         cached = await self.clock()
         if not paid_redeemable(credit, cached):
             cached = await self.clock(at_least=cached.epoch + 1)  # the cache may lag: re-read
@@ -208,11 +179,11 @@ class CreditCheck:
         try:
             blind_bls.verify_credit(key.key, credit)
         except (blind_bls.ThresholdCreditError, bls.BlsError) as error:
-            raise CreditRefusedError(f"the credit does not verify: {error.message}") from None
+            raise CreditInvalidError(f"the credit does not verify: {error.message}") from None
         await self._check_unspent(credit, cached)
 
     async def _check_unspent(self, credit: PaidCredit, cached: ChainClock) -> None:
-        identifier = paid_spent_id(credit)
+        identifier = spent_id(credit)
         refusal = self._spent.get(identifier)
         if refusal is None:
             answer = await self.link.query("/credit_spent", id=identifier)
@@ -243,11 +214,7 @@ class CreditCheck:
         if paid_takeable(credit, now, self.margin_blocks):
             return
         end = paid_window_end(credit, now)
-        what = (
-            f"key period {credit.period}"
-            if isinstance(credit, ThresholdCredit)
-            else f"epoch {credit.epoch}"
-        )
+        what = f"key period {credit.period}"
         if not started(credit, now):
             raise CreditRefusedError(
                 f"a credit of {what} is not redeemable yet; the chain is in epoch {now.epoch}"
@@ -272,7 +239,7 @@ class CreditSpool:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     def path(self, credit: PaidCredit) -> Path:
-        return self.dir / f"{paid_spent_id(credit)}.json"
+        return self.dir / f"{spent_id(credit)}.json"
 
     def add(self, credit: PaidCredit) -> None:
         """Keep `credit` durably; CreditRefusedError if this node holds it already."""
@@ -348,7 +315,7 @@ class Payments:
         self.double_spent = 0  # sessions stopped: a credit's lock went to another node
 
     async def accept(self, account: Account, credit: PaidCredit) -> None:
-        identifier = paid_spent_id(credit)
+        identifier = spent_id(credit)
         try:
             if identifier in self.seen:
                 raise CreditRefusedError("this credit was already paid to this node")
@@ -433,7 +400,7 @@ class Payments:
         returned = list(account.taken)
         for credit in returned:
             self.spool.remove(self.spool.path(credit))
-            self.seen.discard(paid_spent_id(credit))
+            self.seen.discard(spent_id(credit))
             self.accepted -= 1
         account.taken.clear()
         account.pending.clear()

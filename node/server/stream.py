@@ -48,7 +48,7 @@ from protocol.frames.errors import (
 from protocol.frames.header import FrameHeader, frame_sid, pack_frame, parse_frame
 from protocol.frames.sessions import session_tag
 from protocol.links import check_link
-from protocol.paid_credits import paid_spent_id
+from protocol.paid_credits import spent_id
 from protocol.stream import (
     MAX_CONTROL_BYTES,
     MAX_SESSION_FRAMES,
@@ -368,7 +368,7 @@ async def _open_settling(state: NodeState, link: _Link, control: Control) -> Non
                         state,
                         link.ws,
                         control.sid,
-                        CreditNotTakenError(paid_spent_id(credit), "the open failed"),
+                        CreditNotTakenError(spent_id(credit), "the open failed"),
                     )
             raise
     log.info(
@@ -459,7 +459,7 @@ async def _pay(state: NodeState, link: _Link, control: Control) -> None:
     """A credit for a session this link opened (the client's link to this hop)."""
     if control.credit is None:  # parse_control sets it for every "pay"
         raise BadControlError("pay needs a credit")
-    identifier = paid_spent_id(control.credit)  # either form: RSA or threshold
+    identifier = spent_id(control.credit)
     route = link.opened.get(control.sid)
     if route is None:
         raise CreditNotTakenError(identifier, f"sid {control.sid} is not open on this link")

@@ -9,12 +9,12 @@ with its operator key (`VALIDATOR_HOME/config/operator_key.json`), relaying conf
 the QueryEscrow (`node/watcher/payouts.py`), and relays the verdicts the committee confirmed to
 FraudProofs (`node/watcher/verdicts.py`: the convicted node is slashed), and vouches for the
 credit mints its EVM read says the payer's balance covers (`node/watcher/funding.py`, with the
-consensus key; a validator without an operator key runs none of these three). It also
-publishes the validator's credit keys of each epoch and the next (`node/watcher/credit_keys.py`,
-with the consensus key, keys generated into `VALIDATOR_HOME/credit_keys/`, where the ABCI app
-signs mints with them): it needs neither the EVM nor the operator key, so every validator does
-it, and a committee without genesis credits gets none. Runs until SIGTERM/SIGINT; an EVM RPC
-or a validator that is down is logged and retried with backoff, never fatal.
+consensus key; a validator without an operator key runs none of these three). It also takes
+part in each credit key period's DKG (`node/watcher/credit_dkg.py`, with the consensus key, its
+key share written to `VALIDATOR_HOME/credit_shares/`, where the ABCI app signs mints with it):
+it needs neither the EVM nor the operator key, so every validator does it. Runs until
+SIGTERM/SIGINT; an EVM RPC or a validator that is down is logged and retried with backoff,
+never fatal.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from node.keys import operator_key_path, read_operator_key
 from node.procs import exit_process, run_service
 from node.retry import Backoff, sleep_or_stop
 from node.watcher.credit_dkg import CreditDkgDriver
-from node.watcher.credit_keys import CreditKeyPublisher
 from node.watcher.evm import StakingReader
 from node.watcher.funding import MintFunder
 from node.watcher.payouts import PayoutRelay
@@ -86,7 +85,6 @@ async def run(args: argparse.Namespace) -> int:
     relay: PayoutRelay | None = None
     verdicts: VerdictRelay | None = None
     funder: MintFunder | None = None
-    publisher = CreditKeyPublisher.of_validator(link, key.verify_key.encode(), args.home)
     dkg = CreditDkgDriver.of_validator(link, key, args.home)
     key_path = operator_key_path(args.home)
     operator_key = read_operator_key(key_path) if key_path.exists() else None
@@ -100,8 +98,7 @@ async def run(args: argparse.Namespace) -> int:
     try:
         while not stop.is_set():
             try:
-                await _relay_step(publisher)  # first: it needs no EVM read, no operator key
-                await _relay_step(dkg)  # the key periods' DKG: the consensus key only
+                await _relay_step(dkg)  # first: the key periods' DKG needs no EVM read
                 if watcher is None:
                     reader = await asyncio.to_thread(StakingReader, deployment, args.evm_rpc)
                     watcher = StakeWatcher(reader, link, deployment.block, resync_s=args.resync)
@@ -139,7 +136,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def _relay_step(
-    relay: PayoutRelay | VerdictRelay | MintFunder | CreditKeyPublisher | CreditDkgDriver,
+    relay: PayoutRelay | VerdictRelay | MintFunder | CreditDkgDriver,
 ) -> None:
     """One relay pass; its failures are logged and never slow the stake attestations."""
     what = type(relay).__name__

@@ -27,8 +27,8 @@ Modules, read bottom-up:
                       verifier_endpoint (VerifierEndpoint)
     settlement.py     work_report (WorkReport of NodeWork, ChargeItem), payout_vote
                       (PayoutVote)
-    credits.py        credit_key (CreditKey), mint (Mint), fund_mint (FundMint), redeem (Redeem):
-                      bearer credits
+    credits.py        credit_mint (CreditMint), fund_mint (FundMint), credit_redeem
+                      (CreditRedeem): threshold blind BLS bearer credits
     gateways.py       gateway (GatewayBind): a gateway key bound to its payee address
     prices.py         set_price (SetPrice): what a credit buys on a node's shard
     envelope.py       SignedTx, sign / encode / decode, the type → body registry, and
@@ -51,10 +51,10 @@ Tx types (`type` → dataclass):
     seed_reveal     SeedReveal     ... and opens it once that epoch has closed
     verifier_endpoint VerifierEndpoint  where a validator's verifier hands its findings to
                                    the other verifiers (the latest URL counts)
-    credit_key      CreditKey      a validator's RSA blind-signing key for an epoch's credits
-    mint            Mint           a payer buys credits: blinded messages + a signed purchase
+    credit_mint     CreditMint     a payer buys credits: one list of blinded points + a
+                                   signed purchase
     fund_mint       FundMint       a validator saw the mint's payer's balance cover it
-    redeem          Redeem         a compute node cashes the credits it was paid with
+    credit_redeem   CreditRedeem   a compute node cashes the credits it was paid with
     gateway         GatewayBind    a gateway key bound to (or released from) its payee EVM
                                    address, under that address's EIP-712 signature
     set_price       SetPrice       a compute node's positions per credit on a shard

@@ -1,32 +1,33 @@
-"""Credit txs: a validator's epoch key, a payer's mint, a node's redemption.
+"""Credit txs: a payer's mint, a validator's vouch for it, a node's redemption.
 
-    credit_key{epoch, key}          a validator publishes its RSA blind-signing key of `epoch`
-                                    (DER SubjectPublicKeyInfo, hex)
-    mint{payer, epoch, blinded, amount, expiry, signature}
-                                    buy `count` credits of `epoch`: `blinded` is
-                                    `[[validator address, [blinded hex × count]], ...]`;
-                                    `signature` is the payer's EIP-712 `CreditPurchase` over
-                                    `mint_id(payer, epoch, blinded)`
-    fund_mint{mint}                 a validator vouches that the mint's payer can cover it: its
-                                    own EVM read of the payer's prepaid balance at the escrow,
-                                    less the payer's mints not yet debited there (node.watcher.
-                                    funding); a mint is signed for only once vouched for by
-                                    ≥ 2/3 of the power
-    redeem{model, shard, credits}   a compute node presents credits it was paid with for work
-                                    on (model, shard); each credit `[epoch, prepared hex,
-                                    [[validator address, signature hex], ...]]`
+    credit_mint{payer, period, blinded, amount, expiry, signature}
+                                  buy len(blinded) credits of key period `period` (the
+                                  block's): `blinded` is ONE list of distinct 48-byte
+                                  compressed G1 points (hex) that every validator signs;
+                                  `signature` is the payer's EIP-712 `CreditPurchase` over
+                                  `threshold_mint_id(payer, period, blinded)`
+    fund_mint{mint}               a validator vouches that the mint's payer can cover it: its
+                                  own EVM read of the payer's prepaid balance at the escrow,
+                                  less the payer's mints not yet debited there (node.watcher.
+                                  funding); a mint is signed for only once vouched for by
+                                  ≥ 2/3 of the power
+    credit_redeem{model, shard, credits}
+                                  a compute node cashes credits it was paid with (each 88
+                                  bytes hex: period ‖ nonce ‖ σ, `protocol.blind_bls.
+                                  ThresholdCredit`) for work on (model, shard)
 
-The chain's rules: `abci_app/credits.py`; what a credit is: `protocol.credits`.
+The chain's rules: `abci_app/credits.py`. The per-validator RSA `mint` and `redeem` of before
+are no tx kinds any more: the envelope refuses them as unknown, like any other name.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from protocol import blindrsa
+from protocol import blind_bls, bls
+from protocol.blind_bls import ThresholdCredit
 from protocol.committee.grammar import (
     ADDRESS_LOWER,
     HEX32_0X,
@@ -37,100 +38,56 @@ from protocol.committee.grammar import (
     check,
     uint256_decimal,
 )
-from protocol.credits import PREPARED_BYTES, Credit
 
-MAX_MINT = 64  # blinded messages per mint (2048-bit: 512 hex chars each)
-MAX_REDEEM = 64  # credits per redemption (the 64 KiB tx limit binds first)
-MAX_SIGNERS = 128  # signatures listed on one credit
-MAX_KEY_HEX = 2 * blindrsa.MAX_KEY_DER_BYTES
-_MAX_MODULUS_HEX = 2 * (blindrsa.MAX_MODULUS_BITS // 8)
-_HEX = re.compile(r"(?:[0-9a-f]{2})+\Z")
-_VALIDATOR = re.compile(r"[0-9A-F]{40}\Z")
-_PREPARED = re.compile(f"[0-9a-f]{{{2 * PREPARED_BYTES}}}\\Z")
-
-
-def _hex(value: Any, where: str, max_len: int) -> bytes:
-    return bytes.fromhex(check.text(value, where, _HEX, max_len))
+MAX_MINT = 64  # blinded points per mint
+MAX_REDEEM = 64  # credits per redemption
+_POINT = re.compile(f"[0-9a-f]{{{2 * bls.G1_BYTES}}}\\Z")
+_CREDIT = re.compile(f"[0-9a-f]{{{2 * blind_bls.CREDIT_BYTES}}}\\Z")
 
 
 @dataclass(frozen=True, slots=True)
-class CreditKey:
-    """A validator's RSA public key for blind-signing the credits of `epoch`."""
-
-    epoch: int
-    key: bytes  # DER SubjectPublicKeyInfo
-
-    TYPE: ClassVar[str] = "credit_key"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "key": self.key.hex()}
-
-    @classmethod
-    def from_json(cls, body: Any) -> CreditKey:
-        b = check.exact_object(body, "body", {"epoch", "key"})
-        return cls(
-            epoch=check.integer(b["epoch"], "body.epoch", 1, U64),
-            key=_hex(b["key"], "body.key", MAX_KEY_HEX),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Mint:
-    """Buy `count` credits of `epoch` (the block's epoch), paid from `payer`'s prepaid balance:
-    `blinded` maps each validator address to its `count` blinded messages (one per credit, under
-    that validator's key of `epoch`)."""
+class CreditMint:
+    """Buy `count` credits of key period `period`, paid from `payer`'s prepaid balance."""
 
     payer: str
-    epoch: int
-    blinded: Mapping[str, tuple[bytes, ...]]
+    period: int
+    blinded: tuple[bytes, ...]
     amount: int
     expiry: int
     signature: str
 
-    TYPE: ClassVar[str] = "mint"
+    TYPE: ClassVar[str] = "credit_mint"
 
     @property
     def count(self) -> int:
-        return len(next(iter(self.blinded.values())))
+        return len(self.blinded)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "amount": str(self.amount),
-            "blinded": [
-                [address, [message.hex() for message in self.blinded[address]]]
-                for address in sorted(self.blinded)
-            ],
-            "epoch": self.epoch,
+            "blinded": [point.hex() for point in self.blinded],
             "expiry": self.expiry,
             "payer": self.payer,
+            "period": self.period,
             "signature": self.signature,
         }
 
     @classmethod
-    def from_json(cls, body: Any) -> Mint:
+    def from_json(cls, body: Any) -> CreditMint:
         b = check.exact_object(
-            body, "body", {"amount", "blinded", "epoch", "expiry", "payer", "signature"}
+            body, "body", {"amount", "blinded", "expiry", "payer", "period", "signature"}
         )
-        rows = check.rows(b["blinded"], "body.blinded", 2, MAX_SIGNERS)
-        if not rows:
-            raise TxDecodeError("body.blinded: expected at least one validator")
-        blinded: dict[str, tuple[bytes, ...]] = {}
-        for address, messages in rows:
-            address = check.text(address, "body.blinded[].validator", _VALIDATOR)
-            items = check.items(messages, "body.blinded[].messages", MAX_MINT)
-            blinded[address] = tuple(
-                _hex(m, "body.blinded[].messages[]", _MAX_MODULUS_HEX) for m in items
-            )
-            if len(set(blinded[address])) != len(items):
-                raise TxDecodeError("body.blinded: a blinded message is listed twice")
-        addresses = [address for address, _ in rows]
-        if addresses != sorted(set(addresses)):
-            raise TxDecodeError("body.blinded: must be strictly ascending by validator address")
-        if len({len(messages) for messages in blinded.values()}) != 1:
-            raise TxDecodeError("body.blinded: every validator needs the same number of messages")
+        items = check.items(b["blinded"], "body.blinded", MAX_MINT)
+        if not items:
+            raise TxDecodeError("body.blinded: expected at least one blinded point")
+        blinded = tuple(
+            bytes.fromhex(check.text(p, "body.blinded[]", _POINT, 2 * bls.G1_BYTES)) for p in items
+        )
+        if len(set(blinded)) != len(blinded):
+            raise TxDecodeError("body.blinded: a blinded point is listed twice")
         return cls(
             payer=check.text(b["payer"], "body.payer", ADDRESS_LOWER),
-            epoch=check.integer(b["epoch"], "body.epoch", 1, U64),
+            period=check.integer(b["period"], "body.period", 0, U64),
             blinded=blinded,
             amount=uint256_decimal(b["amount"], "body.amount"),
             expiry=check.integer(b["expiry"], "body.expiry", 0, U64),
@@ -155,49 +112,39 @@ class FundMint:
         return cls(mint=check.text(b["mint"], "body.mint", HEX32_0X))
 
 
-def parse_credit(item: Any, where: str = "body.credits[]") -> Credit:
-    """One credit `[epoch, prepared hex, [[validator, signature hex], ...]]` from a peer, typed
-    (sizes and shapes only: `protocol.credits.check_credit` verifies it), or TxDecodeError."""
-    if not isinstance(item, list) or len(item) != 3:
-        raise TxDecodeError(f"{where}: expected [epoch, prepared, signatures]")
-    signatures = []
-    for pair in check.rows(item[2], f"{where}.signatures", 2, MAX_SIGNERS):
-        address = check.text(pair[0], f"{where}.signatures[].validator", _VALIDATOR)
-        signatures.append((address, _hex(pair[1], f"{where}.signatures[].sig", _MAX_MODULUS_HEX)))
-    if not signatures:
-        raise TxDecodeError(f"{where}.signatures: expected at least one")
-    return Credit(
-        epoch=check.integer(item[0], f"{where}.epoch", 1, U64),
-        prepared=bytes.fromhex(check.text(item[1], f"{where}.prepared", _PREPARED, 512)),
-        signatures=tuple(signatures),
-    )
+def parse_credit(item: Any, where: str = "body.credits[]") -> ThresholdCredit:
+    """One credit (176 hex chars) from a peer, typed: strict point parsing of σ (its validity
+    under the period's key is the chain's or the node's check), or TxDecodeError."""
+    raw = bytes.fromhex(check.text(item, where, _CREDIT, 2 * blind_bls.CREDIT_BYTES))
+    try:
+        return ThresholdCredit.from_bytes(raw)
+    except (bls.BlsError, blind_bls.ThresholdCreditError) as error:
+        raise TxDecodeError(f"{where}: {error.message}") from None
 
 
 @dataclass(frozen=True, slots=True)
-class Redeem:
+class CreditRedeem:
     """A compute node cashes credits it was paid with for work on (`model`, `shard`)."""
 
     model: str
     shard: int
-    credits: tuple[Credit, ...]
+    credits: tuple[ThresholdCredit, ...]
 
-    TYPE: ClassVar[str] = "redeem"
+    TYPE: ClassVar[str] = "credit_redeem"
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "credits": [credit.to_json() for credit in self.credits],
+            "credits": [credit.to_bytes().hex() for credit in self.credits],
             "model": self.model,
             "shard": self.shard,
         }
 
     @classmethod
-    def from_json(cls, body: Any) -> Redeem:
+    def from_json(cls, body: Any) -> CreditRedeem:
         b = check.exact_object(body, "body", {"credits", "model", "shard"})
-        credits = tuple(
-            parse_credit(item) for item in check.items(b["credits"], "body.credits", MAX_REDEEM)
-        )
+        items = check.items(b["credits"], "body.credits", MAX_REDEEM)
         return cls(
             model=check.text(b["model"], "body.model", NAME),
             shard=check.integer(b["shard"], "body.shard", 0, 65535),
-            credits=credits,
+            credits=tuple(parse_credit(item) for item in items),
         )

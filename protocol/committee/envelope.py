@@ -19,13 +19,12 @@ from protocol.canonical import JsonInputError, canonical_json, canonical_text, p
 from protocol.committee.commitments import CommitBatch, RevealBatch
 from protocol.committee.credit_dkg import DkgComplaint, DkgDeal, DkgJustify
 from protocol.committee.credit_locks import CreditLock
-from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
+from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
 from protocol.committee.gateways import GatewayBind
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
 from protocol.committee.settlement import PayoutVote, WorkReport
-from protocol.committee.threshold_credits import ThresholdMint, ThresholdRedeem
 from protocol.committee.verification import (
     SeedCommit,
     SeedReveal,
@@ -65,18 +64,15 @@ TxBody = (
     | SeedReveal
     | SpotCheckReport
     | VerifierEndpoint
-    | CreditKey
-    | Mint
     | FundMint
-    | Redeem
     | SetPrice
     | CreditLock
     | GatewayBind
     | DkgDeal
     | DkgComplaint
     | DkgJustify
-    | ThresholdMint
-    | ThresholdRedeem
+    | CreditMint
+    | CreditRedeem
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -94,18 +90,15 @@ BODY_TYPES: dict[str, Any] = {
         SeedReveal,
         SpotCheckReport,
         VerifierEndpoint,
-        CreditKey,
-        Mint,
         FundMint,
-        Redeem,
         SetPrice,
         CreditLock,
         GatewayBind,
         DkgDeal,
         DkgComplaint,
         DkgJustify,
-        ThresholdMint,
-        ThresholdRedeem,
+        CreditMint,
+        CreditRedeem,
     )
 }
 

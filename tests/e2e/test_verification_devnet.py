@@ -24,9 +24,9 @@ What the module shows, each from the chain's own answers:
   above its initial 0.5 and they stay routable; no verifier is ever marked for a false
   accusation (honest verifiers never split);
 - `planet devnet status`, `planet status` and the dApp's `/v1/network` show all of it;
-- credits (the stake watchers publish every validator's keys): `planet credits buy` is funded by
-  the 4 watchers only against the user's balance at the escrow — covered once, refused by
-  name (nothing charged) when the same balance is asked to pay again;
+- credits (the stake watchers form each key period's committee key by DKG): `planet credits
+  buy` is funded by the 4 watchers only against the user's balance at the escrow — covered
+  once, refused by name (nothing charged) when the same balance is asked to pay again;
 - last, a network of charging nodes only (3 new operators join with `--credit-positions`, the
   honest free nodes leave): the user's own client (`planet gateway serve --personal`) answers
   the official `openai` client, paying the nodes with credits; the nodes redeem every one, the
@@ -64,8 +64,7 @@ from harness.personal_client import personal_client
 from harness.ports import ephemeral_port
 from node.client.credit_wallet import CreditWallet
 from node.server.launcher import pid_alive
-from protocol.blind_bls import ThresholdCredit
-from protocol.paid_credits import paid_spent_id, parse_paid_credit
+from protocol.paid_credits import parse_paid_credit, spent_id
 from tests.e2e.devnet_session import planet as _planet
 from tests.e2e.escrow_reads import escrow_contract
 
@@ -500,7 +499,7 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     # the user's own credits (the file's format: node/client/credit_wallet.py): the nodes are
     # paid by the hosted gateway's credits too, and nothing on chain tells the two apart
     wallet_doc = json.loads((Path(env["PLANET_HOME"]) / "credits.json").read_text())
-    users_credits = {paid_spent_id(parse_paid_credit(item)) for item in wallet_doc["credits"]}
+    users_credits = {spent_id(parse_paid_credit(item)) for item in wallet_doc["credits"]}
     assert len(users_credits) == held
     with personal_client(
         devnet["manifest"],
@@ -544,8 +543,8 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     # landed, UNCOMMITTED_REDEMPTION, is in a block all the same: its credits were sent again)
     by_node: dict[str, set[str]] = {p["key"]: set() for p in paid.values()}
     for tx in _txs_since(rpc, start_height):
-        if tx.type in REDEEM_TXS:  # threshold credits (the default) or RSA ones (transition)
-            by_node.setdefault(tx.signer, set()).update(paid_spent_id(c) for c in tx.body.credits)
+        if tx.type in REDEEM_TXS:
+            by_node.setdefault(tx.signer, set()).update(spent_id(c) for c in tx.body.credits)
     assert all(by_node[p["key"]] & users_credits for p in paid.values())
 
     # the user's purchase goes into the escrow's credit pool in a statement the watchers post,
@@ -670,8 +669,8 @@ def _raw_txs_since(rpc: str, start_height: int) -> list[bytes]:
     return raws
 
 
-MINT_TXS = frozenset({"credit_mint", "mint"})  # threshold (the default), RSA (the transition)
-REDEEM_TXS = frozenset({"credit_redeem", "redeem"})
+MINT_TXS = frozenset({"credit_mint"})  # the one mint kind (the RSA `mint` is retired)
+REDEEM_TXS = frozenset({"credit_redeem"})
 
 
 def _txs_since(rpc: str, start_height: int, kind: str | None = None) -> list[Any]:
@@ -690,7 +689,6 @@ def _assert_nothing_links(
     import sqlite3
 
     from protocol.committee.envelope import decode
-    from protocol.credits import nonce_of
 
     payer = user.removeprefix("0x")
     nodes = {p["key"] for p in paid.values()} | {p["address"][2:] for p in paid.values()}
@@ -698,19 +696,15 @@ def _assert_nothing_links(
     for raw in raws:  # the injected extended-commit txs: not the payer, in any form
         if raw[:1] != b"{":
             assert bytes.fromhex(payer) not in raw and payer.encode() not in raw.lower()
-    txs = [decode(raw) for raw in raws if raw[:1] == b"{"]
+    txs = [decode(raw) for raw in raws if raw[:1] == b"{"]  # an RSA `mint` would not decode
     mints = [tx for tx in txs if tx.type in MINT_TXS and tx.body.payer.lower() == user]
     redeems = [tx for tx in txs if tx.type in REDEEM_TXS and tx.signer in nodes]
     assert mints and len({tx.signer for tx in redeems}) == 3
     redeemed = set()
     for tx in redeems:
         for credit in tx.body.credits:
-            redeemed.add(paid_spent_id(credit))
-            if isinstance(credit, ThresholdCredit):  # its nonce, σ and bytes: none in a mint
-                redeemed |= {credit.nonce.hex(), credit.signature.hex(), credit.to_bytes().hex()}
-                continue
-            redeemed |= {credit.prepared.hex(), nonce_of(credit.prepared).hex()}
-            redeemed |= {*(sig.hex() for _, sig in credit.signatures)}
+            redeemed.add(spent_id(credit))  # its nonce, σ and bytes: none in a mint
+            redeemed |= {credit.nonce.hex(), credit.signature.hex(), credit.to_bytes().hex()}
     for tx in txs:
         text = tx.raw.decode().lower()
         assert not (payer in text and [n for n in nodes if n in text]), tx.type

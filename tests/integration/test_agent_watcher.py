@@ -89,7 +89,13 @@ def world(tmp_path_factory) -> Iterator[World]:
             committee_address=deployment.address("Committee"),
             fraud_proofs_address=deployment.address("FraudProofs"),
             escrow_address=deployment.address("QueryEscrow"),
-            credits={"price_wei": str(PRICE), "layer_tokens": 4096},
+            # the first key period's DKG in 3 × 2 blocks: the watcher's part forms the key
+            credits={
+                "price_wei": str(PRICE),
+                "layer_tokens": 4096,
+                "key_period_blocks": 100_000,
+                "dkg_phase_blocks": 2,
+            },
         )
         start_network(network, timeout_s=90)
         start_watchers(network, deployment=deployment_path, evm_rpc=anvil.rpc_url)
@@ -194,25 +200,21 @@ def test_agent_and_watcher_routability_follows_the_evm_stake(world: World) -> No
     assert "left the network" in log_path.read_text()
 
 
-def _watcher_credit_keys(world: World) -> None:
-    """The watcher publishes the validator's credit keys of this epoch and the next on its own
-    (node/watcher/credit_keys.py), each from the validator home's key store, which its app
-    signs mints with."""
-    from protocol.credit_keys import CREDIT_KEYS_DIR, CreditKeyStore
+def _watcher_credit_key(world: World) -> None:
+    """The watcher takes part in the key period's DKG on its own (node/watcher/credit_dkg.py):
+    the committee key forms, and the validator's share is in its home's share store, which its
+    app signs mints with. No per-validator RSA key is published (`/credit_keys` lists none)."""
+    from protocol.credit_shares import CREDIT_SHARES_DIR, CreditShareStore
 
-    store = CreditKeyStore(Path(world.network.validators[0].home) / CREDIT_KEYS_DIR)
+    store = CreditShareStore(Path(world.network.validators[0].home) / CREDIT_SHARES_DIR)
 
-    def published() -> list[bytes] | None:
-        epoch = int(_query(world, "/epochs")["current"])
-        keys = [
-            bytes.fromhex(k["key"])
-            for e in (epoch, epoch + 1)
-            for k in _query(world, "/credit_keys", epoch=str(e))["keys"]
-        ]
-        return keys if len(keys) == 2 else None
+    def formed() -> dict[str, Any] | None:
+        answer = _query(world, "/credit_period")
+        return answer if ((answer.get("run") or {}).get("result") or {}).get("key") else None
 
-    for der in _wait(published, 60, "the watcher's credit keys of this epoch and the next"):
-        assert store.private_for(der) is not None
+    answer = _wait(formed, 90, "the watcher's DKG forming the key period's key")
+    assert store.share(int(answer["period"])) is not None
+    assert "keys" not in _query(world, "/credit_keys")
 
 
 def test_watcher_vouches_only_for_mints_the_payers_escrow_balance_covers(
@@ -223,7 +225,7 @@ def test_watcher_vouches_only_for_mints_the_payers_escrow_balance_covers(
     from node.client.credit_purchase import MintUnfunded, buy_credits
     from node.client.credit_wallet import CreditWallet
 
-    _watcher_credit_keys(world)
+    _watcher_credit_key(world)
     rpcs = [world.network.validators[0].rpc_url]
     payer_chain = PlanetChain(world.chain.deployment, PAYER_KEY, rpc_url=world.rpc)
     escrow = payer_chain.escrow

@@ -1,10 +1,13 @@
 """Bearer credits through one real CometBFT v0.38 validator and the committee app's socket.
 
-The validator's key is generated into `<home>/credit_keys/` and published with a `credit_key`
-tx; a payer buys credits (`buy_credits`: the mint through `broadcast_tx_sync`, the app's blind
-signatures through CometBFT's `abci_query /credit_signatures`, finalized into the wallet), a
-registered compute node redeems them: accepted once, then refused as `CREDIT_SPENT`, and an
-altered credit as `CREDIT_INVALID`; the node's credited work shows in `/credits`. A `planet
+The validator forms the first key period's committee key by the on-chain DKG (its watcher's
+messages, `node.watcher.credit_dkg.plan`, its share written to `<home>/credit_shares/` where
+its app signs with it); a payer that asks before the key exists waits for it with progress
+lines, then buys credits (`buy_credits`: the `credit_mint` through `broadcast_tx_sync`, the
+app's partial signatures through CometBFT's `abci_query /credit_partials`, combined into the
+wallet), a registered compute node redeems them: accepted once, then refused as
+`CREDIT_SPENT`, and an altered credit as `CREDIT_INVALID`; the node's credited work shows in
+`/credits`. The retired RSA `mint` is refused by name as an unknown tx kind. A `planet
 credits buy` killed with SIGKILL while its mint waits for funding leaves the purchase in its
 credit file, and `planet credits finish` turns it into credits once it is funded.
 """
@@ -28,13 +31,14 @@ import pytest
 from node.client.credit_purchase import buy_credits
 from node.client.credit_wallet import CreditWallet
 from node.keys import create_wallet
+from node.watcher.credit_dkg import plan
 from planet.main import main
+from protocol.canonical import canonical_json
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
-from protocol.committee.credits import CreditKey, FundMint, Redeem
+from protocol.committee.credits import CreditRedeem, FundMint
 from protocol.committee.envelope import sign
 from protocol.committee.registry import RegisterNode, sign_registration
-from protocol.credit_keys import CreditKeyStore
-from protocol.credits import epoch_keys_from_query
+from protocol.credit_shares import CREDIT_SHARES_DIR, CreditShareStore
 from protocol.eip712 import address_of
 from tests.committee_chain import seeded_evm_key, seeded_key
 from tests.integration.test_abci_cometbft import (
@@ -55,14 +59,21 @@ LAYER_TOKENS = 4096
 
 @contextlib.contextmanager
 def _vouching(net: Any) -> Iterator[None]:
-    """While open, the validator sends `fund_mint` for every mint waiting for funding."""
+    """While open, the validator does what its watcher would: its key period DKG messages
+    (`plan`, its share into the home its app reads) and `fund_mint` for every mint waiting for
+    funding (no EVM here: every mint counts as covered)."""
     stop = threading.Event()
     key = validator_key(net.home)
     signer = key.verify_key.encode().hex()
+    store = CreditShareStore(net.home / CREDIT_SHARES_DIR)
 
     def vouch() -> None:
         nonce, done = net.query(f"/nonce?account={signer}")["nonce"] + 1, set()
         while not stop.wait(0.3):
+            for body in plan(net.query("/credit_period"), key, store):
+                answer = net.submit(sign(body, key, nonce).encode())
+                assert answer.get("code", 0) == 0, answer
+                nonce += 1
             for mint in net.query("/mints?pending=true")["mints"]:
                 if mint["id"] not in done:
                     answer = net.submit(sign(FundMint(mint["id"]), key, nonce).encode())
@@ -100,17 +111,18 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
                 "escrow_address": ESCROW,
             },
             "validators": {net.validator_address: address_of(OPERATOR_KEY)},
-            "credits": {"price_wei": str(PRICE), "layer_tokens": LAYER_TOKENS},
+            # the first key period's DKG in 3 × 2 blocks: the key at block 7
+            "credits": {
+                "price_wei": str(PRICE),
+                "layer_tokens": LAYER_TOKENS,
+                "key_period_blocks": 100_000,
+                "dkg_phase_blocks": 2,
+            },
         }
         genesis_path.write_text(json.dumps(genesis, indent=1))
         net.start_app()
         net.start_node()
-        net.wait_height(2)
-
-        store = CreditKeyStore(net.home / "credit_keys")
-        der = store.generate(1).public.to_der()
-        tx = sign(CreditKey(1, der), validator_key(net.home), 1).encode()
-        assert net.submit(tx).get("code", 0) == 0
+        net.wait_height(1)
 
         node_key = seeded_key("credits-integration-node")
         node = node_key.verify_key.encode().hex()
@@ -120,17 +132,27 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
         )
         assert net.submit(sign(body, node_key, 1).encode()).get("code", 0) == 0
 
-        keys = epoch_keys_from_query(net.query("/credit_keys?epoch=1"))
-        assert list(keys.keys) == [net.validator_address]
+        run = net.query("/credit_period")["run"]
+        assert not (run and run.get("result"))  # no key yet: the purchase below waits for it
         payer = seeded_evm_key("credits-integration-payer")
         wallet = CreditWallet(tmp_path / "wallet.json")
         # no EVM here: the validator vouches for every mint itself, as its watcher does for
         # a covered one (tests/integration/test_agent_watcher.py runs the real watcher)
+        lines: list[str] = []
         with _vouching(net):
             credits = asyncio.run(
-                buy_credits([net.rpc], payer, 3, wallet, expiry=int(time.time()) + 3600)
+                buy_credits(
+                    [net.rpc],
+                    payer,
+                    3,
+                    wallet,
+                    expiry=int(time.time()) + 3600,
+                    progress=lines.append,
+                )
             )
             assert len(credits) == 3 and wallet.count() == 3
+            waits = [line for line in lines if "credit key (DKG) — block" in line]
+            assert waits and waits[0].startswith("waiting for the committee's credit key"), lines
             # the same through the CLI, from an encrypted keystore
             keystore, password = tmp_path / "payer.json", tmp_path / "password"
             password.write_text("credits-test")
@@ -142,7 +164,7 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
             assert CreditWallet(cli_file).count() == 2
 
         # a buyer killed (-9) while the validators check its balance loses nothing: the next
-        # run (`planet credits finish`) gathers the signatures of the mint it paid for
+        # run (`planet credits finish`) gathers the partials of the mint it paid for
         killed_file = tmp_path / "killed-credits.json"
         argv = [*argv[:-1], str(killed_file), "--wait", "300"]
         buyer = subprocess.Popen([sys.executable, "-m", "planet", *argv])
@@ -164,18 +186,35 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
 
         spend = wallet.take(2)
         # the node commits what it served (one record, 32 positions): no commitment, no pay
-        uncommitted = net.submit(sign(Redeem("m", 0, tuple(spend)), node_key, 2).encode())
+        uncommitted = net.submit(sign(CreditRedeem("m", 0, tuple(spend)), node_key, 2).encode())
         assert uncommitted["code"] == 84, uncommitted  # UNCOMMITTED_REDEMPTION
         record = CommitmentRecord("0x" + "5e" * 32, 0, 0, "0x" + "c0" * 32)
         committed = net.submit(sign(CommitBatch((record,)), node_key, 3).encode())
         assert committed.get("code", 0) == 0, committed
-        first = net.submit(sign(Redeem("m", 0, tuple(spend)), node_key, 4).encode())
+        first = net.submit(sign(CreditRedeem("m", 0, tuple(spend)), node_key, 4).encode())
         assert first.get("code", 0) == 0, first
-        again = net.submit(sign(Redeem("m", 0, tuple(spend[:1])), node_key, 5).encode())
+        again = net.submit(sign(CreditRedeem("m", 0, tuple(spend[:1])), node_key, 5).encode())
         assert again["code"] == 78 and "already redeemed" in again["log"], again  # CREDIT_SPENT
         [last] = wallet.take(1)
-        altered = replace(last, prepared=last.prepared[:-1] + bytes([last.prepared[-1] ^ 1]))
-        refused = net.submit(sign(Redeem("m", 0, (altered,)), node_key, 6).encode())
+        altered = replace(last, nonce=last.nonce[:-1] + bytes([last.nonce[-1] ^ 1]))
+        refused = net.submit(sign(CreditRedeem("m", 0, (altered,)), node_key, 6).encode())
         assert refused["code"] == 77, refused  # CREDIT_INVALID
         credited = net.query(f"/credits?account={address_of(evm).lower()}")["credits"]
         assert credited == [{"layer_tokens": 2 * LAYER_TOKENS, "model": "m", "shard": 0}]
+        # the retired RSA `mint` kind: refused by name at the door (CheckTx), nothing listed
+        unsigned = {
+            "body": {
+                "amount": "0",
+                "blinded": [],
+                "epoch": 1,
+                "expiry": 0,
+                "payer": "0x",
+                "signature": "",
+            },
+            "nonce": 7,
+            "signer": node,
+            "type": "mint",
+        }
+        raw = canonical_json({**unsigned, "sig": "00" * 64})
+        old = net.call("broadcast_tx_sync", tx="0x" + raw.hex())
+        assert old["code"] == 1 and "unknown tx type 'mint'" in old["log"], old  # MALFORMED_TX

@@ -4,7 +4,9 @@ purchase funded within its usual time. The validator's real mint funder
 (node/watcher/funding.py) runs over a real `CommitteeLink`; the EVM side is a stand-in (no EVM
 here): the honest payer's balance covers its purchases, and only it ever deposited
 (tests/integration/test_agent_watcher.py runs the watcher against a real EVM). The honest
-purchase is `buy_credits`, the client's own path, timed once before the flood and once after.
+purchase is `buy_credits`, the client's own path, timed once before the flood and once after
+(the first also waits for the first key period's committee key: the validator's real DKG
+driver, node/watcher/credit_dkg.py, runs beside the funder).
 Ports: 26600-26689 (test_abci_cometbft.py); run under the devnet lock.
 """
 
@@ -25,11 +27,9 @@ import pytest
 from node.chain.committee_link import CommitteeLink
 from node.client.credit_purchase import buy_credits
 from node.client.credit_wallet import CreditWallet
+from node.watcher.credit_dkg import CreditDkgDriver
 from node.watcher.funding import MintFunder
-from protocol.committee.credits import CreditKey
 from protocol.committee.envelope import sign
-from protocol.credit_keys import CreditKeyStore
-from protocol.credits import epoch_keys_from_query
 from protocol.eip712 import address_of
 from tests.committee_chain import seeded_evm_key, seeded_key
 from tests.integration.test_abci_cometbft import (
@@ -75,15 +75,18 @@ class Deposits:
 
 @contextlib.contextmanager
 def _funder(net: Net, escrow: Escrow, deposits: Deposits) -> Iterator[None]:
-    """The validator's real mint funder, one pass every 0.3 s, on its own event loop."""
+    """The validator's real mint funder and DKG driver, one pass every 0.3 s, on its own event
+    loop (one link: the watcher's)."""
     stop = threading.Event()
 
     def run() -> None:
         async def loop() -> None:
             link = CommitteeLink([net.rpc], validator_key(net.home))
             funder = MintFunder(committee=link, escrow=escrow, deposits=deposits)
+            dkg = CreditDkgDriver.of_validator(link, validator_key(net.home), net.home)
             try:
                 while not stop.is_set():
+                    await dkg.step()
                     await funder.step()
                     await asyncio.sleep(0.3)
             finally:
@@ -139,25 +142,24 @@ def test_a_mint_flood_leaves_an_honest_purchase_funded_in_its_usual_time(tmp_pat
                 "escrow_address": ESCROW,
             },
             "validators": {net.validator_address: address_of(OPERATOR_KEY)},
-            "credits": {"price_wei": str(PRICE), "layer_tokens": 4096},
+            "credits": {
+                "price_wei": str(PRICE),
+                "layer_tokens": 4096,
+                "key_period_blocks": 100_000,
+                "dkg_phase_blocks": 2,
+            },
         }
         genesis_path.write_text(json.dumps(genesis, indent=1))
         net.start_app()
         net.start_node()
-        net.wait_height(2)
-        store = CreditKeyStore(net.home / "credit_keys")
-        der = store.generate(1).public.to_der()
-        assert (
-            net.submit(sign(CreditKey(1, der), validator_key(net.home), 1).encode()).get("code", 0)
-            == 0
-        )
-        keys = epoch_keys_from_query(net.query("/credit_keys?epoch=1"))
+        net.wait_height(1)
 
         honest = seeded_evm_key("flood-honest-payer")
         payer = address_of(honest).lower()
         escrow = Escrow({payer: 10 * PRICE})
         wallet = CreditWallet(tmp_path / "wallet.json")
         with _funder(net, escrow, Deposits({payer})):
+            _buy(net, honest, wallet)  # the first waits for the key period's key (DKG)
             usual = _buy(net, honest, wallet)
 
             sender, expiry = seeded_key("flood-sender"), int(time.time()) + 3600
@@ -166,7 +168,7 @@ def test_a_mint_flood_leaves_an_honest_purchase_funded_in_its_usual_time(tmp_pat
                 key = seeded_evm_key(f"flood-stranger-{index}")
                 for n in range(PER_STRANGER):
                     last, body = junk_mint(
-                        keys, key, PRICE, EVM_CHAIN_ID, ESCROW, expiry, index * 16 + n, "0x01"
+                        0, key, PRICE, EVM_CHAIN_ID, ESCROW, expiry, index * 16 + n, "0x01"
                     )
                     raw = sign(body, sender, index * PER_STRANGER + n + 1).encode()
                     checked = net.call("broadcast_tx_sync", tx="0x" + raw.hex())
@@ -180,5 +182,5 @@ def test_a_mint_flood_leaves_an_honest_purchase_funded_in_its_usual_time(tmp_pat
         print(f"honest purchase: {usual:.2f} s alone, {flooded:.2f} s after 1,200 junk mints")
         assert _pending(net) == STRANGERS * PER_STRANGER  # the junk waits, listed in full
         assert flooded <= usual + USUAL_S
-        assert wallet.count() == 2
+        assert wallet.count() == 3
         assert set(escrow.reads) == {payer}  # the junk cost the funder no balance read

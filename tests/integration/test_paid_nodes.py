@@ -1,7 +1,8 @@
 """Nodes paid per chunk with bearer credits, all real processes: one CometBFT validator with the
-committee app (credits on, its blind-signing key published), two `planet node serve` processes of
-a tiny model that charge (`--credit-positions 8 --credits-dir`), and their two real node agents
-(`python -m node.agent --credits-dir`), which register the nodes and redeem what they were paid.
+committee app (credits on, its key period's committee key formed by the DKG), two `planet node
+serve` processes of a tiny model that charge (`--credit-positions 8 --credits-dir`), and their
+two real node agents (`python -m node.agent --credits-dir`), which register the nodes and
+redeem what they were paid.
 
 A payer buys credits with `planet credits buy`, then `planet ask --credits` (its own process)
 answers through the two nodes and pays each exactly ceil(positions / 8) credits; the agents
@@ -43,13 +44,13 @@ from node.model.prepare import prepare
 from node.procs import spawn_logged
 from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
 from planet.main import main
-from protocol.committee.credits import CreditKey, FundMint
+from protocol.blind_bls import ThresholdCredit
+from protocol.committee.credits import FundMint
 from protocol.committee.envelope import decode
 from protocol.committee.registry import AttestStake
-from protocol.credit_keys import CreditKeyStore
-from protocol.credits import Credit, nonce_of, spent_id
 from protocol.eip712 import address_of
 from protocol.errors import RemoteError
+from protocol.paid_credits import spent_id
 from tests.doubles.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -104,10 +105,16 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
             address_of(keccak(text="paid-nodes operator")),
             epoch_length=100_000,
             evm=EVM,
-            app_state={"credits": {"price_wei": "1000", "layer_tokens": LAYER_TOKENS}},
+            app_state={
+                "credits": {
+                    "price_wei": "1000",
+                    "layer_tokens": LAYER_TOKENS,
+                    "key_period_blocks": 100_000,
+                    "dkg_phase_blocks": 2,
+                }
+            },
         )
-        public = CreditKeyStore(committee.home / "credit_keys").generate(1).public
-        committee.submit(committee.validator_sign(CreditKey(1, public.to_der())))
+        committee.form_credit_key()  # the validator's DKG part (no watcher here)
         password = root / "password"
         password.write_text(PASSWORD)
         homes, accounts, keys = [], [], []
@@ -478,9 +485,9 @@ class _DoubleSpendingWallet(CreditWallet):
     (a frame owing k credits to each of two hops takes k from the file and sends both hops
     those k)."""
 
-    shown: list[Credit]
+    shown: list[ThresholdCredit]
 
-    def take(self, n: int) -> list[Credit]:
+    def take(self, n: int) -> list[ThresholdCredit]:
         real = super().take(-(-n // 2))
         self.shown = [*getattr(self, "shown", []), *real]
         return (real + real)[:n]
@@ -513,7 +520,7 @@ def test_one_credit_shown_to_both_nodes_at_once_pays_one_and_buys_no_more_than_i
     assert stopped.value.code == "credit_double_spent", stopped.value.message
     # the positions fed were at most one credit's: the prompt and the tokens after it
     assert len(ids) + len(tokens) - 1 <= PRICE_POSITIONS < len(ids) + MAX_TOKENS - 1
-    shown = [spent_id(credit.prepared) for credit in wallet.shown]
+    shown = [spent_id(credit) for credit in wallet.shown]
     assert shown and len(shown) == 6 - wallet.count()  # each was shown to both nodes
     committee = net["committee"]
 
@@ -536,9 +543,9 @@ def test_one_credit_shown_to_both_nodes_at_once_pays_one_and_buys_no_more_than_i
 def test_no_tx_on_the_chain_links_a_payer_to_a_node_a_credit_or_a_question(net) -> None:
     """Every tx of every block so far (the mints of the purchases above and the agents'
     redemptions of what the questions paid): a mint names its payer and carries only blinded
-    messages; a redemption names its node and carries the finalized credits. No redemption holds
-    the payer, no mint holds a node key, a credit's nonce, prepared message, signature or spent
-    id, and no tx holds anything of a question."""
+    points; a redemption names its node and carries the finalized credits. No redemption holds
+    the payer, no mint holds a node key, a credit's nonce, signature or spent id, and no tx
+    holds anything of a question; no tx is of the retired RSA kinds."""
     committee = net["committee"]
     payer = address_of(keccak(text="paid-nodes payer")).lower().removeprefix("0x")
     raws = []
@@ -549,15 +556,15 @@ def test_no_tx_on_the_chain_links_a_payer_to_a_node_a_credit_or_a_question(net) 
     # commitments start spot-check rounds) are not committee txs; scanned as bytes below
     txs = [decode(raw) for raw in raws if raw[:1] == b"{"]
     injected = [raw for raw in raws if raw[:1] != b"{"]
-    mints = [tx for tx in txs if tx.type == "mint"]
-    redeems = [tx for tx in txs if tx.type == "redeem"]
+    assert not [tx for tx in txs if tx.type in ("mint", "redeem", "credit_key")]
+    mints = [tx for tx in txs if tx.type == "credit_mint"]
+    redeems = [tx for tx in txs if tx.type == "credit_redeem"]
     assert mints and redeems and {tx.body.payer.lower() for tx in mints} == {"0x" + payer}
     nodes = {tx.signer for tx in redeems}
     secrets = set(nodes)  # what a mint must not hold: who was paid, and with which credits
     for tx in redeems:
         for credit in tx.body.credits:
-            secrets |= {credit.prepared.hex(), nonce_of(credit.prepared).hex()}
-            secrets |= {spent_id(credit.prepared), *(sig.hex() for _, sig in credit.signatures)}
+            secrets |= {credit.nonce.hex(), credit.signature.hex(), spent_id(credit)}
     for tx in mints:
         text = tx.raw.decode().lower()
         assert tx.signer not in nodes  # minted under a key no node uses

@@ -22,19 +22,17 @@ from node.client.types import Hop
 from node.gateway.credit_holds import CreditHold, CreditReserve
 from node.gateway.credit_payer import HostedPayer
 from node.gateway.router import Circuit, RoutableNode
-from protocol.credits import Credit
 from protocol.errors import UnavailableError
+from protocol.paid_credits import PaidCredit
+from tests.credit_fakes import fake_credits
 from tests.unit.gateway_fakes import FakeEscrow, H, Script, build_gateway
 
 SHARDS = 2
 
 
-def credits(count: int, first: int = 0) -> list[Credit]:
+def credits(count: int, first: int = 0) -> list[PaidCredit]:
     """Distinct credits (never checked here: the nodes are fakes)."""
-    return [
-        Credit(7, (first + i).to_bytes(32, "big") * 3, (("A" * 40, b"\x01" * 8),))
-        for i in range(count)
-    ]
+    return fake_credits(count, first)
 
 
 class NodeLedger:

@@ -10,7 +10,7 @@ import pytest
 from abci_app import settlement
 from abci_app.codes import Code
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
-from protocol.committee.credits import Redeem
+from protocol.committee.credits import CreditRedeem
 from protocol.committee.settlement import NodeWork
 from protocol.committee.verification import SpotCheckReport
 from protocol.spotcheck import Triple, checks_for, epoch_verifiers, node_rate_ppm, select
@@ -48,19 +48,22 @@ def close_epochs(chain: Chain, count: int) -> None:
 def test_coverage_commitments_older_than_the_grace_window_do_not_cover_a_redemption(
     tmp_path: Path,
 ) -> None:
-    from tests.unit.test_abci_credits import minted
+    from tests.credit_chain import ensure_key, minted
 
     chain = settled_chain(commit_grace_epochs=1)
+    ensure_key(chain, tmp_path)  # the credit key first
     routable_node(chain, "node")
     key = seeded_key("node")
     commit_served(chain, key, shard=0, blocks=1)
     close_epochs(chain, 2)  # the commitment's epoch is now two epochs old
-    credits, _, _ = minted(chain, tmp_path, count=2)
-    stale = one(chain, Redeem("m", 0, (credits[0],)), key)
+    credits, _ = minted(chain, tmp_path, count=2)
+    stale = one(chain, CreditRedeem("m", 0, (credits[0],)), key)
     assert stale.code == Code.UNCOMMITTED_REDEMPTION, stale.log
     assert credits_of(chain, "node") == 0
+    if (chain.state.height + 2) % chain.state.genesis.epoch_length == 0:
+        chain.block()  # the redemption not in the epoch's last block: its close moves the record
     commit_served(chain, key, shard=0, blocks=1)
-    assert one(chain, Redeem("m", 0, (credits[0],)), key).code == Code.OK
+    assert one(chain, CreditRedeem("m", 0, (credits[0],)), key).code == Code.OK
     assert credits_of(chain, "node") == chain.state.genesis.credit_layer_tokens
 
 

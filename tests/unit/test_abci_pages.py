@@ -79,7 +79,10 @@ def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_pools_page_splits_the_draw_and_each_revenue_page_pays_its_own_charges(
     small_pages: None, tmp_path: Path
 ) -> None:
+    from tests.credit_chain import ensure_key
+
     chain = settled_chain(epoch_length=20)
+    ensure_key(chain, tmp_path)  # the credit key first (its DKG's blocks): all below in 1 epoch
     a, b = two_nodes(chain)
     queries = [(query_id(i), 100 * i + 1) for i in range(1, 9)]
     serve(chain, queries, per_report=3)  # heights: q1-3, q4-6, q7-8

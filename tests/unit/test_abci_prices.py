@@ -11,11 +11,11 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.prices import going_price
-from protocol.committee.credits import Redeem
+from protocol.committee.credits import CreditRedeem
 from protocol.committee.prices import DEFAULT_PRICE_POSITIONS, SetPrice
 from tests.committee_chain import Chain
-from tests.unit.test_abci_credits import LAYER_TOKENS, minted, next_epoch_end, node_chain
-from tests.unit.test_abci_settlement import ask, evm_of, one
+from tests.credit_chain import LAYER_TOKENS, minted, node_chain
+from tests.unit.test_abci_settlement import ask, evm_of, next_epoch_end, one
 from tests.unit.test_abci_state import commit_served, hexkey, register
 
 pytestmark = pytest.mark.unit
@@ -49,8 +49,8 @@ def start_of_epoch(chain: Chain) -> None:
         next_epoch_end(chain)
 
 
-def test_prices_first_counts_now_a_change_only_from_the_next_epoch() -> None:
-    chain, node = node_chain(heartbeat_timeout=10_000, epoch_length=20)
+def test_prices_first_counts_now_a_change_only_from_the_next_epoch(tmp_path: Path) -> None:
+    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000, epoch_length=20)
     start_of_epoch(chain)
     epoch = epoch_now(chain)
     set_price(chain, node, 64)
@@ -73,8 +73,8 @@ def test_prices_first_counts_now_a_change_only_from_the_next_epoch() -> None:
     assert price_of(chain, node)["next"] is None
 
 
-def test_prices_only_a_compute_node_prices_only_its_own_shards() -> None:
-    chain, node = node_chain(epoch_length=20)
+def test_prices_only_a_compute_node_prices_only_its_own_shards(tmp_path: Path) -> None:
+    chain, node = node_chain(tmp_path, epoch_length=20)
     foreign = one(chain, SetPrice("m", 7, 64), node)
     assert foreign.code == Code.PRICE_SHARD, foreign.log
     other_model = one(chain, SetPrice("other", 0, 64), node)
@@ -84,16 +84,16 @@ def test_prices_only_a_compute_node_prices_only_its_own_shards() -> None:
 
 
 def test_prices_a_redemption_over_the_registered_price_is_refused_by_name(tmp_path: Path) -> None:
-    chain, node = node_chain(heartbeat_timeout=10_000, epoch_length=20)
-    credits, _, _ = minted(chain, tmp_path, count=3)
+    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000, epoch_length=20)
+    credits, _ = minted(chain, tmp_path, count=3)
     set_price(chain, node, 64)
     # one session of 2 blocks: 64 positions, plus 63 for its last credit paid ahead = 127
     commit_served(chain, node, shard=0, blocks=2)
-    over = one(chain, Redeem("m", 0, tuple(credits[:2])), node)
+    over = one(chain, CreditRedeem("m", 0, tuple(credits[:2])), node)
     assert over.code == Code.REDEMPTION_OVER_PRICE, over.log
     assert "64 positions each need 128" in over.log and credited(chain) == 0
-    assert one(chain, Redeem("m", 0, (credits[0],)), node).code == Code.OK
-    again = one(chain, Redeem("m", 0, (credits[1],)), node)  # 63 left: under one credit's 64
+    assert one(chain, CreditRedeem("m", 0, (credits[0],)), node).code == Code.OK
+    again = one(chain, CreditRedeem("m", 0, (credits[1],)), node)  # 63 left: under one credit's 64
     assert again.code == Code.REDEMPTION_OVER_PRICE, again.log
     assert credited(chain) == LAYER_TOKENS
 
@@ -101,13 +101,13 @@ def test_prices_a_redemption_over_the_registered_price_is_refused_by_name(tmp_pa
 def test_prices_each_session_s_last_credit_may_be_used_in_part(tmp_path: Path) -> None:
     """A client pays ahead: a session of s positions costs ceil(s / price) credits, so each
     committed session covers price − 1 positions beyond its records, no more."""
-    chain, node = node_chain(heartbeat_timeout=10_000, epoch_length=20)
-    credits, _, _ = minted(chain, tmp_path, count=3)
+    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000, epoch_length=20)
+    credits, _ = minted(chain, tmp_path, count=3)
     set_price(chain, node, 64)
     commit_served(chain, node, shard=0, blocks=1)  # two sessions of one block (≤ 32 positions):
     commit_served(chain, node, shard=0, blocks=1)  # a credit each
-    assert one(chain, Redeem("m", 0, tuple(credits[:2])), node).code == Code.OK
-    third = one(chain, Redeem("m", 0, (credits[2],)), node)
+    assert one(chain, CreditRedeem("m", 0, tuple(credits[:2])), node).code == Code.OK
+    third = one(chain, CreditRedeem("m", 0, (credits[2],)), node)
     assert third.code == Code.REDEMPTION_OVER_PRICE, third.log
 
 
@@ -116,44 +116,44 @@ def test_prices_a_node_that_raises_its_price_mid_epoch_is_paid_the_registered_on
 ) -> None:
     """Raising a price asks more credits for the same work: a credit per 16 positions instead
     of 64. Its clients pay what the chain said at the epoch's start, and so is the node."""
-    chain, node = node_chain(heartbeat_timeout=10_000, epoch_length=20)
-    credits, _, _ = minted(chain, tmp_path, count=3)
+    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000, epoch_length=20)
+    credits, _ = minted(chain, tmp_path, count=3)
     start_of_epoch(chain)  # the steps below in one epoch
     set_price(chain, node, 64)
     set_price(chain, node, 16)  # raised mid-epoch: counts from the next epoch
     commit_served(chain, node, shard=0, blocks=2)  # 64 positions + 63: one credit at 64
-    over = one(chain, Redeem("m", 0, tuple(credits[:2])), node)  # at 16 each, 32 would do
+    over = one(chain, CreditRedeem("m", 0, tuple(credits[:2])), node)  # at 16 each, 32 would do
     assert over.code == Code.REDEMPTION_OVER_PRICE, over.log
     assert "registered price of 64 positions each" in over.log and credited(chain) == 0
-    assert one(chain, Redeem("m", 0, (credits[0],)), node).code == Code.OK
+    assert one(chain, CreditRedeem("m", 0, (credits[0],)), node).code == Code.OK
     assert credited(chain) == LAYER_TOKENS
     next_epoch_end(chain)  # the raise counts now: a session of 32 positions buys two credits
     assert price_of(chain, node)["positions"] == 16
     commit_served(chain, node, shard=0, blocks=1)
-    paid = one(chain, Redeem("m", 0, tuple(credits[1:])), node)
+    paid = one(chain, CreditRedeem("m", 0, tuple(credits[1:])), node)
     assert paid.code == Code.OK, paid.log
 
 
 def test_prices_a_price_cut_mid_epoch_waits_too(tmp_path: Path) -> None:
     """The other way: a credit per 256 positions announced mid-epoch; this epoch still 16."""
-    chain, node = node_chain(heartbeat_timeout=10_000, epoch_length=20)
-    credits, _, _ = minted(chain, tmp_path, count=3)
+    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000, epoch_length=20)
+    credits, _ = minted(chain, tmp_path, count=3)
     start_of_epoch(chain)
     set_price(chain, node, 16)
     set_price(chain, node, 256)
     commit_served(chain, node, shard=0, blocks=1)  # 32 positions + 15: two credits at 16
-    paid = one(chain, Redeem("m", 0, tuple(credits[:2])), node)
+    paid = one(chain, CreditRedeem("m", 0, tuple(credits[:2])), node)
     assert paid.code == Code.OK, paid.log  # at 256 each, two credits would need 512
     assert credited(chain) == 2 * LAYER_TOKENS
-    over = one(chain, Redeem("m", 0, (credits[2],)), node)
+    over = one(chain, CreditRedeem("m", 0, (credits[2],)), node)
     assert over.code == Code.REDEMPTION_OVER_PRICE and "16 positions each" in over.log
 
 
-def test_prices_the_going_price_is_the_median_or_the_default() -> None:
+def test_prices_the_going_price_is_the_median_or_the_default(tmp_path: Path) -> None:
     assert going_price([]) == going_price([0, 0]) == DEFAULT_PRICE_POSITIONS
     assert going_price([128, 0, 16, 64]) == 64
     assert going_price([32, 16, 64, 128]) == 32
-    chain, node = node_chain(epoch_length=20)
+    chain, node = node_chain(tmp_path, epoch_length=20)
     assert ask(chain, "/prices?model=m")["going_price"] == DEFAULT_PRICE_POSITIONS
     set_price(chain, node, 48)
     assert ask(chain, "/prices?model=m")["going_price"] == 48

@@ -15,7 +15,7 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.queries import query
-from protocol.committee.credits import Redeem
+from protocol.committee.credits import CreditRedeem
 from protocol.committee.envelope import decode, sign
 from protocol.committee.gateways import sign_binding
 from protocol.committee.grammar import TxDecodeError
@@ -53,7 +53,7 @@ GATEWAY_EVM_KEY = seeded_evm_key("gateway")
 GATEWAY_EVM = address_of(GATEWAY_EVM_KEY).lower()  # GATEWAY's bound address: its revenue's payee
 DOMAIN = committee_domain(EVM_CHAIN_ID, COMMITTEE_ADDRESS)
 Q1, Q2, Q3 = ("0x" + f"{i:02x}" * 32 for i in (1, 2, 3))
-CREDIT_PRICE = 10**12  # as tests/unit/test_abci_credits.py
+CREDIT_PRICE = 10**12  # as tests/credit_chain.py
 CREDIT_LAYER_TOKENS = 4096
 CREDIT_NOW = 1_800_000_000
 
@@ -86,7 +86,13 @@ def settled_chain(bindings: dict[SigningKey, bytes] | None = None, **extra: obje
             "fraud_proofs_address": FRAUD_PROOFS_ADDRESS,
             "escrow_address": ESCROW,
         },
-        "credits": {"price_wei": str(CREDIT_PRICE), "layer_tokens": CREDIT_LAYER_TOKENS},
+        # a key period's DKG in 3 × 2 blocks: a test forms the credit key in a few blocks
+        # (tests/credit_chain.py `ensure_key`)
+        "credits": {
+            "price_wei": str(CREDIT_PRICE),
+            "layer_tokens": CREDIT_LAYER_TOKENS,
+            "dkg_phase_blocks": 2,
+        },
     }
     genesis.update(extra)
     chain = Chain(genesis={k: v for k, v in genesis.items() if v is not None})
@@ -155,16 +161,17 @@ def redeemed(
     """Credits bought (one funded mint), then each node (key → (shard, credits)) commits what it
     served and redeems its credits, in one block with the txs `others()` makes then (after the
     mint's, so their nonces follow): all in one epoch."""
-    from tests.unit.test_abci_credits import minted
+    from tests.credit_chain import ensure_key, minted
 
+    ensure_key(chain, tmp)  # the credit key first (its DKG's blocks), where it is not formed
     length = chain.state.genesis.epoch_length
-    if chain.state.height % length > length - 5:  # minted's 3 blocks and this one fit
+    if chain.state.height % length > length - 4:  # minted's 2 blocks and this one fit
         next_epoch_end(chain)
-    credits, _, _ = minted(chain, tmp, count=sum(n for _, n in shares.values()))
+    credits, _ = minted(chain, tmp, count=sum(n for _, n in shares.values()))
     txs, taken = [], 0
     for key, (shard, count) in shares.items():
         txs.append(served_commit_tx(chain, key, shard))
-        redeem = Redeem("m", shard, tuple(credits[taken : taken + count]))
+        redeem = CreditRedeem("m", shard, tuple(credits[taken : taken + count]))
         txs.append(chain.tx(redeem, key))
         taken += count
     return chain.block([*txs, *others()])
@@ -579,7 +586,10 @@ def test_settlement_records_are_pruned_with_their_epoch(tmp_path: Path) -> None:
 
 
 def test_settlement_scarcity_counts_routable_nodes_not_only_redeemers(tmp_path: Path) -> None:
+    from tests.credit_chain import ensure_key
+
     chain = settled_chain()
+    ensure_key(chain, tmp_path)  # the credit key first: `redeemed` below then takes 3 blocks
     a, b = two_nodes(chain)  # A alone on shard 0 (5x); B on shard 1 ...
     c = register(chain, "node-c", shards=(1,))
     make_routable(chain, c)  # ... with C routable there too (2x), though C earns nothing
@@ -594,7 +604,7 @@ def test_settlement_scarcity_counts_routable_nodes_not_only_redeemers(tmp_path: 
         lambda: [chain.tx(Heartbeat(), key) for key in (a, b, c, unstaked)],
     )
     assert [r.code for r in results] == [Code.OK] * 8, [r.log for r in results]
-    assert chain.state.height % length == length - 1
+    assert chain.state.height % length == length - 2  # the close 2 blocks on: within timeout 4
     epoch = next_epoch_end(chain)
     # equal redemptions, 5 : 2 of the draw (2 credits' price)
     assert rows(chain, epoch) == {

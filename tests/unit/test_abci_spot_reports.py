@@ -11,7 +11,7 @@ import pytest
 from abci_app.codes import Code
 from abci_app.settlement import verification_work
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
-from protocol.committee.credits import Redeem
+from protocol.committee.credits import CreditRedeem
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.verification import SpotCheckReport
 from protocol.spotcheck import Triple, checks_for, epoch_verifiers
@@ -35,10 +35,13 @@ pytestmark = pytest.mark.unit
 
 
 def _epoch1_with_commitments(chain: Chain, tmp: Path):
-    """Validators 0 and 1 commit verifier seeds for epoch 2; node A commits 16 blocks and a
-    payer buys one credit (keys, mint, funding), all in epoch 1 (10 blocks); the chain reaches
-    epoch 2 (every block is selected: 10^6 ppm). Returns the credit too."""
-    from tests.unit.test_abci_credits import answers, fund, keys_of, mint, publish_keys, send
+    """The validators form the first key period's key (its DKG); validators 0 and 1 commit
+    verifier seeds for epoch 2; node A commits 16 blocks and a payer buys one credit (mint,
+    funding), all in epoch 1 (20 blocks); the chain reaches epoch 2 (every block is selected:
+    10^6 ppm). Returns the credit too."""
+    from tests.credit_chain import ensure_key, fund, gather, period_key, request, send
+
+    ensure_key(chain, tmp)
 
     chain.block([commit(chain, 0, 2, b"\x00" * 32), commit(chain, 1, 2, b"\x01" * 32)])
     a, b = two_nodes(chain)
@@ -46,13 +49,12 @@ def _epoch1_with_commitments(chain: Chain, tmp: Path):
         CommitmentRecord("0x" + f"{i:064x}", 0, 0, "0x" + "aa" * 32) for i in range(1, 17)
     )
     assert one(chain, CommitBatch(records), a).code == Code.OK
-    stores = publish_keys(chain, 1, tmp)
-    request = mint(chain, keys_of(chain, 1), 1)
-    assert send(chain, request.body, b).code == Code.OK
-    fund(chain, request.mint_id)
-    credits = request.finalize(keys_of(chain, 1), answers(chain, stores, request.mint_id))
-    assert chain.state.height <= 10
-    chain.advance_to(10)
+    req = request(chain, 1)
+    assert send(chain, req.body, b).code == Code.OK
+    fund(chain, req.mint_id)
+    credits = req.finalize(period_key(chain), gather(chain, tmp, req.mint_id))
+    assert chain.state.height <= 20
+    chain.advance_to(20)
     seed, verifiers = epoch_verifiers(ask(chain, "/epochs?epoch=2")["epochs"][0])
     assert verifiers == sorted([_signer(chain, 0), _signer(chain, 1)])
     triples = [Triple(hexkey(a), r.session, 0, 0) for r in records]
@@ -68,7 +70,7 @@ def _report(triples: list[Triple], epoch: int = 1) -> SpotCheckReport:
 def test_reports_are_credited_only_for_assigned_checks_and_paid_at_settlement(
     tmp_path: Path,
 ) -> None:
-    chain = settled_chain(bindings={}, spot_check_ppm=1_000_000, epoch_length=10)
+    chain = settled_chain(bindings={}, spot_check_ppm=1_000_000, epoch_length=20)
     a, _, owed, credits = _epoch1_with_commitments(chain, tmp_path)
     v0, v1, v2 = (chain.validators[i].key for i in range(3))
     assert one(chain, _report(owed[0]), v1).code == Code.SPOT_CHECK_NOT_ASSIGNED  # v0's checks
@@ -98,9 +100,11 @@ def test_reports_are_credited_only_for_assigned_checks_and_paid_at_settlement(
     }
     # epoch 2 has paid work (A redeems the credit): the pool's draw is split with the
     # verifiers' cut, by checks
-    results = chain.block([served_commit_tx(chain, a, 0), chain.tx(Redeem("m", 0, credits), a)])
+    results = chain.block(
+        [served_commit_tx(chain, a, 0), chain.tx(CreditRedeem("m", 0, credits), a)]
+    )
     assert [r.code for r in results] == [Code.OK] * 2, [r.log for r in results]
-    chain.advance_to(20)
+    chain.advance_to(40)
     view = ask(chain, "/payouts?epoch=2")
     expected = close_epoch(
         EpochWork(
@@ -116,16 +120,16 @@ def test_reports_are_credited_only_for_assigned_checks_and_paid_at_settlement(
     rows = {account: int(amount) for account, amount in view["rows"]}
     assert set(operators) <= set(rows) and rows[operators[0]] > rows[operators[1]] > 0
     # too late: epoch 1's checks were reportable during epochs 2 and 3 only
-    chain.advance_to(30)
+    chain.advance_to(60)
     assert one(chain, _report(owed[1][2:]), v1).code == Code.SPOT_REPORT_EPOCH
 
 
 def test_a_commitment_of_another_epoch_is_not_credited(tmp_path: Path) -> None:
-    chain = settled_chain(bindings={}, spot_check_ppm=1_000_000, epoch_length=10)
+    chain = settled_chain(bindings={}, spot_check_ppm=1_000_000, epoch_length=20)
     a, _, owed, _ = _epoch1_with_commitments(chain, tmp_path)
     late = CommitmentRecord("0x" + "77" * 32, 0, 0, "0x" + "aa" * 32)
     assert one(chain, CommitBatch((late,)), a).code == Code.OK  # epoch 2
-    chain.advance_to(20)
+    chain.advance_to(40)
     stray = Triple(hexkey(a), late.session, 0, 0)
     code = one(chain, _report(sorted([*owed[0], stray])), chain.validators[0].key).code
     assert code == Code.SPOT_CHECK_NOT_ASSIGNED  # committed in epoch 2, reported as epoch 1

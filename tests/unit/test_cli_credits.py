@@ -10,8 +10,8 @@ import pytest
 from node.cli.credits import MAX_BUY, parse_count
 from node.client.credit_wallet import CreditWallet
 from planet.main import main
-from protocol.credits import Credit
 from protocol.errors import UsageError
+from tests.credit_fakes import fake_credit
 
 pytestmark = pytest.mark.unit
 
@@ -60,7 +60,23 @@ def test_credits_buy_without_a_committee_names_the_fix(
 
 def test_credits_show_counts_the_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "c.json"
-    credit = Credit(1, b"\x00" * 81, (("A" * 40, b"\x01" * 256),))
-    CreditWallet(path).add([credit, credit])
+    CreditWallet(path).add([fake_credit(1), fake_credit(2)])
     assert main(["credits", "show", "--json", "--credits-file", str(path)]) == 0
     assert '"credits": 2' in capsys.readouterr().out
+
+
+def test_credits_show_names_old_rsa_credits_and_does_not_count_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import json
+
+    from protocol.paid_credits import credit_json
+    from tests.credit_fakes import rsa_credit_json
+
+    path = tmp_path / "c.json"
+    items = [rsa_credit_json(0), credit_json(fake_credit(1)), rsa_credit_json(2)]
+    path.write_text(json.dumps({"credits": items, "pending": []}))
+    assert main(["credits", "show", "--credits-file", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "1"
+    assert "2 old RSA credits can no longer be spent" in err and "Traceback" not in err

@@ -31,9 +31,9 @@ from node.server.payments import (
     CreditSpool,
     Payments,
 )
-from protocol.credits import spent_id
+from protocol.paid_credits import spent_id
 from protocol.stream import PaymentRequiredError
-from tests.unit.test_abci_credits import minted, node_chain
+from tests.credit_chain import minted, node_chain
 from tests.unit.test_abci_state import commit_served, make_routable, register
 from tests.unit.test_credit_till import ChainLink
 
@@ -75,10 +75,10 @@ class Node:
 
 
 def _two_nodes(tmp: Path, unlocked: int = 1, lock_wait_s: float = 5.0):
-    chain, a = node_chain()
+    chain, a = node_chain(tmp)
     b = register(chain, "other-node", shards=(0,))
     make_routable(chain, b)
-    credits, _, _ = minted(chain, tmp, count=3)
+    credits, _ = minted(chain, tmp, count=3)
     nodes = [
         Node(chain, key, tmp / f"spool-{name}", unlocked, lock_wait_s)
         for name, key in (("a", a), ("b", b))
@@ -104,7 +104,7 @@ async def test_one_credit_shown_to_two_nodes_pays_the_first_lock_and_the_other_s
     assert await a.locker.step() == 2  # a's agent is first: both its locks win
     assert await b.locker.step() == 1  # b's lock of the shared credit is refused by name
     assert b.locker.lost == 1
-    assert LockMarks(b.payments.spool.dir).status(spent_id(shared.prepared)) == "lost"
+    assert LockMarks(b.payments.spool.dir).status(spent_id(shared)) == "lost"
     # once a's lock is committed, no other node takes the credit at all (not redeemed yet)
     late = Node(chain, keys[1], tmp_path / "spool-late", 1, 5.0)
     with pytest.raises(CreditRefusedError, match="locked on the committee chain by node"):
@@ -120,7 +120,7 @@ async def test_one_credit_shown_to_two_nodes_pays_the_first_lock_and_the_other_s
     assert await a.redeemer.step() == 2
     assert await b.redeemer.step() == 1
     assert list(b.payments.spool.held()) == []
-    answer = await a.redeemer.till.link.query("/credit_lock", id=spent_id(shared.prepared))
+    answer = await a.redeemer.till.link.query("/credit_lock", id=spent_id(shared))
     assert answer["node"] == keys[0].verify_key.encode().hex() and answer["spent"] is not None
 
 

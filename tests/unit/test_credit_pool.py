@@ -15,19 +15,20 @@ import pytest
 from abci_app.codes import Code
 from abci_app.queries import query
 from abci_app.schema import epoch_key
-from protocol.credits import Credit
+from protocol.blind_bls import ThresholdCredit
 from protocol.eip712 import address_of
+from protocol.threshold_mint import issue_epoch
 from tests.committee_chain import Chain, seeded_evm_key
-from tests.unit.test_abci_credits import (
+from tests.credit_chain import (
     PAYER,
     PRICE,
-    _pairs,
-    _statements,
+    SCHEDULE,
     close_last_blocks_epoch,
     minted,
     node_chain,
     redeem,
 )
+from tests.unit.test_abci_credits import _pairs, _statements
 from tests.unit.test_abci_settlement import ESCROW, ask, next_epoch_end
 
 pytestmark = pytest.mark.unit
@@ -61,8 +62,8 @@ def test_a_purchase_pays_the_epochs_that_redeem_its_credits_not_the_one_it_was_b
 ) -> None:
     """The defect this fixes: a mint's whole charge was paid to the first epoch that settled
     anything, and later redemptions found nothing to pay them."""
-    chain, node = node_chain()
-    credits, _, _ = minted(chain, tmp_path, count=3)
+    chain, node = node_chain(tmp_path)
+    credits, _ = minted(chain, tmp_path, count=3)
     first = close_last_blocks_epoch(chain)
     bought_in = statement(chain, first)  # bought, nothing redeemed: into the pool, no rows
     assert (bought(bought_in), drawn(bought_in)) == (3 * PRICE, 0)
@@ -78,7 +79,7 @@ def test_a_purchase_pays_the_epochs_that_redeem_its_credits_not_the_one_it_was_b
 
 
 def test_a_statement_of_purchases_only_has_no_rows_and_no_proof(tmp_path: Path) -> None:
-    chain, _ = node_chain()
+    chain, _ = node_chain(tmp_path)
     minted(chain, tmp_path, count=2)
     epoch = close_last_blocks_epoch(chain)
     payout = statement(chain, epoch)
@@ -88,21 +89,24 @@ def test_a_statement_of_purchases_only_has_no_rows_and_no_proof(tmp_path: Path) 
 
 
 def test_expired_credits_are_paid_to_the_epoch_they_expire_in(tmp_path: Path) -> None:
-    chain, node = node_chain(lifetime_epochs=2)
-    credits, keys, _ = minted(chain, tmp_path, count=3)
+    """Credits of a key period count in its issue epoch m (its last block's): redeemable until
+    m + lifetime, and the price of those nobody redeemed is paid to the workers of that epoch."""
+    chain, node = node_chain(tmp_path, lifetime_epochs=2)
+    credits, req = minted(chain, tmp_path, count=4)
     assert redeem(chain, node, credits[:1]).code == Code.OK
-    m = keys.epoch
-    assert close_last_blocks_epoch(chain) == m
-    payout = statement(chain, m)  # bought and one redeemed in one statement
-    assert (bought(payout), drawn(payout)) == (3 * PRICE, PRICE)
-    next_epoch_end(chain)  # m + 1: nothing
-    assert ask(chain, "/payouts?limit=200")["epochs"][0]["epoch"] == m
-    more, _, _ = minted(chain, tmp_path, count=1)  # epoch m + 2: the last of m's window
-    assert redeem(chain, node, more).code == Code.OK
+    m = ask(chain, f"/mints?id={req.mint_id}")["issue_epoch"]
+    bought_in = close_last_blocks_epoch(chain)
+    assert bought_in < m
+    payout = statement(chain, bought_in)  # bought and one redeemed in one statement
+    assert (bought(payout), drawn(payout)) == (4 * PRICE, PRICE)
+    while chain.state.height < (m + 1) * chain.state.genesis.epoch_length:  # to m + 1: nothing
+        next_epoch_end(chain)
+    assert ask(chain, "/payouts?limit=200")["epochs"][0]["epoch"] == bought_in
+    # epoch m + 2, the last of the window: one more redeemed, the two left expire at its close
+    assert redeem(chain, node, credits[3:]).code == Code.OK
     assert close_last_blocks_epoch(chain) == m + 2
     payout = statement(chain, m + 2)
-    # the redeemed credit and the two of epoch m that nobody redeemed
-    assert (bought(payout), drawn(payout)) == (PRICE, 3 * PRICE)
+    assert (bought(payout), drawn(payout)) == (0, 3 * PRICE)
     assert dict(payout["rows"]) == {NODE: str(3 * PRICE)}
     assert pool(chain) == 0 and chain.state.get("cissue", epoch_key(m)) is None
     late = redeem(chain, node, credits[1:2])
@@ -117,19 +121,22 @@ def test_random_purchases_and_redemptions_every_credit_paid_once(tmp_path: Path,
     and everything bought was paid out: Σ draws == Σ purchases == Σ funded."""
     rng = random.Random(seed)
     lifetime = 3
-    chain, node = node_chain(lifetime_epochs=lifetime, retention_epochs=100)
-    held: list[Credit] = []
+    chain, node = node_chain(tmp_path, lifetime_epochs=lifetime, retention_epochs=100)
+    length = chain.state.genesis.epoch_length
+    held: list[ThresholdCredit] = []
     funded = redeemed_value = 0
-    for step in range(8):
+    for _ in range(8):
         action = rng.choice(["buy", "redeem", "idle"])
         if action == "buy":
             count = rng.randint(1, 3)
-            credits, _, _ = minted(chain, tmp_path / f"{step}", count=count)
+            credits, _ = minted(chain, tmp_path, count=count)
             held += credits
             funded += count * PRICE
         elif action == "redeem" and held:
             current = epoch_of_last_block(chain) + 1
-            live = [c for c in held if c.epoch + lifetime >= current]
+            live = [
+                c for c in held if issue_epoch(SCHEDULE, c.period, length) + lifetime >= current
+            ]
             spend = live[: rng.randint(1, 2)]
             if spend:
                 assert redeem(chain, node, spend).code == Code.OK
@@ -140,14 +147,14 @@ def test_random_purchases_and_redemptions_every_credit_paid_once(tmp_path: Path,
     for _ in range(lifetime + 1):
         next_epoch_end(chain)
     # an epoch with work to pay the expired credits' price to
-    last, _, _ = minted(chain, tmp_path / "last", count=1)
+    last, _ = minted(chain, tmp_path, count=1)
     assert redeem(chain, node, last).code == Code.OK
     funded += PRICE
     redeemed_value += PRICE
     for _ in range(lifetime + 2):
         close_last_blocks_epoch(chain)
         if chain.state.items("cdue"):
-            minted_now, _, _ = minted(chain, tmp_path / f"x{chain.state.height}", count=1)
+            minted_now, _ = minted(chain, tmp_path, count=1)
             assert redeem(chain, node, minted_now).code == Code.OK
             funded += PRICE
             redeemed_value += PRICE

@@ -1,15 +1,17 @@
 """A paid purchase is never lost (node/client/credit_purchase.py): the request with its blinding
-inverses is in the wallet file before the mint is sent, and `complete` takes it on from wherever
+factors is in the wallet file before the mint is sent, and `complete` takes it on from wherever
 the chain has it — after the client died at each point, or gave up waiting for the funding.
 
-The chain is the in-process committee app (`tests.committee_chain.Chain`); `ChainLink` answers
-`CommitteeLink`'s calls from it, each submit one block."""
+The chain is the in-process committee app (`tests.committee_chain.Chain`) with its key periods'
+DKG played (`tests.credit_chain`); `ChainLink` answers `CommitteeLink`'s calls from it, each
+submit one block. Before the first key is formed a purchase waits for it, by name."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import multiprocessing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,23 +24,30 @@ from abci_app.codes import Code
 from abci_app.queries import query
 from node.chain.committee_link import Submitted
 from node.client import credit_purchase
-from node.client.credit_purchase import MintLost, MintUnfunded, complete
-from node.client.credit_wallet import CreditWallet, MintRequest, NoCreditKeys, PendingMint
+from node.client.credit_purchase import MintLost, MintUnfunded, NoCreditKey, complete
+from node.client.credit_wallet import CreditWallet
+from node.client.mint_request import MintRequest, PendingMint
+from protocol import blind_bls, bls
+from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import FundMint
-from protocol.credits import FUND_EPOCHS, Credit, EpochKeys, check_credit
+from protocol.credits import FUND_EPOCHS
 from protocol.errors import RemoteError, UnavailableError, UsageError
 from tests.committee_chain import Chain, seeded_key
-from tests.unit.test_abci_credits import (
+from tests.credit_chain import (
     PAYER,
-    _pending_debits,
-    answers,
+    PERIOD_BLOCKS,
+    PHASE,
+    PRICE,
     credit_chain,
+    ensure_key,
     epoch_now,
-    keys_of,
-    mint,
-    publish_keys,
+    gather,
+    period_key,
+    request,
+    shares,
 )
-from tests.unit.test_abci_settlement import ask, next_epoch_end
+from tests.unit.test_abci_settlement import ask, next_epoch_end, settled_chain
+from tests.unit.test_credit_dkg_chain import play
 
 pytestmark = pytest.mark.unit
 
@@ -78,30 +87,33 @@ class ChainLink:
         pass
 
 
-def _setup(tmp: Path) -> tuple[Chain, list, MintRequest, PendingMint, CreditWallet]:
-    chain = credit_chain()
-    length = chain.state.genesis.epoch_length
-    if chain.state.height % length > length - 6:
-        next_epoch_end(chain)
-    epoch = epoch_now(chain)
-    stores = publish_keys(chain, epoch, tmp)
-    request = mint(chain, keys_of(chain, epoch), 3)
-    pending = PendingMint(request, ask(chain, f"/credit_keys?epoch={epoch}"))
+def _pending_debits(chain: Chain) -> list[str]:
+    return [k for k, _ in chain.state.committed_items("cpend")]
+
+
+def _setup(tmp: Path) -> tuple[Chain, Path, MintRequest, PendingMint, CreditWallet]:
+    """A chain with its first period's key, a purchase of 3 drawn and held (not sent)."""
+    chain = credit_chain(tmp)
+    next_epoch_end(chain)  # a whole epoch ahead: the steps below before its close
+    req = request(chain, 3)
+    pending = PendingMint(req, ask(chain, "/credit_period"), epoch_now(chain))
     wallet = CreditWallet(tmp / "credits.json")
     wallet.hold(pending)
-    return chain, stores, request, pending, wallet
+    return chain, tmp, req, pending, wallet
 
 
-def _gather(chain: Chain, stores: list) -> Any:
-    """Each validator's blind signatures, straight from the in-process app."""
+def _gather(chain: Chain, stores: Path) -> Any:
+    """Each validator's partial signatures, straight from the in-process app."""
 
-    async def gather(mint_id: str) -> dict[str, list[bytes]]:
-        return answers(chain, stores, mint_id)
+    async def run(mint_id: str) -> list[dict[str, Any]]:
+        return gather(chain, stores, mint_id)
 
-    return gather
+    return run
 
 
-def _finish(chain: Chain, stores: list, wallet: CreditWallet, **kwargs: Any) -> list[Credit]:
+def _finish(
+    chain: Chain, stores: Path, wallet: CreditWallet, **kwargs: Any
+) -> list[ThresholdCredit]:
     [pending] = wallet.pending()
     return asyncio.run(
         complete(
@@ -132,7 +144,7 @@ def test_a_client_that_died_after_the_funding_gets_its_credits_on_the_next_run(
     credits = _finish(chain, stores, CreditWallet(tmp_path / "credits.json"))
     assert len(credits) == 3 and wallet.count() == 3 and wallet.pending() == []
     for credit in credits:
-        check_credit(keys_of(chain, request.body.epoch), credit)
+        blind_bls.verify_credit(period_key(chain, request.body.period).key, credit)
     assert len(_pending_debits(chain)) == 1  # charged once
 
 
@@ -140,11 +152,8 @@ def test_a_purchase_is_on_disk_before_its_mint_is_sent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """buy_credits dies at the send: the purchase is in the file; the next run sends it."""
-    chain = credit_chain()
-    length = chain.state.genesis.epoch_length
-    if chain.state.height % length > length - 6:
-        next_epoch_end(chain)
-    stores = publish_keys(chain, epoch_now(chain), tmp_path)
+    chain = credit_chain(tmp_path)
+    stores = tmp_path
     dying = ChainLink(chain, die_on_submit=True)
     monkeypatch.setattr(credit_purchase, "CommitteeLink", lambda *a, **k: dying)
     wallet = CreditWallet(tmp_path / "credits.json")
@@ -156,7 +165,7 @@ def test_a_purchase_is_on_disk_before_its_mint_is_sent(
     assert pending.request.body.count == 2 and not pending.landed
     assert ask(chain, f"/mints?payer={pending.request.body.payer}")["mints"] == []
 
-    # next run: the mint is sent now (its epoch is still open), funded, finalized
+    # next run: the mint is sent now (its key period is still open), funded, finalized
     link = ChainLink(chain)
     with pytest.raises(MintUnfunded):
         asyncio.run(
@@ -183,12 +192,12 @@ def test_a_mint_sent_twice_by_two_runs_is_charged_once(tmp_path: Path) -> None:
     assert len(_pending_debits(chain)) == 1
 
 
-def test_a_mint_that_never_landed_in_its_epoch_is_dropped_uncharged(tmp_path: Path) -> None:
+def test_a_mint_that_never_landed_in_its_period_is_dropped_uncharged(tmp_path: Path) -> None:
     chain, stores, request, _, wallet = _setup(tmp_path)
-    next_epoch_end(chain)
+    chain.advance_to(PERIOD_BLOCKS)  # the next block is key period 1's
     assert _finish(chain, stores, wallet) == [] and wallet.pending() == []
     assert _pending_debits(chain) == []
-    # and it can never land now: its epoch is over
+    # and it can never land now: its key period is over
     [late] = chain.block([chain.tx(request.body, seeded_key("mint-sender"))])
     assert late.code == Code.CREDIT_EPOCH
 
@@ -230,13 +239,13 @@ def test_a_pending_purchase_survives_the_file_and_refuses_an_altered_one(tmp_pat
     chain, stores, request, _, wallet = _setup(tmp_path)
     chain.block([chain.tx(request.body, seeded_key("mint-sender"))])
     _fund(chain, request.mint_id)
-    got = answers(chain, stores, request.mint_id)
+    got = gather(chain, stores, request.mint_id)
     [read] = CreditWallet(tmp_path / "credits.json").pending()
-    assert read.request.finalize(read.keys, got) == request.finalize(read.keys, got)
+    assert read.request.finalize(read.period, got) == request.finalize(read.period, got)
     assert (tmp_path / "credits.json").stat().st_mode & 0o777 == 0o600
     doc = json.loads((tmp_path / "credits.json").read_text())
-    blinded = doc["pending"][0]["body"]["blinded"][0][1]
-    blinded[0] = blinded[1]  # no longer the messages the mint id names
+    blinded = doc["pending"][0]["body"]["blinded"]
+    blinded[0] = blinded[1]  # no longer the points the mint id names
     for text in (json.dumps(doc), "{", '{"credits": [], "pending": [{}]}'):
         (tmp_path / "credits.json").write_text(text)
         with pytest.raises(UsageError) as refused:
@@ -246,8 +255,9 @@ def test_a_pending_purchase_survives_the_file_and_refuses_an_altered_one(tmp_pat
 
 def _add_many(path: str, start: int) -> None:
     wallet = CreditWallet(Path(path))
+    sigma = bls.g1_bytes(bls.g1_generator())  # a valid point: the file is parsed strictly
     for index in range(start, start + 40):
-        wallet.add([Credit(1, index.to_bytes(81, "big"), (("A" * 40, b"\x01" * 256),))])
+        wallet.add([ThresholdCredit(0, index.to_bytes(32, "big"), sigma)])
 
 
 def test_two_runs_changing_one_credit_file_lose_nothing(tmp_path: Path) -> None:
@@ -260,7 +270,7 @@ def test_two_runs_changing_one_credit_file_lose_nothing(tmp_path: Path) -> None:
         worker.join(timeout=60)
         assert worker.exitcode == 0
     held = CreditWallet(Path(path)).take(120)
-    assert len({credit.prepared for credit in held}) == 120
+    assert len({credit.nonce for credit in held}) == 120
 
 
 @dataclass
@@ -290,17 +300,26 @@ def test_a_wait_that_outlives_the_funding_window_says_nothing_was_charged(tmp_pa
     assert Code.MINT_FUND_LATE in _fund(chain, request.mint_id)
 
 
+def _turn(chain: Chain, stores: Path) -> None:
+    """The chain moves to the end of its key period, the validators making the next period's
+    key on the way (their watchers' DKG messages)."""
+    period = chain.state.height // PERIOD_BLOCKS  # of the next block
+    play(chain, shares(stores, chain), period + 1, (period + 1) * PERIOD_BLOCKS)
+    ensure_key(chain, stores)  # formed: each watcher's next pass saves its share
+
+
 @dataclass
 class _EpochTurnsLink(ChainLink):
-    """The first mint lands one block after its epoch ended; the validators vouch for every
-    mint they are asked about."""
+    """The first mint lands one block after its key period ended; the validators vouch for
+    every mint they are asked about."""
 
     turned: bool = False
+    turn: Callable[[], None] = lambda: None
 
     async def submit(self, body: Any) -> Submitted:
         if not self.turned:
             self.turned = True
-            next_epoch_end(self.chain)
+            self.turn()
         return await ChainLink.submit(self, body)
 
     async def query(self, path: str, **params: Any) -> Any:
@@ -311,28 +330,24 @@ class _EpochTurnsLink(ChainLink):
         return await ChainLink.query(self, path, **params)
 
 
-def _keys_for_two_epochs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, link_type: type[ChainLink]
+def _keys_for_two_periods(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, link_type: type[_EpochTurnsLink]
 ) -> tuple[Chain, int]:
-    """A credit chain with this epoch's and the next one's keys published, and buy_credits
-    wired to one `link_type` link on it (`credit_purchase.CommitteeLink()` returns that link)
-    and to the in-process validators' signatures. Returns the chain and this epoch."""
-    chain = credit_chain()
-    length = chain.state.genesis.epoch_length
-    if chain.state.height % length > length - 6:
-        next_epoch_end(chain)
-    epoch = epoch_now(chain)
-    stores = publish_keys(chain, epoch, tmp_path) + publish_keys(chain, epoch + 1, tmp_path)
-    link = link_type(chain)
+    """A credit chain with this key period's key, whose validators make the next period's as
+    the link turns the period (`_turn`), and buy_credits wired to one `link_type` link on it
+    (`credit_purchase.CommitteeLink()` returns that link) and to the in-process validators'
+    partials. Returns the chain and this key period."""
+    chain = credit_chain(tmp_path)
+    link = link_type(chain, turn=lambda: _turn(chain, tmp_path))
     monkeypatch.setattr(credit_purchase, "CommitteeLink", lambda *a, **k: link)
-    monkeypatch.setattr(credit_purchase, "signatures_from", lambda *_: _gather(chain, stores))
-    return chain, epoch
+    monkeypatch.setattr(credit_purchase, "partials_from", lambda *_: _gather(chain, tmp_path))
+    return chain, period_key(chain).period
 
 
-def test_a_mint_that_lands_after_its_epoch_is_drawn_again_and_charged_once(
+def test_a_mint_that_lands_after_its_period_is_drawn_again_and_charged_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    chain, epoch = _keys_for_two_epochs(tmp_path, monkeypatch, _EpochTurnsLink)
+    chain, period = _keys_for_two_periods(tmp_path, monkeypatch, _EpochTurnsLink)
     link = credit_purchase.CommitteeLink()
     wallet = CreditWallet(tmp_path / "credits.json")
     lines: list[str] = []
@@ -342,32 +357,98 @@ def test_a_mint_that_lands_after_its_epoch_is_drawn_again_and_charged_once(
         )
     )
     assert next(iter(link.results.values()))[0] == Code.CREDIT_EPOCH  # the first, refused
-    assert len(credits) == 2 and credits[0].epoch == epoch + 1 and wallet.pending() == []
-    assert any("epoch turned" in line for line in lines)
+    assert len(credits) == 2 and credits[0].period == period + 1 and wallet.pending() == []
+    assert any("key period turned" in line for line in lines)
     assert len(_pending_debits(chain)) == 1  # the refused mint charged nothing
 
 
-def test_no_purchase_is_drawn_before_two_thirds_of_the_power_published_keys(
-    tmp_path: Path,
+@dataclass
+class _DkgLink(ChainLink):
+    """Each look at the key period is a block of the validators' DKG (their watchers)."""
+
+    stores: Path = Path(".")
+
+    async def query(self, path: str, **params: Any) -> Any:
+        if path == "/credit_period":
+            answer = await ChainLink.query(self, path, **params)
+            play(self.chain, shares(self.stores, self.chain), 0, self.chain.state.height + 1)
+            return answer
+        return await ChainLink.query(self, path, **params)
+
+
+def _new_chain() -> Chain:
+    """A new chain whose first key period's DKG has not run (no validator dealt yet)."""
+    chain = settled_chain(
+        bindings={},
+        credits={
+            "price_wei": str(PRICE),
+            "layer_tokens": 16,
+            "key_period_blocks": PERIOD_BLOCKS,
+            "dkg_phase_blocks": PHASE,
+        },
+    )
+    chain.time_s = 1_800_000_000
+    return chain
+
+
+def test_before_the_first_key_a_purchase_waits_for_it_with_progress_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """At an epoch's start the keys may not be published yet: no request is drawn (it would be
-    refused, and an empty one is not a purchase the wallet could keep)."""
-    chain = credit_chain()
-    keys = keys_of(chain, epoch_now(chain))  # nobody published
-    with pytest.raises(NoCreditKeys) as missing:
-        mint(chain, keys, 2)
-    assert f"0 of {keys.total_power} power" in missing.value.message and missing.value.hint
-    publish_keys(chain, epoch_now(chain), tmp_path)
-    full = keys_of(chain, epoch_now(chain))
-    one = EpochKeys(full.epoch, dict(list(full.keys.items())[:1]), full.total_power)
-    with pytest.raises(NoCreditKeys):
-        mint(chain, one, 2)
+    """A new chain's first blocks run its DKG: `planet credits buy` waits, one line per block
+    ("waiting for the committee's credit key (DKG) — block H of ~N"), then buys."""
+    chain = _new_chain()
+    link = _DkgLink(chain, stores=tmp_path)
+    monkeypatch.setattr(credit_purchase, "CommitteeLink", lambda *a, **k: link)
+    monkeypatch.setattr(credit_purchase, "partials_from", lambda *_: _gather(chain, tmp_path))
+    monkeypatch.setattr(credit_purchase.asyncio, "sleep", _no_sleep)
+
+    async def vouching_query(path: str, **params: Any) -> Any:
+        answer = await _DkgLink.query(link, path, **params)
+        if path == "/mints" and "id" in params and answer["funded_height"] is None:
+            _fund(chain, params["id"])
+            answer = await _DkgLink.query(link, path, **params)
+        return answer
+
+    link.query = vouching_query  # type: ignore[method-assign]
+    wallet = CreditWallet(tmp_path / "credits.json")
+    lines: list[str] = []
+    bought = asyncio.run(
+        credit_purchase.buy_credits(
+            ["http://v"], PAYER, 2, wallet, expiry=1_800_003_600, progress=lines.append
+        )
+    )
+    assert len(bought) == 2 and wallet.count() == 2
+    waiting = [line for line in lines if line.startswith("waiting for the committee's credit key")]
+    assert waiting[0] == "waiting for the committee's credit key (DKG) — block 0 of ~7"
+    assert len(waiting) == len(set(waiting)) >= 5  # one line per block, each block once
+    assert all(line.endswith("of ~7") for line in waiting)
+
+
+def test_a_key_that_does_not_form_in_time_fails_by_name_with_a_hint(tmp_path: Path) -> None:
+    """Nobody deals (the validators' watchers are not up): the wait ends, bounded, with
+    `NoCreditKey` and a hint — nothing drawn, nothing sent, nothing charged."""
+    chain = _new_chain()
+    chain.advance_to(3)
+    link = ChainLink(chain)
+
+    async def wait() -> Any:
+        return await credit_purchase.wait_for_key(
+            link, timeout_s=0.05, poll_s=0.01, progress=lines.append
+        )
+
+    lines: list[str] = []
+    with pytest.raises(NoCreditKey) as missing:
+        asyncio.run(wait())
+    assert missing.value.code == "no_credit_key" and missing.value.hint
+    assert "block 3 of ~7" in missing.value.message and "planet credits buy" in missing.value.hint
+    assert lines == ["waiting for the committee's credit key (DKG) — block 3 of ~7"]
+    assert link.submitted == 0 and _pending_debits(chain) == []
 
 
 @dataclass
 class _EpochTurnsBeforeSendLink(_EpochTurnsLink):
-    """The epoch ends between drawing the first mint and sending it (`complete` then finds it
-    never landed in its epoch and drops it uncharged); validators vouch for every mint."""
+    """The key period ends between drawing the first mint and sending it (`complete` then finds
+    it never landed in its period and drops it uncharged); validators vouch for every mint."""
 
     key_queries: int = 0
 
@@ -378,16 +459,16 @@ class _EpochTurnsBeforeSendLink(_EpochTurnsLink):
         if path == "/credit_keys":
             self.key_queries += 1
             if self.key_queries == 2:  # `complete`'s look at the current epoch, first try
-                next_epoch_end(self.chain)
+                self.turn()
         return await _EpochTurnsLink.query(self, path, **params)
 
 
-def test_a_mint_whose_epoch_ends_before_it_is_sent_is_drawn_again_not_bought_as_nothing(
+def test_a_mint_whose_period_ends_before_it_is_sent_is_drawn_again_not_bought_as_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before, `buy` returned 0 credits and exit 0 here (seen once in the devnet e2e: the
     verifier operator's `credits buy 24` left an empty file)."""
-    chain, epoch = _keys_for_two_epochs(tmp_path, monkeypatch, _EpochTurnsBeforeSendLink)
+    chain, period = _keys_for_two_periods(tmp_path, monkeypatch, _EpochTurnsBeforeSendLink)
     link = credit_purchase.CommitteeLink()
     monkeypatch.setattr(credit_purchase.asyncio, "sleep", _no_sleep)
     wallet = CreditWallet(tmp_path / "credits.json")
@@ -397,7 +478,7 @@ def test_a_mint_whose_epoch_ends_before_it_is_sent_is_drawn_again_not_bought_as_
             ["http://v"], PAYER, 2, wallet, expiry=1_800_003_600, progress=lines.append
         )
     )
-    assert len(credits) == 2 and credits[0].epoch == epoch + 1 and wallet.count() == 2
+    assert len(credits) == 2 and credits[0].period == period + 1 and wallet.count() == 2
     assert wallet.pending() == [] and link.submitted == 1  # the first draw was never sent
     assert any("drawing it again" in line for line in lines)
     assert len(_pending_debits(chain)) == 1  # charged once
@@ -409,21 +490,21 @@ async def _no_sleep(_seconds: float) -> None:
 
 @dataclass
 class _EpochAlwaysTurnsLink(_EpochTurnsBeforeSendLink):
-    """Every mint's epoch ends between drawing it and sending it."""
+    """Every mint's key period ends between drawing it and sending it."""
 
     async def query(self, path: str, **params: Any) -> Any:
         if path == "/credit_keys":
             self.key_queries += 1
             if self.key_queries % 2 == 0:  # each try's `complete` looks at the current epoch
-                next_epoch_end(self.chain)
+                self.turn()
         return await _EpochTurnsLink.query(self, path, **params)
 
 
 def test_a_buy_whose_every_mint_misses_its_epoch_fails_by_name_and_charges_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # two tries: keys exist for this epoch and the next only (published ≤ 2 epochs ahead)
-    chain, _ = _keys_for_two_epochs(tmp_path, monkeypatch, _EpochAlwaysTurnsLink)
+    # two tries, each of a period that ends before its mint is sent
+    chain, _ = _keys_for_two_periods(tmp_path, monkeypatch, _EpochAlwaysTurnsLink)
     link = credit_purchase.CommitteeLink()
     monkeypatch.setattr(credit_purchase, "MINT_TRIES", 2)
     monkeypatch.setattr(credit_purchase.asyncio, "sleep", _no_sleep)

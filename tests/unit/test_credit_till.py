@@ -15,10 +15,11 @@ from nacl.signing import SigningKey
 
 from abci_app.queries import query
 from node.agent.credit_till import CreditRefused, CreditTill
-from protocol.committee.credits import Redeem
-from protocol.credits import CreditInvalidError
+from protocol.committee.credits import CreditRedeem
+from protocol.paid_credits import CreditInvalidError
 from tests.committee_chain import Chain
-from tests.unit.test_abci_credits import minted, node_chain
+from tests.credit_chain import minted, node_chain
+from tests.unit.test_abci_settlement import ask
 from tests.unit.test_abci_state import commit_served, make_routable, register
 
 pytestmark = pytest.mark.unit
@@ -49,15 +50,15 @@ class ChainLink:
 
 
 async def test_till_accepts_valid_credits_once_and_redeems_them(tmp_path: Path) -> None:
-    chain, node = node_chain()
-    credits, _, _ = minted(chain, tmp_path, count=3)
+    chain, node = node_chain(tmp_path)
+    credits, _ = minted(chain, tmp_path, count=3)
     till = CreditTill(ChainLink(chain, node), "m", 0, per_tx=2)
     for credit in credits:
         await till.accept(credit)
     with pytest.raises(CreditRefused):
         await till.accept(credits[0])
-    with pytest.raises(CreditInvalidError):
-        await till.accept(replace(credits[1], signatures=credits[1].signatures[:2]))
+    with pytest.raises(CreditInvalidError, match="does not verify"):
+        await till.accept(replace(credits[1], signature=credits[2].signature))
     # the node's commitments are not on the chain yet: refused, and every credit kept
     assert await till.redeem() == 0
     assert till.held == credits
@@ -67,32 +68,34 @@ async def test_till_accepts_valid_credits_once_and_redeems_them(tmp_path: Path) 
 
 
 async def test_till_drops_a_credit_spent_elsewhere_and_redeems_the_rest(tmp_path: Path) -> None:
-    chain, node = node_chain()
+    chain, node = node_chain(tmp_path)
     other = register(chain, "other-node", shards=(0,))
     make_routable(chain, other)
-    credits, _, _ = minted(chain, tmp_path, count=3)
+    credits, _ = minted(chain, tmp_path, count=3)
     till = CreditTill(ChainLink(chain, node), "m", 0)
     for credit in credits:
         await till.accept(credit)
     # the client also paid another node with the middle credit, which redeemed it first
     commit_served(chain, other, 0, blocks=1)
     commit_served(chain, node, 0, blocks=1)
-    [first] = chain.block([chain.tx(Redeem("m", 0, (credits[1],)), other)])
+    [first] = chain.block([chain.tx(CreditRedeem("m", 0, (credits[1],)), other)])
     assert first.code == 0, first.log
     assert await till.redeem() == 2
     assert till.held == []
 
 
 async def test_till_refuses_a_credit_past_its_window(tmp_path: Path) -> None:
-    """The window is the chain's genesis `lifetime_epochs` (here 3): e … e + 3."""
-    chain, node = node_chain(lifetime_epochs=3)
-    credits, _, _ = minted(chain, tmp_path, count=2)
+    """The window is the chain's genesis `lifetime_epochs` (here 3) after the credit's issue
+    epoch e (its key period's last block's): … e + 3."""
+    chain, node = node_chain(tmp_path, lifetime_epochs=3)
+    credits, req = minted(chain, tmp_path, count=2)
+    issue = ask(chain, f"/mints?id={req.mint_id}")["issue_epoch"]
     length = chain.state.genesis.epoch_length
-    chain.advance_to((credits[0].epoch + 2) * length + 1)  # e + 3
+    chain.advance_to((issue + 2) * length + 1)  # e + 3
     till = CreditTill(ChainLink(chain, node), "m", 0)
     await till.accept(credits[1])
-    chain.advance_to((credits[0].epoch + 3) * length + 1)  # e + 4
-    with pytest.raises(CreditRefused, match="expires before"):
+    chain.advance_to((issue + 3) * length + 1)  # e + 4
+    with pytest.raises(CreditRefused, match="not redeemable"):
         await till.accept(credits[0])
 
 
@@ -103,8 +106,8 @@ async def test_till_redeems_what_its_commitments_pay_for_at_its_price_and_keeps_
     REDEMPTION_OVER_PRICE ("at most K credits"): the till sends K, keeps the rest for later."""
     from protocol.committee.prices import SetPrice
 
-    chain, node = node_chain(heartbeat_timeout=10_000)
-    credits, _, _ = minted(chain, tmp_path, count=3)
+    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000)
+    credits, _ = minted(chain, tmp_path, count=3)
     [priced] = chain.block([chain.tx(SetPrice("m", 0, 64), node)])
     assert priced.code == 0, priced.log
     till = CreditTill(ChainLink(chain, node), "m", 0)

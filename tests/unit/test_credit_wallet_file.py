@@ -7,31 +7,26 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from node.client.credit_wallet import CreditWallet
-from protocol.credits import Credit
+from protocol.blind_bls import ThresholdCredit
+from protocol.credits import ChainClock
 from protocol.errors import ProtocolError
+from protocol.paid_credits import credit_json
+from tests.credit_fakes import fake_credit, fake_credits, rsa_credit_json
 
 pytestmark = pytest.mark.unit
 
 
-def _credits(count: int, start: int = 0) -> list[Credit]:
-    return [
-        Credit(
-            epoch=5,
-            prepared=(start + i).to_bytes(4, "big") * 24,
-            signatures=((f"{v:040X}", bytes([v]) * 256) for v in range(4)),
-        )
-        for i in range(count)
-    ]
+def _credits(count: int, start: int = 0) -> list[ThresholdCredit]:
+    return fake_credits(count, start, period=5)
 
 
-def _canonical(credits: list[Credit]) -> list[Credit]:
-    return [Credit(c.epoch, c.prepared, tuple(c.signatures)) for c in credits]
+def _canonical(credits: list[ThresholdCredit]) -> list[ThresholdCredit]:
+    return list(credits)
 
 
 def test_take_writes_the_taken_record_not_the_file_and_every_reader_agrees(
@@ -79,7 +74,7 @@ def test_no_crash_point_brings_a_taken_credit_back_or_skips_one(tmp_path: Path) 
 def test_a_file_written_before_the_taken_record_is_read_and_spent(tmp_path: Path) -> None:
     path = tmp_path / "credits.json"
     every = _canonical(_credits(3))
-    path.write_text(json.dumps({"credits": [c.to_json() for c in every], "pending": []}))
+    path.write_text(json.dumps({"credits": [credit_json(c) for c in every], "pending": []}))
     os.chmod(path, 0o600)
     wallet = CreditWallet(path)
     assert wallet.count() == 3 and wallet.take(1) == every[:1]  # rewritten once, generation on
@@ -94,15 +89,53 @@ def test_a_file_written_before_the_taken_record_is_read_and_spent(tmp_path: Path
 
 
 def test_expired_credits_are_dropped_and_the_rest_kept_in_order(tmp_path: Path) -> None:
-    """`drop_expired(e)` forgets credits minted before epoch e (the chain no longer redeems
-    them), keeps the others in their order, and leaves purchases in flight alone; a taken
-    credit stays taken."""
+    """`drop_expired(e, clock)` forgets credits whose key period's issue epoch is before e (the
+    chain no longer redeems them), keeps the others in their order, and leaves purchases in
+    flight alone; a taken credit stays taken."""
     wallet = CreditWallet(tmp_path / "credits.json")
-    epochs = (3, 4, 5, 4, 6)
-    credits = [replace(c, epoch=e) for c, e in zip(_canonical(_credits(5)), epochs, strict=True)]
+    clock = ChainClock(height=0, epoch_length=5, lifetime=1, period_blocks=5)  # p issues in p+1
+    periods = (2, 3, 4, 3, 5)  # issue epochs 3, 4, 5, 4, 6
+    credits = [fake_credit(i, period) for i, period in enumerate(periods)]
     wallet.add(credits)
     assert wallet.take(1) == credits[:1]
-    assert wallet.drop_expired(3) == 0 and wallet.count() == 4
-    assert wallet.drop_expired(5) == 2
+    assert wallet.drop_expired(3, clock) == 0 and wallet.count() == 4
+    assert wallet.drop_expired(5, clock) == 2
     assert wallet.count() == 2 and wallet.take(2) == [credits[2], credits[4]]
-    assert wallet.drop_expired(9) == 0
+    assert wallet.drop_expired(9, clock) == 0
+
+
+def test_a_file_holding_old_rsa_credits_is_read_and_they_are_named_never_spent(
+    tmp_path: Path,
+) -> None:
+    """The RSA form is retired (issue 42, attack 1): a wallet file from before may still hold RSA
+    credits and an RSA purchase in flight. Reading it does not fail; they are counted
+    (`retired`, "N old RSA credits can no longer be spent"), never taken nor finished, and kept
+    in the file as they were; the taken record of before still counts them."""
+    from node.client.credit_wallet import retired_note
+
+    path = tmp_path / "credits.json"
+    held = fake_credits(3)
+    rsa_pending = {"mint_id": "0x" + "ab" * 32, "body": {}, "secrets": [], "keys": {}}
+    doc = {
+        "generation": "g1",
+        "credits": [
+            rsa_credit_json(0),
+            credit_json(held[0]),
+            rsa_credit_json(1),
+            credit_json(held[1]),
+            credit_json(held[2]),
+        ],
+        "pending": [rsa_pending],
+    }
+    path.write_text(json.dumps(doc))
+    (tmp_path / "credits.json.taken").write_text("g1 1")  # the first (RSA) one was spent
+    wallet = CreditWallet(path)
+    assert wallet.count() == 3 and wallet.retired() == 1 and wallet.pending() == []
+    assert retired_note(1).startswith("1 old RSA credits can no longer be spent")
+    assert wallet.take(2) == held[:2]
+    reread = CreditWallet(path)
+    assert reread.count() == 1 and reread.retired() == 1 and reread.take(1) == held[2:]
+    kept = json.loads(path.read_text())["retired"]
+    assert kept == {"credits": [rsa_credit_json(1)], "pending": [rsa_pending]}
+    with pytest.raises(ProtocolError, match="holds 0 credits"):
+        reread.take(1)

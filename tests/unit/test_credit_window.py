@@ -2,8 +2,9 @@
 (issue 42, attack 9): the credit's window is read against the committee's latest committed height
 as the chain answers it at the moment of acceptance (`/credit_spent`), never against the node's
 epoch cache, which may be up to `refresh_s` (5 s) behind. The rule (protocol/credits.py
-`takeable`): at committed height h, a credit of epoch e is taken iff e ≤ the next block's epoch
-and h + M ≤ (e + lifetime)·L, M the node's redemption delay in blocks (`--credit-margin-blocks`).
+`takeable`): at committed height h, a credit of issue epoch e (its key period's last block's) is
+taken iff its period has started and h + M ≤ (e + lifetime)·L, M the node's redemption delay in
+blocks (`--credit-margin-blocks`).
 
 Against the in-process committee chain (abci_app's state machine) and the node's real
 `Payments`/`CreditCheck`: every credit the node takes is redeemed by the chain at the latest
@@ -30,7 +31,8 @@ from protocol.credits import (
     window_end,
 )
 from protocol.errors import ProtocolError
-from tests.unit.test_abci_credits import minted, node_chain, redeem
+from tests.credit_chain import minted, node_chain, redeem
+from tests.unit.test_abci_settlement import ask
 from tests.unit.test_credit_till import ChainLink
 
 pytestmark = pytest.mark.unit
@@ -66,11 +68,11 @@ async def test_a_credit_near_its_windows_end_is_refused_by_name_and_one_taken_is
     A credit it takes is redeemed `margin` blocks later — the worst delay it promised — and the
     chain accepts every one; a credit it refuses is refused `credit_expiring` (or, past the
     window, `credit_refused`), never taken."""
-    chain, node = node_chain(lifetime_epochs=LIFETIME)
+    chain, node = node_chain(tmp_path, lifetime_epochs=LIFETIME)
     length = chain.state.genesis.epoch_length
     margin = 3
-    credits, _, _ = minted(chain, tmp_path, count=14)
-    epoch = credits[0].epoch
+    credits, req = minted(chain, tmp_path, count=14)
+    epoch = ask(chain, f"/mints?id={req.mint_id}")["issue_epoch"]  # its key period's last
     end = window_end(epoch, LIFETIME, length)
     check = CreditCheck(ChainLink(chain, node), refresh_s=3600.0, margin_blocks=margin)
     payments = Payments(PRICE, check, CreditSpool(tmp_path / "spool"), wait_s=0.1)
@@ -107,10 +109,10 @@ async def test_the_stale_cache_no_longer_lets_an_expired_credit_in(tmp_path: Pat
     """The attack as filed: the node read the epoch just before the window closed; the chain
     moves past it within the cache's 5 s; a client shows a credit of that window. Before, the
     node took it (and then could not redeem it: CREDIT_EPOCH); now it is refused by name."""
-    chain, node = node_chain(lifetime_epochs=LIFETIME)
+    chain, node = node_chain(tmp_path, lifetime_epochs=LIFETIME)
     length = chain.state.genesis.epoch_length
-    credits, _, _ = minted(chain, tmp_path, count=2)
-    end = window_end(credits[0].epoch, LIFETIME, length)
+    credits, req = minted(chain, tmp_path, count=2)
+    end = window_end(ask(chain, f"/mints?id={req.mint_id}")["issue_epoch"], LIFETIME, length)
     check = CreditCheck(ChainLink(chain, node), margin_blocks=1)  # default refresh: 5 s
     payments = Payments(PRICE, check, CreditSpool(tmp_path / "spool"), wait_s=0.1)
     chain.advance_to(end - 1)
@@ -128,13 +130,13 @@ async def test_the_stale_cache_no_longer_lets_an_expired_credit_in(tmp_path: Pat
 async def test_the_client_drops_credits_the_nodes_would_refuse_soon(tmp_path: Path) -> None:
     """The personal client and the hosted gateway keep no credit nodes refuse `credit_expiring`:
     `CreditExpiry` drops those whose window ends within its margin of the chain's height."""
-    chain, node = node_chain(lifetime_epochs=LIFETIME)
+    chain, node = node_chain(tmp_path, lifetime_epochs=LIFETIME)
     length = chain.state.genesis.epoch_length
-    credits, _, _ = minted(chain, tmp_path, count=3)
+    credits, req = minted(chain, tmp_path, count=3)
     wallet = CreditWallet(tmp_path / "credits.json")
     wallet.add(credits)
     link = ChainLink(chain, node)
-    end = window_end(credits[0].epoch, LIFETIME, length)
+    end = window_end(ask(chain, f"/mints?id={req.mint_id}")["issue_epoch"], LIFETIME, length)
     expiry = CreditExpiry(wallet, link.query, every_s=0.0, margin=4)
     chain.advance_to(end - 4)
     assert await expiry.check() == 0 and wallet.count() == 3  # h + 4 ≤ end: nodes take them

@@ -1,6 +1,7 @@
 """Hostile credit txs: every malformed body is a named decode error, and every decodable but
-wrong value (signatures of the wrong length, foreign messages, oversized blinded messages) is a
-named result code, never an exception in FinalizeBlock (which would halt the validator)."""
+wrong value (a σ that is not the credit's, a nonce altered, a period without a key, blinded
+points off the curve or the identity) is a named result code, never an exception in
+FinalizeBlock (which would halt the validator)."""
 
 from __future__ import annotations
 
@@ -15,20 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from abci_app.codes import Code
-from protocol.committee.credits import CreditKey, FundMint, Mint, Redeem
+from protocol import blind_bls, bls
+from protocol.blind_bls import ThresholdCredit
+from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
-from protocol.credits import PREPARED_BYTES, Credit
 from tests.committee_chain import seeded_key
-from tests.unit.test_abci_credits import (
-    keys_of,
-    mint,
-    minted,
-    node_chain,
-    publish_keys,
-    redeem,
-    send,
-)
+from tests.credit_chain import minted, node_chain, redeem, request, send
 
 pytestmark = pytest.mark.unit
 
@@ -67,54 +61,54 @@ def _mutations(doc: Any) -> st.SearchStrategy[Any]:
     return st.builds(replace_at, st.sampled_from(paths), JSON)
 
 
-CREDIT = Credit(1, b"\x00" * PREPARED_BYTES, (("A" * 40, b"\x01" * 256), ("B" * 40, b"\x02" * 256)))
-REDEEM = Redeem("m", 0, (CREDIT,)).to_json()
-KEY = CreditKey(1, b"\x30" * 300).to_json()
+CREDIT = ThresholdCredit(1, b"\x00" * 32, bls.g1_bytes(bls.g1_generator()))
+REDEEM = CreditRedeem("m", 0, (CREDIT,)).to_json()
 FUND = FundMint("0x" + "ab" * 32).to_json()
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(_mutations(REDEEM), _mutations(KEY), _mutations(FUND)))
+@given(st.one_of(_mutations(REDEEM), _mutations(FUND)))
 def test_credits_hostile_mutated_bodies_decode_or_raise_the_named_error(body: Any) -> None:
-    for cls in (Redeem, CreditKey, FundMint):
+    for cls in (CreditRedeem, FundMint):
         with contextlib.suppress(TxDecodeError):
             cls.from_json(body)
 
 
 def test_credits_hostile_mutated_mint_bodies(tmp_path: Path) -> None:
-    chain, _ = node_chain()
-    publish_keys(chain, 1, tmp_path)
-    doc = mint(chain, keys_of(chain, 1), 2).body.to_json()
+    chain, _ = node_chain(tmp_path)
+    doc = request(chain, 2).body.to_json()
 
     @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
     @given(_mutations(doc))
     def check(body: Any) -> None:
         with contextlib.suppress(TxDecodeError):
-            Mint.from_json(body)
+            CreditMint.from_json(body)
 
     check()
 
 
 def test_credits_hostile_decodable_but_wrong_values_are_named_codes(tmp_path: Path) -> None:
-    chain, node = node_chain(epoch_length=50)
-    credits, keys, _ = minted(chain, tmp_path, count=1)
+    chain, node = node_chain(tmp_path, epoch_length=50)
+    credits, _ = minted(chain, tmp_path, count=2)
     credit = credits[0]
-    address = credit.signatures[0][0]
+    other_point = bls.g1_bytes(bls.g1_mul(bls.g1_generator(), 5))
     cases = [
-        Credit(credit.epoch, credit.prepared, ((address, b"\x01" * 10),)),  # short signature
-        Credit(credit.epoch, credit.prepared, ((address, b"\xff" * 256),)),  # ≥ n
-        Credit(credit.epoch, b"\x00" * PREPARED_BYTES, credit.signatures),  # not a credit
-        Credit(credit.epoch, credit.prepared, (("F" * 40, credit.signatures[0][1]),)),
-        Credit(credit.epoch, credit.prepared, tuple(reversed(credit.signatures))),
-        Credit(credit.epoch, credit.prepared, (credit.signatures[0], credit.signatures[0])),
+        replace(credit, signature=credits[1].signature),  # another credit's σ
+        replace(credit, signature=other_point),  # a point, no signature
+        replace(credit, nonce=b"\x00" * 32),  # not the nonce σ signs
+        replace(credit, period=credit.period + 1000),  # a period without a key
     ]
     for case in cases:
         result = redeem(chain, node, [case])
-        assert result.code == Code.CREDIT_INVALID, (case, result.log)
-    body = mint(chain, keys_of(chain, keys.epoch), 1).body
-    first = sorted(body.blinded)[0]
-    oversized = {**body.blinded, first: (b"\xff" * len(body.blinded[first][0]),)}
-    result = send(chain, replace(body, blinded=oversized), seeded_key("mint-sender"))
-    assert result.code == Code.MINT_INVALID, result.log
-    raw = sign(Redeem("m", 0, (credit,)), seeded_key("x"), 1).encode()
+        assert result.code in (Code.CREDIT_INVALID, Code.CREDIT_EPOCH), (case, result.log)
+    body = request(chain, 2).body
+    identity = bls.g1_bytes(bls.g1_identity())
+    off_curve = bytes([0x80 | 0x1F]) + b"\xff" * 47  # compressed flag, x ≥ p
+    for bad in (identity, off_curve):
+        result = send(chain, replace(body, blinded=(bad, body.blinded[1])), seeded_key("s"))
+        assert result.code in (Code.MINT_INVALID, Code.MALFORMED_TX), result.log
+    unblinded = blind_bls.blind(0, b"\x05" * 32)
+    assert unblinded.blinded not in body.blinded
+    raw = sign(CreditRedeem("m", 0, (credit,)), seeded_key("x"), 1).encode()
     assert decode(raw).body.credits == (credit,)
+    assert redeem(chain, node, credits).code == Code.OK  # the good ones, untouched

@@ -15,7 +15,8 @@ import node.gateway.app as gateway_app
 from node.client.credit_wallet import CreditWallet
 from node.client.paying import OutOfCreditsError
 from node.gateway.credit_payer import GatewayOutOfCredits, HostedPayer
-from protocol.credits import Credit
+from protocol.paid_credits import PaidCredit
+from tests.credit_fakes import fake_credits
 from tests.unit.gateway_fakes import CHAT, RawClient
 from tests.unit.test_gateway_hangups import deposit, env, settled, stream_body
 
@@ -24,8 +25,8 @@ pytestmark = pytest.mark.unit
 __all__ = ["env"]  # the fixture: a gateway over scripted nodes (test_gateway_hangups.py)
 
 
-def _credits(count: int) -> list[Credit]:
-    return [Credit(7, bytes([i]) * 32, (("A" * 40, b"\x01" * 8),)) for i in range(count)]
+def _credits(count: int) -> list[PaidCredit]:
+    return fake_credits(count)
 
 
 def test_hosted_payer_with_too_few_credits_refuses_by_name_and_takes_none(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from node.client.credit_purchase import MintUnfunded
 from node.client.credit_wallet import MAX_BUY, CreditWallet
 from node.gateway.topup import MAX_BACKOFF_S, UNFUNDED_HINT, CommitteeShop, TopUp
 from protocol.errors import UnavailableError
-from tests.unit.test_abci_credits import PAYER
+from tests.credit_chain import PAYER
 from tests.unit.test_credit_purchase_resume import ChainLink, _fund, _gather, _setup
 
 pytestmark = pytest.mark.unit
@@ -155,7 +155,7 @@ def test_topup_after_a_restart_finishes_the_purchase_left_in_the_credit_file_fir
     assert landed.code == 0, landed.log
     assert _fund(chain, request.mint_id) == [0] * len(chain.validators)
     monkeypatch.setattr(credit_purchase, "CommitteeLink", lambda *a, **k: link)
-    monkeypatch.setattr(credit_purchase, "signatures_from", lambda *a: _gather(chain, stores))
+    monkeypatch.setattr(credit_purchase, "partials_from", lambda *a: _gather(chain, stores))
     wallet = CreditWallet(tmp_path / "credits.json")  # the new process's
     shop = CommitteeShop(("http://validator",), PAYER, wallet, fund_wait_s=0.01)
     bought: list[int] = []

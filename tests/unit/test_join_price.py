@@ -4,6 +4,7 @@ when asked."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,17 +85,20 @@ async def test_the_agent_registers_its_price_once_the_chain_lacks_it() -> None:
     assert registered_price("odd", NODE, 2) is None
 
 
-async def test_a_node_raising_its_price_mid_epoch_charges_the_registered_one() -> None:
+async def test_a_node_raising_its_price_mid_epoch_charges_the_registered_one(
+    tmp_path: Path,
+) -> None:
     """node/server/chain_price.py: the compute process charges the price on the chain for the
     current epoch, whatever its own flag now says; the raise counts from the next epoch."""
     from types import SimpleNamespace
 
     from node.server.chain_price import refresh
-    from tests.unit.test_abci_credits import next_epoch_end, node_chain
+    from tests.credit_chain import node_chain
+    from tests.unit.test_abci_settlement import next_epoch_end
     from tests.unit.test_abci_state import hexkey
     from tests.unit.test_credit_till import ChainLink
 
-    chain, node = node_chain(heartbeat_timeout=10_000, epoch_length=20)
+    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000, epoch_length=20)
     link = ChainLink(chain, node)
     length = chain.state.genesis.epoch_length
     if chain.state.height % length > length - 4:

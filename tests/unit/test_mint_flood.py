@@ -14,22 +14,12 @@ import pytest
 
 from abci_app.codes import Code
 from abci_app.genesis import DEFAULT_MAX_PENDING_MINTS, Genesis
-from node.client.credit_wallet import MintRequest
+from node.client.mint_request import MintRequest
 from protocol.errors import ConfigError
 from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key, seeded_key
+from tests.credit_chain import NOW, PAYER, PRICE, credit_chain, fund, period_key, send
 from tests.mint_flood import junk_mint
-from tests.unit.test_abci_credits import (
-    LAYER_TOKENS,
-    NOW,
-    PAYER,
-    PRICE,
-    epoch_now,
-    fund,
-    keys_of,
-    publish_keys,
-    send_fix,
-)
-from tests.unit.test_abci_settlement import ESCROW, ask, settled_chain
+from tests.unit.test_abci_settlement import ESCROW, ask
 
 pytestmark = pytest.mark.unit
 
@@ -37,25 +27,21 @@ JUNK_SENDER = seeded_key("junk-sender")
 
 
 def flood_chain(tmp: Path, **credits: object) -> Chain:
-    """A chain selling credits, in the first block of a 40-block epoch with its keys published."""
-    chain = settled_chain(
-        credits={"price_wei": str(PRICE), "layer_tokens": LAYER_TOKENS, **credits},
-        epoch_length=40,
-    )
-    chain.time_s = NOW
+    """A chain selling credits, its first key period's key formed (a period of 1,000 blocks:
+    every mint below lands in it), at the end of the first 40-block epoch."""
+    chain = credit_chain(tmp, period_blocks=1000, credits_extra=credits, epoch_length=40)
     chain.advance_to(40)
-    publish_keys(chain, epoch_now(chain), tmp)
     return chain
 
 
 def honest_mint(chain: Chain, payer: bytes = PAYER, above: str = "0x8") -> MintRequest:
     """A one-credit mint by `payer` whose id is at least `above` (redrawn until it is), sent."""
-    keys = keys_of(chain, epoch_now(chain))
+    key = period_key(chain)
     while True:
-        request = MintRequest.create(keys, 1, payer, PRICE, EVM_CHAIN_ID, ESCROW, NOW + 3600)
+        request = MintRequest.create(key, 1, payer, PRICE, EVM_CHAIN_ID, ESCROW, NOW + 3600)
         if request.mint_id >= above:
             break
-    assert send_fix(chain, request.body).code == Code.OK
+    assert send(chain, request.body).code == Code.OK
     return request
 
 
@@ -63,13 +49,20 @@ def flood(
     chain: Chain, payers: list[bytes], per_payer: int, below: str = "0x8", seed: int = 0
 ) -> tuple[list[str], list[Code]]:
     """`per_payer` junk mints of each payer in one block, ids below `below`, drawn from `seed`
-    (another seed for each flood of one payer in one epoch): (ids, codes)."""
-    keys = keys_of(chain, epoch_now(chain))
+    (another seed for each flood of one payer in one key period): (ids, codes)."""
+    period = period_key(chain).period
     ids, txs = [], []
     for index, payer in enumerate(payers):
         for n in range(per_payer):
             identifier, body = junk_mint(
-                keys, payer, PRICE, EVM_CHAIN_ID, ESCROW, NOW + 3600, seed + index * 4096 + n, below
+                period,
+                payer,
+                PRICE,
+                EVM_CHAIN_ID,
+                ESCROW,
+                NOW + 3600,
+                seed + index * 4096 + n,
+                below,
             )
             ids.append(identifier)
             txs.append(chain.tx(body, JUNK_SENDER))
@@ -182,12 +175,10 @@ def test_the_pending_bound_frees_a_slot_on_funding_and_when_a_mint_lapses(tmp_pa
     _, codes = flood(chain, [PAYER], 2, seed=1 << 20)  # the funded one no longer counts
     assert codes == [Code.OK, Code.MINT_PENDING_LIMIT]
     chain.advance_to(chain.state.height + 40)  # the next epoch: the first epoch's still count
-    publish_keys(chain, epoch_now(chain), tmp_path, offset=4)
-    _, codes = flood(chain, [PAYER], 1)
+    _, codes = flood(chain, [PAYER], 1, seed=2 << 20)
     assert codes == [Code.MINT_PENDING_LIMIT]
     chain.advance_to(chain.state.height + 40)  # past their funding window: lapsed
-    publish_keys(chain, epoch_now(chain), tmp_path, offset=8)
-    _, codes = flood(chain, [PAYER], 3)
+    _, codes = flood(chain, [PAYER], 3, seed=3 << 20)
     assert codes == [Code.OK, Code.OK, Code.MINT_PENDING_LIMIT]
     other, _ = flood(chain, strangers(1, "other-payer"), 1)  # the bound is per payer
     assert ask(chain, f"/mints?id={other[0]}")["funded_height"] is None
@@ -240,10 +231,11 @@ def test_a_client_refused_for_its_pending_mints_is_told_why_and_what_to_do(tmp_p
 def test_the_mempool_refuses_a_mint_beyond_the_payers_bound(tmp_path: Path) -> None:
     """CheckTx reads the committed counters: a payer at its bound gets no mint into a block."""
     chain = flood_chain(tmp_path, max_pending_mints=2)
-    keys = keys_of(chain, epoch_now(chain))
     first, codes = flood(chain, [PAYER], 2)
     assert codes == [Code.OK, Code.OK]
-    _, body = junk_mint(keys, PAYER, PRICE, EVM_CHAIN_ID, ESCROW, NOW + 3600, 1 << 24)
+    _, body = junk_mint(
+        period_key(chain).period, PAYER, PRICE, EVM_CHAIN_ID, ESCROW, NOW + 3600, 1 << 24
+    )
     checked = chain.machine.check_tx(chain.tx(body, JUNK_SENDER))
     assert checked.code == Code.MINT_PENDING_LIMIT and "at most 2" in checked.log
     fund(chain, first[0])

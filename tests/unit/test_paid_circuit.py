@@ -33,12 +33,13 @@ from node.server.backend import ModelShardBackend
 from node.server.config import ServerConfig
 from node.server.next_hops import ForwardList
 from node.server.payments import Account, CreditCheck, CreditRefusedError, CreditSpool, Payments
-from protocol.credits import CreditInvalidError, spent_id
 from protocol.errors import RemoteError, UnavailableError
+from protocol.paid_credits import CreditInvalidError, spent_id
 from protocol.stream import PaymentRequiredError, not_taken_id, open_message, pay_message
+from tests.credit_chain import minted, node_chain, redeem
 from tests.doubles.tiny_model import make_tiny_model
 from tests.unit.stream_circuit import serve_circuit
-from tests.unit.test_abci_credits import minted, node_chain, redeem
+from tests.unit.test_abci_settlement import ask
 from tests.unit.test_abci_state import commit_served
 from tests.unit.test_credit_till import ChainLink
 
@@ -84,7 +85,7 @@ async def _paid_nodes(aiohttp_server: Any, manifest: Path, tmp: Path, chain: Any
 
 def _paying_client(manifest: Path, tmp: Path, credits: int) -> tuple[Any, ...]:
     """A chain, its node key, a wallet of `credits` minted credits, the head and PROMPT's ids."""
-    chain, node = node_chain()
+    chain, node = node_chain(tmp)
     wallet = CreditWallet(tmp / "credits.json")
     wallet.add(minted(chain, tmp, count=credits)[0])
     head = ClientHead.load(manifest, device="cpu")
@@ -141,7 +142,7 @@ async def test_paid_circuit_exact_tokens_each_node_paid_per_chunk_and_redeemed(
     for server in servers:
         assert server.app[STATE_KEY].payments.accepted == per_node
 
-    paid = [spent_id(c.prepared) for spool in spools for _, c in spool.held()]
+    paid = [spent_id(c) for spool in spools for _, c in spool.held()]
     link = ChainLink(chain, node)
     for shard in range(2):  # the agents commit what the nodes served (a redemption needs it)
         commit_served(chain, node, shard, blocks=1)
@@ -203,15 +204,15 @@ async def test_a_client_gone_mid_answer_and_a_node_dead_before_redeeming_lose_no
         assert list(restarted.held()) == []
     assert redeemed == taken
     for credit in CreditWallet(tmp_path / "credits.json").take(wallet.count()):
-        assert (await link.query("/credit_spent", id=spent_id(credit.prepared)))["height"] is None
+        assert (await link.query("/credit_spent", id=spent_id(credit)))["height"] is None
 
 
 async def test_a_client_that_does_not_pay_is_stopped_by_name_and_the_node_serves_on(
     aiohttp_server, tiny, tmp_path
 ) -> None:
     manifest, _ = tiny
-    chain, node = node_chain()
-    credits, _, _ = minted(chain, tmp_path, count=8)
+    chain, node = node_chain(tmp_path)
+    credits, _ = minted(chain, tmp_path, count=8)
     servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
     head = ClientHead.load(manifest, device="cpu")
     ids = head.encode(PROMPT)
@@ -233,10 +234,10 @@ async def test_a_credit_shown_twice_altered_or_for_another_link_is_refused_by_na
     aiohttp_server, tiny, tmp_path
 ) -> None:
     manifest, _ = tiny
-    chain, node = node_chain()
-    [credit, other], _, _ = minted(chain, tmp_path, count=2)
+    chain, node = node_chain(tmp_path)
+    [credit, other], _ = minted(chain, tmp_path, count=2)
     servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
-    altered = replace(other, prepared=other.prepared[:-1] + bytes([other.prepared[-1] ^ 1]))
+    altered = replace(other, nonce=other.nonce[:-1] + bytes([other.nonce[-1] ^ 1]))
     async with aiohttp.ClientSession() as http, http.ws_connect(f"{hops[0].url}/v1/stream") as ws:
         await ws.send_json(open_message(1, "s" * 43, 0, None, None))
         assert (await ws.receive_json(timeout=10))["op"] == "opened"
@@ -247,7 +248,7 @@ async def test_a_credit_shown_twice_altered_or_for_another_link_is_refused_by_na
     assert "already paid to this node" in answers[0]["message"]
     # a credit for a session that is not open here is not taken, and named so the client can
     # put it back into its wallet
-    assert not_taken_id(answers[2]["message"]) == spent_id(other.prepared)
+    assert not_taken_id(answers[2]["message"]) == spent_id(other)
     assert [len(list(spool.held())) for spool in spools] == [1, 0]  # the good one, once
     assert servers[0].app[STATE_KEY].payments.accepted == 1
 
@@ -256,8 +257,8 @@ async def test_credits_sent_to_a_hop_whose_open_failed_go_back_into_the_wallet(
     aiohttp_server, tiny, tmp_path
 ) -> None:
     manifest, _ = tiny
-    chain, node = node_chain()
-    credits, _, _ = minted(chain, tmp_path, count=6)
+    chain, node = node_chain(tmp_path)
+    credits, _ = minted(chain, tmp_path, count=6)
     servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
     servers[0].app[STATE_KEY].next_hops = ForwardList(0, frozenset())  # refuses every next hop
     head = ClientHead.load(manifest, device="cpu")
@@ -294,8 +295,8 @@ async def test_a_credit_the_node_cannot_check_or_keep_goes_back_to_the_client(
     aiohttp_server, tiny, tmp_path
 ) -> None:
     manifest, _ = tiny
-    chain, node = node_chain()
-    credits, _, _ = minted(chain, tmp_path, count=4)
+    chain, node = node_chain(tmp_path)
+    credits, _ = minted(chain, tmp_path, count=4)
     servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
     head = ClientHead.load(manifest, device="cpu")
     wallet = CreditWallet(tmp_path / "credits.json")
@@ -314,8 +315,8 @@ async def test_a_node_dearer_than_the_clients_floor_is_never_paid(
     aiohttp_server, tiny, tmp_path
 ) -> None:
     manifest, _ = tiny
-    chain, node = node_chain()
-    credits, _, _ = minted(chain, tmp_path, count=4)
+    chain, node = node_chain(tmp_path)
+    credits, _ = minted(chain, tmp_path, count=4)
     _, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
     head = ClientHead.load(manifest, device="cpu")
     wallet = CreditWallet(tmp_path / "credits.json")
@@ -332,8 +333,8 @@ async def test_a_wallet_that_runs_dry_stops_the_answer_with_its_own_error(
     aiohttp_server, tiny, tmp_path
 ) -> None:
     manifest, _ = tiny
-    chain, node = node_chain()
-    credits, _, _ = minted(chain, tmp_path, count=3)
+    chain, node = node_chain(tmp_path)
+    credits, _ = minted(chain, tmp_path, count=3)
     _, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
     head = ClientHead.load(manifest, device="cpu")
     ids = head.encode(PROMPT)
@@ -352,32 +353,34 @@ async def test_a_wallet_that_runs_dry_stops_the_answer_with_its_own_error(
 
 def test_pay_control_is_parsed_at_the_boundary_and_malformed_ones_named() -> None:
     from protocol.frames.errors import FrameError
+    from protocol.paid_credits import credit_json
     from protocol.stream import MAX_CONTROL_BYTES, OPS_FROM_CLIENT, parse_control
+    from tests.credit_fakes import fake_credit, rsa_credit_json
 
-    good = [3, "ab" * 81, [["A" * 40, "cd" * 256]]]
+    good = credit_json(fake_credit(1, period=3))
     parsed = parse_control(json.dumps({"op": "pay", "sid": 7, "credit": good}), OPS_FROM_CLIENT)
-    assert parsed.sid == 7 and parsed.credit is not None and parsed.credit.epoch == 3
+    assert parsed.sid == 7 and parsed.credit is not None and parsed.credit.period == 3
     for credit in (
         None,
-        [3, "ab" * 81],
-        [3, "zz" * 81, [["A" * 40, "cd" * 256]]],
-        [0, "ab" * 81, [["A" * 40, "cd" * 256]]],
-        [3, "ab" * 81, []],
-        [3, "ab" * 81, [["a" * 40, "cd" * 256]]],
-        [3, "ab" * 81, [["A" * 40, "cd" * 256, "x"]]],
+        good[:-2],
+        good.upper(),
+        "zz" + good[2:],
+        good[:112] + "00" * 32,  # σ not a point
+        rsa_credit_json(1),  # the retired RSA form
+        [3, "ab" * 81, [["A" * 40, "cd" * 256]]],
     ):
         with pytest.raises(FrameError) as bad:
             parse_control(json.dumps({"op": "pay", "sid": 7, "credit": credit}), OPS_FROM_CLIENT)
         assert bad.value.code == "bad_control", credit
     with pytest.raises(FrameError) as big:
-        huge = {"op": "pay", "sid": 1, "credit": [3, "ab" * 81, [["A" * 40, "c" * 20000]]]}
+        huge = {"op": "pay", "sid": 1, "credit": "ab" * 10000}
         parse_control(json.dumps(huge), OPS_FROM_CLIENT)
     assert big.value.code == "too_large" and MAX_CONTROL_BYTES == 16384
 
 
 async def test_the_node_checks_a_credit_as_the_chain_will_redeem_it(tmp_path) -> None:
-    chain, node = node_chain(lifetime_epochs=2)
-    credits, _, _ = minted(chain, tmp_path, count=4)
+    chain, node = node_chain(tmp_path, lifetime_epochs=2)
+    credits, req = minted(chain, tmp_path, count=4)
     spool = CreditSpool(tmp_path / "spool")
     # margin 1: the chain's own window (a redeem lands in the next block); test_credit_window.py
     check = CreditCheck(ChainLink(chain, node), margin_blocks=1)
@@ -388,9 +391,9 @@ async def test_the_node_checks_a_credit_as_the_chain_will_redeem_it(tmp_path) ->
     assert result.code == 0, result.log
     with pytest.raises(CreditRefusedError, match="redeemed on the committee chain at height"):
         await payments.accept(account, credits[0])
-    # signers under 2/3 of the power
-    with pytest.raises(CreditInvalidError):
-        await payments.accept(account, replace(credits[1], signatures=credits[1].signatures[:2]))
+    # a σ that is not this credit's (another credit's): does not verify under the period's key
+    with pytest.raises(CreditInvalidError, match="does not verify"):
+        await payments.accept(account, replace(credits[1], signature=credits[2].signature))
     await payments.accept(account, credits[1])
     assert (account.paid, account.credits, payments.refused) == (PRICE, 1, 2)
     await payments.cover(account, PRICE)  # paid: at once
@@ -398,23 +401,25 @@ async def test_the_node_checks_a_credit_as_the_chain_will_redeem_it(tmp_path) ->
         await payments.cover(account, 1)  # nothing more came within wait_s
     payments.refund(account, PRICE)  # a busy refusal: not computed, not charged
     await payments.cover(account, PRICE)
-    # the window is the chain's (genesis lifetime_epochs 2: a credit of e in e … e + 2)
+    # the window is the chain's (genesis lifetime_epochs 2: a credit of issue epoch e, its key
+    # period's last block's, is redeemed up to e + 2)
     length = chain.state.genesis.epoch_length
-    chain.advance_to((credits[2].epoch + 1) * length + 1)  # epoch e + 2: still good
+    e = ask(chain, f"/mints?id={req.mint_id}")["issue_epoch"]
+    chain.advance_to((e + 1) * length + 1)  # epoch e + 2: still good
     check = CreditCheck(ChainLink(chain, node), refresh_s=0.0, margin_blocks=1)
     await Payments(PRICE, check, spool).accept(Account(), credits[3])
-    chain.advance_to((credits[2].epoch + 2) * length + 1)  # e + 3: past it
-    with pytest.raises(CreditRefusedError, match=r"not redeemable in epoch.*good for 2 epochs"):
+    chain.advance_to((e + 2) * length + 1)  # e + 3: past it
+    with pytest.raises(CreditRefusedError, match=r"not redeemable in epoch"):
         await Payments(PRICE, check, spool).accept(Account(), credits[2])
     assert sorted(path.name for path, _ in spool.held()) == sorted(
-        f"{spent_id(c.prepared)}.json" for c in (credits[1], credits[3])
+        f"{spent_id(c)}.json" for c in (credits[1], credits[3])
     )
 
 
 async def test_a_spent_credit_replayed_costs_the_validators_one_query(tmp_path) -> None:
     """A client showing a credit the chain already redeemed, pay after pay, is refused each time;
     the node asks `/credit_spent` once and remembers the answer."""
-    chain, node = node_chain()
+    chain, node = node_chain(tmp_path)
     [credit] = minted(chain, tmp_path, count=1)[0]
     result = redeem(chain, node, [credit])
     assert result.code == 0, result.log
@@ -438,11 +443,12 @@ async def test_the_client_drops_credits_past_their_window_before_it_pays(tmp_pat
     """`CreditExpiry` (the personal client's, before each question): the committee's epoch
     and lifetime say which credits no node will take; those leave the wallet, the rest stay;
     it asks again only after `every_s`."""
-    chain, node = node_chain(lifetime_epochs=1)
-    old, _, _ = minted(chain, tmp_path / "old", count=2)
+    chain, node = node_chain(tmp_path, lifetime_epochs=1)
+    old, req = minted(chain, tmp_path, count=2)
     length = chain.state.genesis.epoch_length
-    chain.advance_to((old[0].epoch + 1) * length + 1)  # e + 2: the old ones are past
-    fresh, _, _ = minted(chain, tmp_path / "fresh", count=3)
+    e = ask(chain, f"/mints?id={req.mint_id}")["issue_epoch"]
+    chain.advance_to((e + 1) * length + 1)  # e + 2: the old ones are past
+    fresh, _ = minted(chain, tmp_path, count=3)  # of the next key period (its key made first)
     wallet = CreditWallet(tmp_path / "credits.json")
     wallet.add(old + fresh)
     link = ChainLink(chain, node)

@@ -56,11 +56,11 @@ def test_the_personal_client_serves_loopback_only_and_refuses_a_bad_floor(
     assert "--personal" in err
 
 
-def test_the_spent_query_refuses_what_a_stranger_sends_by_name() -> None:
+def test_the_spent_query_refuses_what_a_stranger_sends_by_name(tmp_path: Path) -> None:
     from abci_app.queries import query
-    from tests.unit.test_abci_credits import node_chain
+    from tests.credit_chain import node_chain
 
-    chain, _ = node_chain()
+    chain, _ = node_chain(tmp_path)
     for bad in ("", "zz" * 32, "AB" * 32, "١" * 64, "a" * 63, "a" * 5000, "a" * 64 + "&id=b"):
         code, _, log = query(chain.state, f"/credit_spent?id={bad}", b"")
         assert code != 0 and log, bad

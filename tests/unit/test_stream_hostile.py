@@ -198,7 +198,7 @@ MALFORMED: list[tuple[str | bytes, str]] = [
     (json.dumps({"op": "pay", "sid": 1, "credit": "a credit"}), "bad_control"),
     (
         json.dumps({"op": "pay", "sid": 1, "credit": [1, "ab" * 81, [["A" * 40, "cd"]]]}),
-        "credit_invalid",  # not a Planet credit: refused before anything is looked up
+        "bad_control",  # the retired RSA form: refused at the boundary, nothing looked up
     ),
     (_open(next={"url": "http://127.0.0.1:1", "shard": 1}), "bad_control"),
     (_frame(start=2**32 - 1) + bytes(4 * H), "bad_positions"),

@@ -1,7 +1,7 @@
-"""A node's `pay` handler (node/server/stream.py `_pay`) takes both credit forms: a threshold
-credit (88 bytes, no RSA `prepared`) is named by its spent id like an RSA one, so a pay for a
-session that is not open comes back `credit_not_taken` naming it (the client puts it back in
-its wallet), and a pay that is taken reaches the node's payments."""
+"""A node's `pay` handler (node/server/stream.py `_pay`) takes a credit (88 bytes: period ‖
+nonce ‖ σ) and names it by its spent id, so a pay for a session that is not open comes back
+`credit_not_taken` naming it (the client puts it back in its wallet), and a pay that is taken
+reaches the node's payments."""
 
 from __future__ import annotations
 

@@ -13,16 +13,15 @@ import pytest
 from abci_app.codes import Code
 from abci_app.query_params import QueryError
 from abci_app.threshold_queries import partials
-from node.client.threshold_mint import MintIncomplete, PeriodKey, ThresholdMintRequest
+from node.client.mint_request import MintIncomplete, MintRequest, PeriodKey
 from protocol import blind_bls
 from protocol.blind_bls import ThresholdCredit
-from protocol.committee.credits import FundMint
+from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
 from protocol.committee.grammar import TxDecodeError
-from protocol.committee.threshold_credits import ThresholdMint, ThresholdRedeem
 from protocol.credit_shares import CreditShareStore
 from protocol.eip712 import address_of
 from tests.committee_chain import EVM_CHAIN_ID, Chain
-from tests.unit.test_abci_credits import NOW, PAYER, PRICE
+from tests.credit_chain import NOW, PAYER, PRICE
 from tests.unit.test_abci_settlement import ESCROW, ask, settled_chain
 from tests.unit.test_abci_state import make_routable, register, served_commit_tx
 from tests.unit.test_credit_dkg_chain import PERIOD_BLOCKS, PHASE, SCHEDULE, play
@@ -38,7 +37,7 @@ def keyed_chain(tmp_path: Path) -> tuple[Chain, list[CreditShareStore], object]:
             "layer_tokens": 16,
             "key_period_blocks": PERIOD_BLOCKS,
             "dkg_phase_blocks": PHASE,
-        }
+        },
     )
     chain.time_s = NOW
     stores = [CreditShareStore(tmp_path / f"v{i}") for i in range(len(chain.validators))]
@@ -52,13 +51,13 @@ def period_key(chain: Chain) -> PeriodKey:
     return PeriodKey.from_answer(ask(chain, "/credit_period"))
 
 
-def request(chain: Chain, count: int) -> ThresholdMintRequest:
-    return ThresholdMintRequest.create(
+def request(chain: Chain, count: int) -> MintRequest:
+    return MintRequest.create(
         period_key(chain), count, PAYER, PRICE, EVM_CHAIN_ID, ESCROW, NOW + 3600
     )
 
 
-def mint_and_fund(chain: Chain, req: ThresholdMintRequest) -> None:
+def mint_and_fund(chain: Chain, req: MintRequest) -> None:
     [result] = chain.block([chain.tx(req.body, chain.validators[0].key)])
     assert result.code == Code.OK, result.log
     results = chain.block([chain.tx(FundMint(req.mint_id), v.key) for v in chain.validators])
@@ -71,7 +70,7 @@ def gather(chain: Chain, stores: list[CreditShareStore], mint_id: str) -> list[d
 
 def redeem(chain: Chain, node, credits: list[ThresholdCredit]):  # type: ignore[no-untyped-def]
     commit = served_commit_tx(chain, node, 0, blocks=max(1, -(-len(credits) // 32)))
-    body = ThresholdRedeem("m", 0, tuple(credits))
+    body = CreditRedeem("m", 0, tuple(credits))
     [_, result] = chain.block([commit, chain.tx(body, node)])
     return result
 
@@ -100,7 +99,7 @@ def test_attack_1_a_mint_of_three_never_gives_four(tmp_path: Path) -> None:
     # (a) the old per-validator form does not even parse as a threshold mint
     per_validator = {**req.body.to_json(), "blinded": [[v.address, []] for v in chain.validators]}
     with pytest.raises(TxDecodeError):
-        ThresholdMint.from_json(per_validator)
+        CreditMint.from_json(per_validator)
     # (b) a different list for some validators under the same paid purchase: the purchase
     # signature binds the one list (the mint id), so the variant is refused
     extra = blind_bls.blind(0, b"\x09" * 32).blinded
@@ -155,7 +154,7 @@ def test_refusals_by_name(tmp_path: Path) -> None:
     assert r.code == Code.CREDIT_EPOCH
     [r] = chain.block([chain.tx(req.body, chain.validators[0].key)])
     assert r.code == Code.MINT_REPLAYED
-    round_trip = ThresholdMintRequest.from_json(req.to_json())
+    round_trip = MintRequest.from_json(req.to_json())
     assert round_trip.mint_id == req.mint_id
 
 
@@ -167,11 +166,11 @@ def test_before_the_first_key_a_mint_is_no_credit_keys(tmp_path: Path) -> None:
             "layer_tokens": 16,
             "key_period_blocks": PERIOD_BLOCKS,
             "dkg_phase_blocks": PHASE,
-        }
+        },
     )
     chain.time_s = NOW
     point = blind_bls.blind(0, b"\x01" * 32).blinded
-    body = ThresholdMint(address_of(PAYER).lower(), 0, (point,), PRICE, NOW + 60, "0x" + "00" * 65)
+    body = CreditMint(address_of(PAYER).lower(), 0, (point,), PRICE, NOW + 60, "0x" + "00" * 65)
     [r] = chain.block([chain.tx(body, chain.validators[0].key)])
     assert r.code == Code.NO_CREDIT_KEYS
 
@@ -182,7 +181,7 @@ def test_a_threshold_credit_locked_by_one_node_is_refused_to_another(tmp_path: P
     `credit_redeem` of it is refused CREDIT_LOCKED by name; the locker redeems it."""
     from abci_app import rules
     from protocol.committee.credit_locks import CreditLock
-    from protocol.paid_credits import paid_spent_id
+    from protocol.paid_credits import spent_id
 
     chain, stores, node = keyed_chain(tmp_path)
     other = register(chain, "threshold-other", shards=(0,))
@@ -191,7 +190,7 @@ def test_a_threshold_credit_locked_by_one_node_is_refused_to_another(tmp_path: P
     mint_and_fund(chain, req)
     credits = req.finalize(period_key(chain), gather(chain, stores, req.mint_id))
     epoch = rules.epoch_of(chain.state, chain.state.block_height + 1)
-    locks = tuple(sorted((paid_spent_id(c), epoch) for c in credits))
+    locks = tuple(sorted((spent_id(c), epoch) for c in credits))
     [locked] = chain.block([chain.tx(CreditLock("m", 0, locks), node)])
     assert locked.code == Code.OK, locked.log
     stolen = redeem(chain, other, credits)

@@ -17,13 +17,13 @@ from abci_app.threshold_queries import partials
 from node.agent.credit_till import CreditTill
 from node.client import credit_purchase
 from node.client.credit_wallet import CreditWallet
-from node.client.threshold_mint import AnonymitySetTooSmall
-from node.server.payments import CreditCheck, CreditRefusedError
+from node.client.mint_request import AnonymitySetTooSmall
+from node.server.payments import CreditCheck
 from protocol.blind_bls import ThresholdCredit
-from protocol.committee.credits import FundMint
-from protocol.committee.threshold_credits import ThresholdMint, ThresholdRedeem
+from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
+from protocol.paid_credits import CreditInvalidError
 from protocol.threshold_mint import threshold_mint_id
-from tests.unit.test_abci_credits import PAYER
+from tests.credit_chain import PAYER
 from tests.unit.test_credit_purchase_resume import ChainLink
 from tests.unit.test_threshold_credits_chain import keyed_chain
 
@@ -36,7 +36,7 @@ class FundingLink(ChainLink):
 
     async def submit(self, body: Any) -> Any:
         sent = await super().submit(body)
-        if isinstance(body, ThresholdMint) and self.results[sent.hash][0] == Code.OK:
+        if isinstance(body, CreditMint) and self.results[sent.hash][0] == Code.OK:
             mint_id = threshold_mint_id(body.payer, body.period, body.blinded)
             chain = self.chain
             chain.block([chain.tx(FundMint(mint_id), v.key) for v in chain.validators])
@@ -73,7 +73,7 @@ def test_buy_mints_one_list_and_the_node_takes_and_redeems_the_credits(
     check = CreditCheck(link)
     asyncio.run(check.check(bought[0]))
     forged = ThresholdCredit(bought[0].period, bought[1].nonce, bought[0].signature)
-    with pytest.raises(CreditRefusedError):
+    with pytest.raises(CreditInvalidError):
         asyncio.run(check.check(forged))
     sent: list[Any] = []
 
@@ -86,7 +86,7 @@ def test_buy_mints_one_list_and_the_node_takes_and_redeems_the_credits(
     for credit in bought:
         asyncio.run(till.accept(credit))
     asyncio.run(till.redeem())  # (refused: this link's key is no node; the body is the point)
-    assert isinstance(sent[0], ThresholdRedeem) and len(sent[0].credits) == 3
+    assert isinstance(sent[0], CreditRedeem) and len(sent[0].credits) == 3
 
 
 def test_min_anonymity_refuses_a_period_with_too_few_buyers(

@@ -26,7 +26,7 @@ import pytest
 
 from node.verifier.calibration import CALIBRATION_FILE
 from node.verifier.scoring import CredibilityMap, Gap
-from protocol.committee.credits import Redeem
+from protocol.committee.credits import CreditRedeem
 from protocol.committee.registry import Heartbeat
 from protocol.committee.settlement import NodeWork
 from tests.committee_chain import Chain, seeded_key
@@ -78,7 +78,7 @@ def _epoch(
     for label, (_, shard) in nodes.items():
         commit_served(chain, seeded_key(label), shard=shard, blocks=BLOCKS * QUESTIONS)
     claims = [
-        chain.tx(Redeem("m", shard, (paid[label],)), seeded_key(label))
+        chain.tx(CreditRedeem("m", shard, (paid[label],)), seeded_key(label))
         for label, (_, shard) in nodes.items()
         if label in paid
     ]
@@ -99,9 +99,10 @@ def _heartbeat() -> Heartbeat:
 def test_honest_fp32_int8_int4_nodes_stay_routable_and_unslashed_for_50_epochs(
     tmp_path: Path,
 ) -> None:
-    from tests.unit.test_abci_credits import minted
+    from tests.credit_chain import ensure_key, minted
 
     chain: Chain = settled_chain(epoch_length=10, heartbeat_timeout=30)
+    ensure_key(chain, tmp_path)  # the credit key first
     nodes: dict[str, tuple[str, int]] = {}
     for quant in QUANTS:
         for shard in range(3):
@@ -111,7 +112,7 @@ def test_honest_fp32_int8_int4_nodes_stay_routable_and_unslashed_for_50_epochs(
             nodes[label] = (quant, shard)
     keyed = {hexkey(seeded_key(label)): (quant, shard) for label, (quant, shard) in nodes.items()}
     scores = {key: worst_honest_credibility(quant) for key, (quant, _) in keyed.items()}
-    credits, _, _ = minted(chain, tmp_path, count=len(nodes))
+    credits, _ = minted(chain, tmp_path, count=len(nodes))
     lowest: dict[str, int] = {}
     for epoch in range(EPOCHS):
         _epoch(chain, nodes, scores, dict(zip(nodes, credits, strict=True)) if epoch == 0 else {})

@@ -20,9 +20,9 @@ from node.verifier.echo import vocabulary_index
 from node.verifier.report import SCORES_FILE
 from node.verifier.scoring import Challenge, CredibilityMap
 from node.verifier.worker import VerifierWorker, WorkerSettings, failed_verification_verdict
-from protocol.committee.credits import CreditKey
+from protocol.committee.credit_dkg import DkgComplaint, DkgDeal, DkgJustify
 from protocol.committee.verification import SeedCommit, SeedReveal, VerdictVote, seed_commitment
-from protocol.credit_keys import CREDIT_KEYS_DIR
+from protocol.credit_shares import CREDIT_SHARES_DIR
 from protocol.eip712 import address_of
 from tests.unit.test_verifier_echo import TEXTS, _gateway_doc
 
@@ -256,17 +256,18 @@ async def test_spot_check_findings_become_the_same_verdict_for_every_verifier(tm
 
 
 async def test_worker_leaves_credit_keys_to_the_watcher(tmp_path) -> None:
-    """The validator's watcher is the one process that generates and publishes its credit keys
-    (node/watcher/credit_keys.py, tests/unit/test_watcher_credit_keys.py): the verifier's epoch
-    turns neither read nor send one, and write no key file its ABCI app could sign with."""
+    """The validator's watcher is the one process that takes part in the credit key periods'
+    DKG (node/watcher/credit_dkg.py): the verifier's epoch turns send no DKG message, read no
+    key period, and write no key share its ABCI app could sign with."""
     link = FakeLink(epoch=3)
     worker = _worker(tmp_path, link)
     await _step(worker)
     link.epoch = 4
     await _step(worker)
-    assert link.sent and not any(isinstance(b, CreditKey) for b in link.sent)
-    assert "/credit_keys" not in link.queried
-    assert not (tmp_path / CREDIT_KEYS_DIR).exists()
+    dkg = (DkgDeal, DkgComplaint, DkgJustify)
+    assert link.sent and not any(isinstance(b, dkg) for b in link.sent)
+    assert "/credit_period" not in link.queried
+    assert not (tmp_path / CREDIT_SHARES_DIR).exists()
 
 
 async def test_worker_challenges_while_its_seed_txs_wait_for_their_blocks(tmp_path) -> None:

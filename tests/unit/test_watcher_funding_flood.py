@@ -22,7 +22,7 @@ from node.watcher.funding import PAYER_PAGES, MintFunder
 from protocol.eip712 import address_of
 from protocol.errors import RemoteError
 from tests.committee_chain import Chain, seeded_evm_key
-from tests.unit.test_abci_credits import PAYER, PRICE
+from tests.credit_chain import PAYER, PRICE
 from tests.unit.test_abci_settlement import ESCROW, ask
 from tests.unit.test_mint_flood import flood, flood_chain, honest_mint, strangers
 

@@ -1,8 +1,8 @@
-"""The client's side of a threshold-BLS purchase: blind N credits into ONE list, then combine
-the validators' partial signatures into N credits (`protocol.blind_bls`).
+"""The client's side of a purchase: blind N credits into ONE list, then combine the validators'
+partial signatures into N threshold blind BLS credits (`protocol.blind_bls`).
 
     period = /credit_period answer (its run's result: the committee key X_p and each X_i)
-    request = ThresholdMintRequest.create(period, count, payer_key, price_wei, chain_id,
+    request = MintRequest.create(period, count, payer_key, price_wei, chain_id,
                                           escrow, expiry)
     request.body                                   the `credit_mint` tx body
     credits = request.finalize(period, answers)    answers: each validator's
@@ -24,7 +24,7 @@ from typing import Any
 
 from protocol import blind_bls, bls
 from protocol.blind_bls import Blinding, ThresholdCredit
-from protocol.committee.threshold_credits import MAX_THRESHOLD_MINT, ThresholdMint
+from protocol.committee.credits import MAX_MINT, CreditMint
 from protocol.credits import sign_purchase
 from protocol.eip712 import address_of
 from protocol.errors import ProtocolError
@@ -38,8 +38,8 @@ class MintIncomplete(ProtocolError):
 
 
 @dataclass(frozen=True)
-class ThresholdMintRequest:
-    body: ThresholdMint
+class MintRequest:
+    body: CreditMint
     mint_id: str
     blindings: tuple[Blinding, ...]
 
@@ -53,9 +53,9 @@ class ThresholdMintRequest:
         chain_id: int,
         escrow: str,
         expiry: int,
-    ) -> ThresholdMintRequest:
-        if not 1 <= count <= MAX_THRESHOLD_MINT:
-            raise ProtocolError(f"a mint buys 1 … {MAX_THRESHOLD_MINT} credits")
+    ) -> MintRequest:
+        if not 1 <= count <= MAX_MINT:
+            raise ProtocolError(f"a mint buys 1 … {MAX_MINT} credits")
         blindings = tuple(
             blind_bls.blind(period.period, secrets.token_bytes(blind_bls.NONCE_BYTES))
             for _ in range(count)
@@ -66,7 +66,7 @@ class ThresholdMintRequest:
         amount, signature = sign_purchase(
             payer_key, identifier, count, price_wei, expiry, chain_id, escrow
         )
-        body = ThresholdMint(
+        body = CreditMint(
             payer=payer,
             period=period.period,
             blinded=points,
@@ -84,9 +84,9 @@ class ThresholdMintRequest:
         }
 
     @classmethod
-    def from_json(cls, doc: Any) -> ThresholdMintRequest:
+    def from_json(cls, doc: Any) -> MintRequest:
         """As `to_json` wrote it; every blinded point is recomputed and must match the body."""
-        body = ThresholdMint.from_json(doc["body"])
+        body = CreditMint.from_json(doc["body"])
         blindings = tuple(
             blind_bls.blind(body.period, bytes.fromhex(nonce), int(factor, 16))
             for nonce, factor in doc["blindings"]
@@ -135,13 +135,13 @@ class ThresholdMintRequest:
 
 
 @dataclass(frozen=True)
-class PendingThresholdMint:
-    """A threshold purchase not yet in the wallet: the request, the `/credit_period` answer of
+class PendingMint:
+    """A purchase not yet in the wallet: the request, the `/credit_period` answer of
     its key period (to finalize with), the epoch it was drawn in (its funding window starts
     there or later: the record's own epoch wins once the mint is on chain) and whether its
     mint tx was seen committed."""
 
-    request: ThresholdMintRequest
+    request: MintRequest
     period_answer: Mapping[str, Any]
     epoch: int
     landed: bool = False
@@ -166,9 +166,9 @@ class PendingThresholdMint:
         }
 
     @classmethod
-    def from_json(cls, doc: Any) -> PendingThresholdMint:
+    def from_json(cls, doc: Any) -> PendingMint:
         pending = cls(
-            ThresholdMintRequest.from_json(doc),
+            MintRequest.from_json(doc),
             dict(doc["period_answer"]),
             int(doc["epoch"]),
             bool(doc["landed"]),
@@ -177,7 +177,7 @@ class PendingThresholdMint:
             raise ProtocolError(f"pending mint {pending.mint_id}: the key of another period")
         return pending
 
-    def seen_landed(self) -> PendingThresholdMint:
+    def seen_landed(self) -> PendingMint:
         return replace(self, landed=True)
 
 
