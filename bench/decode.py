@@ -1,7 +1,8 @@
 """Decode speed of one node's compute path: the hf path vs the fast path, int8 vs fp32 shards,
 one torch thread vs two, side by side in one process (issue 46, the CPU part).
 
-    python bench/decode.py --quick     # smoke run: 8 new tokens, 1 repeat (≤ 20 s)
+    python bench/decode.py --quick     # smoke run: 2 new tokens, 1 repeat, each quant's
+                                       # files hashed once (≤ 20 s on a quiet box)
     python bench/decode.py             # 64 new tokens, medians of 5 interleaved repeats
 
 The shards of the 3-part SmolLM2-135M circuit (the prepared cache) run in this process one after
@@ -27,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import machine, median, spread
+from bench._common import exit_now, machine, median, spread
 
 log = logging.getLogger("bench.decode")
 PROMPT = "The history of the printing press begins with"
@@ -35,14 +36,20 @@ PATHS = ("hf", "fast")
 QUANTS = ("none", "int8")
 
 
-def _circuit(quant: str, path: str) -> tuple[Any, list[Any]]:
+def _circuit(quant: str, path: str, head: Any = None) -> tuple[Any, list[Any]]:
+    """The client head and the 3 shards of `quant` on `path`. Given the quant's `head` (a
+    smoke run's second path of the same files), it is reused and the shard files, whose hashes
+    the first load checked, are not hashed again."""
     from harness.gateway_net import prepared_manifest
     from node.model.head import ClientHead
     from node.model.shard import ShardModel
 
     manifest = prepared_manifest(parts=3, quant=quant)
-    head = ClientHead.load(manifest, device="cpu")
-    shards = [ShardModel.load(manifest, k, device="cpu", path=path) for k in range(3)]
+    verify = head is None
+    head = head if head is not None else ClientHead.load(manifest, device="cpu")
+    shards = [
+        ShardModel.load(manifest, k, device="cpu", path=path, verify=verify) for k in range(3)
+    ]
     return head, shards
 
 
@@ -87,7 +94,9 @@ def llama_cpp_tok_s(gguf: Path, threads: int, new_tokens: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="8 tokens, 1 repeat")
+    parser.add_argument(
+        "--quick", action="store_true", help="2 tokens, 1 repeat, each quant's files hashed once"
+    )
     parser.add_argument("--new-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--threads", default="1,2", help="torch thread counts (default 1,2)")
@@ -97,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     import torch
 
-    new_tokens = args.new_tokens or (8 if args.quick else 64)
+    new_tokens = args.new_tokens or (2 if args.quick else 64)
     repeats = args.repeats or (1 if args.quick else 5)
     threads = [int(t) for t in args.threads.split(",") if t]
     loaded: dict[tuple[str, str], tuple[Any, list[Any]]] = {}
@@ -105,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     for quant in QUANTS:
         for path in PATHS:
             t0 = time.perf_counter()
-            loaded[(quant, path)] = _circuit(quant, path)
+            first = loaded.get((quant, PATHS[0]))  # --quick: its head and checked files
+            loaded[(quant, path)] = _circuit(
+                quant, path, first[0] if first and args.quick else None
+            )
             load_s[f"load_s_{path}_{_q(quant)}"] = round(time.perf_counter() - t0, 2)
     runs: dict[str, list[float]] = {}
     shard_ms: dict[str, list[float]] = {}
@@ -201,4 +213,4 @@ def _ratio(a: float, b: float) -> float:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

@@ -49,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine, median, parse_with_quick, spread
+from bench._common import exit_now, machine, median, parse_with_quick, spread
 
 log = logging.getLogger("bench.gateway")
 
@@ -428,4 +428,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

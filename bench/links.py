@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine, median, parse_with_quick, spread
+from bench._common import exit_now, machine, median, parse_with_quick, spread, stop_nodes
 
 log = logging.getLogger("bench.links")
 
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from node.client.types import Hop
     from node.model.head import ClientHead
-    from node.server.launcher import stop_pid, wait_healthy
+    from node.server.launcher import wait_healthy
     from node.server.run import configure_torch_threads
 
     configure_torch_threads(0)
@@ -334,8 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             handshakes=2 if args.quick else HANDSHAKES,
         )
     finally:
-        for node in nodes:
-            stop_pid(node.pid, grace_s=5)
+        stop_nodes(nodes)
     metrics["load_average_start_end"] = [load_start, [round(x, 2) for x in os.getloadavg()]]
     body = {
         "bench": "links",
@@ -362,4 +361,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

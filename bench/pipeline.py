@@ -3,9 +3,10 @@ per quant, activation bytes on the wire raw vs int8 — one JSON object on stdou
 
     python bench/pipeline.py            # 64 new tokens, 3 repeats
     python bench/pipeline.py --quick    # smoke run: the 3-part circuit, 4 new tokens, 1 repeat,
-                                        # no warm-up, monolithic at 1 thread in the client's
-                                        # process, wire bytes from a 4- minus a 2-token run,
-                                        # no perplexity, no codec check
+                                        # no warm-up, a short prompt, monolithic at 1 thread in
+                                        # the client's process (its shards not hashed again),
+                                        # wire bytes from a 2- minus a 1-token run, no
+                                        # perplexity, no codec check
 
 Everything is measured in one run, side by side and interleaved (the machine is shared):
 - monolithic: transformers `generate` on the whole fp32 model in this process (the reference a
@@ -37,11 +38,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine, median, spread
+from bench._common import exit_now, machine, median, spread, stop_nodes
 
 log = logging.getLogger("bench.pipeline")
 
 SPEED_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+QUICK_PROMPT = "Write a story."  # --quick: the prompt's length is not what a smoke run proves
 CHECK_PROMPTS: list[list[dict[str, str]]] = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [{"role": "user", "content": "Explain in a few sentences how a bicycle works."}],
@@ -307,11 +309,16 @@ def monolithic_worker(manifest: Path, new_tokens: int, threads: int, warm_up: bo
 
 
 def measure_monolithic(
-    manifest: Path, new_tokens: int, threads: int, warm_up: bool
+    manifest: Path,
+    new_tokens: int,
+    threads: int,
+    warm_up: bool,
+    prompt: str = SPEED_PROMPT,
+    verify: bool = True,
 ) -> dict[str, tuple[float, float]]:
     """transformers generate on the whole model and the shards chained in this process, at
     `threads` torch threads: {"monolithic": (prefill_ms, decode_tok_s), "monolithic_inprocess":
-    ...}."""
+    ...}. `verify=False`: the shard files are not hashed (the nodes serving them did)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -326,9 +333,10 @@ def measure_monolithic(
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     head = ClientHead.load(manifest, device="cpu")
     shards = [
-        ShardModel.load(manifest, e.shard_id, device="cpu") for e in Manifest.load(manifest).shards
+        ShardModel.load(manifest, e.shard_id, device="cpu", verify=verify)
+        for e in Manifest.load(manifest).shards
     ]
-    ids = head.chat_ids([{"role": "user", "content": SPEED_PROMPT}])
+    ids = head.chat_ids([{"role": "user", "content": prompt}])
     if warm_up:
         bench_monolithic_generate(model, ids, 4)
         bench_inprocess_shards(head, shards, ids, 4)
@@ -342,8 +350,8 @@ def run_monolithic(
     manifest: Path, new_tokens: int, threads: int, warm_up: bool = True, own_process: bool = True
 ) -> dict[str, tuple[float, float]]:
     """`measure_monolithic` in its own process (default OpenMP wait policy), or in this one
-    (`own_process=False`, --quick: one process start fewer; this process's torch threads are
-    set back afterwards)."""
+    (`own_process=False`, --quick: one process start fewer, the short prompt, the shard files
+    not hashed again; this process's torch threads are set back afterwards)."""
     import json
     import os
     import subprocess
@@ -353,7 +361,9 @@ def run_monolithic(
 
         before = configure_torch_threads(0)
         try:
-            return measure_monolithic(manifest, new_tokens, threads, warm_up)
+            return measure_monolithic(
+                manifest, new_tokens, threads, warm_up, QUICK_PROMPT, verify=False
+            )
         finally:
             configure_torch_threads(before)
 
@@ -419,12 +429,13 @@ def main(argv: list[str] | None = None) -> int:
     skip_codec = args.skip_codec or args.quick
     warm_up = not args.quick
     mono_threads_list = (1,) if args.quick else (1, 2)
-    wire_lengths = (2, 4) if args.quick else (8, 40)
+    wire_lengths = (1, 2) if args.quick else (8, 40)
+    prompt_text = QUICK_PROMPT if args.quick else SPEED_PROMPT
     progress = lambda message: log.info("%s", message)  # noqa: E731
 
     from node.client.types import Hop
     from node.model.head import ClientHead
-    from node.server.launcher import stop_pid, wait_healthy
+    from node.server.launcher import wait_healthy
     from node.server.run import configure_torch_threads
     from protocol.frames.codecs import COMPRESSED_CODEC, body_size, encode_body
     from protocol.frames.header import FRAME_HEADER_BYTES
@@ -441,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest3 = Path(next(iter(circuits.values()))[0])
         manifest3 = Path(circuits[3][0]) if 3 in circuits else manifest3
         head = ClientHead.load(manifest3, device="cpu")
-        ids = head.chat_ids([{"role": "user", "content": SPEED_PROMPT}])
+        ids = head.chat_ids([{"role": "user", "content": prompt_text}])
         for parts, (_, nodes) in circuits.items():
             wait_healthy(nodes, timeout_s=300)
             log.info("%d-part circuit healthy", parts)
@@ -569,9 +580,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics[f"{label}_first_divergence_step"] = first_divergence
         metrics["compressed_codec"] = COMPRESSED_CODEC
     finally:
-        for _, nodes in circuits.values():
-            for node in nodes:
-                stop_pid(node.pid, grace_s=5)
+        stop_nodes([node for _, nodes in circuits.values() for node in nodes])
 
     log.info("nodes stopped")
     sizes = shard_sizes(args.quick)
@@ -632,4 +641,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

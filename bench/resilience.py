@@ -25,8 +25,8 @@ shards, two nodes per shard, the client (node/client/failover.py) in this proces
 second shard-1 node slowed): shard 1 downloaded from 1 and from 2 peers; one counted question
 load-aware and one random after one warm-up; one kill -9 mid-answer and its failover, the killed
 node restarted while the quiet answers and the quiet load run (the smoke proves the path, not the
-figure); 2 s of quiet load and 2 s of churn with one kill of a replicated node (restarted without
-waiting: the network closes next). 4 new tokens per answer.
+figure); 1 s of quiet load and 1 s of churn with one kill of a replicated node half a second in
+(restarted without waiting: the network closes next). 4 new tokens per answer.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine, parse_with_quick
+from bench._common import exit_now, machine, parse_with_quick
 from harness.gateway_net import prepared_manifest
 from harness.replica_net import ReplicaNet, chunked_model
 from node.client.costs import CostBook
@@ -299,9 +299,9 @@ def main(argv: list[str] | None = None) -> int:
             "tokens": 4,
             "prompt_words": [8],
             "kills": 1,
-            "churn_s": 2.0,
+            "churn_s": 1.0,
             "churn_concurrency": 2,
-            "churn_every_s": 1.0,
+            "churn_every_s": 0.5,
             "slow_questions": 1,
             "slow_warmup": 1,
             "chunk_rate_mb": 256.0,
@@ -458,4 +458,4 @@ def full_phases(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -11,7 +11,7 @@ node had at any poll (1 s) and polls where one was untrusted.
 
 `--quick` (the smoke run): the int8 pool only, two honest nodes (one per shard), epochs of 5
 blocks, challenges of 8 prompt + 4 continuation tokens and 4-token sampled checks, until one
-challenge has been scored.
+challenge has been scored (its log and the reputations read every 0.2 s, not every second).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine, parse_with_quick
+from bench._common import exit_now, machine, parse_with_quick
 
 log = logging.getLogger("bench.verifier_honest")
 # --quick: short challenges and sampled checks (the reference writes ~70 ms of CPU per token)
@@ -51,6 +51,7 @@ def run_pool(
     epoch_blocks: int,
     honest: list[int],
     verifier_args: tuple[str, ...] = (),
+    poll_s: float = 1.0,
 ) -> dict[str, Any]:
     from harness.gateway_net import prepared_manifest
     from harness.verifier_net import VerifierNet
@@ -84,7 +85,7 @@ def run_pool(
                 ]
                 if len({e for e, _, _ in seen}) >= epochs:
                     break
-                time.sleep(1.0)
+                time.sleep(poll_s)
             applied = {
                 key: record
                 for key, record in net.query("/reputations")["reputations"].items()
@@ -130,7 +131,14 @@ def main() -> int:
         started = time.monotonic()
         honest = [int(shard) for shard in args.honest.split(",")]
         result = run_pool(
-            quant, args.epochs, args.challenges, args.timeout, args.epoch_blocks, honest, short
+            quant,
+            args.epochs,
+            args.challenges,
+            args.timeout,
+            args.epoch_blocks,
+            honest,
+            short,
+            poll_s=0.2 if args.quick else 1.0,
         )
         label = {"none": "fp32"}.get(quant, quant)
         for name, value in result.items():
@@ -165,4 +173,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

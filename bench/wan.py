@@ -3,7 +3,8 @@
     python bench/wan.py [--latencies 0,20,50,100] [--new-tokens 48] [--lookahead 6] [--quick]
 
 `--quick` (the smoke run): 2 nodes, 0 ms links only (the proxies still relay every byte), 4 new
-tokens, one prompt of each set, the monolithic prefill timed once, the cached prepared shards.
+tokens, the shortest prompt of each set, the monolithic prefill timed once without a warm-up
+(its shards not hashed again: the nodes did), the cached prepared shards.
 
 Three node processes on loopback; every connection to node i (the client's link and the
 previous node's) goes through a proxy that delays the bytes of each direction by the link's
@@ -41,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import machine, parse_with_quick
+from bench._common import exit_now, machine, parse_with_quick, stop_nodes
 from bench._prompt_sets import heldout_prompts, repetitive_prompts
 
 log = logging.getLogger("bench.wan")
@@ -210,7 +211,7 @@ def circuit(
     from harness.ports import ephemeral_port
     from node.client.types import Hop
     from node.model.prepare import prepare
-    from node.server.launcher import free_ports, start_node, stop_pid, wait_healthy
+    from node.server.launcher import free_ports, start_node, wait_healthy
 
     manifest = (
         prepared_manifest(parts=parts, quant="none")
@@ -239,8 +240,7 @@ def circuit(
         wait_healthy(nodes, timeout_s=240)
         yield manifest, [Hop(url=url, shard=i) for i, url in enumerate(urls)], links
     finally:
-        for node in nodes:
-            stop_pid(node.pid, grace_s=5)
+        stop_nodes(nodes)
         links.close()
 
 
@@ -294,9 +294,12 @@ async def one_generation(
     }
 
 
-def monolithic_prefill_ms(manifest: Path, head: Any, ids: list[int], repeats: int = 3) -> float:
+def monolithic_prefill_ms(
+    manifest: Path, head: Any, ids: list[int], repeats: int = 3, *, quick: bool = False
+) -> float:
     """Median ms of the whole model's prefill of `ids` in this process (all shards in a row, no
-    links): the first-token target is one round trip per hop + 1.5 × this."""
+    links): the first-token target is one round trip per hop + 1.5 × this. `quick`: no
+    warm-up run, and the shard files are not hashed again (the nodes serving them did)."""
     import torch
 
     from node.model.shard import ShardModel
@@ -305,19 +308,21 @@ def monolithic_prefill_ms(manifest: Path, head: Any, ids: list[int], repeats: in
     if shards is None:
         count = len(json.loads(Path(manifest).read_text())["shards"])
         shards = _SHARDS[manifest] = [
-            ShardModel.load(manifest, k, device="cpu") for k in range(count)
+            ShardModel.load(manifest, k, device="cpu", verify=not quick) for k in range(count)
         ]
     positions = torch.arange(len(ids))
+    warm = 0 if quick else 1  # the first run warms up
     times = []
     with torch.inference_mode():
-        for _ in range(repeats + 1):  # the first run warms up
+        for _ in range(repeats + warm):
             started = time.perf_counter()
             hidden = head.embed(ids)
             for shard in shards:
                 hidden = shard.forward(hidden, positions, shard.new_cache())
             head.logits(hidden[:, -1])
             times.append((time.perf_counter() - started) * 1000)
-    return sorted(times[1:])[len(times[1:]) // 2]
+    timed = times[warm:]
+    return sorted(timed)[len(timed) // 2]
 
 
 _SHARDS: dict[Path, list[Any]] = {}
@@ -352,7 +357,10 @@ async def measure(
         links.set_latency(latency)
         async with CircuitClient(hops, hidden_size=head.hidden_size) as client:
             for set_name, prompts in sets.items():
-                chosen = list(prompts.items())[: args.prompts]
+                chosen = list(prompts.items())
+                if args.quick:  # the shortest first: a smoke run proves the path, not the figure
+                    chosen.sort(key=lambda item: len(head.chat_ids(item[1])))
+                chosen = chosen[: args.prompts]
                 runs: dict[str, list[dict[str, Any]]] = {"plain": [], "spec": []}
                 identical = True
                 for _ in range(args.repeats):
@@ -360,7 +368,11 @@ async def measure(
                         ids = head.chat_ids(messages)
                         if tuple(ids) not in mono:
                             mono[tuple(ids)] = monolithic_prefill_ms(
-                                manifest, head, ids, repeats=1 if args.quick else 3
+                                manifest,
+                                head,
+                                ids,
+                                repeats=1 if args.quick else 3,
+                                quick=args.quick,
                             )
                         plain = await one_generation(client, head, ids, args.new_tokens, None, hops)
                         spec = await one_generation(
@@ -460,4 +472,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -21,6 +21,7 @@ import json
 import os
 import signal
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,9 +187,13 @@ class ReplicaNet:
         for index in list(self.frozen):
             with contextlib.suppress(RuntimeError, ProcessLookupError):
                 self.thaw(index)
-        for replica in self.replicas:
-            if replica.process is not None:
-                stop_pid(replica.process.pid, grace_s=3, module=replica.module)
+        # side by side: a node that outstays its grace (a link open to a node already gone)
+        # costs the whole grace once, not once per node
+        running = [r for r in self.replicas if r.process is not None]
+        if not running:
+            return
+        with ThreadPoolExecutor(max_workers=len(running)) as pool:
+            list(pool.map(lambda r: stop_pid(r.process.pid, grace_s=3, module=r.module), running))
 
     # --- asking -----------------------------------------------------------------------------
     def source(

@@ -33,14 +33,14 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 import numpy as np
 
 from node.client.capabilities import hop_capability, hop_feed, hop_tag
-from node.client.paying import CreditPayer
+from node.client.paying import CreditPayer, UnpaidError
 from node.client.sampling import SamplingConfig
 from node.client.speculation import SpeculationConfig, SpeculationStats
 from node.client.types import Head, Hop, Timings
@@ -61,6 +61,7 @@ from protocol.stream import (
     MAX_SESSION_FRAMES,
     CreditNotTakenError,
     NextHop,
+    PaymentRequiredError,
     not_taken_id,
     open_message,
     parse_control,
@@ -84,7 +85,11 @@ class BadStreamAnswerError(ProtocolError):
     http_status = 502
 
 
-def _node_error(hop: Hop, code: str, message: str) -> PlanetError:
+def _node_error(hop: Hop, code: str, message: str, *, unpaid: bool = False) -> PlanetError:
+    """The error a hop's refusal raises; `unpaid`: the client sent that hop its positions
+    unpaid, knowing it charges (a `payment_required` from it is then final: `UnpaidError`)."""
+    if unpaid and code == PaymentRequiredError.code:
+        return UnpaidError(hop.url, hop.shard, message)
     if code == "busy":
         return BusyError(
             f"node {hop.url} (shard {hop.shard}) is busy: {message}",
@@ -143,10 +148,12 @@ class _Link:
             return
         if control.op == "error":
             code = control.code or "http_error"
-            error = _node_error(self.hop, code, control.message or "")
-            # a hop that could not reach (or attach to) its next hop names that hop as the fault
-            blamed = self.index + 1 if code == "downstream_unavailable" else self.index
-            self.client.blame_hop(control.sid, min(blamed, len(self.client.hops) - 1))
+            unpaid = self.client.unpaid(self.index)
+            error = _node_error(self.hop, code, control.message or "", unpaid=unpaid)
+            if not isinstance(error, UnpaidError):  # that one is the client's doing, not the hop's
+                # a hop that could not reach (or attach to) its next hop names it as the fault
+                blamed = self.index + 1 if code == "downstream_unavailable" else self.index
+                self.client.blame_hop(control.sid, min(blamed, len(self.client.hops) - 1))
             if future is not None and not future.done():
                 future.set_exception(error)
             elif control.sid in self.client.outputs:
@@ -252,6 +259,7 @@ class CircuitClient:
         plaintext_links: bool = False,
         payer: CreditPayer | None = None,
         overlay: Callable[[Hop], Awaitable[Any]] | None = None,
+        known_prices: Mapping[str, int] | None = None,
     ) -> None:
         if not hops:
             raise ConfigError("a circuit needs at least one node")
@@ -273,6 +281,10 @@ class CircuitClient:
         # pays the charging hops a credit per chunk of positions, ahead of each frame
         # (node/client/paying.py); None: the nodes compute for free (or are paid otherwise)
         self.payer = payer
+        # without a payer: each hop's price (positions per credit, 0 free) as this client
+        # learned it (node/client/replicas.py: /info), so that a `payment_required` from a hop
+        # it knowingly sent unpaid is final (`unpaid`); unknown: a node believed free
+        self.known_prices = known_prices if known_prices is not None else {}
         self._sent: dict[int, int] = {}  # sid → positions sent (every hop computes each)
         self._http = http
         self._own_http = http is None
@@ -350,6 +362,13 @@ class CircuitClient:
                 "credits sent to hops that never opened their session nor gave them back: %d",
                 payer.unsettled(opened),
             )
+
+    def unpaid(self, index: int) -> bool:
+        """Hop `index` charges credits, as far as this client knows, and this client pays no
+        node: its positions go there unpaid, and its `payment_required` is this client's own
+        doing (`UnpaidError`, final). With a payer every charging hop is paid ahead of each
+        frame, so a refusal means the hop did not count what it was paid: its failure."""
+        return self.payer is None and self.known_prices.get(self.hops[index].url, 0) > 0
 
     # ------------------------------------------------------------------------------- tokens
     def capabilities(self, secret: str) -> list[str]:

@@ -30,6 +30,13 @@ pick the same argmax: the prompt's frames are the same as the first time; the fe
 computed as one chunk instead of one step each, which changes results only in the last bits
 (the same caveat as batched decode steps, docs/compute.md).
 
+What does not fail over: the wallet's or the user's limit (`OutOfCreditsError`,
+`PriceTooHighError`) and a `payment_required` for positions the client sent unpaid to a node it
+knew charges (`UnpaidError`: it pays no node, and every node it could be sent to instead charges
+too) end the question by name at once, no node blamed (node/client/paying.py). A
+`payment_required` from a node the client did pay is that node's failure (it did not count what
+it was paid) and is replaced like any other.
+
 Every surviving hop is in the new session too (its old session was fed by, or fed into, the
 failed hop); they recompute the history, and are credited for it (`Failover.served`).
 
@@ -61,7 +68,7 @@ import aiohttp
 import numpy as np
 
 from node.client.capabilities import new_session_id
-from node.client.paying import OutOfCreditsError, PriceTooHighError
+from node.client.paying import FINAL_PAYMENT_ERRORS
 from node.client.sampling import SamplingConfig, sample
 from node.client.speculation import SpeculationConfig, SpeculationStats, propose, verify
 from node.client.types import Failover, Head, Hop, Timings
@@ -378,8 +385,10 @@ async def generate(
                         if passes >= MIN_OBSERVED_PASSES:
                             source.observe([hop.url for hop in client.hops], passes_s / passes)
                         await client.close(sid)
-            except (OutOfCreditsError, PriceTooHighError):
-                raise  # the wallet's or the user's limit: another try would pay nothing better
+            except FINAL_PAYMENT_ERRORS:
+                # the wallet's or the user's limit, or nodes that charge a client paying none
+                # (`UnpaidError`): another try would pay nothing better; no node is blamed
+                raise
             except Outpriced as slow:
                 moves += 1
                 if recovering is not None:

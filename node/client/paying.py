@@ -40,7 +40,7 @@ from protocol.credits import (
     lifetime_from_query,
     oldest_takeable_epoch,
 )
-from protocol.errors import PlanetError, ProtocolError
+from protocol.errors import PlanetError, ProtocolError, RemoteError
 from protocol.paid_credits import PaidCredit, spent_id
 
 log = logging.getLogger(__name__)
@@ -73,11 +73,38 @@ class PriceTooHighError(ProtocolError):
         )
 
 
+class UnpaidError(RemoteError):
+    """A node refused a session `payment_required` that this client sent it unpaid, knowing
+    the node charges (its price as the client learned it) and paying no node (`planet ask`
+    without `--credits`). It is the client's own doing, not the node's: every node this client
+    would be routed to instead charges too (a client that pays nobody is routed to a charging
+    node only when no free one serves the shard) and refuses the same. So it is final for the
+    question, like `OutOfCreditsError`: no replay, the node neither blamed nor avoided.
+
+    A `payment_required` from a node the client *did* pay (or believed free) is not this: that
+    node did not count what it was paid (a price above the one it announced, a credit it could
+    not check, a `pay` that came late), which another replica would not share, so it stays an
+    ordinary node failure (a `RemoteError`) and the question fails over."""
+
+    def __init__(self, url: str, shard: int, message: str) -> None:
+        peer = f"node {url} (shard {shard})"
+        super().__init__(peer, "payment_required", message, http_status=402)
+        self.hint = (
+            "the node computes only positions paid with credits: ask with `--credits` "
+            "(buy some with `planet credits buy N`; see `planet credits show`)"
+        )
+
+
 def accepts_price(min_positions: int) -> Callable[[int], bool]:
     """The nodes a payer with floor `min_positions` takes into a circuit, by their price
     (positions per credit): free ones, and charging ones no dearer than the floor (a dearer one
     would stop the question with `PriceTooHighError`). A router's `accept_price`."""
     return lambda price: price == 0 or price >= min_positions
+
+
+# what stops a question for good: the wallet's or the user's limit, or nodes that charge a
+# client that pays none; another circuit would pay (or be paid) no better, so no failover
+FINAL_PAYMENT_ERRORS = (OutOfCreditsError, PriceTooHighError, UnpaidError)
 
 
 def split(credits: list[PaidCredit], owed: list[int]) -> list[list[PaidCredit]]:

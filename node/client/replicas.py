@@ -8,6 +8,12 @@ sessions), drops a node that answers for another model, shard or layer range, an
 node per shard with `CostBook.choose` (random among the near-cheapest, overloaded ones last).
 After a failure the suspect hops are replaced by another node of their shard, and the failed
 nodes sit out `avoid_s` (used again only when a shard has no other node).
+
+Prices (each node's /info `credit_positions`): a node this client can pay comes first — a free
+one, or with `credits` one no dearer than the floor — and a charging node is picked for a client
+that pays none only when no free node serves its shard. So such a node's `payment_required` is
+the client's own doing, shared by every node it could be sent to instead: final for the question
+(`node.client.paying.UnpaidError`), no replay, the node not avoided.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from node.client.costs import CostBook
 from node.client.credit_wallet import CreditWallet
 from node.client.failover import unhealthy_hops
 from node.client.info import node_info
-from node.client.paying import MIN_POSITIONS, CreditPayer
+from node.client.paying import MIN_POSITIONS, CreditPayer, accepts_price
 from node.client.types import Hop
 from protocol.errors import ConfigError, PlanetError
 
@@ -89,6 +95,10 @@ class ReplicaCircuits:
             if credits is None
             else CreditPayer(credits, self.prices, min_positions=min_credit_positions)
         )
+        # which prices this client pays: free nodes only without credits
+        self._payable = (
+            (lambda price: price == 0) if credits is None else accepts_price(min_credit_positions)
+        )
 
     # ------------------------------------------------------------------------------ choosing
     async def refresh(self) -> None:
@@ -126,11 +136,13 @@ class ReplicaCircuits:
         return until is not None and until > self._clock()
 
     def pick(self, shard: int, exclude: frozenset[str] = frozenset()) -> Hop:
-        """The node for `shard`: by cost among the usable ones; an avoided or excluded node
-        only when nothing else serves the shard."""
+        """The node for `shard`: by cost among the usable ones this client can pay (module
+        docstring); an avoided or excluded node only when nothing else serves the shard, one
+        it cannot pay only when no other is usable."""
         hops = [h for h in self.by_shard[shard] if h not in self._wrong] or self.by_shard[shard]
         usable = [h for h in hops if h.url not in exclude and not self._avoided(h)]
-        chosen = self.costs.choose(usable or hops, lambda h: h.url)
+        payable = [h for h in usable if self._payable(self.prices.get(h.url, 0))]
+        chosen = self.costs.choose(payable or usable or hops, lambda h: h.url)
         assert chosen is not None  # every shard has a node (checked in __init__)
         return chosen
 
@@ -169,6 +181,7 @@ class ReplicaCircuits:
             http=self.http,
             plaintext_links=self.plaintext_links,
             payer=self.payer,
+            known_prices=self.prices,
         )
         async with client:
             yield client

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from node.client.failover import FAILURES, FailoverPolicy, generate, unhealthy_hops
-from node.client.paying import OutOfCreditsError, PriceTooHighError
+from node.client.paying import FINAL_PAYMENT_ERRORS
 from node.client.sampling import SamplingConfig
 from node.client.speculation import SpeculationConfig
 from node.client.types import Head, Hop, Timings
@@ -235,8 +235,10 @@ class Generation:
                 "node_failed",
                 "a compute node failed during the question and no other node serves its shard",
             ) from None
-        except (OutOfCreditsError, PriceTooHighError):
-            raise  # the user's credits or price limit (a personal client), not a node's fault
+        except FINAL_PAYMENT_ERRORS:
+            # the user's credits or price limit (a personal client), or a node it sent unpaid
+            # (`UnpaidError`): not a node's fault; answered 402 by its own name
+            raise
         except NODE_ERRORS as error:
             log.warning(
                 "question failed circuits=%d error=%s",

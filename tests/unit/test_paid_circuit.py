@@ -230,6 +230,47 @@ async def test_a_client_that_does_not_pay_is_stopped_by_name_and_the_node_serves
         assert len([t async for t in _generate(client, head, ids)]) == STEPS
 
 
+async def test_a_client_paying_no_node_is_refused_once_and_no_node_is_avoided(
+    aiohttp_server, tiny, tmp_path
+) -> None:
+    """`planet ask` without --credits over nodes whose /info says they charge: the first
+    `payment_required` ends the question by name, with a hint on how to pay. No replay on a
+    replacement circuit (each would wait the node's pay-wait for the same refusal), no node
+    avoided: it did nothing wrong (issue 41)."""
+    manifest, _ = tiny
+    chain, node = node_chain()
+    servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    head = ClientHead.load(manifest, device="cpu")
+    plan = Manifest.load(manifest)
+    async with aiohttp.ClientSession() as http:
+        source = ReplicaCircuits(
+            http,
+            hops,
+            expected={s.shard_id: (plan.model_hash, s.layers) for s in plan.shards},
+            hidden_size=64,
+        )
+        with pytest.raises(RemoteError) as refused:
+            _ = [
+                t
+                async for t in generate(
+                    source,
+                    head,
+                    head.encode(PROMPT),
+                    max_new_tokens=STEPS,
+                    stop_on_eos=False,
+                    policy=FailoverPolicy(backoff_s=0.0, stall_s=None),
+                )
+            ]
+    error = refused.value
+    assert error.code == "payment_required" and error.http_status == 402
+    assert "0 credits paid" in error.message
+    assert error.hint is not None and "--credits" in error.hint
+    assert source.circuits == [tuple(hops)]  # the one circuit: nothing replayed
+    assert not source._avoid  # neither node sits out for it
+    assert [len(s.app[STATE_KEY].store) for s in servers] == [0, 0]
+    assert [list(spool.held()) for spool in spools] == [[], []]
+
+
 async def test_a_credit_shown_twice_altered_or_for_another_link_is_refused_by_name(
     aiohttp_server, tiny, tmp_path
 ) -> None:
