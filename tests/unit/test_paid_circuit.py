@@ -238,7 +238,7 @@ async def test_a_client_paying_no_node_is_refused_once_and_no_node_is_avoided(
     replacement circuit (each would wait the node's pay-wait for the same refusal), no node
     avoided: it did nothing wrong (issue 41)."""
     manifest, _ = tiny
-    chain, node = node_chain()
+    chain, node = node_chain(tmp_path)
     servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
     head = ClientHead.load(manifest, device="cpu")
     plan = Manifest.load(manifest)
