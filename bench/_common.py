@@ -7,10 +7,9 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn
+from typing import Any
 
 
 def machine() -> dict[str, Any]:
@@ -79,14 +78,3 @@ def stop_nodes(nodes: Sequence[Any], grace_s: float = 5.0) -> None:
         return
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         list(pool.map(lambda node: stop_pid(node.pid, grace_s=grace_s, module=node.module), nodes))
-
-
-def exit_now(code: int) -> NoReturn:
-    """End a bench process once its JSON object is out: flush, then `os._exit`. The
-    interpreter's teardown after model weights were loaded in process is C-level work with
-    nothing left to do, and costs 8-10 s on a loaded 2-core box (measured: the 3-part fp32
-    shards loaded, 9-11 s from `atexit` to the process's end). Child processes are stopped and
-    temporary directories removed before this is called."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -28,7 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import exit_now, machine, median, spread
+from bench._common import machine, median, spread
+from node.procs import exit_process
 
 log = logging.getLogger("bench.decode")
 PROMPT = "The history of the printing press begins with"
@@ -213,4 +214,4 @@ def _ratio(a: float, b: float) -> float:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    exit_process(main)

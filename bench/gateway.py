@@ -49,7 +49,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import exit_now, machine, median, parse_with_quick, spread
+from bench._common import machine, median, parse_with_quick, spread
+from node.procs import exit_process
 
 log = logging.getLogger("bench.gateway")
 
@@ -428,4 +429,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    exit_process(main)

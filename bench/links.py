@@ -30,7 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import exit_now, machine, median, parse_with_quick, spread, stop_nodes
+from bench._common import machine, median, parse_with_quick, spread, stop_nodes
+from node.procs import exit_process
 
 log = logging.getLogger("bench.links")
 
@@ -361,4 +362,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    exit_process(main)

@@ -38,7 +38,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import exit_now, machine, median, spread, stop_nodes
+from bench._common import machine, median, spread, stop_nodes
+from node.procs import exit_process
 
 log = logging.getLogger("bench.pipeline")
 
@@ -641,4 +642,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    exit_process(main)

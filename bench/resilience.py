@@ -48,13 +48,14 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import exit_now, machine, parse_with_quick
+from bench._common import machine, parse_with_quick
 from harness.gateway_net import prepared_manifest
 from harness.replica_net import ReplicaNet, chunked_model
 from node.client.costs import CostBook
 from node.client.failover import FailoverPolicy
 from node.model.fetch import fetch_shard
 from node.model.manifest import Manifest
+from node.procs import exit_process
 
 log = logging.getLogger("bench.resilience")
 
@@ -458,4 +459,4 @@ def full_phases(
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    exit_process(main)

@@ -28,7 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import exit_now, machine, parse_with_quick
+from bench._common import machine, parse_with_quick
+from node.procs import exit_process
 
 log = logging.getLogger("bench.verifier_honest")
 # --quick: short challenges and sampled checks (the reference writes ~70 ms of CPU per token)
@@ -173,4 +174,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    exit_process(main)

@@ -42,8 +42,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import exit_now, machine, parse_with_quick, stop_nodes
+from bench._common import machine, parse_with_quick, stop_nodes
 from bench._prompt_sets import heldout_prompts, repetitive_prompts
+from node.procs import exit_process
 
 log = logging.getLogger("bench.wan")
 PORTS = (20400, 20500)  # this bench's share of the port range: 3 nodes, 3 proxies, 1 API
@@ -472,4 +473,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    exit_process(main)

@@ -152,6 +152,12 @@ def exit_process(main: Callable[[], int | None]) -> NoReturn:
         status = 0 if code is None else code
     except SystemExit as stop:
         status = exit_code(stop)
+    leave(status)
+
+
+def leave(status: int) -> NoReturn:
+    """End this process with `status` as `exit_process` does (threads joined, atexit run,
+    output flushed, no teardown)."""
     threading._shutdown()  # type: ignore[attr-defined]  # what interpreter exit runs first
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
