@@ -52,15 +52,17 @@ def personal_client(
     credits_file: Path | None = None,
     route: str | None = None,
     token_file: Path | None = None,
+    port: int | None = None,
     timeout_s: float = 180.0,
     extra_args: tuple[str, ...] = (),
 ) -> Iterator[PersonalClient]:
-    """The personal client paying from `credits_file` (default: $PLANET_HOME's), serving on a
-    free loopback port with its token in `token_file` (default: `<log_path>.token`; drawn at
-    its first start, reused after); yields its port and token. Raises AssertionError with the
-    log's tail if it exits or does not answer within `timeout_s`; when the body fails, the
-    log's tail (INFO and up) goes to stderr, which pytest shows with the failure."""
-    port = ephemeral_port()
+    """The personal client paying from `credits_file` (default: $PLANET_HOME's), serving on
+    `port` (default: a free loopback port) with its token in `token_file` (default:
+    `<log_path>.token`; drawn at its first start, reused after); yields its port and token.
+    Raises AssertionError with the log's tail if it exits or does not answer within
+    `timeout_s`; when the body fails, the log's tail (INFO and up) goes to stderr, which pytest
+    shows with the failure."""
+    port = port if port is not None else ephemeral_port()
     # -v: its INFO lines (circuits, payments, refusals) in the log, for whoever reads a failure
     command = [sys.executable, "-m", "planet", "-v", "gateway", "serve", "--personal"]
     command += ["--manifest", str(manifest), "--committee-rpc", committee_rpc]

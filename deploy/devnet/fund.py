@@ -17,7 +17,7 @@ from typing import Any
 
 from deploy.anvil import ANVIL_DEV_ADDRESS, DEVNET_CHAIN_ID, rpc_call
 from deploy.devnet.hosts import Placement, inside, require_lab
-from deploy.devnet.plan import devnet_dir, read_state, write_state
+from deploy.devnet.plan import devnet_dir, read_state, state_lock, write_state
 from deploy.evm import ETHER
 from protocol.errors import PlanetError, UnavailableError, UsageError
 from protocol.eth import parse_eth
@@ -92,11 +92,23 @@ def fund(home: Path, address: str, wei: int, evm_rpc: str | None = None) -> dict
                 f"EVM RPC {rpc} did not answer ({error})",
                 hint="`planet devnet status` shows whether anvil runs",
             ) from None
-    accounts = state.setdefault("accounts", [])
-    if not any(str(a.get("address", "")).lower() == address.lower() for a in accounts):
+    _list_account(directory, address)
+    return {"address": address, "wei": str(wei), "balance_wei": str(balance), "tx": tx}
+
+
+def _list_account(directory: Path, address: str) -> None:
+    """Add `address` to devnet.json's accounts, the state read again under its lock: `fund`
+    commands run side by side each keep their address (the state read before the transfer
+    would lose another's, written meanwhile)."""
+    with state_lock(directory):
+        state = read_state(directory)
+        if state is None:  # the devnet went down meanwhile
+            return
+        accounts = state.setdefault("accounts", [])
+        if any(str(a.get("address", "")).lower() == address.lower() for a in accounts):
+            return
         accounts.append({"name": "funded", "address": address, "keystore": None, "home": None})
         write_state(directory, state)
-    return {"address": address, "wei": str(wei), "balance_wei": str(balance), "tx": tx}
 
 
 def _check_devnet_chain(rpc: str) -> None:

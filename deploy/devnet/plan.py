@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,3 +117,15 @@ def write_state(directory: Path, state: dict[str, Any]) -> None:
     tmp = directory / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(state, indent=1) + "\n")
     tmp.replace(directory / STATE_FILE)
+
+
+@contextmanager
+def state_lock(directory: Path) -> Iterator[None]:
+    """Hold the devnet.json lock (an flock on devnet.json.lock) around a read-modify-write of
+    the state by a command that may run beside others of its kind (`planet devnet fund`)."""
+    with (directory / (STATE_FILE + ".lock")).open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

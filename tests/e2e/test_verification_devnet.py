@@ -1,7 +1,7 @@
 """Verification on the devnet, with a verifier per validator and cheating nodes, driven only
 through the CLI, HTTP and RPC (one `planet devnet up` for the module).
 
-    planet devnet up --detach --cheat-node substitute-skip:2 --cheat-node silent \
+    planet devnet up --detach --replicas 1 --cheat-node substitute-skip:2 --cheat-node silent \
         --cheat-node noise:0.1:4:withhold
 
 Real processes throughout: anvil with the contracts, 4 CometBFT validators with their apps and
@@ -37,7 +37,10 @@ What the module shows, each from the chain's own answers:
 
 Its own devnet, not the shared one (tests/e2e/conftest.py): cheating nodes, a verifier per
 validator that slashes them, and at the end the honest nodes leave — the shared devnet runs
-no verifiers and its genesis nodes serve every other module.
+no verifiers and its genesis nodes serve every other module. Its epochs are the devnet's
+default (the `devnet` fixture says why not shorter); what is independent runs side by side
+(the charging operators' fund-stake-join, the purchases and the restarted verifier's model
+load, the `planet status` reads, the block reads).
 """
 
 from __future__ import annotations
@@ -107,6 +110,13 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def devnet(env: dict[str, str]) -> Iterator[dict[str, Any]]:
+    # The devnet's default epochs (20 blocks, ~10-13 s on the shared box), not the shared
+    # devnet's 10: what this module asserts is counted in epochs (the cheaters untrusted within
+    # 5 epochs of the first check, accusations settled SETTLE_EPOCHS = 3 after their vote),
+    # what delays it in seconds (a challenge ~7 s on a busy box; the gateway's 30 s cooldown of
+    # a node that failed a frame, which with one node per shard leaves a shard unserved; ticket
+    # fetches). Measured 2026-12-05 on the default: the noisy node convicted 3 epochs after the
+    # first check, ~55 s, most of it such a cooldown — ~9 epochs of 10 blocks.
     cheats = [arg for mode in CHEATS for arg in ("--cheat-node", mode)]
     up = _planet(env, "devnet", "up", "--detach", "--replicas", "1", *cheats, timeout=UP_TIMEOUT_S)
     state_path = Path(env["PLANET_HOME"]) / "devnet" / "devnet.json"
@@ -245,8 +255,12 @@ def test_cheaters_untrusted_and_slashed_within_5_epochs_honest_rise(env, devnet)
             f"{name}'s stake slashed",
             every_s=1.0,
         )
-    assert all(_evm_stake(env, operators[c]["home"]) < 10**18 for c in cheaters)
-    assert all(_evm_stake(env, operators[h]["home"]) == 10**18 for h in honest)
+    names = (*cheaters, *honest)
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:  # the 5 processes side by side
+        read = pool.map(lambda name: _evm_stake(env, operators[name]["home"]), names)
+        stakes = dict(zip(names, read, strict=True))
+    assert all(stakes[c] < 10**18 for c in cheaters), stakes
+    assert all(stakes[h] == 10**18 for h in honest), stakes
 
     # honest nodes: reputation up from 0.5, routable, never accused
     def risen() -> bool:
@@ -313,15 +327,17 @@ def test_no_verifier_is_marked_for_a_false_accusation(devnet) -> None:
 
 
 def test_status_commands_and_the_dapp_show_the_flags(env, devnet) -> None:
-    status = _planet(env, "devnet", "status", timeout=60)
+    silent_home = devnet["operators"][4]
+    with ThreadPoolExecutor(max_workers=2) as pool:  # the two commands side by side
+        asked = pool.submit(_planet, env, "devnet", "status", timeout=60)
+        mine = _planet(env, "status", "--home", silent_home, timeout=60)
+        status = asked.result()
     assert status.returncode == 0, status.stderr
     assert "(uncommitted)" in status.stdout
     # each verifier up, its findings URL on chain (where its peers fetch the tickets it failed)
     shown = r"verifier of validator(\d): up, findings at (http://\S+)"
     verifiers = re.findall(shown, status.stdout)
     assert sorted(i for i, _ in verifiers) == ["0", "1", "2", "3"], status.stdout
-    silent_home = devnet["operators"][4]
-    mine = _planet(env, "status", "--home", silent_home, timeout=60)
     assert mine.returncode == 0, mine.stderr
     assert re.search(r"routable\s+no \(uncommitted\)", mine.stdout), mine.stdout
     with urllib.request.urlopen(devnet["gateway_url"] + "/v1/network", timeout=10) as answer:
@@ -412,40 +428,34 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     with_password = {**env, "PLANET_PASSWORD": password}
     start_height = int(_rpc(rpc, "status")["sync_info"]["latest_block_height"])
 
-    # three operators, each one charging node: funded one after another (`devnet fund` adds
-    # each address to devnet.json), then the stakes side by side, then the joins side by side
-    paid: dict[int, dict[str, str]] = {}
-    joins = []
-    ports = [ephemeral_port() for _ in range(3)]  # three at once on one host: each its own
-    for shard in range(3):
-        home = Path(env["PLANET_HOME"]) / f"charging{shard}"
-        home.mkdir()
-        joined_homes.append(home)  # not a devnet operator: stopped at the module's end
-        address = load_or_create_wallet(home / "wallet.json", password).address
-        funded = _planet(env, "devnet", "fund", address, timeout=60)
-        assert funded.returncode == 0, funded.stderr
-        paid[shard] = {"home": str(home), "address": address.lower()}
-    stake = [sys.executable, "-m", "planet", "stake", "--role", "compute", "--amount", "1"]
-    stakes = [
-        subprocess.Popen(
-            [*stake, "--home", paid[shard]["home"]],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=with_password,
-        )
-        for shard in range(3)
-    ]
-    for staking in stakes:
-        _, err = staking.communicate(timeout=180)
-        assert staking.returncode == 0, err[-3000:]
-    # meanwhile the user buys credits (the escrow balance pays the mint): nothing of it depends
-    # on which nodes serve, so it runs while the charging nodes join and the free ones leave
+    # first the user buys credits (the escrow balance pays the mint): nothing of it depends
+    # on which nodes serve, so it runs while the charging operators are funded, stake and
+    # join, and the free ones leave
     purchase = ThreadPoolExecutor(max_workers=1)
     buying = purchase.submit(_deposit_and_buy, env, devnet, "0.00003", "24", "--json")
     purchase.shutdown(wait=False)
-    for shard in range(3):
-        home = Path(paid[shard]["home"])
+
+    # three operators, each one charging node, side by side: each funded (`planet devnet
+    # fund`), staked and joined, one command after the other
+    ports = [ephemeral_port() for _ in range(3)]  # three at once on one host: each its own
+    homes = [Path(env["PLANET_HOME"]) / f"charging{shard}" for shard in range(3)]
+    joined_homes.extend(homes)  # not devnet operators: stopped at the module's end
+    stake = [sys.executable, "-m", "planet", "stake", "--role", "compute", "--amount", "1"]
+
+    def charging_operator(shard: int) -> dict[str, str]:
+        home = homes[shard]
+        home.mkdir()
+        address = load_or_create_wallet(home / "wallet.json", password).address
+        funded = _planet(env, "devnet", "fund", address, timeout=60)
+        assert funded.returncode == 0, funded.stderr
+        staked = subprocess.run(
+            [*stake, "--home", str(home)],
+            capture_output=True,
+            text=True,
+            env=with_password,
+            timeout=180,
+        )
+        assert staked.returncode == 0, staked.stderr[-3000:]
         # the manifest alone: `join` fetches its shard from the nodes serving it (issue 27)
         manifest = home / "model" / Path(devnet["manifest"]).name
         manifest.parent.mkdir()
@@ -454,20 +464,17 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
         argv = [sys.executable, "-m", "planet", "join", "--model", str(manifest),
                 "--shard", str(shard), "--credit-positions", str(PAID_POSITIONS),
                 "--port", str(ports[shard]), "--home", str(home)]  # fmt: skip
-        joins.append(
-            subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=with_password
-            )
-        )
-    for shard, join in enumerate(joins):
-        _, err = join.communicate(timeout=420)
+        join = subprocess.run(argv, capture_output=True, text=True, env=with_password, timeout=420)
+        err = join.stderr
         assert join.returncode == 0, err[-3000:]
         assert "Traceback" not in err and "fetch" in err.lower(), err[-3000:]
         entry = json.loads(Path(devnet["manifest"]).read_text())["shards"][shard]
-        assert (Path(paid[shard]["home"]) / "model" / entry["file"]).is_file()
-        paid[shard]["key"] = json.loads(
-            (Path(paid[shard]["home"]) / "run" / "joined.json").read_text()
-        )["node_key"]
+        assert (home / "model" / entry["file"]).is_file()
+        key = json.loads((home / "run" / "joined.json").read_text())["node_key"]
+        return {"home": str(home), "address": address.lower(), "key": key}
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        paid: dict[int, dict[str, str]] = dict(enumerate(pool.map(charging_operator, range(3))))
     # the free honest nodes leave, side by side: every node still routable charges credits.
     # Each node answers the spot checks of its last work before it stops (about a minute: the
     # module goes on meanwhile; the last test waits for them and checks that no timeout verdict
@@ -596,43 +603,55 @@ def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_n
     honest ones fully. (The credits come from the devnet's user wallet: a verifier operator
     buys them like any user.)"""
     from deploy.committee.network import load_network
+    from node.gateway.personal_token import load_or_create
     from node.procs import spawn_logged
 
     rpc = devnet["committee_rpc"][0]
     charging = {n["key"][:12] for n in _query(rpc, "/nodes")["nodes"] if n["routable"]}
     assert len(charging) == 3 and len(joined_homes) == 3, charging  # the test before's nodes
-    escrow = devnet["contracts"]["QueryEscrow"]
-    deposit = _planet(env, "balance", "deposit", "0.00003", "--gateway", escrow, timeout=120)
-    assert deposit.returncode == 0, deposit.stderr
     credits_file = Path(env["PLANET_HOME"]) / "verifier0-credits.json"
-    bought = _planet(env, "credits", "buy", "24", "--credits-file", str(credits_file),
-                     timeout=240)  # fmt: skip
-    assert bought.returncode == 0, bought.stderr
+    # the credits are bought while validator 0's verifier restarts and loads its model: it is
+    # pointed at its personal client's port and token before the client can start (a client
+    # needs credits to start; the verifier waits for it, and asks again at each challenge)
+    purchase = ThreadPoolExecutor(max_workers=1)
+    buying = purchase.submit(
+        _deposit_and_buy, env, devnet, "0.00003", "24", "--credits-file", str(credits_file)
+    )
+    purchase.shutdown(wait=False)
     validator = load_network(Path(devnet["committee_dir"])).validators[0]
     hosted = devnet["pids"]["verifiers"][0]  # validator 0's verifier, asking the gateway
     os.kill(hosted, signal.SIGTERM)
     _wait(lambda: not pid_alive(hosted), 60, "validator 0's verifier stopping", every_s=0.5)
     log_path = Path(devnet["dir"]) / "logs" / "verifier0-personal.log"
-    with personal_client(
-        devnet["manifest"],
-        rpc,
-        min_positions=PAID_POSITIONS,
-        env=env,
-        log_path=Path(devnet["dir"]) / "logs" / "verifier0-personal-client.log",
-        credits_file=credits_file,
-        route="uniform",  # a verifier's client: its challenges reach every routable node
-    ) as client:
-        argv = [sys.executable, "-m", "planet", "verifier", "serve",
-                "--home", validator.home, "--manifest", devnet["manifest"],
-                "--personal-client", client.url,
-                "--personal-token-file", str(client.token_file),
-                "--deployment", devnet["deployment"], "--evm-rpc", devnet["evm_rpc"],
-                "--committee-rpc", validator.rpc_url,
-                "--wallet", str(Path(devnet["dir"]) / "verifier0" / "wallet.json"),
-                "--password-file", devnet["password_file"], "--challenge-source", "corpus",
-                "--challenges-per-epoch", "1", "--sampled-per-epoch", "0"]  # fmt: skip
-        verifier = spawn_logged(argv, log_path, env=env)
-        try:
+    client_log = Path(devnet["dir"]) / "logs" / "verifier0-personal-client.log"
+    token_file = client_log.with_suffix(".token")
+    load_or_create(token_file)  # the client's token, drawn now: the client reads it at start
+    port = ephemeral_port()
+    argv = [sys.executable, "-m", "planet", "verifier", "serve",
+            "--home", validator.home, "--manifest", devnet["manifest"],
+            "--personal-client", f"http://127.0.0.1:{port}",
+            "--personal-token-file", str(token_file),
+            "--deployment", devnet["deployment"], "--evm-rpc", devnet["evm_rpc"],
+            "--committee-rpc", validator.rpc_url,
+            "--wallet", str(Path(devnet["dir"]) / "verifier0" / "wallet.json"),
+            "--password-file", devnet["password_file"], "--challenge-source", "corpus",
+            "--challenges-per-epoch", "1", "--sampled-per-epoch", "0"]  # fmt: skip
+    verifier = spawn_logged(argv, log_path, env=env)
+    try:
+        deposit, bought = buying.result(timeout=400)
+        assert deposit.returncode == 0, deposit.stderr
+        assert bought is not None and bought.returncode == 0, bought and bought.stderr
+        with personal_client(
+            devnet["manifest"],
+            rpc,
+            min_positions=PAID_POSITIONS,
+            env=env,
+            log_path=client_log,
+            credits_file=credits_file,
+            route="uniform",  # a verifier's client: its challenges reach every routable node
+            token_file=token_file,
+            port=port,
+        ):
 
             def challenged() -> list[tuple[str, str]]:
                 assert verifier.poll() is None, log_path.read_text()[-3000:]
@@ -640,9 +659,9 @@ def test_a_verifier_asking_through_its_personal_client_challenges_the_charging_n
                                   log_path.read_text())  # fmt: skip
 
             circuit, credibility = _wait(challenged, 300, "a challenge through the client")[0]
-        finally:
-            verifier.terminate()
-            verifier.wait(timeout=30)
+    finally:
+        verifier.terminate()
+        verifier.wait(timeout=30)
     assert set(json.loads(circuit.replace("'", '"'))) == charging
     assert int(credibility) == 1_000_000  # honest charging nodes score fully
     assert CreditWallet(credits_file).count() < 24  # the verifier's credits paid them
@@ -660,13 +679,16 @@ def _stop_joined(home: Path) -> None:
 
 
 def _raw_txs_since(rpc: str, start_height: int) -> list[bytes]:
-    """Every tx's bytes from `start_height` to the last block."""
-    raws = []
+    """Every tx's bytes from `start_height` to the last block, in order (the blocks fetched
+    a few at a time: hundreds of them)."""
     top = int(_rpc(rpc, "status")["sync_info"]["latest_block_height"])
-    for height in range(start_height, top + 1):
+
+    def txs(height: int) -> list[bytes]:
         block = _rpc(rpc, "block", height=str(height))
-        raws += [base64.b64decode(raw) for raw in block["block"]["data"]["txs"] or ()]
-    return raws
+        return [base64.b64decode(raw) for raw in block["block"]["data"]["txs"] or ()]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return [raw for block in pool.map(txs, range(start_height, top + 1)) for raw in block]
 
 
 MINT_TXS = frozenset({"credit_mint"})  # the one mint kind (the RSA `mint` is retired)
