@@ -92,6 +92,12 @@ def _paying_client(manifest: Path, tmp: Path, credits: int) -> tuple[Any, ...]:
     return chain, node, wallet, head, head.encode(PROMPT)
 
 
+def _circuits(http: aiohttp.ClientSession, hops: Any, plan: Manifest, **extra: Any) -> Any:
+    """The failover loop's circuits over `hops`, each shard expected as the manifest names it."""
+    expected = {s.shard_id: (plan.model_hash, s.layers) for s in plan.shards}
+    return ReplicaCircuits(http, hops, expected=expected, hidden_size=64, **extra)
+
+
 def _generate(client: CircuitClient, head: Any, ids: list[int]) -> Any:
     return client.generate(head, ids, max_new_tokens=STEPS, stop_on_eos=False)
 
@@ -106,15 +112,8 @@ async def test_paid_circuit_exact_tokens_each_node_paid_per_chunk_and_redeemed(
     # (each `pay` goes right behind its open), the failover loop around the circuit
     plan = Manifest.load(manifest)
     async with aiohttp.ClientSession() as http:
-        source = ReplicaCircuits(
-            http,
-            hops,
-            expected={s.shard_id: (plan.model_hash, s.layers) for s in plan.shards},
-            hidden_size=64,
-            prefill_chunk=5,
-            credits=wallet,
-            min_credit_positions=PRICE,
-        )
+        source = _circuits(http, hops, plan, prefill_chunk=5, credits=wallet,
+                           min_credit_positions=PRICE)  # fmt: skip
         tokens = [
             t
             async for t in generate(
@@ -243,12 +242,7 @@ async def test_a_client_paying_no_node_is_refused_once_and_no_node_is_avoided(
     head = ClientHead.load(manifest, device="cpu")
     plan = Manifest.load(manifest)
     async with aiohttp.ClientSession() as http:
-        source = ReplicaCircuits(
-            http,
-            hops,
-            expected={s.shard_id: (plan.model_hash, s.layers) for s in plan.shards},
-            hidden_size=64,
-        )
+        source = _circuits(http, hops, plan)
         with pytest.raises(RemoteError) as refused:
             _ = [
                 t
@@ -531,15 +525,8 @@ async def test_speculation_every_verified_position_is_paid_by_one_rule_both_side
     monkeypatch.setattr(Payments, "cover", counting)
     plan = Manifest.load(manifest)
     async with aiohttp.ClientSession() as http:
-        source = ReplicaCircuits(
-            http,
-            hops,
-            expected={s.shard_id: (plan.model_hash, s.layers) for s in plan.shards},
-            hidden_size=64,
-            prefill_chunk=5,
-            credits=wallet,
-            min_credit_positions=PRICE,
-        )
+        source = _circuits(http, hops, plan, prefill_chunk=5, credits=wallet,
+                           min_credit_positions=PRICE)  # fmt: skip
         tokens = [
             t
             async for t in generate(
