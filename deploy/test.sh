@@ -26,11 +26,13 @@ if [ "$#" -gt 0 ]; then
   exit
 fi
 # Lanes side by side: one test process alone leaves a core idle most of the time (waiting on
-# blocks, links and other processes). harness/lanes.py splits the collected tests into
-# $PLANET_TEST_LANES lanes (default 3) longest-first by tests/durations.json, whole modules at a
-# time; each lane runs in a network namespace of its own, so the lanes' devnets, fixed ports and
+# blocks, links and other processes). $PLANET_TEST_LANES lanes (default 3) take whole modules
+# from one queue, longest first by tests/durations.json (harness/lanes.py), until none is left;
+# each lane runs in a network namespace of its own, so the lanes' devnets, fixed ports and
 # servers never meet; the devnets' memory is shared out by harness/lanes.py's gate (four lanes
-# with their devnets filled this 23 GiB machine). Without root (no namespaces) two lanes split by marker instead: `e2e`
+# with their devnets filled this 23 GiB machine), and each module's CPU is metered
+# (harness/cpu_meter.py: the run ends with the modules that used most). PLANET_TEST_RECORD=1
+# rewrites tests/durations.json from the run. Without root (no namespaces) two lanes split by marker instead: `e2e`
 # (the devnets and the tests marked `e2e_lane`: the devnets' ports or network namespaces) and
 # `rest`, each on its half of the test ports (harness/ports.py). Each line says its lane; every
 # lane finishes, and the run fails if any does. The shared model cache is filled first, so the
@@ -63,7 +65,8 @@ lane() {
   shift
   {
     rc=0
-    "$@" --durations=20 --basetemp="$lanes/$name" 2>&1 | tee "$lanes/$name.log" || rc=$?
+    "$@" --durations=20 --basetemp="$lanes/$name" --junitxml="$lanes/$name.xml" 2>&1 |
+      tee "$lanes/$name.log" || rc=$?
     echo "$rc" >"$lanes/$name.rc"
   } |
     sed -u "s/^/[$name] /"
@@ -100,6 +103,13 @@ for name in "${names[@]}"; do
 done
 if [ "${#namespaces[@]}" -gt 0 ]; then
   python -m harness.lanes check "$lanes"/lane*.log || status=1
+  stop_namespaces
+  namespaces=()
+  python -m harness.cpu_meter "$lanes"
+fi
+if [ "$status" = 0 ] && [ "${PLANET_TEST_RECORD:-0}" = 1 ]; then
+  python -m harness.lanes record "$lanes"/*.xml >tests/durations.json
+  printf 'tests/durations.json rewritten from this run\n' >&2
 fi
 if [ "$status" = 0 ]; then rm -rf "$lanes"; else printf 'test files kept in %s\n' "$lanes" >&2; fi
 exit "$status"

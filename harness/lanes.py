@@ -1,15 +1,15 @@
 """Lanes: one pytest run split into N processes that run side by side (deploy/test.sh).
 
-Each lane is `pytest tests -p harness.lanes` with `PLANET_LANE=I/N` in its environment. Every
-lane collects the same tests and computes the same plan from them, then keeps its own share, so
-the N lanes together run every collected test exactly once (each lane logs how many it kept of
-how many; `python -m harness.lanes check LOG...` sums them).
-
-The plan is longest-first: the units below, heaviest first, each to the lane with the least
-expected time so far. Expected times come from `tests/durations.json` (seconds per unit, from a
-full run's JUnit files: `python -m harness.lanes record LANE.xml... > tests/durations.json`);
-a unit that file does not know gets a default by its folder. A stale file costs balance, never a
-test.
+Each lane is `pytest tests -p harness.lanes` with `PLANET_LANE=I/N` and `PLANET_LANE_GATE=DIR`
+(a folder the lanes share) in its environment. Every lane collects the same tests and cuts them
+into the same units; then each lane takes units from one queue (`DIR/queue.json`, under a lock)
+until none is left: the longest unit no lane has taken first, by `tests/durations.json`
+(seconds per unit, from a full run's JUnit files: `python -m harness.lanes record LANE.xml... >
+tests/durations.json`; a unit that file does not know gets a default by its folder). Taking
+from a queue rather than from a plan made up front, a lane that runs slower than the file says
+takes fewer units, so the lanes end together and the run ends on short units. Each lane logs
+how many tests it ran of how many; `python -m harness.lanes check LOG...` checks that they sum
+to every collected test.
 
 Units:
 - a test module (its module- and session-scoped fixtures are set up once, in one lane);
@@ -22,10 +22,13 @@ fixed ports never meet.
 
 Memory: a python process that imports torch (the CUDA build) holds ~300 MB of its own before it
 loads a weight, so a devnet with verifiers holds 10+ GB. Units listed in `WEIGHTS_GB` take their
-weight from one budget shared by the lanes (`PLANET_LANE_GATE`: a folder for the budget's file)
-before their first test and give it back after their last; a lane whose next unit does not fit
-waits (and says how long at the end). An even lane runs its heavy units first, an odd lane
-last, so they rarely wait.
+weight from one budget shared by the lanes (`DIR/gate.json`) before their first test and give it
+back after their last. A lane takes the longest unit that fits the budget now, and waits (and
+says how long at the end) only when no unit left fits.
+
+CPU: as root, each unit runs in a cpuacct cgroup of its own (harness/cpu_meter.py), so the run
+ends with the CPU seconds of every unit, its servers and devnets included
+(`python -m harness.cpu_meter DIR`).
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ from pathlib import Path
 
 import pytest
 
+from harness.cpu_meter import CpuMeter
+
 DURATIONS = Path(__file__).resolve().parents[1] / "tests" / "durations.json"
 SPLIT = frozenset({"tests/integration/test_bench_smoke.py"})
 # tests/e2e/conftest.py's `shared_devnet` (one per session): its modules in one lane
 TOGETHER = (frozenset({"tests/e2e/test_dapp.py", "tests/e2e/test_devnet.py"}),)
 DEFAULT_S = {"tests/unit": 0.1, "tests/dapp": 0.5, "tests/integration": 10.0, "tests/e2e": 60.0}
 UNKNOWN_S = 5.0
-HEAVY_FOLDER, HEAVY_S = "tests/e2e/", 100.0  # a whole devnet for this long: see lane_order
 # peak GB a unit's processes hold (nodes ~0.9, verifiers ~1.5, gateways ~0.7 each), measured
 # on this machine's runs; every other unit is taken as fitting beside them
 WEIGHTS_GB = {
@@ -104,31 +108,6 @@ def expected_seconds(nodeids: Sequence[str], known: dict[str, float]) -> dict[st
     return dict(expected)
 
 
-def plan(nodeids: Sequence[str], lanes: int, known: dict[str, float]) -> dict[str, int]:
-    """Unit -> lane for the units of `nodeids`, longest-first by `known` seconds per unit."""
-    expected = expected_seconds(nodeids, known)
-    load = [0.0] * lanes
-    assigned: dict[str, int] = {}
-    for unit in sorted(expected, key=lambda u: (-expected[u], u)):
-        lane = min(range(lanes), key=lambda i: (load[i], i))
-        assigned[unit] = lane
-        load[lane] += expected[unit]
-    return assigned
-
-
-def lane_order(units: Sequence[str], expected: dict[str, float], index: int) -> list[str]:
-    """`units` (one lane's, in collection order) with its devnets placed so that the lanes do
-    not all hold one at once: an even lane runs its heavy units first, an odd lane last. Each
-    devnet is ~20 processes and several GB; four at once filled this 23 GiB machine."""
-    heavy = [u for u in units if is_heavy(u, expected[u])]
-    light = [u for u in units if u not in heavy]
-    return heavy + light if index % 2 == 0 else light + heavy
-
-
-def is_heavy(unit: str, seconds: float) -> bool:
-    return unit.startswith(HEAVY_FOLDER) and seconds >= HEAVY_S
-
-
 def known_durations(path: Path = DURATIONS) -> dict[str, float]:
     if not path.is_file():
         return {}
@@ -141,43 +120,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not text:
         return
     index, count = parse_lane(text)
-    nodeids = [item.nodeid for item in items]
-    known = known_durations()
-    assigned = plan(nodeids, count, known)
-    expected = expected_seconds(nodeids, known)
-    mine: dict[str, list[pytest.Item]] = {}
-    dropped = []
-    for item in items:
-        unit = unit_of(item.nodeid)
-        if assigned[unit] == index:
-            mine.setdefault(unit, []).append(item)
-        else:
-            dropped.append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-    total = len(items)
-    items[:] = [item for unit in lane_order(list(mine), expected, index) for item in mine[unit]]
-    kept = items
     folder = os.environ.get("PLANET_LANE_GATE", "")
-    if folder:
-        order = lane_order(list(mine), expected, index)
-        _LANE.gate = Gate(Path(folder), index)
-        _LANE.units = [(mine[unit], WEIGHTS_GB.get(unit, 0.0)) for unit in order]
-    # one line the run's end reads to check that the lanes together ran every test
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    line = f"lane {index}/{count}: {len(kept)} of {total} tests"
-    if reporter is not None:
-        reporter.write_line(line)
-    else:
-        print(line, file=sys.stderr)
+    if not folder:
+        raise pytest.UsageError("PLANET_LANE needs PLANET_LANE_GATE: the lanes' shared folder")
+    nodeids = [item.nodeid for item in items]
+    expected = expected_seconds(nodeids, known_durations())
+    grouped: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        grouped.setdefault(unit_of(item.nodeid), []).append(item)
+    _LANE.index, _LANE.count, _LANE.total = index, count, len(items)
+    _LANE.gate = Gate(Path(folder), index)
+    _LANE.queue = Queue(Path(folder), index)
+    _LANE.meter = CpuMeter.open(Path(folder), index)
+    _LANE.units = [
+        Unit(name, grouped[name], WEIGHTS_GB.get(name, 0.0)) for name in queue_order(expected)
+    ]
+
+
+@dataclass
+class Unit:
+    """Tests that run together in one lane, and the memory they hold (GB, 0 if not weighed)."""
+
+    name: str
+    items: list[pytest.Item]
+    weight: float
 
 
 @dataclass
 class _Lane:
-    """This lane's gate and units (items, GB), once collection chose them."""
+    """This lane's place, gate, queue and meter, and every unit in the order lanes take them."""
 
+    index: int = 0
+    count: int = 1
+    total: int = 0
+    ran: int = 0
     gate: Gate | None = None
-    units: list[tuple[list[pytest.Item], float]] = field(default_factory=list)
+    queue: Queue | None = None
+    meter: CpuMeter | None = None
+    units: list[Unit] = field(default_factory=list)
 
 
 _LANE = _Lane()
@@ -185,52 +165,79 @@ _LANE = _Lane()
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> bool | None:
-    """With a gate: run this lane's units one after another, each whole, and when the next
-    weighed unit does not fit the memory budget now, run a unit that does first (every unit
-    still runs once; a unit's tests keep their order, so its fixtures are set up once)."""
-    gate = _LANE.gate
-    if gate is None or session.config.option.collectonly:
+    """Take units from the lanes' shared queue until none is left, each whole (its tests in
+    order, so its fixtures are set up once). The next unit is taken before the current one's
+    last test, which tears down what the next does not share."""
+    gate, queue = _LANE.gate, _LANE.queue
+    if gate is None or queue is None or session.config.option.collectonly:
         return None
     if session.testsfailed and not session.config.option.continue_on_collection_errors:
         raise session.Interrupted(f"{session.testsfailed} errors during collection")
-    pending = list(_LANE.units)
-    current = _next_unit(pending, gate)
+    current = queue.take(_LANE.units, gate)
     while current is not None:
-        items, weight = current
-        if weight:
-            gate.take(weight)
+        if current.weight:
+            gate.take(current.weight)
+        if _LANE.meter is not None:
+            _LANE.meter.enter(current.name)
         following = None
-        for position, item in enumerate(items):
-            if position + 1 < len(items):
-                nextitem: pytest.Item | None = items[position + 1]
-            else:  # the unit's last test: which unit comes next decides what it tears down
-                following = _next_unit(pending, gate)
-                nextitem = following[0][0] if following else None
+        for position, item in enumerate(current.items):
+            if position + 1 < len(current.items):
+                nextitem: pytest.Item | None = current.items[position + 1]
+            else:
+                following = queue.take(_LANE.units, gate)
+                nextitem = following.items[0] if following else None
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+            _LANE.ran += 1
             if session.shouldfail:
                 raise session.Failed(session.shouldfail)
             if session.shouldstop:
                 raise session.Interrupted(session.shouldstop)
-        if weight:
+        if current.weight:
             gate.give_back()
         current = following
     return True
 
 
-def _next_unit(
-    pending: list[tuple[list[pytest.Item], float]], gate: Gate
-) -> tuple[list[pytest.Item], float] | None:
-    """The first pending unit that needs no memory or fits it now; else the first (its lane
-    then waits for the budget). Taken out of `pending`."""
-    for position, (_items, weight) in enumerate(pending):
-        if not weight or gate.fits(weight):
-            return pending.pop(position)
-    return pending.pop(0) if pending else None
+def queue_order(expected: dict[str, float]) -> list[str]:
+    """Every unit, longest first (ties by name): the order the lanes take them in, so the
+    run ends on short units whatever the lanes' speeds."""
+    return sorted(expected, key=lambda unit: (-expected[unit], unit))
+
+
+class Queue:
+    """Which lane took which unit: a JSON file {unit: lane} beside the gate's, changed under the
+    same lock. Every lane collects the same units and takes the first one no lane has taken
+    (in `queue_order`), so together the lanes run each unit exactly once."""
+
+    def __init__(self, folder: Path, lane: int) -> None:
+        self.lock, self.state, self.lane = folder / "gate.lock", folder / "queue.json", lane
+
+    def take(self, units: Sequence[Unit], gate: Gate) -> Unit | None:
+        """The first unit not taken that needs no memory or fits the gate now; else the first
+        not taken (its lane then waits for the budget); None when every unit is taken."""
+        with open(self.lock, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            taken = json.loads(self.state.read_text()) if self.state.is_file() else {}
+            free = [unit for unit in units if unit.name not in taken]
+            if not free:
+                return None
+            chosen = next(
+                (u for u in free if not u.weight or gate.fits(u.weight, locked=True)), free[0]
+            )
+            taken[chosen.name] = self.lane
+            self.state.write_text(json.dumps(taken))
+            return chosen
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
-    if _LANE.gate is not None:
-        terminalreporter.write_line(f"lane waited {_LANE.gate.waited_s:.0f} s for memory")
+    if _LANE.gate is None:
+        return
+    terminalreporter.write_line(f"lane waited {_LANE.gate.waited_s:.0f} s for memory")
+    # the line `check` sums: the lanes together must have run every collected test once
+    line = f"lane {_LANE.index}/{_LANE.count}: {_LANE.ran} of {_LANE.total} tests"
+    terminalreporter.write_line(line)
+    if _LANE.meter is not None:
+        _LANE.meter.leave()
 
 
 def budget_gb() -> float:
@@ -259,21 +266,31 @@ class Gate:
         self.lock, self.state, self.lane = folder / "gate.lock", folder / "gate.json", str(lane)
         self.waited_s = 0.0
 
-    def fits(self, gb: float) -> bool:
-        """Whether `gb` would be taken now (nothing is taken)."""
+    def fits(self, gb: float, *, locked: bool = False) -> bool:
+        """Whether `gb` would be taken now (nothing is taken). `locked`: the caller already
+        holds the folder's lock (the queue choosing a unit)."""
+        if locked:
+            return self._decide(self._held(), gb)
         return self._update(None, gb, dry=True)
+
+    def _held(self) -> dict[str, float]:
+        return json.loads(self.state.read_text()) if self.state.is_file() else {}
+
+    def _decide(self, held: dict[str, float], gb: float) -> bool:
+        others = sum(v for k, v in held.items() if k != self.lane)
+        if others and others + gb > budget_gb():
+            return False
+        # something outside the lanes may hold the memory (another run)
+        return available_gb() >= gb + SPARE_GB or self.waited_s >= WAIT_S
 
     def _update(
         self, change: dict[str, float] | None, fits: float | None, dry: bool = False
     ) -> bool:
         with open(self.lock, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
-            held = json.loads(self.state.read_text()) if self.state.is_file() else {}
-            others = sum(v for k, v in held.items() if k != self.lane)
-            if fits is not None and others and others + fits > budget_gb():
+            held = self._held()
+            if fits is not None and not self._decide(held, fits):
                 return False
-            if fits is not None and available_gb() < fits + SPARE_GB and self.waited_s < WAIT_S:
-                return False  # something outside the lanes holds the memory (another run)
             if dry:
                 return True
             held.pop(self.lane, None)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.lanes import Gate, check, lane_order, parse_lane, plan, record, unit_of
+from harness.cpu_meter import CpuMeter, report, usage
+from harness.lanes import Gate, Queue, Unit, check, parse_lane, queue_order, record, unit_of
 
 pytestmark = pytest.mark.unit
 
@@ -31,36 +32,55 @@ NODEIDS = [
 ]
 
 
-@pytest.mark.parametrize("lanes", [1, 2, 3, 4, 7, 20])
-def test_every_test_is_in_exactly_one_lane_and_lanes_agree(lanes: int) -> None:
-    known = {"tests/e2e/test_verification_devnet.py": 600.0, "tests/unit/test_b.py": 3.0}
-    assigned = plan(NODEIDS, lanes, known)
-    again = plan(list(reversed(NODEIDS)), lanes, dict(reversed(list(known.items()))))
-    assert assigned == again  # every lane computes the same plan, whatever the order
-    per_lane = [[n for n in NODEIDS if assigned[unit_of(n)] == i] for i in range(lanes)]
-    assert sorted(n for lane in per_lane for n in lane) == sorted(NODEIDS)
-    assert all(0 <= lane < lanes for lane in assigned.values())
+def _units(names: list[str], weights: dict[str, float] | None = None) -> list[Unit]:
+    return [Unit(name, [], (weights or {}).get(name, 0.0)) for name in names]
 
 
-def test_a_module_stays_in_one_lane_the_smokes_split_and_the_shared_devnet_is_one_unit() -> None:
-    assigned = plan(NODEIDS, 4, {})
-    lane_of = {n: assigned[unit_of(n)] for n in NODEIDS}
-    assert lane_of["tests/unit/test_a.py::test_one"] == lane_of["tests/unit/test_a.py::test_two"]
+@pytest.mark.parametrize("lanes", [1, 2, 3, 7])
+def test_lanes_taking_from_one_queue_take_every_unit_exactly_once(
+    tmp_path: Path, lanes: int, monkeypatch
+) -> None:
+    monkeypatch.setattr("harness.lanes.available_gb", lambda: 100.0)
+    names = sorted({unit_of(n) for n in NODEIDS})
+    queues = [Queue(tmp_path, i) for i in range(lanes)]
+    gates = [Gate(tmp_path, i) for i in range(lanes)]
+    taken: list[str] = []
+    for turn in range(len(names) + lanes):  # round robin, as lanes finishing units would
+        unit = queues[turn % lanes].take(_units(names), gates[turn % lanes])
+        if unit is not None:
+            taken.append(unit.name)
+    assert sorted(taken) == names
+    assert all(q.take(_units(names), g) is None for q, g in zip(queues, gates, strict=True))
+    owners = json.loads((tmp_path / "queue.json").read_text())
+    assert set(owners) == set(names) and set(owners.values()) <= set(range(lanes))
+
+
+def test_a_module_is_one_unit_the_smokes_split_and_the_shared_devnet_is_one_unit() -> None:
+    units = {n: unit_of(n) for n in NODEIDS}
+    assert units["tests/unit/test_a.py::test_one"] == units["tests/unit/test_a.py::test_two"]
     dapp, devnet = "tests/e2e/test_dapp.py::test_page", "tests/e2e/test_devnet.py::test_up"
-    assert lane_of[dapp] == lane_of[devnet]
+    assert units[dapp] == units[devnet]
     smokes = [n for n in NODEIDS if "bench_smoke" in n]
-    assert {unit_of(n) for n in smokes} == set(smokes)
+    assert {units[n] for n in smokes} == set(smokes)
 
 
-def test_longest_first_puts_the_long_modules_apart() -> None:
-    known = {
-        "tests/e2e/test_verification_devnet.py": 600.0,
-        "tests/e2e/test_local_cli.py": 500.0,
-        "tests/e2e/test_dapp.py + tests/e2e/test_devnet.py": 400.0,
-    }
-    assigned = plan(NODEIDS, 3, known)
-    heavy = [assigned[u] for u in known]
-    assert sorted(heavy) == [0, 1, 2]
+def test_the_queue_gives_the_longest_unit_first_and_ties_by_name() -> None:
+    expected = {"b.py": 5.0, "a.py": 5.0, "long.py": 600.0, "short.py": 0.1}
+    assert queue_order(expected) == ["long.py", "a.py", "b.py", "short.py"]
+
+
+def test_the_queue_passes_over_a_unit_that_does_not_fit_and_gives_it_when_nothing_else_is_left(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr("harness.lanes.budget_gb", lambda: 14.0)
+    monkeypatch.setattr("harness.lanes.available_gb", lambda: 100.0)
+    (tmp_path / "gate.json").write_text('{"1": 12.0}')  # another lane holds a devnet
+    units = _units(["devnet.py", "light.py"], {"devnet.py": 9.0})
+    queue, gate = Queue(tmp_path, 0), Gate(tmp_path, 0)
+    first = queue.take(units, gate)
+    second = queue.take(units, gate)
+    assert first is not None and second is not None
+    assert [first.name, second.name] == ["light.py", "devnet.py"]
 
 
 def test_parse_lane_refuses_out_of_range() -> None:
@@ -99,17 +119,6 @@ def test_check_fails_when_the_lanes_ran_fewer_than_collected(tmp_path: Path) -> 
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1 and "lanes ran 8 tests; collected [9]" in done.stderr
-
-
-def test_heavy_units_run_first_in_even_lanes_and_last_in_odd_ones() -> None:
-    units = [
-        "tests/dapp/test_x.py",
-        "tests/e2e/test_verification_devnet.py",
-        "tests/unit/test_y.py",
-    ]
-    expected = {units[0]: 5.0, units[1]: 400.0, units[2]: 1.0}
-    assert lane_order(units, expected, 0) == [units[1], units[0], units[2]]
-    assert lane_order(units, expected, 1) == [units[0], units[2], units[1]]
 
 
 def test_a_weighed_unit_waits_until_the_budget_fits_it(tmp_path: Path, monkeypatch) -> None:
@@ -157,8 +166,9 @@ def test_a_weighed_unit_waits_while_memory_outside_the_lanes_is_short(
 def test_a_lane_runs_light_units_first_while_its_heavy_one_does_not_fit(tmp_path: Path) -> None:
     """A real pytest run as one lane of one: another lane holds 8 of the 10 GB, so the weighed
     module (first in collection) waits behind the light ones, which free the budget."""
-    (tmp_path / "gate").mkdir()
-    (tmp_path / "gate" / "gate.json").write_text('{"7": 8.0}')
+    gate = tmp_path / f"{tmp_path.name}-gate"  # its name names the run's cgroups: unique
+    gate.mkdir()
+    (gate / "gate.json").write_text('{"7": 8.0}')
     order = tmp_path / "order.txt"
     (tmp_path / "conftest.py").write_text(
         "import harness.lanes as lanes\n"
@@ -172,14 +182,95 @@ def test_a_lane_runs_light_units_first_while_its_heavy_one_does_not_fit(tmp_path
     (tmp_path / "test_light.py").write_text(
         f"def test_light():\n    open({str(order)!r}, 'a').write('light\\n')\n"
         "def test_other_lane_gives_back():\n"
-        f"    open({str(tmp_path / 'gate' / 'gate.json')!r}, 'w').write('{{}}')\n"
+        f"    open({str(gate / 'gate.json')!r}, 'w').write('{{}}')\n"
     )
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.lanes", "-q", "-p", "no:cacheprovider"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(ROOT), "PLANET_LANE": "0/1",
-             "PLANET_LANE_GATE": str(tmp_path / "gate")},
+             "PLANET_LANE_GATE": str(gate)},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 passed" in done.stdout
     assert order.read_text().split() == ["light", "heavy"]
+    usage(gate)  # removes the lanes' cgroups
+
+
+def test_two_lane_processes_run_every_test_once_and_say_how_many(tmp_path: Path) -> None:
+    """Two real pytest lanes side by side on one queue: each test runs in exactly one of them,
+    and the lanes' lines sum to every collected test."""
+    ran = tmp_path / "ran.txt"
+    project = tmp_path / "project"
+    project.mkdir()
+    gate = tmp_path / f"{tmp_path.name}-gate"  # its name names the run's cgroups: unique
+    gate.mkdir()
+    for module in range(6):
+        body = "".join(
+            f"def test_{n}():\n    open({str(ran)!r}, 'a').write('m{module}t{n}\\n')\n"
+            for n in range(3)
+        )
+        (project / f"test_m{module}.py").write_text(body)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PLANET_LANE_GATE": str(gate)}
+    lanes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-p", "harness.lanes", "-q", "-p", "no:cacheprovider"],
+            cwd=project,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**env, "PLANET_LANE": f"{i}/2"},
+        )
+        for i in range(2)
+    ]
+    outputs = [lane.communicate(timeout=120)[0] for lane in lanes]
+    assert all(lane.returncode == 0 for lane in lanes), outputs
+    assert sorted(ran.read_text().split()) == sorted(
+        f"m{m}t{n}" for m in range(6) for n in range(3)
+    )
+    logs = []
+    for i, text in enumerate(outputs):
+        logs.append(tmp_path / f"lane{i}.log")
+        logs[-1].write_text(text)
+    assert check(logs) == (18, {18})
+    metered = usage(gate)  # and removes the lanes' cgroups
+    if CpuMeter.open(tmp_path, 0) is not None:
+        usage(tmp_path)
+        assert sorted(metered) == [f"test_m{m}.py" for m in range(6)]
+
+
+def test_a_lane_without_its_shared_folder_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "harness.lanes", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PLANET_LANE": "0/2",
+             "PLANET_LANE_GATE": ""},
+    )  # fmt: skip
+    assert done.returncode != 0 and "PLANET_LANE needs PLANET_LANE_GATE" in done.stderr
+
+
+def test_the_meter_charges_a_unit_with_the_cpu_of_what_it_started(tmp_path: Path) -> None:
+    """Real cgroups: a lane-like process enters a unit's group and starts a child that burns
+    CPU and exits; the unit is charged with it after the child is gone. (The lane runs in a
+    process of its own so that this test's own process stays in its group.)"""
+    if CpuMeter.open(tmp_path, 0) is None:
+        pytest.skip("needs root and the cgroup-v1 cpuacct hierarchy")
+    burn = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass"
+    lane = (
+        "import subprocess, sys\n"
+        "from pathlib import Path\n"
+        "from harness.cpu_meter import CpuMeter\n"
+        f"meter = CpuMeter.open(Path({str(tmp_path)!r}), 0)\n"
+        "meter.enter('tests/unit/test_burn.py')\n"
+        f"subprocess.run([sys.executable, '-c', {burn!r}], check=True, timeout=60)\n"
+        "meter.leave()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", lane], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seconds = usage(tmp_path)
+    assert seconds["tests/unit/test_burn.py"] >= 0.4
+    assert not Path(f"/sys/fs/cgroup/cpuacct/planet-{tmp_path.name}").exists()  # removed
+    assert "tests/unit/test_burn.py" in report(seconds)
