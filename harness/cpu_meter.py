@@ -36,7 +36,11 @@ class CpuMeter:
     units: dict[str, str]
 
     @classmethod
-    def open(cls, folder: Path, lane: int, root: Path = ROOT) -> CpuMeter | None:
+    def open(cls, folder: Path, lane: int, root: Path | None = None) -> CpuMeter | None:
+        """The lane's meter, or None where it cannot meter. `root`: the hierarchy, by default
+        $PLANET_CPU_CGROUP, else `ROOT` (`ip netns exec` mounts a sysfs of its own without the
+        cgroups: deploy/test.sh points a lane at them through its own /proc/PID/root)."""
+        root = root or Path(os.environ.get("PLANET_CPU_CGROUP") or ROOT)
         base = root / f"planet-{folder.name}"
         try:
             base.mkdir(exist_ok=True)
