@@ -93,7 +93,7 @@ class CreditTill:
             )
         if credit.period not in self._period_keys:
             answer = await self.link.query("/credit_period", period=credit.period)
-            self._period_keys[credit.period] = PeriodKey.from_answer(answer)
+            self._period_keys[credit.period] = PeriodKey.from_answer(answer, period=credit.period)
         try:
             blind_bls.verify_credit(self._period_keys[credit.period].key, credit)
         except (blind_bls.ThresholdCreditError, bls.BlsError) as error:

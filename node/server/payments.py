@@ -160,7 +160,8 @@ class CreditCheck:
     async def _period_key(self, period: int) -> PeriodKey:
         if period not in self._period_keys:
             answer = await self.link.query("/credit_period", period=period)
-            self._period_keys[period] = PeriodKey.from_answer(answer)  # NoPeriodKey: ask again
+            # NoPeriodKey (ask again later) or PeriodAnswerError: the credit is not taken
+            self._period_keys[period] = PeriodKey.from_answer(answer, period=period)
             while len(self._period_keys) > MAX_KEY_PERIODS:
                 del self._period_keys[next(iter(self._period_keys))]
         return self._period_keys[period]
