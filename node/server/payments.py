@@ -200,7 +200,9 @@ class CreditCheck:
                 refusal = f"this credit is locked on the committee chain by node {locked_by[:16]}…"
             else:  # the answer is the chain's time now: the window is read there
                 now = committed_height_from_query(answer, "/credit_spent")
-                self._check_window(credit, replace(cached, height=max(now, cached.height)))
+                check_window(
+                    credit, replace(cached, height=max(now, cached.height)), self.margin_blocks
+                )
         if refusal is not None:
             # remembered: a client replaying a spent or locked credit costs one query
             if identifier not in self._spent and len(self._spent) >= MAX_SPENT_KNOWN:
@@ -208,28 +210,31 @@ class CreditCheck:
             self._spent[identifier] = refusal
             raise CreditRefusedError(refusal)
 
-    def _check_window(self, credit: PaidCredit, now: ChainClock) -> None:
-        """`takeable` at the chain's latest committed height, as its answer to `/credit_spent`
-        just said: CreditRefusedError when no later block redeems the credit (its window is
-        over, or not begun), CreditExpiringError when its window ends within `margin_blocks`."""
-        if paid_takeable(credit, now, self.margin_blocks):
-            return
-        end = paid_window_end(credit, now)
-        what = f"key period {credit.period}"
-        if not started(credit, now):
-            raise CreditRefusedError(
-                f"a credit of {what} is not redeemable yet; the chain is in epoch {now.epoch}"
-            )
-        if now.height >= end:
-            raise CreditRefusedError(
-                f"a credit of {what} was redeemable up to height {end}; the chain "
-                f"is at height {now.height}"
-            )
-        raise CreditExpiringError(
-            f"a credit of {what} is redeemed up to height {end}; the chain is at "
-            f"height {now.height} and this node takes only credits it can still redeem "
-            f"{self.margin_blocks} blocks from now"
+
+def check_window(credit: PaidCredit, now: ChainClock, margin_blocks: int) -> None:
+    """`takeable` at the chain's latest committed height `now.height` (as a validator just
+    answered it, never a cache): CreditRefusedError when no later block redeems the credit (its
+    window is over, or not begun), CreditExpiringError when its window ends within
+    `margin_blocks` (the taker's redemption delay: the compute node's `CreditCheck`, the
+    agent's `CreditTill`)."""
+    if paid_takeable(credit, now, margin_blocks):
+        return
+    end = paid_window_end(credit, now)
+    what = f"key period {credit.period}"
+    if not started(credit, now):
+        raise CreditRefusedError(
+            f"a credit of {what} is not redeemable yet; the chain is in epoch {now.epoch}"
         )
+    if now.height >= end:
+        raise CreditRefusedError(
+            f"a credit of {what} was redeemable up to height {end}; the chain "
+            f"is at height {now.height}"
+        )
+    raise CreditExpiringError(
+        f"a credit of {what} is redeemed up to height {end}; the chain is at "
+        f"height {now.height} and this node takes only credits it can still redeem "
+        f"{margin_blocks} blocks from now"
+    )
 
 
 class CreditSpool:
