@@ -37,12 +37,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from node.chain.committee_pages import TooManyPages, all_pages, read_pages
+from node.chain.committee_pages import BadPage, TooManyPages, all_pages, read_pages
 from node.watcher.payouts import Committee
 from protocol.committee.credits import FundMint
 from protocol.committee.settlement import statement_page
 from protocol.credits import FUND_EPOCHS
 from protocol.errors import PlanetError
+from protocol.fields import is_int
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,11 @@ POSTED = 1  # QueryEscrow.epochOf status: the root is posted (2 Disputed: charge
 PENDING_PAGES = 64  # pages of the waiting list read per pass (1,000 mints a page): returning
 # buyers' mints come first, so only new payers' beyond 64,000 wait for a later pass
 PAYER_PAGES = 64  # pages of one payer's mints: a longer list is not weighed (never partly)
+# pages of `/payouts` read a pass (1,000 statements a page; pruned with retention_epochs): an
+# epoch beyond them keeps its mints in flight
+STATEMENT_PAGES = 64
+MAX_STATEMENT = (1 << 63) - 1  # a statement number (committee epoch + page · 2^32)
+MAX_EPOCH_PAGES = 1 << 31  # a statement's `pages`
 
 
 class Escrow(Protocol):
@@ -195,13 +201,26 @@ class MintFunder:
         return done
 
     async def _statements(self) -> dict[int, list[int]]:
-        """Epoch → the numbers of its stored payout statements (one per page)."""
-        listing = await self.committee.query("/payouts", limit=200)
+        """Epoch → the numbers of its stored payout statements (one per page), every page of
+        `/payouts` followed to its end (newest first), at most `STATEMENT_PAGES`: beyond them
+        an epoch is not listed, and its mints stay in flight (counted, conservative)."""
+        summaries, whole = await read_pages(
+            self.committee.query, "/payouts", "epochs", max_pages=STATEMENT_PAGES
+        )
+        if not whole:
+            log.warning("over %d payout statements stored: older ones not read", len(summaries))
         out: dict[int, list[int]] = {}
-        for summary in listing.get("epochs", []):
-            number = int(summary["epoch"])
-            out.setdefault(statement_page(number)[0], []).append(number)
-        return out
+        pages: dict[int, int] = {}
+        for summary in summaries:
+            number = summary.get("epoch")
+            count = summary.get("pages")
+            if not is_int(number, 1, MAX_STATEMENT) or not is_int(count, 1, MAX_EPOCH_PAGES):
+                raise BadPage(f"/payouts: a statement {ascii(summary)[:120]} without its numbers")
+            epoch = statement_page(number)[0]
+            out.setdefault(epoch, []).append(number)
+            pages[epoch] = count
+        # an epoch whose pages were not all listed (the read ended among them) is left out
+        return {e: numbers for e, numbers in out.items() if len(set(numbers)) == pages[e]}
 
     async def _debited(self, epoch: int, statements: dict[int, list[int]]) -> bool:
         """Whether every statement of `epoch` is posted (its debits are in the EVM balance)."""
@@ -209,7 +228,7 @@ class MintFunder:
             return True
         numbers = statements.get(epoch)
         if not numbers:
-            return False  # not closed yet (or listed beyond the window: counted, conservative)
+            return False  # not closed yet (or not read to its last page: counted, conservative)
         for number in numbers:
             view = await asyncio.to_thread(self.escrow.epoch_of, number)
             if int(view["status"]) != POSTED:

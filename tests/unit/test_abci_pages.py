@@ -24,6 +24,7 @@ from tests.unit.test_abci_settlement import (
     GATEWAY_EVM,
     GATEWAY_EVM_KEY,
     ask,
+    ask_code,
     evm_of,
     next_epoch_end,
     one,
@@ -166,3 +167,33 @@ def test_each_gateway_has_its_own_pages_the_oldest_pending_first(small_pages: No
         chain.state.committed("sqdone", f"{query_id(1)}/{GATEWAY_EVM}")["statement"]
         == views[1]["epoch"]
     )
+
+
+def test_the_statement_list_pages_with_a_cursor_every_statement_once(small_pages: None) -> None:
+    """`/payouts` without `epoch` answers a page of at most `limit` statements, newest first,
+    and `next`, the `after` of the next page (null on the last): followed, every stored
+    statement comes once, in the one-page order, also when an epoch's pages straddle two
+    pages of the list (issue 42: a reader with `limit=200` lost every statement past 200)."""
+    chain = settled_chain(epoch_length=40)
+    serve(chain, [(query_id(i), 10 + i) for i in range(1, 8)], per_report=1)  # 3 pages
+    first = next_epoch_end(chain)
+    serve(chain, [(query_id(i), 10 + i) for i in range(8, 12)], per_report=1)  # 2 pages
+    second = next_epoch_end(chain)
+    whole = ask(chain, "/payouts")
+    assert whole["next"] is None
+    expected = [statement_number(second, p) for p in (1, 0)] + [
+        statement_number(first, p) for p in (2, 1, 0)
+    ]
+    assert [s["epoch"] for s in whole["epochs"]] == expected
+    for limit in (1, 2, 4):
+        read, after, pages = [], "", 0
+        while after is not None:
+            page = ask(chain, f"/payouts?limit={limit}" + (f"&after={after}" if after else ""))
+            assert 0 < len(page["epochs"]) <= limit
+            read += page["epochs"]
+            after, pages = page["next"], pages + 1
+        assert read == whole["epochs"] and pages == -(-len(expected) // limit)
+    # a cursor that is no statement number, or past the oldest: refused by name / empty
+    assert ask_code(chain, f"/payouts?after={statement_number(1, 64)}") == Code.BAD_QUERY
+    assert ask_code(chain, "/payouts?after=0x5") == Code.BAD_QUERY
+    assert ask(chain, f"/payouts?after={first}") == {**whole, "epochs": [], "next": None}
