@@ -37,13 +37,18 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from node.chain.committee_pages import BadPage, TooManyPages, all_pages, read_pages
+from node.chain.committee_pages import (
+    STATEMENT_PAGES,
+    TooManyPages,
+    all_pages,
+    read_pages,
+    read_statements,
+)
 from node.watcher.payouts import Committee
 from protocol.committee.credits import FundMint
 from protocol.committee.settlement import statement_page
 from protocol.credits import FUND_EPOCHS
 from protocol.errors import PlanetError
-from protocol.fields import is_int
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +56,8 @@ POSTED = 1  # QueryEscrow.epochOf status: the root is posted (2 Disputed: charge
 PENDING_PAGES = 64  # pages of the waiting list read per pass (1,000 mints a page): returning
 # buyers' mints come first, so only new payers' beyond 64,000 wait for a later pass
 PAYER_PAGES = 64  # pages of one payer's mints: a longer list is not weighed (never partly)
-# pages of `/payouts` read a pass (1,000 statements a page; pruned with retention_epochs): an
-# epoch beyond them keeps its mints in flight
-STATEMENT_PAGES = 64
-MAX_STATEMENT = (1 << 63) - 1  # a statement number (committee epoch + page · 2^32)
-MAX_EPOCH_PAGES = 1 << 31  # a statement's `pages`
+# pages of `/payouts` read a pass: STATEMENT_PAGES (node/chain/committee_pages.py, 1,000
+# statements a page); an epoch beyond them keeps its mints in flight
 
 
 class Escrow(Protocol):
@@ -204,21 +206,15 @@ class MintFunder:
         """Epoch → the numbers of its stored payout statements (one per page), every page of
         `/payouts` followed to its end (newest first), at most `STATEMENT_PAGES`: beyond them
         an epoch is not listed, and its mints stay in flight (counted, conservative)."""
-        summaries, whole = await read_pages(
-            self.committee.query, "/payouts", "epochs", max_pages=STATEMENT_PAGES
-        )
+        listed, whole = await read_statements(self.committee.query, max_pages=STATEMENT_PAGES)
         if not whole:
-            log.warning("over %d payout statements stored: older ones not read", len(summaries))
+            log.warning("over %d payout statements stored: older ones not read", len(listed))
         out: dict[int, list[int]] = {}
         pages: dict[int, int] = {}
-        for summary in summaries:
-            number = summary.get("epoch")
-            count = summary.get("pages")
-            if not is_int(number, 1, MAX_STATEMENT) or not is_int(count, 1, MAX_EPOCH_PAGES):
-                raise BadPage(f"/payouts: a statement {ascii(summary)[:120]} without its numbers")
-            epoch = statement_page(number)[0]
-            out.setdefault(epoch, []).append(number)
-            pages[epoch] = count
+        for statement in listed:
+            epoch = statement_page(statement.number)[0]
+            out.setdefault(epoch, []).append(statement.number)
+            pages[epoch] = statement.pages
         # an epoch whose pages were not all listed (the read ended among them) is left out
         return {e: numbers for e, numbers in out.items() if len(set(numbers)) == pages[e]}
 
