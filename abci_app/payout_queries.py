@@ -1,9 +1,13 @@
 """Settlement queries (committed state only; `queries.ROUTES` serves `PAYOUT_ROUTES`).
 
 /payouts        ?epoch ?account ?limit   one statement (`epoch` = its number: page p of committee
-                                         epoch e is e + p·2^32), rows and signatures; without
-                                         `epoch` the stored statements (newest first), each
-                                         with `amount` for `account` when given
+                ?after                   epoch e is e + p·2^32), rows and signatures; without
+                                         `epoch` a page of the stored statements (newest
+                                         first, by key: an epoch's pages from the last to 0),
+                                         each with `amount` for `account` when given: {epochs,
+                                         next}; `next` is the `after` of the next page (the
+                                         number of this page's last statement), null on the
+                                         last (1,000 a page at most)
 /payouts/proof  ?epoch ?account          amount + Merkle proof for `QueryEscrow.claim`
 /credits        ?account ?epoch          redeemed layer-tokens of an account in an epoch
                                          (default: the current one, not yet closed)
@@ -79,9 +83,15 @@ def _payouts(state: State, params: dict[str, Any]) -> Any:
             view["amount"] = str(_amount(view, account.lower()))
         return view
     limit = limit_param(params)
+    after = int_param(params, "after", lo=1, hi=MAX_EPOCH)
+    stop = None if after is None else statement_record_key(after)
+    if after is not None and stop is None:
+        raise QueryError(Code.BAD_QUERY, f"after: {after} is not a statement number")
     summaries: list[dict[str, Any]] = []
-    for _, record in reversed(list(state.committed_items(schema.PAYOUT))):
+    cursor: str | None = None
+    for _, record in state.committed_items(schema.PAYOUT, "", stop, descending=True):
         if len(summaries) == limit:
+            cursor = str(summaries[-1]["epoch"])  # more follow
             break
         summary = {
             k: record[k]
@@ -111,6 +121,7 @@ def _payouts(state: State, params: dict[str, Any]) -> Any:
     return {
         "current_epoch": state.committed(schema.META, "current_epoch") or 1,
         "epochs": summaries,
+        "next": cursor,
     }
 
 

@@ -13,7 +13,8 @@ paths answer `UNKNOWN_QUERY`.
                                                 the shards below it
     /commitments  ?node ?session ?limit ?after  commit-reveal records, 1000 a page (`next`:
                                                 the `after` of the next page, or null)
-    /evidence     ?node ?limit                  reveal mismatches and equivocations
+    /evidence     ?node ?limit ?after           reveal mismatches and equivocations by id,
+                                                1000 a page (`next` as /commitments)
     /reputations                                R, window, untrusted per node
     /epochs       ?epoch                        leader, challenge list (default: the current epoch)
     /verdicts     ?id ?confirmed                votes and the signatures sorted by operator address
@@ -24,8 +25,9 @@ paths answer `UNKNOWN_QUERY`.
     /verifier_endpoints                         where each verifier forwards its findings
     /gateways     ?key ?address                 gateway keys' payee bindings (gateway_bindings.py)
     /spot_reports ?epoch                        spot-check reports of e's checks, credits in e
-    /coverage     ?node                         committed vs reported work per shard, the
-                                                `uncommitted` flag (without node: flagged nodes)
+    /coverage     ?node ?limit ?after           committed vs reported work per shard, the
+                                                `uncommitted` flag (without node: the flagged
+                                                nodes, 1000 a page, `next` as /commitments)
     /payouts, /payouts/proof, /credits   settlement (`payout_queries.py`)
 """
 
@@ -189,16 +191,21 @@ def _commitments(state: State, params: dict[str, Any]) -> Any:
 
 
 def _evidence(state: State, params: dict[str, Any]) -> Any:
+    """Records by id, a page at a time: `next` is the last id of a full page when more follow
+    (pass it back as `after`), else null."""
     node = str_param(params, "node", NODE_KEY)
+    after = str_param(params, "after", HASH32)
     limit = limit_param(params)
     items: list[dict[str, Any]] = []
-    for _, record in state.committed_items(schema.EVIDENCE):
-        if node is not None and record["node"] != node:
+    last: str | None = None
+    for key, record in state.committed_items(schema.EVIDENCE, after or ""):
+        if key == after or (node is not None and record["node"] != node):
             continue
-        items.append(record)
         if len(items) == limit:
-            break
-    return {"evidence": items}
+            return {"evidence": items, "next": last}
+        items.append(record)
+        last = key
+    return {"evidence": items, "next": None}
 
 
 def _reputations(state: State, params: dict[str, Any]) -> Any:
@@ -287,16 +294,18 @@ def _spot_reports(state: State, params: dict[str, Any]) -> Any:
 def _coverage(state: State, params: dict[str, Any]) -> Any:
     current = state.committed(schema.META, "current_epoch") or 1
     node = str_param(params, "node", NODE_KEY)
-    if node is None:
+    if node is None:  # the flagged nodes, a page at a time (`after`: the last node listed)
         limit = limit_param(params)
+        after = str_param(params, "after", NODE_KEY)
         flagged: list[str] = []
-        for key, record in state.committed_items(schema.COVERAGE):
+        start = "" if after is None else after + "0"  # past every `<after>/<shard>` key
+        for key, record in state.committed_items(schema.COVERAGE, start):
             name = key.split("/", 1)[0]
             if record["uncommitted_since"] is not None and name not in flagged:
-                flagged.append(name)
                 if len(flagged) == limit:
-                    break
-        return {"epoch": current, "uncommitted": flagged}
+                    return {"epoch": current, "uncommitted": flagged, "next": flagged[-1]}
+                flagged.append(name)
+        return {"epoch": current, "uncommitted": flagged, "next": None}
     items = list(state.committed_items(schema.COVERAGE, node + "/", node + "0"))
     return {
         "node": node,

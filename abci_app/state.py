@@ -133,17 +133,19 @@ class State:
         return sorted(keys)
 
     def committed_items(
-        self, ns: str, start: str = "", stop: str | None = None
+        self, ns: str, start: str = "", stop: str | None = None, *, descending: bool = False
     ) -> Iterator[tuple[str, Any]]:
-        """Committed (key, value) of `ns` in key order, start ≤ key < stop, read lazily."""
+        """Committed (key, value) of `ns` in key order (or the reverse, `descending`),
+        start ≤ key < stop, read lazily."""
         extra = sorted(
             (k, v)
             for (n, k), v in self._genesis.items()
             if n == ns and k >= start and (stop is None or k < stop)
         )
         if not extra:
-            return self.store.items(ns, start, stop)
-        return iter(sorted({**dict(self.store.items(ns, start, stop)), **dict(extra)}.items()))
+            return self.store.items(ns, start, stop, descending=descending)
+        merged = {**dict(self.store.items(ns, start, stop)), **dict(extra)}
+        return iter(sorted(merged.items(), reverse=descending))
 
     def items(self, ns: str, start: str = "", stop: str | None = None) -> list[tuple[str, Any]]:
         """Current (key, value) of `ns` with start ≤ key < stop, in key order (committed state

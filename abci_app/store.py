@@ -111,8 +111,14 @@ class Store:
     def cache_bytes(self) -> int:
         return self._cache_bytes
 
-    def items(self, ns: str, start: str = "", stop: str | None = None) -> Iterator[tuple[str, Any]]:
-        """Committed (key, value) of `ns` with start ≤ key < stop, in key order, read lazily."""
+    def items(
+        self, ns: str, start: str = "", stop: str | None = None, *, descending: bool = False
+    ) -> Iterator[tuple[str, Any]]:
+        """Committed (key, value) of `ns` with start ≤ key < stop, in key order (or the reverse
+        order, `descending`), read lazily."""
+        if descending:
+            yield from self._items_descending(ns, start, stop)
+            return
         lower, inclusive = start, True
         while True:
             op = ">=" if inclusive else ">"
@@ -132,6 +138,26 @@ class Store:
             if len(rows) < _PAGE:
                 return
             lower, inclusive = rows[-1][0], False
+
+    def _items_descending(self, ns: str, start: str, stop: str | None) -> Iterator[tuple[str, Any]]:
+        upper = stop
+        while True:
+            if upper is None:
+                rows = self._db.execute(
+                    "SELECT key, value FROM kv WHERE ns = ? AND key >= ? ORDER BY key DESC LIMIT ?",
+                    (ns, start, _PAGE),
+                ).fetchall()
+            else:
+                rows = self._db.execute(
+                    "SELECT key, value FROM kv WHERE ns = ? AND key >= ? AND key < ? "
+                    "ORDER BY key DESC LIMIT ?",
+                    (ns, start, upper, _PAGE),
+                ).fetchall()
+            for key, text in rows:
+                yield key, json.loads(text)
+            if len(rows) < _PAGE:
+                return
+            upper = rows[-1][0]
 
     def size_bytes(self) -> int:
         """Bytes of every committed entry (ns + key + value text): what the state costs."""

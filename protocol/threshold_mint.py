@@ -16,13 +16,16 @@ credit pool's accounting (`cissue/<epoch>`, settlement.py) uses that epoch uncha
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from protocol import bls
 from protocol.credit_periods import KeySchedule
+from protocol.dkg import MAX_PARTICIPANTS
 from protocol.errors import ProtocolError
+from protocol.fields import Fields
 
 THRESHOLD_MINT_DOMAIN: Final = b"planet-mint/v2\n"
 
@@ -61,6 +64,31 @@ class NoPeriodKey(ProtocolError):
     code = "no_period_key"
 
 
+class PeriodAnswerError(ProtocolError):
+    """A `/credit_period` answer that does not parse into a `PeriodKey`: a field missing or of
+    the wrong type, a value that is not lowercase hex, or a key that is not a G2 point of the
+    subgroup. The message names the field. The validator that answered is at fault, not the
+    credit or the purchase: a node does not take the credit (`credit_not_taken`), a client
+    stops its purchase by name."""
+
+    code = "credit_period_invalid"
+
+
+_ADDRESS = re.compile(r"[0-9A-F]{40}\Z")  # a CometBFT validator address (abci_app/state.py)
+_G2_HEX = re.compile(rf"[0-9a-f]{{{2 * bls.G2_BYTES}}}\Z")
+MAX_PERIOD: Final = (1 << 63) - 1
+
+
+def _g2(value: Any, where: str) -> bls.G2:
+    """A compressed G2 point as the chain writes it (lowercase hex), parsed strictly."""
+    if not isinstance(value, str) or not _G2_HEX.match(value):
+        raise PeriodAnswerError(f"{where}: expected {2 * bls.G2_BYTES} lowercase hex digits")
+    try:
+        return bls.parse_g2(bytes.fromhex(value), where)
+    except bls.BlsError as error:
+        raise PeriodAnswerError(error.message) from None
+
+
 @dataclass(frozen=True)
 class PeriodKey:
     """A key period's formed key, as `/credit_period` answers it."""
@@ -68,26 +96,63 @@ class PeriodKey:
     period: int
     key: bls.G2
     threshold: int
-    public_shares: Mapping[int, bytes]  # receiver index → X_i (compressed G2)
+    public_shares: Mapping[int, bytes]  # receiver index → X_i (compressed G2, checked)
     index_of: Mapping[str, int]  # validator address → index
 
     @classmethod
-    def from_answer(cls, answer: Mapping[str, Any]) -> PeriodKey:
-        run = answer.get("run") or {}
-        result = run.get("result") or {}
-        if "key" not in result:
+    def from_answer(cls, answer: Any, *, period: int | None = None) -> PeriodKey:
+        """The formed key of a `/credit_period` answer (of `period`, when given): NoPeriodKey
+        while it is not formed, PeriodAnswerError, naming the field, for an answer that does
+        not parse (abci_app/period_queries.py writes it)."""
+        check = Fields(PeriodAnswerError)
+        if not isinstance(answer, Mapping):
+            raise PeriodAnswerError("/credit_period: expected an object")
+        number = check.integer(answer.get("period"), "/credit_period period", 0, MAX_PERIOD)
+        if period is not None and number != period:
+            raise PeriodAnswerError(
+                f"/credit_period period: asked for key period {period}, answered {number}"
+            )
+        run = answer.get("run")
+        if run is not None and not isinstance(run, Mapping):
+            raise PeriodAnswerError("/credit_period run: expected an object or null")
+        result = None if run is None else run.get("result")
+        if result is not None and not isinstance(result, Mapping):
+            raise PeriodAnswerError("/credit_period run.result: expected an object or null")
+        if run is None or result is None or "key" not in result:
             raise NoPeriodKey(
-                f"key period {answer.get('period')} has no committee key yet",
+                f"key period {number} has no committee key yet",
                 hint="the validators form each period's key in its first blocks: try again",
             )
-        index_of = {address: i for i, (address, _) in enumerate(run["receivers"], start=1)}
+        receivers = check.rows(
+            run.get("receivers"), "/credit_period run.receivers", 2, MAX_PARTICIPANTS
+        )
+        if not receivers:
+            raise PeriodAnswerError("/credit_period run.receivers: no receivers under a key")
+        index_of: dict[str, int] = {}
+        for i, (address, _) in enumerate(receivers, start=1):
+            check.text(address, f"/credit_period run.receivers[{i - 1}]", _ADDRESS, 40)
+            if address in index_of:
+                raise PeriodAnswerError(f"/credit_period run.receivers: {address} listed twice")
+            index_of[address] = i
+        threshold = check.integer(
+            result.get("threshold"),
+            "/credit_period run.result.threshold",
+            1,
+            len(receivers),
+        )
+        shares = result.get("public_shares")
+        if not isinstance(shares, Mapping):
+            raise PeriodAnswerError("/credit_period run.result.public_shares: expected an object")
+        public_shares: dict[int, bytes] = {}
+        for address, share in shares.items():
+            where = f"/credit_period run.result.public_shares[{ascii(address)[:48]}]"
+            if address not in index_of:
+                raise PeriodAnswerError(f"{where}: not a receiver of the run")
+            public_shares[index_of[address]] = bls.g2_bytes(_g2(share, where))
         return cls(
-            period=int(answer["period"]),
-            key=bls.parse_g2(bytes.fromhex(result["key"]), "committee key"),
-            threshold=int(result["threshold"]),
-            public_shares={
-                index_of[address]: bytes.fromhex(share)
-                for address, share in result["public_shares"].items()
-            },
+            period=number,
+            key=_g2(result.get("key"), "/credit_period run.result.key"),
+            threshold=threshold,
+            public_shares=public_shares,
             index_of=index_of,
         )

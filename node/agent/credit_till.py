@@ -2,7 +2,9 @@
 
     till = CreditTill(link, model, shard)
     await till.accept(credit)     checked at once as the chain will check it (σ under its key
-                                  period's committee key, a window the chain still redeems in)
+                                  period's committee key, a window the chain still redeems in
+                                  `margin_blocks` after its latest committed height, read then:
+                                  CreditExpiringError within that margin)
                                   and against the credits this till already holds or
                                   redeemed; raises `CreditInvalidError` / `CreditRefused`
     await till.redeem()           `credit_redeem` txs of up to `per_tx` held credits; a credit
@@ -36,12 +38,12 @@ from typing import Any, Protocol
 from node.agent.credit_locker import SpoolLocker
 from node.chain.committee_rpc import TxRejectedError
 from node.server.credit_locks import LOST, LockMarks
-from node.server.payments import CreditRefusedError, CreditSpool
+from node.server.payments import CreditRefusedError, CreditSpool, check_window
 from protocol import blind_bls, bls
 from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import MAX_REDEEM, CreditRedeem
-from protocol.credits import clock_from_query, lifetime_from_query
-from protocol.paid_credits import CreditInvalidError, PaidCredit, paid_redeemable, spent_id
+from protocol.credits import NODE_MARGIN_BLOCKS, clock_from_query, lifetime_from_query
+from protocol.paid_credits import CreditInvalidError, PaidCredit, spent_id
 from protocol.threshold_mint import PeriodKey
 
 log = logging.getLogger(__name__)
@@ -68,9 +70,15 @@ class CreditTill:
     model: str
     shard: int
     per_tx: int = MAX_REDEEM  # 88 bytes a credit: 64 fit well under the 64 KiB tx limit
+    # its redemption delay in blocks: a credit whose window ends within it is not taken
+    margin_blocks: int = NODE_MARGIN_BLOCKS
     held: list[PaidCredit] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)  # spent ids held or redeemed by this till
     _period_keys: dict[int, PeriodKey] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.margin_blocks < 1:  # a redemption lands in the next block at the earliest
+            raise ValueError("margin_blocks must be ≥ 1")
 
     async def current_epoch(self) -> tuple[int, int]:
         """The current epoch and the credits' lifetime in epochs."""
@@ -86,14 +94,13 @@ class CreditTill:
         self.held.append(credit)
 
     async def _check(self, credit: ThresholdCredit) -> None:
+        # the chain's time as the validator answers it now (no cache): the window's end is read
+        # there, less the till's redemption delay (CreditExpiringError within it)
         clock = clock_from_query(await self.link.query("/credit_keys"))
-        if not paid_redeemable(credit, clock):
-            raise CreditRefused(
-                f"a credit of key period {credit.period} is not redeemable in epoch {clock.epoch}"
-            )
+        check_window(credit, clock, self.margin_blocks)
         if credit.period not in self._period_keys:
             answer = await self.link.query("/credit_period", period=credit.period)
-            self._period_keys[credit.period] = PeriodKey.from_answer(answer)
+            self._period_keys[credit.period] = PeriodKey.from_answer(answer, period=credit.period)
         try:
             blind_bls.verify_credit(self._period_keys[credit.period].key, credit)
         except (blind_bls.ThresholdCreditError, bls.BlsError) as error:

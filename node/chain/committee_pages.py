@@ -5,14 +5,18 @@ Every committee list query a watcher, node or client relies on pages (`/mints`,
 no list is cut short silently. `all_pages` follows them and raises `TooManyPages` rather than
 act on a list it could not read to its end within `max_pages`; `read_pages` says whether it
 got to the end, for a reader that may act on a first part (a work list ordered by priority).
+`read_statements` reads `/payouts` so (the funder, the payout relay, the gateway's debit
+tracker and `planet earnings` each say what they do when it does not end within the bound).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.errors import PlanetError
+from protocol.fields import is_int
 
 Query = Callable[..., Awaitable[Any]]
 
@@ -62,3 +66,43 @@ async def all_pages(
             hint="the list is longer than this reader follows; it is not acted on partly",
         )
     return items
+
+
+# --- the stored payout statements (`/payouts`, newest first) --------------------------------
+
+STATEMENT_PAGES = 64  # pages of `/payouts` a reader follows a pass (pruned by retention_epochs)
+STATEMENT_PAGE_SIZE = 1000  # statements a page lists (the committee's most)
+MAX_STATEMENT = (1 << 63) - 1  # a statement number (committee epoch + page · 2^32)
+MAX_EPOCH_PAGES = 1 << 31  # a statement's `pages`
+
+
+@dataclass(frozen=True, slots=True)
+class ListedStatement:
+    """One stored payout statement as `/payouts` lists it: its number and how many pages its
+    committee epoch closed into (the summary's other fields in `summary`)."""
+
+    number: int
+    pages: int
+    summary: dict[str, Any]
+
+
+async def read_statements(
+    query: Query,
+    *,
+    max_pages: int = STATEMENT_PAGES,
+    page_size: int = STATEMENT_PAGE_SIZE,
+    **params: Any,
+) -> tuple[list[ListedStatement], bool]:
+    """The stored payout statements, every page of `/payouts` followed (newest first), at most
+    `max_pages` pages, and whether that was all of them. A summary without its numbers is a
+    `BadPage` (nothing of the listing is acted on)."""
+    rows, whole = await read_pages(
+        query, "/payouts", "epochs", max_pages=max_pages, limit=page_size, **params
+    )
+    listed: list[ListedStatement] = []
+    for row in rows:
+        number, pages = row.get("epoch"), row.get("pages")
+        if not is_int(number, 1, MAX_STATEMENT) or not is_int(pages, 1, MAX_EPOCH_PAGES):
+            raise BadPage(f"/payouts: a statement {ascii(row)[:120]} without its numbers")
+        listed.append(ListedStatement(number, pages, row))
+    return listed, whole

@@ -18,12 +18,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from node.chain.committee_pages import STATEMENT_PAGES, Query, read_statements
 from node.cli.operator import _chain, _check_chain, _common, _config, _password, format_eth
 from protocol.errors import RemoteError, UsageError
+
+log = logging.getLogger(__name__)
 
 ESCROW_STATUS = {0: "not posted", 1: "posted", 2: "disputed"}
 
@@ -138,6 +142,31 @@ async def _committee(config: Any, path: str, **params: Any) -> Any:
         await link.close()
 
 
+async def statements_of(query: Query, account: str) -> list[dict[str, Any]]:
+    """Every stored statement's summary with `amount` for `account`: all pages of `/payouts`
+    (newest first), at most `STATEMENT_PAGES`; past them the older epochs are not listed, and
+    a warning says so (`planet claim --epoch N` still claims one of them)."""
+    listed, whole = await read_statements(query, max_pages=STATEMENT_PAGES, account=account)
+    if not whole:
+        log.warning(
+            "over %d payout statements stored (%d pages read): only the newest are listed; "
+            "claim an older epoch with `planet claim --epoch N`",
+            len(listed),
+            STATEMENT_PAGES,
+        )
+    return [statement.summary for statement in listed]
+
+
+async def _account_statements(config: Any, account: str) -> list[dict[str, Any]]:
+    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
+
+    link = CommitteeLink([config.committee_rpc])
+    try:
+        return await statements_of(link.query, account)
+    finally:
+        await link.close()
+
+
 def _not_found(error: RemoteError) -> bool:
     return error.code == "query_42"
 
@@ -189,7 +218,7 @@ def earnings_of(config: Any, account: str, epoch: int | None) -> tuple[list[Epoc
             ) from None
         summaries = [{**view, "shares": view["shares"].get(account.lower(), "0")}]
     else:
-        summaries = asyncio.run(_committee(config, "/payouts", account=account))["epochs"]
+        summaries = asyncio.run(_account_statements(config, account))
     credits = asyncio.run(_committee(config, "/credits", account=account))
     out = []
     for summary in sorted(summaries, key=lambda s: int(s["epoch"])):

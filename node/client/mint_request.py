@@ -105,9 +105,10 @@ class MintRequest:
         checked: list[dict[int, bytes]] = [{} for _ in self.blindings]
         for answer in answers:
             index = period.index_of.get(str(answer.get("validator")))
-            if index is None or answer.get("mint") != self.mint_id:
+            share = None if index is None else period.public_shares.get(index)
+            if index is None or share is None or answer.get("mint") != self.mint_id:
                 continue
-            public = bls.parse_g2(period.public_shares[index], "public share")
+            public = bls.parse_g2(share, "public share")
             partials = answer.get("partials") or []
             if len(partials) != len(self.blindings):
                 continue

@@ -46,9 +46,11 @@ result (`CommitteeLink.find_tx` by hash):
   the block a little) is it dead: its items go back to pending and travel in a new report with
   a new nonce.
 
-`DebitTracker.step()` (each reporter pass) reads the committee's stored statements and, for each
-one the escrow has posted, tells the payment desk which of this gateway's authorizations it
-debited and up to which total.
+`DebitTracker.step()` (each reporter pass) reads the committee's stored statements (every page
+of `/payouts`, at most `STATEMENT_PAGES`) and, for each one the escrow has posted, tells the
+payment desk which of this gateway's authorizations it debited and up to which total. A listing
+longer than the bound is logged: the statements it did not reach mark nothing, so their charges
+stay counted against their payers (held, never dropped) until a pass reads them.
 
 The report keeps its lists apart: per-node aggregates, query ids with fees and payers'
 charges, never a session or a per-question node list. A report of a single question would
@@ -70,6 +72,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from node.chain.committee_pages import STATEMENT_PAGE_SIZE, STATEMENT_PAGES, read_statements
 from node.chain.committee_rpc import TxRejectedError, TxResult, tx_hash
 from protocol.canonical import canonical_json
 from protocol.committee.envelope import MAX_TX_BYTES, decode, sign
@@ -723,13 +726,16 @@ class Desk(Protocol):
 @dataclass
 class DebitTracker:
     """Tells the payment desk which of this gateway's charges a posted root debited: voucher
-    charges by query id (`mark_debited`), key charges by their total (`mark_key_debited`)."""
+    charges by query id (`mark_debited`), key charges by their total (`mark_key_debited`).
+    Only a statement it read and the escrow posted marks anything: a charge of a statement
+    beyond `max_pages` stays outstanding (the desk keeps holding it), never marked unseen."""
 
     committee: Committee
     escrow: EscrowView
     desk: Desk
     done: set[int] = field(default_factory=set)  # statement numbers already handled
-    listing: int = 200  # statements read per pass (an epoch may close into several)
+    max_pages: int = STATEMENT_PAGES  # pages of `/payouts` read a pass
+    page_size: int = STATEMENT_PAGE_SIZE  # statements a page (an epoch may close into several)
 
     def _owed(self) -> bool:
         return bool(self.desk.undebited() or self.desk.undebited_keys())
@@ -738,11 +744,19 @@ class DebitTracker:
         """One pass; returns how many charges were marked debited."""
         if not self._owed():
             return 0
-        listing = await self.committee.query("/payouts", limit=self.listing)
+        listed, whole = await read_statements(
+            self.committee.query, max_pages=self.max_pages, page_size=self.page_size
+        )
+        if not whole:
+            log.warning(
+                "debit tracker: over %d payout statements stored (%d pages read); the charges "
+                "of older ones stay outstanding this pass",
+                len(listed),
+                self.max_pages,
+            )
         mine = str(self.desk.gateway).lower()
         marked = 0
-        for summary in sorted(listing.get("epochs", []), key=lambda e: int(e["epoch"])):
-            number = int(summary["epoch"])
+        for number in sorted({statement.number for statement in listed}):
             if number in self.done:
                 continue
             posted = await asyncio.to_thread(self.escrow.epoch_of, number)

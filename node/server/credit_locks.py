@@ -32,7 +32,16 @@ WON, LOST = "won", "lost"
 LockStatus = Literal["won", "lost"]
 MARK_TTL_S = 3600.0  # how long the mark of a credit gone from the spool is kept (it was read)
 UNLOCKED_CREDITS = 1  # credits per session served on while their locks are in flight
-LOCK_WAIT_S = 20.0  # how long a session waits for a lock before it is stopped
+# a session is stopped `credit_lock_timeout` when a credit's lock is not committed within this
+# many committee blocks of the height the node took the credit at: the agent's pass (its
+# heartbeat, commitments and redemptions each wait for a block or two, then `poll_s`), the
+# lock's own block, a contested item sent again a block later, with room. Counted in blocks, so
+# a slow chain (blocks of 20 s and more) stops no session: a lock cannot land faster than blocks
+LOCK_WAIT_BLOCKS = 60
+# the backstop for a chain that makes no block at all (or that the node cannot read): a session
+# waiting for a lock is stopped once no new committed height was seen for this long
+LOCK_STALL_S = 120.0
+LOCK_HEIGHT_POLL_S = 1.0  # how often a node with sessions waiting for locks reads the height
 
 
 class CreditDoubleSpentError(PaymentRequiredError):

@@ -49,7 +49,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from node.server.credit_locks import (
-    LOCK_WAIT_S,
+    LOCK_HEIGHT_POLL_S,
+    LOCK_STALL_S,
+    LOCK_WAIT_BLOCKS,
     LOST,
     UNLOCKED_CREDITS,
     WON,
@@ -66,7 +68,7 @@ from protocol.credits import (
     clock_from_query,
     committed_height_from_query,
 )
-from protocol.errors import ProtocolError
+from protocol.errors import ProtocolError, RemoteError, UnavailableError
 from protocol.paid_credits import (
     CreditInvalidError,
     PaidCredit,
@@ -116,7 +118,8 @@ class Account:
     credits: int = 0
     opened: bool = False  # `opened` sent: the credits are kept whatever happens next
     taken: list[PaidCredit] = field(default_factory=list)  # taken before `opened`
-    # credits whose lock is not won yet (spent id → loop time taken): node/server/credit_locks.py
+    # credits whose lock is not won yet (spent id → the committed height it was taken at):
+    # node/server/credit_locks.py
     pending: dict[str, float] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -144,15 +147,36 @@ class CreditCheck:
         self._spent: dict[str, str] = {}  # spent id → why: redeemed, or locked, on the chain
         self._clock: ChainClock | None = None  # the chain's time at the last /credit_keys read
         self._epoch_at = float("-inf")
+        self._height = -1  # the latest committed height any answer showed
+        self._advanced_at = time.monotonic()  # when `_height` last grew
+
+    def _note_height(self, height: int) -> None:
+        if height > self._height:
+            self._height = height
+            self._advanced_at = time.monotonic()
+
+    async def _read_clock(self) -> ChainClock:
+        self._clock = clock_from_query(await self.link.query("/credit_keys"))
+        self._epoch_at = time.monotonic()
+        self._note_height(self._clock.height)
+        return self._clock
 
     async def clock(self, at_least: int = 0) -> ChainClock:
         """The chain's time as last read (at most `refresh_s` old, or older than a credit of
         epoch `at_least`): for a quick refusal, never for the window's end."""
         stale = time.monotonic() - self._epoch_at > self.refresh_s
         if stale or self._clock is None or self._clock.epoch < at_least:
-            self._clock = clock_from_query(await self.link.query("/credit_keys"))
-            self._epoch_at = time.monotonic()
+            return await self._read_clock()
         return self._clock
+
+    async def chain_height(self, max_age_s: float) -> tuple[int, float]:
+        """The latest committed height seen (`/credit_keys` read again when the last read is
+        older than `max_age_s`) and the seconds since it last grew. A read that fails leaves
+        both as they were: a chain nobody can read looks stopped."""
+        if time.monotonic() - self._epoch_at > max_age_s:
+            with contextlib.suppress(UnavailableError, RemoteError, ProtocolError):
+                await self._read_clock()
+        return self._height, time.monotonic() - self._advanced_at
 
     async def current_epoch(self, at_least: int = 0) -> int:
         return (await self.clock(at_least)).epoch
@@ -160,13 +184,15 @@ class CreditCheck:
     async def _period_key(self, period: int) -> PeriodKey:
         if period not in self._period_keys:
             answer = await self.link.query("/credit_period", period=period)
-            self._period_keys[period] = PeriodKey.from_answer(answer)  # NoPeriodKey: ask again
+            # NoPeriodKey (ask again later) or PeriodAnswerError: the credit is not taken
+            self._period_keys[period] = PeriodKey.from_answer(answer, period=period)
             while len(self._period_keys) > MAX_KEY_PERIODS:
                 del self._period_keys[next(iter(self._period_keys))]
         return self._period_keys[period]
 
-    async def check(self, credit: PaidCredit) -> None:
-        """The chain's rules for a credit: its period's window, σ under X_p, unspent."""
+    async def check(self, credit: PaidCredit) -> int:
+        """The chain's rules for a credit: its period's window, σ under X_p, unspent. Returns
+        the chain's latest committed height the credit was checked at."""
         cached = await self.clock()
         if not paid_redeemable(credit, cached):
             cached = await self.clock(at_least=cached.epoch + 1)  # the cache may lag: re-read
@@ -180,9 +206,9 @@ class CreditCheck:
             blind_bls.verify_credit(key.key, credit)
         except (blind_bls.ThresholdCreditError, bls.BlsError) as error:
             raise CreditInvalidError(f"the credit does not verify: {error.message}") from None
-        await self._check_unspent(credit, cached)
+        return await self._check_unspent(credit, cached)
 
-    async def _check_unspent(self, credit: PaidCredit, cached: ChainClock) -> None:
+    async def _check_unspent(self, credit: PaidCredit, cached: ChainClock) -> int:
         identifier = spent_id(credit)
         refusal = self._spent.get(identifier)
         if refusal is None:
@@ -198,37 +224,41 @@ class CreditCheck:
             elif locked_by is not None:  # another node's, or given back after this one locked it
                 refusal = f"this credit is locked on the committee chain by node {locked_by[:16]}…"
             else:  # the answer is the chain's time now: the window is read there
-                now = committed_height_from_query(answer, "/credit_spent")
-                self._check_window(credit, replace(cached, height=max(now, cached.height)))
-        if refusal is not None:
-            # remembered: a client replaying a spent or locked credit costs one query
-            if identifier not in self._spent and len(self._spent) >= MAX_SPENT_KNOWN:
-                self._spent.clear()
-            self._spent[identifier] = refusal
-            raise CreditRefusedError(refusal)
+                now = max(committed_height_from_query(answer, "/credit_spent"), cached.height)
+                self._note_height(now)
+                check_window(credit, replace(cached, height=now), self.margin_blocks)
+                return now
+        # remembered: a client replaying a spent or locked credit costs one query
+        if identifier not in self._spent and len(self._spent) >= MAX_SPENT_KNOWN:
+            self._spent.clear()
+        self._spent[identifier] = refusal
+        raise CreditRefusedError(refusal)
 
-    def _check_window(self, credit: PaidCredit, now: ChainClock) -> None:
-        """`takeable` at the chain's latest committed height, as its answer to `/credit_spent`
-        just said: CreditRefusedError when no later block redeems the credit (its window is
-        over, or not begun), CreditExpiringError when its window ends within `margin_blocks`."""
-        if paid_takeable(credit, now, self.margin_blocks):
-            return
-        end = paid_window_end(credit, now)
-        what = f"key period {credit.period}"
-        if not started(credit, now):
-            raise CreditRefusedError(
-                f"a credit of {what} is not redeemable yet; the chain is in epoch {now.epoch}"
-            )
-        if now.height >= end:
-            raise CreditRefusedError(
-                f"a credit of {what} was redeemable up to height {end}; the chain "
-                f"is at height {now.height}"
-            )
-        raise CreditExpiringError(
-            f"a credit of {what} is redeemed up to height {end}; the chain is at "
-            f"height {now.height} and this node takes only credits it can still redeem "
-            f"{self.margin_blocks} blocks from now"
+
+def check_window(credit: PaidCredit, now: ChainClock, margin_blocks: int) -> None:
+    """`takeable` at the chain's latest committed height `now.height` (as a validator just
+    answered it, never a cache): CreditRefusedError when no later block redeems the credit (its
+    window is over, or not begun), CreditExpiringError when its window ends within
+    `margin_blocks` (the taker's redemption delay: the compute node's `CreditCheck`, the
+    agent's `CreditTill`)."""
+    if paid_takeable(credit, now, margin_blocks):
+        return
+    end = paid_window_end(credit, now)
+    what = f"key period {credit.period}"
+    if not started(credit, now):
+        raise CreditRefusedError(
+            f"a credit of {what} is not redeemable yet; the chain is in epoch {now.epoch}"
         )
+    if now.height >= end:
+        raise CreditRefusedError(
+            f"a credit of {what} was redeemable up to height {end}; the chain "
+            f"is at height {now.height}"
+        )
+    raise CreditExpiringError(
+        f"a credit of {what} is redeemed up to height {end}; the chain is at "
+        f"height {now.height} and this node takes only credits it can still redeem "
+        f"{margin_blocks} blocks from now"
+    )
 
 
 class CreditSpool:
@@ -294,12 +324,16 @@ class Payments:
         wait_s: float = PAY_WAIT_S,
         locks: LockMarks | None = None,
         unlocked: int = UNLOCKED_CREDITS,
-        lock_wait_s: float = LOCK_WAIT_S,
+        lock_wait_blocks: int = LOCK_WAIT_BLOCKS,
+        lock_stall_s: float = LOCK_STALL_S,
+        height_poll_s: float = LOCK_HEIGHT_POLL_S,
     ) -> None:
         if positions < 1:
             raise ValueError("a credit pays for at least one position")
         if unlocked < 0:
             raise ValueError("unlocked credits must be ≥ 0")
+        if lock_wait_blocks < 1:  # a lock lands in the next block at the earliest
+            raise ValueError("lock_wait_blocks must be ≥ 1")
         self.positions = positions
         self.check = check
         self.spool = spool
@@ -308,7 +342,12 @@ class Payments:
         # session is served on at most `unlocked` credits whose lock is not won yet
         self.locks = locks
         self.unlocked = unlocked
-        self.lock_wait_s = lock_wait_s
+        # a session whose credit's lock is not committed within `lock_wait_blocks` committee
+        # blocks of the height the credit was taken at is stopped; so is one whose chain made
+        # no block for `lock_stall_s` (the committee's height read every `height_poll_s`)
+        self.lock_wait_blocks = lock_wait_blocks
+        self.lock_stall_s = lock_stall_s
+        self.height_poll_s = height_poll_s
         self.seen: set[str] = set()
         self.accepted = 0  # credits taken as pay since start
         self.refused = 0
@@ -319,7 +358,7 @@ class Payments:
         try:
             if identifier in self.seen:
                 raise CreditRefusedError("this credit was already paid to this node")
-            await self.check.check(credit)
+            height = await self.check.check(credit)
             if identifier in self.seen:  # paid again while the first was being checked
                 raise CreditRefusedError("this credit was already paid to this node")
             self.spool.add(credit)
@@ -333,7 +372,7 @@ class Payments:
         if not account.opened:
             account.taken.append(credit)
         if self.locks is not None:
-            account.pending[identifier] = asyncio.get_running_loop().time()
+            account.pending[identifier] = height
         account.credits += 1
         account.paid += self.positions
         account.notify()
@@ -361,6 +400,27 @@ class Payments:
                     "pays one node once; the session is closed"
                 )
 
+    async def _check_lock_wait(self, account: Account) -> None:
+        """CreditLockTimeoutError when the oldest credit of the session whose lock is in flight
+        was taken more than `lock_wait_blocks` committee blocks ago, or when the chain made no
+        block for `lock_stall_s` (it stopped: no lock can land)."""
+        height, still_s = await self.check.chain_height(self.height_poll_s)
+        taken = min(account.pending.values())
+        rule = (
+            f"it serves at most {self.unlocked} credits' positions before their locks are committed"
+        )
+        if height - taken > self.lock_wait_blocks:
+            raise CreditLockTimeoutError(
+                f"{len(account.pending)} credits of this session were not locked for this node "
+                f"within {self.lock_wait_blocks} committee blocks (taken at height {taken}, the "
+                f"chain is at {height}); {rule}"
+            )
+        if still_s > self.lock_stall_s:
+            raise CreditLockTimeoutError(
+                f"{len(account.pending)} credits of this session wait for their locks and the "
+                f"committee made no block in {still_s:.0f} s (height {height}); {rule}"
+            )
+
     async def cover(self, account: Account, count: int) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_s
@@ -378,12 +438,7 @@ class Payments:
                         "positions each) before the positions it covers"
                     )
             else:  # paid, but more of it waits for its locks than this node serves on
-                if loop.time() - min(account.pending.values()) > self.lock_wait_s:
-                    raise CreditLockTimeoutError(
-                        f"{len(account.pending)} credits of this session were not locked for "
-                        f"this node within {self.lock_wait_s:g} s; it serves at most "
-                        f"{self.unlocked} credits' positions before their locks are committed"
-                    )
+                await self._check_lock_wait(account)
                 wait = LOCK_POLL_S
             changed = account.changed
             with contextlib.suppress(TimeoutError):

@@ -63,6 +63,7 @@ from protocol.stream import (
     parse_control,
     ws_frame_bytes,
 )
+from protocol.threshold_mint import PeriodAnswerError
 
 log = logging.getLogger(__name__)
 
@@ -467,7 +468,8 @@ async def _pay(state: NodeState, link: _Link, control: Control) -> None:
         raise CreditNotTakenError(identifier, "this node computes without credits")
     try:
         await state.payments.accept(route.account, control.credit)
-    except (UnavailableError, RemoteError) as error:  # its validator does not answer
+    # its validator does not answer, or answers a key period it cannot parse
+    except (UnavailableError, RemoteError, PeriodAnswerError) as error:
         raise CreditNotTakenError(
             identifier, f"the node cannot check credits now ({error.code})"
         ) from None

@@ -138,7 +138,8 @@ async def run(args: argparse.Namespace) -> int:
 async def _relay_step(
     relay: PayoutRelay | VerdictRelay | MintFunder | CreditDkgDriver,
 ) -> None:
-    """One relay pass; its failures are logged and never slow the stake attestations."""
+    """One relay pass; its failures are logged and never slow the stake attestations, nor
+    stop the loop (a bug's traceback is logged and the next pass runs)."""
     what = type(relay).__name__
     try:
         await relay.step()
@@ -146,6 +147,8 @@ async def _relay_step(
         log.warning("%s pass failed: %s", what, error.message)
     except (KeyError, ValueError, TypeError) as error:  # an odd answer: log, go on
         log.warning("%s pass failed on an unexpected answer: %r", what, error)
+    except Exception:  # a bug: the other relays and the stake watcher go on
+        log.exception("%s pass failed", what)
 
 
 def verdict_relay(

@@ -15,11 +15,19 @@ current key period and the next, and for each run that names this validator:
 
 Decisions are made on committed state (`plan`: pure, testable without a network); a message the
 chain already holds is never sent twice. A failure is logged and tried again next pass.
+
+Each `/credit_period` answer is checked at the boundary (`checked_answer`) before `plan` reads
+it: every field it uses typed and in range, the deals decodable, the receivers' keys ed25519
+points, a formed key through `PeriodKey.from_answer`. An answer that does not pass (a bug, a
+corrupted store) is refused by name (`PeriodAnswerError`, code `credit_period_invalid`, naming
+the field), logged as an error and counted in `refused`; that period is left alone this pass,
+the other one is still played, and the watcher's loop goes on.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +37,11 @@ from nacl.signing import SigningKey
 from node.watcher.payouts import Committee
 from protocol import bls, dkg_wire
 from protocol.committee.credit_dkg import DkgComplaint, DkgDeal, DkgJustify
-from protocol.credit_dkg_run import box_private_of, config_of
+from protocol.credit_dkg_run import box_key_of, box_private_of, config_of
 from protocol.credit_periods import DkgWindow, KeySchedule
 from protocol.credit_shares import CREDIT_SHARES_DIR, CreditShareStore
 from protocol.dkg import (
+    MAX_PARTICIPANTS,
     Complaint,
     DealerSecret,
     DkgConfig,
@@ -44,6 +53,8 @@ from protocol.dkg import (
     open_share,
 )
 from protocol.errors import PlanetError
+from protocol.fields import Fields
+from protocol.threshold_mint import MAX_PERIOD, PeriodAnswerError, PeriodKey
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +68,100 @@ class DkgTxRefused(PlanetError):
         super().__init__(f"{kind} of key period {period} refused (code {tx_code}): {text}")
 
 
+MAX_HEIGHT = (1 << 63) - 1
+_ADDRESS = re.compile(r"[0-9A-F]{40}\Z")  # a CometBFT validator address
+_HEX32 = re.compile(r"[0-9a-f]{64}\Z")  # a session id, an ed25519 key, a scalar
+_G2 = re.compile(rf"[0-9a-f]{{{2 * bls.G2_BYTES}}}\Z")
+_HEX = re.compile(r"(?:[0-9a-f]{2})+\Z")
+_DEALER = re.compile(r"[1-9][0-9]{0,3}\Z")
+
+
+def checked_answer(answer: Any, period: int | None = None) -> dict[str, Any]:
+    """`answer`, a `/credit_period` answer (of `period`, when given), once every field `plan`
+    reads is of its type and range; `PeriodAnswerError` naming the first field that is not
+    (abci_app/period_queries.py writes it)."""
+    check = Fields(PeriodAnswerError)
+    if not isinstance(answer, dict):
+        raise PeriodAnswerError("/credit_period: expected an object")
+    number = check.integer(answer.get("period"), "/credit_period period", 0, MAX_PERIOD)
+    if period is not None and number != period:
+        raise PeriodAnswerError(f"/credit_period period: asked for {period}, answered {number}")
+    check.integer(answer.get("current_period"), "/credit_period current_period", 0, MAX_PERIOD)
+    check.integer(answer.get("committed_height"), "/credit_period committed_height", 0, MAX_HEIGHT)
+    for name in ("key_period_blocks", "dkg_phase_blocks"):
+        check.integer(answer.get(name), f"/credit_period {name}", 1, MAX_HEIGHT)
+    run = answer.get("run")
+    if run is None:
+        return answer
+    if not isinstance(run, dict):
+        raise PeriodAnswerError("/credit_period run: expected an object or null")
+    _check_run(check, run)
+    result = run.get("result")
+    if result is not None and not isinstance(result, dict):
+        raise PeriodAnswerError("/credit_period run.result: expected an object or null")
+    if result is not None and "key" in result:
+        _check_result(check, PeriodKey.from_answer(answer, period=number), result, run)
+    return answer
+
+
+def _check_result(
+    check: Fields, formed: PeriodKey, result: dict[str, Any], run: dict[str, Any]
+) -> None:
+    """A formed key's fields beyond `PeriodKey` (its key, threshold and shares): a public share
+    for every receiver, the qualified dealers, `threshold` commitments."""
+    where = "/credit_period run.result"
+    count = len(run["receivers"])
+    if len(formed.public_shares) != count:
+        raise PeriodAnswerError(f"{where}.public_shares: expected one for each of {count}")
+    for dealer in check.items(result.get("qualified"), f"{where}.qualified", count):
+        check.integer(dealer, f"{where}.qualified[]", 1, count)
+    commitments = check.items(result.get("commitments"), f"{where}.commitments", count)
+    if len(commitments) != formed.threshold:
+        raise PeriodAnswerError(f"{where}.commitments: expected {formed.threshold}")
+    for commitment in commitments:
+        check.text(commitment, f"{where}.commitments[]", _G2, 2 * bls.G2_BYTES)
+
+
+def _check_run(check: Fields, run: dict[str, Any]) -> None:
+    where = "/credit_period run"
+    check.text(run.get("session"), f"{where}.session", _HEX32, 64)
+    check.integer(run.get("attempt"), f"{where}.attempt", 0, MAX_HEIGHT)
+    check.integer(run.get("start"), f"{where}.start", 0, MAX_HEIGHT)
+    receivers = check.rows(run.get("receivers"), f"{where}.receivers", 2, MAX_PARTICIPANTS)
+    if not receivers:
+        raise PeriodAnswerError(f"{where}.receivers: a run has receivers")
+    for i, (address, public) in enumerate(receivers):
+        check.text(address, f"{where}.receivers[{i}] address", _ADDRESS, 40)
+        check.text(public, f"{where}.receivers[{i}] key", _HEX32, 64)
+        try:
+            box_key_of(bytes.fromhex(public))
+        except DkgError as error:
+            raise PeriodAnswerError(f"{where}.receivers[{i}] key: {error.reason}") from None
+    count = len(receivers)
+    deals = run.get("deals")
+    if not isinstance(deals, dict):
+        raise PeriodAnswerError(f"{where}.deals: expected an object")
+    for dealer, data in deals.items():
+        check.text(dealer, f"{where}.deals dealer", _DEALER, 4)
+        check.integer(int(dealer), f"{where}.deals dealer", 1, count)
+        check.text(data, f"{where}.deals[{dealer}]", _HEX, 2 * dkg_wire.MAX_DEAL_BYTES)
+        try:
+            dkg_wire.decode_deal(bytes.fromhex(data))
+        except DkgError as error:
+            raise PeriodAnswerError(f"{where}.deals[{dealer}]: {error.reason}") from None
+    for pair in check.rows(run.get("complaints"), f"{where}.complaints", 2, count * count):
+        for index in pair:
+            check.integer(index, f"{where}.complaints[]", 1, count)
+    for row in check.rows(run.get("justifications"), f"{where}.justifications", 3, count * count):
+        check.integer(row[0], f"{where}.justifications[] dealer", 1, count)
+        check.integer(row[1], f"{where}.justifications[] receiver", 1, count)
+        check.text(row[2], f"{where}.justifications[] share", _HEX32, 64)
+
+
 def plan(answer: dict[str, Any], key: SigningKey, store: CreditShareStore) -> list[DkgBody]:
-    """What this validator sends next for the run in `answer` (a `/credit_period` answer), with
-    the share store updated first (its deal's polynomial, the shares it opened, its final share)."""
+    """What this validator sends next for the run in `answer` (a `/credit_period` answer that
+    `checked_answer` passed), with the share store updated first (its deal's polynomial, the
+    shares it opened, its final share)."""
     run = answer.get("run")
     period = int(answer["period"])
     if run is None:
@@ -159,25 +261,44 @@ class CreditDkgDriver:
     committee: Committee
     key: SigningKey  # the consensus key: signs the txs, its Curve25519 form opens the shares
     store: CreditShareStore
+    refused: int = 0  # `/credit_period` answers refused since start (each logged by name)
 
     @classmethod
     def of_validator(cls, committee: Committee, key: SigningKey, home: Path) -> CreditDkgDriver:
         return cls(committee, key, CreditShareStore(home / CREDIT_SHARES_DIR))
 
     async def step(self) -> list[DkgBody]:
-        """One pass over the current key period and the next; returns what it sent."""
-        now = await self.committee.query("/credit_period")
-        if not now["run"] and now["committed_height"] == 0:
+        """One pass over the current key period and the next; returns what it sent. A period
+        whose answer is refused (`checked_answer`) is skipped this pass, logged by name."""
+        now = await self._read(None)
+        if now is None or (not now["run"] and now["committed_height"] == 0):
             return []
         sent: list[DkgBody] = []
-        current = int(now["current_period"])
+        current = now["current_period"]
         for period in (current, current + 1):
-            answer = now if period == int(now["period"]) else None
+            answer = now if period == now["period"] else await self._read(period)
             if answer is None:
-                answer = await self.committee.query("/credit_period", period=period)
+                continue
             for body in plan(answer, self.key, self.store):
                 code, text = await self.committee.send(body)
                 if code != 0:
                     raise DkgTxRefused(body.TYPE, period, code, text)
                 sent.append(body)
         return sent
+
+    async def _read(self, period: int | None) -> dict[str, Any] | None:
+        """The checked `/credit_period` answer (the current period's without `period`), or
+        None when it is refused: logged as an error naming the field, counted in `refused`."""
+        params = {} if period is None else {"period": period}
+        answer = await self.committee.query("/credit_period", **params)
+        try:
+            return checked_answer(answer, period)
+        except PeriodAnswerError as error:
+            self.refused += 1
+            log.error(
+                "credit key period %s: /credit_period answer refused code=%s: %s",
+                "current" if period is None else period,
+                error.code,
+                error.message,
+            )
+            return None

@@ -37,7 +37,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from node.chain.committee_pages import TooManyPages, all_pages, read_pages
+from node.chain.committee_pages import (
+    STATEMENT_PAGES,
+    TooManyPages,
+    all_pages,
+    read_pages,
+    read_statements,
+)
 from node.watcher.payouts import Committee
 from protocol.committee.credits import FundMint
 from protocol.committee.settlement import statement_page
@@ -50,6 +56,8 @@ POSTED = 1  # QueryEscrow.epochOf status: the root is posted (2 Disputed: charge
 PENDING_PAGES = 64  # pages of the waiting list read per pass (1,000 mints a page): returning
 # buyers' mints come first, so only new payers' beyond 64,000 wait for a later pass
 PAYER_PAGES = 64  # pages of one payer's mints: a longer list is not weighed (never partly)
+# pages of `/payouts` read a pass: STATEMENT_PAGES (node/chain/committee_pages.py, 1,000
+# statements a page); an epoch beyond them keeps its mints in flight
 
 
 class Escrow(Protocol):
@@ -195,13 +203,20 @@ class MintFunder:
         return done
 
     async def _statements(self) -> dict[int, list[int]]:
-        """Epoch → the numbers of its stored payout statements (one per page)."""
-        listing = await self.committee.query("/payouts", limit=200)
+        """Epoch → the numbers of its stored payout statements (one per page), every page of
+        `/payouts` followed to its end (newest first), at most `STATEMENT_PAGES`: beyond them
+        an epoch is not listed, and its mints stay in flight (counted, conservative)."""
+        listed, whole = await read_statements(self.committee.query, max_pages=STATEMENT_PAGES)
+        if not whole:
+            log.warning("over %d payout statements stored: older ones not read", len(listed))
         out: dict[int, list[int]] = {}
-        for summary in listing.get("epochs", []):
-            number = int(summary["epoch"])
-            out.setdefault(statement_page(number)[0], []).append(number)
-        return out
+        pages: dict[int, int] = {}
+        for statement in listed:
+            epoch = statement_page(statement.number)[0]
+            out.setdefault(epoch, []).append(statement.number)
+            pages[epoch] = statement.pages
+        # an epoch whose pages were not all listed (the read ended among them) is left out
+        return {e: numbers for e, numbers in out.items() if len(set(numbers)) == pages[e]}
 
     async def _debited(self, epoch: int, statements: dict[int, list[int]]) -> bool:
         """Whether every statement of `epoch` is posted (its debits are in the EVM balance)."""
@@ -209,7 +224,7 @@ class MintFunder:
             return True
         numbers = statements.get(epoch)
         if not numbers:
-            return False  # not closed yet (or listed beyond the window: counted, conservative)
+            return False  # not closed yet (or not read to its last page: counted, conservative)
         for number in numbers:
             view = await asyncio.to_thread(self.escrow.epoch_of, number)
             if int(view["status"]) != POSTED:

@@ -6,8 +6,12 @@ settled in several pages has one statement per page (page p of epoch e is e + pÂ
 signed, confirmed and posted on its own.
 
 One `step()`:
-1. `/payouts` (the stored statements, newest first, up to `listing`): for each one not settled
-   locally yet, read it (`/payouts?epoch=N`);
+1. `/payouts` (the stored statements, newest first, every page followed by its cursor, at most
+   `STATEMENT_PAGES` pages: node/chain/committee_pages.py): for each one not settled locally
+   yet, oldest first, read it (`/payouts?epoch=N`). A listing longer than the bound is logged
+   and only its newest part is handled this pass: the older statements are neither signed nor
+   posted until a pass reaches them (nothing is ever posted twice: step 3 asks the escrow
+   first, and `EpochAlreadyPosted` counts as done);
 2. not signed by this validator's operator yet â†’ check the statement is bound to this
    deployment's QueryEscrow, sign `PayoutRoot` (committee EIP-712 domain), send `payout_vote`.
    The chain rebuilds the statement from its own record and checks the signature; the same
@@ -26,6 +30,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from node.chain.committee_pages import STATEMENT_PAGE_SIZE, STATEMENT_PAGES, read_statements
 from node.chain.committee_rpc import TxRejectedError
 from node.chain.evm.errors import ContractRevert
 from protocol.committee.settlement import PayoutVote
@@ -86,7 +91,8 @@ class PayoutRelay:
     domain: Domain
     signed: set[int] = field(default_factory=set)
     posted: set[int] = field(default_factory=set)
-    listing: int = 200  # statements read per pass (an epoch may close into several pages)
+    max_pages: int = STATEMENT_PAGES  # pages of `/payouts` read a pass
+    page_size: int = STATEMENT_PAGE_SIZE  # statements a page (an epoch may close into several)
 
     @property
     def operator(self) -> str:
@@ -96,10 +102,18 @@ class PayoutRelay:
 
     async def step(self) -> list[tuple[str, int]]:
         """One pass; returns what was done as ("signed" | "posted", epoch) pairs."""
-        listing = await self.committee.query("/payouts", limit=self.listing)
+        listed, whole = await read_statements(
+            self.committee.query, max_pages=self.max_pages, page_size=self.page_size
+        )
+        if not whole:
+            log.warning(
+                "payout relay: over %d statements stored (%d pages read); older ones are not "
+                "signed or posted this pass",
+                len(listed),
+                self.max_pages,
+            )
         done: list[tuple[str, int]] = []
-        for summary in sorted(listing.get("epochs", []), key=lambda e: int(e["epoch"])):
-            epoch = int(summary["epoch"])
+        for epoch in sorted({statement.number for statement in listed}):
             if epoch in self.posted:
                 continue
             view = await self.committee.query("/payouts", epoch=epoch)

@@ -24,6 +24,7 @@ from tests.unit.test_abci_settlement import (
     GATEWAY_EVM,
     GATEWAY_EVM_KEY,
     ask,
+    ask_code,
     evm_of,
     next_epoch_end,
     one,
@@ -166,3 +167,85 @@ def test_each_gateway_has_its_own_pages_the_oldest_pending_first(small_pages: No
         chain.state.committed("sqdone", f"{query_id(1)}/{GATEWAY_EVM}")["statement"]
         == views[1]["epoch"]
     )
+
+
+def test_the_statement_list_pages_with_a_cursor_every_statement_once(small_pages: None) -> None:
+    """`/payouts` without `epoch` answers a page of at most `limit` statements, newest first,
+    and `next`, the `after` of the next page (null on the last): followed, every stored
+    statement comes once, in the one-page order, also when an epoch's pages straddle two
+    pages of the list (issue 42: a reader with `limit=200` lost every statement past 200)."""
+    chain = settled_chain(epoch_length=40)
+    serve(chain, [(query_id(i), 10 + i) for i in range(1, 8)], per_report=1)  # 3 pages
+    first = next_epoch_end(chain)
+    serve(chain, [(query_id(i), 10 + i) for i in range(8, 12)], per_report=1)  # 2 pages
+    second = next_epoch_end(chain)
+    whole = ask(chain, "/payouts")
+    assert whole["next"] is None
+    expected = [statement_number(second, p) for p in (1, 0)] + [
+        statement_number(first, p) for p in (2, 1, 0)
+    ]
+    assert [s["epoch"] for s in whole["epochs"]] == expected
+    for limit in (1, 2, 4):
+        read, after, pages = [], "", 0
+        while after is not None:
+            page = ask(chain, f"/payouts?limit={limit}" + (f"&after={after}" if after else ""))
+            assert 0 < len(page["epochs"]) <= limit
+            read += page["epochs"]
+            after, pages = page["next"], pages + 1
+        assert read == whole["epochs"] and pages == -(-len(expected) // limit)
+    # a cursor that is no statement number, or past the oldest: refused by name / empty
+    assert ask_code(chain, f"/payouts?after={statement_number(1, 64)}") == Code.BAD_QUERY
+    assert ask_code(chain, "/payouts?after=0x5") == Code.BAD_QUERY
+    assert ask(chain, f"/payouts?after={first}") == {**whole, "epochs": [], "next": None}
+
+
+def pages(chain: Chain, path: str, key: str, **params: object) -> list[list[object]]:
+    """Every page of `path` (one item a page), following `next` as `after`."""
+    out: list[list[object]] = []
+    after: object = None
+    while True:
+        query = "&".join(f"{k}={v}" for k, v in {**params, "limit": 1}.items())
+        answer = ask(chain, f"{path}?{query}" + ("" if after is None else f"&after={after}"))
+        out.append(answer[key])
+        after = answer["next"]
+        if after is None:
+            return out
+
+
+def test_evidence_and_flagged_coverage_page_with_a_cursor() -> None:
+    """`/evidence` and `/coverage` (without `node`) answered their first `limit` and no more
+    (issue 42: no silent cap): both page like `/commitments`, `next` the `after` of the next
+    page, null on the last, every record once."""
+    from protocol.committee.commitments import (
+        CommitBatch,
+        CommitmentRecord,
+        RevealBatch,
+        RevealRecord,
+    )
+    from protocol.committee.settlement import NodeWork
+    from tests.unit.test_abci_coverage import close_epochs, routable_node
+
+    chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
+    silent = [routable_node(chain, f"silent-{i}", shard=i) for i in range(3)]
+    work = report(*(NodeWork(key, "m", i, 2, 200) for i, key in enumerate(silent)))
+    assert one(chain, work, GATEWAY).code == Code.OK
+    session = "0x" + "01" * 32
+    cheat = seeded_key("silent-0")
+    records = tuple(CommitmentRecord(session, s, 0, "0x" + f"{s:064x}") for s in (1, 2, 3))
+    assert one(chain, CommitBatch(records), cheat).code == Code.OK
+    reveals = tuple(
+        RevealRecord(session, s, 0, "0x" + "00" * 32, "0x" + "00" * 32) for s in (1, 2, 3)
+    )
+    assert one(chain, RevealBatch(reveals), cheat).code == Code.OK
+    whole = ask(chain, "/evidence")
+    assert len(whole["evidence"]) == 3 and whole["next"] is None
+    listed = pages(chain, "/evidence", "evidence")
+    assert [len(p) for p in listed] == [1, 1, 1]
+    assert [p[0] for p in listed] == whole["evidence"]
+    assert pages(chain, "/evidence", "evidence", node=hexkey(cheat)) == listed
+    close_epochs(chain, 3)  # past the grace window: every silent node flagged
+    flagged = ask(chain, "/coverage")
+    assert sorted(flagged["uncommitted"]) == sorted(silent) and flagged["next"] is None
+    listed = pages(chain, "/coverage", "uncommitted")
+    assert [node for page in listed for node in page] == flagged["uncommitted"]
+    assert len(listed) == 3

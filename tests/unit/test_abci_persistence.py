@@ -88,3 +88,20 @@ def test_abci_crash_after_init_chain_starts_over(tmp_path: Path) -> None:
     assert restarted.state.height == 1
     params = json.loads(query(restarted.state, "/params", b"")[1])
     assert params["chain_id"] == "planet-test" and len(params["validators"]) == 4
+
+
+def test_store_ranges_read_both_ways_across_its_internal_pages() -> None:
+    """`Store.items` (and `State.committed_items`) over a range larger than the store's own
+    read page, ascending and `descending`: the same keys, exact reverse order, bounds kept."""
+    from abci_app.store import _PAGE, Store
+
+    store = Store(":memory:")
+    keys = [f"{n:06d}" for n in range(2 * _PAGE + 7)]
+    store.commit(1, b"\0" * 32, [("ns", key, json.dumps(int(key))) for key in keys])
+    store.commit(2, b"\0" * 32, [("other", "000001", "1")])
+    assert [k for k, _ in store.items("ns")] == keys
+    assert [k for k, _ in store.items("ns", descending=True)] == keys[::-1]
+    lower, upper = keys[3], keys[_PAGE + 40]
+    inside = [(k, int(k)) for k in keys if lower <= k < upper]
+    assert list(store.items("ns", lower, upper, descending=True)) == inside[::-1]
+    assert list(store.items("ns", lower, upper)) == inside

@@ -36,7 +36,7 @@ def dkg_chain() -> Chain:
             "layer_tokens": 16,
             "key_period_blocks": PERIOD_BLOCKS,
             "dkg_phase_blocks": PHASE,
-        }
+        },
     )
 
 
@@ -202,3 +202,85 @@ def test_the_watchers_driver_forms_the_key_pass_after_pass(tmp_path: Path) -> No
         asyncio.run(driver.step())  # the key is formed: each writes its share
     assert all(d.store.share(0) is not None for d in drivers)
     assert ask(chain, "/credit_period?period=0")["run"]["result"]["qualified"] == [1, 2, 3, 4]
+
+
+class _Corrupted(_Committee):
+    """The committee link, its `/credit_period` answers passed through `corrupt` (a bug or a
+    corrupted store on the validator's side)."""
+
+    corrupt: Any = None
+
+    async def query(self, path: str, **params: Any) -> Any:
+        answer = await super().query(path, **params)
+        return answer if self.corrupt is None else self.corrupt(answer)
+
+
+def _run(change: dict[str, Any]) -> Any:
+    return lambda a: {**a, "run": {**a["run"], **change}}
+
+
+CORRUPTIONS: dict[str, Any] = {
+    "/credit_period: expected an object": lambda a: [a],
+    "/credit_period period": lambda a: {**a, "period": "0"},
+    "/credit_period committed_height": lambda a: {**a, "committed_height": None},
+    "/credit_period run:": lambda a: {**a, "run": ["x"]},
+    "run.session": _run({"session": "ab"}),
+    "run.receivers[0] address": lambda a: _run(
+        {"receivers": [["x", *a["run"]["receivers"][0][1:]]]}
+    )(a),
+    "run.receivers[0] key": _run({"receivers": [["AB" * 20, "00" * 32]]}),
+    "run.deals dealer": _run({"deals": {"0": "00"}}),
+    "run.deals[1]": _run({"deals": {"1": "0000"}}),
+    "run.complaints": _run({"complaints": [[1]]}),
+    "run.justifications": _run({"justifications": [[1, 2, "zz"]]}),
+    "run.result:": _run({"result": "formed"}),
+    "run.result.threshold": _run({"result": {"key": "00" * 96}}),
+}
+
+
+def test_the_watchers_driver_refuses_a_malformed_answer_by_name_and_keeps_going(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 42: the driver checks its own `/credit_period` answers (`checked_answer`): each
+    malformed one is a logged `credit_period_invalid` refusal naming the field, nothing is
+    sent, the pass returns; a refused next period leaves the current one played, and once the
+    answers are whole again the same driver deals."""
+    chain = dkg_chain()
+    chain.advance_to(SCHEDULE.dkg_start(0))
+    validator = chain.validators[0]
+    link = _Corrupted(chain, validator.key, [])
+    driver = CreditDkgDriver(link, validator.key, CreditShareStore(tmp_path / "v0"))
+    for field, corrupt in CORRUPTIONS.items():
+        link.corrupt = corrupt
+        caplog.clear()
+        with caplog.at_level("ERROR", logger="node.watcher.credit_dkg"):
+            assert asyncio.run(driver.step()) == []
+        [record] = caplog.records
+        assert "credit_period_invalid" in record.getMessage(), field
+        assert field in record.getMessage(), (field, record.getMessage())
+    assert driver.refused == len(CORRUPTIONS) and link.mempool == []
+    link.corrupt = lambda a: a if a["period"] == 0 else {**a, "run": ["x"]}  # period 1 only
+    [deal] = asyncio.run(driver.step())
+    assert isinstance(deal, DkgDeal) and deal.period == 0
+    assert driver.refused == len(CORRUPTIONS) + 1
+
+
+def test_a_bug_in_a_relay_pass_is_logged_and_the_loop_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever a pass raises (here an AttributeError, no answer error at all), the watcher's
+    `_relay_step` logs it with its traceback and returns: the loop runs its next pass."""
+    from node.watcher.__main__ import _relay_step
+
+    class Broken:
+        async def query(self, path: str, **params: Any) -> Any:
+            raise AttributeError("a bug")
+
+    from nacl.signing import SigningKey
+
+    key = SigningKey(bytes(range(32)))
+    driver = CreditDkgDriver(Broken(), key, CreditShareStore(tmp_path))  # type: ignore[arg-type]
+    with caplog.at_level("ERROR", logger="node.watcher.__main__"):
+        asyncio.run(_relay_step(driver))
+    [record] = caplog.records
+    assert "CreditDkgDriver pass failed" in record.getMessage() and record.exc_info

@@ -45,7 +45,15 @@ PRICE = 8  # positions per credit
 class Node:
     """One node: its compute process's payments and its agent's locker and redeemer."""
 
-    def __init__(self, chain, key, spool_dir: Path, unlocked: int, lock_wait_s: float) -> None:
+    def __init__(
+        self,
+        chain,
+        key,
+        spool_dir: Path,
+        unlocked: int,
+        lock_wait_blocks: int = 60,
+        lock_stall_s: float = 5.0,
+    ) -> None:
         link = ChainLink(chain, key)
         spool = CreditSpool(spool_dir)
         self.payments = Payments(
@@ -55,7 +63,9 @@ class Node:
             wait_s=0.1,
             locks=LockMarks(spool_dir),
             unlocked=unlocked,
-            lock_wait_s=lock_wait_s,
+            lock_wait_blocks=lock_wait_blocks,
+            lock_stall_s=lock_stall_s,
+            height_poll_s=0.01,
         )
         self.locker = SpoolLocker(link, "m", 0, spool)
         self.redeemer = SpoolRedeemer(CreditTill(link, "m", 0), spool, locker=self.locker)
@@ -74,13 +84,13 @@ class Node:
         return None
 
 
-def _two_nodes(tmp: Path, unlocked: int = 1, lock_wait_s: float = 5.0):
+def _two_nodes(tmp: Path, unlocked: int = 1, lock_wait_blocks: int = 60, lock_stall_s: float = 5.0):
     chain, a = node_chain(tmp)
     b = register(chain, "other-node", shards=(0,))
     make_routable(chain, b)
     credits, _ = minted(chain, tmp, count=3)
     nodes = [
-        Node(chain, key, tmp / f"spool-{name}", unlocked, lock_wait_s)
+        Node(chain, key, tmp / f"spool-{name}", unlocked, lock_wait_blocks, lock_stall_s)
         for name, key in (("a", a), ("b", b))
     ]
     return chain, (a, b), credits, nodes
@@ -106,7 +116,7 @@ async def test_one_credit_shown_to_two_nodes_pays_the_first_lock_and_the_other_s
     assert b.locker.lost == 1
     assert LockMarks(b.payments.spool.dir).status(spent_id(shared)) == "lost"
     # once a's lock is committed, no other node takes the credit at all (not redeemed yet)
-    late = Node(chain, keys[1], tmp_path / "spool-late", 1, 5.0)
+    late = Node(chain, keys[1], tmp_path / "spool-late", 1)
     with pytest.raises(CreditRefusedError, match="locked on the committee chain by node"):
         await late.payments.accept(late.account, own_a)
     # a serves on everything it was paid; b stops the session by name at its next frame
@@ -127,7 +137,7 @@ async def test_one_credit_shown_to_two_nodes_pays_the_first_lock_and_the_other_s
 async def test_with_no_unlocked_credit_the_node_that_loses_the_lock_serves_nothing(
     tmp_path: Path,
 ) -> None:
-    _, _, credits, (a, b) = _two_nodes(tmp_path, unlocked=0, lock_wait_s=0.3)
+    _, _, credits, (a, b) = _two_nodes(tmp_path, unlocked=0, lock_stall_s=0.3)
     shared = credits[0]
     for node in (a, b):
         await node.payments.accept(node.account, shared)
@@ -141,12 +151,54 @@ async def test_with_no_unlocked_credit_the_node_that_loses_the_lock_serves_nothi
 async def test_a_lock_that_never_comes_stops_the_session_after_the_same_bound(
     tmp_path: Path,
 ) -> None:
-    _, _, credits, (a, _) = _two_nodes(tmp_path, unlocked=1, lock_wait_s=0.3)
+    """The bound counts committee blocks: a lock not committed within `lock_wait_blocks` blocks
+    of the height the credit was taken at stops the session by name, after the same R · N
+    positions; one block fewer and the session still waits."""
+    chain, _, credits, (a, _) = _two_nodes(tmp_path, unlocked=1, lock_wait_blocks=3)
     for credit in credits[:2]:
         await a.payments.accept(a.account, credit)
-    stopped = await a.serve()  # no agent pass: neither lock is decided
+    taken = chain.state.height
+    session = asyncio.create_task(a.serve())  # no agent pass: neither lock is decided
+    for _ in range(3):
+        chain.advance_to(chain.state.height + 1)
+        await asyncio.sleep(0.05)
+        assert not session.done() and a.served == PRICE
+    chain.advance_to(taken + 4)
+    stopped = await asyncio.wait_for(session, 5)
     assert isinstance(stopped, CreditLockTimeoutError) and stopped.code == "credit_lock_timeout"
+    assert f"within 3 committee blocks (taken at height {taken}" in stopped.message
     assert a.served == PRICE
+
+
+async def test_a_slow_chain_stops_no_session_that_its_locks_reach(tmp_path: Path) -> None:
+    """Time does not stop a session while the chain makes blocks: 12 blocks a tenth of a
+    second apart against a backstop of 0.5 s (the session waits 1.2 s in all, over twice
+    that), and the lock, committed then, lets the session go on. Before, the bound was
+    seconds (LOCK_WAIT_S = 20), and a chain of blocks over 20 s stopped every session
+    `credit_lock_timeout`."""
+    chain, _, credits, (a, _) = _two_nodes(
+        tmp_path, unlocked=1, lock_wait_blocks=15, lock_stall_s=0.5
+    )
+    for credit in credits[:2]:
+        await a.payments.accept(a.account, credit)
+    session = asyncio.create_task(a.serve(2 * PRICE))
+    for _ in range(12):
+        await asyncio.sleep(0.1)
+        chain.advance_to(chain.state.height + 1)
+        assert not session.done() and a.served == PRICE
+    assert await a.locker.step() == 2
+    assert await asyncio.wait_for(session, 5) is None and a.served == 2 * PRICE
+
+
+async def test_a_chain_that_makes_no_block_stops_the_session_by_its_backstop(
+    tmp_path: Path,
+) -> None:
+    _, _, credits, (a, _) = _two_nodes(tmp_path, unlocked=1, lock_stall_s=0.3)
+    for credit in credits[:2]:
+        await a.payments.accept(a.account, credit)
+    stopped = await asyncio.wait_for(a.serve(), 5)  # no block, no agent pass
+    assert isinstance(stopped, CreditLockTimeoutError) and stopped.code == "credit_lock_timeout"
+    assert "made no block" in stopped.message and a.served == PRICE
 
 
 async def test_a_till_without_a_lock_drops_a_credit_another_node_locked(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from nacl.signing import SigningKey
 from abci_app.queries import query
 from node.agent.credit_till import CreditRefused, CreditTill
 from protocol.committee.credits import CreditRedeem
+from protocol.credits import NODE_MARGIN_BLOCKS, CreditExpiringError, window_end
 from protocol.paid_credits import CreditInvalidError
 from tests.committee_chain import Chain
 from tests.credit_chain import minted, node_chain
@@ -92,11 +93,48 @@ async def test_till_refuses_a_credit_past_its_window(tmp_path: Path) -> None:
     issue = ask(chain, f"/mints?id={req.mint_id}")["issue_epoch"]
     length = chain.state.genesis.epoch_length
     chain.advance_to((issue + 2) * length + 1)  # e + 3
-    till = CreditTill(ChainLink(chain, node), "m", 0)
+    till = CreditTill(ChainLink(chain, node), "m", 0, margin_blocks=1)
     await till.accept(credits[1])
     chain.advance_to((issue + 3) * length + 1)  # e + 4
-    with pytest.raises(CreditRefused, match="not redeemable"):
+    with pytest.raises(CreditRefused, match="redeemable up to height"):
         await till.accept(credits[0])
+
+
+async def test_till_refuses_a_credit_whose_window_closes_within_its_margin(tmp_path: Path) -> None:
+    """Attack 9 at the till: the window is read against the chain's latest committed height
+    when the credit is shown, less the till's redemption delay M (`margin_blocks`, default
+    NODE_MARGIN_BLOCKS): at h = end − M the credit is taken and the chain redeems it M blocks
+    on; at h = end − M + 1 … end − 1 it is refused `credit_expiring` by name (at end, as past
+    its window)."""
+    chain, node = node_chain(tmp_path, lifetime_epochs=3)
+    credits, req = minted(chain, tmp_path, count=3)
+    issue = ask(chain, f"/mints?id={req.mint_id}")["issue_epoch"]
+    end = window_end(issue, 3, chain.state.genesis.epoch_length)
+    margin = 4
+    till = CreditTill(ChainLink(chain, node), "m", 0, margin_blocks=margin)
+    assert till.margin_blocks == margin and CreditTill(till.link, "m", 0).margin_blocks == (
+        NODE_MARGIN_BLOCKS
+    )
+    for height in range(end - margin + 1, end):
+        chain.advance_to(height)
+        with pytest.raises(CreditExpiringError, match=f"up to height {end}") as refused:
+            await till.accept(credits[1])
+        assert refused.value.code == "credit_expiring"
+    chain.advance_to(end)  # no later block redeems it: refused as past its window
+    with pytest.raises(CreditRefused, match=f"redeemable up to height {end}"):
+        await till.accept(credits[1])
+    assert till.held == []
+    # the same credit shown M blocks before the end is taken, and redeemed at the last block
+    chain, node = node_chain(tmp_path / "again", lifetime_epochs=3)
+    credits, req = minted(chain, tmp_path / "again", count=1)
+    issue = ask(chain, f"/mints?id={req.mint_id}")["issue_epoch"]
+    end = window_end(issue, 3, chain.state.genesis.epoch_length)
+    till = CreditTill(ChainLink(chain, node), "m", 0, margin_blocks=margin)
+    chain.advance_to(end - margin)
+    await till.accept(credits[0])
+    commit_served(chain, node, 0, blocks=1)
+    chain.advance_to(end - 1)
+    assert await till.redeem() == 1 and chain.state.height == end
 
 
 async def test_till_redeems_what_its_commitments_pay_for_at_its_price_and_keeps_the_rest(

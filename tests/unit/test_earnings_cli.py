@@ -103,3 +103,70 @@ def test_a_short_epoch_pays_its_scaled_amount(total: int, collected: int, pays: 
 def test_a_short_epoch_counts_what_it_pays() -> None:
     row = earning(payable=206)
     assert row.to_json(NOW)["payable"] == "206" and row.to_json(NOW)["amount"] == "515"
+
+
+class _PagedCommittee:
+    """`CommitteeLink` as `earnings_of` uses it: `/payouts?account` paged as the committee
+    pages it (newest first, at most 2 a page here, `next` the `after` of the next page)."""
+
+    def __init__(self, urls: object) -> None:
+        self.numbers = list(range(1, 6))  # statement n pays the account n wei
+
+    async def query(self, path: str, **params: object) -> object:
+        if path == "/credits":
+            return {"epoch": 9, "credits": []}
+        assert path == "/payouts" and "account" in params
+        order = sorted(self.numbers, reverse=True)
+        if "after" in params:
+            order = order[order.index(int(str(params["after"]))) + 1 :]
+        rows = order[: min(int(str(params.get("limit", 2))), 2)]
+        return {
+            "epochs": [
+                {"epoch": n, "pages": 1, "amount": str(n), "shares": "1", "confirmed": True}
+                for n in rows
+            ],
+            "next": str(rows[-1]) if len(order) > len(rows) else None,
+        }
+
+    async def close(self) -> None:
+        return None
+
+
+class _PostedEscrow:
+    def __init__(self, config: object) -> None:
+        pass
+
+    def epoch_of(self, epoch: int) -> tuple[int, int]:
+        return 1, 0
+
+    def payable(self, epoch: int, amount: int) -> int:
+        return amount
+
+    def claimed(self, epoch: int, account: str) -> bool:
+        return False
+
+    def now(self) -> int:
+        return NOW
+
+
+def test_earnings_list_every_page_of_statements(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 42: `planet earnings` / `planet claim` read `/payouts?account` to its last page
+    (the first page alone hid every epoch past the 1,000 newest); past `STATEMENT_PAGES` the
+    newest are listed and a warning says the older ones are not."""
+    from types import SimpleNamespace
+
+    import node.chain.committee_link
+    import node.cli.earnings as earnings
+
+    monkeypatch.setattr(node.chain.committee_link, "CommitteeLink", _PagedCommittee)
+    monkeypatch.setattr(earnings, "EscrowView", _PostedEscrow)
+    config = SimpleNamespace(committee_rpc="http://committee.invalid")
+    rows, _ = earnings.earnings_of(config, "0x" + "ab" * 20, None)
+    assert [(row.epoch, row.amount) for row in rows] == [(n, n) for n in range(1, 6)]
+    monkeypatch.setattr(earnings, "STATEMENT_PAGES", 2)
+    with caplog.at_level("WARNING", logger="node.cli.earnings"):
+        rows, _ = earnings.earnings_of(config, "0x" + "ab" * 20, None)
+    assert [row.epoch for row in rows] == [2, 3, 4, 5]
+    assert any("only the newest are listed" in r.getMessage() for r in caplog.records)

@@ -126,3 +126,65 @@ def test_a_charge_near_its_authorizations_expiry_is_reported_without_waiting() -
     assert not ledger.ready()
     now[0] = NOW + 600 - 60  # within the margin: report before the chain would refuse it
     assert ledger.ready()
+
+
+@dataclass
+class Statements:
+    """A committee's `/payouts` as abci_app/payout_queries.py pages it (newest first, at most
+    `page` a page, `next` the `after` of the next page): statement n debits voucher n of this
+    gateway."""
+
+    numbers: list[int]
+    page: int = 2  # the committee's most a page (1,000 in production)
+    reads: int = 0
+
+    async def query(self, path: str, **params: Any) -> Any:
+        assert path == "/payouts"
+        if "epoch" in params:
+            n = int(params["epoch"])
+            return {"charges": [[payer("payer-1"), GATEWAY_EVM, "voucher", voucher(n), "1"]]}
+        self.reads += 1
+        order = sorted(self.numbers, reverse=True)
+        if "after" in params:
+            order = order[order.index(int(params["after"])) + 1 :]
+        size = min(int(params.get("limit", self.page)), self.page)
+        rows = order[:size]
+        more = len(order) > size
+        return {
+            "epochs": [{"epoch": n, "pages": 1} for n in rows],
+            "next": str(rows[-1]) if more else None,
+        }
+
+
+def voucher(n: int) -> str:
+    return "0x" + f"{n:064x}"
+
+
+async def test_debit_tracker_reads_every_page_and_a_capped_read_drops_no_debit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 42: the tracker follows `/payouts` to its last page: 5 posted statements listed 2 a
+    page all mark their charges debited (with `limit=200` it saw the 2 newest and the others'
+    charges stayed held for good). Past `max_pages` it marks only what it read, says so, and
+    the rest stay outstanding (held against their payers) until a pass reads them; nothing is
+    marked twice."""
+    ids = {n: bytes.fromhex(voucher(n)[2:]) for n in range(1, 6)}
+    committee, escrow = Statements(list(ids)), Escrow(posted=set(ids))
+
+    def owed() -> Desk:
+        return Desk(charged={q: (payer("payer-1"), 1) for q in ids.values()})
+
+    desk = owed()
+    tracker = DebitTracker(committee, escrow, desk)
+    assert await tracker.step() == 5
+    assert committee.reads == 3 and desk.charged == {}
+    assert await tracker.step() == 0
+    desk = owed()
+    capped = DebitTracker(committee, escrow, desk, max_pages=1)
+    with caplog.at_level("WARNING", logger="node.gateway.settlement"):
+        assert await capped.step() == 2
+    assert any("stay outstanding" in r.getMessage() for r in caplog.records)
+    assert sorted(desk.charged) == [ids[1], ids[2], ids[3]]  # held, not dropped
+    assert await DebitTracker(committee, escrow, desk).step() == 3
+    assert await capped.step() == 0 and desk.charged == {}
+    assert sorted(desk.marked) == sorted(ids.values())  # each once

@@ -5,6 +5,7 @@ balance never pays for two mints."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from node.watcher.funding import MintFunder, funding_epoch
 from protocol.committee.credits import FundMint
+from protocol.committee.settlement import statement_number, statement_page
 
 pytestmark = pytest.mark.unit
 
@@ -35,6 +37,23 @@ class Chain:
     statements: list[int] = field(default_factory=list)  # stored payout statement numbers
     sent: list[Any] = field(default_factory=list)
     refuse: int = 0  # the code the next fund_mint gets (then 0)
+    statement_page: int = 1000  # statements a `/payouts` page lists
+    payout_reads: int = 0
+
+    def _payouts(self, after: str | None) -> dict[str, Any]:
+        """A page of the statements as abci_app/payout_queries.py lists them: newest first by
+        key (epoch, then page), each with its epoch's `pages`, and the cursor `next`."""
+        self.payout_reads += 1
+        order = sorted(self.statements, key=lambda n: statement_page(n), reverse=True)
+        if after is not None:
+            order = order[order.index(int(after)) + 1 :]
+        page = order[: self.statement_page]
+        more = len(order) > len(page)
+        pages = Counter(statement_page(n)[0] for n in self.statements)
+        return {
+            "epochs": [{"epoch": n, "pages": pages[statement_page(n)[0]]} for n in page],
+            "next": str(page[-1]) if more else None,
+        }
 
     def mint(self, n: int, payer: str = PAYER, amount: int = PRICE, epoch: int = 3) -> str:
         self.mints[_id(n)] = {
@@ -57,7 +76,7 @@ class Chain:
         if path == "/params":
             return {"genesis": {"epoch_length": LENGTH}}
         if path == "/payouts":
-            return {"epochs": [{"epoch": n} for n in sorted(self.statements, reverse=True)]}
+            return self._payouts(params.get("after"))
         raise AssertionError(path)
 
     async def send(self, body: Any, *, timeout_s: float = 15) -> tuple[int, str]:
@@ -191,3 +210,39 @@ async def test_a_waiting_mint_is_logged_once_per_balance(caplog: pytest.LogCaptu
         escrow.balances[PAYER] = PRICE - 1
         assert await funder.step() == []
     assert sum("not vouched for" in r.getMessage() for r in caplog.records) == 2
+
+
+async def test_every_page_of_statements_is_read_past_the_old_200() -> None:
+    """The funder reads `/payouts` to its last page (issue 42): a mint funded in epoch 3, whose
+    statements list after 250 newer ones (pages of 100), leaves flight once they are posted —
+    with `limit=200` they fell out of the window and the payer's balance stayed held forever.
+    An epoch whose pages the read did not reach in full counts as not debited."""
+    chain, escrow = Chain(current=300), Escrow(balances={PAYER: PRICE})
+    chain.statement_page = 100
+    one = chain.mint(1, epoch=299)
+    chain.mints[one]["funded_height"] = 3 * LENGTH  # funded in epoch 3
+    two = chain.mint(2, epoch=299)
+    old = [statement_number(3, page) for page in range(2)]
+    chain.statements = old + [statement_number(e, 0) for e in range(4, 254)]
+    escrow.posted = set(chain.statements)
+    escrow.balances[PAYER] = PRICE  # mint 1 debited: the balance covers mint 2 alone
+    funder = _funder(chain, escrow)
+    assert await funder.step() == [two]
+    assert chain.payout_reads == 3  # 252 statements, 100 a page
+    # a read that ends among an epoch's pages does not count that epoch as debited
+    chain, escrow = Chain(current=300), Escrow(balances={PAYER: PRICE})
+    chain.statement_page = 1
+    one = chain.mint(1, epoch=299)
+    chain.mints[one]["funded_height"] = 3 * LENGTH
+    chain.mint(2, epoch=299)
+    chain.statements = old
+    escrow.posted = set(old)
+    statements = await _funder(chain, escrow)._statements()
+    assert statements == {3: sorted(old, reverse=True)}
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr("node.watcher.funding.STATEMENT_PAGES", 1)
+    try:
+        assert await _funder(chain, escrow)._statements() == {}
+        assert await _funder(chain, escrow).step() == []  # mint 1 still in flight: held
+    finally:
+        monkey.undo()

@@ -202,3 +202,54 @@ async def test_payout_relay_a_page_the_escrow_can_never_post_is_not_tried_again(
         await r.step()
     await again[2].step()
     assert retried.tries == 2
+
+
+@dataclass
+class NumberedEscrow(FakeEscrow):
+    """The escrow's status per statement number (posted once its own root is)."""
+
+    def epoch_of(self, epoch: int) -> dict[str, Any]:
+        return {"status": 1 if any(s.epoch == epoch for s, *_ in self.posts) else 0}
+
+
+async def test_payout_relay_reads_every_page_and_a_capped_read_posts_nothing_twice(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 42: the relay follows `/payouts` page by page (the committee answers 2 a page
+    here, as it answers 1,000 of a longer list): every statement of a 3-page epoch is signed and
+    posted once; with `limit=200` the oldest page was never posted. Past `max_pages` it handles
+    the newest pages, says so, and the older statement waits for a full pass."""
+    from abci_app import query_params, settlement
+    from tests.unit.test_abci_pages import query_id, serve
+
+    gas = settlement.BASE_GAS + 3 * settlement.QUERY_GAS  # 3 queries a statement
+    monkeypatch.setattr(settlement, "MAX_STATEMENT_GAS", gas)
+    chain = settled_chain()
+    serve(chain, [(query_id(i), 100 + i) for i in range(1, 9)], per_report=3)
+    next_epoch_end(chain)
+    monkeypatch.setattr(query_params, "MAX_ITEMS", 2)
+    numbers = sorted(s.number for s in (await _listed(chain)))
+    assert len(numbers) == 3
+    escrow = NumberedEscrow()
+    capped = relay(chain, 0, escrow)
+    capped.max_pages = 1
+    with caplog.at_level("WARNING", logger="node.watcher.payouts"):
+        assert await capped.step() == [("signed", n) for n in numbers[1:]]
+    assert any("older ones are not signed or posted" in r.getMessage() for r in caplog.records)
+    relays = [relay(chain, i, escrow) for i in range(3)]
+    for r in relays[:2]:
+        await r.step()
+    assert await relays[2].step() == [
+        step for n in numbers for step in (("signed", n), ("posted", n))
+    ]
+    for r in [capped, *relays]:
+        await r.step()
+    assert sorted(s.epoch for s, *_ in escrow.posts) == numbers  # each once
+
+
+async def _listed(chain: Chain) -> list[Any]:
+    from node.chain.committee_pages import read_statements
+
+    listed, whole = await read_statements(ChainLink(chain, 0).query)
+    assert whole
+    return listed
