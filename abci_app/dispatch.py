@@ -15,6 +15,7 @@ from abci_app import (
     liveness,
     prices,
     registry,
+    relays,
     seeds,
     settlement,
     spot_reports,
@@ -30,6 +31,7 @@ from protocol.committee.envelope import SignedTx
 from protocol.committee.gateways import GatewayBind
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
+from protocol.committee.relays import RegisterRelay
 from protocol.committee.settlement import PayoutVote, WorkReport
 from protocol.committee.verification import (
     SeedCommit,
@@ -69,6 +71,7 @@ HANDLERS: dict[str, Handler] = {
     Heartbeat.TYPE: registry.heartbeat,
     Leave.TYPE: registry.leave,
     AttestStake.TYPE: registry.attest_stake,
+    RegisterRelay.TYPE: relays.register_relay,
     CommitBatch.TYPE: serving(commitments.commit),
     RevealBatch.TYPE: serving(commitments.reveal),
     VerdictVote.TYPE: verdicts.verdict_vote,

@@ -1,6 +1,7 @@
 """The node registry: registration, lifecycle, stake, and what ends a registration.
 
-Txs (`register_node`, `heartbeat`, `leave`, `attest_stake`): each handler reads through
+Txs (`register_node`, `heartbeat`, `leave`, `attest_stake`; relays register with `relay`,
+relays.py, and share the rest): each handler reads through
 `state.get`, refuses (`rules.reject`) before writing anything when a rule fails, and otherwise
 writes with `state.put`; a refused tx changes nothing but its signer's nonce.
 
@@ -96,6 +97,7 @@ def leave(state: State, tx: SignedTx) -> None:
     state.put(
         schema.NODE, tx.signer, {**node, "status": schema.LEFT, "status_height": state.block_height}
     )
+    release_relay(state, tx.signer)
     state.emit("planet.node", node=tx.signer, status=schema.LEFT)
 
 
@@ -188,6 +190,20 @@ def delete_node(state: State, node_key: str, node: dict[str, object]) -> None:
     if state.get(schema.EVM_BINDING, evm) == node_key:
         state.delete(schema.EVM_BINDING, evm)
     prices.forget(state, node_key)
+    release_relay(state, node_key)
+
+
+def release_relay(state: State, key: str) -> None:
+    """A relay that leaves or expires leaves the relay list, and frees its endpoint and X25519
+    key for another relay (relays.py); nothing for other roles."""
+    relay = state.get(schema.RELAY, key)
+    if relay is None:
+        return
+    state.delete(schema.RELAY, key)
+    if state.get(schema.RELAY_BY_KEY, relay["relay_key"]) == key:
+        state.delete(schema.RELAY_BY_KEY, relay["relay_key"])
+    if state.get(schema.RELAY_BY_URL, relay["endpoint"]) == key:
+        state.delete(schema.RELAY_BY_URL, relay["endpoint"])
 
 
 def expire_registrations(state: State, height: int) -> None:

@@ -122,6 +122,7 @@ ROUTES = (
     "/payouts/proof",
     "/credits",
     "/spot_reports",
+    "/relays",
 )
 PARAMS = (
     "model",
