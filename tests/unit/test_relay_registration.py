@@ -168,3 +168,48 @@ def test_a_bad_endpoint_flag_is_a_usage_error(endpoint: str) -> None:
     with pytest.raises(UsageError, match="--endpoint") as refused:
         _check_endpoint(endpoint)
     assert refused.value.hint
+
+
+class FakeStaking:
+    def __init__(self, amount: int, role: int, status: int) -> None:
+        self.amount, self.role, self.status = amount, role, status
+
+    def minimum_stake(self, role: int) -> int:
+        return 10**17 if role == 3 else 10**18
+
+    def stake_of(self) -> int:
+        return self.amount
+
+    def role_of(self) -> int:
+        return self.role
+
+    def status_of(self) -> int:
+        return self.status
+
+
+@pytest.mark.parametrize(
+    ("staking", "words"),
+    [
+        (FakeStaking(0, 0, 0), "planet stake --role relay --amount 0.1"),
+        (FakeStaking(10**17, 3, 2), "unbonding"),
+        (FakeStaking(10**18, 1, 1), "another role"),
+    ],
+)
+def test_serve_without_a_relay_stake_is_one_error_line(
+    staking: FakeStaking, words: str, tmp_path, monkeypatch, capsys
+) -> None:
+    from types import SimpleNamespace
+
+    from planet.main import main
+
+    chain = SimpleNamespace(address="0x" + "12" * 20, staking=staking)
+    monkeypatch.setattr("node.cli.operator._chain", lambda config, password: chain)
+    monkeypatch.setenv("PLANET_PASSWORD", "relay test password")
+    monkeypatch.setenv("PLANET_HOME", str(tmp_path))
+    rpc = "http://127.0.0.1:9"  # never dialled: the stake check comes first
+    code = main(
+        ["relay", "serve", "--home", str(tmp_path), "--evm-rpc", rpc, "--committee-rpc", rpc]
+    )
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    assert err.count("error:") == 1 and words in err
