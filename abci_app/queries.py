@@ -50,7 +50,7 @@ from abci_app.query_params import (
     parse_params,
     str_param,
 )
-from abci_app.relays import RELAY_ROUTES
+from abci_app.relay_queries import RELAY_ROUTES
 from abci_app.state import State
 from protocol.canonical import canonical_json
 

@@ -35,8 +35,9 @@ HEARTBEAT_DUE = "hbdue"
 REGISTRATION_DUE = "regdue"
 
 # relay/<node key>: {endpoint, relay_key}, the overlay relays among the registered keys (role
-# relay in node/<key>; relays.py); relaykey/<X25519 key hex> and relayurl/<endpoint>: the relay's
-# node key, so no two relays share either (released when the relay leaves or expires)
+# relay in node/<key>; registry.py, relay_queries.py); relaykey/<X25519 key hex> and
+# relayurl/<endpoint>: the relay's node key, so no two relays share either (released when the
+# relay leaves or expires)
 RELAY = "relay"
 RELAY_BY_KEY = "relaykey"
 RELAY_BY_URL = "relayurl"

@@ -1,8 +1,8 @@
 """The relays a user's client draws its paths from, read from the committee's `/relays`.
 
 The committee lists the registered relays whose Relay stake the validators agree on and that
-are up (abci_app/relays.py), a page at a time. A validator RPC is a peer, not a trusted source of
-well-formed data, so each answer is parsed here, once, into `Hop`s:
+are up (abci_app/relay_queries.py), a page at a time. A validator RPC is a peer, not a trusted
+source of well-formed data, so each answer is parsed here, once, into `Hop`s:
 
 - a page that is not `{"relays": [...], "next": key or null}`, or whose `next` does not move
   forward, ends the read (`MalformedRelaysAnswer`): paging on would risk a loop;

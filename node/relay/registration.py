@@ -1,7 +1,7 @@
 """A relay's standing on the committee chain: registered once, kept up by heartbeats.
 
 `planet relay serve` (node/relay/run.py) calls `ensure_registered` before it serves: the relay's
-committee key (`<home>/node_key.json`) sends the `relay` tx (abci_app/relays.py) with its
+committee key (`<home>/node_key.json`) sends the `relay` tx (abci_app/registry.py) with its
 endpoint, its X25519 key and the EIP-191 binding to the operator's staking wallet, unless the
 key is registered already with that same endpoint and key (a restart). Then `keep_alive` sends a
 `heartbeat` every third of the chain's `heartbeat_timeout`, so the relay stays JOIN/SERVING, the

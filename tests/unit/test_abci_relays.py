@@ -1,6 +1,7 @@
-"""The relay registry on the committee state machine (abci_app/relays.py): a relay registers like a
-node, is listed by `/relays` only while its Relay stake is agreed and it is up, refuses a second
-relay with its endpoint or key, leaves or expires like a node, and `/relays` pages completely."""
+"""The relay registry on the committee state machine (abci_app/registry.py, relay_queries.py): a
+relay registers like a node, is listed by `/relays` only while its Relay stake is agreed and it
+is up, refuses a second relay with its endpoint or key, leaves or expires like a node, and
+`/relays` pages completely."""
 
 from __future__ import annotations
 
