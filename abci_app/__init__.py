@@ -10,12 +10,13 @@ feature modules never import each other:
     app.py             thin adapters: protobuf Request → StateMachine call → protobuf Response
     queries.py         path-based JSON queries over the committed state (`query`, ROUTES)
     payout_queries.py  the settlement queries (/payouts, /payouts/proof, /credits)
+    relay_queries.py   /relays: the staked, live overlay relays, a page at a time
     query_params.py    query parameters: one parse step to typed values or BAD_QUERY
     machine.py         the deterministic state machine: CheckTx, proposals, FinalizeBlock
                        (nonces, atomic txs, end-of-block rules), Commit
     dispatch.py        tx type → its rule (the one dispatcher)
     extensions.py      vote extensions: reputation reports, extended-commit tx, signatures
-    registry.py        register_node, heartbeat, leave, attest_stake; heartbeat timeouts and
+    registry.py        register_node, relay, heartbeat, leave, attest_stake; heartbeat timeouts and
                        unstaked registrations expiring
     commitments.py     commit, reveal; equivocation and reveal-mismatch evidence
     verdicts.py        verdict_vote; accusations settled at the epoch after the first vote

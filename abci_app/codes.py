@@ -92,6 +92,9 @@ class Code(IntEnum):
     DKG_PHASE = 92  # a DKG message outside its phase's blocks, or for a period with no run
     DKG_MESSAGE_INVALID = 93  # malformed, not the signer's own index, duplicate, nothing to answer
     NOT_DKG_PARTICIPANT = 94  # the signer is not a receiver of that period's run
+    # the relay registry (abci_app/registry.py: the `relay` tx)
+    RELAY_KEY_TAKEN = 95  # relay with an X25519 key another registered relay holds
+    RELAY_ENDPOINT_TAKEN = 96  # relay with an endpoint another registered relay holds
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

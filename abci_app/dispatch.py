@@ -30,6 +30,7 @@ from protocol.committee.envelope import SignedTx
 from protocol.committee.gateways import GatewayBind
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
+from protocol.committee.relays import RegisterRelay
 from protocol.committee.settlement import PayoutVote, WorkReport
 from protocol.committee.verification import (
     SeedCommit,
@@ -69,6 +70,7 @@ HANDLERS: dict[str, Handler] = {
     Heartbeat.TYPE: registry.heartbeat,
     Leave.TYPE: registry.leave,
     AttestStake.TYPE: registry.attest_stake,
+    RegisterRelay.TYPE: registry.register_relay,
     CommitBatch.TYPE: serving(commitments.commit),
     RevealBatch.TYPE: serving(commitments.reveal),
     VerdictVote.TYPE: verdicts.verdict_vote,

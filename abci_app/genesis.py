@@ -8,7 +8,8 @@
       "registration_ttl": 100,            # blocks an unstaked registration lives (retention.py)
       "retention_epochs": 10,             # settled epochs whose records stay before pruning
       "prune_per_block": 10000,           # most records pruned in one block
-      "min_stake": {"compute": "1000000000000000000", "verifier": "500000000000000000"},  # wei
+      "min_stake": {"compute": "1000000000000000000", "verifier": "500000000000000000",
+                    "relay": "100000000000000000"},  # wei, per role (as the Staking contract's)
       "reputation": {"tau": 300000, "untrusted_below": 400000, "initial": 500000,
                      "alpha": 400000, "beta": 600000, "window": 5,
                      "gamma_num": 1, "gamma_den": 5},  # integers at 10**6, see reputation.py
@@ -77,7 +78,7 @@ _KEYS = {
     "credits",
     "replica_floor",
 }
-DEFAULT_MIN_STAKE = {"compute": 10**18, "verifier": 5 * 10**17}
+DEFAULT_MIN_STAKE = {"compute": 10**18, "verifier": 5 * 10**17, "relay": 10**17}
 MAX_PARAM = (1 << 63) - 1
 # How long a credit stays redeemable, in epochs after its mint's: long enough that credits a
 # user bought are still worth something after a break (a day of 20-block epochs at ~1 s), short

@@ -50,6 +50,7 @@ from protocol.committee.credits import CreditMint
 from protocol.committee.envelope import SignedTx, TxSignatureError
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.registry import RegisterNode, recover_registration
+from protocol.committee.relays import RegisterRelay
 from protocol.committee.settlement import WorkReport
 from protocol.errors import ProtocolError
 
@@ -146,7 +147,7 @@ class StateMachine:
             return cached[0]
         tx = decode_tx(raw)  # a JSON tx or a binary commit/reveal batch
         tx.verify()
-        if isinstance(tx.body, RegisterNode):
+        if isinstance(tx.body, RegisterNode | RegisterRelay):
             try:
                 signer = recover_registration(tx.signer, tx.body.evm_signature)
             except ProtocolError as error:

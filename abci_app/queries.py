@@ -52,6 +52,7 @@ from abci_app.query_params import (
     parse_params,
     str_param,
 )
+from abci_app.relay_queries import RELAY_ROUTES
 from abci_app.state import State
 from protocol.canonical import canonical_json
 
@@ -151,7 +152,7 @@ def _pool_health(state: State, params: dict[str, Any]) -> Any:
     if model is not None:
         return pool_health(state, model, shards)
     models = sorted(
-        {node["model"] for _, node in state.committed_items(schema.NODE)}
+        {n["model"] for _, n in state.committed_items(schema.NODE) if n["role"] != "relay"}
         | set(state.genesis.models)
     )
     return {"pools": [pool_health(state, model) for model in models]}
@@ -352,6 +353,7 @@ ROUTES: dict[str, Route] = {
     **PAYOUT_ROUTES,
     **CREDIT_ROUTES,
     **LOCK_ROUTES,
+    **RELAY_ROUTES,
 }
 
 

@@ -1,6 +1,8 @@
 """The node registry: registration, lifecycle, stake, and what ends a registration.
 
-Txs (`register_node`, `heartbeat`, `leave`, `attest_stake`): each handler reads through
+Txs (`register_node`, `heartbeat`, `leave`, `attest_stake`, and `relay`: an overlay relay
+registers with its endpoint and X25519 key, and shares the rest; /relays lists the staked ones,
+relay_queries.py): each handler reads through
 `state.get`, refuses (`rules.reject`) before writing anything when a rule fails, and otherwise
 writes with `state.put`; a refused tx changes nothing but its signer's nonce.
 
@@ -28,6 +30,7 @@ from abci_app.codes import Code
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
 from protocol.committee.registry import AttestStake, RegisterNode
+from protocol.committee.relays import RELAY_ROLE, RegisterRelay
 
 # the entries of a node key that an expired registration deletes (and `evm/<its address>`)
 NODE_NAMESPACES = (schema.NODE, schema.REPUTATION, schema.STAKE, schema.NONCE)
@@ -75,6 +78,49 @@ def register_node(state: State, tx: SignedTx) -> None:
     state.emit("planet.node", node=tx.signer, status=schema.JOIN)
 
 
+def register_relay(state: State, tx: SignedTx) -> None:
+    """An overlay relay registers: a node record with role relay (listed by /relays once
+    staked: relay_queries.py), its endpoint and X25519 key held for it alone."""
+    body: RegisterRelay = tx.body
+    if state.get(schema.NODE, tx.signer) is not None:
+        rules.reject(Code.ALREADY_REGISTERED, f"key {tx.signer} is already registered")
+    evm = body.evm_address.lower()
+    if state.get(schema.EVM_BINDING, evm) is not None:
+        rules.reject(
+            Code.EVM_ADDRESS_TAKEN, f"EVM address {body.evm_address} is bound to another key"
+        )
+    if state.get(schema.RELAY_BY_KEY, body.relay_key) is not None:
+        rules.reject(Code.RELAY_KEY_TAKEN, f"X25519 key {body.relay_key} is another relay's")
+    if state.get(schema.RELAY_BY_URL, body.endpoint) is not None:
+        rules.reject(Code.RELAY_ENDPOINT_TAKEN, f"endpoint {body.endpoint} is another relay's")
+    height = state.block_height
+    state.put(
+        schema.NODE,
+        tx.signer,
+        {
+            "key": tx.signer,
+            "evm_address": body.evm_address,
+            "role": RELAY_ROLE,
+            "model": "",
+            "shards": [],
+            "endpoint": body.endpoint,
+            "capacity": 0,
+            "relay_key": body.relay_key,
+            "status": schema.JOIN,
+            "status_height": height,
+            "registered_height": height,
+            "last_heartbeat": height,
+        },
+    )
+    state.put(schema.EVM_BINDING, evm, tx.signer)
+    state.put(schema.RELAY, tx.signer, {"endpoint": body.endpoint, "relay_key": body.relay_key})
+    state.put(schema.RELAY_BY_KEY, body.relay_key, tx.signer)
+    state.put(schema.RELAY_BY_URL, body.endpoint, tx.signer)
+    schedule_heartbeat_check(state, tx.signer, height)
+    schedule_registration_check(state, tx.signer, height)
+    state.emit("planet.node", node=tx.signer, status=schema.JOIN, role=RELAY_ROLE)
+
+
 def heartbeat(state: State, tx: SignedTx) -> None:
     node = rules.registered_node(state, tx.signer)
     if node["status"] == schema.LEFT:
@@ -96,6 +142,7 @@ def leave(state: State, tx: SignedTx) -> None:
     state.put(
         schema.NODE, tx.signer, {**node, "status": schema.LEFT, "status_height": state.block_height}
     )
+    release_relay(state, tx.signer)
     state.emit("planet.node", node=tx.signer, status=schema.LEFT)
 
 
@@ -188,6 +235,20 @@ def delete_node(state: State, node_key: str, node: dict[str, object]) -> None:
     if state.get(schema.EVM_BINDING, evm) == node_key:
         state.delete(schema.EVM_BINDING, evm)
     prices.forget(state, node_key)
+    release_relay(state, node_key)
+
+
+def release_relay(state: State, key: str) -> None:
+    """A relay that leaves or expires leaves the relay list, and frees its endpoint and X25519
+    key for another relay; nothing for other roles."""
+    relay = state.get(schema.RELAY, key)
+    if relay is None:
+        return
+    state.delete(schema.RELAY, key)
+    if state.get(schema.RELAY_BY_KEY, relay["relay_key"]) == key:
+        state.delete(schema.RELAY_BY_KEY, relay["relay_key"])
+    if state.get(schema.RELAY_BY_URL, relay["endpoint"]) == key:
+        state.delete(schema.RELAY_BY_URL, relay["endpoint"])
 
 
 def expire_registrations(state: State, height: int) -> None:

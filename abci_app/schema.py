@@ -34,6 +34,14 @@ HEARTBEAT_DUE = "hbdue"
 # regdue/<height>: node keys whose registration expires at that height unless staked by then
 REGISTRATION_DUE = "regdue"
 
+# relay/<node key>: {endpoint, relay_key}, the overlay relays among the registered keys (role
+# relay in node/<key>; registry.py, relay_queries.py); relaykey/<X25519 key hex> and
+# relayurl/<endpoint>: the relay's node key, so no two relays share either (released when the
+# relay leaves or expires)
+RELAY = "relay"
+RELAY_BY_KEY = "relaykey"
+RELAY_BY_URL = "relayurl"
+
 # node/<key>.status; EXPIRED is only the status of the planet.node event of an expired node
 JOIN, SERVING, DOWN, LEFT = "JOIN", "SERVING", "DOWN", "LEFT"
 EXPIRED = "EXPIRED"

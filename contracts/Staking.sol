@@ -10,7 +10,8 @@ import {Offences} from "./libraries/Offences.sol";
 import {Offence, Role} from "./libraries/PlanetTypes.sol";
 import {FraudProofs} from "./FraudProofs.sol";
 
-/// @title Staking: operators bond native currency to serve (compute) or check (verifier) work.
+/// @title Staking: operators bond native currency to serve (compute), check (verifier) work, or
+/// forward users' cloves (relay, a smaller bond: docs/overlay.md).
 /// @notice A node can never withdraw while fraud about its work is still provable: unbonding takes
 /// `unstakeDelay`, strictly longer than the challenge window (an unbonding node is not eligible
 /// for new work), and any node-signed work recorded through `FraudProofs.recordCommitment` /
@@ -48,6 +49,8 @@ contract Staking is IStaking, ReentrancyGuardTransient {
     uint256 public immutable minComputeStake;
     /// @notice Minimum stake of a verifier (wei).
     uint256 public immutable minVerifierStake;
+    /// @notice Minimum stake of a relay (wei).
+    uint256 public immutable minRelayStake;
     /// @notice Seconds during which fraud about a node's work can still be proven.
     uint256 public immutable challengeWindow;
     /// @notice Seconds between `requestUnstake` and `withdraw`; strictly greater than `challengeWindow`.
@@ -101,6 +104,7 @@ contract Staking is IStaking, ReentrancyGuardTransient {
     /// @param faultVerifier ZK fault verifier hook for `FraudProofs` (zero disables that proof kind).
     /// @param minCompute Minimum compute stake (wei), e.g. 1 ether.
     /// @param minVerifier Minimum verifier stake (wei), e.g. 0.5 ether.
+    /// @param minRelay Minimum relay stake (wei), e.g. 0.1 ether.
     /// @param challengeWindow_ Challenge window (s).
     /// @param unstakeDelay_ Unbonding delay (s), strictly greater than `challengeWindow_`.
     constructor(
@@ -108,21 +112,23 @@ contract Staking is IStaking, ReentrancyGuardTransient {
         IComputationFaultVerifier faultVerifier,
         uint256 minCompute,
         uint256 minVerifier,
+        uint256 minRelay,
         uint256 challengeWindow_,
         uint256 unstakeDelay_
     ) {
         // INVARIANT: a node can never withdraw while fraud about its work is still provable.
         if (unstakeDelay_ <= challengeWindow_) revert UnstakeDelayTooShort(unstakeDelay_, challengeWindow_);
-        if (minCompute == 0 || minVerifier == 0) revert ZeroAmount();
+        if (minCompute == 0 || minVerifier == 0 || minRelay == 0) revert ZeroAmount();
         minComputeStake = minCompute;
         minVerifierStake = minVerifier;
+        minRelayStake = minRelay;
         challengeWindow = challengeWindow_;
         unstakeDelay = unstakeDelay_;
         fraudProofs = address(new FraudProofs(IStaking(address(this)), committee, faultVerifier, challengeWindow_));
     }
 
     /// @notice Stakes `msg.value` for `role`, or tops up an active stake of the same role.
-    /// @param role Compute (1) or Verifier (2).
+    /// @param role Compute (1), Verifier (2) or Relay (3).
     function stake(Role role) external payable {
         if (role == Role.None) revert InvalidRole(role);
         if (msg.value == 0) revert ZeroAmount();
@@ -268,7 +274,7 @@ contract Staking is IStaking, ReentrancyGuardTransient {
 
     /// @notice Minimum stake for `role` (0 for None).
     function minimumStake(Role role) public view returns (uint256) {
-        if (role != Role.Compute && role != Role.Verifier) return 0;
-        return role != Role.Verifier ? minComputeStake : minVerifierStake;
+        // Indexed by the enum (None, Compute, Verifier, Relay), which is always in range.
+        return [0, minComputeStake, minVerifierStake, minRelayStake][uint8(role)];
     }
 }

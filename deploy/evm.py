@@ -53,6 +53,7 @@ class DeployConfig:
     committee: tuple[tuple[str, int], ...]  # (member address, voting power), any order
     compute_min_stake_wei: int = 1 * ETHER
     verifier_min_stake_wei: int = ETHER // 2
+    relay_min_stake_wei: int = ETHER // 10
     challenge_window_s: int = 60
     unstake_delay_s: int | None = None  # None: challenge window + 1 (must be strictly greater)
     refund_timeout_s: int = 600
@@ -270,6 +271,8 @@ def _parameter_values(
         "mincomputestake": config.compute_min_stake_wei,
         "minverifier": config.verifier_min_stake_wei,
         "minverifierstake": config.verifier_min_stake_wei,
+        "minrelay": config.relay_min_stake_wei,
+        "minrelaystake": config.relay_min_stake_wei,
         "challengewindow": config.challenge_window_s,
         "unstakedelay": config.unstake_delay,
         "refundtimeout": config.refund_timeout_s,

@@ -30,7 +30,7 @@ class RelayProcess:
         self.log = self.log_path.open("w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "planet", "relay", "serve", "--home", str(home),
-             "--port", str(self.port), "--allow-private-next-hops"],
+             "--port", str(self.port), "--allow-private-next-hops", "--no-register"],
             stdout=subprocess.PIPE, stderr=self.log, text=True,
         )  # fmt: skip
         assert self.process.stdout is not None

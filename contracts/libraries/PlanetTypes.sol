@@ -4,11 +4,13 @@ pragma solidity 0.8.28;
 /// @title Planet's shared on-chain vocabulary: roles, offences and the typed structs nodes and the
 /// committee sign. Encodings and numbering are normative (docs/contracts.md).
 
-/// @notice Staking role of a node. Numbering is part of the interface: 0, 1, 2.
+/// @notice Staking role of an operator. Numbering is part of the interface: 0, 1, 2, 3 (Relay
+/// forwards users' cloves in the overlay, docs/overlay.md).
 enum Role {
     None,
     Compute,
-    Verifier
+    Verifier,
+    Relay
 }
 
 /// @notice Provable misbehaviour. Numbering is part of the interface: 0..5.

@@ -45,6 +45,7 @@ from node.chain.committee_rpc import CommitteeRpc, TxRejectedError, TxResult, tx
 from protocol.commit_batch import sign_batch
 from protocol.committee.envelope import sign
 from protocol.committee.registry import ROLES
+from protocol.committee.relays import RELAY_ROLE
 from protocol.errors import RemoteError, UnavailableError
 
 log = logging.getLogger(__name__)
@@ -338,7 +339,7 @@ def well_formed_node(entry: Any) -> bool:
         and isinstance(entry.get("evm_address"), str)
         and bool(_ADDRESS.match(entry["evm_address"]))
         and entry.get("status") in STATUSES
-        and entry.get("role") in ROLES
+        and (entry.get("role") in ROLES or entry.get("role") == RELAY_ROLE)
     )
 
 

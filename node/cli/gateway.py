@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import Any
 
 from node.client.credit_sizes import MAX_BUY
 from node.config import resolve_config
@@ -232,12 +234,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     personal.add_argument(
         "--relays",
-        type=Path,
+        type=_relays_source,
         default=None,
-        metavar="FILE",
-        help="reach every node through the overlay: n paths of relays drawn from FILE (one "
-        "`URL KEY` line per relay, as `planet relay serve` prints it), the messages cut into "
-        "S-IDA cloves, so no node sees this machine's address (docs/overlay.md)",
+        metavar="chain|FILE",
+        help="reach every node through the overlay: n paths of relays drawn from the relays "
+        "the committee lists (`chain`: registered with an agreed Relay stake, read from "
+        "/relays at start, every page) or from FILE (one `URL KEY` line per relay, as "
+        "`planet relay serve` prints it; ./chain for a file named chain), the messages cut "
+        "into S-IDA cloves, so no node sees this machine's address (docs/overlay.md)",
     )
     personal.add_argument(
         "--overlay",
@@ -249,6 +253,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
+
+
+CHAIN_RELAYS = "chain"
+
+
+def _relays_source(text: str) -> str | Path:
+    """--relays: `chain` (the committee's /relays), else a relays file's path."""
+    return CHAIN_RELAYS if text == CHAIN_RELAYS else Path(text)
 
 
 def _overlay_shape(text: str) -> tuple[int, int, int]:
@@ -348,20 +360,27 @@ def _serve_personal(args: argparse.Namespace) -> int:
                 f"{flag} is a hosted gateway's: it buys its own credits as it runs low",
                 hint="a personal client pays with the credits you buy: planet credits buy N",
             )
-    overlay = None  # the relays file is read first: its mistakes need no chain to find
-    if args.relays is not None:
-        from node.client.overlay import OverlayRoute, read_relays
+    relays: Any = None  # a relays file is read first: its mistakes need no chain to find
+    if isinstance(args.relays, Path):
+        from node.client.overlay import read_relays
+
+        relays = read_relays(args.relays)
+    elif args.relays is None and args.overlay is not None:
+        raise UsageError(
+            "--overlay shapes the paths of --relays", hint="add --relays chain (or FILE)"
+        )
+    chains = resolve_config({"committee_rpc": args.committee_rpc})
+    if args.relays == CHAIN_RELAYS:
+        relays = _chain_relays(chains.committee_rpc)
+    overlay = None
+    if relays is not None:
+        from node.client.overlay import OverlayRoute
         from node.client.relay_guards import GUARDS_FILE as RELAY_GUARDS_FILE
         from node.client.relay_guards import RelayGuards
 
         n, k, length = args.overlay or (4, 3, 3)
         guards = RelayGuards(planet_home() / RELAY_GUARDS_FILE)  # the paths' entry relays
-        overlay = OverlayRoute(
-            read_relays(args.relays), paths=n, needed=k, length=length, guards=guards
-        )
-    elif args.overlay is not None:
-        raise UsageError("--overlay shapes the paths of --relays", hint="add --relays FILE")
-    chains = resolve_config({"committee_rpc": args.committee_rpc})
+        overlay = OverlayRoute(relays, paths=n, needed=k, length=length, guards=guards)
     manifest, private = _personal_devnet_defaults(args, chains.committee_rpc)
     config = GatewayConfig(
         evm_rpc="",  # no EVM: the nodes are paid with credits, not through an escrow
@@ -388,6 +407,25 @@ def _serve_personal(args: argparse.Namespace) -> int:
     )
     serve(config, settings)
     return 0
+
+
+def _chain_relays(committee_rpc: str) -> Any:
+    """The relays the committee lists (every page of /relays), said in one line on stderr."""
+    import asyncio
+
+    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
+    from node.client.relay_registry import read_chain_relays
+
+    async def read() -> Any:
+        link = CommitteeLink([committee_rpc])
+        try:
+            return await read_chain_relays(link.query)
+        finally:
+            await link.close()
+
+    relays = asyncio.run(read())
+    print(f"overlay: {len(relays)} relays listed on the committee", file=sys.stderr, flush=True)
+    return relays
 
 
 def _validator_rpcs(flags: list[str] | None, committee_rpc: str) -> tuple[str, ...]:

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from node.agent.placement import Placement
 
 ETHER = 10**18
-ROLES = {"compute": 1, "verifier": 2}
-ROLE_NAMES = {0: "none", 1: "compute", 2: "verifier"}
+ROLES = {"compute": 1, "verifier": 2, "relay": 3}  # the Staking contract's Role
+ROLE_NAMES = {0: "none", 1: "compute", 2: "verifier", 3: "relay"}
 STAKE_STATUS = {0: "none", 1: "active", 2: "unbonding"}
 GAS_RESERVE_WEI = 10**15  # kept aside for gas when checking a stake against the balance
 
@@ -49,6 +49,7 @@ EXAMPLES = {
 examples:
   planet stake --role compute --amount 1.5       lock 1.5 ETH as a compute node
   PLANET_PASSWORD_FILE=~/.pw planet stake --role verifier --amount 0.5 --evm-rpc http://host:8545
+  planet stake --role relay --amount 0.1         an overlay relay's stake (`planet relay serve`)
 on a running devnet (`planet devnet up`) every operator command finds its chains by itself;
 fund a new wallet with `planet devnet fund ADDRESS 10`. With `devnet up --hosts`, run the
 commands inside a host: planet devnet exec operator0 -- planet stake --role compute --amount 1

@@ -1,15 +1,21 @@
-"""`planet relay serve`'s process: load (or create) the relay's X25519 key, serve /v1/relay."""
+"""`planet relay serve`'s process: load (or create) the relay's X25519 key, serve /v1/relay, and
+(unless it runs unregistered) register on the committee chain and heartbeat there
+(node/relay/registration.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 from nacl.public import PrivateKey
+from nacl.signing import SigningKey
 
+from node.relay.registration import RelayIdentity, ensure_registered, keep_alive
 from node.relay.relay import Relay, create_app
 from protocol.errors import ConfigError
 
@@ -41,8 +47,26 @@ def load_or_create_key(home: Path) -> PrivateKey:
     return PrivateKey(seed)
 
 
-async def serve(home: Path, host: str, port: int, *, allow_private: bool) -> int:
-    private = load_or_create_key(home)
+@dataclass(frozen=True)
+class Standing:
+    """How a registered relay reaches the committee: validator RPCs, its committee key, and what
+    it registers (its X25519 key is the one `serve` loads)."""
+
+    committee_rpc: str
+    committee_key: SigningKey
+    identity: RelayIdentity
+
+
+async def serve(
+    home: Path,
+    host: str,
+    port: int,
+    *,
+    allow_private: bool,
+    private: PrivateKey | None = None,
+    standing: Standing | None = None,
+) -> int:
+    private = private or load_or_create_key(home)
     relay = Relay(private, allow_private=allow_private)
     runner = web.AppRunner(create_app(relay))
     await runner.setup()
@@ -51,8 +75,37 @@ async def serve(home: Path, host: str, port: int, *, allow_private: bool) -> int
     key = bytes(private.public_key).hex()
     print(f"relay on http://{host}:{port} key {key}", flush=True)
     log.info("relay serving on %s:%d key=%s", host, port, key)
+    heartbeats: asyncio.Task[None] | None = None
+    stop = asyncio.Event()
+    link = None
     try:
+        if standing is not None:
+            from node.chain.committee_link import CommitteeLink  # lazy: the RPC client
+
+            link = CommitteeLink([standing.committee_rpc], standing.committee_key)
+            view = await ensure_registered(link, standing.identity)
+            print(registered_line(view), flush=True)
+            heartbeats = asyncio.create_task(keep_alive(link, stop))
         await asyncio.Event().wait()
     finally:
+        stop.set()
+        if heartbeats is not None:
+            heartbeats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeats
+        if link is not None:
+            await link.close()
         await runner.cleanup()
     return 0
+
+
+def registered_line(view: dict) -> str:
+    """The one line a registered relay prints: where it is registered and whether it is listed."""
+    stake = view.get("stake")
+    listed = "listed in /relays once the validators agree on its Relay stake"
+    if stake is not None:
+        listed = f"agreed stake {int(stake) / 10**18:g} ETH"
+    return (
+        f"registered relay {str(view.get('key'))[:16]}… on the committee at "
+        f"{view.get('endpoint')} ({view.get('status')}; {listed})"
+    )

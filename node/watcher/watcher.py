@@ -32,7 +32,7 @@ from protocol.errors import PlanetError
 
 log = logging.getLogger(__name__)
 
-ROLE_NUMBERS = {"compute": 1, "verifier": 2}
+ROLE_NUMBERS = {"compute": 1, "verifier": 2, "relay": 3}  # the Staking contract's Role
 STATUS_ACTIVE = 1
 
 
@@ -41,7 +41,7 @@ class StakeInfo:
     """What the Staking contract says about one address."""
 
     amount: int  # stakeOf, wei
-    role: int  # roleOf: 0 None, 1 Compute, 2 Verifier
+    role: int  # roleOf: 0 None, 1 Compute, 2 Verifier, 3 Relay
     status: int  # statusOf: 0 None, 1 Active, 2 Unbonding
 
 

@@ -31,6 +31,7 @@ Modules, read bottom-up:
                       (CreditRedeem): threshold blind BLS bearer credits
     gateways.py       gateway (GatewayBind): a gateway key bound to its payee address
     prices.py         set_price (SetPrice): what a credit buys on a node's shard
+    relays.py         relay (RegisterRelay): an overlay relay's endpoint and X25519 key
     envelope.py       SignedTx, sign / encode / decode, the type → body registry, and
                       TxSignatureError
 
@@ -58,6 +59,8 @@ Tx types (`type` → dataclass):
     gateway         GatewayBind    a gateway key bound to (or released from) its payee EVM
                                    address, under that address's EIP-712 signature
     set_price       SetPrice       a compute node's positions per credit on a shard
+    relay           RegisterRelay  relay key + EVM address (EIP-191 signature) + endpoint +
+                                   X25519 key: an overlay relay (listed by /relays once staked)
     credit_lock     CreditLock     a compute node claims credits it was paid with, before it
                                    serves beyond its bound on them (credit_locks.py)
 

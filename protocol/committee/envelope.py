@@ -24,6 +24,7 @@ from protocol.committee.gateways import GatewayBind
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
+from protocol.committee.relays import RegisterRelay
 from protocol.committee.settlement import PayoutVote, WorkReport
 from protocol.committee.verification import (
     SeedCommit,
@@ -73,6 +74,7 @@ TxBody = (
     | DkgJustify
     | CreditMint
     | CreditRedeem
+    | RegisterRelay
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -99,6 +101,7 @@ BODY_TYPES: dict[str, Any] = {
         DkgJustify,
         CreditMint,
         CreditRedeem,
+        RegisterRelay,
     )
 }
 

@@ -485,6 +485,7 @@ describe("FraudProofs", function () {
         ethers.ZeroAddress,
         h.ONE,
         h.ONE / 2n,
+        h.ONE / 10n,
         h.DEFAULTS.challengeWindow,
         h.DEFAULTS.unstakeDelay,
       );

@@ -5,11 +5,12 @@ const { ethers } = require("hardhat");
 
 const ONE = ethers.parseEther("1");
 const BURN_ADDRESS = "0x000000000000000000000000000000000000dEaD";
-const Role = { None: 0, Compute: 1, Verifier: 2 };
+const Role = { None: 0, Compute: 1, Verifier: 2, Relay: 3 };
 const Offence = { None: 0, CommitRevealMismatch: 1, Equivocation: 2, FailedVerification: 3, Timeout: 4, Collusion: 5 };
 const DEFAULTS = {
   minCompute: ONE,
   minVerifier: ONE / 2n,
+  minRelay: ONE / 10n,
   challengeWindow: 60n,
   unstakeDelay: 61n,
   refundTimeout: 600n,
@@ -185,6 +186,7 @@ async function deployAll(opts = {}) {
     o.faultVerifier,
     o.minCompute,
     o.minVerifier,
+    o.minRelay,
     o.challengeWindow,
     o.unstakeDelay,
   );

@@ -17,14 +17,19 @@ describe("Staking", function () {
     it("constructor_delayNotLongerThanWindow_reverts", async function () {
       const F = await ethers.getContractFactory("Staking");
       const c = ethers.Wallet.createRandom().address;
-      await expect(F.deploy(c, ethers.ZeroAddress, h.ONE, h.ONE, 60n, 60n))
+      await expect(F.deploy(c, ethers.ZeroAddress, h.ONE, h.ONE, h.ONE, 60n, 60n))
         .to.be.revertedWithCustomError(F, "UnstakeDelayTooShort")
         .withArgs(60n, 60n);
     });
     it("constructor_zeroMinimum_reverts", async function () {
       const F = await ethers.getContractFactory("Staking");
       const c = ethers.Wallet.createRandom().address;
-      await expect(F.deploy(c, ethers.ZeroAddress, 0n, h.ONE, 60n, 61n)).to.be.revertedWithCustomError(F, "ZeroAmount");
+      await expect(F.deploy(c, ethers.ZeroAddress, 0n, h.ONE, h.ONE, 60n, 61n)).to.be.revertedWithCustomError(F, "ZeroAmount");
+    });
+    it("constructor_zeroRelayMinimum_reverts", async function () {
+      const F = await ethers.getContractFactory("Staking");
+      const c = ethers.Wallet.createRandom().address;
+      await expect(F.deploy(c, ethers.ZeroAddress, h.ONE, h.ONE, 0n, 60n, 61n)).to.be.revertedWithCustomError(F, "ZeroAmount");
     });
     it("constructor_deploysFraudProofsBoundToItself", async function () {
       const { staking, fraudProofs, committee } = await loadFixture(fixture);
@@ -34,6 +39,8 @@ describe("Staking", function () {
       expect(await fraudProofs.challengeWindow()).to.equal(await staking.challengeWindow());
       expect(await staking.minimumStake(h.Role.Compute)).to.equal(h.ONE);
       expect(await staking.minimumStake(h.Role.Verifier)).to.equal(h.ONE / 2n);
+      expect(await staking.minimumStake(h.Role.Relay)).to.equal(h.ONE / 10n);
+      expect(await staking.minRelayStake()).to.equal(h.ONE / 10n);
       expect(await staking.minimumStake(h.Role.None)).to.equal(0n);
       expect(await staking.unstakeDelay()).to.be.greaterThan(await staking.challengeWindow());
     });
@@ -70,7 +77,7 @@ describe("Staking", function () {
       await expect(staking.connect(node).stake(h.Role.None, { value: h.ONE }))
         .to.be.revertedWithCustomError(staking, "InvalidRole")
         .withArgs(0);
-      await expect(staking.connect(node).stake(3, { value: h.ONE })).to.be.reverted;
+      await expect(staking.connect(node).stake(4, { value: h.ONE })).to.be.reverted;
     });
     it("stake_zeroValue_reverts", async function () {
       const { staking, node } = await loadFixture(fixture);
@@ -241,6 +248,92 @@ describe("Staking", function () {
       const tx = staking.connect(challenger).claimCredit();
       await expect(tx).to.emit(staking, "CreditClaimed").withArgs(challenger.address, h.ONE / 2n);
       await expect(tx).to.changeEtherBalance(challenger, h.ONE / 2n);
+    });
+  });
+
+  // A relay (overlay, docs/overlay.md) is an operator like the others: its own smaller minimum,
+  // one role per address, the same unbonding delay, and slashable through FraudProofs alone.
+  describe("relay role", function () {
+    const MIN = h.ONE / 10n;
+    it("stake_relayAtMinimum_activates", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await expect(staking.connect(node).stake(h.Role.Relay, { value: MIN }))
+        .to.emit(staking, "Staked")
+        .withArgs(node.address, h.Role.Relay, MIN, MIN);
+      expect(await staking.roleOf(node.address)).to.equal(h.Role.Relay);
+      expect(await staking.statusOf(node.address)).to.equal(1n);
+      expect(await staking.isEligible(node.address)).to.equal(true);
+      expect(await staking.totalStaked()).to.equal(MIN);
+    });
+    it("stake_relayBelowMinimum_reverts", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await expect(staking.connect(node).stake(h.Role.Relay, { value: MIN - 1n }))
+        .to.be.revertedWithCustomError(staking, "BelowMinimum")
+        .withArgs(h.Role.Relay, MIN - 1n, MIN);
+    });
+    it("stake_relayThenCompute_revertsRoleMismatch", async function () {
+      const { staking, node, other } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Relay, { value: MIN });
+      await expect(staking.connect(node).stake(h.Role.Compute, { value: h.ONE }))
+        .to.be.revertedWithCustomError(staking, "RoleMismatch")
+        .withArgs(h.Role.Relay, h.Role.Compute);
+      await staking.connect(other).stake(h.Role.Compute, { value: h.ONE });
+      await expect(staking.connect(other).stake(h.Role.Relay, { value: MIN }))
+        .to.be.revertedWithCustomError(staking, "RoleMismatch")
+        .withArgs(h.Role.Compute, h.Role.Relay);
+    });
+    it("stake_relayWhileUnbonding_reverts", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Relay, { value: MIN });
+      await staking.connect(node).requestUnstake();
+      const at = await staking.unbondingAt(node.address);
+      await expect(staking.connect(node).stake(h.Role.Relay, { value: MIN }))
+        .to.be.revertedWithCustomError(staking, "AlreadyUnbonding")
+        .withArgs(node.address, at);
+    });
+    it("withdraw_relay_sameDelayAsOtherRoles", async function () {
+      const { staking, node } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Relay, { value: MIN });
+      await staking.connect(node).requestUnstake();
+      expect(await staking.isEligible(node.address)).to.equal(false);
+      const at = await staking.unbondingAt(node.address);
+      await time.increaseTo(at - 2n); // the challenge window has passed, the delay has not
+      await expect(staking.connect(node).withdraw())
+        .to.be.revertedWithCustomError(staking, "UnbondingNotElapsed")
+        .withArgs(node.address, at);
+      await time.increaseTo(at);
+      const tx = staking.connect(node).withdraw();
+      await expect(tx).to.emit(staking, "Withdrawn").withArgs(node.address, MIN);
+      await expect(tx).to.changeEtherBalances([node, staking], [MIN, -MIN]);
+      expect(await staking.roleOf(node.address)).to.equal(h.Role.None);
+      expect(await staking.totalStaked()).to.equal(0n);
+    });
+    it("slash_relayNotFraudProofs_reverts", async function () {
+      const { staking, node, other } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Relay, { value: MIN });
+      await expect(staking.connect(other).slash(node.address, h.Offence.Timeout, 10000n, other.address))
+        .to.be.revertedWithCustomError(staking, "NotFraudProofs")
+        .withArgs(other.address);
+    });
+    it("slashByVerdict_relay_slashesRewardsAndBurns", async function () {
+      const { staking, fraudProofs, members, committeeDomain, node, challenger } = await loadFixture(fixture);
+      await staking.connect(node).stake(h.Role.Relay, { value: MIN });
+      const v = {
+        node: node.address,
+        offence: h.Offence.Timeout,
+        evidenceHash: ethers.id("relay dropped cloves"),
+        challenger: challenger.address,
+        nonce: 1n,
+        consumer: await fraudProofs.getAddress(),
+      };
+      const sigs = await h.signAll(members.slice(0, 3), committeeDomain, "Verdict", v);
+      const slashed = (MIN * 500n) / 10000n; // Timeout: 5 %
+      await expect(fraudProofs.slashByVerdict(v, sigs))
+        .to.emit(staking, "Slashed")
+        .withArgs(node.address, h.Offence.Timeout, slashed, challenger.address, slashed / 2n, slashed - slashed / 2n);
+      expect(await staking.stakeOf(node.address)).to.equal(MIN - slashed);
+      expect(await staking.isEligible(node.address)).to.equal(false); // below the relay minimum
+      expect(await staking.creditOf(challenger.address)).to.equal(slashed / 2n);
     });
   });
 });

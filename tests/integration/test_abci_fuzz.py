@@ -76,6 +76,7 @@ TX_TYPES = (
     "seed_commit",
     "seed_reveal",
     "spot_check_report",
+    "relay",
 )
 FIELDS = (
     "amount",
@@ -93,6 +94,7 @@ FIELDS = (
     "shards",
     "endpoint",
     "capacity",
+    "relay_key",
     "offence",
     "signature",
     "verdict_nonce",
@@ -122,6 +124,7 @@ ROUTES = (
     "/payouts/proof",
     "/credits",
     "/spot_reports",
+    "/relays",
 )
 PARAMS = (
     "model",

@@ -251,3 +251,67 @@ def test_watcher_vouches_only_for_mints_the_payers_escrow_balance_covers(
     mints.sort(key=lambda m: m["height"])  # a page lists by id
     assert [m["funded_height"] is not None for m in mints] == [True, False]
     assert mints[1]["vouched"] == []  # the watcher never vouched: never charged, never signed
+
+
+# anvil's account 3 (public dev key of the default mnemonic): a relay operator's staking wallet
+RELAY_OPERATOR_KEY = "0x7c852118294e51e653712a81e05800f419141751be58f605c371e15141b007a6"
+
+
+def test_a_staked_relay_registers_is_listed_and_leaves(world: World) -> None:
+    """The relay role across processes: a Relay stake (Staking role 3) on anvil, `planet relay
+    serve` registering itself, the validator's watcher attesting the stake for the relay's
+    registered role, `/relays` listing it and the personal client reading it from there, and
+    `planet relay leave` taking it off the list."""
+    import asyncio
+
+    from node.chain.committee_link import CommitteeLink
+    from node.client.relay_registry import read_chain_relays
+
+    root = world.home.parent
+    home = root / "relay-operator"
+    create_wallet(home / "wallet.json", "pw", RELAY_OPERATOR_KEY)
+    relay_chain = PlanetChain(world.chain.deployment, RELAY_OPERATOR_KEY, rpc_url=world.rpc)
+    relay_chain.staking.stake(3, ETHER // 10)
+    rpc = world.network.validators[0].rpc_url
+    chains = ["--home", str(home), "--evm-rpc", world.rpc, "--committee-rpc", rpc,
+              "--deployment", str(root / "deployment.json")]  # fmt: skip
+    env = {**os.environ, "PLANET_PASSWORD": "pw"}
+    port = _free(22700)
+    log_path = home / "relay.log"
+    with open(log_path, "wb") as log_file:
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "planet", "relay", "serve", "--port", str(port), *chains],
+            env=env, stdout=subprocess.PIPE, stderr=log_file, text=True,
+        )  # fmt: skip
+    try:
+        assert relay.stdout is not None
+        listening = relay.stdout.readline()
+        assert listening.startswith("relay on"), log_path.read_text()[-2000:]
+        key = listening.split(" key ", 1)[1].strip()
+        registered = relay.stdout.readline()
+        assert registered.startswith("registered relay"), log_path.read_text()[-2000:]
+        assert f"http://127.0.0.1:{port}" in registered
+        [entry] = _wait(lambda: _query(world, "/relays")["relays"], 60, "the relay listed")
+        assert (entry["endpoint"], entry["relay_key"]) == (f"http://127.0.0.1:{port}", key)
+        assert entry["evm_address"].lower() == relay_chain.address.lower()
+        assert entry["stake"] == str(ETHER // 10)
+
+        async def read() -> Any:
+            link = CommitteeLink([rpc])
+            try:
+                return await read_chain_relays(link.query)
+            finally:
+                await link.close()
+
+        [hop] = asyncio.run(read())
+        assert (hop.url, hop.key.hex()) == (f"http://127.0.0.1:{port}", key)
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        relay.wait(30)
+    left = subprocess.run(
+        [sys.executable, "-m", "planet", "relay", "leave", *chains],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert left.returncode == 0, left.stderr
+    assert _query(world, "/relays")["relays"] == []
+    assert _query(world, "/node", key=entry["key"])["status"] == "LEFT"

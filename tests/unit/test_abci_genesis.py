@@ -41,7 +41,7 @@ def test_abci_genesis_parses_full_document_and_round_trips() -> None:
     }
     genesis = Genesis.parse(json.dumps(doc).encode())
     assert genesis.epoch_length == 7 and genesis.challenges_per_epoch == 2
-    assert genesis.min_stake == {"compute": 5, "verifier": 5 * 10**17}
+    assert genesis.min_stake == {"compute": 5, "verifier": 5 * 10**17, "relay": 10**17}
     assert genesis.reputation.tau == 250_000 and genesis.models == {"m": 3}
     assert genesis.operators == {"AB" * 20: OPERATOR, "other": OPERATOR}
     assert Genesis.from_json(genesis.to_json()) == genesis

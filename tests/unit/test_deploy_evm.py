@@ -79,11 +79,12 @@ def test_constructor_args_matched_by_parameter_name() -> None:
         "faultVerifier",
         "minCompute",
         "minVerifier",
+        "minRelay",
         "challengeWindow_",
         "unstakeDelay_",
     )
     args = constructor_args("Staking", abi, config, ADDRESSES, 31337, DEPLOYER)
-    assert args == [ADDRESSES["Committee"], ZERO_ADDRESS, 10**18, 10**18 // 2, 30, 31]
+    assert args == [ADDRESSES["Committee"], ZERO_ADDRESS, 10**18, 10**18 // 2, 10**17, 30, 31]
     reordered = constructor("refundTimeout_", "committee_", "challengeWindow_")
     assert constructor_args("QueryEscrow", reordered, config, ADDRESSES, 31337, DEPLOYER) == [
         600,

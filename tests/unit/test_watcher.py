@@ -160,6 +160,10 @@ async def test_watcher_evm_outage_rereads_the_same_blocks_later() -> None:
         (StakeInfo(ETHER, 2, ACTIVE), "compute", 0),  # staked as verifier, registered compute
         (StakeInfo(ETHER, 2, ACTIVE), "verifier", ETHER),
         (StakeInfo(0, 0, 0), "compute", 0),
+        (StakeInfo(ETHER // 10, 3, ACTIVE), "relay", ETHER // 10),  # Staking's Relay role
+        (StakeInfo(ETHER // 10, 3, UNBONDING), "relay", 0),
+        (StakeInfo(ETHER, 1, ACTIVE), "relay", 0),  # a compute stake backs no relay
+        (StakeInfo(ETHER // 10, 3, ACTIVE), "compute", 0),
     ],
 )
 def test_effective_stake(info: StakeInfo, role: str, expected: int) -> None:

@@ -1,7 +1,7 @@
 """`Staking`: bonds, unbonding, stake reads and the challengers' pull credits.
 
-Roles: ROLE_COMPUTE 1, ROLE_VERIFIER 2; status: 0 None, 1 Active, 2 Unbonding. Reads default to
-the sender's own account.
+Roles: ROLE_COMPUTE 1, ROLE_VERIFIER 2, ROLE_RELAY 3; status: 0 None, 1 Active, 2 Unbonding.
+Reads default to the sender's own account.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ class Staking(Binding):
     NAME = "Staking"
 
     def stake(self, role: int, amount_wei: int) -> TxResult:
-        """Bond `amount_wei` as `role` (ROLE_COMPUTE 1 / ROLE_VERIFIER 2), or top it up."""
+        """Bond `amount_wei` as `role` (ROLE_COMPUTE 1 / ROLE_VERIFIER 2 / ROLE_RELAY 3), or top
+        it up."""
         return self.transact("stake", role, value=amount_wei)
 
     def request_unstake(self) -> TxResult:
