@@ -92,6 +92,8 @@ class Code(IntEnum):
     DKG_PHASE = 92  # a DKG message outside its phase's blocks, or for a period with no run
     DKG_MESSAGE_INVALID = 93  # malformed, not the signer's own index, duplicate, nothing to answer
     NOT_DKG_PARTICIPANT = 94  # the signer is not a receiver of that period's run
+    # prices again (abci_app/prices.py)
+    REDEMPTION_UNPRICED = 95  # redeem on a shard with no price above 0 in the creditable epochs
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

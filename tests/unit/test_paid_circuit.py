@@ -336,7 +336,8 @@ async def test_a_credit_the_node_cannot_check_or_keep_goes_back_to_the_client(
     head = ClientHead.load(manifest, device="cpu")
     wallet = CreditWallet(tmp_path / "credits.json")
     wallet.add(credits)
-    payer = CreditPayer(wallet, {hops[0].url: PRICE}, min_positions=PRICE)
+    # only the first hop is paid (the second taken for free: it never gets that far)
+    payer = CreditPayer(wallet, {hops[0].url: PRICE, hops[1].url: 0}, min_positions=PRICE)
     servers[0].app[STATE_KEY].payments.check = CreditCheck(_Unreachable())  # type: ignore[arg-type]
     async with CircuitClient(hops, hidden_size=64, prefill_chunk=16, payer=payer) as client:
         with pytest.raises(RemoteError) as refused:
