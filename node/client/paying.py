@@ -6,9 +6,10 @@
 `prices` is each node's price in positions per credit: the gateway's router fills it with the
 price the node registered on the committee chain (node/gateway/router.py; docs/committee.md,
 *Prices*), `planet ask` over a nodes file with the chain's too, or with each node's /info where
-the user capped it (`--max-price`, node/client/replicas.py). A node not in `prices` has no price
-anybody can check (none on the chain: the chain redeems nothing there, abci_app/prices.py), and
-this client pays it nothing: the question stops `price_unregistered` before a credit goes.
+the user capped it (an explicit `--min-credit-positions`, node/client/replicas.py). A node not
+in `prices` has no price anybody can check (none on the chain: the chain redeems nothing there,
+abci_app/prices.py), and this client pays it nothing: the question stops `price_unregistered`
+before a credit goes.
 
 A node that charges (`credit_positions` > 0 in its /info; node/server/payments.py) computes a
 session's positions only while credits paid for that session cover them. Before the client
@@ -78,7 +79,8 @@ class PriceTooHighError(ProtocolError):
 
 class PriceUnregisteredError(ProtocolError):
     """A hop of the circuit has no price this client can check (not in its `prices`: none on
-    the committee chain, or `planet ask --nodes` with no chain and no `--max-price`): paying
+    the committee chain, or `planet ask --nodes` with no chain and no explicit
+    `--min-credit-positions`): paying
     it would pay what nobody agreed, and the chain would not redeem it."""
 
     code = "price_unregistered"
@@ -88,9 +90,9 @@ class PriceUnregisteredError(ProtocolError):
         super().__init__(
             f"node {url} has no price on the committee chain; this client pays only a price "
             "it can check",
-            hint="ask nodes that registered a price (`planet join` registers one), give "
-            "`planet ask` the committee (`--committee-rpc`), or cap what it pays with "
-            "`--max-price N`",
+            hint="ask nodes that registered a price (`planet join` registers one); `planet ask "
+            "--nodes FILE`: give it the committee (`--committee-rpc URL`), or accept the nodes' "
+            "own /info price up to a credit per N positions (`--min-credit-positions N`)",
         )
 
 

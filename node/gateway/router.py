@@ -60,6 +60,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from node.client.chain_prices import chain_price, price_trusted
 from node.client.costs import CostBook
 from node.gateway.errors import NoCircuit
 from node.gateway.guards import ROUTES, Guards
@@ -181,32 +182,6 @@ def routable_by_shard(
                 RoutableNode(key, endpoint, shard, capacity, grace=grace, price=price)
             )
     return out
-
-
-def chain_price(entry: dict[str, Any], shard: int) -> int | None:
-    """The price a `/nodes` entry's node registered for `shard` this epoch (its `prices`;
-    None when it registered none, or the entry's is malformed: the chain pays it nothing)."""
-    prices = entry.get("prices")
-    price = prices.get(str(shard)) if isinstance(prices, dict) else None
-    return price if type(price) is int and 0 <= price < 2**31 else None
-
-
-def price_trusted(registered: int | None, advertised: Any) -> bool:
-    """Whether a node whose /info asks `advertised` positions per credit can be paid at its
-    `registered` price: both free, or both charging and the node granting at least the
-    registered positions per credit (a price cut waiting for the next epoch grants more; a
-    node asking more credits than registered — a raise it charges before the chain counts
-    it — would stop every session paid at the chain's price). A charging node follows the
-    chain's price itself (node/server/chain_price.py), so its /info says the registered one.
-    No registered price (None): the chain redeems nothing there (REDEMPTION_UNPRICED,
-    abci_app/prices.py), so only a node that asks nothing is routed — free, never paid."""
-    if type(advertised) is not int or not 0 <= advertised < 2**31:
-        return False
-    if registered is None:
-        return advertised == 0
-    if registered == 0 or advertised == 0:
-        return registered == advertised
-    return advertised >= registered
 
 
 class Router:

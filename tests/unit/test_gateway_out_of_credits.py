@@ -58,7 +58,7 @@ def test_a_payer_refuses_a_node_with_no_price_by_name_and_takes_nothing(tmp_path
         payer.due(1, ["http://a", "http://c"], 20)
     assert refused.value.code == "price_unregistered" and refused.value.http_status == 402
     assert "http://c has no price on the committee chain" in refused.value.message
-    assert refused.value.hint and "--max-price" in refused.value.hint
+    assert refused.value.hint and "--min-credit-positions N" in refused.value.hint
     assert PriceUnregisteredError in FINAL_PAYMENT_ERRORS  # no other circuit pays it better
     assert wallet.count() == 3 and payer.spent == 0
 

@@ -436,7 +436,7 @@ async def test_router_pays_the_registered_price_and_distrusts_an_info_that_asks_
     import aiohttp
     from aiohttp import web
 
-    from node.gateway.router import price_trusted
+    from node.client.chain_prices import price_trusted
 
     # node name → (registered price on the chain, the price its /info advertises)
     nodes = {1: (64, 16), 2: (64, 128), 3: (0, 64), 4: (64, 0), 5: (32, 32), 6: (None, 64)}
