@@ -95,6 +95,8 @@ class Code(IntEnum):
     # the relay registry (abci_app/registry.py: the `relay` tx)
     RELAY_KEY_TAKEN = 95  # relay with an X25519 key another registered relay holds
     RELAY_ENDPOINT_TAKEN = 96  # relay with an endpoint another registered relay holds
+    # prices again (abci_app/prices.py)
+    REDEMPTION_UNPRICED = 97  # redeem on a shard with no price above 0 in the creditable epochs
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

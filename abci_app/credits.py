@@ -44,10 +44,11 @@ key X_p (abci_app/credit_dkg.py made it), mints paid from a prepaid balance, red
                                (`blind_bls.verify_credits`, 128-bit coefficients hashed from the
                                credits: deterministic), then one by one only when the batch
                                fails, to name the bad one (CREDIT_INVALID); the node's
-                               registered price p on the shard (prices.py `redemption_price`)
-                               committed served positions of the node on the shard, not yet
-                               consumed, per credit (coverage.py `take_positions`:
-                               UNCOMMITTED_REDEMPTION, REDEMPTION_OVER_PRICE; consumed).
+                               registered price p on the shard (prices.py `redemption_price`;
+                               none above 0: REDEMPTION_UNPRICED) committed served positions
+                               of the node on the shard, not yet consumed, per credit
+                               (coverage.py `take_positions`: UNCOMMITTED_REDEMPTION,
+                               REDEMPTION_OVER_PRICE; consumed).
                                → `cspent/<sha256 nonce>` per credit and
                                `credit/<current epoch>/<evm address>/<shard>/<model>` grows by
                                count · genesis `credits.layer_tokens`: the node's share record for

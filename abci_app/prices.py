@@ -20,10 +20,15 @@ price the node had registered on that shard during the creditable epochs (the bl
 and the `commit_grace_epochs` before it: the epochs whose commitments a redemption may
 consume, coverage.py). The lowest, because credits taken in one of those epochs at its price
 may be redeemed in a later one: an honest node never needs more positions than it served, and a
-node can never redeem more credits than its lowest recent price allows. A node with no
-positive price there is held to the floor every credit buys, one position per credit
-(`UNPRICED_POSITIONS`): a node that registered no price is free on the chain, clients never
-pay it, so it has nothing but stray credits to redeem.
+node can never redeem more credits than its lowest recent price allows.
+
+**A shard with no price is paid nothing** (`REDEMPTION_UNPRICED`): a node that registered no
+price above 0 there during the creditable epochs — none at all, or 0 (free, what `--free` nodes
+register) — redeems no credit on it. The chain's price is the only one anybody pays: gateways
+and clients never pay a node the chain has no price for (`price_unregistered`,
+node/client/paying.py; the gateway's router does not route a charging node without one), so
+such a node holds no credit it was paid at a price the chain knows, and a credit it redeemed
+anyway would pay it what the chain never said.
 
 **The going price** (`going_price`, `/prices?model=`): the median of the positive current
 prices registered for the model (the lower middle of an even count), else
@@ -40,8 +45,6 @@ from abci_app.query_params import NODE_KEY, str_param
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
 from protocol.committee.prices import DEFAULT_PRICE_POSITIONS, SetPrice
-
-UNPRICED_POSITIONS = 1  # what a credit buys on a shard its node never priced above 0
 
 
 def price_at(record: dict[str, Any] | None, epoch: int) -> int | None:
@@ -90,13 +93,20 @@ def set_price(state: State, tx: SignedTx) -> None:
 
 
 def redemption_price(state: State, node: str, shard: int) -> int:
-    """Positions one credit redeemed by `node` on `shard` in this block consumes (module doc)."""
+    """Positions one credit redeemed by `node` on `shard` in this block consumes (module doc);
+    refuses the tx `REDEMPTION_UNPRICED` when the node had no price above 0 there."""
     current = rules.epoch_of(state, state.block_height)
     record = state.get(schema.PRICE, schema.price_key(node, shard))
     grace = state.genesis.commit_grace_epochs
     prices = [price_at(record, epoch) for epoch in range(max(1, current - grace), current + 1)]
     positive = [p for p in prices if p]
-    return min(positive) if positive else UNPRICED_POSITIONS
+    if not positive:
+        rules.reject(
+            Code.REDEMPTION_UNPRICED,
+            f"no price above 0 registered on shard {shard} in epochs {max(1, current - grace)}"
+            f"..{current}: credits are redeemed only at a price on the chain (set_price first)",
+        )
+    return min(positive)
 
 
 def forget(state: State, node: str) -> None:

@@ -47,6 +47,7 @@ from protocol.blind_bls import ThresholdCredit
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.credits import CreditRedeem, FundMint
 from protocol.committee.grammar import MAX_BATCH
+from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from protocol.threshold_mint import PeriodKey
@@ -90,11 +91,11 @@ def nodes(chain: Chain, count: int) -> list[Any]:
 
 
 def commit_served(chain: Chain, workers: list[Any], credits: int) -> None:
-    """Each worker commits records covering a position per credit it may redeem (one credit
-    needs one committed position, abci_app/coverage.py): untimed, as the nodes' agents do it
-    beside serving."""
+    """Each worker registers a price of 1 position per credit (a redemption needs a price on
+    the chain, abci_app/prices.py) and commits records covering a position per credit it may
+    redeem (abci_app/coverage.py): untimed, as the nodes' agents do it beside serving."""
     records = -(-credits // 32) + 1
-    txs = []
+    txs = [chain.tx(SetPrice("m", 0, 1), key) for key in workers]
     for key in workers:
         for start in range(0, records, MAX_BATCH):
             batch = tuple(

@@ -127,11 +127,30 @@ def served_output_hash(fingerprint: bytes, inputs_digest: bytes) -> bytes:
     return keccak(fingerprint + inputs_digest)
 
 
+SEGMENT_DOMAIN = b"planet/served-segment/v1\n"
+
+
+def segment_session(tag: bytes, index: int) -> bytes:
+    """The committed session of segment `index` of the hop's session `tag` (32 bytes each).
+
+    A speculating client rewinds the cache (it drops rejected guesses), so a session serves
+    several sequences, each the one before it cut at the rewind's position and continued:
+    segment 0 is the session itself (`tag`); segment i ≥ 1 = sha256(`SEGMENT_DOMAIN` ‖ tag ‖
+    uint32_be(i)). Each segment is committed like a session of its own (blocks over absolute
+    positions, its inputs chain over its whole sequence from position 0), so a spot-check
+    ticket of any of its blocks is recomputed from its inputs alone; the positions a segment
+    shares with the one before are committed there, except the part of the block it restarts
+    in, which its first block repeats (node/server/served.py)."""
+    if index == 0:
+        return tag
+    return hashlib.sha256(SEGMENT_DOMAIN + tag + struct.pack(">I", index)).digest()
+
+
 @dataclass(frozen=True, slots=True)
 class ServedRecord:
     """One committed block: the node's opening of its commitment (secret until revealed)."""
 
-    session: bytes  # 32 bytes: the hop's session tag
+    session: bytes  # 32 bytes: the hop's session tag (`segment_session` after a rewind)
     step: int  # block index b: positions [32 b, 32 b + n)
     shard: int
     output_hash: bytes  # keccak256(fingerprint bytes ‖ inputs chain): `served_output_hash`

@@ -5,6 +5,8 @@ credits and redemptions as the client and the validators make them. Shared by th
     chain = credit_chain(tmp_path)                  key of period 0 formed at block 7 (each
                                                     validator's share under tmp_path/shares/)
     chain, node = node_chain(tmp_path)              … and a routable compute node (shards 0, 1)
+                                                    priced at 1 position per credit on both
+                                                    (`price=None`: unpriced)
     credits, req = minted(chain, tmp_path, 3)       a funded mint of 3, finalized by the client
     redeem(chain, node, credits)                    commit served positions + `credit_redeem`
 """
@@ -22,12 +24,13 @@ from node.client.mint_request import MintRequest
 from node.watcher.credit_dkg import plan
 from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import CreditRedeem, FundMint
+from protocol.committee.prices import SetPrice
 from protocol.credit_periods import KeySchedule
 from protocol.credit_shares import CreditShareStore
 from protocol.threshold_mint import PeriodKey
 from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key, seeded_key
 from tests.unit.test_abci_settlement import ESCROW, ask, settled_chain
-from tests.unit.test_abci_state import make_routable, register, served_commit_tx
+from tests.unit.test_abci_state import make_routable, price_txs, register, served_commit_tx
 from tests.unit.test_credit_dkg_chain import play
 
 NOW = 1_800_000_000
@@ -87,11 +90,17 @@ def credit_chain(
 
 
 def node_chain(
-    tmp_path: Path, lifetime_epochs: int | None = None, **extra: object
+    tmp_path: Path, lifetime_epochs: int | None = None, price: int | None = 1, **extra: object
 ) -> tuple[Chain, SigningKey]:
+    """A credit chain and a routable node on shards 0, 1 that registered `price` positions
+    per credit on both (None: no price; a redemption needs one, abci_app/prices.py)."""
     chain = credit_chain(tmp_path, lifetime_epochs, **extra)
     node = register(chain, "credit-node", shards=(0, 1))
     make_routable(chain, node)
+    if price is not None:
+        for shard in (0, 1):
+            priced = send(chain, SetPrice("m", shard, price), node)
+            assert priced.code == Code.OK, priced.log
     return chain, node
 
 
@@ -157,6 +166,8 @@ def minted(
 def redeem(chain: Chain, node: SigningKey, credits: list[ThresholdCredit], shard: int = 0) -> Any:
     """The node commits the positions it served (one record: 32, a position per credit at
     least) and redeems, in one block: a redemption needs committed work (coverage.py)."""
+    priced = price_txs(chain, node, shard)
     commit = served_commit_tx(chain, node, shard, blocks=max(1, -(-len(credits) // 32)))
-    [_, result] = chain.block([commit, chain.tx(CreditRedeem("m", shard, tuple(credits)), node)])
+    body = CreditRedeem("m", shard, tuple(credits))
+    *_, result = chain.block([*priced, commit, chain.tx(body, node)])
     return result  # (a stranger's commit is refused: the redeem's own refusal is the point)

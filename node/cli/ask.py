@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from node.client.credit_sizes import MIN_POSITIONS as DEFAULT_MIN_POSITIONS
 from node.client.nodesfile import NodesFile, default_nodes_path, planet_home
 from node.config import find_devnet
 from node.model.manifest import Manifest
@@ -95,17 +96,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--credits",
         action="store_true",
-        help="pay the nodes that charge (their /info credit_positions) with bearer credits from "
-        "your credit file as the answer runs: a credit per chunk of positions per node, nothing "
-        "that names you (buy them with `planet credits buy N`)",
+        help="pay the nodes that charge with bearer credits from your credit file as the answer "
+        "runs: a credit per chunk of positions per node, nothing that names you (buy them with "
+        "`planet credits buy N`). Only a price it can check is paid: the one the node registered "
+        "on the committee chain (--committee-rpc), or, with no chain, its /info price only under "
+        "an explicit --min-credit-positions; a charging node with neither stops the question "
+        "(price_unregistered)",
+    )
+    parser.add_argument(
+        "--committee-rpc",
+        default=None,
+        metavar="URL",
+        help="with --credits: read each node's price from this committee (`/nodes`), never from "
+        "its /info alone (default: the nodes file's `committee_rpc`, if any)",
     )
     parser.add_argument(
         "--min-credit-positions",
         type=int,
-        default=16,
+        default=None,
         metavar="N",
         help="with --credits: never pay a node that asks a credit per fewer than N positions "
-        "(default 16; a node's price is in its /info)",
+        f"(default {DEFAULT_MIN_POSITIONS}). Given explicitly with no committee, it is also "
+        "your consent to pay the price a node's /info states, which nothing else checks: at "
+        "most a credit per N positions",
     )
     parser.add_argument(
         "--credits-file",
@@ -164,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--voucher-ttl must be 1 … 86400 seconds")
     if not 0 <= args.speculate <= MAX_LOOKAHEAD:
         raise UsageError(f"--speculate takes 1 … {MAX_LOOKAHEAD} guesses per pass")
-    if args.min_credit_positions < 1:
+    if args.min_credit_positions is not None and args.min_credit_positions < 1:
         raise UsageError("--min-credit-positions must be >= 1")
     if args.credits and (args.pay or args.voucher):
         raise UsageError(
@@ -200,6 +213,7 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
     # lazy: aiohttp and numpy (the client, its head and the wire codecs)
     import aiohttp
 
+    from node.client.chain_prices import read_chain_prices
     from node.client.failover import FailoverPolicy, generate
     from node.client.info import check_circuit
     from node.client.replicas import ReplicaCircuits
@@ -229,6 +243,11 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
             )
         # more than one node for a shard: the cheapest serves, the others are spares
         # (node/client/replicas.py); a node that fails mid-answer is replaced by a spare
+        credits = _credit_wallet(args)
+        committee = args.committee_rpc or nodes.committee_rpc
+        chain_prices = None
+        if credits is not None and committee:
+            chain_prices = await read_chain_prices(committee, manifest.model_hash, hops)
         source = ReplicaCircuits(
             http,
             hops,
@@ -236,8 +255,10 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
             hidden_size=manifest.hidden_size,
             codec=codec,
             plaintext_links=plaintext,
-            credits=_credit_wallet(args),
-            min_credit_positions=args.min_credit_positions,
+            credits=credits,
+            min_credit_positions=args.min_credit_positions or DEFAULT_MIN_POSITIONS,
+            chain_prices=chain_prices,
+            info_prices=args.min_credit_positions is not None,
         )
         async for token in generate(
             source,

@@ -6,7 +6,9 @@
 
 `key` is the node's ed25519 node key: an https:// node must prove it in its TLS handshake
 (node/links.py), so it is required there; an http:// node (local mode, `planet local up`
-writes `http://127.0.0.1:…`) needs none.
+writes `http://127.0.0.1:…`) needs none. An optional top-level `"committee_rpc": URL` names
+the committee the nodes are registered on: `planet ask --credits` then pays each node the
+price it registered there (`/nodes`), never its `/info` alone (node/client/chain_prices.py).
 
 `planet local up` writes it to `$PLANET_HOME/local/nodes.json`; `planet ask` reads it from there
 unless `--nodes FILE` says otherwise. The client needs the manifest for its own part of the model
@@ -52,9 +54,11 @@ class NodeRef:
 class NodesFile:
     manifest: Path
     nodes: tuple[NodeRef, ...]
+    committee_rpc: str | None = None  # where the nodes' prices are registered (None: no chain)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **({} if self.committee_rpc is None else {"committee_rpc": self.committee_rpc}),
             "manifest": str(self.manifest),
             "nodes": [
                 {"url": n.url, "shard": n.shard, "layers": list(n.layers)}
@@ -76,6 +80,8 @@ class NodesFile:
         try:
             manifest = _text(raw["manifest"], "manifest")
             nodes = tuple(_node(n, i) for i, n in enumerate(_list(raw["nodes"], "nodes")))
+            committee = raw.get("committee_rpc")
+            committee = None if committee is None else _http_url(committee, "committee_rpc")
         except (KeyError, TypeError) as error:
             raise ConfigError(
                 f"nodes file {path} is malformed: {_reason(error)}", hint=_SHAPE_HINT
@@ -86,7 +92,7 @@ class NodesFile:
             ) from None
         if not nodes:
             raise ConfigError(f"nodes file {path} lists no nodes", hint=_SHAPE_HINT)
-        return cls(manifest=Path(manifest), nodes=nodes)
+        return cls(manifest=Path(manifest), nodes=nodes, committee_rpc=committee)
 
 
 _SHAPE_HINT = 'expected {"manifest": PATH, "nodes": [{"url", "shard", "layers"[, "key"]}, ...]}'
@@ -135,6 +141,14 @@ def _text(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value or len(value) > 4096 or "\x00" in value:
         raise ValueError(f"{name} must be a non-empty string")
     return value
+
+
+def _http_url(value: Any, name: str) -> str:
+    url = _text(value, name).rstrip("/")
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"{name} must be an http(s):// URL, got {url[:80]!r}")
+    return url
 
 
 def _list(value: Any, name: str) -> list[Any]:

@@ -5,14 +5,18 @@
 
 `prices` is each node's price in positions per credit: the gateway's router fills it with the
 price the node registered on the committee chain (node/gateway/router.py; docs/committee.md,
-*Prices*), `planet ask` over a nodes file (no chain) with each node's /info.
+*Prices*), `planet ask` over a nodes file with the chain's too, or with each node's /info where
+the user capped it (an explicit `--min-credit-positions`, node/client/replicas.py). A node not
+in `prices` has no price anybody can check (none on the chain: the chain redeems nothing there,
+abci_app/prices.py), and this client pays it nothing: the question stops `price_unregistered`
+before a credit goes.
 
 A node that charges (`credit_positions` > 0 in its /info; node/server/payments.py) computes a
 session's positions only while credits paid for that session cover them. Before the client
 sends a frame it pays every charging hop, on the client's own link to that hop, enough credits
 to cover every position sent so far plus the frame's: one `pay` per credit, `positions` each
 (protocol/stream.py). So the client is at most one credit per hop ahead of the work, and a node
-never works unpaid. A free hop (0, or not listed) is never paid.
+never works unpaid. A free hop (0) is never paid.
 
 Credits are taken out of the wallet file before they are sent (a credit shown to a node is the
 node's: a client that died after sending must not show it to another node, whose redemption
@@ -73,6 +77,25 @@ class PriceTooHighError(ProtocolError):
         )
 
 
+class PriceUnregisteredError(ProtocolError):
+    """A hop of the circuit has no price this client can check (not in its `prices`: none on
+    the committee chain, or `planet ask --nodes` with no chain and no explicit
+    `--min-credit-positions`): paying
+    it would pay what nobody agreed, and the chain would not redeem it."""
+
+    code = "price_unregistered"
+    http_status = 402
+
+    def __init__(self, url: str) -> None:
+        super().__init__(
+            f"node {url} has no price on the committee chain; this client pays only a price "
+            "it can check",
+            hint="ask nodes that registered a price (`planet join` registers one); `planet ask "
+            "--nodes FILE`: give it the committee (`--committee-rpc URL`), or accept the nodes' "
+            "own /info price up to a credit per N positions (`--min-credit-positions N`)",
+        )
+
+
 class UnpaidError(RemoteError):
     """A node refused a session `payment_required` that this client sent it unpaid, knowing
     the node charges (its price as the client learned it) and paying no node (`planet ask`
@@ -104,7 +127,7 @@ def accepts_price(min_positions: int) -> Callable[[int], bool]:
 
 # what stops a question for good: the wallet's or the user's limit, or nodes that charge a
 # client that pays none; another circuit would pay (or be paid) no better, so no failover
-FINAL_PAYMENT_ERRORS = (OutOfCreditsError, PriceTooHighError, UnpaidError)
+FINAL_PAYMENT_ERRORS = (OutOfCreditsError, PriceTooHighError, PriceUnregisteredError, UnpaidError)
 
 
 def split(credits: list[PaidCredit], owed: list[int]) -> list[list[PaidCredit]]:
@@ -121,7 +144,8 @@ class CreditPayer:
     """The wallet credits come from, and each charging node's price (positions per credit)."""
 
     wallet: CreditWallet
-    prices: Mapping[str, int]  # node URL → positions one credit pays for (0: free)
+    # node URL → positions one credit pays for (0: free); absent: no price, never paid
+    prices: Mapping[str, int]
     spent: int = 0  # credits sent to nodes by this payer
     min_positions: int = MIN_POSITIONS  # the dearest price paid: a credit per this many
     _paid: dict[tuple[int, int], int] = field(default_factory=dict)  # (sid, hop) → positions
@@ -129,7 +153,11 @@ class CreditPayer:
     _sent: dict[tuple[int, int], list[tuple[PaidCredit, int]]] = field(default_factory=dict)
 
     def price(self, url: str) -> int:
-        return max(0, int(self.prices.get(url, 0)))
+        """`url`'s price (PriceUnregisteredError when it has none this client can check)."""
+        price = self.prices.get(url)
+        if price is None:
+            raise PriceUnregisteredError(url)
+        return max(0, int(price))
 
     def due(self, sid: int, urls: list[str], used: int) -> list[int]:
         """Per hop, how many credits to send so that `used` positions of `sid` are paid."""

@@ -9,11 +9,17 @@ node per shard with `CostBook.choose` (random among the near-cheapest, overloade
 After a failure the suspect hops are replaced by another node of their shard, and the failed
 nodes sit out `avoid_s` (used again only when a shard has no other node).
 
-Prices (each node's /info `credit_positions`): a node this client can pay comes first — a free
-one, or with `credits` one no dearer than the floor — and a charging node is picked for a client
-that pays none only when no free node serves its shard. So such a node's `payment_required` is
-the client's own doing, shared by every node it could be sent to instead: final for the question
-(`node.client.paying.UnpaidError`), no replay, the node not avoided.
+Prices: what a node asks is its /info `credit_positions`; what this client pays is a price it
+can check (`checked`): with `chain_prices` (the committee's `/nodes`, node/client/chain_prices.py)
+the node's registered price, where its /info agrees (`price_trusted`); without a chain, /info's
+own price only when the user capped it (`info_prices`: `planet ask --min-credit-positions N`
+given explicitly), else none — and a charging node with no checked price is refused by name
+when its turn to be paid comes (`price_unregistered`, final). A node this client can pay comes
+first — a free one, or with `credits` one with a checked price no dearer than the floor — and a
+charging node is picked for a client that pays none only when no free node serves its shard.
+So such a node's `payment_required` is the client's own doing, shared by every node it could be
+sent to instead: final for the question (`node.client.paying.UnpaidError`), no replay, the node
+not avoided.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import aiohttp
 
+from node.client.chain_prices import price_trusted
 from node.client.circuit import CircuitClient
 from node.client.costs import CostBook
 from node.client.credit_wallet import CreditWallet
@@ -62,6 +69,8 @@ class ReplicaCircuits:
         plaintext_links: bool = False,
         credits: CreditWallet | None = None,
         min_credit_positions: int = MIN_POSITIONS,
+        chain_prices: Mapping[str, int | None] | None = None,
+        info_prices: bool = False,
     ) -> None:
         self.http = http
         self.plaintext_links = plaintext_links  # plaintext beyond loopback (explicit local mode)
@@ -88,12 +97,16 @@ class ReplicaCircuits:
         self._wrong: set[Hop] = set()  # answered for another model, shard or layers
         self.current: tuple[Hop, ...] | None = None
         self.circuits: list[tuple[Hop, ...]] = []  # every circuit leased, in order
-        # paying the nodes that charge (their /info `credit_positions`) from a credit wallet
+        # what each node asks (its /info `credit_positions`), and what this client pays it: a
+        # price it can check (module docstring; absent: none, `price_unregistered`)
         self.prices: dict[str, int] = {}
+        self.checked: dict[str, int] = {}
+        self.chain_prices = chain_prices  # hop URL → registered price (None: none); None: no chain
+        self.info_prices = info_prices  # no chain: pay /info's price (the user capped it)
         self.payer = (
             None
             if credits is None
-            else CreditPayer(credits, self.prices, min_positions=min_credit_positions)
+            else CreditPayer(credits, self.checked, min_positions=min_credit_positions)
         )
         # which prices this client pays: free nodes only without credits
         self._payable = (
@@ -122,6 +135,7 @@ class ReplicaCircuits:
         self.costs.observe_info(hop.url, info, time.perf_counter() - started)
         price = info.get("credit_positions", 0)
         self.prices[hop.url] = price if isinstance(price, int) and 0 <= price < 2**31 else 0
+        self._check_price(hop.url, price)
         model_hash, layers = self.expected[hop.shard]
         if (
             info.get("model_hash") != model_hash
@@ -130,6 +144,37 @@ class ReplicaCircuits:
         ):
             log.warning("node serves something else; not used url=%s", hop.url)
             self._wrong.add(hop)
+
+    def _check_price(self, url: str, advertised: object) -> None:
+        """`checked[url]`: the price this client may pay the node asking `advertised`."""
+        if self.chain_prices is not None:
+            registered = self.chain_prices.get(url)
+            trusted = price_trusted(registered, advertised)
+            price = (registered or 0) if trusted else None
+            if not trusted:
+                log.warning(
+                    "node's /info price is not its registered one url=%s registered=%s "
+                    "advertised=%r",
+                    url,
+                    registered,
+                    advertised,
+                )
+        else:  # no chain: free, or /info's own price where the user capped what it pays
+            price = None
+            if isinstance(advertised, int) and price_trusted(advertised, advertised):
+                price = advertised if advertised == 0 or self.info_prices else None
+        if price is None:
+            self.checked.pop(url, None)
+        else:
+            self.checked[url] = price
+
+    def _can_pay(self, hop: Hop) -> bool:
+        """Whether this client pays what `hop` asks: nothing (no credits), or a checked price
+        no dearer than its floor."""
+        if self.payer is None:
+            return self.prices.get(hop.url, 0) == 0
+        price = self.checked.get(hop.url)
+        return price is not None and self._payable(price)
 
     def _avoided(self, hop: Hop) -> bool:
         until = self._avoid.get(hop.url)
@@ -141,7 +186,7 @@ class ReplicaCircuits:
         it cannot pay only when no other is usable."""
         hops = [h for h in self.by_shard[shard] if h not in self._wrong] or self.by_shard[shard]
         usable = [h for h in hops if h.url not in exclude and not self._avoided(h)]
-        payable = [h for h in usable if self._payable(self.prices.get(h.url, 0))]
+        payable = [h for h in usable if self._can_pay(h)]
         chosen = self.costs.choose(payable or usable or hops, lambda h: h.url)
         assert chosen is not None  # every shard has a node (checked in __init__)
         return chosen

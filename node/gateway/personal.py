@@ -12,7 +12,8 @@ the router over the committee's directory of routable nodes), with two parts swa
   (personal_guard.py): a web page the user visits cannot spend the user's credits.
 - **The nodes are paid as the answer runs** (node/client/paying.py): each circuit client pays
   every charging node of its circuit one credit per chunk of positions, from the user's credit
-  file (`planet credits buy`), at each node's price from its `/info`, never dearer than
+  file (`planet credits buy`), at the price each node registered on the committee chain
+  (its `/info` checked against it: node/gateway/router.py), never dearer than
   `--min-credit-positions`. Each answer's `planet_receipt` says how many credits the client had
   spent by then and how many are left.
 

@@ -60,6 +60,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from node.client.chain_prices import chain_price, price_trusted
 from node.client.costs import CostBook
 from node.gateway.errors import NoCircuit
 from node.gateway.guards import ROUTES, Guards
@@ -84,8 +85,9 @@ class RoutableNode:
     capacity: int = field(default=0, compare=False)  # registered max sessions (0: unknown)
     grace: bool = field(default=False, compare=False)  # DOWN on chain, a fallback (see above)
     # positions one credit buys there, as registered on the committee chain for this epoch
-    # (abci_app/prices.py; 0: free or unpriced): what this gateway pays, never its /info
-    price: int = field(default=0, compare=False)
+    # (abci_app/prices.py; 0: free; None: no price registered, so never paid — routed only
+    # while its /info says free): what this gateway pays, never its /info
+    price: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,28 +184,6 @@ def routable_by_shard(
     return out
 
 
-def chain_price(entry: dict[str, Any], shard: int) -> int:
-    """The price a `/nodes` entry's node registered for `shard` this epoch (its `prices`;
-    0 when it registered none: free on the chain)."""
-    prices = entry.get("prices")
-    price = prices.get(str(shard)) if isinstance(prices, dict) else None
-    return price if type(price) is int and 0 <= price < 2**31 else 0
-
-
-def price_trusted(registered: int, advertised: Any) -> bool:
-    """Whether a node whose /info asks `advertised` positions per credit can be paid at its
-    `registered` price: both free, or both charging and the node granting at least the
-    registered positions per credit (a price cut waiting for the next epoch grants more; a
-    node asking more credits than registered — a raise it charges before the chain counts
-    it — would stop every session paid at the chain's price). A charging node follows the
-    chain's price itself (node/server/chain_price.py), so its /info says the registered one."""
-    if type(advertised) is not int or not 0 <= advertised < 2**31:
-        return False
-    if registered == 0 or advertised == 0:
-        return registered == advertised
-    return advertised >= registered
-
-
 class Router:
     def __init__(
         self,
@@ -237,8 +217,9 @@ class Router:
         self.shard_layers = tuple(shard_layers)
         self.http = http
         # endpoint → positions one credit pays for there (its price on the committee chain,
-        # checked against its /info; 0: free): what the gateway's credit payer reads
-        # (node/client/paying.py)
+        # checked against its /info; 0: free, or no price and free by its /info; absent: no
+        # price on the chain, refused `price_unregistered`): what the gateway's credit payer
+        # reads (node/client/paying.py)
         self.prices: dict[str, int] = {}
         self.refresh_s = refresh_s
         self._cache: tuple[float, dict[int, list[RoutableNode]]] | None = None
@@ -289,8 +270,8 @@ class Router:
         checked = self._verified.get(node)
         fresh = checked is not None and time.monotonic() - checked < VERIFY_TTL_S
         if fresh:
-            self.prices[node.endpoint] = node.price  # the chain's, refreshed with the list
-        if fresh and self.accept_price(node.price):
+            self._set_price(node)  # the chain's, refreshed with the list
+        if fresh and self.accept_price(node.price or 0):
             return True  # (a price seen since by the background /info refresh counts)
         pin = self._pin(node)
         if pin is None:
@@ -319,10 +300,10 @@ class Router:
             return False
         if not self._note_price(node, info):
             log.warning(
-                "node's /info price is not its registered one endpoint=%s registered=%d "
+                "node's /info price is not its registered one endpoint=%s registered=%s "
                 "advertised=%r",
                 node.endpoint,
-                node.price,
+                "none" if node.price is None else node.price,
                 info.get("credit_positions"),
             )
             self.mark_failed(node)  # looked at again after the cooldown: prices change
@@ -523,8 +504,17 @@ class Router:
     def _note_price(self, node: RoutableNode, info: dict[str, Any]) -> bool:
         """The node's price is its registered one (`node.price`, from the chain); its /info
         is only checked against it (`price_trusted`). False: not a node to pay or route to."""
-        self.prices[node.endpoint] = node.price
-        return price_trusted(node.price, info.get("credit_positions", 0))
+        trusted = price_trusted(node.price, info.get("credit_positions", 0))
+        self._set_price(node if trusted else None, node.endpoint)
+        return trusted
+
+    def _set_price(self, node: RoutableNode | None, endpoint: str = "") -> None:
+        """`node`'s chain price into `prices` (a node with none, routed only while its /info
+        says free, at 0); None: `endpoint` is not to be paid, its entry goes."""
+        if node is None:
+            self.prices.pop(endpoint, None)
+        else:
+            self.prices[node.endpoint] = node.price or 0
 
     async def probe(self, circuit: Circuit) -> None:
         """After a failed question: put every node of `circuit` that does not answer /health

@@ -7,7 +7,9 @@ at once, a change from the next epoch. Clients pay what the chain says for the c
 so the node does too: every `REFRESH_S` it reads its own price (`/prices?model=&node=`) and,
 once the chain has one above 0, a credit taken from then on pays for that many positions
 (`Payments.positions`, also its `/info` `credit_positions`). Until the chain has a price (the
-agent has not registered it yet) the flag's price stands. A node restarted with a raised price
+agent has not registered it yet) the flag's price stands, and no client pays it: a node with
+no price on the chain is not routed while it charges, a payer refuses it `price_unregistered`,
+and the chain redeems nothing there (`REDEMPTION_UNPRICED`). A node restarted with a raised price
 mid-epoch is paid the registered one until the epoch ends, and its sessions are never stopped
 for paying what the chain asks.
 """

@@ -12,9 +12,23 @@ store (closed, idle-evicted after `idle_timeout_s`, aged out), or, when `seal_id
 been idle that long; positions after a seal are not recorded (counted), so a block is never
 committed twice with different contents.
 
+**Rewinds** (speculative decoding drops rejected guesses: the next frame starts before the last
+one's end) keep being recorded, so a speculating session commits every position it was paid
+for (docs/committee.md, *Commitment coverage*: both sides count every frame's positions). A
+rewind to position p seals the current segment (its partial block recorded) and opens the
+next segment of the session, committed under `protocol.served.segment_session(tag, i)`: the
+sequence the cache now holds — the previous segment's inputs of positions [0, p) (shared, not
+copied) and what comes next — with its own inputs hash chain (restarted from the previous
+segment's digest at the start of p's block) and blocks over absolute positions. Its first
+block repeats the rows [32·⌊p/32⌋, p) the previous segment computed (their fingerprint bytes
+carried over), so any ticket of it is recomputed from its inputs alone. A rewind before the
+current segment's first block (no replay does that) stops the session's recording as before.
+
 Memory is bounded: inputs + fingerprints of all sessions stay under `max_bytes`; beyond it the
-least recently used sessions are dropped whole (counted in `stats()`); their records stay in
-the spool (and on chain) but tickets for them can no longer be answered.
+least recently used sessions (segments) are dropped whole (counted in `stats()`); their records
+stay in the spool (and on chain) but tickets for them can no longer be answered. A segment's
+shared prefix is counted once, in the segment that received it (a dropped segment's inputs
+stay in memory while a later segment of its session still holds them).
 
 For spot checks (the verifier's ticket) the node reads back what it served:
 
@@ -47,13 +61,14 @@ from aiohttp import web
 from node.model.fingerprint import FingerprintRecorder
 from node.server.config import ServerConfig
 from protocol import served as spool_format
-from protocol.fingerprint import BLOCK_POSITIONS
+from protocol.fingerprint import BLOCK_POSITIONS, BYTES_PER_POSITION, HEADER_BYTES
 from protocol.served import (
     SPOOL_MAGIC,
     SPOOL_PREFIX,
     SPOOL_SUFFIX,
     InputsChain,
     ServedRecord,
+    segment_session,
     served_output_hash,
 )
 
@@ -76,11 +91,18 @@ class Ticket:
 
 @dataclass
 class _Served:
-    session: bytes  # the tag's 32 bytes: the commitment's session
+    """One segment of a session (the whole session until its first rewind)."""
+
+    session: bytes  # the commitment's session: the tag's 32 bytes, or `segment_session`
+    origin: str = ""  # the hop's session tag (hex) the segment belongs to
+    index: int = 0  # segment number within the session
+    first_block: int = 0  # the block the segment's first position falls in
+    carry: bytes = b""  # fingerprint bytes of that block's positions before the segment's start
     recorder: FingerprintRecorder = field(default_factory=FingerprintRecorder)
-    inputs: list[np.ndarray] = field(default_factory=list)  # [T_i, H] chunks, in order
+    inputs: list[np.ndarray] = field(default_factory=list)  # [T_i, H] chunks from position 0
     blocks: dict[int, tuple[bytes, ServedRecord]] = field(default_factory=dict)
     chain: InputsChain = field(default_factory=InputsChain)  # the inputs hash chain
+    digests: list[bytes] = field(default_factory=list)  # the chain after each block, by block
     last_s: float = 0.0
     sealed: bool = False
     nbytes: int = 0
@@ -105,7 +127,10 @@ class ServedLog:
         self.seal_idle_s = seal_idle_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._by_tag: OrderedDict[str, _Served] = OrderedDict()  # least recently used first
+        # segment session (hex) → segment, least recently used first; a session's first
+        # segment is keyed by its tag
+        self._by_tag: OrderedDict[str, _Served] = OrderedDict()
+        self._live: dict[str, str] = {}  # session tag → the key of its segment being recorded
         self._bytes = 0
         self._spool: Path | None = None
         self._spool_bytes = 0
@@ -115,6 +140,7 @@ class ServedLog:
             "positions": 0,
             "unrecorded_positions": 0,
             "evicted_sessions": 0,
+            "segments": 0,
             "evicted_bytes": 0,
             "record_s": 0.0,
         }
@@ -128,24 +154,26 @@ class ServedLog:
     def record(self, tag: str, hidden: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
         started = time.perf_counter()
         count = int(positions.shape[0])
+        start = int(positions[0])
         with self._lock:
-            served = self._by_tag.get(tag)
+            served = self._by_tag.get(self._live.get(tag, tag))
             if served is None:
                 session = _tag_bytes(tag)
-                if int(positions[0]) != 0 or session is None:  # evicted earlier, or no tag
+                if start != 0 or session is None:  # evicted earlier, or no tag
                     self.counters["unrecorded_positions"] += count
                     return
-                served = _Served(session=session, nbytes=SESSION_OVERHEAD_BYTES)
+                served = _Served(session=session, origin=tag, nbytes=SESSION_OVERHEAD_BYTES)
                 self._by_tag[tag] = served
+                self._live[tag] = tag
                 self._bytes += SESSION_OVERHEAD_BYTES
-            if served.sealed or int(positions[0]) != served.recorder.next_position:
-                if not served.sealed and int(positions[0]) < served.recorder.next_position:
-                    # a rewind (speculative decoding): the recorded inputs are what the cache
-                    # held so far; what follows continues another sequence, so stop here
-                    self._seal(served)
+            if not served.sealed and start < served.recorder.next_position:
+                # a rewind (speculative decoding): the cache holds positions [0, start) now
+                served = self._rewound(served, start)
+            if served.sealed or start != served.recorder.next_position:
                 self.counters["unrecorded_positions"] += count
                 return
-            self._by_tag.move_to_end(tag)
+            key = served.session.hex()
+            self._by_tag.move_to_end(key)
             served.last_s = self._clock()
             before = len(served.recorder.blocks)
             served.recorder.add(out, positions.tolist())
@@ -154,17 +182,58 @@ class ServedLog:
             served.chain.add(chunk)
             added = chunk.nbytes
             for index in range(before, len(served.recorder.blocks)):
-                added += self._commit_block(served, index, served.recorder.blocks[index])
+                block = served.first_block + index
+                fingerprint = _spliced(served, block, served.recorder.blocks[index])
+                added += self._commit_block(served, block, fingerprint)
             served.nbytes += added
             self._bytes += added
             self.counters["positions"] += count
-            self._evict_over_cap(keep=tag)
+            self._evict_over_cap(keep=key)
         self.counters["record_s"] += time.perf_counter() - started
+
+    def _rewound(self, served: _Served, start: int) -> _Served:
+        """Seal `served` and open the session's next segment at position `start` (module
+        doc); `served` itself, sealed, when `start` lies before its first block."""
+        self._seal(served)
+        block, carried = divmod(start, BLOCK_POSITIONS)
+        if block < served.first_block or len(served.digests) < block:
+            return served
+        carry = b""
+        if carried and block not in served.blocks:  # nothing recorded there (never: a fresh
+            return served  # segment records the frame that opened it)
+        if carried:
+            fingerprint = served.blocks[block][0]
+            carry = fingerprint[HEADER_BYTES : HEADER_BYTES + carried * BYTES_PER_POSITION]
+        prefix = _rows(served.inputs, 0, start)
+        chain = InputsChain()
+        chain.digest = served.digests[block - 1] if block else None
+        for rows in _rows(prefix, block * BLOCK_POSITIONS, start):
+            chain.add(rows)
+        index = served.index + 1
+        segment = _Served(
+            session=segment_session(bytes.fromhex(served.origin), index),
+            origin=served.origin,
+            index=index,
+            first_block=block,
+            carry=carry,
+            recorder=FingerprintRecorder(next_position=start),
+            inputs=prefix,
+            chain=chain,
+            digests=served.digests[:block],
+            nbytes=SESSION_OVERHEAD_BYTES,
+        )
+        key = segment.session.hex()
+        self._by_tag[key] = segment
+        self._live[served.origin] = key
+        self._bytes += SESSION_OVERHEAD_BYTES
+        self.counters["segments"] += 1
+        return segment
 
     def _commit_block(
         self, served: _Served, block: int, fingerprint: bytes, rows: int = BLOCK_POSITIONS
     ) -> int:
         digest = served.chain.close_block(rows)
+        served.digests.append(digest)
         record = ServedRecord(
             session=served.session,
             step=block,
@@ -200,8 +269,10 @@ class ServedLog:
             self.counters["evicted_sessions"] += 1
             self.counters["evicted_bytes"] += victim.nbytes
 
-    def _drop(self, tag: str, served: _Served) -> None:
-        del self._by_tag[tag]
+    def _drop(self, key: str, served: _Served) -> None:
+        del self._by_tag[key]
+        if self._live.get(served.origin) == key:
+            del self._live[served.origin]
         self._bytes -= served.nbytes
 
     # -- sealing (event loop) ------------------------------------------------------------------
@@ -209,7 +280,7 @@ class ServedLog:
     def seal(self, tag: str) -> bool:
         """Record the session's partial last block (the session closed); True if one was."""
         with self._lock:
-            served = self._by_tag.get(tag)
+            served = self._by_tag.get(self._live.get(tag, tag))
             if served is None or served.sealed:
                 return False
             return self._seal(served)
@@ -221,7 +292,7 @@ class ServedLog:
             return False
         block = (served.recorder.next_position - 1) // BLOCK_POSITIONS
         rows = served.recorder.next_position - block * BLOCK_POSITIONS
-        added = self._commit_block(served, block, pending, rows)
+        added = self._commit_block(served, block, _spliced(served, block, pending), rows)
         served.nbytes += added
         self._bytes += added
         self.counters["partial_blocks"] += 1
@@ -233,11 +304,11 @@ class ServedLog:
         now = self._clock()
         sealed = 0
         with self._lock:
-            for tag, served in list(self._by_tag.items()):
+            for served in list(self._by_tag.values()):
                 if served.sealed:
                     continue
                 idle = self.seal_idle_s is not None and now - served.last_s >= self.seal_idle_s
-                if idle or not open_tags(tag):
+                if idle or not open_tags(served.origin):
                     sealed += self._seal(served)
         return sealed
 
@@ -281,6 +352,28 @@ class ServedLog:
                 "bytes": self._bytes,
                 "max_bytes": self.max_bytes,
             }
+
+
+def _spliced(served: _Served, block: int, fingerprint: bytes) -> bytes:
+    """A segment's block fingerprint with the rows it carried over prepended (its first block
+    only): one block of positions [32·block, …) as `protocol.fingerprint` encodes it."""
+    if block != served.first_block or not served.carry:
+        return fingerprint
+    positions = fingerprint[1] + len(served.carry) // BYTES_PER_POSITION
+    return bytes((fingerprint[0], positions)) + served.carry + fingerprint[HEADER_BYTES:]
+
+
+def _rows(chunks: list[np.ndarray], start: int, end: int) -> list[np.ndarray]:
+    """Views of the rows [start, end) of consecutive [T_i, H] `chunks` (nothing copied)."""
+    out, at = [], 0
+    for chunk in chunks:
+        lo, hi = max(start - at, 0), min(end - at, chunk.shape[0])
+        if lo < hi:
+            out.append(chunk[lo:hi])
+        at += chunk.shape[0]
+        if at >= end:
+            break
+    return out
 
 
 def _tag_bytes(tag: str) -> bytes | None:

@@ -5,7 +5,8 @@ messages, `node.watcher.credit_dkg.plan`, its share written to `<home>/credit_sh
 its app signs with it); a payer that asks before the key exists waits for it with progress
 lines, then buys credits (`buy_credits`: the `credit_mint` through `broadcast_tx_sync`, the
 app's partial signatures through CometBFT's `abci_query /credit_partials`, combined into the
-wallet), a registered compute node redeems them: accepted once, then refused as
+wallet), a registered compute node redeems them: refused `REDEMPTION_UNPRICED` before it
+registers a price, then accepted once, then refused as
 `CREDIT_SPENT`, and an altered credit as `CREDIT_INVALID`; the node's credited work shows in
 `/credits`. The retired RSA `mint` is refused by name as an unknown tx kind. A `planet
 credits buy` killed with SIGKILL while its mint waits for funding leaves the purchase in its
@@ -37,6 +38,7 @@ from protocol.canonical import canonical_json
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.credits import CreditRedeem, FundMint
 from protocol.committee.envelope import sign
+from protocol.committee.prices import SetPrice
 from protocol.committee.registry import RegisterNode, sign_registration
 from protocol.credit_shares import CREDIT_SHARES_DIR, CreditShareStore
 from protocol.eip712 import address_of
@@ -185,19 +187,24 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
         assert all(m["funded_height"] is not None for m in _mints_of(net, payer))
 
         spend = wallet.take(2)
+        # a credit buys what the node's price on the chain says, and nothing without one
+        unpriced = net.submit(sign(CreditRedeem("m", 0, tuple(spend)), node_key, 2).encode())
+        assert unpriced["code"] == 97, unpriced  # REDEMPTION_UNPRICED
+        priced = net.submit(sign(SetPrice("m", 0, 1), node_key, 3).encode())
+        assert priced.get("code", 0) == 0, priced
         # the node commits what it served (one record, 32 positions): no commitment, no pay
-        uncommitted = net.submit(sign(CreditRedeem("m", 0, tuple(spend)), node_key, 2).encode())
+        uncommitted = net.submit(sign(CreditRedeem("m", 0, tuple(spend)), node_key, 4).encode())
         assert uncommitted["code"] == 84, uncommitted  # UNCOMMITTED_REDEMPTION
         record = CommitmentRecord("0x" + "5e" * 32, 0, 0, "0x" + "c0" * 32)
-        committed = net.submit(sign(CommitBatch((record,)), node_key, 3).encode())
+        committed = net.submit(sign(CommitBatch((record,)), node_key, 5).encode())
         assert committed.get("code", 0) == 0, committed
-        first = net.submit(sign(CreditRedeem("m", 0, tuple(spend)), node_key, 4).encode())
+        first = net.submit(sign(CreditRedeem("m", 0, tuple(spend)), node_key, 6).encode())
         assert first.get("code", 0) == 0, first
-        again = net.submit(sign(CreditRedeem("m", 0, tuple(spend[:1])), node_key, 5).encode())
+        again = net.submit(sign(CreditRedeem("m", 0, tuple(spend[:1])), node_key, 7).encode())
         assert again["code"] == 78 and "already redeemed" in again["log"], again  # CREDIT_SPENT
         [last] = wallet.take(1)
         altered = replace(last, nonce=last.nonce[:-1] + bytes([last.nonce[-1] ^ 1]))
-        refused = net.submit(sign(CreditRedeem("m", 0, (altered,)), node_key, 6).encode())
+        refused = net.submit(sign(CreditRedeem("m", 0, (altered,)), node_key, 8).encode())
         assert refused["code"] == 77, refused  # CREDIT_INVALID
         credited = net.query(f"/credits?account={address_of(evm).lower()}")["credits"]
         assert credited == [{"layer_tokens": 2 * LAYER_TOKENS, "model": "m", "shard": 0}]
@@ -211,7 +218,7 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
                 "payer": "0x",
                 "signature": "",
             },
-            "nonce": 7,
+            "nonce": 9,
             "signer": node,
             "type": "mint",
         }

@@ -24,7 +24,7 @@ from tests.unit.test_abci_settlement import (
     report,
     settled_chain,
 )
-from tests.unit.test_abci_state import commit_served, hexkey, make_routable, register
+from tests.unit.test_abci_state import commit_served, hexkey, make_routable, price_txs, register
 
 pytestmark = pytest.mark.unit
 
@@ -57,6 +57,7 @@ def test_coverage_commitments_older_than_the_grace_window_do_not_cover_a_redempt
     commit_served(chain, key, shard=0, blocks=1)
     close_epochs(chain, 2)  # the commitment's epoch is now two epochs old
     credits, _ = minted(chain, tmp_path, count=2)
+    chain.block(price_txs(chain, key))
     stale = one(chain, CreditRedeem("m", 0, (credits[0],)), key)
     assert stale.code == Code.UNCOMMITTED_REDEMPTION, stale.log
     assert credits_of(chain, "node") == 0

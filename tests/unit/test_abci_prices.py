@@ -50,7 +50,7 @@ def start_of_epoch(chain: Chain) -> None:
 
 
 def test_prices_first_counts_now_a_change_only_from_the_next_epoch(tmp_path: Path) -> None:
-    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000, epoch_length=20)
+    chain, node = node_chain(tmp_path, price=None, heartbeat_timeout=10_000, epoch_length=20)
     start_of_epoch(chain)
     epoch = epoch_now(chain)
     set_price(chain, node, 64)
@@ -74,7 +74,7 @@ def test_prices_first_counts_now_a_change_only_from_the_next_epoch(tmp_path: Pat
 
 
 def test_prices_only_a_compute_node_prices_only_its_own_shards(tmp_path: Path) -> None:
-    chain, node = node_chain(tmp_path, epoch_length=20)
+    chain, node = node_chain(tmp_path, price=None, epoch_length=20)
     foreign = one(chain, SetPrice("m", 7, 64), node)
     assert foreign.code == Code.PRICE_SHARD, foreign.log
     other_model = one(chain, SetPrice("other", 0, 64), node)
@@ -84,7 +84,7 @@ def test_prices_only_a_compute_node_prices_only_its_own_shards(tmp_path: Path) -
 
 
 def test_prices_a_redemption_over_the_registered_price_is_refused_by_name(tmp_path: Path) -> None:
-    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000, epoch_length=20)
+    chain, node = node_chain(tmp_path, price=None, heartbeat_timeout=10_000, epoch_length=20)
     credits, _ = minted(chain, tmp_path, count=3)
     set_price(chain, node, 64)
     # one session of 2 blocks: 64 positions, plus 63 for its last credit paid ahead = 127
@@ -98,10 +98,33 @@ def test_prices_a_redemption_over_the_registered_price_is_refused_by_name(tmp_pa
     assert credited(chain) == LAYER_TOKENS
 
 
+def test_prices_a_node_with_no_price_above_0_redeems_nothing(tmp_path: Path) -> None:
+    """No registered price, or 0 (free): the chain says a credit buys nothing there, so no
+    credit is redeemed there, whatever was committed (before: 1 position per credit)."""
+    chain, node = node_chain(tmp_path, price=None, heartbeat_timeout=10_000, epoch_length=20)
+    credits, _ = minted(chain, tmp_path, count=2)
+    commit_served(chain, node, shard=0, blocks=2)
+    unpriced = one(chain, CreditRedeem("m", 0, (credits[0],)), node)
+    assert unpriced.code == Code.REDEMPTION_UNPRICED, unpriced.log
+    assert "set_price first" in unpriced.log
+    set_price(chain, node, 0)
+    free = one(chain, CreditRedeem("m", 0, (credits[0],)), node)
+    assert free.code == Code.REDEMPTION_UNPRICED, free.log
+    assert credited(chain) == 0
+    next_epoch_end(chain)
+    set_price(chain, node, 32)  # from the next epoch: this one is still free
+    assert one(chain, CreditRedeem("m", 0, (credits[0],)), node).code == Code.REDEMPTION_UNPRICED
+    next_epoch_end(chain)
+    commit_served(chain, node, shard=0, blocks=1)
+    paid = one(chain, CreditRedeem("m", 0, (credits[0],)), node)
+    assert paid.code == Code.OK, paid.log
+    assert credited(chain) == LAYER_TOKENS
+
+
 def test_prices_each_session_s_last_credit_may_be_used_in_part(tmp_path: Path) -> None:
     """A client pays ahead: a session of s positions costs ceil(s / price) credits, so each
     committed session covers price − 1 positions beyond its records, no more."""
-    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000, epoch_length=20)
+    chain, node = node_chain(tmp_path, price=None, heartbeat_timeout=10_000, epoch_length=20)
     credits, _ = minted(chain, tmp_path, count=3)
     set_price(chain, node, 64)
     commit_served(chain, node, shard=0, blocks=1)  # two sessions of one block (≤ 32 positions):
@@ -116,7 +139,7 @@ def test_prices_a_node_that_raises_its_price_mid_epoch_is_paid_the_registered_on
 ) -> None:
     """Raising a price asks more credits for the same work: a credit per 16 positions instead
     of 64. Its clients pay what the chain said at the epoch's start, and so is the node."""
-    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000, epoch_length=20)
+    chain, node = node_chain(tmp_path, price=None, heartbeat_timeout=10_000, epoch_length=20)
     credits, _ = minted(chain, tmp_path, count=3)
     start_of_epoch(chain)  # the steps below in one epoch
     set_price(chain, node, 64)
@@ -136,7 +159,7 @@ def test_prices_a_node_that_raises_its_price_mid_epoch_is_paid_the_registered_on
 
 def test_prices_a_price_cut_mid_epoch_waits_too(tmp_path: Path) -> None:
     """The other way: a credit per 256 positions announced mid-epoch; this epoch still 16."""
-    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000, epoch_length=20)
+    chain, node = node_chain(tmp_path, price=None, heartbeat_timeout=10_000, epoch_length=20)
     credits, _ = minted(chain, tmp_path, count=3)
     start_of_epoch(chain)
     set_price(chain, node, 16)
@@ -153,7 +176,7 @@ def test_prices_the_going_price_is_the_median_or_the_default(tmp_path: Path) -> 
     assert going_price([]) == going_price([0, 0]) == DEFAULT_PRICE_POSITIONS
     assert going_price([128, 0, 16, 64]) == 64
     assert going_price([32, 16, 64, 128]) == 32
-    chain, node = node_chain(tmp_path, epoch_length=20)
+    chain, node = node_chain(tmp_path, price=None, epoch_length=20)
     assert ask(chain, "/prices?model=m")["going_price"] == DEFAULT_PRICE_POSITIONS
     set_price(chain, node, 48)
     assert ask(chain, "/prices?model=m")["going_price"] == 48

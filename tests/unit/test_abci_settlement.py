@@ -41,6 +41,7 @@ from tests.committee_chain import (
 from tests.unit.test_abci_state import (
     hexkey,
     make_routable,
+    price_txs,
     register,
     served_commit_tx,
 )
@@ -165,8 +166,11 @@ def redeemed(
 
     ensure_key(chain, tmp)  # the credit key first (its DKG's blocks), where it is not formed
     length = chain.state.genesis.epoch_length
-    if chain.state.height % length > length - 4:  # minted's 2 blocks and this one fit
+    if chain.state.height % length > length - 5:  # the prices', minted's 2 and this block fit
         next_epoch_end(chain)
+    unpriced = [tx for key, (shard, _) in shares.items() for tx in price_txs(chain, key, shard)]
+    if unpriced:  # a redemption needs a registered price (abci_app/prices.py)
+        assert all(r.code == Code.OK for r in chain.block(unpriced))
     credits, _ = minted(chain, tmp, count=sum(n for _, n in shares.values()))
     txs, taken = [], 0
     for key, (shard, count) in shares.items():
@@ -595,6 +599,7 @@ def test_settlement_scarcity_counts_routable_nodes_not_only_redeemers(tmp_path: 
     make_routable(chain, c)  # ... with C routable there too (2x), though C earns nothing
     unstaked = register(chain, "node-d", shards=(0,))  # not routable: no effect on shard 0
     length = chain.state.genesis.epoch_length
+    chain.block([*price_txs(chain, a), *price_txs(chain, b, 1)])  # so `redeemed` adds no block
     next_epoch_end(chain)
     # in the epoch's last blocks, so they are SERVING at the close (heartbeat timeout 4)
     results = redeemed(

@@ -29,7 +29,7 @@ from tests.unit.test_abci_settlement import (
     settled_chain,
     two_nodes,
 )
-from tests.unit.test_abci_state import hexkey, served_commit_tx
+from tests.unit.test_abci_state import hexkey, price_txs, served_commit_tx
 
 pytestmark = pytest.mark.unit
 
@@ -101,9 +101,13 @@ def test_reports_are_credited_only_for_assigned_checks_and_paid_at_settlement(
     # epoch 2 has paid work (A redeems the credit): the pool's draw is split with the
     # verifiers' cut, by checks
     results = chain.block(
-        [served_commit_tx(chain, a, 0), chain.tx(CreditRedeem("m", 0, credits), a)]
+        [
+            *price_txs(chain, a),
+            served_commit_tx(chain, a, 0),
+            chain.tx(CreditRedeem("m", 0, credits), a),
+        ]
     )
-    assert [r.code for r in results] == [Code.OK] * 2, [r.log for r in results]
+    assert [r.code for r in results] == [Code.OK] * len(results), [r.log for r in results]
     chain.advance_to(40)
     view = ask(chain, "/payouts?epoch=2")
     expected = close_epoch(

@@ -9,9 +9,11 @@ import json
 import pytest
 from nacl.signing import SigningKey
 
+from abci_app import schema
 from abci_app.codes import Code
 from abci_app.queries import query
 from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
+from protocol.committee.prices import SetPrice
 from protocol.committee.registry import (
     AttestStake,
     Heartbeat,
@@ -79,6 +81,15 @@ def commit_served(chain: Chain, key: SigningKey, shard: int = 0, blocks: int = 4
     work a redemption consumes (abci_app/coverage.py)."""
     [result] = chain.block([served_commit_tx(chain, key, shard, blocks)])
     assert result.code == Code.OK, result.log
+
+
+def price_txs(chain: Chain, key: SigningKey, shard: int = 0, positions: int = 1) -> list[bytes]:
+    """A `set_price` tx of `positions` per credit on `shard` when `key` registered no price
+    there yet (a redemption needs one: abci_app/prices.py), else none; to put in the block
+    before a redemption (a first price counts from its own block)."""
+    if chain.state.get(schema.PRICE, schema.price_key(hexkey(key), shard)) is not None:
+        return []
+    return [chain.tx(SetPrice("m", shard, positions), key)]
 
 
 def served_commit_tx(chain: Chain, key: SigningKey, shard: int = 0, blocks: int = 4) -> bytes:

@@ -34,7 +34,7 @@ from node.server.payments import (
 from protocol.paid_credits import spent_id
 from protocol.stream import PaymentRequiredError
 from tests.credit_chain import minted, node_chain
-from tests.unit.test_abci_state import commit_served, make_routable, register
+from tests.unit.test_abci_state import commit_served, make_routable, price_txs, register
 from tests.unit.test_credit_till import ChainLink
 
 pytestmark = pytest.mark.unit
@@ -88,6 +88,7 @@ def _two_nodes(tmp: Path, unlocked: int = 1, lock_wait_blocks: int = 60, lock_st
     chain, a = node_chain(tmp)
     b = register(chain, "other-node", shards=(0,))
     make_routable(chain, b)
+    chain.block(price_txs(chain, b))
     credits, _ = minted(chain, tmp, count=3)
     nodes = [
         Node(chain, key, tmp / f"spool-{name}", unlocked, lock_wait_blocks, lock_stall_s)

@@ -21,7 +21,7 @@ from protocol.paid_credits import CreditInvalidError
 from tests.committee_chain import Chain
 from tests.credit_chain import minted, node_chain
 from tests.unit.test_abci_settlement import ask
-from tests.unit.test_abci_state import commit_served, make_routable, register
+from tests.unit.test_abci_state import commit_served, make_routable, price_txs, register
 
 pytestmark = pytest.mark.unit
 
@@ -79,7 +79,8 @@ async def test_till_drops_a_credit_spent_elsewhere_and_redeems_the_rest(tmp_path
     # the client also paid another node with the middle credit, which redeemed it first
     commit_served(chain, other, 0, blocks=1)
     commit_served(chain, node, 0, blocks=1)
-    [first] = chain.block([chain.tx(CreditRedeem("m", 0, (credits[1],)), other)])
+    priced = price_txs(chain, other)
+    *_, first = chain.block([*priced, chain.tx(CreditRedeem("m", 0, (credits[1],)), other)])
     assert first.code == 0, first.log
     assert await till.redeem() == 2
     assert till.held == []
@@ -144,7 +145,7 @@ async def test_till_redeems_what_its_commitments_pay_for_at_its_price_and_keeps_
     REDEMPTION_OVER_PRICE ("at most K credits"): the till sends K, keeps the rest for later."""
     from protocol.committee.prices import SetPrice
 
-    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000)
+    chain, node = node_chain(tmp_path, price=None, heartbeat_timeout=10_000)
     credits, _ = minted(chain, tmp_path, count=3)
     [priced] = chain.block([chain.tx(SetPrice("m", 0, 64), node)])
     assert priced.code == 0, priced.log

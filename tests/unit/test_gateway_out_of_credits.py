@@ -13,7 +13,7 @@ import pytest
 
 import node.gateway.app as gateway_app
 from node.client.credit_wallet import CreditWallet
-from node.client.paying import OutOfCreditsError
+from node.client.paying import FINAL_PAYMENT_ERRORS, OutOfCreditsError, PriceUnregisteredError
 from node.gateway.credit_payer import GatewayOutOfCredits, HostedPayer
 from protocol.paid_credits import PaidCredit
 from tests.credit_fakes import fake_credits
@@ -44,6 +44,23 @@ def test_hosted_payer_with_too_few_credits_refuses_by_name_and_takes_none(tmp_pa
         payer.take([2, 1])
     assert wallet.count() == 2 and payer.spent == 0
     assert [len(c) for c in payer.take([1, 1])] == [1, 1] and wallet.count() == 0
+
+
+def test_a_payer_refuses_a_node_with_no_price_by_name_and_takes_nothing(tmp_path: Path) -> None:
+    """A node not in the payer's prices has no price on the chain (the router leaves it out):
+    the chain redeems nothing there, so no credit goes to it, and the question stops by name
+    (before: not listed meant free, and a charging node got nothing but a failover)."""
+    wallet = CreditWallet(tmp_path / "wallet-credits.json")
+    wallet.add(_credits(3))
+    payer = HostedPayer(wallet, {"http://a": 16, "http://b": 0}, min_positions=16)
+    assert payer.due(1, ["http://a", "http://b"], 20) == [2, 0]  # 0 on the chain: free
+    with pytest.raises(PriceUnregisteredError) as refused:
+        payer.due(1, ["http://a", "http://c"], 20)
+    assert refused.value.code == "price_unregistered" and refused.value.http_status == 402
+    assert "http://c has no price on the committee chain" in refused.value.message
+    assert refused.value.hint and "--min-credit-positions N" in refused.value.hint
+    assert PriceUnregisteredError in FINAL_PAYMENT_ERRORS  # no other circuit pays it better
+    assert wallet.count() == 3 and payer.spent == 0
 
 
 async def test_out_of_credits_before_any_token_is_a_503_and_charges_nothing(env) -> None:

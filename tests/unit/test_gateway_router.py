@@ -430,14 +430,17 @@ async def test_router_pays_the_registered_price_and_distrusts_an_info_that_asks_
     `/nodes` entry's `prices`), never its /info: a node whose /info asks more credits than it
     registered (a raise charged before the chain counts it), or asks credits where it
     registered none, is not routed to; one that cut its price mid-epoch (a credit buys more
-    there from the next epoch) is routed and paid the registered price."""
+    there from the next epoch) is routed and paid the registered price. A node with no price
+    on the chain is never paid (the chain redeems nothing there): routed only while its /info
+    asks nothing, and absent from `prices` otherwise, so a payer refuses it by name."""
     import aiohttp
     from aiohttp import web
 
-    from node.gateway.router import price_trusted
+    from node.client.chain_prices import price_trusted
 
     # node name → (registered price on the chain, the price its /info advertises)
-    nodes = {1: (64, 16), 2: (64, 128), 3: (0, 64), 4: (64, 0), 5: (32, 32)}
+    nodes = {1: (64, 16), 2: (64, 128), 3: (0, 64), 4: (64, 0), 5: (32, 32), 6: (None, 64)}
+    nodes[7] = (None, 0)
     entries = []
     for name, (registered, advertised) in nodes.items():
         app = web.Application()
@@ -458,7 +461,7 @@ async def test_router_pays_the_registered_price_and_distrusts_an_info_that_asks_
             entry(
                 key=f"{name:02x}" * 32,
                 endpoint=f"http://127.0.0.1:{server.port}",
-                prices={"0": registered},
+                prices={} if registered is None else {"0": registered},
             )
         )
     async with aiohttp.ClientSession() as http:
@@ -472,9 +475,14 @@ async def test_router_pays_the_registered_price_and_distrusts_an_info_that_asks_
             accept_price=lambda price: price == 0 or price >= 16,
         )
         chosen = {(await router.circuit()).keys[0] for _ in range(96)}
-        assert chosen == {"02" * 32, "05" * 32}
+        assert {"02" * 32, "05" * 32} <= chosen <= {"02" * 32, "05" * 32, "07" * 32}
         assert router.prices[entries[1]["endpoint"]] == 64  # registered, not its /info's 128
         assert router.prices[entries[4]["endpoint"]] == 32
+        [unpriced, free] = (await router.routable())[0][5:]
+        assert unpriced.price is None and not await router._verify(unpriced)
+        assert unpriced.endpoint not in router.prices  # a payer refuses it: price_unregistered
+        assert await router._verify(free) and router.prices[free.endpoint] == 0
+    assert price_trusted(None, 0) and not price_trusted(None, 8)
     assert price_trusted(0, 0) and price_trusted(8, 8) and price_trusted(8, 9)
     assert not price_trusted(8, 7) and not price_trusted(0, 8) and not price_trusted(8, 0)
     assert not price_trusted(8, "8") and not price_trusted(8, None)

@@ -98,7 +98,7 @@ async def test_a_node_raising_its_price_mid_epoch_charges_the_registered_one(
     from tests.unit.test_abci_state import hexkey
     from tests.unit.test_credit_till import ChainLink
 
-    chain, node = node_chain(tmp_path, heartbeat_timeout=10_000, epoch_length=20)
+    chain, node = node_chain(tmp_path, price=None, heartbeat_timeout=10_000, epoch_length=20)
     link = ChainLink(chain, node)
     length = chain.state.genesis.epoch_length
     if chain.state.height % length > length - 4:

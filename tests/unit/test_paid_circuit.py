@@ -23,7 +23,13 @@ from node.agent.credit_till import CreditTill, SpoolRedeemer
 from node.client.circuit import CircuitClient
 from node.client.credit_wallet import CreditWallet
 from node.client.failover import FailoverPolicy, generate
-from node.client.paying import CreditExpiry, CreditPayer, OutOfCreditsError, PriceTooHighError
+from node.client.paying import (
+    CreditExpiry,
+    CreditPayer,
+    OutOfCreditsError,
+    PriceTooHighError,
+    PriceUnregisteredError,
+)
 from node.client.replicas import ReplicaCircuits
 from node.model.head import ClientHead
 from node.model.manifest import Manifest
@@ -108,12 +114,14 @@ async def test_paid_circuit_exact_tokens_each_node_paid_per_chunk_and_redeemed(
     manifest, model = tiny
     chain, node, wallet, head, ids = _paying_client(manifest, tmp_path, 10)
     servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
-    # the path of `planet ask --credits`: prices from each node's /info, opens not waited for
-    # (each `pay` goes right behind its open), the failover loop around the circuit
+    # the path of `planet ask --credits --committee-rpc`: the prices registered on the chain
+    # (their /info agreeing), opens not waited for (each `pay` goes right behind its open), the
+    # failover loop around the circuit
     plan = Manifest.load(manifest)
+    registered = {hop.url: PRICE for hop in hops}
     async with aiohttp.ClientSession() as http:
         source = _circuits(http, hops, plan, prefill_chunk=5, credits=wallet,
-                           min_credit_positions=PRICE)  # fmt: skip
+                           min_credit_positions=PRICE, chain_prices=registered)  # fmt: skip
         tokens = [
             t
             async for t in generate(
@@ -126,7 +134,7 @@ async def test_paid_circuit_exact_tokens_each_node_paid_per_chunk_and_redeemed(
             )
         ]
     payer = source.payer
-    assert payer is not None and source.prices == {hop.url: PRICE for hop in hops}
+    assert payer is not None and source.prices == source.checked == registered
     # the client's own decode passes went into its cost book, for every hop (costs.py)
     assert all(0 < (source.costs.get(hop.url).seen_s or 0) < 10 for hop in hops)
     with torch.no_grad():
@@ -151,6 +159,30 @@ async def test_paid_circuit_exact_tokens_each_node_paid_per_chunk_and_redeemed(
         assert list(spool.held()) == [] and await redeemer.step() == 0
     for identifier in paid:  # every credit a node took is redeemed on the chain, once
         assert (await link.query("/credit_spent", id=identifier))["height"] is not None
+
+
+async def test_a_nodes_file_without_a_chain_pays_no_info_price_unless_capped(
+    aiohttp_server, tiny, tmp_path
+) -> None:
+    """`planet ask --credits --nodes FILE` with no committee and no explicit
+    `--min-credit-positions`: a node's /info price is its own word, so the question stops by
+    name before a credit leaves the wallet (before: /info's price was paid as it stood)."""
+    manifest, _ = tiny
+    chain, node, wallet, head, ids = _paying_client(manifest, tmp_path, 4)
+    _, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    plan = Manifest.load(manifest)
+    async with aiohttp.ClientSession() as http:
+        source = _circuits(http, hops, plan, credits=wallet, min_credit_positions=PRICE)
+        with pytest.raises(PriceUnregisteredError) as refused:
+            _ = [t async for t in generate(source, head, ids, max_new_tokens=2)]
+        assert refused.value.code == "price_unregistered" and hops[0].url in refused.value.message
+        assert source.prices == {hop.url: PRICE for hop in hops} and source.checked == {}
+        # a chain that lists them without a price: the same refusal
+        unpriced = _circuits(http, hops, plan, credits=wallet, chain_prices={})
+        with pytest.raises(PriceUnregisteredError):
+            _ = [t async for t in generate(unpriced, head, ids, max_new_tokens=2)]
+    assert wallet.count() == 4 and source.payer is not None and source.payer.spent == 0
+    assert [list(spool.held()) for spool in spools] == [[], []]
 
 
 async def test_a_client_gone_mid_answer_and_a_node_dead_before_redeeming_lose_no_credit(
@@ -336,7 +368,8 @@ async def test_a_credit_the_node_cannot_check_or_keep_goes_back_to_the_client(
     head = ClientHead.load(manifest, device="cpu")
     wallet = CreditWallet(tmp_path / "credits.json")
     wallet.add(credits)
-    payer = CreditPayer(wallet, {hops[0].url: PRICE}, min_positions=PRICE)
+    # only the first hop is paid (the second taken for free: it never gets that far)
+    payer = CreditPayer(wallet, {hops[0].url: PRICE, hops[1].url: 0}, min_positions=PRICE)
     servers[0].app[STATE_KEY].payments.check = CreditCheck(_Unreachable())  # type: ignore[arg-type]
     async with CircuitClient(hops, hidden_size=64, prefill_chunk=16, payer=payer) as client:
         with pytest.raises(RemoteError) as refused:
@@ -524,9 +557,9 @@ async def test_speculation_every_verified_position_is_paid_by_one_rule_both_side
 
     monkeypatch.setattr(Payments, "cover", counting)
     plan = Manifest.load(manifest)
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession() as http:  # no chain: /info's price, under the user's cap
         source = _circuits(http, hops, plan, prefill_chunk=5, credits=wallet,
-                           min_credit_positions=PRICE)  # fmt: skip
+                           min_credit_positions=PRICE, info_prices=True)  # fmt: skip
         tokens = [
             t
             async for t in generate(

@@ -7,6 +7,7 @@ import hashlib
 import json
 import stat
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from abci_app.codes import Code
 from abci_app.queries import query
 from node.agent.commitments import Committer
 from node.chain.committee_rpc import TxRejectedError
+from node.client.credit_wallet import CreditWallet
+from node.client.paying import CreditPayer
 from node.model.fingerprint import fingerprint_bytes
 from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
@@ -30,6 +33,7 @@ from protocol.served import (
     SPOOL_MAGIC,
     decode_records,
     inputs_digests,
+    segment_session,
     served_output_hash,
 )
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
@@ -104,21 +108,56 @@ def test_served_log_blocks_of_32_recorded_with_fingerprints_and_inputs(tmp_path:
     assert log.stats()["unrecorded_positions"] == 1 and log.stats()["partial_blocks"] == 1
 
 
-def test_served_log_stops_at_a_rewind_and_never_records_the_other_sequence(
+def test_served_log_keeps_committing_a_session_that_rewinds_every_position_paid_for(
     tmp_path: Path,
 ) -> None:
-    """Speculative decoding rewinds the cache: the log seals what it held (those inputs are what
-    the cache saw) and records nothing after, even where positions line up again."""
+    """Speculative decoding rewinds the cache after rejected guesses; the client pays every
+    frame's positions (CreditPayer `due` over the positions sent) and the log commits them all,
+    each rewind opening the session's next segment (`segment_session`): what is recorded equals
+    what was paid, and every block of every segment is a ticket its inputs recompute
+    (before: the log stopped at the first rewind: 34 of the 94 positions below committed)."""
     log = ServedLog(tmp_path, shard=0)
-    inputs, outputs = feed(log, tag("a"), [10, 5])  # positions 0..14
-    chain = inputs_digests(inputs)
-    log.record(tag("a"), activations(12, 3, 9), np.arange(12, 15), activations(12, 3, 9))
-    [sealed] = spool(tmp_path)
-    expected = served_output_hash(fingerprint_bytes(torch.from_numpy(outputs), 0), chain[0])
-    assert sealed.output_hash == expected
-    log.record(tag("a"), activations(15, 1, 9), np.arange(15, 16), activations(15, 1, 9))
-    assert len(spool(tmp_path)) == 1
-    assert log.stats()["unrecorded_positions"] == 4 and log.stats()["partial_blocks"] == 1
+    session = tag("a")
+    # (start, count) frames: a prefill, then speculative passes, each next frame starting
+    # after the last one's first position (its accepted guesses) — a rewind where it starts
+    # before the last one's end: back into the block before, onto a block boundary, within one
+    frames = [(0, 30), (30, 4), (31, 4), (35, 4), (37, 4), (38, 6), (44, 4), (45, 4), (48, 4)]
+    frames += [(52, 4), (53, 4), (56, 6), (62, 4), (64, 6), (66, 6)]
+    sequence: dict[int, np.ndarray] = {}  # position → the input the cache holds there
+    for number, (start, count) in enumerate(frames):
+        hidden = activations(start, count, seed=number)
+        for offset in range(count):
+            sequence[start + offset] = hidden[0, offset]
+        for gone in [p for p in sequence if p >= start + count]:
+            del sequence[gone]  # the rewind dropped them
+        log.record(session, hidden, np.arange(start, start + count), hidden * 2 + 1)
+    paid = CreditPayer(CreditWallet(tmp_path / "credits.json"), {"node": 1}, min_positions=1)
+    positions = sum(count for _, count in frames)
+    assert paid.due(1, ["node"], positions) == [positions]  # a credit per position at price 1
+    stats = log.stats()
+    assert stats["positions"] == positions and stats["unrecorded_positions"] == 0
+    rewinds = sum(1 for (a, n), (b, _) in pairwise(frames) if b < a + n)
+    assert stats["segments"] == rewinds == 9
+    log.seal(session)
+    records = spool(tmp_path)
+    sessions = {r.session for r in records}
+    assert len(sessions) == rewinds + 1 and bytes.fromhex(session) in sessions
+    assert segment_session(bytes.fromhex(session), 9) in sessions
+    assert len({(r.session, r.step) for r in records}) == len(records)  # never twice
+    for record in records:  # a verifier's recomputation: out = 2·in + 1 over the ticket
+        ticket = log.ticket(record.session_hex, record.step)
+        assert ticket is not None and ticket.record == record
+        out = torch.from_numpy(ticket.inputs * 2 + 1)
+        expected = fingerprint_bytes(out[:, ticket.start :], ticket.start)
+        assert ticket.fingerprint == expected
+        digest = inputs_digests(ticket.inputs)[record.step]
+        assert record.output_hash == served_output_hash(expected, digest)
+    # the last segment's inputs are the sequence the cache holds at the end
+    last = log.ticket(records[-1].session_hex, records[-1].step)
+    assert last is not None
+    held = np.stack([sequence[p] for p in range(len(sequence))])
+    assert np.array_equal(last.inputs[0], held[: last.inputs.shape[1]])
+    assert last.inputs.shape[1] == len(sequence) == 72
 
 
 def test_served_log_spool_private_and_session_is_the_tag(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from protocol.eip712 import address_of
 from tests.committee_chain import EVM_CHAIN_ID, Chain
 from tests.credit_chain import NOW, PAYER, PRICE
 from tests.unit.test_abci_settlement import ESCROW, ask, settled_chain
-from tests.unit.test_abci_state import make_routable, register, served_commit_tx
+from tests.unit.test_abci_state import make_routable, price_txs, register, served_commit_tx
 from tests.unit.test_credit_dkg_chain import PERIOD_BLOCKS, PHASE, SCHEDULE, play
 
 pytestmark = pytest.mark.unit
@@ -69,9 +69,10 @@ def gather(chain: Chain, stores: list[CreditShareStore], mint_id: str) -> list[d
 
 
 def redeem(chain: Chain, node, credits: list[ThresholdCredit]):  # type: ignore[no-untyped-def]
+    priced = price_txs(chain, node)
     commit = served_commit_tx(chain, node, 0, blocks=max(1, -(-len(credits) // 32)))
     body = CreditRedeem("m", 0, tuple(credits))
-    [_, result] = chain.block([commit, chain.tx(body, node)])
+    *_, result = chain.block([*priced, commit, chain.tx(body, node)])
     return result
 
 

@@ -143,7 +143,8 @@ def _replicas(prices: dict[str, int], credits: CreditWallet | None) -> ReplicaCi
         credits=credits,
         min_credit_positions=16,
     )
-    source.prices.update(prices)
+    source.prices.update(prices)  # what each asks in its /info …
+    source.checked.update(prices)  # … and registered on the chain
     return source
 
 

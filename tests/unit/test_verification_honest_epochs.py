@@ -31,7 +31,7 @@ from protocol.committee.registry import Heartbeat
 from protocol.committee.settlement import NodeWork
 from tests.committee_chain import Chain, seeded_key
 from tests.unit.test_abci_settlement import GATEWAY, ask, evm_of, report, settled_chain
-from tests.unit.test_abci_state import commit_served, hexkey, make_routable, register
+from tests.unit.test_abci_state import commit_served, hexkey, make_routable, price_txs, register
 
 pytestmark = pytest.mark.unit
 
@@ -78,9 +78,13 @@ def _epoch(
     for label, (_, shard) in nodes.items():
         commit_served(chain, seeded_key(label), shard=shard, blocks=BLOCKS * QUESTIONS)
     claims = [
-        chain.tx(CreditRedeem("m", shard, (paid[label],)), seeded_key(label))
+        tx
         for label, (_, shard) in nodes.items()
         if label in paid
+        for tx in (
+            *price_txs(chain, seeded_key(label), shard),
+            chain.tx(CreditRedeem("m", shard, (paid[label],)), seeded_key(label)),
+        )
     ]
     results = chain.block(claims)
     assert [r.code for r in results] == [0] * len(claims), [r.log for r in results]
