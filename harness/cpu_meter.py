@@ -40,8 +40,7 @@ class CpuMeter:
         """The lane's meter, or None where it cannot meter. `root`: the hierarchy, by default
         $PLANET_CPU_CGROUP, else `ROOT` (`ip netns exec` mounts a sysfs of its own without the
         cgroups: deploy/test.sh points a lane at them through its own /proc/PID/root)."""
-        root = root or Path(os.environ.get("PLANET_CPU_CGROUP") or ROOT)
-        base = root / f"planet-{folder.name}"
+        base = (root or hierarchy()) / f"planet-{folder.name}"
         try:
             base.mkdir(exist_ok=True)
             (base / "cgroup.procs").stat()
@@ -62,9 +61,14 @@ class CpuMeter:
         (self.base.parent / "cgroup.procs").write_text(f"{os.getpid()}\n")
 
 
-def usage(folder: Path, root: Path = ROOT) -> dict[str, float]:
+def hierarchy() -> Path:
+    """Where the cpuacct groups are: $PLANET_CPU_CGROUP, else `ROOT`."""
+    return Path(os.environ.get("PLANET_CPU_CGROUP") or ROOT)
+
+
+def usage(folder: Path, root: Path | None = None) -> dict[str, float]:
     """CPU seconds per unit of every lane that used `folder`, and remove the emptied groups."""
-    base = root / f"planet-{folder.name}"
+    base = (root or hierarchy()) / f"planet-{folder.name}"
     seconds: dict[str, float] = {}
     for names in sorted(folder.glob("cpu-lane*.json")):
         for group, unit in json.loads(names.read_text()).items():

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cpu_meter import CpuMeter, report, usage
+from harness.cpu_meter import ROOT as ROOT_GROUPS
+from harness.cpu_meter import CpuMeter, hierarchy, report, usage
 from harness.lanes import Gate, Queue, Unit, check, parse_lane, queue_order, record, unit_of
 
 pytestmark = pytest.mark.unit
@@ -267,7 +268,8 @@ def test_the_meter_charges_a_unit_with_the_cpu_of_what_it_started(tmp_path: Path
         "meter.leave()\n"
     )
     namespace = f"planet-meter-{os.getpid()}"
-    cgroups = f"/proc/{os.getpid()}/root/sys/fs/cgroup/cpuacct"  # as deploy/test.sh passes it
+    # as deploy/test.sh passes it (or as it was passed to this test's own lane)
+    cgroups = os.environ.get("PLANET_CPU_CGROUP") or f"/proc/{os.getpid()}/root{ROOT_GROUPS}"
     inside = subprocess.run(["ip", "netns", "add", namespace], capture_output=True).returncode == 0
     prefix = ["ip", "netns", "exec", namespace] if inside else []
     try:
@@ -282,5 +284,5 @@ def test_the_meter_charges_a_unit_with_the_cpu_of_what_it_started(tmp_path: Path
     assert done.returncode == 0, done.stderr
     seconds = usage(tmp_path)
     assert seconds["tests/unit/test_burn.py"] >= 0.4
-    assert not Path(f"/sys/fs/cgroup/cpuacct/planet-{tmp_path.name}").exists()  # removed
+    assert not (hierarchy() / f"planet-{tmp_path.name}").exists()  # removed
     assert "tests/unit/test_burn.py" in report(seconds)
