@@ -37,6 +37,7 @@ from node.model.fast import FastDecoder, StaticKV, fast_supported, pack_int8_lin
 from node.model.layers import decoder_layer as fast_decoder_layer
 from node.model.manifest import CONFIG_FILE, Manifest, manifest_path, verify_file
 from node.model.quant import QUANT_INT8, QUANT_NONE, file_quant, load_into, quantize_module
+from node.model.shard_config import ShardConfig
 from protocol.errors import ConfigError, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,8 @@ class ShardModel:
         shard_file = directory / entry.file
         if verify:
             verify_file(shard_file, entry.hash)
-        config = load_config(directory)
+        target = resolve_device(device)
+        config = _config_for(directory, entry.layers, target, path)
         if config.num_hidden_layers != parsed.total_layers:
             raise ConfigError(
                 f"{directory / CONFIG_FILE} has {config.num_hidden_layers} layers, "
@@ -175,7 +177,7 @@ class ShardModel:
             config,
             entry.layers,
             shard_file,
-            device=device,
+            device=target,
             runtime=runtime,
             activation_dtype=activation_dtype,
             path=path,
@@ -206,6 +208,8 @@ class ShardModel:
             # 84 ULP an int4 node passing as int8 is no longer caught): int8 shards keep the
             # hf path by default until spot checks replay the served schedule
             chosen = "hf"
+        if chosen == "hf" and isinstance(config, ShardConfig):
+            config = load_config(config.directory)  # transformers' layers take its config
         root = build_layers(config, *layers, device="meta", path=chosen)
         keep_int8 = quant == QUANT_INT8 and runtime == "auto" and target.type == "cpu"
         keep_int8 = keep_int8 and chosen == "fast"
@@ -418,6 +422,15 @@ def cache_bytes(cache: Any) -> int:
             if isinstance(tensor, torch.Tensor):
                 total += tensor.numel() * tensor.element_size()
     return total
+
+
+def _config_for(directory: Path, layers: tuple[int, int], device: torch.device, path: str) -> Any:
+    """The model's config: a `ShardConfig` (config.json read as JSON, no transformers) when
+    it models this config and the shard runs on the fast path, else transformers' config."""
+    config = ShardConfig.load(directory)
+    if config is not None and resolve_path(path, config, layers, device) == "fast":
+        return config
+    return load_config(directory)
 
 
 def _contiguous_start(positions: torch.Tensor, cache: StaticKV) -> int:
