@@ -245,6 +245,8 @@ class ShardModel:
             if _layer_of(key) is not None and start <= _layer_of(key) < end  # type: ignore[operator]
         }
         chosen = resolve_path(path, config, layers, target)
+        if chosen == "hf" and isinstance(config, ShardConfig):
+            config = load_config(config.directory)  # transformers' layers take its config
         root = build_layers(config, start, end, device="meta", path=chosen)
         try:
             root.load_state_dict(

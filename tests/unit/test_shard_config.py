@@ -15,7 +15,7 @@ import torch
 
 from node.model.family import layer_types, load_config
 from node.model.prepare import prepare
-from node.model.shard import ShardModel
+from node.model.shard import ShardModel, read_safetensors
 from node.model.shard_config import ShardConfig
 from protocol.errors import ConfigError
 from tests.doubles.tiny_model import make_tiny_model
@@ -130,6 +130,9 @@ def test_fast_shard_loads_on_shard_config_and_computes_bitwise_the_same(tiny: Pa
     assert loaded.path == "fast" and isinstance(loaded.config, ShardConfig)
     assert not isinstance(ShardModel.load(tiny, 1, device="cpu", path="hf").config, ShardConfig)
     shard_file = next(tiny.parent.glob("shard-1.safetensors"))
+    state, _ = read_safetensors(shard_file)
+    on_hf = ShardModel.from_state_dict(loaded.config, loaded.layers, state, "cpu", path="hf")
+    assert on_hf.path == "hf" and not isinstance(on_hf.config, ShardConfig)
     reference = ShardModel.from_file(
         load_config(tiny.parent), loaded.layers, shard_file, device="cpu", path="fast"
     )
