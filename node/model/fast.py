@@ -4,8 +4,10 @@
 decoder layers with a `DynamicCache`, for comparison). It computes what transformers' layers
 compute (RMSNorm in fp32, rotary on q/k, grouped-query sdpa attention, SwiGLU MLP, the same
 Linear weights read from the same modules) without their per-call machinery: no mask objects,
-no cache classes, no keyword plumbing. Greedy tokens equal the hf path's for fp32 shards
-(tests/unit/test_fast_shard.py).
+no cache classes, no keyword plumbing. Its outputs are bitwise the hf path's on the same fp32
+weights (fp32 shards and int8 shards de-quantized at load: tests/unit/test_int8_fast.py,
+tests/unit/test_fast_shard.py). It reads its config values from a `ShardConfig`
+(node/model/shard_config.py) or transformers' config alike.
 
 KV cache (`StaticKV`): one preallocated tensor per session for keys and one for values, shape
 [layers, kv_heads, capacity, head_dim]; a step writes its positions in place and attends to
@@ -15,9 +17,11 @@ KV cache (`StaticKV`): one preallocated tensor per session for keys and one for 
 positions) and the next session reuses them: it starts at length 0 and never reads beyond
 what it wrote, so nothing leaks between sessions.
 
-int8 shards: each Linear keeps torchao's int8 rows and fp32 per-row scales (`Int8Linear`) and
-multiplies with torch's packed int8 kernel `torch._weight_int8pack_mm` (bf16 activations in,
-bf16 out; the fp32 per-row scale applied afterwards). Measured on this machine's 2 cores
+int8 shards with the int8 kernel asked for (`PLANET_INT8_KERNEL=1` or `path="fast"`; by
+default an int8 shard runs de-quantized fp32 weights): each Linear keeps torchao's int8 rows
+and fp32 per-row scales (`Int8Linear`) and multiplies with torch's packed int8 kernel
+`torch._weight_int8pack_mm` (bf16 activations in, bf16 out; the fp32 per-row scale applied
+afterwards). Measured on this machine's 2 cores
 (docs/compute.md): the fp32 activation variant of that kernel is ~10x slower than fp32 `F.linear`
 and de-quantizing per call ~50x, so bf16 activations it is.
 

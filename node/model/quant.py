@@ -29,6 +29,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from node.model.int8_file import dequantized_int8_state
 from protocol.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -179,12 +180,14 @@ def load_into(
 
     `runtime` (quantized files only): "packed" keeps the library's quantized weights in memory
     (torchao `Int8Tensor`, hqq `HQQLinear`; the library de-quantizes in every forward);
-    "dequantized" lets the library de-quantize each weight once at load into a plain fp32
-    Linear (fp32 memory and speed, same values); "auto" = packed on CUDA, dequantized on CPU,
+    "dequantized" de-quantizes each weight once at load into a plain fp32 Linear (fp32 memory
+    and speed, same values; int8 through node/model/int8_file.py, bitwise torchao's values
+    without importing torchao; int4 through hqq); "auto" = packed on CUDA, dequantized on CPU,
     where the per-call de-quantization dominates a decode step (measured on 2 cores, one
     10-layer SmolLM2 shard: hqq int4 packed ~0.4-1.4 s, torchao int8 packed 30-600 ms, fp32
     ~25-80 ms). (`ShardModel.from_file` asks for "packed" int8 on the CPU fast path and swaps
-    torchao's weights for `node.model.fast.Int8Linear`, which multiplies in int8.)
+    torchao's weights for `node.model.fast.Int8Linear`, which multiplies in int8, only when
+    that kernel is asked for: `PLANET_INT8_KERNEL=1` or `path="fast"`.)
 
     Raises `ConfigError` when keys are missing or unexpected, so a wrong file never runs.
     """
@@ -194,6 +197,10 @@ def load_into(
     quant = file_quant(metadata)
     if quant == QUANT_NONE:
         state = {k: v.to(device) for k, v in tensors.items()}
+    elif quant == QUANT_INT8 and dequantize:  # our reader: torchao's values, without torchao
+        state = {
+            k: v.to(device) for k, v in dequantized_int8_state(tensors, metadata or {}).items()
+        }
     elif quant == QUANT_INT8:
         _import_torchao()
         from torchao.prototype.safetensors.safetensors_support import (
@@ -214,13 +221,11 @@ def load_into(
         root.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as error:  # strict: missing / unexpected keys or wrong shapes
         raise ConfigError(f"shard file does not fit the model: {error}") from error
-    if quant == QUANT_INT8 and dequantize:
-        dequantize_int8(root)
 
 
 def dequantize_int8(root: nn.Module) -> None:
     """Replace every torchao `Int8Tensor` Linear weight under `root` by torchao's de-quantized
-    fp32 tensor."""
+    fp32 tensor (the reference node/model/int8_file.py is tested against)."""
     for module in root.modules():
         if isinstance(module, nn.Linear) and hasattr(module.weight, "qdata"):
             weight = module.weight.dequantize(torch.float32)  # (qdata - zero_point) * scale

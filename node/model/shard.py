@@ -3,14 +3,19 @@
 `ShardModel` builds only its own layers (keeping their original `layer_idx`) plus the model's
 rotary embedding, loads the shard file (checking its hash against the manifest first), and runs
 them one of two ways (`path`):
-- "fast" (the default on CPU for full-attention Llama/Qwen2 fp32 shards, node/model/fast.py):
-  our own decoder step over the same weights with a static, pooled per-session KV cache; int8
-  shards on it (asked for by name: `path="fast"`, `PLANET_SHARD_PATH=fast` or
-  `PLANET_INT8_KERNEL=1`) keep their int8 weights and use torch's packed int8 kernel, whose
+- "fast" (the default on CPU for full-attention Llama/Qwen2 shards, node/model/fast.py):
+  our own decoder step over the same weights with a static, pooled per-session KV cache,
+  bitwise what the hf path computes on the same fp32 weights. Its config is a `ShardConfig`
+  (config.json read as JSON, node/model/shard_config.py), so a fast-path node never imports
+  transformers. An int8 shard runs its weights de-quantized to fp32 at load
+  (node/model/int8_file.py, torchao's values without torchao), so its outputs are bitwise the
+  hf path's too; its int8 weights and torch's packed int8 kernel are used only when asked for
+  by name (`path="fast"`, `PLANET_SHARD_PATH=fast` or `PLANET_INT8_KERNEL=1`): that kernel's
   served steps differ from the verifiers' recomputation by more than their calibration allows
-  (see `from_file`), so "auto" keeps int8 shards on hf;
+  (see `from_file`);
 - "hf" (the default elsewhere, and selectable with `path="hf"` or `PLANET_SHARD_PATH=hf`):
-  transformers' decoder layers with a per-session `DynamicCache`.
+  transformers' decoder layers with a per-session `DynamicCache`, on transformers' config
+  (`node.model.family.load_config`; also for any rope type other than the default).
 transformers 5.23 specifics the hf path handles:
 positions travel as `position_ids` only (no `cache_position`); each layer gets
 `position_embeddings=(cos, sin)` from `rotary_emb`; a decoder layer returns a Tensor; the
@@ -37,6 +42,7 @@ from node.model.fast import FastDecoder, StaticKV, fast_supported, pack_int8_lin
 from node.model.layers import decoder_layer as fast_decoder_layer
 from node.model.manifest import CONFIG_FILE, Manifest, manifest_path, verify_file
 from node.model.quant import QUANT_INT8, QUANT_NONE, file_quant, load_into, quantize_module
+from node.model.shard_config import ShardConfig
 from protocol.errors import ConfigError, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -70,8 +76,9 @@ INT8_KERNEL_ENV = "PLANET_INT8_KERNEL"  # "1": int8 shards on the fast path by d
 
 
 def _fast_int8_allowed(path: str) -> bool:
-    """An int8 shard runs the fast path (its int8 kernel) when asked by name: `path="fast"`,
-    `PLANET_SHARD_PATH=fast`, or `PLANET_INT8_KERNEL=1`; "auto" alone keeps it on hf."""
+    """An int8 shard on the fast path keeps its int8 weights (torch's int8 kernel) when asked
+    by name: `path="fast"`, `PLANET_SHARD_PATH=fast`, or `PLANET_INT8_KERNEL=1`; "auto" alone
+    runs its de-quantized fp32 weights."""
     if path == "fast" or os.environ.get(PATH_ENV, "").strip().lower() == "fast":
         return True
     return os.environ.get(INT8_KERNEL_ENV, "").strip() == "1"
@@ -165,7 +172,8 @@ class ShardModel:
         shard_file = directory / entry.file
         if verify:
             verify_file(shard_file, entry.hash)
-        config = load_config(directory)
+        target = resolve_device(device)
+        config = _config_for(directory, entry.layers, target, path)
         if config.num_hidden_layers != parsed.total_layers:
             raise ConfigError(
                 f"{directory / CONFIG_FILE} has {config.num_hidden_layers} layers, "
@@ -175,7 +183,7 @@ class ShardModel:
             config,
             entry.layers,
             shard_file,
-            device=device,
+            device=target,
             runtime=runtime,
             activation_dtype=activation_dtype,
             path=path,
@@ -192,23 +200,26 @@ class ShardModel:
         activation_dtype: str = "auto",
         path: str = "auto",
     ) -> ShardModel:
-        """Load a shard file (no hash check) for layers [start, end). On the fast path an int8
-        file stays int8 in memory (`runtime="auto"`; "dequantized" still expands it)."""
+        """Load a shard file (no hash check) for layers [start, end). An int8 file is
+        de-quantized to fp32 at load on CPU (`runtime="auto"`), except on the fast path with its
+        int8 kernel asked for (`_fast_int8_allowed`), where it stays int8 in memory. `config`:
+        transformers' or a `ShardConfig` (replaced by transformers' if the hf path is chosen)."""
         target = resolve_device(device)
         tensors, metadata = read_safetensors(shard_file)
         quant = file_quant(metadata)
         _check_keys_in_range(tensors, layers, shard_file)
         chosen = resolve_path(path, config, layers, target)
-        if quant == QUANT_INT8 and chosen == "fast" and not _fast_int8_allowed(path):
-            # the int8 kernel (bf16 activations) serves one position at a time with up to 42
-            # ULP between a served step and the verifier's one-prefill recomputation, against
-            # the 2 the verifiers' int8 calibration allows (node/verifier/calibration.json; at
-            # 84 ULP an int4 node passing as int8 is no longer caught): int8 shards keep the
-            # hf path by default until spot checks replay the served schedule
-            chosen = "hf"
+        if chosen == "hf" and isinstance(config, ShardConfig):
+            config = load_config(config.directory)  # transformers' layers take its config
         root = build_layers(config, *layers, device="meta", path=chosen)
+        # The int8 kernel (bf16 activations) serves one position at a time with up to 42 ULP
+        # between a served step and the verifier's one-prefill recomputation, against the 2
+        # the verifiers' int8 calibration allows (node/verifier/calibration.json; at 84 ULP an
+        # int4 node passing as int8 is no longer caught): only asked for by name. Otherwise an
+        # int8 file runs its de-quantized fp32 weights, on the fast path bitwise what the hf
+        # path computes (tests/unit/test_int8_fast.py).
         keep_int8 = quant == QUANT_INT8 and runtime == "auto" and target.type == "cpu"
-        keep_int8 = keep_int8 and chosen == "fast"
+        keep_int8 = keep_int8 and chosen == "fast" and _fast_int8_allowed(path)
         load_into(root, tensors, metadata, target, runtime="packed" if keep_int8 else runtime)
         if keep_int8:
             pack_int8_linears(root)
@@ -234,6 +245,8 @@ class ShardModel:
             if _layer_of(key) is not None and start <= _layer_of(key) < end  # type: ignore[operator]
         }
         chosen = resolve_path(path, config, layers, target)
+        if chosen == "hf" and isinstance(config, ShardConfig):
+            config = load_config(config.directory)  # transformers' layers take its config
         root = build_layers(config, start, end, device="meta", path=chosen)
         try:
             root.load_state_dict(
@@ -418,6 +431,15 @@ def cache_bytes(cache: Any) -> int:
             if isinstance(tensor, torch.Tensor):
                 total += tensor.numel() * tensor.element_size()
     return total
+
+
+def _config_for(directory: Path, layers: tuple[int, int], device: torch.device, path: str) -> Any:
+    """The model's config: a `ShardConfig` (config.json read as JSON, no transformers) when
+    it models this config and the shard runs on the fast path, else transformers' config."""
+    config = ShardConfig.load(directory)
+    if config is not None and resolve_path(path, config, layers, device) == "fast":
+        return config
+    return load_config(directory)
 
 
 def _contiguous_start(positions: torch.Tensor, cache: StaticKV) -> int:

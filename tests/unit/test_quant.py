@@ -86,16 +86,24 @@ def test_quant_dequantized_runtime_equals_packed(tiny, quant, packed_type) -> No
     )
 
 
-def test_quant_int8_stays_on_hf_unless_its_kernel_is_asked_for(tiny, monkeypatch) -> None:
-    """"auto" keeps an int8 shard on the hf path (the verifiers' int8 calibration is of it);
-    the fast path's int8 kernel is taken only when asked for by name."""
+def test_quant_int8_runs_fast_dequantized_unless_its_kernel_is_asked_for(tiny, monkeypatch) -> None:
+    """ "auto" runs an int8 shard on the fast path over its de-quantized fp32 weights (bitwise
+    the hf path's computation, tests/unit/test_int8_fast.py); the int8 kernel is taken only
+    when asked for by name."""
     root, config, state = tiny
     _, path = _write(root, config, state, "int8")
     monkeypatch.delenv("PLANET_SHARD_PATH", raising=False)
     monkeypatch.delenv("PLANET_INT8_KERNEL", raising=False)
-    assert ShardModel.from_file(config, LAYERS, path, device="cpu").path == "hf"
+
+    def kinds(shard: ShardModel) -> set[str]:
+        return {type(m).__name__ for m in shard.module.modules()}
+
+    default = ShardModel.from_file(config, LAYERS, path, device="cpu")
+    assert default.path == "fast" and "Int8Linear" not in kinds(default)
+    assert all(p.dtype == torch.float32 for p in default.module.parameters())
     monkeypatch.setenv("PLANET_INT8_KERNEL", "1")
-    assert ShardModel.from_file(config, LAYERS, path, device="cpu").path == "fast"
+    kernel = ShardModel.from_file(config, LAYERS, path, device="cpu")
+    assert kernel.path == "fast" and "Int8Linear" in kinds(kernel)
     _, fp32 = _write(root, config, state, "none")
     monkeypatch.delenv("PLANET_INT8_KERNEL")
     assert ShardModel.from_file(config, LAYERS, fp32, device="cpu").path == "fast"

@@ -108,3 +108,26 @@ def test_skipping_changes_nothing_once_transformers_or_the_library_is_loaded(
     monkeypatch.setattr(sys, "modules", {"hqq": loaded})
     assert skip_unused_backends({"none"}) == ("torchao",)
     assert sys.modules == {"hqq": loaded, "torchao": None}
+
+
+@pytest.mark.parametrize("quant", ["none", "int8"])
+def test_a_node_loads_and_runs_its_shard_without_transformers_or_torchao(
+    tmp_path: Path, quant: str
+) -> None:
+    """A node on the default (fast) path: its config read as JSON (ShardConfig), an int8 file
+    de-quantized by node.model.int8_file. transformers' AutoConfig alone imports
+    torch._dynamo (~2.3 s of CPU a start), torchao ~1.9 s more."""
+    from node.model.prepare import prepare
+
+    make_tiny_model(tmp_path / "src", layers=2, hidden=32)
+    manifest = prepare(
+        tmp_path / "src", parts=1, quant=quant, out=tmp_path / "m", progress=lambda _: None
+    )
+    code = (
+        "import torch\n"
+        "from node.model.shard import ShardModel\n"
+        f"shard = ShardModel.load({str(manifest)!r}, 0, device='cpu')\n"
+        "assert shard.path == 'fast' and shard.quant == " + repr(quant) + "\n"
+        "shard.forward(torch.ones(1, 3, shard.hidden_size), torch.arange(3), shard.new_cache())"
+    )
+    assert loaded_after(code, "transformers", "torchao", "hqq", "torch._dynamo") == []
