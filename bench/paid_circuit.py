@@ -7,8 +7,9 @@ committee chain (`tests/committee_chain.py`) the nodes check credits against: ea
 threshold BLS signature under its key period's key, its window and the spent set
 (`/credit_spent`) — a real node asks its validator over RPC instead (add one round trip per
 credit to `node_accept_ms_per_credit`).
-The paid run uses `planet ask --credits`'s path (`ReplicaCircuits(credits=…)`, prices from
-`/info`), --positions positions per credit.
+The paid run uses `planet ask --credits --min-credit-positions 1`'s path
+(`ReplicaCircuits(credits=…, info_prices=True)`: no chain here, so the price paid is `/info`'s,
+which only an explicit cap allows), --positions positions per credit.
 
 - `decode_tok_s_{free,paid}`, `ratio_tok_s_paid_vs_free`: medians over --repeats questions.
 - `node_accept_ms_per_credit`: a node's time to take one credit (check, spool with fsync).
@@ -107,6 +108,7 @@ async def _question(
         hidden_size=plan.hidden_size,
         credits=wallet,
         min_credit_positions=1,
+        info_prices=True,  # no chain prices here: /info's, as `planet ask --min-credit-positions`
     )
     started = time.perf_counter()
     count = 0
