@@ -41,13 +41,7 @@ NODE_NAMESPACES = (schema.NODE, schema.REPUTATION, schema.STAKE, schema.NONCE)
 
 def register_node(state: State, tx: SignedTx) -> None:
     body: RegisterNode = tx.body
-    if state.get(schema.NODE, tx.signer) is not None:
-        rules.reject(Code.ALREADY_REGISTERED, f"node {tx.signer} is already registered")
-    evm = body.evm_address.lower()
-    if state.get(schema.EVM_BINDING, evm) is not None:
-        rules.reject(
-            Code.EVM_ADDRESS_TAKEN, f"EVM address {body.evm_address} is bound to another node"
-        )
+    evm = _refuse_taken(state, tx.signer, body.evm_address, "node")
     height = state.block_height
     state.put(
         schema.NODE,
@@ -78,17 +72,23 @@ def register_node(state: State, tx: SignedTx) -> None:
     state.emit("planet.node", node=tx.signer, status=schema.JOIN)
 
 
+def _refuse_taken(state: State, signer: str, evm_address: str, noun: str) -> str:
+    """A registration's key and EVM address must both be free (ALREADY_REGISTERED,
+    EVM_ADDRESS_TAKEN); returns the address's binding key (lowercase)."""
+    if state.get(schema.NODE, signer) is not None:
+        rules.reject(Code.ALREADY_REGISTERED, f"{noun} {signer} is already registered")
+    evm = evm_address.lower()
+    if state.get(schema.EVM_BINDING, evm) is not None:
+        taken = f"EVM address {evm_address} is bound to another {noun}"
+        rules.reject(Code.EVM_ADDRESS_TAKEN, taken)
+    return evm
+
+
 def register_relay(state: State, tx: SignedTx) -> None:
     """An overlay relay registers: a node record with role relay (listed by /relays once
     staked: relay_queries.py), its endpoint and X25519 key held for it alone."""
     body: RegisterRelay = tx.body
-    if state.get(schema.NODE, tx.signer) is not None:
-        rules.reject(Code.ALREADY_REGISTERED, f"key {tx.signer} is already registered")
-    evm = body.evm_address.lower()
-    if state.get(schema.EVM_BINDING, evm) is not None:
-        rules.reject(
-            Code.EVM_ADDRESS_TAKEN, f"EVM address {body.evm_address} is bound to another key"
-        )
+    evm = _refuse_taken(state, tx.signer, body.evm_address, "key")
     if state.get(schema.RELAY_BY_KEY, body.relay_key) is not None:
         rules.reject(Code.RELAY_KEY_TAKEN, f"X25519 key {body.relay_key} is another relay's")
     if state.get(schema.RELAY_BY_URL, body.endpoint) is not None:

@@ -39,14 +39,7 @@ class HeadConfig:
     def load(cls, directory: Path) -> HeadConfig:
         """Parse `directory/config.json`; ConfigError when it cannot be read, names a family
         node.model.family does not support, or a value has the wrong type."""
-        path = directory / CONFIG_FILE
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError) as error:
-            raise ConfigError(f"cannot read the model config in {directory}: {error}") from error
-        if not isinstance(doc, dict):
-            raise ConfigError(f"{path} is not a JSON object")
-        return cls.parse(doc, str(path))
+        return cls.parse(read_config(directory), str(directory / CONFIG_FILE))
 
     @classmethod
     def parse(cls, doc: dict[str, Any], where: str) -> HeadConfig:
@@ -57,7 +50,7 @@ class HeadConfig:
                 hint=f"supported families: {', '.join(sorted(MODEL_TYPES))}",
             )
         hidden = doc.get("hidden_size")
-        if not _is_int(hidden) or hidden < 1:
+        if not is_int(hidden) or hidden < 1:
             raise ConfigError(f"{where}: hidden_size must be a positive integer, got {hidden!r}")
         eps = doc.get("rms_norm_eps", 1e-6)
         if not isinstance(eps, int | float) or isinstance(eps, bool) or not math.isfinite(eps):
@@ -65,17 +58,30 @@ class HeadConfig:
         eos = doc.get("eos_token_id")
         if eos is None:
             eos_ids: tuple[int, ...] = ()
-        elif _is_int(eos):
+        elif is_int(eos):
             eos_ids = (eos,)
-        elif isinstance(eos, list) and all(_is_int(i) for i in eos):
+        elif isinstance(eos, list) and all(is_int(i) for i in eos):
             eos_ids = tuple(eos)
         else:
             raise ConfigError(f"{where}: eos_token_id must be an integer or a list, got {eos!r}")
         context = doc.get("max_position_embeddings") or DEFAULT_CONTEXT
-        if not _is_int(context) or context < 1:
+        if not is_int(context) or context < 1:
             raise ConfigError(f"{where}: max_position_embeddings must be a positive integer")
         return cls(model_type, hidden, float(eps), eos_ids, context)
 
 
-def _is_int(value: object) -> bool:
+def read_config(directory: Path) -> dict[str, Any]:
+    """`directory/config.json` as a JSON object (the head's and the fast shard path's reader);
+    ConfigError when it cannot be read or is not an object."""
+    path = Path(directory) / CONFIG_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"cannot read the model config in {directory}: {error}") from error
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path} is not a JSON object")
+    return doc
+
+
+def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

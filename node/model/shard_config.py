@@ -17,15 +17,14 @@ Values of the wrong type or out of range are a `ConfigError`.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from node.model.head_config import CONFIG_FILE, is_int, read_config
 from protocol.errors import ConfigError
 
-CONFIG_FILE = "config.json"
 FULL_ATTENTION = "full_attention"
 DEFAULT_ROPE_THETA = 10_000.0  # transformers' RotaryEmbeddingConfigMixin.default_theta
 
@@ -83,14 +82,7 @@ class ShardConfig:
     def load(cls, directory: Path) -> ShardConfig | None:
         """Parse `directory/config.json`; None when it needs transformers' config (see the
         module docstring); `ConfigError` when it cannot be read or a value is malformed."""
-        path = Path(directory) / CONFIG_FILE
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError) as error:
-            raise ConfigError(f"cannot read the model config in {directory}: {error}") from error
-        if not isinstance(doc, dict):
-            raise ConfigError(f"{path} is not a JSON object")
-        return cls.parse(doc, Path(directory))
+        return cls.parse(read_config(directory), Path(directory))
 
     @classmethod
     def parse(cls, doc: dict[str, Any], directory: Path) -> ShardConfig | None:
@@ -106,7 +98,7 @@ class ShardConfig:
         def positive(key: str) -> int:
             value = doc.get(key)
             value = defaults[key] if value is None else value
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
             return int(value)
 
@@ -114,7 +106,7 @@ class ShardConfig:
         layers = positive("num_hidden_layers")
         kv_heads = doc.get("num_key_value_heads", defaults["num_key_value_heads"])
         kv_heads = heads if kv_heads is None else kv_heads
-        if not _is_int(kv_heads) or kv_heads < 1 or heads % kv_heads:
+        if not is_int(kv_heads) or kv_heads < 1 or heads % kv_heads:
             raise ConfigError(
                 f"{where}: num_key_value_heads must divide num_attention_heads ({heads}), "
                 f"got {kv_heads!r}"
@@ -122,7 +114,7 @@ class ShardConfig:
         if not doc.get("head_dim") and hidden % heads:
             raise ConfigError(f"{where}: hidden_size {hidden} is not a multiple of {heads} heads")
         head_dim = doc.get("head_dim") or hidden // heads
-        if not _is_int(head_dim) or head_dim < 1 or head_dim % 2:
+        if not is_int(head_dim) or head_dim < 1 or head_dim % 2:
             raise ConfigError(f"{where}: head_dim must be a positive even integer")
         eps = doc.get("rms_norm_eps", defaults["rms_norm_eps"])
         if not _is_number(eps) or not eps > 0:
@@ -189,10 +181,6 @@ def _flag(doc: dict[str, Any], key: str, where: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
     return value
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: object) -> bool:
