@@ -196,6 +196,9 @@ def test_the_statement_list_pages_with_a_cursor_every_statement_once(small_pages
     # a cursor that is no statement number, or past the oldest: refused by name / empty
     assert ask_code(chain, f"/payouts?after={statement_number(1, 64)}") == Code.BAD_QUERY
     assert ask_code(chain, "/payouts?after=0x5") == Code.BAD_QUERY
+    for hostile in ("\u0665", "5" * 5000, "-1", "1e3"):  # non-ASCII digit, huge, sign, float
+        assert ask_code(chain, f"/payouts?after={hostile}") == Code.BAD_QUERY, hostile
+    assert ask(chain, "/payouts") == whole  # and it still answers
     assert ask(chain, f"/payouts?after={first}") == {**whole, "epochs": [], "next": None}
 
 

@@ -233,8 +233,17 @@ def test_relays_page_lists_every_listed_relay_once_in_bounded_pages() -> None:
 
 def test_relays_bad_cursor_is_bad_query() -> None:
     chain = Chain()
-    for path in ("/relays?after=zz", "/relays?limit=-1", "/relays?after=" + "A" * 64):
-        assert query(chain.state, path, b"")[0] == Code.BAD_QUERY
+    hostile = (
+        "/relays?after=zz",
+        "/relays?limit=-1",
+        "/relays?after=" + "A" * 64,
+        "/relays?limit=\u0661\u0662",  # Arabic-Indic digits
+        "/relays?limit=" + "9" * 5000,
+        "/relays?after=" + "a" * 100_000,
+    )
+    for path in hostile:
+        assert query(chain.state, path, b"")[0] == Code.BAD_QUERY, path
+    assert query(chain.state, "/relays", b"")[0] == 0  # and the app still answers
 
 
 def test_relay_registration_is_deterministic_across_replicas() -> None:
