@@ -157,6 +157,16 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
             return len(answer["nodes"]) == 2
 
         wait_for(registered, 60, "the agents did not register both nodes")
+
+        def priced() -> bool:
+            entries = committee.query(f"/nodes?model={model_hash}&role=compute")["nodes"]
+            return len(entries) == 2 and all(
+                (entry.get("prices") or {}).get(str(shard)) == PRICE_POSITIONS
+                for entry in entries
+                for shard in entry["shards"]
+            )
+
+        wait_for(priced, 60, "the agents did not register both nodes' prices")
         for key in keys:  # staked (as the watchers attest a stake): routable for clients
             committee.submit(committee.validator_sign(AttestStake(key, 10**18)))
         payer = root / "payer.json"
@@ -205,7 +215,10 @@ def _buy(net: dict[str, Any], count: int, credits_file: Path) -> None:
 def _ask(net: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "planet", "ask", PROMPT, "--nodes"]
     command += [str(net["nodes_file"]), "--max-tokens", str(MAX_TOKENS), "--json", *extra]
-    command += ["--min-credit-positions", str(PRICE_POSITIONS)]  # the nodes' price is accepted
+    # each node is paid its price on the chain (its agent's set_price), never its /info alone;
+    # the user accepts one credit per PRICE_POSITIONS (the client's default cap is dearer)
+    command += ["--committee-rpc", net["committee"].rpc]
+    command += ["--min-credit-positions", str(PRICE_POSITIONS)]
     env = {**os.environ, "PLANET_HOME": str(net["root"] / "client-home")}
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
