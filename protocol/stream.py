@@ -11,7 +11,8 @@ the body's size is checked against count × hidden size before anything is decod
 **Control** (text, one JSON object, at most 16 KiB, nesting ≤ 4):
 
     client → node   {"op": "open", "sid", "session": capability, "shard",
-                     "feed": token | null, "next": {"url", "shard", "feed": token} | null}
+                     "feed": token | null, "next": {"url", "shard", "feed": token} | null
+                     [, "prefix": salt]}
     client → node   {"op": "close", "sid"}
     client → node   {"op": "pay", "sid", "credit": 176 hex chars (a credit: period ‖ nonce ‖
                     σ)}
@@ -40,6 +41,9 @@ the node does not keep through no fault of the credit (its session is not open o
 its open failed after the `pay` came) is refused `credit_not_taken` naming the credit's spent
 id, and the client puts that credit back; a node keeps the credits of a session it answered
 `opened` for.
+An open may carry `prefix`, a salt of the client's own (a token like `feed`): the node's prefix
+cache then shares that session's prompt blocks only with sessions opened with the same salt
+(node/server/prefix_cache.py, docs/privacy.md); without it, with every session of the node.
 Frames may follow an open or an attach on the same link at once (the receiving hop holds them
 until that control message is handled), so no round trip comes before a session's first pass.
 """
@@ -162,10 +166,12 @@ class Control:
     code: str | None = None
     message: str | None = None
     credit: PaidCredit | None = None
+    prefix: str | None = None  # open: the client's prefix-cache salt (isolation), if it asks
 
 
 _FIELDS: Final[dict[str, frozenset[str]]] = {
     "open": frozenset({"op", "sid", "session", "shard", "feed", "next"}),
+    # an open may also carry "prefix": a salt of the client's own (docs/privacy.md)
     "close": frozenset({"op", "sid"}),
     "attach": frozenset({"op", "sid", "feed"}),
     "pay": frozenset({"op", "sid", "credit"}),
@@ -178,6 +184,7 @@ _NEXT_FIELDS: Final = (
     frozenset({"url", "shard", "feed"}),
     frozenset({"url", "shard", "feed", "key"}),
 )
+_OPEN_SALTED: Final = _FIELDS["open"] | {"prefix"}
 _CODE_RE = re.compile(r"[a-z0-9_]{1,64}")
 
 
@@ -228,7 +235,7 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
     op = raw.get("op")
     if not isinstance(op, str) or op not in allowed:
         raise BadControlError(f"op must be one of {sorted(allowed)}")
-    if set(raw) != _FIELDS[op]:
+    if set(raw) != _FIELDS[op] and not (op == "open" and set(raw) == _OPEN_SALTED):
         raise BadControlError(f"{op} needs exactly the fields {sorted(_FIELDS[op])}")
     sid = _int_field(raw, "sid", MAX_SID)
     if op == "open":
@@ -253,6 +260,7 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
             shard=_int_field(raw, "shard", 2**16),
             feed=None if feed is None else _token(feed, "feed"),
             next=next_hop,
+            prefix=None if raw.get("prefix") is None else _token(raw["prefix"], "prefix"),
         )
     if op == "attach":
         return Control(op=op, sid=sid, feed=_token(raw["feed"], "feed"))
@@ -278,14 +286,29 @@ def _no_constant(name: str) -> Any:
 
 
 def open_message(
-    sid: int, session: str, shard: int, feed: str | None, next_hop: NextHop | None
+    sid: int,
+    session: str,
+    shard: int,
+    feed: str | None,
+    next_hop: NextHop | None,
+    prefix: str | None = None,
 ) -> dict[str, Any]:
     nxt: dict[str, Any] | None = None
     if next_hop is not None:
         nxt = {"url": next_hop.url, "shard": next_hop.shard, "feed": next_hop.feed}
         if next_hop.key is not None:
             nxt["key"] = next_hop.key
-    return {"op": "open", "sid": sid, "session": session, "shard": shard, "feed": feed, "next": nxt}
+    message = {
+        "op": "open",
+        "sid": sid,
+        "session": session,
+        "shard": shard,
+        "feed": feed,
+        "next": nxt,
+    }
+    if prefix is not None:
+        message["prefix"] = prefix
+    return message
 
 
 def pay_message(sid: int, credit: PaidCredit) -> dict[str, Any]:

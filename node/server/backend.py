@@ -45,6 +45,19 @@ class ShardBackend(Protocol):
         ...
 
 
+class PrefixBackend(ShardBackend, Protocol):
+    """A backend whose KV can be copied out by blocks of positions and back into another
+    session's cache (the prefix cache, node/server/prefix_cache.py)."""
+
+    def export_kv(self, cache: Any, start: int, end: int) -> Any:
+        """A copy of what `cache` holds for positions [start, end)."""
+        ...
+
+    def import_kv(self, cache: Any, block: Any) -> None:
+        """Append an exported block to `cache` (which holds exactly the block's start)."""
+        ...
+
+
 class ModelShardBackend:
     """A hash-checked shard from a manifest (node.model.ShardModel), run with torch."""
 
@@ -95,3 +108,9 @@ class ModelShardBackend:
 
     def cache_bytes_per_position(self) -> int:
         return int(self.model.cache_bytes_per_position())
+
+    def export_kv(self, cache: Any, start: int, end: int) -> Any:
+        return self.model.export_kv(cache, start, end)
+
+    def import_kv(self, cache: Any, block: Any) -> None:
+        self.model.import_kv(cache, block)
