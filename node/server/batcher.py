@@ -44,7 +44,6 @@ class _Item:
     future: asyncio.Future[tuple[np.ndarray, float]]
     chain: Any = None  # the session's PrefixChain (node/server/prefix_cache.py), if cached
 
-
     @property
     def decode(self) -> bool:
         return self.hidden.shape[1] == 1

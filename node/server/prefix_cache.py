@@ -124,9 +124,7 @@ class PrefixCache:
         return PrefixChain(digest=hashlib.sha256(DOMAIN + self._salt + tail).digest())
 
     # ------------------------------------------------------------------------------ forward
-    def forward(
-        self, chain: PrefixChain, hidden: np.ndarray, start: int, cache: Any
-    ) -> np.ndarray:
+    def forward(self, chain: PrefixChain, hidden: np.ndarray, start: int, cache: Any) -> np.ndarray:
         """What `backend.forward(hidden, positions start.., cache)` returns, with the frame's
         leading cached blocks copied into `cache` instead of computed."""
         steps = int(hidden.shape[1])

@@ -5,6 +5,7 @@ gives, the next hop reuses its own blocks, and the budget, salts, decode and rew
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ class Pipeline:
                 hidden = np.concatenate(
                     [
                         shard.forward(hidden[:, a:b], np.arange(a, b, dtype=np.int64), cache)
-                        for a, b in zip(cuts, cuts[1:], strict=False)
+                        for a, b in itertools.pairwise(cuts)
                     ],
                     axis=1,
                 )
