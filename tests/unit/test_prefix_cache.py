@@ -132,6 +132,26 @@ def test_a_cached_prompt_is_its_cold_prefill_on_every_hop(pipeline: Pipeline) ->
     for hop in range(len(pipeline.shards)):
         assert np.array_equal(other_hit[hop][:, :shared], first[hop][:, :shared])
         np.testing.assert_allclose(other_hit[hop], other_cold[hop], rtol=1e-4, atol=2e-3)
+    _spot_checks_pass(pipeline, other, other_hit)
+
+
+def _spot_checks_pass(pipeline: Pipeline, ids: list[int], served: list[np.ndarray]) -> None:
+    """What a verifier does with a ticket (docs/verification.md §2): recompute every hop over
+    the inputs it was sent, in one prefill, and judge the committed fingerprints of what it
+    sent on (cached positions included) with the calibrated tolerance of its quant."""
+    import torch
+
+    from node.verifier.calibration import load_calibration
+    from node.verifier.fingerprint import check, fingerprint_bytes
+
+    calibration = load_calibration()
+    inputs = pipeline.head.embed_np(ids).reshape(1, len(ids), -1)
+    for shard, out in zip(pipeline.shards, served, strict=True):
+        own = shard.forward(inputs, np.arange(len(ids), dtype=np.int64), shard.new_cache())
+        data = fingerprint_bytes(torch.from_numpy(out), 0)
+        verdict = check(data, torch.from_numpy(own), 0, calibration.tolerance(shard.quant))
+        assert verdict.passed, (shard.shard_id, verdict)
+        inputs = out
 
 
 def test_the_hf_path_reuses_blocks_too() -> None:
