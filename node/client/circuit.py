@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from node.client.capabilities import hop_capability, hop_feed, hop_tag
+from node.client.capabilities import hop_capability, hop_feed, hop_prefix_salt, hop_tag
 from node.client.paying import CreditPayer, UnpaidError
 from node.client.sampling import SamplingConfig
 from node.client.speculation import SpeculationConfig, SpeculationStats
@@ -57,6 +57,7 @@ from protocol.errors import (
 from protocol.frames.codecs import decode_values, encode_body
 from protocol.frames.errors import FrameError
 from protocol.frames.header import FrameHeader, pack_frame, parse_frame
+from protocol.frames.sessions import check_session_id
 from protocol.stream import (
     MAX_SESSION_FRAMES,
     CreditNotTakenError,
@@ -260,6 +261,7 @@ class CircuitClient:
         payer: CreditPayer | None = None,
         overlay: Callable[[Hop], Awaitable[Any]] | None = None,
         known_prices: Mapping[str, int] | None = None,
+        prefix_isolation: str | None = None,
     ) -> None:
         if not hops:
             raise ConfigError("a circuit needs at least one node")
@@ -285,6 +287,18 @@ class CircuitClient:
         # learned it (node/client/replicas.py: /info), so that a `payment_required` from a hop
         # it knowingly sent unpaid is final (`unpaid`); unknown: a node believed free
         self.known_prices = known_prices if known_prices is not None else {}
+        # the user's isolation secret: each open carries a per-node salt derived from it
+        # (`hop_prefix_salt`), so nodes reuse cached prompt blocks only among this user's
+        # sessions (docs/privacy.md); None: shared with every session that asks for none
+        if prefix_isolation is not None:
+            try:
+                check_session_id(prefix_isolation)
+            except FrameError:
+                raise ConfigError(
+                    "the prefix isolation secret must be 22-64 characters of [A-Za-z0-9_-]",
+                    hint="draw one with node.client.capabilities.new_session_id() and keep it",
+                ) from None
+        self.prefix_isolation = prefix_isolation
         self._sent: dict[int, int] = {}  # sid → positions sent (every hop computes each)
         self._http = http
         self._own_http = http is None
@@ -406,8 +420,12 @@ class CircuitClient:
             if index < last:
                 hop = self.hops[index + 1]
                 nxt = NextHop(url=hop.url, shard=hop.shard, feed=feeds[index + 1], key=hop.key)
+            hop = self.hops[index]
+            salt = None
+            if self.prefix_isolation is not None:
+                salt = hop_prefix_salt(self.prefix_isolation, hop.shard, hop.url)
             body = open_message(
-                sid, caps[index], self.hops[index].shard, feeds[index] if index else None, nxt
+                sid, caps[index], hop.shard, feeds[index] if index else None, nxt, salt
             )
             bodies.append((index, body))
         if not wait:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 
@@ -240,3 +241,67 @@ def test_the_budget_evicts_a_chain_from_its_end() -> None:
     tiny = PrefixCache(shard, 100, block=4)
     _prefill(tiny, first)
     assert len(tiny) == 0 and tiny.bytes == 0  # a block over the whole budget is not kept
+
+
+# ------------------------------------------------------------------------------ on the wire
+async def _ask(client: Any, prompt: list[int]) -> list[int]:
+    from tests.unit.fake_head import FakeHead
+
+    gen = client.generate(FakeHead(), prompt, max_new_tokens=3, stop_on_eos=False)
+    return [t async for t in gen]
+
+
+async def test_a_circuit_reuses_prompt_blocks_and_isolated_users_share_only_their_own(
+    aiohttp_server,
+):
+    from node.client.capabilities import new_session_id
+    from node.client.circuit import CircuitClient
+    from node.server.app import STATE_KEY
+    from node.server.config import ServerConfig
+    from tests.unit.fake_head import H
+    from tests.unit.stream_circuit import serve_circuit
+
+    nodes = [
+        (
+            ServerConfig(manifest_path=Path("x"), shard_id=s),
+            KVFake(shard_id=s, hidden_size=H, layers=(2 * s, 2 * s + 2)),
+        )
+        for s in range(2)
+    ]
+    servers, hops = await serve_circuit(aiohttp_server, nodes)
+    caches = [server.app[STATE_KEY].prefix for server in servers]
+    prompt = list(range(1, 40))  # 39 positions: 2 full blocks of 16
+    async with CircuitClient(hops, hidden_size=H) as client:
+        first = await _ask(client, prompt)
+        assert [c.stats.hit_positions for c in caches] == [0, 0]
+        assert await _ask(client, prompt) == first
+        assert [c.stats.hit_positions for c in caches] == [32, 32]  # every hop reused
+    isolation = new_session_id()
+    async with CircuitClient(hops, hidden_size=H, prefix_isolation=isolation) as client:
+        assert await _ask(client, prompt) == first
+        assert [c.stats.hit_positions for c in caches] == [32, 32]  # not the shared blocks
+        assert await _ask(client, prompt) == first
+        assert [c.stats.hit_positions for c in caches] == [64, 64]  # its own
+    async with aiohttp.ClientSession() as http, http.get(f"{hops[0].url}/info") as answer:
+        summary = (await answer.json())["prefix_cache"]
+    assert summary["hit_positions"] == 64 and summary["blocks"] == 4
+    assert summary["block_positions"] == 16 and summary["bytes"] == caches[0].bytes
+
+
+def test_an_open_with_a_malformed_salt_is_refused_by_name() -> None:
+    import json
+
+    from protocol.frames.errors import FrameError
+    from protocol.stream import open_message, parse_control
+
+    good = open_message(1, "c" * 43, 0, None, None, prefix="s" * 43)
+    assert parse_control(json.dumps(good), frozenset({"open"})).prefix == "s" * 43
+    assert parse_control(json.dumps({**good, "prefix": None}), frozenset({"open"})).prefix is None
+    plain = open_message(1, "c" * 43, 0, None, None)
+    assert "prefix" not in plain and parse_control(json.dumps(plain), frozenset({"open"}))
+    for bad in ("short", "é" * 30, 7, ["s" * 43], "s" * 65):
+        with pytest.raises(FrameError) as refused:
+            parse_control(json.dumps({**good, "prefix": bad}), frozenset({"open"}))
+        assert refused.value.code == "bad_control"
+    with pytest.raises(FrameError, match="exactly the fields"):
+        parse_control(json.dumps({**good, "salt": "s" * 43}), frozenset({"open"}))
