@@ -380,6 +380,7 @@ class ShardModel:
         for index in range(start, end):
             cache.layers[index].crop(length - held)  # negative: positions to remove
 
+    @torch.inference_mode()
     def export_kv(self, cache: Any, start: int, end: int) -> Any:
         """A copy of the keys and values `cache` holds for positions [start, end) of all our
         layers (the prefix cache's block, node/server/prefix_cache.py), whichever path made it;
@@ -401,6 +402,7 @@ class ShardModel:
             for i in range(first, last)
         )
 
+    @torch.inference_mode()  # a cache grown by a forward holds inference tensors
     def import_kv(self, cache: Any, block: Any) -> None:
         """Append a block `export_kv` made (on this shard, same path) to `cache`: the cache
         then holds those positions as if it had computed them."""

@@ -168,6 +168,18 @@ def test_the_hf_path_reuses_blocks_too() -> None:
     assert np.array_equal(hit[0], chunked[0])
 
 
+def test_a_long_prompt_whose_cache_grew_is_reused() -> None:
+    """Past 256 positions a session's buffers grow inside the forward (inference tensors), and
+    the pool hands them to the next session: blocks are copied into them all the same."""
+    pipeline = _pipeline("smollm2-135m-3p-none", parts=1)
+    ids = (pipeline.head.encode(SYSTEM) * 3)[:300]
+    _, cold = pipeline.ask(ids, cached=False, new=0)
+    pipeline.ask(ids, cached=True, new=0)
+    _, hit = pipeline.ask(ids, cached=True, new=0)
+    assert pipeline.prefix[0].stats.hit_positions == 288
+    assert np.array_equal(hit[0][:, :288], cold[0][:, :288])
+
+
 # ------------------------------------------------------------------------------ bookkeeping
 class KVFake(FakeShard):
     """The fake shard with KV blocks to copy: its cache lists the positions it holds."""
