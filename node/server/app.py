@@ -130,6 +130,8 @@ async def info(request: web.Request) -> web.Response:
             },
             # prefix cache counters (node/server/prefix_cache.py; null: none on this node)
             "prefix_cache": None if state.prefix is None else state.prefix.summary(),
+            # the route keys of prompt prefixes it holds (protocol/prefix_routes.py)
+            "prefix_routes": None if state.prefix is None else state.prefix.routes(),
             "max_batch": config.max_batch,
             "max_queued": config.max_queued,
             "uptime_s": round(uptime, 1),

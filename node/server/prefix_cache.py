@@ -35,14 +35,17 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from node.server.backend import PrefixBackend
+from protocol.prefix_routes import MAX_ADVERTISED, SALT_BYTES
 
-BLOCK_POSITIONS = 16
+BLOCK_POSITIONS = 16  # protocol/prefix_routes.py BLOCK_POSITIONS: the routes' block too
+MAX_ROUTES_PER_BLOCK = 4  # route keys kept per block (one per upstream path, newest kept)
 DOMAIN = b"planet/prefix-block/v1"
 NODE_SALT_BYTES = 32
 
@@ -54,6 +57,7 @@ class PrefixChain:
 
     digest: bytes
     blocks: int = 0
+    routes: tuple[str, ...] = ()  # the open's prefix-route keys (protocol/prefix_routes.py)
     inputs: list[np.ndarray] = field(default_factory=list)
     outputs: list[np.ndarray] = field(default_factory=list)
     live: bool = True  # False once it decoded or rewound: no more lookups or blocks
@@ -74,6 +78,8 @@ class _Block:
     kv: Any  # what the backend's export_kv made
     out: np.ndarray  # [BLOCK_POSITIONS, H] float32: the outputs sent on for these positions
     nbytes: int
+    sessions: int = 1  # sessions that reached it (the one that computed it, then each hit)
+    routes: list[str] = field(default_factory=list)  # route keys clients sent for it (newest last)
 
 
 @dataclass
@@ -101,6 +107,7 @@ class PrefixCache:
         *,
         block: int = BLOCK_POSITIONS,
         node_salt: bytes | None = None,
+        advertise_min_sessions: int = 2,
     ) -> None:
         if block < 1 or max_bytes < 0:
             raise ValueError("a prefix cache needs block >= 1 and max_bytes >= 0")
@@ -108,6 +115,9 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.block = block
         self._salt = node_salt if node_salt is not None else secrets.token_bytes(NODE_SALT_BYTES)
+        # public: clients key their prompts' route keys with it (protocol/prefix_routes.py)
+        self.route_salt = secrets.token_hex(SALT_BYTES)
+        self.advertise_min_sessions = advertise_min_sessions
         self._blocks: OrderedDict[bytes, _Block] = OrderedDict()
         self.bytes = 0
         self.stats = PrefixStats()
@@ -117,11 +127,16 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def chain(self, user_salt: str | None = None) -> PrefixChain:
+    def chain(self, user_salt: str | None = None, routes: Sequence[str] = ()) -> PrefixChain:
         """A new session's chain: shared with every session of the same salt (none: all
-        sessions of the node that did not ask for isolation)."""
+        sessions of the node that did not ask for isolation). `routes`: the prompt's route
+        keys from its open, advertised for the blocks it reaches (never for an isolated
+        session's)."""
         tail = b"\x00" if user_salt is None else b"\x01" + user_salt.encode("ascii")
-        return PrefixChain(digest=hashlib.sha256(DOMAIN + self._salt + tail).digest())
+        return PrefixChain(
+            digest=hashlib.sha256(DOMAIN + self._salt + tail).digest(),
+            routes=tuple(routes) if user_salt is None else (),
+        )
 
     # ------------------------------------------------------------------------------ forward
     def forward(self, chain: PrefixChain, hidden: np.ndarray, start: int, cache: Any) -> np.ndarray:
@@ -146,6 +161,8 @@ class PrefixCache:
                 served.append(found.out)
                 touched.append(digest)
                 chain.digest, chain.blocks = digest, chain.blocks + 1
+                found.sessions += 1
+                self._route(chain, found)
         hit = len(served) * self.block
         if hit:
             self.stats.hit_frames += 1
@@ -178,18 +195,51 @@ class PrefixCache:
             rows_out = np.concatenate(chain.outputs)
             digest = _block_digest(chain.digest, rows_in[: self.block])
             first = chain.blocks * self.block
-            if digest not in self._blocks and self._make_room(self.block_bytes):
+            held = self._blocks.get(digest)
+            if held is not None:  # computed again (the frame did not start at its boundary)
+                held.sessions += 1
+            elif self._make_room(self.block_bytes):
                 kv = self.backend.export_kv(cache, first, first + self.block)
                 out = rows_out[: self.block].astype(np.float32, copy=True)
-                self._blocks[digest] = _Block(kv=kv, out=out, nbytes=self.block_bytes)
+                held = self._blocks[digest] = _Block(kv=kv, out=out, nbytes=self.block_bytes)
                 self.bytes += self.block_bytes
                 self.stats.inserted_blocks += 1
             done.append(digest)
             chain.digest, chain.blocks = digest, chain.blocks + 1
+            if held is not None:
+                self._route(chain, held)
             rest_in, rest_out = rows_in[self.block :], rows_out[self.block :]
             chain.inputs = [rest_in] if rest_in.shape[0] else []
             chain.outputs = [rest_out] if rest_out.shape[0] else []
         return done
+
+    @staticmethod
+    def _route(chain: PrefixChain, block: _Block) -> None:
+        """Tie the route key the session's open sent for this block (if any) to it."""
+        if chain.blocks > len(chain.routes):
+            return
+        key = chain.routes[chain.blocks - 1]
+        if key in block.routes:
+            block.routes.remove(key)
+        block.routes.append(key)
+        del block.routes[:-MAX_ROUTES_PER_BLOCK]
+
+    def routes(self) -> dict[str, Any]:
+        """What /info advertises as `prefix_routes` (protocol/prefix_routes.py): the route keys
+        of blocks reached by at least `advertise_min_sessions` sessions, most recently used
+        first, at most MAX_ADVERTISED."""
+        keys: list[str] = []
+        seen: set[str] = set()
+        for block in reversed(self._blocks.values()):
+            if block.sessions < self.advertise_min_sessions:
+                continue
+            for key in reversed(block.routes):
+                if key not in seen and len(keys) < MAX_ADVERTISED:
+                    seen.add(key)
+                    keys.append(key)
+            if len(keys) >= MAX_ADVERTISED:
+                break
+        return {"salt": self.route_salt, "block_positions": self.block, "keys": keys}
 
     def _make_room(self, nbytes: int) -> bool:
         if nbytes > self.max_bytes:
@@ -225,6 +275,10 @@ def install_prefix_cache(state: Any, config: Any) -> PrefixCache | None:
         hasattr(backend, "export_kv") and hasattr(backend, "import_kv")
     ):
         return None
-    state.prefix = PrefixCache(backend, config.prefix_cache_bytes)
+    state.prefix = PrefixCache(
+        backend,
+        config.prefix_cache_bytes,
+        advertise_min_sessions=config.prefix_advertise_min_sessions,
+    )
     state.batcher.prefix = state.prefix
     return state.prefix

@@ -339,7 +339,7 @@ async def _open_settling(state: NodeState, link: _Link, control: Control) -> Non
         log.info("session reclaimed for another caller session=%s", short_tag(victim))
     session = state.store.open(tag, backend.new_cache(), peer=link.peer)
     if state.prefix is not None:
-        session.prefix = state.prefix.chain(control.prefix)
+        session.prefix = state.prefix.chain(control.prefix, control.route)
     route = Route(session=session, reply=link.ws, reply_sid=control.sid)
     link.opened[control.sid] = route
     if control.feed is None:
