@@ -27,7 +27,8 @@ inputs; the node salt keeps the digests meaningless to anyone else; a client tha
 isolation sends a salt of its own in the `open` (`prefix`), and its sessions only ever share
 blocks with sessions opened with the same salt.
 
-All methods but `chain` run on the forward worker thread (one thread: no locks).
+`forward` runs on the forward worker thread (one thread: no locks among its calls); `chain`,
+`summary` and `routes` run on the event loop and only read (`routes` iterates snapshots).
 """
 
 from __future__ import annotations
@@ -230,10 +231,12 @@ class PrefixCache:
         first, at most MAX_ADVERTISED."""
         keys: list[str] = []
         seen: set[str] = set()
-        for block in reversed(self._blocks.values()):
+        # called on the event loop while the worker thread may change the blocks: iterate
+        # snapshots (taken in one C call each, under the GIL)
+        for block in reversed(list(self._blocks.values())):
             if block.sessions < self.advertise_min_sessions:
                 continue
-            for key in reversed(block.routes):
+            for key in reversed(list(block.routes)):
                 if key not in seen and len(keys) < MAX_ADVERTISED:
                     seen.add(key)
                     keys.append(key)
