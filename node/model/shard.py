@@ -260,6 +260,11 @@ class ShardModel:
         return cls(config, layers, root, target, quant, activation_dtype, chosen)
 
     @property
+    def full_attention(self) -> bool:
+        """Every one of our layers attends to all earlier positions (no sliding window)."""
+        return all(kind == "full_attention" for kind in self._types)
+
+    @property
     def module(self) -> nn.Module:
         """The layers' container (state-dict keys as in the full model)."""
         return self._root

@@ -80,6 +80,9 @@ class ModelShardBackend:
         self.model_hash = manifest.model_hash
         self.quant = entry.quant
         self.device = str(self.model.device)
+        # KV blocks can be copied between sessions only for full-attention layers (a sliding-
+        # window layer keeps only its window: node/server/prefix_cache.py stays off)
+        self.prefix_reusable = self.model.full_attention
 
     def new_cache(self) -> Any:
         return self.model.new_cache()

@@ -34,6 +34,7 @@ blocks with sessions opened with the same salt.
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -44,6 +45,8 @@ import numpy as np
 
 from node.server.backend import PrefixBackend
 from protocol.prefix_routes import MAX_ADVERTISED, SALT_BYTES
+
+log = logging.getLogger(__name__)
 
 BLOCK_POSITIONS = 16  # protocol/prefix_routes.py BLOCK_POSITIONS: the routes' block too
 MAX_ROUTES_PER_BLOCK = 4  # route keys kept per block (one per upstream path, newest kept)
@@ -277,6 +280,9 @@ def install_prefix_cache(state: Any, config: Any) -> PrefixCache | None:
     if config.prefix_cache_bytes <= 0 or not (
         hasattr(backend, "export_kv") and hasattr(backend, "import_kv")
     ):
+        return None
+    if not getattr(backend, "prefix_reusable", True):
+        log.info("prefix cache off: this shard has sliding-window layers")
         return None
     state.prefix = PrefixCache(
         backend,
