@@ -71,7 +71,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from protocol.prefix_routes import BadPrefixSummaryError, PrefixRoutes, parse_prefix_routes
+from protocol.prefix_routes import (
+    BadPrefixSummaryError,
+    PrefixRoutes,
+    matched_blocks,
+    parse_prefix_routes,
+    route_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -354,3 +360,18 @@ class CostBook:
         stats.trials += 1
         wait = TRIAL_BACKOFF_S * 2 ** min(stats.trials, 16)
         stats.trial_after_s = now + min(wait, MAX_TRIAL_BACKOFF_S)
+
+
+def prefix_preference(
+    book: CostBook, prompt: Sequence[int], upstream: Sequence[str], url: Callable[[T], str]
+) -> Callable[[T], int]:
+    """`choose`'s `prefer` for a question: how many leading blocks of `prompt` a candidate
+    advertises holding behind the hops at `upstream` (protocol/prefix_routes.py)."""
+
+    def held(candidate: T) -> int:
+        routes = book.get(url(candidate)).prefix_routes
+        if routes is None:
+            return 0
+        return matched_blocks(routes, route_keys(routes.salt, list(upstream), prompt))
+
+    return held

@@ -67,13 +67,12 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from node.client.chain_prices import chain_price, price_trusted
-from node.client.costs import CostBook
+from node.client.costs import CostBook, prefix_preference
 from node.gateway.errors import NoCircuit
 from node.gateway.guards import ROUTES, Guards
 from node.links import NodeKeyPin, link_ssl
 from node.server.next_hops import is_ip_literal, is_public_address
 from protocol.errors import PlanetError
-from protocol.prefix_routes import matched_blocks, route_keys
 
 log = logging.getLogger(__name__)
 
@@ -375,22 +374,10 @@ class Router:
         for shard in range(self.shard_count):
             prefer = None
             if prompt is not None and self.route == "cost":
-                prefer = self._prefix_preference(prompt, [n.endpoint for n in chosen])
+                upstream = [n.endpoint for n in chosen]
+                prefer = prefix_preference(self.costs, prompt, upstream, _endpoint)
             chosen.append(await self._choose(routable, shard, prefer=prefer))
         return Circuit(tuple(chosen))
-
-    def _prefix_preference(
-        self, prompt: Sequence[int], upstream: list[str]
-    ) -> Callable[[RoutableNode], int]:
-        """How many leading blocks of `prompt` a node advertises holding behind `upstream`."""
-
-        def held(node: RoutableNode) -> int:
-            routes = self.costs.get(node.endpoint).prefix_routes
-            if routes is None:
-                return 0
-            return matched_blocks(routes, route_keys(routes.salt, upstream, prompt))
-
-        return held
 
     async def replace(
         self, circuit: Circuit, indices: Iterable[int], *, failed: bool = True
@@ -422,9 +409,7 @@ class Router:
             n for n in routable.get(shard, []) if not self._cooling(n) and n.key != exclude
         ]
         try:
-            return await self._choose_among(
-                [n for n in candidates if not n.grace], shard, prefer
-            )
+            return await self._choose_among([n for n in candidates if not n.grace], shard, prefer)
         except NoCircuit:
             graced = [n for n in candidates if n.grace]
             if not graced:
@@ -585,3 +570,7 @@ async def pool_view(rpc: Any, model_hash: str, shard_count: int) -> dict[str, An
             "committee_unavailable", f"the committee chain is unreachable: {error}"
         ) from None
     return answer if isinstance(answer, dict) else {}
+
+
+def _endpoint(node: RoutableNode) -> str:
+    return node.endpoint

@@ -185,3 +185,24 @@ class _Source:
 
     async def compute_nodes(self) -> list[dict[str, Any]]:
         return self.entries
+
+
+async def test_planet_asks_replicas_prefer_the_holder_too(aiohttp_server):
+    from node.client.failover import generate
+    from node.client.replicas import ReplicaCircuits
+
+    config = {"manifest_path": Path("x"), "prefix_advertise_min_sessions": 1}
+    nodes = [(ServerConfig(shard_id=0, **config), KVFake(hidden_size=H)) for _ in range(2)]
+    _, served = await serve_circuit(aiohttp_server, nodes)
+    a, b = (Hop(url=hop.url, shard=0) for hop in served)
+    expected = {0: ("sha256:" + "0" * 64, (0, 2))}
+    prompt = list(range(1, 40))
+    async with aiohttp.ClientSession() as http:
+        first = ReplicaCircuits(http, [b], expected=expected, hidden_size=H, prompt=prompt)
+        tokens = [t async for t in generate(first, FakeHead(), prompt, max_new_tokens=1)]
+        assert len(tokens) == 1
+        source = ReplicaCircuits(http, [a, b], expected=expected, hidden_size=H, prompt=prompt)
+        for _ in range(6):
+            source.costs.get(a.url).updated_s = source.costs.get(b.url).updated_s = -1e9
+            async with source.lease(frozenset()) as client:
+                assert client.hops[0].url == b.url
