@@ -11,7 +11,8 @@ the body's size is checked against count × hidden size before anything is decod
 **Control** (text, one JSON object, at most 16 KiB, nesting ≤ 4):
 
     client → node   {"op": "open", "sid", "session": capability, "shard",
-                     "feed": token | null, "next": {"url", "shard", "feed": token} | null}
+                     "feed": token | null, "next": {"url", "shard", "feed": token} | null
+                     [, "prefix": salt]}
     client → node   {"op": "close", "sid"}
     client → node   {"op": "pay", "sid", "credit": 176 hex chars (a credit: period ‖ nonce ‖
                     σ)}
@@ -40,6 +41,11 @@ the node does not keep through no fault of the credit (its session is not open o
 its open failed after the `pay` came) is refused `credit_not_taken` naming the credit's spent
 id, and the client puts that credit back; a node keeps the credits of a session it answered
 `opened` for.
+An open may carry `prefix`, a salt of the client's own (a token like `feed`): the node's prefix
+cache then shares that session's prompt blocks only with sessions opened with the same salt
+(node/server/prefix_cache.py, docs/privacy.md); without it, with every session of the node. It
+may carry `route`, its prompt's prefix-route keys for this node (≤ 64 × 16 hex,
+protocol/prefix_routes.py): the node advertises the keys of the blocks it then holds.
 Frames may follow an open or an attach on the same link at once (the receiving hop holds them
 until that control message is handled), so no round trip comes before a session's first pass.
 """
@@ -47,6 +53,7 @@ until that control message is handled), so no round trip comes before a session'
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -56,6 +63,7 @@ from protocol.frames.errors import FrameError, TooLargeError
 from protocol.frames.sessions import check_session_id
 from protocol.links import MissingNodeKeyError, check_node_key, is_encrypted
 from protocol.paid_credits import PaidCredit, credit_json, parse_paid_credit
+from protocol.prefix_routes import BadRouteKeysError, check_route_keys
 from protocol.urls import BadUrlError, canonical_url
 
 MAX_CONTROL_BYTES: Final = 16384  # a `pay` carries a credit: 176 hex chars
@@ -162,10 +170,14 @@ class Control:
     code: str | None = None
     message: str | None = None
     credit: PaidCredit | None = None
+    prefix: str | None = None  # open: the client's prefix-cache salt (isolation), if it asks
+    route: tuple[str, ...] = ()  # open: its prompt's prefix-route keys for this node
 
 
 _FIELDS: Final[dict[str, frozenset[str]]] = {
     "open": frozenset({"op", "sid", "session", "shard", "feed", "next"}),
+    # an open may also carry "prefix" (a salt of the client's own, docs/privacy.md) and
+    # "route" (its prompt's prefix-route keys for this node, protocol/prefix_routes.py)
     "close": frozenset({"op", "sid"}),
     "attach": frozenset({"op", "sid", "feed"}),
     "pay": frozenset({"op", "sid", "credit"}),
@@ -178,6 +190,7 @@ _NEXT_FIELDS: Final = (
     frozenset({"url", "shard", "feed"}),
     frozenset({"url", "shard", "feed", "key"}),
 )
+_OPEN_OPTIONAL: Final = frozenset({"prefix", "route"})
 _CODE_RE = re.compile(r"[a-z0-9_]{1,64}")
 
 
@@ -204,6 +217,15 @@ def _node_key(value: Any) -> str | None:
         raise BadControlError("next.key must be null or 64 lower-case hex characters") from None
 
 
+def _route(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    try:
+        return check_route_keys(value)
+    except BadRouteKeysError as error:
+        raise BadControlError(error.message) from None
+
+
 def check_next_url(value: Any) -> str:
     """A next hop's base URL in canonical form (protocol/urls.py: scheme, lower-case host,
     explicit port); no path, user info, query or escapes."""
@@ -228,7 +250,8 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
     op = raw.get("op")
     if not isinstance(op, str) or op not in allowed:
         raise BadControlError(f"op must be one of {sorted(allowed)}")
-    if set(raw) != _FIELDS[op]:
+    optional = _OPEN_OPTIONAL if op == "open" else frozenset()
+    if not _FIELDS[op] <= set(raw) <= _FIELDS[op] | optional:
         raise BadControlError(f"{op} needs exactly the fields {sorted(_FIELDS[op])}")
     sid = _int_field(raw, "sid", MAX_SID)
     if op == "open":
@@ -253,6 +276,8 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
             shard=_int_field(raw, "shard", 2**16),
             feed=None if feed is None else _token(feed, "feed"),
             next=next_hop,
+            prefix=None if raw.get("prefix") is None else _token(raw["prefix"], "prefix"),
+            route=_route(raw.get("route")),
         )
     if op == "attach":
         return Control(op=op, sid=sid, feed=_token(raw["feed"], "feed"))
@@ -278,14 +303,32 @@ def _no_constant(name: str) -> Any:
 
 
 def open_message(
-    sid: int, session: str, shard: int, feed: str | None, next_hop: NextHop | None
+    sid: int,
+    session: str,
+    shard: int,
+    feed: str | None,
+    next_hop: NextHop | None,
+    prefix: str | None = None,
+    route: Sequence[str] = (),
 ) -> dict[str, Any]:
     nxt: dict[str, Any] | None = None
     if next_hop is not None:
         nxt = {"url": next_hop.url, "shard": next_hop.shard, "feed": next_hop.feed}
         if next_hop.key is not None:
             nxt["key"] = next_hop.key
-    return {"op": "open", "sid": sid, "session": session, "shard": shard, "feed": feed, "next": nxt}
+    message = {
+        "op": "open",
+        "sid": sid,
+        "session": session,
+        "shard": shard,
+        "feed": feed,
+        "next": nxt,
+    }
+    if prefix is not None:
+        message["prefix"] = prefix
+    if route:
+        message["route"] = list(route)
+    return message
 
 
 def pay_message(sid: int, credit: PaidCredit) -> dict[str, Any]:

@@ -259,6 +259,7 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
             min_credit_positions=args.min_credit_positions or DEFAULT_MIN_POSITIONS,
             chain_prices=chain_prices,
             info_prices=args.min_credit_positions is not None,
+            prompt=prompt_ids,
         )
         async for token in generate(
             source,

@@ -93,6 +93,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="KV cache over all sessions before answering busy (default 2048)",
     )
     serve.add_argument(
+        "--prefix-cache-mb",
+        type=_finite,
+        default=128.0,
+        metavar="MB",
+        help="KV of prompt prefixes kept for other sessions' prefills, least recently used "
+        "dropped first (default 128; 0: no prefix cache)",
+    )
+    serve.add_argument(
+        "--prefix-advertise-min-sessions",
+        type=int,
+        default=2,
+        metavar="N",
+        help="list a cached prompt block's route keys in /info once N sessions reached it "
+        "(default 2: a prompt only one session sent is never advertised)",
+    )
+    serve.add_argument(
         "--max-sessions-per-peer",
         type=int,
         default=16,
@@ -369,6 +385,8 @@ def server_config(args: argparse.Namespace) -> tuple[ServerConfig, object | None
         idle_timeout_s=args.idle_timeout,
         max_sessions=args.max_sessions,
         max_cache_bytes=int(args.max_cache_mb * 1024 * 1024),
+        prefix_cache_bytes=int(args.prefix_cache_mb * 1024 * 1024),
+        prefix_advertise_min_sessions=args.prefix_advertise_min_sessions,
         max_request_bytes=int(args.max_request_mb * 1024 * 1024),
         max_sessions_per_peer=args.max_sessions_per_peer,
         max_cache_bytes_per_peer=int(args.max_cache_mb_per_peer * 1024 * 1024),

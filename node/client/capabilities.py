@@ -26,6 +26,7 @@ from protocol.frames.sessions import check_session_id, session_tag
 
 _DOMAIN = b"planet/hop-capability/v1"
 _FEED_DOMAIN = b"planet/hop-feed/v1"
+_PREFIX_DOMAIN = b"planet/hop-prefix-salt/v1"
 
 
 def new_session_id() -> str:
@@ -55,3 +56,11 @@ def hop_feed(secret: str, index: int, shard: int, url: str) -> str:
 def hop_tag(secret: str, index: int, shard: int, url: str) -> str:
     """The public tag of hop `index`'s session (what the node keys and logs it by)."""
     return session_tag(hop_capability(secret, index, shard, url))
+
+
+def hop_prefix_salt(isolation: str, shard: int, url: str) -> str:
+    """The prefix-cache salt a client that asks for isolation sends in its `open` to the node
+    serving `shard` at `url` (protocol/stream.py, docs/privacy.md). `isolation` is the user's
+    own long-lived secret (not a session's): its sessions on that node share cached prompt
+    blocks with each other and with nobody else, and no two nodes see the same salt."""
+    return _derive(_PREFIX_DOMAIN, isolation, 0, shard, url)

@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from node.client.capabilities import hop_capability, hop_feed, hop_tag
+from node.client.capabilities import hop_capability, hop_feed, hop_prefix_salt, hop_tag
 from node.client.paying import CreditPayer, UnpaidError
 from node.client.sampling import SamplingConfig
 from node.client.speculation import SpeculationConfig, SpeculationStats
@@ -57,6 +57,8 @@ from protocol.errors import (
 from protocol.frames.codecs import decode_values, encode_body
 from protocol.frames.errors import FrameError
 from protocol.frames.header import FrameHeader, pack_frame, parse_frame
+from protocol.frames.sessions import check_session_id
+from protocol.prefix_routes import route_keys
 from protocol.stream import (
     MAX_SESSION_FRAMES,
     CreditNotTakenError,
@@ -260,6 +262,7 @@ class CircuitClient:
         payer: CreditPayer | None = None,
         overlay: Callable[[Hop], Awaitable[Any]] | None = None,
         known_prices: Mapping[str, int] | None = None,
+        prefix_isolation: str | None = None,
     ) -> None:
         if not hops:
             raise ConfigError("a circuit needs at least one node")
@@ -285,6 +288,21 @@ class CircuitClient:
         # learned it (node/client/replicas.py: /info), so that a `payment_required` from a hop
         # it knowingly sent unpaid is final (`unpaid`); unknown: a node believed free
         self.known_prices = known_prices if known_prices is not None else {}
+        # the user's isolation secret: each open carries a per-node salt derived from it
+        # (`hop_prefix_salt`), so nodes reuse cached prompt blocks only among this user's
+        # sessions (docs/privacy.md); None: shared with every session that asks for none
+        if prefix_isolation is not None:
+            try:
+                check_session_id(prefix_isolation)
+            except FrameError:
+                raise ConfigError(
+                    "the prefix isolation secret must be 22-64 characters of [A-Za-z0-9_-]",
+                    hint="draw one with node.client.capabilities.new_session_id() and keep it",
+                ) from None
+        self.prefix_isolation = prefix_isolation
+        # node URL → its public prefix-route salt (its /info `prefix_routes`): an open with a
+        # prompt sends that node the prompt's route keys (protocol/prefix_routes.py)
+        self.route_salts: dict[str, str] = {}
         self._sent: dict[int, int] = {}  # sid → positions sent (every hop computes each)
         self._http = http
         self._own_http = http is None
@@ -385,7 +403,14 @@ class CircuitClient:
         """A fresh sid for `open` (so a caller knows it even when the open fails)."""
         return next(self._sids)
 
-    async def open(self, secret: str, sid: int | None = None, *, wait: bool = True) -> int:
+    async def open(
+        self,
+        secret: str,
+        sid: int | None = None,
+        *,
+        wait: bool = True,
+        prompt: Sequence[int] | None = None,
+    ) -> int:
         """Open the session on every hop at once (one round trip, not one per hop: a hop whose
         upstream attaches before the client's open arrived waits for it); returns the sid that
         names it on the client's links. The first refusal closes the session everywhere.
@@ -393,7 +418,10 @@ class CircuitClient:
         `wait=False` returns once the opens are sent: the caller's frames may follow at once
         (each hop holds a session's frames until its open, or its upstream's attach, settled),
         which takes the open's round trips off the first token (4 one-way delays, not 8, on a
-        3-hop circuit). A refusal then comes out of `receive` by name, its hop blamed."""
+        3-hop circuit). A refusal then comes out of `receive` by name, its hop blamed.
+
+        `prompt`: the ids the session will prefill; each hop whose route salt is known
+        (`route_salts`) gets their prefix-route keys (not with `prefix_isolation`)."""
         if not self.links:
             raise RuntimeError("CircuitClient used outside `async with`")
         sid = self.new_sid() if sid is None else sid
@@ -406,8 +434,16 @@ class CircuitClient:
             if index < last:
                 hop = self.hops[index + 1]
                 nxt = NextHop(url=hop.url, shard=hop.shard, feed=feeds[index + 1], key=hop.key)
+            hop = self.hops[index]
+            salt = None
+            routes: list[str] = []
+            if self.prefix_isolation is not None:
+                salt = hop_prefix_salt(self.prefix_isolation, hop.shard, hop.url)
+            elif prompt is not None and hop.url in self.route_salts:
+                upstream = [h.url for h in self.hops[:index]]
+                routes = route_keys(self.route_salts[hop.url], upstream, prompt)
             body = open_message(
-                sid, caps[index], self.hops[index].shard, feeds[index] if index else None, nxt
+                sid, caps[index], hop.shard, feeds[index] if index else None, nxt, salt, routes
             )
             bodies.append((index, body))
         if not wait:

@@ -1,5 +1,12 @@
 """What a hop is expected to cost, from what the client observed; and the choice among replicas.
 
+**Prefix-aware** (issue 44): a node's /info also advertises the prompt prefixes its prefix cache
+holds (`prefix_routes`, protocol/prefix_routes.py; a summary out of shape is refused by name,
+`bad_prefix_summary`, and the node counts as holding nothing). `choose(..., prefer=)` then picks
+among the near-cheapest those holding the most leading blocks of the question's prompt: the
+load decides first, the prefix only among nodes the load allows. A node that lies about what
+it holds only draws questions it then prefills cold, within the band its cost earns it.
+
 Per node (keyed by its URL) the book keeps exponentially weighted moving averages (EWMA,
 weight `alpha` for the newest sample) of
 
@@ -56,12 +63,23 @@ questions start together.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from protocol.prefix_routes import (
+    BadPrefixSummaryError,
+    PrefixRoutes,
+    matched_blocks,
+    parse_prefix_routes,
+    route_keys,
+)
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -93,6 +111,10 @@ class NodeStats:
     seen_at_s: float = float("-inf")
     trials: int = 0  # picks in a row while not seen lately (module docstring)
     trial_after_s: float = float("-inf")  # not counted as the cheapest before this
+    # the prompt prefixes its prefix cache holds (protocol/prefix_routes.py), from its /info;
+    # None: none advertised, or its summary was refused (`prefix_refused` counts those)
+    prefix_routes: PrefixRoutes | None = None
+    prefix_refused: int = 0
 
     @property
     def overloaded(self) -> bool:
@@ -161,6 +183,12 @@ class CostBook:
         stats.max_batch = max(1, _count(info.get("max_batch")))
         stats.max_queued = _count(info.get("max_queued"))
         stats.max_sessions = _count(info.get("max_sessions"))
+        try:
+            stats.prefix_routes = parse_prefix_routes(info.get("prefix_routes"))
+        except BadPrefixSummaryError as error:
+            stats.prefix_routes = None
+            stats.prefix_refused += 1
+            log.warning("node's prefix summary refused url=%s %s: %s", url, error.code, error)
 
     def observe_circuit(self, urls: Sequence[str], pass_s: float) -> None:
         """A circuit through `urls` took `pass_s` seconds per decode pass (the client's own
@@ -230,9 +258,17 @@ class CostBook:
     def overloaded(self, url: str) -> bool:
         return self.get(url).overloaded
 
-    def choose(self, candidates: Sequence[T], url: Callable[[T], str]) -> T | None:
+    def choose(
+        self,
+        candidates: Sequence[T],
+        url: Callable[[T], str],
+        prefer: Callable[[T], int] | None = None,
+    ) -> T | None:
         """One of `candidates` (see the module docstring); None when there is none. Overloaded
-        ones only when every candidate is."""
+        ones only when every candidate is. `prefer` (a question's prefix: how many leading
+        blocks of its prompt a candidate's prefix cache holds, protocol/prefix_routes.py):
+        among the near-cheapest, those holding the most are chosen from, so a prefix moves
+        a question only when the load allows."""
         if not candidates:
             return None
         usable = [c for c in candidates if not self.overloaded(url(c))] or list(candidates)
@@ -242,6 +278,10 @@ class CostBook:
         costs = self._priced(usable, url, seen, triable)
         limit = min(costs) * self.near + self.slack_s
         near = [i for i, cost in enumerate(costs) if cost <= limit]
+        if prefer is not None and len(near) > 1:
+            held = [prefer(usable[i]) for i in near]
+            if max(held) > 0:
+                near = [i for i, count in zip(near, held, strict=True) if count == max(held)]
         if any(value is not None for value in seen):
             # explore first: a node due for a trial is tried now, not on a coin flip
             due = [i for i in near if seen[i] is None and triable[i]]
@@ -320,3 +360,18 @@ class CostBook:
         stats.trials += 1
         wait = TRIAL_BACKOFF_S * 2 ** min(stats.trials, 16)
         stats.trial_after_s = now + min(wait, MAX_TRIAL_BACKOFF_S)
+
+
+def prefix_preference(
+    book: CostBook, prompt: Sequence[int], upstream: Sequence[str], url: Callable[[T], str]
+) -> Callable[[T], int]:
+    """`choose`'s `prefer` for a question: how many leading blocks of `prompt` a candidate
+    advertises holding behind the hops at `upstream` (protocol/prefix_routes.py)."""
+
+    def held(candidate: T) -> int:
+        routes = book.get(url(candidate)).prefix_routes
+        if routes is None:
+            return 0
+        return matched_blocks(routes, route_keys(routes.salt, list(upstream), prompt))
+
+    return held

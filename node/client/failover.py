@@ -116,7 +116,14 @@ class Circuit(Protocol):
 
     def new_sid(self) -> int: ...
 
-    async def open(self, secret: str, sid: int | None = None, *, wait: bool = True) -> int: ...
+    async def open(
+        self,
+        secret: str,
+        sid: int | None = None,
+        *,
+        wait: bool = True,
+        prompt: Sequence[int] | None = None,
+    ) -> int: ...
 
     async def close(self, sid: int) -> None: ...
 
@@ -298,7 +305,7 @@ async def generate(
                     checked = False  # its first passes observed and its hops on trial judged
                     try:
                         opened_s = time.perf_counter()
-                        await client.open(new_session_id(), sid, wait=False)
+                        await client.open(new_session_id(), sid, wait=False, prompt=prompt)
                         history = prompt + fed
                         first = chosen == 0
                         out = await client.prefill(

@@ -8,6 +8,9 @@ sessions), drops a node that answers for another model, shard or layer range, an
 node per shard with `CostBook.choose` (random among the near-cheapest, overloaded ones last).
 After a failure the suspect hops are replaced by another node of their shard, and the failed
 nodes sit out `avoid_s` (used again only when a shard has no other node).
+With the question's `prompt`, each shard's choice among the near-cheapest prefers the node whose
+/info `prefix_routes` holds the most of its prefix behind the hops picked before it, and the
+circuit's opens send each node the prompt's route keys (protocol/prefix_routes.py).
 
 Prices: what a node asks is its /info `credit_positions`; what this client pays is a price it
 can check (`checked`): with `chain_prices` (the committee's `/nodes`, node/client/chain_prices.py)
@@ -34,7 +37,7 @@ import aiohttp
 
 from node.client.chain_prices import price_trusted
 from node.client.circuit import CircuitClient
-from node.client.costs import CostBook
+from node.client.costs import CostBook, prefix_preference
 from node.client.credit_wallet import CreditWallet
 from node.client.failover import unhealthy_hops
 from node.client.info import node_info
@@ -71,8 +74,12 @@ class ReplicaCircuits:
         min_credit_positions: int = MIN_POSITIONS,
         chain_prices: Mapping[str, int | None] | None = None,
         info_prices: bool = False,
+        prompt: Sequence[int] | None = None,
     ) -> None:
         self.http = http
+        # the question's prompt: each shard's choice among the near-cheapest prefers the node
+        # holding the most of its prefix (node/client/costs.py `prefix_preference`)
+        self.prompt = None if prompt is None else list(prompt)
         self.plaintext_links = plaintext_links  # plaintext beyond loopback (explicit local mode)
         self.expected = dict(expected)
         self.by_shard: dict[int, list[Hop]] = {shard: [] for shard in sorted(self.expected)}
@@ -180,14 +187,19 @@ class ReplicaCircuits:
         until = self._avoid.get(hop.url)
         return until is not None and until > self._clock()
 
-    def pick(self, shard: int, exclude: frozenset[str] = frozenset()) -> Hop:
+    def pick(
+        self,
+        shard: int,
+        exclude: frozenset[str] = frozenset(),
+        prefer: Callable[[Hop], int] | None = None,
+    ) -> Hop:
         """The node for `shard`: by cost among the usable ones this client can pay (module
         docstring); an avoided or excluded node only when nothing else serves the shard, one
         it cannot pay only when no other is usable."""
         hops = [h for h in self.by_shard[shard] if h not in self._wrong] or self.by_shard[shard]
         usable = [h for h in hops if h.url not in exclude and not self._avoided(h)]
         payable = [h for h in usable if self._can_pay(h)]
-        chosen = self.costs.choose(payable or usable or hops, lambda h: h.url)
+        chosen = self.costs.choose(payable or usable or hops, _url, prefer)
         assert chosen is not None  # every shard has a node (checked in __init__)
         return chosen
 
@@ -208,7 +220,14 @@ class ReplicaCircuits:
                 self.fail(previous[index])
         await self.refresh()
         if previous is None or not replace:
-            hops = tuple(self.pick(shard) for shard in self.by_shard)
+            picked: list[Hop] = []
+            for shard in self.by_shard:
+                prefer = None
+                if self.prompt is not None:
+                    upstream = [hop.url for hop in picked]
+                    prefer = prefix_preference(self.costs, self.prompt, upstream, _url)
+                picked.append(self.pick(shard, prefer=prefer))
+            hops = tuple(picked)
         else:
             hops = tuple(
                 self.pick(hop.shard, frozenset({hop.url})) if index in replace else hop
@@ -228,6 +247,10 @@ class ReplicaCircuits:
             payer=self.payer,
             known_prices=self.prices,
         )
+        for hop in hops:  # its open sends each node the prompt's route keys
+            routes = self.costs.get(hop.url).prefix_routes
+            if routes is not None:
+                client.route_salts[hop.url] = routes.salt
         async with client:
             yield client
 
@@ -250,3 +273,7 @@ class ReplicaCircuits:
         if self.current is None:
             return set()
         return await unhealthy_hops(self.http, self.current, self.probe_timeout_s)
+
+
+def _url(hop: Hop) -> str:
+    return hop.url

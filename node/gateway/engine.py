@@ -61,8 +61,10 @@ class RouterCircuits:
         pool: CircuitPool,
         probe_timeout_s: float = 2.0,
         cover: Callable[[Sequence[str]], None] | None = None,
+        prompt: Sequence[int] | None = None,
     ) -> None:
         self.router = router
+        self.prompt = prompt  # the question's prompt: routed where its prefix is cached
         self.pool = pool
         self.probe_timeout_s = probe_timeout_s
         # before a circuit is used: its question holds the credits it can cost, by the circuit's
@@ -75,7 +77,8 @@ class RouterCircuits:
         if self.circuits and replace:
             circuit = await self.router.replace(self.circuits[-1], replace, failed=failed)
         else:
-            circuit = await self.router.circuit()  # NoCircuit (503) when a shard has none
+            # NoCircuit (503) when a shard has none
+            circuit = await self.router.circuit(self.prompt)
         if self.cover is not None:  # nothing was sent to its nodes yet
             self.cover([node.endpoint for node in circuit.nodes])
         self.circuits.append(circuit)
@@ -87,6 +90,10 @@ class RouterCircuits:
             )
         hops = [Hop(url=n.endpoint, shard=n.shard, key=n.key) for n in circuit.nodes]
         async with self.router.hold(circuit), self.pool.use(hops) as client:
+            for hop in hops:  # so its open sends each node the prompt's route keys
+                routes = self.router.costs.get(hop.url).prefix_routes
+                if routes is not None:
+                    client.route_salts[hop.url] = routes.salt
             yield client
 
     def observe(self, urls: Sequence[str], pass_s: float) -> None:
@@ -188,7 +195,7 @@ class Generation:
         if credits is not None:  # each circuit's session is covered before it is used
             positions = session_positions(len(self.prompt_ids), max_tokens, speculate)
             cover = CircuitCover(credits, router.prices, positions)
-        self.source = RouterCircuits(router, circuits, cover=cover)
+        self.source = RouterCircuits(router, circuits, cover=cover, prompt=self.prompt_ids)
         self.timings = Timings()
         self.delivered = False  # set by the caller once an event reached the user
         self.count = 0

@@ -12,6 +12,12 @@ node at a time), never on a question's path. The gateway keeps the circuit for o
 (one question: the nodes hold its KV cache); when a hop fails mid-answer `replace` swaps in the
 next choice for that shard (node/gateway/engine.py replays the answer's history there).
 
+**Prefix-aware** (issue 44, route "cost" only): `circuit(prompt)` prefers, among each shard's
+near-cheapest, the node whose /info `prefix_routes` holds the most leading blocks of the
+question's prompt behind the hops chosen before it (node/client/costs.py `choose(prefer=)`,
+protocol/prefix_routes.py), so questions sharing a system prompt go where its KV is cached while
+the load allows. The personal client's private and uniform routes never look at prefixes.
+
 Entries are untrusted: an endpoint must be a plain `http(s)://host:port` URL, a node key 64 hex;
 anything else is skipped. A registered endpoint is a stranger's choice, so the router applies
 the nodes' public-address policy (node/server/next_hops.py) before it probes or dials one:
@@ -61,7 +67,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from node.client.chain_prices import chain_price, price_trusted
-from node.client.costs import CostBook
+from node.client.costs import CostBook, prefix_preference
 from node.gateway.errors import NoCircuit
 from node.gateway.guards import ROUTES, Guards
 from node.links import NodeKeyPin, link_ssl
@@ -358,11 +364,19 @@ class Router:
             for slot in held:
                 slot.release()
 
-    async def circuit(self) -> Circuit:
+    async def circuit(self, prompt: Sequence[int] | None = None) -> Circuit:
         """One eligible, verified node per shard, by cost (see the module docstring);
-        NoCircuit names the first empty shard."""
+        NoCircuit names the first empty shard. With the question's `prompt` (route="cost"
+        only), each shard's choice among the near-cheapest prefers the node holding the most
+        of its prefix behind the hops already chosen (protocol/prefix_routes.py)."""
         routable = await self.routable()
-        chosen = [await self._choose(routable, shard) for shard in range(self.shard_count)]
+        chosen: list[RoutableNode] = []
+        for shard in range(self.shard_count):
+            prefer = None
+            if prompt is not None and self.route == "cost":
+                upstream = [n.endpoint for n in chosen]
+                prefer = prefix_preference(self.costs, prompt, upstream, _endpoint)
+            chosen.append(await self._choose(routable, shard, prefer=prefer))
         return Circuit(tuple(chosen))
 
     async def replace(
@@ -385,13 +399,17 @@ class Router:
         return Circuit(tuple(nodes))
 
     async def _choose(
-        self, routable: dict[int, list[RoutableNode]], shard: int, exclude: str = ""
+        self,
+        routable: dict[int, list[RoutableNode]],
+        shard: int,
+        exclude: str = "",
+        prefer: Callable[[RoutableNode], int] | None = None,
     ) -> RoutableNode:
         candidates = [
             n for n in routable.get(shard, []) if not self._cooling(n) and n.key != exclude
         ]
         try:
-            return await self._choose_among([n for n in candidates if not n.grace], shard)
+            return await self._choose_among([n for n in candidates if not n.grace], shard, prefer)
         except NoCircuit:
             graced = [n for n in candidates if n.grace]
             if not graced:
@@ -405,7 +423,12 @@ class Router:
         )
         return node
 
-    async def _choose_among(self, candidates: list[RoutableNode], shard: int) -> RoutableNode:
+    async def _choose_among(
+        self,
+        candidates: list[RoutableNode],
+        shard: int,
+        prefer: Callable[[RoutableNode], int] | None = None,
+    ) -> RoutableNode:
         if self.route != "cost":
             return await self._draw(candidates, shard)
         self._observe_stale(candidates)
@@ -414,7 +437,7 @@ class Router:
         pool = free or candidates
         probes = 0  # unverified candidates probed: a few, so dead registrations cannot stall
         while pool:
-            node = self.costs.choose(pool, lambda n: n.endpoint)
+            node = self.costs.choose(pool, lambda n: n.endpoint, prefer)
             assert node is not None
             if node not in self._verified:
                 probes += 1
@@ -547,3 +570,7 @@ async def pool_view(rpc: Any, model_hash: str, shard_count: int) -> dict[str, An
             "committee_unavailable", f"the committee chain is unreachable: {error}"
         ) from None
     return answer if isinstance(answer, dict) else {}
+
+
+def _endpoint(node: RoutableNode) -> str:
+    return node.endpoint

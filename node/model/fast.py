@@ -217,7 +217,8 @@ class FastDecoder:
         weakref.finalize(cache, self._pool.give, cache.holder)
         return cache
 
-    def _reserve(self, cache: StaticKV, needed: int) -> None:
+    def reserve(self, cache: StaticKV, needed: int) -> None:
+        """Grow `cache` (keeping what it holds) to hold at least `needed` positions."""
         if needed <= cache.capacity:
             return
         capacity = cache.capacity
@@ -244,7 +245,7 @@ class FastDecoder:
         one-position step runs `torch.compile`d (dynamic shapes: one graph for every start
         and capacity; compiled on the first such step)."""
         if self.compile and hidden.shape[1] == 1:
-            self._reserve(cache, start + 1)
+            self.reserve(cache, start + 1)
             if self._compiled is None:
                 self._compiled = torch.compile(self._step, dynamic=True)
             return self._compiled(list(modules), hidden, start, cache)
@@ -255,7 +256,7 @@ class FastDecoder:
     ) -> torch.Tensor:
         steps = hidden.shape[1]
         end = start + steps
-        self._reserve(cache, end)
+        self.reserve(cache, end)
         positions = torch.arange(start, end, device=self.device).unsqueeze(0)
         cos, sin = self.rotary(positions, hidden.dtype)
         mask = None
@@ -302,7 +303,7 @@ class FastDecoder:
         weights are read once); attention runs per session on its own cache."""
         batch = hidden.shape[0]
         for cache, start in zip(caches, starts, strict=True):
-            self._reserve(cache, start + 1)
+            self.reserve(cache, start + 1)
         positions = torch.tensor(list(starts), device=self.device).view(batch, 1)
         cos, sin = self.rotary(positions, hidden.dtype)
         gqa = self.heads != self.kv_heads

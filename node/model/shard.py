@@ -260,6 +260,11 @@ class ShardModel:
         return cls(config, layers, root, target, quant, activation_dtype, chosen)
 
     @property
+    def full_attention(self) -> bool:
+        """Every one of our layers attends to all earlier positions (no sliding window)."""
+        return all(kind == "full_attention" for kind in self._types)
+
+    @property
     def module(self) -> nn.Module:
         """The layers' container (state-dict keys as in the full model)."""
         return self._root
@@ -379,6 +384,45 @@ class ShardModel:
         start, end = self.layers
         for index in range(start, end):
             cache.layers[index].crop(length - held)  # negative: positions to remove
+
+    @torch.inference_mode()
+    def export_kv(self, cache: Any, start: int, end: int) -> Any:
+        """A copy of the keys and values `cache` holds for positions [start, end) of all our
+        layers (the prefix cache's block, node/server/prefix_cache.py), whichever path made it;
+        `import_kv` appends it to a cache that holds exactly `start` positions."""
+        held = self.cache_length(cache)
+        if not 0 <= start < end <= held:
+            raise ProtocolError(f"cannot export [{start}, {end}): the cache holds {held}")
+        if isinstance(cache, StaticKV):
+            return (
+                cache.keys[:, :, start:end].clone(),
+                cache.values[:, :, start:end].clone(),
+            )
+        first, last = self.layers
+        return tuple(
+            (
+                cache.layers[i].keys[:, :, start:end].clone(),
+                cache.layers[i].values[:, :, start:end].clone(),
+            )
+            for i in range(first, last)
+        )
+
+    @torch.inference_mode()  # a cache grown by a forward holds inference tensors
+    def import_kv(self, cache: Any, block: Any) -> None:
+        """Append a block `export_kv` made (on this shard, same path) to `cache`: the cache
+        then holds those positions as if it had computed them."""
+        if isinstance(cache, StaticKV):
+            if self._fast is None:
+                raise ProtocolError("a fast-path cache on an hf-path shard")
+            keys, values = block
+            start, count = cache.length, int(keys.shape[2])
+            self._fast.reserve(cache, start + count)
+            cache.keys[:, :, start : start + count] = keys
+            cache.values[:, :, start : start + count] = values
+            cache.length = start + count
+            return
+        for index, (keys, values) in zip(range(*self.layers), block, strict=True):
+            cache.update(keys, values, index)
 
     def cache_kv(self, cache: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [1, kv_heads, length, head_dim] that `cache` holds for model layer

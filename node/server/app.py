@@ -31,6 +31,7 @@ from node.server.batcher import Batcher
 from node.server.config import ServerConfig
 from node.server.overlay import install_overlay
 from node.server.payments import install_payments
+from node.server.prefix_cache import install_prefix_cache
 from node.server.sessions import SessionStore, short_tag
 from node.server.shards import install_chunks
 from node.server.state import CONFIG_KEY, STATE_KEY, NodeState
@@ -127,6 +128,10 @@ async def info(request: web.Request) -> web.Response:
                 "stream_bytes_out": state.stream_bytes_out,
                 "stream_bytes_forwarded": state.stream_bytes_forwarded,
             },
+            # prefix cache counters (node/server/prefix_cache.py; null: none on this node)
+            "prefix_cache": None if state.prefix is None else state.prefix.summary(),
+            # the route keys of prompt prefixes it holds (protocol/prefix_routes.py)
+            "prefix_routes": None if state.prefix is None else state.prefix.routes(),
             "max_batch": config.max_batch,
             "max_queued": config.max_queued,
             "uptime_s": round(uptime, 1),
@@ -188,6 +193,7 @@ def create_app(config: ServerConfig, backend: ShardBackend) -> web.Application:
             backend, executor, max_batch=config.max_batch, max_queued=config.max_queued
         ),
     )
+    install_prefix_cache(app[STATE_KEY], config)
     app.cleanup_ctx.append(_evictor)
     app.cleanup_ctx.append(_executor)
     if config.commit_dir is not None:

@@ -45,6 +45,19 @@ class ShardBackend(Protocol):
         ...
 
 
+class PrefixBackend(ShardBackend, Protocol):
+    """A backend whose KV can be copied out by blocks of positions and back into another
+    session's cache (the prefix cache, node/server/prefix_cache.py)."""
+
+    def export_kv(self, cache: Any, start: int, end: int) -> Any:
+        """A copy of what `cache` holds for positions [start, end)."""
+        ...
+
+    def import_kv(self, cache: Any, block: Any) -> None:
+        """Append an exported block to `cache` (which holds exactly the block's start)."""
+        ...
+
+
 class ModelShardBackend:
     """A hash-checked shard from a manifest (node.model.ShardModel), run with torch."""
 
@@ -67,6 +80,9 @@ class ModelShardBackend:
         self.model_hash = manifest.model_hash
         self.quant = entry.quant
         self.device = str(self.model.device)
+        # KV blocks can be copied between sessions only for full-attention layers (a sliding-
+        # window layer keeps only its window: node/server/prefix_cache.py stays off)
+        self.prefix_reusable = self.model.full_attention
 
     def new_cache(self) -> Any:
         return self.model.new_cache()
@@ -95,3 +111,9 @@ class ModelShardBackend:
 
     def cache_bytes_per_position(self) -> int:
         return int(self.model.cache_bytes_per_position())
+
+    def export_kv(self, cache: Any, start: int, end: int) -> Any:
+        return self.model.export_kv(cache, start, end)
+
+    def import_kv(self, cache: Any, block: Any) -> None:
+        self.model.import_kv(cache, block)

@@ -42,6 +42,7 @@ class _Item:
     start: int
     cache: Any
     future: asyncio.Future[tuple[np.ndarray, float]]
+    chain: Any = None  # the session's PrefixChain (node/server/prefix_cache.py), if cached
 
     @property
     def decode(self) -> bool:
@@ -64,6 +65,7 @@ class Batcher:
     executor: Executor
     max_batch: int = 32
     max_queued: int = 256
+    prefix: Any = None  # node.server.prefix_cache.PrefixCache: prefills reuse cached blocks
     stats: BatchStats = field(default_factory=BatchStats)
     _waiting: OrderedDict[str, deque[_Item]] = field(default_factory=OrderedDict)
     _driver: asyncio.Task[None] | None = None
@@ -73,10 +75,11 @@ class Batcher:
         return sum(len(q) for q in self._waiting.values())
 
     async def run(
-        self, caller: str, cache: Any, hidden: np.ndarray, start: int
+        self, caller: str, cache: Any, hidden: np.ndarray, start: int, chain: Any = None
     ) -> tuple[np.ndarray, float]:
         """Compute `hidden` [1, T, H] at positions start.. on `cache`; (output, seconds the
-        forward call that computed it took)."""
+        forward call that computed it took). With the session's prefix `chain` (and a prefix
+        cache), a prefill's leading cached blocks are copied instead of computed."""
         if self.queued >= self.max_queued:
             raise QueueFullError(
                 f"compute queue full ({self.max_queued} frames waiting)",
@@ -85,7 +88,7 @@ class Batcher:
         future: asyncio.Future[tuple[np.ndarray, float]] = (
             asyncio.get_running_loop().create_future()
         )
-        self._waiting.setdefault(caller, deque()).append(_Item(hidden, start, cache, future))
+        self._waiting.setdefault(caller, deque()).append(_Item(hidden, start, cache, future, chain))
         if self._driver is None or self._driver.done():
             self._driver = asyncio.create_task(self._drive())
         return await future
@@ -159,11 +162,17 @@ class Batcher:
     def _compute(self, batch: list[_Item]) -> tuple[list[np.ndarray], float]:
         """Worker thread."""
         t0 = time.perf_counter()
-        if len(batch) == 1:
+        if len(batch) == 1 and self.prefix is not None and batch[0].chain is not None:
+            item = batch[0]
+            outputs = [self.prefix.forward(item.chain, item.hidden, item.start, item.cache)]
+        elif len(batch) == 1:
             item = batch[0]
             positions = np.arange(item.start, item.start + item.hidden.shape[1], dtype=np.int64)
             outputs = [self.backend.forward(item.hidden, positions, item.cache)]
         else:
+            for item in batch:  # decode steps end a session's prefix chain
+                if item.chain is not None:
+                    item.chain.end()
             hidden = np.concatenate([item.hidden for item in batch])  # [B, 1, H]
             positions = np.array([item.start for item in batch], dtype=np.int64)
             out = self.backend.forward_batch(hidden, positions, [item.cache for item in batch])

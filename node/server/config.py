@@ -48,6 +48,12 @@ class ServerConfig:
     max_batch: int = 32
     # most frames waiting for the forward worker (all callers); more → 503 busy
     max_queued: int = 256
+    # KV of prompt prefixes kept for other sessions' prefills (node/server/prefix_cache.py),
+    # over all of them, least recently used dropped first; 0: no prefix cache
+    prefix_cache_bytes: int = 128 * 1024**2
+    # a cached block's route keys are advertised (/info prefix_routes) once this many sessions
+    # reached it: 2 keeps a prompt only one session sent out of the summary (docs/privacy.md)
+    prefix_advertise_min_sessions: int = 2
     # torch intra-op threads for the forward pass (0 = half the cores, 1 to 4)
     torch_threads: int = 0
     # record fingerprints of served blocks and spool their commit records here for the node
@@ -120,6 +126,10 @@ class ServerConfig:
             problems.append("max batch must be >= 1")
         if self.max_queued < 1:
             problems.append("max queued frames must be >= 1")
+        if self.prefix_advertise_min_sessions < 1:
+            problems.append("prefix routes need >= 1 session per advertised block")
+        if self.prefix_cache_bytes < 0:
+            problems.append("prefix cache must be >= 0 bytes (0: none)")
         if self.torch_threads < 0:
             problems.append("torch threads must be >= 0")
         if not 0 <= self.spot_check_ppm <= 1_000_000:

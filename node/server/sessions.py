@@ -52,6 +52,7 @@ class Session:
     length: int = 0  # positions held in the cache: the next frame must start here
     cache_bytes: int = 0
     pending_bytes: int = 0  # reserved for positions being computed (counted against the caps)
+    prefix: Any = None  # its PrefixChain where the node has a prefix cache (prefix_cache.py)
     opened_s: float = 0.0
     last_used_s: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)

@@ -62,6 +62,7 @@ class NodeState:
     )
     served: Any = None  # node.server.served.ServedLog with --commit-dir (install_served)
     payments: Any = None  # node.server.payments.Payments with --credit-positions (paid work)
+    prefix: Any = None  # node.server.prefix_cache.PrefixCache with prefix_cache_bytes > 0
 
 
 def after_forward(

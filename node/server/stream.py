@@ -338,6 +338,8 @@ async def _open_settling(state: NodeState, link: _Link, control: Control) -> Non
     for victim in state.store.reserve(0, new_session=True, peer=link.peer):
         log.info("session reclaimed for another caller session=%s", short_tag(victim))
     session = state.store.open(tag, backend.new_cache(), peer=link.peer)
+    if state.prefix is not None:
+        session.prefix = state.prefix.chain(control.prefix, control.route)
     route = Route(session=session, reply=link.ws, reply_sid=control.sid)
     link.opened[control.sid] = route
     if control.feed is None:
@@ -543,6 +545,8 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
                 except ProtocolError as error:
                     raise BadPositionsError(error.message) from None
                 store.rewound(session, header.start, state.backend.cache_bytes(session.cache))
+                if session.prefix is not None:
+                    session.prefix.end()  # positions were dropped: no more cached blocks
             store.check_start(session, header.start)
             if state.payments is not None:
                 try:
@@ -559,7 +563,9 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
             for victim in reclaimed:
                 log.info("session reclaimed for another caller session=%s", short_tag(victim))
             try:
-                out, _ = await state.batcher.run(session.peer, session.cache, hidden, header.start)
+                out, _ = await state.batcher.run(
+                    session.peer, session.cache, hidden, header.start, session.prefix
+                )
             except BusyError:
                 store.release(session, header.count)
                 if state.payments is not None:

@@ -17,6 +17,7 @@ import aiohttp
 import numpy as np
 
 from node.client.circuit import CircuitClient
+from node.client.costs import NodeStats
 from node.client.credit_wallet import CreditWallet
 from node.client.types import Hop
 from node.gateway.credit_holds import CreditHold, CreditReserve
@@ -76,7 +77,9 @@ class PaidCircuit(CircuitClient):
         self.script = script
         self._last: dict[int, np.ndarray] = {}
 
-    async def open(self, secret: str, sid: int | None = None, *, wait: bool = True) -> int:
+    async def open(
+        self, secret: str, sid: int | None = None, *, wait: bool = True, prompt: Any = None
+    ) -> int:
         sid = self.new_sid() if sid is None else sid
         self.outputs[sid] = asyncio.Queue()
         for link in self.links:
@@ -118,7 +121,7 @@ class FakeRouter:
         self.costs = self
         self.http = None
 
-    async def circuit(self) -> Circuit:
+    async def circuit(self, prompt: Any = None) -> Circuit:
         await self.script.admitted.wait()  # node slots
         self.leases += 1
         nodes = []
@@ -137,6 +140,9 @@ class FakeRouter:
 
     def observe_circuit(self, urls: Any, pass_s: float) -> None:
         pass
+
+    def get(self, url: str) -> NodeStats:  # the cost book's stats: no prefix advertised
+        return NodeStats()
 
     def outpriced(self, circuit: Circuit) -> set[int]:
         return set()
