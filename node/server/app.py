@@ -127,6 +127,8 @@ async def info(request: web.Request) -> web.Response:
                 "stream_bytes_out": state.stream_bytes_out,
                 "stream_bytes_forwarded": state.stream_bytes_forwarded,
             },
+            # links to next hops (node/server/link_pool.py): open now, and handshakes so far
+            "links": state.links.info() if state.links is not None else None,
             "max_batch": config.max_batch,
             "max_queued": config.max_queued,
             "uptime_s": round(uptime, 1),
