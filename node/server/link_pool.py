@@ -10,7 +10,8 @@ if the link were dialled then. So the pool keeps links open and dials them ahead
   a link's frames only into the session its sid was attached to, and sends nothing back on it
   but control answers, so no session's activations reach another session. A link is only ever
   reused for the same key (the pin is part of its identity).
-- **Warm targets.** Every `refresh_s` (and at once when a link drops) the pool asks its
+- **Warm targets.** Every `refresh_s` (at once when a link drops, and after 1, 2, 4 … s while a
+  target cannot be dialled) the pool asks its
   `targets` (warm_targets.py: the next shard's replicas on the committee chain, or the
   `--next-hops` list's nodes that serve the next shard), adds the next hops questions used
   within `idle_s` (their keys were named by clients and allowed by the policy), and dials the
@@ -330,9 +331,10 @@ class LinkPool:
         await self._links.pop(victim).close()
 
     # ------------------------------------------------------------------------------ warm
-    async def warm_round(self) -> None:
+    async def warm_round(self) -> bool:
         """Ask the targets, dial those not open (failures logged and counted), close links idle
-        `idle_s` that are no target."""
+        `idle_s` that are no target. False when a target could not be dialled."""
+        missed = False
         try:
             named = list(await self.targets())
         except Exception:
@@ -352,6 +354,7 @@ class LinkPool:
                 await self.get(url, key, warm=True)
                 log.info("next-hop link warm url=%s", url)
             except (PlanetError, OSError, aiohttp.ClientError, TimeoutError) as error:
+                missed = True
                 log.info("next-hop link not warmed url=%s: %s", url, error)
         now = self.clock()
         for ident, lock in list(self._dialling.items()):
@@ -365,15 +368,19 @@ class LinkPool:
                 self.stats.idle_closed += 1
                 log.info("next-hop link closed (idle) url=%s", ident[0])
                 await link.close()
+        return not missed
 
     async def _run(self) -> None:
+        retry_s = self.min_round_s  # after a round that missed a target: sooner, then doubling
         while True:
             self._wake.clear()
             started = self.clock()
-            await self.warm_round()
+            complete = await self.warm_round()
             await asyncio.sleep(max(0.0, self.min_round_s - (self.clock() - started)))
+            wait_s = self.refresh_s if complete else min(self.refresh_s, retry_s)
+            retry_s = self.min_round_s if complete else min(self.refresh_s, 2 * retry_s)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.refresh_s):
+                async with asyncio.timeout(wait_s):
                     await self._wake.wait()
 
     def start(self) -> None:

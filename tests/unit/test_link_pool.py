@@ -259,3 +259,24 @@ async def test_a_refused_attach_is_not_a_lost_link() -> None:
     ws.answer("attached", sid)
     await link.wait_attached(sid, answer)
     await link.close()
+
+
+async def test_a_target_that_cannot_be_dialled_is_tried_again_soon_not_after_refresh() -> None:
+    dial = Dialer(fail={A})
+
+    async def targets() -> list[tuple[str, str | None]]:
+        return [A]
+
+    pool = LinkPool(dial, targets=targets, refresh_s=60.0, min_round_s=0.01)
+    pool.start()
+    for _ in range(100):
+        if pool.stats.dial_failures:
+            break
+        await asyncio.sleep(0.01)
+    dial.fail.clear()  # the next hop is back (a proxy re-enabled, a node restarted)
+    for _ in range(300):
+        if pool.link(*A) is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert pool.link(*A) is not None and pool.stats.warm_dialled == 1
+    await pool.close()
