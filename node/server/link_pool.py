@@ -333,7 +333,8 @@ class LinkPool:
     # ------------------------------------------------------------------------------ warm
     async def warm_round(self) -> bool:
         """Ask the targets, dial those not open (failures logged and counted), close links idle
-        `idle_s` that are no target. False when a target could not be dialled."""
+        `idle_s` that are no target. False when a target could not be dialled (or the targets
+        say, by a true `incomplete` attribute, that they could not all be read)."""
         missed = False
         try:
             named = list(await self.targets())
@@ -368,7 +369,8 @@ class LinkPool:
                 self.stats.idle_closed += 1
                 log.info("next-hop link closed (idle) url=%s", ident[0])
                 await link.close()
-        return not missed
+        # targets that could not all be read (a list node's /info did not answer) count as missed
+        return not missed and not getattr(self.targets, "incomplete", False)
 
     async def _run(self) -> None:
         retry_s = self.min_round_s  # after a round that missed a target: sooner, then doubling

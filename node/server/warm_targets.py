@@ -74,6 +74,7 @@ class ListTargets:
                 continue
         self.urls = self.urls[:MAX_PROBED]
         self._shards: dict[str, tuple[int | None, float]] = {}  # url -> (shard, probed at)
+        self.incomplete = False  # a probe of the last call failed (the pool asks again soon)
 
     async def _probe(self, url: str) -> None:
         shard = None
@@ -97,6 +98,7 @@ class ListTargets:
             if url not in self._shards or now - self._shards[url][1] >= self.reprobe_s
         ]
         await asyncio.gather(*(self._probe(url) for url in stale))
+        self.incomplete = any(url not in self._shards for url in self.urls)
         return [
             (url, None)
             for url in self.urls
