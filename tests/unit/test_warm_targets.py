@@ -74,6 +74,6 @@ async def test_committee_targets_are_the_next_shards_registered_keys() -> None:
     async with aiohttp.ClientSession() as http:
         targets = warm_targets(policy, http, HASH, plaintext_ok=False)
         assert await targets() == [
-            ("https://1.1.1.1:18100", "11" * 32),
             ("https://1.0.0.1:18100", "22" * 32),
+            ("https://1.1.1.1:18100", "11" * 32),
         ]
