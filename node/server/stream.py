@@ -78,7 +78,6 @@ MAX_ATTACH_WAITS = 64
 # handled at once (a stranger's flood is refused as for an unknown session, not buffered)
 MAX_HELD_BYTES = 64 * 1024**2
 _FROM_PEERS = frozenset({"open", "close", "attach", "pay"})
-_TO_UPSTREAM = frozenset({"attached", "error", "closed"})
 
 
 # ------------------------------------------------------------------------------ sessions
