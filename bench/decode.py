@@ -1,5 +1,7 @@
 """Decode speed of one node's compute path: the hf path vs the fast path, int8 vs fp32 shards,
-one torch thread vs two, side by side in one process (issue 46, the CPU part).
+one torch thread vs two, side by side in one process (issue 46, the CPU part). Int8 shards run
+three ways: hf, the fast path asked for by name (`path="fast"`: int8 weights, torch's int8
+kernel) and the default (`auto`: the fast path on weights de-quantized to fp32 at load).
 
     python bench/decode.py --quick     # smoke run: 2 new tokens, 1 repeat, each quant's
                                        # files hashed once (≤ 20 s on a quiet box)
@@ -21,6 +23,7 @@ import argparse
 import importlib.util
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +38,16 @@ log = logging.getLogger("bench.decode")
 PROMPT = "The history of the printing press begins with"
 PATHS = ("hf", "fast")
 QUANTS = ("none", "int8")
+# (quant, path) in the order they load and run: "fast" is passed by name (an int8 shard then
+# keeps its int8 weights and torch's int8 kernel); "auto" is what a node runs by default, for an
+# int8 shard the fast path on its weights de-quantized to fp32 at load (node/model/shard.py)
+CONFIGS = (
+    ("none", "hf"),
+    ("none", "fast"),
+    ("int8", "hf"),
+    ("int8", "fast"),
+    ("int8", "auto"),
+)
 
 
 def _circuit(quant: str, path: str, head: Any = None) -> tuple[Any, list[Any]]:
@@ -107,19 +120,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     import torch
 
+    for name in ("PLANET_SHARD_PATH", "PLANET_INT8_KERNEL"):  # "auto" must mean the default
+        if os.environ.pop(name, None) is not None:
+            log.warning("%s ignored: this bench runs each path by name", name)
     new_tokens = args.new_tokens or (2 if args.quick else 64)
     repeats = args.repeats or (1 if args.quick else 5)
     threads = [int(t) for t in args.threads.split(",") if t]
     loaded: dict[tuple[str, str], tuple[Any, list[Any]]] = {}
     load_s: dict[str, float] = {}
-    for quant in QUANTS:
-        for path in PATHS:
-            t0 = time.perf_counter()
-            first = loaded.get((quant, PATHS[0]))  # --quick: its head and checked files
-            loaded[(quant, path)] = _circuit(
-                quant, path, first[0] if first and args.quick else None
-            )
-            load_s[f"load_s_{path}_{_q(quant)}"] = round(time.perf_counter() - t0, 2)
+    for quant, path in CONFIGS:
+        t0 = time.perf_counter()
+        first = loaded.get((quant, PATHS[0]))  # --quick: its head and checked files
+        loaded[(quant, path)] = _circuit(quant, path, first[0] if first and args.quick else None)
+        load_s[f"load_s_{path}_{_q(quant)}"] = round(time.perf_counter() - t0, 2)
     runs: dict[str, list[float]] = {}
     shard_ms: dict[str, list[float]] = {}
     tokens: dict[str, list[int]] = {}
@@ -163,17 +176,28 @@ def main(argv: list[str] | None = None) -> int:
         metrics[f"tokens_identical_fast_vs_hf_int8_{count}t"] = int(
             tokens[f"fast_int8_{count}t"] == tokens[f"hf_int8_{count}t"]
         )
+        # the int8 default (de-quantized weights): bitwise the hf path's outputs
+        metrics[f"ratio_int8_default_vs_fp32_fast_shards_{count}t"] = _ratio(
+            rate(f"decode_ms_per_token_shards_fast_fp32_{count}t"),
+            rate(f"decode_ms_per_token_shards_auto_int8_{count}t"),
+        )
+        metrics[f"ratio_int8_kernel_vs_default_shards_{count}t"] = _ratio(
+            rate(f"decode_ms_per_token_shards_auto_int8_{count}t"),
+            rate(f"decode_ms_per_token_shards_fast_int8_{count}t"),
+        )
+        metrics[f"tokens_identical_auto_vs_hf_int8_{count}t"] = int(
+            tokens[f"auto_int8_{count}t"] == tokens[f"hf_int8_{count}t"]
+        )
     if 1 in threads and 2 in threads:
-        for quant in ("fp32", "int8"):
-            for path in PATHS:
-                metrics[f"ratio_2t_vs_1t_{path}_{quant}"] = _ratio(
-                    metrics[f"decode_tok_s_{path}_{quant}_2t"],
-                    metrics[f"decode_tok_s_{path}_{quant}_1t"],
-                )
-                metrics[f"ratio_2t_vs_1t_shards_{path}_{quant}"] = _ratio(
-                    metrics[f"decode_ms_per_token_shards_{path}_{quant}_1t"],
-                    metrics[f"decode_ms_per_token_shards_{path}_{quant}_2t"],
-                )
+        for quant, path in ((_q(q), p) for q, p in CONFIGS):
+            metrics[f"ratio_2t_vs_1t_{path}_{quant}"] = _ratio(
+                metrics[f"decode_tok_s_{path}_{quant}_2t"],
+                metrics[f"decode_tok_s_{path}_{quant}_1t"],
+            )
+            metrics[f"ratio_2t_vs_1t_shards_{path}_{quant}"] = _ratio(
+                metrics[f"decode_ms_per_token_shards_{path}_{quant}_1t"],
+                metrics[f"decode_ms_per_token_shards_{path}_{quant}_2t"],
+            )
     if args.gguf is not None and importlib.util.find_spec("llama_cpp") is not None:
         for count in threads:
             rate = llama_cpp_tok_s(args.gguf, count, new_tokens)

@@ -18,7 +18,11 @@ copy/edit tasks), every prompt is generated greedily with plain decoding and wit
 per hop + 1.5 × the whole model's prefill of the same prompt in this process), decode tok/s
 (tokens after the first over the time after the first), tokens per pass, bytes per token
 (client's WebSocket bytes plus node-to-node bytes from /info, whole generation over its new
-tokens), and whether the tokens were identical. Prints one JSON object (BENCHMARKS.md shape).
+tokens), and whether the tokens were identical. Before those, `--fresh-links` first questions
+per latency each come right after every connection was cut (`<latency>ms_fresh_links`): the first
+token of a question whose nodes' next-hop links had just died, `--settle-s` earlier (nodes
+that keep warm links, node/server/link_pool.py, have dialled them again by then). Prints one
+JSON object (BENCHMARKS.md shape).
 """
 
 from __future__ import annotations
@@ -125,6 +129,12 @@ class ToxiproxyLinks:
                     {"attributes": {"latency": ms, "jitter": 0}},
                 )
 
+    def reset(self) -> None:
+        """Drop every connection through every proxy (disabled, then enabled: toxics kept)."""
+        for name in self.names:
+            self._call("POST", f"/proxies/{name}", {"enabled": False})
+            self._call("POST", f"/proxies/{name}", {"enabled": True})
+
     def close(self) -> None:
         self.process.terminate()
         try:
@@ -146,6 +156,7 @@ class RelayLinks:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.servers: list[asyncio.AbstractServer] = []
+        self.writers: set[asyncio.StreamWriter] = set()
 
     def add(self, listen: int, upstream: int) -> None:
         async def start() -> asyncio.AbstractServer:
@@ -163,6 +174,7 @@ class RelayLinks:
         except OSError:
             writer.close()
             return
+        self.writers |= {writer, up_writer}
         await asyncio.gather(
             self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
         )
@@ -191,6 +203,16 @@ class RelayLinks:
 
     def set_latency(self, ms: int) -> None:
         self.latency_s = ms / 1000
+
+    def reset(self) -> None:
+        """Drop every connection through the relays now (they keep accepting new ones)."""
+
+        async def drop() -> None:
+            for writer in self.writers:
+                writer.transport.abort()
+            self.writers.clear()
+
+        asyncio.run_coroutine_threadsafe(drop(), self.loop).result(10)
 
     def close(self) -> None:
         for server in self.servers:
@@ -243,6 +265,19 @@ def circuit(
     finally:
         stop_nodes(nodes)
         links.close()
+
+
+def node_dials(hops: list[Any]) -> int | None:
+    """Next-hop links the nodes dialled so far (their /info `links.dialled`, read through the
+    proxies); None from nodes that do not report it."""
+    total = 0
+    for hop in hops:
+        with urllib.request.urlopen(f"{hop.url}/info", timeout=30) as answer:
+            links = json.loads(answer.read()).get("links")
+        if not isinstance(links, dict):
+            return None
+        total += int(links.get("dialled", 0))
+    return total
 
 
 def forwarded_bytes(hops: list[Any]) -> int:
@@ -346,6 +381,69 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+async def fresh_links(
+    hops: list[Any],
+    head: Any,
+    links: Any,
+    args: argparse.Namespace,
+    manifest: Path,
+    mono: dict[tuple[int, ...], float],
+    latency: int,
+) -> dict[str, Any]:
+    """The first question after every link was dropped (as after a node start, a restart of
+    its next hop, or a link that died): `--fresh-links` times, every connection through the
+    proxies is cut, `--settle-s` pass (a node that keeps warm links dials its next hops again
+    meanwhile; one that dials at the open pays the handshakes in its first token), a new client
+    dials (untimed) and asks the shortest held-out prompt for its first token, then asks it again
+    (every link warm by then: the difference is what the fresh links cost)."""
+    from node.client.circuit import CircuitClient
+
+    messages = min(heldout_prompts().values(), key=lambda m: len(head.chat_ids(m)))
+    ids = head.chat_ids(messages)
+    if tuple(ids) not in mono:
+        mono[tuple(ids)] = monolithic_prefill_ms(
+            manifest, head, ids, repeats=1 if args.quick else 3, quick=args.quick
+        )
+    first, warm = [], []
+    dials: int | None = 0  # next-hop links the nodes dialled during the first questions
+    for _ in range(args.fresh_links):
+        links.reset()
+        await asyncio.sleep(args.settle_s)
+        async with CircuitClient(hops, hidden_size=head.hidden_size) as client:
+            before = await asyncio.to_thread(node_dials, hops)
+            run = await one_generation(client, head, ids, 1, None, hops)
+            first.append(round(run["first_token_ms"], 1))
+            after = await asyncio.to_thread(node_dials, hops)
+            dials = None if dials is None or before is None else dials + after - before
+            # the same question again on links that are warm now, whatever the nodes do
+            run = await one_generation(client, head, ids, 1, None, hops)
+            warm.append(round(run["first_token_ms"], 1))
+    median = sorted(first)[len(first) // 2]
+    warm_median = sorted(warm)[len(warm) // 2]
+    bound = 2 * latency * len(hops) + 1.5 * mono[tuple(ids)]
+    log.info(
+        "%d ms, fresh links: first token %s ms, then %s ms (bound %.1f), node dials during "
+        "the first questions %s",
+        latency,
+        first,
+        warm,
+        bound,
+        dials,
+    )
+    return {
+        "first_token_ms": first,
+        "first_token_ms_median": median,
+        "warm_first_token_ms": warm,
+        "warm_first_token_ms_median": warm_median,
+        "fresh_minus_warm_ms": round(median - warm_median, 1),
+        # handshakes on the first questions' path (None: the nodes do not report links)
+        "node_dials_during_first_questions": dials,
+        "monolithic_prefill_ms_median": round(mono[tuple(ids)], 1),
+        "first_token_bound_ms": round(bound, 1),
+        "first_token_within_bound": median <= bound,
+    }
+
+
 async def measure(
     hops: list[Any], head: Any, links: Any, args: argparse.Namespace, manifest: Path
 ) -> dict[str, Any]:
@@ -356,6 +454,10 @@ async def measure(
     mono: dict[tuple[int, ...], float] = {}  # prompt ids → monolithic prefill ms
     for latency in [int(x) for x in args.latencies.split(",")]:
         links.set_latency(latency)
+        if args.fresh_links:
+            results[f"{latency}ms_fresh_links"] = await fresh_links(
+                hops, head, links, args, manifest, mono, latency
+            )
         async with CircuitClient(hops, hidden_size=head.hidden_size) as client:
             for set_name, prompts in sets.items():
                 chosen = list(prompts.items())
@@ -418,8 +520,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--links", choices=("auto", "toxiproxy", "relay"), default="auto")
     parser.add_argument("--parts", type=int, default=3, help="nodes in the circuit (3)")
+    parser.add_argument(
+        "--fresh-links",
+        type=int,
+        default=3,
+        help="first questions timed after every link was cut, per latency (0: none)",
+    )
+    parser.add_argument(
+        "--settle-s", type=float, default=2.0, help="pause between the cut and that question"
+    )
     args = parse_with_quick(
-        parser, {"latencies": "0", "new_tokens": 4, "prompts": 1, "parts": 2}, argv
+        parser,
+        {
+            "latencies": "0",
+            "new_tokens": 4,
+            "prompts": 1,
+            "parts": 2,
+            "fresh_links": 1,
+            "settle_s": 1.0,
+        },
+        argv,
     )
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     from node.model.head import ClientHead
@@ -432,7 +552,11 @@ def main(argv: list[str] | None = None) -> int:
         head = ClientHead.load(manifest, device="cpu")
         metrics = asyncio.run(measure(hops, head, links, args, manifest))
         kind = links.kind
-    at50 = {k: v["decode_speedup"] for k, v in metrics.items() if k.startswith("50ms_")}
+    at50 = {
+        k: v["decode_speedup"]
+        for k, v in metrics.items()
+        if k.startswith("50ms_") and "decode_speedup" in v
+    }
     metrics["targets"] = {
         "speedup_50ms_repetitive_ge_2": at50.get("50ms_repetitive", 0.0) >= 2.0 if at50 else None,
         "speedup_50ms_heldout_ge_1": at50.get("50ms_heldout", 0.0) >= 1.0 if at50 else None,
@@ -462,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
             "min_ngram": args.min_ngram,
             "prompts_per_set": args.prompts,
             "repeats": args.repeats,
+            "fresh_links": args.fresh_links,
+            "settle_s": args.settle_s,
             "quick": args.quick,
             "load_average": os.getloadavg()[0],
             "wall_s": round(time.monotonic() - started, 1),

@@ -2,7 +2,9 @@
 
 config.py     ServerConfig (frozen, units in field names)
 app.py        aiohttp app factory, thin handlers (/info, /health), error middleware
-stream.py     GET /v1/stream: a node's end of a circuit's links, downstream links to next hops
+stream.py     GET /v1/stream: a node's end of a circuit's links, sessions attached downstream
+link_pool.py  links to next hops: one multiplexed link each, dialled ahead, bounded, replaced
+warm_targets.py  which next hops the pool dials ahead (the next shard's replicas)
 next_hops.py  which next hops an `open` may make this node dial (none, list, committee, any)
 state.py      what a serving node holds (NodeState), the app keys
 sessions.py   per-session KV caches keyed by capability tag: open, advance, evict, fair shares

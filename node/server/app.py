@@ -132,6 +132,8 @@ async def info(request: web.Request) -> web.Response:
             "prefix_cache": None if state.prefix is None else state.prefix.summary(),
             # the route keys of prompt prefixes it holds (protocol/prefix_routes.py)
             "prefix_routes": None if state.prefix is None else state.prefix.routes(),
+            # links to next hops (node/server/link_pool.py): open now, and handshakes so far
+            "links": state.links.info() if state.links is not None else None,
             "max_batch": config.max_batch,
             "max_queued": config.max_queued,
             "uptime_s": round(uptime, 1),

@@ -378,6 +378,20 @@ class ForwardCommittee:
         keys = self._view.get(hop.url, {}).get(hop.shard)
         return keys is not None and (hop.key is None or hop.key in keys)
 
+    async def next_shard_hops(self) -> list[tuple[str, str]]:
+        """(URL, node key) of every node the view lists for the next shard whose address this
+        policy dials, in a fixed order (the warm targets of node/server/link_pool.py);
+        refreshed first when the view is older than `max_age_s`."""
+        if self._view is None or self.clock() - self._fetched_s > self.max_age_s:
+            await self._refresh(older_than_s=self.miss_refresh_s)
+        shard = self.own_shard + 1
+        return sorted(
+            (url, key)
+            for url, by_shard in (self._view or {}).items()
+            if address_refusal(url, self.public_only, self.private_ranges) is None
+            for key in by_shard.get(shard, ())
+        )
+
     async def check(self, hop: NextHop) -> None:
         _check_order(self.own_shard, hop)
         refusal = address_refusal(hop.url, self.public_only, self.private_ranges)

@@ -47,7 +47,7 @@ class NodeState:
     routes_by_feed: dict[str, Any] = field(default_factory=dict)  # feed tag -> Route
     # attaches that arrived before the client's open of this hop: feed tag -> their futures
     feed_waiters: dict[str, list[Any]] = field(default_factory=dict)
-    links: Any = None  # DownLinks, created with the app's client session
+    links: Any = None  # LinkPool (link_pool.py), created with the app's client session
     next_hops: Any = None  # NextHopPolicy (node/server/next_hops.py): asked before any dial
     streams: set[Any] = field(default_factory=set)  # accepted WebSockets (closed on shutdown)
     stream_bytes_in: int = 0  # WebSocket bytes received on streams (framing included)

@@ -2,9 +2,10 @@
 client.
 
 One WebSocket per link. A client opens a session on its own link to every hop (with that hop's
-capability); a hop that is not the last dials the next hop once (`DownLinks`, one persistent
-connection per next URL and node key, shared by all sessions) and attaches the session there with
-the feed token. An https:// next hop is dialled over TLS pinned to the node key the open names
+capability); a hop that is not the last attaches the session with the feed token over its link
+to the next hop (node/server/link_pool.py: one persistent link per next URL and node key, shared
+by all sessions, dialled ahead for the next shard's replicas so an open pays no handshake). An
+https:// next hop is dialled over TLS pinned to the node key the open names
 (node/links.py): a peer that does not prove it is refused as `node_key_mismatch`; an http:// one
 only on loopback or in local mode (`--plaintext-links`), else `plaintext_link`. Each frame is one
 work item for the batcher (decode steps of sessions arriving together run as one batched forward);
@@ -18,10 +19,9 @@ from a next hop fails the dial, its Location is never contacted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -29,13 +29,14 @@ import numpy as np
 from aiohttp import web
 
 from node.dial import refuse_redirects
-from node.links import link_ssl, refusal
 from node.server.config import ServerConfig
+from node.server.link_pool import ATTACH_TIMEOUT_S, DownLink, LinkLostError, LinkPool, ws_dialer
 from node.server.next_hops import PublicResolver, build_policy
 from node.server.payments import Account
 from node.server.peers import peer_key
 from node.server.sessions import PeerQuotaError, Session, short_tag
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
+from node.server.warm_targets import warm_targets
 from protocol.errors import BusyError, PlanetError, ProtocolError, RemoteError, UnavailableError
 from protocol.frames.codecs import decode_values, encode_body
 from protocol.frames.errors import (
@@ -57,6 +58,7 @@ from protocol.stream import (
     Control,
     CreditNotTakenError,
     DownstreamError,
+    NextHop,
     PaymentRequiredError,
     UnknownStreamError,
     error_message,
@@ -67,7 +69,6 @@ from protocol.threshold_mint import PeriodAnswerError
 
 log = logging.getLogger(__name__)
 
-ATTACH_TIMEOUT_S = 10.0
 # A client sends its opens to every hop at once, so an upstream hop's attach may arrive before
 # the client's open of this hop: it waits this long for it (less than ATTACH_TIMEOUT_S, so the
 # upstream hop hears the refusal), at most MAX_ATTACH_WAITS of them per link.
@@ -77,144 +78,6 @@ MAX_ATTACH_WAITS = 64
 # handled at once (a stranger's flood is refused as for an unknown session, not buffered)
 MAX_HELD_BYTES = 64 * 1024**2
 _FROM_PEERS = frozenset({"open", "close", "attach", "pay"})
-_TO_UPSTREAM = frozenset({"attached", "error", "closed"})
-
-
-# ------------------------------------------------------------------------------ downstream
-class DownLink:
-    """This node's persistent WebSocket to one next hop (shared by every session routed there)."""
-
-    def __init__(self, url: str, ws: aiohttp.ClientWebSocketResponse, state: NodeState) -> None:
-        self.url = url
-        self.ws = ws
-        self.state = state
-        self._next_sid = 1
-        self._pending: dict[int, asyncio.Future[None]] = {}
-        self._reader = asyncio.create_task(self._read())
-
-    @property
-    def closed(self) -> bool:
-        return self.ws.closed or self._reader.done()
-
-    async def _read(self) -> None:
-        async for message in self.ws:
-            if message.type != aiohttp.WSMsgType.TEXT:
-                continue  # nothing but control comes back upstream
-            try:
-                control = parse_control(message.data, _TO_UPSTREAM)
-            except FrameError:
-                continue
-            future = self._pending.pop(control.sid, None)
-            if future is None or future.done():
-                continue
-            if control.op == "error":
-                future.set_exception(
-                    DownstreamError(
-                        f"next hop {self.url} refused: {control.code}: {control.message}"
-                    )
-                )
-            else:
-                future.set_result(None)
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(DownstreamError(f"link to next hop {self.url} closed"))
-
-    async def attach(self, feed: str) -> tuple[int, asyncio.Future[None]]:
-        """Send an attach; returns its sid at once (frames for it may follow on this link: the
-        next hop holds them until the attach settles) and the future of the next hop's answer
-        (`wait_attached`)."""
-        sid = self._next_sid
-        self._next_sid += 1
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending[sid] = future
-        try:
-            await self.send_json({"op": "attach", "sid": sid, "feed": feed})
-        except DownstreamError:
-            self._pending.pop(sid, None)
-            raise
-        return sid, future
-
-    async def wait_attached(self, sid: int, future: asyncio.Future[None]) -> None:
-        try:
-            async with asyncio.timeout(ATTACH_TIMEOUT_S):
-                await future
-        except TimeoutError:
-            raise DownstreamError(f"next hop {self.url} did not answer the attach") from None
-        finally:
-            self._pending.pop(sid, None)
-
-    async def send_json(self, body: dict[str, Any]) -> None:
-        try:
-            await self.ws.send_json(body)
-        except (ConnectionError, RuntimeError) as error:
-            raise DownstreamError(f"link to next hop {self.url} failed: {error}") from None
-
-    async def send_bytes(self, data: bytes) -> None:
-        try:
-            await self.ws.send_bytes(data)
-        except (ConnectionError, RuntimeError) as error:
-            raise DownstreamError(f"link to next hop {self.url} failed: {error}") from None
-        sent = ws_frame_bytes(len(data), masked=True)
-        self.state.stream_bytes_out += sent
-        self.state.stream_bytes_forwarded += sent
-
-    async def close(self) -> None:
-        await self.ws.close()
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
-
-
-class DownLinks:
-    """One DownLink per next hop (URL and pinned node key), dialled on first use, redialled if
-    it dropped. `plaintext_ok`: local mode, http:// next hops off loopback too."""
-
-    def __init__(
-        self,
-        http: aiohttp.ClientSession,
-        state: NodeState,
-        max_msg_bytes: int,
-        *,
-        plaintext_ok: bool = False,
-    ) -> None:
-        self.http = http
-        self.state = state
-        self.max_msg_bytes = max_msg_bytes
-        self.plaintext_ok = plaintext_ok
-        self._links: dict[tuple[str, str | None], DownLink] = {}
-        self._dialling: dict[tuple[str, str | None], asyncio.Lock] = {}
-
-    async def get(self, url: str, key: str | None = None) -> DownLink:
-        ident = (url, key)
-        link = self._links.get(ident)
-        if link is not None and not link.closed:
-            return link
-        async with self._dialling.setdefault(ident, asyncio.Lock()):
-            link = self._links.get(ident)
-            if link is not None and not link.closed:
-                return link
-            pin = link_ssl(url, key, plaintext_ok=self.plaintext_ok)
-            try:
-                async with asyncio.timeout(ATTACH_TIMEOUT_S):
-                    ws = await self.http.ws_connect(
-                        f"{url}/v1/stream", max_msg_size=self.max_msg_bytes, autoping=True, ssl=pin
-                    )
-            except (aiohttp.ClientError, OSError, TimeoutError) as error:
-                named = refusal(error, url)
-                if named is not None:
-                    log.warning("next hop refused: %s", named.message)
-                    raise named from None
-                raise DownstreamError(
-                    f"cannot reach next hop {url}: {type(error).__name__}"
-                ) from None
-            link = DownLink(url, ws, self.state)
-            self._links[ident] = link
-            return link
-
-    async def close(self) -> None:
-        for link in list(self._links.values()):
-            await link.close()
-        self._links.clear()
 
 
 # ------------------------------------------------------------------------------ sessions
@@ -231,6 +94,11 @@ class Route:
     down_sid: int = 0
     # set once the attach to the next hop is sent (down, down_sid known) or failed (down None)
     down_sent: asyncio.Event = field(default_factory=asyncio.Event)
+    # held while a frame goes down, or while the attach goes again on a fresh link
+    send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # frames sent down before the next hop confirmed the attach (sent again if the link dies
+    # first: `_attach_down`); None once confirmed
+    unconfirmed: list[tuple[FrameHeader, bytes]] | None = field(default_factory=list)
     frames: int = 0  # frames of this session queued or computing here
     account: Account = field(default_factory=Account)  # credits paid, positions used (paid work)
 
@@ -354,11 +222,7 @@ async def _open_settling(state: NodeState, link: _Link, control: Control) -> Non
         route.forwards = True
         _release(state, link, control.sid)  # frames compute now; outputs wait for `down_sent`
         try:
-            down = await state.links.get(control.next.url, control.next.key)
-            route.down_sid, answer = await down.attach(control.next.feed)
-            route.down = down
-            route.down_sent.set()
-            await down.wait_attached(route.down_sid, answer)
+            await _attach_down(state, route, control.next)
         except FrameError:  # unreachable, refused, or not the node key the open names
             route.down = None
             route.down_sent.set()
@@ -384,6 +248,48 @@ async def _open_settling(state: NodeState, link: _Link, control: Control) -> Non
     route.account.opened = True  # its credits are kept from here on, whatever happens
     route.account.taken.clear()
     await _send(state, link.ws, {"op": "opened", "sid": control.sid})
+
+
+async def _attach_down(state: NodeState, route: Route, hop: NextHop) -> None:
+    """Attach `route` to its next hop over the pooled link (node/server/link_pool.py). Frames
+    may go down behind the attach at once; if the link dies before the next hop confirmed it
+    (a pooled link gone stale, LinkLostError), the attach and those frames go again, once, on a
+    fresh link, so the question does not fail. A refusal or a failed dial fails the open."""
+    for attempt in (1, 2):
+        try:
+            async with route.send_lock:
+                down = await state.links.get(hop.url, hop.key)
+                sid, answer = await down.attach(hop.feed)
+                route.down, route.down_sid = down, sid
+                for header, body in route.unconfirmed or ():
+                    await down.send_bytes(pack_frame(replace(header, sid=sid), body))
+                route.down_sent.set()
+            await down.wait_attached(sid, answer)
+        except LinkLostError as error:
+            if attempt == 2:
+                raise
+            state.links.stats.reattached += 1
+            log.info("next-hop link lost during an open; attaching again: %s", error.message)
+            continue
+        route.unconfirmed = None
+        return
+
+
+async def _forward(route: Route, header: FrameHeader, body: bytes) -> None:
+    """Send one output frame to the next hop (under the session's sid there). Before the
+    attach is confirmed the frame is kept, and a link lost under it is not this frame's
+    failure: `_attach_down` sends it again on the fresh link."""
+    async with route.send_lock:
+        if route.down is None:
+            return  # the attach failed: the open refused the session by name
+        kept = route.unconfirmed
+        if kept is not None:
+            kept.append((header, body))
+        try:
+            await route.down.send_bytes(pack_frame(replace(header, sid=route.down_sid), body))
+        except LinkLostError:
+            if kept is None:
+                raise
 
 
 async def _attach(state: NodeState, link: _Link, control: Control) -> None:
@@ -610,10 +516,8 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
                             await route.down_sent.wait()
                     except TimeoutError:
                         raise DownstreamError("the next hop was not dialled in time") from None
-                if route.down is None:
-                    return  # the attach failed: the open refused the session by name
                 out_header = FrameHeader(
-                    route.down_sid,
+                    0,  # the sid on the link to the next hop: `_forward` sets it
                     start,
                     count,
                     header.dtype,
@@ -621,7 +525,7 @@ async def _compute(state: NodeState, route: Route, header: FrameHeader, body: me
                     header.last_only,
                     header.rewind,
                 )
-                await route.down.send_bytes(pack_frame(out_header, encoded))
+                await _forward(route, out_header, encoded)
     except (FrameError, BusyError, ComputeError) as error:
         await _refuse(state, route.reply, route.reply_sid, error)
 
@@ -706,6 +610,11 @@ def _next_hop_policy(config: ServerConfig, state: NodeState, http: aiohttp.Clien
     return policy
 
 
+def _count_forwarded(state: NodeState, sent: int) -> None:
+    state.stream_bytes_out += sent
+    state.stream_bytes_forwarded += sent
+
+
 async def close_links(app: web.Application) -> AsyncIterator[None]:
     """cleanup_ctx: the node's client session for downstream links, and the next-hop policy
     asked before any of them is dialled."""
@@ -718,10 +627,20 @@ async def close_links(app: web.Application) -> AsyncIterator[None]:
     http = aiohttp.ClientSession(
         skip_auto_headers=("User-Agent",), connector=connector, middlewares=(refuse_redirects,)
     )
-    state.links = DownLinks(
-        http, state, config.max_request_bytes, plaintext_ok=config.plaintext_links
-    )
     state.next_hops = _next_hop_policy(config, state, http)
+    state.links = LinkPool(
+        ws_dialer(http, config.max_request_bytes, plaintext_ok=config.plaintext_links),
+        lambda sent: _count_forwarded(state, sent),
+        targets=warm_targets(
+            state.next_hops,
+            http,
+            state.backend.model_hash,
+            plaintext_ok=config.plaintext_links,
+        ),
+        idle_s=config.idle_timeout_s,
+        plaintext_ok=config.plaintext_links,
+    )
+    state.links.start()
     yield
     await state.links.close()
     await http.close()

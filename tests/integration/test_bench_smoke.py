@@ -34,7 +34,7 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "codec": (),
     "credits": (),
     "credit_wallet": (),  # real files and fsyncs, ~1 s
-    "decode": (SLOW,),  # loads 4 × 3 SmolLM2 shards in process, no ports
+    "decode": (SLOW,),  # loads 5 × 3 SmolLM2 shards in process, no ports
     "committee": (SLOW,),
     "concurrency": (SLOW, E2E_LANE),
     "epoch": (),

@@ -9,7 +9,12 @@
   both directions of every link (client → A, client → B, A → B, B → client), and reads them as
   anyone on the path would (WebSocket frames unmasked); over TLS it finds no HTTP, control
   JSON, capabilities or prompt embedding rows, while the same relay in front of the plaintext
-  circuit finds all four (so the check can fail).
+  circuit finds all four (so the check can fail);
+- links to next hops are warm (node/server/link_pool.py): a plaintext first node has its link
+  to the next shard's node open before any question; the TLS first node's link to B (through a
+  relay) serves a second question with no new handshake (its /info `links.dialled` unchanged),
+  and when the relay kills that link underneath, the node dials it again by itself and the next
+  question gets the same tokens.
 """
 
 from __future__ import annotations
@@ -69,6 +74,12 @@ class Relay:
         for writer in self._writers:  # the pipes read EOF and end
             writer.close()
         await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    def drop(self) -> None:
+        """Kill every connection through the relay now (it keeps accepting new ones)."""
+        for writer in self._writers:
+            writer.transport.abort()
+        self._writers.clear()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
@@ -180,13 +191,15 @@ def _hops(nodes: list[NodeProcess], ports: list[int] | None = None) -> list[Hop]
     return out
 
 
-async def _generate(head: ClientHead, hops: list[Hop], manifest: Path) -> list[int]:
+async def _generate(
+    head: ClientHead, hops: list[Hop], manifest: Path, new_tokens: int = NEW_TOKENS
+) -> list[int]:
     m = Manifest.load(manifest)
     async with aiohttp.ClientSession() as http:
         await check_circuit(http, hops, m.model_hash, m.total_layers)
         async with CircuitClient(hops, hidden_size=m.hidden_size) as client:
             ids = head.chat_ids(QUESTION)
-            return [t async for t in client.generate(head, ids, max_new_tokens=NEW_TOKENS)]
+            return [t async for t in client.generate(head, ids, max_new_tokens=new_tokens)]
 
 
 def test_tls_circuit_gives_the_plaintext_circuits_greedy_tokens(net, head, manifest) -> None:
@@ -277,3 +290,54 @@ def test_wire_bytes_show_no_control_json_capabilities_or_activations_over_tls(
         "capabilities": False,
         "embeddings": False,
     }
+
+
+async def _links(node: NodeProcess) -> dict[str, int]:
+    """The node's next-hop link counters (/info `links`), over its pinned link."""
+    pin = link_ssl(node.url, node.key, plaintext_ok=False)
+    async with aiohttp.ClientSession() as http, http.get(f"{node.url}/info", ssl=pin) as answer:
+        return (await answer.json())["links"]
+
+
+async def _until(node: NodeProcess, ok: Any, timeout_s: float = 20.0) -> dict[str, int]:
+    """The node's link counters once `ok(counters)` holds (AssertionError after timeout_s)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        links = await _links(node)
+        if ok(links):
+            return links
+        assert asyncio.get_running_loop().time() < deadline, links
+        await asyncio.sleep(0.1)
+
+
+def test_next_hop_links_are_warm_shared_and_replaced_when_killed(net, head, manifest) -> None:
+    async def run() -> None:
+        # plaintext: A's link to B (its --next-hops node of shard 1, by /info) opens by itself
+        plain = _hops(net["plain"])
+        a = net["plain"][0]
+        warm = await _until(a, lambda k: k["warm_targets"] >= 1 and k["open"] >= 1)
+        first = await _generate(head, plain, manifest, new_tokens=4)
+        assert len(first) == 4
+        assert (await _links(a))["dialled"] == warm["dialled"]  # the question dialled nothing
+
+        # TLS, B reached through a relay: a second question pays no TLS handshake at A
+        b, a = net["tls"][1], net["tls"][0]
+        relay = Relay(net["relays"][1], b.port)
+        await relay.start()
+        try:
+            hops = _hops(net["tls"], [a.port, net["relays"][1]])
+            before = (await _links(a))["dialled"]
+            tokens = await _generate(head, hops, manifest, new_tokens=4)
+            dialled = (await _links(a))["dialled"]
+            assert dialled == before + 1  # A dialled B (through the relay) once
+            assert await _generate(head, hops, manifest, new_tokens=4) == tokens
+            assert (await _links(a))["dialled"] == dialled  # no new handshake
+            relay.drop()  # A's pinned link to B dies underneath
+            # A dials it again by itself, before any question
+            await _until(a, lambda k: k["dialled"] == dialled + 1 and k["open"] >= 1)
+            assert await _generate(head, hops, manifest, new_tokens=4) == tokens
+            assert (await _links(a))["dialled"] == dialled + 1
+        finally:
+            await relay.close()
+
+    asyncio.run(run())

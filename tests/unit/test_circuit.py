@@ -6,6 +6,7 @@ returns every position; the gateway's pool shares, redials and reaps clients."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,42 @@ async def test_circuit_pool_shares_one_client_per_circuit_reconnects_and_reaps(
         finally:
             await pool.close()
         assert not third.alive and len(pool) == 0
+
+
+async def test_circuit_next_hop_link_lost_during_an_open_is_replaced_and_exact(
+    aiohttp_server, tiny
+):
+    """Node A's pooled link to B is shared by questions (one dial for two); when it dies right
+    after A sent a session's attach on it (before B's `attached` came back, A's frames behind
+    it), A attaches again on a fresh link and sends those frames again: the question gets the
+    exact tokens and nothing fails."""
+    root, model = tiny
+    manifest = prepare(root / "src", parts=2, out=root / "lost2", progress=lambda _: None)
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode(PROMPT)
+    servers, hops = await _circuit(aiohttp_server, manifest, 2)
+    a = servers[0].app[STATE_KEY]
+    async with CircuitClient(hops, hidden_size=64, prefill_chunk=5) as client:
+
+        async def ask() -> list[int]:
+            gen = client.generate(head, ids, max_new_tokens=STEPS, stop_on_eos=False)
+            return [t async for t in gen]
+
+        assert await ask() == _expected(model, ids)
+        assert await ask() == _expected(model, ids)
+        assert a.links.stats.dialled == 1  # the second question opened no new link
+        link = a.links.link(hops[1].url)
+        assert link is not None
+        attach = link.attach
+
+        async def attach_then_die(feed: str) -> Any:
+            sent = await attach(feed)
+            link.ws.get_extra_info("socket").shutdown(socket.SHUT_RDWR)  # killed underneath
+            return sent
+
+        link.attach = attach_then_die  # type: ignore[method-assign]
+        assert await ask() == _expected(model, ids)
+    assert a.links.stats.reattached == 1 and a.links.stats.dialled == 2
 
 
 async def test_circuit_compressed_codec_carries_fewer_bytes(aiohttp_server, tiny):
