@@ -41,8 +41,7 @@ class Code(IntEnum):
     SEED_NOT_CLOSED = 27  # seed_reveal before that epoch closed
     SEED_MISMATCH = 28  # the revealed seed does not open the commitment
     # settlement (abci_app/settlement.py); numbered from 30 to leave 24-29 to other tx types
-    UNKNOWN_GATEWAY = 30  # work_report by a key neither in genesis gateways nor bound; a work
-    # item from a key not in genesis gateways (served counts are taken from those only)
+    UNKNOWN_GATEWAY = 30  # work_report by a key not bound by a gateway tx
     # 31: UNBACKED_CONTRIBUTION of the retired contribution tx (never reuse)
     DUPLICATE_QUERY = 32  # a query id already reported with another fee (same fee: no-op)
     NO_STATEMENT = 33  # payout_vote for an epoch without a stored statement
