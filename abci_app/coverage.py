@@ -18,18 +18,21 @@ nothing another party reports (a gateway's served counts included) decides anyth
    shard in the block's epoch, at least 1: a credit buys at least one position). A session's
    last credit is paid ahead and may be used in part, so each session begun (a committed
    step 0) adds p − 1 positions of slack to the covered side (`slack`, at the price of the
-   commit's epoch). When an epoch e closes, every (node, shard) whose committed positions plus
-   slack are below `COVER_MIN_PPM` of what credits had bought there by the close of epoch
-   e − `commit_grace_epochs` is flagged `uncommitted` (`uncommitted_since` = the first such
-   epoch); `/node` and `/nodes` then answer `uncommitted: true, routable: false`, so gateways
-   and next hops stop routing to it. The flag clears at the first close where the commitments
-   cover the bought positions again. An honest node commits every position it serves within
-   seconds and locks only the credits of sessions it serves, so committed + slack ≥ bought
-   always (ceil(s / p) · p ≤ s + p − 1 per session); half is a wide margin, and the grace
-   window absorbs the lag of sessions sealed late. A node that sells positions it does not
-   commit (to keep its work out of spot checks) is flagged; it cannot redeem those credits
-   either (rule 1). Nobody but the node can move either count: a stranger can neither flag an
-   honest node nor clear a flag.
+   commit's epoch). When an epoch e closes, with g = `commit_grace_epochs` and a window of
+   W = g + 1 epochs: every (node, shard) whose committed positions plus slack of epochs
+   e − g − W + 1 .. e are below `COVER_MIN_PPM` of the positions credits bought there in
+   epochs e − g − W + 1 .. e − g is flagged `uncommitted` (`uncommitted_since` = the first
+   such epoch); `/node` and `/nodes` then answer `uncommitted: true, routable: false`, so
+   gateways and next hops stop routing to it. The flag clears at the first close where the
+   window is covered again: a node that stopped selling uncommitted positions (or sold
+   nothing since) is routable again W + g epochs later, so a burst of failed sessions — or a
+   client paying for sessions it then breaks, at its own cost — never shuts a node out for
+   good. An honest node commits every position it serves within seconds and locks only the
+   credits of sessions it serves, so committed + slack ≥ bought (ceil(s / p) · p ≤ s + p − 1
+   per session); half is a wide margin, and the grace epochs absorb the lag of sessions sealed
+   late. A node that sells positions it does not commit (to keep its work out of spot checks)
+   is flagged while it does; it cannot redeem those credits either (rule 1). Nobody but the
+   node moves either count: a stranger can neither flag an honest node nor clear a flag.
 3. **Checks scale with the work, not with what the node chooses to commit.** The number of
    records a node committed in an epoch (`blocks_in`) sets its spot-check floor
    (protocol/spotcheck.py `node_rate_ppm`): a node that commits only a little is checked on a
@@ -41,8 +44,9 @@ tx may report them, so they are a gateway's word, not evidence.
 
 State: `cover/<node>/<shard:05d>` = {committed (positions, cumulative), bought (positions,
 cumulative), slack (positions, cumulative), reported (tokens, cumulative, informational),
-marks [[epoch, bought at that epoch's close]] (the last grace + 1 closes), recent [[epoch,
-records, consumed positions, sessions begun]] (epochs still redeemable or selectable),
+marks [[epoch, bought, committed + slack at that epoch's close]] (the window's closes),
+recent [[epoch, records, consumed positions, sessions begun]] (epochs still redeemable or
+selectable),
 uncommitted_since (epoch or null)}. Entries of nodes that are no longer registered, or have
 LEFT, are deleted at the next close. Queries: `/coverage?node=` (per shard, creditable
 positions, blocks per recent epoch, the flag) and `/coverage` (the flagged nodes).
@@ -228,24 +232,39 @@ def _consume(
 # --- epoch close ---------------------------------------------------------------------------------
 
 
+def _at(marks: list[list[int]], epoch: int, column: int) -> int:
+    """A count at the close of `epoch`: the latest mark at or before it (0 before the first:
+    the entry did not exist yet)."""
+    return max((m[column] for m in marks if m[0] <= epoch and len(m) > column), default=0)
+
+
 def close(state: State, epoch: int) -> None:
-    """EndBlock of epoch `epoch`'s last height: mark what credits bought, (un)flag uncovered
-    nodes (rule 2)."""
+    """EndBlock of epoch `epoch`'s last height: mark what credits bought and what was covered,
+    (un)flag uncovered nodes (rule 2, over the window of `window_epochs`)."""
     grace = state.genesis.commit_grace_epochs
+    window = window_epochs(state)
+    start = epoch - grace - window  # the window's sales are those of epochs start+1 .. e-grace
     for key, record in state.items(schema.COVERAGE):
         node = state.get(schema.NODE, key.split("/", 1)[0])
         if node is None or node["status"] == schema.LEFT:  # gone for good: nothing to judge
             state.delete(schema.COVERAGE, key)
             continue
         record = {**_empty(), **record}
-        marks = [*record["marks"], [epoch, record["bought"]]][-(grace + 1) :]
-        old = max((m[1] for m in marks if m[0] <= epoch - grace), default=0)
         covered = record["committed"] + record["slack"]
-        uncovered = covered * 1_000_000 < old * COVER_MIN_PPM
+        marks = [*record["marks"], [epoch, record["bought"], covered]]
+        marks = [m for m in marks if m[0] >= start]
+        sold = _at(marks, epoch - grace, 1) - _at(marks, start, 1)
+        committed = covered - _at(marks, start, 2)
+        uncovered = committed * 1_000_000 < sold * COVER_MIN_PPM
         since = record["uncommitted_since"]
         updated = _trim(state, {**record, "marks": marks}, epoch + 1)
         updated["uncommitted_since"] = (since or epoch) if uncovered else None
         state.put(schema.COVERAGE, key, updated)
+
+
+def window_epochs(state: State) -> int:
+    """Epochs of sales one close judges: grace + 1 (module docstring, rule 2)."""
+    return state.genesis.commit_grace_epochs + 1
 
 
 # --- readers (tx rules and queries) --------------------------------------------------------------

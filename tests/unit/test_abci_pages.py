@@ -222,12 +222,14 @@ def test_evidence_and_flagged_coverage_page_with_a_cursor() -> None:
         RevealBatch,
         RevealRecord,
     )
-    from tests.unit.test_abci_coverage import close_epochs, routable_node, sold
+    from tests.unit.test_abci_coverage import routable_node, sold
 
     chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
     silent = [routable_node(chain, f"silent-{i}", shard=i) for i in range(3)]
     for i in range(3):  # each sold 200 positions it never commits
         sold(chain, seeded_key(f"silent-{i}"), i, 2, 100)
+    length = chain.state.genesis.epoch_length
+    sold_by = (chain.state.height - 1) // length + 1  # the epoch of the last sale
     session = "0x" + "01" * 32
     cheat = seeded_key("silent-0")
     records = tuple(CommitmentRecord(session, s, 0, "0x" + f"{s:064x}") for s in (1, 2, 3))
@@ -242,7 +244,7 @@ def test_evidence_and_flagged_coverage_page_with_a_cursor() -> None:
     assert [len(p) for p in listed] == [1, 1, 1]
     assert [p[0] for p in listed] == whole["evidence"]
     assert pages(chain, "/evidence", "evidence", node=hexkey(cheat)) == listed
-    close_epochs(chain, 3)  # past the grace window: every silent node flagged
+    chain.advance_to((sold_by + 1) * length)  # past the grace epoch: every silent node flagged
     flagged = ask(chain, "/coverage")
     assert sorted(flagged["uncommitted"]) == sorted(silent) and flagged["next"] is None
     listed = pages(chain, "/coverage", "uncommitted")
