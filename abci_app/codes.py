@@ -61,8 +61,7 @@ class Code(IntEnum):
     VERIFIER_BENCHED = 54  # the validator's verifier is benched for a false accusation
     # more charge-item refusals (abci_app/settlement.py)
     CHARGE_OVER_CAP = 60  # a total above the authorization's cap
-    WRONG_GATEWAY = 61  # a charge names another gateway than the key's bound one, or the escrow;
-    # a query from a key with no bound address (its fee would have no payee)
+    WRONG_GATEWAY = 61  # a charge names another gateway than the key's bound one, or the escrow
     # gateway bindings (abci_app/gateway_bindings.py)
     GATEWAY_BINDING_INVALID = 62  # the address's signature does not recover to it (or no domain)
     GATEWAY_BINDING_REPLAYED = 63  # a nonce not above the address's last binding nonce
