@@ -13,26 +13,27 @@ nothing another party reports (a gateway's served counts included) decides anyth
    epoch first (`take_positions`; `UNCOMMITTED_REDEMPTION` when nothing is left; each record
    stands for 32 positions, a session's last, partial block too: an upper bound). Credit-paid
    work is committed, and so selectable for spot checks, or it is not paid.
-2. **No commitment, no routing.** A `credit_lock` of n new credits on a shard adds n × p
-   positions to what credits bought there (`bought`; p = the node's registered price on the
-   shard in the block's epoch, at least 1: a credit buys at least one position). A session's
-   last credit is paid ahead and may be used in part, so each session begun (a committed
-   step 0) adds p − 1 positions of slack to the covered side (`slack`, at the price of the
-   commit's epoch). When an epoch e closes, with g = `commit_grace_epochs` and a window of
-   W = g + 1 epochs: every (node, shard) whose committed positions plus slack of epochs
-   e − g − W + 1 .. e are below `COVER_MIN_PPM` of the positions credits bought there in
-   epochs e − g − W + 1 .. e − g is flagged `uncommitted` (`uncommitted_since` = the first
-   such epoch); `/node` and `/nodes` then answer `uncommitted: true, routable: false`, so
-   gateways and next hops stop routing to it. The flag clears at the first close where the
-   window is covered again: a node that stopped selling uncommitted positions (or sold
-   nothing since) is routable again W + g epochs later, so a burst of failed sessions — or a
-   client paying for sessions it then breaks, at its own cost — never shuts a node out for
-   good. An honest node commits every position it serves within seconds and locks only the
-   credits of sessions it serves, so committed + slack ≥ bought (ceil(s / p) · p ≤ s + p − 1
-   per session); half is a wide margin, and the grace epochs absorb the lag of sessions sealed
-   late. A node that sells positions it does not commit (to keep its work out of spot checks)
-   is flagged while it does; it cannot redeem those credits either (rule 1). Nobody but the
-   node moves either count: a stranger can neither flag an honest node nor clear a flag.
+2. **No commitment, no routing.** A `credit_lock` of n new credits on a shard adds n × p positions
+   to what credits bought there (`bought`; p = the node's registered price on the shard in the
+   block's epoch, at least 1: a credit buys at least one position). A session's last credit is paid
+   ahead and may be used in part, so each session begun (a committed step 0) adds p − 1 positions of
+   slack to the covered side (`slack`, at the price of the commit's epoch). When an epoch e closes,
+   with g = `commit_grace_epochs` and a window of W = `WINDOW_FACTOR` · (g + 1) epochs (30 at the
+   default g = 2): every (node, shard) whose committed positions plus slack of epochs e − g − W + 1
+   .. e are below `COVER_MIN_PPM` of the positions credits bought there in epochs e − g − W + 1 .. e
+   − g is flagged `uncommitted` (`uncommitted_since` = the first such epoch); `/node` and `/nodes`
+   then answer `uncommitted: true, routable: false`, so gateways and next hops stop routing to it.
+   The flag clears at the first close where the window is covered again: a node that stopped selling
+   uncommitted positions (or sold nothing since) is routable again W + g epochs later, so a burst of
+   failed sessions — or a client paying for sessions it then breaks, at its own cost — never shuts a
+   node out for good, while a node that keeps selling uncommitted positions is routed again only for
+   the g epochs it takes to flag its next sales, once per W + g. An honest node commits every
+   position it serves within seconds and locks only the credits of sessions it serves, so committed
+   + slack ≥ bought (ceil(s / p) · p ≤ s + p − 1 per session); half is a wide margin, and the grace
+   epochs absorb the lag of sessions sealed late. A node that sells positions it does not commit (to
+   keep its work out of spot checks) is flagged while it does; it cannot redeem those credits either
+   (rule 1). Nobody but the node moves either count: a stranger can neither flag an honest node nor
+   clear a flag.
 3. **Checks scale with the work, not with what the node chooses to commit.** The number of
    records a node committed in an epoch (`blocks_in`) sets its spot-check floor
    (protocol/spotcheck.py `node_rate_ppm`): a node that commits only a little is checked on a
@@ -66,6 +67,11 @@ from protocol.fingerprint import BLOCK_POSITIONS
 COVER_MIN_PPM = 500_000  # committed positions (+ slack) must reach half of the bought ones
 REPORT_LAG = 2  # epochs after e during which e's spot checks are judged (spot_reports.py)
 MAX_COUNT = (1 << 63) - 1
+# the flag judges the sales of WINDOW_FACTOR · (grace + 1) epochs: long enough that a node that
+# keeps selling uncommitted positions is flagged most of the time (it is routed again only
+# after its last sales leave the window), short enough that a burst of unserved credits does
+# not shut an honest node out for good (it was routed nothing meanwhile, so it could not commit)
+WINDOW_FACTOR = 10
 
 
 def _empty() -> dict[str, Any]:
@@ -263,8 +269,9 @@ def close(state: State, epoch: int) -> None:
 
 
 def window_epochs(state: State) -> int:
-    """Epochs of sales one close judges: grace + 1 (module docstring, rule 2)."""
-    return state.genesis.commit_grace_epochs + 1
+    """Epochs of sales one close judges: WINDOW_FACTOR · (grace + 1) (module docstring, rule
+    2)."""
+    return WINDOW_FACTOR * (state.genesis.commit_grace_epochs + 1)
 
 
 # --- readers (tx rules and queries) --------------------------------------------------------------

@@ -177,23 +177,24 @@ def test_coverage_short_sessions_at_a_high_price_leave_an_honest_node_covered() 
 
 
 def test_coverage_a_flag_from_one_burst_of_sales_clears_once_the_window_has_passed() -> None:
-    """The flag judges the last W = grace + 1 epochs of sales, not the node's whole history: a
-    node flagged for one burst of credits it never served (failed sessions, or a client paying
-    for sessions it then breaks, at its own cost) is routable again W + grace epochs later with
-    no traffic at all, while a flagged node is routed nothing and could commit nothing."""
+    """The flag judges the last W epochs of sales, not the node's whole history: a node flagged
+    for one burst of credits it never served (failed sessions, or a client paying for sessions
+    it then breaks, at its own cost) is routable again W + grace epochs later with no traffic at
+    all, while a flagged node is routed nothing and could commit nothing."""
     chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
     node = routable_node(chain, "burst")
     key = seeded_key("burst")
     sold(chain, key, 0, 4, 64)  # 256 positions bought, nothing served
     length = chain.state.genesis.epoch_length
     sold_in = (chain.state.height - 1) // length + 1
-    assert chain.state.genesis.commit_grace_epochs + 1 == coverage.window_epochs(chain.state)
-    states = []
-    for close in range(sold_in, sold_in + 4):
+    window = coverage.window_epochs(chain.state)
+    assert window == coverage.WINDOW_FACTOR * 2
+    flagged = []
+    for close in range(sold_in, sold_in + window + 3):
         chain.advance_to(close * length)
-        states.append(ask(chain, f"/node?key={node}")["uncommitted"])
-    # judged at the closes of sold_in + 1 (grace) and sold_in + 2 (still in the window)
-    assert states == [False, True, True, False]
+        flagged.append(ask(chain, f"/node?key={node}")["uncommitted"])
+    # judged from the close of sold_in + grace until the sale leaves the window (W closes)
+    assert flagged == [False] + [True] * window + [False, False]
     assert ask(chain, f"/node?key={node}")["routable"] is True
 
 
