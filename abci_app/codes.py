@@ -41,8 +41,7 @@ class Code(IntEnum):
     SEED_NOT_CLOSED = 27  # seed_reveal before that epoch closed
     SEED_MISMATCH = 28  # the revealed seed does not open the commitment
     # settlement (abci_app/settlement.py); numbered from 30 to leave 24-29 to other tx types
-    UNKNOWN_GATEWAY = 30  # work_report by a key neither in genesis gateways nor bound; a work
-    # item from a key not in genesis gateways (served counts are taken from those only)
+    UNKNOWN_GATEWAY = 30  # work_report by a key not bound by a gateway tx
     # 31: UNBACKED_CONTRIBUTION of the retired contribution tx (never reuse)
     DUPLICATE_QUERY = 32  # a query id already reported with another fee (same fee: no-op)
     NO_STATEMENT = 33  # payout_vote for an epoch without a stored statement
@@ -62,8 +61,7 @@ class Code(IntEnum):
     VERIFIER_BENCHED = 54  # the validator's verifier is benched for a false accusation
     # more charge-item refusals (abci_app/settlement.py)
     CHARGE_OVER_CAP = 60  # a total above the authorization's cap
-    WRONG_GATEWAY = 61  # a charge names another gateway than the key's bound one, or the escrow;
-    # a query from a key with no bound address (its fee would have no payee)
+    WRONG_GATEWAY = 61  # a charge names another gateway than the key's bound one, or the escrow
     # gateway bindings (abci_app/gateway_bindings.py)
     GATEWAY_BINDING_INVALID = 62  # the address's signature does not recover to it (or no domain)
     GATEWAY_BINDING_REPLAYED = 63  # a nonce not above the address's last binding nonce

@@ -1,36 +1,56 @@
 """Commitment coverage: no commitment, no pay, no routing.
 
-A compute node commits one record per block of 32 positions it served (commitments.py). The
-gateways report, per node and shard, the tokens of the questions they served through it
-(settlement's `work_report`: a count for this module only, never a basis for pay). This module
-holds the two counts side by side and enforces three rules:
+A compute node commits one record per block of 32 positions it served (commitments.py), and
+locks on the committee the credits its clients paid it with before it serves them
+(`credit_lock`, credit_locks.py). This module holds the two side by side: what the node
+committed and what credits bought from it. Both counts come from txs the node signs itself;
+nothing another party reports (a gateway's served counts included) decides anything here
+(issue 45: no trusted list of gateways). Three rules:
 
 1. **No commitment, no pay.** A compute node is paid through the credits it redeems, and a
-   `redeem` of n credits on a shard consumes n committed positions of the same node and
-   shard, committed in the block's epoch or the `commit_grace_epochs` before it, oldest epoch
-   first (`take_positions`; `UNCOMMITTED_REDEMPTION` when fewer are left; each record stands
-   for 32 positions, a session's last, partial block too: an upper bound). Credit-paid work is
-   committed, and so selectable for spot checks, or it is not paid.
-2. **No commitment, no routing.** When an epoch e closes, every (node, shard) whose committed
-   positions are below `COVER_MIN_PPM` of the tokens gateways reported for it up to the close
-   of epoch e − `commit_grace_epochs` is flagged `uncommitted` (`uncommitted_since` = the
-   first such epoch); `/node` and `/nodes` then answer `uncommitted: true, routable: false`,
-   so gateways and next hops stop routing to it. The flag clears at the first close where the
-   commitments cover the reports again. Honest nodes commit ≥ (prompt + completion − 1) of
-   each question's prompt + completion tokens within seconds (their spool, then their agent),
-   so half is a wide margin; the grace window absorbs the lag of sessions sealed late.
+   `redeem` of n credits on a shard consumes n × price committed positions of the same node
+   and shard, committed in the block's epoch or the `commit_grace_epochs` before it, oldest
+   epoch first (`take_positions`; `UNCOMMITTED_REDEMPTION` when nothing is left; each record
+   stands for 32 positions, a session's last, partial block too: an upper bound). Credit-paid
+   work is committed, and so selectable for spot checks, or it is not paid.
+2. **No commitment, no routing.** A `credit_lock` of n new credits on a shard adds n × p positions
+   to what credits bought there (`bought`; p = the node's registered price on the shard in the
+   block's epoch, at least 1: a credit buys at least one position). A session's last credit is paid
+   ahead and may be used in part, so each session begun (a committed step 0) adds p − 1 positions of
+   slack to the covered side (`slack`, at the price of the commit's epoch). When an epoch e closes,
+   with g = `commit_grace_epochs` and a window of W = `WINDOW_FACTOR` · (g + 1) epochs (30 at the
+   default g = 2): every (node, shard) whose committed positions plus slack of epochs e − g − W + 1
+   .. e are below `COVER_MIN_PPM` of the positions credits bought there in epochs e − g − W + 1 .. e
+   − g is flagged `uncommitted` (`uncommitted_since` = the first such epoch); `/node` and `/nodes`
+   then answer `uncommitted: true, routable: false`, so gateways and next hops stop routing to it.
+   The flag clears at the first close where the window is covered again: a node that stopped selling
+   uncommitted positions (or sold nothing since) is routable again W + g epochs later, so a burst of
+   failed sessions — or a client paying for sessions it then breaks, at its own cost — never shuts a
+   node out for good, while a node that keeps selling uncommitted positions is routed again only for
+   the g epochs it takes to flag its next sales, once per W + g. An honest node commits every
+   position it serves within seconds and locks only the credits of sessions it serves, so committed
+   + slack ≥ bought (ceil(s / p) · p ≤ s + p − 1 per session); half is a wide margin, and the grace
+   epochs absorb the lag of sessions sealed late. A node that sells positions it does not commit (to
+   keep its work out of spot checks) is flagged while it does; it cannot redeem those credits either
+   (rule 1). Nobody but the node moves either count: a stranger can neither flag an honest node nor
+   clear a flag.
 3. **Checks scale with the work, not with what the node chooses to commit.** The number of
    records a node committed in an epoch (`blocks_in`) sets its spot-check floor
    (protocol/spotcheck.py `node_rate_ppm`): a node that commits only a little is checked on a
-   larger share of it, and one that commits less than half of what it served is flagged.
+   larger share of it, and one that commits less than half of what credits bought is flagged.
 
-State: `cover/<node>/<shard:05d>` = {committed (positions, cumulative), reported (tokens,
-cumulative), marks [[epoch, reported at that epoch's close]] (the last grace + 1 closes),
+Gateways' served counts (`work_report` work items, settlement.py) are kept as `reported`
+(tokens, cumulative) for operators to read, and decide nothing: any key bound by a `gateway`
+tx may report them, so they are a gateway's word, not evidence.
+
+State: `cover/<node>/<shard:05d>` = {committed (positions, cumulative), bought (positions,
+cumulative), slack (positions, cumulative), reported (tokens, cumulative, informational),
+marks [[epoch, bought, committed + slack at that epoch's close]] (the window's closes),
 recent [[epoch, records, consumed positions, sessions begun]] (epochs still redeemable or
 selectable),
 uncommitted_since (epoch or null)}. Entries of nodes that are no longer registered, or have
 LEFT, are deleted at the next close. Queries: `/coverage?node=` (per shard, creditable
-tokens, blocks per recent epoch, the flag) and `/coverage` (the flagged nodes).
+positions, blocks per recent epoch, the flag) and `/coverage` (the flagged nodes).
 """
 
 from __future__ import annotations
@@ -38,19 +58,32 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from abci_app import rules, schema
+from abci_app import prices, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol.committee.settlement import WorkReport
 from protocol.fingerprint import BLOCK_POSITIONS
 
-COVER_MIN_PPM = 500_000  # committed positions must reach half of the reported tokens
+COVER_MIN_PPM = 500_000  # committed positions (+ slack) must reach half of the bought ones
 REPORT_LAG = 2  # epochs after e during which e's spot checks are judged (spot_reports.py)
 MAX_COUNT = (1 << 63) - 1
+# the flag judges the sales of WINDOW_FACTOR · (grace + 1) epochs: long enough that a node that
+# keeps selling uncommitted positions is flagged most of the time (it is routed again only
+# after its last sales leave the window), short enough that a burst of unserved credits does
+# not shut an honest node out for good (it was routed nothing meanwhile, so it could not commit)
+WINDOW_FACTOR = 10
 
 
 def _empty() -> dict[str, Any]:
-    return {"committed": 0, "reported": 0, "marks": [], "recent": [], "uncommitted_since": None}
+    return {
+        "committed": 0,
+        "bought": 0,
+        "slack": 0,
+        "reported": 0,
+        "marks": [],
+        "recent": [],
+        "uncommitted_since": None,
+    }
 
 
 def _keep_from(state: State, epoch: int) -> int:
@@ -60,7 +93,14 @@ def _keep_from(state: State, epoch: int) -> int:
 
 def _load(state: State, node: str, shard: int) -> dict[str, Any]:
     record = state.get(schema.COVERAGE, schema.coverage_key(node, shard))
-    return dict(record) if record is not None else _empty()
+    return {**_empty(), **record} if record is not None else _empty()
+
+
+def unit_price(state: State, node: str, shard: int, epoch: int) -> int:
+    """Positions one credit buys from `node` on `shard` in `epoch`: its registered price, at
+    least 1 (unpriced or free: a credit still buys one position)."""
+    record = state.get(schema.PRICE, schema.price_key(node, shard))
+    return max(1, prices.price_at(record, epoch) or 0)
 
 
 def _row(record: dict[str, Any], epoch: int) -> list[int]:
@@ -100,12 +140,27 @@ def record_commits(
         begun = (sessions or {}).get(shard, 0)
         if begun:
             row[3] = min(MAX_COUNT, row[3] + begun)
+            slack = begun * (unit_price(state, node, shard, epoch) - 1)
+            record["slack"] = min(MAX_COUNT, record["slack"] + slack)
         record["committed"] = min(MAX_COUNT, record["committed"] + count * BLOCK_POSITIONS)
         state.put(schema.COVERAGE, schema.coverage_key(node, shard), record)
 
 
+def record_bought(state: State, node: str, shard: int, credits: int) -> None:
+    """`credit_lock` locked `credits` new credits of `node` on `shard`: they bought credits ×
+    price positions of it (rule 2)."""
+    if credits <= 0:
+        return
+    epoch = rules.epoch_of(state, state.block_height)
+    record = _load(state, node, shard)
+    positions = credits * unit_price(state, node, shard, epoch)
+    record["bought"] = min(MAX_COUNT, record["bought"] + positions)
+    state.put(schema.COVERAGE, schema.coverage_key(node, shard), record)
+
+
 def record_report(state: State, body: WorkReport) -> None:
-    """A gateway's `work_report` was accepted: count its tokens per registered compute node."""
+    """A bound gateway's `work_report` was accepted: add its tokens per registered compute node
+    to `reported` (informational: read by operators, decides nothing)."""
     for item in body.work:
         node = state.get(schema.NODE, item.node)
         if node is None or node["role"] != "compute":
@@ -183,21 +238,40 @@ def _consume(
 # --- epoch close ---------------------------------------------------------------------------------
 
 
+def _at(marks: list[list[int]], epoch: int, column: int) -> int:
+    """A count at the close of `epoch`: the latest mark at or before it (0 before the first:
+    the entry did not exist yet)."""
+    return max((m[column] for m in marks if m[0] <= epoch and len(m) > column), default=0)
+
+
 def close(state: State, epoch: int) -> None:
-    """EndBlock of epoch `epoch`'s last height: mark the reports, (un)flag uncovered nodes."""
+    """EndBlock of epoch `epoch`'s last height: mark what credits bought and what was covered,
+    (un)flag uncovered nodes (rule 2, over the window of `window_epochs`)."""
     grace = state.genesis.commit_grace_epochs
+    window = window_epochs(state)
+    start = epoch - grace - window  # the window's sales are those of epochs start+1 .. e-grace
     for key, record in state.items(schema.COVERAGE):
         node = state.get(schema.NODE, key.split("/", 1)[0])
         if node is None or node["status"] == schema.LEFT:  # gone for good: nothing to judge
             state.delete(schema.COVERAGE, key)
             continue
-        marks = [*record["marks"], [epoch, record["reported"]]][-(grace + 1) :]
-        old = max((m[1] for m in marks if m[0] <= epoch - grace), default=0)
-        uncovered = record["committed"] * 1_000_000 < old * COVER_MIN_PPM
+        record = {**_empty(), **record}
+        covered = record["committed"] + record["slack"]
+        marks = [*record["marks"], [epoch, record["bought"], covered]]
+        marks = [m for m in marks if m[0] >= start]
+        sold = _at(marks, epoch - grace, 1) - _at(marks, start, 1)
+        committed = covered - _at(marks, start, 2)
+        uncovered = committed * 1_000_000 < sold * COVER_MIN_PPM
         since = record["uncommitted_since"]
         updated = _trim(state, {**record, "marks": marks}, epoch + 1)
         updated["uncommitted_since"] = (since or epoch) if uncovered else None
         state.put(schema.COVERAGE, key, updated)
+
+
+def window_epochs(state: State) -> int:
+    """Epochs of sales one close judges: WINDOW_FACTOR · (grace + 1) (module docstring, rule
+    2)."""
+    return WINDOW_FACTOR * (state.genesis.commit_grace_epochs + 1)
 
 
 # --- readers (tx rules and queries) --------------------------------------------------------------
@@ -222,6 +296,8 @@ def shard_view(state: State, key: str, record: dict[str, Any], epoch: int) -> di
     return {
         "shard": int(key.rsplit("/", 1)[1]),
         "committed_positions": record["committed"],
+        "bought_positions": record.get("bought", 0),
+        "slack_positions": record.get("slack", 0),
         "reported_tokens": record["reported"],
         "creditable_tokens": creditable(state, record, epoch),
         "blocks": {str(r[0]): r[1] for r in record["recent"]},

@@ -10,6 +10,9 @@ attack 4; docs/credits.md "One credit pays one node").
                                (a lock sent again after a lost answer). → `clock/<spent id>` =
                                {node, height, epoch}, pruned with epoch e + lifetime, like
                                `cspent/`: a lock lasts as long as its credit can be redeemed.
+                               The new locks bought positions of the node on the shard
+                               (coverage.py `record_bought`: what its commitments must cover),
+                               and the tx counts the node alive (liveness.py).
 
 The first lock of a spent id in block order wins: FinalizeBlock runs txs one by one, so of two
 nodes' locks in one block the earlier tx writes the entry and the later one is refused
@@ -34,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import rules, schema
+from abci_app import coverage, rules, schema
 from abci_app.codes import Code
 from abci_app.query_params import QueryError, str_param
 from abci_app.state import State
@@ -81,6 +84,7 @@ def credit_lock(state: State, tx: SignedTx) -> None:
             {"node": tx.signer, "height": state.block_height, "epoch": epoch},
         )
         rules.track_at(state, schema.CREDIT_LOCK, identifier, epoch + lifetime)
+    coverage.record_bought(state, tx.signer, body.shard, len(fresh))
     state.emit("planet.credit_lock", node=tx.signer, locked=len(fresh))
 
 

@@ -44,15 +44,12 @@ Handler = Callable[[State, SignedTx], None]
 
 
 def work_report(state: State, tx: SignedTx) -> None:
-    """Settlement's rule, then the reported tokens counted against the nodes' commitments, and
-    each node named counted alive (it served the gateway's questions: liveness.py)."""
+    """Settlement's rule, then the served counts kept for reading (coverage.py `reported`).
+    They decide nothing: any key may bind itself as a gateway, so its counts neither flag a
+    node uncommitted nor count it alive (issue 45; coverage and liveness read only the node's
+    own txs)."""
     settlement.work_report(state, tx)
-    # served counts and liveness only from genesis gateways: anyone may bind a reporting key now,
-    # and such a key's counts could drop nodes from routing or keep a dead node alive
-    if tx.signer in state.genesis.gateways:
-        coverage.record_report(state, tx.body)
-        for node in sorted({item.node for item in tx.body.work}):
-            liveness.note_service(state, node)
+    coverage.record_report(state, tx.body)
 
 
 def serving(handler: Handler) -> Handler:
@@ -82,7 +79,7 @@ HANDLERS: dict[str, Handler] = {
     PayoutVote.TYPE: settlement.payout_vote,
     FundMint.TYPE: credits.fund_mint,
     SetPrice.TYPE: prices.set_price,
-    CreditLock.TYPE: credit_locks.credit_lock,
+    CreditLock.TYPE: serving(credit_locks.credit_lock),
     GatewayBind.TYPE: gateway_bindings.gateway,
     DkgDeal.TYPE: credit_dkg.dkg_deal,
     DkgComplaint.TYPE: credit_dkg.dkg_complaint,

@@ -17,13 +17,10 @@
       "evm": {"chain_id": 31337, "committee_address": "0x…",  # EIP-712 domain of verdicts
               "fraud_proofs_address": "0x…"},  # the verdicts' consumer (FraudProofs)
       "validators": {"<validator address hex | base64 pub_key>": "0x<operator EVM address>"},
-      "gateways": ["<ed25519 public key hex>"],  # gateways whose served counts feed coverage
-                                          #   (any key bound by a `gateway` tx may report its
-                                          #   fees and charges: gateway_bindings.py)
       "verifier_cut_bps": 1000,             # verifiers' part of each epoch's fees
       "spot_check_ppm": 50000,              # spot-check selection rate (protocol/spotcheck.py)
       "spot_check_floor": 1,                # expected checks per node and epoch at least (0: off)
-      "commit_grace_epochs": 2,             # epochs a node has to commit what gateways reported
+      "commit_grace_epochs": 2,             # epochs a node has to commit what credits bought
       "replica_floor": 2,                   # routable nodes each shard should have at least:
                                           #   joiners fill shards below it first (/pool_health)
       "credits": {"price_wei": "1000000000000", "layer_tokens": 4096,  # one credit's price
@@ -70,7 +67,6 @@ _KEYS = {
     "models",
     "evm",
     "validators",
-    "gateways",
     "verifier_cut_bps",
     "spot_check_ppm",
     "spot_check_floor",
@@ -109,7 +105,6 @@ MAX_SHARDS = 65536  # register_node shard indexes are 0 … 65535
 # its shard with nobody; placement fills shards below the floor first (node/agent/placement.py)
 DEFAULT_REPLICA_FLOOR = 2
 MAX_REPLICA_FLOOR = 64
-_GATEWAY = re.compile(r"[0-9a-f]{64}\Z")
 _DECIMAL = re.compile(r"[0-9]{1,78}\Z")  # ASCII only: str.isdigit accepts other scripts
 
 
@@ -162,11 +157,10 @@ class Genesis:
     fraud_proofs_address: str | None = None  # Verdict.consumer
     operators: dict[str, str] = field(default_factory=dict)  # raw key → operator address
     escrow_address: str | None = None  # PayoutRoot.consumer (QueryEscrow); None: no settlement
-    gateways: tuple[str, ...] = ()  # ed25519 keys (64 lowercase hex) whose served counts count
     verifier_cut_bps: int = 1_000
     spot_check_ppm: int = 50_000  # selection rate the chain credits spot-check reports under
     spot_check_floor: int = 1  # a node's blocks of an epoch are drawn at ≥ floor / blocks
-    commit_grace_epochs: int = 2  # reported work must be committed within this many epochs
+    commit_grace_epochs: int = 2  # bought positions must be committed within this many epochs
     replica_floor: int = DEFAULT_REPLICA_FLOOR  # routable nodes a shard should have at least
     credit_price_wei: int | None = None  # one credit's price; None: credits disabled
     credit_layer_tokens: int = 0  # layer-tokens a redeemed credit adds to the node's work
@@ -189,6 +183,12 @@ class Genesis:
             raise ConfigError(
                 "genesis app_state.gateway_addresses was removed: a gateway binds its key to its "
                 "payee address on chain with a `gateway` tx (docs/committee.md, Gateway bindings)"
+            )
+        if "gateways" in doc:
+            raise ConfigError(
+                "genesis app_state.gateways was removed: no list of gateways is trusted; any key "
+                "bound by a `gateway` tx reports, and coverage and liveness read only the nodes' "
+                "own txs (docs/committee.md, Commitment coverage)"
             )
         unknown = set(doc) - _KEYS
         if unknown:
@@ -240,11 +240,6 @@ class Genesis:
         escrow = evm.get("escrow_address")
         if escrow is not None and not _is_address(escrow):
             raise ConfigError("genesis app_state.evm.escrow_address: expected an EVM address")
-        gateways = doc.get("gateways", [])
-        if not isinstance(gateways, list) or not all(
-            isinstance(g, str) and _GATEWAY.match(g) for g in gateways
-        ):
-            raise ConfigError("genesis app_state.gateways: expected a list of 64-hex ed25519 keys")
         operators: dict[str, str] = {}
         operator_map = doc.get("validators") or {}
         if not isinstance(operator_map, dict):
@@ -283,7 +278,6 @@ class Genesis:
             fraud_proofs_address=fraud_proofs,
             operators=operators,
             escrow_address=escrow,
-            gateways=tuple(sorted(set(gateways))),
             verifier_cut_bps=_int(doc, "verifier_cut_bps", 1_000, 0, 10_000),
             spot_check_ppm=_int(doc, "spot_check_ppm", 50_000, 0, 1_000_000),
             spot_check_floor=_int(doc, "spot_check_floor", 1, 0, 1_000),
@@ -347,7 +341,6 @@ class Genesis:
                 else None
             ),
             "validators": dict(sorted(self.operators.items())),
-            **({"gateways": list(self.gateways)} if self.gateways else {}),
             **(
                 {"verifier_cut_bps": self.verifier_cut_bps}
                 if self.verifier_cut_bps != 1_000

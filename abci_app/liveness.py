@@ -5,14 +5,15 @@ A node's agent sends heartbeats; on a loaded machine it can miss them for longer
 `heartbeat_timeout` while the node's compute process goes on serving. Two rules keep such a
 node from being dropped while it serves:
 
-- **Evidence of service counts as a heartbeat.** At the height of an accepted tx that shows the
-  node working — a tx it signs itself (`commit`, `reveal`: the positions it served; `redeem`:
-  the credits its clients paid with) or a genesis gateway's `work_report` that names it (the
-  gateway routed paid questions through it) — the node is alive exactly as if it had sent a
-  heartbeat in that block: `last_served` is set to the height, the heartbeat check is
+- **Evidence of service counts as a heartbeat.** At the height of an accepted tx the node
+  signs itself that shows it working (`commit`, `reveal`: the positions it served;
+  `credit_lock`, `redeem`: the credits its clients paid with) the node is alive exactly as if
+  it had sent a heartbeat in that block: `last_served` is set to the height, the heartbeat check is
   rescheduled, and a DOWN node is SERVING again. A node still in JOIN stays JOIN (a node
   becomes SERVING by its own heartbeat first). Deterministic: heights only, at most one
-  write per node and block.
+  write per node and block. Nobody else's word counts: a gateway's `work_report` naming the
+  node keeps nothing alive (any key may bind itself as a gateway, so a dead node's operator
+  could otherwise keep it listed; issue 45).
 - **A DOWN mark is a hint to clients.** A node DOWN for at most `grace_blocks` (ten heartbeat
   timeouts) that is otherwise routable (staked, trusted, committing) is listed by `/nodes`
   with `"grace": true`. Clients (the gateway's router, the nodes' next-hop policy) route to

@@ -7,24 +7,24 @@ the node's shares of the epoch, paid from the escrow's credit pool. A gateway's 
 gateway: their charges are its revenue, paid to its own address. Nothing a gateway reports is
 the basis of anyone else's pay.
 
-**`work_report`** (a gateway: listed in genesis `gateways`, or a key bound to its payee address
-by a `gateway` tx, gateway_bindings.py). Refused whole only for what concerns the whole tx: a
-signer that is neither (`UNKNOWN_GATEWAY`; malformed or oversized bytes never get this far).
-Every item is then judged on its own: a refused item is skipped and
+**`work_report`** (a gateway: a key bound to its payee address by a `gateway` tx,
+gateway_bindings.py; there is no genesis list of gateways). Refused whole only for what
+concerns the whole tx: a signer not bound (`UNKNOWN_GATEWAY`; malformed or oversized bytes never
+get this far). Every item is then judged on its own: a refused item is skipped and
 named in the tx result by a `planet.item_refused` event (`kind` work | query | charge, `id`,
 `code` name, `reason`), the others apply. The lists are independent (no session, no per-query
 node), so nothing on chain links a question (or its payer) to the nodes that computed it.
 
 - work `[node, model, shard, layers, tokens]`: per-node counts of the tokens the gateway's
   questions ran through the node. Refused: node not registered (`UNKNOWN_NODE`) or not a
-  compute node (`WRONG_ROLE`), or reported by a key not in genesis `gateways` (`UNKNOWN_GATEWAY`:
-  a key anyone can bind could flag honest nodes). Effect: the node's commitment coverage
-  (coverage.py: a node that serves without committing is flagged and no longer routed to);
-  never any pay.
+  compute node (`WRONG_ROLE`). Effect: the node's `reported` count (coverage.py), kept for
+  operators to read; it decides nothing — no pay, no coverage flag, no liveness — since any
+  key can bind itself as a gateway and report anything (coverage and liveness read only the
+  node's own txs: its commitments, credit locks and redemptions, its heartbeats).
 - query `[query id, fee]`: a per-query deposit the gateway settled, paid to the address the
-  reporting key is bound to (`gwkey/`; none bound: `WRONG_GATEWAY`, its fees would have no
-  payee). The escrow pays it only if the deposit names that address (the page rule,
-  docs/contracts.md): a key reporting another gateway's query id is never paid for it.
+  reporting key is bound to (`gwkey/`). The escrow pays it only if the deposit names that
+  address (the page rule, docs/contracts.md): a key reporting another gateway's query id is
+  never paid for it.
   The same id with the same fee again (pending or settled) changes nothing; a
   fee of 0 changes nothing (nothing to charge); another fee is refused (`DUPLICATE_QUERY`).
   Effect: `squery/<id>/<gateway>` = {fee, height, gateway}.
@@ -160,15 +160,14 @@ def model_key(model: str) -> str:
 def work_report(state: State, tx: SignedTx) -> None:
     body: WorkReport = tx.body
     bound = gateway_bindings.bound_address(state, tx.signer)
-    listed = tx.signer in state.genesis.gateways
-    if not listed and bound is None:
+    if bound is None:
         rules.reject(
             Code.UNKNOWN_GATEWAY,
-            f"signer {tx.signer} is neither a genesis gateway nor bound by a gateway tx",
+            f"signer {tx.signer} is not a gateway: bind it to its payee address by a gateway tx",
         )
     outcome = _Outcome()
     for item in body.work:
-        outcome.judge(state, "work", work_name(item), lambda item=item: _work(state, item, listed))
+        outcome.judge(state, "work", work_name(item), lambda item=item: _work(state, item))
     for query_id, fee in body.queries:
         outcome.judge(
             state, "query", query_id, lambda q=query_id, f=fee: _query(state, q, f, bound)
@@ -216,14 +215,9 @@ class _Outcome:
             self.unchanged += 1
 
 
-def _work(state: State, item: NodeWork, listed: bool) -> bool:
-    """A served count: dispatch counts it against the node's commitments (coverage.py); it no
-    longer backs any pay (nodes are paid through the credits they redeem). Taken only from a
-    genesis gateway: a key anyone can bind could otherwise flag honest nodes uncommitted."""
-    if not listed:
-        rules.reject(
-            Code.UNKNOWN_GATEWAY, "served counts are taken only from genesis gateways' reports"
-        )
+def _work(state: State, item: NodeWork) -> bool:
+    """A served count: dispatch keeps it for reading (coverage.py `reported`); it decides
+    nothing (module docstring)."""
     node = state.get(schema.NODE, item.node)
     if node is None:
         rules.reject(Code.UNKNOWN_NODE, f"node {item.node} is not registered")
@@ -232,12 +226,7 @@ def _work(state: State, item: NodeWork, listed: bool) -> bool:
     return True
 
 
-def _query(state: State, query_id: str, fee: int, bound: str | None) -> bool:
-    if bound is None:
-        rules.reject(
-            Code.WRONG_GATEWAY,
-            "no EVM address is bound to this gateway key (gateway tx): its fees have no payee",
-        )
+def _query(state: State, query_id: str, fee: int, bound: str) -> bool:
     # keyed per (query, payee): another key's report of the same id (a gateway reporting a deposit
     # it does not hold) neither blocks nor changes this one; the escrow pays only the deposit's own
     key = schema.query_key(query_id, bound.lower())
@@ -259,11 +248,11 @@ def _query(state: State, query_id: str, fee: int, bound: str | None) -> bool:
     return True
 
 
-def _charge(state: State, item: ChargeItem, bound: str | None) -> bool:
+def _charge(state: State, item: ChargeItem, bound: str) -> bool:
     genesis = state.genesis
     if not (genesis.escrow_address and genesis.evm_chain_id):
         rules.reject(Code.SETTLEMENT_DISABLED, "genesis has no evm {chain_id, escrow_address}")
-    if bound is not None and item.gateway != bound:
+    if item.gateway != bound:
         rules.reject(
             Code.WRONG_GATEWAY, f"this gateway key reports for {bound}, not {item.gateway}"
         )

@@ -5,9 +5,10 @@
 index, one third each) of 8 payers. Each gateway's `WorkLedger` records its receipts in its
 journal and its `WorkReporter` sends them to an in-process committee chain (`Chain`: the real
 `StateMachine`, blocks as CometBFT drives them), split by encoded bytes (their per-node served
-counts feed the chain's commitment coverage, never pay: nodes are paid through the credits they
-redeem); the epoch closes into its statements, each gateway's charges on its own pages (more
-when `--statement-gas` makes one too small), 3 of 4 validators sign each, and a simulated escrow
+counts are kept by the chain for reading and decide nothing: nodes are paid through the credits
+they redeem, and coverage reads their own locks and commitments); the epoch closes into its
+statements, each gateway's charges on its own pages (more when `--statement-gas` makes one too
+small), 3 of 4 validators sign each, and a simulated escrow
 posts them — it checks each statement's `queriesHash` against the arrays it is given and its
 total, charges every listed query once and debits every listed (payer, gateway) balance, like
 `QueryEscrow.postPayoutRoot` — and every row is claimed with its Merkle proof from
@@ -231,7 +232,6 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
     chain = Chain(
         genesis={
             "epoch_length": BOOKS_EPOCH,
-            "gateways": sorted(k.verify_key.encode().hex() for k in gateway_keys),
             "evm": {
                 "chain_id": EVM_CHAIN_ID,
                 "committee_address": COMMITTEE_ADDRESS,
@@ -396,7 +396,6 @@ def _genesis() -> bytes:
                 "committee_address": "0x" + "cc" * 20,
                 "escrow_address": ESCROW,
             },
-            "gateways": ["aa" * 32],
         }
     ).encode()
 

@@ -73,15 +73,14 @@ def set_genesis_evm(
     fraud_proofs_address: str | None = None,
     models: dict[str, int] | None = None,
     escrow_address: str | None = None,
-    gateways: list[str] | None = None,
     retention_epochs: int | None = None,
     credits: dict[str, Any] | None = None,
 ) -> None:
     """Write the deployed Committee address (and FraudProofs, the verdicts' consumer), the EVM
     chain id and the served models ({model: shard count}) into every validator's genesis; with
-    `escrow_address` (the QueryEscrow that consumes payout roots) and `gateways` (their ed25519
-    committee keys, 64 hex: the gateways whose served counts feed coverage) epoch settlement is
-    on; every gateway binds its own payee address on chain (`gateway` tx) when it first starts;
+    `escrow_address` (the QueryEscrow that consumes payout roots) epoch settlement is on; no
+    genesis list names gateways: each binds its committee key to its own payee address on chain
+    (`gateway` tx) when it first starts;
     `retention_epochs` (genesis default 10)
     is how many settled epochs keep their records, payout statements and claim proofs
     included; `credits` ({price_wei, layer_tokens}, with an escrow) sells bearer credits.
@@ -108,8 +107,6 @@ def set_genesis_evm(
             state["evm"]["fraud_proofs_address"] = fraud_proofs_address
         if escrow_address is not None:
             state["evm"]["escrow_address"] = escrow_address
-        if gateways:
-            state["gateways"] = sorted(gateways)
         if retention_epochs is not None:
             state["retention_epochs"] = retention_epochs
         if models:

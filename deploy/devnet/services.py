@@ -45,9 +45,9 @@ from node.keys import create_dev_wallet, load_or_create_node_key, load_wallet, w
 
 
 def gateway_identity(options: DevnetOptions, state: dict[str, Any]) -> tuple[str, str]:
-    """The gateway's committee key (signs its work reports, 64 hex) and its EVM address, made
-    before genesis is fixed so genesis can list the key in `gateways` (its served counts feed
-    coverage); `planet gateway serve` finds the committee key next to its wallet
+    """The gateway's committee key (signs its work reports, 64 hex) and its EVM address (no
+    genesis lists gateways: the key binds itself); `planet gateway serve` finds the committee
+    key next to its wallet
     (`node.gateway.run.committee_key_path`) and binds it to the wallet's address on chain at its
     first start (node/gateway/binding.py)."""
     password = Path(state["password_file"]).read_text()
@@ -69,7 +69,7 @@ def start_gateway(
     port = GATEWAY_PORT if place.on_hosts else free_port(8000, 8999)
     host = place.address("gateway")
     log_path = options.dir / "logs" / "gateway.log"
-    gateway_identity(options, state)  # the committee key genesis lists, and the wallet
+    gateway_identity(options, state)  # the committee key it reports with, and the wallet
     credits = options.dir / "gateway" / "credits.json"
     state["gateway_credits"] = str(credits)
     if options.node_price:  # the nodes charge: the gateway buys credits to pay them

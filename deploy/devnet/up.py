@@ -40,7 +40,6 @@ from deploy.devnet.processes import StepFailed, free_block, free_port, spawn
 from deploy.devnet.services import (
     await_gateway,
     await_gateway_credits,
-    gateway_identity,
     start_gateway,
     start_verifiers,
 )
@@ -215,7 +214,6 @@ def _up_steps(
     deployment_path = deployment.save(directory / "deployment.json")
     state["deployment"] = str(deployment_path)
     state["contracts"] = {name: c.address for name, c in deployment.contracts.items()}
-    gateway = gateway_identity(options, state) if options.gateway else None
     set_genesis_evm(
         network,
         committee_address=deployment.address("Committee"),
@@ -223,7 +221,6 @@ def _up_steps(
         evm_chain_id=DEVNET_CHAIN_ID,
         models={manifest.model_hash: len(manifest.shards)},
         escrow_address=deployment.address("QueryEscrow"),
-        gateways=[gateway[0]] if gateway else [],
         retention_epochs=DEVNET_RETENTION_EPOCHS,
         credits=DEVNET_CREDITS,
     )

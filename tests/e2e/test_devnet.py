@@ -231,7 +231,7 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(
                     for p, g in zip(view["payers"], view["gateways"], strict=True)
                 ]
 
-    # a node cannot report served work or fees for itself: only genesis gateways report
+    # a node cannot report served work or fees for itself: only keys bound by a gateway tx report
     from node.keys import node_public_key
 
     node_key = node_public_key(Path(devnet["operators"][0]) / "node_key.json")

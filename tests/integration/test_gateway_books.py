@@ -1,5 +1,5 @@
 """Reports never vanish, against real processes (harness/gateway_net.py: anvil with the
-contracts, one CometBFT validator whose genesis lists the gateway and the escrow, two int8
+contracts, one CometBFT validator whose genesis names the escrow (no gateway list), two int8
 SmolLM2 nodes, the gateway): a gateway killed with SIGKILL while its prepaid charges are still
 unreported is started again and reports every charge, and every node's work, exactly once."""
 
@@ -37,14 +37,13 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayNet]:
     try:
         nodes = network.start_nodes([0, 1], wait=False)
         network.start_chain()
-        # the gateway's committee key exists before genesis, so genesis can list it
-        key = load_or_create_node_key(run_dir / "gateway" / "committee_key.json", PASSWORD)
+        # no genesis list of gateways: the gateway binds its committee key to its wallet's
+        # address itself (a `gateway` tx) when it first starts
+        load_or_create_node_key(run_dir / "gateway" / "committee_key.json", PASSWORD)
         load_or_create_wallet(run_dir / "gateway" / "wallet.json", PASSWORD)
-        gateway = key.verify_key.encode().hex()
         deployment = network.deployment
         network.start_committee(
             app_state={
-                "gateways": [gateway],  # its wallet's address: bound by the gateway itself
                 "evm": {
                     "chain_id": deployment.chain_id,
                     "committee_address": deployment.address("Committee"),

@@ -1,16 +1,21 @@
 """Commitment coverage on the committee chain (abci_app/coverage.py): no commitment, no pay, no
-routing, and a spot-check floor that serving little cannot dodge."""
+routing (commitments against what credits bought, from the node's own locks: no gateway's word
+decides), and a spot-check floor that serving little cannot dodge."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
+from nacl.signing import SigningKey
 
-from abci_app import settlement
+from abci_app import coverage, rules, settlement
 from abci_app.codes import Code
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
+from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditRedeem
+from protocol.committee.prices import SetPrice
 from protocol.committee.settlement import NodeWork
 from protocol.committee.verification import SpotCheckReport
 from protocol.spotcheck import Triple, checks_for, epoch_verifiers, node_rate_ppm, select
@@ -68,31 +73,56 @@ def test_coverage_commitments_older_than_the_grace_window_do_not_cover_a_redempt
     assert credits_of(chain, "node") == chain.state.genesis.credit_layer_tokens
 
 
+def lock_tx(chain: Chain, key: SigningKey, shard: int, count: int, tag: str = "") -> bytes:
+    """A `credit_lock` of `count` credits of this epoch by `key` on `shard` (spent ids made
+    from `tag`: the same tag, the same credits)."""
+    epoch = rules.epoch_of(chain.state, chain.state.height + 1)
+    ids = sorted(
+        hashlib.sha256(f"{hexkey(key)}/{tag}/{i}".encode()).hexdigest() for i in range(count)
+    )
+    locks = tuple((identifier, epoch) for identifier in ids)
+    return chain.tx(CreditLock("m", shard, locks), key)
+
+
+def sold(chain: Chain, key: SigningKey, shard: int, count: int, price: int, tag: str = "") -> None:
+    """`key` registers `price` positions per credit on `shard` (a first price counts from its
+    own block), then locks `count` credits its clients paid with: count × price positions."""
+    assert one(chain, SetPrice("m", shard, price), key).code == Code.OK
+    [result] = chain.block([lock_tx(chain, key, shard, count, tag)])
+    assert result.code == Code.OK, result.log
+
+
+def cover(chain: Chain, key: SigningKey, shard: int) -> dict:
+    shards = ask(chain, f"/coverage?node={hexkey(key)}")["shards"]
+    [view] = [s for s in shards if s["shard"] == shard]
+    return view
+
+
 def test_coverage_silent_node_is_flagged_and_unroutable_after_the_grace_window() -> None:
     chain = settled_chain(commit_grace_epochs=2, heartbeat_timeout=10_000)
     silent = routable_node(chain, "silent", shard=0)
     honest = routable_node(chain, "honest", shard=1)
-    work = report(NodeWork(silent, "m", 0, 2, 200), NodeWork(honest, "m", 1, 2, 200))
-    assert one(chain, work, GATEWAY).code == Code.OK
-    reported_in = (chain.state.height - 1) // chain.state.genesis.epoch_length + 1
-    commit_served(chain, seeded_key("honest"), shard=1, blocks=7)  # 224 positions ≥ 200
+    sold(chain, seeded_key("silent"), 0, 4, 64)  # 256 positions bought, none committed
+    sold(chain, seeded_key("honest"), 1, 4, 64)
+    sold_in = (chain.state.height - 1) // chain.state.genesis.epoch_length + 1
+    commit_served(chain, seeded_key("honest"), shard=1, blocks=7)  # 224 + slack 63 ≥ 256
+    assert cover(chain, seeded_key("silent"), 0)["bought_positions"] == 256
     length = chain.state.genesis.epoch_length
-    chain.advance_to((reported_in + 1) * length)  # the grace window is still open
+    chain.advance_to((sold_in + 1) * length)  # the grace window is still open
     for key in (silent, honest):
         view = ask(chain, f"/node?key={key}")
         assert view["routable"] is True and view["uncommitted"] is False
-    chain.advance_to((reported_in + 2) * length)  # closes epoch reported_in + grace
+    chain.advance_to((sold_in + 2) * length)  # closes epoch sold_in + grace
     view = ask(chain, f"/node?key={silent}")
     assert view["uncommitted"] is True and view["routable"] is False
     assert ask(chain, f"/node?key={honest}")["routable"] is True
     assert ask(chain, "/coverage")["uncommitted"] == [silent]
-    [shard] = ask(chain, f"/coverage?node={silent}")["shards"]
-    assert shard["uncommitted_since"] == reported_in + 2
+    assert cover(chain, seeded_key("silent"), 0)["uncommitted_since"] == sold_in + 2
     assert [n["key"] for n in ask(chain, "/nodes?routable=true")["nodes"] if n["routable"]] == [
         honest
     ]
     # committing what it served clears the flag at the next close
-    commit_served(chain, seeded_key("silent"), shard=0, blocks=4)  # 128 ≥ half of 200
+    commit_served(chain, seeded_key("silent"), shard=0, blocks=3)  # 96 + 63 ≥ half of 256
     close_epochs(chain, 1)
     assert ask(chain, f"/node?key={silent}")["routable"] is True
 
@@ -103,9 +133,9 @@ def test_settlement_pool_health_leaves_out_a_flagged_node_as_pool_health_does() 
     served (before: it still counted, so the honest nodes' shard lost scarcity bonus)."""
     chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
     silent = routable_node(chain, "silent", shard=0)
-    honest = routable_node(chain, "honest", shard=0)
-    work = report(NodeWork(silent, "m", 0, 2, 200), NodeWork(honest, "m", 0, 2, 200))
-    assert one(chain, work, GATEWAY).code == Code.OK
+    routable_node(chain, "honest", shard=0)
+    sold(chain, seeded_key("silent"), 0, 2, 100)
+    sold(chain, seeded_key("honest"), 0, 2, 100)
     commit_served(chain, seeded_key("honest"), shard=0, blocks=7)
     assert settlement._routable_counts(chain.state)[("m", 0)] == 2
     close_epochs(chain, 2)
@@ -114,21 +144,97 @@ def test_settlement_pool_health_leaves_out_a_flagged_node_as_pool_health_does() 
     assert settlement._routable_counts(chain.state)[("m", 0)] == 1
 
 
-def test_coverage_node_committing_less_than_half_is_flagged() -> None:
+def test_coverage_node_committing_less_than_half_of_what_credits_bought_is_flagged() -> None:
     chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
     node = routable_node(chain, "partial")
-    assert one(chain, report(NodeWork(node, "m", 0, 2, 320)), GATEWAY).code == Code.OK
-    commit_served(chain, seeded_key("partial"), shard=0, blocks=4)  # 128 of 320 positions
+    sold(chain, seeded_key("partial"), 0, 10, 32)  # 320 positions bought
+    commit_served(chain, seeded_key("partial"), shard=0, blocks=4)  # 128 + slack 31 < 160
     close_epochs(chain, 2)
     assert ask(chain, f"/node?key={node}")["uncommitted"] is True
+    view = cover(chain, seeded_key("partial"), 0)
+    assert (view["bought_positions"], view["committed_positions"]) == (320, 128)
+    assert view["slack_positions"] == 31
+
+
+def test_coverage_short_sessions_at_a_high_price_leave_an_honest_node_covered() -> None:
+    """Each session's last credit is paid ahead and may be used in part: three one-block
+    sessions at 1000 positions per credit sold 3000 positions and committed 96. The slack of
+    p − 1 per session begun covers them (without it the node would be flagged)."""
+    chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
+    node = routable_node(chain, "pricey")
+    key = seeded_key("pricey")
+    sold(chain, key, 0, 1, 1000, tag="s1")
+    for tag in ("s2", "s3"):
+        [result] = chain.block([lock_tx(chain, key, 0, 1, tag)])
+        assert result.code == Code.OK, result.log
+    for _ in range(3):
+        commit_served(chain, key, shard=0, blocks=1)
+    close_epochs(chain, 3)
+    view = cover(chain, key, 0)
+    assert (view["bought_positions"], view["committed_positions"]) == (3000, 96)
+    assert view["slack_positions"] == 3 * 999
+    assert ask(chain, f"/node?key={node}")["uncommitted"] is False
+
+
+def test_coverage_a_flag_from_one_burst_of_sales_clears_once_the_window_has_passed() -> None:
+    """The flag judges the last W epochs of sales, not the node's whole history: a node flagged
+    for one burst of credits it never served (failed sessions, or a client paying for sessions
+    it then breaks, at its own cost) is routable again W + grace epochs later with no traffic at
+    all, while a flagged node is routed nothing and could commit nothing."""
+    chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
+    node = routable_node(chain, "burst")
+    key = seeded_key("burst")
+    sold(chain, key, 0, 4, 64)  # 256 positions bought, nothing served
+    length = chain.state.genesis.epoch_length
+    sold_in = (chain.state.height - 1) // length + 1
+    window = coverage.window_epochs(chain.state)
+    assert window == coverage.WINDOW_FACTOR * 2
+    flagged = []
+    for close in range(sold_in, sold_in + window + 3):
+        chain.advance_to(close * length)
+        flagged.append(ask(chain, f"/node?key={node}")["uncommitted"])
+    # judged from the close of sold_in + grace until the sale leaves the window (W closes)
+    assert flagged == [False] + [True] * window + [False, False]
+    assert ask(chain, f"/node?key={node}")["routable"] is True
+
+
+def test_coverage_a_lock_sent_again_buys_nothing_more() -> None:
+    chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
+    routable_node(chain, "resender")
+    key = seeded_key("resender")
+    sold(chain, key, 0, 3, 10, tag="a")
+    [again] = chain.block([lock_tx(chain, key, 0, 3, tag="a")])  # an answer lost: sent again
+    assert again.code == Code.OK, again.log
+    assert cover(chain, key, 0)["bought_positions"] == 30
+
+
+def test_coverage_a_gateways_served_counts_flag_nobody_and_keep_nobody_routable() -> None:
+    """Attack (issue 45): anyone can bind a key as a gateway. A bound gateway reporting huge
+    served counts for an honest node that sold nothing cannot flag it; an unbound key is refused
+    whole; and no report clears the flag of a node that sold positions it did not commit."""
+    chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
+    honest = routable_node(chain, "honest", shard=0)
+    cheat = routable_node(chain, "cheat", shard=1)
+    sold(chain, seeded_key("cheat"), 1, 8, 64)
+    stranger = seeded_key("stranger")
+    huge = report(NodeWork(honest, "m", 0, 2, 10**12), NodeWork(cheat, "m", 1, 2, 1))
+    assert one(chain, huge, stranger).code == Code.UNKNOWN_GATEWAY
+    for _ in range(3):  # the bound gateway, again and again, over the grace window
+        assert one(chain, huge, GATEWAY).code == Code.OK
+        close_epochs(chain, 1)
+    assert ask(chain, f"/node?key={honest}")["uncommitted"] is False
+    assert ask(chain, f"/node?key={honest}")["routable"] is True
+    assert cover(chain, seeded_key("honest"), 0)["reported_tokens"] == 3 * 10**12
+    assert ask(chain, f"/node?key={cheat}")["uncommitted"] is True
+    assert ask(chain, "/coverage")["uncommitted"] == [cheat]
 
 
 def test_coverage_same_txs_give_the_same_app_hash() -> None:
     hashes = []
     for _ in range(2):
         chain = settled_chain(commit_grace_epochs=1)
-        node = routable_node(chain, "silent")
-        assert one(chain, report(NodeWork(node, "m", 0, 2, 64)), GATEWAY).code == Code.OK
+        routable_node(chain, "silent")
+        sold(chain, seeded_key("silent"), 0, 2, 64)
         commit_served(chain, seeded_key("silent"), shard=0, blocks=1)
         close_epochs(chain, 3)
         hashes.append(chain.state.app_hash)

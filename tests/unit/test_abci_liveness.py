@@ -1,12 +1,13 @@
-"""Liveness on the committee chain (abci_app/liveness.py): evidence of service keeps a node
-SERVING without heartbeats, and a DOWN node that is otherwise routable is a client fallback
-(`grace`) for ten heartbeat timeouts."""
+"""Liveness on the committee chain (abci_app/liveness.py): evidence of service — the node's own
+txs, never a gateway's word — keeps a node SERVING without heartbeats, and a DOWN node that is
+otherwise routable is a client fallback (`grace`) for ten heartbeat timeouts."""
 
 from __future__ import annotations
 
 import pytest
 
 from abci_app.codes import Code
+from protocol.committee.credit_locks import CreditLock
 from protocol.committee.registry import Heartbeat, Leave
 from protocol.committee.settlement import NodeWork
 from tests.committee_chain import Chain
@@ -39,17 +40,38 @@ def test_liveness_a_node_committing_served_work_stays_serving_without_heartbeats
     assert node(chain, key)["status"] == "DOWN"  # nothing at all for longer: DOWN as before
 
 
-def test_liveness_a_gateway_report_naming_a_node_keeps_it_and_revives_it() -> None:
+def test_liveness_a_gateway_report_neither_revives_a_dead_node_nor_keeps_one_alive() -> None:
+    """Attack (issue 45): any key can bind itself as a gateway, so a report naming a node is
+    no evidence: it revives no DOWN node and keeps no silent node SERVING past its timeout."""
     chain = settled_chain()
-    key = register(chain, "reported")
+    dead = register(chain, "dead")
+    make_routable(chain, dead)
+    chain.advance_to(chain.state.height + TIMEOUT + 1)
+    assert node(chain, dead)["status"] == "DOWN"
+    quiet = register(chain, "quiet")
+    make_routable(chain, quiet)
+    alive_since = chain.state.height
+    work = report(NodeWork(hexkey(dead), "m", 0, 2, 10), NodeWork(hexkey(quiet), "m", 0, 2, 10))
+    for _ in range(TIMEOUT + 1):  # the bound gateway names both, block after block
+        assert one(chain, work, GATEWAY).code == Code.OK
+    assert node(chain, dead)["status"] == "DOWN"
+    info = node(chain, quiet)
+    assert info["status"] == "DOWN" and "last_served" not in info
+    assert info["status_height"] == alive_since + TIMEOUT + 1
+
+
+def test_liveness_a_nodes_own_credit_lock_revives_it() -> None:
+    """A `credit_lock` is the node's own tx taking its clients' credits: evidence of service."""
+    chain = settled_chain()
+    key = register(chain, "locking")
     make_routable(chain, key)
     chain.advance_to(chain.state.height + TIMEOUT + 1)
     assert node(chain, key)["status"] == "DOWN"
-    work = report(NodeWork(hexkey(key), "m", 0, 2, 10))
-    assert one(chain, work, GATEWAY).code == Code.OK  # the gateway routed questions through it
+    epoch = chain.state.height // chain.state.genesis.epoch_length + 1
+    assert one(chain, CreditLock("m", 0, (("ab" * 32, epoch),)), key).code == Code.OK
     info = node(chain, key)
     assert info["status"] == "SERVING" and info["routable"] is True
-    assert info["status_height"] == chain.state.height
+    assert info["last_served"] == info["status_height"] == chain.state.height
 
 
 def test_liveness_a_stranger_report_or_a_joining_node_changes_nothing() -> None:
@@ -59,7 +81,7 @@ def test_liveness_a_stranger_report_or_a_joining_node_changes_nothing() -> None:
     assert one(chain, body, key).code == Code.UNKNOWN_GATEWAY  # a node cannot vouch for itself
     assert "last_served" not in node(chain, key)
     assert one(chain, body, GATEWAY).code == Code.OK
-    assert node(chain, key)["status"] == "JOIN"  # evidence never skips the first heartbeat
+    assert node(chain, key)["status"] == "JOIN" and "last_served" not in node(chain, key)
 
 
 def test_liveness_grace_lists_a_lately_down_routable_node_for_ten_timeouts() -> None:

@@ -148,10 +148,7 @@ def test_the_oldest_reported_settle_first_and_the_rest_next_close(small_pages: N
 
 
 def test_each_gateway_has_its_own_pages_the_oldest_pending_first(small_pages: None) -> None:
-    chain = settled_chain(
-        gateways=sorted([hexkey(GATEWAY), hexkey(OTHER)]),
-        bindings={GATEWAY: GATEWAY_EVM_KEY, OTHER: OTHER_EVM_KEY},
-    )
+    chain = settled_chain(bindings={GATEWAY: GATEWAY_EVM_KEY, OTHER: OTHER_EVM_KEY})
     serve(chain, [(query_id(50), 7)], key=OTHER)  # the other gateway reported first
     serve(chain, [(query_id(1), 100), (query_id(2), 200)])
     serve(chain, [(query_id(51), 9)], key=OTHER)
@@ -225,13 +222,14 @@ def test_evidence_and_flagged_coverage_page_with_a_cursor() -> None:
         RevealBatch,
         RevealRecord,
     )
-    from protocol.committee.settlement import NodeWork
-    from tests.unit.test_abci_coverage import close_epochs, routable_node
+    from tests.unit.test_abci_coverage import routable_node, sold
 
     chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
     silent = [routable_node(chain, f"silent-{i}", shard=i) for i in range(3)]
-    work = report(*(NodeWork(key, "m", i, 2, 200) for i, key in enumerate(silent)))
-    assert one(chain, work, GATEWAY).code == Code.OK
+    for i in range(3):  # each sold 200 positions it never commits
+        sold(chain, seeded_key(f"silent-{i}"), i, 2, 100)
+    length = chain.state.genesis.epoch_length
+    sold_by = (chain.state.height - 1) // length + 1  # the epoch of the last sale
     session = "0x" + "01" * 32
     cheat = seeded_key("silent-0")
     records = tuple(CommitmentRecord(session, s, 0, "0x" + f"{s:064x}") for s in (1, 2, 3))
@@ -246,7 +244,7 @@ def test_evidence_and_flagged_coverage_page_with_a_cursor() -> None:
     assert [len(p) for p in listed] == [1, 1, 1]
     assert [p[0] for p in listed] == whole["evidence"]
     assert pages(chain, "/evidence", "evidence", node=hexkey(cheat)) == listed
-    close_epochs(chain, 3)  # past the grace window: every silent node flagged
+    chain.advance_to((sold_by + 1) * length)  # past the grace epoch: every silent node flagged
     flagged = ask(chain, "/coverage")
     assert sorted(flagged["uncommitted"]) == sorted(silent) and flagged["next"] is None
     listed = pages(chain, "/coverage", "uncommitted")

@@ -20,12 +20,14 @@ from protocol.eip712 import address_of, sign_digest
 from protocol.payment import PaymentKey, Voucher, payment_domain
 from shares.payouts import EpochWork, PayerDebit
 from shares.settlement import PageCharges, close_epoch_pages
-from tests.committee_chain import EVM_CHAIN_ID, Chain, seeded_evm_key
+from tests.committee_chain import COMMITTEE_ADDRESS, EVM_CHAIN_ID, Chain, seeded_evm_key, seeded_key
 from tests.unit.test_abci_settlement import (
     ESCROW,
     GATEWAY,
     GATEWAY_EVM,
+    GATEWAY_EVM_KEY,
     ask,
+    bind_gateway,
     next_epoch_end,
     one,
     settled_chain,
@@ -111,7 +113,8 @@ def reported_with(chain: Chain, *items: ChargeItem) -> tuple[str, str]:
 
 
 def test_charges_are_debited_on_each_gateways_own_pages_and_paid_to_it() -> None:
-    chain = settled_chain(bindings={})  # unbound: its charges may name any gateway
+    other_key = seeded_key("other-gateway")  # bound to OTHER_GATEWAY_EVM: no genesis list
+    chain = settled_chain({GATEWAY: GATEWAY_EVM_KEY, other_key: seeded_evm_key("other-gateway")})
     chain.time_s = NOW
     items = (
         charge("payer-1", 1, 300),
@@ -119,7 +122,9 @@ def test_charges_are_debited_on_each_gateways_own_pages_and_paid_to_it() -> None
         charge("payer-1", 3, 50, gateway=OTHER_GATEWAY_EVM),
         charge("payer-2", 4, 101, kind="key"),
     )
-    reported_with(chain, *items)
+    reported_with(chain, *(c for c in items if c.gateway == GATEWAY_EVM))
+    theirs = one(chain, charges_report(*(c for c in items if c.gateway != GATEWAY_EVM)), other_key)
+    assert theirs.code == Code.OK and refusals(theirs) == [], theirs.log
     epoch = next_epoch_end(chain)
     views = [ask(chain, f"/payouts?epoch={statement_number(epoch, page)}") for page in (0, 1)]
     assert [view["pages"] for view in views] == [2, 2]
@@ -151,7 +156,7 @@ def test_charges_are_debited_on_each_gateways_own_pages_and_paid_to_it() -> None
         assert view["queries_hash"] == "0x" + statement.queries_hash.hex()
     assert chain.state.items("cpend") == []
     # the same items again after the root: charged already, nothing new to debit
-    again = one(chain, charges_report(*items), GATEWAY)
+    again = one(chain, charges_report(*items[:2], items[3]), GATEWAY)
     assert again.code == Code.OK and refusals(again) == []
     assert chain.state.items("cpend") == []
 
@@ -252,8 +257,11 @@ def test_the_replay_guard_is_pruned_after_expiry_and_the_authorization_is_then_e
 
 
 def test_charges_without_escrow_are_refused_items_settlement_disabled() -> None:
-    chain = Chain(genesis={"gateways": [hexkey(GATEWAY)]})
+    evm = {"chain_id": EVM_CHAIN_ID, "committee_address": COMMITTEE_ADDRESS}  # no escrow
+    chain = Chain(genesis={"evm": evm})
     chain.time_s = NOW
+    [bound] = chain.block([bind_gateway(chain, GATEWAY, GATEWAY_EVM_KEY)])
+    assert bound.code == Code.OK, bound.log
     result = one(chain, charges_report(charge("payer-1", 1, 10)), GATEWAY)
     assert result.code == Code.OK
     assert [r["code"] for r in refusals(result)] == ["SETTLEMENT_DISABLED"]
@@ -295,12 +303,12 @@ def test_a_bound_gateway_key_charges_only_for_its_own_address() -> None:
     assert [key for key, _ in chain.state.items("cpend")] == [own.name]
 
 
-def test_genesis_gateway_addresses_is_refused_by_name() -> None:
+def test_genesis_gateway_lists_are_refused_by_name() -> None:
     from abci_app.genesis import Genesis
     from protocol.errors import ConfigError
 
     key = hexkey(GATEWAY)
     with pytest.raises(ConfigError, match="gateway_addresses was removed"):
-        Genesis.parse(
-            json.dumps({"gateways": [key], "gateway_addresses": {key: GATEWAY_EVM}}).encode()
-        )
+        Genesis.parse(json.dumps({"gateway_addresses": {key: GATEWAY_EVM}}).encode())
+    with pytest.raises(ConfigError, match="gateways was removed: no list of gateways is trusted"):
+        Genesis.parse(json.dumps({"gateways": [key]}).encode())

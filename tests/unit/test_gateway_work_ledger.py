@@ -239,14 +239,14 @@ async def test_a_restart_reports_what_was_recorded_exactly_once(tmp_path: Path) 
 async def test_a_restart_with_a_report_in_flight_never_reports_it_twice(
     tmp_path: Path, stage: str
 ) -> None:
-    chain = settled_chain(bindings={})  # no binding tx: the report below is the key's nonce 1
+    chain = settled_chain()  # the binding tx was the key's nonce 1: the report below is its 2
     a, _ = two_nodes(chain)
     ledger = WorkLedger("m", [(0, 2)], min_questions=1, journal=tmp_path / "ledger.jsonl")
     ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
     report = ledger.take()
     assert report is not None
-    raw = sign(report, GATEWAY, 1).encode()
-    ledger.sending(report, raw, 1)  # on disk; killed after this line, at `stage`
+    raw = sign(report, GATEWAY, 2).encode()
+    ledger.sending(report, raw, 2)  # on disk; killed after this line, at `stage`
     first = ReportingLink(chain, GATEWAY)
     if stage in ("broadcast", "committed"):
         await first.broadcast(raw)
@@ -258,7 +258,7 @@ async def test_a_restart_with_a_report_in_flight_never_reports_it_twice(
     assert await reporter(again, link).flush() == 1
     assert not again.pending and again.in_flight is None
     assert served(chain, a, 0) == 2  # once, not twice
-    assert chain.state.committed("acct", hexkey(GATEWAY)) == 1
+    assert chain.state.committed("acct", hexkey(GATEWAY)) == 2
 
 
 async def test_the_journal_survives_a_torn_last_line_and_compacts(
