@@ -1,8 +1,8 @@
 """The node registry: registration, lifecycle, stake, and what ends a registration.
 
-Txs (`register_node`, `heartbeat`, `leave`, `attest_stake`, `move_shards`, and `relay`: an overlay relay
-registers with its endpoint and X25519 key, and shares the rest; /relays lists the staked ones,
-relay_queries.py): each handler reads through
+Txs (`register_node`, `heartbeat`, `leave`, `attest_stake`, `move_shards`, and `relay`: an
+overlay relay registers with its endpoint and X25519 key, and shares the rest; /relays lists the
+staked ones, relay_queries.py): each handler reads through
 `state.get`, refuses (`rules.reject`) before writing anything when a rule fails, and otherwise
 writes with `state.put`; a refused tx changes nothing but its signer's nonce.
 
@@ -13,8 +13,10 @@ reputation, status stay); refused for a node that left (INVALID_LIFECYCLE), for 
 (WRONG_ROLE), to what it already has (MOVE_UNCHANGED), to a shard beyond its model's count in
 genesis `models` (MOVE_SHARD_UNKNOWN), and within `MOVE_COOLDOWN_BLOCKS` of its last move
 (MOVE_TOO_SOON: a node cannot flap between shards). Its prices on the shards it left go (a
-price is per shard; it registers one for the new shard). Two height-driven rules end a node's standing, each checked at
-the exact height it is due (never a scan of all nodes):
+price is per shard; it registers one for the new shard).
+
+Two height-driven rules end a node's standing, each checked at the exact height it is due
+(never a scan of all nodes):
 
 - **Heartbeat timeout**: a JOIN/SERVING node whose last heartbeat — or last evidence of
   service (`last_served`, liveness.py) — is more than `heartbeat_timeout` blocks old becomes
