@@ -3,8 +3,11 @@ compute node + agent background processes with their pid and log files.
 
 Files in `<home>/run/`: `node-<K>.log|.pid` (the compute node, `node.server.launcher`),
 `agent.log|.pid`, and `joined.json` `{shard, port, endpoint, model, manifest, node_pid, agent_pid,
-node_key}` — what `planet leave` and `planet status` read; `served/`: the node's served-work
-spool (`--commit-dir`), from which the agent commits and reveals (`node.agent.commitments`).
+node_key}` — what `planet leave` and `planet status` read (a rebalancing agent rewrites it when
+the node moves to another shard); `node_launch.json`: how the compute node was started, for
+the agent to start another shard's node the same way (node/agent/node_host.py); `served/`: the
+node's served-work spool (`--commit-dir`), from which the agent commits and reveals
+(`node.agent.commitments`).
 """
 
 from __future__ import annotations
