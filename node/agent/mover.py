@@ -14,8 +14,10 @@ background task, so heartbeats go on meanwhile:
 4. hand in the node's credits of the old shard (they are redeemable only while it is
    registered there), then send `move_shards` (new shard, new endpoint): from its block the
    committee lists the node on the new shard only, so no new session reaches the old process;
-5. adopt the new process (joined.json names it), then drain the old one: its live sessions
-   may finish for `drain_s`; what is still open after that is cut, and its clients go on at
+5. adopt the new process (joined.json names it), then drain the old one: it answers for
+   `linger_s` at least (a client that read the pool just before the move may still open a
+   session there), and its live sessions may finish for `drain_s`; what is still open then is
+   cut, and its clients go on at
    another replica through their failover (a session is never left to hang);
 6. stop the old process.
 
@@ -262,7 +264,10 @@ class Rebalancer:
         started = self.clock()
         sessions = await self.host.live_sessions(old)
         first = sessions
-        while sessions and self.clock() - started < self.policy.drain_s:
+        linger = min(self.policy.linger_s, self.policy.drain_s)
+        while (sessions or self.clock() - started < linger) and (
+            self.clock() - started < self.policy.drain_s
+        ):
             await asyncio.sleep(self.poll_s)
             sessions = await self.host.live_sessions(old)
         waited = self.clock() - started

@@ -50,6 +50,8 @@ class RebalancePolicy:
     max_jitter_s: float = 10.0  # a move waits jitter_s(key) in [0, this) before it goes
     gain_percent: int = 25  # a `weakest` move raises the pool's weakest shard by at least this
     drain_s: float = 60.0  # live sessions on the old shard may finish this long, then are cut
+    linger_s: float = 5.0  # the old process answers at least this long (clients that read the
+    # pool just before the move may still open a session there), unless drain_s is shorter
     load_timeout_s: float = 300.0  # the new shard's node must answer /health within this
 
 

@@ -171,7 +171,9 @@ def test_move_makes_before_it_breaks_and_drains_the_old_node() -> None:
     )
     assert kinds[2:4] == ["on_moved", "adopt"]
     # the old process's sessions finish (2, 1, 0), then it stops; the new one is never discarded
-    assert [e[2] for e in events if e[0] == "sessions"] == [2, 1, 0]
+    looks = [e[2] for e in events if e[0] == "sessions"]
+    assert looks[:3] == [2, 1, 0] and set(looks[3:]) <= {0}  # it lingers linger_s (5 s) at least
+    assert 5 <= len(looks) <= 7
     assert events[-1] == ("stop", "proc-old") and "discard" not in kinds
     assert rebalancer.moves == 1
 
