@@ -12,8 +12,8 @@ a compute node serves and where: its shards and endpoint, nothing else (key, sta
 reputation, status stay); refused for a node that left (INVALID_LIFECYCLE), for another role
 (WRONG_ROLE), to what it already has (MOVE_UNCHANGED), to a shard beyond its model's count in
 genesis `models` (MOVE_SHARD_UNKNOWN), and within `MOVE_COOLDOWN_BLOCKS` of its last move
-(MOVE_TOO_SOON: a node cannot flap between shards). Its prices on the shards it left go (a
-price is per shard; it registers one for the new shard).
+(MOVE_TOO_SOON: a node cannot flap between shards). A move from one shard to another carries
+its price along (the record and its schedule); otherwise its prices on the shards it left go.
 
 Two height-driven rules end a node's standing, each checked at the exact height it is due
 (never a scan of all nodes):
@@ -176,15 +176,29 @@ def move_shards(state: State, tx: SignedTx) -> None:
             f"node {tx.signer} moved at height {moved}; the next move from height "
             f"{int(moved) + MOVE_COOLDOWN_BLOCKS}",
         )
-    for shard in node["shards"]:
-        if shard not in body.shards and state.get(schema.PRICE, schema.price_key(tx.signer, shard)):
-            state.delete(schema.PRICE, schema.price_key(tx.signer, shard))
+    _carry_prices(state, tx.signer, node["shards"], list(body.shards))
     state.put(
         schema.NODE,
         tx.signer,
         {**node, "shards": list(body.shards), "endpoint": body.endpoint, "moved_height": height},
     )
     state.emit("planet.node", node=tx.signer, status=node["status"], moved="1")
+
+
+def _carry_prices(state: State, key: str, old: list[int], new: list[int]) -> None:
+    """A move from one shard to one other carries the node's price record (its schedule) along,
+    so clients never see it routable on the new shard without a price; otherwise the prices on
+    the shards it left go."""
+    records = {}
+    for shard in old:
+        if shard not in new:
+            record = state.get(schema.PRICE, schema.price_key(key, shard))
+            if record is not None:
+                records[shard] = record
+                state.delete(schema.PRICE, schema.price_key(key, shard))
+    target = schema.price_key(key, new[0])
+    if len(old) == len(new) == 1 and old[0] in records and state.get(schema.PRICE, target) is None:
+        state.put(schema.PRICE, target, records[old[0]])
 
 
 def attest_stake(state: State, tx: SignedTx) -> None:

@@ -70,19 +70,31 @@ def test_move_shards_at_most_one_move_per_cooldown() -> None:
     assert node(chain, key)["shards"] == [0]
 
 
-def test_move_shards_drops_the_price_of_the_shard_left_and_a_new_price_is_accepted() -> None:
+def test_move_shards_carries_the_price_to_the_new_shard() -> None:
     chain = Chain(genesis={"models": {"m": {"shards": 3}}})
     key = register(chain, "priced", shards=(0,))
     make_routable(chain, key)
     [priced] = chain.block([chain.tx(SetPrice("m", 0, 7), key)])
     assert priced.code == Code.OK
-    assert chain.state.get(schema.PRICE, schema.price_key(hexkey(key), 0)) is not None
+    record = chain.state.get(schema.PRICE, schema.price_key(hexkey(key), 0))
     [refused] = chain.block([chain.tx(SetPrice("m", 2, 7), key)])
     assert refused.code == Code.PRICE_SHARD  # not its shard yet
     assert _move(chain, key, (2,)) == Code.OK
     assert chain.state.get(schema.PRICE, schema.price_key(hexkey(key), 0)) is None
-    [accepted] = chain.block([chain.tx(SetPrice("m", 2, 7), key)])
-    assert accepted.code == Code.OK
+    assert chain.state.get(schema.PRICE, schema.price_key(hexkey(key), 2)) == record
+    assert node(chain, key)["prices"] == {"2": 7}  # routable there with its price at once
+    [changed] = chain.block([chain.tx(SetPrice("m", 2, 9), key)])
+    assert changed.code == Code.OK
+
+
+def test_move_shards_to_a_span_drops_the_prices_left() -> None:
+    chain = Chain(genesis={"models": {"m": {"shards": 3}}})
+    key = register(chain, "span", shards=(0,))
+    make_routable(chain, key)
+    chain.block([chain.tx(SetPrice("m", 0, 7), key)])
+    assert _move(chain, key, (1, 2)) == Code.OK
+    for shard in (0, 1, 2):
+        assert chain.state.get(schema.PRICE, schema.price_key(hexkey(key), shard)) is None
 
 
 def test_move_shards_without_a_model_count_in_genesis_takes_any_shard() -> None:
