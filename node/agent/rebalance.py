@@ -6,8 +6,10 @@ A node that joined with auto placement (or with `--rebalance`) re-evaluates ever
 comes back). It moves from its shard S to a shard T only when one of these gains holds, in this
 order of preference, and never when the move lowers the pool's weakest shard:
 
-    empty        T has no routable or joining node (the pool answers nothing until every shard
-                 has one) and S keeps at least one routable node after it leaves
+    empty        T has no routable node and none in JOIN (the pool answers nothing until every
+                 shard has one) and S keeps at least one routable node after it leaves; a
+                 SERVING node that is not routable (its stake not agreed yet, or dropped for
+                 work it did not commit) does not hold T: T answers nothing now
     below floor  T's routable + joining nodes are below the chain's `replica_floor`, and S keeps
                  at least `floor` routable nodes after it leaves (a move that only swaps which
                  shard is short is no gain)
@@ -127,7 +129,8 @@ def decide(
     for target in supply:
         if target.shard == current or (available is not None and not available(target.shard)):
             continue
-        kind = _gain(source, target, supply, me, floor, policy.gain_percent)
+        joining = sum(1 for n in nodes if n.status == "JOIN" and target.shard in n.shards)
+        kind = _gain(source, target, supply, me, floor, policy.gain_percent, joining)
         if kind is None:
             continue
         rank = (kind, target.throughput + target.pending * me, tie_rank(key, target.shard), target)
@@ -157,8 +160,10 @@ def _gain(
     me: int,
     floor: int,
     gain_percent: int,
+    joining: int,
 ) -> int | None:
-    """The kind of gain a move from `source` to `target` brings, or None."""
+    """The kind of gain a move from `source` to `target` brings, or None (`joining`: nodes in
+    JOIN on `target`)."""
     before = [s.throughput for s in supply]
     after = list(before)
     after[source.shard] -= me
@@ -166,7 +171,7 @@ def _gain(
     old_min, new_min = min(before), min(after)
     if new_min < old_min:
         return None
-    if target.replicas + target.pending == 0:
+    if target.replicas + joining == 0:
         return EMPTY
     if target.replicas + target.pending < floor and source.replicas - 1 >= floor:
         return BELOW_FLOOR
@@ -189,7 +194,7 @@ def _amount(supply: ShardSupply, measured: bool) -> str:
 def _why(kind: int, source: ShardSupply, target: ShardSupply, measured: bool, floor: int) -> str:
     left = f"shard {source.shard} keeps {source.replicas - 1} routable"
     if kind == EMPTY:
-        return f"shard {target.shard} has no routable or joining node; {left}"
+        return f"shard {target.shard} has no routable node and none joining; {left}"
     if kind == BELOW_FLOOR:
         return (
             f"shard {target.shard} has {_amount(target, measured)}, below the replica floor "

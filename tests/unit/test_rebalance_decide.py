@@ -50,7 +50,7 @@ def test_an_empty_shard_is_filled_from_a_shard_with_two() -> None:
     nodes = pool(0, 0, 1, down=(2,))
     move, target, line = run("n0", nodes)
     assert (move, target) == (True, 2)
-    assert "moving shard 0 -> 2" in line and "no routable or joining node" in line
+    assert "moving shard 0 -> 2" in line and "no routable node and none joining" in line
     # the node alone on shard 1 never empties its own shard to fill another
     assert run("n2", nodes)[:2] == (False, 1)
     assert "only routable node" in run("n2", nodes)[2]
@@ -92,6 +92,14 @@ def test_a_joining_node_fills_the_shard_first() -> None:
     nodes = pool(0, 0, 1, down=(2,), joining=(2,))  # someone is on the way to shard 2
     move, _, line = run("n0", nodes)
     assert move is False and "no shard gains enough" in line
+
+
+def test_a_serving_node_that_is_not_routable_does_not_hold_its_shard() -> None:
+    # shard 2's node is SERVING on chain but not routable (e.g. dropped for uncommitted work):
+    # nobody answers through shard 2 now
+    nodes = [*pool(0, 0, 1), PoolNode(key("dropped"), (2,), "SERVING", False)]
+    move, target, line = run("n0", nodes)
+    assert (move, target) == (True, 2) and "no routable node and none joining" in line
 
 
 def test_the_churn_bound_keeps_a_node_that_moved_lately() -> None:
