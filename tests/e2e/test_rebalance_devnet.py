@@ -10,7 +10,7 @@ so it is not routable once that is due (abci_app/coverage.py), and it goes DOWN 
 agent goes on — the session's later tests need it). That shard then has no routable node; the
 auto-placed node's agent sees the pool change, loads that shard in a second process while its
 old one still serves, re-registers (`move_shards`), drains its old process and stops it. Paid
-questions are asked through the gateway, two at a time, from the stop until the old process is
+questions are asked through the gateway, one after another, from the stop until the old process is
 drained (the gateway routes shard 0 through the moving node or the devnet's): none breaks at the
 move — a question fails only with `no_routable_node` for the short shard while nobody served it,
 and the ones asked after the moved node is listed are answered. The time from the chain no
@@ -92,7 +92,7 @@ def test_an_auto_placed_node_moves_to_a_shard_whose_node_died(
     os.kill(victim["agent_pid"], signal.SIGSTOP)
     stopped_at = time.monotonic()
     asking = threading.Event()
-    askers = [Asker(devnet_env, fresh_user, asking) for _ in range(2)]
+    askers = [Asker(devnet_env, fresh_user, asking)]  # one wallet: one EVM deposit at a time
     for asker in askers:
         asker.start()
 
