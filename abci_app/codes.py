@@ -95,6 +95,10 @@ class Code(IntEnum):
     RELAY_ENDPOINT_TAKEN = 96  # relay with an endpoint another registered relay holds
     # prices again (abci_app/prices.py)
     REDEMPTION_UNPRICED = 97  # redeem on a shard with no price above 0 in the creditable epochs
+    # rebalancing (abci_app/registry.py: the `move_shards` tx)
+    MOVE_UNCHANGED = 98  # move_shards to the shards and endpoint the node already has
+    MOVE_SHARD_UNKNOWN = 100  # move_shards to a shard the node's model does not have (genesis)
+    MOVE_TOO_SOON = 101  # a second move_shards within registry.MOVE_COOLDOWN_BLOCKS
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

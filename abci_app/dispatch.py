@@ -29,7 +29,7 @@ from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
 from protocol.committee.envelope import SignedTx
 from protocol.committee.gateways import GatewayBind
 from protocol.committee.prices import SetPrice
-from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
+from protocol.committee.registry import AttestStake, Heartbeat, Leave, MoveShards, RegisterNode
 from protocol.committee.relays import RegisterRelay
 from protocol.committee.settlement import PayoutVote, WorkReport
 from protocol.committee.verification import (
@@ -66,6 +66,7 @@ HANDLERS: dict[str, Handler] = {
     RegisterNode.TYPE: registry.register_node,
     Heartbeat.TYPE: registry.heartbeat,
     Leave.TYPE: registry.leave,
+    MoveShards.TYPE: registry.move_shards,
     AttestStake.TYPE: registry.attest_stake,
     RegisterRelay.TYPE: registry.register_relay,
     CommitBatch.TYPE: serving(commitments.commit),

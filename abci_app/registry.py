@@ -1,14 +1,22 @@
 """The node registry: registration, lifecycle, stake, and what ends a registration.
 
-Txs (`register_node`, `heartbeat`, `leave`, `attest_stake`, and `relay`: an overlay relay
-registers with its endpoint and X25519 key, and shares the rest; /relays lists the staked ones,
-relay_queries.py): each handler reads through
+Txs (`register_node`, `heartbeat`, `leave`, `attest_stake`, `move_shards`, and `relay`: an
+overlay relay registers with its endpoint and X25519 key, and shares the rest; /relays lists the
+staked ones, relay_queries.py): each handler reads through
 `state.get`, refuses (`rules.reject`) before writing anything when a rule fails, and otherwise
 writes with `state.put`; a refused tx changes nothing but its signer's nonce.
 
 Lifecycle (`node/<key>.status`): JOIN at registration; a heartbeat makes JOIN/DOWN SERVING;
-`leave` makes it LEFT (final). Two height-driven rules end a node's standing, each checked at
-the exact height it is due (never a scan of all nodes):
+`leave` makes it LEFT (final). `move_shards` (rebalancing, node/agent/rebalance.py) changes what
+a compute node serves and where: its shards and endpoint, nothing else (key, stake,
+reputation, status stay); refused for a node that left (INVALID_LIFECYCLE), for another role
+(WRONG_ROLE), to what it already has (MOVE_UNCHANGED), to a shard beyond its model's count in
+genesis `models` (MOVE_SHARD_UNKNOWN), and within `MOVE_COOLDOWN_BLOCKS` of its last move
+(MOVE_TOO_SOON: a node cannot flap between shards). A move from one shard to another carries
+its price along (the record and its schedule); otherwise its prices on the shards it left go.
+
+Two height-driven rules end a node's standing, each checked at the exact height it is due
+(never a scan of all nodes):
 
 - **Heartbeat timeout**: a JOIN/SERVING node whose last heartbeat — or last evidence of
   service (`last_served`, liveness.py) — is more than `heartbeat_timeout` blocks old becomes
@@ -29,9 +37,11 @@ from abci_app import prices, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
-from protocol.committee.registry import AttestStake, RegisterNode
+from protocol.committee.registry import AttestStake, MoveShards, RegisterNode
 from protocol.committee.relays import RELAY_ROLE, RegisterRelay
 
+# blocks between two moves of one node (`move_shards`); the node's agent waits minutes anyway
+MOVE_COOLDOWN_BLOCKS = 10
 # the entries of a node key that an expired registration deletes (and `evm/<its address>`)
 NODE_NAMESPACES = (schema.NODE, schema.REPUTATION, schema.STAKE, schema.NONCE)
 
@@ -144,6 +154,51 @@ def leave(state: State, tx: SignedTx) -> None:
     )
     release_relay(state, tx.signer)
     state.emit("planet.node", node=tx.signer, status=schema.LEFT)
+
+
+def move_shards(state: State, tx: SignedTx) -> None:
+    """A compute node now serves `body.shards` of its model at `body.endpoint`."""
+    body: MoveShards = tx.body
+    node = rules.compute_node(state, tx.signer)
+    if list(body.shards) == node["shards"] and body.endpoint == node["endpoint"]:
+        rules.reject(Code.MOVE_UNCHANGED, f"node {tx.signer} already serves {list(body.shards)}")
+    count = state.genesis.models.get(node["model"])
+    if count is not None and body.shards[-1] >= count:
+        rules.reject(
+            Code.MOVE_SHARD_UNKNOWN,
+            f"model {node['model']} has shards 0..{count - 1}, not {body.shards[-1]}",
+        )
+    height = state.block_height
+    moved = node.get("moved_height")
+    if moved is not None and height - int(moved) < MOVE_COOLDOWN_BLOCKS:
+        rules.reject(
+            Code.MOVE_TOO_SOON,
+            f"node {tx.signer} moved at height {moved}; the next move from height "
+            f"{int(moved) + MOVE_COOLDOWN_BLOCKS}",
+        )
+    _carry_prices(state, tx.signer, node["shards"], list(body.shards))
+    state.put(
+        schema.NODE,
+        tx.signer,
+        {**node, "shards": list(body.shards), "endpoint": body.endpoint, "moved_height": height},
+    )
+    state.emit("planet.node", node=tx.signer, status=node["status"], moved="1")
+
+
+def _carry_prices(state: State, key: str, old: list[int], new: list[int]) -> None:
+    """A move from one shard to one other carries the node's price record (its schedule) along,
+    so clients never see it routable on the new shard without a price; otherwise the prices on
+    the shards it left go."""
+    records = {}
+    for shard in old:
+        if shard not in new:
+            record = state.get(schema.PRICE, schema.price_key(key, shard))
+            if record is not None:
+                records[shard] = record
+                state.delete(schema.PRICE, schema.price_key(key, shard))
+    target = schema.price_key(key, new[0])
+    if len(old) == len(new) == 1 and old[0] in records and state.get(schema.PRICE, target) is None:
+        state.put(schema.PRICE, target, records[old[0]])
 
 
 def attest_stake(state: State, tx: SignedTx) -> None:

@@ -5,6 +5,10 @@
         --committee-rpc http://127.0.0.1:27001 [--committee-rpc URL ...] [--capacity 64] \
         [--commit-dir H/run/served]
 
+With `--rebalance` the agent also moves the node to another shard of its model when the pool
+gains from it (node/agent/mover.py, rebalance.py; `planet join` passes it for auto placement):
+it starts the new shard's compute node the way `planet join` did (`<home>/run/node_launch.json`).
+
 Keys come from the operator home (`wallet.json`, `node_key.json`); the password from
 `--password-file` or `$PLANET_PASSWORD` (never a prompt: the agent runs detached).
 Logs go to stderr as key=value lines.
@@ -17,6 +21,7 @@ import asyncio
 import logging
 import os
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -25,7 +30,10 @@ from node.agent.agent import AgentConfig, NodeAgent
 from node.agent.commitments import Committer
 from node.agent.credit_locker import SpoolLocker
 from node.agent.credit_till import CreditTill, SpoolRedeemer
+from node.agent.mover import Rebalancer
+from node.agent.node_host import ProcessHost, read_launch
 from node.agent.pricing import PriceKeeper
+from node.agent.rebalance import RebalancePolicy
 from node.chain.committee_link import CommitteeLink
 from node.keys import PasswordSource, load_node_key, load_wallet
 from node.links import NodeKeyPin, link_ssl
@@ -69,8 +77,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="register this price on the committee chain: positions one credit buys on the "
         "shard (0: free); a change counts from the next epoch",
     )
+    parser.add_argument(
+        "--rebalance",
+        action="store_true",
+        help="move to another shard of the model when the pool gains from it (rebalance.py)",
+    )
+    policy = RebalancePolicy()
+    parser.add_argument(
+        "--rebalance-every",
+        type=int,
+        default=policy.every_blocks,
+        help=f"blocks between periodic looks at the pool (default {policy.every_blocks})",
+    )
+    parser.add_argument(
+        "--rebalance-cooldown-s",
+        type=float,
+        default=policy.cooldown_s,
+        help=f"at most one move in this many seconds (default {policy.cooldown_s:.0f})",
+    )
+    parser.add_argument(
+        "--rebalance-jitter-s",
+        type=float,
+        default=policy.max_jitter_s,
+        help="a move first waits a delay in [0, this) drawn from the node key "
+        f"(default {policy.max_jitter_s:.0f})",
+    )
+    parser.add_argument(
+        "--rebalance-drain-s",
+        type=float,
+        default=policy.drain_s,
+        help=f"live sessions on the old shard may finish this long (default {policy.drain_s:.0f})",
+    )
     parser.add_argument("--log-level", default=os.environ.get("PLANET_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
+    if (
+        args.rebalance_every < 1
+        or min(args.rebalance_cooldown_s, args.rebalance_jitter_s, args.rebalance_drain_s) < 0
+    ):
+        parser.error("--rebalance-every must be >= 1 and the --rebalance-*-s values >= 0")
     if args.credit_positions is not None and not 0 <= args.credit_positions <= MAX_PRICE_POSITIONS:
         parser.error(f"--credit-positions must be 0 (free) … {MAX_PRICE_POSITIONS}")
     return args
@@ -122,23 +166,71 @@ async def run(args: argparse.Namespace) -> int:
             link,
             healthy=lambda: _healthy(session, config.endpoint, pin),
             committer=committer,
-            pricer=None
-            if args.credit_positions is None
-            else PriceKeeper(link, manifest.model_hash, args.shard, args.credit_positions),
-            redeemer=None
-            if args.credits_dir is None
-            else SpoolRedeemer(
-                CreditTill(link, manifest.model_hash, args.shard),
-                CreditSpool(args.credits_dir),
-                locker=SpoolLocker(
-                    link, manifest.model_hash, args.shard, CreditSpool(args.credits_dir)
-                ),
-            ),
         )
+        _serve_shard(agent, link, args, manifest.model_hash, args.shard)
+        if args.rebalance:
+            agent.rebalancer = _rebalancer(agent, link, args, manifest, signer, password)
         try:
             return await agent.run(stop)
         finally:
             await link.close()
+
+
+def _serve_shard(
+    agent: NodeAgent, link: CommitteeLink, args: argparse.Namespace, model: str, shard: int
+) -> None:
+    """The agent's price keeper and credit redeemer for `shard` (again after a move)."""
+    agent.pricer = (
+        None
+        if args.credit_positions is None
+        else PriceKeeper(link, model, shard, args.credit_positions)
+    )
+    agent.redeemer = (
+        None
+        if args.credits_dir is None
+        else SpoolRedeemer(
+            CreditTill(link, model, shard),
+            CreditSpool(args.credits_dir),
+            locker=SpoolLocker(link, model, shard, CreditSpool(args.credits_dir)),
+        )
+    )
+
+
+def _rebalancer(
+    agent: NodeAgent,
+    link: CommitteeLink,
+    args: argparse.Namespace,
+    manifest: Manifest,
+    signer: str,
+    password: str,
+) -> Rebalancer:
+    run_dir = args.home / "run"
+    host = ProcessHost(run_dir, read_launch(run_dir), signer, password)
+
+    async def before_move() -> None:  # credits of the old shard redeem only while there
+        if agent.redeemer is not None:
+            await agent.redeemer.step()
+
+    async def on_moved(shard: int, endpoint: str) -> None:
+        agent.config = replace(agent.config, shards=(shard,), endpoint=endpoint)
+        _serve_shard(agent, link, args, manifest.model_hash, shard)
+
+    return Rebalancer(
+        key=signer,
+        model=manifest.model_hash,
+        shard_count=len(manifest.shards),
+        link=link,
+        host=host,
+        chain=agent,
+        policy=RebalancePolicy(
+            every_blocks=args.rebalance_every,
+            cooldown_s=args.rebalance_cooldown_s,
+            max_jitter_s=args.rebalance_jitter_s,
+            drain_s=args.rebalance_drain_s,
+        ),
+        before_move=before_move,
+        on_moved=on_moved,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,9 @@ more than T blocks → DOWN, leave → LEFT (final). The agent
    of the chain's `heartbeat_timeout` by default), or at once when the chain says DOWN/JOIN;
 4. registers the node's price on the chain (`pricing.py`: positions per credit, 0 = free)
    and redeems the credits its clients paid with (`credit_till.py`): the node's only pay;
-5. on stop (SIGTERM/SIGINT) sends `leave` and waits for it to commit (bounded).
+5. when it rebalances (joined with auto placement, or `--rebalance`), looks at its model's
+   pool and moves to a shard that gains from it (`mover.Rebalancer`, `rebalance.decide`);
+6. on stop (SIGTERM/SIGINT) sends `leave` and waits for it to commit (bounded).
 
 A validator RPC that is down is retried with backoff (and the next URL tried); nothing a
 validator answers makes the agent crash. Only facts that no retry can change stop it with a
@@ -119,6 +121,9 @@ class NodeAgent:
         self.redeemer = redeemer
         # `node.agent.pricing.PriceKeeper` (None: the node registers no price)
         self.pricer = pricer
+        # `node.agent.mover.Rebalancer` (None: the node stays on its shard)
+        self.rebalancer: Any = None
+        self._stop = asyncio.Event()
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -213,6 +218,11 @@ class NodeAgent:
 
         return await retry(once, f"send {body.TYPE}", self.backoff, stop, transient=TRANSIENT)
 
+    async def send(self, body: Any) -> tuple[int, str]:
+        """Submit a tx signed by the node key and wait for its FinalizeBlock code (the
+        rebalancer's `move_shards`); retried while the committee does not answer."""
+        return await self._submit_and_wait(body, self._stop)
+
     def _note_status(self, view: dict[str, Any]) -> None:
         status = view.get("status")
         if status != self.status:
@@ -273,6 +283,7 @@ class NodeAgent:
 
     async def run(self, stop: asyncio.Event, *, leave_on_stop: bool = True) -> int:
         """Until `stop`: register, then heartbeat. Returns the process exit status."""
+        self._stop = stop
         try:
             await self.wait_healthy(stop)
             view = await self.ensure_registered(stop)
@@ -291,6 +302,8 @@ class NodeAgent:
                         await self.pricer.step()
                     if self.redeemer is not None:
                         await self.redeemer.step()
+                    if self.rebalancer is not None:
+                        await self.rebalancer.step(height, stop)
                     checks += 1
                     if checks % 5 == 1:
                         view = await self.link.node(self.key)
@@ -315,6 +328,9 @@ class NodeAgent:
         except FatalAgentError as error:
             log.error("%s%s", error.message, f" (hint: {error.hint})" if error.hint else "")
             return error.exit_status
+        finally:
+            if self.rebalancer is not None:
+                await self.rebalancer.close()
         if leave_on_stop and self.status is not None:
             return 0 if await self.leave() else 1
         return 0

@@ -3,8 +3,11 @@ compute node + agent background processes with their pid and log files.
 
 Files in `<home>/run/`: `node-<K>.log|.pid` (the compute node, `node.server.launcher`),
 `agent.log|.pid`, and `joined.json` `{shard, port, endpoint, model, manifest, node_pid, agent_pid,
-node_key}` — what `planet leave` and `planet status` read; `served/`: the node's served-work
-spool (`--commit-dir`), from which the agent commits and reveals (`node.agent.commitments`).
+node_key}` — what `planet leave` and `planet status` read (a rebalancing agent rewrites it when
+the node moves to another shard); `node_launch.json`: how the compute node was started, for
+the agent to start another shard's node the same way (node/agent/node_host.py); `served/`: the
+node's served-work spool (`--commit-dir`), from which the agent commits and reveals
+(`node.agent.commitments`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from node.agent.__main__ import AGENT_MARKER
+from node.agent.node_host import NodeLaunch, write_launch
 from node.keys import PASSWORD_ENV
 from node.model.manifest import Manifest, manifest_path, verify_file
 from node.procs import command_line, runs_another_program, spawn_logged
@@ -201,22 +205,22 @@ def start_node_and_agent(
     host: str = "127.0.0.1",
     private_range: str | None = None,
     credit_positions: int = 0,
+    rebalance: bool = False,
 ) -> Joined:
     """Spawn the compute node (bound to `host`:`port`, registered at that address) and the
     agent, detached; returns at once. `private_range`: see `_next_hop_args`.
     `credit_positions` > 0: the node computes only what clients pay for with credits, that many
     positions each; they are spooled to `<home>/run/credits` and the agent redeems them. The
     agent registers `credit_positions` as the node's price on the committee chain (0: free),
-    the price clients read and redemptions are held to (abci_app/prices.py)."""
+    the price clients read and redemptions are held to (abci_app/prices.py). `rebalance`: the
+    agent may move the node to another shard (node/agent/mover.py), starting the new shard's
+    node as this one was (`node_launch.json`)."""
     run_dir = home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
-    node = start_node(
+    launch = NodeLaunch(
         manifest=manifest_file,
-        shard=shard,
-        port=port,
         host=host,
-        run_dir=run_dir,
-        extra_args=[
+        extra_args=(
             "--max-sessions",
             str(capacity),
             "--commit-dir",
@@ -224,9 +228,19 @@ def start_node_and_agent(
             *_ticket_args(committee_rpcs),
             *_next_hop_args(committee_rpcs, f"https://{_url_host(host)}:{port}", private_range),
             *_credit_args(credit_positions, run_dir),
-        ],
-        extra_env={PASSWORD_ENV: password},
+        ),
         node_key=home / "node_key.json",  # TLS bound to the registered key: https:// endpoint
+    )
+    write_launch(run_dir, launch)
+    node = start_node(
+        manifest=manifest_file,
+        shard=shard,
+        port=port,
+        host=host,
+        run_dir=run_dir,
+        extra_args=list(launch.extra_args),
+        extra_env={PASSWORD_ENV: password},
+        node_key=launch.node_key,
     )
     argv = [
         sys.executable, "-m", AGENT_MARKER,
@@ -242,6 +256,8 @@ def start_node_and_agent(
     argv += ["--credit-positions", str(credit_positions)]  # the price it registers (0: free)
     if credit_positions:
         argv += ["--credits-dir", str(run_dir / CREDITS_DIR)]
+    if rebalance:
+        argv += ["--rebalance", *_rebalance_tuning()]
     agent_log = run_dir / AGENT_LOG
     agent = spawn_logged(argv, agent_log, env={**os.environ, "PLANET_PASSWORD": password})
     joined = Joined(
@@ -259,6 +275,20 @@ def start_node_and_agent(
     (run_dir / "agent.pid").write_text(f"{agent.pid}\n")
     (run_dir / JOINED_FILE).write_text(json.dumps(asdict(joined), indent=1) + "\n")
     return joined
+
+
+def _rebalance_tuning() -> list[str]:
+    """`PLANET_REBALANCE_ARGS`: extra agent flags (`--rebalance-cooldown-s 30 …`), for tests and
+    benches that cannot wait the defaults; only the agent's `--rebalance-*` flags pass."""
+    words = os.environ.get("PLANET_REBALANCE_ARGS", "").split()
+    flags = {"--rebalance-every", "--rebalance-cooldown-s", "--rebalance-jitter-s"}
+    flags.add("--rebalance-drain-s")
+    if len(words) % 2 or any(flag not in flags for flag in words[::2]):
+        raise UsageError(
+            f"PLANET_REBALANCE_ARGS={' '.join(words)!r}: expected pairs of "
+            f"{', '.join(sorted(flags))} and a value"
+        )
+    return words
 
 
 def stop_agent(pid: int, grace_s: float = 25.0) -> bool:

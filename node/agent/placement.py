@@ -19,17 +19,16 @@ node), then the one with the fewest replicas, or the slowest ones when speeds ar
       index       the lowest shard index: the same pool state gives every joiner the same
                   answer
 
-A node key the committee already lists for the model keeps its registered shard (a registration
-is final; moving needs `planet leave` and a new home).
+A node key the committee already lists for the model keeps its registered shard (a running node
+moves only by rebalancing, node/agent/rebalance.py and mover.py: `move_shards`).
 
 The committee's answer is untrusted input (a validator's RPC is a peer): `parse_nodes` turns
 the `/nodes?model=M&role=compute` answer into typed `PoolNode`s at this one boundary or refuses
 it as `MalformedPoolAnswer`, naming the field. Pure: no I/O, no clock; `read_pool` takes any
 object with the `CommitteeLink.query` coroutine.
 
-Not here (issue 44, later): spans of several consecutive shards in one process, rebalancing a
-running node (a shard that falls below the floor is filled by the next joiner, not yet by a
-running node moving), several models in one node.
+Not here (issue 44, later): spans of several consecutive shards in one process, several models
+in one node. Rebalancing a running node: rebalance.py (the rule, over `pool_supply`), mover.py.
 """
 
 from __future__ import annotations
@@ -246,7 +245,7 @@ def choose_shard(
         shard = own.shards[0]
         reason = (
             f"shard {shard} of {shard_count}: this node key is already registered for it "
-            "(a registration is final; to move, `planet leave` and join from a new home)"
+            "(it moves only by rebalancing: `move_shards`, node/agent/mover.py)"
         )
         return Placement(model, shard, supply, measured, reason)
 

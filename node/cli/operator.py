@@ -65,7 +65,16 @@ pool answers no faster than its weakest shard. join asks the committee which nod
 shard of the model and takes the weakest: a shard nobody serves first, then the one with the
 fewest routable nodes (ties: fewer nodes still joining, then the lowest index), and prints
 why, e.g. "shard 2 of 3: it has 0 routable nodes (shards 0 and 1 have 1 each)". A node key
-already registered keeps its shard. One shard per node; a node does not move later.
+already registered keeps its shard. One shard per node.
+rebalancing: a node placed automatically keeps watching the pool and moves to another shard
+when that gains (a shard with nobody, one below the chain's replica floor while its own keeps
+the floor, or a clear raise of the weakest shard), at most once per 10 minutes, after a delay
+drawn from its node key; it loads the new shard in a second process, re-registers for it
+(`move_shards`), lets live sessions on the old shard finish (60 s at most; clients fail over
+after that) and stops the old process. Its agent log says each decision: "rebalance: stayed
+on shard 0: …" or "rebalance: moving shard 0 -> 2: …". A node joined with --shard K stays
+there (the operator's choice) unless --rebalance says it may move; --no-rebalance keeps an
+auto-placed node where it landed.
 the node binds and registers --host (default: the address this machine reaches the committee
 from: 127.0.0.1 on the loopback devnet, the host's own address inside `devnet exec HOST`)
 """,
@@ -154,6 +163,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="K|auto",
         help="shard index to serve, or auto (the default): the weakest shard of the pool, "
         "as the committee lists it (see below)",
+    )
+    join.add_argument(
+        "--rebalance",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let the node move to another shard when the pool gains from it (default: on "
+        "with auto placement, off with --shard K; see rebalancing below)",
     )
     join.add_argument("--port", type=int, default=0, help="node port (default: a free one)")
     join.add_argument(
@@ -459,6 +475,7 @@ def _join(args: argparse.Namespace) -> int:
         host=host,
         private_range=config.next_hop_range,
         credit_positions=price,
+        rebalance=args.rebalance if args.rebalance is not None else placement is not None,
     )
     if price == 0:
         _say(

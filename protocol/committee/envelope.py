@@ -23,7 +23,7 @@ from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
 from protocol.committee.gateways import GatewayBind
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.prices import SetPrice
-from protocol.committee.registry import AttestStake, Heartbeat, Leave, RegisterNode
+from protocol.committee.registry import AttestStake, Heartbeat, Leave, MoveShards, RegisterNode
 from protocol.committee.relays import RegisterRelay
 from protocol.committee.settlement import PayoutVote, WorkReport
 from protocol.committee.verification import (
@@ -75,6 +75,7 @@ TxBody = (
     | CreditMint
     | CreditRedeem
     | RegisterRelay
+    | MoveShards
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -102,6 +103,7 @@ BODY_TYPES: dict[str, Any] = {
         CreditMint,
         CreditRedeem,
         RegisterRelay,
+        MoveShards,
     )
 }
 

@@ -1,4 +1,4 @@
-"""Node registry txs: `register_node`, `heartbeat`, `leave`, `attest_stake`.
+"""Node registry txs: `register_node`, `heartbeat`, `leave`, `attest_stake`, `move_shards`.
 
 A node key registers bound to an EVM address: the EVM key signs `registration_message(node
 key)` (EIP-191 personal_sign, `sign_registration`), and the chain recovers the address from it
@@ -57,19 +57,8 @@ class RegisterNode:
         role = b["role"]
         if role not in ROLES:
             raise TxDecodeError(f"body.role: expected one of {ROLES}")
-        shards = tuple(
-            check.integer(s, "body.shards[]", 0, 65535)
-            for s in check.items(b["shards"], "shards", 256)
-        )
-        if list(shards) != sorted(set(shards)):
-            raise TxDecodeError("body.shards: must be strictly ascending")
-        endpoint = b["endpoint"]
-        if (
-            not isinstance(endpoint, str)
-            or not 0 < len(endpoint) <= 256
-            or not endpoint.isprintable()
-        ):
-            raise TxDecodeError("body.endpoint: expected a printable string of 1..256 chars")
+        shards = _shards(b["shards"])
+        endpoint = _endpoint(b["endpoint"])
         return cls(
             evm_address=check.text(b["evm_address"], "body.evm_address", ADDRESS),
             evm_signature=check.text(b["evm_signature"], "body.evm_signature", SIG65),
@@ -79,6 +68,43 @@ class RegisterNode:
             endpoint=endpoint,
             capacity=check.integer(b["capacity"], "body.capacity", 1, 1_000_000),
         )
+
+
+def _shards(value: Any) -> tuple[int, ...]:
+    """1-256 strictly ascending shard indexes 0-65535."""
+    shards = tuple(
+        check.integer(s, "body.shards[]", 0, 65535) for s in check.items(value, "shards", 256)
+    )
+    if list(shards) != sorted(set(shards)):
+        raise TxDecodeError("body.shards: must be strictly ascending")
+    return shards
+
+
+def _endpoint(value: Any) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= 256 or not value.isprintable():
+        raise TxDecodeError("body.endpoint: expected a printable string of 1..256 chars")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class MoveShards:
+    """A registered compute node now serves `shards` of its model at `endpoint` (rebalancing:
+    node/agent/rebalance.py). Its key, stake, reputation and status stay; the chain refuses a
+    move to what it already serves, to a shard its model does not have, and a second move
+    within `MOVE_COOLDOWN_BLOCKS` (abci_app/registry.py)."""
+
+    shards: tuple[int, ...]
+    endpoint: str
+
+    TYPE: ClassVar[str] = "move_shards"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint, "shards": list(self.shards)}
+
+    @classmethod
+    def from_json(cls, body: Any) -> MoveShards:
+        b = check.exact_object(body, "body", {"endpoint", "shards"})
+        return cls(shards=_shards(b["shards"]), endpoint=_endpoint(b["endpoint"]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,17 +145,18 @@ def fresh_user(devnet_env: dict[str, str], shared_devnet: dict[str, Any], tmp_pa
 @pytest.fixture
 def new_operator(
     devnet_env: dict[str, str], shared_devnet: dict[str, Any], tmp_path: Path
-) -> Iterator[Callable[[int], Operator]]:
-    """`new_operator(shard)`: an operator home of this test's own, funded, staked and joined;
+) -> Iterator[Callable[..., Operator]]:
+    """`new_operator(shard)`: an operator home of this test's own, funded, staked and joined
+    (`shard` "auto": auto placement; `extra_env`: more environment for its `planet join`);
     whatever still runs of it is stopped (leave) after the test."""
     homes: list[Path] = []
     model = Path(shared_devnet["manifest"]).parent.name  # the devnet's model, by name
 
-    def make(shard: int) -> Operator:
+    def make(shard: int | str, extra_env: dict[str, str] | None = None) -> Operator:
         home = tmp_path / f"operator{len(homes)}"
         homes.append(home)
         _OPERATOR_HOMES.append(home)
-        return join_operator(devnet_env, home, shard, model)
+        return join_operator({**devnet_env, **(extra_env or {})}, home, shard, model)
 
     yield make
     for home in homes:

@@ -154,8 +154,9 @@ def operator_env(env: dict[str, str], home: Path) -> dict[str, str]:
     return {**env, "PLANET_PASSWORD": f"operator {home.name} pw"}
 
 
-def join_operator(env: dict[str, str], home: Path, shard: int, model: str) -> Operator:
-    """A new operator home: its wallet funded, staked as compute, and joined to `shard`."""
+def join_operator(env: dict[str, str], home: Path, shard: int | str, model: str) -> Operator:
+    """A new operator home: its wallet funded, staked as compute, and joined to `shard` (or
+    "auto": the pool's weakest shard)."""
     from node.keys import create_wallet
 
     own_env = operator_env(env, home)

@@ -529,3 +529,12 @@ def test_join_help_teaches_auto_placement(capsys) -> None:
     out = capsys.readouterr().out
     assert "auto placement" in out and "weakest shard" in out
     assert "--shard K|auto" in out
+
+
+def test_join_help_teaches_rebalancing(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["join", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--rebalance, --no-rebalance" in out
+    assert "default: on with auto placement, off with --shard K" in out
+    assert "A node joined with --shard K stays there" in out and "rebalance: stayed" in out

@@ -1,0 +1,216 @@
+"""Whether a running node should move to another shard of its model's pool (issue 44,
+rebalancing): a pure decision over the committee's view of the pool, logged one line a time.
+
+A node that joined with auto placement (or with `--rebalance`) re-evaluates every
+`every_blocks` blocks and whenever the pool it reads changes (a node joins, leaves, goes DOWN or
+comes back). It moves from its shard S to a shard T only when one of these gains holds, in this
+order of preference, and never when the move lowers the pool's weakest shard:
+
+    empty        T has no routable node and none in JOIN (the pool answers nothing until every
+                 shard has one) and S keeps at least one routable node after it leaves; a
+                 SERVING node that is not routable (its stake not agreed yet, or dropped for
+                 work it did not commit) does not hold T: T answers nothing now
+    below floor  T's routable + joining nodes are below the chain's `replica_floor`, and S keeps
+                 at least `floor` routable nodes after it leaves (a move that only swaps which
+                 shard is short is no gain)
+    weakest      T is the pool's weakest shard, nobody is joining it, and the move raises the
+                 pool's weakest shard (min over shards of routable throughput) by at least
+                 `gain_percent` — counts of routable nodes while the committee records no
+                 measured speed
+
+Among the shards that gain, the kind above wins, then the shard with the least routable +
+joining supply, then a hash of (node key, shard): equal shards are ranked differently by
+different nodes, so two nodes that see the same short shards do not all pick the same one,
+and one node always picks the same one (deterministic per node key).
+
+Bounded churn: at most one move per node per `cooldown_s` (and the chain refuses a second move
+within `MOVE_COOLDOWN_BLOCKS`, abci_app/registry.py); a node that decides to move first waits
+`jitter_s(key)`, a delay in [0, max_jitter_s) drawn from its node key, then reads the pool
+again and decides again, so the nodes that saw the same loss do not stampede to one shard.
+
+Not moved: a node the committee does not list, or lists as not routable (it does not count
+where it is), a node serving a span of several shards, and a node alone on its shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from node.agent.placement import PoolNode, ShardSupply, pool_supply
+
+EMPTY, BELOW_FLOOR, WEAKEST = 0, 1, 2  # the kinds of gain, in order of preference
+
+
+@dataclass(frozen=True, slots=True)
+class RebalancePolicy:
+    """How often a node looks, how much gain moves it, and the bounds on churn and moving."""
+
+    every_blocks: int = 30  # re-evaluate at least this often (and whenever the pool changes)
+    cooldown_s: float = 600.0  # at most one move per node in this many seconds
+    max_jitter_s: float = 10.0  # a move waits jitter_s(key) in [0, this) before it goes
+    gain_percent: int = 25  # a `weakest` move raises the pool's weakest shard by at least this
+    drain_s: float = 60.0  # live sessions on the old shard may finish this long, then are cut
+    linger_s: float = 5.0  # the old process answers at least this long (clients that read the
+    # pool just before the move may still open a session there), unless drain_s is shorter
+    load_timeout_s: float = 300.0  # the new shard's node must answer /health within this
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Stay on `current`, or move to `target` (== current when staying), and why."""
+
+    move: bool
+    current: int
+    target: int
+    reason: str
+
+    def line(self) -> str:
+        if self.move:
+            return f"rebalance: moving shard {self.current} -> {self.target}: {self.reason}"
+        return f"rebalance: stayed on shard {self.current}: {self.reason}"
+
+
+def jitter_s(key: str, max_s: float) -> float:
+    """The node's delay before a move: in [0, max_s), the same for the same node key."""
+    if max_s <= 0:
+        return 0.0
+    draw = int.from_bytes(hashlib.sha256(f"planet rebalance jitter/{key}".encode()).digest()[:8])
+    return (draw % 1_000_000) / 1_000_000 * max_s
+
+
+def tie_rank(key: str, shard: int) -> bytes:
+    """Order among equally good shards, different per node key."""
+    return hashlib.sha256(f"planet rebalance tie/{key}/{shard}".encode()).digest()
+
+
+Fingerprint = tuple[tuple[str, tuple[int, ...], str, bool], ...]
+
+
+def pool_fingerprint(nodes: Sequence[PoolNode]) -> Fingerprint:
+    """What a change of the pool is measured by: who serves what, with which status."""
+    return tuple(sorted((n.key, n.shards, n.status, n.routable) for n in nodes))
+
+
+def decide(
+    key: str,
+    nodes: Sequence[PoolNode],
+    shard_count: int,
+    floor: int,
+    *,
+    now_s: float,
+    last_move_s: float | None,
+    policy: RebalancePolicy,
+    speeds: Mapping[str, int] | None = None,
+    available: Callable[[int], bool] | None = None,
+) -> Decision:
+    """Stay or move, for the node `key` in the pool `nodes` (`shard_count` shards, the chain's
+    `floor`); `last_move_s`: when it last moved (same clock as `now_s`), None: never;
+    `available(shard)`: whether this node can load that shard (its file is on disk)."""
+    own = next((n for n in nodes if n.key == key), None)
+    if own is None:
+        return Decision(False, -1, -1, "the committee does not list this node yet")
+    current = own.shards[0]
+    if len(own.shards) != 1:
+        return Decision(False, current, current, f"it serves a span of shards {list(own.shards)}")
+    if not own.routable:
+        return Decision(
+            False, current, current, f"this node is not routable ({own.status}): it counts nowhere"
+        )
+    supply, measured = pool_supply(nodes, shard_count, speeds)
+    if current >= shard_count:
+        return Decision(False, current, current, f"shard {current} is not one of the model's")
+    me = speeds[key] if measured and speeds is not None else 1
+    source = supply[current]
+    if source.throughput - me <= 0:
+        return Decision(False, current, current, "it is the only routable node of its shard")
+    best: tuple[int, int, bytes, ShardSupply] | None = None
+    for target in supply:
+        if target.shard == current or (available is not None and not available(target.shard)):
+            continue
+        joining = sum(1 for n in nodes if n.status == "JOIN" and target.shard in n.shards)
+        kind = _gain(source, target, supply, me, floor, policy.gain_percent, joining)
+        if kind is None:
+            continue
+        rank = (kind, target.throughput + target.pending * me, tie_rank(key, target.shard), target)
+        if best is None or rank[:3] < best[:3]:
+            best = rank
+    if best is None:
+        return Decision(False, current, current, _no_gain(source, supply, measured, floor))
+    kind, _, _, target = best
+    why = _why(kind, source, target, measured, floor)
+    if last_move_s is not None and now_s - last_move_s < policy.cooldown_s:
+        wait = policy.cooldown_s - (now_s - last_move_s)
+        return Decision(
+            False,
+            current,
+            current,
+            f"shard {target.shard} would gain ({why}), but this node moved "
+            f"{now_s - last_move_s:.0f} s ago: at most one move per {policy.cooldown_s:.0f} s "
+            f"(next in {wait:.0f} s)",
+        )
+    return Decision(True, current, target.shard, why)
+
+
+def _gain(
+    source: ShardSupply,
+    target: ShardSupply,
+    supply: Sequence[ShardSupply],
+    me: int,
+    floor: int,
+    gain_percent: int,
+    joining: int,
+) -> int | None:
+    """The kind of gain a move from `source` to `target` brings, or None (`joining`: nodes in
+    JOIN on `target`)."""
+    before = [s.throughput for s in supply]
+    after = list(before)
+    after[source.shard] -= me
+    after[target.shard] += me
+    old_min, new_min = min(before), min(after)
+    if new_min < old_min:
+        return None
+    if target.replicas + joining == 0:
+        return EMPTY
+    if target.replicas + target.pending < floor and source.replicas - 1 >= floor:
+        return BELOW_FLOOR
+    if (
+        target.pending == 0
+        and target.throughput == old_min
+        and new_min > old_min
+        and new_min * 100 >= old_min * (100 + gain_percent)
+    ):
+        return WEAKEST
+    return None
+
+
+def _amount(supply: ShardSupply, measured: bool) -> str:
+    nodes = f"{supply.replicas} routable"
+    joining = f" + {supply.pending} joining" if supply.pending else ""
+    return (f"{supply.throughput} tokens/s over " if measured else "") + nodes + joining
+
+
+def _why(kind: int, source: ShardSupply, target: ShardSupply, measured: bool, floor: int) -> str:
+    left = f"shard {source.shard} keeps {source.replicas - 1} routable"
+    if kind == EMPTY:
+        return f"shard {target.shard} has no routable node and none joining; {left}"
+    if kind == BELOW_FLOOR:
+        return (
+            f"shard {target.shard} has {_amount(target, measured)}, below the replica floor "
+            f"of {floor}; {left} (>= the floor)"
+        )
+    return (
+        f"shard {target.shard} is the weakest ({_amount(target, measured)}); the move raises "
+        f"the pool's weakest shard; {left}"
+    )
+
+
+def _no_gain(source: ShardSupply, supply: Sequence[ShardSupply], measured: bool, floor: int) -> str:
+    weakest = min(supply, key=lambda s: (s.throughput + s.pending, s.shard))
+    if weakest.shard == source.shard:
+        return f"its shard is the weakest ({_amount(source, measured)})"
+    return (
+        f"no shard gains enough from a move (its shard has {_amount(source, measured)}, the "
+        f"weakest, shard {weakest.shard}, has {_amount(weakest, measured)}; floor {floor})"
+    )
