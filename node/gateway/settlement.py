@@ -260,7 +260,9 @@ class WorkLedger:
             shares = circuit.shares(tokens)
         else:
             shares = [(node, tokens) for node in circuit.nodes]
-        work = [[node.key, node.shard, served] for node, served in shares]
+        # a node credited nothing (a failover's replacement that computed no token) is no item:
+        # the committee refuses a 0-token work item, and with it the whole report's fees
+        work = [[node.key, node.shard, served] for node, served in shares if served > 0]
         fee = int(receipt["fee_wei"])
         item = charge_item(receipt)
         query = None
@@ -305,6 +307,8 @@ class WorkLedger:
         if entry.get("n") is not None:
             self.recorded_through = max(self.recorded_through, int(entry["n"]))
         for node, shard, tokens in entry["work"]:
+            if int(tokens) <= 0:  # written by a ledger before that rule (record): no item
+                continue
             place = (str(node), int(shard))
             self.work[place] = self.work.get(place, 0) + int(tokens)
         if entry["query"] is not None:

@@ -356,3 +356,26 @@ def test_a_receipt_becomes_the_charge_the_chain_checks() -> None:
     assert made is not None
     assert (made.kind, made.id, made.total, made.cap) == ("key", "0x" + "cd" * 32, 120, 900)
     assert charge_item(receipt(1, 1, 1, 5)) is None
+
+
+class _FailedOver:
+    """A circuit after a failover: the first node computed every token, its replacement none."""
+
+    def __init__(self, nodes: tuple[Any, ...]) -> None:
+        self.nodes = nodes
+
+    def shares(self, tokens: int) -> list[tuple[Any, int]]:
+        return [(self.nodes[0], tokens), (self.nodes[1], 0)]
+
+
+def test_a_node_credited_no_tokens_is_left_out_and_the_report_stays_valid() -> None:
+    """A node a failover credited 0 tokens is not an item: the committee refuses a 0-token work
+    item in CheckTx, and with it the whole report, its query fees included (seen on the devnet)."""
+    ledger = WorkLedger("sha256:" + "0" * 64, [(0, 10), (10, 30)])
+    hops = circuit(A, B).nodes
+    ledger.record(receipt(1, 3, 2, 50), _FailedOver((hops[0], RoutableNode(C, "http://c", 0))))
+    report = ledger.take()
+    assert report is not None
+    assert [(w.node, w.tokens) for w in report.work] == [(A, 5)]
+    assert report.queries == (("0x" + f"{1:064x}", 50),)
+    assert decode(sign(report, GATEWAY, 1).encode()).body == report
