@@ -278,17 +278,20 @@ class CostBook:
         costs = self._priced(usable, url, seen, triable)
         limit = min(costs) * self.near + self.slack_s
         near = [i for i, cost in enumerate(costs) if cost <= limit]
-        if prefer is not None and len(near) > 1:
-            held = [prefer(usable[i]) for i in near]
-            if max(held) > 0:
-                near = [i for i, count in zip(near, held, strict=True) if count == max(held)]
+        due: list[int] = []
         if any(value is not None for value in seen):
-            # explore first: a node due for a trial is tried now, not on a coin flip
+            # explore first: a node due for a trial is tried now, not on a coin flip, and
+            # before any prefix preference (a new node holds no prefix: it would never be tried)
             due = [i for i in near if seen[i] is None and triable[i]]
-            near = due or near
             for i, cost in enumerate(costs):
                 if seen[i] is not None and cost > limit:
                     self._seen_slow(url(usable[i]))
+        if due:
+            near = due
+        elif prefer is not None and len(near) > 1:
+            held = [prefer(usable[i]) for i in near]
+            if max(held) > 0:
+                near = [i for i, count in zip(near, held, strict=True) if count == max(held)]
         pick = near[self._random.randrange(len(near))]
         trial = seen[pick] is None and any(value is not None for value in seen)
         self._count_trial(url(usable[pick]), trial, now)

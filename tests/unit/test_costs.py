@@ -229,6 +229,23 @@ def test_a_node_due_for_a_trial_is_tried_first_not_on_a_coin_flip() -> None:
         assert book.get("new").trials == 1  # a trial: backed off if it turns out slow
 
 
+def test_a_node_due_for_a_trial_is_tried_before_a_replica_holding_the_prompts_prefix() -> None:
+    """A new replica holds no prefix: were the prefix preferred before the trial, a network
+    whose questions share a system prompt would never try it, nor pay it (seen on the devnet:
+    a new operator's node was never routed a question)."""
+    for seed in range(20):
+        book = CostBook(rng=random.Random(seed))
+        for url in ("holder", "new"):
+            book.observe_info(url, _info(0.0, 0), 0.002)
+            book.observe_info(url, _info(0.5, 10), 0.002)
+        book.observe_circuit(["holder"], 0.080)
+        held = {"holder": 3}
+        assert book.choose(["holder", "new"], str, lambda url: held.get(url, 0)) == "new", seed
+        # once tried, the prefix decides among the near-cheapest again
+        book.observe_circuit(["new"], 0.080)
+        assert book.choose(["holder", "new"], str, lambda url: held.get(url, 0)) == "holder"
+
+
 def test_a_node_met_slow_on_a_cold_start_is_not_retried_as_soon_as_its_passes_age_out() -> None:
     """A fresh client's first question went through the slow node (nothing was seen yet, so
     no trial); once the fast one is seen, the slow one is outside the band, which counts as a
