@@ -239,11 +239,14 @@ def test_a_node_due_for_a_trial_is_tried_before_a_replica_holding_the_prompts_pr
             book.observe_info(url, _info(0.0, 0), 0.002)
             book.observe_info(url, _info(0.5, 10), 0.002)
         book.observe_circuit(["holder"], 0.080)
-        held = {"holder": 3}
-        assert book.choose(["holder", "new"], str, lambda url: held.get(url, 0)) == "new", seed
+        assert book.choose(["holder", "new"], str, _holds_three) == "new", seed
         # once tried, the prefix decides among the near-cheapest again
         book.observe_circuit(["new"], 0.080)
-        assert book.choose(["holder", "new"], str, lambda url: held.get(url, 0)) == "holder"
+        assert book.choose(["holder", "new"], str, _holds_three) == "holder"
+
+
+def _holds_three(url: str) -> int:
+    return 3 if url == "holder" else 0
 
 
 def test_a_node_met_slow_on_a_cold_start_is_not_retried_as_soon_as_its_passes_age_out() -> None:
