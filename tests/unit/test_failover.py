@@ -368,7 +368,9 @@ async def test_one_hiccup_in_a_trial_nodes_first_passes_does_not_move_the_questi
     pick = FirstOrLast()
     async with aiohttp.ClientSession() as http:
         source = _source(http, manifest, hops)
-        source.costs = CostBook(rng=pick)
+        # slack for a loaded machine's pass times (tens of ms, the tiny model's passes are a
+        # few): the mean with the 0.5 s hiccup (~170 ms a pass) is still far beyond it
+        source.costs = CostBook(rng=pick, slack_s=0.05)
 
         async def nothing(count: int) -> None:
             pass
