@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from node.client.sampling import SamplingConfig
+from node.retry import Stopped, until_stopped
 from node.verifier.asker import GatewayAsker
 from node.verifier.attribution import CircuitScore, attribute, unresolved
 from node.verifier.challenges import epoch_challenges, generated_text, text_length
@@ -148,7 +149,12 @@ class VerifierWorker:
         try:
             while not stop.is_set():
                 try:
-                    await self.step()
+                    # a challenge takes seconds (a paid question, the reference pass): a
+                    # SIGTERM cancels it rather than waiting for it (its result is dropped,
+                    # the scores file keeps the last complete report)
+                    await until_stopped(self.step(), stop)
+                except Stopped:
+                    break
                 except PlanetError as error:
                     log.warning("verifier step failed: %s", error.message)
                     await _sleep(stop, 2.0)
