@@ -61,6 +61,7 @@ from protocol.errors import PlanetError
 log = logging.getLogger(__name__)
 
 TAU = 300_000  # C below this is abnormal (genesis reputation.tau default)
+IDLE_POLLS = 10  # an idle worker looks at the epoch itself at least every 10 polls
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,14 @@ class VerifierWorker:
         self._texts: dict[int, asyncio.Task[list[int]]] = {}  # epoch → its challenge text
         self._turns: asyncio.Task[None] | None = None  # the epochs' chain txs, one after another
         self._turned = -1  # the last epoch whose chain txs were started
+        self._new_epoch = asyncio.Event()  # set by `follow` when an epoch begins
 
     # -- the loop --------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         follower = asyncio.create_task(self.follow(stop))
         try:
             while not stop.is_set():
+                self._new_epoch.clear()  # an epoch `follow` sees begin from now on wakes `_idle`
                 try:
                     # a challenge takes seconds (a paid question, the reference pass): a
                     # SIGTERM cancels it rather than waiting for it (its result is dropped,
@@ -160,7 +163,7 @@ class VerifierWorker:
                     await _sleep(stop, 2.0)
                     continue
                 if self.state is not None and not self.state.pending:
-                    await _sleep(stop, self.settings.poll_s)
+                    await self._idle(stop)
         finally:
             follower.cancel()
             if self._turns is not None:
@@ -173,20 +176,39 @@ class VerifierWorker:
         blocks committed the epoch before would go to nobody."""
         while not stop.is_set():
             try:
-                self.turn(await self.current_epoch())
+                if self.turn(await self.current_epoch()):
+                    self._new_epoch.set()  # wakes an idle `run`
             except PlanetError as error:
                 log.warning("verifier epoch follow: %s", error.message)
             except (KeyError, TypeError, ValueError) as error:
                 log.warning("verifier epoch follow: malformed committee answer: %r", error)
             await _sleep(stop, self.settings.poll_s)
 
-    def turn(self, epoch: int) -> None:
-        """Start `epoch`'s chain txs (after the previous epoch's) unless already started."""
+    def turn(self, epoch: int) -> bool:
+        """Start `epoch`'s chain txs (after the previous epoch's) unless already started;
+        whether this call started them."""
         if epoch <= self._turned:
-            return
+            return False
         self._turned = epoch
         self.seeds.ensure(epoch + 1)
         self._turns = asyncio.create_task(self._chain_turn(epoch, self._turns))
+        return True
+
+    async def _idle(self, stop: asyncio.Event) -> None:
+        """With the epoch's work done: wait until `follow` sees the next epoch begin (it reads
+        `/epochs` every `poll_s`; reading it here too only doubled those queries), or `stop`,
+        at most IDLE_POLLS polls (should `follow` fail, the loop still looks itself)."""
+        woken = asyncio.ensure_future(self._new_epoch.wait())
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait(
+                (woken, stopped),
+                timeout=self.settings.poll_s * IDLE_POLLS,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            woken.cancel()
+            stopped.cancel()
 
     async def settle(self) -> None:
         """Wait until every epoch's chain txs (seeds, verdicts) are sent."""
