@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +142,7 @@ class VerifierWorker:
         self.verdicts_disabled = settings.operator_key is None
         self.sampled_map = SampledMap()
         self._texts: dict[int, asyncio.Task[list[int]]] = {}  # epoch → its challenge text
+        self._closing = threading.Event()  # set as `run` ends: a text being written stops
         self._turns: asyncio.Task[None] | None = None  # the epochs' chain txs, one after another
         self._turned = -1  # the last epoch whose chain txs were started
         self._new_epoch = asyncio.Event()  # set by `follow` when an epoch begins
@@ -168,6 +170,9 @@ class VerifierWorker:
             follower.cancel()
             if self._turns is not None:
                 self._turns.cancel()
+            self._closing.set()  # the process waits for its threads: a text stops at its next token
+            for task in self._texts.values():
+                task.cancel()
 
     async def follow(self, stop: asyncio.Event) -> None:
         """Start each epoch's chain txs as the epoch begins, even while a challenge of an
@@ -305,7 +310,7 @@ class VerifierWorker:
             settings.challenges_per_epoch, settings.prompt_tokens, settings.continuation_tokens
         )
         task = asyncio.create_task(
-            asyncio.to_thread(generated_text, self.reference, seed, epoch, length)
+            asyncio.to_thread(generated_text, self.reference, seed, epoch, length, self._closing)
         )
         self._texts[epoch] = task
         return task
