@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 
 from deploy.committee.network import Network
@@ -74,19 +74,11 @@ def split_name(name: str) -> tuple[str, int]:
     return process, int(name[len(process) :])
 
 
-def spawn(
-    network: Network,
-    process: str,
-    index: int,
-    argv: list[str],
-    env: Mapping[str, str] | None = None,
-) -> int:
-    """Start validator `index`'s `process` detached (its pid file and log); `env` defaults to
-    this process's environment."""
+def spawn(network: Network, process: str, index: int, argv: list[str]) -> int:
     log_path = network.log_path(process, index)
     network.pid_path(process, index).parent.mkdir(parents=True, exist_ok=True)
     validator = network.validators[index]
-    child = spawn_logged(validator.command(argv), log_path, env=env, cwd=validator.home)
+    child = spawn_logged(validator.command(argv), log_path, cwd=validator.home)
     network.pid_path(process, index).write_text(f"{child.pid}\n")
     log.info("started process=%s%d pid=%d log=%s", process, index, child.pid, log_path)
     return child.pid

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import sys
 import time
@@ -62,26 +61,6 @@ def cometbft_command(network: Network, validator: Validator) -> list[str]:
     if network.app == "kvstore":
         argv += ["--proxy_app", "kvstore"]
     return argv
-
-
-def cometbft_env(validators: int, cores: int | None = None) -> dict[str, str]:
-    """The environment of a local network's cometbft processes: this one, with GOMAXPROCS set
-    to this host's cores shared out among its validators (at least 1) unless it is set already.
-    Every validator runs on this host; with Go's default of one scheduler thread per core each
-    idle validator's runtime wakes threads on every core to look for work. Measured on 2 cores
-    with 4 validators: 8.1 → 5.6 CPU-s a minute for the four, at the same block rate."""
-    env = dict(os.environ)
-    if "GOMAXPROCS" not in env:
-        cores = cores if cores is not None else _usable_cores()
-        env["GOMAXPROCS"] = str(max(1, cores // max(1, validators)))
-    return env
-
-
-def _usable_cores() -> int:
-    """The cores this process may run on (its affinity where the OS tells it)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _listens(port: int, netns: str | None) -> bool:
@@ -147,7 +126,6 @@ def start_network(
             ports[validator.abci_port] = f"app of validator{validator.index}"
     require_ports(ports)
     started: dict[str, int] = {}
-    go_env = cometbft_env(len(network.validators))
     try:
         for validator in planned:
             index = validator.index
@@ -163,7 +141,7 @@ def start_network(
                     netns=validator.netns,
                 )
             started[f"cometbft{index}"] = spawn(
-                network, "cometbft", index, cometbft_command(network, validator), env=go_env
+                network, "cometbft", index, cometbft_command(network, validator)
             )
             progress(f"validator{index}: started")
         if wait:

@@ -21,7 +21,6 @@ from deploy.committee.generate import InitOptions, init_network
 from deploy.committee.genesis import DEFAULT_EVM_CHAIN_ID, app_state, configure_genesis
 from deploy.committee.network import Network, Validator, load_network
 from deploy.committee.processes import log_tail, read_pid, running_processes, stop_network
-from deploy.committee.start import cometbft_env
 from node.keys import OPERATOR_KEY_FILE, read_operator_key
 from node.procs import START_MARKER
 from protocol.errors import ConfigError, UsageError
@@ -77,19 +76,6 @@ def test_set_toml_values_missing_key_raises_config_error() -> None:
     with pytest.raises(ConfigError) as raised:
         set_toml_values(SAMPLE_TOML, {"rpc": {"pex": False}})
     assert "[rpc] pex" in raised.value.message
-
-
-def test_local_validators_share_the_hosts_cores_between_their_go_schedulers(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv("GOMAXPROCS", raising=False)
-    monkeypatch.setenv("PLANET_SOMETHING", "kept")
-    assert cometbft_env(4, cores=2)["GOMAXPROCS"] == "1"  # never 0
-    assert cometbft_env(4, cores=16)["GOMAXPROCS"] == "4"
-    assert cometbft_env(1, cores=2)["GOMAXPROCS"] == "2"
-    assert cometbft_env(4, cores=2)["PLANET_SOMETHING"] == "kept"
-    monkeypatch.setenv("GOMAXPROCS", "3")  # a person's own choice wins
-    assert cometbft_env(4, cores=2)["GOMAXPROCS"] == "3"
 
 
 def test_node_id_from_key_matches_cometbft() -> None:
