@@ -2,10 +2,13 @@
 
     backoff = Backoff(initial_s=0.5, max_s=10)
     result = await retry(lambda: link.height(), "read height", backoff, stop)
+    answer = await until_stopped(asker.ask(challenge), stop)
 
 `retry` keeps calling until the call succeeds or `stop` is set (then `Stopped`); it retries
 only on the transient errors given (`UnavailableError` by default), logs each failure with the
-delay before the next try, and lets anything else propagate.
+delay before the next try, and lets anything else propagate. `until_stopped` runs one long piece
+of work (a challenge, an epoch's spot checks) that must not hold a SIGTERM up: when `stop` is
+set first, the work is cancelled at its next await and `Stopped` is raised.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from protocol.errors import PlanetError, UnavailableError
 
@@ -54,6 +57,27 @@ async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
         async with asyncio.timeout(seconds):
             await stop.wait()
     return stop.is_set()
+
+
+async def until_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T:
+    """`await work`, unless `stop` is set before it finishes: then it is cancelled (it unwinds
+    through its own `finally` blocks; a thread it awaits finishes on its own, its result
+    dropped) and awaited, and `Stopped` is raised. Work that finished first keeps its result."""
+    if stop.is_set():
+        work.close()
+        raise Stopped("stopped before it started")
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # let it unwind first
+    if task.cancelled():
+        raise Stopped("stopped while it ran")
+    return task.result()
 
 
 async def retry(

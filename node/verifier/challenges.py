@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,7 +38,7 @@ import torch
 
 from node.client.sampling import SamplingConfig, sample
 from node.verifier.scoring import Challenge
-from protocol.errors import UsageError
+from protocol.errors import PlanetError, UsageError
 
 SEED_BYTES = 32
 TEXT_DOMAIN = b"planet/challenge-text/v1"
@@ -98,11 +99,26 @@ def _start_tokens(vocab: dict[str, int], digest: bytes) -> list[int]:
     return [words[first], words[second]]
 
 
+class TextAbandoned(PlanetError):
+    """`generated_text` was told to stop (the verifier is shutting down) before the text was
+    written."""
+
+    code = "text_abandoned"
+
+
 @torch.inference_mode()
-def generated_text(reference: Any, seed: bytes, epoch: int, length: int) -> list[int]:
+def generated_text(
+    reference: Any,
+    seed: bytes,
+    epoch: int,
+    length: int,
+    abandon: threading.Event | None = None,
+) -> list[int]:
     """`length` token ids the reference model writes from (seed, epoch): the secret, fresh text
     of that epoch's challenges. `reference`: node.verifier.reference.Reference (head, shards
-    with caches, vocab). Deterministic for one model and code."""
+    with caches, vocab). Deterministic for one model and code. It runs in a thread for ~10 s:
+    once `abandon` is set it stops before its next token (`TextAbandoned`), so a stopping
+    verifier does not wait for it."""
     if len(seed) != SEED_BYTES:
         raise UsageError(f"a challenge seed is {SEED_BYTES} bytes")
     digest = hashlib.sha256(TEXT_DOMAIN + seed + epoch.to_bytes(8, "big")).digest()
@@ -114,6 +130,8 @@ def generated_text(reference: Any, seed: bytes, epoch: int, length: int) -> list
     hidden = reference.head.embed(ids)
     positions = torch.arange(len(ids))
     while True:
+        if abandon is not None and abandon.is_set():
+            raise TextAbandoned(f"epoch {epoch}'s challenge text abandoned at {len(ids)} tokens")
         for shard, cache in zip(reference.shards, caches, strict=True):
             hidden = shard.forward(hidden, positions, cache)
         if len(ids) >= length:

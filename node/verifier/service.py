@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import signal
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 import aiohttp
 from nacl.signing import SigningKey
 
+from node.retry import Stopped, until_stopped
 from node.server.next_hops import Network
 from node.verifier.asker import GatewayAsker, PersonalAsker
 from node.verifier.calibration import CALIBRATION_FILE
@@ -130,6 +133,13 @@ async def publish_endpoint(link: Any, url: str, *, tries: int = 5, pause_s: floa
     return False
 
 
+async def _until_stopped_quietly(work: Coroutine[Any, Any, Any], stop: asyncio.Event) -> None:
+    """`work` until it ends or `stop` is set (then it is cancelled): its tries and pauses must
+    not hold a SIGTERM up."""
+    with contextlib.suppress(Stopped):
+        await until_stopped(work, stop)
+
+
 async def serve(config: VerifierConfig) -> int:
     from node.chain.committee_link import CommitteeLink, signer_nonce_file
     from node.chain.evm.account import PlanetChain
@@ -194,7 +204,7 @@ async def serve(config: VerifierConfig) -> int:
                 host, port = config.findings_listen
                 findings = await serve_findings(checker.book, host, port)
                 url = config.findings_url or f"http://{host}:{port}"
-                runs.append(publish_endpoint(link, url))
+                runs.append(_until_stopped_quietly(publish_endpoint(link, url), stop))
             else:
                 log.warning(
                     "findings not served (no --findings-listen): the other verifiers cannot "

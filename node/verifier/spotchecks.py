@@ -56,6 +56,7 @@ from typing import Any
 
 import aiohttp
 
+from node.retry import Stopped, until_stopped
 from node.verifier.findings import FindingBook, PeerFindings
 from node.verifier.ticket_client import spot_check
 from node.verifier.tickets import TicketResult, judge_ticket
@@ -212,29 +213,39 @@ class SpotChecker:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                current = int((await self.link.query("/epochs"))["current"])
-                if self.last_epoch == 0:
-                    self.last_epoch = max(0, current - 2)
-                while self.last_epoch + 1 < current and not stop.is_set():
-                    epoch = self.last_epoch + 1
-                    if too_late(epoch, current):
-                        log.warning(
-                            "spot checks epoch=%d skipped: the committee is at epoch %d, too "
-                            "late for the nodes' tickets (this verifier fell behind)",
-                            epoch,
-                            current,
-                        )
-                    else:
-                        await self.check_epoch(epoch)
-                    self.last_epoch += 1
-                    current = int((await self.link.query("/epochs"))["current"])
-                await self.rejudge(current)
+                # an epoch's checks wait up to the ticket deadline (30 s): a SIGTERM cancels
+                # them (each finding is written whole; `last_epoch` moves past an epoch only
+                # once its checks are done)
+                await until_stopped(self.check_new_epochs(stop), stop)
+            except Stopped:
+                break
             except PlanetError as error:
                 log.warning("spot checks: %s", error.message)
             except (KeyError, TypeError, ValueError, aiohttp.ClientError) as error:
                 log.warning("spot checks: malformed committee answer: %r", error)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.poll_s)
+
+    async def check_new_epochs(self, stop: asyncio.Event) -> None:
+        """One look at the committee: check every epoch closed since the last pass, then
+        re-judge the peers' findings."""
+        current = int((await self.link.query("/epochs"))["current"])
+        if self.last_epoch == 0:
+            self.last_epoch = max(0, current - 2)
+        while self.last_epoch + 1 < current and not stop.is_set():
+            epoch = self.last_epoch + 1
+            if too_late(epoch, current):
+                log.warning(
+                    "spot checks epoch=%d skipped: the committee is at epoch %d, too "
+                    "late for the nodes' tickets (this verifier fell behind)",
+                    epoch,
+                    current,
+                )
+            else:
+                await self.check_epoch(epoch)
+            self.last_epoch += 1
+            current = int((await self.link.query("/epochs"))["current"])
+        await self.rejudge(current)
 
     async def _blocks(self, nodes: Sequence[str], epoch: int) -> dict[str, int]:
         """Each node's committed blocks of `epoch` as the chain counts them (`/coverage`)."""

@@ -37,12 +37,14 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from node.client.sampling import SamplingConfig
+from node.retry import Stopped, until_stopped
 from node.verifier.asker import GatewayAsker
 from node.verifier.attribution import CircuitScore, attribute, unresolved
 from node.verifier.challenges import epoch_challenges, generated_text, text_length
@@ -60,6 +62,7 @@ from protocol.errors import PlanetError
 log = logging.getLogger(__name__)
 
 TAU = 300_000  # C below this is abnormal (genesis reputation.tau default)
+IDLE_POLLS = 10  # an idle worker looks at the epoch itself at least every 10 polls
 
 
 @dataclass(frozen=True)
@@ -139,26 +142,37 @@ class VerifierWorker:
         self.verdicts_disabled = settings.operator_key is None
         self.sampled_map = SampledMap()
         self._texts: dict[int, asyncio.Task[list[int]]] = {}  # epoch → its challenge text
+        self._closing = threading.Event()  # set as `run` ends: a text being written stops
         self._turns: asyncio.Task[None] | None = None  # the epochs' chain txs, one after another
         self._turned = -1  # the last epoch whose chain txs were started
+        self._new_epoch = asyncio.Event()  # set by `follow` when an epoch begins
 
     # -- the loop --------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         follower = asyncio.create_task(self.follow(stop))
         try:
             while not stop.is_set():
+                self._new_epoch.clear()  # an epoch `follow` sees begin from now on wakes `_idle`
                 try:
-                    await self.step()
+                    # a challenge takes seconds (a paid question, the reference pass): a
+                    # SIGTERM cancels it rather than waiting for it (its result is dropped,
+                    # the scores file keeps the last complete report)
+                    await until_stopped(self.step(), stop)
+                except Stopped:
+                    break
                 except PlanetError as error:
                     log.warning("verifier step failed: %s", error.message)
                     await _sleep(stop, 2.0)
                     continue
                 if self.state is not None and not self.state.pending:
-                    await _sleep(stop, self.settings.poll_s)
+                    await self._idle(stop)
         finally:
             follower.cancel()
             if self._turns is not None:
                 self._turns.cancel()
+            self._closing.set()  # the process waits for its threads: a text stops at its next token
+            for task in self._texts.values():
+                task.cancel()
 
     async def follow(self, stop: asyncio.Event) -> None:
         """Start each epoch's chain txs as the epoch begins, even while a challenge of an
@@ -167,20 +181,39 @@ class VerifierWorker:
         blocks committed the epoch before would go to nobody."""
         while not stop.is_set():
             try:
-                self.turn(await self.current_epoch())
+                if self.turn(await self.current_epoch()):
+                    self._new_epoch.set()  # wakes an idle `run`
             except PlanetError as error:
                 log.warning("verifier epoch follow: %s", error.message)
             except (KeyError, TypeError, ValueError) as error:
                 log.warning("verifier epoch follow: malformed committee answer: %r", error)
             await _sleep(stop, self.settings.poll_s)
 
-    def turn(self, epoch: int) -> None:
-        """Start `epoch`'s chain txs (after the previous epoch's) unless already started."""
+    def turn(self, epoch: int) -> bool:
+        """Start `epoch`'s chain txs (after the previous epoch's) unless already started;
+        whether this call started them."""
         if epoch <= self._turned:
-            return
+            return False
         self._turned = epoch
         self.seeds.ensure(epoch + 1)
         self._turns = asyncio.create_task(self._chain_turn(epoch, self._turns))
+        return True
+
+    async def _idle(self, stop: asyncio.Event) -> None:
+        """With the epoch's work done: wait until `follow` sees the next epoch begin (it reads
+        `/epochs` every `poll_s`; reading it here too only doubled those queries), or `stop`,
+        at most IDLE_POLLS polls (should `follow` fail, the loop still looks itself)."""
+        woken = asyncio.ensure_future(self._new_epoch.wait())
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait(
+                (woken, stopped),
+                timeout=self.settings.poll_s * IDLE_POLLS,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            woken.cancel()
+            stopped.cancel()
 
     async def settle(self) -> None:
         """Wait until every epoch's chain txs (seeds, verdicts) are sent."""
@@ -277,7 +310,7 @@ class VerifierWorker:
             settings.challenges_per_epoch, settings.prompt_tokens, settings.continuation_tokens
         )
         task = asyncio.create_task(
-            asyncio.to_thread(generated_text, self.reference, seed, epoch, length)
+            asyncio.to_thread(generated_text, self.reference, seed, epoch, length, self._closing)
         )
         self._texts[epoch] = task
         return task

@@ -100,6 +100,8 @@ class MintFunder:
         )
         if not whole:
             log.warning("over %d mints wait for funding: the rest waits a pass", len(waiting))
+        if not waiting:
+            return []  # the usual pass: nothing to weigh, no epoch to read
         current = int((await self.committee.query("/epochs"))["current"])
         todo: dict[str, list[dict[str, Any]]] = {}
         buyers: set[str] = set()

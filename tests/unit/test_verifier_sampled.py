@@ -5,6 +5,7 @@ the model, the gateway and the committee."""
 from __future__ import annotations
 
 import json
+import threading
 from typing import ClassVar
 
 import numpy as np
@@ -12,7 +13,12 @@ import pytest
 import torch
 
 from node.client.sampling import SamplingConfig, sample
-from node.verifier.challenges import epoch_challenges, generated_text, text_length
+from node.verifier.challenges import (
+    TextAbandoned,
+    epoch_challenges,
+    generated_text,
+    text_length,
+)
 from node.verifier.echo import vocabulary_index
 from node.verifier.report import SCORES_FILE
 from node.verifier.sampled import (
@@ -182,6 +188,31 @@ class TinyModel:
 
     head = Head()
     shards: ClassVar[list[Shard]] = [Shard(), Shard()]
+
+
+def test_a_text_being_written_stops_at_its_next_token_once_abandoned() -> None:
+    """A stopping verifier sets `abandon`: the thread writing an epoch's text (~10 s on the
+    real model) ends before its next token instead of holding the process's exit up."""
+    model = TinyModel()
+    abandon = threading.Event()
+    calls = 0
+    forward = TinyModel.Shard.forward
+
+    def counting(self, hidden, positions, cache):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls == 10:
+            abandon.set()  # the verifier stops while the text is under way
+        return forward(self, hidden, positions, cache)
+
+    TinyModel.Shard.forward = counting  # type: ignore[method-assign]
+    try:
+        with pytest.raises(TextAbandoned):
+            generated_text(model, b"\x07" * 32, 9, text_length(4, 8, 16), abandon)
+    finally:
+        TinyModel.Shard.forward = forward  # type: ignore[method-assign]
+    assert calls == 10  # both shards of token 5, then nothing more
+    assert len(generated_text(model, b"\x07" * 32, 9, 20, threading.Event())) == 20
 
 
 def test_generated_text_is_fixed_by_seed_and_epoch_and_starts_with_words() -> None:

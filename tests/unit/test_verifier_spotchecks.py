@@ -4,6 +4,7 @@ the chain's epoch record and commitments, and what it does with a node that send
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from pathlib import Path
@@ -343,3 +344,26 @@ async def test_the_checker_reads_every_page_of_a_nodes_commitments(tmp_path: Pat
         stuck = _PagedLink(count=5, repeat=True)
         records = await _checker(stuck, http, vote, tmp_path)._commitments_of(NODE)  # type: ignore[arg-type]
         assert len(stuck.asked) == 2 and len(records) == 4  # the same cursor twice: it stops
+
+
+async def test_a_stop_cancels_an_epochs_checks_waiting_for_tickets(tmp_path: Path) -> None:
+    """SIGTERM (`stop`) while the checks of epoch 2 wait for a node's tickets (deadline 30 s):
+    `run` returns within a second, and the epoch is not counted as checked."""
+
+    async def vote(result, node_key, epoch) -> None:
+        raise AssertionError("no verdict from a cancelled check")
+
+    link = _Link(f"http://127.0.0.1:{_closed_port()}")
+    async with aiohttp.ClientSession() as http:
+        checker = SpotChecker(
+            link, [object(), object()],
+            Tolerance(max_ulp=1, min_match_per_mille=1000, max_mean_ulp_milli=0), http, vote,
+            home=tmp_path, rate_ppm=10**6, deadline_s=30, retry_s=0.1,
+        )  # fmt: skip
+        stop = asyncio.Event()
+        running = asyncio.create_task(checker.run(stop))
+        await asyncio.sleep(0.5)  # epoch 2's tickets are being fetched, in vain
+        stop.set()
+        await asyncio.wait_for(running, 1)
+    assert checker.last_epoch == 1  # epoch 2 was not finished: not counted as checked
+    assert link.sent == [] and not (tmp_path / COUNTS_FILE).exists()

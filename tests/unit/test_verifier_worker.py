@@ -330,3 +330,63 @@ async def test_worker_commits_every_epochs_seed_while_a_long_challenge_runs(tmp_
     gate.set()
     stop.set()
     await asyncio.wait_for(running, 5)
+
+
+async def test_a_stop_cancels_the_running_challenge_at_once(tmp_path) -> None:
+    """SIGTERM (the `stop` event) while a challenge waits on the gateway: `run` returns within
+    a second, the challenge is cancelled (its clean-up runs), and the scores file keeps the last
+    complete report — the cancelled challenge writes nothing (`planet devnet down` waited
+    10 s for such a verifier, then killed it)."""
+    link = FakeLink(epoch=3)
+    worker = _worker(tmp_path, link)
+    await _step(worker)
+    link.epoch = 4
+    await _step(worker)  # epoch 4's first challenge: a complete report
+    before = (tmp_path / SCORES_FILE).read_bytes()
+    asking, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def endless_ask(challenge: Challenge) -> Asked:
+        asking.set()
+        try:
+            await asyncio.Event().wait()  # a gateway that never answers
+        finally:
+            cancelled.set()
+        raise AssertionError("unreachable")
+
+    worker.asker.ask = endless_ask  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    await asyncio.wait_for(asking.wait(), 5)
+    stop.set()
+    await asyncio.wait_for(running, 1)
+    assert cancelled.is_set()
+    assert (tmp_path / SCORES_FILE).read_bytes() == before
+    assert not list(tmp_path.glob(f".{SCORES_FILE}.*"))  # no temporary left behind
+
+
+async def test_an_idle_worker_leaves_the_epoch_polling_to_follow_and_wakes_when_it_turns(
+    tmp_path,
+) -> None:
+    """Between epochs (its challenges done) the worker reads `/epochs` once per poll — the
+    `follow` loop's read — not twice (its own loop read it too, ~1 query a second per
+    verifier for nothing), and still opens the next epoch within a few polls of its start."""
+    link = FakeLink(epoch=3)
+    worker = _worker(tmp_path, link)
+    poll_s = 0.02
+    worker.settings = dataclasses.replace(worker.settings, poll_s=poll_s)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    await asyncio.sleep(0.2)  # epoch 3 opened (no seed of its own: nothing to ask)
+    assert worker.state is not None and worker.state.epoch == 3 and not worker.state.pending
+    before = link.queried.count("/epochs")
+    await asyncio.sleep(40 * poll_s)
+    polls = link.queried.count("/epochs") - before
+    assert 10 <= polls <= 50  # follow's ~40 reads (scheduling slack), not ~80
+    link.epoch = 4
+    for _ in range(100):
+        if worker.state.epoch == 4:
+            break
+        await asyncio.sleep(poll_s)
+    assert worker.state.epoch == 4 and worker.state.challenges  # 4's seed was committed in 3
+    stop.set()
+    await asyncio.wait_for(running, 1)

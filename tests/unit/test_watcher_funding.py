@@ -39,6 +39,7 @@ class Chain:
     refuse: int = 0  # the code the next fund_mint gets (then 0)
     statement_page: int = 1000  # statements a `/payouts` page lists
     payout_reads: int = 0
+    queried: list[str] = field(default_factory=list)  # every query's path, in order
 
     def _payouts(self, after: str | None) -> dict[str, Any]:
         """A page of the statements as abci_app/payout_queries.py lists them: newest first by
@@ -67,6 +68,7 @@ class Chain:
         return _id(n)
 
     async def query(self, path: str, **params: Any) -> Any:
+        self.queried.append(path)
         if path == "/mints" and params.get("pending") == "true":
             return {"mints": [m for m in self.mints.values() if m["funded_height"] is None]}
         if path == "/mints":
@@ -113,6 +115,13 @@ async def test_a_covered_mint_is_vouched_for_and_a_payer_without_balance_is_not(
     covered, broke = chain.mint(1), chain.mint(2, payer=OTHER)
     assert await _funder(chain, escrow).step() == [covered]
     assert chain.sent == [FundMint(covered)] and broke not in {b.mint for b in chain.sent}
+
+
+async def test_a_pass_with_no_mint_waiting_reads_only_the_waiting_list() -> None:
+    """The usual pass (every watcher, every second): one `/mints` read, no `/epochs`."""
+    chain = Chain()
+    assert await _funder(chain, Escrow()).step() == []
+    assert chain.queried == ["/mints"]
 
 
 async def test_one_balance_never_vouches_for_two_mints_that_each_need_all_of_it() -> None:
