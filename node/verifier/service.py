@@ -92,7 +92,8 @@ def spot_checker(
     peers: PeerFindings | None = None,
 ) -> SpotChecker:
     """Spot checks with the verifier's own shards and the manifest quantization's tolerance;
-    findings go to the worker's verdict votes; peers' findings are fetched through `peers`."""
+    findings go to the worker's verdict votes; peers' findings are fetched through `peers`; new
+    epochs come from the worker's epoch follower (one `/epochs` poller per process)."""
     from node.verifier.calibration import load_calibration
 
     quant = str(getattr(reference.shards[0], "quant", "none"))
@@ -106,6 +107,7 @@ def spot_checker(
         rate_ppm=config.settings.spot_check_ppm,
         deadline_s=config.settings.ticket_deadline_s,
         peers=peers,
+        epochs=worker.epochs,  # the worker's `follow` reads `/epochs`; the checker waits on it
     )
 
 

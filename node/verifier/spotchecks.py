@@ -37,7 +37,8 @@ requests with (node.server.tickets.CommitteePolicy). This verifier (its consensu
    node that answers only the assigned verifier and withholds its ticket from the others is
    convicted all the same; with no copy it asks the node for its own ticket, as above.
 
-    checker = SpotChecker(link, shards, tolerance, http, vote, home=home, peers=PeerFindings())
+    checker = SpotChecker(link, shards, tolerance, http, vote, home=home, peers=PeerFindings(),
+                          epochs=worker.epochs)   # the worker's `follow` reads `/epochs`
     runner = await serve_findings(checker.book, host, port)   # its findings, for its peers
     await checker.run(stop)
 """
@@ -45,7 +46,6 @@ requests with (node.server.tickets.CommitteePolicy). This verifier (its consensu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -56,7 +56,8 @@ from typing import Any
 
 import aiohttp
 
-from node.retry import Stopped, until_stopped
+from node.retry import Stopped, sleep_or_stop, until_stopped
+from node.verifier.epoch_feed import EpochFeed
 from node.verifier.findings import FindingBook, PeerFindings
 from node.verifier.ticket_client import spot_check
 from node.verifier.tickets import TicketResult, judge_ticket
@@ -82,6 +83,7 @@ log = logging.getLogger(__name__)
 COUNTS_FILE = Path("verifier") / "spot_checks.json"
 FINDINGS_DIR = Path("verifier") / "findings"  # the FAILED findings held for the peers
 MAX_COMMITMENT_PAGES = 100  # 100 000 records of one node per epoch check (/commitments pages)
+IDLE_POLLS = 10  # with nothing to re-judge, the loop still looks at least every 10 polls
 
 Vote = Callable[[TicketResult, str, int], Awaitable[None]]  # (result, node key, epoch)
 
@@ -187,6 +189,7 @@ class SpotChecker:
         retry_s: float = 1.0,
         poll_s: float = 1.0,
         peers: PeerFindings | None = None,
+        epochs: EpochFeed | None = None,
     ) -> None:
         self.link = link
         self.shards = shards
@@ -209,27 +212,48 @@ class SpotChecker:
         self.sets: dict[int, list[str]] = {}  # epoch checked → its verifier set (this in it)
         self.book = FindingBook(home / FINDINGS_DIR)  # FAILED findings, for the peers
         self.peers = peers  # fetching peers' findings (None: own tickets only)
+        self.epochs = epochs  # the follower's `/epochs` readings (None: read them here)
+        self.seen = 0  # the committee epoch of the last complete pass
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            failed = True
             try:
                 # an epoch's checks wait up to the ticket deadline (30 s): a SIGTERM cancels
                 # them (each finding is written whole; `last_epoch` moves past an epoch only
                 # once its checks are done)
                 await until_stopped(self.check_new_epochs(stop), stop)
+                failed = False
             except Stopped:
                 break
             except PlanetError as error:
                 log.warning("spot checks: %s", error.message)
             except (KeyError, TypeError, ValueError, aiohttp.ClientError) as error:
                 log.warning("spot checks: malformed committee answer: %r", error)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.poll_s)
+            await self._pause(stop, failed)
+
+    async def _pause(self, stop: asyncio.Event, failed: bool) -> None:
+        """Between passes: with a feed, until the follower sees an epoch after the last pass's
+        begin (at once if it already did) or `stop` — at most one poll while peers' findings
+        may need re-judging (`/verdicts`), IDLE_POLLS polls otherwise; without one, or after a
+        failed pass, one poll."""
+        if self.epochs is None or failed:
+            await sleep_or_stop(stop, self.poll_s)
+            return
+        polls = 1 if self.findable else IDLE_POLLS
+        await self.epochs.wait_past(self.seen, stop, self.poll_s * polls)
+
+    async def _current(self) -> int:
+        """The committee's epoch: the follower's recent reading, else `/epochs` read here."""
+        known = self.epochs.recent() if self.epochs is not None else None
+        if known is not None:
+            return known
+        return int((await self.link.query("/epochs"))["current"])
 
     async def check_new_epochs(self, stop: asyncio.Event) -> None:
         """One look at the committee: check every epoch closed since the last pass, then
         re-judge the peers' findings."""
-        current = int((await self.link.query("/epochs"))["current"])
+        current = await self._current()
         if self.last_epoch == 0:
             self.last_epoch = max(0, current - 2)
         while self.last_epoch + 1 < current and not stop.is_set():
@@ -244,8 +268,9 @@ class SpotChecker:
             else:
                 await self.check_epoch(epoch)
             self.last_epoch += 1
-            current = int((await self.link.query("/epochs"))["current"])
+            current = await self._current()
         await self.rejudge(current)
+        self.seen = current
 
     async def _blocks(self, nodes: Sequence[str], epoch: int) -> dict[str, int]:
         """Each node's committed blocks of `epoch` as the chain counts them (`/coverage`)."""

@@ -49,6 +49,7 @@ from node.verifier.asker import GatewayAsker
 from node.verifier.attribution import CircuitScore, attribute, unresolved
 from node.verifier.challenges import epoch_challenges, generated_text, text_length
 from node.verifier.echo import EchoAnswerError, echo_gap, parse_echo
+from node.verifier.epoch_feed import EpochFeed
 from node.verifier.reference import Reference
 from node.verifier.report import SCORES_FILE, write_scores
 from node.verifier.sampled import SampledMap, parse_sampled, replay, sampling_seed
@@ -146,6 +147,7 @@ class VerifierWorker:
         self._turns: asyncio.Task[None] | None = None  # the epochs' chain txs, one after another
         self._turned = -1  # the last epoch whose chain txs were started
         self._new_epoch = asyncio.Event()  # set by `follow` when an epoch begins
+        self.epochs = EpochFeed(settings.poll_s)  # `follow`'s readings, for the spot checker
 
     # -- the loop --------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -181,8 +183,10 @@ class VerifierWorker:
         blocks committed the epoch before would go to nobody."""
         while not stop.is_set():
             try:
-                if self.turn(await self.current_epoch()):
+                epoch = await self.current_epoch()
+                if self.turn(epoch):
                     self._new_epoch.set()  # wakes an idle `run`
+                self.epochs.publish(epoch)  # wakes the spot checker (node/verifier/spotchecks.py)
             except PlanetError as error:
                 log.warning("verifier epoch follow: %s", error.message)
             except (KeyError, TypeError, ValueError) as error:

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from nacl.signing import SigningKey
 
+from node.verifier.epoch_feed import STALE_POLLS, EpochFeed
 from node.verifier.spotchecks import COUNTS_FILE, SpotChecker, assignments
 from protocol.committee.verification import SpotCheckReport
 from protocol.fingerprint import Tolerance
@@ -367,3 +368,79 @@ async def test_a_stop_cancels_an_epochs_checks_waiting_for_tickets(tmp_path: Pat
         await asyncio.wait_for(running, 1)
     assert checker.last_epoch == 1  # epoch 2 was not finished: not counted as checked
     assert link.sent == [] and not (tmp_path / COUNTS_FILE).exists()
+
+
+class _CountingLink(_Link):
+    """`_Link` at a committee epoch the test moves, counting the plain `/epochs` reads."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(endpoint)
+        self.current = 3
+        self.epoch_reads = 0
+
+    async def query(self, path: str, **params: object) -> dict:
+        if path == "/epochs" and not params:
+            self.epoch_reads += 1
+            return {"current": self.current, "epochs": []}
+        return await super().query(path, **params)
+
+
+async def test_an_idle_spot_checker_waits_for_the_followers_next_epoch(tmp_path: Path) -> None:
+    """Between epochs the spot checker reads no `/epochs` of its own (it read them every poll:
+    with the worker's follower, 2 queries a poll per verifier), still checks an epoch that
+    closes within a poll of the follower seeing it, and a stop ends it at once."""
+
+    async def vote(result, node_key, epoch) -> None:
+        raise AssertionError("nothing to vote on")
+
+    poll_s = 0.05
+    link = _CountingLink(f"http://127.0.0.1:{_closed_port()}")
+    feed = EpochFeed(poll_s)
+    stop = asyncio.Event()
+
+    async def follow() -> None:  # the worker's `follow`, its own reads not counted here
+        while True:
+            feed.publish(link.current)
+            await asyncio.sleep(poll_s)
+
+    async with aiohttp.ClientSession() as http:
+        checker = SpotChecker(
+            link, [object(), object()], Tolerance(1, 1000, 0), http, vote, home=tmp_path,
+            rate_ppm=10**6, poll_s=poll_s, epochs=feed,
+        )  # type: ignore[arg-type]  # fmt: skip
+        checker.last_epoch = 2  # epoch 2 already checked: nothing owed at epoch 3
+        follower = asyncio.create_task(follow())
+        running = asyncio.create_task(checker.run(stop))
+        await asyncio.sleep(30 * poll_s)
+        assert link.epoch_reads <= 1  # the old loop: ~30
+        link.current = 4  # epoch 3 closes (its record has no verifier set here: nothing to do)
+        for _ in range(40):
+            if checker.last_epoch == 3:
+                break
+            await asyncio.sleep(poll_s / 5)
+        assert checker.last_epoch == 3 and checker.seen == 4
+        stop.set()
+        await asyncio.wait_for(running, 0.5)
+        follower.cancel()
+    assert link.epoch_reads <= 1
+
+
+async def test_an_epoch_feed_wakes_a_waiter_for_a_later_epoch_only(tmp_path: Path) -> None:
+    """`wait_past`: at once for an epoch published before the wait (nothing lost), on the next
+    epoch, not on a repeated one; `recent` forgets a reading the follower did not renew."""
+    feed = EpochFeed(poll_s=0.01)
+    stop = asyncio.Event()
+    feed.publish(5)
+    await asyncio.wait_for(feed.wait_past(4, stop, 10), 0.5)  # already past: at once
+    waiting = asyncio.create_task(feed.wait_past(5, stop, 10))
+    await asyncio.sleep(0.02)
+    feed.publish(5)
+    await asyncio.sleep(0.02)
+    assert not waiting.done()  # the same epoch read again
+    feed.publish(6)
+    await asyncio.wait_for(waiting, 0.5)
+    assert feed.recent() == 6
+    await asyncio.sleep(0.01 * (STALE_POLLS + 2))
+    assert feed.recent() is None  # the follower stopped reading: the caller reads itself
+    stop.set()
+    await asyncio.wait_for(feed.wait_past(6, stop, 10), 0.5)

@@ -388,5 +388,6 @@ async def test_an_idle_worker_leaves_the_epoch_polling_to_follow_and_wakes_when_
             break
         await asyncio.sleep(poll_s)
     assert worker.state.epoch == 4 and worker.state.challenges  # 4's seed was committed in 3
+    assert worker.epochs.current == 4  # what the spot checker waits on (spotchecks.py)
     stop.set()
     await asyncio.wait_for(running, 1)
