@@ -312,9 +312,9 @@ def _serve(args: argparse.Namespace) -> int:
             "--route is a personal client's choice",
             hint="a hosted gateway chooses by cost for all its users; add --personal",
         )
-    if args.relays is not None or args.overlay is not None:
+    if args.relays is not None or args.overlay is not None or args.relays_refresh is not None:
         raise UsageError(
-            "--relays and --overlay are a personal client's",
+            "--relays, --overlay and --relays-refresh are a personal client's",
             hint="the overlay hides a user's address from nodes; a hosted gateway's address is "
             "no one's secret; add --personal",
         )

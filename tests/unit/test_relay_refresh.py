@@ -219,3 +219,9 @@ def test_a_relays_file_is_never_refreshed(capsys) -> None:
     code = main(["gateway", "serve", "--personal", "--relays", "r.txt", "--relays-refresh", "30"])
     err = capsys.readouterr().err
     assert code == 2 and "a relays file is read once" in err and "Traceback" not in err
+
+
+def test_a_hosted_gateway_refuses_relays_refresh(capsys) -> None:
+    code = main(["gateway", "serve", "--relays-refresh", "30"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--relays-refresh are a personal client's" in err
