@@ -104,10 +104,15 @@ class RelayRefresh:
             self.next_at = self.last_at + self._wait()
 
     async def run(self, query: Query) -> None:
-        """Until cancelled: wait until due (or woken), then read."""
+        """Until cancelled: wait until due (or woken), then read. A read that fails in a way
+        `refresh` does not name (a bug) is logged with its traceback and the next one runs: the
+        client keeps its last list, and keeps refreshing it."""
         while True:
             self._woken.clear()
             delay = max(0.0, self.next_at - self._clock())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._woken.wait(), delay)
-            await self.tick(query)
+            try:
+                await self.tick(query)
+            except Exception:
+                log.exception("relays: refresh pass failed; the next one runs as planned")

@@ -207,6 +207,25 @@ async def test_run_reads_again_until_cancelled() -> None:
     assert committee.asked >= 2 and drawn(route) == {url(i) for i in (5, 6, 7, 8)}
 
 
+async def test_a_read_failing_as_a_bug_is_logged_and_the_loop_reads_again(caplog) -> None:
+    """An error `refresh` does not name (here a ValueError from the committee answer's code)
+    is logged with its traceback; the loop goes on and takes the next good read."""
+    route, _, committee, _ = setup([1, 2, 3, 4])
+    loop = asyncio.get_running_loop()
+    refresh = RelayRefresh(route, interval_s=0.02, jitter=0.0, clock=loop.time)
+    committee.error = ValueError("a bug")
+    task = asyncio.create_task(refresh.run(committee.query))
+    with caplog.at_level(logging.ERROR, logger="node.client.relay_refresh"):
+        await asyncio.sleep(0.1)
+        committee.error, committee.listed = None, [5, 6, 7, 8]
+        await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert any("refresh pass failed" in r.getMessage() and r.exc_info for r in caplog.records)
+    assert drawn(route) == {url(i) for i in (5, 6, 7, 8)}
+
+
 @pytest.mark.parametrize("seconds", ["0", "soon", "1e9", "nan"])
 def test_a_bad_refresh_interval_is_a_usage_error(seconds: str, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
