@@ -239,9 +239,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="chain|FILE",
         help="reach every node through the overlay: n paths of relays drawn from the relays "
         "the committee lists (`chain`: registered with an agreed Relay stake, read from "
-        "/relays at start, every page) or from FILE (one `URL KEY` line per relay, as "
-        "`planet relay serve` prints it; ./chain for a file named chain), the messages cut "
-        "into S-IDA cloves, so no node sees this machine's address (docs/overlay.md)",
+        "/relays at start, every page, and again every --relays-refresh seconds and when a "
+        "relay is unreachable) or from FILE (one `URL KEY` line per relay, as "
+        "`planet relay serve` prints it, read once at start, never refreshed; ./chain for a "
+        "file named chain), the messages cut into S-IDA cloves, so no node sees this "
+        "machine's address (docs/overlay.md)",
+    )
+    personal.add_argument(
+        "--relays-refresh",
+        type=_refresh_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="with --relays chain: read the committee's /relays again about every SECONDS "
+        "(±10%% jitter; default 60): relays that left are no longer drawn for new questions, "
+        "new ones are; a failed read keeps the last good list",
     )
     personal.add_argument(
         "--overlay",
@@ -261,6 +272,16 @@ CHAIN_RELAYS = "chain"
 def _relays_source(text: str) -> str | Path:
     """--relays: `chain` (the committee's /relays), else a relays file's path."""
     return CHAIN_RELAYS if text == CHAIN_RELAYS else Path(text)
+
+
+def _refresh_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 1 <= seconds <= 86400:
+        raise argparse.ArgumentTypeError(f"{text!r}: need seconds from 1 to 86400")
+    return seconds
 
 
 def _overlay_shape(text: str) -> tuple[int, int, int]:
@@ -291,9 +312,9 @@ def _serve(args: argparse.Namespace) -> int:
             "--route is a personal client's choice",
             hint="a hosted gateway chooses by cost for all its users; add --personal",
         )
-    if args.relays is not None or args.overlay is not None:
+    if args.relays is not None or args.overlay is not None or args.relays_refresh is not None:
         raise UsageError(
-            "--relays and --overlay are a personal client's",
+            "--relays, --overlay and --relays-refresh are a personal client's",
             hint="the overlay hides a user's address from nodes; a hosted gateway's address is "
             "no one's secret; add --personal",
         )
@@ -360,6 +381,11 @@ def _serve_personal(args: argparse.Namespace) -> int:
                 f"{flag} is a hosted gateway's: it buys its own credits as it runs low",
                 hint="a personal client pays with the credits you buy: planet credits buy N",
             )
+    if args.relays_refresh is not None and args.relays != CHAIN_RELAYS:
+        raise UsageError(
+            "--relays-refresh re-reads the committee's relays: a relays file is read once",
+            hint="use --relays chain, or drop --relays-refresh",
+        )
     relays: Any = None  # a relays file is read first: its mistakes need no chain to find
     if isinstance(args.relays, Path):
         from node.client.overlay import read_relays
@@ -381,6 +407,11 @@ def _serve_personal(args: argparse.Namespace) -> int:
         n, k, length = args.overlay or (4, 3, 3)
         guards = RelayGuards(planet_home() / RELAY_GUARDS_FILE)  # the paths' entry relays
         overlay = OverlayRoute(relays, paths=n, needed=k, length=length, guards=guards)
+    relay_refresh = None
+    if overlay is not None and args.relays == CHAIN_RELAYS:
+        from node.client.relay_refresh import DEFAULT_INTERVAL_S, RelayRefresh
+
+        relay_refresh = RelayRefresh(overlay, interval_s=args.relays_refresh or DEFAULT_INTERVAL_S)
     manifest, private = _personal_devnet_defaults(args, chains.committee_rpc)
     config = GatewayConfig(
         evm_rpc="",  # no EVM: the nodes are paid with credits, not through an escrow
@@ -399,6 +430,7 @@ def _serve_personal(args: argparse.Namespace) -> int:
     ).validate()
     settings = PersonalSettings(
         overlay=overlay,
+        relay_refresh=relay_refresh,
         credits_file=args.credits_file or planet_home() / "credits.json",
         min_credit_positions=args.min_credit_positions,
         route=args.route or "private",

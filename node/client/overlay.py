@@ -338,7 +338,10 @@ class OverlayRoute:
     Relays on a path that failed or stayed silent (`OverlayLink.suspects`) are avoided by later
     draws while enough others remain (the honest relays of such a path are avoided with the
     culprit: the client cannot tell them apart, as with Tor's path failures). `avoided` holds
-    them for this process's life."""
+    them for this process's life.
+
+    `relays` may be replaced while the client runs (`replace`, by node/client/relay_refresh.py):
+    new links draw from the new list; links already open keep their paths."""
 
     relays: tuple[Hop, ...]
     paths: int = DEFAULT_PATHS
@@ -347,6 +350,8 @@ class OverlayRoute:
     avoided: set[str] = field(default_factory=set)
     # the entry relays kept across questions (node/client/relay_guards.py); None: drawn afresh
     guards: RelayGuards | None = None
+    # called when a link's path did not come up (a relay unreachable): the list may be stale
+    on_unreachable: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         if not 2 <= self.needed <= self.paths <= sida.MAX_CLOVES:
@@ -378,11 +383,27 @@ class OverlayRoute:
         pool = [*(entries or []), *(r for r in pool if r.url not in kept)]
         return choose_paths(pool, self.paths, self.length, entries)
 
+    def replace(self, relays: tuple[Hop, ...]) -> None:
+        """Draw new links from `relays` (a fresh `/relays` read); UsageError, and the old list
+        kept, when they are too few for this route's paths."""
+        choose_paths(relays, self.paths, self.length)  # enough distinct relays
+        old, new = {hop.url for hop in self.relays}, {hop.url for hop in relays}
+        if old != new:
+            log.info(
+                "overlay: %d relays listed (%d joined, %d left)",
+                len(relays),
+                len(new - old),
+                len(old - new),
+            )
+        self.relays = relays
+
     def report(self, link: OverlayLink) -> None:
         found = link.suspects()
         if found - self.avoided:
             log.warning("overlay: avoiding relays on failed or silent paths: %s", sorted(found))
         self.avoided |= found
+        if link.failed_paths and self.on_unreachable is not None:
+            self.on_unreachable()
 
 
 def read_relays(path: Path) -> tuple[Hop, ...]:

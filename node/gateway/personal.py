@@ -26,6 +26,7 @@ user's IP address; timing).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -142,6 +143,8 @@ class PersonalSettings:
     token_file: Path | None = None  # None: <PLANET_HOME>/personal-token
     # reach every node through relay paths (node/client/overlay.py `OverlayRoute`); None: direct
     overlay: Any = None
+    # --relays chain: re-reads /relays into `overlay` (node/client/relay_refresh.py); None: never
+    relay_refresh: Any = None
 
 
 async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gateway, list[Any]]:
@@ -244,6 +247,7 @@ async def _serve(
     config: GatewayConfig, settings: PersonalSettings, token: str, token_file: Path
 ) -> None:
     gateway, resources = await build(config, settings)
+    refresher: asyncio.Task[None] | None = None
     app = create_app(gateway, guards=[personal_guard(token, config.host)])
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
@@ -260,12 +264,19 @@ async def _serve(
             settings.route,
             token_file,
         )
+        if settings.relay_refresh is not None:
+            reread = settings.relay_refresh.run(gateway.committee.abci_query)
+            refresher = asyncio.create_task(reread)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
+        if refresher is not None:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
         await runner.cleanup()
         for resource in resources:
             await resource.close()

@@ -59,7 +59,8 @@ def test_a_relays_file_reads_comments_and_blank_lines(tmp_path: Path) -> None:
 def test_relays_on_a_hosted_gateway_are_refused(capsys) -> None:
     code = main(["gateway", "serve", "--relays", "r.txt"])
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith("error: --relays and --overlay are a personal client's")
+    assert code == 2
+    assert err.startswith("error: --relays, --overlay and --relays-refresh are a personal client's")
     assert "hint:" in err
 
 
