@@ -875,3 +875,19 @@ def test_cli_balance_unreachable_gateway_url_names_the_address_way(
     assert result.returncode == UnavailableError.exit_status
     assert "error:" in result.stderr and "--gateway 0x" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_two_senders_of_one_account_both_land_when_one_took_the_others_nonce(
+    deployment: Deployment, anvil: Anvil
+) -> None:
+    """Two processes paying from one wallet (two `planet ask --pay` at once): the second's
+    counted nonce was taken by the first, so its send is refused "nonce too low"; it is signed
+    again with the chain's next nonce and lands, and both deposits count."""
+    key = keccak(text=f"planet integration one wallet {next(_labels)}")
+    rpc_call(anvil.rpc_url, "anvil_setBalance", [address_of(key), hex(100 * ETHER)])
+    gateway = address_of(keccak(text="one wallet gateway"))
+    first, second = PlanetChain(deployment, key), PlanetChain(deployment, key)
+    second.escrow.deposit_balance(gateway, MILLI)  # counts its next nonce: 1
+    first.escrow.deposit_balance(gateway, MILLI)  # reads the chain's: 1, and takes it
+    second.escrow.deposit_balance(gateway, MILLI)  # its 1 is taken: signed again with 2
+    assert first.escrow.prepaid_of(address_of(key), gateway)["balance"] == 3 * MILLI

@@ -5,6 +5,10 @@ over coincurve), sends, and always waits for the receipt (anvil answers a tx has
 receipt exists). Reverts come back as decoded `ContractRevert`s, refused sends as named errors
 (`node.chain.evm.errors`). It keeps its own nonce counter (one RPC less per transaction), so use
 one sender per account and thread; after a rejected send it re-reads the nonce from the chain.
+Another process sending from the same account (two `planet ask --pay` at once, one wallet) takes
+a nonce this sender counted on: a send refused as "nonce too low" or as an underpriced
+replacement never entered the pool, so it is signed again with the chain's next nonce, up to
+`NONCE_TRIES` times.
 
 `Binding` is one contract seen through a sender: the per-contract modules (`staking`,
 `escrow`, `fraud_proofs`, `committee`, `registry`) subclass it, and all bindings of one account
@@ -13,6 +17,7 @@ share its sender, hence its nonce.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,6 +36,8 @@ from protocol.errors import ConfigError
 
 T = TypeVar("T")
 TIP_REFRESH_S = 60.0
+NONCE_TRIES = 5  # sends of one transaction whose nonce another sender of the account took
+NONCE_TAKEN = ("nonce too low", "replacement transaction underpriced")
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,14 @@ class TxResult:
             if event_name == name:
                 return args
         raise KeyError(f"no {name} event in {self.tx_hash} (got {[e for e, _ in self.events]})")
+
+
+class _NonceTaken(Exception):
+    """A send refused because its nonce is used (or pending) already: signed again."""
+
+    def __init__(self, error: Web3RPCError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class Sender:
@@ -113,6 +128,19 @@ class Sender:
 
         `next_block`: estimate gas in the pending block (for calls that must run in a later block
         than the previous transaction, e.g. a proof after its challenge commitment)."""
+        tries = 1
+        while True:
+            try:
+                return self._transact_once(contract, function, args, value, next_block)
+            except _NonceTaken as taken:
+                if tries == NONCE_TRIES:
+                    raise rpc_error(taken.error, self.rpc_url, f"{contract}.{function}") from None
+            time.sleep(random.uniform(0.02, 0.1) * tries)  # apart from the other sender
+            tries += 1
+
+    def _transact_once(
+        self, contract: str, function: str, args: tuple[Any, ...], value: int, next_block: bool
+    ) -> TxResult:
         instance = self._contract(contract)
         fn = getattr(instance.functions, function)(*args)
         try:
@@ -145,6 +173,8 @@ class Sender:
             tx_hash = self._rpc(lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction))
         except Web3RPCError as error:
             self._nonce = None
+            if any(text in str(error).lower() for text in NONCE_TAKEN):
+                raise _NonceTaken(error) from None
             raise rpc_error(error, self.rpc_url, f"{contract}.{function}") from None
         self._nonce += 1
         receipt = self._rpc(
