@@ -77,6 +77,12 @@ MAX_ATTACH_WAITS = 64
 # frames held on one link while their session's open or attach is handled: beyond this they are
 # handled at once (a stranger's flood is refused as for an unknown session, not buffered)
 MAX_HELD_BYTES = 64 * 1024**2
+# a credit check the committee did not answer is tried again after these waits before the credit
+# goes back `credit_not_taken`: a validator's blip (a loaded machine, a dropped connection) would
+# otherwise stop a paid session, its frame refused `payment_required` while the credit was
+# already on its way back (seen on the hosts devnet); only while half the frames' wait for a
+# `pay` is left (`Payments.wait_s`), so a credit given back is back before its frame is refused
+PAY_CHECK_RETRY_S = (0.2, 0.5, 1.0)
 _FROM_PEERS = frozenset({"open", "close", "attach", "pay"})
 
 
@@ -374,16 +380,28 @@ async def _pay(state: NodeState, link: _Link, control: Control) -> None:
         raise CreditNotTakenError(identifier, f"sid {control.sid} is not open on this link")
     if state.payments is None:
         raise CreditNotTakenError(identifier, "this node computes without credits")
-    try:
-        await state.payments.accept(route.account, control.credit)
-    # its validator does not answer, or answers a key period it cannot parse
-    except (UnavailableError, RemoteError, PeriodAnswerError) as error:
-        raise CreditNotTakenError(
-            identifier, f"the node cannot check credits now ({error.code})"
-        ) from None
-    except OSError as error:  # its spool cannot be written (disk full, permissions)
-        log.error("credit not kept: the credits dir cannot be written: %s", error)
-        raise CreditNotTakenError(identifier, "the node cannot keep credits now") from None
+    loop = asyncio.get_running_loop()
+    # the credit goes back before a frame waiting for it gives up (`Payments.cover`)
+    give_up = loop.time() + state.payments.wait_s / 2
+    for delay in (*PAY_CHECK_RETRY_S, None):
+        try:
+            await state.payments.accept(route.account, control.credit)
+            return
+        except UnavailableError as error:  # its validator did not answer: most often a blip
+            if delay is None or loop.time() + delay >= give_up:
+                raise CreditNotTakenError(
+                    identifier, f"the node cannot check credits now ({error.code})"
+                ) from None
+            log.info("credit check: the committee did not answer (%s); again in %gs", error, delay)
+            await asyncio.sleep(delay)
+        # its validator answers an error, or a key period it cannot parse
+        except (RemoteError, PeriodAnswerError) as error:
+            raise CreditNotTakenError(
+                identifier, f"the node cannot check credits now ({error.code})"
+            ) from None
+        except OSError as error:  # its spool cannot be written (disk full, permissions)
+            log.error("credit not kept: the credits dir cannot be written: %s", error)
+            raise CreditNotTakenError(identifier, "the node cannot keep credits now") from None
 
 
 async def _data(state: NodeState, link: _Link, data: bytes) -> None:

@@ -379,6 +379,42 @@ async def test_a_credit_the_node_cannot_check_or_keep_goes_back_to_the_client(
     assert list(spools[0].held()) == []
 
 
+class _Blip:
+    """The node's committee link, failing its first `failures` queries as unanswered."""
+
+    def __init__(self, inner: Any, failures: int) -> None:
+        self.inner, self.failures = inner, failures
+
+    async def query(self, path: str, **params: Any) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise UnavailableError("the validator did not answer in time")
+        return await self.inner.query(path, **params)
+
+
+async def test_a_credit_check_the_committee_missed_once_is_tried_again_and_the_answer_paid(
+    aiohttp_server, tiny, tmp_path
+) -> None:
+    """A validator's blip while a node checks a credit: the node asks again (stream.py
+    PAY_CHECK_RETRY_S) and keeps it, so the answer is paid and served, not refused
+    `payment_required` with the credit on its way back (seen on the hosts devnet)."""
+    manifest, _ = tiny
+    chain, node = node_chain(tmp_path)
+    credits, _ = minted(chain, tmp_path, count=16)
+    servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    head = ClientHead.load(manifest, device="cpu")
+    wallet = CreditWallet(tmp_path / "credits.json")
+    wallet.add(credits)
+    payer = CreditPayer(wallet, {hop.url: PRICE for hop in hops}, min_positions=PRICE)
+    payments = servers[0].app[STATE_KEY].payments
+    payments.check = CreditCheck(_Blip(payments.check.link, failures=1))  # type: ignore[arg-type]
+    payments.wait_s = 5.0  # the nodes' default (PAY_WAIT_S): room for the check's second try
+    async with CircuitClient(hops, hidden_size=64, prefill_chunk=16, payer=payer) as client:
+        tokens = [t async for t in _generate(client, head, head.encode(PROMPT))]
+    held = [len(list(spool.held())) for spool in spools]
+    assert tokens and held[0] >= 1 and sum(held) == payer.spent == 16 - wallet.count()
+
+
 async def test_a_node_dearer_than_the_clients_floor_is_never_paid(
     aiohttp_server, tiny, tmp_path
 ) -> None:
