@@ -36,6 +36,8 @@ async def test_a_threshold_credit_for_an_open_session_reaches_the_payments() -> 
     taken = []
 
     class Payments:
+        wait_s = 5.0  # node.server.payments.PAY_WAIT_S
+
         async def accept(self, account: object, paid: object) -> None:
             taken.append((account, paid))
 
