@@ -23,6 +23,7 @@ from nacl.signing import SigningKey
 from harness.gateway_net import (
     Committee,
     ephemeral_port,
+    http_json,
     start_committee,
     wait_for,
 )
@@ -116,6 +117,14 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
             return any(n["routable"] and n["endpoint"] == nodes[1].url for n in answer["nodes"])
 
         wait_for(routable, 20, "node 1 did not become routable")
+
+        def seen_by_node_0() -> bool:
+            # node 0 reads the committee's view ahead (its warm next-hop links): until that view
+            # holds node 1, an open naming node 1 is a miss, refreshed at most every 2 s
+            links = http_json(f"{nodes[0].url}/info")["links"]
+            return links is not None and links["warm_targets"] >= 1
+
+        wait_for(seen_by_node_0, 30, "node 0 never saw node 1 in the committee's view")
         yield {"model": model, "manifest": manifest, "nodes": nodes, "canaries": canaries}
     finally:
         for node in nodes:
