@@ -129,7 +129,13 @@ const SCENARIOS = {
     out.badge_after = await text(page, "#network-badge");
     out.notice_after_visible = await page.locator("#notice").isVisible();
     await fillQuestion(page, "Hello?", 8);
+    // the pool must also be complete (every shard routable): on a devnet just up, a shard may
+    // be briefly without a routable node, and the dApp keeps Pay off until it is back
+    await page
+      .waitForFunction(() => !document.getElementById("pay").disabled, null, { timeout: 60_000 })
+      .catch(() => {});
     out.pay_disabled_after = await page.locator("#pay").isDisabled();
+    out.pool_status_after = await page.evaluate(() => document.getElementById("pay").title);
   },
 
   async insufficient(page, wallet) {
