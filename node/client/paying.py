@@ -24,13 +24,17 @@ would then fail). A session that fails after a hop opened it keeps what that hop
 failover's replay is paid again on the new session (a hop keeps at most the credits paid ahead
 of its work: one chunk, or the first frame's positions). A credit a hop did not keep (the
 session was not open there, or its open failed after the `pay`) comes back refused
-`credit_not_taken`, naming it: it goes back into the wallet (`give_back`).
+`credit_not_taken`, naming it: it goes back into the wallet (`give_back`). Such a refusal may
+come after the session closed (a node that could not check the credit in time, the client's
+session already failed): the credits sent to the last `CLOSED_KEPT` closed sessions' hops are
+kept for it, so a credit the node never took is never lost to the wallet.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,6 +143,9 @@ def split(credits: list[PaidCredit], owed: list[int]) -> list[list[PaidCredit]]:
     return out
 
 
+CLOSED_KEPT = 256  # closed (sid, hop)s whose sent credits a late `credit_not_taken` still finds
+
+
 @dataclass
 class CreditPayer:
     """The wallet credits come from, and each charging node's price (positions per credit)."""
@@ -151,6 +158,10 @@ class CreditPayer:
     _paid: dict[tuple[int, int], int] = field(default_factory=dict)  # (sid, hop) → positions
     # (sid, hop) → the credits sent there and the positions each paid for
     _sent: dict[tuple[int, int], list[tuple[PaidCredit, int]]] = field(default_factory=dict)
+    # the same for closed sessions' hops that opened them, newest last (CLOSED_KEPT of them)
+    _closed: OrderedDict[tuple[int, int], list[tuple[PaidCredit, int]]] = field(
+        default_factory=OrderedDict
+    )
 
     def price(self, url: str) -> int:
         """`url`'s price (PriceUnregisteredError when it has none this client can check)."""
@@ -191,16 +202,19 @@ class CreditPayer:
     def give_back(self, sid: int, index: int, identifier: str) -> bool:
         """Hop `index` did not keep the credit of spent id `identifier` it was sent for `sid`:
         back into the wallet (False when no such credit was sent there)."""
-        sent = self._sent.get((sid, index), [])
-        for item in sent:
-            credit, price = item
-            if spent_id(credit) == identifier:
-                sent.remove(item)
-                if (sid, index) in self._paid:  # the session still runs: pay it again
-                    self._paid[(sid, index)] -= price
-                self.wallet.add([credit])
-                self.spent -= 1
-                return True
+        key = (sid, index)
+        for sent, live in ((self._sent.get(key, []), True), (self._closed.get(key, []), False)):
+            for item in sent:
+                credit, price = item
+                if spent_id(credit) == identifier:
+                    sent.remove(item)
+                    # the session still runs: pay it again (a closed one's sid may be another
+                    # circuit's now, on a payer circuits share: its tally is not touched)
+                    if live and key in self._paid:
+                        self._paid[key] -= price
+                    self.wallet.add([credit])
+                    self.spent -= 1
+                    return True
         return False
 
     def forget(self, sid: int, opened: set[int]) -> None:
@@ -210,7 +224,12 @@ class CreditPayer:
             del self._paid[key]
         for key in [k for k in self._sent if k[0] == sid]:
             if key[1] in opened or not self._sent[key]:
-                del self._sent[key]
+                sent = self._sent.pop(key)
+                if sent:  # kept for a refusal that comes after the close
+                    self._closed.setdefault(key, []).extend(sent)
+                    self._closed.move_to_end(key)
+        while len(self._closed) > CLOSED_KEPT:
+            self._closed.popitem(last=False)
 
     def unsettled(self, opened: Callable[[int, int], bool]) -> int:
         """Credits sent to hops that neither opened their session (`opened(sid, hop)`) nor
