@@ -77,6 +77,7 @@ TX_TYPES = (
     "seed_reveal",
     "spot_check_report",
     "relay",
+    "move_shards",
 )
 FIELDS = (
     "amount",

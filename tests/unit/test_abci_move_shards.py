@@ -115,6 +115,18 @@ def test_move_shards_without_a_model_count_in_genesis_takes_any_shard() -> None:
         {"shards": [1], "endpoint": "http://x\n"},
         {"shards": [1]},
         {"shards": [1], "endpoint": "http://x", "extra": 1},
+        # what a stranger sends: wrong types, non-ASCII digits, floats, bools, huge or nested
+        {"shards": ["1"], "endpoint": "http://x"},
+        {"shards": ["١"], "endpoint": "http://x"},
+        {"shards": [1.0], "endpoint": "http://x"},
+        {"shards": [True], "endpoint": "http://x"},
+        {"shards": [-1], "endpoint": "http://x"},
+        {"shards": 1, "endpoint": "http://x"},
+        {"shards": [[1]], "endpoint": "http://x"},
+        {"shards": list(range(100_000)), "endpoint": "http://x"},
+        {"shards": [1], "endpoint": "http://" + "x" * 100_000},
+        {"shards": [1], "endpoint": {"url": "http://x"}},
+        {"shards": [1], "endpoint": 7},
     ],
 )
 def test_move_shards_malformed_bodies_are_refused_by_name(body: dict) -> None:
@@ -127,3 +139,16 @@ def test_move_shards_round_trips_through_the_envelope() -> None:
     key = register(chain, "wire")
     raw = chain.tx(MoveShards((0, 1), "https://10.0.0.1:18101"), key)
     assert decode_tx(raw).body == MoveShards((0, 1), "https://10.0.0.1:18101")
+
+
+def test_a_stranger_s_malformed_move_shards_is_refused_by_name_and_the_chain_goes_on() -> None:
+    """Through the app's CheckTx: a body of the wrong shape is MALFORMED_TX, and the chain still
+    takes the next valid move."""
+    chain = Chain(genesis={"models": {"m": {"shards": 3}}})
+    key = register(chain, "stranger", shards=(0,))
+    make_routable(chain, key)
+    raw = chain.tx(MoveShards((1,), "http://x"), key)
+    bad = raw.replace(b'"shards":[1]', b'"shards":["\u0661"]')
+    assert bad != raw
+    assert chain.machine.check_tx(bad).code == Code.MALFORMED_TX
+    assert _move(chain, key, (2,)) == Code.OK
