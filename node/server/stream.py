@@ -387,18 +387,16 @@ async def _pay(state: NodeState, link: _Link, control: Control) -> None:
         try:
             await state.payments.accept(route.account, control.credit)
             return
-        except UnavailableError as error:  # its validator did not answer: most often a blip
-            if delay is None or loop.time() + delay >= give_up:
+        # its validator does not answer (most often a blip: asked again while there is time),
+        # answers an error, or answers a key period it cannot parse
+        except (UnavailableError, RemoteError, PeriodAnswerError) as error:
+            blip = isinstance(error, UnavailableError)
+            if not blip or delay is None or loop.time() + delay >= give_up:
                 raise CreditNotTakenError(
                     identifier, f"the node cannot check credits now ({error.code})"
                 ) from None
             log.info("credit check: the committee did not answer (%s); again in %gs", error, delay)
             await asyncio.sleep(delay)
-        # its validator answers an error, or a key period it cannot parse
-        except (RemoteError, PeriodAnswerError) as error:
-            raise CreditNotTakenError(
-                identifier, f"the node cannot check credits now ({error.code})"
-            ) from None
         except OSError as error:  # its spool cannot be written (disk full, permissions)
             log.error("credit not kept: the credits dir cannot be written: %s", error)
             raise CreditNotTakenError(identifier, "the node cannot keep credits now") from None
