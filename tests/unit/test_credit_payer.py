@@ -82,7 +82,9 @@ class _Ws:
 
 def _circuit(payer: CreditPayer, urls: list[str]) -> tuple[CircuitClient, list[_Ws]]:
     """A circuit client over `urls` paid by `payer`, its links fakes that keep each `pay`."""
-    client = CircuitClient([Hop(url, shard) for shard, url in enumerate(urls)], hidden_size=8, payer=payer)
+    client = CircuitClient(
+        [Hop(url, shard) for shard, url in enumerate(urls)], hidden_size=8, payer=payer
+    )
     sockets = [_Ws() for _ in urls]
     client.links = [SimpleNamespace(ws=ws, opened=set()) for ws in sockets]  # type: ignore[misc]
     return client, sockets
