@@ -104,6 +104,9 @@ async def test_circuits_sharing_a_payer_keep_their_sessions_tallies_apart(tmp_pa
     await first._pay(one, 8)
     await second._pay(two, 8)  # the same first chunk, on other nodes: paid too
     assert [len(ws.sent) for ws in first_hops + second_hops] == [1, 1, 1, 1]
+    # a closing circuit waits for its own hops' unsettled credits, not another circuit's
+    assert payer.unsettled(lambda *_: False) == 4
+    assert payer.unsettled(lambda *_: False, first.paid_sids) == 2
     await first.close(one)  # one's close does not forget two's tally
     await second._pay(two, 0)  # no new position: nothing more owed
     assert [len(ws.sent) for ws in second_hops] == [1, 1]
