@@ -20,6 +20,13 @@ validators in txs, phases by block height (`protocol.credit_periods.KeySchedule`
                             with a new session, its deal blocks from the next block on (while
                             the period lasts); its messages are keyed by attempt
 
+A run's record and messages are kept while credits of its period can be redeemed, then go
+with the period's mints and buyers: indexed for pruning (`rules.track_at`) at the period's
+issue epoch + `credits.lifetime_epochs` (`threshold_mint.issue_epoch`), deleted once that
+epoch is settled and `retention_epochs` more have passed (retention.py) — heights and epochs
+only, the same block on every validator. The current and the previous periods' keys stay
+(their credits are redeemable), an old period's ~3 KB per validator does not.
+
 A message outside its phase's blocks is DKG_PHASE. Every rule reads and writes state only:
 integers, bytes, the stored messages in key order — every validator forms the same key.
 Without genesis `credits` no run is configured (and every DKG tx is DKG_PHASE).
@@ -47,6 +54,7 @@ from protocol.dkg import (
     Justification,
     threshold_for,
 )
+from protocol.threshold_mint import issue_epoch
 
 _INDEX = "{:05d}"
 
@@ -67,6 +75,17 @@ def period_key(state: State, period: int) -> dict[str, Any] | None:
     if record is None or not record["result"] or "key" not in record["result"]:
         return None
     return record["result"]
+
+
+def _keep_while_redeemable(state: State, ns: str, key: str, period: int) -> None:
+    """Index a record of `period`'s run for pruning once its credits' window is over."""
+    issued = issue_epoch(schedule(state), period, state.genesis.epoch_length)
+    rules.track_at(state, ns, key, issued + state.genesis.credit_lifetime_epochs)
+
+
+def _put_message(state: State, period: int, key: str, value: Any) -> None:
+    state.put(schema.CREDIT_DKG_MESSAGE, key, value)
+    _keep_while_redeemable(state, schema.CREDIT_DKG_MESSAGE, key, period)
 
 
 def _config(record: dict[str, Any]) -> DkgConfig:
@@ -114,7 +133,7 @@ def dkg_deal(state: State, tx: SignedTx) -> None:
     key = _msg(body.period, attempt, "d", _INDEX.format(index))
     if state.get(schema.CREDIT_DKG_MESSAGE, key) is not None:
         rules.reject(Code.DKG_MESSAGE_INVALID, f"dealer {index} already dealt")
-    state.put(schema.CREDIT_DKG_MESSAGE, key, body.deal.hex())
+    _put_message(state, body.period, key, body.deal.hex())
     state.emit("planet.dkg_deal", period=body.period, dealer=index)
 
 
@@ -128,7 +147,7 @@ def dkg_complaint(state: State, tx: SignedTx) -> None:
     key = _msg(body.period, attempt, "c", _INDEX.format(body.dealer), _INDEX.format(index))
     if state.get(schema.CREDIT_DKG_MESSAGE, key) is not None:
         rules.reject(Code.DKG_MESSAGE_INVALID, "a receiver complains once per dealer")
-    state.put(schema.CREDIT_DKG_MESSAGE, key, 0)
+    _put_message(state, body.period, key, 0)
     state.emit("planet.dkg_complaint", period=body.period, dealer=body.dealer, receiver=index)
 
 
@@ -146,7 +165,7 @@ def dkg_justify(state: State, tx: SignedTx) -> None:
         bls.parse_scalar(body.share, "revealed share", allow_zero=True)
     except bls.BlsError as error:
         rules.reject(Code.DKG_MESSAGE_INVALID, error.message)
-    state.put(schema.CREDIT_DKG_MESSAGE, key, body.share.hex())
+    _put_message(state, body.period, key, body.share.hex())
     state.emit("planet.dkg_justify", period=body.period, dealer=index, receiver=body.receiver)
 
 
@@ -189,6 +208,7 @@ def _configure(state: State, plan: KeySchedule, period: int, attempt: int, start
             "result": None,
         },
     )
+    _keep_while_redeemable(state, schema.CREDIT_DKG, key, period)
     state.emit("planet.dkg_start", period=period, attempt=attempt, receivers=len(validators))
 
 

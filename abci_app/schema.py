@@ -128,7 +128,8 @@ COVERAGE = "cover"
 CREDIT_DKG = "cdkg"
 # cdkgm/<period>/d/<dealer, 5 digits>: the deal's canonical bytes (hex);
 # cdkgm/<period>/c/<dealer>/<receiver>: 0, a complaint; cdkgm/<period>/j/<dealer>/<receiver>: the
-# revealed share (hex). Kept with the run: a receiver that was offline opens its deals later
+# revealed share (hex). Kept with the run: a receiver that was offline opens its deals later.
+# Both pruned once the period's credits are past their window (issue epoch + lifetime)
 CREDIT_DKG_MESSAGE = "cdkgm"
 # cbuyer/<period>/<payer>: the height of the payer's first funded mint of that key period;
 # cbuyers/<period>: how many distinct payers bought credits of it (its anonymity set)

@@ -172,6 +172,8 @@ class _Link:
         payer = self.client.payer
         if identifier is None or payer is None or not payer.give_back(sid, self.index, identifier):
             log.warning("node %s: a credit not taken, unknown here: %s", self.hop.url, message)
+        elif sid not in self.client.outputs and not payer.pending(sid):
+            self.client.paid_sids.discard(sid)  # a closed session, every credit settled
 
     def _data(self, data: bytes) -> None:
         client = self.client
@@ -308,7 +310,8 @@ class CircuitClient:
         self._own_http = http is None
         self.links: list[_Link] = []
         self.outputs: dict[int, asyncio.Queue[Any]] = {}
-        self._sids = itertools.count(1)
+        self._sids = itertools.count(1)  # without a payer (with one: `payer.new_sid`)
+        self.paid_sids: set[int] = set()  # sessions with credits the payer still tracks
         self._heads = _HeadBatcher()
         self.blame: dict[int, int] = {}  # sid -> index of the hop that failed that session
         self.lost_hops: set[int] = set()  # hops whose link closed (every session failed there)
@@ -372,13 +375,14 @@ class CircuitClient:
         def opened(sid: int, hop: int) -> bool:
             return sid in links[hop].opened or links[hop].reader.done()
 
+        mine = self.paid_sids  # this circuit's sessions: others sharing the payer run on
         deadline = time.monotonic() + SETTLE_CREDITS_S
-        while payer.unsettled(opened) and time.monotonic() < deadline:
+        while payer.unsettled(opened, mine) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        if payer.unsettled(opened):
+        if payer.unsettled(opened, mine):
             log.warning(
                 "credits sent to hops that never opened their session nor gave them back: %d",
-                payer.unsettled(opened),
+                payer.unsettled(opened, mine),
             )
 
     def unpaid(self, index: int) -> bool:
@@ -400,8 +404,10 @@ class CircuitClient:
 
     # ------------------------------------------------------------------------------- sessions
     def new_sid(self) -> int:
-        """A fresh sid for `open` (so a caller knows it even when the open fails)."""
-        return next(self._sids)
+        """A fresh sid for `open` (so a caller knows it even when the open fails). With a
+        payer, from the payer: the circuits of a gateway share one, and each (sid, hop) tally
+        there must be one session's."""
+        return self.payer.new_sid() if self.payer is not None else next(self._sids)
 
     async def open(
         self,
@@ -483,6 +489,8 @@ class CircuitClient:
         self._sent.pop(sid, None)
         if self.payer is not None:
             self.payer.forget(sid, {i for i, link in enumerate(self.links) if sid in link.opened})
+            if not self.payer.pending(sid):
+                self.paid_sids.discard(sid)
         for link in self.links:
             link.opened.discard(sid)
         for link in self.links:
@@ -531,6 +539,7 @@ class CircuitClient:
                             f"node {self.hops[index].url} stream failed: {error}"
                         ) from None
                     self.payer.paid(sid, index, urls[index], credit)
+                    self.paid_sids.add(sid)
         self._sent[sid] = sent
 
     async def receive(

@@ -28,6 +28,10 @@ session was not open there, or its open failed after the `pay`) comes back refus
 come after the session closed (a node that could not check the credit in time, the client's
 session already failed): the credits sent to the last `CLOSED_KEPT` closed sessions' hops are
 kept for it, so a credit the node never took is never lost to the wallet.
+
+A payer is shared by every circuit of a gateway (node/gateway/circuits.py): its tallies are
+keyed by (sid, hop), so the session ids come from the payer (`new_sid`), never from a counter
+of each circuit, and two circuits' sessions never share a tally, a give-back or a close.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +54,7 @@ from protocol.credits import (
 )
 from protocol.errors import PlanetError, ProtocolError, RemoteError
 from protocol.paid_credits import PaidCredit, spent_id
+from protocol.stream import MAX_SID
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +167,18 @@ class CreditPayer:
     _closed: OrderedDict[tuple[int, int], list[tuple[PaidCredit, int]]] = field(
         default_factory=OrderedDict
     )
+    _next_sid: int = 1  # the next session id this payer hands out (1 … MAX_SID, then 1 again)
+
+    def new_sid(self) -> int:
+        """A session id no other circuit paid by this payer uses now: circuits that share a
+        payer draw their sids here, so their (sid, hop) tallies stay apart."""
+        sid = self._next_sid
+        self._next_sid = sid % MAX_SID + 1
+        return sid
+
+    def pending(self, sid: int) -> bool:
+        """Whether credits sent for `sid` wait here for their hop to open it or refuse them."""
+        return any(key[0] == sid and sent for key, sent in self._sent.items())
 
     def price(self, url: str) -> int:
         """`url`'s price (PriceUnregisteredError when it has none this client can check)."""
@@ -208,8 +225,9 @@ class CreditPayer:
                 credit, price = item
                 if spent_id(credit) == identifier:
                     sent.remove(item)
-                    # the session still runs: pay it again (a closed one's sid may be another
-                    # circuit's now, on a payer circuits share: its tally is not touched)
+                    if not sent and key not in self._paid:  # a closed session's, all settled
+                        (self._sent if live else self._closed).pop(key, None)
+                    # the session still runs: pay it again (a closed one's tally is gone)
                     if live and key in self._paid:
                         self._paid[key] -= price
                     self.wallet.add([credit])
@@ -231,10 +249,17 @@ class CreditPayer:
         while len(self._closed) > CLOSED_KEPT:
             self._closed.popitem(last=False)
 
-    def unsettled(self, opened: Callable[[int, int], bool]) -> int:
+    def unsettled(
+        self, opened: Callable[[int, int], bool], sids: Container[int] | None = None
+    ) -> int:
         """Credits sent to hops that neither opened their session (`opened(sid, hop)`) nor
-        refused them yet."""
-        return sum(len(sent) for (sid, hop), sent in self._sent.items() if not opened(sid, hop))
+        refused them yet, of the sessions `sids` only when given (one circuit's: another
+        circuit sharing this payer is not waited for)."""
+        return sum(
+            len(sent)
+            for (sid, hop), sent in self._sent.items()
+            if (sids is None or sid in sids) and not opened(sid, hop)
+        )
 
 
 EXPIRY_CHECK_S = 30.0  # how often a long-running client looks for credits past their window

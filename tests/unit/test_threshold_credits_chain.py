@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from abci_app import schema
 from abci_app.codes import Code
 from abci_app.query_params import QueryError
 from abci_app.threshold_queries import partials
@@ -197,3 +198,54 @@ def test_a_threshold_credit_locked_by_one_node_is_refused_to_another(tmp_path: P
     stolen = redeem(chain, other, credits)
     assert stolen.code == Code.CREDIT_LOCKED and "locked by node" in stolen.log
     assert redeem(chain, node, credits).code == Code.OK
+
+
+def _run_rows(chain: Chain, period: int) -> list[str]:
+    """What the chain keeps of `period`'s DKG: its record and its messages' keys."""
+    prefix = f"{schema.epoch_key(period)}/"
+    rows = [
+        key for key, _ in chain.state.items(schema.CREDIT_DKG_MESSAGE, prefix, prefix[:-1] + "0")
+    ]
+    if chain.state.get(schema.CREDIT_DKG, schema.epoch_key(period)) is not None:
+        rows.append("record")
+    return rows
+
+
+def test_old_periods_dkg_state_goes_and_the_redeemable_periods_keys_stay(tmp_path: Path) -> None:
+    """A period's DKG (~3 KB per validator) is pruned once its credits' window is over (issue
+    epoch + lifetime, then retention), not kept forever; the previous period's key, whose
+    credits are still redeemable, and the current one's stay and verify credits."""
+    chain = settled_chain(
+        bindings={},
+        epoch_length=10,
+        retention_epochs=1,
+        credits={
+            "price_wei": str(PRICE),
+            "layer_tokens": 16,
+            "key_period_blocks": PERIOD_BLOCKS,
+            "dkg_phase_blocks": PHASE,
+            "lifetime_epochs": 1,
+        },
+    )
+    chain.time_s = NOW
+    stores = [CreditShareStore(tmp_path / f"v{i}") for i in range(len(chain.validators))]
+    for period in (0, 1, 2):
+        play(chain, stores, period, SCHEDULE.dkg_finish_height(period) + 1)
+    assert _run_rows(chain, 0) == []  # period 0: issue epoch 3 + 1, settled, + 1 retained
+    assert "record" in _run_rows(chain, 1) and len(_run_rows(chain, 1)) > 4  # epoch ≤ 7: kept
+    node = register(chain, "pruned-dkg-node", shards=(0,))
+    make_routable(chain, node)
+    previous = request(chain, 2)
+    mint_and_fund(chain, previous)
+    previous_credits = previous.finalize(period_key(chain), gather(chain, stores, previous.mint_id))
+    play(chain, stores, 3, SCHEDULE.dkg_finish_height(3) + 1)
+    assert chain.state.height > 80 and SCHEDULE.period_of(chain.state.height) == 3
+    assert _run_rows(chain, 0) == [] and _run_rows(chain, 1) == []
+    assert ask(chain, "/credit_period?period=1")["run"] is None
+    assert "record" in _run_rows(chain, 2) and "record" in _run_rows(chain, 3)
+    make_routable(chain, node)
+    current = request(chain, 1)
+    mint_and_fund(chain, current)
+    current_credits = current.finalize(period_key(chain), gather(chain, stores, current.mint_id))
+    assert {c.period for c in previous_credits} == {2} and current_credits[0].period == 3
+    assert redeem(chain, node, [*previous_credits, *current_credits]).code == Code.OK

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from nacl.signing import SigningKey
 
+from node.chain.committee_pages import BadPage
 from node.verifier.epoch_feed import STALE_POLLS, EpochFeed
 from node.verifier.spotchecks import COUNTS_FILE, SpotChecker, assignments
 from protocol.committee.verification import SpotCheckReport
@@ -342,9 +343,43 @@ async def test_the_checker_reads_every_page_of_a_nodes_commitments(tmp_path: Pat
         checker = _checker(link, http, vote, tmp_path)  # type: ignore[arg-type]
         assert await checker._commitments_of(NODE) == link.records
         assert link.asked == [None, "2", "4"]
+        # the same cursor twice (a broken or hostile committee): refused by name after two
+        # pages, not a list silently cut short
         stuck = _PagedLink(count=5, repeat=True)
-        records = await _checker(stuck, http, vote, tmp_path)._commitments_of(NODE)  # type: ignore[arg-type]
-        assert len(stuck.asked) == 2 and len(records) == 4  # the same cursor twice: it stops
+        with pytest.raises(BadPage, match="next"):
+            await _checker(stuck, http, vote, tmp_path)._commitments_of(NODE)  # type: ignore[arg-type]
+        assert len(stuck.asked) == 2
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        {"next": None},  # no list
+        {"commitments": "[]", "next": None},
+        {"commitments": [1, 2], "next": None},  # rows that are not records
+        {"commitments": [], "next": 7},  # a cursor that is not a key
+        [],
+    ],
+)
+async def test_a_malformed_commitments_page_is_refused_by_name(
+    tmp_path: Path, page: object
+) -> None:
+    """A `/commitments` page that does not parse stops the epoch's checks by name (the pass is
+    tried again), where it was read as an empty or last page before."""
+
+    async def vote(*_args: object) -> None:
+        raise AssertionError("no vote")
+
+    class _Odd(_Link):
+        async def query(self, path: str, **params: object) -> object:
+            if path == "/commitments":
+                return page
+            return await super().query(path, **params)
+
+    async with aiohttp.ClientSession() as http:
+        checker = _checker(_Odd("http://127.0.0.1:1"), http, vote, tmp_path)  # type: ignore[arg-type]
+        with pytest.raises(BadPage):
+            await checker._commitments_of(NODE)
 
 
 async def test_a_stop_cancels_an_epochs_checks_waiting_for_tickets(tmp_path: Path) -> None:
