@@ -205,7 +205,7 @@ def _rebalancer(
     password: str,
 ) -> Rebalancer:
     run_dir = args.home / "run"
-    host = ProcessHost(run_dir, read_launch(run_dir), signer, password)
+    host = ProcessHost(run_dir, read_launch(run_dir), signer, password, link)
 
     async def before_move() -> None:  # credits of the old shard redeem only while there
         if agent.redeemer is not None:

@@ -206,6 +206,7 @@ def start_node_and_agent(
     private_range: str | None = None,
     credit_positions: int = 0,
     rebalance: bool = False,
+    origin: str | None = None,
 ) -> Joined:
     """Spawn the compute node (bound to `host`:`port`, registered at that address) and the
     agent, detached; returns at once. `private_range`: see `_next_hop_args`.
@@ -214,7 +215,8 @@ def start_node_and_agent(
     agent registers `credit_positions` as the node's price on the committee chain (0: free),
     the price clients read and redemptions are held to (abci_app/prices.py). `rebalance`: the
     agent may move the node to another shard (node/agent/mover.py), starting the new shard's
-    node as this one was (`node_launch.json`)."""
+    node as this one was (`node_launch.json`), fetching a shard file it lacks from the nodes
+    serving it, else from `origin` (`planet join --origin`, kept in that file)."""
     run_dir = home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     launch = NodeLaunch(
@@ -230,6 +232,7 @@ def start_node_and_agent(
             *_credit_args(credit_positions, run_dir),
         ),
         node_key=home / "node_key.json",  # TLS bound to the registered key: https:// endpoint
+        origin=origin,
     )
     write_launch(run_dir, launch)
     node = start_node(
