@@ -2,7 +2,8 @@
 
 `planet join` writes `<home>/run/node_launch.json` next to `joined.json`: how it started the
 compute node (manifest, bound host, the arguments after `--shard/--port`, the node key file).
-A move starts a second process the same way for the new shard on a free port (one of the ports
+A move starts a second process the same way for the new shard (with its own credit spool,
+`<credits dir>/shard-K`: credit_spools.py) on a free port (one of the ports
 a devnet host exposes inside `planet devnet exec`, else 18100-18999), then adopts it: joined.json
 names its shard, port, endpoint and pid, so `planet leave` and `planet status` see the node
 that is registered; the old process is stopped once drained.
@@ -22,6 +23,7 @@ from typing import Any
 
 import aiohttp
 
+from node.agent.credit_spools import shard_spool, spool_base
 from node.agent.mover import Replacement
 from node.agent.shard_fetch import ServingList, fetch_for_move
 from node.config import devnet_ports
@@ -134,7 +136,7 @@ class ProcessHost:
             port=self._port(),
             host=self.launch.host,
             run_dir=self.run_dir,
-            extra_args=list(self.launch.extra_args),
+            extra_args=shard_args(self.launch.extra_args, shard),
             extra_env={PASSWORD_ENV: self.password},
             node_key=self.launch.node_key,
         )
@@ -185,6 +187,16 @@ class ProcessHost:
         except (OSError, ValueError):
             return {}
         return doc if isinstance(doc, dict) else {}
+
+
+def shard_args(extra_args: tuple[str, ...], shard: int) -> list[str]:
+    """The launch's arguments for a process serving `shard`: its own credit spool
+    (credit_spools.py), so each credit is redeemed on the shard that earned it."""
+    args = list(extra_args)
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--credits-dir":
+            args[i + 1] = str(shard_spool(spool_base(Path(args[i + 1])), shard))
+    return args
 
 
 async def probe(endpoint: str, signer: str, path: str) -> Any:
