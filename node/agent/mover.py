@@ -11,7 +11,8 @@ background task, so heartbeats go on meanwhile:
    from the nodes the committee lists serving it, else the model's origin, each chunk checked
    against the manifest, resumable, at the rate the serving nodes allow; node/model/fetch.py),
    the old process serving meanwhile; a fetch that fails leaves the node where it is, with one
-   line why (the `.part` file stays: the next move resumes it);
+   line why, and that shard is not fetched again for `cooldown_s` (the `.part` file stays: the
+   next try resumes it);
 2. start a second compute node process for the new shard on a new port, the old one still
    serving its shard (make before break), and wait for its /health (`load_timeout_s`);
 3. read the pool and decide once more: a shard another node filled while this one loaded is
@@ -123,6 +124,7 @@ class Rebalancer:
         self.watch_blocks = watch_blocks
         self.floor: int | None = None
         self.last_move_s: float | None = None
+        self.fetch_failed: dict[int, float] = {}  # shard → when its fetch failed (clock())
         self.last_decision_height: int | None = None
         self.last_watch_height: int | None = None
         self.fingerprint: Any = None
@@ -178,7 +180,12 @@ class Rebalancer:
             policy=self.policy,
             available=self.host.available,
             origin=self.host.has_origin(),
+            fetch_failed=self._recent_fetch_failures(),
         )
+
+    def _recent_fetch_failures(self) -> set[int]:
+        now = self.clock()
+        return {s for s, at in self.fetch_failed.items() if now - at < self.policy.cooldown_s}
 
     def _note(self, decision: Decision, why: str) -> None:
         self.decisions.append(decision)
@@ -243,6 +250,7 @@ class Rebalancer:
         try:
             fetched = await self.host.fetch(target)
         except FetchFailed as failure:
+            self.fetch_failed[target] = self.clock()
             why = f"could not fetch shard {target}'s file: {failure.why}"
             self._note(Decision(False, stay, stay, why), "move abandoned")
             return False

@@ -30,7 +30,8 @@ the file has a source: another node the committee lists SERVING it (routable or 
 whose stake is not agreed yet still serves its chunks; a DOWN or joining node does not count),
 or the model's origin given to `planet join --origin`. A shard with neither (an empty shard
 whose last node went DOWN, and no origin) cannot be moved to: the node stays, and the line
-says so.
+says so. Nor one whose fetch failed within `cooldown_s` (a failing source is not asked again at
+every look; the `.part` file is resumed when it is).
 
 Bounded churn: at most one move per node per `cooldown_s` (and the chain refuses a second move
 within `MOVE_COOLDOWN_BLOCKS`, abci_app/registry.py); a node that decides to move first waits
@@ -44,7 +45,7 @@ where it is), a node serving a span of several shards, and a node alone on its s
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from node.agent.placement import PoolNode, ShardSupply, pool_supply
@@ -116,11 +117,13 @@ def decide(
     speeds: Mapping[str, int] | None = None,
     available: Callable[[int], bool] | None = None,
     origin: bool = False,
+    fetch_failed: Collection[int] = (),
 ) -> Decision:
     """Stay or move, for the node `key` in the pool `nodes` (`shard_count` shards, the chain's
     `floor`); `last_move_s`: when it last moved (same clock as `now_s`), None: never;
     `available(shard)`: whether that shard's file is on this machine (None: every one is);
-    `origin`: whether the model's origin is known (a shard no node serves is fetched there)."""
+    `origin`: whether the model's origin is known (a shard no node serves is fetched there);
+    `fetch_failed`: shards whose fetch failed within the cooldown (not tried again before)."""
     own = next((n for n in nodes if n.key == key), None)
     if own is None:
         return Decision(False, -1, -1, "the committee does not list this node yet")
@@ -139,7 +142,7 @@ def decide(
     if source.throughput - me <= 0:
         return Decision(False, current, current, "it is the only routable node of its shard")
     best: tuple[int, int, bool, bytes, ShardSupply] | None = None
-    sourceless: ShardSupply | None = None  # the best gain whose file this node cannot get
+    sourceless: tuple[ShardSupply, bool] | None = None  # a gain whose file it cannot get
     for target in supply:
         if target.shard == current:
             continue
@@ -148,8 +151,9 @@ def decide(
         if kind is None:
             continue
         fetch = available is not None and not available(target.shard)
-        if fetch and not (origin or _serves(nodes, key, target.shard)):
-            sourceless = sourceless or target
+        failed = fetch and target.shard in fetch_failed
+        if failed or (fetch and not (origin or _serves(nodes, key, target.shard))):
+            sourceless = sourceless or (target, failed)
             continue
         supplied = target.throughput + target.pending * me
         rank = (kind, supplied, fetch, tie_rank(key, target.shard), target)
@@ -157,7 +161,7 @@ def decide(
             best = rank
     if best is None:
         if sourceless is not None:
-            return Decision(False, current, current, _no_source(sourceless.shard))
+            return Decision(False, current, current, _no_source(*sourceless, policy.cooldown_s))
         return Decision(False, current, current, _no_gain(source, supply, measured, floor))
     kind, _, fetch, _, target = best
     why = _why(kind, source, target, measured, floor)
@@ -180,10 +184,15 @@ def _serves(nodes: Sequence[PoolNode], key: str, shard: int) -> bool:
     return any(n.key != key and n.status == "SERVING" and shard in n.shards for n in nodes)
 
 
-def _no_source(shard: int) -> str:
+def _no_source(target: ShardSupply, failed: bool, cooldown_s: float) -> str:
+    if failed:
+        return (
+            f"shard {target.shard} would gain, but fetching its file failed less than "
+            f"{cooldown_s:.0f} s ago: not tried again before then"
+        )
     return (
-        f"shard {shard} would gain, but its file is not on this machine, no node serves it "
-        "and no origin is known (`planet join --origin`): it cannot be fetched, so no move"
+        f"shard {target.shard} would gain, but its file is not on this machine, no node serves "
+        "it and no origin is known (`planet join --origin`): it cannot be fetched, so no move"
     )
 
 

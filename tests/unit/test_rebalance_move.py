@@ -285,7 +285,7 @@ def test_a_missing_target_file_is_fetched_before_the_new_process_starts() -> Non
 
 
 def test_a_failed_fetch_leaves_the_node_where_it_is_with_one_line_why() -> None:
-    rebalancer, committee, host, events, _ = setup()
+    rebalancer, committee, host, events, clock = setup()
     committee.set("gone", status="SERVING", routable=False)
     host.missing = {2}
     host.fetch_fails = "3 of 6 chunks of shard 2 are missing and no peer is left"
@@ -298,6 +298,14 @@ def test_a_failed_fetch_leaves_the_node_where_it_is_with_one_line_why() -> None:
         "rebalance: stayed on shard 0: could not fetch shard 2's file: 3 of 6 chunks of "
         "shard 2 are missing and no peer is left"
     )
+    # the failing source is not asked again at every look: only after the cooldown
+    clock.t += 60
+    again = asyncio.run(_step_and_finish(rebalancer, 10 + 30))
+    assert not again.move and "fetching its file failed less than 600 s ago" in again.line()
+    clock.t += 600
+    host.fetch_fails = None
+    moved = asyncio.run(_step_and_finish(rebalancer, 10 + 60))
+    assert moved.move and rebalancer.moves == 1
 
 
 def test_an_empty_shard_whose_file_has_no_source_is_not_moved_to() -> None:
