@@ -2,17 +2,18 @@
 attack 4; docs/credits.md "One credit pays one node").
 
     credit_lock{model, shard, locks: [[spent id, credit epoch], ...]}
-                               a compute node, not LEFT, on a (model, shard) it registered
-                               (REDEEM_SHARD), claims credits it was paid with: each of an epoch
-                               e with e ≤ current ≤ e + genesis `credits.lifetime_epochs`
-                               (CREDIT_EPOCH); not redeemed (CREDIT_SPENT); not locked by another
-                               node (CREDIT_LOCKED). One the node locked already is left as it is
-                               (a lock sent again after a lost answer). → `clock/<spent id>` =
-                               {node, height, epoch}, pruned with epoch e + lifetime, like
-                               `cspent/`: a lock lasts as long as its credit can be redeemed.
-                               The new locks bought positions of the node on the shard
-                               (coverage.py `record_bought`: what its commitments must cover),
-                               and the tx counts the node alive (liveness.py).
+                               a compute node, not LEFT, on a (model, shard) it registered or moved
+                               away from within the credits' window (left_shards.py; REDEEM_SHARD
+                               otherwise), claims credits it was paid with: each of an epoch e with
+                               e ≤ current ≤ e + genesis `credits.lifetime_epochs` (CREDIT_EPOCH);
+                               not redeemed (CREDIT_SPENT); not locked by another node
+                               (CREDIT_LOCKED). One the node locked already is left as it is (a lock
+                               sent again after a lost answer). → `clock/<spent id>` = {node,
+                               height, epoch}, pruned with epoch e + lifetime, like `cspent/`: a
+                               lock lasts as long as its credit can be redeemed. The new locks
+                               bought positions of the node on the shard (coverage.py
+                               `record_bought`: what its commitments must cover), and the tx counts
+                               the node alive (liveness.py).
 
 The first lock of a spent id in block order wins: FinalizeBlock runs txs one by one, so of two
 nodes' locks in one block the earlier tx writes the entry and the later one is refused
@@ -37,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import coverage, rules, schema
+from abci_app import coverage, left_shards, rules, schema
 from abci_app.codes import Code
 from abci_app.query_params import QueryError, str_param
 from abci_app.state import State
@@ -52,10 +53,7 @@ def credit_lock(state: State, tx: SignedTx) -> None:
     if genesis.credit_price_wei is None or not (genesis.escrow_address and genesis.evm_chain_id):
         rules.reject(Code.CREDITS_DISABLED, "genesis has no credits section or no escrow")
     node = rules.compute_node(state, tx.signer)
-    if body.model != node["model"] or body.shard not in node["shards"]:
-        rules.reject(
-            Code.REDEEM_SHARD, f"shard {body.shard} of {body.model} is not registered by this node"
-        )
+    left_shards.check(state, tx.signer, node, body.model, body.shard)  # REDEEM_SHARD
     current = rules.epoch_of(state, state.block_height)
     lifetime = genesis.credit_lifetime_epochs
     fresh: list[tuple[str, int]] = []

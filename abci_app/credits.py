@@ -33,9 +33,10 @@ key X_p (abci_app/credit_dkg.py made it), mints paid from a prepaid balance, red
                                with its share x_i when asked (`/credit_partials`,
                                abci_app/threshold_queries.py).
     credit_redeem{model, shard, credits}
-                               a compute node, not LEFT, on a (model, shard) it registered
-                               (REDEEM_SHARD); each credit of a period whose window holds this
-                               epoch (CREDIT_EPOCH: issue epoch + genesis
+                               a compute node, not LEFT, on a (model, shard) it registered,
+                               or moved away from within the credits' window (left_shards.py;
+                               REDEEM_SHARD otherwise); each credit of a period whose window
+                               holds this epoch (CREDIT_EPOCH: issue epoch + genesis
                                `credits.lifetime_epochs`), the period's key formed
                                (CREDIT_INVALID otherwise), its nonce never redeemed nor listed
                                twice (CREDIT_SPENT: `cspent/<sha256 nonce>`), nor locked by
@@ -70,7 +71,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import coverage, credit_buyers, credit_dkg, credit_locks, prices, rules, schema
+from abci_app import (
+    coverage,
+    credit_buyers,
+    credit_dkg,
+    credit_locks,
+    left_shards,
+    prices,
+    rules,
+    schema,
+)
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol import blind_bls, bls
@@ -338,10 +348,7 @@ def credit_redeem(state: State, tx: SignedTx) -> None:
     body: CreditRedeem = tx.body
     enabled(state)
     node = rules.compute_node(state, tx.signer)
-    if body.model != node["model"] or body.shard not in node["shards"]:
-        rules.reject(
-            Code.REDEEM_SHARD, f"shard {body.shard} of {body.model} is not registered by this node"
-        )
+    left_shards.check(state, tx.signer, node, body.model, body.shard)  # REDEEM_SHARD
     plan = credit_dkg.schedule(state)
     epoch_length = state.genesis.epoch_length
     current = rules.epoch_of(state, state.block_height)

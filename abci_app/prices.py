@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from abci_app import rules, schema
+from abci_app import left_shards, rules, schema
 from abci_app.codes import Code
 from abci_app.query_params import NODE_KEY, str_param
 from abci_app.state import State
@@ -97,6 +97,8 @@ def redemption_price(state: State, node: str, shard: int) -> int:
     refuses the tx `REDEMPTION_UNPRICED` when the node had no price above 0 there."""
     current = rules.epoch_of(state, state.block_height)
     record = state.get(schema.PRICE, schema.price_key(node, shard))
+    if record is None:  # a shard the node moved away from: its price there (left_shards.py)
+        record = left_shards.price_record(state, node, shard)
     grace = state.genesis.commit_grace_epochs
     prices = [price_at(record, epoch) for epoch in range(max(1, current - grace), current + 1)]
     positive = [p for p in prices if p]

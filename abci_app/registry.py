@@ -14,6 +14,8 @@ reputation, status stay); refused for a node that left (INVALID_LIFECYCLE), for 
 genesis `models` (MOVE_SHARD_UNKNOWN), and within `MOVE_COOLDOWN_BLOCKS` of its last move
 (MOVE_TOO_SOON: a node cannot flap between shards). A move from one shard to another carries
 its price along (the record and its schedule); otherwise its prices on the shards it left go.
+The credits the node earned on a shard it left stay redeemable there for their window
+(left_shards.py).
 
 Two height-driven rules end a node's standing, each checked at the exact height it is due
 (never a scan of all nodes):
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from abci_app import prices, rules, schema
+from abci_app import left_shards, prices, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
@@ -193,6 +195,7 @@ def _carry_prices(state: State, key: str, old: list[int], new: list[int]) -> Non
     for shard in old:
         if shard not in new:
             record = state.get(schema.PRICE, schema.price_key(key, shard))
+            left_shards.note(state, key, shard, record)  # its credits there stay redeemable
             if record is not None:
                 records[shard] = record
                 state.delete(schema.PRICE, schema.price_key(key, shard))

@@ -238,3 +238,13 @@ PRICE = "price"
 
 def price_key(node: str, shard: int) -> str:
     return f"{node}/{shard:05d}"
+
+
+# leftshard/<node>/<shard, 5 digits>/<epoch, 20 digits>: {price: the node's price record there or
+# null}: a shard the node moved away from in that epoch, still redeemable for a while
+# (left_shards.py); pruned after its window
+LEFT_SHARD = "leftshard"
+
+
+def left_shard_key(node: str, shard: int, epoch: int) -> str:
+    return f"{node}/{shard:05d}/{epoch:020d}"

@@ -28,8 +28,7 @@ import aiohttp
 
 from node.agent.agent import AgentConfig, NodeAgent
 from node.agent.commitments import Committer
-from node.agent.credit_locker import SpoolLocker
-from node.agent.credit_till import CreditTill, SpoolRedeemer
+from node.agent.credit_spools import ShardSpools
 from node.agent.mover import Rebalancer
 from node.agent.node_host import ProcessHost, read_launch
 from node.agent.pricing import PriceKeeper
@@ -39,7 +38,6 @@ from node.keys import PasswordSource, load_node_key, load_wallet
 from node.links import NodeKeyPin, link_ssl
 from node.model.manifest import Manifest
 from node.procs import exit_process, run_service
-from node.server.payments import CreditSpool
 from protocol.committee.prices import MAX_PRICE_POSITIONS
 from protocol.committee.registry import sign_registration
 
@@ -69,7 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--credits-dir",
         type=Path,
-        help="the compute node's --credits-dir: redeem the credits it was paid with from there",
+        help="the base of the compute nodes' credit spools: the node serving shard K spools to "
+        "DIR/shard-K (credits directly in DIR count as --shard's); each is redeemed on its "
+        "shard, also after a move (node/agent/credit_spools.py)",
     )
     parser.add_argument(
         "--credit-positions",
@@ -185,15 +185,10 @@ def _serve_shard(
         if args.credit_positions is None
         else PriceKeeper(link, model, shard, args.credit_positions)
     )
-    agent.redeemer = (
-        None
-        if args.credits_dir is None
-        else SpoolRedeemer(
-            CreditTill(link, model, shard),
-            CreditSpool(args.credits_dir),
-            locker=SpoolLocker(link, model, shard, CreditSpool(args.credits_dir)),
-        )
-    )
+    if isinstance(agent.redeemer, ShardSpools):  # after a move: the old shard's spool stays
+        agent.redeemer.shard = shard
+    elif args.credits_dir is not None:
+        agent.redeemer = ShardSpools(link, model, args.credits_dir, shard, legacy_shard=shard)
 
 
 def _rebalancer(
@@ -205,9 +200,10 @@ def _rebalancer(
     password: str,
 ) -> Rebalancer:
     run_dir = args.home / "run"
-    host = ProcessHost(run_dir, read_launch(run_dir), signer, password)
+    host = ProcessHost(run_dir, read_launch(run_dir), signer, password, link)
 
-    async def before_move() -> None:  # credits of the old shard redeem only while there
+    async def before_move() -> None:  # what the old shard earned, redeemed early (it stays
+        # redeemable there after the move too: abci_app/left_shards.py)
         if agent.redeemer is not None:
             await agent.redeemer.step()
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from node.agent.__main__ import AGENT_MARKER
+from node.agent.credit_spools import shard_spool
 from node.agent.node_host import NodeLaunch, write_launch
 from node.keys import PASSWORD_ENV
 from node.model.manifest import Manifest, manifest_path, verify_file
@@ -185,10 +186,12 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _credit_args(positions: int, run_dir: Path) -> list[str]:
+def _credit_args(positions: int, run_dir: Path, shard: int) -> list[str]:
+    """The compute node's price and its credit spool: one per shard (credit_spools.py)."""
     if not positions:
         return []
-    return ["--credit-positions", str(positions), "--credits-dir", str(run_dir / CREDITS_DIR)]
+    spool = shard_spool(run_dir / CREDITS_DIR, shard)
+    return ["--credit-positions", str(positions), "--credits-dir", str(spool)]
 
 
 def start_node_and_agent(
@@ -206,6 +209,7 @@ def start_node_and_agent(
     private_range: str | None = None,
     credit_positions: int = 0,
     rebalance: bool = False,
+    origin: str | None = None,
 ) -> Joined:
     """Spawn the compute node (bound to `host`:`port`, registered at that address) and the
     agent, detached; returns at once. `private_range`: see `_next_hop_args`.
@@ -214,7 +218,8 @@ def start_node_and_agent(
     agent registers `credit_positions` as the node's price on the committee chain (0: free),
     the price clients read and redemptions are held to (abci_app/prices.py). `rebalance`: the
     agent may move the node to another shard (node/agent/mover.py), starting the new shard's
-    node as this one was (`node_launch.json`)."""
+    node as this one was (`node_launch.json`), fetching a shard file it lacks from the nodes
+    serving it, else from `origin` (`planet join --origin`, kept in that file)."""
     run_dir = home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     launch = NodeLaunch(
@@ -227,9 +232,10 @@ def start_node_and_agent(
             str(run_dir / SERVED_DIR),
             *_ticket_args(committee_rpcs),
             *_next_hop_args(committee_rpcs, f"https://{_url_host(host)}:{port}", private_range),
-            *_credit_args(credit_positions, run_dir),
+            *_credit_args(credit_positions, run_dir, shard),
         ),
         node_key=home / "node_key.json",  # TLS bound to the registered key: https:// endpoint
+        origin=origin,
     )
     write_launch(run_dir, launch)
     node = start_node(

@@ -7,6 +7,12 @@ background task, so heartbeats go on meanwhile:
 
 1. wait `jitter_s(node key)`, read the pool again and decide again (the nodes that saw the same
    loss do not all go);
+1b. when the target's file is not on this machine, fetch it (`NodeHost.fetch`: chunk by chunk
+   from the nodes the committee lists serving it, else the model's origin, each chunk checked
+   against the manifest, resumable, at the rate the serving nodes allow; node/model/fetch.py),
+   the old process serving meanwhile; a fetch that fails leaves the node where it is, with one
+   line why, and that shard is not fetched again for `cooldown_s` (the `.part` file stays: the
+   next try resumes it);
 2. start a second compute node process for the new shard on a new port, the old one still
    serving its shard (make before break), and wait for its /health (`load_timeout_s`);
 3. read the pool and decide once more: a shard another node filled while this one loaded is
@@ -21,9 +27,9 @@ background task, so heartbeats go on meanwhile:
    another replica through their failover (a session is never left to hang);
 6. stop the old process.
 
-A failure at 2-4 stops the new process and leaves the node where it was. At most one move per
-`cooldown_s` (`rebalance.RebalancePolicy`). The processes are behind `NodeHost` (node_host.py
-spawns real ones; the tests use fakes).
+A failure at 1b-4 stops the new process (if started) and leaves the node where it was. At
+most one move per `cooldown_s` (`rebalance.RebalancePolicy`). The processes are behind
+`NodeHost` (node_host.py spawns real ones; the tests use fakes).
 """
 
 from __future__ import annotations
@@ -61,10 +67,20 @@ class Replacement:
     handle: Any
 
 
+class FetchFailed(Exception):
+    """A target shard's file could not be fetched: `why` says so in one line."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
 class NodeHost(Protocol):
     """The compute node processes of this operator home."""
 
-    def available(self, shard: int) -> bool: ...  # this machine can load `shard` now
+    def available(self, shard: int) -> bool: ...  # `shard`'s file is on this machine
+    def has_origin(self) -> bool: ...  # the model's origin is known (a fetch may fall back)
+    async def fetch(self, shard: int) -> str: ...  # → what was fetched; raises FetchFailed
     async def start(self, shard: int) -> Replacement: ...
     async def healthy(self, replacement: Replacement) -> bool: ...
     async def live_sessions(self, old: Any) -> int | None: ...  # held by the old process
@@ -108,6 +124,7 @@ class Rebalancer:
         self.watch_blocks = watch_blocks
         self.floor: int | None = None
         self.last_move_s: float | None = None
+        self.fetch_failed: dict[int, float] = {}  # shard → when its fetch failed (clock())
         self.last_decision_height: int | None = None
         self.last_watch_height: int | None = None
         self.fingerprint: Any = None
@@ -162,7 +179,13 @@ class Rebalancer:
             last_move_s=self.last_move_s,
             policy=self.policy,
             available=self.host.available,
+            origin=self.host.has_origin(),
+            fetch_failed=self._recent_fetch_failures(),
         )
+
+    def _recent_fetch_failures(self) -> set[int]:
+        now = self.clock()
+        return {s for s, at in self.fetch_failed.items() if now - at < self.policy.cooldown_s}
 
     def _note(self, decision: Decision, why: str) -> None:
         self.decisions.append(decision)
@@ -188,6 +211,8 @@ class Rebalancer:
             self._note(again, f"re-read after a {delay:.1f} s delay")
             return False
         target = decision.target
+        if again.fetch and not await self._fetch(decision):
+            return False
         replacement = await self.host.start(target)
         try:
             moved = await self._switch(decision, replacement, stop)
@@ -212,6 +237,24 @@ class Rebalancer:
             await self._drain(decision.current, old)
         finally:  # also when the agent stops meanwhile: the old process never outlives it
             await self.host.stop(old)
+        return True
+
+    async def _fetch(self, decision: Decision) -> bool:
+        """Step 1b: the target's file onto this machine, the old process serving meanwhile."""
+        target, stay = decision.target, decision.current
+        log.info(
+            "rebalance: fetching shard %d's file before the move; shard %d still served",
+            target,
+            stay,
+        )
+        try:
+            fetched = await self.host.fetch(target)
+        except FetchFailed as failure:
+            self.fetch_failed[target] = self.clock()
+            why = f"could not fetch shard {target}'s file: {failure.why}"
+            self._note(Decision(False, stay, stay, why), "move abandoned")
+            return False
+        log.info("rebalance: fetched shard %d's file: %s", target, fetched)
         return True
 
     async def close(self) -> None:

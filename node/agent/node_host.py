@@ -2,7 +2,8 @@
 
 `planet join` writes `<home>/run/node_launch.json` next to `joined.json`: how it started the
 compute node (manifest, bound host, the arguments after `--shard/--port`, the node key file).
-A move starts a second process the same way for the new shard on a free port (one of the ports
+A move starts a second process the same way for the new shard (with its own credit spool,
+`<credits dir>/shard-K`: credit_spools.py) on a free port (one of the ports
 a devnet host exposes inside `planet devnet exec`, else 18100-18999), then adopts it: joined.json
 names its shard, port, endpoint and pid, so `planet leave` and `planet status` see the node
 that is registered; the old process is stopped once drained.
@@ -22,7 +23,9 @@ from typing import Any
 
 import aiohttp
 
+from node.agent.credit_spools import shard_spool, spool_base
 from node.agent.mover import Replacement
+from node.agent.shard_fetch import ServingList, fetch_for_move
 from node.config import devnet_ports
 from node.keys import PASSWORD_ENV
 from node.links import link_ssl
@@ -51,14 +54,18 @@ class NodeLaunch:
     host: str
     extra_args: tuple[str, ...]
     node_key: Path
+    origin: str | None = None  # `planet join --origin`: where a move fetches a shard no node serves
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "manifest": str(self.manifest),
             "host": self.host,
             "extra_args": list(self.extra_args),
             "node_key": str(self.node_key),
         }
+        if self.origin is not None:
+            doc["origin"] = self.origin
+        return doc
 
 
 def write_launch(run_dir: Path, launch: NodeLaunch) -> None:
@@ -71,32 +78,49 @@ def read_launch(run_dir: Path) -> NodeLaunch:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise BadLaunchFile(path, f"not readable JSON ({error})") from None
-    if not isinstance(doc, dict) or set(doc) != {"manifest", "host", "extra_args", "node_key"}:
-        raise BadLaunchFile(path, "expected manifest, host, extra_args and node_key")
-    texts = [doc["manifest"], doc["host"], doc["node_key"]]
+    required = {"manifest", "host", "extra_args", "node_key"}
+    if not isinstance(doc, dict) or not required <= set(doc) <= {*required, "origin"}:
+        raise BadLaunchFile(path, "expected manifest, host, extra_args, node_key (and origin)")
+    texts = [doc["manifest"], doc["host"], doc["node_key"], doc.get("origin", "-")]
     args = doc["extra_args"]
     if not all(isinstance(t, str) and t for t in texts) or not (
         isinstance(args, list) and all(isinstance(a, str) for a in args)
     ):
         raise BadLaunchFile(path, "expected non-empty strings and a list of strings")
-    return NodeLaunch(Path(doc["manifest"]), doc["host"], tuple(args), Path(doc["node_key"]))
+    return NodeLaunch(
+        Path(doc["manifest"]), doc["host"], tuple(args), Path(doc["node_key"]), doc.get("origin")
+    )
 
 
 class ProcessHost:
-    """`NodeHost` over real processes (node.server.launcher), one operator home's `run/`."""
+    """`NodeHost` over real processes (node.server.launcher), one operator home's `run/`;
+    `link`: the committee (`nodes`), asked which nodes serve a shard a move must fetch."""
 
-    def __init__(self, run_dir: Path, launch: NodeLaunch, signer: str, password: str) -> None:
+    def __init__(
+        self, run_dir: Path, launch: NodeLaunch, signer: str, password: str, link: ServingList
+    ) -> None:
         self.run_dir = run_dir
         self.launch = launch
         self.signer = signer
         self.password = password
+        self.link = link
         self.manifest = Manifest.load(launch.manifest)
 
     def available(self, shard: int) -> bool:
-        """The shard's file is on this machine (a move does not fetch; `planet join` does)."""
+        """The shard's file is on this machine (otherwise a move fetches it first)."""
         if not 0 <= shard < len(self.manifest.shards):
             return False
         return (self.launch.manifest.parent / self.manifest.shard(shard).file).is_file()
+
+    def has_origin(self) -> bool:
+        return self.launch.origin is not None
+
+    async def fetch(self, shard: int) -> str:
+        """Shard `shard`'s file beside the manifest, from the nodes serving it or the origin
+        (shard_fetch.py); FetchFailed with the reason otherwise."""
+        return await fetch_for_move(
+            self.link, self.manifest, self.launch.manifest, shard, self.signer, self.launch.origin
+        )
 
     def _port(self) -> int:
         for port in devnet_ports(os.environ):
@@ -112,7 +136,7 @@ class ProcessHost:
             port=self._port(),
             host=self.launch.host,
             run_dir=self.run_dir,
-            extra_args=list(self.launch.extra_args),
+            extra_args=shard_args(self.launch.extra_args, shard),
             extra_env={PASSWORD_ENV: self.password},
             node_key=self.launch.node_key,
         )
@@ -163,6 +187,16 @@ class ProcessHost:
         except (OSError, ValueError):
             return {}
         return doc if isinstance(doc, dict) else {}
+
+
+def shard_args(extra_args: tuple[str, ...], shard: int) -> list[str]:
+    """The launch's arguments for a process serving `shard`: its own credit spool
+    (credit_spools.py), so each credit is redeemed on the shard that earned it."""
+    args = list(extra_args)
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--credits-dir":
+            args[i + 1] = str(shard_spool(spool_base(Path(args[i + 1])), shard))
+    return args
 
 
 async def probe(endpoint: str, signer: str, path: str) -> Any:

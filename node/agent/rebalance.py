@@ -19,9 +19,19 @@ order of preference, and never when the move lowers the pool's weakest shard:
                  measured speed
 
 Among the shards that gain, the kind above wins, then the shard with the least routable +
-joining supply, then a hash of (node key, shard): equal shards are ranked differently by
-different nodes, so two nodes that see the same short shards do not all pick the same one,
-and one node always picks the same one (deterministic per node key).
+joining supply, then (at an equal kind and supply: equal gain) a shard whose file is already on
+this machine before one that must be fetched, then a hash of (node key, shard): equal shards
+are ranked differently by different nodes, so two nodes that see the same short shards do not
+all pick the same one, and one node always picks the same one (deterministic per node key).
+
+A target whose file is not on disk is fetched before the move (mover.py, node/model/fetch.py:
+chunk by chunk from the nodes serving it, checked against the manifest). So it counts only when
+the file has a source: another node the committee lists SERVING it (routable or not: a node
+whose stake is not agreed yet still serves its chunks; a DOWN or joining node does not count),
+or the model's origin given to `planet join --origin`. A shard with neither (an empty shard
+whose last node went DOWN, and no origin) cannot be moved to: the node stays, and the line
+says so. Nor one whose fetch failed within `cooldown_s` (a failing source is not asked again at
+every look; the `.part` file is resumed when it is).
 
 Bounded churn: at most one move per node per `cooldown_s` (and the chain refuses a second move
 within `MOVE_COOLDOWN_BLOCKS`, abci_app/registry.py); a node that decides to move first waits
@@ -35,7 +45,7 @@ where it is), a node serving a span of several shards, and a node alone on its s
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from node.agent.placement import PoolNode, ShardSupply, pool_supply
@@ -65,10 +75,12 @@ class Decision:
     current: int
     target: int
     reason: str
+    fetch: bool = False  # the target's file is not on disk: the move fetches it first
 
     def line(self) -> str:
         if self.move:
-            return f"rebalance: moving shard {self.current} -> {self.target}: {self.reason}"
+            fetch = " (its file fetched first)" if self.fetch else ""
+            return f"rebalance: moving shard {self.current} -> {self.target}{fetch}: {self.reason}"
         return f"rebalance: stayed on shard {self.current}: {self.reason}"
 
 
@@ -104,10 +116,14 @@ def decide(
     policy: RebalancePolicy,
     speeds: Mapping[str, int] | None = None,
     available: Callable[[int], bool] | None = None,
+    origin: bool = False,
+    fetch_failed: Collection[int] = (),
 ) -> Decision:
     """Stay or move, for the node `key` in the pool `nodes` (`shard_count` shards, the chain's
     `floor`); `last_move_s`: when it last moved (same clock as `now_s`), None: never;
-    `available(shard)`: whether this node can load that shard (its file is on disk)."""
+    `available(shard)`: whether that shard's file is on this machine (None: every one is);
+    `origin`: whether the model's origin is known (a shard no node serves is fetched there);
+    `fetch_failed`: shards whose fetch failed within the cooldown (not tried again before)."""
     own = next((n for n in nodes if n.key == key), None)
     if own is None:
         return Decision(False, -1, -1, "the committee does not list this node yet")
@@ -125,20 +141,29 @@ def decide(
     source = supply[current]
     if source.throughput - me <= 0:
         return Decision(False, current, current, "it is the only routable node of its shard")
-    best: tuple[int, int, bytes, ShardSupply] | None = None
+    best: tuple[int, int, bool, bytes, ShardSupply] | None = None
+    sourceless: tuple[ShardSupply, bool] | None = None  # a gain whose file it cannot get
     for target in supply:
-        if target.shard == current or (available is not None and not available(target.shard)):
+        if target.shard == current:
             continue
         joining = sum(1 for n in nodes if n.status == "JOIN" and target.shard in n.shards)
         kind = _gain(source, target, supply, me, floor, policy.gain_percent, joining)
         if kind is None:
             continue
-        rank = (kind, target.throughput + target.pending * me, tie_rank(key, target.shard), target)
-        if best is None or rank[:3] < best[:3]:
+        fetch = available is not None and not available(target.shard)
+        failed = fetch and target.shard in fetch_failed
+        if failed or (fetch and not (origin or _serves(nodes, key, target.shard))):
+            sourceless = sourceless or (target, failed)
+            continue
+        supplied = target.throughput + target.pending * me
+        rank = (kind, supplied, fetch, tie_rank(key, target.shard), target)
+        if best is None or rank[:4] < best[:4]:
             best = rank
     if best is None:
+        if sourceless is not None:
+            return Decision(False, current, current, _no_source(*sourceless, policy.cooldown_s))
         return Decision(False, current, current, _no_gain(source, supply, measured, floor))
-    kind, _, _, target = best
+    kind, _, fetch, _, target = best
     why = _why(kind, source, target, measured, floor)
     if last_move_s is not None and now_s - last_move_s < policy.cooldown_s:
         wait = policy.cooldown_s - (now_s - last_move_s)
@@ -150,7 +175,25 @@ def decide(
             f"{now_s - last_move_s:.0f} s ago: at most one move per {policy.cooldown_s:.0f} s "
             f"(next in {wait:.0f} s)",
         )
-    return Decision(True, current, target.shard, why)
+    return Decision(True, current, target.shard, why, fetch=fetch)
+
+
+def _serves(nodes: Sequence[PoolNode], key: str, shard: int) -> bool:
+    """Another node the committee lists SERVING `shard` (routable or not): it serves the
+    shard's chunks (node/server/shards.py)."""
+    return any(n.key != key and n.status == "SERVING" and shard in n.shards for n in nodes)
+
+
+def _no_source(target: ShardSupply, failed: bool, cooldown_s: float) -> str:
+    if failed:
+        return (
+            f"shard {target.shard} would gain, but fetching its file failed less than "
+            f"{cooldown_s:.0f} s ago: not tried again before then"
+        )
+    return (
+        f"shard {target.shard} would gain, but its file is not on this machine, no node serves "
+        "it and no origin is known (`planet join --origin`): it cannot be fetched, so no move"
+    )
 
 
 def _gain(

@@ -12,7 +12,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -214,24 +214,6 @@ def run_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def peer_ssl(keys: Mapping[str, str]) -> Callable[[str], Any]:
-    """aiohttp's `ssl=` per peer URL. Nodes serve TLS bound to their node key (node/links.py):
-    a peer whose key the committee lists is pinned to it; an https `--peer` without a known key
-    is dialled without authentication — every chunk is checked against the manifest's hash, so
-    an impostor can waste a fetch's time (and is banned), never change the file."""
-    from node.links import NodeKeyPin, probe_context  # lazy: cryptography
-
-    unpinned = probe_context()
-    pins = {url.rstrip("/"): NodeKeyPin(key) for url, key in keys.items()}
-
-    def ssl_for(peer: str) -> Any:
-        if not peer.startswith("https://"):
-            return True
-        return pins.get(peer.rstrip("/"), unpinned)
-
-    return ssl_for
-
-
 def check_peer_urls(peers: list[str]) -> list[str]:
     for url in peers:
         if not url.startswith(("http://", "https://")):
@@ -249,7 +231,8 @@ def fetch_with_progress(
     """Fetch shard `shard`'s file beside `manifest_file` unless it is there and whole, with a
     progress line on stderr; returns the fetch's summary (node/model/fetch.py `Progress`).
     `keys`: the node key of each peer URL the committee lists (its TLS is pinned to it)."""
-    from node.model.fetch import Progress, fetch_shard  # lazy: aiohttp
+    from node.agent.shard_fetch import peer_ssl  # lazy: aiohttp, cryptography
+    from node.model.fetch import Progress, fetch_shard
     from node.model.manifest import verify_file
     from protocol.errors import IntegrityError
 

@@ -69,9 +69,12 @@ already registered keeps its shard. One shard per node.
 rebalancing: a node placed automatically keeps watching the pool and moves to another shard
 when that gains (a shard with nobody, one below the chain's replica floor while its own keeps
 the floor, or a clear raise of the weakest shard), at most once per 10 minutes, after a delay
-drawn from its node key; it loads the new shard in a second process, re-registers for it
-(`move_shards`), lets live sessions on the old shard finish (60 s at most; clients fail over
-after that) and stops the old process. Its agent log says each decision: "rebalance: stayed
+drawn from its node key; when the new shard's file is not on disk it first fetches it, as
+join does, from the nodes serving that shard (else from --origin, kept for moves; a shard with
+neither is not moved to), the old shard still served; it loads the new shard in a second
+process, re-registers for it (`move_shards`), lets live sessions on the old shard finish (60 s
+at most; clients fail over after that) and stops the old process; credits earned on the old
+shard stay redeemable. Its agent log says each decision: "rebalance: stayed
 on shard 0: …" or "rebalance: moving shard 0 -> 2: …". A node joined with --shard K stays
 there (the operator's choice) unless --rebalance says it may move; --no-rebalance keeps an
 auto-placed node where it landed.
@@ -476,6 +479,7 @@ def _join(args: argparse.Namespace) -> int:
         private_range=config.next_hop_range,
         credit_positions=price,
         rebalance=args.rebalance if args.rebalance is not None else placement is not None,
+        origin=args.origin,
     )
     if price == 0:
         _say(

@@ -32,12 +32,12 @@ def test_a_charging_node_needs_a_committee_and_a_credits_dir(capsys, tmp_path: P
 
 
 def test_join_passes_the_price_to_the_node_and_the_spool_to_both(tmp_path: Path) -> None:
-    assert _credit_args(0, tmp_path) == []  # free: nothing to redeem
-    assert _credit_args(8, tmp_path) == [
+    assert _credit_args(0, tmp_path, 1) == []  # free: nothing to redeem
+    assert _credit_args(8, tmp_path, 1) == [  # the agent gets the base, the node its shard's
         "--credit-positions",
         "8",
         "--credits-dir",
-        str(tmp_path / CREDITS_DIR),
+        str(tmp_path / CREDITS_DIR / "shard-1"),
     ]
 
 

@@ -151,3 +151,49 @@ def test_the_fingerprint_sees_a_node_going_down_only() -> None:
     after = [*before[:2], PoolNode(before[2].key, (2,), "DOWN", False)]
     assert pool_fingerprint(before) != pool_fingerprint(after)
     assert pool_fingerprint(before) == pool_fingerprint(list(reversed(before)))
+
+
+# -- a target whose file is not on disk (fetched by the move, issue 44) -------------------------
+
+
+def test_a_missing_file_served_by_another_node_is_a_move_that_fetches() -> None:
+    # shard 1 is below the floor of 2; its file is not on n0's disk but n3 serves it
+    nodes = pool(0, 0, 0, 1, 2, 2)
+    d = decide(key("n0"), nodes, 3, 2, now_s=0.0, last_move_s=None, policy=POLICY,
+               available=lambda shard: shard != 1)  # fmt: skip
+    assert (d.move, d.target, d.fetch) == (True, 1, True)
+    assert "(its file fetched first)" in d.line()
+
+
+def test_a_serving_node_that_is_not_routable_is_a_source_for_an_empty_shard() -> None:
+    # shard 2 has no routable node (rule 1) but a SERVING node whose stake is not agreed yet
+    nodes = [*pool(0, 0, 1), PoolNode(key("staking"), (2,), "SERVING", False)]
+    d = decide(key("n0"), nodes, 3, 1, now_s=0.0, last_move_s=None, policy=POLICY,
+               available=lambda shard: shard != 2)  # fmt: skip
+    assert (d.move, d.target, d.fetch) == (True, 2, True)
+
+
+def test_an_empty_shard_with_no_source_is_not_moved_to_unless_an_origin_is_known() -> None:
+    nodes = pool(0, 0, 1, down=(2,))  # shard 2's only node is DOWN: it serves no chunks
+    on_disk = {"available": lambda shard: shard != 2}
+    moved, _, line = run("n0", nodes, floor=1, **on_disk)
+    assert moved is False
+    assert "shard 2 would gain" in line and "no node serves it and no origin is known" in line
+    d = decide(key("n0"), nodes, 3, 1, now_s=0.0, last_move_s=None, policy=POLICY,
+               origin=True, **on_disk)  # fmt: skip
+    assert (d.move, d.target, d.fetch) == (True, 2, True)
+
+
+def test_on_disk_wins_only_at_equal_gain() -> None:
+    # shards 1-4 empty (origin known): every node of shard 0 picks shard 3, the one on disk,
+    # though the per-key hash spreads them when all are on disk (test above)
+    nodes = pool(0, 0, 0, 0, 0, 0)
+    for i in range(6):
+        d = decide(key(f"n{i}"), nodes, 5, 1, now_s=0.0, last_move_s=None, policy=POLICY,
+                   available=lambda shard: shard in (0, 3), origin=True)  # fmt: skip
+        assert (d.target, d.fetch) == (3, False)
+    # an empty shard (rule 1) to fetch beats a below-floor shard already on disk
+    nodes = pool(0, 0, 0, 1)  # floor 2: shard 1 below it, shard 2 empty
+    d = decide(key("n0"), nodes, 3, 2, now_s=0.0, last_move_s=None, policy=POLICY,
+               available=lambda shard: shard != 2, origin=True)  # fmt: skip
+    assert (d.move, d.target, d.fetch) == (True, 2, True)

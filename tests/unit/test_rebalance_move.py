@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from node.agent.mover import Rebalancer, Replacement
+from node.agent.mover import FetchFailed, Rebalancer, Replacement
 from node.agent.rebalance import RebalancePolicy
 from protocol.committee.registry import MoveShards
 
@@ -76,8 +76,21 @@ class Host:
         self.sessions = [2, 1, 0]  # the old process's live sessions, look by look
         self.on_health: Any = None
 
+        self.missing: set[int] = set()  # shard files not on disk
+        self.fetch_fails: str | None = None  # the reason a fetch fails, or None: it succeeds
+
     def available(self, shard: int) -> bool:
-        return True
+        return shard not in self.missing
+
+    def has_origin(self) -> bool:
+        return False
+
+    async def fetch(self, shard: int) -> str:
+        self.events.append(("fetch", shard))
+        if self.fetch_fails is not None:
+            raise FetchFailed(self.fetch_fails)
+        self.missing.discard(shard)
+        return "6 chunks"
 
     async def start(self, shard: int) -> Replacement:
         self.events.append(("start", shard))
@@ -258,3 +271,46 @@ def test_one_move_per_cooldown() -> None:
     clock.t += 600
     decision = asyncio.run(_step_and_finish(rebalancer, 50))
     assert decision.move and decision.target == 1 and rebalancer.moves == 2
+
+
+def test_a_missing_target_file_is_fetched_before_the_new_process_starts() -> None:
+    rebalancer, committee, host, events, _ = setup()
+    committee.set("gone", status="SERVING", routable=False)  # serves chunks, not routable
+    host.missing = {2}
+    decision = asyncio.run(_step_and_finish(rebalancer, 10))
+    assert decision.move and decision.target == 2 and decision.fetch
+    kinds = [e[0] for e in events]
+    assert kinds[:3] == ["fetch", "start", "send"]  # fetched while the old shard serves
+    assert rebalancer.moves == 1 and events[-1] == ("stop", "proc-old")
+
+
+def test_a_failed_fetch_leaves_the_node_where_it_is_with_one_line_why() -> None:
+    rebalancer, committee, host, events, clock = setup()
+    committee.set("gone", status="SERVING", routable=False)
+    host.missing = {2}
+    host.fetch_fails = "3 of 6 chunks of shard 2 are missing and no peer is left"
+    asyncio.run(_step_and_finish(rebalancer, 10))
+    assert events == [("fetch", 2)]  # nothing started, nothing sent, the old process untouched
+    assert rebalancer.moves == 0 and rebalancer.last_move_s is None
+    last = rebalancer.decisions[-1]
+    assert not last.move and last.target == 0
+    assert last.line() == (
+        "rebalance: stayed on shard 0: could not fetch shard 2's file: 3 of 6 chunks of "
+        "shard 2 are missing and no peer is left"
+    )
+    # the failing source is not asked again at every look: only after the cooldown
+    clock.t += 60
+    again = asyncio.run(_step_and_finish(rebalancer, 10 + 30))
+    assert not again.move and "fetching its file failed less than 600 s ago" in again.line()
+    clock.t += 600
+    host.fetch_fails = None
+    moved = asyncio.run(_step_and_finish(rebalancer, 10 + 60))
+    assert moved.move and rebalancer.moves == 1
+
+
+def test_an_empty_shard_whose_file_has_no_source_is_not_moved_to() -> None:
+    rebalancer, _, host, events, _ = setup()  # shard 2's only node is DOWN, no origin
+    host.missing = {2}
+    decision = asyncio.run(_step_and_finish(rebalancer, 10))
+    assert not decision.move and events == []
+    assert "no node serves it and no origin is known" in decision.line()
