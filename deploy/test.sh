@@ -7,6 +7,14 @@ bash deploy/setup.sh
 export PATH="$PWD/.venv/bin:$PWD/.tools/bin:$PWD/node_modules/.bin:$PATH"
 step() { printf '\n== %s\n' "$*" >&2; }
 
+# Bytecode caches for our own modules, compiled once here: the tests start hundreds of Python
+# processes (nodes, validators, watchers, every `planet` command), and where the environment sets
+# PYTHONDONTWRITEBYTECODE each one compiled the modules it imports from source again. Measured on
+# test_local_cli (2-core machine, cpuacct): 41.7 and 44.3 CPU-s from source, 39.5 and 40.9
+# compiled. The caches are gitignored.
+unset PYTHONDONTWRITEBYTECODE
+python -m compileall -q planet protocol shares abci_app node deploy harness bench
+
 step "lint: ruff + import boundaries"
 ruff check .
 lint-imports --no-cache
