@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 NODE_ERRORS = FAILURES
 STALL_S = 10.0  # no answer for this long: the circuit is stalled (a frozen node)
+# prompt positions per LM-head matmul of an echo: [64, V] float32 logits, 12.6 MB for SmolLM2
+ECHO_ROWS = 64
 
 
 class RouterCircuits:
@@ -151,6 +153,27 @@ def token_event(token: int, logits: np.ndarray | None, want: bool, top_n: int) -
         best = best[np.argsort(-logp[best], kind="stable")]
         top = tuple((int(i), float(logp[i])) for i in best)
     return TokenEvent(token, float(logp[token]), top)
+
+
+def echo_events(
+    head: Head, ids: Sequence[int], hidden: np.ndarray, want: bool, top_n: int
+) -> list[TokenEvent]:
+    """One event per prompt token of an echo: `hidden` [T, H] the prefill's final hidden states
+    of the prompt `ids` [T]; row i's logits give token i + 1's logprob (the first token has
+    none). The logits come from the LM head in one matmul per ECHO_ROWS rows, not a
+    matrix-vector product per row: each of those reads the whole [V, H] head (113 MB for
+    SmolLM2), ~9x the CPU of a verifier's challenge (96 rows). None are computed without
+    `want` (echo without logprobs)."""
+    out = [TokenEvent(ids[0], None, ())]
+    rows = len(ids) - 1
+    if not want:
+        return out + [TokenEvent(token, None, ()) for token in ids[1:]]
+    for start in range(0, rows, ECHO_ROWS):
+        stop = min(start + ECHO_ROWS, rows)
+        logits = head.logits_batch_np(hidden[start:stop])
+        for row in range(start, stop):
+            out.append(token_event(ids[row + 1], logits[row - start], want, top_n))
+    return out
 
 
 class Generation:
@@ -268,15 +291,9 @@ class Generation:
         ids = self.prompt_ids
         if hidden.shape[0] != len(ids):
             raise ProtocolError(f"echo prefill answered {hidden.shape[0]} of {len(ids)} positions")
-
-        def events() -> list[TokenEvent]:
-            out = [TokenEvent(ids[0], None, ())]
-            for row, token in enumerate(ids[1:]):
-                logits = self.head.logits_np(hidden[row])
-                out.append(token_event(token, logits, self.logprobs, self.top_logprobs))
-            return out
-
-        return await asyncio.to_thread(events)
+        return await asyncio.to_thread(
+            echo_events, self.head, ids, hidden, self.logprobs, self.top_logprobs
+        )
 
     def _keep_logits(self, logits: np.ndarray) -> None:
         self._logits = logits

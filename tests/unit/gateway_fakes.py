@@ -65,6 +65,9 @@ class FakeHead:
         logits[round(float(hidden_last[0])) % V] = 10.0
         return logits
 
+    def logits_batch_np(self, hidden_last: np.ndarray) -> np.ndarray:
+        return np.stack([self.logits_np(row) for row in hidden_last])
+
 
 class FakeEscrow:
     """Deposits and prepaid balances by hand; counts the reads."""
