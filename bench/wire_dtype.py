@@ -24,6 +24,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,28 +51,122 @@ def prompts() -> dict[str, list[dict[str, str]]]:
     return out
 
 
-def greedy(head: Any, shards: list[Any], ids: list[int], tokens: int, dtype: str) -> list[int]:
-    """`tokens` greedy tokens through `shards`, every boundary as a raw `dtype` frame carries it."""
+def _wire(hidden: Any, dtype: str) -> Any:
+    """A [1, T, H] tensor as a receiver decodes it from a raw `dtype` frame."""
     import torch
 
     from protocol.frames.codecs import wire_values
 
-    def wire(hidden: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(wire_values(hidden.numpy(), dtype, "raw"))
+    return torch.from_numpy(wire_values(hidden.float().contiguous().numpy(), dtype, "raw"))
+
+
+def greedy(
+    head: Any,
+    shards: list[Any],
+    ids: list[int],
+    tokens: int,
+    dtype: str,
+    pick: Callable[[np.ndarray], int] | None = None,
+) -> list[int]:
+    """`tokens` tokens through `shards` (greedy, or `pick` on each step's logits), every
+    boundary as a raw `dtype` frame carries it."""
+    import torch
 
     caches = [shard.new_cache() for shard in shards]
     out: list[int] = []
     step, start = list(ids), 0
     with torch.inference_mode():
         while len(out) < tokens:
-            hidden = wire(torch.from_numpy(np.asarray(head.embed_np(step), dtype=np.float32)))
+            hidden = _wire(torch.from_numpy(np.asarray(head.embed_np(step))), dtype)
             positions = torch.arange(start, start + len(step), dtype=torch.long)
             for shard, cache in zip(shards, caches, strict=True):
-                hidden = wire(shard.forward(hidden, positions, cache).float().contiguous())
-            token = int(np.argmax(head.logits_np(hidden[0, -1].numpy())))
+                hidden = _wire(shard.forward(hidden, positions, cache), dtype)
+            logits = head.logits_np(hidden[0, -1].numpy())
+            token = int(np.argmax(logits)) if pick is None else pick(logits)
             out.append(token)
             start += len(step)
             step = [token]
+    return out
+
+
+def prefill_logits(head: Any, shards: list[Any], ids: list[int], dtype: str) -> Any:
+    """[T, V] logits of one prefill through `shards`, boundaries as `dtype` frames carry them."""
+    import torch
+
+    with torch.inference_mode():
+        hidden = _wire(head.embed(ids), dtype)
+        positions = torch.arange(len(ids))
+        for shard in shards:
+            hidden = _wire(shard.forward(hidden, positions, shard.new_cache()), dtype)
+        return head.all_logits(hidden)
+
+
+def _sampler(config: Any) -> Callable[[np.ndarray], int]:
+    """The client's sampler (node.client.sampling.sample), one generator per answer."""
+    from node.client.sampling import sample
+
+    rng = config.rng()
+    return lambda logits: sample(logits, config, rng)
+
+
+def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -> dict[str, Any]:
+    """What an honest circuit on fp16 frames scores in the verifier's checks, beside fp32 frames:
+    the echo and full-vocabulary KL against the fp32 reference (calibrate_echo's and
+    calibrate's challenges: held-out windows, 32 prompt + 64 continuation tokens) with the
+    credibility the calibrated maps give it, and the sampled check's mismatches (temperature 1,
+    a fixed seed per challenge, replayed on the circuit's own quant with fp32 frames in one
+    prefill, as the verifier's reference runs)."""
+    from node.client.sampling import SamplingConfig
+    from node.model.evaluate import heldout_text
+    from node.verifier.calibration import CALIBRATION_FILE, load_calibration
+    from node.verifier.echo import echo_gap, simulated_answer
+    from node.verifier.measure import text_challenges
+    from node.verifier.sampled import SampledAnswer, SampledMap, replay
+    from node.verifier.scoring import compare_logits
+    from node.verifier.service import echo_map
+
+    calibration = load_calibration()
+    echo_credibility = echo_map(CALIBRATION_FILE)
+    fp32 = circuits["fp32"]
+    challenges = text_challenges(
+        fp32.head, heldout_text(), count=count, prompt_tokens=32, continuation_tokens=64
+    )
+    out: dict[str, Any] = {
+        "echo_full_credit_micro": echo_credibility.full_micro,
+        "kl_full_credit_micro": calibration.credibility_map.full_micro,
+    }
+    sampled_map = SampledMap()
+    references = [
+        prefill_logits(fp32.head, fp32.shards, list(c.ids), "float32") for c in challenges
+    ]
+    for label, circuit in circuits.items():
+        head, shards = circuit.head, circuit.shards
+        for dtype, short in (("float32", "fp32wire"), ("float16", "fp16wire")):
+            echo, full, mismatched, observed = [], [], 0, 0
+            for index, challenge in enumerate(challenges):
+                ids = list(challenge.ids)
+                reference = references[index]
+                logits = prefill_logits(head, shards, ids, dtype)
+                echo.append(echo_gap(challenge, simulated_answer(challenge, logits), reference))
+                full.append(compare_logits(challenge, logits, reference))
+                config = SamplingConfig(temperature=1.0, seed=1000 + index)
+                prompt = list(challenge.prompt_ids)
+                tokens = greedy(head, shards, prompt, sampled_tokens, dtype, _sampler(config))
+                own = prefill_logits(head, shards, prompt + tokens, "float32")
+                check = replay(own, len(prompt), SampledAnswer(tuple(tokens), False), config, set())
+                mismatched += check.mismatched
+                observed += check.observed
+                worst = sampled_map.credibility(check)
+                key = f"sampled_min_credibility_{label}_{short}"
+                out[key] = min(out.get(key, worst), worst)
+            out[f"echo_kl_max_micro_{label}_{short}"] = round(max(g.kl for g in echo) * 1e6, 1)
+            out[f"kl_max_micro_{label}_{short}"] = round(max(g.kl for g in full) * 1e6, 1)
+            out[f"echo_min_credibility_{label}_{short}"] = min(
+                echo_credibility.credibility(g) for g in echo
+            )
+            out[f"sampled_mismatches_{label}_{short}"] = mismatched
+            out[f"sampled_observed_{label}_{short}"] = observed
+            log.info("%s %s: %s", label, short, {k: v for k, v in out.items() if short in k})
     return out
 
 
@@ -81,17 +176,30 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt (64)")
+    parser.add_argument(
+        "--tokens", type=int, default=64, help="greedy tokens per prompt (64; 0: no greedy runs)"
+    )
     parser.add_argument("--quants", default="fp32,int8", help="shard quants (fp32,int8)")
     parser.add_argument("--prompts", type=int, default=0, help="first N prompts (0: all)")
-    args = parse_with_quick(parser, {"tokens": 4, "quants": "fp32", "prompts": 1}, argv)
+    parser.add_argument(
+        "--challenges", type=int, default=6, help="verifier challenges per circuit (6; 0: none)"
+    )
+    parser.add_argument("--sampled-tokens", type=int, default=32, help="sampled check's tokens")
+    args = parse_with_quick(
+        parser,
+        {"tokens": 4, "quants": "fp32", "prompts": 1, "challenges": 1, "sampled_tokens": 4},
+        argv,
+    )
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     from node.verifier.measure import load_circuit
 
     chosen = list(prompts().items())[: args.prompts or None]
     metrics: dict[str, Any] = {}
-    for label in args.quants.split(","):
-        circuit = load_circuit(QUANTS[label])
+    circuits = {label: load_circuit(QUANTS[label]) for label in args.quants.split(",")}
+    if "fp32" not in circuits and args.challenges:
+        circuits = {"fp32": load_circuit("none"), **circuits}  # the verifier's reference
+    for label in args.quants.split(",") if args.tokens else ():
+        circuit = circuits[label]
         same = 0
         agreed = 0
         divergences: list[int] = []
@@ -109,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         metrics[f"token_agreement_{label}"] = round(agreed / (args.tokens * len(chosen)), 4)
         # per prompt, the step of the first different token (`tokens` where none differs)
         metrics[f"first_divergence_steps_{label}"] = divergences
+    if args.challenges:
+        metrics.update(verifier_checks(circuits, args.challenges, args.sampled_tokens))
     result = {
         "bench": "wire_dtype",
         "machine": machine(),
