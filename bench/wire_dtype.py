@@ -110,19 +110,22 @@ def _sampler(config: Any) -> Callable[[np.ndarray], int]:
 
 
 def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -> dict[str, Any]:
-    """What an honest circuit on fp16 frames scores in the verifier's checks, beside fp32 frames:
-    the echo and full-vocabulary KL against the fp32 reference (calibrate_echo's and
-    calibrate's challenges: held-out windows, 32 prompt + 64 continuation tokens) with the
-    credibility the calibrated maps give it, and the sampled check's mismatches (temperature 1,
-    a fixed seed per challenge, replayed on the circuit's own quant with fp32 frames in one
-    prefill, as the verifier's reference runs)."""
+    """What an honest circuit scores in the verifier's checks on float16 and on float32 frames,
+    the verifier's reference rounding as the same frames do (`scoring.reference_logits`,
+    `planet verifier serve --wire-dtype`): the echo and full-vocabulary KL against the fp32
+    model (calibrate_echo's and calibrate's challenges: held-out windows, 32 prompt + 64
+    continuation tokens) with the credibility the calibrated maps give, and the sampled check
+    (temperature 1, a fixed seed per challenge, decoded as nodes serve, replayed on the
+    circuit's own quant in one prefill). `*_vs_fp32_reference`: the sampled check of float16
+    answers replayed on a reference that does not round (a verifier whose --wire-dtype is not
+    its gateway's)."""
     from node.client.sampling import SamplingConfig
     from node.model.evaluate import heldout_text
     from node.verifier.calibration import CALIBRATION_FILE, load_calibration
     from node.verifier.echo import echo_gap, simulated_answer
     from node.verifier.measure import text_challenges
     from node.verifier.sampled import SampledAnswer, SampledMap, replay
-    from node.verifier.scoring import compare_logits
+    from node.verifier.scoring import compare_logits, reference_logits
     from node.verifier.service import echo_map
 
     calibration = load_calibration()
@@ -136,27 +139,33 @@ def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -
         "kl_full_credit_micro": calibration.credibility_map.full_micro,
     }
     sampled_map = SampledMap()
-    references = [
-        prefill_logits(fp32.head, fp32.shards, list(c.ids), "float32") for c in challenges
-    ]
-    for label, circuit in circuits.items():
-        head, shards = circuit.head, circuit.shards
-        for dtype, short in (("float32", "fp32wire"), ("float16", "fp16wire")):
-            echo, full, mismatched, observed = [], [], 0, 0
+
+    def sampled(head: Any, shards: list[Any], prompt: list[int], index: int, dtype: str) -> Any:
+        config = SamplingConfig(temperature=1.0, seed=1000 + index)
+        tokens = greedy(head, shards, prompt, sampled_tokens, dtype, _sampler(config))
+        answer = SampledAnswer(tuple(tokens), False)
+        checks = {}
+        for reference_dtype in ("float32", "float16"):
+            own = reference_logits(head, shards, prompt + tokens, reference_dtype)
+            checks[reference_dtype] = replay(own, len(prompt), answer, config, frozenset())
+        return checks
+
+    for dtype, short in (("float32", "fp32wire"), ("float16", "fp16wire")):
+        references = [reference_logits(fp32.head, fp32.shards, c.ids, dtype) for c in challenges]
+        for label, circuit in circuits.items():
+            head, shards = circuit.head, circuit.shards
+            echo, full = [], []
+            counts = {"float32": [0, 0], "float16": [0, 0]}  # reference dtype: mismatched, seen
             for index, challenge in enumerate(challenges):
-                ids = list(challenge.ids)
+                logits = prefill_logits(head, shards, list(challenge.ids), dtype)
                 reference = references[index]
-                logits = prefill_logits(head, shards, ids, dtype)
                 echo.append(echo_gap(challenge, simulated_answer(challenge, logits), reference))
                 full.append(compare_logits(challenge, logits, reference))
-                config = SamplingConfig(temperature=1.0, seed=1000 + index)
-                prompt = list(challenge.prompt_ids)
-                tokens = greedy(head, shards, prompt, sampled_tokens, dtype, _sampler(config))
-                own = prefill_logits(head, shards, prompt + tokens, "float32")
-                check = replay(own, len(prompt), SampledAnswer(tuple(tokens), False), config, set())
-                mismatched += check.mismatched
-                observed += check.observed
-                worst = sampled_map.credibility(check)
+                checks = sampled(head, shards, list(challenge.prompt_ids), index, dtype)
+                for reference_dtype, check in checks.items():
+                    counts[reference_dtype][0] += check.mismatched
+                    counts[reference_dtype][1] += check.observed
+                worst = sampled_map.credibility(checks[dtype])
                 key = f"sampled_min_credibility_{label}_{short}"
                 out[key] = min(out.get(key, worst), worst)
             out[f"echo_kl_max_micro_{label}_{short}"] = round(max(g.kl for g in echo) * 1e6, 1)
@@ -164,9 +173,11 @@ def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -
             out[f"echo_min_credibility_{label}_{short}"] = min(
                 echo_credibility.credibility(g) for g in echo
             )
-            out[f"sampled_mismatches_{label}_{short}"] = mismatched
-            out[f"sampled_observed_{label}_{short}"] = observed
-            log.info("%s %s: %s", label, short, {k: v for k, v in out.items() if short in k})
+            out[f"sampled_mismatches_{label}_{short}"] = counts[dtype][0]
+            out[f"sampled_observed_{label}_{short}"] = counts[dtype][1]
+            if dtype == "float16":
+                out[f"sampled_mismatches_{label}_{short}_vs_fp32_reference"] = counts["float32"][0]
+            log.info("%s %s: %s", label, short, {k: v for k, v in out.items() if label in k})
     return out
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from protocol.errors import ProtocolError, UsageError
+from protocol.frames.codecs import wire_values
 
 SCALE = 1_000_000
 MICRO = 1_000_000  # KL thresholds are stored in micro-nats (integers)
@@ -73,12 +74,23 @@ class Gap:
 
 
 @torch.inference_mode()
-def reference_logits(head, shards: Sequence, ids: Sequence[int]) -> torch.Tensor:
-    """[T, V] logits of `ids` through `shards` (fresh caches) and `head`: one forward pass."""
-    hidden = head.embed(ids)
+def reference_logits(
+    head, shards: Sequence, ids: Sequence[int], wire_dtype: str = "float32"
+) -> torch.Tensor:
+    """[T, V] logits of `ids` through `shards` (fresh caches) and `head`: one forward pass.
+    `wire_dtype` "float16": every boundary a circuit puts on the wire (the embeddings, each
+    shard's output) rounded as a float16 frame carries it, so that the reference computes what
+    an honest circuit on float16 frames computes (its sampled tokens replay exactly)."""
+
+    def wire(hidden: torch.Tensor) -> torch.Tensor:
+        if wire_dtype == "float32":
+            return hidden
+        return torch.from_numpy(wire_values(hidden.float().contiguous().numpy(), wire_dtype, "raw"))
+
+    hidden = wire(head.embed(ids))
     positions = torch.arange(len(ids))
     for shard in shards:
-        hidden = shard.forward(hidden, positions, shard.new_cache())
+        hidden = wire(shard.forward(hidden, positions, shard.new_cache()))
     return head.all_logits(hidden)
 
 

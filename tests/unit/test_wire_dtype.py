@@ -6,6 +6,7 @@ cheating node still fails."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -245,3 +246,62 @@ async def test_a_cheating_node_on_fp16_frames_still_fails_its_spot_check(aiohttp
     client, book, *_ = await _served_fp16(aiohttp_client, TanhShard(cheat=True))
     _, result = await _spot_check(client, book)
     assert result.outcome is Outcome.FAILED and result.bad_positions
+
+
+# ------------------------------------------------------------------ the verifier's reference
+
+
+class _RecordingShard:
+    """Multiplies by 1/3 (no fp16 value stays one) and records what it was given."""
+
+    def __init__(self) -> None:
+        self.inputs: list[torch.Tensor] = []
+
+    def new_cache(self) -> None:
+        return None
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, cache: None) -> torch.Tensor:
+        self.inputs.append(hidden)
+        return hidden / 3
+
+
+class _Head:
+    def __init__(self) -> None:
+        self.final: list[torch.Tensor] = []
+
+    def embed(self, ids) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        return torch.tensor([[[i / 7 for _ in range(H)] for i in ids]], dtype=torch.float32)
+
+    def all_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        self.final.append(hidden)
+        return hidden[0]
+
+
+def _is_fp16(t: torch.Tensor) -> bool:
+    return bool(torch.equal(t, t.to(torch.float16).to(torch.float32)))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_the_verifiers_reference_rounds_every_boundary_as_its_gateways_frames(dtype: str) -> None:
+    """An honest circuit on float16 frames computes from fp16-rounded embeddings and shard
+    outputs: the reference rounds the same boundaries (its sampled replay needs the same
+    logits), and only when its wire dtype says so."""
+    from node.verifier.reference import Reference
+
+    head, shards = _Head(), [_RecordingShard(), _RecordingShard()]
+    reference = Reference("m", "sha256:" + "0" * 64, (), head, shards, {}, [], frozenset(), dtype)
+    reference.logits([1, 2, 3])
+    seen = [*shards[0].inputs, *shards[1].inputs, *head.final]
+    assert [_is_fp16(t) for t in seen] == [dtype == "float16"] * 3
+    loaded = inspect.signature(Reference.load).parameters["wire_dtype"].default
+    assert loaded == "float16"  # the clients' default
+
+
+def test_verifier_serve_takes_the_gateways_wire_dtype() -> None:
+    from planet.main import build_parser
+
+    serve = ["verifier", "serve", "--home", "h", "--manifest", "m", "--gateway", "http://g"]
+    serve += ["--deployment", "d", "--wallet", "w"]
+    parser = build_parser()
+    assert parser.parse_args(serve).wire_dtype == "float16"
+    assert parser.parse_args([*serve, "--wire-dtype", "float32"]).wire_dtype == "float32"
