@@ -89,6 +89,31 @@ def greedy(
     return out
 
 
+def decode_logits(
+    head: Any, shards: list[Any], prompt: list[int], tokens: list[int], dtype: str
+) -> Any:
+    """[T, V] logits over prompt + tokens computed on the nodes' schedule (the prompt in one
+    prefill, then one position per forward), boundaries as `dtype` frames carry them; rows
+    before the prompt's last are zero (a sampled replay reads rows prompt_len - 1 on)."""
+    import torch
+
+    caches = [shard.new_cache() for shard in shards]
+    rows = []
+    step, start = list(prompt), 0
+    with torch.inference_mode():
+        for token in [*tokens, None]:
+            hidden = _wire(torch.from_numpy(np.asarray(head.embed_np(step))), dtype)
+            positions = torch.arange(start, start + len(step), dtype=torch.long)
+            for shard, cache in zip(shards, caches, strict=True):
+                hidden = _wire(shard.forward(hidden, positions, cache), dtype)
+            rows.append(torch.from_numpy(np.asarray(head.logits_np(hidden[0, -1].numpy()))))
+            start += len(step)
+            step = [token]
+    out = torch.zeros(len(prompt) - 1 + len(rows), rows[0].shape[0])
+    out[len(prompt) - 1 :] = torch.stack(rows)
+    return out
+
+
 def prefill_logits(head: Any, shards: list[Any], ids: list[int], dtype: str) -> Any:
     """[T, V] logits of one prefill through `shards`, boundaries as `dtype` frames carry them."""
     import torch
@@ -148,6 +173,8 @@ def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -
         for reference_dtype in ("float32", "float16"):
             own = reference_logits(head, shards, prompt + tokens, reference_dtype)
             checks[reference_dtype] = replay(own, len(prompt), answer, config, frozenset())
+        own = decode_logits(head, shards, prompt, tokens, dtype)
+        checks["decode"] = replay(own, len(prompt), answer, config, frozenset())
         return checks
 
     for dtype, short in (("float32", "fp32wire"), ("float16", "fp16wire")):
@@ -155,7 +182,8 @@ def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -
         for label, circuit in circuits.items():
             head, shards = circuit.head, circuit.shards
             echo, full = [], []
-            counts = {"float32": [0, 0], "float16": [0, 0]}  # reference dtype: mismatched, seen
+            # reference dtype (or "decode": the nodes' schedule): mismatched, seen
+            counts = {"float32": [0, 0], "float16": [0, 0], "decode": [0, 0]}
             for index, challenge in enumerate(challenges):
                 logits = prefill_logits(head, shards, list(challenge.ids), dtype)
                 reference = references[index]
@@ -175,6 +203,7 @@ def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -
             )
             out[f"sampled_mismatches_{label}_{short}"] = counts[dtype][0]
             out[f"sampled_observed_{label}_{short}"] = counts[dtype][1]
+            out[f"sampled_mismatches_{label}_{short}_decode_replay"] = counts["decode"][0]
             if dtype == "float16":
                 out[f"sampled_mismatches_{label}_{short}_vs_fp32_reference"] = counts["float32"][0]
             log.info("%s %s: %s", label, short, {k: v for k, v in out.items() if label in k})

@@ -4,6 +4,7 @@ reference = Reference.load(manifest_path)          # IntegrityError on a wrong s
 reference.check_registered(manifest_hash, shard_hashes)   # what ModelRegistry says
 logits = reference.logits(challenge.ids)            # [T, V], one forward pass, rounded at
                                                     # the boundaries as `wire_dtype` frames do
+reference.served_logits(prompt, tokens)             # a sampled answer's, as nodes serve it
 reference.vocab                                     # token text → id (unambiguous texts)
 reference.stop_ids                                  # the model's end-of-sequence ids
 reference.corpus_ids                                # the challenge corpus, tokenized
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from node.verifier.echo import vocabulary_index
-from node.verifier.scoring import reference_logits
+from node.verifier.scoring import reference_logits, served_logits
 from protocol.eip712 import as_bytes32
 from protocol.errors import IntegrityError
 from protocol.frames.dtypes import WIRE_DTYPE
@@ -86,3 +87,7 @@ class Reference:
     @torch.inference_mode()
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
         return reference_logits(self.head, self.shards, ids, self.wire_dtype)
+
+    def served_logits(self, prompt: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+        """What a sampled answer is replayed on: the nodes' schedule (scoring.served_logits)."""
+        return served_logits(self.head, self.shards, prompt, tokens, self.wire_dtype)
