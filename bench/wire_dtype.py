@@ -16,6 +16,11 @@ Per shard quant (fp32 = "none", int8): over the prompt sets of bench/pipeline.py
 float32 one, the share of token positions identical up to the first divergence
 (`token_agreement_*`: tokens before the first divergence / tokens generated; after a divergence
 the texts differ and positions no longer compare) and the first divergence step per prompt.
+
+Then what an honest circuit scores in the verifier's checks on float16 and float32 frames
+(`verifier_checks`, `--challenges` windows of the held-out text): echo and full-vocabulary KL
+with the calibrated maps' credibility, and sampled-check mismatches replayed as the verifier
+replays them (`Reference.served_logits`) and, for comparison, on one prefill.
 """
 
 from __future__ import annotations
@@ -89,31 +94,6 @@ def greedy(
     return out
 
 
-def decode_logits(
-    head: Any, shards: list[Any], prompt: list[int], tokens: list[int], dtype: str
-) -> Any:
-    """[T, V] logits over prompt + tokens computed on the nodes' schedule (the prompt in one
-    prefill, then one position per forward), boundaries as `dtype` frames carry them; rows
-    before the prompt's last are zero (a sampled replay reads rows prompt_len - 1 on)."""
-    import torch
-
-    caches = [shard.new_cache() for shard in shards]
-    rows = []
-    step, start = list(prompt), 0
-    with torch.inference_mode():
-        for token in [*tokens, None]:
-            hidden = _wire(torch.from_numpy(np.asarray(head.embed_np(step))), dtype)
-            positions = torch.arange(start, start + len(step), dtype=torch.long)
-            for shard, cache in zip(shards, caches, strict=True):
-                hidden = _wire(shard.forward(hidden, positions, cache), dtype)
-            rows.append(torch.from_numpy(np.asarray(head.logits_np(hidden[0, -1].numpy()))))
-            start += len(step)
-            step = [token]
-    out = torch.zeros(len(prompt) - 1 + len(rows), rows[0].shape[0])
-    out[len(prompt) - 1 :] = torch.stack(rows)
-    return out
-
-
 def prefill_logits(head: Any, shards: list[Any], ids: list[int], dtype: str) -> Any:
     """[T, V] logits of one prefill through `shards`, boundaries as `dtype` frames carry them."""
     import torch
@@ -141,8 +121,9 @@ def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -
     model (calibrate_echo's and calibrate's challenges: held-out windows, 32 prompt + 64
     continuation tokens) with the credibility the calibrated maps give, and the sampled check
     (temperature 1, a fixed seed per challenge, decoded as nodes serve, replayed on the
-    circuit's own quant in one prefill). `*_vs_fp32_reference`: the sampled check of float16
-    answers replayed on a reference that does not round (a verifier whose --wire-dtype is not
+    circuit's own quant on the same schedule, as `Reference.served_logits` does).
+    `*_prefill_replay`: replayed on one rounded prefill instead; `*_vs_fp32_reference`: float16
+    answers replayed on one prefill that does not round (a verifier whose --wire-dtype is not
     its gateway's)."""
     from node.client.sampling import SamplingConfig
     from node.model.evaluate import heldout_text
@@ -150,7 +131,7 @@ def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -
     from node.verifier.echo import echo_gap, simulated_answer
     from node.verifier.measure import text_challenges
     from node.verifier.sampled import SampledAnswer, SampledMap, replay
-    from node.verifier.scoring import compare_logits, reference_logits
+    from node.verifier.scoring import compare_logits, reference_logits, served_logits
     from node.verifier.service import echo_map
 
     calibration = load_calibration()
@@ -173,7 +154,7 @@ def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -
         for reference_dtype in ("float32", "float16"):
             own = reference_logits(head, shards, prompt + tokens, reference_dtype)
             checks[reference_dtype] = replay(own, len(prompt), answer, config, frozenset())
-        own = decode_logits(head, shards, prompt, tokens, dtype)
+        own = served_logits(head, shards, prompt, tokens, dtype)
         checks["decode"] = replay(own, len(prompt), answer, config, frozenset())
         return checks
 
@@ -193,7 +174,7 @@ def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -
                 for reference_dtype, check in checks.items():
                     counts[reference_dtype][0] += check.mismatched
                     counts[reference_dtype][1] += check.observed
-                worst = sampled_map.credibility(checks[dtype])
+                worst = sampled_map.credibility(checks["decode"])  # what the verifier replays
                 key = f"sampled_min_credibility_{label}_{short}"
                 out[key] = min(out.get(key, worst), worst)
             out[f"echo_kl_max_micro_{label}_{short}"] = round(max(g.kl for g in echo) * 1e6, 1)
@@ -201,9 +182,9 @@ def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -
             out[f"echo_min_credibility_{label}_{short}"] = min(
                 echo_credibility.credibility(g) for g in echo
             )
-            out[f"sampled_mismatches_{label}_{short}"] = counts[dtype][0]
-            out[f"sampled_observed_{label}_{short}"] = counts[dtype][1]
-            out[f"sampled_mismatches_{label}_{short}_decode_replay"] = counts["decode"][0]
+            out[f"sampled_mismatches_{label}_{short}"] = counts["decode"][0]
+            out[f"sampled_observed_{label}_{short}"] = counts["decode"][1]
+            out[f"sampled_mismatches_{label}_{short}_prefill_replay"] = counts[dtype][0]
             if dtype == "float16":
                 out[f"sampled_mismatches_{label}_{short}_vs_fp32_reference"] = counts["float32"][0]
             log.info("%s %s: %s", label, short, {k: v for k, v in out.items() if label in k})
