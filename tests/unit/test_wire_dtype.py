@@ -305,3 +305,17 @@ def test_verifier_serve_takes_the_gateways_wire_dtype() -> None:
     parser = build_parser()
     assert parser.parse_args(serve).wire_dtype == "float16"
     assert parser.parse_args([*serve, "--wire-dtype", "float32"]).wire_dtype == "float32"
+
+
+def test_a_sampled_answer_is_replayed_on_the_schedule_nodes_serve_it() -> None:
+    """The prompt in one prefill, then one position per forward, each boundary rounded like the
+    gateway's frames: one prefill over prompt + answer differs by rounding, which flips the
+    sorted draw (docs/verification.md §1c)."""
+    from node.verifier.reference import Reference
+
+    head, shards = _Head(), [_RecordingShard(), _RecordingShard()]
+    reference = Reference("m", "sha256:" + "0" * 64, (), head, shards, {}, [], frozenset())
+    rows = reference.served_logits([1, 2, 3], [4, 5])
+    assert [tuple(t.shape[:2]) for t in shards[0].inputs] == [(1, 3), (1, 1), (1, 1)]
+    assert all(_is_fp16(t) for t in [*shards[1].inputs, *head.final])  # float16 by default
+    assert rows.shape == (2 + 3, H) and not rows[:2].any() and rows[2:].all()
