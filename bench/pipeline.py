@@ -15,10 +15,12 @@ Everything is measured in one run, side by side and interleaved (the machine is 
 - pipeline_K: K node processes on loopback started as `planet local up` starts them (each with
   its circuit as --next-hops), driven by the real CircuitClient (node-to-node forwarding over
   one WebSocket per link, protocol/stream.py);
+- the timed pipeline runs send the clients' default wire dtype (float16 raw frames, issue 46);
 - wire bytes per generated token over all hops, framing included (WebSocket framing and control
-  messages): the client's TCP sockets' payload bytes (TCP_INFO) plus the nodes' WebSocket bytes
-  to their next hop (/info), for a 40-token minus an 8-token generation, divided by the 32
-  extra tokens.
+  messages), for float32, float16 and compressed frames (`bytes_per_token`: the default's,
+  `bytes_per_token_fp32`, their ratio): the client's TCP sockets' payload bytes (TCP_INFO)
+  plus the nodes' WebSocket bytes to their next hop (/info), for a 40-token minus an 8-token
+  generation, divided by the 32 extra tokens.
 Decode rate counts forward steps after the first token; EOS is ignored so every run decodes
 the same number of tokens. Prefill = prompt in → first token chosen.
 """
@@ -122,9 +124,12 @@ async def _pipeline_run(
     new_tokens: int,
     codec: str = "raw",
     stop_on_eos: bool = False,
-    dtype: str = "float32",
+    dtype: str | None = None,
 ) -> tuple[list[int], Any]:
     from node.client.circuit import CircuitClient
+    from protocol.frames.dtypes import WIRE_DTYPE
+
+    dtype = dtype or WIRE_DTYPE  # what a user's client sends
     from node.client.types import Timings
 
     timings = Timings()
@@ -439,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     from node.server.launcher import wait_healthy
     from node.server.run import configure_torch_threads
     from protocol.frames.codecs import COMPRESSED_CODEC, body_size, encode_body
+    from protocol.frames.dtypes import WIRE_DTYPE
     from protocol.frames.header import FRAME_HEADER_BYTES
 
     threads = configure_torch_threads(0)
@@ -529,6 +535,14 @@ def main(argv: list[str] | None = None) -> int:
             metrics[f"wire_bytes_per_token_{label}_{wire_parts}"] = round(
                 wire_bytes_per_token(hops[wire_parts], head, wire_ids, dtype, codec, wire_lengths)
             )
+        # bytes per generated token on node ports beside tok/s: the default wire (WIRE_DTYPE
+        # raw frames, what every client sends) and float32 frames (the default before issue 46)
+        default_label = {"float16": "fp16", "float32": "raw"}[WIRE_DTYPE]
+        metrics["bytes_per_token"] = metrics[f"wire_bytes_per_token_{default_label}_{wire_parts}"]
+        metrics["bytes_per_token_fp32"] = metrics[f"wire_bytes_per_token_raw_{wire_parts}"]
+        metrics["ratio_bytes_per_token_default_vs_fp32"] = round(
+            metrics["bytes_per_token"] / metrics["bytes_per_token_fp32"], 4
+        )
         # what the star relay (client POSTs every step to each node, retired) measured at 3
         # nodes before the forwarding transport replaced it
         metrics["wire_bytes_per_token_issue_baseline"] = 22900
@@ -558,18 +572,36 @@ def main(argv: list[str] | None = None) -> int:
             )
         metrics[f"activation_bytes_prefill_{len(ids)}_tokens_raw"] = n_prompt * 4
         check_parts = 3 if 3 in hops else parts_list[-1]
-        checked = () if skip_codec else ((COMPRESSED_CODEC, "compressed"), ("int8", "int8"))
-        for codec, label in checked:
+        # greedy tokens against float32 raw frames: the compressed codecs, and the default
+        # float16 wire (its agreement over more prompts and int8 shards: bench/wire_dtype.py)
+        checked = (
+            ()
+            if skip_codec
+            else (
+                ("float16", "raw", "fp16"),
+                ("float32", COMPRESSED_CODEC, "compressed"),
+                ("float32", "int8", "int8"),
+            )
+        )
+        for dtype, codec, label in checked:
             unchanged = []
             first_divergence = []
             for messages in check_prompts:
                 prompt_ids = head.chat_ids(messages)
                 raw_tokens, _ = asyncio.run(
-                    _pipeline_run(hops[check_parts], head, prompt_ids, 32, stop_on_eos=True)
+                    _pipeline_run(
+                        hops[check_parts], head, prompt_ids, 32, stop_on_eos=True, dtype="float32"
+                    )
                 )
                 packed_tokens, _ = asyncio.run(
                     _pipeline_run(
-                        hops[check_parts], head, prompt_ids, 32, codec=codec, stop_on_eos=True
+                        hops[check_parts],
+                        head,
+                        prompt_ids,
+                        32,
+                        codec=codec,
+                        stop_on_eos=True,
+                        dtype=dtype,
                     )
                 )
                 unchanged.append(raw_tokens == packed_tokens)
@@ -617,6 +649,8 @@ def main(argv: list[str] | None = None) -> int:
             "faster one compared",
             "warm_up": warm_up,
             "wire_bytes_lengths": list(wire_lengths),
+            "wire_dtype": f"{WIRE_DTYPE} raw frames (the clients' default) for the timed runs "
+            "and bytes_per_token; bytes_per_token_fp32: float32 raw frames",
             "client_omp_wait_policy": "PASSIVE",
             "ppl_text": "node/model/data/heldout.txt (teacher forced, 3 shards)",
             "quick": args.quick,
@@ -627,6 +661,8 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_whole_pipeline_3_vs_monolithic": {"op": ">=", "value": 0.95},
             "ratio_first_token_pipeline_3_vs_monolithic": {"op": "<=", "value": 1.5},
             "ratio_wire_bytes_fp16_vs_issue_baseline": {"op": "<=", "value": 0.25},
+            # issue 46: bytes per generated token on node ports <= 0.5x float32 frames
+            "ratio_bytes_per_token_default_vs_fp32": {"op": "<=", "value": 0.5},
             "ratio_shard_bytes_int8_vs_fp32": {"op": "<=", "value": 0.30},
             "ratio_shard_bytes_int4_vs_fp32": {"op": "<=", "value": 0.18},
             "ratio_ppl_int8_vs_fp32": {"op": "<=", "value": 1.02},

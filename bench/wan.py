@@ -543,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     from node.model.head import ClientHead
+    from protocol.frames.dtypes import WIRE_DTYPE
 
     started = time.monotonic()
     with (
@@ -578,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": f"smollm2-135m fp32, {args.parts} shards, {args.parts} node processes on "
             "loopback",
             "links": kind,
+            "wire_dtype": f"{WIRE_DTYPE} raw frames (the clients' default; bytes_per_token)",
             "latency": "one-way ms on every link, each direction (a token costs "
             f"{args.parts + 1} without speculation)",
             "latencies": args.latencies,

@@ -31,6 +31,7 @@ from node.client.nodesfile import NodesFile, default_nodes_path, planet_home
 from node.config import find_devnet
 from node.model.manifest import Manifest
 from protocol.errors import UsageError
+from protocol.frames.dtypes import WIRE_DTYPE, WIRE_DTYPE_HELP, WIRE_DTYPES
 
 EXAMPLES = """\
 examples:
@@ -70,6 +71,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--compress",
         action="store_true",
         help="compress activations on the wire (hq9: ~30 %% of fp32 bytes; lossy, see docs)",
+    )
+    parser.add_argument(
+        "--wire-dtype", choices=WIRE_DTYPES, default=WIRE_DTYPE, help=WIRE_DTYPE_HELP
     )
     parser.add_argument(
         "--speculate",
@@ -254,6 +258,7 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
             expected=expected,
             hidden_size=manifest.hidden_size,
             codec=codec,
+            dtype=args.wire_dtype,
             plaintext_links=plaintext,
             credits=credits,
             min_credit_positions=args.min_credit_positions or DEFAULT_MIN_POSITIONS,
@@ -301,6 +306,7 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
         ],
         "model": manifest.model_id,
         "codec": codec,
+        "wire_dtype": args.wire_dtype if codec == "raw" else None,
         "speculation": {"lookahead": args.speculate, **stats.to_json()} if speculation else None,
         "credits_spent": None if source.payer is None else source.payer.spent,
     }

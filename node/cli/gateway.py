@@ -12,6 +12,7 @@ from node.config import resolve_config
 from node.gateway.credit_defaults import MIN_CREDIT_POSITIONS, TOP_UP, TOP_UP_BELOW
 from node.gateway.guards import ROUTES
 from protocol.errors import UsageError
+from protocol.frames.dtypes import WIRE_DTYPE, WIRE_DTYPE_HELP, WIRE_DTYPES
 
 EXAMPLES = """\
 examples:
@@ -118,6 +119,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="guess up to K tokens per decode pass from the text so far and verify them in one "
         "pass through the circuit (fewer round trips over slow links; greedy answers unchanged); "
         "rejected guesses cost the nodes unpaid positions (default 0: off)",
+    )
+    serve.add_argument(
+        "--wire-dtype",
+        choices=WIRE_DTYPES,
+        default=WIRE_DTYPE,
+        help=WIRE_DTYPE_HELP,
     )
     serve.add_argument(
         "--report-min-questions",
@@ -348,6 +355,7 @@ def _serve(args: argparse.Namespace) -> int:
         attempts=args.failover_attempts,
         stall_s=args.stall_s,
         speculate=args.speculate,
+        wire_dtype=args.wire_dtype,
         report_min_questions=args.report_min_questions,
         report_max_wait_s=args.report_max_wait,
         refund_margin_s=chains.refund_margin_s,
@@ -425,6 +433,7 @@ def _serve_personal(args: argparse.Namespace) -> int:
         attempts=args.failover_attempts,
         stall_s=args.stall_s,
         speculate=args.speculate,
+        wire_dtype=args.wire_dtype,
         private_endpoints=private,
         min_credit_positions=args.min_credit_positions,  # checked with the rest: validate()
     ).validate()

@@ -11,6 +11,7 @@ from typing import Any
 from node.config import resolve_config
 from node.procs import run_service
 from protocol.errors import ConfigError, UsageError
+from protocol.frames.dtypes import WIRE_DTYPE, WIRE_DTYPES
 
 EXAMPLES = """\
 examples:
@@ -136,6 +137,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sampled-tokens", type=int, default=32, help="tokens per sampled check (default 32)"
     )
     serve.add_argument(
+        "--wire-dtype",
+        choices=WIRE_DTYPES,
+        default=WIRE_DTYPE,
+        help="the wire dtype of the gateway you ask through (its --wire-dtype; default "
+        "float16, as every client's): the reference rounds its activations at the shard "
+        "boundaries the same way, else an honest circuit's sampled tokens mismatch",
+    )
+    serve.add_argument(
         "--ticket-deadline",
         type=float,
         default=30.0,
@@ -245,6 +254,7 @@ def _serve(args: argparse.Namespace) -> int:
             sampled_tokens=args.sampled_tokens,
         ),
         manifest=args.manifest,
+        wire_dtype=args.wire_dtype,
         gateway_url=args.personal_client or args.gateway,
         personal=args.personal_client is not None,
         personal_token=personal_token,

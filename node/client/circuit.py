@@ -54,7 +54,8 @@ from protocol.errors import (
     RemoteError,
     UnavailableError,
 )
-from protocol.frames.codecs import decode_values, encode_body
+from protocol.frames.codecs import DTYPES, decode_values, encode_body
+from protocol.frames.dtypes import WIRE_DTYPE
 from protocol.frames.errors import FrameError
 from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 from protocol.frames.sessions import check_session_id
@@ -255,7 +256,7 @@ class CircuitClient:
         *,
         hidden_size: int,
         codec: str = "raw",
-        dtype: str = "float32",
+        dtype: str = WIRE_DTYPE,
         request_timeout_s: float = 120.0,
         prefill_chunk: int = 64,
         prefill_window: int = PREFILL_WINDOW,
@@ -271,7 +272,9 @@ class CircuitClient:
         self.hops = tuple(hops)
         self.hidden_size = hidden_size
         self.codec = codec
-        self.dtype = dtype
+        if dtype not in DTYPES:
+            raise ConfigError(f"wire dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        self.dtype = dtype  # raw frames' activations: WIRE_DTYPE (fp16) unless asked otherwise
         self.request_timeout_s = request_timeout_s
         self.prefill_chunk = prefill_chunk
         if not 1 <= prefill_window <= MAX_SESSION_FRAMES:

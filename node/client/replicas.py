@@ -44,6 +44,7 @@ from node.client.info import node_info
 from node.client.paying import MIN_POSITIONS, CreditPayer, accepts_price
 from node.client.types import Hop
 from protocol.errors import ConfigError, PlanetError
+from protocol.frames.dtypes import WIRE_DTYPE
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class ReplicaCircuits:
         expected: Mapping[int, tuple[str, tuple[int, int]]],
         hidden_size: int,
         codec: str = "raw",
-        dtype: str = "float32",
+        dtype: str = WIRE_DTYPE,
         request_timeout_s: float = 120.0,
         prefill_chunk: int = 64,
         costs: CostBook | None = None,

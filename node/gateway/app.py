@@ -106,6 +106,7 @@ class Gateway:
         self.circuits = CircuitPool(
             self.http,
             hidden_size=self.head.hidden_size,
+            dtype=self.config.wire_dtype,
             request_timeout_s=self.config.node_timeout_s,
             payer=self.payer,
             overlay=None if self.overlay is None else self.overlay.dialer(self.http),

@@ -24,6 +24,7 @@ import aiohttp
 from node.client.circuit import CircuitClient
 from node.client.paying import CreditPayer
 from node.client.types import Hop
+from protocol.frames.dtypes import WIRE_DTYPE
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class CircuitPool:
         *,
         hidden_size: int,
         codec: str = "raw",
-        dtype: str = "float32",
+        dtype: str = WIRE_DTYPE,
         request_timeout_s: float = 60.0,
         idle_s: float = IDLE_S,
         prefill_chunk: int = PREFILL_CHUNK,

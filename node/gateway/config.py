@@ -8,6 +8,7 @@ from pathlib import Path
 from node.gateway.credit_defaults import MAX_TOP_UP, MIN_CREDIT_POSITIONS, TOP_UP, TOP_UP_BELOW
 from node.gateway.requests import Limits
 from protocol.errors import UsageError
+from protocol.frames.dtypes import WIRE_DTYPE, WIRE_DTYPES
 
 DEFAULT_PRICE_WEI_PER_TOKEN = 10**12
 
@@ -62,6 +63,9 @@ class GatewayConfig:
     # committee_rpc alone, enough only for a committee where it holds 2/3 of the power)
     validator_rpcs: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
+    # the activations' dtype in the raw frames sent to the nodes (`--wire-dtype`): float16 by
+    # default (half the bytes, activations rounded at every hop), float32 for exact activations
+    wire_dtype: str = WIRE_DTYPE
 
     def validate(self) -> GatewayConfig:
         if not 0 < self.price_wei_per_token < 1 << 64:
@@ -102,6 +106,10 @@ class GatewayConfig:
             raise UsageError(
                 "--top-up-below 0 never buys",
                 hint="give the low-water mark in credits, or turn buying off with --top-up 0",
+            )
+        if self.wire_dtype not in WIRE_DTYPES:
+            raise UsageError(
+                f"--wire-dtype must be one of {', '.join(WIRE_DTYPES)}, got {self.wire_dtype!r}"
             )
         if not 0 < self.port < 65536:
             raise UsageError(f"--port must be 1..65535, got {self.port}")

@@ -2,7 +2,9 @@
 
 reference = Reference.load(manifest_path)          # IntegrityError on a wrong shard file
 reference.check_registered(manifest_hash, shard_hashes)   # what ModelRegistry says
-logits = reference.logits(challenge.ids)            # [T, V], one forward pass
+logits = reference.logits(challenge.ids)            # [T, V], one forward pass, rounded at
+                                                    # the boundaries as `wire_dtype` frames do
+reference.served_logits(prompt, tokens)             # a sampled answer's, as nodes serve it
 reference.vocab                                     # token text → id (unambiguous texts)
 reference.stop_ids                                  # the model's end-of-sequence ids
 reference.corpus_ids                                # the challenge corpus, tokenized
@@ -18,9 +20,10 @@ from typing import Any
 import torch
 
 from node.verifier.echo import vocabulary_index
-from node.verifier.scoring import reference_logits
+from node.verifier.scoring import reference_logits, served_logits
 from protocol.eip712 import as_bytes32
 from protocol.errors import IntegrityError
+from protocol.frames.dtypes import WIRE_DTYPE
 
 
 @dataclass
@@ -33,9 +36,14 @@ class Reference:
     vocab: dict[str, int]
     corpus_ids: list[int]
     stop_ids: frozenset[int]
+    # the wire dtype of the gateway the challenges go through (its --wire-dtype): the reference
+    # rounds its activations at the shard boundaries as those frames do (scoring.reference_logits)
+    wire_dtype: str = WIRE_DTYPE
 
     @classmethod
-    def load(cls, manifest_path: Path, corpus: str | None = None) -> Reference:
+    def load(
+        cls, manifest_path: Path, corpus: str | None = None, wire_dtype: str = WIRE_DTYPE
+    ) -> Reference:
         from node.model.evaluate import heldout_text
         from node.model.head import ClientHead
         from node.model.manifest import Manifest
@@ -57,6 +65,7 @@ class Reference:
             vocab=vocabulary_index(texts),
             corpus_ids=list(head.encode(corpus if corpus is not None else heldout_text())),
             stop_ids=frozenset(head.eos_token_ids),
+            wire_dtype=wire_dtype,
         )
 
     def check_registered(self, manifest_hash: bytes, shard_hashes: Sequence[bytes]) -> None:
@@ -77,4 +86,8 @@ class Reference:
 
     @torch.inference_mode()
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
-        return reference_logits(self.head, self.shards, ids)
+        return reference_logits(self.head, self.shards, ids, self.wire_dtype)
+
+    def served_logits(self, prompt: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+        """What a sampled answer is replayed on: the nodes' schedule (scoring.served_logits)."""
+        return served_logits(self.head, self.shards, prompt, tokens, self.wire_dtype)

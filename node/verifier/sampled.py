@@ -5,8 +5,11 @@ circuit actually SAMPLED at temperature > 0. The verifier asks like any user, wi
 `seed` (its value derived from the verifier's committed secret seed, `sampling_seed`, so it is
 checkable after the reveal and no node can know it: nodes never sample, the client's head does).
 The gateway samples each token with `node.client.sampling.sample` from one numpy Generator
-seeded with it, one uniform draw per token. The verifier then runs ONE reference pass over
-prompt + the answer's tokens and replays the same sampler with the same seed on its own logits:
+seeded with it, one uniform draw per token. The verifier then runs its reference over prompt +
+the answer's tokens on the schedule nodes serve it (the prompt in one prefill, one position per
+forward, shard boundaries rounded as its gateway's frames: `Reference.served_logits`; one
+prefill differs by rounding, which flips ~6 % of an honest fp16 circuit's draws) and replays
+the same sampler with the same seed on its own logits:
 at every position the same uniform picks a token from the reference's distribution. An honest
 circuit's logits equal the reference's up to rounding, so the replay picks the same token
 unless the uniform falls within that rounding of a boundary; a substitute's distributions
@@ -15,7 +18,7 @@ differ, and each position is an independent chance that the replay picks another
     seed = sampling_seed(secret, epoch, index)                     # < 2^63 (the gateway's range)
     body = sampled_request(model, prompt_ids, max_tokens=32, seed=seed, temperature=1.0)
     answer = parse_sampled(doc, vocab)                              # the answer's token ids
-    logits = reference.logits([*prompt_ids, *answer.tokens])
+    logits = reference.served_logits(prompt_ids, answer.tokens)    # the nodes' schedule
     check = replay(logits, len(prompt_ids), answer, config, reference.stop_ids)
     c = SampledMap().credibility(check)                             # 10^6 … 0
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from protocol.errors import ProtocolError, UsageError
+from protocol.frames.codecs import wire_values
 
 SCALE = 1_000_000
 MICRO = 1_000_000  # KL thresholds are stored in micro-nats (integers)
@@ -73,13 +74,57 @@ class Gap:
 
 
 @torch.inference_mode()
-def reference_logits(head, shards: Sequence, ids: Sequence[int]) -> torch.Tensor:
-    """[T, V] logits of `ids` through `shards` (fresh caches) and `head`: one forward pass."""
-    hidden = head.embed(ids)
+def reference_logits(
+    head, shards: Sequence, ids: Sequence[int], wire_dtype: str = "float32"
+) -> torch.Tensor:
+    """[T, V] logits of `ids` through `shards` (fresh caches) and `head`: one forward pass.
+    `wire_dtype` "float16": every boundary a circuit puts on the wire (the embeddings, each
+    shard's output) rounded as a float16 frame carries it, so that the reference computes what
+    an honest circuit on float16 frames computes (its sampled tokens replay exactly)."""
+
+    def wire(hidden: torch.Tensor) -> torch.Tensor:
+        if wire_dtype == "float32":
+            return hidden
+        return torch.from_numpy(wire_values(hidden.float().contiguous().numpy(), wire_dtype, "raw"))
+
+    hidden = wire(head.embed(ids))
     positions = torch.arange(len(ids))
     for shard in shards:
-        hidden = shard.forward(hidden, positions, shard.new_cache())
+        hidden = wire(shard.forward(hidden, positions, shard.new_cache()))
     return head.all_logits(hidden)
+
+
+@torch.inference_mode()
+def served_logits(
+    head, shards: Sequence, prompt: Sequence[int], tokens: Sequence[int], wire_dtype: str
+) -> torch.Tensor:
+    """[T, V] logits over prompt + tokens on the schedule nodes serve an answer with (the
+    prompt in one prefill, then one position per forward; T = prompt + tokens + 1 rows, the
+    last after the final token), every boundary rounded as `wire_dtype` frames carry it. Rows
+    before the prompt's last are zero. A sampled answer is replayed on these: the sampler's
+    sorted draw flips on any change of the logits, and one prefill differs from the decode
+    steps by rounding (on fp16 frames an honest circuit's 32-token answers mismatched 5.7 % of
+    a prefill's draws, none of these; bench/wire_dtype.py)."""
+
+    def wire(hidden: torch.Tensor) -> torch.Tensor:
+        if wire_dtype == "float32":
+            return hidden
+        return torch.from_numpy(wire_values(hidden.float().contiguous().numpy(), wire_dtype, "raw"))
+
+    caches = [shard.new_cache() for shard in shards]
+    rows = []
+    step, start = list(prompt), 0
+    for token in [*tokens, None]:
+        hidden = wire(head.embed(step))
+        positions = torch.arange(start, start + len(step))
+        for shard, cache in zip(shards, caches, strict=True):
+            hidden = wire(shard.forward(hidden, positions, cache))
+        rows.append(head.all_logits(hidden[:, -1:])[-1])
+        start += len(step)
+        step = [token]
+    out = torch.zeros(len(prompt) - 1 + len(rows), rows[0].shape[-1])
+    out[len(prompt) - 1 :] = torch.stack(rows)
+    return out
 
 
 @torch.inference_mode()

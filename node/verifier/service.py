@@ -35,6 +35,7 @@ from node.verifier.worker import VerifierWorker, WorkerSettings
 from protocol.committee.verification import VerifierEndpoint
 from protocol.eip712 import as_bytes32
 from protocol.errors import ConfigError, IntegrityError, PlanetError, UnavailableError
+from protocol.frames.dtypes import WIRE_DTYPE
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class VerifierConfig:
     wallet: Path
     password: str
     calibration: Path = CALIBRATION_FILE
+    # the wire dtype of the gateway asked (its --wire-dtype): the reference rounds like it
+    wire_dtype: str = WIRE_DTYPE
     personal: bool = False  # ... the operator's own personal client (asker.PersonalAsker)
     personal_token: str = ""  # that client's bearer token (node/gateway/personal_token.py)
     findings_listen: tuple[str, int] | None = None  # serve its findings to the peers here
@@ -150,7 +153,9 @@ async def serve(config: VerifierConfig) -> int:
 
     key = consensus_key(config.settings.home)
     credibility = echo_map(config.calibration)
-    reference = await asyncio.to_thread(Reference.load, config.manifest)  # hash-checked
+    reference = await asyncio.to_thread(  # hash-checked
+        Reference.load, config.manifest, None, config.wire_dtype
+    )
     wallet = load_or_create_wallet(config.wallet, config.password)
     chain = PlanetChain(
         Deployment.load(config.deployment), bytes(wallet.key), rpc_url=config.evm_rpc

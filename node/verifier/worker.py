@@ -385,7 +385,9 @@ class VerifierWorker:
         except PlanetError as error:
             log.warning("sampled challenge not served: %s", error.message)
             return
-        reference = await asyncio.to_thread(self.reference.logits, [*prompt, *answer.tokens])
+        reference = await asyncio.to_thread(
+            self.reference.served_logits, list(prompt), list(answer.tokens)
+        )
         config = SamplingConfig(settings.sampled_temperature, 1.0, seed)
         check = replay(reference, len(prompt), answer, config, self.reference.stop_ids)
         credibility = self.sampled_map.credibility(check)

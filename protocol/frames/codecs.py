@@ -9,6 +9,13 @@ ones, never rename or reuse one.
     ohq7   outlier split off, rotated 7-bit codes, 24.6 % (opt-in)    (protocol/frames/ohq.py)
     rq     rms-scaled integers, Rice-coded, variable rate, ~28 %      (protocol/frames/rq.py)
 
+Clients send raw frames of `protocol.frames.dtypes.WIRE_DTYPE` (float16) unless asked otherwise
+(`--wire-dtype float32`): half the bytes of fp32, activations rounded to fp16 at every hop
+(docs/compute.md has what that does to greedy tokens). A node answers in the dtype and codec of
+the frame it received. A value beyond fp16's range (|x| > 65504) is never saturated or sent as
+inf: `encode_body` raises `Fp16OverflowError` (a NonFiniteError, code `non_finite`), a node
+refuses the frame by that name and closes the session, and the client may ask again in float32.
+
 The receiver checks a body's size before decoding anything (`check_body_size`: exact for the
 fixed-rate codecs, within bounds for rq), and decoding rejects NaN/Inf with NonFiniteError.
 Decoded values are always a writable float32 array.
@@ -21,8 +28,9 @@ from typing import Final
 import numpy as np
 
 from protocol.frames import hq9, int8, ohq, rq
-from protocol.frames.errors import BadBodyError, FrameError, NonFiniteError
+from protocol.frames.errors import BadBodyError, Fp16OverflowError, FrameError, NonFiniteError
 
+# Keyed by protocol.frames.dtypes.WIRE_DTYPES, in its order (a unit test holds them equal).
 DTYPES: Final[dict[str, np.dtype]] = {
     "float32": np.dtype("<f4"),
     "float16": np.dtype("<f2"),
@@ -84,9 +92,27 @@ def encode_body(array: np.ndarray, dtype: str, codec: str) -> bytes:
         return hq9.encode(array)
     if codec == "ohq7":
         return ohq.encode(array)
-    if dtype == "float16" and array.size and float(np.abs(array).max()) > _FP16_MAX:
-        raise NonFiniteError("activations overflow float16; send float32 or int8")
+    if dtype == "float16":
+        _check_fp16_range(array)
     return np.ascontiguousarray(array, dtype=DTYPES[dtype]).tobytes()
+
+
+def _check_fp16_range(array: np.ndarray) -> None:
+    if array.size and float(np.abs(array).max()) > _FP16_MAX:
+        raise Fp16OverflowError(
+            f"activations overflow float16 (|x| up to {float(np.abs(array).max()):.6g} > "
+            f"{_FP16_MAX:g}); send float32 (--wire-dtype float32) or int8"
+        )
+
+
+def wire_values(array: np.ndarray, dtype: str, codec: str) -> np.ndarray:
+    """What a receiver decodes from `encode_body(array, dtype, "raw")`: the values rounded to
+    `dtype` (float32: `array` itself), without the bytes. Lossy codecs: `array` as it is (use
+    encode_body and decode_values). Raises Fp16OverflowError as `encode_body` does."""
+    if codec != "raw" or dtype == "float32":
+        return array
+    _check_fp16_range(array)
+    return np.asarray(array, dtype=DTYPES[dtype]).astype(np.float32)
 
 
 def decode_values(

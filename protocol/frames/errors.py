@@ -12,6 +12,7 @@ protocol/stream.py) and keeps serving; a client raises what it reads as `RemoteE
         ├── BadPositionsError     bad_positions    a gap, or positions past 2^31 - 1
         ├── BadBodyError          bad_body         body size or contents do not fit the header
         ├── NonFiniteError        non_finite       NaN/Inf in, or an output too large to encode
+        │   └── Fp16OverflowError non_finite       a value beyond float16's ±65504 (fp16 wire)
         ├── TooLargeError         too_large        more positions or bytes than the node takes
         ├── SessionExpiredError   session_expired  the session was evicted or closed
         └── WrongShardError       wrong_shard      the open names a shard this node does not serve
@@ -58,6 +59,11 @@ class BadBodyError(FrameError):
 
 class NonFiniteError(FrameError):
     code = "non_finite"
+
+
+class Fp16OverflowError(NonFiniteError):
+    """Activations beyond float16's range (|x| > 65504) asked for in a float16 frame: refused,
+    never saturated or sent as inf. Same wire code as NonFiniteError (clients know it)."""
 
 
 class TooLargeError(FrameError):

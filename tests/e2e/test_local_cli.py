@@ -148,6 +148,7 @@ def test_ask_json_reports_text_tokens_timings_circuit(env, local_up, expected_te
     assert body["timings"]["wire_bytes_received"] > 0
     assert body["tokens"] == expected_ids[: len(body["tokens"])]
     assert body["speculation"] is None  # off unless asked for
+    assert body["codec"] == "raw" and body["wire_dtype"] == "float16"  # the default wire
 
 
 def test_ask_speculate_gives_the_plain_greedy_tokens_and_reports_its_passes(

@@ -56,6 +56,7 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "verification": (),  # in process, no ports: in the shorter lane
     "verifier_honest": (SLOW,),  # in process, no ports: evens the lanes
     "wan": (SLOW,),  # 3 node processes behind delaying proxies, 0 and 20 ms links
+    "wire_dtype": (SLOW,),  # 3 SmolLM2 shards in process, no ports, ~10 s
     "zk": (SLOW, E2E_LANE),
 }
 TIMEOUT_S = 900

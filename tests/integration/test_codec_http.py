@@ -35,7 +35,8 @@ def circuit(plain_circuits: Any) -> tuple[Path, list[NodeProcess]]:
 def _greedy(nodes: list[NodeProcess], head: ClientHead, ids: list[int], codec: str) -> list[int]:
     async def run() -> list[int]:
         hops = [Hop(url=n.url, shard=n.shard) for n in nodes]
-        async with CircuitClient(hops, hidden_size=head.hidden_size, codec=codec) as client:
+        client = CircuitClient(hops, hidden_size=head.hidden_size, codec=codec, dtype="float32")
+        async with client:
             return [t async for t in client.generate(head, ids, max_new_tokens=MAX_NEW_TOKENS)]
 
     return asyncio.run(run())

@@ -141,7 +141,7 @@ def test_committee_next_hop_registered_node_gives_generate_tokens(net) -> None:
     hops = [Hop(url=n.url, shard=n.shard) for n in net["nodes"][:2]]
 
     async def run() -> list[int]:
-        async with CircuitClient(hops, hidden_size=64) as client:
+        async with CircuitClient(hops, hidden_size=64, dtype="float32") as client:  # exact
             gen = client.generate(head, ids, max_new_tokens=STEPS, stop_on_eos=False)
             return [t async for t in gen]
 

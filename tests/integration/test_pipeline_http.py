@@ -126,7 +126,11 @@ def _generate(
         timings = Timings()
         async with aiohttp.ClientSession() as http:
             await check_circuit(http, hops, m.model_hash, m.total_layers)
-            async with CircuitClient(hops, hidden_size=m.hidden_size, codec=codec) as client:
+            # float32 frames: token-for-token equality with generate is an fp32 property
+            # (the default fp16 wire's agreement is measured: bench/wire_dtype.py)
+            async with CircuitClient(
+                hops, hidden_size=m.hidden_size, codec=codec, dtype="float32"
+            ) as client:
                 tokens = [
                     t
                     async for t in client.generate(

@@ -134,7 +134,8 @@ async def test_circuit_full_prefill_returns_every_position_and_logits_callback(
     _, hops = await _circuit(aiohttp_server, manifest, 3)
     chunks: list[tuple[int, np.ndarray]] = []
     logits: list[np.ndarray] = []
-    async with CircuitClient(hops, hidden_size=64, prefill_chunk=5) as client:
+    # float32 frames: compared with the monolithic model's own numbers (fp16 would round them)
+    async with CircuitClient(hops, hidden_size=64, prefill_chunk=5, dtype="float32") as client:
         gen = client.generate(
             head,
             ids,
@@ -251,7 +252,8 @@ async def test_circuit_next_hop_link_lost_during_an_open_is_replaced_and_exact(
 
 async def test_circuit_compressed_codec_carries_fewer_bytes(aiohttp_server, tiny):
     """`planet ask --compress` over a circuit: every link carries the compressed codec (the
-    client's own bytes shrink) and the answer keeps its length."""
+    client's own bytes shrink) and the answer keeps its length. A client given no dtype sends
+    float16 frames (WIRE_DTYPE): about half float32's bytes."""
     from protocol.frames.codecs import COMPRESSED_CODEC
 
     root, _ = tiny
@@ -260,12 +262,18 @@ async def test_circuit_compressed_codec_carries_fewer_bytes(aiohttp_server, tiny
     ids = head.encode(PROMPT)
     _, hops = await _circuit(aiohttp_server, manifest, 2)
     sizes = {}
-    for codec in ("raw", COMPRESSED_CODEC):
+    for label, options in (
+        ("fp32", {"dtype": "float32"}),
+        ("default", {}),
+        ("compressed", {"codec": COMPRESSED_CODEC, "dtype": "float32"}),
+    ):
         timings = Timings()
-        async with CircuitClient(hops, hidden_size=64, codec=codec) as client:
+        async with CircuitClient(hops, hidden_size=64, **options) as client:
+            assert client.dtype == options.get("dtype", "float16")
             gen = client.generate(
                 head, ids, max_new_tokens=STEPS, timings=timings, stop_on_eos=False
             )
             assert len([t async for t in gen]) == STEPS
-        sizes[codec] = timings.wire_bytes_sent + timings.wire_bytes_received
-    assert sizes[COMPRESSED_CODEC] < 0.6 * sizes["raw"]
+        sizes[label] = timings.wire_bytes_sent + timings.wire_bytes_received
+    assert sizes["compressed"] < 0.6 * sizes["fp32"]
+    assert 0.45 * sizes["fp32"] < sizes["default"] < 0.55 * sizes["fp32"]

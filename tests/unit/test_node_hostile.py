@@ -33,6 +33,7 @@ from node.client.types import Hop
 from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
 from protocol.errors import ProtocolError, RemoteError, UnavailableError
+from protocol.frames.codecs import encode_body
 from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 from protocol.frames.sessions import session_tag
 from tests.doubles.fake_shard import FakeShard
@@ -294,7 +295,7 @@ async def _client_error(aiohttp_server, respond) -> Exception:
 def _answer(header: FrameHeader, rows: int, start: int | None = None) -> bytes:
     at = header.start if start is None else start
     out = FrameHeader(header.sid, at, rows, header.dtype, header.codec)
-    return pack_frame(out, _hidden(rows).tobytes())
+    return pack_frame(out, encode_body(_hidden(rows), header.dtype, header.codec))
 
 
 async def test_client_oversize_answer_is_named_error(aiohttp_server):

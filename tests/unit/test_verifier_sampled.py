@@ -259,6 +259,11 @@ class SampledReference(TinyModel):
     def logits(self, ids: list[int]) -> torch.Tensor:
         return table(list(ids))
 
+    def served_logits(self, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+        from node.verifier.scoring import served_logits
+
+        return served_logits(self.head, self.shards, prompt, tokens, "float32")
+
 
 async def test_worker_sampled_challenges_score_by_replay_with_the_committed_seed(tmp_path) -> None:
     link = FakeLink(epoch=3)
