@@ -114,7 +114,13 @@ def _sampler(config: Any) -> Callable[[np.ndarray], int]:
     return lambda logits: sample(logits, config, rng)
 
 
-def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -> dict[str, Any]:
+def verifier_checks(
+    circuits: dict[str, Any],
+    count: int,
+    sampled_tokens: int,
+    prompt_tokens: int = 32,
+    continuation_tokens: int = 64,
+) -> dict[str, Any]:
     """What an honest circuit scores in the verifier's checks on float16 and on float32 frames,
     the verifier's reference rounding as the same frames do (`scoring.reference_logits`,
     `planet verifier serve --wire-dtype`): the echo and full-vocabulary KL against the fp32
@@ -138,7 +144,11 @@ def verifier_checks(circuits: dict[str, Any], count: int, sampled_tokens: int) -
     echo_credibility = echo_map(CALIBRATION_FILE)
     fp32 = circuits["fp32"]
     challenges = text_challenges(
-        fp32.head, heldout_text(), count=count, prompt_tokens=32, continuation_tokens=64
+        fp32.head,
+        heldout_text(),
+        count=count,
+        prompt_tokens=prompt_tokens,
+        continuation_tokens=continuation_tokens,
     )
     out: dict[str, Any] = {
         "echo_full_credit_micro": echo_credibility.full_micro,
@@ -206,9 +216,25 @@ def main(argv: list[str] | None = None) -> int:
         "--challenges", type=int, default=6, help="verifier challenges per circuit (6; 0: none)"
     )
     parser.add_argument("--sampled-tokens", type=int, default=32, help="sampled check's tokens")
+    parser.add_argument(
+        "--window",
+        type=int,
+        nargs=2,
+        default=(32, 64),
+        metavar=("PROMPT", "CONTINUATION"),
+        help="a challenge's held-out window: prompt and continuation tokens (32 64, the "
+        "verifier's calibration windows)",
+    )
     args = parse_with_quick(
         parser,
-        {"tokens": 4, "quants": "fp32", "prompts": 1, "challenges": 1, "sampled_tokens": 4},
+        {
+            "tokens": 4,
+            "quants": "fp32",
+            "prompts": 1,
+            "challenges": 1,
+            "sampled_tokens": 4,
+            "window": (8, 8),
+        },
         argv,
     )
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
@@ -239,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         # per prompt, the step of the first different token (`tokens` where none differs)
         metrics[f"first_divergence_steps_{label}"] = divergences
     if args.challenges:
-        metrics.update(verifier_checks(circuits, args.challenges, args.sampled_tokens))
+        metrics.update(
+            verifier_checks(circuits, args.challenges, args.sampled_tokens, *args.window)
+        )
     result = {
         "bench": "wire_dtype",
         "machine": machine(),
@@ -248,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             "parts": 3,
             "tokens": args.tokens,
             "prompts": [name for name, _ in chosen],
+            "challenges": args.challenges,
+            "window": list(args.window),
             "compared": "float16 vs float32 raw frames at every boundary, greedy, EOS ignored",
             "quick": args.quick,
         },
