@@ -77,9 +77,15 @@ def cometbft_env(
     """
     env = dict(environ)
     if patched and "GOMAXPROCS" not in env:
-        available = cores if cores is not None else len(os.sched_getaffinity(0))
+        available = cores if cores is not None else _usable_cores()
         env["GOMAXPROCS"] = str(max(1, available // max(1, len(network.validators))))
     return env
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (Linux: its affinity; elsewhere: the machine's)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def _listens(port: int, netns: str | None) -> bool:
