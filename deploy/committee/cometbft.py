@@ -16,6 +16,9 @@ from protocol.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMETBFT_VERSION = "0.38.25"
+# What `deploy/setup.sh` builds: v0.38.25 with the ABCI socket client's flush timer at 1 ms (20 ns
+# upstream, which re-arms itself in a loop on one Go thread); recorded in .tools/stamps/cometbft.
+COMETBFT_BUILD = f"{COMETBFT_VERSION}+abci-flush-1ms"
 DEFAULT_TIMEOUT_COMMIT = "300ms"
 
 
@@ -30,6 +33,17 @@ def find_cometbft() -> Path:
             f"{COMETBFT_VERSION} into .tools/bin), or point PLANET_COMETBFT at the binary",
         )
     return path
+
+
+def flush_patched(binary: Path) -> bool:
+    """Whether `binary` is the cometbft `deploy/setup.sh` built with the 1 ms ABCI flush timer
+    (only that one runs on a single Go thread without spinning; see `COMETBFT_BUILD`)."""
+    tools = REPO_ROOT / ".tools"
+    try:
+        stamp = (tools / "stamps" / "cometbft").read_text().strip()
+    except OSError:
+        return False
+    return binary.resolve() == (tools / "bin" / "cometbft").resolve() and stamp == COMETBFT_BUILD
 
 
 def toml_literal(value: str | int | bool) -> str:

@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from deploy.committee.network import Network
@@ -74,11 +74,19 @@ def split_name(name: str) -> tuple[str, int]:
     return process, int(name[len(process) :])
 
 
-def spawn(network: Network, process: str, index: int, argv: list[str]) -> int:
+def spawn(
+    network: Network,
+    process: str,
+    index: int,
+    argv: list[str],
+    *,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Start one process of the network (`env` defaults to this process's environment)."""
     log_path = network.log_path(process, index)
     network.pid_path(process, index).parent.mkdir(parents=True, exist_ok=True)
     validator = network.validators[index]
-    child = spawn_logged(validator.command(argv), log_path, cwd=validator.home)
+    child = spawn_logged(validator.command(argv), log_path, env=env, cwd=validator.home)
     network.pid_path(process, index).write_text(f"{child.pid}\n")
     log.info("started process=%s%d pid=%d log=%s", process, index, child.pid, log_path)
     return child.pid

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from deploy.committee.cometbft import find_cometbft
+from deploy.committee.cometbft import find_cometbft, flush_patched
 from deploy.committee.network import Network, Validator
 from deploy.committee.processes import (
     ProcessDiedError,
@@ -61,6 +62,30 @@ def cometbft_command(network: Network, validator: Validator) -> list[str]:
     if network.app == "kvstore":
         argv += ["--proxy_app", "kvstore"]
     return argv
+
+
+def cometbft_env(
+    network: Network, environ: Mapping[str, str], *, patched: bool, cores: int | None = None
+) -> dict[str, str]:
+    """cometbft's environment: `environ` with GOMAXPROCS = this host's cores shared among the
+    network's validators (at least 1), unless `environ` sets GOMAXPROCS itself or the binary
+    is not `patched` (`flush_patched`: upstream's 20 ns ABCI flush timer spins on one thread).
+
+    Every validator of a local network runs on the same cores; with Go's default (one thread
+    per core each) the idle validators spent about 40% of their CPU waking and parking threads
+    (runtime.findRunnable/futex in a CPU profile). Blocks come as fast with one thread each.
+    """
+    env = dict(environ)
+    if patched and "GOMAXPROCS" not in env:
+        available = cores if cores is not None else _usable_cores()
+        env["GOMAXPROCS"] = str(max(1, available // max(1, len(network.validators))))
+    return env
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (Linux: its affinity; elsewhere: the machine's)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def _listens(port: int, netns: str | None) -> bool:
@@ -141,7 +166,11 @@ def start_network(
                     netns=validator.netns,
                 )
             started[f"cometbft{index}"] = spawn(
-                network, "cometbft", index, cometbft_command(network, validator)
+                network,
+                "cometbft",
+                index,
+                cometbft_command(network, validator),
+                env=cometbft_env(network, os.environ, patched=flush_patched(find_cometbft())),
             )
             progress(f"validator{index}: started")
         if wait:
