@@ -4,16 +4,23 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
+import re
 import statistics
+import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 
 def machine() -> dict[str, Any]:
-    """The machine block of a benchmark's JSON (BENCHMARKS.md)."""
+    """The machine block of a benchmark's JSON (BENCHMARKS.md). A bench that did not import
+    torch ran on the CPU: its block takes torch's version from the installed package's metadata
+    and the GPU's name from the NVIDIA driver's /proc files, without importing torch (~1.7 CPU-s,
+    most of what a small bench's smoke run costs)."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
@@ -26,15 +33,15 @@ def machine() -> dict[str, Any]:
     gpu = None
     torch_version = None
     device = "cpu"
-    try:
-        import torch
-
+    torch = sys.modules.get("torch")
+    if torch is not None:
         torch_version = torch.__version__
         if torch.cuda.is_available():
             gpu = torch.cuda.get_device_name(0)
             device = "cuda"
-    except ImportError:
-        pass
+    else:
+        torch_version = _installed_torch_version()
+        gpu = _driver_gpu_name()
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -42,6 +49,34 @@ def machine() -> dict[str, Any]:
         "torch": torch_version,
         "device": device,
     }
+
+
+def _installed_torch_version() -> str | None:
+    """`torch.__version__` as torch/version.py states it (local build tag included, e.g.
+    "+cu132"), read without importing torch; None when torch is not installed."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        try:
+            text = (Path(folder) / "version.py").read_text(encoding="utf-8")
+        except OSError:
+            continue
+        if found := re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE):
+            return found[1]
+    return None
+
+
+def _driver_gpu_name() -> str | None:
+    """The first NVIDIA GPU's model name as the driver lists it, or None (no NVIDIA driver)."""
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        try:
+            for line in info.read_text(encoding="utf-8").splitlines():
+                if line.startswith("Model:"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            continue
+    return None
 
 
 def median(values: list[float]) -> float:

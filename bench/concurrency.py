@@ -3,7 +3,8 @@ aggregate decode tok/s and p99 inter-token time — one JSON object on stdout, l
 
     .venv/bin/python bench/concurrency.py     # sessions 1,8,32; 16 new tokens each
     .venv/bin/python bench/concurrency.py --sessions 1,8 --new-tokens 8
-    .venv/bin/python bench/concurrency.py --quick  # 2 shards, sessions 1,2 × 4 tokens, no warm-up
+    .venv/bin/python bench/concurrency.py --quick  # 2 shards, sessions 1,2 × 4 tokens, no warm-up,
+                                                   # the cached shards (each node checks its hash)
 
 Real node processes (started as `planet local up` starts them, via node/server/launcher.py) on
 loopback ports picked free at start, driven by the real CircuitClient (node-to-node forwarding,
@@ -142,11 +143,19 @@ def main(argv: list[str] | None = None) -> int:
         "--max-batch", str(max(1, most)),
         "--device", args.device,
     ]  # fmt: skip
-    manifest = Path(
-        prepare(
-            model=args.model, parts=args.parts, quant=args.quant, progress=lambda m: log.info(m)
+    if args.quick and args.model == "default":  # the cached shards, not hashed here first:
+        from harness.gateway_net import prepared_manifest  # each node checks its shard's hash
+
+        manifest = prepared_manifest(parts=args.parts, quant=args.quant)
+    else:
+        manifest = Path(
+            prepare(
+                model=args.model,
+                parts=args.parts,
+                quant=args.quant,
+                progress=lambda m: log.info(m),
+            )
         )
-    )
     run_dir = Path(tempfile.mkdtemp(prefix="planet-bench-conc-"))
     ports = free_ports(args.parts, *PORTS)
     quota += ["--next-hops", ",".join(f"http://127.0.0.1:{port}" for port in ports)]

@@ -3,7 +3,7 @@ served from the node's prefix cache (hit) vs computed whole (cold), and the hit 
 workload of several system prompts (issue 44, node/server/prefix_cache.py).
 
     python bench/prefix.py --quick     # smoke run: a 200-token system prompt, 1 repeat, a
-                                       # workload of 4 prompts × 2 turns (≤ 20 s on a quiet box)
+                                       # workload of 2 prompts × 2 turns (≤ 20 s on a quiet box)
     python bench/prefix.py             # 200- and 1,000-token system prompts, medians of 5
                                        # interleaved repeats, 8 prompts × 6 turns
 
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (default 1: a shared box)"
     )
-    quick = {"lengths": "200", "repeats": 1, "prompts": 4, "turns": 2}
+    quick = {"lengths": "200", "repeats": 1, "prompts": 2, "turns": 2}
     args = parse_with_quick(parser, quick, argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     import torch

@@ -40,6 +40,7 @@ from node.model.manifest import (
 )
 from node.model.quant import check_quant, quantized_tensors
 from node.model.shard import ACTIVATION_DTYPE, ShardModel
+from node.model.shard_config import ShardConfig
 from node.model.source import (
     DEFAULT_MODEL,
     ModelSource,
@@ -129,8 +130,7 @@ def prepare(
     if str(model) == DEFAULT_MODEL and (layers := default_layer_count()) is not None:
         split_layers(layers, parts, split)  # a bad --parts/--split: refused before converting
     source = resolve_source(model, progress)
-    config = load_config(source.directory)
-    ranges = split_layers(config.num_hidden_layers, parts, split)
+    ranges = split_layers(_layer_count(source.directory), parts, split)
     target = (
         Path(out).expanduser()
         if out is not None
@@ -146,12 +146,24 @@ def prepare(
             f"--out {target} is a non-empty directory without a manifest",
             hint="choose an empty or new directory",
         )
+    config = load_config(source.directory)
     started = time.monotonic()
     with staging_dir(target) as staging:
         _write(staging, source, config, ranges, quant, progress)
         replace_dir(staging, target)
     progress(f"prepared {len(ranges)} shard(s) in {time.monotonic() - started:.1f} s -> {target}")
     return target / MANIFEST_NAME
+
+
+def _layer_count(directory: Path) -> int:
+    """The model's decoder layer count, read from config.json as the fast shard path reads it
+    (`ShardConfig`), without transformers' `AutoConfig`: its config classes import transformers'
+    activations and `torch._dynamo` (~2.3 CPU-s), which a reused output never needs. A config
+    `ShardConfig` does not model goes through `load_config`."""
+    parsed = ShardConfig.load(directory)
+    if parsed is None:
+        return int(load_config(directory).num_hidden_layers)
+    return parsed.num_hidden_layers
 
 
 def _reusable(

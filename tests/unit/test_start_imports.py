@@ -131,3 +131,39 @@ def test_a_node_loads_and_runs_its_shard_without_transformers_or_torchao(
         "shard.forward(torch.ones(1, 3, shard.hidden_size), torch.arange(3), shard.new_cache())"
     )
     assert loaded_after(code, "transformers", "torchao", "hqq", "torch._dynamo") == []
+
+
+def test_reusing_a_prepared_model_does_not_import_transformers(tmp_path: Path) -> None:
+    """`prepare` on an output already there (every bench's and `planet local`'s path): the layer
+    count comes from config.json as JSON, the hashes are re-derived, transformers' AutoConfig
+    (torch._dynamo with it, ~2.3 CPU-s) stays out."""
+    from node.model.prepare import prepare
+
+    make_tiny_model(tmp_path / "src", layers=2, hidden=32)
+    manifest = prepare(tmp_path / "src", parts=2, out=tmp_path / "m", progress=lambda _: None)
+    code = (
+        "from node.model.prepare import prepare\n"
+        f"path = prepare({str(tmp_path / 'src')!r}, parts=2, out={str(tmp_path / 'm')!r},"
+        " progress=print)\n"
+        f"assert str(path) == {str(manifest)!r}, path"
+    )
+    assert loaded_after(code, "transformers", "torch._dynamo") == []
+
+
+def test_a_bench_machine_block_does_not_import_torch() -> None:
+    """bench/_common.machine() of a bench that never imported torch (most of the small benches'
+    smoke runs): torch's version read from its files, not by importing it (~1.7 CPU-s), and the
+    same string `torch.__version__` gives."""
+    import torch
+
+    code = "import json\nfrom bench._common import machine\nprint(json.dumps(machine()))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    probe = f"{code}\nimport sys\nprint(json.dumps('torch' in sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    block, loaded = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert loaded is False
+    assert block["torch"] == torch.__version__
+    assert block["device"] == "cpu"

@@ -23,6 +23,7 @@ from torch import nn
 
 from node.model.family import load_config
 from node.model.manifest import Manifest, manifest_path, verify_file
+from node.model.shard_config import ShardConfig
 from protocol.eip712 import as_bytes32
 from protocol.errors import UsageError
 
@@ -98,7 +99,9 @@ def load_op(
             f"shard {shard} is {entry.quant}-quantized; the ZK circuit is built from fp32 weights",
             hint="prepare the model with --quant none",
         )
-    config = load_config(path.parent)
+    # config.json as JSON (ShardConfig); transformers' AutoConfig (torch._dynamo, ~2.3 CPU-s)
+    # only for a config ShardConfig does not model
+    config = ShardConfig.load(path.parent) or load_config(path.parent)
     heads = int(config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     if head_dim != HEAD_WIDTH:
