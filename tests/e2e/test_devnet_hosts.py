@@ -240,7 +240,10 @@ def test_hosts_bridge_capture_finds_no_prompt_text_or_activations_on_the_node_li
     )
     head = ClientHead.load(models_dir() / MODEL / "manifest.json", device="cpu")
     rows = head.embed_np(head.chat_ids([{"role": "user", "content": QUESTION}]))[0]
-    windows = [rows[i].tobytes()[:64] for i in range(len(rows))]
+    # the rows as either wire dtype would carry them in clear (float16 by default, or float32)
+    windows = [
+        rows[i].astype(dtype).tobytes()[:64] for i in range(len(rows)) for dtype in ("<f4", "<f2")
+    ]
     print(f"bridge capture: {capture.frames} frames, {len(node_links)} bytes on node links")
     assert len(node_links) > len(rows) * head.hidden_size // 2  # the activations went through
     assert QUESTION.encode() not in node_links
