@@ -34,6 +34,7 @@ from node.client.sampling import SamplingConfig
 from node.client.types import Hop
 from node.gateway.circuits import PREFILL_CHUNK
 from node.gateway.escrow_reads import POSITIVE_TTL_S
+from protocol.frames.dtypes import WIRE_DTYPE
 from protocol.payment import payment_domain, verify_receipt_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -202,19 +203,22 @@ def _load(node: Any) -> dict[str, int]:
     return http_json(f"{node.process.url}/info")["load"]
 
 
+WIRE_BYTES = {"float32": 4, "float16": 2}  # bytes a value of each wire dtype takes
+
+
 def _assert_went_over_the_circuit(
     net: GatewayNet, answer: Any, before: list[dict[str, int]], after: list[dict[str, int]]
 ) -> None:
     """The question rode the circuit's links (client → shard 0 → shard 1 → client): shard 0
     forwarded every position to shard 1 node to node, shard 1 returned every prompt position
-    (full prefill, raw float32) on the gateway's link, and D's forward count is exactly the
-    circuit's frames (a relay through the gateway would add as many again; a move to another
-    replica adds its replay)."""
+    (full prefill, raw frames in the default wire dtype) on the gateway's link, and D's
+    forward count is exactly the circuit's frames (a relay through the gateway would add as
+    many again; a move to another replica adds its replay)."""
     grew = [
         {k: a[k] - b[k] for k in a if isinstance(a[k], int)}
         for b, a in zip(before, after, strict=True)
     ]
-    row = 4 * net.manifest.hidden_size
+    row = WIRE_BYTES[WIRE_DTYPE] * net.manifest.hidden_size  # the gateway sends the default
     prompt, completion = answer.usage.prompt_tokens, answer.usage.completion_tokens
     shard0 = [g for node, g in zip(net.nodes, grew, strict=True) if node.process.shard == 0]
     d = grew[2]  # the only node of shard 1
