@@ -110,6 +110,7 @@ async def run(args: argparse.Namespace) -> int:
                     relay = await asyncio.to_thread(
                         payout_relay, deployment, operator_key, link, args.evm_rpc
                     )
+                    relay.height = lambda: dkg.committed_height  # read first in each pass
                     verdicts = await asyncio.to_thread(
                         verdict_relay, deployment, operator_key, link, args.evm_rpc
                     )

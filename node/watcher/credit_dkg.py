@@ -279,6 +279,7 @@ class CreditDkgDriver:
     key: SigningKey  # the consensus key: signs the txs, its Curve25519 form opens the shares
     store: CreditShareStore
     refused: int = 0  # `/credit_period` answers refused since start (each logged by name)
+    committed_height: int | None = None  # of this pass's checked answer (None: not read)
 
     @classmethod
     def of_validator(cls, committee: Committee, key: SigningKey, home: Path) -> CreditDkgDriver:
@@ -287,7 +288,10 @@ class CreditDkgDriver:
     async def step(self) -> list[DkgBody]:
         """One pass over the current key period and the next; returns what it sent. A period
         whose answer is refused (`checked_answer`) is skipped this pass, logged by name."""
+        self.committed_height = None
         now = await self._read(None)
+        if now is not None:
+            self.committed_height = int(now["committed_height"])  # the other steps' height
         if now is None or (not now["run"] and now["committed_height"] == 0):
             return []
         sent: list[DkgBody] = []

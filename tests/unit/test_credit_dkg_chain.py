@@ -296,6 +296,7 @@ def test_the_next_periods_answer_is_read_only_while_its_run_may_need_this_valida
     while chain.state.height <= SCHEDULE.dkg_finish_height(1) + 3:
         for driver in drivers:
             asyncio.run(driver.step())
+            assert driver.committed_height == chain.state.height  # the pass's height, shared
         passes += 1
         results = chain.block(mempool)
         assert all(r.code == Code.OK for r in results), [r.log for r in results]
