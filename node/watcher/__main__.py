@@ -40,7 +40,7 @@ from node.watcher.evm import StakingReader
 from node.watcher.funding import MintFunder
 from node.watcher.payouts import PayoutRelay
 from node.watcher.verdicts import VerdictRelay
-from node.watcher.watcher import StakeWatcher
+from node.watcher.watcher import RESYNC_S, StakeWatcher
 from protocol.errors import ConfigError, PlanetError
 
 log = logging.getLogger("node.watcher")
@@ -66,7 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--evm-rpc", help="EVM RPC (default: the deployment's rpc_url)")
     parser.add_argument("--deployment", type=Path, required=True, help="deployment file")
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between passes")
-    parser.add_argument("--resync", type=float, default=30.0, help="seconds between full passes")
+    parser.add_argument(
+        "--resync", type=float, default=RESYNC_S, help="seconds between full stake reads"
+    )
     parser.add_argument("--log-level", default=os.environ.get("PLANET_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
@@ -97,20 +99,23 @@ async def run(args: argparse.Namespace) -> int:
     )
     try:
         while not stop.is_set():
+            if reader is not None:
+                reader.head.new_pass()  # the EVM block is read once a pass, by its first step
             try:
                 await _relay_step(dkg)  # first: the key periods' DKG needs no EVM read
                 if watcher is None:
                     reader = await asyncio.to_thread(StakingReader, deployment, args.evm_rpc)
                     watcher = StakeWatcher(reader, link, deployment.block, resync_s=args.resync)
-                if relay is None and operator_key is not None:
+                if relay is None and operator_key is not None and reader is not None:
                     relay = await asyncio.to_thread(
                         payout_relay, deployment, operator_key, link, args.evm_rpc
                     )
+                    relay.height = lambda: dkg.committed_height  # read first in each pass
                     verdicts = await asyncio.to_thread(
                         verdict_relay, deployment, operator_key, link, args.evm_rpc
                     )
                     funder = await asyncio.to_thread(
-                        mint_funder, deployment, operator_key, link, args.evm_rpc
+                        mint_funder, deployment, operator_key, link, reader
                     )
                 await watcher.step()
                 if relay is not None:
@@ -162,14 +167,16 @@ def verdict_relay(
 
 
 def mint_funder(
-    deployment: Deployment, operator_key: bytes, link: CommitteeLink, evm_rpc: str | None
+    deployment: Deployment, operator_key: bytes, link: CommitteeLink, reader: StakingReader
 ) -> MintFunder:
-    """The voucher for credit mints the payer's escrow balance covers (reads only)."""
+    """The voucher for credit mints the payer's escrow balance covers (reads only); its deposit
+    log reads up to the pass's block the stake reader read (one `eth_blockNumber` a pass)."""
     from node.chain.evm.account import PlanetChain
     from node.watcher.depositors import EscrowDepositors
 
-    escrow = PlanetChain(deployment, operator_key, rpc_url=evm_rpc).escrow
-    return MintFunder(committee=link, escrow=escrow, deposits=EscrowDepositors(deployment, evm_rpc))
+    escrow = PlanetChain(deployment, operator_key, rpc_url=reader.rpc_url).escrow
+    deposits = EscrowDepositors(deployment, reader.rpc_url, latest_block=reader.latest_block)
+    return MintFunder(committee=link, escrow=escrow, deposits=deposits)
 
 
 def payout_relay(

@@ -16,6 +16,11 @@ current key period and the next, and for each run that names this validator:
 Decisions are made on committed state (`plan`: pure, testable without a network); a message the
 chain already holds is never sent twice. A failure is logged and tried again next pass.
 
+The next period's answer is read only when it can ask for something (`next_may_act`): its run is
+configured (the committed height has reached the block that records it) and this validator's
+share of it is not in the store yet. Otherwise `plan` would return nothing for it, so most
+passes read `/credit_period` once, not twice.
+
 Each `/credit_period` answer is checked at the boundary (`checked_answer`) before `plan` reads
 it: every field it uses typed and in range, the deals decodable, the receivers' keys ed25519
 points, a formed key through `PeriodKey.from_answer`. An answer that does not pass (a bug, a
@@ -256,12 +261,25 @@ def _finish(
     log.info("credit key period %d: share formed (index %d)", period, index)
 
 
+def next_may_act(now: dict[str, Any], period: int, store: CreditShareStore) -> bool:
+    """Whether `plan` could send anything for `period` (after the period of `now`, a checked
+    current-period answer): False while the chain has not recorded its run's config yet (the
+    run is null until the end of block `dkg_config_height`) and once this validator's share of
+    it is stored (`plan` returns nothing then)."""
+    schedule = KeySchedule(int(now["key_period_blocks"]), int(now["dkg_phase_blocks"]))
+    if int(now["committed_height"]) < schedule.dkg_config_height(period):
+        return False
+    doc = store.load(period)
+    return not (doc is not None and doc.get("share"))
+
+
 @dataclass
 class CreditDkgDriver:
     committee: Committee
     key: SigningKey  # the consensus key: signs the txs, its Curve25519 form opens the shares
     store: CreditShareStore
     refused: int = 0  # `/credit_period` answers refused since start (each logged by name)
+    committed_height: int | None = None  # of this pass's checked answer (None: not read)
 
     @classmethod
     def of_validator(cls, committee: Committee, key: SigningKey, home: Path) -> CreditDkgDriver:
@@ -270,12 +288,17 @@ class CreditDkgDriver:
     async def step(self) -> list[DkgBody]:
         """One pass over the current key period and the next; returns what it sent. A period
         whose answer is refused (`checked_answer`) is skipped this pass, logged by name."""
+        self.committed_height = None
         now = await self._read(None)
+        if now is not None:
+            self.committed_height = int(now["committed_height"])  # the other steps' height
         if now is None or (not now["run"] and now["committed_height"] == 0):
             return []
         sent: list[DkgBody] = []
         current = now["current_period"]
         for period in (current, current + 1):
+            if period != now["period"] and not next_may_act(now, period, self.store):
+                continue  # no run configured yet, or its share formed: nothing to send
             answer = now if period == now["period"] else await self._read(period)
             if answer is None:
                 continue

@@ -8,12 +8,15 @@ fresh addresses costs it no EVM read, while each address that deposits paid gas 
 
 The log is read with `eth_getLogs` on the escrow's address, the `BalanceDeposited` topic and the
 escrow's own address as the indexed gateway (topic 2), from the deployment's first block on,
-incrementally (5,000 blocks a call). A reorg can only leave an address in the set whose balance
-is 0: the funder then reads it, and reads decide, never this set.
+incrementally (5,000 blocks a call), up to the pass's latest block (`latest_block`: the watcher
+shares the one it read this pass, `PassHead`; without it, `eth_blockNumber` is read). A reorg
+can only leave an address in the set whose balance is 0: the funder then reads it, and reads
+decide, never this set.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from eth_utils import to_checksum_address
@@ -29,9 +32,17 @@ MAX_LOG_RANGE = 5_000  # blocks per eth_getLogs call
 
 
 class EscrowDepositors:
-    def __init__(self, deployment: Deployment, rpc_url: str | None = None) -> None:
+    def __init__(
+        self,
+        deployment: Deployment,
+        rpc_url: str | None = None,
+        latest_block: Callable[[], int] | None = None,
+    ) -> None:
         self.rpc_url = rpc_url or deployment.rpc_url
         self.w3 = connect(self.rpc_url)
+        self.latest_block = latest_block or (
+            lambda: int(self._rpc(lambda: self.w3.eth.block_number))
+        )
         escrow = deployment.contracts.get("QueryEscrow")
         if escrow is None:
             raise ConfigError("the deployment has no QueryEscrow contract")
@@ -50,7 +61,7 @@ class EscrowDepositors:
     def depositors(self) -> set[str]:
         """Every payer that deposited at the escrow's own address up to the latest block
         (lowercase); reads only the blocks not read before."""
-        latest = int(self._rpc(lambda: self.w3.eth.block_number))
+        latest = self.latest_block()
         while self.next_block <= latest:
             end = min(latest, self.next_block + MAX_LOG_RANGE - 1)
             logs = self._rpc(

@@ -2,7 +2,8 @@
 
 Events are read with `eth_getLogs` filtered on the Staking address and the four stake-changing
 event topics; every one of them has the staker as its first indexed argument (topic 1), so no
-log data needs decoding. Views: `stakeOf`, `roleOf`, `statusOf`.
+log data needs decoding. Views: `stakeOf`, `roleOf`, `statusOf`. The latest block is read once
+per pass (`head`, a `PassHead` the runner starts anew each pass and shares with the other steps).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from web3 import Web3
 
 from node.chain.evm.deployment import Deployment
 from node.chain.evm.rpc import connect, rpc_guard
+from node.watcher.head import PassHead
 from node.watcher.watcher import StakeInfo
 from protocol.errors import ConfigError
 
@@ -40,12 +42,14 @@ class StakingReader:
         if missing:
             raise ConfigError(f"the Staking ABI lacks events {', '.join(missing)}")
         self.topics = sorted(topics.values())
+        self.head = PassHead(lambda: int(self._rpc(lambda: self.w3.eth.block_number)))
 
     def _rpc(self, call: Any) -> Any:
         return rpc_guard(call, self.rpc_url)
 
     def latest_block(self) -> int:
-        return int(self._rpc(lambda: self.w3.eth.block_number))
+        """This pass's latest block (read once a pass: `head`)."""
+        return self.head.latest()
 
     def changed_addresses(self, from_block: int, to_block: int) -> set[str]:
         found: set[str] = set()

@@ -20,6 +20,13 @@ One `step()`:
 3. `confirmed` (≥ 2/3) and the escrow has no root for the number → `postPayoutRoot(statement,
    Charges(query ids, fees, payers, gateways, debits), signatures sorted by signer)`.
    `EpochAlreadyPosted` (another validator was first) counts as done.
+
+The listing of step 1 changes only when an epoch closes (its statements are stored at the end of
+block e·L, L the genesis `epoch_length`): given the committee's committed height this pass
+(`height`, the DKG driver's `/credit_period` answer), the relay reuses the listing it read
+while no epoch closed since (same `height // L`); a listing that was not whole, or a pass that
+failed, reads it again. Each unposted statement's own view (`/payouts?epoch=N`) is read every
+pass as before.
 """
 
 from __future__ import annotations
@@ -27,10 +34,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from node.chain.committee_pages import STATEMENT_PAGE_SIZE, STATEMENT_PAGES, read_statements
+from node.chain.committee_pages import (
+    STATEMENT_PAGE_SIZE,
+    STATEMENT_PAGES,
+    ListedStatement,
+    read_statements,
+)
 from node.chain.committee_rpc import TxRejectedError
 from node.chain.evm.errors import ContractRevert
 from protocol.committee.settlement import PayoutVote
@@ -93,6 +106,9 @@ class PayoutRelay:
     posted: set[int] = field(default_factory=set)
     max_pages: int = STATEMENT_PAGES  # pages of `/payouts` read a pass
     page_size: int = STATEMENT_PAGE_SIZE  # statements a page (an epoch may close into several)
+    height: Callable[[], int | None] | None = None  # the committed height this pass, if known
+    epoch_length: int | None = None  # genesis epoch_length (read once, when `height` is given)
+    _listed: tuple[int, list[ListedStatement]] | None = None  # (height // L, the listing)
 
     @property
     def operator(self) -> str:
@@ -102,9 +118,32 @@ class PayoutRelay:
 
     async def step(self) -> list[tuple[str, int]]:
         """One pass; returns what was done as ("signed" | "posted", epoch) pairs."""
+        try:
+            return await self._step()
+        except BaseException:
+            self._listed = None  # a failed pass reads the listing again
+            raise
+
+    async def _listing(self) -> tuple[list[ListedStatement], bool]:
+        """The stored statements (and whether all were listed): the last whole listing while no
+        epoch closed since it was read, else read now."""
+        height = None if self.height is None else self.height()
+        window = None
+        if height is not None:
+            if self.epoch_length is None:
+                params = await self.committee.query("/params")
+                self.epoch_length = int(params["genesis"]["epoch_length"])
+            window = height // self.epoch_length
+            if self._listed is not None and self._listed[0] == window:
+                return self._listed[1], True
         listed, whole = await read_statements(
             self.committee.query, max_pages=self.max_pages, page_size=self.page_size
         )
+        self._listed = (window, listed) if window is not None and whole else None
+        return listed, whole
+
+    async def _step(self) -> list[tuple[str, int]]:
+        listed, whole = await self._listing()
         if not whole:
             log.warning(
                 "payout relay: over %d statements stored (%d pages read); older ones are not "

@@ -8,9 +8,17 @@ One `step()`:
 1. read the Staking events (Staked, UnstakeRequested, Withdrawn, Slashed) of the blocks not
    seen yet → the EVM addresses whose stake changed;
 2. list the registered nodes (not LEFT) on the committee chain;
-3. for every node that is new to this watcher, whose address changed, or all of them on a
-   periodic resync: read its effective stake and attest it when it differs from what this
+3. for every node that is new to this watcher, whose address's stake changed (an event), whose
+   registered address or role is not the one its stake was last read for, or all of them on
+   a periodic resync: read its effective stake and attest it when it differs from what this
    watcher attested last.
+
+Every change of a stake emits one of the four events (Staking.sol writes `_stakes` only in
+`stake`, `requestUnstake`, `withdraw` and `slash`), so step 1 finds each change in the first
+pass after its block, and a registration's changes are seen in the committee's `/nodes`: the
+resync only heals a log read that missed an event, and runs every `RESYNC_S` (10 minutes), not
+every pass. The pass's EVM block is read once (`latest_block`, the runner's `PassHead`) and used
+by every step of it.
 
 Effective stake (`effective_stake`): `stakeOf` while the stake is Active and its role is the
 node's registered role; 0 while unbonding, after withdrawal, or for another role — a node that
@@ -22,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,6 +42,7 @@ log = logging.getLogger(__name__)
 
 ROLE_NUMBERS = {"compute": 1, "verifier": 2, "relay": 3}  # the Staking contract's Role
 STATUS_ACTIVE = 1
+RESYNC_S = 600.0  # seconds between two reads of every node's stake (the events' safety net)
 
 
 @dataclass(frozen=True)
@@ -72,9 +81,11 @@ class StakeWatcher:
     evm: StakeSource
     committee: Attester
     start_block: int  # first EVM block to read events from (the deployment's block)
-    resync_s: float = 30.0  # re-read every node's stake this often (heals missed events)
+    resync_s: float = RESYNC_S  # re-read every node's stake this often (heals missed events)
     clock: Callable[[], float] = time.monotonic
     attested: dict[str, int] = field(default_factory=dict)  # node key → amount last attested
+    read_as: dict[str, tuple[str, str]] = field(default_factory=dict)  # key → (address, role)
+    # its stake was last read for: a registration that changes either is read again at once
     next_block: int = -1
     _last_resync: float = field(default=float("-inf"))
 
@@ -92,8 +103,9 @@ class StakeWatcher:
         now = self.clock()
         resync = now - self._last_resync >= self.resync_s
         sent = []
-        for key, address, role in due_nodes(nodes, changed, self.attested, resync):
+        for key, address, role in due_nodes(nodes, changed, self.attested, resync, self.read_as):
             amount = effective_stake(self.evm.stake_info(address), role)
+            self.read_as[key] = (address.lower(), role)
             if self.attested.get(key) == amount:
                 continue
             # sent and waited for: this validator's verifier signs with the same key, and an
@@ -123,14 +135,21 @@ def due_nodes(
     changed: set[str],
     attested: dict[str, int],
     resync: bool,
+    read_as: Mapping[str, tuple[str, str]] | None = None,
 ) -> list[tuple[str, str, str]]:
     """(key, evm address, role) of the nodes whose stake must be (re)read: not LEFT, and new to
-    this watcher, or with a changed address, or all on a resync."""
+    this watcher, or whose address's stake changed, or registered with another address or role
+    than their stake was last read for (`read_as`), or all on a resync."""
     due = []
     for node in nodes:
         if node.get("status") == "LEFT":
             continue
         key, address = str(node["key"]), str(node["evm_address"])
-        if resync or key not in attested or address.lower() in changed:
-            due.append((key, address, str(node.get("role", "compute"))))
+        role = str(node.get("role", "compute"))
+        moved = read_as is not None and read_as.get(key, (address.lower(), role)) != (
+            address.lower(),
+            role,
+        )
+        if resync or key not in attested or address.lower() in changed or moved:
+            due.append((key, address, role))
     return due

@@ -262,7 +262,57 @@ def test_the_watchers_driver_refuses_a_malformed_answer_by_name_and_keeps_going(
     link.corrupt = lambda a: a if a["period"] == 0 else {**a, "run": ["x"]}  # period 1 only
     [deal] = asyncio.run(driver.step())
     assert isinstance(deal, DkgDeal) and deal.period == 0
-    assert driver.refused == len(CORRUPTIONS) + 1
+    # period 1's run is not configured at this height: its answer is not even read
+    assert driver.refused == len(CORRUPTIONS)
+
+
+class _Counted(_Committee):
+    """The committee link, counting the `/credit_period` reads of each committed height."""
+
+    def __init__(self, chain: Chain, key: Any, mempool: list[bytes]) -> None:
+        super().__init__(chain, key, mempool)
+        self.reads: list[tuple[int, int | None]] = []  # (committed height, period asked)
+
+    async def query(self, path: str, **params: Any) -> Any:
+        if path == "/credit_period":
+            self.reads.append((self.chain.state.height, params.get("period")))
+        return await super().query(path, **params)
+
+
+def test_the_next_periods_answer_is_read_only_while_its_run_may_need_this_validator(
+    tmp_path: Path,
+) -> None:
+    """Issue 41: a pass reads the next key period's `/credit_period` only from the block that
+    configures its run until this validator's share of it is stored; the rest of the time one
+    read a pass (the current period's). Both periods' keys still form, pass after pass."""
+    chain = dkg_chain()
+    mempool: list[bytes] = []
+    links = [_Counted(chain, v.key, mempool) for v in chain.validators]
+    drivers = [
+        CreditDkgDriver(link, v.key, CreditShareStore(tmp_path / f"w{i}"))
+        for i, (link, v) in enumerate(zip(links, chain.validators, strict=True))
+    ]
+    passes = 0
+    while chain.state.height <= SCHEDULE.dkg_finish_height(1) + 3:
+        for driver in drivers:
+            asyncio.run(driver.step())
+            assert driver.committed_height == chain.state.height  # the pass's height, shared
+        passes += 1
+        results = chain.block(mempool)
+        assert all(r.code == Code.OK for r in results), [r.log for r in results]
+        mempool.clear()
+    for i in range(len(drivers)):
+        store = CreditShareStore(tmp_path / f"w{i}")
+        assert all((store.load(p) or {}).get("share") for p in (0, 1)), i
+    for link in links:
+        current = [h for h, period in link.reads if period is None]
+        following = [(h, period) for h, period in link.reads if period is not None]
+        assert len(current) == passes  # every pass reads its current period once
+        # period 1 from its config block until it is the current one (its key forms at the end
+        # of its last justify block, the block before the period); never period 2
+        first, formed = SCHEDULE.dkg_config_height(1), SCHEDULE.dkg_finish_height(1)
+        assert following == [(h, 1) for h in range(first, formed)], following
+        assert len(link.reads) < 2 * passes - 10  # old: two reads every pass
 
 
 def test_a_bug_in_a_relay_pass_is_logged_and_the_loop_goes_on(

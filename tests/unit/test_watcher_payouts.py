@@ -13,6 +13,7 @@ from abci_app.codes import Code
 from abci_app.queries import query
 from node.chain.evm.errors import ContractRevert
 from node.watcher.payouts import PayoutRelay, statement_of
+from protocol.errors import UnavailableError
 from tests.committee_chain import Chain
 from tests.unit.test_abci_settlement import (
     DOMAIN,
@@ -253,3 +254,73 @@ async def _listed(chain: Chain) -> list[Any]:
     listed, whole = await read_statements(ChainLink(chain, 0).query)
     assert whole
     return listed
+
+
+@dataclass
+class CountingLink(ChainLink):
+    """Counts the reads of the `/payouts` listing (not of one statement's view)."""
+
+    listings: int = 0
+
+    async def query(self, path: str, **params: Any) -> Any:
+        if path == "/payouts" and "epoch" not in params:
+            self.listings += 1
+        return await super().query(path, **params)
+
+
+async def test_the_listing_is_read_once_an_epoch_and_a_closed_epoch_is_signed_at_once() -> None:
+    """Issue 41: with the pass's committed height known, the relay reads the `/payouts` listing
+    once while no epoch closes (was: every pass), and still signs a statement in the first pass
+    after its epoch closed."""
+    chain = settled_chain()
+    length = chain.state.genesis.epoch_length
+    link = CountingLink(chain, 0)
+    payouts = PayoutRelay(
+        committee=link,
+        escrow=FakeEscrow(),
+        escrow_address=ESCROW,
+        operator_key=chain.validators[0].operator_key,
+        domain=DOMAIN,
+        height=lambda: chain.state.height,
+    )
+    passes = 0
+    while (chain.state.height + 2) % length != 0:  # a new block every pass, no epoch closing
+        assert await payouts.step() == []
+        chain.block([])
+        passes += 1
+    assert passes > 1 and link.listings == 1
+    _, _, epoch = fees_epoch(chain)
+    assert await payouts.step() == [("signed", epoch)]
+    assert link.listings == 2
+    chain.block([])
+    assert await payouts.step() == [] and link.listings == 2  # the same epoch: no new listing
+
+
+async def test_a_failed_pass_reads_the_listing_again() -> None:
+    """A pass that fails (here a statement's view unreadable) forgets the listing it read: the
+    next pass lists again (a statement pruned meanwhile is not asked for again)."""
+    chain = settled_chain()
+    fees_epoch(chain)
+    link = CountingLink(chain, 0)
+    payouts = PayoutRelay(
+        committee=link,
+        escrow=FakeEscrow(),
+        escrow_address=ESCROW,
+        operator_key=chain.validators[0].operator_key,
+        domain=DOMAIN,
+        height=lambda: chain.state.height,
+    )
+    real = link.query
+
+    async def unreadable(path: str, **params: Any) -> Any:
+        if "epoch" in params:
+            raise UnavailableError("validator down")
+        return await real(path, **params)
+
+    link.query = unreadable  # type: ignore[method-assign]
+    with pytest.raises(UnavailableError):
+        await payouts.step()
+    link.query = real  # type: ignore[method-assign]
+    assert link.listings == 1
+    assert len(await payouts.step()) == 1  # signed
+    assert link.listings == 2
