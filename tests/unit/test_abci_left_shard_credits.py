@@ -62,3 +62,21 @@ def test_a_shard_left_is_redeemable_for_the_credit_lifetime_and_one_epoch_only(
     next_epoch_end(chain)
     late = send(chain, CreditRedeem("m", 0, tuple(credits[1:])), node)
     assert late.code == Code.REDEEM_SHARD, late.log
+
+
+def test_a_credit_redeemed_on_a_shard_left_cannot_be_redeemed_again_on_the_new_one(
+    tmp_path: Path,
+) -> None:
+    """The window on a shard left is a second place to redeem, never a second payment: the
+    credits' spent ids are the chain's, whatever the shard."""
+    chain, node = node_chain(tmp_path)
+    credits, _ = minted(chain, tmp_path, count=2)
+    commit_served(chain, node, 0, blocks=1)
+    commit_served(chain, node, 1, blocks=1)
+    assert send(chain, MoveShards((1,), "http://new"), node).code == Code.OK
+    first = send(chain, CreditRedeem("m", 0, tuple(credits)), node)
+    assert first.code == Code.OK, first.log
+    again = send(chain, CreditRedeem("m", 1, tuple(credits)), node)
+    assert again.code == Code.CREDIT_SPENT, again.log
+    replayed = send(chain, CreditRedeem("m", 0, tuple(credits)), node)
+    assert replayed.code == Code.CREDIT_SPENT, replayed.log
