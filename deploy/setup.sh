@@ -69,7 +69,8 @@ if [ -f package.json ]; then
   want=$(stamp_of package.json package-lock.json)
   if [ ! -d node_modules ] || [ "$(cat "$TOOLS/stamps/npm" 2>/dev/null)" != "$want" ]; then
     say "npm: installing Hardhat, solc, OpenZeppelin, anvil"
-    if [ -f package-lock.json ]; then npm ci --no-audit --no-fund --loglevel=error; else npm install --no-audit --no-fund --loglevel=error; fi
+    # --prefer-offline: the lockfile pins every version, so a package already in npm's cache is not re-checked.
+    if [ -f package-lock.json ]; then npm ci --prefer-offline --no-audit --no-fund --loglevel=error; else npm install --no-audit --no-fund --loglevel=error; fi
     echo "$want" > "$TOOLS/stamps/npm"
   else
     say "npm: up to date"
