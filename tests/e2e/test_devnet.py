@@ -106,8 +106,10 @@ CHALLENGE_WINDOW_S = 60  # DeployConfig.devnet's QueryEscrow window
 
 
 def _paid(devnet: dict[str, Any], accounts: list[str]) -> dict[str, dict[int, int]] | None:
-    """{account: {epoch: amount}} over epochs posted on the escrow, once every account has
-    some; None before (also when a busy RPC did not answer in time: asked again)."""
+    """{account: {epoch: amount}} over the epochs posted on the escrow, once every account has
+    some; None before (also when a busy RPC did not answer in time: asked again). Epochs not
+    posted yet are left out, not waited for: on the shared devnet a newer epoch is pending
+    most of the time."""
     try:
         return _paid_now(devnet, accounts)
     except (OSError, ValueError) as error:  # urllib/requests timeouts are OSErrors
@@ -122,7 +124,7 @@ def _paid_now(devnet: dict[str, Any], accounts: list[str]) -> dict[str, dict[int
     for summary in listing["epochs"]:
         epoch = summary["epoch"]
         if escrow.functions.epochOf(epoch).call()[3] != 1:  # not posted (yet)
-            return None
+            continue
         view = _query(devnet["committee_rpc"][0], "/payouts", epoch=str(epoch))
         for account, amount in view["rows"]:
             if account in paid:
