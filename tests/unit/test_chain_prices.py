@@ -59,8 +59,10 @@ def test_the_prices_are_read_from_the_committee_s_node_list(monkeypatch) -> None
             """Two nodes a page, in key order (the committee's paging)."""
             asked.append((path, params))
             entries = [e for e in ENTRIES if isinstance(e, dict)]
-            start = 0 if "after" not in params else 1 + [e["key"] for e in entries].index(
-                params["after"]
+            start = (
+                0
+                if "after" not in params
+                else 1 + [e["key"] for e in entries].index(params["after"])
             )
             page = entries[start : start + 2]
             more = start + 2 < len(entries)
