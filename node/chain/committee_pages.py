@@ -91,9 +91,25 @@ async def read_nodes(
     query: Query, *, max_pages: int = NODE_PAGES, **filters: Any
 ) -> list[dict[str, Any]]:
     """Every `/nodes` entry matching `filters` (`model`, `role`, `shard`, `status`), every page
-    followed; `BadPage` for a page that is not a node list with a moving `next`, `TooManyPages`
-    past `max_pages` (a registry too long to read is not acted on partly)."""
-    return await all_pages(query, "/nodes", "nodes", max_pages=max_pages, **filters)
+    followed; `BadPage` for a page that is not a node list or leaves key order (a node at or
+    before the page's `after`, a `next` not past `after` or before a node of its page: no node
+    is read twice, no cursor goes back), `TooManyPages` past `max_pages` (a registry too long
+    to read is not acted on partly)."""
+
+    async def in_key_order(path: str, **params: Any) -> Any:
+        page = await query(path, **params)
+        after = params.get("after", "")
+        rows = page.get("nodes") if isinstance(page, dict) else None
+        keys = [r.get("key") for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+        keys = [k for k in keys if isinstance(k, str)]
+        if any(k <= after for k in keys):
+            raise BadPage(f"/nodes: a page after {ascii(after)[:80]} lists a node at or before it")
+        cursor = page.get("next") if isinstance(page, dict) else None
+        if isinstance(cursor, str) and (cursor <= after or any(k > cursor for k in keys)):
+            raise BadPage(f"/nodes: a page whose next {ascii(cursor)[:80]} does not move on")
+        return page
+
+    return await all_pages(in_key_order, "/nodes", "nodes", max_pages=max_pages, **filters)
 
 
 # --- the stored payout statements (`/payouts`, newest first) --------------------------------

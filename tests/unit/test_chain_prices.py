@@ -89,16 +89,16 @@ def test_a_node_past_the_first_page_is_priced() -> None:
 
     entries = [e for e in ENTRIES if isinstance(e, dict)]
     pages = {
-        "/nodes?model=sha256:m&role=compute": {"nodes": entries[2:], "next": KEY_B},
-        f"/nodes?model=sha256:m&role=compute&after={KEY_B}": {"nodes": entries[:1], "next": None},
+        "/nodes?model=sha256:m&role=compute": {"nodes": entries[:1], "next": KEY_A},
+        f"/nodes?model=sha256:m&role=compute&after={KEY_A}": {"nodes": entries[1:], "next": None},
     }
 
     async def abci_query(path: str) -> Any:
         return pages[path]
 
     nodes = asyncio.run(read_nodes(path_query(abci_query), model="sha256:m", role="compute"))
-    hop = Hop("https://10.0.0.1:18100", 0, KEY_A)
-    assert prices_for(nodes, [hop]) == {hop.url: 64}
+    hop = Hop("http://node.example:9000", 1)  # KEY_B's, on the second page: free (0)
+    assert prices_for(nodes, [hop]) == {hop.url: 0}
 
 
 def test_a_nodes_file_may_name_its_committee(tmp_path: Path) -> None:
