@@ -5,7 +5,9 @@ the request's `data` (`query_params.py` types them). Every answer is canonical J
 paths answer `UNKNOWN_QUERY`.
 
     /nodes        ?model ?shard ?status ?role   nodes with lifecycle, stake, reputation, routable,
-                                                grace (DOWN lately, else routable: liveness.py)
+                  ?limit ?after                 grace (DOWN lately, else routable: liveness.py);
+                                                by key, 1000 registrations a page (`next` as
+                                                /commitments: a page may list fewer)
     /node         ?key                          one node
     /pool_health  ?model ?shards                per-shard routable counts and status
                                                 (healthy: every shard ≥ 3; degraded: some 1–2;
@@ -88,12 +90,26 @@ def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
 
 
 def _nodes(state: State, params: dict[str, Any]) -> Any:
+    """`/nodes[?model][&shard][&status][&role][&after=KEY][&limit=N]`: the nodes matching the
+    filters among the next `limit` registered keys after `after`, in key order. `next` is the
+    last key the page passed (pass it back as `after`) when more follow, else null, so paging
+    until null lists every matching node once; a page may hold fewer than `limit` nodes (the
+    ones it passed over that do not match), never more, and reads at most `limit` records."""
     shard = int_param(params, "shard", hi=MAX_SHARDS - 1)
     model = str_param(params, "model")
     status = str_param(params, "status")
     role = str_param(params, "role")
-    out = []
-    for key, node in state.committed_items(schema.NODE):
+    after = str_param(params, "after", NODE_KEY)
+    limit = limit_param(params)
+    out: list[dict[str, Any]] = []
+    seen, last = 0, ""
+    for key, node in state.committed_items(schema.NODE, after or ""):
+        if key == after:
+            continue  # the previous page's last key
+        if seen == limit:
+            return {"nodes": out, "next": last}
+        seen += 1
+        last = key
         if model is not None and node["model"] != model:
             continue
         if shard is not None and shard not in node["shards"]:
@@ -103,7 +119,7 @@ def _nodes(state: State, params: dict[str, Any]) -> Any:
         if role is not None and node["role"] != role:
             continue
         out.append(node_view(state, key, node))
-    return {"nodes": out}
+    return {"nodes": out, "next": None}
 
 
 def _node(state: State, params: dict[str, Any]) -> Any:

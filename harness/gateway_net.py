@@ -15,6 +15,7 @@ Logs stay in the run directory (PLANET_KEEP_LOGS=1 prints where).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -39,6 +40,7 @@ from nacl.signing import SigningKey
 from deploy.anvil import ANVIL_DEV_ADDRESS, ANVIL_DEV_KEY, Anvil, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
 from harness.ports import ephemeral_port
+from node.chain.committee_pages import path_query, read_nodes
 from node.chain.evm.account import PlanetChain
 from node.model.manifest import Manifest
 from node.server.launcher import (
@@ -182,6 +184,14 @@ class Committee:
         if response.get("code", 0) != 0:
             raise RuntimeError(f"query {path}: {response}")
         return json.loads(base64.b64decode(response["value"]))
+
+    def nodes(self, **filters: Any) -> list[dict[str, Any]]:
+        """Every `/nodes` entry matching `filters`, each page followed (`read_nodes`)."""
+
+        async def abci_query(path: str) -> Any:
+            return self.query(path)
+
+        return asyncio.run(read_nodes(path_query(abci_query), **filters))
 
     def validator_key(self) -> SigningKey:
         doc = json.loads((self.home / "config" / "priv_validator_key.json").read_text())

@@ -86,7 +86,7 @@ class VerifierNet:
     def _all_routable(self) -> bool:
         assert self.net.committee is not None
         model = self.net.manifest.model_hash
-        nodes = self.net.committee.query(f"/nodes?model={model}")["nodes"]
+        nodes = self.net.committee.nodes(model=model)
         return len(nodes) == len(self.net.nodes) and all(n["routable"] for n in nodes)
 
     def start_verifier(

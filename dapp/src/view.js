@@ -91,7 +91,10 @@ export function renderNetwork(view) {
   const perShard = view.pool.routable_per_shard.join(" / ");
   $("network-summary").textContent =
     `Pool ${view.pool.status} — routable nodes per shard ${perShard}. ` +
-    `Committee height ${view.height ?? "?"}, epoch ${view.current_epoch ?? "?"}.`;
+    `Committee height ${view.height ?? "?"}, epoch ${view.current_epoch ?? "?"}.` +
+    (view.nodes_total > view.nodes.length
+      ? ` Listing ${view.nodes.length} of ${view.nodes_total} registered nodes (routable first).`
+      : "");
   const body = $("nodes-body");
   body.replaceChildren();
   const byKey = new Map(view.nodes.map((node) => [node.key, node]));

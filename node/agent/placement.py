@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from node.chain.committee_pages import BadPage, TooManyPages, read_nodes
 from protocol.errors import ProtocolError, UsageError
 
 MAX_SHARDS = 65536  # shard indexes are 0 … 65535 (register_node)
@@ -188,8 +189,13 @@ async def read_floor(link: PoolQuery) -> int:
 
 async def read_pool(link: PoolQuery, model: str) -> tuple[PoolNode, ...]:
     """The model's compute nodes from the committee (`CommitteeLink` or anything with its
-    `query`), parsed."""
-    return parse_nodes(await link.query("/nodes", model=model, role="compute"), model)
+    `query`), every page of `/nodes` (`read_nodes`), parsed; a malformed page or a list past
+    `NODE_PAGES` pages is `MalformedPoolAnswer`."""
+    try:
+        entries = await read_nodes(link.query, model=model, role="compute")
+    except (BadPage, TooManyPages) as error:
+        raise MalformedPoolAnswer(error.message) from None
+    return parse_nodes({"nodes": entries}, model)
 
 
 # -- the choice ----------------------------------------------------------------------------------

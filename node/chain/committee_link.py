@@ -41,6 +41,7 @@ from urllib.parse import urlencode
 
 from nacl.signing import SigningKey
 
+from node.chain.committee_pages import read_nodes
 from node.chain.committee_rpc import CommitteeRpc, TxRejectedError, TxResult, tx_hash
 from protocol.commit_batch import sign_batch
 from protocol.committee.envelope import sign
@@ -156,12 +157,11 @@ class CommitteeLink:
             raise
 
     async def nodes(self, **filters: Any) -> list[dict[str, Any]]:
-        """`/nodes` entries that have the shape the committee app writes (others are dropped
-        with a warning: a validator RPC is a peer, not a trusted source of well-formed data)."""
-        answer = await self.query("/nodes", **filters)
-        entries = answer.get("nodes") if isinstance(answer, dict) else None
-        if not isinstance(entries, list):
-            raise RemoteError(self.urls[self._current], "bad_answer", "/nodes: no node list")
+        """Every `/nodes` entry (each page followed: `read_nodes`; `BadPage` or `TooManyPages`
+        when the list is malformed or too long to read) that has the shape the committee app
+        writes (others are dropped with a warning: a validator RPC is a peer, not a trusted
+        source of well-formed data)."""
+        entries = await read_nodes(self.query, **filters)
         valid = [e for e in entries if well_formed_node(e)]
         if len(valid) != len(entries):
             log.warning("dropped %d malformed /nodes entries", len(entries) - len(valid))

@@ -7,6 +7,9 @@ act on a list it could not read to its end within `max_pages`; `read_pages` says
 got to the end, for a reader that may act on a first part (a work list ordered by priority).
 `read_statements` reads `/payouts` so (the funder, the payout relay, the gateway's debit
 tracker and `planet earnings` each say what they do when it does not end within the bound).
+`read_nodes` reads `/nodes` (registrations are free, so a stranger can make the registry long:
+every reader follows it to its end, within `NODE_PAGES`, or fails by name). `path_query` makes
+a `Query` of an RPC whose `abci_query` takes the whole path (`CommitteeRpc`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from protocol.errors import PlanetError
 from protocol.fields import is_int
@@ -66,6 +70,46 @@ async def all_pages(
             hint="the list is longer than this reader follows; it is not acted on partly",
         )
     return items
+
+
+def path_query(abci_query: Callable[[str], Awaitable[Any]]) -> Query:
+    """A `Query` over `abci_query(path)`: the parameters become the path's query string (in the
+    order given; `:` kept as is, so `/nodes?model=sha256:…` reads as it is written)."""
+
+    async def query(path: str, **params: Any) -> Any:
+        return await abci_query(path + ("?" + urlencode(params, safe=":") if params else ""))
+
+    return query
+
+
+# --- the node registry (`/nodes`, in key order) ---------------------------------------------
+
+NODE_PAGES = 100  # pages of `/nodes` a reader follows (the committee lists 1 000 keys a page)
+
+
+async def read_nodes(
+    query: Query, *, max_pages: int = NODE_PAGES, **filters: Any
+) -> list[dict[str, Any]]:
+    """Every `/nodes` entry matching `filters` (`model`, `role`, `shard`, `status`), every page
+    followed; `BadPage` for a page that is not a node list or leaves key order (a node at or
+    before the page's `after`, a `next` not past `after` or before a node of its page: no node
+    is read twice, no cursor goes back), `TooManyPages` past `max_pages` (a registry too long
+    to read is not acted on partly)."""
+
+    async def in_key_order(path: str, **params: Any) -> Any:
+        page = await query(path, **params)
+        after = params.get("after", "")
+        rows = page.get("nodes") if isinstance(page, dict) else None
+        keys = [r.get("key") for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+        keys = [k for k in keys if isinstance(k, str)]
+        if any(k <= after for k in keys):
+            raise BadPage(f"/nodes: a page after {ascii(after)[:80]} lists a node at or before it")
+        cursor = page.get("next") if isinstance(page, dict) else None
+        if isinstance(cursor, str) and (cursor <= after or any(k > cursor for k in keys)):
+            raise BadPage(f"/nodes: a page whose next {ascii(cursor)[:80]} does not move on")
+        return page
+
+    return await all_pages(in_key_order, "/nodes", "nodes", max_pages=max_pages, **filters)
 
 
 # --- the stored payout statements (`/payouts`, newest first) --------------------------------

@@ -91,14 +91,14 @@ def prices_for(entries: Iterable[Any], hops: Sequence[Hop]) -> dict[str, int | N
 async def read_chain_prices(
     committee_rpc: str, model_hash: str, hops: Sequence[Hop]
 ) -> dict[str, int | None]:
-    """`prices_for` the committee's `/nodes?model=&role=compute` (PlanetError when it does not
-    answer)."""
+    """`prices_for` the committee's `/nodes?model=&role=compute`, every page (PlanetError when
+    it does not answer, or a page is malformed: `BadPage`)."""
     from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
+    from node.chain.committee_pages import read_nodes
 
     link = CommitteeLink([committee_rpc])
     try:
-        answer = await link.query("/nodes", model=model_hash, role="compute")
+        nodes = await read_nodes(link.query, model=model_hash, role="compute")
     finally:
         await link.close()
-    nodes = answer.get("nodes") if isinstance(answer, dict) else None
-    return prices_for(nodes if isinstance(nodes, list) else [], hops)
+    return prices_for(nodes, hops)

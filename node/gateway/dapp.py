@@ -6,8 +6,9 @@
     GET /dapp/prepaid/{payer} wei this gateway holds against a prepaid payer's balance (questions
                               in flight + fees charged, not yet debited on chain)
     GET /v1/network           shards x nodes (lifecycle, reputation, stake, routable), pool
-                              health and recent epochs, from the committee's /nodes,
-                              /reputations, /pool_health and /epochs queries
+                              health and recent epochs, from the committee's /nodes (every
+                              page; at most MAX_NODES listed, routable first, `nodes_total`
+                              all), /reputations, /pool_health and /epochs queries
 
 The page is bundled by `npm run build:dapp` (esbuild, dapp/build.mjs) into dapp/dist/ — nothing
 is fetched from anywhere else at run time. The gateway starts without it; `/` then explains how
@@ -25,6 +26,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from node.chain.committee_pages import BadPage, TooManyPages, path_query, read_nodes
 from node.gateway.errors import InvalidRequest, NoCircuit
 from protocol.eip712 import as_address
 from protocol.errors import PlanetError
@@ -32,7 +34,7 @@ from protocol.fields import is_int
 
 DIST = Path(__file__).resolve().parents[2] / "dapp" / "dist"
 RECENT_EPOCHS = 5  # epochs shown in the network view (the current one and the ones before)
-MAX_NODES = 1000  # nodes listed at most
+MAX_NODES = 1000  # nodes listed at most (routable first; `nodes_total` counts them all)
 
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
@@ -203,12 +205,26 @@ async def _query(committee: Any, path: str) -> Any:
         ) from None
 
 
+async def _model_nodes(committee: Any, model_hash: str) -> list[dict[str, Any]]:
+    """Every `/nodes` entry of the model, each page followed (`read_nodes`); a page that is not
+    a node list, or a list past `NODE_PAGES` pages, is a 503 naming it (`bad_page`,
+    `too_many_pages`), an unreachable committee `committee_unavailable`."""
+    try:
+        return await read_nodes(path_query(committee.abci_query), model=model_hash)
+    except (BadPage, TooManyPages) as error:
+        raise NoCircuit(error.code, f"the committee's node list is unreadable: {error}") from None
+    except PlanetError as error:
+        raise NoCircuit(
+            "committee_unavailable", f"the committee chain is unreachable: {error}"
+        ) from None
+
+
 async def network_view(gateway: Any) -> dict[str, Any]:
     """Shards x nodes, pool health and recent epochs for the gateway's model."""
     model = gateway.model
     committee = gateway.committee
-    nodes_answer, pool, reputations, current = await asyncio.gather(
-        _query(committee, f"/nodes?model={model.model_hash}"),
+    raw_nodes, pool, reputations, current = await asyncio.gather(
+        _model_nodes(committee, model.model_hash),
         _query(committee, f"/pool_health?model={model.model_hash}&shards={model.shards}"),
         _query(committee, "/reputations"),
         _query(committee, "/epochs"),
@@ -220,9 +236,9 @@ async def network_view(gateway: Any) -> dict[str, Any]:
         answers = await asyncio.gather(*(_query(committee, f"/epochs?epoch={n}") for n in older))
         for answer in answers:
             epochs += _epochs(answer)
-    raw_nodes = nodes_answer.get("nodes") if isinstance(nodes_answer, dict) else None
-    raw_nodes = raw_nodes[:MAX_NODES] if isinstance(raw_nodes, list) else []
-    nodes = [n for n in map(_node, raw_nodes) if n is not None]
+    every = [n for n in map(_node, raw_nodes) if n is not None]
+    # routable first, then by key (the committee's order): the page lists what a user can reach
+    nodes = sorted(every, key=lambda n: not n["routable"])[:MAX_NODES]
     shards: list[list[str]] = [[] for _ in range(model.shards)]
     for node in nodes:
         for shard in node["shards"]:
@@ -244,6 +260,7 @@ async def network_view(gateway: Any) -> dict[str, Any]:
         "reputation_scale": _int(rep.get("scale")) or 1_000_000,
         "untrusted_below": _int(rep.get("untrusted_below")),
         "nodes": nodes,
+        "nodes_total": len(every),  # the model's registered nodes; `nodes` lists MAX_NODES
         "nodes_by_shard": shards,
         "height": _int(current.get("height")) if isinstance(current, dict) else None,
         "current_epoch": number,

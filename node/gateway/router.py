@@ -66,6 +66,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from node.chain.committee_pages import path_query, read_nodes
 from node.client.chain_prices import chain_price, price_trusted
 from node.client.costs import CostBook, prefix_preference
 from node.gateway.errors import NoCircuit
@@ -120,16 +121,16 @@ class NodeSource(Protocol):
 
 
 class CommitteeNodes:
-    """`/nodes?model=...&role=compute` from one validator's RPC."""
+    """`/nodes?model=...&role=compute` from one validator's RPC, every page (`read_nodes`: a
+    malformed page or a list past `NODE_PAGES` pages fails the refresh by name)."""
 
     def __init__(self, rpc: Any, model_hash: str) -> None:
         self.rpc = rpc
         self.model_hash = model_hash
 
     async def compute_nodes(self) -> list[dict[str, Any]]:
-        answer = await self.rpc.abci_query(f"/nodes?model={self.model_hash}&role=compute")
-        nodes = answer.get("nodes") if isinstance(answer, dict) else None
-        return nodes if isinstance(nodes, list) else []
+        query = path_query(self.rpc.abci_query)
+        return await read_nodes(query, model=self.model_hash, role="compute")
 
 
 def clean_endpoint(value: Any) -> str | None:

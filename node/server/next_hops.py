@@ -49,6 +49,7 @@ from typing import Any, Final, Literal, Protocol
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
+from node.chain.committee_pages import path_query, read_nodes
 from protocol.errors import PlanetError, UsageError
 from protocol.stream import NextHop, NextHopNotAllowedError
 from protocol.urls import BadUrlError, canonical_url
@@ -319,7 +320,8 @@ def routable_hops(answer: Any) -> dict[str, frozenset[int]]:
 
 class ForwardCommittee:
     """Routable compute nodes of this model on the committee chain (`/nodes?model=&role=
-    compute`, the query the gateway's router uses), cached. A hit older than `max_age_s`
+    compute`, the query the gateway's router uses, every page: `read_nodes`; a malformed page
+    fails the refresh and keeps the last view), cached. A hit older than `max_age_s`
     refreshes first; a miss refreshes only if the last fetch (or failed try) is older than
     `miss_refresh_s`, so a flood of bogus URLs costs the RPC at most one query per interval.
     One fetch at a time; the others wait for it."""
@@ -361,13 +363,13 @@ class ForwardCommittee:
             self.fetches += 1
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    answer = await self.source.abci_query(
-                        f"/nodes?model={self.model_hash}&role=compute"
+                    nodes = await read_nodes(
+                        path_query(self.source.abci_query), model=self.model_hash, role="compute"
                     )
             except (PlanetError, OSError, TimeoutError) as error:
                 log.warning("next-hop view: committee query failed: %s", error)
                 return
-            self._view = registered_hops(answer)
+            self._view = registered_hops({"nodes": nodes})
             self._fetched_s = self.clock()
 
     def _allowed(self, hop: NextHop) -> bool:

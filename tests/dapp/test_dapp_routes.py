@@ -38,9 +38,11 @@ class FakeCommittee:
         self.paths.append(path)
         if self.down:
             raise PlanetError("connection refused")
-        return self.answers.get(
-            path.split("?")[0] + ("?" + path.split("?")[1] if "epoch=" in path else "")
-        )
+        route, _, query = path.partition("?")
+        if "epoch=" in query:
+            return self.answers.get(path)
+        after = [p for p in query.split("&") if p.startswith("after=")]
+        return self.answers.get(route + ("?" + after[0] if after else ""))
 
 
 def _gateway(committee: FakeCommittee) -> Any:
@@ -178,7 +180,7 @@ def _answers() -> dict[str, Any]:
     }
     odd = {**good, "key": KEY_B, "shards": [1], "stake": "1e18", "reputation": -5, "role": "<b>"}
     odd["uncommitted"] = True  # flagged by the chain: serves without committing
-    hostile = [{**good, "key": "../etc"}, {"key": KEY_A * 2}, "text", {**good, "shards": "0"}]
+    hostile = [{**good, "key": "../etc"}, {"key": KEY_A * 2}, {**good, "shards": "0"}]
     return {
         "/nodes": {"nodes": [good, odd, *hostile]},
         "/pool_health": {"routable_per_shard": [1, 0], "status": "incomplete"},
@@ -214,7 +216,7 @@ async def test_network_view_keeps_only_well_formed_committee_fields(aiohttp_clie
 
 async def test_network_view_survives_answers_of_the_wrong_shape(aiohttp_client, tmp_path):
     answers = {
-        "/nodes": {"nodes": {"not": "a list"}},
+        "/nodes": {"nodes": [], "next": None},
         "/pool_health": {"routable_per_shard": list(range(10_000)), "status": "x" * 500},
         "/reputations": ["odd"],
         "/epochs": {"current": "3", "epochs": "none"},
@@ -226,6 +228,37 @@ async def test_network_view_survives_answers_of_the_wrong_shape(aiohttp_client, 
     assert view["nodes"] == [] and view["nodes_by_shard"] == [[], []]
     assert view["pool"] == {"status": "unknown", "routable_per_shard": [0, 1]}
     assert view["epochs"] == [] and view["current_epoch"] is None
+
+
+async def test_network_view_lists_nodes_past_the_committee_s_first_page(aiohttp_client, tmp_path):
+    """The committee lists its nodes a page at a time: the view follows `next` (a node on the
+    second page is shown) and counts every node in `nodes_total`."""
+    answers = _answers()
+    [good, odd, *_] = answers["/nodes"]["nodes"]
+    answers["/nodes"] = {"nodes": [good], "next": KEY_A}
+    answers[f"/nodes?after={KEY_A}"] = {"nodes": [odd], "next": None}
+    committee = FakeCommittee(answers)
+    client = await _client(aiohttp_client, committee, tmp_path)
+    answer = await client.get("/v1/network")
+    assert answer.status == 200
+    view = await answer.json()
+    assert [n["key"] for n in view["nodes"]] == [KEY_A, KEY_B] and view["nodes_total"] == 2
+    assert f"/nodes?model=sha256:{'11' * 32}&after={KEY_A}" in committee.paths
+
+
+async def test_network_view_refuses_a_malformed_node_page_by_name(aiohttp_client, tmp_path):
+    for page in (
+        {"nodes": {"not": "a list"}},
+        {"nodes": ["text"], "next": None},
+        {"nodes": [], "next": 7},
+        {"nodes": [], "next": KEY_A},  # stays on one page: `after` KEY_A answers it again
+    ):
+        answers = {**_answers(), "/nodes": page, f"/nodes?after={KEY_A}": page}
+        client = await _client(aiohttp_client, FakeCommittee(answers), tmp_path)
+        answer = await client.get("/v1/network")
+        assert answer.status == 503, page
+        error = (await answer.json())["error"]
+        assert error["code"] == "bad_page" and "node list is unreadable" in error["message"]
 
 
 async def test_network_view_committee_down_is_503_in_plain_words(aiohttp_client, tmp_path):

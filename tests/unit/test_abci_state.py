@@ -573,7 +573,7 @@ def test_abci_query_unknown_path_and_bad_params() -> None:
     assert query(chain.state, "/nodes?shard=x", b"")[0] == Code.BAD_QUERY
     assert query(chain.state, "/node?key=00", b"")[0] == Code.NOT_FOUND
     code, value, _ = query(chain.state, "/nodes", b'{"model": "m"}')
-    assert code == Code.OK and json.loads(value) == {"nodes": []}
+    assert code == Code.OK and json.loads(value) == {"nodes": [], "next": None}
 
 
 def test_abci_prepare_proposal_respects_max_bytes_with_proto_overhead() -> None:

@@ -56,17 +56,49 @@ def test_the_prices_are_read_from_the_committee_s_node_list(monkeypatch) -> None
             assert urls == ["http://committee:26657"]
 
         async def query(self, path: str, **params: Any) -> Any:
+            """Two nodes a page, in key order (the committee's paging)."""
             asked.append((path, params))
-            return {"nodes": ENTRIES}
+            entries = [e for e in ENTRIES if isinstance(e, dict)]
+            start = (
+                0
+                if "after" not in params
+                else 1 + [e["key"] for e in entries].index(params["after"])
+            )
+            page = entries[start : start + 2]
+            more = start + 2 < len(entries)
+            return {"nodes": page, "next": page[-1]["key"] if more else None}
 
         async def close(self) -> None:
             pass
 
     monkeypatch.setattr("node.chain.committee_link.CommitteeLink", Link)
-    hop = Hop("https://10.0.0.1:18100", 0, KEY_A)
-    prices = asyncio.run(read_chain_prices("http://committee:26657", "sha256:m", [hop]))
-    assert prices == {hop.url: 64}
-    assert asked == [("/nodes", {"model": "sha256:m", "role": "compute"})]
+    first = Hop("https://10.0.0.1:18100", 0, KEY_A)
+    past = Hop("http://127.0.0.1:9002", 0)  # its node is listed on the second page
+    prices = asyncio.run(read_chain_prices("http://committee:26657", "sha256:m", [first, past]))
+    assert prices == {first.url: 64, past.url: None}  # read, and its malformed price refused
+    assert asked == [
+        ("/nodes", {"model": "sha256:m", "role": "compute"}),
+        ("/nodes", {"model": "sha256:m", "role": "compute", "after": KEY_B}),
+    ]
+
+
+def test_a_node_past_the_first_page_is_priced() -> None:
+    """A priced node the committee lists on its second page is paid its price (a reader that
+    stopped at the first page would pay it nothing)."""
+    from node.chain.committee_pages import path_query, read_nodes
+
+    entries = [e for e in ENTRIES if isinstance(e, dict)]
+    pages = {
+        "/nodes?model=sha256:m&role=compute": {"nodes": entries[:1], "next": KEY_A},
+        f"/nodes?model=sha256:m&role=compute&after={KEY_A}": {"nodes": entries[1:], "next": None},
+    }
+
+    async def abci_query(path: str) -> Any:
+        return pages[path]
+
+    nodes = asyncio.run(read_nodes(path_query(abci_query), model="sha256:m", role="compute"))
+    hop = Hop("http://node.example:9000", 1)  # KEY_B's, on the second page: free (0)
+    assert prices_for(nodes, [hop]) == {hop.url: 0}
 
 
 def test_a_nodes_file_may_name_its_committee(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 from nacl.signing import SigningKey
 
 from node.chain.committee_link import CommitteeLink
+from node.chain.committee_pages import BadPage
 from node.chain.committee_rpc import BroadcastResult, TxRejectedError, TxResult, tx_hash
 from protocol.committee.envelope import decode
 from protocol.committee.registry import Heartbeat
@@ -185,7 +186,6 @@ async def test_link_nodes_drops_malformed_entries_from_a_peer() -> None:
         "role": "compute",
     }
     hostile = [
-        "not an object",
         {**good, "key": "AB" * 32},
         {**good, "key": "ab" * 31},
         {**good, "evm_address": "0x12"},
@@ -202,15 +202,16 @@ async def test_link_nodes_drops_malformed_entries_from_a_peer() -> None:
     assert await _link(rpc).nodes() == [good]
 
 
-async def test_link_nodes_without_a_list_is_a_remote_error() -> None:
-    rpc = FakeRpc("http://a")
+async def test_link_nodes_without_a_list_of_objects_is_a_bad_page() -> None:
+    for odd_page in ({"nodes": "all of them"}, {"nodes": ["not an object"]}, ["nodes"]):
+        rpc = FakeRpc("http://a")
 
-    async def odd(path: str, data: bytes = b"") -> Any:
-        return {"nodes": "all of them"}
+        async def odd(path: str, data: bytes = b"", page: Any = odd_page) -> Any:
+            return page
 
-    rpc.abci_query = odd  # type: ignore[method-assign]
-    with pytest.raises(RemoteError):
-        await _link(rpc).nodes()
+        rpc.abci_query = odd  # type: ignore[method-assign]
+        with pytest.raises(BadPage, match=r"^/nodes: a page without a list of nodes"):
+            await _link(rpc).nodes()
 
 
 async def test_link_broadcasts_signed_bytes_as_given_and_reads_nonce_and_tx() -> None:

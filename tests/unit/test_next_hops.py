@@ -137,7 +137,6 @@ async def test_committee_skips_unroutable_and_malformed_entries(clock: Clock) ->
             entry("http://u@d.nodes.example:18101", 1),
             entry("http://e.nodes.example:1", 1, key="not-a-key"),
             {"endpoint": B, "shards": [1], "routable": "true", "key": "1" * 64},
-            "junk",
             entry("HTTP://Node.Example.:18101", 1),
         ]
     )
