@@ -24,8 +24,10 @@ from typing import Any
 
 import pytest
 
+from abci_app import rules
 from node.verifier.calibration import CALIBRATION_FILE
 from node.verifier.scoring import CredibilityMap, Gap
+from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditRedeem
 from protocol.committee.registry import Heartbeat
 from protocol.committee.settlement import NodeWork
@@ -75,16 +77,28 @@ def _epoch(
     query = "0x" + hashlib.sha256(b"question %d" % chain.state.height).hexdigest()
     [result] = chain.block([chain.tx(report(*work, queries=((query, 10**15),)), GATEWAY)])
     assert result.code == 0, result.log
-    for label, (_, shard) in nodes.items():
-        commit_served(chain, seeded_key(label), shard=shard, blocks=BLOCKS * QUESTIONS)
-    claims = [
+    # a paid node's price is on the chain before it serves: what it commits while unpriced
+    # is free and pays no credit (abci_app/coverage.py rule 4)
+    pricing = [
         tx
         for label, (_, shard) in nodes.items()
         if label in paid
-        for tx in (
-            *price_txs(chain, seeded_key(label), shard),
-            chain.tx(CreditRedeem("m", shard, (paid[label],)), seeded_key(label)),
+        for tx in price_txs(chain, seeded_key(label), shard)
+    ]
+    if pricing:
+        assert all(r.code == 0 for r in chain.block(pricing))
+    for label, (_, shard) in nodes.items():
+        commit_served(chain, seeded_key(label), shard=shard, blocks=BLOCKS * QUESTIONS)
+    # the first epoch each node redeems its credit; later ones, it locks the credit its next
+    # question was paid with (a charging node that commits sells: coverage.py rule 5)
+    epoch = rules.epoch_of(chain.state, chain.state.height + 1)
+    claims = [
+        chain.tx(CreditRedeem("m", shard, (paid[label],)), seeded_key(label))
+        if label in paid
+        else chain.tx(
+            CreditLock("m", shard, ((_spent_id(label, epoch), epoch),)), seeded_key(label)
         )
+        for label, (_, shard) in nodes.items()
     ]
     results = chain.block(claims)
     assert [r.code for r in results] == [0] * len(claims), [r.log for r in results]
@@ -94,6 +108,10 @@ def _epoch(
     chain.block(heartbeats)  # the epoch's last block
     # the next block carries every validator's vote extension for the closed epoch
     chain.block(scores={i: scores for i in range(len(chain.validators))})
+
+
+def _spent_id(label: str, epoch: int) -> str:
+    return hashlib.sha256(f"{label}/{epoch}".encode()).hexdigest()
 
 
 def _heartbeat() -> Heartbeat:
