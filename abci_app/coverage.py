@@ -58,17 +58,14 @@ nothing another party reports (a gateway's served counts included) decides anyth
    and commits nothing leaves no trace on the chain at all: it is paid nothing (rule 1), and
    no rule built on its own txs can see it (gateways' counts are no evidence).
 
-Gateways' served counts (`work_report` work items, settlement.py) are kept as `reported`
-(tokens, cumulative) for operators to read, and decide nothing: any key bound by a `gateway`
-tx may report them, so they are a gateway's word, not evidence.
+Gateways' reports carry no served counts (settlement.py): nothing another party says enters
+these counts.
 
-State: `cover/<node>/<shard:05d>` = {committed (positions, cumulative, charged or free),
-charged (positions of charged epochs, cumulative, settled at each close), free (positions of
-free epochs, likewise), bought (positions, cumulative), slack (positions, cumulative),
-reported (tokens, cumulative, informational), marks [[epoch, bought, charged + slack,
-charged at that epoch's close]] (the window's closes and the g before them),
-recent [[epoch, records, consumed positions, sessions begun]] (epochs still redeemable or
-selectable),
+State: `cover/<node>/<shard:05d>` = {committed (positions, cumulative, charged or free), charged
+(positions of charged epochs, cumulative, settled at each close), free (positions of free epochs,
+likewise), bought (positions, cumulative), slack (positions, cumulative), marks [[epoch, bought,
+charged + slack, charged at that epoch's close]] (the window's closes and the g before them), recent
+[[epoch, records, consumed positions, sessions begun]] (epochs still redeemable or selectable),
 uncommitted_since (epoch or null)}. Entries of nodes that are no longer registered, or have
 LEFT, are deleted at the next close. Queries: `/coverage?node=` (per shard, creditable
 positions, blocks per recent epoch, the flag) and `/coverage` (the flagged nodes).
@@ -82,7 +79,6 @@ from typing import Any
 from abci_app import left_shards, prices, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
-from protocol.committee.settlement import WorkReport
 from protocol.fingerprint import BLOCK_POSITIONS
 
 COVER_MIN_PPM = 500_000  # committed positions (+ slack) must reach half of the bought ones
@@ -102,7 +98,6 @@ def _empty() -> dict[str, Any]:
         "free": 0,
         "bought": 0,
         "slack": 0,
-        "reported": 0,
         "marks": [],
         "recent": [],
         "uncommitted_since": None,
@@ -195,18 +190,6 @@ def record_bought(state: State, node: str, shard: int, credits: int) -> None:
     positions = credits * unit_price(state, node, shard, epoch)
     record["bought"] = min(MAX_COUNT, record["bought"] + positions)
     state.put(schema.COVERAGE, schema.coverage_key(node, shard), record)
-
-
-def record_report(state: State, body: WorkReport) -> None:
-    """A bound gateway's `work_report` was accepted: add its tokens per registered compute node
-    to `reported` (informational: read by operators, decides nothing)."""
-    for item in body.work:
-        node = state.get(schema.NODE, item.node)
-        if node is None or node["role"] != "compute":
-            continue
-        record = _load(state, item.node, item.shard)
-        record["reported"] = min(MAX_COUNT, record["reported"] + item.tokens)
-        state.put(schema.COVERAGE, schema.coverage_key(item.node, item.shard), record)
 
 
 def _capacity(row: list[int], price: int) -> int:
@@ -376,7 +359,6 @@ def shard_view(state: State, key: str, record: dict[str, Any], epoch: int) -> di
         "committed_positions": record["committed"],
         "bought_positions": record.get("bought", 0),
         "slack_positions": record.get("slack", 0),
-        "reported_tokens": record["reported"],
         "charged_positions": record.get("charged", 0),
         "free_positions": record.get("free", 0),
         "creditable_tokens": creditable(state, record, epoch, charged),

@@ -30,7 +30,6 @@ from node.verifier.scoring import CredibilityMap, Gap
 from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditRedeem
 from protocol.committee.registry import Heartbeat
-from protocol.committee.settlement import NodeWork
 from tests.committee_chain import Chain, seeded_key
 from tests.unit.test_abci_settlement import GATEWAY, ask, evm_of, report, settled_chain
 from tests.unit.test_abci_state import commit_served, hexkey, make_routable, price_txs, register
@@ -70,12 +69,8 @@ def _epoch(
     """One epoch of honest traffic and verification, ending with its close; each node in `paid`
     redeems its credit."""
     length = chain.state.genesis.epoch_length
-    work = [
-        NodeWork(hexkey(seeded_key(label)), "m", shard, 10, TOKENS * QUESTIONS)
-        for label, (_, shard) in nodes.items()
-    ]
     query = "0x" + hashlib.sha256(b"question %d" % chain.state.height).hexdigest()
-    [result] = chain.block([chain.tx(report(*work, queries=((query, 10**15),)), GATEWAY)])
+    [result] = chain.block([chain.tx(report(queries=((query, 10**15),)), GATEWAY)])
     assert result.code == 0, result.log
     # a paid node's price is on the chain before it serves: what it commits while unpriced
     # is free and pays no credit (abci_app/coverage.py rule 4)
