@@ -5,7 +5,7 @@ locks on the committee the credits its clients paid it with before it serves the
 (`credit_lock`, credit_locks.py). This module holds the two side by side: what the node
 committed and what credits bought from it. Both counts come from txs the node signs itself;
 nothing another party reports (a gateway's served counts included) decides anything here
-(issue 45: no trusted list of gateways). Three rules:
+(issue 45: no trusted list of gateways). Five rules:
 
 1. **No commitment, no pay.** A compute node is paid through the credits it redeems, and a
    `redeem` of n credits on a shard consumes n × price committed positions of the same node
@@ -19,35 +19,53 @@ nothing another party reports (a gateway's served counts included) decides anyth
    ahead and may be used in part, so each session begun (a committed step 0) adds p − 1 positions of
    slack to the covered side (`slack`, at the price of the commit's epoch). When an epoch e closes,
    with g = `commit_grace_epochs` and a window of W = `WINDOW_FACTOR` · (g + 1) epochs (30 at the
-   default g = 2): every (node, shard) whose committed positions plus slack of epochs e − g − W + 1
-   .. e are below `COVER_MIN_PPM` of the positions credits bought there in epochs e − g − W + 1 .. e
-   − g is flagged `uncommitted` (`uncommitted_since` = the first such epoch); `/node` and `/nodes`
-   then answer `uncommitted: true, routable: false`, so gateways and next hops stop routing to it.
-   The flag clears at the first close where the window is covered again: a node that stopped selling
-   uncommitted positions (or sold nothing since) is routable again W + g epochs later, so a burst of
-   failed sessions — or a client paying for sessions it then breaks, at its own cost — never shuts a
-   node out for good, while a node that keeps selling uncommitted positions is routed again only for
-   the g epochs it takes to flag its next sales, once per W + g. An honest node commits every
-   position it serves within seconds and locks only the credits of sessions it serves, so committed
-   + slack ≥ bought (ceil(s / p) · p ≤ s + p − 1 per session); half is a wide margin, and the grace
-   epochs absorb the lag of sessions sealed late. A node that sells positions it does not commit (to
-   keep its work out of spot checks) is flagged while it does; it cannot redeem those credits either
-   (rule 1). Nobody but the node moves either count: a stranger can neither flag an honest node nor
-   clear a flag.
+   default g = 2): every (node, shard) whose charged positions (rule 4) plus slack of epochs e − g −
+   W + 1 .. e are below `COVER_MIN_PPM` of the positions credits bought there in epochs e − g − W +
+   1 .. e − g is flagged `uncommitted` (`uncommitted_since` = the first such epoch); `/node` and
+   `/nodes` then answer `uncommitted: true, routable: false`, so gateways and next hops stop routing
+   to it. The flag clears at the first close where the window is covered again: a node that stopped
+   selling uncommitted positions (or sold nothing since) is routable again W + g epochs later, so a
+   burst of failed sessions — or a client paying for sessions it then breaks, at its own cost —
+   never shuts a node out for good, while a node that keeps selling uncommitted positions is routed
+   again only for the g epochs it takes to flag its next sales, once per W + g. An honest node
+   commits every position it serves within seconds and locks only the credits of sessions it serves,
+   so committed + slack ≥ bought (ceil(s / p) · p ≤ s + p − 1 per session); half is a wide margin,
+   and the grace epochs absorb the lag of sessions sealed late. A node that sells positions it does
+   not commit (to keep its work out of spot checks) is flagged while it does; it cannot redeem those
+   credits either (rule 1). Nobody but the node moves either count: a stranger can neither flag an
+   honest node nor clear a flag.
 3. **Checks scale with the work, not with what the node chooses to commit.** The number of
    records a node committed in an epoch (`blocks_in`) sets its spot-check floor
    (protocol/spotcheck.py `node_rate_ppm`): a node that commits only a little is checked on a
    larger share of it, and one that commits less than half of what credits bought is flagged.
+4. **Free positions cover nothing.** An epoch's records are *charged* when the node's
+   registered price on the shard in that epoch is above 0, else *free* (0, or no price yet; the
+   price of an epoch is final once it has begun, prices.py, so its close settles them:
+   `charged`, `free`). Free records are stored and selectable for spot checks like any, and
+   count in the floor's n (rule 3), but nobody paid for them: a redemption consumes charged
+   records only (rule 1), and only charged positions (+ slack) cover a sale (rule 2). Before,
+   a node could serve free traffic, start charging and cash its new clients' credits against
+   the free commitments, leaving the paid work uncommitted. A free node's commitments are
+   judged by spot checks alone: nothing was sold, so rules 2 and 5 have nothing to compare.
+5. **No sale, no charged commitments.** A charging node computes a session's positions only
+   while its client's credits cover them, and its agent locks each credit it takes (or redeems
+   it, which locks and spends it at once: `credits.credit_work` adds it to `bought`). So at the
+   close of e, a (node, shard) with charged positions committed in epochs e − g − W + 1 .. e − g
+   while credits bought nothing there in epochs e − 2g − W + 1 .. e (a lock may land up to g
+   epochs either side of the work it paid for) served sessions the chain never saw sold — its
+   clients' credits unlocked, or junk committed to cover later sales — and is flagged like an
+   uncovered one (`unsold`; same flag, same window, same way out). A node that locks nothing
+   and commits nothing leaves no trace on the chain at all: it is paid nothing (rule 1), and
+   no rule built on its own txs can see it (gateways' counts are no evidence).
 
-Gateways' served counts (`work_report` work items, settlement.py) are kept as `reported`
-(tokens, cumulative) for operators to read, and decide nothing: any key bound by a `gateway`
-tx may report them, so they are a gateway's word, not evidence.
+Gateways' reports carry no served counts (settlement.py): nothing another party says enters
+these counts.
 
-State: `cover/<node>/<shard:05d>` = {committed (positions, cumulative), bought (positions,
-cumulative), slack (positions, cumulative), reported (tokens, cumulative, informational),
-marks [[epoch, bought, committed + slack at that epoch's close]] (the window's closes),
-recent [[epoch, records, consumed positions, sessions begun]] (epochs still redeemable or
-selectable),
+State: `cover/<node>/<shard:05d>` = {committed (positions, cumulative, charged or free), charged
+(positions of charged epochs, cumulative, settled at each close), free (positions of free epochs,
+likewise), bought (positions, cumulative), slack (positions, cumulative), marks [[epoch, bought,
+charged + slack, charged at that epoch's close]] (the window's closes and the g before them), recent
+[[epoch, records, consumed positions, sessions begun]] (epochs still redeemable or selectable),
 uncommitted_since (epoch or null)}. Entries of nodes that are no longer registered, or have
 LEFT, are deleted at the next close. Queries: `/coverage?node=` (per shard, creditable
 positions, blocks per recent epoch, the flag) and `/coverage` (the flagged nodes).
@@ -58,10 +76,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from abci_app import prices, rules, schema
+from abci_app import left_shards, prices, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
-from protocol.committee.settlement import WorkReport
 from protocol.fingerprint import BLOCK_POSITIONS
 
 COVER_MIN_PPM = 500_000  # committed positions (+ slack) must reach half of the bought ones
@@ -77,9 +94,10 @@ WINDOW_FACTOR = 10
 def _empty() -> dict[str, Any]:
     return {
         "committed": 0,
+        "charged": 0,
+        "free": 0,
         "bought": 0,
         "slack": 0,
-        "reported": 0,
         "marks": [],
         "recent": [],
         "uncommitted_since": None,
@@ -101,6 +119,22 @@ def unit_price(state: State, node: str, shard: int, epoch: int) -> int:
     least 1 (unpriced or free: a credit still buys one position)."""
     record = state.get(schema.PRICE, schema.price_key(node, shard))
     return max(1, prices.price_at(record, epoch) or 0)
+
+
+def epoch_price(state: State, node: str, shard: int, epoch: int) -> int:
+    """The node's registered price on `shard` in `epoch` as the chain holds it (0: free or
+    unpriced; a shard it moved away from: its price there, left_shards.py). Exact for the
+    epochs a redemption or a close reads (prices.py keeps the schedule from e − G)."""
+    record = state.get(schema.PRICE, schema.price_key(node, shard))
+    if record is None:
+        record = left_shards.price_record(state, node, shard)
+    return prices.price_at(record, epoch) or 0
+
+
+def _charged_epochs(state: State, node: str, shard: int, record: dict[str, Any]) -> set[int]:
+    """The epochs of `record`'s `recent` rows whose price on the shard was above 0: only their
+    records pay a redemption (rule 4: free positions cover nothing)."""
+    return {r[0] for r in record["recent"] if epoch_price(state, node, shard, r[0]) > 0}
 
 
 def _row(record: dict[str, Any], epoch: int) -> list[int]:
@@ -158,18 +192,6 @@ def record_bought(state: State, node: str, shard: int, credits: int) -> None:
     state.put(schema.COVERAGE, schema.coverage_key(node, shard), record)
 
 
-def record_report(state: State, body: WorkReport) -> None:
-    """A bound gateway's `work_report` was accepted: add its tokens per registered compute node
-    to `reported` (informational: read by operators, decides nothing)."""
-    for item in body.work:
-        node = state.get(schema.NODE, item.node)
-        if node is None or node["role"] != "compute":
-            continue
-        record = _load(state, item.node, item.shard)
-        record["reported"] = min(MAX_COUNT, record["reported"] + item.tokens)
-        state.put(schema.COVERAGE, schema.coverage_key(item.node, item.shard), record)
-
-
 def _capacity(row: list[int], price: int) -> int:
     """What a `recent` row can still pay for at `price` positions per credit: its records'
     positions, plus price − 1 per session begun (each session's last credit is paid ahead and
@@ -178,11 +200,17 @@ def _capacity(row: list[int], price: int) -> int:
     return row[1] * BLOCK_POSITIONS + sessions * (price - 1) - row[2]
 
 
-def creditable(state: State, record: dict[str, Any], epoch: int, price: int = 1) -> int:
+def creditable(
+    state: State, record: dict[str, Any], epoch: int, charged: set[int], price: int = 1
+) -> int:
     """Committed positions of the creditable epochs not yet consumed by redemptions (at
-    `price` positions per credit: see `_capacity`)."""
+    `price` positions per credit: see `_capacity`), of the `charged` epochs only (rule 4)."""
     oldest = epoch - state.genesis.commit_grace_epochs
-    return sum(max(0, _capacity(r, price)) for r in record["recent"] if oldest <= r[0] <= epoch)
+    return sum(
+        max(0, _capacity(r, price))
+        for r in record["recent"]
+        if oldest <= r[0] <= epoch and r[0] in charged
+    )
 
 
 def take_positions(state: State, node: str, shard: int, count: int, price: int = 1) -> None:
@@ -195,7 +223,8 @@ def take_positions(state: State, node: str, shard: int, count: int, price: int =
     `REDEMPTION_OVER_PRICE` when what is left pays for fewer credits at the registered price."""
     epoch = rules.epoch_of(state, state.block_height)
     record = _trim(state, _load(state, node, shard), epoch)
-    available = creditable(state, record, epoch, price)
+    charged = _charged_epochs(state, node, shard, record)
+    available = creditable(state, record, epoch, charged, price)
     needed = count * price
     if available < needed:
         if available == 0 or price == 1:
@@ -210,7 +239,7 @@ def take_positions(state: State, node: str, shard: int, count: int, price: int =
             f"committed served positions on shard {shard}; {available} are left: at most "
             f"{available // price} credits",
         )
-    _consume(state, node, shard, record, needed, epoch, price)
+    _consume(state, node, shard, record, needed, epoch, charged, price)
 
 
 def _consume(
@@ -220,14 +249,16 @@ def _consume(
     record: dict[str, Any],
     positions: int,
     epoch: int,
+    charged: set[int],
     price: int = 1,
 ) -> None:
-    """Mark `positions` committed positions of the creditable epochs used, oldest first."""
+    """Mark `positions` committed positions of the creditable, charged epochs used, oldest
+    first."""
     oldest = epoch - state.genesis.commit_grace_epochs
     for index, row in enumerate(record["recent"]):
         if positions == 0:
             break
-        if not oldest <= row[0] <= epoch:
+        if not oldest <= row[0] <= epoch or row[0] not in charged:
             continue
         used = min(positions, max(0, _capacity(row, price)))
         record["recent"][index] = [row[0], row[1], row[2] + used, *row[3:]]
@@ -244,28 +275,54 @@ def _at(marks: list[list[int]], epoch: int, column: int) -> int:
     return max((m[column] for m in marks if m[0] <= epoch and len(m) > column), default=0)
 
 
+def _settle_epoch(state: State, node: str, shard: int, record: dict[str, Any], epoch: int) -> None:
+    """At `epoch`'s close its price is final: its records' positions join `charged` (price
+    above 0) or `free` (0 or unpriced), rule 4."""
+    row = next((r for r in record["recent"] if r[0] == epoch), None)
+    if row is None or row[1] == 0:
+        return
+    column = "charged" if epoch_price(state, node, shard, epoch) > 0 else "free"
+    record[column] = min(MAX_COUNT, record[column] + row[1] * BLOCK_POSITIONS)
+
+
 def close(state: State, epoch: int) -> None:
-    """EndBlock of epoch `epoch`'s last height: mark what credits bought and what was covered,
-    (un)flag uncovered nodes (rule 2, over the window of `window_epochs`)."""
+    """EndBlock of epoch `epoch`'s last height: settle the epoch's records as charged or free,
+    mark what credits bought and what was covered, (un)flag uncovered nodes (rules 2 and 5,
+    over the window of `window_epochs`)."""
     grace = state.genesis.commit_grace_epochs
     window = window_epochs(state)
     start = epoch - grace - window  # the window's sales are those of epochs start+1 .. e-grace
     for key, record in state.items(schema.COVERAGE):
-        node = state.get(schema.NODE, key.split("/", 1)[0])
+        node_key, shard = key.split("/", 1)
+        node = state.get(schema.NODE, node_key)
         if node is None or node["status"] == schema.LEFT:  # gone for good: nothing to judge
             state.delete(schema.COVERAGE, key)
             continue
         record = {**_empty(), **record}
-        covered = record["committed"] + record["slack"]
-        marks = [*record["marks"], [epoch, record["bought"], covered]]
-        marks = [m for m in marks if m[0] >= start]
+        _settle_epoch(state, node_key, int(shard), record, epoch)
+        covered = record["charged"] + record["slack"]
+        mark = [epoch, record["bought"], covered, record["charged"]]
+        # marks back to start − grace: rule 5 reads what credits bought from then on
+        marks = [m for m in [*record["marks"], mark] if m[0] >= start - grace]
         sold = _at(marks, epoch - grace, 1) - _at(marks, start, 1)
         committed = covered - _at(marks, start, 2)
         uncovered = committed * 1_000_000 < sold * COVER_MIN_PPM
-        since = record["uncommitted_since"]
         updated = _trim(state, {**record, "marks": marks}, epoch + 1)
-        updated["uncommitted_since"] = (since or epoch) if uncovered else None
+        updated["uncommitted_since"] = (
+            (record["uncommitted_since"] or epoch)
+            if uncovered or unsold(marks, epoch, start, grace)
+            else None
+        )
         state.put(schema.COVERAGE, key, updated)
+
+
+def unsold(marks: list[list[int]], epoch: int, start: int, grace: int) -> bool:
+    """Rule 5: positions committed at a price in epochs start+1 .. e − grace while credits
+    bought nothing of the node there in epochs start − grace + 1 .. e (a lock may land up to
+    `grace` epochs before or after the positions it paid for are committed)."""
+    charged = _at(marks, epoch - grace, 3) - _at(marks, start, 3)
+    bought = _at(marks, epoch, 1) - _at(marks, start - grace, 1)
+    return charged > 0 and bought == 0
 
 
 def window_epochs(state: State) -> int:
@@ -293,13 +350,18 @@ def flagged(records: Iterable[dict[str, Any]]) -> bool:
 
 
 def shard_view(state: State, key: str, record: dict[str, Any], epoch: int) -> dict[str, Any]:
+    node, shard = key.split("/", 1)[0], int(key.rsplit("/", 1)[1])
+    record = {**_empty(), **record}
+    price = state.committed(schema.PRICE, schema.price_key(node, shard))  # the committed view
+    charged = {r[0] for r in record["recent"] if (prices.price_at(price, r[0]) or 0) > 0}
     return {
-        "shard": int(key.rsplit("/", 1)[1]),
+        "shard": shard,
         "committed_positions": record["committed"],
         "bought_positions": record.get("bought", 0),
         "slack_positions": record.get("slack", 0),
-        "reported_tokens": record["reported"],
-        "creditable_tokens": creditable(state, record, epoch),
+        "charged_positions": record.get("charged", 0),
+        "free_positions": record.get("free", 0),
+        "creditable_tokens": creditable(state, record, epoch, charged),
         "blocks": {str(r[0]): r[1] for r in record["recent"]},
         "uncommitted_since": record["uncommitted_since"],
     }

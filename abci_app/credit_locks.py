@@ -24,9 +24,10 @@ locked by another node or redeemed (`admit_lock`), so a contested credit is name
 at once, without waiting for a block.
 
 A redemption of a credit locked by another node is CREDIT_LOCKED (`check_redeemer`, called by
-`credits.redeem`); a credit nobody locked is redeemed as before (the redemption is its lock and
-its spend at once). The lock holds no credit and no signature: the spent id is a hash of the
-credit's secret nonce, and the node proves it holds the credit when it redeems it.
+`credits.redeem`); a credit nobody locked is redeemed as before (the redemption is its lock and its
+spend at once, and adds to `bought` like a lock: coverage.py rule 5). The lock holds no credit and
+no signature: the spent id is a hash of the credit's secret nonce, and the node proves it holds the
+credit when it redeems it.
 
 /credit_lock  ?id    {id, node, height, epoch, spent, committed_height}: who locked the credit
                      of that spent id, when (null fields when nobody did), the height that

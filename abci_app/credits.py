@@ -404,6 +404,10 @@ def credit_work(
     lifetime = state.genesis.credit_lifetime_epochs
     price = prices.redemption_price(state, signer, shard)
     coverage.take_positions(state, signer, shard, len(spent), price)
+    # a credit nobody locked is locked and spent by its redemption at once: it bought the
+    # node's positions as a lock would have (coverage.py rule 5 sees the sale)
+    unlocked = [i for i, _ in spent if state.get(schema.CREDIT_LOCK, i) is None]
+    coverage.record_bought(state, signer, shard, len(unlocked))
     redeemed: dict[int, int] = {}
     for identifier, epoch in spent:
         state.put(schema.CREDIT_SPENT, identifier, state.block_height)

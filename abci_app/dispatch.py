@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 from abci_app import (
     commitments,
-    coverage,
     credit_dkg,
     credit_locks,
     credits,
@@ -43,15 +42,6 @@ from protocol.committee.verification import (
 Handler = Callable[[State, SignedTx], None]
 
 
-def work_report(state: State, tx: SignedTx) -> None:
-    """Settlement's rule, then the served counts kept for reading (coverage.py `reported`).
-    They decide nothing: any key may bind itself as a gateway, so its counts neither flag a
-    node uncommitted nor count it alive (issue 45; coverage and liveness read only the node's
-    own txs)."""
-    settlement.work_report(state, tx)
-    coverage.record_report(state, tx.body)
-
-
 def serving(handler: Handler) -> Handler:
     """`handler`, then its signer counted alive: the tx shows the node at work (liveness.py)."""
 
@@ -76,7 +66,7 @@ HANDLERS: dict[str, Handler] = {
     SeedReveal.TYPE: seeds.seed_reveal,
     SpotCheckReport.TYPE: spot_reports.spot_check_report,
     VerifierEndpoint.TYPE: verifier_endpoints.verifier_endpoint,
-    WorkReport.TYPE: work_report,
+    WorkReport.TYPE: settlement.work_report,
     PayoutVote.TYPE: settlement.payout_vote,
     FundMint.TYPE: credits.fund_mint,
     SetPrice.TYPE: prices.set_price,

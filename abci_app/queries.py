@@ -27,7 +27,7 @@ paths answer `UNKNOWN_QUERY`.
     /verifier_endpoints                         where each verifier forwards its findings
     /gateways     ?key ?address                 gateway keys' payee bindings (gateway_bindings.py)
     /spot_reports ?epoch                        spot-check reports of e's checks, credits in e
-    /coverage     ?node ?limit ?after           committed vs reported work per shard, the
+    /coverage     ?node ?limit ?after           committed vs bought positions per shard, the
                                                 `uncommitted` flag (without node: the flagged
                                                 nodes, 1000 a page, `next` as /commitments)
     /payouts, /payouts/proof, /credits   settlement (`payout_queries.py`)

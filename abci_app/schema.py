@@ -115,9 +115,10 @@ GATEWAY_KEY = "gwkey"
 
 # --- commitment coverage (coverage.py) -----------------------------------------------------------
 
-# cover/<node>/<shard, 5 digits>: {committed (positions, 32 per record), reported (tokens gateways
-# reported), marks [[epoch, reported at its close]], recent [[epoch, records, consumed positions]],
-# uncommitted_since (epoch or null)}: what a node committed against what it served
+# cover/<node>/<shard, 5 digits>: {committed, charged, free, bought, slack (positions), marks
+# [[epoch, bought, charged + slack, charged at its close]], recent [[epoch, records, consumed
+# positions, sessions begun]], uncommitted_since (epoch or null)}: what a node committed against
+# what credits bought from it (coverage.py)
 COVERAGE = "cover"
 
 # --- credits (credits.py) --------------------------------------------------------------------

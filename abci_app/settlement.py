@@ -11,16 +11,14 @@ the basis of anyone else's pay.
 gateway_bindings.py; there is no genesis list of gateways). Refused whole only for what
 concerns the whole tx: a signer not bound (`UNKNOWN_GATEWAY`; malformed or oversized bytes never
 get this far). Every item is then judged on its own: a refused item is skipped and
-named in the tx result by a `planet.item_refused` event (`kind` work | query | charge, `id`,
-`code` name, `reason`), the others apply. The lists are independent (no session, no per-query
-node), so nothing on chain links a question (or its payer) to the nodes that computed it.
+named in the tx result by a `planet.item_refused` event (`kind` query | charge, `id`,
+`code` name, `reason`), the others apply. The lists are independent and name no node, so
+nothing on chain links a question (or its payer) to the nodes that computed it. Reports carry
+no per-node served counts (issue 45: they decided nothing — any key can bind itself as a
+gateway — and tied a report's query ids to its nodes); the decoder refuses a `work` field by
+name (`MALFORMED_TX`). Coverage and liveness read only the node's own txs: its commitments,
+credit locks and redemptions, its heartbeats.
 
-- work `[node, model, shard, layers, tokens]`: per-node counts of the tokens the gateway's
-  questions ran through the node. Refused: node not registered (`UNKNOWN_NODE`) or not a
-  compute node (`WRONG_ROLE`). Effect: the node's `reported` count (coverage.py), kept for
-  operators to read; it decides nothing — no pay, no coverage flag, no liveness — since any
-  key can bind itself as a gateway and report anything (coverage and liveness read only the
-  node's own txs: its commitments, credit locks and redemptions, its heartbeats).
 - query `[query id, fee]`: a per-query deposit the gateway settled, paid to the address the
   reporting key is bound to (`gwkey/`). The escrow pays it only if the deposit names that
   address (the page rule, docs/contracts.md): a key reporting another gateway's query id is
@@ -111,12 +109,10 @@ from protocol.committee.envelope import SignedTx
 from protocol.committee.settlement import (
     MAX_COMMITTEE_EPOCH,
     ChargeItem,
-    NodeWork,
     PayoutVote,
     WorkReport,
     statement_number,
     statement_page,
-    work_name,
 )
 from protocol.eip712 import PayoutRoot, committee_domain, recover_digest
 from protocol.errors import ProtocolError
@@ -166,8 +162,6 @@ def work_report(state: State, tx: SignedTx) -> None:
             f"signer {tx.signer} is not a gateway: bind it to its payee address by a gateway tx",
         )
     outcome = _Outcome()
-    for item in body.work:
-        outcome.judge(state, "work", work_name(item), lambda item=item: _work(state, item))
     for query_id, fee in body.queries:
         outcome.judge(
             state, "query", query_id, lambda q=query_id, f=fee: _query(state, q, f, bound)
@@ -177,7 +171,6 @@ def work_report(state: State, tx: SignedTx) -> None:
     state.emit(
         "planet.work_report",
         gateway=tx.signer,
-        nodes=len(body.work),
         queries=len(body.queries),
         charges=len(body.charges),
         applied=outcome.applied,
@@ -213,17 +206,6 @@ class _Outcome:
             self.applied += 1
         else:
             self.unchanged += 1
-
-
-def _work(state: State, item: NodeWork) -> bool:
-    """A served count: dispatch keeps it for reading (coverage.py `reported`); it decides
-    nothing (module docstring)."""
-    node = state.get(schema.NODE, item.node)
-    if node is None:
-        rules.reject(Code.UNKNOWN_NODE, f"node {item.node} is not registered")
-    if node["role"] != "compute":
-        rules.reject(Code.WRONG_ROLE, f"node {item.node} is not a compute node")
-    return True
 
 
 def _query(state: State, query_id: str, fee: int, bound: str) -> bool:

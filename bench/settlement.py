@@ -4,9 +4,8 @@
 1,000) served by 2 gateways, each paid by a per-query deposit, a voucher or a payment key (by
 index, one third each) of 8 payers. Each gateway's `WorkLedger` records its receipts in its
 journal and its `WorkReporter` sends them to an in-process committee chain (`Chain`: the real
-`StateMachine`, blocks as CometBFT drives them), split by encoded bytes (their per-node served
-counts are kept by the chain for reading and decide nothing: nodes are paid through the credits
-they redeem, and coverage reads their own locks and commitments); the epoch closes into its
+`StateMachine`, blocks as CometBFT drives them), split by encoded bytes (they name no node:
+nodes are paid through the credits they redeem); the epoch closes into its
 statements, each gateway's charges on its own pages (more when `--statement-gas` makes one too
 small), 3 of 4 validators sign each, and a simulated escrow
 posts them — it checks each statement's `queriesHash` against the arrays it is given and its
@@ -14,7 +13,7 @@ total, charges every listed query once and debits every listed (payer, gateway) 
 `QueryEscrow.postPayoutRoot` — and every row is claimed with its Merkle proof from
 `/payouts/proof`. Checked: no report or item refused, every question's fee charged exactly
 once (per query, or in its (payer, gateway) debit), claims sum exactly to what was collected,
-each gateway claims exactly its own users' fees, every served token was counted.
+each gateway claims exactly its own users' fees.
 
 **close**: for each size N, a committee state (SQLite in memory, as the app's store) holding N
 SERVING, staked compute nodes over 32 shards of one model and, committed in the block before,
@@ -51,10 +50,8 @@ from abci_app.queries import query
 from abci_app.state import State
 from abci_app.store import Store
 from bench._common import machine, median, parse_with_quick, spread
-from node.gateway.router import Circuit, RoutableNode
 from node.gateway.settlement import WorkLedger, WorkReporter, ledger_paths
 from protocol.committee.gateways import sign_binding
-from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
 from protocol.committee.settlement import PayoutVote
 from protocol.eip712 import PayoutRoot, address_of, committee_domain, sign_digest
 from protocol.payment import PaymentKey, Voucher, payment_domain
@@ -82,8 +79,6 @@ QUERIES_PER_CLOSE = 500  # pending queries in the close-cost runs (default of --
 
 NOW = 1_800_000_000
 PRICE = 10**9  # wei per token
-BOOKS_MODEL = "m"
-BOOKS_LAYERS = [(0, 15), (15, 30)]  # two shards
 MODEL_ID = bytes.fromhex("4d" * 32)
 PAYERS = 8
 GATEWAYS = 2
@@ -147,27 +142,6 @@ class Escrow:
         self.claimed[number] = paid
 
 
-def _register(chain: Chain, label: str, shard: int) -> Any:
-    key = seeded_key(label)
-    evm = seeded_evm_key(label)
-    body = RegisterNode(
-        evm_address=address_of(evm),
-        evm_signature=sign_registration(evm, key.verify_key.encode().hex()),
-        role="compute",
-        model=BOOKS_MODEL,
-        shards=(shard,),
-        endpoint=f"http://{label}",
-        capacity=8,
-    )
-    [result] = chain.block([chain.tx(body, key)])
-    assert result.code == Code.OK, result.log
-    signer = key.verify_key.encode().hex()
-    txs = [chain.tx(Heartbeat(), key)]
-    txs += [chain.tx(AttestStake(signer, 10**18), v.key) for v in chain.validators[:3]]
-    assert [r.code for r in chain.block(txs)] == [Code.OK] * 4
-    return key
-
-
 def _ask(chain: Chain, path: str) -> Any:
     code, value, message = query(chain.state, path, b"")
     if code != Code.OK:
@@ -175,8 +149,8 @@ def _ask(chain: Chain, path: str) -> Any:
     return json.loads(value)
 
 
-def _receipts(questions: int) -> list[tuple[int, dict[str, Any], tuple[int, int]]]:
-    """(gateway index, receipt, (shard-0 node, shard-1 node)) of each question, by index."""
+def _receipts(questions: int) -> list[tuple[int, dict[str, Any]]]:
+    """(gateway index, receipt) of each question, by index."""
     payer_keys = [seeded_evm_key(f"payer-{p}") for p in range(PAYERS)]
     gateways = [address_of(seeded_evm_key(f"gateway-{g}")).lower() for g in range(GATEWAYS)]
     domain = payment_domain(EVM_CHAIN_ID, ESCROW)
@@ -222,7 +196,7 @@ def _receipts(questions: int) -> list[tuple[int, dict[str, Any], tuple[int, int]
                 "signature": signature_hex,
                 "total_wei": str(totals[(g, p)]),
             }
-        out.append((g, doc, (i % 2, (i // 2) % 2)))
+        out.append((g, doc))
     return out
 
 
@@ -257,7 +231,6 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
         for g, k in enumerate(gateway_keys)
     ]
     assert [r.code for r in chain.block(bindings)] == [Code.OK] * len(bindings)
-    nodes = [[_register(chain, f"node-{s}-{n}", s) for n in range(2)] for s in range(2)]
     t0 = time.perf_counter()
     receipts = _receipts(questions)
     signed_s = time.perf_counter() - t0
@@ -265,19 +238,11 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
     ledgers = []
     for g in range(GATEWAYS):
         journal, refused = ledger_paths(directory / f"gateway-{g}-receipts.jsonl")
-        ledgers.append(WorkLedger(BOOKS_MODEL, BOOKS_LAYERS, journal=journal, refused_path=refused))
-    served: dict[tuple[int, int], int] = {}
+        ledgers.append(WorkLedger(journal=journal, refused_path=refused))
     owed: dict[tuple[str, str], int] = {}  # (payer, gateway) → Σ prepaid fees
     t0 = time.perf_counter()
-    for g, doc, (n0, n1) in receipts:
-        keys = (nodes[0][n0].verify_key.encode().hex(), nodes[1][n1].verify_key.encode().hex())
-        circuit = Circuit(
-            (RoutableNode(keys[0], "http://a", 0), RoutableNode(keys[1], "http://b", 1))
-        )
-        ledgers[g].record(doc, circuit)
-        tokens = doc["prompt_tokens"] + doc["completion_tokens"]
-        for place in ((0, n0), (1, n1)):
-            served[place] = served.get(place, 0) + tokens
+    for g, doc in receipts:
+        ledgers[g].record(doc)
         fee = int(doc["fee_wei"])
         if "payer" in doc:
             pair = (doc["payer"], doc["gateway"])
@@ -294,12 +259,6 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
     report_s = time.perf_counter() - t0
     refused = sum(len(ledger.refused) for ledger in ledgers)
     left = sum(bool(ledger.pending or ledger.in_flight) for ledger in ledgers)
-    reported = {
-        (shard, n): chain.state.get(
-            "cover", f"{nodes[shard][n].verify_key.encode().hex()}/{shard:05d}"
-        )["reported"]
-        for (shard, n) in served
-    }
     original = settlement.MAX_STATEMENT_GAS
     settlement.MAX_STATEMENT_GAS = statement_gas
     try:
@@ -332,23 +291,21 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
             for account, _ in view["rows"]
         }
         escrow.claim(view, proofs)
-    per_query = {
-        doc["query_id"]: int(doc["fee_wei"]) for _, doc, _ in receipts if "payer" not in doc
-    }
+    per_query = {doc["query_id"]: int(doc["fee_wei"]) for _, doc in receipts if "payer" not in doc}
     revenue: dict[str, int] = {}  # gateway → the fees its own users paid
-    for _, doc, _ in receipts:
+    for _, doc in receipts:
         revenue[doc["gateway"]] = revenue.get(doc["gateway"], 0) + int(doc["fee_wei"])
     own_revenue = escrow.claimed_by == revenue
     every_fee_once = escrow.settled == per_query and escrow.debited == owed
     collected = sum(escrow.collected.values())
-    served_fees = sum(int(doc["fee_wei"]) for _, doc, _ in receipts)
+    served_fees = sum(int(doc["fee_wei"]) for _, doc in receipts)
     sizes = [len(raw) for link in links for raw in link.mined]
     result = {
         "books_questions": questions,
         "books_gateways": GATEWAYS,
         "books_per_query": len(per_query),
-        "books_vouchers": sum("voucher" in doc for _, doc, _ in receipts),
-        "books_key_questions": sum("key" in doc for _, doc, _ in receipts),
+        "books_vouchers": sum("voucher" in doc for _, doc in receipts),
+        "books_key_questions": sum("key" in doc for _, doc in receipts),
         "books_reports": reports,
         "books_report_bytes_max": max(sizes) if sizes else 0,
         "books_refused_items": refused,
@@ -360,7 +317,6 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
         "books_every_fee_debited_once": int(every_fee_once),  # 1: yes
         "books_payouts_equal_collected": int(escrow.claimed == escrow.collected),
         "books_each_gateway_paid_its_own_fees": int(own_revenue),
-        "books_served_counts_reported": int(reported == served),
         "books_sign_s": round(signed_s, 3),
         "books_record_s": round(record_s, 3),
         "books_report_s": round(report_s, 3),
@@ -375,7 +331,6 @@ def books(questions: int, statement_gas: int, directory: Path) -> dict[str, Any]
             ("claims differ from what was collected", escrow.claimed == escrow.collected),
             ("collected differs from the fees served", collected == served_fees),
             ("a gateway was paid another's fees", own_revenue),
-            ("served counts differ from what the nodes served", reported == served),
         )
         if not ok
     ]

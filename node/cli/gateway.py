@@ -130,8 +130,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--report-min-questions",
         type=int,
         default=4,
-        help="questions batched into one work report to the committee, so a report does not "
-        "tie one question to its nodes (default 4)",
+        help="questions batched into one work report to the committee, so a report's time "
+        "does not single out one question (default 4)",
     )
     serve.add_argument(
         "--report-max-wait",

@@ -15,12 +15,10 @@ question fails: `NodeFailed` (502), and the caller's payment state machine decid
 charged (`payment_state.py`: what was delivered, or nothing). A shard left with no node
 is `NoCircuit` (503) before the first token, `NodeFailed` after it.
 
-Who is paid for what: `Generation.circuit` lists the final circuit's nodes and then every node
-that served a failed circuit before; its `work` gives each the positions it computed: the final
-circuit's nodes the whole answer (prompt + completion tokens: they replayed the history and
-went on), a failed circuit's nodes what that circuit had answered when it failed (a node in
-both gets both). The receipt's circuit hash covers that list, and the work report credits
-those positions (node/gateway/settlement.py, `Circuit.shares`).
+Who served the answer: `Generation.circuit` lists the final circuit's nodes and then every node
+that served a failed circuit before, in order of service; the receipt's circuit hash covers
+that list. Nodes are paid as the answer runs, with credits on each hop's own link
+(docs/credits.md); the gateway's work report names no node (node/gateway/settlement.py).
 """
 
 from __future__ import annotations
@@ -111,23 +109,18 @@ class RouterCircuits:
         return await unhealthy_hops(self.router.http, hops, self.probe_timeout_s)
 
 
-def served_circuit(circuits: Sequence[Circuit], served: Sequence[int], tokens: int) -> Circuit:
-    """The answer's circuit for its receipt and work report (module docstring): `circuits`
-    leased in order (the last answered), `served[i]` the positions circuit i answered before it
-    failed, `tokens` the answer's prompt + completion tokens. When the last circuit failed too
-    (`served` as long as `circuits`: the question failed) it is credited what it answered."""
+def served_circuit(circuits: Sequence[Circuit], served: Sequence[int]) -> Circuit:
+    """The answer's circuit for its receipt (module docstring): `circuits` leased in order (the
+    last answered), `served[i]` the positions circuit i answered before it failed (as long as
+    `circuits` when the last failed too: the question failed). The final circuit's nodes
+    first, then every node of a failed circuit before, in order of service."""
     *failed, final = circuits
-    final_failed = len(served) == len(circuits)
-    if not failed and not final_failed:
+    if not failed and len(served) < len(circuits):
         return final
-    work: dict[RoutableNode, int] = dict.fromkeys(
-        final.nodes, served[-1] if final_failed else tokens
-    )
-    for circuit, positions in zip(failed, served[: len(failed)], strict=True):
-        for node in circuit.nodes:
-            work[node] = work.get(node, 0) + positions
-    nodes = tuple(work)  # the final circuit first, then earlier nodes in order of service
-    return Circuit(nodes, tuple(work[n] for n in nodes))
+    nodes: dict[RoutableNode, None] = dict.fromkeys(final.nodes)
+    for circuit in failed:
+        nodes.update(dict.fromkeys(n for n in circuit.nodes if n not in nodes))
+    return Circuit(tuple(nodes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +228,7 @@ class Generation:
         if not leased:
             return None
         served = [f.served for f in self.timings.failovers]
-        return served_circuit(leased, served, len(self.prompt_ids) + self.count)
+        return served_circuit(leased, served)
 
     async def events(self) -> AsyncIterator[TokenEvent | None]:
         """Token events, going on over failures (module docstring). (`None`, "a retry starts

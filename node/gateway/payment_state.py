@@ -57,12 +57,12 @@ class QuestionPayment:
         reservation: Reservation,
         prompt_tokens: int,
         *,
-        on_charged: Callable[[dict[str, Any], Any, int], None] | None = None,
+        on_charged: Callable[[dict[str, Any], int], None] | None = None,
     ) -> None:
         self.desk = desk
         self.reservation = reservation
         self.prompt_tokens = prompt_tokens
-        self.on_charged = on_charged  # (receipt, circuit, receipt number): the work ledger
+        self.on_charged = on_charged  # (receipt, receipt number): the work ledger
         self.state = State.RESERVED
         self.delivered = 0  # tokens handed to the response writer
         self.produced = 0  # tokens the answering circuit produced for this client
@@ -126,8 +126,8 @@ class QuestionPayment:
         receipt = self.desk.settle(self.reservation, self.prompt_tokens, completion_tokens, keys)
         self.receipt = receipt
         self._move(State.CHARGED)
-        if self.on_charged is not None:  # no circuit (nothing computed): the charge alone
-            self.on_charged(receipt, circuit, self.desk.receipt_number(self.reservation.query_id))
+        if self.on_charged is not None:
+            self.on_charged(receipt, self.desk.receipt_number(self.reservation.query_id))
         return receipt
 
     def _release(self, why: str) -> None:

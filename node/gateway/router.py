@@ -100,20 +100,12 @@ class RoutableNode:
 @dataclass(frozen=True, slots=True)
 class Circuit:
     # one per shard, in shard order; for an answer that failed over: the final circuit's nodes,
-    # then every node that served a failed circuit before (see `work`)
+    # then every node that served a failed circuit before (engine.py `served_circuit`)
     nodes: tuple[RoutableNode, ...]
-    # positions each node of `nodes` computed for the answer; empty: each computed all of it
-    work: tuple[int, ...] = ()
 
     @property
     def keys(self) -> tuple[str, ...]:
         return tuple(n.key for n in self.nodes)
-
-    def shares(self, tokens: int) -> list[tuple[RoutableNode, int]]:
-        """(node, positions it served) for an answer of `tokens` prompt + completion tokens."""
-        if not self.work:
-            return [(node, tokens) for node in self.nodes]
-        return list(zip(self.nodes, self.work, strict=True))
 
 
 class NodeSource(Protocol):

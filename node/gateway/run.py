@@ -133,8 +133,6 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         timeline.describe(),
     )
     ledger = WorkLedger(
-        manifest.model_hash,
-        [tuple(s.layers) for s in manifest.shards],
         min_questions=config.report_min_questions,
         max_wait_s=config.report_max_wait_s,
         journal=ledger_paths(config.receipts_path)[0],

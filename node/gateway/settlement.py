@@ -1,20 +1,16 @@
 """What the gateway tells the committee about the questions it was paid for (`work_report`), so
 that no report is ever lost, sent twice, or dropped in silence.
 
-**The ledger** (`WorkLedger`). `record(receipt, circuit)` runs for each charged question before
-its receipt leaves the gateway: every node of the circuit ran its shard's layers over the
-question's tokens (prompt + completion, the receipt's counts), so `(node, shard)` gains that
-many served tokens (the chain counts them against the node's commitments: a node that serves
-without committing stops being routed to; they are never pay — nodes are paid through the
-credits they redeem); a per-query deposit's id and fee join the query list; a prepaid
+**The ledger** (`WorkLedger`). `record(receipt, number)` runs for each charged question before
+its receipt leaves the gateway: a per-query deposit's id and fee join the query list; a prepaid
 question (`payer` and its `voucher` or payment `key` in the receipt) becomes a cumulative
 `ChargeItem` (kind, gateway, payer, id, model, total, cap, expiry, payer signature: no circuit),
 and only the highest total per authorization is kept (the chain debits `total − previous`).
 With a `journal` path the ledger is an append-only JSON-lines file (`Journal`, each line
 fsync'd before `record` returns), next to the receipt log:
 
-    {"q": {"seq", "work": [[node, shard, tokens]], "query": [id, fee] | null,
-           "charge": ChargeItem | null, "n": receipt number}}  a charged question
+    {"q": {"seq", "query": [id, fee] | null, "charge": ChargeItem | null,
+           "n": receipt number}}                           a charged question
     {"tx": {"hash", "nonce", "raw": base64}}               a report signed, about to be sent
     {"done": {"hash", "height", "code", "refused": [...]}} its committed result
     {"dead": {"hash"}}                                     it can never reach a block
@@ -52,10 +48,14 @@ payment desk which of this gateway's authorizations it debited and up to which t
 longer than the bound is logged: the statements it did not reach mark nothing, so their charges
 stay counted against their payers (held, never dropped) until a pass reads them.
 
-The report keeps its lists apart: per-node aggregates, query ids with fees and payers'
-charges, never a session or a per-question node list. A report of a single question would
-still tie its (public) query id to its circuit, so questions are batched: with k questions in a
-report an observer learns only that each of them ran on some of the reported nodes.
+The report names no node: query ids with fees and payers' charges, nothing else. Nodes are
+paid through the credits they redeem, and the chain's coverage rule reads only their own txs,
+so the per-node served counts reports once carried decided nothing (issue 45) and are gone
+from the wire; they also tied a report's query ids to the nodes that computed them. A journal
+written before keeps its `work` fields: they are ignored on replay, and a report signed with
+them that was still in flight no longer decodes, so its items are pending again and travel in a
+new report (a query id reported again with its fee, or a charge's total again, changes nothing
+on the chain).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -79,9 +79,7 @@ from protocol.committee.envelope import MAX_TX_BYTES, decode, sign
 from protocol.committee.settlement import (
     MAX_REPORT_ITEMS,
     ChargeItem,
-    NodeWork,
     WorkReport,
-    work_name,
 )
 from protocol.errors import PlanetError
 
@@ -205,8 +203,6 @@ def _report_of(raw: bytes) -> WorkReport:
 
 @dataclass
 class WorkLedger:
-    model: str  # the committee's model string (manifest model_hash)
-    shard_layers: Sequence[tuple[int, int]]  # [start, end) decoder layers per shard
     min_questions: int = 4  # batch at least this many questions per report …
     max_wait_s: float = 60.0  # … unless the oldest pending one waited this long
     clock: Callable[[], float] = time.monotonic
@@ -214,7 +210,6 @@ class WorkLedger:
     expiry_margin_s: float = 60.0  # report a charge at the latest this long before it expires
     journal: Path | None = None  # the append-only ledger file (None: memory only)
     refused_path: Path | None = None  # where refused items are appended (None: log only)
-    work: dict[tuple[str, int], int] = field(default_factory=dict)  # (node, shard) → tokens
     queries: dict[str, tuple[int, int]] = field(default_factory=dict)  # id → (fee, seq)
     charges: dict[ChargeKey, tuple[ChargeItem, int]] = field(default_factory=dict)
     in_flight: Sent | None = None
@@ -235,7 +230,7 @@ class WorkLedger:
 
     @property
     def pending(self) -> bool:
-        return bool(self.work or self.queries or self.charges)
+        return bool(self.queries or self.charges)
 
     def ready(self) -> bool:
         if not self.questions:
@@ -247,22 +242,10 @@ class WorkLedger:
         waited = self.clock() - (self.first_at if self.first_at is not None else self.clock())
         return self.questions >= self.min_questions or waited >= self.max_wait_s
 
-    def record(self, receipt: dict[str, Any], circuit: Any, number: int | None = None) -> None:
+    def record(self, receipt: dict[str, Any], number: int | None = None) -> None:
         """A charged question (before its receipt leaves the gateway): on disk, then pending.
-        `circuit` None: nothing was computed, the charge alone; `number`: the receipt's number
-        in the receipt log (`catch_up` starts after the highest one recorded)."""
-        tokens = int(receipt["prompt_tokens"]) + int(receipt["completion_tokens"])
-        # after a failover each node is credited what it computed (`Circuit.shares`); a circuit
-        # rebuilt from a logged receipt (`catch_up`) names its nodes only: the whole question
-        if circuit is None:
-            shares: list[tuple[Any, int]] = []
-        elif hasattr(circuit, "shares"):
-            shares = circuit.shares(tokens)
-        else:
-            shares = [(node, tokens) for node in circuit.nodes]
-        # a node credited nothing (a failover's replacement that computed no token) is no item:
-        # the committee refuses a 0-token work item, and with it the whole report's fees
-        work = [[node.key, node.shard, served] for node, served in shares if served > 0]
+        `number`: the receipt's number in the receipt log (`catch_up` starts after the highest
+        one recorded)."""
         fee = int(receipt["fee_wei"])
         item = charge_item(receipt)
         query = None
@@ -271,7 +254,6 @@ class WorkLedger:
         self.seq += 1
         entry = {
             "seq": self.seq,
-            "work": work,
             "query": query,
             "charge": item.to_json() if item is not None and item.total > 0 else None,
             "n": number,
@@ -285,17 +267,13 @@ class WorkLedger:
 
     def catch_up(self, receipts: Iterable[tuple[int, dict[str, Any]]]) -> int:
         """Record the receipts the receipt log holds after the last one this ledger recorded
-        (a gateway killed between the receipt's fsync and the ledger's), each credited to the
-        nodes it names, shard by shard in circuit order. Returns how many were recorded."""
+        (a gateway killed between the receipt's fsync and the ledger's). Returns how many were
+        recorded."""
         recorded = 0
         for number, receipt in receipts:
             if number <= self.recorded_through:
                 continue
-            # the final circuit, shard 0 first (after a failover the receipt names the nodes of
-            # failed circuits after it: their shares are not in the receipt, left uncredited)
-            named = list(receipt.get("nodes", ()))[: len(self.shard_layers)]
-            nodes = [_Hop(str(key), shard) for shard, key in enumerate(named)]
-            self.record(receipt, _Hops(nodes) if nodes else None, number)
+            self.record(receipt, number)
             recorded += 1
         if recorded:
             log.warning("ledger caught up on %d receipts the receipt log held alone", recorded)
@@ -306,11 +284,7 @@ class WorkLedger:
         self.seq = max(self.seq, seq)
         if entry.get("n") is not None:
             self.recorded_through = max(self.recorded_through, int(entry["n"]))
-        for node, shard, tokens in entry["work"]:
-            if int(tokens) <= 0:  # written by a ledger before that rule (record): no item
-                continue
-            place = (str(node), int(shard))
-            self.work[place] = self.work.get(place, 0) + int(tokens)
+        # a "work" field, written before reports left it (module docstring): ignored
         if entry["query"] is not None:
             query_id, fee = entry["query"]
             self.queries.setdefault(str(query_id), (int(fee), seq))
@@ -325,21 +299,12 @@ class WorkLedger:
     # --- reports: take, sent, done, dead ---------------------------------------------------
 
     def take(self, max_bytes: int = MAX_TX_BYTES, signer: str = "0" * 64) -> WorkReport | None:
-        """The next report (not yet removed from the ledger: `sending` does that): the work
-        aggregates, then the oldest queries and charges, as many as fit `max_bytes` once
-        signed and encoded (`MAX_REPORT_ITEMS` per list)."""
+        """The next report (not yet removed from the ledger: `sending` does that): the oldest
+        queries and charges, as many as fit `max_bytes` once signed and encoded
+        (`MAX_REPORT_ITEMS` per list)."""
         if not self.pending:
             return None
         budget = max_bytes - _envelope_bytes(signer)
-        work: list[NodeWork] = []
-        for node, shard in sorted(self.work):
-            start, end = self.shard_layers[shard]
-            item = NodeWork(node, self.model, shard, end - start, self.work[(node, shard)])
-            cost = _item_bytes(item.to_json())
-            if len(work) == MAX_REPORT_ITEMS or cost > budget:
-                break
-            work.append(item)
-            budget -= cost
         queries: list[tuple[str, int]] = []
         charges: list[ChargeItem] = []
         oldest_first = sorted(
@@ -359,11 +324,9 @@ class WorkLedger:
                     break
                 charges.append(charge)
             budget -= cost
-        if not work and not queries and not charges:
+        if not queries and not charges:
             raise ValueError(f"one item does not fit a {max_bytes}-byte report")
-        return WorkReport(
-            tuple(work), tuple(sorted(queries)), tuple(sorted(charges, key=lambda c: c.key))
-        )
+        return WorkReport(tuple(sorted(queries)), tuple(sorted(charges, key=lambda c: c.key)))
 
     def sending(self, report: WorkReport, raw: bytes, nonce: int) -> Sent:
         """`report` is signed as `raw`: on disk, then its items leave the pending lists."""
@@ -379,13 +342,6 @@ class WorkLedger:
         return sent
 
     def _take_out(self, report: WorkReport) -> None:
-        for item in report.work:
-            place = (item.node, item.shard)
-            left = self.work.get(place, 0) - item.tokens
-            if left > 0:
-                self.work[place] = left
-            else:
-                self.work.pop(place, None)
         for query_id, _ in report.queries:
             self.queries.pop(query_id, None)
         for charge in report.charges:
@@ -411,9 +367,6 @@ class WorkLedger:
         self.in_flight = None
 
     def _put_back(self, report: WorkReport) -> None:
-        for item in report.work:
-            place = (item.node, item.shard)
-            self.work[place] = self.work.get(place, 0) + item.tokens
         for query_id, fee in report.queries:
             self.queries.setdefault(query_id, (fee, 0))
         for charge in report.charges:
@@ -464,9 +417,8 @@ class WorkLedger:
             log.error("ledger has %d reports in flight; resolving the last", len(sent))
         self.in_flight = list(sent.values())[-1] if sent else None
         log.info(
-            "work ledger loaded file=%s pending work=%d queries=%d charges=%d in_flight=%s",
+            "work ledger loaded file=%s pending queries=%d charges=%d in_flight=%s",
             self._file.path,
-            len(self.work),
             len(self.queries),
             len(self.charges),
             self.in_flight.hash[:16] if self.in_flight else None,
@@ -477,7 +429,6 @@ class WorkLedger:
             "seq": self.seq,
             "recorded_through": self.recorded_through,
             "nonce": self.nonce,
-            "work": [[node, shard, tokens] for (node, shard), tokens in sorted(self.work.items())],
             "queries": [[q, fee, seq] for q, (fee, seq) in self.queries.items()],
             "charges": [[item.to_json(), seq] for item, seq in self.charges.values()],
         }
@@ -485,7 +436,6 @@ class WorkLedger:
     def _load_snapshot(self, doc: dict[str, Any]) -> None:
         self.seq, self.nonce = int(doc["seq"]), int(doc["nonce"])
         self.recorded_through = int(doc.get("recorded_through", 0))
-        self.work = {(str(n), int(s)): int(t) for n, s, t in doc["work"]}
         self.queries = {str(q): (int(fee), int(seq)) for q, fee, seq in doc["queries"]}
         self.charges = {}
         for item_json, seq in doc["charges"]:
@@ -496,23 +446,10 @@ class WorkLedger:
             self._file.rewrite({"snapshot": self._snapshot()})
 
 
-@dataclass(frozen=True, slots=True)
-class _Hop:
-    key: str
-    shard: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Hops:
-    """A circuit as a logged receipt names it (its nodes, shard 0 first)."""
-
-    nodes: list[_Hop]
-
-
 def _envelope_bytes(signer: str) -> int:
     """Encoded bytes of a signed work_report with empty lists and the widest nonce."""
     doc = {
-        "body": {"queries": [], "work": []},
+        "body": {"queries": []},
         "nonce": (1 << 63) - 1,
         "sig": "0" * 128,
         "signer": signer,
@@ -559,8 +496,7 @@ def refused_items(result: TxResult) -> list[dict[str, str]]:
 def whole_refusal(report: WorkReport, code: int, why: str) -> list[dict[str, str]]:
     """Every item of a report refused whole, named like the chain names refused items."""
     name = TX_REFUSALS.get(code, f"CODE_{code}")
-    items = [("work", work_name(w)) for w in report.work]
-    items += [("query", q) for q, _ in report.queries]
+    items = [("query", q) for q, _ in report.queries]
     items += [("charge", c.name) for c in report.charges]
     return [{"kind": k, "id": i, "code": name, "reason": why[:300]} for k, i in items]
 
@@ -599,11 +535,10 @@ class WorkReporter:
                 raise AssertionError(f"report of {len(raw)} bytes over {self.max_bytes}")
             sent = self.ledger.sending(report, raw, nonce)
             log.info(
-                "work_report sending tx=%s nonce=%d bytes=%d nodes=%d queries=%d charges=%d",
+                "work_report sending tx=%s nonce=%d bytes=%d queries=%d charges=%d",
                 sent.hash[:16],
                 nonce,
                 len(raw),
-                len(report.work),
                 len(report.queries),
                 len(report.charges),
             )

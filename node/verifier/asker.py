@@ -11,16 +11,16 @@ the verifier attributes the score; the receipt's signature and circuit hash are 
     asker = GatewayAsker(gateway_url, chain, http)
     answer = await asker.ask(challenge)      # Asked(doc, nodes), or a PlanetError
 
-A hosted gateway routes to free nodes only (it pays nodes through its work reports), so a node
-that charges credits is never in its circuits. `PersonalAsker` asks through the verifier
-operator's own personal client instead (`planet gateway serve --personal`, which pays every
-charging node with the operator's bearer credits, docs/gateway.md): its circuits take free and
-charging nodes alike, its questions look like any personal client's, and its answer's
-`planet_receipt` names the circuit's node keys to its one local caller. Nothing is signed
-there, so the receipt is only as good as the operator's own client — which is the point. The
-client must draw its circuits afresh for every question (`--route uniform`, or `cost`): one
-that keeps its nodes (`private`, the personal client's default) would send every challenge to
-the same nodes for a month, so it is refused by name (`planet_route` in its /v1/models).
+A hosted gateway pays the charging nodes it routes to with its own credits (docs/credits.md);
+`PersonalAsker` asks through the verifier operator's own personal client instead (`planet
+gateway serve --personal`, which pays every charging node with the operator's bearer credits,
+docs/gateway.md): its circuits take free and charging nodes alike, its questions look like any
+personal client's, and its answer's `planet_receipt` names the circuit's node keys to its one
+local caller. Nothing is signed there, so the receipt is only as good as the operator's own
+client — which is the point. The client must draw its circuits afresh for every question
+(`--route uniform`, or `cost`): one that keeps its nodes (`private`, the personal client's
+default) would send every challenge to the same nodes for a month, so it is refused by name
+(`planet_route` in its /v1/models).
 
     asker = PersonalAsker("http://127.0.0.1:8001", http, model_hash)
 """

@@ -1,8 +1,8 @@
 """Settlement txs: gateway work reports, payout votes.
 
-`work_report` (a gateway): per-node served counts (commitment coverage only: nodes are paid
-through the credits they redeem), settled query fees and cumulative charges under payer-signed
-authorizations (`ChargeItem`), each item judged on its own by the chain; `payout_vote` (a
+`work_report` (a gateway): settled query fees and cumulative charges under payer-signed
+authorizations (`ChargeItem`), each item judged on its own by the chain (nodes are paid through
+the credits they redeem, never through a gateway's report); `payout_vote` (a
 validator): a signature over a `PayoutRoot` statement, named by its number
 (`statement_number(epoch, page)`). The chain's rules: `abci_app/settlement.py`.
 """
@@ -16,8 +16,6 @@ from typing import Any, ClassVar
 from protocol.committee.grammar import (
     ADDRESS_LOWER,
     HEX32_0X,
-    HEX64,
-    NAME,
     SIG65,
     U64,
     UINT_DEC,
@@ -26,34 +24,8 @@ from protocol.committee.grammar import (
 )
 
 MAX_REPORT_ITEMS = 1024
-MAX_LAYERS = 65_536
-MAX_TOKENS = (1 << 48) - 1  # per report item
 _FEE_DEC = re.compile(r"(?:0|[1-9][0-9]{0,19})\Z")
 MAX_FEE = (1 << 64) - 1  # the escrow's deposit cap
-
-
-@dataclass(frozen=True, slots=True)
-class NodeWork:
-    """Per-node aggregate a gateway vouches for: `node` (key hex) ran `layers` layers of
-    (`model`, `shard`) over `tokens` tokens of the questions the gateway was paid for."""
-
-    node: str
-    model: str
-    shard: int
-    layers: int
-    tokens: int
-
-    def to_json(self) -> list[Any]:
-        return [self.node, self.model, self.shard, self.layers, self.tokens]
-
-
-def _shard_fields(item: list[Any], where: str) -> tuple[str, int, int, int]:
-    return (
-        check.text(item[0], f"{where}.model", NAME),
-        check.integer(item[1], f"{where}.shard", 0, 65535),
-        check.integer(item[2], f"{where}.layers", 1, MAX_LAYERS),
-        check.integer(item[3], f"{where}.tokens", 1, MAX_TOKENS),
-    )
 
 
 MAX_DEBIT_WEI = (1 << 128) - 1  # QueryEscrow keeps a prepaid balance in a uint128
@@ -149,24 +121,18 @@ class ChargeItem:
         )
 
 
-def work_name(item: NodeWork) -> str:
-    """`node/model/shard`: how the chain and the reporter name a work item."""
-    return f"{item.node}/{item.model}/{item.shard}"
-
-
 @dataclass(frozen=True, slots=True)
 class WorkReport:
-    """A gateway's batch: per-node aggregates of the work in its signed receipts, the query
-    ids it settled with their fees, and the cumulative charges of its prepaid payers. The lists
-    are not linked to each other (no session, no per-query node): nothing here ties a question
-    to the nodes that computed it. The chain judges every item on its own.
+    """A gateway's batch: the query ids it settled with their fees, and the cumulative charges
+    of its prepaid payers. The two lists are not linked (no session, no node): nothing here ties
+    a question to the nodes that computed it. The chain judges every item on its own.
 
-    Wire: `{"work": [[node, model, shard, layers, tokens], ...], "queries": [[query id, fee wei
-    as a decimal string], ...], "charges": [ChargeItem, ...]}`; work strictly ascending by
-    (node, model, shard), queries by id, charges by (payer, gateway, kind, id); at most 1024
-    items in each list, at least one item in all; `charges` absent when empty."""
+    Wire: `{"queries": [[query id, fee wei as a decimal string], ...], "charges": [ChargeItem,
+    ...]}`; queries strictly ascending by id, charges by (payer, gateway, kind, id); at most
+    1024 items in each list, at least one item in all; `charges` absent when empty. Any other
+    field is refused by name — the per-node served counts (`work`) reports once carried too
+    (issue 45: they decided nothing, and tied a report's query ids to its nodes)."""
 
-    work: tuple[NodeWork, ...]
     queries: tuple[tuple[str, int], ...]
     charges: tuple[ChargeItem, ...] = ()
 
@@ -174,30 +140,22 @@ class WorkReport:
 
     @property
     def items(self) -> int:
-        return len(self.work) + len(self.queries) + len(self.charges)
+        return len(self.queries) + len(self.charges)
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "queries": [[query_id, str(fee)] for query_id, fee in self.queries],
-            "work": [w.to_json() for w in self.work],
         }
-        if self.charges:  # absent when empty: reports without charges keep their bytes
+        if self.charges:  # absent when empty
             doc["charges"] = [c.to_json() for c in self.charges]
         return doc
 
     @classmethod
     def from_json(cls, body: Any) -> WorkReport:
-        keys = {"queries", "work"}
+        keys = {"queries"}
         if isinstance(body, dict) and "charges" in body:
             keys.add("charges")
         b = check.exact_object(body, "body", keys)
-        work = []
-        for item in check.rows(b["work"], "body.work", 5, MAX_REPORT_ITEMS):
-            node = check.text(item[0], "body.work[].node", HEX64)
-            work.append(NodeWork(node, *_shard_fields(item[1:], "body.work[]")))
-        keys = [(w.node, w.model, w.shard) for w in work]
-        if keys != sorted(set(keys)):
-            raise TxDecodeError("body.work: must be strictly ascending by (node, model, shard)")
         queries = []
         for item in check.rows(b["queries"], "body.queries", 2, MAX_REPORT_ITEMS):
             query_id = check.text(item[0], "body.queries[].id", HEX32_0X)
@@ -219,9 +177,9 @@ class WorkReport:
                 raise TxDecodeError(
                     "body.charges: must be strictly ascending by (payer, gateway, kind, id)"
                 )
-        if not work and not queries and not charges:
+        if not queries and not charges:
             raise TxDecodeError("body: an empty report")
-        return cls(tuple(work), tuple(queries), tuple(charges))
+        return cls(tuple(queries), tuple(charges))
 
 
 @dataclass(frozen=True, slots=True)

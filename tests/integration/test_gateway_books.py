@@ -1,7 +1,7 @@
 """Reports never vanish, against real processes (harness/gateway_net.py: anvil with the
 contracts, one CometBFT validator whose genesis names the escrow (no gateway list), two int8
 SmolLM2 nodes, the gateway): a gateway killed with SIGKILL while its prepaid charges are still
-unreported is started again and reports every charge, and every node's work, exactly once."""
+unreported is started again and reports every charge exactly once, naming no node."""
 
 from __future__ import annotations
 
@@ -122,12 +122,7 @@ def test_a_gateway_killed_with_unreported_charges_reports_each_once_after_restar
     assert charges == Counter(set(fees)), charges  # every charge, exactly once
     assert {c.id: c.total for body, _ in reports for c in body.charges} == fees
     assert [refusals(events) for _, events in reports] == [[] for _ in reports]
-    tokens = sum(int(r["prompt_tokens"]) + int(r["completion_tokens"]) for r in receipts)
-    per_node = Counter()
-    for body, _ in reports:
-        for item in body.work:
-            per_node[item.node] += item.tokens
-    assert set(per_node.values()) == {tokens}  # each node's work backed once
+    assert all(set(body.to_json()) == {"queries", "charges"} for body, _ in reports)  # no node
 
     # killed again with nothing left: the next start reports nothing more
     net.gateway.kill()

@@ -16,7 +16,6 @@ from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditRedeem
 from protocol.committee.prices import SetPrice
-from protocol.committee.settlement import NodeWork
 from protocol.committee.verification import SpotCheckReport
 from protocol.spotcheck import Triple, checks_for, epoch_verifiers, node_rate_ppm, select
 from tests.committee_chain import Chain, seeded_key
@@ -208,23 +207,24 @@ def test_coverage_a_lock_sent_again_buys_nothing_more() -> None:
     assert cover(chain, key, 0)["bought_positions"] == 30
 
 
-def test_coverage_a_gateways_served_counts_flag_nobody_and_keep_nobody_routable() -> None:
-    """Attack (issue 45): anyone can bind a key as a gateway. A bound gateway reporting huge
-    served counts for an honest node that sold nothing cannot flag it; an unbound key is refused
-    whole; and no report clears the flag of a node that sold positions it did not commit."""
+def test_coverage_a_gateways_reports_flag_nobody_and_keep_nobody_routable() -> None:
+    """Attack (issue 45): anyone can bind a key as a gateway. Its reports name no node (served
+    counts left the wire), so reporting again and again neither flags an honest node that sold
+    nothing nor clears the flag of a node that sold positions it did not commit; an unbound key
+    is refused whole."""
     chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
     honest = routable_node(chain, "honest", shard=0)
     cheat = routable_node(chain, "cheat", shard=1)
     sold(chain, seeded_key("cheat"), 1, 8, 64)
     stranger = seeded_key("stranger")
-    huge = report(NodeWork(honest, "m", 0, 2, 10**12), NodeWork(cheat, "m", 1, 2, 1))
-    assert one(chain, huge, stranger).code == Code.UNKNOWN_GATEWAY
+    fees = report(queries=(("0x" + "77" * 32, 5),))
+    assert one(chain, fees, stranger).code == Code.UNKNOWN_GATEWAY
     for _ in range(3):  # the bound gateway, again and again, over the grace window
-        assert one(chain, huge, GATEWAY).code == Code.OK
+        assert one(chain, fees, GATEWAY).code == Code.OK
         close_epochs(chain, 1)
     assert ask(chain, f"/node?key={honest}")["uncommitted"] is False
     assert ask(chain, f"/node?key={honest}")["routable"] is True
-    assert cover(chain, seeded_key("honest"), 0)["reported_tokens"] == 3 * 10**12
+    assert "reported_tokens" not in cover(chain, seeded_key("cheat"), 1)
     assert ask(chain, f"/node?key={cheat}")["uncommitted"] is True
     assert ask(chain, "/coverage")["uncommitted"] == [cheat]
 
@@ -276,3 +276,128 @@ def test_floor_report_of_a_small_node_is_credited_at_its_raised_rate() -> None:
     assert shard["blocks"]["1"] == 1
     body = SpotCheckReport(1, ((node, record.session, 0, 0),))
     assert one(chain, body, chain.validators[0].key).code == Code.OK
+
+
+# --- rule 5: what a charging node commits, credits bought; rule 4: free positions ---------------
+
+
+def next_epoch(chain: Chain) -> int:
+    """Advance to the end of the next block's epoch; returns the epoch the next block opens."""
+    length = chain.state.genesis.epoch_length
+    chain.advance_to((chain.state.height // length + 1) * length)
+    return chain.state.height // length + 1
+
+
+def priced(chain: Chain, key: SigningKey, shard: int, positions: int) -> None:
+    assert one(chain, SetPrice("m", shard, positions), key).code == Code.OK
+
+
+def test_coverage_charging_node_committing_what_no_credit_bought_is_flagged() -> None:
+    """Rule 5 (issue 45): a charging node that commits served positions while no credit of its
+    was locked or redeemed around them served sessions the chain never saw sold (its clients'
+    credits unlocked, or junk committed to cover later sales): flagged like an uncovered one.
+    A lock landing an epoch after the commitments it paid for (within the grace) is fine.
+    Before: bought 0 was never below half of anything, so it stayed routable."""
+    chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
+    unsold = routable_node(chain, "unsold", shard=0)
+    late = routable_node(chain, "late", shard=1)
+    key, late_key = seeded_key("unsold"), seeded_key("late")
+    committed_in = next_epoch(chain)
+    priced(chain, key, 0, 64)
+    priced(chain, late_key, 1, 64)
+    commit_served(chain, key, shard=0, blocks=5)
+    commit_served(chain, late_key, shard=1, blocks=2)
+    length = chain.state.genesis.epoch_length
+    chain.advance_to(committed_in * length)
+    [lock] = chain.block([lock_tx(chain, late_key, 1, 1)])  # the next epoch: within the grace
+    assert lock.code == Code.OK, lock.log
+    chain.advance_to((committed_in + 1) * length)  # closes committed_in + grace
+    assert ask(chain, f"/node?key={unsold}")["uncommitted"] is True
+    assert ask(chain, f"/node?key={unsold}")["routable"] is False
+    assert ask(chain, f"/node?key={late}")["uncommitted"] is False
+    view = cover(chain, key, 0)
+    assert (view["bought_positions"], view["charged_positions"]) == (0, 160)
+    assert view["uncommitted_since"] == committed_in + 1
+    assert ask(chain, "/coverage")["uncommitted"] == [unsold]
+
+
+def test_coverage_a_credit_redeemed_without_a_lock_counts_as_sold(tmp_path: Path) -> None:
+    """A redemption of a credit nobody locked is its lock and its spend at once: it adds the
+    node's price to `bought` (before: nothing), so a node that redeems without locking is seen
+    selling, and rule 5 does not flag it."""
+    from tests.credit_chain import ensure_key, minted
+
+    chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
+    ensure_key(chain, tmp_path)
+    node = routable_node(chain, "direct")
+    key = seeded_key("direct")
+    credits, _ = minted(chain, tmp_path, count=2)
+    chain.block(price_txs(chain, key, positions=16))
+    commit_served(chain, key, shard=0, blocks=1)  # 32 positions + 15 slack
+    redeemed = one(chain, CreditRedeem("m", 0, tuple(credits)), key)
+    assert redeemed.code == Code.OK, redeemed.log
+    assert cover(chain, key, 0)["bought_positions"] == 32
+    close_epochs(chain, 3)
+    assert ask(chain, f"/node?key={node}")["uncommitted"] is False
+
+
+def test_coverage_positions_committed_while_free_pay_no_redemption(tmp_path: Path) -> None:
+    """Rule 4: positions a node committed in an epoch it was free (price 0) were paid by
+    nobody, so no credit is cashed against them once it charges: before, a node could serve
+    free traffic, switch to a price and redeem its new clients' credits against the free
+    commitments, leaving the paid work uncommitted (out of spot checks)."""
+    from tests.credit_chain import ensure_key, minted
+
+    chain = settled_chain(commit_grace_epochs=2, heartbeat_timeout=10_000)
+    ensure_key(chain, tmp_path)
+    routable_node(chain, "switcher")
+    key = seeded_key("switcher")
+    credits, _ = minted(chain, tmp_path, count=1)
+    next_epoch(chain)
+    priced(chain, key, 0, 0)  # free from this epoch
+    commit_served(chain, key, shard=0, blocks=10)  # 320 positions nobody paid for
+    priced(chain, key, 0, 64)  # charging from the next epoch
+    next_epoch(chain)
+    refused = one(chain, CreditRedeem("m", 0, (credits[0],)), key)
+    assert refused.code == Code.UNCOMMITTED_REDEMPTION, refused.log
+    commit_served(chain, key, shard=0, blocks=2)  # 64 positions at the price
+    assert one(chain, CreditRedeem("m", 0, (credits[0],)), key).code == Code.OK
+
+
+def test_coverage_positions_committed_while_free_cover_no_sale() -> None:
+    """Rule 4: free positions do not cover what credits bought later (before: 960 free
+    positions hid 256 sold and never committed for the whole window)."""
+    chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
+    node = routable_node(chain, "banker")
+    key = seeded_key("banker")
+    next_epoch(chain)
+    priced(chain, key, 0, 0)
+    commit_served(chain, key, shard=0, blocks=30)
+    priced(chain, key, 0, 64)
+    sold_in = next_epoch(chain)
+    [lock] = chain.block([lock_tx(chain, key, 0, 4)])  # 256 positions, never committed
+    assert lock.code == Code.OK, lock.log
+    chain.advance_to((sold_in + 1) * chain.state.genesis.epoch_length)
+    assert ask(chain, f"/node?key={node}")["uncommitted"] is True
+    view = cover(chain, key, 0)
+    assert (view["free_positions"], view["charged_positions"]) == (960, 0)
+    assert (view["committed_positions"], view["bought_positions"]) == (960, 256)
+
+
+def test_coverage_a_free_node_committing_what_nobody_bought_is_not_flagged() -> None:
+    """Rule 4: a free node's commitments are judged by spot checks alone (they are selectable
+    like any), not against sales: nobody buys from it, so rule 5 does not flag it; an unpriced
+    node likewise."""
+    chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10_000)
+    free = routable_node(chain, "free", shard=0)
+    unpriced = routable_node(chain, "unpriced", shard=1)
+    next_epoch(chain)
+    priced(chain, seeded_key("free"), 0, 0)
+    commit_served(chain, seeded_key("free"), shard=0, blocks=4)
+    commit_served(chain, seeded_key("unpriced"), shard=1, blocks=4)
+    close_epochs(chain, 3)
+    for node in (free, unpriced):
+        assert ask(chain, f"/node?key={node}")["routable"] is True
+    assert cover(chain, seeded_key("free"), 0)["free_positions"] == 128
+    [shard] = ask(chain, f"/coverage?node={free}")["shards"]
+    assert shard["blocks"] != {}  # still counted for the spot-check floor

@@ -15,7 +15,7 @@ from abci_app.codes import Code
 from abci_app.settlement import MAX_LIFETIME_S
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
-from protocol.committee.settlement import ChargeItem, NodeWork, WorkReport, statement_number
+from protocol.committee.settlement import ChargeItem, WorkReport, statement_number
 from protocol.eip712 import address_of, sign_digest
 from protocol.payment import PaymentKey, Voucher, payment_domain
 from shares.payouts import EpochWork, PayerDebit
@@ -83,8 +83,8 @@ def charge(
     )
 
 
-def charges_report(*items: ChargeItem, work: tuple[NodeWork, ...] = ()) -> WorkReport:
-    return WorkReport(work=work, queries=(), charges=tuple(sorted(items, key=lambda c: c.key)))
+def charges_report(*items: ChargeItem) -> WorkReport:
+    return WorkReport(queries=(), charges=tuple(sorted(items, key=lambda c: c.key)))
 
 
 def chain_at_time() -> Chain:
@@ -99,15 +99,9 @@ def refusals(result: Any) -> list[dict[str, str]]:
 
 
 def reported_with(chain: Chain, *items: ChargeItem) -> tuple[str, str]:
-    """Two nodes' served counts in one report that also carries `items`."""
+    """Two registered nodes, and one report carrying `items`."""
     a, b = two_nodes(chain)
-    work = tuple(
-        sorted(
-            (NodeWork(hexkey(a), "m", 0, 2, 10), NodeWork(hexkey(b), "m", 1, 3, 10)),
-            key=lambda w: (w.node, w.model, w.shard),
-        )
-    )
-    result = one(chain, charges_report(*items, work=work), GATEWAY)
+    result = one(chain, charges_report(*items), GATEWAY)
     assert result.code == Code.OK and refusals(result) == [], result.log
     return hexkey(a), hexkey(b)
 
@@ -216,17 +210,14 @@ def test_a_charge_after_its_statement_debits_only_the_increase() -> None:
 )
 def test_a_bad_charge_is_refused_alone_by_name_and_the_rest_applies(item: Any, code: str) -> None:
     chain = chain_at_time()
-    a, _ = two_nodes(chain)
-    work = (NodeWork(hexkey(a), "m", 0, 2, 10),)
     bad = item()
     good = charge("payer-2", 2, 40)
-    result = one(chain, charges_report(bad, good, work=work), GATEWAY)
+    result = one(chain, charges_report(bad, good), GATEWAY)
     assert result.code == Code.OK, result.log
     [refused] = refusals(result)
     assert (refused["kind"], refused["id"], refused["code"]) == ("charge", bad.name, code)
     assert refused["reason"]
-    # the report's other items applied: the served count, the good charge is pending
-    assert chain.state.get("cover", f"{hexkey(a)}/00000")["reported"] == 10
+    # the report's other item applied: the good charge is pending
     assert [key for key, _ in chain.state.items("cpend")] == [good.name]
     assert [key for key, _ in chain.state.items("spent")] == [good.name]
 
@@ -268,7 +259,7 @@ def test_charges_without_escrow_are_refused_items_settlement_disabled() -> None:
 
 
 def test_the_wire_keeps_old_reports_unchanged_and_refuses_hostile_charge_lists() -> None:
-    plain = WorkReport(work=(), queries=(("0x" + "01" * 32, 5),))
+    plain = WorkReport(queries=(("0x" + "01" * 32, 5),))
     assert "charges" not in plain.to_json()
     item = charge("payer-1", 1, 10)
     body = charges_report(item, charge("payer-1", 1, 10, kind="key"))
@@ -291,7 +282,7 @@ def test_the_wire_keeps_old_reports_unchanged_and_refuses_hostile_charge_lists()
     ]
     for bad in hostile:
         with pytest.raises(TxDecodeError):
-            WorkReport.from_json({"work": [], "queries": [], "charges": bad})
+            WorkReport.from_json({"queries": [], "charges": bad})
 
 
 def test_a_bound_gateway_key_charges_only_for_its_own_address() -> None:

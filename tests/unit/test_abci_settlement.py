@@ -21,7 +21,6 @@ from protocol.committee.gateways import sign_binding
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.registry import Heartbeat
 from protocol.committee.settlement import (
-    NodeWork,
     PayoutVote,
     WorkReport,
     statement_number,
@@ -125,10 +124,8 @@ def two_nodes(chain: Chain) -> tuple[SigningKey, SigningKey]:
     return a, b
 
 
-def report(*work: NodeWork, queries: tuple[tuple[str, int], ...] = ()) -> WorkReport:
-    return WorkReport(
-        work=tuple(sorted(work, key=lambda w: (w.node, w.model, w.shard))), queries=queries
-    )
+def report(queries: tuple[tuple[str, int], ...] = ()) -> WorkReport:
+    return WorkReport(queries=queries)
 
 
 def one(chain: Chain, body: object, key: SigningKey) -> object:
@@ -181,14 +178,10 @@ def redeemed(
 
 
 def served_epoch(chain: Chain, tmp: Path) -> tuple[SigningKey, SigningKey, int]:
-    """A redeems 2 credits on shard 0, B 3 on shard 1; the gateway reports its served counts and
-    two query fees (600 and 401); the epoch closes."""
+    """A redeems 2 credits on shard 0, B 3 on shard 1; the gateway reports two query fees (600
+    and 401); the epoch closes."""
     a, b = two_nodes(chain)
-    work = report(
-        NodeWork(hexkey(a), "m", 0, 2, 10),
-        NodeWork(hexkey(b), "m", 1, 3, 10),
-        queries=((Q1, 600), (Q2, 401)),
-    )
+    work = report(queries=((Q1, 600), (Q2, 401)))
     results = redeemed(chain, tmp, {a: (0, 2), b: (1, 3)}, lambda: [chain.tx(work, GATEWAY)])
     assert [r.code for r in results] == [Code.OK] * 5, [r.log for r in results]
     return a, b, next_epoch_end(chain)
@@ -299,68 +292,47 @@ def test_settlement_payout_vote_refusals_are_named(tmp_path: Path) -> None:
 # --- what a gateway reports ---------------------------------------------------------------------
 
 
-def reported(chain: Chain, key: SigningKey, shard: int) -> int:
-    """The tokens gateways reported for a node on a shard (informational: decides nothing)."""
-    record = chain.state.get("cover", f"{hexkey(key)}/{shard:05d}")
-    return 0 if record is None else record["reported"]
-
-
 def test_settlement_work_report_refused_whole_only_for_a_stranger() -> None:
     chain = settled_chain()
     a, _ = two_nodes(chain)
     stranger = seeded_key("not-a-gateway")
-    body = report(NodeWork(hexkey(a), "m", 0, 2, 10), queries=((Q1, 5),))
+    body = report(queries=((Q1, 5),))
     assert one(chain, body, stranger).code == Code.UNKNOWN_GATEWAY
     assert one(chain, body, a).code == Code.UNKNOWN_GATEWAY  # a node cannot report itself
-    assert reported(chain, a, 0) == 0
     assert chain.state.items("squery") == []
 
 
-def test_settlement_served_counts_feed_coverage_and_never_pay(tmp_path: Path) -> None:
+def test_settlement_a_report_naming_nodes_is_refused_by_name() -> None:
+    """Reports carry no per-node served counts any more (issue 45: they decided nothing, and
+    tied a report's query ids to its nodes): a `work` field is refused at decoding, by name,
+    whatever else the report holds, and the chain keeps nothing of it."""
     chain = settled_chain()
-    a, b = two_nodes(chain)
-    work = report(NodeWork(hexkey(a), "m", 0, 2, 10_000), NodeWork(hexkey(b), "m", 1, 3, 10))
-    assert refused_codes(one(chain, work, GATEWAY)) == []
-    assert (reported(chain, a, 0), reported(chain, b, 1)) == (10_000, 10)
-    epoch = next_epoch_end(chain)  # nothing redeemed, no fee: nothing to pay anyone
-    assert ask_code(chain, f"/payouts?epoch={epoch}") == Code.NOT_FOUND
-    # B redeems one credit: the draw is all B's, whatever A was reported to have served
-    results = redeemed(chain, tmp_path, {b: (1, 1)})
-    assert [r.code for r in results] == [Code.OK] * 2
-    later = next_epoch_end(chain)
-    assert rows(chain, later) == {evm_of("node-b"): CREDIT_PRICE}
+    a, _ = two_nodes(chain)
+    raw = _raw({"queries": [[Q1, "5"]], "work": [[hexkey(a), "m", 0, 2, 10]]}, WorkReport.TYPE)
+    with pytest.raises(TxDecodeError, match="'work'"):
+        decode(raw)
+    checked = chain.machine.check_tx(raw)
+    assert checked.code == Code.MALFORMED_TX and "'work'" in checked.log
+    from tests.unit.test_abci_state import finalize_raw
+
+    [result] = finalize_raw(chain, [raw])  # a byzantine proposer's block holding it anyway
+    assert result.code == Code.MALFORMED_TX
+    assert chain.state.get("squery", f"{Q1}/{GATEWAY_EVM}") is None
+    assert "reported" not in chain.state.get("cover", f"{hexkey(a)}/00000")
 
 
 def test_settlement_a_bad_item_is_refused_alone_by_name_and_the_others_apply() -> None:
     chain = settled_chain()
-    a, b = two_nodes(chain)
     assert one(chain, report(queries=((Q1, 5),)), GATEWAY).code == Code.OK
-    verifier = register(chain, "verifier-1", role="verifier")
-    unknown = "ab" * 32
-    body = report(
-        NodeWork(hexkey(a), "m", 0, 2, 10),
-        NodeWork(unknown, "m", 0, 2, 10),
-        NodeWork(hexkey(verifier), "m", 0, 1, 1),
-        NodeWork(hexkey(b), "m", 1, 1, 4),
-        queries=((Q1, 6), (Q2, 7), (Q3, 0)),
-    )
+    body = report(queries=((Q1, 6), (Q2, 7), (Q3, 0)))
     result = one(chain, body, GATEWAY)
     assert result.code == Code.OK, result.log
     refused = [dict(attrs) for kind, attrs in result.events if kind == "planet.item_refused"]
-    work_refused = sorted(
-        [
-            ("work", f"{unknown}/m/0", "UNKNOWN_NODE"),
-            ("work", f"{hexkey(verifier)}/m/0", "WRONG_ROLE"),
-        ],
-        key=lambda r: r[1],
-    )
-    expected = [*work_refused, ("query", Q1, "DUPLICATE_QUERY")]
-    assert [(r["kind"], r["id"], r["code"]) for r in refused] == expected
+    assert [(r["kind"], r["id"], r["code"]) for r in refused] == [("query", Q1, "DUPLICATE_QUERY")]
     assert all(r["reason"] for r in refused)
     summary = dict(dict(result.events)["planet.work_report"])
-    assert (summary["applied"], summary["unchanged"], summary["refused"]) == ("3", "1", "3")
-    # the good items applied: both nodes' counts, Q2 pending; Q1 keeps its first fee
-    assert (reported(chain, a, 0), reported(chain, b, 1)) == (10, 4)
+    assert (summary["applied"], summary["unchanged"], summary["refused"]) == ("1", "1", "1")
+    # the good items applied: Q2 pending; Q1 keeps its first fee
     assert chain.state.get("squery", f"{Q1}/{GATEWAY_EVM}")["fee"] == "5"
     assert chain.state.get("squery", f"{Q2}/{GATEWAY_EVM}")["fee"] == "7"
     assert chain.state.get("squery", f"{Q3}/{GATEWAY_EVM}") is None  # a zero fee charges nothing
@@ -382,15 +354,13 @@ def test_settlement_query_fees_are_idempotent() -> None:
 
 def test_settlement_a_key_that_released_its_binding_reports_nothing_at_all() -> None:
     """No genesis list of gateways: a key that is not bound (now, after a release) is a
-    stranger, its fees and its served counts alike."""
+    stranger."""
     chain = settled_chain()
-    a, _ = two_nodes(chain)
     [result] = chain.block([bind_gateway(chain, GATEWAY, GATEWAY_EVM_KEY, bound=False, nonce=2)])
     assert result.code == Code.OK, result.log
-    result = one(chain, report(NodeWork(hexkey(a), "m", 0, 1, 3), queries=((Q1, 5),)), GATEWAY)
+    result = one(chain, report(queries=((Q1, 5),)), GATEWAY)
     assert result.code == Code.UNKNOWN_GATEWAY
     assert chain.state.get("squery", f"{Q1}/{GATEWAY_EVM}") is None
-    assert reported(chain, a, 0) == 0
 
 
 def test_settlement_revenue_is_paid_with_no_redemption_and_no_share_at_all() -> None:
@@ -499,22 +469,15 @@ NODE = "ab" * 32
 @pytest.mark.parametrize(
     ("kind", "body"),
     [
-        ("work_report", {"queries": [], "work": []}),
-        ("work_report", {"queries": [[Q1, 5]], "work": []}),  # fee not a string
-        ("work_report", {"queries": [[Q1, "05"]], "work": []}),
-        ("work_report", {"queries": [[Q1, str(1 << 64)]], "work": []}),
-        ("work_report", {"queries": [[Q2, "1"], [Q1, "1"]], "work": []}),
-        ("work_report", {"queries": [[Q1, "1"], [Q1, "1"]], "work": []}),
-        ("work_report", {"queries": [], "work": [[NODE, "m", 0, 2]]}),
-        ("work_report", {"queries": [], "work": [[NODE, "m", 0, 0, 1]]}),
-        ("work_report", {"queries": [], "work": [[NODE, "m", 0, 1, 0]]}),
-        ("work_report", {"queries": [], "work": [[NODE, "m", 70000, 1, 1]]}),
-        ("work_report", {"queries": [], "work": [[NODE, "m", 0, 1, 1 << 60]]}),
-        ("work_report", {"queries": [], "work": [[NODE.upper(), "m", 0, 1, 1]]}),
-        ("work_report", {"queries": [], "work": [[NODE, "bad model", 0, 1, 1]]}),
-        ("work_report", {"queries": [], "work": [[NODE, "m", 1, 1, 1], [NODE, "m", 0, 1, 1]]}),
-        ("work_report", {"queries": [], "work": [[NODE, "m", True, 1, 1]]}),
-        ("work_report", {"queries": "x", "work": []}),
+        ("work_report", {"queries": []}),
+        ("work_report", {"queries": [[Q1, 5]]}),  # fee not a string
+        ("work_report", {"queries": [[Q1, "05"]]}),
+        ("work_report", {"queries": [[Q1, str(1 << 64)]]}),
+        ("work_report", {"queries": [[Q2, "1"], [Q1, "1"]]}),
+        ("work_report", {"queries": [[Q1, "1"], [Q1, "1"]]}),
+        ("work_report", {"queries": "x"}),
+        ("work_report", {"queries": [[Q1, "1"]], "work": []}),  # served counts: gone, by name
+        ("work_report", {"queries": [[Q1, "1"]], "charges": []}),
         ("work_report", {"work": []}),
         ("contribution", {"work": [["m", 0, 1, 1]]}),  # the retired tx: no such type now
         ("payout_vote", {"epoch": 0, "signature": "0x" + "11" * 65}),
@@ -532,7 +495,7 @@ def test_settlement_hostile_bodies_are_malformed_never_a_crash(kind: str, body: 
 
 def test_settlement_tx_bodies_round_trip() -> None:
     for body in (
-        report(NodeWork(NODE, "m", 0, 2, 10), queries=((Q1, 0), (Q2, (1 << 64) - 1))),
+        report(queries=((Q1, 0), (Q2, (1 << 64) - 1))),
         PayoutVote(3, "0x" + "11" * 65),
     ):
         tx = sign(body, GATEWAY, 5)

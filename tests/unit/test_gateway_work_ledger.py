@@ -1,5 +1,5 @@
 """The gateway's work ledger and reporter against an in-process committee chain: receipts become
-per-node aggregates, query fees and cumulative charges (nothing that ties a query to its nodes);
+query fees and cumulative charges (no node named: nothing that ties a query to its nodes);
 reports are split by their encoded bytes, sent once, awaited, retried when they did not reach a
 block, and their refused items are kept by name; the journal makes a restart report everything
 exactly once."""
@@ -7,6 +7,7 @@ exactly once."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -15,18 +16,18 @@ import pytest
 from nacl.signing import SigningKey
 
 from node.chain.committee_rpc import tx_hash
-from node.gateway.router import Circuit, RoutableNode
 from node.gateway.settlement import WorkLedger, WorkReporter, charge_item, ledger_paths
+from protocol.canonical import canonical_json
 from protocol.committee.envelope import MAX_TX_BYTES, decode, sign
 from protocol.committee.settlement import WorkReport
 from protocol.errors import RemoteError, UnavailableError
 from tests.committee_chain import Chain, ReportingLink
-from tests.unit.test_abci_settlement import GATEWAY, GATEWAY_EVM, settled_chain, two_nodes
+from tests.unit.test_abci_settlement import GATEWAY, GATEWAY_EVM, settled_chain
 from tests.unit.test_abci_state import hexkey
 
 pytestmark = pytest.mark.unit
 
-A, B, C = "aa" * 32, "bb" * 32, "cc" * 32
+A = "aa" * 32
 
 
 def receipt(query: int, prompt: int, completion: int, fee: int) -> dict[str, Any]:
@@ -38,32 +39,18 @@ def receipt(query: int, prompt: int, completion: int, fee: int) -> dict[str, Any
     }
 
 
-def circuit(*keys: str) -> Circuit:
-    return Circuit(tuple(RoutableNode(k, f"http://{i}", i) for i, k in enumerate(keys)))
-
-
-def served(chain: Chain, node: SigningKey, shard: int) -> int:
-    """The tokens reported for the node on (m, shard): its commitment coverage's count."""
-    record = chain.state.get("cover", f"{hexkey(node)}/{shard:05d}")
-    return 0 if record is None else record["reported"]
-
-
 def reporter(ledger: WorkLedger, link: ReportingLink, **kwargs: Any) -> WorkReporter:
     return WorkReporter(ledger, link, settle_s=0.0, **kwargs)
 
 
-def test_ledger_aggregates_per_node_and_lists_queries_apart() -> None:
-    ledger = WorkLedger("sha256:" + "0" * 64, [(0, 10), (10, 30)])
-    ledger.record(receipt(2, 5, 3, 80), circuit(A, B))
-    ledger.record(receipt(1, 2, 2, 40), circuit(C, B))
-    ledger.record(receipt(3, 1, 1, 0), circuit(A, B))  # a free question: work, no query
+def test_ledger_lists_queries_and_names_no_node() -> None:
+    ledger = WorkLedger()
+    ledger.record(receipt(2, 5, 3, 80))
+    ledger.record(receipt(1, 2, 2, 40))
+    ledger.record(receipt(3, 1, 1, 0))  # a free question: nothing to report
     report = ledger.take()
     assert report is not None
-    assert [(w.node, w.shard, w.layers, w.tokens) for w in report.work] == [
-        (A, 0, 10, 10),
-        (B, 1, 20, 14),
-        (C, 0, 10, 4),
-    ]
+    assert set(report.to_json()) == {"queries"}  # no served counts (issue 45)
     assert report.queries == (("0x" + f"{1:064x}", 40), ("0x" + f"{2:064x}", 80))
     assert report.charges == ()
     # the wire form is a valid, canonical work_report
@@ -72,31 +59,29 @@ def test_ledger_aggregates_per_node_and_lists_queries_apart() -> None:
 
 async def test_reporter_batches_questions_until_enough_or_the_oldest_waited() -> None:
     chain = settled_chain()
-    a, _ = two_nodes(chain)
     now = [0.0]
-    ledger = WorkLedger("m", [(0, 2)], min_questions=3, max_wait_s=60, clock=lambda: now[0])
+    ledger = WorkLedger(min_questions=3, max_wait_s=60, clock=lambda: now[0])
     link = ReportingLink(chain, GATEWAY)
     sender = reporter(ledger, link)
-    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
-    ledger.record(receipt(2, 1, 1, 5), circuit(hexkey(a)))
+    ledger.record(receipt(1, 1, 1, 5))
+    ledger.record(receipt(2, 1, 1, 5))
     assert await sender.flush() == 0  # 2 questions: one report would narrow them down
-    ledger.record(receipt(3, 1, 1, 5), circuit(hexkey(a)))
+    ledger.record(receipt(3, 1, 1, 5))
     assert await sender.flush() == 1 and len(chain.state.items("squery")) == 3
-    ledger.record(receipt(4, 1, 1, 5), circuit(hexkey(a)))
+    ledger.record(receipt(4, 1, 1, 5))
     now[0] = 59.0
     assert await sender.flush() == 0
     now[0] = 61.0  # the oldest waited long enough: reported alone
     assert await sender.flush() == 1 and len(chain.state.items("squery")) == 4
-    ledger.record(receipt(5, 1, 1, 5), circuit(hexkey(a)))
+    ledger.record(receipt(5, 1, 1, 5))
     assert await sender.flush(force=True) == 1  # at shutdown
     assert not ledger.pending and ledger.in_flight is None
 
 
 async def test_what_did_not_reach_a_block_is_resent_byte_for_byte_and_applied_once() -> None:
     chain = settled_chain()
-    a, _ = two_nodes(chain)
-    ledger = WorkLedger("m", [(0, 2)], min_questions=1)
-    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
+    ledger = WorkLedger(min_questions=1)
+    ledger.record(receipt(1, 1, 1, 5))
     link = ReportingLink(chain, GATEWAY, down=True)
     sender = reporter(ledger, link)
     with pytest.raises(UnavailableError):  # no nonce to sign with: nothing leaves the ledger
@@ -118,27 +103,24 @@ async def test_what_did_not_reach_a_block_is_resent_byte_for_byte_and_applied_on
     assert await sender.flush() == 1 and ledger.in_flight is None
     assert set(link.broadcasts) == {sent.hash}  # always the same bytes: one nonce, one effect
     assert chain.state.get("squery", f"0x{1:064x}/{GATEWAY_EVM}")["fee"] == "5"
-    assert served(chain, a, 0) == 2
 
 
 async def test_a_report_whose_nonce_was_taken_goes_back_and_is_sent_again() -> None:
     chain = settled_chain()
-    a, _ = two_nodes(chain)
-    ledger = WorkLedger("m", [(0, 2)], min_questions=1)
-    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
+    ledger = WorkLedger(min_questions=1)
+    ledger.record(receipt(1, 1, 1, 5))
     link = ReportingLink(chain, GATEWAY, lose=True)
     sender = reporter(ledger, link)
     assert await sender.flush() == 0
     lost = ledger.in_flight
     assert lost is not None
     # another report of this key takes the nonce first (a second gateway process, a bug)
-    other = WorkReport(work=(), queries=(("0x" + "ee" * 32, 9),))
+    other = WorkReport(queries=(("0x" + "ee" * 32, 9),))
     link.lose = False
     link.mine([sign(other, GATEWAY, lost.nonce).encode()])
     assert await sender.flush() == 1  # dead: the items went back and travelled again
     assert ledger.in_flight is None and not ledger.pending
     assert chain.state.get("squery", f"0x{1:064x}/{GATEWAY_EVM}")["fee"] == "5"
-    assert served(chain, a, 0) == 2
 
 
 class _LaggingIndex(ReportingLink):
@@ -157,9 +139,8 @@ class _LaggingIndex(ReportingLink):
 
 async def test_a_report_the_index_shows_late_is_found_while_settle_lasts_not_resent() -> None:
     chain = settled_chain()
-    a, _ = two_nodes(chain)
-    ledger = WorkLedger("m", [(0, 2)], min_questions=1)
-    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
+    ledger = WorkLedger(min_questions=1)
+    ledger.record(receipt(1, 1, 1, 5))
     link = _LaggingIndex(chain, GATEWAY, lose=True)
     sender = WorkReporter(ledger, link, settle_s=10.0)
     assert await sender.flush() == 0
@@ -177,35 +158,32 @@ async def test_a_report_the_index_shows_late_is_found_while_settle_lasts_not_res
 
 async def test_refused_items_are_logged_and_kept_by_name_the_rest_applies(tmp_path: Path) -> None:
     chain = settled_chain()
-    a, _ = two_nodes(chain)
     journal, refused_file = ledger_paths(tmp_path / "gw-receipts.jsonl")
-    ledger = WorkLedger(
-        "m", [(0, 2), (2, 5)], min_questions=1, journal=journal, refused_path=refused_file
-    )
-    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a), "ab" * 32))  # one unknown node
+    ledger = WorkLedger(min_questions=1, journal=journal, refused_path=refused_file)
+    first = WorkReport(queries=(("0x" + f"{1:064x}", 4),))  # an earlier report, another fee
+    assert chain.block([chain.tx(first, GATEWAY)])[0].code == 0
+    ledger.record(receipt(1, 1, 1, 5))
+    ledger.record(receipt(2, 1, 1, 5))
     assert await reporter(ledger, ReportingLink(chain, GATEWAY)).flush() == 1
     [refused] = ledger.refused
     assert (refused["kind"], refused["id"], refused["code"]) == (
-        "work",
-        f"{'ab' * 32}/m/1",
-        "UNKNOWN_NODE",
+        "query",
+        "0x" + f"{1:064x}",
+        "DUPLICATE_QUERY",
     )
     kept = [json.loads(line) for line in refused_file.read_text().splitlines()]
     assert kept[0]["refused"] == [refused]
-    assert chain.state.get("squery", f"0x{1:064x}/{GATEWAY_EVM}") is not None  # the rest applied
+    assert chain.state.get("squery", f"0x{2:064x}/{GATEWAY_EVM}") is not None  # the rest applied
     assert not ledger.pending and ledger.in_flight is None
 
 
 async def test_a_whole_tx_refusal_names_every_item() -> None:
     chain = settled_chain()
-    ledger = WorkLedger("m", [(0, 2)], min_questions=1)
-    ledger.record(receipt(1, 1, 1, 5), circuit(A))
+    ledger = WorkLedger(min_questions=1)
+    ledger.record(receipt(1, 1, 1, 5))
     link = ReportingLink(chain, key=SigningKey(b"\x05" * 32))  # not a genesis gateway
     assert await reporter(ledger, link).flush() == 1
-    assert {(r["kind"], r["code"]) for r in ledger.refused} == {
-        ("work", "UNKNOWN_GATEWAY"),
-        ("query", "UNKNOWN_GATEWAY"),
-    }
+    assert {(r["kind"], r["code"]) for r in ledger.refused} == {("query", "UNKNOWN_GATEWAY")}
     assert not ledger.pending
 
 
@@ -214,16 +192,15 @@ async def test_a_whole_tx_refusal_names_every_item() -> None:
 
 def reopened(ledger: WorkLedger) -> WorkLedger:
     """The ledger a restarted gateway loads from the same file."""
-    return WorkLedger(ledger.model, ledger.shard_layers, min_questions=1, journal=ledger.journal)
+    return WorkLedger(min_questions=1, journal=ledger.journal)
 
 
 async def test_a_restart_reports_what_was_recorded_exactly_once(tmp_path: Path) -> None:
     chain = settled_chain()
-    a, _ = two_nodes(chain)
     path = tmp_path / "ledger.jsonl"
-    ledger = WorkLedger("m", [(0, 2)], min_questions=10, journal=path)
+    ledger = WorkLedger(min_questions=10, journal=path)
     for n in range(1, 4):
-        ledger.record(receipt(n, 1, 1, 5), circuit(hexkey(a)))
+        ledger.record(receipt(n, 1, 1, 5))
     assert await reporter(ledger, ReportingLink(chain, GATEWAY)).flush() == 0  # batch not full
     # killed here; the new process finds the three questions and reports them
     again = reopened(ledger)
@@ -232,7 +209,6 @@ async def test_a_restart_reports_what_was_recorded_exactly_once(tmp_path: Path) 
     # and a third start finds nothing left to report
     third = reopened(again)
     assert not third.pending and third.in_flight is None
-    assert served(chain, a, 0) == 6
 
 
 @pytest.mark.parametrize("stage", ["signed", "broadcast", "committed"])
@@ -240,9 +216,8 @@ async def test_a_restart_with_a_report_in_flight_never_reports_it_twice(
     tmp_path: Path, stage: str
 ) -> None:
     chain = settled_chain()  # the binding tx was the key's nonce 1: the report below is its 2
-    a, _ = two_nodes(chain)
-    ledger = WorkLedger("m", [(0, 2)], min_questions=1, journal=tmp_path / "ledger.jsonl")
-    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
+    ledger = WorkLedger(min_questions=1, journal=tmp_path / "ledger.jsonl")
+    ledger.record(receipt(1, 1, 1, 5))
     report = ledger.take()
     assert report is not None
     raw = sign(report, GATEWAY, 2).encode()
@@ -257,7 +232,6 @@ async def test_a_restart_with_a_report_in_flight_never_reports_it_twice(
     link = ReportingLink(chain, GATEWAY, mempool=list(first.mempool), index=dict(first.index))
     assert await reporter(again, link).flush() == 1
     assert not again.pending and again.in_flight is None
-    assert served(chain, a, 0) == 2  # once, not twice
     assert chain.state.committed("acct", hexkey(GATEWAY)) == 2
 
 
@@ -267,15 +241,14 @@ async def test_the_journal_survives_a_torn_last_line_and_compacts(
     from node.gateway import settlement
 
     chain = settled_chain()
-    a, _ = two_nodes(chain)
     path = tmp_path / "ledger.jsonl"
-    ledger = WorkLedger("m", [(0, 2)], min_questions=100, journal=path)
-    ledger.record(receipt(1, 1, 1, 5), circuit(hexkey(a)))
+    ledger = WorkLedger(min_questions=100, journal=path)
+    ledger.record(receipt(1, 1, 1, 5))
     with open(path, "a") as handle:
         handle.write('{"q": {"seq": 2, "wo')  # the crash cut the line: that receipt never left
     monkeypatch.setattr(settlement, "COMPACT_LINES", 2)
     again = reopened(ledger)
-    again.record(receipt(3, 1, 1, 7), circuit(hexkey(a)))
+    again.record(receipt(3, 1, 1, 7))
     assert await reporter(again, ReportingLink(chain, GATEWAY)).flush() == 1
     assert len(path.read_text().splitlines()) == 1  # compacted into a snapshot
     ledger_after = reopened(again)
@@ -296,14 +269,12 @@ async def test_2000_charges_and_1000_queries_reach_the_chain_in_fitting_reports(
 
     chain = settled_chain(epoch_length=1_000)
     chain.time_s = NOW
-    a, b = two_nodes(chain)
-    ledger = WorkLedger("m", [(0, 2), (2, 5)], min_questions=1, journal=tmp_path / "l.jsonl")
-    nodes = circuit(hexkey(a), hexkey(b))
+    ledger = WorkLedger(min_questions=1, journal=tmp_path / "l.jsonl")
     items = [charge("payer-1" if n % 2 else "payer-2", n, 10 + n % 7) for n in range(1, 2001)]
     for n, item in enumerate(items, 1):
-        ledger.record(prepaid_receipt(item), nodes)
+        ledger.record(prepaid_receipt(item))
         if n % 2 == 0:
-            ledger.record(receipt(10_000 + n, 2, 3, 100 + n), nodes)
+            ledger.record(receipt(10_000 + n, 2, 3, 100 + n))
     link = ReportingLink(chain, GATEWAY)
     sender = reporter(ledger, link)
     assert await sender.flush() >= 5
@@ -314,8 +285,6 @@ async def test_2000_charges_and_1000_queries_reach_the_chain_in_fitting_reports(
     pending = dict(chain.state.items("cpend"))
     assert len(pending) == 2_000
     assert sum(int(e["total"]) for e in pending.values()) == sum(i.total for i in items)
-    tokens = 3_000 * 5
-    assert (served(chain, a, 0), served(chain, b, 1)) == (tokens, tokens)
 
 
 def prepaid_receipt(item: Any) -> dict[str, Any]:
@@ -358,24 +327,29 @@ def test_a_receipt_becomes_the_charge_the_chain_checks() -> None:
     assert charge_item(receipt(1, 1, 1, 5)) is None
 
 
-class _FailedOver:
-    """A circuit after a failover: the first node computed every token, its replacement none."""
+def test_a_journal_written_with_served_counts_loads_and_its_report_in_flight_goes_again(
+    tmp_path: Path,
+) -> None:
+    """A gateway upgraded from a ledger that recorded per-node served counts (issue 45: reports
+    carry none now): the `work` fields are ignored, and the report signed with them, still in
+    flight, no longer decodes, so its query is pending again and travels in a new report."""
+    chain = settled_chain()
+    path = tmp_path / "ledger.jsonl"
+    query = "0x" + f"{1:064x}"
+    old_body = {"queries": [[query, "5"]], "work": [[A, "m", 0, 2, 7]]}
+    unsigned = {"body": old_body, "nonce": 2, "signer": hexkey(GATEWAY), "type": "work_report"}
+    raw = canonical_json({**unsigned, "sig": "00" * 64})
+    lines = [
+        {"q": {"seq": 1, "work": [[A, 0, 7]], "query": [query, 5], "charge": None, "n": 1}},
+        {"tx": {"hash": tx_hash(raw), "nonce": 2, "raw": base64.b64encode(raw).decode()}},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    ledger = WorkLedger(min_questions=1, journal=path)
+    assert ledger.in_flight is None and ledger.queries == {query: (5, 1)}
+    assert ledger.recorded_through == 1
+    assert await_flush(ledger, chain) == 1
+    assert chain.state.get("squery", f"{query}/{GATEWAY_EVM}")["fee"] == "5"
 
-    def __init__(self, nodes: tuple[Any, ...]) -> None:
-        self.nodes = nodes
 
-    def shares(self, tokens: int) -> list[tuple[Any, int]]:
-        return [(self.nodes[0], tokens), (self.nodes[1], 0)]
-
-
-def test_a_node_credited_no_tokens_is_left_out_and_the_report_stays_valid() -> None:
-    """A node a failover credited 0 tokens is not an item: the committee refuses a 0-token work
-    item in CheckTx, and with it the whole report, its query fees included (seen on the devnet)."""
-    ledger = WorkLedger("sha256:" + "0" * 64, [(0, 10), (10, 30)])
-    hops = circuit(A, B).nodes
-    ledger.record(receipt(1, 3, 2, 50), _FailedOver((hops[0], RoutableNode(C, "http://c", 0))))
-    report = ledger.take()
-    assert report is not None
-    assert [(w.node, w.tokens) for w in report.work] == [(A, 5)]
-    assert report.queries == (("0x" + f"{1:064x}", 50),)
-    assert decode(sign(report, GATEWAY, 1).encode()).body == report
+def await_flush(ledger: WorkLedger, chain: Chain) -> int:
+    return asyncio.run(reporter(ledger, ReportingLink(chain, GATEWAY)).flush())

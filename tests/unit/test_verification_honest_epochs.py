@@ -24,11 +24,12 @@ from typing import Any
 
 import pytest
 
+from abci_app import rules
 from node.verifier.calibration import CALIBRATION_FILE
 from node.verifier.scoring import CredibilityMap, Gap
+from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditRedeem
 from protocol.committee.registry import Heartbeat
-from protocol.committee.settlement import NodeWork
 from tests.committee_chain import Chain, seeded_key
 from tests.unit.test_abci_settlement import GATEWAY, ask, evm_of, report, settled_chain
 from tests.unit.test_abci_state import commit_served, hexkey, make_routable, price_txs, register
@@ -68,23 +69,31 @@ def _epoch(
     """One epoch of honest traffic and verification, ending with its close; each node in `paid`
     redeems its credit."""
     length = chain.state.genesis.epoch_length
-    work = [
-        NodeWork(hexkey(seeded_key(label)), "m", shard, 10, TOKENS * QUESTIONS)
-        for label, (_, shard) in nodes.items()
-    ]
     query = "0x" + hashlib.sha256(b"question %d" % chain.state.height).hexdigest()
-    [result] = chain.block([chain.tx(report(*work, queries=((query, 10**15),)), GATEWAY)])
+    [result] = chain.block([chain.tx(report(queries=((query, 10**15),)), GATEWAY)])
     assert result.code == 0, result.log
-    for label, (_, shard) in nodes.items():
-        commit_served(chain, seeded_key(label), shard=shard, blocks=BLOCKS * QUESTIONS)
-    claims = [
+    # a paid node's price is on the chain before it serves: what it commits while unpriced
+    # is free and pays no credit (abci_app/coverage.py rule 4)
+    pricing = [
         tx
         for label, (_, shard) in nodes.items()
         if label in paid
-        for tx in (
-            *price_txs(chain, seeded_key(label), shard),
-            chain.tx(CreditRedeem("m", shard, (paid[label],)), seeded_key(label)),
+        for tx in price_txs(chain, seeded_key(label), shard)
+    ]
+    if pricing:
+        assert all(r.code == 0 for r in chain.block(pricing))
+    for label, (_, shard) in nodes.items():
+        commit_served(chain, seeded_key(label), shard=shard, blocks=BLOCKS * QUESTIONS)
+    # the first epoch each node redeems its credit; later ones, it locks the credit its next
+    # question was paid with (a charging node that commits sells: coverage.py rule 5)
+    epoch = rules.epoch_of(chain.state, chain.state.height + 1)
+    claims = [
+        chain.tx(CreditRedeem("m", shard, (paid[label],)), seeded_key(label))
+        if label in paid
+        else chain.tx(
+            CreditLock("m", shard, ((_spent_id(label, epoch), epoch),)), seeded_key(label)
         )
+        for label, (_, shard) in nodes.items()
     ]
     results = chain.block(claims)
     assert [r.code for r in results] == [0] * len(claims), [r.log for r in results]
@@ -94,6 +103,10 @@ def _epoch(
     chain.block(heartbeats)  # the epoch's last block
     # the next block carries every validator's vote extension for the closed epoch
     chain.block(scores={i: scores for i in range(len(chain.validators))})
+
+
+def _spent_id(label: str, epoch: int) -> str:
+    return hashlib.sha256(f"{label}/{epoch}".encode()).hexdigest()
 
 
 def _heartbeat() -> Heartbeat:
