@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -148,9 +149,16 @@ class OverlayLink:
 class OverlayDoor:
     """Every overlay link of one node (`app[DOOR_KEY]`)."""
 
-    def __init__(self, state: NodeState, config: ServerConfig) -> None:
+    def __init__(
+        self,
+        state: NodeState,
+        config: ServerConfig,
+        serve: Callable[[OverlayLink, str], Awaitable[None]] | None = None,
+    ) -> None:
         self.state = state
         self.config = config
+        # what a link gets: the stream protocol's serve_link (tests give their own)
+        self.serve = serve or (lambda link, caller: serve_link(state, config, link, caller))
         self.collector = sida.Collector()
         self.links: dict[bytes, OverlayLink] = {}
         # message id -> the paths its cloves came on, and (once whole) its link
@@ -216,7 +224,7 @@ class OverlayDoor:
 
     async def _serve(self, link: OverlayLink) -> None:
         try:
-            await serve_link(self.state, self.config, link, f"overlay:{link.ident.hex()}")
+            await self.serve(link, f"overlay:{link.ident.hex()}")
         finally:
             self.links.pop(link.ident, None)
             await link.send_ack()  # the last count: what the client pays the paths' relays for
