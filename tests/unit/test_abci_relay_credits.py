@@ -102,7 +102,7 @@ def test_forged_and_duplicated_credits_and_the_wrong_signer_are_refused_by_name(
 
 
 def test_the_relay_redeem_tx_grammar_is_strict() -> None:
-    with pytest.raises(TxDecodeError, match="body.credits"):
+    with pytest.raises(TxDecodeError, match=r"body\.credits"):
         RelayRedeem.from_json({"credits": []})
     with pytest.raises(TxDecodeError):
         RelayRedeem.from_json({"credits": ["ab" * 88], "model": "m"})
