@@ -319,3 +319,34 @@ def test_the_relay_rate_is_read_from_the_chain_answer_and_checked() -> None:
         with pytest.raises(ProtocolError) as caught:
             parse_rate(bad)
         assert caught.value.code == "relay_rate_invalid"
+
+
+async def test_the_node_acknowledges_each_intact_clove_once() -> None:
+    """An exit repeating a clove, or sending one altered after its message was whole, does
+    not raise its path's count: the node counts distinct cloves that agree with the message."""
+    from dataclasses import replace
+
+    from protocol import sida
+    from protocol.overlay import LinkMessage, MessageKind
+
+    served: list[Any] = []
+
+    async def keep(link: Any, _caller: str) -> None:
+        served.append(link)
+        async for _ in link:
+            pass
+
+    door = OverlayDoor(None, None, serve=keep)  # type: ignore[arg-type]
+    ident = os.urandom(16)
+    for sequence in range(2):
+        message = LinkMessage(ident, sequence, MessageKind.BINARY, b"x" * 50).to_bytes()
+        cloves = sida.disperse(message, 4, 3)
+        for clove in (cloves[0], cloves[0], cloves[1], cloves[2], cloves[2], cloves[3]):
+            door.clove("exit", clove.index, clove.to_bytes())  # type: ignore[arg-type]
+        altered = replace(cloves[1], block=bytes(len(cloves[1].block)))
+        door.clove("exit", 1, altered.to_bytes())  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    [link] = served
+    assert link.received == [2, 2, 2, 2]
+    assert link.acks_now() == Acks((2, 2, 2, 2))
+    await door.close()
