@@ -323,7 +323,7 @@ def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai
         assert again.token == client.token
 
 
-def test_the_personal_client_over_the_overlay_answers_the_same_through_relays(net) -> None:
+def test_the_personal_client_over_the_overlay_answers_the_same_through_relays(net, capsys) -> None:
     """`--relays FILE --overlay 4,3,1`: every node of the circuit reached over 4 relay paths as
     (4, 3) S-IDA cloves; the official `openai` client's greedy answer is the direct one, every
     node is paid with credits as before, and every relay is paid from the same wallet for the
@@ -368,20 +368,28 @@ def test_the_personal_client_over_the_overlay_answers_the_same_through_relays(ne
         for path in (homes[0] / "relay-credits").glob("*.json")
     ]
     assert len(first) == paid[0]
-    for i, (home, relay) in enumerate(zip(homes, started, strict=True)):
-        key = _register_relay(committee, home, relay.url, relay.hop.key.hex(), i)
-        if i == 1:  # relay 0's credit, redeemed, shown by another relay: spent for everyone
-            with pytest.raises(RuntimeError, match="'code': 78"):
-                committee.submit(sign(RelayRedeem((first[0],)), key, 2).encode())
+    keys = [  # in one block
+        _register_relay(committee, home, relay, i, wait=i == len(started) - 1)
+        for i, (home, relay) in enumerate(zip(homes, started, strict=True))
+    ]
+    # relay 0 redeems one of its credits; shown again by relay 1 it is spent for everyone
+    # (CREDIT_SPENT by name), and relay 0's own `planet relay redeem` drops it by that name
+    committee.submit(sign(RelayRedeem((first[0],)), keys[0], 2).encode())
+    with pytest.raises(RuntimeError, match="'code': 78"):
+        committee.submit(sign(RelayRedeem((first[0],)), keys[1], 2).encode())
+    for i, home in enumerate(homes):
         argv = ["relay", "redeem", "--home", str(home), "--committee-rpc", committee.rpc]
         assert main([*argv, "--password-file", str(net["password"])]) == 0
-        earned = committee.query(f"/relay_credits?key={key.verify_key.encode().hex()}")
+        refused = "1 CREDIT_SPENT" if i == 0 else "none"
+        line = f"redeemed {paid[i] - (i == 0)} of {paid[i]} credits on the committee"
+        assert f"{line} (refused: {refused})" in capsys.readouterr().out
+        earned = committee.query(f"/relay_credits?key={keys[i].verify_key.encode().hex()}")
         assert sum(row["credits"] for row in earned["epochs"]) == paid[i]
         assert not list((home / "relay-credits").glob("*.json"))  # nothing left held
 
 
 def _register_relay(
-    committee: Committee, home: Path, url: str, relay_key: str, i: int
+    committee: Committee, home: Path, relay: Any, i: int, *, wait: bool
 ) -> SigningKey:
     """`relay` tx for a relay that served unregistered (no EVM chain here): its committee key
     in `<home>/node_key.json`, bound to a fresh wallet; the key."""
@@ -392,8 +400,9 @@ def _register_relay(
     wallet = create_wallet(home / "wallet.json", PASSWORD, secret)
     key = create_node_key(home / "node_key.json", PASSWORD)
     hexkey = key.verify_key.encode().hex()
-    body = RegisterRelay(wallet.address.lower(), sign_registration(secret, hexkey), url, relay_key)
-    committee.submit(sign(body, key, 1).encode())
+    binding = sign_registration(secret, hexkey)
+    body = RegisterRelay(wallet.address.lower(), binding, relay.url, relay.hop.key.hex())
+    committee.submit(sign(body, key, 1).encode(), wait=wait)
     return key
 
 
