@@ -324,7 +324,8 @@ class OverlayLink:
                         continue
                     paid = await self._pay_relay(path, target, due)
                     path.paid[target] += paid
-                    self.purse.note(hop.url, paid)
+                    if paid:
+                        self.purse.note(hop.url, paid)
                     given += paid
                     if paid < due:
                         return given  # the wallet is short, or the path went

@@ -350,3 +350,31 @@ async def test_the_node_acknowledges_each_intact_clove_once() -> None:
     assert link.received == [2, 2, 2, 2]
     assert link.acks_now() == Acks((2, 2, 2, 2))
     await door.close()
+
+
+async def test_a_serving_relay_redeems_what_it_is_paid_until_stopped(tmp_path) -> None:
+    from node.relay.redeem import keep_redeeming
+    from protocol.errors import UnavailableError
+
+    earnings = Earnings(tmp_path / "relay-credits")
+    earnings.take(fake_credits(2, first=120))
+
+    class Flaky(FakeCommittee):
+        async def send(self, body: Any, *, timeout_s: float = 15.0) -> tuple[int, str]:
+            if not self.sent:
+                self.sent.append(None)
+                raise UnavailableError("no validator answered")  # kept for the next pass
+            return await super().send(body, timeout_s=timeout_s)
+
+    committee = Flaky([(0, ""), (0, "")])
+    stop = asyncio.Event()
+    task = asyncio.create_task(keep_redeeming(committee, earnings, stop, every_s=0.01))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if not earnings.pending():
+            break
+    assert not earnings.pending() and len(committee.sent[1].credits) == 2
+    earnings.take(fake_credits(1, first=130))  # paid while stopping: redeemed once more
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert not earnings.pending() and len(committee.sent) == 3
