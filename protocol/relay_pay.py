@@ -4,13 +4,13 @@ inside that relay's own onion layer.
 
 Acknowledgement (node → client, a link message of kind ACK, `protocol.overlay`):
 
-    body = n u8 ‖ n × received u64        received[i]: distinct cloves of index i of this
-                                          link's messages that reached the node
+    body = n u8 ‖ n × received u64        received[i]: the bytes of the distinct cloves of
+                                          index i of this link's messages that reached the node
 
 The client sends clove i of every message on its path i, so received[i] is what path i
 delivered forward; what it delivered backward the client counts itself. A path's relays are
-paid for (forward acknowledged + backward received) cloves at the chain's rate
-(`/credit_keys` relay_cloves): floor(cloves / rate) credits each, less what they were paid.
+paid for (forward acknowledged + backward received) clove bytes at the chain's rate
+(`/credit_keys` relay_bytes): floor(bytes / rate) credits each, less what they were paid.
 
 Pay note (client → relay t of a path, a PAY cell, forward only):
 
@@ -77,7 +77,7 @@ class AckInvalid(OverlayError):
 
 @dataclass(frozen=True)
 class Acks:
-    """Cloves a node received on one link, per clove index (= the client's path index)."""
+    """Clove bytes a node received on one link, per clove index (= the client's path index)."""
 
     received: tuple[int, ...]
 
@@ -160,10 +160,10 @@ def open_pay(key: bytes, sequence: int, payload: bytes, *, exit_relay: bool) -> 
     return Opened(credits=_credits(inner))
 
 
-def credits_due(cloves: int, rate: int, paid: int) -> int:
-    """Credits a relay is owed for `cloves` delivered at `rate` cloves a credit, less `paid`:
-    whole credits only (the remainder is never paid, so a relay is never paid for a clove
-    that did not arrive), never negative."""
+def credits_due(delivered: int, rate: int, paid: int) -> int:
+    """Credits a relay is owed for `delivered` clove bytes at `rate` bytes a credit, less
+    `paid`: whole credits only (the remainder is never paid, so a relay is never paid for a
+    byte that did not arrive), never negative."""
     if rate <= 0:
-        raise ValueError("a relay rate is at least 1 clove per credit")
-    return max(0, cloves // rate - paid)
+        raise ValueError("a relay rate is at least 1 byte per credit")
+    return max(0, delivered // rate - paid)

@@ -454,7 +454,7 @@ def _serve_personal(args: argparse.Namespace) -> int:
 
 
 def _relay_purse(committee_rpc: str, credits_file: Path) -> Any:
-    """What pays the relays: the committee's rate (`/credit_keys` relay_cloves) and the user's
+    """What pays the relays: the committee's rate (`/credit_keys` relay_bytes) and the user's
     credit wallet; None, said in one line on stderr, when the committee gives no rate."""
     import asyncio
 
@@ -475,7 +475,7 @@ def _relay_purse(committee_rpc: str, credits_file: Path) -> Any:
         print(f"overlay: relays are not paid: {error.message}", file=sys.stderr, flush=True)
         return None
     wallet = CreditWallet(credits_file)
-    print(f"overlay: relays paid 1 credit per {rate} cloves that arrive", file=sys.stderr)
+    print(f"overlay: relays paid 1 credit per {rate} clove bytes that arrive", file=sys.stderr)
     return RelayPurse(rate, wallet.take, wallet.add)
 
 

@@ -12,8 +12,8 @@ cloves (`protocol.sida`), clove i wrapped in path i's layers and sent as one DAT
 come back the same way and are put back in sequence order. Any n − k paths may fail; a path
 whose cells stop opening is torn down by its relays and counted in `failed_paths`.
 
-With a purse (node/client/relay_paying.py), the link pays each path's relays for the cloves
-that path delivered: forward, as the node acknowledges them (ACK link messages, every few
+With a purse (node/client/relay_paying.py), the link pays each path's relays for the clove
+bytes that path delivered: forward, as the node acknowledges them (ACK link messages, every few
 messages and once at the end: `close` waits up to ACK_WAIT_S for it); backward, as they come
 back. Each relay gets its credits in a PAY cell that only it can open (`protocol.relay_pay`).
 A path that delivered nothing is paid nothing; one torn down keeps what it was paid before.
@@ -124,17 +124,18 @@ class _Path:
     alive: bool = False
     failed: bool = False  # came up, then was torn down or lied while the link was in use
     delivered: int = 0  # cloves that came back on it
-    sent: int = 0  # cloves sent on it
-    acked: int = 0  # cloves sent on it that the node acknowledged (never above `sent`)
+    delivered_bytes: int = 0  # their bytes
+    sent: int = 0  # clove bytes sent on it
+    acked: int = 0  # clove bytes sent on it that the node acknowledged (never above `sent`)
     paid: list[int] = field(default_factory=list)  # per relay: credits paid to it
     pay_sequences: list[int] = field(default_factory=list)  # per relay: its next PAY sequence
 
     def due(self, rate: int, target: int | None = None) -> int:
         """Credits relay `target` of this path (None: the least paid) is owed now: whole
-        credits for the cloves that arrived (acknowledged forward, received backward), less
-        what it was paid."""
+        credits for the clove bytes that arrived (acknowledged forward, received backward),
+        less what it was paid."""
         paid = min(self.paid, default=0) if target is None else self.paid[target]
-        return credits_due(self.acked + self.delivered, rate, paid)
+        return credits_due(self.acked + self.delivered_bytes, rate, paid)
 
 
 # A path that brought back no clove while another brought back this many is dropping cloves
@@ -238,6 +239,7 @@ class OverlayLink:
                     raw = unwrap_backward(path.keys, path.backward_seq, cell.body)
                     path.backward_seq += 1
                     path.delivered += 1
+                    path.delivered_bytes += len(raw)
                     self._clove(raw)
                     if self.purse is not None and path.due(self.purse.rate):
                         self._pay_soon()
@@ -287,8 +289,9 @@ class OverlayLink:
     # -- paying the relays ----------------------------------------------------------------------
 
     def _acknowledged(self, body: bytes) -> None:
-        """The node's counts of the cloves it received, per path: raise each path's `acked`,
-        never above what was sent on it (a node cannot make the client pay for more)."""
+        """The node's counts of the clove bytes it received, per path: raise each path's
+        `acked`, never above what was sent on it (a node cannot make the client pay for
+        more)."""
         try:
             acks = Acks.from_bytes(body)
         except AckInvalid as error:
@@ -381,7 +384,8 @@ class OverlayLink:
             for path, clove in zip(self.paths, cloves, strict=True):
                 if not path.alive or path.ws is None:
                     continue
-                payload = wrap_forward(path.keys, path.forward_seq, clove.to_bytes())
+                raw = clove.to_bytes()
+                payload = wrap_forward(path.keys, path.forward_seq, raw)
                 path.forward_seq += 1
                 cell = Cell(CellKind.DATA, path.ident, payload).to_bytes()
                 try:
@@ -389,7 +393,7 @@ class OverlayLink:
                 except (ConnectionError, RuntimeError):
                     path.alive = False
                     continue
-                path.sent += 1
+                path.sent += len(raw)
                 self.cells_sent += 1
                 self.bytes_sent += len(cell)
             if sum(p.alive for p in self.paths) < self.k:

@@ -4,11 +4,11 @@ paid"): the chain's rate and the user's credit wallet, shared by every link of t
     purse = RelayPurse(rate, CreditWallet(path).take, CreditWallet(path).add)
     OverlayRoute(relays, ..., purse=purse)        each link pays its paths' relays
 
-The rate is the committee's (`/credit_keys` relay_cloves: genesis `credits.relay_cloves`), read
+The rate is the committee's (`/credit_keys` relay_bytes: genesis `credits.relay_bytes`), read
 once at start (`read_rate`), never a relay's own word. A link (node/client/overlay.py) pays a
-path's relays floor((forward cloves the node acknowledged + backward cloves that came back) /
-rate) credits each, less what it paid them before, each relay in a PAY cell inside its own
-layer (`protocol.relay_pay`).
+path's relays floor((forward clove bytes the node acknowledged + backward clove bytes that
+came back) / rate) credits each, less what it paid them before, each relay in a PAY cell
+inside its own layer (`protocol.relay_pay`).
 """
 
 from __future__ import annotations
@@ -57,12 +57,12 @@ class RelayPurse:
 
 def parse_rate(answer: Any) -> int:
     """The relay rate from a `/credit_keys` answer (RelayRateError naming what is wrong)."""
-    rate = answer.get("relay_cloves") if isinstance(answer, dict) else None
-    if isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= 1 << 32:
-        raise RelayRateError(f"/credit_keys relay_cloves: {rate!r} is not a rate in [1, 2^32]")
+    rate = answer.get("relay_bytes") if isinstance(answer, dict) else None
+    if isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= 1 << 40:
+        raise RelayRateError(f"/credit_keys relay_bytes: {rate!r} is not a rate in [1, 2^40]")
     return rate
 
 
 async def read_rate(query: Callable[[str], Awaitable[Any]]) -> int:
-    """The chain's relay rate (cloves a credit pays a relay for)."""
+    """The chain's relay rate (clove bytes a credit pays a relay for)."""
     return parse_rate(await query("/credit_keys"))

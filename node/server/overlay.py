@@ -10,11 +10,11 @@ many cloves as the link has paths (at least k) and sent one per path. The paths 
 the (exit connection, path id) pairs whose cloves made its messages, including cloves that
 arrived after their message was already whole.
 
-Acknowledgements (issue 43): the node counts, per link and clove index, the distinct cloves that
-reached it for the link's messages (late ones too) and sends the counts back as an ACK link
-message (`protocol.relay_pay.Acks`) every ACK_EVERY messages received and once more when the
-link ends (the client's CLOSE): what the client pays each path's relays for. A clove counts
-once however often an exit repeats it.
+Acknowledgements (issue 43): the node counts, per link and clove index, the bytes of the
+distinct cloves that reached it for the link's messages (late ones too) and sends the counts
+back as an ACK link message (`protocol.relay_pay.Acks`) every ACK_EVERY messages received and
+once more when the link ends (the client's CLOSE): what the client pays each path's relays
+for. A clove counts once however often an exit repeats it.
 
 The node sees exits' addresses and path ids, never the client's. Sessions opened over the
 overlay count against the caller `overlay:<link id>` (a link is as much of a caller as an
@@ -65,15 +65,16 @@ class OverlayLink:
     sent: int = 0  # sequence numbers of what the node sends back
     task: asyncio.Task[None] | None = None
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    received: list[int] = field(default_factory=list)  # distinct cloves per clove index
+    received: list[int] = field(default_factory=list)  # distinct clove bytes per clove index
     delivered: int = 0  # messages handed to serve_link (or ended it)
     acks: set[asyncio.Task[None]] = field(default_factory=set)
 
-    def count(self, index: int, n: int) -> None:
-        """One more distinct clove of index `index` (of a message with `n` cloves)."""
+    def count(self, index: int, n: int, size: int) -> None:
+        """One more distinct clove of index `index` (of a message with `n` cloves), `size`
+        bytes."""
         if len(self.received) < n:
             self.received.extend([0] * (n - len(self.received)))
-        self.received[index] += 1
+        self.received[index] += size
 
     def acks_now(self) -> Acks | None:
         """The counts to acknowledge (None before 2 clove indexes are known)."""
@@ -164,8 +165,8 @@ class OverlayDoor:
         # message id -> the paths its cloves came on, and (once whole) its link
         self.arrivals: OrderedDict[bytes, list[tuple[web.WebSocketResponse, int]]] = OrderedDict()
         self.owner: OrderedDict[bytes, bytes] = OrderedDict()
-        # message id -> {digest list: the intact clove indexes that came with it}, until whole
-        self.indexes: OrderedDict[bytes, dict[tuple[bytes, ...], set[int]]] = OrderedDict()
+        # message id -> {digest list: {index: size} of the intact cloves with it}, until whole
+        self.indexes: OrderedDict[bytes, dict[tuple[bytes, ...], dict[int, int]]] = OrderedDict()
         # message id -> (its digest list, the indexes acknowledged), once whole
         self.counted: OrderedDict[bytes, tuple[tuple[bytes, ...], set[int]]] = OrderedDict()
 
@@ -185,7 +186,7 @@ class OverlayDoor:
             return
         # intact (the collector checked its body against its digest): noted for acknowledgement
         groups = self.indexes.setdefault(clove.message_id, {})
-        groups.setdefault(clove.digests, set()).add(clove.index)
+        groups.setdefault(clove.digests, {})[clove.index] = len(raw)
         while len(self.indexes) > _RECENT:
             self.indexes.popitem(last=False)
         if whole is None:
@@ -204,9 +205,9 @@ class OverlayDoor:
         for ws_path in self.arrivals.pop(clove.message_id, []):
             link.add_path(*ws_path)
         # acknowledged: the cloves that agree with the recovered message, each index once
-        indexes = self.indexes.pop(clove.message_id, {}).get(clove.digests, set())
-        for index in sorted(indexes):
-            link.count(index, clove.n)
+        indexes = self.indexes.pop(clove.message_id, {}).get(clove.digests, {})
+        for index, size in sorted(indexes.items()):
+            link.count(index, clove.n, size)
         self.counted[clove.message_id] = (clove.digests, set(indexes))
         while len(self.counted) > _RECENT:
             self.counted.popitem(last=False)
@@ -220,7 +221,7 @@ class OverlayDoor:
             return
         if clove.intact():
             done[1].add(clove.index)
-            link.count(clove.index, clove.n)
+            link.count(clove.index, clove.n, len(clove.to_bytes()))
 
     async def _serve(self, link: OverlayLink) -> None:
         try:

@@ -58,7 +58,7 @@ from tests.doubles.tiny_model import make_tiny_model
 pytestmark = pytest.mark.integration
 
 PRICE_POSITIONS = 8
-RELAY_CLOVES = 8  # cloves that arrived one credit pays a relay for (genesis credits.relay_cloves)
+RELAY_BYTES = 2048  # clove bytes that arrived one credit pays a relay for (genesis credits)
 LAYER_TOKENS = 4096
 PASSWORD = "paid-nodes-test"
 PROMPT = "w1 w7 w3 w40 w5"
@@ -114,7 +114,7 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
                     "layer_tokens": LAYER_TOKENS,
                     "key_period_blocks": 100_000,
                     "dkg_phase_blocks": 2,
-                    "relay_cloves": RELAY_CLOVES,
+                    "relay_bytes": RELAY_BYTES,
                 }
             },
         )

@@ -12,7 +12,7 @@ import pytest
 
 from abci_app import schema
 from abci_app.codes import Code
-from abci_app.genesis import DEFAULT_RELAY_CLOVES, Genesis
+from abci_app.genesis import DEFAULT_RELAY_BYTES, Genesis
 from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credit_locks import CreditLock
 from protocol.committee.grammar import TxDecodeError
@@ -36,7 +36,7 @@ def earned(chain, relay) -> int:  # type: ignore[no-untyped-def]
 def test_a_relay_redeems_once_and_the_credit_is_spent_for_every_node_and_relay(
     tmp_path: Path,
 ) -> None:
-    chain, node = node_chain(tmp_path, credits_extra={"relay_cloves": 16})
+    chain, node = node_chain(tmp_path, credits_extra={"relay_bytes": 16})
     first, second = add_relay(chain, "pay-r1"), add_relay(chain, "pay-r2")
     credits, _ = minted(chain, tmp_path, count=3)
     done = send(chain, RelayRedeem(tuple(credits[:2])), first)
@@ -113,16 +113,16 @@ def test_the_relay_redeem_tx_grammar_is_strict() -> None:
 
 
 def test_the_relay_rate_is_a_genesis_parameter_answered_by_credit_keys(tmp_path: Path) -> None:
-    chain, _ = node_chain(tmp_path, credits_extra={"relay_cloves": 16})
-    assert ask(chain, "/credit_keys")["relay_cloves"] == 16
+    chain, _ = node_chain(tmp_path, credits_extra={"relay_bytes": 16})
+    assert ask(chain, "/credit_keys")["relay_bytes"] == 16
     plain = Genesis.parse(b'{"credits": {"price_wei": "1", "layer_tokens": 1}}')
-    assert plain.credit_relay_cloves == DEFAULT_RELAY_CLOVES
-    assert "relay_cloves" not in plain.to_json()["credits"]
+    assert plain.credit_relay_bytes == DEFAULT_RELAY_BYTES
+    assert "relay_bytes" not in plain.to_json()["credits"]
     assert (
         Genesis.parse(
-            b'{"credits": {"price_wei": "1", "layer_tokens": 1, "relay_cloves": 16}}'
-        ).to_json()["credits"]["relay_cloves"]
+            b'{"credits": {"price_wei": "1", "layer_tokens": 1, "relay_bytes": 16}}'
+        ).to_json()["credits"]["relay_bytes"]
         == 16
     )
-    with pytest.raises(ConfigError, match="relay_cloves"):
-        Genesis.parse(b'{"credits": {"price_wei": "1", "layer_tokens": 1, "relay_cloves": 0}}')
+    with pytest.raises(ConfigError, match="relay_bytes"):
+        Genesis.parse(b'{"credits": {"price_wei": "1", "layer_tokens": 1, "relay_bytes": 0}}')
