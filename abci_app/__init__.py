@@ -11,6 +11,7 @@ feature modules never import each other:
     queries.py         path-based JSON queries over the committed state (`query`, ROUTES)
     payout_queries.py  the settlement queries (/payouts, /payouts/proof, /credits)
     relay_queries.py   /relays: the staked, live overlay relays, a page at a time
+    relay_credits.py   relay_redeem: a relay cashes the credits it was paid; /relay_credits
     query_params.py    query parameters: one parse step to typed values or BAD_QUERY
     machine.py         the deterministic state machine: CheckTx, proposals, FinalizeBlock
                        (nonces, atomic txs, end-of-block rules), Commit

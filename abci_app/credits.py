@@ -68,7 +68,7 @@ unknown).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from abci_app import (
@@ -84,6 +84,7 @@ from abci_app import (
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol import blind_bls, bls
+from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
 from protocol.committee.envelope import SignedTx
 from protocol.credits import FUND_EPOCHS, CreditPurchase
@@ -349,6 +350,18 @@ def credit_redeem(state: State, tx: SignedTx) -> None:
     enabled(state)
     node = rules.compute_node(state, tx.signer)
     left_shards.check(state, tx.signer, node, body.model, body.shard)  # REDEEM_SHARD
+    spent = check_credits(state, body.credits, tx.signer)
+    credit_work(state, tx.signer, node, body.model, body.shard, spent)
+
+
+def check_credits(
+    state: State, credits: Sequence[ThresholdCredit], redeemer: str
+) -> list[tuple[str, int]]:
+    """The checks every redemption makes (a node's `credit_redeem`, a relay's `relay_redeem`:
+    one spent set for both), naming the first bad credit: each redeemable in this epoch
+    (CREDIT_EPOCH), never redeemed nor listed twice (CREDIT_SPENT), not locked by another
+    than `redeemer` (CREDIT_LOCKED), σ valid under its period's key (CREDIT_INVALID: one batch
+    per period, then one by one). Returns (spent id, issue epoch) per credit; writes nothing."""
     plan = credit_dkg.schedule(state)
     epoch_length = state.genesis.epoch_length
     current = rules.epoch_of(state, state.block_height)
@@ -356,7 +369,7 @@ def credit_redeem(state: State, tx: SignedTx) -> None:
     by_period: dict[int, list[int]] = {}
     spent: list[tuple[str, int]] = []
     seen: set[str] = set()
-    for index, credit in enumerate(body.credits):
+    for index, credit in enumerate(credits):
         where = f"credit {index}"
         if not period_redeemable(plan, credit.period, epoch_length, current, lifetime):
             rules.reject(
@@ -367,7 +380,7 @@ def credit_redeem(state: State, tx: SignedTx) -> None:
         identifier = spent_id(credit)
         if identifier in seen or state.get(schema.CREDIT_SPENT, identifier) is not None:
             rules.reject(Code.CREDIT_SPENT, f"{where}: already redeemed")
-        credit_locks.check_redeemer(state, identifier, tx.signer, where)  # CREDIT_LOCKED
+        credit_locks.check_redeemer(state, identifier, redeemer, where)  # CREDIT_LOCKED
         seen.add(identifier)
         by_period.setdefault(credit.period, []).append(index)
         spent.append((identifier, issue_epoch(plan, credit.period, epoch_length)))
@@ -375,17 +388,30 @@ def credit_redeem(state: State, tx: SignedTx) -> None:
         key = period_group_key(state, period)
         if key is None:
             rules.reject(Code.CREDIT_INVALID, f"key period {period} has no committee key")
-        batch = [body.credits[i] for i in indices]
+        batch = [credits[i] for i in indices]
         try:
             blind_bls.verify_credits(key, batch)
         except (blind_bls.ThresholdCreditError, bls.BlsError):
             for i in indices:  # name the first bad one
                 try:
-                    blind_bls.verify_credit(key, body.credits[i])
+                    blind_bls.verify_credit(key, credits[i])
                 except (blind_bls.ThresholdCreditError, bls.BlsError) as error:
                     rules.reject(Code.CREDIT_INVALID, f"credit {i}: {error.message}")
             rules.reject(Code.CREDIT_INVALID, f"a credit of key period {period} does not verify")
-    credit_work(state, tx.signer, node, body.model, body.shard, spent)
+    return spent
+
+
+def mark_spent(state: State, spent: list[tuple[str, int]]) -> None:
+    """`cspent/<id>` per credit (kept until its window is over) and the issue counters."""
+    lifetime = state.genesis.credit_lifetime_epochs
+    redeemed: dict[int, int] = {}
+    for identifier, epoch in spent:
+        state.put(schema.CREDIT_SPENT, identifier, state.block_height)
+        # kept until the credit's window is over: pruned with epoch e + lifetime, not before
+        rules.track_at(state, schema.CREDIT_SPENT, identifier, epoch + lifetime)
+        redeemed[epoch] = redeemed.get(epoch, 0) + 1
+    for epoch, count in sorted(redeemed.items()):
+        count_issued(state, epoch, "redeemed", count)
 
 
 def credit_work(
@@ -401,21 +427,13 @@ def credit_work(
     (REDEMPTION_OVER_PRICE otherwise), the spent set, the issue counters, the credits' price due
     to this epoch, the node's layer-tokens."""
     current = rules.epoch_of(state, state.block_height)
-    lifetime = state.genesis.credit_lifetime_epochs
     price = prices.redemption_price(state, signer, shard)
     coverage.take_positions(state, signer, shard, len(spent), price)
     # a credit nobody locked is locked and spent by its redemption at once: it bought the
     # node's positions as a lock would have (coverage.py rule 5 sees the sale)
     unlocked = [i for i, _ in spent if state.get(schema.CREDIT_LOCK, i) is None]
     coverage.record_bought(state, signer, shard, len(unlocked))
-    redeemed: dict[int, int] = {}
-    for identifier, epoch in spent:
-        state.put(schema.CREDIT_SPENT, identifier, state.block_height)
-        # kept until the credit's window is over: pruned with epoch e + lifetime, not before
-        rules.track_at(state, schema.CREDIT_SPENT, identifier, epoch + lifetime)
-        redeemed[epoch] = redeemed.get(epoch, 0) + 1
-    for epoch, count in sorted(redeemed.items()):
-        count_issued(state, epoch, "redeemed", count)
+    mark_spent(state, spent)
     owe(state, current, len(spent) * (state.genesis.credit_price_wei or 0))
     layer_tokens = len(spent) * state.genesis.credit_layer_tokens
     account = str(node["evm_address"]).lower()

@@ -14,6 +14,7 @@ from abci_app import (
     liveness,
     prices,
     registry,
+    relay_credits,
     seeds,
     settlement,
     spot_reports,
@@ -29,6 +30,7 @@ from protocol.committee.envelope import SignedTx
 from protocol.committee.gateways import GatewayBind
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, MoveShards, RegisterNode
+from protocol.committee.relay_credits import RelayRedeem
 from protocol.committee.relays import RegisterRelay
 from protocol.committee.settlement import PayoutVote, WorkReport
 from protocol.committee.verification import (
@@ -77,4 +79,5 @@ HANDLERS: dict[str, Handler] = {
     DkgJustify.TYPE: credit_dkg.dkg_justify,
     CreditMint.TYPE: credits.credit_mint,
     CreditRedeem.TYPE: serving(credits.credit_redeem),
+    RelayRedeem.TYPE: relay_credits.relay_redeem,
 }

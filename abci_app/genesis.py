@@ -29,6 +29,7 @@
                                           #   e + lifetime_epochs (default 4320: a day of
                                           #   20 s epochs)
                   "max_pending_mints": 4,  # unfunded mints one payer may hold at once
+                  "relay_bytes": 1048576,  # clove bytes that arrived one credit pays a relay for
                   "key_period_blocks": 86400,  # blocks of one credit key period (≈ a day at
                                           #   ~1 s blocks): the committee's blind-BLS key X_p
                                           #   and the anonymity set of its credits
@@ -86,6 +87,12 @@ MAX_CREDIT_LIFETIME_EPOCHS = 1_000_000
 # watchers' work list, under junk (issue 42). A client buys one mint at a time.
 DEFAULT_MAX_PENDING_MINTS = 4
 MAX_MAX_PENDING_MINTS = 64
+# A relay's rate (docs/overlay.md "Relays are paid"): clove bytes one credit pays a relay for,
+# counted on a path after they arrived (the node's acknowledgement forward, the client's own
+# count backward). One rule for every relay, read by clients from `/credit_keys`, so no relay
+# sets its own price. Bytes, not cloves: a prefill's clove can be 10^4 times a token's.
+DEFAULT_RELAY_BYTES = 1 << 20
+MAX_RELAY_BYTES = 1 << 40
 # A credit key period (docs/credits.md "Key periods"): one committee key X_p per period, made by
 # an on-chain DKG (abci_app/credit_dkg.py) whose three phases of `dkg_phase_blocks` each end
 # before the period starts. Long periods give large anonymity sets (a credit names its period).
@@ -97,6 +104,7 @@ _CREDIT_KEYS = {
     "layer_tokens",
     "lifetime_epochs",
     "max_pending_mints",
+    "relay_bytes",
     "key_period_blocks",
     "dkg_phase_blocks",
 }
@@ -166,6 +174,7 @@ class Genesis:
     credit_layer_tokens: int = 0  # layer-tokens a redeemed credit adds to the node's work
     credit_lifetime_epochs: int = DEFAULT_CREDIT_LIFETIME_EPOCHS  # redeemable in e … e + this
     credit_max_pending_mints: int = DEFAULT_MAX_PENDING_MINTS  # a payer's unfunded mints at once
+    credit_relay_bytes: int = DEFAULT_RELAY_BYTES  # clove bytes a credit pays a relay for
     credit_key_period_blocks: int = DEFAULT_KEY_PERIOD_BLOCKS  # blocks of one credit key period
     credit_dkg_phase_blocks: int = DEFAULT_DKG_PHASE_BLOCKS  # blocks of each DKG phase
 
@@ -260,7 +269,7 @@ class Genesis:
         ):
             raise ConfigError(
                 "genesis app_state.credits: expected {price_wei, layer_tokens[, lifetime_epochs]"
-                "[, max_pending_mints][, key_period_blocks][, dkg_phase_blocks]}"
+                "[, max_pending_mints][, relay_bytes][, key_period_blocks][, dkg_phase_blocks]}"
             )
         period_blocks, phase_blocks = _key_periods(credits)
         return cls(
@@ -308,6 +317,11 @@ class Genesis:
                 )
                 if credits is not None
                 else DEFAULT_MAX_PENDING_MINTS
+            ),
+            credit_relay_bytes=(
+                _int(credits, "relay_bytes", DEFAULT_RELAY_BYTES, 1, MAX_RELAY_BYTES)
+                if credits is not None
+                else DEFAULT_RELAY_BYTES
             ),
             credit_key_period_blocks=period_blocks,
             credit_dkg_phase_blocks=phase_blocks,
@@ -366,6 +380,11 @@ class Genesis:
                         **(
                             {"max_pending_mints": self.credit_max_pending_mints}
                             if self.credit_max_pending_mints != DEFAULT_MAX_PENDING_MINTS
+                            else {}
+                        ),
+                        **(
+                            {"relay_bytes": self.credit_relay_bytes}
+                            if self.credit_relay_bytes != DEFAULT_RELAY_BYTES
                             else {}
                         ),
                         **(

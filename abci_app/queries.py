@@ -54,6 +54,7 @@ from abci_app.query_params import (
     parse_params,
     str_param,
 )
+from abci_app.relay_credits import RELAY_CREDIT_ROUTES
 from abci_app.relay_queries import RELAY_ROUTES
 from abci_app.state import State
 from protocol.canonical import canonical_json
@@ -370,6 +371,7 @@ ROUTES: dict[str, Route] = {
     **CREDIT_ROUTES,
     **LOCK_ROUTES,
     **RELAY_ROUTES,
+    **RELAY_CREDIT_ROUTES,
 }
 
 

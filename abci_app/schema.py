@@ -161,6 +161,9 @@ CREDIT_SPENT = "cspent"
 # clock/<sha256 of the credit nonce>: {node, height}: the compute node the credit pays, locked
 # before it served (credit_locks.py); pruned with the credit's window, like `cspent/`
 CREDIT_LOCK = "clock"
+# rcredit/<relay key>/<epoch>: {account, credits}: what a relay redeemed in the epoch
+# (relay_credits.py); pruned once the epoch is settled and retained
+RELAY_CREDIT = "rcredit"
 # cissue/<credit epoch>: {funded, redeemed}: how many credits of that epoch funded mints bought
 # and nodes redeemed; the price of the rest is due at the close of epoch + lifetime (expired)
 CREDIT_ISSUED = "cissue"

@@ -10,6 +10,8 @@ successor; the node sees the last relay of each path, never the client.
       CREATED 2   body = empty                              backward: the path reaches the node
       DATA    3   body = payload                            both ways
       DESTROY 4   body = empty                              either way: the path is gone
+      PAY     5   body = a layered pay note (PAY_BYTES max)  forward only: credits for one
+                                                            relay of the path (protocol.relay_pay)
 
 Path ids are per link (chosen at random by the sender of the SETUP on that link), so two links
 of one path share no id.
@@ -36,7 +38,9 @@ Link messages. What the client and the node exchange over a set of n paths is a 
 messages, each dispersed into n cloves (one per path) and recovered from any k:
 
     message = link id (16) ‖ sequence u64 ‖ kind u8 ‖ body
-      kind 1 TEXT (a control message of the stream), 2 BINARY (a frame), 3 CLOSE (body empty)
+      kind 1 TEXT (a control message of the stream), 2 BINARY (a frame), 3 CLOSE (body empty),
+           4 ACK (node to client only: the cloves of this link the node received per clove
+             index, `protocol.relay_pay.Acks`; what the client pays each path's relays for)
 
 The receiver delivers messages in sequence order (they can be recovered out of order when
 paths differ in latency). Integers are big-endian; every parser here is strict.
@@ -67,6 +71,7 @@ BOX_BYTES: Final = _BOX_PLAIN + 48  # a sealed box adds its ephemeral key (32) a
 SETUP_BYTES: Final = MAX_HOPS * BOX_BYTES
 TAG_BYTES: Final = 16
 MAX_PAYLOAD_BYTES: Final = (1 << 20) + 4096  # the largest clove plus every layer's tag
+PAY_BYTES: Final = 4096  # a pay note for the last relay of a path with every layer's marker
 _CELL: Final = struct.Struct(">BQ")
 _MESSAGE: Final = struct.Struct(">16sQB")
 _SETUP_NONCE: Final = b"planet-overlay/1"  # ChaCha20's 16-byte nonce (counter ‖ nonce)
@@ -105,6 +110,7 @@ class CellKind(IntEnum):
     CREATED = 2
     DATA = 3
     DESTROY = 4
+    PAY = 5
 
 
 class NextKind(IntEnum):
@@ -137,6 +143,8 @@ class Cell:
             raise CellMalformed(kind.name.lower(), "carries a body")
         if kind is CellKind.DATA and not TAG_BYTES <= len(body) <= MAX_PAYLOAD_BYTES:
             raise CellMalformed("data", f"{len(body)} bytes is outside [{TAG_BYTES}, max]")
+        if kind is CellKind.PAY and not TAG_BYTES < len(body) <= PAY_BYTES:
+            raise CellMalformed("pay", f"{len(body)} bytes is outside ({TAG_BYTES}, {PAY_BYTES}]")
         return cls(kind, path, bytes(body))
 
 
@@ -272,6 +280,7 @@ class MessageKind(IntEnum):
     TEXT = 1
     BINARY = 2
     CLOSE = 3
+    ACK = 4
 
 
 @dataclass(frozen=True)

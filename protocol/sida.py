@@ -129,6 +129,10 @@ class Clove:
     def body(self) -> bytes:
         return self.key_share + self.block
 
+    def intact(self) -> bool:
+        """Whether the body matches this clove's own digest (of the digests it carries)."""
+        return _digest(self.message_id, self.index, self.body) == self.digests[self.index]
+
     def header(self) -> bytes:
         """What every clove of the message shares (the AEAD's associated data with the digests)."""
         return _HEADER.pack(VERSION, self.n, self.k, 0, self.message_id, self.ciphertext_length)

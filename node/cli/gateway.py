@@ -11,7 +11,7 @@ from node.client.credit_sizes import MAX_BUY
 from node.config import resolve_config
 from node.gateway.credit_defaults import MIN_CREDIT_POSITIONS, TOP_UP, TOP_UP_BELOW
 from node.gateway.guards import ROUTES
-from protocol.errors import UsageError
+from protocol.errors import PlanetError, UsageError
 from protocol.frames.dtypes import WIRE_DTYPE, WIRE_DTYPE_HELP, WIRE_DTYPES
 
 EXAMPLES = """\
@@ -414,7 +414,10 @@ def _serve_personal(args: argparse.Namespace) -> int:
 
         n, k, length = args.overlay or (4, 3, 3)
         guards = RelayGuards(planet_home() / RELAY_GUARDS_FILE)  # the paths' entry relays
-        overlay = OverlayRoute(relays, paths=n, needed=k, length=length, guards=guards)
+        purse = _relay_purse(
+            chains.committee_rpc, args.credits_file or planet_home() / "credits.json"
+        )
+        overlay = OverlayRoute(relays, paths=n, needed=k, length=length, guards=guards, purse=purse)
     relay_refresh = None
     if overlay is not None and args.relays == CHAIN_RELAYS:
         from node.client.relay_refresh import DEFAULT_INTERVAL_S, RelayRefresh
@@ -448,6 +451,32 @@ def _serve_personal(args: argparse.Namespace) -> int:
     )
     serve(config, settings)
     return 0
+
+
+def _relay_purse(committee_rpc: str, credits_file: Path) -> Any:
+    """What pays the relays: the committee's rate (`/credit_keys` relay_bytes) and the user's
+    credit wallet; None, said in one line on stderr, when the committee gives no rate."""
+    import asyncio
+
+    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
+    from node.client.credit_wallet import CreditWallet
+    from node.client.relay_paying import RelayPurse, read_rate
+
+    async def read() -> int:
+        link = CommitteeLink([committee_rpc])
+        try:
+            return await read_rate(link.query)
+        finally:
+            await link.close()
+
+    try:
+        rate = asyncio.run(read())
+    except PlanetError as error:
+        print(f"overlay: relays are not paid: {error.message}", file=sys.stderr, flush=True)
+        return None
+    wallet = CreditWallet(credits_file)
+    print(f"overlay: relays paid 1 credit per {rate} clove bytes that arrive", file=sys.stderr)
+    return RelayPurse(rate, wallet.take, wallet.add)
 
 
 def _chain_relays(committee_rpc: str) -> Any:

@@ -31,6 +31,10 @@ key (the `relay` tx), says so in one line, and heartbeats while it runs. Users' 
 Stopping the relay does not deregister it (it goes DOWN and off the list until it is back);
 `planet relay leave` deregisters it for good. With --no-register it serves unlisted: only
 clients given its URL and key in a relays file use it.
+pay: users' clients pay the relay in credits for the cloves that arrived (the node
+acknowledges them); it keeps them in <home>/relay-credits/ and, registered, redeems them on the
+committee every few seconds. `planet relay redeem` redeems what it holds once (after a run
+with --no-register, or while the committee was away).
 """
 
 
@@ -87,6 +91,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _common(leave)
     leave.set_defaults(handler=_leave)
+    redeem = sub.add_parser(
+        "redeem",
+        help="redeem the credits the relay was paid (held in <home>/relay-credits/) now",
+        description="Redeem on the committee the credits users' clients paid this relay with "
+        "(`relay_redeem`); its key must be registered as a relay. A credit the committee "
+        "refuses for good (redeemed by another, forged, locked by a node, expired) is dropped "
+        "and named.",
+    )
+    _common(redeem)
+    redeem.set_defaults(handler=_redeem)
     parser.set_defaults(help_parser=parser)
 
 
@@ -213,6 +227,53 @@ def _leave(args: argparse.Namespace) -> int:
         raise UsageError(f"the committee refused `leave` (code {code}: {text})")
     print(f"relay {key.verify_key.encode().hex()[:16]}… left the committee (final)")
     return 0
+
+
+def _redeem(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from node.cli.operator import _config, _password
+    from node.keys import load_node_key
+    from node.relay.earnings import SPOOL_DIR, Earnings
+
+    config = _config(args)
+    if not config.node_key_path.exists():
+        raise UsageError(
+            f"no relay key in {config.home}", hint="pass the relay's --home (where it served)"
+        )
+    earnings = Earnings(config.home / SPOOL_DIR)
+    held = len(earnings.held)
+    if not held:
+        print(f"relay holds no credits ({config.home / SPOOL_DIR})")
+        return 0
+    key = load_node_key(config.node_key_path, _password(config))
+    done = asyncio.run(_send_redeem(config.committee_rpc, key, earnings))
+    refused = ", ".join(f"{n} {name}" for name, n in sorted(done.refused.items())) or "none"
+    print(f"redeemed {done.credits} of {held} credits on the committee (refused: {refused})")
+    if done.credits + sum(done.refused.values()) < held:
+        raise UsageError(
+            f"{len(earnings.held)} credits are still held: the committee did not take them",
+            hint="see the log line above; run `planet relay redeem` again later",
+        )
+    return 0
+
+
+async def _send_redeem(committee_rpc: str, key: Any, earnings: Any) -> Any:
+    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
+    from node.relay.redeem import redeem_held
+
+    link = CommitteeLink([committee_rpc], key)
+    try:
+        view = await link.node(link.signer)
+        if view is None or view.get("role") != "relay":
+            what = "not registered" if view is None else f"a {view.get('role')} node's key"
+            raise UsageError(
+                f"{link.signer[:16]}… is {what}, not a registered relay's",
+                hint="`planet relay serve` registers the relay (with its Relay stake)",
+            )
+        return await redeem_held(link, earnings)
+    finally:
+        await link.close()
 
 
 async def _send_leave(committee_rpc: str, key: Any) -> tuple[int, str]:

@@ -12,6 +12,12 @@ cloves (`protocol.sida`), clove i wrapped in path i's layers and sent as one DAT
 come back the same way and are put back in sequence order. Any n − k paths may fail; a path
 whose cells stop opening is torn down by its relays and counted in `failed_paths`.
 
+With a purse (node/client/relay_paying.py), the link pays each path's relays for the clove
+bytes that path delivered: forward, as the node acknowledges them (ACK link messages, every few
+messages and once at the end: `close` waits up to ACK_WAIT_S for it); backward, as they come
+back. Each relay gets its credits in a PAY cell that only it can open (`protocol.relay_pay`).
+A path that delivered nothing is paid nothing; one torn down keeps what it was paid before.
+
 The node sees its exit relays, never this client's address; no single relay sees more than
 its neighbours, path ids and the size of the cells.
 """
@@ -34,6 +40,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from node.client.relay_guards import RelayGuards
+from node.client.relay_paying import RelayPurse
 from protocol import sida
 from protocol.errors import UnavailableError, UsageError
 from protocol.overlay import (
@@ -49,6 +56,7 @@ from protocol.overlay import (
     unwrap_backward,
     wrap_forward,
 )
+from protocol.relay_pay import MAX_PAY_CREDITS, AckInvalid, Acks, credits_due, wrap_pay
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,7 @@ DEFAULT_NEEDED: Final = 3  # the seed's k
 DEFAULT_LENGTH: Final = 3  # the seed's l
 SETUP_TIMEOUT_S: Final = 15.0
 MAX_EARLY: Final = 256
+ACK_WAIT_S: Final = 2.0  # how long `close` waits for the node's last acknowledgement
 
 
 def network_of(url: str) -> str:
@@ -115,6 +124,18 @@ class _Path:
     alive: bool = False
     failed: bool = False  # came up, then was torn down or lied while the link was in use
     delivered: int = 0  # cloves that came back on it
+    delivered_bytes: int = 0  # their bytes
+    sent: int = 0  # clove bytes sent on it
+    acked: int = 0  # clove bytes sent on it that the node acknowledged (never above `sent`)
+    paid: list[int] = field(default_factory=list)  # per relay: credits paid to it
+    pay_sequences: list[int] = field(default_factory=list)  # per relay: its next PAY sequence
+
+    def due(self, rate: int, target: int | None = None) -> int:
+        """Credits relay `target` of this path (None: the least paid) is owed now: whole
+        credits for the clove bytes that arrived (acknowledged forward, received backward),
+        less what it was paid."""
+        paid = min(self.paid, default=0) if target is None else self.paid[target]
+        return credits_due(self.acked + self.delivered_bytes, rate, paid)
 
 
 # A path that brought back no clove while another brought back this many is dropping cloves
@@ -135,6 +156,7 @@ class OverlayLink:
         k: int = DEFAULT_NEEDED,
         node_key: str | None = None,
         on_close: Callable[[OverlayLink], None] | None = None,
+        purse: RelayPurse | None = None,
     ) -> None:
         if not 2 <= k <= len(paths) <= sida.MAX_CLOVES:
             raise UsageError(
@@ -157,6 +179,10 @@ class OverlayLink:
         self.bytes_sent = 0  # cells on this client's links to its first relays (payloads)
         self.bytes_received = 0
         self._lock = asyncio.Lock()
+        self.purse = purse  # pays the paths' relays; None: they are not paid
+        self.acks = 0  # acknowledgements received
+        self._acked = asyncio.Event()  # set by each acknowledgement
+        self._paying: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> OverlayLink:
         try:
@@ -179,6 +205,8 @@ class OverlayLink:
 
     async def _open(self, path: _Path) -> None:
         onion, path.keys = build_onion(path.hops, self.node_url, self.node_key)
+        path.pay_sequences = [0] * len(path.hops)
+        path.paid = [0] * len(path.hops)
         path.ident = new_path_id()
         path.created = asyncio.get_running_loop().create_future()
         try:
@@ -211,7 +239,10 @@ class OverlayLink:
                     raw = unwrap_backward(path.keys, path.backward_seq, cell.body)
                     path.backward_seq += 1
                     path.delivered += 1
+                    path.delivered_bytes += len(raw)
                     self._clove(raw)
+                    if self.purse is not None and path.due(self.purse.rate):
+                        self._pay_soon()
                 elif cell.kind is CellKind.DESTROY:
                     break
         except OverlayError as error:  # the path lied: it is over, the others go on
@@ -244,7 +275,9 @@ class OverlayLink:
             self.inbox.put_nowait(None)
             return
         for one in ready:
-            if one.kind is MessageKind.TEXT:
+            if one.kind is MessageKind.ACK:
+                self._acknowledged(one.body)
+            elif one.kind is MessageKind.TEXT:
                 self.inbox.put_nowait(
                     aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, one.body.decode(), None)
                 )
@@ -252,6 +285,74 @@ class OverlayLink:
                 self.inbox.put_nowait(aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, one.body, None))
             else:
                 self.inbox.put_nowait(None)
+
+    # -- paying the relays ----------------------------------------------------------------------
+
+    def _acknowledged(self, body: bytes) -> None:
+        """The node's counts of the clove bytes it received, per path: raise each path's
+        `acked`, never above what was sent on it (a node cannot make the client pay for
+        more)."""
+        try:
+            acks = Acks.from_bytes(body)
+        except AckInvalid as error:
+            log.info("overlay: refused an acknowledgement: %s", error.message)
+            return
+        if len(acks.received) != len(self.paths):
+            log.info("overlay: refused an acknowledgement of %d paths", len(acks.received))
+            return
+        for path, received in zip(self.paths, acks.received, strict=True):
+            path.acked = max(path.acked, min(received, path.sent))
+        self.acks += 1
+        self._acked.set()
+        if self.purse is not None:
+            self._pay_soon()
+
+    def _pay_soon(self) -> None:
+        task = asyncio.get_running_loop().create_task(self.pay())
+        self._paying.add(task)
+        task.add_done_callback(self._paying.discard)
+
+    async def pay(self) -> int:
+        """Pay every live path's relays what they are owed now; the credits given."""
+        if self.purse is None:
+            return 0
+        given = 0
+        async with self._lock:  # PAY cells and DATA cells leave in one order per path
+            for path in self.paths:
+                if not path.alive or path.ws is None:
+                    continue
+                for target, hop in enumerate(path.hops):
+                    due = path.due(self.purse.rate, target)
+                    if not due:
+                        continue
+                    paid = await self._pay_relay(path, target, due)
+                    path.paid[target] += paid
+                    if paid:
+                        self.purse.note(hop.url, paid)
+                    given += paid
+                    if paid < due:
+                        return given  # the wallet is short, or the path went
+        return given
+
+    async def _pay_relay(self, path: _Path, target: int, due: int) -> int:
+        """Give relay `target` of `path` `due` credits, in PAY cells of at most
+        MAX_PAY_CREDITS; the credits given (a cell that could not leave gives its back)."""
+        assert self.purse is not None and path.ws is not None
+        given = 0
+        while given < due:
+            credits = self.purse.draw(min(MAX_PAY_CREDITS, due - given))
+            if credits is None:
+                return given
+            body = wrap_pay(path.keys, path.pay_sequences, target, credits)
+            try:
+                await path.ws.send_bytes(Cell(CellKind.PAY, path.ident, body).to_bytes())
+            except (ConnectionError, RuntimeError):
+                self.purse.give_back(credits)
+                return given
+            for j in range(target + 1):
+                path.pay_sequences[j] += 1
+            given += len(credits)
+        return given
 
     # -- the WebSocket surface ------------------------------------------------------------------
 
@@ -283,7 +384,8 @@ class OverlayLink:
             for path, clove in zip(self.paths, cloves, strict=True):
                 if not path.alive or path.ws is None:
                     continue
-                payload = wrap_forward(path.keys, path.forward_seq, clove.to_bytes())
+                raw = clove.to_bytes()
+                payload = wrap_forward(path.keys, path.forward_seq, raw)
                 path.forward_seq += 1
                 cell = Cell(CellKind.DATA, path.ident, payload).to_bytes()
                 try:
@@ -291,6 +393,7 @@ class OverlayLink:
                 except (ConnectionError, RuntimeError):
                     path.alive = False
                     continue
+                path.sent += len(raw)
                 self.cells_sent += 1
                 self.bytes_sent += len(cell)
             if sum(p.alive for p in self.paths) < self.k:
@@ -314,11 +417,24 @@ class OverlayLink:
             self.on_close(self)
 
     async def _close(self) -> None:
+        ended = False
         if not self.closed and sum(p.alive for p in self.paths) >= self.k:
+            self._acked.clear()
             with contextlib.suppress(ConnectionError):
                 await self._send(MessageKind.CLOSE, b"")
+                ended = True
+        was_closed = self.closed
         self.closed = True
         self.inbox.put_nowait(None)
+        if self.purse is not None and not was_closed:
+            if ended:  # the node's last count answers the CLOSE
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._acked.wait(), ACK_WAIT_S)
+            for task in list(self._paying):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            with contextlib.suppress(Exception):  # paying never stops a close
+                await self.pay()
         for path in self.paths:
             if path.ws is not None and not path.ws.closed:
                 with contextlib.suppress(ConnectionError, RuntimeError):
@@ -352,6 +468,8 @@ class OverlayRoute:
     guards: RelayGuards | None = None
     # called when a link's path did not come up (a relay unreachable): the list may be stale
     on_unreachable: Callable[[], None] | None = None
+    # pays the relays of every link's paths for the cloves that arrived (relay_paying.py)
+    purse: RelayPurse | None = None
 
     def __post_init__(self) -> None:
         if not 2 <= self.needed <= self.paths <= sida.MAX_CLOVES:
@@ -365,7 +483,13 @@ class OverlayRoute:
 
         async def dial(hop: Any) -> OverlayLink:
             link = OverlayLink(
-                http, self.draw(), hop.url, k=self.needed, node_key=hop.key, on_close=self.report
+                http,
+                self.draw(),
+                hop.url,
+                k=self.needed,
+                node_key=hop.key,
+                on_close=self.report,
+                purse=self.purse,
             )
             return await link.__aenter__()
 

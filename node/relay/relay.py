@@ -12,6 +12,12 @@ and every relay passes CREATED back. DATA forward loses one layer here (ChaCha20
 the hop key at the cell's sequence number), DATA backward gains one. DESTROY, or either link
 closing, tears the path down both ways.
 
+PAY cells (issue 43) carry credits for one relay of the path inside its own layer
+(`protocol.relay_pay`): the relay opens its layer at the path's pay sequence and either keeps
+the credits (`Earnings`, redeemed on the committee by node/relay/redeem.py) or sends the rest
+on. A PAY that does not open (replayed, altered, out of order) is refused by name and ends
+nothing: the path's cloves go on.
+
 What a relay can learn: its neighbours' addresses, the path ids of its two links, cell sizes and
 times. Cloves are S-IDA cloves under layers it cannot open past its own. A cell that does not
 open (altered, replayed, reordered) ends its path; nothing a peer sends ends the relay.
@@ -34,6 +40,7 @@ from aiohttp import web
 from nacl.public import PrivateKey
 
 from node.links import link_ssl
+from node.relay.earnings import Earnings
 from protocol.errors import ProtocolError
 from protocol.overlay import (
     BACKWARD,
@@ -49,6 +56,7 @@ from protocol.overlay import (
     peel_onion,
     seal_layer,
 )
+from protocol.relay_pay import open_pay
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +79,8 @@ class Path:
     out_id: int = 0
     forward_seq: int = 0
     backward_seq: int = 0
+    pay_seq: int = 0
+    exit: bool = False  # the next hop is the node
 
 
 @dataclass(eq=False)
@@ -85,8 +95,15 @@ class Link:
 
 
 class Relay:
-    def __init__(self, private: PrivateKey, *, allow_private: bool = False) -> None:
+    def __init__(
+        self,
+        private: PrivateKey,
+        *,
+        allow_private: bool = False,
+        earnings: Earnings | None = None,
+    ) -> None:
         self.private = private
+        self.earnings = earnings or Earnings()
         self.allow_private = allow_private
         self.paths: dict[tuple[int, int], Path] = {}  # (id(inbound ws), in id) -> path
         self.links: dict[str, Link] = {}
@@ -121,6 +138,16 @@ class Relay:
             path.forward_seq += 1
             self.cells_forwarded += 1
             await _send(path.outbound.ws, Cell(CellKind.DATA, path.out_id, payload))
+        elif cell.kind is CellKind.PAY:
+            path = self.paths.get(key)
+            if path is None or path.outbound is None:
+                return
+            opened = open_pay(path.key, path.pay_seq, cell.body, exit_relay=path.exit)
+            path.pay_seq += 1
+            if opened.onward is not None:
+                await _send(path.outbound.ws, Cell(CellKind.PAY, path.out_id, opened.onward))
+            else:
+                self.earnings.take(opened.credits)
         elif cell.kind is CellKind.DESTROY:
             path = self.paths.get(key)
             if path is not None:
@@ -137,7 +164,7 @@ class Relay:
         if sum(1 for (link, _) in self.paths if link == id(ws)) >= MAX_PATHS_PER_LINK:
             raise OverlayError("setup", f"a link may set up {MAX_PATHS_PER_LINK} paths")
         layer, onion = peel_onion(self.private, cell.body)
-        path = Path(layer.key, ws, cell.path)
+        path = Path(layer.key, ws, cell.path, exit=layer.next_kind is NextKind.NODE)
         self.paths[key] = path
         try:
             suffix = "/v1/relay" if layer.next_kind is NextKind.RELAY else "/v1/overlay"
@@ -272,6 +299,9 @@ async def info(request: web.Request) -> web.Response:
             "key": bytes(relay.private.public_key).hex(),
             "paths": len(relay.paths),
             "cells_forwarded": relay.cells_forwarded,
+            # credits taken in PAY cells, and those held until redeemed (docs/overlay.md)
+            "credits_received": relay.earnings.received,
+            "credits_held": len(relay.earnings.held),
         }
     )
 

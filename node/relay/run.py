@@ -1,6 +1,8 @@
 """`planet relay serve`'s process: load (or create) the relay's X25519 key, serve /v1/relay, and
 (unless it runs unregistered) register on the committee chain and heartbeat there
-(node/relay/registration.py)."""
+(node/relay/registration.py). Credits users pay it with are kept in `<home>/relay-credits/`
+(node/relay/earnings.py) and, when registered, redeemed every few seconds
+(node/relay/redeem.py); an unregistered relay keeps them for `planet relay redeem`."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from aiohttp import web
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
+from node.relay.earnings import SPOOL_DIR, Earnings
+from node.relay.redeem import keep_redeeming
 from node.relay.registration import RelayIdentity, ensure_registered, keep_alive
 from node.relay.relay import Relay, create_app
 from protocol.errors import ConfigError
@@ -67,7 +71,8 @@ async def serve(
     standing: Standing | None = None,
 ) -> int:
     private = private or load_or_create_key(home)
-    relay = Relay(private, allow_private=allow_private)
+    earnings = Earnings(home / SPOOL_DIR)
+    relay = Relay(private, allow_private=allow_private, earnings=earnings)
     runner = web.AppRunner(create_app(relay))
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -76,6 +81,7 @@ async def serve(
     print(f"relay on http://{host}:{port} key {key}", flush=True)
     log.info("relay serving on %s:%d key=%s", host, port, key)
     heartbeats: asyncio.Task[None] | None = None
+    redeeming: asyncio.Task[None] | None = None
     stop = asyncio.Event()
     link = None
     try:
@@ -86,9 +92,14 @@ async def serve(
             view = await ensure_registered(link, standing.identity)
             print(registered_line(view), flush=True)
             heartbeats = asyncio.create_task(keep_alive(link, stop))
+            redeeming = asyncio.create_task(keep_redeeming(link, earnings, stop))
         await asyncio.Event().wait()
     finally:
         stop.set()
+        if redeeming is not None:
+            redeeming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await redeeming
         if heartbeats is not None:
             heartbeats.cancel()
             with contextlib.suppress(asyncio.CancelledError):

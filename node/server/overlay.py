@@ -10,6 +10,12 @@ many cloves as the link has paths (at least k) and sent one per path. The paths 
 the (exit connection, path id) pairs whose cloves made its messages, including cloves that
 arrived after their message was already whole.
 
+Acknowledgements (issue 43): the node counts, per link and clove index, the bytes of the
+distinct cloves that reached it for the link's messages (late ones too) and sends the counts
+back as an ACK link message (`protocol.relay_pay.Acks`) every ACK_EVERY messages received and
+once more when the link ends (the client's CLOSE): what the client pays each path's relays
+for. A clove counts once however often an exit repeats it.
+
 The node sees exits' addresses and path ids, never the client's. Sessions opened over the
 overlay count against the caller `overlay:<link id>` (a link is as much of a caller as an
 address is; each costs its user n paths of relays).
@@ -22,6 +28,7 @@ import contextlib
 import json
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -34,6 +41,7 @@ from node.server.stream import serve_link
 from protocol import sida
 from protocol.errors import ProtocolError
 from protocol.overlay import Cell, CellKind, InOrder, LinkMessage, MessageKind, OverlayError
+from protocol.relay_pay import Acks
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +49,7 @@ MAX_LINKS: Final = 1024  # links served at once over all exits
 MAX_PATHS_PER_LINK: Final = sida.MAX_CLOVES
 MAX_EARLY_MESSAGES: Final = 64  # messages held per link while an earlier one is missing
 _RECENT: Final = 4096  # message ids remembered: late cloves still add their path
+ACK_EVERY: Final = 32  # messages received on a link between two acknowledgements
 
 
 @dataclass(eq=False)
@@ -56,6 +65,28 @@ class OverlayLink:
     sent: int = 0  # sequence numbers of what the node sends back
     task: asyncio.Task[None] | None = None
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    received: list[int] = field(default_factory=list)  # distinct clove bytes per clove index
+    delivered: int = 0  # messages handed to serve_link (or ended it)
+    acks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def count(self, index: int, n: int, size: int) -> None:
+        """One more distinct clove of index `index` (of a message with `n` cloves), `size`
+        bytes."""
+        if len(self.received) < n:
+            self.received.extend([0] * (n - len(self.received)))
+        self.received[index] += size
+
+    def acks_now(self) -> Acks | None:
+        """The counts to acknowledge (None before 2 clove indexes are known)."""
+        if len(self.received) < 2:
+            return None
+        return Acks(tuple(self.received))
+
+    async def send_ack(self) -> None:
+        acks = self.acks_now()
+        if acks is not None:
+            with contextlib.suppress(ConnectionError):
+                await self._send(MessageKind.ACK, acks.to_bytes())
 
     def add_path(self, ws: web.WebSocketResponse, path: int) -> None:
         if (ws, path) not in self.paths and len(self.paths) < MAX_PATHS_PER_LINK:
@@ -69,6 +100,13 @@ class OverlayLink:
             self.inbox.put_nowait(None)
             return
         for one in ready:
+            self.delivered += 1
+            if self.delivered % ACK_EVERY == 0 and one.kind is not MessageKind.CLOSE:
+                task = asyncio.get_running_loop().create_task(self.send_ack())
+                self.acks.add(task)
+                task.add_done_callback(self.acks.discard)
+            if one.kind is MessageKind.ACK:
+                continue  # the node's own kind: a client does not send it
             if one.kind is MessageKind.CLOSE:
                 self.inbox.put_nowait(None)
             elif one.kind is MessageKind.TEXT:
@@ -112,14 +150,25 @@ class OverlayLink:
 class OverlayDoor:
     """Every overlay link of one node (`app[DOOR_KEY]`)."""
 
-    def __init__(self, state: NodeState, config: ServerConfig) -> None:
+    def __init__(
+        self,
+        state: NodeState,
+        config: ServerConfig,
+        serve: Callable[[OverlayLink, str], Awaitable[None]] | None = None,
+    ) -> None:
         self.state = state
         self.config = config
+        # what a link gets: the stream protocol's serve_link (tests give their own)
+        self.serve = serve or (lambda link, caller: serve_link(state, config, link, caller))
         self.collector = sida.Collector()
         self.links: dict[bytes, OverlayLink] = {}
         # message id -> the paths its cloves came on, and (once whole) its link
         self.arrivals: OrderedDict[bytes, list[tuple[web.WebSocketResponse, int]]] = OrderedDict()
         self.owner: OrderedDict[bytes, bytes] = OrderedDict()
+        # message id -> {digest list: {index: size} of the intact cloves with it}, until whole
+        self.indexes: OrderedDict[bytes, dict[tuple[bytes, ...], dict[int, int]]] = OrderedDict()
+        # message id -> (its digest list, the indexes acknowledged), once whole
+        self.counted: OrderedDict[bytes, tuple[tuple[bytes, ...], set[int]]] = OrderedDict()
 
     def clove(self, ws: web.WebSocketResponse, path: int, raw: bytes) -> None:
         clove = sida.Clove.from_bytes(raw)
@@ -133,7 +182,13 @@ class OverlayDoor:
             ident = self.owner.get(clove.message_id)
             if ident in self.links:  # a late clove: its path is one of the link's
                 self.links[ident].add_path(ws, path)
+                self._late(self.links[ident], clove)
             return
+        # intact (the collector checked its body against its digest): noted for acknowledgement
+        groups = self.indexes.setdefault(clove.message_id, {})
+        groups.setdefault(clove.digests, {})[clove.index] = len(raw)
+        while len(self.indexes) > _RECENT:
+            self.indexes.popitem(last=False)
         if whole is None:
             return
         message = LinkMessage.from_bytes(whole)
@@ -149,13 +204,31 @@ class OverlayDoor:
             self.owner.popitem(last=False)
         for ws_path in self.arrivals.pop(clove.message_id, []):
             link.add_path(*ws_path)
+        # acknowledged: the cloves that agree with the recovered message, each index once
+        indexes = self.indexes.pop(clove.message_id, {}).get(clove.digests, {})
+        for index, size in sorted(indexes.items()):
+            link.count(index, clove.n, size)
+        self.counted[clove.message_id] = (clove.digests, set(indexes))
+        while len(self.counted) > _RECENT:
+            self.counted.popitem(last=False)
         link.deliver(message)
+
+    def _late(self, link: OverlayLink, clove: sida.Clove) -> None:
+        """A clove of a message already whole counts once for its index, when it agrees with
+        the recovered message (the same digest list, a body matching its digest)."""
+        done = self.counted.get(clove.message_id)
+        if done is None or clove.digests != done[0] or clove.index in done[1]:
+            return
+        if clove.intact():
+            done[1].add(clove.index)
+            link.count(clove.index, clove.n, len(clove.to_bytes()))
 
     async def _serve(self, link: OverlayLink) -> None:
         try:
-            await serve_link(self.state, self.config, link, f"overlay:{link.ident.hex()}")
+            await self.serve(link, f"overlay:{link.ident.hex()}")
         finally:
             self.links.pop(link.ident, None)
+            await link.send_ack()  # the last count: what the client pays the paths' relays for
 
     def exit_gone(self, ws: web.WebSocketResponse) -> None:
         for link in list(self.links.values()):

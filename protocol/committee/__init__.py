@@ -32,6 +32,7 @@ Modules, read bottom-up:
     gateways.py       gateway (GatewayBind): a gateway key bound to its payee address
     prices.py         set_price (SetPrice): what a credit buys on a node's shard
     relays.py         relay (RegisterRelay): an overlay relay's endpoint and X25519 key
+    relay_credits.py  relay_redeem (RelayRedeem): a relay cashes the credits it was paid
     envelope.py       SignedTx, sign / encode / decode, the type → body registry, and
                       TxSignatureError
 
@@ -63,6 +64,8 @@ Tx types (`type` → dataclass):
                                    X25519 key: an overlay relay (listed by /relays once staked)
     credit_lock     CreditLock     a compute node claims credits it was paid with, before it
                                    serves beyond its bound on them (credit_locks.py)
+    relay_redeem    RelayRedeem    a relay cashes the credits users paid it with for cloves
+                                   that arrived (relay_credits.py)
 
 `TxDecodeError` (malformed bytes or fields) and `TxSignatureError` (bad ed25519 signature) are
 typed `ProtocolError`s; the ABCI app maps them to named result codes. The compact binary

@@ -24,6 +24,7 @@ from protocol.committee.gateways import GatewayBind
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, Leave, MoveShards, RegisterNode
+from protocol.committee.relay_credits import RelayRedeem
 from protocol.committee.relays import RegisterRelay
 from protocol.committee.settlement import PayoutVote, WorkReport
 from protocol.committee.verification import (
@@ -75,6 +76,7 @@ TxBody = (
     | CreditMint
     | CreditRedeem
     | RegisterRelay
+    | RelayRedeem
     | MoveShards
 )
 BODY_TYPES: dict[str, Any] = {
@@ -103,6 +105,7 @@ BODY_TYPES: dict[str, Any] = {
         CreditMint,
         CreditRedeem,
         RegisterRelay,
+        RelayRedeem,
         MoveShards,
     )
 }

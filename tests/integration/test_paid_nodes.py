@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 from eth_utils import keccak
+from nacl.signing import SigningKey
 
 from harness.gateway_net import Committee, ephemeral_port, start_committee, wait_for
 from harness.personal_client import PersonalClient, personal_client
@@ -46,16 +47,18 @@ from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
 from planet.main import main
 from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import FundMint
-from protocol.committee.envelope import decode
+from protocol.committee.envelope import decode, sign
 from protocol.committee.registry import AttestStake
+from protocol.committee.relay_credits import RelayRedeem
 from protocol.eip712 import address_of
 from protocol.errors import RemoteError
-from protocol.paid_credits import spent_id
+from protocol.paid_credits import parse_paid_credit, spent_id
 from tests.doubles.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.integration
 
 PRICE_POSITIONS = 8
+RELAY_BYTES = 2048  # clove bytes that arrived one credit pays a relay for (genesis credits)
 LAYER_TOKENS = 4096
 PASSWORD = "paid-nodes-test"
 PROMPT = "w1 w7 w3 w40 w5"
@@ -111,6 +114,7 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
                     "layer_tokens": LAYER_TOKENS,
                     "key_period_blocks": 100_000,
                     "dkg_phase_blocks": 2,
+                    "relay_bytes": RELAY_BYTES,
                 }
             },
         )
@@ -319,14 +323,17 @@ def test_the_personal_client_pays_the_nodes_with_credits_for_the_official_openai
         assert again.token == client.token
 
 
-def test_the_personal_client_over_the_overlay_answers_the_same_through_relays(net) -> None:
+def test_the_personal_client_over_the_overlay_answers_the_same_through_relays(net, capsys) -> None:
     """`--relays FILE --overlay 4,3,1`: every node of the circuit reached over 4 relay paths as
     (4, 3) S-IDA cloves; the official `openai` client's greedy answer is the direct one, every
-    node is paid with credits as before, and the relays carried it (docs/overlay.md)."""
+    node is paid with credits as before, and every relay is paid from the same wallet for the
+    cloves its paths delivered (the node's acknowledgements), in PAY cells only it opens; each
+    relay, registered on the committee, redeems them there (`planet relay redeem`), every
+    credit once (docs/overlay.md)."""
     import openai
 
     credits_file = net["root"] / "overlay-credits.json"
-    _buy(net, 12, credits_file)
+    _buy(net, 30, credits_file)
     model = json.loads(net["manifest"].read_text())["model_id"]
     messages = [{"role": "user", "content": PROMPT}]
 
@@ -339,15 +346,64 @@ def test_the_personal_client_over_the_overlay_answers_the_same_through_relays(ne
 
     with _personal_client(net, credits_file) as client:
         direct, _ = ask(client)
+    before = CreditWallet(credits_file).count()
     with relays(4, net["root"] / "relays") as started:
         listed = write_relays_file(net["root"] / "relays.txt", started)
         overlay = ("--relays", str(listed), "--overlay", "4,3,1")
         with _personal_client(net, credits_file, extra=overlay) as client:
             overlaid, receipt = ask(client)
-        carried = [relay.info()["cells_forwarded"] for relay in started]
+        infos = [relay.info() for relay in started]
+        homes = [relay.log_path.parent for relay in started]
     assert overlaid == direct and direct
     assert receipt["paid_with"] == "credits" and receipt["credits_spent"] >= 2
-    assert all(cells > 0 for cells in carried), carried  # each of the 4 paths carried cloves
+    assert all(info["cells_forwarded"] > 0 for info in infos), infos  # every path carried
+    # every relay was paid, from the user's wallet, and nothing else left it
+    paid = [info["credits_received"] for info in infos]
+    assert all(n > 0 for n in paid), paid
+    assert before - CreditWallet(credits_file).count() == receipt["credits_spent"] + sum(paid)
+    # each relay registers (its own committee key, role relay) and redeems what it holds
+    committee = net["committee"]
+    first = [
+        parse_paid_credit(json.loads(path.read_text())["credit"])
+        for path in (homes[0] / "relay-credits").glob("*.json")
+    ]
+    assert len(first) == paid[0]
+    keys = [  # in one block
+        _register_relay(committee, home, relay, i, wait=i == len(started) - 1)
+        for i, (home, relay) in enumerate(zip(homes, started, strict=True))
+    ]
+    # relay 0 redeems one of its credits; shown again by relay 1 it is spent for everyone
+    # (CREDIT_SPENT by name), and relay 0's own `planet relay redeem` drops it by that name
+    committee.submit(sign(RelayRedeem((first[0],)), keys[0], 2).encode())
+    with pytest.raises(RuntimeError, match="'code': 78"):
+        committee.submit(sign(RelayRedeem((first[0],)), keys[1], 2).encode())
+    for i, home in enumerate(homes):
+        argv = ["relay", "redeem", "--home", str(home), "--committee-rpc", committee.rpc]
+        assert main([*argv, "--password-file", str(net["password"])]) == 0
+        refused = "1 CREDIT_SPENT" if i == 0 else "none"
+        line = f"redeemed {paid[i] - (i == 0)} of {paid[i]} credits on the committee"
+        assert f"{line} (refused: {refused})" in capsys.readouterr().out
+        earned = committee.query(f"/relay_credits?key={keys[i].verify_key.encode().hex()}")
+        assert sum(row["credits"] for row in earned["epochs"]) == paid[i]
+        assert not list((home / "relay-credits").glob("*.json"))  # nothing left held
+
+
+def _register_relay(
+    committee: Committee, home: Path, relay: Any, i: int, *, wait: bool
+) -> SigningKey:
+    """`relay` tx for a relay that served unregistered (no EVM chain here): its committee key
+    in `<home>/node_key.json`, bound to a fresh wallet; the key."""
+    from protocol.committee.registry import sign_registration
+    from protocol.committee.relays import RegisterRelay
+
+    secret = keccak(text=f"paid-nodes relay {i}")
+    wallet = create_wallet(home / "wallet.json", PASSWORD, secret)
+    key = create_node_key(home / "node_key.json", PASSWORD)
+    hexkey = key.verify_key.encode().hex()
+    binding = sign_registration(secret, hexkey)
+    body = RegisterRelay(wallet.address.lower(), binding, relay.url, relay.hop.key.hex())
+    committee.submit(sign(body, key, 1).encode(), wait=wait)
+    return key
 
 
 def test_a_verifier_challenges_charging_nodes_through_its_own_personal_client(net) -> None:

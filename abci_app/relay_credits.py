@@ -1,0 +1,95 @@
+"""Relays paid from credits (issue 43; docs/overlay.md "Relays are paid").
+
+    relay_redeem{credits}      a registered relay (role `relay`: WRONG_ROLE for a node's key;
+                               UNKNOWN_NODE unregistered; INVALID_LIFECYCLE once LEFT) cashes
+                               credits users' clients paid it with. Each credit goes through the
+                               checks of a node's `credit_redeem` (credits.check_credits): its
+                               window (CREDIT_EPOCH), the one spent set shared with nodes
+                               (CREDIT_SPENT: a credit a node or another relay redeemed, or one
+                               listed twice), a node's lock (CREDIT_LOCKED: a credit a node
+                               locked before it served), σ under the period's key
+                               (CREDIT_INVALID: forged, or of no formed key). No served
+                               positions: the client pays a relay only once the path's exit
+                               acknowledged the cloves it carried, so there is nothing for the
+                               chain to cover.
+                               → `cspent/<id>` per credit (as a node's redemption), the issue
+                               counters, and `rcredit/<relay key>/<epoch>` += count: the
+                               relay's earnings of the epoch, with its EVM address.
+
+The whole tx is refused on any failing item, naming it (`credit <i>:`), nothing written. A
+relay's earnings are not drawn from the credit pool yet (the pool keeps their price; the
+payout statement's relay lines are the next step, docs/credits.md).
+
+/relay_credits  ?key    {key, evm_address, epochs: [{epoch, credits}], committed_height}: what
+                        the relay of that committee key redeemed, per epoch (retained epochs)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from abci_app import credits, rules, schema
+from abci_app.codes import Code
+from abci_app.query_params import NODE_KEY, QueryError, str_param
+from abci_app.state import State
+from protocol.committee.envelope import SignedTx
+from protocol.committee.relay_credits import RelayRedeem
+from protocol.committee.relays import RELAY_ROLE
+
+
+def relay(state: State, key: str) -> dict[str, Any]:
+    """A registered relay that has not left."""
+    node = rules.registered_node(state, key)  # UNKNOWN_NODE
+    if node["role"] != RELAY_ROLE:
+        rules.reject(Code.WRONG_ROLE, f"node {key} has role {node['role']}, not relay")
+    if node["status"] == schema.LEFT:
+        rules.reject(Code.INVALID_LIFECYCLE, f"relay {key} has left")
+    return node
+
+
+def relay_redeem(state: State, tx: SignedTx) -> None:
+    body: RelayRedeem = tx.body
+    credits.enabled(state)  # CREDITS_DISABLED
+    node = relay(state, tx.signer)
+    spent = credits.check_credits(state, body.credits, tx.signer)
+    credits.mark_spent(state, spent)
+    current = rules.epoch_of(state, state.block_height)
+    key = earnings_key(tx.signer, current)
+    held: dict[str, Any] | None = state.get(schema.RELAY_CREDIT, key)
+    state.put(
+        schema.RELAY_CREDIT,
+        key,
+        {
+            "account": str(node["evm_address"]).lower(),
+            "credits": (held["credits"] if held else 0) + len(spent),
+        },
+    )
+    if held is None:
+        rules.track(state, schema.RELAY_CREDIT, key)
+    state.emit("planet.relay_redeem", relay=tx.signer, epoch=current, credits=len(spent))
+
+
+def earnings_key(relay_key: str, epoch: int) -> str:
+    return f"{relay_key}/{schema.epoch_key(epoch)}"
+
+
+def _relay_credits(state: State, params: dict[str, Any]) -> Any:
+    key = str_param(params, "key", NODE_KEY)
+    if key is None:
+        raise QueryError(Code.BAD_QUERY, "key (a relay's committee key, 64 hex) is required")
+    node = state.committed(schema.NODE, key) or {}
+    rows = state.committed_items(schema.RELAY_CREDIT, f"{key}/", f"{key}0")
+    return {
+        "key": key,
+        "evm_address": node.get("evm_address"),
+        "epochs": [
+            {"epoch": int(k.rsplit("/", 1)[1]), "credits": value["credits"]} for k, value in rows
+        ],
+        "committed_height": state.height,
+    }
+
+
+RELAY_CREDIT_ROUTES: dict[str, Callable[[State, dict[str, Any]], Any]] = {
+    "/relay_credits": _relay_credits
+}
