@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from node.cli.seats import register_host
 from protocol.errors import UsageError
 from protocol.spotcheck import DEFAULT_RATE_PPM, SelectionError, check_rate
 
@@ -68,6 +69,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_serve_arguments(serve)
+    serve.set_defaults(handler=_serve)
+    register_host(sub)
+    parser.set_defaults(help_parser=parser)
+
+
+def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    """The arguments of `planet node serve`, also those of one seat of `planet node host`."""
     serve.add_argument("--manifest", type=Path, required=True, help="the model's manifest.json")
     serve.add_argument("--shard", type=int, required=True, help="shard id to serve")
     serve.add_argument("--port", type=int, default=18100, help="TCP port (default 18100)")
@@ -291,8 +300,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "test network; public networks leave it off: registered endpoints are strangers' "
         "choice)",
     )
-    serve.set_defaults(handler=_serve)
-    parser.set_defaults(help_parser=parser)
 
 
 def _node_key(args: argparse.Namespace) -> object | None:
