@@ -84,7 +84,7 @@ def register_host(sub: argparse._SubParsersAction) -> None:
 
 def parse_seat(argv: tuple[str, ...]) -> tuple[ServerConfig, Any]:
     """A seat's `planet node serve` arguments → (its validated config, its node key or None)."""
-    from node.cli.node import add_serve_arguments, server_config
+    from node.cli.serve_args import add_serve_arguments, server_config
 
     parser = _SeatParser(prog="seat", add_help=False)
     add_serve_arguments(parser)
