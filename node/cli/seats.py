@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import signal
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from protocol.errors import PlanetError, UsageError
+from protocol.errors import UsageError
 
 if TYPE_CHECKING:
     from node.server.config import ServerConfig
@@ -30,21 +26,6 @@ one and signals); a seat whose shard weights + --max-cache-mb + --prefix-cache-m
 what --memory-budget-mb has left is refused by name (memory_budget_exceeded), the others keep
 serving. The host writes <seats file>.status.json after each pass.
 """
-
-
-class SeatRefused(PlanetError):
-    """`planet node add`: the host refused the seat (its code and message)."""
-
-    code = "seat_refused"
-    exit_status = 6
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(
-            f"the node refused the seat: {message} ({code})",
-            hint="see the host's log; the seat stays in the seats file and is tried again on "
-            "the next `planet node add` or SIGHUP",
-        )
-        self.refusal = code
 
 
 class _SeatParser(argparse.ArgumentParser):
@@ -113,49 +94,10 @@ def _host(args: argparse.Namespace) -> int:
 
 
 def _add(args: argparse.Namespace) -> int:
-    from node.server.seats import SeatSpec, append_seat, status_path
+    from node.server.seats import SeatSpec, add_seat
 
-    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-    config, _key = parse_seat(tuple(argv))  # refused here, before the host sees it
-    status = _read_status(status_path(args.seats))
-    pid = status.get("pid")
-    if type(pid) is not int or pid <= 0:
-        raise UsageError(
-            f"no running host writes {status_path(args.seats)}",
-            hint="start it first: planet node host --seats FILE",
-        )
-    append_seat(args.seats, SeatSpec(tuple(argv)))
-    entry = wait_for_seat(args.seats, pid, config.port, args.timeout)
-    if entry.get("state") != "serving":
-        raise SeatRefused(str(entry.get("code")), str(entry.get("message")))
+    argv = tuple(args.argv[1:] if args.argv[:1] == ["--"] else args.argv)
+    parse_seat(argv)  # refused here, before the host sees it
+    entry = add_seat(args.seats, SeatSpec(argv), args.timeout)
     print(f"serving shard {entry['shard']} of {entry['model']} at {entry['url']}")
     return 0
-
-
-def wait_for_seat(seats: Path, pid: int, port: int, timeout_s: float) -> dict[str, Any]:
-    """Signal the host (SIGHUP) and wait for the pass that lists the seat on `port`."""
-    from node.server.seats import status_path
-
-    path = status_path(seats)
-    before = _read_status(path).get("pass", 0)
-    try:
-        os.kill(pid, signal.SIGHUP)
-    except ProcessLookupError:
-        raise UsageError(f"the host (pid {pid}) is not running") from None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = _read_status(path)
-        if type(status.get("pass")) is int and status["pass"] > before:
-            for entry in status.get("seats", []):
-                if isinstance(entry, dict) and entry.get("port") == port:
-                    return entry
-        time.sleep(0.2)
-    raise UsageError(f"the host did not answer for the seat on port {port} in {timeout_s} s")
-
-
-def _read_status(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}

@@ -6,7 +6,8 @@ served-work spools) on its own port with its own TLS identity, under one memory 
 The process reads its seats file at start and again on SIGHUP (`planet node add` appends a
 seat and signals), and starts each listed seat it does not run yet: parsed (`parse`, the
 `planet node serve` arguments), admitted by the memory budget (refused by name when it does
-not fit, before its shard is loaded), loaded, then listening. After each pass it writes the
+not fit, before its shard is loaded), loaded, then listening; a running seat no longer
+listed stops (`planet leave` of a seat takes it out of the file). After each pass it writes the
 status file `<seats file>.status.json`: its pid, the pass number, the budget and every seat's
 state (`serving` with its URL, or `refused` with the error's code and message). A seat that
 fails leaves the others serving. SIGINT/SIGTERM stop every seat (their links closed as a
@@ -87,6 +88,10 @@ class SeatHost:
             except PlanetError as error:
                 log.warning("seats file refused: %s", error.message)
                 specs, entries = [], [_refused({}, error)]
+            else:
+                listed = {spec.port() for spec in specs}
+                for port in [port for port in self.running if port not in listed]:
+                    await self._stop(port)  # taken out of the file: `planet leave`
             for spec in specs:
                 entries.append(await self._ensure(spec))
             self.passes += 1
@@ -147,11 +152,15 @@ class SeatHost:
             },
         )
 
+    async def _stop(self, port: int) -> None:
+        seat = self.running.pop(port)
+        log.info("seat on port %d (shard %d of %s) stops", port, seat.cost.shard, seat.cost.model)
+        await seat.runner.cleanup()
+        self.budget.release(port)
+
     async def close(self) -> None:
         for port in list(self.running):
-            seat = self.running.pop(port)
-            await seat.runner.cleanup()
-            self.budget.release(port)
+            await self._stop(port)
 
 
 def _serving(seat: Seat) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,21 @@ class MemoryBudgetExceeded(UnavailableError):
         self.cost = cost
 
 
+class SeatRefused(UnavailableError):
+    """The host refused a seat (`planet node add`, `planet join --into`): its code and
+    message."""
+
+    code = "seat_refused"
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(
+            f"the node refused the seat: {message} ({code})",
+            hint="see the node's log; the seat stays in the seats file and is tried again on "
+            "the next add (SIGHUP)",
+        )
+        self.refusal = code
+
+
 def _mib(count: int) -> str:
     return f"{count / 1024**2:.1f} MiB"
 
@@ -69,6 +86,13 @@ class SeatSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {"argv": list(self.argv)}
+
+    def port(self) -> int | None:
+        """The `--port` it names (None: none, or not a number; parsing refuses it later)."""
+        for flag, value in zip(self.argv, self.argv[1:], strict=False):
+            if flag == "--port":
+                return int(value) if value.isdigit() else None
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +153,7 @@ def read_seats(path: Path) -> list[SeatSpec]:
             and 0 < len(argv) <= MAX_ARGS
             and all(isinstance(a, str) and len(a) <= MAX_ARG_CHARS for a in argv)
         ):
-            raise BadSeatsFile(path, f"seat {i}: expected {{\"argv\": [strings]}}")
+            raise BadSeatsFile(path, f'seat {i}: expected {{"argv": [strings]}}')
         seats.append(SeatSpec(tuple(argv)))
     return seats
 
@@ -147,5 +171,90 @@ def append_seat(path: Path, seat: SeatSpec) -> None:
     write_json(path, {"seats": [s.to_json() for s in [*seats, seat]]})
 
 
+def remove_seat(path: Path, port: int) -> bool:
+    """Drop the seats on `port` from the seats file; whether any was there."""
+    seats = read_seats(path)
+    kept = [seat for seat in seats if seat.port() != port]
+    write_json(path, {"seats": [s.to_json() for s in kept]})
+    return len(kept) != len(seats)
+
+
 def status_path(seats_file: Path) -> Path:
     return seats_file.with_name(seats_file.name + STATUS_SUFFIX)
+
+
+def read_status(seats_file: Path) -> dict[str, Any]:
+    """The host's last status (empty before its first pass, or unreadable)."""
+    try:
+        doc = json.loads(status_path(seats_file).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def host_pid(seats_file: Path) -> int | None:
+    pid = read_status(seats_file).get("pid")
+    return pid if type(pid) is int and pid > 0 else None
+
+
+def wait_pass(seats_file: Path, after: int, timeout_s: float) -> dict[str, Any] | None:
+    """The host's status once a pass later than `after` is written; None on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = read_status(seats_file)
+        done = status.get("pass")
+        if type(done) is int and done > after:
+            return status
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)
+
+
+def seat_entry(status: dict[str, Any], port: int) -> dict[str, Any] | None:
+    for entry in status.get("seats", []):
+        if isinstance(entry, dict) and entry.get("port") == port:
+            return entry
+    return None
+
+
+def reload_host(seats_file: Path, pid: int, timeout_s: float) -> dict[str, Any]:
+    """SIGHUP the host and return the status of its next pass; UnavailableError when it is not
+    running or does not answer in time."""
+    before = read_status(seats_file).get("pass", 0)
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        raise UnavailableError(f"the node (pid {pid}) is not running") from None
+    status = wait_pass(seats_file, before if type(before) is int else 0, timeout_s)
+    if status is None:
+        raise UnavailableError(
+            f"the node (pid {pid}) did not re-read {seats_file} in {timeout_s} s"
+        )
+    return status
+
+
+def serving_entry(status: dict[str, Any], port: int) -> dict[str, Any]:
+    """The seat on `port` as the host reports it serving; SeatRefused otherwise."""
+    entry = seat_entry(status, port)
+    if entry is None:
+        raise SeatRefused("seat_missing", f"no seat on port {port} in the node's last pass")
+    if entry.get("state") != "serving":
+        raise SeatRefused(str(entry.get("code")), str(entry.get("message")))
+    return entry
+
+
+def add_seat(seats_file: Path, seat: SeatSpec, timeout_s: float) -> dict[str, Any]:
+    """Append `seat` to a running host's seats file, signal it, and return the seat's serving
+    entry; SeatRefused (memory budget, a bad shard, a taken port) or UnavailableError."""
+    pid = host_pid(seats_file)
+    port = seat.port()
+    if pid is None or port is None:
+        raise UnavailableError(
+            f"no running node writes {status_path(seats_file)}"
+            if pid is None
+            else "a seat needs --port",
+            hint="start one first: planet node host --seats FILE (or planet join "
+            "--memory-budget-mb N)",
+        )
+    append_seat(seats_file, seat)
+    return serving_entry(reload_host(seats_file, pid, timeout_s), port)
