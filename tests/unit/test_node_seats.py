@@ -26,6 +26,7 @@ from node.server.seats import (
     SeatSpec,
     append_seat,
     read_seats,
+    remove_seat,
     seat_cost,
     status_path,
 )
@@ -245,3 +246,85 @@ async def test_a_broken_seats_file_keeps_the_running_seats(tmp_path: Path):
         assert (await _info(pa))["model_hash"] == MODEL_A
     finally:
         await host.close()
+
+
+# --- planet join / leave of a seat --------------------------------------------------------------
+
+
+def test_a_seat_names_its_port_and_leaves_the_file_by_it(tmp_path: Path):
+    path = tmp_path / "seats.json"
+    append_seat(path, _seat("a", 0, 1001))
+    append_seat(path, _seat("b", 1, 1002))
+    assert [seat.port() for seat in read_seats(path)] == [1001, 1002]
+    assert SeatSpec(("--port", "x")).port() is None and SeatSpec(("--shard", "0")).port() is None
+    assert remove_seat(path, 1001) and not remove_seat(path, 1001)
+    assert read_seats(path) == [_seat("b", 1, 1002)]
+
+
+def test_join_builds_the_seat_as_it_starts_a_node(tmp_path: Path):
+    from node.agent.launch import seat_of
+    from node.agent.node_host import NodeLaunch
+
+    launch = NodeLaunch(tmp_path / "m.json", "10.0.0.5", ("--max-sessions", "16"), tmp_path / "k")
+    assert seat_of(launch, 2, 18102).argv == (
+        "--manifest", str(tmp_path / "m.json"), "--shard", "2", "--port", "18102",
+        "--host", "10.0.0.5", "--node-key", str(tmp_path / "k"), "--max-sessions", "16",
+    )  # fmt: skip
+
+
+def _join_args(**kw: Any) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**{"memory_budget_mb": None, "into": None, "rebalance": None, **kw})
+
+
+def test_join_refuses_host_flags_that_do_not_go_together(tmp_path: Path):
+    from node.cli.operator import _host_seats
+
+    run = tmp_path / "me" / "run"
+    assert _host_seats(_join_args(), run) is None
+    assert _host_seats(_join_args(memory_budget_mb=512), run) is None
+    for bad, words in [
+        (_join_args(memory_budget_mb=0), "--memory-budget-mb must be"),
+        (_join_args(memory_budget_mb=512, into=tmp_path), "pick one"),
+        (_join_args(memory_budget_mb=512, rebalance=True), "does not rebalance"),
+        (_join_args(into=tmp_path / "other"), "runs no multi-model host"),
+    ]:
+        with pytest.raises(UsageError, match=words):
+            _host_seats(bad, run)
+
+
+def test_join_into_a_running_host_finds_its_seats_file(tmp_path: Path):
+    import os
+
+    from node.cli.operator import _host_seats
+
+    other = tmp_path / "other" / "run"
+    other.mkdir(parents=True)
+    (other / "seats.json.status.json").write_text(json.dumps({"pid": os.getpid(), "pass": 1}))
+    assert _host_seats(_join_args(into=tmp_path / "other"), tmp_path / "me" / "run") == (
+        other / "seats.json"
+    )
+    with pytest.raises(UsageError, match="this home itself"):
+        _host_seats(_join_args(into=tmp_path / "other"), other)
+
+
+def test_leave_takes_the_seat_out_even_when_the_host_is_gone(tmp_path: Path):
+    from node.agent.launch import JOINED_FILE, stop_joined
+
+    seats = tmp_path / "host" / "run" / "seats.json"
+    seats.parent.mkdir(parents=True)
+    append_seat(seats, _seat("a", 0, 1001))
+    append_seat(seats, _seat("b", 0, 1002))
+    run = tmp_path / "me" / "run"
+    run.mkdir(parents=True)
+    dead = 2**22 + 17  # above pid_max's default: no such process
+    joined = {
+        "shard": 0, "port": 1002, "endpoint": "https://127.0.0.1:1002", "model": MODEL_B,
+        "manifest": "m", "node_pid": dead, "agent_pid": dead, "node_key": "k" * 64,
+        "node_log": "l", "agent_log": "l", "seats": str(seats),
+    }  # fmt: skip
+    (run / JOINED_FILE).write_text(json.dumps(joined))
+    assert stop_joined(run) == {"agent": False, "node": False}
+    assert read_seats(seats) == [_seat("a", 0, 1001)]  # the other home's seat stays
+    assert not (run / JOINED_FILE).exists()
