@@ -328,3 +328,22 @@ def test_leave_takes_the_seat_out_even_when_the_host_is_gone(tmp_path: Path):
     assert stop_joined(run) == {"agent": False, "node": False}
     assert read_seats(seats) == [_seat("a", 0, 1001)]  # the other home's seat stays
     assert not (run / JOINED_FILE).exists()
+
+
+async def test_a_seat_taken_out_of_the_file_stops_and_frees_its_budget(tmp_path: Path):
+    seats = tmp_path / "seats.json"
+    host = SeatHost(seats, MemoryBudget(200 * MIB), _parse, Loads(), cost=_cost)
+    pa, pb = ephemeral_port(), ephemeral_port()
+    append_seat(seats, _seat("a", 0, pa))
+    append_seat(seats, _seat("b", 0, pb))
+    try:
+        await host.reload()
+        assert remove_seat(seats, pa)
+        entries = await host.reload()
+        assert [e["port"] for e in entries] == [pb] and set(host.running) == {pb}
+        assert host.budget.used() == 70 * MIB
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await _info(pa)
+        assert (await _info(pb))["model_hash"] == MODEL_B
+    finally:
+        await host.close()
