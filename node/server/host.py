@@ -37,6 +37,7 @@ from node.server.seats import (
     SeatCost,
     SeatSpec,
     read_seats,
+    resident_weight_bytes,
     seat_cost,
     status_path,
     write_json,
@@ -52,11 +53,13 @@ LoadSeat = Callable[[ServerConfig, Any], tuple[web.Application, ssl.SSLContext |
 
 
 def manifest_cost(config: ServerConfig) -> SeatCost:
-    """What a seat may hold: its shard file's bytes (from the manifest) plus its KV caps."""
+    """What a seat may hold: its weights as loaded (from the manifest's shard size and quant)
+    plus its KV caps."""
     manifest = Manifest.load(config.manifest_path)
     entry = manifest.shard(config.shard_id)
     kv = config.max_cache_bytes + config.prefix_cache_bytes
-    return seat_cost(manifest.model_hash, config.shard_id, entry.size, kv)
+    weights = resident_weight_bytes(entry.size, entry.quant)
+    return seat_cost(manifest.model_hash, config.shard_id, weights, kv)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from node.keys import PASSWORD_ENV, load_or_create_node_key
 from node.model.head import ClientHead
 from node.model.manifest import Manifest
 from node.server.launcher import pid_alive
-from node.server.seats import read_status
+from node.server.seats import read_status, resident_weight_bytes
 from planet.main import main
 
 pytestmark = pytest.mark.integration
@@ -97,7 +97,11 @@ def test_one_process_serves_two_models_and_refuses_a_seat_past_its_budget(
     one_part, two_part = _prepared(1), _prepared(2)
     model_one, model_two = Manifest.load(one_part).model_hash, Manifest.load(two_part).model_hash
     assert model_one != model_two
-    weights = sum(e.size for m in (one_part, two_part) for e in Manifest.load(m).shards)
+    weights = sum(
+        resident_weight_bytes(e.size, e.quant)
+        for m in (one_part, two_part)
+        for e in Manifest.load(m).shards
+    )
     budget_mb = (weights + 3 * 48 * 1024**2) // 1024**2 + 8  # the three seats, not a fourth
     p0, p1, p2, p3 = (ephemeral_port() for _ in range(4))
     (key0, pub0), (key1, pub1), (key2, pub2) = (_key(tmp_path / f"h{i}") for i in range(3))

@@ -27,6 +27,7 @@ from node.server.seats import (
     append_seat,
     read_seats,
     remove_seat,
+    resident_weight_bytes,
     seat_cost,
     status_path,
 )
@@ -347,3 +348,10 @@ async def test_a_seat_taken_out_of_the_file_stops_and_frees_its_budget(tmp_path:
         assert (await _info(pb))["model_hash"] == MODEL_B
     finally:
         await host.close()
+
+
+def test_a_quantized_shard_counts_as_loaded_not_as_its_file():
+    assert resident_weight_bytes(100, "none") == 100
+    assert resident_weight_bytes(100, "int8") == 600  # de-quantized to fp32 at load on CPU
+    assert resident_weight_bytes(100, "int4") == 1700
+    assert resident_weight_bytes(100, "fp4") == 1700  # unknown: the largest factor
