@@ -7,7 +7,8 @@ The process reads its seats file at start and again on SIGHUP (`planet node add`
 seat and signals), and starts each listed seat it does not run yet: parsed (`parse`, the
 `planet node serve` arguments), admitted by the memory budget (refused by name when it does
 not fit, before its shard is loaded), loaded, then listening; a running seat no longer
-listed stops (`planet leave` of a seat takes it out of the file). After each pass it writes the
+listed stops (`planet leave` of a seat takes it out of the file); a running seat's line edited
+in place changes nothing until it is taken out and added again. After each pass it writes the
 status file `<seats file>.status.json`: its pid, the pass number, the budget and every seat's
 state (`serving` with its URL, or `refused` with the error's code and message). A seat that
 fails leaves the others serving. SIGINT/SIGTERM stop every seat (their links closed as a
@@ -102,13 +103,13 @@ class SeatHost:
             return entries
 
     async def _ensure(self, spec: SeatSpec) -> dict[str, Any]:
-        try:
-            config, node_key = self.parse(spec.argv)
+        port = spec.port()
+        if port is not None and port in self.running:  # not parsed (its key opened) again
+            return _serving(self.running[port])
+        try:  # off the loop: opening the node key takes a key derivation
+            config, node_key = await asyncio.to_thread(self.parse, spec.argv)
         except PlanetError as error:
             return _refused({"argv": list(spec.argv)}, error)
-        seat = self.running.get(config.port)
-        if seat is not None:
-            return _serving(seat)
         where: dict[str, Any] = {"port": config.port, "shard": config.shard_id}
         try:
             cost = self.cost(config)
