@@ -108,8 +108,8 @@ class SeatHost:
             return _serving(self.running[port])
         try:  # off the loop: opening the node key takes a key derivation
             config, node_key = await asyncio.to_thread(self.parse, spec.argv)
-        except PlanetError as error:
-            return _refused({"argv": list(spec.argv)}, error)
+        except PlanetError as error:  # a bad flag, a key its password does not open
+            return _refused({"port": port, "argv": list(spec.argv)}, error)
         where: dict[str, Any] = {"port": config.port, "shard": config.shard_id}
         try:
             cost = self.cost(config)

@@ -225,6 +225,7 @@ async def test_a_seat_that_fails_to_load_or_parse_is_refused_and_frees_its_budge
         entries = await host.reload()
         assert [e["state"] for e in entries] == ["refused", "refused", "serving"]
         assert entries[1]["code"] == "usage" and entries[1]["argv"] == ["--manifest", "a"]
+        assert entries[1]["port"] is None
         assert entries[0]["code"] == "integrity" and "hash mismatch" in entries[0]["message"]
         assert host.budget.used() == 110 * MIB  # only the seat that serves
         loads.fail = None  # the shard is fixed: the next pass starts it
@@ -355,3 +356,40 @@ def test_a_quantized_shard_counts_as_loaded_not_as_its_file():
     assert resident_weight_bytes(100, "int8") == 600  # de-quantized to fp32 at load on CPU
     assert resident_weight_bytes(100, "int4") == 1700
     assert resident_weight_bytes(100, "fp4") == 1700  # unknown: the largest factor
+
+
+async def test_a_seat_whose_key_does_not_open_is_refused_by_the_key_error(
+    tmp_path: Path, monkeypatch
+):
+    """`planet join --into` from a home with another password: the host's refusal names the
+    key's own error for that seat's port (what `planet node add` / `join` then print)."""
+    from node.keys import PASSWORD_ENV, create_node_key
+    from node.server.seats import SeatRefused, serving_entry
+
+    key = tmp_path / "node_key.json"
+    create_node_key(key, "the joining home's password")
+    monkeypatch.setenv(PASSWORD_ENV, "the host's password")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text("{}")
+    seats = tmp_path / "seats.json"
+    port = ephemeral_port()
+    argv = (
+        "--manifest",
+        str(manifest),
+        "--shard",
+        "0",
+        "--port",
+        str(port),
+        "--node-key",
+        str(key),
+    )
+    append_seat(seats, SeatSpec(argv))
+    host = SeatHost(seats, MemoryBudget(0), parse_seat, Loads(), cost=_cost)
+    try:
+        entries = await host.reload()
+    finally:
+        await host.close()
+    assert entries[0]["port"] == port and entries[0]["state"] == "refused"
+    with pytest.raises(SeatRefused) as refused:
+        serving_entry(json.loads(status_path(seats).read_text()), port)
+    assert refused.value.refusal == entries[0]["code"] != "seat_missing"
