@@ -76,8 +76,7 @@ class SeatRefused(UnavailableError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(
             f"the node refused the seat: {message} ({code})",
-            hint="see the node's log; the seat stays in the seats file and is tried again on "
-            "the next add (SIGHUP)",
+            hint="see the node's log; the seat was taken out of the seats file again",
         )
         self.refusal = code
 
@@ -257,7 +256,8 @@ def serving_entry(status: dict[str, Any], port: int) -> dict[str, Any]:
 
 def add_seat(seats_file: Path, seat: SeatSpec, timeout_s: float) -> dict[str, Any]:
     """Append `seat` to a running host's seats file, signal it, and return the seat's serving
-    entry; SeatRefused (memory budget, a bad shard, a taken port) or UnavailableError."""
+    entry; SeatRefused (memory budget, a bad shard, a taken port: the seat is taken out of the
+    file again) or UnavailableError."""
     pid = host_pid(seats_file)
     port = seat.port()
     if pid is None or port is None:
@@ -269,4 +269,8 @@ def add_seat(seats_file: Path, seat: SeatSpec, timeout_s: float) -> dict[str, An
             "--memory-budget-mb N)",
         )
     append_seat(seats_file, seat)
-    return serving_entry(reload_host(seats_file, pid, timeout_s), port)
+    try:
+        return serving_entry(reload_host(seats_file, pid, timeout_s), port)
+    except SeatRefused:
+        remove_seat(seats_file, port)  # not left behind to be tried at every later pass
+        raise
