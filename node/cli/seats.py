@@ -41,7 +41,9 @@ def register_host(sub: argparse._SubParsersAction) -> None:
         epilog=HOST_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    host.add_argument("--seats", type=Path, required=True, help="the seats file (JSON)")
+    host.add_argument(
+        "--seats", type=Path, required=True, help="the seats file (JSON; created empty if missing)"
+    )
     host.add_argument(
         "--memory-budget-mb",
         type=int,
@@ -76,12 +78,12 @@ def _host(args: argparse.Namespace) -> int:
     # lazy: the node's runtime (aiohttp, numpy, torch)
     from node.server.host import SeatHost, run_host
     from node.server.run import configure_torch_threads, shard_app
-    from node.server.seats import MemoryBudget
+    from node.server.seats import MemoryBudget, write_json
 
     if args.memory_budget_mb < 0:
         raise UsageError("--memory-budget-mb must be >= 0 (0: no budget)")
-    if not args.seats.exists():
-        raise UsageError(f"no seats file at {args.seats}", hint="planet node add writes one")
+    if not args.seats.exists():  # a host started empty: `planet node add` gives it seats
+        write_json(args.seats, {"seats": []})
     configure_torch_threads(args.threads)
     host = SeatHost(
         seats_file=args.seats,

@@ -43,7 +43,7 @@ from node.server.seats import (
     status_path,
     write_json,
 )
-from protocol.errors import PlanetError
+from protocol.errors import PlanetError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,11 @@ class SeatHost:
         if port is not None and port in self.running:  # not parsed (its key opened) again
             return _serving(self.running[port])
         try:  # off the loop: opening the node key takes a key derivation
+            if port is None or port == 0:
+                raise UsageError("a seat names its own port: `--port P` (P > 0), as two words")
             config, node_key = await asyncio.to_thread(self.parse, spec.argv)
+            if config.port != port:
+                raise UsageError(f"the seat names --port {port} and then {config.port}")
         except PlanetError as error:  # a bad flag, a key its password does not open
             return _refused({"port": port, "argv": list(spec.argv)}, error)
         where: dict[str, Any] = {"port": config.port, "shard": config.shard_id}

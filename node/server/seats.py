@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol.errors import ConfigError, UnavailableError
+from protocol.errors import ConfigError, UnavailableError, UsageError
 
 STATUS_SUFFIX = ".status.json"
 # resident bytes per shard-file byte once loaded on CPU (VmRSS after `ModelShardBackend` less
@@ -258,13 +258,13 @@ def add_seat(seats_file: Path, seat: SeatSpec, timeout_s: float) -> dict[str, An
     """Append `seat` to a running host's seats file, signal it, and return the seat's serving
     entry; SeatRefused (memory budget, a bad shard, a taken port: the seat is taken out of the
     file again) or UnavailableError."""
-    pid = host_pid(seats_file)
     port = seat.port()
-    if pid is None or port is None:
+    if not port:
+        raise UsageError("a seat names its own port: `--port P` (P > 0), as two words")
+    pid = host_pid(seats_file)
+    if pid is None:
         raise UnavailableError(
-            f"no running node writes {status_path(seats_file)}"
-            if pid is None
-            else "a seat needs --port",
+            f"no running node writes {status_path(seats_file)}",
             hint="start one first: planet node host --seats FILE (or planet join "
             "--memory-budget-mb N)",
         )

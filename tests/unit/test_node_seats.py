@@ -393,3 +393,26 @@ async def test_a_seat_whose_key_does_not_open_is_refused_by_the_key_error(
     with pytest.raises(SeatRefused) as refused:
         serving_entry(json.loads(status_path(seats).read_text()), port)
     assert refused.value.refusal == entries[0]["code"] != "seat_missing"
+
+
+async def test_a_seat_must_name_its_port_as_the_host_keys_it(tmp_path: Path):
+    """The host knows a running seat by the `--port P` of its line (a pass must not take a
+    seat written `--port=P` for a new one, or stop it as unlisted)."""
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text("{}")
+    seats = tmp_path / "seats.json"
+    port = ephemeral_port()
+    plain = ("--manifest", str(manifest), "--shard", "0", "--plaintext-links")
+    for argv in [
+        (*plain, f"--port={port}"),
+        (*plain, "--port", "0"),
+        (*plain, "--port", str(port), "--port", "1"),
+    ]:
+        append_seat(seats, SeatSpec(argv))
+    host = SeatHost(seats, MemoryBudget(0), parse_seat, Loads(), cost=_cost)
+    try:
+        entries = await host.reload()
+    finally:
+        await host.close()
+    assert [(e["state"], e["code"]) for e in entries] == [("refused", "usage")] * 3
+    assert "as two words" in entries[0]["message"] and "and then 1" in entries[2]["message"]
