@@ -7,7 +7,10 @@ node_key}` — what `planet leave` and `planet status` read (a rebalancing agent
 the node moves to another shard); `node_launch.json`: how the compute node was started, for
 the agent to start another shard's node the same way (node/agent/node_host.py); `served/`: the
 node's served-work spool (`--commit-dir`), from which the agent commits and reveals
-(`node.agent.commitments`).
+(`node.agent.commitments`). A multi-model node (`planet join --memory-budget-mb`): the compute
+node is `planet node host` (`node-host.log`) over `seats.json` and its status file
+(node/server/seats.py); a home joined `--into` another names that home's seats file in its
+`joined.json` (`seats`) and its node is one seat there.
 """
 
 from __future__ import annotations
