@@ -7,7 +7,10 @@ node_key}` — what `planet leave` and `planet status` read (a rebalancing agent
 the node moves to another shard); `node_launch.json`: how the compute node was started, for
 the agent to start another shard's node the same way (node/agent/node_host.py); `served/`: the
 node's served-work spool (`--commit-dir`), from which the agent commits and reveals
-(`node.agent.commitments`).
+(`node.agent.commitments`). A multi-model node (`planet join --memory-budget-mb`): the compute
+node is `planet node host` (`node-host.log`) over `seats.json` and its status file
+(node/server/seats.py); a home joined `--into` another names that home's seats file in its
+`joined.json` (`seats`) and its node is one seat there.
 """
 
 from __future__ import annotations
@@ -28,12 +31,31 @@ from node.agent.node_host import NodeLaunch, write_launch
 from node.keys import PASSWORD_ENV
 from node.model.manifest import Manifest, manifest_path, verify_file
 from node.procs import command_line, runs_another_program, spawn_logged
-from node.server.launcher import pid_alive, start_node, stop_pid
+from node.server.launcher import pid_alive, start_host, start_node, stop_pid
 from node.server.next_hops import is_ip_literal, is_public_address, url_host
-from protocol.errors import ConfigError, IntegrityError, PlanetError, UsageError
+from node.server.seats import (
+    SeatSpec,
+    add_seat,
+    host_pid,
+    read_seats,
+    reload_host,
+    remove_seat,
+    serving_entry,
+    wait_pass,
+    write_json,
+)
+from protocol.errors import (
+    ConfigError,
+    IntegrityError,
+    PlanetError,
+    UnavailableError,
+    UsageError,
+)
 from protocol.urls import canonical_url
 
 JOINED_FILE = "joined.json"
+SEATS_FILE = "seats.json"  # a multi-model node's seats (node/server/seats.py)
+HOST_START_S = 180.0  # a host's first pass (imports, the shard's load) or a seat's add
 SERVED_DIR = "served"  # the node's served-work spool, read by the agent (commit-reveal)
 CREDITS_DIR = "credits"  # credits the node was paid with, until the agent redeems them
 AGENT_LOG = "agent.log"
@@ -131,6 +153,7 @@ class Joined:
     node_key: str
     node_log: str
     agent_log: str
+    seats: str = ""  # a seat of a multi-model node: its seats file (node/server/host.py)
 
 
 def read_joined(run_dir: Path) -> Joined | None:
@@ -210,6 +233,8 @@ def start_node_and_agent(
     credit_positions: int = 0,
     rebalance: bool = False,
     origin: str | None = None,
+    memory_budget_mb: int | None = None,
+    into: Path | None = None,
 ) -> Joined:
     """Spawn the compute node (bound to `host`:`port`, registered at that address) and the
     agent, detached; returns at once. `private_range`: see `_next_hop_args`.
@@ -219,7 +244,10 @@ def start_node_and_agent(
     the price clients read and redemptions are held to (abci_app/prices.py). `rebalance`: the
     agent may move the node to another shard (node/agent/mover.py), starting the new shard's
     node as this one was (`node_launch.json`), fetching a shard file it lacks from the nodes
-    serving it, else from `origin` (`planet join --origin`, kept in that file)."""
+    serving it, else from `origin` (`planet join --origin`, kept in that file).
+    `memory_budget_mb`: the compute node is a multi-model host (`planet node host`, its seats
+    file `<home>/run/seats.json`) with this one seat; `into`: the seats file of another home's
+    running host, which takes this node as one more seat (`planet join --into`)."""
     run_dir = home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     launch = NodeLaunch(
@@ -238,22 +266,28 @@ def start_node_and_agent(
         origin=origin,
     )
     write_launch(run_dir, launch)
-    node = start_node(
-        manifest=manifest_file,
-        shard=shard,
-        port=port,
-        host=host,
-        run_dir=run_dir,
-        extra_args=list(launch.extra_args),
-        extra_env={PASSWORD_ENV: password},
-        node_key=launch.node_key,
-    )
+    if memory_budget_mb is None and into is None:
+        node = start_node(
+            manifest=manifest_file,
+            shard=shard,
+            port=port,
+            host=host,
+            run_dir=run_dir,
+            extra_args=list(launch.extra_args),
+            extra_env={PASSWORD_ENV: password},
+            node_key=launch.node_key,
+        )
+        node_pid, node_url, node_log, seats = node.pid, node.url, node.log_path, ""
+    else:
+        seat = seat_of(launch, shard, port)
+        node_pid, node_log, seats_file = start_seat(run_dir, seat, password, memory_budget_mb, into)
+        node_url, seats = f"https://{_url_host(host)}:{port}", str(seats_file)
     argv = [
         sys.executable, "-m", AGENT_MARKER,
         "--home", str(home),
         "--manifest", str(manifest_file),
         "--shard", str(shard),
-        "--endpoint", node.url,
+        "--endpoint", node_url,
         "--capacity", str(capacity),
         "--commit-dir", str(run_dir / SERVED_DIR),
     ]  # fmt: skip
@@ -269,18 +303,80 @@ def start_node_and_agent(
     joined = Joined(
         shard=shard,
         port=port,
-        endpoint=node.url,
+        endpoint=node_url,
         model=manifest.model_hash,
         manifest=str(manifest_file),
-        node_pid=node.pid,
+        node_pid=node_pid,
         agent_pid=agent.pid,
         node_key=node_key,
-        node_log=str(node.log_path),
+        node_log=str(node_log),
         agent_log=str(agent_log),
+        seats=seats,
     )
     (run_dir / "agent.pid").write_text(f"{agent.pid}\n")
     (run_dir / JOINED_FILE).write_text(json.dumps(asdict(joined), indent=1) + "\n")
     return joined
+
+
+def seat_of(launch: NodeLaunch, shard: int, port: int) -> SeatSpec:
+    """The seat a multi-model host serves for this node: `planet node serve`'s arguments, as
+    `start_node` passes them."""
+    return SeatSpec(
+        (
+            "--manifest", str(launch.manifest), "--shard", str(shard), "--port", str(port),
+            "--host", launch.host, "--node-key", str(launch.node_key), *launch.extra_args,
+        )
+    )  # fmt: skip
+
+
+def start_seat(
+    run_dir: Path, seat: SeatSpec, password: str, budget_mb: int | None, into: Path | None
+) -> tuple[int, Path, Path]:
+    """Serve `seat` in a multi-model host: a new one of this home (`budget_mb`) or the running
+    one whose seats file is `into`. Returns (the host's pid, its log, the seats file) once the
+    seat serves; SeatRefused (by name: the memory budget, a bad shard, a taken port) or
+    UnavailableError otherwise (a host started here is stopped again)."""
+    if into is not None:
+        add_seat(into, seat, HOST_START_S)
+        pid = host_pid(into)
+        assert pid is not None  # add_seat found it
+        return pid, into.parent / "node-host.log", into
+    run_dir.mkdir(parents=True, exist_ok=True)
+    seats = run_dir / SEATS_FILE
+    write_json(seats, {"seats": [seat.to_json()]})
+    pid, log = start_host(
+        seats=seats, budget_mb=budget_mb or 0, run_dir=run_dir, extra_env={PASSWORD_ENV: password}
+    )
+    status = wait_pass(seats, 0, HOST_START_S)
+    try:
+        if status is None:
+            raise UnavailableError(
+                f"the node host did not start in {HOST_START_S:.0f} s", hint=f"see {log}"
+            )
+        serving_entry(status, seat.port() or 0)
+    except PlanetError:
+        stop_pid(pid, 5.0)
+        raise
+    return pid, log, seats
+
+
+def leave_seat(seats: Path, port: int, pid: int) -> bool:
+    """Take this node's seat out of its host: out of the seats file, then the host signalled
+    (it stops the seat and keeps serving the others, whichever home they belong to); a host
+    left with no seat stops. Whether the seat was running."""
+    running = pid_alive(pid)
+    try:
+        remove_seat(seats, port)
+        left = read_seats(seats)
+    except PlanetError:
+        left = []
+    if not running:
+        return False
+    if not left:
+        return stop_pid(pid, 5.0)
+    with contextlib.suppress(PlanetError):
+        reload_host(seats, pid, 30.0)
+    return True
 
 
 def _rebalance_tuning() -> list[str]:
@@ -325,7 +421,10 @@ def stop_joined(run_dir: Path, *, node: bool = True) -> dict[str, Any]:
     stopped = {"agent": stop_agent(joined.agent_pid), "node": False}
     if not node:
         return stopped
-    stopped["node"] = stop_pid(joined.node_pid, 5.0)
+    if joined.seats:
+        stopped["node"] = leave_seat(Path(joined.seats), joined.port, joined.node_pid)
+    else:
+        stopped["node"] = stop_pid(joined.node_pid, 5.0)
     for name in (JOINED_FILE, "agent.pid", f"node-{joined.shard}.pid"):
         (run_dir / name).unlink(missing_ok=True)
     return stopped

@@ -206,6 +206,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="serve without charging (price 0): nobody pays this node",
     )
+    join.add_argument(
+        "--memory-budget-mb",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="run the compute node as a multi-model host (`planet node host`) with this memory "
+        "budget (shard weights + KV caps of all its seats), so other homes can add their "
+        "models to it with --into (docs/network.md, multi-model nodes)",
+    )
+    join.add_argument(
+        "--into",
+        type=Path,
+        default=None,
+        metavar="HOME",
+        help="serve this home's node (its own key, stake, price and credits) as one more seat "
+        "of the multi-model host that HOME runs (joined with --memory-budget-mb); refused by "
+        "name when it does not fit HOME's memory budget",
+    )
     join.add_argument("--timeout", type=float, default=180.0, help="seconds to wait (180)")
     join.add_argument("--no-wait", action="store_true", help="return once processes started")
     join.add_argument(
@@ -408,6 +426,7 @@ def _join(args: argparse.Namespace) -> int:
         raise UsageError("--capacity must be 1..1000000")
     join_price(args.credit_positions, args.free, lambda: 0)  # the flags, before any work
     given_host = _parse_host(args.host) if args.host is not None else None
+    into = _host_seats(args, config.run_dir)
     joined = read_joined(config.run_dir)
     if joined is not None and agent_alive(joined):
         raise UsageError(
@@ -436,6 +455,7 @@ def _join(args: argparse.Namespace) -> int:
     node_key = load_or_create_node_key(config.node_key_path, password)
     key_hex = node_key.verify_key.encode().hex()
     placement = None
+    hosted = args.memory_budget_mb is not None or into is not None
     if args.shard is None:
         placement = place(config, model_hash, len(registered), key_hex)
         _say(f"placement: {placement.reason}")
@@ -478,8 +498,11 @@ def _join(args: argparse.Namespace) -> int:
         host=host,
         private_range=config.next_hop_range,
         credit_positions=price,
-        rebalance=args.rebalance if args.rebalance is not None else placement is not None,
+        rebalance=not hosted
+        and (args.rebalance if args.rebalance is not None else placement is not None),
         origin=args.origin,
+        memory_budget_mb=args.memory_budget_mb,
+        into=into,
     )
     if price == 0:
         _say(
@@ -510,6 +533,39 @@ def _join(args: argparse.Namespace) -> int:
     else:
         print(f"routable: shard {shard} of {model_hash} at {joined.endpoint}; node key {key_hex}")
     return 0
+
+
+def _host_seats(args: argparse.Namespace, run_dir: Path) -> Path | None:
+    """`--into HOME`: the seats file of the multi-model host HOME runs (None without --into);
+    UsageError when the flags do not go together or HOME runs no host."""
+    from node.server.launcher import pid_alive  # lazy: the node's runtime
+    from node.server.seats import host_pid
+
+    budget, into = args.memory_budget_mb, args.into
+    if budget is not None and not 1 <= budget <= 16 * 1024 * 1024:
+        raise UsageError("--memory-budget-mb must be 1..16777216 (MiB)")
+    if budget is not None and into is not None:
+        raise UsageError(
+            "--memory-budget-mb starts a host, --into joins another home's: pick one",
+            hint="the host's budget is set by the home that started it",
+        )
+    if (budget is not None or into is not None) and args.rebalance:
+        raise UsageError(
+            "a seat of a multi-model host does not rebalance (a move starts a new process)",
+            hint="drop --rebalance, or join without --memory-budget-mb/--into",
+        )
+    if into is None:
+        return None
+    seats = into.expanduser() / "run" / "seats.json"
+    pid = host_pid(seats)
+    if pid is None or not pid_alive(pid):
+        raise UsageError(
+            f"{into} runs no multi-model host ({seats} names no running node)",
+            hint=f"join from {into} with --memory-budget-mb MIB first",
+        )
+    if seats.parent.resolve() == run_dir.resolve():
+        raise UsageError("--into names this home itself", hint="join from another --home")
+    return seats
 
 
 def place(config: Any, model_hash: str, shard_count: int, key: str) -> Placement:

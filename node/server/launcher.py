@@ -138,6 +138,22 @@ def start_node(
     )
 
 
+def start_host(
+    *, seats: Path, budget_mb: int, run_dir: Path, extra_env: Mapping[str, str] | None = None
+) -> tuple[int, Path]:
+    """Spawn a detached `planet node host` over the seats file `seats` (node/server/host.py);
+    returns (its pid, its log) at once (`node.server.seats.wait_pass` waits for its first
+    pass)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / "node-host.log"
+    cmd = [
+        sys.executable, "-m", NODE_MARKER, "-v", "node", "host",
+        "--seats", str(seats), "--memory-budget-mb", str(budget_mb),
+    ]  # fmt: skip
+    proc = spawn_logged(cmd, log_path, env={**node_env(), **(extra_env or {})})
+    return proc.pid, log_path
+
+
 def pid_alive(pid: int) -> bool:
     """True if `pid` runs and is not a zombie."""
     try:
@@ -149,9 +165,10 @@ def pid_alive(pid: int) -> bool:
 
 
 def is_planet_node(pid: int, module: str = NODE_MARKER) -> bool:
-    """True if `pid`'s command line is a node that `start_node(module=module)` started."""
+    """True if `pid`'s command line is a node that `start_node(module=module)` or `start_host`
+    started."""
     cmdline = command_line(pid) or []
-    return module.encode() in cmdline and b"serve" in cmdline
+    return module.encode() in cmdline and (b"serve" in cmdline or b"host" in cmdline)
 
 
 def _reap(pid: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 from typing import Any
 
 from aiohttp import web
@@ -51,16 +52,11 @@ def _skip_unused_backends(config: ServerConfig) -> None:
     log.debug("quant=%s: not importing %s", quant, ", ".join(skipped) or "-")
 
 
-def serve(
+def shard_app(
     config: ServerConfig, node_key: Any = None, *, backend: ShardBackend | None = None
-) -> None:
-    """Blocks until SIGINT/SIGTERM. Raises IntegrityError/ConfigError before binding the port.
-    `node_key` (the node's ed25519 SigningKey) is the key of the node's TLS certificate
-    (node/links.py; required unless `config.plaintext_links`); with `config.committee_rpc`
-    too, the node answers spot-check ticket requests (`node.server.tickets.enable_tickets`)
-    from its served-work log (`--commit-dir`) or a ticket book. `backend`: serve this
-    ShardBackend instead of loading config's shard (a test entry point wraps the loaded one:
-    tests/doubles/cheating_node.py)."""
+) -> tuple[web.Application, ssl.SSLContext | None, ShardBackend]:
+    """One shard's app, loaded and wired (prices, tickets), and its TLS context (None:
+    plaintext links); `serve` runs one, node/server/host.py several in one process."""
     config.validate()
     if node_key is None and not config.plaintext_links:
         raise ConfigError(
@@ -69,17 +65,7 @@ def serve(
         )
     if backend is None:
         _skip_unused_backends(config)
-    threads = configure_torch_threads(config.torch_threads)
-    if backend is None:
         backend = ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)
-    log.info(
-        "shard loaded shard=%d layers=%s quant=%s device=%s torch_threads=%d",
-        backend.shard_id,
-        backend.layers,
-        backend.quant,
-        backend.device,
-        threads,
-    )
     app = create_app(config, backend)
     if node_key is not None and config.committee_rpc and config.credit_positions:
         from node.server.chain_price import follow_chain_price
@@ -101,9 +87,32 @@ def serve(
             config.committee_rpc,
             config.spot_check_ppm,
         )
+    context = None if config.plaintext_links else server_context(node_key)
+    return app, context, backend
+
+
+def serve(
+    config: ServerConfig, node_key: Any = None, *, backend: ShardBackend | None = None
+) -> None:
+    """Blocks until SIGINT/SIGTERM. Raises IntegrityError/ConfigError before binding the port.
+    `node_key` (the node's ed25519 SigningKey) is the key of the node's TLS certificate
+    (node/links.py; required unless `config.plaintext_links`); with `config.committee_rpc`
+    too, the node answers spot-check ticket requests (`node.server.tickets.enable_tickets`)
+    from its served-work log (`--commit-dir`) or a ticket book. `backend`: serve this
+    ShardBackend instead of loading config's shard (a test entry point wraps the loaded one:
+    tests/doubles/cheating_node.py)."""
+    threads = configure_torch_threads(config.torch_threads)
+    app, context, backend = shard_app(config, node_key, backend=backend)
+    log.info(
+        "shard loaded shard=%d layers=%s quant=%s device=%s torch_threads=%d",
+        backend.shard_id,
+        backend.layers,
+        backend.quant,
+        backend.device,
+        threads,
+    )
     quiet_malformed_http_logs()
-    context = None
-    if config.plaintext_links:
+    if context is None:
         where = "" if is_loopback_host(config.host) else f" ON {config.host}, NOT LOOPBACK"
         log.warning(
             "links are PLAINTEXT (--plaintext-links, local mode)%s: anyone on the path reads "
@@ -112,7 +121,6 @@ def serve(
         )
         links = "plaintext"
     else:
-        context = server_context(node_key)
         links = f"TLS, node key {node_key.verify_key.encode().hex()}"
     scheme = "http" if context is None else "https"
     print(

@@ -1,4 +1,4 @@
-"""`planet node serve` key flags (node/cli/node.py): --node-key (the TLS certificate's key;
+"""`planet node serve` key flags (node/cli/serve_args.py): --node-key (the TLS certificate's key;
 spot-check tickets with --committee-rpc too) or --plaintext-links, the key opened with the
 operator's password, clear errors."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from node.cli import node as node_cli
+from node.cli import serve_args as node_cli
 from node.keys import PASSWORD_ENV, KeyFileError, create_node_key
 from planet import main as cli
 from protocol.errors import UsageError
