@@ -69,11 +69,15 @@ settled, in pages** (`shares.settlement.close_epoch_pages`), in this order:
    debit of what the pool owes this epoch — `cdue/<e>` (the price of the credits redeemed in
    it, and of what the pool could not pay the epoch before) plus the price of the credits whose
    window ends with this close unredeemed (`cissue/`) — at most the pool (`cpool/balance`) plus
-   this close's purchases; the rest is due to e+1. The epoch's table (docs/shares.md: weights,
-   scarcity bonus, the verifiers' cut) splits the draw over the shares; its rows are the pool
-   pages' rows. With no eligible share (`NothingToPayError`) the draw waits (due to e+1) and
-   the epoch's credits that it earned itself move to e+1 once (a credit moved in is dropped if
-   e+1 pays nothing either); so they do when there is nothing to draw.
+   this close's purchases; the rest is due to e+1. The overlay relays' redemptions of e
+   (`rpay/<e>/…`, relay_payouts.py) are paid first from the draw, each relay's staking address
+   a direct row of credits · credit price (an epoch with relay redemptions only draws just
+   their part). The epoch's table (docs/shares.md: weights, scarcity bonus, the verifiers' cut)
+   splits the rest of the draw over the shares; its rows and the relays' are the pool pages'
+   rows. With no eligible share (`NothingToPayError`) the table's part waits (due to e+1), the
+   relays' part is still drawn, and the epoch's credits that it earned itself move to e+1 once
+   (a credit moved in is dropped if e+1 pays nothing either); so they do when there is nothing
+   to draw, and so do the relays' when nothing is drawn for them.
 2. *Each gateway's pages*, the gateway with the oldest pending item first: its pending queries
    and charges, oldest reported first (then by id). A gateway page has one row: the gateway,
    for the page's total. So a payer the escrow finds short when it posts the page (its balance
