@@ -12,8 +12,9 @@ close of that epoch (settlement.py) takes the records here:
 - the draw pays the relays first (`rows`): when the pool holds less than is due, what it holds
   is split over the relays by credits (largest remainder, `shares.payouts.split_pro_rata`) and
   the rest stays due to the next epoch, as a node's share would;
-- an account slashed in the epoch is paid nothing (its credits' price stays due, paid to the
-  next epoch's workers);
+- an account slashed in the epoch is paid nothing: its credits' price goes to the epoch's
+  other workers through the table, as a slashed node's share does (with no node credits in the
+  epoch it stays due to the next epoch);
 - a close that draws nothing for the relays (an empty pool, or a draw left off the close's
   pages) moves their credits to the next epoch once, as a node's (`carried`).
 

@@ -191,3 +191,35 @@ def test_direct_rows_are_paid_first_and_merged_into_the_pool_pages() -> None:
         close_epoch_pages(_work(), [PageCharges(3, debits=(draw,))], ((relay, 101),))
     with pytest.raises(DuplicateError):
         close_epoch_pages(_work(), [PageCharges(3, debits=(draw,))], ((relay, 1), (relay, 2)))
+
+
+def _close_in_process(chain: Chain, epoch: int, slashed: list[str]) -> Any:
+    """The close of `epoch` run in process, with `slashed` accounts' verdicts confirmed in it;
+    the state after it (uncommitted)."""
+    length = chain.state.genesis.epoch_length
+    chain.advance_to(epoch * length - 1)
+    state = chain.state
+    state.begin_block(epoch * length, b"\x00" * 32, chain.time_s)
+    for who in slashed:
+        state.put(schema.SLASHED, schema.in_epoch(epoch, who), ["failed_verification"])
+    settlement.close(state, epoch * length)
+    return state
+
+
+def test_a_slashed_node_never_voids_a_relay_nor_a_slashed_relay_a_node(tmp_path: Path) -> None:
+    for slashed, paid in ((NODE, account("payout-r8")), (account("payout-r8"), NODE)):
+        chain, node = node_chain(tmp_path / slashed)
+        relay = add_relay(chain, "payout-r8")
+        credits, _ = minted(chain, tmp_path / slashed, count=3)
+        epoch = fresh_epoch(chain)
+        assert send(chain, RelayRedeem((credits[0],)), relay).code == Code.OK
+        assert redeem(chain, node, credits[1:]).code == Code.OK
+        state = _close_in_process(chain, epoch, [slashed])
+        page = state.get(schema.PAYOUT, schema.epoch_key(epoch))
+        rows = {a: int(amount) for a, amount in page["rows"]}
+        assert slashed not in rows and int(page["total"]) == sum(rows.values())
+        if paid == NODE:  # the slashed relay's price goes to the epoch's other workers
+            assert rows == {NODE: 3 * PRICE}
+        else:  # the relay in full; the slashed node's two credits stay due to the next epoch
+            assert rows == {paid: PRICE}
+            assert state.get(schema.CREDIT_DUE, schema.epoch_key(epoch + 1)) == str(2 * PRICE)
