@@ -6,14 +6,18 @@ paid in full; the page's total is the sum of its rows."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 
 from abci_app import schema, settlement
 from abci_app.codes import Code
 from abci_app.relay_payouts import RelayEarnings
+from node.cli.earnings import statements_of
+from node.keys import create_wallet, wallet_address
 from protocol.committee.registry import Leave
 from protocol.committee.relay_credits import RelayRedeem
 from protocol.eip712 import address_of
@@ -82,10 +86,28 @@ def test_a_relay_and_a_node_of_one_epoch_are_both_paid_in_full_once(tmp_path: Pa
     listing = [int(s["epoch"]) for s in ask(chain, "/payouts?limit=200")["epochs"]]
     statements = [ask(chain, f"/payouts?epoch={number}") for number in listing]
     assert [p["epoch"] for p in statements if account("payout-r1") in rows_of(p)] == [epoch]
+    # `planet earnings` / `claim --home <relay home>` read the rows of the home's staking
+    # wallet (the address the relay registered with): the relay's pay is listed for it
+    create_wallet(tmp_path / "relay-home" / "wallet.json", "pw", seeded_evm_key("payout-r1"))
+    assert wallet_address(tmp_path / "relay-home" / "wallet.json").lower() == account("payout-r1")
+    listed = asyncio.run(statements_of(_Link(chain).query, account("payout-r1")))
+    assert [(s["epoch"], s["amount"]) for s in listed if s["amount"] != "0"] == [
+        (epoch, str(2 * PRICE))
+    ]
     # /relay_credits still tells what it redeemed then
     assert ask(chain, f"/relay_credits?key={relay.verify_key.encode().hex()}")["epochs"] == [
         {"epoch": epoch, "credits": 2}
     ]
+
+
+class _Link:
+    """The query side of `CommitteeLink` over the in-process chain."""
+
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
+
+    async def query(self, path: str, **params: Any) -> Any:
+        return ask(self.chain, path + ("?" + urlencode(params) if params else ""))
 
 
 def test_a_relay_alone_in_an_epoch_is_paid_and_the_page_total_is_its_rows(
