@@ -13,12 +13,14 @@
                                acknowledged the cloves it carried, so there is nothing for the
                                chain to cover.
                                → `cspent/<id>` per credit (as a node's redemption), the issue
-                               counters, and `rcredit/<relay key>/<epoch>` += count: the
-                               relay's earnings of the epoch, with its EVM address.
+                               counters, the credits' price due to this epoch (`cdue/<epoch>`,
+                               as a node's: the close draws it from the credit pool),
+                               `rpay/<epoch>/<evm address>` += count (what the close pays the
+                               relay's staking address: a row of count · price on the epoch's
+                               pool page, settlement.py) and `rcredit/<relay key>/<epoch>` +=
+                               count: the relay's earnings of the epoch, with its EVM address.
 
-The whole tx is refused on any failing item, naming it (`credit <i>:`), nothing written. A
-relay's earnings are not drawn from the credit pool yet (the pool keeps their price; the
-payout statement's relay lines are the next step, docs/credits.md).
+The whole tx is refused on any failing item, naming it (`credit <i>:`), nothing written.
 
 /relay_credits  ?key    {key, evm_address, epochs: [{epoch, credits}], committed_height}: what
                         the relay of that committee key redeemed, per epoch (retained epochs)
@@ -55,19 +57,30 @@ def relay_redeem(state: State, tx: SignedTx) -> None:
     spent = credits.check_credits(state, body.credits, tx.signer)
     credits.mark_spent(state, spent)
     current = rules.epoch_of(state, state.block_height)
+    account = str(node["evm_address"]).lower()
+    credits.owe(state, current, len(spent) * (state.genesis.credit_price_wei or 0))
+    add_pay(state, current, account, len(spent))
     key = earnings_key(tx.signer, current)
     held: dict[str, Any] | None = state.get(schema.RELAY_CREDIT, key)
     state.put(
         schema.RELAY_CREDIT,
         key,
-        {
-            "account": str(node["evm_address"]).lower(),
-            "credits": (held["credits"] if held else 0) + len(spent),
-        },
+        {"account": account, "credits": (held["credits"] if held else 0) + len(spent)},
     )
     if held is None:
         rules.track(state, schema.RELAY_CREDIT, key)
     state.emit("planet.relay_redeem", relay=tx.signer, epoch=current, credits=len(spent))
+
+
+def add_pay(state: State, epoch: int, account: str, count: int, carried: int = 0) -> None:
+    """`rpay/<epoch>/<account>`: credits += count (`carried` of them moved in from the epoch
+    before, settlement.py): what the close of `epoch` pays the relay's address."""
+    key = schema.in_epoch(epoch, account)
+    held: dict[str, Any] = state.get(schema.RELAY_PAY, key) or {"account": account, "credits": 0}
+    record = {"account": account, "credits": held["credits"] + count}
+    if carried or held.get("carried"):
+        record["carried"] = held.get("carried", 0) + carried
+    state.put(schema.RELAY_PAY, key, record)
 
 
 def earnings_key(relay_key: str, epoch: int) -> str:

@@ -164,6 +164,10 @@ CREDIT_LOCK = "clock"
 # rcredit/<relay key>/<epoch>: {account, credits}: what a relay redeemed in the epoch
 # (relay_credits.py); pruned once the epoch is settled and retained
 RELAY_CREDIT = "rcredit"
+# rpay/<epoch>/<relay's lowercase EVM address>: {account, credits[, carried]}: what relays
+# redeemed in the epoch, to be paid at its close at the credit's price (settlement.py; deleted
+# by that close; `carried`: the part moved in from the epoch before, which paid nothing)
+RELAY_PAY = "rpay"
 # cissue/<credit epoch>: {funded, redeemed}: how many credits of that epoch funded mints bought
 # and nodes redeemed; the price of the rest is due at the close of epoch + lifetime (expired)
 CREDIT_ISSUED = "cissue"

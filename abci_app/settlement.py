@@ -69,11 +69,15 @@ settled, in pages** (`shares.settlement.close_epoch_pages`), in this order:
    debit of what the pool owes this epoch — `cdue/<e>` (the price of the credits redeemed in
    it, and of what the pool could not pay the epoch before) plus the price of the credits whose
    window ends with this close unredeemed (`cissue/`) — at most the pool (`cpool/balance`) plus
-   this close's purchases; the rest is due to e+1. The epoch's table (docs/shares.md: weights,
-   scarcity bonus, the verifiers' cut) splits the draw over the shares; its rows are the pool
-   pages' rows. With no eligible share (`NothingToPayError`) the draw waits (due to e+1) and
-   the epoch's credits that it earned itself move to e+1 once (a credit moved in is dropped if
-   e+1 pays nothing either); so they do when there is nothing to draw.
+   this close's purchases; the rest is due to e+1. The overlay relays' redemptions of e
+   (`rpay/<e>/…`, relay_payouts.py) are paid first from the draw, each relay's staking address
+   a direct row of credits · credit price (an epoch with relay redemptions only draws just
+   their part). The epoch's table (docs/shares.md: weights, scarcity bonus, the verifiers' cut)
+   splits the rest of the draw over the shares; its rows and the relays' are the pool pages'
+   rows. With no eligible share (`NothingToPayError`) the table's part waits (due to e+1), the
+   relays' part is still drawn, and the epoch's credits that it earned itself move to e+1 once
+   (a credit moved in is dropped if e+1 pays nothing either); so they do when there is nothing
+   to draw, and so do the relays' when nothing is drawn for them.
 2. *Each gateway's pages*, the gateway with the oldest pending item first: its pending queries
    and charges, oldest reported first (then by id). A gateway page has one row: the gateway,
    for the page's total. So a payer the escrow finds short when it posts the page (its balance
@@ -101,7 +105,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from abci_app import gateway_bindings, rules, schema
+from abci_app import gateway_bindings, relay_payouts, rules, schema
 from abci_app.codes import Code, Rejected
 from abci_app.credits import MINT_KIND, owe
 from abci_app.state import State
@@ -617,6 +621,7 @@ def close(state: State, height: int) -> None:
         state.delete(schema.CREDIT, key)
     for key, _ in slashed:
         state.delete(schema.SLASHED, key)
+    relays = relay_payouts.take(state, epoch, {key.split("/", 1)[1] for key, _ in slashed})
     escrow = state.genesis.escrow_address
     if escrow is None or epoch > MAX_COMMITTEE_EPOCH:
         return
@@ -626,23 +631,28 @@ def close(state: State, height: int) -> None:
     due += _expire_credits(state, epoch)
     pool = int(state.get(schema.CREDIT_POOL, schema.POOL_BALANCE) or 0)
     purchases, revenue = _pending_units(state)
-    draw: list[_Unit] = []
-    if credits:
-        # the pool pays what this epoch's redemptions are due, after this close's purchases
-        amount = min(due, pool + sum(u.amount for u in purchases))
-        if amount:
-            draw = [_Unit(0, ("c", escrow, escrow, POOL_KIND, "draw"), amount)]
-    pages = _plan_pages(purchases + draw + revenue)
+    # the pool pays what this epoch's redemptions are due, after this close's purchases: the
+    # relays' credits first (direct rows at the credit's price), the nodes' shares the rest
+    available = pool + sum(u.amount for u in purchases)
+    amount = min(due, available) if credits else min(due, relays.owed, available)
+    direct = relays.rows(min(amount, relays.owed))
+    pages, direct = _plan_draw(escrow, purchases, revenue, amount, direct)
     settled: tuple[EpochSettlement, ...] = ()
+    nodes_paid = bool(pages) and _drawn(pages) > sum(a for _, a in direct)
     if pages:
         try:
-            settled = _settle(_epoch_work(state, epoch, credits, slashed), epoch, pages)
-        except NothingToPayError:  # no eligible share: the draw waits, the credits move on
-            pages = _plan_pages(purchases + revenue)
-            settled = _settle(_epoch_work(state, epoch, [], []), epoch, pages) if pages else ()
-    drawn = any(unit.kind == "draw" for page in pages for unit in page.charges)
-    if credits and not drawn:
+            work = _epoch_work(state, epoch, credits, slashed)
+            settled = _settle(work, epoch, pages, direct)
+        except NothingToPayError:  # no eligible share: that part waits, the credits move on
+            part = sum(a for _, a in direct)
+            pages, direct = _plan_draw(escrow, purchases, revenue, part, direct)
+            work = _epoch_work(state, epoch, [], [])
+            settled = _settle(work, epoch, pages, direct) if pages else ()
+            nodes_paid = False
+    if credits and not nodes_paid:
         _carry_forward(state, epoch, credits, slashed)
+    if relays.owed and not direct:
+        relay_payouts.carry_forward(state, epoch, relays)
     for index, (page, statement) in enumerate(zip(pages, settled, strict=True)):
         for unit in page.queries:
             key = schema.query_key(unit.order[1], unit.gateway)
@@ -666,10 +676,35 @@ def close(state: State, height: int) -> None:
     owe(state, epoch + 1, due)  # what this close did not pay: due to the next epoch
 
 
-def _settle(work: EpochWork, epoch: int, pages: list[_Page]) -> tuple[EpochSettlement, ...]:
-    """One statement per planned page (`NothingToPayError` as `close_epoch_pages`)."""
+def _plan_draw(
+    escrow: str,
+    purchases: list[_Unit],
+    revenue: list[_Unit],
+    amount: int,
+    direct: tuple[tuple[str, int], ...],
+) -> tuple[list[_Page], tuple[tuple[str, int], ...]]:
+    """The close's pages with a draw of `amount` (none at 0), and the relays' `direct` rows
+    it pays: none when the draw did not fit in the close's pages (it waits, still due)."""
+    draw = [_Unit(0, ("c", escrow, escrow, POOL_KIND, "draw"), amount)] if amount else []
+    pages = _plan_pages(purchases + draw + revenue)
+    return pages, direct if _drawn(pages) else ()
+
+
+def _drawn(pages: list[_Page]) -> int:
+    """Wei the pages draw from the credit pool."""
+    return sum(unit.amount for page in pages for unit in page.charges if unit.kind == "draw")
+
+
+def _settle(
+    work: EpochWork,
+    epoch: int,
+    pages: list[_Page],
+    direct: tuple[tuple[str, int], ...] = (),
+) -> tuple[EpochSettlement, ...]:
+    """One statement per planned page (`NothingToPayError` as `close_epoch_pages`); the
+    relays' `direct` rows paid first from the draw."""
     numbered = [page.page_charges(statement_number(epoch, i)) for i, page in enumerate(pages)]
-    return close_epoch_pages(work, numbered)
+    return close_epoch_pages(work, numbered, direct)
 
 
 def _store_statement(

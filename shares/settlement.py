@@ -4,10 +4,14 @@
         one statement for the whole epoch (numbered `work.epoch`): `close_epoch_pages` with one
         page holding all of `work.queries` and `work.debits`
 
-    close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[EpochSettlement]
+    close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges], direct=())
+        -> tuple[EpochSettlement]
         an epoch settled in several statements ("pages"), each posted on its own: `work` holds
         the shares (its `queries` and `debits` stay empty), each `PageCharges(number, queries,
-        debits, purchases, gateway)` a disjoint part of the charges. A page is one of two kinds:
+        debits, purchases, gateway)` a disjoint part of the charges; `direct`: (account,
+        amount) rows paid from the pool pages at a fixed amount, outside the table (the overlay
+        relays' redeemed credits at the credit's price, abci_app/settlement.py). A page is one
+        of two kinds:
         - a **gateway page** (`gateway` set): that gateway's revenue, what its own payers were
           charged (its queries' fees and its (payer, gateway) debits, every debit naming it; no
           purchases). Its rows are one: the gateway, for the page's total. A payer found short
@@ -16,8 +20,10 @@
         - a **pool page** (`gateway` None): what the epoch's shares are paid from (the draw on
           the escrow's credit pool, the (escrow, escrow) debit) and credit purchases (a payer's
           debit at the escrow itself: listed in the page's `Charges`, but paid into the
-          escrow's credit pool, not out in the page's rows). The epoch's table splits Σ of the
-          pool pages' totals once; its rows, ascending by account, are then cut into the pool
+          escrow's credit pool, not out in the page's rows). The `direct` rows are paid first
+          (Σ direct ≤ Σ of the pool pages' totals, else `PageError`); the epoch's table splits
+          the rest of the pool pages' totals once (none left: no table); its rows and the
+          direct ones, merged per account, ascending by account, are then cut into the pool
           pages in order, so that each pool page's rows sum to exactly its own total (an
           account's row is split in two where a page ends). Every account gets exactly its
           share of the epoch, whatever the number of pages. A pool page holding only purchases
@@ -199,10 +205,14 @@ def close_epoch(work: EpochWork) -> EpochSettlement:
     return close_epoch_pages(bare, (page,))[0]
 
 
-def close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[EpochSettlement, ...]:
+def close_epoch_pages(
+    work: EpochWork,
+    pages: Sequence[PageCharges],
+    direct: Sequence[tuple[str, int]] = (),
+) -> tuple[EpochSettlement, ...]:
     """One statement per page (module docstring): each gateway page pays its gateway its total;
-    the epoch's table splits the pool pages' totals together and its rows are cut into them in
-    order.
+    the pool pages' totals pay the `direct` rows first, the epoch's table splits the rest, and
+    the merged rows are cut into the pool pages in order.
 
     `PageError` when `work` carries charges itself, a page is empty or charges nothing,
     numbers repeat, a query appears in two pages of one payee, a (payer, gateway) in two
@@ -229,17 +239,25 @@ def close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[Ep
         _unique_pairs((*page.debits, *page.purchases))
     pool = [page for page in pages if page.gateway is None]
     paid = sum(page.total for page in pool)
+    fixed = _direct_rows(direct)
+    rest = paid - sum(fixed.values())
+    if rest < 0:
+        raise PageError("direct", f"direct rows pay {paid - rest} wei of a pool paying {paid}")
     bought = any(d.amount for page in pool for d in page.purchases)
     revenue = any(page.gateway is not None for page in pages)
     # NothingToPayError when nothing is paid at all or the pool pays and no share is eligible
-    if paid or not (bought or revenue):
-        table = payout_table(work, paid)
+    if rest or not (bought or revenue or fixed):
+        table = payout_table(work, rest)
     else:
         table = _empty_table(work.epoch)
     for page in pages:
         if page.total <= 0 and not any(d.amount for d in page.purchases):
             raise PageError("pages", f"page {page.number} charges nothing")
-    cut = iter(_cut_rows(table.payouts, [page.total for page in pool]))
+    merged = dict(table.payouts)
+    for account, amount in fixed.items():
+        merged[account] = merged.get(account, 0) + amount
+    rows = tuple((account, merged[account]) for account in sorted(merged))
+    cut = iter(_cut_rows(rows, [page.total for page in pool]))
     return tuple(
         _statement(
             table,
@@ -248,6 +266,19 @@ def close_epoch_pages(work: EpochWork, pages: Sequence[PageCharges]) -> tuple[Ep
         )
         for page in pages
     )
+
+
+def _direct_rows(direct: Sequence[tuple[str, int]]) -> dict[str, int]:
+    """The fixed rows by account (lowercase, each once, amounts > 0), `PageError` otherwise."""
+    rows: dict[str, int] = {}
+    for item in direct:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise PageError("direct", f"expected (account, amount) items, got {item!r}"[:200])
+        account = normalize_account(item[0], "direct account")
+        if account in rows:
+            raise DuplicateError("direct", account)
+        rows[account] = check_int(item[1], "direct amount", 1, 1 << 256)
+    return rows
 
 
 def no_rows_root(number: int) -> bytes:

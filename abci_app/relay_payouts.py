@@ -1,0 +1,80 @@
+"""The overlay relays' pay at the epoch close (issue 43; docs/overlay.md, *Relays are paid*).
+
+A relay's `relay_redeem` (relay_credits.py) owes the credits' price to its epoch (`cdue/`, as
+a node's `credit_redeem`) and adds the count to `rpay/<epoch>/<relay's EVM address>`. The
+close of that epoch (settlement.py) takes the records here:
+
+- each relay's account is paid `credits · genesis credits.price_wei`, the price the pool
+  received for each of them and the price a node's redemption owes: a *direct* row on the
+  epoch's pool page (`shares.settlement.close_epoch_pages(direct=…)`), outside the share
+  table (no scarcity bonus, no verifiers' cut: a relay's credit is not a layer-token), merged
+  with the table's rows, so the page's total is still the sum of its rows;
+- the draw pays the relays first (`rows`): when the pool holds less than is due, what it holds
+  is split over the relays by credits (largest remainder, `shares.payouts.split_pro_rata`) and
+  the rest stays due to the next epoch, as a node's share would;
+- an account slashed in the epoch is paid nothing: its credits' price goes to the epoch's
+  other workers through the table, as a slashed node's share does (with no node credits in the
+  epoch it stays due to the next epoch);
+- a close that draws nothing for the relays (an empty pool, or a draw left off the close's
+  pages) moves their credits to the next epoch once, as a node's (`carried`).
+
+Every function is deterministic: integers and sorted keys only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from abci_app import schema
+from abci_app.relay_credits import add_pay
+from abci_app.state import State
+from shares.payouts import split_pro_rata
+
+
+@dataclass(frozen=True, slots=True)
+class RelayEarnings:
+    """What an epoch's relays redeemed: credits per account (slashed ones left out, ascending)
+    and the part of each moved in from the epoch before."""
+
+    credits: dict[str, int]
+    carried: dict[str, int]
+    price: int
+
+    @property
+    def owed(self) -> int:
+        """Wei the relays are due: every credit at the credit's price."""
+        return sum(self.credits.values()) * self.price
+
+    def rows(self, drawn: int) -> tuple[tuple[str, int], ...]:
+        """The relays' rows out of `drawn` wei (≤ `owed`): each in full when it covers them,
+        else split by credits; zero amounts get no row."""
+        if drawn >= self.owed:
+            amounts = {account: count * self.price for account, count in self.credits.items()}
+        elif drawn > 0:
+            amounts = split_pro_rata(drawn, self.credits)
+        else:
+            return ()
+        return tuple((account, amounts[account]) for account in sorted(amounts) if amounts[account])
+
+
+def take(state: State, epoch: int, slashed: set[str]) -> RelayEarnings:
+    """The epoch's relay records, deleted (the close pays or moves them)."""
+    credits: dict[str, int] = {}
+    carried: dict[str, int] = {}
+    for key, record in state.items(schema.RELAY_PAY, *schema.epoch_range(epoch)):
+        state.delete(schema.RELAY_PAY, key)
+        account = record["account"]
+        if account in slashed or record["credits"] <= 0:
+            continue
+        credits[account] = record["credits"]
+        carried[account] = record.get("carried", 0)
+    return RelayEarnings(credits, carried, state.genesis.credit_price_wei or 0)
+
+
+def carry_forward(state: State, epoch: int, earnings: RelayEarnings) -> None:
+    """Credits the close of `epoch` did not pay move to epoch + 1 once: those moved in before
+    are dropped (their price stays due, as a node's carried work)."""
+    for account, count in sorted(earnings.credits.items()):
+        own = count - earnings.carried.get(account, 0)
+        if own > 0:
+            add_pay(state, epoch + 1, account, own, carried=own)
