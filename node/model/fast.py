@@ -201,6 +201,11 @@ class FastDecoder:
         self._pool = _Pool()
         self._compiled: Callable[..., torch.Tensor] | None = None
         self.compile = compile_requested()
+        # One query row per attention call, in a prefill as in a decode step (see `_attend`):
+        # set for int8-kernel shards, whose bf16 casts turn the last-bit differences between a
+        # causal prefill and a one-row step into fingerprint mismatches. fp32 shards keep the
+        # one-call prefill (bitwise the hf path).
+        self.rowwise = False
 
     # ---- caches ------------------------------------------------------------------------
     def _alloc(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -274,21 +279,39 @@ class FastDecoder:
             k = k * cos + _rotate_half(k) * sin
             cache.keys[index, :, start:end] = k[0]
             cache.values[index, :, start:end] = v[0]
-            keys = cache.keys[index, :, :end].unsqueeze(0)
-            values = cache.values[index, :, :end].unsqueeze(0)
-            out = F.scaled_dot_product_attention(
-                q,
-                keys,
-                values,
-                attn_mask=mask,
-                is_causal=causal,
-                scale=self.scaling,
-                enable_gqa=self.heads != self.kv_heads,
-            )
+            if self.rowwise:
+                rows = [
+                    self._attend(q[:, :, t : t + 1], cache, index, start + t + 1)
+                    for t in range(steps)
+                ]
+                out = rows[0] if steps == 1 else torch.cat(rows, dim=2)
+            else:
+                out = F.scaled_dot_product_attention(
+                    q,
+                    cache.keys[index, :, :end].unsqueeze(0),
+                    cache.values[index, :, :end].unsqueeze(0),
+                    attn_mask=mask,
+                    is_causal=causal,
+                    scale=self.scaling,
+                    enable_gqa=self.heads != self.kv_heads,
+                )
             hidden = residual + attn.o_proj(out.transpose(1, 2).reshape(1, steps, -1))
             hidden = hidden + _mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, hidden))
         cache.length = end
         return hidden
+
+    def _attend(self, q: torch.Tensor, cache: StaticKV, index: int, length: int) -> torch.Tensor:
+        """Attention of ONE query row q [1, heads, 1, head_dim] (a fresh contiguous copy, so its
+        strides never depend on the call) to the first `length` cached positions of layer
+        `index`: the same call for a row of a prefill, of a chunk, of a decode step or of a
+        batched step, so each row's output does not depend on the schedule it was served in."""
+        return F.scaled_dot_product_attention(
+            q.contiguous(),
+            cache.keys[index, :, :length].unsqueeze(0),
+            cache.values[index, :, :length].unsqueeze(0),
+            scale=self.scaling,
+            enable_gqa=self.heads != self.kv_heads,
+        )
 
     # ---- B sessions, one new position each ------------------------------------------------
     def forward_batch(
@@ -320,6 +343,9 @@ class FastDecoder:
             for b, (cache, start) in enumerate(zip(caches, starts, strict=True)):
                 cache.keys[index, :, start : start + 1] = k[b]
                 cache.values[index, :, start : start + 1] = v[b]
+                if self.rowwise:
+                    outs.append(self._attend(q[b : b + 1], cache, index, start + 1))
+                    continue
                 outs.append(
                     F.scaled_dot_product_attention(
                         q[b : b + 1],
