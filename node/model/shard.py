@@ -235,6 +235,13 @@ class ShardModel:
         # fp32 weights, bitwise what the hf path computes (tests/unit/test_int8_fast.py).
         if int8_kernel is None:
             int8_kernel = int8_kernel_enabled()
+            if not int8_kernel and quant == QUANT_INT8 and target.type == "cpu":
+                log.warning(
+                    "%s=0: int8 shard %s runs de-quantized fp32 weights; the verifiers' int8 "
+                    "reference runs the int8 kernel, so this node's spot checks fail",
+                    INT8_KERNEL_ENV,
+                    shard_file.name,
+                )
         keep_int8 = quant == QUANT_INT8 and runtime == "auto" and target.type == "cpu"
         keep_int8 = keep_int8 and chosen == "fast" and int8_kernel
         load_into(root, tensors, metadata, target, runtime="packed" if keep_int8 else runtime)
