@@ -43,7 +43,7 @@ from node.model.fast import (
     Int8Linear,
     StaticKV,
     fast_supported,
-    pack_int8_linears,
+    load_int8_kernel,
 )
 from node.model.layers import decoder_layer as fast_decoder_layer
 from node.model.manifest import CONFIG_FILE, Manifest, manifest_path, verify_file
@@ -244,9 +244,10 @@ class ShardModel:
                 )
         keep_int8 = quant == QUANT_INT8 and runtime == "auto" and target.type == "cpu"
         keep_int8 = keep_int8 and chosen == "fast" and int8_kernel
-        load_into(root, tensors, metadata, target, runtime="packed" if keep_int8 else runtime)
-        if keep_int8:
-            pack_int8_linears(root)
+        if keep_int8:  # the file's int8 rows into `Int8Linear`s, without torchao
+            load_int8_kernel(root, tensors, metadata, target)
+        else:
+            load_into(root, tensors, metadata, target, runtime=runtime)
         return cls(config, layers, root, target, quant, activation_dtype, chosen)
 
     @classmethod

@@ -67,6 +67,28 @@ def test_our_dequantized_weights_are_torchaos(tiny_int8: Path) -> None:
                 assert torch.equal(ours[key], weight), (manifest, key)
 
 
+def test_the_kernel_reads_torchaos_int8_rows_and_scales(tiny_int8: Path) -> None:
+    """`load_int8_kernel` (no torchao) gives each `Int8Linear` exactly torchao's `Int8Tensor`
+    qdata and row scales, for every quantized Linear of every shard."""
+    from torchao.prototype.safetensors.safetensors_support import unflatten_tensor_state_dict
+
+    for manifest in _manifests(tiny_int8):
+        for entry in Manifest.load(manifest).shards:
+            shard = ShardModel.load(manifest, entry.shard_id, device="cpu", int8_kernel=True)
+            tensors, metadata = read_safetensors(manifest.parent / entry.file)
+            state, _ = unflatten_tensor_state_dict(tensors, metadata)
+            packed = {
+                name: module
+                for name, module in shard.module.named_modules()
+                if type(module).__name__ == "Int8Linear"
+            }
+            theirs = {k.removesuffix(".weight"): v for k, v in state.items() if hasattr(v, "qdata")}
+            assert packed.keys() == theirs.keys() and packed
+            for name, module in packed.items():
+                assert torch.equal(module.qdata, theirs[name].qdata), (manifest, name)
+                assert torch.equal(module.scale, theirs[name].scale.reshape(-1).float())
+
+
 def test_malformed_int8_files_are_config_errors(tiny_int8: Path) -> None:
     tensors, metadata = read_safetensors(tiny_int8.parent / "shard-0.safetensors")
     name = next(k for k in tensors if k.endswith("._weight_scale"))
