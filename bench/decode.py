@@ -1,7 +1,9 @@
 """Decode speed of one node's compute path: the hf path vs the fast path, int8 vs fp32 shards,
 one torch thread vs two, side by side in one process (issue 46, the CPU part). Int8 shards run
-three ways: hf, the fast path asked for by name (`path="fast"`: int8 weights, torch's int8
-kernel) and the default (`auto`: the fast path on weights de-quantized to fp32 at load).
+four ways: hf, the fast path with torch's int8 kernel pinned (`fast`: `int8_kernel=True`), the
+default (`auto`: the same kernel unless `PLANET_INT8_KERNEL=0`, which this bench ignores) and
+the opt-out (`dequant`: the fast path on weights de-quantized to fp32 at load, the default
+before the kernel became verifiable).
 
     python bench/decode.py --quick     # smoke run: 2 new tokens, 1 repeat, each quant's
                                        # files hashed once (≤ 20 s on a quiet box)
@@ -38,16 +40,24 @@ log = logging.getLogger("bench.decode")
 PROMPT = "The history of the printing press begins with"
 PATHS = ("hf", "fast")
 QUANTS = ("none", "int8")
-# (quant, path) in the order they load and run: "fast" is passed by name (an int8 shard then
-# keeps its int8 weights and torch's int8 kernel); "auto" is what a node runs by default, for an
-# int8 shard the fast path on its weights de-quantized to fp32 at load (node/model/shard.py)
+# (quant, label) in the order they load and run. Labels: "hf" and "fast" are paths passed by
+# name ("fast" on an int8 shard pins the int8 kernel); "auto" is what a node runs by default (an
+# int8 shard: the fast path with the int8 kernel); "dequant" is the int8 opt-out
+# (`PLANET_INT8_KERNEL=0`: the fast path on weights de-quantized to fp32 at load)
 CONFIGS = (
     ("none", "hf"),
     ("none", "fast"),
     ("int8", "hf"),
     ("int8", "fast"),
     ("int8", "auto"),
+    ("int8", "dequant"),
 )
+LOAD_ARGS: dict[str, dict[str, Any]] = {
+    "hf": {"path": "hf"},
+    "fast": {"path": "fast", "int8_kernel": True},
+    "auto": {"path": "auto"},
+    "dequant": {"path": "fast", "int8_kernel": False},
+}
 
 
 def _circuit(quant: str, path: str, head: Any = None) -> tuple[Any, list[Any]]:
@@ -62,7 +72,8 @@ def _circuit(quant: str, path: str, head: Any = None) -> tuple[Any, list[Any]]:
     verify = head is None
     head = head if head is not None else ClientHead.load(manifest, device="cpu")
     shards = [
-        ShardModel.load(manifest, k, device="cpu", path=path, verify=verify) for k in range(3)
+        ShardModel.load(manifest, k, device="cpu", verify=verify, **LOAD_ARGS[path])
+        for k in range(3)
     ]
     return head, shards
 
@@ -176,17 +187,24 @@ def main(argv: list[str] | None = None) -> int:
         metrics[f"tokens_identical_fast_vs_hf_int8_{count}t"] = int(
             tokens[f"fast_int8_{count}t"] == tokens[f"hf_int8_{count}t"]
         )
-        # the int8 default (de-quantized weights): bitwise the hf path's outputs
+        # the int8 default (the kernel) against fp32 and against the opt-out (de-quantized
+        # weights, the default before): the shards alone
         metrics[f"ratio_int8_default_vs_fp32_fast_shards_{count}t"] = _ratio(
             rate(f"decode_ms_per_token_shards_fast_fp32_{count}t"),
             rate(f"decode_ms_per_token_shards_auto_int8_{count}t"),
         )
-        metrics[f"ratio_int8_kernel_vs_default_shards_{count}t"] = _ratio(
+        metrics[f"ratio_int8_default_vs_dequant_shards_{count}t"] = _ratio(
+            rate(f"decode_ms_per_token_shards_dequant_int8_{count}t"),
             rate(f"decode_ms_per_token_shards_auto_int8_{count}t"),
-            rate(f"decode_ms_per_token_shards_fast_int8_{count}t"),
         )
-        metrics[f"tokens_identical_auto_vs_hf_int8_{count}t"] = int(
-            tokens[f"auto_int8_{count}t"] == tokens[f"hf_int8_{count}t"]
+        metrics[f"ratio_int8_default_vs_dequant_{count}t"] = _ratio(
+            rate(f"decode_tok_s_auto_int8_{count}t"), rate(f"decode_tok_s_dequant_int8_{count}t")
+        )
+        metrics[f"tokens_identical_auto_vs_dequant_int8_{count}t"] = int(
+            tokens[f"auto_int8_{count}t"] == tokens[f"dequant_int8_{count}t"]
+        )
+        metrics[f"tokens_identical_dequant_vs_hf_int8_{count}t"] = int(
+            tokens[f"dequant_int8_{count}t"] == tokens[f"hf_int8_{count}t"]
         )
     if 1 in threads and 2 in threads:
         for quant, path in ((_q(q), p) for q, p in CONFIGS):

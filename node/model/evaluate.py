@@ -193,7 +193,7 @@ def quant_report(
     With `packed`, quantized shards are also timed kept packed (the library de-quantizing in
     every forward: `decode_ms_per_shard_<q>_packed`); `runtime="auto"` (what nodes use) keeps
     them packed on CUDA and, on CPU, de-quantizes them once at load (int8 stays int8, with
-    torch's int8 kernel on the fast shard path, only when `PLANET_INT8_KERNEL=1`)."""
+    torch's int8 kernel on the fast shard path, unless `PLANET_INT8_KERNEL=0`)."""
     text = heldout_text() if text is None else text
     metrics: dict[str, Any] = {}
     manifests: dict[str, str] = {}

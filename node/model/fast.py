@@ -5,7 +5,7 @@ decoder layers with a `DynamicCache`, for comparison). It computes what transfor
 compute (RMSNorm in fp32, rotary on q/k, grouped-query sdpa attention, SwiGLU MLP, the same
 Linear weights read from the same modules) without their per-call machinery: no mask objects,
 no cache classes, no keyword plumbing. Its outputs are bitwise the hf path's on the same fp32
-weights (fp32 shards and int8 shards de-quantized at load: tests/unit/test_int8_fast.py,
+weights (fp32 shards and int8 shards opted out of the kernel: tests/unit/test_int8_fast.py,
 tests/unit/test_fast_shard.py). It reads its config values from a `ShardConfig`
 (node/model/shard_config.py) or transformers' config alike.
 
@@ -17,13 +17,16 @@ KV cache (`StaticKV`): one preallocated tensor per session for keys and one for 
 positions) and the next session reuses them: it starts at length 0 and never reads beyond
 what it wrote, so nothing leaks between sessions.
 
-int8 shards with the int8 kernel asked for (`PLANET_INT8_KERNEL=1` or `path="fast"`; by
-default an int8 shard runs de-quantized fp32 weights): each Linear keeps torchao's int8 rows
-and fp32 per-row scales (`Int8Linear`) and multiplies with torch's packed int8 kernel
+int8 shards (the CPU default; `PLANET_INT8_KERNEL=0` runs de-quantized fp32 weights instead):
+each Linear keeps the file's int8 rows and fp32 per-row scales (`Int8Linear`, loaded by
+`load_int8_kernel` without torchao) and multiplies with torch's packed int8 kernel
 `torch._weight_int8pack_mm` (bf16 activations in, bf16 out; the fp32 per-row scale applied
-afterwards). Measured on this machine's 2 cores
-(docs/compute.md): the fp32 activation variant of that kernel is ~10x slower than fp32 `F.linear`
-and de-quantizing per call ~50x, so bf16 activations it is.
+afterwards). Measured on this machine's 2 cores (docs/compute.md): the fp32 activation variant
+of that kernel is ~10x slower than fp32 `F.linear` and de-quantizing per call ~50x, so bf16
+activations it is. The kernel computes each row alike however many rows a call carries; with
+attention one query row per call (`FastDecoder.rowwise`) every position of an int8 shard gets
+the same bits in a prefill, a chunk, a decode step or a batched step, which is what lets the
+verifiers recompute and replay an int8 node exactly (docs/verification.md).
 
 Supported: full-attention layers of the families in node/model/family.py; anything else
 (sliding window) stays on the hf path (`fast_supported`).
@@ -39,6 +42,9 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from node.model.int8_file import int8_parts
+from protocol.errors import ConfigError
 
 BLOCK = 256  # cache capacity grows in multiples of this many positions
 POOL_SLOTS = 8  # freed session buffers kept for reuse, per shard
@@ -75,24 +81,46 @@ class Int8Linear(nn.Module):
         return out.reshape(*shape[:-1], self.out_features)
 
 
-def pack_int8_linears(root: nn.Module) -> int:
-    """Swap every Linear holding a torchao `Int8Tensor` weight for an `Int8Linear` (same int8
-    rows and scales, no copy of the weights as fp32); returns how many were swapped."""
-    swapped = 0
-    for name, module in list(root.named_modules()):
-        if not isinstance(module, nn.Linear) or not hasattr(module.weight, "qdata"):
-            continue
-        weight = module.weight
-        zero = getattr(weight, "zero_point", None)
+def load_int8_kernel(
+    root: nn.Module,
+    tensors: dict[str, torch.Tensor],
+    metadata: dict[str, str] | None,
+    device: torch.device,
+) -> int:
+    """Load an int8 shard file into `root` (built on the meta device) without torchao: every
+    symmetric per-row int8 Linear weight becomes an `Int8Linear` over the file's rows and scales
+    (torchao's `Int8Tensor` qdata and scale, bit for bit), an asymmetric one its de-quantized
+    fp32 weight, the rest as stored. Returns how many Linears run the kernel; keys missing or
+    left over are a `ConfigError` (a wrong file never runs)."""
+    plain, quantized = int8_parts(tensors, metadata or {})
+    state = {key: value.to(device) for key, value in plain.items()}
+    owned: set[str] = set()
+    for name, (qdata, scale, zero) in quantized.items():
+        module_name = name.removesuffix(".weight")
+        try:
+            module = root.get_submodule(module_name)
+        except AttributeError as error:
+            raise ConfigError(f"shard file does not fit the model: no module {name!r}") from error
+        if not isinstance(module, nn.Linear) or name == module_name:
+            raise ConfigError(f"shard file does not fit the model: {name!r} is not a Linear weight")
         if zero is not None and bool(torch.any(zero != 0)):
-            continue  # asymmetric: leave it to torchao
-        bias = None if module.bias is None else module.bias.detach()
-        packed = Int8Linear(weight.qdata.detach(), weight.scale.detach(), bias)
-        parent_name, _, child = name.rpartition(".")
-        parent = root.get_submodule(parent_name) if parent_name else root
-        setattr(parent, child, packed)
-        swapped += 1
-    return swapped
+            state[name] = ((qdata.float() - zero.float()) * scale).to(device)
+            continue
+        bias = state.pop(f"{module_name}.bias", None)
+        packed = Int8Linear(qdata.to(device), scale.to(device), bias)
+        parent_name, _, child = module_name.rpartition(".")
+        setattr(root.get_submodule(parent_name) if parent_name else root, child, packed)
+        owned.update(f"{module_name}.{buffer}" for buffer in ("qdata", "scale", "bias"))
+    try:
+        missing, unexpected = root.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as error:  # wrong shapes
+        raise ConfigError(f"shard file does not fit the model: {error}") from error
+    missing = [key for key in missing if key not in owned]
+    if missing or unexpected:
+        raise ConfigError(
+            f"shard file does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    return sum(isinstance(module, Int8Linear) for module in root.modules())
 
 
 def fast_supported(modules: Sequence[nn.Module], types: Sequence[str]) -> bool:
@@ -201,6 +229,11 @@ class FastDecoder:
         self._pool = _Pool()
         self._compiled: Callable[..., torch.Tensor] | None = None
         self.compile = compile_requested()
+        # One query row per attention call, in a prefill as in a decode step (see `_attend`):
+        # set for int8-kernel shards, whose bf16 casts turn the last-bit differences between a
+        # causal prefill and a one-row step into fingerprint mismatches. fp32 shards keep the
+        # one-call prefill (bitwise the hf path).
+        self.rowwise = False
 
     # ---- caches ------------------------------------------------------------------------
     def _alloc(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -274,21 +307,39 @@ class FastDecoder:
             k = k * cos + _rotate_half(k) * sin
             cache.keys[index, :, start:end] = k[0]
             cache.values[index, :, start:end] = v[0]
-            keys = cache.keys[index, :, :end].unsqueeze(0)
-            values = cache.values[index, :, :end].unsqueeze(0)
-            out = F.scaled_dot_product_attention(
-                q,
-                keys,
-                values,
-                attn_mask=mask,
-                is_causal=causal,
-                scale=self.scaling,
-                enable_gqa=self.heads != self.kv_heads,
-            )
+            if self.rowwise:
+                rows = [
+                    self._attend(q[:, :, t : t + 1], cache, index, start + t + 1)
+                    for t in range(steps)
+                ]
+                out = rows[0] if steps == 1 else torch.cat(rows, dim=2)
+            else:
+                out = F.scaled_dot_product_attention(
+                    q,
+                    cache.keys[index, :, :end].unsqueeze(0),
+                    cache.values[index, :, :end].unsqueeze(0),
+                    attn_mask=mask,
+                    is_causal=causal,
+                    scale=self.scaling,
+                    enable_gqa=self.heads != self.kv_heads,
+                )
             hidden = residual + attn.o_proj(out.transpose(1, 2).reshape(1, steps, -1))
             hidden = hidden + _mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, hidden))
         cache.length = end
         return hidden
+
+    def _attend(self, q: torch.Tensor, cache: StaticKV, index: int, length: int) -> torch.Tensor:
+        """Attention of ONE query row q [1, heads, 1, head_dim] (a fresh contiguous copy, so its
+        strides never depend on the call) to the first `length` cached positions of layer
+        `index`: the same call for a row of a prefill, of a chunk, of a decode step or of a
+        batched step, so each row's output does not depend on the schedule it was served in."""
+        return F.scaled_dot_product_attention(
+            q.contiguous(),
+            cache.keys[index, :, :length].unsqueeze(0),
+            cache.values[index, :, :length].unsqueeze(0),
+            scale=self.scaling,
+            enable_gqa=self.heads != self.kv_heads,
+        )
 
     # ---- B sessions, one new position each ------------------------------------------------
     def forward_batch(
@@ -320,6 +371,9 @@ class FastDecoder:
             for b, (cache, start) in enumerate(zip(caches, starts, strict=True)):
                 cache.keys[index, :, start : start + 1] = k[b]
                 cache.values[index, :, start : start + 1] = v[b]
+                if self.rowwise:
+                    outs.append(self._attend(q[b : b + 1], cache, index, start + 1))
+                    continue
                 outs.append(
                     F.scaled_dot_product_attention(
                         q[b : b + 1],

@@ -185,9 +185,9 @@ def load_into(
     without importing torchao; int4 through hqq); "auto" = packed on CUDA, dequantized on CPU,
     where the per-call de-quantization dominates a decode step (measured on 2 cores, one
     10-layer SmolLM2 shard: hqq int4 packed ~0.4-1.4 s, torchao int8 packed 30-600 ms, fp32
-    ~25-80 ms). (`ShardModel.from_file` asks for "packed" int8 on the CPU fast path and swaps
-    torchao's weights for `node.model.fast.Int8Linear`, which multiplies in int8, only when
-    that kernel is asked for: `PLANET_INT8_KERNEL=1` or `path="fast"`.)
+    ~25-80 ms). (`ShardModel.from_file` does not come here for an int8 file on the CPU fast path:
+    it reads the int8 rows itself into `node.model.fast.Int8Linear`s, torch's int8 kernel,
+    unless `PLANET_INT8_KERNEL=0`.)
 
     Raises `ConfigError` when keys are missing or unexpected, so a wrong file never runs.
     """

@@ -7,12 +7,12 @@ them one of two ways (`path`):
   our own decoder step over the same weights with a static, pooled per-session KV cache,
   bitwise what the hf path computes on the same fp32 weights. Its config is a `ShardConfig`
   (config.json read as JSON, node/model/shard_config.py), so a fast-path node never imports
-  transformers. An int8 shard runs its weights de-quantized to fp32 at load
-  (node/model/int8_file.py, torchao's values without torchao), so its outputs are bitwise the
-  hf path's too; its int8 weights and torch's packed int8 kernel are used only when asked for
-  by name (`path="fast"`, `PLANET_SHARD_PATH=fast` or `PLANET_INT8_KERNEL=1`): that kernel's
-  served steps differ from the verifiers' recomputation by more than their calibration allows
-  (see `from_file`);
+  transformers. An int8 shard keeps its int8 weights and multiplies with torch's packed int8
+  kernel (`Int8Linear`, bf16 activations); the verifiers' reference loads the same way, and the
+  kernel's rows do not depend on how many rows a call carries, so a served step and a one-prefill
+  recomputation agree as the calibration requires (docs/compute.md, "int8 kernel").
+  `PLANET_INT8_KERNEL=0` opts out: the weights are de-quantized to fp32 at load
+  (node/model/int8_file.py, torchao's values without torchao), bitwise the hf path's;
 - "hf" (the default elsewhere, and selectable with `path="hf"` or `PLANET_SHARD_PATH=hf`):
   transformers' decoder layers with a per-session `DynamicCache`, on transformers' config
   (`node.model.family.load_config`; also for any rope type other than the default).
@@ -38,7 +38,13 @@ from torch import nn
 from node.model.batched import decode_step_batched, supports_batched_decode
 from node.model.device import activation_dtype_for, resolve_device
 from node.model.family import family_for, layer_types, load_config
-from node.model.fast import FastDecoder, StaticKV, fast_supported, pack_int8_linears
+from node.model.fast import (
+    FastDecoder,
+    Int8Linear,
+    StaticKV,
+    fast_supported,
+    load_int8_kernel,
+)
 from node.model.layers import decoder_layer as fast_decoder_layer
 from node.model.manifest import CONFIG_FILE, Manifest, manifest_path, verify_file
 from node.model.quant import QUANT_INT8, QUANT_NONE, file_quant, load_into, quantize_module
@@ -72,16 +78,22 @@ def resolve_path(path: str, config: Any, layers: tuple[int, int], device: torch.
     return path
 
 
-INT8_KERNEL_ENV = "PLANET_INT8_KERNEL"  # "1": int8 shards on the fast path by default too
+INT8_KERNEL_ENV = "PLANET_INT8_KERNEL"  # "0": int8 shards de-quantized to fp32 on CPU
 
 
-def _fast_int8_allowed(path: str) -> bool:
-    """An int8 shard on the fast path keeps its int8 weights (torch's int8 kernel) when asked
-    by name: `path="fast"`, `PLANET_SHARD_PATH=fast`, or `PLANET_INT8_KERNEL=1`; "auto" alone
-    runs its de-quantized fp32 weights."""
-    if path == "fast" or os.environ.get(PATH_ENV, "").strip().lower() == "fast":
-        return True
-    return os.environ.get(INT8_KERNEL_ENV, "").strip() == "1"
+def int8_kernel_enabled() -> bool:
+    """Whether an int8 shard on the CPU fast path keeps its int8 weights (torch's packed int8
+    kernel, `Int8Linear`): yes unless `PLANET_INT8_KERNEL=0` (then its weights are de-quantized
+    to fp32 at load, bitwise the hf path; an int8 node spot-checked by the verifiers' kernel
+    reference should not run that way). Any other value than unset, "0" or "1" is a
+    `ConfigError`."""
+    value = os.environ.get(INT8_KERNEL_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ConfigError(
+            f"{INT8_KERNEL_ENV}={value!r} is not 0 or 1",
+            hint=f"unset it (the int8 kernel) or set {INT8_KERNEL_ENV}=0 (de-quantized fp32)",
+        )
+    return value != "0"
 
 
 def layer_key_prefix(index: int) -> str:
@@ -148,6 +160,7 @@ class ShardModel:
             if not fast_supported(self._modules, self._types):
                 raise ConfigError("these layers are not Llama/Qwen2 decoder layers", hint="hf")
             self._fast = FastDecoder(config, end - start, device, self.dtype)
+            self._fast.rowwise = any(isinstance(m, Int8Linear) for m in root.modules())
 
     # ---- construction ------------------------------------------------------------------
     @classmethod
@@ -161,10 +174,11 @@ class ShardModel:
         runtime: str = "auto",
         activation_dtype: str = "auto",
         path: str = "auto",
+        int8_kernel: bool | None = None,
     ) -> ShardModel:
         """Load shard `shard_id` of a prepared model; the file's hash is checked first
         (`IntegrityError` naming both hashes). `runtime`: see `quant.load_into`; `path`: see
-        `resolve_path`."""
+        `resolve_path`; `int8_kernel`: see `from_file`."""
         where = manifest_path(manifest)
         parsed = Manifest.load(where)
         entry = parsed.shard(shard_id)
@@ -187,6 +201,7 @@ class ShardModel:
             runtime=runtime,
             activation_dtype=activation_dtype,
             path=path,
+            int8_kernel=int8_kernel,
         )
 
     @classmethod
@@ -199,10 +214,12 @@ class ShardModel:
         runtime: str = "auto",
         activation_dtype: str = "auto",
         path: str = "auto",
+        int8_kernel: bool | None = None,
     ) -> ShardModel:
-        """Load a shard file (no hash check) for layers [start, end). An int8 file is
-        de-quantized to fp32 at load on CPU (`runtime="auto"`), except on the fast path with its
-        int8 kernel asked for (`_fast_int8_allowed`), where it stays int8 in memory. `config`:
+        """Load a shard file (no hash check) for layers [start, end). An int8 file on the CPU
+        fast path (`runtime="auto"`) stays int8 in memory and runs torch's int8 kernel unless
+        `int8_kernel` is False (None: `int8_kernel_enabled()`, the environment); elsewhere on
+        CPU it is de-quantized to fp32 at load. `config`:
         transformers' or a `ShardConfig` (replaced by transformers' if the hf path is chosen)."""
         target = resolve_device(device)
         tensors, metadata = read_safetensors(shard_file)
@@ -212,17 +229,25 @@ class ShardModel:
         if chosen == "hf" and isinstance(config, ShardConfig):
             config = load_config(config.directory)  # transformers' layers take its config
         root = build_layers(config, *layers, device="meta", path=chosen)
-        # The int8 kernel (bf16 activations) serves one position at a time with up to 42 ULP
-        # between a served step and the verifier's one-prefill recomputation, against the 2
-        # the verifiers' int8 calibration allows (node/verifier/calibration.json; at 84 ULP an
-        # int4 node passing as int8 is no longer caught): only asked for by name. Otherwise an
-        # int8 file runs its de-quantized fp32 weights, on the fast path bitwise what the hf
-        # path computes (tests/unit/test_int8_fast.py).
+        # An int8 file on the CPU fast path stays int8 (the kernel: what nodes serve and the
+        # verifiers' reference recomputes, node/verifier/calibration.json) unless
+        # `int8_kernel` is False (None: `PLANET_INT8_KERNEL`); then it runs its de-quantized
+        # fp32 weights, bitwise what the hf path computes (tests/unit/test_int8_fast.py).
+        if int8_kernel is None:
+            int8_kernel = int8_kernel_enabled()
+            if not int8_kernel and quant == QUANT_INT8 and target.type == "cpu":
+                log.warning(
+                    "%s=0: int8 shard %s runs de-quantized fp32 weights; the verifiers' int8 "
+                    "reference runs the int8 kernel, so this node's spot checks fail",
+                    INT8_KERNEL_ENV,
+                    shard_file.name,
+                )
         keep_int8 = quant == QUANT_INT8 and runtime == "auto" and target.type == "cpu"
-        keep_int8 = keep_int8 and chosen == "fast" and _fast_int8_allowed(path)
-        load_into(root, tensors, metadata, target, runtime="packed" if keep_int8 else runtime)
-        if keep_int8:
-            pack_int8_linears(root)
+        keep_int8 = keep_int8 and chosen == "fast" and int8_kernel
+        if keep_int8:  # the file's int8 rows into `Int8Linear`s, without torchao
+            load_int8_kernel(root, tensors, metadata, target)
+        else:
+            load_into(root, tensors, metadata, target, runtime=runtime)
         return cls(config, layers, root, target, quant, activation_dtype, chosen)
 
     @classmethod

@@ -51,7 +51,11 @@ class Reference:
 
         manifest = Manifest.load(manifest_path)
         head = ClientHead.load(manifest_path, device="cpu")
-        shards = [ShardModel.load(manifest_path, s.shard_id, device="cpu") for s in manifest.shards]
+        # int8: the int8 kernel whatever PLANET_INT8_KERNEL says here: what nodes serve by default
+        shards = [
+            ShardModel.load(manifest_path, s.shard_id, device="cpu", int8_kernel=True)
+            for s in manifest.shards
+        ]
         texts = [
             str(head.tokenizer.decode([token], skip_special_tokens=False))
             for token in range(int(head.vocab_size))

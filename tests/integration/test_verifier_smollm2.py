@@ -1,8 +1,9 @@
 """The verifier on real SmolLM2-135M shards (fp32 / int8 / int4, 3 shards of 10 layers).
 
 Honest circuits score trusted on a teacher-forced challenge and their fingerprints pass a
-one-prefill recomputation; substitutes (a skipped layer, noisy int4 weights, noise on every 4th
-position) score 0 and fail. Tolerances and the credibility map come from the shipped
+one-prefill recomputation (int8: the int8 kernel on both sides, bit for bit); substitutes (a
+skipped layer, noisy int4 weights, noise on every 4th position, another computation claiming
+int8) score 0 and fail. Tolerances and the credibility map come from the shipped
 `node/verifier/calibration.json`. Kept small: one 32+48-token challenge, one served shard.
 """
 
@@ -125,6 +126,24 @@ def test_fingerprint_honest_served_shard_passes_recomputation(
     )
     assert verdict.passed, verdict
     assert len(verdict.blocks) == 3
+    if quant == "int8":  # the kernel computes a served step as the recomputation does
+        assert verdict.match_per_mille == 1000, verdict
+
+
+def test_fingerprint_other_computations_claiming_int8_fail(
+    circuits: dict, middle_inputs: torch.Tensor
+) -> None:
+    """Against the verifiers' int8 reference (the int8 kernel): fp32 and int4 shards fail, and
+    so does an int8 node opted out of the kernel (`PLANET_INT8_KERNEL=0`, de-quantized fp32),
+    whose steps are off by up to ~20 fp16 ULP: that opt-out is not for a verified network."""
+    path = prepare(parts=3, quant="int8", progress=lambda _m: None)
+    dequantized = ShardModel.load(path, 1, device="cpu", int8_kernel=False)
+    reference = circuits["int8"].shards[1]
+    assert "Int8Linear" in {type(m).__name__ for m in reference.module.modules()}
+    own = recompute(reference, middle_inputs)
+    for node in (dequantized, circuits["none"].shards[1], circuits["int4"].shards[1]):
+        verdict = check(_served(node, middle_inputs), own, 0, load_calibration().tolerance("int8"))
+        assert not any(block.passed for block in verdict.blocks), verdict
 
 
 def test_fingerprint_int8_node_claiming_fp32_fails(
