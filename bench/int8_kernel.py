@@ -68,8 +68,9 @@ def kernel_rows() -> dict[str, Any]:
                 ):
                     differing += 1
         out[f"kernel_rows_{label}_calls_differing"] = differing
-        out[f"kernel_rows_{label}_threads_equal"] = all(
-            torch.equal(full[1], f) for f in full.values()
+        # 1 when every thread count gave the same bits
+        out[f"kernel_rows_{label}_threads_equal"] = int(
+            all(torch.equal(full[1], f) for f in full.values())
         )
     return out
 
@@ -114,7 +115,8 @@ def fingerprints(circuits: dict[str, list[Any]], reference: list[Any], head: Any
         out[f"fingerprint_{name}_blocks"] = len(blocks)
         out[f"fingerprint_{name}_exact_values_per_mille"] = summary["exact_values_per_mille"]
         out[f"fingerprint_{name}_ulp_max_matched_64"] = summary["ulp_max_matched_64"]
-        out[f"fingerprint_{name}_bitwise_positions"] = f"{equal}/{positions}"
+        out[f"fingerprint_{name}_bitwise_positions"] = equal
+        out[f"fingerprint_{name}_positions"] = positions
         log.info("fingerprint %s: %s", name, {k: v for k, v in out.items() if name in k})
     return out
 
@@ -225,8 +227,10 @@ def greedy_tokens(head, kernel, dequantized, count: int, tokens: int) -> dict[st
         same += a == b
         differing += sum(x != y for x, y in zip(a, b, strict=True))
     return {
-        "greedy_prompts_identical": f"{same}/{len(chosen)}",
-        "greedy_tokens_differing": f"{differing}/{tokens * len(chosen)}",
+        "greedy_prompts_identical": same,
+        "greedy_prompts": len(chosen),
+        "greedy_tokens_differing": differing,
+        "greedy_tokens": tokens * len(chosen),
     }
 
 
@@ -262,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     nodes = {"kernel": kernel, "dequantized": dequantized, "fp32": fp32, "int4": int4}
     metrics.update(fingerprints(nodes, reference, head, challenges[0]))
     for name, shards in (("kernel", kernel), ("fp32", fp32)):
-        metrics[f"batched_bitwise_{name}"] = batched(shards, head.embed([1]).shape[-1], 4)
+        # 1 when every batched step equals its sessions' steps alone, bit for bit
+        metrics[f"batched_bitwise_{name}"] = int(batched(shards, head.embed([1]).shape[-1], 4))
     metrics.update(
         sampled(
             kernel,
