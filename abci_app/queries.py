@@ -17,7 +17,8 @@ paths answer `UNKNOWN_QUERY`.
                                                 the `after` of the next page, or null)
     /evidence     ?node ?limit ?after           reveal mismatches and equivocations by id,
                                                 1000 a page (`next` as /commitments)
-    /reputations                                R, window, untrusted per node
+    /reputations  ?limit ?after                 R, window, untrusted per node, by key, 1000 a
+                                                page (`next` as /commitments)
     /epochs       ?epoch                        leader, challenge list (default: the current epoch)
     /verdicts     ?id ?confirmed                votes and the signatures sorted by operator address
     /nonce        ?account                      last committed nonce (next must be greater)
@@ -226,14 +227,33 @@ def _evidence(state: State, params: dict[str, Any]) -> Any:
 
 
 def _reputations(state: State, params: dict[str, Any]) -> Any:
+    """`/reputations[?after=KEY][&limit=N]`: the reputation records of the next `limit` keys
+    after `after`, in key order, as {key: record}. `next` is the page's last key when more
+    follow (pass it back as `after`), else null: paging until null lists every record once.
+    `scale` and `untrusted_below` are the genesis parameters (`/params` has them too)."""
     rep_params = state.genesis.reputation
+    after = str_param(params, "after", NODE_KEY)
+    limit = limit_param(params)
+    out: dict[str, dict[str, Any]] = {}
+    last: str | None = None
+    for key, record in state.committed_items(schema.REPUTATION, after or ""):
+        if key == after:
+            continue  # the previous page's last key
+        if len(out) == limit:
+            return _reputation_page(state, out, last)
+        out[key] = {**record, "untrusted": record["r"] < rep_params.untrusted_below}
+        last = key
+    return _reputation_page(state, out, None)
+
+
+def _reputation_page(
+    state: State, records: dict[str, dict[str, Any]], cursor: str | None
+) -> dict[str, Any]:
     return {
         "scale": 1_000_000,
-        "untrusted_below": rep_params.untrusted_below,
-        "reputations": {
-            key: {**record, "untrusted": record["r"] < rep_params.untrusted_below}
-            for key, record in state.committed_items(schema.REPUTATION)
-        },
+        "untrusted_below": state.genesis.reputation.untrusted_below,
+        "reputations": records,
+        "next": cursor,
     }
 
 
