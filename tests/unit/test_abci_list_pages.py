@@ -161,3 +161,29 @@ def test_malformed_cursor_refused_by_name(path: str, after: object) -> None:
     priced(chain, ["n0"])
     code, _, log = query(chain.state, path, json.dumps({"after": after}).encode())
     assert code == Code.BAD_QUERY and log.startswith("after:"), log
+
+
+# --- the readers over the app ---------------------------------------------------------------
+
+
+async def test_the_readers_page_through_the_app(monkeypatch) -> None:
+    """`read_prices` and `read_reputations` over the app's own answers, two records a page,
+    their cursors through a query string (a price cursor holds a `/`: `%2F` on the way)."""
+    from node.chain.committee_pages import path_query, read_prices, read_reputations
+
+    monkeypatch.setattr(query_params, "MAX_ITEMS", 2)
+    chain = Chain()
+    keys = priced(chain, LABELS[:3], shards=(0, 1))
+    asked: list[str] = []
+
+    async def abci_query(path: str) -> object:
+        asked.append(path)
+        code, value, log = query(chain.state, path, b"")
+        assert code == Code.OK, log
+        return json.loads(value)
+
+    rows = await read_prices(path_query(abci_query), model="m")
+    assert [row_key(r) for r in rows] == keys and len(asked) == 3
+    assert asked[1] == f"/prices?model=m&after={keys[1].replace('/', '%2F')}"
+    records = await read_reputations(path_query(abci_query))
+    assert sorted(records) == sorted({k.split("/")[0] for k in keys})
