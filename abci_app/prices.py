@@ -30,9 +30,10 @@ node/client/paying.py; the gateway's router does not route a charging node witho
 such a node holds no credit it was paid at a price the chain knows, and a credit it redeemed
 anyway would pay it what the chain never said.
 
-**The going price** (`going_price`, `/prices?model=`): the median of the positive current
-prices registered for the model (the lower middle of an even count), else
-`protocol.committee.prices.DEFAULT_PRICE_POSITIONS`: what `planet join` charges when not told.
+**The going price** (`protocol.committee.prices.going_price`): the median of the positive
+current prices registered for the model (the lower middle of an even count), else
+`DEFAULT_PRICE_POSITIONS`: what `planet join` charges when not told. `/prices?model=` pages
+(registering is free, so no answer lists every price): the reader works it out from every page.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ from typing import Any
 
 from abci_app import left_shards, rules, schema
 from abci_app.codes import Code
-from abci_app.query_params import NODE_KEY, str_param
+from abci_app.query_params import NODE_KEY, PRICE_CURSOR, limit_param, str_param
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
-from protocol.committee.prices import DEFAULT_PRICE_POSITIONS, SetPrice
+from protocol.committee.prices import SetPrice
 
 
 def price_at(record: dict[str, Any] | None, epoch: int) -> int | None:
@@ -132,42 +133,45 @@ def current_prices(state: State, node: str) -> dict[str, int]:
     return out
 
 
-def going_price(prices: list[int]) -> int:
-    """The median of the positive `prices` (lower middle), else the default."""
-    positive = sorted(p for p in prices if p > 0)
-    if not positive:
-        return DEFAULT_PRICE_POSITIONS
-    return positive[(len(positive) - 1) // 2]
-
-
 def prices_query(state: State, params: dict[str, Any]) -> Any:
-    """`/prices?model=M[&node=K]`: every registered price of the model's (or one node's)
-    shards in the next block's epoch, the next change of each, and the model's going price."""
+    """`/prices[?model=M][&node=K][&after=CURSOR][&limit=N]`: the registered prices among the
+    next `limit` price records after `after` (key order: node, then shard; one node's only with
+    `node`), in the next block's epoch, and the next change of each. `next` is the last record
+    key the page passed (`<node>/<shard, 5 digits>`, pass it back as `after`) when more follow,
+    else null; a page lists at most `limit` rows (fewer when it passed another model's or a
+    departed node's records) and reads at most `limit` price records. The model's going price
+    (`protocol.committee.prices.going_price`) is the reader's to work out from every page."""
     model = str_param(params, "model")
     only = str_param(params, "node", NODE_KEY)
+    after = str_param(params, "after", PRICE_CURSOR)
+    limit = limit_param(params)
     epoch = rules.epoch_of(state, state.height + 1)
-    rows = []
-    current: list[int] = []
-    for key, record in state.committed_items(schema.PRICE):
+    lower, upper = ("", None) if only is None else (only + "/", only + "0")
+    if after is not None and after > lower:
+        lower = after
+    rows: list[dict[str, Any]] = []
+    seen, last = 0, ""
+    for key, record in state.committed_items(schema.PRICE, lower, upper):
+        if key == after:
+            continue  # the previous page's last record
+        if seen == limit:
+            return {"epoch": epoch, "prices": rows, "next": last}
+        seen += 1
+        last = key
         node_key, shard = key.split("/", 1)
         if model is not None and record["model"] != model:
-            continue
-        if only is not None and node_key != only:
             continue
         node = state.committed(schema.NODE, node_key)
         if node is None or node["status"] == schema.LEFT:
             continue
-        price = price_at(record, epoch)
         pending = [e for e in record["schedule"] if e[0] > epoch]
         rows.append(
             {
                 "node": node_key,
                 "model": record["model"],
                 "shard": int(shard),
-                "positions": price,
+                "positions": price_at(record, epoch),
                 "next": {"epoch": pending[0][0], "positions": pending[0][1]} if pending else None,
             }
         )
-        if price is not None:
-            current.append(price)
-    return {"epoch": epoch, "prices": rows, "going_price": going_price(current)}
+    return {"epoch": epoch, "prices": rows, "next": None}

@@ -12,12 +12,14 @@ paths answer `UNKNOWN_QUERY`.
     /pool_health  ?model ?shards                per-shard routable counts and status
                                                 (healthy: every shard ≥ 3; degraded: some 1–2;
                                                  incomplete: some 0), the replica floor and
-                                                the shards below it
+                                                the shards below it; without model: the
+                                                genesis models' pools
     /commitments  ?node ?session ?limit ?after  commit-reveal records, 1000 a page (`next`:
                                                 the `after` of the next page, or null)
     /evidence     ?node ?limit ?after           reveal mismatches and equivocations by id,
                                                 1000 a page (`next` as /commitments)
-    /reputations                                R, window, untrusted per node
+    /reputations  ?limit ?after                 R, window, untrusted per node, by key, 1000 a
+                                                page (`next` as /commitments)
     /epochs       ?epoch                        leader, challenge list (default: the current epoch)
     /verdicts     ?id ?confirmed                votes and the signatures sorted by operator address
     /nonce        ?account                      last committed nonce (next must be greater)
@@ -131,18 +133,49 @@ def _node(state: State, params: dict[str, Any]) -> Any:
     return node_view(state, key, node)
 
 
-def pool_health(state: State, model: str, shard_count: int | None = None) -> dict[str, Any]:
-    """`shard_count` ≤ MAX_SHARDS (the answer lists one count per shard)."""
-    """Routable compute nodes per shard and the pool status (UNFED AI pool health)."""
-    counts: dict[int, int] = {}
-    highest = -1
+def routable(state: State, key: str, node: dict[str, Any]) -> bool:
+    """`node_view(...)["routable"]` with the cheap tests first: a node that is not SERVING
+    costs no further read, one unstaked costs one (its stake record)."""
+    if node["status"] != schema.SERVING:
+        return False
+    stake = state.committed(schema.STAKE, key)
+    agreed = None if stake is None else stake["agreed"]
+    if agreed is None or int(agreed) < state.genesis.min_stake.get(node["role"], 0):
+        return False
+    rep = state.committed(schema.REPUTATION, key)
+    r = state.genesis.reputation.initial if rep is None else rep["r"]
+    if r < state.genesis.reputation.untrusted_below:
+        return False
+    shards = [e for _, e in state.committed_items(schema.COVERAGE, key + "/", key + "0")]
+    return not coverage.flagged(shards)
+
+
+def _pool_counts(state: State, models: set[str]) -> dict[str, tuple[dict[int, int], int]]:
+    """{model: ({shard: routable compute nodes}, highest registered shard or -1)} for `models`,
+    in one pass over the registry: one record read per registration, and the few `routable`
+    needs only for a SERVING compute node of one of `models`."""
+    found: dict[str, tuple[dict[int, int], int]] = {m: ({}, -1) for m in models}
     for key, node in state.committed_items(schema.NODE):
-        if node["model"] != model or node["role"] != "compute":
+        if node["model"] not in found or node["role"] != "compute":
             continue
-        highest = max(highest, *node["shards"])
-        if node_view(state, key, node)["routable"]:
+        counts, highest = found[node["model"]]
+        found[node["model"]] = (counts, max(highest, *node["shards"]))
+        if routable(state, key, node):
             for shard in node["shards"]:
                 counts[shard] = counts.get(shard, 0) + 1
+    return found
+
+
+def pool_health(
+    state: State,
+    model: str,
+    shard_count: int | None = None,
+    counted: tuple[dict[int, int], int] | None = None,
+) -> dict[str, Any]:
+    """Routable compute nodes per shard and the pool status (UNFED AI pool health);
+    `shard_count` ≤ MAX_SHARDS (the answer lists one count per shard). `counted`: the model's
+    `_pool_counts` when the caller has them."""
+    counts, highest = counted or _pool_counts(state, {model})[model]
     total = min(shard_count or state.genesis.models.get(model) or highest + 1, MAX_SHARDS)
     per_shard = [counts.get(shard, 0) for shard in range(total)]
     floor = state.genesis.replica_floor
@@ -164,15 +197,15 @@ def pool_health(state: State, model: str, shard_count: int | None = None) -> dic
 
 
 def _pool_health(state: State, params: dict[str, Any]) -> Any:
+    """With `model`: that pool. Without: the pools of the genesis `models` only, counted in
+    one pass (models are free to name at registration: listing every model seen made one
+    query read the registry once per model, 4 million records for 2 000 one-node models)."""
     model = str_param(params, "model")
     shards = int_param(params, "shards", lo=1, hi=MAX_SHARDS)
     if model is not None:
         return pool_health(state, model, shards)
-    models = sorted(
-        {n["model"] for _, n in state.committed_items(schema.NODE) if n["role"] != "relay"}
-        | set(state.genesis.models)
-    )
-    return {"pools": [pool_health(state, model) for model in models]}
+    found = _pool_counts(state, set(state.genesis.models))
+    return {"pools": [pool_health(state, m, None, found[m]) for m in sorted(found)]}
 
 
 def _commitments(state: State, params: dict[str, Any]) -> Any:
@@ -227,14 +260,33 @@ def _evidence(state: State, params: dict[str, Any]) -> Any:
 
 
 def _reputations(state: State, params: dict[str, Any]) -> Any:
+    """`/reputations[?after=KEY][&limit=N]`: the reputation records of the next `limit` keys
+    after `after`, in key order, as {key: record}. `next` is the page's last key when more
+    follow (pass it back as `after`), else null: paging until null lists every record once.
+    `scale` and `untrusted_below` are the genesis parameters (`/params` has them too)."""
     rep_params = state.genesis.reputation
+    after = str_param(params, "after", NODE_KEY)
+    limit = limit_param(params)
+    out: dict[str, dict[str, Any]] = {}
+    last: str | None = None
+    for key, record in state.committed_items(schema.REPUTATION, after or ""):
+        if key == after:
+            continue  # the previous page's last key
+        if len(out) == limit:
+            return _reputation_page(state, out, last)
+        out[key] = {**record, "untrusted": record["r"] < rep_params.untrusted_below}
+        last = key
+    return _reputation_page(state, out, None)
+
+
+def _reputation_page(
+    state: State, records: dict[str, dict[str, Any]], cursor: str | None
+) -> dict[str, Any]:
     return {
         "scale": 1_000_000,
-        "untrusted_below": rep_params.untrusted_below,
-        "reputations": {
-            key: {**record, "untrusted": record["r"] < rep_params.untrusted_below}
-            for key, record in state.committed_items(schema.REPUTATION)
-        },
+        "untrusted_below": state.genesis.reputation.untrusted_below,
+        "reputations": records,
+        "next": cursor,
     }
 
 

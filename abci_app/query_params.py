@@ -28,6 +28,8 @@ NODE_KEY = re.compile(r"[0-9a-f]{64}\Z")
 HASH32 = re.compile(r"0x[0-9a-f]{64}\Z")
 # a commitment record's key: node / session / step / shard (a page cursor of /commitments)
 COMMITMENT_KEY = re.compile(r"[0-9a-f]{64}/0x[0-9a-f]{64}/[0-9]{1,20}/[0-9]{1,10}\Z")
+# a price record's key: node / shard, 5 digits (a page cursor of /prices)
+PRICE_CURSOR = re.compile(r"[0-9a-f]{64}/[0-9]{5}\Z")
 ACCOUNT = re.compile(r"0x[0-9a-fA-F]{40}\Z")
 DIGITS = re.compile(r"[0-9]{1,19}\Z")  # ASCII only: str.isdigit/int accept other scripts
 

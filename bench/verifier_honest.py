@@ -74,9 +74,9 @@ def run_pool(
             seen: list[tuple[int, float, int]] = []
             while time.monotonic() < deadline:
                 net.alive()
-                reps = net.query("/reputations")
+                reps = net.reputations()  # every page of /reputations
                 for key in keys:
-                    record = reps["reputations"].get(key)
+                    record = reps.get(key)
                     if record is not None:
                         lowest = min(lowest, record["r"])
                         untrusted_polls += record["untrusted"]
@@ -87,11 +87,7 @@ def run_pool(
                 if len({e for e, _, _ in seen}) >= epochs:
                     break
                 time.sleep(poll_s)
-            applied = {
-                key: record
-                for key, record in net.query("/reputations")["reputations"].items()
-                if key in keys
-            }
+            applied = {key: record for key, record in net.reputations().items() if key in keys}
         finally:
             net.close()
     return {

@@ -40,7 +40,7 @@ from nacl.signing import SigningKey
 from deploy.anvil import ANVIL_DEV_ADDRESS, ANVIL_DEV_KEY, Anvil, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
 from harness.ports import ephemeral_port
-from node.chain.committee_pages import path_query, read_nodes
+from node.chain.committee_pages import path_query, read_nodes, read_reputations
 from node.chain.evm.account import PlanetChain
 from node.model.manifest import Manifest
 from node.server.launcher import (
@@ -192,6 +192,14 @@ class Committee:
             return self.query(path)
 
         return asyncio.run(read_nodes(path_query(abci_query), **filters))
+
+    def reputations(self) -> dict[str, dict[str, Any]]:
+        """Every `/reputations` record by node key, each page followed (`read_reputations`)."""
+
+        async def abci_query(path: str) -> Any:
+            return self.query(path)
+
+        return asyncio.run(read_reputations(path_query(abci_query)))
 
     def validator_key(self) -> SigningKey:
         doc = json.loads((self.home / "config" / "priv_validator_key.json").read_text())

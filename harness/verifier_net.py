@@ -131,6 +131,11 @@ class VerifierNet:
         assert self.net.committee is not None
         return self.net.committee.query(path)
 
+    def reputations(self) -> dict[str, dict[str, Any]]:
+        """Every `/reputations` record by node key (every page: `Committee.reputations`)."""
+        assert self.net.committee is not None
+        return self.net.committee.reputations()
+
     def close(self) -> None:
         if self.verifier is not None and self.verifier.poll() is None:
             self.verifier.terminate()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+from node.chain.committee_pages import read_prices
 from protocol.committee.prices import SetPrice
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,9 @@ class PriceKeeper:
         if self._wait > 0:
             self._wait -= 1
             return
-        answer = await self.link.query("/prices", model=self.model, node=self.link.signer)
-        if registered_price(answer, self.link.signer, self.shard) == self.positions:
+        # every page of this node's prices (`read_prices`: a malformed page is `BadPage`)
+        rows = await read_prices(self.link.query, model=self.model, node=self.link.signer)
+        if registered_price({"prices": rows}, self.link.signer, self.shard) == self.positions:
             self.settled = True
             log.info(
                 "price registered: %d positions per credit on shard %d", self.positions, self.shard

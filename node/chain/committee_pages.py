@@ -7,8 +7,9 @@ act on a list it could not read to its end within `max_pages`; `read_pages` says
 got to the end, for a reader that may act on a first part (a work list ordered by priority).
 `read_statements` reads `/payouts` so (the funder, the payout relay, the gateway's debit
 tracker and `planet earnings` each say what they do when it does not end within the bound).
-`read_nodes` reads `/nodes` (registrations are free, so a stranger can make the registry long:
-every reader follows it to its end, within `NODE_PAGES`, or fails by name). `path_query` makes
+`read_nodes` reads `/nodes`, `read_reputations` `/reputations` and `read_prices` `/prices`
+(registrations are free, so a stranger can make each long: every reader follows it to its end,
+within its bound of pages, or fails by name). `path_query` makes
 a `Query` of an RPC whose `abci_query` takes the whole path (`CommitteeRpc`).
 """
 
@@ -95,21 +96,76 @@ async def read_nodes(
     before the page's `after`, a `next` not past `after` or before a node of its page: no node
     is read twice, no cursor goes back), `TooManyPages` past `max_pages` (a registry too long
     to read is not acted on partly)."""
+    ordered = in_key_order(query, "nodes", lambda row: row.get("key"))
+    return await all_pages(ordered, "/nodes", "nodes", max_pages=max_pages, **filters)
 
-    async def in_key_order(path: str, **params: Any) -> Any:
+
+def in_key_order(query: Query, key: str, key_of: Callable[[dict[str, Any]], Any]) -> Query:
+    """`query`, its pages held to key order: `BadPage` for a row (under `key`) whose key
+    (`key_of`; rows without a string key are left to `read_pages`' checks) is at or before the
+    page's `after`, or a `next` not past `after` or before a row of its page."""
+
+    async def ordered(path: str, **params: Any) -> Any:
         page = await query(path, **params)
         after = params.get("after", "")
-        rows = page.get("nodes") if isinstance(page, dict) else None
-        keys = [r.get("key") for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+        rows = page.get(key) if isinstance(page, dict) else None
+        keys = [key_of(r) for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
         keys = [k for k in keys if isinstance(k, str)]
         if any(k <= after for k in keys):
-            raise BadPage(f"/nodes: a page after {ascii(after)[:80]} lists a node at or before it")
+            raise BadPage(f"{path}: a page after {ascii(after)[:80]} lists a row at or before it")
         cursor = page.get("next") if isinstance(page, dict) else None
         if isinstance(cursor, str) and (cursor <= after or any(k > cursor for k in keys)):
-            raise BadPage(f"/nodes: a page whose next {ascii(cursor)[:80]} does not move on")
+            raise BadPage(f"{path}: a page whose next {ascii(cursor)[:80]} does not move on")
         return page
 
-    return await all_pages(in_key_order, "/nodes", "nodes", max_pages=max_pages, **filters)
+    return ordered
+
+
+# --- reputations (`/reputations`, by node key) -------------------------------------------------
+
+REPUTATION_PAGES = 100  # pages of `/reputations` a reader follows (1 000 records a page)
+
+
+async def read_reputations(
+    query: Query, *, max_pages: int = REPUTATION_PAGES
+) -> dict[str, dict[str, Any]]:
+    """Every `/reputations` record as {node key: record}, every page followed (`reputations`
+    is an object of objects on each page); `BadPage` for a page that is not one or leaves key
+    order, `TooManyPages` past `max_pages`."""
+
+    async def as_rows(path: str, **params: Any) -> Any:
+        page = await query(path, **params)
+        records = page.get("reputations") if isinstance(page, dict) else None
+        if not isinstance(records, dict) or not all(isinstance(r, dict) for r in records.values()):
+            raise BadPage(f"{path}: a page without an object of reputation records")
+        return {**page, "reputations": [{**r, "key": k} for k, r in records.items()]}
+
+    ordered = in_key_order(as_rows, "reputations", lambda row: row.get("key"))
+    rows = await all_pages(ordered, "/reputations", "reputations", max_pages=max_pages)
+    return {row["key"]: {k: v for k, v in row.items() if k != "key"} for row in rows}
+
+
+# --- prices (`/prices`, by node then shard) ----------------------------------------------------
+
+PRICE_PAGES = 100  # pages of `/prices` a reader follows (1 000 records a page)
+
+
+def price_row_key(row: dict[str, Any]) -> str | None:
+    """The committee's key of a `/prices` row (`<node>/<shard, 5 digits>`), None without one."""
+    node, shard = row.get("node"), row.get("shard")
+    if not isinstance(node, str) or not is_int(shard, 0, 99_999):
+        return None
+    return f"{node}/{shard:05d}"
+
+
+async def read_prices(
+    query: Query, *, max_pages: int = PRICE_PAGES, **filters: Any
+) -> list[dict[str, Any]]:
+    """Every `/prices` row matching `filters` (`model`, `node`), every page followed; `BadPage`
+    for a page that is not a list of rows or leaves key order, `TooManyPages` past
+    `max_pages`."""
+    ordered = in_key_order(query, "prices", price_row_key)
+    return await all_pages(ordered, "/prices", "prices", max_pages=max_pages, **filters)
 
 
 # --- the stored payout statements (`/payouts`, newest first) --------------------------------

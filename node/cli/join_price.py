@@ -17,8 +17,10 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from protocol.committee.prices import DEFAULT_PRICE_POSITIONS, MAX_PRICE_POSITIONS
+from protocol.committee.prices import MAX_PRICE_POSITIONS
+from protocol.committee.prices import going_price as going_price_of
 from protocol.errors import UsageError
+from protocol.fields import is_int
 
 
 def join_price(credit_positions: int | None, free: bool, going: Callable[[], int]) -> int:
@@ -40,23 +42,32 @@ def join_price(credit_positions: int | None, free: bool, going: Callable[[], int
     return going()
 
 
-def going_from_answer(answer: Any) -> int:
-    """The `going_price` of a committee `/prices` answer (the default when it has none)."""
-    value = answer.get("going_price") if isinstance(answer, dict) else None
-    if type(value) is int and 0 < value <= MAX_PRICE_POSITIONS:
-        return value
-    return DEFAULT_PRICE_POSITIONS
+def going_from_rows(rows: list[dict[str, Any]]) -> int:
+    """The going price (`protocol.committee.prices.going_price`: the median of the positive
+    current prices, else the default) of every `/prices` row of a model; a row's `positions`
+    that is not an integer within `MAX_PRICE_POSITIONS` counts as no price."""
+    current = [row.get("positions") for row in rows]
+    return going_price_of([p for p in current if is_int(p, 0, MAX_PRICE_POSITIONS)])
 
 
 def going_price(committee_rpc: str, model_hash: str) -> int:
-    """The model's going price on the committee chain (`/prices?model=`)."""
+    """The model's going price on the committee chain, from every page of `/prices?model=`
+    (`read_prices`); a malformed page or a list past `PRICE_PAGES` pages is a `UsageError`
+    naming it (`bad_page`, `too_many_pages`) whose hint says to name the price."""
     from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
+    from node.chain.committee_pages import BadPage, TooManyPages, read_prices
 
-    async def read() -> Any:
+    async def read() -> list[dict[str, Any]]:
         link = CommitteeLink([committee_rpc])
         try:
-            return await link.query("/prices", model=model_hash)
+            return await read_prices(link.query, model=model_hash)
         finally:
             await link.close()
 
-    return going_from_answer(asyncio.run(read()))
+    try:
+        return going_from_rows(asyncio.run(read()))
+    except (BadPage, TooManyPages) as error:
+        raise UsageError(
+            f"the committee's price list is unreadable ({error.code}): {error.message}",
+            hint="name the price yourself: --credit-positions N (or --free)",
+        ) from None

@@ -8,7 +8,8 @@
     GET /v1/network           shards x nodes (lifecycle, reputation, stake, routable), pool
                               health and recent epochs, from the committee's /nodes (every
                               page; at most MAX_NODES listed, routable first, `nodes_total`
-                              all), /reputations, /pool_health and /epochs queries
+                              all), /params (untrusted_below), /pool_health and /epochs
+                              queries
 
 The page is bundled by `npm run build:dapp` (esbuild, dapp/build.mjs) into dapp/dist/ — nothing
 is fetched from anywhere else at run time. The gateway starts without it; `/` then explains how
@@ -35,6 +36,7 @@ from protocol.fields import is_int
 DIST = Path(__file__).resolve().parents[2] / "dapp" / "dist"
 RECENT_EPOCHS = 5  # epochs shown in the network view (the current one and the ones before)
 MAX_NODES = 1000  # nodes listed at most (routable first; `nodes_total` counts them all)
+REPUTATION_SCALE = 1_000_000  # the committee's reputations are integers at 10**6
 
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
@@ -223,10 +225,10 @@ async def network_view(gateway: Any) -> dict[str, Any]:
     """Shards x nodes, pool health and recent epochs for the gateway's model."""
     model = gateway.model
     committee = gateway.committee
-    raw_nodes, pool, reputations, current = await asyncio.gather(
+    raw_nodes, pool, params, current = await asyncio.gather(
         _model_nodes(committee, model.model_hash),
         _query(committee, f"/pool_health?model={model.model_hash}&shards={model.shards}"),
-        _query(committee, "/reputations"),
+        _query(committee, "/params"),  # untrusted_below: genesis, not the paged /reputations
         _query(committee, "/epochs"),
     )
     epochs = list(_epochs(current))
@@ -246,7 +248,9 @@ async def network_view(gateway: Any) -> dict[str, Any]:
                 shards[shard].append(node["key"])
     per_shard = pool.get("routable_per_shard") if isinstance(pool, dict) else None
     status = pool.get("status") if isinstance(pool, dict) else None
-    rep = reputations if isinstance(reputations, dict) else {}
+    genesis = params.get("genesis") if isinstance(params, dict) else None
+    rep = genesis.get("reputation") if isinstance(genesis, dict) else None
+    rep = rep if isinstance(rep, dict) else {}
     return {
         "model": model.name,
         "model_hash": model.model_hash,
@@ -257,7 +261,7 @@ async def network_view(gateway: Any) -> dict[str, Any]:
             if isinstance(per_shard, list)
             else [0] * model.shards,
         },
-        "reputation_scale": _int(rep.get("scale")) or 1_000_000,
+        "reputation_scale": REPUTATION_SCALE,
         "untrusted_below": _int(rep.get("untrusted_below")),
         "nodes": nodes,
         "nodes_total": len(every),  # the model's registered nodes; `nodes` lists MAX_NODES

@@ -3,15 +3,15 @@
     follow_chain_price(app, node_key_hex, model_hash, shard)   (node/server/run.py)
 
 Its agent registers `--credit-positions` (`set_price`, abci_app/prices.py); a first price counts
-at once, a change from the next epoch. Clients pay what the chain says for the current epoch,
-so the node does too: every `REFRESH_S` it reads its own price (`/prices?model=&node=`) and,
-once the chain has one above 0, a credit taken from then on pays for that many positions
-(`Payments.positions`, also its `/info` `credit_positions`). Until the chain has a price (the
-agent has not registered it yet) the flag's price stands, and no client pays it: a node with
-no price on the chain is not routed while it charges, a payer refuses it `price_unregistered`,
-and the chain redeems nothing there (`REDEMPTION_UNPRICED`). A node restarted with a raised price
-mid-epoch is paid the registered one until the epoch ends, and its sessions are never stopped
-for paying what the chain asks.
+at once, a change from the next epoch. Clients pay what the chain says for the current epoch, so
+the node does too: every `REFRESH_S` it reads its own price (`/prices?model=&node=`, every page:
+`read_prices`) and, once the chain has one above 0, a credit taken from then on pays for that
+many positions (`Payments.positions`, also its `/info` `credit_positions`). Until the chain has
+a price (the agent has not registered it yet) the flag's price stands, and no client pays it: a
+node with no price on the chain is not routed while it charges, a payer refuses it
+`price_unregistered`, and the chain redeems nothing there (`REDEMPTION_UNPRICED`). A node
+restarted with a raised price mid-epoch is paid the registered one until the epoch ends, and its
+sessions are never stopped for paying what the chain asks.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from node.chain.committee_pages import read_prices
 from protocol.errors import PlanetError
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,8 @@ def current_price(answer: Any, node: str, shard: int) -> int | None:
 
 async def refresh(state: Any, link: Any, node: str, model: str, shard: int) -> None:
     """Once: the chain's current price of (node, shard) into `state.payments.positions`."""
-    answer = await link.query("/prices", model=model, node=node)
-    price = current_price(answer, node, shard)
+    rows = await read_prices(link.query, model=model, node=node)  # every page
+    price = current_price({"prices": rows}, node, shard)
     payments = state.payments
     if payments is not None and price is not None and price > 0 and price != payments.positions:
         log.info("price on the chain: %d positions per credit (was %d)", price, payments.positions)

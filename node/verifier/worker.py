@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.chain.committee_pages import read_reputations
 from node.client.sampling import SamplingConfig
 from node.retry import Stopped, until_stopped
 from node.verifier.asker import GatewayAsker
@@ -415,7 +416,9 @@ class VerifierWorker:
     async def maybe_vote_verdicts(self) -> None:
         if self.verdicts_disabled or not self.last_scores:
             return
-        reputations = (await self.link.query("/reputations"))["reputations"]
+        # every page (read_reputations: a malformed page or a list past its bound is a
+        # PlanetError by name, logged by the caller, and no vote is made on a partial list)
+        reputations = await read_reputations(self.link.query)
         for key, record in sorted(reputations.items()):
             window: Sequence[int] = record.get("window") or []
             recent = list(window)[-self.settings.verdict_after :]

@@ -45,3 +45,12 @@ class SetPrice:
 # what a new paid node charges when no node of its model has registered a price yet (a credit
 # per 64 positions: one question of a few dozen tokens costs each hop a credit or two)
 DEFAULT_PRICE_POSITIONS = 64
+
+
+def going_price(prices: list[int]) -> int:
+    """The median of the positive `prices` (lower middle), else `DEFAULT_PRICE_POSITIONS`: the
+    going price of a model, from every current price of its `/prices` pages."""
+    positive = sorted(p for p in prices if p > 0)
+    if not positive:
+        return DEFAULT_PRICE_POSITIONS
+    return positive[(len(positive) - 1) // 2]

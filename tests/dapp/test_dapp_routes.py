@@ -184,7 +184,7 @@ def _answers() -> dict[str, Any]:
     return {
         "/nodes": {"nodes": [good, odd, *hostile]},
         "/pool_health": {"routable_per_shard": [1, 0], "status": "incomplete"},
-        "/reputations": {"scale": 1_000_000, "untrusted_below": 400_000},
+        "/params": {"genesis": {"reputation": {"untrusted_below": 400_000}}},
         "/epochs": {
             "current": 3,
             "height": 77,
@@ -218,7 +218,7 @@ async def test_network_view_survives_answers_of_the_wrong_shape(aiohttp_client, 
     answers = {
         "/nodes": {"nodes": [], "next": None},
         "/pool_health": {"routable_per_shard": list(range(10_000)), "status": "x" * 500},
-        "/reputations": ["odd"],
+        "/params": ["odd"],
         "/epochs": {"current": "3", "epochs": "none"},
     }
     client = await _client(aiohttp_client, FakeCommittee(answers), tmp_path)
@@ -244,6 +244,23 @@ async def test_network_view_lists_nodes_past_the_committee_s_first_page(aiohttp_
     view = await answer.json()
     assert [n["key"] for n in view["nodes"]] == [KEY_A, KEY_B] and view["nodes_total"] == 2
     assert f"/nodes?model=sha256:{'11' * 32}&after={KEY_A}" in committee.paths
+
+
+async def test_network_view_reads_untrusted_below_from_params_not_reputations(
+    aiohttp_client, tmp_path
+):
+    """`/reputations` lists every registration's record (pages, 1 000 a page): the view needs
+    only the genesis threshold, so it asks `/params` and never the paged list."""
+    answers = {k: v for k, v in _answers().items() if k != "/reputations"}
+    answers["/params"] = {"genesis": {"reputation": {"untrusted_below": 300_000}}}
+    committee = FakeCommittee(answers)
+    client = await _client(aiohttp_client, committee, tmp_path)
+    view = await (await client.get("/v1/network")).json()
+    assert view["untrusted_below"] == 300_000 and view["reputation_scale"] == 1_000_000
+    assert not any(p.startswith("/reputations") for p in committee.paths)
+    committee.answers["/params"] = {"genesis": {"reputation": ["odd"]}}
+    view = await (await client.get("/v1/network")).json()
+    assert view["untrusted_below"] is None
 
 
 async def test_network_view_refuses_a_malformed_node_page_by_name(aiohttp_client, tmp_path):

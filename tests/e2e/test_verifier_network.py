@@ -73,7 +73,7 @@ def test_substitute_untrusted_within_5_epochs_honest_stay_trusted(vnet: Verifier
 
     def cheater_untrusted() -> bool:
         _alive(vnet)
-        reps = committee.query("/reputations")["reputations"]
+        reps = committee.reputations()
         for key in honest:
             record = reps.get(key)
             if record is not None and record["r"] < UNTRUSTED_BELOW:
@@ -82,7 +82,7 @@ def test_substitute_untrusted_within_5_epochs_honest_stay_trusted(vnet: Verifier
         return record is not None and record["r"] < UNTRUSTED_BELOW
 
     wait_for(cheater_untrusted, 600, "the substitute was not untrusted", interval=1.0)
-    record = committee.query("/reputations")["reputations"][cheater]
+    record = committee.reputations()[cheater]
     # the first epoch the verifier could challenge in: the first one it committed a seed for
     first = next(
         e
@@ -117,7 +117,7 @@ def test_verdict_confirmed_and_relayed_slashes_half_the_substitute_stake(
     before = relayer.staking.stake_of(cheater_address)
     relayer.fraud_proofs.relay_confirmed_verdict(verdict)
     assert relayer.staking.stake_of(cheater_address) == before // 2
-    honest_reps = committee.query("/reputations")["reputations"]
+    honest_reps = committee.reputations()
     assert all(honest_reps[c.public]["r"] >= UNTRUSTED_BELOW for c in vnet.honest)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from node.agent.pricing import PriceKeeper, registered_price
-from node.cli.join_price import going_from_answer, join_price
+from node.cli.join_price import going_from_rows, join_price
 from protocol.committee.prices import DEFAULT_PRICE_POSITIONS, SetPrice
 from protocol.errors import UsageError
 
@@ -37,10 +37,11 @@ def test_join_charges_the_going_price_unless_told_and_is_free_only_when_asked() 
         join_price(-1, False, going)
 
 
-def test_the_going_price_is_read_from_the_committee_answer_or_the_default() -> None:
-    assert going_from_answer({"going_price": 96, "prices": []}) == 96
-    for odd in (None, {}, {"going_price": 0}, {"going_price": "64"}, {"going_price": 2**40}):
-        assert going_from_answer(odd) == DEFAULT_PRICE_POSITIONS
+def test_the_going_price_is_the_median_of_every_row_or_the_default() -> None:
+    rows = [{"positions": p} for p in (128, 0, 16, None, 64, 96)]
+    assert going_from_rows(rows) == 64  # 16 64 96 128: the lower middle
+    for odd in ([], [{}], [{"positions": 0}], [{"positions": "64"}], [{"positions": 2**40}]):
+        assert going_from_rows(odd) == DEFAULT_PRICE_POSITIONS
 
 
 def test_join_help_says_what_the_price_means(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from node.chain.committee_pages import BadPage
 from node.verifier.asker import Asked
 from node.verifier.echo import vocabulary_index
 from node.verifier.report import SCORES_FILE
@@ -393,3 +394,47 @@ async def test_an_idle_worker_leaves_the_epoch_polling_to_follow_and_wakes_when_
     assert worker.epochs.current == 4  # what the spot checker waits on (spotchecks.py)
     stop.set()
     await asyncio.wait_for(running, 1)
+
+
+@dataclass
+class PagedReputationsLink(FakeLink):
+    """`/reputations` a record a page (`after`, `next`), as the committee pages 1 000;
+    `bad_page` replaces the second page."""
+
+    bad_page: Any = None
+
+    async def query(self, path: str, **params: Any) -> Any:
+        if path != "/reputations":
+            return await super().query(path, **params)
+        self.queried.append(f"{path}?after={params.get('after')}")
+        if params.get("after") is not None and self.bad_page is not None:
+            return self.bad_page
+        keys = sorted(k for k in self.reputations if k > params.get("after", ""))
+        more = len(keys) > 1
+        return {
+            "reputations": {keys[0]: self.reputations[keys[0]]},
+            "next": keys[0] if more else None,
+        }
+
+
+async def test_worker_votes_on_a_node_listed_past_the_first_reputations_page(tmp_path) -> None:
+    """The verdict vote reads every page of `/reputations` (`read_reputations`): the node it
+    measured below τ is on the third page; a malformed page is `BadPage` (logged by the
+    caller) and no vote is made on a list it could not read."""
+    records = {k: {"window": [0], "last_epoch": 4} for k in (A, B, S)}
+    link = PagedReputationsLink(epoch=5, reputations=records)
+    worker = _worker(tmp_path, link)
+    worker.last_scores = {S: 0}
+    await worker.maybe_vote_verdicts()
+    [vote] = link.sent
+    assert isinstance(vote, VerdictVote) and link.queried[:3] == [
+        "/reputations?after=None",
+        f"/reputations?after={A}",
+        f"/reputations?after={B}",
+    ]
+    other = PagedReputationsLink(epoch=5, reputations=records, bad_page={"reputations": [S]})
+    worker = _worker(tmp_path, other)
+    worker.last_scores = {S: 0}
+    with pytest.raises(BadPage):
+        await worker.maybe_vote_verdicts()
+    assert other.sent == []

@@ -1,0 +1,143 @@
+"""What one committee query costs a validator when strangers fill the registry: one JSON object.
+
+Registering costs nothing (an unstaked registration lives `registration_ttl` blocks), so the
+registry a query may read is as long as strangers make it. This registers --nodes compute nodes
+in the in-process app (no sockets, no CometBFT): all on one model (`m`, one shard each, a price
+each), or with --models K spread over K models (--serving: each heartbeats once, so it is
+SERVING, unstaked); then asks each query --repeat times and gives,
+per query: the median CPU milliseconds (`time.process_time`, so other load on a shared machine
+inflates it less than wall time would), the records it read from state (every `committed`
+lookup and every record a range scan yielded) and the answer's bytes.
+
+    .venv/bin/python bench/query_cost.py --nodes 10000            # ~1 min (mostly registering)
+    .venv/bin/python bench/query_cost.py --nodes 2000 --models 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from abci_app.queries import query
+from abci_app.state import State
+from bench._common import machine
+from protocol.committee.prices import SetPrice
+from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
+from protocol.eip712 import address_of
+from tests.committee_chain import Chain, seeded_evm_key, seeded_key
+
+BLOCK = 2000  # registrations a block
+
+
+def register(chain: Chain, count: int, models: int, serving: bool) -> None:
+    """`count` compute nodes, node i on model `m` (or `m<i mod models>`), shard 0, priced, and
+    SERVING with `serving` (a heartbeat: free too; unstaked, so none is routable)."""
+    for first in range(0, count, BLOCK):
+        txs, prices = [], []
+        for i in range(first, min(first + BLOCK, count)):
+            key, evm = seeded_key(f"q-{i}"), seeded_evm_key(f"q-{i}")
+            model = "m" if models <= 1 else f"m{i % models}"
+            node = key.verify_key.encode().hex()
+            body = RegisterNode(
+                address_of(evm), sign_registration(evm, node), "compute", model, (0,), "e", 1
+            )
+            txs.append(chain.tx(body, key))
+            prices.append((SetPrice(model, 0, 64), key))
+        assert all(r.code == 0 for r in chain.block(txs))
+        assert all(r.code == 0 for r in chain.block([chain.tx(b, k) for b, k in prices]))
+        if serving:
+            beats = [chain.tx(Heartbeat(), k) for _, k in prices]
+            assert all(r.code == 0 for r in chain.block(beats))
+
+
+class Reads:
+    """Counts the records `State` reads while installed (lookups and range-scan rows)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._committed = State.committed
+        self._items = State.committed_items
+
+    def __enter__(self) -> Reads:
+        counter = self
+        committed, items = self._committed, self._items
+
+        def counted(state: State, ns: str, key: str) -> Any:
+            counter.count += 1
+            return committed(state, ns, key)
+
+        def counted_items(state: State, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+            for item in items(state, *args, **kwargs):
+                counter.count += 1
+                yield item
+
+        State.committed = counted  # type: ignore[method-assign]
+        State.committed_items = counted_items  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        State.committed = self._committed  # type: ignore[method-assign]
+        State.committed_items = self._items  # type: ignore[method-assign]
+
+
+def cost(chain: Chain, path: str, repeat: int) -> dict[str, Any]:
+    times = []
+    for _ in range(repeat):
+        started = time.process_time()
+        code, value, log = query(chain.state, path, b"")
+        times.append(time.process_time() - started)
+        assert code == 0, log
+    with Reads() as reads:
+        query(chain.state, path, b"")
+    return {"ms": round(median(times) * 1000, 1), "records_read": reads.count, "bytes": len(value)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--models", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--serving", action="store_true", help="each node heartbeats: SERVING")
+    args = parser.parse_args()
+    logging.disable(logging.INFO)
+    chain = Chain()
+    started = time.monotonic()
+    register(chain, args.nodes, args.models, args.serving)
+    setup_s = time.monotonic() - started
+    model = "m" if args.models <= 1 else "m0"
+    paths = [
+        f"/pool_health?model={model}",
+        f"/pool_health?model={model}&shards=1",
+        "/pool_health",
+        "/nodes",
+        f"/nodes?model={model}",
+        "/reputations",
+        "/prices",
+        f"/prices?model={model}",
+    ]
+    print(
+        json.dumps(
+            {
+                "nodes": args.nodes,
+                "models": args.models,
+                "serving": args.serving,
+                "setup_s": round(setup_s, 1),
+                "queries": {path: cost(chain, path, args.repeat) for path in paths},
+                "machine": machine(),
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
