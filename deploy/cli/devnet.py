@@ -128,6 +128,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the committee chain by its agent and paid by the gateway from credits it buys as it "
         "runs low (default 64; 0: free nodes)",
     )
+    up.add_argument(
+        "--gateway-node-cooldown-s",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long the gateway leaves out a node that failed a question (its "
+        "`--node-cooldown-s`; default: the gateway's 30 s); with one node per shard a shard "
+        "goes unserved that long",
+    )
     up.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
     hosts = up.add_argument_group(
         "many hosts (--hosts: root, or CAP_NET_ADMIN + CAP_SYS_ADMIN; docs/network.md)"
@@ -272,6 +281,9 @@ def _up(args: argparse.Namespace) -> int:
         raise UsageError(
             "--cheat-node needs the gateway", hint="the verifiers challenge through it"
         )
+    cooldown = args.gateway_node_cooldown_s
+    if cooldown is not None and not 0 <= cooldown <= 3_600:
+        raise UsageError(f"--gateway-node-cooldown-s must be 0..3600 seconds, got {cooldown:g}")
     count = node_count(
         nodes=args.nodes,
         replicas=args.replicas,
@@ -293,6 +305,7 @@ def _up(args: argparse.Namespace) -> int:
         operator_hosts=args.operator_hosts,
         cheat_nodes=tuple(args.cheat_node),
         credit_positions=args.credit_positions,
+        gateway_node_cooldown_s=cooldown,
     )
     state = up(options, _say)
     _summary(state)

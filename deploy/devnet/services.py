@@ -78,6 +78,8 @@ def start_gateway(
         buy += [arg for url in state["committee_rpc"] for arg in ("--validator-rpc", url)]
     else:  # free nodes: nothing to buy
         buy = ["--top-up", "0"]
+    cooldown = options.gateway_node_cooldown_s  # a failed node's time out of the routes
+    sit_out = [] if cooldown is None else ["--node-cooldown-s", f"{cooldown:g}"]
     argv = place.argv("gateway", planet_argv(
         "gateway", "serve",
         "--evm-rpc", state["evm_rpc"],
@@ -92,6 +94,7 @@ def start_gateway(
         "--private-endpoints",  # the devnet's nodes register loopback or 10.77.0.x endpoints
         "--credits-file", str(credits),  # pays the nodes that charge
         *buy,  # its top-up, from every validator: each blind-signs its share of a mint
+        *sit_out,
     ))  # fmt: skip
     pid = spawn(argv, log_path)
     state["pids"]["gateway"] = pid
