@@ -110,6 +110,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "copy of the model; 0: none)",
     )
     up.add_argument(
+        "--verifier-challenges",
+        type=int,
+        default=None,
+        metavar="N",
+        help="each verifier's challenges per epoch (default: the verifier's 4; 0: none — the "
+        "verifiers only spot-check and serve their findings, an idle devnet's CPU spared)",
+    )
+    up.add_argument(
         "--cheat-node",
         action="append",
         default=[],
@@ -281,6 +289,8 @@ def _up(args: argparse.Namespace) -> int:
         raise UsageError(
             "--cheat-node needs the gateway", hint="the verifiers challenge through it"
         )
+    if args.verifier_challenges is not None and not 0 <= args.verifier_challenges <= 64:
+        raise UsageError(f"--verifier-challenges must be 0..64, got {args.verifier_challenges}")
     cooldown = args.gateway_node_cooldown_s
     if cooldown is not None and not 0 <= cooldown <= 3_600:
         raise UsageError(f"--gateway-node-cooldown-s must be 0..3600 seconds, got {cooldown:g}")
@@ -306,6 +316,7 @@ def _up(args: argparse.Namespace) -> int:
         cheat_nodes=tuple(args.cheat_node),
         credit_positions=args.credit_positions,
         gateway_node_cooldown_s=cooldown,
+        verifier_challenges=args.verifier_challenges,
     )
     state = up(options, _say)
     _summary(state)

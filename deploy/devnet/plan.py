@@ -81,6 +81,8 @@ class DevnetOptions:
     credit_positions: int | None = None
     # the gateway's `--node-cooldown-s` (None: its own default, 30 s)
     gateway_node_cooldown_s: float | None = None
+    # each verifier's `--challenges-per-epoch` (None: its default; 0: spot checks only)
+    verifier_challenges: int | None = None
 
     @property
     def dir(self) -> Path:
