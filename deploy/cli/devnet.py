@@ -110,6 +110,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "copy of the model; 0: none)",
     )
     up.add_argument(
+        "--verifier-challenges",
+        type=int,
+        default=None,
+        metavar="N",
+        help="each verifier's challenges per epoch (default: the verifier's 4; 0: none — the "
+        "verifiers only spot-check and serve their findings, an idle devnet's CPU spared)",
+    )
+    up.add_argument(
         "--cheat-node",
         action="append",
         default=[],
@@ -127,6 +135,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="what each compute node charges: a bearer credit per N positions, registered on "
         "the committee chain by its agent and paid by the gateway from credits it buys as it "
         "runs low (default 64; 0: free nodes)",
+    )
+    up.add_argument(
+        "--gateway-node-cooldown-s",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long the gateway leaves out a node that failed a question (its "
+        "`--node-cooldown-s`; default: the gateway's 30 s); with one node per shard a shard "
+        "goes unserved that long",
     )
     up.add_argument("--home", type=Path, help="PLANET_HOME (default $PLANET_HOME)")
     hosts = up.add_argument_group(
@@ -272,6 +289,11 @@ def _up(args: argparse.Namespace) -> int:
         raise UsageError(
             "--cheat-node needs the gateway", hint="the verifiers challenge through it"
         )
+    if args.verifier_challenges is not None and not 0 <= args.verifier_challenges <= 64:
+        raise UsageError(f"--verifier-challenges must be 0..64, got {args.verifier_challenges}")
+    cooldown = args.gateway_node_cooldown_s
+    if cooldown is not None and not 0 <= cooldown <= 3_600:
+        raise UsageError(f"--gateway-node-cooldown-s must be 0..3600 seconds, got {cooldown:g}")
     count = node_count(
         nodes=args.nodes,
         replicas=args.replicas,
@@ -293,6 +315,8 @@ def _up(args: argparse.Namespace) -> int:
         operator_hosts=args.operator_hosts,
         cheat_nodes=tuple(args.cheat_node),
         credit_positions=args.credit_positions,
+        gateway_node_cooldown_s=cooldown,
+        verifier_challenges=args.verifier_challenges,
     )
     state = up(options, _say)
     _summary(state)

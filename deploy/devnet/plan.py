@@ -79,6 +79,10 @@ class DevnetOptions:
     operator_hosts: int = 1  # with hosts: empty hosts operator0… for new operators
     # each compute node's price, positions per credit (0: free; None: DEVNET_CREDIT_POSITIONS)
     credit_positions: int | None = None
+    # the gateway's `--node-cooldown-s` (None: its own default, 30 s)
+    gateway_node_cooldown_s: float | None = None
+    # each verifier's `--challenges-per-epoch` (None: its default; 0: spot checks only)
+    verifier_challenges: int | None = None
 
     @property
     def dir(self) -> Path:

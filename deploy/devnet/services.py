@@ -78,6 +78,8 @@ def start_gateway(
         buy += [arg for url in state["committee_rpc"] for arg in ("--validator-rpc", url)]
     else:  # free nodes: nothing to buy
         buy = ["--top-up", "0"]
+    cooldown = options.gateway_node_cooldown_s  # a failed node's time out of the routes
+    sit_out = [] if cooldown is None else ["--node-cooldown-s", f"{cooldown:g}"]
     argv = place.argv("gateway", planet_argv(
         "gateway", "serve",
         "--evm-rpc", state["evm_rpc"],
@@ -92,6 +94,7 @@ def start_gateway(
         "--private-endpoints",  # the devnet's nodes register loopback or 10.77.0.x endpoints
         "--credits-file", str(credits),  # pays the nodes that charge
         *buy,  # its top-up, from every validator: each blind-signs its share of a mint
+        *sit_out,
     ))  # fmt: skip
     pid = spawn(argv, log_path)
     state["pids"]["gateway"] = pid
@@ -134,6 +137,10 @@ def start_verifiers(
     pids = state["pids"].setdefault("verifiers", [])
     chosen = network.validators[: options.verifier_count]
     ports = [FINDINGS_PORT] * len(chosen) if place.on_hosts else free_ports(len(chosen), 8700, 8900)
+    asks = options.verifier_challenges  # None: the verifier's default
+    challenges = [] if asks is None else ["--challenges-per-epoch", str(asks)]
+    if asks == 0:  # no prompts to sample from either: spot checks and findings only
+        challenges += ["--sampled-per-epoch", "0"]
     for validator, port in zip(chosen, ports, strict=True):
         wallet = options.dir / f"verifier{validator.index}" / "wallet.json"
         wallet.parent.mkdir(parents=True, exist_ok=True)
@@ -154,6 +161,7 @@ def start_verifiers(
             "--challenge-source", "corpus",
             "--findings-listen", f"{place.address(validator.name)}:{port}",
             "--private-peers", state.get("next_hop_range", LOOPBACK_RANGE),
+            *challenges,
         )  # fmt: skip
         log_path = options.dir / "logs" / f"verifier{validator.index}.log"
         pids.append(spawn(place.argv(validator.name, argv), log_path))

@@ -9,6 +9,7 @@ from typing import Any
 
 from node.client.credit_sizes import MAX_BUY
 from node.config import resolve_config
+from node.gateway.config import NODE_COOLDOWN_S
 from node.gateway.credit_defaults import MIN_CREDIT_POSITIONS, TOP_UP, TOP_UP_BELOW
 from node.gateway.guards import ROUTES
 from protocol.errors import PlanetError, UsageError
@@ -110,6 +111,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=10.0,
         help="seconds without an answer after which a circuit counts as stalled and fails "
         "over (default 10)",
+    )
+    serve.add_argument(
+        "--node-cooldown-s",
+        type=float,
+        default=NODE_COOLDOWN_S,
+        metavar="SECONDS",
+        help="how long a node that failed a question sits out before it is routed again "
+        f"(default {NODE_COOLDOWN_S:g}; a test network with one node per shard sets it short)",
     )
     serve.add_argument(
         "--speculate",
@@ -354,6 +363,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions_per_node=args.max_sessions_per_node,
         attempts=args.failover_attempts,
         stall_s=args.stall_s,
+        node_cooldown_s=args.node_cooldown_s,
         speculate=args.speculate,
         wire_dtype=args.wire_dtype,
         report_min_questions=args.report_min_questions,
@@ -435,6 +445,7 @@ def _serve_personal(args: argparse.Namespace) -> int:
         max_sessions_per_node=args.max_sessions_per_node,
         attempts=args.failover_attempts,
         stall_s=args.stall_s,
+        node_cooldown_s=args.node_cooldown_s,
         speculate=args.speculate,
         wire_dtype=args.wire_dtype,
         private_endpoints=private,

@@ -102,7 +102,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default <home>/config/operator_key.json when present; none: no verdict votes)",
     )
     serve.add_argument(
-        "--challenges-per-epoch", type=int, default=4, help="challenges per epoch (default 4)"
+        "--challenges-per-epoch",
+        type=int,
+        default=4,
+        help="challenges per epoch (default 4; 0: none — the verifier only spot-checks the "
+        "nodes' committed work and serves its findings, with --sampled-per-epoch 0)",
     )
     serve.add_argument("--prompt-tokens", type=int, default=32, help="default 32")
     serve.add_argument("--continuation-tokens", type=int, default=64, help="default 64")
@@ -180,7 +184,16 @@ def _serve(args: argparse.Namespace) -> int:
     from node.verifier.service import VerifierConfig, serve
     from node.verifier.worker import WorkerSettings
 
-    for name in ("challenges_per_epoch", "prompt_tokens", "continuation_tokens", "verdict_after"):
+    if args.challenges_per_epoch < 0:
+        raise UsageError(
+            "--challenges-per-epoch must be at least 0", hint="see planet verifier serve -h"
+        )
+    if args.challenges_per_epoch == 0 and args.sampled_per_epoch > 0:
+        raise UsageError(
+            "--challenges-per-epoch 0 leaves no prompts for --sampled-per-epoch",
+            hint="add --sampled-per-epoch 0 (spot checks only), or ask 1 challenge or more",
+        )
+    for name in ("prompt_tokens", "continuation_tokens", "verdict_after"):
         if getattr(args, name) < 1:
             raise UsageError(
                 f"--{name.replace('_', '-')} must be at least 1",

@@ -11,6 +11,8 @@ from protocol.errors import UsageError
 from protocol.frames.dtypes import WIRE_DTYPE, WIRE_DTYPES
 
 DEFAULT_PRICE_WEI_PER_TOKEN = 10**12
+# a node that failed a question sits out this long by default (seconds; router.py)
+NODE_COOLDOWN_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +31,9 @@ class GatewayConfig:
     routing_refresh_s: float = 2.0  # how stale the routable-node list may be (seconds)
     attempts: int = 5  # circuits per question, failovers included (node/gateway/engine.py)
     stall_s: float = 10.0  # a circuit silent this long mid-answer is stalled: fail over (s)
+    # a node that failed a question sits out this long before it is routed again (seconds;
+    # `--node-cooldown-s`); a devnet with one node per shard sets it short
+    node_cooldown_s: float = NODE_COOLDOWN_S
     # guesses per decode pass (prompt lookup, node/client/speculation.py); 0: one token a pass.
     # Rejected guesses are positions the nodes compute that no user pays for (docs/gateway.md)
     speculate: int = 0
@@ -82,6 +87,8 @@ class GatewayConfig:
             raise UsageError("--failover-attempts must be 1..20")
         if not 0.5 <= self.stall_s <= 600:
             raise UsageError("--stall-s must be 0.5..600 seconds")
+        if not 0 <= self.node_cooldown_s <= 3_600:
+            raise UsageError("--node-cooldown-s must be 0..3600 seconds")
         if not 0 <= self.speculate <= 16:
             raise UsageError("--speculate must be 0..16 guesses per pass")
         if not 0 < self.report_every_s <= 3_600:

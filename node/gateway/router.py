@@ -41,8 +41,8 @@ reach every routable node, unpredictably.
 
 Before a node is used the first time (and again after `VERIFY_TTL_S`) its `/info` must name
 this model's hash, the shard and the shard's layers from the manifest.
-Nodes that failed a question sit out `COOLDOWN_S` locally (they stay on chain until the
-committee marks them DOWN).
+Nodes that failed a question sit out `cooldown_s` locally (`COOLDOWN_S`, 30 s, unless the
+operator sets `--node-cooldown-s`; they stay on chain until the committee marks them DOWN).
 
 **A DOWN mark is a hint; a live answer wins** (issue 44). A node the committee lists with
 `grace` (DOWN lately, otherwise routable: it missed heartbeats, abci_app/liveness.py) is a
@@ -69,6 +69,7 @@ import aiohttp
 from node.chain.committee_pages import path_query, read_nodes
 from node.client.chain_prices import chain_price, price_trusted
 from node.client.costs import CostBook, prefix_preference
+from node.gateway.config import NODE_COOLDOWN_S
 from node.gateway.errors import NoCircuit
 from node.gateway.guards import ROUTES, Guards
 from node.links import NodeKeyPin, link_ssl
@@ -79,7 +80,7 @@ log = logging.getLogger(__name__)
 
 VERIFY_TTL_S = 60.0
 VERIFY_TIMEOUT_S = 3.0
-COOLDOWN_S = 30.0
+COOLDOWN_S = NODE_COOLDOWN_S  # a failed node sits out this long by default
 MAX_TRIES_PER_SHARD = 4  # unverified candidates probed per shard for one circuit
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
 
@@ -198,6 +199,7 @@ class Router:
         accept_price: Callable[[int], bool] | None = None,
         route: str = "cost",
         guards: Guards | None = None,
+        cooldown_s: float = COOLDOWN_S,
     ) -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, not {route!r}")
@@ -225,6 +227,7 @@ class Router:
         self._lock = asyncio.Lock()
         self._verified: dict[RoutableNode, float] = {}
         self._cooldown: dict[str, float] = {}
+        self.cooldown_s = cooldown_s  # how long a node that failed a question sits out
         self._random = secrets.SystemRandom()
         self.costs = CostBook(rng=self._random)
         self._observing: dict[str, asyncio.Task[None]] = {}  # endpoint -> its /info refresh
@@ -247,7 +250,7 @@ class Router:
 
     def mark_failed(self, node: RoutableNode) -> None:
         log.warning("node failed; cooling down node=%s endpoint=%s", node.key[:16], node.endpoint)
-        self._cooldown[node.key] = time.monotonic() + COOLDOWN_S
+        self._cooldown[node.key] = time.monotonic() + self.cooldown_s
         self._verified.pop(node, None)
         self.costs.observe_failure(node.endpoint)
 

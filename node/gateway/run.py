@@ -178,6 +178,7 @@ def committee_router(
         slot_wait_s=config.slot_wait_s,
         public_only=not config.private_endpoints,
         accept_price=accepts_price(min_credit_positions),
+        cooldown_s=config.node_cooldown_s,
         **choice,
     )
 

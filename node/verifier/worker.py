@@ -70,7 +70,7 @@ IDLE_POLLS = 10  # an idle worker looks at the epoch itself at least every 10 po
 @dataclass(frozen=True)
 class WorkerSettings:
     home: Path  # the validator's CometBFT home (reputation_scores.json, consensus key)
-    challenges_per_epoch: int = 4
+    challenges_per_epoch: int = 4  # 0: none (spot checks only; sampled_per_epoch 0 too)
     prompt_tokens: int = 32
     continuation_tokens: int = 64
     poll_s: float = 0.5
@@ -261,7 +261,8 @@ class VerifierWorker:
         mine = [s for s in (await self.link.query("/seeds", epoch=epoch))["seeds"]]
         committed = any(s.get("signer") == self.signer for s in mine)
         seed = self.seeds.get(epoch)
-        if committed and seed is not None:
+        asks = self.settings.challenges_per_epoch > 0  # 0: spot checks only (no prompts)
+        if committed and seed is not None and asks:
             settings = self.settings
             self.state.challenges = epoch_challenges(
                 await self.epoch_text(epoch, seed),
@@ -278,7 +279,7 @@ class VerifierWorker:
             ]
         following = self.seeds.get(epoch + 1)
         generated = self.settings.challenge_source != "corpus"
-        if generated and following is not None and epoch + 1 not in self._texts:
+        if asks and generated and following is not None and epoch + 1 not in self._texts:
             self._prepare_text(epoch + 1, following)  # written while this epoch runs
         log.info(
             "epoch=%d challenges=%d (seed committed: %s)",

@@ -31,7 +31,6 @@ from deploy.committee.genesis import set_genesis_evm
 from deploy.committee.network import load_network
 from node.chain.committee_rpc import CommitteeRpc
 from node.keys import read_operator_key
-from node.verifier.worker import failed_verification_verdict
 from protocol.committee.envelope import sign
 from protocol.committee.verification import SeedCommit, VerdictVote, seed_commitment
 from protocol.eip712 import committee_domain
@@ -91,6 +90,10 @@ def _consensus_key(home: Path) -> SigningKey:
 
 async def _vote(url: str, home: Path, node_address: str, tag: bytes) -> tuple[int, str]:
     """Validator at `home` votes FAILED_VERIFICATION on `node_address`; (code, verdict id)."""
+    # here, not at the top: the verifier's module imports torch, and every lane of
+    # deploy/test.sh collects this module (issue 41)
+    from node.verifier.worker import failed_verification_verdict
+
     operator = read_operator_key(home / "config" / "operator_key.json")
     verdict = failed_verification_verdict(
         node_address, hashlib.sha256(tag).hexdigest(), 1, "0x" + "ab" * 20, FRAUD_PROOFS_ADDRESS

@@ -33,6 +33,8 @@ def test_devnet_status_and_down_without_a_devnet(tmp_path: Path, capsys) -> None
         ("--verifiers", "5", "--verifiers must be 0 to --validators (4)"),
         ("--verifiers", "-1", "--verifiers must be 0 to --validators (4)"),
         ("--credit-positions", "-1", "--credit-positions must be 0 (free) or a positive count"),
+        ("--gateway-node-cooldown-s", "-1", "--gateway-node-cooldown-s must be 0..3600 seconds"),
+        ("--verifier-challenges", "-1", "--verifier-challenges must be 0..64"),
     ],
 )
 def test_devnet_up_bad_sizes_are_usage_errors_before_anything_starts(
@@ -178,3 +180,60 @@ def test_devnet_nodes_charge_credits_and_the_gateway_pays_them_buying_from_every
     services.start_gateway(free, state, place, lambda _: None)
     [gateway] = started["gw"]
     assert gateway[gateway.index("--top-up") + 1] == "0" and "--validator-rpc" not in gateway
+
+
+def test_devnet_passes_the_gateway_cooldown_and_the_verifiers_challenges_only_when_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--gateway-node-cooldown-s S` reaches the gateway as `--node-cooldown-s S` and
+    `--verifier-challenges 0` each verifier as `--challenges-per-epoch 0 --sampled-per-epoch 0`
+    (issue 41); unset, both keep their own defaults (no flag passed)."""
+    from types import SimpleNamespace
+
+    from deploy.devnet import services
+    from deploy.devnet.hosts import Placement
+    from deploy.devnet.plan import DevnetOptions
+
+    spawned: list[list[str]] = []
+    monkeypatch.setattr(services, "write_state", lambda *a: None)
+    monkeypatch.setattr(services, "gateway_identity", lambda *a: ("k", "0x"))
+    monkeypatch.setattr(services, "spawn", lambda argv, log: spawned.append(argv) or 1)
+    monkeypatch.setattr(services, "rpc_call", lambda *a: None)
+    monkeypatch.setattr(services, "free_ports", lambda n, low, high: list(range(low, low + n)))
+    monkeypatch.setattr(
+        services, "create_dev_wallet", lambda path, pw: SimpleNamespace(address="0x" + "11" * 20)
+    )
+    (tmp_path / "pw").write_text("pw")
+    state = {
+        "password_file": str(tmp_path / "pw"), "shards": 3, "manifest": "m.json", "pids": {},
+        "evm_rpc": "http://127.0.0.1:8545", "deployment": "d.json",
+        "committee_rpc": ["http://127.0.0.1:27001"], "gateway_url": "http://127.0.0.1:8000",
+    }  # fmt: skip
+    validator = SimpleNamespace(
+        index=0, name="validator0", home=str(tmp_path / "v0"), rpc_url="http://127.0.0.1:27001"
+    )
+    network = SimpleNamespace(validators=[validator])
+    place = Placement.from_state({})
+
+    def started(options: DevnetOptions) -> tuple[list[str], list[str]]:
+        spawned.clear()
+        services.start_gateway(options, state, place, lambda _: None)
+        services.start_verifiers(options, state, network, place, lambda _: None)  # type: ignore[arg-type]
+        gateway, verifier = spawned
+        return gateway, verifier
+
+    gateway, verifier = started(DevnetOptions(home=tmp_path, credit_positions=0))
+    assert "--node-cooldown-s" not in gateway
+    assert "--challenges-per-epoch" not in verifier and "--sampled-per-epoch" not in verifier
+    short = DevnetOptions(
+        home=tmp_path, credit_positions=0, gateway_node_cooldown_s=3, verifier_challenges=0
+    )
+    gateway, verifier = started(short)
+    assert gateway[gateway.index("--node-cooldown-s") + 1] == "3"
+    assert verifier[verifier.index("--challenges-per-epoch") + 1] == "0"
+    assert verifier[verifier.index("--sampled-per-epoch") + 1] == "0"
+    gateway, verifier = started(
+        DevnetOptions(home=tmp_path, credit_positions=0, verifier_challenges=2)
+    )
+    assert verifier[verifier.index("--challenges-per-epoch") + 1] == "2"
+    assert "--sampled-per-epoch" not in verifier

@@ -491,3 +491,65 @@ async def test_router_pays_the_registered_price_and_distrusts_an_info_that_asks_
     assert price_trusted(0, 0) and price_trusted(8, 8) and price_trusted(8, 9)
     assert not price_trusted(8, 7) and not price_trusted(0, 8) and not price_trusted(8, 0)
     assert not price_trusted(8, "8") and not price_trusted(8, None)
+
+
+async def test_router_cooldown_is_a_setting_30_s_by_default() -> None:
+    """A failed node sits out `cooldown_s` (`--node-cooldown-s`), then is routed again; the
+    default stays router.py's COOLDOWN_S, 30 s (issue 41: a devnet with one node per shard sets
+    it short)."""
+    import asyncio
+    import time
+
+    from node.gateway.router import COOLDOWN_S
+
+    key = "ab" * 32
+
+    def router(**cooldown: float) -> Router:
+        built = Router(
+            Source([entry(key=key, endpoint="http://127.0.0.1:9000")]),
+            model_hash="sha256:" + "0" * 64,
+            shard_layers=[(0, 30)],
+            http=None,  # type: ignore[arg-type]
+            public_only=False,  # loopback test endpoints
+            refresh_s=0,
+            **cooldown,
+        )
+
+        async def verified(node: RoutableNode) -> bool:
+            return True
+
+        built._verify = verified  # type: ignore[method-assign]
+        return built
+
+    node = RoutableNode(key, "http://127.0.0.1:9000", 0)
+    default = router()
+    default.mark_failed(node)
+    assert COOLDOWN_S == 30.0 and default._cooling(node)
+    assert default._cooldown[key] - time.monotonic() > 29
+    short = router(cooldown_s=0.2)
+    short.mark_failed(node)
+    assert short._cooling(node)
+    await asyncio.sleep(0.3)
+    assert not short._cooling(node)
+    assert (await short.circuit()).keys == (key,)
+
+
+def test_gateway_config_refuses_a_negative_or_huge_node_cooldown(tmp_path: Any) -> None:
+    from node.gateway.config import GatewayConfig
+    from protocol.errors import UsageError
+
+    def config(cooldown_s: float) -> GatewayConfig:
+        return GatewayConfig(
+            evm_rpc="http://127.0.0.1:8545",
+            deployment=tmp_path / "deployment.json",
+            committee_rpc="http://127.0.0.1:26657",
+            manifest=tmp_path / "missing-manifest.json",
+            wallet=tmp_path / "wallet.json",
+            node_cooldown_s=cooldown_s,
+        )
+
+    for bad in (-1.0, 3_601.0):
+        with pytest.raises(UsageError, match="--node-cooldown-s"):
+            config(bad).validate()
+    with pytest.raises(UsageError, match="no manifest"):  # 0 (never sit out) is allowed
+        config(0.0).validate()

@@ -35,7 +35,8 @@ def _args(
     [
         ("no-home", "is not a validator home"),
         ("no-manifest", "no manifest at"),
-        ("zero-challenges", "--challenges-per-epoch must be at least 1"),
+        ("negative-challenges", "--challenges-per-epoch must be at least 0"),
+        ("zero-challenges-sampled", "--challenges-per-epoch 0 leaves no prompts"),
         ("missing-operator-key", "no operator key at"),
         ("personal-client-not-a-url", "--personal-client must be an http(s) URL"),
         ("personal-token-missing", "no personal client token at"),
@@ -62,7 +63,9 @@ def test_verifier_cli_mistakes_are_one_error_and_a_hint(
     argv = {
         "no-home": _args(tmp_path / "nothing", manifest=str(manifest)),
         "no-manifest": _args(home, manifest=str(tmp_path / "absent.json")),
-        "zero-challenges": _args(home, "--challenges-per-epoch", "0", manifest=str(manifest)),
+        "negative-challenges": _args(home, "--challenges-per-epoch", "-1", manifest=m),
+        # 0 challenges: spot checks only, which needs --sampled-per-epoch 0 too
+        "zero-challenges-sampled": _args(home, "--challenges-per-epoch", "0", manifest=m),
         "missing-operator-key": _args(
             home, "--operator-key", str(tmp_path / "k.json"), manifest=str(manifest)
         ),

@@ -110,10 +110,10 @@ async def _step(worker: VerifierWorker) -> None:
     await worker.settle()
 
 
-def _worker(tmp_path, link: FakeLink) -> VerifierWorker:
+def _worker(tmp_path, link: FakeLink, challenges: int = 4) -> VerifierWorker:
     settings = WorkerSettings(
         home=tmp_path,
-        challenges_per_epoch=4,
+        challenges_per_epoch=challenges,
         prompt_tokens=4,
         continuation_tokens=8,
         verdict_after=1,
@@ -166,6 +166,27 @@ async def test_worker_challenges_scores_substitute_zero_reveals_and_votes(tmp_pa
     await worker.open_epoch(6)
     await worker.settle()
     assert sum(isinstance(b, VerdictVote) for b in link.sent) == 1  # once per node
+
+
+async def test_a_worker_of_zero_challenges_asks_nothing_and_still_turns_its_seeds(
+    tmp_path,
+) -> None:
+    """`--challenges-per-epoch 0` (a devnet's idle verifier, issue 41): no question is asked,
+    no score written, yet each epoch's seeds are still committed and revealed (its spot checks
+    of the epoch's blocks need them), and the worker idles between epochs."""
+    link = FakeLink(epoch=3)
+    worker = _worker(tmp_path, link, challenges=0)
+    await _step(worker)
+    link.epoch = 4
+    for _ in range(3):
+        await _step(worker)
+    link.epoch = 5
+    await _step(worker)
+    assert worker.asker.count == 0  # type: ignore[attr-defined]
+    assert worker.state is not None and worker.state.challenges == [] and not worker.state.pending
+    assert not (tmp_path / SCORES_FILE).exists()
+    kinds = [type(b) for b in link.sent]
+    assert kinds == [SeedCommit, SeedCommit, SeedReveal, SeedCommit]
 
 
 async def test_worker_result_finishing_after_its_epoch_counts_in_the_next(tmp_path) -> None:
