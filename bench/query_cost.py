@@ -11,6 +11,10 @@ lookup and every record a range scan yielded) and the answer's bytes.
 
     .venv/bin/python bench/query_cost.py --nodes 10000            # ~1 min (mostly registering)
     .venv/bin/python bench/query_cost.py --nodes 2000 --models 2000
+    .venv/bin/python bench/query_cost.py --quick                  # 200 nodes, one repeat
+
+Metrics per query, named after its path (`/pool_health?model=m` -> `pool_health_model_m`):
+`<name>_ms`, `<name>_records_read`, `<name>_bytes`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -29,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from abci_app.queries import query
 from abci_app.state import State
-from bench._common import machine
+from bench._common import machine, parse_with_quick
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
@@ -101,13 +106,18 @@ def cost(chain: Chain, path: str, repeat: int) -> dict[str, Any]:
     return {"ms": round(median(times) * 1000, 1), "records_read": reads.count, "bytes": len(value)}
 
 
+def metric_name(path: str) -> str:
+    """`/pool_health?model=m&shards=1` -> `pool_health_model_m_shards_1`."""
+    return re.sub(r"[^a-z0-9]+", "_", path.lower()).strip("_")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--models", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--serving", action="store_true", help="each node heartbeats: SERVING")
-    args = parser.parse_args()
+    args = parse_with_quick(parser, {"nodes": 200, "repeat": 1})
     logging.disable(logging.INFO)
     chain = Chain()
     started = time.monotonic()
@@ -124,17 +134,15 @@ def main() -> None:
         "/prices",
         f"/prices?model={model}",
     ]
+    metrics: dict[str, float] = {"setup_s": round(setup_s, 1)}
+    for path in paths:
+        for field, value in cost(chain, path, args.repeat).items():
+            metrics[f"{metric_name(path)}_{field}"] = value
+    config = {"nodes": args.nodes, "models": args.models, "serving": args.serving,
+              "repeat": args.repeat, "quick": args.quick}  # fmt: skip
     print(
         json.dumps(
-            {
-                "nodes": args.nodes,
-                "models": args.models,
-                "serving": args.serving,
-                "setup_s": round(setup_s, 1),
-                "queries": {path: cost(chain, path, args.repeat) for path in paths},
-                "machine": machine(),
-            },
-            indent=1,
+            {"bench": "query_cost", "machine": machine(), "config": config, "metrics": metrics}
         )
     )
 

@@ -47,6 +47,7 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "paid_circuit": (),  # two tiny in-process nodes
     "pipeline": (SLOW,),  # its --quick takes ports from PLANET_TEST_PORTS
     "prefix": (),  # 3 SmolLM2 shards in process with the node's prefix caches, no ports, ~10 s
+    "query_cost": (),  # the in-process app, 200 registrations, ~2 s
     "resilience": (SLOW, E2E_LANE),  # 9 node processes
     "route_capture": (),  # the real Router in process, no sockets, ~1 s
     "served": (),
