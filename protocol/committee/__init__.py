@@ -25,7 +25,7 @@ Modules, read bottom-up:
     verification.py   verdict_vote (VerdictVote), seed_commit / seed_reveal (SeedCommit,
                       SeedReveal, seed_commitment), spot_check_report (SpotCheckReport),
                       verifier_endpoint (VerifierEndpoint)
-    settlement.py     work_report (WorkReport of NodeWork, ChargeItem), payout_vote
+    settlement.py     work_report (WorkReport: query fees and ChargeItems), payout_vote
                       (PayoutVote)
     credits.py        credit_mint (CreditMint), fund_mint (FundMint), credit_redeem
                       (CreditRedeem): threshold blind BLS bearer credits

@@ -396,7 +396,7 @@ def test_devnet_voucher_question_is_debited_in_a_posted_root_claimed_and_replay_
     # the gateway sends the same charge again: charged already, the report changes nothing
     key = load_node_key(Path(devnet["dir"]) / "gateway" / "committee_key.json", password)
 
-    code, log = _send_signed(key, devnet, WorkReport((), (), (charge,)))
+    code, log = _send_signed(key, devnet, WorkReport((), (charge,)))
     assert code == 0, log
 
 
