@@ -9,7 +9,7 @@ ZK-checked operation (SmolLM2-135M shard 1: RMSNorm of its first layer + one 64-
 `--width` keeps the head's first W query rows (default 64, the product's circuit; --quick: 4,
 whose circuit builds and proves in seconds and still goes through every step below).
 
-The circuit comes from the build cache (.tools/zk; built first if missing, and `build_s` then
+The circuit comes from the build cache ($PLANET_HOME/zk; built first if missing, and `build_s` then
 says how long that took). Each repeat proves a different real input (the hidden state shard 1
 receives for one of three sentences). `zk_prove_s` is wall time and depends on the box's load;
 `zk_prove_cpu_s` is the prover's CPU time over all its threads (load-independent). Python

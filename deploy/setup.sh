@@ -2,7 +2,7 @@
 # Installs everything Planet needs, from nothing, into the repository (idempotent, quick when done):
 #   .venv/            Python 3.11 virtualenv with the project installed editable (+ dev tools)
 #   node_modules/     Hardhat, solc-js, OpenZeppelin, anvil (npm lockfile)
-#   .tools/ezkl-venv/ ezkl 23.0.5 + onnx for ZK tickets (circuits and keys cache in .tools/zk/)
+#   .tools/ezkl-venv/ ezkl 23.0.5 + onnx for ZK tickets (circuits and keys cache in ~/.cache/planet/zk/)
 #   .tools/uv-venv/   uv, which installs the Python packages from its cache (~/.cache/uv)
 #   .tools/bin/       cometbft v0.38.25 + a 1 ms ABCI flush timer (built from the module sources; Go fetched if missing/too old)
 #   /usr/bin/chromium Debian's Chromium (as root), for the web dApp's browser tests

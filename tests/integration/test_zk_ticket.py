@@ -1,5 +1,5 @@
 """ZK ticket end to end: SmolLM2's shard-1 RMSNorm + one query head as an ezkl circuit (built by
-our build, cached under .tools/zk), one real proof, checked by ezkl in Python and by the
+our build, cached under $PLANET_HOME/zk), one real proof, checked by ezkl in Python and by the
 generated Solidity verifier behind EzklFaultVerifier on a real anvil through FraudProofs.
 
 One proof serves every case (proving is the expensive part, ~30 s on 2 cores): a node that

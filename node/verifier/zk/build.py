@@ -5,9 +5,11 @@ the repository's solc-js. Nothing built here is committed.
     circuit = build_circuit(op, spec, sample)      # [1, H] float32 calibration sample
     circuit.dir / "pk.key", circuit.verifier, circuit.n_inputs, circuit.n_outputs
 
-Cache: `.tools/zk/<spec.digest>-s<scale>-ezkl<version>/`, one directory per circuit, built in a
+Cache: `$PLANET_HOME/zk/<spec.digest>-s<scale>-ezkl<version>/` (default `~/.cache/planet/zk`: one
+per machine, like the prepared models, so a fresh checkout finds the circuits built; a clean
+clone's test run built both circuits again, ~67 CPU-s), one directory per circuit, built in a
 `.partial-<pid>` sibling and renamed when complete (`circuit.json` inside marks it), and
-`.tools/zk/srs/kzg<logrows>.srs`, generated locally and shared by all circuits. A new setup
+`$PLANET_HOME/zk/srs/kzg<logrows>.srs`, generated locally and shared by all circuits. A new setup
 changes the verifying key, so the verifier contract is always generated from the keys in the
 same directory.
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 import torch
 
+from node.model.source import planet_home
 from node.verifier.zk.circuit import NormSliceOp, OpSpec
 from node.verifier.zk.engine import (
     EZKL_VERSION,
@@ -34,7 +37,6 @@ from node.verifier.zk.engine import (
     ZkStepError,
     ezkl_site_packages,
     run_step,
-    tools_dir,
 )
 from protocol.errors import ConfigError
 
@@ -98,7 +100,7 @@ class BuiltCircuit:
 
 
 def cache_root() -> Path:
-    return tools_dir() / "zk"
+    return planet_home() / "zk"
 
 
 def build_circuit(
