@@ -223,7 +223,7 @@ def pool_supply(
     if speeds is None:
         speeds = pool_speeds(nodes)
     routable = [n for n in nodes if n.routable]
-    measured = speeds is not None and all(
+    measured = bool(routable) and all(
         isinstance(speeds.get(n.key), int) and speeds[n.key] > 0 for n in routable
     )
     replicas = [0] * shard_count
@@ -235,7 +235,7 @@ def pool_supply(
                 continue
             if node.routable:
                 replicas[shard] += 1
-                throughput[shard] += speeds[node.key] if measured and speeds else 1
+                throughput[shard] += speeds[node.key] if measured else 1
             elif node.status in PENDING:
                 pending[shard] += 1
     supply = tuple(
