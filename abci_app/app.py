@@ -6,10 +6,12 @@ ExtendVote from `<home>/reputation_scores.json`, and signs paid mints with the v
 credit key shares in `<home>/credit_shares/` (`/credit_partials`, abci_app/threshold_queries.py).
 Scores file:
 
-    {"epoch": 3, "scores": {"<node key hex>": 812345, ...}, "invalid": ["<node key hex>"]}
+    {"epoch": 3, "scores": {"<node key hex>": 812345, ...}, "invalid": ["<node key hex>"],
+     "speeds": {"<node key hex>": 42, ...}}
 
 `scores`: C(T) at 10**6 per node; `invalid`: nodes that did not answer their challenge (or
-answered with a bad signature); `epoch` and `invalid` are optional. A file written for epoch e
+answered with a bad signature); `speeds`: measured decode speeds (tokens/s) of scored nodes
+(protocol/speeds.py); `epoch`, `invalid` and `speeds` are optional. A file written for epoch e
 is this validator's report at the closes of e … e + SCORES_MAX_AGE_EPOCHS (its latest
 measurement: a verifier may need more than one epoch per challenge), older or later ones give
 none. A missing or invalid file yields an empty report (logged), never a failed vote.
@@ -200,7 +202,7 @@ class CommitteeApp:
             return pb.ResponseExtendVote(vote_extension=b"")
         epoch = req.height // length
         report = self._local_report(epoch)
-        extension = extensions.encode_extension(epoch, report.scores, report.invalid)
+        extension = extensions.encode_extension(epoch, report.scores, report.invalid, report.speeds)
         return pb.ResponseExtendVote(vote_extension=extension)
 
     def _local_report(self, epoch: int) -> extensions.Report:
@@ -227,7 +229,7 @@ class CommitteeApp:
             invalid = doc.get("invalid", [])
             if isinstance(invalid, list) and all(isinstance(i, str) for i in invalid):
                 invalid = sorted(set(invalid))
-            return extensions.parse_report(doc.get("scores", {}), invalid)
+            return extensions.parse_report(doc.get("scores", {}), invalid, doc.get("speeds"))
         except (OSError, JsonInputError, extensions.VoteExtensionError) as error:
             log.warning("ignoring invalid %s: %s", path, error)
             return extensions.EMPTY_REPORT

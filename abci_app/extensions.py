@@ -4,9 +4,13 @@ Flow (ABCI 2.0, CometBFT v0.38):
 
 1. ExtendVote at height h: when h closes epoch e (h % epoch_length == 0) the validator attaches
    `canonical_json({"epoch": e, "invalid": [node key hex, ...], "scores": {node key hex: C at
-   10**6}})` read from `<home>/reputation_scores.json` (written by its verifier): `scores` are
-   its credibility values, `invalid` the nodes whose challenge response was missing or wrongly
-   signed (a node is in at most one of the two). At other heights the extension is empty.
+   10**6}[, "speeds": {node key hex: tokens/s}]})` read from `<home>/reputation_scores.json`
+   (written by its verifier): `scores` are its credibility values, `invalid` the nodes whose
+   challenge response was missing or wrongly signed (a node is in at most one of the two),
+   `speeds` (present only when not empty) the decode speed it measured on its clean sampled
+   challenges of nodes it also scores in this report (protocol/speeds.py: an integer in
+   [1, 100 000]; a speed for a node the report does not score is refused: a verifier reports
+   only the nodes it challenged). At other heights the extension is empty.
    VerifyVoteExtension checks only this format.
 2. PrepareProposal at h+1: the proposer injects the extended commit it received as the special
    first tx `VX_PREFIX + canonical_json({"height", "round", "votes": [...]})`.
@@ -20,14 +24,16 @@ Flow (ABCI 2.0, CometBFT v0.38):
    otherwise the power-weighted lower median of the reported scores, when validators with
    ≥ 2/3 of the power reported a score for it; otherwise nothing. The reports of validators
    benched for a false accusation are dropped first (machine.py; abci_app/verdicts.py), the
-   thresholds stay fractions of the whole power.
+   thresholds stay fractions of the whole power. The counted reports' speeds update each
+   node's measured speed: the lower median of the latest reports of distinct verifiers
+   (abci_app/speeds.py).
 """
 
 from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nacl.exceptions import BadSignatureError
@@ -38,11 +44,13 @@ from protocol.canonical import JsonInputError, canonical_json, canonical_text, p
 from protocol.errors import ProtocolError
 from protocol.fields import Fields, is_int
 from protocol.reputation import SCALE
+from protocol.speeds import MAX_SPEED, MIN_SPEED, is_speed
 
 VX_PREFIX = b"\x00planet-vx/v1\n"
 MAX_SCORES = 10_000
-# a full report: 10 000 scores (~78 bytes each) + 10 000 invalid keys (~67 bytes each)
-MAX_EXTENSION_BYTES = 2 * 1024 * 1024
+# a full report: 10 000 scores (~78 bytes each) + 10 000 invalid keys (~67 bytes each) + a
+# speed for each scored node (~76 bytes each)
+MAX_EXTENSION_BYTES = 3 * 1024 * 1024
 MAX_VOTES = 1_000  # validators in one extended commit (the devnet has 4; CometBFT caps sets)
 MAX_VX_BYTES = MAX_VOTES * (2 * MAX_EXTENSION_BYTES + 512)
 BLOCK_ID_FLAG_ABSENT = 1
@@ -94,19 +102,32 @@ class Report:
 
     scores: dict[str, int]
     invalid: tuple[str, ...] = ()
+    speeds: dict[str, int] = field(default_factory=dict)  # tokens/s, of scored nodes only
 
 
 EMPTY_REPORT = Report({}, ())
+EXTENSION_KEYS = {"epoch", "invalid", "scores"}  # and "speeds" when the report has any
 
 
-def encode_extension(epoch: int, scores: dict[str, int], invalid: tuple[str, ...] = ()) -> bytes:
-    return canonical_json(
-        {"epoch": epoch, "invalid": sorted(set(invalid)), "scores": dict(sorted(scores.items()))}
-    )
+def encode_extension(
+    epoch: int,
+    scores: dict[str, int],
+    invalid: tuple[str, ...] = (),
+    speeds: dict[str, int] | None = None,
+) -> bytes:
+    doc: dict[str, Any] = {
+        "epoch": epoch,
+        "invalid": sorted(set(invalid)),
+        "scores": dict(sorted(scores.items())),
+    }
+    if speeds:
+        doc["speeds"] = dict(sorted(speeds.items()))
+    return canonical_json(doc)
 
 
-def parse_report(scores: Any, invalid: Any) -> Report:
-    """Validate a report's `scores` mapping and `invalid` list (sorted, unique, disjoint)."""
+def parse_report(scores: Any, invalid: Any, speeds: Any = None) -> Report:
+    """Validate a report's `scores` mapping, `invalid` list (sorted, unique, disjoint) and
+    `speeds` mapping (None: none)."""
     checked = parse_scores(scores)
     if not isinstance(invalid, list) or len(invalid) > MAX_SCORES:
         raise VoteExtensionError(f"invalid: expected a list of ≤ {MAX_SCORES} node keys")
@@ -117,7 +138,28 @@ def parse_report(scores: Any, invalid: Any) -> Report:
         raise VoteExtensionError("invalid: node keys must be sorted and unique")
     if set(invalid) & set(checked):
         raise VoteExtensionError("a node is both scored and reported invalid")
-    return Report(checked, tuple(invalid))
+    measured = {} if speeds is None else parse_speeds(speeds, checked)
+    return Report(checked, tuple(invalid), measured)
+
+
+def parse_speeds(doc: Any, scores: dict[str, int]) -> dict[str, int]:
+    """Validate a `{node key hex: tokens/s}` mapping: each node scored in the same report (a
+    verifier measures the nodes it challenged, never others), each speed within the bounds."""
+    if not isinstance(doc, dict) or len(doc) > MAX_SCORES:
+        raise VoteExtensionError(f"speeds: expected an object of ≤ {MAX_SCORES} entries")
+    for node, value in doc.items():
+        if not isinstance(node, str) or not _NODE.match(node):
+            raise VoteExtensionError(f"speeds: bad node key {ascii(node)[:80]}")
+        if node not in scores:
+            raise VoteExtensionError(
+                f"speeds[{node}]: a node this report does not score (a verifier reports the "
+                "speed of the nodes it challenged only)"
+            )
+        if not is_speed(value):
+            raise VoteExtensionError(
+                f"speeds[{node}]: expected an integer in [{MIN_SPEED}, {MAX_SPEED}] tokens/s"
+            )
+    return dict(doc)
 
 
 def parse_scores(doc: Any) -> dict[str, int]:
@@ -145,11 +187,14 @@ def parse_extension(raw: bytes, height: int, epoch_length: int) -> Report:
         doc = parse_json(raw, max_bytes=MAX_EXTENSION_BYTES, max_depth=2, max_int_digits=20)
     except JsonInputError as error:
         raise VoteExtensionError(error.message) from None
-    _check.exact_object(doc, "extension", {"epoch", "invalid", "scores"})
+    keys = EXTENSION_KEYS | {"speeds"} if isinstance(doc, dict) and "speeds" in doc else None
+    _check.exact_object(doc, "extension", keys or EXTENSION_KEYS)
     epoch = _check.integer(doc["epoch"], "epoch", 0, MAX_INT64)
     if epoch != height // epoch_length:
         raise VoteExtensionError(f"epoch {epoch} is not {height // epoch_length}")
-    report = parse_report(doc["scores"], doc["invalid"])
+    if "speeds" in doc and doc["speeds"] == {}:
+        raise VoteExtensionError("speeds: omitted when empty, never an empty object")
+    report = parse_report(doc["scores"], doc["invalid"], doc.get("speeds"))
     # every value is now a validated int, str, list or object: canonical_text is exact
     if canonical_text(doc).encode() != raw:
         raise VoteExtensionError("extension is not canonical JSON")

@@ -38,6 +38,7 @@ from abci_app import (
     retention,
     schema,
     settlement,
+    speeds,
     verdicts,
 )
 from abci_app.codes import Code, Rejected
@@ -336,6 +337,14 @@ class StateMachine:
         counted = {a: r for a, r in reports.items() if not verdicts.benched(state, a, epoch)}
         agreed = extensions.agreed_scores(counted, powers, state.total_power)
         applied = epochs.apply_reputation(state, epoch, agreed)
+        # the same counted reports carry the verifiers' measured speeds (abci_app/speeds.py);
+        # a benched verifier's earlier speed reports stop counting too
+        allowed = {
+            v["address"]
+            for v in state.validators
+            if not verdicts.benched(state, v["address"], epoch)
+        }
+        speeds.apply_speeds(state, epoch, counted, allowed)
         state.emit("planet.reputation", epoch=epoch, applied=applied, reporters=len(counted))
         return TxResult(Code.OK, "", tuple(state.events))
 

@@ -5,7 +5,8 @@ the request's `data` (`query_params.py` types them). Every answer is canonical J
 paths answer `UNKNOWN_QUERY`.
 
     /nodes        ?model ?shard ?status ?role   nodes with lifecycle, stake, reputation, routable,
-                  ?limit ?after                 grace (DOWN lately, else routable: liveness.py);
+                  ?limit ?after                 grace (DOWN lately, else routable: liveness.py),
+                                                speed (measured tokens/s or null: speeds.py);
                                                 by key, 1000 registrations a page (`next` as
                                                 /commitments: a page may list fewer)
     /node         ?key                          one node
@@ -40,7 +41,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import coverage, gateway_bindings, liveness, prices, schema, verifier_endpoints
+from abci_app import (
+    coverage,
+    gateway_bindings,
+    liveness,
+    prices,
+    schema,
+    speeds,
+    verifier_endpoints,
+)
 from abci_app.codes import Code
 from abci_app.credit_locks import LOCK_ROUTES
 from abci_app.credit_queries import CREDIT_ROUTES
@@ -89,6 +98,8 @@ def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
         # DOWN lately, otherwise routable: a fallback while it answers clients (liveness.py)
         "grace": standing and liveness.in_grace(state, node, state.height),
         "prices": prices.current_prices(state, key),
+        # measured decode speed, tokens/s: the verifiers' lower median, or null (speeds.py)
+        "speed": speeds.measured_speed(state, key),
     }
 
 

@@ -45,7 +45,7 @@ from protocol.committee.relays import RELAY_ROLE, RegisterRelay
 # blocks between two moves of one node (`move_shards`); the node's agent waits minutes anyway
 MOVE_COOLDOWN_BLOCKS = 10
 # the entries of a node key that an expired registration deletes (and `evm/<its address>`)
-NODE_NAMESPACES = (schema.NODE, schema.REPUTATION, schema.STAKE, schema.NONCE)
+NODE_NAMESPACES = (schema.NODE, schema.REPUTATION, schema.STAKE, schema.NONCE, schema.SPEED)
 
 
 # --- txs ----------------------------------------------------------------------------------------

@@ -29,6 +29,10 @@ EVM_BINDING = "evm"
 STAKE = "stake"
 # rep/<node key>: {r, window, epochs, last_epoch} (protocol/reputation.py)
 REPUTATION = "rep"
+# speed/<node key hex>: {speed, epoch, reports {validator address: [epoch, tokens/s]}}: the
+# node's measured decode speed, the lower median of the latest report of each distinct verifier
+# within `retention_epochs` (abci_app/speeds.py)
+SPEED = "speed"
 # hbdue/<height>: node keys that are overdue at that height unless they sent a heartbeat since
 HEARTBEAT_DUE = "hbdue"
 # regdue/<height>: node keys whose registration expires at that height unless staked by then

@@ -142,9 +142,11 @@ class Chain:
         height: int,
         scores: dict[int, dict[str, int]] | None = None,
         invalid: dict[int, tuple[str, ...]] | None = None,
+        speeds: dict[int, dict[str, int]] | None = None,
     ) -> bytes:
         """The extended-commit tx a proposer injects at `height + 1`, every validator signing
-        `scores[validator index]` and `invalid[validator index]` (empty report when absent)."""
+        `scores[validator index]`, `invalid[validator index]` and `speeds[validator index]`
+        (empty report when absent)."""
         epoch_length = self.state.genesis.epoch_length
         votes = []
         for index, validator in enumerate(self.validators):
@@ -154,6 +156,7 @@ class Chain:
                     height // epoch_length,
                     (scores or {}).get(index, {}),
                     (invalid or {}).get(index, ()),
+                    (speeds or {}).get(index),
                 )
             sign_bytes = extensions.vote_extension_sign_bytes(CHAIN_ID, height, 0, extension)
             votes.append(
@@ -174,13 +177,14 @@ class Chain:
         scores: dict[int, dict[str, int]] | None = None,
         block_hash: bytes | None = None,
         invalid: dict[int, tuple[str, ...]] | None = None,
+        speeds: dict[int, dict[str, int]] | None = None,
     ) -> list[TxResult]:
         """Propose, validate, finalize and commit the next block; returns the tx results."""
         machine = self.machine
         height = self.state.height + 1
         vx = None
         if machine.vx_required(height):
-            vx = self.extended_commit(height - 1, scores, invalid)
+            vx = self.extended_commit(height - 1, scores, invalid, speeds)
         proposal = machine.prepare_proposal(height, list(txs or []), 1 << 22, vx)
         ok, reason = machine.process_proposal(height, proposal)
         if not ok:

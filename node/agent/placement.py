@@ -13,7 +13,9 @@ node), then the one with the fewest replicas, or the slowest ones when speeds ar
                   first, however fast its one node, since a node that stalls leaves it with
                   nobody (issue 44)
       throughput  sum of the routable replicas' measured speeds when every one is measured,
-                  else the count of routable replicas (the committee records no speed today)
+                  else the count of routable replicas. The speeds are the committee's: each
+                  `/nodes` entry's `speed` (tokens/s, the lower median of the verifiers'
+                  measurements, abci_app/speeds.py; null while none is recent)
       pending     nodes registered on the shard (JOIN or SERVING) that are not routable yet:
                   among equally weak shards, the one fewer nodes are on their way to
       index       the lowest shard index: the same pool state gives every joiner the same
@@ -24,7 +26,8 @@ moves only by rebalancing, node/agent/rebalance.py and mover.py: `move_shards`).
 
 The committee's answer is untrusted input (a validator's RPC is a peer): `parse_nodes` turns
 the `/nodes?model=M&role=compute` answer into typed `PoolNode`s at this one boundary or refuses
-it as `MalformedPoolAnswer`, naming the field. Pure: no I/O, no clock; `read_pool` takes any
+it as `MalformedPoolAnswer`, naming the field (a `speed` that is not null or an integer in
+[1, 100 000] included). Pure: no I/O, no clock; `read_pool` takes any
 object with the `CommitteeLink.query` coroutine.
 
 Not here (issue 44, later): spans of several consecutive shards in one process, several models
@@ -40,6 +43,7 @@ from typing import Any, Protocol
 
 from node.chain.committee_pages import BadPage, TooManyPages, read_nodes
 from protocol.errors import ProtocolError, UsageError
+from protocol.speeds import MAX_SPEED, MIN_SPEED, is_speed
 
 MAX_SHARDS = 65536  # shard indexes are 0 … 65535 (register_node)
 MAX_NODES = 100_000  # entries one /nodes answer may list before it is refused as malformed
@@ -85,6 +89,7 @@ class PoolNode:
     shards: tuple[int, ...]
     status: str
     routable: bool
+    speed: int | None = None  # measured tokens/s (the committee's median), None: not measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +119,7 @@ class Placement:
     supply: tuple[ShardSupply, ...]
     measured: bool  # throughput is measured speed (else: counts of routable replicas)
     reason: str
+    basis: str = ""  # whether speeds were measured, in words (`speed_basis`)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -122,6 +128,7 @@ class Placement:
             "shards": len(self.supply),
             "measured": self.measured,
             "reason": self.reason,
+            "basis": self.basis,
             "supply": [s.to_json() for s in self.supply],
         }
 
@@ -167,7 +174,12 @@ def _parse_node(entry: Any, index: int, model: str) -> PoolNode:
             f"{where}.shards: expected 1-{MAX_SHARDS_PER_NODE} ascending shard indexes "
             f"0-{MAX_SHARDS - 1}"
         )
-    return PoolNode(key=key, shards=tuple(shards), status=status, routable=routable)
+    speed = entry.get("speed")
+    if speed is not None and not is_speed(speed):
+        raise MalformedPoolAnswer(
+            f"{where}.speed: expected null or an integer in [{MIN_SPEED}, {MAX_SPEED}] tokens/s"
+        )
+    return PoolNode(key=key, shards=tuple(shards), status=status, routable=routable, speed=speed)
 
 
 def parse_floor(params: Any) -> int:
@@ -206,9 +218,12 @@ def pool_supply(
 ) -> tuple[tuple[ShardSupply, ...], bool]:
     """Per shard: routable replicas, their throughput, pending nodes; and whether throughput is
     measured speed (`speeds`: node key → tokens/s, used only when it covers every routable
-    node). Shards a node lists beyond `shard_count` are not the registered model's: skipped."""
+    node; None: the speeds the committee listed, `pool_speeds`). Shards a node lists beyond
+    `shard_count` are not the registered model's: skipped."""
+    if speeds is None:
+        speeds = pool_speeds(nodes)
     routable = [n for n in nodes if n.routable]
-    measured = speeds is not None and all(
+    measured = bool(routable) and all(
         isinstance(speeds.get(n.key), int) and speeds[n.key] > 0 for n in routable
     )
     replicas = [0] * shard_count
@@ -220,7 +235,7 @@ def pool_supply(
                 continue
             if node.routable:
                 replicas[shard] += 1
-                throughput[shard] += speeds[node.key] if measured and speeds else 1
+                throughput[shard] += speeds[node.key] if measured else 1
             elif node.status in PENDING:
                 pending[shard] += 1
     supply = tuple(
@@ -228,6 +243,26 @@ def pool_supply(
         for shard in range(shard_count)
     )
     return supply, measured
+
+
+def pool_speeds(nodes: Sequence[PoolNode]) -> dict[str, int]:
+    """node key → measured tokens/s, of the nodes the committee lists a speed for."""
+    return {n.key: n.speed for n in nodes if n.speed is not None}
+
+
+def speed_basis(nodes: Sequence[PoolNode], speeds: Mapping[str, int], measured: bool) -> str:
+    """What the choice weighed, in words: measured speeds, or replica counts and why."""
+    if measured:
+        return "weighed by the speeds the verifiers measured (tokens/s, the committee's median)"
+    routable = [n for n in nodes if n.routable]
+    if not routable:
+        return "weighed by replica counts (no routable node to measure yet)"
+    unmeasured = sum(1 for n in routable if n.key not in speeds)
+    return (
+        f"weighed by replica counts: {unmeasured} of {len(routable)} routable "
+        f"node{'' if len(routable) == 1 else 's'} {'has' if unmeasured == 1 else 'have'} no "
+        "measured speed yet"
+    )
 
 
 def choose_shard(
@@ -245,7 +280,10 @@ def choose_shard(
         raise ModelNotRegistered(model)
     if not 0 < shard_count <= MAX_SHARDS:
         raise UsageError(f"model {model}: {shard_count} shards is not a shard count")
+    if speeds is None:
+        speeds = pool_speeds(nodes)
     supply, measured = pool_supply(nodes, shard_count, speeds)
+    basis = speed_basis(nodes, speeds, measured)
     own = next((n for n in nodes if n.key == own_key), None) if own_key else None
     if own is not None and own.shards[0] < shard_count:
         shard = own.shards[0]
@@ -253,7 +291,7 @@ def choose_shard(
             f"shard {shard} of {shard_count}: this node key is already registered for it "
             "(it moves only by rebalancing: `move_shards`, node/agent/mover.py)"
         )
-        return Placement(model, shard, supply, measured, reason)
+        return Placement(model, shard, supply, measured, reason, basis)
 
     def filled(s: ShardSupply) -> bool:
         return s.replicas + s.pending >= floor
@@ -266,7 +304,7 @@ def choose_shard(
             f"; below the replica floor of {floor} (shard {slowest.shard} has "
             f"{_amount(slowest, measured)}, at or above it)"
         )
-    return Placement(model, weakest.shard, supply, measured, reason)
+    return Placement(model, weakest.shard, supply, measured, reason, basis)
 
 
 # -- the reason, in one line ---------------------------------------------------------------------

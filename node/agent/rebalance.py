@@ -15,8 +15,9 @@ order of preference, and never when the move lowers the pool's weakest shard:
                  shard is short is no gain)
     weakest      T is the pool's weakest shard, nobody is joining it, and the move raises the
                  pool's weakest shard (min over shards of routable throughput) by at least
-                 `gain_percent` — counts of routable nodes while the committee records no
-                 measured speed
+                 `gain_percent` — in measured tokens/s when the committee lists a speed
+                 for every routable node (`/nodes` `speed`: the verifiers' median,
+                 abci_app/speeds.py), else in counts of routable nodes
 
 Among the shards that gain, the kind above wins, then the shard with the least routable +
 joining supply, then (at an equal kind and supply: equal gain) a shard whose file is already on
@@ -48,7 +49,7 @@ import hashlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from node.agent.placement import PoolNode, ShardSupply, pool_supply
+from node.agent.placement import PoolNode, ShardSupply, pool_speeds, pool_supply
 
 EMPTY, BELOW_FLOOR, WEAKEST = 0, 1, 2  # the kinds of gain, in order of preference
 
@@ -134,10 +135,12 @@ def decide(
         return Decision(
             False, current, current, f"this node is not routable ({own.status}): it counts nowhere"
         )
+    if speeds is None:
+        speeds = pool_speeds(nodes)  # the committee's measured speeds
     supply, measured = pool_supply(nodes, shard_count, speeds)
     if current >= shard_count:
         return Decision(False, current, current, f"shard {current} is not one of the model's")
-    me = speeds[key] if measured and speeds is not None else 1
+    me = speeds[key] if measured else 1
     source = supply[current]
     if source.throughput - me <= 0:
         return Decision(False, current, current, "it is the only routable node of its shard")

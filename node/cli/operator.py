@@ -458,7 +458,7 @@ def _join(args: argparse.Namespace) -> int:
     hosted = args.memory_budget_mb is not None or into is not None
     if args.shard is None:
         placement = place(config, model_hash, len(registered), key_hex)
-        _say(f"placement: {placement.reason}")
+        _say(f"placement: {placement.reason}; {placement.basis}")
     shard: int = placement.shard if placement is not None else args.shard
     _say(f"checking shard {shard} of {model_hash} against the ModelRegistry…")
     entry = check_registered(manifest_file, shard, registered).shard(shard)

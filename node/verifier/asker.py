@@ -9,7 +9,11 @@ receipt (returned only to the payer) names the circuit's node keys in shard orde
 the verifier attributes the score; the receipt's signature and circuit hash are checked.
 
     asker = GatewayAsker(gateway_url, chain, http)
-    answer = await asker.ask(challenge)      # Asked(doc, nodes), or a PlanetError
+    answer = await asker.ask(challenge)      # Asked(doc, nodes, seconds), or a PlanetError
+
+`Asked.seconds` is how long the completion request took on the asker's monotonic clock (`clock`,
+injectable): from sending it to reading the whole answer; the escrow deposit before it is not
+counted. The worker turns it into a measured decode speed (speeds.py).
 
 A hosted gateway pays the charging nodes it routes to with its own credits (docs/credits.md);
 `PersonalAsker` asks through the verifier operator's own personal client instead (`planet
@@ -32,7 +36,8 @@ import json
 import logging
 import re
 import secrets
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,13 +72,24 @@ class Pool:
 class Asked:
     doc: dict[str, Any]  # the completion answer
     nodes: tuple[str, ...]  # the circuit, shard order (from the verified receipt)
+    seconds: float = 0.0  # the completion request's duration on the asker's clock
+
+
+Clock = Callable[[], float]
 
 
 class GatewayAsker:
-    def __init__(self, url: str, chain: Any, http: aiohttp.ClientSession) -> None:
+    def __init__(
+        self,
+        url: str,
+        chain: Any,
+        http: aiohttp.ClientSession,
+        clock: Clock = time.monotonic,
+    ) -> None:
         self.url = url.rstrip("/")
         self.chain = chain  # node.chain.evm.account.PlanetChain with the verifier's wallet
         self.http = http
+        self.clock = clock
         self._pool: Pool | None = None
 
     async def pool(self) -> Pool:
@@ -120,11 +136,13 @@ class GatewayAsker:
 
     async def _ask(self, pool: Pool, body: dict[str, Any], tokens: int) -> Asked:
         key, query_id = await self._pay(pool, tokens)
+        started = self.clock()
         doc, receipt_doc = await _complete(self.http, self.url, body, f"Bearer {key}")
+        seconds = self.clock() - started
         receipt, signer = verify_receipt_json(receipt_doc, _domain(pool))
         if signer.lower() != pool.gateway.lower() or receipt.query_id != query_id:
             raise ProtocolError("the receipt is not the gateway's receipt for this question")
-        return Asked(doc, tuple(receipt_doc["nodes"]))
+        return Asked(doc, tuple(receipt_doc["nodes"]), seconds)
 
 
 def _domain(pool: Pool) -> Any:
@@ -134,9 +152,17 @@ def _domain(pool: Pool) -> Any:
 class PersonalAsker:
     """The verifier as the user of its operator's own personal client (module docstring)."""
 
-    def __init__(self, url: str, http: aiohttp.ClientSession, model_hash: str, token: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        http: aiohttp.ClientSession,
+        model_hash: str,
+        token: str,
+        clock: Clock = time.monotonic,
+    ) -> None:
         self.url = url.rstrip("/")
         self.http = http
+        self.clock = clock
         self.model_hash = model_hash  # the verifier's reference: the client must serve it
         # the personal client's bearer token (node/gateway/personal_token.py): it answers
         # nothing without it
@@ -188,7 +214,9 @@ class PersonalAsker:
         return await self._ask(body)
 
     async def _ask(self, body: dict[str, Any]) -> Asked:
+        started = self.clock()
         doc, receipt = await _complete(self.http, self.url, body, self._authorization)
+        seconds = self.clock() - started
         nodes = receipt.get("nodes") if isinstance(receipt, dict) else None
         if (
             not isinstance(receipt, dict)
@@ -201,7 +229,7 @@ class PersonalAsker:
                 "the personal client's receipt names no circuit (paid_with credits, nodes: "
                 "node keys); is it a personal client of this version?"
             )
-        return Asked(doc, tuple(nodes))
+        return Asked(doc, tuple(nodes), seconds)
 
 
 async def _get_json(

@@ -23,7 +23,9 @@ Per committee epoch e (followed through `/epochs` on the committee RPC):
    nodes (`attribution.attribute`; the last epoch's still ambiguous low circuits are carried in
    once, `attribution.unresolved`) and rewrite `<home>/reputation_scores.json` for epoch e
    after every challenge; the validator's ExtendVote at e's last height carries it
-   (docs/committee.md, "Vote extensions");
+   (docs/committee.md, "Vote extensions"). The file also carries the decode speed measured on
+   the epoch's clean sampled challenges of the nodes it scores (`speeds.EpochSpeeds`: the
+   asker times each completion), which the committee aggregates per node for placement;
 4. verdicts: when the chain's agreed window for a node holds `verdict_after` consecutive
    credibilities below τ and this verifier's own latest score agrees, it votes
    `verdict_vote(Verdict(node EVM address, FAILED_VERIFICATION, evidence, challenger, nonce))`
@@ -54,8 +56,9 @@ from node.verifier.epoch_feed import EpochFeed
 from node.verifier.reference import Reference
 from node.verifier.report import SCORES_FILE, write_scores
 from node.verifier.sampled import SampledMap, parse_sampled, replay, sampling_seed
-from node.verifier.scoring import Challenge, CredibilityMap
+from node.verifier.scoring import SCALE, Challenge, CredibilityMap
 from node.verifier.seedbook import SeedBook
+from node.verifier.speeds import EpochSpeeds
 from node.verifier.tickets import TicketResult, verdict_for
 from protocol.committee.verification import SeedCommit, SeedReveal, VerdictVote, seed_commitment
 from protocol.eip712 import OFFENCE_FAILED_VERIFICATION, Verdict, address_of, committee_domain
@@ -94,11 +97,18 @@ class EpochState:
     results: list[CircuitScore] = field(default_factory=list)
     scores: dict[str, int] = field(default_factory=dict)
     carried: list[CircuitScore] = field(default_factory=list)  # the last epoch's ambiguous lows
+    speeds: EpochSpeeds = field(default_factory=EpochSpeeds)  # measured on clean sampled answers
 
     def attribute(self) -> dict[str, int]:
         """This epoch's scores: its own results, plus the last epoch's ambiguous low circuits
         (they can only blame, never clear: attribution.py)."""
         return attribute([*self.carried, *self.results])
+
+    def write(self, home: Path) -> None:
+        """Rewrite `<home>/reputation_scores.json` with this epoch's scores and speeds."""
+        write_scores(
+            home / SCORES_FILE, self.epoch, self.scores, speeds=self.speeds.of(self.scores)
+        )
 
     @property
     def pending(self) -> bool:
@@ -371,7 +381,7 @@ class VerifierWorker:
             credibility,
         )
         state.scores = state.attribute()
-        write_scores(self.settings.home / SCORES_FILE, state.epoch, state.scores)
+        state.write(self.settings.home)
 
     # -- one sampled challenge -------------------------------------------------------------------
     async def run_sampled(self, state: EpochState, prompt: tuple[int, ...], seed: int) -> None:
@@ -393,10 +403,11 @@ class VerifierWorker:
         config = SamplingConfig(settings.sampled_temperature, 1.0, seed)
         check = replay(reference, len(prompt), answer, config, self.reference.stop_ids)
         credibility = self.sampled_map.credibility(check)
+        nodes = [n[:12] for n in asked.nodes]
         log.info(
             "sampled epoch=%d circuit=%s observed=%d%s mismatched=%d C=%s",
             state.epoch,
-            [n[:12] for n in asked.nodes],
+            nodes,
             check.observed,
             " (stopped)" if answer.stopped else "",
             check.mismatched,
@@ -410,8 +421,11 @@ class VerifierWorker:
             assert self.state is not None
             state = self.state
         state.results.append(CircuitScore(asked.nodes, credibility))
+        speed = state.speeds.note(asked.nodes, check.observed, asked.seconds, credibility >= SCALE)
+        if speed is not None:
+            log.info("speed epoch=%d circuit=%s %d tokens/s", state.epoch, nodes, speed)
         state.scores = state.attribute()
-        write_scores(self.settings.home / SCORES_FILE, state.epoch, state.scores)
+        state.write(self.settings.home)
 
     # -- verdicts --------------------------------------------------------------------------------
     async def maybe_vote_verdicts(self) -> None:

@@ -165,3 +165,26 @@ def test_sampled_answers_checked_by_replaying_the_seed(vnet: VerifierNet) -> Non
             assert mismatched > 0, line  # a substitute's tokens are not the reference's
         else:
             assert mismatched <= 1 and line.endswith("C=1000000"), line
+
+
+def test_honest_nodes_get_the_speed_the_verifier_measured_on_clean_sampled_answers(
+    vnet: VerifierNet,
+) -> None:
+    """Issue 44: the verifier times its clean sampled answers (never the substitute's), its
+    vote extension carries the tokens/s of the circuit's nodes, and the committee answers them
+    as `/node` `speed` (one validator: the median is its report) — after the earlier tests
+    many epochs have closed, so this normally waits for nothing."""
+    committee = vnet.net.committee
+    assert committee is not None
+    cheater = vnet.cheaters[0].public
+    honest = [c.public for c in vnet.honest]
+
+    def measured() -> dict[str, int] | None:
+        _alive(vnet)
+        speeds = {k: committee.query(f"/node?key={k}")["speed"] for k in honest}
+        return speeds if all(type(s) is int and s >= 1 for s in speeds.values()) else None
+
+    speeds = wait_for(measured, 240, "no measured speed for the honest nodes", interval=2.0)
+    lines = [ln for ln in vnet.log.read_text().splitlines() if "speed epoch=" in ln]
+    assert lines and all(cheater[:12] not in ln for ln in lines), lines
+    assert all(s <= 100_000 for s in speeds.values()), speeds

@@ -454,6 +454,27 @@ def test_join_without_shard_takes_the_shard_the_pool_lacks(env, capsys, monkeypa
     assert f"checking shard 1 of {manifest.model_hash}" in err
 
 
+def test_join_auto_placement_says_it_weighed_the_measured_speeds(env, capsys, monkeypatch) -> None:
+    manifest_file = _tiny_model(env / "models" / "tiny-2p")
+    manifest = Manifest.load(manifest_file)
+    registered = [bytes.fromhex(s.hash[7:]) for s in manifest.shards]
+    _use_chain(monkeypatch, FakeChain(staked=ETHER, status=1, role=1, shard_hashes=registered))
+
+    def measured(n: int, shard: int, speed: int) -> dict[str, Any]:
+        return {**_pool_entry(manifest.model_hash, shard), "key": f"{n:064x}", "speed": speed}
+
+    # shard 0: three nodes at 5 tokens/s; shard 1: two at 40. By counts shard 1 is short, by
+    # the committee's measured speeds shard 0 is the weakest (15 against 80)
+    nodes = [measured(1, 0, 5), measured(2, 0, 5), measured(3, 0, 5)]
+    nodes += [measured(4, 1, 40), measured(5, 1, 40)]
+    _committee_answering(monkeypatch, {"nodes": nodes})
+    _stop_after_the_shard_check(monkeypatch)
+    code, err = _run(capsys, "join", "--model", "tiny-2p")
+    assert code == 2 and "stopped after the shard check" in err, err
+    assert "placement: shard 0 of 2: it has 15 tokens/s over 3 routable nodes" in err
+    assert "weighed by the speeds the verifiers measured" in err
+
+
 def test_join_shard_auto_on_an_empty_pool_takes_shard_0(env, capsys, monkeypatch) -> None:
     manifest_file = _tiny_model(env / "models" / "tiny-2p")
     registered = [bytes.fromhex(s.hash[7:]) for s in Manifest.load(manifest_file).shards]

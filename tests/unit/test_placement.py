@@ -239,3 +239,36 @@ def test_the_replica_floor_is_read_from_params_or_refused_by_name() -> None:
     for bad in [None, {"genesis": []}, *({"genesis": {"replica_floor": f}} for f in floors)]:
         with pytest.raises(MalformedPoolAnswer):
             parse_floor(bad)
+
+
+# -- the committee's measured speeds (issue 44: the verifiers measure, the chain keeps the median)
+
+
+def test_placement_weighs_the_speeds_the_committee_lists() -> None:
+    """Shard 0 has two slow nodes (2 × 10 tokens/s), shard 1 one fast node (50): by counts the
+    joiner would take shard 1 (one replica, floor 1), by the committee's speeds shard 0 is the
+    weakest; the line says the speeds were measured."""
+    answer = {
+        "nodes": [entry(1, 0, speed=10), entry(2, 0, speed=10), entry(3, 1, speed=50)],
+    }
+    nodes = parse_nodes(answer, MODEL)
+    assert [n.speed for n in nodes] == [10, 10, 50]
+    placement = choose_shard(MODEL, 2, nodes, floor=1)
+    assert placement.shard == 0 and placement.measured
+    assert "20 tokens/s over 2 routable nodes" in placement.reason
+    assert placement.basis.startswith("weighed by the speeds the verifiers measured")
+    assert placement.to_json()["basis"] == placement.basis
+    # one routable node not measured yet: replica counts, and the line says why
+    answer["nodes"][2] = entry(3, 1, speed=None)
+    counted = choose_shard(MODEL, 2, parse_nodes(answer, MODEL), floor=1)
+    assert counted.shard == 1 and not counted.measured
+    assert counted.basis == (
+        "weighed by replica counts: 1 of 3 routable nodes has no measured speed yet"
+    )
+
+
+@pytest.mark.parametrize("speed", [0, -3, 100_001, 2.5, True, "10"])
+def test_a_speed_out_of_bounds_or_not_an_integer_is_refused_by_name(speed: Any) -> None:
+    with pytest.raises(MalformedPoolAnswer) as raised:
+        parse_nodes({"nodes": [entry(1, 0, speed=speed)]}, MODEL)
+    assert "nodes[0].speed" in raised.value.message

@@ -197,3 +197,15 @@ def test_on_disk_wins_only_at_equal_gain() -> None:
     d = decide(key("n0"), nodes, 3, 2, now_s=0.0, last_move_s=None, policy=POLICY,
                available=lambda shard: shard != 2, origin=True)  # fmt: skip
     assert (d.move, d.target, d.fetch) == (True, 2, True)
+
+
+def test_the_committees_listed_speeds_weigh_the_shards_without_being_passed() -> None:
+    """The rebalancer reads the speeds from the pool it read (`/nodes` `speed`), as placement."""
+    speeds = {"n0": 10, "n1": 100, "n2": 40, "n3": 100}
+    nodes = [
+        PoolNode(key(name), (shard,), "SERVING", True, speed=speeds[name])
+        for name, shard in (("n0", 0), ("n1", 0), ("n2", 1), ("n3", 2))
+    ]
+    move, target, line = run("n0", nodes, floor=1)
+    assert (move, target) == (True, 1) and "tokens/s" in line
+    assert run("n1", nodes, floor=1)[0] is False
