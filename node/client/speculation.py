@@ -54,8 +54,9 @@ class SpeculationConfig:
     # mostly wrong (on the held-out set they doubled the positions computed for 7 % fewer passes)
     min_ngram: int = 2
     # without such a match, the most recent earlier occurrence of the last token proposes this
-    # many tokens (short: right often enough to pay over slow links, cheap when wrong)
-    fallback_tokens: int = 2
+    # many tokens (short: right often enough to pay over slow links, cheap when wrong; 3, not
+    # 2: a frame of 3 positions computed slower than one of 4 on CPU, node/model/head.py)
+    fallback_tokens: int = 3
 
     def validate(self) -> SpeculationConfig:
         if not 1 <= self.lookahead <= MAX_LOOKAHEAD:

@@ -31,7 +31,8 @@ def test_matches_longer_than_three_tokens_are_found_across_prompt_and_answer() -
 
 def test_a_lone_repeated_token_proposes_a_short_draft() -> None:
     context = [5, 1, 2, 3, 4, 7, 5]  # only the last token occurred before
-    assert propose(context, SpeculationConfig()) == [1, 2]  # fallback_tokens 2
+    assert propose(context, SpeculationConfig()) == [1, 2, 3]  # fallback_tokens 3
+    assert propose(context, SpeculationConfig(fallback_tokens=2)) == [1, 2]
     assert propose(context, SpeculationConfig(fallback_tokens=0)) == []
     assert propose(context, SpeculationConfig(min_ngram=1)) == [1, 2, 3, 4, 7, 5]
     assert propose([1, 2, 3], SpeculationConfig()) == []  # nothing repeats
