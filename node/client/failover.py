@@ -382,7 +382,7 @@ async def generate(
                                 rows = (await client.logits(head, out[0, -1]))[None, :]
                                 pass_tokens = [sample(rows[0], sampling, rng)]
                             if drafter is not None:
-                                drafter.observe(len(guesses), len(pass_tokens) - 1)
+                                drafter.observe(len(guesses), len(pass_tokens) - 1, took_s)
                             if stats is not None:
                                 stats.passes += 1
                                 stats.proposed += len(guesses)

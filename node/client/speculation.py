@@ -55,7 +55,8 @@ class SpeculationConfig:
     min_ngram: int = 2
     # without such a match, the most recent earlier occurrence of the last token proposes this
     # many tokens (short: right often enough to pay over slow links, cheap when wrong; 3, not
-    # 2: a frame of 3 positions computed slower than one of 4 on CPU, node/model/head.py)
+    # 2: a frame of 3 positions computed slower than one of 4 on CPU, node/model/head.py),
+    # while it pays (`Drafter`)
     fallback_tokens: int = 3
 
     def validate(self) -> SpeculationConfig:
@@ -132,22 +133,61 @@ def propose(
 
 class Drafter:
     """The guesses of one generation's passes: `propose` with a draft length that adapts to
-    acceptance (see SpeculationConfig); `observe` each pass's outcome."""
+    acceptance (see SpeculationConfig); `observe` each pass's outcome and time.
+
+    A lone-token draft (the fallback) is sent only while its expected gain exceeds its cost, as
+    measured on this generation's own passes: its first guess kept with probability p (the
+    fallback drafts' record, (kept + 1) / (sent + 2)) saves about one pass without guesses (T1,
+    their mean time), and a pass with guesses costs Tg - T1 more (Tg, their mean time). So it
+    pays over slow links (T1 is mostly link delay) and is skipped on fast ones, where the extra
+    rows' compute is most of a pass. Until both kinds of pass were timed it is sent."""
 
     def __init__(self, config: SpeculationConfig) -> None:
         self.config = config
         self.first = min(config.first_lookahead, config.lookahead)
         self.length = self.first
+        self._fallback = False  # the last draft came from a lone-token match
+        self.fallback_sent = 0
+        self.fallback_kept = 0  # fallback drafts whose first guess was kept
+        self._plain = [0, 0.0]  # passes without guesses: count, seconds
+        self._guessed = [0, 0.0]  # passes with guesses: count, seconds
+
+    def fallback_pays(self) -> bool:
+        if not self._plain[0] or not self._guessed[0]:
+            return True
+        plain_s = self._plain[1] / self._plain[0]
+        extra_s = self._guessed[1] / self._guessed[0] - plain_s
+        kept = (self.fallback_kept + 1) / (self.fallback_sent + 2)
+        return kept * plain_s > extra_s
 
     def draft(self, context: Sequence[int], limit: int) -> list[int]:
         """At most `limit` guesses (the tokens still wanted after this pass's first)."""
+        self._fallback = False
         if limit <= 0:
             return []
-        return propose(context, self.config, min(self.length, limit))
+        window = context[-LOOKUP_WINDOW:]
+        n, begin = longest_match(window, self.config.max_ngram)
+        if n == 0:
+            return []
+        wanted = min(self.length, limit)
+        if n < self.config.min_ngram:
+            if not self.fallback_pays():
+                return []
+            wanted = min(wanted, self.config.fallback_tokens)
+            self._fallback = wanted > 0
+        return list(window[begin : begin + wanted])
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def observe(self, proposed: int, accepted: int, seconds: float | None = None) -> None:
+        """The last pass: guesses sent and kept, and its time (None: not timed)."""
+        if seconds is not None:
+            kind = self._guessed if proposed else self._plain
+            kind[0] += 1
+            kind[1] += seconds
         if proposed == 0:
             return
+        if self._fallback:
+            self.fallback_sent += 1
+            self.fallback_kept += accepted > 0
         if accepted == proposed:  # every guess kept: guess further next time
             self.length = min(self.config.lookahead, 2 * self.length)
         else:

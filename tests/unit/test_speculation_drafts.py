@@ -63,3 +63,19 @@ def test_draft_settings_are_checked() -> None:
         SpeculationConfig(first_lookahead=0).validate()
     with pytest.raises(ConfigError):
         SpeculationConfig(max_ngram=5000).validate()
+
+
+def test_lone_token_drafts_stop_when_their_passes_cost_more_than_they_save() -> None:
+    context = [5, 1, 2, 3, 4, 7, 5]  # only a lone-token match: the fallback draft
+    fast = Drafter(SpeculationConfig())
+    assert fast.draft(context, 99) == [1, 2, 3]  # untimed: sent
+    fast.observe(3, 0, 0.090)  # rejected, and a pass with guesses took 90 ms
+    fast.observe(0, 0, 0.060)  # a plain pass 60 ms: p = 1/3 of 60 ms < 30 ms extra
+    assert fast.draft(context, 99) == []
+    slow = Drafter(SpeculationConfig())  # 50 ms links: passes ~260 ms, guesses +30 ms
+    slow.draft(context, 99)
+    slow.observe(3, 0, 0.290)
+    slow.observe(0, 0, 0.260)  # 1/3 of 260 ms > 30 ms
+    assert slow.draft(context, 99) == [1, 2, 3]
+    # full drafts (a longer match) are not gated
+    assert fast.draft([1, 2, 3, 1, 2], 99) == [3, 1, 2]
