@@ -1,6 +1,6 @@
 """Speculative decoding over slow links: a 3-node SmolLM2 circuit whose every link is delayed.
 
-    python bench/wan.py [--latencies 0,20,50,100] [--new-tokens 48] [--lookahead 6] [--quick]
+    python bench/wan.py [--latencies 0,20,50,100] [--new-tokens 48] [--lookahead 16] [--quick]
 
 `--quick` (the smoke run): 2 nodes, 0 ms links only (the proxies still relay every byte), 4 new
 tokens, the shortest prompt of each set, the monolithic prefill timed once without a warm-up
@@ -514,7 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latencies", default="0,20,50,100", help="one-way ms per link")
     parser.add_argument("--new-tokens", type=int, default=48)
-    parser.add_argument("--lookahead", type=int, default=8, help="tokens guessed per pass")
+    parser.add_argument(
+        "--lookahead", type=int, default=16, help="most tokens guessed per pass (drafts grow to it)"
+    )
     parser.add_argument("--min-ngram", type=int, default=2, help="shortest suffix looked up")
     parser.add_argument("--prompts", type=int, default=4, help="prompts of each set (at most)")
     parser.add_argument("--repeats", type=int, default=1)

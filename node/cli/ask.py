@@ -79,10 +79,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--speculate",
         type=int,
         nargs="?",
-        const=8,
+        const=16,
         default=0,
         metavar="K",
-        help="guess up to K next tokens from the text so far (prompt lookup, default K 8) and "
+        help="guess up to K next tokens from the text so far (prompt lookup, default K 16: "
+        "drafts start at 8 and grow while every guess is kept) and "
         "check them in one pass through the circuit: fewer round trips over slow links; greedy "
         "tokens are plain decoding's, sampled ones follow the same distribution (docs/compute.md)",
     )

@@ -70,7 +70,7 @@ import numpy as np
 from node.client.capabilities import new_session_id
 from node.client.paying import FINAL_PAYMENT_ERRORS
 from node.client.sampling import SamplingConfig, sample
-from node.client.speculation import SpeculationConfig, SpeculationStats, propose, verify
+from node.client.speculation import Drafter, SpeculationConfig, SpeculationStats, verify
 from node.client.types import Failover, Head, Hop, Timings
 from node.links import link_ssl
 from protocol.errors import BusyError, PlanetError, ProtocolError, RemoteError, UnavailableError
@@ -280,6 +280,7 @@ async def generate(
     if speculation is not None:
         speculation = speculation.validate()
         stats = stats if stats is not None else SpeculationStats()
+    drafter = Drafter(speculation) if speculation is not None else None
     rng = sampling.rng()
     timings = timings if timings is not None else Timings()
     timings.begin(len(prompt_ids))
@@ -357,9 +358,9 @@ async def generate(
                                     raise Outpriced(slow)
                             # the circuit holds `position` positions; the last chosen token is next
                             guesses: list[int] = []
-                            if speculation is not None:
+                            if drafter is not None:
                                 left = max_new_tokens - chosen - 1  # wanted after this pass's first
-                                guesses = propose(prompt + fed, speculation)[: max(0, left)]
+                                guesses = drafter.draft(prompt + fed, left)
                             feed = [fed[-1], *guesses]
                             sent_s = time.perf_counter()
                             await client.send(
@@ -380,6 +381,8 @@ async def generate(
                             else:
                                 rows = (await client.logits(head, out[0, -1]))[None, :]
                                 pass_tokens = [sample(rows[0], sampling, rng)]
+                            if drafter is not None:
+                                drafter.observe(len(guesses), len(pass_tokens) - 1, took_s)
                             if stats is not None:
                                 stats.passes += 1
                                 stats.proposed += len(guesses)

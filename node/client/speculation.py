@@ -2,8 +2,9 @@
 
 Over a WAN a decode step costs one transfer per link (K + 1 for K nodes) whatever the nodes'
 speed: at 50 ms a link a 3-node circuit makes at most 5 tokens/s. Here the client guesses up
-to `lookahead` next tokens by **prompt lookup** (the longest recent n-gram of the context that
-occurred before, and what followed it there; no draft model), and sends the last chosen token
+to `lookahead` next tokens by **prompt lookup** (the longest suffix of the context that
+occurred before, and what followed its most recent occurrence; no draft model; the draft's length
+adapts to acceptance, `Drafter`), and sends the last chosen token
 plus the guesses as ONE frame of k + 1 positions. The circuit computes all of them in one pass;
 the last hop answers every row, and the client checks the guesses against the model's own
 choice at each row:
@@ -43,17 +44,30 @@ LOOKUP_WINDOW = 4096  # context tokens searched for an earlier occurrence of the
 
 @dataclass(frozen=True, slots=True)
 class SpeculationConfig:
-    lookahead: int = 8  # tokens guessed per pass (k)
-    max_ngram: int = 3  # longest context suffix looked up
-    # shortest suffix that may propose: single-token matches are frequent and mostly wrong
-    # (on the held-out set they doubled the positions computed for 7 % fewer passes)
+    lookahead: int = 16  # the most tokens guessed per pass (k)
+    # the first drafts' length; doubled (up to `lookahead`) after a pass kept every guess, back
+    # to it after a pass rejected one. Shrinking further lost tokens per pass in replays of the
+    # bench's answers (a guess that is rejected costs a few ms of compute, a pass 4 link delays)
+    first_lookahead: int = 8
+    max_ngram: int = 64  # longest context suffix matched (the longest match wins)
+    # shortest suffix that may propose a full draft: single-token matches are frequent and
+    # mostly wrong (on the held-out set they doubled the positions computed for 7 % fewer passes)
     min_ngram: int = 2
+    # without such a match, the most recent earlier occurrence of the last token proposes this
+    # many tokens (short: right often enough to pay over slow links, cheap when wrong; 3, not
+    # 2: a frame of 3 positions computed slower than one of 4 on CPU, node/model/head.py),
+    # while it pays (`Drafter`)
+    fallback_tokens: int = 3
 
     def validate(self) -> SpeculationConfig:
         if not 1 <= self.lookahead <= MAX_LOOKAHEAD:
             raise ConfigError(f"lookahead must be 1..{MAX_LOOKAHEAD}, got {self.lookahead}")
-        if not 1 <= self.min_ngram <= self.max_ngram <= 16:
-            raise ConfigError("need 1 <= min_ngram <= max_ngram <= 16")
+        if not 1 <= self.min_ngram <= self.max_ngram <= LOOKUP_WINDOW:
+            raise ConfigError(f"need 1 <= min_ngram <= max_ngram <= {LOOKUP_WINDOW}")
+        if not 0 <= self.fallback_tokens <= MAX_LOOKAHEAD:
+            raise ConfigError(f"fallback_tokens must be 0..{MAX_LOOKAHEAD}")
+        if self.first_lookahead < 1:
+            raise ConfigError("first_lookahead must be >= 1")
         return self
 
 
@@ -77,19 +91,107 @@ class SpeculationStats:
         }
 
 
-def propose(context: Sequence[int], config: SpeculationConfig) -> list[int]:
-    """Up to `lookahead` tokens that followed the most recent earlier occurrence of the
-    context's longest suffix (max_ngram down to min_ngram tokens); [] when none occurred."""
-    window = list(context[-LOOKUP_WINDOW:])
+def longest_match(window: Sequence[int], max_ngram: int) -> tuple[int, int]:
+    """(n, begin): the longest suffix of `window` (at most `max_ngram` tokens) that also
+    occurred earlier, n its length and `begin` the index right after that occurrence (its
+    continuation); the most recent occurrence among equally long ones. (0, 0): the last token
+    never occurred before."""
     size = len(window)
-    for n in range(config.max_ngram, config.min_ngram - 1, -1):
-        if size <= n:
+    if size < 2:
+        return 0, 0
+    last = window[-1]
+    best, begin = 0, 0
+    for end in range(size - 2, -1, -1):  # most recent first; strict > keeps the most recent
+        if window[end] != last:
             continue
-        suffix = window[-n:]
-        for begin in range(size - n - 1, -1, -1):  # most recent occurrence first
-            if window[begin : begin + n] == suffix:
-                return window[begin + n : begin + n + config.lookahead]
-    return []
+        n = 1
+        while n < max_ngram and end - n >= 0 and window[end - n] == window[size - 1 - n]:
+            n += 1
+        if n > best:
+            best, begin = n, end + 1
+            if n == max_ngram:
+                break
+    return best, begin
+
+
+def propose(
+    context: Sequence[int], config: SpeculationConfig, length: int | None = None
+) -> list[int]:
+    """Up to `length` (default `lookahead`) tokens that followed the most recent earlier
+    occurrence of the context's longest repeated suffix (up to `max_ngram` tokens) when that
+    suffix has at least `min_ngram` tokens; else up to `fallback_tokens` after the last token's
+    most recent earlier occurrence; [] when the last token never occurred before."""
+    window = context[-LOOKUP_WINDOW:]
+    n, begin = longest_match(window, config.max_ngram)
+    if n == 0:
+        return []
+    wanted = config.lookahead if length is None else length
+    if n < config.min_ngram:
+        wanted = min(wanted, config.fallback_tokens)
+    return list(window[begin : begin + wanted])
+
+
+class Drafter:
+    """The guesses of one generation's passes: `propose` with a draft length that adapts to
+    acceptance (see SpeculationConfig); `observe` each pass's outcome and time.
+
+    A lone-token draft (the fallback) is sent only while its expected gain exceeds its cost, as
+    measured on this generation's own passes: its first guess kept with probability p (the
+    fallback drafts' record, (kept + 1) / (sent + 2)) saves about one pass without guesses (T1,
+    their mean time), and a pass with guesses costs Tg - T1 more (Tg, their mean time). So it
+    pays over slow links (T1 is mostly link delay) and is skipped on fast ones, where the extra
+    rows' compute is most of a pass. Until both kinds of pass were timed it is sent."""
+
+    def __init__(self, config: SpeculationConfig) -> None:
+        self.config = config
+        self.first = min(config.first_lookahead, config.lookahead)
+        self.length = self.first
+        self._fallback = False  # the last draft came from a lone-token match
+        self.fallback_sent = 0
+        self.fallback_kept = 0  # fallback drafts whose first guess was kept
+        self._plain = [0, 0.0]  # passes without guesses: count, seconds
+        self._guessed = [0, 0.0]  # passes with guesses: count, seconds
+
+    def fallback_pays(self) -> bool:
+        if not self._plain[0] or not self._guessed[0]:
+            return True
+        plain_s = self._plain[1] / self._plain[0]
+        extra_s = self._guessed[1] / self._guessed[0] - plain_s
+        kept = (self.fallback_kept + 1) / (self.fallback_sent + 2)
+        return kept * plain_s > extra_s
+
+    def draft(self, context: Sequence[int], limit: int) -> list[int]:
+        """At most `limit` guesses (the tokens still wanted after this pass's first)."""
+        self._fallback = False
+        if limit <= 0:
+            return []
+        window = context[-LOOKUP_WINDOW:]
+        n, begin = longest_match(window, self.config.max_ngram)
+        if n == 0:
+            return []
+        wanted = min(self.length, limit)
+        if n < self.config.min_ngram:
+            if not self.fallback_pays():
+                return []
+            wanted = min(wanted, self.config.fallback_tokens)
+            self._fallback = wanted > 0
+        return list(window[begin : begin + wanted])
+
+    def observe(self, proposed: int, accepted: int, seconds: float | None = None) -> None:
+        """The last pass: guesses sent and kept, and its time (None: not timed)."""
+        if seconds is not None:
+            kind = self._guessed if proposed else self._plain
+            kind[0] += 1
+            kind[1] += seconds
+        if proposed == 0:
+            return
+        if self._fallback:
+            self.fallback_sent += 1
+            self.fallback_kept += accepted > 0
+        if accepted == proposed:  # every guess kept: guess further next time
+            self.length = min(self.config.lookahead, 2 * self.length)
+        else:
+            self.length = self.first
 
 
 def distribution(logits: np.ndarray, config: SamplingConfig) -> np.ndarray:
