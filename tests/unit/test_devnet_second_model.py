@@ -1,0 +1,59 @@
+"""The devnet's second model (issue 44, deploy/devnet/second_model.py), without starting one:
+when it is served, node0 joining as a multi-model host, the seat's home and port, and the
+gateway started with both models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deploy.devnet import services
+from deploy.devnet.hosts import NODE_PORT, SEAT_PORT, Placement, exposed_ports
+from deploy.devnet.plan import DevnetOptions
+from deploy.devnet.second_model import HOST_MEMORY_BUDGET_MB, host_join_args, seat_homes
+
+pytestmark = pytest.mark.unit
+
+
+def test_every_devnet_serves_a_second_model_unless_its_first_is_that_set(tmp_path: Path) -> None:
+    default = DevnetOptions(home=tmp_path)
+    assert default.with_second_model and default.shards == 3
+    assert seat_homes(default) == [tmp_path / "devnet" / "operators" / "seat0"]
+    assert DevnetOptions(home=tmp_path, nodes=2).with_second_model  # a 2-part first model
+    assert DevnetOptions(home=tmp_path, nodes=1, quant="none").with_second_model
+    # `--nodes 1 --quant int8`: the first model is the 1-part int8 set itself
+    assert not DevnetOptions(home=tmp_path, nodes=1).with_second_model
+    one = DevnetOptions(home=tmp_path, second_model=False)  # `--one-model`
+    assert not one.with_second_model and seat_homes(one) == []
+
+
+def test_node0_joins_as_a_multi_model_host_and_its_host_exposes_the_seat_port(
+    tmp_path: Path,
+) -> None:
+    options = DevnetOptions(home=tmp_path)
+    assert host_join_args(options, 0) == ["--memory-budget-mb", str(HOST_MEMORY_BUDGET_MB)]
+    assert host_join_args(options, 1) == [] == host_join_args(options, 2)
+    assert host_join_args(DevnetOptions(home=tmp_path, second_model=False), 0) == []
+    assert exposed_ports("node0") == (NODE_PORT, SEAT_PORT)
+    assert exposed_ports("node1") == (NODE_PORT,)
+
+
+def test_the_gateway_is_started_with_every_model_the_devnet_registers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spawned: list[list[str]] = []
+    monkeypatch.setattr(services, "write_state", lambda *a: None)
+    monkeypatch.setattr(services, "gateway_identity", lambda *a: ("k", "0x"))
+    monkeypatch.setattr(services, "spawn", lambda argv, log: spawned.append(argv) or 1)
+    (tmp_path / "pw").write_text("pw")
+    state = {
+        "password_file": str(tmp_path / "pw"), "manifest": "m3.json", "pids": {},
+        "more_manifests": ["m1.json"], "evm_rpc": "http://127.0.0.1:8545",
+        "deployment": "d.json", "committee_rpc": ["http://127.0.0.1:27001"],
+    }  # fmt: skip
+    options = DevnetOptions(home=tmp_path, credit_positions=0)
+    services.start_gateway(options, state, Placement.from_state({}), lambda _: None)
+    argv = spawned[0]
+    manifests = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--manifest"]
+    assert manifests == ["m3.json", "m1.json"]
