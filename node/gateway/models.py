@@ -87,8 +87,8 @@ class ModelTable:
         self._by_name: dict[str, ModelRoute] = {}
         for route in self.routes:  # names first: an alias never shadows another's name
             self._by_name.setdefault(route.info.name, route)
-        for route in self.routes:
-            for alias in route.info.aliases:
+        for route in self.routes:  # its model hash always names it
+            for alias in (route.info.model_hash, *route.info.aliases):
                 self._by_name.setdefault(alias, route)
 
     @property
