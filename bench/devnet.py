@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import machine, parse_with_quick
 
 STEPS = ("model", "anvil", "committee_init", "contracts", "committee_up", "nodes_routable",
-         "gateway")  # fmt: skip
+         "gateway", "second_model_routable")  # fmt: skip (the last: not with --one-model)
 
 
 def planet(env: dict[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
