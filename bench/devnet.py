@@ -36,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import machine, parse_with_quick
 
+# the last: the second model's seat (not with `planet devnet up --one-model`)
 STEPS = ("model", "anvil", "committee_init", "contracts", "committee_up", "nodes_routable",
-         "gateway", "second_model_routable")  # fmt: skip (the last: not with --one-model)
+         "gateway", "second_model_routable")  # fmt: skip
 
 
 def planet(env: dict[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
