@@ -105,7 +105,7 @@ def test_personal_client_answers_both_models_of_the_devnet(
     pay = fresh_user.pay_args()
     deposited = planet(devnet_env, "balance", "deposit", "0.00003", "--gateway", escrow, *pay)
     assert deposited.returncode == 0, deposited.stderr[-2000:]
-    bought = planet(devnet_env, "credits", "buy", "12", "--credits-file", str(credits), *pay,
+    bought = planet(devnet_env, "credits", "buy", "16", "--credits-file", str(credits), *pay,
                     timeout=240)  # fmt: skip
     assert bought.returncode == 0, bought.stderr[-2000:]
     with personal_client(
