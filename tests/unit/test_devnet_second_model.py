@@ -57,3 +57,32 @@ def test_the_gateway_is_started_with_every_model_the_devnet_registers(
     argv = spawned[0]
     manifests = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--manifest"]
     assert manifests == ["m3.json", "m1.json"]
+
+
+def test_down_takes_the_seats_out_of_their_host_before_the_nodes_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """node0's process hosts seat0's seat: both leaving it at once would race on its seats
+    file (each a read-modify-write) and could leave the host serving. Every agent stops
+    first, then the seats leave, then the nodes stop (a host with its last seat)."""
+    from deploy.devnet import down
+    from deploy.devnet.plan import write_state
+
+    operators = tmp_path / "devnet" / "operators"
+    homes = [operators / name for name in ("node0", "node1", "seat0")]
+    state = {"status": "up", "pids": {}, "operators": [str(h) for h in homes],
+             "seats": [str(homes[2])]}  # fmt: skip
+    (tmp_path / "devnet").mkdir()
+    write_state(tmp_path / "devnet", state)
+    calls: list[tuple[str, bool]] = []
+
+    def stop_joined(run: Path, *, node: bool = True) -> dict[str, bool]:
+        calls.append((run.parent.name, node))
+        return {"agent": not node, "node": node}
+
+    monkeypatch.setattr(down, "stop_joined", stop_joined)
+    stopped = down.down(tmp_path, progress=lambda _line: None)
+    assert set(calls[:3]) == {("node0", False), ("node1", False), ("seat0", False)}
+    assert calls[3] == ("seat0", True)  # alone, before any node stops
+    assert set(calls[4:]) == {("node0", True), ("node1", True)}
+    assert stopped == ["node0", "node1", "seat0"]
