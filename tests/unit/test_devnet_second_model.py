@@ -86,3 +86,31 @@ def test_down_takes_the_seats_out_of_their_host_before_the_nodes_stop(
     assert calls[3] == ("seat0", True)  # alone, before any node stops
     assert set(calls[4:]) == {("node0", True), ("node1", True)}
     assert stopped == ["node0", "node1", "seat0"]
+
+
+def test_a_personal_client_on_the_devnet_serves_every_model_it_registers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`planet gateway serve --personal` with no --manifest, on the running devnet's committee:
+    the devnet's models, the first first; --manifest given: those alone."""
+    import argparse
+    import json
+
+    from node.cli.gateway import _personal_devnet_defaults
+
+    rpc = "http://127.0.0.1:27001"
+    (tmp_path / "devnet").mkdir()
+    (tmp_path / "devnet" / "devnet.json").write_text(
+        json.dumps({
+            "status": "up", "evm_rpc": "http://127.0.0.1:8545", "committee_rpc": [rpc],
+            "chain_id": 31337, "deployment": str(tmp_path / "d.json"),
+            "manifest": "/m/3p/manifest.json", "more_manifests": ["/m/1p/manifest.json"],
+        })
+    )  # fmt: skip
+    monkeypatch.setenv("PLANET_HOME", str(tmp_path))
+    monkeypatch.delenv("PLANET_DEVNET", raising=False)
+    args = argparse.Namespace(manifest=None, private_endpoints=False)
+    manifests, private = _personal_devnet_defaults(args, rpc)
+    assert manifests == (Path("/m/3p/manifest.json"), Path("/m/1p/manifest.json")) and private
+    args = argparse.Namespace(manifest=[Path("/x/manifest.json")], private_endpoints=False)
+    assert _personal_devnet_defaults(args, rpc)[0] == (Path("/x/manifest.json"),)
