@@ -6,6 +6,7 @@ unknown model is refused by name; `/v1/models` and `/v1/pools` list both. Then t
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +141,7 @@ async def test_a_payment_for_one_model_pays_for_no_other_and_unknown_models_are_
     # a deposit made for model 1, its proof signed for model 2: refused before any node works
     refused = await client.post(
         "/v1/chat/completions",
-        json={**CHAT, "model": "fake-model-1p"},
+        json={**CHAT, "model": "fake-model-1p", "max_tokens": 2},
         headers=pay(escrow, MODEL_ID, signed_for=SECOND_ID),
     )
     assert refused.status == 402
@@ -148,12 +149,14 @@ async def test_a_payment_for_one_model_pays_for_no_other_and_unknown_models_are_
     # a proof signed for model 1 asked of model 2: its signature names another depositor
     refused = await client.post(
         "/v1/chat/completions",
-        json={**CHAT, "model": "fake-model-1p"},
+        json={**CHAT, "model": "fake-model-1p", "max_tokens": 2},
         headers=pay(escrow, MODEL_ID),
     )
     assert refused.status == 402
     missing = await client.post(
-        "/v1/chat/completions", json={**CHAT, "model": "nope"}, headers=pay(escrow, MODEL_ID)
+        "/v1/chat/completions",
+        json={**CHAT, "model": "nope", "max_tokens": 2},
+        headers=pay(escrow, MODEL_ID),
     )
     assert missing.status == 404
     error = (await missing.json())["error"]
@@ -210,7 +213,7 @@ async def test_a_payment_key_id_pays_for_one_model_only(tmp_path: Path) -> None:
     escrow.balances[address_of(USER)] = OnChainBalance(10**12, 0)
     async with aiohttp.ClientSession() as http:
         desk = build_gateway(tmp_path, http, escrow, more_model_ids=[SECOND_ID]).desk
-    key_id, expiry = bytes(range(32)), 2**40
+    key_id, expiry = bytes(range(32)), int(time.time()) + 86_400
     for model, required in ((MODEL_ID, 100), (SECOND_ID, 100)):
         text = sign_payment_key(
             USER, PaymentKey(GATEWAY, key_id, model, 10**6, expiry, ESCROW), DOMAIN
