@@ -113,6 +113,19 @@ class Gateway:
         self.circuits = first.circuits
         self.models = ModelTable([first, *self.more_models])
 
+    def routes(self) -> list[ModelRoute]:
+        """Every served model, the first as the gateway's own fields hold it now."""
+        return [self._live(route) for route in self.models.routes]
+
+    def route(self, name: str) -> ModelRoute:
+        """The model a question names (404 `model_not_found`, naming the served ones)."""
+        return self._live(self.models.route(name))
+
+    def _live(self, route: ModelRoute) -> ModelRoute:
+        if route is not self.models.first:
+            return route
+        return ModelRoute(self.model, self.head, self.router, self.circuits)
+
 
 GATEWAY_KEY = web.AppKey("gateway", Gateway)
 Middleware = Callable[..., Awaitable[web.StreamResponse]]
@@ -246,7 +259,7 @@ async def models(request: web.Request) -> web.Response:
                     # refuses a client that keeps the same nodes (node/verifier/asker.py)
                     "planet_route": route.router.route,
                 }
-                for route in gateway.models.routes
+                for route in gateway.routes()
             ],
         }
     )
@@ -257,7 +270,7 @@ async def pools(request: web.Request) -> web.Response:
     views = await asyncio.gather(
         *(
             pool_view(gateway.committee, route.info.model_hash, route.info.shards)
-            for route in gateway.models.routes
+            for route in gateway.routes()
         )
     )
     return web.json_response(
@@ -279,7 +292,7 @@ async def pools(request: web.Request) -> web.Response:
                     "payment_domain": gateway.desk.domain.to_json(),
                 }
                 for model, view in zip(
-                    (route.info for route in gateway.models.routes), views, strict=True
+                    (route.info for route in gateway.routes()), views, strict=True
                 )
             ],
         }
@@ -313,7 +326,7 @@ async def key_status(request: web.Request) -> web.Response:
             "invalid_value", "GET /v1/key needs a payment key (planet-key-v1...) as the API key"
         )
     # `?model=NAME`: the model the key was signed for (default: the gateway's first)
-    model = gateway.models.route(request.query.get("model", gateway.model.name)).info
+    model = gateway.route(request.query.get("model", gateway.model.name)).info
     return web.json_response(gateway.desk.key_status(proof, model.model_id))
 
 
@@ -348,7 +361,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
     req = parse(await _read_body(request), gateway.config.limits)
-    route = gateway.models.route(req.model)  # 404 model_not_found, naming the served ones
+    route = gateway.route(req.model)  # 404 model_not_found, naming the served ones
     prompt_ids = await asyncio.to_thread(_prompt_ids, route.head, req)
     max_tokens = req.sampling.max_tokens
     required = gateway.desk.required_wei(len(prompt_ids), max_tokens)
@@ -594,7 +607,7 @@ def create_app(gateway: Gateway, *, guards: Sequence[Middleware] = ()) -> web.Ap
 
 
 async def _close_circuits(app: web.Application) -> None:
-    for route in app[GATEWAY_KEY].models.routes:
+    for route in app[GATEWAY_KEY].routes():
         await route.circuits.close()
 
 
