@@ -7,9 +7,10 @@ and served by the gateway beside it (`--manifest` twice: a question names its mo
 is operator `seat0`: a home of its own (wallet, stake, node key: a seat is a registration of its
 own, docs/network.md), joined with the operator's own commands, `planet stake` and then
 `planet join --model M --shard 0 --into <node0's home>`, once node0 (joined with
-`--memory-budget-mb`, so its node is a multi-model host) serves. The seat's join runs in the
-background while `up` waits for the gateway (`start_seat_joins`), and `up` ends once it is
-routable (`await_seat_joins`). `--one-model` leaves all of it out.
+`--memory-budget-mb`, so its node is a multi-model host) serves. The seat's join starts in the
+background as soon as node0's host reports its first seat serving, while the other nodes still
+join and `up` waits for the gateway (`SeatJoins`), and `up` ends once it is routable
+(`SeatJoins.wait`). `--one-model` leaves all of it out.
 
 Its cost: one more agent process, no more node processes (the seat is node0's process); the
 gateway loads a second client part (~110 MB of embeddings and head); node0's process holds
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from deploy.committee.processes import log_tail
 from deploy.devnet.hosts import SEAT_PORT, Placement
 from deploy.devnet.plan import DevnetOptions, Progress
 from deploy.devnet.processes import REPO_ROOT, StepFailed, free_ports, planet_argv
+from node.server.seats import read_status
 
 SEAT_PREFIX = "seat"  # its operator homes: operators/seat<i> (not node<i>: those serve model 1)
 HOST_OPERATOR = 0  # the operator whose node process takes the seat (node0)
@@ -46,6 +50,71 @@ class SeatJoin:
     process: subprocess.Popen[bytes]
     log_path: Path
     handle: Any  # the log file, closed when the join ends
+
+
+class SeatJoins:
+    """The seats' joins, started from a thread once node0's host serves its own seat (its
+    status file lists a seat `serving`): their shard loads while the other nodes join."""
+
+    def __init__(
+        self,
+        options: DevnetOptions,
+        state: dict[str, Any],
+        place: Placement,
+        progress: Progress,
+    ) -> None:
+        self.joins: list[SeatJoin] = []
+        self.failure: BaseException | None = None
+        self._stop = threading.Event()
+        self._args = (options, state, place, progress)
+        self._timeout_s = options.join_timeout_s + 30
+        self._thread = threading.Thread(target=self._run, name="seat-joins", daemon=True)
+        if seat_homes(options):
+            self._thread.start()
+
+    def _run(self) -> None:
+        options, state, place, progress = self._args
+        seats_file = Path(state["operators"][HOST_OPERATOR]) / "run" / "seats.json"
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            while not _host_serves(seats_file):
+                if self._stop.is_set() or time.monotonic() > deadline:
+                    return
+                time.sleep(0.2)
+            if not self._stop.is_set():
+                self.joins = start_seat_joins(options, state, place, progress)
+        except BaseException as error:  # reported by wait()
+            self.failure = error
+
+    def wait(self, progress: Progress) -> None:
+        """Until every seat's join ended (a failed one fails `up`, naming its log)."""
+        if not self._thread.is_alive() and not self._thread.ident:
+            return  # no seats
+        self._thread.join(self._timeout_s)
+        if self.failure is not None:
+            raise self.failure
+        if not self.joins:
+            options = self._args[0]
+            raise StepFailed(
+                "planet join --into",
+                f"node{HOST_OPERATOR}'s node never served a seat",
+                options.dir / "operators" / f"node{HOST_OPERATOR}" / "run" / "node-host.log",
+            )
+        await_seat_joins(self.joins, self._timeout_s, progress)
+
+    def stop(self) -> None:
+        """`up` failed: no join starts any more, those running are killed."""
+        self._stop.set()
+        if self._thread.ident:
+            self._thread.join(5.0)
+        stop_seat_joins(self.joins)
+
+
+def _host_serves(seats_file: Path) -> bool:
+    seats = read_status(seats_file).get("seats")
+    return isinstance(seats, list) and any(
+        isinstance(seat, dict) and seat.get("state") == "serving" for seat in seats
+    )
 
 
 def seat_homes(options: DevnetOptions) -> list[Path]:
@@ -69,7 +138,7 @@ def start_seat_joins(
     progress: Progress,
 ) -> list[SeatJoin]:
     """Each seat home's `planet join --into node0`, started (node0 serves by now); await them
-    with `await_seat_joins`."""
+    with `await_seat_joins` (`SeatJoins` calls both)."""
     homes = seat_homes(options)
     if not homes:
         return []

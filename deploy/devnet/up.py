@@ -39,7 +39,7 @@ from deploy.devnet.plan import (
     write_state,
 )
 from deploy.devnet.processes import StepFailed, free_block, free_port, spawn
-from deploy.devnet.second_model import await_seat_joins, start_seat_joins, stop_seat_joins
+from deploy.devnet.second_model import SeatJoins
 from deploy.devnet.services import (
     await_gateway,
     await_gateway_credits,
@@ -258,15 +258,15 @@ def _up_steps(
     _step(progress, 6, f"compute nodes: {options.nodes}{cheats} operators stake and join, {price}")
     start_gateway(options, state, place, progress)  # loads its models while the nodes join
     operators = fund_operators(options, state, registrar, network, progress)
-    run_operator_commands(options, state, operators, place, progress)
-    _write_nodes_file(options, state, manifest)
-    # the second model's seats join node0's process meanwhile (second_model.py)
-    seat_joins = start_seat_joins(options, state, place, progress)
-    done(f"{options.all_nodes} nodes routable")
-
-    # 7. gateway
-    _step(progress, 7, "gateway")
+    # the second model's seats join node0's process as soon as it serves (second_model.py)
+    seat_joins = SeatJoins(options, state, place, progress)
     try:
+        run_operator_commands(options, state, operators, place, progress)
+        _write_nodes_file(options, state, manifest)
+        done(f"{options.all_nodes} nodes routable")
+
+        # 7. gateway
+        _step(progress, 7, "gateway")
         await_gateway(state)
         write_state(directory, state)
         done("gateway " + ("at " + state["gateway_url"] if state.get("gateway_url") else "skipped"))
@@ -275,11 +275,11 @@ def _up_steps(
             write_state(directory, state)
         await_gateway_credits(options, state, progress)  # minted with the keys watchers publish
     except BaseException:
-        stop_seat_joins(seat_joins)  # `up` fails: `down` stops what they started
+        seat_joins.stop()  # `up` fails: `down` stops what they started
         raise
-    await_seat_joins(seat_joins, options.join_timeout_s + 30, progress)
-    if seat_joins:
-        done(f"{len(seat_joins)} seat(s) of model 2 routable")
+    seat_joins.wait(progress)
+    if seat_joins.joins:
+        done(f"{len(seat_joins.joins)} seat(s) of model 2 routable")
 
 
 def _prepared_model(shards: int, quant: str, progress: Progress) -> Path:
