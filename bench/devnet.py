@@ -36,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import machine, parse_with_quick
 
+# the last: the second model's seat (not with `planet devnet up --one-model`)
 STEPS = ("model", "anvil", "committee_init", "contracts", "committee_up", "nodes_routable",
-         "gateway")  # fmt: skip
+         "gateway", "second_model_routable")  # fmt: skip
 
 
 def planet(env: dict[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -139,7 +140,7 @@ def attached(args: argparse.Namespace) -> dict[str, Any]:
     metrics["unstake_to_unroutable_s"] = None  # not run on a devnet others use
     metrics["leave_command_s"] = None
     args.validators = len(running.committee_rpc)
-    args.nodes = len(state["operators"])
+    args.nodes = len(state["operators"]) - len(state.get("seats", []))  # the first model's
     metrics["gateway_started"] = bool(running.gateway_url)
     return metrics
 
@@ -215,7 +216,7 @@ def standalone(args: argparse.Namespace) -> dict[str, Any]:
         metrics["unstake_to_unroutable_s"] = seconds_until(
             lambda: not query(rpc, "/node", key=key)["routable"]
         )
-        home1 = operators[-1]
+        home1 = operators[-1 - len(state.get("seats", []))]  # a node of the first model
         key1 = json.loads((Path(home1) / "run" / "joined.json").read_text())["node_key"]
         started = time.monotonic()
         leave = planet(env, "leave", "--home", home1,

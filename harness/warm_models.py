@@ -14,7 +14,16 @@ from harness.gateway_net import prepared_manifest
 from node.model.source import ensure_default_fp32
 
 # (parts, quant): every cached set that bench/, tests/ and `planet devnet up` ask for by default
-SHARD_SETS = ((2, "int8"), (2, "none"), (3, "int8"), (3, "none"), (3, "int4"), (5, "none"))
+# (1, "int8"): the devnet's second model (deploy/devnet/second_model.py)
+SHARD_SETS = (
+    (1, "int8"),
+    (2, "int8"),
+    (2, "none"),
+    (3, "int8"),
+    (3, "none"),
+    (3, "int4"),
+    (5, "none"),
+)
 
 
 def main() -> int:

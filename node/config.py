@@ -147,6 +147,8 @@ class RunningDevnet:
     next_hop_range: str | None  # the devnet's addresses (127.0.0.0/8, or its hosts' network)
     hosts: Mapping[str, Any] | None  # {host: {address, netns}} when it runs in namespaces
     manifest: Path | None = None  # the model its nodes serve (a personal client's default)
+    # the other models it registers and serves (`more_manifests` in devnet.json), in order
+    more_manifests: tuple[Path, ...] = ()
 
     @property
     def source(self) -> str:
@@ -204,6 +206,7 @@ def find_devnet(env: Mapping[str, str] | None = None) -> RunningDevnet | None:
             next_hop_range=state.get("next_hop_range") or None,
             hosts=(state.get("hosts") or {}).get("hosts") or None,
             manifest=Path(state["manifest"]) if state.get("manifest") else None,
+            more_manifests=tuple(Path(m) for m in state.get("more_manifests") or ()),
         )
     except (KeyError, TypeError, AttributeError) as error:
         raise ConfigError(

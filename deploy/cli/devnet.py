@@ -95,6 +95,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--detach", action="store_true", help="return once everything is up")
     up.add_argument("--no-gateway", action="store_true", help="do not start the gateway")
     up.add_argument(
+        "--one-model",
+        action="store_true",
+        help="register and serve the default model only (by default a second model, the "
+        "1-part int8 set, is served by a seat in node0's process: docs/network.md)",
+    )
+    up.add_argument(
         "--epoch-length",
         type=int,
         default=20,
@@ -317,6 +323,7 @@ def _up(args: argparse.Namespace) -> int:
         credit_positions=args.credit_positions,
         gateway_node_cooldown_s=cooldown,
         verifier_challenges=args.verifier_challenges,
+        second_model=not args.one_model,
     )
     state = up(options, _say)
     _summary(state)
@@ -345,6 +352,11 @@ def _summary(state: dict[str, Any]) -> None:
     if state.get("gateway_credits"):
         print(f"  its credits    {state['gateway_credits']} (`planet credits show --credits-file`)")
     print(f"  model          {state['model_hash']} ({state['shards']} shards)")
+    for path, model_hash in zip(
+        state.get("more_manifests", []), state.get("more_model_hashes", []), strict=False
+    ):
+        name = Path(path).parent.name
+        print(f"  model 2        {model_hash} ({name}, a seat of node0's process)")
     print(f"  deployment     {state['deployment']}")
     for name, address in sorted(state.get("contracts", {}).items()):
         print(f"  {name:<14} {address}")

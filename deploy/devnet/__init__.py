@@ -2,18 +2,21 @@
 
 `up` runs, each step reported through `progress`:
 
-1. the model prepared in N shards (cached under $PLANET_HOME/models);
+1. the model prepared in N shards (cached under $PLANET_HOME/models), and the second model
+   (the 1-part int8 set; `--one-model`: none);
 2. anvil (npm), detached, on a free port;
 3. a CometBFT committee of V validators (`deploy.committee`), its operator keys in genesis;
 4. the contracts deployed with the Committee = those operators and powers, the genesis given
-   the Committee address and the model's shard count, the model registered
+   the Committee address and the models' shard counts, the models registered
    (`ModelRegistry.devRegister`, chain 31337 only);
 5. the validators with their apps and stake watchers (which also publish the credit keys);
 6. per compute node an operator home funded from anvil's dev account, then the SAME commands an
    operator types, as subprocesses: `planet stake --role compute --amount 1` and
    `planet join --model M --shard K --credit-positions 64` (which waits until the node is
    routable; the node charges a bearer credit per 64 positions, signed with the keys every
-   validator's stake watcher publishes; `--credit-positions 0`: free);
+   validator's stake watcher publishes; `--credit-positions 0`: free); node0 joins as a
+   multi-model host and operator seat0 joins the second model into its process (`planet join
+   --into`, in the background during step 7: second_model.py);
 7. the gateway (`planet gateway serve`, unless `--no-gateway`; started before the joins, so it
    loads its part of the model meanwhile, after its wallet deposited 1 ETH at the escrow's own
    address, the balance its credits are bought from; ready when `/health` answers), then the
@@ -44,6 +47,7 @@ started. `down` stops everything (agents first, so they send `leave`) and is ide
                    waiting for HTTP, commands run in parallel, `StepFailed`
     operators.py   operator homes funded from anvil's dev account; `planet stake` / `planet join`
     services.py    the gateway and the verifiers (`planet gateway serve`, `planet verifier serve`)
+    second_model.py  the second model: seat homes, node0 as a host, the seats' `join --into`
     up.py          `up`: the seven steps
     status.py      `status`, `running`
     down.py        `down`

@@ -58,9 +58,17 @@ def down(home: Path, progress: Progress) -> list[str]:
     operators = [Path(operator) for operator in state.get("operators", [])]
     if operators:  # each agent sends `leave` and waits for it: all of them at once
         with ThreadPoolExecutor(max_workers=len(operators)) as pool:
-            results = list(pool.map(lambda home: stop_joined(home / "run"), operators))
-        for operator, result in zip(operators, results, strict=True):
-            if result["agent"] or result["node"]:
+            agents = list(pool.map(lambda home: stop_joined(home / "run", node=False), operators))
+            # a seat's node is another operator's process (second_model.py): the seats leave
+            # their host one by one (each a read-modify-write of its seats file), then the
+            # nodes stop at once, a host with its last seat
+            seats = {Path(seat) for seat in state.get("seats", [])}
+            nodes = {home: stop_joined(home / "run") for home in operators if home in seats}
+            rest = [home for home in operators if home not in seats]
+            ended = list(pool.map(lambda home: stop_joined(home / "run"), rest))
+            nodes.update(zip(rest, ended, strict=True))
+        for operator, agent in zip(operators, agents, strict=True):
+            if agent["agent"] or nodes[operator]["node"]:
                 stopped.append(operator.name)
                 progress(f"stopped {operator.name} (agent sent `leave`, node stopped)")
     if state.get("committee_dir"):

@@ -8,7 +8,8 @@ shaped (a flat one-way delay, or an inter-region latency matrix):
     validator<i>     26656 p2p, 26657 RPC     CometBFT + its ABCI app (26658, loopback) + the
                                               stake watcher (+ its verifier, --verifiers)
     node<i>          18100                    `planet stake` / `planet join` of operator i: the
-                                              compute node and its agent
+                                              compute node and its agent (node0: also 18101,
+                                              the second model's seat, and seat0's agent)
     gateway          8000                     `planet gateway serve`
     user             -                        where `planet devnet up` itself talks to the chains,
                                               and where a user's `planet ask` runs
@@ -66,6 +67,8 @@ CONTROL_HOST = "user"  # `up`, `status` and `fund` talk to the chains from here
 ANVIL_PORT = 8545
 COMMITTEE_BASE_PORT = 26656  # p2p; RPC +1, app +2 (loopback), pprof +3 (loopback)
 NODE_PORT = 18100
+SEAT_HOST = "node0"  # its node process also serves the second model's seat (second_model.py)
+SEAT_PORT = NODE_PORT + 1  # that seat's port there
 GATEWAY_PORT = 8000
 FINDINGS_PORT = 8700  # a validator host's verifier serves its findings to the other verifiers
 OPERATOR_PORTS = tuple(range(18100, 18104))  # exposed on the empty operator hosts
@@ -334,6 +337,8 @@ def exposed_ports(host: str) -> tuple[int, ...]:
     what `plan_hosts` exposes and `exec_argv` names to the commands run there."""
     if host.startswith("operator"):
         return OPERATOR_PORTS
+    if host == SEAT_HOST:
+        return (NODE_PORT, SEAT_PORT)
     if host.startswith("node"):
         return (NODE_PORT,)
     if host.startswith("validator"):

@@ -1,4 +1,8 @@
-"""The compute nodes' operators: funded homes, then `planet stake` and `planet join` as typed."""
+"""The compute nodes' operators: funded homes, then `planet stake` and `planet join` as typed.
+
+The second model's seat homes (second_model.py: `seat<i>`) are funded and staked with the
+others; node0 joins as a multi-model host (`--memory-budget-mb`), and the seats join into it
+later (`second_model.start_seat_joins`)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from deploy.devnet.plan import (
     write_state,
 )
 from deploy.devnet.processes import free_ports, planet_argv, run_parallel
+from deploy.devnet.second_model import HOST_OPERATOR, host_join_args, seat_homes
 from node.agent.launch import read_joined
 from node.chain.evm.account import PlanetChain
 from node.config import write_config_file
@@ -33,8 +38,10 @@ def fund_operators(
     network: Network,
     progress: Progress,
 ) -> list[Path]:
-    """An operator home per compute node (config, dev wallet funded from anvil's dev account),
-    gas for the validators' operator keys (they relay payout roots), and a user wallet."""
+    """An operator home per compute node (config, dev wallet funded from anvil's dev account)
+    and per seat of the second model, gas for the validators' operator keys (they relay payout
+    roots), and a user wallet. Returns the compute nodes' homes (state["operators"] lists the
+    seats' after them, state["seats"] the seats' alone)."""
     password = Path(state["password_file"]).read_text()
     homes = []
     accounts = []
@@ -55,8 +62,8 @@ def fund_operators(
         }
         return w3.eth.send_raw_transaction(registrar.account.sign_transaction(tx).raw_transaction)
 
-    for index in range(options.all_nodes):
-        home = options.dir / "operators" / f"node{index}"
+    nodes = [options.dir / "operators" / f"node{index}" for index in range(options.all_nodes)]
+    for index, home in enumerate([*nodes, *seat_homes(options)]):
         validator = network.validators[index % len(network.validators)]
         write_config_file(
             home / "config.toml",
@@ -74,7 +81,7 @@ def fund_operators(
         homes.append(home)
         accounts.append(
             {
-                "name": f"node{index}",
+                "name": home.name,
                 "address": wallet.address,
                 "keystore": str(home / "wallet.json"),
                 "home": str(home),
@@ -95,9 +102,10 @@ def fund_operators(
         w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30, poll_latency=0.02)
     state["accounts"] = accounts
     state["operators"] = [str(h) for h in homes]
+    state["seats"] = [str(h) for h in homes[len(nodes) :]]
     write_state(options.dir, state)
     progress(f"      funded {len(homes)} operator wallets (10 ETH) and a user wallet (100 ETH)")
-    return homes
+    return nodes
 
 
 def run_operator_commands(
@@ -110,11 +118,13 @@ def run_operator_commands(
     """Each operator's `planet stake` then `planet join`, as typed, in the operator's host:
     `join` binds and registers the address it reaches the committee from (its host's)."""
     password_file = state["password_file"]
+    seats = seat_homes(options)  # staked from node0's host, whose process serves them
+    hosts = [f"node{i}" for i in range(len(homes))] + [f"node{HOST_OPERATOR}"] * len(seats)
     stake = [
         (
-            f"node{i}",
+            home.name,
             place.argv(
-                f"node{i}",
+                hosts[i],
                 planet_argv(
                     "stake",
                     "--role",
@@ -129,7 +139,7 @@ def run_operator_commands(
             ),
             home / "stake.log",
         )
-        for i, home in enumerate(homes)
+        for i, home in enumerate([*homes, *seats])
     ]
     run_parallel(stake, 120, progress, "planet stake")
     ports = [NODE_PORT] * len(homes) if place.on_hosts else free_ports(len(homes), 18100, 19000)
@@ -154,6 +164,7 @@ def run_operator_commands(
                     str(int(options.join_timeout_s)),
                     "--credit-positions",  # paid by the gateway's credits as answers run
                     str(options.node_price),
+                    *host_join_args(options, i),  # node0: a multi-model host
                 ),
             ),
             home / "join.log",

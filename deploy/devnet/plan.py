@@ -44,6 +44,9 @@ GATEWAY_TOP_UP_BELOW = 200  # the gateway buys when it holds fewer credits ...
 GATEWAY_TOP_UP = 600  # ... this many, in mints of 30 (the verifiers ask through it too)
 GATEWAY_READY_CREDITS = 90  # `up` waits until it holds this many (3 mints), the rest follows
 GATEWAY_CREDITS_WAIT_S = 240.0
+# The second model (second_model.py): the whole model as one int8 shard, another model hash
+SECOND_MODEL_PARTS = 1
+SECOND_MODEL_QUANT = "int8"
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ class DevnetOptions:
     gateway_node_cooldown_s: float | None = None
     # each verifier's `--challenges-per-epoch` (None: its default; 0: spot checks only)
     verifier_challenges: int | None = None
+    # register and serve a second model in node0's process (second_model.py); `--one-model`
+    second_model: bool = True
 
     @property
     def dir(self) -> Path:
@@ -99,6 +104,18 @@ class DevnetOptions:
         if self.credit_positions is not None:
             return self.credit_positions
         return DEVNET_CREDIT_POSITIONS
+
+    @property
+    def shards(self) -> int:
+        """The first model's shards: 3 (SmolLM2's 30 layers as 10+10+10), or fewer nodes."""
+        return min(self.nodes, 3)
+
+    @property
+    def with_second_model(self) -> bool:
+        """Whether a second model is registered and served (second_model.py): asked for, and
+        the first is not that very set (`--nodes 1 --quant int8`)."""
+        first = (self.shards, self.quant)
+        return self.second_model and first != (SECOND_MODEL_PARTS, SECOND_MODEL_QUANT)
 
     @property
     def all_nodes(self) -> int:

@@ -80,12 +80,15 @@ def start_gateway(
         buy = ["--top-up", "0"]
     cooldown = options.gateway_node_cooldown_s  # a failed node's time out of the routes
     sit_out = [] if cooldown is None else ["--node-cooldown-s", f"{cooldown:g}"]
+    # every model the devnet registers: a question names its model (node/gateway/models.py)
+    more = [arg for path in state.get("more_manifests", []) for arg in ("--manifest", path)]
     argv = place.argv("gateway", planet_argv(
         "gateway", "serve",
         "--evm-rpc", state["evm_rpc"],
         "--deployment", state["deployment"],
         "--committee-rpc", state["committee_rpc"][0],
         "--manifest", state["manifest"],
+        *more,
         "--wallet", str(options.dir / "gateway" / "wallet.json"),
         "--password-file", state["password_file"],
         "--host", host,

@@ -81,6 +81,7 @@ def _status(state: dict[str, Any], out: dict[str, Any]) -> None:
             if joined is None
             else {
                 "home": operator,
+                "model": joined.model,
                 "shard": joined.shard,
                 "endpoint": joined.endpoint,
                 "node_key": joined.node_key,

@@ -31,12 +31,15 @@ from deploy.devnet.operators import fund_operators, run_operator_commands
 from deploy.devnet.plan import (
     DEVNET_CREDITS,
     DEVNET_RETENTION_EPOCHS,
+    SECOND_MODEL_PARTS,
+    SECOND_MODEL_QUANT,
     DevnetOptions,
     Progress,
     read_state,
     write_state,
 )
 from deploy.devnet.processes import StepFailed, free_block, free_port, spawn
+from deploy.devnet.second_model import SeatJoins
 from deploy.devnet.services import (
     await_gateway,
     await_gateway_credits,
@@ -139,14 +142,21 @@ def _up_steps(
         progress(f"      {what} ({elapsed:.1f} s)")
 
     # 1. model
-    shards = min(options.nodes, 3)  # 3 shards (SmolLM2's 30 layers as 10+10+10), or fewer nodes
+    shards = options.shards
     _step(progress, 1, f"model: default in {shards} shards, quant {options.quant}")
     if options.nodes_note:
         progress(f"      compute nodes: {options.nodes}, {options.nodes_note}")
     manifest_file = _prepared_model(shards, options.quant, progress)
     manifest = Manifest.load(manifest_file)
     state.update(manifest=str(manifest_file), model_hash=manifest.model_hash, shards=shards)
-    done(f"model {manifest.model_hash[:19]}…")
+    more: list[Manifest] = []  # the second model (second_model.py), served by a seat of node0
+    if options.with_second_model:
+        second_file = _prepared_model(SECOND_MODEL_PARTS, SECOND_MODEL_QUANT, progress)
+        more.append(Manifest.load(second_file))
+        state.update(more_manifests=[str(second_file)], more_model_hashes=[more[0].model_hash])
+    elif options.second_model:
+        progress("      no second model: the first is the 1-part int8 set itself")
+    done(f"model {manifest.model_hash[:19]}…" + "".join(f", {m.model_hash[:19]}…" for m in more))
 
     # 2. anvil
     _step(progress, 2, "EVM chain: anvil")
@@ -219,18 +229,21 @@ def _up_steps(
         committee_address=deployment.address("Committee"),
         fraud_proofs_address=deployment.address("FraudProofs"),
         evm_chain_id=DEVNET_CHAIN_ID,
-        models={manifest.model_hash: len(manifest.shards)},
+        models={m.model_hash: len(m.shards) for m in (manifest, *more)},
         escrow_address=deployment.address("QueryEscrow"),
         retention_epochs=DEVNET_RETENTION_EPOCHS,
         credits=DEVNET_CREDITS,
     )
     registrar = PlanetChain(deployment, ANVIL_DEV_KEY, rpc_url=evm_rpc)
-    model_id = model_id_bytes(manifest.model_hash)
-    registrar.registry.dev_register(
-        model_id, model_id, [model_id_bytes(s.hash) for s in manifest.shards]
-    )
+    model_ids = []
+    for registered in (manifest, *more):
+        model_id = model_id_bytes(registered.model_hash)
+        registrar.registry.dev_register(
+            model_id, model_id, [model_id_bytes(s.hash) for s in registered.shards]
+        )
+        model_ids.append(model_id.hex()[:16] + "…")
     write_state(directory, state)
-    done(f"model registered as {model_id.hex()[:16]}…")
+    done(f"models registered as {', '.join(model_ids)}")
 
     # 5. validators + watchers
     _step(progress, 5, "committee: start apps, CometBFT and stake watchers")
@@ -243,21 +256,30 @@ def _up_steps(
     price = f"each charging a credit per {options.node_price} positions"
     price = price if options.node_price else "free"
     _step(progress, 6, f"compute nodes: {options.nodes}{cheats} operators stake and join, {price}")
-    start_gateway(options, state, place, progress)  # loads its model while the nodes join
+    start_gateway(options, state, place, progress)  # loads its models while the nodes join
     operators = fund_operators(options, state, registrar, network, progress)
-    run_operator_commands(options, state, operators, place, progress)
-    _write_nodes_file(options, state, manifest)
-    done(f"{options.all_nodes} nodes routable")
+    # the second model's seats join node0's process as soon as it serves (second_model.py)
+    seat_joins = SeatJoins(options, state, place, progress)
+    try:
+        run_operator_commands(options, state, operators, place, progress)
+        _write_nodes_file(options, state, manifest)
+        done(f"{options.all_nodes} nodes routable")
 
-    # 7. gateway
-    _step(progress, 7, "gateway")
-    await_gateway(state)
-    write_state(directory, state)
-    done("gateway " + ("at " + state["gateway_url"] if state.get("gateway_url") else "skipped"))
-    if options.verifier_count:
-        start_verifiers(options, state, network, place, progress)
+        # 7. gateway
+        _step(progress, 7, "gateway")
+        await_gateway(state)
         write_state(directory, state)
-    await_gateway_credits(options, state, progress)  # minted with the keys watchers publish
+        done("gateway " + ("at " + state["gateway_url"] if state.get("gateway_url") else "skipped"))
+        if options.verifier_count:
+            start_verifiers(options, state, network, place, progress)
+            write_state(directory, state)
+        await_gateway_credits(options, state, progress)  # minted with the keys watchers publish
+    except BaseException:
+        seat_joins.stop()  # `up` fails: `down` stops what they started
+        raise
+    seat_joins.wait(progress)
+    if seat_joins.joins:
+        done(f"{len(seat_joins.joins)} seat(s) of model 2 routable")
 
 
 def _prepared_model(shards: int, quant: str, progress: Progress) -> Path:

@@ -149,6 +149,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     paying.add_argument("--gateway", default=None, help="gateway URL (default: the devnet's)")
     paying.add_argument(
+        "--model",
+        default=None,
+        metavar="NAME",
+        help="the model to ask, as the gateway's /v1/models names it (its id, an alias or its "
+        "model hash; default: the gateway's first model); the payment is signed for it",
+    )
+    paying.add_argument(
         "--wallet",
         type=Path,
         default=None,
@@ -193,6 +200,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             "--speculate is for the nodes you ask directly; a gateway decodes for you",
             hint="drop --speculate, or ask the nodes of a nodes file (without --pay/--voucher)",
+        )
+    if args.model is not None and not (args.pay or args.voucher):
+        raise UsageError(
+            "--model picks a gateway's model: add --pay or --voucher",
+            hint="asked directly, the nodes are those of the nodes file, which names the model",
         )
     if args.pay or args.voucher:
         result = asyncio.run(_ask_paid(args, _pay_defaults(args)))
@@ -393,7 +405,7 @@ async def _ask_paid(args: argparse.Namespace, settings: dict[str, Any]) -> dict[
         raise UsageError(f"no deployment file at {settings['deployment']}")
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120)
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        pool = await gw.fetch_pool(http, gateway)
+        pool = await gw.fetch_pool(http, gateway, args.model)
         account = _open_wallet(args, settings)
         deployment = Deployment.load(settings["deployment"])
         chain = await asyncio.to_thread(

@@ -68,8 +68,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--manifest",
         type=Path,
+        action="append",
         default=None,
-        help="the model's manifest.json (--personal: default the running devnet's model)",
+        help="a model's manifest.json; again for each more model served (a question names its "
+        "model: docs/gateway.md); --personal: default the running devnet's models",
     )
     serve.add_argument(
         "--wallet", type=Path, help="gateway keystore (created on first use; hosted only)"
@@ -354,7 +356,8 @@ def _serve(args: argparse.Namespace) -> int:
         evm_rpc=chains.evm_rpc,
         deployment=args.deployment,
         committee_rpc=chains.committee_rpc,
-        manifest=args.manifest,
+        manifest=args.manifest[0],
+        more_manifests=tuple(args.manifest[1:]),
         wallet=args.wallet,
         price_wei_per_token=args.price_wei_per_token,
         host=args.host,
@@ -433,12 +436,13 @@ def _serve_personal(args: argparse.Namespace) -> int:
         from node.client.relay_refresh import DEFAULT_INTERVAL_S, RelayRefresh
 
         relay_refresh = RelayRefresh(overlay, interval_s=args.relays_refresh or DEFAULT_INTERVAL_S)
-    manifest, private = _personal_devnet_defaults(args, chains.committee_rpc)
+    manifests, private = _personal_devnet_defaults(args, chains.committee_rpc)
     config = GatewayConfig(
         evm_rpc="",  # no EVM: the nodes are paid with credits, not through an escrow
         deployment=Path(),
         committee_rpc=chains.committee_rpc,
-        manifest=manifest,
+        manifest=manifests[0],
+        more_manifests=manifests[1:],
         wallet=Path(),
         host=args.host,
         port=args.port,
@@ -522,20 +526,24 @@ def _validator_rpcs(flags: list[str] | None, committee_rpc: str) -> tuple[str, .
     return ()
 
 
-def _personal_devnet_defaults(args: argparse.Namespace, committee_rpc: str) -> tuple[Path, bool]:
-    """The manifest and the private-endpoints rule of a personal client: the flags, else, when
-    its committee is the running devnet's, that devnet's model and its loopback/private node
-    addresses (a devnet registers nothing else). A committee of strangers keeps the
-    public-only default."""
+def _personal_devnet_defaults(
+    args: argparse.Namespace, committee_rpc: str
+) -> tuple[tuple[Path, ...], bool]:
+    """The manifests and the private-endpoints rule of a personal client: the flags, else, when
+    its committee is the running devnet's, that devnet's models (all it registers) and its
+    loopback/private node addresses (a devnet registers nothing else). A committee of
+    strangers keeps the public-only default."""
     from node.config import find_devnet
 
     devnet = find_devnet()
     ours = devnet is not None and committee_rpc in devnet.committee_rpc
-    manifest = args.manifest or (devnet.manifest if ours and devnet else None)
-    if manifest is None:
+    manifests: tuple[Path, ...] = tuple(args.manifest or ())
+    if not manifests and ours and devnet is not None and devnet.manifest is not None:
+        manifests = (devnet.manifest, *devnet.more_manifests)
+    if not manifests:
         raise UsageError(
             "--personal needs --manifest (no running devnet whose model to use)",
             hint="the model's manifest.json, e.g. ~/.cache/planet/models/<model>/manifest.json "
             "(planet model prepare)",
         )
-    return manifest, args.private_endpoints or ours
+    return manifests, args.private_endpoints or ours

@@ -36,6 +36,7 @@ examples:
   OPENAI_API_KEY=$(planet key new --cap 0.01 --expires 7d)   for any OpenAI tool
   planet key show planet-key-v1....            charged so far, held, left under the cap
   planet key revoke planet-key-v1....          the gateway refuses it from now on
+  planet key new --cap 0.01 --model smollm2-135m-1p-int8   a key for another model it serves
 the key spends your prepaid balance at that gateway: fund it first (planet balance deposit).
 defaults (gateway, deployment, wallet) come from `planet devnet up`; flags win.
 """
@@ -56,6 +57,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--expires", default="7d", help="new: lifetime, e.g. 3600, 90m, 12h, 7d (default 7d)"
     )
     parser.add_argument("--gateway", default=None, help="gateway URL (default: the devnet's)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        metavar="NAME",
+        help="the model the key pays for, as the gateway's /v1/models names it (default: the "
+        "gateway's first model); a key is signed for one model",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--wallet", type=Path, default=None, help="keystore (see planet ask)")
     parser.add_argument("--password-file", type=Path, default=None, help="wallet password file")
@@ -89,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         settings = _pay_defaults(args)
     except UsageError as error:  # its words are `planet ask --pay`'s
         raise UsageError(error.message.replace("--pay", "planet key"), hint=error.hint) from None
+    settings["model"] = args.model
     if args.action == "new":
         result = asyncio.run(_new(args, settings, cap, lifetime))
         if args.json:
@@ -114,7 +123,7 @@ async def _pool(settings: dict[str, Any]) -> dict[str, Any]:
     from node.gateway import client as gw
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        pool = await gw.fetch_pool(http, settings["gateway"])
+        pool = await gw.fetch_pool(http, settings["gateway"], settings.get("model"))
     if not settings["deployment"].exists():
         raise UsageError(f"no deployment file at {settings['deployment']}")
     deployment = Deployment.load(settings["deployment"])
@@ -181,7 +190,10 @@ async def _revoke(args: argparse.Namespace, settings: dict[str, Any]) -> dict[st
 
 
 async def _show(settings: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    return await _call(settings["gateway"], "GET", "/v1/key", api_key=str(args.key))
+    from urllib.parse import quote
+
+    path = "/v1/key" + (f"?model={quote(args.model, safe='')}" if args.model else "")
+    return await _call(settings["gateway"], "GET", path, api_key=str(args.key))
 
 
 async def _call(

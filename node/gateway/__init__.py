@@ -7,6 +7,7 @@
     sse.py         server-sent events framing (`data: {...}\\n\\n`, `data: [DONE]`)
     shapes.py      OpenAI's response objects (chat, completion, chunks, usage, logprobs)
     router.py      routable nodes from the committee chain → a random circuit per session
+    models.py      the models served (a question's `model` picks one: its head and router)
     escrow_reads.py  what the gateway reads from QueryEscrow (one call per check), cached and
                    capped so a flood of fake keys cannot fan out RPC calls
     payments.py    the payment desk: deposits, vouchers and payment keys checked and held (a

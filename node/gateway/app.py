@@ -1,8 +1,8 @@
 """The gateway's HTTP API (aiohttp): OpenAI's routes plus pools, receipts and health.
 
     GET  /health                     200 when the gateway can answer
-    GET  /v1/models                  the model this gateway serves
-    GET  /v1/pools                   pool health per shard (committee) and the price per token
+    GET  /v1/models                  the models this gateway serves (models.py: their names)
+    GET  /v1/pools                   per model: pool health per shard (committee), the price
     POST /v1/chat/completions        chat, streamed (SSE) or not
     POST /v1/completions             plain completion, streamed (SSE) or not
     GET  /v1/receipts/{query_id}     the signed receipt of a served query (its payer's key)
@@ -52,6 +52,7 @@ from node.gateway.errors import (
     error_body,
     planet_error_body,
 )
+from node.gateway.models import ModelInfo, ModelRoute, ModelTable
 from node.gateway.payment_state import QuestionPayment
 from node.gateway.payments import PaymentDesk
 from node.gateway.requests import (
@@ -75,14 +76,6 @@ _SIGNATURE = re.compile(r"0x[0-9a-f]{130}\Z")
 
 
 @dataclass
-class ModelInfo:
-    name: str  # manifest model_id, what clients put in "model"
-    model_hash: str  # "sha256:<hex>", the committee's model string
-    model_id: bytes  # 32 bytes, the escrow's modelId
-    shards: int
-
-
-@dataclass
 class Gateway:
     config: GatewayConfig
     model: ModelInfo
@@ -100,17 +93,38 @@ class Gateway:
     top_up: Any = None  # keeps the payer's wallet stocked (hosted: topup.py `TopUp`), or None
     # the personal client's overlay (node/client/overlay.py `OverlayRoute`): None, direct links
     overlay: Any = None
+    # the models served after `model` (models.py: each with its own head and router; their
+    # nodes are paid by the same payer, their users by the same desk)
+    more_models: Sequence[ModelRoute] = ()
     circuits: CircuitPool = field(init=False)  # live circuit clients per circuit, on `http`
+    models: ModelTable = field(init=False)  # every served model, `model` first
 
     def __post_init__(self) -> None:
-        self.circuits = CircuitPool(
-            self.http,
-            hidden_size=self.head.hidden_size,
-            dtype=self.config.wire_dtype,
-            request_timeout_s=self.config.node_timeout_s,
-            payer=self.payer,
-            overlay=None if self.overlay is None else self.overlay.dialer(self.http),
-        )
+        first = ModelRoute(self.model, self.head, self.router)
+        for route in (first, *self.more_models):
+            route.circuits = CircuitPool(
+                self.http,
+                hidden_size=route.head.hidden_size,
+                dtype=self.config.wire_dtype,
+                request_timeout_s=self.config.node_timeout_s,
+                payer=self.payer,
+                overlay=None if self.overlay is None else self.overlay.dialer(self.http),
+            )
+        self.circuits = first.circuits
+        self.models = ModelTable([first, *self.more_models])
+
+    def routes(self) -> list[ModelRoute]:
+        """Every served model, the first as the gateway's own fields hold it now."""
+        return [self._live(route) for route in self.models.routes]
+
+    def route(self, name: str) -> ModelRoute:
+        """The model a question names (404 `model_not_found`, naming the served ones)."""
+        return self._live(self.models.route(name))
+
+    def _live(self, route: ModelRoute) -> ModelRoute:
+        if route is not self.models.first:
+            return route
+        return ModelRoute(self.model, self.head, self.router, self.circuits)
 
 
 GATEWAY_KEY = web.AppKey("gateway", Gateway)
@@ -174,8 +188,7 @@ async def _read_body(request: web.Request) -> dict[str, Any]:
     return parse_body(raw)
 
 
-def _prompt_ids(gateway: Gateway, req: ChatRequest | CompletionRequest) -> list[int]:
-    head = gateway.head
+def _prompt_ids(head: Head, req: ChatRequest | CompletionRequest) -> list[int]:
     if isinstance(req, ChatRequest):
         ids = head.chat_ids([{"role": role, "content": text} for role, text in req.messages])
     elif isinstance(req.prompt, str):
@@ -220,6 +233,7 @@ async def health(request: web.Request) -> web.Response:
         {
             "status": "ok",
             "model": gateway.model.name,
+            "models": gateway.models.names(),
             "gateway": gateway.desk.gateway,
             "in_flight": questions,  # questions reserved, not yet charged or released
             "held_wei": str(held),  # what they hold
@@ -234,15 +248,18 @@ async def models(request: web.Request) -> web.Response:
             "object": "list",
             "data": [
                 {
-                    "id": gateway.model.name,
+                    "id": route.info.name,
                     "object": "model",
                     "created": 0,
                     "owned_by": "planet",
-                    "planet_model_hash": gateway.model.model_hash,
+                    "planet_model_hash": route.info.model_hash,
+                    "planet_aliases": list(route.info.aliases),
+                    "planet_shards": route.info.shards,
                     # how its circuits are chosen (node/gateway/guards.py ROUTES): a verifier
                     # refuses a client that keeps the same nodes (node/verifier/asker.py)
-                    "planet_route": gateway.router.route,
+                    "planet_route": route.router.route,
                 }
+                for route in gateway.routes()
             ],
         }
     )
@@ -250,14 +267,19 @@ async def models(request: web.Request) -> web.Response:
 
 async def pools(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
-    model = gateway.model
-    view = await pool_view(gateway.committee, model.model_hash, model.shards)
+    views = await asyncio.gather(
+        *(
+            pool_view(gateway.committee, route.info.model_hash, route.info.shards)
+            for route in gateway.routes()
+        )
+    )
     return web.json_response(
         {
             "object": "list",
             "data": [
                 {
                     "model": model.name,
+                    "aliases": list(model.aliases),
                     "model_hash": model.model_hash,
                     "model_id": "0x" + model.model_id.hex(),
                     "shards": model.shards,
@@ -269,6 +291,9 @@ async def pools(request: web.Request) -> web.Response:
                     "gateway": gateway.desk.gateway,
                     "payment_domain": gateway.desk.domain.to_json(),
                 }
+                for model, view in zip(
+                    (route.info for route in gateway.routes()), views, strict=True
+                )
             ],
         }
     )
@@ -300,7 +325,9 @@ async def key_status(request: web.Request) -> web.Response:
         raise InvalidRequest(
             "invalid_value", "GET /v1/key needs a payment key (planet-key-v1...) as the API key"
         )
-    return web.json_response(gateway.desk.key_status(proof))
+    # `?model=NAME`: the model the key was signed for (default: the gateway's first)
+    model = gateway.route(request.query.get("model", gateway.model.name)).info
+    return web.json_response(gateway.desk.key_status(proof, model.model_id))
 
 
 async def revoke_key(request: web.Request) -> web.Response:
@@ -334,16 +361,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
     req = parse(await _read_body(request), gateway.config.limits)
-    if req.model not in (gateway.model.name, gateway.model.model_hash):
-        raise NotFound(
-            "model_not_found",
-            f"the model {req.model[:80]!r} is not served here; this gateway serves "
-            f"{gateway.model.name!r}",
-        )
-    prompt_ids = await asyncio.to_thread(_prompt_ids, gateway, req)
+    route = gateway.route(req.model)  # 404 model_not_found, naming the served ones
+    prompt_ids = await asyncio.to_thread(_prompt_ids, route.head, req)
     max_tokens = req.sampling.max_tokens
     required = gateway.desk.required_wei(len(prompt_ids), max_tokens)
-    reservation = await gateway.desk.reserve(bearer_proof(request), required)
+    # the proof is checked against the model it signs (payments.py): one for another model fails
+    reservation = await gateway.desk.reserve(bearer_proof(request), required, route.info.model_id)
     ledger = gateway.ledger
     payment = QuestionPayment(
         gateway.desk,
@@ -355,9 +378,9 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
     # the hosted gateway's credits this question holds for its nodes (credit_holds.py)
     hold = gateway.payer.hold() if isinstance(gateway.payer, HostedPayer) else None
     generation = Generation(
-        gateway.router,
-        gateway.head,
-        gateway.circuits,
+        route.router,
+        route.head,
+        route.circuits,
         prompt_ids,
         max_tokens=max_tokens,
         sampling=_sampling_config(req),
@@ -370,12 +393,12 @@ async def _answer(request: web.Request, parse: Callable[..., Any]) -> web.Stream
         full_prefill=gateway.config.full_prefill,
         credits=hold,
     )
-    shaper = Shaper(req.kind, gateway.model.name, gateway.head.token_text, want)
+    shaper = Shaper(req.kind, route.info.name, route.head.token_text, want)
     holding = CURRENT_HOLD.set(hold)  # the pays made for this question draw on its hold
     try:
         if req.sampling.stream:
-            return await _stream(request, gateway, req, generation, shaper, payment)
-        return await _whole(gateway, req, generation, shaper, payment, hold)
+            return await _stream(request, route.head, req, generation, shaper, payment)
+        return await _whole(route.head, req, generation, shaper, payment, hold)
     except asyncio.CancelledError:  # the client hung up (aiohttp cancels its handler)
         payment.client_gone(generation.circuit, prompt_sent=generation.started)
         raise
@@ -420,7 +443,7 @@ def _paid_refusal(
 
 
 async def _whole(
-    gateway: Gateway,
+    head: Head,
     req: ChatRequest | CompletionRequest,
     generation: Generation,
     shaper: Shaper,
@@ -432,13 +455,13 @@ async def _whole(
     (a client that hung up meanwhile still pays: the nodes answered it). One that outruns the
     gateway's credits after its nodes were paid hands over what they computed, charged."""
     prompt_ids = generation.prompt_ids
-    text = TextStream(gateway.head.decode, req.sampling.stop)
+    text = TextStream(head.decode, req.sampling.stop)
     events: list[TokenEvent] = []
     try:
         async with contextlib.aclosing(generation.events()) as stream:
             async for event in stream:
                 if event is None:  # a retry on a new circuit starts over
-                    text = TextStream(gateway.head.decode, req.sampling.stop)
+                    text = TextStream(head.decode, req.sampling.stop)
                     events = []
                     payment.restart()
                     continue
@@ -454,7 +477,7 @@ async def _whole(
     answer = text.text + text.finish()
     if generation.echo:
         prompt = req.prompt if isinstance(req, CompletionRequest) else None
-        shown = prompt if isinstance(prompt, str) else gateway.head.decode(prompt_ids)
+        shown = prompt if isinstance(prompt, str) else head.decode(prompt_ids)
         answer = shown + answer
     finish = "stop" if text.stopped or not generation.finished_by_length else "length"
     use = usage(len(prompt_ids), len(events))
@@ -472,7 +495,7 @@ def _dumps(value: Any) -> str:
 
 async def _stream(
     request: web.Request,
-    gateway: Gateway,
+    head: Head,
     req: ChatRequest | CompletionRequest,
     generation: Generation,
     shaper: Shaper,
@@ -496,14 +519,14 @@ async def _stream(
             await response.prepare(request)
         await response.write(sse.event(payload))
 
-    text = TextStream(gateway.head.decode, req.sampling.stop)
+    text = TextStream(head.decode, req.sampling.stop)
     first = True
     try:
         try:
             async with contextlib.aclosing(generation.events()) as stream:
                 async for event in stream:
                     if event is None:  # a retry: only while nothing was delivered
-                        text = TextStream(gateway.head.decode, req.sampling.stop)
+                        text = TextStream(head.decode, req.sampling.stop)
                         payment.restart()
                         continue
                     payment.produce()
@@ -584,7 +607,8 @@ def create_app(gateway: Gateway, *, guards: Sequence[Middleware] = ()) -> web.Ap
 
 
 async def _close_circuits(app: web.Application) -> None:
-    await app[GATEWAY_KEY].circuits.close()
+    for route in app[GATEWAY_KEY].routes():
+        await route.circuits.close()
 
 
-__all__ = ["GATEWAY_KEY", "ApiError", "Gateway", "ModelInfo", "create_app"]
+__all__ = ["GATEWAY_KEY", "ApiError", "Gateway", "ModelInfo", "ModelRoute", "create_app"]

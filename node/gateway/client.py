@@ -1,6 +1,7 @@
 """Asking a gateway and paying for it (what `planet ask --pay` does), step by step:
 
-1. `GET /v1/pools` → price per token, chain id, escrow, gateway address, model id;
+1. `GET /v1/pools` → price per token, chain id, escrow, gateway address, model id (of the
+   model asked for: `planet ask --model`; the gateway's first by default);
 2. check the wallet's chain: the deployment's chain and escrow must be the gateway's;
 3. deposit `price × (prompt bound + max_tokens)` into QueryEscrow for a fresh query id (the
    prompt bound is one token per UTF-8 byte plus the chat template's allowance: a byte-level
@@ -25,6 +26,7 @@ from protocol.errors import (
     ProtocolError,
     RemoteError,
     UnavailableError,
+    UsageError,
 )
 from protocol.payment import QueryPayment, payment_domain, sign_payment, verify_receipt_json
 
@@ -60,7 +62,10 @@ def quote(pool: dict[str, Any], prompt: str, max_tokens: int) -> Quote:
     return Quote(int(pool["price_wei_per_token"]), bound, max_tokens)
 
 
-async def fetch_pool(http: aiohttp.ClientSession, gateway: str) -> dict[str, Any]:
+async def fetch_pool(
+    http: aiohttp.ClientSession, gateway: str, model: str | None = None
+) -> dict[str, Any]:
+    """The gateway's pool of `model` (a name, alias or model hash it lists; None: its first)."""
     try:
         async with http.get(f"{gateway}/v1/pools") as answer:
             body = await answer.json(content_type=None)
@@ -74,9 +79,26 @@ async def fetch_pool(http: aiohttp.ClientSession, gateway: str) -> dict[str, Any
     except ValueError:
         raise RemoteError(gateway, "bad_json", "/v1/pools did not answer JSON") from None
     try:
-        return dict(body["data"][0])
-    except (KeyError, IndexError, TypeError):
+        pools = [dict(entry) for entry in body["data"]]
+        first = pools[0]
+    except (KeyError, IndexError, TypeError, ValueError):
         raise RemoteError(gateway, "bad_answer", "/v1/pools lists no model") from None
+    return first if model is None else pick_pool(pools, model, gateway)
+
+
+def pick_pool(pools: list[dict[str, Any]], model: str, gateway: str) -> dict[str, Any]:
+    """The pool a model name picks: by its name, its model hash or one of its aliases."""
+    for pool in pools:
+        aliases = pool.get("aliases")
+        names = [pool.get("model"), pool.get("model_hash")]
+        names += aliases if isinstance(aliases, list) else []
+        if model in names:
+            return pool
+    served = ", ".join(str(pool.get("model")) for pool in pools)
+    raise UsageError(
+        f"the gateway {gateway} does not serve the model {model[:80]!r}; it serves {served}",
+        hint="pick one of them with --model (GET /v1/models lists them)",
+    )
 
 
 def check_chain(pool: dict[str, Any], chain_id: int, escrow: str) -> None:

@@ -71,6 +71,14 @@ class GatewayConfig:
     # the activations' dtype in the raw frames sent to the nodes (`--wire-dtype`): float16 by
     # default (half the bytes, activations rounded at every hop), float32 for exact activations
     wire_dtype: str = WIRE_DTYPE
+    # the other models served, after `manifest` (`--manifest` again): a question names its
+    # model (node/gateway/models.py), each model has its own client part and router
+    more_manifests: tuple[Path, ...] = ()
+
+    @property
+    def manifests(self) -> tuple[Path, ...]:
+        """Every served model's manifest, the first (the default) first."""
+        return (self.manifest, *self.more_manifests)
 
     def validate(self) -> GatewayConfig:
         if not 0 < self.price_wei_per_token < 1 << 64:
@@ -120,10 +128,15 @@ class GatewayConfig:
             )
         if not 0 < self.port < 65536:
             raise UsageError(f"--port must be 1..65535, got {self.port}")
-        if not self.manifest.exists():
+        for manifest in self.manifests:
+            if not manifest.exists():
+                raise UsageError(
+                    f"no manifest at {manifest}",
+                    hint="prepare the model first: planet model prepare --parts 3",
+                )
+        if len({m.resolve() for m in self.manifests}) != len(self.manifests):
             raise UsageError(
-                f"no manifest at {self.manifest}",
-                hint="prepare the model first: planet model prepare --parts 3",
+                "the same --manifest is given twice", hint="give each model's manifest once"
             )
         if not self.deployment.exists():
             raise UsageError(

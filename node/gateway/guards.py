@@ -59,14 +59,25 @@ class Guards:
         *,
         clock: Callable[[], float] = time.time,
         rotate_s: int = ROTATE_S,
+        models: dict[str, dict[int, Guard]] | None = None,
     ) -> None:
         self.path = path
         self.model_hash = model_hash
         self.rotate_s = rotate_s
         self._clock = clock
-        # every model's guards in the file; this model's are self._guards
-        self._models: dict[str, dict[int, Guard]] = self._load() if path is not None else {}
+        # every model's guards in the file (`models`: shared with a sibling's); this model's
+        # are self._guards
+        if models is None:
+            models = self._load() if path is not None else {}
+        self._models: dict[str, dict[int, Guard]] = models
         self._guards = self._models.setdefault(model_hash, {})
+
+    def sibling(self, model_hash: str) -> Guards:
+        """Another model's guards in the same file: one view of every model, so neither's save
+        drops what the other kept (a client serving several models)."""
+        return Guards(
+            self.path, model_hash, clock=self._clock, rotate_s=self.rotate_s, models=self._models
+        )
 
     def get(self, shard: int) -> str | None:
         """The shard's guard's node key, or None when there is none or it is due to rotate."""

@@ -93,6 +93,7 @@ class Reservation:
     allowed_wei: int  # the hold: price × (prompt tokens + max_tokens)
     query_id: bytes  # the proof's query id, or the one the desk made for a key question
     ticket: int  # unique per reservation: what release / settle act on once
+    model_id: bytes = b""  # the model the proof pays for (b"": the desk's first model)
 
     @property
     def prepaid(self) -> bool:
@@ -116,6 +117,7 @@ class KeyAccount:
     # charges a key id under one expiry, abci_app/settlement.py), so another key signed with the
     # same id is refused (`key_id_conflict`) before anything is served on it; None: not used yet
     terms: tuple[int, int] | None = None
+    model_id: bytes | None = None  # the model the key id was first used for here
 
 
 class PaymentDesk:
@@ -128,6 +130,7 @@ class PaymentDesk:
         gateway_key: bytes,
         model_id: bytes,
         price_wei_per_token: int,
+        more_model_ids: Sequence[bytes] = (),
         receipts_path: Path | None = None,
         max_voucher_lifetime_s: int = 86_400,
         max_key_lifetime_s: int = DEFAULT_MAX_KEY_LIFETIME_S,
@@ -139,7 +142,9 @@ class PaymentDesk:
         self.domain = domain
         self.gateway = gateway_address
         self._key = gateway_key
-        self.model_id = model_id
+        self.model_id = model_id  # the first model: questions naming none pay for it
+        # every model this desk takes payments for (a multi-model gateway: app.py `routes`)
+        self.model_ids: tuple[bytes, ...] = (model_id, *more_model_ids)
         self.price = price_wei_per_token
         self.receipts_path = receipts_path
         self._log = ReceiptLog(receipts_path) if receipts_path is not None else None
@@ -204,6 +209,8 @@ class PaymentDesk:
             total = int(doc["key"]["total_wei"])
             if account.terms is None:
                 account.terms = (int(doc["key"]["cap_wei"]), int(doc["key"]["expiry"]))
+            if account.model_id is None and "model_id" in doc:
+                account.model_id = as_bytes32(doc["model_id"], "model_id")
             account.questions += 1
             grown = max(0, total - account.charged)
             account.charged += grown
@@ -216,11 +223,17 @@ class PaymentDesk:
     def required_wei(self, prompt_tokens: int, max_tokens: int) -> int:
         return self.price * (prompt_tokens + max_tokens)
 
-    async def reserve(self, proof: Proof | PaymentKeyError, required_wei: int) -> Reservation:
+    async def reserve(
+        self, proof: Proof | PaymentKeyError, required_wei: int, model_id: bytes | None = None
+    ) -> Reservation:
+        """Check and hold the payment for a question on `model_id` (None: the desk's first
+        model): every proof signs the model it pays for, so one signed for another model
+        recovers another payer (or names another deposit's model) and is refused."""
+        model = self._model(model_id)
         if isinstance(proof, PaymentKeyError):
             raise _malformed(proof)
         if isinstance(proof, PaymentKeyProof):
-            return await self._reserve_key(proof, required_wei)
+            return await self._reserve_key(proof, required_wei, model)
         query = proof.query_id
         if query in self._receipts or query in self._in_flight:
             if isinstance(proof, VoucherProof):
@@ -234,16 +247,25 @@ class PaymentDesk:
         self._in_flight.add(query)
         try:
             if isinstance(proof, VoucherProof):
-                payer = await self._check_voucher(proof, required_wei)
+                payer = await self._check_voucher(proof, required_wei, model)
             else:
-                payer = await self._check_deposit(proof, required_wei)
+                payer = await self._check_deposit(proof, required_wei, model)
         except BaseException:
             self._in_flight.discard(query)
             raise
-        return self._opened(proof, payer, required_wei, query)
+        return self._opened(proof, payer, required_wei, query, model)
 
-    def _opened(self, proof: Proof, payer: str, required_wei: int, query: bytes) -> Reservation:
-        reservation = Reservation(proof, payer, required_wei, query, next(_tickets))
+    def _model(self, model_id: bytes | None) -> bytes:
+        if model_id is None:
+            return self.model_id
+        if model_id not in self.model_ids:
+            raise ValueError(f"model 0x{model_id.hex()} is not one this desk takes payments for")
+        return model_id
+
+    def _opened(
+        self, proof: Proof, payer: str, required_wei: int, query: bytes, model: bytes
+    ) -> Reservation:
+        reservation = Reservation(proof, payer, required_wei, query, next(_tickets), model)
         self._open[reservation.ticket] = reservation
         self._in_flight.add(query)
         log.info(
@@ -275,7 +297,7 @@ class PaymentDesk:
                 "sign one that expires sooner",
             )
 
-    async def _check_voucher(self, proof: VoucherProof, required_wei: int) -> str:
+    async def _check_voucher(self, proof: VoucherProof, required_wei: int, model: bytes) -> str:
         self._check_lifetime(proof.expiry, "voucher", self.max_voucher_lifetime_s)
         if required_wei > proof.fee_cap:
             raise PaymentRequired(
@@ -284,7 +306,7 @@ class PaymentDesk:
                 f"(prompt tokens + max_tokens)); the voucher allows {proof.fee_cap} wei",
             )
         try:
-            payer = proof.payer(self.model_id, self.gateway, self.domain)
+            payer = proof.payer(model, self.gateway, self.domain)
         except ProtocolError as error:
             raise PaymentRequired(
                 "voucher_invalid", f"the voucher signature is invalid: {error}"
@@ -295,7 +317,7 @@ class PaymentDesk:
         self._hold(payer, required_wei)
         return payer
 
-    async def _check_deposit(self, proof: PaymentProof, required_wei: int) -> str:
+    async def _check_deposit(self, proof: PaymentProof, required_wei: int, model: bytes) -> str:
         query = "0x" + proof.query_id.hex()
         deposit = await self.escrow.deposit(proof.query_id)
         if deposit.status == 0:
@@ -306,7 +328,7 @@ class PaymentDesk:
                 "payment_closed", f"query {query} is {state}, not funded; make a new deposit"
             )
         try:
-            signer = proof.signer(self.model_id, self.gateway, self.domain)
+            signer = proof.signer(model, self.gateway, self.domain)
         except ProtocolError as error:
             raise PaymentRequired(
                 "payment_squatted", f"the payment signature is invalid: {error}"
@@ -324,7 +346,7 @@ class PaymentDesk:
                 f"({self.gateway}); a deposit pays one gateway only: ask that gateway, or "
                 "deposit again for this one",
             )
-        if deposit.model_id != self.model_id:
+        if deposit.model_id != model:
             raise PaymentRequired(
                 "payment_wrong_model", f"query {query} was deposited for another model"
             )
@@ -349,32 +371,38 @@ class PaymentDesk:
             )
         return deposit.user
 
-    async def _reserve_key(self, proof: PaymentKeyProof, required_wei: int) -> Reservation:
+    async def _reserve_key(
+        self, proof: PaymentKeyProof, required_wei: int, model: bytes
+    ) -> Reservation:
         self._check_lifetime(proof.expiry, "key", self.max_key_lifetime_s)
-        payer = self.key_payer(proof)
-        self._check_key_room(payer, proof, required_wei)  # before reading the chain
+        payer = self.key_payer(proof, model)
+        self._check_key_room(payer, proof, required_wei, model)  # before reading the chain
         balance = await self.escrow.prepaid(payer)
         # No await from here to the hold: concurrent questions see each other's holds.
-        self._check_key_room(payer, proof, required_wei)
+        self._check_key_room(payer, proof, required_wei, model)
         self._check_balance(payer, balance, required_wei, key=True)
         account = self._account(payer, proof.key_id)
         account.terms = (proof.cap, proof.expiry)  # checked unbound or equal just above
+        account.model_id = model
         account.held += required_wei
         self._hold(payer, required_wei)
         query = self._key_query_id(payer, proof.key_id, account)
-        return self._opened(proof, payer, required_wei, query)
+        return self._opened(proof, payer, required_wei, query, model)
 
-    def key_payer(self, proof: PaymentKeyProof) -> str:
-        """Who signed this key for this gateway, model and escrow (402 `key_invalid`)."""
+    def key_payer(self, proof: PaymentKeyProof, model_id: bytes | None = None) -> str:
+        """Who signed this key for this gateway, model (None: the desk's first) and escrow
+        (402 `key_invalid`)."""
         try:
-            return proof.payer(self.model_id, self.gateway, self.domain)
+            return proof.payer(self._model(model_id), self.gateway, self.domain)
         except ProtocolError as error:
             raise PaymentRequired(
                 "key_invalid", f"the payment key's signature is invalid: {error}"
             ) from None
 
-    def _check_key_room(self, payer: str, proof: PaymentKeyProof, required_wei: int) -> None:
-        account = self._bound_account(payer, proof)
+    def _check_key_room(
+        self, payer: str, proof: PaymentKeyProof, required_wei: int, model: bytes
+    ) -> None:
+        account = self._bound_account(payer, proof, model)
         if account.revoked:
             raise PaymentRequired(
                 "key_revoked",
@@ -466,7 +494,7 @@ class PaymentDesk:
         receipt = Receipt(
             query_id=reservation.query_id,
             gateway=self.gateway,
-            model_id=self.model_id,
+            model_id=reservation.model_id or self.model_id,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             fee=fee,
@@ -540,10 +568,20 @@ class PaymentDesk:
             log.info("payment key revoked payer=%s key=%s", payer, key_id.hex()[:16])
         return payer
 
-    def _bound_account(self, payer: str, proof: PaymentKeyProof) -> KeyAccount:
+    def _bound_account(
+        self, payer: str, proof: PaymentKeyProof, model: bytes | None = None
+    ) -> KeyAccount:
         """The key's account here (a blank one if never used); 402 `key_id_conflict` when its id
-        was first used under another cap or expiry."""
+        was first used under another cap or expiry, or for another model (`model`; None: not
+        checked)."""
         account = self._keys.get((payer, proof.key_id)) or KeyAccount()
+        if model is not None and account.model_id not in (None, model):
+            raise PaymentRequired(
+                "key_id_conflict",
+                f"the payment key id 0x{proof.key_id.hex()[:16]}… was first used here for "
+                "another model; a key id pays for one model (the committee charges a key id's "
+                "running total under one model); make a new key for this model (planet key new)",
+            )
         if account.terms is not None and account.terms != (proof.cap, proof.expiry):
             cap, expiry = account.terms
             raise PaymentRequired(
@@ -555,9 +593,10 @@ class PaymentDesk:
             )
         return account
 
-    def key_status(self, proof: PaymentKeyProof) -> dict[str, Any]:
-        """What the holder of a key may know about it here (`GET /v1/key`)."""
-        payer = self.key_payer(proof)
+    def key_status(self, proof: PaymentKeyProof, model_id: bytes | None = None) -> dict[str, Any]:
+        """What the holder of a key may know about it here (`GET /v1/key`; `model_id`: the
+        model the key was signed for, None: the desk's first)."""
+        payer = self.key_payer(proof, model_id)
         account = self._bound_account(payer, proof)
         return {
             "key_id": "0x" + proof.key_id.hex(),

@@ -40,14 +40,14 @@ from aiohttp import web
 
 from node.client.credit_wallet import CreditWallet, retired_note
 from node.client.paying import CreditExpiry, CreditPayer
-from node.gateway.app import Gateway, ModelInfo, create_app
+from node.gateway.app import Gateway, create_app
 from node.gateway.config import GatewayConfig
 from node.gateway.guards import Guards
+from node.gateway.models import ModelRoute
 from node.gateway.personal_guard import personal_guard
 from node.gateway.personal_token import default_token_file, load_or_create
-from node.gateway.run import committee_router, listen, node_session
+from node.gateway.run import committee_router, listen, model_infos, node_session
 from node.http_logs import quiet_malformed_http_logs
-from protocol.eip712 import as_bytes32
 from protocol.errors import ConfigError, PlanetError, UnavailableError
 from protocol.links import is_loopback_host
 
@@ -87,7 +87,9 @@ class PersonalDesk:
     def required_wei(self, prompt_tokens: int, max_tokens: int) -> int:
         return 0
 
-    async def reserve(self, proof: Any, required: int) -> PersonalReservation:
+    async def reserve(
+        self, proof: Any, required: int, model_id: bytes | None = None
+    ) -> PersonalReservation:
         if self.expiry is not None:  # never pay with a credit the chain no longer redeems
             await self.expiry.check_quietly()
         reservation = PersonalReservation(secrets.token_bytes(32), next(self._tickets))
@@ -155,7 +157,8 @@ async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gate
     from node.model.manifest import Manifest
     from node.server.run import configure_torch_threads
 
-    manifest = Manifest.load(config.manifest)
+    manifests = [Manifest.load(path) for path in config.manifests]
+    infos = model_infos(config, manifests)
     wallet = CreditWallet(credits_file)
     retired = wallet.retired() if credits_file.is_file() else 0
     old = f" ({retired_note(retired)})" if retired else ""
@@ -184,28 +187,33 @@ async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gate
             hint="buy fresh ones with `planet credits buy N`",
         )
     configure_torch_threads(int(os.environ.get("PLANET_GATEWAY_THREADS", "1")))
-    head = await asyncio.to_thread(ClientHead.load, config.manifest, "cpu")
+    heads = [await asyncio.to_thread(ClientHead.load, path, "cpu") for path in config.manifests]
     http = node_session(config)
-    router = committee_router(
-        config,
-        manifest,
-        committee,
-        http,
-        min_credit_positions,
-        route=settings.route,
-        guards=Guards(settings.guards_file, manifest.model_hash),
-    )
-    payer = CreditPayer(wallet, router.prices, min_positions=min_credit_positions)
+    prices: dict[str, int] = {}  # every model's nodes' prices, by endpoint: one payer reads them
+    guards = Guards(settings.guards_file, manifests[0].model_hash)  # one file, every model
+    routers = [
+        committee_router(
+            config,
+            manifest,
+            committee,
+            http,
+            min_credit_positions,
+            route=settings.route,
+            guards=guards.sibling(manifest.model_hash) if index else guards,
+            prices=prices,
+        )
+        for index, manifest in enumerate(manifests)
+    ]
+    payer = CreditPayer(wallet, prices, min_positions=min_credit_positions)
     gateway = Gateway(
         config=config,
-        model=ModelInfo(
-            manifest.model_id,
-            manifest.model_hash,
-            as_bytes32(manifest.model_hash, "model_hash"),
-            len(manifest.shards),
-        ),
-        head=head,
-        router=router,
+        model=infos[0],
+        head=heads[0],
+        router=routers[0],
+        more_models=[
+            ModelRoute(info, head, router)
+            for info, head, router in zip(infos[1:], heads[1:], routers[1:], strict=True)
+        ],
         desk=PersonalDesk(payer, expiry),  # type: ignore[arg-type]
         committee=committee,
         http=http,
@@ -254,11 +262,11 @@ async def _serve(
     try:
         await listen(runner, config)
         log.info(
-            "personal client serving url=http://%s:%d model=%s credits=%s (%d held) route=%s "
+            "personal client serving url=http://%s:%d models=%s credits=%s (%d held) route=%s "
             "token_file=%s",
             _url_host(config.host),
             config.port,
-            gateway.model.name,
+            ",".join(gateway.models.names()),
             settings.credits_file,
             gateway.desk.payer.wallet.count(),  # type: ignore[attr-defined]
             settings.route,

@@ -200,6 +200,7 @@ class Router:
         route: str = "cost",
         guards: Guards | None = None,
         cooldown_s: float = COOLDOWN_S,
+        prices: dict[str, int] | None = None,
     ) -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, not {route!r}")
@@ -220,8 +221,9 @@ class Router:
         # endpoint → positions one credit pays for there (its price on the committee chain,
         # checked against its /info; 0: free, or no price and free by its /info; absent: no
         # price on the chain, refused `price_unregistered`): what the gateway's credit payer
-        # reads (node/client/paying.py)
-        self.prices: dict[str, int] = {}
+        # reads (node/client/paying.py); `prices`: one dict shared by the routers of the models
+        # one gateway serves (their nodes' endpoints differ: one payer reads them all)
+        self.prices: dict[str, int] = {} if prices is None else prices
         self.refresh_s = refresh_s
         self._cache: tuple[float, dict[int, list[RoutableNode]]] | None = None
         self._lock = asyncio.Lock()

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,12 @@ from aiohttp import web
 from node.client.credit_wallet import CreditWallet
 from node.client.paying import CreditExpiry, accepts_price
 from node.dial import refuse_redirects
-from node.gateway.app import Gateway, ModelInfo, create_app
+from node.gateway.app import Gateway, create_app
 from node.gateway.binding import ensure_bound
 from node.gateway.config import GatewayConfig
 from node.gateway.credit_payer import HostedPayer
 from node.gateway.escrow_reads import BoundedReads, ChainEscrow
+from node.gateway.models import ModelInfo, ModelRoute, served_names
 from node.gateway.payments import PaymentDesk
 from node.gateway.router import CommitteeNodes, Router
 from node.gateway.settlement import DebitTracker, WorkLedger, WorkReporter, ledger_paths
@@ -58,18 +60,20 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
     from node.model.manifest import Manifest
     from node.server.run import configure_torch_threads
 
-    manifest = Manifest.load(config.manifest)
+    manifests = [Manifest.load(path) for path in config.manifests]
+    infos = model_infos(config, manifests)
     config.wallet.parent.mkdir(parents=True, exist_ok=True)
     wallet = load_or_create_wallet(config.wallet, password)
     chain = await asyncio.to_thread(_open_chain, config, bytes(wallet.key))
-    model_id = as_bytes32(manifest.model_hash, "model_hash")
-    registered = await asyncio.to_thread(chain.registry.manifest_hash_of, model_id)
-    if registered == bytes(32):
-        log.warning(
-            "model %s is not registered in ModelRegistry on chain %d; serving anyway",
-            manifest.model_hash,
-            chain.chain_id,
-        )
+    model_id = infos[0].model_id
+    for info in infos:
+        registered = await asyncio.to_thread(chain.registry.manifest_hash_of, info.model_id)
+        if registered == bytes(32):
+            log.warning(
+                "model %s is not registered in ModelRegistry on chain %d; serving anyway",
+                info.model_hash,
+                chain.chain_id,
+            )
     committee = CommitteeRpc(config.committee_rpc)
     try:
         params = await committee.abci_query("/params")
@@ -80,7 +84,7 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
             hint="start the committee (planet committee up) or pass --committee-rpc",
         ) from None
     configure_torch_threads(int(os.environ.get("PLANET_GATEWAY_THREADS", "1")))
-    head = await asyncio.to_thread(ClientHead.load, config.manifest, "cpu")
+    heads = [await asyncio.to_thread(ClientHead.load, path, "cpu") for path in config.manifests]
     escrow_reader = ChainEscrow(chain, wallet.address)
     timeline = Timeline(
         report_max_wait_s=config.report_max_wait_s,
@@ -98,9 +102,13 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         await committee.close()
         raise
     http = node_session(config)
-    router = committee_router(config, manifest, committee, http, config.min_credit_positions)
+    prices: dict[str, int] = {}  # every model's nodes' prices, by endpoint: one payer reads them
+    routers = [
+        committee_router(config, m, committee, http, config.min_credit_positions, prices=prices)
+        for m in manifests
+    ]
     credits = CreditWallet(config.credits_path)
-    payer = HostedPayer(credits, router.prices, min_positions=config.min_credit_positions)
+    payer = HostedPayer(credits, prices, min_positions=config.min_credit_positions)
     expiry = CreditExpiry(credits, committee.abci_query)
     shop = CommitteeShop(config.credit_rpcs, bytes(wallet.key), credits)
     top_up = TopUp(
@@ -117,6 +125,7 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         gateway_address=wallet.address,
         gateway_key=bytes(wallet.key),
         model_id=model_id,
+        more_model_ids=[info.model_id for info in infos[1:]],
         price_wei_per_token=config.price_wei_per_token,
         receipts_path=config.receipts_path,
         max_voucher_lifetime_s=config.max_voucher_lifetime_s,
@@ -141,9 +150,13 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
     ledger.catch_up(desk.receipts_after(ledger.recorded_through))  # killed between the files
     gateway = Gateway(
         config=config,
-        model=ModelInfo(manifest.model_id, manifest.model_hash, model_id, len(manifest.shards)),
-        head=head,
-        router=router,
+        model=infos[0],
+        head=heads[0],
+        router=routers[0],
+        more_models=[
+            ModelRoute(info, head, router)
+            for info, head, router in zip(infos[1:], heads[1:], routers[1:], strict=True)
+        ],
         desk=desk,
         committee=committee,
         http=http,
@@ -154,6 +167,26 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         top_up=top_up,
     )
     return gateway, [http, committee]
+
+
+def model_infos(config: GatewayConfig, manifests: Sequence[Any]) -> list[ModelInfo]:
+    """Each served model's names (node/gateway/models.py `served_names`) and ids, in order."""
+    names = served_names(
+        [
+            (m.model_id, m.model_hash, path)
+            for m, path in zip(manifests, config.manifests, strict=True)
+        ]
+    )
+    return [
+        ModelInfo(
+            served.name,
+            m.model_hash,
+            as_bytes32(m.model_hash, "model_hash"),
+            len(m.shards),
+            served.aliases,
+        )
+        for m, served in zip(manifests, names, strict=True)
+    ]
 
 
 def committee_router(
@@ -301,10 +334,10 @@ async def _serve(config: GatewayConfig, password: str) -> None:
             reporter = await _work_reporter(config, gateway.ledger, password, gateway.desk)
         await listen(runner, config)
         log.info(
-            "gateway serving url=http://%s:%d model=%s gateway=%s price=%d",
+            "gateway serving url=http://%s:%d models=%s gateway=%s price=%d",
             config.host,
             config.port,
-            gateway.model.name,
+            ",".join(gateway.models.names()),
             gateway.desk.gateway,
             config.price_wei_per_token,
         )

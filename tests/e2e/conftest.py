@@ -93,8 +93,10 @@ def shared_devnet(
     devnet_env: dict[str, str], _shared_devnet_lifetime: _Lifetime
 ) -> Iterator[dict[str, Any]]:
     """devnet.json of the session's devnet: anvil, the gateway, 4 validators (app, CometBFT,
-    stake watcher), 3 compute nodes with their agents; no verifiers (the sharing tests stake,
-    leave and settle by hand; tests/e2e/test_verification_devnet.py runs its own with them)."""
+    stake watcher), 3 compute nodes with their agents, the second model's seat in node0's
+    process with its own agent (deploy/devnet/second_model.py); no verifiers (the sharing
+    tests stake, leave and settle by hand; tests/e2e/test_verification_devnet.py runs its own
+    with them)."""
     verifiers = shared_verifiers()
     # one node per shard (`--replicas 1`): the suite's tests need no spares, and three more
     # nodes cost the whole session their load time and memory
@@ -107,7 +109,9 @@ def shared_devnet(
         state = devnet_state(devnet_env)
         gateway = 1 if state.get("gateway_url") else 0
         # anvil (+ gateway), app + cometbft + watcher per validator, node + agent per operator
-        assert len(pids_alive(state)) == 1 + gateway + 3 * 4 + 2 * 3 + verifiers
+        # (a seat's node is node0's process: counted again with its own agent)
+        seats = len(state.get("seats", []))
+        assert len(pids_alive(state)) == 1 + gateway + 3 * 4 + 2 * (3 + seats) + verifiers
         yield state
     finally:
         _shared_devnet_lifetime.down()

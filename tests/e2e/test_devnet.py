@@ -40,7 +40,8 @@ from tests.e2e.escrow_reads import escrow_contract
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-GENESIS_ACCOUNTS = ["node0", "node1", "node2", "user"]
+# the operators of model 1, the second model's seat (deploy/devnet/second_model.py), the user
+GENESIS_ACCOUNTS = ["node0", "node1", "node2", "seat0", "user"]
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +85,9 @@ def test_devnet_status_lists_validators_routable_nodes_pool_and_contracts(env, d
         assert local["node_alive"] and local["agent_alive"]
     # the genesis accounts, then any the session's tests funded (`planet devnet fund`)
     names = [a["name"] for a in status["accounts"]]
-    assert names[:4] == GENESIS_ACCOUNTS and set(names[4:]) <= {"funded"}
-    for account in status["accounts"][:4]:
+    genesis = len(GENESIS_ACCOUNTS)
+    assert names[:genesis] == GENESIS_ACCOUNTS and set(names[genesis:]) <= {"funded"}
+    for account in status["accounts"][:genesis]:
         assert Path(account["keystore"]).is_file()
 
 

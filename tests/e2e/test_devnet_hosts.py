@@ -405,7 +405,12 @@ def test_hosts_node_killed_mid_answer_same_text_from_its_replica(
     operator = {**env, "PLANET_PASSWORD": "operator0 pw"}
     homes = [*devnet["operators"], operator_home]
     joined = [json.loads((Path(h) / "run" / "joined.json").read_text()) for h in homes]
-    shard0 = {j["endpoint"]: (j["node_pid"], j["node_key"]) for j in joined if j["shard"] == 0}
+    model = devnet["model_hash"]  # not the second model's seat (its shard 0 is another model's)
+    shard0 = {
+        j["endpoint"]: (j["node_pid"], j["node_key"])
+        for j in joined
+        if j["shard"] == 0 and j["model"] == model
+    }
     assert len(shard0) == 2, joined
     ask = ("ask", "--pay", "--json", "--max-tokens", str(FAILOVER_TOKENS), FAILOVER_QUESTION)
     verifiers = devnet["pids"].get("verifiers", [])

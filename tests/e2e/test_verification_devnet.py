@@ -122,9 +122,13 @@ def devnet(env: dict[str, str]) -> Iterator[dict[str, Any]]:
     # module's devnet runs, and burns CPU, for as long as its convictions take).
     cheats = [arg for mode in CHEATS for arg in ("--cheat-node", mode)]
     cooldown = ("--gateway-node-cooldown-s", str(COOLDOWN_S))
+    # one model: this module's checks are over the routable nodes of one model (the charging
+    # nodes alone routable, what names them on the chain); the shared devnet runs the second
+    # model (tests/e2e/test_second_model_devnet.py), and a seat costs this devnet its start-up
     up = _planet(
-        env, "devnet", "up", "--detach", "--replicas", "1", *cheats, *cooldown, timeout=UP_TIMEOUT_S
-    )
+        env, "devnet", "up", "--detach", "--replicas", "1", "--one-model", *cheats, *cooldown,
+        timeout=UP_TIMEOUT_S,
+    )  # fmt: skip
     state_path = Path(env["PLANET_HOME"]) / "devnet" / "devnet.json"
     try:
         assert up.returncode == 0, up.stderr[-4000:]

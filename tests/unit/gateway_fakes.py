@@ -106,6 +106,7 @@ def build_gateway(
     http: aiohttp.ClientSession,
     escrow: FakeEscrow,
     source: FakeSource | None = None,
+    more_models: Sequence[Any] = (),
     **desk_options: Any,
 ) -> Gateway:
     router = Router(
@@ -145,6 +146,7 @@ def build_gateway(
         http=http,
         chain_id=31337,
         escrow=ESCROW,
+        more_models=more_models,
     )
 
 

@@ -250,10 +250,10 @@ def test_personal_client_takes_the_running_devnets_model_and_its_private_address
     state = _devnet(env / "devnet", manifest=str(env / "models" / "m" / "manifest.json"))
     ours = state["committee_rpc"][0]
     args = cli.build_parser().parse_args(["gateway", "serve", "--personal"])
-    assert _personal_devnet_defaults(args, ours) == (Path(state["manifest"]), True)
+    assert _personal_devnet_defaults(args, ours) == ((Path(state["manifest"]),), True)
     # a committee of strangers: public addresses only, and the model must be named
     args = cli.build_parser().parse_args(["gateway", "serve", "--personal", "--manifest", "x"])
-    assert _personal_devnet_defaults(args, "http://203.0.113.9:26657") == (Path("x"), False)
+    assert _personal_devnet_defaults(args, "http://203.0.113.9:26657") == ((Path("x"),), False)
 
 
 def test_personal_client_without_a_devnet_or_manifest_says_what_to_name(env: Path, capsys) -> None:

@@ -69,11 +69,12 @@ def _gateway_config(**over: object) -> GatewayConfig:
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_the_gateway_dials_its_circuits_in_its_configured_dtype(dtype: str) -> None:
-    from node.gateway.app import Gateway
+    from node.gateway.app import Gateway, ModelInfo
 
     head = SimpleNamespace(hidden_size=H)
     config = _gateway_config(wire_dtype=dtype)
-    gateway = Gateway(config, None, head, None, None, None, None, 1, "")  # type: ignore[arg-type]
+    model = ModelInfo("m", "sha256:" + "0" * 64, bytes(32), 1)
+    gateway = Gateway(config, model, head, None, None, None, None, 1, "")  # type: ignore[arg-type]
     assert gateway.circuits.dtype == dtype
 
 
