@@ -64,6 +64,10 @@ RETRY_CODES = frozenset({76, 79})
 MINT_PENDING_LIMIT = 85  # the payer holds genesis credits.max_pending_mints unfunded mints
 MINT_TRIES = 3
 UNKNOWN_QUERY = "query_40"  # abci_app/codes.py: a validator from before `/credit_period`
+# abci_app/codes.py MINT_UNFUNDED: a validator whose state is behind the block that funded the
+# mint still says it is not funded; asked again until it has caught up
+MINT_UNFUNDED_QUERY = "query_83"
+LAGGING_RETRY_S = 0.5
 # `planet credits buy --min-anonymity`: the fewest buyers of a key period (this one included)
 # under which the client refuses to mint (docs/privacy.md "Key periods"); 1 refuses nothing
 DEFAULT_MIN_ANONYMITY = 1
@@ -254,20 +258,37 @@ GatherPartials = Callable[[str], Awaitable[list[dict[str, Any]]]]
 def partials_from(validator_rpcs: Sequence[str], timeout_s: float) -> GatherPartials:
     """Each validator's partial signatures for a threshold mint (`/credit_partials`): a
     validator that does not answer is logged and left out; `finalize` checks every partial
-    against that validator's public share and needs t of them."""
+    against that validator's public share and needs t of them. Called once the mint is funded:
+    a validator still behind the funding block answers MINT_UNFUNDED and is asked again every
+    LAGGING_RETRY_S for up to `timeout_s` (measured: under load two of four validators answered
+    so in one run and the purchase failed with 2 of 3 partials)."""
+
+    async def ask(url: str, mint_id: str) -> dict[str, Any] | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        one = CommitteeLink([url], timeout_s=timeout_s)
+        try:
+            while True:
+                try:
+                    answer = await one.query("/credit_partials", mint=mint_id)
+                except RemoteError as error:
+                    if error.code == MINT_UNFUNDED_QUERY and loop.time() < deadline:
+                        await asyncio.sleep(LAGGING_RETRY_S)
+                        continue
+                    raise
+                return answer if isinstance(answer, dict) else None
+        finally:
+            await one.close()
 
     async def gather(mint_id: str) -> list[dict[str, Any]]:
         answers: list[dict[str, Any]] = []
         for url in validator_rpcs:
-            one = CommitteeLink([url], timeout_s=timeout_s)
             try:
-                answer = await one.query("/credit_partials", mint=mint_id)
+                answer = await ask(url, mint_id)
             except PlanetError as error:
                 log.warning("validator %s gave no partial signatures: %s", url, error.message)
                 continue
-            finally:
-                await one.close()
-            if isinstance(answer, dict):
+            if answer is not None:
                 answers.append(answer)
         return answers
 

@@ -159,7 +159,7 @@ def test_ask_speculate_gives_the_plain_greedy_tokens_and_reports_its_passes(
     body = json.loads(ask.stdout)
     assert body["tokens"] == expected_ids[: len(body["tokens"])] and body["tokens"]
     passes = body["speculation"]
-    assert passes["lookahead"] == 8 and passes["passes"] >= 1
+    assert passes["lookahead"] == 16 and passes["passes"] >= 1
     # every token after the first came from a pass: its first row or a kept guess
     chosen_after_first = passes["passes"] + passes["accepted"]
     assert len(body["tokens"]) - 1 <= chosen_after_first <= len(body["tokens"])

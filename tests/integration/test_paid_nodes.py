@@ -113,7 +113,7 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
                     "price_wei": "1000",
                     "layer_tokens": LAYER_TOKENS,
                     "key_period_blocks": 100_000,
-                    "dkg_phase_blocks": 2,
+                    "dkg_phase_blocks": 4,  # 2 let a deal land in the complaint blocks under load
                     "relay_bytes": RELAY_BYTES,
                 }
             },
