@@ -44,6 +44,17 @@ class ModelRoute:
     circuits: Any = field(default=None)  # node.gateway.circuits.CircuitPool, set by the Gateway
 
 
+def routes_after_first(
+    infos: Sequence[ModelInfo], heads: Sequence[Any], routers: Sequence[Any]
+) -> list[ModelRoute]:
+    """The `Gateway`'s `more_models`: every served model but the first (its own fields), each
+    with its head and router, in the order given."""
+    return [
+        ModelRoute(info, head, router)
+        for info, head, router in zip(infos[1:], heads[1:], routers[1:], strict=True)
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class ServedName:
     name: str

@@ -43,7 +43,7 @@ from node.client.paying import CreditExpiry, CreditPayer
 from node.gateway.app import Gateway, create_app
 from node.gateway.config import GatewayConfig
 from node.gateway.guards import Guards
-from node.gateway.models import ModelRoute
+from node.gateway.models import routes_after_first
 from node.gateway.personal_guard import personal_guard
 from node.gateway.personal_token import default_token_file, load_or_create
 from node.gateway.run import committee_router, listen, model_infos, node_session
@@ -210,10 +210,7 @@ async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gate
         model=infos[0],
         head=heads[0],
         router=routers[0],
-        more_models=[
-            ModelRoute(info, head, router)
-            for info, head, router in zip(infos[1:], heads[1:], routers[1:], strict=True)
-        ],
+        more_models=routes_after_first(infos, heads, routers),
         desk=PersonalDesk(payer, expiry),  # type: ignore[arg-type]
         committee=committee,
         http=http,

@@ -29,7 +29,7 @@ from node.gateway.binding import ensure_bound
 from node.gateway.config import GatewayConfig
 from node.gateway.credit_payer import HostedPayer
 from node.gateway.escrow_reads import BoundedReads, ChainEscrow
-from node.gateway.models import ModelInfo, ModelRoute, served_names
+from node.gateway.models import ModelInfo, routes_after_first, served_names
 from node.gateway.payments import PaymentDesk
 from node.gateway.router import CommitteeNodes, Router
 from node.gateway.settlement import DebitTracker, WorkLedger, WorkReporter, ledger_paths
@@ -153,10 +153,7 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         model=infos[0],
         head=heads[0],
         router=routers[0],
-        more_models=[
-            ModelRoute(info, head, router)
-            for info, head, router in zip(infos[1:], heads[1:], routers[1:], strict=True)
-        ],
+        more_models=routes_after_first(infos, heads, routers),
         desk=desk,
         committee=committee,
         http=http,
