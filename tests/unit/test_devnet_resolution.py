@@ -156,12 +156,16 @@ def test_stake_reaches_the_running_devnets_chain(env: Path, capsys) -> None:
     assert f"hint: is the devnet in {env / 'devnet'} still up?" in err
 
 
-# the default EVM RPC is 127.0.0.1:8545, the devnets' first anvil port: in the lane that runs
-# the devnets (deploy/test.sh), never beside one (the other lane's devnet made it answer)
-@pytest.mark.e2e_lane
-def test_stake_without_any_devnet_says_how_to_get_one(env: Path, capsys) -> None:
+# No devnet under PLANET_HOME: the hint says how to get one. The chain is named by
+# PLANET_EVM_RPC at a dead port, not the built-in default (test_config checks that default): the
+# default 127.0.0.1:8545 is the first devnet's anvil port, which a devnet the run shares holds.
+def test_stake_without_any_devnet_says_how_to_get_one(
+    env: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = f"http://127.0.0.1:{_dead_port()}"
+    monkeypatch.setenv("PLANET_EVM_RPC", dead)
     code, _, err = _run(capsys, "stake", "--role", "compute", "--amount", "1")
-    assert code == 6 and f"EVM RPC {DEFAULT_EVM_RPC} is unreachable" in err
+    assert code == 6 and f"EVM RPC {dead} is unreachable" in err
     assert "hint: start a devnet (`planet devnet up`: commands find it)" in err
 
 
