@@ -4,7 +4,7 @@
 // Read-only when no EIP-1193 wallet is injected.
 import { askStreaming, loadConfig, loadNetwork, loadPools } from "./api.js";
 import { explain } from "./errors.js";
-import { answeredBy, initialModel, modelRows, selectedPool } from "./models.js";
+import { answeredBy, initialModel, modelRows, selectedPool, shortHash } from "./models.js";
 import {
   QUERY_PAYMENT_TYPES,
   VOUCHER_TYPES,
@@ -190,7 +190,7 @@ async function refreshPools({ quiet = false } = {}) {
     updateEstimate();
     updatePay();
     refreshNetwork();
-  });
+  }, shortHash);
   showPoolWarning();
   updateEstimate();
   updatePay();

@@ -43,6 +43,14 @@ export function selectedPool(pools, model) {
   return findPool(pools, model) || pools[0] || null;
 }
 
+// "sha256:1a2b3c4d…": a model hash cut to its scheme and first 8 hex digits (the full one is
+// the element's title).
+export function shortHash(hash) {
+  const text = String(hash || "?");
+  const cut = text.indexOf(":") + 1 + 8;
+  return text.length > cut + 1 ? `${text.slice(0, cut)}…` : text;
+}
+
 export function healthText(pool) {
   const perShard = (pool.routable_per_shard || []).join(" / ");
   return `${pool.status} — routable nodes per shard ${perShard || "?"}`;
@@ -55,6 +63,7 @@ export function modelRows(view) {
   return models.map((model) => ({
     model: model.model,
     hash: model.model_hash,
+    hash_short: shortHash(model.model_hash),
     shards: String(model.shards),
     price: `${BigInt(model.price_wei_per_token).toString()} wei (${eth(model.price_wei_per_token)})`,
     health: healthText(model.pool),

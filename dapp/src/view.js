@@ -46,7 +46,8 @@ export function toast(title, hash) {
 }
 
 // The pools as radio buttons, `selected` (a model name) checked; onSelect(model name).
-export function renderPools(pools, selected, onSelect) {
+// `hashText`: how a model hash is shown (models.js shortHash).
+export function renderPools(pools, selected, onSelect, hashText) {
   const box = $("pools");
   box.querySelectorAll(".pool").forEach((node) => node.remove());
   $("pools-empty").hidden = pools.length > 0;
@@ -77,7 +78,7 @@ export function renderPools(pools, selected, onSelect) {
           `(${eth(pool.price_wei_per_token)}) per token`,
       }),
       el("br"),
-      el("span", { class: "muted mono", title: pool.model_hash, text: short(pool.model_hash) }),
+      el("span", { class: "muted mono", title: pool.model_hash, text: hashText(pool.model_hash) }),
     );
     box.append(el("div", { class: "pool", "data-model": pool.model }, input, label));
   });
@@ -96,7 +97,7 @@ export function renderModels(rows) {
         "tr",
         { "data-model": row.model, class: row.current ? "current" : null },
         el("td", { text: row.model }),
-        el("td", { class: "mono", title: row.hash, text: short(row.hash) }),
+        el("td", { class: "mono", title: row.hash, text: row.hash_short }),
         el("td", { text: row.shards }),
         el("td", { text: row.price }),
         el("td", { class: `health-${row.status}`, text: row.health }),

@@ -16,7 +16,13 @@ import {
   voucherKey,
   voucherMessage,
 } from "../../dapp/src/payment.js";
-import { answeredBy, initialModel, modelRows, selectedPool } from "../../dapp/src/models.js";
+import {
+  answeredBy,
+  initialModel,
+  modelRows,
+  selectedPool,
+  shortHash,
+} from "../../dapp/src/models.js";
 import { parseAmount, withdrawalText } from "../../dapp/src/prepaid.js";
 
 const input = JSON.parse(process.env.DAPP_JS_INPUT);
@@ -134,6 +140,7 @@ const models = {
     })),
   }),
   rows_none: modelRows({}),
+  short_hashes: ["sha256:" + "ab".repeat(32), "sha256:abcd", "", "plain-name-longer"].map(shortHash),
   answered: {
     ok: answeredBy(asked, asked.model, { model_id: asked.model_id.toUpperCase().replace("0X", "0x") }),
     no_receipt: answeredBy(asked, asked.model, null),

@@ -306,7 +306,9 @@ def test_dapp_network_rows_list_every_model_with_hash_shards_price_and_health() 
     assert rows[0]["health"] == "healthy — routable nodes per shard 1 / 2 / 1"
     assert rows[1]["health"] == "incomplete — routable nodes per shard 0"
     assert [r["current"] for r in rows] == [False, True]  # the view describes the second
+    assert [r["hash_short"] for r in rows] == ["sha256:11111111…", "sha256:22222222…"]
     assert out["rows_none"] == []
+    assert out["short_hashes"] == ["sha256:abababab…", "sha256:abcd", "?", "plain-na…"]
 
 
 def test_dapp_shows_which_model_answered_and_flags_another() -> None:
