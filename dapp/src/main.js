@@ -234,8 +234,10 @@ function updateEstimate() {
 
 // Every served model, then the nodes of the one chosen in the ask form.
 async function refreshNetwork() {
+  const model = state.selected;
   try {
-    const view = await loadNetwork(state.selected);
+    const view = await loadNetwork(model);
+    if (state.selected !== model) return; // another model was picked meanwhile: its view follows
     renderModels(modelRows(view));
     renderNetwork(view);
   } catch (error) {
