@@ -73,7 +73,8 @@ export function renderPools(pools, selected, onSelect, hashText) {
       el("span", {
         class: "muted",
         text:
-          `${pool.shards} shards; routable nodes per shard: ${perShard}; ` +
+          `${pool.shards} shard${pool.shards === 1 ? "" : "s"}; ` +
+          `routable nodes per shard: ${perShard}; ` +
           `price ${BigInt(pool.price_wei_per_token).toString()} wei ` +
           `(${eth(pool.price_wei_per_token)}) per token`,
       }),
