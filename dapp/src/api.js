@@ -48,13 +48,15 @@ async function getJson(path) {
 
 export const loadConfig = () => getJson("/dapp/config.json");
 export const loadPools = async () => (await getJson("/v1/pools")).data;
-export const loadNetwork = () => getJson("/v1/network");
+// Every served model's pool health, then the nodes of `model` (a name; null: the first).
+export const loadNetwork = (model = null) =>
+  getJson(model === null ? "/v1/network" : `/v1/network?model=${encodeURIComponent(model)}`);
 // {payer, held_wei}: what this gateway holds against the payer's prepaid balance.
 export const loadPrepaid = (address) => getJson(`/dapp/prepaid/${encodeURIComponent(address)}`);
 
 // POST /v1/chat/completions with stream:true; calls onText(delta) as text arrives and returns
-// {text, receipt, usage, finish} (finish: "stop" or "length"). A failure after the stream
-// started arrives as an error event.
+// {text, receipt, usage, finish, model} (finish: "stop" or "length"; model: the name the
+// stream says answered). A failure after the stream started arrives as an error event.
 export async function askStreaming({ apiKey, model, question, maxTokens, onText }) {
   const response = await request("/v1/chat/completions", {
     method: "POST",
@@ -74,6 +76,7 @@ export async function askStreaming({ apiKey, model, question, maxTokens, onText 
   let receipt = null;
   let usage = null;
   let finish = null;
+  let answered = null;
   let done = false;
   while (!done) {
     const part = await reader.read();
@@ -97,6 +100,7 @@ export async function askStreaming({ apiKey, model, question, maxTokens, onText 
       if (chunk.error) {
         throw new GatewayError(502, String(chunk.error.code), String(chunk.error.message));
       }
+      if (typeof chunk.model === "string") answered = chunk.model;
       for (const choice of chunk.choices || []) {
         if (choice.finish_reason) finish = choice.finish_reason;
         const delta = choice.delta && choice.delta.content;
@@ -112,5 +116,5 @@ export async function askStreaming({ apiKey, model, question, maxTokens, onText 
   if (!done) {
     throw new GatewayError(502, "stream_cut", "the answer stopped before it was complete");
   }
-  return { text, receipt, usage, finish };
+  return { text, receipt, usage, finish, model: answered };
 }

@@ -102,6 +102,13 @@ export function explain(error, context = "", { prepaid = false } = {}) {
       const plain = GATEWAY_CODES[error.code] || "The gateway did not accept the payment.";
       return { text: `${prefix}unpaid or underfunded question. ${plain} (${error.message})` };
     }
+    if (error.code === "model_not_found") {
+      return {
+        text:
+          `${prefix}this gateway does not serve that model (${error.message}). Pick one of ` +
+          `the models under “Model pool”. You were not charged; ${after}`,
+      };
+    }
     if (error.code === "no_routable_node") {
       return {
         text:

@@ -1,8 +1,10 @@
-// The page: wires the wallet, the pools, a paid streamed question (per-query deposit or a
+// The page: wires the wallet, the pools (one per model the gateway serves; the address may
+// name one: ?model=NAME), a paid streamed question to the chosen model (per-query deposit or a
 // voucher on the prepaid balance), receipts, refunds, the prepaid balance and the network view.
 // Read-only when no EIP-1193 wallet is injected.
 import { askStreaming, loadConfig, loadNetwork, loadPools } from "./api.js";
 import { explain } from "./errors.js";
+import { answeredBy, initialModel, modelRows, selectedPool, shortHash } from "./models.js";
 import {
   QUERY_PAYMENT_TYPES,
   VOUCHER_TYPES,
@@ -17,13 +19,23 @@ import {
 } from "./payment.js";
 import { PrepaidCard } from "./prepaid.js";
 import { Questions, STATUS } from "./questions.js";
-import { $, el, eth, renderNetwork, renderPools, short, toast, weiAndEth } from "./view.js";
+import {
+  $,
+  el,
+  eth,
+  renderModels,
+  renderNetwork,
+  renderPools,
+  short,
+  toast,
+  weiAndEth,
+} from "./view.js";
 import { Wallet } from "./wallet.js";
 
 const state = {
   config: null,
   pools: [],
-  selected: 0,
+  selected: null, // the chosen model's name (null until the pools load: then the first's)
   wallet: null,
   questions: null,
   busy: false,
@@ -80,7 +92,7 @@ async function refreshBalance() {
 }
 
 function pool() {
-  return state.pools[state.selected] || null;
+  return selectedPool(state.pools, state.selected);
 }
 
 function updatePay() {
@@ -162,13 +174,23 @@ async function refreshPools({ quiet = false } = {}) {
   }
   const changed = JSON.stringify(pools) !== JSON.stringify(state.pools);
   state.pools = pools;
+  if (state.selected === null && pools.length) {
+    // the first load: the model the address names (?model=), else the first
+    const wanted = new URLSearchParams(window.location.search).get("model");
+    const start = initialModel(pools, wanted);
+    state.selected = start.model;
+    if (start.notice) notify(start.notice);
+  }
+  const current = pool();
+  if (current && current.model !== state.selected) state.selected = current.model; // gone
   if (!changed && document.querySelector("#pools .pool")) return; // keep focus and selection
-  renderPools(state.pools, state.selected, (index) => {
-    state.selected = index;
+  renderPools(state.pools, state.selected, (model) => {
+    state.selected = model;
     showPoolWarning();
     updateEstimate();
     updatePay();
-  });
+    refreshNetwork();
+  }, shortHash);
   showPoolWarning();
   updateEstimate();
   updatePay();
@@ -210,9 +232,14 @@ function updateEstimate() {
 
 // ------------------------------------------------------------------------------ network
 
+// Every served model, then the nodes of the one chosen in the ask form.
 async function refreshNetwork() {
+  const model = state.selected;
   try {
-    renderNetwork(await loadNetwork());
+    const view = await loadNetwork(model);
+    if (state.selected !== model) return; // another model was picked meanwhile: its view follows
+    renderModels(modelRows(view));
+    renderNetwork(view);
   } catch (error) {
     $("network-summary").textContent = explain(error, "The network view is unavailable").text;
   }
@@ -236,12 +263,17 @@ async function ask(event) {
     $("max-tokens").focus();
     return;
   }
+  const asked = pool(); // the model asked: fixed for this question even if the pools change
+  if (!asked) {
+    notify("This gateway lists no model to ask; reload the page once its pools are back.");
+    return;
+  }
   clearNotice();
   state.busy = true;
   updatePay();
   try {
-    if (state.mode === "prepaid") await askWithVoucher(wallet, config, question, maxTokens);
-    else await payAndAsk(wallet, config, question, maxTokens);
+    if (state.mode === "prepaid") await askWithVoucher(wallet, config, asked, question, maxTokens);
+    else await payAndAsk(wallet, config, asked, question, maxTokens);
   } finally {
     state.busy = false;
     step("");
@@ -252,8 +284,8 @@ async function ask(event) {
   }
 }
 
-async function payAndAsk(wallet, config, question, maxTokens) {
-  const amount = depositFor(question, maxTokens, pool().price_wei_per_token);
+async function payAndAsk(wallet, config, asked, question, maxTokens) {
+  const amount = depositFor(question, maxTokens, asked.price_wei_per_token);
   const balance = await wallet.balance();
   if (balance <= amount) {
     notify(
@@ -268,7 +300,7 @@ async function payAndAsk(wallet, config, question, maxTokens) {
   try {
     const escrow = await wallet.escrow();
     // Bound to this gateway: no other gateway can serve (or be paid by) this deposit.
-    const tx = await escrow.deposit(queryId, config.model_id, wallet.gateway, { value: amount });
+    const tx = await escrow.deposit(queryId, asked.model_id, wallet.gateway, { value: amount });
     toast("Deposit sent", tx.hash);
     step("Step 1 of 3: waiting for the deposit to be mined…");
     receipt = await tx.wait();
@@ -277,7 +309,13 @@ async function payAndAsk(wallet, config, question, maxTokens) {
     fail(error, "The deposit did not go through");
     return;
   }
-  state.questions.add({ queryId, question, deposit: amount.toString(), status: STATUS.unsigned });
+  state.questions.add({
+    queryId,
+    question,
+    model: asked.model,
+    deposit: amount.toString(),
+    status: STATUS.unsigned,
+  });
   await refreshBalance();
 
   step("Step 2 of 3: sign the payment proof in your wallet (no gas).");
@@ -287,7 +325,7 @@ async function payAndAsk(wallet, config, question, maxTokens) {
     signature = await signer.signTypedData(
       config.payment_domain,
       QUERY_PAYMENT_TYPES,
-      paymentMessage(queryId, config, amount),
+      paymentMessage(queryId, config, amount, asked.model_id),
     );
   } catch (error) {
     notify(
@@ -300,7 +338,7 @@ async function payAndAsk(wallet, config, question, maxTokens) {
 
   step("Step 3 of 3: the network is answering…");
   state.questions.update(queryId, { status: STATUS.asked });
-  const result = await streamAnswer(key, question, maxTokens, queryId, amount, false);
+  const result = await streamAnswer(asked, key, question, maxTokens, queryId, amount, false);
   if (!result) {
     state.questions.update(queryId, { status: STATUS.failed });
     return;
@@ -312,8 +350,8 @@ async function payAndAsk(wallet, config, question, maxTokens) {
 
 // The prepaid path: check the balance, sign a voucher capped at the same quote the per-query
 // path deposits (no transaction), ask. Nothing to refund: an unanswered question is not charged.
-async function askWithVoucher(wallet, config, question, maxTokens) {
-  const cap = depositFor(question, maxTokens, pool().price_wei_per_token);
+async function askWithVoucher(wallet, config, asked, question, maxTokens) {
+  const cap = depositFor(question, maxTokens, asked.price_wei_per_token);
   const info = await state.prepaid.refresh();
   if (!info) {
     notify("The prepaid balance could not be read; check the wallet's network and try again.");
@@ -344,7 +382,7 @@ async function askWithVoucher(wallet, config, question, maxTokens) {
     signature = await signer.signTypedData(
       config.payment_domain,
       VOUCHER_TYPES,
-      voucherMessage(queryId, config, cap, expiry),
+      voucherMessage(queryId, config, cap, expiry, asked.model_id),
     );
   } catch (error) {
     notify(`${explain(error, "The voucher was not signed").text} Nothing was charged.`);
@@ -352,17 +390,20 @@ async function askWithVoucher(wallet, config, question, maxTokens) {
   }
   step("Step 2 of 2: the network is answering…");
   const key = voucherKey(queryId, cap, expiry, signature);
-  const result = await streamAnswer(key, question, maxTokens, queryId, cap, true);
+  const result = await streamAnswer(asked, key, question, maxTokens, queryId, cap, true);
   if (!result) return;
   await showPrepaidReceipt(queryId, cap, result.receipt);
   toast("Answer received", queryId);
 }
 
-// Streams the answer into the answer card; returns askStreaming's result, or null after saying
-// why there is none.
-async function streamAnswer(key, question, maxTokens, queryId, amount, prepaid) {
+// Streams the answer of the model `asked` (a pool) into the answer card; returns
+// askStreaming's result, or null after saying why there is none.
+async function streamAnswer(asked, key, question, maxTokens, queryId, amount, prepaid) {
   $("answer-card").hidden = false;
   $("answer-question").textContent = question;
+  $("answer-model").textContent = `Asked ${asked.model}…`;
+  $("answer-model").className = "muted";
+  $("answer-model").dataset.model = "";
   $("answer").textContent = "";
   $("answer-note").hidden = true;
   $("answer").setAttribute("aria-busy", "true");
@@ -371,7 +412,7 @@ async function streamAnswer(key, question, maxTokens, queryId, amount, prepaid) 
   try {
     result = await askStreaming({
       apiKey: key,
-      model: state.config.model,
+      model: asked.model,
       question,
       maxTokens,
       onText: (delta) => $("answer").append(delta),
@@ -382,6 +423,11 @@ async function streamAnswer(key, question, maxTokens, queryId, amount, prepaid) 
   } finally {
     $("answer").setAttribute("aria-busy", "false");
   }
+  const by = answeredBy(asked, result.model, result.receipt);
+  $("answer-model").textContent = by.text;
+  $("answer-model").className = by.ok ? "good" : "bad";
+  $("answer-model").dataset.model = result.model || "";
+  $("r-model").textContent = `${asked.model} (${short(asked.model_id)})`;
   if (result.finish === "length") {
     $("answer-note").textContent =
       "The answer stopped at the length you chose; ask again with a longer answer length.";
@@ -395,7 +441,15 @@ function clearReceipt(queryId, amount, prepaid) {
   $("r-deposit-label").textContent = prepaid ? "Voucher limit" : "Deposit";
   $("r-remainder-label").textContent = prepaid ? "Not charged" : "Refundable remainder";
   $("r-deposit").textContent = prepaid ? `${weiAndEth(amount)} (prepaid)` : weiAndEth(amount);
-  for (const id of ["r-tokens", "r-fee", "r-remainder", "r-signature", "r-chain", "r-settlement"]) {
+  for (const id of [
+    "r-model",
+    "r-tokens",
+    "r-fee",
+    "r-remainder",
+    "r-signature",
+    "r-chain",
+    "r-settlement",
+  ]) {
     $(id).textContent = "…";
     $(id).className = "";
   }
@@ -527,7 +581,10 @@ function historyRow(item, onChain, now, wait) {
     "li",
     { "data-query": item.queryId },
     el("span", { class: "q", text: item.question }),
-    el("span", { class: "muted", text: `${eth(item.deposit)} · ${item.status}` }),
+    el("span", {
+      class: "muted",
+      text: `${item.model ? `${item.model} · ` : ""}${eth(item.deposit)} · ${item.status}`,
+    }),
   );
   const chainText = status === null ? "on chain: ?" : `on chain: ${STATUS_NAMES[status]}`;
   row.append(el("span", { class: "chain-status", text: chainText }));

@@ -56,8 +56,9 @@ export function newQueryId() {
   return hexlify(crypto.getRandomValues(new Uint8Array(32)));
 }
 
-export function paymentMessage(queryId, config, feeCap) {
-  return { queryId, modelId: config.model_id, gateway: config.gateway, feeCap: feeCap.toString() };
+// `modelId`: the escrow's id of the model asked (a pool's `model_id`; default the first model's).
+export function paymentMessage(queryId, config, feeCap, modelId = config.model_id) {
+  return { queryId, modelId, gateway: config.gateway, feeCap: feeCap.toString() };
 }
 
 // planet-pay-v1.<query id: 64 hex>.<fee cap: decimal wei>.<signature: 130 hex>
@@ -73,11 +74,11 @@ export function voucherExpiry(nowMs, config, ttl = VOUCHER_TTL_S) {
   return BigInt(Math.floor(nowMs / 1000) + Math.min(ttl, lifetime));
 }
 
-export function voucherMessage(queryId, config, feeCap, expiry) {
+export function voucherMessage(queryId, config, feeCap, expiry, modelId = config.model_id) {
   return {
     gateway: config.gateway,
     queryId,
-    modelId: config.model_id,
+    modelId,
     feeCap: feeCap.toString(),
     expiry: expiry.toString(),
     consumer: config.payment_domain.verifyingContract,

@@ -45,7 +45,9 @@ export function toast(title, hash) {
   return item;
 }
 
-export function renderPools(pools, selected, onSelect) {
+// The pools as radio buttons, `selected` (a model name) checked; onSelect(model name).
+// `hashText`: how a model hash is shown (models.js shortHash).
+export function renderPools(pools, selected, onSelect, hashText) {
   const box = $("pools");
   box.querySelectorAll(".pool").forEach((node) => node.remove());
   $("pools-empty").hidden = pools.length > 0;
@@ -57,10 +59,10 @@ export function renderPools(pools, selected, onSelect) {
       type: "radio",
       name: "pool",
       id,
-      value: String(index),
-      checked: index === selected,
+      value: pool.model,
+      checked: pool.model === selected,
     });
-    input.addEventListener("change", () => onSelect(index));
+    input.addEventListener("change", () => onSelect(pool.model));
     const label = el(
       "label",
       { for: id },
@@ -71,13 +73,38 @@ export function renderPools(pools, selected, onSelect) {
       el("span", {
         class: "muted",
         text:
-          `${pool.shards} shards; routable nodes per shard: ${perShard}; ` +
+          `${pool.shards} shard${pool.shards === 1 ? "" : "s"}; ` +
+          `routable nodes per shard: ${perShard}; ` +
           `price ${BigInt(pool.price_wei_per_token).toString()} wei ` +
           `(${eth(pool.price_wei_per_token)}) per token`,
       }),
+      el("br"),
+      el("span", { class: "muted mono", title: pool.model_hash, text: hashText(pool.model_hash) }),
     );
-    box.append(el("div", { class: "pool" }, input, label));
+    box.append(el("div", { class: "pool", "data-model": pool.model }, input, label));
   });
+}
+
+// The network view's table of every served model (rows: models.js modelRows).
+export function renderModels(rows) {
+  const body = $("models-body");
+  body.replaceChildren();
+  if (!rows.length) {
+    body.append(el("tr", {}, el("td", { colspan: 5, class: "bad", text: "no model listed" })));
+  }
+  for (const row of rows) {
+    body.append(
+      el(
+        "tr",
+        { "data-model": row.model, class: row.current ? "current" : null },
+        el("td", { text: row.model }),
+        el("td", { class: "mono", title: row.hash, text: row.hash_short }),
+        el("td", { text: row.shards }),
+        el("td", { text: row.price }),
+        el("td", { class: `health-${row.status}`, text: row.health }),
+      ),
+    );
+  }
 }
 
 function flags(node) {
@@ -89,8 +116,9 @@ function flags(node) {
 
 export function renderNetwork(view) {
   const perShard = view.pool.routable_per_shard.join(" / ");
+  $("nodes-caption").textContent = `Compute nodes by shard — ${view.model}`;
   $("network-summary").textContent =
-    `Pool ${view.pool.status} — routable nodes per shard ${perShard}. ` +
+    `${view.model}: pool ${view.pool.status} — routable nodes per shard ${perShard}. ` +
     `Committee height ${view.height ?? "?"}, epoch ${view.current_epoch ?? "?"}.` +
     (view.nodes_total > view.nodes.length
       ? ` Listing ${view.nodes.length} of ${view.nodes_total} registered nodes (routable first).`

@@ -307,6 +307,7 @@ def _up(args: argparse.Namespace) -> int:
         verifiers=args.validators if args.verifiers is None else args.verifiers,
         gateway=not args.no_gateway,
         available=available_memory(),
+        second_model=not args.one_model,  # its seat and client part count too
     )
     options = DevnetOptions(
         home=_home(args),

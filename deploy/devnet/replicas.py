@@ -10,9 +10,11 @@ why. `--replicas N` sets it; `--nodes N` (the total, as before) overrides both.
 Memory per process is a planning figure, measured on the 2-core test machine (PSS, shared
 pages split): a devnet compute node (a third of SmolLM2-135M int8) holds ~0.75 GB, one serving
 half of it ~0.85 GB (torch and the dequantized weights); the gateway and each verifier load the
-model too. Two per shard double step 6 (stake and join): `devnet up --validators 1 --verifiers
-0` took 110 s with 6 nodes against 55 s with 3 on that machine (load ~7, noisy), so the test
-suite's devnets pass `--replicas 1`.
+model too; the second model (second_model.py, left out by `--one-model`) adds its seat in node0's
+process (~0.6 GB: the int8 shard de-quantized) and the gateway's second client part (~110 MB).
+Two per shard double step 6 (stake and join): `devnet up --validators 1 --verifiers 0` took
+110 s with 6 nodes against 55 s with 3 on that machine (load ~7, noisy), so the test suite's
+devnets pass `--replicas 1`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ NODE_BYTES = GIB  # one compute node (measured ~0.85 GB, rounded up)
 MODEL_COPY_BYTES = GIB  # the gateway, each verifier
 VALIDATOR_BYTES = GIB // 4  # the committee app, CometBFT, its stake watcher
 BASE_BYTES = GIB // 2  # anvil, the CLI, headroom
+SECOND_MODEL_BYTES = 3 * GIB // 4  # the second model's seat (~0.6 GB) + client part (~110 MB)
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,17 @@ def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     return None
 
 
-def devnet_bytes(nodes: int, *, validators: int, verifiers: int, gateway: bool) -> int:
-    """The planning figure for a whole devnet's memory."""
+def devnet_bytes(
+    nodes: int, *, validators: int, verifiers: int, gateway: bool, second_model: bool = False
+) -> int:
+    """The planning figure for a whole devnet's memory (`second_model`: served too)."""
     copies = verifiers + (1 if gateway else 0)
     return (
-        BASE_BYTES + nodes * NODE_BYTES + copies * MODEL_COPY_BYTES + validators * VALIDATOR_BYTES
+        BASE_BYTES
+        + nodes * NODE_BYTES
+        + copies * MODEL_COPY_BYTES
+        + validators * VALIDATOR_BYTES
+        + (SECOND_MODEL_BYTES if second_model else 0)
     )
 
 
@@ -73,6 +82,7 @@ def node_count(
     verifiers: int,
     gateway: bool,
     available: int | None,
+    second_model: bool = False,
 ) -> NodeCount:
     """The compute nodes to start (see the module docstring); UsageError for both flags or a
     replica count out of range."""
@@ -86,7 +96,11 @@ def node_count(
 
     def need(per_shard: int) -> int:
         return devnet_bytes(
-            per_shard * DEVNET_SHARDS, validators=validators, verifiers=verifiers, gateway=gateway
+            per_shard * DEVNET_SHARDS,
+            validators=validators,
+            verifiers=verifiers,
+            gateway=gateway,
+            second_model=second_model,
         )
 
     if replicas is not None:

@@ -1,15 +1,18 @@
 """The web dApp's routes on the gateway: the built page, its config, and a read-only network view.
 
     GET /                     dapp/dist/index.html, or a plain page saying how to build it
-    GET /dapp/config.json     chain id, escrow address + the ABI the page uses, model, price
+    GET /dapp/config.json     chain id, escrow address + the ABI the page uses, the models
+                              served (the first: the default), price
     GET /dapp/{file}          one built file from dapp/dist (flat names only, no sub-folders)
     GET /dapp/prepaid/{payer} wei this gateway holds against a prepaid payer's balance (questions
                               in flight + fees charged, not yet debited on chain)
-    GET /v1/network           shards x nodes (lifecycle, reputation, stake, routable), pool
-                              health and recent epochs, from the committee's /nodes (every
-                              page; at most MAX_NODES listed, routable first, `nodes_total`
-                              all), /params (untrusted_below), /pool_health and /epochs
-                              queries
+    GET /v1/network[?model=M] every served model (name, hash, shards, price, pool health),
+                              then for model M (a name, alias or hash; default the first):
+                              shards x nodes (lifecycle, reputation, stake, routable), and
+                              recent epochs, from the committee's /nodes (every page; at most
+                              MAX_NODES listed, routable first, `nodes_total` all), /params
+                              (untrusted_below), /pool_health and /epochs queries; 404
+                              `model_not_found` for a model not served here
 
 The page is bundled by `npm run build:dapp` (esbuild, dapp/build.mjs) into dapp/dist/ — nothing
 is fetched from anywhere else at run time. The gateway starts without it; `/` then explains how
@@ -29,6 +32,7 @@ from aiohttp import web
 
 from node.chain.committee_pages import BadPage, TooManyPages, path_query, read_nodes
 from node.gateway.errors import InvalidRequest, NoCircuit
+from node.gateway.models import ModelInfo
 from protocol.eip712 import as_address
 from protocol.errors import PlanetError
 from protocol.fields import is_int
@@ -37,6 +41,7 @@ DIST = Path(__file__).resolve().parents[2] / "dapp" / "dist"
 RECENT_EPOCHS = 5  # epochs shown in the network view (the current one and the ones before)
 MAX_NODES = 1000  # nodes listed at most (routable first; `nodes_total` counts them all)
 REPUTATION_SCALE = 1_000_000  # the committee's reputations are integers at 10**6
+MAX_MODEL_NAME = 200  # `?model=` longer than this is refused (a hash is 71 characters)
 
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
@@ -104,7 +109,8 @@ NOT_BUILT = """<!doctype html>
 
 def add_dapp_routes(app: web.Application, gateway_key: web.AppKey[Any], dist: Path = DIST) -> None:
     """Mount the page, its config and /v1/network on the gateway app (gateway under
-    `gateway_key`: has .model, .desk, .chain_id, .escrow, .committee, .config)."""
+    `gateway_key`: has .routes(), .route(name), .desk, .chain_id, .escrow, .committee,
+    .config)."""
 
     async def index(request: web.Request) -> web.StreamResponse:
         page = dist / "index.html"
@@ -125,7 +131,14 @@ def add_dapp_routes(app: web.Application, gateway_key: web.AppKey[Any], dist: Pa
         return web.json_response(dapp_config(request.app[gateway_key]))
 
     async def network(request: web.Request) -> web.Response:
-        return web.json_response(await network_view(request.app[gateway_key]))
+        name = request.query.get("model")
+        if name is not None and not 0 < len(name) <= MAX_MODEL_NAME:
+            raise InvalidRequest(
+                "invalid_value",
+                f"model: expected a model's name or hash of 1 to {MAX_MODEL_NAME} characters",
+                param="model",
+            )
+        return web.json_response(await network_view(request.app[gateway_key], name))
 
     async def prepaid(request: web.Request) -> web.Response:
         payer = request.match_info["payer"]
@@ -167,9 +180,26 @@ def _public_rpc(url: str) -> str | None:
     return url if plain and loopback and parts.path in ("", "/") else None
 
 
+def _served(gateway: Any) -> list[ModelInfo]:
+    """Every model the gateway serves, the first (a question's default) first."""
+    return [route.info for route in gateway.routes()]
+
+
+def _model_json(model: ModelInfo) -> dict[str, Any]:
+    return {
+        "model": model.name,
+        "aliases": list(model.aliases),
+        "model_hash": model.model_hash,
+        "model_id": "0x" + model.model_id.hex(),
+        "shards": model.shards,
+    }
+
+
 def dapp_config(gateway: Any) -> dict[str, Any]:
-    """What the page needs to pay: the chain, the escrow and its ABI, the model, the price."""
-    model = gateway.model
+    """What the page needs to pay: the chain, the escrow and its ABI, the models (`models`,
+    each with the escrow's model id a payment names; `model`...: the first), the price."""
+    served = _served(gateway)
+    model = served[0]
     return {
         "chain_id": gateway.chain_id,
         "chain_name": "Planet devnet" if gateway.chain_id == 31337 else f"chain {gateway.chain_id}",
@@ -184,6 +214,7 @@ def dapp_config(gateway: Any) -> dict[str, Any]:
         "price_wei_per_token": str(gateway.desk.price),
         "payment_domain": gateway.desk.domain.to_json(),
         "max_voucher_lifetime_s": gateway.desk.max_voucher_lifetime_s,
+        "models": [_model_json(info) for info in served],
     }
 
 
@@ -221,16 +252,38 @@ async def _model_nodes(committee: Any, model_hash: str) -> list[dict[str, Any]]:
         ) from None
 
 
-async def network_view(gateway: Any) -> dict[str, Any]:
-    """Shards x nodes, pool health and recent epochs for the gateway's model."""
-    model = gateway.model
+def _pool(answer: Any, shards: int) -> dict[str, Any]:
+    """A committee /pool_health answer with only well-formed fields."""
+    per_shard = answer.get("routable_per_shard") if isinstance(answer, dict) else None
+    status = answer.get("status") if isinstance(answer, dict) else None
+    return {
+        "status": status if isinstance(status, str) and _WORD.match(status) else "unknown",
+        "routable_per_shard": [_int(c) or 0 for c in per_shard[:shards]]
+        if isinstance(per_shard, list)
+        else [0] * shards,
+    }
+
+
+async def network_view(gateway: Any, name: str | None = None) -> dict[str, Any]:
+    """Every served model with its pool health and price (`models`), then shards x nodes and
+    recent epochs for the model `name` names (None: the first; 404 `model_not_found` for one
+    not served here)."""
+    served = _served(gateway)
+    model = served[0] if name is None else gateway.route(name).info
     committee = gateway.committee
-    raw_nodes, pool, params, current = await asyncio.gather(
+    raw_nodes, params, current, *pools = await asyncio.gather(
         _model_nodes(committee, model.model_hash),
-        _query(committee, f"/pool_health?model={model.model_hash}&shards={model.shards}"),
         _query(committee, "/params"),  # untrusted_below: genesis, not the paged /reputations
         _query(committee, "/epochs"),
+        *(
+            _query(committee, f"/pool_health?model={info.model_hash}&shards={info.shards}")
+            for info in served
+        ),
     )
+    health = {
+        info.model_hash: _pool(answer, info.shards)
+        for info, answer in zip(served, pools, strict=True)
+    }
     epochs = list(_epochs(current))
     number = _int(current.get("current") if isinstance(current, dict) else None)
     if number is not None:
@@ -246,21 +299,23 @@ async def network_view(gateway: Any) -> dict[str, Any]:
         for shard in node["shards"]:
             if shard < model.shards:
                 shards[shard].append(node["key"])
-    per_shard = pool.get("routable_per_shard") if isinstance(pool, dict) else None
-    status = pool.get("status") if isinstance(pool, dict) else None
     genesis = params.get("genesis") if isinstance(params, dict) else None
     rep = genesis.get("reputation") if isinstance(genesis, dict) else None
     rep = rep if isinstance(rep, dict) else {}
     return {
+        "models": [
+            {
+                **_model_json(info),
+                "price_wei_per_token": str(gateway.desk.price),
+                "pool": health[info.model_hash],
+            }
+            for info in served
+        ],
+        # the model the rest describes
         "model": model.name,
         "model_hash": model.model_hash,
         "shards": model.shards,
-        "pool": {
-            "status": status if isinstance(status, str) and _WORD.match(status) else "unknown",
-            "routable_per_shard": [_int(c) or 0 for c in per_shard[: model.shards]]
-            if isinstance(per_shard, list)
-            else [0] * model.shards,
-        },
+        "pool": health[model.model_hash],
         "reputation_scale": REPUTATION_SCALE,
         "untrusted_below": _int(rep.get("untrusted_below")),
         "nodes": nodes,

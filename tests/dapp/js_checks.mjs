@@ -1,5 +1,5 @@
-// The dApp's pure modules run in Node (no browser): the payment proof it builds and how it
-// words errors. Prints one JSON object; tests/dapp/test_dapp_js.py checks it against
+// The dApp's pure modules run in Node (no browser): the payment proof it builds (for the first
+// model and for a second one), how it words errors, and which model it asks and shows. Prints one JSON object; tests/dapp/test_dapp_js.py checks it against
 // protocol/payment.py (the gateway's parser and signature recovery).
 import { TypedDataEncoder, Wallet } from "ethers";
 import { GatewayError, UnreachableError } from "../../dapp/src/api.js";
@@ -16,6 +16,13 @@ import {
   voucherKey,
   voucherMessage,
 } from "../../dapp/src/payment.js";
+import {
+  answeredBy,
+  initialModel,
+  modelRows,
+  selectedPool,
+  shortHash,
+} from "../../dapp/src/models.js";
 import { parseAmount, withdrawalText } from "../../dapp/src/prepaid.js";
 
 const input = JSON.parse(process.env.DAPP_JS_INPUT);
@@ -89,6 +96,60 @@ words.node_failed_prepaid = explain(new GatewayError(502, "node_failed", "node x
   prepaid: true,
 }).text;
 
+words.model_not_found = explain(
+  new GatewayError(404, "model_not_found", "the model 'llama' is not served here"),
+  "No answer",
+).text;
+
+// A second model (issue 44): the same payments, signed for its own model id.
+const second = input.second_model_id;
+const secondFeeCap = depositFor("Grüße, world?", 16, config.price_wei_per_token);
+const secondPayment = await wallet.signTypedData(
+  config.payment_domain,
+  QUERY_PAYMENT_TYPES,
+  paymentMessage(queryId, config, secondFeeCap, second),
+);
+const secondVoucher = await wallet.signTypedData(
+  config.payment_domain,
+  VOUCHER_TYPES,
+  voucherMessage(golden.query_id, config, BigInt(golden.fee_cap), BigInt(golden.expiry), second),
+);
+const pools = input.pools;
+const asked = pools[1];
+const models = {
+  initial: Object.fromEntries(
+    Object.entries({
+      none: null,
+      second: pools[1].model,
+      by_hash: pools[1].model_hash,
+      padded: ` ${pools[1].model} `,
+      unknown: "llama-70b",
+      empty: "  ",
+      long: "x".repeat(500),
+    }).map(([name, wanted]) => [name, initialModel(pools, wanted)]),
+  ),
+  initial_no_pools: initialModel([], "x"),
+  selected_second: selectedPool(pools, pools[1].model).model,
+  selected_gone: selectedPool(pools, "gone").model,
+  selected_none: selectedPool([], "gone"),
+  rows: modelRows({
+    model: pools[1].model,
+    models: pools.map((pool) => ({
+      ...pool,
+      pool: { status: pool.status, routable_per_shard: pool.routable_per_shard },
+    })),
+  }),
+  rows_none: modelRows({}),
+  short_hashes: ["sha256:" + "ab".repeat(32), "sha256:abcd", "", "plain-name-longer"].map(shortHash),
+  answered: {
+    ok: answeredBy(asked, asked.model, { model_id: asked.model_id.toUpperCase().replace("0X", "0x") }),
+    no_receipt: answeredBy(asked, asked.model, null),
+    other_name: answeredBy(asked, pools[0].model, null),
+    other_id: answeredBy(asked, asked.model, { model_id: pools[0].model_id }),
+    unnamed: answeredBy(asked, null, null),
+  },
+};
+
 const receiptSigner = input.receipt ? checkReceipt(input.receipt, config) : null;
 let tooLong = null;
 try {
@@ -108,5 +169,15 @@ process.stdout.write(
     voucher,
     amounts,
     withdrawal,
+    second: {
+      key: apiKey(queryId, secondFeeCap, secondPayment),
+      voucher_key: voucherKey(
+        golden.query_id,
+        BigInt(golden.fee_cap),
+        BigInt(golden.expiry),
+        secondVoucher,
+      ),
+    },
+    models,
   }) + "\n",
 );

@@ -5,11 +5,14 @@
 //   DAPP_RUN='{"scenario": "pay", "gateway": URL, "rpc": URL, "chain_id": 31337,
 //              "private_key": "0x…", "artifacts": DIR, "user_data_dir": DIR}' node run.mjs
 //
+// Optional: "path" (the page's address below the gateway, default "/"), "second_model" (the
+// prepaid scenario asks its second question of this model).
+//
 // Scenarios: readonly (no wallet), wrong_chain (wallet on chain 1, switch offered),
 // insufficient (an empty account), pay (connect → pay → stream → receipt), rejected (the
 // wallet answers 4001 to the payment signature; then the refund after the timeout), prepaid
-// (add funds → two questions paid by vouchers → held amount → withdrawal request, cancel,
-// request, the delay passes on the chain, withdraw).
+// (add funds → two questions paid by vouchers, the second to `second_model` → held amount →
+// withdrawal request, cancel, request, the delay passes on the chain, withdraw).
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { Wallet } from "ethers";
@@ -92,6 +95,8 @@ async function askPrepaid(page, question) {
     shown[id] = await text(page, `#r-${id}`);
   }
   shown.deposit_label = await text(page, "#r-deposit-label");
+  shown.answer_model = await text(page, "#answer-model");
+  shown.answer_model_class = await page.locator("#answer-model").getAttribute("class");
   shown.signature_class = await page.locator("#r-signature").getAttribute("class");
   shown.chain_class = await page.locator("#r-chain").getAttribute("class");
   shown.payer = await page.locator("#r-chain").getAttribute("data-user");
@@ -110,6 +115,16 @@ const SCENARIOS = {
     out.node_rows = await page.locator("#nodes-body tr").count();
     out.epoch_rows = await page.locator("#epochs-body tr").count();
     out.network_summary = await text(page, "#network-summary");
+    // every model the gateway serves: a pool to pick in the form, a row in the network view
+    await page.waitForSelector("#models-body tr[data-model]");
+    const models = (selector) =>
+      page.locator(selector).evaluateAll((nodes) => nodes.map((n) => n.dataset.model));
+    out.pool_models = await models("#pools .pool");
+    out.checked_model = await page.locator("#pools input:checked").getAttribute("value");
+    out.model_rows = await models("#models-body tr");
+    out.models_table = await text(page, "#models-body");
+    out.nodes_caption = await text(page, "#nodes-caption");
+    out.notice = (await page.locator("#notice").isVisible()) ? await text(page, "#notice-text") : null;
     await shots(page, "readonly");
   },
 
@@ -256,6 +271,9 @@ SCENARIOS.prepaid = async (page, wallet) => {
   const start = wallet.calls.length;
   out.questions = [];
   out.questions.push(await askPrepaid(page, "Name a planet of the solar system."));
+  if (options.second_model) {
+    await page.locator(`#pools .pool[data-model="${options.second_model}"] input`).check();
+  }
   out.questions.push(await askPrepaid(page, "Name a colour of the rainbow."));
   out.calls_while_asking = wallet.calls.slice(start);
   // The held amount is read again after each question (and every 5 s).
@@ -334,7 +352,7 @@ async function main() {
       if (message.type() === "error") out.console_errors.push(message.text());
     });
     page.on("pageerror", (error) => out.console_errors.push(`pageerror: ${error.message}`));
-    await page.goto(options.gateway + "/", { waitUntil: "load" });
+    await page.goto(options.gateway + (options.path || "/"), { waitUntil: "load" });
     await page.waitForSelector("#pools .pool");
     await SCENARIOS[options.scenario](page, wallet);
     if (wallet) out.wallet_calls = wallet.calls;

@@ -39,6 +39,30 @@ GATEWAY_KEY = "0x" + "07" * 32
 ESCROW = "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0"
 # Fixed voucher values, signed by the page's code in Node and by protocol.payment in Python.
 VOUCHER = {"query_id": "0x" + "3c" * 32, "fee_cap": str(123 * 10**12), "expiry": "1700000600"}
+SECOND_MODEL_ID = "0x" + "22" * 32
+# Two pools as GET /v1/pools lists them (node/gateway/app.py `pools`), the first the default.
+POOLS = [
+    {
+        "model": "smollm2-135m",
+        "aliases": [],
+        "model_hash": "sha256:" + "11" * 32,
+        "model_id": "0x" + "11" * 32,
+        "shards": 3,
+        "routable_per_shard": [1, 2, 1],
+        "status": "healthy",
+        "price_wei_per_token": str(10**12),
+    },
+    {
+        "model": "smollm2-135m-1p-int8",
+        "aliases": ["smollm2-135m-1p-int8"],
+        "model_hash": "sha256:" + "22" * 32,
+        "model_id": SECOND_MODEL_ID,
+        "shards": 1,
+        "routable_per_shard": [0],
+        "status": "incomplete",
+        "price_wei_per_token": str(10**12),
+    },
+]
 
 
 def _account(key: str) -> Any:
@@ -96,6 +120,8 @@ def _run_cached(receipt_json_text: str) -> str:
                     "config": _config(),
                     "receipt": receipt,
                     "voucher": VOUCHER,
+                    "second_model_id": SECOND_MODEL_ID,
+                    "pools": POOLS,
                 }
             ),
         },
@@ -224,3 +250,79 @@ def test_dapp_prepaid_402s_are_plain_words() -> None:
     assert "not open yet" in words["withdraw_early"]
     assert "prepaid balance is not charged" in words["node_failed_prepaid"]
     assert "refunded after the timeout" in words["node_failed"]
+
+
+def test_dapp_pays_for_the_second_model_with_that_model_s_id() -> None:
+    """The page signs a question to another model for that model's escrow id: the gateway's
+    parsers recover the payer under it, and under the first model's id someone else."""
+    out = _run(None)
+    config = _config()
+    domain = payment_domain(31337, ESCROW)
+    second, first = bytes.fromhex(SECOND_MODEL_ID[2:]), bytes.fromhex("11" * 32)
+    proof = parse_api_key(out["second"]["key"])
+    assert proof.signer(second, config["gateway"], domain) == _account(USER_KEY).address
+    assert proof.signer(first, config["gateway"], domain) != _account(USER_KEY).address
+    voucher = Voucher(
+        gateway=config["gateway"],
+        query_id=bytes.fromhex(VOUCHER["query_id"][2:]),
+        model_id=second,
+        fee_cap=int(VOUCHER["fee_cap"]),
+        expiry=int(VOUCHER["expiry"]),
+        consumer=ESCROW,
+    )
+    assert out["second"]["voucher_key"] == sign_voucher(USER_KEY, voucher, domain)
+    assert out["second"]["voucher_key"] != out["voucher"]["key"]  # the first model's
+
+
+def test_dapp_starts_with_the_first_model_or_the_one_the_address_names() -> None:
+    initial = _run(None)["models"]["initial"]
+    first, second = POOLS[0]["model"], POOLS[1]["model"]
+    assert initial["none"] == {"model": first, "notice": None}
+    for name in ("second", "by_hash", "padded"):
+        assert initial[name] == {"model": second, "notice": None}, name
+    for name in ("unknown", "empty", "long"):
+        notice = initial[name]["notice"]
+        assert initial[name]["model"] == first, name
+        assert "this gateway does not serve it" in notice, name
+        assert f"it serves “{first}”, “{second}”" in notice, name
+        assert f"Showing “{first}”" in notice, name
+    assert "the model “llama-70b”" in initial["unknown"]["notice"]
+    assert "an empty model name" in initial["empty"]["notice"]
+    assert "x" * 81 not in initial["long"]["notice"] and "x" * 80 + "…" in initial["long"]["notice"]
+    out = _run(None)["models"]
+    assert out["initial_no_pools"] == {"model": None, "notice": None}
+    assert out["selected_second"] == second and out["selected_gone"] == first
+    assert out["selected_none"] is None
+
+
+def test_dapp_network_rows_list_every_model_with_hash_shards_price_and_health() -> None:
+    out = _run(None)["models"]
+    rows = out["rows"]
+    assert [(r["model"], r["hash"], r["shards"]) for r in rows] == [
+        (POOLS[0]["model"], POOLS[0]["model_hash"], "3"),
+        (POOLS[1]["model"], POOLS[1]["model_hash"], "1"),
+    ]
+    assert {r["price"] for r in rows} == {"1000000000000 wei (0.000001 ETH)"}
+    assert rows[0]["health"] == "healthy — routable nodes per shard 1 / 2 / 1"
+    assert rows[1]["health"] == "incomplete — routable nodes per shard 0"
+    assert [r["current"] for r in rows] == [False, True]  # the view describes the second
+    assert [r["hash_short"] for r in rows] == ["sha256:11111111…", "sha256:22222222…"]
+    assert out["rows_none"] == []
+    assert out["short_hashes"] == ["sha256:abababab…", "sha256:abcd", "?", "plain-na…"]
+
+
+def test_dapp_shows_which_model_answered_and_flags_another() -> None:
+    answered = _run(None)["models"]["answered"]
+    second = POOLS[1]["model"]
+    assert answered["ok"] == {"text": f"Answered by {second}", "ok": True}
+    assert answered["no_receipt"] == {"text": f"Answered by {second}", "ok": True}
+    assert not answered["other_name"]["ok"]
+    assert answered["other_name"]["text"] == f"Answered by smollm2-135m, but you asked {second}"
+    assert not answered["other_id"]["ok"] and "0x" + "11" * 32 in answered["other_id"]["text"]
+    assert answered["unnamed"]["text"].startswith("Answered by an unnamed model")
+
+
+def test_dapp_model_not_served_is_plain_words() -> None:
+    text = _run(None)["words"]["model_not_found"]
+    assert text.startswith("No answer: this gateway does not serve that model (")
+    assert "Pick one of the models under “Model pool”" in text and "not charged" in text

@@ -16,6 +16,7 @@ from eth_utils import to_checksum_address
 
 from node.gateway.app import GATEWAY_KEY, error_middleware
 from node.gateway.dapp import add_dapp_routes
+from node.gateway.models import ModelInfo, ModelRoute, ModelTable
 from protocol.errors import PlanetError
 from protocol.payment import payment_domain
 
@@ -38,6 +39,8 @@ class FakeCommittee:
         self.paths.append(path)
         if self.down:
             raise PlanetError("connection refused")
+        if path in self.answers:  # an answer for this exact query (one model's pool)
+            return self.answers[path]
         route, _, query = path.partition("?")
         if "epoch=" in query:
             return self.answers.get(path)
@@ -45,15 +48,26 @@ class FakeCommittee:
         return self.answers.get(route + ("?" + after[0] if after else ""))
 
 
-def _gateway(committee: FakeCommittee) -> Any:
+FIRST = ModelInfo("smollm2-135m", "sha256:" + "11" * 32, b"\x11" * 32, 2)
+SECOND = ModelInfo(
+    "smollm2-135m-1p-int8",
+    "sha256:" + "22" * 32,
+    b"\x22" * 32,
+    1,
+    aliases=("sha256:" + "22" * 32,),
+)
+
+
+def _gateway(committee: FakeCommittee, models: tuple[ModelInfo, ...] = (FIRST,)) -> Any:
+    table = ModelTable([ModelRoute(info, None, None) for info in models])
     return SimpleNamespace(
         chain_id=31337,
         escrow=ESCROW,
         committee=committee,
         config=SimpleNamespace(evm_rpc="http://127.0.0.1:8545", max_body_bytes=1 << 20),
-        model=SimpleNamespace(
-            name="smollm2-135m", model_hash="sha256:" + "11" * 32, model_id=b"\x11" * 32, shards=2
-        ),
+        model=models[0],
+        routes=lambda: table.routes,
+        route=table.route,
         desk=SimpleNamespace(
             gateway="0x" + "cd" * 20,
             price=10**12,
@@ -64,9 +78,11 @@ def _gateway(committee: FakeCommittee) -> Any:
     )
 
 
-async def _client(aiohttp_client, committee: FakeCommittee, dist: Path) -> Any:
+async def _client(
+    aiohttp_client, committee: FakeCommittee, dist: Path, models: tuple[ModelInfo, ...] = (FIRST,)
+) -> Any:
     app = web.Application(middlewares=[error_middleware])
-    app[GATEWAY_KEY] = _gateway(committee)
+    app[GATEWAY_KEY] = _gateway(committee, models)
     add_dapp_routes(app, GATEWAY_KEY, dist=dist)
     return await aiohttp_client(app)
 
@@ -151,6 +167,30 @@ async def test_dapp_prepaid_shows_what_the_gateway_holds_for_a_payer(
         assert (await answer.json())["error"]["code"] == "bad_address"
 
 
+async def test_dapp_config_lists_every_served_model_the_first_first(
+    aiohttp_client, tmp_path
+) -> None:
+    client = await _client(aiohttp_client, FakeCommittee(), tmp_path, (FIRST, SECOND))
+    config = await (await client.get("/dapp/config.json")).json()
+    assert config["model"] == "smollm2-135m" and config["model_id"] == "0x" + "11" * 32
+    assert config["models"] == [
+        {
+            "model": "smollm2-135m",
+            "aliases": [],
+            "model_hash": "sha256:" + "11" * 32,
+            "model_id": "0x" + "11" * 32,
+            "shards": 2,
+        },
+        {
+            "model": "smollm2-135m-1p-int8",
+            "aliases": ["sha256:" + "22" * 32],
+            "model_hash": "sha256:" + "22" * 32,
+            "model_id": "0x" + "22" * 32,
+            "shards": 1,
+        },
+    ]
+
+
 def test_dapp_config_never_shows_a_remote_rpc_url() -> None:
     from node.gateway.dapp import dapp_config
 
@@ -212,6 +252,51 @@ async def test_network_view_keeps_only_well_formed_committee_fields(aiohttp_clie
     assert [e["epoch"] for e in view["epochs"]] == [3, 2]  # epoch "1" is not an integer
     assert view["epochs"][1]["reputation_applied"] is True
     assert view["current_epoch"] == 3 and view["height"] == 77
+
+
+async def test_network_view_lists_every_model_and_describes_the_one_named(
+    aiohttp_client, tmp_path
+) -> None:
+    """Two served models: `models` lists both (name, hash, shards, price, pool health); the
+    nodes and pool are the first's unless `?model=` names another by name or hash."""
+    answers = _answers()
+    second_pool = f"/pool_health?model={SECOND.model_hash}&shards=1"
+    answers[second_pool] = {"routable_per_shard": [1, 9], "status": "complete"}
+    seat = {**answers["/nodes"]["nodes"][0], "key": "c" * 64}
+    answers[f"/nodes?model={SECOND.model_hash}"] = {"nodes": [seat], "next": None}
+    committee = FakeCommittee(answers)
+    client = await _client(aiohttp_client, committee, tmp_path, (FIRST, SECOND))
+    view = await (await client.get("/v1/network")).json()
+    assert [(m["model"], m["model_hash"], m["shards"]) for m in view["models"]] == [
+        ("smollm2-135m", FIRST.model_hash, 2),
+        ("smollm2-135m-1p-int8", SECOND.model_hash, 1),
+    ]
+    assert [m["model_id"] for m in view["models"]] == ["0x" + "11" * 32, "0x" + "22" * 32]
+    assert {m["price_wei_per_token"] for m in view["models"]} == {str(10**12)}
+    assert [m["pool"] for m in view["models"]] == [
+        {"status": "incomplete", "routable_per_shard": [1, 0]},
+        {"status": "complete", "routable_per_shard": [1]},  # only its one shard
+    ]
+    assert view["model"] == "smollm2-135m" and view["nodes_by_shard"] == [[KEY_A], [KEY_B]]
+    for name in (SECOND.name, SECOND.model_hash):
+        answer = await client.get("/v1/network", params={"model": name})
+        assert answer.status == 200, name
+        other = await answer.json()
+        assert other["model"] == SECOND.name and other["shards"] == 1
+        assert other["pool"] == {"status": "complete", "routable_per_shard": [1]}
+        assert other["nodes_by_shard"] == [["c" * 64]] and other["nodes_total"] == 1
+        assert len(other["models"]) == 2
+    assert f"/nodes?model={SECOND.model_hash}" in committee.paths
+    missing = await client.get("/v1/network", params={"model": "llama-70b"})
+    assert missing.status == 404
+    error = (await missing.json())["error"]
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert "'llama-70b' is not served here" in error["message"]
+    assert "'smollm2-135m', 'smollm2-135m-1p-int8'" in error["message"]
+    for bad in ("", "x" * 201):
+        answer = await client.get("/v1/network", params={"model": bad})
+        assert answer.status == 400, bad
+        assert (await answer.json())["error"]["param"] == "model"
 
 
 async def test_network_view_survives_answers_of_the_wrong_shape(aiohttp_client, tmp_path):

@@ -102,15 +102,32 @@ def _run(scenario: str, devnet: dict[str, Any], user: Any, tmp_path: Path, **ext
     return result
 
 
-def _pool(devnet: dict[str, Any]) -> dict[str, Any]:
+def _pools(devnet: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every model the gateway serves, as GET /v1/pools lists them (the first: the default)."""
     import urllib.request
 
     with urllib.request.urlopen(devnet["gateway_url"] + "/v1/pools", timeout=10) as answer:
-        return json.load(answer)["data"][0]
+        return list(json.load(answer)["data"])
+
+
+def _pool(devnet: dict[str, Any]) -> dict[str, Any]:
+    return _pools(devnet)[0]
 
 
 def test_dapp_without_wallet_is_read_only_with_pools_and_network(devnet, user, tmp_path) -> None:
-    result = _run("readonly", devnet, user, tmp_path)
+    """Read-only, every served model listed (a pool in the form, a row in the network view),
+    and an address naming a model the gateway does not serve says so and shows the first."""
+    result = _run("readonly", devnet, user, tmp_path, path="/?model=no-such-model")
+    pools = _pools(devnet)
+    names = [p["model"] for p in pools]
+    assert len(names) == 2, names  # the devnet serves two models (issue 44)
+    assert result["pool_models"] == names and result["model_rows"] == names
+    for each in pools:
+        assert each["model_hash"][:8] in result["models_table"]
+    assert result["checked_model"] == names[0]
+    assert result["nodes_caption"].endswith(names[0])
+    assert result["notice"] and "“no-such-model”" in result["notice"]
+    assert "this gateway does not serve it" in result["notice"]
     assert result["readonly_visible"] and "read-only" in result["readonly_text"]
     assert result["badge"].startswith("Read-only")
     assert result["pay_disabled"] and not result["connect_visible"]
@@ -120,7 +137,7 @@ def test_dapp_without_wallet_is_read_only_with_pools_and_network(devnet, user, t
     assert f"{pool['shards']} shards" in result["pools"]
     assert result["node_rows"] >= pool["shards"]
     assert result["epoch_rows"] >= 1
-    assert f"Pool {pool['status']}" in result["network_summary"]
+    assert f"{pool['model']}: pool {pool['status']}" in result["network_summary"]
 
 
 def test_dapp_wrong_chain_offers_switch_and_switching_enables_pay(devnet, user, tmp_path) -> None:
@@ -237,15 +254,20 @@ def test_dapp_rejected_signature_leaves_a_deposit_that_refunds_after_the_timeout
 def test_dapp_prepaid_balance_pays_two_questions_by_voucher_then_withdraws(
     env, devnet, user, chain, tmp_path
 ) -> None:
-    """Add funds, two questions paid by vouchers with no transaction between them, the held
-    amount, then the withdrawal: request, cancel, request, the delay, withdraw."""
+    """Add funds, two questions paid by vouchers with no transaction between them (the first to
+    the first model, the second to the second model: issue 44), the held amount, then the
+    withdrawal: request, cancel, request, the delay, withdraw."""
     from protocol.payment import payment_domain, verify_prepaid_receipt_json
 
     w3, escrow = chain
     timeout_s = escrow.functions.refundTimeout().call()
-    result = _run("prepaid", devnet, user, tmp_path, refund_timeout_s=timeout_s)
+    pools = _pools(devnet)
+    second = pools[1]["model"]
+    result = _run(
+        "prepaid", devnet, user, tmp_path, refund_timeout_s=timeout_s, second_model=second
+    )
     assert "Voucher limit for this question" in result["estimate"]
-    pool = _pool(devnet)
+    pool = pools[0]
     fund = w3.eth.get_transaction_receipt(result["fund_tx"])
     [deposited] = escrow.events.BalanceDeposited().process_receipt(fund)
     assert deposited["args"]["payer"] == user.address
@@ -260,8 +282,11 @@ def test_dapp_prepaid_balance_pays_two_questions_by_voucher_then_withdraws(
     domain = payment_domain(pool["chain_id"], pool["escrow"])
     fees = 0
     each: list[int] = []  # each question's fee
-    for shown in result["questions"]:
+    for shown, asked in zip(result["questions"], pools, strict=True):
         assert shown["notice"] is None, shown["notice"]
+        # the model picked answered, and the page says which
+        assert shown["answer_model"] == f"Answered by {asked['model']}", shown["answer_model"]
+        assert shown["answer_model_class"] == "good"
         assert shown["answer"].strip(), "no answer text"
         assert shown["signature_class"] == "good", shown["signature"]
         assert shown["chain_class"] == "good", shown["chain"]
@@ -270,6 +295,8 @@ def test_dapp_prepaid_balance_pays_two_questions_by_voucher_then_withdraws(
         charge = verify_prepaid_receipt_json(_served_receipt(env, shown["query"]), domain)
         assert charge.gateway_signer == pool["gateway"] and charge.payer == user.address
         assert 0 < charge.receipt.fee <= charge.voucher.fee_cap
+        # the voucher and the receipt name the model asked (its escrow model id)
+        assert "0x" + charge.receipt.model_id.hex() == asked["model_id"]
         assert shown["deposit"].startswith(f"{charge.voucher.fee_cap} wei")
         assert shown["fee"].startswith(f"{charge.receipt.fee} wei")
         fees += charge.receipt.fee

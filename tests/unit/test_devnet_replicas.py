@@ -33,6 +33,21 @@ def test_devnet_starts_one_per_shard_and_says_why_when_memory_is_short() -> None
     assert unknown.nodes == 3 and "/proc/meminfo" in unknown.note
 
 
+def test_devnet_memory_plan_counts_the_second_model_s_seat() -> None:
+    """The second model's seat (node0's process) and client part (the gateway) take memory
+    too: where two per shard fit only without them, a devnet with the second model starts one
+    per shard and says so; with `--one-model` two."""
+    one_model = devnet_bytes(6, **SIZES)
+    both = devnet_bytes(6, **SIZES, second_model=True)
+    assert both - one_model == 3 * GIB // 4
+    count = node_count(nodes=None, replicas=None, available=one_model, second_model=True, **SIZES)
+    assert (count.nodes, count.replicas) == (3, 1) and "below the replica floor" in count.note
+    assert (
+        node_count(nodes=None, replicas=None, available=both, second_model=True, **SIZES).nodes == 6
+    )
+    assert node_count(nodes=None, replicas=None, available=one_model, **SIZES).nodes == 6
+
+
 def test_devnet_replicas_and_nodes_flags() -> None:
     assert node_count(nodes=None, replicas=1, available=100 * GIB, **SIZES).nodes == 3
     forced = node_count(nodes=None, replicas=3, available=GIB, **SIZES)
