@@ -30,7 +30,7 @@ from typing import Any
 
 from abci_app import rules, schema
 from abci_app.codes import Code
-from abci_app.query_params import ACCOUNT, NODE_KEY, str_param
+from abci_app.query_params import ACCOUNT, NODE_KEY, limit_param, str_param
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
 from protocol.committee.gateways import GatewayBind
@@ -111,7 +111,10 @@ def gateway(state: State, tx: SignedTx) -> None:
 def gateways(state: State, params: dict[str, Any]) -> Any:
     """`/gateways`: `?key` → {key, address (null: unbound), nonce, height}; `?address` → the
     address's latest binding record {address, key, bound, nonce, height} (null: never bound) —
-    what a gateway reads to pick its next nonce; neither → every bound key {key: address}."""
+    what a gateway reads to pick its next nonce; neither → a page of the bound keys
+    {gateways: {key: address}, next}: at most `limit` (≤ 1000) keys in key order after `after`
+    (a key), `next` the page's last key when more follow, else null (binding is free, so no
+    answer lists every binding)."""
     key = str_param(params, "key", NODE_KEY)
     if key is not None:
         record = state.committed(schema.GATEWAY_KEY, key)
@@ -120,8 +123,12 @@ def gateways(state: State, params: dict[str, Any]) -> Any:
     if address is not None:
         binding = state.committed(schema.GATEWAY_ADDRESS, address.lower())
         return {"address": address.lower(), "binding": binding}
-    return {
-        "gateways": {
-            k: record["address"] for k, record in state.committed_items(schema.GATEWAY_KEY)
-        }
-    }
+    limit = limit_param(params)
+    after = str_param(params, "after", NODE_KEY)
+    page: dict[str, str] = {}
+    start = "" if after is None else after + "0"  # past `after` itself (keys: 64 hex)
+    for bound_key, record in state.committed_items(schema.GATEWAY_KEY, start):
+        if len(page) == limit:
+            return {"gateways": page, "next": list(page)[-1]}
+        page[bound_key] = record["address"]
+    return {"gateways": page, "next": None}

@@ -196,7 +196,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the node's price: one bearer credit buys N positions (prompt and generated "
         "tokens, on this shard). Clients pay credits ahead as they ask and the node computes "
         "only what is paid; the agent registers N on the committee chain, where clients read "
-        "it, and redeems the credits there: N credits need N × price committed served "
+        "it, and redeems the credits there: K credits need K × N committed served "
         "positions, and redeemed credits are a node's only pay (docs/credits.md). A changed "
         "price counts from the next epoch. Default: the pool's going price (the median "
         "registered for the model, else 64); 0 is free",

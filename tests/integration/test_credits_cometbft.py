@@ -6,11 +6,15 @@ its app signs with it); a payer that asks before the key exists waits for it wit
 lines, then buys credits (`buy_credits`: the `credit_mint` through `broadcast_tx_sync`, the
 app's partial signatures through CometBFT's `abci_query /credit_partials`, combined into the
 wallet), a registered compute node redeems them: refused `REDEMPTION_UNPRICED` before it
-registers a price, then accepted once, then refused as
-`CREDIT_SPENT`, and an altered credit as `CREDIT_INVALID`; the node's credited work shows in
-`/credits`. The retired RSA `mint` is refused by name as an unknown tx kind. A `planet
-credits buy` killed with SIGKILL while its mint waits for funding leaves the purchase in its
-credit file, and `planet credits finish` turns it into credits once it is funded.
+registers a price; it registers a credit per 32 positions, then raises it mid-epoch to a credit
+per 8 (counted from the next epoch, `/prices` says so); with one committed session (32
+positions, + 31 for its last credit paid ahead) two credits are refused `REDEMPTION_OVER_PRICE`
+naming the registered 32 (at the raised 8 they would fit), one is accepted, then refused as
+`CREDIT_SPENT`, the second still over the price, and an altered credit `CREDIT_INVALID`; the
+node's credited work (one credit's) shows in `/credits`. The retired RSA `mint` is refused by
+name as an unknown tx kind. A `planet credits buy` killed with SIGKILL while its mint waits
+for funding leaves the purchase in its credit file, and `planet credits finish` turns it into
+credits once it is funded.
 """
 
 from __future__ import annotations
@@ -205,27 +209,44 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
         assert all(m["funded_height"] is not None for m in _mints_of(net, payer))
 
         spend = wallet.take(2)
+        nonce = iter(range(2, 100))
+
+        def by_node(body: Any) -> dict[str, Any]:
+            return net.submit(sign(body, node_key, next(nonce)).encode())
+
         # a credit buys what the node's price on the chain says, and nothing without one
-        unpriced = net.submit(sign(CreditRedeem("m", 0, tuple(spend)), node_key, 2).encode())
+        unpriced = by_node(CreditRedeem("m", 0, tuple(spend)))
         assert unpriced["code"] == 97, unpriced  # REDEMPTION_UNPRICED
-        priced = net.submit(sign(SetPrice("m", 0, 1), node_key, 3).encode())
-        assert priced.get("code", 0) == 0, priced
+        assert by_node(SetPrice("m", 0, 32)).get("code", 0) == 0  # the first price: counts now
+        # a raise mid-epoch (a credit per 8 positions): counts from the next epoch only
+        assert by_node(SetPrice("m", 0, 8)).get("code", 0) == 0
+        [row] = net.query(f"/prices?model=m&node={node}")["prices"]
+        epoch = net.query("/prices?model=m")["epoch"]
+        assert row["positions"] == 32 and row["next"] == {"epoch": epoch + 1, "positions": 8}, row
         # the node commits what it served (one record, 32 positions): no commitment, no pay
-        uncommitted = net.submit(sign(CreditRedeem("m", 0, tuple(spend)), node_key, 4).encode())
+        uncommitted = by_node(CreditRedeem("m", 0, tuple(spend)))
         assert uncommitted["code"] == 84, uncommitted  # UNCOMMITTED_REDEMPTION
         record = CommitmentRecord("0x" + "5e" * 32, 0, 0, "0x" + "c0" * 32)
-        committed = net.submit(sign(CommitBatch((record,)), node_key, 5).encode())
+        committed = by_node(CommitBatch((record,)))
         assert committed.get("code", 0) == 0, committed
-        first = net.submit(sign(CreditRedeem("m", 0, tuple(spend)), node_key, 6).encode())
+        # one session: 32 positions + 31 for its last credit paid ahead pay one credit at the
+        # registered 32 (two at the raised 8 would need 16): two are refused by name
+        over = by_node(CreditRedeem("m", 0, tuple(spend)))
+        assert over["code"] == 91, over  # REDEMPTION_OVER_PRICE
+        assert "registered price of 32 positions each need 64" in over["log"], over
+        assert "at most 1 credits" in over["log"], over
+        first = by_node(CreditRedeem("m", 0, tuple(spend[:1])))
         assert first.get("code", 0) == 0, first
-        again = net.submit(sign(CreditRedeem("m", 0, tuple(spend[:1])), node_key, 7).encode())
+        again = by_node(CreditRedeem("m", 0, tuple(spend[:1])))
         assert again["code"] == 78 and "already redeemed" in again["log"], again  # CREDIT_SPENT
+        rest = by_node(CreditRedeem("m", 0, tuple(spend[1:])))  # 31 positions left: under 32
+        assert rest["code"] == 91 and "31 are left" in rest["log"], rest
         [last] = wallet.take(1)
         altered = replace(last, nonce=last.nonce[:-1] + bytes([last.nonce[-1] ^ 1]))
-        refused = net.submit(sign(CreditRedeem("m", 0, (altered,)), node_key, 8).encode())
+        refused = by_node(CreditRedeem("m", 0, (altered,)))
         assert refused["code"] == 77, refused  # CREDIT_INVALID
         credited = net.query(f"/credits?account={address_of(evm).lower()}")["credits"]
-        assert credited == [{"layer_tokens": 2 * LAYER_TOKENS, "model": "m", "shard": 0}]
+        assert credited == [{"layer_tokens": LAYER_TOKENS, "model": "m", "shard": 0}]
         # the retired RSA `mint` kind: refused by name at the door (CheckTx), nothing listed
         unsigned = {
             "body": {

@@ -28,6 +28,7 @@ from tests.unit.test_abci_settlement import (
     GATEWAY_EVM_KEY,
     Q1,
     ask,
+    ask_code,
     bind_gateway,
     next_epoch_end,
     one,
@@ -178,3 +179,23 @@ def test_a_gateway_reporting_anothers_query_never_displaces_its_report() -> None
     assert sorted((v["rows"][0][0], v["query_ids"], v["fees"]) for v in views) == sorted(
         [(THIEF_EVM, [Q1], ["9"]), (GATEWAY_EVM, [Q1], ["5"])]
     )
+
+
+def test_the_bound_keys_are_listed_a_page_at_a_time() -> None:
+    """Binding is free, so `/gateways` without a key or an address answers a page of at most
+    `limit` bound keys in key order after `after`, and `next` to go on (before: every binding
+    in one answer)."""
+    chain = settled_chain()
+    results = chain.block(
+        [bind_gateway(chain, NEWCOMER, NEWCOMER_EVM_KEY), bind_gateway(chain, THIEF, THIEF_EVM_KEY)]
+    )
+    assert [r.code for r in results] == [Code.OK, Code.OK]
+    every = {hexkey(GATEWAY): GATEWAY_EVM, hexkey(NEWCOMER): NEWCOMER_EVM, hexkey(THIEF): THIEF_EVM}
+    assert ask(chain, "/gateways") == {"gateways": every, "next": None}
+    keys = sorted(every)
+    first = ask(chain, "/gateways?limit=2")
+    assert first == {"gateways": {k: every[k] for k in keys[:2]}, "next": keys[1]}
+    rest = ask(chain, f"/gateways?limit=2&after={first['next']}")
+    assert rest == {"gateways": {keys[2]: every[keys[2]]}, "next": None}
+    assert ask(chain, f"/gateways?after={keys[2]}") == {"gateways": {}, "next": None}
+    assert ask_code(chain, "/gateways?after=nothex") == Code.BAD_QUERY
