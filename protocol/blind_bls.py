@@ -190,6 +190,23 @@ def unblind(blinding: Blinding, blind_signature: bytes, group_key: G2) -> Thresh
     return credit
 
 
+def unblind_all(
+    blindings: Sequence[Blinding], blind_signatures: Sequence[bytes], group_key: G2
+) -> list[ThresholdCredit]:
+    """σ_j = r_j⁻¹ · S_j for each credit, verified together under the committee key
+    (`verify_credits`: one pairing check for the lot, not one per credit) before they are
+    returned; CreditSignatureError when any does not verify (`unblind` each to find which)."""
+    if len(blindings) != len(blind_signatures):
+        raise ThresholdCreditError("one blind signature per blinding")
+    credits = []
+    for blinding, blind_signature in zip(blindings, blind_signatures, strict=True):
+        point = bls.parse_g1(blind_signature, "blind signature")
+        signature = bls.g1_bytes(bls.g1_mul(point, pow(blinding.factor, -1, ORDER)))
+        credits.append(ThresholdCredit(blinding.period, blinding.nonce, signature))
+    verify_credits(group_key, credits)
+    return credits
+
+
 def verify_credit(group_key: G2, credit: ThresholdCredit) -> None:
     """e(σ, G2) = e(H(m), X), or CreditSignatureError."""
     sigma = bls.parse_g1(credit.signature, "credit signature")

@@ -80,7 +80,8 @@ class CreditWallet:
     rewritten in place, fsynced). The file's other changes rewrite it without those credits
     under a new `generation`, which voids the record: a crash before the rename keeps the old
     file and its record, after it the new file and no offset — no credit comes back, none is
-    skipped. The parsed file is kept while its inode, size and mtime stay the same."""
+    skipped. The parsed file is kept while its inode, size and mtime stay the same, and what
+    this wallet wrote itself is kept as written (never parsed back)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -166,12 +167,17 @@ class CreditWallet:
         )
 
     def _save(self, contents: _Contents) -> None:
+        """Write `contents` (the credits held, none taken) under a new generation, and keep
+        them as the parsed file: what this wallet wrote is not parsed again (every credit's
+        point is checked when parsed, ~0.06 ms each: a top-up's mints re-read a file of
+        hundreds of credits twice a mint). Called under the lock, so the file is ours."""
+        generation = secrets.token_hex(16)
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             json.dump(
                 {
-                    "generation": secrets.token_hex(16),
+                    "generation": generation,
                     "credits": [credit_json(credit) for credit in contents.credits],
                     "pending": [item.to_json() for item in contents.pending],
                     **({"retired": contents.retired} if any(contents.retired.values()) else {}),
@@ -182,6 +188,10 @@ class CreditWallet:
             os.fsync(handle.fileno())
         tmp.replace(self.path)
         _fsync_dir(self.path.parent)
+        stat = self.path.stat()
+        retired = {key: list(items) for key, items in contents.retired.items()}
+        written = _Contents(list(contents.credits), list(contents.pending), generation, retired)
+        self._cache = ((stat.st_ino, stat.st_size, stat.st_mtime_ns), written)
 
     def _write_offset(self, generation: str, offset: int) -> None:
         record = f"{generation} {offset}".ljust(TAKEN_RECORD - 1) + "\n"

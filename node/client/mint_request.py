@@ -8,11 +8,17 @@ partial signatures into N threshold blind BLS credits (`protocol.blind_bls`).
     credits = request.finalize(period, answers)    answers: each validator's
                                                    /credit_partials?mint=<request.mint_id>
 
-`finalize` trusts no answer: each partial is checked against the chain's public share X_i of
-the validator it names (e(s_i, G2) = e(B, X_i)); a validator whose answer does not check is
-left out. Each credit needs t checked partials on its own blinded point; the combined signature
-is unblinded and verified under X_p before it is kept (`MintIncomplete` otherwise). The
-blinding factors and nonces never leave this process and the wallet file.
+`finalize` trusts no answer, and first takes the quick way: the partials of the t lowest
+validators that answered are combined for every credit, unblinded, and the N credits verified
+together under X_p (`blind_bls.unblind_all`: one pairing check for the mint, where checking
+each partial costs one per validator and credit, ~1 ms each). Only when that fails (an answer
+that does not parse or does not check) is each partial checked against the chain's public share
+X_i of the validator it names (e(s_i, G2) = e(B, X_i)); a validator whose answer does not check
+is left out. Each credit needs t checked partials on its own blinded point; the combined
+signature is unblinded and verified under X_p before it is kept (`MintIncomplete` otherwise).
+Either way a credit is kept only once it verifies under X_p, and it is the same credit (σ =
+x · H(m) whichever t signed). The blinding factors and nonces never leave this process and the
+wallet file.
 """
 
 from __future__ import annotations
@@ -102,6 +108,43 @@ class MintRequest:
         self, period: PeriodKey, answers: Sequence[Mapping[str, Any]]
     ) -> list[ThresholdCredit]:
         """N credits from the validators' `/credit_partials` answers (module docstring)."""
+        quick = self._finalize_quick(period, answers)
+        return quick if quick is not None else self._finalize_checked(period, answers)
+
+    def _finalize_quick(
+        self, period: PeriodKey, answers: Sequence[Mapping[str, Any]]
+    ) -> list[ThresholdCredit] | None:
+        """The credits from the t lowest answering validators' partials, verified together
+        under the committee key; None when they do not make credits that verify."""
+        partials: dict[int, list[bytes]] = {}
+        for answer in answers:
+            index = period.index_of.get(str(answer.get("validator")))
+            if index is None or period.public_shares.get(index) is None:
+                continue
+            listed = answer.get("partials") or []
+            if answer.get("mint") != self.mint_id or len(listed) != len(self.blindings):
+                continue
+            try:
+                partials[index] = [bytes.fromhex(str(partial)) for partial in listed]
+            except ValueError:
+                partials.pop(index, None)  # as the checked way: a bad answer counts for nothing
+        signers = sorted(partials)[: period.threshold]
+        if len(signers) < period.threshold:
+            return None
+        try:
+            combined = [
+                blind_bls.combine({i: partials[i][slot] for i in signers}, period.threshold)
+                for slot in range(len(self.blindings))
+            ]
+            return blind_bls.unblind_all(self.blindings, combined, period.key)
+        except (bls.BlsError, blind_bls.ThresholdCreditError):
+            return None
+
+    def _finalize_checked(
+        self, period: PeriodKey, answers: Sequence[Mapping[str, Any]]
+    ) -> list[ThresholdCredit]:
+        """Each partial checked under its validator's public share; MintIncomplete for a
+        credit with fewer than t that check."""
         checked: list[dict[int, bytes]] = [{} for _ in self.blindings]
         for answer in answers:
             index = period.index_of.get(str(answer.get("validator")))

@@ -212,3 +212,20 @@ def test_malformed_inputs_are_refused_by_name() -> None:
         blind_bls.combine(
             {0: blind_bls.partial_sign(c.shares[1], blinding.blinded), 1: b"", 2: b""}, 3
         )
+
+
+def test_unblind_all_verifies_the_lot_and_refuses_it_with_one_wrong_signature() -> None:
+    """`unblind_all` returns the credits `unblind` gives one by one, after one batch check;
+    one blind signature of another message (a bad partial combined in) spoils the lot."""
+    c = committee()
+    blindings = [blind_bls.blind(9, nonce) for nonce in nonces(3)]
+    signed = [blind_bls.combine(sign(c, (1, 2, 3), b.blinded), c.threshold) for b in blindings]
+    credits = blind_bls.unblind_all(blindings, signed, c.group_key)
+    assert credits == [
+        blind_bls.unblind(b, s, c.group_key) for b, s in zip(blindings, signed, strict=True)
+    ]
+    wrong = blind_bls.combine(sign(c, (1, 2, 3), blindings[0].blinded), c.threshold)
+    with pytest.raises(blind_bls.CreditSignatureError):
+        blind_bls.unblind_all(blindings, [signed[0], wrong, signed[2]], c.group_key)
+    with pytest.raises(blind_bls.ThresholdCreditError):
+        blind_bls.unblind_all(blindings, signed[:2], c.group_key)

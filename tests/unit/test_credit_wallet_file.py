@@ -139,3 +139,29 @@ def test_a_file_holding_old_rsa_credits_is_read_and_they_are_named_never_spent(
     assert kept == {"credits": [rsa_credit_json(1)], "pending": [rsa_pending]}
     with pytest.raises(ProtocolError, match="holds 0 credits"):
         reread.take(1)
+
+
+def test_what_the_wallet_wrote_is_never_parsed_back_and_another_writer_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each credit parsed checks its point (~0.06 ms): a gateway's top-up rewrites a file of
+    hundreds twice a mint, so the wallet keeps what it wrote as parsed; a file another
+    process wrote is parsed again."""
+    import node.client.credit_wallet as module
+
+    parsed: list[object] = []
+    real = module.parse_paid_credit
+    monkeypatch.setattr(module, "parse_paid_credit", lambda item: parsed.append(1) or real(item))
+    path = tmp_path / "credits.json"
+    wallet = CreditWallet(path)
+    every = _canonical(_credits(40))
+    wallet.add(every[:30])
+    wallet.add(every[30:])
+    assert wallet.count() == 40 and wallet.take(5) == every[:5] and wallet.count() == 35
+    assert parsed == []
+    other = CreditWallet(path)  # another process: writes the file anew
+    assert other.take(1) == every[5:6]
+    other.add(_canonical(_credits(1, start=100)))
+    assert len(parsed) == 40
+    assert wallet.count() == 35 and wallet.take(1) == every[6:7]
+    assert len(parsed) == 40 + 35  # the file other wrote, parsed once

@@ -15,7 +15,7 @@ from abci_app.codes import Code
 from abci_app.query_params import QueryError
 from abci_app.threshold_queries import partials
 from node.client.mint_request import MintIncomplete, MintRequest, PeriodKey
-from protocol import blind_bls
+from protocol import blind_bls, bls
 from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
 from protocol.committee.grammar import TxDecodeError
@@ -141,6 +141,36 @@ def test_a_bad_partial_is_left_out_and_too_few_is_named(tmp_path: Path) -> None:
     answers[1] = {**answers[1], "partials": list(reversed(answers[1]["partials"]))}
     with pytest.raises(MintIncomplete):
         req.finalize(period_key(chain), answers)
+
+
+def test_a_mint_whose_answers_check_costs_one_pairing_check_for_all_its_credits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quick way: the t lowest validators' partials combined and the credits checked as
+    one batch, not each partial of each validator (~1 ms a pairing check); a bad answer of a
+    validator above the t lowest is never looked at, and the credits are the same."""
+    chain, stores, node = keyed_chain(tmp_path)
+    req = request(chain, 4)
+    mint_and_fund(chain, req)
+    answers = gather(chain, stores, req.mint_id)
+    expected = req.finalize(period_key(chain), answers)
+    checks = []
+    real = bls.pairing_equal
+    monkeypatch.setattr(bls, "pairing_equal", lambda *a: checks.append(1) or real(*a))
+    highest = max(range(len(answers)), key=lambda i: answers[i]["index"])
+    answers[highest] = {**answers[highest], "partials": answers[highest]["partials"][::-1]}
+    assert req.finalize(period_key(chain), answers) == expected
+    assert len(checks) == 1
+    # a bad answer among the t lowest: the checked way finds it and leaves it out
+    checks.clear()
+    lowest = min(range(len(answers)), key=lambda i: answers[i]["index"])
+    answers[lowest] = {**answers[lowest], "partials": answers[lowest]["partials"][::-1]}
+    with pytest.raises(MintIncomplete):
+        req.finalize(period_key(chain), answers)  # 2 honest of 4 left
+    assert len(checks) > 1
+    answers[highest] = gather(chain, stores, req.mint_id)[highest]
+    assert req.finalize(period_key(chain), answers) == expected
+    assert redeem(chain, node, expected).code == Code.OK
 
 
 def test_refusals_by_name(tmp_path: Path) -> None:
