@@ -3,7 +3,8 @@
 Real processes throughout: anvil, 4 CometBFT validators with their ABCI apps and stake
 watchers, 3 compute nodes staked and joined by `planet stake` / `planet join`, each with its
 agent. Checks: everything is alive and listed; served questions are settled, posted and
-claimed; a prepaid question is debited once; an unstaked node stops being routable; a node
+claimed; a relay's redeemed credits are a posted row its operator claims; a prepaid question is
+debited once; an unstaked node stops being routable; a node
 whose stake was never attested is never routable; a new operator home with no config funds
 (`planet devnet fund`), stakes, joins and leaves (dropping out of the routable set) through
 commands that find the devnet by themselves. Each test pays from a wallet of its own and
