@@ -11,6 +11,11 @@ The account is the operator wallet's address (`<home>/wallet.json`, read without
 for `earnings`). Amounts and proofs come from the committee (`/payouts`, `/payouts/proof`), the
 epoch's state from the escrow (`epochOf`, `claimed`) and the time from the EVM chain's latest
 block. Chains and files: the same flags, environment and config.toml as `planet stake`.
+
+A relay's home (its `node_key.json` is a registered relay's committee key) also gets the
+relay's part (node/cli/relay_earnings.py): the credits it redeemed so far this epoch and the
+wei they are due at the close, and per closed epoch its credits beside the row its close paid
+(`relay` in --json). Its rows are claimed like any other.
 """
 
 from __future__ import annotations
@@ -20,12 +25,16 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from node.chain.committee_pages import STATEMENT_PAGES, Query, read_statements
 from node.cli.operator import _chain, _check_chain, _common, _config, _password, format_eth
+from protocol.committee.settlement import statement_page
 from protocol.errors import RemoteError, UsageError
+
+if TYPE_CHECKING:
+    from node.cli.relay_earnings import RelayEarnings
 
 log = logging.getLogger(__name__)
 
@@ -243,9 +252,12 @@ def earnings_of(config: Any, account: str, epoch: int | None) -> tuple[list[Epoc
 
 
 def _earnings(args: argparse.Namespace) -> int:
+    from node.cli.relay_earnings import read_relay
+
     config = _config(args)
     account = _account(config)
     rows, (credits, now) = earnings_of(config, account, args.epoch)
+    relay = read_relay(config.committee_rpc, config.node_key_path)
     totals = {"pending": 0, "claimable": 0, "claimed": 0}
     for row in rows:
         state = row.state(now)
@@ -253,6 +265,11 @@ def _earnings(args: argparse.Namespace) -> int:
         if state != "disputed":
             totals[key] += row.payable
     current = sum(int(c["layer_tokens"]) for c in credits["credits"])
+    epoch_now = int(credits["epoch"])
+    paid = paid_per_epoch(rows)
+    if relay is not None and args.epoch is not None:
+        only = statement_page(args.epoch)[0]
+        relay = replace(relay, credits={e: n for e, n in relay.credits.items() if e == only})
     if args.json:
         doc = {
             "account": account,
@@ -261,10 +278,15 @@ def _earnings(args: argparse.Namespace) -> int:
             **{k: str(v) for k, v in totals.items()},
             "current_epoch": {"epoch": credits["epoch"], "layer_tokens": current},
         }
+        if relay is not None:
+            doc["relay"] = relay.to_json(epoch_now, paid)
         print(json.dumps(doc, sort_keys=True))
         return 0
     print(f"account     {account}")
-    print(f"this epoch  {credits['epoch']}: {current} layer-tokens credited so far")
+    if relay is None or current:
+        print(f"this epoch  {credits['epoch']}: {current} layer-tokens credited so far")
+    if relay is not None:
+        _print_relay(relay, account, epoch_now)
     if not rows:
         print("no settled epoch pays this account yet")
     for row in rows:
@@ -273,10 +295,43 @@ def _earnings(args: argparse.Namespace) -> int:
             state += f" (claimable in {max(0, row.claimable_at - now)} s)"
         if row.payable != row.amount:
             state += f" (short epoch: pays {format_eth(row.payable)} of the signed amount)"
-        print(f"epoch {row.epoch:<5} {format_eth(row.amount):>24}  shares {row.shares:<12} {state}")
+        work = f"shares {row.shares:<12}"
+        redeemed = relay.credits.get(statement_page(row.epoch)[0], 0) if relay else 0
+        if redeemed and not row.shares:
+            work = f"credits {redeemed:<11}"  # a relay's: credits it redeemed in the epoch
+        print(f"epoch {row.epoch:<5} {format_eth(row.amount):>24}  {work} {state}")
+    if relay is not None:
+        for epoch in relay.closed(epoch_now):
+            if not paid.get(epoch):
+                print(
+                    f"epoch {epoch:<5} {relay.credits[epoch]} credits redeemed: no row at its "
+                    "close (moved to the next epoch's, or slashed)"
+                )
     for name, value in totals.items():
         print(f"{name:<11} {format_eth(value)}")
     return 0
+
+
+def paid_per_epoch(rows: list[EpochEarning]) -> dict[int, int]:
+    """Wei in the account's payout rows per committee epoch (its pages summed)."""
+    paid: dict[int, int] = {}
+    for row in rows:
+        epoch = statement_page(row.epoch)[0]
+        paid[epoch] = paid.get(epoch, 0) + row.amount
+    return paid
+
+
+def _print_relay(relay: RelayEarnings, account: str, epoch: int) -> None:
+    payee = "" if relay.account == account.lower() else f" to {relay.account}"
+    print(
+        f"relay       {relay.key[:16]}… ({relay.status}): {format_eth(relay.price_wei)} a "
+        f"credit it redeems, paid{payee} at the epoch's close"
+    )
+    redeemed = relay.credits.get(epoch, 0)
+    print(
+        f"this epoch  {epoch}: {redeemed} credits redeemed by the relay so far: "
+        f"{format_eth(relay.due(epoch))} due at the close"
+    )
 
 
 def _claim(args: argparse.Namespace) -> int:

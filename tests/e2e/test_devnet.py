@@ -3,7 +3,8 @@
 Real processes throughout: anvil, 4 CometBFT validators with their ABCI apps and stake
 watchers, 3 compute nodes staked and joined by `planet stake` / `planet join`, each with its
 agent. Checks: everything is alive and listed; served questions are settled, posted and
-claimed; a prepaid question is debited once; an unstaked node stops being routable; a node
+claimed; a relay's redeemed credits are a posted row its operator claims; a prepaid question is
+debited once; an unstaked node stops being routable; a node
 whose stake was never attested is never routable; a new operator home with no config funds
 (`planet devnet fund`), stakes, joins and leaves (dropping out of the routable set) through
 commands that find the devnet by themselves. Each test pays from a wallet of its own and
@@ -322,6 +323,125 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(
             relayer.escrow.post_payout_root(statement, [], [], sigs)
         assert refused.value.error_name == reason
     assert escrow.functions.epochOf(10**6).call()[3] == 0
+
+
+RELAY_CREDITS = 2  # credits the test's paying user gives the relay
+
+
+def _redeemed(rpc: str, key: str) -> dict[int, int] | None:
+    """{epoch: credits} the relay of committee `key` redeemed, once it is all of them."""
+    try:
+        answer = _query(rpc, "/relay_credits", key=key)
+    except (OSError, ValueError) as error:  # a busy RPC: asked again
+        print(f"_redeemed: {error!r}", file=sys.stderr)
+        return None
+    per = {int(e["epoch"]): int(e["credits"]) for e in (answer or {}).get("epochs", [])}
+    return per if sum(per.values()) == RELAY_CREDITS else None
+
+
+def test_devnet_relay_redeems_credits_and_claims_its_row(env, devnet, tmp_path) -> None:
+    """A relay's pay on real processes (issue 43): a Relay stake on anvil, `planet relay serve`
+    registering on the committee, credits a user bought on the devnet (`planet credits buy`)
+    handed to the relay as a paying client's PAY cell hands them over (into its spool; the
+    overlay path that carries them is tests/integration/test_paid_nodes.py's), the running relay
+    redeeming them (`relay_redeem`) → the epoch's close pays its staking address credits · price
+    on the credit pool's page, in a root the validators sign and post → `planet earnings` shows
+    the row beside the credits → `planet claim --home <relay home>` (real QueryEscrow) pays
+    exactly it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harness.ports import ephemeral_port
+    from node.client.credit_wallet import CreditWallet
+    from node.keys import create_dev_wallet, node_public_key
+    from node.relay.earnings import SPOOL_DIR, Earnings
+    from protocol.committee.settlement import statement_page
+    from tests.e2e.devnet_session import fund
+
+    rpc = devnet["committee_rpc"][0]
+    price = int(_query(rpc, "/params")["genesis"]["credits"]["price_wei"])
+    home, user_dir = tmp_path / "relay", tmp_path / "user"
+    own_env = operator_env(env, home)
+    relay_account = create_dev_wallet(home / "wallet.json", own_env["PLANET_PASSWORD"]).address
+    user = create_dev_wallet(user_dir / "wallet.json", Path(devnet["password_file"]).read_text())
+    pay = ["--wallet", str(user_dir / "wallet.json"), "--password-file", devnet["password_file"]]
+    credits_file = user_dir / "credits.json"
+    fund(env, relay_account, "1")
+
+    def buy() -> None:  # the paying user: funded, a credits balance deposited, credits minted
+        fund(env, user.address, "1")
+        deposited = _planet(env, "balance", "deposit", "0.00001", "--credits", *pay)
+        assert deposited.returncode == 0, deposited.stderr[-2000:]
+        bought = _planet(env, "credits", "buy", str(RELAY_CREDITS), "--credits-file",
+                         str(credits_file), *pay, timeout=240)  # fmt: skip
+        assert bought.returncode == 0, bought.stderr[-2000:]
+
+    with ThreadPoolExecutor(1) as pool:  # the user buys while the relay's operator stakes
+        buying = pool.submit(buy)
+        staked = _planet(own_env, "stake", "--role", "relay", "--amount", "0.1",
+                         "--home", str(home))  # fmt: skip
+        assert staked.returncode == 0, staked.stderr[-2000:]
+        buying.result()
+    # what the relay keeps of a PAY note: the credits, in <home>/relay-credits/
+    given = CreditWallet(credits_file).take(RELAY_CREDITS)
+    assert Earnings(home / SPOOL_DIR).take(given) == RELAY_CREDITS
+
+    log = (home / "relay.log").open("w")
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "planet", "relay", "serve", "--home", str(home),
+         "--port", str(ephemeral_port()), "--allow-private-next-hops"],
+        stdout=subprocess.PIPE, stderr=log, text=True, env=own_env,
+    )  # fmt: skip
+    try:
+        assert relay.stdout is not None
+        for expected in ("relay on", "registered relay"):
+            line = relay.stdout.readline()
+            assert line.startswith(expected), (line, (home / "relay.log").read_text()[-2000:])
+        key = node_public_key(home / "node_key.json")
+        [(epoch, _)] = _wait(lambda: _redeemed(rpc, key), 60, "the relay's redemption").items()
+        # the close of that epoch pays the relay's address on the pool's page, posted
+        paid = _wait(lambda: _paid(devnet, [relay_account]), 90, "the relay's row posted")
+        [(number, amount)] = paid[relay_account.lower()].items()
+        assert statement_page(number)[0] == epoch and amount == RELAY_CREDITS * price
+        view = _query(rpc, "/payouts", epoch=str(number))
+        escrow_address = devnet["contracts"]["QueryEscrow"].lower()
+        assert view["confirmed"] and [escrow_address] * 2 in [
+            [p.lower(), g.lower()] for p, g in zip(view["payers"], view["gateways"], strict=True)
+        ]
+        # the relay operator's view: the row beside the credits redeemed in its epoch
+        shown = _planet(own_env, "earnings", "--home", str(home), "--json", timeout=60)
+        assert shown.returncode == 0, shown.stderr[-2000:]
+        doc = json.loads(shown.stdout)
+        assert {"epoch": epoch, "credits": RELAY_CREDITS, "due": str(amount),
+                "paid": str(amount)} in doc["relay"]["epochs"]  # fmt: skip
+        assert [(e["epoch"], e["amount"]) for e in doc["epochs"]] == [(number, str(amount))]
+
+        # after the escrow's window, `planet claim` pays the relay's address exactly its row
+        w3, escrow = escrow_contract(devnet)
+        w3.provider.make_request("evm_increaseTime", [CHALLENGE_WINDOW_S + 1])
+        w3.provider.make_request("evm_mine", [])
+        claimed = _planet(own_env, "claim", "--home", str(home), timeout=120)
+        assert claimed.returncode == 0, claimed.stderr[-2000:]
+        [line] = claimed.stdout.splitlines()  # "claimed <eth> for epoch <E> (tx <hash>)"
+        assert f" for epoch {number} " in line, line
+        receipt = w3.eth.get_transaction_receipt(line.rsplit("(tx ", 1)[1].rstrip(")"))
+        block, account = receipt["blockNumber"], w3.to_checksum_address(relay_account)
+        received = w3.eth.get_balance(account, block) - w3.eth.get_balance(account, block - 1)
+        total, collected = escrow.functions.shortfallOf(number).call()
+        payable = amount * collected // total if total else amount
+        assert received + receipt["gasUsed"] * receipt["effectiveGasPrice"] == payable > 0
+        assert escrow.functions.claimed(number, account).call()
+    finally:
+        relay.terminate()
+        try:
+            relay.wait(10)
+        except subprocess.TimeoutExpired:
+            relay.kill()
+            relay.wait(5)
+        if relay.stdout is not None:
+            relay.stdout.close()
+        log.close()
+        if (home / "node_key.json").exists():  # registered: off the committee for good
+            _planet(own_env, "relay", "leave", "--home", str(home), timeout=60)
 
 
 def _debited_in(devnet: dict[str, Any], payer: str, query_id: str) -> dict[str, Any] | None:
