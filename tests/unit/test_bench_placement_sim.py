@@ -32,12 +32,12 @@ def test_the_exhaustive_best_puts_the_two_slow_machines_together() -> None:
 
 
 def test_the_best_that_keeps_a_floor_gives_every_shard_that_many_nodes() -> None:
-    fleet = machines(1, 1, 1, 4, 4, 4)
+    fleet = machines(1, 1, 4, 4, 4, 4)
     free, _ = best_tok_s(TIMING, fleet)
     floored, where = best_tok_s(TIMING, fleet, need=2)
+    assert free == pytest.approx(1 / STAGE)  # [4x] [4x] [1x × 4]
     assert sorted(list(where.values()).count(s) for s in range(3)) == [2, 2, 2]
-    assert floored == pytest.approx(1.25 / STAGE)  # each shard: one 4x + one 1x
-    assert free == floored  # 3 + 3: no better split without the floor either
+    assert floored == pytest.approx(0.5 / STAGE)  # [4x + 1x] [4x + 1x] [1x + 1x]
 
 
 def test_a_circuit_speed_credits_the_lone_slow_node_s_pace_to_every_node() -> None:
