@@ -31,6 +31,7 @@ Prints one BENCHMARKS.md-shaped JSON object.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -48,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import machine, median, parse_with_quick
 from bench._placement_sim import Machine, Timing, best_tok_s, machine_key, place
 from node.agent.placement import DEFAULT_REPLICA_FLOOR
+from node.agent.rebalance import RebalancePolicy
 from node.procs import exit_process
 
 log = logging.getLogger("bench.placement")
@@ -123,13 +125,15 @@ def ordered(machines: list[Machine], order: str) -> list[Machine]:
 
 
 def scenarios(
-    timing: Timing, sizes: list[int], draws: int, floor: int
+    timing: Timing, sizes: list[int], draws: int, floor: int, gains: list[int]
 ) -> tuple[dict[str, Any], list[str]]:
-    """Every draw × size × order through the rule, with the committee's speeds and with the
-    nodes' own (oracle); metrics, and one line per placement below 0.9 of the best."""
+    """Every draw × size × order through the rules, with the committee's speeds and with the
+    nodes' own (oracle), rebalancing at each of `gains` (the first: the headline's; the others
+    on the same machines and stage times, side by side); metrics, and one line per headline
+    placement below 0.9 of the best."""
     headline: dict[tuple[int, str], list[float]] = {}
     runs: dict[str, list[float]] = {}
-    moves: dict[str, list[int]] = {"committee": [], "oracle": []}
+    moves: dict[str, int] = {}
     unconverged = 0
     notes: list[str] = []
     for nodes in sizes:
@@ -137,49 +141,48 @@ def scenarios(
             drawn = draw(seed, nodes)
             best, best_at = best_tok_s(timing, drawn)
             floored, _ = best_tok_s(timing, drawn, need=min(floor, nodes // timing.shards))
-            for order in ORDERS:
+            for order, gain, oracle in itertools.product(ORDERS, gains, (False, True)):
                 line = ordered(drawn, order)
-                for speeds in ("committee", "oracle"):
-                    oracle = speeds == "oracle"
-                    outcome = place(
-                        timing, line, burst=order == "burst", oracle=oracle, floor=floor
-                    )
-                    tail = "_oracle_speeds" if oracle else ""
-                    for name, value in (
-                        (f"ratio_placement_vs_best{tail}", outcome.final_tok_s / best),
+                policy = RebalancePolicy(gain_percent=gain)
+                outcome = place(
+                    timing, line, burst=order == "burst", oracle=oracle, floor=floor,
+                    policy=policy,
+                )  # fmt: skip
+                tail = ("_oracle_speeds" if oracle else "") + (
+                    f"_gain_{gain}" if gain != gains[0] else ""
+                )
+                named = [(f"ratio_placement_vs_best{tail}", outcome.final_tok_s / best)]
+                if gain == gains[0]:
+                    named += [
                         (f"ratio_placement_vs_best_floored{tail}", outcome.final_tok_s / floored),
                         (f"ratio_join_only_vs_best{tail}", outcome.joined_tok_s / best),
-                    ):
-                        runs.setdefault(name, []).append(value)
-                    moves[speeds].append(outcome.moves)
-                    unconverged += not outcome.converged
-                    if oracle:
-                        continue
-                    headline.setdefault((nodes, order), []).append(outcome.final_tok_s / best)
-                    if outcome.final_tok_s < 0.9 * best:
-                        notes.append(_shortfall(timing, line, outcome.final, best_at, order, seed))
+                    ]
+                for name, value in named:
+                    runs.setdefault(name, []).append(value)
+                moves[tail] = moves.get(tail, 0) + outcome.moves
+                unconverged += not outcome.converged
+                if oracle or gain != gains[0]:
+                    continue
+                moves["_max"] = max(moves.get("_max", 0), outcome.moves)
+                headline.setdefault((nodes, order), []).append(outcome.final_tok_s / best)
+                if outcome.final_tok_s < 0.9 * best:
+                    notes.append(_shortfall(timing, line, outcome.final, best_at, order, seed))
     metrics: dict[str, Any] = {}
     for (nodes, order), values in headline.items():
-        metrics[f"ratio_placement_vs_best_{timing.shards}s_{nodes}n_{order}"] = round(
-            min(values), 3
-        )
+        name = f"ratio_placement_vs_best_{timing.shards}s_{nodes}n_{order}"
+        metrics[name] = round(min(values), 3)
     for name, values in runs.items():
         metrics[f"{name}_min"] = round(min(values), 3)
         metrics[f"{name}_median"] = round(statistics.median(values), 3)
-    every = runs["ratio_placement_vs_best"]
-    metrics.update(
-        {
-            "placements": len(every),
-            "placements_below_0_9": sum(1 for v in every if v < 0.9),
-            "placements_below_0_9_oracle_speeds": sum(
-                1 for v in runs["ratio_placement_vs_best_oracle_speeds"] if v < 0.9
-            ),
-            "rebalance_moves_max": max(moves["committee"]),
-            "rebalance_moves_total": sum(moves["committee"]),
-            "rebalance_moves_total_oracle_speeds": sum(moves["oracle"]),
-            "rebalance_unconverged": unconverged,
-        }
-    )
+    metrics["placements"] = len(runs["ratio_placement_vs_best"])
+    for name, values in runs.items():
+        if name.startswith("ratio_placement_vs_best") and "floored" not in name:
+            below = name.replace("ratio_placement_vs_best", "placements_below_0_9")
+            metrics[below] = sum(1 for v in values if v < 0.9)
+    metrics["rebalance_moves_max"] = moves.pop("_max")
+    for tail, count in moves.items():
+        metrics[f"rebalance_moves_total{tail}"] = count
+    metrics["rebalance_unconverged"] = unconverged
     return metrics, notes
 
 
@@ -255,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--floor", type=int, default=DEFAULT_REPLICA_FLOOR,
                         help="the chain's replica_floor (genesis default 2)")  # fmt: skip
+    parser.add_argument("--gain-percent", type=int, default=RebalancePolicy().gain_percent,
+                        help="rebalancing's `weakest` gain, percent (the policy's)")  # fmt: skip
+    parser.add_argument("--compare-gains", type=lambda t: [int(g) for g in t.split(",") if g],
+                        default=[10, 5], help="other gain thresholds, side by side")  # fmt: skip
     parser.add_argument("--hop-ms", type=float, default=0.0, help="modelled per-stage hop")
     parser.add_argument("--devnet", action=argparse.BooleanOptionalAction, default=True,
                         help="time the devnet's recovery of a lost shard (e2e test)")  # fmt: skip
@@ -280,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, slow in CLASSES.items()
         },
     }
-    placed, notes = scenarios(timing, sizes, args.draws, args.floor)
+    gains = [args.gain_percent, *(g for g in args.compare_gains if g != args.gain_percent)]
+    placed, notes = scenarios(timing, sizes, args.draws, args.floor, gains)
     metrics.update(placed)
     metrics["placement_wall_s"] = round(time.perf_counter() - started, 2)
     for note in notes:
@@ -320,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats if args.measure else 0,
             "hop_ms": args.hop_ms,
             "replica_floor": args.floor,
-            "rebalance": "node/agent/rebalance.py decide, default policy, to a fixed point",
+            "rebalance": "node/agent/rebalance.py decide, to a fixed point",
+            "gain_percent": args.gain_percent,
+            "compare_gains": gains[1:],
             "recovery": source,
             "quick": args.quick,
         },
