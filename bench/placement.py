@@ -57,7 +57,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CLASSES = {"4x": 1.0, "2x": 2.0, "1x": 4.0}  # class -> slowdown against the measured machine
 ORDERS = ("drawn", "fastest_first", "slowest_first", "burst")
 # --quick's stage times (s/token): of the order this box measures for the 3-part int8 shards
-MODELLED = Timing(shard_s=(0.006, 0.006, 0.006), head_s=0.004, hop_s=0.0)
+MODELLED = Timing(shard_s=(0.008, 0.008, 0.008), head_s=0.010, hop_s=0.0)
+MAX_NODES = 10  # the exhaustive search tries 3^N assignments: 59,049 at 10
 LOCK = "/tmp/planet-devnet.lock"
 E2E = "tests/e2e/test_rebalance_devnet.py"
 RECOVERY_LINE = re.compile(r"^rebalance_recovery (\{.*\})\s*$", re.MULTILINE)
@@ -247,9 +248,35 @@ def run_recovery_test(timeout_s: float) -> str:
     return done.stdout + done.stderr
 
 
+def sizes_arg(text: str) -> list[int]:
+    """`--sizes`: comma-separated node counts, each in [3, MAX_NODES]."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers like 3,4,6,8") from None
+    if not sizes or not all(3 <= n <= MAX_NODES for n in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: each size 3-{MAX_NODES} (3^N assignments)")
+    return sizes
+
+
+def _read_saved(path: Path) -> dict[str, Any] | None:
+    """The recovery figures of a saved e2e output, or None after an `error:` and a `hint:`."""
+    try:
+        found = recovery(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        print(f"error: cannot read {path}: {error.strerror}", file=sys.stderr)
+        print(f"hint: save the output of `pytest {E2E} -q -x -s`", file=sys.stderr)
+        return None
+    if found is None:
+        print(f"error: no `rebalance_recovery` line in {path}", file=sys.stderr)
+        print(f"hint: save the output of `pytest {E2E} -q -x -s`", file=sys.stderr)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="3,4,6,8", help="nodes per pool, comma-separated")
+    parser.add_argument("--sizes", type=sizes_arg, default="3,4,6,8",
+                        help=f"nodes per pool, comma-separated (3-{MAX_NODES})")  # fmt: skip
     parser.add_argument("--draws", type=int, default=5, help="seeded draws of the speed mix")
     parser.add_argument("--measure", action=argparse.BooleanOptionalAction, default=True,
                         help="measure the stage times (else the modelled ones)")  # fmt: skip
@@ -271,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     quick = {"sizes": "3,4", "draws": 1, "measure": False, "devnet": False}
     args = parse_with_quick(parser, quick, argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    sizes: list[int] = args.sizes
+    saved = _read_saved(args.recovery_from) if args.recovery_from is not None else None
+    if args.recovery_from is not None and saved is None:
+        return 2
     hop_s = args.hop_ms / 1000
     started = time.perf_counter()
     if args.measure:
@@ -295,17 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("below 0.9 (committee speeds): %s", note)
     source = "none"
     found: dict[str, Any] | None = None
-    if args.recovery_from is not None:
-        try:
-            found = recovery(args.recovery_from.read_text(encoding="utf-8"))
-        except OSError as error:
-            print(f"error: cannot read {args.recovery_from}: {error.strerror}", file=sys.stderr)
-            print("hint: give the saved output of the e2e test (-s)", file=sys.stderr)
-            return 2
-        if found is None:
-            print(f"error: no `rebalance_recovery` line in {args.recovery_from}", file=sys.stderr)
-            print(f"hint: save the output of `pytest {E2E} -q -x -s`", file=sys.stderr)
-            return 2
+    if saved is not None:
+        found = saved
         source = f"read from {args.recovery_from}: the output of {E2E}"
     elif args.devnet:
         found = recovery(run_recovery_test(args.devnet_timeout_s))
@@ -319,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             "shards": timing.shards,
             "sizes": sizes,
             "draws": args.draws,
-            "classes": {name: f"{slow:g}x slower per token" for name, slow in CLASSES.items()},
+            "classes": {name: f"stage time × {slow:g}" for name, slow in CLASSES.items()},
             "orders": list(ORDERS),
             "stage_times": f"measured: smollm2-135m-3p-{args.quant}, 1 torch thread"
             if args.measure
