@@ -231,8 +231,9 @@ NO_RECOVERY = dict.fromkeys(
 )
 
 
-def run_recovery_test(timeout_s: float) -> str:
-    """Run the e2e test once under the devnet lock (it brings up the shared devnet); its output."""
+def run_recovery_test(timeout_s: float) -> tuple[str, bool]:
+    """Run the e2e test once under the devnet lock (it brings up the shared devnet): its output
+    and whether it passed (it prints its times before it checks the answers)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
@@ -245,7 +246,7 @@ def run_recovery_test(timeout_s: float) -> str:
     )
     if done.returncode != 0:
         log.error("%s", (done.stdout + done.stderr)[-4000:])
-    return done.stdout + done.stderr
+    return done.stdout + done.stderr, done.returncode == 0
 
 
 def sizes_arg(text: str) -> list[int]:
@@ -295,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recovery-from", type=Path, default=None,
                         help="the e2e test's output to read the recovery figure from")  # fmt: skip
     parser.add_argument("--devnet-timeout-s", type=float, default=1200.0)
+    parser.add_argument("--devnet-log", type=Path, default=None,
+                        help="save the e2e test's whole output here")  # fmt: skip
     quick = {"sizes": "3,4", "draws": 1, "measure": False, "devnet": False}
     args = parse_with_quick(parser, quick, argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
@@ -329,8 +332,13 @@ def main(argv: list[str] | None = None) -> int:
         found = saved
         source = f"read from {args.recovery_from}: the output of {E2E}"
     elif args.devnet:
-        found = recovery(run_recovery_test(args.devnet_timeout_s))
-        source = f"measured now: {E2E}" if found else f"not measured: {E2E} failed"
+        output, passed = run_recovery_test(args.devnet_timeout_s)
+        if args.devnet_log is not None:
+            args.devnet_log.write_text(output, encoding="utf-8")
+        found = recovery(output)
+        verdict = "passed" if passed else "failed"
+        source = f"{'measured' if found else 'not measured'} now: {E2E} ({verdict})"
+        metrics["shard_recovery_test_passed"] = int(passed)
     metrics.update(found or NO_RECOVERY)
     metrics["shard_recovery_measured"] = int(found is not None)
     result = {
