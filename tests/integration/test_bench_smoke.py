@@ -46,6 +46,7 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "overlay": (),  # in process: S-IDA cloves, ~1 s
     "paid_circuit": (),  # two tiny in-process nodes
     "pipeline": (SLOW,),  # its --quick takes ports from PLANET_TEST_PORTS
+    "placement": (),  # in process: the placement and rebalancing rules, no torch, < 1 s
     "prefix": (),  # 3 SmolLM2 shards in process with the node's prefix caches, no ports, ~10 s
     "query_cost": (),  # the in-process app, 200 registrations, ~2 s
     "resilience": (SLOW, E2E_LANE),  # 9 node processes

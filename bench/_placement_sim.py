@@ -1,0 +1,213 @@
+"""The pool that bench/placement.py places nodes in: machines of mixed speeds join one model's
+pool one after another through the product's own rules (node/agent/placement.py
+`choose_shard`, node/agent/rebalance.py `decide`), and the result is compared with the best
+assignment an exhaustive search finds for the same machines.
+
+What is modelled here (what bench/placement.py measures is the per-shard decode time):
+
+- a machine serving shard s takes `slowdown × shard_s[s]` seconds per decoded token (its own
+  rate on that shard is the inverse);
+- the committee's `/nodes` `speed` of a node is what the verifiers would report
+  (node/verifier/speeds.py): the decode speed of a whole circuit (the client head's per-token
+  time + one stage per shard + `hop_s` per stage), credited to every node of it, each node
+  keeping its best circuit over the epoch; the bench assumes the epoch's sampled challenges
+  paired every node with the fastest node of each other shard. Until every shard has a node
+  there is no circuit, so no node has a speed (placement weighs replica counts then);
+- the pool's throughput is placement.py's: min over shards of the summed rates of the shard's
+  routable replicas, here with each machine's own rate on its shard (the capacity the pool
+  really has, whatever the committee's speeds said);
+- "settled" joins: each node joins after the earlier ones are routable and measured; "burst":
+  each joins while the earlier ones are still registering (JOIN, not routable, no speed);
+- rebalancing: after the last join every node, in join order, runs `decide` on the pool as the
+  committee would then list it, a move applied at once (its cooldown is taken as passed), until
+  a whole pass moves nobody (the fixed point) or `MAX_PASSES` passes.
+
+Pure: no I/O, no clock, no randomness but the caller's seeded draws.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from node.agent.placement import DEFAULT_REPLICA_FLOOR, PoolNode, choose_shard
+from node.agent.rebalance import RebalancePolicy, decide
+from node.verifier.speeds import decode_speed
+
+MODEL = "placement-bench"
+MAX_PASSES = 50  # rebalancing passes before a pool that keeps moving is called unconverged
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """One compute node: its key and how many times slower than the measured machine it is."""
+
+    key: str
+    slowdown: float
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Seconds per decoded token: each shard's stage (`shard_s`), the client head, one hop."""
+
+    shard_s: tuple[float, ...]
+    head_s: float
+    hop_s: float
+
+    @property
+    def shards(self) -> int:
+        return len(self.shard_s)
+
+    def stage_s(self, machine: Machine, shard: int) -> float:
+        return machine.slowdown * self.shard_s[shard]
+
+    def rate(self, machine: Machine, shard: int) -> float:
+        """The machine's own tokens/s on `shard`."""
+        return 1.0 / self.stage_s(machine, shard)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """Where the rule put every node and what that placement is worth."""
+
+    joined: dict[str, int]  # node key -> shard after the last join
+    final: dict[str, int]  # after rebalancing
+    moves: int
+    passes: int
+    converged: bool
+    joined_tok_s: float  # pool throughput after the joins
+    final_tok_s: float  # after rebalancing
+
+
+def machine_key(index: int) -> str:
+    return hashlib.sha256(f"placement-bench node {index}".encode()).hexdigest()
+
+
+def pool_tok_s(timing: Timing, machines: Sequence[Machine], assign: dict[str, int]) -> float:
+    """min over shards of the summed own rates of the machines on it (0: a shard is empty)."""
+    supply = [0.0] * timing.shards
+    for machine in machines:
+        if machine.key in assign:
+            shard = assign[machine.key]
+            supply[shard] += timing.rate(machine, shard)
+    return min(supply)
+
+
+def committee_speeds(
+    timing: Timing, machines: Sequence[Machine], assign: dict[str, int]
+) -> dict[str, int]:
+    """The `speed` the committee lists per node: its best circuit's decode speed (the node on
+    its shard, the fastest node of every other shard); empty while some shard has nobody."""
+    placed = [m for m in machines if m.key in assign]
+    fastest: dict[int, float] = {}
+    for machine in placed:
+        shard = assign[machine.key]
+        stage = timing.stage_s(machine, shard)
+        fastest[shard] = min(fastest.get(shard, stage), stage)
+    if len(fastest) < timing.shards:
+        return {}
+    speeds = {}
+    for machine in placed:
+        own = assign[machine.key]
+        others = sum(stage for shard, stage in fastest.items() if shard != own)
+        circuit = timing.head_s + timing.stage_s(machine, own) + others
+        speeds[machine.key] = decode_speed(1, circuit + timing.shards * timing.hop_s)
+    return speeds
+
+
+def own_speeds(
+    timing: Timing, machines: Sequence[Machine], assign: dict[str, int]
+) -> dict[str, int]:
+    """Each node's own tokens/s on its shard, as integers: what a perfect per-node measurement
+    would list (the comparison that separates the rule from the committee's measure)."""
+    return {m.key: max(1, int(timing.rate(m, assign[m.key]))) for m in machines if m.key in assign}
+
+
+def pool_view(
+    machines: Sequence[Machine],
+    assign: dict[str, int],
+    speeds: dict[str, int],
+    *,
+    routable: bool = True,
+) -> list[PoolNode]:
+    """The committee's `/nodes` list of the placed machines."""
+    return [
+        PoolNode(
+            key=m.key,
+            shards=(assign[m.key],),
+            status="SERVING" if routable else "JOIN",
+            routable=routable,
+            speed=speeds.get(m.key) if routable else None,
+        )
+        for m in machines
+        if m.key in assign
+    ]
+
+
+def place(
+    timing: Timing,
+    machines: Sequence[Machine],
+    *,
+    burst: bool = False,
+    oracle: bool = False,
+    floor: int = DEFAULT_REPLICA_FLOOR,
+    policy: RebalancePolicy | None = None,
+) -> Outcome:
+    """Join `machines` in their order (`burst`: nobody routable or measured before the last
+    joins), then rebalance to the fixed point; `oracle`: the rules see each node's own speed
+    instead of the committee's circuit speed."""
+    policy = policy or RebalancePolicy()
+    speeds_of = own_speeds if oracle else committee_speeds
+    assign: dict[str, int] = {}
+    for machine in machines:
+        speeds = {} if burst else speeds_of(timing, machines, assign)
+        view = pool_view(machines, assign, speeds, routable=not burst)
+        chosen = choose_shard(MODEL, timing.shards, view, own_key=machine.key, floor=floor)
+        assign[machine.key] = chosen.shard
+    joined = dict(assign)
+    moves = passes = 0
+    converged = False
+    while passes < MAX_PASSES and not converged:
+        passes += 1
+        converged = True
+        for machine in machines:
+            view = pool_view(machines, assign, speeds_of(timing, machines, assign))
+            decision = decide(
+                machine.key, view, timing.shards, floor,
+                now_s=0.0, last_move_s=None, policy=policy,
+            )  # fmt: skip
+            if decision.move:
+                assign[machine.key] = decision.target
+                moves += 1
+                converged = False
+    return Outcome(
+        joined=joined,
+        final=dict(assign),
+        moves=moves,
+        passes=passes,
+        converged=converged,
+        joined_tok_s=pool_tok_s(timing, machines, joined),
+        final_tok_s=pool_tok_s(timing, machines, assign),
+    )
+
+
+def best_tok_s(
+    timing: Timing, machines: Sequence[Machine], need: int = 0
+) -> tuple[float, dict[str, int]]:
+    """The highest pool throughput over every assignment of the machines to shards (S^N of
+    them; `need`: only those with at least that many nodes on every shard), and one assignment
+    that reaches it."""
+    rates = [[timing.rate(m, s) for s in range(timing.shards)] for m in machines]
+    best, where = -1.0, ()
+    for shards in itertools.product(range(timing.shards), repeat=len(machines)):
+        if need and any(shards.count(s) < need for s in range(timing.shards)):
+            continue
+        supply = [0.0] * timing.shards
+        for node, shard in enumerate(shards):
+            supply[shard] += rates[node][shard]
+        value = min(supply)
+        if value > best:
+            best, where = value, shards
+    return best, {m.key: s for m, s in zip(machines, where, strict=True)}

@@ -1,0 +1,68 @@
+"""The pool model bench/placement.py measures the placement rules in (bench/_placement_sim.py):
+the exhaustive best, the committee's circuit speeds, and the rules run to their fixed point."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench._placement_sim import (
+    Machine,
+    Timing,
+    best_tok_s,
+    committee_speeds,
+    machine_key,
+    place,
+    pool_tok_s,
+)
+
+STAGE = 0.01
+TIMING = Timing(shard_s=(STAGE, STAGE, STAGE), head_s=0.0, hop_s=0.0)
+
+
+def machines(*slowdowns: float) -> list[Machine]:
+    return [Machine(machine_key(i), slow) for i, slow in enumerate(slowdowns)]
+
+
+def test_the_exhaustive_best_puts_the_two_slow_machines_together() -> None:
+    fleet = machines(1, 1, 2, 4)
+    best, where = best_tok_s(TIMING, fleet)
+    assert best == pytest.approx(0.75 / STAGE)  # [4x] [4x] [2x + 1x]
+    assert where[fleet[2].key] == where[fleet[3].key]
+    assert pool_tok_s(TIMING, fleet, where) == pytest.approx(best)
+
+
+def test_the_best_that_keeps_a_floor_gives_every_shard_that_many_nodes() -> None:
+    fleet = machines(1, 1, 4, 4, 4, 4)
+    free, _ = best_tok_s(TIMING, fleet)
+    floored, where = best_tok_s(TIMING, fleet, need=2)
+    assert free == pytest.approx(1 / STAGE)  # [4x] [4x] [1x × 4]
+    assert sorted(list(where.values()).count(s) for s in range(3)) == [2, 2, 2]
+    assert floored == pytest.approx(0.5 / STAGE)  # [4x + 1x] [4x + 1x] [1x + 1x]
+
+
+def test_a_circuit_speed_credits_the_lone_slow_node_s_pace_to_every_node() -> None:
+    fleet = machines(1, 4, 1)
+    assign = {m.key: shard for shard, m in enumerate(fleet)}
+    speeds = committee_speeds(TIMING, fleet, assign)
+    assert set(speeds.values()) == {int(1 / (6 * STAGE))}  # 1 + 4 + 1 stages in every circuit
+    del assign[fleet[1].key]
+    assert committee_speeds(TIMING, fleet, assign) == {}  # no circuit: nobody measured
+
+
+def test_equal_machines_spread_evenly_and_reach_the_best() -> None:
+    fleet = machines(1, 1, 1, 1, 1, 1)
+    outcome = place(TIMING, fleet)
+    assert sorted(list(outcome.final.values()).count(s) for s in range(3)) == [2, 2, 2]
+    assert outcome.final_tok_s == pytest.approx(best_tok_s(TIMING, fleet)[0])
+    assert outcome.converged and outcome.moves == 0
+
+
+def test_rebalancing_on_own_speeds_moves_the_slow_node_to_the_weakest_shard() -> None:
+    # 4x, 2x, 1x take a shard each, the last 4x joins the weakest (the 1x's): [4x] [2x] [1x + 4x];
+    # one move of the 1x to the 2x's shard raises the weakest by half: the fixed point is the best
+    fleet = machines(1, 2, 4, 1)
+    outcome = place(TIMING, fleet, oracle=True)
+    best, _ = best_tok_s(TIMING, fleet)
+    assert outcome.joined_tok_s < 0.9 * best
+    assert outcome.moves == 1 and outcome.converged
+    assert outcome.final_tok_s == pytest.approx(best)
