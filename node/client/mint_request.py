@@ -13,11 +13,15 @@ the validator it names (e(s_i, G2) = e(B, X_i)); a validator whose answer does n
 left out. Each credit needs t checked partials on its own blinded point; the combined signature
 is unblinded and verified under X_p before it is kept (`MintIncomplete` otherwise). The
 blinding factors and nonces never leave this process and the wallet file.
+
+Each credit is holder-bound (`protocol.credit_holder`): its nonce is the public key of a fresh
+holder seed, kept with its blinding (`seeds`, one per credit, in order) so that the buyer can
+assign the credit to a node or a relay. A purchase in flight written before holder keys
+(`[nonce, factor]` blindings) is finished as it was, with no seeds.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,6 +29,7 @@ from typing import Any
 from protocol import blind_bls, bls
 from protocol.blind_bls import Blinding, ThresholdCredit
 from protocol.committee.credits import MAX_MINT, CreditMint
+from protocol.credit_holder import SEED_BYTES, holder_of, new_seed
 from protocol.credits import sign_purchase
 from protocol.eip712 import address_of
 from protocol.errors import ProtocolError
@@ -42,6 +47,7 @@ class MintRequest:
     body: CreditMint
     mint_id: str
     blindings: tuple[Blinding, ...]
+    seeds: tuple[bytes, ...] = ()  # each credit's holder seed, in order (() before holder keys)
 
     @classmethod
     def create(
@@ -56,10 +62,8 @@ class MintRequest:
     ) -> MintRequest:
         if not 1 <= count <= MAX_MINT:
             raise ProtocolError(f"a mint buys 1 … {MAX_MINT} credits")
-        blindings = tuple(
-            blind_bls.blind(period.period, secrets.token_bytes(blind_bls.NONCE_BYTES))
-            for _ in range(count)
-        )
+        seeds = tuple(new_seed() for _ in range(count))
+        blindings = tuple(blind_bls.blind(period.period, holder_of(seed)) for seed in seeds)
         points = tuple(b.blinded for b in blindings)
         payer = address_of(payer_key).lower()
         identifier = threshold_mint_id(payer, period.period, points)
@@ -74,29 +78,41 @@ class MintRequest:
             expiry=expiry,
             signature=signature,
         )
-        return cls(body, identifier, blindings)
+        return cls(body, identifier, blindings, seeds)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "mint_id": self.mint_id,
             "body": self.body.to_json(),
-            "blindings": [[b.nonce.hex(), format(b.factor, "x")] for b in self.blindings],
+            "blindings": [
+                [b.nonce.hex(), format(b.factor, "x"), *([seed.hex()] if seed else [])]
+                for b, seed in zip(
+                    self.blindings, self.seeds or [b""] * len(self.blindings), strict=True
+                )
+            ],
         }
 
     @classmethod
     def from_json(cls, doc: Any) -> MintRequest:
         """As `to_json` wrote it; every blinded point is recomputed and must match the body."""
         body = CreditMint.from_json(doc["body"])
+        rows = [list(row) for row in doc["blindings"]]
         blindings = tuple(
-            blind_bls.blind(body.period, bytes.fromhex(nonce), int(factor, 16))
-            for nonce, factor in doc["blindings"]
+            blind_bls.blind(body.period, bytes.fromhex(row[0]), int(row[1], 16)) for row in rows
         )
         if tuple(b.blinded for b in blindings) != body.blinded:
             raise ProtocolError(f"pending mint {doc['mint_id']}: its secrets do not match")
+        seeds = tuple(bytes.fromhex(row[2]) for row in rows if len(row) == 3)
+        if seeds and (
+            len(seeds) != len(rows)
+            or any(len(seed) != SEED_BYTES for seed in seeds)
+            or any(holder_of(s) != b.nonce for s, b in zip(seeds, blindings, strict=True))
+        ):
+            raise ProtocolError(f"pending mint {doc['mint_id']}: its holder seeds do not match")
         identifier = threshold_mint_id(body.payer, body.period, body.blinded)
         if identifier != doc["mint_id"]:
             raise ProtocolError(f"pending mint {doc['mint_id']}: its body is of mint {identifier}")
-        return cls(body, identifier, blindings)
+        return cls(body, identifier, blindings, seeds)
 
     def finalize(
         self, period: PeriodKey, answers: Sequence[Mapping[str, Any]]
