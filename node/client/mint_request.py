@@ -33,6 +33,7 @@ from protocol.credit_holder import SEED_BYTES, holder_of, new_seed
 from protocol.credits import sign_purchase
 from protocol.eip712 import address_of
 from protocol.errors import ProtocolError
+from protocol.paid_credits import held
 from protocol.threshold_mint import PeriodKey, threshold_mint_id
 
 
@@ -147,7 +148,8 @@ class MintRequest:
                     hint="run `planet credits buy` again later: the purchase is kept",
                 )
             combined = blind_bls.combine(checked[slot], period.threshold)
-            credits.append(blind_bls.unblind(blinding, combined, period.key))
+            credit = blind_bls.unblind(blinding, combined, period.key)
+            credits.append(held(credit, self.seeds[slot]) if self.seeds else credit)
         return credits
 
 

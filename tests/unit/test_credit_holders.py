@@ -22,7 +22,7 @@ from protocol.committee.credits import CreditRedeem
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.relay_credits import RelayRedeem
 from protocol.errors import ConfigError
-from protocol.paid_credits import spent_id
+from protocol.paid_credits import HeldCredit, spent_id
 from tests.committee_chain import Chain
 from tests.credit_chain import minted, node_chain, send
 from tests.unit.test_abci_relays import add_relay
@@ -38,7 +38,9 @@ def held(chain: Chain, tmp_path: Path, count: int) -> list[tuple[ThresholdCredit
     """`count` holder-bound credits with their holder seeds (what the buyer keeps)."""
     credits, request = minted(chain, tmp_path, count=count)
     assert [credit_holder.holder_of(seed) for seed in request.seeds] == [c.nonce for c in credits]
-    return list(zip(credits, request.seeds, strict=True))
+    assert all(isinstance(c, HeldCredit) for c in credits)  # the wallet keeps them so
+    plain = [ThresholdCredit(c.period, c.nonce, c.signature) for c in credits]
+    return list(zip(plain, request.seeds, strict=True))
 
 
 def to_node(seed: bytes, node: SigningKey, shard: int = 0) -> bytes:
