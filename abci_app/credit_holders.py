@@ -1,5 +1,5 @@
 """Who may lock or redeem a credit: the party its holder assigned it to (issue 42, attack 4
-follow-up; docs/credits.md "Who may lock or redeem a credit"; `protocol.credit_holder`).
+follow-up; docs/credits.md "Who may lock or redeem a credit"; `protocol.committee.credit_holder`).
 
 A holder-bound credit's nonce is its holder's Ed25519 key; the buyer gives it to a party by
 signing an assignment with it. The chain checks, for every credit of a `credit_lock`,
@@ -26,8 +26,8 @@ from abci_app import rules
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol.blind_bls import ThresholdCredit
+from protocol.committee.credit_holder import assigned, node_party, relay_party
 from protocol.committee.credit_locks import CreditLock
-from protocol.credit_holder import assigned, node_party, relay_party
 
 
 def refusal_of_lock(state: State, signer: str, body: CreditLock) -> str | None:

@@ -3,7 +3,8 @@
     on the wire and in files   176 hex chars (period ‖ nonce ‖ σ)
     spent id                   sha256 of the nonce (the chain's `cspent/` key)
     HeldCredit                 a credit with its holder seed (the buyer's wallet only; never
-                               sent): `assign` gives it to a node or relay (protocol.credit_holder)
+                               sent): `assign` gives it to a node or relay
+                               (protocol/committee/credit_holder.py)
     AssignedCredit             a credit with its holder's assignment to the party it was paid to
                                (what a `pay` carries, a node spools and its agent locks with)
     window                     from its period's start to its issue epoch (the epoch of the
@@ -20,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.blind_bls import ThresholdCredit
+from protocol.committee.credit_holder import assign, holder_of, parse_assignment
 from protocol.committee.credits import parse_credit
 from protocol.committee.grammar import TxDecodeError
-from protocol.credit_holder import assign, holder_of, parse_assignment
 from protocol.credit_periods import KeySchedule
 from protocol.credits import ChainClock, window_end
 from protocol.errors import ProtocolError

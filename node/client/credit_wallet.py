@@ -13,9 +13,9 @@
 Everything that links a credit to its mint stays in this process and in the wallet file (mode
 0600): the nonces and the blinding factors. Each credit bought since holder keys is kept with
 its holder seed (`{"credit": hex, "seed": hex}`, a `HeldCredit`: only this seed can give the
-credit to a node or relay, protocol/credit_holder.py); a credit of before is its hex string, read
-and spent as it was (a chain whose genesis binds credits to holders refuses it: it pays only
-nodes of chains that do not). The file is changed under an exclusive lock
+credit to a node or relay, protocol/committee/credit_holder.py); a credit of before is its hex
+string, read and spent as it was (a chain whose genesis binds credits to holders refuses it:
+it pays only nodes of chains that do not). The file is changed under an exclusive lock
 (`<file>.lock`), so two `planet credits` runs at once lose nothing.
 
 A file written before the RSA credit form was retired may still hold RSA credits (`[epoch,

@@ -14,9 +14,9 @@ left out. Each credit needs t checked partials on its own blinded point; the com
 is unblinded and verified under X_p before it is kept (`MintIncomplete` otherwise). The
 blinding factors and nonces never leave this process and the wallet file.
 
-Each credit is holder-bound (`protocol.credit_holder`): its nonce is the public key of a fresh
-holder seed, kept with its blinding (`seeds`, one per credit, in order) so that the buyer can
-assign the credit to a node or a relay. A purchase in flight written before holder keys
+Each credit is holder-bound (`protocol.committee.credit_holder`): its nonce is the public key
+of a fresh holder seed, kept with its blinding (`seeds`, one per credit, in order) so that the
+buyer can assign the credit to a node or a relay. A purchase in flight written before holder keys
 (`[nonce, factor]` blindings) is finished as it was, with no seeds.
 """
 
@@ -28,8 +28,8 @@ from typing import Any
 
 from protocol import blind_bls, bls
 from protocol.blind_bls import Blinding, ThresholdCredit
+from protocol.committee.credit_holder import SEED_BYTES, holder_of, new_seed
 from protocol.committee.credits import MAX_MINT, CreditMint
-from protocol.credit_holder import SEED_BYTES, holder_of, new_seed
 from protocol.credits import sign_purchase
 from protocol.eip712 import address_of
 from protocol.errors import ProtocolError

@@ -3,7 +3,7 @@ more than its bound on them (issue 42, attack 4; docs/credits.md "One credit pay
 
     credit_lock{model, shard, locks}   `locks` is one of two forms, every row alike:
         [[holder, credit epoch, assignment], ...]
-                                       a holder-bound credit (`protocol.credit_holder`): its
+                                       a holder-bound credit (committee/credit_holder.py): its
                                        holder key (its nonce, 64 lowercase hex), the epoch of its
                                        keys and its holder's assignment of it to this node on
                                        (model, shard) (128 lowercase hex); the spent id is
@@ -26,8 +26,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from protocol.committee.credit_holder import parse_assignment, parse_holder
 from protocol.committee.grammar import NAME, U64, TxDecodeError, check
-from protocol.credit_holder import parse_assignment, parse_holder
 
 MAX_LOCKS = 256  # credits per lock tx (≤ ~210 bytes each: ~53 KiB, under the 64 KiB limit)
 SPENT_ID = re.compile(r"[0-9a-f]{64}\Z")

@@ -15,7 +15,7 @@
                                   a compute node cashes credits it was paid with (each 88
                                   bytes hex: period ‖ nonce ‖ σ, `protocol.blind_bls.
                                   ThresholdCredit`) for work on (model, shard); `assignments`
-                                  (holder-bound credits, `protocol.credit_holder`): each
+                                  (holder-bound credits, `protocol.committee.credit_holder`): each
                                   credit's holder's assignment of it to this node on (model,
                                   shard), 128 lowercase hex, one per credit in their order
 
@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from protocol import blind_bls, bls
 from protocol.blind_bls import ThresholdCredit
+from protocol.committee.credit_holder import parse_assignment
 from protocol.committee.grammar import (
     ADDRESS_LOWER,
     HEX32_0X,
@@ -41,7 +42,6 @@ from protocol.committee.grammar import (
     check,
     uint256_decimal,
 )
-from protocol.credit_holder import parse_assignment
 
 MAX_MINT = 64  # blinded points per mint
 MAX_REDEEM = 64  # credits per redemption

@@ -5,8 +5,9 @@ cloves that arrived (docs/overlay.md "Relays are paid"; issue 43).
                                   a relay (role `relay`, not LEFT) redeems credits (each 88
                                   bytes hex: period ‖ nonce ‖ σ), at most MAX_REDEEM, no credit
                                   twice; `assignments` (holder-bound credits,
-                                  `protocol.credit_holder`): each credit's holder's assignment
-                                  of it to this relay's registered X25519 key, one per credit
+                                  committee/credit_holder.py): each credit's holder's
+                                  assignment of it to this relay's registered X25519 key, one
+                                  per credit
 
 The chain's rules: `abci_app/relay_credits.py`. The tx carries no clove count and no served
 positions: a relay is paid only after the path's exit acknowledged its cloves (the client

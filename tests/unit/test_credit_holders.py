@@ -15,8 +15,8 @@ from nacl.signing import SigningKey
 from abci_app import schema
 from abci_app.codes import Code
 from abci_app.genesis import Genesis
-from protocol import credit_holder
 from protocol.blind_bls import ThresholdCredit
+from protocol.committee import credit_holder
 from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditRedeem
 from protocol.committee.grammar import TxDecodeError
