@@ -45,6 +45,7 @@ class NodeState:
     # the assignment party credits paid to this node must name (protocol/committee/credit_holder.py
     # `node_party`: its committee key, model hash, shard); None: no node key, none checked
     credit_party: bytes | None = None
+    node_key: str | None = None  # its committee (and TLS) key, 64 hex: /info `node_key`
     forwards: int = 0
     # streams (node/server/stream.py)
     routes_by_feed: dict[str, Any] = field(default_factory=dict)  # feed tag -> Route

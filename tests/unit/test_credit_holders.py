@@ -6,6 +6,7 @@ holder-bound chain (genesis `credits.holder_bound`) the unbound forms of before 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,110 @@ def test_an_assignment_verifies_for_its_party_only() -> None:
     assert not credit_holder.assigned(holder, credit_holder.relay_party(bytes(32)), signed)
     assert not credit_holder.assigned(bytes(32), party, signed)  # no key: small order
     assert not credit_holder.assigned(holder, party, signed[:-1])
+
+
+# --- the whole path in process: wallet, pay, node, agent, chain ---------------------------------
+
+
+async def test_an_assigned_credit_is_taken_locked_and_redeemed_by_its_node_only(
+    tmp_path: Path,
+) -> None:
+    """The client assigns each credit to the node it pays (CreditPayer.to_hop); the `pay`
+    carries the assignment; the node checks it and spools it; its agent locks and redeems it
+    with it. Another node shown the same credit refuses it by name, and a front-runner that
+    locks it with the assignment it saw is refused: the honest node is paid."""
+    from node.agent.credit_locker import SpoolLocker
+    from node.agent.credit_till import CreditTill, SpoolRedeemer
+    from node.client.credit_wallet import CreditWallet
+    from node.client.paying import CreditPayer
+    from node.server.credit_locks import LockMarks
+    from node.server.payments import (
+        Account,
+        CreditCheck,
+        CreditNotAssignedError,
+        CreditSpool,
+        Payments,
+    )
+    from protocol.paid_credits import AssignedCredit
+    from protocol.stream import parse_control, pay_message
+    from tests.unit.test_credit_till import ChainLink
+
+    chain, honest, thief = two_nodes(tmp_path)
+    chain.block(price_txs(chain, thief))
+    credits, _ = minted(chain, tmp_path, count=2)
+    wallet = CreditWallet(tmp_path / "credits.json")
+    wallet.add(credits)
+    parties = {
+        url: credit_holder.node_party(key.verify_key.encode(), "m", 0)
+        for url, key in (("https://honest", honest), ("https://thief", thief))
+    }
+    payer = CreditPayer(wallet, {"https://honest": 8}, parties=parties)
+    [taken] = payer.take([2])
+    assert all(isinstance(c, HeldCredit) for c in taken)  # the seeds came back from the file
+    sent = [pay_message(1, payer.to_hop("https://honest", credit)) for credit in taken]
+    paid = [parse_control(json.dumps(m), frozenset({"pay"})).credit for m in sent]
+    assert all(isinstance(c, AssignedCredit) for c in paid)
+
+    def node(key: SigningKey, name: str) -> tuple[Payments, SpoolRedeemer]:
+        link = ChainLink(chain, key)
+        spool = CreditSpool(tmp_path / f"spool-{name}")
+        payments = Payments(
+            8,
+            CreditCheck(link, margin_blocks=1),
+            spool,
+            locks=LockMarks(spool.dir),
+            party=parties[f"https://{name}"],
+        )
+        locker = SpoolLocker(link, "m", 0, spool)
+        return payments, SpoolRedeemer(CreditTill(link, "m", 0), spool, locker=locker)
+
+    pay_honest, agent_honest = node(honest, "honest")
+    pay_thief, agent_thief = node(thief, "thief")
+    for credit in paid:
+        await pay_honest.accept(Account(), credit)
+        with pytest.raises(CreditNotAssignedError):  # shown to the thief: not its credit
+            await pay_thief.accept(Account(), credit)
+    # the thief copies the honest node's lock rows (what the mempool shows) and lands first
+    copied = CreditLock(
+        "m",
+        0,
+        tuple(sorted((spent_id(c), 1) for c in paid)),
+        tuple(
+            (c.nonce, c.assignment)
+            for c in sorted(paid, key=spent_id)
+            if isinstance(c, AssignedCredit)
+        ),
+    )
+    [stolen] = chain.block([chain.tx(copied, thief)])
+    assert stolen.code == Code.CREDIT_NOT_ASSIGNED, stolen.log
+    commit = served_commit_tx(chain, honest, 0, blocks=1)
+    chain.block([commit])
+    assert await agent_honest.step() == 2  # locked with the assignments, then redeemed
+    for credit in paid:
+        assert chain.state.get(schema.CREDIT_SPENT, spent_id(credit)) is not None
+    assert await agent_thief.step() == 0  # it took nothing: nothing to lock or redeem
+
+
+def test_the_wallet_keeps_each_credits_holder_seed_and_reads_files_of_before(
+    tmp_path: Path,
+) -> None:
+    from node.client.credit_wallet import CreditWallet
+    from protocol.errors import UsageError
+    from protocol.paid_credits import credit_json
+
+    chain, _ = node_chain(tmp_path)
+    credits, request = minted(chain, tmp_path, count=2)
+    path = tmp_path / "credits.json"
+    CreditWallet(path).add(credits)
+    doc = json.loads(path.read_text())
+    assert doc["credits"][0] == {"credit": credit_json(credits[0]), "seed": request.seeds[0].hex()}
+    assert CreditWallet(path).take(2) == credits  # HeldCredit, seeds and all
+    # a file of before: bare credits, read and spent as they were (unassigned)
+    plain = [ThresholdCredit(c.period, c.nonce, c.signature) for c in credits]
+    path.write_text(json.dumps({"credits": [credit_json(c) for c in plain], "pending": []}))
+    assert CreditWallet(path).take(2) == plain
+    # a seed that is not the credit's: the file is refused by name
+    doc["credits"][0]["seed"] = request.seeds[1].hex()
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match="not a credit file"):
+        CreditWallet(path).count()
