@@ -352,3 +352,44 @@ def test_the_wallet_keeps_each_credits_holder_seed_and_reads_files_of_before(
     path.write_text(json.dumps(doc))
     with pytest.raises(UsageError, match="not a credit file"):
         CreditWallet(path).count()
+
+
+async def test_a_relay_is_paid_assigned_credits_and_redeems_them_itself(tmp_path: Path) -> None:
+    """The client assigns a pay note's credits to the relay's X25519 key (overlay `to_relay`);
+    the note carries the assignments; a relay that is not the assignee refuses them by name; the
+    assignee keeps them across a restart and redeems them on the chain."""
+    from nacl.public import PrivateKey
+
+    from node.client.overlay import to_relay
+    from node.relay.earnings import Earnings
+    from node.relay.redeem import redeem_held
+    from node.relay.relay import Relay
+    from protocol.paid_credits import AssignedCredit
+    from protocol.relay_pay import open_pay, wrap_pay
+
+    chain, _ = node_chain(tmp_path, credits_extra={**BOUND, "relay_bytes": 16})
+    relay = add_relay(chain, "holder-pay-relay")
+    key = bytes.fromhex(chain.state.get(schema.NODE, hexkey(relay))["relay_key"])
+    credits, _ = minted(chain, tmp_path, count=2)
+    given = to_relay(list(credits), key)
+    assert all(isinstance(c, AssignedCredit) for c in given)
+    hop_key = bytes(range(32))
+    body = wrap_pay([hop_key], [0], 0, given)
+    opened = open_pay(hop_key, 0, body, exit_relay=True)
+    assert list(opened.credits) == given
+    stranger = Relay(PrivateKey.generate())  # another relay shown the note: not its credits
+    assert stranger._assigned_here(opened.credits) == []
+    earnings = Earnings(tmp_path / "relay-credits")
+    earnings.take(opened.credits)
+    restarted = Earnings(tmp_path / "relay-credits")
+    assert sorted(restarted.pending(), key=spent_id) == sorted(given, key=spent_id)
+
+    class Link:
+        async def send(self, body: object, *, timeout_s: float = 15.0) -> tuple[int, str]:
+            result = send(chain, body, relay)
+            return result.code, result.log
+
+    done = await redeem_held(Link(), restarted)
+    assert done.credits == 2 and not restarted.pending()
+    for credit in credits:
+        assert chain.state.get(schema.CREDIT_SPENT, spent_id(credit)) is not None
