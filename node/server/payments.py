@@ -203,6 +203,11 @@ class CreditCheck:
         """The chain's rules for a credit: its period's window, σ under X_p, unspent. Returns
         the chain's latest committed height the credit was checked at."""
         cached = await self.clock()
+        if cached.holder_bound and not isinstance(credit, AssignedCredit):
+            raise CreditNotAssignedError(
+                "the committee takes a credit only with its holder's assignment to the node "
+                "(a credit bought before holder keys cannot pay here)"
+            )
         if not paid_redeemable(credit, cached):
             cached = await self.clock(at_least=cached.epoch + 1)  # the cache may lag: re-read
             if not paid_redeemable(credit, cached):

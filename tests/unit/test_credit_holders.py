@@ -275,7 +275,7 @@ async def test_an_assigned_credit_is_taken_locked_and_redeemed_by_its_node_only(
 
     chain, honest, thief = two_nodes(tmp_path)
     chain.block(price_txs(chain, thief))
-    credits, _ = minted(chain, tmp_path, count=2)
+    *credits, spare = minted(chain, tmp_path, count=3)[0]
     wallet = CreditWallet(tmp_path / "credits.json")
     wallet.add(credits)
     parties = {
@@ -308,6 +308,10 @@ async def test_an_assigned_credit_is_taken_locked_and_redeemed_by_its_node_only(
         await pay_honest.accept(Account(), credit)
         with pytest.raises(CreditNotAssignedError):  # shown to the thief: not its credit
             await pay_thief.accept(Account(), credit)
+    # a credit without an assignment: this holder-bound chain would not let the node lock it
+    bare = ThresholdCredit(spare.period, spare.nonce, spare.signature)
+    with pytest.raises(CreditNotAssignedError, match="holder's assignment"):
+        await pay_honest.accept(Account(), bare)
     # the thief copies the honest node's lock rows (what the mempool shows) and lands first
     copied = CreditLock(
         "m",
