@@ -79,7 +79,8 @@ class SpoolLocker:
                 break
         marks.prune()
         if won:
-            log.info("credits locked count=%d total=%d", won, self.won)
+            bound = sum(isinstance(c, AssignedCredit) for c in undecided)
+            log.info("credits locked count=%d assigned=%d total=%d", won, bound, self.won)
         return won
 
     async def _lock(
