@@ -22,7 +22,7 @@ from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditRedeem
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.relay_credits import RelayRedeem
-from protocol.errors import ConfigError
+from protocol.errors import ConfigError, ProtocolError
 from protocol.paid_credits import HeldCredit, spent_id
 from tests.committee_chain import Chain
 from tests.credit_chain import minted, node_chain, send
@@ -397,3 +397,19 @@ async def test_a_relay_is_paid_assigned_credits_and_redeems_them_itself(tmp_path
     assert done.credits == 2 and not restarted.pending()
     for credit in credits:
         assert chain.state.get(schema.CREDIT_SPENT, spent_id(credit)) is not None
+
+
+def test_a_purchase_in_flight_keeps_its_holder_seeds(tmp_path: Path) -> None:
+    from node.client.mint_request import MintRequest
+    from tests.credit_chain import request
+
+    chain, _ = node_chain(tmp_path)
+    req = request(chain, 2)
+    doc = req.to_json()
+    assert MintRequest.from_json(doc).seeds == req.seeds
+    assert [len(row) for row in doc["blindings"]] == [3, 3]  # nonce, factor, seed
+    doc["blindings"][0][2] = req.seeds[1].hex()  # a seed that is not that credit's
+    with pytest.raises(ProtocolError, match="holder seeds"):
+        MintRequest.from_json(doc)
+    doc["blindings"] = [row[:2] for row in req.to_json()["blindings"]]  # written before seeds
+    assert MintRequest.from_json(doc).seeds == ()
