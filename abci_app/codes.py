@@ -99,6 +99,8 @@ class Code(IntEnum):
     MOVE_UNCHANGED = 98  # move_shards to the shards and endpoint the node already has
     MOVE_SHARD_UNKNOWN = 100  # move_shards to a shard the node's model does not have (genesis)
     MOVE_TOO_SOON = 101  # a second move_shards within registry.MOVE_COOLDOWN_BLOCKS
+    # who may lock or redeem a credit (abci_app/credit_holders.py)
+    CREDIT_NOT_ASSIGNED = 102  # a credit its holder did not assign to the locking/redeeming party
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

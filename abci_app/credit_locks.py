@@ -1,19 +1,22 @@
 """Credit locks: a credit pays one node, once, and the node knows it before it serves (issue 42,
 attack 4; docs/credits.md "One credit pays one node").
 
-    credit_lock{model, shard, locks: [[spent id, credit epoch], ...]}
+    credit_lock{model, shard, locks: [[holder, credit epoch, assignment], ...]
+                                     (or [[spent id, credit epoch], ...])}
                                a compute node, not LEFT, on a (model, shard) it registered or moved
                                away from within the credits' window (left_shards.py; REDEEM_SHARD
-                               otherwise), claims credits it was paid with: each of an epoch e with
-                               e ≤ current ≤ e + genesis `credits.lifetime_epochs` (CREDIT_EPOCH);
-                               not redeemed (CREDIT_SPENT); not locked by another node
-                               (CREDIT_LOCKED). One the node locked already is left as it is (a lock
-                               sent again after a lost answer). → `clock/<spent id>` = {node,
-                               height, epoch}, pruned with epoch e + lifetime, like `cspent/`: a
-                               lock lasts as long as its credit can be redeemed. The new locks
-                               bought positions of the node on the shard (coverage.py
-                               `record_bought`: what its commitments must cover), and the tx counts
-                               the node alive (liveness.py).
+                               otherwise), each credit assigned to it on (model, shard) by its
+                               holder (CREDIT_NOT_ASSIGNED: credit_holders.py), claims credits
+                               it was paid with: each of an epoch e with e ≤ current ≤ e +
+                               genesis `credits.lifetime_epochs` (CREDIT_EPOCH); not redeemed
+                               (CREDIT_SPENT); not locked by another node (CREDIT_LOCKED). One
+                               the node locked already is left as it is (a lock sent again after
+                               a lost answer). → `clock/<spent id>` = {node, height, epoch},
+                               pruned with epoch e + lifetime, like `cspent/`: a lock lasts as
+                               long as its credit can be redeemed. The new locks bought
+                               positions of the node on the shard (coverage.py `record_bought`:
+                               what its commitments must cover), and the tx counts the node
+                               alive (liveness.py).
 
 The first lock of a spent id in block order wins: FinalizeBlock runs txs one by one, so of two
 nodes' locks in one block the earlier tx writes the entry and the later one is refused
@@ -39,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import coverage, left_shards, rules, schema
+from abci_app import coverage, credit_holders, left_shards, rules, schema
 from abci_app.codes import Code
 from abci_app.query_params import QueryError, str_param
 from abci_app.state import State
@@ -55,6 +58,7 @@ def credit_lock(state: State, tx: SignedTx) -> None:
         rules.reject(Code.CREDITS_DISABLED, "genesis has no credits section or no escrow")
     node = rules.compute_node(state, tx.signer)
     left_shards.check(state, tx.signer, node, body.model, body.shard)  # REDEEM_SHARD
+    credit_holders.check_lock(state, tx.signer, body)  # CREDIT_NOT_ASSIGNED
     current = rules.epoch_of(state, state.block_height)
     lifetime = genesis.credit_lifetime_epochs
     fresh: list[tuple[str, int]] = []
@@ -100,7 +104,11 @@ def check_redeemer(state: State, identifier: str, redeemer: str, where: str) -> 
 def admit_lock(state: State, signer: str, body: CreditLock) -> tuple[Code, str] | None:
     """Mempool admission (CheckTx, committed state only): the code and reason a lock would be
     refused for a credit already redeemed or locked by another node, naming the item; or None.
-    FinalizeBlock decides; this names a contested credit to the node without a block's wait."""
+    FinalizeBlock decides; this names a contested credit to the node without a block's wait,
+    and keeps a lock copied from another node (CREDIT_NOT_ASSIGNED) out of blocks."""
+    refused = credit_holders.refusal_of_lock(state, signer, body)
+    if refused is not None:
+        return Code.CREDIT_NOT_ASSIGNED, refused
     for index, (identifier, _) in enumerate(body.locks):
         spent = state.committed(schema.CREDIT_SPENT, identifier)
         if spent is not None:

@@ -4,7 +4,9 @@
                                      lifetime_epochs, epoch_length, key_period_blocks and
                                      committed_height (the chain's time: what a node checks a
                                      credit's window against, `protocol.credits.ChainClock`),
-                                     and relay_bytes (a relay's rate: docs/overlay.md);
+                                     relay_bytes (a relay's rate: docs/overlay.md) and
+                                     holder_bound (genesis `credits.holder_bound`: locks and
+                                     redemptions need the holders' assignments);
                                      the name is kept from the per-validator keys it once listed
 /mints              ?id              one mint record (NOT_FOUND when absent)
                     ?pending=true    a page of the mints waiting for ≥ 2/3 of the power to vouch
@@ -59,6 +61,8 @@ def _credit_keys(state: State, params: dict[str, Any]) -> Any:
         "key_period_blocks": state.genesis.credit_key_period_blocks,  # a credit's window
         # a relay's rate: clove bytes that arrived one credit pays for (docs/overlay.md)
         "relay_bytes": state.genesis.credit_relay_bytes,
+        # credits are locked and redeemed only with their holders' assignments (credit_holders.py)
+        "holder_bound": state.genesis.credit_holder_bound,
     }
 
 

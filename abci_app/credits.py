@@ -32,10 +32,12 @@ key X_p (abci_app/credit_dkg.py made it), mints paid from a prepaid balance, red
                                changes nothing. Each validator then signs the mint's one list
                                with its share x_i when asked (`/credit_partials`,
                                abci_app/threshold_queries.py).
-    credit_redeem{model, shard, credits}
+    credit_redeem{model, shard, credits[, assignments]}
                                a compute node, not LEFT, on a (model, shard) it registered,
                                or moved away from within the credits' window (left_shards.py;
-                               REDEEM_SHARD otherwise); each credit of a period whose window
+                               REDEEM_SHARD otherwise); each credit assigned to it on (model,
+                               shard) by its holder (CREDIT_NOT_ASSIGNED: credit_holders.py);
+                               each credit of a period whose window
                                holds this epoch (CREDIT_EPOCH: issue epoch + genesis
                                `credits.lifetime_epochs`), the period's key formed
                                (CREDIT_INVALID otherwise), its nonce never redeemed nor listed
@@ -75,6 +77,7 @@ from abci_app import (
     coverage,
     credit_buyers,
     credit_dkg,
+    credit_holders,
     credit_locks,
     left_shards,
     prices,
@@ -350,6 +353,9 @@ def credit_redeem(state: State, tx: SignedTx) -> None:
     enabled(state)
     node = rules.compute_node(state, tx.signer)
     left_shards.check(state, tx.signer, node, body.model, body.shard)  # REDEEM_SHARD
+    credit_holders.check_node_redemption(  # CREDIT_NOT_ASSIGNED
+        state, tx.signer, body.model, body.shard, body.credits, body.assignments
+    )
     spent = check_credits(state, body.credits, tx.signer)
     credit_work(state, tx.signer, node, body.model, body.shard, spent)
 

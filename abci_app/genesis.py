@@ -33,8 +33,11 @@
                   "key_period_blocks": 86400,  # blocks of one credit key period (≈ a day at
                                           #   ~1 s blocks): the committee's blind-BLS key X_p
                                           #   and the anonymity set of its credits
-                  "dkg_phase_blocks": 20}  # blocks of each DKG phase (deal, complaint,
+                  "dkg_phase_blocks": 20,  # blocks of each DKG phase (deal, complaint,
                                           #   justify); 3 · this < key_period_blocks
+                  "holder_bound": false}  # true: a credit is locked or redeemed only with its
+                                          #   holder's assignment to the signer (issue 42;
+                                          #   abci_app/credit_holders.py); false: as before
     }
 `evm.escrow_address` (the QueryEscrow that consumes `PayoutRoot`s) enables epoch settlement;
 `credits` (with the escrow) enables minting and redeeming credits (abci_app/credits.py).
@@ -107,6 +110,7 @@ _CREDIT_KEYS = {
     "relay_bytes",
     "key_period_blocks",
     "dkg_phase_blocks",
+    "holder_bound",
 }
 MAX_SHARDS = 65536  # register_node shard indexes are 0 … 65535
 # Routable nodes a shard should have at least (issue 44): with one, a node that stalls leaves
@@ -177,6 +181,7 @@ class Genesis:
     credit_relay_bytes: int = DEFAULT_RELAY_BYTES  # clove bytes a credit pays a relay for
     credit_key_period_blocks: int = DEFAULT_KEY_PERIOD_BLOCKS  # blocks of one credit key period
     credit_dkg_phase_blocks: int = DEFAULT_DKG_PHASE_BLOCKS  # blocks of each DKG phase
+    credit_holder_bound: bool = False  # locks and redemptions carry holders' assignments
 
     @classmethod
     def parse(cls, app_state: bytes) -> Genesis:
@@ -269,8 +274,12 @@ class Genesis:
         ):
             raise ConfigError(
                 "genesis app_state.credits: expected {price_wei, layer_tokens[, lifetime_epochs]"
-                "[, max_pending_mints][, relay_bytes][, key_period_blocks][, dkg_phase_blocks]}"
+                "[, max_pending_mints][, relay_bytes][, key_period_blocks][, dkg_phase_blocks]"
+                "[, holder_bound]}"
             )
+        holder_bound = (credits or {}).get("holder_bound", False)
+        if not isinstance(holder_bound, bool):
+            raise ConfigError("genesis app_state.credits.holder_bound: expected true or false")
         period_blocks, phase_blocks = _key_periods(credits)
         return cls(
             epoch_length=_int(doc, "epoch_length", 20, 1),
@@ -325,6 +334,7 @@ class Genesis:
             ),
             credit_key_period_blocks=period_blocks,
             credit_dkg_phase_blocks=phase_blocks,
+            credit_holder_bound=holder_bound,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -397,6 +407,7 @@ class Genesis:
                             if self.credit_dkg_phase_blocks != DEFAULT_DKG_PHASE_BLOCKS
                             else {}
                         ),
+                        **({"holder_bound": True} if self.credit_holder_bound else {}),
                         "price_wei": str(self.credit_price_wei),
                     }
                 }

@@ -1,8 +1,11 @@
 """Relays paid from credits (issue 43; docs/overlay.md "Relays are paid").
 
-    relay_redeem{credits}      a registered relay (role `relay`: WRONG_ROLE for a node's key;
+    relay_redeem{credits[, assignments]}
+                               a registered relay (role `relay`: WRONG_ROLE for a node's key;
                                UNKNOWN_NODE unregistered; INVALID_LIFECYCLE once LEFT) cashes
-                               credits users' clients paid it with. Each credit goes through the
+                               credits users' clients paid it with, each assigned by its holder
+                               to the relay's registered X25519 key (CREDIT_NOT_ASSIGNED:
+                               credit_holders.py). Each credit goes through the
                                checks of a node's `credit_redeem` (credits.check_credits): its
                                window (CREDIT_EPOCH), the one spent set shared with nodes
                                (CREDIT_SPENT: a credit a node or another relay redeemed, or one
@@ -31,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from abci_app import credits, rules, schema
+from abci_app import credit_holders, credits, rules, schema
 from abci_app.codes import Code
 from abci_app.query_params import NODE_KEY, QueryError, str_param
 from abci_app.state import State
@@ -54,6 +57,9 @@ def relay_redeem(state: State, tx: SignedTx) -> None:
     body: RelayRedeem = tx.body
     credits.enabled(state)  # CREDITS_DISABLED
     node = relay(state, tx.signer)
+    credit_holders.check_relay_redemption(  # CREDIT_NOT_ASSIGNED
+        state, node["relay_key"], body.credits, body.assignments
+    )
     spent = credits.check_credits(state, body.credits, tx.signer)
     credits.mark_spent(state, spent)
     current = rules.epoch_of(state, state.block_height)

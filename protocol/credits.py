@@ -119,6 +119,7 @@ class ChainClock:
     epoch_length: int
     lifetime: int
     period_blocks: int = 0  # credits.key_period_blocks (0: a chain from before key periods)
+    holder_bound: bool = False  # credits.holder_bound: a credit must come with its assignment
 
     @property
     def epoch(self) -> int:
@@ -174,4 +175,7 @@ def clock_from_query(answer: Mapping[str, Any]) -> ChainClock:
     period_blocks = answer.get("key_period_blocks", 0)
     if not is_int(period_blocks, 0, MAX_HEIGHT):
         raise ProtocolError(f"/credit_keys: key_period_blocks {period_blocks!a} is not a count")
-    return ChainClock(height, length, lifetime_from_query(answer), period_blocks)
+    holder_bound = answer.get("holder_bound", False)
+    if not isinstance(holder_bound, bool):
+        raise ProtocolError(f"/credit_keys: holder_bound {holder_bound!a} is not true or false")
+    return ChainClock(height, length, lifetime_from_query(answer), period_blocks, holder_bound)

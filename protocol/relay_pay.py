@@ -15,6 +15,11 @@ paid for (forward acknowledged + backward received) clove bytes at the chain's r
 Pay note (client → relay t of a path, a PAY cell, forward only):
 
     note_t  = MINE u8 (1) ‖ count u8 ‖ count × credit (88 bytes: period ‖ nonce ‖ σ)
+            | MINE_ASSIGNED u8 (3) ‖ count u8 ‖ count × (credit (88) ‖ assignment (64))
+                                          holder-bound credits, each assigned by its holder to
+                                          relay t's X25519 key (protocol/committee/
+                                          credit_holder.py `relay_party`): no other relay or
+                                          node can redeem them
     layer_t = P_t(note_t)                 P_j: ChaCha20-Poly1305 under hop key k_j, nonce
     layer_j = P_j(ONWARD u8 (2) ‖ layer_{j+1})   PAY_DIRECTION u8 ‖ 3 zeros ‖ pay sequence u64
     PAY cell body = layer_1
@@ -37,6 +42,7 @@ from typing import Final
 
 from protocol import blind_bls, bls
 from protocol.blind_bls import ThresholdCredit
+from protocol.committee.credit_holder import ASSIGNMENT_BYTES
 from protocol.overlay import (
     PAY_BYTES,
     TAG_BYTES,
@@ -45,12 +51,15 @@ from protocol.overlay import (
     open_layer,
     seal_layer,
 )
+from protocol.paid_credits import AssignedCredit, with_assignment
 from protocol.sida import MAX_CLOVES
 
 PAY_DIRECTION: Final = 3  # the layer nonce's direction byte for pay notes (1, 2: DATA)
 MAX_PAY_CREDITS: Final = 16  # credits in one note: a note for the 5th relay fits PAY_BYTES
+# (16 assigned credits: 2 + 16 × 152 = 2,434 bytes, with 5 layers' markers and tags ≤ 2,600)
 _MINE: Final = 1
 _ONWARD: Final = 2
+_MINE_ASSIGNED: Final = 3
 _U64: Final = struct.Struct(">Q")
 MAX_COUNT: Final = (1 << 64) - 1
 
@@ -102,19 +111,30 @@ class Acks:
 def _note(credits: Sequence[ThresholdCredit]) -> bytes:
     if not 1 <= len(credits) <= MAX_PAY_CREDITS:
         raise PayInvalid("pay note", f"{len(credits)} credits, allowed 1..{MAX_PAY_CREDITS}")
-    return bytes([_MINE, len(credits)]) + b"".join(c.to_bytes() for c in credits)
+    bound = [c for c in credits if isinstance(c, AssignedCredit)]
+    if not bound:
+        return bytes([_MINE, len(credits)]) + b"".join(c.to_bytes() for c in credits)
+    if len(bound) != len(credits):
+        raise PayInvalid("pay note", "assigned and unassigned credits in one note")
+    entries = b"".join(c.to_bytes() + c.assignment for c in bound)
+    return bytes([_MINE_ASSIGNED, len(credits)]) + entries
 
 
 def _credits(note: bytes) -> tuple[ThresholdCredit, ...]:
-    size = blind_bls.CREDIT_BYTES
+    assigned = note[0] == _MINE_ASSIGNED
+    size = blind_bls.CREDIT_BYTES + (ASSIGNMENT_BYTES if assigned else 0)
     if len(note) < 2 or not 1 <= note[1] <= MAX_PAY_CREDITS or len(note) != 2 + note[1] * size:
         raise PayInvalid("pay note", f"{len(note)} bytes is not 2 + count × {size}")
-    out = []
+    out: list[ThresholdCredit] = []
     for i in range(note[1]):
+        entry = note[2 + i * size : 2 + (i + 1) * size]
         try:
-            out.append(ThresholdCredit.from_bytes(note[2 + i * size : 2 + (i + 1) * size]))
+            credit = ThresholdCredit.from_bytes(entry[: blind_bls.CREDIT_BYTES])
         except (blind_bls.ThresholdCreditError, bls.BlsError) as error:
             raise PayInvalid(f"pay note credit {i}", error.message) from None
+        if assigned:
+            credit = with_assignment(credit, entry[blind_bls.CREDIT_BYTES :])
+        out.append(credit)
     return tuple(out)
 
 
@@ -149,7 +169,7 @@ def open_pay(key: bytes, sequence: int, payload: bytes, *, exit_relay: bool) -> 
         inner = open_layer(key, PAY_DIRECTION, sequence, payload)
     except LayerInvalid:
         raise PayInvalid("pay note", f"does not open at pay sequence {sequence}") from None
-    if not inner or inner[0] not in (_MINE, _ONWARD):
+    if not inner or inner[0] not in (_MINE, _ONWARD, _MINE_ASSIGNED):
         raise PayInvalid("pay note", "neither for this relay nor onward")
     if inner[0] == _ONWARD:
         if exit_relay:

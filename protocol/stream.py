@@ -15,7 +15,8 @@ the body's size is checked against count × hidden size before anything is decod
                      [, "prefix": salt]}
     client → node   {"op": "close", "sid"}
     client → node   {"op": "pay", "sid", "credit": 176 hex chars (a credit: period ‖ nonce ‖
-                    σ)}
+                    σ)[, "assignment": 128 hex chars (its holder's assignment of it to this
+                    node on its model and shard, protocol/committee/credit_holder.py)]}
     node → node     {"op": "attach", "sid", "feed": token}
     node → peer     {"op": "opened" | "attached" | "closed", "sid"}
     node → client   {"op": "error", "sid", "code", "message"}
@@ -58,11 +59,18 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from protocol.canonical import JsonTooDeepError, loads_bounded
+from protocol.committee.credit_holder import parse_assignment
 from protocol.committee.grammar import TxDecodeError
 from protocol.frames.errors import FrameError, TooLargeError
 from protocol.frames.sessions import check_session_id
 from protocol.links import MissingNodeKeyError, check_node_key, is_encrypted
-from protocol.paid_credits import PaidCredit, credit_json, parse_paid_credit
+from protocol.paid_credits import (
+    AssignedCredit,
+    PaidCredit,
+    credit_json,
+    parse_paid_credit,
+    with_assignment,
+)
 from protocol.prefix_routes import BadRouteKeysError, check_route_keys
 from protocol.urls import BadUrlError, canonical_url
 
@@ -191,6 +199,12 @@ _NEXT_FIELDS: Final = (
     frozenset({"url", "shard", "feed", "key"}),
 )
 _OPEN_OPTIONAL: Final = frozenset({"prefix", "route"})
+_OPTIONAL: Final[dict[str, frozenset[str]]] = {
+    "open": _OPEN_OPTIONAL,
+    "pay": frozenset(
+        {"assignment"}
+    ),  # a holder-bound credit's (protocol/committee/credit_holder.py)
+}
 _CODE_RE = re.compile(r"[a-z0-9_]{1,64}")
 
 
@@ -250,7 +264,7 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
     op = raw.get("op")
     if not isinstance(op, str) or op not in allowed:
         raise BadControlError(f"op must be one of {sorted(allowed)}")
-    optional = _OPEN_OPTIONAL if op == "open" else frozenset()
+    optional = _OPTIONAL.get(op, frozenset())
     if not _FIELDS[op] <= set(raw) <= _FIELDS[op] | optional:
         raise BadControlError(f"{op} needs exactly the fields {sorted(_FIELDS[op])}")
     sid = _int_field(raw, "sid", MAX_SID)
@@ -284,6 +298,8 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
     if op == "pay":
         try:
             credit = parse_paid_credit(raw["credit"], "credit")
+            if "assignment" in raw:
+                credit = with_assignment(credit, parse_assignment(raw["assignment"], "assignment"))
         except TxDecodeError as error:
             raise BadControlError(error.reason) from None
         return Control(op=op, sid=sid, credit=credit)
@@ -332,7 +348,11 @@ def open_message(
 
 
 def pay_message(sid: int, credit: PaidCredit) -> dict[str, Any]:
-    return {"op": "pay", "sid": sid, "credit": credit_json(credit)}
+    """A `pay` of `credit`, with its assignment when it is an `AssignedCredit`."""
+    message = {"op": "pay", "sid": sid, "credit": credit_json(credit)}
+    if isinstance(credit, AssignedCredit):
+        message["assignment"] = credit.assignment.hex()
+    return message
 
 
 def error_message(sid: int, error: Any) -> dict[str, Any]:

@@ -4,11 +4,14 @@ compute process which locks it won (node/server/credit_locks.py `LockMarks`).
 
     locker = SpoolLocker(link, model, shard, CreditSpool(dir))
     await locker.step()     every spooled credit without a mark is locked, up to MAX_LOCKS a
-                            tx; a credit the chain refuses by name (CREDIT_LOCKED: another node
-                            locked it first; CREDIT_SPENT: redeemed; CREDIT_EPOCH: its window is
-                            over) is marked lost and the rest of its batch sent again at once;
-                            a committed tx marks its credits won. Any other failure marks
-                            nothing (the next pass tries again). Returns the credits won.
+                            tx (holder-bound credits with their assignments, in txs of their
+                            own); a credit the chain refuses by name (CREDIT_LOCKED: another
+                            node locked it first; CREDIT_SPENT: redeemed; CREDIT_EPOCH: its
+                            window is over; CREDIT_NOT_ASSIGNED: its holder did not assign it
+                            to this node, or the chain wants an assignment) is marked lost
+                            and the rest of its batch sent again at once; a committed tx
+                            marks its credits won. Any other failure marks nothing (the next
+                            pass tries again). Returns the credits won.
 
 The redeemer (credit_till.py `SpoolRedeemer`) redeems only credits marked won and deletes the
 ones marked lost: a node never redeems, and never counts as paid, a credit another node locked.
@@ -26,12 +29,13 @@ from node.server.credit_locks import LockMarks
 from node.server.payments import CreditSpool
 from protocol.committee.credit_locks import MAX_LOCKS, CreditLock
 from protocol.credits import clock_from_query
-from protocol.paid_credits import spent_id
+from protocol.paid_credits import AssignedCredit, PaidCredit, spent_id
 
 log = logging.getLogger(__name__)
 
 CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED = 78, 79, 86  # abci_app/codes.py
-LOST_CODES = (CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED)
+CREDIT_NOT_ASSIGNED = 102  # abci_app/codes.py
+LOST_CODES = (CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED, CREDIT_NOT_ASSIGNED)
 _ITEM = re.compile(r"credit (\d+):")
 
 
@@ -59,17 +63,35 @@ class SpoolLocker:
         undecided = [
             credit for _, credit in self.spool.held() if marks.status(spent_id(credit)) is None
         ]
-        waiting: list[tuple[str, int]] = []
+        now = 0
         if undecided:
             # a credit carries its key period, not an epoch: it is locked under the chain's
             # current epoch (the lock lasts that epoch's credit lifetime; the node redeems what
             # it won within a pass or two)
             now = clock_from_query(await self.link.query("/credit_keys")).epoch
-            waiting = sorted({(spent_id(c), now) for c in undecided})
+        won = 0
+        for bound in (True, False):  # the two forms of a lock's rows never share a tx
+            group = {spent_id(c): c for c in undecided if isinstance(c, AssignedCredit) == bound}
+            waiting = sorted(group.items())
+            decided, stopped = await self._lock(waiting, now, marks)
+            won += decided
+            if stopped:
+                break
+        marks.prune()
+        if won:
+            bound = sum(isinstance(c, AssignedCredit) for c in undecided)
+            log.info("credits locked count=%d assigned=%d total=%d", won, bound, self.won)
+        return won
+
+    async def _lock(
+        self, waiting: list[tuple[str, PaidCredit]], epoch: int, marks: LockMarks
+    ) -> tuple[int, bool]:
+        """Lock `waiting` (one form), MAX_LOCKS a tx: the locks won, and whether a refusal not
+        by name stopped this pass (the rest is tried again next pass)."""
         won = 0
         while waiting:
             batch = waiting[: self.per_tx]
-            code, text = await self._send(batch)
+            code, text = await self._send(batch, epoch)
             if code == 0:
                 for identifier, _ in batch:
                     marks.mark(identifier, won=True)
@@ -85,16 +107,20 @@ class SpoolLocker:
                 log.warning("credit lock lost code=%d %s", code, text)
                 continue
             log.warning("credit lock refused code=%d %s (tried again next pass)", code, text)
-            break
-        marks.prune()
+            self.won += won
+            return won, True
         self.won += won
-        if won:
-            log.info("credits locked count=%d total=%d", won, self.won)
-        return won
+        return won, False
 
-    async def _send(self, batch: list[tuple[str, int]]) -> tuple[int, str]:
+    async def _send(self, batch: list[tuple[str, PaidCredit]], epoch: int) -> tuple[int, str]:
+        locks = tuple((identifier, epoch) for identifier, _ in batch)
+        assignments = tuple(
+            (credit.nonce, credit.assignment)
+            for _, credit in batch
+            if isinstance(credit, AssignedCredit)
+        )
         try:
-            sent = await self.link.submit(CreditLock(self.model, self.shard, tuple(batch)))
+            sent = await self.link.submit(CreditLock(self.model, self.shard, locks, assignments))
         except TxRejectedError as error:
             return error.tx_code, error.log_text
         return await self.link.committed_code(sent.hash)

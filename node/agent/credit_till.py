@@ -43,12 +43,14 @@ from protocol import blind_bls, bls
 from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import MAX_REDEEM, CreditRedeem
 from protocol.credits import NODE_MARGIN_BLOCKS, clock_from_query, lifetime_from_query
-from protocol.paid_credits import CreditInvalidError, PaidCredit, spent_id
+from protocol.paid_credits import AssignedCredit, CreditInvalidError, PaidCredit, spent_id
 from protocol.threshold_mint import PeriodKey
 
 log = logging.getLogger(__name__)
 
 CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED = 77, 78, 79, 86  # abci_app/codes.py
+CREDIT_NOT_ASSIGNED = 102  # abci_app/codes.py: its holder did not assign it to this node
+DROPPED = (CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED, CREDIT_NOT_ASSIGNED)
 REDEMPTION_OVER_PRICE = 91  # abci_app/codes.py: what is committed pays for fewer credits
 _ITEM = re.compile(r"credit (\d+):")
 _AT_MOST = re.compile(r"at most (\d+) credits")
@@ -111,7 +113,7 @@ class CreditTill:
         redeemed = 0
         size = self.per_tx
         while self.held:
-            batch = self.held[: min(size, MAX_REDEEM)]
+            batch = _one_form(self.held[: min(size, MAX_REDEEM)])
             code, text = await self._send(batch)
             if code == 0:
                 gone = {id(c) for c in batch}
@@ -120,7 +122,7 @@ class CreditTill:
                 size = self.per_tx
                 continue
             match = _ITEM.search(text)
-            if code in (CREDIT_INVALID, CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED) and match:
+            if code in DROPPED and match:
                 bad = batch[int(match.group(1))]
                 log.warning("credit dropped code=%d %s", code, text)
                 self.held.remove(bad)
@@ -134,12 +136,23 @@ class CreditTill:
         return redeemed
 
     async def _send(self, batch: list[PaidCredit]) -> tuple[int, str]:
-        body = CreditRedeem(self.model, self.shard, tuple(batch))
+        assignments = tuple(c.assignment for c in batch if isinstance(c, AssignedCredit))
+        body = CreditRedeem(self.model, self.shard, tuple(batch), assignments)
         try:
             sent = await self.link.submit(body)
         except TxRejectedError as error:
             return error.tx_code, error.log_text
         return await self.link.committed_code(sent.hash)
+
+
+def _one_form(batch: list[PaidCredit]) -> list[PaidCredit]:
+    """The longest prefix of `batch` whose credits all carry assignments, or all do not: a
+    redemption carries one for every credit or none."""
+    bound = isinstance(batch[0], AssignedCredit)
+    for index, credit in enumerate(batch):
+        if isinstance(credit, AssignedCredit) != bound:
+            return batch[:index]
+    return batch
 
 
 @dataclass

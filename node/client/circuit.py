@@ -535,7 +535,8 @@ class CircuitClient:
             for index, credits in enumerate(self.payer.take(owed)):
                 for credit in credits:
                     try:
-                        await self.links[index].ws.send_json(pay_message(sid, credit))
+                        given = self.payer.to_hop(urls[index], credit)
+                        await self.links[index].ws.send_json(pay_message(sid, given))
                     except (ConnectionError, RuntimeError) as error:
                         self.blame_hop(sid, index)
                         raise UnavailableError(

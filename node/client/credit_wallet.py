@@ -11,7 +11,11 @@
                                                   flight) of before the file holds
 
 Everything that links a credit to its mint stays in this process and in the wallet file (mode
-0600): the nonces and the blinding factors. The file is changed under an exclusive lock
+0600): the nonces and the blinding factors. Each credit bought since holder keys is kept with
+its holder seed (`{"credit": hex, "seed": hex}`, a `HeldCredit`: only this seed can give the
+credit to a node or relay, protocol/committee/credit_holder.py); a credit of before is its hex
+string, read and spent as it was (a chain whose genesis binds credits to holders refuses it:
+it pays only nodes of chains that do not). The file is changed under an exclusive lock
 (`<file>.lock`), so two `planet credits` runs at once lose nothing.
 
 A file written before the RSA credit form was retired may still hold RSA credits (`[epoch,
@@ -36,7 +40,14 @@ from node.client.credit_sizes import MAX_BUY as MAX_BUY  # re-exported: where ca
 from node.client.mint_request import PendingMint
 from protocol.credits import ChainClock
 from protocol.errors import ProtocolError, UsageError
-from protocol.paid_credits import PaidCredit, credit_json, expiry_epoch, parse_paid_credit
+from protocol.paid_credits import (
+    HeldCredit,
+    PaidCredit,
+    credit_json,
+    expiry_epoch,
+    held,
+    parse_paid_credit,
+)
 
 
 def _is_rsa_credit(item: Any) -> bool:
@@ -121,7 +132,7 @@ class CreditWallet:
                 items = items[self._taken(generation, len(items)) :]
                 generation = ""
                 retired["credits"] += [item for item in items if _is_rsa_credit(item)]
-            credits = [parse_paid_credit(item) for item in items if not _is_rsa_credit(item)]
+            credits = [_parse_held(item) for item in items if not _is_rsa_credit(item)]
             pending = []
             for item in doc.get("pending", []):
                 if _is_rsa_pending(item):
@@ -178,7 +189,7 @@ class CreditWallet:
             json.dump(
                 {
                     "generation": generation,
-                    "credits": [credit_json(credit) for credit in contents.credits],
+                    "credits": [_held_json(credit) for credit in contents.credits],
                     "pending": [item.to_json() for item in contents.pending],
                     **({"retired": contents.retired} if any(contents.retired.values()) else {}),
                 },
@@ -275,6 +286,22 @@ class CreditWallet:
             contents = self._load()
             contents.pending = [p for p in contents.pending if p.mint_id != mint_id]
             self._save(contents)
+
+
+def _held_json(credit: PaidCredit) -> Any:
+    if isinstance(credit, HeldCredit):
+        return {"credit": credit_json(credit), "seed": credit.seed.hex()}
+    return credit_json(credit)
+
+
+def _parse_held(item: Any) -> PaidCredit:
+    """A wallet entry: `{"credit", "seed"}` (a holder-bound credit) or a credit of before."""
+    if isinstance(item, dict):
+        if set(item) != {"credit", "seed"}:
+            raise ValueError(f"a credit entry has keys credit, seed: {sorted(item)!a}")
+        seed = bytes.fromhex(str(item["seed"]))
+        return held(parse_paid_credit(item["credit"]), seed)
+    return parse_paid_credit(item)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -19,21 +19,27 @@ signature is unblinded and verified under X_p before it is kept (`MintIncomplete
 Either way a credit is kept only once it verifies under X_p, and it is the same credit (σ =
 x · H(m) whichever t signed). The blinding factors and nonces never leave this process and the
 wallet file.
+
+Each credit is holder-bound (`protocol.committee.credit_holder`): its nonce is the public key
+of a fresh holder seed, kept with its blinding (`seeds`, one per credit, in order) so that the
+buyer can assign the credit to a node or a relay. A purchase in flight written before holder keys
+(`[nonce, factor]` blindings) is finished as it was, with no seeds.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from protocol import blind_bls, bls
 from protocol.blind_bls import Blinding, ThresholdCredit
+from protocol.committee.credit_holder import SEED_BYTES, holder_of, new_seed
 from protocol.committee.credits import MAX_MINT, CreditMint
 from protocol.credits import sign_purchase
 from protocol.eip712 import address_of
 from protocol.errors import ProtocolError
+from protocol.paid_credits import held
 from protocol.threshold_mint import PeriodKey, threshold_mint_id
 
 
@@ -48,6 +54,7 @@ class MintRequest:
     body: CreditMint
     mint_id: str
     blindings: tuple[Blinding, ...]
+    seeds: tuple[bytes, ...] = ()  # each credit's holder seed, in order (() before holder keys)
 
     @classmethod
     def create(
@@ -62,10 +69,8 @@ class MintRequest:
     ) -> MintRequest:
         if not 1 <= count <= MAX_MINT:
             raise ProtocolError(f"a mint buys 1 … {MAX_MINT} credits")
-        blindings = tuple(
-            blind_bls.blind(period.period, secrets.token_bytes(blind_bls.NONCE_BYTES))
-            for _ in range(count)
-        )
+        seeds = tuple(new_seed() for _ in range(count))
+        blindings = tuple(blind_bls.blind(period.period, holder_of(seed)) for seed in seeds)
         points = tuple(b.blinded for b in blindings)
         payer = address_of(payer_key).lower()
         identifier = threshold_mint_id(payer, period.period, points)
@@ -80,36 +85,51 @@ class MintRequest:
             expiry=expiry,
             signature=signature,
         )
-        return cls(body, identifier, blindings)
+        return cls(body, identifier, blindings, seeds)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "mint_id": self.mint_id,
             "body": self.body.to_json(),
-            "blindings": [[b.nonce.hex(), format(b.factor, "x")] for b in self.blindings],
+            "blindings": [
+                [b.nonce.hex(), format(b.factor, "x"), *([seed.hex()] if seed else [])]
+                for b, seed in zip(
+                    self.blindings, self.seeds or [b""] * len(self.blindings), strict=True
+                )
+            ],
         }
 
     @classmethod
     def from_json(cls, doc: Any) -> MintRequest:
         """As `to_json` wrote it; every blinded point is recomputed and must match the body."""
         body = CreditMint.from_json(doc["body"])
+        rows = [list(row) for row in doc["blindings"]]
         blindings = tuple(
-            blind_bls.blind(body.period, bytes.fromhex(nonce), int(factor, 16))
-            for nonce, factor in doc["blindings"]
+            blind_bls.blind(body.period, bytes.fromhex(row[0]), int(row[1], 16)) for row in rows
         )
         if tuple(b.blinded for b in blindings) != body.blinded:
             raise ProtocolError(f"pending mint {doc['mint_id']}: its secrets do not match")
+        seeds = tuple(bytes.fromhex(row[2]) for row in rows if len(row) == 3)
+        if seeds and (
+            len(seeds) != len(rows)
+            or any(len(seed) != SEED_BYTES for seed in seeds)
+            or any(holder_of(s) != b.nonce for s, b in zip(seeds, blindings, strict=True))
+        ):
+            raise ProtocolError(f"pending mint {doc['mint_id']}: its holder seeds do not match")
         identifier = threshold_mint_id(body.payer, body.period, body.blinded)
         if identifier != doc["mint_id"]:
             raise ProtocolError(f"pending mint {doc['mint_id']}: its body is of mint {identifier}")
-        return cls(body, identifier, blindings)
+        return cls(body, identifier, blindings, seeds)
 
     def finalize(
         self, period: PeriodKey, answers: Sequence[Mapping[str, Any]]
     ) -> list[ThresholdCredit]:
         """N credits from the validators' `/credit_partials` answers (module docstring)."""
         quick = self._finalize_quick(period, answers)
-        return quick if quick is not None else self._finalize_checked(period, answers)
+        credits = quick if quick is not None else self._finalize_checked(period, answers)
+        if not self.seeds:
+            return credits  # a purchase in flight from before holder keys
+        return [held(credit, seed) for credit, seed in zip(credits, self.seeds, strict=True)]
 
     def _finalize_quick(
         self, period: PeriodKey, answers: Sequence[Mapping[str, Any]]
@@ -174,7 +194,8 @@ class MintRequest:
                     hint="run `planet credits buy` again later: the purchase is kept",
                 )
             combined = blind_bls.combine(checked[slot], period.threshold)
-            credits.append(blind_bls.unblind(blinding, combined, period.key))
+            credit = blind_bls.unblind(blinding, combined, period.key)
+            credits.append(credit)
         return credits
 
 

@@ -42,6 +42,8 @@ import aiohttp
 from node.client.relay_guards import RelayGuards
 from node.client.relay_paying import RelayPurse
 from protocol import sida
+from protocol.blind_bls import ThresholdCredit
+from protocol.committee.credit_holder import relay_party
 from protocol.errors import UnavailableError, UsageError
 from protocol.overlay import (
     Cell,
@@ -56,6 +58,7 @@ from protocol.overlay import (
     unwrap_backward,
     wrap_forward,
 )
+from protocol.paid_credits import HeldCredit
 from protocol.relay_pay import MAX_PAY_CREDITS, AckInvalid, Acks, credits_due, wrap_pay
 
 log = logging.getLogger(__name__)
@@ -343,7 +346,8 @@ class OverlayLink:
             credits = self.purse.draw(min(MAX_PAY_CREDITS, due - given))
             if credits is None:
                 return given
-            body = wrap_pay(path.keys, path.pay_sequences, target, credits)
+            given_to = to_relay(credits, path.hops[target].key)
+            body = wrap_pay(path.keys, path.pay_sequences, target, given_to)
             try:
                 await path.ws.send_bytes(Cell(CellKind.PAY, path.ident, body).to_bytes())
             except (ConnectionError, RuntimeError):
@@ -558,3 +562,14 @@ def read_relays(path: Path) -> tuple[Hop, ...]:
     if len({hop.url for hop in relays}) != len(relays):
         raise UsageError(f"{path}: a relay is listed twice")
     return tuple(relays)
+
+
+def to_relay(credits: list[ThresholdCredit], relay_key: bytes) -> list[ThresholdCredit]:
+    """`credits` as relay `relay_key` (its X25519 key) is paid with them: each
+    assigned to it (protocol/committee/credit_holder.py `relay_party`) when every one is
+    holder-bound, so no other relay or node can redeem them; else as they are (a note holds
+    one form)."""
+    if not all(isinstance(c, HeldCredit) for c in credits):
+        return credits
+    party = relay_party(relay_key)
+    return [c.assign(party) for c in credits if isinstance(c, HeldCredit)]

@@ -53,7 +53,7 @@ from protocol.credits import (
     oldest_takeable_epoch,
 )
 from protocol.errors import PlanetError, ProtocolError, RemoteError
-from protocol.paid_credits import PaidCredit, spent_id
+from protocol.paid_credits import HeldCredit, PaidCredit, spent_id
 from protocol.stream import MAX_SID
 
 log = logging.getLogger(__name__)
@@ -160,6 +160,10 @@ class CreditPayer:
     prices: Mapping[str, int]
     spent: int = 0  # credits sent to nodes by this payer
     min_positions: int = MIN_POSITIONS  # the dearest price paid: a credit per this many
+    # node URL → the party its credits are assigned to (`credit_holder.node_party`: its
+    # committee key, model hash, shard), filled where the node's key is checked (the router's
+    # committee listing, replicas.py's /info); absent: its credits go unassigned
+    parties: dict[str, bytes] = field(default_factory=dict)
     _paid: dict[tuple[int, int], int] = field(default_factory=dict)  # (sid, hop) → positions
     # (sid, hop) → the credits sent there and the positions each paid for
     _sent: dict[tuple[int, int], list[tuple[PaidCredit, int]]] = field(default_factory=dict)
@@ -210,6 +214,15 @@ class CreditPayer:
             raise OutOfCreditsError(needed, self.wallet.count()) from None
         self.spent += needed
         return split(credits, owed)
+
+    def to_hop(self, url: str, credit: PaidCredit) -> PaidCredit:
+        """`credit` as `url`'s node is paid with it: assigned to that node where the credit is
+        holder-bound and the node's party is known, so that no other node can lock or redeem
+        it (protocol/committee/credit_holder.py); else as it is."""
+        party = self.parties.get(url)
+        if party is not None and isinstance(credit, HeldCredit):
+            return credit.assign(party)
+        return credit
 
     def paid(self, sid: int, index: int, url: str, credit: PaidCredit) -> None:
         key, price = (sid, index), self.price(url)

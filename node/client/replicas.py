@@ -43,6 +43,8 @@ from node.client.failover import unhealthy_hops
 from node.client.info import node_info
 from node.client.paying import MIN_POSITIONS, CreditPayer, accepts_price
 from node.client.types import Hop
+from protocol.committee.credit_holder import node_party
+from protocol.committee.grammar import HEX64
 from protocol.errors import ConfigError, PlanetError
 from protocol.frames.dtypes import WIRE_DTYPE
 
@@ -152,6 +154,15 @@ class ReplicaCircuits:
         ):
             log.warning("node serves something else; not used url=%s", hop.url)
             self._wrong.add(hop)
+            return
+        self._note_party(hop, info.get("node_key"), model_hash)
+
+    def _note_party(self, hop: Hop, announced: object, model_hash: str) -> None:
+        """Whom `hop`'s credits are assigned to: its pinned key (https://), else the key its
+        /info announces (a node that names another's key only pays that other node)."""
+        key = hop.key or announced
+        if self.payer is not None and isinstance(key, str) and HEX64.match(key):
+            self.payer.parties[hop.url] = node_party(bytes.fromhex(key), model_hash, hop.shard)
 
     def _check_price(self, url: str, advertised: object) -> None:
         """`checked[url]`: the price this client may pay the node asking `advertised`."""

@@ -190,6 +190,7 @@ async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gate
     heads = [await asyncio.to_thread(ClientHead.load, path, "cpu") for path in config.manifests]
     http = node_session(config)
     prices: dict[str, int] = {}  # every model's nodes' prices, by endpoint: one payer reads them
+    parties: dict[str, bytes] = {}  # and the parties their credits are assigned to
     guards = Guards(settings.guards_file, manifests[0].model_hash)  # one file, every model
     routers = [
         committee_router(
@@ -201,10 +202,11 @@ async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gate
             route=settings.route,
             guards=guards.sibling(manifest.model_hash) if index else guards,
             prices=prices,
+            parties=parties,
         )
         for index, manifest in enumerate(manifests)
     ]
-    payer = CreditPayer(wallet, prices, min_positions=min_credit_positions)
+    payer = CreditPayer(wallet, prices, min_positions=min_credit_positions, parties=parties)
     gateway = Gateway(
         config=config,
         model=infos[0],

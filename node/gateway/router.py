@@ -74,6 +74,7 @@ from node.gateway.errors import NoCircuit
 from node.gateway.guards import ROUTES, Guards
 from node.links import NodeKeyPin, link_ssl
 from node.server.next_hops import is_ip_literal, is_public_address
+from protocol.committee.credit_holder import node_party
 from protocol.errors import PlanetError
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,7 @@ class Router:
         guards: Guards | None = None,
         cooldown_s: float = COOLDOWN_S,
         prices: dict[str, int] | None = None,
+        parties: dict[str, bytes] | None = None,
     ) -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, not {route!r}")
@@ -224,6 +226,9 @@ class Router:
         # reads (node/client/paying.py); `prices`: one dict shared by the routers of the models
         # one gateway serves (their nodes' endpoints differ: one payer reads them all)
         self.prices: dict[str, int] = {} if prices is None else prices
+        # endpoint → the party the payer assigns that node's credits to (its registered key,
+        # this model, its shard: protocol/committee/credit_holder.py), kept with `prices`
+        self.parties: dict[str, bytes] = {} if parties is None else parties
         self.refresh_s = refresh_s
         self._cache: tuple[float, dict[int, list[RoutableNode]]] | None = None
         self._lock = asyncio.Lock()
@@ -534,8 +539,11 @@ class Router:
         says free, at 0); None: `endpoint` is not to be paid, its entry goes."""
         if node is None:
             self.prices.pop(endpoint, None)
+            self.parties.pop(endpoint, None)
         else:
             self.prices[node.endpoint] = node.price or 0
+            key = bytes.fromhex(node.key)
+            self.parties[node.endpoint] = node_party(key, self.model_hash, node.shard)
 
     async def probe(self, circuit: Circuit) -> None:
         """After a failed question: put every node of `circuit` that does not answer /health

@@ -103,12 +103,15 @@ async def build(config: GatewayConfig, password: str) -> tuple[Gateway, list[Any
         raise
     http = node_session(config)
     prices: dict[str, int] = {}  # every model's nodes' prices, by endpoint: one payer reads them
+    parties: dict[str, bytes] = {}  # and the parties their credits are assigned to
     routers = [
-        committee_router(config, m, committee, http, config.min_credit_positions, prices=prices)
+        committee_router(
+            config, m, committee, http, config.min_credit_positions, prices=prices, parties=parties
+        )
         for m in manifests
     ]
     credits = CreditWallet(config.credits_path)
-    payer = HostedPayer(credits, prices, min_positions=config.min_credit_positions)
+    payer = HostedPayer(credits, prices, min_positions=config.min_credit_positions, parties=parties)
     expiry = CreditExpiry(credits, committee.abci_query)
     shop = CommitteeShop(config.credit_rpcs, bytes(wallet.key), credits)
     top_up = TopUp(

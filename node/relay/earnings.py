@@ -15,10 +15,12 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from protocol.blind_bls import ThresholdCredit
+from protocol.committee.credit_holder import parse_assignment
 from protocol.errors import ProtocolError
-from protocol.paid_credits import parse_paid_credit, spent_id
+from protocol.paid_credits import AssignedCredit, parse_paid_credit, spent_id, with_assignment
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ class Earnings:
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             for path in sorted(directory.glob("*.json")):
                 try:
-                    credit = parse_paid_credit(json.loads(path.read_text())["credit"])
+                    credit = _parse_held(json.loads(path.read_text()))
                 except (OSError, ValueError, KeyError, TypeError, ProtocolError) as error:
                     log.warning("relay: %s is not a held credit (%s): left aside", path, error)
                     continue
@@ -80,7 +82,24 @@ class Earnings:
         partial = self.directory / f".{identifier}.part"
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            json.dump({"credit": credit.to_bytes().hex()}, out)
+            json.dump(_held_json(credit), out)
             out.flush()
             os.fsync(out.fileno())
         os.replace(partial, final)
+
+
+def _held_json(credit: ThresholdCredit) -> dict[str, str]:
+    """A held credit's file: its hex, and its holder's assignment to this relay if it has one."""
+    doc = {"credit": credit.to_bytes().hex()}
+    if isinstance(credit, AssignedCredit):
+        doc["assignment"] = credit.assignment.hex()
+    return doc
+
+
+def _parse_held(doc: Any) -> ThresholdCredit:
+    if not isinstance(doc, dict) or not {"credit"} <= set(doc) <= {"assignment", "credit"}:
+        raise ValueError("expected {credit[, assignment]}")
+    credit = parse_paid_credit(doc["credit"])
+    if "assignment" in doc:
+        return with_assignment(credit, parse_assignment(doc["assignment"], "assignment"))
+    return credit

@@ -23,9 +23,11 @@ from typing import Any, Final, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
 from node.relay.earnings import Earnings
+from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credits import MAX_REDEEM
 from protocol.committee.relay_credits import RelayRedeem
 from protocol.errors import RemoteError, UnavailableError
+from protocol.paid_credits import AssignedCredit
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,7 @@ REFUSED_FOR_GOOD: Final = {
     78: "CREDIT_SPENT",
     79: "CREDIT_EPOCH",
     86: "CREDIT_LOCKED",
+    102: "CREDIT_NOT_ASSIGNED",
 }
 REDEEM_EVERY_S: Final = 5.0
 _ITEM = re.compile(r"credit (\d+):")
@@ -58,10 +61,12 @@ class Redeemed:
 
 async def redeem_held(link: Link, earnings: Earnings, *, timeout_s: float = 20.0) -> Redeemed:
     done = Redeemed()
-    batch = earnings.pending()[:MAX_REDEEM]
+    batch = one_form(earnings.pending()[:MAX_REDEEM])
     while batch:
+        assignments = tuple(c.assignment for c in batch if isinstance(c, AssignedCredit))
+        body = RelayRedeem(tuple(batch), assignments)
         try:
-            code, text = await link.send(RelayRedeem(tuple(batch)), timeout_s=timeout_s)
+            code, text = await link.send(body, timeout_s=timeout_s)
         except TxRejectedError as error:  # CheckTx: the relay itself (nonce, signature, …)
             code, text = error.tx_code, error.log_text
         if code == OK:
@@ -77,8 +82,19 @@ async def redeem_held(link: Link, earnings: Earnings, *, timeout_s: float = 20.0
             log.info("relay: credit refused %s by the committee: %s", name, text)
             earnings.settle([bad])
             done.refuse(name)
-        batch = earnings.pending()[:MAX_REDEEM]
+        batch = one_form(earnings.pending()[:MAX_REDEEM])
     return done
+
+
+def one_form(batch: list[ThresholdCredit]) -> list[ThresholdCredit]:
+    """The longest prefix of `batch` whose credits all carry assignments, or all do not."""
+    if not batch:
+        return batch
+    bound = isinstance(batch[0], AssignedCredit)
+    for index, credit in enumerate(batch):
+        if isinstance(credit, AssignedCredit) != bound:
+            return batch[:index]
+    return batch
 
 
 async def keep_redeeming(

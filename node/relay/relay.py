@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -41,6 +42,8 @@ from nacl.public import PrivateKey
 
 from node.links import link_ssl
 from node.relay.earnings import Earnings
+from protocol.blind_bls import ThresholdCredit
+from protocol.committee.credit_holder import assigned, relay_party
 from protocol.errors import ProtocolError
 from protocol.overlay import (
     BACKWARD,
@@ -56,6 +59,7 @@ from protocol.overlay import (
     peel_onion,
     seal_layer,
 )
+from protocol.paid_credits import AssignedCredit
 from protocol.relay_pay import open_pay
 
 log = logging.getLogger(__name__)
@@ -147,13 +151,30 @@ class Relay:
             if opened.onward is not None:
                 await _send(path.outbound.ws, Cell(CellKind.PAY, path.out_id, opened.onward))
             else:
-                self.earnings.take(opened.credits)
+                self.earnings.take(self._assigned_here(opened.credits))
         elif cell.kind is CellKind.DESTROY:
             path = self.paths.get(key)
             if path is not None:
                 await self._destroy(path, tell_inbound=False)
         else:
             raise OverlayError("cell", f"{cell.kind.name} does not travel forward")
+
+    def _assigned_here(self, credits: Sequence[ThresholdCredit]) -> list[ThresholdCredit]:
+        """The credits of a note this relay can redeem: an assigned one only when its holder
+        assigned it to this relay's X25519 key (the chain checks the same: CREDIT_NOT_ASSIGNED);
+        the others are refused by name in the log."""
+        party = relay_party(bytes(self.private.public_key))
+        kept = [
+            c
+            for c in credits
+            if not isinstance(c, AssignedCredit) or assigned(c.nonce, party, c.assignment)
+        ]
+        if len(kept) < len(credits):
+            log.info(
+                "relay: refused credit_not_assigned: %d credits for another relay",
+                len(credits) - len(kept),
+            )
+        return kept
 
     async def _setup(self, ws: Any, cell: Cell) -> None:
         key = (id(ws), cell.path)

@@ -2,7 +2,8 @@
 
     GET    /v1/stream           WebSocket: a circuit's links (node/server/stream.py)
     GET    /v1/shards/{k}[/chunks/{i}]  its shard file by chunks (node/server/shards.py)
-    GET    /info                model, shard, layers, quant, device, load, sessions, cache bytes
+    GET    /info                model, node key, shard, layers, quant, device, load, sessions,
+                                cache bytes
     GET    /health              {"status": "ok"} once the shard is loaded
 
 An HTTP refusal is JSON `{code, message}` with a 4xx/503 status (error middleware); a refusal
@@ -81,6 +82,8 @@ async def info(request: web.Request) -> web.Response:
         {
             "model": backend.model_id,
             "model_hash": backend.model_hash,
+            # the key its credits must be assigned to (docs/credits.md; None: it has none)
+            "node_key": state.node_key,
             "shard": backend.shard_id,
             "layers": list(backend.layers),
             "hidden_size": backend.hidden_size,

@@ -60,6 +60,7 @@ from node.server.credit_locks import (
     LockMarks,
 )
 from protocol import blind_bls, bls
+from protocol.committee.credit_holder import assigned
 from protocol.committee.grammar import HEX64, TxDecodeError
 from protocol.credits import (
     NODE_MARGIN_BLOCKS,
@@ -70,13 +71,14 @@ from protocol.credits import (
 )
 from protocol.errors import ProtocolError, RemoteError, UnavailableError
 from protocol.paid_credits import (
+    AssignedCredit,
     CreditInvalidError,
     PaidCredit,
-    credit_json,
+    assigned_json,
     paid_redeemable,
     paid_takeable,
     paid_window_end,
-    parse_paid_credit,
+    parse_assigned,
     spent_id,
     started,
 )
@@ -103,6 +105,13 @@ class CreditRefusedError(ProtocolError):
 
     code = "credit_refused"
     http_status = 402
+
+
+class CreditNotAssignedError(CreditRefusedError):
+    """A credit whose assignment its holder did not sign for this node (its committee key,
+    model and shard): the chain would refuse this node's lock of it (CREDIT_NOT_ASSIGNED)."""
+
+    code = "credit_not_assigned"
 
 
 class QueryLink(Protocol):
@@ -194,6 +203,11 @@ class CreditCheck:
         """The chain's rules for a credit: its period's window, σ under X_p, unspent. Returns
         the chain's latest committed height the credit was checked at."""
         cached = await self.clock()
+        if cached.holder_bound and not isinstance(credit, AssignedCredit):
+            raise CreditNotAssignedError(
+                "the committee takes a credit only with its holder's assignment to the node "
+                "(a credit bought before holder keys cannot pay here)"
+            )
         if not paid_redeemable(credit, cached):
             cached = await self.clock(at_least=cached.epoch + 1)  # the cache may lag: re-read
             if not paid_redeemable(credit, cached):
@@ -277,7 +291,7 @@ class CreditSpool:
         if final.exists():
             raise CreditRefusedError("this credit was already paid to this node")
         temporary = self.dir / f".{final.name}.{os.getpid()}.tmp"
-        data = json.dumps(credit_json(credit), separators=(",", ":")).encode()
+        data = json.dumps(assigned_json(credit), separators=(",", ":")).encode()
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(descriptor, data)
@@ -300,7 +314,7 @@ class CreditSpool:
         """Every credit in the spool (a file that does not parse is logged and skipped)."""
         for path in sorted(self.dir.glob("[0-9a-f]*.json")):
             try:
-                credit = parse_paid_credit(json.loads(path.read_bytes()), path.name)
+                credit = parse_assigned(json.loads(path.read_bytes()), path.name)
             except (OSError, ValueError, TxDecodeError) as error:
                 log.warning("credit spool file skipped path=%s error=%s", path, error)
                 continue
@@ -327,6 +341,7 @@ class Payments:
         lock_wait_blocks: int = LOCK_WAIT_BLOCKS,
         lock_stall_s: float = LOCK_STALL_S,
         height_poll_s: float = LOCK_HEIGHT_POLL_S,
+        party: bytes | None = None,
     ) -> None:
         if positions < 1:
             raise ValueError("a credit pays for at least one position")
@@ -348,6 +363,8 @@ class Payments:
         self.lock_wait_blocks = lock_wait_blocks
         self.lock_stall_s = lock_stall_s
         self.height_poll_s = height_poll_s
+        # what a credit's assignment must name (`credit_holder.node_party`); None: not checked
+        self.party = party
         self.seen: set[str] = set()
         self.accepted = 0  # credits taken as pay since start
         self.refused = 0
@@ -358,6 +375,7 @@ class Payments:
         try:
             if identifier in self.seen:
                 raise CreditRefusedError("this credit was already paid to this node")
+            self._check_assignment(credit)
             height = await self.check.check(credit)
             if identifier in self.seen:  # paid again while the first was being checked
                 raise CreditRefusedError("this credit was already paid to this node")
@@ -376,6 +394,16 @@ class Payments:
         account.credits += 1
         account.paid += self.positions
         account.notify()
+
+    def _check_assignment(self, credit: PaidCredit) -> None:
+        """CreditNotAssignedError when the credit's assignment names another party than this
+        node (one the chain would refuse this node's lock of; checked before any query)."""
+        if self.party is None or not isinstance(credit, AssignedCredit):
+            return
+        if not assigned(credit.nonce, self.party, credit.assignment):
+            raise CreditNotAssignedError(
+                "the credit's holder did not assign it to this node (its key, model and shard)"
+            )
 
     def servable(self, account: Account) -> int:
         """The positions this session may use: those of its credits whose lock is won, and of
@@ -477,6 +505,7 @@ def install_payments(app: Any, state: Any, config: Any) -> None:
             wait_s=config.pay_wait_s,
             locks=LockMarks(config.credits_dir),
             unlocked=config.credit_unlocked,
+            party=state.credit_party,
         )
         log.info(
             "paid work: %d positions per credit, credits spooled to %s",

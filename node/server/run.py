@@ -67,6 +67,13 @@ def shard_app(
         _skip_unused_backends(config)
         backend = ModelShardBackend(config.manifest_path, config.shard_id, device=config.device)
     app = create_app(config, backend)
+    if node_key is not None:
+        from node.server.state import STATE_KEY
+        from protocol.committee.credit_holder import node_party
+
+        key = node_key.verify_key.encode()
+        app[STATE_KEY].credit_party = node_party(key, backend.model_hash, backend.shard_id)
+        app[STATE_KEY].node_key = key.hex()
     if node_key is not None and config.committee_rpc and config.credit_positions:
         from node.server.chain_price import follow_chain_price
 

@@ -42,6 +42,10 @@ class NodeState:
     instance: str = field(default_factory=lambda: secrets.token_hex(8))
     in_flight: int = 0
     peer_in_flight: dict[str, int] = field(default_factory=dict)
+    # the assignment party credits paid to this node must name (protocol/committee/credit_holder.py
+    # `node_party`: its committee key, model hash, shard); None: no node key, none checked
+    credit_party: bytes | None = None
+    node_key: str | None = None  # its committee (and TLS) key, 64 hex: /info `node_key`
     forwards: int = 0
     # streams (node/server/stream.py)
     routes_by_feed: dict[str, Any] = field(default_factory=dict)  # feed tag -> Route

@@ -11,10 +11,13 @@
                                   less the payer's mints not yet debited there (node.watcher.
                                   funding); a mint is signed for only once vouched for by
                                   ≥ 2/3 of the power
-    credit_redeem{model, shard, credits}
+    credit_redeem{model, shard, credits[, assignments]}
                                   a compute node cashes credits it was paid with (each 88
                                   bytes hex: period ‖ nonce ‖ σ, `protocol.blind_bls.
-                                  ThresholdCredit`) for work on (model, shard)
+                                  ThresholdCredit`) for work on (model, shard); `assignments`
+                                  (holder-bound credits, `protocol.committee.credit_holder`): each
+                                  credit's holder's assignment of it to this node on (model,
+                                  shard), 128 lowercase hex, one per credit in their order
 
 The chain's rules: `abci_app/credits.py`. The per-validator RSA `mint` and `redeem` of before
 are no tx kinds any more: the envelope refuses them as unknown, like any other name.
@@ -28,6 +31,7 @@ from typing import Any, ClassVar
 
 from protocol import blind_bls, bls
 from protocol.blind_bls import ThresholdCredit
+from protocol.committee.credit_holder import parse_assignment
 from protocol.committee.grammar import (
     ADDRESS_LOWER,
     HEX32_0X,
@@ -129,11 +133,13 @@ class CreditRedeem:
     model: str
     shard: int
     credits: tuple[ThresholdCredit, ...]
+    assignments: tuple[bytes, ...] = ()  # one per credit (holder-bound credits), or none
 
     TYPE: ClassVar[str] = "credit_redeem"
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **assignments_json(self.assignments),
             "credits": [credit.to_bytes().hex() for credit in self.credits],
             "model": self.model,
             "shard": self.shard,
@@ -141,10 +147,31 @@ class CreditRedeem:
 
     @classmethod
     def from_json(cls, body: Any) -> CreditRedeem:
-        b = check.exact_object(body, "body", {"credits", "model", "shard"})
+        keys = {"credits", "model", "shard"}
+        b = check.exact_object(body, "body", keys | ({"assignments"} & set(_keys(body))))
         items = check.items(b["credits"], "body.credits", MAX_REDEEM)
         return cls(
             model=check.text(b["model"], "body.model", NAME),
             shard=check.integer(b["shard"], "body.shard", 0, 65535),
             credits=tuple(parse_credit(item) for item in items),
+            assignments=parse_assignments(b.get("assignments"), len(items)),
         )
+
+
+def _keys(body: Any) -> list[str]:
+    return list(body) if isinstance(body, dict) else []
+
+
+def assignments_json(assignments: tuple[bytes, ...]) -> dict[str, Any]:
+    """The `assignments` field of a redemption (absent when it carries none)."""
+    return {"assignments": [a.hex() for a in assignments]} if assignments else {}
+
+
+def parse_assignments(value: Any, count: int) -> tuple[bytes, ...]:
+    """A redemption's `assignments` (None: the field is absent): exactly one per credit."""
+    if value is None:
+        return ()
+    items = check.items(value, "body.assignments", MAX_REDEEM)
+    if len(items) != count:
+        raise TxDecodeError(f"body.assignments: {len(items)} for {count} credits, one each")
+    return tuple(parse_assignment(item, "body.assignments[]") for item in items)

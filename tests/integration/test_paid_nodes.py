@@ -17,6 +17,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -142,7 +143,11 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
                         *("--credit-positions", str(PRICE_POSITIONS)),
                         *("--credits-dir", str(home / "credits")),
                         *("--commit-dir", str(home / "served")),  # paid work is committed
+                        # its key (plaintext links still): /info announces it, and the client
+                        # assigns each credit to it (docs/credits.md, holder keys)
+                        *("--node-key", str(home / "node_key.json")),
                     ],
+                    extra_env={"PLANET_PASSWORD": PASSWORD},
                 )
             )
         wait_healthy(nodes, timeout_s=120)
@@ -238,6 +243,13 @@ def test_ask_pays_each_node_per_chunk_and_the_agents_redeem_every_credit(net) ->
     per_node = -(-fed // PRICE_POSITIONS)
     assert answer["tokens"] and answer["credits_spent"] == 2 * per_node
     assert CreditWallet(credits_file).count() == 12 - 2 * per_node
+    # each credit is kept with its holder seed, and each node announces the key it registered,
+    # which the client assigned its credits to (a node refuses a credit assigned elsewhere)
+    entries = json.loads(credits_file.read_text())["credits"]
+    assert entries and all(set(entry) == {"credit", "seed"} for entry in entries)
+    for node, key in zip(net["nodes"], net["keys"], strict=True):
+        info = json.loads(urllib.request.urlopen(f"{node.url}/info", timeout=10).read())
+        assert info["node_key"] == key
     committee = net["committee"]
 
     def redeemed() -> list[tuple[int, int]] | None:
@@ -253,6 +265,10 @@ def test_ask_pays_each_node_per_chunk_and_the_agents_redeem_every_credit(net) ->
         (0, per_node * LAYER_TOKENS),
         (1, per_node * LAYER_TOKENS),
     ]
+    # and locked them with their holders' assignments, which the chain checked
+    for shard in range(2):
+        log = (net["root"] / "run" / f"agent-{shard}.log").read_text()
+        assert re.search(r"credits locked count=\d+ assigned=[1-9]", log), log[-2000:]
 
 
 def test_an_unpaid_or_underfunded_ask_is_stopped_by_name_and_the_nodes_serve_on(net) -> None:
