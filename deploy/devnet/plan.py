@@ -29,7 +29,10 @@ DEVNET_RETENTION_EPOCHS = 360
 OPERATOR_GAS_WEI = 10**18  # each validator's operator key pays for relaying payout roots
 # Bearer credits on sale (`planet credits buy`, docs/credits.md): 10^12 wei each, worth 4096
 # layer-tokens of a node's work when redeemed.
-DEVNET_CREDITS = {"price_wei": str(10**12), "layer_tokens": 4096}
+# holder_bound: a credit is locked or redeemed only with its holder's assignment to the node or
+# relay that does it (docs/credits.md, "Who may lock or redeem a credit"): a copied lock or
+# redemption from the mempool is refused
+DEVNET_CREDITS = {"price_wei": str(10**12), "layer_tokens": 4096, "holder_bound": True}
 # The compute nodes charge bearer credits (`planet join --credit-positions`): a credit per 64
 # positions. The gateway pays them with credits it buys as it runs low (node/gateway/topup.py)
 # from a balance the devnet deposits for it at the escrow's own address: 1 ETH is 10^6 credits

@@ -354,6 +354,8 @@ def test_devnet_relay_redeems_credits_and_claims_its_row(env, devnet, tmp_path) 
     from node.client.credit_wallet import CreditWallet
     from node.keys import create_dev_wallet, node_public_key
     from node.relay.earnings import SPOOL_DIR, Earnings
+    from node.relay.run import load_or_create_key
+    from protocol.committee.credit_holder import relay_party
     from protocol.committee.settlement import statement_page
     from tests.e2e.devnet_session import fund
 
@@ -382,7 +384,10 @@ def test_devnet_relay_redeems_credits_and_claims_its_row(env, devnet, tmp_path) 
         assert staked.returncode == 0, staked.stderr[-2000:]
         buying.result()
     # what the relay keeps of a PAY note: the credits, in <home>/relay-credits/
-    given = CreditWallet(credits_file).take(RELAY_CREDITS)
+    # (holder-bound on the devnet: each given to the relay's X25519 key by its holder, as the
+    # overlay client assigns a PAY note's credits)
+    party = relay_party(load_or_create_key(home).public_key.encode())
+    given = [credit.assign(party) for credit in CreditWallet(credits_file).take(RELAY_CREDITS)]
     assert Earnings(home / SPOOL_DIR).take(given) == RELAY_CREDITS
 
     log = (home / "relay.log").open("w")
