@@ -516,7 +516,11 @@ def test_personal_client_pays_charging_nodes_with_credits_and_nothing_links_the_
     # the user's own credits (the file's format: node/client/credit_wallet.py): the nodes are
     # paid by the hosted gateway's credits too, and nothing on chain tells the two apart
     wallet_doc = json.loads((Path(env["PLANET_HOME"]) / "credits.json").read_text())
-    users_credits = {spent_id(parse_paid_credit(item)) for item in wallet_doc["credits"]}
+    # (a holder-bound credit is kept as {credit, seed})
+    users_credits = {
+        spent_id(parse_paid_credit(item["credit"] if isinstance(item, dict) else item))
+        for item in wallet_doc["credits"]
+    }
     assert len(users_credits) == held
     with personal_client(
         devnet["manifest"],
