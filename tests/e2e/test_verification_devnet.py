@@ -129,7 +129,7 @@ def devnet(env: dict[str, str]) -> Iterator[dict[str, Any]]:
     # finishing late counts in the next epoch), while one a verifier already scores a circuit
     # per epoch each — what the reputations, the substitute's conviction and the honest rise
     # need (issue 41: measured 2026-12-05, the verifiers, nodes and gateway answering them
-    # were ~70 % of the module's CPU)
+    # were ~60 % of the module's CPU)
     challenges = ("--verifier-challenges", str(VERIFIER_CHALLENGES))
     # one model: this module's checks are over the routable nodes of one model (the charging
     # nodes alone routable, what names them on the chain); the shared devnet runs the second
