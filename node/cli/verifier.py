@@ -156,6 +156,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a node that sends no valid ticket by then is voted for a timeout (default 30)",
     )
     serve.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="torch intra-op threads of the reference and spot-check passes (default 0: half "
+        "the cores, 1 to 4, as `planet node serve`; torch's own default, every core, burned ~3x "
+        "the CPU on a box the verifier shares with nodes, each op waiting for a descheduled "
+        "thread)",
+    )
+    serve.add_argument(
         "--findings-listen",
         metavar="HOST:PORT",
         help="serve this verifier's failed spot checks to the other verifiers here, and publish "
@@ -181,6 +191,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _serve(args: argparse.Namespace) -> int:
     # lazy: the verifier's runtime (torch, aiohttp, the web3 stack)
     from node.keys import PasswordSource, operator_key_path, read_operator_key
+    from node.server.run import configure_torch_threads
     from node.verifier.service import VerifierConfig, serve
     from node.verifier.worker import WorkerSettings
 
@@ -207,6 +218,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError("--spot-check-ppm must be 0 … 1000000", hint="e.g. 50000 (5 %)")
     if not 1 <= args.ticket_deadline <= 3600:
         raise UsageError("--ticket-deadline must be 1 … 3600 seconds", hint="e.g. 30")
+    if not 0 <= args.threads <= 256:
+        raise UsageError("--threads must be 0 … 256", hint="0: half the cores, 1 to 4")
     for flag, url in (("--gateway", args.gateway), ("--personal-client", args.personal_client)):
         if url is not None and not url.startswith(("http://", "https://")):
             raise UsageError(
@@ -280,6 +293,8 @@ def _serve(args: argparse.Namespace) -> int:
         findings_url=findings_url,
         private_peers=private_peers,
     )
+    # before the reference loads: every torch pass of this process (its worker threads too)
+    configure_torch_threads(args.threads)
     # a service: its own progress (epochs, challenges, verdicts) at INFO even without -v
     logging.getLogger("node.verifier").setLevel(logging.INFO)
     level = os.environ.get("PLANET_LOG_LEVEL", "INFO")

@@ -2,12 +2,13 @@
 through the CLI, HTTP and RPC (one `planet devnet up` for the module).
 
     planet devnet up --detach --replicas 1 --cheat-node substitute-skip:2 --cheat-node silent \
-        --cheat-node noise:0.1:4:withhold
+        --cheat-node noise:0.1:4:withhold --verifier-challenges 1
 
 Real processes throughout: anvil with the contracts, 4 CometBFT validators with their apps and
 stake watchers (which relay confirmed verdicts to FraudProofs), `planet verifier serve` on all 4
-validators, the gateway, 3 honest int8 nodes (one per shard) joined with `planet join`, and 3
-nodes joined by the test entry point tests/doubles/cheating_join.py: S (shard 0) a substitute
+validators (one echo challenge and one sampled check an epoch each), the gateway, 3 honest
+int8 nodes (one per shard) joined with `planet join`, and 3 nodes joined by the test entry
+point tests/doubles/cheating_join.py: S (shard 0) a substitute
 that skips every other layer, Q (shard 1) honest but its agent commits nothing (silent), N
 (shard 2) adding 10 % noise to every 4th position and handing each spot-check ticket only to
 the verifier the check is assigned to (it withholds it from the other three).
@@ -77,6 +78,7 @@ UP_TIMEOUT_S = 900
 UNTRUSTED_BELOW = 400_000
 CHEATS = ("substitute-skip:2", "silent", "noise:0.1:4:withhold")  # nodes 3, 4, 5: shards 0, 1, 2
 COOLDOWN_S = 3  # the gateway's time out for a node that failed a question (see `devnet`)
+VERIFIER_CHALLENGES = 1  # each verifier's echo challenges per epoch (see `devnet`)
 
 
 def _query(rpc: str, path: str) -> Any:
@@ -122,11 +124,19 @@ def devnet(env: dict[str, str]) -> Iterator[dict[str, Any]]:
     # module's devnet runs, and burns CPU, for as long as its convictions take).
     cheats = [arg for mode in CHEATS for arg in ("--cheat-node", mode)]
     cooldown = ("--gateway-node-cooldown-s", str(COOLDOWN_S))
+    # one echo challenge per verifier and epoch (and its sampled check), not the verifier's 4:
+    # four verifiers asking four each kept the box's 2 cores busy back to back (a challenge
+    # finishing late counts in the next epoch), while one a verifier already scores a circuit
+    # per epoch each — what the reputations, the substitute's conviction and the honest rise
+    # need (issue 41: measured 2026-12-05, the verifiers, nodes and gateway answering them
+    # were ~60 % of the module's CPU)
+    challenges = ("--verifier-challenges", str(VERIFIER_CHALLENGES))
     # one model: this module's checks are over the routable nodes of one model (the charging
     # nodes alone routable, what names them on the chain); the shared devnet runs the second
     # model (tests/e2e/test_second_model_devnet.py), and a seat costs this devnet its start-up
     up = _planet(
         env, "devnet", "up", "--detach", "--replicas", "1", "--one-model", *cheats, *cooldown,
+        *challenges,
         timeout=UP_TIMEOUT_S,
     )  # fmt: skip
     state_path = Path(env["PLANET_HOME"]) / "devnet" / "devnet.json"

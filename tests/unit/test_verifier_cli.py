@@ -47,6 +47,7 @@ def _args(
         ("findings-url-alone", "--findings-url needs --findings-listen"),
         ("findings-url-bad", "--findings-url:"),
         ("private-peers-bad", "--private-peers: 'lan' is not an address range"),
+        ("negative-threads", "--threads must be 0 … 256"),
     ],
 )
 def test_verifier_cli_mistakes_are_one_error_and_a_hint(
@@ -86,6 +87,7 @@ def test_verifier_cli_mistakes_are_one_error_and_a_hint(
             home, "--findings-listen", "0.0.0.0:8700", "--findings-url", "http://x/y", manifest=m
         ),
         "private-peers-bad": _args(home, "--private-peers", "lan", manifest=m),
+        "negative-threads": _args(home, "--threads", "-1", manifest=m),
     }[case]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
@@ -107,3 +109,37 @@ def test_verifier_cli_asks_through_one_gateway_or_a_personal_client_not_both(cap
         assert exited.value.code == 2
         err = capsys.readouterr().err
         assert "--gateway" in err and "--personal-client" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("given", "expected"), [("3", 3), (None, None)])
+def test_verifier_serve_sets_torch_threads_before_the_service_starts(
+    tmp_path: Path, monkeypatch, given: str | None, expected: int | None
+) -> None:
+    """`--threads N` (default 0: a node's default, half the cores, 1 to 4) is torch's thread
+    count when the service starts: torch's own default (every core) made each reference pass
+    wait on descheduled threads where the verifier shares its cores (issue 41)."""
+    import torch
+
+    from node.cli import verifier
+    from node.server.run import default_torch_threads
+
+    home = _home(tmp_path)
+    manifest = tmp_path / "m.json"
+    manifest.write_text("{}")
+    password = tmp_path / "password"
+    password.write_text("pw")
+    seen: list[int] = []
+
+    def service(run, *, log_level, log) -> int:  # the service itself is not started
+        seen.append(torch.get_num_threads())
+        return 0
+
+    monkeypatch.setattr(verifier, "run_service", service)
+    threads = ["--threads", given] if given is not None else []
+    before = torch.get_num_threads()
+    try:
+        argv = _args(home, "--password-file", str(password), *threads, manifest=str(manifest))
+        assert cli.main(argv) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [expected if expected is not None else default_torch_threads()]
