@@ -24,9 +24,11 @@ each Linear keeps the file's int8 rows and fp32 per-row scales (`Int8Linear`, lo
 afterwards). Measured on this machine's 2 cores (docs/compute.md): the fp32 activation variant
 of that kernel is ~10x slower than fp32 `F.linear` and de-quantizing per call ~50x, so bf16
 activations it is. The kernel computes each row alike however many rows a call carries; with
-attention one query row per call (`FastDecoder.rowwise`) every position of an int8 shard gets
-the same bits in a prefill, a chunk, a decode step or a batched step, which is what lets the
-verifiers recompute and replay an int8 node exactly (docs/verification.md).
+attention one query row per call (`FastDecoder.rowwise`, computed by `fixed_order_attention`
+in an order that does not depend on torch's thread count) every position of an int8 shard gets
+the same bits in a prefill, a chunk, a decode step or a batched step, at 1 thread or several,
+which is what lets the verifiers recompute and replay an int8 node exactly
+(docs/verification.md).
 
 Supported: full-attention layers of the families in node/model/family.py; anything else
 (sliding window) stays on the hf path (`fast_supported`).
