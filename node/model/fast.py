@@ -24,9 +24,11 @@ each Linear keeps the file's int8 rows and fp32 per-row scales (`Int8Linear`, lo
 afterwards). Measured on this machine's 2 cores (docs/compute.md): the fp32 activation variant
 of that kernel is ~10x slower than fp32 `F.linear` and de-quantizing per call ~50x, so bf16
 activations it is. The kernel computes each row alike however many rows a call carries; with
-attention one query row per call (`FastDecoder.rowwise`) every position of an int8 shard gets
-the same bits in a prefill, a chunk, a decode step or a batched step, which is what lets the
-verifiers recompute and replay an int8 node exactly (docs/verification.md).
+attention one query row per call (`FastDecoder.rowwise`, computed by `fixed_order_attention`
+in an order that does not depend on torch's thread count) every position of an int8 shard gets
+the same bits in a prefill, a chunk, a decode step or a batched step, at 1 thread or several,
+which is what lets the verifiers recompute and replay an int8 node exactly
+(docs/verification.md).
 
 Supported: full-attention layers of the families in node/model/family.py; anything else
 (sliding window) stays on the hf path (`fast_supported`).
@@ -332,13 +334,12 @@ class FastDecoder:
         """Attention of ONE query row q [1, heads, 1, head_dim] (a fresh contiguous copy, so its
         strides never depend on the call) to the first `length` cached positions of layer
         `index`: the same call for a row of a prefill, of a chunk, of a decode step or of a
-        batched step, so each row's output does not depend on the schedule it was served in."""
-        return F.scaled_dot_product_attention(
-            q.contiguous(),
-            cache.keys[index, :, :length].unsqueeze(0),
-            cache.values[index, :, :length].unsqueeze(0),
-            scale=self.scaling,
-            enable_gqa=self.heads != self.kv_heads,
+        batched step, so each row's output does not depend on the schedule it was served in.
+        Computed by `fixed_order_attention`, not sdpa: torch's CPU flash attention gives a query
+        row other last bits at 2 threads than at 1, so an honest node and a verifier running
+        different thread counts disagreed (docs/verification.md, Limits)."""
+        return fixed_order_attention(
+            q, cache.keys[index, :, :length], cache.values[index, :, :length], self.scaling
         )
 
     # ---- B sessions, one new position each ------------------------------------------------
@@ -389,6 +390,24 @@ class FastDecoder:
         for cache, start in zip(caches, starts, strict=True):
             cache.length = start + 1
         return hidden
+
+
+def fixed_order_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention of one query row q [1, heads, 1, head_dim] to keys, values [kv_heads, L,
+    head_dim] (grouped: heads is a multiple of kv_heads) → [1, heads, 1, head_dim], in an order
+    that does not depend on torch's thread count: every reduction (q·k over head_dim, softmax
+    over L, p·v over L) runs over the innermost dimension of a freshly allocated contiguous
+    tensor, which torch reduces the same way in one thread or split across several by output
+    (tests/unit/test_fixed_attention.py checks 1, 2 and 4 threads bitwise)."""
+    heads, dim = q.shape[1], q.shape[3]
+    kv_heads = keys.shape[0]
+    grouped = q.reshape(kv_heads, heads // kv_heads, 1, dim)  # [kv, group, 1, D]
+    scores = (grouped * keys.unsqueeze(1)).sum(-1) * scale  # [kv, group, L]
+    weights = torch.softmax(scores, dim=-1)
+    out = (weights.unsqueeze(-2) * values.transpose(-1, -2).unsqueeze(1)).sum(-1)  # [kv, group, D]
+    return out.reshape(1, heads, 1, dim)
 
 
 def _mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
