@@ -160,19 +160,27 @@ class CommitteeRpc:
     async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         """One JSON-RPC call; returns `result`, raises RemoteError/UnavailableError."""
         body = {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params or {}}
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                async with self._http().post(self.url, json=body) as response:
-                    text = await response.text()
-        except TimeoutError as error:
-            raise UnavailableError(
-                f"{self.url}: {method} got no answer within {self.timeout_s:g} s",
-                hint=UNAVAILABLE_HINT,
-            ) from error
-        except aiohttp.ClientError as error:
-            raise UnavailableError(
-                f"{self.url}: {method} failed: {error}", hint=UNAVAILABLE_HINT
-            ) from error
+        # a read is asked once more when the server had closed the kept-alive connection it went
+        # out on (ServerDisconnectedError: no answer came; the retry takes a new connection); a
+        # broadcast is not, since the validator may have taken the tx before it hung up
+        attempts = 1 if method.startswith("broadcast_") else 2
+        for attempt in range(attempts):
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    async with self._http().post(self.url, json=body) as response:
+                        text = await response.text()
+                break
+            except TimeoutError as error:
+                raise UnavailableError(
+                    f"{self.url}: {method} got no answer within {self.timeout_s:g} s",
+                    hint=UNAVAILABLE_HINT,
+                ) from error
+            except aiohttp.ClientError as error:
+                if isinstance(error, aiohttp.ServerDisconnectedError) and attempt + 1 < attempts:
+                    continue
+                raise UnavailableError(
+                    f"{self.url}: {method} failed: {error}", hint=UNAVAILABLE_HINT
+                ) from error
         try:
             answer = loads_bounded(text)
         except ValueError as error:

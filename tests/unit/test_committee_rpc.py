@@ -32,6 +32,7 @@ class FakeComet:
         self.subscriptions: list[str] = []
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.subscribe_error: dict[str, Any] | None = None
+        self.hang_ups = 0  # the next requests answered by closing the connection
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -43,6 +44,11 @@ class FakeComet:
         body = await request.json()
         method, params = body["method"], body["params"]
         self.calls.append((method, params))
+        if self.hang_ups:
+            self.hang_ups -= 1
+            assert request.transport is not None
+            request.transport.close()  # the client sees ServerDisconnectedError
+            return web.Response()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         answer: dict[str, Any] = {"jsonrpc": "2.0", "id": body["id"]}
@@ -330,3 +336,25 @@ async def test_client_uses_given_session_and_leaves_it_open(fake: Any) -> None:
         async with CommitteeRpc(url, session=session) as rpc:
             assert (await rpc.net_info())["n_peers"] == "3"
         assert not session.closed
+
+
+async def test_a_read_is_asked_again_once_when_the_server_hung_up(fake: Any) -> None:
+    comet, url = fake
+    comet.results["abci_query"] = {"response": {"code": 0, "value": ""}}
+    comet.hang_ups = 1
+    async with CommitteeRpc(url) as rpc:
+        assert await rpc.call("abci_query", {"path": "/params"}) == comet.results["abci_query"]
+    assert [method for method, _ in comet.calls] == ["abci_query", "abci_query"]
+    comet.hang_ups = 2  # twice: unavailable, by name
+    async with CommitteeRpc(url) as rpc:
+        with pytest.raises(UnavailableError, match="abci_query failed"):
+            await rpc.call("abci_query", {"path": "/params"})
+
+
+async def test_a_broadcast_is_not_sent_again_when_the_server_hung_up(fake: Any) -> None:
+    comet, url = fake
+    comet.hang_ups = 1
+    async with CommitteeRpc(url) as rpc:
+        with pytest.raises(UnavailableError, match="broadcast_tx_sync failed"):
+            await rpc.broadcast_tx_sync(b"tx")
+    assert [method for method, _ in comet.calls] == ["broadcast_tx_sync"]
