@@ -29,6 +29,7 @@ from node.server.credit_locks import LockMarks
 from node.server.payments import CreditSpool
 from protocol.committee.credit_locks import MAX_LOCKS, CreditLock
 from protocol.credits import clock_from_query
+from protocol.errors import UnavailableError
 from protocol.paid_credits import AssignedCredit, PaidCredit, spent_id
 
 log = logging.getLogger(__name__)
@@ -36,10 +37,13 @@ log = logging.getLogger(__name__)
 CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED = 78, 79, 86  # abci_app/codes.py
 CREDIT_NOT_ASSIGNED = 102  # abci_app/codes.py
 LOST_CODES = (CREDIT_SPENT, CREDIT_EPOCH, CREDIT_LOCKED, CREDIT_NOT_ASSIGNED)
+LOCK_WAIT_S = 15.0  # how long a lock tx not yet in a block is waited for, in all
+LOCK_LOOK_S = 2.0  # meanwhile, the locks themselves are read this often
 _ITEM = re.compile(r"credit (\d+):")
 
 
 class Link(Protocol):
+    async def query(self, path: str, **params: Any) -> Any: ...
     async def submit(self, body: Any) -> Any: ...
     async def committed_code(self, tx_hash: str, *, timeout_s: float = 15.0) -> tuple[int, str]: ...
 
@@ -123,4 +127,38 @@ class SpoolLocker:
             sent = await self.link.submit(CreditLock(self.model, self.shard, locks, assignments))
         except TxRejectedError as error:
             return error.tx_code, error.log_text
-        return await self.link.committed_code(sent.hash)
+        return await self._committed(sent.hash, batch)
+
+    async def _committed(
+        self, tx_hash: str, batch: list[tuple[str, PaidCredit]]
+    ) -> tuple[int, str]:
+        """The lock tx's block result. CometBFT's recheck drops a lock tx from the mempool,
+        silently, when a block before it locked one of its credits for another node (a client
+        showed the credit to two nodes): it never lands, and waiting for it would outlast the
+        compute process's bound (`LOCK_WAIT_BLOCKS`), which then stops the session as a lock
+        timeout, not as the double spend it is. So while the tx is not in a block, the locks
+        themselves are read every LOCK_LOOK_S, and a credit another node holds answers for the
+        tx as its refusal would (CREDIT_LOCKED, naming the item)."""
+        waited = 0.0
+        while True:
+            try:
+                return await self.link.committed_code(tx_hash, timeout_s=LOCK_LOOK_S)
+            except UnavailableError:
+                waited += LOCK_LOOK_S
+                taken = await self._held_elsewhere(batch)
+                if taken is not None:
+                    return taken
+                if waited >= LOCK_WAIT_S:
+                    raise
+
+    async def _held_elsewhere(self, batch: list[tuple[str, PaidCredit]]) -> tuple[int, str] | None:
+        mine = getattr(self.link, "signer", "")
+        for index, (identifier, _) in enumerate(batch):
+            lock = await self.link.query("/credit_lock", id=identifier)
+            holder = lock.get("node") if isinstance(lock, dict) else None
+            if isinstance(holder, str) and holder and holder != mine:
+                return CREDIT_LOCKED, (
+                    f"credit {index}: locked by node {holder[:16]}… first (this lock tx was "
+                    "dropped from the mempool)"
+                )
+        return None

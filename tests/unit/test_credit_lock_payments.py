@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -31,6 +33,7 @@ from node.server.payments import (
     CreditSpool,
     Payments,
 )
+from protocol.errors import UnavailableError
 from protocol.paid_credits import spent_id
 from protocol.stream import PaymentRequiredError
 from tests.credit_chain import minted, node_chain
@@ -214,3 +217,55 @@ async def test_a_till_without_a_lock_drops_a_credit_another_node_locked(tmp_path
         await till.accept(credit)
     commit_served(chain, a, 0, blocks=1)
     assert await till.redeem() == 1 and till.held == []
+
+
+class _DroppedLink(ChainLink):
+    """A link whose lock txs CometBFT's recheck drops from the mempool: never in a block."""
+
+    def __init__(self, chain, key) -> None:
+        super().__init__(chain, key)
+        self.signer = key.verify_key.encode().hex()
+        self.looks = 0
+
+    async def submit(self, body: Any) -> Any:
+        return SimpleNamespace(hash="dropped")
+
+    async def committed_code(self, tx_hash: str, *, timeout_s: float = 15.0) -> tuple[int, str]:
+        self.looks += 1
+        raise UnavailableError(f"tx {tx_hash} not committed within {timeout_s:g} s")
+
+
+async def test_a_lock_tx_dropped_because_another_node_locked_first_is_lost_not_waited_on(
+    tmp_path: Path,
+) -> None:
+    """The loser's lock tx never lands (recheck drops it once the winner's block is in): its
+    agent reads the lock itself after one look and marks the credit lost, so the compute process
+    stops the session as the double spend it is, well before its lock-timeout bound."""
+    chain, keys, credits, (a, b) = _two_nodes(tmp_path)
+    shared = credits[0]
+    for node in (a, b):
+        await node.payments.accept(node.account, shared)
+    assert await a.locker.step() == 1  # a's lock lands first
+    dropped = _DroppedLink(chain, keys[1])
+    b.locker.link = dropped
+    assert await b.locker.step() == 0
+    assert dropped.looks == 1 and b.locker.lost == 1
+    assert LockMarks(b.payments.spool.dir).status(spent_id(shared)) == "lost"
+
+
+async def test_a_lock_tx_not_in_a_block_with_no_other_holder_is_waited_on_then_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nobody holds the credit: nothing is marked, and after LOCK_WAIT_S the pass fails as
+    before (the agent tries again)."""
+    from node.agent import credit_locker
+
+    monkeypatch.setattr(credit_locker, "LOCK_WAIT_S", 6.0)
+    chain, keys, credits, (_, b) = _two_nodes(tmp_path)
+    await b.payments.accept(b.account, credits[0])
+    dropped = _DroppedLink(chain, keys[1])
+    b.locker.link = dropped
+    with pytest.raises(UnavailableError):
+        await b.locker.step()
+    assert dropped.looks == 3  # every LOCK_LOOK_S (2 s) up to 6 s
+    assert LockMarks(b.payments.spool.dir).status(spent_id(credits[0])) is None
