@@ -10,8 +10,11 @@ compute process which locks it won (node/server/credit_locks.py `LockMarks`).
                             window is over; CREDIT_NOT_ASSIGNED: its holder did not assign it
                             to this node, or the chain wants an assignment) is marked lost
                             and the rest of its batch sent again at once; a committed tx
-                            marks its credits won. Any other failure marks nothing (the next
-                            pass tries again). Returns the credits won.
+                            marks its credits won; while a tx is not in a block its credits'
+                            locks are read every LOCK_LOOK_S, and one another node holds is
+                            lost at once (CometBFT's recheck drops such a tx silently). Any
+                            other failure marks nothing (the next pass tries again). Returns
+                            the credits won.
 
 The redeemer (credit_till.py `SpoolRedeemer`) redeems only credits marked won and deletes the
 ones marked lost: a node never redeems, and never counts as paid, a credit another node locked.
