@@ -14,7 +14,8 @@ paths answer `UNKNOWN_QUERY`.
                                                 (healthy: every shard ≥ 3; degraded: some 1–2;
                                                  incomplete: some 0), the replica floor and
                                                 the shards below it; without model: the
-                                                genesis models' pools
+                                                genesis models' pools. Counted from the
+                                                staked pools (`pool/`), not the registry
     /commitments  ?node ?session ?limit ?after  commit-reveal records, 1000 a page (`next`:
                                                 the `after` of the next page, or null)
     /evidence     ?node ?limit ?after           reveal mismatches and equivocations by id,
@@ -162,18 +163,25 @@ def routable(state: State, key: str, node: dict[str, Any]) -> bool:
 
 
 def _pool_counts(state: State, models: set[str]) -> dict[str, tuple[dict[int, int], int]]:
-    """{model: ({shard: routable compute nodes}, highest registered shard or -1)} for `models`,
-    in one pass over the registry: one record read per registration, and the few `routable`
-    needs only for a SERVING compute node of one of `models`."""
-    found: dict[str, tuple[dict[int, int], int]] = {m: ({}, -1) for m in models}
-    for key, node in state.committed_items(schema.NODE):
-        if node["model"] not in found or node["role"] != "compute":
-            continue
-        counts, highest = found[node["model"]]
-        found[node["model"]] = (counts, max(highest, *node["shards"]))
-        if routable(state, key, node):
-            for shard in node["shards"]:
-                counts[shard] = counts.get(shard, 0) + 1
+    """{model: ({shard: routable compute nodes}, highest shard of its staked nodes or -1)} for
+    `models`, from the staked pools alone (`pool/<model>/<key>`, registry.py `update_pool`): a
+    node outside them cannot be routable, so a free registration or heartbeat costs this query
+    no read; each staked node of a model costs its index row, its record and what `routable`
+    reads."""
+    found: dict[str, tuple[dict[int, int], int]] = {}
+    for model in sorted(models):
+        counts: dict[int, int] = {}
+        highest = -1
+        for entry, _ in state.committed_items(schema.POOL, model + "/", model + "0"):
+            key = entry[len(model) + 1 :]
+            node = None if "/" in key else state.committed(schema.NODE, key)
+            if node is None:  # a key of another model whose name goes on after `<model>/`
+                continue
+            highest = max(highest, *node["shards"])
+            if routable(state, key, node):
+                for shard in node["shards"]:
+                    counts[shard] = counts.get(shard, 0) + 1
+        found[model] = (counts, highest)
     return found
 
 
@@ -208,9 +216,10 @@ def pool_health(
 
 
 def _pool_health(state: State, params: dict[str, Any]) -> Any:
-    """With `model`: that pool. Without: the pools of the genesis `models` only, counted in
-    one pass (models are free to name at registration: listing every model seen made one
-    query read the registry once per model, 4 million records for 2 000 one-node models)."""
+    """With `model`: that pool. Without: the pools of the genesis `models` only (models are
+    free to name at registration: listing every model seen made one query read the registry
+    once per model, 4 million records for 2 000 one-node models). Either reads the staked
+    pools alone (`_pool_counts`), never the free registrations."""
     model = str_param(params, "model")
     shards = int_param(params, "shards", lo=1, hi=MAX_SHARDS)
     if model is not None:

@@ -151,9 +151,9 @@ def leave(state: State, tx: SignedTx) -> None:
     node = rules.registered_node(state, tx.signer)
     if node["status"] == schema.LEFT:
         rules.reject(Code.INVALID_LIFECYCLE, f"node {tx.signer} has already left")
-    state.put(
-        schema.NODE, tx.signer, {**node, "status": schema.LEFT, "status_height": state.block_height}
-    )
+    left = {**node, "status": schema.LEFT, "status_height": state.block_height}
+    state.put(schema.NODE, tx.signer, left)
+    update_pool(state, tx.signer, left)
     release_relay(state, tx.signer)
     state.emit("planet.node", node=tx.signer, status=schema.LEFT)
 
@@ -231,6 +231,33 @@ def attest_stake(state: State, tx: SignedTx) -> None:
     )
     if agreed != record["agreed"] and not is_staked(state, node, body.node):
         schedule_registration_check(state, body.node, state.block_height)
+    update_pool(state, body.node, node)
+
+
+# --- the staked pools (/pool_health) ------------------------------------------------------------
+
+
+def pool_key(model: str, node_key: str) -> str:
+    """`pool/` key of `node_key` in `model`'s pool (a model may hold `/`: a reader of one
+    model's range keeps the keys whose part after `<model>/` is a node key alone)."""
+    return f"{model}/{node_key}"
+
+
+def update_pool(state: State, node_key: str, node: dict[str, Any]) -> None:
+    """Keep `pool/<model>/<node_key>` exactly for a compute node that is staked and has not
+    left (`node`: its record as this block leaves it). Free registrations never enter it, so
+    what /pool_health reads grows with stake, not with what strangers register."""
+    member = (
+        node["role"] == "compute"
+        and node["status"] != schema.LEFT
+        and is_staked(state, node, node_key)
+    )
+    entry = pool_key(str(node["model"]), node_key)
+    listed = state.get(schema.POOL, entry) is not None
+    if member and not listed:
+        state.put(schema.POOL, entry, 1)
+    elif listed and not member:
+        state.delete(schema.POOL, entry)
 
 
 # --- heartbeat timeouts -------------------------------------------------------------------------
@@ -286,6 +313,9 @@ def is_staked(state: State, node: dict[str, object], node_key: str) -> bool:
 
 
 def delete_node(state: State, node_key: str, node: dict[str, object]) -> None:
+    entry = pool_key(str(node["model"]), node_key)
+    if state.get(schema.POOL, entry) is not None:
+        state.delete(schema.POOL, entry)
     for ns in NODE_NAMESPACES:
         if state.get(ns, node_key) is not None:
             state.delete(ns, node_key)

@@ -33,6 +33,11 @@ REPUTATION = "rep"
 # node's measured decode speed, the lower median of the latest report of each distinct verifier
 # within `retention_epochs` (abci_app/speeds.py)
 SPEED = "speed"
+# pool/<model>/<node key hex>: 1 for each compute node of the model that is staked (agreed
+# stake ≥ min_stake.compute) and has not left: the only nodes that can be routable, so
+# /pool_health counts a pool from these alone, never from the free registrations (registry.py
+# `update_pool`: kept at attest_stake, leave and expiry)
+POOL = "pool"
 # hbdue/<height>: node keys that are overdue at that height unless they sent a heartbeat since
 HEARTBEAT_DUE = "hbdue"
 # regdue/<height>: node keys whose registration expires at that height unless staked by then

@@ -4,13 +4,15 @@ Registering costs nothing (an unstaked registration lives `registration_ttl` blo
 registry a query may read is as long as strangers make it. This registers --nodes compute nodes
 in the in-process app (no sockets, no CometBFT): all on one model (`m`, one shard each, a price
 each), or with --models K spread over K models (--serving: each heartbeats once, so it is
-SERVING, unstaked); then asks each query --repeat times and gives,
+SERVING, unstaked; --staked K: the first K also staked, so routable); then asks each query
+--repeat times and gives,
 per query: the median CPU milliseconds (`time.process_time`, so other load on a shared machine
 inflates it less than wall time would), the records it read from state (every `committed`
 lookup and every record a range scan yielded) and the answer's bytes.
 
     .venv/bin/python bench/query_cost.py --nodes 10000            # ~1 min (mostly registering)
     .venv/bin/python bench/query_cost.py --nodes 2000 --models 2000
+    .venv/bin/python bench/query_cost.py --nodes 10000 --serving --staked 100
     .venv/bin/python bench/query_cost.py --quick                  # 200 nodes, one repeat
 
 Metrics per query, named after its path (`/pool_health?model=m` -> `pool_health_model_m`):
@@ -36,7 +38,7 @@ from abci_app.queries import query
 from abci_app.state import State
 from bench._common import machine, parse_with_quick
 from protocol.committee.prices import SetPrice
-from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
+from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 
@@ -62,6 +64,19 @@ def register(chain: Chain, count: int, models: int, serving: bool) -> None:
         if serving:
             beats = [chain.tx(Heartbeat(), k) for _, k in prices]
             assert all(r.code == 0 for r in chain.block(beats))
+
+
+def stake(chain: Chain, count: int) -> None:
+    """The first `count` nodes heartbeat and are staked (1 ETH, attested by 3 of the chain's 4
+    validators): in their model's staked pool and routable, what `/pool_health` counts."""
+    txs = []
+    for i in range(count):
+        key = seeded_key(f"q-{i}")
+        node = key.verify_key.encode().hex()
+        txs.append(chain.tx(Heartbeat(), key))
+        txs += [chain.tx(AttestStake(node, 10**18), v.key) for v in chain.validators[:3]]
+    for first in range(0, len(txs), BLOCK):
+        assert all(r.code == 0 for r in chain.block(txs[first : first + BLOCK]))
 
 
 class Reads:
@@ -117,11 +132,13 @@ def main() -> None:
     parser.add_argument("--models", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--serving", action="store_true", help="each node heartbeats: SERVING")
+    parser.add_argument("--staked", type=int, default=0, help="of them, staked and routable")
     args = parse_with_quick(parser, {"nodes": 200, "repeat": 1})
     logging.disable(logging.INFO)
     chain = Chain()
     started = time.monotonic()
     register(chain, args.nodes, args.models, args.serving)
+    stake(chain, min(args.staked, args.nodes))
     setup_s = time.monotonic() - started
     model = "m" if args.models <= 1 else "m0"
     paths = [
@@ -139,7 +156,7 @@ def main() -> None:
         for field, value in cost(chain, path, args.repeat).items():
             metrics[f"{metric_name(path)}_{field}"] = value
     config = {"nodes": args.nodes, "models": args.models, "serving": args.serving,
-              "repeat": args.repeat, "quick": args.quick}  # fmt: skip
+              "staked": args.staked, "repeat": args.repeat, "quick": args.quick}  # fmt: skip
     print(
         json.dumps(
             {"bench": "query_cost", "machine": machine(), "config": config, "metrics": metrics}

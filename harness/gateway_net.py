@@ -39,8 +39,9 @@ from nacl.signing import SigningKey
 
 from deploy.anvil import ANVIL_DEV_ADDRESS, ANVIL_DEV_KEY, Anvil, rpc_call, start_anvil
 from deploy.evm import DeployConfig, compile_contracts, deploy_all
+from harness.committee_reads import nodes_of
 from harness.ports import ephemeral_port
-from node.chain.committee_pages import path_query, read_nodes, read_reputations
+from node.chain.committee_pages import path_query, read_reputations
 from node.chain.evm.account import PlanetChain
 from node.model.manifest import Manifest
 from node.server.launcher import (
@@ -187,11 +188,7 @@ class Committee:
 
     def nodes(self, **filters: Any) -> list[dict[str, Any]]:
         """Every `/nodes` entry matching `filters`, each page followed (`read_nodes`)."""
-
-        async def abci_query(path: str) -> Any:
-            return self.query(path)
-
-        return asyncio.run(read_nodes(path_query(abci_query), **filters))
+        return nodes_of(self.query, **filters)
 
     def reputations(self) -> dict[str, dict[str, Any]]:
         """Every `/reputations` record by node key, each page followed (`read_reputations`)."""

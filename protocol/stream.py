@@ -41,7 +41,9 @@ and closed. A client is at most one credit ahead of the work; a node never works
 the node does not keep through no fault of the credit (its session is not open on that link, or
 its open failed after the `pay` came) is refused `credit_not_taken` naming the credit's spent
 id, and the client puts that credit back; a node keeps the credits of a session it answered
-`opened` for.
+`opened` for. A `pay` whose credit's holder assignment is not for the node (its key, model and
+shard) is refused `credit_not_assigned` before the node takes it, naming the spent id the same
+way (`not_assigned_message`): a holder-bound credit goes back to the client's wallet too.
 An open may carry `prefix`, a salt of the client's own (a token like `feed`): the node's prefix
 cache then shares that session's prompt blocks only with sessions opened with the same salt
 (node/server/prefix_cache.py, docs/privacy.md); without it, with every session of the node. It
@@ -146,6 +148,23 @@ _NOT_TAKEN = re.compile(r"credit ([0-9a-f]{64}) not taken: ")
 def not_taken_id(message: str) -> str | None:
     """The spent id a `credit_not_taken` refusal names, or None."""
     match = _NOT_TAKEN.match(message)
+    return match.group(1) if match else None
+
+
+CREDIT_NOT_ASSIGNED: Final = "credit_not_assigned"  # node/server/payments.py refuses so
+_NOT_ASSIGNED = re.compile(r"credit ([0-9a-f]{64}) not assigned to this node: ")
+
+
+def not_assigned_message(identifier: str, reason: str) -> str:
+    """A `credit_not_assigned` refusal's message: it names the credit by its spent id, so the
+    client knows which credit the node refused before taking it (`not_assigned_id`)."""
+    return f"credit {identifier} not assigned to this node: {reason}"
+
+
+def not_assigned_id(message: str) -> str | None:
+    """The spent id a `credit_not_assigned` refusal names, or None (a node of before named
+    none)."""
+    match = _NOT_ASSIGNED.match(message)
     return match.group(1) if match else None
 
 
@@ -366,6 +385,7 @@ def ws_frame_bytes(payload: int, *, masked: bool) -> int:
 
 
 __all__ = [
+    "CREDIT_NOT_ASSIGNED",
     "MAX_SESSION_FRAMES",
     "BadControlError",
     "BadFeedError",
@@ -378,6 +398,8 @@ __all__ = [
     "PaymentRequiredError",
     "UnknownStreamError",
     "error_message",
+    "not_assigned_id",
+    "not_assigned_message",
     "not_taken_id",
     "open_message",
     "parse_control",

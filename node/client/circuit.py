@@ -61,10 +61,12 @@ from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 from protocol.frames.sessions import check_session_id
 from protocol.prefix_routes import route_keys
 from protocol.stream import (
+    CREDIT_NOT_ASSIGNED,
     MAX_SESSION_FRAMES,
     CreditNotTakenError,
     NextHop,
     PaymentRequiredError,
+    not_assigned_id,
     not_taken_id,
     open_message,
     parse_control,
@@ -149,6 +151,8 @@ class _Link:
             if future is not None:  # not the answer it waits for
                 self.pending[control.sid] = future
             return
+        if control.op == "error" and control.code == CREDIT_NOT_ASSIGNED:
+            self._not_assigned(control.sid, control.message or "")  # and the session fails
         if control.op == "error":
             code = control.code or "http_error"
             unpaid = self.client.unpaid(self.index)
@@ -175,6 +179,16 @@ class _Link:
             log.warning("node %s: a credit not taken, unknown here: %s", self.hop.url, message)
         elif sid not in self.client.outputs and not payer.pending(sid):
             self.client.paid_sids.discard(sid)  # a closed session, every credit settled
+
+    def _not_assigned(self, sid: int, message: str) -> None:
+        """The hop refused a credit before taking it: its assignment was not for that node
+        (`CreditPayer.not_assigned`); a holder-bound one goes back into the wallet."""
+        identifier = not_assigned_id(message)
+        payer = self.client.payer
+        if identifier and payer is not None and payer.not_assigned(sid, self.index, identifier):
+            log.info("node %s: a credit not assigned to it is back in the wallet", self.hop.url)
+        else:
+            log.warning("node %s: a credit not assigned, not given back: %s", self.hop.url, message)
 
     def _data(self, data: bytes) -> None:
         client = self.client

@@ -27,7 +27,15 @@ session was not open there, or its open failed after the `pay`) comes back refus
 `credit_not_taken`, naming it: it goes back into the wallet (`give_back`). Such a refusal may
 come after the session closed (a node that could not check the credit in time, the client's
 session already failed): the credits sent to the last `CLOSED_KEPT` closed sessions' hops are
-kept for it, so a credit the node never took is never lost to the wallet.
+kept for it, so a credit the node never took is never lost to the wallet. A credit a hop
+refuses `credit_not_assigned` (its holder's assignment names another node, model or shard: the
+client's listing of that node was stale or wrong) was not taken either: the node checks the
+assignment before it takes a credit, and the chain would not let it lock one assigned to
+another party. It goes back to the wallet as unspent (`not_assigned`) while the session fails
+over like any other refusal; the next node it pays gets its own assignment. On either refusal
+the client takes the node at its word, as it must for `credit_not_taken`: a node that lied and
+locked the credit anyway makes its next use fail as locked or spent, and costs the user that
+one credit, as keeping it would.
 
 A payer is shared by every circuit of a gateway (node/gateway/circuits.py): its tallies are
 keyed by (sid, hop), so the session ids come from the payer (`new_sid`), never from a counter
@@ -246,6 +254,20 @@ class CreditPayer:
                     self.wallet.add([credit])
                     self.spent -= 1
                     return True
+        return False
+
+    def not_assigned(self, sid: int, index: int, identifier: str) -> bool:
+        """Hop `index` refused the credit of spent id `identifier` it was sent for `sid`
+        `credit_not_assigned`: its holder's assignment was not for that node (a listing of
+        the node that was stale or wrong), checked before the node takes a credit, and one the
+        chain would refuse that node's lock of. A holder-bound credit (`HeldCredit`: its seed
+        is here) goes back into the wallet as unspent, to be assigned afresh to the next node
+        it pays; True then. A bare credit of before stays gone (False): a chain that binds
+        holders refuses it at every node, so it would only be refused again."""
+        for sent in (self._sent.get((sid, index), []), self._closed.get((sid, index), [])):
+            for credit, _ in sent:
+                if spent_id(credit) == identifier:
+                    return isinstance(credit, HeldCredit) and self.give_back(sid, index, identifier)
         return False
 
     def forget(self, sid: int, opened: set[int]) -> None:

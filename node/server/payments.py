@@ -82,7 +82,7 @@ from protocol.paid_credits import (
     spent_id,
     started,
 )
-from protocol.stream import PaymentRequiredError
+from protocol.stream import CREDIT_NOT_ASSIGNED, PaymentRequiredError, not_assigned_message
 from protocol.threshold_mint import PeriodKey
 
 log = logging.getLogger(__name__)
@@ -109,9 +109,14 @@ class CreditRefusedError(ProtocolError):
 
 class CreditNotAssignedError(CreditRefusedError):
     """A credit whose assignment its holder did not sign for this node (its committee key,
-    model and shard): the chain would refuse this node's lock of it (CREDIT_NOT_ASSIGNED)."""
+    model and shard): the chain would refuse this node's lock of it (CREDIT_NOT_ASSIGNED).
+    Refused before the credit is taken, naming it by its spent id
+    (`protocol.stream.not_assigned_message`), so its client can put it back in its wallet."""
 
-    code = "credit_not_assigned"
+    code = CREDIT_NOT_ASSIGNED
+
+    def __init__(self, credit: PaidCredit, reason: str) -> None:
+        super().__init__(not_assigned_message(spent_id(credit), reason))
 
 
 class QueryLink(Protocol):
@@ -205,8 +210,9 @@ class CreditCheck:
         cached = await self.clock()
         if cached.holder_bound and not isinstance(credit, AssignedCredit):
             raise CreditNotAssignedError(
+                credit,
                 "the committee takes a credit only with its holder's assignment to the node "
-                "(a credit bought before holder keys cannot pay here)"
+                "(a credit bought before holder keys cannot pay here)",
             )
         if not paid_redeemable(credit, cached):
             cached = await self.clock(at_least=cached.epoch + 1)  # the cache may lag: re-read
@@ -402,7 +408,8 @@ class Payments:
             return
         if not assigned(credit.nonce, self.party, credit.assignment):
             raise CreditNotAssignedError(
-                "the credit's holder did not assign it to this node (its key, model and shard)"
+                credit,
+                "the credit's holder did not assign it to this node (its key, model and shard)",
             )
 
     def servable(self, account: Account) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from harness.committee_reads import nodes_of
 from node.server.launcher import pid_alive
 
 UP_TIMEOUT_S = 900
@@ -66,6 +67,12 @@ def query(rpc: str, path: str, **params: str) -> Any:
     if response.get("code", 0):
         return None
     return json.loads(base64.b64decode(response["value"]))
+
+
+def nodes(rpc: str, **filters: str) -> list[dict[str, Any]]:
+    """Every `/nodes` entry matching `filters`, each page followed (`read_nodes`, as the
+    product reads it: `BadPage` / `TooManyPages` by name)."""
+    return nodes_of(lambda path: query(rpc, path), **filters)
 
 
 def wait(condition: Callable[[], T], timeout_s: float, what: str, every_s: float = 0.5) -> T:

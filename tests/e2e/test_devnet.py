@@ -29,6 +29,7 @@ import pytest
 from node.server.launcher import pid_alive
 from protocol.committee.prices import going_price
 from tests.bench_runs import one_benchmark_object, run_bench
+from tests.e2e.devnet_session import nodes as _nodes
 from tests.e2e.devnet_session import (
     operator_env,
     pids_alive,
@@ -715,8 +716,8 @@ def _unstaked_agent_is_never_routable(
               "5 more committee blocks")  # fmt: skip
         assert all(not v["routable"] for v in seen)
         assert seen[-1]["stake"] == "0"
-        listed = _query(devnet["committee_rpc"][0], "/nodes", model=devnet["model_hash"])
-        assert node_key not in {n["key"] for n in listed["nodes"] if n["routable"]}
+        listed = _nodes(devnet["committee_rpc"][0], model=devnet["model_hash"])
+        assert node_key not in {n["key"] for n in listed if n["routable"]}
     finally:
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(30) == 0, log_path.read_text()[-2000:]
@@ -808,8 +809,8 @@ def _new_operator_joins_and_leaves(
     assert "chain status LEFT" in left.stdout and "unreachable" not in left.stdout + left.stderr
     view = _view(devnet, key)
     assert view["status"] == "LEFT" and not view["routable"]
-    listed_nodes = _query(rpc, "/nodes", model=devnet["model_hash"])
-    assert key not in {n["key"] for n in listed_nodes["nodes"] if n["routable"]}
+    listed_nodes = _nodes(rpc, model=devnet["model_hash"])
+    assert key not in {n["key"] for n in listed_nodes if n["routable"]}
     pool = _query(rpc, "/pool_health", model=devnet["model_hash"])
     assert pool["routable_per_shard"] == [1, 1, 1]
     assert not pid_alive(pids["agent_pid"]) and not pid_alive(pids["node_pid"])

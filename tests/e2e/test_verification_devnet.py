@@ -64,6 +64,7 @@ from typing import Any
 
 import pytest
 
+from harness.committee_reads import nodes_of
 from harness.personal_client import personal_client
 from harness.ports import ephemeral_port
 from node.client.credit_wallet import CreditWallet
@@ -170,7 +171,8 @@ def _operators(devnet: dict[str, Any]) -> dict[str, dict[str, str]]:
 def _nodes(devnet: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
     """Node views by operator home name (None: no longer registered — a slashed node's
     registration expires once its stake is attested below the minimum)."""
-    by_key = {n["key"]: n for n in _query(devnet["committee_rpc"][0], "/nodes")["nodes"]}
+    rpc = devnet["committee_rpc"][0]
+    by_key = {n["key"]: n for n in nodes_of(lambda path: _query(rpc, path))}
     return {name: by_key.get(op["key"]) for name, op in _operators(devnet).items()}
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
+from harness.committee_reads import nodes_of
 from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
 from protocol.committee.envelope import sign
 from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
@@ -225,8 +226,23 @@ def test_abci_cometbft_register_commit_reveal_query_and_restart(net: Net) -> Non
     )
     assert net.submit(sign(body, node_key, 1).encode()).get("code", 0) == 0
     assert net.submit(sign(Heartbeat(), node_key, 2).encode()).get("code", 0) == 0
-    [listed] = net.query("/nodes?model=smollm2-135m&shard=1")["nodes"]
+    [listed] = nodes_of(net.query, model="smollm2-135m", shard=1)
     assert listed["key"] == node and listed["status"] == "SERVING"
+    # /nodes pages over the real RPC: three more registrations, read a key a page
+    others = [seeded_key(f"integration-other-{i}") for i in range(3)]
+    for i, key in enumerate(others):
+        other_evm = seeded_evm_key(f"integration-other-{i}")
+        hexed = key.verify_key.encode().hex()
+        other = RegisterNode(
+            address_of(other_evm), sign_registration(other_evm, hexed), "compute", "other",
+            (0,), f"http://127.0.0.1:{8200 + i}", 1,
+        )  # fmt: skip
+        assert net.submit(sign(other, key, 1).encode()).get("code", 0) == 0
+    everyone = sorted([node, *(k.verify_key.encode().hex() for k in others)])
+    first = net.query("/nodes?limit=1")
+    assert [n["key"] for n in first["nodes"]] == everyone[:1] and first["next"] == everyone[0]
+    assert [n["key"] for n in nodes_of(net.query, limit=1)] == everyone  # 4 pages, then null
+    assert [n["key"] for n in nodes_of(net.query, model="smollm2-135m", limit=1)] == [node]
 
     # commit-reveal: two commitments in one tx, one honest reveal, one mismatching reveal
     output, salt = "0x" + "0b" * 32, "0x" + "0c" * 32

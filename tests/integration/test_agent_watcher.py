@@ -36,6 +36,7 @@ from deploy.committee.processes import read_pid, stop_network
 from deploy.committee.start import start_network
 from deploy.committee.watchers import start_watchers
 from deploy.evm import DeployConfig, deploy_all
+from harness.committee_reads import nodes_of
 from node.chain.evm.account import PlanetChain
 from node.keys import create_node_key, create_wallet
 from node.net import port_is_free
@@ -168,7 +169,7 @@ def test_agent_and_watcher_routability_follows_the_evm_stake(world: World) -> No
         )
         assert view["status"] == "SERVING" and view["stake"] == str(2 * ETHER)
         assert view["evm_address"].lower() == world.chain.address.lower()
-        listed = _query(world, "/nodes", role="compute")["nodes"]
+        listed = nodes_of(lambda path: _query(world, path), role="compute")
         assert [n["key"] for n in listed if n["routable"]] == [world.node_key]
 
         # the only validator's RPC and consensus freeze for 4 s: the agent must ride it out

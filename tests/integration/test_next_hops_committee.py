@@ -113,8 +113,8 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
         _register(committee, canaries[1].url, 1, model_hash, stake=False)  # not routable
 
         def routable() -> bool:
-            answer = committee.query(f"/nodes?model={model_hash}&role=compute")
-            return any(n["routable"] and n["endpoint"] == nodes[1].url for n in answer["nodes"])
+            listed = committee.nodes(model=model_hash, role="compute")
+            return any(n["routable"] and n["endpoint"] == nodes[1].url for n in listed)
 
         wait_for(routable, 20, "node 1 did not become routable")
 

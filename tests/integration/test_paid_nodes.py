@@ -162,13 +162,12 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
             agents.append(spawn_logged(command, root / "run" / f"agent-{shard}.log"))
 
         def registered() -> bool:
-            answer = committee.query(f"/nodes?model={model_hash}&role=compute")
-            return len(answer["nodes"]) == 2
+            return len(committee.nodes(model=model_hash, role="compute")) == 2
 
         wait_for(registered, 60, "the agents did not register both nodes")
 
         def priced() -> bool:
-            entries = committee.query(f"/nodes?model={model_hash}&role=compute")["nodes"]
+            entries = committee.nodes(model=model_hash, role="compute")
             return len(entries) == 2 and all(
                 (entry.get("prices") or {}).get(str(shard)) == PRICE_POSITIONS
                 for entry in entries

@@ -115,3 +115,51 @@ def test_nodes_status_and_role_filters_page_too() -> None:
     assert len(answers) == 4
     assert [n["key"] for a in answers for n in a["nodes"]] == [keys[2]]
     assert [n["routable"] for a in answers for n in a["nodes"]] == [True]
+
+
+def flooded(order: list[int]) -> Chain:
+    """A chain where free registrations landed in `order` (700 a block), every third on
+    another model."""
+    chain = Chain()
+    for first in range(0, len(order), 700):
+        labels = [f"flood-{i}" for i in order[first : first + 700]]
+        txs = [
+            chain.tx(
+                dataclasses.replace(register_body(label), model="m" if i % 3 else "other"),
+                seeded_key(label),
+            )
+            for label, i in zip(labels, order[first : first + 700], strict=True)
+        ]
+        assert {r.code for r in chain.block(txs)} == {Code.OK}
+    return chain
+
+
+async def test_a_flood_of_registrations_is_read_whole_in_key_order_by_read_nodes() -> None:
+    """The product's reader over the app itself: every registration once, in key order, past
+    the first page, whatever order the registrations landed in (the pages depend on the
+    registered keys alone)."""
+    from node.chain.committee_pages import path_query, read_nodes
+
+    count = 1300  # more than the app's page of 1,000
+    forward = flooded(list(range(count)))
+    backward = flooded(list(reversed(range(count))))
+    asked: list[str] = []
+
+    def reader(chain: Chain) -> object:
+        async def abci_query(path: str) -> object:
+            asked.append(path)
+            return ask(chain, path)
+
+        return path_query(abci_query)
+
+    everyone = sorted(hexkey(seeded_key(f"flood-{i}")) for i in range(count))
+    on_m = sorted(hexkey(seeded_key(f"flood-{i}")) for i in range(count) if i % 3)
+    listed = await read_nodes(reader(forward))  # type: ignore[arg-type]
+    assert [n["key"] for n in listed] == everyone
+    assert len(asked) == 2  # 1,000 + 300
+    assert [n["key"] for n in await read_nodes(reader(forward), model="m")] == on_m  # type: ignore[arg-type]
+    # the same registrations landed the other way round (other heights): the same pages
+    for path in ("/nodes", f"/nodes?after={everyone[999]}", "/nodes?model=m&limit=7"):
+        one, other = ask(forward, path), ask(backward, path)
+        assert [n["key"] for n in one["nodes"]] == [n["key"] for n in other["nodes"]]
+        assert one["next"] == other["next"]

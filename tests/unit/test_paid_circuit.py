@@ -347,6 +347,40 @@ async def test_credits_sent_to_a_hop_whose_open_failed_go_back_into_the_wallet(
     assert wallet.count() == 6 - kept and payer.spent == kept
 
 
+async def test_a_credit_assigned_to_another_node_goes_back_into_the_wallet(
+    aiohttp_server, tiny, tmp_path
+) -> None:
+    """The client's listing of the first hop is stale (another key, model or shard: here
+    another key): the node refuses each credit `credit_not_assigned` before it takes it, the
+    question stops on that refusal, and every credit sent is back in the wallet, unspent."""
+    from protocol.committee.credit_holder import node_party
+    from protocol.paid_credits import HeldCredit
+
+    manifest, _ = tiny
+    chain, node = node_chain(tmp_path)
+    credits, _ = minted(chain, tmp_path, count=4)
+    assert all(isinstance(c, HeldCredit) for c in credits)
+    servers, hops, spools = await _paid_nodes(aiohttp_server, manifest, tmp_path, chain, node)
+    model_hash = Manifest.load(manifest).model_hash
+    servers[0].app[STATE_KEY].payments.party = node_party(b"\x05" * 32, model_hash, 0)
+    head = ClientHead.load(manifest, device="cpu")
+    wallet = CreditWallet(tmp_path / "credits.json")
+    wallet.add(credits)
+    payer = CreditPayer(
+        wallet,
+        {hops[0].url: PRICE, hops[1].url: 0},
+        min_positions=PRICE,
+        parties={hops[0].url: node_party(b"\x06" * 32, model_hash, 0)},  # not the node's
+    )
+    async with CircuitClient(hops, hidden_size=64, prefill_chunk=16, payer=payer) as client:
+        with pytest.raises(RemoteError) as refused:
+            _ = [t async for t in _generate(client, head, head.encode(PROMPT))]
+        assert refused.value.code == "credit_not_assigned"
+    assert wallet.count() == 4 and payer.spent == 0  # back, none lost
+    assert list(spools[0].held()) == [] and servers[0].app[STATE_KEY].payments.accepted == 0
+    assert all(isinstance(c, HeldCredit) for c in wallet.take(4))  # seeds kept: assignable
+
+
 def _rows(count: int) -> Any:
     import numpy as np
 
