@@ -14,9 +14,12 @@ What is modelled here (what bench/placement.py measures is the per-shard decode 
   over the estimate's window went through every combination of one node per shard, each once,
   clean and without timing noise. `rule="nodes"`: each node's own estimated rate
   (`EpochSpeeds.of`, the product's rule); `rule="circuits"`: the old rule, each node credited
-  its best circuit's speed (`circuit_speeds`); `rule="own"`: each node's true rate (no
-  verifier). Until every shard has a node there is no circuit, so no node has a speed
-  (placement weighs replica counts then);
+  its best circuit's speed (`circuit_speeds`); `rule="split"`, a diagnostic: the per-node
+  estimate with the one thing whole circuits cannot tell given from the truth (each shard's
+  fastest node its true stage time + an even share of head and hops; the differences within a
+  shard stay the estimator's); `rule="own"`: each node's true rate (no verifier). Until every
+  shard has a node there is no circuit, so no node has a speed (placement weighs replica
+  counts then);
 - the pool's throughput is placement.py's: min over shards of the summed rates of the shard's
   routable replicas, here with each machine's own rate on its shard (the capacity the pool
   really has, whatever the committee's speeds said);
@@ -38,10 +41,12 @@ from dataclasses import dataclass
 
 from node.agent.placement import DEFAULT_REPLICA_FLOOR, PoolNode, choose_shard
 from node.agent.rebalance import RebalancePolicy, decide
-from node.verifier.speeds import EpochSpeeds, circuit_speeds
+from node.verifier.speeds import EpochSpeeds, circuit_speeds, rate, stage_times
 
 MODEL = "placement-bench"
-RULES = ("nodes", "circuits", "own")  # the committee's speeds: estimated per node, old, true
+# the committee's speeds: estimated per node, the old rule, estimated with the shards' split
+# known, each node's true rate
+RULES = ("nodes", "circuits", "split", "own")
 TIMED_TOKENS = 32  # tokens of one timed sampled challenge (the verifier's `sampled_tokens`)
 MAX_PASSES = 50  # rebalancing passes before a pool that keeps moving is called unconverged
 
@@ -106,7 +111,8 @@ def committee_speeds(
 ) -> dict[str, int]:
     """The `speed` the committee lists per node, by the verifier's code from every circuit of
     one node per shard (`rule`: "nodes" the per-node estimate, "circuits" the old best-circuit
-    rule); empty while some shard has nobody."""
+    rule, "split" the estimate with the shards' split known); empty while some shard has
+    nobody."""
     placed = [m for m in machines if m.key in assign]
     by_shard = [[m for m in placed if assign[m.key] == s] for s in range(timing.shards)]
     if not all(by_shard):
@@ -119,7 +125,25 @@ def committee_speeds(
         measured.note(keys, TIMED_TOKENS, TIMED_TOKENS * per_token, clean=True)
     if rule == "circuits":
         return circuit_speeds(timed for _, timed in measured.timed)
+    if rule == "split":
+        return _known_split(timing, by_shard, measured)
     return measured.of({m.key: 1 for m in placed})
+
+
+def _known_split(
+    timing: Timing, by_shard: Sequence[Sequence[Machine]], measured: EpochSpeeds
+) -> dict[str, int]:
+    """The per-node estimate, each shard's nodes shifted so that its fastest one reads its true
+    stage time plus an even share of the head and the hops (what whole circuits cannot tell)."""
+    times = stage_times(timed for _, timed in measured.timed)
+    shared = (timing.head_s + timing.shards * timing.hop_s) / timing.shards
+    speeds: dict[str, int] = {}
+    for shard, nodes in enumerate(by_shard):
+        estimated = min(times[m.key] for m in nodes)
+        true = min(timing.stage_s(m, shard) for m in nodes) + shared
+        for m in nodes:
+            speeds[m.key] = rate(times[m.key] - estimated + true)
+    return speeds
 
 
 def own_speeds(

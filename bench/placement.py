@@ -23,10 +23,12 @@ makes of timed circuits (head + stages + hops), every combination of one node pe
 once (bench/_placement_sim.py says exactly how); the pool's throughput is min over shards of
 the summed own rates of its replicas. Each draw picks every machine's class from a fixed-seed
 uniform mix of 1x/2x/4x; each draw joins in four orders: as drawn, fastest first, slowest
-first, and as drawn in a burst (nobody measured yet). The same placements run three times, on
-three speed signals: the verifiers' per-node estimate (the product's rule; unsuffixed metric
-names), `_circuit_speeds` the old rule (each node credited its best circuit's speed), and
-`_oracle_speeds` each node's own true rate.
+first, and as drawn in a burst (nobody measured yet). The same placements run four times, on
+four speed signals: the verifiers' per-node estimate (the product's rule; unsuffixed metric
+names), `_circuit_speeds` the old rule (each node credited its best circuit's speed),
+`_known_split_speeds` a diagnostic (the per-node estimate with how a circuit's time divides
+between shards, which no circuit timing tells, taken from the truth), and `_oracle_speeds`
+each node's own true rate.
 
 Prints one BENCHMARKS.md-shaped JSON object.
 """
@@ -61,7 +63,12 @@ CLASSES = {"4x": 1.0, "2x": 2.0, "1x": 4.0}  # class -> slowdown against the mea
 ORDERS = ("drawn", "fastest_first", "slowest_first", "burst")
 # metric name tails of the speeds the rules see: the verifiers' per-node estimate (the headline),
 # the old rule (each node credited its best circuit), each node's true rate
-RULE_TAILS = {"nodes": "", "circuits": "_circuit_speeds", "own": "_oracle_speeds"}
+RULE_TAILS = {
+    "nodes": "",
+    "circuits": "_circuit_speeds",
+    "split": "_known_split_speeds",
+    "own": "_oracle_speeds",
+}
 # --quick's stage times (s/token): of the order this box measures for the 3-part int8 shards
 MODELLED = Timing(shard_s=(0.008, 0.008, 0.008), head_s=0.010, hop_s=0.0)
 MAX_NODES = 10  # the exhaustive search tries 3^N assignments: 59,049 at 10

@@ -48,6 +48,9 @@ def test_the_old_rule_credits_the_lone_slow_node_s_pace_to_every_node() -> None:
     assert set(speeds.values()) == {int(1 / (6 * STAGE))}  # 1 + 4 + 1 stages in every circuit
     # one node a shard: one circuit, which cannot say which stage is slow (split evenly)
     assert set(committee_speeds(TIMING, fleet, assign).values()) == {int(3 / (6 * STAGE))}
+    # the diagnostic that is told the split between shards reads each node's own stage
+    known = committee_speeds(TIMING, fleet, assign, rule="split")
+    assert [known[m.key] for m in fleet] == [100, 25, 100]
     del assign[fleet[1].key]
     assert committee_speeds(TIMING, fleet, assign) == {}  # no circuit: nobody measured
 
