@@ -40,11 +40,12 @@ in y and so in the nodes' t, split between the circuit's stages like the rest. T
    circuit the verifier saw (t_n ≥ min y / (L × MAX_SKEW)), so noise in a fit cannot credit a
    node any speed up to the chain's bound.
 
-What it needs: the verifier must see a node in circuits that differ in other nodes of its
-shard's position (several sampled challenges, or the last `WINDOW_EPOCHS` epochs together:
-`EpochSpeeds.carry`). A node only ever seen in one circuit gets that circuit's time split
-evenly between its nodes: a fast node beside a slow one then reads the same, and only a
-circuit that swaps one of them tells them apart. The reported value is still an integer
+What it needs: to tell two nodes of one shard apart, circuits that differ in them (and share
+the rest, or are linked by a chain of such) must have been timed: several sampled challenges,
+or the last `WINDOW_EPOCHS` epochs together (`EpochSpeeds.carry`). A node only ever seen in
+one circuit gets that circuit's time split evenly between its nodes: a fast node beside a slow
+one then reads the same, and only a circuit that swaps one of them tells them apart. The
+reported value is still an integer
 
     speed = ⌊1 / t_n⌋ tokens/s, clamped to [1, 100 000] (protocol/speeds.py)
 
@@ -52,7 +53,7 @@ now a node's own stage rate (with its share of head and hops), no longer a whole
 The speeds of the nodes the epoch's report scores go into `reputation_scores.json` (report.py)
 and from there into the validator's vote extension; the committee keeps the lower median over
 verifiers (abci_app/speeds.py). `circuit_speeds` keeps the old rule (each node credited its
-best circuit's speed) for comparison (bench/placement.py) and as the soundness floor of step 4.
+best circuit's speed: step 4's floor) for comparison (bench/placement.py).
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ MAX_SKEW = 8  # no node is credited more than 8 × an even share of the fastest 
 
 def decode_speed(tokens: int, seconds: float) -> int:
     """Tokens/s of `tokens` decoded in `seconds`, floored and clamped to the chain's bounds."""
-    if seconds <= 0:
+    if not seconds > 0:  # 0, negative or not a number
         return MAX_SPEED
-    return max(MIN_SPEED, min(MAX_SPEED, int(tokens / seconds)))
+    return max(MIN_SPEED, min(MAX_SPEED, int(min(tokens, COUNT_CAP) / seconds)))
 
 
 def rate(seconds_per_token: float) -> int:

@@ -129,6 +129,13 @@ def test_degenerate_answers_give_integers_within_the_chains_bounds(
         assert speeds and all(is_speed(v) for v in speeds.values()), speeds
 
 
+def test_epoch_speeds_bound_a_huge_count_through_the_report() -> None:
+    speeds = EpochSpeeds()
+    assert speeds.note(("x", "y"), 10**400, 1.0, clean=True) == MAX_SPEED
+    assert speeds.note(("x", "z"), 10**400, 0.0, clean=True) == MAX_SPEED
+    assert speeds.of({"x": 1, "y": 1}) == {"x": MAX_SPEED, "y": MAX_SPEED}
+
+
 def test_a_time_that_is_not_a_number_is_not_kept() -> None:
     speeds = EpochSpeeds()
     assert speeds.note(("x", "y"), TOKENS, math.nan, clean=True) is None
