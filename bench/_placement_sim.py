@@ -7,12 +7,19 @@ What is modelled here (what bench/placement.py measures is the per-shard decode 
 
 - a machine serving shard s takes `slowdown × shard_s[s]` seconds per decoded token (its own
   rate on that shard is the inverse);
-- the committee's `/nodes` `speed` of a node is what the verifiers would report
-  (node/verifier/speeds.py): the decode speed of a whole circuit (the client head's per-token
-  time + one stage per shard + `hop_s` per stage), credited to every node of it, each node
-  keeping its best circuit over the epoch; the bench assumes the epoch's sampled challenges
-  paired every node with the fastest node of each other shard. Until every shard has a node
-  there is no circuit, so no node has a speed (placement weighs replica counts then);
+- the committee's `/nodes` `speed` of a node is what the verifiers would report, computed by
+  the verifier's own code (node/verifier/speeds.py `EpochSpeeds`) from timed circuits: each
+  circuit decodes `TIMED_TOKENS` tokens in that many times (the client head's per-token time +
+  one stage per shard + `hop_s` per stage); the bench assumes the verifiers' sampled challenges
+  over the estimate's window went through every combination of one node per shard, each once,
+  clean and without timing noise. `rule="nodes"`: each node's own estimated rate
+  (`EpochSpeeds.of`, the product's rule); `rule="circuits"`: the old rule, each node credited
+  its best circuit's speed (`circuit_speeds`); `rule="split"`, a diagnostic: the per-node
+  estimate with the one thing whole circuits cannot tell given from the truth (each shard's
+  fastest node its true stage time + an even share of head and hops; the differences within a
+  shard stay the estimator's); `rule="own"`: each node's true rate (no verifier). Until every
+  shard has a node there is no circuit, so no node has a speed (placement weighs replica
+  counts then);
 - the pool's throughput is placement.py's: min over shards of the summed rates of the shard's
   routable replicas, here with each machine's own rate on its shard (the capacity the pool
   really has, whatever the committee's speeds said);
@@ -34,9 +41,13 @@ from dataclasses import dataclass
 
 from node.agent.placement import DEFAULT_REPLICA_FLOOR, PoolNode, choose_shard
 from node.agent.rebalance import RebalancePolicy, decide
-from node.verifier.speeds import decode_speed
+from node.verifier.speeds import EpochSpeeds, circuit_speeds, rate, stage_times
 
 MODEL = "placement-bench"
+# the committee's speeds: estimated per node, the old rule, estimated with the shards' split
+# known, each node's true rate
+RULES = ("nodes", "circuits", "split", "own")
+TIMED_TOKENS = 32  # tokens of one timed sampled challenge (the verifier's `sampled_tokens`)
 MAX_PASSES = 50  # rebalancing passes before a pool that keeps moving is called unconverged
 
 
@@ -96,24 +107,42 @@ def pool_tok_s(timing: Timing, machines: Sequence[Machine], assign: dict[str, in
 
 
 def committee_speeds(
-    timing: Timing, machines: Sequence[Machine], assign: dict[str, int]
+    timing: Timing, machines: Sequence[Machine], assign: dict[str, int], rule: str = "nodes"
 ) -> dict[str, int]:
-    """The `speed` the committee lists per node: its best circuit's decode speed (the node on
-    its shard, the fastest node of every other shard); empty while some shard has nobody."""
+    """The `speed` the committee lists per node, by the verifier's code from every circuit of
+    one node per shard (`rule`: "nodes" the per-node estimate, "circuits" the old best-circuit
+    rule, "split" the estimate with the shards' split known); empty while some shard has
+    nobody."""
     placed = [m for m in machines if m.key in assign]
-    fastest: dict[int, float] = {}
-    for machine in placed:
-        shard = assign[machine.key]
-        stage = timing.stage_s(machine, shard)
-        fastest[shard] = min(fastest.get(shard, stage), stage)
-    if len(fastest) < timing.shards:
+    by_shard = [[m for m in placed if assign[m.key] == s] for s in range(timing.shards)]
+    if not all(by_shard):
         return {}
-    speeds = {}
-    for machine in placed:
-        own = assign[machine.key]
-        others = sum(stage for shard, stage in fastest.items() if shard != own)
-        circuit = timing.head_s + timing.stage_s(machine, own) + others
-        speeds[machine.key] = decode_speed(1, circuit + timing.shards * timing.hop_s)
+    measured = EpochSpeeds()
+    for circuit in itertools.product(*by_shard):
+        stages = sum(timing.stage_s(m, s) for s, m in enumerate(circuit))
+        per_token = timing.head_s + stages + timing.shards * timing.hop_s
+        keys = tuple(m.key for m in circuit)
+        measured.note(keys, TIMED_TOKENS, TIMED_TOKENS * per_token, clean=True)
+    if rule == "circuits":
+        return circuit_speeds(timed for _, timed in measured.timed)
+    if rule == "split":
+        return _known_split(timing, by_shard, measured)
+    return measured.of({m.key: 1 for m in placed})
+
+
+def _known_split(
+    timing: Timing, by_shard: Sequence[Sequence[Machine]], measured: EpochSpeeds
+) -> dict[str, int]:
+    """The per-node estimate, each shard's nodes shifted so that its fastest one reads its true
+    stage time plus an even share of the head and the hops (what whole circuits cannot tell)."""
+    times = stage_times(timed for _, timed in measured.timed)
+    shared = (timing.head_s + timing.shards * timing.hop_s) / timing.shards
+    speeds: dict[str, int] = {}
+    for shard, nodes in enumerate(by_shard):
+        estimated = min(times[m.key] for m in nodes)
+        true = min(timing.stage_s(m, shard) for m in nodes) + shared
+        for m in nodes:
+            speeds[m.key] = rate(times[m.key] - estimated + true)
     return speeds
 
 
@@ -151,15 +180,24 @@ def place(
     machines: Sequence[Machine],
     *,
     burst: bool = False,
-    oracle: bool = False,
+    rule: str = "nodes",
     floor: int = DEFAULT_REPLICA_FLOOR,
     policy: RebalancePolicy | None = None,
 ) -> Outcome:
     """Join `machines` in their order (`burst`: nobody routable or measured before the last
-    joins), then rebalance to the fixed point; `oracle`: the rules see each node's own speed
-    instead of the committee's circuit speed."""
+    joins), then rebalance to the fixed point; `rule`: which speeds the rules see (`RULES`:
+    the verifiers' per-node estimate, their old circuit rule, or each node's own)."""
+    if rule not in RULES:
+        raise ValueError(f"rule {rule!r}: one of {RULES}")
     policy = policy or RebalancePolicy()
-    speeds_of = own_speeds if oracle else committee_speeds
+
+    def speeds_of(
+        timing: Timing, machines: Sequence[Machine], assign: dict[str, int]
+    ) -> dict[str, int]:
+        if rule == "own":
+            return own_speeds(timing, machines, assign)
+        return committee_speeds(timing, machines, assign, rule)
+
     assign: dict[str, int] = {}
     for machine in machines:
         speeds = {} if burst else speeds_of(timing, machines, assign)

@@ -18,12 +18,17 @@ after its node dies (tests/e2e/test_rebalance_devnet.py, a real move).
 Measured (full mode): each shard's decode stage and the client head's logits, seconds per
 token, medians over repeats of a greedy decode on this machine at one torch thread (the
 fastest class, "4x"). Modelled: the slower classes ("2x", "1x") take 2× and 4× as long per
-stage; the committee's `/nodes` `speed` is a circuit's decode speed (head + stages + hops)
-credited to each node of it, each node's best circuit (bench/_placement_sim.py says exactly
-how); the pool's throughput is min over shards of the summed own rates of its replicas. Each
-draw picks every machine's class from a fixed-seed uniform mix of 1x/2x/4x; each draw joins in
-four orders: as drawn, fastest first, slowest first, and as drawn in a burst (nobody measured
-yet). `oracle` figures rerun the rules on the nodes' own speeds instead of the committee's.
+stage; the committee's `/nodes` `speed` is what the verifier's code (node/verifier/speeds.py)
+makes of timed circuits (head + stages + hops), every combination of one node per shard timed
+once (bench/_placement_sim.py says exactly how); the pool's throughput is min over shards of
+the summed own rates of its replicas. Each draw picks every machine's class from a fixed-seed
+uniform mix of 1x/2x/4x; each draw joins in four orders: as drawn, fastest first, slowest
+first, and as drawn in a burst (nobody measured yet). The same placements run four times, on
+four speed signals: the verifiers' per-node estimate (the product's rule; unsuffixed metric
+names), `_circuit_speeds` the old rule (each node credited its best circuit's speed),
+`_known_split_speeds` a diagnostic (the per-node estimate with how a circuit's time divides
+between shards, which no circuit timing tells, taken from the truth), and `_oracle_speeds`
+each node's own true rate.
 
 Prints one BENCHMARKS.md-shaped JSON object.
 """
@@ -47,7 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import machine, median, parse_with_quick
-from bench._placement_sim import Machine, Timing, best_tok_s, machine_key, place
+from bench._placement_sim import RULES, Machine, Timing, best_tok_s, machine_key, place
 from node.agent.placement import DEFAULT_REPLICA_FLOOR
 from node.agent.rebalance import RebalancePolicy
 from node.procs import exit_process
@@ -56,6 +61,14 @@ log = logging.getLogger("bench.placement")
 ROOT = Path(__file__).resolve().parent.parent
 CLASSES = {"4x": 1.0, "2x": 2.0, "1x": 4.0}  # class -> slowdown against the measured machine
 ORDERS = ("drawn", "fastest_first", "slowest_first", "burst")
+# metric name tails of the speeds the rules see: the verifiers' per-node estimate (the headline),
+# the old rule (each node credited its best circuit), each node's true rate
+RULE_TAILS = {
+    "nodes": "",
+    "circuits": "_circuit_speeds",
+    "split": "_known_split_speeds",
+    "own": "_oracle_speeds",
+}
 # --quick's stage times (s/token): of the order this box measures for the 3-part int8 shards
 MODELLED = Timing(shard_s=(0.008, 0.008, 0.008), head_s=0.010, hop_s=0.0)
 MAX_NODES = 10  # the exhaustive search tries 3^N assignments: 59,049 at 10
@@ -128,10 +141,11 @@ def ordered(machines: list[Machine], order: str) -> list[Machine]:
 def scenarios(
     timing: Timing, sizes: list[int], draws: int, floor: int, gains: list[int]
 ) -> tuple[dict[str, Any], list[str]]:
-    """Every draw × size × order through the rules, with the committee's speeds and with the
-    nodes' own (oracle), rebalancing at each of `gains` (the first: the headline's; the others
-    on the same machines and stage times, side by side); metrics, and one line per headline
-    placement below 0.9 of the best."""
+    """Every draw × size × order through the rules, with the committee's speeds (the per-node
+    estimate: the headline; the old circuit rule) and with the nodes' own (oracle),
+    rebalancing at each of `gains` (the first: the headline's; the others on the same machines
+    and stage times, side by side); metrics, and one line per headline placement below 0.9 of
+    the best."""
     headline: dict[tuple[int, str], list[float]] = {}
     runs: dict[str, list[float]] = {}
     moves: dict[str, int] = {}
@@ -142,16 +156,14 @@ def scenarios(
             drawn = draw(seed, nodes)
             best, best_at = best_tok_s(timing, drawn)
             floored, _ = best_tok_s(timing, drawn, need=min(floor, nodes // timing.shards))
-            for order, gain, oracle in itertools.product(ORDERS, gains, (False, True)):
+            for order, gain, rule in itertools.product(ORDERS, gains, RULES):
                 line = ordered(drawn, order)
                 policy = RebalancePolicy(gain_percent=gain)
                 outcome = place(
-                    timing, line, burst=order == "burst", oracle=oracle, floor=floor,
+                    timing, line, burst=order == "burst", rule=rule, floor=floor,
                     policy=policy,
                 )  # fmt: skip
-                tail = ("_oracle_speeds" if oracle else "") + (
-                    f"_gain_{gain}" if gain != gains[0] else ""
-                )
+                tail = RULE_TAILS[rule] + (f"_gain_{gain}" if gain != gains[0] else "")
                 named = [(f"ratio_placement_vs_best{tail}", outcome.final_tok_s / best)]
                 if gain == gains[0]:
                     named += [
@@ -162,7 +174,7 @@ def scenarios(
                     runs.setdefault(name, []).append(value)
                 moves[tail] = moves.get(tail, 0) + outcome.moves
                 unconverged += not outcome.converged
-                if oracle or gain != gains[0]:
+                if rule != RULES[0] or gain != gains[0]:
                     continue
                 moves["_max"] = max(moves.get("_max", 0), outcome.moves)
                 headline.setdefault((nodes, order), []).append(outcome.final_tok_s / best)
@@ -325,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics.update(placed)
     metrics["placement_wall_s"] = round(time.perf_counter() - started, 2)
     for note in notes:
-        log.info("below 0.9 (committee speeds): %s", note)
+        log.info("below 0.9 (committee speeds, per-node estimate): %s", note)
     source = "none"
     found: dict[str, Any] | None = None
     if saved is not None:

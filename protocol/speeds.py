@@ -1,10 +1,12 @@
 """Measured decode speeds: the unit, the bounds and the median the verifiers and the committee
 share (issue 44: placement and rebalancing weigh shards by measured speed).
 
-A speed is an integer number of tokens per second: what a verifier measured a circuit decode
-on one of its sampled challenges (node/verifier/speeds.py), credited to every node of that
-circuit — a circuit is no faster than any of its nodes, so the value is a lower bound on each
-node's own speed, and a node cannot raise it by saying anything: only by answering faster.
+A speed is an integer number of tokens per second: a node's own decode rate on its stage, as
+a verifier solves it from the whole circuits it timed on its sampled challenges
+(node/verifier/speeds.py: a circuit's seconds per token are the sum of its nodes', the split
+between shards assumed even). It is never below the speed of the node's fastest timed circuit
+(a circuit is no faster than any of its nodes), and a node cannot raise it by saying anything:
+only by answering faster.
 
     is_speed(v)            an integer in [MIN_SPEED, MAX_SPEED]
     lower_median(values)   the committee's aggregate over distinct verifiers' latest reports

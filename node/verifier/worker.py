@@ -23,9 +23,11 @@ Per committee epoch e (followed through `/epochs` on the committee RPC):
    nodes (`attribution.attribute`; the last epoch's still ambiguous low circuits are carried in
    once, `attribution.unresolved`) and rewrite `<home>/reputation_scores.json` for epoch e
    after every challenge; the validator's ExtendVote at e's last height carries it
-   (docs/committee.md, "Vote extensions"). The file also carries the decode speed measured on
-   the epoch's clean sampled challenges of the nodes it scores (`speeds.EpochSpeeds`: the
-   asker times each completion), which the committee aggregates per node for placement;
+   (docs/committee.md, "Vote extensions"). The file also carries the decode speed of each
+   node it scores, solved per node from the clean sampled challenges of the last
+   `speeds.WINDOW_EPOCHS` epochs (`speeds.EpochSpeeds`: the asker times each completion, a
+   circuit's time per token is the sum of its nodes'), which the committee aggregates per
+   node for placement;
 4. verdicts: when the chain's agreed window for a node holds `verdict_after` consecutive
    credibilities below τ and this verifier's own latest score agrees, it votes
    `verdict_vote(Verdict(node EVM address, FAILED_VERIFICATION, evidence, challenger, nonce))`
@@ -97,7 +99,7 @@ class EpochState:
     results: list[CircuitScore] = field(default_factory=list)
     scores: dict[str, int] = field(default_factory=dict)
     carried: list[CircuitScore] = field(default_factory=list)  # the last epoch's ambiguous lows
-    speeds: EpochSpeeds = field(default_factory=EpochSpeeds)  # measured on clean sampled answers
+    speeds: EpochSpeeds = field(default_factory=EpochSpeeds)  # clean timed sampled answers
 
     def attribute(self) -> dict[str, int]:
         """This epoch's scores: its own results, plus the last epoch's ambiguous low circuits
@@ -259,10 +261,12 @@ class VerifierWorker:
 
     async def open_epoch(self, epoch: int) -> None:
         carried: list[CircuitScore] = []
+        speeds = EpochSpeeds(epoch)
         if self.state is not None:
             self.last_scores = dict(self.state.scores)
             carried = unresolved(self.state.results)  # its own results only: carried once
-        self.state = EpochState(epoch, carried=carried)
+            speeds = self.state.speeds.carry(epoch)  # the timed answers still in the window
+        self.state = EpochState(epoch, carried=carried, speeds=speeds)
         self.seeds.ensure(epoch + 1)  # committed by the chain turn; its text is prepared now
         # the chain txs wait for their blocks (seconds each on a busy committee): they go on
         # beside the challenges, which start at once; one epoch's turn after the other's

@@ -171,7 +171,7 @@ def test_honest_nodes_get_the_speed_the_verifier_measured_on_clean_sampled_answe
     vnet: VerifierNet,
 ) -> None:
     """Issue 44: the verifier times its clean sampled answers (never the substitute's), its
-    vote extension carries the tokens/s of the circuit's nodes, and the committee answers them
+    vote extension carries each node's own tokens/s solved from them, and the committee answers them
     as `/node` `speed` (one validator: the median is its report) — after the earlier tests
     many epochs have closed, so this normally waits for nothing."""
     committee = vnet.net.committee

@@ -1,5 +1,6 @@
 """The pool model bench/placement.py measures the placement rules in (bench/_placement_sim.py):
-the exhaustive best, the committee's circuit speeds, and the rules run to their fixed point."""
+the exhaustive best, the committee's speeds (the verifiers' per-node estimate and the old
+circuit rule), and the rules run to their fixed point."""
 
 from __future__ import annotations
 
@@ -40,13 +41,36 @@ def test_the_best_that_keeps_a_floor_gives_every_shard_that_many_nodes() -> None
     assert floored == pytest.approx(0.5 / STAGE)  # [4x + 1x] [4x + 1x] [1x + 1x]
 
 
-def test_a_circuit_speed_credits_the_lone_slow_node_s_pace_to_every_node() -> None:
+def test_the_old_rule_credits_the_lone_slow_node_s_pace_to_every_node() -> None:
     fleet = machines(1, 4, 1)
     assign = {m.key: shard for shard, m in enumerate(fleet)}
-    speeds = committee_speeds(TIMING, fleet, assign)
+    speeds = committee_speeds(TIMING, fleet, assign, rule="circuits")
     assert set(speeds.values()) == {int(1 / (6 * STAGE))}  # 1 + 4 + 1 stages in every circuit
+    # one node a shard: one circuit, which cannot say which stage is slow (split evenly)
+    assert set(committee_speeds(TIMING, fleet, assign).values()) == {int(3 / (6 * STAGE))}
+    # the diagnostic that is told the split between shards reads each node's own stage
+    known = committee_speeds(TIMING, fleet, assign, rule="split")
+    assert [known[m.key] for m in fleet] == [100, 25, 100]
     del assign[fleet[1].key]
     assert committee_speeds(TIMING, fleet, assign) == {}  # no circuit: nobody measured
+
+
+def test_the_per_node_estimate_tells_two_nodes_of_one_shard_apart() -> None:
+    fleet = machines(1, 4, 1, 1)  # the 1 and the 4 on shard 0
+    assign = {fleet[0].key: 0, fleet[1].key: 0, fleet[2].key: 1, fleet[3].key: 2}
+    old = committee_speeds(TIMING, fleet, assign, rule="circuits")
+    assert [old[m.key] for m in fleet] == [33, 16, 33, 33]  # circuits of 3 and 6 stages
+    new = committee_speeds(TIMING, fleet, assign)
+    assert [new[m.key] for m in fleet] == [100, 25, 100, 100]  # each node's own stage
+
+
+def test_rebalancing_on_the_per_node_estimate_reaches_the_best_where_the_old_rule_stops() -> None:
+    fleet = machines(1, 1, 1, 1, 2, 2, 1)
+    best, _ = best_tok_s(TIMING, fleet)
+    old = place(TIMING, fleet, rule="circuits")
+    new = place(TIMING, fleet)
+    assert old.final_tok_s == pytest.approx(0.75 * best) and old.moves == 0
+    assert new.final_tok_s == pytest.approx(best) and new.moves >= 1
 
 
 def test_equal_machines_spread_evenly_and_reach_the_best() -> None:
@@ -61,7 +85,7 @@ def test_rebalancing_on_own_speeds_moves_the_slow_node_to_the_weakest_shard() ->
     # 4x, 2x, 1x take a shard each, the last 4x joins the weakest (the 1x's): [4x] [2x] [1x + 4x];
     # one move of the 1x to the 2x's shard raises the weakest by half: the fixed point is the best
     fleet = machines(1, 2, 4, 1)
-    outcome = place(TIMING, fleet, oracle=True)
+    outcome = place(TIMING, fleet, rule="own")
     best, _ = best_tok_s(TIMING, fleet)
     assert outcome.joined_tok_s < 0.9 * best
     assert outcome.moves == 1 and outcome.converged
