@@ -30,6 +30,7 @@ import aiohttp
 from aiohttp import web
 from nacl.public import PrivateKey
 
+from node.relay.relay import FRONTING_INFO_KEY
 from node.tunnel import Tunnel
 from protocol.errors import ConfigError, ProtocolError
 from protocol.rendezvous import (
@@ -278,6 +279,7 @@ async def rendezvous(request: web.Request) -> web.WebSocketResponse:
 
 def install_fronting(app: web.Application, fronting: Fronting) -> None:
     app[FRONTING_KEY] = fronting
+    app[FRONTING_INFO_KEY] = fronting.info
 
     async def lifecycle(app: web.Application) -> Any:
         yield
