@@ -166,7 +166,9 @@ def test_nodes_reached_only_through_the_relay_give_the_direct_tokens(net, head, 
     assert len(direct) == NEW_TOKENS
     before = {n["key"]: n["streams_opened"] for n in relay.info()["rendezvous"]["nodes"]}
     # the fronted URLs are the relay's ports, never the nodes' own
-    assert all(url.rsplit(":", 1)[1] != str(n.port) for url, n in zip(net["fronted"], nodes, strict=True))
+    assert all(
+        url.rsplit(":", 1)[1] != str(n.port) for url, n in zip(net["fronted"], nodes, strict=True)
+    )
     through = asyncio.run(_generate(head, _hops(nodes, net["fronted"]), manifest))
     assert through == direct
     after = {n["key"]: n["streams_opened"] for n in relay.info()["rendezvous"]["nodes"]}
