@@ -277,9 +277,35 @@ async def rendezvous(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
+DIALBACK_TIMEOUT_S: Final = 3.0
+_DIALBACKS: Final = asyncio.Semaphore(8)  # at once, over all askers
+
+
+async def dialback(request: web.Request) -> web.Response:
+    """`/v1/dialback?port=N`: can this relay open a TCP connection to the asker's own address
+    at port N? (`planet join` asks before it registers an endpoint.) Only the address the
+    request came from is dialled, so the relay cannot be sent at anyone else; nothing is sent
+    on the connection."""
+    text = request.query.get("port", "")
+    if not text.isdigit() or not 0 < int(text) < 65536 or len(text) > 5:
+        return web.json_response({"code": "bad_port", "message": "port: 1..65535"}, status=400)
+    address = request.remote or ""
+    reachable = False
+    async with _DIALBACKS:
+        try:
+            async with asyncio.timeout(DIALBACK_TIMEOUT_S):
+                _, writer = await asyncio.open_connection(address, int(text))
+            writer.close()
+            reachable = True
+        except (OSError, TimeoutError, ValueError):
+            reachable = False
+    return web.json_response({"address": address, "port": int(text), "reachable": reachable})
+
+
 def install_fronting(app: web.Application, fronting: Fronting) -> None:
     app[FRONTING_KEY] = fronting
     app[FRONTING_INFO_KEY] = fronting.info
+    app.router.add_get("/v1/dialback", dialback)
 
     async def lifecycle(app: web.Application) -> Any:
         yield

@@ -112,33 +112,13 @@ class RendezvousLink:
             delay = min(RETRY_MAX_S, delay * 2)
 
     async def _once(self, http: aiohttp.ClientSession) -> None:
-        target = self.relay.url.rstrip("/") + "/v1/rendezvous"
-        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
-            ws = await http.ws_connect(target, max_msg_size=MAX_SEALED_FRAME_BYTES + 1024)
+        ws, welcome, secret = await handshake(http, self.relay, self.node_key, self.port)
         try:
-            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
-                first = await ws.receive_bytes()
-                if len(first) != CHALLENGE_BYTES:
-                    raise refusal_from_bytes(first)
-                challenge = Challenge.from_bytes(first)
-                hello, secret = make_hello(self.node_key, self.relay.key, challenge, self.port)
-                await ws.send_bytes(hello.to_bytes())
-                answer = await ws.receive()
-            if answer.type != aiohttp.WSMsgType.BINARY:
-                raise RelayNotProven("welcome", "the relay closed the link")
-            incoming = Sealer(secret, TO_NODE)
-            try:
-                welcome = Welcome.from_plain(incoming.open(answer.data))
-            except ProtocolError:
-                refused = refusal_from_bytes(answer.data)
-                if refused.code == "rendezvous_refused":
-                    raise refused from None
-                raise RelayNotProven(
-                    "welcome", "does not open: the peer is not the relay the node named"
-                ) from None
             self.port = welcome.port
             self.welcome = welcome
             self.last_error = None
+            incoming = Sealer(secret, TO_NODE)
+            incoming.sequence = 1  # the WELCOME was frame 0
             tunnel = Tunnel(ws, Sealer(secret, TO_RELAY), incoming, on_open=self._connect)
             self.tunnel = tunnel
             if self.reached is not None:
@@ -157,6 +137,51 @@ class RendezvousLink:
     async def _connect(self, _stream: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
             return await asyncio.open_connection(*self.local)
+
+
+async def handshake(
+    http: aiohttp.ClientSession, relay: RendezvousRelay, node_key: SigningKey, port: int = 0
+) -> tuple[aiohttp.ClientWebSocketResponse, Welcome, bytes]:
+    """Open a link to `relay` and prove the node key: (the WebSocket, the relay's WELCOME, the
+    link secret). Refused (by the relay, named), RelayNotProven (the peer does not hold the
+    pinned key), or a connection error."""
+    target = relay.url.rstrip("/") + "/v1/rendezvous"
+    async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+        ws = await http.ws_connect(target, max_msg_size=MAX_SEALED_FRAME_BYTES + 1024)
+    try:
+        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+            first = await ws.receive_bytes()
+            if len(first) != CHALLENGE_BYTES:
+                raise refusal_from_bytes(first)
+            challenge = Challenge.from_bytes(first)
+            hello, secret = make_hello(node_key, relay.key, challenge, port)
+            await ws.send_bytes(hello.to_bytes())
+            answer = await ws.receive()
+        if answer.type != aiohttp.WSMsgType.BINARY:
+            raise RelayNotProven("welcome", "the relay closed the link")
+        try:
+            welcome = Welcome.from_plain(Sealer(secret, TO_NODE).open(answer.data))
+        except ProtocolError:
+            refused = refusal_from_bytes(answer.data)
+            if isinstance(refused, Refused):
+                raise refused from None
+            raise RelayNotProven(
+                "welcome", "does not open: the peer is not the relay the node named"
+            ) from None
+    except BaseException:
+        await ws.close()
+        raise
+    return ws, welcome, secret
+
+
+async def claim_port(
+    http: aiohttp.ClientSession, relay: RendezvousRelay, node_key: SigningKey
+) -> Welcome:
+    """The port the relay gives (and keeps for) this node key, asked once and let go: what
+    `planet join` registers before the node links for good."""
+    ws, welcome, _ = await handshake(http, relay, node_key, relay.port)
+    await ws.close()
+    return welcome
 
 
 def local_target(host: str, port: int) -> tuple[str, int]:
