@@ -58,7 +58,7 @@ class Tunnel:
         outgoing: Sealer,
         incoming: Sealer,
         *,
-        on_open: Callable[[int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+        on_open: Callable[[int, str], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
         | None = None,
     ) -> None:
         self.ws = ws
@@ -68,6 +68,7 @@ class Tunnel:
         self.streams: dict[int, Stream] = {}
         self._send_lock = asyncio.Lock()
         self._opening: set[asyncio.Task[None]] = set()
+        self.on_end: Callable[[Stream], None] | None = None  # a stream is over
         self.closed = False
 
     async def send(self, frame: Frame) -> None:
@@ -134,6 +135,8 @@ class Tunnel:
             return
         stream.closed = True
         self.streams.pop(stream.ident, None)
+        if self.on_end is not None:
+            self.on_end(stream)
         stream.inbox.put_nowait(None)  # what is queued is still written, then the socket closes
         stream.credit.set()  # a reader waiting for credit sees the stream closed
         if tell:
@@ -153,7 +156,7 @@ class Tunnel:
                 raise FrameInvalid("open", f"stream {frame.stream} is open already")
             # DATA may follow before the local connection is up: it waits in the inbox
             self.streams[frame.stream] = Stream(frame.stream)
-            task = asyncio.create_task(self._open(frame.stream))
+            task = asyncio.create_task(self._open(frame.stream, frame.dialer))
             self._opening.add(task)
             task.add_done_callback(self._opening.discard)
         elif stream is None:
@@ -168,10 +171,10 @@ class Tunnel:
             # the writer drains what is queued and closes the socket, which ends the reader
             await self._end(stream, tell=False)
 
-    async def _open(self, ident: int) -> None:
+    async def _open(self, ident: int, dialer: str) -> None:
         assert self.on_open is not None
         try:
-            reader, writer = await self.on_open(ident)
+            reader, writer = await self.on_open(ident, dialer)
         except (OSError, TimeoutError) as error:
             log.info("rendezvous: stream %d not connected locally: %s", ident, error)
             self.streams.pop(ident, None)
@@ -193,6 +196,8 @@ class Tunnel:
             for task in stream.tasks:
                 task.cancel()
             stream.closed = True
+            if self.on_end is not None:
+                self.on_end(stream)
             if stream.writer is not None:
                 with contextlib.suppress(ConnectionError, OSError, RuntimeError):
                     stream.writer.close()

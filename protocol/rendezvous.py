@@ -27,7 +27,9 @@ dropped or reordered on the way fails (`rendezvous_frame_invalid`) and ends the 
 
 Frames (sealed): kind u8 ‖ stream u32 ‖ body
 
-    OPEN   1  relay → node   a connection arrived at the node's port; body empty
+    OPEN   1  relay → node   a connection arrived at the node's port; body: the dialer's IP
+                             address (ASCII, ≤ 45 bytes), so the node counts its sessions
+                             against it as against a direct caller's
     DATA   2  both ways      1..CHUNK_BYTES bytes of that connection
     CLOSE  3  both ways      that connection is over; body empty
     CREDIT 4  both ways      u32: the receiver took that many more bytes of the stream off
@@ -44,6 +46,7 @@ and times, the dialers' addresses, and the node's address (it dialled out from t
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import struct
 from dataclasses import dataclass
@@ -69,6 +72,7 @@ HELLO_BYTES: Final = 1 + KEY_BYTES + 2 + SEALED_BYTES + SIGNATURE_BYTES
 REFUSE_MARK: Final = 0xFF
 MAX_REASON_BYTES: Final = 200
 MAX_HOST_BYTES: Final = 253
+MAX_ADDRESS_BYTES: Final = 45  # an IPv6 address's longest text
 CHUNK_BYTES: Final = 16384  # the most one DATA frame carries
 WINDOW_BYTES: Final = 262144  # credit per stream and direction: the most either side buffers
 MAX_STREAMS: Final = 256  # connections at once to one fronted node
@@ -309,8 +313,10 @@ class Frame:
         if stream == 0:
             raise FrameInvalid("frame", "stream 0")
         body = bytes(data[_FRAME.size :])
-        if kind in (FrameKind.OPEN, FrameKind.CLOSE) and body:
-            raise FrameInvalid(kind.name.lower(), "carries a body")
+        if kind is FrameKind.CLOSE and body:
+            raise FrameInvalid("close", "carries a body")
+        if kind is FrameKind.OPEN:
+            _address(body)
         if kind is FrameKind.DATA and not 0 < len(body) <= CHUNK_BYTES:
             raise FrameInvalid("data", f"{len(body)} bytes is outside 1..{CHUNK_BYTES}")
         if kind is FrameKind.CREDIT:
@@ -321,12 +327,34 @@ class Frame:
         return cls(kind, stream, body)
 
     @classmethod
+    def open(cls, stream: int, dialer: str) -> Frame:
+        return cls(FrameKind.OPEN, stream, dialer.encode("ascii"))
+
+    @property
+    def dialer(self) -> str:
+        """An OPEN's dialer address (checked at parse)."""
+        return self.body.decode("ascii")
+
+    @classmethod
     def credit(cls, stream: int, size: int) -> Frame:
         return cls(FrameKind.CREDIT, stream, size.to_bytes(4, "big"))
 
     @property
     def granted(self) -> int:
         return int.from_bytes(self.body, "big")
+
+
+def _address(body: bytes) -> str:
+    if not 0 < len(body) <= MAX_ADDRESS_BYTES:
+        raise FrameInvalid("open", f"a dialer address of {len(body)} bytes")
+    try:
+        text = body.decode("ascii")
+        address = ipaddress.ip_address(text)
+    except (UnicodeDecodeError, ValueError):
+        raise FrameInvalid("open", "its dialer is not an IP address") from None
+    if str(address) != text:
+        raise FrameInvalid("open", f"dialer {text!r} is not in its canonical form")
+    return text
 
 
 class Sealer:

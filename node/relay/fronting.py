@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -42,7 +43,6 @@ from protocol.rendezvous import (
     WINDOW_BYTES,
     Challenge,
     Frame,
-    FrameKind,
     Hello,
     RefuseCode,
     Sealer,
@@ -226,8 +226,10 @@ class Fronting:
         ident = fronted.next_stream
         fronted.next_stream = ident % 0xFFFFFFFF + 1
         fronted.streams_opened += 1
+        peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
+        dialer = str(ipaddress.ip_address(str(peer[0]).split("%", 1)[0]))
         try:
-            await tunnel.send(Frame(FrameKind.OPEN, ident))
+            await tunnel.send(Frame.open(ident, dialer))
         except (ConnectionError, RuntimeError):
             writer.close()
             return

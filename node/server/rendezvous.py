@@ -23,7 +23,7 @@ from aiohttp import web
 from nacl.signing import SigningKey
 
 from node.dial import refuse_redirects
-from node.tunnel import Tunnel
+from node.tunnel import Stream, Tunnel
 from protocol.errors import ProtocolError
 from protocol.rendezvous import (
     CHALLENGE_BYTES,
@@ -84,8 +84,12 @@ class RendezvousLink:
         local: tuple[str, int],
         *,
         reached: Callable[[RendezvousRelay, Welcome], None] | None = None,
+        callers: dict[int, str] | None = None,
     ) -> None:
         self.relay = relay
+        # the local port of each stream's connection -> its dialer's address (`fronted_caller`)
+        self.callers = callers if callers is not None else {}
+        self._ports: dict[int, int] = {}  # stream -> the local port in `callers`
         self.node_key = node_key
         self.local = local
         self.reached = reached
@@ -120,6 +124,7 @@ class RendezvousLink:
             incoming = Sealer(secret, TO_NODE)
             incoming.sequence = 1  # the WELCOME was frame 0
             tunnel = Tunnel(ws, Sealer(secret, TO_RELAY), incoming, on_open=self._connect)
+            tunnel.on_end = self._ended
             self.tunnel = tunnel
             if self.reached is not None:
                 self.reached(self.relay, welcome)
@@ -134,9 +139,20 @@ class RendezvousLink:
         finally:
             await ws.close()
 
-    async def _connect(self, _stream: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect(
+        self, stream: int, dialer: str
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
-            return await asyncio.open_connection(*self.local)
+            reader, writer = await asyncio.open_connection(*self.local)
+        port = int((writer.get_extra_info("sockname") or ("", 0))[1])
+        self.callers[port] = dialer
+        self._ports[stream] = port
+        return reader, writer
+
+    def _ended(self, stream: Stream) -> None:
+        port = self._ports.pop(stream.ident, None)
+        if port is not None:
+            self.callers.pop(port, None)
 
 
 async def handshake(
@@ -213,9 +229,14 @@ def start_rendezvous(
             flush=True,
         )
 
+    callers: dict[int, str] = {}
+    app[CALLERS_KEY] = callers
+
     async def lifecycle(_app: Any) -> Any:
         http = aiohttp.ClientSession(middlewares=(refuse_redirects,))
-        links = [RendezvousLink(r, node_key, local, reached=reached) for r in relays]
+        links = [
+            RendezvousLink(r, node_key, local, reached=reached, callers=callers) for r in relays
+        ]
         tasks = [asyncio.create_task(link.run(http)) for link in links]
         _app[LINKS_KEY] = links
         yield
@@ -230,3 +251,17 @@ def start_rendezvous(
 
 
 LINKS_KEY: Final = web.AppKey("rendezvous_links", list)
+CALLERS_KEY: Final = web.AppKey("rendezvous_callers", dict)
+
+
+def fronted_caller(request: web.Request) -> str | None:
+    """The dialer's address of a connection a relay fronted (it arrives from the node's own
+    rendezvous link on loopback), so its sessions count against that caller as a direct
+    connection's would; None for any other connection."""
+    callers = request.app.get(CALLERS_KEY)
+    if not callers or request.transport is None:
+        return None
+    peer = request.transport.get_extra_info("peername")
+    if not peer or peer[0] not in ("127.0.0.1", "::1"):
+        return None
+    return callers.get(int(peer[1]))

@@ -142,6 +142,23 @@ async def test_fronted_port_reaches_the_nodes_listener_beyond_the_window(setup: 
         assert [n["port"] for n in info] == [port] and info[0]["streams_opened"] == 3
 
 
+async def test_node_knows_each_fronted_connections_dialer(setup: Setup) -> None:
+    """The node's local connection of each stream maps to the dialer's address (what its
+    per-caller limits count against), and is forgotten when the stream ends."""
+    server, local = await _echo()
+    async with server:
+        link = await setup.link(("127.0.0.1", local))
+        assert await _round_trip(link.welcome.port, b"x") == b"x"
+        reader, writer = await asyncio.open_connection("127.0.0.1", link.welcome.port)
+        writer.write(b"y")
+        assert await reader.readexactly(1) == b"y"
+        assert list(link.callers.values()) == ["127.0.0.1"]
+        writer.close()
+        async with asyncio.timeout(10):
+            while link.callers:
+                await asyncio.sleep(0.02)
+
+
 async def test_node_keeps_its_port_across_links(setup: Setup, tmp_path: Path) -> None:
     server, local = await _echo()
     key = SigningKey.generate()
@@ -233,3 +250,35 @@ async def test_hello_replayed_to_the_relay_is_refused(setup: Setup) -> None:
         answer = await ws.receive_bytes()
     assert answer[:2] == bytes([0xFF, RefuseCode.FORGED])
     assert Sealer(os.urandom(32), TO_RELAY).sequence == 0
+
+
+async def test_fronted_caller_is_the_dialer_only_for_a_fronted_connection() -> None:
+    """The node's handlers count a fronted connection against its dialer: its local port is in
+    the callers map; any other connection keeps its own address."""
+    from node.server.rendezvous import CALLERS_KEY, fronted_caller
+
+    callers: dict[int, str] = {}
+    app = web.Application()
+    app[CALLERS_KEY] = callers
+
+    async def who(request: web.Request) -> web.Response:
+        return web.Response(text=fronted_caller(request) or f"direct {request.remote}")
+
+    app.router.add_get("/who", who)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = ephemeral_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        callers[writer.get_extra_info("sockname")[1]] = "203.0.113.9"
+        writer.write(b"GET /who HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (await reader.read()).endswith(b"203.0.113.9")
+        writer.close()
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{port}/who") as answer,
+        ):
+            assert await answer.text() == "direct 127.0.0.1"
+    finally:
+        await runner.cleanup()

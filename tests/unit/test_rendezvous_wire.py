@@ -151,6 +151,9 @@ def test_sealed_frames_refuse_alteration_replay_and_reordering() -> None:
         (b"\x09\x00\x00\x00\x01", "frame kind"),
         (b"\x02\x00\x00\x00\x00x", "frame"),  # stream 0
         (b"\x01\x00\x00\x00\x01x", "open"),
+        (b"\x01\x00\x00\x00\x01", "open"),  # no dialer
+        (b"\x01\x00\x00\x00\x01127.000.0.1", "open"),  # not canonical
+        (b"\x01\x00\x00\x00\x01" + b"1" * 46, "open"),
         (b"\x03\x00\x00\x00\x01x", "close"),
         (b"\x02\x00\x00\x00\x01", "data"),
         (b"\x02\x00\x00\x00\x01" + b"x" * (CHUNK_BYTES + 1), "data"),
@@ -163,6 +166,12 @@ def test_frames_break_the_grammar_by_name(data: bytes, what: str) -> None:
     with pytest.raises(FrameInvalid) as refused:
         Frame.from_bytes(data)
     assert refused.value.what == what and refused.value.code == "rendezvous_frame_invalid"
+
+
+def test_open_carries_the_dialers_address() -> None:
+    for dialer in ("203.0.113.7", "2001:db8::1"):
+        frame = Frame.from_bytes(Frame.open(7, dialer).to_bytes())
+        assert frame.kind is FrameKind.OPEN and frame.dialer == dialer
 
 
 def test_window_refuses_data_past_its_credit_and_credit_past_its_size() -> None:
