@@ -66,7 +66,8 @@ def parse_port_range(text: str) -> tuple[int, int]:
     a, b = int(first), int(last)
     if not 1024 <= a <= b <= 65535 or b - a >= 4096:
         raise ConfigError(
-            f"rendezvous ports {text!r}: want 1024 <= FIRST <= LAST <= 65535, at most 4096 ports"
+            f"rendezvous ports {text!r}: want 1024 <= FIRST <= LAST <= 65535, at most 4096 ports",
+            hint="e.g. 44000-44063 (one node per port)",
         )
     return a, b
 
