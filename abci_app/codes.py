@@ -101,6 +101,9 @@ class Code(IntEnum):
     MOVE_TOO_SOON = 101  # a second move_shards within registry.MOVE_COOLDOWN_BLOCKS
     # who may lock or redeem a credit (abci_app/credit_holders.py)
     CREDIT_NOT_ASSIGNED = 102  # a credit its holder did not assign to the locking/redeeming party
+    # nodes behind NAT (abci_app/registry.py: register_node's `rendezvous`)
+    RENDEZVOUS_NOT_RELAY = 103  # a rendezvous entry names a key that is not a registered relay
+    RENDEZVOUS_ENDPOINT = 104  # a rendezvous endpoint not at its relay's registered IP address
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

@@ -54,24 +54,24 @@ NODE_NAMESPACES = (schema.NODE, schema.REPUTATION, schema.STAKE, schema.NONCE, s
 def register_node(state: State, tx: SignedTx) -> None:
     body: RegisterNode = tx.body
     evm = _refuse_taken(state, tx.signer, body.evm_address, "node")
+    _check_rendezvous(state, body)
     height = state.block_height
-    state.put(
-        schema.NODE,
-        tx.signer,
-        {
-            "key": tx.signer,
-            "evm_address": body.evm_address,
-            "role": body.role,
-            "model": body.model,
-            "shards": list(body.shards),
-            "endpoint": body.endpoint,
-            "capacity": body.capacity,
-            "status": schema.JOIN,
-            "status_height": height,
-            "registered_height": height,
-            "last_heartbeat": height,
-        },
-    )
+    record = {
+        "key": tx.signer,
+        "evm_address": body.evm_address,
+        "role": body.role,
+        "model": body.model,
+        "shards": list(body.shards),
+        "endpoint": body.endpoint,
+        "capacity": body.capacity,
+        "status": schema.JOIN,
+        "status_height": height,
+        "registered_height": height,
+        "last_heartbeat": height,
+    }
+    if body.rendezvous:  # only then: a record without it is what it was before
+        record["rendezvous"] = [r.to_json() for r in body.rendezvous]
+    state.put(schema.NODE, tx.signer, record)
     state.put(schema.EVM_BINDING, evm, tx.signer)
     rep = state.genesis.reputation
     state.put(
@@ -82,6 +82,24 @@ def register_node(state: State, tx: SignedTx) -> None:
     schedule_heartbeat_check(state, tx.signer, height)
     schedule_registration_check(state, tx.signer, height)
     state.emit("planet.node", node=tx.signer, status=schema.JOIN)
+
+
+def _check_rendezvous(state: State, body: RegisterNode) -> None:
+    """Each rendezvous entry names a registered relay (RENDEZVOUS_NOT_RELAY) and an address at
+    that relay's registered IP (RENDEZVOUS_ENDPOINT): a node claims a port only at a relay it
+    names, never another server's address."""
+    for entry in body.rendezvous:
+        relay = state.get(schema.RELAY, entry.relay)
+        node = state.get(schema.NODE, entry.relay)
+        if relay is None or node is None or node.get("status") == schema.LEFT:
+            rules.reject(Code.RENDEZVOUS_NOT_RELAY, f"{entry.relay} is not a registered relay")
+        registered = str(relay["endpoint"]).split("://", 1)[1].rsplit(":", 1)[0]
+        if entry.host != registered:
+            rules.reject(
+                Code.RENDEZVOUS_ENDPOINT,
+                f"rendezvous endpoint {entry.endpoint} is not at relay {entry.relay}'s address "
+                f"{registered}",
+            )
 
 
 def _refuse_taken(state: State, signer: str, evm_address: str, noun: str) -> str:

@@ -5,7 +5,9 @@ Linux network namespace ("host") with its own address, and the links between hos
 jitter, bandwidth limits and cuts, per ordered pair of hosts, e.g. from an inter-region matrix.
 
     hosts.py      namespaces, bridge, veths, addresses; run programs and open sockets in a host;
-                  teardown, also of crashed runs' leftovers; `can_make_hosts()`
+                  teardown, also of crashed runs' leftovers; `can_make_hosts()`; a host behind
+                  NAT (`Lab.add_behind_nat`: a private LAN behind a router host that masquerades
+                  it; the one part that needs iptables)
     links.py      the interception and the per-pair shaping and cuts (`Links`)
     toxiproxy.py  the userspace proxies that delay, throttle and hold bytes, and their API
     regions.py    inter-region latency matrices (CSV) -> a Shape per ordered pair of hosts

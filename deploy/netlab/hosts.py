@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 TAG = "pnl"
 DEFAULT_NETWORK = IPv4Network("10.77.0.0/24")
+DEFAULT_NAT_LAN = IPv4Network("192.168.77.0/30")  # a host behind NAT and its router
 HOST_INTERFACE = "eth0"
 STATE_ROOT = Path("/run/planet-netlab")
 NETNS_ROOT = Path("/run/netns")
@@ -283,6 +284,51 @@ class Lab:
                 f"link set {HOST_INTERFACE} up",
             ]
             ip("-batch", "-", netns=host.netns, stdin="\n".join(batch) + "\n")
+
+    def add_behind_nat(self, name: str, router: str, *, lan: IPv4Network = DEFAULT_NAT_LAN) -> Host:
+        """A host with only outbound connectivity: its namespace sits on a private `lan` behind
+        `router` (a host of this lab), which forwards its traffic to the bridge and masquerades
+        it (iptables MASQUERADE: others see the router's address), and lets in only the answers
+        to connections it made (conntrack ESTABLISHED,RELATED). No host of the bridge has a
+        route to `lan` either. ToolMissing without iptables."""
+        if shutil.which("iptables") is None:
+            raise ToolMissing("iptables", hint="as root: apt-get install iptables")
+        gateway = self[router]
+        if not _HOST_NAME.match(name) or name in self.hosts:
+            raise UnknownHost(name, list(self.hosts))
+        router_side, address = lan.network_address + 1, lan.network_address + 2
+        netns = netns_name(self.run_id, name)
+        veth = veth_name(self.run_id, 900 + len(self.hosts))
+        ip("netns", "add", netns)
+        host = Host(name, netns, address, veth, self._started)
+        self.hosts[name] = host
+        write_sysctls(_QUIET_IPV6, netns=netns)
+        ip("link", "add", veth, "type", "veth", "peer", "name", HOST_INTERFACE, "netns", netns)
+        ip("link", "set", veth, "netns", gateway.netns)
+        ip(
+            "-batch",
+            "-",
+            netns=gateway.netns,
+            stdin=f"addr add {router_side}/{lan.prefixlen} dev {veth}\nlink set {veth} up\n",
+        )
+        ip(
+            "-batch",
+            "-",
+            netns=netns,
+            stdin=f"addr add {address}/{lan.prefixlen} dev {HOST_INTERFACE}\nlink set lo up\n"
+            f"link set {HOST_INTERFACE} up\nroute add default via {router_side}\n",
+        )
+        write_sysctls({"net.ipv4.ip_forward": "1"}, netns=gateway.netns)
+        for rule in (
+            ["-t", "nat", "-A", "POSTROUTING", "-s", str(lan), "-o", HOST_INTERFACE,
+             "-j", "MASQUERADE"],
+            ["-A", "FORWARD", "-i", HOST_INTERFACE, "-o", veth, "-m", "conntrack",
+             "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
+            ["-A", "FORWARD", "-i", HOST_INTERFACE, "-o", veth, "-j", "DROP"],
+        ):  # fmt: skip
+            gateway.run(["iptables", *rule])
+        log.info("netlab host %s behind NAT at %s (router %s)", name, address, router)
+        return host
 
     def __getitem__(self, name: str) -> Host:
         try:

@@ -39,7 +39,7 @@ from node.links import NodeKeyPin, link_ssl
 from node.model.manifest import Manifest
 from node.procs import exit_process, run_service
 from protocol.committee.prices import MAX_PRICE_POSITIONS
-from protocol.committee.registry import sign_registration
+from protocol.committee.registry import Rendezvous, sign_registration
 
 log = logging.getLogger("node.agent")
 AGENT_MARKER = "node.agent"
@@ -52,6 +52,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shard", type=int, required=True, help="shard index served")
     parser.add_argument("--endpoint", required=True, help="the compute node's base URL")
     parser.add_argument("--capacity", type=int, default=64, help="max sessions (default 64)")
+    parser.add_argument(
+        "--rendezvous",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("RELAY", "ENDPOINT"),
+        help="a relay (its committee key) fronting the node behind NAT, and the node's "
+        "address there: registered with the node (repeatable, up to 3)",
+    )
     parser.add_argument(
         "--committee-rpc", action="append", required=True, help="validator RPC URL (repeatable)"
     )
@@ -142,6 +151,10 @@ async def run(args: argparse.Namespace) -> int:
         shards=(args.shard,),
         endpoint=args.endpoint.rstrip("/"),
         capacity=args.capacity,
+        rendezvous=tuple(
+            Rendezvous.from_json({"relay": relay, "endpoint": endpoint})
+            for relay, endpoint in args.rendezvous
+        ),
         heartbeat_every=args.heartbeat_every,
     )
     # its own node: an https endpoint must prove this agent's node key (the one registered)

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from node.chain.committee_rpc import TxRejectedError
 from node.retry import Backoff, Stopped, retry, sleep_or_stop
-from protocol.committee.registry import Heartbeat, Leave, RegisterNode
+from protocol.committee.registry import Heartbeat, Leave, RegisterNode, Rendezvous
 from protocol.errors import PlanetError, RemoteError, UnavailableError
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,8 @@ class AgentConfig:
     heartbeat_every: int = 0  # blocks between heartbeats; 0: a third of heartbeat_timeout
     leave_timeout_s: float = 15.0  # how long shutdown may spend getting `leave` committed
     commit_timeout_s: float = 15.0  # how long to wait for a registration to commit
+    # the relays fronting a node behind NAT, registered with it (docs/overlay.md)
+    rendezvous: tuple[Rendezvous, ...] = ()
 
 
 class NodeAgent:
@@ -183,6 +185,7 @@ class NodeAgent:
                 shards=self.config.shards,
                 endpoint=self.config.endpoint,
                 capacity=self.config.capacity,
+                rendezvous=self.config.rendezvous,
             )
             code, text = await self._submit_and_wait(body, stop)
             if code in (OK, ALREADY_REGISTERED):

@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,7 @@ def start_node_and_agent(
     origin: str | None = None,
     memory_budget_mb: int | None = None,
     into: Path | None = None,
+    rendezvous: Sequence[FrontedBy] = (),
 ) -> Joined:
     """Spawn the compute node (bound to `host`:`port`, registered at that address) and the
     agent, detached; returns at once. `private_range`: see `_next_hop_args`.
@@ -247,7 +249,9 @@ def start_node_and_agent(
     serving it, else from `origin` (`planet join --origin`, kept in that file).
     `memory_budget_mb`: the compute node is a multi-model host (`planet node host`, its seats
     file `<home>/run/seats.json`) with this one seat; `into`: the seats file of another home's
-    running host, which takes this node as one more seat (`planet join --into`)."""
+    running host, which takes this node as one more seat (`planet join --into`).
+    `rendezvous`: the node is behind NAT: it links to these relays (`--rendezvous`) and is
+    registered at its address on the first of them, with all of them named."""
     run_dir = home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     launch = NodeLaunch(
@@ -261,6 +265,7 @@ def start_node_and_agent(
             *_ticket_args(committee_rpcs),
             *_next_hop_args(committee_rpcs, f"https://{_url_host(host)}:{port}", private_range),
             *_credit_args(credit_positions, run_dir, shard),
+            *[arg for r in rendezvous for arg in ("--rendezvous", r.relay_url, r.relay_x25519)],
         ),
         node_key=home / "node_key.json",  # TLS bound to the registered key: https:// endpoint
         origin=origin,
@@ -282,6 +287,8 @@ def start_node_and_agent(
         seat = seat_of(launch, shard, port)
         node_pid, node_log, seats_file = start_seat(run_dir, seat, password, memory_budget_mb, into)
         node_url, seats = f"https://{_url_host(host)}:{port}", str(seats_file)
+    if rendezvous:
+        node_url = rendezvous[0].endpoint  # where clients and previous hops dial it
     argv = [
         sys.executable, "-m", AGENT_MARKER,
         "--home", str(home),
@@ -296,7 +303,9 @@ def start_node_and_agent(
     argv += ["--credit-positions", str(credit_positions)]  # the price it registers (0: free)
     if credit_positions:
         argv += ["--credits-dir", str(run_dir / CREDITS_DIR)]
-    if rebalance:
+    for r in rendezvous:
+        argv += ["--rendezvous", r.relay_key, r.endpoint]
+    if rebalance and not rendezvous:  # a move would need a new port at the relay: not yet
         argv += ["--rebalance", *_rebalance_tuning()]
     agent_log = run_dir / AGENT_LOG
     agent = spawn_logged(argv, agent_log, env={**os.environ, "PLANET_PASSWORD": password})
@@ -316,6 +325,17 @@ def start_node_and_agent(
     (run_dir / "agent.pid").write_text(f"{agent.pid}\n")
     (run_dir / JOINED_FILE).write_text(json.dumps(asdict(joined), indent=1) + "\n")
     return joined
+
+
+@dataclass(frozen=True)
+class FrontedBy:
+    """A relay fronting a node behind NAT: its URL and X25519 key (the node's link), its
+    committee key and the node's address there (the registration)."""
+
+    relay_url: str
+    relay_x25519: str
+    relay_key: str
+    endpoint: str
 
 
 def seat_of(launch: NodeLaunch, shard: int, port: int) -> SeatSpec:

@@ -187,6 +187,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="at a private address: the private next hops the node may dial (config "
         "next_hop_range, PLANET_NEXT_HOP_RANGE; a devnet gives its own; default: any private)",
     )
+    join.add_argument(
+        "--rendezvous",
+        default="check",
+        metavar="check|auto|off|RELAY_URL",
+        help="a node behind NAT (docs/network.md): check (default) asks a listed relay to dial "
+        "the endpoint back and, when it cannot, has a relay front the node; auto: a relay "
+        "fronts it without asking; RELAY_URL: that listed relay; off: register the endpoint "
+        "unchecked",
+    )
+    join.add_argument(
+        "--behind-nat",
+        action="store_true",
+        help="the same as --rendezvous auto: this machine accepts no inbound connection",
+    )
     join.add_argument("--capacity", type=int, default=16, help="max sessions (default 16)")
     join.add_argument(
         "--credit-positions",
@@ -484,6 +498,8 @@ def _join(args: argparse.Namespace) -> int:
     )
     if args.credit_positions is None and not args.free:
         _say(f"price: a credit per {price} positions (the pool's going price; --credit-positions)")
+    reach = _reach(args, config, node_key, host, port)
+    _say(reach.line)
     _say(f"starting the compute node at {host}:{port} and its agent…")
     joined = start_node_and_agent(
         home=config.home,
@@ -503,6 +519,7 @@ def _join(args: argparse.Namespace) -> int:
         origin=args.origin,
         memory_budget_mb=args.memory_budget_mb,
         into=into,
+        rendezvous=() if reach.fronted is None else (reach.fronted,),
     )
     if price == 0:
         _say(
@@ -533,6 +550,17 @@ def _join(args: argparse.Namespace) -> int:
     else:
         print(f"routable: shard {shard} of {model_hash} at {joined.endpoint}; node key {key_hex}")
     return 0
+
+
+def _reach(args: argparse.Namespace, config: Any, node_key: Any, host: str, port: int) -> Any:
+    """How the node will be reached (node/cli/nat.py): its own endpoint, or a relay's port."""
+    from node.cli.nat import decide, read_relays  # lazy: aiohttp
+
+    mode = "auto" if args.behind_nat else args.rendezvous
+    if args.behind_nat and args.rendezvous not in ("check", "auto"):
+        raise UsageError("--behind-nat is --rendezvous auto: give one of them")
+    relays = [] if mode == "off" else asyncio.run(read_relays(config.committee_rpc))
+    return asyncio.run(decide(mode, relays, node_key, host, port))
 
 
 def _host_seats(args: argparse.Namespace, run_dir: Path) -> Path | None:

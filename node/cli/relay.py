@@ -8,6 +8,7 @@ import ipaddress
 import logging
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from node.config import default_home
 from node.procs import run_service
@@ -19,6 +20,8 @@ examples:
   planet relay serve --port 9100                      registered; keys in $PLANET_HOME
   planet relay serve --host 0.0.0.0 --endpoint http://203.0.113.7:9100 --home /srv/relay
   planet relay serve --port 9101 --no-register --allow-private-next-hops   unlisted (tests)
+  planet relay serve --endpoint http://203.0.113.7:9100 --rendezvous-ports 44000-44063
+                                                      also fronts up to 64 nodes behind NAT
 what it does: forwards users' cloves along paths it knows one step of each way (its
 predecessor and its successor), adding or removing one encryption layer per cell; it never
 sees a prompt, a token or who asked. Its key (X25519, <home>/relay_key, 0600) is made at first
@@ -31,6 +34,10 @@ key (the `relay` tx), says so in one line, and heartbeats while it runs. Users' 
 Stopping the relay does not deregister it (it goes DOWN and off the list until it is back);
 `planet relay leave` deregisters it for good. With --no-register it serves unlisted: only
 clients given its URL and key in a relays file use it.
+rendezvous: with --rendezvous-ports the relay also fronts nodes that accept no inbound
+connection: such a node keeps a link to /v1/rendezvous, proving its node key, and gets one port
+of the range; connections to that port reach the node over its link. The relay forwards their
+bytes untouched (TLS pinned to the node key: it reads no prompt or token).
 pay: users' clients pay the relay in credits for the cloves that arrived (the node
 acknowledges them); it keeps them in <home>/relay-credits/ and, registered, redeems them on the
 committee every few seconds. `planet relay redeem` redeems what it holds once (after a run
@@ -80,6 +87,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also dial next hops at loopback and private addresses (a devnet or a LAN; "
         "default: public addresses only, as next hops are strangers' choice)",
     )
+    serve.add_argument(
+        "--rendezvous-ports",
+        metavar="FIRST-LAST",
+        help="front nodes behind NAT (docs/overlay.md, NAT rendezvous): each node that links "
+        "to /v1/rendezvous gets one of these ports, and every connection to it is forwarded "
+        "to the node over its link (default: front none)",
+    )
+    serve.add_argument(
+        "--rendezvous-host",
+        metavar="HOST",
+        help="the public address dialers reach the rendezvous ports at (default: the "
+        "--endpoint's host, else --host)",
+    )
     serve.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
     _common(serve)
     serve.set_defaults(handler=_serve)
@@ -111,6 +131,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port} is not a port (1-65535)")
     private = load_or_create_key(home)
+    rendezvous = _rendezvous(args)
     standing = None if args.no_register else _standing(args, home, private)
     # `planet`'s own logging set-up ran first (at warning unless -v): the relay's level wins
     logging.getLogger().setLevel(args.log_level.upper())
@@ -122,10 +143,35 @@ def _serve(args: argparse.Namespace) -> int:
             allow_private=args.allow_private_next_hops,
             private=private,
             standing=standing,
+            rendezvous=rendezvous,
         ),
         log_level=args.log_level,
         log=logging.getLogger("planet.relay"),
     )
+
+
+def _rendezvous(args: argparse.Namespace) -> tuple[tuple[int, int], str] | None:
+    """--rendezvous-ports / --rendezvous-host as (ports, public host), or None."""
+    from node.relay.fronting import parse_port_range  # lazy: aiohttp
+
+    if args.rendezvous_ports is None:
+        if args.rendezvous_host is not None:
+            raise UsageError("--rendezvous-host needs --rendezvous-ports")
+        return None
+    ports = parse_port_range(args.rendezvous_ports)
+    if args.port in range(ports[0], ports[1] + 1):
+        raise UsageError(f"--port {args.port} is inside --rendezvous-ports {args.rendezvous_ports}")
+    host = args.rendezvous_host
+    if host is None and args.endpoint:
+        host = urlsplit(args.endpoint).hostname
+    if host is None:
+        host = args.host
+    if host in ("0.0.0.0", "::", ""):
+        raise UsageError(
+            f"--host {args.host} is no address dialers can reach",
+            hint="give the relay's public address: --rendezvous-host IP (or --endpoint)",
+        )
+    return ports, host
 
 
 def _standing(args: argparse.Namespace, home: Path, private: Any) -> Any:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from protocol.errors import UsageError
+from protocol.errors import ProtocolError, UsageError
 from protocol.spotcheck import DEFAULT_RATE_PPM, SelectionError, check_rate
 
 if TYPE_CHECKING:
@@ -243,6 +243,15 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         "shards from the nodes serving them; default 32)",
     )
     serve.add_argument(
+        "--rendezvous",
+        nargs=2,
+        action="append",
+        metavar=("RELAY_URL", "RELAY_KEY"),
+        help="a node behind NAT: keep a link to this relay (its URL and X25519 key, as "
+        "`planet relay serve` prints them) and serve the connections that reach this node's "
+        "port there; repeat for up to 3 relays (docs/overlay.md, NAT rendezvous)",
+    )
+    serve.add_argument(
         "--private-next-hops",
         nargs="?",
         const="all",
@@ -307,6 +316,33 @@ def _next_hops(args: argparse.Namespace) -> NextHopSpec:
     return spec
 
 
+def _rendezvous(args: argparse.Namespace, node_key: object | None) -> tuple:
+    """--rendezvous URL KEY (repeated) as RendezvousRelays; UsageError when bad."""
+    from node.server.rendezvous import MAX_RELAYS, parse_relay  # lazy: aiohttp
+
+    given = args.rendezvous or []
+    if not given:
+        return ()
+    if len(given) > MAX_RELAYS:
+        raise UsageError(f"--rendezvous names {len(given)} relays; at most {MAX_RELAYS}")
+    if node_key is None:
+        raise UsageError(
+            "--rendezvous needs --node-key: the node proves its key to the relay",
+            hint="`planet join` creates <home>/node_key.json on first use",
+        )
+    relays = []
+    for url, key in given:
+        try:
+            relays.append(parse_relay(url, key))
+        except (ValueError, ProtocolError) as error:
+            message = getattr(error, "message", str(error))
+            raise UsageError(
+                f"--rendezvous {url} {key[:16]}…: {message}",
+                hint="give the relay's URL and key as `planet relay serve` prints them",
+            ) from None
+    return tuple(relays)
+
+
 def server_config(args: argparse.Namespace) -> tuple[ServerConfig, object | None]:
     """`planet node serve`'s arguments → (the validated ServerConfig, the node key or None);
     UsageError when they do not fit. Test entry points that wrap `serve()` reuse it
@@ -359,5 +395,6 @@ def server_config(args: argparse.Namespace) -> tuple[ServerConfig, object | None
         pay_wait_s=args.pay_wait,
         credit_margin_blocks=args.credit_margin_blocks,
         credit_unlocked=args.credit_unlocked,
+        rendezvous=_rendezvous(args, node_key),
     ).validate()
     return config, node_key

@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -292,6 +292,7 @@ async def _send(ws: Any, cell: Cell) -> None:
 
 
 RELAY_KEY: Final = web.AppKey("relay", Relay)
+FRONTING_INFO_KEY: Final = web.AppKey("fronting_info", Callable[[], dict[str, Any]])
 
 
 async def relay_link(request: web.Request) -> web.WebSocketResponse:
@@ -314,8 +315,11 @@ async def relay_link(request: web.Request) -> web.WebSocketResponse:
 
 async def info(request: web.Request) -> web.Response:
     relay = request.app[RELAY_KEY]
+    fronting = request.app.get(FRONTING_INFO_KEY)
     return web.json_response(
         {
+            # the nodes behind NAT this relay fronts (node/relay/fronting.py), when it does
+            **({"rendezvous": fronting()} if fronting is not None else {}),
             "role": "relay",
             "key": bytes(relay.private.public_key).hex(),
             "paths": len(relay.paths),

@@ -18,6 +18,7 @@ from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from node.relay.earnings import SPOOL_DIR, Earnings
+from node.relay.fronting import Fronting, install_fronting
 from node.relay.redeem import keep_redeeming
 from node.relay.registration import RelayIdentity, ensure_registered, keep_alive
 from node.relay.relay import Relay, create_app
@@ -69,16 +70,29 @@ async def serve(
     allow_private: bool,
     private: PrivateKey | None = None,
     standing: Standing | None = None,
+    rendezvous: tuple[tuple[int, int], str] | None = None,
 ) -> int:
+    """`rendezvous`: (the port range, the public host) to front nodes behind NAT on
+    (node/relay/fronting.py); None: fronts none."""
     private = private or load_or_create_key(home)
     earnings = Earnings(home / SPOOL_DIR)
     relay = Relay(private, allow_private=allow_private, earnings=earnings)
-    runner = web.AppRunner(create_app(relay))
+    app = create_app(relay)
+    if rendezvous is not None:
+        ports, public_host = rendezvous
+        install_fronting(app, Fronting(private, ports, public_host, bind=host, home=home))
+    runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     key = bytes(private.public_key).hex()
     print(f"relay on http://{host}:{port} key {key}", flush=True)
+    if rendezvous is not None:
+        (first, last), public_host = rendezvous
+        print(
+            f"relay fronts nodes behind NAT at {public_host} ports {first}-{last} (/v1/rendezvous)",
+            flush=True,
+        )
     log.info("relay serving on %s:%d key=%s", host, port, key)
     heartbeats: asyncio.Task[None] | None = None
     redeeming: asyncio.Task[None] | None = None

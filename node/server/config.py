@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node.server.next_hops import FORWARD_NONE, NextHopSpec
+from node.server.rendezvous import RendezvousRelay
 from protocol.errors import ConfigError
 
 
@@ -93,6 +94,9 @@ class ServerConfig:
     # credits per session served on while their locks are in flight (node/server/credit_locks.py):
     # what a client that shows one credit to several nodes gets from each node that loses it
     credit_unlocked: int = 1
+    # relays that front this node behind NAT (node/server/rendezvous.py): it keeps a link to
+    # each and serves the connections that reach its port there; empty: none
+    rendezvous: tuple[RendezvousRelay, ...] = ()
 
     def validate(self) -> ServerConfig:
         problems = []

@@ -95,6 +95,12 @@ def shard_app(
             config.spot_check_ppm,
         )
     context = None if config.plaintext_links else server_context(node_key)
+    if config.rendezvous and node_key is not None:
+        from node.server.rendezvous import local_target, start_rendezvous
+
+        scheme = "http" if context is None else "https"
+        target = local_target(config.host, config.port)
+        start_rendezvous(app, config.rendezvous, node_key, target, scheme)
     return app, context, backend
 
 

@@ -34,6 +34,7 @@ from node.server.link_pool import ATTACH_TIMEOUT_S, DownLink, LinkLostError, Lin
 from node.server.next_hops import PublicResolver, build_policy
 from node.server.payments import Account
 from node.server.peers import peer_key
+from node.server.rendezvous import fronted_caller
 from node.server.sessions import PeerQuotaError, Session, short_tag
 from node.server.state import CONFIG_KEY, STATE_KEY, ComputeError, NodeState, after_forward
 from node.server.warm_targets import warm_targets
@@ -553,7 +554,9 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
     await ws.prepare(request)
     state.streams.add(ws)
     try:
-        await serve_link(state, config, ws, peer_key(request.remote))
+        # a connection a relay fronted counts against its dialer (node/server/rendezvous.py)
+        caller = fronted_caller(request) or request.remote
+        await serve_link(state, config, ws, peer_key(caller))
     finally:
         state.streams.discard(ws)
     return ws

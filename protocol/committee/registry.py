@@ -22,6 +22,36 @@ from protocol.committee.grammar import (
 
 EIP191_REGISTER_PREFIX = "Planet node registration\nnode key: "
 ROLES = ("compute", "verifier")
+MAX_RENDEZVOUS = 3  # relays one node may name as its rendezvous points
+
+
+@dataclass(frozen=True, slots=True)
+class Rendezvous:
+    """A relay that fronts a node behind NAT (docs/overlay.md, *NAT rendezvous*): the relay's
+    committee key, and the node's address at that relay (`http(s)://IP:PORT`, the relay's IP
+    and the port it gave the node)."""
+
+    relay: str
+    endpoint: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"endpoint": self.endpoint, "relay": self.relay}
+
+    @classmethod
+    def from_json(cls, value: Any) -> Rendezvous:
+        from protocol.committee.relays import EndpointError, relay_endpoint
+
+        b = check.exact_object(value, "body.rendezvous[]", {"endpoint", "relay"})
+        try:
+            endpoint = relay_endpoint(b["endpoint"])
+        except EndpointError as error:
+            raise TxDecodeError(f"body.rendezvous[].endpoint: {error.reason}") from None
+        return cls(check.text(b["relay"], "body.rendezvous[].relay", HEX64), endpoint)
+
+    @property
+    def host(self) -> str:
+        """The IP literal of `endpoint` (as written, brackets included)."""
+        return self.endpoint.split("://", 1)[1].rsplit(":", 1)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +66,14 @@ class RegisterNode:
     shards: tuple[int, ...]
     endpoint: str
     capacity: int
+    # relays fronting the node behind NAT, in the order clients should try them; empty: none
+    # (the field is then left out of the tx, so a registration without it encodes as before)
+    rendezvous: tuple[Rendezvous, ...] = ()
 
     TYPE: ClassVar[str] = "register_node"
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "capacity": self.capacity,
             "endpoint": self.endpoint,
             "evm_address": self.evm_address,
@@ -49,10 +82,15 @@ class RegisterNode:
             "role": self.role,
             "shards": list(self.shards),
         }
+        if self.rendezvous:
+            body["rendezvous"] = [r.to_json() for r in self.rendezvous]
+        return body
 
     @classmethod
     def from_json(cls, body: Any) -> RegisterNode:
         keys = {"capacity", "endpoint", "evm_address", "evm_signature", "model", "role", "shards"}
+        if isinstance(body, dict) and "rendezvous" in body:
+            keys.add("rendezvous")
         b = check.exact_object(body, "body", keys)
         role = b["role"]
         if role not in ROLES:
@@ -67,7 +105,20 @@ class RegisterNode:
             shards=shards,
             endpoint=endpoint,
             capacity=check.integer(b["capacity"], "body.capacity", 1, 1_000_000),
+            rendezvous=_rendezvous(b.get("rendezvous")),
         )
+
+
+def _rendezvous(value: Any) -> tuple[Rendezvous, ...]:
+    """Absent: none; else 1..MAX_RENDEZVOUS entries naming distinct relays."""
+    if value is None:
+        return ()
+    entries = tuple(
+        Rendezvous.from_json(v) for v in check.items(value, "body.rendezvous", MAX_RENDEZVOUS)
+    )
+    if len({e.relay for e in entries}) != len(entries):
+        raise TxDecodeError("body.rendezvous: a relay is named twice")
+    return entries
 
 
 def _shards(value: Any) -> tuple[int, ...]:
