@@ -182,14 +182,15 @@ fi
 # --- netlab: hosts in network namespaces, links shaped by toxiproxy (deploy/netlab) -------------
 # The multi-host devnet gives every process its own network namespace and shapes the links between
 # them with toxiproxy (Shopify's userspace TCP proxy; this kernel has no `tc netem`). Needs `ip`
-# (iproute2) and `setpriv` (util-linux), from Debian when missing and root, and toxiproxy-server
-# built into .tools/bin. Making the hosts needs root at run time: `python -m deploy.netlab check`.
+# (iproute2), `setpriv` (util-linux) and `iptables` (the NAT host's masquerading router,
+# Lab.add_behind_nat), from Debian when missing and root, and toxiproxy-server built into .tools/bin. Making the hosts needs root at run time: `python -m deploy.netlab check`.
 TOXIPROXY_VERSION=v2.12.0
 netlab_missing=""
 command -v ip >/dev/null || netlab_missing="$netlab_missing iproute2"
 command -v setpriv >/dev/null || netlab_missing="$netlab_missing util-linux"
+command -v iptables >/dev/null || netlab_missing="$netlab_missing iptables"
 if [ -z "$netlab_missing" ]; then
-  say "netlab: ip and setpriv installed"
+  say "netlab: ip, setpriv and iptables installed"
 elif [ "$(id -u)" = 0 ]; then
   say "netlab: installing$netlab_missing from Debian"
   # shellcheck disable=SC2086 # one word per package
