@@ -71,6 +71,8 @@ def register_node(state: State, tx: SignedTx) -> None:
     }
     if body.rendezvous:  # only then: a record without it is what it was before
         record["rendezvous"] = [r.to_json() for r in body.rendezvous]
+    if body.numerics is not None:  # likewise: an unannounced registration stores no field
+        record["numerics"] = body.numerics
     state.put(schema.NODE, tx.signer, record)
     state.put(schema.EVM_BINDING, evm, tx.signer)
     rep = state.genesis.reputation

@@ -31,6 +31,7 @@ from node.chain.committee_rpc import TxRejectedError
 from node.retry import Backoff, Stopped, retry, sleep_or_stop
 from protocol.committee.registry import Heartbeat, Leave, RegisterNode, Rendezvous
 from protocol.errors import PlanetError, RemoteError, UnavailableError
+from protocol.numerics import NUMERICS
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,7 @@ class NodeAgent:
                 endpoint=self.config.endpoint,
                 capacity=self.config.capacity,
                 rendezvous=self.config.rendezvous,
+                numerics=NUMERICS,  # what its verifiers compare bitwise against
             )
             code, text = await self._submit_and_wait(body, stop)
             if code in (OK, ALREADY_REGISTERED):
