@@ -15,7 +15,6 @@ import aiohttp
 import pytest
 import torch
 
-from node.cli.operator import numerics_line
 from node.verifier import spotchecks
 from node.verifier.spotchecks import COUNTS_FILE, SpotChecker
 from node.verifier.tickets import judge_ticket, verdict_for
@@ -259,6 +258,8 @@ async def test_spot_checker_malformed_numerics_on_chain_is_not_judged(
 
 
 def test_status_numerics_line_names_a_mismatch() -> None:
+    from node.cli.operator import numerics_line
+
     assert numerics_line({"numerics": NUMERICS}) == f"{NUMERICS} (this release's)"
     assert "not announced" in numerics_line({})
     line = numerics_line({"numerics": OTHER})
