@@ -81,9 +81,7 @@ def _result(
     bad: tuple[int, ...] = (),
 ) -> TicketResult:
     evidence = (
-        None
-        if outcome.offence is None
-        else evidence_hash(request.seed, request.triple, outcome)
+        None if outcome.offence is None else evidence_hash(request.seed, request.triple, outcome)
     )
     return TicketResult(outcome, reason, verdict, evidence, bad)
 

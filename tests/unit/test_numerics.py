@@ -134,8 +134,8 @@ def test_judge_mismatch_from_node_on_other_numerics_is_not_a_conviction() -> Non
     assert result.outcome is Outcome.SKIPPED and result.outcome.offence is None
     assert result.evidence_hash is None and result.verdict is None
     assert f"numerics {OTHER}" in result.reason and f"with {NUMERICS}" in result.reason
-    kwargs = {"node": "0x" + "11" * 20, "challenger": "0x" + "22" * 20, "consumer": "0x" + "33" * 20}
-    assert verdict_for(result, nonce=1, **kwargs) is None
+    parties = {"node": "0x" + "11" * 20, "challenger": "0x" + "22" * 20}
+    assert verdict_for(result, nonce=1, consumer="0x" + "33" * 20, **parties) is None
 
 
 @pytest.mark.parametrize("numerics", [NUMERICS, None], ids=["same", "unannounced"])
@@ -234,7 +234,8 @@ async def test_spot_checker_node_on_other_numerics_is_skipped_not_voted(
     assert votes == [] and link.sent == []  # no verdict, no report of checks not done
     assert json.loads((tmp_path / COUNTS_FILE).read_text()) == {"2": {"skipped": 2}}
     line = f"numerics mismatch: node computes with numerics {OTHER}, this release with {NUMERICS}"
-    assert any(line in r.getMessage() and "outcome=skipped" in r.getMessage() for r in caplog.records)
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(line in m and "outcome=skipped" in m for m in logged)
 
 
 @pytest.mark.parametrize("view", [{"numerics": NUMERICS}, {}], ids=["same", "unannounced"])
