@@ -14,8 +14,9 @@ Versions (bump `NUMERICS` whenever the bits of an honest node's outputs change f
 a kernel, an attention or reduction order, a cast, a fused op, a torch upgrade that moves them;
 never for changes that keep every output bit):
 
-    1  int8 one-row attention by torch's sdpa (releases before issue 46's fixed order);
-       announced by no release: such nodes register without the field
+    1  int8 attention by torch's sdpa (releases before issue 46's row-wise fixed order;
+       an honest block of such a node matches a version-2 recomputation at 562 ‰ with 10
+       bad positions); announced by no release: such nodes register without the field
     2  int8: torch's int8 kernel row-wise, one-row attention by `fixed_order_attention`;
        fp32/int4: torch sdpa, as before
 
