@@ -14,6 +14,7 @@ from node.chain.committee_rpc import TxRejectedError
 from node.retry import Backoff, Stopped, retry
 from protocol.committee.registry import Heartbeat, Leave, RegisterNode
 from protocol.errors import RemoteError, UnavailableError
+from protocol.numerics import NUMERICS
 
 pytestmark = pytest.mark.unit
 
@@ -126,6 +127,7 @@ async def test_agent_survives_validator_down_at_every_stage() -> None:
     await _run_until(agent, lambda: agent.heartbeats >= 2)
     assert committee.down == 0
     assert isinstance(committee.sent[0], RegisterNode)
+    assert committee.sent[0].numerics == NUMERICS  # announced to its verifiers
 
 
 async def test_agent_keeps_running_through_an_outage_after_registration() -> None:
