@@ -274,8 +274,8 @@ def evidence_hash(seed: bytes | str, triple: Triple, outcome: Outcome) -> bytes:
     """The verdict's `evidenceHash` for a spot check:
     sha256("planet/spot-check-evidence/v1" ‖ seed ‖ triple bytes ‖ outcome name).
     Every verifier derives the same value for the same finding, so their votes add up."""
-    if outcome is Outcome.PASSED:
-        raise SelectionError("a passed check is no evidence")
+    if outcome.offence is None:
+        raise SelectionError(f"a {outcome.value} check is no evidence")
     return hashlib.sha256(
         _EVIDENCE_DOMAIN + _seed(seed) + triple.to_bytes() + outcome.value.encode()
     ).digest()

@@ -305,3 +305,10 @@ async def test_sampled_circuit_with_a_node_on_other_numerics_is_not_scored(
     assert scores["scores"] == {A: 1_000_000, B: 1_000_000}  # S neither scored nor blamed
     line = f"numerics mismatch: node computes with numerics {OTHER}, this release with {NUMERICS}"
     assert any("not scored" in r.getMessage() and line in r.getMessage() for r in caplog.records)
+
+
+def test_a_skipped_check_is_no_evidence() -> None:
+    from protocol.spotcheck import SelectionError, evidence_hash
+
+    with pytest.raises(SelectionError, match="a skipped check is no evidence"):
+        evidence_hash("0x" + "00" * 32, _request().triple, Outcome.SKIPPED)
