@@ -176,6 +176,18 @@ async def test_agent_evm_address_taken_is_fatal() -> None:
     assert await _agent(committee).run(asyncio.Event()) == FatalAgentError.exit_status
 
 
+async def test_agent_numerics_not_accepted_is_fatal() -> None:
+    committee = FakeCommittee()
+
+    async def foreign(_hash: str, *, timeout_s: float = 0) -> tuple[int, str]:
+        return 105, "numerics 2 is not accepted by this chain (genesis numerics [3])"
+
+    committee.committed_code = foreign  # type: ignore[method-assign]
+    committee.submit = _submit_without_effect(committee)  # type: ignore[method-assign]
+    assert await _agent(committee).run(asyncio.Event()) == FatalAgentError.exit_status
+    assert len(committee.sent) == 1  # not retried: only a release change helps
+
+
 def _submit_without_effect(committee: FakeCommittee) -> Any:
     async def submit(body: Any) -> Any:
         committee.sent.append(body)

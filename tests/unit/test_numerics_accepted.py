@@ -151,3 +151,9 @@ def test_devnet_genesis_accepts_this_releases_numerics() -> None:
     state = app_state({"AA": "0x" + "11" * 20}, epoch_length=5)
     assert state["numerics"] == [NUMERICS]
     assert _parse(state).numerics == (NUMERICS,)
+
+
+def test_the_agent_knows_the_refusal_code() -> None:
+    from node.agent.agent import NUMERICS_NOT_ACCEPTED
+
+    assert Code.NUMERICS_NOT_ACCEPTED == NUMERICS_NOT_ACCEPTED == 105
