@@ -25,7 +25,8 @@
                                           #   joiners fill shards below it first (/pool_health)
       "numerics": [2],                      # the numerics versions a register_node may announce
                                           #   (protocol/numerics.py): 1..8 distinct integers
-                                          #   1..65535, ascending; each must be run by verifiers
+                                          #   1..65535, ascending; each run by verifiers of
+                                          #   >= 2/3 of the power (docs/verification.md)
       "credits": {"price_wei": "1000000000000", "layer_tokens": 4096,  # one credit's price
                   "lifetime_epochs": 4320,  #   and the layer-tokens its redemption credits; a
                                           #   credit of epoch e is redeemable up to epoch
