@@ -104,6 +104,8 @@ class Code(IntEnum):
     # nodes behind NAT (abci_app/registry.py: register_node's `rendezvous`)
     RENDEZVOUS_NOT_RELAY = 103  # a rendezvous entry names a key that is not a registered relay
     RENDEZVOUS_ENDPOINT = 104  # a rendezvous endpoint not at its relay's registered IP address
+    # numerics (abci_app/registry.py: register_node's `numerics`, genesis `numerics`)
+    NUMERICS_NOT_ACCEPTED = 105  # a register_node announcing numerics its genesis does not list
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

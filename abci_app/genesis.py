@@ -23,6 +23,10 @@
       "commit_grace_epochs": 2,             # epochs a node has to commit what credits bought
       "replica_floor": 2,                   # routable nodes each shard should have at least:
                                           #   joiners fill shards below it first (/pool_health)
+      "numerics": [2],                      # the numerics versions a register_node may announce
+                                          #   (protocol/numerics.py): 1..8 distinct integers
+                                          #   1..65535, ascending; each run by verifiers of
+                                          #   >= 2/3 of the power (docs/verification.md)
       "credits": {"price_wei": "1000000000000", "layer_tokens": 4096,  # one credit's price
                   "lifetime_epochs": 4320,  #   and the layer-tokens its redemption credits; a
                                           #   credit of epoch e is redeemable up to epoch
@@ -49,6 +53,7 @@ keys are rejected so a typo cannot silently fall back to a default.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -57,6 +62,7 @@ from typing import Any
 from protocol.canonical import JsonInputError, parse_json
 from protocol.errors import ConfigError
 from protocol.fields import is_int
+from protocol.numerics import MAX_NUMERICS
 from protocol.reputation import ReputationParams
 
 _KEYS = {
@@ -77,6 +83,7 @@ _KEYS = {
     "commit_grace_epochs",
     "credits",
     "replica_floor",
+    "numerics",
 }
 DEFAULT_MIN_STAKE = {"compute": 10**18, "verifier": 5 * 10**17, "relay": 10**17}
 MAX_PARAM = (1 << 63) - 1
@@ -117,6 +124,13 @@ MAX_SHARDS = 65536  # register_node shard indexes are 0 … 65535
 # its shard with nobody; placement fills shards below the floor first (node/agent/placement.py)
 DEFAULT_REPLICA_FLOOR = 2
 MAX_REPLICA_FLOOR = 64
+# The numerics versions (protocol/numerics.py) a `register_node` may announce (issue 46): a
+# version no verifier runs would exempt its announcer from every bitwise spot check, so the
+# chain accepts only those its genesis lists. The default is a literal, never `NUMERICS`: a
+# chain's rules must not move with the release a validator runs (two releases would disagree
+# on the same registration and fork); a genesis that wants another list names it.
+DEFAULT_NUMERICS = (2,)
+MAX_ACCEPTED_NUMERICS = 8  # more versions live at once than an upgrade ever needs
 _DECIMAL = re.compile(r"[0-9]{1,78}\Z")  # ASCII only: str.isdigit accepts other scripts
 
 
@@ -129,6 +143,24 @@ def _int(doc: dict[str, Any], key: str, default: int, lo: int = 0, hi: int = MAX
             f"genesis app_state.{key}: expected an integer in [{lo}, {hi}], got {value!a}"
         )
     return value
+
+
+def _numerics(doc: dict[str, Any]) -> tuple[int, ...]:
+    """`numerics`: 1..MAX_ACCEPTED_NUMERICS JSON integers 1..MAX_NUMERICS, strictly ascending
+    (one encoding per list: duplicates and reorderings refused); absent: DEFAULT_NUMERICS. An
+    empty list is refused: every release that announces would be shut out."""
+    value = doc.get("numerics", list(DEFAULT_NUMERICS))
+    if (
+        not isinstance(value, list)
+        or not 1 <= len(value) <= MAX_ACCEPTED_NUMERICS
+        or not all(type(v) is int and 1 <= v <= MAX_NUMERICS for v in value)
+        or any(a >= b for a, b in itertools.pairwise(value))
+    ):
+        raise ConfigError(
+            f"genesis app_state.numerics: expected 1 to {MAX_ACCEPTED_NUMERICS} distinct "
+            f"integers in [1, {MAX_NUMERICS}], ascending, got {ascii(value)[:80]}"
+        )
+    return tuple(value)
 
 
 def _key_periods(credits: dict[str, Any] | None) -> tuple[int, int]:
@@ -174,6 +206,7 @@ class Genesis:
     spot_check_floor: int = 1  # a node's blocks of an epoch are drawn at ≥ floor / blocks
     commit_grace_epochs: int = 2  # bought positions must be committed within this many epochs
     replica_floor: int = DEFAULT_REPLICA_FLOOR  # routable nodes a shard should have at least
+    numerics: tuple[int, ...] = DEFAULT_NUMERICS  # versions a register_node may announce
     credit_price_wei: int | None = None  # one credit's price; None: credits disabled
     credit_layer_tokens: int = 0  # layer-tokens a redeemed credit adds to the node's work
     credit_lifetime_epochs: int = DEFAULT_CREDIT_LIFETIME_EPOCHS  # redeemable in e … e + this
@@ -301,6 +334,7 @@ class Genesis:
             spot_check_floor=_int(doc, "spot_check_floor", 1, 0, 1_000),
             commit_grace_epochs=_int(doc, "commit_grace_epochs", 2, 1, 1_000),
             replica_floor=_int(doc, "replica_floor", DEFAULT_REPLICA_FLOOR, 1, MAX_REPLICA_FLOOR),
+            numerics=_numerics(doc),
             credit_price_wei=(
                 _int(credits, "price_wei", 0, 1, (1 << 64) - 1) if credits is not None else None
             ),
@@ -338,7 +372,8 @@ class Genesis:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The parsed parameters as stored in state (and answered by the `/params` query)."""
+        """The parsed parameters as stored in state (a default left out, so existing chains keep
+        their app hash); `view` is what `/params` answers."""
         rep = self.reputation
         return {
             "epoch_length": self.epoch_length,
@@ -382,6 +417,7 @@ class Genesis:
                 if self.replica_floor != DEFAULT_REPLICA_FLOOR
                 else {}
             ),
+            **({"numerics": list(self.numerics)} if self.numerics != DEFAULT_NUMERICS else {}),
             **(
                 {
                     "credits": {
@@ -415,6 +451,11 @@ class Genesis:
                 else {}
             ),
         }
+
+    def view(self) -> dict[str, Any]:
+        """`/params`' `genesis`: the stored parameters, and `numerics` always (which versions a
+        registration may announce is what nodes and verifiers read; a query, never hashed)."""
+        return {**self.to_json(), "numerics": list(self.numerics)}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Genesis:

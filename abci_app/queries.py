@@ -415,7 +415,7 @@ def _params(state: State, params: dict[str, Any]) -> Any:
         "height": state.height,
         "app_hash": state.app_hash.hex(),
         "vote_extensions_enable_height": state.ve_enable_height,
-        "genesis": state.genesis.to_json(),
+        "genesis": state.genesis.view(),
         "validators": state.validators,
     }
 

@@ -55,6 +55,7 @@ def register_node(state: State, tx: SignedTx) -> None:
     body: RegisterNode = tx.body
     evm = _refuse_taken(state, tx.signer, body.evm_address, "node")
     _check_rendezvous(state, body)
+    _check_numerics(state, body)
     height = state.block_height
     record = {
         "key": tx.signer,
@@ -71,6 +72,8 @@ def register_node(state: State, tx: SignedTx) -> None:
     }
     if body.rendezvous:  # only then: a record without it is what it was before
         record["rendezvous"] = [r.to_json() for r in body.rendezvous]
+    if body.numerics is not None:  # likewise: an unannounced registration stores no field
+        record["numerics"] = body.numerics
     state.put(schema.NODE, tx.signer, record)
     state.put(schema.EVM_BINDING, evm, tx.signer)
     rep = state.genesis.reputation
@@ -100,6 +103,19 @@ def _check_rendezvous(state: State, body: RegisterNode) -> None:
                 f"rendezvous endpoint {entry.endpoint} is not at relay {entry.relay}'s address "
                 f"{registered}",
             )
+
+
+def _check_numerics(state: State, body: RegisterNode) -> None:
+    """An announced numerics version must be one the genesis accepts (NUMERICS_NOT_ACCEPTED): a
+    verifier skips the bitwise checks of a node on other numerics than its own, so a version no
+    verifier runs would exempt its announcer from them. Unannounced: every check, as before."""
+    accepted = state.genesis.numerics
+    if body.numerics is not None and body.numerics not in accepted:
+        rules.reject(
+            Code.NUMERICS_NOT_ACCEPTED,
+            f"numerics {body.numerics} is not accepted by this chain (genesis numerics "
+            f"{list(accepted)})",
+        )
 
 
 def _refuse_taken(state: State, signer: str, evm_address: str, noun: str) -> str:

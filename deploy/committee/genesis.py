@@ -15,6 +15,7 @@ from typing import Any
 
 from deploy.committee.network import Network
 from protocol.errors import UsageError
+from protocol.numerics import NUMERICS
 
 DEFAULT_EPOCH_LENGTH = 100
 DEFAULT_EVM_CHAIN_ID = 31337
@@ -33,10 +34,13 @@ def app_state(
     """The genesis `app_state` of the Planet ABCI app (`abci_app.genesis.Genesis.parse` reads it).
 
     `operators` maps each CometBFT validator address (uppercase hex) to its operator's EVM
-    address; the EVM part is the EIP-712 domain of the committee's verdict signatures.
+    address; the EVM part is the EIP-712 domain of the committee's verdict signatures. The
+    chain accepts registrations announcing this release's numerics only (`numerics`): the
+    devnet's verifiers all run this release, so they check every version it accepts.
     """
     return {
         "epoch_length": epoch_length,
+        "numerics": [NUMERICS],
         "evm": {"chain_id": evm_chain_id, "committee_address": committee_address},
         "validators": dict(sorted(operators.items())),
     }

@@ -31,11 +31,13 @@ from node.chain.committee_rpc import TxRejectedError
 from node.retry import Backoff, Stopped, retry, sleep_or_stop
 from protocol.committee.registry import Heartbeat, Leave, RegisterNode, Rendezvous
 from protocol.errors import PlanetError, RemoteError, UnavailableError
+from protocol.numerics import NUMERICS
 
 log = logging.getLogger(__name__)
 
 # FinalizeBlock codes the agent acts on (abci_app/codes.py)
 OK, BAD_EVM_SIGNATURE, ALREADY_REGISTERED, EVM_ADDRESS_TAKEN, INVALID_LIFECYCLE = 0, 4, 11, 12, 15
+NUMERICS_NOT_ACCEPTED = 105  # the chain's genesis does not list this release's numerics
 LEFT = "LEFT"
 # What a validator may answer while it is overloaded, restarting or catching up: retried.
 TRANSIENT = (UnavailableError, RemoteError)
@@ -186,6 +188,7 @@ class NodeAgent:
                 endpoint=self.config.endpoint,
                 capacity=self.config.capacity,
                 rendezvous=self.config.rendezvous,
+                numerics=NUMERICS,  # what its verifiers compare bitwise against
             )
             code, text = await self._submit_and_wait(body, stop)
             if code in (OK, ALREADY_REGISTERED):
@@ -205,6 +208,12 @@ class NodeAgent:
                 )
             if code == BAD_EVM_SIGNATURE:
                 raise FatalAgentError(f"the chain refused the registration signature: {text}")
+            if code == NUMERICS_NOT_ACCEPTED:
+                raise FatalAgentError(
+                    f"the chain does not accept this release's numerics {NUMERICS}: {text}",
+                    hint="run the release the network's verifiers run (its committee's /params "
+                    "lists the accepted versions under genesis.numerics)",
+                )
             log.warning("registration refused code=%d log=%s; retrying", code, text)
             if await sleep_or_stop(stop, self.backoff.next_delay()):
                 raise Stopped("stopped while registering")

@@ -1009,6 +1009,7 @@ def _status(args: argparse.Namespace) -> int:
         )
         why = [name for name in ("untrusted", "uncommitted") if view.get(name)]
         print(f"routable    {'yes' if view['routable'] else 'no'}", *(f"({w})" for w in why))
+        print(f"numerics    {numerics_line(view)}")
     pool = status["pool"]
     if pool:
         per_shard = "  ".join(
@@ -1023,6 +1024,25 @@ def _status(args: argparse.Namespace) -> int:
             f"{'up' if local['agent_alive'] else 'DOWN'}"
         )
     return 0
+
+
+def numerics_line(view: dict[str, Any]) -> str:
+    """`planet status`'s numerics line: what the registration announces against what this
+    release computes with (protocol/numerics.py; docs/network.md, *Numerics*)."""
+    from protocol.numerics import NUMERICS, NumericsError, announced, mismatch_line
+
+    try:
+        registered = announced(view)
+    except NumericsError as error:
+        return f"unknown: {error.message}"
+    if registered is None:
+        return f"not announced (registered by an older release); this release: {NUMERICS}"
+    if registered == NUMERICS:
+        return f"{registered} (this release's)"
+    return (
+        f"{mismatch_line(registered)}: verifiers on {NUMERICS} do not spot-check it bitwise "
+        "(the registration keeps the numerics it was made with)"
+    )
 
 
 def _devnet_host_port(host: str) -> int:

@@ -2,8 +2,8 @@
 
     GET    /v1/stream           WebSocket: a circuit's links (node/server/stream.py)
     GET    /v1/shards/{k}[/chunks/{i}]  its shard file by chunks (node/server/shards.py)
-    GET    /info                model, node key, shard, layers, quant, device, load, sessions,
-                                cache bytes
+    GET    /info                model, node key, shard, layers, quant, device, numerics, load,
+                                sessions, cache bytes
     GET    /health              {"status": "ok"} once the shard is loaded
 
 An HTTP refusal is JSON `{code, message}` with a 4xx/503 status (error middleware); a refusal
@@ -39,6 +39,7 @@ from node.server.state import CONFIG_KEY, STATE_KEY, NodeState
 from node.server.stream import close_links, close_streams, stream
 from protocol.errors import PlanetError
 from protocol.frames.header import FRAME_VERSION
+from protocol.numerics import NUMERICS
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,9 @@ async def info(request: web.Request) -> web.Response:
             "quant": backend.quant,
             "device": backend.device,
             "protocol_version": FRAME_VERSION,
+            # the numerics its shard computes with (protocol/numerics.py): verifiers compare
+            # its outputs bitwise only when theirs is the same
+            "numerics": NUMERICS,
             "sessions": len(state.store),
             "cache_bytes": state.store.total_cache_bytes,
             "peers": state.store.peers(),

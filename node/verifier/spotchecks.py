@@ -65,6 +65,7 @@ from node.verifier.tickets import TicketResult, judge_ticket
 from protocol.committee.verification import MAX_SPOT_REPORT, SpotCheckReport
 from protocol.errors import PlanetError
 from protocol.fingerprint import Tolerance
+from protocol.numerics import NumericsError, announced
 from protocol.spotcheck import (
     CHECK_LOOKBACK_EPOCHS,
     DEFAULT_RATE_PPM,
@@ -342,8 +343,10 @@ class SpotChecker:
             if result is None:
                 continue
             results.append(result)
+            if result.outcome is Outcome.SKIPPED:
+                continue  # other numerics: not recomputed, so neither reported nor a finding
             done.append(item.triple)
-            if result.outcome is not Outcome.PASSED:
+            if result.outcome.offence is not None:
                 findings.setdefault(item.triple.node, []).append(result)
         log.info("spot checks epoch=%d assigned=%d done=%d", epoch, len(todo), len(results))
         for node, found in sorted(findings.items()):
@@ -433,6 +436,11 @@ class SpotChecker:
             ):
                 log.warning("verifier %s forwarded a ticket of another check", peer[:12])
                 continue
+            try:
+                numerics = announced(await self.link.node(item.triple.node))
+            except NumericsError as error:
+                log.warning("node %s: %s; not judged", item.triple.node[:12], error.message)
+                return None
             result = await asyncio.to_thread(
                 judge_ticket,
                 ticket,
@@ -440,6 +448,7 @@ class SpotChecker:
                 shard=self.shards[item.triple.shard],
                 commitment=item.commitment,
                 tolerance=self.tolerance,
+                numerics=numerics,
             )
             if result.evidence_hash is not None:
                 result = dataclasses.replace(result, statement=statement)
@@ -514,6 +523,11 @@ class SpotChecker:
         if not isinstance(endpoint, str) or not endpoint:
             log.warning("spot check: node %s has no endpoint; skipped", triple.node[:12])
             return None
+        try:
+            numerics = announced(view)
+        except NumericsError as error:
+            log.warning("spot check: node %s: %s; skipped", triple.node[:12], error.message)
+            return None
         request = TicketRequest(triple, item.seed, self.me).signed(self.link.key)
         return await spot_check(
             self.http,
@@ -525,6 +539,7 @@ class SpotChecker:
             tolerance=self.tolerance,
             deadline_s=self.deadline_s,
             retry_s=self.retry_s,
+            numerics=numerics,  # other than this release's: opened, not recomputed (SKIPPED)
         )
 
     def _write_counts(self) -> None:

@@ -80,6 +80,7 @@ async def spot_check(
     tolerance: Tolerance,
     deadline_s: float = 30.0,
     retry_s: float = 1.0,
+    numerics: int | None = None,
 ) -> TicketResult:
     """Fetch the ticket before the deadline and judge it; TIMEOUT if no valid ticket came."""
     deadline = time.monotonic() + deadline_s
@@ -96,7 +97,13 @@ async def spot_check(
             await asyncio.sleep(min(retry_s, max(0.0, deadline - time.monotonic())))
             continue
         result = await asyncio.to_thread(
-            judge_ticket, ticket, request, shard=shard, commitment=commitment, tolerance=tolerance
+            judge_ticket,
+            ticket,
+            request,
+            shard=shard,
+            commitment=commitment,
+            tolerance=tolerance,
+            numerics=numerics,  # the node's announced numerics: other than ours → SKIPPED
         )
         if result.outcome is Outcome.FAILED:
             result = dataclasses.replace(result, statement=statement)

@@ -2,7 +2,8 @@
 
     result = check_ticket(sealed, request, verifier_key, shard=shard, commitment=value,
                           tolerance=load_calibration().tolerance(quant))
-    result.outcome            # Outcome.PASSED / FAILED (→ verdict offence 3, 50 %)
+    result.outcome            # Outcome.PASSED / FAILED (→ verdict offence 3, 50 %) / SKIPPED
+                              # (the node announces other numerics: not comparable bitwise)
     result.evidence_hash      # what every verifier's verdict vote names (None when passed)
     verdict_for(result, node=evm, challenger=me, nonce=n, consumer=fraud_proofs)  # to sign
 
@@ -33,6 +34,7 @@ from protocol.eip712 import Verdict as Verdict712
 from protocol.eip712 import commitment_value
 from protocol.errors import ProtocolError
 from protocol.fingerprint import TOPK, BlockFingerprint, Tolerance, compare_block, decode_block
+from protocol.numerics import comparable, mismatch_line
 from protocol.served import inputs_digests, served_output_hash
 from protocol.spotcheck import Outcome, evidence_hash
 from protocol.tickets import Ticket, TicketRequest, open_sealed
@@ -79,7 +81,7 @@ def _result(
     bad: tuple[int, ...] = (),
 ) -> TicketResult:
     evidence = (
-        None if outcome is Outcome.PASSED else evidence_hash(request.seed, request.triple, outcome)
+        None if outcome.offence is None else evidence_hash(request.seed, request.triple, outcome)
     )
     return TicketResult(outcome, reason, verdict, evidence, bad)
 
@@ -104,8 +106,14 @@ def judge_ticket(
     shard: Any,
     commitment: bytes,
     tolerance: Tolerance,
+    numerics: int | None = None,
 ) -> TicketResult:
-    """Judge an opened, node-signed ticket against the on-chain commitment and a recompute."""
+    """Judge an opened, node-signed ticket against the on-chain commitment and a recompute.
+
+    `numerics` is what the node's registration announces (protocol/numerics.py; None:
+    unannounced, judged as before). The commitment opening and the inputs' width hold on any
+    numerics; the fingerprint comparison is bitwise-calibrated, so a node on other numerics
+    than this verifier's is not recomputed: SKIPPED, never a conviction on the fingerprint."""
     triple = request.triple
     session = bytes.fromhex(triple.session[2:])
     digest = inputs_digests(ticket.inputs)[-1]  # the chain over every carried input position
@@ -115,6 +123,8 @@ def judge_ticket(
         return _result(request, Outcome.FAILED, "the ticket does not open the node's commitment")
     if ticket.hidden != int(shard.hidden_size):
         return _result(request, Outcome.FAILED, f"inputs of width {ticket.hidden}")
+    if not comparable(numerics):
+        return _result(request, Outcome.SKIPPED, f"not recomputed: {mismatch_line(numerics)}")
     own = recompute_ticket(shard, ticket)
     try:
         verdict = check(ticket.fingerprint, own[:, ticket.start :], ticket.start, tolerance)
@@ -155,8 +165,11 @@ def check_ticket(
     shard: Any,
     commitment: bytes,
     tolerance: Tolerance,
+    numerics: int | None = None,
 ) -> TicketResult:
     """Open `sealed` (raises `TicketError` if it is not a valid answer from the node: keep
     waiting), then `judge_ticket`."""
     ticket = open_sealed(sealed, request, verifier_key)
-    return judge_ticket(ticket, request, shard=shard, commitment=commitment, tolerance=tolerance)
+    return judge_ticket(
+        ticket, request, shard=shard, commitment=commitment, tolerance=tolerance, numerics=numerics
+    )

@@ -65,6 +65,7 @@ from node.verifier.tickets import TicketResult, verdict_for
 from protocol.committee.verification import SeedCommit, SeedReveal, VerdictVote, seed_commitment
 from protocol.eip712 import OFFENCE_FAILED_VERIFICATION, Verdict, address_of, committee_domain
 from protocol.errors import PlanetError
+from protocol.numerics import announced, comparable, mismatch_line
 
 log = logging.getLogger(__name__)
 
@@ -401,6 +402,17 @@ class VerifierWorker:
         except PlanetError as error:
             log.warning("sampled challenge not served: %s", error.message)
             return
+        foreign = await self.foreign_numerics(asked.nodes)
+        if foreign:
+            # the replay needs the circuit's logits bit for bit (docs/verification.md, Limits)
+            log.warning(
+                "sampled epoch=%d circuit=%s not scored: node %s: %s",
+                state.epoch,
+                [n[:12] for n in asked.nodes],
+                foreign[0][0][:12],
+                mismatch_line(foreign[0][1]),
+            )
+            return
         reference = await asyncio.to_thread(
             self.reference.served_logits, list(prompt), list(answer.tokens)
         )
@@ -430,6 +442,21 @@ class VerifierWorker:
             log.info("speed epoch=%d circuit=%s %d tokens/s", state.epoch, nodes, speed)
         state.scores = state.attribute()
         state.write(self.settings.home)
+
+    async def foreign_numerics(self, nodes: Sequence[str]) -> list[tuple[str, int | None]]:
+        """(key, numerics) of the circuit's nodes whose announced numerics differ from this
+        release's (protocol/numerics.py); a node not found or malformed on chain is judged as
+        unannounced (as before the field existed)."""
+        out = []
+        for key in nodes:
+            try:
+                numerics = announced(await self.link.node(key))
+            except PlanetError as error:
+                log.info("numerics of node %s unknown: %s", key[:12], error.message)
+                continue
+            if not comparable(numerics):
+                out.append((key, numerics))
+        return out
 
     # -- verdicts --------------------------------------------------------------------------------
     async def maybe_vote_verdicts(self) -> None:

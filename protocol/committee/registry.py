@@ -19,6 +19,7 @@ from protocol.committee.grammar import (
     check,
     uint256_decimal,
 )
+from protocol.numerics import MAX_NUMERICS
 
 EIP191_REGISTER_PREFIX = "Planet node registration\nnode key: "
 ROLES = ("compute", "verifier")
@@ -69,6 +70,9 @@ class RegisterNode:
     # relays fronting the node behind NAT, in the order clients should try them; empty: none
     # (the field is then left out of the tx, so a registration without it encodes as before)
     rendezvous: tuple[Rendezvous, ...] = ()
+    # the numerics the node's shards compute with (protocol/numerics.py, 1..65535); None:
+    # unannounced (the field is left out: a registration of an older release, judged as before)
+    numerics: int | None = None
 
     TYPE: ClassVar[str] = "register_node"
 
@@ -84,13 +88,16 @@ class RegisterNode:
         }
         if self.rendezvous:
             body["rendezvous"] = [r.to_json() for r in self.rendezvous]
+        if self.numerics is not None:
+            body["numerics"] = self.numerics
         return body
 
     @classmethod
     def from_json(cls, body: Any) -> RegisterNode:
         keys = {"capacity", "endpoint", "evm_address", "evm_signature", "model", "role", "shards"}
-        if isinstance(body, dict) and "rendezvous" in body:
-            keys.add("rendezvous")
+        for optional in ("numerics", "rendezvous"):
+            if isinstance(body, dict) and optional in body:
+                keys.add(optional)
         b = check.exact_object(body, "body", keys)
         role = b["role"]
         if role not in ROLES:
@@ -106,7 +113,16 @@ class RegisterNode:
             endpoint=endpoint,
             capacity=check.integer(b["capacity"], "body.capacity", 1, 1_000_000),
             rendezvous=_rendezvous(b.get("rendezvous")),
+            numerics=_numerics(b),
         )
+
+
+def _numerics(body: dict[str, Any]) -> int | None:
+    """Absent: None (unannounced); present: an integer 1..MAX_NUMERICS (null, bools, floats and
+    strings refused: one encoding per registration)."""
+    if "numerics" not in body:
+        return None
+    return check.integer(body["numerics"], "body.numerics", 1, MAX_NUMERICS)
 
 
 def _rendezvous(value: Any) -> tuple[Rendezvous, ...]:

@@ -14,6 +14,7 @@ from node.chain.committee_rpc import TxRejectedError
 from node.retry import Backoff, Stopped, retry
 from protocol.committee.registry import Heartbeat, Leave, RegisterNode
 from protocol.errors import RemoteError, UnavailableError
+from protocol.numerics import NUMERICS
 
 pytestmark = pytest.mark.unit
 
@@ -126,6 +127,7 @@ async def test_agent_survives_validator_down_at_every_stage() -> None:
     await _run_until(agent, lambda: agent.heartbeats >= 2)
     assert committee.down == 0
     assert isinstance(committee.sent[0], RegisterNode)
+    assert committee.sent[0].numerics == NUMERICS  # announced to its verifiers
 
 
 async def test_agent_keeps_running_through_an_outage_after_registration() -> None:
@@ -172,6 +174,18 @@ async def test_agent_evm_address_taken_is_fatal() -> None:
     committee.committed_code = taken  # type: ignore[method-assign]
     committee.submit = _submit_without_effect(committee)  # type: ignore[method-assign]
     assert await _agent(committee).run(asyncio.Event()) == FatalAgentError.exit_status
+
+
+async def test_agent_numerics_not_accepted_is_fatal() -> None:
+    committee = FakeCommittee()
+
+    async def foreign(_hash: str, *, timeout_s: float = 0) -> tuple[int, str]:
+        return 105, "numerics 2 is not accepted by this chain (genesis numerics [3])"
+
+    committee.committed_code = foreign  # type: ignore[method-assign]
+    committee.submit = _submit_without_effect(committee)  # type: ignore[method-assign]
+    assert await _agent(committee).run(asyncio.Event()) == FatalAgentError.exit_status
+    assert len(committee.sent) == 1  # not retried: only a release change helps
 
 
 def _submit_without_effect(committee: FakeCommittee) -> Any:

@@ -14,6 +14,7 @@ from node.server.app import create_app
 from node.server.config import ServerConfig
 from protocol.errors import ConfigError
 from protocol.frames.header import FrameHeader, pack_frame
+from protocol.numerics import NUMERICS
 from tests.doubles.fake_shard import FakeShard
 from tests.unit.stream_link import Link, Refused
 
@@ -84,6 +85,7 @@ async def test_info_reports_model_layers_and_sessions(client):
     assert info["sessions"] == 1 and info["cache_bytes"] == 3 * 1024
     assert info["load"]["forwards"] == 1 and info["load"]["in_flight"] == 0
     assert info["protocol_version"] == 1
+    assert info["numerics"] == NUMERICS  # what verifiers compare bitwise against
 
 
 async def test_frame_open_then_continue_returns_layer_output(client, shard):
