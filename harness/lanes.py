@@ -53,7 +53,12 @@ SPLIT = frozenset({"tests/integration/test_bench_smoke.py"})
 # tests/e2e/conftest.py's `shared_devnet` (one per session): its modules in one lane
 TOGETHER = (
     frozenset(
-        {"tests/e2e/test_dapp.py", "tests/e2e/test_devnet.py", "tests/e2e/test_rebalance_devnet.py"}
+        {
+            "tests/e2e/test_dapp.py",
+            "tests/e2e/test_devnet.py",
+            "tests/e2e/test_rebalance_devnet.py",
+            "tests/e2e/test_second_model_devnet.py",
+        }
     ),
 )
 DEFAULT_S = {"tests/unit": 0.1, "tests/dapp": 0.5, "tests/integration": 10.0, "tests/e2e": 60.0}
@@ -64,7 +69,8 @@ WEIGHTS_GB = {
     "tests/e2e/test_verification_devnet.py": 12.0,  # 4 verifiers, 6 nodes, the gateway
     "tests/e2e/test_devnet_hosts.py": 9.0,  # 4 verifiers, 3 nodes, the gateway
     # the shared devnet: 3 nodes, joiners, a moving node, Chromium
-    "tests/e2e/test_dapp.py + tests/e2e/test_devnet.py + tests/e2e/test_rebalance_devnet.py": 5.0,
+    "tests/e2e/test_dapp.py + tests/e2e/test_devnet.py + tests/e2e/test_rebalance_devnet.py"
+    " + tests/e2e/test_second_model_devnet.py": 5.0,
     "tests/e2e/test_verifier_network.py": 5.0,  # 3 nodes, a verifier, the gateway
     "tests/e2e/test_spotcheck_network.py": 4.0,
     "tests/e2e/test_local_cli.py": 3.0,
