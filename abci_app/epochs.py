@@ -5,7 +5,8 @@
   (same leader, challenge-list and prompt-seed rules). At the last block of
   epoch e (height e·L) the committee fixes epoch e+1 from that block's hash H:
   leader = validators sorted by address, index sha256("planet/leader" ‖ H ‖ e+1) mod n;
-  challenge list = SERVING compute nodes ordered by sha256("planet/challenge" ‖ H ‖ node key),
+  challenge list = SERVING compute nodes of the staked pools (`pool/`: staked, not left;
+  unstaked registrations are never drawn) ordered by sha256("planet/challenge" ‖ H ‖ node key),
   the first `challenges_per_epoch` of them (all when 0), each with
   prompt_seed = sha256("planet/prompt" ‖ H ‖ node key ‖ e+1) — the verifier derives the prompt
   from the seed, so no two nodes get the same prompt and the leader cannot choose.
@@ -27,7 +28,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from abci_app import schema
+from abci_app import registry, schema
 from abci_app.state import State
 from protocol import reputation
 
@@ -45,11 +46,7 @@ def _epoch_record(state: State, epoch: int, seed: bytes) -> dict[str, Any]:
         leader = addresses[
             int.from_bytes(_sha(b"planet/leader", seed, tag), "big") % len(addresses)
         ]
-    serving = []
-    for key in state.keys(schema.NODE):
-        node = state.get(schema.NODE, key)
-        if node["status"] == schema.SERVING and node["role"] == "compute":
-            serving.append(key)
+    serving = [key for key, _ in registry.staked_serving(state)]
     serving.sort(key=lambda k: _sha(b"planet/challenge", seed, bytes.fromhex(k)))
     limit = state.genesis.challenges_per_epoch
     chosen = serving[:limit] if limit else serving

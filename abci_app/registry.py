@@ -252,7 +252,7 @@ def attest_stake(state: State, tx: SignedTx) -> None:
     update_pool(state, body.node, node)
 
 
-# --- the staked pools (/pool_health) ------------------------------------------------------------
+# --- the staked pools (/pool_health, the epoch draw) ----------------------------------------------
 
 
 def pool_key(model: str, node_key: str) -> str:
@@ -276,6 +276,23 @@ def update_pool(state: State, node_key: str, node: dict[str, Any]) -> None:
         state.put(schema.POOL, entry, 1)
     elif listed and not member:
         state.delete(schema.POOL, entry)
+
+
+def staked_serving(state: State) -> list[tuple[str, dict[str, Any]]]:
+    """(key, record) of the SERVING compute nodes of the staked pools (`pool/<model>/<key>`,
+    `update_pool`: the compute nodes whose agreed stake reaches `min_stake.compute` and that
+    have not left), in key order, as the current block sees them: what the epoch boundary
+    draws its challenges from (epochs.py) and counts routable nodes in (settlement.py). Reads
+    one pool row and one node record per staked node, nothing of a free registration:
+    registering and heartbeating cost nothing, so the boundary's reads grow with stake, and a
+    stranger's free nodes never enter the draw."""
+    keys = {entry.rsplit("/", 1)[1] for entry in state.keys(schema.POOL)}
+    out = []
+    for key in sorted(keys):
+        node = state.get(schema.NODE, key)
+        if node is not None and node["status"] == schema.SERVING and node["role"] == "compute":
+            out.append((key, node))
+    return out
 
 
 # --- heartbeat timeouts -------------------------------------------------------------------------

@@ -105,7 +105,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from abci_app import gateway_bindings, relay_payouts, rules, schema
+from abci_app import gateway_bindings, registry, relay_payouts, rules, schema
 from abci_app.codes import Code, Rejected
 from abci_app.credits import MINT_KIND, owe
 from abci_app.state import State
@@ -393,27 +393,20 @@ def payout_vote(state: State, tx: SignedTx) -> None:
 def _routable_counts(state: State) -> dict[tuple[str, int], int]:
     """Routable compute nodes per (model, shard), as `/pool_health` counts them: serving,
     trusted, staked and not flagged uncommitted (a flag on any shard makes the node
-    unroutable, coverage.py). Four ordered range scans (node, stake, rep, coverage) instead of
-    point lookups per node."""
+    unroutable, coverage.py). Only a node of the staked pools can be routable, so it reads
+    those alone (registry.py `staked_serving`): per staked SERVING node its record, stake,
+    reputation and coverage range, never a free registration."""
     counts: dict[tuple[str, int], int] = {}
     untrusted_below = state.genesis.reputation.untrusted_below
     minimum = state.genesis.min_stake.get("compute", 0)
-    stakes = dict(state.items(schema.STAKE))
-    reps = dict(state.items(schema.REPUTATION))
-    uncommitted = {
-        key.rsplit("/", 1)[0]
-        for key, record in state.items(schema.COVERAGE)
-        if record["uncommitted_since"] is not None
-    }
-    for key, node in state.items(schema.NODE):
-        if node["role"] != "compute" or node["status"] != schema.SERVING:
-            continue
-        if key in uncommitted:
-            continue
-        rep, stake = reps.get(key), stakes.get(key)
+    for key, node in registry.staked_serving(state):
+        rep, stake = state.get(schema.REPUTATION, key), state.get(schema.STAKE, key)
         if rep is None or rep["r"] < untrusted_below:
             continue
         if stake is None or stake["agreed"] is None or int(stake["agreed"]) < minimum:
+            continue
+        shards = state.items(schema.COVERAGE, key + "/", key + "0")
+        if any(record["uncommitted_since"] is not None for _, record in shards):
             continue
         for shard in node["shards"]:
             counts[(node["model"], shard)] = counts.get((node["model"], shard), 0) + 1

@@ -515,13 +515,16 @@ def test_abci_epoch_leader_and_challenges_fixed_from_block_hash() -> None:
     a = register(chain, "a")
     b = register(chain, "b")
     v = register(chain, "v", role="verifier")
-    chain.block([chain.tx(Heartbeat(), k) for k in (a, b, v)])  # height 4
-    chain.block(block_hash=b"\x07" * 32)  # height 5 closes epoch 1
-    epochs = ask(chain, "/epochs")
-    assert epochs["current"] == 2
+    for key in (a, b):  # the draw is among the staked pools' SERVING nodes (test_abci_epoch_draw)
+        make_routable(chain, key)  # heights 4, 5
+    chain.advance_to(8)
+    chain.block([chain.tx(Heartbeat(), k) for k in (a, b, v)])  # height 9
+    chain.block(block_hash=b"\x07" * 32)  # height 10 closes epoch 2
+    epochs = ask(chain, "/epochs?epoch=3")
+    assert epochs["current"] == 3
     [epoch] = epochs["epochs"]
     assert epoch["seed"] == "07" * 32
-    assert epoch["start_height"] == 6 and epoch["end_height"] == 10
+    assert epoch["start_height"] == 11 and epoch["end_height"] == 15
     assert epoch["leader"] in {val.address for val in chain.validators}
     assert [c["node"] for c in epoch["challenges"]] == sorted([hexkey(a), hexkey(b)])
     assert len({c["prompt_seed"] for c in epoch["challenges"]}) == 2
@@ -530,16 +533,20 @@ def test_abci_epoch_leader_and_challenges_fixed_from_block_hash() -> None:
     register(twin, "a")
     register(twin, "b")
     register(twin, "v", role="verifier")
-    twin.block([twin.tx(Heartbeat(), k) for k in (a, b, v)])
+    for key in (a, b):
+        make_routable(twin, key)
+    twin.advance_to(8)
+    twin.block([twin.tx(Heartbeat(), k) for k in (a, b, v)])  # height 9
     twin.block(block_hash=b"\x07" * 32)
-    assert ask(twin, "/epochs") == epochs
+    assert ask(twin, "/epochs?epoch=3") == epochs
     assert twin.state.app_hash == chain.state.app_hash
 
 
 def test_abci_epoch_challenges_per_epoch_limits_list() -> None:
     chain = Chain(genesis={"challenges_per_epoch": 1})
     keys = [register(chain, label) for label in ("a", "b")]
-    chain.block([chain.tx(Heartbeat(), k) for k in keys])
+    for key in keys:
+        make_routable(chain, key)  # heights 3, 4
     chain.advance_to(5)
     [epoch] = ask(chain, "/epochs?epoch=2")["epochs"]
     assert len(epoch["challenges"]) == 1
