@@ -9,6 +9,8 @@ test_speculation_nodes the uneven 3-part one. Each node start costs ~10 s of CPU
 shard load) and a module's circuit took 30–40 s of the CI's lane before; nothing these modules
 do changes a node (every session is closed; test_pipeline_http checks that none is left open).
 A node found dead when its circuit is asked for again makes the whole circuit start afresh.
+The lanes of deploy/test.sh run these three modules as one unit (harness/lanes.py
+`PLAIN_CIRCUITS`): apart, in other lanes or in another order, each started its own circuits.
 """
 
 from __future__ import annotations
