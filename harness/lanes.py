@@ -55,12 +55,14 @@ SHARED_DEVNET = frozenset(
     {"tests/e2e/test_dapp.py", "tests/e2e/test_devnet.py", "tests/e2e/test_rebalance_devnet.py"}
 )
 # tests/integration/conftest.py's `plain_circuits` (one per session): the 2-part circuit serves
-# test_codec_http then test_pipeline_http, the uneven 3-part one test_pipeline_http then
-# test_speculation_nodes (collection order: by name). Apart, in two lanes or in the wrong order
-# in one, each module started its own (5 node processes, ~3.4 CPU-s each, more).
+# test_codec_http, test_overlay_nodes and test_pipeline_http, the uneven 3-part one
+# test_pipeline_http then test_speculation_nodes (collection order: by name). Apart, in other
+# lanes or in another order in one, each module started its own (up to 7 node processes more,
+# ~3.4 CPU-s each).
 PLAIN_CIRCUITS = frozenset(
     {
         "tests/integration/test_codec_http.py",
+        "tests/integration/test_overlay_nodes.py",
         "tests/integration/test_pipeline_http.py",
         "tests/integration/test_speculation_nodes.py",
     }

@@ -67,9 +67,15 @@ def test_a_module_is_one_unit_the_smokes_split_and_the_shared_devnet_is_one_unit
 
 def test_the_modules_sharing_the_plain_circuits_are_one_unit_in_collection_order() -> None:
     """tests/integration/conftest.py's circuits are kept for the next module of this unit
-    (2-part: codec_http -> pipeline_http; uneven 3-part: pipeline_http -> speculation_nodes),
-    so the three run in one lane, in that (name) order, and no other module joins them."""
-    modules = ["test_codec_http", "test_pipeline_http", "test_speculation_nodes"]
+    (2-part: codec_http -> overlay_nodes -> pipeline_http; uneven 3-part: pipeline_http ->
+    speculation_nodes), so the four run in one lane, in that (name) order, and no other module
+    joins them."""
+    modules = [
+        "test_codec_http",
+        "test_overlay_nodes",
+        "test_pipeline_http",
+        "test_speculation_nodes",
+    ]
     ids = [f"tests/integration/{m}.py::test_x" for m in modules]
     units = {unit_of(n) for n in ids}
     assert len(units) == 1
