@@ -8,6 +8,11 @@ cd "$(dirname "$0")/.."
 bash deploy/setup.sh
 export PATH="$PWD/.venv/bin:$PWD/.tools/bin:$PATH"
 export PLANET_HOME=${PLANET_HOME:-$HOME/.cache/planet}
+# Every process of the devnet imports torch or the web3 stack; where the environment sets
+# PYTHONDONTWRITEBYTECODE none of them keeps the compiled modules, so each compiles them from
+# source again: a node started in 4.0 CPU-s against 2.2 with the caches (py-spy, this 2-core
+# machine). The devnet's first processes write them here, and later `planet` commands read them.
+unset PYTHONDONTWRITEBYTECODE
 QUESTION=${1:-"In one sentence, what is a layer of a neural network?"}
 trap 'planet devnet down' EXIT
 planet devnet up --detach

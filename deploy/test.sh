@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/setup.sh
 export PATH="$PWD/.venv/bin:$PWD/.tools/bin:$PWD/node_modules/.bin:$PATH"
-step() { printf '\n== %s\n' "$*" >&2; }
+# each step says when it started, in seconds since the command began (where the time goes)
+step() { printf '\n== %s  [%d s]\n' "$*" "$SECONDS" >&2; }
 
 # Bytecode caches for our own modules, compiled once here: the tests start hundreds of Python
 # processes (nodes, validators, watchers, every `planet` command), and where the environment sets
@@ -46,6 +47,7 @@ fi
 # lane finishes, and the run fails if any does. The shared model cache is filled first, so the
 # lanes never prepare the same shard set at once.
 python -m harness.warm_models
+step "lanes start"
 # One intra-op thread per torch process in the lanes (every process a test starts inherits it;
 # `planet node serve` already defaults to half the cores, 1 here): the two lanes keep both cores
 # busy, and a 2-thread OpenMP process then spends its time waiting at barriers for a descheduled
@@ -120,5 +122,6 @@ if [ "$status" = 0 ] && [ "${PLANET_TEST_RECORD:-0}" = 1 ]; then
   python -m harness.lanes record "$lanes"/*.xml >tests/durations.json
   printf 'tests/durations.json rewritten from this run\n' >&2
 fi
+step "done (exit $status)"
 if [ "$status" = 0 ]; then rm -rf "$lanes"; else printf 'test files kept in %s\n' "$lanes" >&2; fi
 exit "$status"

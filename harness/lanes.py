@@ -51,11 +51,28 @@ from harness.cpu_meter import CpuMeter
 DURATIONS = Path(__file__).resolve().parents[1] / "tests" / "durations.json"
 SPLIT = frozenset({"tests/integration/test_bench_smoke.py"})
 # tests/e2e/conftest.py's `shared_devnet` (one per session): its modules in one lane
-TOGETHER = (
-    frozenset(
-        {"tests/e2e/test_dapp.py", "tests/e2e/test_devnet.py", "tests/e2e/test_rebalance_devnet.py"}
-    ),
+SHARED_DEVNET = frozenset(
+    {
+        "tests/e2e/test_dapp.py",
+        "tests/e2e/test_devnet.py",
+        "tests/e2e/test_rebalance_devnet.py",
+        "tests/e2e/test_second_model_devnet.py",
+    }
 )
+# tests/integration/conftest.py's `plain_circuits` (one per session): the 2-part circuit serves
+# test_codec_http, test_overlay_nodes and test_pipeline_http, the uneven 3-part one
+# test_pipeline_http then test_speculation_nodes (collection order: by name). Apart, in other
+# lanes or in another order in one, each module started its own (up to 7 node processes more,
+# ~3.4 CPU-s each).
+PLAIN_CIRCUITS = frozenset(
+    {
+        "tests/integration/test_codec_http.py",
+        "tests/integration/test_overlay_nodes.py",
+        "tests/integration/test_pipeline_http.py",
+        "tests/integration/test_speculation_nodes.py",
+    }
+)
+TOGETHER = (SHARED_DEVNET, PLAIN_CIRCUITS)
 DEFAULT_S = {"tests/unit": 0.1, "tests/dapp": 0.5, "tests/integration": 10.0, "tests/e2e": 60.0}
 UNKNOWN_S = 5.0
 # peak GB a unit's processes hold (nodes ~0.9, verifiers ~1.5, gateways ~0.7 each), measured
@@ -64,7 +81,8 @@ WEIGHTS_GB = {
     "tests/e2e/test_verification_devnet.py": 12.0,  # 4 verifiers, 6 nodes, the gateway
     "tests/e2e/test_devnet_hosts.py": 9.0,  # 4 verifiers, 3 nodes, the gateway
     # the shared devnet: 3 nodes, joiners, a moving node, Chromium
-    "tests/e2e/test_dapp.py + tests/e2e/test_devnet.py + tests/e2e/test_rebalance_devnet.py": 5.0,
+    "tests/e2e/test_dapp.py + tests/e2e/test_devnet.py + tests/e2e/test_rebalance_devnet.py"
+    " + tests/e2e/test_second_model_devnet.py": 5.0,
     "tests/e2e/test_verifier_network.py": 5.0,  # 3 nodes, a verifier, the gateway
     "tests/e2e/test_spotcheck_network.py": 4.0,
     "tests/e2e/test_local_cli.py": 3.0,

@@ -23,8 +23,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -33,12 +31,13 @@ from typing import Any
 import pytest
 
 from node.server.launcher import pid_alive
-from tests.e2e.devnet_session import User, query, wait
+from tests.e2e.devnet_session import User, planet, query, wait
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RECOVERY_BOUND_S = 120  # short (not routable on chain) → served again by the moved node
 GATEWAY_REFRESH_S = 15  # the gateway reads the pool again within this
+MODEL = "smollm2-135m"  # the devnet's first model, as /v1/models names it
 TUNING = "--rebalance-jitter-s 2 --rebalance-drain-s 30 --rebalance-every 10"
 
 
@@ -50,28 +49,50 @@ def _node(rpc: str, key: str) -> dict[str, Any]:
     return query(rpc, "/node", key=key) or {}
 
 
-def ask(env: dict[str, str], user: User) -> tuple[float, float, int, str]:
-    """One paid question through the gateway: (started, ended (monotonic), exit status, the
-    answer or stderr's tail)."""
-    argv = [sys.executable, "-m", "planet", "ask", "--pay", *user.pay_args(),
-            "--max-tokens", "24", "Name three colours."]  # fmt: skip
+def paying_client(env: dict[str, str], user: User, gateway_url: str) -> Any:
+    """The official `openai` client on one API key of `user`'s (one deposit for every question:
+    a `planet ask --pay` per question cost a process start, the web3 imports and an EVM
+    deposit each, ~2 CPU-s)."""
+    import openai
+
+    deposited = planet(env, "balance", "deposit", "0.05", *user.pay_args())
+    assert deposited.returncode == 0, deposited.stderr[-2000:]
+    made = planet(env, "key", "new", "--cap", "0.05", "--json", *user.pay_args())
+    assert made.returncode == 0, made.stderr[-2000:]
+    key = str(json.loads(made.stdout)["key"])
+    return openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=key, max_retries=0, timeout=240)
+
+
+def ask(api: Any) -> tuple[float, float, int, str]:
+    """One paid question through the gateway: (started, ended (monotonic), 0 or the HTTP status
+    of the refusal (1 without one), the answer or the refusal's text)."""
+    import openai
+
     started = time.monotonic()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-    text = done.stdout.strip() or done.stderr[-2000:]
-    return started, time.monotonic(), done.returncode, text
+    try:
+        answer = api.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Name three colours."}],
+            max_tokens=24, temperature=0,
+        )  # fmt: skip
+    except openai.APIStatusError as refused:
+        return started, time.monotonic(), refused.status_code, str(refused)
+    except openai.APIError as failed:
+        return started, time.monotonic(), 1, f"{type(failed).__name__}: {failed}"
+    return started, time.monotonic(), 0, answer.choices[0].message.content or ""
 
 
 class Asker(threading.Thread):
     """Asks one paid question after another through the gateway until `stop`."""
 
-    def __init__(self, env: dict[str, str], user: User, stop: threading.Event) -> None:
+    def __init__(self, api: Any, stop: threading.Event) -> None:
         super().__init__(daemon=True)
-        self.env, self.user, self.stop = env, user, stop
+        self.api, self.stop = api, stop
         self.answers: list[tuple[float, float, int, str]] = []
 
     def run(self) -> None:
         while not self.stop.is_set():
-            self.answers.append(ask(self.env, self.user))
+            self.answers.append(ask(self.api))
 
 
 def test_an_auto_placed_node_moves_to_a_shard_whose_node_died(
@@ -84,7 +105,8 @@ def test_an_auto_placed_node_moves_to_a_shard_whose_node_died(
     wait(lambda: "rebalance: stayed on shard" in agent_log.read_text(), 60, "a first decision")
     # paid questions are answered (a devnet just up forms its credit keys first: until then the
     # gateway's questions fail and it cools its nodes down)
-    wait(lambda: ask(devnet_env, fresh_user)[2] == 0, 240, "a paid question answered", 2.0)
+    api = paying_client(devnet_env, fresh_user, shared_devnet["gateway_url"])
+    wait(lambda: ask(api)[2] == 0, 240, "a paid question answered", 2.0)
     # the devnet node of the highest other shard dies (to the committee)
     victims = [_joined(Path(h)) for h in shared_devnet["operators"]]
     victims = [v for v in victims if v["model"] == shared_devnet["model_hash"]]  # not the seat
@@ -93,7 +115,7 @@ def test_an_auto_placed_node_moves_to_a_shard_whose_node_died(
     os.kill(victim["agent_pid"], signal.SIGSTOP)
     stopped_at = time.monotonic()
     asking = threading.Event()
-    askers = [Asker(devnet_env, fresh_user, asking)]  # one wallet: one EVM deposit at a time
+    askers = [Asker(api, asking)]
     for asker in askers:
         asker.start()
 

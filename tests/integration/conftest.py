@@ -4,11 +4,14 @@
 SmolLM2 shards, each node started with its circuit as `--next-hops` (as `planet local up` starts
 them). A circuit of one shape (parts, layer split) starts once per test session, on the first
 module that asks for it, and serves every later module that asks for the same shape:
-test_codec_http and test_pipeline_http share the 2-part circuit, test_pipeline_http and
-test_speculation_nodes the uneven 3-part one. Each node start costs ~10 s of CPU (imports and
-shard load) and a module's circuit took 30–40 s of the CI's lane before; nothing these modules
-do changes a node (every session is closed; test_pipeline_http checks that none is left open).
+test_codec_http, test_overlay_nodes and test_pipeline_http share the 2-part circuit,
+test_pipeline_http and test_speculation_nodes the uneven 3-part one. Each node start costs
+~3.4 CPU-s (imports and shard load) and a module's circuit took 30–40 s of the CI's lane
+before; nothing these modules do changes a node (every session is closed; test_pipeline_http
+checks that none is left open).
 A node found dead when its circuit is asked for again makes the whole circuit start afresh.
+The lanes of deploy/test.sh run these four modules as one unit (harness/lanes.py
+`PLAIN_CIRCUITS`): apart, in other lanes or in another order, each started its own circuits.
 """
 
 from __future__ import annotations

@@ -65,6 +65,27 @@ def test_a_module_is_one_unit_the_smokes_split_and_the_shared_devnet_is_one_unit
     assert {units[n] for n in smokes} == set(smokes)
 
 
+def test_the_modules_sharing_the_plain_circuits_are_one_unit_in_collection_order() -> None:
+    """tests/integration/conftest.py's circuits are kept for the next module of this unit
+    (2-part: codec_http -> overlay_nodes -> pipeline_http; uneven 3-part: pipeline_http ->
+    speculation_nodes), so the four run in one lane, in that (name) order, and no other module
+    joins them."""
+    modules = [
+        "test_codec_http",
+        "test_overlay_nodes",
+        "test_pipeline_http",
+        "test_speculation_nodes",
+    ]
+    ids = [f"tests/integration/{m}.py::test_x" for m in modules]
+    units = {unit_of(n) for n in ids}
+    assert len(units) == 1
+    (unit,) = units
+    assert unit.split(" + ") == [n.split("::")[0] for n in ids]  # sorted: the collection order
+    assert unit_of("tests/integration/test_node_fuzz.py::test_x") == (
+        "tests/integration/test_node_fuzz.py"
+    )
+
+
 def test_the_queue_gives_the_longest_unit_first_and_ties_by_name() -> None:
     expected = {"b.py": 5.0, "a.py": 5.0, "long.py": 600.0, "short.py": 0.1}
     assert queue_order(expected) == ["long.py", "a.py", "b.py", "short.py"]
