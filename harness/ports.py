@@ -34,7 +34,8 @@ def port_range() -> tuple[int, int]:
     return int(low), int(high)
 
 
-def _free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether 127.0.0.1:`port` can be bound right now."""
     with socket.socket() as probe:
         try:
             probe.bind(("127.0.0.1", port))
@@ -51,7 +52,7 @@ def ephemeral_port() -> int:
     with _HANDED_OUT_LOCK:
         for _ in range(1000):
             port = _DRAW.randint(low, high)
-            if port not in _HANDED_OUT and _free(port):
+            if port not in _HANDED_OUT and port_free(port):
                 _HANDED_OUT.add(port)
                 return port
     raise RuntimeError(f"no free loopback port left in {low}-{high} for this test run")

@@ -9,7 +9,6 @@ listens), stopped.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -17,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness.gateway_net import terminate
 from harness.ports import ephemeral_port
 from protocol.overlay import Hop
 
@@ -43,13 +43,7 @@ class RelayProcess:
             return json.load(response)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        terminate(self.process)
         if self.process.stdout is not None:
             self.process.stdout.close()
         self.log.close()

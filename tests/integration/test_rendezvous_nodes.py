@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from harness.gateway_net import terminate
 from harness.ports import ephemeral_port
 from node.client.circuit import CircuitClient
 from node.client.info import check_circuit
@@ -75,13 +75,7 @@ class RelayProcess:
             return json.load(answer)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        terminate(self.process)
         if self.process.stdout is not None:
             self.process.stdout.close()
         self.log.close()

@@ -25,7 +25,7 @@ def test_ports_come_from_the_lanes_range_distinct_and_free(monkeypatch) -> None:
 def test_a_port_bound_right_now_is_not_free() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
-        assert not ports._free(taken.getsockname()[1])
+        assert not ports.port_free(taken.getsockname()[1])
 
 
 @pytest.mark.parametrize("value", ["10-20", "abc", "20000-10000", "1024-70000"])

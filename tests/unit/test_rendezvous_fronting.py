@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from aiohttp import web
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
-from harness.ports import ephemeral_port
+from harness.ports import ephemeral_port, port_free
 from node.relay.fronting import Fronting, install_fronting
 from node.relay.relay import Relay, create_app
 from node.server.rendezvous import RendezvousLink, RendezvousRelay
@@ -40,17 +39,8 @@ pytestmark = pytest.mark.unit
 def _port_run(count: int) -> int:
     while True:
         first = ephemeral_port()
-        if all(_free(first + i) for i in range(1, count)):
+        if all(port_free(first + i) for i in range(1, count)):
             return first
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 class Setup:
