@@ -188,6 +188,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="empty hosts operator0… for new operators (default 1; ports 18100-18103 open)",
     )
+    hosts.add_argument(
+        "--relay-hosts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="empty hosts relay0… for relays (`planet relay serve --port 9100`, "
+        "--rendezvous-ports 9200-9203; default 0)",
+    )
+    hosts.add_argument(
+        "--nat-hosts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="hosts nat0… behind NAT, each on a private LAN behind its router router0…, "
+        "which masquerades it and lets nothing in (needs iptables; default 0)",
+    )
     up.set_defaults(handler=_up)
     status = sub.add_parser(
         "status",
@@ -252,9 +268,12 @@ def _links(args: argparse.Namespace) -> Any:
     shaping["--link-kbps"] = args.link_kbps
     given = [flag for flag, value in shaping.items() if value is not None]
     if not args.hosts:
-        if given or args.operator_hosts != 1:
+        counts = {"--operator-hosts": args.operator_hosts != 1}
+        counts |= {"--relay-hosts": args.relay_hosts != 0, "--nat-hosts": args.nat_hosts != 0}
+        given += [flag for flag, differs in counts.items() if differs]
+        if given:
             raise UsageError(
-                f"{(given or ['--operator-hosts'])[0]} shapes the hosts' links; it needs --hosts",
+                f"{given[0]} shapes the hosts' links; it needs --hosts",
                 hint="planet devnet up --hosts --link-ms 50",
             )
         return None
@@ -320,6 +339,8 @@ def _up(args: argparse.Namespace) -> int:
         verifiers=args.verifiers,
         hosts=_links(args),
         operator_hosts=args.operator_hosts,
+        relay_hosts=args.relay_hosts,
+        nat_hosts=args.nat_hosts,
         cheat_nodes=tuple(args.cheat_node),
         credit_positions=args.credit_positions,
         gateway_node_cooldown_s=cooldown,

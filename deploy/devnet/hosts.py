@@ -15,6 +15,15 @@ shaped (a flat one-way delay, or an inter-region latency matrix):
                                               and where a user's `planet ask` runs
     operator<i>      18100-18103              empty hosts for new operators (`planet devnet exec
                                               operator0 -- planet stake …`)
+    relay<i>         9100, 9200-9203          empty hosts for relays (--relay-hosts N): `planet
+                                              relay serve --port 9100`, and with
+                                              --rendezvous-ports 9200-9203 the ports of the
+                                              nodes it fronts
+    router<i>        -                        nat<i>'s router (--nat-hosts N): it masquerades
+                                              nat<i>'s LAN and lets in only answers
+    nat<i>           (none inbound)           a host behind that NAT (10.78.<i>.2, outside the
+                                              lab's network): it dials out, nothing dials in;
+                                              a node there joins fronted by a relay
 
 Services bind their host's own address (never 0.0.0.0: netlab's proxies for the other hosts'
 same ports live in every namespace). The nodes' next-hop policy allows exactly the lab's range.
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import signal
@@ -72,6 +82,11 @@ SEAT_PORT = NODE_PORT + 1  # that seat's port there
 GATEWAY_PORT = 8000
 FINDINGS_PORT = 8700  # a validator host's verifier serves its findings to the other verifiers
 OPERATOR_PORTS = tuple(range(18100, 18104))  # exposed on the empty operator hosts
+RELAY_PORT = 9100  # a relay host's `planet relay serve --port`
+RENDEZVOUS_PORTS = (9200, 9203)  # its --rendezvous-ports: the nodes it fronts, one port each
+MAX_RELAY_HOSTS = 8
+MAX_NAT_HOSTS = 4
+NAT_LAN = "10.78.{}.0/30"  # nat<i>'s private LAN behind router<i>
 KEEPER_MODULE = "deploy.devnet.keeper"
 KEEPER_READY_S = 60.0
 KEEPER_STOP_S = 20.0
@@ -170,9 +185,18 @@ class HostsPlan:
     shapes: Mapping[tuple[str, str], Shape]
     regions: Mapping[str, str]  # host -> region (matrix plans only)
     network: IPv4Network = DEFAULT_NETWORK
+    behind_nat: Mapping[str, str] = dataclasses.field(default_factory=dict)  # host -> router
 
 
-def host_names(validators: int, nodes: int, gateway: bool, operators: int) -> list[str]:
+def nat_hosts(count: int) -> dict[str, str]:
+    """nat<i> -> router<i>: the hosts behind NAT and their routers."""
+    return {f"nat{i}": f"router{i}" for i in range(count)}
+
+
+def host_names(
+    validators: int, nodes: int, gateway: bool, operators: int, relays: int = 0, nats: int = 0
+) -> list[str]:
+    """The hosts on the lab's bridge (a NAT host's router among them, the NAT host not)."""
     return [
         "anvil",
         *(f"validator{i}" for i in range(validators)),
@@ -180,19 +204,30 @@ def host_names(validators: int, nodes: int, gateway: bool, operators: int) -> li
         *(["gateway"] if gateway else []),
         CONTROL_HOST,
         *(f"operator{i}" for i in range(operators)),
+        *(f"relay{i}" for i in range(relays)),
+        *nat_hosts(nats).values(),
     ]
 
 
 def plan_hosts(
-    *, validators: int, nodes: int, gateway: bool, operators: int, links: LinkPlan
+    *,
+    validators: int,
+    nodes: int,
+    gateway: bool,
+    operators: int,
+    links: LinkPlan,
+    relays: int = 0,
+    nats: int = 0,
 ) -> HostsPlan:
-    """The lab for a devnet of this size (UsageError for a matrix that does not load)."""
-    names = host_names(validators, nodes, gateway, operators)
+    """The lab for a devnet of this size (UsageError for a matrix that does not load). A NAT
+    host's links are its router's: it reaches the others only through that router's proxies."""
+    names = host_names(validators, nodes, gateway, operators, relays, nats)
     services = {name: ports for name in names if (ports := exposed_ports(name))}
+    behind = nat_hosts(nats)
     if links.link_ms is not None:
         shape = Shape.from_latency(links.link_ms, kbytes_per_s=links.kbytes_per_s)
         shapes = {(a, b): shape for a in names for b in names if a != b}
-        return HostsPlan(tuple(names), services, shapes, {})
+        return HostsPlan(tuple(names), services, shapes, {}, behind_nat=behind)
     try:
         matrix = load_matrix(links.matrix) if links.matrix else default_matrix()
     except OSError as error:
@@ -204,7 +239,7 @@ def plan_hosts(
         raise UsageError(f"--latency-matrix {links.matrix}: {error.message}") from None
     regions = {name: matrix.regions[i % len(matrix.regions)] for i, name in enumerate(names)}
     shapes = link_shapes(matrix, regions, kbytes_per_s=links.kbytes_per_s)
-    return HostsPlan(tuple(names), services, shapes, regions)
+    return HostsPlan(tuple(names), services, shapes, regions, behind_nat=behind)
 
 
 # --- the keeper -----------------------------------------------------------------------------
@@ -241,6 +276,10 @@ def start_lab(plan: HostsPlan, directory: Path, progress: Progress) -> dict[str,
                 "network": str(plan.network),
                 "hosts": list(plan.names),
                 "services": {name: list(ports) for name, ports in plan.services.items()},
+                "behind_nat": [
+                    [name, router, NAT_LAN.format(i)]
+                    for i, (name, router) in enumerate(plan.behind_nat.items())
+                ],
                 "shapes": [
                     [a, b, s.latency_ms, s.jitter_ms, s.kbytes_per_s]
                     for (a, b), s in plan.shapes.items()
@@ -337,6 +376,8 @@ def exposed_ports(host: str) -> tuple[int, ...]:
     what `plan_hosts` exposes and `exec_argv` names to the commands run there."""
     if host.startswith("operator"):
         return OPERATOR_PORTS
+    if host.startswith("relay"):
+        return (RELAY_PORT, *range(RENDEZVOUS_PORTS[0], RENDEZVOUS_PORTS[1] + 1))
     if host == SEAT_HOST:
         return (NODE_PORT, SEAT_PORT)
     if host.startswith("node"):

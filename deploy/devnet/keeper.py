@@ -1,8 +1,11 @@
 """`python -m deploy.devnet.keeper PLAN READY`: own the devnet's hosts until SIGTERM.
 
 PLAN (written by `deploy.devnet.hosts.start_lab`): `{network, hosts: [name…], services: {host:
-[port…]}, shapes: [[from, to, latency_ms, jitter_ms, kbytes_per_s|null]…]}`. The keeper makes
-the hosts (`deploy.netlab.Lab`), starts the shaped links with every service port exposed, and
+[port…]}, shapes: [[from, to, latency_ms, jitter_ms, kbytes_per_s|null]…], behind_nat: [[host,
+router, lan]…]}`. The keeper makes the hosts (`deploy.netlab.Lab`), starts the shaped links with
+every service port exposed, then puts each host of `behind_nat` on its private `lan` behind its
+router (`Lab.add_behind_nat`; after the links, so that host has no proxies of its own: what it
+dials goes through its router's, shaped as the router's, from the router's address), and
 writes READY: `{run_id, network, hosts: {name: {address, netns}}}`, or `{error, hint}` when
 the lab cannot be made. Then it waits; SIGTERM or SIGINT stop the proxies and remove the lab
 (namespaces, veths, bridge, and every process still inside the namespaces). It is the lab's
@@ -41,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         links.apply(
             {(a, b): Shape(latency, jitter, rate) for a, b, latency, jitter, rate in plan["shapes"]}
         )
+        for name, router, lan in plan.get("behind_nat", []):
+            lab.add_behind_nat(name, router, lan=IPv4Network(lan))
     except NetlabError as error:
         lab.down()
         _write(ready_path, {"error": error.message, "hint": error.hint})

@@ -83,6 +83,8 @@ class DevnetOptions:
     cheat_nodes: tuple[str, ...] = ()  # extra nodes joined with a cheat mode (tests, demos)
     hosts: LinkPlan | None = None  # every process in its own network namespace (`--hosts`)
     operator_hosts: int = 1  # with hosts: empty hosts operator0… for new operators
+    relay_hosts: int = 0  # with hosts: empty hosts relay0… for `planet relay serve`
+    nat_hosts: int = 0  # with hosts: hosts nat0… behind NAT (routers router0…)
     # each compute node's price, positions per credit (0: free; None: DEVNET_CREDIT_POSITIONS)
     credit_positions: int | None = None
     # the gateway's `--node-cooldown-s` (None: its own default, 30 s)

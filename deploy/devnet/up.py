@@ -20,7 +20,9 @@ from deploy.devnet.hosts import (
     ANVIL_PORT,
     COMMITTEE_BASE_PORT,
     LOOPBACK_RANGE,
+    MAX_NAT_HOSTS,
     MAX_OPERATOR_HOSTS,
+    MAX_RELAY_HOSTS,
     Placement,
     check_privileges,
     inside,
@@ -74,12 +76,18 @@ def up(options: DevnetOptions, progress: Progress) -> dict[str, Any]:
     if options.hosts is not None:
         if not 0 <= options.operator_hosts <= MAX_OPERATOR_HOSTS:
             raise UsageError(f"--operator-hosts must be 0..{MAX_OPERATOR_HOSTS}")
+        if not 0 <= options.relay_hosts <= MAX_RELAY_HOSTS:
+            raise UsageError(f"--relay-hosts must be 0..{MAX_RELAY_HOSTS}")
+        if not 0 <= options.nat_hosts <= MAX_NAT_HOSTS:
+            raise UsageError(f"--nat-hosts must be 0..{MAX_NAT_HOSTS}")
         hosts_plan = plan_hosts(
             validators=options.validators,
             nodes=options.nodes,
             gateway=options.gateway,
             operators=options.operator_hosts,
             links=options.hosts,
+            relays=options.relay_hosts,
+            nats=options.nat_hosts,
         )
         check_privileges()
     if directory.exists():

@@ -61,6 +61,17 @@ def test_plan_flat_links_every_ordered_pair_and_exposes_each_service() -> None:
     assert CONTROL_HOST not in plan.services  # the user host serves nothing
 
 
+def test_plan_relay_hosts_and_nat_hosts_behind_their_routers() -> None:
+    plan = plan_hosts(
+        validators=1, nodes=1, gateway=False, operators=0, links=LinkPlan(50), relays=2, nats=1
+    )
+    assert plan.names[-3:] == ("relay0", "relay1", "router0")  # on the bridge
+    assert "nat0" not in plan.names and plan.behind_nat == {"nat0": "router0"}
+    assert plan.services["relay1"] == (9100, 9200, 9201, 9202, 9203)  # serve, rendezvous ports
+    assert "router0" not in plan.services  # a router serves nothing; nat0 takes nothing in
+    assert ("nat0", "router0") not in plan.shapes  # nat0's links are its router's
+
+
 def test_plan_matrix_places_hosts_in_regions_in_turn(tmp_path: Path) -> None:
     matrix = tmp_path / "m.csv"
     matrix.write_text("from/to,east,west\neast,1,40\nwest,60,2\n")
@@ -114,6 +125,10 @@ def test_placement_runs_argv_in_the_host_or_on_loopback() -> None:
         (["--hosts", "--link-kbps", "0"], "--link-kbps must be at least 1"),
         (["--hosts", "--latency-matrix", "/no/such.csv"], "--latency-matrix /no/such.csv: no"),
         (["--hosts", "--operator-hosts", "9"], "--operator-hosts must be 0..8"),
+        (["--relay-hosts", "3"], "--relay-hosts shapes the hosts' links; it needs --hosts"),
+        (["--nat-hosts", "1"], "--nat-hosts shapes the hosts' links; it needs --hosts"),
+        (["--hosts", "--relay-hosts", "9"], "--relay-hosts must be 0..8"),
+        (["--hosts", "--nat-hosts", "5"], "--nat-hosts must be 0..4"),
     ],
 )
 def test_devnet_up_host_flag_mistakes_are_usage_errors(
