@@ -15,7 +15,7 @@ def test_ports_come_from_the_lanes_range_distinct_and_free(monkeypatch) -> None:
     busy = 20_003  # bound by another program
     monkeypatch.setenv("PLANET_TEST_PORTS", "20000-20007")
     monkeypatch.setattr(ports, "_HANDED_OUT", set())
-    monkeypatch.setattr(ports, "_free", lambda port: port != busy)
+    monkeypatch.setattr(ports, "port_free", lambda port: port != busy)
     drawn = [ports.ephemeral_port() for _ in range(7)]
     assert sorted(drawn) == [p for p in range(20_000, 20_008) if p != busy]
     with pytest.raises(RuntimeError, match="no free loopback port"):
