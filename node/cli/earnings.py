@@ -334,6 +334,15 @@ def _print_relay(relay: RelayEarnings, account: str, epoch: int) -> None:
     )
 
 
+def _earn_how(config: Any) -> str:
+    """How this home earns: a relay's home by the credits it redeems, any other by serving."""
+    from node.cli.relay_earnings import read_relay
+
+    if read_relay(config.committee_rpc, config.node_key_path) is not None:
+        return "keep `planet relay serve` running: the credits it redeems are paid at the close"
+    return "serve questions"
+
+
 def _claim(args: argparse.Namespace) -> int:
     config = _config(args)
     account = _account(config)
@@ -346,11 +355,10 @@ def _claim(args: argparse.Namespace) -> int:
         due = [row for row in rows if row.state(now) == "claimable"]
         if not due:
             waiting = [row for row in rows if row.state(now) not in ("claimed", "disputed")]
-            hint = (
-                f"epoch {waiting[0].epoch} is {waiting[0].state(now)}: see `planet earnings`"
-                if waiting
-                else "serve questions; `planet earnings` shows what each epoch paid"
-            )
+            if waiting:
+                hint = f"epoch {waiting[0].epoch} is {waiting[0].state(now)}: see `planet earnings`"
+            else:
+                hint = f"{_earn_how(config)}; `planet earnings` shows what each epoch paid"
             raise NothingToClaim("nothing to claim for " + account, hint=hint)
     chain = _chain(config, _password(config))
     for row in due:

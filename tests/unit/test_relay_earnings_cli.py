@@ -196,6 +196,31 @@ def test_a_node_home_or_a_home_without_a_committee_key_has_no_relay_part(
     assert "relay" not in json.loads(earnings(stranger, capsys, "--json"))
 
 
+def test_claim_with_nothing_due_tells_a_relay_to_keep_relaying_and_a_node_to_serve(
+    chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`planet claim` with no epoch at all: the hint says how this home earns (a relay does not
+    serve questions)."""
+    from tests.committee_chain import seeded_key
+
+    relay = add_relay(chain, LABEL)
+    homes = {
+        "relay": home_of(tmp_path, LABEL, relay.verify_key.encode().hex()),
+        "node": home_of(
+            tmp_path, "credit-node", seeded_key("credit-node").verify_key.encode().hex()
+        ),
+    }
+    for kind, home in homes.items():
+        argv = ["claim", "--home", str(home), "--committee-rpc", "http://committee.invalid"]
+        assert main(argv) != 0
+        err = capsys.readouterr().err
+        assert "nothing to claim" in err, err
+        if kind == "relay":
+            assert "planet relay serve" in err and "serve questions" not in err, err
+        else:
+            assert "serve questions" in err and "relay" not in err, err
+
+
 @pytest.mark.parametrize(
     ("answer", "text"),
     [
