@@ -41,6 +41,10 @@ reach every routable node, unpredictably.
 
 Before a node is used the first time (and again after `VERIFY_TTL_S`) its `/info` must name
 this model's hash, the shard and the shard's layers from the manifest.
+Every /info and health read goes through the router's `info` reader (node/gateway/node_info.py):
+directly (pinned), or for a personal client with `--relays` as INFO link messages over relay
+paths, so no request reaches a node from the user's address (issue 43); over the overlay the
+background refresh runs at most every 30 s per node instead of 2 s.
 Nodes that failed a question sit out `cooldown_s` locally (`COOLDOWN_S`, 30 s, unless the
 operator sets `--node-cooldown-s`; they stay on chain until the committee marks them DOWN).
 
