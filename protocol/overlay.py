@@ -40,7 +40,10 @@ messages, each dispersed into n cloves (one per path) and recovered from any k:
     message = link id (16) ‖ sequence u64 ‖ kind u8 ‖ body
       kind 1 TEXT (a control message of the stream), 2 BINARY (a frame), 3 CLOSE (body empty),
            4 ACK (node to client only: the cloves of this link the node received per clove
-             index, `protocol.relay_pay.Acks`; what the client pays each path's relays for)
+             index, `protocol.relay_pay.Acks`; what the client pays each path's relays for),
+           5 INFO_ASK (client to node, body empty: the node's GET /info, asked over the link),
+           6 INFO (node to client: that /info, a JSON object of at most MAX_INFO_BYTES;
+             `parse_info` reads it)
 
 The receiver delivers messages in sequence order (they can be recovered out of order when
 paths differ in latency). Integers are big-endian; every parser here is strict.
@@ -48,11 +51,12 @@ paths differ in latency). Integers are big-endian; every parser here is strict.
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Final
+from typing import Any, Final
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
@@ -75,6 +79,7 @@ PAY_BYTES: Final = 4096  # a pay note for the last relay of a path with every la
 _CELL: Final = struct.Struct(">BQ")
 _MESSAGE: Final = struct.Struct(">16sQB")
 _SETUP_NONCE: Final = b"planet-overlay/1"  # ChaCha20's 16-byte nonce (counter ‖ nonce)
+MAX_INFO_BYTES: Final = 64 * 1024  # an INFO answer (as a direct /info answer is read)
 FORWARD: Final = 1
 BACKWARD: Final = 2
 
@@ -103,6 +108,12 @@ class LayerInvalid(OverlayError):
     altered, replayed, dropped before it or reordered."""
 
     code = "layer_invalid"
+
+
+class InfoInvalid(OverlayError):
+    """An INFO answer that is not a JSON object of at most MAX_INFO_BYTES."""
+
+    code = "overlay_info_invalid"
 
 
 class CellKind(IntEnum):
@@ -281,6 +292,8 @@ class MessageKind(IntEnum):
     BINARY = 2
     CLOSE = 3
     ACK = 4
+    INFO_ASK = 5
+    INFO = 6
 
 
 @dataclass(frozen=True)
@@ -303,14 +316,29 @@ class LinkMessage:
         except ValueError:
             raise CellMalformed("link message kind", str(kind)) from None
         body = bytes(data[_MESSAGE.size :])
-        if kind is MessageKind.CLOSE and body:
-            raise CellMalformed("close", "carries a body")
+        if kind in (MessageKind.CLOSE, MessageKind.INFO_ASK) and body:
+            raise CellMalformed(kind.name.lower(), "carries a body")
+        if kind is MessageKind.INFO:
+            parse_info(body)
         if kind is MessageKind.TEXT:
             try:
                 body.decode("utf-8")
             except UnicodeDecodeError:
                 raise CellMalformed("text message", "not UTF-8") from None
         return cls(link, sequence, kind, body)
+
+
+def parse_info(body: bytes) -> dict[str, Any]:
+    """An INFO message's body as the JSON object it must be, or InfoInvalid."""
+    if len(body) > MAX_INFO_BYTES:
+        raise InfoInvalid("info", f"{len(body)} bytes is more than {MAX_INFO_BYTES}")
+    try:
+        value = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise InfoInvalid("info", "not UTF-8 JSON") from None
+    if not isinstance(value, dict):
+        raise InfoInvalid("info", f"a JSON {type(value).__name__}, not an object")
+    return value
 
 
 class InOrder:

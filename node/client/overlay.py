@@ -49,12 +49,14 @@ from protocol.overlay import (
     Cell,
     CellKind,
     Hop,
+    InfoInvalid,
     InOrder,
     LinkMessage,
     MessageKind,
     OverlayError,
     build_onion,
     new_path_id,
+    parse_info,
     unwrap_backward,
     wrap_forward,
 )
@@ -186,6 +188,7 @@ class OverlayLink:
         self.acks = 0  # acknowledgements received
         self._acked = asyncio.Event()  # set by each acknowledgement
         self._paying: set[asyncio.Task[None]] = set()
+        self._info: asyncio.Future[dict[str, Any]] | None = None  # an INFO_ASK's answer
 
     async def __aenter__(self) -> OverlayLink:
         try:
@@ -259,6 +262,7 @@ class OverlayLink:
                 path.created.set_exception(UnavailableError("the path was torn down"))
             if not self.closed and sum(p.alive for p in self.paths) < self.k:
                 self.inbox.put_nowait(None)
+                self._no_info(ConnectionResetError("the overlay link ended before the INFO"))
 
     def _clove(self, raw: bytes) -> None:
         try:
@@ -270,16 +274,27 @@ class OverlayLink:
             return
         if whole is None:
             return
-        message = LinkMessage.from_bytes(whole)
+        try:
+            message = LinkMessage.from_bytes(whole)
+        except InfoInvalid as error:  # whole, so from the node (k paths agree): refused by name
+            log.info("overlay: refused the node's INFO: %s", error.message)
+            self._no_info(error)
+            return
         if message.link != self.ident:
             return
         ready = self.order.add(message)
         if ready is None:  # a gap that never fills: the link is over
             self.inbox.put_nowait(None)
+            self._no_info(ConnectionResetError("the overlay link ended before the INFO"))
             return
         for one in ready:
             if one.kind is MessageKind.ACK:
                 self._acknowledged(one.body)
+            elif one.kind is MessageKind.INFO:
+                if self._info is not None and not self._info.done():
+                    self._info.set_result(parse_info(one.body))  # checked by from_bytes
+            elif one.kind is MessageKind.INFO_ASK:
+                continue  # the client's own kind: a node does not send it
             elif one.kind is MessageKind.TEXT:
                 self.inbox.put_nowait(
                     aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, one.body.decode(), None)
@@ -402,6 +417,20 @@ class OverlayLink:
                 self.bytes_sent += len(cell)
             if sum(p.alive for p in self.paths) < self.k:
                 raise ConnectionResetError("fewer than k overlay paths are left")
+
+    async def info(self) -> dict[str, Any]:
+        """The node's GET /info, asked over this link (an INFO_ASK the node's door answers
+        with an INFO: the node sees the exits, never this client). ConnectionResetError when
+        the link ends first; the caller bounds the wait."""
+        self._info = asyncio.get_running_loop().create_future()
+        if sum(p.alive for p in self.paths) < self.k:
+            raise ConnectionResetError("fewer than k overlay paths are left")
+        await self._send(MessageKind.INFO_ASK, b"")
+        return await self._info
+
+    def _no_info(self, error: Exception) -> None:
+        if self._info is not None and not self._info.done():
+            self._info.set_exception(error)
 
     def suspects(self) -> set[str]:
         """URLs of the relays on paths that failed, or that stayed silent while another path

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from node.client.failover import FAILURES, FailoverPolicy, generate, unhealthy_hops
+from node.client.failover import FAILURES, FailoverPolicy, generate
 from node.client.paying import FINAL_PAYMENT_ERRORS
 from node.client.sampling import SamplingConfig
 from node.client.speculation import SpeculationConfig
@@ -105,8 +105,12 @@ class RouterCircuits:
     async def probe(self) -> set[int]:
         if not self.circuits:
             return set()
-        hops = [Hop(url=n.endpoint, shard=n.shard, key=n.key) for n in self.circuits[-1].nodes]
-        return await unhealthy_hops(self.router.http, hops, self.probe_timeout_s)
+        nodes = self.circuits[-1].nodes
+        # through the router's reader of nodes (over the overlay with --relays: issue 43)
+        answers = await asyncio.gather(
+            *(self.router.info.healthy(n.endpoint, n.key, self.probe_timeout_s) for n in nodes)
+        )
+        return {index for index, ok in enumerate(answers) if not ok}
 
 
 def served_circuit(circuits: Sequence[Circuit], served: Sequence[int]) -> Circuit:

@@ -44,6 +44,7 @@ from node.gateway.app import Gateway, create_app
 from node.gateway.config import GatewayConfig
 from node.gateway.guards import Guards
 from node.gateway.models import routes_after_first
+from node.gateway.node_info import OverlayInfo
 from node.gateway.personal_guard import personal_guard
 from node.gateway.personal_token import default_token_file, load_or_create
 from node.gateway.run import committee_router, listen, model_infos, node_session
@@ -192,6 +193,9 @@ async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gate
     prices: dict[str, int] = {}  # every model's nodes' prices, by endpoint: one payer reads them
     parties: dict[str, bytes] = {}  # and the parties their credits are assigned to
     guards = Guards(settings.guards_file, manifests[0].model_hash)  # one file, every model
+    # with relays, the routers read nodes' /info and health over them too (issue 43): no
+    # request of this client reaches a node from the user's address
+    info = None if settings.overlay is None else OverlayInfo(settings.overlay, http)
     routers = [
         committee_router(
             config,
@@ -203,6 +207,7 @@ async def build(config: GatewayConfig, settings: PersonalSettings) -> tuple[Gate
             guards=guards.sibling(manifest.model_hash) if index else guards,
             prices=prices,
             parties=parties,
+            info=info,
         )
         for index, manifest in enumerate(manifests)
     ]

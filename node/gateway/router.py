@@ -41,6 +41,10 @@ reach every routable node, unpredictably.
 
 Before a node is used the first time (and again after `VERIFY_TTL_S`) its `/info` must name
 this model's hash, the shard and the shard's layers from the manifest.
+Every /info and health read goes through the router's `info` reader (node/gateway/node_info.py):
+directly (pinned), or for a personal client with `--relays` as INFO link messages over relay
+paths, so no request reaches a node from the user's address (issue 43); over the overlay the
+background refresh runs at most every 30 s per node instead of 2 s.
 Nodes that failed a question sit out `cooldown_s` locally (`COOLDOWN_S`, 30 s, unless the
 operator sets `--node-cooldown-s`; they stay on chain until the committee marks them DOWN).
 
@@ -72,6 +76,7 @@ from node.client.costs import CostBook, prefix_preference
 from node.gateway.config import NODE_COOLDOWN_S
 from node.gateway.errors import NoCircuit
 from node.gateway.guards import ROUTES, Guards
+from node.gateway.node_info import DirectInfo, InfoFetcher, InfoUnavailable
 from node.links import NodeKeyPin, link_ssl
 from node.server.next_hops import is_ip_literal, is_public_address
 from protocol.committee.credit_holder import node_party
@@ -203,6 +208,7 @@ class Router:
         cooldown_s: float = COOLDOWN_S,
         prices: dict[str, int] | None = None,
         parties: dict[str, bytes] | None = None,
+        info: InfoFetcher | None = None,
     ) -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, not {route!r}")
@@ -220,6 +226,11 @@ class Router:
         self.model_hash = model_hash
         self.shard_layers = tuple(shard_layers)
         self.http = http
+        # how nodes' /info and health are read: directly, or over the user's relay paths
+        # (node/gateway/node_info.py; the personal client with --relays): the only way this
+        # router reaches a node
+        self.info = info or DirectInfo(http)
+        self._observed: dict[str, float] = {}  # endpoint -> when its stats were last read
         # endpoint → positions one credit pays for there (its price on the committee chain,
         # checked against its /info; 0: free, or no price and free by its /info; absent: no
         # price on the chain, refused `price_unregistered`): what the gateway's credit payer
@@ -287,15 +298,12 @@ class Router:
             return False
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(VERIFY_TIMEOUT_S):
-                async with self.http.get(
-                    f"{node.endpoint}/info", ssl=pin, allow_redirects=False
-                ) as answer:
-                    info = await answer.json(content_type=None) if answer.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            info = await self.info.info(node.endpoint, node.key, pin, self.info.timeout_s)
+        except InfoUnavailable as error:
             log.warning("node unreachable endpoint=%s error=%s", node.endpoint, error)
             self.mark_failed(node)
             return False
+        self._observed[node.endpoint] = time.monotonic()
         self.costs.observe_info(node.endpoint, info, time.perf_counter() - started)
         expected = list(self.shard_layers[node.shard])
         if (
@@ -510,17 +518,23 @@ class Router:
         for node in nodes:
             if node not in self._verified or not self.costs.stale(node.endpoint):
                 continue
+            last = self._observed.get(node.endpoint)
+            if last is not None and time.monotonic() - last < self.info.observe_s:
+                continue  # read less often than the stats go stale (over the overlay: 30 s)
             task = self._observing.get(node.endpoint)
             if task is None or task.done():
                 self._observing[node.endpoint] = asyncio.create_task(self._observe(node))
 
     async def _observe(self, node: RoutableNode) -> None:
+        self._observed[node.endpoint] = time.monotonic()
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(VERIFY_TIMEOUT_S):
-                async with self.http.get(f"{node.endpoint}/info", allow_redirects=False) as answer:
-                    info = await answer.json(content_type=None) if answer.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+            # directly: unpinned, as this refresh always was (aiohttp's default verification,
+            # which a node's self-signed https certificate fails: only http:// nodes are
+            # refreshed here; pinning it changes the hosted gateway's routing, left to its own
+            # change); over the overlay the exits pin the node key
+            info = await self.info.info(node.endpoint, node.key, True, self.info.timeout_s)
+        except InfoUnavailable:
             self.costs.observe_failure(node.endpoint)
             return
         self.costs.observe_info(node.endpoint, info, time.perf_counter() - started)
@@ -547,21 +561,14 @@ class Router:
 
     async def probe(self, circuit: Circuit) -> None:
         """After a failed question: put every node of `circuit` that does not answer /health
-        in cooldown."""
+        (over the overlay: its INFO) in cooldown."""
 
         async def one(node: RoutableNode) -> None:
             pin = self._pin(node)
             if pin is None:
                 return
-            try:
-                async with asyncio.timeout(2):
-                    async with self.http.get(
-                        f"{node.endpoint}/health", ssl=pin, allow_redirects=False
-                    ) as answer:
-                        if answer.status == 200:
-                            return
-            except (aiohttp.ClientError, TimeoutError):
-                pass
+            if await self.info.healthy(node.endpoint, node.key, 2.0):
+                return
             self.mark_failed(node)
 
         await asyncio.gather(*(one(n) for n in circuit.nodes))

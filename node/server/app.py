@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,6 +29,7 @@ from aiohttp import web
 from node.server.backend import ShardBackend
 from node.server.batcher import Batcher
 from node.server.config import ServerConfig
+from node.server.info_body import info_body
 from node.server.overlay import install_overlay
 from node.server.payments import install_payments
 from node.server.prefix_cache import install_prefix_cache
@@ -38,8 +38,6 @@ from node.server.shards import install_chunks
 from node.server.state import CONFIG_KEY, STATE_KEY, NodeState
 from node.server.stream import close_links, close_streams, stream
 from protocol.errors import PlanetError
-from protocol.frames.header import FRAME_VERSION
-from protocol.numerics import NUMERICS
 
 log = logging.getLogger(__name__)
 
@@ -75,78 +73,7 @@ async def error_middleware(
 
 # ----------------------------------------------------------------------------------- handlers
 async def info(request: web.Request) -> web.Response:
-    config = request.app[CONFIG_KEY]
-    state = request.app[STATE_KEY]
-    backend = state.backend
-    uptime = time.monotonic() - state.started_s
-    return web.json_response(
-        {
-            "model": backend.model_id,
-            "model_hash": backend.model_hash,
-            # the key its credits must be assigned to (docs/credits.md; None: it has none)
-            "node_key": state.node_key,
-            "shard": backend.shard_id,
-            "layers": list(backend.layers),
-            "hidden_size": backend.hidden_size,
-            "quant": backend.quant,
-            "device": backend.device,
-            "protocol_version": FRAME_VERSION,
-            # the numerics its shard computes with (protocol/numerics.py): verifiers compare
-            # its outputs bitwise only when theirs is the same
-            "numerics": NUMERICS,
-            "sessions": len(state.store),
-            "cache_bytes": state.store.total_cache_bytes,
-            "peers": state.store.peers(),
-            "max_sessions": config.max_sessions,
-            "max_cache_bytes": config.max_cache_bytes,
-            "max_sessions_per_peer": state.store.max_sessions_per_peer,
-            "max_cache_bytes_per_peer": state.store.max_cache_bytes_per_peer,
-            "max_inflight_per_peer": config.max_inflight_per_peer,
-            "idle_timeout_s": config.idle_timeout_s,
-            "next_hops": config.next_hops.mode,  # the policy only, never its URLs
-            # positions one credit pays for on this node (0: free; node/server/payments.py):
-            # its price registered on the chain once read (node/server/chain_price.py)
-            "credit_positions": config.credit_positions
-            if state.payments is None
-            else state.payments.positions,
-            "credits": None
-            if state.payments is None
-            else {
-                "accepted": state.payments.accepted,
-                "refused": state.payments.refused,
-                # sessions stopped credit_double_spent (node/server/credit_locks.py)
-                "double_spent": state.payments.double_spent,
-            },
-            "load": {
-                "in_flight": state.in_flight,
-                "forwards": state.forwards,
-                "tokens": state.tokens,
-                # decode forwards and their compute time (clients' cost models read these)
-                "decode_batches": state.batcher.stats.decode_batches,
-                "decode_s": round(state.batcher.stats.decode_s, 6),
-                "busy_fraction": (
-                    round(state.batcher.stats.busy_s / uptime, 4) if uptime > 0 else 0.0
-                ),
-                "queued": state.batcher.queued,
-                "batches": state.batcher.stats.batches,
-                "batched_rows": state.batcher.stats.rows,
-                "largest_batch": state.batcher.stats.largest_batch,
-                "stream_bytes_in": state.stream_bytes_in,
-                "stream_bytes_out": state.stream_bytes_out,
-                "stream_bytes_forwarded": state.stream_bytes_forwarded,
-            },
-            # prefix cache counters (node/server/prefix_cache.py; null: none on this node)
-            "prefix_cache": None if state.prefix is None else state.prefix.summary(),
-            # the route keys of prompt prefixes it holds (protocol/prefix_routes.py)
-            "prefix_routes": None if state.prefix is None else state.prefix.routes(),
-            # links to next hops (node/server/link_pool.py): open now, and handshakes so far
-            "links": state.links.info() if state.links is not None else None,
-            "max_batch": config.max_batch,
-            "max_queued": config.max_queued,
-            "uptime_s": round(uptime, 1),
-            "instance": state.instance,
-        }
-    )
+    return web.json_response(info_body(request.app[STATE_KEY], request.app[CONFIG_KEY]))
 
 
 async def health(request: web.Request) -> web.Response:

@@ -16,6 +16,10 @@ back as an ACK link message (`protocol.relay_pay.Acks`) every ACK_EVERY messages
 once more when the link ends (the client's CLOSE): what the client pays each path's relays
 for. A clove counts once however often an exit repeats it.
 
+INFO (issue 43): an INFO_ASK on a link is answered with an INFO link message holding what GET
+/info answers (node/server/info_body.py), so a client on the overlay reads a node's /info
+without its address reaching the node. A link that only asks INFO opens no session.
+
 The node sees exits' addresses and path ids, never the client's. Sessions opened over the
 overlay count against the caller `overlay:<link id>` (a link is as much of a caller as an
 address is; each costs its user n paths of relays).
@@ -28,7 +32,7 @@ import contextlib
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -36,11 +40,20 @@ import aiohttp
 from aiohttp import web
 
 from node.server.config import ServerConfig
+from node.server.info_body import info_body
 from node.server.state import CONFIG_KEY, STATE_KEY, NodeState
 from node.server.stream import serve_link
 from protocol import sida
 from protocol.errors import ProtocolError
-from protocol.overlay import Cell, CellKind, InOrder, LinkMessage, MessageKind, OverlayError
+from protocol.overlay import (
+    MAX_INFO_BYTES,
+    Cell,
+    CellKind,
+    InOrder,
+    LinkMessage,
+    MessageKind,
+    OverlayError,
+)
 from protocol.relay_pay import Acks
 
 log = logging.getLogger(__name__)
@@ -68,6 +81,8 @@ class OverlayLink:
     received: list[int] = field(default_factory=list)  # distinct clove bytes per clove index
     delivered: int = 0  # messages handed to serve_link (or ended it)
     acks: set[asyncio.Task[None]] = field(default_factory=set)
+    # what an INFO_ASK is answered with (the node's /info body); None: INFO_ASK is ignored
+    info: Callable[[], dict[str, Any]] | None = None
 
     def count(self, index: int, n: int, size: int) -> None:
         """One more distinct clove of index `index` (of a message with `n` cloves), `size`
@@ -88,6 +103,21 @@ class OverlayLink:
             with contextlib.suppress(ConnectionError):
                 await self._send(MessageKind.ACK, acks.to_bytes())
 
+    async def send_info(self) -> None:
+        """Answer an INFO_ASK: the node's /info body as an INFO message."""
+        assert self.info is not None
+        body = json.dumps(self.info()).encode()
+        if len(body) > MAX_INFO_BYTES:  # the client would refuse it: say so here instead
+            log.warning("overlay: /info is %d bytes, more than an INFO carries", len(body))
+            return
+        with contextlib.suppress(ConnectionError):
+            await self._send(MessageKind.INFO, body)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.acks.add(task)
+        task.add_done_callback(self.acks.discard)
+
     def add_path(self, ws: web.WebSocketResponse, path: int) -> None:
         if (ws, path) not in self.paths and len(self.paths) < MAX_PATHS_PER_LINK:
             self.paths.append((ws, path))
@@ -102,11 +132,13 @@ class OverlayLink:
         for one in ready:
             self.delivered += 1
             if self.delivered % ACK_EVERY == 0 and one.kind is not MessageKind.CLOSE:
-                task = asyncio.get_running_loop().create_task(self.send_ack())
-                self.acks.add(task)
-                task.add_done_callback(self.acks.discard)
-            if one.kind is MessageKind.ACK:
-                continue  # the node's own kind: a client does not send it
+                self._spawn(self.send_ack())
+            if one.kind in (MessageKind.ACK, MessageKind.INFO):
+                continue  # the node's own kinds: a client does not send them
+            if one.kind is MessageKind.INFO_ASK:
+                if self.info is not None:
+                    self._spawn(self.send_info())
+                continue
             if one.kind is MessageKind.CLOSE:
                 self.inbox.put_nowait(None)
             elif one.kind is MessageKind.TEXT:
@@ -155,9 +187,12 @@ class OverlayDoor:
         state: NodeState,
         config: ServerConfig,
         serve: Callable[[OverlayLink, str], Awaitable[None]] | None = None,
+        info: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.state = state
         self.config = config
+        # what an INFO_ASK gets (the node's /info body; tests give their own)
+        self.info = info or (lambda: info_body(state, config))
         # what a link gets: the stream protocol's serve_link (tests give their own)
         self.serve = serve or (lambda link, caller: serve_link(state, config, link, caller))
         self.collector = sida.Collector()
@@ -196,7 +231,7 @@ class OverlayDoor:
         if link is None:
             if len(self.links) >= MAX_LINKS:
                 raise OverlayError("link", f"this node serves {MAX_LINKS} overlay links already")
-            link = OverlayLink(message.link, clove.k)
+            link = OverlayLink(message.link, clove.k, info=self.info)
             self.links[message.link] = link
             link.task = asyncio.create_task(self._serve(link))
         self.owner[clove.message_id] = message.link

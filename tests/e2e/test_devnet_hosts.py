@@ -21,8 +21,8 @@ listed routable at its port on that relay and answers a question whose circuit n
 the loopback text; the personal client in the user host over the overlay (`--relays chain
 --overlay 3,2,1`), asked by the official `openai` client, answers the loopback text while a
 capture on the bridge shows no question, answer or word of them in clear at any relay's host.
-The capture also shows the user's host exchanging packets with the first node's: the client's
-router reads every node's /info directly (a strict xfail until that rides the overlay too).
+The capture also shows the user's host exchanging no packet with the first node's: the client's
+router reads every node's /info over the relays too (INFO link messages, issue 43).
 Cost, measured on the shared 2-core box: the module 160 s wall before these, 263 s with them;
 CPU (pytest's process tree + the devnet's detached processes) about 117 s before, 194 s after.
 
@@ -584,16 +584,11 @@ def test_hosts_personal_client_over_the_overlay_has_the_loopback_text_and_relays
         assert clear.encode() not in at_relays, clear
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the personal client's router (node/gateway/router.py) reads every node's /info "
-    "directly, not over the overlay: to verify it before first use, check its price, and "
-    "refresh its load every 2 s; the stream itself rides the relays (issue 43)",
-)
 def test_hosts_personal_client_over_the_overlay_hides_the_user_from_the_first_node(
     overlay_question,
 ) -> None:
-    """During the question, the first node's host exchanges no packet with the user's host."""
+    """During the question, the first node's host exchanges no packet with the user's host:
+    the router's /info reads ride the relays too (INFO link messages, issue 43)."""
     flows, addresses = overlay_question["flows"], overlay_question["addresses"]
     first, user = overlay_question["first"], addresses["user"]
     assert first in {addresses[f"node{i}"] for i in range(3)}, first

@@ -32,6 +32,7 @@ import pytest
 from eth_utils import keccak
 from nacl.signing import SigningKey
 
+from harness.connect_log import connect_logging, connected_ports
 from harness.gateway_net import Committee, ephemeral_port, start_committee, wait_for
 from harness.personal_client import PersonalClient, personal_client
 from harness.relays import relays, write_relays_file
@@ -403,6 +404,46 @@ def test_the_personal_client_over_the_overlay_answers_the_same_through_relays(ne
         assert not list((home / "relay-credits").glob("*.json"))  # nothing left held
 
 
+def test_the_personal_client_over_the_overlay_connects_to_no_node(net) -> None:
+    """Issue 43: with `--relays` every request the personal client makes to a node rides the
+    relays — the question and answer, and its router's /info reads (verify, price, load) too.
+    Every socket connect of the real client process is recorded (a Python audit hook): over
+    the overlay it connects to relays and never to a node's port; the same client without
+    relays connects to the nodes (the recording sees them)."""
+    import openai
+
+    credits_file = net["root"] / "unseen-credits.json"
+    _buy(net, 30, credits_file)
+    model = json.loads(net["manifest"].read_text())["model_id"]
+    node_ports = {int(node.url.rsplit(":", 1)[1]) for node in net["nodes"]}
+
+    def ask(client: PersonalClient) -> str:
+        api = openai.OpenAI(base_url=client.base_url, api_key=client.token, max_retries=0)
+        whole = api.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": PROMPT}],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+        )
+        return whole.choices[0].message.content or ""
+
+    direct_log = net["root"] / "connects-direct.txt"
+    with _personal_client(net, credits_file, connects=direct_log) as client:
+        direct = ask(client)
+    assert node_ports <= set(connected_ports(direct_log))  # the recording sees nodes
+    overlay_log = net["root"] / "connects-overlay.txt"
+    with relays(4, net["root"] / "relays-unseen") as started:
+        listed = write_relays_file(net["root"] / "relays-unseen.txt", started)
+        overlay = ("--relays", str(listed), "--overlay", "4,3,1")
+        with _personal_client(net, credits_file, extra=overlay, connects=overlay_log) as client:
+            overlaid = ask(client)
+        relay_ports = {int(relay.url.rsplit(":", 1)[1]) for relay in started}
+    assert overlaid == direct and direct
+    ports = set(connected_ports(overlay_log))
+    assert relay_ports <= ports  # every relay was a first hop of some path
+    assert not ports & node_ports, sorted(ports & node_ports)  # no node reached directly
+
+
 def _register_relay(
     committee: Committee, home: Path, relay: Any, i: int, *, wait: bool
 ) -> SigningKey:
@@ -475,12 +516,19 @@ def test_a_verifier_challenges_charging_nodes_through_its_own_personal_client(ne
 
 @contextmanager
 def _personal_client(
-    net: dict[str, Any], credits_file: Path, route: str | None = None, extra: tuple = ()
+    net: dict[str, Any],
+    credits_file: Path,
+    route: str | None = None,
+    extra: tuple = (),
+    connects: Path | None = None,
 ) -> Iterator[PersonalClient]:
     """`planet gateway serve --personal` paying from `credits_file`, serving; yields its port
-    and token (one token file for every start: `$PLANET_HOME/personal-token`)."""
+    and token (one token file for every start: `$PLANET_HOME/personal-token`); `connects`:
+    where its every socket connect is recorded (harness/connect_log.py)."""
     home = net["root"] / "personal-home"
     env = {**os.environ, "PLANET_HOME": str(home)}
+    if connects is not None:
+        env = connect_logging(env, net["root"] / "connect-hook", connects)
     with personal_client(
         net["manifest"],
         net["committee"].rpc,
