@@ -32,6 +32,8 @@ from protocol.overlay import (
     MessageKind,
     parse_info,
 )
+from tests.unit.test_relay_paid_paths import FakeConfig
+from tests.unit.test_relay_paid_paths import Net as RelayNet
 
 pytestmark = pytest.mark.unit
 
@@ -87,26 +89,15 @@ def node_info(shard: int = 0) -> dict[str, Any]:
     return {"model_hash": MODEL, "shard": shard, "layers": [0, 30], "credit_positions": 0}
 
 
-class Net:
+class Net(RelayNet):
     """A node (only its overlay door, plus a /info and /health that count direct readers) and
     relays in front of it; `seen`: every URL the client's HTTP session asked for."""
 
     def __init__(self) -> None:
-        self.runners: list[web.AppRunner] = []
-        self.relays: list[Relay] = []
-        self.hops: list[Hop] = []
-        self.node_url = ""
+        super().__init__()
         self.direct = 0  # requests that reached the node other than its overlay door
         self.asked = 0  # INFO_ASKs the door answered
         self.seen: list[str] = []
-
-    async def serve(self, app: web.Application) -> str:
-        runner = web.AppRunner(app, shutdown_timeout=0.2)
-        await runner.setup()
-        port = ephemeral_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        self.runners.append(runner)
-        return f"http://127.0.0.1:{port}"
 
     def info(self) -> dict[str, Any]:
         self.asked += 1
@@ -146,16 +137,6 @@ class Net:
 
     def to_node(self) -> list[str]:
         return [url for url in self.seen if url.startswith(self.node_url)]
-
-    async def stop(self) -> None:
-        for relay in self.relays:
-            await relay.close()
-        for runner in reversed(self.runners):
-            await runner.cleanup()
-
-
-class FakeConfig:
-    max_request_bytes = 4 * 1024 * 1024
 
 
 @contextlib.asynccontextmanager
