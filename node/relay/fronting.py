@@ -290,7 +290,8 @@ async def dialback(request: web.Request) -> web.Response:
     request came from is dialled, so the relay cannot be sent at anyone else; nothing is sent
     on the connection."""
     text = request.query.get("port", "")
-    if not text.isdigit() or not 0 < int(text) < 65536 or len(text) > 5:
+    # ASCII digits only: str.isdigit takes "８０" and int() reads it as 80
+    if not (text.isascii() and text.isdigit()) or len(text) > 5 or not 0 < int(text) < 65536:
         return web.json_response({"code": "bad_port", "message": "port: 1..65535"}, status=400)
     address = request.remote or ""
     reachable = False

@@ -9,17 +9,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from harness.ports import ephemeral_port, port_free
-from node.relay.fronting import Fronting, install_fronting
+from node.relay.fronting import Fronting, dialback, install_fronting
 from node.relay.relay import Relay, create_app
 from node.server.rendezvous import RendezvousLink, RendezvousRelay
 from protocol.rendezvous import (
@@ -272,3 +274,25 @@ async def test_fronted_caller_is_the_dialer_only_for_a_fronted_connection() -> N
             assert await answer.text() == "direct 127.0.0.1"
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    "port", ["", "0", "65536", "-1", "+80", " 80", "８０", "٨٠", "1e3", "0x50", "9" * 100]
+)
+async def test_dialback_refuses_a_port_a_stranger_sends_and_keeps_answering(port: str) -> None:
+    """`/v1/dialback?port=` takes 1..65535 in ASCII digits only, refuses anything else as
+    `bad_port` without dialling, and answers the next asker."""
+    app = web.Application()
+    app.router.add_get("/v1/dialback", dialback)
+    async with TestClient(TestServer(app)) as client:
+        refused = await client.get("/v1/dialback", params={"port": port})
+        assert refused.status == 400
+        assert (await refused.json())["code"] == "bad_port"
+        with socket.socket() as listener:  # a port that is open on the asker's own address
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            open_port = listener.getsockname()[1]
+            answer = await client.get("/v1/dialback", params={"port": str(open_port)})
+            assert answer.status == 200
+            doc = await answer.json()
+            assert doc == {"address": "127.0.0.1", "port": open_port, "reachable": True}
