@@ -61,7 +61,7 @@ PORTS_FILE: Final = "rendezvous-ports.json"
 def parse_port_range(text: str) -> tuple[int, int]:
     """`FIRST-LAST` (1024..65535, at most 4096 ports) as a pair; ConfigError otherwise."""
     first, dash, last = text.partition("-")
-    if not dash or not first.isdigit() or not last.isdigit():
+    if not dash or not all(part.isascii() and part.isdigit() for part in (first, last)):
         raise ConfigError(f"rendezvous ports {text!r} are not FIRST-LAST", hint="e.g. 44000-44063")
     a, b = int(first), int(last)
     if not 1024 <= a <= b <= 65535 or b - a >= 4096:

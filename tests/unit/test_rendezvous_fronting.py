@@ -21,9 +21,10 @@ from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from harness.ports import ephemeral_port, port_free
-from node.relay.fronting import Fronting, dialback, install_fronting
+from node.relay.fronting import Fronting, dialback, install_fronting, parse_port_range
 from node.relay.relay import Relay, create_app
 from node.server.rendezvous import RendezvousLink, RendezvousRelay
+from protocol.errors import ConfigError
 from protocol.rendezvous import (
     TO_RELAY,
     WINDOW_BYTES,
@@ -296,3 +297,16 @@ async def test_dialback_refuses_a_port_a_stranger_sends_and_keeps_answering(port
             assert answer.status == 200
             doc = await answer.json()
             assert doc == {"address": "127.0.0.1", "port": open_port, "reachable": True}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        *("", "44000", "44000-", "-44063", "４４０００-44063", "44000-4406٣", "80-90"),
+        *("44063-44000", "40000-50000", "44000--44063", "44000-44063-1"),
+    ],
+)
+def test_rendezvous_ports_that_are_not_a_range_of_ascii_ports_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_port_range(text)
+    assert parse_port_range("44000-44063") == (44000, 44063)
