@@ -527,13 +527,12 @@ class Router:
 
     async def _observe(self, node: RoutableNode) -> None:
         self._observed[node.endpoint] = time.monotonic()
+        pin = self._pin(node)  # directly: TLS pinned to the node key; over the overlay the
+        if pin is None:  # exits pin it (the onion names the key)
+            return
         started = time.perf_counter()
         try:
-            # directly: unpinned, as this refresh always was (aiohttp's default verification,
-            # which a node's self-signed https certificate fails: only http:// nodes are
-            # refreshed here; pinning it changes the hosted gateway's routing, left to its own
-            # change); over the overlay the exits pin the node key
-            info = await self.info.info(node.endpoint, node.key, True, self.info.timeout_s)
+            info = await self.info.info(node.endpoint, node.key, pin, self.info.timeout_s)
         except InfoUnavailable:
             self.costs.observe_failure(node.endpoint)
             return

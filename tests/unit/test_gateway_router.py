@@ -318,6 +318,48 @@ async def test_router_leaves_out_nodes_charging_what_this_gateway_does_not_pay(
             await hosted.circuit()
 
 
+async def test_background_refresh_reads_an_https_node_pinned_to_its_key(aiohttp_server: Any) -> None:
+    """The hosted gateway's background /info refresh of an https node (every real node: TLS
+    with a self-signed certificate of its key) is pinned to the registered key, as the
+    verification is: a node that starts charging is seen at the next refresh and left out. It
+    was read with the default certificate check, which a node certificate always fails, so its
+    stats only moved at the 60 s verification."""
+    import aiohttp
+    from aiohttp import web
+    from nacl.signing import SigningKey
+
+    from node.gateway.errors import NoCircuit
+    from node.links import server_context
+
+    key = SigningKey.generate()
+    price = {"now": 0}
+
+    async def info(_: web.Request) -> web.Response:
+        body = {"model_hash": "sha256:" + "0" * 64, "shard": 0, "layers": [0, 30]}
+        return web.json_response({**body, "credit_positions": price["now"]})
+
+    app = web.Application()
+    app.router.add_get("/info", info)
+    server = await aiohttp_server(app, ssl=server_context(key))
+    node_key = key.verify_key.encode().hex()
+    endpoint = f"https://127.0.0.1:{server.port}"
+    async with aiohttp.ClientSession() as http:
+        router = Router(
+            Source([entry(key=node_key, endpoint=endpoint, prices={"0": 0})]),
+            model_hash="sha256:" + "0" * 64,
+            shard_layers=[(0, 30)],
+            http=http,
+            public_only=False,
+            refresh_s=0,
+        )
+        assert (await router.circuit()).keys == (node_key,)  # verified, pinned
+        price["now"] = 4  # free on the chain, now asks credits: the refresh must see it
+        node = (await router.routable())[0][0]
+        await router._observe(node)
+        with pytest.raises(NoCircuit):
+            await router.circuit()
+
+
 async def test_hosted_router_takes_charging_nodes_at_or_above_its_floor_and_refuses_dearer(
     aiohttp_server: Any, tmp_path: Any
 ) -> None:
