@@ -61,6 +61,7 @@ class RelayProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "planet", "relay", "serve", "--home", str(self.home),
              "--port", str(self.port), "--allow-private-next-hops", "--no-register",
+             "--rendezvous-admit", "any",
              "--rendezvous-ports", f"{self.ports[0]}-{self.ports[1]}"],
             stdout=subprocess.PIPE, stderr=self.log, text=True,
         )  # fmt: skip
