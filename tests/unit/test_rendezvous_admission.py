@@ -100,9 +100,7 @@ class FakeCommittee:
         return {"genesis": {"min_stake": {"compute": str(10**18)}}}
 
 
-async def test_committee_standing_reads_the_registry_and_a_silent_committee_is_a_stranger() -> (
-    None
-):
+async def test_committee_standing_reads_the_registry_silent_committee_is_a_stranger() -> None:
     committee = FakeCommittee()
     staked, joining, stranger = _key(), _key(), _key()
     committee.register(staked, staked=True)
