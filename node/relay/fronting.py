@@ -249,7 +249,10 @@ class Fronting:
     async def keep_sweeping(self) -> None:
         while True:
             await asyncio.sleep(min(SWEEP_S, max(self.lease_s / 4, 0.05)))
-            await self.sweep()
+            try:
+                await self.sweep()
+            except Exception:  # a sweep that failed is done again next time, never given up
+                log.exception("rendezvous: lease sweep failed")
 
     def _save(self) -> None:
         if self.home is None:
