@@ -519,7 +519,7 @@ def _join(args: argparse.Namespace) -> int:
         origin=args.origin,
         memory_budget_mb=args.memory_budget_mb,
         into=into,
-        rendezvous=() if reach.fronted is None else (reach.fronted,),
+        rendezvous=reach.relays,
     )
     if price == 0:
         _say(

@@ -131,6 +131,9 @@ class Fronting:
     nodes: dict[str, Fronted] = field(default_factory=dict)  # by node key (hex)
     assigned: dict[str, int] = field(default_factory=dict)  # member key -> port, kept
     leases: dict[str, Lease] = field(default_factory=dict)  # other keys -> a port for a while
+    # key -> the port of its lease that ended: given again, if free, when the key asks for any
+    # (a node whose lease ran out before it registered the address relinks to the same one)
+    ended: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         size = self.ports[1] - self.ports[0] + 1
@@ -157,6 +160,9 @@ class Fronting:
             return mine
         if len(self.assigned) + len(self.leases) >= self.max_nodes:
             return RefuseCode.FULL
+        before = self.ended.get(node_key)
+        if before is not None and before not in taken:
+            return before
         for port in range(self.ports[0], self.ports[1] + 1):
             if port not in taken:
                 return port
@@ -222,6 +228,9 @@ class Fronting:
                 log.info("rendezvous: node %s… registered, not staked: lease renewed", key[:16])
             else:
                 del self.leases[key]
+                self.ended[key] = lease.port
+                while len(self.ended) > 4 * self.max_nodes:  # the oldest forgotten first
+                    del self.ended[next(iter(self.ended))]
                 log.info(
                     "rendezvous: lease of %s… ended (not registered): port %d free",
                     key[:16],

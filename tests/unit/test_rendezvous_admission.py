@@ -211,6 +211,20 @@ async def test_lease_running_out_unregistered_frees_the_port() -> None:
     assert await _admit(fronting, _key(), "10.0.5.1") == ports[0]  # free again
 
 
+async def test_key_whose_lease_ran_out_gets_its_port_again_when_free() -> None:
+    """A node whose model loads for longer than the lease relinks after it ran out: it asks
+    for any port and gets the one it claimed (and registered), not the lowest free."""
+    committee, clock = FakeCommittee(), Clock()
+    fronting = _fronting(committee, clock)
+    early, slow = _key(), _key()
+    await _admit(fronting, early, "10.0.7.1")
+    port = await _admit(fronting, slow, "10.0.7.2")
+    assert port == 44001
+    clock.now += 61
+    await fronting.sweep()  # neither registered: both leases end, both ports free
+    assert await _admit(fronting, slow, "10.0.7.2") == port
+
+
 async def test_kept_port_of_a_key_no_longer_staked_is_taken_back_for_a_member() -> None:
     committee, clock = FakeCommittee(), Clock()
     fronting = _fronting(committee, clock, ports=(44000, 44001))
