@@ -10,11 +10,21 @@ dials such URLs carries `refuse_redirects`: a redirect answer becomes `RedirectR
 dial) and its target is never contacted.
 
     http = aiohttp.ClientSession(middlewares=(refuse_redirects,), ...)
+
+A node behind NAT may be reached at several addresses (one per relay that fronts it):
+`first_reachable` dials them in turn within one time bound.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, TypeVar
+
 import aiohttp
+
+log = logging.getLogger(__name__)
 
 REDIRECTS = frozenset({301, 302, 303, 307, 308})  # the answers aiohttp would follow
 
@@ -37,3 +47,60 @@ async def refuse_redirects(
             message=f"{request.url.origin()} answered a redirect; redirects are not followed",
         )
     return response
+
+
+FALLBACK_ERRORS: Final = (aiohttp.ClientError, OSError, TimeoutError)
+T = TypeVar("T")
+
+
+async def first_reachable(
+    urls: Sequence[str],
+    attempt: Callable[[str], Awaitable[T]],
+    *,
+    total_s: float,
+    what: str = "node",
+    errors: tuple[type[BaseException], ...] = FALLBACK_ERRORS,
+) -> tuple[str, T]:
+    """`attempt(url)` for each of a node's addresses in turn — its registered endpoint first,
+    then the other relays that front it (register_node `rendezvous`; docs/overlay.md, *NAT
+    rendezvous*) — until one succeeds, all within `total_s`: each try gets an equal share of
+    the time left, so a quick refusal leaves more to the next. (the address used, its result);
+    logs which one when it is not the first. When every try fails (with one of `errors`), the
+    first address's error is raised: what a caller dialling only the endpoint would have seen.
+    An error outside `errors` (a named refusal the caller raises itself) ends the tries."""
+    if not urls:
+        raise ValueError("first_reachable: no address to dial")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + total_s
+    failed: list[tuple[str, BaseException]] = []
+    for index, url in enumerate(urls):
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        try:
+            async with asyncio.timeout(left / (len(urls) - index)):
+                result = await attempt(url)
+        except errors as error:
+            failed.append((url, error))
+            if len(urls) > 1:
+                log.info(
+                    "%s not reached at %s (%s)%s",
+                    what,
+                    url,
+                    type(error).__name__,
+                    "; trying its next address" if index + 1 < len(urls) else "",
+                )
+            continue
+        if failed:
+            log.warning(
+                "%s reached at %s, its address %d of %d (not reached at %s)",
+                what,
+                url,
+                index + 1,
+                len(urls),
+                ", ".join(u for u, _ in failed),
+            )
+        return url, result
+    if failed:
+        raise failed[0][1]
+    raise TimeoutError(f"{what}: no time left to dial {urls[0]}")

@@ -132,6 +132,8 @@ class RefuseCode(IntEnum):
     PORT_TAKEN = 4  # the port asked for is another node's, or outside the relay's range
     ALREADY_FRONTED = 5  # this node key has a link up already
     TOO_MANY_FROM_ADDRESS = 6  # this address holds as many links as one address may
+    NOT_REGISTERED = 7  # no staked node has this key, and no lease is left for it (per address
+    # or in all: node/relay/admission.py)
 
 
 class Refused(RendezvousError):

@@ -6,7 +6,9 @@
                                   the node registers its own endpoint; not: as `auto`
     --rendezvous auto             (or --behind-nat) the first listed relay that fronts nodes
                                   gives the node a port; the node registers that address and
-                                  names the relay
+                                  names the relay, and the next relay that gives it a port
+                                  too (its second address: clients dial it when the first
+                                  relay is down)
     --rendezvous URL              that listed relay
     --rendezvous off              register the endpoint as it is, unchecked
 
@@ -34,6 +36,7 @@ from protocol.errors import PlanetError, ProtocolError, UnavailableError, UsageE
 MODES = ("check", "auto", "off")
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 DIALBACK_TIMEOUT_S = 10.0
+FRONTING_RELAYS = 2  # relays a node behind NAT claims a port at: its endpoint's and a second
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,17 @@ class ListedRelay:
 @dataclass(frozen=True)
 class Reach:
     """How the node will be reached: `line` says it; `fronted` names the relay when it is
-    behind NAT."""
+    behind NAT, `backups` the other relays that gave it a port (in the order clients try
+    them)."""
 
     line: str
     fronted: FrontedBy | None = None
+    backups: tuple[FrontedBy, ...] = ()
+
+    @property
+    def relays(self) -> tuple[FrontedBy, ...]:
+        """Every relay fronting the node, the registered endpoint's first."""
+        return () if self.fronted is None else (self.fronted, *self.backups)
 
 
 def parse_listed(entry: Any) -> ListedRelay:
@@ -131,8 +141,11 @@ async def decide(
             why = f"{own} is not reachable from relay {relay.url} (it sees this machine at " + (
                 f"{seen.get('address')})"
             )
-        refusals = []
+        refusals: list[str] = []
+        claimed: list[FrontedBy] = []
         for relay in ordered:
+            if len(claimed) == FRONTING_RELAYS:
+                break
             target = RendezvousRelay(relay.url, relay.x25519)
             try:
                 welcome = await claim_port(http, target, node_key)
@@ -140,11 +153,19 @@ async def decide(
                 refusals.append(f"{relay.url}: {getattr(error, 'message', error) or error!r}")
                 continue
             endpoint = public_url("https", welcome)
-            fronted = FrontedBy(relay.url, relay.x25519.hex(), relay.key, endpoint)
+            claimed.append(FrontedBy(relay.url, relay.x25519.hex(), relay.key, endpoint))
+        if claimed:
+            first, *backups = claimed
+            second = "".join(
+                f"; also at {b.endpoint} through relay {b.relay_url} (if the first is down)"
+                for b in backups
+            )
             return Reach(
-                f"reachability: {why}; the node will be reached at {endpoint} through relay "
-                f"{relay.url} (rendezvous: it dials out, accepts no inbound connection)",
-                fronted,
+                f"reachability: {why}; the node will be reached at {first.endpoint} through "
+                f"relay {first.relay_url}{second} (rendezvous: it dials out, accepts no inbound "
+                "connection)",
+                first,
+                tuple(backups),
             )
     raise UnavailableError(
         f"{why or 'behind NAT'}, and no listed relay fronts nodes: "

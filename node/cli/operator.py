@@ -192,9 +192,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="check",
         metavar="check|auto|off|RELAY_URL",
         help="a node behind NAT (docs/network.md): check (default) asks a listed relay to dial "
-        "the endpoint back and, when it cannot, has a relay front the node; auto: a relay "
-        "fronts it without asking; RELAY_URL: that listed relay; off: register the endpoint "
-        "unchecked",
+        "the endpoint back and, when it cannot, has two relays front the node (clients dial "
+        "the second when the first is down); auto: relays front it without asking; RELAY_URL: "
+        "that listed relay only; off: register the endpoint unchecked",
     )
     join.add_argument(
         "--behind-nat",
@@ -519,7 +519,7 @@ def _join(args: argparse.Namespace) -> int:
         origin=args.origin,
         memory_budget_mb=args.memory_budget_mb,
         into=into,
-        rendezvous=() if reach.fronted is None else (reach.fronted,),
+        rendezvous=reach.relays,
     )
     if price == 0:
         _say(

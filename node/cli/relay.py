@@ -37,7 +37,10 @@ clients given its URL and key in a relays file use it.
 rendezvous: with --rendezvous-ports the relay also fronts nodes that accept no inbound
 connection: such a node keeps a link to /v1/rendezvous, proving its node key, and gets one port
 of the range; connections to that port reach the node over its link. The relay forwards their
-bytes untouched (TLS pinned to the node key: it reads no prompt or token).
+bytes untouched (TLS pinned to the node key: it reads no prompt or token). It fronts a key the
+committee shows as a staked node for good; any other key gets at most a lease (2 per address, a
+quarter of the ports in all; --rendezvous-lease), so throwaway keys cannot fill its ports
+(--rendezvous-admit any: every key, for a lab without a committee).
 pay: users' clients pay the relay in credits for the cloves that arrived (the node
 acknowledges them); it keeps them in <home>/relay-credits/ and, registered, redeems them on the
 committee every few seconds. `planet relay redeem` redeems what it holds once (after a run
@@ -100,6 +103,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the public address dialers reach the rendezvous ports at (default: the "
         "--endpoint's host, else --host)",
     )
+    serve.add_argument(
+        "--rendezvous-admit",
+        choices=("registered", "any"),
+        default="registered",
+        help="which node keys get a rendezvous port: `registered` (default) asks the committee "
+        "(--committee-rpc): a staked node keeps its port, any other key gets at most a lease "
+        "(2 per address, a quarter of the ports in all) that ends unless the key is registered "
+        "by then; `any`: every key (a lab without a committee)",
+    )
+    serve.add_argument(
+        "--rendezvous-lease",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long a key the committee does not show staked holds its port before it is "
+        "looked at again (default: %(default)s; 1-3600)",
+    )
     serve.add_argument("--log-level", default="info", help="debug, info, warning (default: info)")
     _common(serve)
     serve.set_defaults(handler=_serve)
@@ -133,6 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
     private = load_or_create_key(home)
     rendezvous = _rendezvous(args)
     standing = None if args.no_register else _standing(args, home, private)
+    admit_from = _admit_from(args, home, standing) if rendezvous is not None else None
     # `planet`'s own logging set-up ran first (at warning unless -v): the relay's level wins
     logging.getLogger().setLevel(args.log_level.upper())
     return run_service(
@@ -144,6 +165,8 @@ def _serve(args: argparse.Namespace) -> int:
             private=private,
             standing=standing,
             rendezvous=rendezvous,
+            admit_from=admit_from,
+            lease_s=args.rendezvous_lease,
         ),
         log_level=args.log_level,
         log=logging.getLogger("planet.relay"),
@@ -172,6 +195,21 @@ def _rendezvous(args: argparse.Namespace) -> tuple[tuple[int, int], str] | None:
             hint="give the relay's public address: --rendezvous-host IP (or --endpoint)",
         )
     return ports, host
+
+
+def _admit_from(args: argparse.Namespace, home: Path, standing: Any) -> str | None:
+    """The committee RPC whose registry decides which keys get a rendezvous port
+    (--rendezvous-admit registered), or None (any)."""
+    if not 1 <= args.rendezvous_lease <= 3600:  # NaN fails both
+        raise UsageError(f"--rendezvous-lease {args.rendezvous_lease:g} is not 1-3600 seconds")
+    if args.rendezvous_admit == "any":
+        return None
+    if standing is not None:
+        return str(standing.committee_rpc)
+    from node.cli.operator import _config  # lazy: the config stack
+
+    args.home = home
+    return str(_config(args).committee_rpc)
 
 
 def _standing(args: argparse.Namespace, home: Path, private: Any) -> Any:

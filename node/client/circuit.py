@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -44,7 +45,7 @@ from node.client.paying import CreditPayer, UnpaidError
 from node.client.sampling import SamplingConfig
 from node.client.speculation import SpeculationConfig, SpeculationStats
 from node.client.types import Head, Hop, Timings
-from node.dial import refuse_redirects
+from node.dial import first_reachable, refuse_redirects
 from node.links import link_ssl, refusal
 from protocol.errors import (
     BusyError,
@@ -346,12 +347,13 @@ class CircuitClient:
                 if self.overlay is not None:
                     self.links.append(_Link(self, index, await self.overlay(hop)))
                     continue
-                pin = link_ssl(hop.url, hop.key, plaintext_ok=self.plaintext_links)
                 try:
-                    async with asyncio.timeout(self.request_timeout_s):
-                        ws = await self._http.ws_connect(
-                            f"{hop.url}/v1/stream", max_msg_size=64 * 1024 * 1024, ssl=pin
-                        )
+                    _, ws = await first_reachable(
+                        hop.addresses,
+                        functools.partial(self._dial, hop),
+                        total_s=self.request_timeout_s,
+                        what=f"node {hop.url} (shard {hop.shard})",
+                    )
                 except (aiohttp.ClientError, OSError, TimeoutError) as error:
                     named = refusal(error, hop.url)
                     if named is not None:
@@ -366,6 +368,15 @@ class CircuitClient:
             await self.__aexit__()
             raise
         return self
+
+    async def _dial(self, hop: Hop, url: str) -> aiohttp.ClientWebSocketResponse:
+        """A WebSocket to `hop` at `url` (its endpoint or another relay's port for it), TLS
+        pinned to its key."""
+        assert self._http is not None
+        pin = link_ssl(url, hop.key, plaintext_ok=self.plaintext_links)
+        return await self._http.ws_connect(
+            f"{url}/v1/stream", max_msg_size=64 * 1024 * 1024, ssl=pin
+        )
 
     async def __aexit__(self, *exc: object) -> None:
         await self._settle_credits()

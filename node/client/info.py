@@ -21,17 +21,39 @@ from node.client.answers import (
     read_bounded,
 )
 from node.client.types import Hop
+from node.dial import first_reachable
 from node.links import link_ssl, refusal
 from protocol.errors import BusyError, ConfigError, RemoteError, UnavailableError
+from protocol.links import NodeKeyMismatchError
+
+INFO_FALLBACK_S = 30.0  # a node behind NAT: its addresses at its relays, all tried within this
 
 
 async def node_info(
     http: aiohttp.ClientSession, hop: Hop, *, plaintext_links: bool = False
 ) -> dict[str, Any]:
-    """One node's GET /info as a JSON object (pinned to `hop.key` over https)."""
-    pin = link_ssl(hop.url, hop.key, plaintext_ok=plaintext_links)
+    """One node's GET /info as a JSON object (pinned to `hop.key` over https). A node behind
+    NAT with `alternates` is asked at each of its relays' addresses in turn while the one
+    before is not reachable (`UnavailableError`) or is not the node (`node_key_mismatch`: that
+    relay gave the port to another), within INFO_FALLBACK_S."""
+    if not hop.alternates:
+        return await _node_info_at(http, hop, hop.url, plaintext_links)
+    _, info = await first_reachable(
+        hop.addresses,
+        lambda url: _node_info_at(http, hop, url, plaintext_links),
+        total_s=INFO_FALLBACK_S,
+        what=f"node {hop.url} (shard {hop.shard}) /info",
+        errors=(UnavailableError, NodeKeyMismatchError, TimeoutError),
+    )
+    return info
+
+
+async def _node_info_at(
+    http: aiohttp.ClientSession, hop: Hop, url: str, plaintext_links: bool
+) -> dict[str, Any]:
+    pin = link_ssl(url, hop.key, plaintext_ok=plaintext_links)
     try:
-        async with http.get(f"{hop.url}/info", ssl=pin) as answer:
+        async with http.get(f"{url}/info", ssl=pin) as answer:
             if answer.status != 200:
                 try:
                     body = await read_bounded(answer, MAX_JSON_ANSWER_BYTES, hop.url)
@@ -54,11 +76,11 @@ async def node_info(
     except (aiohttp.ClientPayloadError, aiohttp.ClientResponseError) as error:
         raise BadAnswerError(hop.url, f"malformed HTTP answer: {error}"[:200]) from None
     except (aiohttp.ClientConnectionError, TimeoutError) as error:
-        named = refusal(error, hop.url)
+        named = refusal(error, url)
         if named is not None:
             raise named from None
         raise UnavailableError(
-            f"node {hop.url} (shard {hop.shard}) is not reachable: {type(error).__name__}",
+            f"node {url} (shard {hop.shard}) is not reachable: {type(error).__name__}",
             hint="check `planet local status`, or start nodes with `planet local up`",
         ) from None
 

@@ -1,7 +1,8 @@
 """What the circuit client, the gateway and the benches share: hops, the head, timings.
 
 Hop      one node of a circuit: its base URL, the shard it serves there, and its node key
-         (64 hex: pinned on an https:// link, protocol/links.py)
+         (64 hex: pinned on an https:// link, protocol/links.py); for a node behind NAT, its
+         addresses at its other relays, dialled when `url` is not reached
 Head     the client's part of the model (tokenizer, embeddings, final norm, LM head), numpy
          at this boundary; `node.model.head.ClientHead` is the one implementation
 Timings  a generation's clocks and byte counts
@@ -25,6 +26,13 @@ class Hop:
     url: str
     shard: int
     key: str | None = None  # the node key its TLS handshake must prove (https://)
+    # the node's addresses at its second and third relay (register_node `rendezvous`), tried
+    # in order when `url` (its registered endpoint: the first relay's) is not reached
+    alternates: tuple[str, ...] = ()
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return (self.url, *self.alternates)
 
 
 class Head(Protocol):

@@ -88,7 +88,10 @@ class RouterCircuits:
                 len(self.circuits),
                 sorted(replace),
             )
-        hops = [Hop(url=n.endpoint, shard=n.shard, key=n.key) for n in circuit.nodes]
+        hops = [
+            Hop(url=n.endpoint, shard=n.shard, key=n.key, alternates=n.alternates)
+            for n in circuit.nodes
+        ]
         async with self.router.hold(circuit), self.pool.use(hops) as client:
             for hop in hops:  # so its open sends each node the prompt's route keys
                 routes = self.router.costs.get(hop.url).prefix_routes
@@ -108,7 +111,7 @@ class RouterCircuits:
         nodes = self.circuits[-1].nodes
         # through the router's reader of nodes (over the overlay with --relays: issue 43)
         answers = await asyncio.gather(
-            *(self.router.info.healthy(n.endpoint, n.key, self.probe_timeout_s) for n in nodes)
+            *(self.router.healthy(n, self.probe_timeout_s) for n in nodes)
         )
         return {index for index, ok in enumerate(answers) if not ok}
 

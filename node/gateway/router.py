@@ -73,6 +73,7 @@ import aiohttp
 from node.chain.committee_pages import path_query, read_nodes
 from node.client.chain_prices import chain_price, price_trusted
 from node.client.costs import CostBook, prefix_preference
+from node.dial import first_reachable
 from node.gateway.config import NODE_COOLDOWN_S
 from node.gateway.errors import NoCircuit
 from node.gateway.guards import ROUTES, Guards
@@ -102,6 +103,13 @@ class RoutableNode:
     # (abci_app/prices.py; 0: free; None: no price registered, so never paid — routed only
     # while its /info says free): what this gateway pays, never its /info
     price: int | None = field(default=None, compare=False)
+    # behind NAT: its addresses at its other relays (register_node `rendezvous`), dialled in
+    # turn when `endpoint` (the first relay's port) is not reached (`addresses`)
+    alternates: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return (self.endpoint, *self.alternates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +165,24 @@ def dialable(endpoint: str, public_only: bool) -> bool:
     return not is_ip_literal(host) or is_public_address(host)
 
 
+def alternates_of(entry: dict[str, Any], endpoint: str, public_only: bool) -> tuple[str, ...]:
+    """A node's addresses at the relays its registration names (`rendezvous`: up to 3 of
+    `{relay, endpoint}`) other than `endpoint`, in their order: clean, dialable, https:// only
+    (a fronted node serves TLS pinned to its key, whichever relay carries it); none for an
+    http:// endpoint."""
+    entries = entry.get("rendezvous")
+    if not endpoint.startswith("https://") or not isinstance(entries, list):
+        return ()
+    out: list[str] = []
+    for item in entries[:3]:
+        url = clean_endpoint(item.get("endpoint")) if isinstance(item, dict) else None
+        if url is None or not url.startswith("https://") or url == endpoint or url in out:
+            continue
+        if dialable(url, public_only):
+            out.append(url)
+    return tuple(out)
+
+
 def routable_by_shard(
     entries: Iterable[Any], shard_count: int, *, public_only: bool = True
 ) -> dict[int, list[RoutableNode]]:
@@ -184,8 +210,11 @@ def routable_by_shard(
             capacity = 0
         if isinstance(shard, int) and not isinstance(shard, bool) and 0 <= shard < shard_count:
             price = chain_price(entry, shard)
+            alternates = alternates_of(entry, endpoint, public_only)
             out[shard].append(
-                RoutableNode(key, endpoint, shard, capacity, grace=grace, price=price)
+                RoutableNode(
+                    key, endpoint, shard, capacity, grace=grace, price=price, alternates=alternates
+                )
             )
     return out
 
@@ -298,7 +327,7 @@ class Router:
             return False
         started = time.perf_counter()
         try:
-            info = await self.info.info(node.endpoint, node.key, pin, self.info.timeout_s)
+            info = await self.read_info(node, pin)
         except InfoUnavailable as error:
             log.warning("node unreachable endpoint=%s error=%s", node.endpoint, error)
             self.mark_failed(node)
@@ -532,13 +561,54 @@ class Router:
             return
         started = time.perf_counter()
         try:
-            info = await self.info.info(node.endpoint, node.key, pin, self.info.timeout_s)
+            info = await self.read_info(node, pin)
         except InfoUnavailable:
             self.costs.observe_failure(node.endpoint)
             return
         self.costs.observe_info(node.endpoint, info, time.perf_counter() - started)
         if isinstance(info, dict) and not self._note_price(node, info):
             self.mark_failed(node)
+
+    async def read_info(self, node: RoutableNode, ssl: Any) -> Any:
+        """`node`'s /info through the router's reader, at its endpoint and then at its other
+        relays' addresses (node.dial `first_reachable`), all within the reader's timeout;
+        InfoUnavailable (the endpoint's) when none answers. `ssl`: the endpoint's pin (an
+        https:// node's key pin holds at every address: `alternates_of` keeps https only)."""
+        timeout_s = self.info.timeout_s
+
+        async def read(url: str) -> Any:
+            return await self.info.info(url, node.key, ssl, timeout_s)
+
+        _, info = await first_reachable(
+            node.addresses,
+            read,
+            total_s=timeout_s,
+            what=f"node {node.key[:16]}… /info",
+            errors=(InfoUnavailable, TimeoutError),
+        )
+        return info
+
+    async def healthy(self, node: RoutableNode, timeout_s: float) -> bool:
+        """Whether `node` answers /health (over the overlay: an INFO) at any of its
+        addresses, in turn, within max(`timeout_s`, the reader's timeout) in all."""
+        if not node.alternates:
+            return await self.info.healthy(node.endpoint, node.key, timeout_s)
+
+        async def probe(url: str) -> None:
+            if not await self.info.healthy(url, node.key, timeout_s):
+                raise InfoUnavailable(f"{url} is not healthy")
+
+        try:
+            await first_reachable(
+                node.addresses,
+                probe,
+                total_s=max(timeout_s, self.info.timeout_s),
+                what=f"node {node.key[:16]}… /health",
+                errors=(InfoUnavailable, TimeoutError),
+            )
+        except (InfoUnavailable, TimeoutError):
+            return False
+        return True
 
     def _note_price(self, node: RoutableNode, info: dict[str, Any]) -> bool:
         """The node's price is its registered one (`node.price`, from the chain); its /info
@@ -566,7 +636,7 @@ class Router:
             pin = self._pin(node)
             if pin is None:
                 return
-            if await self.info.healthy(node.endpoint, node.key, 2.0):
+            if await self.healthy(node, 2.0):
                 return
             self.mark_failed(node)
 

@@ -17,8 +17,9 @@ from aiohttp import web
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
+from node.relay.admission import admit_any, committee_standing
 from node.relay.earnings import SPOOL_DIR, Earnings
-from node.relay.fronting import Fronting, install_fronting
+from node.relay.fronting import LEASE_S, Fronting, install_fronting
 from node.relay.redeem import keep_redeeming
 from node.relay.registration import RelayIdentity, ensure_registered, keep_alive
 from node.relay.relay import Relay, create_app
@@ -71,16 +72,30 @@ async def serve(
     private: PrivateKey | None = None,
     standing: Standing | None = None,
     rendezvous: tuple[tuple[int, int], str] | None = None,
+    admit_from: str | None = None,
+    lease_s: float = LEASE_S,
 ) -> int:
     """`rendezvous`: (the port range, the public host) to front nodes behind NAT on
-    (node/relay/fronting.py); None: fronts none."""
+    (node/relay/fronting.py); None: fronts none. `admit_from`: the committee RPC whose
+    registry decides which node keys get a port (node/relay/admission.py); None: any key
+    (`--rendezvous-admit any`). `lease_s`: how long a key not staked holds its port."""
     private = private or load_or_create_key(home)
     earnings = Earnings(home / SPOOL_DIR)
     relay = Relay(private, allow_private=allow_private, earnings=earnings)
     app = create_app(relay)
+    reads = None
     if rendezvous is not None:
         ports, public_host = rendezvous
-        install_fronting(app, Fronting(private, ports, public_host, bind=host, home=home))
+        look_up = admit_any
+        if admit_from is not None:
+            from node.chain.committee_link import CommitteeLink  # lazy: the RPC client
+
+            reads = CommitteeLink([admit_from])
+            look_up = committee_standing(reads)
+        fronting = Fronting(
+            private, ports, public_host, bind=host, home=home, look_up=look_up, lease_s=lease_s
+        )
+        install_fronting(app, fronting)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -89,8 +104,10 @@ async def serve(
     print(f"relay on http://{host}:{port} key {key}", flush=True)
     if rendezvous is not None:
         (first, last), public_host = rendezvous
+        admits = "any key" if admit_from is None else f"staked nodes of {admit_from}"
         print(
-            f"relay fronts nodes behind NAT at {public_host} ports {first}-{last} (/v1/rendezvous)",
+            f"relay fronts nodes behind NAT at {public_host} ports {first}-{last} "
+            f"(/v1/rendezvous; admits {admits})",
             flush=True,
         )
     log.info("relay serving on %s:%d key=%s", host, port, key)
@@ -121,6 +138,8 @@ async def serve(
         if link is not None:
             await link.close()
         await runner.cleanup()
+        if reads is not None:
+            await reads.close()
     return 0
 
 

@@ -71,7 +71,8 @@ def relay(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> ListedRelay:
     process = lab["relay"].popen(
         [sys.executable, "-m", "planet", "relay", "serve", "--home", str(home),
          "--host", str(address), "--port", str(RELAY_PORT), "--no-register",
-         "--allow-private-next-hops", "--rendezvous-ports", "-".join(map(str, FRONT_PORTS))],
+         "--allow-private-next-hops", "--rendezvous-ports", "-".join(map(str, FRONT_PORTS)),
+         "--rendezvous-admit", "any"],
         stdout=subprocess.PIPE, stderr=(home / "relay.log").open("w"), text=True,
     )  # fmt: skip
     line = process.stdout.readline()

@@ -108,3 +108,20 @@ def test_listed_entries_are_parsed_strictly() -> None:
         with pytest.raises(Exception) as refused:
             parse_listed(bad)
         assert getattr(refused.value, "code", "") == "relay_entry_malformed"
+
+
+async def test_auto_claims_a_second_relay_for_clients_to_fall_over_to(
+    fronting: ListedRelay,
+) -> None:
+    runner, other = await _relay(True)
+    try:
+        key = SigningKey.generate()
+        reach = await decide("auto", [fronting, other], key, "127.0.0.1", ephemeral_port())
+        assert {r.relay_url for r in reach.relays} == {fronting.url, other.url}
+        first, second = reach.relays
+        assert reach.fronted == first and first.endpoint != second.endpoint
+        assert f"also at {second.endpoint} through relay {second.relay_url}" in reach.line
+        named = await decide(other.url, [fronting, other], key, "127.0.0.1", ephemeral_port())
+        assert [r.relay_url for r in named.relays] == [other.url]  # that relay only
+    finally:
+        await runner.cleanup()
