@@ -318,7 +318,9 @@ async def test_router_leaves_out_nodes_charging_what_this_gateway_does_not_pay(
             await hosted.circuit()
 
 
-async def test_background_refresh_reads_an_https_node_pinned_to_its_key(aiohttp_server: Any) -> None:
+async def test_background_refresh_reads_an_https_node_pinned_to_its_key(
+    aiohttp_server: Any,
+) -> None:
     """The hosted gateway's background /info refresh of an https node (every real node: TLS
     with a self-signed certificate of its key) is pinned to the registered key, as the
     verification is: a node that starts charging is seen at the next refresh and left out. It
