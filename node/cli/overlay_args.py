@@ -94,13 +94,14 @@ def overlay_route(
 
     n, k, length = shape or DEFAULT_SHAPE
     guards = RelayGuards(home / GUARDS_FILE)  # the paths' entry relays
-    purse = None
+    # too few relays for the paths: a usage error before the committee is asked anything
+    route = OverlayRoute(relays, paths=n, needed=k, length=length, guards=guards)
     if committee_rpc is None or credits_file is None:
         why = "no committee to read their rate from" if credits_file else "no credits to pay with"
         print(f"overlay: relays are not paid: {why}", file=sys.stderr, flush=True)
     else:
-        purse = relay_purse(committee_rpc, credits_file)
-    return OverlayRoute(relays, paths=n, needed=k, length=length, guards=guards, purse=purse)
+        route.purse = relay_purse(committee_rpc, credits_file)
+    return route
 
 
 def relay_purse(committee_rpc: str, credits_file: Path) -> Any:
