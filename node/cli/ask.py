@@ -318,8 +318,10 @@ async def _ask(
             from node.gateway.node_info import OverlayHopReader
 
             overlay, reader = route.dialer(http), OverlayHopReader(route, http)
+        checked: list[dict[str, Any]] = []
+        started, read_s = time.perf_counter(), 0.0
         if len({hop.shard for hop in hops}) == len(hops):  # one node a shard: check it first
-            await check_circuit(
+            checked = await check_circuit(
                 http,
                 hops,
                 manifest.model_hash,
@@ -327,6 +329,7 @@ async def _ask(
                 plaintext_links=plaintext,
                 reader=reader,
             )
+            read_s = time.perf_counter() - started
         # more than one node for a shard: the cheapest serves, the others are spares
         # (node/client/replicas.py); a node that fails mid-answer is replaced by a spare
         credits = _credit_wallet(args)
@@ -350,6 +353,8 @@ async def _ask(
             overlay=overlay,
             reader=reader,
         )
+        for hop, info in zip(hops, checked, strict=False):  # read once (a link each, relayed)
+            source.take_info(hop, info, read_s)
         async for token in generate(
             source,
             head,

@@ -156,7 +156,12 @@ class ReplicaCircuits:
         except (PlanetError, TimeoutError):
             self.costs.observe_failure(hop.url)
             return
-        self.costs.observe_info(hop.url, info, time.perf_counter() - started)
+        self.take_info(hop, info, time.perf_counter() - started)
+
+    def take_info(self, hop: Hop, info: dict[str, Any], rtt_s: float) -> None:
+        """What `hop`'s /info says, read by the caller `rtt_s` ago (`planet ask` reads the
+        circuit's to check it first: not read twice, which over relays is a link each)."""
+        self.costs.observe_info(hop.url, info, rtt_s)
         price = info.get("credit_positions", 0)
         self.prices[hop.url] = price if isinstance(price, int) and 0 <= price < 2**31 else 0
         self._check_price(hop.url, price)
