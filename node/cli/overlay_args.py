@@ -97,7 +97,9 @@ def overlay_route(
     # too few relays for the paths: a usage error before the committee is asked anything
     route = OverlayRoute(relays, paths=n, needed=k, length=length, guards=guards)
     if committee_rpc is None or credits_file is None:
-        why = "no committee to read their rate from" if credits_file else "no credits to pay with"
+        why = "no committee to read their rate from (--committee-rpc)"
+        if credits_file is None:
+            why = "no credits to pay them with (--credits)"
         print(f"overlay: relays are not paid: {why}", file=sys.stderr, flush=True)
     else:
         route.purse = relay_purse(committee_rpc, credits_file)
