@@ -13,6 +13,12 @@ proof as the API key, the answer streamed through the OpenAI-shaped API, then th
 signed receipt (see node/gateway/client.py).
 `planet ask --voucher PROMPT` pays from the prepaid balance at that gateway (`planet balance
 deposit`) instead: a signed voucher as the API key, no transaction.
+
+`planet ask --relays chain|FILE PROMPT` reaches the nodes of the nodes file over the overlay, as
+the personal client does (node/cli/overlay_args.py: the same flags, the same `OverlayRoute`):
+every circuit link and every /info and health read rides n relay paths as S-IDA cloves, so no
+node is reached from this machine's address (issue 43). With `--credits` the relays are paid
+from the same credit file for the clove bytes that arrived.
 """
 
 from __future__ import annotations
@@ -26,9 +32,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from node.cli.overlay_args import (
+    CHAIN_RELAYS,
+    add_overlay_arguments,
+    chain_relays,
+    overlay_route,
+    read_file_relays,
+)
 from node.client.credit_sizes import MIN_POSITIONS as DEFAULT_MIN_POSITIONS
 from node.client.nodesfile import NodesFile, default_nodes_path, planet_home
-from node.config import find_devnet
+from node.config import find_devnet, resolve_config
 from node.model.manifest import Manifest
 from protocol.errors import UsageError
 from protocol.frames.dtypes import WIRE_DTYPE, WIRE_DTYPE_HELP, WIRE_DTYPES
@@ -40,10 +53,12 @@ examples:
   planet ask "Hello" --nodes my-nodes.json --max-tokens 32 --json
   planet ask --pay "What is the capital of France?"       (defaults from planet devnet up)
   planet ask --voucher "Hello"      (pays from `planet balance deposit`: no transaction)
+  planet ask "Hello" --credits --relays relays.txt   (no node sees your address; see below)
   planet ask --pay "Hi" --gateway http://127.0.0.1:8000 --deployment deployment.json \\
       --evm-rpc http://127.0.0.1:8545 --wallet ~/.cache/planet/wallet.json
 note: nodes see the activations of your prompt and could read it back; they never see who
-asked (no account, wallet or query id is sent with the activations).
+asked (no account, wallet or query id is sent with the activations). Asked directly, every node
+sees your IP address; with --relays they see only exit relays (docs/privacy.md, docs/overlay.md).
 """
 
 
@@ -131,6 +146,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="credits to pay with (default $PLANET_HOME/credits.json, as `planet credits`)",
     )
+    relays = parser.add_argument_group(
+        "reaching the nodes through relays (--relays)",
+        "as `planet gateway serve --personal --relays`: the question, the answer and every /info\n"
+        "read of the nodes of the nodes file travel as S-IDA cloves over relay paths, so no node\n"
+        "sees your IP address (a relay sees only its neighbours); with --credits the relays are\n"
+        "paid from your credit file. With --pay or --voucher a hosted gateway asks the nodes for\n"
+        "you: they see the gateway, never you, but the gateway sees your address, your wallet\n"
+        "and your prompt, and relays cannot hide them from it, so --relays is refused there (ask\n"
+        "the nodes directly, or run your own `planet gateway serve --personal --relays`).",
+    )
+    add_overlay_arguments(relays, refreshed=" once, at start")
     paying = parser.add_argument_group("paying a gateway (--pay)")
     paying.add_argument(
         "--pay", action="store_true", help="ask a gateway, paying from your wallet (QueryEscrow)"
@@ -206,6 +232,19 @@ def run(args: argparse.Namespace) -> int:
             "--model picks a gateway's model: add --pay or --voucher",
             hint="asked directly, the nodes are those of the nodes file, which names the model",
         )
+    if (args.relays is not None or args.overlay is not None) and (args.pay or args.voucher):
+        raise UsageError(
+            "--relays reaches the nodes of a nodes file; with --pay or --voucher a hosted "
+            "gateway asks the nodes for you",
+            hint="the gateway sees your address, wallet and prompt whatever relays do: ask the "
+            "nodes directly (--credits --relays), or through your own personal client "
+            "(`planet gateway serve --personal --relays`)",
+        )
+    if args.relays is not None and args.plaintext_links:
+        raise UsageError(
+            "--plaintext-links is for direct links; with --relays the exit relays dial the nodes",
+            hint="drop one of them",
+        )
     if args.pay or args.voucher:
         result = asyncio.run(_ask_paid(args, _pay_defaults(args)))
         if args.json:
@@ -214,19 +253,39 @@ def run(args: argparse.Namespace) -> int:
     # Before torch loads: our idle OpenMP threads sleep instead of spinning on the cores the
     # nodes need while they compute (same setting the local nodes get).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    relays = read_file_relays(args.relays, args.overlay)  # its mistakes before anything else
     nodes = NodesFile.load(args.nodes or default_nodes_path())
     if not nodes.manifest.is_file():
         raise UsageError(
             f"the nodes file names a manifest that does not exist: {nodes.manifest}",
             hint="run `planet local up` again",
         )
-    result = asyncio.run(_ask(args, nodes, sampling))
+    route = _overlay_route(args, nodes, relays)
+    result = asyncio.run(_ask(args, nodes, sampling, route))
     if args.json:
         print(json.dumps(result, ensure_ascii=False))
     return 0
 
 
-async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str, Any]:
+def _overlay_route(args: argparse.Namespace, nodes: Any, relays: Any) -> Any:
+    """The personal client's `OverlayRoute` (node/cli/overlay_args.py) for --relays, else
+    None: the relays of the file or of the committee (`chain`: --committee-rpc, the nodes
+    file's, else the operator config's), paid with --credits from the same credit file."""
+    committee = args.committee_rpc or nodes.committee_rpc
+    if args.relays == CHAIN_RELAYS:
+        committee = committee or resolve_config({}).committee_rpc
+        relays = chain_relays(committee)
+    if relays is None:
+        return None
+    credits_file = (args.credits_file or planet_home() / "credits.json") if args.credits else None
+    return overlay_route(
+        relays, args.overlay, home=planet_home(), committee_rpc=committee, credits_file=credits_file
+    )
+
+
+async def _ask(
+    args: argparse.Namespace, nodes: Any, sampling: Any, route: Any = None
+) -> dict[str, Any]:
     # lazy: aiohttp and numpy (the client, its head and the wire codecs)
     import aiohttp
 
@@ -254,10 +313,23 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
     codec = COMPRESSED_CODEC if args.compress else "raw"
     expected = {s.shard_id: (manifest.model_hash, s.layers) for s in manifest.shards}
     async with aiohttp.ClientSession(skip_auto_headers=("User-Agent",)) as http:
+        overlay = reader = None
+        if route is not None:  # every link and /info read over relay paths (issue 43)
+            from node.gateway.node_info import OverlayHopReader
+
+            overlay, reader = route.dialer(http), OverlayHopReader(route, http)
+        checked: list[dict[str, Any]] = []
+        started, read_s = time.perf_counter(), 0.0
         if len({hop.shard for hop in hops}) == len(hops):  # one node a shard: check it first
-            await check_circuit(
-                http, hops, manifest.model_hash, manifest.total_layers, plaintext_links=plaintext
+            checked = await check_circuit(
+                http,
+                hops,
+                manifest.model_hash,
+                manifest.total_layers,
+                plaintext_links=plaintext,
+                reader=reader,
             )
+            read_s = time.perf_counter() - started
         # more than one node for a shard: the cheapest serves, the others are spares
         # (node/client/replicas.py); a node that fails mid-answer is replaced by a spare
         credits = _credit_wallet(args)
@@ -278,7 +350,11 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
             chain_prices=chain_prices,
             info_prices=args.min_credit_positions is not None,
             prompt=prompt_ids,
+            overlay=overlay,
+            reader=reader,
         )
+        for hop, info in zip(hops, checked, strict=False):  # read once (a link each, relayed)
+            source.take_info(hop, info, read_s)
         async for token in generate(
             source,
             head,
@@ -299,12 +375,15 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
                     sys.stdout.flush()
                     printed = text
     text = head.decode(tokens)
+    purse = None if route is None else route.purse
+    relay_spent = None if purse is None else sum(purse.paid.values())
     if not args.json:
         sys.stdout.write((text[len(printed) :] if text.startswith(printed) else "") + "\n")
         sys.stdout.flush()
         if source.payer is not None:
+            relayed = "" if relay_spent is None else f" and {relay_spent} to the relays"
             print(
-                f"paid {source.payer.spent} credits to the nodes; "
+                f"paid {source.payer.spent} credits to the nodes{relayed}; "
                 f"{source.payer.wallet.count()} left in {source.payer.wallet.path}",
                 file=sys.stderr,
             )
@@ -322,6 +401,14 @@ async def _ask(args: argparse.Namespace, nodes: Any, sampling: Any) -> dict[str,
         "wire_dtype": args.wire_dtype if codec == "raw" else None,
         "speculation": {"lookahead": args.speculate, **stats.to_json()} if speculation else None,
         "credits_spent": None if source.payer is None else source.payer.spent,
+        "relays": None
+        if route is None
+        else {
+            "paths": route.paths,
+            "needed": route.needed,
+            "length": route.length,
+            "credits_spent": relay_spent,
+        },
     }
 
 

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-from typing import Any
 
+from node.cli.overlay_args import (
+    CHAIN_RELAYS,
+    add_overlay_arguments,
+    chain_relays,
+    overlay_route,
+    read_file_relays,
+)
 from node.client.credit_sizes import MAX_BUY
 from node.config import resolve_config
 from node.gateway.config import NODE_COOLDOWN_S
 from node.gateway.credit_defaults import MIN_CREDIT_POSITIONS, TOP_UP, TOP_UP_BELOW
 from node.gateway.guards import ROUTES
-from protocol.errors import PlanetError, UsageError
+from protocol.errors import UsageError
 from protocol.frames.dtypes import WIRE_DTYPE, WIRE_DTYPE_HELP, WIRE_DTYPES
 
 EXAMPLES = """\
@@ -250,18 +255,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "first start, printed once, kept here with mode 0600 and reused (default "
         "$PLANET_PERSONAL_TOKEN_FILE, else $PLANET_HOME/personal-token)",
     )
-    personal.add_argument(
-        "--relays",
-        type=_relays_source,
-        default=None,
-        metavar="chain|FILE",
-        help="reach every node through the overlay: n paths of relays drawn from the relays "
-        "the committee lists (`chain`: registered with an agreed Relay stake, read from "
-        "/relays at start, every page, and again every --relays-refresh seconds and when a "
-        "relay is unreachable) or from FILE (one `URL KEY` line per relay, as "
-        "`planet relay serve` prints it, read once at start, never refreshed; ./chain for a "
-        "file named chain), the messages cut into S-IDA cloves, so no node sees this "
-        "machine's address (docs/overlay.md)",
+    add_overlay_arguments(
+        personal,
+        refreshed=" at start, every page, and again every --relays-refresh seconds and when a "
+        "relay is unreachable",
     )
     personal.add_argument(
         "--relays-refresh",
@@ -272,24 +269,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(±10%% jitter; default 60): relays that left are no longer drawn for new questions, "
         "new ones are; a failed read keeps the last good list",
     )
-    personal.add_argument(
-        "--overlay",
-        type=_overlay_shape,
-        default=None,
-        metavar="N,K,L",
-        help="with --relays: N paths per node, any K of them enough, L relays per path "
-        "(default 4,3,3, the seed's; needs N × L relays in the file)",
-    )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
-
-
-CHAIN_RELAYS = "chain"
-
-
-def _relays_source(text: str) -> str | Path:
-    """--relays: `chain` (the committee's /relays), else a relays file's path."""
-    return CHAIN_RELAYS if text == CHAIN_RELAYS else Path(text)
 
 
 def _refresh_seconds(text: str) -> float:
@@ -300,16 +281,6 @@ def _refresh_seconds(text: str) -> float:
     if not 1 <= seconds <= 86400:
         raise argparse.ArgumentTypeError(f"{text!r}: need seconds from 1 to 86400")
     return seconds
-
-
-def _overlay_shape(text: str) -> tuple[int, int, int]:
-    parts = text.split(",")
-    if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f"{text!r} is not N,K,L (e.g. 4,3,3)")
-    n, k, length = (int(p) for p in parts)
-    if not (2 <= k <= n <= 16 and 1 <= length <= 5):
-        raise argparse.ArgumentTypeError(f"{text!r}: need 2 ≤ K ≤ N ≤ 16 and 1 ≤ L ≤ 5")
-    return n, k, length
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -407,30 +378,20 @@ def _serve_personal(args: argparse.Namespace) -> int:
             "--relays-refresh re-reads the committee's relays: a relays file is read once",
             hint="use --relays chain, or drop --relays-refresh",
         )
-    relays: Any = None  # a relays file is read first: its mistakes need no chain to find
-    if isinstance(args.relays, Path):
-        from node.client.overlay import read_relays
-
-        relays = read_relays(args.relays)
-    elif args.relays is None and args.overlay is not None:
-        raise UsageError(
-            "--overlay shapes the paths of --relays", hint="add --relays chain (or FILE)"
-        )
+    # a relays file is read first: its mistakes need no chain to find
+    relays = read_file_relays(args.relays, args.overlay)
     chains = resolve_config({"committee_rpc": args.committee_rpc})
     if args.relays == CHAIN_RELAYS:
-        relays = _chain_relays(chains.committee_rpc)
+        relays = chain_relays(chains.committee_rpc)
     overlay = None
     if relays is not None:
-        from node.client.overlay import OverlayRoute
-        from node.client.relay_guards import GUARDS_FILE as RELAY_GUARDS_FILE
-        from node.client.relay_guards import RelayGuards
-
-        n, k, length = args.overlay or (4, 3, 3)
-        guards = RelayGuards(planet_home() / RELAY_GUARDS_FILE)  # the paths' entry relays
-        purse = _relay_purse(
-            chains.committee_rpc, args.credits_file or planet_home() / "credits.json"
+        overlay = overlay_route(
+            relays,
+            args.overlay,
+            home=planet_home(),
+            committee_rpc=chains.committee_rpc,
+            credits_file=args.credits_file or planet_home() / "credits.json",
         )
-        overlay = OverlayRoute(relays, paths=n, needed=k, length=length, guards=guards, purse=purse)
     relay_refresh = None
     if overlay is not None and args.relays == CHAIN_RELAYS:
         from node.client.relay_refresh import DEFAULT_INTERVAL_S, RelayRefresh
@@ -466,51 +427,6 @@ def _serve_personal(args: argparse.Namespace) -> int:
     )
     serve(config, settings)
     return 0
-
-
-def _relay_purse(committee_rpc: str, credits_file: Path) -> Any:
-    """What pays the relays: the committee's rate (`/credit_keys` relay_bytes) and the user's
-    credit wallet; None, said in one line on stderr, when the committee gives no rate."""
-    import asyncio
-
-    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
-    from node.client.credit_wallet import CreditWallet
-    from node.client.relay_paying import RelayPurse, read_rate
-
-    async def read() -> int:
-        link = CommitteeLink([committee_rpc])
-        try:
-            return await read_rate(link.query)
-        finally:
-            await link.close()
-
-    try:
-        rate = asyncio.run(read())
-    except PlanetError as error:
-        print(f"overlay: relays are not paid: {error.message}", file=sys.stderr, flush=True)
-        return None
-    wallet = CreditWallet(credits_file)
-    print(f"overlay: relays paid 1 credit per {rate} clove bytes that arrive", file=sys.stderr)
-    return RelayPurse(rate, wallet.take, wallet.add)
-
-
-def _chain_relays(committee_rpc: str) -> Any:
-    """The relays the committee lists (every page of /relays), said in one line on stderr."""
-    import asyncio
-
-    from node.chain.committee_link import CommitteeLink  # lazy: aiohttp
-    from node.client.relay_registry import read_chain_relays
-
-    async def read() -> Any:
-        link = CommitteeLink([committee_rpc])
-        try:
-            return await read_chain_relays(link.query)
-        finally:
-            await link.close()
-
-    relays = asyncio.run(read())
-    print(f"overlay: {len(relays)} relays listed on the committee", file=sys.stderr, flush=True)
-    return relays
 
 
 def _validator_rpcs(flags: list[str] | None, committee_rpc: str) -> tuple[str, ...]:

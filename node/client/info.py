@@ -3,13 +3,17 @@
 `planet ask` checks the circuit before it opens any session: every node serves this model
 (manifest hash), the shard the nodes file names, and the shards' layers run 0..total without a gap.
 Answers are read through node/client/answers.py (bounded, JSON objects only).
+
+A `NodeReader` reads them another way: `planet ask --relays` reads every /info and health over
+the user's relay paths (node/gateway/node_info.py `OverlayHopReader`), so that no request of
+the client reaches a node from the user's address (issue 43); None reads them directly.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -27,6 +31,21 @@ from protocol.errors import BusyError, ConfigError, RemoteError, UnavailableErro
 from protocol.links import NodeKeyMismatchError
 
 INFO_FALLBACK_S = 30.0  # a node behind NAT: its addresses at its relays, all tried within this
+
+
+class NodeReader(Protocol):
+    """How a client reads a node's GET /info and asks whether it is healthy, other than
+    directly (`node_info`, `node.client.failover.unhealthy_hops`)."""
+
+    timeout_s: float  # how long one /info read may take
+
+    async def info(self, hop: Hop) -> dict[str, Any]:
+        """The node's /info as a JSON object; a PlanetError naming the node when unreadable."""
+        ...
+
+    async def healthy(self, hop: Hop, timeout_s: float) -> bool:
+        """Whether the node answers within `timeout_s` (or the reader's own longer bound)."""
+        ...
 
 
 async def node_info(
@@ -86,9 +105,16 @@ async def _node_info_at(
 
 
 async def node_infos(
-    http: aiohttp.ClientSession, hops: Sequence[Hop], *, plaintext_links: bool = False
+    http: aiohttp.ClientSession,
+    hops: Sequence[Hop],
+    *,
+    plaintext_links: bool = False,
+    reader: NodeReader | None = None,
 ) -> list[dict[str, Any]]:
-    """GET /info from every node of the circuit (concurrently), in circuit order."""
+    """GET /info from every node of the circuit (concurrently), in circuit order; through
+    `reader` when given."""
+    if reader is not None:
+        return list(await asyncio.gather(*(reader.info(hop) for hop in hops)))
     return list(
         await asyncio.gather(
             *(node_info(http, hop, plaintext_links=plaintext_links) for hop in hops)
@@ -103,9 +129,10 @@ async def check_circuit(
     total_layers: int,
     *,
     plaintext_links: bool = False,
+    reader: NodeReader | None = None,
 ) -> list[dict[str, Any]]:
     """Every node serves the expected shard of this model; the layers run 0..total, no gap."""
-    infos = await node_infos(http, hops, plaintext_links=plaintext_links)
+    infos = await node_infos(http, hops, plaintext_links=plaintext_links, reader=reader)
     expected_start = 0
     for hop, info in zip(hops, infos, strict=True):
         if info.get("model_hash") != model_hash:

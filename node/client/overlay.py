@@ -569,7 +569,10 @@ def read_relays(path: Path) -> tuple[Hop, ...]:
     try:
         lines = path.read_text().splitlines()
     except OSError as error:
-        raise UsageError(f"cannot read the relays file {path}: {error.strerror}") from None
+        raise UsageError(
+            f"cannot read the relays file {path}: {error.strerror}",
+            hint="give a file of one `URL KEY` line per relay, as `planet relay serve` prints it",
+        ) from None
     relays = []
     for number, line in enumerate(lines, 1):
         text = line.split("#", 1)[0].strip()

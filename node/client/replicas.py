@@ -23,6 +23,10 @@ charging node is picked for a client that pays none only when no free node serve
 So such a node's `payment_required` is the client's own doing, shared by every node it could be
 sent to instead: final for the question (`node.client.paying.UnpaidError`), no replay, the node
 not avoided.
+
+With `overlay` (an `OverlayRoute.dialer`, `planet ask --relays`) every circuit reaches its nodes
+over relay paths, and `reader` (node/client/info.py `NodeReader`) reads their /info and health
+the same way: nothing of this client reaches a node from the user's address.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import aiohttp
 
@@ -40,7 +45,7 @@ from node.client.circuit import CircuitClient
 from node.client.costs import CostBook, prefix_preference
 from node.client.credit_wallet import CreditWallet
 from node.client.failover import unhealthy_hops
-from node.client.info import node_info
+from node.client.info import NodeReader, node_info
 from node.client.paying import MIN_POSITIONS, CreditPayer, accepts_price
 from node.client.types import Hop
 from protocol.committee.credit_holder import node_party
@@ -78,8 +83,13 @@ class ReplicaCircuits:
         chain_prices: Mapping[str, int | None] | None = None,
         info_prices: bool = False,
         prompt: Sequence[int] | None = None,
+        overlay: Callable[[Hop], Awaitable[Any]] | None = None,
+        reader: NodeReader | None = None,
     ) -> None:
         self.http = http
+        # reach the nodes over relay paths (module docstring); None: direct links and reads
+        self.overlay = overlay
+        self.reader = reader
         # the question's prompt: each shard's choice among the near-cheapest prefers the node
         # holding the most of its prefix (node/client/costs.py `prefix_preference`)
         self.prompt = None if prompt is None else list(prompt)
@@ -136,13 +146,22 @@ class ReplicaCircuits:
 
     async def _observe(self, hop: Hop) -> None:
         started = time.perf_counter()
+        timeout_s = INFO_TIMEOUT_S if self.reader is None else self.reader.timeout_s
         try:
-            async with asyncio.timeout(INFO_TIMEOUT_S):
-                info = await node_info(self.http, hop, plaintext_links=self.plaintext_links)
+            async with asyncio.timeout(timeout_s):
+                if self.reader is not None:
+                    info = await self.reader.info(hop)
+                else:
+                    info = await node_info(self.http, hop, plaintext_links=self.plaintext_links)
         except (PlanetError, TimeoutError):
             self.costs.observe_failure(hop.url)
             return
-        self.costs.observe_info(hop.url, info, time.perf_counter() - started)
+        self.take_info(hop, info, time.perf_counter() - started)
+
+    def take_info(self, hop: Hop, info: dict[str, Any], rtt_s: float) -> None:
+        """What `hop`'s /info says, read by the caller `rtt_s` ago (`planet ask` reads the
+        circuit's to check it first: not read twice, which over relays is a link each)."""
+        self.costs.observe_info(hop.url, info, rtt_s)
         price = info.get("credit_positions", 0)
         self.prices[hop.url] = price if isinstance(price, int) and 0 <= price < 2**31 else 0
         self._check_price(hop.url, price)
@@ -258,6 +277,7 @@ class ReplicaCircuits:
             plaintext_links=self.plaintext_links,
             payer=self.payer,
             known_prices=self.prices,
+            overlay=self.overlay,
         )
         for hop in hops:  # its open sends each node the prompt's route keys
             routes = self.costs.get(hop.url).prefix_routes
@@ -284,6 +304,10 @@ class ReplicaCircuits:
     async def probe(self) -> set[int]:
         if self.current is None:
             return set()
+        if self.reader is not None:
+            reader, timeout_s = self.reader, self.probe_timeout_s
+            answers = await asyncio.gather(*(reader.healthy(h, timeout_s) for h in self.current))
+            return {index for index, ok in enumerate(answers) if not ok}
         return await unhealthy_hops(self.http, self.current, self.probe_timeout_s)
 
 

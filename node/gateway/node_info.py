@@ -8,6 +8,10 @@ INFO (protocol/overlay.py): a fresh link of n paths per read, closed after it. T
 pinned by the exits (the onion names it, docs/overlay.md), as `link_ssl` pins it directly; an
 http:// node is read unpinned either way (loopback only: the router refuses it elsewhere). Health
 over the overlay is an INFO answered in time: a node that answers /info serves.
+
+`OverlayHopReader` is the same `OverlayInfo` as node/client/info.py's `NodeReader` (a hop in, a
+JSON object or a named PlanetError out): `planet ask --relays` reads its circuit's /info and
+health with it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from node.links import link_ssl
-from protocol.errors import PlanetError
+from protocol.errors import PlanetError, UnavailableError
 from protocol.overlay import OverlayError
 
 
@@ -103,6 +107,32 @@ class OverlayInfo:
         except InfoUnavailable:
             return False
         return True
+
+
+class OverlayHopReader:
+    """`OverlayInfo` for a client of hops (node/client/info.py `NodeReader`): an /info that
+    does not come back over the relays is an UnavailableError naming the node and why."""
+
+    def __init__(self, route: Any, http: aiohttp.ClientSession) -> None:
+        self.fetcher = OverlayInfo(route, http)
+        self.timeout_s = self.fetcher.timeout_s
+
+    async def info(self, hop: Any) -> dict[str, Any]:
+        try:
+            # the onion names an https:// node's key: the exit pins it (no ssl of this host's)
+            info = await self.fetcher.info(hop.url, hop.key, None, self.timeout_s)
+        except InfoUnavailable as error:
+            raise UnavailableError(
+                f"node {hop.url} (shard {hop.shard}) did not answer /info over the relays: {error}"[
+                    :400
+                ],
+                hint="the relays are down or refuse the next hop (try other relays, or fewer "
+                "per path with --overlay), or the node is down",
+            ) from None
+        return dict(info)
+
+    async def healthy(self, hop: Any, timeout_s: float) -> bool:
+        return await self.fetcher.healthy(hop.url, hop.key, timeout_s)
 
 
 class _Node:

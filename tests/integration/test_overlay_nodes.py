@@ -9,7 +9,10 @@ as (4, 3) S-IDA cloves (docs/overlay.md).
 - a relay that drops every clove changes nothing in the answer either, is named by the client
   (its path stayed silent) and left out of later draws;
 - hostile cells (garbage, wrong sizes, forged layers, an onion not sealed to the relay, a
-  next hop at a refused address) are refused by name and stop neither a relay nor a node.
+  next hop at a refused address) are refused by name and stop neither a relay nor a node;
+- `planet ask --relays FILE` (its own process, every socket connect recorded) answers as the
+  direct path does and never connects to a node's port, /info reads included, where a plain
+  `planet ask` connects to both nodes (issue 43).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,10 +32,12 @@ import pytest
 from aiohttp import web
 from nacl.public import PrivateKey
 
+from harness.connect_log import connect_logging, connected_ports
 from harness.ports import ephemeral_port
-from harness.relays import RelayProcess
+from harness.relays import RelayProcess, write_relays_file
 from harness.relays import relays as started_relays
 from node.client.circuit import CircuitClient
+from node.client.nodesfile import NodeRef, NodesFile
 from node.client.overlay import OverlayLink, OverlayRoute, choose_paths
 from node.client.types import Hop as NodeHop
 from node.model.head import ClientHead
@@ -219,3 +226,41 @@ def test_hostile_cells_are_refused_and_stop_nothing(circuit, direct, relays) -> 
     # after all of it, both kinds of process still serve a whole answer over the overlay
     assert asyncio.run(_answer(manifest, hops, relays))[0] == direct
     assert json.loads(json.dumps(asyncio.run(_get_json(f"{relay.url}/health")))) == {"ok": True}
+
+
+def _ask_process(
+    manifest: Path, hops: list[NodeHop], root: Path, name: str, *extra: str
+) -> tuple[dict, set[int]]:
+    """`planet ask QUESTION --json` in its own process over a nodes file of `hops`: its answer
+    and the ports of every socket it connected to (harness/connect_log.py)."""
+    m = Manifest.load(manifest)
+    nodes_file = root / "nodes.json"
+    refs = tuple(NodeRef(hop.url, hop.shard, tuple(m.shards[hop.shard].layers)) for hop in hops)
+    NodesFile(manifest, refs).save(nodes_file)
+    connects = root / f"connects-{name}.txt"
+    env = {**os.environ, "PLANET_HOME": str(root / f"home-{name}")}
+    env = connect_logging(env, root / "connect-hook", connects)
+    command = [sys.executable, "-m", "planet", "ask", QUESTION[0]["content"], "--json"]
+    command += ["--nodes", str(nodes_file), "--max-tokens", str(NEW_TOKENS), *extra]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout), set(connected_ports(connects))
+
+
+def test_planet_ask_over_relays_answers_and_connects_to_no_node(
+    circuit, direct, relays, tmp_path
+) -> None:
+    manifest, hops = circuit
+    node_ports = {int(hop.url.rsplit(":", 1)[1]) for hop in hops}
+    relay_ports = {relay.port for relay in relays}
+    plain, seen = _ask_process(manifest, hops, tmp_path, "direct")
+    assert plain["tokens"] == direct and plain["relays"] is None
+    assert node_ports <= seen  # asked directly, the asker connects to every node itself
+    listed = write_relays_file(tmp_path / "relays.txt", relays)
+    overlaid, seen = _ask_process(
+        manifest, hops, tmp_path, "relays", "--relays", str(listed), "--overlay", "4,3,2"
+    )
+    assert seen and not seen & node_ports, sorted(seen & node_ports)  # /info reads included
+    assert seen <= relay_ports  # the first relays of its paths, nothing else
+    assert overlaid["tokens"] == direct and overlaid["text"] == plain["text"]
+    assert overlaid["relays"] == {"paths": 4, "needed": 3, "length": 2, "credits_spent": None}

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from eth_utils import keccak
+from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from harness.connect_log import connect_logging, connected_ports
@@ -221,7 +222,11 @@ def _buy(net: dict[str, Any], count: int, credits_file: Path) -> None:
     assert CreditWallet(credits_file).count() == count
 
 
-def _ask(net: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
+def _ask(
+    net: dict[str, Any], *extra: str, connects: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`planet ask --json` in its own process; `connects`: where its every socket connect is
+    recorded (harness/connect_log.py)."""
     command = [sys.executable, "-m", "planet", "ask", PROMPT, "--nodes"]
     command += [str(net["nodes_file"]), "--max-tokens", str(MAX_TOKENS), "--json", *extra]
     # each node is paid its price on the chain (its agent's set_price), never its /info alone;
@@ -229,6 +234,8 @@ def _ask(net: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
     command += ["--committee-rpc", net["committee"].rpc]
     command += ["--min-credit-positions", str(PRICE_POSITIONS)]
     env = {**os.environ, "PLANET_HOME": str(net["root"] / "client-home")}
+    if connects is not None:
+        env = connect_logging(env, net["root"] / "connect-hook", connects)
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -442,6 +449,59 @@ def test_the_personal_client_over_the_overlay_connects_to_no_node(net) -> None:
     ports = set(connected_ports(overlay_log))
     assert relay_ports <= ports  # every relay was a first hop of some path
     assert not ports & node_ports, sorted(ports & node_ports)  # no node reached directly
+
+
+def test_ask_over_relays_pays_nodes_and_relays_and_connects_to_no_node(net) -> None:
+    """`planet ask --credits --relays FILE` (issue 43): the answer of the direct ask, the nodes
+    paid as before and the relays from the same credit file for the cloves that arrived, and
+    no socket of the asker ever connects to a node's port (/info reads included), where the
+    direct ask connects to both. Relays that cannot be reached stop the question with one
+    error and a hint, no node reached and not a credit spent."""
+    credits_file = net["root"] / "ask-overlay-credits.json"
+    _buy(net, 30, credits_file)
+    pay = ("--credits", "--credits-file", str(credits_file))
+    node_ports = {int(node.url.rsplit(":", 1)[1]) for node in net["nodes"]}
+    direct_log = net["root"] / "ask-connects-direct.txt"
+    plain = _ask(net, *pay, connects=direct_log)
+    assert plain.returncode == 0, plain.stderr
+    assert node_ports <= set(connected_ports(direct_log))  # the recording sees the nodes
+    direct = json.loads(plain.stdout)
+    before = CreditWallet(credits_file).count()
+    overlay_log = net["root"] / "ask-connects-overlay.txt"
+    with relays(4, net["root"] / "ask-relays") as started:
+        listed = write_relays_file(net["root"] / "ask-relays.txt", started)
+        overlay = ("--relays", str(listed), "--overlay", "4,3,1")
+        done = _ask(net, *pay, *overlay, connects=overlay_log)
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout)
+        relayed = answer["relays"]["credits_spent"]
+
+        def received() -> int | None:  # PAY cells sent as the asker closed its links
+            total = sum(relay.info()["credits_received"] for relay in started)
+            return total if total == relayed else None
+
+        wait_for(received, 30, "the relays did not get what the asker paid them")
+        relay_ports = {relay.port for relay in started}
+    ports = set(connected_ports(overlay_log))
+    assert not ports & node_ports, sorted(ports & node_ports)  # no node reached directly
+    assert relay_ports <= ports  # every relay was a first hop (4 paths of 1)
+    assert answer["tokens"] == direct["tokens"] and answer["text"]
+    assert answer["credits_spent"] == direct["credits_spent"] > 0  # the nodes, as before
+    assert relayed > 0
+    assert before - CreditWallet(credits_file).count() == answer["credits_spent"] + relayed
+    # relays nobody answers on: one error and a hint, no node reached, nothing spent
+    dead = net["root"] / "ask-dead-relays.txt"
+    keys = [bytes(PrivateKey.generate().public_key).hex() for _ in range(4)]
+    dead.write_text("".join(f"http://127.0.0.1:{ephemeral_port()} {key}\n" for key in keys))
+    before = CreditWallet(credits_file).count()
+    dead_log = net["root"] / "ask-connects-dead.txt"
+    failed = _ask(net, *pay, "--relays", str(dead), "--overlay", "4,3,1", connects=dead_log)
+    assert failed.returncode != 0 and "Traceback" not in failed.stderr
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "over the relays" in errors[0], failed.stderr
+    assert "\nhint: " in failed.stderr
+    assert not set(connected_ports(dead_log)) & node_ports  # never a direct fallback
+    assert CreditWallet(credits_file).count() == before
 
 
 def _register_relay(

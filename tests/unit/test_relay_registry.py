@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from abci_app.queries import query
-from node.cli.gateway import CHAIN_RELAYS, _relays_source
+from node.cli.overlay_args import CHAIN_RELAYS, relays_source
 from node.client.relay_registry import (
     MalformedRelayEntry,
     MalformedRelaysAnswer,
@@ -122,6 +122,6 @@ async def test_no_listed_relay_is_one_named_error() -> None:
 
 
 def test_relays_flag_chain_or_a_file() -> None:
-    assert _relays_source("chain") == CHAIN_RELAYS
-    assert _relays_source("./chain") == Path("chain")
-    assert _relays_source("relays.txt") == Path("relays.txt")
+    assert relays_source("chain") == CHAIN_RELAYS
+    assert relays_source("./chain") == Path("chain")
+    assert relays_source("relays.txt") == Path("relays.txt")
