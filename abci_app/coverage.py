@@ -77,7 +77,7 @@ that close, so the records it committed while staked are settled as charged or f
 they stay redeemable for their grace epochs (a redemption asks no stake), and the node reveals
 them as usual. While it is unstaked its entries are frozen (no marks, no flag change: it is not
 routable anyway); once staked again it is judged at every close, the epochs it missed read as
-no change. A node that stakes mid-epoch commits from its staking block on and is judged at that
+no change (`_marks_from`). A node that stakes mid-epoch commits from its staking block on and is judged at that
 epoch's close. Entries of nodes that have LEFT are deleted at the next close; those of an
 expired registration when it is deleted (`forget`). An unstaked node can still write an entry
 through `credit_lock` (each costs a credit someone paid for): no close reads it.
@@ -358,8 +358,7 @@ def _close_entry(
     _settle_epoch(state, node_key, int(shard), record, epoch)
     covered = record["charged"] + record["slack"]
     mark = [epoch, record["bought"], covered, record["charged"]]
-    # marks back to start − grace: rule 5 reads what credits bought from then on
-    marks = [m for m in [*record["marks"], mark] if m[0] >= start - grace]
+    marks = _marks_from(record["marks"], mark, start - grace)
     sold = _at(marks, epoch - grace, 1) - _at(marks, start, 1)
     committed = covered - _at(marks, start, 2)
     uncovered = committed * 1_000_000 < sold * COVER_MIN_PPM
@@ -370,6 +369,20 @@ def _close_entry(
         else None
     )
     state.put(schema.COVERAGE, key, updated)
+
+
+def _marks_from(marks: list[list[int]], mark: list[int], floor: int) -> list[list[int]]:
+    """`marks` and the close's `mark`, back to epoch `floor` (start − grace: rule 5 reads what
+    credits bought from then on). A node judged at every close has a mark at `floor` itself;
+    one that missed closes while unstaked may not: the latest mark before `floor` is then kept,
+    dated `floor`, so the window starts from the counts it had then (the missed closes read as
+    no change), not from 0 (its whole history)."""
+    every = [*marks, mark]
+    kept = [m for m in every if m[0] >= floor]
+    before = [m for m in every if m[0] < floor]
+    if before and (not kept or kept[0][0] > floor):
+        kept = [[floor, *before[-1][1:]], *kept]
+    return kept
 
 
 def unsold(marks: list[list[int]], epoch: int, start: int, grace: int) -> bool:

@@ -209,3 +209,24 @@ def test_close_same_txs_same_app_hash_with_pool_exits() -> None:
 
     assert staked_closes(exits) == staked_closes(exits)
     assert staked_closes(exits) != staked_closes(lambda chain: None)
+
+
+def test_a_node_staked_again_after_a_long_gap_is_judged_on_the_window_not_its_history() -> None:
+    """Unstaked for longer than the window, a node misses every close meanwhile: staked again,
+    its window starts from the counts of its last judged close, so a burst of sales judged and
+    cleared long ago does not flag it again (it would from 0: its whole history)."""
+    chain = settled_chain(commit_grace_epochs=1, heartbeat_timeout=10**6, registration_ttl=10**6)
+    key = register(chain, "returning")
+    make_routable(chain, key)
+    sold(chain, key, 0, 4, 64)  # 256 positions bought, none committed
+    window = coverage.window_epochs(chain.state)
+    close_epochs(chain, 2)
+    assert cover(chain, key, 0)["uncommitted_since"] is not None  # flagged
+    close_epochs(chain, window + 2)
+    assert cover(chain, key, 0)["uncommitted_since"] is None  # the burst left the window
+    attest(chain, key, 0)
+    close_epochs(chain, window + 4)  # unstaked: judged at the first close only
+    attest(chain, key, 10**18)
+    for _ in range(3):  # the closes that read the gap (old: flagged from the second on)
+        close_epochs(chain, 1)
+        assert cover(chain, key, 0)["uncommitted_since"] is None
