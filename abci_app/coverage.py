@@ -69,18 +69,19 @@ charged + slack, charged at that epoch's close]] (the window's closes and the g 
 uncommitted_since (epoch or null)}.
 
 Who is judged (issue 42: work at the epoch boundary grows with stake, not with what strangers
-register). Only a compute node of the staked pools may `commit` (`NOT_STAKED`, commitments.py),
-so no free registration adds a record; an epoch close reads the entries of the staked pools'
-members and of the nodes that left the pools during the epoch (`covdue/<node>`, `left_pool`),
-never the whole `cover/` prefix (`judged_nodes`). A node whose stake ends mid-epoch is judged at
-that close, so the records it committed while staked are settled as charged or free like any;
-they stay redeemable for their grace epochs (a redemption asks no stake), and the node reveals
-them as usual. While it is unstaked its entries are frozen (no marks, no flag change: it is not
-routable anyway); once staked again it is judged at every close, the epochs it missed read as
-no change (`_marks_from`). A node that stakes mid-epoch commits from its staking block on and is judged at that
-epoch's close. Entries of nodes that have LEFT are deleted at the next close; those of an
+register). Only a compute node of the staked pools may `commit` (`NOT_STAKED`, commitments.py), so
+no free registration adds a record; an epoch close reads the entries of the staked pools' members
+and of the nodes that left the pools during the epoch (`covdue/<node>`, `left_pool`), never the
+whole `cover/` prefix (`judged_nodes`). A node whose stake ends mid-epoch is judged at that close,
+so the records it committed while staked are settled as charged or free like any; they stay
+redeemable for their grace epochs (a redemption asks no stake), and the node reveals them as usual.
+While it is unstaked its entries are frozen (no marks, no flag change: it is not routable anyway);
+once staked again it is judged at every close, the epochs it missed read as no change
+(`_marks_from`). A node that stakes mid-epoch commits from its staking block on and is judged at
+that epoch's close. Entries of nodes that have LEFT are deleted at the next close; those of an
 expired registration when it is deleted (`forget`). An unstaked node can still write an entry
-through `credit_lock` (each costs a credit someone paid for): no close reads it.
+through `credit_lock` (on a chain without `credits.holder_bound` a lock names any id): no close
+reads it, and it goes when the registration expires.
 
 Queries: `/coverage?node=` (per shard, creditable positions, blocks per recent epoch, the flag)
 and `/coverage` (the flagged nodes).
