@@ -46,6 +46,19 @@ def _store_evidence(state: State, record: dict[str, Any]) -> str:
     return ident
 
 
+def admit_commit(state: State, signer: str) -> str | None:
+    """Mempool admission (CheckTx, committed state only): why a `commit` by `signer`, a
+    registered compute node that has not left, would be refused NOT_STAKED (outside the staked
+    pools), or None. Keeps a stranger's free nodes' commits out of blocks; FinalizeBlock
+    decides (the other refusals, and a stake that changed since, are judged there)."""
+    node = state.committed(schema.NODE, signer)
+    if node is None or node["role"] != "compute" or node["status"] == schema.LEFT:
+        return None
+    if state.committed(schema.POOL, schema.pool_key(str(node["model"]), signer)) is None:
+        return f"node {signer} is not staked (agreed stake below min_stake.compute)"
+    return None
+
+
 def commit(state: State, tx: SignedTx) -> None:
     body: CommitBatch = tx.body
     rules.staked_compute_node(state, tx.signer)  # NOT_STAKED: cov/ holds staked nodes' work

@@ -248,8 +248,9 @@ def test_abci_cometbft_register_commit_reveal_query_and_restart(net: Net) -> Non
     output, salt = "0x" + "0b" * 32, "0x" + "0c" * 32
     good = "0x" + commitment_value(SESSION, 1, 0, output, salt).hex()
     records = (CommitmentRecord(SESSION, 1, 0, good), CommitmentRecord(SESSION, 2, 0, good))
-    unstaked = net.submit(sign(CommitBatch(records), node_key, 3).encode())
-    assert unstaked.get("code") == 106, unstaked  # NOT_STAKED: only staked nodes commit
+    unstaked = sign(CommitBatch(records), node_key, 3).encode()
+    refused = net.call("broadcast_tx_sync", tx="0x" + unstaked.hex())
+    assert refused["code"] == 106, refused  # NOT_STAKED at CheckTx: only staked nodes commit
     # the single validator attests its stake (as its stake watcher would): now it commits
     attest = AttestStake(node, 10**18)
     assert net.submit(sign(attest, validator_key(net.home), 1).encode()).get("code", 0) == 0

@@ -46,12 +46,16 @@ def test_commit_by_an_unstaked_node_is_refused_not_staked() -> None:
     chain = Chain()
     key = register(chain, "free")
     assert chain.block([chain.tx(Heartbeat(), key)])[0].code == Code.OK  # SERVING, unstaked
-    [result] = chain.block([served_commit_tx(chain, key)])
+    raw = served_commit_tx(chain, key)
+    admitted = chain.machine.check_tx(raw)  # kept out of the mempool, so out of blocks
+    assert admitted.code == Code.NOT_STAKED and "not staked" in admitted.log, admitted
+    [result] = chain.block([raw])  # a proposer that includes it anyway: refused in its block
     assert result.code == Code.NOT_STAKED, result.log
     assert "not staked" in result.log
     assert list(chain.state.committed_items(schema.COMMITMENT)) == []
     assert cover_keys(chain) == []
     attest(chain, key, 10**18)  # staked: the same node commits
+    assert chain.machine.check_tx(served_commit_tx(chain, key)).code == Code.OK
     commit_served(chain, key)
     assert cover_keys(chain) == [f"{hexkey(key)}/00000"]
     attest(chain, key, 10**17)  # below min_stake.compute: refused again
