@@ -106,6 +106,8 @@ class Code(IntEnum):
     RENDEZVOUS_ENDPOINT = 104  # a rendezvous endpoint not at its relay's registered IP address
     # numerics (abci_app/registry.py: register_node's `numerics`, genesis `numerics`)
     NUMERICS_NOT_ACCEPTED = 105  # a register_node announcing numerics its genesis does not list
+    # commit-reveal (abci_app/commitments.py): only the staked pools commit
+    NOT_STAKED = 106  # commit by a compute node outside the staked pools (pool/<model>/<key>)
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

@@ -1,12 +1,16 @@
 """Commit-reveal: compute nodes commit to their outputs, reveal them later; the chain keeps the
 evidence when a node equivocates or a reveal does not open its commitment (`commit`, `reveal`).
 
-- `commit`: per record `commit/<node>/<session>/<step>/<shard>` = {commitment, height}. The same
+- `commit`: by a compute node of the staked pools only (`pool/<model>/<key>`; NOT_STAKED
+  otherwise, before anything is read or written: a free registration adds nothing to `cov/`,
+  so an epoch close's work grows with stake, coverage.py). Per record
+  `commit/<node>/<session>/<step>/<shard>` = {commitment, height}. The same
   value again refuses the whole batch (DUPLICATE_COMMITMENT); a different value for a recorded
   (session, step, shard) stores `equivocation` evidence instead of overwriting.
 - `reveal`: every record must have an unrevealed commitment by the signer (UNKNOWN_COMMITMENT,
   ALREADY_REVEALED), else the whole batch is refused; the record gets {output_hash, salt,
-  revealed_height, match} and a mismatch stores `reveal_mismatch` evidence.
+  revealed_height, match} and a mismatch stores `reveal_mismatch` evidence. A node whose stake
+  ended still reveals what it committed (compute node, not LEFT: no stake asked).
 - Every stored record counts as 32 committed positions of its (node, shard) in the block's
   epoch, and a stored step 0 as one session begun there (`coverage.record_commits`: what
   redemptions consume).
@@ -42,9 +46,22 @@ def _store_evidence(state: State, record: dict[str, Any]) -> str:
     return ident
 
 
+def admit_commit(state: State, signer: str) -> str | None:
+    """Mempool admission (CheckTx, committed state only): why a `commit` by `signer`, a
+    registered compute node that has not left, would be refused NOT_STAKED (outside the staked
+    pools), or None. Keeps a stranger's free nodes' commits out of blocks; FinalizeBlock
+    decides (the other refusals, and a stake that changed since, are judged there)."""
+    node = state.committed(schema.NODE, signer)
+    if node is None or node["role"] != "compute" or node["status"] == schema.LEFT:
+        return None
+    if state.committed(schema.POOL, schema.pool_key(str(node["model"]), signer)) is None:
+        return f"node {signer} is not staked (agreed stake below min_stake.compute)"
+    return None
+
+
 def commit(state: State, tx: SignedTx) -> None:
     body: CommitBatch = tx.body
-    rules.compute_node(state, tx.signer)
+    rules.staked_compute_node(state, tx.signer)  # NOT_STAKED: cov/ holds staked nodes' work
     fresh: list[tuple[str, str]] = []
     signer = tx.signer
     # (session, step, shard) are unique within a batch: one lookup for all equals one per item

@@ -66,9 +66,25 @@ State: `cover/<node>/<shard:05d>` = {committed (positions, cumulative, charged o
 likewise), bought (positions, cumulative), slack (positions, cumulative), marks [[epoch, bought,
 charged + slack, charged at that epoch's close]] (the window's closes and the g before them), recent
 [[epoch, records, consumed positions, sessions begun]] (epochs still redeemable or selectable),
-uncommitted_since (epoch or null)}. Entries of nodes that are no longer registered, or have
-LEFT, are deleted at the next close. Queries: `/coverage?node=` (per shard, creditable
-positions, blocks per recent epoch, the flag) and `/coverage` (the flagged nodes).
+uncommitted_since (epoch or null)}.
+
+Who is judged (issue 42: work at the epoch boundary grows with stake, not with what strangers
+register). Only a compute node of the staked pools may `commit` (`NOT_STAKED`, commitments.py), so
+no free registration adds a record; an epoch close reads the entries of the staked pools' members
+and of the nodes that left the pools during the epoch (`covdue/<node>`, `left_pool`), never the
+whole `cover/` prefix (`judged_nodes`). A node whose stake ends mid-epoch is judged at that close,
+so the records it committed while staked are settled as charged or free like any; they stay
+redeemable for their grace epochs (a redemption asks no stake), and the node reveals them as usual.
+While it is unstaked its entries are frozen (no marks, no flag change: it is not routable anyway);
+once staked again it is judged at every close, the epochs it missed read as no change
+(`_marks_from`). A node that stakes mid-epoch commits from its staking block on and is judged at
+that epoch's close. Entries of nodes that have LEFT are deleted at the next close; those of an
+expired registration when it is deleted (`forget`). An unstaked node can still write an entry
+through `credit_lock` (on a chain without `credits.holder_bound` a lock names any id): no close
+reads it, and it goes when the registration expires.
+
+Queries: `/coverage?node=` (per shard, creditable positions, blocks per recent epoch, the flag)
+and `/coverage` (the flagged nodes).
 """
 
 from __future__ import annotations
@@ -285,35 +301,89 @@ def _settle_epoch(state: State, node: str, shard: int, record: dict[str, Any], e
     record[column] = min(MAX_COUNT, record[column] + row[1] * BLOCK_POSITIONS)
 
 
+def judged_nodes(state: State) -> tuple[list[str], list[str]]:
+    """The nodes whose cover entries an epoch close reads, in key order: the members of the
+    staked pools (`pool/<model>/<key>`) and the nodes that left them since the last close
+    (`covdue/<key>`, `left_pool`); and the latter alone. Only a member may commit
+    (commitments.py NOT_STAKED), so every record committed in the epoch belongs to one of them;
+    a free registration is neither."""
+    staked = {entry.rsplit("/", 1)[1] for entry in state.keys(schema.POOL)}
+    left = state.keys(schema.COVERAGE_DUE)
+    return sorted(staked.union(left)), left
+
+
+def left_pool(state: State, node: str) -> None:
+    """`node` left the staked pools (its agreed stake fell below min_stake.compute, or it
+    left): the next close still judges its entries once, settling what it committed while
+    staked (registry.py `update_pool`)."""
+    state.put(schema.COVERAGE_DUE, node, 1)
+
+
+def forget(state: State, node: str) -> None:
+    """`node`'s registration was deleted (registry.py `delete_node`): its cover entries go now,
+    since no close reads an entry of a node outside the pools."""
+    for key, _ in state.items(schema.COVERAGE, node + "/", node + "0"):
+        state.delete(schema.COVERAGE, key)
+    if state.get(schema.COVERAGE_DUE, node) is not None:
+        state.delete(schema.COVERAGE_DUE, node)
+
+
 def close(state: State, epoch: int) -> None:
-    """EndBlock of epoch `epoch`'s last height: settle the epoch's records as charged or free,
-    mark what credits bought and what was covered, (un)flag uncovered nodes (rules 2 and 5,
-    over the window of `window_epochs`)."""
+    """EndBlock of epoch `epoch`'s last height: for the nodes `judged_nodes` names (the staked
+    pools and those that left them in the epoch, never a free registration), settle the
+    epoch's records as charged or free, mark what credits bought and what was covered,
+    (un)flag uncovered nodes (rules 2 and 5, over the window of `window_epochs`); delete the
+    entries of nodes that left or are gone."""
     grace = state.genesis.commit_grace_epochs
     window = window_epochs(state)
     start = epoch - grace - window  # the window's sales are those of epochs start+1 .. e-grace
-    for key, record in state.items(schema.COVERAGE):
-        node_key, shard = key.split("/", 1)
+    judged, left = judged_nodes(state)
+    for node_key in judged:
         node = state.get(schema.NODE, node_key)
-        if node is None or node["status"] == schema.LEFT:  # gone for good: nothing to judge
-            state.delete(schema.COVERAGE, key)
-            continue
-        record = {**_empty(), **record}
-        _settle_epoch(state, node_key, int(shard), record, epoch)
-        covered = record["charged"] + record["slack"]
-        mark = [epoch, record["bought"], covered, record["charged"]]
-        # marks back to start − grace: rule 5 reads what credits bought from then on
-        marks = [m for m in [*record["marks"], mark] if m[0] >= start - grace]
-        sold = _at(marks, epoch - grace, 1) - _at(marks, start, 1)
-        committed = covered - _at(marks, start, 2)
-        uncovered = committed * 1_000_000 < sold * COVER_MIN_PPM
-        updated = _trim(state, {**record, "marks": marks}, epoch + 1)
-        updated["uncommitted_since"] = (
-            (record["uncommitted_since"] or epoch)
-            if uncovered or unsold(marks, epoch, start, grace)
-            else None
-        )
-        state.put(schema.COVERAGE, key, updated)
+        gone = node is None or node["status"] == schema.LEFT  # gone for good: nothing to judge
+        for key, record in state.items(schema.COVERAGE, node_key + "/", node_key + "0"):
+            if gone:
+                state.delete(schema.COVERAGE, key)
+            else:
+                _close_entry(state, key, record, epoch, start, grace)
+    for node_key in left:
+        state.delete(schema.COVERAGE_DUE, node_key)
+
+
+def _close_entry(
+    state: State, key: str, record: dict[str, Any], epoch: int, start: int, grace: int
+) -> None:
+    """One (node, shard) entry at `epoch`'s close (`close`)."""
+    node_key, shard = key.split("/", 1)
+    record = {**_empty(), **record}
+    _settle_epoch(state, node_key, int(shard), record, epoch)
+    covered = record["charged"] + record["slack"]
+    mark = [epoch, record["bought"], covered, record["charged"]]
+    marks = _marks_from(record["marks"], mark, start - grace)
+    sold = _at(marks, epoch - grace, 1) - _at(marks, start, 1)
+    committed = covered - _at(marks, start, 2)
+    uncovered = committed * 1_000_000 < sold * COVER_MIN_PPM
+    updated = _trim(state, {**record, "marks": marks}, epoch + 1)
+    updated["uncommitted_since"] = (
+        (record["uncommitted_since"] or epoch)
+        if uncovered or unsold(marks, epoch, start, grace)
+        else None
+    )
+    state.put(schema.COVERAGE, key, updated)
+
+
+def _marks_from(marks: list[list[int]], mark: list[int], floor: int) -> list[list[int]]:
+    """`marks` and the close's `mark`, back to epoch `floor` (start − grace: rule 5 reads what
+    credits bought from then on). A node judged at every close has a mark at `floor` itself;
+    one that missed closes while unstaked may not: the latest mark before `floor` is then kept,
+    dated `floor`, so the window starts from the counts it had then (the missed closes read as
+    no change), not from 0 (its whole history)."""
+    every = [*marks, mark]
+    kept = [m for m in every if m[0] >= floor]
+    before = [m for m in every if m[0] < floor]
+    if before and (not kept or kept[0][0] > floor):
+        kept = [[floor, *before[-1][1:]], *kept]
+    return kept
 
 
 def unsold(marks: list[list[int]], epoch: int, start: int, grace: int) -> bool:

@@ -7,7 +7,8 @@ What CometBFT asks of the app, without protobuf (`app.py` adapts the messages):
                       signatures, nonce against committed state only; a mint whose payer
                       already holds its bound of unfunded mints (credits.admit_mint); a
                       credit lock of a credit locked by another node or spent
-                      (credit_locks.admit_lock)
+                      (credit_locks.admit_lock); a commit by a registered compute node
+                      outside the staked pools (commitments.admit_commit: NOT_STAKED)
     prepare_proposal  the extended-commit tx first when due, then txs up to the byte and work
                       budgets (`MAX_PROPOSAL_WORK`)
     process_proposal  only well-formed, correctly signed txs, the extended-commit tx exactly
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from abci_app import (
+    commitments,
     coverage,
     credit_dkg,
     credit_locks,
@@ -46,6 +48,7 @@ from abci_app.dispatch import HANDLERS
 from abci_app.encoding import proto_tx_size
 from abci_app.state import Event, State
 from protocol.commit_batch import decode_tx, is_batch
+from protocol.committee.commitments import CommitBatch
 from protocol.committee.credit_locks import CreditLock
 from protocol.committee.credits import CreditMint
 from protocol.committee.envelope import SignedTx, TxSignatureError
@@ -200,6 +203,10 @@ class StateMachine:
             lock_refused = credit_locks.admit_lock(self.state, tx.signer, tx.body)
             if lock_refused is not None:
                 return TxResult(*lock_refused)
+        if isinstance(tx.body, CommitBatch):
+            unstaked = commitments.admit_commit(self.state, tx.signer)
+            if unstaked is not None:
+                return TxResult(Code.NOT_STAKED, unstaked)
         return TxResult(Code.OK)
 
     # --- proposals ----------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from abci_app import left_shards, prices, rules, schema
+from abci_app import coverage, left_shards, prices, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
@@ -271,27 +271,24 @@ def attest_stake(state: State, tx: SignedTx) -> None:
 # --- the staked pools (/pool_health, the epoch draw) ----------------------------------------------
 
 
-def pool_key(model: str, node_key: str) -> str:
-    """`pool/` key of `node_key` in `model`'s pool (a model may hold `/`: a reader of one
-    model's range keeps the keys whose part after `<model>/` is a node key alone)."""
-    return f"{model}/{node_key}"
-
-
 def update_pool(state: State, node_key: str, node: dict[str, Any]) -> None:
     """Keep `pool/<model>/<node_key>` exactly for a compute node that is staked and has not
     left (`node`: its record as this block leaves it). Free registrations never enter it, so
-    what /pool_health reads grows with stake, not with what strangers register."""
+    what /pool_health reads grows with stake, not with what strangers register. Only a
+    member may `commit` (commitments.py), and an epoch close judges the cover entries of the
+    members and of the nodes that left the pools since the last close (coverage.py `close`)."""
     member = (
         node["role"] == "compute"
         and node["status"] != schema.LEFT
         and is_staked(state, node, node_key)
     )
-    entry = pool_key(str(node["model"]), node_key)
+    entry = schema.pool_key(str(node["model"]), node_key)
     listed = state.get(schema.POOL, entry) is not None
     if member and not listed:
         state.put(schema.POOL, entry, 1)
     elif listed and not member:
         state.delete(schema.POOL, entry)
+        coverage.left_pool(state, node_key)  # its close still settles what it committed
 
 
 def staked_serving(state: State) -> list[tuple[str, dict[str, Any]]]:
@@ -364,9 +361,10 @@ def is_staked(state: State, node: dict[str, object], node_key: str) -> bool:
 
 
 def delete_node(state: State, node_key: str, node: dict[str, object]) -> None:
-    entry = pool_key(str(node["model"]), node_key)
+    entry = schema.pool_key(str(node["model"]), node_key)
     if state.get(schema.POOL, entry) is not None:
         state.delete(schema.POOL, entry)
+    coverage.forget(state, node_key)  # no close reads an expired node's entries again
     for ns in NODE_NAMESPACES:
         if state.get(ns, node_key) is not None:
             state.delete(ns, node_key)

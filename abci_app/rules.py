@@ -4,7 +4,8 @@ The feature modules (registry, commitments, verdicts, seeds, spot_reports, settl
 retention) import this module, `schema` and `state`, and never each other.
 
     reject(code, message)       refuse the tx (`Rejected`; nothing it wrote is kept)
-    registered_node / compute_node / validator   the signer checks, each with its named code
+    registered_node / compute_node / staked_compute_node / validator
+                                the signer checks, each with its named code
     epoch_of(state, height)     heights (e−1)·L+1 … e·L are epoch e (L = genesis epoch_length)
     track / track_many          index records for pruning once their epoch is settled
     track_at                    … once a given (later) epoch is settled
@@ -39,6 +40,19 @@ def compute_node(state: State, key: str) -> dict[str, Any]:
         reject(Code.WRONG_ROLE, f"node {key} has role {node['role']}, not compute")
     if node["status"] == schema.LEFT:
         reject(Code.INVALID_LIFECYCLE, f"node {key} has left")
+    return node
+
+
+def staked_compute_node(state: State, key: str) -> dict[str, Any]:
+    """A compute node of the staked pools (`pool/<model>/<key>`, registry.py `update_pool`:
+    agreed stake ≥ min_stake.compute, not left), as this tx sees them: NOT_STAKED otherwise."""
+    node = compute_node(state, key)
+    if state.get(schema.POOL, schema.pool_key(str(node["model"]), key)) is None:
+        reject(
+            Code.NOT_STAKED,
+            f"node {key} is not staked (agreed stake below min_stake.compute): "
+            "only staked nodes commit",
+        )
     return node
 
 

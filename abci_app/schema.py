@@ -129,6 +129,10 @@ GATEWAY_KEY = "gwkey"
 # positions, sessions begun]], uncommitted_since (epoch or null)}: what a node committed against
 # what credits bought from it (coverage.py)
 COVERAGE = "cover"
+# covdue/<node>: 1 for each node that left the staked pools (stake below min_stake.compute, or
+# `leave`) since the last epoch close: that close still judges its cover entries once, so what it
+# committed while staked is settled; the close deletes the index (coverage.py `close`)
+COVERAGE_DUE = "covdue"
 
 # --- credits (credits.py) --------------------------------------------------------------------
 
@@ -217,6 +221,12 @@ def commitment_key(node: str, session: str, step: int, shard: int) -> str:
 
 def coverage_key(node: str, shard: int) -> str:
     return f"{node}/{shard:05d}"
+
+
+def pool_key(model: str, node_key: str) -> str:
+    """`pool/` key of `node_key` in `model`'s pool (a model may hold `/`: a reader of one
+    model's range keeps the keys whose part after `<model>/` is a node key alone)."""
+    return f"{model}/{node_key}"
 
 
 def query_key(query_id: str, gateway: str) -> str:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import machine, parse_with_quick
 from protocol.committee.commitments import CommitBatch, CommitmentRecord
-from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
+from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 
@@ -47,6 +47,13 @@ def register(chain: Chain, count: int) -> list[Any]:
         )
         txs.append(chain.tx(body, key))
     assert all(r.code == 0 for r in chain.block(txs))
+    # staked (3 of the 4 validators attest): only staked nodes commit (NOT_STAKED otherwise)
+    attests = [
+        chain.tx(AttestStake(key.verify_key.encode().hex(), 10**18), v.key)
+        for key in keys
+        for v in chain.validators[:3]
+    ]
+    assert all(r.code == 0 for r in chain.block(attests))
     return keys
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import hashlib
 import importlib.metadata
@@ -107,6 +108,9 @@ class PlanetTxs:
         self._sessions: list[str] = []
         self._domain = b""
         self._signing_key = SigningKey
+        # the validators' homes (their priv_validator_key.json): `prepare` has them attest the
+        # nodes' stake, as their stake watchers would (only staked nodes commit: NOT_STAKED)
+        self.validator_homes: list[Path] = []
 
     async def prepare(self, rpcs: list[CommitteeRpc], workers: int) -> None:
         from eth_account import Account
@@ -139,6 +143,7 @@ class PlanetTxs:
         if failed:
             raise RuntimeError(f"{len(failed)} registrations failed: {failed[0].log}")
         log.info("registered nodes=%d", workers)
+        await self._attest_stake([rpc.url for rpc in rpcs])
         self._domain = SIGN_DOMAIN
         self._signers = [key.verify_key.encode().hex() for key in self._keys]
         self._sessions = [
@@ -147,6 +152,30 @@ class PlanetTxs:
         ]
         if self.encoding == "json" and self.make(0, 10**6) != self.make_reference(0, 10**6):
             raise RuntimeError("the load generator's tx bytes differ from protocol.committee's")
+
+    async def _attest_stake(self, urls: list[str]) -> None:
+        """Every validator attests 1 ETH for every node, one tx at a time (each waited for in
+        its block: a burst of one signer's txs may reach the proposer out of nonce order), the
+        validators side by side."""
+        from node.chain.committee_link import CommitteeLink
+        from protocol.committee.registry import AttestStake
+
+        nodes = [key.verify_key.encode().hex() for key in self._keys]
+
+        async def one_validator(index: int, home: Path) -> None:
+            doc = json.loads((home / "config" / "priv_validator_key.json").read_text())
+            key = self._signing_key(base64.b64decode(doc["priv_key"]["value"])[:32])
+            link = CommitteeLink([urls[index % len(urls)]], key)
+            try:
+                for node in nodes:
+                    code, text = await link.send(AttestStake(node, 10**18), timeout_s=60)
+                    if code != 0:
+                        raise RuntimeError(f"attest_stake refused: {code} {text}")
+            finally:
+                await link.close()
+
+        await asyncio.gather(*(one_validator(i, h) for i, h in enumerate(self.validator_homes)))
+        log.info("staked nodes=%d", len(nodes))
 
     def make(self, worker: int, seq: int) -> bytes:
         if self.encoding == "binary":
@@ -402,7 +431,7 @@ def app_cpu_per_record(batches_per_block: int = 10, blocks: int = 4) -> dict[str
     blocks of `batches_per_block` binary batches of 1 024 records (fresh txs: each is decoded
     and verified once, as for txs arriving by gossip), and the same for plain one-record txs."""
     from protocol import commit_batch
-    from protocol.committee.registry import RegisterNode, sign_registration
+    from protocol.committee.registry import AttestStake, RegisterNode, sign_registration
     from protocol.eip712 import address_of
     from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 
@@ -418,6 +447,14 @@ def app_cpu_per_record(batches_per_block: int = 10, blocks: int = 4) -> dict[str
             )  # fmt: skip
             registrations.append(chain.tx(body, key))
         chain.block(registrations)
+        # staked (3 of the 4 validators attest): only staked nodes commit (NOT_STAKED otherwise)
+        chain.block(
+            [
+                chain.tx(AttestStake(key.verify_key.encode().hex(), 10**18), v.key)
+                for key in keys
+                for v in chain.validators[:3]
+            ]
+        )
         state = chain.state
         state_machine = chain.machine
 
@@ -521,6 +558,8 @@ def bench_app(
             if app == "planet"
             else KvstoreTxs(args.kv_tx_bytes)
         )
+        if isinstance(factory, PlanetTxs):
+            factory.validator_homes = [Path(v.home) for v in network.validators]
         workers = concurrency or args.concurrency
         # paced: each worker sends one tx per interval, so the offered load is the rate
         interval = workers * batch / rate_records_s if rate_records_s > 0 else 0.0

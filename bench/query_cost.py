@@ -14,9 +14,17 @@ lookup and every record a range scan yielded) and the answer's bytes.
     .venv/bin/python bench/query_cost.py --nodes 2000 --models 2000
     .venv/bin/python bench/query_cost.py --nodes 10000 --serving --staked 100
     .venv/bin/python bench/query_cost.py --quick                  # 200 nodes, one repeat
+    .venv/bin/python bench/query_cost.py --nodes 10000 --serving --staked 100 --committing
 
 Metrics per query, named after its path (`/pool_health?model=m` -> `pool_health_model_m`):
 `<name>_ms`, `<name>_records_read`, `<name>_bytes`.
+
+With --committing, every node also sends one `commit` of 4 records (the free flood of
+`cover/`: a stranger's registrations each committing), the staked ones included, and the next
+epoch close is measured: `close_commits_accepted` / `close_commits_refused` (NOT_STAKED),
+`close_cover_entries` (the `cover/` entries that close found), `close_records_read` (what
+`coverage.close` read from state: exact) and `close_ms` (its CPU time, one close: noisy). Run
+the same command over the old and the new code to compare.
 """
 
 from __future__ import annotations
@@ -34,9 +42,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from abci_app import coverage, schema
 from abci_app.queries import query
 from abci_app.state import State
 from bench._common import machine, parse_with_quick
+from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.prices import SetPrice
 from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
@@ -121,6 +131,45 @@ def cost(chain: Chain, path: str, repeat: int) -> dict[str, Any]:
     return {"ms": round(median(times) * 1000, 1), "records_read": reads.count, "bytes": len(value)}
 
 
+def commit_all(chain: Chain, count: int) -> dict[str, int]:
+    """Each of the `count` nodes sends one `commit` of 4 records (its own session): accepted
+    (staked) or refused, by code."""
+    codes: dict[int, int] = {}
+    for first in range(0, count, BLOCK):
+        txs = []
+        for i in range(first, min(first + BLOCK, count)):
+            session = "0x" + f"{i + 1:064x}"
+            records = tuple(
+                CommitmentRecord(session, step, 0, "0x" + f"{step + 1:064x}") for step in range(4)
+            )
+            txs.append(chain.tx(CommitBatch(records), seeded_key(f"q-{i}")))
+        for result in chain.block(txs):
+            codes[int(result.code)] = codes.get(int(result.code), 0) + 1
+    return codes
+
+
+def close_cost(chain: Chain) -> dict[str, Any]:
+    """The records the next epoch close's `coverage.close` reads, and its CPU time."""
+    measured: dict[str, Any] = {}
+    close = coverage.close
+
+    def measured_close(state: State, epoch: int) -> None:
+        measured["cover_entries"] = sum(1 for _ in state.committed_items(schema.COVERAGE))
+        with Reads() as reads:
+            started = time.process_time()
+            close(state, epoch)
+            measured["ms"] = round((time.process_time() - started) * 1000, 1)
+        measured["records_read"] = reads.count
+
+    coverage.close = measured_close  # type: ignore[assignment]
+    try:
+        length = chain.state.genesis.epoch_length
+        chain.advance_to((chain.state.height // length + 1) * length)
+    finally:
+        coverage.close = close  # type: ignore[assignment]
+    return measured
+
+
 def metric_name(path: str) -> str:
     """`/pool_health?model=m&shards=1` -> `pool_health_model_m_shards_1`."""
     return re.sub(r"[^a-z0-9]+", "_", path.lower()).strip("_")
@@ -133,6 +182,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--serving", action="store_true", help="each node heartbeats: SERVING")
     parser.add_argument("--staked", type=int, default=0, help="of them, staked and routable")
+    parser.add_argument(
+        "--committing", action="store_true", help="each node commits; the next close is measured"
+    )
     args = parse_with_quick(parser, {"nodes": 200, "repeat": 1})
     logging.disable(logging.INFO)
     chain = Chain()
@@ -155,8 +207,15 @@ def main() -> None:
     for path in paths:
         for field, value in cost(chain, path, args.repeat).items():
             metrics[f"{metric_name(path)}_{field}"] = value
+    if args.committing:
+        codes = commit_all(chain, args.nodes)
+        metrics["close_commits_accepted"] = codes.pop(0, 0)
+        metrics["close_commits_refused"] = sum(codes.values())
+        for field, value in close_cost(chain).items():
+            metrics[f"close_{field}"] = value
     config = {"nodes": args.nodes, "models": args.models, "serving": args.serving,
-              "staked": args.staked, "repeat": args.repeat, "quick": args.quick}  # fmt: skip
+              "staked": args.staked, "committing": args.committing, "repeat": args.repeat,
+              "quick": args.quick}  # fmt: skip
     print(
         json.dumps(
             {"bench": "query_cost", "machine": machine(), "config": config, "metrics": metrics}

@@ -31,7 +31,7 @@ from nacl.signing import SigningKey
 from harness.committee_reads import nodes_of
 from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
 from protocol.committee.envelope import sign
-from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
+from protocol.committee.registry import AttestStake, Heartbeat, RegisterNode, sign_registration
 from protocol.committee.verification import VerdictVote
 from protocol.eip712 import Verdict, address_of, commitment_value, committee_domain
 from protocol.reputation import ReputationParams, update
@@ -248,9 +248,15 @@ def test_abci_cometbft_register_commit_reveal_query_and_restart(net: Net) -> Non
     output, salt = "0x" + "0b" * 32, "0x" + "0c" * 32
     good = "0x" + commitment_value(SESSION, 1, 0, output, salt).hex()
     records = (CommitmentRecord(SESSION, 1, 0, good), CommitmentRecord(SESSION, 2, 0, good))
-    assert net.submit(sign(CommitBatch(records), node_key, 3).encode()).get("code", 0) == 0
+    unstaked = sign(CommitBatch(records), node_key, 3).encode()
+    refused = net.call("broadcast_tx_sync", tx="0x" + unstaked.hex())
+    assert refused["code"] == 106, refused  # NOT_STAKED at CheckTx: only staked nodes commit
+    # the single validator attests its stake (as its stake watcher would): now it commits
+    attest = AttestStake(node, 10**18)
+    assert net.submit(sign(attest, validator_key(net.home), 1).encode()).get("code", 0) == 0
+    assert net.submit(sign(CommitBatch(records), node_key, 4).encode()).get("code", 0) == 0
     reveals = (RevealRecord(SESSION, 1, 0, output, salt), RevealRecord(SESSION, 2, 0, output, salt))
-    assert net.submit(sign(RevealBatch(reveals), node_key, 4).encode()).get("code", 0) == 0
+    assert net.submit(sign(RevealBatch(reveals), node_key, 5).encode()).get("code", 0) == 0
     commitments = net.query(f"/commitments?node={node}")["commitments"]
     assert [c["match"] for c in commitments] == [True, False]
     [evidence] = net.query("/evidence")["evidence"]
@@ -274,7 +280,7 @@ def test_abci_cometbft_register_commit_reveal_query_and_restart(net: Net) -> Non
         verdict_nonce=1,
         signature="0x" + signature.hex(),
     )
-    assert net.submit(sign(vote, validator_key(net.home), 1).encode()).get("code", 0) == 0
+    assert net.submit(sign(vote, validator_key(net.home), 2).encode()).get("code", 0) == 0
     [confirmed] = net.query("/verdicts?confirmed=true")["verdicts"]
     assert confirmed["signers"] == [address_of(OPERATOR_KEY)]
     assert confirmed["signatures"] == ["0x" + signature.hex()]

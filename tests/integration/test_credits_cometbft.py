@@ -44,7 +44,7 @@ from protocol.committee.commitments import CommitBatch, CommitmentRecord
 from protocol.committee.credits import CreditRedeem, FundMint
 from protocol.committee.envelope import sign
 from protocol.committee.prices import SetPrice
-from protocol.committee.registry import RegisterNode, sign_registration
+from protocol.committee.registry import AttestStake, RegisterNode, sign_registration
 from protocol.credit_shares import CREDIT_SHARES_DIR, CreditShareStore
 from protocol.eip712 import address_of
 from tests.committee_chain import seeded_evm_key, seeded_key
@@ -124,8 +124,8 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
         genesis["app_state"] = {
             "epoch_length": 100_000,
             "heartbeat_timeout": 100_000,
-            # the node is never staked here: the default 100 blocks would delete its
-            # registration before it redeems on a loaded machine (CI of d8b007d)
+            # kept from before the node was staked here: the default 100 blocks deleted its
+            # registration before it redeemed on a loaded machine (CI of d8b007d)
             "registration_ttl": 100_000,
             "evm": {
                 "chain_id": EVM_CHAIN_ID,
@@ -155,6 +155,13 @@ def test_credits_mint_sign_finalize_redeem_on_cometbft(tmp_path: Path) -> None:
             address_of(evm), sign_registration(evm, node), "compute", "m", (0,), "http://n", 1
         )
         assert net.submit(sign(body, node_key, 1).encode()).get("code", 0) == 0
+        # only staked nodes commit: the validator attests the node's stake (its stake watcher's
+        # job; no EVM here)
+        validator = validator_key(net.home)
+        account = validator.verify_key.encode().hex()
+        v_nonce = net.query(f"/nonce?account={account}")["nonce"] + 1
+        attested = net.submit(sign(AttestStake(node, 10**18), validator, v_nonce).encode())
+        assert attested.get("code", 0) == 0, attested
 
         run = net.query("/credit_period")["run"]
         assert not (run and run.get("result"))  # no key yet: the purchase below waits for it

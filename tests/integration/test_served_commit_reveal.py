@@ -33,8 +33,11 @@ from node.client.types import Hop
 from node.keys import create_node_key, create_wallet
 from node.net import port_is_free
 from node.server.launcher import free_ports, start_node, stop_pid, wait_healthy
+from protocol.committee.envelope import sign
+from protocol.committee.registry import AttestStake
 from protocol.fingerprint import BLOCK_POSITIONS
 from protocol.served import SPOOL_MAGIC, decode_records
+from tests.integration.test_abci_cometbft import validator_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -69,6 +72,19 @@ def _wait(condition: Any, timeout_s: float, what: str) -> Any:
             return result
         time.sleep(0.3)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def _attest_stake(committee: Any, node_key: str) -> None:
+    """The single validator attests `node_key`'s stake, as its stake watcher would (no EVM
+    here): only staked nodes commit (abci_app/commitments.py, NOT_STAKED)."""
+    validator = committee.validators[0]
+    key = validator_key(Path(validator.home))
+    account = key.verify_key.encode().hex()
+    nonce = _query(validator.rpc_url, "/nonce", account=account)["nonce"] + 1
+    raw = sign(AttestStake(node_key, 10**18), key, nonce).encode()
+    url = f"{validator.rpc_url}/broadcast_tx_sync?tx=0x{raw.hex()}"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        assert json.load(answer)["result"]["code"] == 0
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +147,12 @@ def test_node_commits_what_it_served_and_reveals_after_the_epoch(committee, tmp_
                 stderr=subprocess.STDOUT,
             )  # fmt: skip
         _wait(lambda: _query(rpc, "/node", key=node_key), 60, f"registration ({log_path})")
+        _attest_stake(committee, node_key)
+        _wait(
+            lambda: (_query(rpc, "/node", key=node_key) or {}).get("stake") == str(10**18),
+            30,
+            "the stake attested",
+        )
 
         from node.model.head import ClientHead
 

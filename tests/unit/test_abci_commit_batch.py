@@ -14,7 +14,7 @@ from abci_app.codes import Code
 from abci_app.queries import query
 from protocol import commit_batch as cb
 from protocol.committee.commitments import CommitBatch, CommitmentRecord, RevealBatch, RevealRecord
-from protocol.committee.registry import RegisterNode, sign_registration
+from protocol.committee.registry import AttestStake, RegisterNode, sign_registration
 from protocol.eip712 import address_of, commitment_value
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 
@@ -32,6 +32,7 @@ def ask(chain: Chain, path: str) -> dict:
 
 
 def register(chain: Chain, label: str, role: str = "compute") -> SigningKey:
+    """A node registered (and, a compute node, staked: only staked nodes commit)."""
     key = seeded_key(label)
     evm = seeded_evm_key(label)
     body = RegisterNode(
@@ -45,6 +46,10 @@ def register(chain: Chain, label: str, role: str = "compute") -> SigningKey:
     )
     [result] = chain.block([chain.tx(body, key)])
     assert result.code == Code.OK, result.log
+    if role == "compute":
+        node = key.verify_key.encode().hex()
+        attests = [chain.tx(AttestStake(node, 10**18), v.key) for v in chain.validators[:3]]
+        assert {r.code for r in chain.block(attests)} == {Code.OK}
     return key
 
 

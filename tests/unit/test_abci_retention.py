@@ -128,6 +128,7 @@ def test_abci_retention_settled_commitments_and_evidence_pruned() -> None:
 def test_abci_retention_pruning_is_bounded_per_block() -> None:
     c = chain(prune_per_block=3)
     key = register(c, "busy")
+    attest(c, key, 10**18)  # only staked nodes commit
     c.block([c.tx(CommitBatch(commit_records(1, 10)), key)])
     epoch = (c.state.height - 1) // EPOCH + 1
     first_prune = (epoch + RETENTION) * EPOCH + 1
@@ -189,8 +190,10 @@ def test_abci_retention_bytes_per_tx_within_documented_bound() -> None:
             key,
         ),
     ]
-    for raw in txs:
+    for index, raw in enumerate(txs):
         assert len(raw) <= 64 * 1024
+        if index == 2:
+            attest(c, key, 10**18)  # only staked nodes commit
         before = store.size_bytes()
         [result] = c.block([raw])
         assert result.code == Code.OK, result.log
@@ -201,8 +204,9 @@ def test_abci_retention_bytes_per_tx_within_documented_bound() -> None:
 
 def test_abci_retention_unstaked_attacker_leaves_nothing_lasting() -> None:
     """An attacker with free keys registers nodes and fills blocks with commitments and
-    mismatching reveals (evidence); after the TTL and the retention window the state is
-    byte for byte the size of a chain that never saw him."""
+    reveals: every commit is refused by name (NOT_STAKED: only staked nodes commit), every
+    reveal finds no commitment; after the TTL the state is byte for byte the size of a chain
+    that never saw him."""
     attacked, reference = chain(), chain()
     keys = [register(attacked, f"attacker-{i}") for i in range(3)]
     for index, key in enumerate(keys):
@@ -215,13 +219,28 @@ def test_abci_retention_unstaked_attacker_leaves_nothing_lasting() -> None:
             [attacked.tx(CommitBatch(records), key), attacked.tx(Heartbeat(), key)]
         )
         results += attacked.block([attacked.tx(RevealBatch(reveals), key)])
-        assert [r.code for r in results] == [Code.OK] * 3
-    peak = attacked.state.store.size_bytes()
+        assert [r.code for r in results] == [Code.NOT_STAKED, Code.OK, Code.UNKNOWN_COMMITMENT]
+    assert list(attacked.state.committed_items("commit")) == []
+    assert list(attacked.state.committed_items("cover")) == []
     end = TTL + (RETENTION + 3) * EPOCH + attacked.state.height
     attacked.advance_to(end)
     reference.advance_to(end)
-    assert peak > reference.state.store.size_bytes() + 100_000
     assert attacked.state.store.size_bytes() == reference.state.store.size_bytes()
+
+
+def test_abci_retention_node_unstaked_after_committing_leaves_no_cover_entry() -> None:
+    """A node commits while staked, its stake drops to 0 and its registration expires: its
+    cover entries go with it (coverage.py `forget`), though no close reads them any more."""
+    c = chain()
+    key = register(c, "quitter")
+    attest(c, key, 10**18)
+    assert c.block([c.tx(CommitBatch(commit_records(1, 4)), key)])[0].code == Code.OK
+    assert [k for k, _ in c.state.committed_items("cover")] == [f"{hexkey(key)}/00000"]
+    attest(c, key, 0)
+    c.advance_to(c.state.height + TTL)
+    assert status(c, f"/node?key={hexkey(key)}") == Code.NOT_FOUND
+    assert list(c.state.committed_items("cover")) == []
+    assert list(c.state.committed_items("covdue")) == []
 
 
 def test_abci_retention_lasting_bytes_per_staked_node_within_bound() -> None:
@@ -239,6 +258,7 @@ def test_abci_retention_lasting_bytes_per_staked_node_within_bound() -> None:
 def test_abci_retention_state_is_read_through_sqlite_not_loaded_whole(tmp_path: Path) -> None:
     c = Chain(db=tmp_path / "app.sqlite")
     keys = [register(c, f"n{i}") for i in range(5)]
+    attest(c, keys[0], 10**18)  # only staked nodes commit
     c.block([c.tx(CommitBatch(commit_records(1, 300)), keys[0])])
     assert c.state.store.size_bytes() > 60_000
     reopened = c.reopen()

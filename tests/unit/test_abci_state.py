@@ -110,6 +110,13 @@ def served_commit_tx(chain: Chain, key: SigningKey, shard: int = 0, blocks: int 
     return chain.tx(CommitBatch(records), key)
 
 
+def stake(chain: Chain, key: SigningKey, amount: int = 10**18) -> None:
+    """`key` staked (3 of the 4 validators attest `amount`): in its model's staked pool, so it
+    may commit (abci_app/commitments.py)."""
+    txs = [chain.tx(AttestStake(hexkey(key), amount), v.key) for v in chain.validators[:3]]
+    assert [r.code for r in chain.block(txs)] == [Code.OK] * 3
+
+
 def make_routable(chain: Chain, key: SigningKey, amount: int = 10**18) -> None:
     txs = [chain.tx(Heartbeat(), key)]
     txs += [chain.tx(AttestStake(hexkey(key), amount), v.key) for v in chain.validators[:3]]
@@ -327,6 +334,7 @@ def commitment(output: str = OUTPUT, salt: str = SALT, step: int = 1) -> str:
 def test_abci_commit_reveal_match_recorded() -> None:
     chain = Chain()
     key = register(chain, "n1")
+    stake(chain, key)
     records = tuple(CommitmentRecord(SESSION, step, 0, commitment(step=step)) for step in (1, 2))
     assert chain.block([chain.tx(CommitBatch(records), key)])[0].code == Code.OK
     reveal = RevealBatch((RevealRecord(SESSION, 1, 0, OUTPUT, SALT),))
@@ -342,6 +350,7 @@ def test_abci_commit_reveal_match_recorded() -> None:
 def test_abci_reveal_mismatch_stored_as_evidence() -> None:
     chain = Chain()
     key = register(chain, "n1")
+    stake(chain, key)
     chain.block([chain.tx(CommitBatch((CommitmentRecord(SESSION, 1, 0, commitment()),)), key)])
     wrong = RevealBatch((RevealRecord(SESSION, 1, 0, "0x" + "ff" * 32, SALT),))
     [result] = chain.block([chain.tx(wrong, key)])
@@ -357,6 +366,7 @@ def test_abci_reveal_mismatch_stored_as_evidence() -> None:
 def test_abci_reveal_unknown_commitment_rejects_whole_batch() -> None:
     chain = Chain()
     key = register(chain, "n1")
+    stake(chain, key)
     chain.block([chain.tx(CommitBatch((CommitmentRecord(SESSION, 1, 0, commitment()),)), key)])
     batch = RevealBatch(
         (RevealRecord(SESSION, 1, 0, OUTPUT, SALT), RevealRecord(SESSION, 9, 0, OUTPUT, SALT))
@@ -369,6 +379,7 @@ def test_abci_reveal_unknown_commitment_rejects_whole_batch() -> None:
 def test_abci_reveal_twice_rejected() -> None:
     chain = Chain()
     key = register(chain, "n1")
+    stake(chain, key)
     chain.block([chain.tx(CommitBatch((CommitmentRecord(SESSION, 1, 0, commitment()),)), key)])
     reveal = RevealBatch((RevealRecord(SESSION, 1, 0, OUTPUT, SALT),))
     chain.block([chain.tx(reveal, key)])
@@ -378,6 +389,7 @@ def test_abci_reveal_twice_rejected() -> None:
 def test_abci_duplicate_commitment_rejected_and_conflict_is_equivocation() -> None:
     chain = Chain()
     key = register(chain, "n1")
+    stake(chain, key)
     batch = CommitBatch((CommitmentRecord(SESSION, 1, 0, commitment()),))
     chain.block([chain.tx(batch, key)])
     assert chain.block([chain.tx(batch, key)])[0].code == Code.DUPLICATE_COMMITMENT

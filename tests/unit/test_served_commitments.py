@@ -25,7 +25,7 @@ from node.model.fingerprint import fingerprint_bytes
 from node.server.app import STATE_KEY, create_app
 from node.server.config import ServerConfig
 from node.server.served import SERVED_KEY, ServedLog
-from protocol.committee.registry import RegisterNode, sign_registration
+from protocol.committee.registry import AttestStake, RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from protocol.frames.sessions import session_tag
 from protocol.served import (
@@ -279,7 +279,8 @@ def ask(chain: Chain, path: str) -> Any:
     return json.loads(value)
 
 
-def registered_chain() -> tuple[Chain, Any]:
+def registered_chain(staked: bool = True) -> tuple[Chain, Any]:
+    """A chain with the node registered (and `staked`: only staked nodes commit)."""
     chain = Chain()  # epoch length 5
     key = seeded_key("served-node")
     evm = seeded_evm_key("served-node")
@@ -288,7 +289,34 @@ def registered_chain() -> tuple[Chain, Any]:
         "compute", "m", (0,), "http://n", 2,
     )  # fmt: skip
     assert chain.block([chain.tx(body, key)])[0].code == Code.OK
+    if staked:
+        stake(chain, key)
     return chain, key
+
+
+def stake(chain: Chain, key: Any) -> None:
+    node = key.verify_key.encode().hex()
+    attests = [chain.tx(AttestStake(node, 10**18), v.key) for v in chain.validators[:3]]
+    assert {r.code for r in chain.block(attests)} == {Code.OK}
+
+
+async def test_agent_keeps_records_queued_while_unstaked_and_commits_them_once_staked(
+    tmp_path: Path,
+) -> None:
+    """The chain refuses an unstaked node's commit (NOT_STAKED, abci_app/commitments.py): the
+    agent keeps the records queued and commits them once the node is staked, none lost."""
+    chain, key = registered_chain(staked=False)
+    log = ServedLog(tmp_path, shard=0)
+    feed(log, tag("a"), [64])  # 2 blocks
+    committer = Committer(tmp_path, ChainLink(chain, key))
+    epoch_length = chain.state.genesis.epoch_length
+    await committer.step(chain.state.height, epoch_length)
+    assert committer.pending() == {"uncommitted": 2, "unrevealed": 0}
+    assert ask(chain, "/commitments")["commitments"] == []
+    stake(chain, key)
+    await committer.step(chain.state.height, epoch_length)
+    assert committer.pending() == {"uncommitted": 0, "unrevealed": 2}
+    assert len(ask(chain, "/commitments")["commitments"]) == 2
 
 
 async def test_agent_commits_then_reveals_after_the_epoch(tmp_path: Path) -> None:
