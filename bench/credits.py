@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mints", type=int, default=8)
-    parser.add_argument("--credits", type=int, default=16, help="credits per mint (≤ 64)")
+    parser.add_argument("--credits", type=int, default=16, help="credits per mint (≤ 128)")
     parser.add_argument("--per-tx", type=int, default=64, help="credits per redeem tx")
     parser.add_argument("--txs-per-block", type=int, default=4)
     parser.add_argument("--nodes", type=int, default=4)

@@ -4,7 +4,11 @@ Runs `planet devnet up --detach` in a temporary PLANET_HOME (its models/ links t
 cache, so the prepared model is reused), reads the step times from devnet.json, then measures
 on the running devnet: an operator's `planet status`, the committee's `/node` query, the block
 interval, `planet unstake` → the watchers attest 0 (seconds until the node is not routable), and
-`planet leave` → LEFT. Ends with `planet devnet down`. One JSON object on stdout.
+`planet leave` → LEFT, and a user's credit purchase (issue 42): `planet balance deposit --credits`
+then `planet credits buy --credits N` (default 100), from the mint's funding block to the block
+at which its credits are in the user's file (`credit_spendable_blocks`, target ≤ 2) and the key
+period's buyers, the anonymity set of a credit bought on this devnet (`credit_anonymity_set`).
+Ends with `planet devnet down`. One JSON object on stdout.
 
     .venv/bin/python bench/devnet.py [--validators 4] [--nodes 3] [--no-gateway]
     .venv/bin/python bench/devnet.py --devnet ~/.cache/planet/devnet   # one already running
@@ -29,6 +33,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -110,6 +115,36 @@ def read_only_metrics(env: dict[str, str], state: dict[str, Any]) -> dict[str, A
     }
 
 
+def credit_metrics(env: dict[str, str], state: dict[str, Any], count: int) -> dict[str, Any]:
+    """The user buys `count` credits (its deposit first): seconds and blocks from sending the
+    mint to credits in its file, from the mint's funding block to then, and the key period's
+    buyers (`/credit_period`: the anonymity set of these credits)."""
+    rpc = state["committee_rpc"][0]
+    users = [a for a in state["accounts"] if a.get("name") == "user"]
+    payer = users[0]["address"].lower()
+    wei = count * int(query(rpc, "/params")["genesis"]["credits"]["price_wei"])
+    deposit = planet(env, "balance", "deposit", f"{Decimal(wei) / 10**18:f}", "--credits",
+                     timeout=300)  # fmt: skip
+    assert deposit.returncode == 0, deposit.stderr[-3000:]
+    file = Path(tempfile.mkdtemp(prefix="bench-credits-")) / "credits.json"
+    sent_height, started = height(rpc), time.monotonic()
+    bought = planet(env, "credits", "buy", str(count), "--json", "--credits-file", str(file),
+                    timeout=600)  # fmt: skip
+    seconds, done_height = time.monotonic() - started, height(rpc)
+    assert bought.returncode == 0, bought.stderr[-3000:]
+    assert json.loads(bought.stdout)["bought"] == count, bought.stdout
+    mints = query(rpc, "/mints", payer=payer)["mints"]
+    funded = max(m["funded_height"] for m in mints if isinstance(m.get("funded_height"), int))
+    period = query(rpc, "/credit_period")
+    return {
+        "credit_mint_count": count,
+        "credit_buy_s": round(seconds, 2),
+        "credit_buy_blocks": done_height - sent_height,
+        "credit_spendable_blocks": done_height - funded,
+        "credit_anonymity_set": period["buyers"],
+    }
+
+
 def fail(message: str, hint: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     print(f"hint: {hint}", file=sys.stderr)
@@ -153,13 +188,16 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--no-gateway", action="store_true")
     parser.add_argument(
+        "--credits", type=int, default=100, help="credits the user buys in one mint (100)"
+    )
+    parser.add_argument(
         "--devnet",
         type=Path,
         metavar="DIR",
         help="measure the devnet already running in DIR (its state directory) without changing "
         "it, instead of starting one",
     )
-    args = parse_with_quick(parser, {"validators": 1, "nodes": 3, "no_gateway": True})
+    args = parse_with_quick(parser, {"validators": 1, "nodes": 3, "no_gateway": True, "credits": 4})
     metrics = attached(args) if args.devnet is not None else standalone(args)
     print(
         json.dumps(
@@ -175,7 +213,10 @@ def main() -> int:
                     "devnet": "attached: " + str(args.devnet) if args.devnet else "started",
                 },
                 "metrics": metrics,
-                "targets": {"devnet_up_s": {"op": "<=", "value": 180}},
+                "targets": {
+                    "devnet_up_s": {"op": "<=", "value": 180},
+                    "credit_spendable_blocks": {"op": "<=", "value": 2},
+                },
             }
         )
     )
@@ -207,6 +248,7 @@ def standalone(args: argparse.Namespace) -> dict[str, Any]:
         metrics["gateway_started"] = bool(state.get("gateway_url"))
         metrics["devnet_up_wall_s"] = round(wall, 1)
         metrics.update(read_only_metrics(env, state))
+        metrics.update(credit_metrics(env, state, args.credits))
         rpc = state["committee_rpc"][0]
         operators = state["operators"]
         key = json.loads((Path(operators[0]) / "run" / "joined.json").read_text())["node_key"]

@@ -8,7 +8,7 @@ Every `every_s` (5 s) a pass:
    credit file before its mint is sent (node/client/credit_purchase.py), so a gateway stopped
    mid-purchase finishes it after its restart, and nothing paid is lost;
 3. when the wallet holds fewer than `below` credits and no purchase still waits for its funding,
-   buys `amount` credits in mints of at most MAX_BUY (30), one after another: each paid from the
+   buys `amount` credits in mints of at most MAX_BUY (128), one after another: each paid from the
    gateway's balance at the escrow's own address (`planet balance deposit X --credits` with the
    gateway's keystore), signed by the gateway's EVM key (`CommitteeShop`).
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,3 +81,31 @@ def test_credits_show_names_old_rsa_credits_and_does_not_count_them(
     out, err = capsys.readouterr()
     assert out.strip() == "1"
     assert "2 old RSA credits can no longer be spent" in err and "Traceback" not in err
+
+
+def test_one_mint_buys_up_to_the_chains_bound_and_its_tx_fits() -> None:
+    """A client buys as many credits in one mint as the chain takes (issue 42's 100-credit
+    mint is one purchase): MAX_BUY is the chain's MAX_MINT, a mint of that many points is a
+    valid signed tx under the size limit, and one more point is refused on both sides."""
+    from types import SimpleNamespace
+
+    from nacl.signing import SigningKey
+
+    from node.client.mint_request import MintRequest
+    from protocol.committee.credits import MAX_MINT, CreditMint
+    from protocol.committee.envelope import MAX_TX_BYTES, decode, sign
+    from protocol.errors import ProtocolError
+
+    assert MAX_BUY == MAX_MINT >= 100 and parse_count("100") == 100
+    period: Any = SimpleNamespace(period=3)
+    payer = bytes(range(1, 33))
+    args = (payer, 10**12, 31337, "0x" + "11" * 20, 2_000_000_000)
+    request = MintRequest.create(period, MAX_MINT, *args)
+    raw = sign(request.body, SigningKey.generate(), 1).raw
+    assert len(raw) < MAX_TX_BYTES and decode(raw).body == request.body
+    with pytest.raises(ProtocolError):
+        MintRequest.create(period, MAX_MINT + 1, *args)
+    doc, extra = request.body.to_json(), MintRequest.create(period, 1, *args).body.to_json()
+    assert CreditMint.from_json(doc) == request.body
+    with pytest.raises(ProtocolError, match=str(MAX_MINT)):
+        CreditMint.from_json({**doc, "blinded": [*doc["blinded"], *extra["blinded"]]})

@@ -59,8 +59,11 @@ class FakeShop:
         return []
 
 
+AMOUNT = 2 * MAX_BUY + 10  # a top-up of two whole mints and a part
+
+
 def top_up(wallet: FakeWallet, shop: FakeShop, **options: Any) -> TopUp:
-    return TopUp(wallet, shop.buy, shop.finish, **{"below": 100, "amount": 70, **options})
+    return TopUp(wallet, shop.buy, shop.finish, **{"below": 100, "amount": AMOUNT, **options})
 
 
 def test_topup_below_the_mark_buys_the_amount_in_mints_of_at_most_max_buy() -> None:
@@ -68,12 +71,12 @@ def test_topup_below_the_mark_buys_the_amount_in_mints_of_at_most_max_buy() -> N
     shop = FakeShop(wallet)
     topup = top_up(wallet, shop)
     assert asyncio.run(topup.step()) == topup.every_s
-    assert shop.mints == [MAX_BUY, MAX_BUY, 70 - 2 * MAX_BUY]
-    assert wallet.held == 169 and topup.bought == 70 and topup.failures == 0
+    assert shop.mints == [MAX_BUY, MAX_BUY, 10]
+    assert wallet.held == 99 + AMOUNT and topup.bought == AMOUNT and topup.failures == 0
 
 
 def test_topup_at_or_above_the_mark_or_turned_off_buys_nothing() -> None:
-    for held, amount in ((100, 70), (5000, 70), (0, 0)):
+    for held, amount in ((100, AMOUNT), (5000, AMOUNT), (0, 0)):
         wallet = FakeWallet(held=held)
         shop = FakeShop(wallet)
         assert asyncio.run(top_up(wallet, shop, amount=amount).step()) > 0
@@ -96,7 +99,7 @@ def test_topup_failures_back_off_doubling_to_the_cap_and_never_raise(
     assert topup.failures == tries and wallet.held == 0
     assert "committee down" in caplog.text and "RuntimeError('bug')" in caplog.text
     assert asyncio.run(topup.step()) == topup.every_s  # the shop answers again: bought, reset
-    assert topup.failures == 0 and wallet.held == 70
+    assert topup.failures == 0 and wallet.held == AMOUNT
 
 
 def test_topup_an_unfunded_balance_is_logged_with_the_deposit_hint(
@@ -133,7 +136,7 @@ def test_topup_run_goes_on_through_failures_until_stopped() -> None:
         stop = asyncio.Event()
         task = asyncio.create_task(topup.run(stop))
         async with asyncio.timeout(5):
-            while wallet.held < 70:
+            while wallet.held < AMOUNT:
                 await asyncio.sleep(0.01)
         stop.set()
         await asyncio.wait_for(task, 5)
