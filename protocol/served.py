@@ -38,8 +38,8 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-from eth_utils import keccak
 
+from protocol.abi_words import keccak
 from protocol.eip712 import commitment_value
 from protocol.errors import ProtocolError
 from protocol.fingerprint import BLOCK_POSITIONS

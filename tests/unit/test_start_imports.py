@@ -20,6 +20,7 @@ from tests.doubles.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_STACK = ("torch", "transformers", "hqq", "torchao")
+ETH_LIBRARIES = ("eth_abi", "eth_utils", "pydantic", "web3", "eth_account")
 
 
 def loaded_after(code: str, *names: str) -> list[str]:
@@ -51,6 +52,13 @@ def loaded_after(code: str, *names: str) -> list[str]:
         ("node.server.run", (*MODEL_STACK, "web3", "eth_account")),
         # a node opening its node key needs nacl, not eth-account
         ("node.keys", ("eth_account", "eth_utils", "web3")),
+        # the shared vocabulary hashes with protocol.abi_words: eth-abi and eth-utils (with
+        # pydantic) were ~0.2 CPU-s of every node's, relay's and committee app's start
+        ("protocol.eip712", ETH_LIBRARIES),
+        ("shares.merkle", ETH_LIBRARIES),
+        ("node.server.run", ETH_LIBRARIES),
+        ("node.relay.run", ETH_LIBRARIES),
+        ("abci_app.app", ETH_LIBRARIES),
     ],
 )
 def test_entry_point_imports_stay_light(module: str, forbidden: tuple[str, ...]) -> None:
