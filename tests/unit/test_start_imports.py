@@ -65,6 +65,36 @@ def test_entry_point_imports_stay_light(module: str, forbidden: tuple[str, ...])
     assert loaded_after(f"import {module}", *forbidden) == []
 
 
+OTHER_COMMAND_GROUPS = (
+    "deploy.cli.devnet",
+    "deploy.cli.committee",
+    "deploy.cli.contracts",
+    "node.cli.earnings",
+    "node.cli.gateway",
+    "node.cli.ask",
+    "node.cli.credits",
+)
+
+
+@pytest.mark.parametrize(
+    ("argv", "own"),
+    [
+        (["-v", "node", "serve"], "node.cli.node"),
+        (["relay", "serve"], "node.cli.relay"),
+        (["stake", "--role", "compute"], "node.cli.operator"),
+    ],
+)
+def test_a_planet_command_imports_only_its_own_command_group(argv: list[str], own: str) -> None:
+    """`planet -v node serve` (every node start) builds the parser of its group alone: the other
+    groups (the devnet's, the gateway's, earnings...) were ~0.1 CPU-s of each `planet` start."""
+    code = (
+        "from planet.main import build_parser, command_of\n"
+        f"build_parser(command_of({argv!r}))"
+    )
+    others = tuple(name for name in OTHER_COMMAND_GROUPS if name != own)
+    assert loaded_after(code, own, *others) == [own]
+
+
 def test_client_head_loads_without_the_modelling_stack(tmp_path: Path) -> None:
     """A gateway's or `planet ask`'s head: torch and the tokenizer, not transformers' model
     classes (nor, through them, hqq and torchao)."""
