@@ -59,6 +59,11 @@ def loaded_after(code: str, *names: str) -> list[str]:
         ("node.server.run", ETH_LIBRARIES),
         ("node.relay.run", ETH_LIBRARIES),
         ("abci_app.app", ETH_LIBRARIES),
+        # `planet devnet fund / status / exec` read the devnet's state and call anvil's RPC:
+        # deploy.evm (web3 + eth-account, ~1.4 CPU-s) was imported for its ETHER constant
+        ("deploy.devnet.fund", ("web3", "eth_account")),
+        ("deploy.devnet.plan", ("web3", "eth_account")),
+        ("deploy.devnet.status", ("web3", "eth_account")),
     ],
 )
 def test_entry_point_imports_stay_light(module: str, forbidden: tuple[str, ...]) -> None:
