@@ -63,7 +63,13 @@ def loaded_after(code: str, *names: str) -> list[str]:
         # deploy.evm (web3 + eth-account, ~1.4 CPU-s) was imported for its ETHER constant
         ("deploy.devnet.fund", ("web3", "eth_account")),
         ("deploy.devnet.plan", ("web3", "eth_account")),
-        ("deploy.devnet.status", ("web3", "eth_account")),
+        ("deploy.devnet.status", ("web3", "eth_account", "numpy")),
+        # the launcher (`planet local`, the node agent, `devnet status`) starts node processes:
+        # the node/server package re-exported the server's app (aiohttp.web, numpy) to it
+        ("node.server.launcher", ("node.server.app", "aiohttp.web", "numpy")),
+        ("node.agent.__main__", ("node.server.app", "numpy", "web3")),
+        # the served-work hashes take numpy only when they hash rows
+        ("protocol.served", ("numpy",)),
     ],
 )
 def test_entry_point_imports_stay_light(module: str, forbidden: tuple[str, ...]) -> None:
