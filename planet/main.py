@@ -1,64 +1,79 @@
 """`planet`: the one command line for users, node operators, verifier operators and whoever
 runs a network.
 
-Each command group lives in its own module, imported below: the user and operator commands
-under `node.cli`, the network's commands (`devnet`, `committee`, `contracts`) under `deploy.cli`,
-so the layers read top-down (this entry -> deploy -> node). Each group exposes
+Each command group lives in its own module, named in `COMMANDS` below: the user and operator
+commands under `node.cli`, the network's commands (`devnet`, `committee`, `contracts`) under
+`deploy.cli`, so the layers read top-down (this entry -> deploy -> node). Each group exposes
 `register(subparsers)`, which adds its sub-parser and sets `handler=<callable(args) -> int>` on
 each leaf command. A group with sub-commands sets `help_parser=<its parser>` instead: `planet
 GROUP` alone prints that group's help and exits 2.
 Errors: a `PlanetError` becomes `error: ...` / `hint: ...` on stderr and its exit status;
 Ctrl-C exits 130; anything else is a bug and keeps its traceback.
 
-Command modules import at the top, except what would slow every `planet` command (torch,
-numpy, aiohttp, the web3 / eth-account stack, nacl): those imports sit in the function that
-needs them, marked `# lazy: <what it loads>`.
+A run imports only the group of the command it runs (`COMMANDS` maps each top-level command to
+its module): `planet node serve` does not load the devnet, gateway or earnings commands, which
+cost ~0.1 CPU-s of each of the hundreds of `planet` starts in a CI run (issue 41). `planet`,
+`planet --help` and a word that is no command build the whole parser. Command modules import at
+the top, except what would slow every `planet` command (torch, numpy, aiohttp, the web3 /
+eth-account stack, nacl): those imports sit in the function that needs them, marked
+`# lazy: <what it loads>`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from deploy.cli import committee, contracts, devnet
-from node.cli import (
-    ask,
-    balance,
-    credits,
-    earnings,
-    gateway,
-    key,
-    local,
-    model,
-    operator,
-    relay,
-    verifier,
-)
-from node.cli import node as node_commands
 from protocol.errors import PlanetError
 
-# Command groups, in the order `planet --help` lists them.
-COMMAND_MODULES: tuple[ModuleType, ...] = (
-    model,
-    committee,
-    node_commands,
-    local,
-    ask,
-    balance,
-    credits,
-    key,
-    gateway,
-    verifier,
-    relay,
-    contracts,
-    operator,
-    earnings,
-    devnet,
-)
+# Each top-level command and the module that registers it, in the order `planet --help` lists
+# them (the user and operator commands under node.cli, the network's under deploy.cli).
+COMMANDS: dict[str, str] = {
+    "model": "node.cli.model",
+    "committee": "deploy.cli.committee",
+    "node": "node.cli.node",
+    "local": "node.cli.local",
+    "ask": "node.cli.ask",
+    "balance": "node.cli.balance",
+    "credits": "node.cli.credits",
+    "key": "node.cli.key",
+    "gateway": "node.cli.gateway",
+    "verifier": "node.cli.verifier",
+    "relay": "node.cli.relay",
+    "contracts": "deploy.cli.contracts",
+    "stake": "node.cli.operator",
+    "unstake": "node.cli.operator",
+    "withdraw": "node.cli.operator",
+    "join": "node.cli.operator",
+    "leave": "node.cli.operator",
+    "status": "node.cli.operator",
+    "earnings": "node.cli.earnings",
+    "claim": "node.cli.earnings",
+    "devnet": "deploy.cli.devnet",
+}
+_VERBOSE = re.compile("-v+|--verbose")
+
+
+def command_modules(command: str | None = None) -> tuple[ModuleType, ...]:
+    """The command groups to register: the one of `command`, or every group (None)."""
+    names = COMMANDS.values() if command is None else (COMMANDS[command],)
+    return tuple(importlib.import_module(name) for name in dict.fromkeys(names))
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The top-level command `argv` runs when it names one after `-v` flags only; None (the
+    whole parser) for no command, `--help`, any other option first, or a word that is none."""
+    for word in argv:
+        if not _VERBOSE.fullmatch(word):
+            return word if word in COMMANDS else None
+    return None
+
 
 EPILOG = """\
 examples:
@@ -75,7 +90,8 @@ examples:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """`planet`'s parser with `command`'s group only, or with every group (None)."""
     parser = argparse.ArgumentParser(
         prog="planet",
         description="Planet: open LLMs served by a network of compute nodes holding layer shards.",
@@ -84,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs on stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for group in COMMAND_MODULES:
+    for group in command_modules(command):
         group.register(sub)
     return parser
 
@@ -102,8 +118,9 @@ def _configure_logging(verbosity: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command_of(words))
+    args = parser.parse_args(words)
     _configure_logging(args.verbose)
     handler = getattr(args, "handler", None)
     if handler is None:

@@ -62,7 +62,7 @@ def sign_purchase(
     """(amount, "0x" signature): the payer's `CreditPurchase` of `count` credits at
     `price_wei` each for mint `identifier` ("0x" + 64 hex), bound to `escrow` on `chain_id`:
     what a `credit_mint` carries."""
-    from protocol.payment import payment_domain  # eth_utils: only when a purchase is signed
+    from protocol.payment import payment_domain  # only when a purchase is signed
 
     amount = count * price_wei
     purchase = CreditPurchase(

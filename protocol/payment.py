@@ -41,7 +41,7 @@ grammar: ASCII only, lowercase hex, no leading zeros, bounded lengths); `parse_b
 prefix. They raise `PaymentKeyError` / `VoucherKeyError` / `KeyFormatError` (all
 `ProtocolError`s, the last two subclasses of the first) with the rule that failed.
 
-Import-light: eth-abi / eth-utils / coincurve through `protocol.eip712`; no web3 provider.
+Import-light: eth-hash / coincurve through `protocol.eip712`; no web3 provider, no eth-abi.
 """
 
 from __future__ import annotations
@@ -51,8 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from eth_utils import keccak
-
+from protocol.abi_words import keccak
 from protocol.eip712 import (
     DOMAIN_VERSION,
     Domain,

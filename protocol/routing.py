@@ -43,8 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from eth_utils import keccak
-
+from protocol.abi_words import keccak
 from protocol.eip712 import Commitment, Domain, Reveal, commitment_value
 from protocol.errors import ProtocolError
 from protocol.fingerprint import FingerprintError, decode_blocks

@@ -36,13 +36,15 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-from eth_utils import keccak
-
+from protocol.abi_words import keccak
 from protocol.eip712 import commitment_value
 from protocol.errors import ProtocolError
 from protocol.fingerprint import BLOCK_POSITIONS
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SPOOL_MAGIC = b"PLSRV1\n\x00"
 SPOOL_PREFIX = "served-"
@@ -77,6 +79,8 @@ def next_inputs_digest(previous: bytes | None, rows: bytes) -> bytes:
 def inputs_digests(inputs: np.ndarray) -> list[bytes]:
     """The chain value after each block of `inputs` ([1, T, H] or [T, H] float32 positions
     [0, T)), the last block possibly partial: what `served_output_hash` binds per block."""
+    import numpy as np  # lazy: the agent and the verifier's readers import this module too
+
     rows = np.asarray(inputs)
     rows = rows.reshape(-1, rows.shape[-1]) if rows.ndim == 3 else rows
     out: list[bytes] = []
@@ -115,6 +119,8 @@ class InputsChain:
                 need = 0
         data = b""
         if taken:
+            import numpy as np  # lazy: see inputs_digests
+
             data = np.ascontiguousarray(np.concatenate(taken, axis=0), dtype=FLOAT32_LE).tobytes()
         self.digest = next_inputs_digest(self.digest, data)
         return self.digest

@@ -18,8 +18,8 @@ to the node's `outputHash`. Every word must be a canonical field element (< r): 
 reduces instances mod r, so a non-canonical output word would hash differently from the same
 field element and could fake a difference.
 
-Import-light on purpose (eth-utils only): the node, the verifier and the tests hash claims
-without ezkl.
+Import-light on purpose (eth-hash only, through protocol.abi_words): the node, the verifier and
+the tests hash claims without ezkl.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from eth_utils import keccak
-
+from protocol.abi_words import keccak
 from protocol.errors import ProtocolError
 
 # BN254 (alt_bn128) scalar field: the field ezkl's KZG circuits and the EVM verifier work in.

@@ -31,9 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from eth_abi import encode as abi_encode
-from eth_utils import is_address, to_checksum_address
-
+from protocol.abi_words import abi_encode, is_address, to_checksum_address
 from protocol.errors import ProtocolError
 from protocol.fields import is_int
 from shares.keccak import bulk_keccak256

@@ -18,8 +18,8 @@ from typing import Any
 from deploy.anvil import ANVIL_DEV_ADDRESS, DEVNET_CHAIN_ID, rpc_call
 from deploy.devnet.hosts import Placement, inside, require_lab
 from deploy.devnet.plan import devnet_dir, read_state, state_lock, write_state
-from deploy.evm import ETHER
 from protocol.errors import PlanetError, UnavailableError, UsageError
+from protocol.eth import WEI_PER_ETH as ETHER  # not deploy.evm: web3 + eth-account, ~1.4 CPU-s
 from protocol.eth import parse_eth
 
 DEFAULT_FUND_ETH = "10"

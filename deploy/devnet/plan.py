@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy.evm import ETHER
+from protocol.eth import WEI_PER_ETH as ETHER  # not deploy.evm: web3 + eth-account, ~1.4 CPU-s
 
 Progress = Callable[[str], None]
 STATE_FILE = "devnet.json"

@@ -48,8 +48,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eth_utils import keccak
-
 from node.gateway.errors import PaymentRequired
 from node.gateway.escrow_reads import (
     STATUS_NAMES,
@@ -58,6 +56,7 @@ from node.gateway.escrow_reads import (
     OnChainDeposit,
 )
 from node.gateway.receipt_log import ReceiptLog
+from protocol.abi_words import keccak
 from protocol.eip712 import Domain, as_address, as_bytes32, sign_digest
 from protocol.errors import ProtocolError
 from protocol.payment import (

@@ -15,9 +15,7 @@ served.py     the served-work log for commit-reveal and spot checks (`--commit-d
 tickets.py    spot-check tickets: POST /v1/tickets, GET /v1/commitments/{tag}
 run.py        `serve(config)`: load the shard, set torch threads, run the app
 launcher.py   start/stop shard node processes on loopback (`planet local`, tests, bench)
+
+The package imports nothing itself: `planet local`, the node agent and `planet devnet status`
+import launcher.py alone and do not pay for the server's app (aiohttp.web, numpy; issue 41).
 """
-
-from node.server.app import create_app
-from node.server.config import ServerConfig
-
-__all__ = ["ServerConfig", "create_app"]

@@ -245,8 +245,8 @@ def recover_registration(node_key_hex: str, signature_hex: str) -> str:
     """The checksummed EVM address that signed `registration_message(node_key_hex)`;
     raises `ProtocolError` when the signature does not recover."""
     from eth_account.messages import encode_defunct
-    from eth_utils import keccak
 
+    from protocol.abi_words import keccak
     from protocol.eip712 import recover_digest
 
     message = encode_defunct(text=registration_message(node_key_hex))

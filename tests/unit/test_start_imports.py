@@ -20,6 +20,7 @@ from tests.doubles.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_STACK = ("torch", "transformers", "hqq", "torchao")
+ETH_LIBRARIES = ("eth_abi", "eth_utils", "pydantic", "web3", "eth_account")
 
 
 def loaded_after(code: str, *names: str) -> list[str]:
@@ -51,10 +52,58 @@ def loaded_after(code: str, *names: str) -> list[str]:
         ("node.server.run", (*MODEL_STACK, "web3", "eth_account")),
         # a node opening its node key needs nacl, not eth-account
         ("node.keys", ("eth_account", "eth_utils", "web3")),
+        # the shared vocabulary hashes with protocol.abi_words: eth-abi and eth-utils (with
+        # pydantic) were ~0.2 CPU-s of every node's, relay's and committee app's start
+        ("protocol.eip712", ETH_LIBRARIES),
+        ("shares.merkle", ETH_LIBRARIES),
+        ("node.server.run", ETH_LIBRARIES),
+        ("node.relay.run", ETH_LIBRARIES),
+        ("abci_app.app", ETH_LIBRARIES),
+        # `planet devnet fund / status / exec` read the devnet's state and call anvil's RPC:
+        # deploy.evm (web3 + eth-account, ~1.4 CPU-s) was imported for its ETHER constant
+        ("deploy.devnet.fund", ("web3", "eth_account")),
+        ("deploy.devnet.plan", ("web3", "eth_account")),
+        ("deploy.devnet.status", ("web3", "eth_account", "numpy")),
+        # the launcher (`planet local`, the node agent, `devnet status`) starts node processes:
+        # the node/server package re-exported the server's app (aiohttp.web, numpy) to it
+        ("node.server.launcher", ("node.server.app", "aiohttp.web", "numpy")),
+        ("node.agent.__main__", ("node.server.app", "numpy", "web3")),
+        # the served-work hashes take numpy only when they hash rows
+        ("protocol.served", ("numpy",)),
     ],
 )
 def test_entry_point_imports_stay_light(module: str, forbidden: tuple[str, ...]) -> None:
     assert loaded_after(f"import {module}", *forbidden) == []
+
+
+OTHER_COMMAND_GROUPS = (
+    "deploy.cli.devnet",
+    "deploy.cli.committee",
+    "deploy.cli.contracts",
+    "node.cli.earnings",
+    "node.cli.gateway",
+    "node.cli.ask",
+    "node.cli.credits",
+)
+
+
+@pytest.mark.parametrize(
+    ("argv", "own"),
+    [
+        (["-v", "node", "serve"], "node.cli.node"),
+        (["relay", "serve"], "node.cli.relay"),
+        (["stake", "--role", "compute"], "node.cli.operator"),
+    ],
+)
+def test_a_planet_command_imports_only_its_own_command_group(argv: list[str], own: str) -> None:
+    """`planet -v node serve` (every node start) builds the parser of its group alone: the other
+    groups (the devnet's, the gateway's, earnings...) were ~0.1 CPU-s of each `planet` start."""
+    code = (
+        "from planet.main import build_parser, command_of\n"
+        f"build_parser(command_of({argv!r}))"
+    )
+    others = tuple(name for name in OTHER_COMMAND_GROUPS if name != own)
+    assert loaded_after(code, own, *others) == [own]
 
 
 def test_client_head_loads_without_the_modelling_stack(tmp_path: Path) -> None:
