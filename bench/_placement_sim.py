@@ -12,9 +12,15 @@ What is modelled here (what bench/placement.py measures is the per-shard decode 
   circuit decodes `TIMED_TOKENS` tokens in that many times (the client head's per-token time +
   one stage per shard + `hop_s` per stage); the bench assumes the verifiers' sampled challenges
   over the estimate's window went through every combination of one node per shard, each once,
-  clean and without timing noise. `rule="nodes"`: each node's own estimated rate
-  (`EpochSpeeds.of`, the product's rule); `rule="circuits"`: the old rule, each node credited
-  its best circuit's speed (`circuit_speeds`); `rule="split"`, a diagnostic: the per-node
+  clean and without timing noise, and that they probed every placed node alone once
+  (hop_probe.py: `TIMED_TOKENS` positions one at a time, each the node's stage time + two
+  hops: to the node and back; `LAYERS` layers a shard). `rule="nodes"`: each node's own
+  estimated rate from circuits and probes (`EpochSpeeds.of`, the product's rule);
+  `rule="probed_one_circuit"`: the same estimate when the verifiers probed only the nodes of
+  one circuit (the first combination: one node per shard) and the rest are read from the
+  circuits beside them (speeds.py step 6); `rule="fit"`: the estimate from circuits alone (no
+  probe: the shards' split assumed even); `rule="circuits"`: the old rule, each node credited
+  its best circuit's speed (`circuit_speeds`); `rule="split"`, a diagnostic: the circuit-only
   estimate with the one thing whole circuits cannot tell given from the truth (each shard's
   fastest node its true stage time + an even share of head and hops; the differences within a
   shard stay the estimator's); `rule="own"`: each node's true rate (no verifier). Until every
@@ -44,10 +50,12 @@ from node.agent.rebalance import RebalancePolicy, decide
 from node.verifier.speeds import EpochSpeeds, circuit_speeds, rate, stage_times
 
 MODEL = "placement-bench"
-# the committee's speeds: estimated per node, the old rule, estimated with the shards' split
-# known, each node's true rate
-RULES = ("nodes", "circuits", "split", "own")
+# the committee's speeds: estimated per node (circuits and every node probed), the same with
+# one circuit's nodes probed, from circuits alone, the old rule, circuits alone with the shards'
+# split known, each node's true rate
+RULES = ("nodes", "probed_one_circuit", "fit", "circuits", "split", "own")
 TIMED_TOKENS = 32  # tokens of one timed sampled challenge (the verifier's `sampled_tokens`)
+LAYERS = 10  # layers of every shard (the 3-part SmolLM2-135M: 30 layers)
 MAX_PASSES = 50  # rebalancing passes before a pool that keeps moving is called unconverged
 
 
@@ -110,9 +118,10 @@ def committee_speeds(
     timing: Timing, machines: Sequence[Machine], assign: dict[str, int], rule: str = "nodes"
 ) -> dict[str, int]:
     """The `speed` the committee lists per node, by the verifier's code from every circuit of
-    one node per shard (`rule`: "nodes" the per-node estimate, "circuits" the old best-circuit
-    rule, "split" the estimate with the shards' split known); empty while some shard has
-    nobody."""
+    one node per shard and the one-hop probes (`rule`: "nodes" every node probed,
+    "probed_one_circuit" the first circuit's nodes probed, "fit" circuits alone, "circuits"
+    the old best-circuit rule, "split" circuits alone with the shards' split known); empty
+    while some shard has nobody."""
     placed = [m for m in machines if m.key in assign]
     by_shard = [[m for m in placed if assign[m.key] == s] for s in range(timing.shards)]
     if not all(by_shard):
@@ -127,6 +136,12 @@ def committee_speeds(
         return circuit_speeds(timed for _, timed in measured.timed)
     if rule == "split":
         return _known_split(timing, by_shard, measured)
+    if rule in ("nodes", "probed_one_circuit"):
+        probed = placed if rule == "nodes" else [nodes[0] for nodes in by_shard]
+        for m in probed:
+            shard = assign[m.key]
+            seconds = TIMED_TOKENS * (timing.stage_s(m, shard) + 2 * timing.hop_s)
+            measured.note_hop(m.key, shard, LAYERS, TIMED_TOKENS, seconds, clean=True)
     return measured.of({m.key: 1 for m in placed})
 
 
