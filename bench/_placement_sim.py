@@ -13,8 +13,9 @@ What is modelled here (what bench/placement.py measures is the per-shard decode 
   one stage per shard + `hop_s` per stage); the bench assumes the verifiers' sampled challenges
   over the estimate's window went through every combination of one node per shard, each once,
   clean and without timing noise, and that they probed every placed node alone once
-  (hop_probe.py: `TIMED_TOKENS` positions one at a time, each the node's stage time + two
-  hops: to the node and back; `LAYERS` layers a shard). `rule="nodes"`: each node's own
+  (hop_probe.py: sessions at once of `PROBE_POSITIONS` positions each, one at a time, on a
+  node that computes one frame after another: `probe_s`; the sessions doubled from 4 as
+  `saturate` does; `LAYERS` layers a shard). `rule="nodes"`: each node's own
   estimated rate from circuits and probes (`EpochSpeeds.of`, the product's rule);
   `rule="probed_one_circuit"`: the same estimate when the verifiers probed only the nodes of
   one circuit (the first combination: one node per shard) and the rest are read from the
@@ -40,6 +41,7 @@ Pure: no I/O, no clock, no randomness but the caller's seeded draws.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 from collections.abc import Sequence
@@ -47,6 +49,7 @@ from dataclasses import dataclass
 
 from node.agent.placement import DEFAULT_REPLICA_FLOOR, PoolNode, choose_shard
 from node.agent.rebalance import RebalancePolicy, decide
+from node.verifier.hop_probe import HopResult, saturate
 from node.verifier.speeds import EpochSpeeds, circuit_speeds, rate, stage_times
 
 MODEL = "placement-bench"
@@ -56,6 +59,7 @@ MODEL = "placement-bench"
 RULES = ("nodes", "probed_one_circuit", "fit", "circuits", "split", "own")
 TIMED_TOKENS = 32  # tokens of one timed sampled challenge (the verifier's `sampled_tokens`)
 LAYERS = 10  # layers of every shard (the 3-part SmolLM2-135M: 30 layers)
+PROBE_POSITIONS = 8  # positions each session of a one-hop probe steps
 MAX_PASSES = 50  # rebalancing passes before a pool that keeps moving is called unconverged
 
 
@@ -100,6 +104,27 @@ class Outcome:
     final_tok_s: float  # after rebalancing
 
 
+def probe_s(sessions: int, stage_s: float, hop_s: float) -> float:
+    """Seconds of one one-hop probe of `sessions` sessions on a node taking `stage_s` a
+    position, `hop_s` each way: the node busy all along (the sessions' frames queue while
+    others travel) or, with too few sessions for the round trip, the last session's positions
+    each a round trip and a stage."""
+    busy = sessions * PROBE_POSITIONS * stage_s + 2 * hop_s
+    waiting = PROBE_POSITIONS * (stage_s + 2 * hop_s) + (sessions - 1) * stage_s
+    return max(busy, waiting)
+
+
+def probed(stage_s: float, hop_s: float) -> tuple[int, float]:
+    """The sessions and seconds of the probe `saturate` keeps for such a node."""
+
+    async def run(sessions: int) -> HopResult:
+        return HopResult(probe_s(sessions, stage_s, hop_s), clean=True)
+
+    kept = asyncio.run(saturate(run, PROBE_POSITIONS))
+    assert kept is not None  # every modelled probe is clean
+    return kept[0], kept[1].seconds
+
+
 def machine_key(index: int) -> str:
     return hashlib.sha256(f"placement-bench node {index}".encode()).hexdigest()
 
@@ -137,11 +162,12 @@ def committee_speeds(
     if rule == "split":
         return _known_split(timing, by_shard, measured)
     if rule in ("nodes", "probed_one_circuit"):
-        probed = placed if rule == "nodes" else [nodes[0] for nodes in by_shard]
-        for m in probed:
+        alone = placed if rule == "nodes" else [nodes[0] for nodes in by_shard]
+        for m in alone:
             shard = assign[m.key]
-            seconds = TIMED_TOKENS * (timing.stage_s(m, shard) + 2 * timing.hop_s)
-            measured.note_hop(m.key, shard, LAYERS, TIMED_TOKENS, seconds, clean=True)
+            sessions, seconds = probed(timing.stage_s(m, shard), timing.hop_s)
+            work = sessions * PROBE_POSITIONS
+            measured.note_hop(m.key, shard, LAYERS, work, seconds, clean=True)
     return measured.of({m.key: 1 for m in placed})
 
 

@@ -42,18 +42,21 @@ in y and so in the nodes' t, split between the circuit's stages like the rest. T
 
 One-hop probes separate the shards. Whole circuits never tell step 3's gauge; a verifier's
 own timing of ONE node does (`HopTimed`, measured by hop_probe.py): the verifier computes a
-shard's input itself (it holds every shard for its spot checks), opens a session at that one
-node as the circuit's last hop (an `open` without `next`), steps `positions` positions through
-it one at a time and times them on its own monotonic clock, from the first frame sent to the
-last output read; the probe counts only when every output matched its own recomputation
-(`clean`) and at least `MIN_TIMED_TOKENS` positions were stepped. Normalized by the work,
+shard's input itself (it holds every shard for its spot checks), opens a few sessions at that
+one node as the circuit's last hop (an `open` without `next`), steps them at once, each one
+position at a time, and times them on its own monotonic clock, from the first frame sent to
+the last output read: several sessions in flight keep the node computing while frames travel,
+so the time is the node's compute plus about one round trip. The probe counts only when every
+output matched its own recomputation (`clean`) and the node computed at least
+`MIN_TIMED_TOKENS` positions. Normalized by the work,
 
     u = seconds / (positions × layers)      (seconds per position per layer of the shard)
 
-with `layers` the shard's layer count from the verifier's own manifest (never the node's
-/info), a node's probes at different shards compare (it moved within the window). Its time on
-its shard is `min u × layers` of its latest probe's shard: its stage time plus one round trip
-to the verifier, no share of head or gateway. Used so:
+with `positions` all the probe's sessions' together and `layers` the shard's layer count from
+the verifier's own manifest (never the node's /info), a node's probes at different shards
+compare (it moved within the window). Its time on its shard is `min u × layers` of its latest
+probe's shard: its stage time (plus a round trip spread over the probe's positions), no share
+of head, gateway or hops. Used so:
 
 5. a probed node's time IS its probe's (step 4's bounds still apply): nothing another node
    does, in a circuit or elsewhere, moves it, and the only way for a node to move its own
@@ -137,7 +140,8 @@ class Timed:
 class HopTimed:
     """One clean one-hop probe the verifier timed itself: the node it dialled, the shard it sent
     (its position in the model), that shard's layer count (the verifier's manifest), the
-    positions stepped one at a time, the seconds on the verifier's clock."""
+    positions the node computed (all the probe's sessions'), the seconds on the verifier's
+    clock."""
 
     node: str
     shard: int
@@ -324,9 +328,9 @@ class EpochSpeeds:
         self, node: str, shard: int, layers: int, positions: int, seconds: float, clean: bool
     ) -> int | None:
         """Keep one one-hop probe (hop_probe.py: `node` the key the verifier dialled, `shard`
-        the one it sent, `layers` that shard's in the verifier's manifest); the node's speed on
-        it, or None when it does not count (not clean, fewer than MIN_TIMED_TOKENS positions,
-        no layers, a time that is not a number)."""
+        the one it sent, `layers` that shard's in the verifier's manifest, `positions` the
+        probe's `work`); the node's speed on it, or None when it does not count (not clean,
+        fewer than MIN_TIMED_TOKENS positions, no layers, a time that is not a number)."""
         if not clean or positions < MIN_TIMED_TOKENS or layers <= 0 or not node:
             return None
         if not math.isfinite(seconds):

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from node.verifier.hop_probe import HopProbe, HopResult, time_hop
+from node.verifier.hop_probe import HopProbe, HopResult, saturate, time_hop
 from node.verifier.speeds import (
     MIN_TIMED_TOKENS,
     WINDOW_EPOCHS,
@@ -28,6 +28,7 @@ pytestmark = pytest.mark.unit
 
 TOKENS = 32
 LAYERS = 10
+SESSIONS = 4  # a probe's sessions at once
 # shard 1 costs 3× shard 0 and shard 2 2×: whole circuits cannot tell (the gauge), so the
 # circuit-only estimate splits every circuit's time evenly between the shards
 TRUTH = {"a0": 0.010, "b0": 0.020, "a1": 0.030, "b1": 0.060, "a2": 0.020, "b2": 0.025}
@@ -57,29 +58,32 @@ class Clock:
 
 
 def fake_node(clock: Clock, per_position_s: float, answer: dict[str, object]):
-    """A node that takes `per_position_s` per position and answers `answer` + the position."""
+    """A node computing one frame after another, `per_position_s` each, that answers `answer`
+    with the position as its output (unless `answer` names one)."""
 
-    async def step(position: int) -> object:
+    async def step(session: int, position: int) -> object:
+        await asyncio.sleep(0)  # the sessions' frames interleave
         clock.now += per_position_s
-        return {**answer, "output": answer.get("output", position)}
+        return {**answer, "output": answer.get("output", (session, position))}
 
     return step
 
 
-def right(position: int, answer: object) -> bool:
-    """The verifier's recomputation: position i's output is i (only `output` is compared)."""
-    return isinstance(answer, dict) and answer.get("output") == position
+def right(session: int, position: int, answer: object) -> bool:
+    """The verifier's recomputation: the output is (session, position); only `output` is read."""
+    return isinstance(answer, dict) and answer.get("output") == (session, position)
 
 
 def probe(
     speeds: EpochSpeeds, node: str, per_position_s: float, answer: dict[str, object] | None = None
 ) -> HopResult:
-    """Time `node` alone over TOKENS positions and note the probe as the worker would."""
+    """Time `node` alone over SESSIONS × TOKENS // SESSIONS positions and note the probe as
+    the worker would."""
     clock = Clock()
-    asked = HopProbe(node=node, shard=SHARD_OF[node], layers=LAYERS, positions=TOKENS)
+    asked = HopProbe(node, SHARD_OF[node], LAYERS, SESSIONS, TOKENS // SESSIONS)
     step = fake_node(clock, per_position_s, answer or {})
     result = asyncio.run(time_hop(asked, step, right, clock))
-    speeds.note_hop(asked.node, asked.shard, asked.layers, asked.positions, result.seconds,
+    speeds.note_hop(asked.node, asked.shard, asked.layers, asked.work, result.seconds,
                     result.clean)  # fmt: skip
     return result
 
@@ -143,9 +147,9 @@ def test_a_lone_node_slow_on_purpose_does_not_slow_the_rest_of_its_circuit() -> 
     speeds.note(("x", "y", "z"), TOKENS, TOKENS * (0.010 + 0.110 + 0.010), clean=True)
     for node, shard, per_position in (("x", 0, 0.010), ("y", 1, 0.110), ("z", 2, 0.010)):
         clock = Clock()
-        asked = HopProbe(node=node, shard=shard, layers=LAYERS, positions=TOKENS)
+        asked = HopProbe(node, shard, LAYERS, SESSIONS, TOKENS // SESSIONS)
         result = asyncio.run(time_hop(asked, fake_node(clock, per_position, {}), right, clock))
-        speeds.note_hop(node, shard, LAYERS, TOKENS, result.seconds, result.clean)
+        speeds.note_hop(node, shard, LAYERS, asked.work, result.seconds, result.clean)
     assert speeds.of(dict.fromkeys(truth, 1)) == {"x": 100, "y": 9, "z": 100}
 
 
@@ -221,3 +225,60 @@ def test_probes_are_carried_for_the_window_only() -> None:
     kept = speeds.carry(10 + WINDOW_EPOCHS - 1)
     assert [h for _, h in kept.hops] == [HopTimed("x", 0, LAYERS, TOKENS, TOKENS * 0.010)]
     assert speeds.carry(10 + WINDOW_EPOCHS).hops == []
+
+
+def test_one_wrong_answer_in_any_session_makes_the_probe_not_clean() -> None:
+    clock = Clock()
+    honest = fake_node(clock, 0.001, {})
+
+    async def one_bad(session: int, position: int) -> object:
+        answer = await honest(session, position)
+        return {"output": "skipped"} if (session, position) == (2, 5) else answer
+
+    asked = HopProbe("a0", 0, LAYERS, SESSIONS, 8)
+    assert asyncio.run(time_hop(asked, honest, right, clock)).clean
+    assert not asyncio.run(time_hop(asked, one_bad, right, clock)).clean
+    none = HopProbe("a0", 0, LAYERS, 0, 8)  # no session: nothing was timed
+    assert not asyncio.run(time_hop(none, honest, right, clock)).clean
+
+
+def link_bound(stage_s: float, round_trip_s: float, positions: int = 8):
+    """A node computing one frame after another behind a link of `round_trip_s`: the seconds
+    of a probe of n sessions (busy all along, or waiting on the link with too few)."""
+
+    async def run(sessions: int) -> HopResult:
+        busy = sessions * positions * stage_s + round_trip_s
+        waiting = positions * (stage_s + round_trip_s) + (sessions - 1) * stage_s
+        return HopResult(max(busy, waiting), clean=True)
+
+    return run
+
+
+def test_saturate_doubles_the_sessions_until_the_link_is_hidden() -> None:
+    # 8 ms a position behind a 40 ms round trip: 4 sessions wait on the link, 8 keep it busy
+    # (16 gain under 10 % more: the last doubling)
+    sessions, result = asyncio.run(saturate(link_bound(0.008, 0.040), 8))
+    assert sessions == 16
+    assert result.seconds / (sessions * 8) == pytest.approx(0.008, rel=0.1)
+    # one session a probe would read it 6× slower: the link, not the node
+    single = asyncio.run(link_bound(0.008, 0.040)(1))
+    assert single.seconds / 8 == pytest.approx(0.048)
+
+
+def test_saturate_never_reads_a_node_faster_than_it_computes_whatever_it_delays() -> None:
+    honest = link_bound(0.008, 0.0)
+
+    async def slower_when_larger(sessions: int) -> HopResult:  # delays the larger probes
+        result = await honest(sessions)
+        return HopResult(result.seconds * (1 + sessions / 4), clean=True)
+
+    for run in (honest, slower_when_larger):
+        sessions, result = asyncio.run(saturate(run, 8))
+        assert result.seconds / (sessions * 8) >= 0.008
+
+
+def test_saturate_credits_nothing_once_an_answer_is_wrong() -> None:
+    async def wrong_when_larger(sessions: int) -> HopResult:
+        return HopResult(sessions * 8 * 0.001, clean=sessions < 8)
+
+    assert asyncio.run(saturate(wrong_when_larger, 8)) is None
