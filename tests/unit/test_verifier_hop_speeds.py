@@ -8,10 +8,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 
+from node.client.circuit import CircuitClient
+from node.client.types import Hop
+from node.model.head import ClientHead
+from node.model.prepare import prepare
+from node.model.shard import ShardModel
+from node.server.backend import ModelShardBackend
+from node.server.config import ServerConfig
 from node.verifier.hop_probe import HopProbe, HopResult, saturate, time_hop
+from node.verifier.hop_session import ProbeRows, probe_rows, run_probe
 from node.verifier.speeds import (
     MIN_TIMED_TOKENS,
     WINDOW_EPOCHS,
@@ -22,13 +31,18 @@ from node.verifier.speeds import (
     node_speeds,
     stage_times,
 )
+from protocol.fingerprint import Tolerance
 from protocol.speeds import is_speed
+from tests.doubles.tiny_model import make_tiny_model
+from tests.unit.stream_circuit import serve_circuit
 
 pytestmark = pytest.mark.unit
 
 TOKENS = 32
 LAYERS = 10
 SESSIONS = 4  # a probe's sessions at once
+# fp32 shards: one decode step and the verifier's prefill agree within a few fp16 ULPs
+EXACT_ENOUGH = Tolerance(max_ulp=8, min_match_per_mille=900, max_mean_ulp_milli=4000)
 # shard 1 costs 3× shard 0 and shard 2 2×: whole circuits cannot tell (the gauge), so the
 # circuit-only estimate splits every circuit's time evenly between the shards
 TRUTH = {"a0": 0.010, "b0": 0.020, "a1": 0.030, "b1": 0.060, "a2": 0.020, "b2": 0.025}
@@ -282,3 +296,39 @@ def test_saturate_credits_nothing_once_an_answer_is_wrong() -> None:
         return HopResult(sessions * 8 * 0.001, clean=sessions < 8)
 
     assert asyncio.run(saturate(wrong_when_larger, 8)) is None
+
+
+# ---- the live probe against a real in-process node (tiny model) ------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tiny-hop")
+    make_tiny_model(root / "src", layers=6, hidden=64, tied=False)
+    return prepare(root / "src", parts=3, out=root / "p3", progress=lambda _: None)
+
+
+def _rows(manifest: Path, probed: int, wrong: bool = False) -> ProbeRows:
+    head = ClientHead.load(manifest, device="cpu")
+    shards = [ShardModel.load(manifest, k, device="cpu") for k in range(3)]
+    reference = shards[(probed + 1) % 3] if wrong else shards[probed]
+    tokens = [[(7 * s + 3 * p) % 90 + 5 for p in range(8)] for s in range(SESSIONS)]
+    return probe_rows(head.embed, shards[:probed], reference, tokens)
+
+
+async def test_a_live_probe_times_one_node_alone_and_checks_every_answer(
+    aiohttp_server, tiny_split
+) -> None:
+    manifest = tiny_split
+    config = ServerConfig(manifest_path=manifest, shard_id=1)
+    _, hops = await serve_circuit(aiohttp_server, [(config, ModelShardBackend(manifest, 1))])
+    hop = Hop(url=hops[0].url, shard=1)  # the node at shard 1, as the last hop
+    probe = HopProbe("node-1", 1, 2, SESSIONS, 8)  # 6 layers in 3 parts: 2 a shard
+    speeds = EpochSpeeds()
+    async with CircuitClient([hop], hidden_size=64) as client:
+        result = await run_probe(client, probe, _rows(manifest, 1), EXACT_ENOUGH)
+        assert result.clean and result.seconds > 0
+        assert is_speed(speeds.note_hop("node-1", 1, 2, probe.work, result.seconds, True))
+        # checked against another shard's outputs: the answers are wrong, nothing credited
+        wrong = await run_probe(client, probe, _rows(manifest, 1, wrong=True), EXACT_ENOUGH)
+        assert not wrong.clean
