@@ -36,8 +36,8 @@ answers slowly on purpose is timed slowly: only its own probe, and so only its o
 slower. It cannot answer faster than it computes: every session's inputs are fresh and every
 output is checked.
 
-Not wired yet: the worker does not open these sessions (the live `step`/`check` over a node's
-link, and paying a charging node for them, are issue 44's next step).
+Run live by the worker each epoch: hop_session.py (`step`/`check` over a one-hop circuit),
+hop_runner.py (one node, paid as any question), hop_schedule.py (which nodes, how much).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ tolerance of the shard's quantization).
     async with CircuitClient([Hop(url, 1, key)], hidden_size=H, payer=payer) as client:
         result = await run_probe(client, probe, rows, tolerance)
 
-Paying a charging node is the client's (`payer`, as for any question). Not scheduled yet:
-the worker does not call it (docs/verification.md §1d).
+Paying a charging node is the client's (`payer`, as for any question). The worker schedules
+it each epoch through hop_runner.py (which nodes: hop_schedule.py).
 """
 
 from __future__ import annotations
@@ -86,8 +86,11 @@ async def run_probe(
 
         async def step(session: int, position: int) -> object:
             row = rows.inputs[session][:, position : position + 1]
-            await client.send(sids[session], position, row)
-            return await client.receive(sids[session], position, 1)
+            try:
+                await client.send(sids[session], position, row)
+                return await client.receive(sids[session], position, 1)
+            except PlanetError as error:  # refused, closed, unpaid: that session is not clean
+                return error  # (raised in `time_hop`'s task group it would escape the except)
 
         def right(session: int, position: int, answer: object) -> bool:
             if not isinstance(answer, np.ndarray) or answer.shape != (1, 1, client.hidden_size):
