@@ -1,0 +1,86 @@
+"""What the verifier's one-node timings cost it per epoch, in CPU (issue 44).
+
+Per probed node the verifier computes, before the clock starts, the probed shard's input rows
+(embedding + its own shards before it) and its own outputs of that shard, for every round's
+sessions × positions (node/verifier/hop_session.probe_rows), then checks each answer's
+fingerprint (node/verifier/fingerprint.check). This measures both on this process's CPU clock
+(`time.process_time`, 1 torch thread, as the devnet's verifiers run) for SmolLM2-135M int8 in
+2 shards, each shard probed, with the devnet's setting (one probe of 4 sessions × 8 positions)
+and the default (`saturate` from 4 up to 16 sessions: at most 4 + 8 + 16 sessions × 8). The
+WebSocket frames (one 1-position frame per position) are not in it. Medians of --repeats.
+
+    .venv/bin/python bench/hop_probe_cost.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from bench._common import machine
+from harness.gateway_net import prepared_manifest
+from node.model.head import ClientHead
+from node.model.shard import ShardModel
+from node.verifier.calibration import load_calibration
+from node.verifier.fingerprint import check, fingerprint_bytes
+from node.verifier.hop_schedule import probe_tokens
+from node.verifier.hop_session import probe_rows
+
+POSITIONS = 8
+SETTINGS = {"devnet_4x8": [4], "default_saturated_4_8_16x8": [4, 8, 16]}
+
+
+def one_node(head, shards, shard: int, rounds: list[int], tolerance) -> float:  # noqa: ANN001
+    started = time.process_time()
+    for index, sessions in enumerate(rounds):
+        tokens = probe_tokens(b"\x01" * 32, 1, "ab" * 32, index, sessions, POSITIONS, 49152)
+        rows = probe_rows(head.embed, shards[:shard], shards[shard], tokens)
+        for expected in rows.expected:
+            for position in range(POSITIONS):
+                own = expected[:, position : position + 1]
+                assert check(fingerprint_bytes(own, position), own, position, tolerance).passed
+    return time.process_time() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    manifest = prepared_manifest(parts=2, quant="int8")
+    head = ClientHead.load(manifest, device="cpu")
+    shards = [ShardModel.load(manifest, k, device="cpu", int8_kernel=True) for k in range(2)]
+    tolerance = load_calibration().tolerance(str(getattr(shards[0], "quant", "none")))
+    cpu: dict[str, dict[str, float]] = {}
+    for name, rounds in SETTINGS.items():
+        for shard in range(2):
+            one_node(head, shards, shard, rounds, tolerance)  # warm
+            seconds = [one_node(head, shards, shard, rounds, tolerance) for _ in range(args.repeats)]
+            cpu.setdefault(name, {})[f"shard_{shard}_cpu_ms"] = round(
+                1000 * statistics.median(seconds), 1
+            )
+    print(
+        json.dumps(
+            {
+                "bench": "hop_probe_cost",
+                "model": "smollm2-135m-2p-int8",
+                "positions_per_session": POSITIONS,
+                "cpu_per_probed_node": cpu,
+                "repeats": args.repeats,
+                "machine": machine(),
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
