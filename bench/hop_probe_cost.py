@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -38,7 +39,7 @@ POSITIONS = 8
 SETTINGS = {"devnet_4x8": [4], "default_saturated_4_8_16x8": [4, 8, 16]}
 
 
-def one_node(head, shards, shard: int, rounds: list[int], tolerance) -> float:  # noqa: ANN001
+def one_node(head: Any, shards: Any, shard: int, rounds: list[int], tolerance: Any) -> float:
     started = time.process_time()
     for index, sessions in enumerate(rounds):
         tokens = probe_tokens(b"\x01" * 32, 1, "ab" * 32, index, sessions, POSITIONS, 49152)
@@ -63,7 +64,8 @@ def main() -> None:
     for name, rounds in SETTINGS.items():
         for shard in range(2):
             one_node(head, shards, shard, rounds, tolerance)  # warm
-            seconds = [one_node(head, shards, shard, rounds, tolerance) for _ in range(args.repeats)]
+            runs = range(args.repeats)
+            seconds = [one_node(head, shards, shard, rounds, tolerance) for _ in runs]
             cpu.setdefault(name, {})[f"shard_{shard}_cpu_ms"] = round(
                 1000 * statistics.median(seconds), 1
             )
