@@ -62,7 +62,6 @@ class VerifierNet:
         verifier_args: tuple[str, ...] = (),  # more `planet verifier serve` arguments
         slowed: list[tuple[int, float]] = (),  # type: ignore[assignment]  # (shard, factor)
         slow_node: str = "",  # the module that serves `slowed` (`--slow-factor FACTOR`)
-        gateway_args: tuple[str, ...] = (),  # more `planet gateway serve` arguments
     ) -> VerifierNet:
         if cheats and not cheating_node:
             raise ValueError("cheats need the cheating_node module that serves them")
@@ -86,7 +85,7 @@ class VerifierNet:
             for node in net.nodes:
                 net.register(node, stake=True)
             net.start_heartbeats()
-            net.start_gateway(gateway_args)
+            net.start_gateway()
             wait_for(self._all_routable, 60, "the nodes are not all routable")
             self.start_verifier(challenges, verdict_after, verifier_args)
         except BaseException:
