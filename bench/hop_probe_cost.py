@@ -7,9 +7,11 @@ fingerprint (node/verifier/fingerprint.check). This measures both on this proces
 (`time.process_time`, 1 torch thread, as the devnet's verifiers run) for SmolLM2-135M int8 in
 2 shards, each shard probed, with the devnet's setting (one probe of 4 sessions × 8 positions)
 and the default (`saturate` from 4 up to 16 sessions: at most 4 + 8 + 16 sessions × 8). The
-WebSocket frames (one 1-position frame per position) are not in it. Medians of --repeats.
+WebSocket frames (one 1-position frame per position) are not in it; with `--live` the whole
+probe is measured too (`HopRunner.time_node` against real node processes of both shards,
+harness/replica_net.py: this process's CPU only, the nodes' not). Medians of --repeats.
 
-    .venv/bin/python bench/hop_probe_cost.py [--repeats 3]
+    .venv/bin/python bench/hop_probe_cost.py [--repeats 3] [--live]
 """
 
 from __future__ import annotations
@@ -51,9 +53,46 @@ def one_node(head: Any, shards: Any, shard: int, rounds: list[int], tolerance: A
     return time.process_time() - started
 
 
+def live(head: Any, shards: Any, tolerance: Any, repeats: int) -> dict[str, dict[str, float]]:
+    """This process's CPU for `HopRunner.time_node` of each shard's real node (ms)."""
+    import asyncio
+    import tempfile
+    from types import SimpleNamespace
+
+    from harness.replica_net import ReplicaNet
+    from node.server.next_hops import parse_ranges
+    from node.verifier.hop_runner import HopRunner
+    from node.verifier.hop_schedule import HopSettings, ProbeTarget
+
+    reference = SimpleNamespace(head=head, shards=shards, model_hash="sha256:00")
+    out: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        net = ReplicaNet.start(Path(directory), prepared_manifest(parts=2, quant="int8"), [0, 1])
+        try:
+            for name, rounds in SETTINGS.items():
+                settings = HopSettings(3, rounds[0], rounds[-1], POSITIONS)
+                runner = HopRunner(
+                    reference, tolerance, settings, private_ranges=parse_ranges("127.0.0.0/8")
+                )
+                for replica in net.replicas:
+                    target = ProbeTarget("ab" * 32, replica.url, replica.shard, None)
+                    seconds = []
+                    for epoch in range(repeats + 1):  # the first warms
+                        started = time.process_time()
+                        assert asyncio.run(runner.time_node(target, b"\x02" * 32, epoch))
+                        seconds.append(time.process_time() - started)
+                    out.setdefault(name, {})[f"shard_{replica.shard}_cpu_ms"] = round(
+                        1000 * statistics.median(seconds[1:]), 1
+                    )
+        finally:
+            net.close()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--live", action="store_true", help="also the whole probe, real nodes")
     args = parser.parse_args()
     torch.set_num_threads(1)
     manifest = prepared_manifest(parts=2, quant="int8")
@@ -76,6 +115,9 @@ def main() -> None:
                 "model": "smollm2-135m-2p-int8",
                 "positions_per_session": POSITIONS,
                 "cpu_per_probed_node": cpu,
+                "live_cpu_per_probed_node": live(head, shards, tolerance, args.repeats)
+                if args.live
+                else None,
                 "repeats": args.repeats,
                 "machine": machine(),
             },
