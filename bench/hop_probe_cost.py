@@ -9,7 +9,8 @@ fingerprint (node/verifier/fingerprint.check). This measures both on this proces
 and the default (`saturate` from 4 up to 16 sessions: at most 4 + 8 + 16 sessions × 8). The
 WebSocket frames (one 1-position frame per position) are not in it; with `--live` the whole
 probe is measured too (`HopRunner.time_node` against real node processes of both shards,
-harness/replica_net.py: this process's CPU only, the nodes' not). Medians of --repeats.
+harness/replica_net.py: this process's CPU, and the probed node's as `node_cpu_ms`). Medians
+of --repeats.
 
     .venv/bin/python bench/hop_probe_cost.py [--repeats 3] [--live]
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -53,6 +55,12 @@ def one_node(head: Any, shards: Any, shard: int, rounds: list[int], tolerance: A
     return time.process_time() - started
 
 
+def _cpu_s(pid: int) -> float:
+    """A process's user + system CPU seconds (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def live(head: Any, shards: Any, tolerance: Any, repeats: int) -> dict[str, dict[str, float]]:
     """This process's CPU for `HopRunner.time_node` of each shard's real node (ms)."""
     import asyncio
@@ -74,15 +82,21 @@ def live(head: Any, shards: Any, tolerance: Any, repeats: int) -> dict[str, dict
                 runner = HopRunner(
                     reference, tolerance, settings, private_ranges=parse_ranges("127.0.0.0/8")
                 )
-                for replica in net.replicas:
+                for index, replica in enumerate(net.replicas):
                     target = ProbeTarget("ab" * 32, replica.url, replica.shard, None)
-                    seconds = []
+                    pid = net._pid(index)
+                    seconds, node_seconds = [], []
                     for epoch in range(repeats + 1):  # the first warms
-                        started = time.process_time()
+                        started, node_started = time.process_time(), _cpu_s(pid)
                         assert asyncio.run(runner.time_node(target, b"\x02" * 32, epoch))
                         seconds.append(time.process_time() - started)
-                    out.setdefault(name, {})[f"shard_{replica.shard}_cpu_ms"] = round(
+                        node_seconds.append(_cpu_s(pid) - node_started)
+                    row = out.setdefault(name, {})
+                    row[f"shard_{replica.shard}_cpu_ms"] = round(
                         1000 * statistics.median(seconds[1:]), 1
+                    )
+                    row[f"shard_{replica.shard}_node_cpu_ms"] = round(
+                        1000 * statistics.median(node_seconds[1:]), 1
                     )
         finally:
             net.close()
