@@ -12,9 +12,16 @@ What is modelled here (what bench/placement.py measures is the per-shard decode 
   circuit decodes `TIMED_TOKENS` tokens in that many times (the client head's per-token time +
   one stage per shard + `hop_s` per stage); the bench assumes the verifiers' sampled challenges
   over the estimate's window went through every combination of one node per shard, each once,
-  clean and without timing noise. `rule="nodes"`: each node's own estimated rate
-  (`EpochSpeeds.of`, the product's rule); `rule="circuits"`: the old rule, each node credited
-  its best circuit's speed (`circuit_speeds`); `rule="split"`, a diagnostic: the per-node
+  clean and without timing noise, and that they probed every placed node alone once
+  (hop_probe.py: sessions at once of `PROBE_POSITIONS` positions each, one at a time, on a
+  node that computes one frame after another: `probe_s`; the sessions doubled from 4 as
+  `saturate` does; `LAYERS` layers a shard). `rule="nodes"`: each node's own
+  estimated rate from circuits and probes (`EpochSpeeds.of`, the product's rule);
+  `rule="probed_one_circuit"`: the same estimate when the verifiers probed only the nodes of
+  one circuit (the first combination: one node per shard) and the rest are read from the
+  circuits beside them (speeds.py step 6); `rule="fit"`: the estimate from circuits alone (no
+  probe: the shards' split assumed even); `rule="circuits"`: the old rule, each node credited
+  its best circuit's speed (`circuit_speeds`); `rule="split"`, a diagnostic: the circuit-only
   estimate with the one thing whole circuits cannot tell given from the truth (each shard's
   fastest node its true stage time + an even share of head and hops; the differences within a
   shard stay the estimator's); `rule="own"`: each node's true rate (no verifier). Until every
@@ -34,6 +41,7 @@ Pure: no I/O, no clock, no randomness but the caller's seeded draws.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 from collections.abc import Sequence
@@ -41,13 +49,17 @@ from dataclasses import dataclass
 
 from node.agent.placement import DEFAULT_REPLICA_FLOOR, PoolNode, choose_shard
 from node.agent.rebalance import RebalancePolicy, decide
+from node.verifier.hop_probe import HopResult, saturate
 from node.verifier.speeds import EpochSpeeds, circuit_speeds, rate, stage_times
 
 MODEL = "placement-bench"
-# the committee's speeds: estimated per node, the old rule, estimated with the shards' split
-# known, each node's true rate
-RULES = ("nodes", "circuits", "split", "own")
+# the committee's speeds: estimated per node (circuits and every node probed), the same with
+# one circuit's nodes probed, from circuits alone, the old rule, circuits alone with the shards'
+# split known, each node's true rate
+RULES = ("nodes", "probed_one_circuit", "fit", "circuits", "split", "own")
 TIMED_TOKENS = 32  # tokens of one timed sampled challenge (the verifier's `sampled_tokens`)
+LAYERS = 10  # layers of every shard (the 3-part SmolLM2-135M: 30 layers)
+PROBE_POSITIONS = 8  # positions each session of a one-hop probe steps
 MAX_PASSES = 50  # rebalancing passes before a pool that keeps moving is called unconverged
 
 
@@ -92,6 +104,27 @@ class Outcome:
     final_tok_s: float  # after rebalancing
 
 
+def probe_s(sessions: int, stage_s: float, hop_s: float) -> float:
+    """Seconds of one one-hop probe of `sessions` sessions on a node taking `stage_s` a
+    position, `hop_s` each way: the node busy all along (the sessions' frames queue while
+    others travel) or, with too few sessions for the round trip, the last session's positions
+    each a round trip and a stage."""
+    busy = sessions * PROBE_POSITIONS * stage_s + 2 * hop_s
+    waiting = PROBE_POSITIONS * (stage_s + 2 * hop_s) + (sessions - 1) * stage_s
+    return max(busy, waiting)
+
+
+def probed(stage_s: float, hop_s: float) -> tuple[int, float]:
+    """The sessions and seconds of the probe `saturate` keeps for such a node."""
+
+    async def run(sessions: int) -> HopResult:
+        return HopResult(probe_s(sessions, stage_s, hop_s), clean=True)
+
+    kept = asyncio.run(saturate(run, PROBE_POSITIONS))
+    assert kept is not None  # every modelled probe is clean
+    return kept[0], kept[1].seconds
+
+
 def machine_key(index: int) -> str:
     return hashlib.sha256(f"placement-bench node {index}".encode()).hexdigest()
 
@@ -110,9 +143,10 @@ def committee_speeds(
     timing: Timing, machines: Sequence[Machine], assign: dict[str, int], rule: str = "nodes"
 ) -> dict[str, int]:
     """The `speed` the committee lists per node, by the verifier's code from every circuit of
-    one node per shard (`rule`: "nodes" the per-node estimate, "circuits" the old best-circuit
-    rule, "split" the estimate with the shards' split known); empty while some shard has
-    nobody."""
+    one node per shard and the one-hop probes (`rule`: "nodes" every node probed,
+    "probed_one_circuit" the first circuit's nodes probed, "fit" circuits alone, "circuits"
+    the old best-circuit rule, "split" circuits alone with the shards' split known); empty
+    while some shard has nobody."""
     placed = [m for m in machines if m.key in assign]
     by_shard = [[m for m in placed if assign[m.key] == s] for s in range(timing.shards)]
     if not all(by_shard):
@@ -127,6 +161,13 @@ def committee_speeds(
         return circuit_speeds(timed for _, timed in measured.timed)
     if rule == "split":
         return _known_split(timing, by_shard, measured)
+    if rule in ("nodes", "probed_one_circuit"):
+        alone = placed if rule == "nodes" else [nodes[0] for nodes in by_shard]
+        for m in alone:
+            shard = assign[m.key]
+            sessions, seconds = probed(timing.stage_s(m, shard), timing.hop_s)
+            work = sessions * PROBE_POSITIONS
+            measured.note_hop(m.key, shard, LAYERS, work, seconds, clean=True)
     return measured.of({m.key: 1 for m in placed})
 
 

@@ -61,10 +61,13 @@ log = logging.getLogger("bench.placement")
 ROOT = Path(__file__).resolve().parent.parent
 CLASSES = {"4x": 1.0, "2x": 2.0, "1x": 4.0}  # class -> slowdown against the measured machine
 ORDERS = ("drawn", "fastest_first", "slowest_first", "burst")
-# metric name tails of the speeds the rules see: the verifiers' per-node estimate (the headline),
-# the old rule (each node credited its best circuit), each node's true rate
+# metric name tails of the speeds the rules see: the verifiers' per-node estimate with every node
+# probed alone (the headline), with one circuit's nodes probed, from circuits alone, the old rule
+# (each node credited its best circuit), circuits alone told the split, each node's true rate
 RULE_TAILS = {
     "nodes": "",
+    "probed_one_circuit": "_one_circuit_probed_speeds",
+    "fit": "_circuit_fit_speeds",
     "circuits": "_circuit_speeds",
     "split": "_known_split_speeds",
     "own": "_oracle_speeds",

@@ -3,7 +3,8 @@
 On top of harness/gateway_net.py (anvil + contracts, one CometBFT validator with the committee
 app, staked compute nodes, the gateway; every process real): genesis with the EVM section
 (verdicts enabled) and short epochs, optional cheating nodes (a test entry point that takes
-`planet node serve`'s arguments plus `--cheat MODE`: tests/doubles/cheating_node.py), and
+`planet node serve`'s arguments plus `--cheat MODE`: tests/doubles/cheating_node.py) and slowed
+ones (`--slow-factor FACTOR`: tests/doubles/slow_node.py), and
 `planet verifier serve` on the validator's home as its own process, with the validator's
 operator keystore (it signs verdicts) and a funded wallet of its own.
 
@@ -42,6 +43,7 @@ class VerifierNet:
         self.net = net
         self.honest: list[Compute] = []
         self.cheaters: list[Compute] = []
+        self.slowed: list[Compute] = []
         self.verifier: subprocess.Popen[bytes] | None = None
         self.log = net.run_dir / "verifier.log"
 
@@ -58,9 +60,13 @@ class VerifierNet:
         challenges: int = 4,
         verdict_after: int = 1,
         verifier_args: tuple[str, ...] = (),  # more `planet verifier serve` arguments
+        slowed: list[tuple[int, float]] = (),  # type: ignore[assignment]  # (shard, factor)
+        slow_node: str = "",  # the module that serves `slowed` (`--slow-factor FACTOR`)
     ) -> VerifierNet:
         if cheats and not cheating_node:
             raise ValueError("cheats need the cheating_node module that serves them")
+        if slowed and not slow_node:
+            raise ValueError("slowed nodes need the slow_node module that serves them")
         net = GatewayNet(run_dir, manifest)
         self = cls(net)
         try:
@@ -68,6 +74,10 @@ class VerifierNet:
             for shard, mode in cheats:
                 self.cheaters += net.start_nodes(
                     [shard], wait=False, extra_args=("--cheat", mode), module=cheating_node
+                )
+            for shard, factor in slowed:
+                self.slowed += net.start_nodes(
+                    [shard], wait=False, extra_args=("--slow-factor", str(factor)), module=slow_node
                 )
             net.start_chain()
             net.start_committee(epoch_length=epoch_blocks, with_evm=True)

@@ -2,11 +2,13 @@
 share (issue 44: placement and rebalancing weigh shards by measured speed).
 
 A speed is an integer number of tokens per second: a node's own decode rate on its stage, as
-a verifier solves it from the whole circuits it timed on its sampled challenges
+a verifier measures it by timing the node alone (node/verifier/hop_probe.py: sessions at the
+node as a last hop, outputs checked against its own recomputation) or, for a node it has not
+probed, solves it from the whole circuits it timed on its sampled challenges
 (node/verifier/speeds.py: a circuit's seconds per token are the sum of its nodes', the split
-between shards assumed even). It is never below the speed of the node's fastest timed circuit
-(a circuit is no faster than any of its nodes), and a node cannot raise it by saying anything:
-only by answering faster.
+between shards taken from the probed nodes, else assumed even). It is never below the speed of
+the node's fastest timed circuit (a circuit is no faster than any of its nodes), and a node
+cannot raise it by saying anything: only by answering faster.
 
     is_speed(v)            an integer in [MIN_SPEED, MAX_SPEED]
     lower_median(values)   the committee's aggregate over distinct verifiers' latest reports

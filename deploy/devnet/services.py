@@ -162,6 +162,9 @@ def start_verifiers(
             # one machine runs every verifier: the public corpus, not text each verifier's
             # model writes per epoch (~10 s of CPU each); a real verifier keeps the default
             "--challenge-source", "corpus",
+            # one node timed alone per epoch, one probe of 4 sessions × 8 positions (a real
+            # verifier: 2 nodes, up to 16 sessions)
+            "--hop-probes-per-epoch", "1", "--hop-sessions", "4",
             "--findings-listen", f"{place.address(validator.name)}:{port}",
             "--private-peers", state.get("next_hop_range", LOOPBACK_RANGE),
             *challenges,

@@ -141,6 +141,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sampled-tokens", type=int, default=32, help="tokens per sampled check (default 32)"
     )
     serve.add_argument(
+        "--hop-probes-per-epoch",
+        type=int,
+        default=2,
+        metavar="N",
+        help="nodes timed alone per epoch for their speed: the verifier feeds each, as the last "
+        "hop, inputs it computed with its own shards and times its answers (default 2; 0: none)",
+    )
+    serve.add_argument(
+        "--hop-sessions",
+        type=int,
+        default=16,
+        metavar="N",
+        help="sessions a node is timed with at most: 4 at first, doubled while the time per "
+        "position still drops (default 16; 4: one probe of 4, the least CPU)",
+    )
+    serve.add_argument(
+        "--hop-positions",
+        type=int,
+        default=8,
+        metavar="N",
+        help="positions each timed session steps (default 8)",
+    )
+    serve.add_argument(
+        "--credits",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="your credit wallet (the one your personal client spends): pays the nodes that "
+        "charge for the positions they compute when timed alone (default none: charging nodes "
+        "are not timed alone)",
+    )
+    serve.add_argument(
         "--wire-dtype",
         choices=WIRE_DTYPES,
         default=WIRE_DTYPE,
@@ -181,8 +213,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--private-peers",
         metavar="CIDR[,CIDR]",
-        help="also fetch peers' findings from these private ranges, IP addresses only (a devnet: "
-        "127.0.0.0/8; default: public addresses only)",
+        help="also fetch peers' findings from, and time nodes alone at, these private ranges, IP "
+        "addresses only (a devnet: 127.0.0.0/8; default: public addresses only)",
     )
     serve.set_defaults(handler=_serve)
     parser.set_defaults(help_parser=parser)
@@ -192,6 +224,8 @@ def _serve(args: argparse.Namespace) -> int:
     # lazy: the verifier's runtime (torch, aiohttp, the web3 stack)
     from node.keys import PasswordSource, operator_key_path, read_operator_key
     from node.server.run import configure_torch_threads
+    from node.verifier.hop_probe import FIRST_SESSIONS
+    from node.verifier.hop_schedule import HopSettings
     from node.verifier.service import VerifierConfig, serve
     from node.verifier.worker import WorkerSettings
 
@@ -218,6 +252,23 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError("--spot-check-ppm must be 0 … 1000000", hint="e.g. 50000 (5 %)")
     if not 1 <= args.ticket_deadline <= 3600:
         raise UsageError("--ticket-deadline must be 1 … 3600 seconds", hint="e.g. 30")
+    hops = HopSettings(
+        per_epoch=args.hop_probes_per_epoch,
+        sessions=min(FIRST_SESSIONS, args.hop_sessions),
+        most_sessions=args.hop_sessions,
+        positions=args.hop_positions,
+    )
+    problem = hops.problem()
+    if problem is not None:
+        raise UsageError(
+            f"--hop-probes-per-epoch/--hop-sessions/--hop-positions: {problem}",
+            hint="e.g. --hop-probes-per-epoch 2 --hop-sessions 16 --hop-positions 8",
+        )
+    if args.credits is not None and not args.credits.exists():
+        raise UsageError(
+            f"no credit wallet at {args.credits}",
+            hint="the file `planet credits buy` fills (your personal client's --credits)",
+        )
     if not 0 <= args.threads <= 256:
         raise UsageError("--threads must be 0 … 256", hint="0: half the cores, 1 to 4")
     for flag, url in (("--gateway", args.gateway), ("--personal-client", args.personal_client)):
@@ -278,6 +329,7 @@ def _serve(args: argparse.Namespace) -> int:
             challenge_source=args.challenge_source,
             sampled_per_epoch=args.sampled_per_epoch,
             sampled_tokens=args.sampled_tokens,
+            hops=hops,
         ),
         manifest=args.manifest,
         wire_dtype=args.wire_dtype,
@@ -292,6 +344,7 @@ def _serve(args: argparse.Namespace) -> int:
         findings_listen=findings_listen,
         findings_url=findings_url,
         private_peers=private_peers,
+        credits=args.credits,
     )
     # before the reference loads: every torch pass of this process (its worker threads too)
     configure_torch_threads(args.threads)

@@ -28,6 +28,7 @@ from node.server.next_hops import Network
 from node.verifier.asker import GatewayAsker, PersonalAsker
 from node.verifier.calibration import CALIBRATION_FILE
 from node.verifier.findings import PeerFindings, serve_findings
+from node.verifier.hop_runner import HopRunner
 from node.verifier.reference import Reference
 from node.verifier.scoring import CredibilityMap
 from node.verifier.spotchecks import SpotChecker
@@ -58,6 +59,7 @@ class VerifierConfig:
     findings_listen: tuple[str, int] | None = None  # serve its findings to the peers here
     findings_url: str | None = None  # ... published on chain as reachable at this URL
     private_peers: tuple[Network, ...] | None = None  # peers' private ranges it may dial
+    credits: Path | None = None  # the operator's credit wallet: pays charging nodes' probes
 
 
 def consensus_key(home: Path) -> SigningKey:
@@ -111,6 +113,30 @@ def spot_checker(
         deadline_s=config.settings.ticket_deadline_s,
         peers=peers,
         epochs=worker.epochs,  # the worker's `follow` reads `/epochs`; the checker waits on it
+    )
+
+
+def hop_runner(config: VerifierConfig, reference: Reference) -> HopRunner | None:
+    """The one-node timings (worker step 3b), or None with `hop_probes_per_epoch` 0 (or no
+    challenges: the speeds are reported beside the scores only). Charging nodes are timed
+    only with `credits`: their credits come from that wallet, as the personal client's do."""
+    from node.client.credit_wallet import CreditWallet
+    from node.client.paying import CreditPayer
+    from node.verifier.calibration import load_calibration
+
+    settings = config.settings
+    if settings.hops.per_epoch == 0 or settings.challenges_per_epoch == 0:
+        return None
+    quant = str(getattr(reference.shards[0], "quant", "none"))
+    payer = None
+    if config.credits is not None:
+        payer = CreditPayer(CreditWallet(config.credits), {})
+    return HopRunner(
+        reference,
+        load_calibration().tolerance(quant),
+        settings.hops,
+        payer=payer,
+        private_ranges=config.private_peers or (),
     )
 
 
@@ -191,7 +217,8 @@ async def serve(config: VerifierConfig) -> int:
                 )
         else:
             asker = GatewayAsker(config.gateway_url, chain, http)
-        worker = VerifierWorker(config.settings, reference, credibility, asker, link)
+        hops = hop_runner(config, reference)
+        worker = VerifierWorker(config.settings, reference, credibility, asker, link, hops)
         log.info(
             "verifier serving home=%s model=%s %s=%s wallet=%s",
             config.settings.home,

@@ -40,6 +40,35 @@ in y and so in the nodes' t, split between the circuit's stages like the rest. T
    circuit the verifier saw (t_n ≥ min y / (L × MAX_SKEW)), so noise in a fit cannot credit a
    node any speed up to the chain's bound.
 
+One-hop probes separate the shards. Whole circuits never tell step 3's gauge; a verifier's
+own timing of ONE node does (`HopTimed`, measured by hop_probe.py): the verifier computes a
+shard's input itself (it holds every shard for its spot checks), opens a few sessions at that
+one node as the circuit's last hop (an `open` without `next`), steps them at once, each one
+position at a time, and times them on its own monotonic clock, from the first frame sent to
+the last output read: several sessions in flight keep the node computing while frames travel,
+so the time is the node's compute plus about one round trip. The probe counts only when every
+output matched its own recomputation (`clean`) and the node computed at least
+`MIN_TIMED_TOKENS` positions. Normalized by the work,
+
+    u = seconds / (positions × layers)      (seconds per position per layer of the shard)
+
+with `positions` all the probe's sessions' together and `layers` the shard's layer count from
+the verifier's own manifest (never the node's /info), a node's probes at different shards
+compare (it moved within the window). Its time on its shard is `min u × layers` of its latest
+probe's shard: its stage time (plus a round trip spread over the probe's positions), no share
+of head, gateway or hops. Used so:
+
+5. a probed node's time IS its probe's (step 4's bounds still apply): nothing another node
+   does, in a circuit or elsewhere, moves it, and the only way for a node to move its own
+   value is how fast it answers the verifier (slow on purpose: slower; fast: by computing);
+6. the gauge of step 3 is anchored, per group of positions with a probed node, to the probes:
+   the group's nodes shift together by the median of (probe − fit) over its probed nodes, so
+   an unprobed node is read beside its shard's probed ones at the difference the circuits
+   measured. A group with no probed node keeps step 3's even split.
+
+Nothing a node says is read: the node key and shard are those the verifier dialled and sent,
+the layers its manifest's, the seconds its clock's, the outputs its recomputation's.
+
 What it needs: to tell two nodes of one shard apart, circuits that differ in them (and share
 the rest, or are linked by a chain of such) must have been timed: several sampled challenges,
 or the last `WINDOW_EPOCHS` epochs together (`EpochSpeeds.carry`). A node only ever seen in
@@ -72,6 +101,7 @@ MAX_CIRCUITS = 512  # distinct circuits kept (the newest): bounds the solve, not
 SLOWEST_S = 1e6  # seconds per token above which every value is the chain's floor anyway
 COUNT_CAP = 10**18  # checked tokens beyond this are taken as this many
 MAX_SKEW = 8  # no node is credited more than 8 × an even share of the fastest circuit seen
+MAX_HOPS = 1024  # one-hop probes kept (the newest)
 
 
 def decode_speed(tokens: int, seconds: float) -> int:
@@ -104,6 +134,40 @@ class Timed:
         10^18, which already rounds any time to the top speed)."""
         seconds = min(max(0.0, self.seconds), SLOWEST_S * COUNT_CAP)
         return min(seconds / min(self.tokens, COUNT_CAP), SLOWEST_S)
+
+
+@dataclass(frozen=True, slots=True)
+class HopTimed:
+    """One clean one-hop probe the verifier timed itself: the node it dialled, the shard it sent
+    (its position in the model), that shard's layer count (the verifier's manifest), the
+    positions the node computed (all the probe's sessions'), the seconds on the verifier's
+    clock."""
+
+    node: str
+    shard: int
+    layers: int
+    positions: int
+    seconds: float
+
+    @property
+    def per_unit(self) -> float:
+        """Seconds per position per layer, within [0, `SLOWEST_S`] (as `Timed.per_token`)."""
+        seconds = min(max(0.0, self.seconds), SLOWEST_S * COUNT_CAP)
+        return min(seconds / min(self.positions * self.layers, COUNT_CAP), SLOWEST_S)
+
+
+def hop_times(hops: Iterable[HopTimed]) -> dict[str, float]:
+    """Each probed node's seconds per token on its latest probe's shard: its fastest probe's
+    time per position per layer × that shard's layers (at most `SLOWEST_S`); probes without a
+    finite time, a positive position count or a positive layer count are dropped."""
+    unit: dict[str, float] = {}
+    layers: dict[str, int] = {}
+    for hop in hops:
+        if hop.positions <= 0 or hop.layers <= 0 or not math.isfinite(hop.seconds):
+            continue
+        unit[hop.node] = min(unit.get(hop.node, math.inf), hop.per_unit)
+        layers[hop.node] = hop.layers  # the latest probe's shard
+    return {n: min(u * layers[n], SLOWEST_S) for n, u in sorted(unit.items())}
 
 
 def _circuits(observations: Iterable[Timed]) -> dict[tuple[str, ...], float]:
@@ -181,12 +245,31 @@ def _equal_shards(t: np.ndarray, nodes: Sequence[str], groups: _Groups) -> np.nd
     return shifted
 
 
-def stage_times(observations: Iterable[Timed]) -> dict[str, float]:
-    """Each node's own seconds per token, estimated from every circuit it was timed in (the
-    module docstring: least squares, the equal-shards gauge, the bounds)."""
+def _anchored(
+    t: np.ndarray, nodes: Sequence[str], groups: _Groups, probed: Mapping[str, float]
+) -> np.ndarray:
+    """Step 6: each group of positions with a probed node shifted by the median of (probe −
+    fit) over its probed nodes; groups without one unchanged."""
+    offsets: dict[int, list[float]] = {}
+    for j, node in enumerate(nodes):
+        if node in probed:
+            offsets.setdefault(groups.of_node[node], []).append(probed[node] - float(t[j]))
+    shifted = t.copy()
+    for j, node in enumerate(nodes):
+        found = offsets.get(groups.of_node[node])
+        if found:
+            shifted[j] = t[j] + float(np.median(found))
+    return shifted
+
+
+def stage_times(observations: Iterable[Timed], hops: Iterable[HopTimed] = ()) -> dict[str, float]:
+    """Each node's own seconds per token, estimated from every circuit it was timed in and the
+    verifier's one-hop probes (the module docstring: least squares, the gauge, the probes,
+    the bounds)."""
     circuits = _circuits(observations)
+    probed = hop_times(hops)
     if not circuits:
-        return {}
+        return probed
     rows = list(circuits)
     nodes = sorted({n for c in rows for n in c})
     column = {n: j for j, n in enumerate(nodes)}
@@ -209,22 +292,28 @@ def stage_times(observations: Iterable[Timed]) -> dict[str, float]:
     groups = _position_groups(rows)
     if groups is not None:
         t = _equal_shards(t, nodes, groups)
+        t = _anchored(t, nodes, groups, probed)
+    for node, seconds in probed.items():  # step 5: a probed node's own measurement
+        if node in column:
+            t[column[node]] = seconds
     t = np.minimum(np.maximum(t, lower), upper)
-    return {node: float(t[column[node]]) for node in nodes}
+    times = {node: float(t[column[node]]) for node in nodes}
+    return {**probed, **times}
 
 
-def node_speeds(observations: Iterable[Timed]) -> dict[str, int]:
+def node_speeds(observations: Iterable[Timed], hops: Iterable[HopTimed] = ()) -> dict[str, int]:
     """Each node's own decode rate (tokens/s, integers within the chain's bounds)."""
-    return {node: rate(t) for node, t in stage_times(observations).items()}
+    return {node: rate(t) for node, t in stage_times(observations, hops).items()}
 
 
 @dataclass
 class EpochSpeeds:
-    """The clean timed answers one epoch's estimate uses: this epoch's and those carried from
-    the `WINDOW_EPOCHS - 1` epochs before (`carry`)."""
+    """The clean timed answers and one-hop probes one epoch's estimate uses: this epoch's and
+    those carried from the `WINDOW_EPOCHS - 1` epochs before (`carry`)."""
 
     epoch: int = 0
     timed: list[tuple[int, Timed]] = field(default_factory=list)  # (epoch, answer), oldest first
+    hops: list[tuple[int, HopTimed]] = field(default_factory=list)  # (epoch, probe), oldest first
 
     def note(self, nodes: Sequence[str], tokens: int, seconds: float, clean: bool) -> int | None:
         """Keep one timed answer of the circuit `nodes`; the circuit's speed, or None when it
@@ -235,12 +324,30 @@ class EpochSpeeds:
         del self.timed[: -MAX_CIRCUITS * 2]
         return decode_speed(tokens, seconds)
 
+    def note_hop(
+        self, node: str, shard: int, layers: int, positions: int, seconds: float, clean: bool
+    ) -> int | None:
+        """Keep one one-hop probe (hop_probe.py: `node` the key the verifier dialled, `shard`
+        the one it sent, `layers` that shard's in the verifier's manifest, `positions` the
+        probe's `work`); the node's speed on it, or None when it does not count (not clean,
+        fewer than MIN_TIMED_TOKENS positions, no layers, a time that is not a number)."""
+        if not clean or positions < MIN_TIMED_TOKENS or layers <= 0 or not node:
+            return None
+        if not math.isfinite(seconds):
+            return None
+        hop = HopTimed(node, shard, layers, positions, seconds)
+        self.hops.append((self.epoch, hop))
+        del self.hops[:-MAX_HOPS]
+        return rate(hop.per_unit * layers)
+
     def carry(self, epoch: int) -> EpochSpeeds:
-        """The speeds of `epoch`, starting from this one's answers still within the window."""
+        """The speeds of `epoch`, starting from this one's answers and probes still within the
+        window."""
         kept = [(e, t) for e, t in self.timed if epoch - WINDOW_EPOCHS < e <= epoch]
-        return EpochSpeeds(epoch, kept)
+        hops = [(e, h) for e, h in self.hops if epoch - WINDOW_EPOCHS < e <= epoch]
+        return EpochSpeeds(epoch, kept, hops)
 
     def of(self, scored: Mapping[str, int]) -> dict[str, int]:
         """The speeds to report beside `scored` (the report's scores): its nodes only."""
-        speeds = node_speeds(t for _, t in self.timed)
+        speeds = node_speeds((t for _, t in self.timed), (h for _, h in self.hops))
         return {node: speed for node, speed in speeds.items() if node in scored}

@@ -28,6 +28,14 @@ Per committee epoch e (followed through `/epochs` on the committee RPC):
    `speeds.WINDOW_EPOCHS` epochs (`speeds.EpochSpeeds`: the asker times each completion, a
    circuit's time per token is the sum of its nodes'), which the committee aggregates per
    node for placement;
+3b. one node alone (issue 44): with a `HopRunner` (service.py builds one unless
+   `--hop-probes-per-epoch 0`), `HopSettings.per_epoch` nodes a epoch, drawn with the epoch's
+   secret seed among the routable nodes (those without a probe in the speed window first:
+   hop_schedule.py), are each timed as the last hop of one-hop sessions fed by the verifier's
+   own shards (hop_runner.py; a charging node paid with the operator's credits, `--credits`);
+   a clean timing goes into the epoch's speeds (`EpochSpeeds.note_hop`), a refusal or a wrong
+   answer into nothing. One probe follows each challenge (the rest after the last one), so
+   a short epoch still gets its first;
 4. verdicts: when the chain's agreed window for a node holds `verdict_after` consecutive
    credibilities below τ and this verifier's own latest score agrees, it votes
    `verdict_vote(Verdict(node EVM address, FAILED_VERIFICATION, evidence, challenger, nonce))`
@@ -55,6 +63,8 @@ from node.verifier.attribution import CircuitScore, attribute, unresolved
 from node.verifier.challenges import epoch_challenges, generated_text, text_length
 from node.verifier.echo import EchoAnswerError, echo_gap, parse_echo
 from node.verifier.epoch_feed import EpochFeed
+from node.verifier.hop_runner import HopRunner
+from node.verifier.hop_schedule import HopSettings, ProbeTarget
 from node.verifier.reference import Reference
 from node.verifier.report import SCORES_FILE, write_scores
 from node.verifier.sampled import SampledMap, parse_sampled, replay, sampling_seed
@@ -88,6 +98,8 @@ class WorkerSettings:
     sampled_per_epoch: int = 1  # sampled completions checked by replaying the seed
     sampled_tokens: int = 32  # tokens asked for in each
     sampled_temperature: float = 1.0
+    # nodes timed alone per epoch and each probe's work (3b)
+    hops: HopSettings = field(default_factory=HopSettings)
 
 
 @dataclass
@@ -101,6 +113,8 @@ class EpochState:
     scores: dict[str, int] = field(default_factory=dict)
     carried: list[CircuitScore] = field(default_factory=list)  # the last epoch's ambiguous lows
     speeds: EpochSpeeds = field(default_factory=EpochSpeeds)  # clean timed sampled answers
+    probes: list[ProbeTarget] = field(default_factory=list)  # nodes to time alone (3b)
+    next_probe: int = 0
 
     def attribute(self) -> dict[str, int]:
         """This epoch's scores: its own results, plus the last epoch's ambiguous low circuits
@@ -115,7 +129,17 @@ class EpochState:
 
     @property
     def pending(self) -> bool:
-        return self.next_index < len(self.challenges) or self.next_sampled < len(self.sampled)
+        asks = self.next_index < len(self.challenges) or self.next_sampled < len(self.sampled)
+        return asks or self.next_probe < len(self.probes)
+
+    @property
+    def probe_turn(self) -> bool:
+        """Whether the next step times a node alone: one probe after each challenge asked,
+        the rest once the challenges and sampled checks are done."""
+        if self.next_probe >= len(self.probes):
+            return False
+        asked = self.next_index >= len(self.challenges) and self.next_sampled >= len(self.sampled)
+        return asked or self.next_probe < self.next_index
 
 
 def failed_verification_verdict(
@@ -143,8 +167,10 @@ class VerifierWorker:
         credibility: CredibilityMap,
         asker: GatewayAsker,
         link: Any,  # node.chain.committee_link.CommitteeLink with the consensus key
+        hops: HopRunner | None = None,  # times nodes alone (3b); None: no probes
     ) -> None:
         self.settings = settings
+        self.hops = hops
         self.reference = reference
         self.credibility = credibility
         self.asker = asker
@@ -244,6 +270,11 @@ class VerifierWorker:
             await self.open_epoch(epoch)
         state = self.state
         assert state is not None
+        if state.probe_turn:
+            target = state.probes[state.next_probe]
+            state.next_probe += 1
+            await self.run_hop(state, target)
+            return
         # echo challenge i, then sampled check i: both kinds run even in a short epoch
         sampled_turn = state.next_sampled < min(len(state.sampled), state.next_index)
         if sampled_turn or state.next_index >= len(state.challenges):
@@ -292,16 +323,31 @@ class VerifierWorker:
                 (prompts[i % len(prompts)], sampling_seed(seed, epoch, i))
                 for i in range(settings.sampled_per_epoch)
             ]
+            self.state.probes = await self.hop_targets(self.state, seed)
         following = self.seeds.get(epoch + 1)
         generated = self.settings.challenge_source != "corpus"
         if asks and generated and following is not None and epoch + 1 not in self._texts:
             self._prepare_text(epoch + 1, following)  # written while this epoch runs
         log.info(
-            "epoch=%d challenges=%d (seed committed: %s)",
+            "epoch=%d challenges=%d probes=%d (seed committed: %s)",
             epoch,
             len(self.state.challenges),
+            len(self.state.probes),
             committed,
         )
+
+    async def hop_targets(self, state: EpochState, seed: bytes) -> list[ProbeTarget]:
+        """The nodes to time alone this epoch (hop_schedule.py); none without a runner, or
+        when the node list cannot be read (logged)."""
+        if self.hops is None or self.hops.settings.per_epoch == 0:
+            return []
+        try:
+            entries = await self.link.nodes(model=self.hops.model_hash, role="compute")
+        except PlanetError as error:
+            log.warning("epoch=%d no probes: the node list: %s", state.epoch, error.message)
+            return []
+        recent = {hop.node for _, hop in state.speeds.hops}
+        return self.hops.targets(entries, seed, state.epoch, recent)
 
     async def _chain_turn(self, epoch: int, previous: asyncio.Task[None] | None) -> None:
         """Epoch `epoch`'s chain txs: seeds, verdict votes (failures logged)."""
@@ -387,6 +433,37 @@ class VerifierWorker:
         )
         state.scores = state.attribute()
         state.write(self.settings.home)
+
+    # -- one node alone -------------------------------------------------------------------------
+    async def run_hop(self, state: EpochState, target: ProbeTarget) -> None:
+        """Time `target` alone (hop_runner.py); a clean timing goes into the speeds of the
+        epoch still open when it ends, a failed one nowhere."""
+        assert self.hops is not None
+        seed = self.seeds.get(state.epoch)
+        if seed is None:
+            return
+        timed = await self.hops.time_node(target, seed, state.epoch)
+        if timed is None:
+            log.info(
+                "hop epoch=%d node=%s shard=%d: no timing (refused, failed or wrong)",
+                state.epoch, target.key[:12], target.shard,
+            )  # fmt: skip
+            return
+        epoch = await self.current_epoch()
+        if epoch != state.epoch:
+            await self.open_epoch(epoch)
+            assert self.state is not None
+            state = self.state
+        speed = state.speeds.note_hop(
+            timed.node, timed.shard, timed.layers, timed.positions, timed.seconds, True
+        )
+        log.info(
+            "hop epoch=%d node=%s shard=%d sessions=%d positions=%d seconds=%.4f speed=%s",
+            state.epoch, target.key[:12], timed.shard, timed.sessions, timed.positions,
+            timed.seconds, speed,
+        )  # fmt: skip
+        if state.scores:
+            state.write(self.settings.home)
 
     # -- one sampled challenge -------------------------------------------------------------------
     async def run_sampled(self, state: EpochState, prompt: tuple[int, ...], seed: int) -> None:

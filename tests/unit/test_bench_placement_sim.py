@@ -47,10 +47,14 @@ def test_the_old_rule_credits_the_lone_slow_node_s_pace_to_every_node() -> None:
     speeds = committee_speeds(TIMING, fleet, assign, rule="circuits")
     assert set(speeds.values()) == {int(1 / (6 * STAGE))}  # 1 + 4 + 1 stages in every circuit
     # one node a shard: one circuit, which cannot say which stage is slow (split evenly)
-    assert set(committee_speeds(TIMING, fleet, assign).values()) == {int(3 / (6 * STAGE))}
-    # the diagnostic that is told the split between shards reads each node's own stage
+    fit = committee_speeds(TIMING, fleet, assign, rule="fit")
+    assert set(fit.values()) == {int(3 / (6 * STAGE))}
+    # the diagnostic that is told the split between shards reads each node's own stage, and
+    # so do the verifiers that probed each node alone (the product's rule)
     known = committee_speeds(TIMING, fleet, assign, rule="split")
     assert [known[m.key] for m in fleet] == [100, 25, 100]
+    probed = committee_speeds(TIMING, fleet, assign)
+    assert [probed[m.key] for m in fleet] == [100, 25, 100]
     del assign[fleet[1].key]
     assert committee_speeds(TIMING, fleet, assign) == {}  # no circuit: nobody measured
 
@@ -60,8 +64,20 @@ def test_the_per_node_estimate_tells_two_nodes_of_one_shard_apart() -> None:
     assign = {fleet[0].key: 0, fleet[1].key: 0, fleet[2].key: 1, fleet[3].key: 2}
     old = committee_speeds(TIMING, fleet, assign, rule="circuits")
     assert [old[m.key] for m in fleet] == [33, 16, 33, 33]  # circuits of 3 and 6 stages
-    new = committee_speeds(TIMING, fleet, assign)
-    assert [new[m.key] for m in fleet] == [100, 25, 100, 100]  # each node's own stage
+    for rule in ("fit", "probed_one_circuit", "nodes"):
+        new = committee_speeds(TIMING, fleet, assign, rule=rule)
+        assert [new[m.key] for m in fleet] == [100, 25, 100, 100], rule  # each node's own
+
+
+def test_probes_read_a_lone_slow_shard_that_circuits_alone_split_evenly() -> None:
+    # shard 1 holds only a 2x; the circuit-only fit reads it as fast as the 4x nodes
+    fleet = machines(1, 4, 2, 1)
+    assign = {fleet[0].key: 0, fleet[1].key: 0, fleet[2].key: 1, fleet[3].key: 2}
+    fit = committee_speeds(TIMING, fleet, assign, rule="fit")
+    assert fit[fleet[2].key] == fit[fleet[3].key]
+    for rule in ("probed_one_circuit", "nodes"):
+        probed = committee_speeds(TIMING, fleet, assign, rule=rule)
+        assert [probed[m.key] for m in fleet] == [100, 25, 50, 100], rule
 
 
 def test_rebalancing_on_the_per_node_estimate_reaches_the_best_where_the_old_rule_stops() -> None:

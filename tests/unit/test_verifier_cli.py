@@ -48,6 +48,9 @@ def _args(
         ("findings-url-bad", "--findings-url:"),
         ("private-peers-bad", "--private-peers: 'lan' is not an address range"),
         ("negative-threads", "--threads must be 0 … 256"),
+        ("hop-probes-negative", "nodes timed per epoch must be 0 … 64"),
+        ("hop-positions-too-few", "sessions × positions must be at least 8"),
+        ("credits-missing", "no credit wallet at"),
     ],
 )
 def test_verifier_cli_mistakes_are_one_error_and_a_hint(
@@ -88,6 +91,11 @@ def test_verifier_cli_mistakes_are_one_error_and_a_hint(
         ),
         "private-peers-bad": _args(home, "--private-peers", "lan", manifest=m),
         "negative-threads": _args(home, "--threads", "-1", manifest=m),
+        "hop-probes-negative": _args(home, "--hop-probes-per-epoch", "-1", manifest=m),
+        "hop-positions-too-few": _args(
+            home, "--hop-sessions", "1", "--hop-positions", "4", manifest=m
+        ),
+        "credits-missing": _args(home, "--credits", str(tmp_path / "none.json"), manifest=m),
     }[case]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
