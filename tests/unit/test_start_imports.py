@@ -98,10 +98,7 @@ OTHER_COMMAND_GROUPS = (
 def test_a_planet_command_imports_only_its_own_command_group(argv: list[str], own: str) -> None:
     """`planet -v node serve` (every node start) builds the parser of its group alone: the other
     groups (the devnet's, the gateway's, earnings...) were ~0.1 CPU-s of each `planet` start."""
-    code = (
-        "from planet.main import build_parser, command_of\n"
-        f"build_parser(command_of({argv!r}))"
-    )
+    code = f"from planet.main import build_parser, command_of\nbuild_parser(command_of({argv!r}))"
     others = tuple(name for name in OTHER_COMMAND_GROUPS if name != own)
     assert loaded_after(code, own, *others) == [own]
 
