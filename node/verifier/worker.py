@@ -291,6 +291,16 @@ class VerifierWorker:
         answer = await self.link.query("/epochs")
         return int(answer["current"])
 
+    async def _state_now(self, state: EpochState) -> EpochState:
+        """The state of the chain's current epoch: `state` while its epoch is still open, else
+        the next one's, opened now (a result lands in the epoch it was finished in)."""
+        epoch = await self.current_epoch()
+        if epoch == state.epoch:
+            return state
+        await self.open_epoch(epoch)
+        assert self.state is not None
+        return self.state
+
     async def open_epoch(self, epoch: int) -> None:
         carried: list[CircuitScore] = []
         speeds = EpochSpeeds(epoch)
@@ -417,11 +427,7 @@ class VerifierWorker:
         credibility = self.credibility.credibility(gap)
         # A result counts for the epoch whose report is still open when it is known: one that
         # finishes after its epoch closed goes into the next epoch's report (counted once).
-        epoch = await self.current_epoch()
-        if epoch != state.epoch:
-            await self.open_epoch(epoch)
-            assert self.state is not None
-            state = self.state
+        state = await self._state_now(state)
         state.results.append(CircuitScore(asked.nodes, credibility))
         log.info(
             "challenge epoch=%d circuit=%s kl=%.6f top1=%.2f C=%d",
@@ -449,11 +455,7 @@ class VerifierWorker:
                 state.epoch, target.key[:12], target.shard,
             )  # fmt: skip
             return
-        epoch = await self.current_epoch()
-        if epoch != state.epoch:
-            await self.open_epoch(epoch)
-            assert self.state is not None
-            state = self.state
+        state = await self._state_now(state)
         speed = state.speeds.note_hop(
             timed.node, timed.shard, timed.layers, timed.positions, timed.seconds, True
         )
@@ -508,11 +510,7 @@ class VerifierWorker:
         )
         if credibility is None:
             return
-        epoch = await self.current_epoch()
-        if epoch != state.epoch:
-            await self.open_epoch(epoch)
-            assert self.state is not None
-            state = self.state
+        state = await self._state_now(state)
         state.results.append(CircuitScore(asked.nodes, credibility))
         speed = state.speeds.note(asked.nodes, check.observed, asked.seconds, credibility >= SCALE)
         if speed is not None:
