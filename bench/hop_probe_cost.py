@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from bench._common import machine
+from bench._common import machine, parse_with_quick
 from harness.gateway_net import prepared_manifest
 from node.model.head import ClientHead
 from node.model.shard import ShardModel
@@ -107,35 +107,40 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--live", action="store_true", help="also the whole probe, real nodes")
-    args = parser.parse_args()
+    args = parse_with_quick(parser, {"repeats": 1})
     torch.set_num_threads(1)
     manifest = prepared_manifest(parts=2, quant="int8")
     head = ClientHead.load(manifest, device="cpu")
     shards = [ShardModel.load(manifest, k, device="cpu", int8_kernel=True) for k in range(2)]
     tolerance = load_calibration().tolerance(str(getattr(shards[0], "quant", "none")))
-    cpu: dict[str, dict[str, float]] = {}
+    metrics: dict[str, float | None] = {}
     for name, rounds in SETTINGS.items():
         for shard in range(2):
             one_node(head, shards, shard, rounds, tolerance)  # warm
             runs = range(args.repeats)
             seconds = [one_node(head, shards, shard, rounds, tolerance) for _ in runs]
-            cpu.setdefault(name, {})[f"shard_{shard}_cpu_ms"] = round(
-                1000 * statistics.median(seconds), 1
-            )
+            metrics[f"{name}_shard_{shard}_cpu_ms"] = round(1000 * statistics.median(seconds), 1)
+    measured = live(head, shards, tolerance, args.repeats) if args.live else {}
+    for name in SETTINGS:  # the whole probe against real nodes: null without --live
+        for shard in range(2):
+            for kind in ("cpu_ms", "node_cpu_ms"):
+                metrics[f"live_{name}_shard_{shard}_{kind}"] = measured.get(name, {}).get(
+                    f"shard_{shard}_{kind}"
+                )
     print(
         json.dumps(
             {
                 "bench": "hop_probe_cost",
-                "model": "smollm2-135m-2p-int8",
-                "positions_per_session": POSITIONS,
-                "cpu_per_probed_node": cpu,
-                "live_cpu_per_probed_node": live(head, shards, tolerance, args.repeats)
-                if args.live
-                else None,
-                "repeats": args.repeats,
                 "machine": machine(),
-            },
-            indent=2,
+                "config": {
+                    "model": "smollm2-135m-2p-int8",
+                    "positions_per_session": POSITIONS,
+                    "repeats": args.repeats,
+                    "live": args.live,
+                    "quick": args.quick,
+                },
+                "metrics": metrics,
+            }
         )
     )
 

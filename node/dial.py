@@ -58,13 +58,16 @@ async def first_reachable(
     attempt: Callable[[str], Awaitable[T]],
     *,
     total_s: float,
+    each_s: float | None = None,
     what: str = "node",
     errors: tuple[type[BaseException], ...] = FALLBACK_ERRORS,
 ) -> tuple[str, T]:
     """`attempt(url)` for each of a node's addresses in turn — its registered endpoint first,
     then the other relays that front it (register_node `rendezvous`; docs/overlay.md, *NAT
     rendezvous*) — until one succeeds, all within `total_s`: each try gets an equal share of
-    the time left, so a quick refusal leaves more to the next. (the address used, its result);
+    the time left, so a quick refusal leaves more to the next — or, with `each_s`, at most
+    `each_s` (a probe whose bound is the same at every address: the first address of a node
+    behind NAT gets what a node with one address gets). (the address used, its result);
     logs which one when it is not the first. When every try fails (with one of `errors`), the
     first address's error is raised: what a caller dialling only the endpoint would have seen.
     An error outside `errors` (a named refusal the caller raises itself) ends the tries."""
@@ -78,7 +81,8 @@ async def first_reachable(
         if left <= 0:
             break
         try:
-            async with asyncio.timeout(left / (len(urls) - index)):
+            share = left / (len(urls) - index) if each_s is None else min(left, each_s)
+            async with asyncio.timeout(share):
                 result = await attempt(url)
         except errors as error:
             failed.append((url, error))

@@ -571,9 +571,10 @@ class Router:
 
     async def read_info(self, node: RoutableNode, ssl: Any) -> Any:
         """`node`'s /info through the router's reader, at its endpoint and then at its other
-        relays' addresses (node.dial `first_reachable`), all within the reader's timeout;
-        InfoUnavailable (the endpoint's) when none answers. `ssl`: the endpoint's pin (an
-        https:// node's key pin holds at every address: `alternates_of` keeps https only)."""
+        relays' addresses (node.dial `first_reachable`), each within the reader's timeout (what
+        a node with one address gets); InfoUnavailable (the endpoint's) when none answers.
+        `ssl`: the endpoint's pin (an https:// node's key pin holds at every address:
+        `alternates_of` keeps https only)."""
         timeout_s = self.info.timeout_s
 
         async def read(url: str) -> Any:
@@ -582,7 +583,8 @@ class Router:
         _, info = await first_reachable(
             node.addresses,
             read,
-            total_s=timeout_s,
+            total_s=timeout_s * len(node.addresses),
+            each_s=timeout_s,
             what=f"node {node.key[:16]}… /info",
             errors=(InfoUnavailable, TimeoutError),
         )
@@ -590,7 +592,10 @@ class Router:
 
     async def healthy(self, node: RoutableNode, timeout_s: float) -> bool:
         """Whether `node` answers /health (over the overlay: an INFO) at any of its
-        addresses, in turn, within max(`timeout_s`, the reader's timeout) in all."""
+        addresses, in turn, each within max(`timeout_s`, the reader's timeout): the first
+        address of a node behind NAT gets the time a node with one address gets (split, a
+        NAT node over 50 ms links failed the failover probe and was swapped out of a healthy
+        circuit)."""
         if not node.alternates:
             return await self.info.healthy(node.endpoint, node.key, timeout_s)
 
@@ -602,7 +607,8 @@ class Router:
             await first_reachable(
                 node.addresses,
                 probe,
-                total_s=max(timeout_s, self.info.timeout_s),
+                total_s=max(timeout_s, self.info.timeout_s) * len(node.addresses),
+                each_s=max(timeout_s, self.info.timeout_s),
                 what=f"node {node.key[:16]}… /health",
                 errors=(InfoUnavailable, TimeoutError),
             )

@@ -41,6 +41,7 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "evm_client": (),
     "gateway": (SLOW, E2E_LANE),
     "gpu_sweep": (),
+    "hop_probe_cost": (),  # 2 SmolLM2 int8 shards in process, no ports, ~5 s
     "int8_kernel": (SLOW,),  # 4 SmolLM2 shard sets in process, no ports (~19 CPU-s)
     "links": (SLOW,),
     "overlay": (),  # in process: S-IDA cloves, ~1 s

@@ -179,6 +179,47 @@ async def test_router_reads_info_and_health_at_the_next_relay() -> None:
     assert not await router.healthy(alone, 2.0)
 
 
+class SlowFirst(Reader):
+    """A reader whose first address answers, but only after `delay_s` (a NAT node over slow
+    links, its relay and TLS in between); the second never does."""
+
+    timeout_s = 0.4
+
+    def __init__(self, live: str, delay_s: float) -> None:
+        super().__init__(live)
+        self.delay_s = delay_s
+
+    async def info(self, url: str, key: str, ssl: Any, timeout_s: float) -> Any:
+        if url == self.live:
+            await asyncio.sleep(self.delay_s)
+        return await super().info(url, key, ssl, timeout_s)
+
+    async def healthy(self, url: str, key: str, timeout_s: float) -> bool:
+        if url == self.live:
+            await asyncio.sleep(self.delay_s)
+        return await super().healthy(url, key, timeout_s)
+
+
+async def test_a_node_behind_nat_gets_at_its_first_address_the_time_one_address_gets() -> None:
+    """The failover probe and the /info read give a node's first address the whole bound a
+    node with one address gets, then try its next relay: splitting the bound between its
+    addresses made a healthy NAT node over 50 ms links fail the probe after another hop's
+    failure, and the gateway swapped it out of the circuit (test_devnet_hosts' failover)."""
+    first = "https://93.184.216.1:9200"
+    reader = SlowFirst(first, delay_s=0.3)  # within the 0.4 s bound, over half of it
+    router = Router(
+        None,  # type: ignore[arg-type]
+        model_hash="m",
+        shard_layers=[(0, 4)],
+        http=None,  # type: ignore[arg-type]
+        info=reader,  # type: ignore[arg-type]
+    )
+    node = RoutableNode(KEY, first, 0, alternates=("https://93.184.216.2:9201",))
+    assert await router.healthy(node, 0.4)
+    assert (await router.read_info(node, True))["shard"] == 0
+    assert reader.asked == [first, first]  # answered at the first: the next never asked
+
+
 # -- over loopback: two relays front the first node; the first goes down ------------------------
 
 
