@@ -114,7 +114,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--rendezvous-lease",
-        type=float,
+        type=_ascii_float,
         default=120.0,
         metavar="SECONDS",
         help="how long a key the committee does not show staked holds its port before it is "
@@ -144,12 +144,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(help_parser=parser)
 
 
+def _ascii_float(text: str) -> float:
+    """A number written in ASCII (Python's float() also reads other scripts' digits)."""
+    if not text.isascii():
+        raise argparse.ArgumentTypeError(f"not a number in ASCII digits: {text!r}")
+    return float(text)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from node.relay.run import load_or_create_key, serve  # lazy: aiohttp, nacl
 
     home = args.home or default_home()
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port} is not a port (1-65535)")
+    if not 1 <= args.rendezvous_lease <= 3600:  # NaN fails both; checked before any key opens
+        raise UsageError(
+            f"--rendezvous-lease {args.rendezvous_lease:g} is not 1-3600 seconds",
+            hint="a lease long enough for `planet join` to register and stake: 120 (default)",
+        )
     private = load_or_create_key(home)
     rendezvous = _rendezvous(args)
     standing = None if args.no_register else _standing(args, home, private)
@@ -200,8 +212,6 @@ def _rendezvous(args: argparse.Namespace) -> tuple[tuple[int, int], str] | None:
 def _admit_from(args: argparse.Namespace, home: Path, standing: Any) -> str | None:
     """The committee RPC whose registry decides which keys get a rendezvous port
     (--rendezvous-admit registered), or None (any)."""
-    if not 1 <= args.rendezvous_lease <= 3600:  # NaN fails both
-        raise UsageError(f"--rendezvous-lease {args.rendezvous_lease:g} is not 1-3600 seconds")
     if args.rendezvous_admit == "any":
         return None
     if standing is not None:

@@ -213,3 +213,26 @@ def test_serve_without_a_relay_stake_is_one_error_line(
     err = capsys.readouterr().err
     assert code != 0 and "Traceback" not in err
     assert err.count("error:") == 1 and words in err
+
+
+@pytest.mark.parametrize("lease", ["0", "0.5", "3601", "nan", "inf", "-5", "1e9"])
+def test_a_lease_out_of_range_is_one_error_line_with_a_hint(
+    lease: str, tmp_path, monkeypatch, capsys
+) -> None:
+    from planet.main import main
+
+    monkeypatch.setenv("PLANET_HOME", str(tmp_path))
+    rpc = "http://127.0.0.1:9"  # never dialled: the flag is checked first
+    code = main(["relay", "serve", "--home", str(tmp_path), "--evm-rpc", rpc,
+                 "--committee-rpc", rpc, "--rendezvous-lease", lease])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert err.count("error:") == 1 and "--rendezvous-lease" in err and "hint:" in err
+
+
+def test_a_lease_that_is_not_a_number_is_refused_by_the_parser(tmp_path, capsys) -> None:
+    from planet.main import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["relay", "serve", "--home", str(tmp_path), "--rendezvous-lease", "٣٠"])
+    assert stopped.value.code == 2 and "--rendezvous-lease" in capsys.readouterr().err
