@@ -28,13 +28,13 @@ from node.gateway.node_info import InfoUnavailable
 from node.gateway.router import RoutableNode, Router, alternates_of, routable_by_shard
 from node.model.head import ClientHead
 from node.model.prepare import prepare
-from node.relay.fronting import Fronting, install_fronting
-from node.relay.relay import Relay, create_app
+from node.relay.fronting import Fronting
 from node.server.backend import ModelShardBackend
 from node.server.config import ServerConfig
 from node.server.rendezvous import RendezvousLink, RendezvousRelay
 from protocol.errors import UnavailableError
 from tests.doubles.tiny_model import make_tiny_model
+from tests.unit.fronting_relay import serve_fronting_relay
 from tests.unit.stream_circuit import serve_circuit
 
 pytestmark = pytest.mark.unit
@@ -158,15 +158,20 @@ class Reader:
         return url == self.live
 
 
-async def test_router_reads_info_and_health_at_the_next_relay() -> None:
-    reader = Reader("https://93.184.216.2:9201")
-    router = Router(
+def _router(reader: Reader) -> Router:
+    """A router that reads nodes only through `reader` (no committee, no HTTP)."""
+    return Router(
         None,  # type: ignore[arg-type]
         model_hash="m",
         shard_layers=[(0, 4)],
         http=None,  # type: ignore[arg-type]
         info=reader,  # type: ignore[arg-type]
     )
+
+
+async def test_router_reads_info_and_health_at_the_next_relay() -> None:
+    reader = Reader("https://93.184.216.2:9201")
+    router = _router(reader)
     node = RoutableNode(
         KEY, "https://93.184.216.1:9200", 0, alternates=("https://93.184.216.2:9201",)
     )
@@ -207,13 +212,7 @@ async def test_a_node_behind_nat_gets_at_its_first_address_the_time_one_address_
     failure, and the gateway swapped it out of the circuit (test_devnet_hosts' failover)."""
     first = "https://93.184.216.1:9200"
     reader = SlowFirst(first, delay_s=0.3)  # within the 0.4 s bound, over half of it
-    router = Router(
-        None,  # type: ignore[arg-type]
-        model_hash="m",
-        shard_layers=[(0, 4)],
-        http=None,  # type: ignore[arg-type]
-        info=reader,  # type: ignore[arg-type]
-    )
+    router = _router(reader)
     node = RoutableNode(KEY, first, 0, alternates=("https://93.184.216.2:9201",))
     assert await router.healthy(node, 0.4)
     assert (await router.read_info(node, True))["shard"] == 0
@@ -228,16 +227,12 @@ async def _relay(node_key: SigningKey, local: tuple[str, int]) -> tuple[web.AppR
     at the relay)."""
     private = PrivateKey.generate()
     first = ephemeral_port()
-    fronting = Fronting(private, (first, first), "127.0.0.1")
-    app = create_app(Relay(private, allow_private=True))
-    install_fronting(app, fronting)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = ephemeral_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, url = await serve_fronting_relay(
+        private, Fronting(private, (first, first), "127.0.0.1")
+    )
     up = asyncio.Event()
     link = RendezvousLink(
-        RendezvousRelay(f"http://127.0.0.1:{port}", bytes(private.public_key)),
+        RendezvousRelay(url, bytes(private.public_key)),
         node_key,
         local,
         reached=lambda _r, _w: up.set(),

@@ -21,8 +21,7 @@ from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from harness.ports import ephemeral_port, port_free
-from node.relay.fronting import Fronting, dialback, install_fronting, parse_port_range
-from node.relay.relay import Relay, create_app
+from node.relay.fronting import Fronting, dialback, parse_port_range
 from node.server.rendezvous import RendezvousLink, RendezvousRelay
 from protocol.errors import ConfigError
 from protocol.rendezvous import (
@@ -35,6 +34,7 @@ from protocol.rendezvous import (
     Sealer,
     make_hello,
 )
+from tests.unit.fronting_relay import serve_fronting_relay
 
 pytestmark = pytest.mark.unit
 
@@ -89,13 +89,8 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
     private = PrivateKey.generate()
     first = _port_run(3)
     fronting = Fronting(private, (first, first + 2), "127.0.0.1", per_address=2, home=tmp_path)
-    app = create_app(Relay(private, allow_private=True))
-    install_fronting(app, fronting)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = ephemeral_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    ready = Setup(private, fronting, f"http://127.0.0.1:{port}")
+    runner, url = await serve_fronting_relay(private, fronting)
+    ready = Setup(private, fronting, url)
     try:
         yield ready
     finally:
