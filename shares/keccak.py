@@ -1,7 +1,7 @@
 """keccak256 for bulk work (an epoch's Merkle tree hashes ~3 times per payout).
 
-`keccak256(data)` is eth-hash's keccak (the one eth-utils wraps), already a dependency of the
-EIP-712 code. `bulk_keccak256()` returns a hasher for one bulk job that drives pycryptodome's C
+`keccak256(data)` is protocol.abi_words' keccak (eth-hash's, the one the EIP-712 code hashes
+with). `bulk_keccak256()` returns a hasher for one bulk job that drives pycryptodome's C
 Keccak (the backend eth-hash itself uses here) through one reusable state: reset, absorb, digest
 into a fixed buffer, three C calls instead of building a hash object per call (about 4× faster
 on these machines). It uses pycryptodome's internal cffi binding, so it is checked at first use
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from eth_hash.auto import keccak as _eth_keccak
+from protocol.abi_words import keccak as keccak256
 
 Hasher = Callable[[bytes], bytes]
 
@@ -23,11 +23,6 @@ _KECCAK_ROUNDS = 24
 _KECCAK_PADDING = 0x01  # original Keccak padding (SHA-3 uses 0x06)
 _CHECKS = (b"", b"abc", bytes(range(256)) * 3)
 _fast_ok: bool | None = None
-
-
-def keccak256(data: bytes) -> bytes:
-    """keccak256 of `data` (eth-hash)."""
-    return _eth_keccak(data)
 
 
 def _fast_hasher() -> Hasher:
@@ -71,7 +66,7 @@ def bulk_keccak256() -> Hasher:
     try:
         hasher = _fast_hasher()
         if _fast_ok is None:
-            _fast_ok = all(hasher(data) == _eth_keccak(data) for data in _CHECKS)
+            _fast_ok = all(hasher(data) == keccak256(data) for data in _CHECKS)
     except (ImportError, AttributeError, TypeError, OSError, RuntimeError):
         # a missing or changed internal binding: use the public path
         _fast_ok = False
