@@ -5,9 +5,8 @@ stake ends mid-epoch has what it committed settled and paid."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from nacl.signing import SigningKey
@@ -18,6 +17,7 @@ from abci_app.state import State
 from protocol.committee.credits import CreditRedeem
 from protocol.committee.registry import AttestStake, Heartbeat, Leave
 from tests.committee_chain import Chain, seeded_key
+from tests.unit.state_reads import count_reads
 from tests.unit.test_abci_coverage import close_epochs, cover, credits_of, lock_tx, sold
 from tests.unit.test_abci_settlement import one, settled_chain
 from tests.unit.test_abci_state import (
@@ -73,21 +73,8 @@ def count_close_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     close = coverage.close
 
     def counted_close(state: State, epoch: int) -> None:
-        reads = [0]
-        committed, items = State.committed, State.committed_items
-
-        def counted(self: State, ns: str, key: str) -> Any:
-            reads[0] += 1
-            return committed(self, ns, key)
-
-        def counted_items(self: State, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
-            for item in items(self, *args, **kwargs):
-                reads[0] += 1
-                yield item
-
         with monkeypatch.context() as patch:
-            patch.setattr(State, "committed", counted)
-            patch.setattr(State, "committed_items", counted_items)
+            reads = count_reads(patch)
             close(state, epoch)
         per_close.append(reads[0])
 

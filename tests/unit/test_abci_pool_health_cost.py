@@ -9,39 +9,18 @@ Measured: bench/query_cost.py, docs/committee.md *What a query costs*."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from abci_app import schema
 from abci_app.codes import Code
 from abci_app.queries import node_view, routable
-from abci_app.state import State
 from protocol.committee.registry import AttestStake, Heartbeat, Leave
 from tests.committee_chain import Chain, seeded_key
+from tests.unit.state_reads import count_reads
 from tests.unit.test_abci_state import ask, hexkey, make_routable, register, register_body
 
 pytestmark = pytest.mark.unit
-
-
-def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """A counter of the records `State` reads (lookups and range-scan rows) from now on."""
-    reads = [0]
-    committed, items = State.committed, State.committed_items
-
-    def counted(state: State, ns: str, key: str) -> Any:
-        reads[0] += 1
-        return committed(state, ns, key)
-
-    def counted_items(state: State, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
-        for item in items(state, *args, **kwargs):
-            reads[0] += 1
-            yield item
-
-    monkeypatch.setattr(State, "committed", counted)
-    monkeypatch.setattr(State, "committed_items", counted_items)
-    return reads
 
 
 def strangers(chain: Chain, count: int, model: str = "m", beat: bool = False) -> None:
