@@ -596,9 +596,6 @@ class Router:
         address of a node behind NAT gets the time a node with one address gets (split, a
         NAT node over 50 ms links failed the failover probe and was swapped out of a healthy
         circuit)."""
-        if not node.alternates:
-            return await self.info.healthy(node.endpoint, node.key, timeout_s)
-
         async def probe(url: str) -> None:
             if not await self.info.healthy(url, node.key, timeout_s):
                 raise InfoUnavailable(f"{url} is not healthy")
