@@ -69,12 +69,17 @@ def standing_of(view: Any, min_stake: dict[str, int]) -> Standing:
         return Standing.STRANGER
     if view.get("status") not in ("JOIN", "SERVING", "DOWN"):
         return Standing.STRANGER  # LEFT, or nothing the app writes
-    stake, minimum = view.get("stake"), min_stake.get(view["role"])
-    try:
-        staked = stake is not None and minimum is not None and int(stake) >= minimum
-    except (TypeError, ValueError):
-        staked = False
+    amount, minimum = _amount(view.get("stake")), min_stake.get(view["role"])
+    staked = amount is not None and minimum is not None and amount >= minimum
     return Standing.MEMBER if staked else Standing.PENDING
+
+
+def _amount(value: Any) -> int | None:
+    """A wei amount as the app writes it (ASCII decimal digits, or an int); None otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value >= 0 else None
+    text = value if isinstance(value, str) else ""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 78 else None
 
 
 def min_stakes(params: Any) -> dict[str, int]:
@@ -84,9 +89,9 @@ def min_stakes(params: Any) -> dict[str, int]:
     raw = genesis.get("min_stake") if isinstance(genesis, dict) else None
     out: dict[str, int] = {}
     for role, amount in (raw or {}).items() if isinstance(raw, dict) else ():
-        text = str(amount)
-        if role in ROLES and text.isascii() and text.isdigit() and len(text) <= 78:
-            out[role] = int(text)
+        wei = _amount(amount)
+        if role in ROLES and wei is not None:
+            out[role] = wei
     return out
 
 

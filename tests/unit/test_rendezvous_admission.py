@@ -57,6 +57,10 @@ def _view(role: str = "compute", status: str = "SERVING", stake: Any = str(10**1
         (_view(status="JOIN", stake=None), Standing.PENDING),  # registered, stake to come
         (_view(stake=str(10**18 - 1)), Standing.PENDING),  # below its role's minimum
         (_view(stake="1e30"), Standing.PENDING),  # not an amount the app writes
+        (_view(stake="١" * 19), Standing.PENDING),  # other scripts' digits: int() reads them
+        (_view(stake="9" * 5000), Standing.PENDING),  # past int()'s digit limit, no raise
+        (_view(stake=True), Standing.PENDING),
+        (_view(stake=10**18), Standing.MEMBER),
         (_view(status="LEFT"), Standing.STRANGER),
         (_view(role="relay"), Standing.STRANGER),  # relays are not fronted
         ("not a view", Standing.STRANGER),
