@@ -647,34 +647,44 @@ FAILOVER_TOKENS = 32  # long enough over 50 ms links to kill a node between two 
 # had finished before the kill (clean-clone CI of 8337959: no failover in the receipt)
 FAILOVER_QUESTION = "Name the eight planets of the solar system and one fact about each."
 WATCH = """
-import json, ssl, sys, time, urllib.request as u
+import http.client, json, ssl, sys, time, urllib.parse as up
 plain = ssl.create_default_context(); plain.check_hostname = False
 plain.verify_mode = ssl.CERT_NONE  # a probe of the counters only: no activations
-def passes(url):
-    with u.urlopen(url + "/info", timeout=2, context=plain) as r:
-        return json.load(r)["load"]["decode_batches"]
+links = {}
+def passes(url):  # one kept-alive link per node: a read is one round trip, not three
+    if url not in links:
+        where = up.urlsplit(url)
+        links[url] = http.client.HTTPSConnection(where.hostname, where.port, timeout=2,
+                                                 context=plain)
+    links[url].request("GET", "/info")
+    return json.loads(links[url].getresponse().read())["load"]["decode_batches"]
 urls = sys.argv[1:]
 start = {url: passes(url) for url in urls}
 print("ready", flush=True)
 for _ in range(1200):  # 2 minutes at most
     for url in urls:
-        if passes(url) >= start[url] + 3:
+        if passes(url) > start[url]:
             print(url, flush=True)
             sys.exit(0)
-    time.sleep(0.1)
+    time.sleep(0.05)
 sys.exit(1)
 """
+# The kill comes at the serving node's first decode pass: from its third on, the gateway may
+# move a question off a node it picked on trial that runs slower than its replica (node/client/
+# failover.py, MIN_OBSERVED_PASSES). A kill that came after such a move hit a node no longer in
+# the circuit (clean-clone CI of 7be240c: no failover, both trial nodes in the receipt).
 
 
 def test_hosts_node_killed_mid_answer_same_text_from_its_replica(
     env, devnet, operator_home
 ) -> None:
     """Shard 0 now has two nodes in two hosts (node0's and operator0's). A paid question from
-    the user host, across the 50 ms links, whose shard-0 node is killed with SIGKILL after its
-    third decode pass: the gateway replays the history into the other one and the answer is
-    the same text as the same question asked without a kill, its receipt naming the killed
-    node beside the final circuit. The verifier is paused meanwhile (SIGSTOP), so the only
-    decode passes are the question's. Then operator0 leaves."""
+    the user host, across the 50 ms links, whose shard-0 node is killed with SIGKILL at its
+    first decode pass: the gateway replays the history into the other one and the answer is
+    the same text as the same question asked without a kill, the gateway's log names the
+    killed node's failure and the receipt names the killed node after the final circuit. The
+    verifier is paused meanwhile (SIGSTOP), so the only decode passes are the question's.
+    Then operator0 leaves."""
     operator = {**env, "PLANET_PASSWORD": "operator0 pw"}
     homes = [*devnet["operators"], operator_home]
     joined = [json.loads((Path(h) / "run" / "joined.json").read_text()) for h in homes]
@@ -687,6 +697,7 @@ def test_hosts_node_killed_mid_answer_same_text_from_its_replica(
     assert len(shard0) == 2, joined
     ask = ("ask", "--pay", "--json", "--max-tokens", str(FAILOVER_TOKENS), FAILOVER_QUESTION)
     verifiers = devnet["pids"].get("verifiers", [])
+    gateway_log = Path(devnet["dir"]) / "logs" / "gateway.log"
     for pid in verifiers:
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -703,6 +714,7 @@ def test_hosts_node_killed_mid_answer_same_text_from_its_replica(
             [*argv, "planet", *ask], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True,
         )  # fmt: skip
+        logged = gateway_log.stat().st_size  # the gateway's log from here on is this question's
         serving = watch.stdout.readline().strip()
         assert watch.wait(30) == 0 and serving in shard0, serving
         os.kill(shard0[serving][0], signal.SIGKILL)
@@ -715,7 +727,14 @@ def test_hosts_node_killed_mid_answer_same_text_from_its_replica(
     assert killed["text"] == answer["text"] != ""
     assert killed["receipt"]["completion_tokens"] == answer["receipt"]["completion_tokens"]
     print(f"failover answer: {answer['receipt']['completion_tokens']} tokens")
-    # the final circuit (3 shards), then the node it failed over from
-    assert killed["receipt"]["nodes"][3:] == [shard0[serving][1]], killed["receipt"]
+    with gateway_log.open("rb") as log:
+        log.seek(logged)
+        failovers = [line for line in log.read().decode().splitlines() if "circuit failed" in line]
+    assert any(serving in line for line in failovers), failovers
+    # the final circuit (3 shards) with the other shard-0 node, then the nodes it left: the
+    # killed one, and any other node it moved off on trial before the kill
+    (replica,) = (key for endpoint, (_, key) in shard0.items() if endpoint != serving)
+    final, left = killed["receipt"]["nodes"][:3], killed["receipt"]["nodes"][3:]
+    assert final[0] == replica and shard0[serving][1] in left, killed["receipt"]
     left = _in_host(operator, "operator0", "leave", "--now", "--home", operator_home, timeout=120)
     assert left.returncode == 0 and "chain status LEFT" in left.stdout, left.stderr
