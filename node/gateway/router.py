@@ -596,6 +596,7 @@ class Router:
         address of a node behind NAT gets the time a node with one address gets (split, a
         NAT node over 50 ms links failed the failover probe and was swapped out of a healthy
         circuit)."""
+
         async def probe(url: str) -> None:
             if not await self.info.healthy(url, node.key, timeout_s):
                 raise InfoUnavailable(f"{url} is not healthy")

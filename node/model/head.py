@@ -8,8 +8,10 @@ through the `node.client.types.Head` protocol. `client.safetensors` holds
 embeddings, `lm_head.weight`.
 
 The head reads `config.json` itself (`HeadConfig`) and applies the final RMSNorm itself, so
-loading it imports transformers' tokenizer only, never its modelling stack (~2 s of CPU a
-process: gateways, `planet ask`; node/model/head_config.py says why).
+loading it never imports transformers' modelling stack (~2 s of CPU a process: gateways,
+`planet ask`; node/model/head_config.py says why), and its tokenizer is `tokenizers` with the
+model's chat template (node/model/tokenizer.py), so not transformers at all where the prepared
+tokenizer is a `tokenizer.json` (another ~1.1 s).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from node.model.manifest import (
     manifest_path,
     verify_file,
 )
+from node.model.tokenizer import ChatTokenizer
 from protocol.errors import ConfigError, UsageError
 
 EMBED_KEY = "model.embed_tokens.weight"
@@ -84,7 +87,6 @@ class ClientHead:
         cls, manifest: str | Path, device: str | torch.device = "auto", *, verify: bool = True
     ) -> ClientHead:
         from safetensors.torch import load_file
-        from transformers import AutoTokenizer
 
         path = manifest_path(manifest)
         parsed = Manifest.load(path)
@@ -93,7 +95,11 @@ class ClientHead:
         if verify:
             verify_file(client_file, parsed.client_hash)
         config = HeadConfig.load(directory)
-        tokenizer = AutoTokenizer.from_pretrained(str(directory / TOKENIZER_DIR))
+        tokenizer: Any = ChatTokenizer.load(directory / TOKENIZER_DIR)
+        if tokenizer is None:  # not a tokenizer.json with one chat template: transformers reads it
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(directory / TOKENIZER_DIR))
         tensors = load_file(str(client_file), device="cpu")
         return cls(config, tokenizer, tensors, resolve_device(device))
 
