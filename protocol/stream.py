@@ -11,8 +11,9 @@ the body's size is checked against count × hidden size before anything is decod
 **Control** (text, one JSON object, at most 16 KiB, nesting ≤ 4):
 
     client → node   {"op": "open", "sid", "session": capability, "shard",
-                     "feed": token | null, "next": {"url", "shard", "feed": token} | null
-                     [, "prefix": salt]}
+                     "feed": token | null, "next": {"url", "shard", "feed": token
+                     [, "key": node key[, "alternates": [url, ...]]]} | null
+                     [, "prefix": salt][, "route": keys]}
     client → node   {"op": "close", "sid"}
     client → node   {"op": "pay", "sid", "credit": 176 hex chars (a credit: period ‖ nonce ‖
                     σ)[, "assignment": 128 hex chars (its holder's assignment of it to this
@@ -30,7 +31,12 @@ an output (the last hop answers on the client's own link), closing and opening n
 capability. `next: null` marks the last hop: it sends its output back on the client's link.
 `next.key` is the next hop's node key (64 hex, protocol/links.py): required for an https://
 next hop, whose TLS handshake must prove it (the node pins it when it dials), optional for a
-plaintext one.
+plaintext one. `next.alternates` (optional, 1..MAX_NEXT_ALTERNATES https:// URLs, only with
+`next.key`) names the next hop's addresses at its other rendezvous relays (a node behind NAT,
+docs/overlay.md): the node dials `next.url`, then each alternate in order, every one pinned to
+`next.key` and each one allowed by the node's next-hop policy before anything is dialled. An
+open without `alternates` is the single-address open of before; a node of before refuses an
+open that carries them (`bad_control`).
 Errors about a session always go to the client's link of the hop that refused, by name.
 A node that charges for its work (`credit_positions` > 0, node/server/payments.py) computes a
 session's positions only while the credits paid for it cover them: the client pays each hop on
@@ -63,6 +69,7 @@ from typing import Any, Final
 from protocol.canonical import JsonTooDeepError, loads_bounded
 from protocol.committee.credit_holder import parse_assignment
 from protocol.committee.grammar import TxDecodeError
+from protocol.committee.registry import MAX_RENDEZVOUS
 from protocol.frames.errors import FrameError, TooLargeError
 from protocol.frames.sessions import check_session_id
 from protocol.links import MissingNodeKeyError, check_node_key, is_encrypted
@@ -79,6 +86,9 @@ from protocol.urls import BadUrlError, canonical_url
 MAX_CONTROL_BYTES: Final = 16384  # a `pay` carries a credit: 176 hex chars
 MAX_SID: Final = 2**32 - 1
 MAX_URL_CHARS: Final = 200
+# a next hop's addresses besides `next.url`: at most one per other relay a node may name as
+# its rendezvous point (register_node `rendezvous`)
+MAX_NEXT_ALTERNATES: Final = MAX_RENDEZVOUS
 # frames of ONE session a node holds queued or computing; the session's first one counts
 # against its caller's in-flight limit, the rest only against this (a pipelined prefill sends
 # several chunks of one session back to back); one more is refused as busy
@@ -182,6 +192,14 @@ class NextHop:
     shard: int
     feed: str
     key: str | None = None  # the next hop's node key (64 hex); required for an https:// url
+    # behind NAT: its addresses at its other relays (https://, pinned to `key`), dialled in
+    # order when `url` is not reached
+    alternates: tuple[str, ...] = ()
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """`url`, then the alternates: every address the node may dial for this hop."""
+        return (self.url, *self.alternates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +234,7 @@ _FIELDS: Final[dict[str, frozenset[str]]] = {
 _NEXT_FIELDS: Final = (
     frozenset({"url", "shard", "feed"}),
     frozenset({"url", "shard", "feed", "key"}),
+    frozenset({"url", "shard", "feed", "key", "alternates"}),
 )
 _OPEN_OPTIONAL: Final = frozenset({"prefix", "route"})
 _OPTIONAL: Final[dict[str, frozenset[str]]] = {
@@ -270,6 +289,29 @@ def check_next_url(value: Any) -> str:
         raise BadRouteError(f"next.url: {error.message}") from None
 
 
+def check_next_alternates(value: Any, url: str) -> tuple[str, ...]:
+    """`next.alternates`: 1..MAX_NEXT_ALTERNATES distinct https:// URLs, each checked as
+    `next.url` is (`check_next_url`) and none equal to `url` (canonical), or BadRouteError
+    naming the entry. https:// only: every address of the hop is pinned to `next.key`."""
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_NEXT_ALTERNATES:
+        raise BadRouteError(
+            f"next.alternates must be a list of 1..{MAX_NEXT_ALTERNATES} URLs (or absent)"
+        )
+    out: list[str] = []
+    for index, item in enumerate(value):
+        name = f"next.alternates[{index}]"
+        try:
+            alternate = check_next_url(item)
+        except BadRouteError as error:
+            raise BadRouteError(error.message.replace("next.url", name, 1)) from None
+        if not is_encrypted(alternate):
+            raise BadRouteError(f"{name} must be https:// (pinned to next.key): {alternate}")
+        if alternate == url or alternate in out:
+            raise BadRouteError(f"{name} repeats an address of the next hop: {alternate}")
+        out.append(alternate)
+    return tuple(out)
+
+
 def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
     """Parse one control message whose op is in `allowed`, or raise a named FrameError."""
     if len(text) > MAX_CONTROL_BYTES:
@@ -293,15 +335,22 @@ def parse_control(text: str | bytes, allowed: frozenset[str]) -> Control:
         next_hop = None
         if nxt is not None:
             if not isinstance(nxt, dict) or set(nxt) not in _NEXT_FIELDS:
-                raise BadControlError("next must be null or {url, shard, feed[, key]}")
+                raise BadControlError(
+                    "next must be null or {url, shard, feed[, key[, alternates]]}"
+                )
+            url = check_next_url(nxt["url"])
             next_hop = NextHop(
-                url=check_next_url(nxt["url"]),
+                url=url,
                 shard=_int_field(nxt, "shard", 2**16),
                 feed=_token(nxt["feed"], "next.feed"),
                 key=_node_key(nxt.get("key")),
+                alternates=check_next_alternates(nxt["alternates"], url)
+                if "alternates" in nxt
+                else (),
             )
-            if next_hop.key is None and is_encrypted(next_hop.url):
-                raise MissingNodeKeyError(next_hop.url)
+            unpinned = [a for a in next_hop.addresses if is_encrypted(a)]
+            if next_hop.key is None and unpinned:
+                raise MissingNodeKeyError(unpinned[0])
         return Control(
             op=op,
             sid=sid,
@@ -351,6 +400,8 @@ def open_message(
         nxt = {"url": next_hop.url, "shard": next_hop.shard, "feed": next_hop.feed}
         if next_hop.key is not None:
             nxt["key"] = next_hop.key
+        if next_hop.alternates:
+            nxt["alternates"] = list(next_hop.alternates)
     message = {
         "op": "open",
         "sid": sid,
@@ -386,6 +437,7 @@ def ws_frame_bytes(payload: int, *, masked: bool) -> int:
 
 __all__ = [
     "CREDIT_NOT_ASSIGNED",
+    "MAX_NEXT_ALTERNATES",
     "MAX_SESSION_FRAMES",
     "BadControlError",
     "BadFeedError",
@@ -397,6 +449,7 @@ __all__ = [
     "NextHopNotAllowedError",
     "PaymentRequiredError",
     "UnknownStreamError",
+    "check_next_alternates",
     "error_message",
     "not_assigned_id",
     "not_assigned_message",

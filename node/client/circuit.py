@@ -4,8 +4,10 @@
 
 Every link to an https:// hop is TLS pinned to the hop's node key (node/links.py; a node that
 does not prove it is refused as `node_key_mismatch` before anything is sent), and the open
-names each next hop's key, which the forwarding node pins in turn. http:// hops are dialled
-only on loopback or with `plaintext_links` (local mode; protocol/links.py).
+names each next hop's key, which the forwarding node pins in turn, and, for a node behind NAT,
+its addresses at its other relays (`Hop.alternates` → `next.alternates`: the forwarding node
+dials them in turn when the first is not reached, `next_hop`). http:// hops are dialled only on
+loopback or with `plaintext_links` (local mode; protocol/links.py).
 
 A token costs K + 1 transfers for K nodes and no per-request HTTP: each transfer is one
 WebSocket message with a 17-byte binary header (protocol/frames/header.py). The client holds one
@@ -60,9 +62,11 @@ from protocol.frames.dtypes import WIRE_DTYPE
 from protocol.frames.errors import FrameError
 from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 from protocol.frames.sessions import check_session_id
+from protocol.links import is_encrypted
 from protocol.prefix_routes import route_keys
 from protocol.stream import (
     CREDIT_NOT_ASSIGNED,
+    MAX_NEXT_ALTERNATES,
     MAX_SESSION_FRAMES,
     CreditNotTakenError,
     NextHop,
@@ -260,6 +264,18 @@ class _HeadBatcher:
                 for (_, _, future), logits in zip(items, results, strict=True):
                     if not future.done():
                         future.set_result(logits)
+
+
+def next_hop(hop: Hop, feed: str) -> NextHop:
+    """What an open tells the previous hop about `hop`: its URL, shard, feed and key, and, for a
+    node behind NAT, its addresses at its other relays (`Hop.alternates`: the https:// ones,
+    distinct, at most MAX_NEXT_ALTERNATES; only with its key, which pins every one), so the
+    previous hop dials the next of them when `url` is not reached."""
+    alternates: tuple[str, ...] = ()
+    if hop.key is not None:
+        kept = dict.fromkeys(a for a in hop.alternates if is_encrypted(a) and a != hop.url)
+        alternates = tuple(kept)[:MAX_NEXT_ALTERNATES]
+    return NextHop(url=hop.url, shard=hop.shard, feed=feed, key=hop.key, alternates=alternates)
 
 
 class CircuitClient:
@@ -467,7 +483,7 @@ class CircuitClient:
             nxt = None
             if index < last:
                 hop = self.hops[index + 1]
-                nxt = NextHop(url=hop.url, shard=hop.shard, feed=feeds[index + 1], key=hop.key)
+                nxt = next_hop(hop, feeds[index + 1])
             hop = self.hops[index]
             salt = None
             routes: list[str] = []

@@ -22,6 +22,11 @@ if the link were dialled then. So the pool keeps links open and dials them ahead
   A link that dies under an open before the next hop confirmed the attach (`LinkLostError`) is
   replaced once and the attach, with the frames sent behind it, goes again on the fresh link
   (stream.py `_attach_down`): the question does not fail.
+- **A next hop behind NAT** has several addresses (its port at each relay that fronts it: an
+  open's `next.alternates`). `reach` takes an open link at any of them (in their order) and
+  otherwise dials them in turn (node/dial.py `first_reachable`), each within the bound one
+  address gets (`ATTACH_TIMEOUT_S`), every one pinned to the same node key: when the first
+  relay is down the session goes through the second.
 - **Bounded.** At most `max_links` links (at most `max_warm` of them warm targets); a link no
   attach or frame used for `idle_s` (the node's session idle timeout: its sessions are gone) is
   closed unless it is a warm target. A new next hop when the pool is full takes an idle link's
@@ -37,15 +42,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
 
+from node.dial import first_reachable
 from node.links import link_ssl, refusal
 from protocol.errors import PlanetError
 from protocol.frames.errors import FrameError
+from protocol.links import NodeKeyMismatchError
 from protocol.stream import DownstreamError, parse_control, ws_frame_bytes
 
 log = logging.getLogger(__name__)
@@ -306,6 +313,27 @@ class LinkPool:
             self.stats.dialled += 1
             self.stats.warm_dialled += warm
             return link
+
+    async def reach(self, addresses: Sequence[str], key: str | None) -> DownLink:
+        """The link to one next hop at `addresses` (its URL, then its addresses at its other
+        relays): an open link at any of them, in order, else the first that can be dialled,
+        each address within `ATTACH_TIMEOUT_S` (what a next hop with one address gets), all
+        pinned to `key`. When none is reached: the first address's refusal."""
+        for url in addresses:
+            if self.link(url, key) is not None:
+                return await self.get(url, key)
+        try:
+            _, link = await first_reachable(
+                addresses,
+                lambda url: self.get(url, key),
+                total_s=ATTACH_TIMEOUT_S * len(addresses),
+                each_s=ATTACH_TIMEOUT_S,
+                what=f"next hop {addresses[0]}",
+                errors=(DownstreamError, NodeKeyMismatchError, TimeoutError),
+            )
+        except TimeoutError:  # the bound ran out before the dial's own timeout named it
+            raise DownstreamError(f"cannot reach next hop {addresses[0]}: TimeoutError") from None
+        return link
 
     async def _make_room(self, ident: LinkId) -> None:
         """Before a dial: drop closed links; when full, close the longest idle link that is no

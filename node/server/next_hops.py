@@ -19,6 +19,13 @@ Every policy also requires `next.shard == own shard + 1`: a circuit runs the sha
 client cannot route a session in a loop. URLs are compared in their canonical form
 (protocol/urls.py); `NextHop.url` arrives canonical from the parser.
 
+Every address of the hop: an open may name the next hop's addresses at its other relays
+(`next.alternates`, a node behind NAT) besides `next.url`; the node may dial any of them, so
+each one must pass the policy as `next.url` must (list: each on the list; committee: each a
+public address, or inside the private ranges, and registered for that node key and shard, as
+its `endpoint` or one of its `rendezvous` addresses), or the open is refused naming it: an
+alternate never makes a node dial an address it would refuse as a single next hop.
+
 Public addresses only (committee): a staked stranger chooses the endpoint it registers, so it
 could register `http://127.0.0.1:6379` or a name resolving to an internal address and have every
 node of the previous shard dial it. Under `committee` a node therefore dials only globally
@@ -50,6 +57,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
 from node.chain.committee_pages import path_query, read_nodes
+from protocol.committee.registry import MAX_RENDEZVOUS
 from protocol.errors import PlanetError, UsageError
 from protocol.stream import NextHop, NextHopNotAllowedError
 from protocol.urls import BadUrlError, canonical_url
@@ -274,10 +282,11 @@ class ForwardList:
         self.urls = urls
 
     async def check(self, hop: NextHop) -> None:
-        if hop.url not in self.urls:
-            raise NextHopNotAllowedError(
-                f"{hop.url} is not on this node's --next-hops list ({len(self.urls)} URLs)"
-            )
+        for url in hop.addresses:
+            if url not in self.urls:
+                raise NextHopNotAllowedError(
+                    f"{url} is not on this node's --next-hops list ({len(self.urls)} URLs)"
+                )
         _check_order(self.own_shard, hop)
 
 
@@ -285,11 +294,15 @@ class NodeSource(Protocol):
     async def abci_query(self, path: str) -> Any: ...
 
 
-def registered_hops(answer: Any) -> dict[str, dict[int, frozenset[str]]]:
+def registered_hops(
+    answer: Any, *, rendezvous: bool = False
+) -> dict[str, dict[int, frozenset[str]]]:
     """Canonical URL → shard → node keys registered there, from a committee `/nodes` answer
     (untrusted: entries that are neither routable nor graced — DOWN lately, otherwise routable,
     a fallback the clients may route through while it answers (abci_app/liveness.py) — or not
-    well-formed are skipped)."""
+    well-formed are skipped). The URLs are the entries' `endpoint`s; with `rendezvous`, their
+    addresses at the relays they name instead (`rendezvous[].endpoint`, at most 3 an entry:
+    a node behind NAT's alternates)."""
     nodes = answer.get("nodes") if isinstance(answer, dict) else None
     out: dict[str, dict[int, set[str]]] = {}
     for entry in nodes if isinstance(nodes, list) else []:
@@ -300,17 +313,32 @@ def registered_hops(answer: Any) -> dict[str, dict[int, frozenset[str]]]:
         key, shards = entry.get("key"), entry.get("shards")
         if not isinstance(key, str) or not _KEY_RE.match(key) or not isinstance(shards, list):
             continue
-        try:
-            url = canonical_url(entry.get("endpoint"))
-        except BadUrlError:
-            continue
-        for shard in shards:
-            if isinstance(shard, int) and not isinstance(shard, bool) and shard >= 0:
-                out.setdefault(url, {}).setdefault(shard, set()).add(key)
+        for url in _rendezvous_urls(entry) if rendezvous else _endpoint_url(entry):
+            for shard in shards:
+                if isinstance(shard, int) and not isinstance(shard, bool) and shard >= 0:
+                    out.setdefault(url, {}).setdefault(shard, set()).add(key)
     return {
         url: {shard: frozenset(keys) for shard, keys in by_shard.items()}
         for url, by_shard in out.items()
     }
+
+
+def _endpoint_url(entry: dict[str, Any]) -> list[str]:
+    try:
+        return [canonical_url(entry.get("endpoint"))]
+    except BadUrlError:
+        return []
+
+
+def _rendezvous_urls(entry: dict[str, Any]) -> list[str]:
+    items = entry.get("rendezvous")
+    urls = []
+    for item in items[:MAX_RENDEZVOUS] if isinstance(items, list) else []:
+        try:
+            urls.append(canonical_url(item.get("endpoint") if isinstance(item, dict) else None))
+        except BadUrlError:
+            continue
+    return urls
 
 
 def routable_hops(answer: Any) -> dict[str, frozenset[int]]:
@@ -350,6 +378,8 @@ class ForwardCommittee:
         self.clock = clock
         self.fetches = 0  # queries sent (tests, /info)
         self._view: dict[str, dict[int, frozenset[str]]] | None = None
+        # the nodes' addresses at their rendezvous relays (an open's `next.alternates`)
+        self._alternates: dict[str, dict[int, frozenset[str]]] = {}
         self._fetched_s = 0.0  # monotonic time of the last successful fetch
         self._tried_s: float | None = None  # monotonic time of the last fetch attempt
         self._lock = asyncio.Lock()
@@ -370,15 +400,27 @@ class ForwardCommittee:
                 log.warning("next-hop view: committee query failed: %s", error)
                 return
             self._view = registered_hops({"nodes": nodes})
+            self._alternates = registered_hops({"nodes": nodes}, rendezvous=True)
             self._fetched_s = self.clock()
 
     def _allowed(self, hop: NextHop) -> bool:
         """`hop.url` is registered for `hop.shard`, and under the key the client names (the
-        key this node will pin) when it names one."""
+        key this node will pin) when it names one; each alternate is registered for that shard
+        and key too, as an endpoint or a rendezvous address (the parser lets alternates come
+        only with a key)."""
         if self._view is None:
             return False
         keys = self._view.get(hop.url, {}).get(hop.shard)
-        return keys is not None and (hop.key is None or hop.key in keys)
+        if keys is None or (hop.key is not None and hop.key not in keys):
+            return False
+        return all(self._registered_alternate(url, hop) for url in hop.alternates)
+
+    def _registered_alternate(self, url: str, hop: NextHop) -> bool:
+        for view in (self._alternates, self._view or {}):
+            keys = view.get(url, {}).get(hop.shard)
+            if keys is not None and hop.key in keys:
+                return True
+        return False
 
     async def next_shard_hops(self) -> list[tuple[str, str]]:
         """(URL, node key) of every node the view lists for the next shard whose address this
@@ -394,25 +436,29 @@ class ForwardCommittee:
             for key in by_shard.get(shard, ())
         )
 
-    async def check(self, hop: NextHop) -> None:
-        _check_order(self.own_shard, hop)
-        refusal = address_refusal(hop.url, self.public_only, self.private_ranges)
+    def _check_address(self, url: str) -> None:
+        refusal = address_refusal(url, self.public_only, self.private_ranges)
         ranges = ", ".join(str(r) for r in self.private_ranges)
         if refusal == "private":
             raise NextHopNotAllowedError(
-                f"{hop.url} is not a public address; a node on the committee policy dials only "
+                f"{url} is not a public address; a node on the committee policy dials only "
                 "globally routable addresses (its operator can allow private ones with "
                 "--private-next-hops on a devnet or LAN)"
             )
         if refusal == "host_name":
             raise NextHopNotAllowedError(
-                f"{hop.url} names a host; a node limited to the private ranges {ranges} dials IP "
+                f"{url} names a host; a node limited to the private ranges {ranges} dials IP "
                 "addresses only"
             )
         if refusal == "outside_ranges":
             raise NextHopNotAllowedError(
-                f"{hop.url} is outside this node's private next-hop ranges ({ranges})"
+                f"{url} is outside this node's private next-hop ranges ({ranges})"
             )
+
+    async def check(self, hop: NextHop) -> None:
+        _check_order(self.own_shard, hop)
+        for url in hop.addresses:
+            self._check_address(url)
         if self._view is None or self.clock() - self._fetched_s > self.max_age_s:
             await self._refresh(older_than_s=self.miss_refresh_s)
         if not self._allowed(hop):
@@ -424,9 +470,16 @@ class ForwardCommittee:
                 f"cannot check {hop.url}: the committee chain did not answer; try again later"
             )
         keyed = "" if hop.key is None else f" under node key {hop.key[:16]}…"
+        keys = self._view.get(hop.url, {}).get(hop.shard)
+        if keys is None or (hop.key is not None and hop.key not in keys):
+            raise NextHopNotAllowedError(
+                f"{hop.url} is not a routable compute node of shard {hop.shard} of this model"
+                f"{keyed} on the committee chain"
+            )
+        stray = next(url for url in hop.alternates if not self._registered_alternate(url, hop))
         raise NextHopNotAllowedError(
-            f"{hop.url} is not a routable compute node of shard {hop.shard} of this model"
-            f"{keyed} on the committee chain"
+            f"{stray} (next.alternates) is not an address that node registered{keyed} for "
+            f"shard {hop.shard} on the committee chain (its endpoint or a rendezvous address)"
         )
 
 

@@ -6,9 +6,11 @@ capability); a hop that is not the last attaches the session with the feed token
 to the next hop (node/server/link_pool.py: one persistent link per next URL and node key, shared
 by all sessions, dialled ahead for the next shard's replicas so an open pays no handshake). An
 https:// next hop is dialled over TLS pinned to the node key the open names
-(node/links.py): a peer that does not prove it is refused as `node_key_mismatch`; an http:// one
-only on loopback or in local mode (`--plaintext-links`), else `plaintext_link`. Each frame is one
-work item for the batcher (decode steps of sessions arriving together run as one batched forward);
+(node/links.py), at its URL or, behind NAT, at its addresses at its other relays
+(`next.alternates`, in turn): a peer that does not prove it is refused as `node_key_mismatch`;
+an http:// one only on loopback or in local mode (`--plaintext-links`), else `plaintext_link`.
+Each frame is one work item for the batcher (decode steps of sessions arriving together run as
+one batched forward);
 its output goes on down the circuit, or, from the last hop, back on the client's link. A refusal is
 sent by name to the client's link of the refusing hop. When a client's link closes, the sessions it
 opened are closed (KV freed). Next hops are dialled only after the next-hop policy allowed them
@@ -209,7 +211,8 @@ async def _open_settling(state: NodeState, link: _Link, control: Control) -> Non
         raise BadControlError(f"session {short_tag(tag)} is already open")
     if control.next is not None:
         await state.next_hops.check(control.next)  # before anything is reserved or dialled
-        check_link(control.next.url, control.next.key, plaintext_ok=state.links.plaintext_ok)
+        for url in control.next.addresses:  # every address pinned to the one key
+            check_link(url, control.next.key, plaintext_ok=state.links.plaintext_ok)
     for victim in state.store.reserve(0, new_session=True, peer=link.peer):
         log.info("session reclaimed for another caller session=%s", short_tag(victim))
     session = state.store.open(tag, backend.new_cache(), peer=link.peer)
@@ -261,11 +264,12 @@ async def _attach_down(state: NodeState, route: Route, hop: NextHop) -> None:
     """Attach `route` to its next hop over the pooled link (node/server/link_pool.py). Frames
     may go down behind the attach at once; if the link dies before the next hop confirmed it
     (a pooled link gone stale, LinkLostError), the attach and those frames go again, once, on a
-    fresh link, so the question does not fail. A refusal or a failed dial fails the open."""
+    fresh link, so the question does not fail. A next hop behind NAT is dialled at its
+    addresses in turn (`LinkPool.reach`). A refusal or a failed dial fails the open."""
     for attempt in (1, 2):
         try:
             async with route.send_lock:
-                down = await state.links.get(hop.url, hop.key)
+                down = await state.links.reach(hop.addresses, hop.key)
                 sid, answer = await down.attach(hop.feed)
                 route.down, route.down_sid = down, sid
                 for header, body in route.unconfirmed or ():

@@ -11,7 +11,9 @@ given, and links out to the relay.
 - a node whose link drops (the relay restarted) comes back on the same port, and serves again;
 - each node links to a second relay too: with the first relay down, the client dials the first
   node at its port on the second (`Hop.alternates`, node.dial `first_reachable`) and the answer
-  is the same;
+  is the same; and the first node, told the second node's both addresses in the open
+  (`next.alternates`), dials the second node at its port on the second relay: the same tokens
+  as with both relays up;
 - a relay admitting by a real committee (one CometBFT validator with the app,
   `--rendezvous-admit registered`): fresh keys get no more than its one lease and are refused
   `not_registered`, a registered and staked key still gets a port, and a lease that runs out
@@ -220,6 +222,34 @@ def test_node_comes_back_on_its_port_after_the_relay_restarts(net, head, manifes
     assert asyncio.run(_generate(head, _hops(nodes, again), manifest)) == direct
 
 
+def test_previous_hop_reaches_the_next_node_at_its_second_relay_when_the_first_is_down(
+    net, head, manifest
+) -> None:
+    nodes, relay = net["nodes"], net["relay"]
+    # both nodes as a client knows them from their registrations: the endpoint (the first
+    # relay's port), then the address at the second relay; the open tells the first node the
+    # second's both addresses (`next.alternates`)
+    hops = [
+        Hop(url, n.shard, n.key, alternates=(alternate,))
+        for url, alternate, n in zip(net["fronted"], net["at_second"], nodes, strict=True)
+    ]
+    both_up = asyncio.run(_generate(head, hops, manifest))
+    assert len(both_up) == NEW_TOKENS
+    relay.stop()
+    try:
+        assert asyncio.run(_generate(head, hops, manifest)) == both_up
+        # the first node dialled the second at its endpoint (down), then at the second relay
+        # (no link to it there yet: this test runs before the next one names that address
+        # as the second node's URL)
+        log = nodes[0].log_path.read_text(errors="replace")
+        assert (
+            f"next hop {net['fronted'][1]} reached at {net['at_second'][1]}, its address 2 of 2"
+            in log
+        ), log[-3000:]
+    finally:
+        relay.start()
+
+
 def test_client_reaches_the_node_at_its_second_relay_when_the_first_is_down(
     net, head, manifest
 ) -> None:
@@ -229,8 +259,8 @@ def test_client_reaches_the_node_at_its_second_relay_when_the_first_is_down(
     relay.stop()
     try:
         # the first node as a client knows it from the registration: its endpoint (the first
-        # relay's port) and its address at the second relay; the first node dials the second
-        # at its port on the second relay (node-to-node links take the endpoint alone)
+        # relay's port) and its address at the second relay; the first node is told the
+        # second's address at the second relay as its URL (its alternates: the test below)
         hops = [
             Hop(net["fronted"][0], 0, nodes[0].key, alternates=(net["at_second"][0],)),
             Hop(net["at_second"][1], 1, nodes[1].key),
