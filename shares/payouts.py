@@ -289,6 +289,14 @@ def split_pro_rata(pool: int, shares: Mapping[str, int]) -> dict[str, int]:
     return dict(zip(accounts, amounts, strict=True))
 
 
+def net_of_cut(amount: int, verifier_cut_bps: int) -> int:
+    """What a node is paid for credits worth `amount` wei: `⌊amount · (10,000 − cut) / 10,000⌋`
+    (exact integers); the rest, rounding included, is the verifiers' part."""
+    check_int(amount, "amount", 0, 1 << 256)
+    check_int(verifier_cut_bps, "verifier_cut_bps", 0, BPS_DENOMINATOR)
+    return amount * (BPS_DENOMINATOR - verifier_cut_bps) // BPS_DENOMINATOR
+
+
 def eligible_shares(work: EpochWork) -> tuple[dict[str, int], dict[str, int]]:
     """Compute and verification shares per eligible account (unslashed, shares > 0)."""
     slashed = set(work.slashed)
