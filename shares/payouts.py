@@ -42,6 +42,12 @@ The split (all integers, exact; `shares.weights` gives the shares):
    0 get no row (the escrow refuses zero claims). Rows are sorted by account ascending. The
    table also keeps, per account, the eligible shares and each pool's amount (read-only maps).
 
+`net_of_cut(amount, verifier_cut_bps)` = `⌊amount · (10,000 − cut) / 10,000⌋`: what the
+committee's close pays a node for credits worth `amount` (a direct row, outside the table: issue
+42); the rest is the verifiers' part, which the close splits by a table of verification shares
+only. The close passes no compute work: the compute side and the scarcity bonus (step 3, 4 and
+`shares.weights`) are this library's rule, not what a node is paid.
+
 The result does not depend on the order of any input list. Pure and deterministic: integers and
 strings only; imports only the standard library and `shares`.
 """
