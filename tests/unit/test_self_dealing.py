@@ -125,8 +125,9 @@ def _epochs(draw: Any) -> dict[str, Any]:
     }
 
 
-def _close(epoch_input: dict[str, Any]) -> tuple[Any, int, dict[str, int]]:
-    """Close epoch 3 of a chain holding `epoch_input`'s records; (state, epoch, written)."""
+def _close(epoch_input: dict[str, Any], relay_role: str = "b") -> tuple[Any, int, dict[str, int]]:
+    """Close epoch 3 of a chain holding `epoch_input`'s records (relay i's account:
+    `_address(relay_role, i)`); (state, epoch, written)."""
     price, cut = epoch_input["price"], epoch_input["cut"]
     chain = settled_chain(
         bindings={},
@@ -152,7 +153,7 @@ def _close(epoch_input: dict[str, Any]) -> tuple[Any, int, dict[str, int]]:
                 )
         face += count * price
     for i, count in enumerate(epoch_input["relays"]):
-        account = _address("b", i)
+        account = _address(relay_role, i)
         state.put(
             schema.RELAY_PAY,
             schema.in_epoch(epoch, account),
@@ -254,3 +255,23 @@ def test_random_epochs_every_wei_drawn_is_paid_and_nothing_created_or_lost(
         assert to_verifiers == rest
     else:  # no eligible verifier: their part is not drawn, it stays due to the next epoch
         assert to_verifiers == 0 and due_after == owed - drawn
+
+
+def test_a_relay_and_a_node_of_one_account_get_one_row_for_both() -> None:
+    """A relay's staking address may be a node's EVM address too: one row, its relay credits at
+    the price and its node credits at the price less the cut."""
+    epoch_input = {
+        "price": PRICE,
+        "cut": CUT,
+        "nodes": [3],
+        "relays": [2],
+        "verifiers": [],
+        "slashed": set(),
+        "extra": 0,
+        "pool": 5 * PRICE,
+        "purchases": [],
+    }
+    state, epoch, _ = _close(epoch_input, relay_role="a")
+    [page] = _pages(state, epoch)
+    assert page["rows"] == [[_address("a", 0), str(2 * PRICE + net_of_cut(3 * PRICE, CUT))]]
+    assert int(page["total"]) == 2 * PRICE + net_of_cut(3 * PRICE, CUT)
