@@ -54,8 +54,9 @@ key X_p (abci_app/credit_dkg.py made it), mints paid from a prepaid balance, red
                                REDEMPTION_OVER_PRICE; consumed).
                                → `cspent/<sha256 nonce>` per credit and
                                `credit/<current epoch>/<evm address>/<shard>/<model>` grows by
-                               count · genesis `credits.layer_tokens`: the node's share record for
-                               the epoch's payout (docs/shares.md), its only pay; the
+                               count credits and count · genesis `credits.layer_tokens`: the
+                               node's pay record for the epoch (node_payouts.py: a row at the
+                               credits' price less the verifiers' cut), its only pay; the
                                credits' price is due to the epoch (`cdue/<current epoch>`: the
                                close draws it from the credit pool) and `cissue/<e>`.redeemed
                                grows per issue epoch e.
@@ -431,7 +432,7 @@ def credit_work(
     """A redemption's effects once every credit checked out (`spent`: (spent id, the epoch its
     credit counts in)): the node's registered price in committed positions consumed per credit
     (REDEMPTION_OVER_PRICE otherwise), the spent set, the issue counters, the credits' price due
-    to this epoch, the node's layer-tokens."""
+    to this epoch, the node's credits and layer-tokens."""
     current = rules.epoch_of(state, state.block_height)
     price = prices.redemption_price(state, signer, shard)
     coverage.take_positions(state, signer, shard, len(spent), price)
@@ -452,6 +453,7 @@ def credit_work(
             "account": account,
             "model": model,
             "shard": shard,
+            "credits": (previous["credits"] if previous else 0) + len(spent),
             "layer_tokens": (previous["layer_tokens"] if previous else 0) + layer_tokens,
         },
     )

@@ -106,9 +106,9 @@ SPENT = "spent"
 # cpend/<payer>/<gateway>/<kind>/<id>: {from, total, height}: the part of an authorization's
 # total (total − from) not yet debited in a payout statement, first reported at `height`
 PENDING_CHARGE = "cpend"
-# credit/<epoch>/<account>/<shard, 5 digits>/<model>: {account, model, shard, layer_tokens[,
-# carried]}, a node's redeemed work in that epoch (`carried`: the part moved in from the
-# epoch before, which paid nothing; it moves no further)
+# credit/<epoch>/<account>/<shard, 5 digits>/<model>: {account, model, shard, credits,
+# layer_tokens[, carried]}, what a node redeemed in that epoch (node_payouts.py; `carried`: the
+# credits moved in from the epoch before, which paid nothing; they move no further)
 CREDIT = "credit"
 # payout/<epoch>[/<page, 4 digits>]: a payout statement (page 0 has no page part), its charges,
 # rows, shares (page 0), votes, confirmed
@@ -182,10 +182,11 @@ RELAY_CREDIT = "rcredit"
 # by that close; `carried`: the part moved in from the epoch before, which paid nothing)
 RELAY_PAY = "rpay"
 # cissue/<credit epoch>: {funded, redeemed}: how many credits of that epoch funded mints bought
-# and nodes redeemed; the price of the rest is due at the close of epoch + lifetime (expired)
+# and nodes redeemed; deleted at the close of epoch + lifetime (the rest expired: their price
+# stays in the credit pool, its reserve)
 CREDIT_ISSUED = "cissue"
 # cdue/<epoch>: wei (decimal string) the credit pool owes the workers of that epoch: the price of
-# the credits redeemed in it and of those that expired at its close (settlement.py draws it)
+# the credits redeemed in it and what was due before and not drawn (settlement.py draws it)
 CREDIT_DUE = "cdue"
 # cpool/balance: wei (decimal string) in the escrow's credit pool as the committee counts it:
 # the purchases its statements listed, less the draws they listed

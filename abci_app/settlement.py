@@ -2,10 +2,10 @@
 
 Two tx types (`protocol.committee.settlement`) and one EndBlock rule. There is one way a node is
 paid: the credits it redeems (abci_app/credits.py). Whoever pays it — a user's personal client
-or a hosted gateway — bought those credits from a balance at the escrow; the redemptions are
-the node's shares of the epoch, paid from the escrow's credit pool. A gateway's users pay the
-gateway: their charges are its revenue, paid to its own address. Nothing a gateway reports is
-the basis of anyone else's pay.
+or a hosted gateway — bought those credits from a balance at the escrow; each redeemed credit
+is paid to the node at its price less the verifiers' cut, from the escrow's credit pool. A
+gateway's users pay the gateway: their charges are its revenue, paid to its own address.
+Nothing a gateway reports is the basis of anyone else's pay.
 
 **`work_report`** (a gateway: a key bound to its payee address by a `gateway` tx,
 gateway_bindings.py; there is no genesis list of gateways). Refused whole only for what
@@ -56,28 +56,33 @@ that does not recover to the validator's operator (`BAD_PAYOUT_SIGNATURE`), a se
 same validator (`DUPLICATE_VOTE`).
 
 **Epoch close** (`close`, EndBlock of height e·L, before the next epoch is fixed). The epoch's
-redemption records (`credit/<e>/…`) become `ComputeWork` items (account = the node's EVM
-address; the model id hashed to fit `shares`' grammar; layers 1 and tokens = layer-tokens, which
-gives the same shares); pool health per (model, shard) = max(nodes routable there now, accounts
-credited there), routable as `/pool_health` counts it (serving, trusted, staked, not flagged
-uncommitted); accounts whose verdict was confirmed in the epoch are `slashed`; the spot checks
-credited in the epoch (`vwork/<e>/…`) are the `VerificationWork`. Then **everything pending is
-settled, in pages** (`shares.settlement.close_epoch_pages`), in this order:
+redemption records (`credit/<e>/…`, node_payouts.py) and the overlay relays' (`rpay/<e>/…`,
+relay_payouts.py) are taken; accounts whose verdict was confirmed in the epoch are `slashed`;
+the spot checks credited in the epoch (`vwork/<e>/…`) are the `VerificationWork`, the only
+shares of the epoch's table. Then **everything pending is settled, in pages**
+(`shares.settlement.close_epoch_pages`), in this order:
 1. *The pool's pages.* Credit purchases (funded mints' charges, kind "mint", oldest first) are
    debited at every close, whole, into the escrow's credit pool (`PageCharges.purchases`:
-   listed, not paid out). Then, when the epoch has redemptions, the draw: the (escrow, escrow)
-   debit of what the pool owes this epoch — `cdue/<e>` (the price of the credits redeemed in
-   it, and of what the pool could not pay the epoch before) plus the price of the credits whose
-   window ends with this close unredeemed (`cissue/`) — at most the pool (`cpool/balance`) plus
-   this close's purchases; the rest is due to e+1. The overlay relays' redemptions of e
-   (`rpay/<e>/…`, relay_payouts.py) are paid first from the draw, each relay's staking address
-   a direct row of credits · credit price (an epoch with relay redemptions only draws just
-   their part). The epoch's table (docs/shares.md: weights, scarcity bonus, the verifiers' cut)
-   splits the rest of the draw over the shares; its rows and the relays' are the pool pages'
-   rows. With no eligible share (`NothingToPayError`) the table's part waits (due to e+1), the
-   relays' part is still drawn, and the epoch's credits that it earned itself move to e+1 once
-   (a credit moved in is dropped if e+1 pays nothing either); so they do when there is nothing
-   to draw, and so do the relays' when nothing is drawn for them.
+   listed, not paid out). Then, when the epoch has redemptions of unslashed accounts, the
+   draw: the (escrow, escrow) debit of what the pool owes this epoch — `cdue/<e>` (the price
+   of the credits redeemed in it, and what was due before and not drawn) less the price of
+   the slashed accounts' credits (never drawn: it stays in the pool) — at most the pool
+   (`cpool/balance`) plus this close's purchases; the rest is due to e+1. The credits whose
+   window ends with this close unredeemed (`cissue/`) are forgotten: their price stays in the
+   pool, its reserve against a deficit. The draw pays *direct* rows first: each relay's
+   staking address credits · credit price, then each node's EVM address its credits' price
+   less the verifiers' cut, ⌊credits · price · (10,000 − cut) / 10,000⌋ (node_payouts.py; no
+   weight, no scarcity bonus: a node that buys credits and redeems them itself gets back
+   (1 − cut) of what it paid, never more, and the other nodes' rows do not change). When the
+   draw falls short, the relays are paid first, then the nodes by their rows, pro rata. The
+   rest of the draw (the nodes' credits' verifiers' part, rounding included, and what was due
+   from before) is split over the epoch's eligible verifiers by the table (docs/shares.md,
+   verifiers only); its rows and the direct ones, merged per account, are the pool pages'
+   rows. With no eligible verifier (`NothingToPayError`) that part is not drawn (due to e+1,
+   to the verifiers of a later epoch); the direct rows are drawn all the same. A close that
+   draws nothing for the nodes (or the relays) — an empty pool, or a draw left off the
+   close's pages — moves their credits to e+1 once (a credit moved in is dropped if e+1 pays
+   nothing either: its price stays due).
 2. *Each gateway's pages*, the gateway with the oldest pending item first: its pending queries
    and charges, oldest reported first (then by id). A gateway page has one row: the gateway,
    for the page's total. So a payer the escrow finds short when it posts the page (its balance
@@ -93,19 +98,18 @@ statement number `statement_number(e, p)` = e + p·2^32 (page 0 is e itself), st
 `payout/<e>[/<p>]`. Each record holds its statement, its sorted query ids and fees, payers /
 gateways / debits (what `postPayoutRoot` takes), the authorizations it debits with their totals
 `charges` [[payer, gateway, kind, id, total]] (so gateways learn what a root covered; purchases
-too, the draw not), its rows, the epoch's compute shares (page 0 only), and `committee_epoch`,
-`page`, `pages`. Settled queries move to `sqdone/<id>` = {fee, statement}, settled charges leave
-`cpend/`. The epoch's slash marks are deleted either way. `payout/` and `sqdone/` entries are
-pruned with the epoch's other records (`rules.track`).
+too, the draw not), its rows, the epoch's verification shares (`shares`, page 0 only), and
+`committee_epoch`, `page`, `pages`. Settled queries move to `sqdone/<id>` = {fee, statement},
+settled charges leave `cpend/`. The epoch's slash marks are deleted either way. `payout/` and
+`sqdone/` entries are pruned with the epoch's other records (`rules.track`).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from abci_app import gateway_bindings, registry, relay_payouts, rules, schema
+from abci_app import gateway_bindings, node_payouts, relay_payouts, rules, schema
 from abci_app.codes import Code, Rejected
 from abci_app.credits import MINT_KIND, owe
 from abci_app.state import State
@@ -124,16 +128,13 @@ from protocol.payment import PaymentKey, Voucher, payment_domain
 from shares.errors import NothingToPayError
 from shares.payouts import (
     MAX_DEBIT,
-    ComputeWork,
     EpochWork,
     PayerDebit,
     SettledQuery,
-    ShardHealth,
     VerificationWork,
 )
 from shares.settlement import EpochSettlement, PageCharges, close_epoch_pages
 
-MAX_LAYER_TOKENS = (1 << 63) - 1
 # bounds how long an authorization's replay guard (`spent/`) is kept, per kind
 MAX_LIFETIME_S = {"voucher": 7 * 86_400, "key": 366 * 86_400}
 MAX_VOUCHER_LIFETIME_S = MAX_LIFETIME_S["voucher"]
@@ -146,12 +147,6 @@ DEBIT_GAS = 9_000
 MAX_STATEMENT_GAS = 12_000_000
 MAX_STATEMENT_CHARGES = 4_096  # queries + authorizations one statement names (its record size)
 MAX_PAGES = 64  # statements per close; the rest stays pending, first in line
-
-
-def model_key(model: str) -> str:
-    """`shares` accepts model ids of ≤ 64 chars of a small alphabet; the registry's are longer
-    (manifest hashes), so the payout input names each model by a prefix of its sha256."""
-    return hashlib.sha256(model.encode()).hexdigest()[:48]
 
 
 # --- work_report: every item judged on its own ------------------------------------------------
@@ -390,58 +385,6 @@ def payout_vote(state: State, tx: SignedTx) -> None:
 # --- epoch close ----------------------------------------------------------------------------------
 
 
-def _routable_counts(state: State) -> dict[tuple[str, int], int]:
-    """Routable compute nodes per (model, shard), as `/pool_health` counts them: serving,
-    trusted, staked and not flagged uncommitted (a flag on any shard makes the node
-    unroutable, coverage.py). Only a node of the staked pools can be routable, so it reads
-    those alone (registry.py `staked_serving`): per staked SERVING node its record, stake,
-    reputation and coverage range, never a free registration."""
-    counts: dict[tuple[str, int], int] = {}
-    untrusted_below = state.genesis.reputation.untrusted_below
-    minimum = state.genesis.min_stake.get("compute", 0)
-    for key, node in registry.staked_serving(state):
-        rep, stake = state.get(schema.REPUTATION, key), state.get(schema.STAKE, key)
-        if rep is None or rep["r"] < untrusted_below:
-            continue
-        if stake is None or stake["agreed"] is None or int(stake["agreed"]) < minimum:
-            continue
-        shards = state.items(schema.COVERAGE, key + "/", key + "0")
-        if any(record["uncommitted_since"] is not None for _, record in shards):
-            continue
-        for shard in node["shards"]:
-            counts[(node["model"], shard)] = counts.get((node["model"], shard), 0) + 1
-    return counts
-
-
-def _carry_forward(
-    state: State, epoch: int, credits: list[tuple[str, Any]], slashed: list[tuple[str, Any]]
-) -> None:
-    """The credits an epoch whose draw was not paid (no eligible share, nothing to draw) earned
-    itself move to the next epoch once (merged per account and shard, marked `carried`), so
-    redeemed work is not lost to one empty close; credits moved in before, and the work of
-    accounts slashed in the epoch, are dropped."""
-    dropped = {key.split("/", 1)[1] for key, _ in slashed}
-    for _, credit in credits:
-        own = credit["layer_tokens"] - credit.get("carried", 0)
-        if credit["account"] in dropped or own <= 0:
-            continue
-        key = schema.credit_key(epoch + 1, credit["account"], credit["model"], credit["shard"])
-        later = state.get(schema.CREDIT, key)
-        total = min(own + (later["layer_tokens"] if later else 0), MAX_LAYER_TOKENS)
-        carried = own + (later.get("carried", 0) if later else 0)
-        state.put(
-            schema.CREDIT,
-            key,
-            {
-                "account": credit["account"],
-                "model": credit["model"],
-                "shard": credit["shard"],
-                "layer_tokens": total,
-                "carried": min(carried, total),
-            },
-        )
-
-
 @dataclass(frozen=True, slots=True)
 class _Unit:
     """One pending charge to settle: a query (`fee`), an authorization's pending increase, a
@@ -558,93 +501,80 @@ def _plan_pages(units: list[_Unit]) -> list[_Page]:
     return pages
 
 
-def _expire_credits(state: State, epoch: int) -> int:
-    """The price of the credits whose window ends with this close and were never redeemed (due
-    to this epoch's workers, as a redemption's is); their counts are forgotten."""
+def _forget_expired(state: State, epoch: int) -> None:
+    """Forget the issue counts of the credits whose window ends with this close: the price of
+    those never redeemed is not drawn (it stays in the credit pool, its reserve)."""
     last = epoch - state.genesis.credit_lifetime_epochs  # credits of ≤ last expire now
     if last < 0:
-        return 0
-    price = state.genesis.credit_price_wei or 0
-    due = 0
-    for key, counts in state.items(schema.CREDIT_ISSUED, "", schema.epoch_key(last + 1)):
-        due += max(counts["funded"] - counts["redeemed"], 0) * price
+        return
+    for key, _ in state.items(schema.CREDIT_ISSUED, "", schema.epoch_key(last + 1)):
         state.delete(schema.CREDIT_ISSUED, key)
-    return due
 
 
-def _epoch_work(
-    state: State, epoch: int, credits: list[tuple[str, Any]], slashed: list[tuple[str, Any]]
-) -> EpochWork:
-    routable = _routable_counts(state)
-    served: dict[tuple[str, int], set[str]] = {}
-    compute = []
-    for _, credit in credits:
-        place = (credit["model"], credit["shard"])
-        served.setdefault(place, set()).add(credit["account"])
-        compute.append(
-            ComputeWork(
-                account=credit["account"],
-                model=model_key(credit["model"]),
-                shard=credit["shard"],
-                layers=1,
-                tokens=credit["layer_tokens"],
-            )
-        )
-    health = tuple(
-        ShardHealth(model_key(model), shard, max(routable.get((model, shard), 0), len(accounts)))
-        for (model, shard), accounts in sorted(served.items())
-    )
-    return EpochWork(
-        epoch=epoch,
-        queries=(),
-        compute=tuple(compute),
-        health=health,
-        verification=verification_work(state, epoch),
-        slashed=tuple(key.split("/", 1)[1] for key, _ in slashed),
-        verifier_cut_bps=state.genesis.verifier_cut_bps,
-    )
+def _direct_rows(
+    relays: relay_payouts.RelayEarnings, nodes: node_payouts.NodeEarnings, amount: int
+) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
+    """(the relays' rows, the nodes' rows) out of a draw of `amount`: the relays first, then
+    the nodes; the rest of the draw is the verifiers'."""
+    relay_rows = relays.rows(min(amount, relays.owed))
+    left = amount - sum(a for _, a in relay_rows)
+    return relay_rows, nodes.rows(min(left, nodes.owed))
+
+
+def _merged(*parts: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """Rows of several parts, one per account (an account may be a relay's and a node's)."""
+    rows: dict[str, int] = {}
+    for part in parts:
+        for account, amount in part:
+            rows[account] = rows.get(account, 0) + amount
+    return tuple(sorted(rows.items()))
 
 
 def close(state: State, height: int) -> None:
     """EndBlock of the epoch's last height: settle the epoch (module docstring)."""
     epoch = height // state.genesis.epoch_length
-    credits = state.items(schema.CREDIT, *schema.epoch_range(epoch))
     slashed = state.items(schema.SLASHED, *schema.epoch_range(epoch))
-    for key, _ in credits:
-        state.delete(schema.CREDIT, key)
     for key, _ in slashed:
         state.delete(schema.SLASHED, key)
-    relays = relay_payouts.take(state, epoch, {key.split("/", 1)[1] for key, _ in slashed})
+    accounts = tuple(key.split("/", 1)[1] for key, _ in slashed)
+    nodes = node_payouts.take(state, epoch, set(accounts))
+    relays = relay_payouts.take(state, epoch, set(accounts))
     escrow = state.genesis.escrow_address
     if escrow is None or epoch > MAX_COMMITTEE_EPOCH:
         return
     escrow = escrow.lower()
     due = int(state.get(schema.CREDIT_DUE, schema.epoch_key(epoch)) or 0)
     state.delete(schema.CREDIT_DUE, schema.epoch_key(epoch))
-    due += _expire_credits(state, epoch)
+    _forget_expired(state, epoch)
+    # a slashed account's credits are not drawn: their price stays in the pool
+    due -= min(due, (nodes.forfeit + relays.forfeit) * (state.genesis.credit_price_wei or 0))
     pool = int(state.get(schema.CREDIT_POOL, schema.POOL_BALANCE) or 0)
     purchases, revenue = _pending_units(state)
-    # the pool pays what this epoch's redemptions are due, after this close's purchases: the
-    # relays' credits first (direct rows at the credit's price), the nodes' shares the rest
+    # the pool pays what this epoch is due, after this close's purchases: the relays' credits
+    # first, the nodes' at their price less the verifiers' cut, the verifiers the rest
     available = pool + sum(u.amount for u in purchases)
-    amount = min(due, available) if credits else min(due, relays.owed, available)
-    direct = relays.rows(min(amount, relays.owed))
-    pages, direct = _plan_draw(escrow, purchases, revenue, amount, direct)
+    amount = min(due, available) if nodes.credits or relays.credits else 0
+    relay_rows, node_rows = _direct_rows(relays, nodes, amount)
+    pages, direct = _plan_draw(escrow, purchases, revenue, amount, _merged(relay_rows, node_rows))
+    work = EpochWork(
+        epoch=epoch,
+        queries=(),
+        compute=(),
+        verification=verification_work(state, epoch),
+        slashed=accounts,
+        verifier_cut_bps=state.genesis.verifier_cut_bps,
+    )
     settled: tuple[EpochSettlement, ...] = ()
-    nodes_paid = bool(pages) and _drawn(pages) > sum(a for _, a in direct)
     if pages:
         try:
-            work = _epoch_work(state, epoch, credits, slashed)
             settled = _settle(work, epoch, pages, direct)
-        except NothingToPayError:  # no eligible share: that part waits, the credits move on
+        except NothingToPayError:  # no eligible verifier: their part waits (due to e+1)
             part = sum(a for _, a in direct)
             pages, direct = _plan_draw(escrow, purchases, revenue, part, direct)
-            work = _epoch_work(state, epoch, [], [])
             settled = _settle(work, epoch, pages, direct) if pages else ()
-            nodes_paid = False
-    if credits and not nodes_paid:
-        _carry_forward(state, epoch, credits, slashed)
-    if relays.owed and not direct:
+    if nodes.owed and not (direct and node_rows):
+        node_payouts.carry_forward(state, epoch, nodes)
+    if relays.credits and not (direct and relay_rows):
         relay_payouts.carry_forward(state, epoch, relays)
     for index, (page, statement) in enumerate(zip(pages, settled, strict=True)):
         for unit in page.queries:
@@ -676,8 +606,9 @@ def _plan_draw(
     amount: int,
     direct: tuple[tuple[str, int], ...],
 ) -> tuple[list[_Page], tuple[tuple[str, int], ...]]:
-    """The close's pages with a draw of `amount` (none at 0), and the relays' `direct` rows
-    it pays: none when the draw did not fit in the close's pages (it waits, still due)."""
+    """The close's pages with a draw of `amount` (none at 0), and the relays' and nodes'
+    `direct` rows it pays: none when the draw did not fit in the close's pages (it waits,
+    still due)."""
     draw = [_Unit(0, ("c", escrow, escrow, POOL_KIND, "draw"), amount)] if amount else []
     pages = _plan_pages(purchases + draw + revenue)
     return pages, direct if _drawn(pages) else ()
@@ -695,7 +626,7 @@ def _settle(
     direct: tuple[tuple[str, int], ...] = (),
 ) -> tuple[EpochSettlement, ...]:
     """One statement per planned page (`NothingToPayError` as `close_epoch_pages`); the
-    relays' `direct` rows paid first from the draw."""
+    relays' and nodes' `direct` rows paid first from the draw, the verifiers' table the rest."""
     numbered = [page.page_charges(statement_number(epoch, i)) for i, page in enumerate(pages)]
     return close_epoch_pages(work, numbered, direct)
 
@@ -731,7 +662,9 @@ def _store_statement(
             "charges": [[*u.order[1:], str(u.total)] for u in page.charges if u.kind != "draw"],
             "rows": [[account, str(amount)] for account, amount in statement.rows],
             "shares": (
-                {a: str(s) for a, s in sorted(table.compute_shares.items())} if index == 0 else {}
+                {a: str(s) for a, s in sorted(table.verification_shares.items())}
+                if index == 0
+                else {}
             ),
             "closed_height": height,
             "votes": {},

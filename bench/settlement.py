@@ -351,6 +351,7 @@ def _genesis() -> bytes:
                 "committee_address": "0x" + "cc" * 20,
                 "escrow_address": ESCROW,
             },
+            "credits": {"price_wei": str(10**12), "layer_tokens": 4096},
         }
     ).encode()
 
@@ -397,7 +398,8 @@ def one_run(n: int, pending: int = QUERIES_PER_CLOSE) -> dict[str, float]:
                 "account": account,
                 "model": MODEL,
                 "shard": i % SHARDS,
-                "layer_tokens": 1 + int.from_bytes(hashlib.sha256(b"t/%d" % i).digest()[:3], "big"),
+                "credits": 1,
+                "layer_tokens": 4096,
             },
         )
         for i, account in enumerate(accounts)
@@ -409,7 +411,8 @@ def one_run(n: int, pending: int = QUERIES_PER_CLOSE) -> dict[str, float]:
                                                                     "gateway": BOOKS_GATEWAY})
         for i in range(pending)
     ]  # fmt: skip
-    # what the epoch's redemptions are due, and a pool that holds it: the draw the close splits
+    # what the epoch's redemptions are due (one credit each), and a pool that holds it: the draw
+    # the close pays
     due = [
         (schema.CREDIT_DUE, schema.epoch_key(1), str(10**12 * n)),
         (schema.CREDIT_POOL, schema.POOL_BALANCE, str(10**12 * n)),

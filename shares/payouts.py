@@ -42,6 +42,12 @@ The split (all integers, exact; `shares.weights` gives the shares):
    0 get no row (the escrow refuses zero claims). Rows are sorted by account ascending. The
    table also keeps, per account, the eligible shares and each pool's amount (read-only maps).
 
+`net_of_cut(amount, verifier_cut_bps)` = `⌊amount · (10,000 − cut) / 10,000⌋`: what the
+committee's close pays a node for credits worth `amount` (a direct row, outside the table: issue
+42); the rest is the verifiers' part, which the close splits by a table of verification shares
+only. The close passes no compute work: the compute side and the scarcity bonus (step 3, 4 and
+`shares.weights`) are this library's rule, not what a node is paid.
+
 The result does not depend on the order of any input list. Pure and deterministic: integers and
 strings only; imports only the standard library and `shares`.
 """
@@ -287,6 +293,14 @@ def split_pro_rata(pool: int, shares: Mapping[str, int]) -> dict[str, int]:
         for i in ranked[:left]:
             amounts[i] += 1
     return dict(zip(accounts, amounts, strict=True))
+
+
+def net_of_cut(amount: int, verifier_cut_bps: int) -> int:
+    """What a node is paid for credits worth `amount` wei: `⌊amount · (10,000 − cut) / 10,000⌋`
+    (exact integers); the rest, rounding included, is the verifiers' part."""
+    check_int(amount, "amount", 0, 1 << 256)
+    check_int(verifier_cut_bps, "verifier_cut_bps", 0, BPS_DENOMINATOR)
+    return amount * (BPS_DENOMINATOR - verifier_cut_bps) // BPS_DENOMINATOR
 
 
 def eligible_shares(work: EpochWork) -> tuple[dict[str, int], dict[str, int]]:

@@ -9,8 +9,10 @@
         an epoch settled in several statements ("pages"), each posted on its own: `work` holds
         the shares (its `queries` and `debits` stay empty), each `PageCharges(number, queries,
         debits, purchases, gateway)` a disjoint part of the charges; `direct`: (account,
-        amount) rows paid from the pool pages at a fixed amount, outside the table (the overlay
-        relays' redeemed credits at the credit's price, abci_app/settlement.py). A page is one
+        amount) rows paid from the pool pages at a fixed amount, outside the table (in the
+        committee's close: the overlay relays' redeemed credits at the credit's price and the
+        nodes' at the price less the verifiers' cut, abci_app/relay_payouts.py and
+        node_payouts.py; the table then holds only the verifiers' shares). A page is one
         of two kinds:
         - a **gateway page** (`gateway` set): that gateway's revenue, what its own payers were
           charged (its queries' fees and its (payer, gateway) debits, every debit naming it; no

@@ -232,7 +232,7 @@ def test_devnet_served_questions_are_settled_signed_posted_and_claimed(
                 # shared devnet's other tests pay the gateway by voucher too: charges, no ids)
                 assert view["rows"] == [[gateway, view["total"]]]
                 assert view["query_ids"] or view["debits"] or view["charges"], view
-            else:  # the pool's page: the draw on the credit pool, split over redemptions
+            else:  # the pool's page: the draw on the credit pool, paid per redemption
                 assert view["query_ids"] == [] and [escrow_address] * 2 in [
                     [p.lower(), g.lower()]
                     for p, g in zip(view["payers"], view["gateways"], strict=True)

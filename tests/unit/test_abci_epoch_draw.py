@@ -1,5 +1,6 @@
-"""The epoch boundary's challenge draw and routable counts come from the staked pools
-(`pool/<model>/<key>`, registry.py `staked_serving`), never from a scan of every registration:
+"""The epoch boundary's challenge draw (and `/pool_health`'s routable counts) come from the
+staked pools (`pool/<model>/<key>`, registry.py `staked_serving`), never from a scan of every
+registration:
 registering and heartbeating cost nothing, so a stranger's free nodes must neither make the
 boundary (FinalizeBlock of every validator) read more nor dilute the challenges that staked
 nodes receive. docs/committee.md *Epochs*."""
@@ -30,7 +31,6 @@ BOUNDARY: tuple[tuple[Any, str], ...] = (
     (coverage, "close"),
     (verdicts, "settle_accusations"),
     (epochs, "close_epoch"),
-    (settlement, "_routable_counts"),  # settlement.close's, when the close pays anything
 )
 
 
@@ -124,10 +124,6 @@ def test_free_nodes_cost_the_epoch_boundary_no_read_and_are_never_drawn(
     assert touched == []  # was 80: each stranger's registry row and its node record
     staked = sorted(hexkey(seeded_key(label)) for label in ("s1", "s2", "s3"))
     assert challenged(flooded, 3) == staked
-    # the close's routable counts (settlement.py, run when the close pays nodes) neither
-    recorder.clear()
-    assert settlement._routable_counts(flooded.state) == {("m", 0): 3}
-    assert [(ns, key) for ns, key in recorder if any(s in key for s in strangers)] == []
     # the close reads exactly as much as on the same chain without a single stranger
     bare, bare_reads = closed_with_strangers(0, recorder)
     assert len(reads) == len(bare_reads)
@@ -189,10 +185,9 @@ def test_the_draw_is_deterministic() -> None:
     assert challenged(other, 3) == expected_draw(serving_staked, 2, b"\x08" * 32)
 
 
-def test_the_routable_counts_of_the_close_agree_with_pool_health() -> None:
-    """settlement's routable counts, now read from the staked pools, count what /pool_health
-    counts: SERVING, staked, trusted, not flagged."""
+def test_pool_health_counts_the_staked_serving_nodes() -> None:
+    """/pool_health (read by placement; the close counted the same for the scarcity bonus until
+    issue 42) counts SERVING, staked, trusted, not flagged nodes: a-d, not e (DOWN), f (LEFT)
+    nor g (unstaked)."""
     chain, _ = draw_chain(0)
-    expected = ask(chain, "/pool_health?model=m")["routable_per_shard"]
-    counts = settlement._routable_counts(chain.state)
-    assert [counts.get(("m", shard), 0) for shard in range(len(expected))] == expected == [4]
+    assert ask(chain, "/pool_health?model=m")["routable_per_shard"] == [4]

@@ -18,7 +18,6 @@ from protocol.eip712 import address_of
 from shares.merkle import Payout, verify
 from tests.committee_chain import Chain, seeded_evm_key, seeded_key
 from tests.unit.test_abci_settlement import (
-    CREDIT_PRICE,
     ESCROW,
     GATEWAY,
     GATEWAY_EVM,
@@ -26,6 +25,7 @@ from tests.unit.test_abci_settlement import (
     ask,
     ask_code,
     evm_of,
+    net,
     next_epoch_end,
     one,
     redeemed,
@@ -96,12 +96,9 @@ def test_the_pools_page_splits_the_draw_and_each_revenue_page_pays_its_own_charg
     assert [s["epoch"] for s in listing] == numbers[::-1]
     assert all(s["committee_epoch"] == epoch and s["pages"] == 4 for s in listing)
     views = [ask(chain, f"/payouts?epoch={n}") for n in numbers]
-    # page 0, the pool's: the purchase in, the draw out, split 2 : 3 over the redemptions
+    # page 0, the pool's: the purchase in, the draw out, each node its credits less the cut
     assert views[0]["query_ids"] == [] and views[0]["gateways"] == [ESCROW, ESCROW]
-    assert dict(views[0]["rows"]) == {
-        evm_of("node-a"): str(2 * CREDIT_PRICE),
-        evm_of("node-b"): str(3 * CREDIT_PRICE),
-    }
+    assert dict(views[0]["rows"]) == {evm_of("node-a"): str(net(2)), evm_of("node-b"): str(net(3))}
     # pages 1-3, the gateway's: its queries oldest first, one row each, its exact charges
     assert [len(v["query_ids"]) for v in views[1:]] == [3, 3, 2]
     fee_of = dict(queries)

@@ -27,7 +27,7 @@ from shares.settlement import PageCharges, close_epoch_pages
 from tests.committee_chain import Chain, seeded_evm_key
 from tests.credit_chain import PRICE, minted, node_chain, redeem, send
 from tests.unit.test_abci_relays import add_relay
-from tests.unit.test_abci_settlement import ESCROW
+from tests.unit.test_abci_settlement import ESCROW, net
 from tests.unit.test_abci_state import ask
 
 pytestmark = pytest.mark.unit
@@ -74,14 +74,17 @@ def test_a_relay_and_a_node_of_one_epoch_are_both_paid_in_full_once(tmp_path: Pa
     payout = close(chain, epoch)
     rows = rows_of(payout)
     # the relay's staking address at the credit's price, the node's three credits beside it
-    assert rows == {account("payout-r1"): 2 * PRICE, NODE: 3 * PRICE}
+    # at their price less the verifiers' cut
+    assert rows == {account("payout-r1"): 2 * PRICE, NODE: net(3)}
     assert int(payout["statement"]["total"]) == sum(rows.values()) == draw_of(payout)
     assert payout["shares"].get(account("payout-r1")) is None  # a row, not a share
     proof = ask(chain, f"/payouts/proof?epoch={epoch}&account={account('payout-r1')}")
     assert proof["amount"] == str(2 * PRICE) and proof["root"] == payout["root"]
-    # nothing left due or in the pool: every credit paid once, and never again
-    assert chain.state.get(schema.CREDIT_POOL, schema.POOL_BALANCE) == "0"
-    assert chain.state.get(schema.CREDIT_DUE, schema.epoch_key(epoch + 1)) is None
+    # left in the pool: only the verifiers' part (no verifier: due to the next epoch); every
+    # credit paid once, and never again
+    cut = str(3 * PRICE - net(3))
+    assert chain.state.get(schema.CREDIT_POOL, schema.POOL_BALANCE) == cut
+    assert chain.state.get(schema.CREDIT_DUE, schema.epoch_key(epoch + 1)) == cut
     chain.advance_to((epoch + 2) * chain.state.genesis.epoch_length)
     listing = [int(s["epoch"]) for s in ask(chain, "/payouts?limit=200")["epochs"]]
     statements = [ask(chain, f"/payouts?epoch={number}") for number in listing]
@@ -148,8 +151,8 @@ def test_a_refused_or_departed_relay_gets_nothing_and_the_credit_pays_once(
     assert redeem(chain, node, [credits[1]]).code == Code.OK  # the departed relay's credit
     payout = close(chain, epoch)
     rows = rows_of(payout)
-    assert rows == {account("payout-r4"): PRICE, NODE: PRICE}
-    assert int(payout["statement"]["total"]) == sum(rows.values()) == 2 * PRICE
+    assert rows == {account("payout-r4"): PRICE, NODE: net(1)}
+    assert int(payout["statement"]["total"]) == sum(rows.values()) == PRICE + net(1)
 
 
 def test_the_relays_are_paid_first_and_by_credits_when_the_draw_falls_short() -> None:
@@ -240,8 +243,15 @@ def test_a_slashed_node_never_voids_a_relay_nor_a_slashed_relay_a_node(tmp_path:
         page = state.get(schema.PAYOUT, schema.epoch_key(epoch))
         rows = {a: int(amount) for a, amount in page["rows"]}
         assert slashed not in rows and int(page["total"]) == sum(rows.values())
-        if paid == NODE:  # the slashed relay's price goes to the epoch's other workers
-            assert rows == {NODE: 3 * PRICE}
-        else:  # the relay in full; the slashed node's two credits stay due to the next epoch
+        # a slashed account's credits are not drawn: their price stays in the pool, due to
+        # nobody (before issue 42 a slashed relay's went to the node)
+        if paid == NODE:  # the node its two credits less the cut (the cut due, no verifier)
+            assert rows == {NODE: net(2)}
+            due = 2 * PRICE - net(2)
+        else:  # the relay in full; the slashed node's two credits owed to nobody
             assert rows == {paid: PRICE}
-            assert state.get(schema.CREDIT_DUE, schema.epoch_key(epoch + 1)) == str(2 * PRICE)
+            due = 0
+        assert int(state.get(schema.CREDIT_DUE, schema.epoch_key(epoch + 1)) or 0) == due
+        assert state.get(schema.CREDIT_POOL, schema.POOL_BALANCE) == str(
+            3 * PRICE - sum(rows.values())
+        )

@@ -1,5 +1,6 @@
 """Settlement on the committee chain: gateway work reports (served counts, query fees), the
-epoch close — the credit pool's draw split over the epoch's redemptions, each gateway's revenue
+epoch close — the credit pool's draw paid to the epoch's redeeming nodes (less the verifiers'
+cut), each gateway's revenue
 paid to it on its own pages — and payout votes, with every refusal named
 (abci_app/settlement.py)."""
 
@@ -15,6 +16,7 @@ from nacl.signing import SigningKey
 
 from abci_app.codes import Code
 from abci_app.queries import query
+from abci_app.schema import epoch_key
 from protocol.committee.credits import CreditRedeem
 from protocol.committee.envelope import decode, sign
 from protocol.committee.gateways import sign_binding
@@ -56,6 +58,12 @@ Q1, Q2, Q3 = ("0x" + f"{i:02x}" * 32 for i in (1, 2, 3))
 CREDIT_PRICE = 10**12  # as tests/credit_chain.py
 CREDIT_LAYER_TOKENS = 4096
 CREDIT_NOW = 1_800_000_000
+VERIFIER_CUT_BPS = 1_000  # genesis default
+
+
+def net(credits: int, price: int = CREDIT_PRICE) -> int:
+    """A node's row for `credits` redeemed credits: their price less the verifiers' cut."""
+    return credits * price * (10_000 - VERIFIER_CUT_BPS) // 10_000
 
 
 def bind_gateway(
@@ -225,14 +233,12 @@ def test_settlement_the_pool_pays_redemptions_and_the_gateway_its_revenue_with_p
     pool = ask(chain, f"/payouts?epoch={epoch}")
     revenue = ask(chain, f"/payouts?epoch={statement_number(epoch, 1)}")
     assert (pool["page"], pool["pages"], revenue["page"], revenue["pages"]) == (0, 2, 1, 2)
-    # page 0, the pool's: the mint's purchase goes in, the draw (5 credits' price) comes out
-    # split over the redemptions, 2 : 3 (both shards alone: their 5x scarcity cancels)
+    # page 0, the pool's: the mint's purchase goes in, the draw comes out: each node its
+    # credits' price less the verifiers' cut (no verifier this epoch: their part stays due)
     assert pool["gateways"] == [ESCROW, ESCROW] and pool["query_ids"] == []
-    assert pool["total"] == str(5 * CREDIT_PRICE)
-    assert rows(chain, epoch) == {
-        evm_of("node-a"): 2 * CREDIT_PRICE,
-        evm_of("node-b"): 3 * CREDIT_PRICE,
-    }
+    assert pool["total"] == str(net(5))
+    assert rows(chain, epoch) == {evm_of("node-a"): net(2), evm_of("node-b"): net(3)}
+    assert chain.state.get("cdue", epoch_key(epoch + 1)) == str(5 * CREDIT_PRICE - net(5))
     # page 1, the gateway's: its two query fees, one row, its own address
     assert revenue["query_ids"] == [Q1, Q2] and revenue["fees"] == ["600", "401"]
     assert revenue["total"] == "1001" and revenue["payers"] == []
@@ -408,12 +414,15 @@ def test_settlement_slashed_node_earns_nothing_and_the_gateway_is_paid_anyway(
     assert [r.code for r in results] == [Code.OK] * 5, [r.log for r in results]
     assert [r.code for r in chain.block(slash_votes(chain, "node-b", 7))] == [Code.OK] * 3
     epoch = close_current(chain)
-    # the draw (4 credits' price) is all A's; the gateway's fee is its own, untouched
-    assert rows(chain, epoch) == {evm_of("node-a"): 4 * CREDIT_PRICE}
+    # A is paid its credit; B's three are not drawn (they stay in the pool, not due); the
+    # gateway's fee is its own, untouched
+    assert rows(chain, epoch) == {evm_of("node-a"): net(1)}
+    assert chain.state.get("cdue", epoch_key(epoch + 1)) == str(CREDIT_PRICE - net(1))
+    assert chain.state.get("cpool", "balance") == str(4 * CREDIT_PRICE - net(1))
     assert rows(chain, statement_number(epoch, 1)) == {GATEWAY_EVM: 1000}
 
 
-def test_settlement_a_draw_nobody_may_take_waits_for_the_next_epochs_redeemers(
+def test_settlement_a_slashed_redeemers_credits_stay_in_the_pool_and_pay_nobody_later(
     tmp_path: Path,
 ) -> None:
     chain = settled_chain()
@@ -425,10 +434,13 @@ def test_settlement_a_draw_nobody_may_take_waits_for_the_next_epochs_redeemers(
     view = ask(chain, f"/payouts?epoch={first}")
     assert view["rows"] == [] and view["gateways"] == [ESCROW]
     assert rows(chain, first) == {}
+    # A's credits are not due to anyone: their price stays in the pool
+    assert chain.state.get("cdue", epoch_key(first + 1)) is None
+    assert chain.state.get("cpool", "balance") == str(2 * CREDIT_PRICE)
     results = redeemed(chain, tmp_path / "later", {b: (1, 1)})
     assert [r.code for r in results] == [Code.OK] * 2
-    later = next_epoch_end(chain)  # B's redemption is paid what A's could not take, too
-    assert rows(chain, later) == {evm_of("node-b"): 3 * CREDIT_PRICE}
+    later = next_epoch_end(chain)  # B is paid its own credit only (before: A's two as well)
+    assert rows(chain, later) == {evm_of("node-b"): net(1)}
 
 
 def test_settlement_same_txs_give_the_same_app_hash(tmp_path: Path) -> None:
@@ -533,7 +545,7 @@ def test_settlement_queries_unknown_epoch_or_account_not_found(tmp_path: Path) -
     stranger = "0x" + "12" * 20
     assert ask_code(chain, f"/payouts/proof?epoch={epoch}&account={stranger}") == Code.NOT_FOUND
     listed = ask(chain, f"/payouts?account={evm_of('node-a')}")
-    assert [e["amount"] for e in listed["epochs"] if e["epoch"] == epoch] == [str(2 * CREDIT_PRICE)]
+    assert [e["amount"] for e in listed["epochs"] if e["epoch"] == epoch] == [str(net(2))]
     revenue = ask(chain, f"/payouts?account={GATEWAY_EVM}")
     assert [e["amount"] for e in revenue["epochs"] if e["epoch"] == epoch + (1 << 32)] == ["1001"]
 
@@ -555,7 +567,10 @@ def test_settlement_records_are_pruned_with_their_epoch(tmp_path: Path) -> None:
     assert list(chain.state.committed_items("squery")) == []
 
 
-def test_settlement_scarcity_counts_routable_nodes_not_only_redeemers(tmp_path: Path) -> None:
+def test_settlement_scarcity_changes_no_nodes_pay_per_credit(tmp_path: Path) -> None:
+    """Before issue 42 a lone node's credits earned 5x shares of the draw (and 2x for two
+    routable nodes): here A took 5/7 of two credits' price. Now each credit pays its node its
+    price less the verifiers' cut, however scarce the shard."""
     from tests.credit_chain import ensure_key
 
     chain = settled_chain()
@@ -577,8 +592,5 @@ def test_settlement_scarcity_counts_routable_nodes_not_only_redeemers(tmp_path: 
     assert [r.code for r in results] == [Code.OK] * 8, [r.log for r in results]
     assert chain.state.height % length == length - 2  # the close 2 blocks on: within timeout 4
     epoch = next_epoch_end(chain)
-    # equal redemptions, 5 : 2 of the draw (2 credits' price)
-    assert rows(chain, epoch) == {
-        evm_of("node-a"): 2 * CREDIT_PRICE * 5 // 7,
-        evm_of("node-b"): 2 * CREDIT_PRICE - 2 * CREDIT_PRICE * 5 // 7,
-    }
+    # equal redemptions, equal pay: A alone on shard 0 (was 5x), B with C on shard 1 (was 2x)
+    assert rows(chain, epoch) == {evm_of("node-a"): net(1), evm_of("node-b"): net(1)}

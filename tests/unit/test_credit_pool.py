@@ -1,8 +1,10 @@
 """Who a credit purchase pays (abci_app/settlement.py, QueryEscrow's credit pool): a funded mint
-is debited from its payer at the next close, into the escrow's credit pool; the pool pays the
-price of each credit to the workers of the epoch that redeemed it, and the price of credits
-that expired unredeemed to the workers of the epoch they expired in. Nothing else is paid from
-it: a purchase never pays the epoch it was bought in, and the pool never pays more than it got.
+is debited from its payer at the next close, into the escrow's credit pool; the pool pays each
+redeemed credit to the node that redeemed it, at its price less the verifiers' cut, in the
+close of the epoch that redeemed it (the cut to that epoch's verifiers; with none it stays
+due). The price of credits that expired unredeemed stays in the pool (its reserve). Nothing
+else is paid from it: a purchase never pays the epoch it was bought in, and the pool never pays
+more than it got.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from tests.credit_chain import (
     redeem,
 )
 from tests.unit.test_abci_credits import _pairs, _statements
-from tests.unit.test_abci_settlement import ESCROW, ask, next_epoch_end
+from tests.unit.test_abci_settlement import ESCROW, ask, net, next_epoch_end
 
 pytestmark = pytest.mark.unit
 
@@ -53,6 +55,11 @@ def pool(chain: Chain) -> int:
     return int(chain.state.get("cpool", "balance") or 0)
 
 
+def due(chain: Chain) -> int:
+    """Wei due to later epochs (`cdue/`)."""
+    return sum(int(wei) for _, wei in chain.state.items("cdue"))
+
+
 def epoch_of_last_block(chain: Chain) -> int:
     return (chain.state.height - 1) // chain.state.genesis.epoch_length + 1
 
@@ -73,9 +80,10 @@ def test_a_purchase_pays_the_epochs_that_redeem_its_credits_not_the_one_it_was_b
         assert redeem(chain, node, spent).code == Code.OK
         assert close_last_blocks_epoch(chain) == epoch
         payout = statement(chain, epoch)
-        assert (bought(payout), drawn(payout)) == (0, len(spent) * PRICE)
-        assert dict(payout["rows"]) == {NODE: str(len(spent) * PRICE)}
-    assert pool(chain) == 0
+        assert (bought(payout), drawn(payout)) == (0, net(len(spent)))
+        assert dict(payout["rows"]) == {NODE: str(net(len(spent)))}
+    # the verifiers' part (no verifier in these epochs) is still in the pool, and due
+    assert pool(chain) == 3 * PRICE - net(3) == due(chain)
 
 
 def test_a_statement_of_purchases_only_has_no_rows_and_no_proof(tmp_path: Path) -> None:
@@ -88,9 +96,10 @@ def test_a_statement_of_purchases_only_has_no_rows_and_no_proof(tmp_path: Path) 
     assert code == Code.NOT_FOUND, log
 
 
-def test_expired_credits_are_paid_to_the_epoch_they_expire_in(tmp_path: Path) -> None:
+def test_expired_credits_stay_in_the_pool_and_pay_nobody(tmp_path: Path) -> None:
     """Credits of a key period count in its issue epoch m (its last block's): redeemable until
-    m + lifetime, and the price of those nobody redeemed is paid to the workers of that epoch."""
+    m + lifetime; the price of those nobody redeemed is not drawn: it stays in the pool (before
+    issue 42 it was split over the workers of epoch m + lifetime by their shares)."""
     chain, node = node_chain(tmp_path, lifetime_epochs=2)
     credits, req = minted(chain, tmp_path, count=4)
     assert redeem(chain, node, credits[:1]).code == Code.OK
@@ -98,7 +107,7 @@ def test_expired_credits_are_paid_to_the_epoch_they_expire_in(tmp_path: Path) ->
     bought_in = close_last_blocks_epoch(chain)
     assert bought_in < m
     payout = statement(chain, bought_in)  # bought and one redeemed in one statement
-    assert (bought(payout), drawn(payout)) == (4 * PRICE, PRICE)
+    assert (bought(payout), drawn(payout)) == (4 * PRICE, net(1))
     while chain.state.height < (m + 1) * chain.state.genesis.epoch_length:  # to m + 1: nothing
         next_epoch_end(chain)
     assert ask(chain, "/payouts?limit=200")["epochs"][0]["epoch"] == bought_in
@@ -106,9 +115,11 @@ def test_expired_credits_are_paid_to_the_epoch_they_expire_in(tmp_path: Path) ->
     assert redeem(chain, node, credits[3:]).code == Code.OK
     assert close_last_blocks_epoch(chain) == m + 2
     payout = statement(chain, m + 2)
-    assert (bought(payout), drawn(payout)) == (0, 3 * PRICE)
-    assert dict(payout["rows"]) == {NODE: str(3 * PRICE)}
-    assert pool(chain) == 0 and chain.state.get("cissue", epoch_key(m)) is None
+    assert (bought(payout), drawn(payout)) == (0, net(1))
+    assert dict(payout["rows"]) == {NODE: str(net(1))}
+    assert chain.state.get("cissue", epoch_key(m)) is None
+    # in the pool: the two expired credits (drawn by nobody) and the verifiers' part, due
+    assert pool(chain) == 4 * PRICE - 2 * net(1) == 2 * PRICE + due(chain)
     late = redeem(chain, node, credits[1:2])
     assert late.code == Code.CREDIT_EPOCH, late.log
 
@@ -117,14 +128,16 @@ def test_expired_credits_are_paid_to_the_epoch_they_expire_in(tmp_path: Path) ->
 def test_random_purchases_and_redemptions_every_credit_paid_once(tmp_path: Path, seed: int) -> None:
     """Random mints, redemptions and idle epochs; then every credit's window ends. Each close:
     the pool never pays out more than purchases put in (statement by statement, in order) and
-    the chain's pool is what the statements moved. At the end every purchase was debited once
-    and everything bought was paid out: Σ draws == Σ purchases == Σ funded."""
+    the chain's pool is what the statements moved. At the end every purchase was debited once,
+    every redeemed credit paid its node once at its price less the verifiers' cut, and what
+    was not drawn is in the pool: the verifiers' part (no verifier here: still due) and the
+    expired credits. Σ draws + pool == Σ purchases == Σ funded."""
     rng = random.Random(seed)
     lifetime = 3
     chain, node = node_chain(tmp_path, lifetime_epochs=lifetime, retention_epochs=100)
     length = chain.state.genesis.epoch_length
     held: list[ThresholdCredit] = []
-    funded = redeemed_value = 0
+    funded = redeemed_count = 0
     for _ in range(8):
         action = rng.choice(["buy", "redeem", "idle"])
         if action == "buy":
@@ -140,29 +153,18 @@ def test_random_purchases_and_redemptions_every_credit_paid_once(tmp_path: Path,
             spend = live[: rng.randint(1, 2)]
             if spend:
                 assert redeem(chain, node, spend).code == Code.OK
-                redeemed_value += len(spend) * PRICE
+                redeemed_count += len(spend)
                 held = [c for c in held if c not in spend]
         close_last_blocks_epoch(chain)
         _check_pool(chain)
-    for _ in range(lifetime + 1):
-        next_epoch_end(chain)
-    # an epoch with work to pay the expired credits' price to
-    last, _ = minted(chain, tmp_path, count=1)
-    assert redeem(chain, node, last).code == Code.OK
-    funded += PRICE
-    redeemed_value += PRICE
     for _ in range(lifetime + 2):
-        close_last_blocks_epoch(chain)
-        if chain.state.items("cdue"):
-            minted_now, _ = minted(chain, tmp_path, count=1)
-            assert redeem(chain, node, minted_now).code == Code.OK
-            funded += PRICE
-            redeemed_value += PRICE
         next_epoch_end(chain)
     statements = _check_pool(chain)
     assert sum(bought(s) for s in statements) == funded
-    assert sum(drawn(s) for s in statements) == funded and pool(chain) == 0
-    assert redeemed_value <= funded
+    paid = sum(int(a) for s in statements for account, a in s["rows"] if account == NODE)
+    assert sum(drawn(s) for s in statements) == paid == net(redeemed_count)
+    assert pool(chain) == funded - paid
+    assert due(chain) == redeemed_count * PRICE - paid  # the verifiers' part, waiting
     assert chain.state.items("cpend") == []
 
 
