@@ -1,7 +1,8 @@
 """`planet earnings` and `planet claim`: what an operator's served work earned, and taking it.
 
-Each closed epoch the committee splits the fees of the questions settled in it by shares
-(docs/shares.md), its validators sign the payout root and relay it to the QueryEscrow. Then,
+Each closed epoch the committee pays the credits redeemed in it (a node's at the credit's
+price less the verifiers' cut, which the verifiers share by their spot checks: docs/shares.md),
+its validators sign the payout root and relay it to the QueryEscrow. Then,
 after the escrow's challenge window, every account with a row claims its amount itself:
 
     planet earnings [--epoch N] [--json]   shares, pending, claimable and claimed per epoch
@@ -295,7 +296,9 @@ def _earnings(args: argparse.Namespace) -> int:
             state += f" (claimable in {max(0, row.claimable_at - now)} s)"
         if row.payable != row.amount:
             state += f" (short epoch: pays {format_eth(row.payable)} of the signed amount)"
-        work = f"shares {row.shares:<12}"
+        # a verifier's row is its shares' part of the cut; a node's and a relay's pay their
+        # redeemed credits at the credit's price (a node's less the verifiers' cut)
+        work = f"shares {row.shares:<12}" if row.shares else f"{'redeemed credits':<19}"
         redeemed = relay.credits.get(statement_page(row.epoch)[0], 0) if relay else 0
         if redeemed and not row.shares:
             work = f"credits {redeemed:<11}"  # a relay's: credits it redeemed in the epoch
