@@ -15,6 +15,7 @@ from bench._placement_sim import (
     place,
     pool_tok_s,
 )
+from node.agent.rebalance import RebalancePolicy
 
 STAGE = 0.01
 TIMING = Timing(shard_s=(STAGE, STAGE, STAGE), head_s=0.0, hop_s=0.0)
@@ -83,8 +84,9 @@ def test_probes_read_a_lone_slow_shard_that_circuits_alone_split_evenly() -> Non
 def test_rebalancing_on_the_per_node_estimate_reaches_the_best_where_the_old_rule_stops() -> None:
     fleet = machines(1, 1, 1, 1, 2, 2, 1)
     best, _ = best_tok_s(TIMING, fleet)
-    old = place(TIMING, fleet, rule="circuits")
-    new = place(TIMING, fleet)
+    strict = RebalancePolicy(gain_percent=25)  # at the default 10 % the old rule's +33 % moves too
+    old = place(TIMING, fleet, rule="circuits", policy=strict)
+    new = place(TIMING, fleet, policy=strict)
     assert old.final_tok_s == pytest.approx(0.75 * best) and old.moves == 0
     assert new.final_tok_s == pytest.approx(best) and new.moves >= 1
 
