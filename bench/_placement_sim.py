@@ -234,12 +234,20 @@ def place(
         raise ValueError(f"rule {rule!r}: one of {RULES}")
     policy = policy or RebalancePolicy()
 
+    known: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
+
     def speeds_of(
         timing: Timing, machines: Sequence[Machine], assign: dict[str, int]
     ) -> dict[str, int]:
-        if rule == "own":
-            return own_speeds(timing, machines, assign)
-        return committee_speeds(timing, machines, assign, rule)
+        """The committee's speeds of this assignment (the same assignment: the same speeds,
+        computed once)."""
+        seen = tuple(sorted(assign.items()))
+        if seen not in known:
+            if rule == "own":
+                known[seen] = own_speeds(timing, machines, assign)
+            else:
+                known[seen] = committee_speeds(timing, machines, assign, rule)
+        return known[seen]
 
     assign: dict[str, int] = {}
     for machine in machines:

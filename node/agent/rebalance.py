@@ -4,7 +4,8 @@ rebalancing): a pure decision over the committee's view of the pool, logged one 
 A node that joined with auto placement (or with `--rebalance`) re-evaluates every
 `every_blocks` blocks and whenever the pool it reads changes (a node joins, leaves, goes DOWN or
 comes back). It moves from its shard S to a shard T only when one of these gains holds, in this
-order of preference, and never when the move lowers the pool's weakest shard:
+order of preference, and never when the move lowers the pool's weakest shard (but by less than
+`gain_percent` to fill a shard below the floor):
 
     empty        T has no routable node and none in JOIN (the pool answers nothing until every
                  shard has one) and S keeps at least one routable node after it leaves; a
@@ -12,12 +13,22 @@ order of preference, and never when the move lowers the pool's weakest shard:
                  work it did not commit) does not hold T: T answers nothing now
     below floor  T's routable + joining nodes are below the chain's `replica_floor`, and S keeps
                  at least `floor` routable nodes after it leaves (a move that only swaps which
-                 shard is short is no gain)
-    weakest      T is the pool's weakest shard, nobody is joining it, and the move raises the
-                 pool's weakest shard (min over shards of routable throughput) by at least
-                 `gain_percent` — in measured tokens/s when the committee lists a speed
-                 for every routable node (`/nodes` `speed`: the verifiers' median,
-                 abci_app/speeds.py), else in counts of routable nodes
+                 shard is short is no gain); the floor first: the move may lower the pool's
+                 weakest shard, by less than `gain_percent` (so a swap whose first half leaves
+                 the pool a little above where its second half ends is completed)
+    weakest      T is the pool's weakest shard, nobody is joining it, S keeps the floor after
+                 it leaves (or T is below it), and the move raises the pool's weakest shard
+                 (min over shards of routable throughput) by at least `gain_percent` — in
+                 measured tokens/s when the committee lists a speed for every routable node
+                 (`/nodes` `speed`: the verifiers' median, abci_app/speeds.py), else in counts
+    swap         no node of the pool has a move above and the speeds are measured: this node
+                 S -> T, then a node B of T -> S, the pair raising the weakest shard by
+                 `gain_percent` (counts stay: the floor holds after it). B is not told: this
+                 node goes first only when, with it on T, another node's own rule moves and
+                 every move the others' rules would then take keeps the weakest shard at the
+                 gain; of the two orders the one lowering the weakest shard less in between
+                 leads (tie: the lower key), and its cooldown holds it on T while B follows.
+                 The first half is the only move that may leave S below the floor (`_swaps`)
 
 Among the shards that gain, the kind above wins, then the shard with the least routable +
 joining supply, then (at an equal kind and supply: equal gain) a shard whose file is already on
@@ -61,7 +72,7 @@ class RebalancePolicy:
     every_blocks: int = 30  # re-evaluate at least this often (and whenever the pool changes)
     cooldown_s: float = 600.0  # at most one move per node in this many seconds
     max_jitter_s: float = 10.0  # a move waits jitter_s(key) in [0, this) before it goes
-    gain_percent: int = 10  # a `weakest` move (or a swap) raises the pool's weakest shard by at least this
+    gain_percent: int = 10  # a `weakest` move or a swap raises the weakest shard by at least this
     drain_s: float = 60.0  # live sessions on the old shard may finish this long, then are cut
     linger_s: float = 5.0  # the old process answers at least this long (clients that read the
     # pool just before the move may still open a session there), unless drain_s is shorter
@@ -355,12 +366,16 @@ def _gain(
     after[source.shard] -= me
     after[target.shard] += me
     old_min, new_min = min(before), min(after)
+    if target.replicas + joining == 0 and new_min >= old_min:
+        return EMPTY
+    if (
+        target.replicas + target.pending < floor
+        and source.replicas - 1 >= floor
+        and new_min * 100 > old_min * (100 - gain_percent)
+    ):
+        return BELOW_FLOOR  # the floor first, at less than the gain threshold's cost
     if new_min < old_min:
         return None
-    if target.replicas + joining == 0:
-        return EMPTY
-    if target.replicas + target.pending < floor and source.replicas - 1 >= floor:
-        return BELOW_FLOOR
     keeps_floor = source.replicas - 1 >= floor or target.replicas + target.pending < floor
     if (
         target.pending == 0

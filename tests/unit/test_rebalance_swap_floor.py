@@ -111,6 +111,26 @@ def test_a_weakest_move_does_not_take_a_shard_below_the_floor() -> None:
     assert decide(nodes[0].key, nodes, 3, 1, now_s=0.0, last_move_s=None, policy=POLICY).target == 1
 
 
+def test_a_shard_below_the_floor_is_filled_at_a_small_cost_to_finish_a_swap() -> None:
+    # [1x 2x] [1x 4x] [2x 4x], floor 2: 93, 156, 187. The best that keeps the floor is
+    # [2x 2x] [1x 4x] [1x 4x] (124): the 2x of shard 2 moves to shard 0 (weakest 125, shard 2
+    # left one node) and the 1x of shard 0 fills shard 2 though the weakest goes 125 -> 124:
+    # the floor first, at less than the gain threshold's cost
+    nodes = pool([[SLOW, MID], [SLOW, FAST], [MID, FAST]])
+    assert weakest(nodes) == 93
+    settled, moves = settle(nodes)
+    counts = [sum(1 for n in settled if n.shards[0] == s) for s in range(3)]
+    assert counts == [2, 2, 2] and moves == 2 and weakest(settled) == 124
+    between = moved(nodes, nodes[4].key, 0)  # the 2x of shard 2 on shard 0
+    fill = decide(nodes[0].key, between, 3, 2, now_s=0.0, last_move_s=None, policy=POLICY)
+    assert (fill.move, fill.target) == (True, 2) and "below the replica floor" in fill.line()
+    # a fill that would cost the weakest shard the threshold or more is not made
+    assert not decide(
+        nodes[0].key, between, 3, 2, now_s=0.0, last_move_s=None,
+        policy=RebalancePolicy(gain_percent=0),
+    ).move  # fmt: skip
+
+
 def shortfall(nodes: list[PoolNode], floor: int) -> int:
     counts = [s.replicas for s in pool_supply(nodes, 3)[0]]
     return sum(max(0, floor - c) for c in counts)
