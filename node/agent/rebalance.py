@@ -21,14 +21,15 @@ order of preference, and never when the move lowers the pool's weakest shard (bu
                  (min over shards of routable throughput) by at least `gain_percent` — in
                  measured tokens/s when the committee lists a speed for every routable node
                  (`/nodes` `speed`: the verifiers' median, abci_app/speeds.py), else in counts
-    swap         no node of the pool has a move above and the speeds are measured: this node
-                 S -> T, then a node B of T -> S, the pair raising the weakest shard by
-                 `gain_percent` (counts stay: the floor holds after it). B is not told: this
-                 node goes first only when, with it on T, another node's own rule moves and
-                 every move the others' rules would then take keeps the weakest shard at the
-                 gain; of the two orders the one lowering the weakest shard less in between
-                 leads (tie: the lower key), and its cooldown holds it on T while B follows.
-                 The first half is the only move that may leave S below the floor (`_swaps`)
+    swap         no node of the pool has a move above, none is joining, and the speeds are
+                 measured: this node S -> T, then a node B of T -> S, the pair raising the
+                 weakest shard by `gain_percent` (counts stay: the floor holds after it). B
+                 is not told: this node goes first only when, with it on T, another node's own
+                 rule moves and every move the others' rules would then take keeps the weakest
+                 shard at the gain; of the two orders the one lowering the weakest shard less
+                 in between leads (tie: the lower key), and its cooldown holds it on T while B
+                 follows. The first half is the only move that may leave S below the floor
+                 (`_swaps`)
 
 Among the shards that gain, the kind above wins, then the shard with the least routable +
 joining supply, then (at an equal kind and supply: equal gain) a shard whose file is already on
@@ -225,8 +226,8 @@ def _options(
     singles = pool.singles(key, own.shards[0], rate[key])
     if singles or not measured:
         return [(kind, (supplied,), tie, target, None) for kind, supplied, tie, target in singles]
-    if any(pool.singles(n.key, n.shards[0], rate[n.key]) for n in movers):
-        return []  # another node has a move of its own: no swap before it is made
+    if any(joining) or any(pool.singles(n.key, n.shards[0], rate[n.key]) for n in movers):
+        return []  # a node is joining, or has a move of its own: no swap before they settle
     return _swaps(own, movers, rate, pool)
 
 

@@ -88,6 +88,11 @@ def test_a_swap_no_single_move_finds_lifts_the_pool_from_two_thirds_to_the_best(
     assert {(n.speed, d.target) for n, d in then if d.move} == {(MID, lead.current)}
     settled, moves = settle(nodes)
     assert moves == 2 and weakest(settled) == 187
+    # while a node is joining the pool is in flux: nobody leads a swap
+    joining = [*nodes, PoolNode(key("new"), (1,), "JOIN", False)]
+    assert not any(
+        decide(n.key, joining, 3, 2, now_s=0.0, last_move_s=None, policy=POLICY).move for n in nodes
+    )
 
 
 def test_a_move_under_the_old_25_percent_threshold_is_made() -> None:
