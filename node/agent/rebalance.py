@@ -5,7 +5,8 @@ A node that joined with auto placement (or with `--rebalance`) re-evaluates ever
 `every_blocks` blocks and whenever the pool it reads changes (a node joins, leaves, goes DOWN or
 comes back). It moves from its shard S to a shard T only when one of these gains holds, in this
 order of preference, and never when the move lowers the pool's weakest shard (but by less than
-`gain_percent` to fill a shard below the floor):
+`gain_percent` to fill a shard below the floor, and as a swap's first half, which its second
+half lifts above where it started):
 
     empty        T has no routable node and none in JOIN (the pool answers nothing until every
                  shard has one) and S keeps at least one routable node after it leaves; a
