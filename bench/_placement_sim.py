@@ -33,8 +33,10 @@ What is modelled here (what bench/placement.py measures is the per-shard decode 
 - "settled" joins: each node joins after the earlier ones are routable and measured; "burst":
   each joins while the earlier ones are still registering (JOIN, not routable, no speed);
 - rebalancing: after the last join every node, in join order, runs `decide` on the pool as the
-  committee would then list it, a move applied at once (its cooldown is taken as passed), until
-  a whole pass moves nobody (the fixed point) or `MAX_PASSES` passes.
+  committee would then list it, a move applied at once; a pass lasts half the policy's
+  cooldown, so a node that moved sits out the next pass (the churn bound, as the agent keeps
+  it: what lets a swap's partner follow before its leader could move again); until a whole
+  pass moves nobody and holds nobody back (the fixed point) or `MAX_PASSES` passes.
 
 Pure: no I/O, no clock, no randomness but the caller's seeded draws.
 """
@@ -60,7 +62,7 @@ RULES = ("nodes", "probed_one_circuit", "fit", "circuits", "split", "own")
 TIMED_TOKENS = 32  # tokens of one timed sampled challenge (the verifier's `sampled_tokens`)
 LAYERS = 10  # layers of every shard (the 3-part SmolLM2-135M: 30 layers)
 PROBE_POSITIONS = 8  # positions each session of a one-hop probe steps
-MAX_PASSES = 50  # rebalancing passes before a pool that keeps moving is called unconverged
+MAX_PASSES = 100  # rebalancing passes before a pool that keeps moving is called unconverged
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,12 +234,20 @@ def place(
         raise ValueError(f"rule {rule!r}: one of {RULES}")
     policy = policy or RebalancePolicy()
 
+    known: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
+
     def speeds_of(
         timing: Timing, machines: Sequence[Machine], assign: dict[str, int]
     ) -> dict[str, int]:
-        if rule == "own":
-            return own_speeds(timing, machines, assign)
-        return committee_speeds(timing, machines, assign, rule)
+        """The committee's speeds of this assignment (the same assignment: the same speeds,
+        computed once)."""
+        seen = tuple(sorted(assign.items()))
+        if seen not in known:
+            if rule == "own":
+                known[seen] = own_speeds(timing, machines, assign)
+            else:
+                known[seen] = committee_speeds(timing, machines, assign, rule)
+        return known[seen]
 
     assign: dict[str, int] = {}
     for machine in machines:
@@ -248,19 +258,26 @@ def place(
     joined = dict(assign)
     moves = passes = 0
     converged = False
+    moved_at: dict[str, float] = {}
+    pass_s = policy.cooldown_s / 2  # a node that moved sits out the next pass
     while passes < MAX_PASSES and not converged:
         passes += 1
+        now_s = passes * pass_s
         converged = True
         for machine in machines:
             view = pool_view(machines, assign, speeds_of(timing, machines, assign))
+            last = moved_at.get(machine.key)
             decision = decide(
                 machine.key, view, timing.shards, floor,
-                now_s=0.0, last_move_s=None, policy=policy,
+                now_s=now_s, last_move_s=last, policy=policy,
             )  # fmt: skip
             if decision.move:
                 assign[machine.key] = decision.target
+                moved_at[machine.key] = now_s
                 moves += 1
                 converged = False
+            elif last is not None and now_s - last < policy.cooldown_s:
+                converged = False  # held by its cooldown, not settled: look again
     return Outcome(
         joined=joined,
         final=dict(assign),

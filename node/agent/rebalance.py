@@ -4,7 +4,9 @@ rebalancing): a pure decision over the committee's view of the pool, logged one 
 A node that joined with auto placement (or with `--rebalance`) re-evaluates every
 `every_blocks` blocks and whenever the pool it reads changes (a node joins, leaves, goes DOWN or
 comes back). It moves from its shard S to a shard T only when one of these gains holds, in this
-order of preference, and never when the move lowers the pool's weakest shard:
+order of preference, and never when the move lowers the pool's weakest shard (but by less than
+`gain_percent` to fill a shard below the floor, and as a swap's first half, which its second
+half lifts above where it started):
 
     empty        T has no routable node and none in JOIN (the pool answers nothing until every
                  shard has one) and S keeps at least one routable node after it leaves; a
@@ -12,12 +14,23 @@ order of preference, and never when the move lowers the pool's weakest shard:
                  work it did not commit) does not hold T: T answers nothing now
     below floor  T's routable + joining nodes are below the chain's `replica_floor`, and S keeps
                  at least `floor` routable nodes after it leaves (a move that only swaps which
-                 shard is short is no gain)
-    weakest      T is the pool's weakest shard, nobody is joining it, and the move raises the
-                 pool's weakest shard (min over shards of routable throughput) by at least
-                 `gain_percent` — in measured tokens/s when the committee lists a speed
-                 for every routable node (`/nodes` `speed`: the verifiers' median,
-                 abci_app/speeds.py), else in counts of routable nodes
+                 shard is short is no gain); the floor first: the move may lower the pool's
+                 weakest shard, by less than `gain_percent` (so a swap whose first half leaves
+                 the pool a little above where its second half ends is completed)
+    weakest      T is the pool's weakest shard, nobody is joining it, S keeps the floor after
+                 it leaves (or T is below it), and the move raises the pool's weakest shard
+                 (min over shards of routable throughput) by at least `gain_percent` — in
+                 measured tokens/s when the committee lists a speed for every routable node
+                 (`/nodes` `speed`: the verifiers' median, abci_app/speeds.py), else in counts
+    swap         no node of the pool has a move above, none is joining, and the speeds are
+                 measured: this node S -> T, then a node B of T -> S, the pair raising the
+                 weakest shard by `gain_percent` (counts stay: the floor holds after it). B
+                 is not told: this node goes first only when, with it on T, another node's own
+                 rule moves and every move the others' rules would then take keeps the weakest
+                 shard at the gain; of the two orders the one lowering the weakest shard less
+                 in between leads (tie: the lower key), and its cooldown holds it on T while B
+                 follows. The first half is the only move that may leave S below the floor
+                 (`_swaps`)
 
 Among the shards that gain, the kind above wins, then the shard with the least routable +
 joining supply, then (at an equal kind and supply: equal gain) a shard whose file is already on
@@ -47,11 +60,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from node.agent.placement import PoolNode, ShardSupply, pool_speeds, pool_supply
 
-EMPTY, BELOW_FLOOR, WEAKEST = 0, 1, 2  # the kinds of gain, in order of preference
+EMPTY, BELOW_FLOOR, WEAKEST, SWAP = 0, 1, 2, 3  # the kinds of gain, in order of preference
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +74,7 @@ class RebalancePolicy:
     every_blocks: int = 30  # re-evaluate at least this often (and whenever the pool changes)
     cooldown_s: float = 600.0  # at most one move per node in this many seconds
     max_jitter_s: float = 10.0  # a move waits jitter_s(key) in [0, this) before it goes
-    gain_percent: int = 25  # a `weakest` move raises the pool's weakest shard by at least this
+    gain_percent: int = 10  # a `weakest` move or a swap raises the weakest shard by at least this
     drain_s: float = 60.0  # live sessions on the old shard may finish this long, then are cut
     linger_s: float = 5.0  # the old process answers at least this long (clients that read the
     # pool just before the move may still open a session there), unless drain_s is shorter
@@ -144,30 +157,25 @@ def decide(
     source = supply[current]
     if source.throughput - me <= 0:
         return Decision(False, current, current, "it is the only routable node of its shard")
-    best: tuple[int, int, bool, bytes, ShardSupply] | None = None
+    best: tuple[int, tuple[int, ...], bool, bytes, ShardSupply] | None = None
     sourceless: tuple[ShardSupply, bool] | None = None  # a gain whose file it cannot get
-    for target in supply:
-        if target.shard == current:
-            continue
-        joining = sum(1 for n in nodes if n.status == "JOIN" and target.shard in n.shards)
-        kind = _gain(source, target, supply, me, floor, policy.gain_percent, joining)
-        if kind is None:
-            continue
+    partner: Swap | None = None
+    for kind, supplied, tie, target, swap in _options(key, nodes, supply, measured, speeds, floor,
+                                                       policy.gain_percent):  # fmt: skip
         fetch = available is not None and not available(target.shard)
         failed = fetch and target.shard in fetch_failed
         if failed or (fetch and not (origin or _serves(nodes, key, target.shard))):
             sourceless = sourceless or (target, failed)
             continue
-        supplied = target.throughput + target.pending * me
-        rank = (kind, supplied, fetch, tie_rank(key, target.shard), target)
+        rank = (kind, supplied, fetch, tie, target)
         if best is None or rank[:4] < best[:4]:
-            best = rank
+            best, partner = rank, swap
     if best is None:
         if sourceless is not None:
             return Decision(False, current, current, _no_source(*sourceless, policy.cooldown_s))
         return Decision(False, current, current, _no_gain(source, supply, measured, floor))
     kind, _, fetch, _, target = best
-    why = _why(kind, source, target, measured, floor)
+    why = _why(kind, source, target, measured, floor, partner)
     if last_move_s is not None and now_s - last_move_s < policy.cooldown_s:
         wait = policy.cooldown_s - (now_s - last_move_s)
         return Decision(
@@ -179,6 +187,151 @@ def decide(
             f"(next in {wait:.0f} s)",
         )
     return Decision(True, current, target.shard, why, fetch=fetch)
+
+
+@dataclass(frozen=True, slots=True)
+class Swap:
+    """The second half of a swap: the node that moves back to this node's shard, and what the
+    pair does to the pool's weakest shard (tokens/s: before, between the two moves, after)."""
+
+    partner: str
+    speed: int
+    before: int
+    between: int
+    after: int
+
+
+Option = tuple[int, tuple[int, ...], bytes, ShardSupply, "Swap | None"]
+
+
+def _options(
+    key: str,
+    nodes: Sequence[PoolNode],
+    supply: Sequence[ShardSupply],
+    measured: bool,
+    speeds: Mapping[str, int],
+    floor: int,
+    gain_percent: int,
+) -> list[Option]:
+    """The moves of `key` that gain, each (kind, rank, tie rank, target, swap): its single
+    moves; when no node of the pool has one, the first halves of the swaps it leads."""
+    joining = [0] * len(supply)
+    for n in nodes:
+        for shard in n.shards:
+            if n.status == "JOIN" and shard < len(supply):
+                joining[shard] += 1
+    movers = [n for n in nodes if n.routable and len(n.shards) == 1 and n.shards[0] < len(supply)]
+    rate = {n.key: speeds[n.key] if measured else 1 for n in movers}
+    own = next(n for n in movers if n.key == key)
+    pool = _Pool(supply, joining, floor, gain_percent)
+    singles = pool.singles(key, own.shards[0], rate[key])
+    if singles or not measured:
+        return [(kind, (supplied,), tie, target, None) for kind, supplied, tie, target in singles]
+    if any(joining) or any(pool.singles(n.key, n.shards[0], rate[n.key]) for n in movers):
+        return []  # a node is joining, or has a move of its own: no swap before they settle
+    return _swaps(own, movers, rate, pool)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pool:
+    """The pool as the rule weighs it: each shard's supply, the nodes joining each shard."""
+
+    supply: Sequence[ShardSupply]
+    joining: Sequence[int]
+    floor: int
+    gain_percent: int
+
+    def singles(self, key: str, current: int, me: int) -> list[tuple[int, int, bytes, ShardSupply]]:
+        """The single moves of `key` (`me` tokens/s, or 1 in counts, on `current`) that gain:
+        (kind, the target's routable + joining supply, tie rank, target)."""
+        source = self.supply[current]
+        if source.throughput - me <= 0:
+            return []
+        gains = []
+        for target in self.supply:
+            if target.shard == current:
+                continue
+            joining = self.joining[target.shard]
+            kind = _gain(source, target, self.supply, me, self.floor, self.gain_percent, joining)
+            if kind is not None:
+                supplied = target.throughput + target.pending * me
+                gains.append((kind, supplied, tie_rank(key, target.shard), target))
+        return gains
+
+    def moved(self, current: int, there: int, me: int) -> _Pool:
+        """The pool once a routable node of `me` tokens/s moved from `current` to `there`."""
+        supply = list(self.supply)
+        for shard, sign in ((current, -1), (there, 1)):
+            s = supply[shard]
+            supply[shard] = replace(
+                s, replicas=s.replicas + sign, throughput=s.throughput + sign * me
+            )
+        return replace(self, supply=tuple(supply))
+
+
+def _swaps(
+    own: PoolNode, movers: Sequence[PoolNode], rate: Mapping[str, int], pool: _Pool
+) -> list[Option]:
+    """The first halves of the swaps `own` leads: it moves S -> T, then a node B of T moves
+    T -> S. Only where the pair raises the pool's weakest shard by the gain threshold (the
+    counts stay, so the floor holds after it); once this node is on T some other node's rule
+    moves (B's T -> S, or another node's move
+    the new weakest shard draws) and every move the other nodes' rules would then take leaves
+    the pool's weakest shard at the threshold or above: B follows by its own rule, not told,
+    and whoever moves instead lifts the pool as much; and of the two orders that do so, this one
+    lowers the weakest shard less in between (at a tie, the lower node key leads): one of the
+    two starts it."""
+    key, current, me = own.key, own.shards[0], rate[own.key]
+    before = [s.throughput for s in pool.supply]
+    old_min = min(before)
+    options: list[Option] = []
+    seen: set[tuple[int, int]] = set()
+    for b in sorted(movers, key=lambda n: n.key):
+        there, them = b.shards[0], rate[b.key]
+        if b.key == key or there == current or them == me or (there, them) in seen:
+            continue  # equal speeds swap nothing; like partners weigh alike
+        seen.add((there, them))
+        after = list(before)
+        after[current] += them - me
+        after[there] += me - them
+        if min(after) * 100 < old_min * (100 + pool.gain_percent):
+            continue
+        goal = -(-old_min * (100 + pool.gain_percent) // 100)  # the threshold, rounded up
+        first = pool.moved(current, there, me)  # this node leads
+        if not _followers_lift(first, movers, rate, key, goal):
+            continue
+        second = pool.moved(there, current, them)  # B leads
+        dip, other = _weakest(first), _weakest(second)
+        if (dip, b.key) < (other, key) and _followers_lift(second, movers, rate, b.key, goal):
+            continue  # B leading lowers the weakest shard less in between: B leads
+        swap = Swap(b.key, them, old_min, dip, min(after))
+        rank = (-min(after), -dip)  # the highest weakest shard after, then in between
+        options.append((SWAP, rank, tie_rank(key, there), pool.supply[there], swap))
+    return options
+
+
+def _weakest(pool: _Pool) -> int:
+    return min(s.throughput for s in pool.supply)
+
+
+def _followers_lift(
+    between: _Pool, movers: Sequence[PoolNode], rate: Mapping[str, int], key: str, goal: int
+) -> bool:
+    """Whether, with `key` moved (`between`), some other node's rule then moves, and every move
+    the other nodes' rules then take leaves the pool's weakest shard at `goal` or above."""
+    followed = False
+    for n in movers:
+        if n.key == key:
+            continue  # it just moved: its cooldown holds it
+        gains = between.singles(n.key, n.shards[0], rate[n.key])
+        if not gains:
+            continue
+        target = min(gains, key=lambda g: g[:3])[3].shard
+        after = between.moved(n.shards[0], target, rate[n.key])
+        if _weakest(after) < goal:
+            return False
+        followed = True
+    return followed
 
 
 def _serves(nodes: Sequence[PoolNode], key: str, shard: int) -> bool:
@@ -215,14 +368,20 @@ def _gain(
     after[source.shard] -= me
     after[target.shard] += me
     old_min, new_min = min(before), min(after)
+    if target.replicas + joining == 0 and new_min >= old_min:
+        return EMPTY
+    if (
+        target.replicas + target.pending < floor
+        and source.replicas - 1 >= floor
+        and new_min * 100 > old_min * (100 - gain_percent)
+    ):
+        return BELOW_FLOOR  # the floor first, at less than the gain threshold's cost
     if new_min < old_min:
         return None
-    if target.replicas + joining == 0:
-        return EMPTY
-    if target.replicas + target.pending < floor and source.replicas - 1 >= floor:
-        return BELOW_FLOOR
+    keeps_floor = source.replicas - 1 >= floor or target.replicas + target.pending < floor
     if (
         target.pending == 0
+        and keeps_floor
         and target.throughput == old_min
         and new_min > old_min
         and new_min * 100 >= old_min * (100 + gain_percent)
@@ -237,7 +396,21 @@ def _amount(supply: ShardSupply, measured: bool) -> str:
     return (f"{supply.throughput} tokens/s over " if measured else "") + nodes + joining
 
 
-def _why(kind: int, source: ShardSupply, target: ShardSupply, measured: bool, floor: int) -> str:
+def _why(
+    kind: int,
+    source: ShardSupply,
+    target: ShardSupply,
+    measured: bool,
+    floor: int,
+    swap: Swap | None = None,
+) -> str:
+    if swap is not None:
+        return (
+            f"a swap with node {swap.partner[:12]} ({swap.speed} tokens/s on shard "
+            f"{target.shard}) raises the pool's weakest shard {swap.before} -> {swap.after} "
+            f"tokens/s; this node moves first ({swap.between} between), that node's own rule "
+            f"moves it to shard {source.shard} next"
+        )
     left = f"shard {source.shard} keeps {source.replicas - 1} routable"
     if kind == EMPTY:
         return f"shard {target.shard} has no routable node and none joining; {left}"
