@@ -29,6 +29,9 @@ paths answer `UNKNOWN_QUERY`.
     /seeds        ?epoch                        verifier seed commitments and reveals of an epoch
     /verifiers                                  confirmed / refused accusation marks per validator
     /verifier_endpoints                         where each verifier forwards its findings
+    /numerics                                   per numerics version: the verifiers running
+                                                it, their power, checked (at the floor) or
+                                                not, the power a conviction needs (numerics.py)
     /gateways     ?key ?address                 gateway keys' payee bindings (gateway_bindings.py)
     /spot_reports ?epoch                        spot-check reports of e's checks, credits in e
     /coverage     ?node ?limit ?after           committed vs bought positions per shard, the
@@ -46,6 +49,7 @@ from abci_app import (
     coverage,
     gateway_bindings,
     liveness,
+    numerics,
     prices,
     schema,
     speeds,
@@ -88,6 +92,7 @@ def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
     entries = [r for _, r in state.committed_items(schema.COVERAGE, key + "/", key + "0")]
     uncommitted = coverage.flagged(entries)
     standing = staked and trusted and not uncommitted
+    checked = numerics.node_checked(state, node)
     return {
         **node,
         "reputation": rep["r"],
@@ -101,6 +106,9 @@ def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
         "prices": prices.current_prices(state, key),
         # measured decode speed, tokens/s: the verifiers' lower median, or null (speeds.py)
         "speed": speeds.measured_speed(state, key),
+        # an announced version below the verifier floor (numerics.py): its bitwise checks
+        # convict nobody; the field is absent for an unannounced node (judged by every check)
+        **({"numerics_checked": checked} if checked is not None else {}),
     }
 
 
@@ -435,6 +443,7 @@ ROUTES: dict[str, Route] = {
     "/seeds": _seeds,
     "/verifiers": _verifiers,
     "/verifier_endpoints": verifier_endpoints.endpoints,
+    "/numerics": numerics.view,
     "/gateways": gateway_bindings.gateways,
     "/spot_reports": _spot_reports,
     "/coverage": _coverage,
