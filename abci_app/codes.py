@@ -108,7 +108,7 @@ class Code(IntEnum):
     NUMERICS_NOT_ACCEPTED = 105  # a register_node/set_numerics/verifier_numerics announcing
     #                              numerics its genesis does not list
     # numerics changes (abci_app/numerics.py: `set_numerics`, `verifier_numerics`)
-    NUMERICS_UNCHANGED = 107  # a change to the version already in effect (nothing pending)
+    NUMERICS_UNCHANGED = 107  # a change to the version in effect (nothing pending) or pending
     NUMERICS_TOO_SOON = 108  # a change while one is pending or within NUMERICS_COOLDOWN_EPOCHS
     # commit-reveal (abci_app/commitments.py): only the staked pools commit
     NOT_STAKED = 106  # commit by a compute node outside the staked pools (pool/<model>/<key>)

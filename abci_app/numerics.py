@@ -12,12 +12,13 @@ record then holds `numerics` (in effect), `numerics_epoch` (its first epoch),
 record is `node/<key>` (registry.py), a verifier's `vnum/<validator address>`.
 
 Refused by name (nothing written): a version genesis `numerics` does not list
-(NUMERICS_NOT_ACCEPTED 105); the version already in effect with nothing pending
-(NUMERICS_UNCHANGED 107); a change while one is pending, or one that would take effect less
-than NUMERICS_COOLDOWN_EPOCHS after the last one did (NUMERICS_TOO_SOON 108: no flapping to
-dodge the checks of a version, nor to move between verifier groups). A node's first change
-(from its registration's version) and a verifier's first announcement have no cooldown.
-Signer checks: UNKNOWN_NODE, WRONG_ROLE, INVALID_LIFECYCLE; NOT_VALIDATOR.
+(NUMERICS_NOT_ACCEPTED 105); the version already in effect with nothing pending, or the one
+already pending (NUMERICS_UNCHANGED 107: a restarted verifier re-announcing is told so); a
+change while one is pending, or one that would take effect less than NUMERICS_COOLDOWN_EPOCHS
+after the last one did (NUMERICS_TOO_SOON 108: no flapping to dodge the checks of a version,
+nor to move between verifier groups). A node's first change (from its registration's version)
+and a verifier's first announcement have no cooldown. Signer checks: UNKNOWN_NODE, WRONG_ROLE,
+INVALID_LIFECYCLE; NOT_VALIDATOR.
 
 **Version quorum.** A verdict is confirmed at ≥ 2/3 of all validator power (verdicts.py,
 unchanged) or, failing that, by the quorum of one version V the accused node computed with in
@@ -115,6 +116,11 @@ def _schedule(
         )
     current = rules.epoch_of(state, state.block_height)
     pending = record.get("numerics_next")
+    if pending is not None and pending["numerics"] == version:
+        rules.reject(
+            Code.NUMERICS_UNCHANGED,
+            f"{who} already changes to numerics {version} at epoch {pending['epoch']}",
+        )
     if pending is not None:
         rules.reject(
             Code.NUMERICS_TOO_SOON,

@@ -14,13 +14,14 @@ from nacl.signing import SigningKey
 from abci_app.codes import Code
 from abci_app.numerics import MIN_GROUP_VERIFIERS, NUMERICS_COOLDOWN_EPOCHS
 from abci_app.verdicts import SETTLE_EPOCHS
+from node.verifier.service import announce_numerics
 from protocol.committee.envelope import decode, sign
 from protocol.committee.grammar import TxDecodeError
 from protocol.committee.registry import Leave, SetNumerics
 from protocol.committee.verification import VerifierNumerics
-from protocol.numerics import NumericsError, announced_at
+from protocol.numerics import NUMERICS, NumericsError, announced_at
 from tests.committee_chain import Chain, seeded_key
-from tests.unit.test_abci_state import VERDICT, ask, hexkey, node, register_body, verdict_vote
+from tests.unit.test_abci_state import VERDICT, ask, node, register_body, verdict_vote
 
 pytestmark = pytest.mark.unit
 
@@ -113,6 +114,8 @@ def test_flapping_is_refused_by_name_until_the_cooldown_has_passed() -> None:
     chain = Chain(genesis=UPGRADE)
     key = register(chain, "n1", 2)
     assert send(chain, SetNumerics(3), key)[0] == Code.OK
+    code, log = send(chain, SetNumerics(3), key)  # the same change again
+    assert code == Code.NUMERICS_UNCHANGED and "already changes to numerics 3 at epoch 2" in log
     code, log = send(chain, SetNumerics(2), key)  # back again before the boundary
     assert code == Code.NUMERICS_TOO_SOON and "already changes to numerics 3 at epoch 2" in log
     chain.advance_to(last_height(1))
@@ -167,14 +170,14 @@ def test_verifier_numerics_needs_a_validator_and_takes_effect_at_the_boundary() 
         "checked": False,
         "threshold": None,
     }
-    code, log = send(chain, VerifierNumerics(2), chain.validators[0].key)
+    code, _ = send(chain, VerifierNumerics(2), chain.validators[0].key)
     assert code == Code.NUMERICS_TOO_SOON  # a verifier cannot hop between groups either
 
 
 def test_set_numerics_body_is_strict_and_round_trips() -> None:
     for cls in (SetNumerics, VerifierNumerics):
         for bad in ({"numerics": 0}, {"numerics": 65536}, {"numerics": True}, {"numerics": "2"}):
-            with pytest.raises(TxDecodeError, match="body.numerics"):
+            with pytest.raises(TxDecodeError, match=r"body\.numerics"):
                 cls.from_json(bad)
         with pytest.raises(TxDecodeError):
             cls.from_json({"numerics": 2, "epoch": 3})
@@ -227,7 +230,7 @@ def test_a_version_below_the_floor_is_unchecked_and_its_verifier_cannot_convict(
     chain.advance_to(last_height(2 + SETTLE_EPOCHS))
     assert verdict(chain)["settled"] == "refused"  # as before: a lone accusation costs its author
     # 2/3 of all the power still convicts, whatever the versions (today's rule kept)
-    chain2, key2 = setup(verifiers={0: 3, 1: 2, 2: 2, 3: 2})
+    chain2, _ = setup(verifiers={0: 3, 1: 2, 2: 2, 3: 2})
     vote(chain2, 0, 1, 2)
     assert verdict(chain2)["confirmed"] is True and "quorum_numerics" not in verdict(chain2)
 
@@ -289,7 +292,7 @@ def test_faulty_verifiers_announcing_a_version_they_do_not_run_cannot_convict() 
     verifier runs 3; the two faulty ones announce 3 too, making a group of 30 (above the floor)
     in which they hold 2/3. Their false verdict is not confirmed: a conviction also needs a
     third of ALL the power, which faulty power never reaches, so one honest vote is needed."""
-    chain, key = setup(powers=(10,) * 7, verifiers={0: 3, 5: 3, 6: 3, 1: 2, 2: 2, 3: 2, 4: 2})
+    chain, _ = setup(powers=(10,) * 7, verifiers={0: 3, 5: 3, 6: 3, 1: 2, 2: 2, 3: 2, 4: 2})
     three = versions(chain)[3]
     assert three["checked"] and three["power"] == 30 and three["threshold"] == 24
     assert vote(chain, 5, 6) == [Code.OK, Code.OK]
@@ -315,3 +318,30 @@ def test_announcing_mid_verdict_does_not_join_the_group_before_the_boundary() ->
     assert send(chain, VerifierNumerics(3), chain.validators[2].key)[0] == Code.OK
     vote(chain, 2)  # same epoch: 2's announcement is pending, its vote is outside the group
     assert verdict(chain)["confirmed"] is False
+
+
+# --- the verifier service announces its release's numerics --------------------------------------
+
+
+class _ChainLink:
+    """`CommitteeLink.send` over the in-process chain: each tx in its own block."""
+
+    def __init__(self, chain: Chain, key: SigningKey) -> None:
+        self.chain, self.key = chain, key
+
+    async def send(self, body: Any, *, timeout_s: float = 15) -> tuple[int, str]:
+        [result] = self.chain.block([self.chain.tx(body, self.key)])
+        return int(result.code), result.log
+
+
+async def test_verifier_service_announces_this_releases_numerics_and_a_restart_is_fine() -> None:
+    chain = Chain(genesis={"numerics": [NUMERICS]})
+    link = _ChainLink(chain, chain.validators[0].key)
+    assert await announce_numerics(link, pause_s=0)
+    assert await announce_numerics(link, pause_s=0)  # restarted before the boundary: pending
+    chain.advance_to(last_height(1))
+    assert await announce_numerics(link, pause_s=0)  # and after it: in effect
+    [group] = ask(chain, "/numerics")["versions"]
+    assert group["numerics"] == NUMERICS and group["verifiers"] == [chain.validators[0].address]
+    refused = Chain(genesis={"numerics": [NUMERICS + 1]})
+    assert not await announce_numerics(_ChainLink(refused, refused.validators[0].key), pause_s=0)
