@@ -330,12 +330,19 @@ def _epochs(state: State, params: dict[str, Any]) -> Any:
     }
 
 
-def verdict_view(record: dict[str, Any]) -> dict[str, Any]:
+def verdict_view(record: dict[str, Any], total_power: int) -> dict[str, Any]:
     votes = sorted(record["votes"].values(), key=lambda v: int(v["operator"], 16))
     return {
         **{k: v for k, v in record.items() if k != "votes"},
         "signers": [v["operator"] for v in votes],
         "signatures": [v["signature"] for v in votes],
+        # confirmed by a numerics version's quorum (numerics.py): FraudProofs accepts its
+        # signatures only once they hold 2/3 of all the power (Committee.sol)
+        **(
+            {"relayable": 3 * record["power"] >= 2 * total_power}
+            if "quorum_numerics" in record
+            else {}
+        ),
     }
 
 
@@ -345,13 +352,13 @@ def _verdicts(state: State, params: dict[str, Any]) -> Any:
         record = state.committed(schema.VERDICT, ident) if HASH32.match(ident) else None
         if record is None:
             raise QueryError(Code.NOT_FOUND, f"verdict {ascii(ident)[:80]} not found")
-        return verdict_view(record)
+        return verdict_view(record, state.total_power)
     confirmed = bool_param(params, "confirmed")
     out = []
     for _, record in state.committed_items(schema.VERDICT):
         if confirmed is not None and record["confirmed"] != confirmed:
             continue
-        out.append(verdict_view(record))
+        out.append(verdict_view(record, state.total_power))
     return {"verdicts": out}
 
 

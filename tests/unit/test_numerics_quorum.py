@@ -212,6 +212,9 @@ def test_minority_version_node_is_convicted_by_its_versions_quorum() -> None:
     assert record["confirmed"] is True and record["quorum_numerics"] == 3
     assert record["power"] == 20 and record["numerics"] == [3]
     assert node(chain, key)["reputation"] == 0  # convicted
+    assert record["relayable"] is False  # FraudProofs needs 2/3 of all: the watcher waits
+    vote(chain, 2)
+    assert verdict(chain)["relayable"] is True
 
 
 def test_votes_from_other_versions_do_not_count_in_a_versions_quorum() -> None:
