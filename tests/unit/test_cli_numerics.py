@@ -80,3 +80,17 @@ def test_help_teaches_with_examples() -> None:
     assert "planet node numerics --set 3" in text and "next committee epoch" in text
     args = parser.parse_args(["node", "numerics", "--set"])
     assert args.set_to == NUMERICS
+
+
+def test_agent_warns_when_the_registration_announces_other_numerics(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from node.agent.agent import _note_numerics
+
+    caplog.set_level("WARNING", logger="node.agent.agent")
+    _note_numerics({"numerics": NUMERICS})
+    _note_numerics({"numerics": NUMERICS + 1, "numerics_next": {"epoch": 4, "numerics": NUMERICS}})
+    assert caplog.records == []  # this release's, now or once the pending change took effect
+    _note_numerics({"numerics": NUMERICS + 1})
+    [record] = caplog.records
+    assert "planet node numerics --set" in record.getMessage()
