@@ -105,7 +105,11 @@ class Code(IntEnum):
     RENDEZVOUS_NOT_RELAY = 103  # a rendezvous entry names a key that is not a registered relay
     RENDEZVOUS_ENDPOINT = 104  # a rendezvous endpoint not at its relay's registered IP address
     # numerics (abci_app/registry.py: register_node's `numerics`, genesis `numerics`)
-    NUMERICS_NOT_ACCEPTED = 105  # a register_node announcing numerics its genesis does not list
+    NUMERICS_NOT_ACCEPTED = 105  # a register_node/set_numerics/verifier_numerics announcing
+    #                              numerics its genesis does not list
+    # numerics changes (abci_app/numerics.py: `set_numerics`, `verifier_numerics`)
+    NUMERICS_UNCHANGED = 107  # a change to the version in effect (nothing pending) or pending
+    NUMERICS_TOO_SOON = 108  # a change while one is pending or within NUMERICS_COOLDOWN_EPOCHS
     # commit-reveal (abci_app/commitments.py): only the staked pools commit
     NOT_STAKED = 106  # commit by a compute node outside the staked pools (pool/<model>/<key>)
     # queries

@@ -12,6 +12,7 @@ from abci_app import (
     credits,
     gateway_bindings,
     liveness,
+    numerics,
     prices,
     registry,
     relay_credits,
@@ -29,7 +30,14 @@ from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
 from protocol.committee.envelope import SignedTx
 from protocol.committee.gateways import GatewayBind
 from protocol.committee.prices import SetPrice
-from protocol.committee.registry import AttestStake, Heartbeat, Leave, MoveShards, RegisterNode
+from protocol.committee.registry import (
+    AttestStake,
+    Heartbeat,
+    Leave,
+    MoveShards,
+    RegisterNode,
+    SetNumerics,
+)
 from protocol.committee.relay_credits import RelayRedeem
 from protocol.committee.relays import RegisterRelay
 from protocol.committee.settlement import PayoutVote, WorkReport
@@ -39,6 +47,7 @@ from protocol.committee.verification import (
     SpotCheckReport,
     VerdictVote,
     VerifierEndpoint,
+    VerifierNumerics,
 )
 
 Handler = Callable[[State, SignedTx], None]
@@ -59,6 +68,7 @@ HANDLERS: dict[str, Handler] = {
     Heartbeat.TYPE: registry.heartbeat,
     Leave.TYPE: registry.leave,
     MoveShards.TYPE: registry.move_shards,
+    SetNumerics.TYPE: numerics.set_numerics,
     AttestStake.TYPE: registry.attest_stake,
     RegisterRelay.TYPE: registry.register_relay,
     CommitBatch.TYPE: serving(commitments.commit),
@@ -68,6 +78,7 @@ HANDLERS: dict[str, Handler] = {
     SeedReveal.TYPE: seeds.seed_reveal,
     SpotCheckReport.TYPE: spot_reports.spot_check_report,
     VerifierEndpoint.TYPE: verifier_endpoints.verifier_endpoint,
+    VerifierNumerics.TYPE: numerics.verifier_numerics,
     WorkReport.TYPE: settlement.work_report,
     PayoutVote.TYPE: settlement.payout_vote,
     FundMint.TYPE: credits.fund_mint,

@@ -36,6 +36,7 @@ from abci_app import (
     credits,
     epochs,
     extensions,
+    numerics,
     registry,
     retention,
     schema,
@@ -369,6 +370,7 @@ class StateMachine:
             settlement.close(state, height)
             coverage.close(state, height // state.genesis.epoch_length)
             verdicts.settle_accusations(state, height // state.genesis.epoch_length)
+            numerics.apply_due(state, height // state.genesis.epoch_length + 1)
             epochs.close_epoch(state, height, state.block_hash)
         return state.seal_block()
 

@@ -29,6 +29,9 @@ paths answer `UNKNOWN_QUERY`.
     /seeds        ?epoch                        verifier seed commitments and reveals of an epoch
     /verifiers                                  confirmed / refused accusation marks per validator
     /verifier_endpoints                         where each verifier forwards its findings
+    /numerics                                   per numerics version: the verifiers running
+                                                it, their power, checked (at the floor) or
+                                                not, the power a conviction needs (numerics.py)
     /gateways     ?key ?address                 gateway keys' payee bindings (gateway_bindings.py)
     /spot_reports ?epoch                        spot-check reports of e's checks, credits in e
     /coverage     ?node ?limit ?after           committed vs bought positions per shard, the
@@ -46,6 +49,7 @@ from abci_app import (
     coverage,
     gateway_bindings,
     liveness,
+    numerics,
     prices,
     schema,
     speeds,
@@ -88,6 +92,7 @@ def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
     entries = [r for _, r in state.committed_items(schema.COVERAGE, key + "/", key + "0")]
     uncommitted = coverage.flagged(entries)
     standing = staked and trusted and not uncommitted
+    checked = numerics.node_checked(state, node)
     return {
         **node,
         "reputation": rep["r"],
@@ -101,6 +106,9 @@ def node_view(state: State, key: str, node: dict[str, Any]) -> dict[str, Any]:
         "prices": prices.current_prices(state, key),
         # measured decode speed, tokens/s: the verifiers' lower median, or null (speeds.py)
         "speed": speeds.measured_speed(state, key),
+        # an announced version below the verifier floor (numerics.py): its bitwise checks
+        # convict nobody; the field is absent for an unannounced node (judged by every check)
+        **({"numerics_checked": checked} if checked is not None else {}),
     }
 
 
@@ -322,12 +330,19 @@ def _epochs(state: State, params: dict[str, Any]) -> Any:
     }
 
 
-def verdict_view(record: dict[str, Any]) -> dict[str, Any]:
+def verdict_view(record: dict[str, Any], total_power: int) -> dict[str, Any]:
     votes = sorted(record["votes"].values(), key=lambda v: int(v["operator"], 16))
     return {
         **{k: v for k, v in record.items() if k != "votes"},
         "signers": [v["operator"] for v in votes],
         "signatures": [v["signature"] for v in votes],
+        # confirmed by a numerics version's quorum (numerics.py): FraudProofs accepts its
+        # signatures only once they hold 2/3 of all the power (Committee.sol)
+        **(
+            {"relayable": 3 * record["power"] >= 2 * total_power}
+            if "quorum_numerics" in record
+            else {}
+        ),
     }
 
 
@@ -337,13 +352,13 @@ def _verdicts(state: State, params: dict[str, Any]) -> Any:
         record = state.committed(schema.VERDICT, ident) if HASH32.match(ident) else None
         if record is None:
             raise QueryError(Code.NOT_FOUND, f"verdict {ascii(ident)[:80]} not found")
-        return verdict_view(record)
+        return verdict_view(record, state.total_power)
     confirmed = bool_param(params, "confirmed")
     out = []
     for _, record in state.committed_items(schema.VERDICT):
         if confirmed is not None and record["confirmed"] != confirmed:
             continue
-        out.append(verdict_view(record))
+        out.append(verdict_view(record, state.total_power))
     return {"verdicts": out}
 
 
@@ -435,6 +450,7 @@ ROUTES: dict[str, Route] = {
     "/seeds": _seeds,
     "/verifiers": _verifiers,
     "/verifier_endpoints": verifier_endpoints.endpoints,
+    "/numerics": numerics.view,
     "/gateways": gateway_bindings.gateways,
     "/spot_reports": _spot_reports,
     "/coverage": _coverage,

@@ -69,6 +69,13 @@ VERDICT_DUE = "vdue"
 # vrep/<validator address>: {confirmed, refused, unconfirmed, last_epoch, benched_until}, the
 # validator's accusation marks and the last epoch its verifier is benched for false accusations
 VERIFIER_RECORD = "vrep"
+# vnum/<validator address>: {numerics, numerics_epoch[, numerics_previous][, numerics_next
+# {numerics, epoch}]}: the numerics version the validator's verifier runs, as the node record
+# holds a node's (numerics.py); counted in its version's spot-check quorum
+VERIFIER_NUMERICS = "vnum"
+# numdue/<epoch>: {nodes: [node keys], verifiers: [validator addresses]} whose numerics change
+# takes effect when that epoch opens (applied and deleted at the boundary)
+NUMERICS_DUE = "numdue"
 # vconv/<lowercase account>: the last epoch a verdict against that account was confirmed
 CONVICTED = "vconv"
 # vacc/<lowercase account>: {epoch: [validator addresses]}, who voted any verdict against the

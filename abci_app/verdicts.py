@@ -3,15 +3,18 @@
 `verdict_vote` (a validator): its operator key's signature over `Verdict(node, offence,
 evidenceHash, challenger, nonce, consumer = genesis fraud_proofs_address)` in the committee
 domain of genesis `evm`. `verdict/<id>` (id = 0x struct hash) accumulates `votes` and `power`;
-`confirmed` at ≥ 2/3 of the power, which also marks the accused account `slashed/<epoch>/<account>`
-= [offences confirmed] (it earns nothing that epoch: settlement.py). **One slash per node, epoch
-and offence**: a verdict that reaches 2/3 in an epoch where the same node already has a
-confirmed verdict of the same offence, or of a failed verification (which convicts it and
-covers everything else), is not confirmed but `superseded` (the height it reached 2/3): it is
-not relayed to FraudProofs, and its accusation costs its voters nothing (settled
-`unconfirmed`). Several verifiers that each find a different failing block of one node in one
-epoch then halve its stake once, not once per finding. Codes: NOT_VALIDATOR, VERDICTS_DISABLED,
-BAD_VERDICT_SIGNATURE, DUPLICATE_VOTE.
+`confirmed` at ≥ 2/3 of the power — or, for a node that announces numerics, at the quorum of
+the verifiers announcing the version it computed with (abci_app/numerics.py: the versions
+pinned at the first vote in `numerics`, the one that confirmed in `quorum_numerics`; a version
+below the floor is unchecked and convicts nobody) — which also marks the accused account
+`slashed/<epoch>/<account>` = [offences confirmed] (it earns nothing that epoch:
+settlement.py). **One slash per node, epoch and offence**: a verdict that reaches 2/3 in an
+epoch where the same node already has a confirmed verdict of the same offence, or of a failed
+verification (which convicts it and covers everything else), is not confirmed but `superseded`
+(the height it reached 2/3): it is not relayed to FraudProofs, and its accusation costs its
+voters nothing (settled `unconfirmed`). Several verifiers that each find a different failing
+block of one node in one epoch then halve its stake once, not once per finding. Codes:
+NOT_VALIDATOR, VERDICTS_DISABLED, BAD_VERDICT_SIGNATURE, DUPLICATE_VOTE.
 
 A confirmed verdict on a failed verification (offence 3, a challenge or spot-check finding
 ≥ 2/3 of the power reached) also **convicts** the node: its reputation R drops to 0 (untrusted,
@@ -51,7 +54,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from abci_app import rules, schema
+from abci_app import numerics, rules, schema
 from abci_app.codes import Code
 from abci_app.state import State
 from protocol.committee.envelope import SignedTx
@@ -135,7 +138,20 @@ def verdict_vote(state: State, tx: SignedTx) -> None:
         rules.reject(
             Code.DUPLICATE_VOTE, f"validator {validator['address']} already voted on {ident}"
         )
+    if not record["votes"]:  # the versions the node's checked work used, pinned at the first vote
+        versions = numerics.judged_versions(state, verdict.node, current)
+        record = {**record, "numerics": versions} if versions else record
     updated = rules.add_vote(state, record, validator, operator, body.signature)
+    if not updated["confirmed"] and record.get("numerics"):
+        # not 2/3 of all: the quorum of the verifiers running the node's version may confirm
+        version = numerics.version_quorum(state, record["numerics"], updated["votes"], current)
+        if version is not None:
+            updated = {
+                **updated,
+                "confirmed": True,
+                "confirmed_height": state.block_height,
+                "quorum_numerics": version,
+            }
     if not record["votes"]:
         _settle_later(state, ident)
     _note_accuser(state, verdict.node, validator["address"], current)

@@ -22,6 +22,13 @@ never for changes that keep every output bit):
 
 A registration without `numerics` (any release before the field existed) is *unannounced*
 (`None`): judged by every check, as all nodes were before.
+
+A registered node changes its version with `set_numerics` (abci_app/numerics.py): the change
+takes effect at the next epoch boundary, so each epoch's work has one version. Its record then
+shows `numerics` (in effect now), `numerics_epoch` (the first epoch of that version),
+`numerics_previous` (the version before; absent: unannounced) and, while a change waits for
+the boundary, `numerics_next` {numerics, epoch}. A verifier judging work committed in epoch e
+reads the version of e (`announced_at`), never today's.
 """
 
 from __future__ import annotations
@@ -60,6 +67,29 @@ def announced(view: Any) -> int | None:
     if not isinstance(view, dict) or "numerics" not in view:
         return None
     return parse_numerics(view["numerics"], "node.numerics")
+
+
+def announced_at(view: Any, epoch: int) -> int | None:
+    """The numerics a node view announces for its work of `epoch` (a version change takes
+    effect at an epoch boundary: `numerics_epoch`, `numerics_previous`, `numerics_next`); None
+    when unannounced in that epoch; `NumericsError` when a field is malformed."""
+    if not isinstance(view, dict):
+        return None
+    pending = view.get("numerics_next")
+    if pending is not None:
+        if not isinstance(pending, dict) or type(pending.get("epoch")) is not int:
+            raise NumericsError("node.numerics_next", pending)
+        if epoch >= pending["epoch"]:
+            return parse_numerics(pending.get("numerics"), "node.numerics_next.numerics")
+    since = view.get("numerics_epoch")
+    if since is not None:
+        if type(since) is not int:
+            raise NumericsError("node.numerics_epoch", since)
+        if epoch < since:
+            if "numerics_previous" not in view:
+                return None
+            return parse_numerics(view["numerics_previous"], "node.numerics_previous")
+    return announced(view)
 
 
 def comparable(node: int | None, own: int = NUMERICS) -> bool:

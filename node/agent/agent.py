@@ -31,7 +31,7 @@ from node.chain.committee_rpc import TxRejectedError
 from node.retry import Backoff, Stopped, retry, sleep_or_stop
 from protocol.committee.registry import Heartbeat, Leave, RegisterNode, Rendezvous
 from protocol.errors import PlanetError, RemoteError, UnavailableError
-from protocol.numerics import NUMERICS
+from protocol.numerics import NUMERICS, NumericsError, announced_at
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +178,7 @@ class NodeAgent:
                         "new wallet and node key (another PLANET_HOME)",
                     )
                 self._note_status(view)
+                _note_numerics(view)
                 return view
             body = RegisterNode(
                 evm_address=self.config.evm_address,
@@ -346,3 +347,20 @@ class NodeAgent:
         if leave_on_stop and self.status is not None:
             return 0 if await self.leave() else 1
         return 0
+
+
+def _note_numerics(view: dict[str, Any]) -> None:
+    """A registration that announces (or will announce, pending) other numerics than this
+    release's: say how to change it (verifiers on this release's version skip its checks)."""
+    try:
+        soon = announced_at(view, 1 << 62)  # the version once any pending change took effect
+    except NumericsError as error:
+        log.warning("numerics of the registration unreadable: %s", error.message)
+        return
+    if soon is not None and soon != NUMERICS:
+        log.warning(
+            "the registration announces numerics %d, this release computes with %d: announce "
+            "it with `planet node numerics --set` (takes effect at the next epoch)",
+            soon,
+            NUMERICS,
+        )

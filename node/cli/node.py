@@ -1,9 +1,11 @@
-"""`planet node serve`: run one compute node serving one layer shard of a prepared model."""
+"""`planet node serve`: run one compute node serving one layer shard of a prepared model;
+`planet node numerics`: the numerics version the committee holds for it, and changing it."""
 
 from __future__ import annotations
 
 import argparse
 
+from node.cli import numerics
 from node.cli.seats import register_host
 from node.cli.serve_args import add_serve_arguments, server_config
 
@@ -39,8 +41,9 @@ next hops (a circuit's links: a client's `open` names the URL this node dials ne
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "node",
-        help="run a compute node",
-        description="Run a compute node (one layer shard).",
+        help="run a compute node, or change the numerics version it announces",
+        description="Run a compute node (one layer shard); show or change the numerics "
+        "version the committee holds for it.",
     )
     sub = parser.add_subparsers(dest="node_command", metavar="COMMAND")
     serve = sub.add_parser(
@@ -54,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_serve_arguments(serve)
     serve.set_defaults(handler=_serve)
     register_host(sub)
+    numerics.register(sub)
     parser.set_defaults(help_parser=parser)
 
 

@@ -1041,7 +1041,7 @@ def numerics_line(view: dict[str, Any]) -> str:
         return f"{registered} (this release's)"
     return (
         f"{mismatch_line(registered)}: verifiers on {NUMERICS} do not spot-check it bitwise "
-        "(the registration keeps the numerics it was made with)"
+        f"(after upgrading: `planet node numerics --set` announces {NUMERICS} from the next epoch)"
     )
 
 

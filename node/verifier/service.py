@@ -33,10 +33,11 @@ from node.verifier.reference import Reference
 from node.verifier.scoring import CredibilityMap
 from node.verifier.spotchecks import SpotChecker
 from node.verifier.worker import VerifierWorker, WorkerSettings
-from protocol.committee.verification import VerifierEndpoint
+from protocol.committee.verification import VerifierEndpoint, VerifierNumerics
 from protocol.eip712 import as_bytes32
 from protocol.errors import ConfigError, IntegrityError, PlanetError, UnavailableError
 from protocol.frames.dtypes import WIRE_DTYPE
+from protocol.numerics import NUMERICS
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,36 @@ async def publish_endpoint(link: Any, url: str, *, tries: int = 5, pause_s: floa
     return False
 
 
+# the committee's answers to `verifier_numerics` that leave nothing to do (abci_app/codes.py)
+NUMERICS_UNCHANGED, NUMERICS_TOO_SOON, NUMERICS_NOT_ACCEPTED = 107, 108, 105
+
+
+async def announce_numerics(
+    link: Any, version: int = NUMERICS, *, tries: int = 5, pause_s: float = 3.0
+) -> bool:
+    """Send `verifier_numerics{version}` so the chain counts this verifier in its version's
+    spot-check quorum (abci_app/numerics.py; from the next epoch on); whether the chain holds
+    that version for it now or soon. Already announced (107): nothing to do. A change
+    refused as too soon (108) or a version the chain does not list (105) is logged: until it
+    takes effect this verifier's votes count only toward 2/3 of all the power."""
+    for attempt in range(1, tries + 1):
+        try:
+            code, text = await link.send(VerifierNumerics(version), timeout_s=15)
+        except PlanetError as error:
+            code, text = -1, error.message
+        if code in (0, NUMERICS_UNCHANGED):
+            log.info("numerics %d announced for this verifier (code %d)", version, code)
+            return True
+        if code in (NUMERICS_TOO_SOON, NUMERICS_NOT_ACCEPTED):
+            log.warning("verifier_numerics %d not accepted: %d %s", version, code, text)
+            return False
+        log.warning("verifier_numerics not accepted (try %d of %d): %d %s", attempt, tries,
+                    code, text)  # fmt: skip
+        if attempt < tries:
+            await asyncio.sleep(pause_s)
+    return False
+
+
 async def _until_stopped_quietly(work: Coroutine[Any, Any, Any], stop: asyncio.Event) -> None:
     """`work` until it ends or `stop` is set (then it is cancelled): its tries and pauses must
     not hold a SIGTERM up."""
@@ -231,7 +262,7 @@ async def serve(config: VerifierConfig) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        runs = [worker.run(stop)]
+        runs = [worker.run(stop), _until_stopped_quietly(announce_numerics(link), stop)]
         if config.settings.spot_check_ppm > 0:
             checker = spot_checker(config, reference, link, http, worker, peers)
             if config.findings_listen is not None:

@@ -65,7 +65,7 @@ from node.verifier.tickets import TicketResult, judge_ticket
 from protocol.committee.verification import MAX_SPOT_REPORT, SpotCheckReport
 from protocol.errors import PlanetError
 from protocol.fingerprint import Tolerance
-from protocol.numerics import NumericsError, announced
+from protocol.numerics import NumericsError, announced_at
 from protocol.spotcheck import (
     CHECK_LOOKBACK_EPOCHS,
     DEFAULT_RATE_PPM,
@@ -437,7 +437,9 @@ class SpotChecker:
                 log.warning("verifier %s forwarded a ticket of another check", peer[:12])
                 continue
             try:
-                numerics = announced(await self.link.node(item.triple.node))
+                # the version of the epoch the block was committed in (a change takes effect
+                # at a boundary: protocol/numerics.py), not the one the node announces today
+                numerics = announced_at(await self.link.node(item.triple.node), item.epoch)
             except NumericsError as error:
                 log.warning("node %s: %s; not judged", item.triple.node[:12], error.message)
                 return None
@@ -524,7 +526,7 @@ class SpotChecker:
             log.warning("spot check: node %s has no endpoint; skipped", triple.node[:12])
             return None
         try:
-            numerics = announced(view)
+            numerics = announced_at(view, item.epoch)  # the version of the block's epoch
         except NumericsError as error:
             log.warning("spot check: node %s: %s; skipped", triple.node[:12], error.message)
             return None

@@ -7,7 +7,9 @@ verdict not relayed yet, `FraudProofs.slashByVerdict(verdict, signatures)` from 
 operator key (it pays the gas). Every watcher relays; the contract uses a verdict's nonce once,
 so the first relay slashes and the others answer `VerdictNonceUsed`, which counts as done. A
 verdict for another FraudProofs (`WrongConsumer`) or with signatures the contract's committee
-does not accept is logged and not retried.
+does not accept is logged and not retried. A verdict the committee confirmed by a numerics
+version's quorum (abci_app/numerics.py) with less than 2/3 of all the power (`relayable`
+false) is not sent until its signatures reach 2/3: the contract would refuse it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ class VerdictRelay:
         for record in answer.get("verdicts", []):
             ident = str(record.get("id"))
             if ident in self.relayed:
+                continue
+            if record.get("relayable") is False:
+                # convicted on the committee chain by its numerics version's quorum, short of
+                # the 2/3 of all the power FraudProofs checks: not sent (it would revert);
+                # looked at again on each pass, as more votes may bring it to 2/3
                 continue
             try:
                 await asyncio.to_thread(self.fraud_proofs.relay_confirmed_verdict, record)

@@ -23,7 +23,14 @@ from protocol.committee.credits import CreditMint, CreditRedeem, FundMint
 from protocol.committee.gateways import GatewayBind
 from protocol.committee.grammar import HEX64, MAX_NONCE, TxDecodeError, check
 from protocol.committee.prices import SetPrice
-from protocol.committee.registry import AttestStake, Heartbeat, Leave, MoveShards, RegisterNode
+from protocol.committee.registry import (
+    AttestStake,
+    Heartbeat,
+    Leave,
+    MoveShards,
+    RegisterNode,
+    SetNumerics,
+)
 from protocol.committee.relay_credits import RelayRedeem
 from protocol.committee.relays import RegisterRelay
 from protocol.committee.settlement import PayoutVote, WorkReport
@@ -33,6 +40,7 @@ from protocol.committee.verification import (
     SpotCheckReport,
     VerdictVote,
     VerifierEndpoint,
+    VerifierNumerics,
 )
 from protocol.errors import ProtocolError
 
@@ -78,6 +86,8 @@ TxBody = (
     | RegisterRelay
     | RelayRedeem
     | MoveShards
+    | SetNumerics
+    | VerifierNumerics
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -107,6 +117,8 @@ BODY_TYPES: dict[str, Any] = {
         RegisterRelay,
         RelayRedeem,
         MoveShards,
+        SetNumerics,
+        VerifierNumerics,
     )
 }
 

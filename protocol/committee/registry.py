@@ -1,4 +1,5 @@
-"""Node registry txs: `register_node`, `heartbeat`, `leave`, `attest_stake`, `move_shards`.
+"""Node registry txs: `register_node`, `heartbeat`, `leave`, `attest_stake`, `move_shards`,
+`set_numerics`.
 
 A node key registers bound to an EVM address: the EVM key signs `registration_message(node
 key)` (EIP-191 personal_sign, `sign_registration`), and the chain recovers the address from it
@@ -172,6 +173,26 @@ class MoveShards:
     def from_json(cls, body: Any) -> MoveShards:
         b = check.exact_object(body, "body", {"endpoint", "shards"})
         return cls(shards=_shards(b["shards"]), endpoint=_endpoint(b["endpoint"]))
+
+
+@dataclass(frozen=True, slots=True)
+class SetNumerics:
+    """A registered compute node will compute with numerics `numerics` (protocol/numerics.py)
+    from the next epoch on: its kernels were upgraded. The chain refuses a version its genesis
+    does not list, the version the node already has, and a change within
+    `NUMERICS_COOLDOWN_EPOCHS` of the last (abci_app/numerics.py)."""
+
+    numerics: int
+
+    TYPE: ClassVar[str] = "set_numerics"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"numerics": self.numerics}
+
+    @classmethod
+    def from_json(cls, body: Any) -> SetNumerics:
+        b = check.exact_object(body, "body", {"numerics"})
+        return cls(numerics=check.integer(b["numerics"], "body.numerics", 1, MAX_NUMERICS))
 
 
 @dataclass(frozen=True, slots=True)

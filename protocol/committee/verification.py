@@ -1,5 +1,5 @@
 """Verification txs of validators and their verifiers: `verdict_vote`, `seed_commit`,
-`seed_reveal`, `spot_check_report`, `verifier_endpoint`.
+`seed_reveal`, `spot_check_report`, `verifier_endpoint`, `verifier_numerics`.
 
 A verdict vote carries an operator key's EIP-712 signature over a `Verdict` (the chain checks
 it against the genesis domain). A verifier commits to the secret seed its challenges of an
@@ -23,6 +23,7 @@ from protocol.committee.grammar import (
     TxDecodeError,
     check,
 )
+from protocol.numerics import MAX_NUMERICS
 from protocol.urls import BadUrlError, canonical_url
 
 
@@ -187,3 +188,22 @@ class VerifierEndpoint:
         if canonical != url:
             raise TxDecodeError(f"body.url: not in canonical form (expected {canonical})")
         return cls(url=url)
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierNumerics:
+    """The numerics version (protocol/numerics.py) a validator's verifier runs, from the next
+    epoch on: a spot-check verdict on a node of that version may be confirmed by the quorum of
+    the verifiers announcing it (abci_app/numerics.py). Rate-limited like a node's change."""
+
+    numerics: int
+
+    TYPE: ClassVar[str] = "verifier_numerics"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"numerics": self.numerics}
+
+    @classmethod
+    def from_json(cls, body: Any) -> VerifierNumerics:
+        b = check.exact_object(body, "body", {"numerics"})
+        return cls(numerics=check.integer(b["numerics"], "body.numerics", 1, MAX_NUMERICS))

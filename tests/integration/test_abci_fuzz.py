@@ -81,6 +81,8 @@ TX_TYPES = (
     "spot_check_report",
     "relay",
     "move_shards",
+    "set_numerics",
+    "verifier_numerics",
 )
 FIELDS = (
     "amount",
@@ -112,6 +114,7 @@ FIELDS = (
     "queries",
     "checks",
     "prepaid",
+    "numerics",
 )
 ROUTES = (
     "/nodes",
@@ -122,6 +125,7 @@ ROUTES = (
     "/reputations",
     "/epochs",
     "/verdicts",
+    "/numerics",
     "/nonce",
     "/params",
     "/payouts",

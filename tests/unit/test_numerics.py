@@ -248,6 +248,29 @@ async def test_spot_checker_node_on_same_or_unannounced_numerics_is_voted(
     assert len(link.sent) == 1  # the epoch's spot_check_report
 
 
+@pytest.mark.parametrize(
+    ("view", "expected"),
+    [
+        # computed on OTHER in epoch 2, on this release's from epoch 3: epoch 2's blocks are
+        # not comparable bitwise (judging them under today's version would fail an honest node)
+        ({"numerics": NUMERICS, "numerics_epoch": 3, "numerics_previous": OTHER}, "skipped"),
+        # the reverse: on this release's numerics in epoch 2, since moved away: still judged
+        ({"numerics": OTHER, "numerics_epoch": 3, "numerics_previous": NUMERICS}, "voted"),
+        # a change pending for epoch 3 leaves epoch 2 on the version in effect then
+        ({"numerics": NUMERICS, "numerics_next": {"epoch": 3, "numerics": OTHER}}, "voted"),
+    ],
+    ids=["changed-to-ours", "changed-from-ours", "pending"],
+)
+async def test_spot_checker_judges_a_block_under_the_numerics_of_its_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, view: dict[str, Any], expected: str
+) -> None:
+    outcomes, votes, _ = await _run_epoch(tmp_path, monkeypatch, view)
+    if expected == "skipped":
+        assert outcomes == [Outcome.SKIPPED, Outcome.SKIPPED] and votes == []
+    else:
+        assert outcomes == [Outcome.FAILED, Outcome.FAILED] and votes == [Outcome.FAILED]
+
+
 async def test_spot_checker_malformed_numerics_on_chain_is_not_judged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -53,3 +53,15 @@ async def test_verdict_relay_slashes_each_confirmed_verdict_once() -> None:
     assert await relay.step() == []
     assert chain.sent == ["0xa", "0xb", "0xc", "0xc"]
     assert relay.relayed == {"0xa", "0xb", "0xc"}
+
+
+async def test_verdict_relay_waits_for_two_thirds_on_a_version_quorum_verdict() -> None:
+    """Confirmed by a numerics version's quorum (< 2/3 of all power): not sent, not marked
+    done; sent once more votes make it relayable."""
+    record = {"id": "0xd", "quorum_numerics": 3, "relayable": False}
+    committee = Committee([record])
+    chain = Chain({})
+    relay = VerdictRelay(committee, chain)
+    assert await relay.step() == [] and chain.sent == [] and relay.relayed == set()
+    record["relayable"] = True
+    assert await relay.step() == ["0xd"]
