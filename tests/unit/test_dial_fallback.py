@@ -15,11 +15,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
-from harness.ports import ephemeral_port
 from node.client.circuit import CircuitClient
 from node.client.info import node_info
 from node.client.types import Hop
@@ -28,13 +25,11 @@ from node.gateway.node_info import InfoUnavailable
 from node.gateway.router import RoutableNode, Router, alternates_of, routable_by_shard
 from node.model.head import ClientHead
 from node.model.prepare import prepare
-from node.relay.fronting import Fronting
 from node.server.backend import ModelShardBackend
 from node.server.config import ServerConfig
-from node.server.rendezvous import RendezvousLink, RendezvousRelay
 from protocol.errors import UnavailableError
 from tests.doubles.tiny_model import make_tiny_model
-from tests.unit.fronting_relay import serve_fronting_relay
+from tests.unit.fronting_relay import front_node
 from tests.unit.stream_circuit import serve_circuit
 
 pytestmark = pytest.mark.unit
@@ -222,29 +217,6 @@ async def test_a_node_behind_nat_gets_at_its_first_address_the_time_one_address_
 # -- over loopback: two relays front the first node; the first goes down ------------------------
 
 
-async def _relay(node_key: SigningKey, local: tuple[str, int]) -> tuple[web.AppRunner, Any, str]:
-    """A relay fronting one node (its link up): (its runner, the link's task, the node's URL
-    at the relay)."""
-    private = PrivateKey.generate()
-    first = ephemeral_port()
-    runner, url = await serve_fronting_relay(
-        private, Fronting(private, (first, first), "127.0.0.1")
-    )
-    up = asyncio.Event()
-    link = RendezvousLink(
-        RendezvousRelay(url, bytes(private.public_key)),
-        node_key,
-        local,
-        reached=lambda _r, _w: up.set(),
-    )
-    http = aiohttp.ClientSession()
-    task = asyncio.create_task(link.run(http))
-    task.add_done_callback(lambda _t: asyncio.ensure_future(http.close()))
-    async with asyncio.timeout(10):
-        await up.wait()
-    return runner, task, f"http://127.0.0.1:{first}"
-
-
 async def test_answer_comes_through_the_second_relay_when_the_first_is_down(
     aiohttp_server, tmp_path: Path
 ) -> None:
@@ -270,8 +242,8 @@ async def test_answer_comes_through_the_second_relay_when_the_first_is_down(
     direct = await answer(hops)
     local = ("127.0.0.1", servers[0].port)
     node_key = SigningKey.generate()
-    first, first_link, at_first = await _relay(node_key, local)
-    second, second_link, at_second = await _relay(node_key, local)
+    first, first_link, at_first = await front_node(node_key, local)
+    second, second_link, at_second = await front_node(node_key, local)
     try:
         fronted = Hop(at_first, 0, alternates=(at_second,))
         assert await answer([fronted, hops[1]]) == direct  # through the first relay

@@ -21,22 +21,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
-from harness.ports import ephemeral_port
 from node.client.circuit import CircuitClient, next_hop
 from node.client.types import Hop
 from node.model.head import ClientHead
 from node.model.prepare import prepare
-from node.relay.fronting import Fronting
 from node.server.backend import ModelShardBackend
 from node.server.config import ServerConfig
 from node.server.link_pool import LinkPool
 from node.server.next_hops import ForwardAny, ForwardCommittee, ForwardList, ForwardNone
-from node.server.rendezvous import RendezvousLink, RendezvousRelay
 from node.server.state import STATE_KEY
 from protocol.errors import RemoteError
 from protocol.frames.errors import FrameError
@@ -49,7 +44,7 @@ from protocol.stream import (
     parse_control,
 )
 from tests.doubles.tiny_model import make_tiny_model
-from tests.unit.fronting_relay import serve_fronting_relay
+from tests.unit.fronting_relay import front_node
 from tests.unit.stream_circuit import serve_circuit
 from tests.unit.test_link_pool import Dialer
 
@@ -269,27 +264,6 @@ def test_the_client_names_the_alternates_it_knows() -> None:
 
 
 # ------------------------------------------------------------------------------ over loopback
-async def _relay(node_key: SigningKey, local: tuple[str, int]) -> tuple[Any, Any, str]:
-    """A relay fronting one TLS node (its link up): (its runner, the link's task, the node's
-    https:// URL at the relay)."""
-    private = PrivateKey.generate()
-    port = ephemeral_port()
-    runner, url = await serve_fronting_relay(private, Fronting(private, (port, port), "127.0.0.1"))
-    up = asyncio.Event()
-    link = RendezvousLink(
-        RendezvousRelay(url, bytes(private.public_key)),
-        node_key,
-        local,
-        reached=lambda _r, _w: up.set(),
-    )
-    http = aiohttp.ClientSession()
-    task = asyncio.create_task(link.run(http))
-    task.add_done_callback(lambda _t: asyncio.ensure_future(http.close()))
-    async with asyncio.timeout(10):
-        await up.wait()
-    return runner, task, f"https://127.0.0.1:{port}"
-
-
 async def test_the_previous_hop_reaches_the_next_at_its_second_relay(
     aiohttp_server, tmp_path: Path
 ) -> None:
@@ -316,8 +290,8 @@ async def test_the_previous_hop_reaches_the_next_at_its_second_relay(
 
     direct = await answer(hops)
     local = ("127.0.0.1", servers[1].port)
-    first, first_link, at_first = await _relay(keys[1], local)
-    second, second_link, at_second = await _relay(keys[1], local)
+    first, first_link, at_first = await front_node(keys[1], local, "https")
+    second, second_link, at_second = await front_node(keys[1], local, "https")
     state = servers[0].app[STATE_KEY]
     state.next_hops = ForwardList(0, frozenset({at_first, at_second}))
     fronted = Hop(at_first, 1, hops[1].key, alternates=(at_second,))
