@@ -274,8 +274,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _refresh_seconds(text: str) -> float:
-    try:
-        seconds = float(text)
+    try:  # ASCII only: float() also takes other scripts' digits
+        seconds = float(text) if text.isascii() else 0.0
     except ValueError:
         seconds = 0.0
     if not 1 <= seconds <= 86400:

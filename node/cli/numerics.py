@@ -63,10 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def parse_version(text: str) -> int:
     """--set VERSION: an integer 1..65535."""
-    try:
-        version = int(text)
-    except ValueError:
-        version = 0
+    # ASCII digits only: int() also takes other scripts' digits
+    version = int(text) if text.isascii() and text.isdigit() else 0
     if not 1 <= version <= MAX_NUMERICS:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a numerics version (an integer 1-{MAX_NUMERICS}); "

@@ -49,7 +49,7 @@ def test_scheduled_or_unchanged_is_no_error() -> None:
 
 def test_parse_version_refuses_what_is_not_a_version() -> None:
     assert cli.parse_version("3") == 3
-    for bad in ("0", "65536", "x", "2.0", ""):
+    for bad in ("0", "65536", "x", "2.0", "", "\u0663", "+3", " 3"):  # ٣: not ASCII
         with pytest.raises(argparse.ArgumentTypeError, match="not a numerics version"):
             cli.parse_version(bad)
 

@@ -226,7 +226,7 @@ async def test_a_read_failing_as_a_bug_is_logged_and_the_loop_reads_again(caplog
     assert drawn(route) == {url(i) for i in (5, 6, 7, 8)}
 
 
-@pytest.mark.parametrize("seconds", ["0", "soon", "1e9", "nan"])
+@pytest.mark.parametrize("seconds", ["0", "soon", "1e9", "nan", "\u0666\u0660"])  # ٦٠: not ASCII
 def test_a_bad_refresh_interval_is_a_usage_error(seconds: str, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["gateway", "serve", "--personal", "--relays", "chain", "--relays-refresh", seconds])
