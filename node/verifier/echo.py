@@ -121,16 +121,19 @@ def echo_gap(challenge: Challenge, answer: EchoAnswer, reference: torch.Tensor) 
         raise ProtocolError(f"reference logits must be [{total}, V]")
     if len(answer.positions) != total - 1:
         raise EchoAnswerError("the echo answer does not cover the challenge")
-    ref = torch.log_softmax(reference.to(torch.float64), dim=-1)
+    # only the scored rows (the continuation's): log_softmax is row by row, so the prompt's
+    # rows (a third of a challenge) need not be normalized at all
+    scored = challenge.scored_rows
+    ref = torch.log_softmax(reference[scored].to(torch.float64), dim=-1)
     ids = challenge.ids
     kls, gaps, agree = [], [], []
-    for row in range(challenge.scored_rows.start, challenge.scored_rows.stop):
+    for row in range(scored.start, scored.stop):
         target = ids[row + 1]
         said = answer.positions[row]  # position row+1's entry
         q = {target: said.logprob}
         for token, logprob in said.top:
             q.setdefault(token, logprob)
-        logp = ref[row]
+        logp = ref[row - scored.start]
         kl = 0.0
         p_in = 0.0
         q_in = 0.0
