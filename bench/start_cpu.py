@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import machine, median, parse_with_quick, spread
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = {
-    "bare interpreter": "pass",
-    "web3 (py_ecc tables built)": "import web3",
-    "node + web3 (lazy_bls finder)": "import node, web3",
+CASES = {  # metric name prefix -> the child's code
+    "bare_interpreter": "pass",
+    "web3_py_ecc_tables_built": "import web3",
+    "node_web3_lazy_bls": "import node, web3",
 }
 
 
@@ -42,11 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parse_with_quick(parser, {"repeats": 1}, argv)
-    results = {}
+    metrics: dict[str, object] = {}
     for name, code in CASES.items():
         runs = [child_cpu_s(code) for _ in range(args.repeats)]
-        results[name] = {"cpu_s": round(median(runs), 3), "spread": spread(runs, 3)}
-    print(json.dumps({"bench": "start_cpu", "machine": machine(), "results": results}, indent=2))
+        metrics[f"{name}_cpu_s"] = round(median(runs), 3)
+        metrics[f"{name}_cpu_s_spread"] = spread(runs, 3)
+    config = {"repeats": args.repeats, "cases": CASES}
+    print(json.dumps({"bench": "start_cpu", "machine": machine(), "config": config,
+                      "metrics": metrics}, indent=2))  # fmt: skip
     return 0
 
 

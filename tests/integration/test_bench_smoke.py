@@ -56,6 +56,7 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "settlement": (),
     "spotcheck_cost": (),
     "spotcheck_detection": (),
+    "start_cpu": (),  # 3 fresh interpreters importing web3, ~3 CPU-s
     "threshold_credits": (),  # in process, no ports
     "verification": (),  # in process, no ports: in the shorter lane
     "verifier_honest": (SLOW,),  # in process, no ports: evens the lanes
