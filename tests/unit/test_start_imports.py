@@ -17,22 +17,11 @@ import pytest
 
 from node.model.backends import skip_unused_backends
 from tests.doubles.tiny_model import make_tiny_model
+from tests.unit.fresh_imports import loaded_after
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_STACK = ("torch", "transformers", "hqq", "torchao")
 ETH_LIBRARIES = ("eth_abi", "eth_utils", "pydantic", "web3", "eth_account")
-
-
-def loaded_after(code: str, *names: str) -> list[str]:
-    """Which of `names` a fresh interpreter has imported after running `code`."""
-    listed = f"[n for n in {list(names)!r} if sys.modules.get(n)]"
-    probe = f"{code}\nimport json, sys\nprint(json.dumps({listed}))"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 @pytest.mark.parametrize(
