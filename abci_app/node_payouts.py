@@ -33,7 +33,7 @@ from typing import Any
 
 from abci_app import schema
 from abci_app.state import State
-from shares.payouts import net_of_cut, split_pro_rata
+from shares.payouts import net_of_cut, rows_out_of
 
 MAX_LAYER_TOKENS = (1 << 63) - 1
 
@@ -70,14 +70,7 @@ class NodeEarnings:
     def rows(self, drawn: int) -> tuple[tuple[str, int], ...]:
         """The nodes' rows out of `drawn` wei (≤ `owed`): each in full when it covers them,
         else split by their full rows; zero amounts get no row."""
-        net = {account: amount for account, amount in self.net().items() if amount}
-        if drawn >= self.owed:
-            amounts = net
-        elif drawn > 0:
-            amounts = split_pro_rata(drawn, net)
-        else:
-            return ()
-        return tuple((account, amounts[account]) for account in sorted(amounts) if amounts[account])
+        return rows_out_of(drawn, self.net())
 
 
 def take(state: State, epoch: int, slashed: set[str]) -> NodeEarnings:

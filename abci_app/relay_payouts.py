@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from abci_app import schema
 from abci_app.relay_credits import add_pay
 from abci_app.state import State
-from shares.payouts import split_pro_rata
+from shares.payouts import rows_out_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +49,7 @@ class RelayEarnings:
     def rows(self, drawn: int) -> tuple[tuple[str, int], ...]:
         """The relays' rows out of `drawn` wei (≤ `owed`): each in full when it covers them,
         else split by credits; zero amounts get no row."""
-        if drawn >= self.owed:
-            amounts = {account: count * self.price for account, count in self.credits.items()}
-        elif drawn > 0:
-            amounts = split_pro_rata(drawn, self.credits)
-        else:
-            return ()
-        return tuple((account, amounts[account]) for account in sorted(amounts) if amounts[account])
+        return rows_out_of(drawn, {a: count * self.price for a, count in self.credits.items()})
 
 
 def take(state: State, epoch: int, slashed: set[str]) -> RelayEarnings:

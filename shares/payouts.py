@@ -295,6 +295,20 @@ def split_pro_rata(pool: int, shares: Mapping[str, int]) -> dict[str, int]:
     return dict(zip(accounts, amounts, strict=True))
 
 
+def rows_out_of(drawn: int, full: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """Direct rows paying `full` (account → wei due) out of `drawn` wei: each in full when
+    `drawn` covers them all, else `drawn` split by them (`split_pro_rata`); ascending by
+    account, zero amounts get no row."""
+    due = {account: amount for account, amount in full.items() if amount}
+    if drawn >= sum(due.values()):
+        amounts = due
+    elif drawn > 0:
+        amounts = split_pro_rata(drawn, due)
+    else:
+        return ()
+    return tuple((account, amounts[account]) for account in sorted(amounts) if amounts[account])
+
+
 def net_of_cut(amount: int, verifier_cut_bps: int) -> int:
     """What a node is paid for credits worth `amount` wei: `⌊amount · (10,000 − cut) / 10,000⌋`
     (exact integers); the rest, rounding included, is the verifiers' part."""

@@ -22,6 +22,7 @@ from shares.payouts import (
     ShardHealth,
     VerificationWork,
     payout_table,
+    rows_out_of,
     split_pro_rata,
 )
 
@@ -240,3 +241,13 @@ def test_split_pro_rata_rejects_non_positive_shares() -> None:
         split_pro_rata(10, {A: 0})
     with pytest.raises(ShareInputError):
         split_pro_rata(10, {})
+
+
+def test_direct_rows_pay_in_full_or_split_what_was_drawn() -> None:
+    full = {B: 30, A: 10, C: 0}
+    assert rows_out_of(40, full) == ((A, 10), (B, 30))  # covered: in full, no zero row
+    assert rows_out_of(100, full) == ((A, 10), (B, 30))  # never more than due
+    assert rows_out_of(20, full) == ((A, 5), (B, 15))  # short: split by what is due
+    short = rows_out_of(7, full)
+    assert sum(a for _, a in short) == 7 and [a for a, _ in short] == [A, B]
+    assert rows_out_of(0, full) == () and rows_out_of(5, {}) == ()
