@@ -26,6 +26,7 @@ from pathlib import Path
 
 import aiohttp
 
+from node.agent import swap_memory
 from node.agent.agent import AgentConfig, NodeAgent
 from node.agent.commitments import Committer
 from node.agent.credit_spools import ShardSpools
@@ -156,6 +157,7 @@ async def run(args: argparse.Namespace) -> int:
             for relay, endpoint in args.rendezvous
         ),
         heartbeat_every=args.heartbeat_every,
+        rebalances=bool(args.rebalance),
     )
     # its own node: an https endpoint must prove this agent's node key (the one registered)
     pin = link_ssl(config.endpoint, signer, plaintext_ok=True)
@@ -239,6 +241,7 @@ def _rebalancer(
         ),
         before_move=before_move,
         on_moved=on_moved,
+        memory_path=run_dir / swap_memory.FILE,
     )
 
 
