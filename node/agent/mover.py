@@ -223,21 +223,20 @@ class Rebalancer:
         )
 
     def _weighed_back(self, decision: Decision) -> None:
-        """A move back weighed outside the cooldown and not taken is given up (the pool it
+        """A move back weighed outside the cooldown and no move taken: given up (the pool it
         would have restored changed)."""
         back = self.memory.back
         cooling = self.last_move_s is not None and (
             self.clock() - self.last_move_s < self.policy.cooldown_s
         )
-        if back is None or cooling or (decision.move and decision.back is not None):
-            return
-        if not decision.move:
-            log.info(
-                "rebalance: swap with node %s not followed; no move back to shard %d: it would "
-                "not restore the pool now",
-                back.partner[:12],
-                back.source,
-            )
+        if back is None or cooling or decision.move:
+            return  # a move clears it once it commits (swap_memory.moved)
+        log.info(
+            "rebalance: swap with node %s not followed; no move back to shard %d: it would not "
+            "restore the pool now",
+            back.partner[:12],
+            back.source,
+        )
         self._remember(swap_memory.given_up(self.memory))
 
     def _remember(self, memory: swap_memory.SwapMemory) -> None:

@@ -30,7 +30,17 @@ half lifts above where it started):
                  shard at the gain; of the two orders the one lowering the weakest shard less
                  in between leads (tie: the lower key), and its cooldown holds it on T while B
                  follows. The first half is the only move that may leave S below the floor
-                 (`_swaps`)
+                 (`_swaps`). Never with a partner registered as pinned (`/nodes`
+                 `rebalances` false: `--shard K` without `--rebalance`) nor one the node's swap
+                 memory backs off (`avoid`: it did not follow a swap this node led); such a
+                 pair that would lift the pool is the stayed line's reason ("node <key> is
+                 pinned to its shard; no swap with it"). A pinned node's own gains do not hold
+                 the swaps back (it never takes them), and it follows none
+    back         (before the swaps, after the single moves) a swap this node led was not
+                 followed within its deadline (swap_memory.py, `back`): it moves back T -> S
+                 when that raises the pool's weakest shard, nobody is joining S, and T keeps
+                 the floor after it leaves (or S is below it); the cooldown and the rest of
+                 the rules hold as for any move
 
 Among the shards that gain, the kind above wins, then the shard with the least routable +
 joining supply, then (at an equal kind and supply: equal gain) a shard whose file is already on

@@ -418,6 +418,7 @@ def run_pool(
 @given(layout=layouts, kind=kinds, floor=st.integers(1, 3))
 @example(layout=LAYOUT, kind=[2, 0, 0, 2, 1] + [0] * 7, floor=2)  # both 1x lead, nobody follows
 @example(layout=[[MID, MID], [FAST, FAST], [FAST, FAST]], kind=[3, 3] + [0] * 10, floor=2)
+@example(layout=[[MID], [MID, SLOW, SLOW, SLOW], [MID]], kind=[1, 0, 2, 2, 3, 3] + [0] * 6, floor=2)
 def test_no_node_leads_the_same_unfollowed_swap_twice_within_the_back_off_and_pools_settle(
     layout: list[list[int]], kind: list[int], floor: int
 ) -> None:
