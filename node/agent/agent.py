@@ -95,6 +95,9 @@ class AgentConfig:
     commit_timeout_s: float = 15.0  # how long to wait for a registration to commit
     # the relays fronting a node behind NAT, registered with it (docs/overlay.md)
     rendezvous: tuple[Rendezvous, ...] = ()
+    # whether this agent rebalances (registered as `rebalances`: a node that does not is never
+    # chosen as a swap's partner, node/agent/rebalance.py); None: not announced
+    rebalances: bool | None = None
 
 
 class NodeAgent:
@@ -190,6 +193,7 @@ class NodeAgent:
                 capacity=self.config.capacity,
                 rendezvous=self.config.rendezvous,
                 numerics=NUMERICS,  # what its verifiers compare bitwise against
+                rebalances=self.config.rebalances,  # False: pinned, never a swap's partner
             )
             code, text = await self._submit_and_wait(body, stop)
             if code in (OK, ALREADY_REGISTERED):
