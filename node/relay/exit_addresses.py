@@ -127,6 +127,13 @@ class ExitAddresses:
                 self._cache.popitem(last=False)
             return found
 
+    def known(self, key: str) -> tuple[str, ...]:
+        """The addresses of `key` already looked up and still fresh (no query): () if none."""
+        cached = self._cache.get(key)
+        if cached is None or self.clock() - cached[0] >= self.cache_s:
+            return ()
+        return cached[1]
+
     async def fallbacks(self, url: str, key: str) -> tuple[str, ...]:
         """The addresses to try, in order, when the node with `key` is not reached at `url`
         (canonical): its registered ones other than `url`."""

@@ -85,6 +85,10 @@ class NextHopRefused(OverlayError):
 class ExitFallback(Protocol):
     """Where an exit may also reach a node (node/relay/exit_addresses.py `ExitAddresses`)."""
 
+    def known(self, key: str) -> tuple[str, ...]:
+        """The node's registered addresses as last looked up, while fresh (no query)."""
+        ...
+
     async def fallbacks(self, url: str, key: str) -> tuple[str, ...]:
         """The node's other addresses to try, in order, when `url` is not reached."""
         ...
@@ -257,7 +261,16 @@ class Relay:
     async def _node_link(self, url: str, key: str | None) -> Link:
         """The exit's link to the path's node: at `url`, else (the onion pins `key` and this
         relay has `exits`) at the other addresses that key registered, in turn, each judged
-        by `_check_next` and within DIAL_TIMEOUT_S. None reached: the error at `url`."""
+        by `_check_next` and within DIAL_TIMEOUT_S. None reached: the error at `url`. While
+        a fallback's lookup is fresh, an open link at any of the node's registered addresses
+        is taken first: the other paths to a node whose first relay is down do not wait for
+        that relay's dial again."""
+        if self.exits is not None and key is not None and url not in self._open_urls():
+            for other in self.exits.known(key):
+                link = self.links.get(other.rstrip("/") + "/v1/overlay")
+                if link is not None and link.key == key and not link.ws.closed:
+                    self.exit_fallbacks += 1
+                    return link
         try:
             return await self._link(url, "/v1/overlay", key)
         except _DIAL_ERRORS as error:
@@ -281,6 +294,14 @@ class Relay:
         self.exit_fallbacks += 1
         log.info("relay: node %s… not reached at %s, reached at %s", key[:16], url, reached)
         return link
+
+    def _open_urls(self) -> set[str]:
+        """The next-hop URLs this relay holds an open link to (without the path suffix)."""
+        return {
+            link.url.removesuffix("/v1/overlay")
+            for link in self.links.values()
+            if not link.ws.closed
+        }
 
     def _allowed(self, url: str) -> bool:
         """Whether this relay's address policy lets it dial `url` (refusals logged)."""

@@ -8,7 +8,8 @@ pinned to the key.
   graced) compute node;
 - the committee is asked once per key and CACHE_S, misses and failures included;
 - over loopback (a real relay, a TLS node pinned to its key): a path set up to the node's dead
-  first address comes up at its registered second one; a registered address the relay's
+  first address comes up at its registered second one, and the next path takes that link
+  without waiting for the dead address again; a registered address the relay's
   policy refuses (private without --allow-private-next-hops, a host name) is never dialled and
   the path is destroyed by name; a relay without a committee does not fall back; another
   node's server at a registered address fails the pin.
@@ -210,6 +211,18 @@ async def test_the_exit_reaches_a_node_behind_nat_at_its_registered_second_addre
         # the impostor's handshake failed the pin before its door was reached; the node's did
         assert reached == ["/v1/overlay"]
         assert [link.url for link in relay.links.values()] == [f"{live}/v1/overlay"]
+        # the next path to that node (its lookup fresh) takes the open link: no dial at all,
+        # the dead first address not waited for again, the committee not asked again
+        dials: list[str] = []
+        relay_link = relay._link
+
+        async def recorded(url_: str, suffix: str, key_: str | None) -> Any:
+            dials.append(url_)
+            return await relay_link(url_, suffix, key_)
+
+        relay._link = recorded  # type: ignore[method-assign]
+        assert await _setup(url, public, dead, key) == [Cell(CellKind.CREATED, 7)]
+        assert dials == [] and relay.exit_fallbacks == 2 and views.asked == [key]
 
         # a relay without a committee dials the onion's URL only
         bare_private = PrivateKey.generate()
