@@ -14,7 +14,9 @@ verification (which convicts it and covers everything else), is not confirmed bu
 (the height it reached 2/3): it is not relayed to FraudProofs, and its accusation costs its
 voters nothing (settled `unconfirmed`). Several verifiers that each find a different failing
 block of one node in one epoch then halve its stake once, not once per finding. Codes:
-NOT_VALIDATOR, VERDICTS_DISABLED, BAD_VERDICT_SIGNATURE, DUPLICATE_VOTE.
+NOT_VALIDATOR, VERDICTS_DISABLED, BAD_VERDICT_SIGNATURE, DUPLICATE_VOTE (also for a validator
+that ratified the verdict: abci_app/ratifications.py, where a version-quorum verdict gathers
+the other validators' signatures FraudProofs needs; `signed_verdict` checks both).
 
 A confirmed verdict on a failed verification (offence 3, a challenge or spot-check finding
 ≥ 2/3 of the power reached) also **convicts** the node: its reputation R drops to 0 (untrusted,
