@@ -32,6 +32,7 @@ from node.agent.commitments import Committer
 from node.agent.credit_spools import ShardSpools
 from node.agent.mover import Rebalancer
 from node.agent.node_host import ProcessHost, read_launch
+from node.agent.numerics_keeper import NumericsKeeper
 from node.agent.pricing import PriceKeeper
 from node.agent.rebalance import RebalancePolicy
 from node.chain.committee_link import CommitteeLink
@@ -88,6 +89,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "shard (0: free); a change counts from the next epoch",
     )
     parser.add_argument(
+        "--no-auto-numerics",
+        dest="auto_numerics",
+        action="store_false",
+        default=None,
+        help="do not announce this release's numerics when the registration announces others "
+        "(set_numerics; default: announce, once the chain's cooldown allows; "
+        "PLANET_AUTO_NUMERICS=0 also turns it off)",
+    )
+    parser.add_argument(
         "--rebalance",
         action="store_true",
         help="move to another shard of the model when the pool gains from it (rebalance.py)",
@@ -134,6 +144,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--log-level", default=os.environ.get("PLANET_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
+    if args.auto_numerics is None:
+        env = os.environ.get("PLANET_AUTO_NUMERICS", "1")
+        if env not in ("0", "1"):
+            parser.error(f"PLANET_AUTO_NUMERICS must be 0 or 1, got {ascii(env)[:20]}")
+        args.auto_numerics = env == "1"
     seconds = (
         args.rebalance_cooldown_s,
         args.rebalance_jitter_s,
@@ -201,6 +216,8 @@ async def run(args: argparse.Namespace) -> int:
             committer=committer,
         )
         _serve_shard(agent, link, args, manifest.model_hash, args.shard)
+        if args.auto_numerics:
+            agent.numerics = NumericsKeeper(agent, link)
         if args.rebalance:
             agent.rebalancer = _rebalancer(agent, link, args, manifest, signer, password)
         try:

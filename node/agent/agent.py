@@ -12,6 +12,9 @@ more than T blocks → DOWN, leave → LEFT (final). The agent
    and redeems the credits its clients paid with (`credit_till.py`): the node's only pay;
 5. when it rebalances (joined with auto placement, or `--rebalance`), looks at its model's
    pool and moves to a shard that gains from it (`mover.Rebalancer`, `rebalance.decide`);
+   when the registration announces other numerics than this release's (an upgraded node),
+   announces this release's (`numerics_keeper.NumericsKeeper`: `set_numerics` once the
+   chain's cooldown allows it; off with `--no-auto-numerics` / PLANET_AUTO_NUMERICS=0);
 6. on stop (SIGTERM/SIGINT) sends `leave` and waits for it to commit (bounded).
 
 A validator RPC that is down is retried with backoff (and the next URL tried); nothing a
@@ -130,6 +133,8 @@ class NodeAgent:
         self.pricer = pricer
         # `node.agent.mover.Rebalancer` (None: the node stays on its shard)
         self.rebalancer: Any = None
+        # `node.agent.numerics_keeper.NumericsKeeper` (None: the operator announces by hand)
+        self.numerics: Any = None
         self._stop = asyncio.Event()
 
     # -- steps ---------------------------------------------------------------------------------
@@ -181,7 +186,8 @@ class NodeAgent:
                         "new wallet and node key (another PLANET_HOME)",
                     )
                 self._note_status(view)
-                _note_numerics(view)
+                if self.numerics is None:
+                    _note_numerics(view)  # else the keeper announces this release's itself
                 return view
             body = RegisterNode(
                 evm_address=self.config.evm_address,
@@ -329,6 +335,8 @@ class NodeAgent:
                             force = force or view.get("status") in ("DOWN", "JOIN")
                             if view.get("status") == LEFT:
                                 raise FatalAgentError(f"node {self.key[:16]}… has LEFT")
+                            if self.numerics is not None:
+                                await self.numerics.step(view, height)
                     self.backoff.reset()
                     delay = self.config.poll_s
                 except (UnavailableError, RemoteError) as error:

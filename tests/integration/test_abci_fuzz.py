@@ -74,6 +74,7 @@ TX_TYPES = (
     "commit",
     "reveal",
     "verdict_vote",
+    "verdict_ratify",
     "work_report",
     "payout_vote",
     "seed_commit",
@@ -115,6 +116,7 @@ FIELDS = (
     "checks",
     "prepaid",
     "numerics",
+    "verdict",
 )
 ROUTES = (
     "/nodes",
