@@ -165,3 +165,10 @@ def new_operator(
     yield make
     for home in homes:
         release_operator(operator_env(devnet_env, home), home)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _zygote(zygote_lane: Path | None) -> Path | None:
+    """The services this folder's tests start fork from the session's zygote
+    (tests/conftest.py `zygote_lane`)."""
+    return zygote_lane
