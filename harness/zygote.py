@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 READY_S = 90.0  # the preload: ~3 CPU-s, much longer on a loaded 2-core machine
 
 
-def ping(path: Path) -> bool:
+def ping(path: Path) -> int | None:
+    """The zygote's pid once it serves on `path`; None before (or never)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(5.0)
         try:
@@ -34,8 +35,9 @@ def ping(path: Path) -> bool:
             send(conn, {"op": "ping"})
             answer = receive(conn)
         except (OSError, ValueError):
-            return False
-    return answer is not None and answer[0].get("ready") is True
+            return None
+    pid = answer[0].get("pid") if answer is not None and answer[0].get("ready") else None
+    return pid if isinstance(pid, int) else None
 
 
 @contextlib.contextmanager
@@ -51,7 +53,7 @@ def running(folder: Path, *, preload: str | None = None) -> Iterator[Path | None
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     try:
         deadline = time.monotonic() + READY_S
-        while not (path.exists() and ping(path)):
+        while not (path.exists() and ping(path) is not None):
             if process.poll() is not None or time.monotonic() > deadline:
                 log.warning("zygote did not start (see %s); processes start with Popen", folder)
                 yield None

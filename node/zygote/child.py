@@ -63,8 +63,10 @@ def _reset_signals(ignored: tuple[int, ...]) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
-def prepare(request: SpawnRequest, out_fd: int) -> None:
-    """Right after the fork: everything that is the kernel's view of the new process."""
+def prepare(request: SpawnRequest, out_fd: int, ready_fd: int) -> None:
+    """Right after the fork: everything that is the kernel's view of the new process; then
+    one byte on `ready_fd` (the zygote tells the caller the pid only once /proc shows the
+    child's own argv: the launcher takes a pid running another command line for a dead one)."""
     if request.new_session:
         os.setsid()
     _join_cgroups(request)
@@ -74,13 +76,16 @@ def prepare(request: SpawnRequest, out_fd: int) -> None:
     os.dup2(out_fd, 1)
     os.dup2(out_fd, 2)
     os.close(out_fd)
-    os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # Popen's close_fds: whatever the zygote held
+    os.closerange(3, ready_fd)  # Popen's close_fds: whatever the zygote held
+    os.closerange(ready_fd + 1, os.sysconf("SC_OPEN_MAX"))
     os.chdir(request.cwd)
     os.umask(request.umask)
     _reset_signals(request.ignored_signals)
     os.environ.clear()
     os.environ.update(request.env)
     cmdline.show(request.argv, request.env)
+    os.write(ready_fd, b"!")
+    os.close(ready_fd)
 
 
 def _std_streams(env: dict[str, str]) -> None:

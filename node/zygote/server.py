@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import importlib
 import os
+import select
 import selectors
 import signal
 import socket
@@ -51,6 +52,7 @@ PRELOAD = (
     "abci_app.app",
 )
 PR_SET_PDEATHSIG = 1
+READY_TIMEOUT_S = 10.0  # a child's set-up: a few ms
 
 
 def say(line: str) -> None:
@@ -200,11 +202,16 @@ class Zygote:
                 os.close(fd)
 
     def _fork(self, conn: socket.socket, request: SpawnRequest, out_fd: int) -> SpawnRequest | None:
+        ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            self._become_child(conn, request, out_fd)
+            os.close(ready_r)
+            self._become_child(conn, request, out_fd, ready_w)
             return request
         os.close(out_fd)
+        os.close(ready_w)
+        select.select([ready_r], [], [], READY_TIMEOUT_S)  # its argv shows in /proc (or it died)
+        os.close(ready_r)
         conn.settimeout(None)
         conn.setblocking(False)
         try:
@@ -217,14 +224,16 @@ class Zygote:
         say(f"forked {pid}: {request.module} {' '.join(request.argv[3:6])}")
         return None
 
-    def _become_child(self, conn: socket.socket, request: SpawnRequest, out_fd: int) -> None:
+    def _become_child(
+        self, conn: socket.socket, request: SpawnRequest, out_fd: int, ready_fd: int
+    ) -> None:
         try:
             self.selector.close()
             for sock in (conn, self.listener, *self.children.values()):
                 sock.close()
             os.close(self.wake_r)
             os.close(self.wake_w)
-            child.prepare(request, out_fd)
+            child.prepare(request, out_fd, ready_fd)
         except BaseException:  # nothing may unwind into the zygote's loop
             with contextlib.suppress(Exception):
                 os.write(2, traceback.format_exc().encode())
