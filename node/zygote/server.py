@@ -228,6 +228,7 @@ class Zygote:
         self, conn: socket.socket, request: SpawnRequest, out_fd: int, ready_fd: int
     ) -> None:
         try:
+            signal.set_wakeup_fd(-1)  # before its fd closes and the number is reused
             self.selector.close()
             for sock in (conn, self.listener, *self.children.values()):
                 sock.close()
