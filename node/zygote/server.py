@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import os
 import select
@@ -264,4 +265,8 @@ def main(argv: Sequence[str]) -> SpawnRequest | None:
     if threads() > 1:
         say(f"{threads()} threads after the preload; not serving")
         raise SystemExit(3)
+    # what the preload built stays out of the collector's scans: each child would otherwise
+    # walk (and so copy, page by page) the whole inherited heap at its first full collection
+    gc.collect()
+    gc.freeze()
     return Zygote(Path(args[0]), fit, parent).loop()
