@@ -44,6 +44,7 @@ from harness.ports import ephemeral_port
 from node.chain.committee_pages import path_query, read_reputations
 from node.chain.evm.account import PlanetChain
 from node.model.manifest import Manifest
+from node.procs import Child, spawn_process
 from node.server.launcher import (
     NODE_MARKER,
     NodeProcess,
@@ -121,7 +122,7 @@ class Compute:
             return self.nonce
 
 
-def terminate(process: subprocess.Popen[Any], grace_s: float = 10) -> None:
+def terminate(process: Child, grace_s: float = 10) -> None:
     """SIGTERM, then SIGKILL if it is still running `grace_s` later; waits for the exit."""
     if process.poll() is not None:
         return
@@ -139,7 +140,7 @@ class Committee:
     rpc: str
     proxy: str
     logs: Path
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    processes: list[Child] = field(default_factory=list)
     validator_nonce: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -273,11 +274,12 @@ def start_committee(
     committee = Committee(home, f"http://127.0.0.1:{rpc}", f"tcp://127.0.0.1:{proxy}", logs)
     app_log = open(logs / "abci-app.log", "wb")  # noqa: SIM115
     committee.processes.append(
-        subprocess.Popen(
+        spawn_process(
             [sys.executable, "-m", "abci_app", "--home", str(home), "--listen", committee.proxy],
+            app_log.fileno(),
+            env=os.environ,
             cwd=ROOT,
-            stdout=app_log,
-            stderr=subprocess.STDOUT,
+            new_session=False,
         )
     )
 
@@ -308,7 +310,7 @@ class GatewayNet:
         self.anvil: Anvil | None = None
         self.committee: Committee | None = None
         self.nodes: list[Compute] = []
-        self.gateway: subprocess.Popen[bytes] | None = None
+        self.gateway: Child | None = None
         self.gateway_url = ""
         self._stop = threading.Event()
         self._heartbeats: threading.Thread | None = None
@@ -464,7 +466,7 @@ class GatewayNet:
         port = ephemeral_port()
         self.gateway_url = f"http://127.0.0.1:{port}"
         log = open(self.run_dir / "gateway.log", "ab")  # noqa: SIM115  (a restart appends)
-        self.gateway = subprocess.Popen(
+        self.gateway = spawn_process(
             [
                 sys.executable,
                 "-m",
@@ -489,10 +491,10 @@ class GatewayNet:
                 "--private-endpoints",  # every registered endpoint is on loopback here
                 *extra_args,
             ],
+            log.fileno(),
             cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
             env={**os.environ, "PLANET_PASSWORD": PASSWORD, "OMP_WAIT_POLICY": "PASSIVE"},
+            new_session=False,
         )
 
         def ready() -> bool:

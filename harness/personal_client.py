@@ -10,7 +10,6 @@ read from the token file the client writes at start (`token_file`, default next 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 import urllib.request
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.ports import ephemeral_port
+from node.procs import spawn_process
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +74,7 @@ def personal_client(
     command += ["--token-file", str(token_file), *extra_args]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
-        client = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(env))
+        client = spawn_process(command, log.fileno(), env=env, new_session=False)
     try:
         deadline = time.monotonic() + timeout_s
         token = ""

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -167,6 +168,10 @@ class ReplicaNet:
         os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, 0)
+        # a node forked by the zygote (node/zygote) is not our child: wait for its end instead
+        deadline = time.monotonic() + 30
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def restart(self, index: int, *, wait: bool = True) -> None:
         """Start node `index` again at the same port (after `kill`)."""

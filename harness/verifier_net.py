@@ -35,6 +35,7 @@ from harness.gateway_net import (
     wait_for,
 )
 from node.keys import create_dev_wallet
+from node.procs import Child, spawn_process
 from node.server.launcher import wait_healthy
 
 
@@ -44,7 +45,7 @@ class VerifierNet:
         self.honest: list[Compute] = []
         self.cheaters: list[Compute] = []
         self.slowed: list[Compute] = []
-        self.verifier: subprocess.Popen[bytes] | None = None
+        self.verifier: Child | None = None
         self.log = net.run_dir / "verifier.log"
 
     @classmethod
@@ -123,13 +124,14 @@ class VerifierNet:
             "--verdict-after", str(verdict_after),
             *extra_args,
         ]  # fmt: skip
-        self.verifier = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            stdout=open(self.log, "wb"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PLANET_PASSWORD": PASSWORD, "OMP_WAIT_POLICY": "PASSIVE"},
-        )
+        with open(self.log, "wb") as log:
+            self.verifier = spawn_process(
+                argv,
+                log.fileno(),
+                cwd=ROOT,
+                env={**os.environ, "PLANET_PASSWORD": PASSWORD, "OMP_WAIT_POLICY": "PASSIVE"},
+                new_session=False,
+            )
 
     def alive(self) -> None:
         """Raise with the log's tail when the verifier exited."""

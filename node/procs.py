@@ -6,6 +6,11 @@ one log file that is appended to, each start marked by a `START_MARKER` line:
 
     child = spawn_logged(argv, run_dir / "agent.log", env={**os.environ, "X": "1"})
 
+`spawn_process` is the one place such a process starts: where $PLANET_ZYGOTE names a running
+zygote (node/zygote, the test lanes start one) and the process is `python -m MODULE ...`, the
+zygote forks it with the heavy modules already imported; otherwise `subprocess.Popen`. Either
+way the caller gets the child's own pid and a Popen-like handle (`Child`).
+
 `run_service` is the shared `main()` of the node agent and the stake watcher: logging to stderr
 in key=value style, the coroutine run to completion, a `PlanetError` logged as one line (with
 its hint) and turned into the error's exit status instead of a traceback.
@@ -24,12 +29,39 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeAlias
 
+from node.zygote.client import ZygoteChild, spawn
 from protocol.errors import PlanetError
 
 START_MARKER = "=== start "
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+Child: TypeAlias = "subprocess.Popen[bytes] | ZygoteChild"
+
+
+def spawn_process(
+    argv: list[str],
+    out: int,
+    *,
+    env: Mapping[str, str],
+    cwd: Path | str | None = None,
+    new_session: bool = True,
+) -> Child:
+    """Start `argv` with stdin /dev/null, stdout and stderr on the file descriptor `out`,
+    exactly `env`, in `cwd`, in a session of its own if `new_session`: forked by the zygote
+    where it can (module docstring), else with `subprocess.Popen`."""
+    child = spawn(argv, stdout=out, env=env, cwd=cwd, new_session=new_session)
+    if child is not None:
+        return child
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=new_session,
+        env=dict(env),
+        cwd=cwd,
+    )
 
 
 def spawn_logged(
@@ -38,7 +70,7 @@ def spawn_logged(
     *,
     env: Mapping[str, str] | None = None,
     cwd: Path | str | None = None,
-) -> subprocess.Popen[bytes]:
+) -> Child:
     """Start `argv` in its own session with stdout and stderr appended to `log_path` (its
     parent folder is created); `env` defaults to this process's, with PYTHONUNBUFFERED=1."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -46,12 +78,9 @@ def spawn_logged(
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         log_file.write(f"\n{START_MARKER}{stamp}: {' '.join(argv)}\n".encode())
         log_file.flush()
-        return subprocess.Popen(
+        return spawn_process(
             argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            log_file.fileno(),
             env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
             cwd=cwd,
         )

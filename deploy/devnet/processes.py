@@ -8,7 +8,6 @@ commands run as subprocesses (`planet_argv`), exactly as an operator types them.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 import urllib.error
@@ -19,7 +18,7 @@ from typing import Any
 from deploy.committee.processes import cmdline, log_tail, pid_alive
 from deploy.devnet.plan import Progress
 from node.net import port_is_free
-from node.procs import runs_another_program, spawn_logged
+from node.procs import runs_another_program, spawn_logged, spawn_process
 from protocol.errors import UnavailableError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -105,13 +104,12 @@ def run_parallel(
     for name, argv, log_path in commands:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(log_path, "wb")  # noqa: SIM115 - closed below
-        process = subprocess.Popen(
+        process = spawn_process(
             argv,
-            stdin=subprocess.DEVNULL,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            cwd=REPO_ROOT,
+            handle.fileno(),
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cwd=REPO_ROOT,
+            new_session=False,
         )
         running.append((name, process, log_path, handle, [0]))
     deadline = time.monotonic() + timeout_s

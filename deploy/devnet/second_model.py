@@ -32,6 +32,7 @@ from deploy.committee.processes import log_tail
 from deploy.devnet.hosts import SEAT_PORT, Placement
 from deploy.devnet.plan import DevnetOptions, Progress
 from deploy.devnet.processes import REPO_ROOT, StepFailed, free_ports, planet_argv
+from node.procs import Child, spawn_process
 from node.server.seats import read_status
 
 SEAT_PREFIX = "seat"  # its operator homes: operators/seat<i> (not node<i>: those serve model 1)
@@ -47,7 +48,7 @@ class SeatJoin:
 
     name: str
     home: Path
-    process: subprocess.Popen[bytes]
+    process: Child
     log_path: Path
     handle: Any  # the log file, closed when the join ends
 
@@ -164,13 +165,12 @@ def start_seat_joins(
         ))  # fmt: skip
         log_path = home / "join.log"
         handle = log_path.open("wb")
-        process = subprocess.Popen(
+        process = spawn_process(
             argv,
-            stdin=subprocess.DEVNULL,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            cwd=REPO_ROOT,
+            handle.fileno(),
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cwd=REPO_ROOT,
+            new_session=False,
         )
         joins.append(SeatJoin(home.name, home, process, log_path, handle))
         progress(f"      {home.name}: joining model 2 as a seat of {host_name}'s process")

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from node.server.launcher import pid_alive
+from node.zygote import ENV_VAR as ZYGOTE
 from tests.e2e.devnet_session import (
     SHARED_EPOCH_LENGTH,
     UP_TIMEOUT_S,
@@ -52,7 +53,8 @@ def devnet_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     real_models = models_dir()
     real_models.mkdir(parents=True, exist_ok=True)
     (home / "models").symlink_to(real_models, target_is_directory=True)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_")}
+    # every PLANET_ setting of the test run stays out, but the zygote (tests/conftest.py)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_") or k == ZYGOTE}
     return {**clean, "PLANET_HOME": str(home), "NO_COLOR": "1"}
 
 
@@ -165,3 +167,10 @@ def new_operator(
     yield make
     for home in homes:
         release_operator(operator_env(devnet_env, home), home)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _zygote(zygote_lane: Path | None) -> Path | None:
+    """The services this folder's tests start fork from the session's zygote
+    (tests/conftest.py `zygote_lane`)."""
+    return zygote_lane

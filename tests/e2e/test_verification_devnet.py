@@ -70,6 +70,7 @@ from harness.personal_client import personal_client
 from harness.ports import ephemeral_port
 from node.client.credit_wallet import CreditWallet
 from node.server.launcher import pid_alive
+from node.zygote import ENV_VAR as ZYGOTE
 from protocol.paid_credits import parse_paid_credit, spent_id
 from tests.e2e.devnet_session import planet as _planet
 from tests.e2e.escrow_reads import escrow_contract
@@ -109,7 +110,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     real_models = models_dir()
     real_models.mkdir(parents=True, exist_ok=True)
     (home / "models").symlink_to(real_models, target_is_directory=True)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_")}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PLANET_") or k == ZYGOTE}
     return {**clean, "PLANET_HOME": str(home), "NO_COLOR": "1"}
 
 

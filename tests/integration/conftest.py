@@ -103,3 +103,10 @@ def plain_circuits(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlainCi
         yield circuits
     finally:
         circuits.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _zygote(zygote_lane: Path | None) -> Path | None:
+    """The services this folder's tests start fork from the session's zygote
+    (tests/conftest.py `zygote_lane`)."""
+    return zygote_lane

@@ -63,6 +63,7 @@ SMOKE: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "wan": (SLOW,),  # 3 node processes behind delaying proxies, 0 and 20 ms links
     "wire_dtype": (SLOW,),  # 3 SmolLM2 shards in process, no ports, ~10 s
     "zk": (SLOW, E2E_LANE),
+    "zygote_start": (SLOW,),  # 2 node processes and a zygote, ~10 CPU-s
 }
 TIMEOUT_S = 900
 # Benches smoked elsewhere, against a network the suite already runs: bench/devnet.py --quick

@@ -45,7 +45,7 @@ from node.client.types import Hop
 from node.keys import create_node_key, create_wallet
 from node.model.head import ClientHead
 from node.model.prepare import prepare
-from node.procs import spawn_logged
+from node.procs import Child, spawn_logged
 from node.server.launcher import NodeProcess, start_node, stop_pid, wait_healthy
 from planet.main import main
 from protocol.blind_bls import ThresholdCredit
@@ -103,7 +103,7 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
     manifest = Path(prepare(root / "src", parts=2, out=root / "p2", progress=lambda _: None))
     model_hash = json.loads(manifest.read_text())["model_hash"]
     nodes: list[NodeProcess] = []
-    agents: list[subprocess.Popen[bytes]] = []
+    agents: list[Child] = []
     committee = None
     try:
         committee = start_committee(
