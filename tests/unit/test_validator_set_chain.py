@@ -22,6 +22,7 @@ from protocol import dkg_wire
 from protocol.blind_bls import ThresholdCredit
 from protocol.committee.credit_dkg import DkgDeal
 from protocol.committee.credits import CreditRedeem
+from protocol.committee.grammar import TxDecodeError
 from protocol.committee.prices import SetPrice
 from protocol.committee.validator_set import (
     ValidatorApprove,
@@ -307,3 +308,34 @@ def test_join_then_leave_deals_the_next_period_to_the_new_set_and_old_credits_re
     commit = served_commit_tx(chain, node, 0, blocks=1)
     *_, fresh = step(chain, [commit, chain.tx(CreditRedeem("m", 0, tuple(new_credits)), node)])
     assert fresh.code == Code.OK, fresh.log
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"action": "add", "pub_key": "ab" * 32, "power": 1},  # no operator
+        {"action": "add", "pub_key": "ab" * 32, "power": 0, "operator": "0x" + "a" * 40},
+        {"action": "add", "pub_key": "ab" * 32, "power": 1, "operator": "0x" + "A" * 40},
+        {"action": "power", "pub_key": "ab" * 32, "power": 10**12 + 1},
+        {"action": "power", "pub_key": "AB" * 32, "power": 1},
+        {"action": "remove", "pub_key": "ab" * 32, "power": 0},  # a removal names no power
+        {"action": "join", "pub_key": "ab" * 32},
+        {"action": "remove", "pub_key": "ab" * 31},
+        {"action": "power", "pub_key": "ab" * 32, "power": True},
+        ["remove", "ab" * 32],
+    ],
+)
+def test_a_malformed_change_never_decodes(body: object) -> None:
+    with pytest.raises(TxDecodeError):
+        ValidatorChange.from_json(body)
+
+
+def test_a_change_round_trips_its_canonical_body() -> None:
+    for change in [
+        add(),
+        ValidatorChange("power", "ab" * 32, 7),
+        ValidatorChange("remove", "ab" * 32),
+    ]:
+        assert ValidatorChange.from_json(change.to_json()) == change
+    with pytest.raises(TxDecodeError):
+        ValidatorApprove.from_json({"change": "0x" + "AB" * 32})
