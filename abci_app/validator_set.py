@@ -204,3 +204,13 @@ def switch(state: State, height: int) -> None:
         return
     state.delete(schema.META, NEXT)
     state.set_validators(pending["validators"])
+
+
+def changes(state: State, params: dict[str, Any]) -> Any:
+    """/validator_changes: {changes: the pending (and just-expired) changes by id, next: the
+    set a boundary made that is not in effect yet ({from_height, validators}) or null}
+    (committed state; at most 2n + n records)."""
+    return {
+        "changes": [record for _, record in state.committed_items(schema.VALIDATOR_CHANGE)],
+        "next": state.committed(schema.META, NEXT),
+    }

@@ -106,6 +106,9 @@ def test_a_change_below_two_thirds_does_nothing_and_at_two_thirds_applies_at_the
     assert len(chain.state.validators) == 4 and chain.state.validator_updates == []
     assert ask(chain, "/params")["validators"][0]["power"] == 10
     assert [r.code for r in approve(chain, identifier, [2])] == [Code.OK]  # 30 of 40: approved
+    [pending] = ask(chain, "/validator_changes")["changes"]
+    assert pending["id"] == identifier and pending["approved_height"] == chain.state.height
+    assert len(pending["approvals"]) == 3
     boundary = boundary_after(chain)
     advance(chain, boundary - 1)
     assert chain.state.validator_updates == []
@@ -115,6 +118,8 @@ def test_a_change_below_two_thirds_does_nothing_and_at_two_thirds_applies_at_the
         pb.RequestFinalizeBlock(height=boundary, hash=b"\x01" * 32, txs=[])
     )
     app.commit(pb.RequestCommit())
+    waiting = ask(chain, "/validator_changes")
+    assert waiting["changes"] == [] and waiting["next"]["from_height"] == boundary + 2
     [update] = response.validator_updates
     assert update.pub_key.ed25519 == NEWCOMER.pubkey and update.power == 10
     assert len(chain.state.validators) == 4  # CometBFT's set changes at boundary + 2
