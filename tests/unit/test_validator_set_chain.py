@@ -190,6 +190,35 @@ def test_refusals_by_name() -> None:
     assert gone.code == Code.VALIDATOR_CHANGE_UNKNOWN
 
 
+def test_two_removals_approved_together_never_leave_fewer_than_the_minimum() -> None:
+    chain = Chain(powers=(10, 10, 10, 10, 10))
+    v = chain.validators
+    changes = [  # each alone valid: a removal leaves 4
+        (0, ValidatorChange("remove", v[3].pubkey.hex())),
+        (1, ValidatorChange("remove", v[4].pubkey.hex())),
+        (2, ValidatorChange("power", v[2].pubkey.hex(), 25)),
+    ]
+    ids = [change_id(change, chain.state.height + 1) for _, change in changes]
+    proposed = step(chain, [chain.tx(change, v[by].key) for by, change in changes])
+    assert [r.code for r in proposed] == [Code.OK] * 3, [r.log for r in proposed]
+    approvals = [  # 40 of 50 each, in one block of the same epoch
+        chain.tx(ValidatorApprove(identifier), v[i].key)
+        for identifier, approvers in zip(ids, ([1, 2, 4], [0, 2, 3], [0, 1, 3]), strict=True)
+        for i in approvers
+    ]
+    assert {r.code for r in step(chain, approvals)} == {Code.OK}
+    assert chain.state.height < chain.state.genesis.epoch_length
+    advance(chain, chain.state.genesis.epoch_length)
+    # in id order: the first removal applies, the second would leave 3 and is dropped
+    removals = sorted(ids[:2])
+    kept = changes[ids.index(removals[0])][1].pub_key
+    assert dict(chain.state.validator_updates) == {kept: 0, v[2].pubkey.hex(): 25}
+    step(chain)
+    assert len(chain.state.validators) == 4 and chain.state.total_power == 55
+    assert kept not in chain.state.by_pubkey
+    assert ask(chain, "/validator_changes") == {"changes": [], "next": None}
+
+
 # --- a join then a leave, with credits ------------------------------------------------------------
 
 
