@@ -268,7 +268,14 @@ class CommitteeApp:
                 )
             )
         app_hash = machine.end_block()
-        return pb.ResponseFinalizeBlock(tx_results=results, app_hash=app_hash)
+        updates = []
+        for pub_key, power in self.state.validator_updates:
+            update = pb.ValidatorUpdate(power=power)
+            update.pub_key.ed25519 = bytes.fromhex(pub_key)
+            updates.append(update)
+        return pb.ResponseFinalizeBlock(
+            tx_results=results, app_hash=app_hash, validator_updates=updates
+        )
 
     def commit(self, req: Any) -> Any:
         self.machine.commit()

@@ -112,6 +112,13 @@ class Code(IntEnum):
     NUMERICS_TOO_SOON = 108  # a change while one is pending or within NUMERICS_COOLDOWN_EPOCHS
     # ratifications (abci_app/ratifications.py: `verdict_ratify`)
     VERDICT_NOT_CONFIRMED = 109  # a ratification of a verdict that is unknown or not confirmed
+    # validator set changes (abci_app/validator_set.py: `validator_change`, `validator_approve`)
+    VALIDATOR_CHANGE_INVALID = 110  # add of a validator, power/remove of a non-validator, the same
+    #                                 power, a key that is no ed25519 point, a removal below the
+    #                                 minimum set (validator_set.MIN_VALIDATORS)
+    VALIDATOR_CHANGE_PENDING = 111  # its proposer or its target already has a pending change
+    VALIDATOR_CHANGE_UNKNOWN = 112  # an approval of a change id the chain does not hold
+    VALIDATOR_CHANGE_EXPIRED = 113  # an approval after the change's last epoch
     # commit-reveal (abci_app/commitments.py): only the staked pools commit
     NOT_STAKED = 106  # commit by a compute node outside the staked pools (pool/<model>/<key>)
     # queries

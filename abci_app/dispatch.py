@@ -20,6 +20,7 @@ from abci_app import (
     seeds,
     settlement,
     spot_reports,
+    validator_set,
     verdicts,
     verifier_endpoints,
 )
@@ -42,6 +43,7 @@ from protocol.committee.registry import (
 from protocol.committee.relay_credits import RelayRedeem
 from protocol.committee.relays import RegisterRelay
 from protocol.committee.settlement import PayoutVote, WorkReport
+from protocol.committee.validator_set import ValidatorApprove, ValidatorChange
 from protocol.committee.verification import (
     SeedCommit,
     SeedReveal,
@@ -94,4 +96,6 @@ HANDLERS: dict[str, Handler] = {
     CreditMint.TYPE: credits.credit_mint,
     CreditRedeem.TYPE: serving(credits.credit_redeem),
     RelayRedeem.TYPE: relay_credits.relay_redeem,
+    ValidatorChange.TYPE: validator_set.validator_change,
+    ValidatorApprove.TYPE: validator_set.validator_approve,
 }

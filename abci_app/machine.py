@@ -13,7 +13,8 @@ What CometBFT asks of the app, without protobuf (`app.py` adapts the messages):
                       budgets (`MAX_PROPOSAL_WORK`)
     process_proposal  only well-formed, correctly signed txs, the extended-commit tx exactly
                       where required
-    begin_block → deliver_tx … → end_block (height-driven rules; returns the app hash) → commit
+    begin_block → deliver_tx … → end_block (height-driven rules; returns the app hash and
+                      leaves the block's validator updates in `state.validator_updates`) → commit
 
 `deliver_tx` decodes, checks the nonce, runs the tx's rule (`dispatch.HANDLERS`) and keeps its
 writes only when it succeeds (every rule is atomic); the nonce is consumed as soon as signature
@@ -42,6 +43,7 @@ from abci_app import (
     schema,
     settlement,
     speeds,
+    validator_set,
     verdicts,
 )
 from abci_app.codes import Code, Rejected
@@ -365,6 +367,7 @@ class StateMachine:
         registry.expire_registrations(state, height)
         retention.prune(state, height)
         retention.prune_expired(state, state.block_time)
+        validator_set.switch(state, height)  # before the DKG: a run configured now gets the new set
         credit_dkg.end_block(state, height)
         if height % state.genesis.epoch_length == 0:
             settlement.close(state, height)
@@ -372,6 +375,7 @@ class StateMachine:
             verdicts.settle_accusations(state, height // state.genesis.epoch_length)
             numerics.apply_due(state, height // state.genesis.epoch_length + 1)
             epochs.close_epoch(state, height, state.block_hash)
+            validator_set.close(state, height)  # → state.validator_updates, in effect at H + 2
         return state.seal_block()
 
     def commit(self) -> None:

@@ -26,6 +26,8 @@ paths answer `UNKNOWN_QUERY`.
     /verdicts     ?id ?confirmed                votes and the signatures sorted by operator address
     /nonce        ?account                      last committed nonce (next must be greater)
     /params                                     genesis parameters, validators, height, app hash
+    /validator_changes                          pending validator set changes, the next set
+                                                (validator_set.py)
     /seeds        ?epoch                        verifier seed commitments and reveals of an epoch
     /verifiers                                  confirmed / refused accusation marks per validator
     /verifier_endpoints                         where each verifier forwards its findings
@@ -53,6 +55,7 @@ from abci_app import (
     prices,
     schema,
     speeds,
+    validator_set,
     verifier_endpoints,
 )
 from abci_app.codes import Code
@@ -462,6 +465,7 @@ ROUTES: dict[str, Route] = {
     "/spot_reports": _spot_reports,
     "/coverage": _coverage,
     "/prices": prices.prices_query,
+    "/validator_changes": validator_set.changes,
     **PAYOUT_ROUTES,
     **CREDIT_ROUTES,
     **LOCK_ROUTES,

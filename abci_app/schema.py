@@ -13,7 +13,9 @@ from __future__ import annotations
 
 # --- chain metadata and accounts -----------------------------------------------------------------
 
-# meta/{chain_id, ve_enable_height, genesis, validators} (InitChain) and meta/current_epoch
+# meta/{chain_id, ve_enable_height, genesis, validators} (InitChain) and meta/current_epoch;
+# meta/validators_next: {from_height, validators} the set an epoch boundary's approved changes
+# make, in effect from that height (validator_set.py)
 META = "meta"
 # acct/<signer hex>: the signer's last committed nonce (int)
 NONCE = "acct"
@@ -143,6 +145,12 @@ COVERAGE_DUE = "covdue"
 
 # --- credits (credits.py) --------------------------------------------------------------------
 
+# vchange/<change id>: {id, action, pub_key, address, power, operator, proposer, height,
+# last_epoch, approvals [validator addresses], approved_height}: a pending validator set change;
+# vchprop/<proposer address> and vchkey/<target pub_key>: its id (one pending change each)
+VALIDATOR_CHANGE = "vchange"
+VALIDATOR_CHANGE_BY_PROPOSER = "vchprop"
+VALIDATOR_CHANGE_BY_KEY = "vchkey"
 # cdkg/<period>: {period, session, receivers [[address, pub_key]], threshold, start, finish,
 # result: null | {key, commitments, public_shares {address: hex}, qualified, threshold} |
 # {failed: reason}}: one key period's DKG and its committee key (credit_dkg.py)

@@ -52,6 +52,8 @@ class State:
         self.block_time = 0  # unix seconds of the block header (CometBFT's BFT time)
         self.block_hash = b""
         self.events: list[Event] = []
+        # (consensus key hex, new power; 0 removes) of this block, for FinalizeBlock
+        self.validator_updates: list[tuple[str, int]] = []
         self._block: dict[tuple[str, str], Any] = {}
         self._tx: dict[tuple[str, str], Any] | None = None
         # InitChain's writes: readable at once, persisted with block 1 (a crash before that
@@ -184,6 +186,14 @@ class State:
     def has_two_thirds(self, power: int) -> bool:
         return 3 * power >= 2 * self.total_power
 
+    def set_validators(self, records: list[dict[str, Any]]) -> None:
+        """Replace the validator set (records sorted by address) from this block on."""
+        self.put(schema.META, "validators", records)
+        self.validators = records
+        self.by_address = {v["address"]: v for v in records}
+        self.by_pubkey = {v["pub_key"]: v for v in records}
+        self.total_power = sum(v["power"] for v in records)
+
     def validator_keys(self) -> dict[str, tuple[bytes, int]]:
         return {v["address"]: (bytes.fromhex(v["pub_key"]), v["power"]) for v in self.validators}
 
@@ -233,6 +243,7 @@ class State:
         self.block_height = height
         self.block_time = time_s
         self.block_hash = block_hash
+        self.validator_updates = []
         self._block = {}
 
     def seal_block(self) -> bytes:

@@ -34,6 +34,7 @@ from protocol.committee.registry import (
 from protocol.committee.relay_credits import RelayRedeem
 from protocol.committee.relays import RegisterRelay
 from protocol.committee.settlement import PayoutVote, WorkReport
+from protocol.committee.validator_set import ValidatorApprove, ValidatorChange
 from protocol.committee.verification import (
     SeedCommit,
     SeedReveal,
@@ -90,6 +91,8 @@ TxBody = (
     | MoveShards
     | SetNumerics
     | VerifierNumerics
+    | ValidatorChange
+    | ValidatorApprove
 )
 BODY_TYPES: dict[str, Any] = {
     cls.TYPE: cls
@@ -122,6 +125,8 @@ BODY_TYPES: dict[str, Any] = {
         MoveShards,
         SetNumerics,
         VerifierNumerics,
+        ValidatorChange,
+        ValidatorApprove,
     )
 }
 

@@ -84,6 +84,8 @@ TX_TYPES = (
     "move_shards",
     "set_numerics",
     "verifier_numerics",
+    "validator_change",
+    "validator_approve",
 )
 FIELDS = (
     "amount",
@@ -117,6 +119,11 @@ FIELDS = (
     "prepaid",
     "numerics",
     "verdict",
+    "action",
+    "pub_key",
+    "power",
+    "operator",
+    "change",
 )
 ROUTES = (
     "/nodes",
