@@ -45,8 +45,11 @@ from abci_app.encoding import decode_uvarint
 from abci_app.proto import abci_pb
 from abci_app.server import frame
 from harness.gateway_net import terminate
+from protocol import bls
 from protocol.canonical import canonical_json
+from protocol.committee.credits import MintPartials
 from protocol.committee.envelope import decode, sign
+from protocol.committee.grammar import TxDecodeError
 from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from tests.committee_chain import CHAIN_ID, seeded_evm_key, seeded_key, seeded_validators
@@ -62,6 +65,7 @@ RPC_WORKERS = 2
 RPC_BATCH = 10  # CometBFT allows at most 10 requests in one JSON-RPC batch
 RPC_BATCH_BYTES = 600_000
 pb = abci_pb()
+G1_HEX = bls.g1_bytes(bls.g1_generator()).hex()  # a compressed point a partial could be
 
 
 # --- the grammar ---------------------------------------------------------------------------------
@@ -83,6 +87,7 @@ TX_TYPES = (
     "move_shards",
     "set_numerics",
     "verifier_numerics",
+    "mint_partials",
 )
 FIELDS = (
     "amount",
@@ -115,6 +120,8 @@ FIELDS = (
     "checks",
     "prepaid",
     "numerics",
+    "mint",
+    "partials",
 )
 ROUTES = (
     "/nodes",
@@ -133,6 +140,8 @@ ROUTES = (
     "/credits",
     "/spot_reports",
     "/relays",
+    "/mint_partials",
+    "/credit_partials",
 )
 PARAMS = (
     "model",
@@ -150,6 +159,7 @@ PARAMS = (
     "account",
     "account",
     "from",
+    "mint",
 )
 NUMBERS = (
     "0",
@@ -200,6 +210,8 @@ STRINGS = (
     "SERVING",
     "heartbeat",
     '\\"',
+    G1_HEX,
+    G1_HEX[:-2] + "00",
 )
 
 
@@ -292,8 +304,25 @@ class Grammar:
             return bytes(raw).replace(b",", b", ", 1)
         return bytes(raw) + b" "
 
+    def signed_partials(self) -> bytes:
+        """A well-signed `mint_partials` with hostile contents (a stranger's key, unknown or
+        malformed mints, points off the curve, too many): parsed and refused by name."""
+        partials = [self.rng.choice((G1_HEX, G1_HEX[:-2] + "00", "00" * 48))] * self.rng.choice(
+            (1, 3, 129)
+        )
+        mint = "0x" + self.rng.randbytes(32).hex()
+        body = {"mint": mint, "partials": partials}
+        key = seeded_key(f"fuzz-{self.rng.randrange(8)}")
+        try:
+            return sign(MintPartials.from_json(body), key, self.rng.randrange(1, 1000)).encode()
+        except TxDecodeError:
+            raw = sign(MintPartials(mint, (bytes.fromhex(G1_HEX),)), key, 1).encode()
+            return raw.replace(G1_HEX.encode(), partials[0].encode() * 2, 1)
+
     def tx(self) -> bytes:
         r = self.rng.random()
+        if r < 0.05:
+            return self.signed_partials()
         if r < 0.4:
             return self.envelope().encode("utf-8", "surrogatepass")
         if r < 0.5:
