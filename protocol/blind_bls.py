@@ -283,9 +283,7 @@ def verify_partials(
     coefficients = _partials_coefficients(context, public_share, blinded, partials)
     partial_sum = bls.g1_identity()
     blinded_sum = bls.g1_identity()
-    for index, (b_raw, s_raw, rho) in enumerate(
-        zip(blinded, partials, coefficients, strict=True)
-    ):
+    for index, (b_raw, s_raw, rho) in enumerate(zip(blinded, partials, coefficients, strict=True)):
         b_point = bls.parse_g1(b_raw, f"blinded message {index}")
         s_point = bls.parse_g1(s_raw, f"partial signature {index}")
         partial_sum = partial_sum + bls.g1_mul(s_point, rho)
