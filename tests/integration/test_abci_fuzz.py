@@ -47,9 +47,7 @@ from abci_app.server import frame
 from harness.gateway_net import terminate
 from protocol import bls
 from protocol.canonical import canonical_json
-from protocol.committee.credits import MintPartials
 from protocol.committee.envelope import decode, sign
-from protocol.committee.grammar import TxDecodeError
 from protocol.committee.registry import Heartbeat, RegisterNode, sign_registration
 from protocol.eip712 import address_of
 from tests.committee_chain import CHAIN_ID, seeded_evm_key, seeded_key, seeded_validators
@@ -304,25 +302,8 @@ class Grammar:
             return bytes(raw).replace(b",", b", ", 1)
         return bytes(raw) + b" "
 
-    def signed_partials(self) -> bytes:
-        """A well-signed `mint_partials` with hostile contents (a stranger's key, unknown or
-        malformed mints, points off the curve, too many): parsed and refused by name."""
-        partials = [self.rng.choice((G1_HEX, G1_HEX[:-2] + "00", "00" * 48))] * self.rng.choice(
-            (1, 3, 129)
-        )
-        mint = "0x" + self.rng.randbytes(32).hex()
-        body = {"mint": mint, "partials": partials}
-        key = seeded_key(f"fuzz-{self.rng.randrange(8)}")
-        try:
-            return sign(MintPartials.from_json(body), key, self.rng.randrange(1, 1000)).encode()
-        except TxDecodeError:
-            raw = sign(MintPartials(mint, (bytes.fromhex(G1_HEX),)), key, 1).encode()
-            return raw.replace(G1_HEX.encode(), partials[0].encode() * 2, 1)
-
     def tx(self) -> bytes:
         r = self.rng.random()
-        if r < 0.05:
-            return self.signed_partials()
         if r < 0.4:
             return self.envelope().encode("utf-8", "surrogatepass")
         if r < 0.5:
