@@ -348,7 +348,9 @@ def fund_mint(state: State, tx: SignedTx) -> None:
     state.delete(schema.PRUNE_INDEX, schema.prune_key(record["epoch"], schema.MINT, body.mint))
     lifetime = state.genesis.credit_lifetime_epochs
     issued = record["issue_epoch"]
-    rules.track_at(state, schema.MINT, body.mint, issued + lifetime)
+    # … and at least until its signing deadline's epoch: its refund reads it (mint_partials.py)
+    kept = max(issued + lifetime, rules.epoch_of(state, deadline))
+    rules.track_at(state, schema.MINT, body.mint, kept)
     escrow = (state.genesis.escrow_address or "").lower()
     charge = schema.charge_key(record["payer"], escrow, MINT_KIND, body.mint)
     state.put(schema.SPENT, charge, {"total": record["amount"], "expiry": record["expiry"]})

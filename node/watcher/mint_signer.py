@@ -32,7 +32,8 @@ from protocol.fields import Fields
 
 log = logging.getLogger(__name__)
 
-SIGNING_PAGES = 64  # pages of `/mints?signing=true` a pass reads (1,000 funded mints a page)
+SIGNING_PAGE = 100  # mints a page: a row carries its points (up to 128 × 96 hex characters)
+SIGNING_PAGES = 640  # pages a pass reads: 64,000 funded mints short of t (each one was paid for)
 PARTIALS_REPLAYED = 88  # abci_app/codes.py: this validator's set is on the chain already
 MINT_SIGNING_CLOSED = 89  # abci_app/codes.py: past the deadline, refunded
 DONE_CODES = frozenset({PARTIALS_REPLAYED, MINT_SIGNING_CLOSED})
@@ -108,7 +109,12 @@ class MintSigner:
     async def step(self) -> list[str]:
         """One pass; returns the ids of the mints whose partials it posted."""
         rows, whole = await read_pages(
-            self.committee.query, "/mints", "mints", max_pages=SIGNING_PAGES, signing="true"
+            self.committee.query,
+            "/mints",
+            "mints",
+            max_pages=SIGNING_PAGES,
+            signing="true",
+            limit=SIGNING_PAGE,
         )
         if not whole:
             log.warning("over %d funded mints wait for partials: the rest waits a pass", len(rows))
