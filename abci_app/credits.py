@@ -337,7 +337,13 @@ def fund_mint(state: State, tx: SignedTx) -> None:
             "refunded_height": None,
         },
     )
-    state.put(schema.MINT_SIGNING, schema.signing_key(deadline, body.mint), 0)
+    # what a refund pays, kept with the deadline itself (the record may be pruned before it)
+    refund = {"payer": record["payer"], "amount": record["amount"], "count": record["count"]}
+    state.put(
+        schema.MINT_SIGNING,
+        schema.signing_key(deadline, body.mint),
+        {**refund, "issue_epoch": record["issue_epoch"]},
+    )
     for lane in (schema.BUYER_LANE, schema.NEW_PAYER_LANE):
         if state.get(schema.MINT_UNFUNDED, f"{lane}/{body.mint}") is not None:
             state.delete(schema.MINT_UNFUNDED, f"{lane}/{body.mint}")
@@ -348,9 +354,7 @@ def fund_mint(state: State, tx: SignedTx) -> None:
     state.delete(schema.PRUNE_INDEX, schema.prune_key(record["epoch"], schema.MINT, body.mint))
     lifetime = state.genesis.credit_lifetime_epochs
     issued = record["issue_epoch"]
-    # … and at least until its signing deadline's epoch: its refund reads it (mint_partials.py)
-    kept = max(issued + lifetime, rules.epoch_of(state, deadline))
-    rules.track_at(state, schema.MINT, body.mint, kept)
+    rules.track_at(state, schema.MINT, body.mint, issued + lifetime)
     escrow = (state.genesis.escrow_address or "").lower()
     charge = schema.charge_key(record["payer"], escrow, MINT_KIND, body.mint)
     state.put(schema.SPENT, charge, {"total": record["amount"], "expiry": record["expiry"]})

@@ -24,8 +24,10 @@ A paid mint gives exactly its N credits or its price back, by a deadline (docs/c
 
     EndBlock of height h (`end_block`, before the epoch close): every mint of `msign/` with a
                    deadline ≤ h (fewer than t signers: the t-th deleted its entry) is refunded,
-                   once: `refunded_height` = h, `mrefund/<epoch of h>/<mint>` = {payer, amount},
-                   `cissue/<issue epoch>`.funded −= its count. The close of that epoch pays the
+                   once, from that entry (payer, amount, count, issue epoch: kept there, so a
+                   record pruned first changes nothing): `refunded_height` = h on its record,
+                   `cissue/<issue epoch>`.funded −= its count, and `mrefund/<epoch of h>/<mint>`
+                   = {payer, amount}. The close of that epoch pays the
                    payer `amount` — what the mint charged, exactly — as a direct row on the credit
                    pool's page, before any other row (settlement.py), or moves the refund whole
                    to the next epoch when the pool cannot pay it in full yet.
@@ -127,21 +129,22 @@ def end_block(state: State, height: int) -> None:
     t posted partial sets (the module docstring)."""
     if state.genesis.credit_price_wei is None:
         return
-    for key, _ in state.items(schema.MINT_SIGNING, "", f"{height + 1:020d}"):
+    for key, due in state.items(schema.MINT_SIGNING, "", f"{height + 1:020d}"):
         state.delete(schema.MINT_SIGNING, key)
-        mint = key.split("/", 1)[1]
-        record = state.get(schema.MINT, mint)
-        if record is None or record.get("refunded_height") is not None:
-            continue
-        refund(state, mint, record, height)
+        refund(state, key.split("/", 1)[1], due, height)
 
 
-def refund(state: State, mint: str, record: dict[str, Any], height: int) -> None:
+def refund(state: State, mint: str, due: dict[str, Any], height: int) -> None:
+    """Refund `mint` (its `msign/` entry `due`: payer, amount, count, issue epoch) at `height`:
+    its record marked (when not pruned yet: nothing can sign it then either), the close of
+    this epoch owes its payer its amount."""
+    record = state.get(schema.MINT, mint)
+    if record is not None:  # within its credits' window: their issue count drops too
+        state.put(schema.MINT, mint, {**record, "refunded_height": height})
+        credits.count_issued(state, int(due["issue_epoch"]), "funded", -int(due["count"]))
     epoch = rules.epoch_of(state, height)
-    state.put(schema.MINT, mint, {**record, "refunded_height": height})
-    owe_refund(state, epoch, mint, str(record["payer"]).lower(), int(record["amount"]))
-    credits.count_issued(state, int(record["issue_epoch"]), "funded", -int(record["count"]))
-    state.emit("planet.mint_refunded", mint=mint, payer=record["payer"], amount=record["amount"])
+    owe_refund(state, epoch, mint, str(due["payer"]).lower(), int(due["amount"]))
+    state.emit("planet.mint_refunded", mint=mint, payer=due["payer"], amount=due["amount"])
 
 
 def owe_refund(state: State, epoch: int, mint: str, payer: str, amount: int) -> None:

@@ -164,8 +164,9 @@ MINT = "mint"
 # mpart/<mint id>/<validator address>: {index, partials [hex], height}: a validator's partial
 # signatures for a funded mint, verified when posted (mint_partials.py); pruned with the mint
 MINT_PARTIALS = "mpart"
-# msign/<deadline height, 20 digits>/<mint id>: 0 for a funded mint with fewer than t posted
-# partial sets; deleted when the t-th lands, or at the deadline's EndBlock (then refunded)
+# msign/<deadline height, 20 digits>/<mint id>: {payer, amount, count, issue_epoch} for a funded
+# mint with fewer than t posted partial sets (what its refund pays, kept here: the record may be
+# pruned first); deleted when the t-th lands, or at the deadline's EndBlock (then refunded)
 MINT_SIGNING = "msign"
 # mrefund/<epoch>/<mint id>: {payer, amount}: a mint refunded in that epoch (fewer than t partial
 # sets by its deadline): paid to its payer in full by that epoch's close (settlement.py), moved
