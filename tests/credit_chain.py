@@ -196,7 +196,17 @@ def minted(
     req = request(chain, count)
     result = send(chain, req.body)
     assert result.code == Code.OK, result.log
-    fund(chain, req.mint_id)
+    # the vouches and, right after them in the same block, every validator's partials (their
+    # watchers post them once it is funded: one block here, as before partials were on chain)
+    vouches = [chain.tx(FundMint(req.mint_id), v.key) for v in chain.validators]
+    signed = []
+    for validator, store in zip(chain.validators, shares(tmp_path, chain), strict=True):
+        held = store.share(req.body.period)
+        if held is not None:
+            body = MintPartials(req.mint_id, sign_set(held[1], req.body.blinded))
+            signed.append(chain.tx(body, validator.key))  # nonces after its vouch's
+    results = chain.block([*vouches, *signed])
+    assert all(r.code == Code.OK for r in results), [r.log for r in results]
     credits = req.finalize(period_key(chain, req.body.period), gather(chain, tmp_path, req.mint_id))
     return credits, req
 
