@@ -81,10 +81,10 @@ class Deposits:
 @contextlib.contextmanager
 def _funder(net: Net, escrow: Escrow, deposits: Deposits) -> Iterator[None]:
     """The validator's real mint funder, DKG driver and mint signer, one pass every 0.3 s, on
-    its own event loop (one link: the watcher's). A pass that fails by name (a DKG message that reached the
-    chain after its phase on a loaded machine: refused, and the chain runs the DKG again) is
-    logged and the next pass runs, as in the watcher (node/watcher/__main__.py); any other
-    error ends the loop and is raised when the block exits."""
+    its own event loop (one link: the watcher's). A pass that fails by name (a DKG message that
+    reached the chain after its phase on a loaded machine: refused, and the chain runs the DKG
+    again) is logged and the next pass runs, as in the watcher (node/watcher/__main__.py); any
+    other error ends the loop and is raised when the block exits."""
     stop = threading.Event()
     crashed: list[BaseException] = []
 
