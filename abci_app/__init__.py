@@ -21,6 +21,8 @@ feature modules never import each other:
                        unstaked registrations expiring
     commitments.py     commit, reveal; equivocation and reveal-mismatch evidence
     verdicts.py        verdict_vote; accusations settled at the epoch after the first vote
+    ratifications.py   verdict_ratify: validators attest a confirmed verdict (a numerics
+                       version's quorum) so that its signatures reach FraudProofs' 2/3
     seeds.py           seed_commit, seed_reveal (verifier seeds)
     spot_reports.py    spot_check_report (spot checks credited to verifiers)
     verifier_endpoints.py  verifier_endpoint (where a verifier forwards its findings)

@@ -115,10 +115,12 @@ class Code(IntEnum):
     # numerics changes (abci_app/numerics.py: `set_numerics`, `verifier_numerics`)
     NUMERICS_UNCHANGED = 107  # a change to the version in effect (nothing pending) or pending
     NUMERICS_TOO_SOON = 108  # a change while one is pending or within NUMERICS_COOLDOWN_EPOCHS
+    # ratifications (abci_app/ratifications.py: `verdict_ratify`)
+    VERDICT_NOT_CONFIRMED = 109  # a ratification of a verdict that is unknown or not confirmed
     # commit-reveal (abci_app/commitments.py): only the staked pools commit
     NOT_STAKED = 106  # commit by a compute node outside the staked pools (pool/<model>/<key>)
     # /credit_partials of a funded mint whose partials this validator has not posted yet
-    PARTIALS_NOT_POSTED = 109
+    PARTIALS_NOT_POSTED = 110
     # queries
     UNKNOWN_QUERY = 40
     BAD_QUERY = 41

@@ -51,12 +51,13 @@ from abci_app.state import State
 from protocol.committee.envelope import SignedTx
 from protocol.committee.registry import SetNumerics
 from protocol.committee.verification import VerifierNumerics
+from protocol.numerics import NUMERICS_COOLDOWN_EPOCHS
 from protocol.spotcheck import CHECK_LOOKBACK_EPOCHS
 
-# epochs between two changes of one record taking effect: longer than the window of epochs a
-# spot check still judges (CHECK_LOOKBACK_EPOCHS + 1), so a verdict's window holds at most two
-# versions and `numerics_previous` is enough to know each epoch's
-NUMERICS_COOLDOWN_EPOCHS = 8
+# NUMERICS_COOLDOWN_EPOCHS (protocol/numerics.py), epochs between two changes of one record
+# taking effect: longer than the window of epochs a spot check still judges
+# (CHECK_LOOKBACK_EPOCHS + 1), so a verdict's window holds at most two versions and
+# `numerics_previous` is enough to know each epoch's
 MIN_GROUP_VERIFIERS = 2  # a version group needs two verifiers at least, and a conviction two votes
 
 Reader = Callable[[str, str], Any]

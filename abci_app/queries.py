@@ -331,19 +331,26 @@ def _epochs(state: State, params: dict[str, Any]) -> Any:
 
 
 def verdict_view(record: dict[str, Any], total_power: int) -> dict[str, Any]:
-    votes = sorted(record["votes"].values(), key=lambda v: int(v["operator"], 16))
+    """A verdict as `/verdicts` lists it: the voters' and the ratifiers' signatures together,
+    ascending by operator (what `FraudProofs.slashByVerdict` takes), `ratifiers` the operators
+    that ratified (abci_app/ratifications.py)."""
+    ratifications = record.get("ratifications", {})
+    signed = [*record["votes"].values(), *ratifications.values()]
+    signed.sort(key=lambda v: int(v["operator"], 16))
+    power = record["power"] + record.get("ratified_power", 0)
     return {
-        **{k: v for k, v in record.items() if k != "votes"},
-        "signers": [v["operator"] for v in votes],
-        "signatures": [v["signature"] for v in votes],
+        **{k: v for k, v in record.items() if k not in ("votes", "ratifications")},
+        "signers": [v["operator"] for v in signed],
+        "signatures": [v["signature"] for v in signed],
+        "ratifiers": sorted((v["operator"] for v in ratifications.values()), key=_hex_int),
         # confirmed by a numerics version's quorum (numerics.py): FraudProofs accepts its
-        # signatures only once they hold 2/3 of all the power (Committee.sol)
-        **(
-            {"relayable": 3 * record["power"] >= 2 * total_power}
-            if "quorum_numerics" in record
-            else {}
-        ),
+        # signatures only once votes and ratifications hold 2/3 of all the power (Committee.sol)
+        **({"relayable": 3 * power >= 2 * total_power} if "quorum_numerics" in record else {}),
     }
+
+
+def _hex_int(text: str) -> int:
+    return int(text, 16)
 
 
 def _verdicts(state: State, params: dict[str, Any]) -> Any:

@@ -74,6 +74,8 @@ def register_node(state: State, tx: SignedTx) -> None:
         record["rendezvous"] = [r.to_json() for r in body.rendezvous]
     if body.numerics is not None:  # likewise: an unannounced registration stores no field
         record["numerics"] = body.numerics
+    if body.rebalances is not None:  # likewise: unannounced (an older release) stores nothing
+        record["rebalances"] = body.rebalances
     state.put(schema.NODE, tx.signer, record)
     state.put(schema.EVM_BINDING, evm, tx.signer)
     rep = state.genesis.reputation

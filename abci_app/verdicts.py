@@ -14,7 +14,9 @@ verification (which convicts it and covers everything else), is not confirmed bu
 (the height it reached 2/3): it is not relayed to FraudProofs, and its accusation costs its
 voters nothing (settled `unconfirmed`). Several verifiers that each find a different failing
 block of one node in one epoch then halve its stake once, not once per finding. Codes:
-NOT_VALIDATOR, VERDICTS_DISABLED, BAD_VERDICT_SIGNATURE, DUPLICATE_VOTE.
+NOT_VALIDATOR, VERDICTS_DISABLED, BAD_VERDICT_SIGNATURE, DUPLICATE_VOTE (also for a validator
+that ratified the verdict: abci_app/ratifications.py, where a version-quorum verdict gathers
+the other validators' signatures FraudProofs needs; `signed_verdict` checks both).
 
 A confirmed verdict on a failed verification (offence 3, a challenge or spot-check finding
 ≥ 2/3 of the power reached) also **convicts** the node: its reputation R drops to 0 (untrusted,
@@ -88,38 +90,14 @@ def verdict_vote(state: State, tx: SignedTx) -> None:
             Code.VERIFIER_BENCHED,
             f"validator {validator['address']} is benched for a false accusation",
         )
-    genesis = state.genesis
-    if (
-        genesis.committee_address is None
-        or genesis.evm_chain_id is None
-        or genesis.fraud_proofs_address is None
-    ):
-        rules.reject(
-            Code.VERDICTS_DISABLED,
-            "genesis has no evm {chain_id, committee_address, fraud_proofs_address}",
-        )
-    operator = validator.get("operator")
-    if not operator:
-        rules.reject(
-            Code.BAD_VERDICT_SIGNATURE, f"validator {validator['address']} has no operator address"
-        )
-    try:
-        verdict = Verdict(
-            node=body.node,
-            offence=body.offence,
-            evidence_hash=bytes.fromhex(body.evidence_hash[2:]),
-            challenger=body.challenger,
-            nonce=body.verdict_nonce,
-            consumer=genesis.fraud_proofs_address,
-        )
-        domain = committee_domain(genesis.evm_chain_id, genesis.committee_address)
-        recovered = recover_digest(verdict.digest(domain), bytes.fromhex(body.signature[2:]))
-    except ProtocolError as error:
-        rules.reject(Code.BAD_VERDICT_SIGNATURE, error.message)
-    if recovered.lower() != operator.lower():
-        rules.reject(
-            Code.BAD_VERDICT_SIGNATURE, f"signature recovers {recovered}, not operator {operator}"
-        )
+    fields = {
+        "node": body.node,
+        "offence": body.offence,
+        "evidence_hash": body.evidence_hash,
+        "challenger": body.challenger,
+        "nonce": body.verdict_nonce,
+    }
+    verdict, operator = signed_verdict(state, validator, fields, body.signature)
     ident = "0x" + verdict.struct_hash().hex()
     record = state.get(schema.VERDICT, ident) or {
         "id": ident,
@@ -137,6 +115,10 @@ def verdict_vote(state: State, tx: SignedTx) -> None:
     if validator["address"] in record["votes"]:
         rules.reject(
             Code.DUPLICATE_VOTE, f"validator {validator['address']} already voted on {ident}"
+        )
+    if validator["address"] in record.get("ratifications", {}):
+        rules.reject(
+            Code.DUPLICATE_VOTE, f"validator {validator['address']} already ratified {ident}"
         )
     if not record["votes"]:  # the versions the node's checked work used, pinned at the first vote
         versions = numerics.judged_versions(state, verdict.node, current)
@@ -170,6 +152,48 @@ def verdict_vote(state: State, tx: SignedTx) -> None:
             state.put(schema.SLASHED, slot, sorted([*earlier, verdict.offence]))
             _convict(state, verdict.node, verdict.offence, current)
     state.put(schema.VERDICT, ident, updated)
+
+
+def signed_verdict(
+    state: State, validator: dict[str, Any], fields: dict[str, Any], signature: str
+) -> tuple[Verdict, str]:
+    """The `Verdict` of `fields` (node, offence, evidence_hash 0x-hex, challenger, nonce) for
+    the genesis FraudProofs, and `validator`'s operator address, once `signature` (0x r‖s‖v)
+    is that operator's EIP-712 signature over it in the genesis committee domain; refuses by
+    name (VERDICTS_DISABLED, BAD_VERDICT_SIGNATURE) otherwise."""
+    genesis = state.genesis
+    if (
+        genesis.committee_address is None
+        or genesis.evm_chain_id is None
+        or genesis.fraud_proofs_address is None
+    ):
+        rules.reject(
+            Code.VERDICTS_DISABLED,
+            "genesis has no evm {chain_id, committee_address, fraud_proofs_address}",
+        )
+    operator = validator.get("operator")
+    if not operator:
+        rules.reject(
+            Code.BAD_VERDICT_SIGNATURE, f"validator {validator['address']} has no operator address"
+        )
+    try:
+        verdict = Verdict(
+            node=fields["node"],
+            offence=fields["offence"],
+            evidence_hash=bytes.fromhex(str(fields["evidence_hash"])[2:]),
+            challenger=fields["challenger"],
+            nonce=fields["nonce"],
+            consumer=genesis.fraud_proofs_address,
+        )
+        domain = committee_domain(genesis.evm_chain_id, genesis.committee_address)
+        recovered = recover_digest(verdict.digest(domain), bytes.fromhex(signature[2:]))
+    except ProtocolError as error:
+        rules.reject(Code.BAD_VERDICT_SIGNATURE, error.message)
+    if recovered.lower() != operator.lower():
+        rules.reject(
+            Code.BAD_VERDICT_SIGNATURE, f"signature recovers {recovered}, not operator {operator}"
+        )
+    return verdict, str(operator)
 
 
 def _convict(state: State, account: str, offence: int, epoch: int) -> None:

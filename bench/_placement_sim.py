@@ -36,7 +36,17 @@ What is modelled here (what bench/placement.py measures is the per-shard decode 
   committee would then list it, a move applied at once; a pass lasts half the policy's
   cooldown, so a node that moved sits out the next pass (the churn bound, as the agent keeps
   it: what lets a swap's partner follow before its leader could move again); until a whole
-  pass moves nobody and holds nobody back (the fixed point) or `MAX_PASSES` passes.
+  pass moves nobody and holds nobody back (the fixed point) or `MAX_PASSES` passes;
+- nodes that do not rebalance (issue 44): `pinned` ones joined where placement put them and
+  never move, registered as pinned (`rebalances` false: never a swap's partner); `silent` ones
+  never move either but do not say so (an older release); `cooling` ones rebalance with a
+  cooldown `COOLING_FACTOR` times the policy's (a partner still cooling when its leader's
+  margin runs out). Each rebalancing node keeps its swap memory (node/agent/swap_memory.py:
+  a swap not followed within its deadline is undone when that restores the pool, and its
+  partner is not chosen again for the back-off), settled on the pool before each decision as
+  the agent does; a pass with a swap still waited for, or a move back still pending, is not
+  the fixed point. `memory=False` runs the rule as it was before the memory: no memory, and
+  no node says whether it rebalances.
 
 Pure: no I/O, no clock, no randomness but the caller's seeded draws.
 """
@@ -46,9 +56,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from node.agent import swap_memory
 from node.agent.placement import DEFAULT_REPLICA_FLOOR, PoolNode, choose_shard
 from node.agent.rebalance import RebalancePolicy, decide
 from node.verifier.hop_probe import HopResult, saturate
@@ -63,6 +75,7 @@ TIMED_TOKENS = 32  # tokens of one timed sampled challenge (the verifier's `samp
 LAYERS = 10  # layers of every shard (the 3-part SmolLM2-135M: 30 layers)
 PROBE_POSITIONS = 8  # positions each session of a one-hop probe steps
 MAX_PASSES = 100  # rebalancing passes before a pool that keeps moving is called unconverged
+COOLING_FACTOR = 4  # a `cooling` node's cooldown, in the policy's
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +117,9 @@ class Outcome:
     converged: bool
     joined_tok_s: float  # pool throughput after the joins
     final_tok_s: float  # after rebalancing
+    swaps_led: int = 0  # swaps' first halves
+    swaps_led_again: int = 0  # of them, a (leader, partner, from, to) swap led before
+    swaps_unfollowed: int = 0  # swaps whose deadline passed without a follower (the memory's)
 
 
 def probe_s(sessions: int, stage_s: float, hop_s: float) -> float:
@@ -203,8 +219,11 @@ def pool_view(
     speeds: dict[str, int],
     *,
     routable: bool = True,
+    rebalances: dict[str, bool] | None = None,
 ) -> list[PoolNode]:
-    """The committee's `/nodes` list of the placed machines."""
+    """The committee's `/nodes` list of the placed machines (`rebalances`: what each node
+    registered, absent: unannounced)."""
+    flags = rebalances or {}
     return [
         PoolNode(
             key=m.key,
@@ -212,6 +231,7 @@ def pool_view(
             status="SERVING" if routable else "JOIN",
             routable=routable,
             speed=speeds.get(m.key) if routable else None,
+            rebalances=flags.get(m.key),
         )
         for m in machines
         if m.key in assign
@@ -226,13 +246,24 @@ def place(
     rule: str = "nodes",
     floor: int = DEFAULT_REPLICA_FLOOR,
     policy: RebalancePolicy | None = None,
+    pinned: frozenset[str] = frozenset(),
+    silent: frozenset[str] = frozenset(),
+    cooling: frozenset[str] = frozenset(),
+    memory: bool = True,
 ) -> Outcome:
     """Join `machines` in their order (`burst`: nobody routable or measured before the last
     joins), then rebalance to the fixed point; `rule`: which speeds the rules see (`RULES`:
-    the verifiers' per-node estimate, their old circuit rule, or each node's own)."""
+    the verifiers' per-node estimate, their old circuit rule, or each node's own); `pinned`,
+    `silent`, `cooling`, `memory`: the nodes that do not rebalance or cool down longer, and
+    whether the swap memory runs (the module docstring)."""
     if rule not in RULES:
         raise ValueError(f"rule {rule!r}: one of {RULES}")
     policy = policy or RebalancePolicy()
+    slow = replace(policy, cooldown_s=COOLING_FACTOR * policy.cooldown_s)
+    still = pinned | silent
+    flags = {m.key: m.key not in still for m in machines if m.key not in silent}
+    if not memory:
+        flags = {}
 
     known: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
 
@@ -256,28 +287,53 @@ def place(
         chosen = choose_shard(MODEL, timing.shards, view, own_key=machine.key, floor=floor)
         assign[machine.key] = chosen.shard
     joined = dict(assign)
-    moves = passes = 0
+    moves = passes = unfollowed = 0
     converged = False
     moved_at: dict[str, float] = {}
+    memories = {m.key: swap_memory.SwapMemory() for m in machines}
+    led: Counter[tuple[str, str, int, int]] = Counter()
     pass_s = policy.cooldown_s / 2  # a node that moved sits out the next pass
     while passes < MAX_PASSES and not converged:
         passes += 1
         now_s = passes * pass_s
         converged = True
         for machine in machines:
-            view = pool_view(machines, assign, speeds_of(timing, machines, assign))
+            if machine.key in still:
+                continue  # no agent moves it
+            rules = slow if machine.key in cooling else policy
+            view = pool_view(
+                machines, assign, speeds_of(timing, machines, assign), rebalances=flags
+            )
+            held = memories[machine.key]
+            if memory:
+                pending = held.pending
+                held, _ = swap_memory.settle(held, view, machine.key, timing.shards, now_s, rules)
+                unfollowed += pending is not None and held.back == pending
             last = moved_at.get(machine.key)
             decision = decide(
                 machine.key, view, timing.shards, floor,
-                now_s=now_s, last_move_s=last, policy=policy,
+                now_s=now_s, last_move_s=last, policy=rules,
+                back=held.move_back(now_s), avoid=held.backed_off(now_s),
             )  # fmt: skip
+            cooldown = last is not None and now_s - last < rules.cooldown_s
             if decision.move:
                 assign[machine.key] = decision.target
                 moved_at[machine.key] = now_s
                 moves += 1
                 converged = False
-            elif last is not None and now_s - last < policy.cooldown_s:
+                swap = decision.swap
+                if swap is not None:
+                    led[(machine.key, swap.partner, decision.current, decision.target)] += 1
+                if memory:
+                    seen = moved_at.get(swap.partner) if swap is not None else None
+                    held = swap_memory.moved(held, decision, now_s, rules, seen)
+            elif cooldown:
                 converged = False  # held by its cooldown, not settled: look again
+            elif held.back is not None:
+                held = swap_memory.given_up(held)
+            if held.pending is not None or held.back is not None:
+                converged = False  # a swap waited for, or a move back to weigh
+            memories[machine.key] = held
     return Outcome(
         joined=joined,
         final=dict(assign),
@@ -286,18 +342,28 @@ def place(
         converged=converged,
         joined_tok_s=pool_tok_s(timing, machines, joined),
         final_tok_s=pool_tok_s(timing, machines, assign),
+        swaps_led=sum(led.values()),
+        swaps_led_again=sum(count - 1 for count in led.values()),
+        swaps_unfollowed=unfollowed,
     )
 
 
 def best_tok_s(
-    timing: Timing, machines: Sequence[Machine], need: int = 0
+    timing: Timing,
+    machines: Sequence[Machine],
+    need: int = 0,
+    fixed: dict[str, int] | None = None,
 ) -> tuple[float, dict[str, int]]:
     """The highest pool throughput over every assignment of the machines to shards (S^N of
-    them; `need`: only those with at least that many nodes on every shard), and one assignment
-    that reaches it."""
+    them; `need`: only those with at least that many nodes on every shard; `fixed`: machines
+    that stay on the shard given), and one assignment that reaches it."""
     rates = [[timing.rate(m, s) for s in range(timing.shards)] for m in machines]
+    fixed = fixed or {}
+    held = [fixed.get(m.key) for m in machines]
     best, where = -1.0, ()
     for shards in itertools.product(range(timing.shards), repeat=len(machines)):
+        if any(h is not None and h != s for h, s in zip(held, shards, strict=True)):
+            continue
         if need and any(shards.count(s) < need for s in range(timing.shards)):
             continue
         supply = [0.0] * timing.shards

@@ -30,6 +30,15 @@ names), `_circuit_speeds` the old rule (each node credited its best circuit's sp
 between shards, which no circuit timing tells, taken from the truth), and `_oracle_speeds`
 each node's own true rate.
 
+Nodes that do not rebalance (`pinned_*`, `silent_*`, `cooling_*` metrics; the per-node
+estimate, the headline gain): the same draws and orders with every third drawn machine (the
+1st, 4th, 7th) joined and then never moving, registered as pinned (`pinned`), never moving
+without saying so (`silent`: an older release), or rebalancing with a 4x longer cooldown
+(`cooling`); each with the agents' swap memory (node/agent/swap_memory.py; unsuffixed) and
+without it (`_no_memory`: the rule before it). Pool ÷ the best assignment that leaves the
+non-moving machines where they joined; swaps led, led again (the same leader, partner and
+shards), not followed; passes that never reached a fixed point (`_unconverged`).
+
 Prints one BENCHMARKS.md-shaped JSON object.
 """
 
@@ -52,7 +61,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import machine, median, parse_with_quick
-from bench._placement_sim import RULES, Machine, Timing, best_tok_s, machine_key, place
+from bench._placement_sim import (
+    RULES,
+    Machine,
+    Outcome,
+    Timing,
+    best_tok_s,
+    machine_key,
+    place,
+)
 from node.agent.placement import DEFAULT_REPLICA_FLOOR
 from node.agent.rebalance import RebalancePolicy
 from node.procs import exit_process
@@ -61,6 +78,7 @@ log = logging.getLogger("bench.placement")
 ROOT = Path(__file__).resolve().parent.parent
 CLASSES = {"4x": 1.0, "2x": 2.0, "1x": 4.0}  # class -> slowdown against the measured machine
 ORDERS = ("drawn", "fastest_first", "slowest_first", "burst")
+STILL = ("pinned", "silent", "cooling")  # what every third drawn machine is (stills())
 # metric name tails of the speeds the rules see: the verifiers' per-node estimate with every node
 # probed alone (the headline), with one circuit's nodes probed, from circuits alone, the old rule
 # (each node credited its best circuit), circuits alone told the split, each node's true rate
@@ -202,6 +220,70 @@ def scenarios(
     return metrics, notes
 
 
+def stills(timing: Timing, sizes: list[int], draws: int, floor: int, gain: int) -> dict[str, Any]:
+    """Every draw × size × order with every third drawn machine pinned, silent or cooling
+    (`STILL`), with the swap memory and without it: metrics (the module docstring)."""
+    runs: dict[str, list[float]] = {}
+    counts: dict[str, int] = {}
+    policy = RebalancePolicy(gain_percent=gain)
+    bests: dict[tuple[Any, ...], float] = {}
+    for nodes, seed in itertools.product(sizes, range(draws)):
+        drawn = draw(seed, nodes)
+        chosen = frozenset(m.key for i, m in enumerate(drawn) if i % 3 == 0)
+        for order, still, memory in itertools.product(ORDERS, STILL, (True, False)):
+            line = ordered(drawn, order)
+            kept = {"pinned": {"pinned": chosen}, "silent": {"silent": chosen}}
+            outcome = place(
+                timing, line, burst=order == "burst", floor=floor, policy=policy,
+                memory=memory, cooling=chosen if still == "cooling" else frozenset(),
+                **kept.get(still, {}),
+            )  # fmt: skip
+            fixed = {} if still == "cooling" else {k: outcome.joined[k] for k in chosen}
+            need = min(floor, nodes // timing.shards)
+            best, floored = (
+                _best(bests, timing, drawn, fixed, n) for n in (0, need)
+            )  # fmt: skip
+            tail = "" if memory else "_no_memory"
+            for name, value in (("best", best), ("best_floored", floored)):
+                runs.setdefault(f"{still}_ratio_vs_{name}{tail}", []).append(
+                    outcome.final_tok_s / value
+                )
+            for name, value in _still_counts(outcome, best, floored).items():
+                counts[f"{still}_{name}{tail}"] = counts.get(f"{still}_{name}{tail}", 0) + value
+    metrics: dict[str, Any] = {}
+    for name, values in runs.items():
+        metrics[f"{name}_min"] = round(min(values), 3)
+        metrics[f"{name}_median"] = round(statistics.median(values), 3)
+    metrics.update(counts)
+    return metrics
+
+
+def _best(
+    known: dict[tuple[Any, ...], float],
+    timing: Timing,
+    drawn: list[Machine],
+    fixed: dict[str, int],
+    need: int,
+) -> float:
+    """`best_tok_s` of the machines with `fixed` ones held where they are, computed once."""
+    seen = (tuple(drawn), tuple(sorted(fixed.items())), need)
+    if seen not in known:
+        known[seen] = best_tok_s(timing, drawn, need=need, fixed=fixed)[0]
+    return known[seen]
+
+
+def _still_counts(outcome: Outcome, best: float, floored: float) -> dict[str, int]:
+    return {
+        "placements_below_0_9": int(outcome.final_tok_s < 0.9 * best),
+        "placements_below_0_9_floored": int(outcome.final_tok_s < 0.9 * floored),
+        "rebalance_moves_total": outcome.moves,
+        "swaps_led": outcome.swaps_led,
+        "swaps_led_again": outcome.swaps_led_again,
+        "swaps_unfollowed": outcome.swaps_unfollowed,
+        "unconverged": int(not outcome.converged),
+    }
+
+
 def _shortfall(
     timing: Timing,
     line: list[Machine],
@@ -338,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     gains = [args.gain_percent, *(g for g in args.compare_gains if g != args.gain_percent)]
     placed, notes = scenarios(timing, sizes, args.draws, args.floor, gains)
     metrics.update(placed)
+    metrics.update(stills(timing, sizes, args.draws, args.floor, args.gain_percent))
     metrics["placement_wall_s"] = round(time.perf_counter() - started, 2)
     for note in notes:
         log.info("below 0.9 (committee speeds, per-node estimate): %s", note)
@@ -373,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
             "hop_ms": args.hop_ms,
             "replica_floor": args.floor,
             "rebalance": "node/agent/rebalance.py decide, to a fixed point",
+            "stills": "every third drawn machine pinned / silent / cooling (4x cooldown), "
+            "with and without the swap memory",
             "gain_percent": args.gain_percent,
             "compare_gains": gains[1:],
             "recovery": source,

@@ -22,7 +22,11 @@ from protocol.overlay import Hop
 
 
 class RelayProcess:
-    def __init__(self, home: Path) -> None:
+    """`planet relay serve --no-register --allow-private-next-hops` on loopback, with `extra`
+    arguments (e.g. `--committee-rpc URL`: an exit that reaches a node behind NAT at the other
+    addresses its key registered)."""
+
+    def __init__(self, home: Path, extra: Sequence[str] = ()) -> None:
         home.mkdir(parents=True, exist_ok=True)
         self.port = ephemeral_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -30,7 +34,7 @@ class RelayProcess:
         self.log = self.log_path.open("w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "planet", "relay", "serve", "--home", str(home),
-             "--port", str(self.port), "--allow-private-next-hops", "--no-register"],
+             "--port", str(self.port), "--allow-private-next-hops", "--no-register", *extra],
             stdout=subprocess.PIPE, stderr=self.log, text=True,
         )  # fmt: skip
         assert self.process.stdout is not None
@@ -50,11 +54,11 @@ class RelayProcess:
 
 
 @contextmanager
-def relays(count: int, root: Path) -> Iterator[list[RelayProcess]]:
+def relays(count: int, root: Path, extra: Sequence[str] = ()) -> Iterator[list[RelayProcess]]:
     started: list[RelayProcess] = []
     try:
         for i in range(count):
-            started.append(RelayProcess(root / f"relay{i}"))
+            started.append(RelayProcess(root / f"relay{i}", extra))
         yield started
     finally:
         for relay in started:

@@ -39,6 +39,9 @@ from protocol.errors import ProtocolError
 
 NUMERICS = 2  # this release's numerics (see the table above)
 MAX_NUMERICS = 65_535  # a version is an integer 1..65535 (uint16)
+# epochs between two changes of one record taking effect (abci_app/numerics.py says why);
+# here because the node agent waits them out before it sends `set_numerics`
+NUMERICS_COOLDOWN_EPOCHS = 8
 
 
 class NumericsError(ProtocolError):

@@ -26,11 +26,13 @@ from pathlib import Path
 
 import aiohttp
 
+from node.agent import swap_memory
 from node.agent.agent import AgentConfig, NodeAgent
 from node.agent.commitments import Committer
 from node.agent.credit_spools import ShardSpools
 from node.agent.mover import Rebalancer
 from node.agent.node_host import ProcessHost, read_launch
+from node.agent.numerics_keeper import NumericsKeeper
 from node.agent.pricing import PriceKeeper
 from node.agent.rebalance import RebalancePolicy
 from node.chain.committee_link import CommitteeLink
@@ -87,6 +89,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "shard (0: free); a change counts from the next epoch",
     )
     parser.add_argument(
+        "--no-auto-numerics",
+        dest="auto_numerics",
+        action="store_false",
+        default=None,
+        help="do not announce this release's numerics when the registration announces others "
+        "(set_numerics; default: announce, once the chain's cooldown allows; "
+        "PLANET_AUTO_NUMERICS=0 also turns it off)",
+    )
+    parser.add_argument(
         "--rebalance",
         action="store_true",
         help="move to another shard of the model when the pool gains from it (rebalance.py)",
@@ -117,12 +128,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=policy.drain_s,
         help=f"live sessions on the old shard may finish this long (default {policy.drain_s:.0f})",
     )
+    parser.add_argument(
+        "--rebalance-follow-margin-s",
+        type=float,
+        default=policy.follow_margin_s,
+        help="a swap's partner follows within its remaining cooldown plus this, else the swap is "
+        f"undone (default {policy.follow_margin_s:.0f}; node/agent/swap_memory.py)",
+    )
+    parser.add_argument(
+        "--rebalance-swap-backoff-s",
+        type=float,
+        default=policy.swap_backoff_s,
+        help="a partner that did not follow a swap is not chosen again for this long "
+        f"(default {policy.swap_backoff_s:.0f})",
+    )
     parser.add_argument("--log-level", default=os.environ.get("PLANET_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
-    if (
-        args.rebalance_every < 1
-        or min(args.rebalance_cooldown_s, args.rebalance_jitter_s, args.rebalance_drain_s) < 0
-    ):
+    if args.auto_numerics is None:
+        env = os.environ.get("PLANET_AUTO_NUMERICS", "1")
+        if env not in ("0", "1"):
+            parser.error(f"PLANET_AUTO_NUMERICS must be 0 or 1, got {ascii(env)[:20]}")
+        args.auto_numerics = env == "1"
+    seconds = (
+        args.rebalance_cooldown_s,
+        args.rebalance_jitter_s,
+        args.rebalance_drain_s,
+        args.rebalance_follow_margin_s,
+        args.rebalance_swap_backoff_s,
+    )
+    if args.rebalance_every < 1 or not all(0 <= s < float("inf") for s in seconds):
         parser.error("--rebalance-every must be >= 1 and the --rebalance-*-s values >= 0")
     if args.credit_positions is not None and not 0 <= args.credit_positions <= MAX_PRICE_POSITIONS:
         parser.error(f"--credit-positions must be 0 (free) … {MAX_PRICE_POSITIONS}")
@@ -156,6 +190,7 @@ async def run(args: argparse.Namespace) -> int:
             for relay, endpoint in args.rendezvous
         ),
         heartbeat_every=args.heartbeat_every,
+        rebalances=bool(args.rebalance),
     )
     # its own node: an https endpoint must prove this agent's node key (the one registered)
     pin = link_ssl(config.endpoint, signer, plaintext_ok=True)
@@ -181,6 +216,8 @@ async def run(args: argparse.Namespace) -> int:
             committer=committer,
         )
         _serve_shard(agent, link, args, manifest.model_hash, args.shard)
+        if args.auto_numerics:
+            agent.numerics = NumericsKeeper(agent, link)
         if args.rebalance:
             agent.rebalancer = _rebalancer(agent, link, args, manifest, signer, password)
         try:
@@ -236,9 +273,12 @@ def _rebalancer(
             cooldown_s=args.rebalance_cooldown_s,
             max_jitter_s=args.rebalance_jitter_s,
             drain_s=args.rebalance_drain_s,
+            follow_margin_s=args.rebalance_follow_margin_s,
+            swap_backoff_s=args.rebalance_swap_backoff_s,
         ),
         before_move=before_move,
         on_moved=on_moved,
+        memory_path=run_dir / swap_memory.FILE,
     )
 
 

@@ -12,6 +12,9 @@ more than T blocks → DOWN, leave → LEFT (final). The agent
    and redeems the credits its clients paid with (`credit_till.py`): the node's only pay;
 5. when it rebalances (joined with auto placement, or `--rebalance`), looks at its model's
    pool and moves to a shard that gains from it (`mover.Rebalancer`, `rebalance.decide`);
+   when the registration announces other numerics than this release's (an upgraded node),
+   announces this release's (`numerics_keeper.NumericsKeeper`: `set_numerics` once the
+   chain's cooldown allows it; off with `--no-auto-numerics` / PLANET_AUTO_NUMERICS=0);
 6. on stop (SIGTERM/SIGINT) sends `leave` and waits for it to commit (bounded).
 
 A validator RPC that is down is retried with backoff (and the next URL tried); nothing a
@@ -95,6 +98,9 @@ class AgentConfig:
     commit_timeout_s: float = 15.0  # how long to wait for a registration to commit
     # the relays fronting a node behind NAT, registered with it (docs/overlay.md)
     rendezvous: tuple[Rendezvous, ...] = ()
+    # whether this agent rebalances (registered as `rebalances`: a node that does not is never
+    # chosen as a swap's partner, node/agent/rebalance.py); None: not announced
+    rebalances: bool | None = None
 
 
 class NodeAgent:
@@ -127,6 +133,8 @@ class NodeAgent:
         self.pricer = pricer
         # `node.agent.mover.Rebalancer` (None: the node stays on its shard)
         self.rebalancer: Any = None
+        # `node.agent.numerics_keeper.NumericsKeeper` (None: the operator announces by hand)
+        self.numerics: Any = None
         self._stop = asyncio.Event()
 
     # -- steps ---------------------------------------------------------------------------------
@@ -178,7 +186,8 @@ class NodeAgent:
                         "new wallet and node key (another PLANET_HOME)",
                     )
                 self._note_status(view)
-                _note_numerics(view)
+                if self.numerics is None:
+                    _note_numerics(view)  # else the keeper announces this release's itself
                 return view
             body = RegisterNode(
                 evm_address=self.config.evm_address,
@@ -190,6 +199,7 @@ class NodeAgent:
                 capacity=self.config.capacity,
                 rendezvous=self.config.rendezvous,
                 numerics=NUMERICS,  # what its verifiers compare bitwise against
+                rebalances=self.config.rebalances,  # False: pinned, never a swap's partner
             )
             code, text = await self._submit_and_wait(body, stop)
             if code in (OK, ALREADY_REGISTERED):
@@ -325,6 +335,8 @@ class NodeAgent:
                             force = force or view.get("status") in ("DOWN", "JOIN")
                             if view.get("status") == LEFT:
                                 raise FatalAgentError(f"node {self.key[:16]}… has LEFT")
+                            if self.numerics is not None:
+                                await self.numerics.step(view, height)
                     self.backoff.reset()
                     delay = self.config.poll_s
                 except (UnavailableError, RemoteError) as error:

@@ -28,7 +28,15 @@ background task, so heartbeats go on meanwhile:
 6. stop the old process.
 
 A failure at 1b-4 stops the new process (if started) and leaves the node where it was. At
-most one move per `cooldown_s` (`rebalance.RebalancePolicy`). The processes are behind
+most one move per `cooldown_s` (`rebalance.RebalancePolicy`).
+
+The swaps it leads are remembered (swap_memory.py, `<home>/run/swap_memory.json`, kept across
+restarts with the time of its last move): before each decision the memory sees the pool (a
+swap followed, or not followed within its deadline: its partner backed off for
+`swap_backoff_s` and the move back weighed), each change one line, e.g. `rebalance: swap with
+node 676b8bb84ce7 not followed in 720 s; … moving back to shard 1 when the cooldown allows and
+that restores the pool`. It also notes when it saw each node of the pool change shards (the
+partner's remaining cooldown, for a swap's deadline). The processes are behind
 `NodeHost` (node_host.py spawns real ones; the tests use fakes).
 """
 
@@ -38,11 +46,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
-from node.agent.placement import MalformedPoolAnswer, PoolQuery, read_floor, read_pool
+from node.agent import swap_memory
+from node.agent.placement import MalformedPoolAnswer, PoolNode, PoolQuery, read_floor, read_pool
 from node.agent.rebalance import (
     Decision,
     RebalancePolicy,
@@ -110,6 +120,8 @@ class Rebalancer:
         on_moved: Callable[[int, str], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         watch_blocks: int = 2,
+        memory_path: Path | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.key = key
         self.model = model
@@ -132,6 +144,19 @@ class Rebalancer:
         self.decisions: list[Decision] = []  # every decision logged (tests and status read it)
         self.moves = 0
         self.poll_s = 0.5  # how often a loading or draining node is looked at
+        # the swaps it led (swap_memory.py), in `memory_path` (None: in this process only);
+        # its times are `wall`'s (the file outlives the process), the cooldown `clock`'s
+        self.wall = wall
+        self.memory_path = memory_path
+        self.memory = swap_memory.SwapMemory()
+        if memory_path is not None:
+            self.memory = swap_memory.load(memory_path)
+        if self.memory.last_move is not None:  # the cooldown goes on across a restart
+            ago = self.wall() - self.memory.last_move
+            if 0 <= ago < policy.cooldown_s:
+                self.last_move_s = self.clock() - ago
+        self.shards_seen: dict[str, tuple[int, ...]] = {}
+        self.moved_seen: dict[str, float] = {}  # node key → when it was seen changing shards
 
     async def step(self, height: int, stop: asyncio.Event) -> Decision | None:
         """One look at the pool when due; starts a move in the background when it gains.
@@ -157,19 +182,31 @@ class Rebalancer:
         except (UnavailableError, RemoteError, MalformedPoolAnswer) as error:
             log.warning("rebalance: could not read the pool: %s", error.message)
             return None
+        self._observe(nodes)
         fingerprint = pool_fingerprint(nodes)
         changed = self.fingerprint is not None and fingerprint != self.fingerprint
         self.fingerprint = fingerprint
-        if not (due or changed):
+        pending = self.memory.pending
+        overdue = pending is not None and self.wall() >= pending.deadline
+        if not (due or changed or overdue):
             return None
         self.last_decision_height = height
         decision = self._decide(nodes)
-        self._note(decision, "pool changed" if changed else "periodic")
+        why = "pool changed" if changed else "a swap's deadline" if overdue else "periodic"
+        self._note(decision, why)
+        self._weighed_back(decision)
         if decision.move:
             self.task = asyncio.create_task(self.move(decision, stop))
         return decision
 
-    def _decide(self, nodes: Any) -> Decision:
+    def _decide(self, nodes: Sequence[PoolNode]) -> Decision:
+        now = self.wall()
+        memory, lines = swap_memory.settle(
+            self.memory, nodes, self.key, self.shard_count, now, self.policy
+        )
+        for line in lines:
+            log.info("%s", line)
+        self._remember(memory)
         return decide(
             self.key,
             nodes,
@@ -181,7 +218,47 @@ class Rebalancer:
             available=self.host.available,
             origin=self.host.has_origin(),
             fetch_failed=self._recent_fetch_failures(),
+            back=memory.move_back(now),
+            avoid=memory.backed_off(now),
         )
+
+    def _weighed_back(self, decision: Decision) -> None:
+        """A move back weighed outside the cooldown and no move taken: given up (the pool it
+        would have restored changed)."""
+        back = self.memory.back
+        cooling = self.last_move_s is not None and (
+            self.clock() - self.last_move_s < self.policy.cooldown_s
+        )
+        if back is None or cooling or decision.move:
+            return  # a move clears it once it commits (swap_memory.moved)
+        log.info(
+            "rebalance: swap with node %s not followed; no move back to shard %d: it would not "
+            "restore the pool now",
+            back.partner[:12],
+            back.source,
+        )
+        self._remember(swap_memory.given_up(self.memory))
+
+    def _remember(self, memory: swap_memory.SwapMemory) -> None:
+        if memory == self.memory:
+            return
+        self.memory = memory
+        if self.memory_path is None:
+            return
+        try:
+            swap_memory.save(self.memory_path, memory)
+        except OSError as error:
+            log.warning("rebalance: could not write %s: %s", self.memory_path, error)
+
+    def _observe(self, nodes: Sequence[PoolNode]) -> None:
+        """Note when each node of the pool was seen on other shards than before."""
+        now = self.wall()
+        seen = {n.key: n.shards for n in nodes}
+        for key, shards in seen.items():
+            if key in self.shards_seen and self.shards_seen[key] != shards:
+                self.moved_seen[key] = now
+        self.moved_seen = {k: t for k, t in self.moved_seen.items() if k in seen}
+        self.shards_seen = seen
 
     def _recent_fetch_failures(self) -> set[int]:
         now = self.clock()
@@ -196,6 +273,7 @@ class Rebalancer:
             nodes = await read_pool(self.link, self.model)
         except (UnavailableError, RemoteError, MalformedPoolAnswer) as error:
             return Decision(False, -1, -1, f"could not read the pool {what}: {error.message}")
+        self._observe(nodes)
         self.fingerprint = pool_fingerprint(nodes)
         return self._decide(nodes)
 
@@ -224,6 +302,12 @@ class Rebalancer:
             return False
         self.last_move_s = self.clock()
         self.moves += 1
+        partner = decision.swap.partner if decision.swap is not None else ""
+        self._remember(
+            swap_memory.moved(
+                self.memory, decision, self.wall(), self.policy, self.moved_seen.get(partner)
+            )
+        )
         log.info(
             "rebalance: moved shard %d -> %d, registered at %s",
             decision.current,

@@ -27,8 +27,8 @@ moves only by rebalancing, node/agent/rebalance.py and mover.py: `move_shards`).
 The committee's answer is untrusted input (a validator's RPC is a peer): `parse_nodes` turns
 the `/nodes?model=M&role=compute` answer into typed `PoolNode`s at this one boundary or refuses
 it as `MalformedPoolAnswer`, naming the field (a `speed` that is not null or an integer in
-[1, 100 000] included). Pure: no I/O, no clock; `read_pool` takes any
-object with the `CommitteeLink.query` coroutine.
+[1, 100 000] included; a `rebalances` that is not absent, true or false too). Pure: no I/O,
+no clock; `read_pool` takes any object with the `CommitteeLink.query` coroutine.
 
 Not here (issue 44, later): spans of several consecutive shards in one process, several models
 in one node. Rebalancing a running node: rebalance.py (the rule, over `pool_supply`), mover.py.
@@ -90,6 +90,9 @@ class PoolNode:
     status: str
     routable: bool
     speed: int | None = None  # measured tokens/s (the committee's median), None: not measured
+    # whether its agent rebalances, as it registered: False pinned to its shard (`--shard K`),
+    # None unannounced (an older release's registration: unknown)
+    rebalances: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +182,17 @@ def _parse_node(entry: Any, index: int, model: str) -> PoolNode:
         raise MalformedPoolAnswer(
             f"{where}.speed: expected null or an integer in [{MIN_SPEED}, {MAX_SPEED}] tokens/s"
         )
-    return PoolNode(key=key, shards=tuple(shards), status=status, routable=routable, speed=speed)
+    rebalances = entry.get("rebalances")
+    if rebalances is not None and not isinstance(rebalances, bool):
+        raise MalformedPoolAnswer(f"{where}.rebalances: expected absent, true or false")
+    return PoolNode(
+        key=key,
+        shards=tuple(shards),
+        status=status,
+        routable=routable,
+        speed=speed,
+        rebalances=rebalances,
+    )
 
 
 def parse_floor(params: Any) -> int:

@@ -30,7 +30,17 @@ half lifts above where it started):
                  shard at the gain; of the two orders the one lowering the weakest shard less
                  in between leads (tie: the lower key), and its cooldown holds it on T while B
                  follows. The first half is the only move that may leave S below the floor
-                 (`_swaps`)
+                 (`_swaps`). Never with a partner registered as pinned (`/nodes`
+                 `rebalances` false: `--shard K` without `--rebalance`) nor one the node's swap
+                 memory backs off (`avoid`: it did not follow a swap this node led); such a
+                 pair that would lift the pool is the stayed line's reason ("node <key> is
+                 pinned to its shard; no swap with it"). A pinned node's own gains do not hold
+                 the swaps back (it never takes them), and it follows none
+    back         (before the swaps, after the single moves) a swap this node led was not
+                 followed within its deadline (swap_memory.py, `back`): it moves back T -> S
+                 when that raises the pool's weakest shard, nobody is joining S, and T keeps
+                 the floor after it leaves (or S is below it); the cooldown and the rest of
+                 the rules hold as for any move
 
 Among the shards that gain, the kind above wins, then the shard with the least routable +
 joining supply, then (at an equal kind and supply: equal gain) a shard whose file is already on
@@ -64,7 +74,7 @@ from dataclasses import dataclass, replace
 
 from node.agent.placement import PoolNode, ShardSupply, pool_speeds, pool_supply
 
-EMPTY, BELOW_FLOOR, WEAKEST, SWAP = 0, 1, 2, 3  # the kinds of gain, in order of preference
+EMPTY, BELOW_FLOOR, WEAKEST, BACK, SWAP = 0, 1, 2, 3, 4  # the kinds of gain, by preference
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +89,10 @@ class RebalancePolicy:
     linger_s: float = 5.0  # the old process answers at least this long (clients that read the
     # pool just before the move may still open a session there), unless drain_s is shorter
     load_timeout_s: float = 300.0  # the new shard's node must answer /health within this
+    follow_margin_s: float = 120.0  # a swap's partner follows within its remaining cooldown
+    # (as this node saw it move) plus this, else the swap was not followed (swap_memory.py)
+    swap_backoff_s: float = 6 * 3600.0  # a partner that did not follow is not chosen again
+    # for a swap this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +104,8 @@ class Decision:
     target: int
     reason: str
     fetch: bool = False  # the target's file is not on disk: the move fetches it first
+    swap: Swap | None = None  # the move is a swap's first half: its partner, what it lifts
+    back: Back | None = None  # the move undoes a swap its partner did not follow
 
     def line(self) -> str:
         if self.move:
@@ -132,12 +148,16 @@ def decide(
     available: Callable[[int], bool] | None = None,
     origin: bool = False,
     fetch_failed: Collection[int] = (),
+    back: Back | None = None,
+    avoid: Mapping[str, str] | None = None,
 ) -> Decision:
     """Stay or move, for the node `key` in the pool `nodes` (`shard_count` shards, the chain's
     `floor`); `last_move_s`: when it last moved (same clock as `now_s`), None: never;
     `available(shard)`: whether that shard's file is on this machine (None: every one is);
     `origin`: whether the model's origin is known (a shard no node serves is fetched there);
-    `fetch_failed`: shards whose fetch failed within the cooldown (not tried again before)."""
+    `fetch_failed`: shards whose fetch failed within the cooldown (not tried again before);
+    `back`: a swap this node led that was not followed (it moves back when that restores the
+    pool); `avoid`: partners it does not swap with (node key → why, its swap memory)."""
     own = next((n for n in nodes if n.key == key), None)
     if own is None:
         return Decision(False, -1, -1, "the committee does not list this node yet")
@@ -160,8 +180,10 @@ def decide(
     best: tuple[int, tuple[int, ...], bool, bytes, ShardSupply] | None = None
     sourceless: tuple[ShardSupply, bool] | None = None  # a gain whose file it cannot get
     partner: Swap | None = None
-    for kind, supplied, tie, target, swap in _options(key, nodes, supply, measured, speeds, floor,
-                                                       policy.gain_percent):  # fmt: skip
+    options, notes = _options(
+        key, nodes, supply, measured, speeds, floor, policy.gain_percent, back, avoid or {}
+    )
+    for kind, supplied, tie, target, swap in options:
         fetch = available is not None and not available(target.shard)
         failed = fetch and target.shard in fetch_failed
         if failed or (fetch and not (origin or _serves(nodes, key, target.shard))):
@@ -173,9 +195,12 @@ def decide(
     if best is None:
         if sourceless is not None:
             return Decision(False, current, current, _no_source(*sourceless, policy.cooldown_s))
+        if notes:
+            return Decision(False, current, current, "; ".join(notes))
         return Decision(False, current, current, _no_gain(source, supply, measured, floor))
     kind, _, fetch, _, target = best
-    why = _why(kind, source, target, measured, floor, partner)
+    undo = back if kind == BACK else None
+    why = _why(kind, source, target, measured, floor, partner, undo, supply)
     if last_move_s is not None and now_s - last_move_s < policy.cooldown_s:
         wait = policy.cooldown_s - (now_s - last_move_s)
         return Decision(
@@ -186,22 +211,35 @@ def decide(
             f"{now_s - last_move_s:.0f} s ago: at most one move per {policy.cooldown_s:.0f} s "
             f"(next in {wait:.0f} s)",
         )
-    return Decision(True, current, target.shard, why, fetch=fetch)
+    return Decision(True, current, target.shard, why, fetch=fetch, swap=partner, back=undo)
 
 
 @dataclass(frozen=True, slots=True)
 class Swap:
     """The second half of a swap: the node that moves back to this node's shard, and what the
-    pair does to the pool's weakest shard (tokens/s: before, between the two moves, after)."""
+    pair does to the pool's weakest shard (tokens/s: before, between the two moves, after;
+    `goal`: the gain threshold over `before`, rounded up)."""
 
     partner: str
     speed: int
     before: int
     between: int
     after: int
+    goal: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Back:
+    """A swap this node led whose partner did not follow (swap_memory.py): the shard it left,
+    the partner, and how long it waited for it."""
+
+    shard: int
+    partner: str
+    waited_s: float
 
 
 Option = tuple[int, tuple[int, ...], bytes, ShardSupply, "Swap | None"]
+MAX_NOTES = 3  # lines why a swap is not led, at most, in one decision
 
 
 def _options(
@@ -212,24 +250,38 @@ def _options(
     speeds: Mapping[str, int],
     floor: int,
     gain_percent: int,
-) -> list[Option]:
+    back: Back | None,
+    avoid: Mapping[str, str],
+) -> tuple[list[Option], list[str]]:
     """The moves of `key` that gain, each (kind, rank, tie rank, target, swap): its single
-    moves; when no node of the pool has one, the first halves of the swaps it leads."""
+    moves; else the move back of a swap not followed (`back`) when it restores the pool; when
+    no node of the pool has a move, the first halves of the swaps it leads. And why a swap
+    that would lift the pool is not led (its partner pinned, or in `avoid`), one line each.
+    A node registered as not rebalancing (pinned) moves by no rule: it neither blocks the
+    swaps (its moves are never taken) nor follows one."""
     joining = [0] * len(supply)
     for n in nodes:
         for shard in n.shards:
             if n.status == "JOIN" and shard < len(supply):
                 joining[shard] += 1
-    movers = [n for n in nodes if n.routable and len(n.shards) == 1 and n.shards[0] < len(supply)]
-    rate = {n.key: speeds[n.key] if measured else 1 for n in movers}
-    own = next(n for n in movers if n.key == key)
+    placed = [n for n in nodes if n.routable and len(n.shards) == 1 and n.shards[0] < len(supply)]
+    rate = {n.key: speeds[n.key] if measured else 1 for n in placed}
+    own = next(n for n in placed if n.key == key)
+    movers = [n for n in placed if n.key == key or n.rebalances is not False]
     pool = _Pool(supply, joining, floor, gain_percent)
     singles = pool.singles(key, own.shards[0], rate[key])
-    if singles or not measured:
-        return [(kind, (supplied,), tie, target, None) for kind, supplied, tie, target in singles]
+    if singles:
+        return [(kind, (s,), tie, target, None) for kind, s, tie, target in singles], []
+    if back is not None:
+        target = pool.back(own.shards[0], back.shard, rate[key])
+        if target is not None:
+            supplied = target.throughput + target.pending * rate[key]
+            return [(BACK, (supplied,), tie_rank(key, target.shard), target, None)], []
+    if not measured:
+        return [], []
     if any(joining) or any(pool.singles(n.key, n.shards[0], rate[n.key]) for n in movers):
-        return []  # a node is joining, or has a move of its own: no swap before they settle
-    return _swaps(own, movers, rate, pool)
+        return [], []  # a node is joining, or has a move of its own: no swap before they settle
+    return _swaps(own, movers, placed, rate, pool, avoid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +310,22 @@ class _Pool:
                 gains.append((kind, supplied, tie_rank(key, target.shard), target))
         return gains
 
+    def back(self, current: int, there: int, me: int) -> ShardSupply | None:
+        """`there` when moving back to it (a swap not followed) restores the pool: it raises
+        the pool's weakest shard, nobody is joining `there`, and `current` keeps the floor
+        after it leaves (or `there` is below it); else None. Not when alone on `current`."""
+        if there == current or there >= len(self.supply) or self.joining[there]:
+            return None
+        source, target = self.supply[current], self.supply[there]
+        if source.throughput - me <= 0:
+            return None
+        after = self.moved(current, there, me)
+        short = target.replicas + target.pending < self.floor
+        keeps_floor = source.replicas - 1 >= self.floor or short
+        if _weakest(after) <= _weakest(self) or not keeps_floor:
+            return None
+        return target
+
     def moved(self, current: int, there: int, me: int) -> _Pool:
         """The pool once a routable node of `me` tokens/s moved from `current` to `there`."""
         supply = list(self.supply)
@@ -270,8 +338,13 @@ class _Pool:
 
 
 def _swaps(
-    own: PoolNode, movers: Sequence[PoolNode], rate: Mapping[str, int], pool: _Pool
-) -> list[Option]:
+    own: PoolNode,
+    movers: Sequence[PoolNode],
+    placed: Sequence[PoolNode],
+    rate: Mapping[str, int],
+    pool: _Pool,
+    avoid: Mapping[str, str],
+) -> tuple[list[Option], list[str]]:
     """The first halves of the swaps `own` leads: it moves S -> T, then a node B of T moves
     T -> S. Only where the pair raises the pool's weakest shard by the gain threshold (the
     counts stay, so the floor holds after it); once this node is on T some other node's rule
@@ -280,22 +353,30 @@ def _swaps(
     the pool's weakest shard at the threshold or above: B follows by its own rule, not told,
     and whoever moves instead lifts the pool as much; and of the two orders that do so, this one
     lowers the weakest shard less in between (at a tie, the lower node key leads): one of the
-    two starts it."""
+    two starts it. Never with a partner registered as pinned (it cannot follow) nor one in
+    `avoid` (it did not follow lately): such a pair that would lift the pool is a line why not.
+    `movers`: the nodes whose rules move (`placed`: every routable one-shard node)."""
     key, current, me = own.key, own.shards[0], rate[own.key]
     before = [s.throughput for s in pool.supply]
     old_min = min(before)
     options: list[Option] = []
+    notes: list[str] = []
     seen: set[tuple[int, int]] = set()
-    for b in sorted(movers, key=lambda n: n.key):
+    for b in sorted(placed, key=lambda n: n.key):
         there, them = b.shards[0], rate[b.key]
         if b.key == key or there == current or them == me or (there, them) in seen:
             continue  # equal speeds swap nothing; like partners weigh alike
-        seen.add((there, them))
         after = list(before)
         after[current] += them - me
         after[there] += me - them
         if min(after) * 100 < old_min * (100 + pool.gain_percent):
             continue
+        if b.rebalances is False or b.key in avoid:
+            why = avoid.get(b.key, "is pinned to its shard; no swap with it")
+            if len(notes) < MAX_NOTES:
+                notes.append(f"node {b.key[:12]} {why}")
+            continue  # an equal partner that may follow is still weighed
+        seen.add((there, them))
         goal = -(-old_min * (100 + pool.gain_percent) // 100)  # the threshold, rounded up
         first = pool.moved(current, there, me)  # this node leads
         if not _followers_lift(first, movers, rate, key, goal):
@@ -304,10 +385,10 @@ def _swaps(
         dip, other = _weakest(first), _weakest(second)
         if (dip, b.key) < (other, key) and _followers_lift(second, movers, rate, b.key, goal):
             continue  # B leading lowers the weakest shard less in between: B leads
-        swap = Swap(b.key, them, old_min, dip, min(after))
+        swap = Swap(b.key, them, old_min, dip, min(after), goal)
         rank = (-min(after), -dip)  # the highest weakest shard after, then in between
         options.append((SWAP, rank, tie_rank(key, there), pool.supply[there], swap))
-    return options
+    return options, notes
 
 
 def _weakest(pool: _Pool) -> int:
@@ -403,7 +484,16 @@ def _why(
     measured: bool,
     floor: int,
     swap: Swap | None = None,
+    back: Back | None = None,
+    supply: Sequence[ShardSupply] = (),
 ) -> str:
+    if back is not None:
+        weakest = min(s.throughput for s in supply)
+        return (
+            f"swap with node {back.partner[:12]} not followed in {back.waited_s:.0f} s; moving "
+            f"back to shard {back.shard} (the pool's weakest shard is {weakest}"
+            f"{' tokens/s' if measured else ' routable'} and rises)"
+        )
     if swap is not None:
         return (
             f"a swap with node {swap.partner[:12]} ({swap.speed} tokens/s on shard "

@@ -77,7 +77,8 @@ at most; clients fail over after that) and stops the old process; credits earned
 shard stay redeemable. Its agent log says each decision: "rebalance: stayed
 on shard 0: …" or "rebalance: moving shard 0 -> 2: …". A node joined with --shard K stays
 there (the operator's choice) unless --rebalance says it may move; --no-rebalance keeps an
-auto-placed node where it landed.
+auto-placed node where it landed. A node that does not rebalance registers so, and other nodes
+never count on it to follow a swap.
 the node binds and registers --host (default: the address this machine reaches the committee
 from: 127.0.0.1 on the loopback devnet, the host's own address inside `devnet exec HOST`)
 """,

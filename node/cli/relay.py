@@ -41,6 +41,10 @@ bytes untouched (TLS pinned to the node key: it reads no prompt or token). It fr
 committee shows as a staked node for good; any other key gets at most a lease (2 per address, a
 quarter of the ports in all; --rendezvous-lease), so throwaway keys cannot fill its ports
 (--rendezvous-admit any: every key, for a lab without a committee).
+exit: when the relay is the last of a path and cannot reach the node at the URL the user's
+client named, it dials the other addresses that node's key registered on the committee (its
+ports at its other rendezvous relays), pinned to its key: registered, or with --committee-rpc
+(a relay with neither dials the named URL only).
 pay: users' clients pay the relay in credits for the cloves that arrived (the node
 acknowledges them); it keeps them in <home>/relay-credits/ and, registered, redeems them on the
 committee every few seconds. `planet relay redeem` redeems what it holds once (after a run
@@ -166,6 +170,9 @@ def _serve(args: argparse.Namespace) -> int:
     rendezvous = _rendezvous(args)
     standing = None if args.no_register else _standing(args, home, private)
     admit_from = _admit_from(args, home, standing) if rendezvous is not None else None
+    # an exit's other addresses for a node behind NAT: from the committee it registers on,
+    # or the one named (--committee-rpc); none without one
+    exits_from = str(standing.committee_rpc) if standing is not None else args.committee_rpc
     # `planet`'s own logging set-up ran first (at warning unless -v): the relay's level wins
     logging.getLogger().setLevel(args.log_level.upper())
     return run_service(
@@ -179,6 +186,7 @@ def _serve(args: argparse.Namespace) -> int:
             rendezvous=rendezvous,
             admit_from=admit_from,
             lease_s=args.rendezvous_lease,
+            exits_from=exits_from,
         ),
         log_level=args.log_level,
         log=logging.getLogger("planet.relay"),

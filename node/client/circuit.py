@@ -6,8 +6,10 @@ Every link to an https:// hop is TLS pinned to the hop's node key (node/links.py
 does not prove it is refused as `node_key_mismatch` before anything is sent), and the open
 names each next hop's key, which the forwarding node pins in turn, and, for a node behind NAT,
 its addresses at its other relays (`Hop.alternates` → `next.alternates`: the forwarding node
-dials them in turn when the first is not reached, `next_hop`). http:// hops are dialled only on
-loopback or with `plaintext_links` (local mode; protocol/links.py).
+dials them in turn when the first is not reached, `next_hop`) — only to a forwarding node whose
+/info advertises taking them (`open_features`; a node of before refuses such an open).
+http:// hops are dialled only on loopback or with `plaintext_links` (local mode;
+protocol/links.py).
 
 A token costs K + 1 transfers for K nodes and no per-request HTTP: each transfer is one
 WebSocket message with a 17-byte binary header (protocol/frames/header.py). The client holds one
@@ -63,6 +65,7 @@ from protocol.frames.errors import FrameError
 from protocol.frames.header import FrameHeader, pack_frame, parse_frame
 from protocol.frames.sessions import check_session_id
 from protocol.links import is_encrypted
+from protocol.open_features import OLD_NODE, OpenFeatures
 from protocol.prefix_routes import route_keys
 from protocol.stream import (
     CREDIT_NOT_ASSIGNED,
@@ -266,13 +269,15 @@ class _HeadBatcher:
                         future.set_result(logits)
 
 
-def next_hop(hop: Hop, feed: str) -> NextHop:
+def next_hop(hop: Hop, feed: str, previous: OpenFeatures = OLD_NODE) -> NextHop:
     """What an open tells the previous hop about `hop`: its URL, shard, feed and key, and, for a
     node behind NAT, its addresses at its other relays (`Hop.alternates`: the https:// ones,
     distinct, at most MAX_NEXT_ALTERNATES; only with its key, which pins every one), so the
-    previous hop dials the next of them when `url` is not reached."""
+    previous hop dials the next of them when `url` is not reached. The alternates go only to a
+    previous hop that advertises taking them (`previous`, from its /info:
+    protocol/open_features.py): a node of before refuses an open that carries them."""
     alternates: tuple[str, ...] = ()
-    if hop.key is not None:
+    if hop.key is not None and previous.next_alternates:
         kept = dict.fromkeys(a for a in hop.alternates if is_encrypted(a) and a != hop.url)
         alternates = tuple(kept)[:MAX_NEXT_ALTERNATES]
     return NextHop(url=hop.url, shard=hop.shard, feed=feed, key=hop.key, alternates=alternates)
@@ -339,6 +344,10 @@ class CircuitClient:
         # node URL → its public prefix-route salt (its /info `prefix_routes`): an open with a
         # prompt sends that node the prompt's route keys (protocol/prefix_routes.py)
         self.route_salts: dict[str, str] = {}
+        # node URL → the open fields it takes beyond the first open (its /info
+        # `open_features`, protocol/open_features.py): an open tells a previous hop its next
+        # hop's `alternates` only when it takes them; unknown: a node of before
+        self.open_features: dict[str, OpenFeatures] = {}
         self._sent: dict[int, int] = {}  # sid → positions sent (every hop computes each)
         self._http = http
         self._own_http = http is None
@@ -483,7 +492,8 @@ class CircuitClient:
             nxt = None
             if index < last:
                 hop = self.hops[index + 1]
-                nxt = next_hop(hop, feeds[index + 1])
+                previous = self.open_features.get(self.hops[index].url, OLD_NODE)
+                nxt = next_hop(hop, feeds[index + 1], previous)
             hop = self.hops[index]
             salt = None
             routes: list[str] = []

@@ -71,6 +71,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from protocol.open_features import (
+    OLD_NODE,
+    BadOpenFeaturesError,
+    OpenFeatures,
+    open_features_of,
+)
 from protocol.prefix_routes import (
     BadPrefixSummaryError,
     PrefixRoutes,
@@ -115,6 +121,10 @@ class NodeStats:
     # None: none advertised, or its summary was refused (`prefix_refused` counts those)
     prefix_routes: PrefixRoutes | None = None
     prefix_refused: int = 0
+    # the open fields it takes beyond the first open, from its /info (protocol/open_features.py;
+    # OLD_NODE: none advertised, or the advertisement was refused): `next.alternates` goes
+    # only to a previous hop that takes it
+    open_features: OpenFeatures = OLD_NODE
 
     @property
     def overloaded(self) -> bool:
@@ -189,6 +199,11 @@ class CostBook:
             stats.prefix_routes = None
             stats.prefix_refused += 1
             log.warning("node's prefix summary refused url=%s %s: %s", url, error.code, error)
+        try:
+            stats.open_features = open_features_of(info)
+        except BadOpenFeaturesError as error:  # counted as a node of before
+            stats.open_features = OLD_NODE
+            log.warning("node's open features refused url=%s %s: %s", url, error.code, error)
 
     def observe_circuit(self, urls: Sequence[str], pass_s: float) -> None:
         """A circuit through `urls` took `pass_s` seconds per decode pass (the client's own

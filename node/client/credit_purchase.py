@@ -73,7 +73,7 @@ UNKNOWN_QUERY = "query_40"  # abci_app/codes.py: a validator from before `/credi
 MINT_UNFUNDED_QUERY = "query_83"
 # abci_app/codes.py PARTIALS_NOT_POSTED: the validator's watcher has not posted its partials on
 # the chain yet (it does within a pass of the funding); asked again like a lagging validator
-PARTIALS_NOT_POSTED_QUERY = "query_109"
+PARTIALS_NOT_POSTED_QUERY = "query_110"
 NOT_YET_QUERIES = frozenset({MINT_UNFUNDED_QUERY, PARTIALS_NOT_POSTED_QUERY})
 LAGGING_RETRY_S = 0.5
 # `planet credits buy --min-anonymity`: the fewest buyers of a key period (this one included)

@@ -189,6 +189,7 @@ class OverlayLink:
         self._acked = asyncio.Event()  # set by each acknowledgement
         self._paying: set[asyncio.Task[None]] = set()
         self._info: asyncio.Future[dict[str, Any]] | None = None  # an INFO_ASK's answer
+        self.up = False  # k paths came up (`__aenter__`)
 
     async def __aenter__(self) -> OverlayLink:
         try:
@@ -197,6 +198,7 @@ class OverlayLink:
             await self.close()
             raise
         alive = sum(path.alive for path in self.paths)
+        self.up = alive >= self.k  # from now on, paths lost below k end the link
         if alive < self.k:
             await self.close()  # its suspects are reported: the next draw avoids them
             raise UnavailableError(
@@ -224,7 +226,15 @@ class OverlayLink:
                 await path.ws.send_bytes(Cell(CellKind.SETUP, path.ident, onion).to_bytes())
                 await path.created
             path.alive = True
-        except (aiohttp.ClientError, OSError, TimeoutError, OverlayError) as error:
+        except (
+            aiohttp.ClientError,
+            OSError,
+            TimeoutError,
+            OverlayError,
+            UnavailableError,
+        ) as error:
+            # UnavailableError: torn down before CREATED (an exit that did not reach the node,
+            # or refused its address): one failed path, the others may still make k
             log.info("overlay: a path via %s did not come up: %s", path.hops[0].url, error)
             self.failed_paths += 1
             path.failed = True
@@ -260,7 +270,8 @@ class OverlayLink:
             path.alive = False
             if path.created and not path.created.done():
                 path.created.set_exception(UnavailableError("the path was torn down"))
-            if not self.closed and sum(p.alive for p in self.paths) < self.k:
+            # once the link is up (a path torn down during set-up is counted by `_open`)
+            if self.up and not self.closed and sum(p.alive for p in self.paths) < self.k:
                 self.inbox.put_nowait(None)
                 self._no_info(ConnectionResetError("the overlay link ended before the INFO"))
 

@@ -280,9 +280,11 @@ class ReplicaCircuits:
             overlay=self.overlay,
         )
         for hop in hops:  # its open sends each node the prompt's route keys
-            routes = self.costs.get(hop.url).prefix_routes
-            if routes is not None:
-                client.route_salts[hop.url] = routes.salt
+            stats = self.costs.get(hop.url)
+            if stats.prefix_routes is not None:
+                client.route_salts[hop.url] = stats.prefix_routes.salt
+            # and next.alternates only to the previous hops whose /info takes them
+            client.open_features[hop.url] = stats.open_features
         async with client:
             yield client
 

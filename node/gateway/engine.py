@@ -94,9 +94,11 @@ class RouterCircuits:
         ]
         async with self.router.hold(circuit), self.pool.use(hops) as client:
             for hop in hops:  # so its open sends each node the prompt's route keys
-                routes = self.router.costs.get(hop.url).prefix_routes
-                if routes is not None:
-                    client.route_salts[hop.url] = routes.salt
+                stats = self.router.costs.get(hop.url)
+                if stats.prefix_routes is not None:
+                    client.route_salts[hop.url] = stats.prefix_routes.salt
+                # and next.alternates only to the previous hops whose /info takes them
+                client.open_features[hop.url] = stats.open_features
             yield client
 
     def observe(self, urls: Sequence[str], pass_s: float) -> None:

@@ -23,6 +23,12 @@ times. Cloves are S-IDA cloves under layers it cannot open past its own. A cell 
 open (altered, replayed, reordered) ends its path; nothing a peer sends ends the relay.
 Next hops are strangers' choice, so they are dialled only at global addresses (an IP literal)
 unless `allow_private` is set (a devnet on loopback).
+
+The exit and a node behind NAT: the onion names one URL for the node (its port at one relay
+that fronts it). When that is not reached and the onion pins the node's key, an exit with a
+committee (`exits`, node/relay/exit_addresses.py) dials the other addresses that key registered
+on the chain (its endpoint and rendezvous addresses; the chain chooses them, not the client), in
+turn, each judged by `_check_next` and pinned to the key, each within DIAL_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -33,13 +39,14 @@ import ipaddress
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 from nacl.public import PrivateKey
 
+from node.dial import first_reachable
 from node.links import link_ssl
 from node.relay.earnings import Earnings
 from protocol.blind_bls import ThresholdCredit
@@ -68,10 +75,23 @@ MAX_PATHS: Final = 4096  # over all links
 MAX_PATHS_PER_LINK: Final = 256
 DIAL_TIMEOUT_S: Final = 10.0
 MAX_CELL_BYTES: Final = 9 + max(SETUP_BYTES, MAX_PAYLOAD_BYTES)
+_DIAL_ERRORS: Final = (OverlayError, aiohttp.ClientError, OSError, TimeoutError)
 
 
 class NextHopRefused(OverlayError):
     code = "next_hop_not_allowed"
+
+
+class ExitFallback(Protocol):
+    """Where an exit may also reach a node (node/relay/exit_addresses.py `ExitAddresses`)."""
+
+    def known(self, key: str) -> tuple[str, ...]:
+        """The node's registered addresses as last looked up, while fresh (no query)."""
+        ...
+
+    async def fallbacks(self, url: str, key: str) -> tuple[str, ...]:
+        """The node's other addresses to try, in order, when `url` is not reached."""
+        ...
 
 
 @dataclass(eq=False)
@@ -105,10 +125,14 @@ class Relay:
         *,
         allow_private: bool = False,
         earnings: Earnings | None = None,
+        exits: ExitFallback | None = None,
     ) -> None:
         self.private = private
         self.earnings = earnings or Earnings()
         self.allow_private = allow_private
+        # an exit's other addresses for a node it does not reach (None: the onion's URL only)
+        self.exits = exits
+        self.exit_fallbacks = 0  # paths whose node was reached at another registered address
         self.paths: dict[tuple[int, int], Path] = {}  # (id(inbound ws), in id) -> path
         self.links: dict[str, Link] = {}
         self._dialling: dict[str, asyncio.Lock] = {}
@@ -188,9 +212,11 @@ class Relay:
         path = Path(layer.key, ws, cell.path, exit=layer.next_kind is NextKind.NODE)
         self.paths[key] = path
         try:
-            suffix = "/v1/relay" if layer.next_kind is NextKind.RELAY else "/v1/overlay"
-            link = await self._link(layer.next_url, suffix, layer.next_key)
-        except (OverlayError, aiohttp.ClientError, OSError, TimeoutError) as error:
+            if layer.next_kind is NextKind.RELAY:
+                link = await self._link(layer.next_url, "/v1/relay", layer.next_key)
+            else:
+                link = await self._node_link(layer.next_url, layer.next_key)
+        except _DIAL_ERRORS as error:
             self.paths.pop(key, None)
             await _send(ws, Cell(CellKind.DESTROY, cell.path))
             log.info("relay: next hop %s not reached: %s", layer.next_url, error)
@@ -231,6 +257,60 @@ class Relay:
             self.links.pop(link.url, None)
             for path in list(link.paths.values()):
                 await self._destroy(path, tell_outbound=False)
+
+    async def _node_link(self, url: str, key: str | None) -> Link:
+        """The exit's link to the path's node: at `url`, else (the onion pins `key` and this
+        relay has `exits`) at the other addresses that key registered, in turn, each judged
+        by `_check_next` and within DIAL_TIMEOUT_S. None reached: the error at `url`. While
+        a fallback's lookup is fresh, an open link at any of the node's registered addresses
+        is taken first: the other paths to a node whose first relay is down do not wait for
+        that relay's dial again."""
+        if self.exits is not None and key is not None and url not in self._open_urls():
+            for other in self.exits.known(key):
+                link = self.links.get(other.rstrip("/") + "/v1/overlay")
+                if link is not None and link.key == key and not link.ws.closed:
+                    self.exit_fallbacks += 1
+                    return link
+        try:
+            return await self._link(url, "/v1/overlay", key)
+        except _DIAL_ERRORS as error:
+            if self.exits is None or key is None:
+                raise
+            first = error
+        others = [u for u in await self.exits.fallbacks(url, key) if self._allowed(u)]
+        if not others:
+            raise first
+        try:
+            reached, link = await first_reachable(
+                others,
+                lambda other: self._link(other, "/v1/overlay", key),
+                total_s=DIAL_TIMEOUT_S * len(others),
+                each_s=DIAL_TIMEOUT_S,
+                what=f"exit: node {key[:16]}…",
+                errors=_DIAL_ERRORS,
+            )
+        except _DIAL_ERRORS:
+            raise first from None
+        self.exit_fallbacks += 1
+        log.info("relay: node %s… not reached at %s, reached at %s", key[:16], url, reached)
+        return link
+
+    def _open_urls(self) -> set[str]:
+        """The next-hop URLs this relay holds an open link to (without the path suffix)."""
+        return {
+            link.url.removesuffix("/v1/overlay")
+            for link in self.links.values()
+            if not link.ws.closed
+        }
+
+    def _allowed(self, url: str) -> bool:
+        """Whether this relay's address policy lets it dial `url` (refusals logged)."""
+        try:
+            self._check_next(url)
+        except NextHopRefused as error:
+            log.info("relay: a registered address refused: %s", error.message)
+            return False
+        return True
 
     async def _link(self, url: str, suffix: str, key: str | None) -> Link:
         target = url.rstrip("/") + suffix
@@ -324,6 +404,8 @@ async def info(request: web.Request) -> web.Response:
             "key": bytes(relay.private.public_key).hex(),
             "paths": len(relay.paths),
             "cells_forwarded": relay.cells_forwarded,
+            # paths whose node the exit reached at another address its key registered
+            "exit_fallbacks": relay.exit_fallbacks,
             # credits taken in PAY cells, and those held until redeemed (docs/overlay.md)
             "credits_received": relay.earnings.received,
             "credits_held": len(relay.earnings.held),

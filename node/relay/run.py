@@ -12,6 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from nacl.public import PrivateKey
@@ -19,6 +20,7 @@ from nacl.signing import SigningKey
 
 from node.relay.admission import admit_any, committee_standing
 from node.relay.earnings import SPOOL_DIR, Earnings
+from node.relay.exit_addresses import ExitAddresses
 from node.relay.fronting import LEASE_S, Fronting, install_fronting
 from node.relay.redeem import keep_redeeming
 from node.relay.registration import RelayIdentity, ensure_registered, keep_alive
@@ -74,24 +76,33 @@ async def serve(
     rendezvous: tuple[tuple[int, int], str] | None = None,
     admit_from: str | None = None,
     lease_s: float = LEASE_S,
+    exits_from: str | None = None,
 ) -> int:
     """`rendezvous`: (the port range, the public host) to front nodes behind NAT on
     (node/relay/fronting.py); None: fronts none. `admit_from`: the committee RPC whose
     registry decides which node keys get a port (node/relay/admission.py); None: any key
-    (`--rendezvous-admit any`). `lease_s`: how long a key not staked holds its port."""
+    (`--rendezvous-admit any`). `lease_s`: how long a key not staked holds its port.
+    `exits_from`: the committee RPC whose registry gives the exit a node's other addresses
+    (node/relay/exit_addresses.py); None: the onion's URL only."""
     private = private or load_or_create_key(home)
     earnings = Earnings(home / SPOOL_DIR)
-    relay = Relay(private, allow_private=allow_private, earnings=earnings)
+    readers: dict[str, Any] = {}  # committee RPC → one reader for admission and exits
+
+    def reader(rpc: str) -> Any:
+        if rpc not in readers:
+            from node.chain.committee_link import CommitteeLink  # lazy: the RPC client
+
+            readers[rpc] = CommitteeLink([rpc])
+        return readers[rpc]
+
+    exits = ExitAddresses(reader(exits_from)) if exits_from is not None else None
+    relay = Relay(private, allow_private=allow_private, earnings=earnings, exits=exits)
     app = create_app(relay)
-    reads = None
     if rendezvous is not None:
         ports, public_host = rendezvous
         look_up = admit_any
         if admit_from is not None:
-            from node.chain.committee_link import CommitteeLink  # lazy: the RPC client
-
-            reads = CommitteeLink([admit_from])
-            look_up = committee_standing(reads)
+            look_up = committee_standing(reader(admit_from))
         fronting = Fronting(
             private, ports, public_host, bind=host, home=home, look_up=look_up, lease_s=lease_s
         )
@@ -138,7 +149,7 @@ async def serve(
         if link is not None:
             await link.close()
         await runner.cleanup()
-        if reads is not None:
+        for reads in readers.values():
             await reads.close()
     return 0
 

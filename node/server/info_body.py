@@ -11,6 +11,7 @@ from node.server.config import ServerConfig
 from node.server.state import NodeState
 from protocol.frames.header import FRAME_VERSION
 from protocol.numerics import NUMERICS
+from protocol.open_features import ADVERTISED
 
 
 def info_body(state: NodeState, config: ServerConfig) -> dict[str, Any]:
@@ -27,6 +28,9 @@ def info_body(state: NodeState, config: ServerConfig) -> dict[str, Any]:
         "quant": backend.quant,
         "device": backend.device,
         "protocol_version": FRAME_VERSION,
+        # the open fields it takes beyond the first open (protocol/open_features.py): a
+        # client sends `next.alternates` only to a previous hop that lists it
+        "open_features": list(ADVERTISED),
         # the numerics its shard computes with (protocol/numerics.py): verifiers compare
         # its outputs bitwise only when theirs is the same
         "numerics": NUMERICS,

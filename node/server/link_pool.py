@@ -26,7 +26,10 @@ if the link were dialled then. So the pool keeps links open and dials them ahead
   open's `next.alternates`). `reach` takes an open link at any of them (in their order) and
   otherwise dials them in turn (node/dial.py `first_reachable`), each within the bound one
   address gets (`ATTACH_TIMEOUT_S`), every one pinned to the same node key: when the first
-  relay is down the session goes through the second.
+  relay is down the session goes through the second. Warm targets carry the same list
+  (`WarmTarget`: from the committee, the addresses that key registered; a question's next hop:
+  the addresses its open named), so a NAT next hop is dialled ahead at its second relay while
+  its first is down, and the open finds that link.
 - **Bounded.** At most `max_links` links (at most `max_warm` of them warm targets); a link no
   attach or frame used for `idle_s` (the node's session idle timeout: its sessions are gone) is
   closed unless it is a warm target. A new next hop when the pool is full takes an idle link's
@@ -68,6 +71,30 @@ _TO_UPSTREAM = frozenset({"attached", "error", "closed"})
 LinkId = tuple[str, str | None]  # next hop URL (canonical), pinned node key (None: plaintext)
 
 
+@dataclass(frozen=True, slots=True)
+class WarmTarget:
+    """A next hop to keep a link to: its URL and key and, behind NAT, its addresses at its
+    other relays (registered on the chain: `rendezvous`), dialled in turn as an open's
+    `next.alternates` are (`LinkPool.reach`)."""
+
+    url: str
+    key: str | None
+    alternates: tuple[str, ...] = ()
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return (self.url, *self.alternates)
+
+    @property
+    def idents(self) -> tuple[LinkId, ...]:
+        return tuple((url, self.key) for url in self.addresses)
+
+
+def as_target(item: LinkId | WarmTarget) -> WarmTarget:
+    """A warm target as the pool handles it (a bare (URL, key): a next hop with one address)."""
+    return item if isinstance(item, WarmTarget) else WarmTarget(item[0], item[1])
+
+
 class LinkLostError(DownstreamError):
     """The link to the next hop closed (or a send on it failed) before the next hop answered."""
 
@@ -88,7 +115,7 @@ class WebSocketLike(Protocol):
 
 
 Dialer = Callable[[str, str | None], Awaitable[WebSocketLike]]
-Targets = Callable[[], Awaitable[Iterable[LinkId]]]
+Targets = Callable[[], Awaitable[Iterable[LinkId | WarmTarget]]]
 
 
 async def no_targets() -> list[LinkId]:
@@ -265,9 +292,11 @@ class LinkPool:
         self.min_round_s = min_round_s
         self.clock = clock
         self.stats = LinkStats()
-        self.warm: tuple[LinkId, ...] = ()  # the warm targets of the last round
+        self.targets_warm: tuple[WarmTarget, ...] = ()  # the warm targets of the last round
+        self.warm: tuple[LinkId, ...] = ()  # their links at any of their addresses
         self._links: dict[LinkId, DownLink] = {}
-        self._used: dict[LinkId, float] = {}  # next hops questions used → when, oldest first
+        # next hops questions used → when, oldest first
+        self._used: dict[WarmTarget, float] = {}
         self._dialling: dict[LinkId, asyncio.Lock] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -276,21 +305,28 @@ class LinkPool:
         return sum(not link.closed for link in self._links.values())
 
     def info(self) -> dict[str, int]:
-        return self.stats.as_json(len(self), len(self.warm))
+        return self.stats.as_json(len(self), len(self.targets_warm))
 
     def link(self, url: str, key: str | None = None) -> DownLink | None:
         """The open link to this next hop, if there is one (no dial)."""
         link = self._links.get((url, key))
         return link if link is not None and not link.closed else None
 
+    def _note_used(self, target: WarmTarget) -> None:
+        """A question's next hop: kept warm while it is used (`warm_round`)."""
+        self._used.pop(target, None)
+        self._used[target] = self.clock()
+        while len(self._used) > self.max_links:
+            del self._used[next(iter(self._used))]
+
     async def get(self, url: str, key: str | None = None, *, warm: bool = False) -> DownLink:
         """The open link to (url, key), dialled now if there is none (or it died)."""
+        if not warm:
+            self._note_used(WarmTarget(url, key))
+        return await self._get(url, key, warm=warm)
+
+    async def _get(self, url: str, key: str | None, *, warm: bool) -> DownLink:
         ident = (url, key)
-        if not warm:  # a question's next hop: kept warm while it is used (`warm_round`)
-            self._used.pop(ident, None)
-            self._used[ident] = self.clock()
-            while len(self._used) > self.max_links:
-                del self._used[next(iter(self._used))]
         link = self.link(url, key)
         if link is not None:
             return link
@@ -314,18 +350,23 @@ class LinkPool:
             self.stats.warm_dialled += warm
             return link
 
-    async def reach(self, addresses: Sequence[str], key: str | None) -> DownLink:
+    async def reach(
+        self, addresses: Sequence[str], key: str | None, *, warm: bool = False
+    ) -> DownLink:
         """The link to one next hop at `addresses` (its URL, then its addresses at its other
         relays): an open link at any of them, in order, else the first that can be dialled,
         each address within `ATTACH_TIMEOUT_S` (what a next hop with one address gets), all
-        pinned to `key`. When none is reached: the first address's refusal."""
+        pinned to `key`. When none is reached: the first address's refusal. A question's
+        next hop (not `warm`) is kept warm at all of its addresses while it is used."""
+        if not warm:
+            self._note_used(WarmTarget(addresses[0], key, tuple(addresses[1:])))
         for url in addresses:
             if self.link(url, key) is not None:
-                return await self.get(url, key)
+                return await self._get(url, key, warm=warm)
         try:
             _, link = await first_reachable(
                 addresses,
-                lambda url: self.get(url, key),
+                lambda url: self._get(url, key, warm=warm),
                 total_s=ATTACH_TIMEOUT_S * len(addresses),
                 each_s=ATTACH_TIMEOUT_S,
                 what=f"next hop {addresses[0]}",
@@ -374,17 +415,25 @@ class LinkPool:
             if now - used >= self.idle_s:
                 del self._used[ident]
         recent = sorted(self._used, key=self._used.__getitem__, reverse=True)
-        wanted = list(dict.fromkeys([*named, *recent]))[: self.max_warm]
-        self.warm = tuple(wanted)
-        for url, key in wanted:
-            if self.link(url, key) is not None:
+        wanted: list[WarmTarget] = []
+        covered: set[LinkId] = set()  # a next hop named twice (by URL, or at another address)
+        for target in [*(as_target(item) for item in named), *recent]:
+            if not covered.isdisjoint(target.idents):
                 continue
-            try:
-                await self.get(url, key, warm=True)
-                log.info("next-hop link warm url=%s", url)
+            wanted.append(target)
+            covered.update(target.idents)
+        wanted = wanted[: self.max_warm]
+        self.targets_warm = tuple(wanted)
+        self.warm = tuple(ident for target in wanted for ident in target.idents)
+        for target in wanted:
+            if any(self.link(*ident) is not None for ident in target.idents):
+                continue
+            try:  # behind NAT: at its other relays' addresses when the first is not reached
+                await self.reach(target.addresses, target.key, warm=True)
+                log.info("next-hop link warm url=%s", target.url)
             except (PlanetError, OSError, aiohttp.ClientError, TimeoutError) as error:
                 missed = True
-                log.info("next-hop link not warmed url=%s: %s", url, error)
+                log.info("next-hop link not warmed url=%s: %s", target.url, error)
         now = self.clock()
         for ident, lock in list(self._dialling.items()):
             if ident not in self._links and not lock.locked():
@@ -436,6 +485,8 @@ __all__ = [
     "LinkLostError",
     "LinkPool",
     "LinkStats",
+    "WarmTarget",
+    "as_target",
     "no_targets",
     "ws_dialer",
 ]

@@ -59,7 +59,7 @@ from aiohttp.resolver import DefaultResolver
 from node.chain.committee_pages import path_query, read_nodes
 from protocol.committee.registry import MAX_RENDEZVOUS
 from protocol.errors import PlanetError, UsageError
-from protocol.stream import NextHop, NextHopNotAllowedError
+from protocol.stream import MAX_NEXT_ALTERNATES, NextHop, NextHopNotAllowedError
 from protocol.urls import BadUrlError, canonical_url
 
 log = logging.getLogger(__name__)
@@ -341,6 +341,22 @@ def _rendezvous_urls(entry: dict[str, Any]) -> list[str]:
     return urls
 
 
+def rendezvous_by_key(nodes: Iterable[Any]) -> dict[str, tuple[str, ...]]:
+    """Node key → its addresses at the relays its registration names (`rendezvous[].endpoint`,
+    canonical, distinct, in order), for the routable or graced well-formed entries of a
+    committee `/nodes` list (untrusted, as `registered_hops` reads it)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for entry in nodes:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("routable") is not True and entry.get("grace") is not True:
+            continue
+        key = entry.get("key")
+        if isinstance(key, str) and _KEY_RE.match(key):
+            out[key] = tuple(dict.fromkeys(_rendezvous_urls(entry)))
+    return out
+
+
 def routable_hops(answer: Any) -> dict[str, frozenset[int]]:
     """Canonical URL → shards, from a committee `/nodes` answer (see `registered_hops`)."""
     return {url: frozenset(by_shard) for url, by_shard in registered_hops(answer).items()}
@@ -380,6 +396,8 @@ class ForwardCommittee:
         self._view: dict[str, dict[int, frozenset[str]]] | None = None
         # the nodes' addresses at their rendezvous relays (an open's `next.alternates`)
         self._alternates: dict[str, dict[int, frozenset[str]]] = {}
+        # node key → its rendezvous addresses, in its registration's order (warm targets)
+        self._rendezvous_of: dict[str, tuple[str, ...]] = {}
         self._fetched_s = 0.0  # monotonic time of the last successful fetch
         self._tried_s: float | None = None  # monotonic time of the last fetch attempt
         self._lock = asyncio.Lock()
@@ -401,6 +419,7 @@ class ForwardCommittee:
                 return
             self._view = registered_hops({"nodes": nodes})
             self._alternates = registered_hops({"nodes": nodes}, rendezvous=True)
+            self._rendezvous_of = rendezvous_by_key(nodes)
             self._fetched_s = self.clock()
 
     def _allowed(self, hop: NextHop) -> bool:
@@ -422,18 +441,32 @@ class ForwardCommittee:
                 return True
         return False
 
-    async def next_shard_hops(self) -> list[tuple[str, str]]:
-        """(URL, node key) of every node the view lists for the next shard whose address this
-        policy dials, in a fixed order (the warm targets of node/server/link_pool.py);
-        refreshed first when the view is older than `max_age_s`."""
+    async def next_shard_hops(self) -> list[tuple[str, str, tuple[str, ...]]]:
+        """(URL, node key, its other addresses) of every node the view lists for the next
+        shard whose address this policy dials, in a fixed order (the warm targets of
+        node/server/link_pool.py). The other addresses are a node behind NAT's at its other
+        rendezvous relays (https://, registered for that key, each one this policy dials: what
+        an open's `next.alternates` may name), dialled when the URL is not reached. Refreshed
+        first when the view is older than `max_age_s`."""
         if self._view is None or self.clock() - self._fetched_s > self.max_age_s:
             await self._refresh(older_than_s=self.miss_refresh_s)
         shard = self.own_shard + 1
         return sorted(
-            (url, key)
+            (url, key, self._other_addresses(url, key))
             for url, by_shard in (self._view or {}).items()
             if address_refusal(url, self.public_only, self.private_ranges) is None
             for key in by_shard.get(shard, ())
+        )
+
+    def _other_addresses(self, url: str, key: str) -> tuple[str, ...]:
+        if not url.startswith("https://"):  # only a pinned link may go to another address
+            return ()
+        return tuple(
+            other
+            for other in self._rendezvous_of.get(key, ())[:MAX_NEXT_ALTERNATES]
+            if other != url
+            and other.startswith("https://")
+            and address_refusal(other, self.public_only, self.private_ranges) is None
         )
 
     def _check_address(self, url: str) -> None:

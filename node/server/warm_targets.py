@@ -2,7 +2,9 @@
 shard after its own, as far as its next-hop policy (next_hops.py) names them.
 
     committee   the nodes the committee chain lists for the next shard, under their node keys
-                (the keys the links are pinned to), at the addresses the policy dials
+                (the keys the links are pinned to), at the addresses the policy dials; a node
+                behind NAT at its endpoint, else at its other rendezvous relays' addresses
+                (registered for its key), in turn
     list        the `--next-hops` URLs whose node says (GET /info) it serves the next shard of
                 this model; plaintext links only (a list names no node keys, and an https link
                 is only ever pinned to a key the client or the chain names)
@@ -24,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from node.links import link_ssl
-from node.server.link_pool import LinkId, Targets, no_targets
+from node.server.link_pool import LinkId, Targets, WarmTarget, no_targets
 from node.server.next_hops import ForwardCommittee, ForwardList
 from protocol.errors import PlanetError
 
@@ -112,8 +114,9 @@ def warm_targets(
     """The warm targets of a node under `policy` (module docstring)."""
     if isinstance(policy, ForwardCommittee):
 
-        async def committee() -> list[LinkId]:
-            return list(await policy.next_shard_hops())
+        async def committee() -> list[LinkId | WarmTarget]:
+            hops = await policy.next_shard_hops()
+            return [WarmTarget(url, key, others) for url, key, others in hops]
 
         return committee
     if isinstance(policy, ForwardList):

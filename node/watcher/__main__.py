@@ -7,7 +7,8 @@ Signs `attest_stake` with the validator's CometBFT consensus key
 (`VALIDATOR_HOME/config/priv_validator_key.json`), and each closed epoch's payout statement
 with its operator key (`VALIDATOR_HOME/config/operator_key.json`), relaying confirmed ones to
 the QueryEscrow (`node/watcher/payouts.py`), and relays the verdicts the committee confirmed to
-FraudProofs (`node/watcher/verdicts.py`: the convicted node is slashed), and vouches for the
+FraudProofs (`node/watcher/verdicts.py`: the convicted node is slashed; a verdict confirmed by
+a numerics version's quorum it first ratifies, node/watcher/ratifier.py), and vouches for the
 credit mints its EVM read says the payer's balance covers (`node/watcher/funding.py`, with the
 consensus key; a validator without an operator key runs none of these three). It also takes
 part in each credit key period's DKG (`node/watcher/credit_dkg.py`, with the consensus key, its
@@ -42,6 +43,7 @@ from node.watcher.evm import StakingReader
 from node.watcher.funding import MintFunder
 from node.watcher.mint_signer import MintSigner
 from node.watcher.payouts import PayoutRelay
+from node.watcher.ratifier import VerdictRatifier
 from node.watcher.verdicts import VerdictRelay
 from node.watcher.watcher import RESYNC_S, StakeWatcher
 from protocol.errors import ConfigError, PlanetError
@@ -164,11 +166,19 @@ async def _relay_step(
 def verdict_relay(
     deployment: Deployment, operator_key: bytes, link: CommitteeLink, evm_rpc: str | None
 ) -> VerdictRelay:
-    """The relayer of confirmed verdicts to FraudProofs (the operator key pays the gas)."""
+    """The relayer of confirmed verdicts to FraudProofs (the operator key pays the gas) and the
+    ratifier of those a numerics version's quorum confirmed (the operator key signs)."""
     from node.chain.evm.account import PlanetChain
+    from protocol.eip712 import committee_domain
 
     chain = PlanetChain(deployment, operator_key, rpc_url=evm_rpc)
-    return VerdictRelay(committee=link, fraud_proofs=chain.fraud_proofs)
+    ratifier = VerdictRatifier(
+        committee=link,
+        operator_key=operator_key,
+        domain=committee_domain(deployment.chain_id, deployment.address("Committee")),
+        fraud_proofs_address=chain.fraud_proofs.address,
+    )
+    return VerdictRelay(committee=link, fraud_proofs=chain.fraud_proofs, ratifier=ratifier)
 
 
 def mint_funder(

@@ -9,7 +9,10 @@ so the first relay slashes and the others answer `VerdictNonceUsed`, which count
 verdict for another FraudProofs (`WrongConsumer`) or with signatures the contract's committee
 does not accept is logged and not retried. A verdict the committee confirmed by a numerics
 version's quorum (abci_app/numerics.py) with less than 2/3 of all the power (`relayable`
-false) is not sent until its signatures reach 2/3: the contract would refuse it.
+false) is not sent until its signatures reach 2/3: the contract would refuse it. Meanwhile
+this validator ratifies it (`ratifier`, node/watcher/ratifier.py: its operator's signature
+over the same verdict, posted as `verdict_ratify`), as every honest validator's watcher does,
+so the signatures reach 2/3 and a later pass relays it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from node.chain.evm.errors import ContractRevert
+from node.watcher.ratifier import VerdictRatifier
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,7 @@ class FraudProofs(Protocol):
 class VerdictRelay:
     committee: Committee
     fraud_proofs: FraudProofs
+    ratifier: VerdictRatifier | None = None  # None: this watcher ratifies nothing
     relayed: set[str] = field(default_factory=set)  # verdict ids done (slashed or refused)
 
     async def step(self) -> list[str]:
@@ -52,8 +57,10 @@ class VerdictRelay:
                 continue
             if record.get("relayable") is False:
                 # convicted on the committee chain by its numerics version's quorum, short of
-                # the 2/3 of all the power FraudProofs checks: not sent (it would revert);
-                # looked at again on each pass, as more votes may bring it to 2/3
+                # the 2/3 of all the power FraudProofs checks: not sent (it would revert) but
+                # ratified; looked at again on each pass, as ratifications bring it to 2/3
+                if self.ratifier is not None:
+                    await self.ratifier.ratify(record)
                 continue
             try:
                 await asyncio.to_thread(self.fraud_proofs.relay_confirmed_verdict, record)

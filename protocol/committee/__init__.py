@@ -22,9 +22,10 @@ Modules, read bottom-up:
                       attest_stake
     commitments.py    commit (CommitBatch of CommitmentRecord), reveal (RevealBatch of
                       RevealRecord)
-    verification.py   verdict_vote (VerdictVote), seed_commit / seed_reveal (SeedCommit,
-                      SeedReveal, seed_commitment), spot_check_report (SpotCheckReport),
-                      verifier_endpoint (VerifierEndpoint)
+    verification.py   verdict_vote (VerdictVote), verdict_ratify (VerdictRatify),
+                      seed_commit / seed_reveal (SeedCommit, SeedReveal, seed_commitment),
+                      spot_check_report (SpotCheckReport), verifier_endpoint
+                      (VerifierEndpoint)
     settlement.py     work_report (WorkReport: query fees and ChargeItems), payout_vote
                       (PayoutVote)
     credits.py        credit_mint (CreditMint), fund_mint (FundMint), mint_partials
@@ -46,6 +47,8 @@ Tx types (`type` → dataclass):
     commit          CommitBatch    many (session, step, shard, commitment) records
     reveal          RevealBatch    many (session, step, shard, output_hash, salt) openings
     verdict_vote    VerdictVote    a validator's EIP-712 signature over a `Verdict`
+    verdict_ratify  VerdictRatify  the same signature over a verdict the committee confirmed
+                                   (by a numerics version's quorum), attesting that state
     work_report     WorkReport     a gateway's served counts, settled query fees and charges
     payout_vote     PayoutVote     a validator's EIP-712 signature over an epoch's `PayoutRoot`
     spot_check_report SpotCheckReport  a validator's verifier lists the spot checks it did

@@ -38,6 +38,7 @@ from protocol.committee.verification import (
     SeedCommit,
     SeedReveal,
     SpotCheckReport,
+    VerdictRatify,
     VerdictVote,
     VerifierEndpoint,
     VerifierNumerics,
@@ -68,6 +69,7 @@ TxBody = (
     | CommitBatch
     | RevealBatch
     | VerdictVote
+    | VerdictRatify
     | WorkReport
     | PayoutVote
     | SeedCommit
@@ -100,6 +102,7 @@ BODY_TYPES: dict[str, Any] = {
         CommitBatch,
         RevealBatch,
         VerdictVote,
+        VerdictRatify,
         WorkReport,
         PayoutVote,
         SeedCommit,

@@ -74,6 +74,10 @@ class RegisterNode:
     # the numerics the node's shards compute with (protocol/numerics.py, 1..65535); None:
     # unannounced (the field is left out: a registration of an older release, judged as before)
     numerics: int | None = None
+    # whether the node's agent rebalances (moves itself to another shard when the pool gains:
+    # node/agent/rebalance.py); False: pinned to its shard (`planet join --shard K`), never a
+    # swap's partner; None: unannounced (the field is left out: an older release, unknown)
+    rebalances: bool | None = None
 
     TYPE: ClassVar[str] = "register_node"
 
@@ -91,12 +95,14 @@ class RegisterNode:
             body["rendezvous"] = [r.to_json() for r in self.rendezvous]
         if self.numerics is not None:
             body["numerics"] = self.numerics
+        if self.rebalances is not None:
+            body["rebalances"] = self.rebalances
         return body
 
     @classmethod
     def from_json(cls, body: Any) -> RegisterNode:
         keys = {"capacity", "endpoint", "evm_address", "evm_signature", "model", "role", "shards"}
-        for optional in ("numerics", "rendezvous"):
+        for optional in ("numerics", "rebalances", "rendezvous"):
             if isinstance(body, dict) and optional in body:
                 keys.add(optional)
         b = check.exact_object(body, "body", keys)
@@ -115,7 +121,18 @@ class RegisterNode:
             capacity=check.integer(b["capacity"], "body.capacity", 1, 1_000_000),
             rendezvous=_rendezvous(b.get("rendezvous")),
             numerics=_numerics(b),
+            rebalances=_rebalances(b),
         )
+
+
+def _rebalances(body: dict[str, Any]) -> bool | None:
+    """Absent: None (unannounced); present: true or false (null, numbers, strings refused)."""
+    if "rebalances" not in body:
+        return None
+    value = body["rebalances"]
+    if not isinstance(value, bool):
+        raise TxDecodeError("body.rebalances: expected true or false")
+    return value
 
 
 def _numerics(body: dict[str, Any]) -> int | None:

@@ -1,10 +1,12 @@
-"""Verification txs of validators and their verifiers: `verdict_vote`, `seed_commit`,
-`seed_reveal`, `spot_check_report`, `verifier_endpoint`, `verifier_numerics`.
+"""Verification txs of validators and their verifiers: `verdict_vote`, `verdict_ratify`,
+`seed_commit`, `seed_reveal`, `spot_check_report`, `verifier_endpoint`, `verifier_numerics`.
 
 A verdict vote carries an operator key's EIP-712 signature over a `Verdict` (the chain checks
-it against the genesis domain). A verifier commits to the secret seed its challenges of an
-epoch derive from before the epoch starts and reveals it after (`seed_commitment`), and reports
-the spot checks it did (docs/verification.md).
+it against the genesis domain); a ratification carries the same signature over a verdict the
+committee already confirmed, naming it by its id (abci_app/ratifications.py). A verifier
+commits to the secret seed its challenges of an epoch derive from before the epoch starts and
+reveals it after (`seed_commitment`), and reports the spot checks it did
+(docs/verification.md).
 """
 
 from __future__ import annotations
@@ -62,6 +64,32 @@ class VerdictVote:
             evidence_hash=check.text(b["evidence_hash"], "body.evidence_hash", HEX32_0X),
             challenger=check.text(b["challenger"], "body.challenger", ADDRESS),
             verdict_nonce=check.integer(b["verdict_nonce"], "body.verdict_nonce", 0, (1 << 64) - 1),
+            signature=check.text(b["signature"], "body.signature", SIG65),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictRatify:
+    """A validator's attestation that the committee chain confirmed the verdict `verdict` (its
+    id: the 0x struct hash of its `Verdict`, as `/verdicts` lists it), without judging the work
+    itself: `signature` is its operator key's EIP-712 signature over that same `Verdict` (the
+    chain rebuilds it from its record), which FraudProofs counts like a vote. Sent by the
+    validator's watcher for a verdict confirmed by a numerics version's quorum, so that the
+    signatures reach the 2/3 of all the power the contract checks (node/watcher/verdicts.py)."""
+
+    verdict: str
+    signature: str
+
+    TYPE: ClassVar[str] = "verdict_ratify"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"signature": self.signature, "verdict": self.verdict}
+
+    @classmethod
+    def from_json(cls, body: Any) -> VerdictRatify:
+        b = check.exact_object(body, "body", {"signature", "verdict"})
+        return cls(
+            verdict=check.text(b["verdict"], "body.verdict", HEX32_0X),
             signature=check.text(b["signature"], "body.signature", SIG65),
         )
 

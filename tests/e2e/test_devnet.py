@@ -7,7 +7,9 @@ claimed; a relay's redeemed credits are a posted row its operator claims; a prep
 debited once; an unstaked node stops being routable; a node
 whose stake was never attested is never routable; a new operator home with no config funds
 (`planet devnet fund`), stakes, joins and leaves (dropping out of the routable set) through
-commands that find the devnet by themselves. Each test pays from a wallet of its own and
+commands that find the devnet by themselves; a node convicted by its numerics version's quorum
+(half the power, short of FraudProofs' 2/3) is ratified by the other validators' watchers and
+slashed on anvil. Each test pays from a wallet of its own and
 stakes, unstakes or leaves only with operators of its own, so the genesis nodes keep serving
 every module that shares the devnet. `planet devnet down` at the end of the session stops
 every process (and is idempotent): the conftest's teardown checks it.
@@ -891,3 +893,102 @@ def test_devnet_up_twice_refuses_and_down_is_idempotent(env, devnet) -> None:
     assert again.returncode == 2
     assert "error: a devnet already runs" in again.stderr and "hint:" in again.stderr
     assert "Traceback" not in again.stderr
+
+
+def test_devnet_node_convicted_by_its_versions_quorum_is_ratified_and_slashed(
+    env, devnet, new_operator
+) -> None:
+    """Validators 0 and 1 announce their verifiers run this release's numerics (the shared
+    devnet runs no verifiers: the others announce nothing), so from the next epoch the version
+    of every node is checked by a group of 20 of the 40 power. Their two verdict votes against
+    an operator of the test's own convict it by that group's quorum — half of all the power,
+    short of the 2/3 FraudProofs checks — and the stake watchers of validators 2 and 3 ratify
+    the verdict (`verdict_ratify`): its signatures reach 2/3, it is relayed, and the node's
+    stake on anvil drops (on main it stayed whole: the watchers withheld the verdict)."""
+    import asyncio
+
+    from web3 import Web3
+
+    from deploy.committee.network import load_network
+    from node.chain.committee_link import CommitteeLink, signer_nonce_file
+    from node.keys import operator_key_path, read_operator_key
+    from node.watcher.__main__ import consensus_key
+    from protocol.committee.verification import VerdictVote, VerifierNumerics
+    from protocol.eip712 import OFFENCE_FAILED_VERIFICATION, Verdict, committee_domain
+    from protocol.numerics import NUMERICS
+    from tests.e2e.devnet_session import shared_verifiers
+
+    if shared_verifiers():
+        pytest.skip("the devnet's own verifiers announce their numerics (PLANET_E2E_VERIFIERS)")
+    rpc = devnet["committee_rpc"][0]
+    validators = load_network(Path(devnet["committee_dir"])).validators
+    deployment = json.loads(Path(devnet["deployment"]).read_text())
+    fraud_proofs = deployment["contracts"]["FraudProofs"]["address"]
+    committee = deployment["contracts"]["Committee"]["address"]
+    domain = committee_domain(int(deployment["chain_id"]), committee)
+
+    async def send(index: int, body: Any) -> tuple[int, str]:
+        home = Path(validators[index].home)
+        link = CommitteeLink(
+            [validators[index].rpc_url], consensus_key(home), nonce_file=signer_nonce_file(home)
+        )
+        try:
+            return await link.send(body, timeout_s=30)
+        finally:
+            await link.close()
+
+    async def both(bodies: dict[int, Any]) -> list[tuple[int, str]]:
+        return list(await asyncio.gather(*(send(i, b) for i, b in bodies.items())))
+
+    numerics_unchanged = 107  # abci_app/codes.py: announced by an earlier run of this test
+    announced = asyncio.run(both({0: VerifierNumerics(NUMERICS), 1: VerifierNumerics(NUMERICS)}))
+    assert all(code in (0, numerics_unchanged) for code, _ in announced), announced
+    operator = new_operator(1)  # joins while the announcements wait for their epoch
+    view = _wait(lambda: _view(devnet, operator.node_key), 60, "the node registered")
+    address = Web3.to_checksum_address(view["evm_address"])
+
+    def group_checked() -> bool:
+        groups = {v["numerics"]: v for v in _query(rpc, "/numerics")["versions"]}
+        return groups[NUMERICS]["checked"] and len(groups[NUMERICS]["verifiers"]) == 2
+
+    _wait(group_checked, 60, "validators 0 and 1 in the release's numerics group")
+    verdict = Verdict(
+        node=address,
+        offence=OFFENCE_FAILED_VERIFICATION,
+        evidence_hash=bytes.fromhex(operator.node_key),  # 32 bytes of its own
+        challenger=validators[0].operator_address,
+        nonce=int(operator.node_key[:15], 16),  # single-use on FraudProofs
+        consumer=fraud_proofs,
+    )
+
+    def vote(index: int) -> VerdictVote:
+        key = read_operator_key(operator_key_path(Path(validators[index].home)))
+        return VerdictVote(
+            node=verdict.node,
+            offence=verdict.offence,
+            evidence_hash="0x" + verdict.evidence_hash.hex(),
+            challenger=verdict.challenger,
+            verdict_nonce=verdict.nonce,
+            signature="0x" + verdict.sign(key, domain).hex(),
+        )
+
+    voted = asyncio.run(both({0: vote(0), 1: vote(1)}))
+    assert [code for code, _ in voted] == [0, 0], voted
+    ident = "0x" + verdict.struct_hash().hex()
+    half = int(_query(rpc, "/numerics")["total_power"]) // 2  # validators 0 and 1: 10 of 40 each
+    record = _wait(
+        lambda: (r := _query(rpc, "/verdicts", id=ident)) and r["power"] == half and r,
+        30,
+        "validator 0 to apply both votes",
+    )
+    assert record["confirmed"] and record["quorum_numerics"] == NUMERICS
+
+    staking = deployment["contracts"]["Staking"]
+    w3 = Web3(Web3.HTTPProvider(devnet["evm_rpc"]))
+    contract = w3.eth.contract(address=staking["address"], abi=staking["abi"])
+    _wait(lambda: contract.functions.stakeOf(address).call() < 10**18, 90, "the node slashed")
+    record = _query(rpc, "/verdicts", id=ident)
+    assert record["relayable"] and len(record["signers"]) >= 3  # 2/3 of 4 equal powers
+    ratified_by = {o.lower() for o in record["ratifiers"]}
+    assert ratified_by and ratified_by <= {v.operator_address.lower() for v in validators[2:]}
+    assert contract.functions.stakeOf(address).call() == 10**18 // 2  # failed verification: 50 %

@@ -9,7 +9,8 @@ so it is not routable once that is due (abci_app/coverage.py), and it goes DOWN 
 `heartbeat_timeout` blocks; its compute process stays, so the devnet is whole again once the
 agent goes on — the session's later tests need it). That shard then has no routable node; the
 auto-placed node's agent sees the pool change, loads that shard in a second process while its
-old one still serves, re-registers (`move_shards`), drains its old process and stops it. Paid
+old one still serves, re-registers (`move_shards`), drains its old process and stops it (and
+remembers when: `<home>/run/swap_memory.json`). Each node registered whether it rebalances. Paid
 questions are asked through the gateway, one after another, from the stop until the old process is
 drained (the gateway routes shard 0 through the moving node or the devnet's): none breaks at the
 move — a question fails only with `no_routable_node` for the short shard while nobody served it,
@@ -30,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from node.agent.swap_memory import FILE as SWAP_MEMORY
+from node.agent.swap_memory import load as load_memory
 from node.server.launcher import pid_alive
 from tests.e2e.devnet_session import User, planet, query, wait
 
@@ -103,6 +106,12 @@ def test_an_auto_placed_node_moves_to_a_shard_whose_node_died(
     start = _joined(mover.home)["shard"]
     agent_log = mover.home / "run" / "agent.log"
     wait(lambda: "rebalance: stayed on shard" in agent_log.read_text(), 60, "a first decision")
+    # each node registered whether its agent rebalances: this one yes, the devnet's (--shard K)
+    # no (never a swap's partner)
+    assert _node(rpc, mover.node_key).get("rebalances") is True
+    devnet = [_joined(Path(h)) for h in shared_devnet["operators"]]
+    devnet = [j for j in devnet if j["model"] == shared_devnet["model_hash"]]  # not the seat
+    assert {_node(rpc, j["node_key"]).get("rebalances") for j in devnet} == {False}
     # paid questions are answered (a devnet just up forms its credit keys first: until then the
     # gateway's questions fail and it cools its nodes down)
     api = paying_client(devnet_env, fresh_user, shared_devnet["gateway_url"])
@@ -169,6 +178,10 @@ def test_an_auto_placed_node_moves_to_a_shard_whose_node_died(
     joined = _joined(mover.home)
     assert joined["shard"] == target
     assert joined["endpoint"] == _node(rpc, mover.node_key)["endpoint"]
+    # the agent's memory (node/agent/swap_memory.py) keeps the move's time: its cooldown
+    # survives a restart
+    memory = load_memory(mover.home / "run" / SWAP_MEMORY)
+    assert memory.last_move is not None and memory.pending is None
     wait(lambda: not any(f"node-{start}.pid" == p.name for p in (mover.home / "run").iterdir()),
          60, "the old process's pid file gone")  # fmt: skip
     assert pid_alive(joined["node_pid"])

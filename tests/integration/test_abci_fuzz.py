@@ -76,6 +76,7 @@ TX_TYPES = (
     "commit",
     "reveal",
     "verdict_vote",
+    "verdict_ratify",
     "work_report",
     "payout_vote",
     "seed_commit",
@@ -118,6 +119,7 @@ FIELDS = (
     "checks",
     "prepaid",
     "numerics",
+    "verdict",
     "mint",
     "partials",
 )

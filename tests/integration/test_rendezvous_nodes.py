@@ -12,8 +12,8 @@ given, and links out to the relay.
 - each node links to a second relay too: with the first relay down, the client dials the first
   node at its port on the second (`Hop.alternates`, node.dial `first_reachable`) and the answer
   is the same; and the first node, told the second node's both addresses in the open
-  (`next.alternates`), dials the second node at its port on the second relay: the same tokens
-  as with both relays up;
+  (`next.alternates`: its /info advertises taking them), dials the second node at its port on
+  the second relay: the same tokens as with both relays up;
 - a relay admitting by a real committee (one CometBFT validator with the app,
   `--rendezvous-admit registered`): fresh keys get no more than its one lease and are refused
   `not_registered`, a registered and staked key still gets a port, and a lease that runs out
@@ -52,6 +52,7 @@ from node.server.rendezvous import RendezvousRelay, claim_port
 from protocol.committee.envelope import sign
 from protocol.committee.registry import AttestStake, RegisterNode, sign_registration
 from protocol.eip712 import address_of
+from protocol.open_features import open_features_of
 from protocol.rendezvous import RefuseCode, Refused
 
 pytestmark = pytest.mark.integration
@@ -184,8 +185,10 @@ def head(manifest: Path) -> ClientHead:
 async def _generate(head: ClientHead, hops: list[Hop], manifest: Path) -> list[int]:
     m = Manifest.load(manifest)
     async with aiohttp.ClientSession() as http:
-        await check_circuit(http, hops, m.model_hash, m.total_layers)
+        infos = await check_circuit(http, hops, m.model_hash, m.total_layers)
         async with CircuitClient(hops, hidden_size=m.hidden_size) as client:
+            for hop, info in zip(hops, infos, strict=True):  # as the clients read them
+                client.open_features[hop.url] = open_features_of(info)
             ids = head.chat_ids(QUESTION)
             return [t async for t in client.generate(head, ids, max_new_tokens=NEW_TOKENS)]
 

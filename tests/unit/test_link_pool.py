@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from node.server.link_pool import DownLink, LinkLostError, LinkPool
+from node.server.link_pool import DownLink, LinkLostError, LinkPool, WarmTarget
 from protocol.stream import DownstreamError
 
 pytestmark = pytest.mark.unit
@@ -279,4 +279,42 @@ async def test_a_target_that_cannot_be_dialled_is_tried_again_soon_not_after_ref
             break
         await asyncio.sleep(0.01)
     assert pool.link(*A) is not None and pool.stats.warm_dialled == 1
+    await pool.close()
+
+
+async def test_a_warm_target_behind_nat_is_dialled_at_its_second_relay_when_the_first_is_down():
+    """A warm target with other addresses (a node behind NAT: its ports at its other relays)
+    is dialled there, pinned to the same key, when its first address is down; an open that
+    names its first address (and the others as alternates) finds that link: no dial."""
+    first, second = "https://10.0.0.7:44001", "https://10.0.0.8:44002"
+    key = "ab" * 32
+    dial = Dialer(fail={(first, key)})
+
+    async def targets() -> list[WarmTarget]:
+        return [WarmTarget(first, key, (second,))]
+
+    pool = _pool(dial, targets=targets)
+    assert await pool.warm_round()  # reached: nothing missed
+    assert dial.dials == [(second, key)] and pool.stats.warm_dialled == 1
+    assert pool.info()["warm_targets"] == 1
+    link = await pool.reach((first, second), key)
+    assert link is pool.link(second, key) and dial.dials == [(second, key)]
+    assert pool.stats.dialled == 1
+    await pool.close()
+
+
+async def test_a_question_next_hop_behind_nat_is_kept_warm_at_all_its_addresses() -> None:
+    """A next hop a question reached at its second relay stays a warm target with both
+    addresses (not its dead first address alone): after the link drops, the warm round
+    dials it at the second again."""
+    first, second = "https://10.0.0.7:44001", "https://10.0.0.8:44002"
+    key = "ab" * 32
+    dial = Dialer(fail={(first, key)})
+    pool = _pool(dial)
+    await pool.reach((first, second), key)
+    dial.sockets[0].drop()
+    await asyncio.sleep(0)
+    assert await pool.warm_round()
+    assert pool.warm == ((first, key), (second, key))
+    assert dial.dials == [(second, key), (second, key)] and pool.link(second, key) is not None
     await pool.close()

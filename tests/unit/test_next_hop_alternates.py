@@ -8,7 +8,9 @@
   node would refuse as `next.url` refuses the open, naming it;
 - the node's link pool dials the addresses in turn, each pinned to the one key, and keeps
   using the one it reached (node/server/link_pool.py `reach`);
-- the client sends what it knows (`Hop.alternates`, node/client/circuit.py `next_hop`);
+- the client sends what it knows (`Hop.alternates`, node/client/circuit.py `next_hop`), only
+  to a previous hop whose /info advertises taking them (protocol/open_features.py): a node of
+  before (its open grammar without them) opens the circuit's session all the same;
 - over loopback, two relays front the circuit's SECOND node; with the first relay down the
   first node reaches it at its port on the second, and the tokens are the same.
 """
@@ -21,10 +23,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from nacl.signing import SigningKey
 
+import node.server.app as app_module
+import protocol.stream as stream_module
 from node.client.circuit import CircuitClient, next_hop
+from node.client.info import node_info
 from node.client.types import Hop
 from node.model.head import ClientHead
 from node.model.prepare import prepare
@@ -35,6 +41,7 @@ from node.server.next_hops import ForwardAny, ForwardCommittee, ForwardList, For
 from node.server.state import STATE_KEY
 from protocol.errors import RemoteError
 from protocol.frames.errors import FrameError
+from protocol.open_features import OLD_NODE, OpenFeatures, open_features_of
 from protocol.stream import (
     MAX_NEXT_ALTERNATES,
     DownstreamError,
@@ -43,6 +50,7 @@ from protocol.stream import (
     open_message,
     parse_control,
 )
+from tests.doubles.old_open_node import without_features
 from tests.doubles.tiny_model import make_tiny_model
 from tests.unit.fronting_relay import front_node
 from tests.unit.stream_circuit import serve_circuit
@@ -255,12 +263,27 @@ async def test_a_silent_first_address_gets_the_bound_one_address_gets(monkeypatc
 
 
 # ------------------------------------------------------------------------------ the client
+TAKES = OpenFeatures(next_alternates=True)  # a previous hop whose /info lists next_alternates
+
+
 def test_the_client_names_the_alternates_it_knows() -> None:
     hop = Hop(URL, 1, KEY, alternates=(ALT[0], URL, ALT[0], "http://10.0.0.9:1", ALT[1]))
-    assert next_hop(hop, FEED) == NextHop(URL, 1, FEED, KEY, ALT)
+    assert next_hop(hop, FEED, TAKES) == NextHop(URL, 1, FEED, KEY, ALT)
     many = Hop(URL, 1, KEY, alternates=tuple(f"https://10.0.1.{i}:1" for i in range(9)))
-    assert len(next_hop(many, FEED).alternates) == MAX_NEXT_ALTERNATES
-    assert next_hop(Hop("http://127.0.0.1:1", 1, None, alternates=ALT), FEED).alternates == ()
+    assert len(next_hop(many, FEED, TAKES).alternates) == MAX_NEXT_ALTERNATES
+    plain = Hop("http://127.0.0.1:1", 1, None, alternates=ALT)
+    assert next_hop(plain, FEED, TAKES).alternates == ()
+
+
+def test_the_client_names_no_alternates_to_a_previous_hop_of_before() -> None:
+    """A previous hop that does not advertise `next_alternates` (none, or an unknown /info)
+    gets the single-address open of before: it would refuse the field (`bad_control`)."""
+    hop = Hop(URL, 1, KEY, alternates=ALT)
+    for previous in (OLD_NODE, open_features_of({}), open_features_of({"open_features": []})):
+        assert next_hop(hop, FEED, previous) == NextHop(URL, 1, FEED, KEY)
+    assert next_hop(hop, FEED) == NextHop(URL, 1, FEED, KEY)  # unknown: a node of before
+    body = open_message(1, "c" * 43, 0, None, next_hop(hop, FEED, OLD_NODE))
+    assert "alternates" not in body["next"]
 
 
 # ------------------------------------------------------------------------------ over loopback
@@ -286,6 +309,9 @@ async def test_the_previous_hop_reaches_the_next_at_its_second_relay(
 
     async def answer(circuit: list[Hop]) -> list[int]:
         async with CircuitClient(circuit, hidden_size=64, request_timeout_s=20) as client:
+            async with aiohttp.ClientSession() as http:  # the first node's /info, as clients do
+                info = await node_info(http, circuit[0])
+            client.open_features[circuit[0].url] = open_features_of(info)
             return [t async for t in client.generate(head, ids, max_new_tokens=6)]
 
     direct = await answer(hops)
@@ -310,3 +336,57 @@ async def test_the_previous_hop_reaches_the_next_at_its_second_relay(
         first_link.cancel()
         second_link.cancel()
         await second.cleanup()
+
+
+async def test_a_previous_hop_of_before_gets_no_alternates_and_opens_the_circuit(
+    aiohttp_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """The first node is a node of before (its open grammar without `next.alternates`, its
+    /info without `open_features`: tests/doubles/old_open_node.py); the second is fronted by a
+    relay and known with an alternate. The client reads the first node's /info and names the
+    second without alternates: the session opens and the answer is the direct one. Told that
+    the first node takes them (a wrong advertisement), the open is refused `bad_control`:
+    what the advertisement spares the circuit."""
+    make_tiny_model(tmp_path / "src", layers=4, hidden=64, tied=False)
+    manifest = prepare(tmp_path / "src", parts=2, out=tmp_path / "p2", progress=lambda _: None)
+    head = ClientHead.load(manifest, device="cpu")
+    ids = head.encode("w1 w7 w3 w40 w5")
+    keys = [SigningKey.generate() for _ in range(2)]
+    servers, hops = await serve_circuit(
+        aiohttp_server,
+        [
+            (
+                ServerConfig(manifest_path=manifest, shard_id=shard),
+                ModelShardBackend(manifest, shard, device="cpu"),
+            )
+            for shard in range(2)
+        ],
+        keys,
+    )
+    old_fields = tuple(f for f in stream_module._NEXT_FIELDS if "alternates" not in f)
+    monkeypatch.setattr(stream_module, "_NEXT_FIELDS", old_fields)
+    monkeypatch.setattr(app_module, "info_body", without_features(app_module.info_body))
+
+    async def answer(circuit: list[Hop], told: OpenFeatures | None = None) -> list[int]:
+        async with CircuitClient(circuit, hidden_size=64, request_timeout_s=20) as client:
+            async with aiohttp.ClientSession() as http:
+                info = await node_info(http, circuit[0])
+            assert "open_features" not in info  # a node of before advertises nothing
+            client.open_features[circuit[0].url] = told or open_features_of(info)
+            return [t async for t in client.generate(head, ids, max_new_tokens=6)]
+
+    direct = await answer(hops)
+    local = ("127.0.0.1", servers[1].port)
+    relay, relay_link, fronted_url = await front_node(keys[1], local, "https")
+    state = servers[0].app[STATE_KEY]
+    state.next_hops = ForwardList(0, frozenset({fronted_url, ALT[0]}))
+    fronted = Hop(fronted_url, 1, hops[1].key, alternates=(ALT[0],))
+    try:
+        assert await answer([hops[0], fronted]) == direct
+        caplog.clear()
+        with pytest.raises(RemoteError):  # the open refused (its frames then unknown_stream)
+            await answer([hops[0], fronted], told=OpenFeatures(next_alternates=True))
+        assert "alternates]]} (bad_control)" in caplog.text
+    finally:
+        relay_link.cancel()
+        await relay.cleanup()

@@ -1,7 +1,8 @@
 """Which next hops a node dials ahead (node/server/warm_targets.py): under a `--next-hops` list,
 only the listed nodes whose /info says they serve the next shard of this model, plaintext links
 only; a node that did not answer is asked again (and makes the round incomplete); under the
-committee policy, the next shard's registered nodes under their keys."""
+committee policy, the next shard's registered nodes under their keys, a node behind NAT with its
+other registered addresses."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from node.server.link_pool import WarmTarget
 from node.server.next_hops import ForwardCommittee, ForwardList
 from node.server.warm_targets import ListTargets, served_shard, warm_targets
 
@@ -74,6 +76,49 @@ async def test_committee_targets_are_the_next_shards_registered_keys() -> None:
     async with aiohttp.ClientSession() as http:
         targets = warm_targets(policy, http, HASH, plaintext_ok=False)
         assert await targets() == [
-            ("https://1.0.0.1:18100", "22" * 32),
-            ("https://1.1.1.1:18100", "11" * 32),
+            WarmTarget("https://1.0.0.1:18100", "22" * 32),
+            WarmTarget("https://1.1.1.1:18100", "11" * 32),
+        ]
+
+
+async def test_committee_target_behind_nat_carries_its_other_registered_addresses() -> None:
+    """A node behind NAT (endpoint: its port at its first relay) is a warm target with its
+    ports at its other relays, in its registration's order, as far as the policy dials them
+    (not its endpoint twice, not a private address under public-only)."""
+    endpoint, second, third = (
+        "https://1.1.1.1:44001",
+        "https://8.8.8.8:44002",
+        "https://10.0.0.9:44003",  # not public: the policy never dials it
+    )
+    rendezvous = [
+        {"relay": f"{i:064x}", "endpoint": url} for i, url in enumerate((endpoint, second, third))
+    ]
+
+    class Source:
+        async def abci_query(self, path: str) -> Any:
+            return {
+                "nodes": [
+                    {
+                        "endpoint": endpoint,
+                        "key": "55" * 32,
+                        "shards": [1],
+                        "routable": True,
+                        "rendezvous": rendezvous,
+                    },
+                    {  # a plaintext endpoint: no other address is pinned, none is tried
+                        "endpoint": "http://9.9.9.9:18100",
+                        "key": "66" * 32,
+                        "shards": [1],
+                        "routable": True,
+                        "rendezvous": [{"relay": "77" * 32, "endpoint": second}],
+                    },
+                ]
+            }
+
+    policy = ForwardCommittee(0, Source(), HASH)
+    async with aiohttp.ClientSession() as http:
+        targets = warm_targets(policy, http, HASH, plaintext_ok=False)
+        assert await targets() == [
+            WarmTarget("http://9.9.9.9:18100", "66" * 32),
+            WarmTarget(endpoint, "55" * 32, (second,)),
         ]
